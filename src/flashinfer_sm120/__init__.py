@@ -1,0 +1,26 @@
+"""flashinfer-sm120: make FlashInfer's JIT kernels build on Blackwell (SM120/SM121)
+and wherever FlashInfer's CUDA toolkit and architecture detection goes wrong.
+
+``import flashinfer_sm120`` registers import hooks; when FlashInfer is imported
+(before or after), it is patched to use the right nvcc (pip CUDA 13 nvcc or a
+system toolkit) and the right ``TARGET_CUDA_ARCHS``.  Importing never raises:
+problems are logged to the ``flashinfer_sm120`` logger and shown by
+``flashinfer-sm120 doctor``.  Set ``FLASHINFER_SM120_DISABLE=1`` to turn it off.
+"""
+
+from __future__ import annotations
+
+import logging
+
+__version__ = "0.1.0"
+
+logging.getLogger("flashinfer_sm120").addHandler(logging.NullHandler())
+
+from .patch import install, resolve, revert, status  # noqa: E402
+
+__all__ = ["install", "revert", "status", "resolve", "__version__"]
+
+try:
+    install()
+except Exception as _exc:  # pragma: no cover - install() already guards; belt and braces
+    logging.getLogger("flashinfer_sm120").error("flashinfer-sm120: install failed: %r", _exc)

@@ -1,0 +1,265 @@
+"""Compute capability -> nvcc target rules, and ``FLASHINFER_CUDA_ARCH_LIST`` parsing.
+
+A *target* here is what FlashInfer keeps in ``CompilationContext.TARGET_CUDA_ARCHS``:
+a ``(major, minor_str)`` pair such as ``(12, "0f")``, which FlashInfer turns into
+``-gencode=arch=compute_120f,code=sm_120f``.
+
+Minimum nvcc per target (the release that first accepted the target):
+
+=========  ====  =====================================================================
+target     nvcc  source
+=========  ====  =====================================================================
+sm_75       10.0 CUDA 10.0 release notes (Turing)
+sm_80       11.0 CUDA 11.0 release notes (Ampere)
+sm_86       11.1 CUDA 11.1 release notes
+sm_89       11.8 CUDA 11.8 release notes (Ada)
+sm_90a      12.0 CUDA 12.0 release notes (Hopper arch-specific ``a`` features)
+sm_100a     12.8 CUDA 12.8 release notes (Blackwell datacenter)
+sm_101a     12.8 CUDA 12.8 release notes; renamed sm_110 in CUDA 13.0
+sm_120a     12.8 CUDA 12.8 release notes (Blackwell consumer/workstation)
+sm_100f     12.9 CUDA 12.9 release notes (family-specific ``f`` suffix)
+sm_103a     12.9 CUDA 12.9 release notes
+sm_120f     12.9 CUDA 12.9 release notes
+sm_121a     12.9 CUDA 12.9 release notes (DGX Spark)
+sm_110a     13.0 CUDA 13.0 release notes (Thor, formerly sm_101)
+=========  ====  =====================================================================
+
+CUDA 13.0 also removed offline compilation for targets below sm_75 (CUDA 13.0
+release notes, "Deprecated and Dropped Features").
+
+The suffix FlashInfer wants for each capability mirrors
+``flashinfer/compilation_context.py`` of FlashInfer 0.7.4
+(``CompilationContext._normalize_cuda_arch``): SM 9.x -> ``a``; SM 12.0 -> ``0f``
+(``0a`` on a 12.8 toolkit); SM 12.x, x >= 1 -> ``xa`` so SM121 gets its own cubin
+(FlashInfer 0.6.12 change: SM120 code on SM121 can raise
+``cudaErrorIllegalInstruction``); SM >= 10 -> ``a``; older -> no suffix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from packaging.version import Version
+
+__all__ = [
+    "ArchListError",
+    "ArchNotSupported",
+    "ArchSpec",
+    "MIN_NVCC",
+    "MAX_NVCC_MAJOR",
+    "candidate_targets",
+    "format_target",
+    "min_nvcc_for",
+    "normalize",
+    "parse_arch_list",
+    "target_supported",
+]
+
+#: Minimum nvcc release (``major.minor``) able to compile each target, keyed by
+#: the string nvcc uses after ``sm_`` (see the module docstring for sources).
+MIN_NVCC: dict[str, Version] = {
+    "75": Version("10.0"),
+    "80": Version("11.0"),
+    "86": Version("11.1"),
+    "87": Version("11.4"),
+    "89": Version("11.8"),
+    "90": Version("11.8"),
+    "90a": Version("12.0"),
+    "100a": Version("12.8"),
+    "101a": Version("12.8"),
+    "120a": Version("12.8"),
+    "100f": Version("12.9"),
+    "103a": Version("12.9"),
+    "120f": Version("12.9"),
+    "121a": Version("12.9"),
+    "110a": Version("13.0"),
+}
+
+#: Targets that later nvcc releases dropped: the last nvcc major that accepts them.
+#: sm_101 was renamed sm_110 in CUDA 13.0; targets below sm_75 were removed in 13.0.
+MAX_NVCC_MAJOR: dict[str, int] = {"101a": 12}
+
+
+class ArchListError(ValueError):
+    """``FLASHINFER_CUDA_ARCH_LIST`` (or ``--arch``) could not be parsed.
+
+    The message names the offending value and shows the accepted form.
+    """
+
+
+class ArchNotSupported(RuntimeError):
+    """No nvcc target for a compute capability can be built by the given toolkit."""
+
+
+def format_target(target: tuple[int, str]) -> str:
+    """Return ``sm_<major><minor>``, e.g. ``(12, "0f") -> "sm_120f"``."""
+    return f"sm_{target[0]}{target[1]}"
+
+
+def _key(target: tuple[int, str]) -> str:
+    return f"{target[0]}{target[1]}"
+
+
+def min_nvcc_for(target: tuple[int, str]) -> Version | None:
+    """Minimum nvcc ``major.minor`` that compiles ``target``.
+
+    Args:
+        target: ``(major, minor_str)`` such as ``(12, "1a")``.
+
+    Returns:
+        The :class:`packaging.version.Version` from :data:`MIN_NVCC`, or ``None``
+        when the target is not in the table (unknown future or pre-Turing target).
+    """
+    key = _key(target)
+    if key in MIN_NVCC:
+        return MIN_NVCC[key]
+    if _sm_number(target) < 75:
+        return Version("9.0")  # pre-Turing: any toolkit this library can meet
+    return None
+
+
+def target_supported(target: tuple[int, str], nvcc_version: Version) -> bool:
+    """Whether nvcc ``nvcc_version`` can compile ``target``.
+
+    Unknown targets newer than the table are assumed to need the running nvcc
+    to list them itself; we return ``False`` for them so the caller explains
+    rather than letting nvcc fail later.  Targets below sm_75 fail on nvcc 13+.
+    """
+    key = _key(target)
+    need = min_nvcc_for(target)
+    if need is None:
+        return False
+    if nvcc_version < need:
+        return False
+    if key in MAX_NVCC_MAJOR and nvcc_version.major > MAX_NVCC_MAJOR[key]:
+        return False
+    if _sm_number(target) < 75 and nvcc_version.major >= 13:
+        return False
+    return True
+
+
+def _sm_number(target: tuple[int, str]) -> int:
+    """``(12, "0f") -> 120``: the numeric part nvcc puts after ``sm_``."""
+    return int(target[0]) * 10 + int(str(target[1])[0])
+
+
+def candidate_targets(major: int, minor: int) -> list[tuple[int, str]]:
+    """FlashInfer's preferred target for a capability first, then fallbacks.
+
+    Mirrors ``CompilationContext._normalize_cuda_arch`` in FlashInfer 0.7.4
+    (``flashinfer/compilation_context.py``), with SM121 kept on ``121a`` as in
+    FlashInfer >= 0.6.12, and SM 11.0 (Thor) on ``110a``.
+
+    Args:
+        major: compute capability major, e.g. ``12``.
+        minor: compute capability minor, e.g. ``0``.
+
+    Returns:
+        A non-empty list of ``(major, minor_str)`` targets, best first.
+    """
+    if major == 9:
+        return [(major, f"{minor}a")]
+    if major == 12 and minor == 0:
+        return [(12, "0f"), (12, "0a")]
+    if major >= 10:
+        return [(major, f"{minor}a")]
+    return [(major, str(minor))]
+
+
+def normalize(major: int, minor: int, nvcc_version: Version) -> tuple[int, str]:
+    """Best target for capability ``(major, minor)`` that ``nvcc_version`` builds.
+
+    Returns:
+        ``(major, minor_str)``, e.g. ``(12, "0f")`` on nvcc >= 12.9 and
+        ``(12, "0a")`` on 12.8.
+
+    Raises:
+        ArchNotSupported: no candidate target is buildable; the message names the
+            capability, the toolkit version, the version needed and the fix.
+    """
+    options = candidate_targets(major, minor)
+    for target in options:
+        if target_supported(target, nvcc_version):
+            return target
+    best = options[0]
+    need = min_nvcc_for(best)
+    need_txt = f"nvcc >= {need}" if need else "a newer nvcc"
+    raise ArchNotSupported(
+        f"compute capability {major}.{minor} needs {format_target(best)}, which "
+        f"requires {need_txt}; the chosen toolkit is CUDA {nvcc_version}. Fix: "
+        f"pip install 'cuda-toolkit[nvcc,cccl,curand]==13.0.*' (pip CUDA 13 nvcc) "
+        f"or point CUDA_HOME at a newer toolkit."
+    )
+
+
+_ARCH_RE = re.compile(r"^(?:sm_?|compute_?)?(\d+)\.?(\d)([af]?)$", re.IGNORECASE)
+_DOTTED_RE = re.compile(r"^(\d+)\.(\d+)([af]?)$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """One parsed entry of an arch list: capability plus an explicit suffix, if any."""
+
+    major: int
+    minor: int
+    suffix: str | None  # "a", "f", "" (explicitly plain) or None (let normalize pick)
+
+    def target(self, nvcc_version: Version) -> tuple[int, str]:
+        """The ``(major, minor_str)`` target; explicit suffixes are kept as given,
+        as FlashInfer does for ``FLASHINFER_CUDA_ARCH_LIST=12.0f``."""
+        if self.suffix:
+            return (self.major, f"{self.minor}{self.suffix}")
+        return normalize(self.major, self.minor, nvcc_version)
+
+
+def parse_arch_list(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_LIST") -> list[ArchSpec]:
+    """Parse an arch list such as ``"12.0"``, ``"9.0a 12.0f"`` or ``"8.9,12.1"``.
+
+    FlashInfer itself accepts only space-separated ``major.minor[suffix]``
+    entries (``flashinfer/compilation_context.py``) and crashes its import with a
+    bare ``ValueError`` on anything else.  We accept the same form, plus commas or
+    semicolons as separators and the ``sm_120``/``120a`` spellings nvcc users type.
+
+    Args:
+        value: the raw string.
+        source: what to call it in error messages (env var or CLI flag).
+
+    Returns:
+        The entries in order, duplicates removed.
+
+    Raises:
+        ArchListError: an entry is not a compute capability; the message names
+            the entry and the whole value, and shows the accepted form.
+    """
+    entries = [e for e in re.split(r"[\s,;]+", value.strip()) if e]
+    if not entries:
+        raise ArchListError(
+            f"{source}={value!r} names no architecture. Use compute capabilities "
+            f"separated by spaces, e.g. {source}='12.0' or '9.0a 12.0f', or unset it "
+            f"to target the GPUs present."
+        )
+    out: list[ArchSpec] = []
+    for entry in entries:
+        m = _DOTTED_RE.match(entry)
+        if m:
+            major, minor, suffix = int(m.group(1)), int(m.group(2)), m.group(3).lower()
+        else:
+            m = _ARCH_RE.match(entry)
+            if not m:
+                raise ArchListError(
+                    f"{source}={value!r}: entry {entry!r} is not a compute capability. "
+                    f"Use 'major.minor' with an optional a/f suffix, separated by "
+                    f"spaces, e.g. {source}='12.0' (RTX 5090 / RTX PRO 6000), '12.1' "
+                    f"(DGX Spark) or '9.0a 12.0f'."
+                )
+            major, minor, suffix = int(m.group(1)), int(m.group(2)), m.group(3).lower()
+        if major < 3 or major > 20 or minor > 9:
+            raise ArchListError(
+                f"{source}={value!r}: entry {entry!r} is not a known compute "
+                f"capability (major 3..20, minor 0..9), e.g. '12.0'."
+            )
+        spec = ArchSpec(major, minor, suffix or None)
+        if spec not in out:
+            out.append(spec)
+    return out
