@@ -6,6 +6,11 @@ and wherever FlashInfer's CUDA toolkit and architecture detection goes wrong.
 system toolkit) and the right ``TARGET_CUDA_ARCHS``.  Importing never raises:
 problems are logged to the ``flashinfer_sm120`` logger and shown by
 ``flashinfer-sm120 doctor``.  Set ``FLASHINFER_SM120_DISABLE=1`` to turn it off.
+
+When it changes the toolkit FlashInfer would have used, it says so once per
+process as a WARNING on the ``flashinfer_sm120`` logger (printed to stderr when
+the application configured no logging); ``FLASHINFER_SM120_QUIET=1`` makes that
+line INFO.
 """
 
 from __future__ import annotations
@@ -13,8 +18,6 @@ from __future__ import annotations
 import logging
 
 __version__ = "0.1.0"
-
-logging.getLogger("flashinfer_sm120").addHandler(logging.NullHandler())
 
 from .patch import install, resolve, revert, status  # noqa: E402
 

@@ -233,8 +233,9 @@ def _run_ninja(spec, jobs: int | None) -> None:
             if m:
                 done, total, what = m.groups()
                 src = re.findall(r"-c (\S+)", what)
-                label = ("compiling " + os.path.basename(src[0])) if src else (
-                    "linking" if " -shared " in what else what[:60])
+                # ninja reports an edge when it finishes: name what was done
+                label = ("compiled " + os.path.basename(src[0])) if src else (
+                    "linked" if " -shared " in what else what[:60])
                 prog.update(f"{done}/{total} {label}")
         rc = proc.wait()
     if rc != 0:

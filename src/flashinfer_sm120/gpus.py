@@ -64,15 +64,21 @@ def select_visible(gpus: list[GPU], cuda_visible_devices: str | None) -> list[GP
             idx = int(entry)
             if 0 <= idx < len(gpus):
                 match = gpus[idx]
-        elif entry.upper().startswith(("GPU-", "MIG-")):
-            key = entry.upper()
-            if key.startswith("MIG-"):
-                # MIG-<gpu uuid>/<gi>/<ci> (old form) or MIG-<uuid>; the parent
-                # GPU's capability is what matters, so match the GPU part.
-                key = "GPU-" + key[4:].split("/")[0]
-            hits = [g for g in gpus if g.uuid.upper().startswith(key)]
+        elif entry.upper().startswith("GPU-"):
+            hits = [g for g in gpus if g.uuid.upper().startswith(entry.upper())]
             if len(hits) == 1:
                 match = hits[0]
+        elif entry.upper().startswith("MIG-"):
+            # Old form MIG-GPU-<parent uuid>/<gi>/<ci> names the parent GPU.  The
+            # new form MIG-<instance uuid> does not; NVML would need the MIG
+            # handles to map it, so every GPU is kept: a superset of targets
+            # builds a little more but never misses the GPU in use.
+            parent = entry[4:].split("/")[0].upper()
+            hits = [g for g in gpus if g.uuid.upper().startswith(parent)] if parent.startswith("GPU-") else []
+            for g in hits if len(hits) == 1 else gpus:
+                if g not in chosen:
+                    chosen.append(g)
+            continue
         if match is None:
             break  # CUDA ignores this entry and every one after it
         if match not in chosen:

@@ -105,6 +105,7 @@ class Resolution:
             "arch_list": self.arch_list,
             "arch_list_error": self.arch_list_error,
             "flashinfer_naive_cuda_home": self.naive_root,
+            "explicit_cuda_home": self.explicit_home,
         }
 
 
@@ -483,9 +484,11 @@ def _apply_locked() -> None:
         return
     if first:
         _state.summary = f"patched FlashInfer: {_describe(res)}"
-        # Overriding a CUDA_HOME the user set is worth a warning; otherwise info.
-        overridden = res.explicit_home is not None and res.explicit_home != res.home.path
-        logger.log(logging.WARNING if overridden else logging.INFO, "flashinfer-sm120: %s", _state.summary)
+        # Changing the toolkit FlashInfer would have used is worth one visible line.
+        changed = res.naive_root != res.home.path
+        quiet = os.environ.get("FLASHINFER_SM120_QUIET", "").strip() not in ("", "0")
+        level = logging.WARNING if changed and not quiet else logging.INFO
+        logger.log(level, "flashinfer-sm120: %s", _state.summary)
 
 
 # --------------------------------------------------------------------------- public API

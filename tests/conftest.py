@@ -1,0 +1,120 @@
+"""Shared fixtures: fake toolkits, a real CUDA 13 nvcc, and a subprocess runner.
+
+Patching FlashInfer is process-wide, so every test that imports FlashInfer runs
+it in a fresh child Python (see :func:`run_py`).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import site
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+
+
+def make_toolkit(root: Path, version: str = "12.8.93", header: str | None = None, *,
+                 nvcc_script: str | None = None, lib64: bool = True, curand: bool = False,
+                 version_json: bool = False) -> Path:
+    """A fake CUDA toolkit: ``bin/nvcc`` is a shell script printing ``version``."""
+    mm = ".".join(version.split(".")[:2])
+    (root / "bin").mkdir(parents=True)
+    nvcc = root / "bin" / "nvcc"
+    nvcc.write_text(nvcc_script or textwrap.dedent(f"""\
+        #!/bin/sh
+        echo "nvcc: NVIDIA (R) Cuda compiler driver"
+        echo "Cuda compilation tools, release {mm}, V{version}"
+        echo "Build cuda_{mm}.r{mm}/compiler.0_0"
+        """))
+    nvcc.chmod(0o755)
+    inc = root / "include"
+    inc.mkdir()
+    hmaj, hmin = (header or mm).split(".")[:2]
+    (inc / "cuda_runtime_api.h").write_text(f"#define CUDART_VERSION {int(hmaj) * 1000 + int(hmin) * 10}\n")
+    if curand:
+        (inc / "curand.h").write_text("/* fake */\n")
+    if lib64:
+        (root / "lib64" / "stubs").mkdir(parents=True)
+        (root / "lib64" / "libcudart.so").write_text("")
+        (root / "lib64" / "stubs" / "libcuda.so").write_text("")
+    if version_json:
+        (root / "version.json").write_text(json.dumps({"cuda_nvcc": {"version": version}}))
+    return root
+
+
+def _real_nvcc13_root() -> str | None:
+    dirs = []
+    for getter in (site.getsitepackages, lambda: [sysconfig.get_paths()["purelib"]]):
+        try:
+            dirs += getter()
+        except Exception:
+            pass
+    roots = [p for d in dirs for p in glob.glob(os.path.join(d, "nvidia", "cu13"))]
+    roots += sorted(glob.glob("/usr/local/cuda-13*"), reverse=True)
+    for root in roots:
+        nvcc = os.path.join(root, "bin", "nvcc")
+        if os.access(nvcc, os.X_OK):
+            try:
+                out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30).stdout
+            except Exception:
+                continue
+            if "release 13." in out:
+                return root
+    return None
+
+
+REAL_NVCC13 = _real_nvcc13_root()
+
+
+@pytest.fixture
+def real_nvcc13() -> str:
+    """Prefix of a real CUDA 13 nvcc; skips the test where there is none."""
+    if REAL_NVCC13 is None:
+        pytest.skip("no CUDA 13 nvcc found (pip install 'cuda-toolkit[nvcc,cccl,curand]==13.0.*' "
+                    "or install one at /usr/local/cuda-13.0)")
+    return REAL_NVCC13
+
+
+@pytest.fixture
+def clean_env(tmp_path):
+    """Environment for a child process: no CUDA_HOME/CUDA_PATH/arch list, a private
+    JIT workspace and view cache, and the tests dir importable (for fakegpu)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CUDA_HOME", "CUDA_PATH", "FLASHINFER_CUDA_ARCH_LIST", "FLASHINFER_SM120_DISABLE",
+                        "CUDA_VISIBLE_DEVICES", "FAKE_GPU_CAPS", "FAKE_TORCH_CUDA")}
+    env["FLASHINFER_WORKSPACE_BASE"] = str(tmp_path / "ws")
+    env["FLASHINFER_SM120_CACHE_DIR"] = str(tmp_path / "sm120cache")
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def run_py(code: str, env: dict, timeout: float = 600) -> tuple[dict, subprocess.CompletedProcess]:
+    """Run ``code`` in a fresh Python; it must print one JSON line prefixed ``@@``."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=env, timeout=timeout)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("@@"):
+            return json.loads(line[2:]), proc
+    raise AssertionError(f"child printed no result (exit {proc.returncode}):\n"
+                         f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}")
+
+
+def has_flashinfer() -> bool:
+    try:
+        import importlib.util
+
+        return importlib.util.find_spec("flashinfer") is not None
+    except Exception:
+        return False
+
+
+needs_flashinfer = pytest.mark.skipif(not has_flashinfer(), reason="flashinfer-python is not installed")

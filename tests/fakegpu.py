@@ -1,0 +1,40 @@
+"""Simulate GPUs on a GPU-less machine, for tests run in a subprocess.
+
+Import this first in the child process.  ``FAKE_GPU_CAPS="12.0 12.1"`` makes
+NVML (pynvml) and ``torch.cuda`` report those compute capabilities, and
+``FAKE_TORCH_CUDA="13.0"`` makes ``torch.version.cuda`` read like a cu130 wheel.
+Nothing here is imported by the library itself.
+"""
+
+import os
+
+_caps = [tuple(int(x) for x in c.split(".")) for c in os.environ.get("FAKE_GPU_CAPS", "").split()]
+
+if os.environ.get("FAKE_GPU_CAPS") is not None:
+    import pynvml
+
+    class _Err(pynvml.NVMLError):
+        def __init__(self):
+            pass
+
+        def __str__(self):
+            return "fake NVML error"
+
+    pynvml.nvmlInit = lambda *a, **k: None
+    pynvml.nvmlShutdown = lambda *a, **k: None
+    pynvml.nvmlDeviceGetCount = lambda: len(_caps)
+    pynvml.nvmlDeviceGetHandleByIndex = lambda i: i
+    pynvml.nvmlDeviceGetCudaComputeCapability = lambda h: _caps[h]
+    pynvml.nvmlDeviceGetName = lambda h: f"Fake GPU sm_{_caps[h][0]}{_caps[h][1]}"
+    pynvml.nvmlDeviceGetUUID = lambda h: f"GPU-fake0000-0000-0000-0000-00000000000{h}"
+
+    import torch
+
+    torch.cuda.device_count = lambda: len(_caps)
+    torch.cuda.get_device_capability = lambda device=None: _caps[0 if device is None else int(device)]
+    torch.cuda.is_available = lambda: bool(_caps)
+
+if os.environ.get("FAKE_TORCH_CUDA"):
+    import torch
+
+    torch.version.cuda = os.environ["FAKE_TORCH_CUDA"]

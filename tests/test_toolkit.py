@@ -1,0 +1,163 @@
+import os
+import textwrap
+
+import pytest
+from packaging.version import Version
+
+from conftest import make_toolkit
+from flashinfer_sm120 import arch, toolkit
+from flashinfer_sm120.toolkit import ToolkitError, choose, discover, inspect
+
+
+def test_version_from_nvcc_fallback(tmp_path):
+    tk = inspect(str(make_toolkit(tmp_path / "cuda-12.8")))
+    assert tk.nvcc_version == Version("12.8") and tk.nvcc_full == "12.8.93"
+    assert tk.version_from == "nvcc --version" and tk.problem is None
+    assert tk.header_version == Version("12.8")
+
+
+def test_version_from_version_json_without_running_nvcc(tmp_path):
+    marker = tmp_path / "ran"
+    root = make_toolkit(tmp_path / "cuda-12.9", "12.9.41", version_json=True,
+                        nvcc_script=f"#!/bin/sh\ntouch {marker}\necho 'release 12.9, V12.9.41'\n")
+    tk = inspect(str(root))
+    assert tk.nvcc_full == "12.9.41" and tk.version_from.endswith("version.json")
+    assert not marker.exists(), "nvcc was run although version.json gives the version"
+
+
+def test_version_from_pip_dist_info(tmp_path):
+    site_dir = tmp_path / "site-packages"
+    root = make_toolkit(site_dir / "nvidia" / "cu13", "13.0.88", lib64=False)
+    dist = site_dir / "nvidia_cuda_nvcc-13.0.88.dist-info"
+    dist.mkdir()
+    (dist / "RECORD").write_text("nvidia/cu13/bin/nvcc,sha256=x,1\n")
+    tk = inspect(str(root))
+    assert tk.nvcc_full == "13.0.88" and tk.version_from == str(dist)
+
+
+def test_garbage_nvcc_is_rejected_with_message(tmp_path):
+    root = make_toolkit(tmp_path / "cuda-x", nvcc_script="#!/bin/sh\necho 'hello world'\n")
+    tk = inspect(str(root))
+    assert tk.nvcc_version is None
+    assert str(root / "bin" / "nvcc") in tk.problem and "hello world" in tk.problem
+    assert "CUDA_HOME" in tk.problem
+
+
+def test_hanging_nvcc_times_out(tmp_path):
+    root = make_toolkit(tmp_path / "cuda-hang", nvcc_script="#!/bin/sh\nexec sleep 60\n")
+    tk = inspect(str(root), timeout=1.0)
+    assert tk.nvcc_version is None
+    assert "did not answer" in tk.problem and "1 s" in tk.problem and str(root) in tk.problem
+
+
+def test_header_mismatch_is_rejected(tmp_path):
+    tk = inspect(str(make_toolkit(tmp_path / "mix", "13.0.88", header="13.5")))
+    assert "nvcc 13.0 with CUDA headers 13.5" in tk.problem and "cuda-toolkit" in tk.problem
+
+
+def test_untrusted_nvcc_is_never_run(tmp_path):
+    marker = tmp_path / "ran"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    root = make_toolkit(shared / "cuda", nvcc_script=f"#!/bin/sh\ntouch {marker}\necho 'release 12.8, V12.8.1'\n")
+    os.chmod(shared, 0o777)  # world-writable, no sticky bit
+    try:
+        tk = inspect(str(root))
+    finally:
+        os.chmod(shared, 0o755)
+    assert not marker.exists()
+    assert tk.problem.startswith("not run:") and "writable by other users" in tk.problem
+
+
+def test_missing_cuda_home_named(tmp_path):
+    env = {"CUDA_HOME": str(tmp_path / "nope"), "PATH": ""}
+    tks = discover(env)
+    bad = [t for t in tks if "CUDA_HOME" in t.sources]
+    assert len(bad) == 1 and "does not exist" in bad[0].problem and str(tmp_path / "nope") in bad[0].problem
+
+
+@pytest.mark.parametrize("form", [":{p}", "{p}/bin", "{p}/", "{p}/bin/nvcc"])
+def test_cuda_home_cleaned(tmp_path, form):
+    root = make_toolkit(tmp_path / "cuda-12.8")
+    env = {"CUDA_HOME": form.format(p=root), "PATH": ""}
+    (first,) = [t for t in discover(env) if "CUDA_HOME" in t.sources]
+    assert first.root == str(root) and first.problem is None
+
+
+def test_wrapper_script_on_path_resolves_to_toolkit(tmp_path):
+    real = make_toolkit(tmp_path / "cuda-13.0", "13.0.88")
+    bindir = tmp_path / "usr-local-bin"
+    bindir.mkdir()
+    wrapper = bindir / "nvcc"
+    wrapper.write_text(f'#!/bin/sh\nexec {real}/bin/nvcc "$@"\n')
+    wrapper.chmod(0o755)
+    link_dir = tmp_path / "links"
+    link_dir.mkdir()
+    (link_dir / "nvcc").symlink_to(wrapper)
+    for d in (bindir, link_dir):
+        env = {"PATH": str(d)}
+        (tk,) = [t for t in discover(env) if "PATH" in t.sources]
+        assert tk.root == str(real) and tk.nvcc_version == Version("13.0")
+        # FlashInfer's own rule would take dirname(dirname(which nvcc)):
+        assert toolkit.flashinfer_naive_root(env) == str(d.parent)
+
+
+def test_same_nvcc_from_two_sources_is_one_candidate(tmp_path):
+    root = make_toolkit(tmp_path / "cuda-12.9", "12.9.41")
+    env = {"CUDA_HOME": str(root), "PATH": str(root / "bin")}
+    hits = [t for t in discover(env) if t.root == str(root)]
+    assert len(hits) == 1 and hits[0].sources[:2] == ("CUDA_HOME", "PATH")
+
+
+def _specs(value):
+    return arch.parse_arch_list(value)
+
+
+def test_choice_prefers_toolkit_that_builds_120f_over_cuda_home_128(tmp_path):
+    old = inspect(str(make_toolkit(tmp_path / "cuda-12.8")), ("CUDA_HOME",))
+    new = inspect(str(make_toolkit(tmp_path / "cu13", "13.0.88")), ("pip",))
+    ch = choose([old, new], None, [(12, 0)], None)
+    assert ch.toolkit is new and ch.targets == ((12, "0f"),)
+    (rej,) = ch.rejected
+    assert rej[0] is old and "cannot build sm_120f (nvcc >= 12.9)" in rej[1]
+
+
+def test_choice_keeps_working_cuda_home(tmp_path):
+    a = inspect(str(make_toolkit(tmp_path / "cuda-12.9", "12.9.41")), ("CUDA_HOME",))
+    b = inspect(str(make_toolkit(tmp_path / "cu13", "13.0.88")), ("pip",))
+    assert choose([a, b], None, [(12, 0)], None).toolkit is a
+
+
+def test_choice_rejects_torch_major_mismatch(tmp_path):
+    a = inspect(str(make_toolkit(tmp_path / "cuda-12.9", "12.9.41")), ("CUDA_HOME",))
+    b = inspect(str(make_toolkit(tmp_path / "cu13", "13.0.88")), ("pip",))
+    ch = choose([a, b], None, [(12, 0)], "13.0")
+    assert ch.toolkit is b and "torch is built for CUDA 13.0" in ch.rejected[0][1]
+
+
+def test_choice_falls_back_to_120a_when_only_128_exists(tmp_path):
+    a = inspect(str(make_toolkit(tmp_path / "cuda-12.8")), ("CUDA_HOME",))
+    ch = choose([a], None, [(12, 0)], "12.8")
+    assert ch.targets == ((12, "0a"),) and "preferred targets sm_120f" in ch.reason
+
+
+def test_choice_sm121_needs_129_and_error_lists_reasons(tmp_path):
+    a = inspect(str(make_toolkit(tmp_path / "cuda-12.8")), ("CUDA_HOME",))
+    bad = inspect(str(make_toolkit(tmp_path / "bad", nvcc_script="#!/bin/sh\necho nope\n")), ("PATH",))
+    with pytest.raises(ToolkitError) as exc:
+        choose([a, bad], None, [(12, 1)], None)
+    msg = str(exc.value)
+    assert "sm_121a" in msg and "nvcc 12.8 cannot build sm_121a (nvcc >= 12.9)" in msg
+    assert "printed no 'release" in msg and "pip install" in msg
+
+
+def test_choice_uses_arch_list_and_explicit_suffix(tmp_path):
+    a = inspect(str(make_toolkit(tmp_path / "cu13", "13.0.88")), ("pip",))
+    ch = choose([a], _specs("9.0 12.0a 12.1"), [], None)
+    assert ch.targets == ((9, "0a"), (12, "0a"), (12, "1a"))
+
+
+def test_no_gpu_no_list_accepts_any_working_toolkit(tmp_path):
+    a = inspect(str(make_toolkit(tmp_path / "cuda-12.8")), ("CUDA_HOME",))
+    ch = choose([a], None, [], None)
+    assert ch.toolkit is a and ch.targets == ()
