@@ -209,7 +209,7 @@ class _Progress:
             self._show(newline=not self.tty)
 
 
-def _run_ninja(spec, jobs: int | None) -> None:
+def _run_ninja(spec, jobs: int | None, label: str) -> None:
     ninja = shutil.which("ninja")
     if ninja is None:
         try:
@@ -223,7 +223,7 @@ def _run_ninja(spec, jobs: int | None) -> None:
         cmd += ["-j", str(jobs)]
     env = dict(os.environ, NINJA_STATUS="[%f/%t] ")
     out_lines: list[str] = []
-    with _Progress(spec.name) as prog:
+    with _Progress(label) as prog:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env, errors="replace")
         assert proc.stdout is not None
@@ -261,6 +261,7 @@ def _build(args: argparse.Namespace) -> int:
 
     from . import patch
 
+    os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the summary is printed below
     patch.install()
     import importlib
 
@@ -297,7 +298,7 @@ def _build(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         try:
             with lock:
-                _run_ninja(spec, jobs)
+                _run_ninja(spec, jobs, name)
         except RuntimeError as exc:
             return _err(f"building {name} failed: {exc}")
         so = spec.jit_library_path
@@ -324,19 +325,26 @@ def _build(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- enable / disable
 
 _PTH_NAME = "flashinfer_sm120_autoload.pth"
-_PTH_LINE = ("import os; os.environ.get('FLASHINFER_SM120_DISABLE', '') in ('', '0') "
-             "and __import__('flashinfer_sm120')\n")
+# site.py executes .pth lines that start with "import"; one line, and it must
+# never stop the interpreter from starting, hence the try/except inside exec.
+_PTH_LINE = (
+    "import os, sys; exec(\"if os.environ.get('FLASHINFER_SM120_DISABLE', '') in ('', '0'):\\n"
+    " try:\\n  import flashinfer_sm120\\n except Exception as e:\\n"
+    "  sys.stderr.write('flashinfer-sm120: autoload failed: %r\\\\n' % (e,))\")\n"
+)
 
 
-def _site_target(user: bool) -> Path:
+def _site_target(args: argparse.Namespace) -> Path:
     import site
     import sysconfig
 
-    return Path(site.getusersitepackages() if user else sysconfig.get_paths()["purelib"])
+    if getattr(args, "site_dir", None):
+        return Path(args.site_dir)
+    return Path(site.getusersitepackages() if args.user else sysconfig.get_paths()["purelib"])
 
 
 def _enable(args: argparse.Namespace) -> int:
-    target = _site_target(args.user) / _PTH_NAME
+    target = _site_target(args) / _PTH_NAME
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(_PTH_LINE)
@@ -350,7 +358,7 @@ def _enable(args: argparse.Namespace) -> int:
 def _disable(args: argparse.Namespace) -> int:
     removed = []
     for user in (False, True):
-        target = _site_target(user) / _PTH_NAME
+        target = _site_target(argparse.Namespace(user=user, site_dir=args.site_dir)) / _PTH_NAME
         if target.exists():
             target.unlink()
             removed.append(str(target))
@@ -373,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--json", action="store_true")
     e = sub.add_parser("enable", help="import flashinfer_sm120 in every process (writes a .pth file)")
     e.add_argument("--user", action="store_true", help="user site-packages instead of this environment")
-    sub.add_parser("disable", help="remove the .pth file written by 'enable'")
+    e.add_argument("--site-dir", help=argparse.SUPPRESS)
+    dis = sub.add_parser("disable", help="remove the .pth file written by 'enable'")
+    dis.add_argument("--site-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     return {"doctor": _doctor, "build": _build, "enable": _enable, "disable": _disable}[args.cmd](args)

@@ -1,0 +1,88 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import make_toolkit, needs_flashinfer
+
+
+def cli(args, env, timeout=600):
+    return subprocess.run([sys.executable, "-m", "flashinfer_sm120", *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("value", ["blackwell", "12.x", "12.0 rtx5090"])
+def test_build_rejects_garbled_arch(clean_env, value):
+    proc = cli(["build", "--arch", value, "sampling"], clean_env)
+    assert proc.returncode == 2
+    assert f"--arch={value!r}" in proc.stderr and "e.g." in proc.stderr
+
+
+def test_build_rejects_unknown_module(clean_env):
+    proc = cli(["build", "--arch", "12.0", "attention-everything"], clean_env)
+    assert proc.returncode == 2 and "attention-everything" in proc.stderr and "sampling" in proc.stderr
+
+
+@needs_flashinfer
+def test_build_without_gpu_or_arch_says_what_to_pass(clean_env, real_nvcc13):
+    env = dict(clean_env, FAKE_GPU_CAPS="")
+    proc = subprocess.run([sys.executable, "-c", "import fakegpu, sys\nfrom flashinfer_sm120.cli import main\n"
+                           "sys.exit(main(['build', 'sampling']))"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and "--arch 12.0" in proc.stderr
+
+
+@needs_flashinfer
+def test_doctor_json_reports_candidates_choice_and_before_after(clean_env, tmp_path, real_nvcc13):
+    fake = make_toolkit(tmp_path / "cuda-12.8")
+    env = dict(clean_env, CUDA_HOME=str(fake), FLASHINFER_CUDA_ARCH_LIST="12.0")
+    env["PATH"] = f"{fake}/bin:{env['PATH']}"
+    proc = cli(["doctor", "--json"], env)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    by_root = {c["root"]: c for c in r["candidates"]}
+    assert by_root[str(fake)]["verdict"].startswith("rejected: nvcc 12.8 cannot build sm_120f")
+    chosen = [c for c in r["candidates"] if c["verdict"].startswith("CHOSEN")]
+    assert len(chosen) == 1 and chosen[0]["nvcc_version"].startswith("13.")
+    assert r["resolution"]["choice"]["targets"] == ["sm_120f"]
+    assert r["before"]["cuda_home"] == str(fake) and r["before"]["cuda_version"] == "12.8"
+    assert r["after"]["status"]["mode"] == "patched"
+    assert r["after"]["status"]["target_cuda_archs"] == ["sm_120f"]
+    assert r["after"]["cuda_version"].startswith("13.")
+
+
+@needs_flashinfer
+def test_doctor_human_output(clean_env, real_nvcc13):
+    proc = cli(["doctor"], dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.1"))
+    assert proc.returncode == 0, proc.stderr
+    assert "CHOSEN" in proc.stdout and "targets: sm_121a" in proc.stdout
+    assert "FlashInfer alone:" in proc.stdout and "With flashinfer-sm120 (patched)" in proc.stdout
+
+
+def test_enable_disable_pth(tmp_path):
+    site_dir = tmp_path / "site"
+    env = {k: v for k, v in os.environ.items() if k != "FLASHINFER_SM120_DISABLE"}
+    proc = cli(["enable", "--site-dir", str(site_dir)], env)
+    assert proc.returncode == 0, proc.stderr
+    pth = site_dir / "flashinfer_sm120_autoload.pth"
+    assert pth.is_file() and len(pth.read_text().splitlines()) == 1
+    check = (f"import site, sys; site.addsitedir({str(site_dir)!r}); "
+             "print('flashinfer_sm120' in sys.modules)")
+
+    def loaded(e):
+        r = subprocess.run([sys.executable, "-c", check], env=e, capture_output=True, text=True)
+        assert "Error processing line" not in r.stderr, r.stderr
+        return r.stdout.strip()
+
+    assert loaded(env) == "True"
+    assert loaded(dict(env, FLASHINFER_SM120_DISABLE="1")) == "False"
+    # a broken package must not stop the interpreter from starting
+    broken = tmp_path / "broken"
+    (broken / "flashinfer_sm120").mkdir(parents=True)
+    (broken / "flashinfer_sm120" / "__init__.py").write_text("raise ImportError('boom')\n")
+    r = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                       env=dict(env, PYTHONPATH=str(broken)))
+    assert r.returncode == 0 and r.stdout.strip() == "False" and "autoload failed" in r.stderr
+    assert cli(["disable", "--site-dir", str(site_dir)], env).returncode == 0
+    assert not pth.exists()
