@@ -34,6 +34,17 @@ if os.environ.get("FAKE_GPU_CAPS") is not None:
     torch.cuda.get_device_capability = lambda device=None: _caps[0 if device is None else int(device)]
     torch.cuda.is_available = lambda: bool(_caps)
 
+    def _props(device=None):
+        import types
+
+        major, minor = _caps[0 if device is None else int(getattr(device, "index", device) or 0)]
+        return types.SimpleNamespace(major=major, minor=minor, name=f"Fake GPU sm_{major}{minor}",
+                                     multi_processor_count=170, total_memory=32 << 30,
+                                     shared_memory_per_block_optin=99 << 10, L2_cache_size=96 << 20)
+
+    # some FlashInfer releases (0.6.17) read device properties at import
+    torch.cuda.get_device_properties = _props
+
 if os.environ.get("FAKE_TORCH_CUDA"):
     import torch
 
