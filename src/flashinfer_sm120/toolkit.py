@@ -13,6 +13,7 @@ wins.  The result says where it came from and why the others were rejected.
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import logging
@@ -23,7 +24,7 @@ import site
 import stat
 import subprocess
 import sys
-import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,10 @@ NVCC_TIMEOUT_S = 10.0
 
 _RELEASE_RE = re.compile(r"release (\d+)\.(\d+), V(\d+\.\d+(?:\.\d+)?)")
 _CUDART_RE = re.compile(r"^\s*#\s*define\s+CUDART_VERSION\s+(\d+)", re.MULTILINE)
+_PIP_PREFIX_RE = re.compile(r"cu1[3-9]")  # site-packages/nvidia/cu13: no pip wheel before 13 ships nvcc
+_VERSIONED_RE = re.compile(r"cuda-\d")
+_NVCC_PATH_RE = re.compile(r"(/[^\s\"'`;|&()]*?/nvcc)\b")
+_VERSION_TXT_RE = re.compile(r"CUDA Version (\d+\.\d+(?:\.\d+)?)")
 _NVCC_DIST_RE = re.compile(r"^nvidia_cuda_nvcc(?:_cu\d+)?-(\d+(?:\.\d+)+)[^/]*\.dist-info$")
 
 #: Source labels, in the order a candidate is preferred when several pass.
@@ -238,7 +243,7 @@ def _version_from_files(root: str) -> tuple[str, str] | None:
     vt = os.path.join(root, "version.txt")
     txt = _read_text(vt)
     if txt:
-        m = re.search(r"CUDA Version (\d+\.\d+(?:\.\d+)?)", txt)
+        m = _VERSION_TXT_RE.search(txt)
         if m:
             return m.group(1), vt
     return None
@@ -286,7 +291,9 @@ def _version_from_nvcc(nvcc: str, timeout: float) -> tuple[str | None, str | Non
 
 def _header_version(include_dirs: tuple[str, ...]) -> Version | None:
     for inc in include_dirs:
-        txt = _read_text(os.path.join(inc, "cuda_runtime_api.h"))
+        # CUDART_VERSION is defined near the top (line ~140 of a 600 KB header);
+        # 64 KiB keeps this read at a few microseconds.
+        txt = _read_text(os.path.join(inc, "cuda_runtime_api.h"), 64 << 10)
         if txt:
             m = _CUDART_RE.search(txt)
             if m:
@@ -307,8 +314,11 @@ def _include_dirs(root: str) -> tuple[str, ...]:
 def _lib_dir(root: str) -> str | None:
     for rel in ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"):
         d = os.path.join(root, rel)
-        if glob.glob(os.path.join(d, "libcudart.so*")):
-            return d
+        try:
+            if any(n.startswith("libcudart.so") for n in os.listdir(d)):
+                return d
+        except OSError:
+            continue
     return None
 
 
@@ -334,7 +344,7 @@ def _resolve_nvcc(path: str, depth: int = 0) -> str | None:
         return real
     if head.startswith(b"#!"):
         text = head.decode("utf-8", "replace")
-        for m in re.finditer(r"(/[^\s\"'`;|&()]*?/nvcc)\b", text):
+        for m in _NVCC_PATH_RE.finditer(text):
             target = m.group(1)
             if os.path.realpath(target) != real and os.path.isfile(target):
                 return _resolve_nvcc(target, depth + 1)
@@ -351,12 +361,21 @@ def _clean_home(value: str) -> str:
     return v
 
 
+@functools.lru_cache(maxsize=8)
+def _site_dirs_for(path_key: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(_site_dirs_uncached())
+
+
 def _site_dirs() -> list[str]:
+    """Every site-packages directory of this interpreter (cached per ``sys.path``)."""
+    return list(_site_dirs_for(tuple(sys.path)))
+
+
+def _site_dirs_uncached() -> list[str]:
     dirs: list[str] = []
     for getter in (
         lambda: site.getsitepackages(),
         lambda: [site.getusersitepackages()],
-        lambda: [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]],
         lambda: [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))],
     ):
         try:
@@ -376,7 +395,12 @@ def _raw_candidates(env: dict[str, str]) -> list[tuple[str, str, str]]:
         if val:
             out.append((var, _clean_home(val), f"${var}={val}"))
     for sd in _site_dirs():
-        for sub in sorted(glob.glob(os.path.join(sd, "nvidia", "cu1[3-9]")), reverse=True):
+        try:
+            subs = os.listdir(os.path.join(sd, "nvidia"))
+        except OSError:
+            continue
+        for name in sorted((n for n in subs if _PIP_PREFIX_RE.fullmatch(n)), reverse=True):
+            sub = os.path.join(sd, "nvidia", name)
             out.append(("pip", sub, sub))
         legacy = os.path.join(sd, "nvidia", "cuda_nvcc")  # cu12 wheels: no nvcc before 13
         if os.path.isfile(os.path.join(legacy, "bin", "nvcc")):
@@ -387,7 +411,11 @@ def _raw_candidates(env: dict[str, str]) -> list[tuple[str, str, str]]:
         root = os.path.dirname(os.path.dirname(real)) if real else os.path.dirname(os.path.dirname(which))
         out.append(("PATH", root, which))
     out.append(("/usr/local/cuda", "/usr/local/cuda", "/usr/local/cuda"))
-    versioned = glob.glob("/usr/local/cuda-[0-9]*")
+    try:
+        versioned = [os.path.join("/usr/local", n) for n in os.listdir("/usr/local")
+                     if _VERSIONED_RE.match(n)]
+    except OSError:
+        versioned = []
 
     def _vkey(p: str) -> Version:
         return _mm(p.rsplit("-", 1)[-1]) or Version("0")
@@ -454,7 +482,41 @@ def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | No
                    problem=problem, given_as=given_as)
 
 
-def discover(env: dict[str, str] | None = None, *, timeout: float = NVCC_TIMEOUT_S) -> list[Toolkit]:
+class Candidates(Sequence):
+    """Toolkit candidates in preference order, inspected only when first looked at.
+
+    :func:`choose` stops at the first acceptable toolkit, so the usual start-up
+    reads the files of one or two toolkits, not every toolkit on the machine.
+    ``len()`` and iteration are cheap to ask for; items are :class:`Toolkit`.
+    """
+
+    def __init__(self, raw: list[tuple[tuple[str, ...], str, str, bool]], timeout: float) -> None:
+        self._raw = raw  # (sources, root, given_as, exists)
+        self._timeout = timeout
+        self._done: dict[int, Toolkit] = {}
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if i not in self._done:
+            sources, root, given, _ = self._raw[i]
+            self._done[i] = inspect(root, sources, given, timeout=self._timeout)
+        return self._done[i]
+
+    def peek(self, i: int) -> Toolkit:
+        """The toolkit if already inspected, else a placeholder with root and sources only."""
+        if i in self._done:
+            return self._done[i]
+        sources, root, given, _ = self._raw[i]
+        return Toolkit(root, "", sources, None, None, None, None, (), None, given_as=given)
+
+
+def discover(env: dict[str, str] | None = None, *, timeout: float = NVCC_TIMEOUT_S) -> Candidates:
     """All candidate toolkits, in preference order, one entry per real nvcc.
 
     Sources, in order: ``CUDA_HOME``, ``CUDA_PATH`` (cleaned of a leading ``:`` and a
@@ -467,30 +529,28 @@ def discover(env: dict[str, str] | None = None, *, timeout: float = NVCC_TIMEOUT
         timeout: seconds allowed per ``nvcc --version`` fallback.
 
     Returns:
-        Toolkits, including unusable ones (their ``problem`` is set).
+        A lazy sequence of :class:`Toolkit`, including unusable ones (their
+        ``problem`` is set), e.g. a ``CUDA_HOME`` that does not exist.
     """
     env = dict(os.environ if env is None else env)
     merged: dict[str, tuple[list[str], str, str]] = {}
     order: list[str] = []
-    bad: list[Toolkit] = []
+    bad: list[tuple[tuple[str, ...], str, str, bool]] = []
     for source, root, given in _raw_candidates(env):
         if not os.path.isdir(root):
             if source in ("CUDA_HOME", "CUDA_PATH", "conda"):
-                bad.append(inspect(root, (source,), given, timeout=timeout))
+                bad.append(((source,), root, given, False))
             continue
-        nvcc = _resolve_nvcc(os.path.join(root, "bin", "nvcc"))
-        key = nvcc or os.path.realpath(root)
+        # Dedupe on the real path (cheap); wrappers are followed later by inspect().
+        key = os.path.realpath(os.path.join(root, "bin", "nvcc"))
         if key in merged:
             if source not in merged[key][0]:
                 merged[key][0].append(source)
             continue
         merged[key] = ([source], root, given)
         order.append(key)
-    out = list(bad)
-    for key in order:
-        sources, root, given = merged[key]
-        out.append(inspect(root, tuple(sources), given, timeout=timeout))
-    return out
+    raw = bad + [(tuple(merged[k][0]), merged[k][1], merged[k][2], True) for k in order]
+    return Candidates(raw, timeout)
 
 
 def flashinfer_naive_root(env: dict[str, str] | None = None) -> str | None:
@@ -549,8 +609,13 @@ def _why_not(tk: Toolkit, targets: list[tuple[int, str]], torch_cuda: str | None
     return None
 
 
+def _peek(toolkits: Sequence[Toolkit], j: int) -> Toolkit:
+    peek = getattr(toolkits, "peek", None)
+    return peek(j) if peek is not None else toolkits[j]
+
+
 def choose(
-    toolkits: list[Toolkit],
+    toolkits: Sequence[Toolkit],
     arch_specs: list[_arch.ArchSpec] | None,
     capabilities: list[tuple[int, int]],
     torch_cuda: str | None,
@@ -565,7 +630,8 @@ def choose(
     torch's CUDA major (when torch has CUDA), and it builds every target.
 
     Args:
-        toolkits: from :func:`discover`.
+        toolkits: from :func:`discover` (inspected lazily: toolkits after the
+            chosen one are not read), or any sequence of :class:`Toolkit`.
         arch_specs: parsed ``FLASHINFER_CUDA_ARCH_LIST``, or ``None`` to use
             ``capabilities``; explicit suffixes (``12.0f``) are required as given.
         capabilities: visible GPUs' compute capabilities, e.g. ``[(12, 0)]``.
@@ -588,13 +654,15 @@ def choose(
     last_reasons: dict[int, str] = {}
     for n, wanted in enumerate(passes):
         reasons: dict[int, str] = {}
-        for i, tk in enumerate(toolkits):
+        for i in range(len(toolkits)):
+            tk = toolkits[i]
             why = _why_not(tk, wanted, torch_cuda)
             if why is None:
                 targets = tuple(sorted({_arch.normalize(*c, tk.nvcc_version) if c not in fixed else fixed[c] for c in caps}))
-                rejected = tuple((t, reasons.get(j) or _why_not(t, wanted, torch_cuda) or
-                                  f"a working candidate came first ({tk.root})")
-                                 for j, t in enumerate(toolkits) if j != i)
+                rejected = tuple(
+                    (toolkits[j], reasons[j]) if j < i else (
+                        _peek(toolkits, j), f"not needed: {tk.root} comes first and works")
+                    for j in range(len(toolkits)) if j != i)
                 what = ", ".join(_arch.format_target(t) for t in targets) or "no GPU targets"
                 reason = f"first acceptable toolkit in order ({tk.sources[0]}) for {what}"
                 if n:
@@ -603,7 +671,7 @@ def choose(
                 return Choice(tk, targets, tuple(caps), rejected, reason, torch_cuda)
             reasons[i] = why
         last_reasons = reasons
-    lines = [f"  - {tk.label}: {last_reasons.get(i, '?')}" for i, tk in enumerate(toolkits)]
+    lines = [f"  - {toolkits[i].label}: {last_reasons.get(i, '?')}" for i in range(len(toolkits))]
     wanted_txt = ", ".join(_arch.format_target(t) for t in passes[0]) or "(no GPU targets)"
     raise ToolkitError(
         f"no CUDA toolkit can build {wanted_txt}"
