@@ -9,7 +9,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
 import site
 import subprocess
 import sys

@@ -159,3 +159,14 @@ def test_nothing_usable_leaves_flashinfer_alone(clean_env, tmp_path):
     assert out["status"]["mode"] == "failed" and "no CUDA toolkit can build sm_121a" in out["status"]["error"]
     assert out["normalize_wrapped"] == "function" and out["env_cuda_home"] == env["CUDA_HOME"]
     assert "not patching FlashInfer" in proc.stderr
+
+
+def test_explicit_install_retries_after_failure(clean_env, tmp_path):
+    env = dict(clean_env, FAKE_GPU_CAPS="12.1", FAKE_TORCH_CUDA="11.8",
+               CUDA_HOME=str(make_toolkit(tmp_path / "cuda-12.8")))
+    code = ("import fakegpu, flashinfer_sm120, flashinfer, torch\n"
+            "assert flashinfer_sm120.status()['mode'] == 'failed'\n"
+            "torch.version.cuda = '13.0'  # e.g. the user fixed their environment\n"
+            "flashinfer_sm120.install()\n" + REPORT)
+    out, _ = run_py(code, env)
+    assert out["status"]["mode"] == "patched" and out["current"] == [[12, "1a"]]

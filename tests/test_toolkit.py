@@ -1,5 +1,4 @@
 import os
-import textwrap
 
 import pytest
 from packaging.version import Version
@@ -161,3 +160,10 @@ def test_no_gpu_no_list_accepts_any_working_toolkit(tmp_path):
     a = inspect(str(make_toolkit(tmp_path / "cuda-12.8")), ("CUDA_HOME",))
     ch = choose([a], None, [], None)
     assert ch.toolkit is a and ch.targets == ()
+
+
+def test_unknown_future_capability_says_to_upgrade(tmp_path):
+    a = inspect(str(make_toolkit(tmp_path / "cu13", "13.0.88")), ("pip",))
+    with pytest.raises(ToolkitError) as exc:
+        choose([a], None, [(13, 0)], None)
+    assert "sm_130a (not in flashinfer-sm120's table: upgrade flashinfer-sm120)" in str(exc.value)

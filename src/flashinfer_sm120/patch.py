@@ -215,7 +215,11 @@ def current_targets() -> set[tuple[int, str]]:
 def _normalize_wrapper(wrapped, instance, args, kwargs):
     if _state.mode != "patched":
         return wrapped(*args, **kwargs)
-    major, minor = (list(args) + [kwargs.get("major"), kwargs.get("minor")])[:2]
+    return _normalize_under_choice(*args, **kwargs)
+
+
+def _normalize_under_choice(major: int, minor: int) -> tuple[int, str]:
+    """FlashInfer's ``_normalize_cuda_arch(major, minor)`` signature, our table."""
     return _arch.normalize(int(major), int(minor), _version())
 
 
@@ -497,7 +501,9 @@ def _apply_locked() -> None:
 def install() -> dict:
     """Register the post-import hooks and patch whatever FlashInfer is loaded.
 
-    Idempotent and thread-safe.  Never raises: failures are logged and reported
+    Idempotent and thread-safe.  After a failure (say, no usable toolkit), an
+    explicit call resolves again, so installing a toolkit and calling
+    ``install()`` is enough; import hooks never retry on their own.  Never raises: failures are logged and reported
     by :func:`status`.  Set ``FLASHINFER_SM120_DISABLE=1`` to make it do nothing.
 
     Returns:
@@ -508,7 +514,7 @@ def install() -> dict:
             if _state.mode == "idle":
                 _state.mode = "disabled"
             return status()
-        if _state.mode in ("reverted", "disabled"):
+        if _state.mode in ("reverted", "disabled", "failed"):  # an explicit call retries
             _state.mode = "idle"
             _state.resolution = None
             _state.error = None

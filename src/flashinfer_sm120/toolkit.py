@@ -14,7 +14,6 @@ wins.  The result says where it came from and why the others were rejected.
 from __future__ import annotations
 
 import functools
-import glob
 import json
 import logging
 import os
@@ -603,7 +602,9 @@ def _why_not(tk: Toolkit, targets: list[tuple[int, str]], torch_cuda: str | None
     missing = [t for t in targets if not _arch.target_supported(t, tk.nvcc_version)]
     if missing:
         needs = ", ".join(
-            f"{_arch.format_target(t)} (nvcc >= {_arch.min_nvcc_for(t)})" for t in missing
+            f"{_arch.format_target(t)} (nvcc >= {_arch.min_nvcc_for(t)})" if _arch.min_nvcc_for(t)
+            else f"{_arch.format_target(t)} (not in flashinfer-sm120's table: upgrade flashinfer-sm120)"
+            for t in missing
         )
         return f"nvcc {tk.nvcc_version} cannot build {needs}"
     return None
