@@ -61,6 +61,7 @@ def test_min_nvcc_table_matches_field_facts():
         ("8.9,12.1", [(8, 9, None), (12, 1, None)]),
         (" sm_120 ; 121a ", [(12, 0, None), (12, 1, "a")]),
         ("12.0 12.0", [(12, 0, None)]),
+        ("8.6+PTX 12.0", [(8, 6, None), (12, 0, None)]),
     ],
 )
 def test_parse_arch_list(value, expected):
@@ -85,3 +86,20 @@ def test_explicit_suffix_kept_as_given():
     assert spec.target(Version("13.0")) == (12, "0a")
     (spec,) = arch.parse_arch_list("12.0")
     assert spec.target(Version("13.0")) == (12, "0f")
+
+
+def test_family_targets_known():
+    for t, v in (((12, "1f"), "12.9"), ((10, "3f"), "12.9"), ((11, "0f"), "13.0")):
+        assert arch.target_supported(t, Version(v)) and not arch.target_supported(t, Version("12.8"))
+
+
+def test_lenient_parse_keeps_good_entries():
+    specs, errors = arch.parse_arch_list_lenient("12.0 garbage 12.1")
+    assert [(s.major, s.minor) for s in specs] == [(12, 0), (12, 1)]
+    assert len(errors) == 1 and "'garbage'" in errors[0]
+
+
+def test_unknown_capability_message_says_upgrade():
+    with pytest.raises(arch.ArchNotSupported) as exc:
+        arch.normalize(13, 0, Version("13.5"))
+    assert "not in flashinfer-sm120's table" in str(exc.value) and "None" not in str(exc.value)

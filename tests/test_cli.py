@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -86,3 +87,23 @@ def test_enable_disable_pth(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == "False" and "autoload failed" in r.stderr
     assert cli(["disable", "--site-dir", str(site_dir)], env).returncode == 0
     assert not pth.exists()
+
+
+@needs_flashinfer
+def test_doctor_with_a_hung_nvcc_finishes_and_says_so(clean_env, tmp_path, real_nvcc13):
+    hang = make_toolkit(tmp_path / "cuda-hang", nvcc_script="#!/bin/sh\nexec sleep 300\n")
+    env = dict(clean_env, CUDA_HOME=str(hang), FLASHINFER_CUDA_ARCH_LIST="12.0")
+    t = time.monotonic()
+    proc = cli(["doctor", "--json", "--timeout", "8"], env, timeout=200)
+    assert time.monotonic() - t < 120
+    r = json.loads(proc.stdout)
+    assert r["before"]["error"].startswith("FlashInfer hung in ")  # at import or in get_cuda_version()
+    (c,) = [c for c in r["candidates"] if c["root"] == str(hang)]
+    assert "did not answer 'nvcc --version' within 10 s" in c["verdict"]
+    assert r["after"]["cuda_version"].startswith("13.")
+
+
+@needs_flashinfer
+def test_build_when_disabled_says_how_to_enable(clean_env):
+    proc = cli(["build", "--arch", "12.0", "sampling"], dict(clean_env, FLASHINFER_SM120_DISABLE="1"))
+    assert proc.returncode == 2 and "FLASHINFER_SM120_DISABLE is set" in proc.stderr and "unset it" in proc.stderr

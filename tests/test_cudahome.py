@@ -59,7 +59,7 @@ def test_view_is_reused_and_repaired(tmp_path, cache):
 def test_complete_toolkit_needs_no_view(tmp_path, cache):
     root = make_toolkit(tmp_path / "cuda-12.9", "12.9.41", curand=True)
     home = cudahome.linkable_home(inspect(str(root)))
-    assert not home.is_view and home.path == str(root) and not cache.exists()
+    assert not home.is_view and home.path == str(root) and not (cache / "cuda-home").exists()
 
 
 def test_curand_taken_from_pip_when_toolkit_lacks_it(tmp_path, cache, monkeypatch):

@@ -140,6 +140,8 @@ def test_bad_cuda_home_falls_back_and_never_breaks_import(seed_env, tmp_path):
     assert out["status"]["mode"] == "patched" and out["version"].startswith("13.")
     cands = out["status"]["resolution"]["choice"]["rejected"]
     assert any("does not exist" in c["reason"] and "no-such-cuda" in c["reason"] for c in cands)
+    # the one line printed at import says why the user's CUDA_HOME was not used
+    assert "no-such-cuda: directory does not exist" in proc.stderr
 
 
 def test_noop_when_flashinfer_already_resolves_correctly(seed_env):
@@ -170,3 +172,29 @@ def test_explicit_install_retries_after_failure(clean_env, tmp_path):
             "flashinfer_sm120.install()\n" + REPORT)
     out, _ = run_py(code, env)
     assert out["status"]["mode"] == "patched" and out["current"] == [[12, "1a"]]
+
+
+def test_one_bad_arch_entry_keeps_the_good_ones(seed_env):
+    env = dict(seed_env, FLASHINFER_CUDA_ARCH_LIST="12.1 garbage", FAKE_GPU_CAPS="")
+    out, proc = run_py("import fakegpu, flashinfer_sm120\n" + REPORT, env)
+    assert out["current"] == [[12, "1a"]]
+    assert "'garbage'" in proc.stderr and "using 12.1" in proc.stderr
+
+
+@pytest.mark.parametrize("value, mode", [("false", "patched"), ("off", "patched"), ("0", "patched"),
+                                         ("yes", "disabled"), ("1", "disabled")])
+def test_disable_flag_values(seed_env, value, mode):
+    out, _ = run_py("import fakegpu, flashinfer_sm120\n" + REPORT, dict(seed_env, FLASHINFER_SM120_DISABLE=value))
+    assert out["status"]["mode"] == mode
+
+
+def test_child_inheriting_our_cuda_home_is_a_noop_on_the_same_toolkit(seed_env):
+    code = ("import fakegpu, flashinfer_sm120, flashinfer, subprocess, sys, json, os\n"
+            "child = subprocess.run([sys.executable, '-c', 'import fakegpu, flashinfer_sm120, flashinfer;"
+            "import json; s = flashinfer_sm120.status(); print(json.dumps([s[\\'mode\\'], "
+            "s[\\'resolution\\'][\\'choice\\'][\\'toolkit\\'][\\'root\\']]))'],"
+            " capture_output=True, text=True).stdout\n"
+            "mine = flashinfer_sm120.status()['resolution']['choice']['toolkit']['root']\n"
+            "print('@@' + json.dumps({'child': json.loads(child.splitlines()[-1]), 'mine': mine}))\n")
+    out, _ = run_py(code, seed_env)
+    assert out["child"] == ["noop", out["mine"]]

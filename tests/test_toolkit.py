@@ -1,4 +1,6 @@
+import json
 import os
+import time
 
 import pytest
 from packaging.version import Version
@@ -38,15 +40,48 @@ def test_garbage_nvcc_is_rejected_with_message(tmp_path):
     root = make_toolkit(tmp_path / "cuda-x", nvcc_script="#!/bin/sh\necho 'hello world'\n")
     tk = inspect(str(root))
     assert tk.nvcc_version is None
-    assert str(root / "bin" / "nvcc") in tk.problem and "hello world" in tk.problem
-    assert "CUDA_HOME" in tk.problem
+    assert str(root / "bin" / "nvcc") in tk.problem and "first line: 'hello world'" in tk.problem
+    assert "CUDA_HOME" in tk.problem and "if any" not in tk.problem
 
 
-def test_hanging_nvcc_times_out(tmp_path):
-    root = make_toolkit(tmp_path / "cuda-hang", nvcc_script="#!/bin/sh\nexec sleep 60\n")
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_hanging_nvcc_times_out_kills_its_children_and_is_remembered(tmp_path):
+    pidfile = tmp_path / "sleep.pid"
+    # a wrapper whose child (not the shell itself) hangs, as in real wrappers
+    root = make_toolkit(tmp_path / "cuda-hang", nvcc_script=f"#!/bin/sh\nsleep 60 &\necho $! > {pidfile}\nwait\n")
+    t = time.monotonic()
     tk = inspect(str(root), timeout=1.0)
+    assert time.monotonic() - t < 10
     assert tk.nvcc_version is None
     assert "did not answer" in tk.problem and "1 s" in tk.problem and str(root) in tk.problem
+    pid = int(pidfile.read_text())
+    time.sleep(0.2)
+    assert _gone(pid), "the hung nvcc's child outlived the timeout"
+    # a second process-worth of discovery does not wait again
+    t = time.monotonic()
+    again = inspect(str(root), timeout=1.0)
+    assert time.monotonic() - t < 0.5 and again.problem == tk.problem
+
+
+def _gone(pid):
+    """Dead, or a zombie waiting for an init that does not reap (containers)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return any(line.startswith("State:") and "Z" in line.split()[1] for line in fh)
+    except FileNotFoundError:
+        return True
+
+
+def test_remembered_answer_is_dropped_when_nvcc_changes(tmp_path):
+    root = make_toolkit(tmp_path / "cuda-x", nvcc_script="#!/bin/sh\necho garbage\n")
+    assert inspect(str(root)).nvcc_version is None
+    make_nvcc = root / "bin" / "nvcc"
+    make_nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.9, V12.9.41'\n")
+    assert inspect(str(root)).nvcc_version == Version("12.9")
 
 
 def test_header_mismatch_is_rejected(tmp_path):
@@ -167,3 +202,35 @@ def test_unknown_future_capability_says_to_upgrade(tmp_path):
     with pytest.raises(ToolkitError) as exc:
         choose([a], None, [(13, 0)], None)
     assert "sm_130a (not in flashinfer-sm120's table: upgrade flashinfer-sm120)" in str(exc.value)
+
+
+def test_cuda_home_pointing_at_our_view_means_the_toolkit_behind_it(tmp_path):
+    real = make_toolkit(tmp_path / "cuda-13.0", "13.0.88", curand=True)
+    view = tmp_path / "view"
+    view.mkdir()
+    (view / "flashinfer_sm120_view.json").write_text(json.dumps({"toolkit": str(real)}))
+    (first,) = [t for t in discover({"CUDA_HOME": str(view), "PATH": ""}) if "CUDA_HOME" in t.sources]
+    assert first.root == str(real) and "flashinfer-sm120 view" in first.given_as
+
+
+def test_later_candidates_are_not_read_unless_asked(tmp_path):
+    marker = tmp_path / "ran"
+    a = make_toolkit(tmp_path / "cuda-12.9", "12.9.41", version_json=True)
+    b = make_toolkit(tmp_path / "cuda-b", nvcc_script=f"#!/bin/sh\ntouch {marker}\n")
+    env = {"CUDA_HOME": str(a), "CUDA_PATH": str(b), "PATH": ""}
+    ch = choose(discover(env), None, [(12, 0)], None)
+    assert ch.toolkit.root == str(a) and not marker.exists()
+    assert dict((t.root, r) for t, r in ch.rejected)[str(b)].startswith("not examined")
+    ch = choose(list(discover(env)), None, [(12, 0)], None)  # doctor reads them all
+    assert marker.exists()
+    assert dict((t.root, r) for t, r in ch.rejected)[str(b)].startswith("not chosen (")
+
+
+def test_fix_line_follows_torch_cuda(tmp_path):
+    a = inspect(str(make_toolkit(tmp_path / "cuda-12.8")), ("CUDA_HOME",))
+    with pytest.raises(ToolkitError) as exc:
+        choose([a], None, [(12, 1)], "13.0")
+    assert "cuda-toolkit[nvcc,cccl,curand]==13.0.*" in str(exc.value)
+    with pytest.raises(ToolkitError) as exc:
+        choose([a], None, [(12, 1)], None)
+    assert "cuda-toolkit[nvcc,cccl,curand]>=13.0,<14" in str(exc.value)

@@ -18,10 +18,10 @@ sm_100a     12.8 CUDA 12.8 release notes (Blackwell datacenter)
 sm_101a     12.8 CUDA 12.8 release notes; renamed sm_110 in CUDA 13.0
 sm_120a     12.8 CUDA 12.8 release notes (Blackwell consumer/workstation)
 sm_100f     12.9 CUDA 12.9 release notes (family-specific ``f`` suffix)
-sm_103a     12.9 CUDA 12.9 release notes
+sm_103a/f   12.9 CUDA 12.9 release notes
 sm_120f     12.9 CUDA 12.9 release notes
-sm_121a     12.9 CUDA 12.9 release notes (DGX Spark)
-sm_110a     13.0 CUDA 13.0 release notes (Thor, formerly sm_101)
+sm_121a/f   12.9 CUDA 12.9 release notes (DGX Spark)
+sm_110a/f   13.0 CUDA 13.0 release notes (Thor, formerly sm_101)
 =========  ====  =====================================================================
 
 CUDA 13.0 also removed offline compilation for targets below sm_75 (CUDA 13.0
@@ -53,6 +53,7 @@ __all__ = [
     "min_nvcc_for",
     "normalize",
     "parse_arch_list",
+    "parse_arch_list_lenient",
     "target_supported",
 ]
 
@@ -71,9 +72,12 @@ MIN_NVCC: dict[str, Version] = {
     "120a": Version("12.8"),
     "100f": Version("12.9"),
     "103a": Version("12.9"),
+    "103f": Version("12.9"),
     "120f": Version("12.9"),
     "121a": Version("12.9"),
+    "121f": Version("12.9"),
     "110a": Version("13.0"),
+    "110f": Version("13.0"),
 }
 
 #: Targets that later nvcc releases dropped: the last nvcc major that accepts them.
@@ -184,12 +188,18 @@ def normalize(major: int, minor: int, nvcc_version: Version) -> tuple[int, str]:
             return target
     best = options[0]
     need = min_nvcc_for(best)
-    need_txt = f"nvcc >= {need}" if need else "a newer nvcc"
+    if need is None:
+        raise ArchNotSupported(
+            f"compute capability {major}.{minor} ({format_target(best)}) is not in "
+            f"flashinfer-sm120's table of targets; upgrade flashinfer-sm120, or set "
+            f"FLASHINFER_CUDA_ARCH_LIST with an explicit suffix (e.g. '{major}.{minor}a') "
+            f"if your nvcc lists it in 'nvcc --list-gpu-arch'."
+        )
     raise ArchNotSupported(
         f"compute capability {major}.{minor} needs {format_target(best)}, which "
-        f"requires {need_txt}; the chosen toolkit is CUDA {nvcc_version}. Fix: "
-        f"pip install 'cuda-toolkit[nvcc,cccl,curand]==13.0.*' (pip CUDA 13 nvcc) "
-        f"or point CUDA_HOME at a newer toolkit."
+        f"requires nvcc >= {need}; the chosen toolkit is CUDA {nvcc_version}. Fix: "
+        f"pip install 'cuda-toolkit[nvcc,cccl,curand]>={need},<{need.major + 1}' "
+        f"(pip nvcc, same CUDA major as torch) or point CUDA_HOME at a newer toolkit."
     )
 
 
@@ -219,7 +229,8 @@ def parse_arch_list(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_LIST") ->
     FlashInfer itself accepts only space-separated ``major.minor[suffix]``
     entries (``flashinfer/compilation_context.py``) and crashes its import with a
     bare ``ValueError`` on anything else.  We accept the same form, plus commas or
-    semicolons as separators and the ``sm_120``/``120a`` spellings nvcc users type.
+    semicolons as separators, the ``sm_120``/``120a`` spellings nvcc users type,
+    and PyTorch's ``+PTX`` suffix (dropped: FlashInfer builds cubins only).
 
     Args:
         value: the raw string.
@@ -232,34 +243,55 @@ def parse_arch_list(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_LIST") ->
         ArchListError: an entry is not a compute capability; the message names
             the entry and the whole value, and shows the accepted form.
     """
+    specs, errors = _parse(value, source)
+    if errors:
+        raise ArchListError(errors[0])
+    return specs
+
+
+def parse_arch_list_lenient(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_LIST"
+                            ) -> tuple[list[ArchSpec], list[str]]:
+    """Like :func:`parse_arch_list`, but keeps the good entries.
+
+    Returns:
+        ``(specs, errors)``: the entries that parsed, and one message per entry
+        that did not (naming the entry, the whole value, and the accepted form).
+        Used at import time, where a typo must not break ``import flashinfer``.
+    """
+    return _parse(value, source)
+
+
+def _parse(value: str, source: str) -> tuple[list[ArchSpec], list[str]]:
     entries = [e for e in re.split(r"[\s,;]+", value.strip()) if e]
     if not entries:
-        raise ArchListError(
+        return [], [
             f"{source}={value!r} names no architecture. Use compute capabilities "
             f"separated by spaces, e.g. {source}='12.0' or '9.0a 12.0f', or unset it "
             f"to target the GPUs present."
-        )
+        ]
     out: list[ArchSpec] = []
+    errors: list[str] = []
     for entry in entries:
-        m = _DOTTED_RE.match(entry)
-        if m:
-            major, minor, suffix = int(m.group(1)), int(m.group(2)), m.group(3).lower()
-        else:
-            m = _ARCH_RE.match(entry)
-            if not m:
-                raise ArchListError(
-                    f"{source}={value!r}: entry {entry!r} is not a compute capability. "
-                    f"Use 'major.minor' with an optional a/f suffix, separated by "
-                    f"spaces, e.g. {source}='12.0' (RTX 5090 / RTX PRO 6000), '12.1' "
-                    f"(DGX Spark) or '9.0a 12.0f'."
-                )
-            major, minor, suffix = int(m.group(1)), int(m.group(2)), m.group(3).lower()
+        # PyTorch's TORCH_CUDA_ARCH_LIST writes '8.6+PTX'; FlashInfer builds cubins
+        # only, so the PTX request has nothing to map to and is dropped.
+        core = entry[:-4] if entry.upper().endswith("+PTX") else entry
+        m = _DOTTED_RE.match(core) or _ARCH_RE.match(core)
+        if not m:
+            errors.append(
+                f"{source}={value!r}: entry {entry!r} is not a compute capability. "
+                f"Use 'major.minor' with an optional a/f suffix, separated by "
+                f"spaces, e.g. {source}='12.0' (RTX 5090 / RTX PRO 6000), '12.1' "
+                f"(DGX Spark) or '9.0a 12.0f'."
+            )
+            continue
+        major, minor, suffix = int(m.group(1)), int(m.group(2)), m.group(3).lower()
         if major < 3 or major > 20 or minor > 9:
-            raise ArchListError(
+            errors.append(
                 f"{source}={value!r}: entry {entry!r} is not a known compute "
                 f"capability (major 3..20, minor 0..9), e.g. '12.0'."
             )
+            continue
         spec = ArchSpec(major, minor, suffix or None)
         if spec not in out:
             out.append(spec)
-    return out
+    return out, errors

@@ -1,4 +1,7 @@
-"""``flashinfer-sm120`` command line: ``doctor``, ``build``, ``enable``/``disable``."""
+"""flashinfer-sm120: make FlashInfer JIT-build for the right GPUs with the right nvcc.
+
+Commands: doctor (what was found and chosen), build (JIT-build kernels now),
+enable/disable (import flashinfer_sm120 in every Python process)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -37,38 +41,74 @@ def _err(msg: str) -> int:
 # --------------------------------------------------------------------------- doctor
 
 
-def _flashinfer_alone(timeout: float = 180.0) -> dict:
-    """What unpatched FlashInfer computes, from a child process with the shim off."""
-    code = (
-        "import json, sys\n"
-        "out = {}\n"
-        "try:\n"
-        "    import flashinfer.jit.core as core, flashinfer.jit.cpp_ext as cx, flashinfer.jit.env as env\n"
-        "    out['target_cuda_archs'] = sorted('sm_%d%s' % t for t in core.current_compilation_context.TARGET_CUDA_ARCHS)\n"
-        "    out['cuda_home'] = cx.get_cuda_path()\n"
-        "    out['jit_dir'] = str(env.FLASHINFER_JIT_DIR)\n"
-        "    try:\n"
-        "        out['cuda_version'] = str(cx.get_cuda_version())\n"
-        "    except Exception as e:\n"
-        "        out['cuda_version_error'] = repr(e)\n"
-        "except Exception as e:\n"
-        "    out['error'] = repr(e)\n"
-        "sys.stdout.write('\\n@@' + json.dumps(out))\n"
-    )
+#: Seconds ``doctor`` lets unpatched FlashInfer run in its child process.  FlashInfer
+#: runs ``nvcc --version`` without a timeout, so a hung nvcc would hang it forever.
+ALONE_TIMEOUT_S = 60.0
+
+_ALONE = r"""
+import json, os, sys, threading
+out = {"step": "import flashinfer"}
+def work():
+    try:
+        import flashinfer.jit.core as core, flashinfer.jit.cpp_ext as cx, flashinfer.jit.env as env
+        out["target_cuda_archs"] = sorted("sm_%d%s" % t for t in core.current_compilation_context.TARGET_CUDA_ARCHS)
+        out["step"] = "get_cuda_path()"
+        out["cuda_home"] = cx.get_cuda_path()
+        out["jit_dir"] = str(env.FLASHINFER_JIT_DIR)
+        out["step"] = "get_cuda_version() (runs nvcc --version with no timeout)"
+        try:
+            out["cuda_version"] = str(cx.get_cuda_version())
+        except Exception as e:
+            out["cuda_version_error"] = repr(e)
+        out.pop("step")
+    except Exception as e:
+        out["error"] = repr(e)
+t = threading.Thread(target=work, daemon=True)
+t.start()
+t.join(float(sys.argv[1]))
+if t.is_alive():
+    out["error"] = "FlashInfer hung in %s for %s s" % (out["step"], sys.argv[1])
+sys.stdout.write("\n@@" + json.dumps(out))
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
+    """What unpatched FlashInfer computes, from a child process with the shim off.
+
+    Returns a dict with ``cuda_home``, ``cuda_version``, ``target_cuda_archs`` and
+    ``jit_dir``, or ``error`` (e.g. FlashInfer hung on a broken nvcc for
+    ``timeout`` seconds; the child and its process group are then killed).
+    """
     env = dict(os.environ, FLASHINFER_SM120_DISABLE="1")
     for k in ("CUDA_HOME",):  # what the user set, not what this process exported
         if k in _ORIGINAL_ENV:
             env[k] = _ORIGINAL_ENV[k]
         else:
             env.pop(k, None)
-    try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=timeout, env=env, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:g} s"}
-    m = re.search(r"@@(\{.*\})\s*$", proc.stdout)
+    import tempfile
+
+    # Files, not pipes: a hung nvcc left behind by FlashInfer would hold a pipe open.
+    with tempfile.TemporaryFile("w+") as out_f, tempfile.TemporaryFile("w+") as err_f:
+        proc = subprocess.Popen([sys.executable, "-c", _ALONE, str(timeout)], stdout=out_f,
+                                stderr=err_f, text=True, env=env, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=timeout + 60)
+        except subprocess.TimeoutExpired:
+            pass
+        try:  # the child, and FlashInfer's hung nvcc if any, go with the group
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
+        out_f.seek(0)
+        err_f.seek(0)
+        stdout, stderr = out_f.read(), err_f.read()
+    m = re.search(r"@@(\{.*\})\s*$", stdout)
     if not m:
-        return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-400:]}"}
+        return {"error": f"exit {proc.returncode}: {stderr.strip()[-400:]}"}
     return json.loads(m.group(1))
 
 
@@ -99,16 +139,21 @@ def _doctor(args: argparse.Namespace) -> int:
     report["candidates"] = [tk.to_dict() for tk in toolkit.discover()]
     verdicts: dict[str, str] = {}
     try:
-        res = patch.resolve()
+        res = patch.resolve(examine_all=True)
         report["resolution"] = res.to_dict()
         verdicts[res.choice.toolkit.root] = "CHOSEN: " + res.choice.reason
         for tk, why in res.choice.rejected:
-            verdicts.setdefault(tk.root, "rejected: " + why)
+            label = "not chosen: " if why.startswith(("usable", "not chosen")) else "rejected: "
+            verdicts.setdefault(tk.root, label + why.removeprefix("not chosen "))
     except Exception as exc:
         report["resolution_error"] = str(exc)
     for c in report["candidates"]:
         c["verdict"] = verdicts.get(c["root"]) or ("rejected: " + c["problem"] if c["problem"] else "")
-    report["before"] = _flashinfer_alone()
+    report["disabled"] = patch.env_flag("FLASHINFER_SM120_DISABLE")
+    if not args.json:
+        print(f"(asking unpatched FlashInfer in a child process, up to {args.timeout:g} s ...)",
+              file=sys.stderr, flush=True)
+    report["before"] = _flashinfer_alone(args.timeout)
     try:
         import flashinfer.jit.core  # noqa: F401  (triggers the hooks)
         import flashinfer.jit.env as jit_env
@@ -146,6 +191,9 @@ def _print_doctor(r: dict) -> None:
         hdr = c["header_version"] or "?"
         p(f"  {c['root']}\n      nvcc {ver} (from {c['version_from'] or '-'}), headers {hdr}, "
           f"found via {', '.join(c['sources'])}\n      {c.get('verdict') or ''}")
+    if r.get("disabled"):
+        p("\nFLASHINFER_SM120_DISABLE is set: what follows is what flashinfer-sm120 WOULD do; "
+          "nothing is patched. Unset it to enable.")
     if "resolution" in r:
         res = r["resolution"]
         ch = res["choice"]
@@ -177,15 +225,16 @@ def _print_doctor(r: dict) -> None:
 class _Progress:
     """One status line from ninja's ``[done/total]`` output plus elapsed seconds."""
 
-    def __init__(self, name: str, stream=sys.stderr) -> None:
+    def __init__(self, name: str, first: str, stream=sys.stderr) -> None:
         self.name, self.stream = name, stream
         self.tty = stream.isatty()
-        self.text = "starting"
+        self.text = first
         self.t0 = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._tick, daemon=True)
 
     def __enter__(self):
+        self._show(newline=not self.tty)
         self._thread.start()
         return self
 
@@ -206,10 +255,19 @@ class _Progress:
 
     def _tick(self) -> None:
         while not self._stop.wait(1.0 if self.tty else 30.0):
-            self._show(newline=not self.tty)
+            if self.tty:
+                self._show(newline=False)
+            else:  # a heartbeat that does not look like a repeated event
+                self.stream.write(f"[{self.name}] still working: {self.busy()}  "
+                                  f"({time.monotonic() - self.t0:.0f} s)\n")
+                self.stream.flush()
+
+    def busy(self) -> str:
+        return self.text.split(" | ", 1)[-1]
 
 
-def _run_ninja(spec, jobs: int | None, label: str) -> None:
+def _run_ninja(spec, jobs: int | None, label: str) -> bool:
+    """Run ninja on the module's build.ninja with a progress line; True if it was up to date."""
     ninja = shutil.which("ninja")
     if ninja is None:
         try:
@@ -223,23 +281,55 @@ def _run_ninja(spec, jobs: int | None, label: str) -> None:
         cmd += ["-j", str(jobs)]
     env = dict(os.environ, NINJA_STATUS="[%f/%t] ")
     out_lines: list[str] = []
-    with _Progress(label) as prog:
+    sources = re.findall(r"^build \S+: (?:cuda_)?compile (\S+)", spec.ninja_path.read_text(), re.M)
+    pending = [os.path.basename(x) for x in sources]
+    first = f"to build: {', '.join(pending)} (one nvcc job each), then link"
+    up_to_date = False
+    with _Progress(label, first) as prog:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env, errors="replace")
         assert proc.stdout is not None
         for line in proc.stdout:
             out_lines.append(line)
+            if line.startswith("ninja: no work to do"):
+                up_to_date = True
+                prog.update("up to date (already in FlashInfer's JIT cache)")
             m = re.match(r"\[(\d+)/(\d+)\] (.*)", line)
             if m:
                 done, total, what = m.groups()
                 src = re.findall(r"-c (\S+)", what)
                 # ninja reports an edge when it finishes: name what was done
-                label = ("compiled " + os.path.basename(src[0])) if src else (
+                if src and os.path.basename(src[0]) in pending:
+                    pending.remove(os.path.basename(src[0]))
+                finished = ("compiled " + os.path.basename(src[0])) if src else (
                     "linked" if " -shared " in what else what[:60])
-                prog.update(f"{done}/{total} {label}")
+                busy = f"compiling {', '.join(pending)}" if pending else (
+                    "done" if done == total else "linking")
+                prog.update(f"{done}/{total} {finished} | {busy}")
         rc = proc.wait()
     if rc != 0:
         raise RuntimeError(f"ninja failed (exit {rc}):\n" + "".join(out_lines[-60:]))
+    return up_to_date
+
+
+class _NoLock:
+    def acquire(self, timeout: float = -1) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+def _acquire_or_say(lock, name: str, path) -> None:
+    """Take FlashInfer's per-module build lock, saying so if another build holds it."""
+    try:
+        lock.acquire(timeout=0)
+        return
+    except Exception:  # filelock.Timeout: someone else is building this module
+        pass
+    print(f"[{name}] waiting for another process building the same module (lock {path})",
+          file=sys.stderr, flush=True)
+    lock.acquire()
 
 
 def _gencodes(ninja_file: Path) -> list[str]:
@@ -272,6 +362,9 @@ def _build(args: argparse.Namespace) -> int:
     except Exception as exc:
         return _err(f"importing FlashInfer failed: {exc!r}")
     st = patch.status()
+    if st["mode"] == "disabled":
+        return _err("FLASHINFER_SM120_DISABLE is set, so FlashInfer would build with its own "
+                    "toolkit choice; unset it (or set it to 0) to build with flashinfer-sm120")
     if st["mode"] not in ("patched", "noop"):
         return _err(f"FlashInfer could not be set up ({st['mode']}): {st['error']}")
     print(f"flashinfer-sm120: {st['summary']}", file=sys.stderr)
@@ -292,13 +385,14 @@ def _build(args: argparse.Namespace) -> int:
 
             lock = FileLock(str(spec.lock_path))
         except Exception:
-            import contextlib
-
-            lock = contextlib.nullcontext()
+            lock = _NoLock()
         t0 = time.monotonic()
         try:
-            with lock:
-                _run_ninja(spec, jobs, name)
+            _acquire_or_say(lock, name, spec.lock_path)
+            try:
+                up_to_date = _run_ninja(spec, jobs, name)
+            finally:
+                lock.release()
         except RuntimeError as exc:
             return _err(f"building {name} failed: {exc}")
         so = spec.jit_library_path
@@ -307,6 +401,7 @@ def _build(args: argparse.Namespace) -> int:
             "library": str(so),
             "bytes": so.stat().st_size if so.exists() else None,
             "seconds": round(time.monotonic() - t0, 1),
+            "up_to_date": up_to_date,
             "gencode": [f"{c},{s}" for c, s in _gencodes(spec.ninja_path)],
         })
     summary = {"cuda_home": cx.get_cuda_path(), "cuda_version": str(cx.get_cuda_version()),
@@ -317,7 +412,8 @@ def _build(args: argparse.Namespace) -> int:
         print(f"nvcc: {summary['cuda_home']}/bin/nvcc (CUDA {summary['cuda_version']}); "
               f"targets {', '.join(summary['target_cuda_archs'])}")
         for r in results:
-            print(f"built {r['module']}: {r['library']} ({r['bytes']} bytes, {r['seconds']} s; "
+            verb = "up to date" if r["up_to_date"] else "built"
+            print(f"{verb} {r['module']}: {r['library']} ({r['bytes']} bytes, {r['seconds']} s; "
                   f"{'; '.join(r['gencode'])})")
     return 0
 
@@ -328,7 +424,8 @@ _PTH_NAME = "flashinfer_sm120_autoload.pth"
 # site.py executes .pth lines that start with "import"; one line, and it must
 # never stop the interpreter from starting, hence the try/except inside exec.
 _PTH_LINE = (
-    "import os, sys; exec(\"if os.environ.get('FLASHINFER_SM120_DISABLE', '') in ('', '0'):\\n"
+    "import os, sys; exec(\"if os.environ.get('FLASHINFER_SM120_DISABLE', '').strip().lower()"
+    " in ('', '0', 'false', 'no', 'off'):\\n"
     " try:\\n  import flashinfer_sm120\\n except Exception as e:\\n"
     "  sys.stderr.write('flashinfer-sm120: autoload failed: %r\\\\n' % (e,))\")\n"
 )
@@ -372,13 +469,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("doctor", help="show GPUs, toolkits, the choice and the patch status")
-    d.add_argument("--json", action="store_true")
+    d.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    d.add_argument("--timeout", type=float, default=ALONE_TIMEOUT_S, metavar="SECONDS",
+                   help="how long unpatched FlashInfer may take in its child process "
+                        f"(it runs nvcc without a timeout; default {ALONE_TIMEOUT_S:g})")
     b = sub.add_parser("build", help="JIT-build FlashInfer modules into FlashInfer's JIT cache")
     b.add_argument("modules", nargs="+", metavar="MODULE", help=f"one of: {', '.join(MODULES)}")
     b.add_argument("--arch", help="compute capabilities, e.g. '12.0' or '12.0 12.1' "
                    "(default: the GPUs present); sets FLASHINFER_CUDA_ARCH_LIST")
     b.add_argument("--jobs", "-j", type=int, help="parallel compile jobs (default: MAX_JOBS or ninja's)")
-    b.add_argument("--json", action="store_true")
+    b.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     e = sub.add_parser("enable", help="import flashinfer_sm120 in every process (writes a .pth file)")
     e.add_argument("--user", action="store_true", help="user site-packages instead of this environment")
     e.add_argument("--site-dir", help=argparse.SUPPRESS)

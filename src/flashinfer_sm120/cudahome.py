@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-from .toolkit import Toolkit, _site_dirs, is_trusted
+from .toolkit import Toolkit, _site_dirs, cache_root, is_trusted
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -72,16 +72,6 @@ class CudaHome:
             "added": list(self.added),
             "curand_include": self.curand_include,
         }
-
-
-def cache_root() -> str:
-    """``$FLASHINFER_SM120_CACHE_DIR``, else ``$XDG_CACHE_HOME/flashinfer-sm120``,
-    else ``~/.cache/flashinfer-sm120``."""
-    explicit = os.environ.get("FLASHINFER_SM120_CACHE_DIR")
-    if explicit:
-        return explicit
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "flashinfer-sm120")
 
 
 def find_curand_include(toolkit: Toolkit) -> str | None:

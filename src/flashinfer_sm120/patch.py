@@ -109,13 +109,32 @@ class Resolution:
         }
 
 
-def resolve(env: dict[str, str] | None = None) -> Resolution:
+def _arch_specs(value: str | None) -> tuple[list[_arch.ArchSpec] | None, str | None]:
+    """Parse ``FLASHINFER_CUDA_ARCH_LIST`` leniently: ``(specs or None, message)``.
+
+    Bad entries are dropped (the message names each one); when no entry is
+    usable, ``None`` is returned so the visible GPUs are targeted instead.
+    """
+    if value is None:
+        return None, None
+    specs, errors = _arch.parse_arch_list_lenient(value)
+    if not errors:
+        return specs, None
+    if specs:
+        kept = " ".join(f"{s.major}.{s.minor}{s.suffix or ''}" for s in specs)
+        return specs, " ".join(errors) + f" Ignoring the bad entries; using {kept}."
+    return None, " ".join(errors) + " No usable entry: targeting the GPUs present."
+
+
+def resolve(env: dict[str, str] | None = None, *, examine_all: bool = False) -> Resolution:
     """Find the GPUs, parse the arch list, choose a toolkit and a linkable home.
 
     Pure with respect to FlashInfer: nothing is patched.
 
     Args:
         env: environment to read (default ``os.environ``).
+        examine_all: read every candidate toolkit (for ``doctor``), not only
+            those up to the chosen one.
 
     Raises:
         flashinfer_sm120.toolkit.ToolkitError: no toolkit fits (message lists why).
@@ -124,15 +143,12 @@ def resolve(env: dict[str, str] | None = None) -> Resolution:
     """
     env = dict(os.environ if env is None else env)
     arch_list = env.get("FLASHINFER_CUDA_ARCH_LIST")
-    specs = None
-    arch_err = None
-    if arch_list is not None:
-        try:
-            specs = _arch.parse_arch_list(arch_list)
-        except _arch.ArchListError as exc:
-            arch_err = f"{exc} Ignoring it and targeting the GPUs present."
+    specs, arch_err = _arch_specs(arch_list)
     gpus = tuple(visible_gpus())
-    choice = choose(discover(env), specs, [g.capability for g in gpus], torch_cuda_version())
+    candidates = discover(env)
+    if examine_all:
+        candidates = list(candidates)
+    choice = choose(candidates, specs, [g.capability for g in gpus], torch_cuda_version())
     home = linkable_home(choice.toolkit)
     explicit = env.get("CUDA_HOME") or env.get("CUDA_PATH") or None
     return Resolution(choice, home, gpus, arch_list, arch_err, flashinfer_naive_root(env), explicit)
@@ -157,6 +173,16 @@ class _State:
 _state = _State()
 
 
+#: Values of a boolean environment variable that mean "off".
+FALSE_VALUES = ("", "0", "false", "no", "off")
+
+
+def env_flag(name: str) -> bool:
+    """Whether boolean env var ``name`` is on: anything but unset, empty, ``0``,
+    ``false``, ``no`` or ``off`` (case-insensitive)."""
+    return os.environ.get(name, "").strip().lower() not in FALSE_VALUES
+
+
 def _log_once(level: int, msg: str) -> None:
     if msg not in _state.logged:
         _state.logged.add(msg)
@@ -172,8 +198,8 @@ def current_targets() -> set[tuple[int, str]]:
     """Targets for a new ``CompilationContext`` under the chosen toolkit.
 
     ``FLASHINFER_CUDA_ARCH_LIST`` is re-read on every call (FlashInfer does too);
-    explicit suffixes are kept as given; a garbled value is logged once and the
-    visible GPUs are used instead.  Capabilities the toolkit cannot build are
+    explicit suffixes are kept as given; garbled entries are logged once and
+    dropped, and with no usable entry the visible GPUs are used instead.  Capabilities the toolkit cannot build are
     logged once and left out.
     """
     res = _state.resolution
@@ -181,26 +207,23 @@ def current_targets() -> set[tuple[int, str]]:
         return set()
     version = res.choice.version
     out: set[tuple[int, str]] = set()
-    value = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")
     caps: list[tuple[int, int]] = [g.capability for g in res.gpus]
-    if value is not None:
-        try:
-            specs = _arch.parse_arch_list(value)
-        except _arch.ArchListError as exc:
-            _log_once(logging.ERROR, f"flashinfer-sm120: {exc} Ignoring it and targeting the GPUs present.")
-        else:
-            for spec in specs:
-                try:
-                    target = spec.target(version)
-                except _arch.ArchNotSupported as exc:
-                    _log_once(logging.ERROR, f"flashinfer-sm120: {exc}")
-                    continue
-                if not _arch.target_supported(target, version):
-                    _log_once(logging.WARNING,
-                              f"flashinfer-sm120: FLASHINFER_CUDA_ARCH_LIST asks for "
-                              f"{_arch.format_target(target)}, which nvcc {version} cannot build")
-                out.add(target)
-            return out
+    specs, message = _arch_specs(os.environ.get("FLASHINFER_CUDA_ARCH_LIST"))
+    if message:
+        _log_once(logging.ERROR, f"flashinfer-sm120: {message}")
+    if specs is not None:
+        for spec in specs:
+            try:
+                target = spec.target(version)
+            except _arch.ArchNotSupported as exc:
+                _log_once(logging.ERROR, f"flashinfer-sm120: {exc}")
+                continue
+            if not _arch.target_supported(target, version):
+                _log_once(logging.WARNING,
+                          f"flashinfer-sm120: FLASHINFER_CUDA_ARCH_LIST asks for "
+                          f"{_arch.format_target(target)}, which nvcc {version} cannot build")
+            out.add(target)
+        return out
     for major, minor in caps:
         try:
             out.add(_arch.normalize(major, minor, version))
@@ -428,10 +451,16 @@ def _rollback() -> None:
 
 def _describe(res: Resolution) -> str:
     tk = res.choice.toolkit
-    targets = ", ".join(_arch.format_target(t) for t in res.choice.targets) or "none (no GPU, no FLASHINFER_CUDA_ARCH_LIST)"
+    targets = ", ".join(_arch.format_target(t) for t in res.choice.targets) or (
+        "none (no GPU visible, no FLASHINFER_CUDA_ARCH_LIST)" if res.arch_list is None
+        else f"none (FLASHINFER_CUDA_ARCH_LIST={res.arch_list!r} has no usable entry, no GPU visible)")
     view = f" via view {res.home.path} (adds {', '.join(res.home.added)})" if res.home.is_view else ""
-    return (f"nvcc {tk.nvcc_full} from {tk.root} [{', '.join(tk.sources)}]{view}; "
+    text = (f"nvcc {tk.nvcc_full} from {tk.root} [{', '.join(tk.sources)}]{view}; "
             f"targets {targets}; FlashInfer alone would use CUDA_HOME={res.naive_root}")
+    for rejected, why in res.choice.rejected:  # say why the user's own setting lost
+        if {"CUDA_HOME", "CUDA_PATH"} & set(rejected.sources) and not why.startswith(("not needed", "usable")):
+            text += f"; not {rejected.given_as or rejected.root}: {why}"
+    return text
 
 
 def _on_import(module: types.ModuleType) -> None:
@@ -490,7 +519,7 @@ def _apply_locked() -> None:
         _state.summary = f"patched FlashInfer: {_describe(res)}"
         # Changing the toolkit FlashInfer would have used is worth one visible line.
         changed = res.naive_root != res.home.path
-        quiet = os.environ.get("FLASHINFER_SM120_QUIET", "").strip() not in ("", "0")
+        quiet = env_flag("FLASHINFER_SM120_QUIET")
         level = logging.WARNING if changed and not quiet else logging.INFO
         logger.log(level, "flashinfer-sm120: %s", _state.summary)
 
@@ -510,7 +539,7 @@ def install() -> dict:
         :func:`status` after the call.
     """
     with _state.lock:
-        if os.environ.get("FLASHINFER_SM120_DISABLE", "").strip() not in ("", "0"):
+        if env_flag("FLASHINFER_SM120_DISABLE"):
             if _state.mode == "idle":
                 _state.mode = "disabled"
             return status()
@@ -539,6 +568,7 @@ def revert() -> dict:
             _rollback()
         _state.mode = "reverted"
         _state.resolution = None
+        _state.summary = "reverted: FlashInfer runs with its own toolkit and arch logic"
         return status()
 
 

@@ -19,10 +19,12 @@ import logging
 import os
 import re
 import shutil
+import signal
 import site
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +37,7 @@ logger = logging.getLogger("flashinfer_sm120")
 
 __all__ = [
     "NVCC_TIMEOUT_S",
+    "cache_root",
     "Toolkit",
     "Choice",
     "ToolkitError",
@@ -256,34 +259,111 @@ def _wheel_owns(dist_info: str, root: str) -> bool:
     return bool(record) and (rel + ",") in record
 
 
-def _version_from_nvcc(nvcc: str, timeout: float) -> tuple[str | None, str | None]:
-    """Run ``nvcc --version``; returns (full version, None) or (None, problem)."""
+#: Seconds a failed ``nvcc --version`` (hung, garbage) is remembered on disk, so
+#: every worker process of a server does not wait the full timeout again.
+FAILURE_MEMORY_S = 600.0
+
+
+def cache_root() -> str:
+    """``$FLASHINFER_SM120_CACHE_DIR``, else ``$XDG_CACHE_HOME/flashinfer-sm120``,
+    else ``~/.cache/flashinfer-sm120``."""
+    explicit = os.environ.get("FLASHINFER_SM120_CACHE_DIR")
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "flashinfer-sm120")
+
+
+def _nvcc_memo_path() -> str:
+    return os.path.join(cache_root(), "nvcc-version.json")
+
+
+def _stat_key(path: str) -> list[int] | None:
     try:
-        proc = subprocess.run(
-            [nvcc, "--version"],
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired:
-        return None, (
-            f"{nvcc} did not answer 'nvcc --version' within {timeout:g} s; it is "
-            f"hung or broken: fix or remove it, or set CUDA_HOME to a working toolkit"
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def _memo_get(nvcc: str) -> tuple[str | None, str | None] | None:
+    try:
+        with open(_nvcc_memo_path()) as fh:
+            entry = json.load(fh).get(nvcc)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not entry or entry.get("stat") != _stat_key(nvcc):
+        return None
+    if entry.get("problem") and time.time() - entry.get("at", 0) > FAILURE_MEMORY_S:
+        return None
+    return entry.get("full"), entry.get("problem")
+
+
+def _memo_put(nvcc: str, full: str | None, problem: str | None) -> None:
+    path = _nvcc_memo_path()
+    try:
+        try:
+            with open(path) as fh:
+                data = json.load(fh)
+            if not isinstance(data, dict):
+                data = {}
+        except (OSError, ValueError):
+            data = {}
+        data[nvcc] = {"stat": _stat_key(nvcc), "full": full, "problem": problem, "at": time.time()}
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump(data, fh)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs time
+
+
+def _version_from_nvcc(nvcc: str, timeout: float) -> tuple[str | None, str | None]:
+    """Run ``nvcc --version``; returns (full version, None) or (None, problem).
+
+    The answer is remembered in ``<cache_root>/nvcc-version.json`` keyed by the
+    binary's inode, size and mtime (failures for :data:`FAILURE_MEMORY_S`).  nvcc
+    runs in its own session and, on timeout, its whole process group is killed,
+    so a wrapper script's ``sleep`` does not outlive it.
+    """
+    memo = _memo_get(nvcc)
+    if memo is not None:
+        return memo
+    full, problem = _run_nvcc_version(nvcc, timeout)
+    _memo_put(nvcc, full, problem)
+    return full, problem
+
+
+def _run_nvcc_version(nvcc: str, timeout: float) -> tuple[str | None, str | None]:
+    try:
+        proc = subprocess.Popen(
+            [nvcc, "--version"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True,
         )
     except OSError as exc:
         return None, f"{nvcc} could not be run: {exc.strerror or exc}"
-    m = _RELEASE_RE.search(proc.stdout)
-    if not m:
-        first = (proc.stdout or proc.stderr).strip().splitlines()[:1]
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            proc.kill()
+        proc.communicate()
         return None, (
-            f"{nvcc} --version printed no 'release X.Y, VX.Y.Z' line "
-            f"(exit {proc.returncode}, first line: {first[0][:120]!r} if any); "
-            f"it is not a working nvcc: fix it or set CUDA_HOME to a working toolkit"
-            if first
-            else f"{nvcc} --version printed nothing (exit {proc.returncode}); it is not "
-            f"a working nvcc: fix it or set CUDA_HOME to a working toolkit"
+            f"{nvcc} did not answer 'nvcc --version' within {timeout:g} s; it is "
+            f"hung or broken: fix or remove it, or set CUDA_HOME to a working toolkit "
+            f"(not retried for {FAILURE_MEMORY_S / 60:g} min)"
+        )
+    m = _RELEASE_RE.search(stdout)
+    if not m:
+        lines = (stdout or stderr).strip().splitlines()
+        shown = f"first line: {lines[0][:120]!r}" if lines else "no output"
+        return None, (
+            f"{nvcc} --version printed no 'release X.Y, VX.Y.Z' line (exit "
+            f"{proc.returncode}, {shown}); it is not a working nvcc: fix it or set "
+            f"CUDA_HOME to a working toolkit"
         )
     return m.group(3), None
 
@@ -370,6 +450,18 @@ def _site_dirs() -> list[str]:
     return list(_site_dirs_for(tuple(sys.path)))
 
 
+def _view_toolkit(path: str) -> str | None:
+    """The real toolkit behind a flashinfer-sm120 ``CUDA_HOME`` view, else ``None``."""
+    txt = _read_text(os.path.join(path, "flashinfer_sm120_view.json"), 64 << 10)
+    if not txt:
+        return None
+    try:
+        root = json.loads(txt).get("toolkit")
+    except (ValueError, AttributeError):
+        return None
+    return root if isinstance(root, str) and os.path.isdir(root) else None
+
+
 def _site_dirs_uncached() -> list[str]:
     dirs: list[str] = []
     for getter in (
@@ -392,7 +484,12 @@ def _raw_candidates(env: dict[str, str]) -> list[tuple[str, str, str]]:
     for var in ("CUDA_HOME", "CUDA_PATH"):
         val = env.get(var)
         if val:
-            out.append((var, _clean_home(val), f"${var}={val}"))
+            home = _clean_home(val)
+            behind = _view_toolkit(home)
+            if behind:  # exported by flashinfer-sm120 to this process's parent
+                out.append((var, behind, f"${var}={val} (flashinfer-sm120 view of {behind})"))
+            else:
+                out.append((var, home, f"${var}={val}"))
     for sd in _site_dirs():
         try:
             subs = os.listdir(os.path.join(sd, "nvidia"))
@@ -610,9 +707,15 @@ def _why_not(tk: Toolkit, targets: list[tuple[int, str]], torch_cuda: str | None
     return None
 
 
-def _peek(toolkits: Sequence[Toolkit], j: int) -> Toolkit:
+def _after(toolkits: Sequence[Toolkit], j: int, chosen: Toolkit, wanted, torch_cuda) -> tuple[Toolkit, str]:
+    """A candidate after the chosen one: its own verdict if already read, else
+    a placeholder (lazy :class:`Candidates` do not read what is not needed)."""
     peek = getattr(toolkits, "peek", None)
-    return peek(j) if peek is not None else toolkits[j]
+    if peek is not None and j not in getattr(toolkits, "_done", {}):
+        return peek(j), f"not examined: {chosen.root} comes first and works"
+    tk = toolkits[j]
+    why = _why_not(tk, wanted, torch_cuda)
+    return tk, (f"not chosen ({why})" if why else f"usable, but {chosen.root} comes first")
 
 
 def choose(
@@ -661,8 +764,7 @@ def choose(
             if why is None:
                 targets = tuple(sorted({_arch.normalize(*c, tk.nvcc_version) if c not in fixed else fixed[c] for c in caps}))
                 rejected = tuple(
-                    (toolkits[j], reasons[j]) if j < i else (
-                        _peek(toolkits, j), f"not needed: {tk.root} comes first and works")
+                    (toolkits[j], reasons[j]) if j < i else _after(toolkits, j, tk, wanted, torch_cuda)
                     for j in range(len(toolkits)) if j != i)
                 what = ", ".join(_arch.format_target(t) for t in targets) or "no GPU targets"
                 reason = f"first acceptable toolkit in order ({tk.sources[0]}) for {what}"
@@ -678,6 +780,11 @@ def choose(
         f"no CUDA toolkit can build {wanted_txt}"
         + (f" for torch CUDA {torch_cuda}" if torch_cuda else "")
         + ":\n" + ("\n".join(lines) if lines else "  (no toolkit found)")
-        + "\nFix: pip install 'cuda-toolkit[nvcc,cccl,curand]==13.0.*' (CUDA 13 nvcc in "
+        + f"\nFix: pip install 'cuda-toolkit[nvcc,cccl,curand]{_pin(torch_cuda)}' (pip nvcc in "
         "site-packages/nvidia/cu13), or set CUDA_HOME to a toolkit that can."
     )
+
+
+def _pin(torch_cuda: str | None) -> str:
+    """Version spec for the fix line: torch's CUDA minor release, else any 13.x."""
+    return f"=={torch_cuda}.*" if _mm(torch_cuda or "") else ">=13.0,<14"
