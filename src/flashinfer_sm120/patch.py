@@ -199,8 +199,8 @@ def current_targets() -> set[tuple[int, str]]:
 
     ``FLASHINFER_CUDA_ARCH_LIST`` is re-read on every call (FlashInfer does too);
     explicit suffixes are kept as given; garbled entries are logged once and
-    dropped, and with no usable entry the visible GPUs are used instead.  Capabilities the toolkit cannot build are
-    logged once and left out.
+    dropped, and with no usable entry the visible GPUs are used instead.
+    Capabilities the toolkit cannot build are logged once and left out.
     """
     res = _state.resolution
     if res is None:
