@@ -136,10 +136,11 @@ def _doctor(args: argparse.Namespace) -> int:
         report["gpus_error"] = str(exc)
         report["gpus"] = []
     report["FLASHINFER_CUDA_ARCH_LIST"] = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")
-    report["candidates"] = [tk.to_dict() for tk in toolkit.discover()]
+    candidates = list(toolkit.discover())  # every one read, once
+    report["candidates"] = [tk.to_dict() for tk in candidates]
     verdicts: dict[str, str] = {}
     try:
-        res = patch.resolve(examine_all=True)
+        res = patch.resolve(toolkits=candidates)
         report["resolution"] = res.to_dict()
         verdicts[res.choice.toolkit.root] = "CHOSEN: " + res.choice.reason
         for tk, why in res.choice.rejected:
@@ -431,17 +432,17 @@ _PTH_LINE = (
 )
 
 
-def _site_target(args: argparse.Namespace) -> Path:
+def _site_target(user: bool, site_dir: str | None = None) -> Path:
     import site
     import sysconfig
 
-    if getattr(args, "site_dir", None):
-        return Path(args.site_dir)
-    return Path(site.getusersitepackages() if args.user else sysconfig.get_paths()["purelib"])
+    if site_dir:
+        return Path(site_dir)
+    return Path(site.getusersitepackages() if user else sysconfig.get_paths()["purelib"])
 
 
 def _enable(args: argparse.Namespace) -> int:
-    target = _site_target(args) / _PTH_NAME
+    target = _site_target(args.user, args.site_dir) / _PTH_NAME
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(_PTH_LINE)
@@ -454,8 +455,8 @@ def _enable(args: argparse.Namespace) -> int:
 
 def _disable(args: argparse.Namespace) -> int:
     removed = []
-    for user in (False, True):
-        target = _site_target(argparse.Namespace(user=user, site_dir=args.site_dir)) / _PTH_NAME
+    for user in ((False,) if args.site_dir else (False, True)):
+        target = _site_target(user, args.site_dir) / _PTH_NAME
         if target.exists():
             target.unlink()
             removed.append(str(target))

@@ -40,7 +40,7 @@ import sys
 import threading
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import wrapt
 from packaging.version import Version
@@ -48,7 +48,7 @@ from packaging.version import Version
 from . import arch as _arch
 from .cudahome import CudaHome, linkable_home
 from .gpus import GPU, visible_gpus
-from .toolkit import Choice, choose, discover, flashinfer_naive_root, torch_cuda_version
+from .toolkit import Choice, Toolkit, choose, discover, flashinfer_naive_root, torch_cuda_version
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -126,15 +126,17 @@ def _arch_specs(value: str | None) -> tuple[list[_arch.ArchSpec] | None, str | N
     return None, " ".join(errors) + " No usable entry: targeting the GPUs present."
 
 
-def resolve(env: dict[str, str] | None = None, *, examine_all: bool = False) -> Resolution:
+def resolve(env: dict[str, str] | None = None, *,
+            toolkits: Sequence[Toolkit] | None = None) -> Resolution:
     """Find the GPUs, parse the arch list, choose a toolkit and a linkable home.
 
     Pure with respect to FlashInfer: nothing is patched.
 
     Args:
         env: environment to read (default ``os.environ``).
-        examine_all: read every candidate toolkit (for ``doctor``), not only
-            those up to the chosen one.
+        toolkits: candidates to choose from (``doctor`` passes every one, read);
+            default :func:`~flashinfer_sm120.toolkit.discover`, read lazily up to
+            the chosen one.
 
     Raises:
         flashinfer_sm120.toolkit.ToolkitError: no toolkit fits (message lists why).
@@ -145,9 +147,7 @@ def resolve(env: dict[str, str] | None = None, *, examine_all: bool = False) -> 
     arch_list = env.get("FLASHINFER_CUDA_ARCH_LIST")
     specs, arch_err = _arch_specs(arch_list)
     gpus = tuple(visible_gpus())
-    candidates = discover(env)
-    if examine_all:
-        candidates = list(candidates)
+    candidates = discover(env) if toolkits is None else toolkits
     choice = choose(candidates, specs, [g.capability for g in gpus], torch_cuda_version())
     home = linkable_home(choice.toolkit)
     explicit = env.get("CUDA_HOME") or env.get("CUDA_PATH") or None

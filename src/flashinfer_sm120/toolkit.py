@@ -586,8 +586,8 @@ class Candidates(Sequence):
     ``len()`` and iteration are cheap to ask for; items are :class:`Toolkit`.
     """
 
-    def __init__(self, raw: list[tuple[tuple[str, ...], str, str, bool]], timeout: float) -> None:
-        self._raw = raw  # (sources, root, given_as, exists)
+    def __init__(self, raw: list[tuple[tuple[str, ...], str, str]], timeout: float) -> None:
+        self._raw = raw  # (sources, root, given_as)
         self._timeout = timeout
         self._done: dict[int, Toolkit] = {}
 
@@ -600,15 +600,19 @@ class Candidates(Sequence):
         if i < 0:
             i += len(self)
         if i not in self._done:
-            sources, root, given, _ = self._raw[i]
+            sources, root, given = self._raw[i]
             self._done[i] = inspect(root, sources, given, timeout=self._timeout)
         return self._done[i]
+
+    def is_read(self, i: int) -> bool:
+        """Whether candidate ``i`` has been inspected (its files read) already."""
+        return i in self._done
 
     def peek(self, i: int) -> Toolkit:
         """The toolkit if already inspected, else a placeholder with root and sources only."""
         if i in self._done:
             return self._done[i]
-        sources, root, given, _ = self._raw[i]
+        sources, root, given = self._raw[i]
         return Toolkit(root, "", sources, None, None, None, None, (), None, given_as=given)
 
 
@@ -631,11 +635,11 @@ def discover(env: dict[str, str] | None = None, *, timeout: float = NVCC_TIMEOUT
     env = dict(os.environ if env is None else env)
     merged: dict[str, tuple[list[str], str, str]] = {}
     order: list[str] = []
-    bad: list[tuple[tuple[str, ...], str, str, bool]] = []
+    bad: list[tuple[tuple[str, ...], str, str]] = []
     for source, root, given in _raw_candidates(env):
         if not os.path.isdir(root):
             if source in ("CUDA_HOME", "CUDA_PATH", "conda"):
-                bad.append(((source,), root, given, False))
+                bad.append(((source,), root, given))
             continue
         # Dedupe on the real path (cheap); wrappers are followed later by inspect().
         key = os.path.realpath(os.path.join(root, "bin", "nvcc"))
@@ -645,7 +649,7 @@ def discover(env: dict[str, str] | None = None, *, timeout: float = NVCC_TIMEOUT
             continue
         merged[key] = ([source], root, given)
         order.append(key)
-    raw = bad + [(tuple(merged[k][0]), merged[k][1], merged[k][2], True) for k in order]
+    raw = bad + [(tuple(merged[k][0]), merged[k][1], merged[k][2]) for k in order]
     return Candidates(raw, timeout)
 
 
@@ -710,9 +714,8 @@ def _why_not(tk: Toolkit, targets: list[tuple[int, str]], torch_cuda: str | None
 def _after(toolkits: Sequence[Toolkit], j: int, chosen: Toolkit, wanted, torch_cuda) -> tuple[Toolkit, str]:
     """A candidate after the chosen one: its own verdict if already read, else
     a placeholder (lazy :class:`Candidates` do not read what is not needed)."""
-    peek = getattr(toolkits, "peek", None)
-    if peek is not None and j not in getattr(toolkits, "_done", {}):
-        return peek(j), f"not examined: {chosen.root} comes first and works"
+    if isinstance(toolkits, Candidates) and not toolkits.is_read(j):
+        return toolkits.peek(j), f"not examined: {chosen.root} comes first and works"
     tk = toolkits[j]
     why = _why_not(tk, wanted, torch_cuda)
     return tk, (f"not chosen ({why})" if why else f"usable, but {chosen.root} comes first")
