@@ -42,6 +42,8 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
+from .errors import Sm120Error
+
 __all__ = [
     "ArchListError",
     "ArchNotSupported",
@@ -85,14 +87,14 @@ MIN_NVCC: dict[str, Version] = {
 MAX_NVCC_MAJOR: dict[str, int] = {"101a": 12}
 
 
-class ArchListError(ValueError):
+class ArchListError(Sm120Error, ValueError):
     """``FLASHINFER_CUDA_ARCH_LIST`` (or ``--arch``) could not be parsed.
 
     The message names the offending value and shows the accepted form.
     """
 
 
-class ArchNotSupported(RuntimeError):
+class ArchNotSupported(Sm120Error):
     """No nvcc target for a compute capability can be built by the given toolkit."""
 
 

@@ -29,7 +29,10 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-from .toolkit import Toolkit, _site_dirs, cache_root, is_trusted
+from .cache import cache_root
+from .errors import CudaHomeError
+from .toolkit import Toolkit, is_trusted
+from .toolkit.sources import site_dirs as _site_dirs
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -37,10 +40,6 @@ __all__ = ["CudaHome", "CudaHomeError", "cache_root", "find_curand_include", "li
 
 #: Bumped whenever the view layout changes, so old views are not reused.
 VIEW_LAYOUT = 1
-
-
-class CudaHomeError(RuntimeError):
-    """The view could not be assembled; the message names the path and the fix."""
 
 
 @dataclass(frozen=True)

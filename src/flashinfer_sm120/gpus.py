@@ -12,6 +12,8 @@ import logging
 import os
 from dataclasses import dataclass
 
+from .errors import GPUQueryError
+
 logger = logging.getLogger("flashinfer_sm120")
 
 __all__ = ["GPU", "GPUQueryError", "visible_gpus", "select_visible"]
@@ -32,10 +34,6 @@ class GPU:
     name: str
     uuid: str
     capability: tuple[int, int]
-
-
-class GPUQueryError(RuntimeError):
-    """NVML was present but answered with an error (driver/library mismatch...)."""
 
 
 def select_visible(gpus: list[GPU], cuda_visible_devices: str | None) -> list[GPU]:

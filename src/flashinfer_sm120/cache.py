@@ -1,0 +1,247 @@
+"""Where flashinfer-sm120 keeps state on disk (CUDA_HOME views, the nvcc memo),
+and how it reads and writes it safely.
+
+The rules (issue "Keep the promise under production conditions"):
+
+* the cache root is per uid: it must be owned by the current uid and not be
+  writable by group or others; an absolute path made only of characters that
+  FlashInfer's unquoted ninja lines (``cuda_home = ...``) and ``/bin/sh`` carry;
+  a root that breaks a rule is refused with a message naming the variable and
+  the fix, and the next candidate is used;
+* writes are atomic: a temp file with a random name created with ``O_EXCL``
+  (:func:`tempfile.mkstemp`) in the target directory, then :func:`os.replace`;
+* reads never follow a symlink (``O_NOFOLLOW``), never block on a FIFO
+  (``O_NONBLOCK`` + regular-file check), are capped in size, and accept only
+  files owned by the current uid (or root).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import re
+import stat
+import tempfile
+from typing import Any
+
+from .errors import StateFileError
+
+logger = logging.getLogger("flashinfer_sm120")
+
+__all__ = [
+    "SAFE_PATH_RE",
+    "MAX_STATE_BYTES",
+    "cache_root",
+    "cache_root_notes",
+    "path_problem",
+    "read_json",
+    "write_json_atomic",
+]
+
+#: Characters a path may hold to be used unquoted in FlashInfer's generated
+#: ``build.ninja`` (``cuda_home = $path``, expanded into ``/bin/sh -c`` command
+#: lines: ``flashinfer/jit/cpp_ext.py`` ``generate_ninja_build_for_op``) and by
+#: ninja itself (``$`` and ``:`` are ninja syntax, whitespace splits shell words).
+SAFE_PATH_RE = re.compile(r"^/[A-Za-z0-9_./+@%=,~-]*$")
+
+#: Largest state file read (bytes).  The memo holds one small entry per nvcc
+#: binary seen; anything larger is not ours and is rewritten.
+MAX_STATE_BYTES = 1 << 20
+
+_notes: list[str] = []
+_root_cache: dict[tuple, str] = {}
+
+
+def path_problem(path: str, what: str) -> str | None:
+    """Why ``path`` cannot be used unquoted as a cache or ``CUDA_HOME`` path.
+
+    Args:
+        path: the path to check.
+        what: how to name it in the message, e.g. ``"$FLASHINFER_SM120_CACHE_DIR"``.
+
+    Returns:
+        ``None`` when usable, else a sentence naming the value and the fix.
+    """
+    if not os.path.isabs(path):
+        return (f"{what}={path!r} is a relative path: builds and child processes run in other "
+                f"directories; set it to an absolute path")
+    if not SAFE_PATH_RE.match(path):
+        bad = sorted({c for c in path if not re.match(r"[A-Za-z0-9_./+@%=,~-]", c)})
+        return (f"{what}={path!r} contains {', '.join(repr(c) for c in bad)}, which FlashInfer's "
+                f"generated build.ninja does not quote (the compile would fail); set it to a path "
+                f"without spaces or shell/ninja characters")
+    return None
+
+
+def _dir_problem(path: str, what: str, create: bool) -> str | None:
+    """Ownership/permission check of a cache directory; creates it (0700) if asked."""
+    uid = os.geteuid()
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        if not create:
+            return None
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            st = os.lstat(path)
+        except OSError as exc:
+            return (f"{what}={path!r} cannot be created ({exc.strerror}); set "
+                    f"FLASHINFER_SM120_CACHE_DIR to a writable directory")
+    except OSError as exc:
+        return f"{what}={path!r} cannot be read ({exc.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        real = os.path.realpath(path)
+        return _dir_problem(real, f"{what} (symlink to {real})", create=False) if real != path else (
+            f"{what}={path!r} is a symlink loop")
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{what}={path!r} is not a directory; point it at a directory you own"
+    if st.st_uid != uid:
+        return (f"{what}={path!r} is owned by uid {st.st_uid}, not you (uid {uid}): another user "
+                f"could change what you build with; use a directory of your own")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (f"{what}={path!r} is writable by other users (mode {stat.filemode(st.st_mode)}); "
+                f"run 'chmod go-w {path}' or use another directory")
+    return None
+
+
+def _candidates() -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    explicit = os.environ.get("FLASHINFER_SM120_CACHE_DIR")
+    if explicit:
+        out.append(("$FLASHINFER_SM120_CACHE_DIR", explicit))
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        out.append(("$XDG_CACHE_HOME/flashinfer-sm120", os.path.join(xdg, "flashinfer-sm120")))
+    home = os.path.expanduser("~")
+    if home != "~":  # HOME unset and no passwd entry: expanduser gives '~' back
+        out.append(("~/.cache/flashinfer-sm120", os.path.join(home, ".cache", "flashinfer-sm120")))
+    out.append(("the per-uid fallback",
+                os.path.join(tempfile.gettempdir(), f"flashinfer-sm120-{os.geteuid()}")))
+    return out
+
+
+def cache_root() -> str:
+    """The per-uid directory for flashinfer-sm120's state, created ``0700`` if absent.
+
+    Candidates, first usable wins: ``$FLASHINFER_SM120_CACHE_DIR``,
+    ``$XDG_CACHE_HOME/flashinfer-sm120``, ``~/.cache/flashinfer-sm120``, then
+    ``$TMPDIR/flashinfer-sm120-<uid>``.  A candidate is refused (with a WARNING
+    naming the variable and the fix, also returned by :func:`cache_root_notes`)
+    when it is relative, holds characters FlashInfer's ninja lines cannot carry
+    (see :data:`SAFE_PATH_RE`), is owned by another uid, or is writable by group
+    or others.
+
+    Returns:
+        An absolute path.
+
+    Raises:
+        StateFileError: no candidate is usable (the message lists each reason).
+    """
+    key = tuple(os.environ.get(k) for k in ("FLASHINFER_SM120_CACHE_DIR", "XDG_CACHE_HOME", "HOME",
+                                             "TMPDIR")) + (os.geteuid(),)
+    hit = _root_cache.get(key)
+    if hit is not None:
+        return hit
+    reasons = []
+    for what, path in _candidates():
+        problem = path_problem(path, what) or _dir_problem(path, what, create=True)
+        if problem is None:
+            for r in reasons:
+                if r not in _notes:
+                    _notes.append(r)
+                    logger.warning("flashinfer-sm120: not using %s; using %s instead", r, path)
+            _root_cache[key] = path
+            return path
+        reasons.append(problem)
+    raise StateFileError("no usable cache directory for flashinfer-sm120: " + "; ".join(reasons)
+                         + ". Set FLASHINFER_SM120_CACHE_DIR to an absolute directory you own.")
+
+
+def cache_root_notes() -> list[str]:
+    """Messages about cache-root candidates refused in this process (for ``doctor``)."""
+    return list(_notes)
+
+
+def read_json(path: str, *, max_bytes: int = MAX_STATE_BYTES) -> tuple[Any, str | None]:
+    """Read a JSON state file without following symlinks or blocking.
+
+    Args:
+        path: the file.
+        max_bytes: size cap in bytes; a larger file is refused.
+
+    Returns:
+        ``(data, None)``, or ``(None, reason)`` when the file is absent, not a
+        regular file, not owned by the current uid or root, too large, or not
+        JSON.  ``reason`` is ``None`` too when the file simply does not exist.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None, f"{path} is a symlink; state files are never followed through links"
+        return None, f"{path} cannot be opened ({exc.strerror})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, f"{path} is not a regular file"
+        if st.st_uid not in (0, os.geteuid()):
+            return None, f"{path} is owned by uid {st.st_uid}, not you"
+        if st.st_size > max_bytes:
+            return None, f"{path} is {st.st_size} bytes, more than the {max_bytes}-byte cap"
+        chunks = []
+        left = max_bytes + 1
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 16))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        raw = b"".join(chunks)
+    except OSError as exc:
+        return None, f"{path} cannot be read ({exc.strerror})"
+    finally:
+        os.close(fd)
+    if len(raw) > max_bytes:
+        return None, f"{path} is more than the {max_bytes}-byte cap"
+    try:
+        return json.loads(raw.decode("utf-8")), None
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, f"{path} is not valid JSON ({exc})"
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` atomically.
+
+    A temp file with a random name is created with ``O_EXCL`` and mode ``0600``
+    in the same directory (so a name planted by another user is never opened),
+    written, then renamed over ``path`` with :func:`os.replace`.
+
+    Raises:
+        StateFileError: the directory is not writable or the disk is full; the
+            message names the directory and ``FLASHINFER_SM120_CACHE_DIR``.
+    """
+    directory = os.path.dirname(path) or "."
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + ".", dir=directory)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise StateFileError(
+            f"cannot write {path} ({exc.strerror or exc}"
+            + ("; the disk is full" if exc.errno == errno.ENOSPC else "")
+            + f"): free space in {directory} or set FLASHINFER_SM120_CACHE_DIR to another directory"
+        ) from exc
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass

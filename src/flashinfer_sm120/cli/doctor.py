@@ -1,0 +1,204 @@
+"""``flashinfer-sm120 doctor``: GPUs, toolkits, the choice, and FlashInfer with and without the patch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+from .. import __version__
+
+__all__ = ["ALONE_TIMEOUT_S", "run_doctor", "add_parser"]
+
+#: Seconds ``doctor`` lets unpatched FlashInfer run in its child process.  FlashInfer
+#: runs ``nvcc --version`` without a timeout, so a hung nvcc would hang it forever.
+ALONE_TIMEOUT_S = 60.0
+
+_ALONE = r"""
+import json, os, sys, threading
+out = {"step": "import flashinfer"}
+def work():
+    try:
+        import flashinfer.jit.core as core, flashinfer.jit.cpp_ext as cx, flashinfer.jit.env as env
+        out["target_cuda_archs"] = sorted("sm_%d%s" % t for t in core.current_compilation_context.TARGET_CUDA_ARCHS)
+        out["step"] = "get_cuda_path()"
+        out["cuda_home"] = cx.get_cuda_path()
+        out["jit_dir"] = str(env.FLASHINFER_JIT_DIR)
+        out["step"] = "get_cuda_version() (runs nvcc --version with no timeout)"
+        try:
+            out["cuda_version"] = str(cx.get_cuda_version())
+        except Exception as e:
+            out["cuda_version_error"] = repr(e)
+        out.pop("step")
+    except Exception as e:
+        out["error"] = repr(e)
+t = threading.Thread(target=work, daemon=True)
+t.start()
+t.join(float(sys.argv[1]))
+if t.is_alive():
+    out["error"] = "FlashInfer hung in %s for %s s" % (out["step"], sys.argv[1])
+sys.stdout.write("\n@@" + json.dumps(out))
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
+    """What unpatched FlashInfer computes, from a child process with the shim off.
+
+    Returns a dict with ``cuda_home``, ``cuda_version``, ``target_cuda_archs`` and
+    ``jit_dir``, or ``error`` (e.g. FlashInfer hung on a broken nvcc for
+    ``timeout`` seconds; the child and its process group are then killed).
+    """
+    env = dict(os.environ, FLASHINFER_SM120_DISABLE="1")
+    for k in ("CUDA_HOME",):  # what the user set, not what this process exported
+        if k in _ORIGINAL_ENV:
+            env[k] = _ORIGINAL_ENV[k]
+        else:
+            env.pop(k, None)
+    import tempfile
+
+    # Files, not pipes: a hung nvcc left behind by FlashInfer would hold a pipe open.
+    with tempfile.TemporaryFile("w+") as out_f, tempfile.TemporaryFile("w+") as err_f:
+        proc = subprocess.Popen([sys.executable, "-c", _ALONE, str(timeout)], stdout=out_f,
+                                stderr=err_f, text=True, env=env, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=timeout + 60)
+        except subprocess.TimeoutExpired:
+            pass
+        try:  # the child, and FlashInfer's hung nvcc if any, go with the group
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
+        out_f.seek(0)
+        err_f.seek(0)
+        stdout, stderr = out_f.read(), err_f.read()
+    m = re.search(r"@@(\{.*\})\s*$", stdout)
+    if not m:
+        return {"error": f"exit {proc.returncode}: {stderr.strip()[-400:]}"}
+    return json.loads(m.group(1))
+
+
+_ORIGINAL_ENV = {k: v for k, v in os.environ.items() if k in ("CUDA_HOME", "CUDA_PATH")}
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    from .. import patch, toolkit
+    from ..gpus import visible_gpus
+
+    report: dict = {"flashinfer_sm120": __version__, "python": sys.executable}
+    try:
+        import importlib.metadata as md
+
+        report["flashinfer"] = md.version("flashinfer-python")
+    except Exception:
+        report["flashinfer"] = None
+    report["torch_cuda"] = toolkit.torch_cuda_version()
+    try:
+        report["gpus"] = [
+            {"index": g.index, "name": g.name, "capability": f"{g.capability[0]}.{g.capability[1]}"}
+            for g in visible_gpus()
+        ]
+    except Exception as exc:
+        report["gpus_error"] = str(exc)
+        report["gpus"] = []
+    report["FLASHINFER_CUDA_ARCH_LIST"] = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")
+    candidates = list(toolkit.discover())  # every one read, once
+    report["candidates"] = [tk.to_dict() for tk in candidates]
+    verdicts: dict[str, str] = {}
+    try:
+        res = patch.resolve(toolkits=candidates)
+        report["resolution"] = res.to_dict()
+        verdicts[res.choice.toolkit.root] = "CHOSEN: " + res.choice.reason
+        for tk, why in res.choice.rejected:
+            label = "not chosen: " if why.startswith(("usable", "not chosen")) else "rejected: "
+            verdicts.setdefault(tk.root, label + why.removeprefix("not chosen "))
+    except Exception as exc:
+        report["resolution_error"] = str(exc)
+    for c in report["candidates"]:
+        c["verdict"] = verdicts.get(c["root"]) or ("rejected: " + c["problem"] if c["problem"] else "")
+    report["disabled"] = patch.env_flag("FLASHINFER_SM120_DISABLE")
+    if not args.json:
+        print(f"(asking unpatched FlashInfer in a child process, up to {args.timeout:g} s ...)",
+              file=sys.stderr, flush=True)
+    report["before"] = _flashinfer_alone(args.timeout)
+    try:
+        import flashinfer.jit.core  # noqa: F401  (triggers the hooks)
+        import flashinfer.jit.env as jit_env
+        import flashinfer.jit.cpp_ext as cx
+
+        report["after"] = {
+            "status": patch.status(),
+            "cuda_home": cx.get_cuda_path(),
+            "cuda_version": str(cx.get_cuda_version()),
+            "jit_dir": str(jit_env.FLASHINFER_JIT_DIR),
+        }
+    except Exception as exc:
+        report["after"] = {"status": patch.status(), "error": repr(exc)}
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0 if "resolution" in report else 1
+    _print_doctor(report)
+    return 0 if "resolution" in report else 1
+
+
+def _print_doctor(r: dict) -> None:
+    p = print
+    p(f"flashinfer-sm120 {r['flashinfer_sm120']}  flashinfer {r['flashinfer']}  "
+      f"torch CUDA {r['torch_cuda'] or 'none (CPU build)'}")
+    p("\nGPUs (NVML, CUDA_VISIBLE_DEVICES applied):")
+    for g in r["gpus"]:
+        p(f"  [{g['index']}] {g['name']}  compute capability {g['capability']}")
+    if not r["gpus"]:
+        p("  none" + (f" ({r['gpus_error']})" if r.get("gpus_error") else ""))
+    if r["FLASHINFER_CUDA_ARCH_LIST"] is not None:
+        p(f"FLASHINFER_CUDA_ARCH_LIST={r['FLASHINFER_CUDA_ARCH_LIST']!r}")
+    p("\nCUDA toolkits found (preference order):")
+    for c in r["candidates"]:
+        ver = c["nvcc_full"] or "?"
+        hdr = c["header_version"] or "?"
+        p(f"  {c['root']}\n      nvcc {ver} (from {c['version_from'] or '-'}), headers {hdr}, "
+          f"found via {', '.join(c['sources'])}\n      {c.get('verdict') or ''}")
+    if r.get("disabled"):
+        p("\nFLASHINFER_SM120_DISABLE is set: what follows is what flashinfer-sm120 WOULD do; "
+          "nothing is patched. Unset it to enable.")
+    if "resolution" in r:
+        res = r["resolution"]
+        ch = res["choice"]
+        p(f"\nChoice: nvcc {ch['toolkit']['nvcc_full']} at {ch['toolkit']['root']}")
+        p(f"  CUDA_HOME for FlashInfer: {res['cuda_home']['path']}"
+          + (f"  (view; adds {', '.join(res['cuda_home']['added'])})" if res["cuda_home"]["is_view"] else ""))
+        p(f"  curand.h from: {res['cuda_home']['curand_include'] or 'NOWHERE (sampling kernels will not compile)'}")
+        p(f"  targets: {', '.join(ch['targets']) or 'none'}")
+        if res.get("arch_list_error"):
+            p(f"  arch list ignored: {res['arch_list_error']}")
+    else:
+        p(f"\nNo usable toolkit: {r.get('resolution_error')}")
+    b = r["before"]
+    p("\nFlashInfer alone:   " + (f"CUDA_HOME={b.get('cuda_home')}  CUDA {b.get('cuda_version', b.get('cuda_version_error'))}"
+                                 f"  TARGET_CUDA_ARCHS={b.get('target_cuda_archs')}"
+                                 if "error" not in b else f"error: {b['error']}"))
+    a = r["after"]
+    st = a["status"]
+    p(f"With flashinfer-sm120 ({st['mode']}): "
+      + (f"CUDA_HOME={a.get('cuda_home')}  CUDA {a.get('cuda_version')}  "
+         f"TARGET_CUDA_ARCHS={st.get('target_cuda_archs')}" if "error" not in a else f"error: {a['error']}"))
+    if st.get("error"):
+        p(f"  patch error: {st['error']}")
+
+
+
+def add_parser(sub) -> None:
+    """Register the ``doctor`` subcommand on an argparse subparsers object."""
+    d = sub.add_parser("doctor", help="show GPUs, toolkits, the choice and the patch status")
+    d.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    d.add_argument("--timeout", type=float, default=ALONE_TIMEOUT_S, metavar="SECONDS",
+                   help="how long unpatched FlashInfer may take in its child process "
+                        f"(it runs nvcc without a timeout; default {ALONE_TIMEOUT_S:g})")
+    d.set_defaults(func=run_doctor)

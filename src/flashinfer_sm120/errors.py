@@ -1,0 +1,34 @@
+"""The one exception hierarchy of flashinfer-sm120.
+
+Every error this package raises on purpose derives from :class:`Sm120Error`, and
+every message names the offending value or path and the fix.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Sm120Error", "ToolkitError", "ViewError", "CudaHomeError", "GPUQueryError", "StateFileError"]
+
+
+class Sm120Error(RuntimeError):
+    """Base class of every error raised by flashinfer-sm120."""
+
+
+class ToolkitError(Sm120Error):
+    """No toolkit can build the wanted targets; the message lists each candidate
+    with the reason it was rejected, and the fix."""
+
+
+class ViewError(Sm120Error):
+    """The ``CUDA_HOME`` view could not be assembled; the message names the path and the fix."""
+
+
+#: Former name of :class:`ViewError`.
+CudaHomeError = ViewError
+
+
+class GPUQueryError(Sm120Error):
+    """NVML was present but answered with an error (driver/library mismatch...)."""
+
+
+class StateFileError(Sm120Error):
+    """An on-disk state file (memo, view metadata) is unusable; the message names it."""

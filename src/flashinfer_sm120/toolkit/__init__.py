@@ -1,0 +1,28 @@
+"""Find every CUDA toolkit on the machine, read its versions, and choose one.
+
+FlashInfer's own lookup (``flashinfer/jit/cpp_ext.py``, ``get_cuda_path``) takes
+``CUDA_HOME``, else ``CUDA_PATH``, else ``dirname(dirname(which nvcc))``, else
+``/usr/local/cuda``, and asks that nvcc for its version.  It never looks at the
+CUDA 13 nvcc that pip installs into ``site-packages/nvidia/cu13``, and a wrapper
+script at ``/usr/local/bin/nvcc`` makes it pick ``/usr/local``.  Here every
+candidate is gathered, versions are read from files (fast; the subprocess
+``nvcc --version`` is only a fallback, with a timeout), each is checked against
+the targets wanted, and the first acceptable one in a fixed order of sources
+wins.  The result says where it came from and why the others were rejected.
+"""
+
+from __future__ import annotations
+
+from ..cache import cache_root
+from ..errors import ToolkitError
+from .model import Choice, Toolkit
+from .policy import choose
+from .probe import FAILURE_MEMORY_S, NVCC_TIMEOUT_S, inspect
+from .sources import SOURCES, Candidates, discover, flashinfer_naive_root, torch_cuda_version
+from .trust import is_trusted
+
+__all__ = [
+    "NVCC_TIMEOUT_S", "FAILURE_MEMORY_S", "SOURCES", "cache_root", "Toolkit", "Choice", "ToolkitError",
+    "Candidates", "discover", "choose", "inspect", "flashinfer_naive_root", "is_trusted",
+    "torch_cuda_version",
+]

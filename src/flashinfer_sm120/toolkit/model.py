@@ -1,0 +1,106 @@
+"""What a CUDA toolkit candidate is, and what a choice among them is (data only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from packaging.version import Version
+
+from .. import arch as _arch
+from ..errors import ToolkitError
+
+__all__ = ["Toolkit", "Choice", "ToolkitError"]
+
+
+@dataclass(frozen=True)
+class Toolkit:
+    """One candidate CUDA toolkit.
+
+    Attributes:
+        root: toolkit prefix (``<root>/bin/nvcc``), symlinks resolved.
+        nvcc: real path of the nvcc binary.
+        sources: where it was found, best first, e.g. ``("CUDA_HOME", "PATH")``.
+        nvcc_version: ``major.minor`` of nvcc, or ``None`` when unreadable.
+        nvcc_full: full version string, e.g. ``"13.0.88"``.
+        header_version: ``major.minor`` from ``CUDART_VERSION`` in
+            ``cuda_runtime_api.h``, or ``None``.
+        version_from: which file (or ``"nvcc --version"``) gave ``nvcc_version``.
+        include_dirs: directories holding ``cuda_runtime_api.h``.
+        lib_dir: directory holding ``libcudart.so*``, or ``None``.
+        problem: why the toolkit is unusable in any case (missing nvcc, untrusted,
+            unreadable version, nvcc/header mismatch), or ``None``.
+        given_as: the path as the user or environment gave it (e.g. ``$CUDA_HOME``).
+    """
+
+    root: str
+    nvcc: str
+    sources: tuple[str, ...]
+    nvcc_version: Version | None
+    nvcc_full: str | None
+    header_version: Version | None
+    version_from: str | None
+    include_dirs: tuple[str, ...]
+    lib_dir: str | None
+    problem: str | None = None
+    given_as: str | None = None
+
+    @property
+    def label(self) -> str:
+        """Short human description: ``CUDA 13.0 at /path (pip)``."""
+        ver = f"CUDA {self.nvcc_version}" if self.nvcc_version else "CUDA ?"
+        return f"{ver} at {self.root} ({', '.join(self.sources)})"
+
+    def to_dict(self) -> dict:
+        """JSON-ready form (versions as strings)."""
+        return {
+            "root": self.root,
+            "nvcc": self.nvcc,
+            "sources": list(self.sources),
+            "nvcc_version": str(self.nvcc_version) if self.nvcc_version else None,
+            "nvcc_full": self.nvcc_full,
+            "header_version": str(self.header_version) if self.header_version else None,
+            "version_from": self.version_from,
+            "include_dirs": list(self.include_dirs),
+            "lib_dir": self.lib_dir,
+            "problem": self.problem,
+            "given_as": self.given_as,
+        }
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The outcome of :func:`choose`.
+
+    Attributes:
+        toolkit: the chosen toolkit.
+        targets: ``(major, minor_str)`` targets it will build, sorted.
+        capabilities: the compute capabilities those targets serve.
+        rejected: ``(toolkit, reason)`` for every candidate not chosen.
+        reason: one sentence on why this toolkit won.
+        torch_cuda: ``torch.version.cuda`` (``None`` for a CPU build of torch).
+    """
+
+    toolkit: Toolkit
+    targets: tuple[tuple[int, str], ...]
+    capabilities: tuple[tuple[int, int], ...]
+    rejected: tuple[tuple[Toolkit, str], ...] = field(default_factory=tuple)
+    reason: str = ""
+    torch_cuda: str | None = None
+
+    @property
+    def version(self) -> Version:
+        """nvcc ``major.minor`` of the chosen toolkit."""
+        assert self.toolkit.nvcc_version is not None
+        return self.toolkit.nvcc_version
+
+    def to_dict(self) -> dict:
+        """JSON-ready form."""
+        return {
+            "toolkit": self.toolkit.to_dict(),
+            "targets": [_arch.format_target(t) for t in self.targets],
+            "capabilities": [f"{a}.{b}" for a, b in self.capabilities],
+            "rejected": [{"toolkit": t.to_dict(), "reason": r} for t, r in self.rejected],
+            "reason": self.reason,
+            "torch_cuda": self.torch_cuda,
+        }
+
