@@ -1,0 +1,166 @@
+"""Trust: every link hop, wrapper, interpreter and exec target, and the
+directories holding them (issue 5 item 3 and the wrapper cases)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import make_toolkit
+from flashinfer_sm120.toolkit import inspect, trace
+from probe_util import OTHER_UID, PY, as_uid, need_root
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _script(path: Path, body: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(body)
+    path.chmod(0o755)
+    return path
+
+
+def test_wrapper_loops_terminate_and_are_refused(tmp_path):
+    me = _script(tmp_path / "self" / "bin" / "nvcc", "")
+    me.write_text(f'#!/bin/sh\nexec {me} "$@"\n')
+    a = tmp_path / "a" / "bin" / "nvcc"
+    b = tmp_path / "b" / "bin" / "nvcc"
+    _script(a, f'#!/bin/sh\nexec {b} "$@"\n')
+    _script(b, f'#!/bin/sh\nexec {a} "$@"\n')
+    for path in (me, a):
+        t = time.monotonic()
+        tr = trace(str(path))
+        assert time.monotonic() - t < 5
+        assert tr.problem and "wrapper loop" in tr.problem and "CUDA_HOME" in tr.problem
+        tk = inspect(str(path.parent.parent))
+        assert tk.problem.startswith("not run:") and "wrapper loop" in tk.problem
+
+
+def test_wrapper_with_computed_target_is_not_run(tmp_path):
+    marker = tmp_path / "ran"
+    real = make_toolkit(tmp_path / "real", "13.0.88")
+    root = tmp_path / "wrapped"
+    make_toolkit(root, "13.0.88")
+    _script(root / "bin" / "nvcc-real", f"#!/bin/sh\ntouch {marker}\nexec {real}/bin/nvcc \"$@\"\n")
+    _script(root / "bin" / "nvcc", '#!/bin/sh\nexec "$(dirname "$0")/nvcc-real" "$@"\n')
+    tk = inspect(str(root))
+    assert tk.problem.startswith("not run:") and "computes the path" in tk.problem
+    assert "set CUDA_HOME" in tk.problem
+    assert not marker.exists()
+
+
+def test_wrapper_target_followed_and_checked(tmp_path):
+    shared = tmp_path / "shared"
+    real = make_toolkit(shared / "cuda-13.0", "13.0.88")
+    wrapped = tmp_path / "wrapped"
+    make_toolkit(wrapped, "13.0.88")
+    (wrapped / "bin" / "nvcc").write_text(f'#!/bin/sh\nexec {real}/bin/nvcc "$@"\n')
+    tr = trace(str(wrapped / "bin" / "nvcc"))
+    assert tr.problem is None and tr.target == str(real / "bin" / "nvcc")
+    os.chmod(shared, 0o777)  # the wrapper's TARGET now sits in a world-writable directory
+    try:
+        tr = trace(str(wrapped / "bin" / "nvcc"))
+    finally:
+        os.chmod(shared, 0o755)
+    assert tr.problem and str(shared) in tr.problem and "writable by other users" in tr.problem
+
+
+def test_symlink_hop_through_world_writable_dir_is_refused(tmp_path):
+    real = make_toolkit(tmp_path / "cuda-13.0", "13.0.88")
+    ww = tmp_path / "ww"
+    (ww / "bin").mkdir(parents=True)
+    (ww / "bin" / "nvcc").symlink_to(real / "bin" / "nvcc")
+    os.chmod(ww / "bin", 0o777)
+    tr = trace(str(ww / "bin" / "nvcc"))
+    assert tr.problem and str(ww / "bin") in tr.problem
+    assert trace(str(real / "bin" / "nvcc")).problem is None
+
+
+def test_untrusted_interpreter_is_refused(tmp_path):
+    ww = tmp_path / "ww"
+    ww.mkdir()
+    shutil.copy("/bin/sh", ww / "sh")
+    os.chmod(ww, 0o777)
+    root = make_toolkit(tmp_path / "cuda", nvcc_script=f"#!{ww}/sh\necho 'release 12.8, V12.8.93'\n")
+    assert str(ww) in trace(str(root / "bin" / "nvcc")).problem
+
+
+def test_sticky_dir_trusts_only_root_owned_entries(tmp_path):
+    need_root()
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    mine = make_toolkit(sticky / "cuda", "12.8.93")
+    assert trace(str(mine / "bin" / "nvcc")).problem is None  # root-owned entry in a root sticky dir
+    os.chown(sticky / "cuda", OTHER_UID, OTHER_UID)
+    tr = trace(str(mine / "bin" / "nvcc"))
+    assert tr.problem and "not owned by root" in tr.problem
+
+
+@pytest.fixture
+def shared_area():
+    """A root-owned 0755 directory under /tmp, readable by other uids."""
+    d = Path(tempfile.mkdtemp(prefix="sm120-trust-"))
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+CHILD = r"""
+import json, sys
+from flashinfer_sm120.toolkit import inspect
+tk = inspect(sys.argv[1], ("CUDA_HOME",))
+print("@@" + json.dumps({"problem": tk.problem, "version": str(tk.nvcc_version)}))
+"""
+
+
+@pytest.mark.parametrize("how", ["wrapper", "symlink"])
+def test_cuda_home_of_another_uid_borrowing_a_trusted_nvcc_is_refused(shared_area, how):
+    """Victim uid V; CUDA_HOME owned by uid A; its bin/nvcc is a wrapper that
+    execs a trusted (root-owned) nvcc, or a symlink to one.  Must not be run."""
+    need_root()
+    victim, attacker = OTHER_UID, OTHER_UID + 1
+    log = shared_area / "log"
+    log.mkdir()
+    os.chmod(log, 0o777)
+    trusted = make_toolkit(shared_area / "trusted", "13.0.88", nvcc_script=textwrap.dedent(f"""\
+        #!/bin/sh
+        echo "$(id -u) $0" >> {log}/ran
+        echo "Cuda compilation tools, release 13.0, V13.0.88"
+        """))
+    evil = make_toolkit(shared_area / "evil", "13.0.88")
+    nvcc = evil / "bin" / "nvcc"
+    nvcc.unlink()
+    if how == "wrapper":
+        nvcc.write_text(f'#!/bin/sh\nexec {trusted}/bin/nvcc "$@"\n')
+        nvcc.chmod(0o755)
+    else:
+        nvcc.symlink_to(trusted / "bin" / "nvcc")
+    for p in [evil, *evil.rglob("*")]:
+        os.lchown(p, attacker, attacker)
+    home = shared_area / "home"
+    home.mkdir()
+    os.chown(home, victim, victim)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+           "FLASHINFER_SM120_CACHE_DIR": str(home / "cache")}
+    proc = as_uid(victim, [PY, "-c", CHILD, str(evil)], env)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("@@")]
+    assert lines, proc.stderr[-3000:]
+    out = json.loads(lines[-1][2:])
+    assert not (log / "ran").exists(), f"the nvcc was run: {(log / 'ran').read_text()}"
+    assert out["problem"] and out["problem"].startswith("not run:"), out
+    assert f"uid {attacker}" in out["problem"] and str(evil) in out["problem"]
+    # the same trusted nvcc, reached directly, is fine for the victim
+    proc = as_uid(victim, [PY, "-c", CHILD, str(trusted)], env)
+    out = json.loads([l for l in proc.stdout.splitlines() if l.startswith("@@")][-1][2:])
+    assert out["problem"] is None and out["version"] == "13.0"
