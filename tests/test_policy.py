@@ -88,8 +88,8 @@ FIX = {
     "p13.0": "pip install 'cuda-toolkit[nvcc,cccl,curand]==13.0.*'",
     "c12.6": _conda("12.6"), "c12.8": _conda("12.8"), "c12.9": _conda("12.9"),
     "up": ("pip install -U flashinfer-sm120 (this release's target table does not know sm_150a); until "
-           "then, if `nvcc --list-gpu-arch` lists it, FLASHINFER_CUDA_ARCH_LIST='15.0a' with a CUDA 13+ "
-           "toolkit builds it as given"),
+           "then, if `nvcc --list-gpu-arch` lists it, FLASHINFER_CUDA_ARCH_LIST='15.0a' with an nvcc >= "
+           "13.0 builds it as given"),
 }
 SRC = {"H": "CUDA_HOME", "P": "pip", "U": "/usr/local/cuda"}
 
@@ -149,6 +149,8 @@ def test_cu12_torch_never_gets_a_pip_12_toolkit():
     for torch_cuda in ("12.8", "12.9"):
         with pytest.raises(ToolkitError) as exc:
             choose([fake("13.0.88", "pip")], None, [(12, 1)], torch_cuda)
+        last = str(exc.value).splitlines()[-1]
+        assert last.startswith("Fix: install CUDA 12.9") and "cuda-toolkit[" not in last
         assert "cuda-toolkit[" not in exc.value.fix and "nvidia/cu13" not in exc.value.fix
         assert "CUDA 12.9" in exc.value.fix and "conda install -c nvidia cuda-toolkit=12.9" in exc.value.fix
         assert "CUDA 13 build of torch" in exc.value.fix
@@ -165,6 +167,7 @@ def test_unknown_future_gpu_says_upgrade_not_an_installed_pip_toolkit():
     for torch_cuda in (None, "13.0"):
         with pytest.raises(ToolkitError) as exc:
             choose([fake("13.0.88", "pip")], arch.parse_arch_list("15.0"), [], torch_cuda)
+        assert str(exc.value).splitlines()[-1].startswith("Fix: pip install -U flashinfer-sm120")
         assert exc.value.fix.startswith("pip install -U flashinfer-sm120")
         assert "FLASHINFER_CUDA_ARCH_LIST='15.0a'" in exc.value.fix
 
@@ -269,8 +272,13 @@ def test_unbuildable_dropped_renamed_and_unknown_targets():
 def test_explicit_unknown_target_is_the_escape_hatch():
     ch = choose([fake("13.5.1", "pip")], arch.parse_arch_list("15.0a"), [], "13.0")
     assert ch.targets == ((15, "0a"),) and "used as given in FLASHINFER_CUDA_ARCH_LIST" in ch.reason
-    with pytest.raises(ToolkitError):
+    with pytest.raises(ToolkitError) as exc:
         choose([fake("12.9.41", "CUDA_HOME")], arch.parse_arch_list("15.0a"), [], "12.9")
+    assert exc.value.fix.startswith("pip install -U flashinfer-sm120")
+    # a newer nvcc exists but is of another major than torch: the hatch needs a CUDA 13 torch
+    with pytest.raises(ToolkitError) as exc:
+        choose([fake("13.0.88", "pip")], arch.parse_arch_list("15.0a"), [], "12.9")
+    assert exc.value.fix.startswith("use a torch built for CUDA 13")
 
 
 # --------------------------------------------------------------------------- moved from test_toolkit.py (real files)

@@ -91,7 +91,7 @@ def upgrade_fix(targets: Iterable[tuple[int, str]]) -> str:
     hatch = " ".join(f"{t[0]}.{t[1]}" if t[1][-1:] in ("a", "f") else f"{t[0]}.{t[1]}a" for t in targets)
     return (f"pip install -U flashinfer-sm120 (this release's target table does not know {names}); "
             f"until then, if `nvcc --list-gpu-arch` lists it, FLASHINFER_CUDA_ARCH_LIST='{hatch}' "
-            f"with a CUDA 13+ toolkit builds it as given")
+            f"with an nvcc >= {_arch.NEWEST_KNOWN_NVCC} builds it as given")
 
 
 def target_need(target: tuple[int, str]) -> Version | None:
@@ -99,9 +99,14 @@ def target_need(target: tuple[int, str]) -> Version | None:
     return _arch.min_nvcc_for(target)
 
 
-def need_for(targets: Iterable[tuple[int, str]], min_nvcc: Version | None = None) -> Version | None:
-    """The oldest nvcc that builds every known target and meets ``min_nvcc``."""
-    needs = [n for n in (target_need(t) for t in targets) if n is not None]
+def need_for(targets: Iterable[tuple[int, str]], min_nvcc: Version | None = None,
+             explicit: Iterable[tuple[int, str]] = ()) -> Version | None:
+    """The oldest nvcc that builds every known target and meets ``min_nvcc``;
+    an ``explicit`` target missing from the table counts as needing
+    :data:`~flashinfer_sm120.arch.NEWEST_KNOWN_NVCC` (the escape hatch's rule)."""
+    explicit = set(explicit)
+    needs = [n for n in (target_need(t) or (_arch.NEWEST_KNOWN_NVCC if t in explicit else None)
+                         for t in targets) if n is not None]
     if min_nvcc is not None:
         needs.append(min_nvcc)
     return max(needs) if needs else None
@@ -209,7 +214,7 @@ def choose_fix(wanted: Sequence[tuple[int, str]], torch_cuda: str | None, found:
                and (tmm is None or tmm.major >= _arch.dropped_in(t))]
     if dropped:
         return "; ".join(_drop_fix(t) for t in dropped)
-    return toolkit_fix(need_for(wanted, min_nvcc), torch_cuda, found)
+    return toolkit_fix(need_for(wanted, min_nvcc, explicit), torch_cuda, found)
 
 
 def _entry(t: tuple[int, str]) -> str:
