@@ -76,15 +76,16 @@ def test_curand_taken_from_pip_when_toolkit_lacks_it(tmp_path, cache, monkeypatc
 
 
 def test_unwritable_cache_names_the_fix(tmp_path, monkeypatch):
-    if os.geteuid() == 0:
-        # root ignores permissions: make the cache path a file instead
-        bad = tmp_path / "file"
-        bad.write_text("")
-        monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(bad))
-    else:
-        ro = tmp_path / "ro"
-        ro.mkdir(mode=0o555)
-        monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(ro))
-    with pytest.raises(cudahome.CudaHomeError) as exc:
-        cudahome.linkable_home(inspect(str(_pip_like(tmp_path))))
-    assert "FLASHINFER_SM120_CACHE_DIR" in str(exc.value)
+    # Since the per-uid cache root (issue 5): an unusable FLASHINFER_SM120_CACHE_DIR is
+    # refused with a warning naming the variable and the fix, and the next candidate is used.
+    from flashinfer_sm120 import cache
+
+    cache._root_cache.clear()
+    bad = tmp_path / "file"  # root ignores permissions: a file, not a directory
+    bad.write_text("")
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(bad))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    home = cudahome.linkable_home(inspect(str(_pip_like(tmp_path))))
+    assert home.path.startswith(str(tmp_path / "xdg"))
+    assert any("FLASHINFER_SM120_CACHE_DIR" in n and str(bad) in n for n in cache.cache_root_notes())
+    cache._root_cache.clear()
