@@ -220,3 +220,14 @@ def test_concurrent_workers_probe_a_hung_nvcc_once(tmp_path, memo_dir):
     problems = [json.loads(o.rsplit("@@", 1)[-1]) for o, _ in outs]
     assert all(p and "did not answer" in p for p in problems), outs
     assert _runs(count) == 1, "every worker waited for the hung nvcc instead of one"
+
+
+def test_stale_memo_temp_files_are_cleaned(tmp_path, memo_dir):
+    memo_dir.mkdir(mode=0o700)
+    old = memo_dir / ".tmp-nvcc-version.json.abc123"
+    fresh = memo_dir / ".tmp-nvcc-version.json.def456"
+    old.write_text("{")
+    fresh.write_text("{")
+    os.utime(old, (time.time() - 2 * memo.STALE_TEMP_S,) * 2)
+    memo.store("/nowhere/nvcc", "12.8.93", None)
+    assert not old.exists() and fresh.exists()  # a concurrent writer's file is left alone

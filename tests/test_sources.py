@@ -117,3 +117,18 @@ def test_debian_layout_is_recognised_and_rejected_for_its_version(tmp_path):
     assert out["root"] == "/usr" and out["inc"] == ["/usr/include"], out
     assert out["ver"] == "12.4" and out["problem"] is None, out
     assert "nvcc 12.4 cannot build" in out["err"] and "no include" not in out["err"]
+
+
+def test_dist_info_must_own_this_nvcc(tmp_path):
+    from flashinfer_sm120.toolkit import inspect
+
+    site_dir = tmp_path / "site-packages"
+    root = make_toolkit(site_dir / "nvidia" / "cu13", "13.0.88", lib64=False)
+    dist = site_dir / "nvidia_cuda_nvcc-13.5.37.dist-info"
+    dist.mkdir()
+    (dist / "RECORD").write_text('"nvidia/cu14/bin/nvcc",sha256=x,1\n')  # another prefix's nvcc
+    tk = inspect(str(root))
+    assert tk.version_from == "nvcc --version" and tk.nvcc_full == "13.0.88"
+    (dist / "RECORD").write_text('"nvidia/cu13/bin/nvcc",sha256=x,1\n')  # quoted CSV, as RECORD allows
+    tk = inspect(str(root))
+    assert tk.version_from == str(dist) and tk.nvcc_full == "13.5.37"

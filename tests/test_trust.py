@@ -164,3 +164,12 @@ def test_cuda_home_of_another_uid_borrowing_a_trusted_nvcc_is_refused(shared_are
     proc = as_uid(victim, [PY, "-c", CHILD, str(trusted)], env)
     out = json.loads([l for l in proc.stdout.splitlines() if l.startswith("@@")][-1][2:])
     assert out["problem"] is None and out["version"] == "13.0"
+
+
+def test_script_naming_itself_without_running_it_is_not_a_loop(tmp_path):
+    root = tmp_path / "cuda"
+    nvcc = root / "bin" / "nvcc"
+    make_toolkit(root, "12.8.93")
+    nvcc.write_text(f"#!/bin/sh\n# installed as {nvcc}\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n")
+    tr = trace(str(nvcc))
+    assert tr.problem is None and tr.target == str(nvcc)

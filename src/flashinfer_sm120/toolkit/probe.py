@@ -104,11 +104,20 @@ def _version_from_files(root: str) -> tuple[str, str] | None:
 
 
 def _wheel_owns(dist_info: str, root: str) -> bool:
-    """Whether the nvcc wheel's RECORD lists ``<root>/bin/nvcc``."""
+    """Whether the nvcc wheel's ``RECORD`` lists ``<root>/bin/nvcc`` (read with
+    :mod:`importlib.metadata`, which parses ``RECORD`` as the wheel spec says)."""
+    import importlib.metadata
+    import pathlib
+
     site_dir = os.path.dirname(dist_info)
-    rel = os.path.relpath(os.path.join(root, "bin", "nvcc"), site_dir)
-    record = read_text(os.path.join(dist_info, "RECORD"))
-    return bool(record) and (rel + ",") in record
+    rel = pathlib.PurePosixPath(os.path.relpath(os.path.join(root, "bin", "nvcc"), site_dir))
+    if not os.path.isfile(os.path.join(dist_info, "RECORD")):
+        return False
+    try:
+        files = importlib.metadata.PathDistribution(pathlib.Path(dist_info)).files or []
+    except Exception:  # a malformed RECORD: not proof of ownership
+        return False
+    return any(pathlib.PurePosixPath(str(f)) == rel for f in files)
 
 
 def nvcc_version(nvcc: str, timeout: float = NVCC_TIMEOUT_S) -> tuple[str | None, str | None]:

@@ -195,17 +195,27 @@ def _follow(path: str, uid: int, chain: list[str], files: list[str], env_path: s
     targets = []
     for m in _NVCC_PATH_RE.finditer(body):
         t = m.group(1)
-        if os.path.exists(t) and os.path.realpath(t) != real and t not in targets:
-            targets.append(t)
-        elif os.path.realpath(t) == real and t not in targets:
-            raise _Untrusted("wrapper loop: " + " -> ".join(chain + [real])
-                             + "; it would never finish; set CUDA_HOME to the real toolkit prefix instead")
+        if t in targets or not os.path.exists(t):
+            continue
+        if os.path.realpath(t) in chain:
+            if _runs_literally(body, t):  # it execs a script already on the way: a loop
+                raise _Untrusted("wrapper loop: " + " -> ".join(chain + [os.path.realpath(t)])
+                                 + "; it would never finish; set CUDA_HOME to the real toolkit "
+                                 "prefix instead")
+            continue  # only mentioned (a comment, a test), not run
+        targets.append(t)
     final = real
     for t in targets:  # every nvcc it may exec must pass; the first is what it runs
         got = _follow(t, uid, list(chain), files, env_path)
         if final == real:
             final = got
     return final
+
+
+def _runs_literally(body: str, path: str) -> bool:
+    """Whether a line of ``body`` runs ``path`` as its command."""
+    return re.search(r"^\s*(?:(?:exec|command|then|else|do)\s+|&&\s*|\|\|\s*)*[\"']?" + re.escape(path)
+                     + r"(?![\w.-])", body, re.MULTILINE) is not None
 
 
 def _follow_interpreter(words: list[str], uid: int, files: list[str], env_path: str | None,
