@@ -30,12 +30,14 @@ def _fresh(monkeypatch, tmp_path):
     cache._root_cache.clear()
 
 
-def test_cache_path_with_space_is_refused_and_named(tmp_path, monkeypatch):
-    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "my cache"))
+@pytest.mark.parametrize("name,char", [("my cache", " "), ("a$b", "$"), ("x:y", ":"), ("t\tab", "\t")])
+def test_cache_path_ninja_cannot_carry_is_refused_and_named(tmp_path, monkeypatch, name, char):
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / name))
     root = cache.cache_root()
-    assert " " not in root and root == str(tmp_path / "home" / ".cache" / "flashinfer-sm120")
+    assert char not in root and root == str(tmp_path / "home" / ".cache" / "flashinfer-sm120")
     (note,) = cache.cache_root_notes()
-    assert "FLASHINFER_SM120_CACHE_DIR" in note and "' '" in note and "without spaces" in note
+    assert "FLASHINFER_SM120_CACHE_DIR" in note and repr(char) in note and "without spaces" in note
+    assert not (tmp_path / name).exists()
 
 
 @pytest.mark.parametrize("var,value", [("FLASHINFER_SM120_CACHE_DIR", "relcache"), ("XDG_CACHE_HOME", "rel")])
