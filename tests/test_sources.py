@@ -132,3 +132,20 @@ def test_dist_info_must_own_this_nvcc(tmp_path):
     (dist / "RECORD").write_text('"nvidia/cu13/bin/nvcc",sha256=x,1\n')  # quoted CSV, as RECORD allows
     tk = inspect(str(root))
     assert tk.version_from == str(dist) and tk.nvcc_full == "13.5.37"
+
+
+def test_cuda_pathfinder_never_reaches_its_subprocess_fallback(tmp_path, monkeypatch):
+    """Only asked when its wheel step will answer: its last resort loads libcudart in a
+    child process through LD_LIBRARY_PATH, which must not happen inside the import."""
+    import cuda.pathfinder
+
+    def boom(name):
+        raise AssertionError("cuda-pathfinder asked although its wheel step cannot answer")
+
+    monkeypatch.setattr(cuda.pathfinder, "find_nvidia_binary_utility", boom)
+    sd = tmp_path / "only-on-sys-path" / "site-packages"
+    make_toolkit(sd / "nvidia" / "cu13", "13.0.88", lib64=False)
+    monkeypatch.setattr(site, "getsitepackages", lambda: [])
+    monkeypatch.setattr(site, "ENABLE_USER_SITE", False)
+    monkeypatch.setattr(sources, "site_dirs", lambda: [str(sd)])
+    assert [f.root for f in sources.from_pip({})] == [str(sd / "nvidia" / "cu13")]

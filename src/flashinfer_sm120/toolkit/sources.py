@@ -128,6 +128,8 @@ def _pathfinder_nvcc() -> str | None:
     wheel layouts and the venv / user-site order), or ``None``.  Asked only
     when a wheel layout exists, so that its own last resort (a subprocess
     loading libcudart through ``LD_LIBRARY_PATH``) never runs here."""
+    if not _pathfinder_answers_from_wheels():
+        return None
     try:
         from cuda.pathfinder import find_nvidia_binary_utility
     except Exception:
@@ -137,6 +139,21 @@ def _pathfinder_nvcc() -> str | None:
     except Exception as exc:  # its errors must not stop discovery
         logger.debug("flashinfer-sm120: cuda-pathfinder failed: %s", exc)
         return None
+
+
+def _pathfinder_answers_from_wheels() -> bool:
+    """Whether cuda-pathfinder's first step (the wheels in ``site.getsitepackages()``
+    and, if enabled, the user site) will find nvcc, so it never reaches its
+    subprocess fallback."""
+    dirs = []
+    try:
+        dirs += list(site.getsitepackages())
+        if site.ENABLE_USER_SITE:
+            dirs.append(site.getusersitepackages())
+    except Exception:
+        return False
+    return any(os.access(os.path.join(d, "nvidia", sub, "bin", "nvcc"), os.X_OK)
+               for d in dirs if d for sub in ("cu13", "cuda_nvcc"))
 
 
 def from_pip(env: Mapping[str, str]) -> list[Found]:
@@ -154,7 +171,7 @@ def from_pip(env: Mapping[str, str]) -> list[Found]:
         legacy = os.path.join(sd, "nvidia", "cuda_nvcc")  # cu12 wheels: no nvcc before 13
         if os.path.isfile(os.path.join(legacy, "bin", "nvcc")):
             out.append(Found("pip", legacy, legacy))
-    if any(os.path.isfile(os.path.join(f.root, "bin", "nvcc")) for f in out):
+    if out:
         picked = _pathfinder_nvcc()
         if picked and os.path.basename(os.path.dirname(picked)) == "bin":
             root = os.path.dirname(os.path.dirname(picked))
