@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -233,3 +235,26 @@ def test_stale_memo_temp_files_are_cleaned(tmp_path, memo_dir):
     os.utime(old, (time.time() - 2 * memo.STALE_TEMP_S,) * 2)
     memo.store("/nowhere/nvcc", "12.8.93", None)
     assert not old.exists() and fresh.exists()  # a concurrent writer's file is left alone
+
+
+def test_symlink_planted_by_another_uid_in_a_shared_cache_dir_is_never_written_through(tmp_path, monkeypatch):
+    need_root()
+    base = Path(tempfile.mkdtemp(prefix="sm120-cache-"))  # reachable by the other uid
+    try:
+        os.chmod(base, 0o755)
+        shared = base / "shared"
+        shared.mkdir()
+        os.chmod(shared, 0o777)
+        victim = tmp_path / "victim"
+        victim.write_text("precious")
+        for name in ("nvcc-version.json", f"nvcc-version.json.{os.getpid()}.tmp"):
+            proc = as_uid(OTHER_UID, ["ln", "-s", str(victim), str(shared / name)], {"PATH": "/usr/bin:/bin"})
+            assert proc.returncode == 0, proc.stderr
+        monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(shared))
+        root, _ = _counting_toolkit(tmp_path)
+        assert inspect(str(root)).nvcc_full == "12.8.93"
+        assert victim.read_text() == "precious"
+        assert cache.cache_root() != str(shared)
+        assert any(str(shared) in n and "writable by other users" in n for n in cache.cache_root_notes())
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
