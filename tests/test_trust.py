@@ -104,7 +104,7 @@ def test_sticky_dir_trusts_only_root_owned_entries(tmp_path):
     assert trace(str(mine / "bin" / "nvcc")).problem is None  # root-owned entry in a root sticky dir
     os.chown(sticky / "cuda", OTHER_UID, OTHER_UID)
     tr = trace(str(mine / "bin" / "nvcc"))
-    assert tr.problem and "not owned by root" in tr.problem
+    assert tr.problem and f"owned by uid {OTHER_UID}" in tr.problem and "move the toolkit" in tr.problem
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ execute, and every directory in which any component of its path is looked up,
 must be owned by root or by the current uid and must not be writable by group
 or others.  A world-writable directory with the sticky bit (``/tmp``) is
 accepted only when root owns it *and* the entry looked up in it is owned by
-root: the sticky bit stops others from replacing root's entries, nobody else's
-is taken on trust.
+root or by you: the sticky bit stops others from renaming or replacing those
+entries; another user's entry there is not taken on trust.
 
 "What we execute" is followed all the way, without running anything:
 
@@ -83,17 +83,20 @@ def _dir_ok(directory: str, entry: str | None, uid: int) -> None:
     if st.st_uid not in (0, uid):
         raise _Untrusted(f"{directory} is owned by uid {st.st_uid}, not root or you (uid {uid})")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        sticky_ok = False
         if st.st_mode & stat.S_ISVTX and st.st_uid == 0 and entry is not None:
             try:
-                sticky_ok = os.lstat(entry).st_uid == 0
+                owner = os.lstat(entry).st_uid
             except OSError:
-                sticky_ok = False
-        if not sticky_ok:
+                owner = -1
+            if owner in (0, uid):  # the sticky bit stops others replacing it
+                return
             raise _Untrusted(
-                f"{directory} is writable by other users (mode {stat.filemode(st.st_mode)})"
-                + (" and {} in it is not owned by root".format(entry) if st.st_mode & stat.S_ISVTX else "")
-                + f"; run 'chmod go-w {directory}' or use a path outside it")
+                f"{entry} is owned by uid {owner} in {directory}, a directory everyone can write "
+                f"(mode {stat.filemode(st.st_mode)}); only entries of root or you are trusted there: "
+                f"move the toolkit out of {directory}")
+        raise _Untrusted(
+            f"{directory} is writable by other users (mode {stat.filemode(st.st_mode)}); "
+            f"run 'chmod go-w {directory}' or use a path outside it")
 
 
 def _resolve(path: str, uid: int) -> str:
