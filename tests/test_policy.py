@@ -159,7 +159,8 @@ def test_cu12_torch_never_gets_a_pip_12_toolkit():
 def test_cu12_torch_with_a_target_only_cuda13_builds_says_use_cu13_torch():
     with pytest.raises(ToolkitError) as exc:
         choose([fake("12.9.41", "CUDA_HOME")], None, [(11, 0)], "12.9")
-    assert exc.value.fix.startswith("use a torch built for CUDA 13")
+    assert exc.value.fix.startswith("use a torch built for CUDA 13 (e.g. pip install torch --index-url "
+                                    "https://download.pytorch.org/whl/cu130)")
     assert "'cuda-toolkit[nvcc,cccl,curand]==13.0.*'" in exc.value.fix and "nvcc >= 13.0" in exc.value.fix
 
 
@@ -262,7 +263,7 @@ def test_unbuildable_dropped_renamed_and_unknown_targets():
     (m,) = unbuildable([(7, "0")], Version("13.0"))
     assert "remove '7.0'" in m and "dropped sm_70" in m
     (m,) = unbuildable([(12, "1a")], Version("12.8"))
-    assert "sm_121a needs nvcc >= 12.9" in m and "set CUDA_HOME" in m
+    assert m.endswith("Fix: use a toolkit with nvcc >= 12.9 (set CUDA_HOME to it).")
     (m,) = unbuildable([(15, "0a")], Version("12.9"))
     assert "upgrade" not in m or "pip install -U flashinfer-sm120" in m
     assert "pip install -U flashinfer-sm120" in m

@@ -177,7 +177,7 @@ def toolkit_fix(need: Version | None, torch_cuda: str | None,
     want = max(need, tmm) if need is not None else tmm
     if want.major > tmm.major:
         return (f"use a torch built for CUDA {want.major} (e.g. pip install torch --index-url "
-                f"https://download.pytorch.org/whl/cu{want.major}{want.minor}0) and "
+                f"https://download.pytorch.org/whl/cu{want.major}{want.minor}) and "
                 f"{pip_install(f'=={want.major}.{want.minor}.*')}: nvcc >= {need} is needed, "
                 f"which no CUDA {tmm.major}.x toolkit has")
     if want >= FIRST_PIP_NVCC:
@@ -250,8 +250,8 @@ def unbuildable_message(target: tuple[int, str], nvcc_version: Version) -> str |
     major, minor = target[0], int(target[1][0])
     alt = next((t for t in _arch.candidate_targets(major, minor)
                 if t != target and _arch.target_supported(t, nvcc_version)), None)
-    fix = f"a toolkit with nvcc >= {need} (set CUDA_HOME to it)"
+    fix = f"use a toolkit with nvcc >= {need} (set CUDA_HOME to it)"
     if alt is not None:
         fix = (f"write '{_entry(alt)}' in FLASHINFER_CUDA_ARCH_LIST (nvcc {nvcc_version} builds "
-               f"{_arch.format_target(alt)}), or unset it, or use " + fix)
+               f"{_arch.format_target(alt)}), or unset it, or " + fix)
     return f"{head} ({name} needs nvcc >= {need}). Fix: {fix}."
