@@ -366,6 +366,7 @@ def test_fix_line_follows_torch_cuda(tmp_path):
         choose([a], None, [(12, 1)], None)
     assert "cuda-toolkit[nvcc,cccl,curand]>=13.0,<14" in str(exc.value)
 
+
 # --------------------------------------------------------------------------- invariants over every combination
 
 def test_policy_invariants_over_all_toolkit_subsets():
