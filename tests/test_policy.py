@@ -417,3 +417,11 @@ def test_policy_invariants_over_all_toolkit_subsets():
                                 assert ch.toolkit.nvcc_version.major == tmaj
                         checked += 1
     assert checked == 2 ** len(pool) * 6 * len(caps_sets) * 2
+
+
+def test_consistent_set_fix_is_pip_only_for_pip_13():
+    assert fixes.consistent_set_fix(Version("13.0"), pip=True) == \
+        "pip install 'cuda-toolkit[nvcc,cccl,curand]==13.0.*'"
+    sys128 = fixes.consistent_set_fix(Version("12.8"), pip=False)
+    assert "cuda-toolkit[" not in sys128 and "conda install -c nvidia cuda-toolkit=12.8" in sys128
+    assert "cuda-toolkit[" not in fixes.consistent_set_fix(Version("12.9"), pip=True)

@@ -54,6 +54,7 @@ __all__ = [
     "major_mismatch_reason",
     "torch_major_why",
     "min_nvcc_reason",
+    "consistent_set_fix",
 ]
 
 #: The pip distribution (with extras) that installs one consistent CUDA 13 set
@@ -152,6 +153,23 @@ def _pip_or_repair(spec: str, found: Sequence[Toolkit], need: Version | None) ->
     newer = Version(f"{have.nvcc_version.major}.{have.nvcc_version.minor + 1}")
     want = max(newer, need) if need is not None else newer
     return pip_install(f">={want},<{want.major + 1}")
+
+
+def consistent_set_fix(nvcc_version: Version, pip: bool) -> str:
+    """Fix line for a toolkit whose parts disagree (nvcc vs ``CUDART_VERSION``
+    headers, or a missing ``libcudart``): the pip set of the same release when it
+    is a pip toolkit (``cuda-toolkit[...]`` pins nvcc, headers and CCCL to one
+    release), else a reinstall of that system toolkit — never a pip 12.x set.
+
+    Args:
+        nvcc_version: the toolkit's nvcc ``major.minor``.
+        pip: whether it lives in ``site-packages/nvidia/cu13`` (source ``pip``).
+    """
+    v = Version(f"{nvcc_version.major}.{nvcc_version.minor}")
+    if pip and v >= FIRST_PIP_NVCC:
+        return pip_install(f"=={v}.*")
+    return (f"reinstall CUDA {v} as one set from NVIDIA or conda (conda install -c nvidia "
+            f"cuda-toolkit={v}), or set CUDA_HOME to another toolkit")
 
 
 def toolkit_fix(need: Version | None, torch_cuda: str | None,
