@@ -195,9 +195,8 @@ def choose(
                            torch_cuda, major)
         if n == 0:
             first_reasons = {i: r for i, r in verdict.items() if r}
-    _refuse(toolkits, first_reasons, arch_specs, caps, capabilities, target_sets, explicit, torch_cuda,
-            min_nvcc, min_nvcc_why, allow_other_major)
-    raise AssertionError("unreachable")  # pragma: no cover
+    raise _refusal(toolkits, first_reasons, arch_specs, capabilities, target_sets, explicit, torch_cuda,
+                   min_nvcc, min_nvcc_why, allow_other_major)
 
 
 def _choice(toolkits, pick, verdict, why, caps, fixed, wanted, preferred, torch_cuda, major) -> Choice:
@@ -235,8 +234,9 @@ def _choice(toolkits, pick, verdict, why, caps, fixed, wanted, preferred, torch_
     return Choice(tk, targets, tuple(caps), tuple(rejected), reason, torch_cuda)
 
 
-def _refuse(toolkits, reasons, arch_specs, caps, capabilities, target_sets, explicit, torch_cuda,
-            min_nvcc, min_nvcc_why, allow_other_major) -> None:
+def _refusal(toolkits, reasons, arch_specs, capabilities, target_sets, explicit, torch_cuda,
+             min_nvcc, min_nvcc_why, allow_other_major) -> ToolkitError:
+    """The one error when no pass finds a toolkit (see the module docstring)."""
     preferred = target_sets[0]
     names = ", ".join(_arch.format_target(t) for t in preferred) or "(no GPU targets)"
     gpus = ", ".join(f"{a}.{b}" for a, b in dict.fromkeys(capabilities))
@@ -274,7 +274,7 @@ def _refuse(toolkits, reasons, arch_specs, caps, capabilities, target_sets, expl
                  "/usr/local/cuda, /usr/local/cuda-*, $CONDA_PREFIX)"]
     fix = _fixes.choose_fix(preferred, torch_cuda, found, min_nvcc=min_nvcc, explicit=explicit)
     message = "\n".join([head, "Needed: " + "; ".join(needs) + ".", "Found:", *lines, f"Fix: {fix}"])
-    raise ToolkitError(message, fix=fix)
+    return ToolkitError(message, fix=fix)
 
 
 def unbuildable(targets: Iterable[tuple[int, str]], nvcc_version: Version) -> list[str]:
