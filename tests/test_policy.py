@@ -10,7 +10,7 @@ from flashinfer_sm120 import arch
 from flashinfer_sm120.toolkit import ToolkitError, choose, discover, inspect
 from flashinfer_sm120.toolkit import fixes
 from flashinfer_sm120.toolkit.model import Toolkit
-from flashinfer_sm120.toolkit.policy import ALLOW_OTHER_MAJOR_ENV, unbuildable
+from flashinfer_sm120.toolkit.policy import ALLOW_OTHER_MAJOR_ENV, other_major_allowed, unbuildable
 
 
 @pytest.fixture(autouse=True)
@@ -229,6 +229,8 @@ def test_other_major_only_with_explicit_opt_in(monkeypatch):
     monkeypatch.setenv(ALLOW_OTHER_MAJOR_ENV, "0")
     with pytest.raises(ToolkitError):
         choose(pip13, None, [(12, 0)], "12.8")
+    assert other_major_allowed({ALLOW_OTHER_MAJOR_ENV: "yes"}) and not other_major_allowed({})
+    assert not other_major_allowed({ALLOW_OTHER_MAJOR_ENV: " Off "})
 
 
 def test_torch_major_is_preferred_over_opt_in_other_major():

@@ -46,7 +46,7 @@ major), each candidate found and why it was rejected, and the one fix line
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from packaging.version import Version
 
@@ -56,7 +56,7 @@ from . import fixes as _fixes
 from .model import Choice, Toolkit
 from .sources import Candidates
 
-__all__ = ["choose", "unbuildable", "ALLOW_OTHER_MAJOR_ENV"]
+__all__ = ["choose", "unbuildable", "other_major_allowed", "ALLOW_OTHER_MAJOR_ENV"]
 
 ALLOW_OTHER_MAJOR_ENV = _fixes.ALLOW_OTHER_MAJOR_ENV
 
@@ -68,8 +68,12 @@ def _mm(text: str | None) -> Version | None:
     return _fixes._mm(text)
 
 
-def _allow_other_major() -> bool:
-    return os.environ.get(ALLOW_OTHER_MAJOR_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+def other_major_allowed(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``FLASHINFER_SM120_ALLOW_OTHER_CUDA_MAJOR`` is on in ``env``
+    (default ``os.environ``): anything but unset, empty, ``0``, ``false``,
+    ``no`` or ``off`` (case-insensitive)."""
+    env = os.environ if env is None else env
+    return env.get(ALLOW_OTHER_MAJOR_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def _why_not(tk: Toolkit, targets: Sequence[tuple[int, str]], explicit: set, torch_cuda: str | None,
@@ -140,7 +144,8 @@ def choose(
             ``"FlashInfer 0.6.18+ passes --compress-mode=size (flashinfer/jit/cpp_ext.py)"``.
         allow_other_major: accept an nvcc of another CUDA major than torch's when
             none of torch's fits; default: the environment variable
-            ``FLASHINFER_SM120_ALLOW_OTHER_CUDA_MAJOR``.
+            ``FLASHINFER_SM120_ALLOW_OTHER_CUDA_MAJOR`` in ``os.environ`` (a
+            caller resolving another env passes ``other_major_allowed(env)``).
 
     Returns:
         :class:`Choice`: toolkit, targets, why it won, why each other lost.
@@ -151,7 +156,7 @@ def choose(
             line (also ``.fix``).
     """
     if allow_other_major is None:
-        allow_other_major = _allow_other_major()
+        allow_other_major = other_major_allowed()
     if arch_specs is not None:
         caps = [(s.major, s.minor) for s in arch_specs]
         fixed = {(s.major, s.minor): (s.major, f"{s.minor}{s.suffix}") for s in arch_specs if s.suffix}
