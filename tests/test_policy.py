@@ -10,7 +10,7 @@ from flashinfer_sm120 import arch
 from flashinfer_sm120.toolkit import ToolkitError, choose, discover, inspect
 from flashinfer_sm120.toolkit import fixes
 from flashinfer_sm120.toolkit.model import Toolkit
-from flashinfer_sm120.toolkit.policy import ALLOW_OTHER_MAJOR_ENV, unbuildable
+from flashinfer_sm120.toolkit.policy import ALLOW_OTHER_MAJOR_ENV, other_major_allowed, unbuildable
 
 
 @pytest.fixture(autouse=True)
@@ -159,7 +159,8 @@ def test_cu12_torch_never_gets_a_pip_12_toolkit():
 def test_cu12_torch_with_a_target_only_cuda13_builds_says_use_cu13_torch():
     with pytest.raises(ToolkitError) as exc:
         choose([fake("12.9.41", "CUDA_HOME")], None, [(11, 0)], "12.9")
-    assert exc.value.fix.startswith("use a torch built for CUDA 13")
+    assert exc.value.fix.startswith("use a torch built for CUDA 13 (e.g. pip install torch --index-url "
+                                    "https://download.pytorch.org/whl/cu130)")
     assert "'cuda-toolkit[nvcc,cccl,curand]==13.0.*'" in exc.value.fix and "nvcc >= 13.0" in exc.value.fix
 
 
@@ -228,6 +229,8 @@ def test_other_major_only_with_explicit_opt_in(monkeypatch):
     monkeypatch.setenv(ALLOW_OTHER_MAJOR_ENV, "0")
     with pytest.raises(ToolkitError):
         choose(pip13, None, [(12, 0)], "12.8")
+    assert other_major_allowed({ALLOW_OTHER_MAJOR_ENV: "yes"}) and not other_major_allowed({})
+    assert not other_major_allowed({ALLOW_OTHER_MAJOR_ENV: " Off "})
 
 
 def test_torch_major_is_preferred_over_opt_in_other_major():
@@ -262,7 +265,7 @@ def test_unbuildable_dropped_renamed_and_unknown_targets():
     (m,) = unbuildable([(7, "0")], Version("13.0"))
     assert "remove '7.0'" in m and "dropped sm_70" in m
     (m,) = unbuildable([(12, "1a")], Version("12.8"))
-    assert "sm_121a needs nvcc >= 12.9" in m and "set CUDA_HOME" in m
+    assert m.endswith("Fix: use a toolkit with nvcc >= 12.9 (set CUDA_HOME to it).")
     (m,) = unbuildable([(15, "0a")], Version("12.9"))
     assert "upgrade" not in m or "pip install -U flashinfer-sm120" in m
     assert "pip install -U flashinfer-sm120" in m
@@ -364,3 +367,63 @@ def test_fix_line_follows_torch_cuda(tmp_path):
     with pytest.raises(ToolkitError) as exc:
         choose([a], None, [(12, 1)], None)
     assert "cuda-toolkit[nvcc,cccl,curand]>=13.0,<14" in str(exc.value)
+
+
+# --------------------------------------------------------------------------- invariants over every combination
+
+def test_policy_invariants_over_all_toolkit_subsets():
+    """Chosen iff some toolkit of an allowed major builds the fallback targets;
+    the preferred targets whenever any allowed toolkit builds them; never a
+    pip 12.x fix, never an installed clean pip toolkit as the fix."""
+    import itertools
+    from packaging.specifiers import SpecifierSet
+
+    pool = [fake("12.9.41", "CUDA_HOME"), fake("13.0.88", "pip"),
+            fake("13.5.1", "pip", root="/other/site-packages/nvidia/cu13", problem="nvcc 13.5 with CUDA headers 13.0"),
+            fake("12.8.93", "/usr/local/cuda"), fake("12.6.85", "PATH")]
+    caps_sets = [[(8, 9)], [(9, 0)], [(10, 0)], [(11, 0)], [(12, 0)], [(12, 1)], [(12, 0), (8, 9)]]
+    checked = 0
+    for r in range(len(pool) + 1):
+        for subset in itertools.combinations(pool, r):
+            for torch_cuda in (None, "12.6", "12.8", "12.9", "13.0", "13.2"):
+                tmaj = Version(torch_cuda).major if torch_cuda else None
+                for caps in caps_sets:
+                    for min_nvcc in (None, Version("12.8")):
+                        pref = [arch.candidate_targets(*c)[0] for c in caps]
+                        fb = [arch.candidate_targets(*c)[-1] for c in caps]
+
+                        def ok(tk, targets):
+                            v = tk.nvcc_version
+                            return (tk.problem is None and (tmaj is None or v.major == tmaj)
+                                    and (min_nvcc is None or v >= min_nvcc)
+                                    and all(arch.target_supported(t, v) for t in targets))
+                        can_pref = [tk for tk in subset if ok(tk, pref)]
+                        can_fb = [tk for tk in subset if ok(tk, fb)]
+                        try:
+                            ch = choose(list(subset), None, caps, torch_cuda, min_nvcc=min_nvcc)
+                        except ToolkitError as exc:
+                            assert not can_fb, (subset, torch_cuda, caps, min_nvcc)
+                            assert "cuda-toolkit[nvcc,cccl,curand]==12" not in exc.fix
+                            assert str(exc).endswith("Fix: " + exc.fix)
+                            if exc.fix.startswith("pip install 'cuda-toolkit"):
+                                spec = SpecifierSet(exc.fix.split("]", 1)[1].rstrip("'"))
+                                assert not any("pip" in tk.sources and tk.problem is None
+                                               and spec.contains(f"{tk.nvcc_version}.0") for tk in subset)
+                        else:
+                            assert can_fb and ch.toolkit in can_fb
+                            want = pref if can_pref else fb
+                            assert set(ch.targets) == set(want), (subset, torch_cuda, caps)
+                            if can_pref:
+                                assert ch.toolkit in can_pref
+                            if tmaj is not None:
+                                assert ch.toolkit.nvcc_version.major == tmaj
+                        checked += 1
+    assert checked == 2 ** len(pool) * 6 * len(caps_sets) * 2
+
+
+def test_consistent_set_fix_is_pip_only_for_pip_13():
+    assert fixes.consistent_set_fix(Version("13.0"), pip=True) == \
+        "pip install 'cuda-toolkit[nvcc,cccl,curand]==13.0.*'"
+    sys128 = fixes.consistent_set_fix(Version("12.8"), pip=False)
+    assert "cuda-toolkit[" not in sys128 and "conda install -c nvidia cuda-toolkit=12.8" in sys128
+    assert "cuda-toolkit[" not in fixes.consistent_set_fix(Version("12.9"), pip=True)

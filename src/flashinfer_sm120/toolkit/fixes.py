@@ -54,6 +54,7 @@ __all__ = [
     "major_mismatch_reason",
     "torch_major_why",
     "min_nvcc_reason",
+    "consistent_set_fix",
 ]
 
 #: The pip distribution (with extras) that installs one consistent CUDA 13 set
@@ -154,6 +155,23 @@ def _pip_or_repair(spec: str, found: Sequence[Toolkit], need: Version | None) ->
     return pip_install(f">={want},<{want.major + 1}")
 
 
+def consistent_set_fix(nvcc_version: Version, pip: bool) -> str:
+    """Fix line for a toolkit whose parts disagree (nvcc vs ``CUDART_VERSION``
+    headers, or a missing ``libcudart``): the pip set of the same release when it
+    is a pip toolkit (``cuda-toolkit[...]`` pins nvcc, headers and CCCL to one
+    release), else a reinstall of that system toolkit — never a pip 12.x set.
+
+    Args:
+        nvcc_version: the toolkit's nvcc ``major.minor``.
+        pip: whether it lives in ``site-packages/nvidia/cu13`` (source ``pip``).
+    """
+    v = Version(f"{nvcc_version.major}.{nvcc_version.minor}")
+    if pip and v >= FIRST_PIP_NVCC:
+        return pip_install(f"=={v}.*")
+    return (f"reinstall CUDA {v} as one set from NVIDIA or conda (conda install -c nvidia "
+            f"cuda-toolkit={v}), or set CUDA_HOME to another toolkit")
+
+
 def toolkit_fix(need: Version | None, torch_cuda: str | None,
                 found: Sequence[Toolkit] = ()) -> str:
     """The one fix line that installs a toolkit able to build what is needed.
@@ -177,7 +195,7 @@ def toolkit_fix(need: Version | None, torch_cuda: str | None,
     want = max(need, tmm) if need is not None else tmm
     if want.major > tmm.major:
         return (f"use a torch built for CUDA {want.major} (e.g. pip install torch --index-url "
-                f"https://download.pytorch.org/whl/cu{want.major}{want.minor}0) and "
+                f"https://download.pytorch.org/whl/cu{want.major}{want.minor}) and "
                 f"{pip_install(f'=={want.major}.{want.minor}.*')}: nvcc >= {need} is needed, "
                 f"which no CUDA {tmm.major}.x toolkit has")
     if want >= FIRST_PIP_NVCC:
@@ -250,8 +268,8 @@ def unbuildable_message(target: tuple[int, str], nvcc_version: Version) -> str |
     major, minor = target[0], int(target[1][0])
     alt = next((t for t in _arch.candidate_targets(major, minor)
                 if t != target and _arch.target_supported(t, nvcc_version)), None)
-    fix = f"a toolkit with nvcc >= {need} (set CUDA_HOME to it)"
+    fix = f"use a toolkit with nvcc >= {need} (set CUDA_HOME to it)"
     if alt is not None:
         fix = (f"write '{_entry(alt)}' in FLASHINFER_CUDA_ARCH_LIST (nvcc {nvcc_version} builds "
-               f"{_arch.format_target(alt)}), or unset it, or use " + fix)
+               f"{_arch.format_target(alt)}), or unset it, or " + fix)
     return f"{head} ({name} needs nvcc >= {need}). Fix: {fix}."

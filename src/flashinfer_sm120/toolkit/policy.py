@@ -46,7 +46,7 @@ major), each candidate found and why it was rejected, and the one fix line
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from packaging.version import Version
 
@@ -56,7 +56,7 @@ from . import fixes as _fixes
 from .model import Choice, Toolkit
 from .sources import Candidates
 
-__all__ = ["choose", "unbuildable", "ALLOW_OTHER_MAJOR_ENV"]
+__all__ = ["choose", "unbuildable", "other_major_allowed", "ALLOW_OTHER_MAJOR_ENV"]
 
 ALLOW_OTHER_MAJOR_ENV = _fixes.ALLOW_OTHER_MAJOR_ENV
 
@@ -68,8 +68,12 @@ def _mm(text: str | None) -> Version | None:
     return _fixes._mm(text)
 
 
-def _allow_other_major() -> bool:
-    return os.environ.get(ALLOW_OTHER_MAJOR_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+def other_major_allowed(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``FLASHINFER_SM120_ALLOW_OTHER_CUDA_MAJOR`` is on in ``env``
+    (default ``os.environ``): anything but unset, empty, ``0``, ``false``,
+    ``no`` or ``off`` (case-insensitive)."""
+    env = os.environ if env is None else env
+    return env.get(ALLOW_OTHER_MAJOR_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def _why_not(tk: Toolkit, targets: Sequence[tuple[int, str]], explicit: set, torch_cuda: str | None,
@@ -140,7 +144,8 @@ def choose(
             ``"FlashInfer 0.6.18+ passes --compress-mode=size (flashinfer/jit/cpp_ext.py)"``.
         allow_other_major: accept an nvcc of another CUDA major than torch's when
             none of torch's fits; default: the environment variable
-            ``FLASHINFER_SM120_ALLOW_OTHER_CUDA_MAJOR``.
+            ``FLASHINFER_SM120_ALLOW_OTHER_CUDA_MAJOR`` in ``os.environ`` (a
+            caller resolving another env passes ``other_major_allowed(env)``).
 
     Returns:
         :class:`Choice`: toolkit, targets, why it won, why each other lost.
@@ -151,7 +156,7 @@ def choose(
             line (also ``.fix``).
     """
     if allow_other_major is None:
-        allow_other_major = _allow_other_major()
+        allow_other_major = other_major_allowed()
     if arch_specs is not None:
         caps = [(s.major, s.minor) for s in arch_specs]
         fixed = {(s.major, s.minor): (s.major, f"{s.minor}{s.suffix}") for s in arch_specs if s.suffix}
@@ -195,9 +200,8 @@ def choose(
                            torch_cuda, major)
         if n == 0:
             first_reasons = {i: r for i, r in verdict.items() if r}
-    _refuse(toolkits, first_reasons, arch_specs, caps, capabilities, target_sets, explicit, torch_cuda,
-            min_nvcc, min_nvcc_why, allow_other_major)
-    raise AssertionError("unreachable")  # pragma: no cover
+    raise _refusal(toolkits, first_reasons, arch_specs, capabilities, target_sets, explicit, torch_cuda,
+                   min_nvcc, min_nvcc_why, allow_other_major)
 
 
 def _choice(toolkits, pick, verdict, why, caps, fixed, wanted, preferred, torch_cuda, major) -> Choice:
@@ -235,8 +239,9 @@ def _choice(toolkits, pick, verdict, why, caps, fixed, wanted, preferred, torch_
     return Choice(tk, targets, tuple(caps), tuple(rejected), reason, torch_cuda)
 
 
-def _refuse(toolkits, reasons, arch_specs, caps, capabilities, target_sets, explicit, torch_cuda,
-            min_nvcc, min_nvcc_why, allow_other_major) -> None:
+def _refusal(toolkits, reasons, arch_specs, capabilities, target_sets, explicit, torch_cuda,
+             min_nvcc, min_nvcc_why, allow_other_major) -> ToolkitError:
+    """The one error when no pass finds a toolkit (see the module docstring)."""
     preferred = target_sets[0]
     names = ", ".join(_arch.format_target(t) for t in preferred) or "(no GPU targets)"
     gpus = ", ".join(f"{a}.{b}" for a, b in dict.fromkeys(capabilities))
@@ -274,7 +279,7 @@ def _refuse(toolkits, reasons, arch_specs, caps, capabilities, target_sets, expl
                  "/usr/local/cuda, /usr/local/cuda-*, $CONDA_PREFIX)"]
     fix = _fixes.choose_fix(preferred, torch_cuda, found, min_nvcc=min_nvcc, explicit=explicit)
     message = "\n".join([head, "Needed: " + "; ".join(needs) + ".", "Found:", *lines, f"Fix: {fix}"])
-    raise ToolkitError(message, fix=fix)
+    return ToolkitError(message, fix=fix)
 
 
 def unbuildable(targets: Iterable[tuple[int, str]], nvcc_version: Version) -> list[str]:
