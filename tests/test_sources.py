@@ -149,3 +149,13 @@ def test_cuda_pathfinder_never_reaches_its_subprocess_fallback(tmp_path, monkeyp
     monkeypatch.setattr(site, "ENABLE_USER_SITE", False)
     monkeypatch.setattr(sources, "site_dirs", lambda: [str(sd)])
     assert [f.root for f in sources.from_pip({})] == [str(sd / "nvidia" / "cu13")]
+
+
+def test_inconsistent_system_toolkit_is_not_told_to_pip_install_a_12x_set(tmp_path):
+    from flashinfer_sm120.toolkit import inspect
+
+    sys_tk = inspect(str(make_toolkit(tmp_path / "cuda-12.8", "12.8.93", header="12.9")))
+    assert "nvcc 12.8 with CUDA headers 12.9" in sys_tk.problem
+    assert "pip install" not in sys_tk.problem and "reinstall CUDA 12.8" in sys_tk.problem
+    pip_tk = inspect(str(make_toolkit(tmp_path / "site-packages" / "nvidia" / "cu13", "13.0.88", header="13.5")))
+    assert "pip install 'cuda-toolkit[nvcc,cccl,curand]==13.0.*'" in pip_tk.problem

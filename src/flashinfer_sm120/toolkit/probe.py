@@ -12,6 +12,7 @@ from packaging.version import InvalidVersion, Version
 
 from .. import proc
 from . import memo
+from .fixes import consistent_set_fix
 from .memo import FAILURE_MEMORY_S
 from .model import Toolkit
 from .trust import check_path, trace
@@ -268,13 +269,14 @@ def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | No
         full, problem = nvcc_version(nvcc, timeout)
         source = "nvcc --version" if full else None
     nv = major_minor(full) if full else None
+    pip = "pip" in sources or f"{os.sep}site-packages{os.sep}nvidia{os.sep}" in real_root + os.sep
     if nv and hv and nv != hv:
         problem = (
             f"nvcc {nv} with CUDA headers {hv} (CUDART_VERSION in "
             f"{incs[0]}/cuda_runtime_api.h): CCCL stops with #error when they differ; "
-            f"install one consistent set: pip install 'cuda-toolkit[nvcc,cccl,curand]=={nv}.*'"
+            f"install one consistent set: {consistent_set_fix(nv, pip)}"
         )
     if nv and not incs and problem is None:
-        problem = (f"{real_root}: no include/cuda_runtime_api.h; the toolkit is incomplete: install "
-                   f"its headers (pip install 'cuda-toolkit[nvcc,cccl,curand]=={nv}.*')")
+        problem = (f"{real_root}: no include/cuda_runtime_api.h; the toolkit is incomplete: "
+                   f"{consistent_set_fix(nv, pip)}")
     return Toolkit(nvcc=nvcc, nvcc_version=nv, nvcc_full=full, version_from=source, problem=problem, **base)
