@@ -173,3 +173,26 @@ def test_script_naming_itself_without_running_it_is_not_a_loop(tmp_path):
     nvcc.write_text(f"#!/bin/sh\n# installed as {nvcc}\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n")
     tr = trace(str(nvcc))
     assert tr.problem is None and tr.target == str(nvcc)
+
+
+def test_any_absolute_command_a_wrapper_runs_is_checked(tmp_path):
+    ww = tmp_path / "ww"
+    helper = _script(ww / "helper", "#!/bin/sh\ntrue\n")
+    root = make_toolkit(tmp_path / "cuda", "12.8.93")
+    nvcc = root / "bin" / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\n{helper} --prepare\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n")
+    assert trace(str(nvcc)).problem is None and str(helper) in trace(str(nvcc)).files
+    os.chmod(ww, 0o777)
+    tr = trace(str(nvcc))
+    assert tr.problem and str(ww) in tr.problem
+
+
+def test_many_references_are_checked_once_each(tmp_path):
+    real = make_toolkit(tmp_path / "real", "13.0.88")
+    level = [real / "bin" / "nvcc"]
+    for i in range(6):  # 10 wrappers per level, each naming all 10 of the level below: 10**6 paths
+        body = "#!/bin/sh\n" + "".join(f'[ -x {p} ] && exec {p} "$@"\n' for p in level)
+        level = [_script(tmp_path / f"w{i}-{j}" / "bin" / "nvcc", body) for j in range(10)]
+    t = time.monotonic()
+    tr = trace(str(level[0]))
+    assert time.monotonic() - t < 5 and tr.problem is None and tr.target == str(real / "bin" / "nvcc")

@@ -14,8 +14,9 @@ entries; another user's entry there is not taken on trust.
   the directory holding each link counts, not only the final file, so a
   ``CUDA_HOME`` owned by another user cannot borrow a trusted nvcc;
 * a script (``#!``): its interpreter (and, for ``#!/usr/bin/env prog``, the
-  ``prog`` found on ``PATH``), and every absolute ``.../nvcc`` path it names
-  (``exec /usr/local/cuda-13.0/bin/nvcc "$@"``), recursively, at most
+  ``prog`` found on ``PATH``), every absolute ``.../nvcc`` path it names
+  (``exec /usr/local/cuda-13.0/bin/nvcc "$@"``) and every absolute path it
+  runs as a command (``/usr/bin/ccache ...``), recursively, at most
   :data:`MAX_WRAPPER_DEPTH` deep, loops detected;
 * a script whose command is computed (``exec "$(dirname "$0")/real" "$@"``,
   ``$NVCC "$@"``, ``eval``, ``source``) is refused: we cannot tell what it
@@ -39,6 +40,11 @@ _MAX_LINKS = 40  # as Linux MAXSYMLINKS
 _HEAD_BYTES = 8192
 
 _NVCC_PATH_RE = re.compile(r"(/[^\s\"'`;|&()<>$]*?/nvcc)(?![\w.-])")
+#: An absolute path in command position: ``exec /opt/x/bin/tool "$@"``, ``/usr/bin/ccache ...``.
+_CMD_PATH_RE = re.compile(
+    r"""^\s*(?:(?:exec|command|then|else|do)\s+|&&\s*|\|\|\s*)*["']?(/[^\s"'`;|&()<>$]+)""",
+    re.MULTILINE,
+)
 _COMPUTED_RE = re.compile(
     r"""^\s*(?:exec\s+|command\s+|then\s+|else\s+|do\s+|&&\s*|\|\|\s*)*["']?(?:\$|`)"""
     r"""|^\s*(?:eval|source|\.)\s""",
@@ -167,8 +173,19 @@ def _read_head(real: str) -> bytes:
         return b""
 
 
-def _follow(path: str, uid: int, chain: list[str], files: list[str], env_path: str | None) -> str:
-    """Check ``path`` and whatever it execs; returns the final target's real path."""
+def _existing(paths) -> list[str]:
+    out: list[str] = []
+    for p in paths:
+        if p not in out and os.path.isfile(p):
+            out.append(p)
+    return out[:32]
+
+
+def _follow(path: str, uid: int, chain: list[str], files: list[str], env_path: str | None,
+            checked: dict[str, str]) -> str:
+    """Check ``path`` and whatever it execs; returns the final target's real path.
+    ``checked`` maps files already found trusted to their final target, so a
+    script naming the same programs many times is checked once per program."""
     real = _resolve(path, uid)
     st = _file_ok(real, uid)
     if not stat.S_ISREG(st.st_mode):
@@ -195,23 +212,23 @@ def _follow(path: str, uid: int, chain: list[str], files: list[str], env_path: s
             f"{real} is a script that computes the path of the program it runs, so what it "
             f"would execute cannot be checked; set CUDA_HOME to the toolkit prefix that holds "
             f"the real nvcc binary (or replace the script with a symlink)")
-    targets = []
-    for m in _NVCC_PATH_RE.finditer(body):
-        t = m.group(1)
-        if t in targets or not os.path.exists(t):
-            continue
+    nvccs = _existing(m.group(1) for m in _NVCC_PATH_RE.finditer(body))
+    others = _existing(m.group(1) for m in _CMD_PATH_RE.finditer(body))
+    final = real
+    for t in nvccs + [o for o in others if o not in nvccs]:
         if os.path.realpath(t) in chain:
             if _runs_literally(body, t):  # it execs a script already on the way: a loop
                 raise _Untrusted("wrapper loop: " + " -> ".join(chain + [os.path.realpath(t)])
                                  + "; it would never finish; set CUDA_HOME to the real toolkit "
                                  "prefix instead")
             continue  # only mentioned (a comment, a test), not run
-        targets.append(t)
-    final = real
-    for t in targets:  # every nvcc it may exec must pass; the first is what it runs
-        got = _follow(t, uid, list(chain), files, env_path)
-        if final == real:
+        if os.path.realpath(t) in checked:
+            got = checked[os.path.realpath(t)]
+        else:
+            got = _follow(t, uid, list(chain), files, env_path, checked)
+        if final == real and t in nvccs:  # the first nvcc it names is what it runs
             final = got
+    checked[real] = final
     return final
 
 
@@ -253,7 +270,7 @@ def trace(path: str, *, env_path: str | None = None) -> Trace:
     uid = _uid()
     files: list[str] = []
     try:
-        target = _follow(path, uid, [], files, env_path)
+        target = _follow(path, uid, [], files, env_path, {})
     except _Untrusted as exc:
         return Trace(path, None, tuple(files), str(exc))
     except OSError as exc:
