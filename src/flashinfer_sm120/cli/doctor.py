@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sys
 
 from .. import __version__
@@ -71,11 +72,18 @@ def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
         else:
             env.pop(k, None)
     naive = flashinfer_naive_root(env)
-    nvcc = os.path.join(naive, "bin", "nvcc") if naive else None
-    if nvcc and os.path.lexists(nvcc):
-        tr = trace(nvcc, env_path=env.get("PATH"))
+    runs = []
+    if not (env.get("CUDA_HOME") or env.get("CUDA_PATH")):
+        # get_cuda_path() runs `which nvcc` (flashinfer/jit/cpp_ext.py), `which` from PATH
+        which = shutil.which("which", path=env.get("PATH", os.defpath))
+        if which:
+            runs.append(which)
+    if naive and os.path.lexists(os.path.join(naive, "bin", "nvcc")):
+        runs.append(os.path.join(naive, "bin", "nvcc"))  # get_cuda_version(): nvcc --version
+    for prog in runs:
+        tr = trace(prog, env_path=env.get("PATH"))
         if tr.problem:
-            why = (f"FlashInfer alone would run {nvcc}, which the trust policy refused ({tr.problem}); "
+            why = (f"FlashInfer alone would run {prog}, which the trust policy refused ({tr.problem}); "
                    f"not running it")
             return {"error": f"not run: {why}", "skipped": why}
     res = proc.run([sys.executable, "-c", _ALONE, str(timeout)], timeout=timeout + 60,
