@@ -196,3 +196,13 @@ def test_many_references_are_checked_once_each(tmp_path):
     t = time.monotonic()
     tr = trace(str(level[0]))
     assert time.monotonic() - t < 5 and tr.problem is None and tr.target == str(real / "bin" / "nvcc")
+
+
+def test_untrusted_include_dir_is_not_adopted(tmp_path):
+    root = make_toolkit(tmp_path / "cuda", "12.8.93", version_json=True)
+    os.chmod(root / "include", 0o777)
+    try:
+        tk = inspect(str(root))
+    finally:
+        os.chmod(root / "include", 0o755)
+    assert tk.problem.startswith("not adopted:") and str(root / "include") in tk.problem
