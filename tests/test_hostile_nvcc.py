@@ -58,3 +58,22 @@ def test_import_bounded_with_hostile_nvcc(tmp_path, clean_env, case):
     assert wall < 30
     assert out["rss_self_kb"] < (1 << 20) and out["rss_children_kb"] < (1 << 20), out
     assert left == [], f"processes left behind by the {case} nvcc: {left}"
+
+
+@needs_flashinfer
+def test_second_worker_does_not_rerun_a_hung_nvcc(tmp_path, clean_env):
+    """One machine pays a hung nvcc's timeout once: the next worker reads the memo."""
+    token = str(900000 + uuid.uuid4().int % 99999)
+    count = tmp_path / "runs"
+    root = hostile_toolkit(tmp_path / "cuda-hang", f"echo x >> {count}\nsleep {token}\n")
+    env = dict(clean_env, CUDA_HOME=str(root), FAKE_GPU_CAPS="12.0")
+    try:
+        for _ in range(2):
+            proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
+                                  timeout=30)
+            assert "@@" in proc.stdout, proc.stderr[-3000:]
+    finally:
+        left = alive_with(token)
+        kill_all_with(token)
+    assert count.read_text().count("x") == 1, "the second worker ran the hung nvcc again"
+    assert left == []
