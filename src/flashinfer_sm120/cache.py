@@ -18,6 +18,7 @@ The rules (issue "Keep the promise under production conditions"):
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ __all__ = [
     "path_problem",
     "read_json",
     "write_json_atomic",
+    "writable_by_others",
 ]
 
 #: Characters a path may hold to be used unquoted in FlashInfer's generated
@@ -52,6 +54,43 @@ MAX_STATE_BYTES = 1 << 20
 
 _notes: list[str] = []
 _root_cache: dict[tuple, str] = {}
+
+
+def _private_gid() -> int | None:
+    """The current user's private group (user-private-group scheme, the default
+    of Debian/Ubuntu ``useradd``: group named after the user, the user's primary
+    group, no other listed members), or ``None``.  Never for root.  Looked up
+    once per uid (passwd/group may be on LDAP)."""
+    return _private_gid_of(os.geteuid())
+
+
+@functools.lru_cache(maxsize=4)
+def _private_gid_of(uid: int) -> int | None:
+    if uid == 0:
+        return None
+    try:
+        import grp
+        import pwd
+
+        user = pwd.getpwuid(uid)
+        group = grp.getgrgid(user.pw_gid)
+    except (ImportError, KeyError, OSError):
+        return None
+    if group.gr_name != user.pw_name or any(m != user.pw_name for m in group.gr_mem):
+        return None
+    return user.pw_gid
+
+
+def writable_by_others(st: os.stat_result) -> bool:
+    """Whether someone other than the owner can write the file or directory ``st``
+    describes: world-writable, or group-writable by a group that is not the
+    current user's private group (:func:`_private_gid`; under the umask ``002``
+    those user-private-group systems use, a user's own venv is group-writable
+    by a group that holds only that user).  The sticky bit is the caller's
+    business."""
+    if st.st_mode & stat.S_IWOTH:
+        return True
+    return bool(st.st_mode & stat.S_IWGRP) and st.st_gid != _private_gid()
 
 
 def path_problem(path: str, what: str) -> str | None:
@@ -100,7 +139,7 @@ def _dir_problem(path: str, what: str, create: bool) -> str | None:
     if st.st_uid != uid:
         return (f"{what}={path!r} is owned by uid {st.st_uid}, not you (uid {uid}): another user "
                 f"could change what you build with; use a directory of your own")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if writable_by_others(st):
         return (f"{what}={path!r} is writable by other users (mode {stat.filemode(st.st_mode)}); "
                 f"run 'chmod go-w {path}' or use another directory")
     return None
@@ -135,7 +174,7 @@ def _ancestors_problem(real: str, what: str) -> str | None:
         if st.st_uid not in (0, uid):
             return (f"{what}: {parent} above it is owned by uid {st.st_uid}, who could replace it; "
                     f"use a directory of your own")
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        if writable_by_others(st) and not st.st_mode & stat.S_ISVTX:
             return (f"{what}: {parent} above it is writable by other users (mode "
                     f"{stat.filemode(st.st_mode)}), who could replace it; use another directory")
     return None

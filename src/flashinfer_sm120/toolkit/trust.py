@@ -3,10 +3,12 @@
 The rule (OpenSSH ``StrictModes`` applied to every step of a path): a file we
 execute, and every directory in which any component of its path is looked up,
 must be owned by root or by the current uid and must not be writable by group
-or others.  A world-writable directory with the sticky bit (``/tmp``) is
-accepted only when root owns it *and* the entry looked up in it is owned by
-root or by you: the sticky bit stops others from renaming or replacing those
-entries; another user's entry there is not taken on trust.
+or others (group-writable is fine when the group is the user's private group,
+see :func:`flashinfer_sm120.cache.writable_by_others`).  A world-writable
+directory with the sticky bit (``/tmp``) is accepted only when root owns it
+*and* the entry looked up in it is owned by root or by you: the sticky bit
+stops others from renaming or replacing those entries; another user's entry
+there is not taken on trust.
 
 "What we execute" is followed all the way, without running anything:
 
@@ -30,6 +32,8 @@ import re
 import shutil
 import stat
 from dataclasses import dataclass
+
+from ..cache import writable_by_others
 
 __all__ = ["MAX_WRAPPER_DEPTH", "Trace", "trace", "check_executable", "check_path", "is_trusted"]
 
@@ -88,7 +92,7 @@ def _dir_ok(directory: str, entry: str | None, uid: int) -> None:
     st = os.stat(directory)
     if st.st_uid not in (0, uid):
         raise _Untrusted(f"{directory} is owned by uid {st.st_uid}, not root or you (uid {uid})")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if writable_by_others(st):
         if st.st_mode & stat.S_ISVTX and st.st_uid == 0 and entry is not None:
             try:
                 owner = os.lstat(entry).st_uid
@@ -141,7 +145,7 @@ def _file_ok(real: str, uid: int) -> os.stat_result:
     st = os.stat(real)
     if st.st_uid not in (0, uid):
         raise _Untrusted(f"{real} is owned by uid {st.st_uid}, not root or you (uid {uid})")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if writable_by_others(st):
         raise _Untrusted(f"{real} is writable by other users (mode {stat.filemode(st.st_mode)}); "
                          f"run 'chmod go-w {real}'")
     return st
