@@ -182,16 +182,20 @@ def test_second_uid_never_adopts_a_view_planted_by_another(tmp_path):
 
         root = pip_like(Path(base))
         evil = make_toolkit(Path(base) / "evil", "13.0.88", nvcc_script="#!/bin/sh\necho EVIL\n")
-        bcache = Path(base) / "bcache"
-        bcache.mkdir(mode=0o700)
-        os.chown(bcache, 12345, 12345)
-        os.environ["FLASHINFER_SM120_CACHE_DIR"] = str(bcache)
-        try:  # plant with our (A's) code, then repoint bin like the attacker in the issue
-            planted = view.linkable_home(inspect(str(root))).path
+        acache, bcache = Path(base) / "acache", Path(base) / "bcache"
+        os.environ["FLASHINFER_SM120_CACHE_DIR"] = str(acache)
+        try:  # A builds a view with our code, then repoints bin like the attacker in the issue
+            built = view.linkable_home(inspect(str(root))).path
         finally:
             del os.environ["FLASHINFER_SM120_CACHE_DIR"]
-        os.unlink(os.path.join(planted, "bin"))
-        os.symlink(str(evil / "bin"), os.path.join(planted, "bin"))
+        os.unlink(os.path.join(built, "bin"))
+        os.symlink(str(evil / "bin"), os.path.join(built, "bin"))
+        (bcache / "cuda-home").mkdir(parents=True, mode=0o700)  # B's own cache dir...
+        for d in (bcache, bcache / "cuda-home"):
+            os.chmod(d, 0o700)
+            os.chown(d, 12345, 12345)
+        planted = str(bcache / "cuda-home" / os.path.basename(built))
+        os.rename(built, planted)  # ...where A's view lies under the name B will look for
         env = dict(os.environ, FLASHINFER_SM120_CACHE_DIR=str(bcache), HOME=base,
                    PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
         code = textwrap.dedent(f"""
