@@ -16,7 +16,9 @@ import time
 import pytest
 
 from conftest import TESTS, make_toolkit
-from flashinfer_sm120 import linkstub, view
+from flashinfer_sm120 import view
+from flashinfer_sm120.view import build as view_build
+from flashinfer_sm120.view import stub as linkstub
 from flashinfer_sm120.toolkit import inspect
 from view_util import can_unshare, dynamic_section, pip_like, tmp_dirs
 
@@ -79,7 +81,7 @@ def test_curand_taken_from_pip_when_toolkit_lacks_it(tmp_path, cache, monkeypatc
     inc.mkdir(parents=True)
     (inc / "curand.h").write_text("/* pip curand */\n")
     (inc / "curand_kernel.h").write_text("/* pip curand */\n")
-    monkeypatch.setattr(view, "_site_dirs", lambda: [str(site_dir)])
+    monkeypatch.setattr(view_build, "_site_dirs", lambda: [str(site_dir)])
     home = view.linkable_home(inspect(str(root)))
     assert home.is_view and home.curand_include == str(inc) and "include/curand.h" in home.added
     assert os.path.realpath(os.path.join(home.path, "include", "curand_kernel.h")) == str(inc / "curand_kernel.h")
@@ -281,7 +283,7 @@ def test_toolkit_own_stub_is_linked_not_built(tmp_path, cache, monkeypatch):
     site_dir = tmp_path / "site" / "nvidia" / "cu13" / "include"
     site_dir.mkdir(parents=True)
     (site_dir / "curand.h").write_text("")
-    monkeypatch.setattr(view, "_site_dirs", lambda: [str(tmp_path / "site")])
+    monkeypatch.setattr(view_build, "_site_dirs", lambda: [str(tmp_path / "site")])
     monkeypatch.setattr(linkstub, "write_stub", lambda *a: pytest.fail("stub built although the toolkit has one"))
     home = view.linkable_home(inspect(str(root)))
     assert os.path.realpath(os.path.join(home.path, "lib64/stubs/libcuda.so")) == str(root / "lib64/stubs/libcuda.so")
@@ -437,12 +439,13 @@ def test_kill_9_during_a_build_leaves_nothing_behind(tmp_path, cache):
         import os, time
         from flashinfer_sm120 import view
         from flashinfer_sm120.toolkit import inspect
-        real = view._assemble
+        from flashinfer_sm120.view import build
+        real = build._assemble
         def slow(tmp, *a):
             meta = real(tmp, *a)
             open({str(flag)!r}, "w").close()
             time.sleep(600)
-        view._assemble = slow
+        build._assemble = slow
         view.linkable_home(inspect({str(root)!r}))
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))

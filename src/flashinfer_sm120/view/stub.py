@@ -36,8 +36,8 @@ import subprocess
 import sys
 import tempfile
 
-from .errors import ViewError
-from .toolkit import is_trusted
+from ..errors import ViewError
+from ..toolkit import is_trusted
 
 __all__ = ["SONAME", "COMPILER_TIMEOUT_S", "driver_symbols", "elf_ident", "stub_bytes", "write_stub"]
 
