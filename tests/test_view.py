@@ -293,10 +293,15 @@ def test_toolkit_own_stub_is_linked_not_built(tmp_path, cache, monkeypatch):
 @pytest.mark.skipif(not shutil.which("gcc"), reason="the compiler fallback test needs gcc")
 def test_compiler_fallback_splits_cc_and_names_it_on_failure(tmp_path, cache, monkeypatch):
     monkeypatch.setattr(linkstub, "elf_ident", lambda paths: None)  # force the fallback
-    tk = inspect(str(pip_like(tmp_path)))
+    root = pip_like(tmp_path)
+    (root / "include" / "cuda.h").write_text("CUresult CUDAAPI cuTensorMapEncodeTiled(void *m);\n")
+    tk = inspect(str(root))
     monkeypatch.setenv("CC", "gcc -m64")
     stub = os.path.join(view.linkable_home(tk).path, "lib64", "stubs", "libcuda.so")
     assert "libcuda.so.1" in dynamic_section(stub)
+    if shutil.which("readelf"):
+        syms = subprocess.run(["readelf", "--dyn-syms", stub], capture_output=True, text=True).stdout
+        assert "cuTensorMapEncodeTiled" in syms
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "cache2"))
     monkeypatch.setenv("CC", "/nonexistent/cc")  # falls back to cc/gcc on PATH
     assert view.linkable_home(tk).is_view
@@ -382,6 +387,24 @@ def test_disk_full_names_the_directory_and_the_variable(tmp_path, cache, monkeyp
     assert not tmp_dirs(parent) and not _views(cache)
     monkeypatch.setattr(os, "symlink", real_symlink)
     assert view.linkable_home(tk).is_view  # space freed: it works
+
+
+def test_unusable_cache_dir_falls_back_with_a_named_warning(tmp_path, monkeypatch):
+    """An unusable FLASHINFER_SM120_CACHE_DIR is refused by the per-uid cache root
+    (flashinfer_sm120.cache) with a warning naming it; the view goes to the next candidate."""
+    from flashinfer_sm120 import cache
+
+    cache._root_cache.clear()
+    bad = tmp_path / "file"  # root ignores permissions: a file, not a directory
+    bad.write_text("")
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(bad))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    try:
+        home = view.linkable_home(inspect(str(pip_like(tmp_path))))
+        assert home.path.startswith(str(tmp_path / "xdg"))
+        assert any("FLASHINFER_SM120_CACHE_DIR" in n and str(bad) in n for n in cache.cache_root_notes())
+    finally:
+        cache._root_cache.clear()
 
 
 def test_unusable_view_directory_names_the_fix(tmp_path, cache):

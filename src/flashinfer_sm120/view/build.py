@@ -39,6 +39,7 @@ STALE_TMP_S = 300.0
 #: Most views kept per toolkit (``name``, ``name.1`` ...) before asking for cleanup.
 MAX_VIEW_NAMES = 16
 
+
 def find_curand_include(toolkit: Toolkit) -> str | None:
     """Directory holding ``curand.h``: the toolkit's own include dirs first, then
     pip wheels (``nvidia/cu13/include``, ``nvidia/curand/include``) of the same
@@ -64,9 +65,6 @@ def _missing(root: str, curand_inc: str | None) -> list[str]:
     if curand_inc and not os.path.isfile(os.path.join(root, "include", "curand.h")):
         miss.append("include/curand.h")
     return miss
-
-
-# --------------------------------------------------------------------------- building
 
 
 def _link_entries(src_dir: str, dst_dir: str) -> None:

@@ -30,7 +30,6 @@ DIRS = ("", "include", "lib64", "lib64/stubs")
 REQUIRED = ("bin/nvcc", "include/cuda_runtime_api.h", "lib64/libcudart.so", STUB)
 
 
-
 @dataclass(frozen=True)
 class CudaHome:
     """What ``CUDA_HOME`` is set to for FlashInfer.

@@ -218,13 +218,14 @@ def write_stub(dest: str, lib_dirs: list[str], cuda_h: str | None = None) -> str
             names ``CC`` and the fix.
     """
     ident = elf_ident(_reference_elfs(lib_dirs))
+    symbols = driver_symbols(cuda_h)
     if ident is not None:
-        data = stub_bytes(*ident, symbols=driver_symbols(cuda_h))
+        data = stub_bytes(*ident, symbols=symbols)
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         return hashlib.sha256(data).hexdigest()
-    _compile_stub(dest)
+    _compile_stub(dest, symbols)
     with open(dest, "rb") as fh:
         return hashlib.sha256(fh.read(1 << 20)).hexdigest()
 
@@ -242,14 +243,39 @@ def _compilers() -> list[tuple[str, list[str]]]:
     return out
 
 
-def _compile_stub(dest: str) -> None:
+def _run(cmd: list[str]) -> tuple[int | None, str]:
+    """``(exit status or None, output head)`` of ``cmd``, bounded in time and output.
+
+    Uses the package's bounded runner (:mod:`flashinfer_sm120.proc`) where it
+    exists, else :func:`subprocess.run` with a timeout in a new session.
+    """
+    try:
+        from .. import proc  # type: ignore[attr-defined]
+    except ImportError:
+        proc = None
+    if proc is not None:
+        res = proc.run(cmd, timeout=COMPILER_TIMEOUT_S, max_output=16 << 10)
+        if res.timed_out:
+            return None, f"timed out after {COMPILER_TIMEOUT_S:.0f} s"
+        return res.returncode, res.error or res.text()[:400]
+    with tempfile.TemporaryFile() as out:
+        try:
+            rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                timeout=COMPILER_TIMEOUT_S, start_new_session=True).returncode
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return None, str(exc)
+        out.seek(0)
+        return rc, out.read(400).decode("utf-8", "replace")
+
+
+def _compile_stub(dest: str, symbols: list[str]) -> None:
     """Build the stub with a C compiler (fallback); raises :class:`ViewError` naming ``CC``."""
     tried = []
     with tempfile.TemporaryDirectory(prefix=".stub-", dir=os.path.dirname(dest)) as work:
         src = os.path.join(work, "libcuda_stub.c")
         with open(src, "w") as fh:
             fh.write("/* link stub for -lcuda; the driver's libcuda.so.1 is used at run time */\n")
-        log = os.path.join(work, "out.txt")
+            fh.writelines(f"void {name}(void) {{}}\n" for name in symbols)
         for label, argv in _compilers():
             exe = shutil.which(argv[0]) if argv and argv[0] else None
             if not exe:
@@ -259,19 +285,10 @@ def _compile_stub(dest: str) -> None:
             if bad:
                 tried.append(f"{label}: not run ({bad})")
                 continue
-            cmd = [exe, *argv[1:], "-shared", "-nostdlib", f"-Wl,-soname,{SONAME}", "-o", dest, src]
-            with open(log, "wb") as out:
-                try:
-                    rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                        timeout=COMPILER_TIMEOUT_S, start_new_session=True).returncode
-                except (OSError, subprocess.TimeoutExpired) as exc:
-                    tried.append(f"{label}: {exc}")
-                    continue
+            rc, out = _run([exe, *argv[1:], "-shared", "-nostdlib", f"-Wl,-soname,{SONAME}", "-o", dest, src])
             if rc == 0 and os.path.isfile(dest):
                 return
-            with open(log, "rb") as fh:
-                tail = fh.read(400).decode("utf-8", "replace").strip()
-            tried.append(f"{label}: exit {rc}: {tail}")
+            tried.append(f"{label}: " + (f"exit {rc}: " if rc is not None else "") + out.strip())
     raise ViewError(
         "cannot build the libcuda.so link stub for FlashInfer's -lcuda: " + "; ".join(tried)
         + ". Set CC to a working C compiler (e.g. CC=gcc; flags and launchers such as "
