@@ -300,7 +300,7 @@ def test_compiler_fallback_splits_cc_and_names_it_on_failure(tmp_path, cache, mo
     stub = os.path.join(view.linkable_home(tk).path, "lib64", "stubs", "libcuda.so")
     assert "libcuda.so.1" in dynamic_section(stub)
     if shutil.which("readelf"):
-        syms = subprocess.run(["readelf", "--dyn-syms", stub], capture_output=True, text=True).stdout
+        syms = subprocess.run(["readelf", "-W", "--dyn-syms", stub], capture_output=True, text=True).stdout
         assert "cuTensorMapEncodeTiled" in syms
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "cache2"))
     monkeypatch.setenv("CC", "/nonexistent/cc")  # falls back to cc/gcc on PATH
