@@ -120,12 +120,12 @@ def _assemble(tmp: str, toolkit: Toolkit, curand_inc: str | None) -> ViewMeta:
 
 def _io_error(exc: OSError, directory: str, doing: str) -> ViewError:
     """A :class:`ViewError` for an OS error that names the directory and the fix."""
-    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    return ViewError(
-        f"cannot {doing} in {directory}: {exc.strerror or exc}"
-        + (" (the disk or your quota is full)" if full else "")
-        + (f": free space in {directory} or" if full else ":")
-        + " set FLASHINFER_SM120_CACHE_DIR to a writable directory with free space")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = (f"(the disk or your quota is full): free space in {directory} or set "
+               f"FLASHINFER_SM120_CACHE_DIR to a directory with free space")
+    else:
+        fix = ": set FLASHINFER_SM120_CACHE_DIR to a writable directory"
+    return ViewError(f"cannot {doing} in {directory}: {exc.strerror or exc} {fix}".replace(" :", ":"))
 
 
 def views_dir() -> str:
