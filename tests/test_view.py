@@ -68,6 +68,23 @@ def test_view_is_reused_and_a_damaged_one_is_replaced_under_a_new_name(tmp_path,
     assert not tmp_dirs(cache / "cuda-home")
 
 
+@pytest.mark.parametrize("fallback", [False, True])
+def test_view_built_under_a_group_writable_umask_is_adopted(tmp_path, cache, monkeypatch, fallback):
+    """umask 002 (user private groups) must not make our own view fail its own check."""
+    if fallback:
+        if not shutil.which("gcc"):
+            pytest.skip("the compiler fallback needs gcc")
+        monkeypatch.setattr(linkstub, "elf_ident", lambda paths: None)
+    tk = inspect(str(pip_like(tmp_path)))
+    old = os.umask(0o002)
+    try:
+        first = view.linkable_home(tk)
+        assert view.check_view(first.path, tk, first.curand_include)[1] is None
+        assert view.linkable_home(tk).path == first.path
+    finally:
+        os.umask(old)
+
+
 def test_complete_toolkit_needs_no_view(tmp_path, cache):
     root = make_toolkit(tmp_path / "cuda-12.9", "12.9.41", curand=True)
     home = view.linkable_home(inspect(str(root)))

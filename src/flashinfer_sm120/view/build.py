@@ -90,7 +90,10 @@ def _assemble(tmp: str, toolkit: Toolkit, curand_inc: str | None) -> ViewMeta:
             os.symlink(path, os.path.join(inc, os.path.basename(path)))
         added.append("include/curand.h")
     lib64 = os.path.join(tmp, "lib64")
-    os.makedirs(os.path.join(lib64, "stubs"), 0o755)
+    for d in (inc, lib64, os.path.join(lib64, "stubs")):  # whatever the umask (002 is common)
+        if not os.path.isdir(d):
+            os.mkdir(d)
+        os.chmod(d, 0o755)
     if toolkit.lib_dir:
         _link_entries(toolkit.lib_dir, lib64)
     if not os.path.lexists(os.path.join(lib64, "libcudart.so")):
@@ -109,11 +112,13 @@ def _assemble(tmp: str, toolkit: Toolkit, curand_inc: str | None) -> ViewMeta:
         cuda_h = next((os.path.join(d, "cuda.h") for d in toolkit.include_dirs
                        if os.path.isfile(os.path.join(d, "cuda.h"))), None)
         sha = _stub.write_stub(stub, [toolkit.lib_dir] if toolkit.lib_dir else [], cuda_h)
+        os.chmod(stub, 0o644)  # a compiler (the fallback) writes it with the umask's mode
         added.append(STUB)
     meta = ViewMeta(VIEW_LAYOUT, root, toolkit.nvcc, toolkit.nvcc_full, fingerprint(toolkit.nvcc) or (),
                     curand_inc, tuple(added), sha, os.geteuid())
     fd = os.open(os.path.join(tmp, META_NAME), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "w") as fh:
+        os.fchmod(fh.fileno(), 0o644)
         json.dump(meta.to_json(), fh, indent=1)
     return meta
 

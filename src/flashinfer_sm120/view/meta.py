@@ -157,7 +157,10 @@ def _walk_problem(path: str, meta: ViewMeta, roots: list[str], uid: int) -> str 
             if bad:
                 return bad
             if stat.S_ISLNK(est.st_mode):
-                target = os.path.normpath(os.path.join(d, os.readlink(entry)))
+                try:
+                    target = os.path.normpath(os.path.join(d, os.readlink(entry)))
+                except OSError as exc:
+                    return f"{entry} cannot be read ({exc.strerror})"
                 if not _inside(target, roots):
                     return f"{entry} points to {target}, outside the toolkit {meta.toolkit}"
             elif stat.S_ISDIR(est.st_mode) and rel in DIRS:
