@@ -85,6 +85,19 @@ def test_view_built_under_a_group_writable_umask_is_adopted(tmp_path, cache, mon
         os.umask(old)
 
 
+def test_toolkit_path_ninja_cannot_carry_gets_a_view(tmp_path, cache):
+    """FlashInfer writes ``cuda_home = <path>`` unquoted into build.ninja: a complete toolkit
+    under a path with a space is handed over through a view with a safe path."""
+    root = make_toolkit(tmp_path / "my cuda" / "cuda-12.9", "12.9.41", curand=True)
+    home = view.linkable_home(inspect(str(root)))
+    assert home.is_view and home.path.startswith(str(cache)) and " " not in home.path
+    assert home.added == ()
+    assert os.path.realpath(os.path.join(home.path, "bin", "nvcc")) == str(root / "bin" / "nvcc")
+    assert os.path.realpath(os.path.join(home.path, "lib64", "stubs", "libcuda.so")) == \
+        str(root / "lib64" / "stubs" / "libcuda.so")
+    assert view.linkable_home(inspect(str(root))).path == home.path
+
+
 def test_complete_toolkit_needs_no_view(tmp_path, cache):
     root = make_toolkit(tmp_path / "cuda-12.9", "12.9.41", curand=True)
     home = view.linkable_home(inspect(str(root)))

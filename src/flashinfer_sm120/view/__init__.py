@@ -9,12 +9,14 @@ $cuda_home/include`` and links with ``-L$cuda_home/lib64
 and keep ``curand.h`` only if ``nvidia-curand`` is installed (FlashInfer's
 sampling kernels include it).  A system toolkit may lack curand too.
 
-When the chosen toolkit lacks any of these, a *view* is assembled: a directory
+When the chosen toolkit lacks any of these, or its path holds characters
+FlashInfer's unquoted ``cuda_home = ...`` ninja line cannot carry (a space), a
+*view* is assembled: a directory
 of symlinks into the real toolkit plus the missing pieces (``libcudart.so``
 link, the ``libcuda.so`` link stub of :mod:`flashinfer_sm120.view.stub`, curand
 headers from a pip wheel) under ``<cache root>/cuda-home/``.
 
-The view format lives here and only here:
+The view format lives in :mod:`.meta` (building in :mod:`.build`, the stub in :mod:`.stub`):
 
 * ``<cache root>/cuda-home/cuda-<nvcc version>-<key>[.N]``: ``key`` hashes the
   layout version, toolkit root, nvcc path and stat fingerprint, and curand

@@ -18,7 +18,7 @@ import time
 
 import filelock
 
-from ..cache import cache_root
+from ..cache import cache_root, path_problem
 from ..errors import ViewError
 from ..toolkit import Toolkit
 from ..toolkit.sources import site_dirs as _site_dirs
@@ -219,7 +219,9 @@ def linkable_home(toolkit: Toolkit) -> CudaHome:
     """A ``CUDA_HOME`` for ``toolkit`` that FlashInfer can compile and link against.
 
     Returns the toolkit root itself when it already has ``lib64/libcudart.so``,
-    ``lib64/stubs/libcuda.so`` and ``curand.h``.  Otherwise an existing view that
+    ``lib64/stubs/libcuda.so`` and ``curand.h`` and its path can stand unquoted in
+    FlashInfer's ``build.ninja`` (:func:`flashinfer_sm120.cache.path_problem`: no
+    whitespace, ``$``, ``:`` ...).  Otherwise an existing view that
     passes :func:`check_view`, or, under the ``cuda-home/.lock`` file lock, a
     new one built in ``.tmp-<pid>-*`` and renamed to the first free name.  Safe
     with many processes at once: one builds, the others wait (at most
@@ -232,8 +234,11 @@ def linkable_home(toolkit: Toolkit) -> CudaHome:
         flashinfer_sm120.errors.StateFileError: no usable cache root.
     """
     curand_inc = find_curand_include(toolkit)
-    if not _missing(toolkit.root, curand_inc):
+    unsafe = path_problem(toolkit.root, "the toolkit path")
+    if not _missing(toolkit.root, curand_inc) and unsafe is None:
         return CudaHome(toolkit.root, toolkit.root, False, (), curand_inc)
+    if unsafe:  # FlashInfer writes cuda_home unquoted into build.ninja: hand it a view instead
+        logger.info("flashinfer-sm120: %s; using a CUDA_HOME view under the cache directory instead", unsafe)
     key = hashlib.sha256(json.dumps([VIEW_LAYOUT, toolkit.root, toolkit.nvcc, fingerprint(toolkit.nvcc),
                                      curand_inc]).encode()).hexdigest()[:12]
     version = "".join(c if c.isalnum() or c == "." else "_" for c in (toolkit.nvcc_full or "x"))
