@@ -373,25 +373,36 @@ def test_stub_links_and_keeps_needed_libcuda_under_as_needed(tmp_path):
 
 
 @pytest.mark.nvcc
-def test_real_nvcc_links_flashinfer_style_against_the_view(tmp_path, cache, real_nvcc13):
-    """FlashInfer's link line (-L$cuda_home/lib64 -L$cuda_home/lib64/stubs -lcudart -lcuda)
-    with the real CUDA 13 nvcc and the view's stub: NEEDED libcuda.so.1 is recorded."""
-    tk = inspect(real_nvcc13)
-    home = view.linkable_home(tk)
+@pytest.mark.skipif(not shutil.which("c++") or not shutil.which("gcc"), reason="needs a host C/C++ compiler")
+def test_real_nvcc_and_flashinfer_link_rule_against_the_view(tmp_path, cache, real_nvcc13):
+    """The real CUDA 13 nvcc compiles with the view as CUDA_HOME, FlashInfer's link rule
+    (``$cxx $in -shared -L$cuda_home/lib64 -L$cuda_home/lib64/stubs -lcudart -lcuda``,
+    flashinfer/jit/cpp_ext.py) links against our stub, and the module loads (RTLD_NOW)
+    against a stand-in driver ``libcuda.so.1`` and calls into it."""
+    home = view.linkable_home(inspect(real_nvcc13)).path
     src = tmp_path / "m.cu"
     src.write_text('#include <cuda.h>\nextern "C" int f(){ CUtensorMap m; '
                    'return (int)cuTensorMapEncodeTiled(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1, 0, 0, 0, 0, 0, '
                    'CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, '
                    'CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE); }\n')
-    out = tmp_path / "m.so"
-    h = home.path
-    proc = subprocess.run([os.path.join(h, "bin", "nvcc"), "-shared", "-Xcompiler", "-fPIC", "-isystem",
-                           f"{h}/include", str(src), "-o", str(out), f"-L{h}/lib64", f"-L{h}/lib64/stubs",
-                           "-lcudart", "-lcuda"], capture_output=True, text=True, timeout=300)
+    obj, mod = tmp_path / "m.o", tmp_path / "m.so"
+    proc = subprocess.run([os.path.join(home, "bin", "nvcc"), "-c", "-Xcompiler", "-fPIC", "-isystem",
+                           f"{home}/include", str(src), "-o", str(obj)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    dyn = dynamic_section(str(out))
-    if dyn:
-        assert "[libcuda.so.1]" in dyn and "[libcudart.so.13]" in dyn
+    proc = subprocess.run(["c++", str(obj), "-shared", f"-L{home}/lib64", f"-L{home}/lib64/stubs", "-lcudart",
+                           "-lcuda", "-o", str(mod)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    if shutil.which("readelf"):
+        assert "[libcuda.so.1]" in dynamic_section(str(mod))
+    drv = tmp_path / "driver"
+    drv.mkdir()
+    (tmp_path / "drv.c").write_text("int cuTensorMapEncodeTiled(){return 42;}\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", str(tmp_path / "drv.c"), "-o",
+                    str(drv / "libcuda.so.1")], check=True, capture_output=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", f"import ctypes, os; print(ctypes.CDLL({str(mod)!r}, "
+                          f"mode=os.RTLD_NOW).f())"], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, LD_LIBRARY_PATH=f"{drv}:{home}/lib64"))
+    assert out.stdout.strip() == "42", out.stderr
 
 
 # --------------------------------------------------------------------------- disk full / not writable
