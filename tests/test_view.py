@@ -1,6 +1,7 @@
 """The CUDA_HOME view: layout, strict adoption (issue 5 items 4, 11), the libcuda.so
 stub without a C compiler (item 9), disk full / not writable, kill -9 leftovers (item 14)."""
 
+import dataclasses
 import errno
 import json
 import logging
@@ -116,6 +117,23 @@ def test_curand_taken_from_pip_when_toolkit_lacks_it(tmp_path, cache, monkeypatc
     assert home.is_view and home.curand_include == str(inc) and "include/curand.h" in home.added
     assert os.path.realpath(os.path.join(home.path, "include", "curand_kernel.h")) == str(inc / "curand_kernel.h")
     assert view.linkable_home(inspect(str(root))).path == home.path  # its links pass the check
+
+
+@pytest.mark.parametrize("pip", [True, False])
+def test_toolkit_without_libcudart_names_the_right_fix(tmp_path, cache, pip):
+    root = pip_like(tmp_path) if pip else make_toolkit(tmp_path / "cuda-12.8", "12.8.93", lib64=False)
+    if pip:
+        os.unlink(root / "lib" / "libcudart.so.13")
+        (root / "lib" / "libcurand.so.10").write_text("")  # lib dir found, runtime missing
+    tk = inspect(str(root))
+    if pip:
+        tk = dataclasses.replace(tk, sources=("pip",))
+    with pytest.raises(view.ViewError) as exc:
+        view.linkable_home(tk)
+    msg = str(exc.value)
+    assert f"toolkit {root} has no libcudart.so*" in msg
+    assert ("cuda-toolkit[nvcc,cccl,curand]==13.0.*" in msg) == pip and ("reinstall CUDA 12.8" in msg) != pip
+    assert not tmp_dirs(cache / "cuda-home")
 
 
 def test_cudahome_module_still_importable():

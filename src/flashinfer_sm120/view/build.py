@@ -21,6 +21,7 @@ import filelock
 from ..cache import cache_root, path_problem
 from ..errors import ViewError
 from ..toolkit import Toolkit
+from ..toolkit.fixes import consistent_set_fix
 from ..toolkit.sources import site_dirs as _site_dirs
 from . import stub as _stub
 from .meta import META_NAME, STUB, VIEW_LAYOUT, CudaHome, ViewMeta, check_view, fingerprint, owned_problem
@@ -99,9 +100,10 @@ def _assemble(tmp: str, toolkit: Toolkit, curand_inc: str | None) -> ViewMeta:
     if not os.path.lexists(os.path.join(lib64, "libcudart.so")):
         versioned = sorted(glob.glob(os.path.join(lib64, "libcudart.so.*")))
         if not versioned:
-            raise ViewError(
-                f"toolkit {root} has no libcudart.so*; install the CUDA runtime "
-                f"(pip install 'cuda-toolkit[nvcc,cccl,curand]=={toolkit.nvcc_version}.*')")
+            fix = (consistent_set_fix(toolkit.nvcc_version, "pip" in toolkit.sources) if toolkit.nvcc_version
+                   else "set CUDA_HOME to a complete toolkit")
+            raise ViewError(f"toolkit {root} has no libcudart.so* (the CUDA runtime FlashInfer links "
+                            f"with -lcudart). Fix: {fix}")
         os.symlink(os.path.basename(versioned[0]), os.path.join(lib64, "libcudart.so"))
         added.append("lib64/libcudart.so")
     stub = os.path.join(tmp, STUB)
