@@ -1,0 +1,189 @@
+"""The ``.pth`` autoload: load flashinfer_sm120 only when a module that needs it is imported.
+
+``flashinfer-sm120 enable`` writes :data:`PTH_NAME` into a site-packages
+directory.  ``site.py`` executes a ``.pth`` line that starts with ``import`` at
+every interpreter start (Python docs, "site — Site-specific configuration hook"),
+so that line must cost nothing and break nothing.  It runs :data:`HOOK_SOURCE`,
+which uses the standard library only and imports nothing (``os`` and ``sys`` are
+already loaded by ``site``): it puts one finder at the front of ``sys.meta_path``
+(PEP 451 ``find_spec`` protocol).  On the first import of a module in
+:data:`TRIGGERS` (or a submodule of one), the finder disarms and removes itself,
+imports ``flashinfer_sm120`` (which registers the FlashInfer patch hooks), calls
+:func:`triggered`, and hands the import on to the remaining finders.  Any other
+import pays one ``str.partition`` and a set lookup; pip, linters and every tool
+that never touches FlashInfer never load the package, wrapt, logging or asyncio.
+
+Failure rules of the hook (it must never stop an interpreter):
+
+* the package is gone (``pip uninstall`` leaves the ``.pth``): silent;
+* the package raises anything at import, ``SystemExit`` included: one line on
+  stderr naming the ``.pth`` to remove, and the import of the trigger goes on;
+* ``FLASHINFER_SM120_DISABLE=1`` at start-up: no finder is installed at all.
+
+Triggers (decided here, documented in the README):
+
+``flashinfer``
+    the module being patched.
+``vllm``, ``sglang``
+    servers that decide whether FlashInfer's JIT can be used with
+    ``shutil.which("nvcc")`` *before* they import FlashInfer (vLLM
+    ``vllm/utils/flashinfer.py`` ``has_flashinfer()``; SGLang's ``has_flashinfer``).
+    For these, once the server package itself has been imported, the chosen
+    toolkit is resolved and exported (``CUDA_HOME``, ``PATH``; see
+    :mod:`flashinfer_sm120.environ`) without importing FlashInfer, which would
+    initialise CUDA in the server's parent process.
+
+``FLASHINFER_SM120_AUTOLOAD_TRIGGERS`` (comma or space separated top-level
+module names) replaces the default triggers at start-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+__all__ = ["PTH_NAME", "TRIGGERS", "EXPORT_EARLY", "HOOK_SOURCE", "pth_line", "triggered", "state"]
+
+logger = logging.getLogger("flashinfer_sm120")
+
+#: File name of the ``.pth``; unchanged since 0.1.0 so ``disable`` removes old ones too.
+PTH_NAME = "flashinfer_sm120_autoload.pth"
+
+#: Top-level modules whose first import loads flashinfer_sm120.
+TRIGGERS = ("flashinfer", "vllm", "sglang")
+
+#: Triggers after whose import the chosen toolkit is exported at once (see module docstring).
+EXPORT_EARLY = ("vllm", "sglang")
+
+# The hook, run by the .pth line with ``_pth`` (this file's path) and ``_triggers``
+# in its globals.  Standard library only, nothing imported at start-up.
+HOOK_SOURCE = r'''
+def _boot():
+    import os, sys
+    env = os.environ
+    if env.get("FLASHINFER_SM120_DISABLE", "").strip().lower() not in ("", "0", "false", "no", "off"):
+        return
+    names = env.get("FLASHINFER_SM120_AUTOLOAD_TRIGGERS")
+    triggers = frozenset(names.replace(",", " ").split() if names is not None else _triggers)
+    pth = _pth
+
+    def say(exc):
+        try:
+            sys.stderr.write("flashinfer-sm120: autoload failed (%r); FlashInfer is not patched. Fix: "
+                             "pip install --force-reinstall flashinfer-sm120, or remove %s\n" % (exc, pth))
+        except BaseException:
+            pass
+
+    class FlashInferSm120Autoload:
+        """Loads flashinfer_sm120 at the first import of a trigger module, then leaves sys.meta_path."""
+
+        armed = True
+
+        def find_spec(self, name, path=None, target=None):
+            if not self.armed or name.partition(".")[0] not in triggers:
+                return None
+            self.armed = False
+            try:
+                sys.meta_path.remove(self)
+            except ValueError:
+                pass
+            try:
+                import flashinfer_sm120.autoload as _a
+                _a.triggered(name, pth)
+            except KeyboardInterrupt:
+                raise
+            except ModuleNotFoundError as exc:
+                if exc.name not in ("flashinfer_sm120", "flashinfer_sm120.autoload"):
+                    say(exc)
+            except BaseException as exc:
+                say(exc)
+            # We left sys.meta_path while the import system was walking it: ask the
+            # remaining finders ourselves so none is skipped.
+            for finder in list(sys.meta_path):
+                find = getattr(finder, "find_spec", None)
+                if find is not None:
+                    spec = find(name, path, target)
+                    if spec is not None:
+                        return spec
+            return None
+
+    # One finder per process, even when site reads this file twice (a venv's lib64 -> lib
+    # symlink) or finds copies in several site directories.
+    if not any(type(f).__name__ == "FlashInferSm120Autoload" for f in sys.meta_path):
+        sys.meta_path.insert(0, FlashInferSm120Autoload())
+
+
+try:
+    _boot()
+except KeyboardInterrupt:
+    raise
+except BaseException:
+    pass
+'''
+
+
+def pth_line(triggers: tuple[str, ...] = TRIGGERS) -> str:
+    """The one line written into the ``.pth`` file (ends with a newline).
+
+    ``site.addpackage`` ``exec``s it in its own frame, where ``fullname`` is the
+    ``.pth`` path; the hook gets that path (for its one error line) and the
+    triggers in a fresh globals dict, so nothing leaks into ``site``.
+    """
+    code = compile(HOOK_SOURCE, PTH_NAME, "exec")  # fail here, not at every start-up
+    del code
+    return ("import sys; exec(%r, {'__name__': 'flashinfer_sm120_autoload', "
+            "'_pth': locals().get('fullname'), '_triggers': %r})\n" % (HOOK_SOURCE, tuple(triggers)))
+
+
+#: Values of a boolean environment variable that mean "off" (as everywhere in this package).
+_OFF = ("", "0", "false", "no", "off")
+
+
+class _State:
+    triggered_by: str | None = None
+    pth: str | None = None
+    early_export: str | None = None  # what happened to the early export, for doctor
+
+
+state = _State()
+
+
+def triggered(name: str, pth: str | None = None) -> None:
+    """Called by the hook once ``flashinfer_sm120`` is imported; never raises.
+
+    Records which import loaded the package (for ``doctor``) and, for the server
+    triggers in :data:`EXPORT_EARLY`, registers a post-import hook that exports
+    the chosen toolkit as soon as the server package has finished importing.
+
+    Args:
+        name: the module whose import fired the hook, e.g. ``"vllm.entrypoints"``.
+        pth: path of the ``.pth`` file that installed the hook, if known.
+    """
+    state.triggered_by, state.pth = name, pth
+    top = name.partition(".")[0]
+    if top not in EXPORT_EARLY:
+        return
+    try:
+        import wrapt
+
+        wrapt.register_post_import_hook(_export_early, top)
+    except Exception as exc:  # wrapt missing or broken: FlashInfer's own hooks report it
+        state.early_export = f"not done: {exc!r}"
+
+
+def _export_early(module) -> None:
+    """Post-import hook of a server package: resolve and export, without FlashInfer."""
+    try:
+        from . import environ, resolve
+
+        if os.environ.get("FLASHINFER_SM120_DISABLE", "").strip().lower() not in _OFF:
+            state.early_export = "not done: FLASHINFER_SM120_DISABLE is set"
+            return
+        res = resolve()
+        home = res.home.path
+        environ.export(home, os.path.join(home, "bin", "nvcc"), res.choice.targets)
+        state.early_export = f"exported {home} after importing {module.__name__}"
+    except Exception as exc:  # FlashInfer's import reports the same problem with its fix
+        state.early_export = f"not done: {exc}"
+        logger.debug("flashinfer-sm120: early export after %s skipped: %r",
+                     getattr(module, "__name__", module), exc)
