@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
-__all__ = ["PTH_NAME", "TRIGGERS", "EXPORT_EARLY", "HOOK_SOURCE", "pth_line", "triggered", "state"]
+__all__ = ["PTH_NAME", "TRIGGERS", "EXPORT_EARLY", "HOOK_SOURCE", "pth_line", "triggered", "worker_setup", "state"]
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -183,6 +184,10 @@ def triggered(name: str, pth: str | None = None) -> None:
 
 def _export_early(module) -> None:
     """Post-import hook of a server package: resolve and export, without FlashInfer."""
+    _export_now(f"after importing {getattr(module, '__name__', module)}")
+
+
+def _export_now(why: str) -> None:
     try:
         from . import environ, resolve
 
@@ -192,8 +197,29 @@ def _export_early(module) -> None:
         res = resolve()
         home = res.home.path
         environ.export(home, os.path.join(home, "bin", "nvcc"), res.choice.targets)
-        state.early_export = f"exported {home} after importing {module.__name__}"
+        state.early_export = f"exported {home} {why}"
     except Exception as exc:  # FlashInfer's import reports the same problem with its fix
         state.early_export = f"not done: {exc}"
-        logger.debug("flashinfer-sm120: early export after %s skipped: %r",
-                     getattr(module, "__name__", module), exc)
+        logger.debug("flashinfer-sm120: early export (%s) skipped: %r", why, exc)
+
+
+def worker_setup() -> None:
+    """Per-worker set-up hook for process managers (Ray ``worker_process_setup_hook``).
+
+    Does in a worker what the ``.pth`` does for ``import vllm``: the FlashInfer
+    patch hooks are installed (FlashInfer imported before or after is patched)
+    and the chosen toolkit is exported now (``CUDA_HOME``, ``PATH``...), without
+    importing FlashInfer.  Never raises; ``doctor``/``status()`` report problems.
+
+    Use as ``runtime_env={"worker_process_setup_hook":
+    "flashinfer_sm120.autoload.worker_setup"}`` (see ``examples/ray_workers.py``).
+    """
+    from . import install
+
+    state.triggered_by = state.triggered_by or "worker_setup"
+    try:
+        install()
+    except Exception as exc:  # install() already guards
+        logger.error("flashinfer-sm120: install failed: %r", exc)
+    if "flashinfer" not in sys.modules:  # once patched, the patch layer has exported already
+        _export_now("by worker_setup")
