@@ -109,6 +109,8 @@ def test_systemd_unit_runs_without_a_writable_home(built, tmp_path):
     pre = unit["ExecStartPre"][0].replace("/opt/venv", str(venv)).split()
     proc = subprocess.run(pre, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "CHOSEN" in proc.stdout, proc.stdout + proc.stderr
+    assert f"Autoload: {purelib(venv / 'bin' / 'python') / PTH_NAME}" in proc.stdout  # doctor sees the .pth
+    assert "Exported to this process and its children:" in proc.stdout
     code = ("import json, os, shutil, flashinfer, flashinfer_sm120, flashinfer.jit.env as je; "
             "st = flashinfer_sm120.status(); print(json.dumps(dict(mode=st['mode'], home=os.environ.get('CUDA_HOME'), "
             "which=shutil.which('nvcc'), jit=str(je.FLASHINFER_JIT_DIR))))")
@@ -146,7 +148,11 @@ def test_ray_worker_setup_hook_patches_and_exports(clean_env, tmp_path, real_nvc
         before = ray_workers.worker_report()
         before["flashinfer_loaded"] = "flashinfer" in sys.modules
         import flashinfer
-        print("@@" + json.dumps(dict(before=before, after=ray_workers.worker_report())))
+        after = ray_workers.worker_report()
+        import flashinfer_sm120, os
+        flashinfer_sm120.revert()  # undoes the worker_setup export too
+        reverted = dict(exported=ray_workers.worker_report()["exported"], home=os.environ.get("CUDA_HOME"))
+        print("@@" + json.dumps(dict(before=before, after=after, reverted=reverted)))
     """, env)
     before, after = out["before"], out["after"]
     assert before["flashinfer_loaded"] is False and before["mode"] == "idle"
@@ -155,3 +161,4 @@ def test_ray_worker_setup_hook_patches_and_exports(clean_env, tmp_path, real_nvc
     # FlashInfer imported later finds that toolkit itself (noop) or is patched to it: the same home
     assert after["mode"] in ("patched", "noop") and after["CUDA_HOME"] == before["CUDA_HOME"], proc.stderr
     assert after["exported"]["cuda_home"] == before["CUDA_HOME"]
+    assert out["reverted"] == {"exported": {}, "home": None}

@@ -43,7 +43,7 @@ import logging
 import os
 import sys
 
-__all__ = ["PTH_NAME", "TRIGGERS", "EXPORT_EARLY", "HOOK_SOURCE", "pth_line", "triggered", "worker_setup", "state"]
+__all__ = ["PTH_NAME", "TRIGGERS", "EXPORT_EARLY", "HOOK_SOURCE", "pth_line", "triggered", "worker_setup", "state", "enabled_in"]
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -223,3 +223,20 @@ def worker_setup() -> None:
         logger.error("flashinfer-sm120: install failed: %r", exc)
     if "flashinfer" not in sys.modules:  # once patched, the patch layer has exported already
         _export_now("by worker_setup")
+
+
+def enabled_in() -> list[str]:
+    """The ``.pth`` files of this interpreter's site directories (what ``site`` reads at
+    start-up: ``site.getsitepackages()``, and the user site when enabled)."""
+    import site
+
+    dirs = list(getattr(site, "getsitepackages", lambda: [])())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    seen, out = set(), []
+    for d in dirs:
+        path = os.path.join(d, PTH_NAME)
+        if os.path.realpath(path) not in seen and os.path.isfile(path):
+            seen.add(os.path.realpath(path))
+            out.append(path)
+    return out

@@ -56,7 +56,7 @@ from . import arch as _arch
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["export", "exported", "describe", "TRITON_PTXAS", "SHARED_BIN_DIRS"]
+__all__ = ["export", "exported", "describe", "reset", "tool_release", "TRITON_PTXAS", "SHARED_BIN_DIRS"]
 
 #: Directories never put first on ``PATH``: they hold the system's programs, which
 #: would then shadow the user's (``/usr/local/bin`` over ``/usr/bin`` and so on).
@@ -338,6 +338,15 @@ def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable
         record["undo"] = undo
         _current = record
         return undo
+
+
+def reset() -> None:
+    """Undo the current export, whoever made it (``revert()`` calls this, so an early
+    export by the autoload or ``worker_setup`` goes too).  Never raises."""
+    with _lock:
+        current = _current
+    if current is not None:
+        current["undo"]()
 
 
 def exported() -> dict:

@@ -561,6 +561,12 @@ def revert() -> dict:
     with _state.lock:
         if _state.mode == "patched":
             _rollback()
+        try:  # an export made before patching (autoload of vllm/sglang, worker_setup) goes too
+            from . import environ
+
+            environ.reset()
+        except Exception as exc:  # pragma: no cover
+            logger.error("flashinfer-sm120: undoing the toolkit export failed: %r", exc)
         _state.mode = "reverted"
         _state.resolution = None
         _state.summary = "reverted: FlashInfer runs with its own toolkit and arch logic"

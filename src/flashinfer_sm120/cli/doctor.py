@@ -139,8 +139,18 @@ def run_doctor(args: argparse.Namespace) -> int:
             "cuda_version": str(cx.get_cuda_version()),
             "jit_dir": str(jit_env.FLASHINFER_JIT_DIR),
         }
+        from .. import environ  # what the rest of the process and its children get
+
+        report["after"]["exported"] = environ.exported()
     except Exception as exc:
         report["after"] = {"status": patch.status(), "error": repr(exc)}
+    try:
+        from .. import autoload
+
+        report["autoload"] = {"pth": autoload.enabled_in(), "triggers": list(autoload.TRIGGERS),
+                              "disabled": patch.env_flag("FLASHINFER_SM120_DISABLE")}
+    except Exception as exc:
+        report["autoload"] = {"error": repr(exc)}
     if args.json:
         print(json.dumps(report, indent=2, default=str))
         return 0 if "resolution" in report else 1
@@ -191,6 +201,18 @@ def _print_doctor(r: dict) -> None:
          f"TARGET_CUDA_ARCHS={st.get('target_cuda_archs')}" if "error" not in a else f"error: {a['error']}"))
     if st.get("error"):
         p(f"  patch error: {st['error']}")
+    al = r.get("autoload") or {}
+    if al.get("pth"):
+        p(f"Autoload: {', '.join(al['pth'])}: every process of {r['python']} is patched when it first imports "
+          f"{', '.join(al['triggers'])}" + (" (but FLASHINFER_SM120_DISABLE is set)" if al.get("disabled") else ""))
+    elif "pth" in al:
+        p(f"Autoload: not enabled for {r['python']} ('flashinfer-sm120 enable' to patch every worker)")
+    if "exported" in a:
+        from ..environ import describe
+
+        p("Exported to this process and its children:")
+        for line in describe(a["exported"]):
+            p(f"  {line}")
 
 
 
