@@ -72,6 +72,18 @@ def test_export_sets_home_and_path_and_undo_restores_them(env, tmp_path):
     assert dict(os.environ) == before
 
 
+def test_a_view_home_puts_its_own_bin_on_path(env, tmp_path):
+    real = toolkit(tmp_path / "pip" / "nvidia" / "cu13")
+    view = tmp_path / "cache" / "cuda-home" / "cuda-13.0.88-abc"
+    view.mkdir(parents=True)
+    (view / "bin").symlink_to(real / "bin")
+    undo = environ.export(str(view), str(real / "bin" / "nvcc"), [(12, "0f")])  # the toolkit's own nvcc
+    try:
+        assert os.environ["PATH"].startswith(f"{view}/bin:") and shutil.which("nvcc") == f"{view}/bin/nvcc"
+    finally:
+        undo()
+
+
 def test_cuda_path_follows_when_the_user_set_it(env, tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_PATH", str(env))
     home = toolkit(tmp_path / "cuda-13.0")

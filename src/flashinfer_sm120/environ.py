@@ -184,8 +184,16 @@ def _shared_dir(bin_dir: str) -> str | None:
     return None
 
 
-def _export_path(steps: _Steps, nvcc: str) -> None:
-    bin_dir = os.path.dirname(nvcc)
+def _bin_dir(home: str, nvcc: str) -> str:
+    """``<home>/bin`` when its nvcc is the chosen one (a view's ``bin``), else nvcc's directory."""
+    in_home = os.path.join(home, "bin", "nvcc")
+    if os.path.realpath(in_home) == os.path.realpath(nvcc) and os.path.exists(in_home):
+        return os.path.join(home, "bin")
+    return os.path.dirname(nvcc)
+
+
+def _export_path(steps: _Steps, bin_dir: str) -> None:
+    nvcc = os.path.join(bin_dir, "nvcc")
     current = os.environ.get("PATH")
     found = shutil.which("nvcc", path=current if current is not None else os.defpath)
     if found and os.path.realpath(found) == os.path.realpath(nvcc):
@@ -241,10 +249,10 @@ def _triton_bin_dir() -> str | None:
     return None
 
 
-def _export_triton(steps: _Steps, nvcc: str, sms: list[int]) -> None:
+def _export_triton(steps: _Steps, bin_dir: str, sms: list[int]) -> None:
     key = "triton"
-    bin_dir = _triton_bin_dir()
-    if bin_dir is None:
+    triton_bin = _triton_bin_dir()
+    if triton_bin is None:
         steps.info[key] = "not installed"
         return
     user = sorted(v for v in os.environ if v.startswith("TRITON_PTXAS") and v.endswith("_PATH"))
@@ -254,11 +262,11 @@ def _export_triton(steps: _Steps, nvcc: str, sms: list[int]) -> None:
     notes = []
     for sm in sorted(set(sms)):
         binary = next(name for name, applies in TRITON_PTXAS
-                      if applies(sm) and os.path.exists(os.path.join(bin_dir, name)))
+                      if applies(sm) and os.path.exists(os.path.join(triton_bin, name)))
         target = _triton_target(sm)
         need = _arch.min_nvcc_for(target)
         var = _triton_env_var(binary)
-        bundled = tool_release(os.path.join(bin_dir, binary))
+        bundled = tool_release(os.path.join(triton_bin, binary))
         label = f"{_arch.format_target(target)}: Triton's {binary} {bundled or '?'}"
         if need is None or bundled is None:
             notes.append(f"{label}: unchanged (cannot tell what it needs)")
@@ -267,7 +275,7 @@ def _export_triton(steps: _Steps, nvcc: str, sms: list[int]) -> None:
         elif var in os.environ:
             notes.append(f"{label} cannot build it (needs {need}); {var} already set for another GPU")
         else:
-            ours = os.path.join(os.path.dirname(nvcc), "ptxas")
+            ours = os.path.join(bin_dir, "ptxas")
             have = tool_release(ours)
             if have is None or have < need:
                 notes.append(f"{label} cannot build it (needs {need}); neither can {ours} ({have})")
@@ -294,8 +302,9 @@ def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable
 
     Args:
         home: the ``CUDA_HOME`` FlashInfer builds with (an absolute path; maybe a view).
-        nvcc: the nvcc FlashInfer runs, normally ``<home>/bin/nvcc``; its directory
-            is the one put on ``PATH`` and where ``ptxas`` is taken from.
+        nvcc: the chosen nvcc (the toolkit's own or ``<home>/bin/nvcc``); the
+            directory put on ``PATH``, where ``ptxas`` is also taken from, is
+            ``<home>/bin`` when that holds the same nvcc (a view), else nvcc's own.
         targets: FlashInfer's ``(major, minor_str)`` targets, e.g. ``[(12, "0f")]``;
             their SMs decide the Triton rule.
 
@@ -318,8 +327,9 @@ def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable
             steps.set_env("CUDA_PATH", home)
             steps.info["CUDA_PATH"] = home
         sms = [a * 10 + int(b[0]) for a, b in targets]
-        for step, args in ((_export_path, (nvcc,)), (_export_cpp_extension, (home,)),
-                           (_export_triton, (nvcc, sms))):
+        bin_dir = _bin_dir(home, nvcc)
+        for step, args in ((_export_path, (bin_dir,)), (_export_cpp_extension, (home,)),
+                           (_export_triton, (bin_dir, sms))):
             try:
                 step(steps, *args)
             except Exception as exc:
