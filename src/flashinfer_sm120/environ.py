@@ -98,9 +98,10 @@ _release_memo: dict[tuple, Version | None] = {}
 def tool_release(path: str) -> Version | None:
     """``major.minor`` printed by ``<path> --version`` (ptxas, nvcc), or ``None``.
 
-    Runs only a file that passes :func:`flashinfer_sm120.toolkit.is_trusted`, in
-    its own session, with output to a temp file read up to 64 KiB and a 10 s
-    deadline after which its process group is killed.  Remembered per process by
+    Runs only a file that passes :func:`flashinfer_sm120.toolkit.trust.is_trusted`,
+    through :func:`flashinfer_sm120.proc.run` where present (else in its own
+    session, output to a temp file read up to 64 KiB), with a 10 s deadline
+    after which its process group is killed.  Remembered per process by
     path, size and mtime.
     """
     try:
@@ -114,7 +115,17 @@ def tool_release(path: str) -> Version | None:
     try:
         from .toolkit.trust import is_trusted
 
-        if is_trusted(path) is None and os.access(path, os.X_OK):
+        try:  # the package's one bounded runner, where this release has it
+            from .proc import run as _bounded_run
+        except ImportError:
+            _bounded_run = None
+        if is_trusted(path) is not None or not os.access(path, os.X_OK):
+            pass
+        elif _bounded_run is not None:
+            m = _RELEASE_RE.search(_bounded_run([path, "--version"], timeout=_TOOL_TIMEOUT_S,
+                                                max_output=_OUTPUT_CAP).output)
+            result = Version(f"{int(m.group(1))}.{int(m.group(2))}") if m else None
+        else:
             with tempfile.TemporaryFile() as out:
                 proc = subprocess.Popen([path, "--version"], stdout=out, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)
