@@ -6,7 +6,8 @@ process (always undone); the end-to-end test patches real FlashInfer in a child.
 
 import os
 import shutil
-import textwrap
+import sys
+import types
 
 import pytest
 
@@ -127,6 +128,30 @@ def test_undo_leaves_what_others_changed_since_and_a_new_export_replaces_the_old
     os.environ["CUDA_HOME"] = "/somebody/else"
     undo_b()
     assert os.environ["CUDA_HOME"] == "/somebody/else" and os.environ["PATH"] == f"{env}/bin:/usr/bin:/bin"
+
+
+def test_cpp_extension_global_follows_and_is_restored(env, tmp_path, monkeypatch):
+    """torch 2.13's cpp_extension computes CUDA_HOME once at import (stand-in modules here)."""
+    torch = types.SimpleNamespace(version=types.SimpleNamespace(cuda="13.0"))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    ce = types.ModuleType("torch.utils.cpp_extension")
+    ce._find_cuda_home = lambda: os.environ.get("CUDA_HOME")
+    ce.CUDA_HOME = str(env)
+    monkeypatch.setitem(sys.modules, "torch.utils.cpp_extension", ce)
+    home = toolkit(tmp_path / "cuda-13.0")
+    undo = environ.export(str(home), str(home / "bin" / "nvcc"), [(12, "0f")])
+    assert ce.CUDA_HOME == str(home)
+    undo()
+    assert ce.CUDA_HOME == str(env)
+    # imported while exported: it read our CUDA_HOME; after undo it is asked again
+    monkeypatch.delitem(sys.modules, "torch.utils.cpp_extension")
+    undo = environ.export(str(home), str(home / "bin" / "nvcc"), [(12, "0f")])
+    late = types.ModuleType("torch.utils.cpp_extension")
+    late._find_cuda_home = lambda: os.environ.get("CUDA_HOME")
+    late.CUDA_HOME = os.environ["CUDA_HOME"]
+    monkeypatch.setitem(sys.modules, "torch.utils.cpp_extension", late)
+    undo()
+    assert late.CUDA_HOME == str(env)
 
 
 @pytest.mark.parametrize("bundled, target, expect", [

@@ -225,6 +225,14 @@ def _export_cpp_extension(steps: _Steps, home: str) -> None:
     torch = sys.modules.get("torch")
     if mod is None:
         steps.info["torch.utils.cpp_extension.CUDA_HOME"] = "not imported yet: it will read CUDA_HOME"
+
+        def undo_later_import() -> None:  # imported meanwhile: it read our CUDA_HOME; ask it again
+            m, t = sys.modules.get("torch.utils.cpp_extension"), sys.modules.get("torch")
+            if m is not None and getattr(m, "CUDA_HOME", None) == home:
+                cuda = getattr(getattr(t, "version", None), "cuda", None)
+                m.CUDA_HOME = m._find_cuda_home() if cuda and hasattr(m, "_find_cuda_home") else None
+
+        steps.late_undo.append(undo_later_import)
         return
     if not getattr(getattr(torch, "version", None), "cuda", None):
         steps.info["torch.utils.cpp_extension.CUDA_HOME"] = "unchanged: torch is not a CUDA build"
