@@ -169,3 +169,20 @@ def test_vllm_import_exports_the_toolkit_before_flashinfer_is_imported(clean_env
     assert out["at_import"] == str(fake)  # exported after vllm's own import, not before
     assert out["which"] == out["chosen"] and not out["which"].startswith(str(fake)), (out, proc.stderr)
     assert out["cuda_home"] == out["home"], out
+
+
+def test_the_line_falls_back_to_source_for_another_bytecode_version(tmp_path):
+    """The .pth carries bytecode for the interpreter that wrote it; another one compiles the source."""
+    from flashinfer_sm120.autoload import pth_line
+
+    import importlib.util
+
+    magic = f"== '{importlib.util.MAGIC_NUMBER.hex()}'"
+    assert pth_line().count(magic) == 1
+    line = pth_line().replace(magic, "== 'ffffffff'")
+    (tmp_path / PTH_NAME).write_text(line)
+    code = (f"import site, sys; site.addsitedir({str(tmp_path)!r}); "
+            f"print([type(f).__name__ for f in sys.meta_path].count({HOOK!r}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env_without("FLASHINFER_SM120_DISABLE", "FLASHINFER_SM120_AUTOLOAD_TRIGGERS"))
+    assert proc.returncode == 0 and proc.stderr == "" and proc.stdout.strip() == "1", proc.stderr
