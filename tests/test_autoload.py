@@ -7,7 +7,6 @@ processed by ``site`` at start-up, as in production), or call
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
