@@ -43,7 +43,8 @@ import logging
 import os
 import sys
 
-__all__ = ["PTH_NAME", "TRIGGERS", "EXPORT_EARLY", "HOOK_SOURCE", "pth_line", "triggered", "worker_setup", "state", "enabled_in"]
+__all__ = ["PTH_NAME", "TRIGGERS", "EXPORT_EARLY", "HOOK_SOURCE", "pth_line", "triggered", "worker_setup", "state", "enabled_in",
+           "doctor_report", "doctor_lines"]
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -240,3 +241,21 @@ def enabled_in() -> list[str]:
             seen.add(os.path.realpath(path))
             out.append(path)
     return out
+
+
+def doctor_report() -> dict:
+    """The autoload part of ``doctor --json``: ``pth`` (files found), ``triggers``,
+    ``disabled``, ``triggered_by`` and ``early_export`` (this process)."""
+    return {"pth": enabled_in(), "triggers": list(TRIGGERS),
+            "disabled": os.environ.get("FLASHINFER_SM120_DISABLE", "").strip().lower() not in _OFF,
+            "triggered_by": state.triggered_by, "early_export": state.early_export}
+
+
+def doctor_lines(report: dict | None, python: str) -> list[str]:
+    """:func:`doctor_report` as ``doctor`` prints it."""
+    report = report or {}
+    if report.get("pth"):
+        return [f"Autoload: {', '.join(report['pth'])}: every process of {python} is patched when it first "
+                f"imports {', '.join(report['triggers'])}"
+                + (" (but FLASHINFER_SM120_DISABLE is set)" if report.get("disabled") else "")]
+    return [f"Autoload: not enabled for {python} ('flashinfer-sm120 enable' to patch every worker)"]

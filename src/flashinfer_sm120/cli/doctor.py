@@ -144,13 +144,9 @@ def run_doctor(args: argparse.Namespace) -> int:
         report["after"]["exported"] = environ.exported()
     except Exception as exc:
         report["after"] = {"status": patch.status(), "error": repr(exc)}
-    try:
-        from .. import autoload
+    from .. import autoload  # deploy: is the .pth installed for this interpreter?
 
-        report["autoload"] = {"pth": autoload.enabled_in(), "triggers": list(autoload.TRIGGERS),
-                              "disabled": patch.env_flag("FLASHINFER_SM120_DISABLE")}
-    except Exception as exc:
-        report["autoload"] = {"error": repr(exc)}
+    report["autoload"] = autoload.doctor_report()
     if args.json:
         print(json.dumps(report, indent=2, default=str))
         return 0 if "resolution" in report else 1
@@ -201,18 +197,13 @@ def _print_doctor(r: dict) -> None:
          f"TARGET_CUDA_ARCHS={st.get('target_cuda_archs')}" if "error" not in a else f"error: {a['error']}"))
     if st.get("error"):
         p(f"  patch error: {st['error']}")
-    al = r.get("autoload") or {}
-    if al.get("pth"):
-        p(f"Autoload: {', '.join(al['pth'])}: every process of {r['python']} is patched when it first imports "
-          f"{', '.join(al['triggers'])}" + (" (but FLASHINFER_SM120_DISABLE is set)" if al.get("disabled") else ""))
-    elif "pth" in al:
-        p(f"Autoload: not enabled for {r['python']} ('flashinfer-sm120 enable' to patch every worker)")
-    if "exported" in a:
-        from ..environ import describe
+    from .. import autoload, environ  # deploy: the autoload and what the process exports
 
-        p("Exported to this process and its children:")
-        for line in describe(a["exported"]):
-            p(f"  {line}")
+    for line in autoload.doctor_lines(r.get("autoload"), r["python"]):
+        p(line)
+    p("Exported to this process and its children:")
+    for line in environ.describe(a.get("exported", {})):
+        p(f"  {line}")
 
 
 
