@@ -68,7 +68,9 @@ def test_enable_disable_pth(tmp_path):
     assert proc.returncode == 0, proc.stderr
     pth = site_dir / "flashinfer_sm120_autoload.pth"
     assert pth.is_file() and len(pth.read_text().splitlines()) == 1
-    check = (f"import site, sys; site.addsitedir({str(site_dir)!r}); "
+    # the autoload is lazy: a trigger module (here a cheap stand-in) loads the package
+    env["FLASHINFER_SM120_AUTOLOAD_TRIGGERS"] = "colorsys"
+    check = (f"import site, sys; site.addsitedir({str(site_dir)!r}); import colorsys; "
              "print('flashinfer_sm120' in sys.modules)")
 
     def loaded(e):

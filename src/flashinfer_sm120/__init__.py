@@ -19,11 +19,29 @@ import logging
 
 __version__ = "0.1.0"
 
-from .patch import install, resolve, revert, status  # noqa: E402
-
 __all__ = ["install", "revert", "status", "resolve", "__version__"]
 
 try:
-    install()
-except Exception as _exc:  # pragma: no cover - install() already guards; belt and braces
-    logging.getLogger("flashinfer_sm120").error("flashinfer-sm120: install failed: %r", _exc)
+    from .patch import install, resolve, revert, status  # noqa: E402
+except Exception as _exc:  # a module file or a dependency missing: never break the importer
+    _broken = (f"flashinfer-sm120 is broken ({_exc!r}); FlashInfer is not patched. Fix: "
+               f"pip install --force-reinstall flashinfer-sm120, or 'flashinfer-sm120 disable'")
+    logging.getLogger("flashinfer_sm120").error("%s", _broken)
+
+    def status() -> dict:  # type: ignore[misc]
+        """Where patching stands: always ``failed`` in a broken install."""
+        return {"mode": "failed", "error": _broken, "summary": "", "patched_modules": [],
+                "resolution": None, "target_cuda_archs": None}
+
+    install = revert = status  # type: ignore[assignment]
+
+    def resolve(*_a, **_k):  # type: ignore[misc]
+        """Unavailable in a broken install."""
+        from .errors import Sm120Error
+
+        raise Sm120Error(_broken)
+else:
+    try:
+        install()
+    except Exception as _exc:  # pragma: no cover - install() already guards; belt and braces
+        logging.getLogger("flashinfer_sm120").error("flashinfer-sm120: install failed: %r", _exc)

@@ -377,16 +377,11 @@ def _patch_cpp_ext(mod: types.ModuleType) -> None:
 
 
 def _patch_env_var(home: str) -> None:
-    old = os.environ.get("CUDA_HOME")
-    os.environ["CUDA_HOME"] = home
+    """Export the toolkit to the process (CUDA_HOME, PATH, torch, Triton): environ.py."""
+    from . import environ
 
-    def undo() -> None:
-        if old is None:
-            os.environ.pop("CUDA_HOME", None)
-        else:
-            os.environ["CUDA_HOME"] = old
-
-    _state.undo.append(undo)
+    targets = _state.resolution.choice.targets if _state.resolution else ()
+    _state.undo.append(environ.export(home, os.path.join(home, "bin", "nvcc"), targets))
 
 
 _STEPS: dict[str, Callable[[types.ModuleType], None]] = {
@@ -498,8 +493,6 @@ def _apply_locked() -> None:
         return
     first = _state.mode == "idle"
     try:
-        if first:
-            _patch_env_var(res.home.path)
         _state.mode = "patched"
         for name in pending:
             step = _STEPS.get(name)
@@ -507,6 +500,8 @@ def _apply_locked() -> None:
                 step(sys.modules[name])
             _state.done_modules.append(name)
         _refresh_derived()
+        if first:  # after the FlashInfer steps succeeded (interface of environ.export)
+            _patch_env_var(res.home.path)
     except Exception as exc:
         _state.mode = "failed"
         _state.error = f"patching {pending} failed: {exc!r}"
@@ -566,6 +561,12 @@ def revert() -> dict:
     with _state.lock:
         if _state.mode == "patched":
             _rollback()
+        try:  # an export made before patching (autoload of vllm/sglang, worker_setup) goes too
+            from . import environ
+
+            environ.reset()
+        except Exception as exc:  # pragma: no cover
+            logger.error("flashinfer-sm120: undoing the toolkit export failed: %r", exc)
         _state.mode = "reverted"
         _state.resolution = None
         _state.summary = "reverted: FlashInfer runs with its own toolkit and arch logic"

@@ -151,8 +151,14 @@ def run_doctor(args: argparse.Namespace) -> int:
             "cuda_version": str(cx.get_cuda_version()),
             "jit_dir": str(jit_env.FLASHINFER_JIT_DIR),
         }
+        from .. import environ  # what the rest of the process and its children get
+
+        report["after"]["exported"] = environ.exported()
     except Exception as exc:
         report["after"] = {"status": patch.status(), "error": repr(exc)}
+    from .. import autoload  # deploy: is the .pth installed for this interpreter?
+
+    report["autoload"] = autoload.doctor_report()
     if args.json:
         print(json.dumps(report, indent=2, default=str))
         return 0 if "resolution" in report else 1
@@ -203,6 +209,13 @@ def _print_doctor(r: dict) -> None:
          f"TARGET_CUDA_ARCHS={st.get('target_cuda_archs')}" if "error" not in a else f"error: {a['error']}"))
     if st.get("error"):
         p(f"  patch error: {st['error']}")
+    from .. import autoload, environ  # deploy: the autoload and what the process exports
+
+    for line in autoload.doctor_lines(r.get("autoload"), r["python"]):
+        p(line)
+    p("Exported to this process and its children:")
+    for line in environ.describe(a.get("exported", {})):
+        p(f"  {line}")
 
 
 

@@ -1,65 +1,145 @@
-"""``flashinfer-sm120 enable|disable``: the ``.pth`` autoload."""
+"""``flashinfer-sm120 enable|disable``: the ``.pth`` autoload (see :mod:`flashinfer_sm120.autoload`).
+
+This module must work with the rest of the package broken (a module file
+missing, a dependency gone): ``disable`` is how a user gets rid of the ``.pth``,
+so it imports nothing from the package but :mod:`flashinfer_sm120.autoload`
+(standard library only) and :mod:`.common`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import site
 import sys
-from pathlib import Path
+import sysconfig
+import tempfile
 
+from ..autoload import PTH_NAME, TRIGGERS, pth_line
 from .common import err as _err
 
-__all__ = ["add_parsers"]
-
-_PTH_NAME = "flashinfer_sm120_autoload.pth"
-# site.py executes .pth lines that start with "import"; one line, and it must
-# never stop the interpreter from starting, hence the try/except inside exec.
-_PTH_LINE = (
-    "import os, sys; exec(\"if os.environ.get('FLASHINFER_SM120_DISABLE', '').strip().lower()"
-    " in ('', '0', 'false', 'no', 'off'):\\n"
-    " try:\\n  import flashinfer_sm120\\n except Exception as e:\\n"
-    "  sys.stderr.write('flashinfer-sm120: autoload failed: %r\\\\n' % (e,))\")\n"
-)
+__all__ = ["add_parsers", "user_site_problem"]
 
 
-def _site_target(user: bool, site_dir: str | None = None) -> Path:
-    import site
-    import sysconfig
+def user_site_problem() -> str | None:
+    """Why this interpreter does not read the user site-packages, or ``None`` if it does.
 
+    A virtual environment never reads it (``sys.prefix != sys.base_prefix``; PEP 405,
+    ``site.ENABLE_USER_SITE`` is False there unless ``include-system-site-packages``
+    is set, and even then only for the base interpreter's user site); ``python -s``,
+    ``PYTHONNOUSERSITE`` or a setuid interpreter disable it too (``site`` docs).
+    """
+    if sys.prefix != sys.base_prefix and not site.ENABLE_USER_SITE:
+        return (f"{sys.executable} runs in a virtual environment ({sys.prefix}), which does not "
+                f"read the user site-packages (site.ENABLE_USER_SITE is False)")
+    if not site.ENABLE_USER_SITE:
+        why = ("PYTHONNOUSERSITE is set" if os.environ.get("PYTHONNOUSERSITE")
+               else "python -s, or a uid/euid mismatch")
+        return f"{sys.executable} does not read the user site-packages ({why}; site.ENABLE_USER_SITE is False)"
+    return None
+
+
+def _purelib() -> str:
+    return sysconfig.get_paths()["purelib"]
+
+
+def _targets_for_disable(site_dir: str | None) -> list[str]:
     if site_dir:
-        return Path(site_dir)
-    return Path(site.getusersitepackages() if user else sysconfig.get_paths()["purelib"])
+        return [site_dir]
+    dirs = [_purelib()]
+    try:
+        dirs += site.getsitepackages()
+    except Exception:  # some embedded/virtualenv builds lack it
+        pass
+    try:
+        dirs.append(site.getusersitepackages())
+    except Exception:
+        pass
+    out: list[str] = []
+    for d in dirs:
+        if d and os.path.realpath(d) not in {os.path.realpath(x) for x in out}:
+            out.append(d)
+    return out
+
+
+def _write_atomic(path: str, text: str) -> None:
+    """Write ``text`` so that an interpreter starting meanwhile sees the old file or the new one."""
+    d = os.path.dirname(path)
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".flashinfer_sm120_autoload.", suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _enable(args: argparse.Namespace) -> int:
-    target = _site_target(args.user, args.site_dir) / _PTH_NAME
+    py = f"{sys.executable} (Python {sys.version_info.major}.{sys.version_info.minor})"
+    if args.site_dir:
+        target_dir = os.path.abspath(args.site_dir)
+        who = f"processes of {py} (or another Python) that read {target_dir} as a site directory"
+    elif args.user:
+        problem = user_site_problem()
+        if problem:
+            return _err(f"not enabling for the user site: {problem}, so the .pth would never run there "
+                        f"(and the base interpreters, which do read it, would not have this package). "
+                        f"Run 'flashinfer-sm120 enable' without --user to write into {_purelib()}")
+        target_dir = site.getusersitepackages()
+        who = (f"every Python {sys.version_info.major}.{sys.version_info.minor} run by this user "
+               f"outside a virtual environment (like {sys.executable})")
+    else:
+        target_dir = _purelib()
+        who = f"every process of {py} and of any virtual environment created from it with --system-site-packages"
+        if sys.prefix != sys.base_prefix:
+            who = f"every process of {py} (virtual environment {sys.prefix})"
+    target = os.path.join(target_dir, PTH_NAME)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(_PTH_LINE)
+        _write_atomic(target, pth_line())
     except OSError as exc:
-        return _err(f"cannot write {target}: {exc.strerror}; try --user or a virtualenv")
-    print(f"wrote {target}: every Python process of {sys.executable} now imports flashinfer_sm120 "
-          f"at start-up (set FLASHINFER_SM120_DISABLE=1 to skip it)")
+        hint = "use a virtual environment you own" if args.user else "try --user, or a virtual environment you own"
+        return _err(f"cannot write {target}: {exc.strerror or exc}; {hint}")
+    print(f"wrote {target}\n"
+          f"  {who} now loads flashinfer_sm120 when it first imports {', '.join(TRIGGERS)};\n"
+          f"  other processes pay nothing. Undo: 'flashinfer-sm120 disable' (or delete that file); "
+          f"skip once: FLASHINFER_SM120_DISABLE=1.")
     return 0
 
 
 def _disable(args: argparse.Namespace) -> int:
-    removed = []
-    for user in ((False,) if args.site_dir else (False, True)):
-        target = _site_target(user, args.site_dir) / _PTH_NAME
-        if target.exists():
-            target.unlink()
-            removed.append(str(target))
-    print("removed " + ", ".join(removed) if removed else "nothing to remove")
+    removed, failed = [], []
+    for d in _targets_for_disable(args.site_dir):
+        target = os.path.join(d, PTH_NAME)
+        if not os.path.lexists(target):
+            continue
+        try:
+            os.unlink(target)
+            removed.append(target)
+        except OSError as exc:
+            failed.append(f"{target}: {exc.strerror or exc}")
+    if removed:
+        print("removed " + ", ".join(removed))
+    if failed:
+        return _err("could not remove " + "; ".join(failed) + " (run as the user who owns it)")
+    if not removed:
+        print("nothing to remove (no " + PTH_NAME + " in " + ", ".join(_targets_for_disable(args.site_dir)) + ")")
     return 0
-
 
 
 def add_parsers(sub) -> None:
     """Register the ``enable`` and ``disable`` subcommands."""
-    e = sub.add_parser("enable", help="import flashinfer_sm120 in every process (writes a .pth file)")
-    e.add_argument("--user", action="store_true", help="user site-packages instead of this environment")
-    e.add_argument("--site-dir", help=argparse.SUPPRESS)
+    e = sub.add_parser("enable", help="load flashinfer_sm120 in every process that imports "
+                       + "/".join(TRIGGERS) + " (writes a .pth file)")
+    e.add_argument("--user", action="store_true",
+                   help="user site-packages instead of this environment (refused inside a virtualenv)")
+    e.add_argument("--site-dir", help="write into this directory instead (must be a site directory)")
     e.set_defaults(func=_enable)
-    dis = sub.add_parser("disable", help="remove the .pth file written by 'enable'")
-    dis.add_argument("--site-dir", help=argparse.SUPPRESS)
+    dis = sub.add_parser("disable", help="remove the .pth file written by 'enable' (works with the package broken)")
+    dis.add_argument("--site-dir", help="remove it from this directory only")
     dis.set_defaults(func=_disable)

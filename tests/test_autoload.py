@@ -1,0 +1,187 @@
+"""The ``.pth`` autoload: lazy, silent when uninstalled, never fatal; enable/disable.
+
+Children start from real venvs whose site-packages hold the ``.pth`` (so it is
+processed by ``site`` at start-up, as in production), or call
+``site.addsitedir`` first where the venv's own packages are needed.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import make_toolkit, needs_flashinfer, run_py
+from deploy_util import (PTH_NAME, SRC, cli, copy_package, env_without, fake_package, make_venv,
+                         purelib)
+
+HOOK = "FlashInferSm120Autoload"
+
+
+@pytest.fixture(scope="module")
+def bare_venv(tmp_path_factory):
+    """A venv with nothing installed; its site-packages gets our .pth per test."""
+    root = tmp_path_factory.mktemp("bare")
+    py = make_venv(root / "venv")
+    return py, purelib(py)
+
+
+@pytest.fixture
+def pth_in(bare_venv):
+    py, site_dir = bare_venv
+    env = env_without("FLASHINFER_SM120_DISABLE", "FLASHINFER_SM120_AUTOLOAD_TRIGGERS", "PYTHONPATH")
+    proc = cli(["enable", "--site-dir", str(site_dir)], dict(env, PYTHONPATH=str(SRC)))
+    assert proc.returncode == 0, proc.stderr
+    yield py, site_dir
+    (site_dir / PTH_NAME).unlink(missing_ok=True)
+
+
+def run(py, code, env, timeout=120):
+    return subprocess.run([str(py), "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_enable_says_where_and_for_which_interpreter(tmp_path):
+    d = tmp_path / "site"
+    proc = cli(["enable", "--site-dir", str(d)], env_without("FLASHINFER_SM120_DISABLE"))
+    assert proc.returncode == 0, proc.stderr
+    pth = d / PTH_NAME
+    assert str(pth) in proc.stdout and sys.executable in proc.stdout
+    assert "flashinfer, vllm, sglang" in proc.stdout
+    lines = pth.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("import ")
+    assert not list(d.glob(".*.tmp"))  # written through a temp file, nothing left
+
+
+def test_pth_costs_nothing_until_a_trigger_is_imported(pth_in):
+    py, _ = pth_in
+    code = ("import sys, json; hooks = [type(f).__name__ for f in sys.meta_path]; "
+            "mods = sorted(m for m in ('flashinfer_sm120', 'wrapt', 'asyncio', 'logging', 'packaging', "
+            "'importlib.metadata') if m in sys.modules); print(json.dumps([hooks, mods]))")
+    env = env_without("FLASHINFER_SM120_DISABLE", "FLASHINFER_SM120_AUTOLOAD_TRIGGERS", PYTHONPATH=str(SRC))
+    proc = run(py, code, env)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    hooks, mods = json.loads(proc.stdout)
+    assert hooks[0] == HOOK and hooks.count(HOOK) == 1 and mods == []  # venv: lib and lib64 both read
+    # FLASHINFER_SM120_DISABLE at start-up: not even the finder
+    proc = run(py, code, dict(env, FLASHINFER_SM120_DISABLE="1"))
+    assert HOOK not in json.loads(proc.stdout)[0]
+
+
+def test_trigger_loads_the_package_once_and_leaves(pth_in, tmp_path):
+    py, _ = pth_in
+    fake_package(tmp_path, "flashinfer", "import sys\nLOADED_BEFORE = 'flashinfer_sm120' in sys.modules\n")
+    code = ("import sys, json; a = 'flashinfer_sm120' in sys.modules; import flashinfer; "
+            "import flashinfer_sm120.autoload as al; "
+            "print(json.dumps([a, flashinfer.LOADED_BEFORE, al.state.triggered_by, "
+            "[type(f).__name__ for f in sys.meta_path].count('" + HOOK + "')]))")
+    env = env_without("FLASHINFER_SM120_DISABLE", "FLASHINFER_SM120_AUTOLOAD_TRIGGERS",
+                      PYTHONPATH=os.pathsep.join([str(tmp_path), str(SRC)]), FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"))
+    proc = run(py, code, env)
+    assert proc.returncode == 0, proc.stderr
+    before, loaded_before_flashinfer_body, by, left = json.loads(proc.stdout)
+    assert before is False and loaded_before_flashinfer_body is True and by == "flashinfer" and left == 0
+
+
+def test_after_uninstall_nothing_is_printed(pth_in, tmp_path):
+    py, _ = pth_in
+    fake_package(tmp_path, "flashinfer", "VALUE = 42\n")
+    env = env_without("FLASHINFER_SM120_DISABLE", "FLASHINFER_SM120_AUTOLOAD_TRIGGERS", PYTHONPATH=str(tmp_path))
+    for code in ("pass", "import flashinfer; print(flashinfer.VALUE)"):
+        proc = run(py, code, env)
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.strip() == "42"
+
+
+@pytest.mark.parametrize("body", ["raise SystemExit(3)", "raise ImportError('boom')", "import no_such_dependency_x"])
+def test_a_broken_package_never_stops_the_interpreter(pth_in, tmp_path, body):
+    py, site_dir = pth_in
+    fake_package(tmp_path / "fi", "flashinfer", "VALUE = 42\n")
+    fake_package(tmp_path / "pkg", "flashinfer_sm120", body + "\n")
+    env = env_without("FLASHINFER_SM120_DISABLE", "FLASHINFER_SM120_AUTOLOAD_TRIGGERS",
+                      PYTHONPATH=os.pathsep.join([str(tmp_path / "fi"), str(tmp_path / "pkg")]))
+    proc = run(py, "pass", env)
+    assert proc.returncode == 0 and proc.stderr == ""  # nothing happens before a trigger
+    proc = run(py, "import flashinfer; print(flashinfer.VALUE)", env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "42", proc.stderr
+    assert proc.stderr.count("autoload failed") == 1 and str(site_dir / PTH_NAME) in proc.stderr
+
+
+@pytest.mark.parametrize("missing", ["gpus.py", "arch.py", "toolkit/sources.py", "cache.py"])
+def test_disable_works_with_the_package_broken(tmp_path, missing):
+    copy = copy_package(tmp_path / "copy")
+    victim = copy / "flashinfer_sm120" / missing
+    if not victim.exists():
+        pytest.skip(f"{missing} no longer exists in this layout")
+    victim.unlink()
+    site_dir = tmp_path / "site"
+    env = env_without("FLASHINFER_SM120_DISABLE", PYTHONPATH=str(copy))
+    assert cli(["enable", "--site-dir", str(site_dir)], env).returncode == 0
+    proc = cli(["disable", "--site-dir", str(site_dir)], env)
+    assert proc.returncode == 0, proc.stderr
+    assert not (site_dir / PTH_NAME).exists() and "removed" in proc.stdout
+
+
+def test_disable_removes_the_old_eager_pth(tmp_path):
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / PTH_NAME).write_text("import os, sys; exec(\"import flashinfer_sm120\")\n")  # 0.1.0 style
+    proc = cli(["disable", "--site-dir", str(site_dir)], env_without("FLASHINFER_SM120_DISABLE"))
+    assert proc.returncode == 0 and not (site_dir / PTH_NAME).exists()
+
+
+def test_enable_user_inside_a_venv_refuses_with_the_reason(tmp_path, bare_venv):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = env_without("FLASHINFER_SM120_DISABLE", "PYTHONUSERBASE", HOME=str(home))
+    for python in (sys.executable, str(bare_venv[0])):
+        proc = cli(["enable", "--user"], dict(env, PYTHONPATH=str(SRC)), python=python)
+        assert sys.prefix != sys.base_prefix  # the test venv is one
+        assert proc.returncode == 2, proc.stdout
+        assert "virtual environment" in proc.stderr and "without --user" in proc.stderr
+        assert "ENABLE_USER_SITE" in proc.stderr
+    assert not list(home.rglob(PTH_NAME))
+
+
+@needs_flashinfer
+def test_vllm_import_exports_the_toolkit_before_flashinfer_is_imported(clean_env, tmp_path, real_nvcc13):
+    """A server's ``shutil.which('nvcc')`` check runs after ``import vllm``, before FlashInfer."""
+    fake = make_toolkit(tmp_path / "cuda-12.8")
+    site_dir = tmp_path / "site"
+    assert cli(["enable", "--site-dir", str(site_dir)], clean_env).returncode == 0
+    fake_package(tmp_path / "srv", "vllm", "import os\nCUDA_HOME_AT_IMPORT = os.environ.get('CUDA_HOME')\n")
+    env = dict(clean_env, CUDA_HOME=str(fake), FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0",
+               PATH=f"{fake}/bin:/usr/bin:/bin")
+    env["PYTHONPATH"] += os.pathsep + str(tmp_path / "srv")
+    out, proc = run_py(f"""
+        import fakegpu, site, sys, os, shutil, json
+        site.addsitedir({str(site_dir)!r})
+        import vllm
+        res = __import__("flashinfer_sm120").resolve()
+        from flashinfer_sm120 import autoload
+        print("@@" + json.dumps(dict(
+            flashinfer_loaded="flashinfer" in sys.modules, at_import=vllm.CUDA_HOME_AT_IMPORT,
+            which=os.path.realpath(shutil.which("nvcc")), chosen=os.path.realpath(os.path.join(res.home.path, "bin", "nvcc")),
+            cuda_home=os.environ.get("CUDA_HOME"), home=res.home.path, early=autoload.state.early_export)))
+    """, env)
+    assert out["flashinfer_loaded"] is False, "FlashInfer must not be imported early (it initialises CUDA)"
+    assert out["at_import"] == str(fake)  # exported after vllm's own import, not before
+    assert out["which"] == out["chosen"] and not out["which"].startswith(str(fake)), (out, proc.stderr)
+    assert out["cuda_home"] == out["home"], out
+
+
+def test_the_line_falls_back_to_source_for_another_bytecode_version(tmp_path):
+    """The .pth carries bytecode for the interpreter that wrote it; another one compiles the source."""
+    from flashinfer_sm120.autoload import pth_line
+
+    import importlib.util
+
+    magic = f"== '{importlib.util.MAGIC_NUMBER.hex()}'"
+    assert pth_line().count(magic) == 1
+    line = pth_line().replace(magic, "== 'ffffffff'")
+    (tmp_path / PTH_NAME).write_text(line)
+    code = (f"import site, sys; site.addsitedir({str(tmp_path)!r}); "
+            f"print([type(f).__name__ for f in sys.meta_path].count({HOOK!r}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env_without("FLASHINFER_SM120_DISABLE", "FLASHINFER_SM120_AUTOLOAD_TRIGGERS"))
+    assert proc.returncode == 0 and proc.stderr == "" and proc.stdout.strip() == "1", proc.stderr

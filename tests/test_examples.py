@@ -1,0 +1,163 @@
+"""The deployment recipes in examples/, run as far as this machine allows.
+
+* Dockerfile: no docker engine here, so its build stage (examples/build-stage.sh)
+  runs as a script in a fresh venv; torch and the CUDA wheels come from this
+  test venv (a path ``.pth`` stands for the image's torch layer) and the warm-up
+  compile is skipped (``WARM_MODULES=""``; the same ``flashinfer-sm120 build``
+  compile is covered by tests/test_e2e_build.py).
+* systemd unit: ``systemd-analyze verify`` where available, then its
+  ExecStartPre and a stand-in for ExecStart run with its Environment= (paths
+  moved under a temp dir), a bare PATH and an unwritable HOME.
+* Ray: Ray is not installed in CI (79 MB wheel, and a local cluster did not
+  start within its timeout on the 2-core CI machine), so the snippet's hook and
+  report functions run in a plain child process, as Ray would call them.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sysconfig
+
+import pytest
+
+from conftest import needs_flashinfer, run_py
+from deploy_util import PTH_NAME, ROOT, env_without, make_venv, purelib
+
+EXAMPLES = ROOT / "examples"
+pytestmark = needs_flashinfer
+
+
+def unit_file() -> dict:
+    """``examples/flashinfer-sm120.service`` as ``{key: [values]}`` (section names dropped)."""
+    out: dict = {}
+    for line in (EXAMPLES / "flashinfer-sm120.service").read_text().splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            k, v = line.split("=", 1)
+            out.setdefault(k.strip(), []).append(v.strip())
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, real_nvcc13_module):
+    """examples/build-stage.sh run once in a fresh venv, paths under a temp root."""
+    root = tmp_path_factory.mktemp("image")
+    venv = root / "opt" / "venv"
+    make_venv(venv)
+    (purelib(venv / "bin" / "python") / "00_image_torch_layer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    cache = root / "var" / "cache"
+    env = env_without("PYTHONPATH", "FLASHINFER_SM120_DISABLE", "CUDA_HOME", "CUDA_PATH", "FLASHINFER_CUDA_ARCH_LIST",
+                      VENV=str(venv), TORCH_SPEC="", SM120_SPEC=str(ROOT), PIP_FLAGS="--no-deps -q",
+                      WARM_MODULES="", ARCHS="12.0",
+                      FLASHINFER_WORKSPACE_BASE=str(cache / "flashinfer"),
+                      FLASHINFER_SM120_CACHE_DIR=str(cache / "flashinfer-sm120"))
+    proc = subprocess.run(["sh", str(EXAMPLES / "build-stage.sh")], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {"root": root, "venv": venv, "cache": cache, "proc": proc}
+
+
+@pytest.fixture(scope="module")
+def real_nvcc13_module():
+    from conftest import REAL_NVCC13
+
+    if REAL_NVCC13 is None:
+        pytest.skip("no CUDA 13 nvcc found")
+    return REAL_NVCC13
+
+
+def test_build_stage_script_in_a_fresh_venv(built):
+    venv, cache = built["venv"], built["cache"]
+    assert (purelib(venv / "bin" / "python") / PTH_NAME).is_file()  # enable ran in the venv
+    assert os.access(venv / "bin" / "flashinfer-sm120", os.X_OK)
+    report = json.loads((cache / "flashinfer-sm120" / "doctor-build-stage.json").read_text())
+    assert report["python"].startswith(str(venv)), report["python"]
+    res = report["resolution"]
+    assert res["choice"]["targets"] == ["sm_120f"] and res["choice"]["toolkit"]["nvcc_version"].startswith("13.")
+    if res["cuda_home"]["is_view"]:
+        assert res["cuda_home"]["path"].startswith(str(cache / "flashinfer-sm120"))
+
+
+def test_dockerfile_runs_the_tested_script_with_the_same_paths_in_both_stages():
+    text = (EXAMPLES / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM \S+ AS (\w+)", text, re.M)
+    assert stages == ["build", "runtime"]
+    build, runtime = text.split("FROM ${BASE} AS runtime")
+    assert "/usr/local/bin/build-stage.sh" in build and "COPY examples/build-stage.sh" in build
+    unit = unit_file()
+    for var in ("FLASHINFER_WORKSPACE_BASE", "FLASHINFER_SM120_CACHE_DIR"):
+        (value,) = {v.split("=", 1)[1] for v in unit["Environment"] if v.startswith(var + "=")}
+        assert f"{var}={value}" in build and f"{var}={value}" in runtime
+        assert f"COPY --from=build --chown=llm:llm {value} {value}" in runtime
+    assert "--uid 1000" in build and "--uid 1000" in runtime  # same owner: caches stay trusted
+
+
+def test_systemd_unit_runs_without_a_writable_home(built, tmp_path):
+    unit = unit_file()
+    venv, root = built["venv"], built["root"]
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path / "nonexistent"), "LANG": "C.UTF-8",
+           "FLASHINFER_CUDA_ARCH_LIST": "12.0"}  # no GPU here
+    for item in unit["Environment"]:
+        k, v = item.split("=", 1)
+        env[k] = v.replace("/var/cache", str(root / "var" / "cache"))
+    assert {"FLASHINFER_WORKSPACE_BASE", "FLASHINFER_SM120_CACHE_DIR"} <= set(env)
+    for d in unit["CacheDirectory"][0].split():  # what systemd creates for User=
+        (root / "var" / "cache" / d).mkdir(parents=True, exist_ok=True)
+    pre = unit["ExecStartPre"][0].replace("/opt/venv", str(venv)).split()
+    proc = subprocess.run(pre, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "CHOSEN" in proc.stdout, proc.stdout + proc.stderr
+    assert f"Autoload: {purelib(venv / 'bin' / 'python') / PTH_NAME}" in proc.stdout  # doctor sees the .pth
+    assert "Exported to this process and its children:" in proc.stdout
+    code = ("import json, os, shutil, flashinfer, flashinfer_sm120, flashinfer.jit.env as je; "
+            "st = flashinfer_sm120.status(); print(json.dumps(dict(mode=st['mode'], home=os.environ.get('CUDA_HOME'), "
+            "which=shutil.which('nvcc'), jit=str(je.FLASHINFER_JIT_DIR))))")
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["mode"] == "patched"  # through the .pth: nothing imported flashinfer_sm120 explicitly
+    assert out["which"] == os.path.join(out["home"], "bin", "nvcc")  # PATH had no nvcc at all
+    assert out["jit"].startswith(env["FLASHINFER_WORKSPACE_BASE"])
+    assert not (tmp_path / "nonexistent").exists()
+    if shutil.which("systemd-analyze"):
+        text = (EXAMPLES / "flashinfer-sm120.service").read_text().replace("/opt/venv", str(venv))
+        text = text.replace(f"{venv}/bin/vllm serve ${{MODEL}} --port 8000", f"{venv}/bin/python -c pass")
+        (tmp_path / "llm-server.service").write_text(text)
+        proc = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "llm-server.service")],
+                              capture_output=True, text=True, timeout=60)
+        problems = [l for l in (proc.stdout + proc.stderr).splitlines() if "llm-server.service" in l]
+        assert problems == [], problems
+
+
+def test_ray_worker_setup_hook_patches_and_exports(clean_env, tmp_path, real_nvcc13_module):
+    spec = importlib.util.spec_from_file_location("ray_workers", EXAMPLES / "ray_workers.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # imports no Ray at module level
+    renv = mod.runtime_env(str(tmp_path / "cache"))
+    assert set(renv["env_vars"]) == {"FLASHINFER_SM120_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"}
+    hook_mod, _, hook_fn = renv["worker_process_setup_hook"].rpartition(".")
+    env = dict(clean_env, **renv["env_vars"], FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0", PATH="/usr/bin:/bin")
+    env["PYTHONPATH"] += os.pathsep + str(EXAMPLES)
+    out, proc = run_py(f"""
+        import fakegpu, importlib, json, sys
+        getattr(importlib.import_module({hook_mod!r}), {hook_fn!r})()   # what Ray does in each worker
+        import ray_workers
+        before = ray_workers.worker_report()
+        before["flashinfer_loaded"] = "flashinfer" in sys.modules
+        import flashinfer
+        after = ray_workers.worker_report()
+        import flashinfer_sm120, os
+        flashinfer_sm120.revert()  # undoes the worker_setup export too
+        reverted = dict(exported=ray_workers.worker_report()["exported"], home=os.environ.get("CUDA_HOME"))
+        print("@@" + json.dumps(dict(before=before, after=after, reverted=reverted)))
+    """, env)
+    before, after = out["before"], out["after"]
+    assert before["flashinfer_loaded"] is False and before["mode"] == "idle"
+    assert before["which_nvcc"] == os.path.join(before["CUDA_HOME"], "bin", "nvcc"), (before, proc.stderr)
+    assert before["exported"]["cuda_home"] == before["CUDA_HOME"] and before["loaded_by"] == "worker_setup"
+    # FlashInfer imported later finds that toolkit itself (noop) or is patched to it: the same home
+    assert after["mode"] in ("patched", "noop") and after["CUDA_HOME"] == before["CUDA_HOME"], proc.stderr
+    assert after["exported"]["cuda_home"] == before["CUDA_HOME"]
+    assert out["reverted"] == {"exported": {}, "home": None}
