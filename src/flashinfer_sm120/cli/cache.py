@@ -1,0 +1,3 @@
+"""placeholder"""
+def add_parsers(sub):
+    pass
