@@ -128,3 +128,24 @@ def test_recorder_off_by_default_and_never_raises(clean_env, tmp_path):
     out, _ = run_py("import json, flashinfer_sm120\nfrom flashinfer_sm120.build import record\n"
                     "print('@@' + json.dumps(record._state['installed']))", clean_env)
     assert out is False
+
+
+@needs_flashinfer
+def test_records_when_flashinfer_was_imported_first(clean_env, tmp_path, real_nvcc13):
+    manifest = tmp_path / "m.jsonl"
+    code = textwrap.dedent("""
+        import json, fakegpu, flashinfer            # FlashInfer first, names already bound
+        import flashinfer_sm120
+        from flashinfer.rope import get_rope_module
+        from flashinfer.jit.core import MissingJITCacheError
+        try:
+            get_rope_module()
+        except MissingJITCacheError:
+            pass
+        print("@@" + json.dumps({}))
+    """)
+    run_py(code, dict(clean_env, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0", FLASHINFER_DISABLE_JIT="1",
+                      FLASHINFER_SM120_RECORD=str(manifest)))
+    (entry,) = [json.loads(x) for x in manifest.read_text().splitlines()]
+    assert entry["name"] == "rope" and entry["targets"] == ["12.0f"]
+    assert all(s.startswith("@FLASHINFER@/") for s in entry["spec"]["sources"])
