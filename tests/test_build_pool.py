@@ -17,9 +17,10 @@ def _module(root, name, n_src=2, fail=None, sleep=0.3):
         (d / f"s{i}.cu").write_text("// src\n")
     nvcc = root / "fake_nvcc.sh"
     if not nvcc.exists():  # argv like nvcc's: ... -c SRC -o OBJ
-        nvcc.write_text('sleep "$SLEEP"; src="$2"; if [ "$src" = "$FAIL" ]; then '
+        nvcc.write_text('echo "start $2" >> "$(dirname "$0")/order.log"; sleep "$SLEEP"; src="$2"; if [ "$src" = "$FAIL" ]; then '
                         'echo "$src(3): error: identifier boom is undefined"; exit 2; fi; cp "$2" "$4"\n')
-        (root / "fake_link.sh").write_text('out="$3"; shift 3; cat "$@" > "$out"\n')
+        (root / "fake_link.sh").write_text('echo "link $3" >> "$(dirname "$0")/order.log"; '
+                                           'out="$3"; shift 3; cat "$@" > "$out"\n')
     lines = ["ninja_required_version = 1.3", "rule cuda_compile",
              f"  command = SLEEP={sleep} FAIL={d}/{fail} sh {nvcc} -c $in -o $out",
              "rule link", f"  command = sh {root}/fake_link.sh -shared -o $out $in", ""]
@@ -101,3 +102,12 @@ def test_gencode_summary_says_sass_or_ptx():
     text = ("-gencode=arch=compute_120f,code=sm_120f -gencode=arch=compute_90a,code=sm_90a "
             "-gencode=arch=compute_121a,code=compute_121a")
     assert pool.gencode_summary(text) == ["PTX compute_121a", "SASS sm_120f", "SASS sm_90a"]
+
+
+def test_spare_slot_goes_to_the_next_module(tmp_path):
+    """a has 3 compile steps and gets both slots; while its last step runs alone, b starts."""
+    jobs = [_module(tmp_path, "a", 3, sleep=1.0), _module(tmp_path, "b", 1, sleep=0.2)]
+    res = pool.run_pool(jobs, 2, io.StringIO())
+    assert [r.status for r in res] == ["built", "built"]
+    order = (tmp_path / "order.log").read_text().splitlines()
+    assert order.index(f"start {tmp_path}/b/s0.cu") < order.index(f"link {tmp_path}/a/a.so"), order

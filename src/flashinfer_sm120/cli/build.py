@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from ..build import modules as _modules
 from .common import err as _err
@@ -49,13 +50,16 @@ def run_build(args: argparse.Namespace) -> int:
                   f"{' '.join(sess.targets)}", file=sys.stderr)
     if args.ninja_only:
         session.write_ninjas([s for _, s in labelled])
+        pool_wall = None
         results = [{"module": label, "name": s.name, "status": "ninja written", "ninja": str(s.ninja_path)}
                    for label, s in labelled]
     else:
+        t0 = time.perf_counter()
         results = session.build_specs(labelled, args.jobs, sys.stderr)
+        pool_wall = round(time.perf_counter() - t0, 2)
     summary = {"cuda_home": sess.cuda_home, "cuda_version": sess.cuda_version,
                "flashinfer": sess.flashinfer, "target_cuda_archs": [_sm(t) for t in sess.targets],
-               "modules": results, "cannot_regenerate": [{"name": n, "why": w} for n, w in skipped]}
+               "pool_wall_s": pool_wall, "modules": results, "cannot_regenerate": [{"name": n, "why": w} for n, w in skipped]}
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
