@@ -10,7 +10,10 @@ and FlashInfer start-up (once per ``build`` process) count in neither.
 The ideal is the compile CPU time of the modules (each
 measured in the sequential run as child CPU of the build minus that of an up-to-date
 re-run, i.e. without Python start-up) divided by the cores used.  Goal: pooled wall
-time <= 1.1x the ideal.  Needs a CUDA 13 nvcc (the pip one or /usr/local/cuda-13.x);
+time <= 1.1x the ideal.  Rounds alternate the order (sequential first, then pool first) so
+that each pair sees a similar machine; ``pool_occupancy`` (the share of slot-seconds the
+pool kept busy, from ``build --json``) says how well the pool itself did even when other
+work on the machine stretches both wall times.  Needs a CUDA 13 nvcc (the pip one or /usr/local/cuda-13.x);
 no GPU.  Prints a JSON line and a table.
 """
 
@@ -23,7 +26,6 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
 
 
 def _child_cpu() -> float:
@@ -51,35 +53,55 @@ def _build(mods: list[str], arch: str, jobs: int, ws: str) -> tuple[float, float
     return rep["pool_wall_s"], cpu, rep
 
 
+def _sequential(mods, arch, jobs) -> tuple[float, dict]:
+    wall_sum, cpu = 0.0, {}
+    with tempfile.TemporaryDirectory() as ws:
+        for m in mods:  # one after the other, each a fresh build
+            wall, c, _ = _build([m], arch, jobs, ws)
+            _, noop, rep = _build([m], arch, jobs, ws)  # the same, up to date: start-up CPU only
+            assert rep["modules"][0]["status"] == "up to date", rep
+            wall_sum += wall
+            cpu[m] = c - noop
+    return wall_sum, cpu
+
+
+def _pooled(mods, arch, jobs) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory() as ws:
+        wall, _, rep = _build(mods, arch, jobs, ws)
+    assert all(r["status"] == "built" for r in rep["modules"]), rep
+    return wall, rep["pool_occupancy"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--modules", nargs="+", default=["activation:silu", "activation:gelu", "activation:gelu_tanh"],
                     help="NAME or activation:ACT, e.g. rope page activation:silu")
     ap.add_argument("--arch", default="12.0")
     ap.add_argument("-j", "--jobs", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--rounds", type=int, default=2, help="paired rounds, order alternating (default 2)")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as seq_ws, tempfile.TemporaryDirectory() as pool_ws:
-        seq_wall, compile_cpu = 0.0, {}
-        for m in args.modules:  # one after the other, each a fresh build
-            wall, cpu, _ = _build([m], args.arch, args.jobs, seq_ws)
-            _, noop_cpu, rep = _build([m], args.arch, args.jobs, seq_ws)
-            assert rep["modules"][0]["status"] == "up to date", rep
-            seq_wall += wall
-            compile_cpu[m] = cpu - noop_cpu
-        pool_wall, pool_cpu, rep = _build(args.modules, args.arch, args.jobs, pool_ws)
-        assert all(r["status"] == "built" for r in rep["modules"]), rep
-    ideal = sum(compile_cpu.values()) / args.jobs
-    out = {"modules": args.modules, "jobs": args.jobs, "arch": args.arch,
-           "compile_cpu_s": {k: round(v, 1) for k, v in compile_cpu.items()},
-           "ideal_s": round(ideal, 1), "sequential_wall_s": round(seq_wall, 1),
-           "pool_wall_s": round(pool_wall, 1),
-           "pool_vs_ideal": round(pool_wall / ideal, 3), "sequential_vs_ideal": round(seq_wall / ideal, 3),
-           "loadavg_1m": os.getloadavg()[0]}
-    print(json.dumps(out))
-    print(f"{'run':<28}{'wall s':>10}{'x ideal':>10}")
-    print(f"{'ideal (CPU s / cores)':<28}{ideal:>10.1f}{1.0:>10.2f}")
-    print(f"{'one after the other':<28}{seq_wall:>10.1f}{seq_wall / ideal:>10.2f}")
-    print(f"{'one pool':<28}{pool_wall:>10.1f}{pool_wall / ideal:>10.2f}")
+    rounds = []
+    for n in range(args.rounds):
+        load0 = os.getloadavg()[0]
+        if n % 2 == 0:
+            seq_wall, cpu = _sequential(args.modules, args.arch, args.jobs)
+            pool_wall, occ = _pooled(args.modules, args.arch, args.jobs)
+        else:
+            pool_wall, occ = _pooled(args.modules, args.arch, args.jobs)
+            seq_wall, cpu = _sequential(args.modules, args.arch, args.jobs)
+        ideal = sum(cpu.values()) / args.jobs
+        rounds.append({"compile_cpu_s": {k: round(v, 1) for k, v in cpu.items()}, "ideal_s": round(ideal, 1),
+                       "sequential_wall_s": round(seq_wall, 1), "pool_wall_s": round(pool_wall, 1),
+                       "pool_vs_ideal": round(pool_wall / ideal, 3), "sequential_vs_ideal": round(seq_wall / ideal, 3),
+                       "pool_vs_sequential": round(pool_wall / seq_wall, 3), "pool_occupancy": occ,
+                       "loadavg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)]})
+    print(json.dumps({"modules": args.modules, "jobs": args.jobs, "arch": args.arch, "rounds": rounds}))
+    print(f"{'round':<6}{'ideal s':>9}{'seq s':>9}{'pool s':>9}{'pool/ideal':>12}{'seq/ideal':>11}"
+          f"{'pool/seq':>10}{'occupancy':>11}{'load 1m':>14}")
+    for i, r in enumerate(rounds, 1):
+        print(f"{i:<6}{r['ideal_s']:>9}{r['sequential_wall_s']:>9}{r['pool_wall_s']:>9}{r['pool_vs_ideal']:>12}"
+              f"{r['sequential_vs_ideal']:>11}{r['pool_vs_sequential']:>10}{str(r['pool_occupancy']):>11}"
+              f"{str(r['loadavg_1m']):>14}")
 
 
 if __name__ == "__main__":

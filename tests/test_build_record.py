@@ -2,7 +2,6 @@
 with --arch and no GPU, get byte-identical build.ninja files; many writers never tear lines."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys

@@ -195,7 +195,7 @@ def _mismatch(theirs: dict, ours: dict) -> str | None:
     return None
 
 
-def install(src: str, sess: Session, *, force: bool = False, verify_only: bool = False) -> list[dict]:
+def install(src: str, sess: Session, *, force: bool = False) -> list[dict]:
     """Install an exported JIT cache into this machine's FlashInfer JIT cache.
 
     Each module is reported with ``status``: ``installed``, ``already present``,
@@ -239,7 +239,7 @@ def install(src: str, sess: Session, *, force: bool = False, verify_only: bool =
                 report.append({"module": name, "status": "kept existing",
                                "why": f"a different {differing[0]} is already here; pass --force to replace it"})
                 continue
-            if not present and not verify_only:
+            if not present:
                 for rel, d in dests.items():
                     d.parent.mkdir(parents=True, exist_ok=True)
                     part = d.with_name(d.name + f".import-{os.getpid()}")

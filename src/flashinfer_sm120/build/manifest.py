@@ -102,7 +102,12 @@ def encode(spec, flashinfer_version: str, targets: list[str]) -> dict:
     for d in sorted(dirs):
         for f in sorted(d.iterdir()) if d.is_dir() else ():
             if f.is_file() and not f.is_symlink():
-                data = f.read_text(errors="strict")
+                try:
+                    data = f.read_text(errors="strict")
+                except UnicodeDecodeError:
+                    entry.update(regenerable=False, why=f"generated file {f.name} is not text")
+                    entry.pop("spec")
+                    return entry
                 size += len(data)
                 if size > _MAX_GENERATED_BYTES:
                     entry.update(regenerable=False, why="its generated sources exceed 4 MiB")

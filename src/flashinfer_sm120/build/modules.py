@@ -176,7 +176,7 @@ def describe_all() -> str:
     lines += [
         "",
         "Variant flags (attention modules get one variant per combination):",
-        f"  --head-dim 64,128,256   head dims (default 128); common: 64, 128 (Llama, Mistral, Qwen), 256 (Gemma)",
+        "  --head-dim 64,128,256   head dims (default 128); common: 64, 128 (Llama, Mistral, Qwen), 256 (Gemma)",
         f"  --dtype bf16,fp16       q/o dtype (default bf16); one of {', '.join(DTYPES)}",
         "  --kv-dtype fp8_e4m3     KV-cache dtype (default: the same as --dtype)",
         f"  --act silu,gelu_tanh    activation for 'activation' (default silu); one of {', '.join(ACTIVATIONS)}",

@@ -237,7 +237,7 @@ class _Nothing:
         pass
 
 
-def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None) -> list[Result]:
+def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: dict | None = None) -> list[Result]:
     """Build ``jobs`` sharing ``max_jobs`` compile slots; print progress on ``stream``.
 
     Up-to-date modules are reported once as such (checked with ``ninja -n`` first);
@@ -247,15 +247,24 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None) -> list[
     same module is waited for, and said so).
 
     :param max_jobs: parallel compile steps (default :func:`default_jobs`).
+    :param stats: if given, filled with ``wall_s`` (seconds from the first step started to
+        the last finished) and ``occupancy`` (step-seconds run / (slots x wall_s), 0..1, sampled
+        every 0.5 s from the processes ninja runs): how well the pool kept its slots busy,
+        whatever else the machine is doing.
     :returns: one :class:`Result` per job, in the order given.
-    :raises RuntimeError: ninja is missing or a build file is unreadable.
+    :raises RuntimeError: ninja is missing.
     """
     stream = stream or sys.stderr
     slots_total = max_jobs or default_jobs()
     results: dict[str, Result] = {}
     todo: list[tuple[Job, int]] = []
     for job in jobs:
-        steps = dry_run(job)
+        try:
+            steps = dry_run(job)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            results[job.label] = Result(job.label, "failed", error=str(exc))
+            stream.write(f"FAILED {job.label}: {exc}\n")
+            continue
         if steps:
             todo.append((job, len(steps)))
         else:
@@ -272,6 +281,7 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None) -> list[
     locks: dict[str, object] = {}
     waiting_said: set[str] = set()
     pending = list(todo)
+    t_start, last, busy_s = time.monotonic(), time.monotonic(), 0.0
     try:
         while pending or running:
             free = slots_total - sum(r.committed() for r in running.values())
@@ -303,7 +313,10 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None) -> list[
             for r in running.values():  # ninja prints FAILED right after the status line
                 if r.pending is not None and time.monotonic() - r.pending_since > 0.3:
                     _confirm(r, display)
-            display.now([f"{lbl}/{_what(c)}" for lbl, r in running.items() for c in _children(r.proc.pid)])
+            now_running = [f"{lbl}/{_what(c)}" for lbl, r in running.items() for c in _children(r.proc.pid)]
+            busy_s += len(now_running) * (time.monotonic() - last)
+            last = time.monotonic()
+            display.now(now_running)
     finally:
         for r in running.values():
             r.proc.kill()
@@ -311,6 +324,10 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None) -> list[
         for lock in locks.values():
             lock.release()
         display.close()
+    if stats is not None:
+        wall = time.monotonic() - t_start
+        stats.update(wall_s=round(wall, 2),
+                     occupancy=round(min(1.0, busy_s / (slots_total * wall)), 3) if todo and wall > 0 else None)
     return [results[j.label] for j in jobs]
 
 

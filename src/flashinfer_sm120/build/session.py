@@ -92,8 +92,10 @@ def write_ninjas(specs: list) -> None:
             spec.write_ninja()
 
 
-def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=None) -> list[dict]:
-    """Write ninja files and build ``labelled`` ``(label, spec)`` pairs in one pool.
+def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=None,
+                stats: dict | None = None) -> list[dict]:
+    """Write ninja files and build ``labelled`` ``(label, spec)`` pairs in one pool
+    (``stats`` as for :func:`pool.run_pool`).
 
     :returns: one dict per module: label, name, status, library, bytes, seconds, error,
         gencode (raw ``compute_X,code`` pairs) and binary (``SASS sm_X``/``PTX compute_X``).
@@ -101,7 +103,7 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     stream = stream or sys.stderr
     write_ninjas([s for _, s in labelled])
     job_list = [pool.Job(label, spec.build_dir, spec.ninja_path, spec.lock_path) for label, spec in labelled]
-    results = pool.run_pool(job_list, jobs, stream)
+    results = pool.run_pool(job_list, jobs, stream, stats)
     out = []
     for (label, spec), res in zip(labelled, results):
         text = spec.ninja_path.read_text()

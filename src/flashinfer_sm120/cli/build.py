@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 from ..build import modules as _modules
 from .common import err as _err
@@ -39,7 +38,13 @@ def run_build(args: argparse.Namespace) -> int:
     print(f"flashinfer-sm120: {sess.summary}", file=sys.stderr)
     for p in problems:
         print(f"flashinfer-sm120: manifest: {p}", file=sys.stderr)
-    labelled = [(v.label, v.spec()) for v in variants]
+    labelled, not_generated = [], []
+    for v in variants:
+        try:
+            labelled.append((v.label, v.spec()))
+        except Exception as exc:  # FlashInfer refuses this combination: say so, build the rest
+            not_generated.append(v.label)
+            print(f"cannot generate {v.label}: FlashInfer's {v.generator} raised {exc!r}", file=sys.stderr)
     regenerated, skipped = replay.regenerate(entries, sess.flashinfer)
     labelled += regenerated
     for name, why in skipped:
@@ -50,21 +55,21 @@ def run_build(args: argparse.Namespace) -> int:
                   f"{' '.join(sess.targets)}", file=sys.stderr)
     if args.ninja_only:
         session.write_ninjas([s for _, s in labelled])
-        pool_wall = None
+        pool_wall = occupancy = None
         results = [{"module": label, "name": s.name, "status": "ninja written", "ninja": str(s.ninja_path)}
                    for label, s in labelled]
     else:
-        t0 = time.perf_counter()
-        results = session.build_specs(labelled, args.jobs, sys.stderr)
-        pool_wall = round(time.perf_counter() - t0, 2)
+        stats: dict = {}
+        results = session.build_specs(labelled, args.jobs, sys.stderr, stats)
+        pool_wall, occupancy = stats.get("wall_s"), stats.get("occupancy")
     summary = {"cuda_home": sess.cuda_home, "cuda_version": sess.cuda_version,
                "flashinfer": sess.flashinfer, "target_cuda_archs": [_sm(t) for t in sess.targets],
-               "pool_wall_s": pool_wall, "modules": results, "cannot_regenerate": [{"name": n, "why": w} for n, w in skipped]}
+               "pool_wall_s": pool_wall, "pool_occupancy": occupancy, "modules": results, "cannot_regenerate": [{"name": n, "why": w} for n, w in skipped]}
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         _print_human(summary)
-    return 1 if any(r["status"] == "failed" for r in results) else 0
+    return 1 if not_generated or any(r["status"] == "failed" for r in results) else 0
 
 
 def _sm(target: str) -> str:
