@@ -81,13 +81,15 @@ def test_never_more_steps_than_slots(tmp_path):
 
     t = threading.Thread(target=watch)
     t.start()
+    stats = {}
     try:
-        res = pool.run_pool(jobs, 2, io.StringIO())
+        res = pool.run_pool(jobs, 2, io.StringIO(), stats)
     finally:
         stop.set()
         t.join()
     assert all(r.status == "built" for r in res)
     assert 1 <= peak[0] <= 2
+    assert 0 < stats["occupancy"] <= 1 and stats["wall_s"] > 0
 
 
 def _ppid(pid):
