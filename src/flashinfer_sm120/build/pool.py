@@ -317,10 +317,14 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
             busy_s += len(now_running) * (time.monotonic() - last)
             last = time.monotonic()
             display.now(now_running)
-    finally:
+    finally:  # interrupted: ninja stops its compilers on SIGTERM; SIGKILL only if it does not
         for r in running.values():
-            r.proc.kill()
-            r.proc.wait()
+            r.proc.terminate()
+            try:
+                r.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                r.proc.kill()
+                r.proc.wait()
         for lock in locks.values():
             lock.release()
         display.close()
