@@ -74,26 +74,43 @@ def test_sm121_ninja_targets_121a(seed):
 
 
 def test_shim_builds_real_sampling_kernels_for_sm120f(seed, tmp_path):
+    """One pooled build of sampling (the seed's crash) and a small module (activation)."""
     env, fake = seed
     code = ("import fakegpu, sys\nfrom flashinfer_sm120.cli import main\n"
-            "sys.exit(main(['build', 'sampling', '--json', '-j', '2']))\n")
+            "sys.exit(main(['build', 'sampling', 'activation', '--json', '-j', '2']))\n")
     proc = subprocess.run([os.sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-6000:]
     report = json.loads(proc.stdout)
     assert report["cuda_version"].startswith("13.") and report["target_cuda_archs"] == ["sm_120f"]
-    (mod,) = report["modules"]
-    assert mod["gencode"] == ["compute_120f,sm_120f"]
+    mod, act = report["modules"]
+    assert (mod["module"], act["module"]) == ("sampling", "activation-silu")
+    assert mod["status"] == act["status"] == "built"
+    assert mod["gencode"] == ["compute_120f,sm_120f"] and mod["binary"] == ["SASS sm_120f"]  # no PTX
     so = mod["library"]
     assert so.startswith(env["FLASHINFER_WORKSPACE_BASE"]) and "/120f/cached_ops/sampling/" in so
-    assert os.path.getsize(so) > 100_000
+    assert os.path.getsize(so) > 100_000 and os.path.getsize(act["library"]) > 10_000
     ninja = open(os.path.join(os.path.dirname(so), "build.ninja")).read()
     home = re.search(r"^cuda_home = (.*)$", ninja, re.M).group(1)
     assert home != str(fake)
     nvcc = os.path.realpath(os.path.join(home, "bin", "nvcc"))
     ver = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
     assert "release 13." in ver
-    assert "[sampling]" in proc.stderr and "/4 " in proc.stderr  # progress lines
+    # one progress display for the pool: steps named when they finish, never before
+    assert "to build: 2 module(s)" in proc.stderr and "sampling: compiled sampling.cu" in proc.stderr
+    assert re.search(r"\[(\d+)/\1\] ", proc.stderr) and "FAILED" not in proc.stderr
+    # FlashInfer's own run (ninja in the module dir, flashinfer/jit/core.py) has nothing to do
+    for lib in (so, act["library"]):
+        d = os.path.dirname(lib)
+        dry = subprocess.run(["ninja", "-n", "-C", d, "-f", os.path.join(d, "build.ninja")],
+                             capture_output=True, text=True)
+        assert "no work to do" in dry.stdout, dry.stdout[-2000:]
+    again = subprocess.run([os.sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [m["status"] for m in json.loads(again.stdout)["modules"]] == ["up to date", "up to date"]
+    assert again.stderr.count("up to date: sampling") == 1 and "to build" not in again.stderr
     cuobjdump = shutil.which("cuobjdump", path=os.path.join(home, "bin") + os.pathsep + os.environ["PATH"])
     if cuobjdump:
         elf = subprocess.run([cuobjdump, "--list-elf", so], capture_output=True, text=True).stdout
         assert "sm_120" in elf, elf
+        ptx = subprocess.run([cuobjdump, "--list-ptx", so], capture_output=True, text=True).stdout
+        assert "compute_120" not in ptx  # the summary said SASS only

@@ -45,3 +45,10 @@ else:
         install()
     except Exception as _exc:  # pragma: no cover - install() already guards; belt and braces
         logging.getLogger("flashinfer_sm120").error("flashinfer-sm120: install failed: %r", _exc)
+
+try:  # warm-up builds: record JIT modules when FLASHINFER_SM120_RECORD is set (never raises)
+    from .build.record import install_if_enabled as _record_if_enabled
+
+    _record_if_enabled()
+except Exception as _exc:  # pragma: no cover - belt and braces
+    logging.getLogger("flashinfer_sm120").error("flashinfer-sm120: recorder failed: %r", _exc)

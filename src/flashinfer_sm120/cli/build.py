@@ -1,239 +1,119 @@
-"""``flashinfer-sm120 build``: JIT-build FlashInfer modules into FlashInfer's JIT cache now."""
+"""``flashinfer-sm120 build``: JIT-build FlashInfer modules into FlashInfer's JIT cache now,
+by name (``build sampling decode --head-dim 128``) or as recorded (``build --from MANIFEST``);
+``cache-export``/``cache-import`` move a warmed JIT cache to other machines."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import shutil
-import subprocess
 import sys
-import threading
-import time
-from pathlib import Path
 
-from .. import arch as _arch
+from ..build import modules as _modules
 from .common import err as _err
 
 __all__ = ["MODULES", "run_build", "add_parser"]
 
-#: JIT modules ``build`` knows: name -> (module, generator, args from torch).
-MODULES = {
-    "sampling": ("flashinfer.jit.sampling", "gen_sampling_module", lambda torch: ()),
-    # Batch decode attention, fp16 q/kv/o, int32 indices, head_dim 128, no RoPE,
-    # no sliding window, no logits soft cap: what Llama-style models use.
-    "decode": (
-        "flashinfer.jit.attention.modules",
-        "gen_batch_decode_module",
-        lambda torch: (torch.float16, torch.float16, torch.float16, torch.int32, 128, 128, 0, False, False),
-    ),
-}
-
-
-class _Progress:
-    """One status line from ninja's ``[done/total]`` output plus elapsed seconds."""
-
-    def __init__(self, name: str, first: str, stream=sys.stderr) -> None:
-        self.name, self.stream = name, stream
-        self.tty = stream.isatty()
-        self.text = first
-        self.t0 = time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._tick, daemon=True)
-
-    def __enter__(self):
-        self._show(newline=not self.tty)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        if self.tty:
-            self.stream.write("\n")
-
-    def update(self, text: str) -> None:
-        self.text = text
-        self._show(newline=not self.tty)
-
-    def _show(self, newline: bool) -> None:
-        line = f"[{self.name}] {self.text}  ({time.monotonic() - self.t0:.0f} s)"
-        self.stream.write(("\r\x1b[K" + line) if not newline else line + "\n")
-        self.stream.flush()
-
-    def _tick(self) -> None:
-        while not self._stop.wait(1.0 if self.tty else 30.0):
-            if self.tty:
-                self._show(newline=False)
-            else:  # a heartbeat that does not look like a repeated event
-                self.stream.write(f"[{self.name}] still working: {self.busy()}  "
-                                  f"({time.monotonic() - self.t0:.0f} s)\n")
-                self.stream.flush()
-
-    def busy(self) -> str:
-        return self.text.split(" | ", 1)[-1]
-
-
-def _run_ninja(spec, jobs: int | None, label: str) -> bool:
-    """Run ninja on the module's build.ninja with a progress line; True if it was up to date."""
-    ninja = shutil.which("ninja")
-    if ninja is None:
-        try:
-            import ninja as _ninja_pkg  # FlashInfer depends on the ninja wheel
-
-            ninja = os.path.join(_ninja_pkg.BIN_DIR, "ninja")
-        except Exception:
-            raise RuntimeError("ninja not found; pip install ninja") from None
-    cmd = [ninja, "-C", str(spec.build_dir.resolve()), "-f", str(spec.ninja_path.resolve())]
-    if jobs:
-        cmd += ["-j", str(jobs)]
-    env = dict(os.environ, NINJA_STATUS="[%f/%t] ")
-    out_lines: list[str] = []
-    sources = re.findall(r"^build \S+: (?:cuda_)?compile (\S+)", spec.ninja_path.read_text(), re.M)
-    pending = [os.path.basename(x) for x in sources]
-    first = f"to build: {', '.join(pending)} (one nvcc job each), then link"
-    up_to_date = False
-    with _Progress(label, first) as prog:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=env, errors="replace")
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            out_lines.append(line)
-            if line.startswith("ninja: no work to do"):
-                up_to_date = True
-                prog.update("up to date (already in FlashInfer's JIT cache)")
-            m = re.match(r"\[(\d+)/(\d+)\] (.*)", line)
-            if m:
-                done, total, what = m.groups()
-                src = re.findall(r"-c (\S+)", what)
-                # ninja reports an edge when it finishes: name what was done
-                if src and os.path.basename(src[0]) in pending:
-                    pending.remove(os.path.basename(src[0]))
-                finished = ("compiled " + os.path.basename(src[0])) if src else (
-                    "linked" if " -shared " in what else what[:60])
-                busy = f"compiling {', '.join(pending)}" if pending else (
-                    "done" if done == total else "linking")
-                prog.update(f"{done}/{total} {finished} | {busy}")
-        rc = proc.wait()
-    if rc != 0:
-        raise RuntimeError(f"ninja failed (exit {rc}):\n" + "".join(out_lines[-60:]))
-    return up_to_date
-
-
-class _NoLock:
-    def acquire(self, timeout: float = -1) -> None:
-        pass
-
-    def release(self) -> None:
-        pass
-
-
-def _acquire_or_say(lock, name: str, path) -> None:
-    """Take FlashInfer's per-module build lock, saying so if another build holds it."""
-    try:
-        lock.acquire(timeout=0)
-        return
-    except Exception:  # filelock.Timeout: someone else is building this module
-        pass
-    print(f"[{name}] waiting for another process building the same module (lock {path})",
-          file=sys.stderr, flush=True)
-    lock.acquire()
-
-
-def _gencodes(ninja_file: Path) -> list[str]:
-    text = ninja_file.read_text()
-    return sorted(set(re.findall(r"-gencode=arch=(compute_\w+),code=(sm_\w+)", text)), key=str)
+#: Module names ``build`` knows (see ``build --list``).
+MODULES = _modules.NAMES
 
 
 def run_build(args: argparse.Namespace) -> int:
-    if args.arch is not None:
-        try:
-            specs = _arch.parse_arch_list(args.arch, source="--arch")
-        except _arch.ArchListError as exc:
-            return _err(str(exc))
-        os.environ["FLASHINFER_CUDA_ARCH_LIST"] = " ".join(
-            f"{s.major}.{s.minor}{s.suffix or ''}" for s in specs)
-    unknown = [m for m in args.modules if m not in MODULES]
-    if unknown:
-        return _err(f"unknown module(s) {', '.join(unknown)}; choose from {', '.join(MODULES)}")
+    from ..build import replay, session
 
-    from .. import patch
-
-    os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the summary is printed below
-    patch.install()
-    import importlib
-
-    import torch
-
+    if args.list:
+        print(_modules.describe_all())
+        return 0
+    if not args.modules and not args.manifest:
+        return _err("name the modules to build (see `flashinfer-sm120 build --list`) or give "
+                    "--from MANIFEST (recorded with FLASHINFER_SM120_RECORD)")
     try:
-        importlib.import_module("flashinfer.jit.core")
-    except Exception as exc:
-        return _err(f"importing FlashInfer failed: {exc!r}")
-    st = patch.status()
-    if st["mode"] == "disabled":
-        return _err("FLASHINFER_SM120_DISABLE is set, so FlashInfer would build with its own "
-                    "toolkit choice; unset it (or set it to 0) to build with flashinfer-sm120")
-    if st["mode"] not in ("patched", "noop"):
-        return _err(f"FlashInfer could not be set up ({st['mode']}): {st['error']}")
-    print(f"flashinfer-sm120: {st['summary']}", file=sys.stderr)
-    if not st["target_cuda_archs"]:
-        return _err("no target architectures: no GPU is visible and no --arch was given; "
-                    "pass e.g. --arch 12.0 (RTX 5090 / RTX PRO 6000) or --arch 12.1 (DGX Spark)")
-    import flashinfer.jit.cpp_ext as cx
-
-    jobs = args.jobs or (int(os.environ["MAX_JOBS"]) if os.environ.get("MAX_JOBS", "").isdigit() else None)
-    results = []
-    for name in args.modules:
-        mod_name, fn_name, make_args = MODULES[name]
-        gen = getattr(importlib.import_module(mod_name), fn_name)
-        spec = gen(*make_args(torch))
-        spec.write_ninja()
+        variants = _modules.expand(args.modules, head_dims=args.head_dim, dtypes=args.dtype,
+                                   kv_dtypes=args.kv_dtype, acts=args.act) if args.modules else []
+        entries, problems = replay.load(args.manifest) if args.manifest else ([], [])
+        arch = replay.arch_for(entries, args.arch) if args.manifest else args.arch
+        session.set_arch(arch)
+        sess = session.prepare(arch)
+    except (_modules.ModuleError, session.BuildError) as exc:
+        return _err(str(exc))
+    print(f"flashinfer-sm120: {sess.summary}", file=sys.stderr)
+    for p in problems:
+        print(f"flashinfer-sm120: manifest: {p}", file=sys.stderr)
+    labelled, not_generated = [], []
+    for v in variants:
         try:
-            from filelock import FileLock
-
-            lock = FileLock(str(spec.lock_path))
-        except Exception:
-            lock = _NoLock()
-        t0 = time.monotonic()
-        try:
-            _acquire_or_say(lock, name, spec.lock_path)
-            try:
-                up_to_date = _run_ninja(spec, jobs, name)
-            finally:
-                lock.release()
-        except RuntimeError as exc:
-            return _err(f"building {name} failed: {exc}")
-        so = spec.jit_library_path
-        results.append({
-            "module": name,
-            "library": str(so),
-            "bytes": so.stat().st_size if so.exists() else None,
-            "seconds": round(time.monotonic() - t0, 1),
-            "up_to_date": up_to_date,
-            "gencode": [f"{c},{s}" for c, s in _gencodes(spec.ninja_path)],
-        })
-    summary = {"cuda_home": cx.get_cuda_path(), "cuda_version": str(cx.get_cuda_version()),
-               "target_cuda_archs": st["target_cuda_archs"], "modules": results}
+            labelled.append((v.label, v.spec()))
+        except Exception as exc:  # FlashInfer refuses this combination: say so, build the rest
+            not_generated.append(v.label)
+            print(f"cannot generate {v.label}: FlashInfer's {v.generator} raised {exc!r}", file=sys.stderr)
+    regenerated, skipped = replay.regenerate(entries, sess.flashinfer)
+    labelled += regenerated
+    for name, why in skipped:
+        print(f"cannot regenerate {name}: {why}", file=sys.stderr)
+    for e in entries:
+        if e.get("targets") and sorted(e["targets"]) != sess.targets and e.get("regenerable"):
+            print(f"note: {e['name']} was recorded for {' '.join(e['targets'])}, building for "
+                  f"{' '.join(sess.targets)}", file=sys.stderr)
+    if args.ninja_only:
+        session.write_ninjas([s for _, s in labelled])
+        pool_wall = occupancy = None
+        results = [{"module": label, "name": s.name, "status": "ninja written", "ninja": str(s.ninja_path)}
+                   for label, s in labelled]
+    else:
+        stats: dict = {}
+        results = session.build_specs(labelled, args.jobs, sys.stderr, stats)
+        pool_wall, occupancy = stats.get("wall_s"), stats.get("occupancy")
+    summary = {"cuda_home": sess.cuda_home, "cuda_version": sess.cuda_version,
+               "flashinfer": sess.flashinfer, "target_cuda_archs": [_sm(t) for t in sess.targets],
+               "pool_wall_s": pool_wall, "pool_occupancy": occupancy, "modules": results, "cannot_regenerate": [{"name": n, "why": w} for n, w in skipped]}
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(f"nvcc: {summary['cuda_home']}/bin/nvcc (CUDA {summary['cuda_version']}); "
-              f"targets {', '.join(summary['target_cuda_archs'])}")
-        for r in results:
-            verb = "up to date" if r["up_to_date"] else "built"
-            print(f"{verb} {r['module']}: {r['library']} ({r['bytes']} bytes, {r['seconds']} s; "
-                  f"{'; '.join(r['gencode'])})")
-    return 0
+        _print_human(summary)
+    return 1 if not_generated or any(r["status"] == "failed" for r in results) else 0
 
+
+def _sm(target: str) -> str:
+    return "sm_" + target.replace(".", "")
+
+
+def _print_human(summary: dict) -> None:
+    print(f"nvcc: {summary['cuda_home']}/bin/nvcc (CUDA {summary['cuda_version']}); "
+          f"targets {', '.join(summary['target_cuda_archs'])}")
+    for r in summary["modules"]:
+        if r["status"] == "ninja written":
+            print(f"ninja written {r['module']}: {r['ninja']}")
+        elif r["status"] == "failed":
+            print(f"FAILED {r['module']}:\n    " + (r["error"] or "").replace("\n", "\n    "))
+        else:
+            print(f"{r['status']} {r['module']}: {r['library']} ({r['bytes']} bytes, {r['seconds']} s; "
+                  f"{', '.join(r['binary'])})")
+    for s in summary["cannot_regenerate"]:
+        print(f"cannot regenerate {s['name']}: {s['why']}")
 
 
 def add_parser(sub) -> None:
-    """Register the ``build`` subcommand on an argparse subparsers object."""
-    b = sub.add_parser("build", help="JIT-build FlashInfer modules into FlashInfer's JIT cache")
-    b.add_argument("modules", nargs="+", metavar="MODULE", help=f"one of: {', '.join(MODULES)}")
-    b.add_argument("--arch", help="compute capabilities, e.g. '12.0' or '12.0 12.1' "
-                   "(default: the GPUs present); sets FLASHINFER_CUDA_ARCH_LIST")
-    b.add_argument("--jobs", "-j", type=int, help="parallel compile jobs (default: MAX_JOBS or ninja's)")
+    """Register ``build``, ``cache-export`` and ``cache-import`` on an argparse subparsers object."""
+    b = sub.add_parser("build", help="JIT-build FlashInfer modules into FlashInfer's JIT cache",
+                       description="Build named modules (see --list) or a recorded manifest (--from) "
+                       "in one job pool.")
+    b.add_argument("modules", nargs="*", metavar="MODULE", help=f"one of: {', '.join(MODULES)}, all")
+    b.add_argument("--list", action="store_true", help="list the modules and their variant flags")
+    b.add_argument("--from", dest="manifest", metavar="MANIFEST",
+                   help="build the modules recorded in MANIFEST (FLASHINFER_SM120_RECORD=MANIFEST)")
+    b.add_argument("--arch", help="compute capabilities, e.g. '12.0' or '12.0 12.1' (default: the "
+                   "manifest's targets, else the GPUs present); sets FLASHINFER_CUDA_ARCH_LIST")
+    b.add_argument("--jobs", "-j", type=int, help="parallel compile steps (default: MAX_JOBS, else "
+                   "the CPUs available)")
+    b.add_argument("--head-dim", help="attention head dims, e.g. 64,128 (default 128)")
+    b.add_argument("--dtype", help="attention q/o dtype(s), e.g. bf16,fp16 (default bf16)")
+    b.add_argument("--kv-dtype", help="KV-cache dtype(s), e.g. fp8_e4m3 (default: --dtype)")
+    b.add_argument("--act", help="activation(s) for 'activation', e.g. silu,gelu_tanh (default silu)")
+    b.add_argument("--ninja-only", action="store_true",
+                   help="write FlashInfer's build.ninja files, compile nothing")
     b.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     b.set_defaults(func=run_build)
+    try:
+        from . import cache as _cache
+    except ImportError:  # pragma: no cover
+        return
+    _cache.add_parsers(sub)

@@ -1,0 +1,58 @@
+"""Restamp output mtimes in a ninja deps log (``.ninja_deps``, format version 4).
+
+Ninja stores, per output, the output's mtime next to its header dependencies and
+treats the output as dirty when that mtime differs from the file's ("stored deps
+info out of date", ninja src/graph.cc ``ImplicitDepLoader::LoadDeps``).  Layout
+(ninja src/deps_log.cc): ``"# ninjadeps\\n"``, int32 version 4, then records,
+each a uint32 size (high bit set for a deps record) and a payload: a path record is
+the NUL-padded path and a uint32 checksum; a deps record is int32 output id, the
+output mtime as two uint32 (low, high; nanoseconds on Linux) and int32 input ids.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+__all__ = ["restamp"]
+
+_HEADER = b"# ninjadeps\n"
+
+
+def restamp(path: str, mtimes_ns: dict[str, int]) -> int:
+    """Set the recorded mtime of each output in ``mtimes_ns`` (absolute path -> ns).
+
+    :returns: how many records were changed; 0 if the log is missing or not version 4
+        (left untouched).
+    :raises OSError: the log cannot be read or rewritten.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = bytearray(f.read())
+    except FileNotFoundError:
+        return 0
+    if not data.startswith(_HEADER) or len(data) < 16 or struct.unpack_from("<i", data, 12)[0] != 4:
+        return 0
+    ids: list[str] = []
+    pos, changed = 16, 0
+    while pos + 4 <= len(data):
+        (size,) = struct.unpack_from("<I", data, pos)
+        is_deps, size = bool(size & 0x80000000), size & 0x7FFFFFFF
+        body = pos + 4
+        if body + size > len(data):
+            break  # a truncated last record: ninja ignores it too
+        if is_deps:
+            (out_id,) = struct.unpack_from("<i", data, body)
+            if 0 <= out_id < len(ids) and ids[out_id] in mtimes_ns:
+                ns = mtimes_ns[ids[out_id]]
+                struct.pack_into("<II", data, body + 4, ns & 0xFFFFFFFF, (ns >> 32) & 0xFFFFFFFF)
+                changed += 1
+        else:
+            ids.append(bytes(data[body:body + size - 4]).rstrip(b"\0").decode(errors="surrogateescape"))
+        pos = body + size
+    if changed:
+        tmp = f"{path}.restamp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    return changed

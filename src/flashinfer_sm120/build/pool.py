@@ -1,0 +1,396 @@
+"""One job pool for many FlashInfer JIT modules, with one truthful progress display.
+
+Why not one ninja over all modules (FlashInfer's ``build_jit_specs`` writes a
+top-level file of ``subninja`` lines and runs ninja in the JIT dir): ninja keeps
+its ``.ninja_log``/``.ninja_deps`` in the directory it runs in, and FlashInfer's
+run-time ``JitSpecNvcc.build`` runs ninja in each module's own directory
+(flashinfer/jit/core.py, ``run_ninja(self.build_dir, ...)``).  Ninja treats an
+output with no log entry as dirty ("command line not found in log"), so a module
+built by the pooled file is compiled again by the first server that loads it.
+
+So each module is built by its own ninja in its own directory (exactly the
+command FlashInfer runs), and this pool shares ``jobs`` slots among them: a module
+gets ``-j`` = the slots free when it starts, and as its remaining steps drop below
+its ``-j`` (counted from the processes ninja has running), the spare slots go to
+the next module.  At no time do more than ``jobs`` compile steps run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["Job", "Result", "run_pool", "default_jobs", "ninja_binary", "dry_run", "gencode_summary"]
+
+_STATUS = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
+_SRC = re.compile(r" -c (\S+)")
+
+
+@dataclasses.dataclass
+class Job:
+    """One module to build: ``label`` for people, its ninja file and FlashInfer's lock file."""
+
+    label: str
+    build_dir: Path
+    ninja_path: Path
+    lock_path: Path | None = None
+
+
+@dataclasses.dataclass
+class Result:
+    """Outcome of one module: ``status`` is ``built``, ``up to date`` or ``failed``."""
+
+    label: str
+    status: str
+    seconds: float = 0.0
+    steps: int = 0
+    error: str | None = None
+
+
+def default_jobs() -> int:
+    """Parallel compile steps by default: ``MAX_JOBS`` if set (FlashInfer's own variable,
+    flashinfer/jit/cpp_ext.py ``_get_num_workers``), else the CPUs this process may run on
+    (``os.sched_getaffinity``)."""
+    env = os.environ.get("MAX_JOBS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def ninja_binary() -> str:
+    """Path of ninja (PATH first, then the ``ninja`` wheel FlashInfer depends on).
+
+    :raises RuntimeError: no ninja found (the message names the fix)."""
+    found = shutil.which("ninja")
+    if found:
+        return found
+    try:
+        import ninja as _ninja_pkg
+
+        return os.path.join(_ninja_pkg.BIN_DIR, "ninja")
+    except Exception:
+        raise RuntimeError("ninja not found; pip install ninja") from None
+
+
+def _cmd(job: Job, *extra: str) -> list[str]:
+    return [ninja_binary(), "-C", str(job.build_dir.resolve()), "-f", str(job.ninja_path.resolve()), *extra]
+
+
+def _env() -> dict:
+    return dict(os.environ, NINJA_STATUS="[%f/%t] ")
+
+
+def dry_run(job: Job) -> list[str]:
+    """Commands ninja would run for ``job`` now (empty: up to date).  Runs ``ninja -n``.
+
+    :raises RuntimeError: ninja itself failed (bad build file)."""
+    proc = subprocess.run(_cmd(job, "-n"), capture_output=True, text=True, env=_env(), errors="replace",
+                          timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ninja -n failed for {job.label}: {(proc.stdout + proc.stderr)[-2000:]}")
+    return [m.group(3) for m in map(_STATUS.match, proc.stdout.splitlines()) if m]
+
+
+def gencode_summary(ninja_text: str) -> list[str]:
+    """What the module's binary holds, per ``-gencode``: ``SASS sm_120f`` for ``code=sm_*``
+    (machine code), ``PTX compute_120f`` only for ``code=compute_*`` (embedded PTX).
+    Source: nvcc documentation, "--generate-code" (code=sm_XY is a cubin, code=compute_XY is PTX)."""
+    out = []
+    for arch, codes in sorted(set(re.findall(r"-gencode=arch=(compute_\w+),code=\[?([\w,]+)\]?", ninja_text))):
+        for code in codes.split(","):
+            kind = "SASS" if code.startswith("sm_") else "PTX"
+            out.append(f"{kind} {code}")
+    return sorted(set(out))
+
+
+def _children(pid: int) -> list[str]:
+    """Command lines of the direct children of ``pid`` (Linux /proc; empty elsewhere)."""
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid != pid:
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+            # ninja runs each step as ``/bin/sh -c COMMAND``: report COMMAND
+            out.append(argv[2] if len(argv) > 2 and argv[1] == "-c" else " ".join(argv))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def _what(command: str) -> str:
+    m = _SRC.search(command)
+    if m:
+        return os.path.basename(m.group(1))
+    so = re.search(r"-o (\S+\.so)\b", command)
+    return f"link {os.path.basename(so.group(1))}" if so else command[:60]
+
+
+class _Running:
+    def __init__(self, job: Job, steps: int, slots: int, events: queue.Queue) -> None:
+        self.job, self.steps, self.slots = job, steps, slots
+        self.finished = 0  # ninja's own count of finished steps (%f), failed ones included
+        self.pending_since = 0.0
+        self.t0 = time.monotonic()
+        self.lines: list[str] = []
+        self.pending: str | None = None  # last status line, not yet known to have succeeded
+        self.failed: list[str] = []
+        self.in_failure = False
+        self.proc = subprocess.Popen(_cmd(job, "-j", str(slots)), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, env=_env(), errors="replace")
+        self.thread = threading.Thread(target=self._read, args=(events,), daemon=True)
+        self.thread.start()
+
+    def _read(self, events: queue.Queue) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            events.put((self, line.rstrip("\n")))
+        events.put((self, None))
+
+    def committed(self) -> int:
+        """Slots this module can still use: its running steps plus those not started, less
+        the final link while anything else is left (it runs only after all the others)."""
+        running = len(_children(self.proc.pid))
+        left = max(0, self.steps - self.finished - running)
+        if left and running:
+            left -= 1
+        return min(self.slots, running + left)
+
+
+class _Display:
+    """Event lines (one per finished or failed step) and a status line: a rewritten
+    line on a terminal, a heartbeat line every 30 s otherwise."""
+
+    def __init__(self, stream, total: int) -> None:
+        self.stream, self.total, self.done = stream, total, 0
+        self.tty = hasattr(stream, "isatty") and stream.isatty()
+        self.t0 = time.monotonic()
+        self.last_beat = self.t0
+        self.status = ""
+
+    def event(self, text: str) -> None:
+        prefix = "\r\x1b[K" if self.tty else ""
+        self.stream.write(f"{prefix}[{self.done}/{self.total}] {text}  ({time.monotonic() - self.t0:.0f} s)\n")
+        self._status_line()
+
+    def now(self, compiling: list[str]) -> None:
+        self.status = ("compiling now: " + ", ".join(compiling)) if compiling else "waiting"
+        if self.tty:
+            self._status_line()
+        elif time.monotonic() - self.last_beat >= 30:
+            self.last_beat = time.monotonic()
+            self.stream.write(f"[{self.done}/{self.total}] {self.status}  "
+                              f"({time.monotonic() - self.t0:.0f} s)\n")
+            self.stream.flush()
+
+    def _status_line(self) -> None:
+        if self.tty and self.status:
+            self.stream.write(f"\r\x1b[K[{self.done}/{self.total}] {self.status}"
+                              f"  ({time.monotonic() - self.t0:.0f} s)")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def _try_lock(job: Job):
+    """FlashInfer's per-module lock (flashinfer/jit/core.py ``JitSpecNvcc.lock_path``), or None if busy."""
+    if job.lock_path is None:
+        return _Nothing()
+    try:
+        from filelock import FileLock, Timeout
+    except ImportError:  # pragma: no cover - filelock is a FlashInfer dependency
+        return _Nothing()
+    lock = FileLock(str(job.lock_path), thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return None
+    return lock
+
+
+class _Nothing:
+    def release(self) -> None:
+        pass
+
+
+def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: dict | None = None) -> list[Result]:
+    """Build ``jobs`` sharing ``max_jobs`` compile slots; print progress on ``stream``.
+
+    Up-to-date modules are reported once as such (checked with ``ninja -n`` first);
+    a step is reported as compiled only after ninja showed it did not fail; a failed
+    module carries the compiler's error in :attr:`Result.error`.  Takes FlashInfer's
+    per-module lock for each module while it builds (another process building the
+    same module is waited for, and said so).
+
+    :param max_jobs: parallel compile steps (default :func:`default_jobs`).
+    :param stats: if given, filled with ``wall_s`` (seconds from the first step started to
+        the last finished) and ``occupancy`` (step-seconds run / (slots x wall_s), 0..1, sampled
+        every 0.5 s from the processes ninja runs): how well the pool kept its slots busy,
+        whatever else the machine is doing.
+    :returns: one :class:`Result` per job, in the order given.
+    :raises RuntimeError: ninja is missing.
+    """
+    stream = stream or sys.stderr
+    slots_total = max_jobs or default_jobs()
+    results: dict[str, Result] = {}
+    todo: list[tuple[Job, int]] = []
+    for job in jobs:
+        try:
+            steps = dry_run(job)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            results[job.label] = Result(job.label, "failed", error=str(exc))
+            stream.write(f"FAILED {job.label}: {exc}\n")
+            continue
+        if steps:
+            todo.append((job, len(steps)))
+        else:
+            results[job.label] = Result(job.label, "up to date")
+            stream.write(f"up to date: {job.label} (already in FlashInfer's JIT cache)\n")
+    total = sum(n for _, n in todo)
+    if todo:
+        stream.write(f"to build: {len(todo)} module(s), {total} compile/link steps, -j {slots_total}: "
+                     + ", ".join(f"{j.label} ({n})" for j, n in todo) + "\n")
+    stream.flush()
+    display = _Display(stream, total)
+    events: queue.Queue = queue.Queue()
+    running: dict[str, _Running] = {}
+    locks: dict[str, object] = {}
+    waiting_said: set[str] = set()
+    pending = list(todo)
+    t_start, last, busy_s = time.monotonic(), time.monotonic(), 0.0
+    try:
+        while pending or running:
+            free = slots_total - sum(r.committed() for r in running.values())
+            for item in list(pending):
+                if free < 1:
+                    break
+                job, n = item
+                lock = _try_lock(job)
+                if lock is None:
+                    if job.label not in waiting_said:
+                        waiting_said.add(job.label)
+                        display.event(f"{job.label}: waiting for another process building it "
+                                      f"(lock {job.lock_path})")
+                    continue
+                pending.remove(item)
+                locks[job.label] = lock
+                if job.label in waiting_said:  # the other process may have built it meanwhile
+                    left = dry_run(job)
+                    if not left:
+                        display.total -= n
+                        results[job.label] = Result(job.label, "up to date")
+                        display.event(f"up to date: {job.label} (built by another process meanwhile)")
+                        lock.release()
+                        continue
+                give = max(1, min(free, n))
+                running[job.label] = _Running(job, n, give, events)
+                free -= give
+            _drain(events, running, results, display, locks, timeout=0.5)
+            for r in running.values():  # ninja prints FAILED right after the status line
+                if r.pending is not None and time.monotonic() - r.pending_since > 0.3:
+                    _confirm(r, display)
+            now_running = [f"{lbl}/{_what(c)}" for lbl, r in running.items() for c in _children(r.proc.pid)]
+            busy_s += len(now_running) * (time.monotonic() - last)
+            last = time.monotonic()
+            display.now(now_running)
+    finally:  # interrupted: ninja stops its compilers on SIGTERM; SIGKILL only if it does not
+        for r in running.values():
+            r.proc.terminate()
+            try:
+                r.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                r.proc.kill()
+                r.proc.wait()
+        for lock in locks.values():
+            lock.release()
+        display.close()
+    if stats is not None:
+        wall = time.monotonic() - t_start
+        stats.update(wall_s=round(wall, 2),
+                     occupancy=round(min(1.0, busy_s / (slots_total * wall)), 3) if todo and wall > 0 else None)
+    return [results[j.label] for j in jobs]
+
+
+def _drain(events: queue.Queue, running: dict, results: dict, display: _Display, locks: dict,
+           timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            r, line = events.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            return
+        label = r.job.label
+        if line is None:
+            _finish(r, running, results, display, locks)
+            continue
+        r.lines.append(line)
+        m = _STATUS.match(line)
+        if m or line.startswith("ninja: build stopped"):
+            _confirm(r, display)
+            r.in_failure = False
+            if m:
+                r.pending, r.pending_since = m.group(3), time.monotonic()
+                r.finished = max(r.finished, int(m.group(1)))
+        elif line.startswith("FAILED: "):
+            what = _what(r.pending or line)
+            r.pending = None
+            r.in_failure = True
+            r.failed.append(f"{what}:")
+            display.done += 1
+            display.event(f"FAILED {label}: {what}")
+        elif r.in_failure:
+            r.failed.append(line)
+        if len(r.lines) > 400:
+            del r.lines[:200]
+
+
+def _confirm(r: _Running, display: _Display) -> None:
+    if r.pending is not None:
+        display.done += 1
+        what = _what(r.pending)
+        verb = "linked" if what.startswith("link ") else "compiled"
+        display.event(f"{r.job.label}: {verb} {what.removeprefix('link ')}")
+        r.pending = None
+
+
+def _finish(r: _Running, running: dict, results: dict, display: _Display, locks: dict) -> None:
+    rc = r.proc.wait()
+    label = r.job.label
+    if rc == 0:
+        _confirm(r, display)
+        results[label] = Result(label, "built", round(time.monotonic() - r.t0, 1), r.steps)
+        display.event(f"done: {label}")
+    else:
+        err_lines = [x for x in r.failed if x.strip()] or r.lines[-40:]
+        errors = [x for x in err_lines if "error" in x.lower()]
+        text = "\n".join((errors or err_lines)[:30])
+        results[label] = Result(label, "failed", round(time.monotonic() - r.t0, 1), r.steps, text)
+        display.event(f"failed: {label} (ninja exit {rc}):\n    " + text.replace("\n", "\n    "))
+    running.pop(label, None)
+    lock = locks.pop(label, None)
+    if lock is not None:
+        lock.release()

@@ -1,0 +1,96 @@
+"""``flashinfer-sm120 cache-export`` / ``cache-import``: move a warmed FlashInfer JIT cache
+between machines (e.g. from a Docker build stage with nvcc to a runtime image without)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .common import err as _err
+
+__all__ = ["add_parsers", "run_export", "run_import"]
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from ..build import cachepack, replay, session
+
+    import os
+
+    if os.path.lexists(args.out) and not (os.path.isdir(args.out) and not os.listdir(args.out)):
+        return _err(f"{args.out} already exists; choose a new path (an export never overwrites)")
+    try:
+        entries, problems = replay.load(args.manifest)
+        sess = session.prepare(replay.arch_for(entries, args.arch))
+        regenerable = [e for e in entries if e.get("regenerable") and e.get("flashinfer") == sess.flashinfer]
+        for e in entries:
+            if e not in regenerable:
+                print(f"not exported {e.get('name')}: {e.get('why') or 'recorded with FlashInfer ' + str(e.get('flashinfer'))}",
+                      file=sys.stderr)
+        names = cachepack.export(regenerable, sess, args.out)
+    except session.BuildError as exc:
+        return _err(str(exc))
+    print(f"exported {len(names)} module(s) for {' '.join(sess.targets)} (FlashInfer {sess.flashinfer}, "
+          f"CUDA {sess.cuda_version} at {sess.cuda_home}) to {args.out}")
+    for n in names:
+        print(f"  {n}")
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from ..build import cachepack, session
+
+    try:
+        cachepack.check_members(args.src)  # before anything is imported or unpacked
+        cachepack.read_meta(args.src)
+        arch = args.arch
+        if arch is None:
+            arch = _archive_targets(args.src)
+        sess = session.prepare(arch)
+        report = cachepack.install(args.src, sess, force=args.force)
+    except session.BuildError as exc:
+        return _err(str(exc))
+    if args.json:
+        print(json.dumps({"fingerprint": sess.fingerprint(), "modules": report}, indent=2))
+    else:
+        for r in report:
+            why = f" ({r['why']})" if r.get("why") else ""
+            rep = f" (replaced {', '.join(r['replaced'])})" if r.get("replaced") else ""
+            print(f"{r['status']} {r['module']}{why}{rep}")
+    return 1 if any(r["status"] in ("stale", "kept existing") for r in report) else 0
+
+
+def _archive_targets(src: str) -> str | None:
+    """The archive's targets when no GPU is visible (a GPU-less build stage), else None
+    (FlashInfer's targets then come from the GPUs, and the import checks they match)."""
+    try:
+        from .. import gpus
+
+        if gpus.visible_gpus():
+            return None
+    except Exception:  # no NVML, no driver: treat as no GPU
+        pass
+    from ..build import cachepack
+
+    targets = (cachepack.read_meta(src).get("fingerprint") or {}).get("targets")
+    if targets:
+        print(f"flashinfer-sm120: no GPU visible; using the archive's targets {' '.join(targets)}",
+              file=sys.stderr)
+        return " ".join(targets)
+    return None
+
+
+def add_parsers(sub) -> None:
+    """Register ``cache-export`` and ``cache-import``."""
+    e = sub.add_parser("cache-export", help="write the JIT cache entries of a manifest to a directory or archive")
+    e.add_argument("--from", dest="manifest", required=True, metavar="MANIFEST",
+                   help="manifest recorded with FLASHINFER_SM120_RECORD (built here with build --from)")
+    e.add_argument("out", help="new directory, or an archive path ending .tar, .tar.gz or .tgz")
+    e.add_argument("--arch", help="targets, as for build (default: the manifest's)")
+    e.set_defaults(func=run_export)
+    i = sub.add_parser("cache-import", help="install an exported JIT cache into FlashInfer's JIT cache here")
+    i.add_argument("src", help="directory or archive written by cache-export")
+    i.add_argument("--arch", help="targets (default: the GPUs present)")
+    i.add_argument("--force", action="store_true", help="replace existing entries that differ")
+    i.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    i.set_defaults(func=run_import)
