@@ -231,7 +231,8 @@ def _announce(mode: Mode, res: Resolution) -> None:
         return
     if mode is Mode.NOOP:
         STATE.summary = (f"FlashInfer already resolves correctly ({describe(res)}); not patching "
-                         f"its toolkit or targets, only its JIT workspace{_skipped()}")
+                         f"its toolkit or targets, only its JIT workspace and the checks before "
+                         f"nvcc{_skipped()}")
         logger.info("flashinfer-sm120: %s", STATE.summary)
         return
     STATE.summary = f"patched FlashInfer: {describe(res)}{_skipped()}"

@@ -12,12 +12,12 @@ flashinfer.jit.env               ``workspace``: ``_get_workspace_dir_name``    p
                                  gets a per-toolkit last component
 flashinfer.jit.cpp_ext           ``toolkit``: ``get_cuda_path`` /              patched
                                  ``get_cuda_version`` return the choice
-                                 ``nvcc_gate``: ``generate_ninja_build_for_op`` patched, guard
+                                 ``nvcc_gate``: ``generate_ninja_build_for_op`` all three
                                  and ``run_ninja`` refuse what nvcc cannot
                                  build (guard: every build)
 flashinfer.jit.core              ``current_context``: refill                   patched
                                  ``current_compilation_context`` in place
-                                 ``arch_check``: ``check_cuda_arch`` raises    patched, guard
+                                 ``arch_check``: ``check_cuda_arch`` raises    all three
                                  our message instead of "sm75 or higher"
 ===============================  ===========================================  ==============
 
@@ -202,7 +202,7 @@ def _workspace_wrapper(wrapped, instance, args, kwargs):
 def _nvcc_gate(wrapped, instance, args, kwargs):
     if STATE.mode is Mode.GUARD:
         raise ToolkitError(guard_message())
-    if STATE.mode is Mode.PATCHED:
+    if STATE.mode in (Mode.PATCHED, Mode.NOOP):
         bad = unbuildable(current_targets(), _version())
         if bad:
             tk = STATE.resolution.choice.toolkit
@@ -305,7 +305,7 @@ def _step_arch_check(mod):
 
 _P = frozenset({Mode.PATCHED})
 _PN = frozenset({Mode.PATCHED, Mode.NOOP})
-_PG = frozenset({Mode.PATCHED, Mode.GUARD})
+_ALL = frozenset({Mode.PATCHED, Mode.GUARD, Mode.NOOP})
 
 #: Steps per hooked module, in order.
 STEPS: dict[str, list[Step]] = {
@@ -313,9 +313,9 @@ STEPS: dict[str, list[Step]] = {
                                        Step("init", _step_init, _P)],
     "flashinfer.jit.env": [Step("workspace", _step_workspace, _PN, required=False)],
     "flashinfer.jit.cpp_ext": [Step("toolkit", _step_toolkit, _P),
-                               Step("nvcc_gate", _step_nvcc_gate, _PG)],
+                               Step("nvcc_gate", _step_nvcc_gate, _ALL)],
     "flashinfer.jit.core": [Step("current_context", _step_current_context, _P),
-                            Step("arch_check", _step_arch_check, _PG)],
+                            Step("arch_check", _step_arch_check, _ALL)],
 }
 
 
