@@ -154,3 +154,26 @@ report()
     assert out["mode"] == "failed" and "current_compilation_context" in out["error"], out
     assert out["env_cuda_home"] is None and out["exported"] == {}
     assert "every change was undone" in proc.stderr
+
+
+@needs_flashinfer
+def test_doctor_shows_gpu_source_guard_cleaned_home_and_release(clean_env, tmp_path, real_nvcc13):
+    import subprocess
+    import sys
+
+    fake = make_toolkit(tmp_path / "cuda-12.8")
+    env = dict(clean_env, FAKE_GPU_CAPS="12.1", FAKE_NVML="missing", FAKE_TORCH_CUDA="12.8",
+               CUDA_HOME=f":{fake}")
+    run = [sys.executable, "-c", "import fakegpu, sys\nfrom flashinfer_sm120.cli import main\n"
+           "sys.exit(main(sys.argv[1:]))"]
+    proc = subprocess.run(run + ["doctor", "--json", "--timeout", "60"], env=env, capture_output=True,
+                          text=True, timeout=600)
+    r = json.loads(proc.stdout)
+    assert r["gpu_source"].startswith("torch.cuda (NVML: nvmlInit failed") and r["gpus"][0]["capability"] == "12.1"
+    assert r["guard"] is True and "sm_121a" in r["resolution_error"]
+    assert r["after"]["status"]["mode"] == "guard"
+    assert any(f"CUDA_HOME=':{fake}' is malformed" in n for n in r["cleaned"])
+    assert r["release"]["era"] == "sm120a-12.8" and r["release"]["min_nvcc"] == "12.8"
+    human = subprocess.run(run + ["doctor"], env=env, capture_output=True, text=True, timeout=600).stdout
+    assert "GPUs (from torch.cuda (NVML" in human and "FlashInfer is GUARDED" in human
+    assert "CUDA_HOME/CUDA_PATH cleaned:" in human and "FlashInfer release: era sm120a-12.8" in human
