@@ -6,8 +6,8 @@ import pytest
 from packaging.version import Version
 
 from conftest import make_toolkit
-from flashinfer_sm120 import arch, toolkit
-from flashinfer_sm120.toolkit import ToolkitError, choose, discover, inspect
+from flashinfer_sm120 import toolkit
+from flashinfer_sm120.toolkit import discover, inspect
 
 
 def test_version_from_nvcc_fallback(tmp_path):
@@ -143,67 +143,6 @@ def test_same_nvcc_from_two_sources_is_one_candidate(tmp_path):
     assert len(hits) == 1 and hits[0].sources[:2] == ("CUDA_HOME", "PATH")
 
 
-def _specs(value):
-    return arch.parse_arch_list(value)
-
-
-def test_choice_prefers_toolkit_that_builds_120f_over_cuda_home_128(tmp_path):
-    old = inspect(str(make_toolkit(tmp_path / "cuda-12.8")), ("CUDA_HOME",))
-    new = inspect(str(make_toolkit(tmp_path / "cu13", "13.0.88")), ("pip",))
-    ch = choose([old, new], None, [(12, 0)], None)
-    assert ch.toolkit is new and ch.targets == ((12, "0f"),)
-    (rej,) = ch.rejected
-    assert rej[0] is old and "cannot build sm_120f (nvcc >= 12.9)" in rej[1]
-
-
-def test_choice_keeps_working_cuda_home(tmp_path):
-    a = inspect(str(make_toolkit(tmp_path / "cuda-12.9", "12.9.41")), ("CUDA_HOME",))
-    b = inspect(str(make_toolkit(tmp_path / "cu13", "13.0.88")), ("pip",))
-    assert choose([a, b], None, [(12, 0)], None).toolkit is a
-
-
-def test_choice_rejects_torch_major_mismatch(tmp_path):
-    a = inspect(str(make_toolkit(tmp_path / "cuda-12.9", "12.9.41")), ("CUDA_HOME",))
-    b = inspect(str(make_toolkit(tmp_path / "cu13", "13.0.88")), ("pip",))
-    ch = choose([a, b], None, [(12, 0)], "13.0")
-    assert ch.toolkit is b and "torch is built for CUDA 13.0" in ch.rejected[0][1]
-
-
-def test_choice_falls_back_to_120a_when_only_128_exists(tmp_path):
-    a = inspect(str(make_toolkit(tmp_path / "cuda-12.8")), ("CUDA_HOME",))
-    ch = choose([a], None, [(12, 0)], "12.8")
-    assert ch.targets == ((12, "0a"),) and "preferred targets sm_120f" in ch.reason
-
-
-def test_choice_sm121_needs_129_and_error_lists_reasons(tmp_path):
-    a = inspect(str(make_toolkit(tmp_path / "cuda-12.8")), ("CUDA_HOME",))
-    bad = inspect(str(make_toolkit(tmp_path / "bad", nvcc_script="#!/bin/sh\necho nope\n")), ("PATH",))
-    with pytest.raises(ToolkitError) as exc:
-        choose([a, bad], None, [(12, 1)], None)
-    msg = str(exc.value)
-    assert "sm_121a" in msg and "nvcc 12.8 cannot build sm_121a (nvcc >= 12.9)" in msg
-    assert "printed no 'release" in msg and "pip install" in msg
-
-
-def test_choice_uses_arch_list_and_explicit_suffix(tmp_path):
-    a = inspect(str(make_toolkit(tmp_path / "cu13", "13.0.88")), ("pip",))
-    ch = choose([a], _specs("9.0 12.0a 12.1"), [], None)
-    assert ch.targets == ((9, "0a"), (12, "0a"), (12, "1a"))
-
-
-def test_no_gpu_no_list_accepts_any_working_toolkit(tmp_path):
-    a = inspect(str(make_toolkit(tmp_path / "cuda-12.8")), ("CUDA_HOME",))
-    ch = choose([a], None, [], None)
-    assert ch.toolkit is a and ch.targets == ()
-
-
-def test_unknown_future_capability_says_to_upgrade(tmp_path):
-    a = inspect(str(make_toolkit(tmp_path / "cu13", "13.0.88")), ("pip",))
-    with pytest.raises(ToolkitError) as exc:
-        choose([a], None, [(13, 0)], None)
-    assert "sm_130a (not in flashinfer-sm120's table: upgrade flashinfer-sm120)" in str(exc.value)
-
-
 def test_cuda_home_pointing_at_our_view_means_the_toolkit_behind_it(tmp_path):
     real = make_toolkit(tmp_path / "cuda-13.0", "13.0.88", curand=True)
     view = tmp_path / "view"
@@ -211,26 +150,3 @@ def test_cuda_home_pointing_at_our_view_means_the_toolkit_behind_it(tmp_path):
     (view / "flashinfer_sm120_view.json").write_text(json.dumps({"toolkit": str(real)}))
     (first,) = [t for t in discover({"CUDA_HOME": str(view), "PATH": ""}) if "CUDA_HOME" in t.sources]
     assert first.root == str(real) and "flashinfer-sm120 view" in first.given_as
-
-
-def test_later_candidates_are_not_read_unless_asked(tmp_path):
-    marker = tmp_path / "ran"
-    a = make_toolkit(tmp_path / "cuda-12.9", "12.9.41", version_json=True)
-    b = make_toolkit(tmp_path / "cuda-b", nvcc_script=f"#!/bin/sh\ntouch {marker}\n")
-    env = {"CUDA_HOME": str(a), "CUDA_PATH": str(b), "PATH": ""}
-    ch = choose(discover(env), None, [(12, 0)], None)
-    assert ch.toolkit.root == str(a) and not marker.exists()
-    assert dict((t.root, r) for t, r in ch.rejected)[str(b)].startswith("not examined")
-    ch = choose(list(discover(env)), None, [(12, 0)], None)  # doctor reads them all
-    assert marker.exists()
-    assert dict((t.root, r) for t, r in ch.rejected)[str(b)].startswith("not chosen (")
-
-
-def test_fix_line_follows_torch_cuda(tmp_path):
-    a = inspect(str(make_toolkit(tmp_path / "cuda-12.8")), ("CUDA_HOME",))
-    with pytest.raises(ToolkitError) as exc:
-        choose([a], None, [(12, 1)], "13.0")
-    assert "cuda-toolkit[nvcc,cccl,curand]==13.0.*" in str(exc.value)
-    with pytest.raises(ToolkitError) as exc:
-        choose([a], None, [(12, 1)], None)
-    assert "cuda-toolkit[nvcc,cccl,curand]>=13.0,<14" in str(exc.value)

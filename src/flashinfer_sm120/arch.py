@@ -12,20 +12,31 @@ target     nvcc  source
 sm_75       10.0 CUDA 10.0 release notes (Turing)
 sm_80       11.0 CUDA 11.0 release notes (Ampere)
 sm_86       11.1 CUDA 11.1 release notes
+sm_87       11.4 CUDA 11.4 release notes (Orin)
 sm_89       11.8 CUDA 11.8 release notes (Ada)
+sm_90       11.8 CUDA 11.8 release notes (Hopper)
 sm_90a      12.0 CUDA 12.0 release notes (Hopper arch-specific ``a`` features)
 sm_100a     12.8 CUDA 12.8 release notes (Blackwell datacenter)
 sm_101a     12.8 CUDA 12.8 release notes; renamed sm_110 in CUDA 13.0
 sm_120a     12.8 CUDA 12.8 release notes (Blackwell consumer/workstation)
 sm_100f     12.9 CUDA 12.9 release notes (family-specific ``f`` suffix)
+sm_101f     12.9 CUDA 12.9 release notes; renamed sm_110f in CUDA 13.0
 sm_103a/f   12.9 CUDA 12.9 release notes
 sm_120f     12.9 CUDA 12.9 release notes
 sm_121a/f   12.9 CUDA 12.9 release notes (DGX Spark)
 sm_110a/f   13.0 CUDA 13.0 release notes (Thor, formerly sm_101)
 =========  ====  =====================================================================
 
+Release notes: https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/ and, per
+release, the CUDA Features Archive
+(https://docs.nvidia.com/cuda/cuda-features-archive/index.html): 12.8 "adds
+compiler support for SM 10.0, 10.1 and 12.0"; 12.9 "adds compiler target
+support for SM architecture 10.3 (sm_103, sm_103f, sm_103a) and 12.1 (sm_121)"
+and "introduces ... family-specific architectures"; 13.0 renames sm_101 to
+sm_110.
+
 CUDA 13.0 also removed offline compilation for targets below sm_75 (CUDA 13.0
-release notes, "Deprecated and Dropped Features").
+release notes, "Deprecated and Dropped Features"): :data:`DROPPED_IN`.
 
 The suffix FlashInfer wants for each capability mirrors
 ``flashinfer/compilation_context.py`` of FlashInfer 0.7.4
@@ -50,6 +61,10 @@ __all__ = [
     "ArchSpec",
     "MIN_NVCC",
     "MAX_NVCC_MAJOR",
+    "NEWEST_KNOWN_NVCC",
+    "RENAMED",
+    "dropped_in",
+    "target_key",
     "candidate_targets",
     "format_target",
     "min_nvcc_for",
@@ -71,6 +86,7 @@ MIN_NVCC: dict[str, Version] = {
     "90a": Version("12.0"),
     "100a": Version("12.8"),
     "101a": Version("12.8"),
+    "101f": Version("12.9"),
     "120a": Version("12.8"),
     "100f": Version("12.9"),
     "103a": Version("12.9"),
@@ -84,7 +100,15 @@ MIN_NVCC: dict[str, Version] = {
 
 #: Targets that later nvcc releases dropped: the last nvcc major that accepts them.
 #: sm_101 was renamed sm_110 in CUDA 13.0; targets below sm_75 were removed in 13.0.
-MAX_NVCC_MAJOR: dict[str, int] = {"101a": 12}
+MAX_NVCC_MAJOR: dict[str, int] = {"101a": 12, "101f": 12}
+
+#: Targets CUDA renamed, old key -> new target (CUDA 13.0: sm_101 became sm_110).
+RENAMED: dict[str, tuple[int, str]] = {"101a": (11, "0a"), "101f": (11, "0f")}
+
+#: The newest nvcc release this table knows of a new target for.  An explicit
+#: arch-list target missing from the table (a GPU newer than this release of
+#: flashinfer-sm120) is taken as given only by an nvcc at least this new.
+NEWEST_KNOWN_NVCC: Version = max(MIN_NVCC.values())
 
 
 class ArchListError(Sm120Error, ValueError):
@@ -103,8 +127,23 @@ def format_target(target: tuple[int, str]) -> str:
     return f"sm_{target[0]}{target[1]}"
 
 
-def _key(target: tuple[int, str]) -> str:
+def target_key(target: tuple[int, str]) -> str:
+    """The string nvcc puts after ``sm_``: ``(12, "0f") -> "120f"``."""
     return f"{target[0]}{target[1]}"
+
+
+_key = target_key
+
+
+def dropped_in(target: tuple[int, str]) -> int | None:
+    """The CUDA major whose nvcc no longer builds ``target`` (13 for sm_101a and
+    for targets below sm_75), or ``None`` when no release dropped it."""
+    key = target_key(target)
+    if key in MAX_NVCC_MAJOR:
+        return MAX_NVCC_MAJOR[key] + 1
+    if _sm_number(target) < 75:
+        return 13
+    return None
 
 
 def min_nvcc_for(target: tuple[int, str]) -> Version | None:
@@ -125,17 +164,20 @@ def min_nvcc_for(target: tuple[int, str]) -> Version | None:
     return None
 
 
-def target_supported(target: tuple[int, str], nvcc_version: Version) -> bool:
+def target_supported(target: tuple[int, str], nvcc_version: Version, *, explicit: bool = False) -> bool:
     """Whether nvcc ``nvcc_version`` can compile ``target``.
 
-    Unknown targets newer than the table are assumed to need the running nvcc
-    to list them itself; we return ``False`` for them so the caller explains
-    rather than letting nvcc fail later.  Targets below sm_75 fail on nvcc 13+.
+    Targets missing from :data:`MIN_NVCC` (newer than this table) are refused,
+    so the caller explains rather than letting nvcc fail later, unless
+    ``explicit`` (given with its suffix in ``FLASHINFER_CUDA_ARCH_LIST``: the
+    user's escape hatch until flashinfer-sm120 is upgraded) and the nvcc is at
+    least :data:`NEWEST_KNOWN_NVCC`.  Targets below sm_75 fail on nvcc 13+
+    (:func:`dropped_in`).
     """
     key = _key(target)
     need = min_nvcc_for(target)
     if need is None:
-        return False
+        return explicit and nvcc_version >= NEWEST_KNOWN_NVCC
     if nvcc_version < need:
         return False
     if key in MAX_NVCC_MAJOR and nvcc_version.major > MAX_NVCC_MAJOR[key]:
@@ -199,9 +241,9 @@ def normalize(major: int, minor: int, nvcc_version: Version) -> tuple[int, str]:
         )
     raise ArchNotSupported(
         f"compute capability {major}.{minor} needs {format_target(best)}, which "
-        f"requires nvcc >= {need}; the chosen toolkit is CUDA {nvcc_version}. Fix: "
-        f"pip install 'cuda-toolkit[nvcc,cccl,curand]>={need},<{need.major + 1}' "
-        f"(pip nvcc, same CUDA major as torch) or point CUDA_HOME at a newer toolkit."
+        f"requires nvcc >= {need}; the chosen toolkit is CUDA {nvcc_version}. Fix: set "
+        f"CUDA_HOME to a toolkit with nvcc >= {need} of torch's CUDA major (run "
+        f"`flashinfer-sm120 doctor` for the install command that fits this torch)."
     )
 
 

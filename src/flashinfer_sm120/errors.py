@@ -15,7 +15,19 @@ class Sm120Error(RuntimeError):
 
 class ToolkitError(Sm120Error):
     """No toolkit can build the wanted targets; the message lists each candidate
-    with the reason it was rejected, and the fix."""
+    with the reason it was rejected, and ends with the one fix line.
+
+    Attributes:
+        fix: the fix line alone (also the message's last line, after ``Fix:``),
+            or ``""`` when the raiser gave none.
+    """
+
+    def __init__(self, message: str = "", fix: str = "") -> None:
+        super().__init__(message)
+        self.fix = fix
+
+    def __reduce__(self):  # keep ``fix`` across pickling (multiprocessing workers)
+        return (type(self), (str(self), self.fix))
 
 
 class ViewError(Sm120Error):
