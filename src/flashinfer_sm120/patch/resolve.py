@@ -6,11 +6,10 @@ lock that guards patching.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .. import arch as _arch
@@ -18,6 +17,7 @@ from ..errors import ToolkitError
 from ..gpus import GPU, GPUQuery, query
 from ..releases import ReleaseInfo, release_info
 from ..toolkit import Choice, Toolkit, choose, discover, flashinfer_naive_root, torch_cuda_version
+from ..toolkit.policy import other_major_allowed
 from ..toolkit.sources import clean_home
 
 try:  # the view module replaces cudahome (same function)
@@ -146,28 +146,12 @@ def cleaned_homes(env: dict[str, str]) -> tuple[str, ...]:
     return tuple(notes)
 
 
-def _choose(candidates: Sequence[Toolkit], specs, caps, torch_cuda, release: ReleaseInfo) -> Choice:
-    """:func:`~flashinfer_sm120.toolkit.choose` with the release's minimum nvcc.
-
-    Older ``choose`` without the ``min_nvcc`` keywords: toolkits below the
-    minimum are given a ``problem`` naming the flag, then chosen among as usual.
-    """
-    if release.min_nvcc is None:
-        return choose(candidates, specs, caps, torch_cuda)
-    try:
-        params = inspect.signature(choose).parameters
-    except (TypeError, ValueError):  # pragma: no cover
-        params = {}
-    if "min_nvcc" in params:
-        return choose(candidates, specs, caps, torch_cuda, min_nvcc=release.min_nvcc,
-                      min_nvcc_why=release.min_nvcc_why)
-    need = release.min_nvcc
-    marked = []
-    for tk in candidates:
-        if tk.problem is None and tk.nvcc_version is not None and tk.nvcc_version < need:
-            tk = replace(tk, problem=f"nvcc {tk.nvcc_version} is older than {need}: {release.min_nvcc_why}")
-        marked.append(tk)
-    return choose(marked, specs, caps, torch_cuda)
+def _choose(candidates: Sequence[Toolkit], specs, caps, torch_cuda, release: ReleaseInfo,
+            env: dict[str, str]) -> Choice:
+    """:func:`~flashinfer_sm120.toolkit.choose` with the release's minimum nvcc and the
+    other-major opt-in read from ``env``."""
+    return choose(candidates, specs, caps, torch_cuda, min_nvcc=release.min_nvcc,
+                  min_nvcc_why=release.min_nvcc_why, allow_other_major=other_major_allowed(env))
 
 
 def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | None = None,
@@ -202,7 +186,7 @@ def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | 
                   gpu_query=gq, cleaned=cleaned_homes(env))
     candidates = discover(env) if toolkits is None else toolkits
     try:
-        choice = _choose(candidates, specs, [g.capability for g in gpus], torch_cuda_version(), release)
+        choice = _choose(candidates, specs, [g.capability for g in gpus], torch_cuda_version(), release, env)
     except ToolkitError as exc:
         if not guard:
             raise

@@ -41,6 +41,7 @@ from packaging.version import Version
 
 from .. import arch as _arch
 from ..errors import Sm120Error, ToolkitError
+from ..toolkit.policy import unbuildable
 from .state import STATE, Mode
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -123,23 +124,6 @@ def current_targets() -> set[tuple[int, str]]:
     return out
 
 
-def unbuildable(targets, version: Version) -> list[str]:
-    """One message per target nvcc ``version`` cannot build (policy's, when it has one)."""
-    try:
-        from ..toolkit.policy import unbuildable as policy_unbuildable  # type: ignore[attr-defined]
-    except ImportError:
-        policy_unbuildable = None
-    if policy_unbuildable is not None:
-        return list(policy_unbuildable(targets, version))
-    out = []
-    for t in sorted(targets):
-        if not _arch.target_supported(t, version):
-            need = _arch.min_nvcc_for(t)
-            out.append(f"{_arch.format_target(t)} needs nvcc >= {need}" if need else
-                       f"{_arch.format_target(t)} is not in flashinfer-sm120's table (upgrade flashinfer-sm120)")
-    return out
-
-
 def workspace_tag() -> str:
     """Last component of the JIT workspace for the chosen toolkit, e.g. ``nvcc13.0.88-1a2b3c4d``.
 
@@ -207,11 +191,9 @@ def _nvcc_gate(wrapped, instance, args, kwargs):
         if bad:
             tk = STATE.resolution.choice.toolkit
             raise ToolkitError(
-                f"flashinfer-sm120 stopped this FlashInfer JIT build before nvcc ran: nvcc "
-                f"{tk.nvcc_full} at {tk.root} cannot build {'; '.join(bad)} "
-                f"(FLASHINFER_CUDA_ARCH_LIST={os.environ.get('FLASHINFER_CUDA_ARCH_LIST')!r}). Fix: "
-                "unset FLASHINFER_CUDA_ARCH_LIST, or drop those entries, or install a newer toolkit "
-                "and restart the process")
+                f"flashinfer-sm120 stopped this FlashInfer JIT build before nvcc ran: "
+                f"FLASHINFER_CUDA_ARCH_LIST={os.environ.get('FLASHINFER_CUDA_ARCH_LIST')!r} asks for "
+                f"targets the chosen nvcc {tk.nvcc_full} at {tk.root} cannot build: " + " ".join(bad))
     return wrapped(*args, **kwargs)
 
 
