@@ -34,6 +34,11 @@ def test_nvml_missing_falls_back_to_torch(clean_env, real_nvcc13):
     assert out["targets"] == ["sm_120f"]  # not the empty set that brings back the seed crash
     assert out["gpu_source"].startswith("torch.cuda (NVML: nvmlInit failed")
     assert "GPUs from torch.cuda" in out["summary"]
+    # a missing or broken nvidia-ml-py is the same case
+    out, proc = run_py("import fakegpu, sys\nsys.modules['pynvml'] = None\n" + STATE + "import flashinfer\nreport()\n",
+                       dict(env, FAKE_NVML=""))
+    assert out["mode"] == "patched" and out["targets"] == ["sm_120f"], proc.stderr
+    assert out["gpu_source"].startswith("torch.cuda (NVML: pynvml not importable")
 
 
 @needs_flashinfer

@@ -109,7 +109,7 @@ def _import_failed() -> str | None:
     return None
 
 
-def _fail(error: str, *, undone: bool = True) -> None:
+def _fail(error: str) -> None:
     STATE.undo.rollback()
     STATE.mode = Mode.FAILED
     STATE.error = error
