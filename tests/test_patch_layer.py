@@ -80,20 +80,26 @@ def test_each_toolkit_gets_its_own_jit_dir(clean_env, real_nvcc13):
     env = dict(clean_env, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0")
     code = "import fakegpu\n" + STATE + """
 import flashinfer, flashinfer.jit.env as e
-dirs = []
+dirs, prebuilt = [], []
 for home in (None, "/usr/local/cuda-13.0", None, "/usr/local/cuda-13.0"):
     s.revert()
     if home: os.environ["CUDA_HOME"] = home
     else: os.environ.pop("CUDA_HOME", None)
     st = s.install()
     dirs.append([str(e.FLASHINFER_JIT_DIR), st["resolution"]["choice"]["toolkit"]["root"]])
-report(dirs=dirs)
+    prebuilt.append([str(e.FLASHINFER_CUBIN_DIR), str(e.FLASHINFER_AOT_DIR)])
+s.revert()
+alone = [str(e.FLASHINFER_CUBIN_DIR), str(e.FLASHINFER_AOT_DIR)]
+report(dirs=dirs, prebuilt=prebuilt, alone=alone)
 """
     out, proc = run_py(code, env)
     (a, ra), (b, rb), (c, _), (d, _) = out["dirs"]
     assert ra != rb, out  # two different toolkits were chosen ...
     assert a != b and a == c and b == d  # ... each with its own, stable JIT dir
     assert os.path.dirname(os.path.dirname(a)) == os.path.dirname(os.path.dirname(b))  # same arch dir
+    # prebuilt cubins and AOT modules are still looked up where FlashInfer alone looks
+    assert all(p == out["alone"] for p in out["prebuilt"])
+    assert out["alone"][0] == os.path.join(env["FLASHINFER_WORKSPACE_BASE"], ".cache", "flashinfer", "cubins")
 
 
 @needs_flashinfer

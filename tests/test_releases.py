@@ -103,6 +103,10 @@ def test_release_seed_and_fix(release_env):
         assert out["current"] == [target] and out["fresh"] == [target]
         assert f"compute_{target[0]}{target[1]},code=sm_{target[0]}{target[1]}" in out["ninja"]
         assert f"cuda_home = {out['path']}" in out["ninja"]
+    # an arch list without suffix: 0.4.x alone would build plain compute_120 (trap stubs on SM120)
+    out, proc = run_py(REPORT, dict(env, FAKE_GPU_CAPS="12.0", FLASHINFER_CUDA_ARCH_LIST="12.0"))
+    assert out["current"] == [[12, "0f"]] and "compute_120f,code=sm_120f" in out["ninja"], proc.stderr[-2000:]
+    assert "compute_120," not in out["ninja"]
 
 
 def test_release_noop_only_where_flashinfer_agrees(release_env):
