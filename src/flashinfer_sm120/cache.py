@@ -18,6 +18,7 @@ The rules (issue "Keep the promise under production conditions"):
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ __all__ = [
     "path_problem",
     "read_json",
     "write_json_atomic",
+    "writable_by_others",
 ]
 
 #: Characters a path may hold to be used unquoted in FlashInfer's generated
@@ -52,6 +54,43 @@ MAX_STATE_BYTES = 1 << 20
 
 _notes: list[str] = []
 _root_cache: dict[tuple, str] = {}
+
+
+def _private_gid() -> int | None:
+    """The current user's private group (user-private-group scheme, the default
+    of Debian/Ubuntu ``useradd``: group named after the user, the user's primary
+    group, no other listed members), or ``None``.  Never for root.  Looked up
+    once per uid (passwd/group may be on LDAP)."""
+    return _private_gid_of(os.geteuid())
+
+
+@functools.lru_cache(maxsize=4)
+def _private_gid_of(uid: int) -> int | None:
+    if uid == 0:
+        return None
+    try:
+        import grp
+        import pwd
+
+        user = pwd.getpwuid(uid)
+        group = grp.getgrgid(user.pw_gid)
+    except (ImportError, KeyError, OSError):
+        return None
+    if group.gr_name != user.pw_name or any(m != user.pw_name for m in group.gr_mem):
+        return None
+    return user.pw_gid
+
+
+def writable_by_others(st: os.stat_result) -> bool:
+    """Whether someone other than the owner can write the file or directory ``st``
+    describes: world-writable, or group-writable by a group that is not the
+    current user's private group (:func:`_private_gid`; under the umask ``002``
+    those user-private-group systems use, a user's own venv is group-writable
+    by a group that holds only that user).  The sticky bit is the caller's
+    business."""
+    if st.st_mode & stat.S_IWOTH:
+        return True
+    return bool(st.st_mode & stat.S_IWGRP) and st.st_gid != _private_gid()
 
 
 def path_problem(path: str, what: str) -> str | None:
@@ -100,10 +139,55 @@ def _dir_problem(path: str, what: str, create: bool) -> str | None:
     if st.st_uid != uid:
         return (f"{what}={path!r} is owned by uid {st.st_uid}, not you (uid {uid}): another user "
                 f"could change what you build with; use a directory of your own")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if writable_by_others(st):
         return (f"{what}={path!r} is writable by other users (mode {stat.filemode(st.st_mode)}); "
                 f"run 'chmod go-w {path}' or use another directory")
     return None
+
+
+def _home() -> str | None:
+    """``$HOME``, else the passwd entry's home, else ``None`` (never ``"~"``:
+    ``os.path.expanduser`` gives ``~`` back when HOME is unset and the uid has no
+    passwd entry, and ``~/.cache`` would then be created in the working directory;
+    an empty ``HOME`` would give ``/``)."""
+    home = os.environ.get("HOME")
+    if home:
+        return home
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.geteuid()).pw_dir or None
+    except (ImportError, KeyError, OSError):
+        return None
+
+
+def _ancestors_problem(real: str, what: str) -> str | None:
+    """Every directory above the cache root must be owned by root or you and not
+    writable by others, unless sticky (``/tmp``): otherwise another user could
+    rename the root away and put their own in its place."""
+    uid = os.geteuid()
+    for parent in _parents(real):
+        try:
+            st = os.stat(parent)
+        except OSError as exc:
+            return f"{what}: cannot check {parent} ({exc.strerror})"
+        if st.st_uid not in (0, uid):
+            return (f"{what}: {parent} above it is owned by uid {st.st_uid}, who could replace it; "
+                    f"use a directory of your own")
+        if writable_by_others(st) and not st.st_mode & stat.S_ISVTX:
+            return (f"{what}: {parent} above it is writable by other users (mode "
+                    f"{stat.filemode(st.st_mode)}), who could replace it; use another directory")
+    return None
+
+
+def _parents(path: str) -> list[str]:
+    out = []
+    p = os.path.dirname(path)
+    while True:
+        out.append(p)
+        if p == os.path.dirname(p):
+            return out
+        p = os.path.dirname(p)
 
 
 def _candidates() -> list[tuple[str, str]]:
@@ -114,8 +198,8 @@ def _candidates() -> list[tuple[str, str]]:
     xdg = os.environ.get("XDG_CACHE_HOME")
     if xdg:
         out.append(("$XDG_CACHE_HOME/flashinfer-sm120", os.path.join(xdg, "flashinfer-sm120")))
-    home = os.path.expanduser("~")
-    if home != "~":  # HOME unset and no passwd entry: expanduser gives '~' back
+    home = _home()
+    if home is not None:
         out.append(("~/.cache/flashinfer-sm120", os.path.join(home, ".cache", "flashinfer-sm120")))
     out.append(("the per-uid fallback",
                 os.path.join(tempfile.gettempdir(), f"flashinfer-sm120-{os.geteuid()}")))
@@ -130,11 +214,11 @@ def cache_root() -> str:
     ``$TMPDIR/flashinfer-sm120-<uid>``.  A candidate is refused (with a WARNING
     naming the variable and the fix, also returned by :func:`cache_root_notes`)
     when it is relative, holds characters FlashInfer's ninja lines cannot carry
-    (see :data:`SAFE_PATH_RE`), is owned by another uid, or is writable by group
-    or others.
+    (see :data:`SAFE_PATH_RE`), is owned by another uid, is writable by group
+    or others, or sits below a directory another user could replace it in.
 
     Returns:
-        An absolute path.
+        An absolute path, symlinks resolved.
 
     Raises:
         StateFileError: no candidate is usable (the message lists each reason).
@@ -147,6 +231,9 @@ def cache_root() -> str:
     reasons = []
     for what, path in _candidates():
         problem = path_problem(path, what) or _dir_problem(path, what, create=True)
+        if problem is None:
+            path = os.path.realpath(path)  # a link planted later cannot redirect us
+            problem = path_problem(path, f"{what} (resolved)") or _ancestors_problem(path, what)
         if problem is None:
             for r in reasons:
                 if r not in _notes:

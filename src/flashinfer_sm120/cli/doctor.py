@@ -6,8 +6,7 @@ import argparse
 import json
 import os
 import re
-import signal
-import subprocess
+import shutil
 import sys
 
 from .. import __version__
@@ -50,38 +49,51 @@ os._exit(0)
 def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
     """What unpatched FlashInfer computes, from a child process with the shim off.
 
-    Returns a dict with ``cuda_home``, ``cuda_version``, ``target_cuda_archs`` and
-    ``jit_dir``, or ``error`` (e.g. FlashInfer hung on a broken nvcc for
-    ``timeout`` seconds; the child and its process group are then killed).
+    FlashInfer alone runs ``<its CUDA home>/bin/nvcc --version`` at import (its
+    own lookup, :func:`flashinfer_sm120.toolkit.flashinfer_naive_root`).  When
+    the trust policy refuses that nvcc (:func:`flashinfer_sm120.toolkit.trace`:
+    any link, wrapper or directory on the way owned or writable by another
+    user), the child is not started: the result is ``{"error": "not run: ...",
+    "skipped": reason}``.  Otherwise the child runs under
+    :func:`flashinfer_sm120.proc.run` (``timeout`` + 60 s for the whole call,
+    output capped, FlashInfer's hung nvcc and anything it detached killed).
+
+    Returns:
+        A dict with ``cuda_home``, ``cuda_version``, ``target_cuda_archs`` and
+        ``jit_dir``, or ``error`` (and ``skipped`` when not run).
     """
+    from .. import proc
+    from ..toolkit import flashinfer_naive_root, trace
+
     env = dict(os.environ, FLASHINFER_SM120_DISABLE="1")
     for k in ("CUDA_HOME",):  # what the user set, not what this process exported
         if k in _ORIGINAL_ENV:
             env[k] = _ORIGINAL_ENV[k]
         else:
             env.pop(k, None)
-    import tempfile
-
-    # Files, not pipes: a hung nvcc left behind by FlashInfer would hold a pipe open.
-    with tempfile.TemporaryFile("w+") as out_f, tempfile.TemporaryFile("w+") as err_f:
-        proc = subprocess.Popen([sys.executable, "-c", _ALONE, str(timeout)], stdout=out_f,
-                                stderr=err_f, text=True, env=env, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-        try:
-            proc.wait(timeout=timeout + 60)
-        except subprocess.TimeoutExpired:
-            pass
-        try:  # the child, and FlashInfer's hung nvcc if any, go with the group
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        proc.wait()
-        out_f.seek(0)
-        err_f.seek(0)
-        stdout, stderr = out_f.read(), err_f.read()
-    m = re.search(r"@@(\{.*\})\s*$", stdout)
+    naive = flashinfer_naive_root(env)
+    runs = []
+    if not (env.get("CUDA_HOME") or env.get("CUDA_PATH")):
+        # get_cuda_path() runs `which nvcc` (flashinfer/jit/cpp_ext.py), `which` from PATH
+        which = shutil.which("which", path=env.get("PATH", os.defpath))
+        if which:
+            runs.append(which)
+    if naive and os.path.lexists(os.path.join(naive, "bin", "nvcc")):
+        runs.append(os.path.join(naive, "bin", "nvcc"))  # get_cuda_version(): nvcc --version
+    for prog in runs:
+        tr = trace(prog, env_path=env.get("PATH"))
+        if tr.problem:
+            why = (f"FlashInfer alone would run {prog}, which the trust policy refused ({tr.problem}); "
+                   f"not running it")
+            return {"error": f"not run: {why}", "skipped": why}
+    res = proc.run([sys.executable, "-c", _ALONE, str(timeout)], timeout=timeout + 60,
+                   max_output=1 << 20, env=env)
+    text = res.text()
+    m = re.search(r"@@(\{.*\})\s*$", text)
     if not m:
-        return {"error": f"exit {proc.returncode}: {stderr.strip()[-400:]}"}
+        what = ("timed out" if res.timed_out else f"exit {res.returncode}") + (
+            f", {res.error}" if res.error else "")
+        return {"error": f"{what}: {text.strip()[-400:]}"}
     return json.loads(m.group(1))
 
 

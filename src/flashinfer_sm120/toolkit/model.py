@@ -12,9 +12,9 @@ from ..errors import ToolkitError
 __all__ = ["Toolkit", "Choice", "ToolkitError"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Toolkit:
-    """One candidate CUDA toolkit.
+    """One candidate CUDA toolkit (built by keywords only).
 
     Attributes:
         root: toolkit prefix (``<root>/bin/nvcc``), symlinks resolved.
@@ -33,14 +33,14 @@ class Toolkit:
     """
 
     root: str
-    nvcc: str
-    sources: tuple[str, ...]
-    nvcc_version: Version | None
-    nvcc_full: str | None
-    header_version: Version | None
-    version_from: str | None
-    include_dirs: tuple[str, ...]
-    lib_dir: str | None
+    nvcc: str = ""
+    sources: tuple[str, ...] = ("given",)
+    nvcc_version: Version | None = None
+    nvcc_full: str | None = None
+    header_version: Version | None = None
+    version_from: str | None = None
+    include_dirs: tuple[str, ...] = ()
+    lib_dir: str | None = None
     problem: str | None = None
     given_as: str | None = None
 

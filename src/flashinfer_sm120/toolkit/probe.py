@@ -6,17 +6,19 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
-import time
+import stat
 
 from packaging.version import InvalidVersion, Version
 
-from ..cache import cache_root
+from .. import proc
+from . import memo
+from .fixes import consistent_set_fix
+from .memo import FAILURE_MEMORY_S
 from .model import Toolkit
-from .trust import is_trusted
+from .trust import check_path, trace
 
-__all__ = ["NVCC_TIMEOUT_S", "FAILURE_MEMORY_S", "inspect", "read_text", "major_minor"]
+__all__ = ["NVCC_TIMEOUT_S", "FAILURE_MEMORY_S", "NVCC_MAX_OUTPUT", "inspect", "read_text", "major_minor",
+           "nvcc_version"]
 
 
 #: Seconds to wait for ``nvcc --version`` (the fallback when no file gives the
@@ -25,17 +27,35 @@ NVCC_TIMEOUT_S = 10.0
 
 _RELEASE_RE = re.compile(r"release (\d+)\.(\d+), V(\d+\.\d+(?:\.\d+)?)")
 _CUDART_RE = re.compile(r"^\s*#\s*define\s+CUDART_VERSION\s+(\d+)", re.MULTILINE)
-_NVCC_PATH_RE = re.compile(r"(/[^\s\"'`;|&()]*?/nvcc)\b")
 _VERSION_TXT_RE = re.compile(r"CUDA Version (\d+\.\d+(?:\.\d+)?)")
 _NVCC_DIST_RE = re.compile(r"^nvidia_cuda_nvcc(?:_cu\d+)?-(\d+(?:\.\d+)+)[^/]*\.dist-info$")
 
 
+#: Bytes of ``nvcc --version`` output kept; a real nvcc prints ~250.  More
+#: means it is not an nvcc (``exec yes garbage``): it is killed at the cap.
+NVCC_MAX_OUTPUT = 16 << 10
+
+
 def read_text(path: str, limit: int = 1 << 20) -> str | None:
+    """First ``limit`` bytes of a regular file as text, or ``None``.
+
+    Never blocks: a FIFO or device planted at ``path`` is refused, not opened
+    for a blocking read (``O_NONBLOCK`` + regular-file check).
+    """
     try:
-        with open(path, "rb") as fh:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as fh:
             return fh.read(limit).decode("utf-8", "replace")
     except OSError:
         return None
+    finally:
+        os.close(fd)
 
 
 def major_minor(text: str) -> Version | None:
@@ -55,7 +75,7 @@ def _version_from_files(root: str) -> tuple[str, str] | None:
         try:
             data = json.loads(txt)
             ver = data.get("cuda_nvcc", {}).get("version") or data.get("cuda", {}).get("version")
-            if ver and major_minor(ver):
+            if isinstance(ver, str) and major_minor(ver):
                 return ver, vj
         except (ValueError, AttributeError):
             pass
@@ -85,111 +105,59 @@ def _version_from_files(root: str) -> tuple[str, str] | None:
 
 
 def _wheel_owns(dist_info: str, root: str) -> bool:
-    """Whether the nvcc wheel's RECORD lists ``<root>/bin/nvcc``."""
+    """Whether the nvcc wheel's ``RECORD`` lists ``<root>/bin/nvcc`` (read with
+    :mod:`importlib.metadata`, which parses ``RECORD`` as the wheel spec says)."""
+    import importlib.metadata
+    import pathlib
+
     site_dir = os.path.dirname(dist_info)
-    rel = os.path.relpath(os.path.join(root, "bin", "nvcc"), site_dir)
-    record = read_text(os.path.join(dist_info, "RECORD"))
-    return bool(record) and (rel + ",") in record
-
-
-#: Seconds a failed ``nvcc --version`` (hung, garbage) is remembered on disk, so
-#: every worker process of a server does not wait the full timeout again.
-#: Seconds a failed ``nvcc --version`` (hung, garbage) is remembered on disk, so
-#: every worker process of a server does not wait the full timeout again.
-FAILURE_MEMORY_S = 600.0
-
-
-def _nvcc_memo_path() -> str:
-    return os.path.join(cache_root(), "nvcc-version.json")
-
-
-def _stat_key(path: str) -> list[int] | None:
+    rel = pathlib.PurePosixPath(os.path.relpath(os.path.join(root, "bin", "nvcc"), site_dir))
+    if not os.path.isfile(os.path.join(dist_info, "RECORD")):
+        return False
     try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+        files = importlib.metadata.PathDistribution(pathlib.Path(dist_info)).files or []
+    except Exception:  # a malformed RECORD: not proof of ownership
+        return False
+    return any(pathlib.PurePosixPath(str(f)) == rel for f in files)
 
 
-def _memo_get(nvcc: str) -> tuple[str | None, str | None] | None:
-    try:
-        with open(_nvcc_memo_path()) as fh:
-            entry = json.load(fh).get(nvcc)
-    except (OSError, ValueError, AttributeError):
-        return None
-    if not entry or entry.get("stat") != _stat_key(nvcc):
-        return None
-    if entry.get("problem") and time.time() - entry.get("at", 0) > FAILURE_MEMORY_S:
-        return None
-    return entry.get("full"), entry.get("problem")
+def nvcc_version(nvcc: str, timeout: float = NVCC_TIMEOUT_S) -> tuple[str | None, str | None]:
+    """``nvcc --version`` of a binary, remembered per binary: ``(full, None)`` or ``(None, problem)``.
 
+    The answer is kept in the memo (:mod:`flashinfer_sm120.toolkit.memo`), keyed
+    by path and stat fingerprint; failures for :data:`FAILURE_MEMORY_S`.  One
+    process probes while the others wait on the memo's lock.  The run itself is
+    bounded by :func:`flashinfer_sm120.proc.run`: ``timeout`` seconds for the
+    whole call, :data:`NVCC_MAX_OUTPUT` bytes of output, no descendant left.
+    The caller checks trust first (:func:`flashinfer_sm120.toolkit.trust.trace`).
 
-def _memo_put(nvcc: str, full: str | None, problem: str | None) -> None:
-    path = _nvcc_memo_path()
-    try:
-        try:
-            with open(path) as fh:
-                data = json.load(fh)
-            if not isinstance(data, dict):
-                data = {}
-        except (OSError, ValueError):
-            data = {}
-        data[nvcc] = {"stat": _stat_key(nvcc), "full": full, "problem": problem, "at": time.time()}
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache only costs time
-
-
-def _version_from_nvcc(nvcc: str, timeout: float) -> tuple[str | None, str | None]:
-    """Run ``nvcc --version``; returns (full version, None) or (None, problem).
-
-    The answer is remembered in ``<cache_root>/nvcc-version.json`` keyed by the
-    binary's inode, size and mtime (failures for :data:`FAILURE_MEMORY_S`).  nvcc
-    runs in its own session and, on timeout, its whole process group is killed,
-    so a wrapper script's ``sleep`` does not outlive it.
+    Args:
+        nvcc: path of the nvcc binary.
+        timeout: seconds allowed for ``nvcc --version``.
     """
-    memo = _memo_get(nvcc)
-    if memo is not None:
-        return memo
-    full, problem = _run_nvcc_version(nvcc, timeout)
-    _memo_put(nvcc, full, problem)
-    return full, problem
+    return memo.probe_once(nvcc, lambda: _run_nvcc_version(nvcc, timeout), lock_timeout=timeout + 5.0)
 
 
 def _run_nvcc_version(nvcc: str, timeout: float) -> tuple[str | None, str | None]:
-    try:
-        proc = subprocess.Popen(
-            [nvcc, "--version"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True,
-        )
-    except OSError as exc:
-        return None, f"{nvcc} could not be run: {exc.strerror or exc}"
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            proc.kill()
-        proc.communicate()
-        return None, (
-            f"{nvcc} did not answer 'nvcc --version' within {timeout:g} s; it is "
-            f"hung or broken: fix or remove it, or set CUDA_HOME to a working toolkit "
-            f"(not retried for {FAILURE_MEMORY_S / 60:g} min)"
-        )
-    m = _RELEASE_RE.search(stdout)
+    res = proc.run([nvcc, "--version"], timeout=timeout, max_output=NVCC_MAX_OUTPUT)
+    later = f"(not retried for {FAILURE_MEMORY_S / 60:g} min)"
+    if res.error:
+        return None, f"{res.error}; fix it or set CUDA_HOME to a working toolkit"
+    if res.timed_out:
+        return None, (f"{nvcc} did not answer 'nvcc --version' within {timeout:g} s; it is "
+                      f"hung or broken: fix or remove it, or set CUDA_HOME to a working toolkit {later}")
+    if res.truncated:
+        return None, (f"{nvcc} --version printed more than {NVCC_MAX_OUTPUT} bytes and was stopped; "
+                      f"it is not a working nvcc: fix or remove it, or set CUDA_HOME to a working "
+                      f"toolkit {later}")
+    out = res.text()
+    m = _RELEASE_RE.search(out)
     if not m:
-        lines = (stdout or stderr).strip().splitlines()
+        lines = out.strip().splitlines()
         shown = f"first line: {lines[0][:120]!r}" if lines else "no output"
-        return None, (
-            f"{nvcc} --version printed no 'release X.Y, VX.Y.Z' line (exit "
-            f"{proc.returncode}, {shown}); it is not a working nvcc: fix it or set "
-            f"CUDA_HOME to a working toolkit"
-        )
+        return None, (f"{nvcc} --version printed no 'release X.Y, VX.Y.Z' line (exit "
+                      f"{res.returncode}, {shown}); it is not a working nvcc: fix it or set "
+                      f"CUDA_HOME to a working toolkit")
     return m.group(3), None
 
 
@@ -216,7 +184,8 @@ def _include_dirs(root: str) -> tuple[str, ...]:
 
 
 def _lib_dir(root: str) -> str | None:
-    for rel in ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"):
+    for rel in ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib",
+                "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu"):  # the last two: Debian's /usr
         d = os.path.join(root, rel)
         try:
             if any(n.startswith("libcudart.so") for n in os.listdir(d)):
@@ -226,43 +195,42 @@ def _lib_dir(root: str) -> str | None:
     return None
 
 
-# --------------------------------------------------------------------------- discovery
+def _fix(sources: tuple[str, ...], given: str) -> str:
+    """The fix sentence for a candidate that has no usable nvcc, by where it came from."""
+    src = sources[0] if sources else "given"
+    if src in ("CUDA_HOME", "CUDA_PATH"):
+        return (f"unset {src} or point it at a toolkit prefix (the directory above bin/nvcc)")
+    if src == "conda":
+        return "install nvcc into the conda environment (conda install cuda-nvcc) or deactivate it"
+    if src == "PATH":
+        return (f"the nvcc on PATH ({given}) does not sit in a toolkit's bin/ directory; put the "
+                f"toolkit's bin/ directory on PATH instead, or remove {given} from PATH")
+    return "reinstall the toolkit, or set CUDA_HOME to a complete one"
 
 
-def _resolve_nvcc(path: str, depth: int = 0) -> str | None:
-    """Follow symlinks and simple wrapper scripts to the real nvcc binary.
-
-    A wrapper such as ``/usr/local/bin/nvcc`` containing
-    ``exec /usr/local/cuda-13.0/bin/nvcc "$@"`` is read as text (never run):
-    the first absolute path in it that ends in ``/nvcc`` and exists is followed.
-    """
-    real = os.path.realpath(path)
-    if not os.path.isfile(real):
-        return None
-    if depth > 4:
-        return real
-    try:
-        with open(real, "rb") as fh:
-            head = fh.read(4096)
-    except OSError:
-        return real
-    if head.startswith(b"#!"):
-        text = head.decode("utf-8", "replace")
-        for m in _NVCC_PATH_RE.finditer(text):
-            target = m.group(1)
-            if os.path.realpath(target) != real and os.path.isfile(target):
-                return _resolve_nvcc(target, depth + 1)
-    return real
-
+def _untrusted(kind: str, why: str) -> str:
+    return (f"not {kind}: {why}. flashinfer-sm120 runs and adopts only files that root or you own, "
+            f"in directories nobody else can write; fix the ownership/mode, or set CUDA_HOME to a "
+            f"toolkit that qualifies")
 
 
 def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | None = None,
             *, timeout: float = NVCC_TIMEOUT_S) -> Toolkit:
     """Read one toolkit's facts from its files (running nvcc only as a fallback).
 
+    ``<root>/bin/nvcc`` is traced through links and wrapper scripts without
+    running it (:func:`flashinfer_sm120.toolkit.trust.trace`); anything
+    untrusted on the way, or a wrapper whose target cannot be told, makes the
+    toolkit unusable and nothing is run.  Include and library directories must
+    pass the same rule to be adopted.  The version comes from ``version.json``,
+    the pip wheel's ``dist-info``, or ``version.txt`` (of ``root`` or of the
+    toolkit the wrapper leads to), else from ``nvcc --version``
+    (:func:`nvcc_version`: bounded, remembered).
+
     Args:
-        root: toolkit prefix, e.g. ``/usr/local/cuda-12.8``.
-        sources: labels for where it was found.
+        root: toolkit prefix, e.g. ``/usr/local/cuda-12.8`` or ``/usr`` (Debian:
+            ``/usr/bin/nvcc`` wrapper, headers in ``/usr/include``).
+        sources: labels for where it was found (the first picks the fix advice).
         given_as: the path as originally given, for messages.
         timeout: seconds allowed for the ``nvcc --version`` fallback.
 
@@ -270,42 +238,45 @@ def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | No
         A :class:`Toolkit`; ``problem`` says why it is unusable, if it is.
     """
     given = given_as or root
+    base = dict(sources=tuple(sources), given_as=given_as)
     if not os.path.isdir(root):
-        return Toolkit(root, "", sources, None, None, None, None, (), None,
-                       problem=f"{given}: directory does not exist; unset it or point it "
-                               f"at a toolkit prefix that contains bin/nvcc",
-                       given_as=given_as)
-    nvcc_link = os.path.join(root, "bin", "nvcc")
-    nvcc = _resolve_nvcc(nvcc_link)
+        return Toolkit(root=root, nvcc="", **base,
+                       problem=f"{given}: directory does not exist; {_fix(sources, given)}")
     real_root = os.path.realpath(root)
     incs = _include_dirs(real_root)
     lib = _lib_dir(real_root)
     hv = _header_version(incs)
-    if not nvcc or not os.access(nvcc, os.X_OK):
-        return Toolkit(real_root, "", sources, None, None, hv, None, incs, lib,
-                       problem=f"{given}: no executable bin/nvcc; point CUDA_HOME at the "
-                               f"toolkit prefix (the directory above bin/)",
-                       given_as=given_as)
-    untrusted = is_trusted(nvcc)
-    if untrusted:
-        return Toolkit(real_root, nvcc, sources, None, None, hv, None, incs, lib,
-                       problem=f"not run: {untrusted}", given_as=given_as)
+    base.update(root=real_root, header_version=hv, include_dirs=incs, lib_dir=lib)
+    nvcc_link = os.path.join(root, "bin", "nvcc")
+    if not os.path.isfile(nvcc_link) or not os.access(nvcc_link, os.X_OK):
+        return Toolkit(nvcc="", **base, problem=f"{given}: no executable bin/nvcc; {_fix(sources, given)}")
+    tr = trace(nvcc_link)
+    if tr.problem or not tr.target:
+        return Toolkit(nvcc=tr.target or "", **base, problem=_untrusted("run", tr.problem or "?"))
+    for d in incs + ((lib,) if lib else ()):
+        why = check_path(d)
+        if why:
+            return Toolkit(nvcc=tr.target, **base, problem=_untrusted("adopted", why))
+    nvcc = tr.target
     found = _version_from_files(real_root)
+    target_root = os.path.dirname(os.path.dirname(nvcc))
+    if not found and target_root != real_root:
+        found = _version_from_files(target_root)
     if found:
         full, source = found
         problem = None
     else:
-        full, problem = _version_from_nvcc(nvcc, timeout)
+        full, problem = nvcc_version(nvcc, timeout)
         source = "nvcc --version" if full else None
     nv = major_minor(full) if full else None
+    pip = "pip" in sources or f"{os.sep}site-packages{os.sep}nvidia{os.sep}" in real_root + os.sep
     if nv and hv and nv != hv:
         problem = (
             f"nvcc {nv} with CUDA headers {hv} (CUDART_VERSION in "
             f"{incs[0]}/cuda_runtime_api.h): CCCL stops with #error when they differ; "
-            f"install one consistent set: pip install 'cuda-toolkit[nvcc,cccl,curand]=={nv}.*'"
+            f"install one consistent set: {consistent_set_fix(nv, pip)}"
         )
     if nv and not incs and problem is None:
-        problem = f"{real_root}: no include/cuda_runtime_api.h; the toolkit is incomplete"
-    return Toolkit(real_root, nvcc, sources, nv, full, hv, source, incs, lib,
-                   problem=problem, given_as=given_as)
-
+        problem = (f"{real_root}: no include/cuda_runtime_api.h; the toolkit is incomplete: "
+                   f"{consistent_set_fix(nv, pip)}")
+    return Toolkit(nvcc=nvcc, nvcc_version=nv, nvcc_full=full, version_from=source, problem=problem, **base)

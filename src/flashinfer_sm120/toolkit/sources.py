@@ -1,29 +1,50 @@
-"""Where CUDA toolkits are looked for, in order (one tuple of find steps)."""
+"""Where CUDA toolkits are looked for, in order: :data:`FIND_STEPS`, one tuple
+of small find steps (each ``env -> candidates``), as cuda-pathfinder arranges
+its own search.  The order is the preference order of :func:`choose` among
+toolkits that pass."""
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import re
 import shutil
 import site
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 from packaging.version import Version
 
 from .model import Toolkit
-from .probe import NVCC_TIMEOUT_S, _resolve_nvcc, inspect, major_minor, read_text
+from .probe import NVCC_TIMEOUT_S, inspect, major_minor, read_text
+from .trust import follow_wrappers
 
-__all__ = ["SOURCES", "Candidates", "discover", "flashinfer_naive_root", "torch_cuda_version",
-           "clean_home", "site_dirs"]
+logger = logging.getLogger("flashinfer_sm120")
+
+__all__ = ["FIND_STEPS", "SOURCES", "Found", "Candidates", "discover", "flashinfer_naive_root",
+           "torch_cuda_version", "clean_home", "site_dirs"]
 
 _PIP_PREFIX_RE = re.compile(r"cu1[3-9]")  # site-packages/nvidia/cu13: no pip wheel before 13 ships nvcc
 _VERSIONED_RE = re.compile(r"cuda-\d")
 
-#: Source labels, in the order a candidate is preferred when several pass.
-SOURCES = ("CUDA_HOME", "CUDA_PATH", "pip", "PATH", "/usr/local/cuda", "versioned", "conda")
+
+class Found(NamedTuple):
+    """One place a find step points at.
+
+    Attributes:
+        source: the step's label (an entry of :data:`SOURCES`).
+        root: the toolkit prefix (``<root>/bin/nvcc``).
+        given_as: how the user or environment named it, for messages.
+        problem: set when the step already knows the place is unusable.
+    """
+
+    source: str
+    root: str
+    given_as: str
+    problem: str | None = None
 
 
 def clean_home(value: str) -> str:
@@ -37,13 +58,37 @@ def clean_home(value: str) -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def _site_dirs_for(path_key: tuple[str, ...]) -> tuple[str, ...]:
+def _site_dirs_for(path_key: tuple[str, ...], user_site: bool) -> tuple[str, ...]:
     return tuple(_site_dirs_uncached())
 
 
 def site_dirs() -> list[str]:
-    """Every site-packages directory of this interpreter (cached per ``sys.path``)."""
-    return list(_site_dirs_for(tuple(sys.path)))
+    """Every site-packages directory of this interpreter, the user site only when
+    :data:`site.ENABLE_USER_SITE` is true (not under ``python -s`` or
+    ``PYTHONNOUSERSITE``; cached per ``sys.path``)."""
+    return list(_site_dirs_for(tuple(sys.path), bool(site.ENABLE_USER_SITE)))
+
+
+def _site_dirs_uncached() -> list[str]:
+    dirs: list[str] = []
+    getters: list[Callable[[], Iterable[str]]] = [lambda: site.getsitepackages()]
+    if site.ENABLE_USER_SITE:
+        getters.append(lambda: [site.getusersitepackages()])
+    getters.append(lambda: [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))])
+    user = None
+    if not site.ENABLE_USER_SITE:
+        try:
+            user = site.getusersitepackages()
+        except Exception:
+            user = None
+    for getter in getters:
+        try:
+            for d in getter():
+                if d and d not in dirs and d != user:
+                    dirs.append(d)
+        except Exception:  # site may be disabled (python -S)
+            continue
+    return dirs
 
 
 def _view_toolkit(path: str) -> str | None:
@@ -52,40 +97,69 @@ def _view_toolkit(path: str) -> str | None:
     if not txt:
         return None
     try:
-        root = json.loads(txt).get("toolkit")
-    except (ValueError, AttributeError):
+        data = json.loads(txt)
+    except ValueError:
         return None
-    return root if isinstance(root, str) and os.path.isdir(root) else None
+    root = data.get("toolkit") if isinstance(data, dict) else None
+    return root if isinstance(root, str) and os.path.isabs(root) and os.path.isdir(root) else None
 
 
-def _site_dirs_uncached() -> list[str]:
-    dirs: list[str] = []
-    for getter in (
-        lambda: site.getsitepackages(),
-        lambda: [site.getusersitepackages()],
-        lambda: [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))],
-    ):
-        try:
-            for d in getter():
-                if d and d not in dirs:
-                    dirs.append(d)
-        except Exception:  # site may be disabled (python -S)
-            continue
-    return dirs
+# --------------------------------------------------------------------------- find steps
 
 
-def _raw_candidates(env: dict[str, str]) -> list[tuple[str, str, str]]:
-    """(source, root, given_as) in preference order; roots may repeat."""
-    out: list[tuple[str, str, str]] = []
-    for var in ("CUDA_HOME", "CUDA_PATH"):
+def _env_var(var: str) -> Callable[[Mapping[str, str]], list[Found]]:
+    def step(env: Mapping[str, str]) -> list[Found]:
         val = env.get(var)
-        if val:
-            home = clean_home(val)
-            behind = _view_toolkit(home)
-            if behind:  # exported by flashinfer-sm120 to this process's parent
-                out.append((var, behind, f"${var}={val} (flashinfer-sm120 view of {behind})"))
-            else:
-                out.append((var, home, f"${var}={val}"))
+        if not val:
+            return []
+        home = clean_home(val)
+        behind = _view_toolkit(home)
+        if behind:  # exported by flashinfer-sm120 to this process's parent
+            return [Found(var, behind, f"${var}={val} (flashinfer-sm120 view of {behind})")]
+        return [Found(var, home, f"${var}={val}")]
+
+    step.__name__ = f"from_{var.lower()}"
+    step.__doc__ = f"``${var}`` (cleaned by :func:`clean_home`)."
+    return step
+
+
+def _pathfinder_nvcc() -> str | None:
+    """cuda-pathfinder's answer for where NVIDIA's wheels put nvcc (it knows the
+    wheel layouts and the venv / user-site order), or ``None``.  Asked only
+    when a wheel layout exists, so that its own last resort (a subprocess
+    loading libcudart through ``LD_LIBRARY_PATH``) never runs here."""
+    if not _pathfinder_answers_from_wheels():
+        return None
+    try:
+        from cuda.pathfinder import find_nvidia_binary_utility
+    except Exception:
+        return None
+    try:
+        return find_nvidia_binary_utility("nvcc")
+    except Exception as exc:  # its errors must not stop discovery
+        logger.debug("flashinfer-sm120: cuda-pathfinder failed: %s", exc)
+        return None
+
+
+def _pathfinder_answers_from_wheels() -> bool:
+    """Whether cuda-pathfinder's first step (the wheels in ``site.getsitepackages()``
+    and, if enabled, the user site) will find nvcc, so it never reaches its
+    subprocess fallback."""
+    dirs = []
+    try:
+        dirs += list(site.getsitepackages())
+        if site.ENABLE_USER_SITE:
+            dirs.append(site.getusersitepackages())
+    except Exception:
+        return False
+    return any(os.access(os.path.join(d, "nvidia", sub, "bin", "nvcc"), os.X_OK)
+               for d in dirs if d for sub in ("cu13", "cuda_nvcc"))
+
+
+def from_pip(env: Mapping[str, str]) -> list[Found]:
+    """NVIDIA's pip wheels: ``site-packages/nvidia/cu13`` (and later ``cuNN``),
+    newest first, and the legacy ``nvidia/cuda_nvcc``; cuda-pathfinder's pick first."""
+    out: list[Found] = []
     for sd in site_dirs():
         try:
             subs = os.listdir(os.path.join(sd, "nvidia"))
@@ -93,32 +167,97 @@ def _raw_candidates(env: dict[str, str]) -> list[tuple[str, str, str]]:
             continue
         for name in sorted((n for n in subs if _PIP_PREFIX_RE.fullmatch(n)), reverse=True):
             sub = os.path.join(sd, "nvidia", name)
-            out.append(("pip", sub, sub))
+            out.append(Found("pip", sub, sub))
         legacy = os.path.join(sd, "nvidia", "cuda_nvcc")  # cu12 wheels: no nvcc before 13
         if os.path.isfile(os.path.join(legacy, "bin", "nvcc")):
-            out.append(("pip", legacy, legacy))
+            out.append(Found("pip", legacy, legacy))
+    if out:
+        picked = _pathfinder_nvcc()
+        if picked and os.path.basename(os.path.dirname(picked)) == "bin":
+            root = os.path.dirname(os.path.dirname(picked))
+            out = [Found("pip", root, root)] + [f for f in out if os.path.realpath(f.root) != root]
+    return out
+
+
+def _has_headers(root: str) -> bool:
+    return os.path.isfile(os.path.join(root, "include", "cuda_runtime_api.h"))
+
+
+def from_path(env: Mapping[str, str]) -> list[Found]:
+    """``nvcc`` on ``PATH``, links and wrapper scripts followed (read, not run).
+
+    The prefix is the directory above the ``bin/`` holding the real nvcc
+    (``/usr/local/bin/nvcc`` wrapping ``/usr/local/cuda-13.0/bin/nvcc`` gives
+    ``/usr/local/cuda-13.0``), except for the Debian layout: a
+    ``/usr/bin/nvcc`` wrapper around ``/usr/lib/nvidia-cuda-toolkit/bin/nvcc``
+    with the headers in ``/usr/include`` gives ``/usr``.  An nvcc that sits in
+    no ``bin/`` directory gives no prefix, and says so in PATH terms.
+    """
     which = shutil.which("nvcc", path=env.get("PATH", os.defpath))
-    if which:
-        real = _resolve_nvcc(which)
-        root = os.path.dirname(os.path.dirname(real)) if real else os.path.dirname(os.path.dirname(which))
-        out.append(("PATH", root, which))
-    out.append(("/usr/local/cuda", "/usr/local/cuda", "/usr/local/cuda"))
+    if not which:
+        return []
+    which = os.path.abspath(which)
+    real = follow_wrappers(which) or os.path.realpath(which)
+    in_bin = os.path.basename(os.path.dirname(real)) == "bin"
+    lexical = os.path.dirname(os.path.dirname(which)) if os.path.basename(os.path.dirname(which)) == "bin" else None
+    real_root = os.path.dirname(os.path.dirname(real)) if in_bin else None
+    if real_root and (_has_headers(real_root) or not (lexical and _has_headers(lexical))):
+        return [Found("PATH", real_root, which)]
+    if lexical and (_has_headers(lexical) or not real_root):
+        return [Found("PATH", lexical, which if real == which else f"{which} (runs {real})")]
+    return [Found("PATH", os.path.dirname(which), which, problem=(
+        f"the nvcc on PATH ({which}" + (f", which runs {real}" if real != which else "")
+        + ") is not in a toolkit's bin/ directory, so no toolkit prefix (include/, lib64/) follows "
+        "from it; put the toolkit's bin/ directory on PATH instead, or set CUDA_HOME to the toolkit "
+        "prefix"))]
+
+
+def from_usr_local_cuda(env: Mapping[str, str]) -> list[Found]:
+    """``/usr/local/cuda`` (the installer's symlink), FlashInfer's last resort too."""
+    return [Found("/usr/local/cuda", "/usr/local/cuda", "/usr/local/cuda")]
+
+
+def from_usr_local_versioned(env: Mapping[str, str]) -> list[Found]:
+    """``/usr/local/cuda-X.Y``, newest first."""
     try:
-        versioned = [os.path.join("/usr/local", n) for n in os.listdir("/usr/local")
-                     if _VERSIONED_RE.match(n)]
+        versioned = [os.path.join("/usr/local", n) for n in os.listdir("/usr/local") if _VERSIONED_RE.match(n)]
     except OSError:
-        versioned = []
+        return []
 
     def _vkey(p: str) -> Version:
         return major_minor(p.rsplit("-", 1)[-1]) or Version("0")
 
-    for p in sorted(versioned, key=_vkey, reverse=True):
-        out.append(("versioned", p, p))
-    conda = env.get("CONDA_PREFIX")
-    if conda:
-        out.append(("conda", conda, f"$CONDA_PREFIX={conda}"))
-    return out
+    return [Found("versioned", p, p) for p in sorted(versioned, key=_vkey, reverse=True)]
 
+
+def from_conda(env: Mapping[str, str]) -> list[Found]:
+    """``$CONDA_PREFIX`` (conda's ``cuda-nvcc`` package installs ``bin/nvcc`` there)."""
+    conda = env.get("CONDA_PREFIX")
+    return [Found("conda", conda, f"$CONDA_PREFIX={conda}")] if conda else []
+
+
+#: The search, in preference order: ``(label, step)``; each step maps an
+#: environment to the places it points at.
+FIND_STEPS: tuple[tuple[str, Callable[[Mapping[str, str]], list[Found]]], ...] = (
+    ("CUDA_HOME", _env_var("CUDA_HOME")),
+    ("CUDA_PATH", _env_var("CUDA_PATH")),
+    ("pip", from_pip),
+    ("PATH", from_path),
+    ("/usr/local/cuda", from_usr_local_cuda),
+    ("versioned", from_usr_local_versioned),
+    ("conda", from_conda),
+)
+
+#: Source labels, in the order a candidate is preferred when several pass.
+SOURCES = tuple(label for label, _ in FIND_STEPS)
+
+
+def _raw_candidates(env: Mapping[str, str]) -> list[Found]:
+    """Every step's findings in order; roots may repeat."""
+    out: list[Found] = []
+    for _label, step in FIND_STEPS:
+        out.extend(step(env))
+    return out
 
 
 class Candidates(Sequence):
@@ -129,8 +268,8 @@ class Candidates(Sequence):
     ``len()`` and iteration are cheap to ask for; items are :class:`Toolkit`.
     """
 
-    def __init__(self, raw: list[tuple[tuple[str, ...], str, str]], timeout: float) -> None:
-        self._raw = raw  # (sources, root, given_as)
+    def __init__(self, raw: list[tuple[tuple[str, ...], str, str, str | None]], timeout: float) -> None:
+        self._raw = raw  # (sources, root, given_as, known problem)
         self._timeout = timeout
         self._done: dict[int, Toolkit] = {}
 
@@ -143,8 +282,9 @@ class Candidates(Sequence):
         if i < 0:
             i += len(self)
         if i not in self._done:
-            sources, root, given = self._raw[i]
-            self._done[i] = inspect(root, sources, given, timeout=self._timeout)
+            sources, root, given, problem = self._raw[i]
+            self._done[i] = (Toolkit(root=root, sources=sources, given_as=given, problem=problem) if problem
+                             else inspect(root, sources, given, timeout=self._timeout))
         return self._done[i]
 
     def is_read(self, i: int) -> bool:
@@ -155,17 +295,19 @@ class Candidates(Sequence):
         """The toolkit if already inspected, else a placeholder with root and sources only."""
         if i in self._done:
             return self._done[i]
-        sources, root, given = self._raw[i]
-        return Toolkit(root, "", sources, None, None, None, None, (), None, given_as=given)
+        sources, root, given, _problem = self._raw[i]
+        return Toolkit(root=root, sources=sources, given_as=given)
 
 
 def discover(env: dict[str, str] | None = None, *, timeout: float = NVCC_TIMEOUT_S) -> Candidates:
     """All candidate toolkits, in preference order, one entry per real nvcc.
 
-    Sources, in order: ``CUDA_HOME``, ``CUDA_PATH`` (cleaned of a leading ``:`` and a
-    trailing ``/bin``), pip wheels (``site-packages/nvidia/cu13`` in every site
-    directory), ``nvcc`` on ``PATH`` (symlinks and wrapper scripts followed),
-    ``/usr/local/cuda``, ``/usr/local/cuda-X.Y`` (newest first), ``$CONDA_PREFIX``.
+    Sources, in order (:data:`FIND_STEPS`): ``CUDA_HOME``, ``CUDA_PATH`` (cleaned
+    of a leading ``:`` and a trailing ``/bin``), pip wheels
+    (``site-packages/nvidia/cu13`` in every site directory; cuda-pathfinder's
+    pick first), ``nvcc`` on ``PATH`` (symlinks and wrapper scripts followed;
+    Debian's ``/usr`` layout recognised), ``/usr/local/cuda``,
+    ``/usr/local/cuda-X.Y`` (newest first), ``$CONDA_PREFIX``.
 
     Args:
         env: environment to read (default ``os.environ``).
@@ -178,11 +320,14 @@ def discover(env: dict[str, str] | None = None, *, timeout: float = NVCC_TIMEOUT
     env = dict(os.environ if env is None else env)
     merged: dict[str, tuple[list[str], str, str]] = {}
     order: list[str] = []
-    bad: list[tuple[tuple[str, ...], str, str]] = []
-    for source, root, given in _raw_candidates(env):
+    bad: list[tuple[tuple[str, ...], str, str, str | None]] = []
+    for source, root, given, problem in _raw_candidates(env):
+        if problem:
+            bad.append(((source,), root, given, problem))
+            continue
         if not os.path.isdir(root):
             if source in ("CUDA_HOME", "CUDA_PATH", "conda"):
-                bad.append(((source,), root, given))
+                bad.append(((source,), root, given, None))
             continue
         # Dedupe on the real path (cheap); wrappers are followed later by inspect().
         key = os.path.realpath(os.path.join(root, "bin", "nvcc"))
@@ -192,7 +337,7 @@ def discover(env: dict[str, str] | None = None, *, timeout: float = NVCC_TIMEOUT
             continue
         merged[key] = ([source], root, given)
         order.append(key)
-    raw = bad + [(tuple(merged[k][0]), merged[k][1], merged[k][2]) for k in order]
+    raw = bad + [(tuple(merged[k][0]), merged[k][1], merged[k][2], None) for k in order]
     return Candidates(raw, timeout)
 
 

@@ -1,39 +1,318 @@
-"""Who may own what flashinfer-sm120 executes or adopts."""
+"""Who may own what flashinfer-sm120 executes or adopts.
+
+The rule (OpenSSH ``StrictModes`` applied to every step of a path): a file we
+execute, and every directory in which any component of its path is looked up,
+must be owned by root or by the current uid and must not be writable by group
+or others (group-writable is fine when the group is the user's private group,
+see :func:`flashinfer_sm120.cache.writable_by_others`).  A world-writable
+directory with the sticky bit (``/tmp``) is accepted only when root owns it
+*and* the entry looked up in it is owned by root or by you: the sticky bit
+stops others from renaming or replacing those entries; another user's entry
+there is not taken on trust.
+
+"What we execute" is followed all the way, without running anything:
+
+* every symlink hop (``$CUDA_HOME/bin/nvcc -> /usr/local/cuda-13.0/bin/nvcc``):
+  the directory holding each link counts, not only the final file, so a
+  ``CUDA_HOME`` owned by another user cannot borrow a trusted nvcc;
+* a script (``#!``): its interpreter (and, for ``#!/usr/bin/env prog``, the
+  ``prog`` found on ``PATH``), every absolute ``.../nvcc`` path it names
+  (``exec /usr/local/cuda-13.0/bin/nvcc "$@"``) and every absolute path it
+  runs as a command (``/usr/bin/ccache ...``), recursively, at most
+  :data:`MAX_WRAPPER_DEPTH` deep, loops detected;
+* a script whose command is computed (``exec "$(dirname "$0")/real" "$@"``,
+  ``$NVCC "$@"``, ``eval``, ``source``) is refused: we cannot tell what it
+  would run.
+"""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import stat
-from pathlib import Path
+from dataclasses import dataclass
 
-__all__ = ["is_trusted"]
+from ..cache import writable_by_others
+
+__all__ = ["MAX_WRAPPER_DEPTH", "Trace", "trace", "check_executable", "check_path", "is_trusted"]
+
+#: Wrapper scripts followed at most this deep (``/usr/bin/nvcc`` ->
+#: ``/usr/lib/nvidia-cuda-toolkit/bin/nvcc`` is one level).
+MAX_WRAPPER_DEPTH = 8
+_MAX_LINKS = 40  # as Linux MAXSYMLINKS
+_HEAD_BYTES = 8192
+
+_NVCC_PATH_RE = re.compile(r"(/[^\s\"'`;|&()<>$]*?/nvcc)(?![\w.-])")
+#: An absolute path in command position: ``exec /opt/x/bin/tool "$@"``, ``/usr/bin/ccache ...``.
+_CMD_PATH_RE = re.compile(
+    r"""^\s*(?:(?:exec|command|then|else|do)\s+|&&\s*|\|\|\s*)*["']?(/[^\s"'`;|&()<>$]+)""",
+    re.MULTILINE,
+)
+_COMPUTED_RE = re.compile(
+    r"""^\s*(?:exec\s+|command\s+|then\s+|else\s+|do\s+|&&\s*|\|\|\s*)*["']?(?:\$|`)"""
+    r"""|^\s*(?:eval|source|\.)\s""",
+    re.MULTILINE,
+)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Everything that running ``path`` would execute, as far as can be read.
+
+    Attributes:
+        path: the path as given.
+        target: real path of the program that finally runs (wrappers and links
+            followed), or ``None`` when it cannot be told.
+        files: real paths of every file executed on the way (wrappers,
+            interpreters, the target), in order.
+        problem: why it must not be run (untrusted owner or mode, a wrapper loop,
+            a computed command, missing file), or ``None`` when trusted.
+    """
+
+    path: str
+    target: str | None
+    files: tuple[str, ...]
+    problem: str | None
+
+    @property
+    def trusted(self) -> bool:
+        return self.problem is None
+
+
+class _Untrusted(Exception):
+    pass
+
+
+def _uid() -> int:
+    return os.geteuid() if hasattr(os, "geteuid") else 0
+
+
+def _dir_ok(directory: str, entry: str | None, uid: int) -> None:
+    st = os.stat(directory)
+    if st.st_uid not in (0, uid):
+        raise _Untrusted(f"{directory} is owned by uid {st.st_uid}, not root or you (uid {uid})")
+    if writable_by_others(st):
+        if st.st_mode & stat.S_ISVTX and st.st_uid == 0 and entry is not None:
+            try:
+                owner = os.lstat(entry).st_uid
+            except OSError:
+                owner = -1
+            if owner in (0, uid):  # the sticky bit stops others replacing it
+                return
+            raise _Untrusted(
+                f"{entry} is owned by uid {owner} in {directory}, a directory everyone can write "
+                f"(mode {stat.filemode(st.st_mode)}); only entries of root or you are trusted there: "
+                f"move the toolkit out of {directory}")
+        raise _Untrusted(
+            f"{directory} is writable by other users (mode {stat.filemode(st.st_mode)}); "
+            f"run 'chmod go-w {directory}' or use a path outside it")
+
+
+def _resolve(path: str, uid: int) -> str:
+    """Resolve ``path`` component by component (like :func:`os.path.realpath`),
+    checking every directory in which a component is looked up."""
+    if not os.path.isabs(path):
+        path = os.path.abspath(path)
+    todo = [c for c in path.split("/") if c]
+    cur = "/"
+    links = 0
+    _dir_ok("/", None, uid)
+    while todo:
+        c = todo.pop(0)
+        if c == ".":
+            continue
+        if c == "..":
+            cur = os.path.dirname(cur)
+            continue
+        nxt = os.path.join(cur, c)
+        _dir_ok(cur, nxt, uid)
+        st = os.lstat(nxt)
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > _MAX_LINKS:
+                raise _Untrusted(f"{path}: too many levels of symbolic links (a link loop)")
+            target = os.readlink(nxt)
+            if target.startswith("/"):
+                cur = "/"
+            todo = [t for t in target.split("/") if t] + todo
+        else:
+            cur = nxt
+    return cur
+
+
+def _file_ok(real: str, uid: int) -> os.stat_result:
+    st = os.stat(real)
+    if st.st_uid not in (0, uid):
+        raise _Untrusted(f"{real} is owned by uid {st.st_uid}, not root or you (uid {uid})")
+    if writable_by_others(st):
+        raise _Untrusted(f"{real} is writable by other users (mode {stat.filemode(st.st_mode)}); "
+                         f"run 'chmod go-w {real}'")
+    return st
+
+
+def check_path(path: str) -> str | None:
+    """Check a file or directory we adopt (headers, libraries, a toolkit root):
+    every directory on the way and the entry itself, links followed.
+
+    Returns:
+        ``None`` when trusted, else a sentence naming the offending path and the fix.
+    """
+    uid = _uid()
+    try:
+        real = _resolve(path, uid)
+        _file_ok(real, uid)
+    except _Untrusted as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"cannot check {path}: {exc.strerror or exc}"
+    return None
+
+
+def _read_head(real: str) -> bytes:
+    try:
+        with open(real, "rb") as fh:
+            return fh.read(_HEAD_BYTES)
+    except OSError:
+        return b""
+
+
+def _existing(paths) -> list[str]:
+    out: list[str] = []
+    for p in paths:
+        if p not in out and os.path.isfile(p):
+            out.append(p)
+    return out[:32]
+
+
+def _follow(path: str, uid: int, chain: list[str], files: list[str], env_path: str | None,
+            checked: dict[str, str]) -> str:
+    """Check ``path`` and whatever it execs; returns the final target's real path.
+    ``checked`` maps files already found trusted to their final target, so a
+    script naming the same programs many times is checked once per program."""
+    real = _resolve(path, uid)
+    st = _file_ok(real, uid)
+    if not stat.S_ISREG(st.st_mode):
+        raise _Untrusted(f"{real} is not a regular file")
+    if real in chain:
+        raise _Untrusted("wrapper loop: " + " -> ".join(chain + [real]) + "; it would never finish; "
+                         "set CUDA_HOME to the real toolkit prefix instead")
+    if len(chain) >= MAX_WRAPPER_DEPTH:
+        raise _Untrusted(f"wrappers nested more than {MAX_WRAPPER_DEPTH} deep at {real}; "
+                         "set CUDA_HOME to the real toolkit prefix instead")
+    chain.append(real)
+    files.append(real)
+    head = _read_head(real)
+    if not head.startswith(b"#!"):
+        return real
+    text = head.decode("utf-8", "replace")
+    shebang, _, body = text.partition("\n")
+    words = shebang[2:].split()
+    if not words:
+        raise _Untrusted(f"{real} has an empty '#!' line")
+    _follow_interpreter(words, uid, files, env_path, real)
+    if _COMPUTED_RE.search(body):
+        raise _Untrusted(
+            f"{real} is a script that computes the path of the program it runs, so what it "
+            f"would execute cannot be checked; set CUDA_HOME to the toolkit prefix that holds "
+            f"the real nvcc binary (or replace the script with a symlink)")
+    nvccs = _existing(m.group(1) for m in _NVCC_PATH_RE.finditer(body))
+    others = _existing(m.group(1) for m in _CMD_PATH_RE.finditer(body))
+    final = real
+    for t in nvccs + [o for o in others if o not in nvccs]:
+        if os.path.realpath(t) in chain:
+            if _runs_literally(body, t):  # it execs a script already on the way: a loop
+                raise _Untrusted("wrapper loop: " + " -> ".join(chain + [os.path.realpath(t)])
+                                 + "; it would never finish; set CUDA_HOME to the real toolkit "
+                                 "prefix instead")
+            continue  # only mentioned (a comment, a test), not run
+        if os.path.realpath(t) in checked:
+            got = checked[os.path.realpath(t)]
+        else:
+            got = _follow(t, uid, list(chain), files, env_path, checked)
+        if final == real and t in nvccs:  # the first nvcc it names is what it runs
+            final = got
+    checked[real] = final
+    return final
+
+
+def _runs_literally(body: str, path: str) -> bool:
+    """Whether a line of ``body`` runs ``path`` as its command."""
+    return re.search(r"^\s*(?:(?:exec|command|then|else|do)\s+|&&\s*|\|\|\s*)*[\"']?" + re.escape(path)
+                     + r"(?![\w.-])", body, re.MULTILINE) is not None
+
+
+def _follow_interpreter(words: list[str], uid: int, files: list[str], env_path: str | None,
+                        script: str) -> None:
+    interp = words[0]
+    real = _resolve(interp, uid)
+    _file_ok(real, uid)
+    files.append(real)
+    if os.path.basename(real) == "env":
+        prog = next((w for w in words[1:] if not w.startswith("-") and "=" not in w), None)
+        if prog:
+            found = shutil.which(prog, path=env_path if env_path is not None else os.environ.get("PATH"))
+            if not found:
+                raise _Untrusted(f"{script} runs '{prog}' via /usr/bin/env and no {prog} is on PATH")
+            files.append(_resolve(found, uid))
+            _file_ok(files[-1], uid)
+
+
+def trace(path: str, *, env_path: str | None = None) -> Trace:
+    """Follow ``path`` through links and wrapper scripts, checking trust at every step.
+
+    Nothing is executed: scripts are read as text (first 8 KiB).
+
+    Args:
+        path: the program, e.g. ``$CUDA_HOME/bin/nvcc``.
+        env_path: ``PATH`` used for ``#!/usr/bin/env prog`` (default ``$PATH``).
+
+    Returns:
+        A :class:`Trace`; ``problem`` is set when anything on the way is
+        untrusted or cannot be told (see the module docstring for the rule).
+    """
+    uid = _uid()
+    files: list[str] = []
+    try:
+        target = _follow(path, uid, [], files, env_path, {})
+    except _Untrusted as exc:
+        return Trace(path, None, tuple(files), str(exc))
+    except OSError as exc:
+        return Trace(path, None, tuple(files), f"cannot check {exc.filename or path}: {exc.strerror or exc}")
+    return Trace(path, target, tuple(dict.fromkeys(files)), None)
+
+
+def check_executable(path: str) -> str | None:
+    """``None`` when ``path`` may be run (see :func:`trace`), else the reason."""
+    return trace(path).problem
 
 
 def is_trusted(path: str) -> str | None:
-    """Check that ``path`` and every directory above it are safe to execute from.
+    """Former name of :func:`check_executable` (kept for callers): ``None`` when
+    ``path`` and everything it would execute are trusted, else a sentence naming
+    the offending path and the fix."""
+    return check_executable(path)
 
-    A file is trusted when it and each parent are owned by root or by the current
-    user and are not writable by group or others (a world-writable directory with
-    the sticky bit, like ``/tmp``, is allowed: others cannot replace entries in it).
-    This is the rule OpenSSH applies to ``authorized_keys`` (``StrictModes``).
 
-    Returns:
-        ``None`` when trusted, else a sentence naming the offending path and mode.
-    """
-    uid = os.geteuid() if hasattr(os, "geteuid") else 0
-    p = Path(os.path.realpath(path))
-    for node in [p, *p.parents]:
-        try:
-            st = node.stat()
-        except OSError as exc:
-            return f"cannot stat {node}: {exc.strerror}"
-        if st.st_uid not in (0, uid):
-            return f"{node} is owned by uid {st.st_uid}, not root or you"
-        writable_by_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-        if writable_by_others and not (node.is_dir() and st.st_mode & stat.S_ISVTX):
-            return (
-                f"{node} is writable by other users (mode {stat.filemode(st.st_mode)}); "
-                f"run 'chmod go-w {node}' or use another toolkit"
-            )
-    return None
-
+def follow_wrappers(path: str) -> str | None:
+    """Real path of the program ``path`` finally runs, reading wrappers as text,
+    with no trust verdict (used to place a ``PATH`` nvcc); ``None`` if absent."""
+    seen: list[str] = []
+    cur = path
+    for _ in range(MAX_WRAPPER_DEPTH + 1):
+        real = os.path.realpath(cur)
+        if not os.path.isfile(real):
+            return None if not seen else seen[-1]
+        if real in seen:
+            return real
+        seen.append(real)
+        head = _read_head(real)
+        if not head.startswith(b"#!"):
+            return real
+        body = head.decode("utf-8", "replace").partition("\n")[2]
+        nxt = next((m.group(1) for m in _NVCC_PATH_RE.finditer(body)
+                    if os.path.realpath(m.group(1)) != real and os.path.isfile(m.group(1))), None)
+        if nxt is None:
+            return real
+        cur = nxt
+    return os.path.realpath(cur)
