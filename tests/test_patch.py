@@ -54,7 +54,9 @@ def test_seed_fixed_whatever_the_import_order(seed_env, order):
     assert out["status"]["mode"] == "patched", proc.stderr
     assert out["version"].startswith("13."), out
     assert out["current"] == [[12, "0f"]] and out["fresh"] == [[12, "0f"]]
-    assert os.path.basename(os.path.dirname(out["jit_dir"])) == "120f"
+    ws = os.path.dirname(out["jit_dir"])  # .../<flashinfer>/120f/nvcc13.x.y-<fingerprint>
+    assert os.path.basename(os.path.dirname(ws)) == "120f"
+    assert os.path.basename(ws).startswith("nvcc" + out["status"]["resolution"]["choice"]["toolkit"]["nvcc_full"])
     assert out["path"] == out["env_cuda_home"] != seed_env["SEED_FAKE"]
     assert not out["nvcc_real"].startswith(seed_env["SEED_FAKE"])
     assert out["bad_bindings"] == []
@@ -101,9 +103,9 @@ def test_install_after_revert_patches_again(seed_env):
 
 def test_failure_midway_rolls_everything_back(seed_env):
     code = (
-        "import fakegpu\nimport flashinfer_sm120.patch as p\n"
+        "import fakegpu\nimport flashinfer_sm120.patch.steps as s\n"
         "def boom(mod): raise RuntimeError('injected failure')\n"
-        "p._STEPS['flashinfer.jit.cpp_ext'] = boom\n"
+        "s.STEPS['flashinfer.jit.cpp_ext'].insert(0, s.Step('boom', boom, frozenset({s.Mode.PATCHED})))\n"
         "import flashinfer_sm120, flashinfer\n" + REPORT
     )
     out, proc = run_py(code, seed_env)
@@ -154,20 +156,28 @@ def test_noop_when_flashinfer_already_resolves_correctly(seed_env):
     assert out["current"] == [[12, "0f"]] and out["version"].startswith("13.")
 
 
-def test_nothing_usable_leaves_flashinfer_alone(clean_env, tmp_path):
+def test_nothing_usable_guards_flashinfer(clean_env, tmp_path):
     env = dict(clean_env, FAKE_GPU_CAPS="12.1", FAKE_TORCH_CUDA="11.8",
                CUDA_HOME=str(make_toolkit(tmp_path / "cuda-12.8")))
-    out, proc = run_py("import fakegpu, flashinfer_sm120\n" + REPORT, env)
-    assert out["status"]["mode"] == "failed" and "no CUDA toolkit can build sm_121a" in out["status"]["error"]
+    code = ("import fakegpu, flashinfer_sm120\n" + REPORT.replace('print("@@"', 'out0 = out #')
+            + "from flashinfer.jit.sampling import gen_sampling_module\n"
+            + "try:\n    gen_sampling_module().build_and_load()\n    out['build'] = 'ran'\n"
+            + "except Exception as e:\n    out['build'] = type(e).__name__ + ': ' + str(e)\n"
+            + "print('@@' + json.dumps(out))\n")
+    out, proc = run_py(code, env)
+    assert out["status"]["mode"] == "guard" and "no CUDA toolkit can build sm_121a" in out["status"]["error"]
+    # FlashInfer keeps its own toolkit and arch logic; only its JIT entry points are guarded
     assert out["normalize_wrapped"] == "function" and out["env_cuda_home"] == env["CUDA_HOME"]
-    assert "not patching FlashInfer" in proc.stderr
+    assert out["build"].startswith("ToolkitError: flashinfer-sm120 stopped this FlashInfer JIT build")
+    assert "no CUDA toolkit can build sm_121a" in out["build"] and "sm75" not in out["build"]
+    assert "guarding FlashInfer" in proc.stderr
 
 
 def test_explicit_install_retries_after_failure(clean_env, tmp_path):
     env = dict(clean_env, FAKE_GPU_CAPS="12.1", FAKE_TORCH_CUDA="11.8",
                CUDA_HOME=str(make_toolkit(tmp_path / "cuda-12.8")))
     code = ("import fakegpu, flashinfer_sm120, flashinfer, torch\n"
-            "assert flashinfer_sm120.status()['mode'] == 'failed'\n"
+            "assert flashinfer_sm120.status()['mode'] == 'guard'\n"
             "torch.version.cuda = '13.0'  # e.g. the user fixed their environment\n"
             "flashinfer_sm120.install()\n" + REPORT)
     out, _ = run_py(code, env)

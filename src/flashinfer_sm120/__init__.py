@@ -3,8 +3,9 @@ and wherever FlashInfer's CUDA toolkit and architecture detection goes wrong.
 
 ``import flashinfer_sm120`` registers import hooks; when FlashInfer is imported
 (before or after), it is patched to use the right nvcc (pip CUDA 13 nvcc or a
-system toolkit) and the right ``TARGET_CUDA_ARCHS``.  Importing never raises:
-problems are logged to the ``flashinfer_sm120`` logger and shown by
+system toolkit) and the right ``TARGET_CUDA_ARCHS``.  Importing never raises,
+not even when a dependency (wrapt, packaging, nvidia-ml-py) is missing or
+broken: problems are logged to the ``flashinfer_sm120`` logger and shown by
 ``flashinfer-sm120 doctor``.  Set ``FLASHINFER_SM120_DISABLE=1`` to turn it off.
 
 When it changes the toolkit FlashInfer would have used, it says so once per
@@ -22,24 +23,30 @@ __version__ = "0.1.0"
 __all__ = ["install", "revert", "status", "resolve", "__version__"]
 
 try:
-    from .patch import install, resolve, revert, status  # noqa: E402
-except Exception as _exc:  # a module file or a dependency missing: never break the importer
-    _broken = (f"flashinfer-sm120 is broken ({_exc!r}); FlashInfer is not patched. Fix: "
-               f"pip install --force-reinstall flashinfer-sm120, or 'flashinfer-sm120 disable'")
-    logging.getLogger("flashinfer_sm120").error("%s", _broken)
+    from .patch import install, resolve, revert, status
+except Exception as _exc:  # a missing or broken dependency: log once, do nothing else
+    _missing = getattr(_exc, "name", None) or type(_exc).__name__
+    _LOAD_ERROR = (f"flashinfer-sm120 cannot load ({_missing!s}: {_exc}); FlashInfer is left alone. "
+                   f"Fix: pip install --force-reinstall flashinfer-sm120 (it needs wrapt, packaging, "
+                   f"nvidia-ml-py and filelock)")
+    logging.getLogger("flashinfer_sm120").error("%s", _LOAD_ERROR)
 
     def status() -> dict:  # type: ignore[misc]
-        """Where patching stands: always ``failed`` in a broken install."""
-        return {"mode": "failed", "error": _broken, "summary": "", "patched_modules": [],
-                "resolution": None, "target_cuda_archs": None}
+        """Where patching stands: ``failed``, with the load error."""
+        return {"mode": "failed", "error": _LOAD_ERROR, "summary": _LOAD_ERROR, "patched_modules": [],
+                "steps": {}, "resolution": None, "target_cuda_archs": None, "exported": {}}
 
-    install = revert = status  # type: ignore[assignment]
+    def install() -> dict:  # type: ignore[misc]
+        """Does nothing (the package could not load); returns :func:`status`."""
+        return status()
 
-    def resolve(*_a, **_k):  # type: ignore[misc]
-        """Unavailable in a broken install."""
+    revert = install
+
+    def resolve(*args, **kwargs):  # type: ignore[misc]
+        """Raises :class:`~flashinfer_sm120.errors.Sm120Error` with the load error."""
         from .errors import Sm120Error
 
-        raise Sm120Error(_broken)
+        raise Sm120Error(_LOAD_ERROR)
 else:
     try:
         install()

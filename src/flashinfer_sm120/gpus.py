@@ -1,22 +1,32 @@
-"""GPU compute capabilities from NVML, without creating a CUDA context.
+"""GPU compute capabilities: NVML first, else what FlashInfer itself reads.
 
 ``torch.cuda.get_device_capability`` (what FlashInfer uses) initialises CUDA in
 the calling process, which breaks a later ``fork()`` of inference workers.  NVML
 (``nvidia-ml-py``, the ``pynvml`` module) reads the same facts from the driver
-without touching the CUDA runtime.
+without touching the CUDA runtime, so it is asked first.
+
+Where NVML is unavailable (a container without ``libnvidia-ml.so.1``, no
+``pynvml``) or fails, the capabilities come from ``torch.cuda`` exactly as
+FlashInfer reads them in ``CompilationContext.__init__``
+(``flashinfer/compilation_context.py``: ``torch.cuda.device_count()`` and
+``torch.cuda.get_device_capability(i)``), but only when torch is already
+imported: FlashInfer imports it and builds a ``CompilationContext`` at import,
+so this costs nothing FlashInfer would not do a moment later.  The source used
+is recorded (:data:`last_source`) and shown by ``doctor``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass
 
 from .errors import GPUQueryError
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["GPU", "GPUQueryError", "visible_gpus", "select_visible"]
+__all__ = ["GPU", "GPUQueryError", "visible_gpus", "select_visible", "query", "GPUQuery", "last_source"]
 
 
 @dataclass(frozen=True)
@@ -84,14 +94,19 @@ def select_visible(gpus: list[GPU], cuda_visible_devices: str | None) -> list[GP
     return chosen
 
 
-def _nvml_devices() -> list[GPU]:
-    import pynvml  # nvidia-ml-py
+class NVMLUnavailable(Exception):
+    """NVML cannot be loaded or initialised (internal: triggers the torch fallback)."""
 
+
+def _nvml_devices() -> list[GPU]:
+    try:
+        import pynvml  # nvidia-ml-py
+    except Exception as exc:  # not installed, or broken
+        raise NVMLUnavailable(f"pynvml not importable: {exc!r}") from exc
     try:
         pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:  # no driver on this machine: no GPUs
-        logger.debug("NVML unavailable (%s); assuming no GPUs", exc)
-        return []
+    except Exception as exc:  # no driver / no libnvidia-ml.so.1 in this container
+        raise NVMLUnavailable(f"nvmlInit failed: {exc}") from exc
     try:
         out = []
         for i in range(pynvml.nvmlDeviceGetCount()):
@@ -117,15 +132,91 @@ def _nvml_devices() -> list[GPU]:
             pass
 
 
+@dataclass(frozen=True)
+class GPUQuery:
+    """The visible GPUs and where they were read.
+
+    Attributes:
+        gpus: visible GPUs.
+        source: ``"nvml"``, ``"torch.cuda"`` (NVML unavailable or failed) or ``"none"``.
+        note: why NVML was not used, or ``None``.
+    """
+
+    gpus: tuple[GPU, ...]
+    source: str
+    note: str | None = None
+
+    def describe(self) -> str:
+        """One line for logs and ``doctor``, e.g. ``"torch.cuda (NVML: nvmlInit failed: ...)"``."""
+        return self.source + (f" (NVML: {self.note})" if self.note else "")
+
+
+#: How the last :func:`query` read the GPUs (``None`` before the first call).
+last_source: GPUQuery | None = None
+
+
+def _torch_devices() -> list[GPU] | None:
+    """Capabilities as FlashInfer reads them (``CompilationContext.__init__``), or
+    ``None`` when torch is not imported yet (importing it here would cost seconds)."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None:
+        return None
+    out = []
+    for i in range(int(cuda.device_count())):
+        major, minor = cuda.get_device_capability(i)
+        out.append(GPU(index=i, name=f"cuda:{i} (from torch.cuda)", uuid="", capability=(int(major), int(minor))))
+    return out
+
+
+def query(*, torch_fallback: bool = True) -> GPUQuery:
+    """Visible GPUs, NVML first, else ``torch.cuda`` as FlashInfer reads them.
+
+    ``CUDA_VISIBLE_DEVICES`` is applied to NVML's list (torch applies it itself).
+
+    Args:
+        torch_fallback: ask ``torch.cuda`` (already imported only) when NVML is
+            unavailable or fails.
+
+    Returns:
+        A :class:`GPUQuery`; also kept in :data:`last_source`.
+
+    Raises:
+        Nothing: every failure ends in an empty list with ``note`` saying why.
+    """
+    global last_source
+    note = None
+    try:
+        result = GPUQuery(tuple(select_visible(_nvml_devices(), os.environ.get("CUDA_VISIBLE_DEVICES"))), "nvml")
+    except (NVMLUnavailable, GPUQueryError) as exc:
+        note = str(exc)
+        result = None
+    except Exception as exc:  # a broken pynvml must not break the import of FlashInfer
+        note = f"NVML raised {exc!r}"
+        result = None
+    if result is None:
+        devices = None
+        if torch_fallback:
+            try:
+                devices = _torch_devices()
+            except Exception as exc:
+                note += f"; torch.cuda failed too: {exc!r}"
+        if devices is None:
+            result = GPUQuery((), "none", note)
+        else:
+            result = GPUQuery(tuple(devices), "torch.cuda", note)
+    last_source = result
+    return result
+
+
 def visible_gpus() -> list[GPU]:
     """GPUs this process can use, honouring ``CUDA_VISIBLE_DEVICES``.
 
-    Uses NVML only (no CUDA context is created; safe before ``fork()``).
+    NVML first (no CUDA context is created; safe before ``fork()``); where NVML
+    is unavailable or fails, ``torch.cuda`` if torch is already imported (see
+    :func:`query`).
 
     Returns:
-        Visible GPUs; ``[]`` on a machine without an NVIDIA driver.
-
-    Raises:
-        GPUQueryError: NVML loaded but failed mid-query (message says why).
+        Visible GPUs; ``[]`` when neither source sees one.
     """
-    return select_visible(_nvml_devices(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return list(query().gpus)

@@ -102,35 +102,38 @@ _ORIGINAL_ENV = {k: v for k, v in os.environ.items() if k in ("CUDA_HOME", "CUDA
 
 def run_doctor(args: argparse.Namespace) -> int:
     from .. import patch, toolkit
-    from ..gpus import visible_gpus
+    from ..gpus import query
+    from ..patch.resolve import cleaned_homes, flashinfer_version
+    from ..releases import release_info
 
     report: dict = {"flashinfer_sm120": __version__, "python": sys.executable}
-    try:
-        import importlib.metadata as md
-
-        report["flashinfer"] = md.version("flashinfer-python")
-    except Exception:
-        report["flashinfer"] = None
-    report["torch_cuda"] = toolkit.torch_cuda_version()
-    try:
-        report["gpus"] = [
-            {"index": g.index, "name": g.name, "capability": f"{g.capability[0]}.{g.capability[1]}"}
-            for g in visible_gpus()
-        ]
-    except Exception as exc:
-        report["gpus_error"] = str(exc)
-        report["gpus"] = []
+    report["flashinfer"] = flashinfer_version()
+    release = release_info(report["flashinfer"])
+    report["release"] = release.to_dict()
+    report["torch_cuda"] = toolkit.torch_cuda_version()  # imports torch: the GPU fallback may use it
+    gq = query()
+    report["gpu_source"] = gq.describe()
+    report["gpus"] = [
+        {"index": g.index, "name": g.name, "capability": f"{g.capability[0]}.{g.capability[1]}"}
+        for g in gq.gpus
+    ]
     report["FLASHINFER_CUDA_ARCH_LIST"] = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")
+    report["cleaned"] = list(cleaned_homes(dict(os.environ, **_ORIGINAL_ENV)))
     candidates = list(toolkit.discover())  # every one read, once
     report["candidates"] = [tk.to_dict() for tk in candidates]
     verdicts: dict[str, str] = {}
     try:
-        res = patch.resolve(toolkits=candidates)
-        report["resolution"] = res.to_dict()
-        verdicts[res.choice.toolkit.root] = "CHOSEN: " + res.choice.reason
-        for tk, why in res.choice.rejected:
-            label = "not chosen: " if why.startswith(("usable", "not chosen")) else "rejected: "
-            verdicts.setdefault(tk.root, label + why.removeprefix("not chosen "))
+        res = patch.resolve(toolkits=candidates, release=release, guard=True)
+        if res.guard:
+            report["resolution_error"] = res.error
+            report["guard"] = True
+            report["fix"] = res.fix
+        else:
+            report["resolution"] = res.to_dict()
+            verdicts[res.choice.toolkit.root] = "CHOSEN: " + res.choice.reason
+            for tk, why in res.choice.rejected:
+                label = "not chosen: " if why.startswith(("usable", "not chosen")) else "rejected: "
+                verdicts.setdefault(tk.root, label + why.removeprefix("not chosen "))
     except Exception as exc:
         report["resolution_error"] = str(exc)
     for c in report["candidates"]:
@@ -145,12 +148,9 @@ def run_doctor(args: argparse.Namespace) -> int:
         import flashinfer.jit.env as jit_env
         import flashinfer.jit.cpp_ext as cx
 
-        report["after"] = {
-            "status": patch.status(),
-            "cuda_home": cx.get_cuda_path(),
-            "cuda_version": str(cx.get_cuda_version()),
-            "jit_dir": str(jit_env.FLASHINFER_JIT_DIR),
-        }
+        report["after"] = {"status": patch.status(), "jit_dir": str(jit_env.FLASHINFER_JIT_DIR)}
+        if report["after"]["status"]["mode"] != "guard":  # guarded: FlashInfer's own nvcc, not run here
+            report["after"].update(cuda_home=cx.get_cuda_path(), cuda_version=str(cx.get_cuda_version()))
         from .. import environ  # what the rest of the process and its children get
 
         report["after"]["exported"] = environ.exported()
@@ -168,15 +168,23 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 def _print_doctor(r: dict) -> None:
     p = print
+    rel = r["release"]
     p(f"flashinfer-sm120 {r['flashinfer_sm120']}  flashinfer {r['flashinfer']}  "
       f"torch CUDA {r['torch_cuda'] or 'none (CPU build)'}")
-    p("\nGPUs (NVML, CUDA_VISIBLE_DEVICES applied):")
+    if rel["supported"]:
+        p(f"FlashInfer release: era {rel['era']}: {rel['arch_rules']}"
+          + (f"; needs nvcc >= {rel['min_nvcc']} ({rel['min_nvcc_why']})" if rel["min_nvcc"] else ""))
+    else:
+        p(f"FlashInfer release: {rel['reason']}")
+    p(f"\nGPUs (from {r['gpu_source']}; CUDA_VISIBLE_DEVICES applied):")
     for g in r["gpus"]:
         p(f"  [{g['index']}] {g['name']}  compute capability {g['capability']}")
     if not r["gpus"]:
-        p("  none" + (f" ({r['gpus_error']})" if r.get("gpus_error") else ""))
+        p("  none")
     if r["FLASHINFER_CUDA_ARCH_LIST"] is not None:
         p(f"FLASHINFER_CUDA_ARCH_LIST={r['FLASHINFER_CUDA_ARCH_LIST']!r}")
+    for note in r["cleaned"]:
+        p(f"CUDA_HOME/CUDA_PATH cleaned: {note}")
     p("\nCUDA toolkits found (preference order):")
     for c in r["candidates"]:
         ver = c["nvcc_full"] or "?"
@@ -196,6 +204,9 @@ def _print_doctor(r: dict) -> None:
         p(f"  targets: {', '.join(ch['targets']) or 'none'}")
         if res.get("arch_list_error"):
             p(f"  arch list ignored: {res['arch_list_error']}")
+    elif r.get("guard"):
+        p(f"\nNo usable toolkit: FlashInfer is GUARDED (imports fine; its first JIT build raises "
+          f"this message):\n{r.get('resolution_error')}")
     else:
         p(f"\nNo usable toolkit: {r.get('resolution_error')}")
     b = r["before"]
@@ -204,10 +215,18 @@ def _print_doctor(r: dict) -> None:
                                  if "error" not in b else f"error: {b['error']}"))
     a = r["after"]
     st = a["status"]
-    p(f"With flashinfer-sm120 ({st['mode']}): "
-      + (f"CUDA_HOME={a.get('cuda_home')}  CUDA {a.get('cuda_version')}  "
-         f"TARGET_CUDA_ARCHS={st.get('target_cuda_archs')}" if "error" not in a else f"error: {a['error']}"))
-    if st.get("error"):
+    if st["mode"] == "guard":
+        p("With flashinfer-sm120 (guard): FlashInfer keeps its own toolkit and targets, and its JIT "
+          "builds raise the message above instead of running nvcc")
+    else:
+        p(f"With flashinfer-sm120 ({st['mode']}): "
+          + (f"CUDA_HOME={a.get('cuda_home')}  CUDA {a.get('cuda_version')}  "
+             f"TARGET_CUDA_ARCHS={st.get('target_cuda_archs')}  JIT dir {a.get('jit_dir')}"
+             if "error" not in a else f"error: {a['error']}"))
+    skipped = {k: v for k, v in st.get("steps", {}).items() if v.startswith("skipped")}
+    if skipped:
+        p("  steps skipped: " + ", ".join(f"{k} ({v})" for k, v in skipped.items()))
+    if st.get("error") and st["mode"] != "guard":
         p(f"  patch error: {st['error']}")
     from .. import autoload, environ  # deploy: the autoload and what the process exports
 
@@ -216,7 +235,6 @@ def _print_doctor(r: dict) -> None:
     p("Exported to this process and its children:")
     for line in environ.describe(a.get("exported", {})):
         p(f"  {line}")
-
 
 
 def add_parser(sub) -> None:

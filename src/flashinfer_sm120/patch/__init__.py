@@ -1,0 +1,340 @@
+"""Patch FlashInfer so its JIT builds use the chosen toolkit and the right targets.
+
+What is patched per module and per state: :mod:`flashinfer_sm120.patch.steps`;
+the states: :mod:`flashinfer_sm120.patch.state`; per release:
+:mod:`flashinfer_sm120.releases`.
+
+Patches are applied through wrapt post-import hooks, so it works whether
+FlashInfer is imported before or after this package.  The toolkit choice is made
+outside the lock that guards patching; every change is recorded in the undo log
+and undone as a whole if any required step fails, so FlashInfer is never left
+half-patched.  When no toolkit fits, FlashInfer is *guarded*: importing it works,
+and its first JIT build raises :class:`~flashinfer_sm120.errors.ToolkitError`
+with the one message that names the GPUs, what was found and the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import types
+
+import wrapt
+
+from .. import arch as _arch
+from .. import environ
+from .alone import flashinfer_would_target
+from .resolve import Resolution, arch_specs, resolve
+from .state import STATE, Mode
+from .steps import HOOKED_MODULES, STEPS, current_targets, refresh_derived, workspace_tag
+
+logger = logging.getLogger("flashinfer_sm120")
+
+__all__ = ["install", "revert", "status", "resolve", "Resolution", "HOOKED_MODULES", "Mode",
+           "env_flag", "current_targets"]
+
+#: Values of a boolean environment variable that mean "off".
+FALSE_VALUES = ("", "0", "false", "no", "off")
+
+
+def env_flag(name: str) -> bool:
+    """Whether boolean env var ``name`` is on: anything but unset, empty, ``0``,
+    ``false``, ``no`` or ``off`` (case-insensitive)."""
+    return os.environ.get(name, "").strip().lower() not in FALSE_VALUES
+
+
+# --------------------------------------------------------------------------- deciding
+
+
+def _resolve_for_patch() -> Resolution | str:
+    """A Resolution (guard one when no toolkit fits), or the error text. Never raises."""
+    try:
+        return resolve(guard=True)
+    except Exception as exc:  # a view that cannot be built, a broken NVML ...
+        return str(exc) or repr(exc)
+
+
+def _ensure_resolution() -> None:
+    """Compute the resolution outside the lock; the first one stored wins."""
+    with STATE.lock:
+        if STATE.mode is not Mode.IDLE or STATE.resolution is not None:
+            return
+    res = _resolve_for_patch()
+    with STATE.lock:
+        if STATE.mode is not Mode.IDLE or STATE.resolution is not None:
+            return
+        if isinstance(res, str):
+            STATE.mode = Mode.FAILED
+            STATE.error = res
+            logger.warning("flashinfer-sm120: not patching FlashInfer: %s", res)
+            return
+        if not res.release.supported:
+            STATE.mode = Mode.FAILED
+            STATE.error = res.release.reason
+            STATE.resolution = res
+            logger.warning("flashinfer-sm120: %s", res.release.reason)
+            return
+        STATE.resolution = res
+        if res.arch_list_error:
+            STATE.log_once(logging.ERROR, f"flashinfer-sm120: {res.arch_list_error}")
+        for note in res.cleaned:
+            STATE.log_once(logging.WARNING, f"flashinfer-sm120: {note}")
+
+
+def _already_correct(res: Resolution) -> bool:
+    """FlashInfer alone would use the same toolkit and the same targets."""
+    cc_mod = sys.modules.get("flashinfer.compilation_context")
+    if cc_mod is None or res.arch_list_error or res.naive_root is None:
+        return False
+    if os.path.realpath(res.naive_root) != os.path.realpath(res.home.path):
+        return False
+    alone = flashinfer_would_target(cc_mod.CompilationContext, res.choice.version, res.home.path)
+    return alone is not None and alone == set(res.choice.targets)
+
+
+# --------------------------------------------------------------------------- applying
+
+
+def _import_failed() -> str | None:
+    """Name of a patched module whose package import failed afterwards (FlashInfer
+    raised later in its own import, so Python dropped the package), else ``None``."""
+    for name, mod in STATE.patched_modules.items():
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            if sys.modules.get(".".join(parts[:i])) is None:
+                return ".".join(parts[:i])
+        if sys.modules.get(name) is not mod:
+            return name
+    return None
+
+
+def _fail(error: str) -> None:
+    STATE.undo.rollback()
+    STATE.mode = Mode.FAILED
+    STATE.error = error
+    STATE.steps = {}
+    STATE.patched_modules = {}
+    STATE.exported = False
+    try:
+        refresh_derived()
+    except Exception as exc:  # pragma: no cover
+        logger.error("flashinfer-sm120: refreshing FlashInfer after the rollback failed: %r", exc)
+    logger.error("flashinfer-sm120: %s; every change was undone and FlashInfer is unpatched. "
+                 "Please report this with 'flashinfer-sm120 doctor --json'.", error)
+
+
+def _check_import_health() -> None:
+    if STATE.mode in (Mode.PATCHED, Mode.GUARD, Mode.NOOP) and STATE.patched_modules:
+        broken = _import_failed()
+        if broken:
+            _fail(f"importing FlashInfer failed after flashinfer-sm120 patched it ({broken} is no "
+                  "longer loaded: FlashInfer raised during its own import)")
+
+
+def _run_steps(pending: list[str], mode: Mode) -> None:
+    for name in pending:
+        mod = sys.modules[name]
+        for step in STEPS.get(name, ()):
+            if mode not in step.modes:
+                continue
+            try:
+                not_needed = step.apply(mod)
+            except Exception as exc:
+                if step.required:
+                    raise RuntimeError(f"step {step.name} on {name}: {exc!r}") from exc
+                STATE.steps[step.name] = f"skipped: {exc!r}"
+                continue
+            STATE.steps[step.name] = f"not needed: {not_needed}" if not_needed else "applied"
+        STATE.patched_modules[name] = mod
+
+
+def _loaded(name: str, just_imported: str | None) -> bool:
+    """Module ``name`` finished importing (a module still executing its body, e.g.
+    ``flashinfer.jit.core`` while it imports ``jit.env``, is not patched yet)."""
+    mod = sys.modules.get(name)
+    if mod is None:
+        return False
+    if name == just_imported:
+        return True
+    return not getattr(getattr(mod, "__spec__", None), "_initializing", False)
+
+
+def _apply_locked(just_imported: str | None = None) -> None:
+    _check_import_health()
+    if STATE.mode not in (Mode.IDLE, Mode.PATCHED, Mode.GUARD, Mode.NOOP):
+        return
+    res = STATE.resolution
+    if res is None:
+        return
+    pending = [m for m in HOOKED_MODULES if m not in STATE.patched_modules and _loaded(m, just_imported)]
+    if not pending:
+        return
+    first = STATE.mode is Mode.IDLE
+    if first:
+        if res.guard:
+            mode = Mode.GUARD
+        elif _already_correct(res):
+            mode = Mode.NOOP
+        else:
+            mode = Mode.PATCHED
+    else:
+        mode = STATE.mode
+    STATE.mode = mode
+    try:
+        _run_steps(pending, mode)
+        if mode is not Mode.GUARD:
+            refresh_derived()
+        if mode is Mode.PATCHED and not STATE.exported and all(m in STATE.patched_modules for m in HOOKED_MODULES):
+            STATE.undo.add("environ.export", environ.export(
+                res.home.path, res.choice.toolkit.nvcc, res.choice.targets))
+            STATE.exported = True
+    except Exception as exc:
+        _fail(f"patching {pending} failed: {exc}")
+        return
+    if first:
+        _announce(mode, res)
+
+
+def _skipped() -> str:
+    skipped = [f"{k} ({v[len('skipped: '):]})" for k, v in STATE.steps.items() if v.startswith("skipped")]
+    return f"; steps skipped: {', '.join(skipped)}" if skipped else ""
+
+
+def describe(res: Resolution) -> str:
+    """The summary's body: toolkit, view, targets, GPU source, what FlashInfer alone would use."""
+    notes = "".join(f"; {n}" for n in res.cleaned)
+    if res.choice is None:
+        return (f"FlashInfer {res.release.version}; GPUs from {res.gpu_query.describe()}{notes}; "
+                f"{res.error}")
+    tk = res.choice.toolkit
+    targets = ", ".join(_arch.format_target(t) for t in res.choice.targets) or (
+        "none (no GPU visible, no FLASHINFER_CUDA_ARCH_LIST)" if res.arch_list is None
+        else f"none (FLASHINFER_CUDA_ARCH_LIST={res.arch_list!r} has no usable entry, no GPU visible)")
+    view = f" via view {res.home.path} (adds {', '.join(res.home.added)})" if res.home.is_view else ""
+    text = (f"nvcc {tk.nvcc_full} from {tk.root} [{', '.join(tk.sources)}]{view}; "
+            f"targets {targets} (GPUs from {res.gpu_query.describe()}); FlashInfer "
+            f"{res.release.version}; JIT workspace .../{workspace_tag()}; "
+            f"FlashInfer alone would use CUDA_HOME={res.naive_root}{notes}")
+    for rejected, why in res.choice.rejected:  # say why the user's own setting lost
+        if {"CUDA_HOME", "CUDA_PATH"} & set(rejected.sources) and not why.startswith(("not needed", "usable")):
+            text += f"; not {rejected.given_as or rejected.root}: {why}"
+    return text
+
+
+def _announce(mode: Mode, res: Resolution) -> None:
+    if mode is Mode.GUARD:
+        STATE.error = res.error
+        STATE.summary = (f"guarding FlashInfer: no CUDA toolkit fits, so its first JIT build will "
+                         f"raise this message: {describe(res)}")
+        logger.error("flashinfer-sm120: %s", STATE.summary)
+        return
+    if mode is Mode.NOOP:
+        STATE.summary = (f"FlashInfer already resolves correctly ({describe(res)}); not patching "
+                         f"its toolkit or targets, only its JIT workspace and the checks before "
+                         f"nvcc{_skipped()}")
+        logger.info("flashinfer-sm120: %s", STATE.summary)
+        return
+    STATE.summary = f"patched FlashInfer: {describe(res)}{_skipped()}"
+    # Changing the toolkit FlashInfer would have used is worth one visible line.
+    changed = res.naive_root != res.home.path or bool(res.cleaned)
+    level = logging.WARNING if changed and not env_flag("FLASHINFER_SM120_QUIET") else logging.INFO
+    logger.log(level, "flashinfer-sm120: %s", STATE.summary)
+
+
+def _on_import(module: types.ModuleType) -> None:
+    """Post-import hook body: never raises into the importer."""
+    try:
+        _ensure_resolution()
+        with STATE.lock:
+            _apply_locked(module.__name__)
+    except Exception as exc:  # pragma: no cover - _apply_locked already guards
+        logger.error("flashinfer-sm120: internal error, FlashInfer left unpatched: %r", exc)
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def install() -> dict:
+    """Register the post-import hooks and patch whatever FlashInfer is loaded.
+
+    Idempotent and thread-safe.  After a failure, a revert or a guard, an
+    explicit call resolves again, so installing a toolkit and calling
+    ``install()`` is enough; import hooks never retry on their own.  Never
+    raises: failures are logged and reported by :func:`status`.  Set
+    ``FLASHINFER_SM120_DISABLE=1`` to make it do nothing.
+
+    Returns:
+        :func:`status` after the call.
+    """
+    with STATE.lock:
+        _check_import_health()
+        if env_flag("FLASHINFER_SM120_DISABLE"):
+            if STATE.mode is Mode.IDLE:
+                STATE.mode = Mode.DISABLED
+            return status()
+        if STATE.mode is Mode.GUARD:  # retry: the user may have installed a toolkit
+            STATE.undo.rollback()
+            STATE.reset(Mode.IDLE)
+        if STATE.mode in (Mode.REVERTED, Mode.DISABLED, Mode.FAILED):
+            STATE.reset(Mode.IDLE)
+        if not STATE.hooks_registered:
+            for name in HOOKED_MODULES:
+                wrapt.register_post_import_hook(_on_import, name)
+            STATE.hooks_registered = True
+        loaded = any(m in sys.modules for m in HOOKED_MODULES)
+    if loaded:
+        _ensure_resolution()
+        with STATE.lock:
+            _apply_locked()
+    return status()
+
+
+def revert() -> dict:
+    """Undo every patch, restore ``CUDA_HOME``, and recompute FlashInfer's derived
+    state with its own logic.  Later imports stay unpatched until :func:`install`.
+
+    Returns:
+        :func:`status` after the call.
+    """
+    with STATE.lock:
+        STATE.undo.rollback()
+        try:  # an export made before patching (autoload of vllm/sglang, worker_setup) goes too
+            environ.reset()
+        except Exception as exc:  # pragma: no cover
+            logger.error("flashinfer-sm120: undoing the toolkit export failed: %r", exc)
+        STATE.reset(Mode.REVERTED)
+        try:
+            refresh_derived()
+        except Exception as exc:  # pragma: no cover
+            logger.error("flashinfer-sm120: refreshing FlashInfer after revert failed: %r", exc)
+        STATE.summary = "reverted: FlashInfer runs with its own toolkit and arch logic"
+        return status()
+
+
+def status() -> dict:
+    """Where patching stands.
+
+    Returns:
+        ``{"mode": str, "error": str|None, "summary": str, "patched_modules": [...],
+        "steps": {name: "applied" | "skipped: why"}, "resolution": dict|None,
+        "target_cuda_archs": [...]|None, "exported": dict}`` where mode is one of
+        ``idle`` (FlashInfer not imported yet), ``patched``, ``guard`` (no toolkit
+        fits: JIT builds raise our message), ``noop`` (FlashInfer already right),
+        ``failed``, ``reverted``, ``disabled``.
+    """
+    with STATE.lock:
+        _check_import_health()
+        core = sys.modules.get("flashinfer.jit.core")
+        ctx = getattr(core, "current_compilation_context", None)
+        archs = getattr(ctx, "TARGET_CUDA_ARCHS", None)
+        return {
+            "mode": STATE.mode.value,
+            "error": STATE.error,
+            "summary": STATE.summary,
+            "patched_modules": list(STATE.patched_modules),
+            "steps": dict(STATE.steps),
+            "resolution": STATE.resolution.to_dict() if STATE.resolution else None,
+            "target_cuda_archs": [_arch.format_target(t) for t in sorted(archs)] if archs is not None else None,
+            "exported": environ.exported(),
+        }

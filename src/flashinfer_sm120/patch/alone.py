@@ -1,0 +1,121 @@
+"""What this FlashInfer release would compute by itself with the chosen toolkit.
+
+Used to decide ``noop`` ("FlashInfer would already do this"): FlashInfer's own,
+unpatched ``CompilationContext.__init__`` (and ``_normalize_cuda_arch`` where the
+release has one) is run on a throw-away instance of a private subclass, with every
+way a release may reach ``flashinfer.jit.cpp_ext`` answered by a stand-in bound to
+the chosen nvcc version:
+
+* ``from flashinfer.jit.cpp_ext import is_cuda_version_at_least`` (0.5.0 - 0.7.4,
+  inside ``_normalize_cuda_arch``), ``from .jit.cpp_ext import ...``,
+  ``from flashinfer.jit import cpp_ext``, ``import flashinfer.jit.cpp_ext``;
+* a module-level name (``is_cuda_version_at_least``/``get_cuda_version``) in the
+  function's globals.
+
+Nothing global is touched: the copies get their own globals and builtins, and
+FlashInfer's ``logger`` in them is silenced (a failing normaliser is an answer
+here, not a warning for the user).
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.util
+import types
+from typing import Callable
+
+from packaging.version import Version
+
+__all__ = ["flashinfer_would_target"]
+
+_CPP_EXT = "flashinfer.jit.cpp_ext"
+_NAMES = ("is_cuda_version_at_least", "get_cuda_version", "get_cuda_path")
+
+
+class _QuietLogger:
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *a, **k: None
+
+
+def _stub(version: Version, home: str | None) -> types.ModuleType:
+    stub = types.ModuleType(_CPP_EXT)
+    stub.is_cuda_version_at_least = lambda v: version >= Version(str(v))  # type: ignore[attr-defined]
+    stub.get_cuda_version = lambda: version  # type: ignore[attr-defined]
+    stub.get_cuda_path = lambda: home  # type: ignore[attr-defined]
+    return stub
+
+
+def _copy(func: types.FunctionType, stub: types.ModuleType) -> types.FunctionType:
+    """``func`` with globals and builtins that answer cpp_ext lookups with ``stub``."""
+    real_import = builtins.__import__
+    package = func.__globals__.get("__package__") or "flashinfer"
+    jit = types.ModuleType("flashinfer.jit")
+    jit.cpp_ext = stub  # type: ignore[attr-defined]
+    top = types.ModuleType("flashinfer")
+    top.jit = jit  # type: ignore[attr-defined]
+
+    def fake_import(name, globals=None, locals=None, fromlist=(), level=0):
+        try:
+            absolute = importlib.util.resolve_name("." * level + name, package) if level else name
+        except (ImportError, ValueError):
+            absolute = name
+        if absolute == _CPP_EXT:
+            return stub if fromlist else top
+        if absolute == "flashinfer.jit" and fromlist and "cpp_ext" in fromlist:
+            return jit
+        if absolute == "flashinfer" and fromlist and "jit" in fromlist:
+            return top
+        return real_import(name, globals, locals, fromlist, level)
+
+    fake_builtins = dict(vars(builtins))
+    fake_builtins["__import__"] = fake_import
+    glb = dict(func.__globals__)
+    glb["__builtins__"] = fake_builtins
+    glb["logger"] = _QuietLogger()
+    for name in _NAMES:
+        if name in glb:
+            glb[name] = getattr(stub, name)
+    return types.FunctionType(func.__code__, glb, func.__name__, func.__defaults__, func.__closure__)
+
+
+def _unwrap(obj):
+    """The plain function behind a staticmethod and/or a wrapt wrapper."""
+    func = getattr(obj, "__func__", obj)
+    while not isinstance(func, types.FunctionType) and hasattr(func, "__wrapped__"):
+        func = func.__wrapped__
+    return func if isinstance(func, types.FunctionType) else None
+
+
+def flashinfer_would_target(cls: type, version: Version, home: str | None,
+                            originals: dict | None = None) -> set | None:
+    """``TARGET_CUDA_ARCHS`` this FlashInfer release computes itself under nvcc ``version``.
+
+    Reads ``FLASHINFER_CUDA_ARCH_LIST`` and ``torch.cuda`` exactly as the release
+    does (its own code runs).
+
+    Args:
+        cls: FlashInfer's ``CompilationContext`` (patched or not).
+        version: the chosen nvcc ``major.minor``.
+        home: the chosen ``CUDA_HOME``.
+        originals: ``{"__init__": f, "_normalize_cuda_arch": g}`` FlashInfer's own
+            functions when ``cls`` is already patched; default ``vars(cls)``.
+
+    Returns:
+        The set, or ``None`` when FlashInfer's code raised (e.g. on a garbled
+        arch list) or could not be copied.
+    """
+    originals = originals or {}
+    stub = _stub(version, home)
+    init = _unwrap(originals.get("__init__") or vars(cls).get("__init__"))
+    if init is None:
+        return None
+    attrs = {"__init__": _copy(init, stub)}
+    norm = _unwrap(originals.get("_normalize_cuda_arch") or vars(cls).get("_normalize_cuda_arch"))
+    if norm is not None:
+        attrs["_normalize_cuda_arch"] = staticmethod(_copy(norm, stub))
+    try:
+        probe_cls = type("_Sm120Probe", (cls,), attrs)
+        obj = probe_cls()
+        return set(obj.TARGET_CUDA_ARCHS)
+    except Exception:
+        return None
