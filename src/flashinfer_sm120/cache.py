@@ -120,8 +120,8 @@ def _dir_problem(path: str, what: str, create: bool) -> str | None:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        if not create:
-            return None
+        if not create:  # a symlink to nothing: whoever creates the target later would own our state
+            return f"{what}={path!r} does not exist; create it (mode 0700) or point the variable elsewhere"
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)
             st = os.lstat(path)
@@ -299,6 +299,8 @@ def read_json(path: str, *, max_bytes: int = MAX_STATE_BYTES) -> tuple[Any, str 
         return json.loads(raw.decode("utf-8")), None
     except (ValueError, UnicodeDecodeError) as exc:
         return None, f"{path} is not valid JSON ({exc})"
+    except RecursionError:  # '[[[[...' a few thousand deep: the parser recurses per level
+        return None, f"{path} is nested too deeply to be ours"
 
 
 def write_json_atomic(path: str, data: Any) -> None:

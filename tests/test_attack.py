@@ -1,0 +1,127 @@
+"""Faults found by attacking the promise (see notes/attack-report.md): each case
+failed before its fix.  Fast: no FlashInfer import, no compile."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from attack_util import RELEASE_LINE, tmp_is_trusted, toolkit_with_nvcc, untrusted_nvcc, wrapper
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    d = tmp_path / "cache"
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(d))
+    from flashinfer_sm120 import cache
+
+    cache._root_cache.clear()
+    yield d
+    cache._root_cache.clear()
+
+
+# --------------------------------------------------------------- trust: wrappers that hide what they run
+
+def _hiding_wrappers(evil: str) -> dict[str, str]:
+    return {
+        # the exec line sits past the 8 KiB that used to be read
+        "long script": "#!/bin/sh\n" + "# padding\n" * 1000 + f'exec {evil} "$@"\n',
+        # Linux hands the rest of the #! line to the interpreter: sh runs that file
+        "#! argument": f"#!/bin/sh {evil}\n",
+        # coreutils env -S splits the line: sh runs that file
+        "env -S": f"#!/usr/bin/env -S sh {evil}\n",
+        "env --split-string": f"#!/usr/bin/env --split-string=sh {evil}\n",
+        # a relative script for the interpreter depends on the working directory
+        "relative #! argument": "#!/bin/sh nvcc-real\n",
+    }
+
+
+@pytest.mark.parametrize("case", list(_hiding_wrappers("X")))
+def test_a_wrapper_cannot_hide_an_untrusted_nvcc(tmp_path, case):
+    if not tmp_is_trusted(tmp_path):
+        pytest.skip("the test's tmp dir does not pass the trust rule itself")
+    from flashinfer_sm120.toolkit.trust import trace
+
+    evil, _ = untrusted_nvcc(tmp_path)
+    w = wrapper(tmp_path / "bin", "nvcc", _hiding_wrappers(str(evil))[case])
+    t = trace(str(w))
+    assert t.problem is not None, f"{case}: trusted although it runs {evil}"
+    assert ("evil" in t.problem or "cannot be checked" in t.problem or "too large" in t.problem), t.problem
+
+
+def test_inspect_never_runs_the_hidden_nvcc(tmp_path, cache_dir):
+    """End to end: the toolkit is refused and the untrusted binary never runs."""
+    if not tmp_is_trusted(tmp_path):
+        pytest.skip("the test's tmp dir does not pass the trust rule itself")
+    from flashinfer_sm120.toolkit.probe import inspect
+
+    evil, marker = untrusted_nvcc(tmp_path)
+    for i, text in enumerate(_hiding_wrappers(str(evil)).values()):
+        tk = inspect(str(toolkit_with_nvcc(tmp_path / f"tk{i}", text)))
+        assert tk.problem and tk.nvcc_version is None, tk
+        assert not marker.exists(), f"{text[:40]!r}: the untrusted nvcc was run"
+
+
+def test_ordinary_wrappers_are_still_followed(tmp_path):
+    """The stricter #! rule keeps the wrappers distributions really ship."""
+    if not tmp_is_trusted(tmp_path):
+        pytest.skip("the test's tmp dir does not pass the trust rule itself")
+    from flashinfer_sm120.toolkit.trust import trace
+
+    real = wrapper(tmp_path / "real" / "bin", "nvcc", f'#!/bin/sh\necho "{RELEASE_LINE}"\n')
+    for i, head in enumerate(["#!/bin/sh", "#!/bin/sh -e", "#!/usr/bin/env sh", "#!/usr/bin/env -S sh -e",
+                              f"#!/bin/sh {real}"]):
+        w = wrapper(tmp_path / f"w{i}" / "bin", "nvcc", f'{head}\nexec {real} "$@"\n')
+        t = trace(str(w))
+        assert t.problem is None and t.target == str(real.resolve()), (head, t)
+
+
+# --------------------------------------------------------------- state files
+
+def test_deeply_nested_state_file_is_ignored_not_raised(cache_dir):
+    """A corrupt memo ('[[[[...') must be ignored and rewritten, not raise RecursionError."""
+    from flashinfer_sm120 import cache
+    from flashinfer_sm120.toolkit import memo
+
+    path = memo.memo_path()
+    with open(path, "w") as fh:
+        fh.write("[" * 100_000 + "]" * 100_000)
+    data, why = cache.read_json(path)
+    assert data is None and "nested" in why
+    assert memo.lookup("/bin/sh") is None
+    memo.store("/bin/sh", "13.0.88", None)
+    assert memo.lookup("/bin/sh") == ("13.0.88", None)
+
+
+@pytest.mark.parametrize("at", ["NaN", "Infinity", "1" + "0" * 400])
+def test_a_failure_dated_nan_or_huge_expires(cache_dir, at):
+    """A failure entry with a non-finite time must not be remembered forever (nor raise)."""
+    from flashinfer_sm120.toolkit import memo
+
+    path = memo.memo_path()
+    entry = {"stat": memo.fingerprint("/bin/sh"), "full": None, "problem": "hung", "at": 0}
+    text = json.dumps({"schema": memo.SCHEMA, "entries": {"/bin/sh": entry}}).replace('"at": 0', f'"at": {at}')
+    with open(path, "w") as fh:
+        fh.write(text)
+    assert memo.lookup("/bin/sh") is None
+
+
+def test_a_dangling_cache_dir_symlink_is_refused(tmp_path, monkeypatch):
+    """FLASHINFER_SM120_CACHE_DIR -> a missing directory: refused (whoever creates the target
+    later would own our state), and the next candidate is used."""
+    from flashinfer_sm120 import cache
+
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "missing")
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(link))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    cache._root_cache.clear()
+    try:
+        root = cache.cache_root()
+    finally:
+        cache._root_cache.clear()
+    assert root == os.path.realpath(tmp_path / "xdg" / "flashinfer-sm120")
+    assert os.path.isdir(root)
+    assert any("does not exist" in n for n in cache.cache_root_notes())
