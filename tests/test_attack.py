@@ -125,3 +125,27 @@ def test_a_dangling_cache_dir_symlink_is_refused(tmp_path, monkeypatch):
     assert root == os.path.realpath(tmp_path / "xdg" / "flashinfer-sm120")
     assert os.path.isdir(root)
     assert any("does not exist" in n for n in cache.cache_root_notes())
+
+
+# --------------------------------------------------------------- enable / disable
+
+@pytest.mark.parametrize("cmd", ["enable", "disable"])
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_site_dir_is_refused_not_widened(tmp_path, monkeypatch, capsys, cmd, value):
+    """``--site-dir "$DIR"`` with DIR unset used to write into (or remove from) the whole
+    environment's site-packages instead of refusing."""
+    from flashinfer_sm120 import cli
+    from flashinfer_sm120.autoload import PTH_NAME
+    from flashinfer_sm120.cli import enable
+
+    env_site = tmp_path / "env-site"
+    env_site.mkdir()
+    if cmd == "disable":
+        (env_site / PTH_NAME).write_text("import sys\n")
+    # never the real environment's site-packages, even when the fix is missing
+    monkeypatch.setattr(enable, "_purelib", lambda: str(env_site))
+    monkeypatch.setattr(enable.site, "getsitepackages", lambda: [str(env_site)])
+    monkeypatch.setattr(enable.site, "getusersitepackages", lambda: str(env_site))
+    rc = cli.main([cmd, "--site-dir", value])
+    assert rc == 2 and "--site-dir is empty" in capsys.readouterr().err
+    assert (env_site / PTH_NAME).exists() == (cmd == "disable")
