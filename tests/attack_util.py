@@ -9,8 +9,9 @@ RELEASE_LINE = "Cuda compilation tools, release 13.0, V13.0.88"
 
 
 def untrusted_nvcc(tmp: Path) -> tuple[Path, Path]:
-    """``tmp/evil/nvcc`` in a world-writable directory (anyone could have put it
-    there); running it creates ``tmp/RAN``.  Returns (nvcc, marker)."""
+    """``tmp/evil/nvcc`` (and a copy ``nvcc.sh``) in a world-writable directory
+    (anyone could have put it there); running it creates ``tmp/RAN``.
+    Returns (nvcc, marker)."""
     evil = tmp / "evil"
     evil.mkdir()
     evil.chmod(0o777)
@@ -18,6 +19,9 @@ def untrusted_nvcc(tmp: Path) -> tuple[Path, Path]:
     nvcc = evil / "nvcc"
     nvcc.write_text(f'#!/bin/sh\necho "{RELEASE_LINE}"\ntouch {marker}\n')
     nvcc.chmod(0o755)
+    script = evil / "nvcc.sh"  # the same, under a name that does not end in /nvcc
+    script.write_text(nvcc.read_text())
+    script.chmod(0o755)
     return nvcc, marker
 
 

@@ -24,6 +24,13 @@ def cache_dir(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------- trust: wrappers that hide what they run
 
+def _system_files(n: int) -> list[str]:
+    """``n`` existing root-owned files (named by a script before the one that matters)."""
+    d = "/usr/bin"
+    return [os.path.join(d, f) for f in sorted(os.listdir(d))
+            if os.path.isfile(os.path.join(d, f)) and not os.path.islink(os.path.join(d, f))][:n]
+
+
 def _hiding_wrappers(evil: str) -> dict[str, str]:
     return {
         # the exec line sits past the 8 KiB that used to be read
@@ -35,6 +42,10 @@ def _hiding_wrappers(evil: str) -> dict[str, str]:
         "env --split-string": f"#!/usr/bin/env --split-string=sh {evil}\n",
         # a relative script for the interpreter depends on the working directory
         "relative #! argument": "#!/bin/sh nvcc-real\n",
+        # the untrusted file is run as an argument, not in command position
+        "argument of sh": f'#!/bin/sh\nsh {evil}.sh "$@"\n',
+        "argument after 40 other paths": "#!/bin/sh\n" + "".join(f": {p}\n" for p in _system_files(40))
+        + f'exec sh {evil}.sh "$@"\n',
     }
 
 

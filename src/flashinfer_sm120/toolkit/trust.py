@@ -19,7 +19,11 @@ there is not taken on trust.
   ``prog`` found on ``PATH``), every absolute ``.../nvcc`` path it names
   (``exec /usr/local/cuda-13.0/bin/nvcc "$@"``) and every absolute path it
   runs as a command (``/usr/bin/ccache ...``), recursively, at most
-  :data:`MAX_WRAPPER_DEPTH` deep, loops detected;
+  :data:`MAX_WRAPPER_DEPTH` deep, loops detected; a file its ``#!`` line hands
+  the interpreter (``#!/bin/sh /opt/x/run``, ``env -S``) is followed the same
+  way, and every other existing file it names (``sh /opt/x/run``) must pass
+  the rule; the whole script is read (up to :data:`MAX_SCRIPT_BYTES`; a larger
+  one is refused);
 * a script whose command is computed (``exec "$(dirname "$0")/real" "$@"``,
   ``$NVCC "$@"``, ``eval``, ``source``) is refused: we cannot tell what it
   would run.
@@ -52,6 +56,9 @@ _CMD_PATH_RE = re.compile(
     r"""^\s*(?:(?:exec|command|then|else|do)\s+|&&\s*|\|\|\s*)*["']?(/[^\s"'`;|&()<>$]+)""",
     re.MULTILINE,
 )
+#: Any absolute path a script names (``sh /opt/x/run``, ``python3 /opt/x/y.py``): an
+#: existing file among them may be run as an argument, so it must pass the rule too.
+_ANY_PATH_RE = re.compile(r"""(?<![\w.$/-])(/[^\s"'`;|&()<>$=]+)""")
 _COMPUTED_RE = re.compile(
     r"""^\s*(?:exec\s+|command\s+|then\s+|else\s+|do\s+|&&\s*|\|\|\s*)*["']?(?:\$|`)"""
     r"""|^\s*(?:eval|source|\.)\s""",
@@ -242,6 +249,9 @@ def _follow(path: str, uid: int, chain: list[str], files: list[str], env_path: s
             got = _follow(t, uid, list(chain), files, env_path, checked)
         if final == real and t in nvccs:  # the first nvcc it names is what it runs
             final = got
+    for t in dict.fromkeys(m.group(1) for m in _ANY_PATH_RE.finditer(body)):  # all, not the first 32
+        if t not in nvccs and t not in others and os.path.isfile(t):  # 'sh /x/y': run as an argument
+            _file_ok(_resolve(t, uid), uid)
     checked[real] = final
     return final
 
