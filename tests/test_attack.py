@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 
@@ -160,3 +161,24 @@ def test_an_empty_site_dir_is_refused_not_widened(tmp_path, monkeypatch, capsys,
     rc = cli.main([cmd, "--site-dir", value])
     assert rc == 2 and "--site-dir is empty" in capsys.readouterr().err
     assert (env_site / PTH_NAME).exists() == (cmd == "disable")
+
+
+def test_a_read_only_cache_candidate_falls_through(tmp_path):
+    """An existing cache dir on a read-only mount (a container image's ~/.cache) used to be
+    chosen, so no view could be built and FlashInfer was not patched at all; the next
+    candidate must be used instead."""
+    from probe_util import in_namespace, unshare_ok
+
+    if os.geteuid() != 0 or not unshare_ok():
+        pytest.skip("needs root and 'unshare -m' for a read-only mount")
+    ro, home = tmp_path / "ro", tmp_path / "home"
+    (ro / "flashinfer-sm120").mkdir(parents=True, mode=0o700)
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "FLASHINFER_SM120_CACHE_DIR"}
+    env.update(XDG_CACHE_HOME=str(ro), HOME=str(home))
+    code = "from flashinfer_sm120 import cache; print(cache.cache_root())"
+    proc = in_namespace(f"mount --bind {ro} {ro}; mount -o remount,bind,ro {ro}\n"
+                        f"{sys.executable} -c '{code}'", env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == os.path.realpath(home / ".cache" / "flashinfer-sm120"), proc.stdout
+    assert "not writable" in proc.stderr

@@ -142,6 +142,9 @@ def _dir_problem(path: str, what: str, create: bool) -> str | None:
     if writable_by_others(st):
         return (f"{what}={path!r} is writable by other users (mode {stat.filemode(st.st_mode)}); "
                 f"run 'chmod go-w {path}' or use another directory")
+    if not os.access(path, os.W_OK | os.X_OK):  # a read-only mount, /proc/self: use the next candidate
+        return (f"{what}={path!r} is not writable (a read-only file system or mode "
+                f"{stat.filemode(st.st_mode)}); set FLASHINFER_SM120_CACHE_DIR to a writable directory")
     return None
 
 
