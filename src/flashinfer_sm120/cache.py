@@ -53,6 +53,7 @@ SAFE_PATH_RE = re.compile(r"^/[A-Za-z0-9_./+@%=,~-]*$")
 MAX_STATE_BYTES = 1 << 20
 
 _notes: list[str] = []
+_EXPLICIT = "$FLASHINFER_SM120_CACHE_DIR"
 _root_cache: dict[tuple, str] = {}
 
 
@@ -114,14 +115,17 @@ def path_problem(path: str, what: str) -> str | None:
     return None
 
 
-def _dir_problem(path: str, what: str, create: bool) -> str | None:
-    """Ownership/permission check of a cache directory; creates it (0700) if asked."""
+def _dir_problem(path: str, what: str, create: bool, explicit: bool = True) -> str | None:
+    """Ownership/permission check of a cache directory; creates it (0700) if asked.
+    A candidate the user did not name (``explicit=False``) must also be writable,
+    so that a read-only one falls through to the next; a named one that is not is
+    reported where the write fails, naming the variable."""
     uid = os.geteuid()
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        if not create:
-            return None
+        if not create:  # a symlink to nothing: whoever creates the target later would own our state
+            return f"{what}={path!r} does not exist; create it (mode 0700) or point the variable elsewhere"
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)
             st = os.lstat(path)
@@ -132,7 +136,7 @@ def _dir_problem(path: str, what: str, create: bool) -> str | None:
         return f"{what}={path!r} cannot be read ({exc.strerror})"
     if stat.S_ISLNK(st.st_mode):
         real = os.path.realpath(path)
-        return _dir_problem(real, f"{what} (symlink to {real})", create=False) if real != path else (
+        return _dir_problem(real, f"{what} (symlink to {real})", False, explicit) if real != path else (
             f"{what}={path!r} is a symlink loop")
     if not stat.S_ISDIR(st.st_mode):
         return f"{what}={path!r} is not a directory; point it at a directory you own"
@@ -142,6 +146,9 @@ def _dir_problem(path: str, what: str, create: bool) -> str | None:
     if writable_by_others(st):
         return (f"{what}={path!r} is writable by other users (mode {stat.filemode(st.st_mode)}); "
                 f"run 'chmod go-w {path}' or use another directory")
+    if not explicit and not os.access(path, os.W_OK | os.X_OK):  # a read-only image's ~/.cache: next one
+        return (f"{what}={path!r} is not writable (a read-only file system or mode "
+                f"{stat.filemode(st.st_mode)}); set FLASHINFER_SM120_CACHE_DIR to a writable directory")
     return None
 
 
@@ -194,7 +201,7 @@ def _candidates() -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     explicit = os.environ.get("FLASHINFER_SM120_CACHE_DIR")
     if explicit:
-        out.append(("$FLASHINFER_SM120_CACHE_DIR", explicit))
+        out.append((_EXPLICIT, explicit))
     xdg = os.environ.get("XDG_CACHE_HOME")
     if xdg:
         out.append(("$XDG_CACHE_HOME/flashinfer-sm120", os.path.join(xdg, "flashinfer-sm120")))
@@ -230,7 +237,7 @@ def cache_root() -> str:
         return hit
     reasons = []
     for what, path in _candidates():
-        problem = path_problem(path, what) or _dir_problem(path, what, create=True)
+        problem = path_problem(path, what) or _dir_problem(path, what, True, what == _EXPLICIT)
         if problem is None:
             path = os.path.realpath(path)  # a link planted later cannot redirect us
             problem = path_problem(path, f"{what} (resolved)") or _ancestors_problem(path, what)
@@ -299,6 +306,8 @@ def read_json(path: str, *, max_bytes: int = MAX_STATE_BYTES) -> tuple[Any, str 
         return json.loads(raw.decode("utf-8")), None
     except (ValueError, UnicodeDecodeError) as exc:
         return None, f"{path} is not valid JSON ({exc})"
+    except RecursionError:  # '[[[[...' a few thousand deep: the parser recurses per level
+        return None, f"{path} is nested too deeply to be ours"
 
 
 def write_json_atomic(path: str, data: Any) -> None:

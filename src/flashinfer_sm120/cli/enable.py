@@ -80,8 +80,19 @@ def _write_atomic(path: str, text: str) -> None:
         raise
 
 
+def _empty_site_dir(args: argparse.Namespace) -> int | None:
+    """``--site-dir ""`` (an unset shell variable) must not widen to every site directory."""
+    if args.site_dir is not None and not args.site_dir.strip():
+        return _err(f"--site-dir is empty (an unset variable?): give the directory to "
+                    f"{args.cmd} the autoload in, or leave --site-dir out for {_purelib()}")
+    return None
+
+
 def _enable(args: argparse.Namespace) -> int:
     py = f"{sys.executable} (Python {sys.version_info.major}.{sys.version_info.minor})"
+    empty = _empty_site_dir(args)
+    if empty is not None:
+        return empty
     if args.site_dir:
         target_dir = os.path.abspath(args.site_dir)
         who = f"processes of {py} (or another Python) that read {target_dir} as a site directory"
@@ -113,6 +124,9 @@ def _enable(args: argparse.Namespace) -> int:
 
 
 def _disable(args: argparse.Namespace) -> int:
+    empty = _empty_site_dir(args)
+    if empty is not None:
+        return empty
     removed, failed = [], []
     for d in _targets_for_disable(args.site_dir):
         target = os.path.join(d, PTH_NAME)

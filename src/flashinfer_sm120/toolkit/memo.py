@@ -23,6 +23,7 @@ schema version :data:`SCHEMA`::
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -75,7 +76,18 @@ def _valid(entry: object) -> bool:
     return (isinstance(fp, list) and len(fp) == 5 and all(type(x) is int for x in fp)
             and (full is None or isinstance(full, str)) and (problem is None or isinstance(problem, str))
             and (full is None) != (problem is None)
-            and isinstance(at, (int, float)) and not isinstance(at, bool))
+            and _finite_time(at))
+
+
+def _finite_time(at: object) -> bool:
+    """A number usable as a time: NaN never expires (compares as neither old nor
+    new) and an int past float range makes ``now - at`` raise OverflowError."""
+    if isinstance(at, bool) or not isinstance(at, (int, float)):
+        return False
+    try:
+        return math.isfinite(at)
+    except OverflowError:
+        return False
 
 
 def _load(path: str) -> dict[str, dict]:

@@ -19,7 +19,11 @@ there is not taken on trust.
   ``prog`` found on ``PATH``), every absolute ``.../nvcc`` path it names
   (``exec /usr/local/cuda-13.0/bin/nvcc "$@"``) and every absolute path it
   runs as a command (``/usr/bin/ccache ...``), recursively, at most
-  :data:`MAX_WRAPPER_DEPTH` deep, loops detected;
+  :data:`MAX_WRAPPER_DEPTH` deep, loops detected; a file its ``#!`` line hands
+  the interpreter (``#!/bin/sh /opt/x/run``, ``env -S``) is followed the same
+  way, and every other existing file it names (``sh /opt/x/run``) must pass
+  the rule; the whole script is read (up to :data:`MAX_SCRIPT_BYTES`; a larger
+  one is refused);
 * a script whose command is computed (``exec "$(dirname "$0")/real" "$@"``,
   ``$NVCC "$@"``, ``eval``, ``source``) is refused: we cannot tell what it
   would run.
@@ -42,6 +46,9 @@ __all__ = ["MAX_WRAPPER_DEPTH", "Trace", "trace", "check_executable", "check_pat
 MAX_WRAPPER_DEPTH = 8
 _MAX_LINKS = 40  # as Linux MAXSYMLINKS
 _HEAD_BYTES = 8192
+#: A wrapper script is read whole to find what it runs; one larger than this
+#: (bytes) is refused: a line past what was read could run anything.
+MAX_SCRIPT_BYTES = 256 << 10
 
 _NVCC_PATH_RE = re.compile(r"(/[^\s\"'`;|&()<>$]*?/nvcc)(?![\w.-])")
 #: An absolute path in command position: ``exec /opt/x/bin/tool "$@"``, ``/usr/bin/ccache ...``.
@@ -49,6 +56,9 @@ _CMD_PATH_RE = re.compile(
     r"""^\s*(?:(?:exec|command|then|else|do)\s+|&&\s*|\|\|\s*)*["']?(/[^\s"'`;|&()<>$]+)""",
     re.MULTILINE,
 )
+#: Any absolute path a script names (``sh /opt/x/run``, ``python3 /opt/x/y.py``): an
+#: existing file among them may be run as an argument, so it must pass the rule too.
+_ANY_PATH_RE = re.compile(r"""(?<![\w.$/-])(/[^\s"'`;|&()<>$=]+)""")
 _COMPUTED_RE = re.compile(
     r"""^\s*(?:exec\s+|command\s+|then\s+|else\s+|do\s+|&&\s*|\|\|\s*)*["']?(?:\$|`)"""
     r"""|^\s*(?:eval|source|\.)\s""",
@@ -169,10 +179,10 @@ def check_path(path: str) -> str | None:
     return None
 
 
-def _read_head(real: str) -> bytes:
+def _read_head(real: str, limit: int = _HEAD_BYTES) -> bytes:
     try:
         with open(real, "rb") as fh:
-            return fh.read(_HEAD_BYTES)
+            return fh.read(limit)
     except OSError:
         return b""
 
@@ -202,15 +212,22 @@ def _follow(path: str, uid: int, chain: list[str], files: list[str], env_path: s
                          "set CUDA_HOME to the real toolkit prefix instead")
     chain.append(real)
     files.append(real)
-    head = _read_head(real)
+    head = _read_head(real, MAX_SCRIPT_BYTES + 1)
     if not head.startswith(b"#!"):
         return real
+    if len(head) > MAX_SCRIPT_BYTES:  # what it runs may be named past what was read
+        raise _Untrusted(f"{real} is a script larger than {MAX_SCRIPT_BYTES} bytes, too large to check "
+                         f"what it runs; set CUDA_HOME to the toolkit prefix that holds the real nvcc "
+                         f"binary (or replace the script with a symlink)")
     text = head.decode("utf-8", "replace")
     shebang, _, body = text.partition("\n")
     words = shebang[2:].split()
     if not words:
         raise _Untrusted(f"{real} has an empty '#!' line")
     _follow_interpreter(words, uid, files, env_path, real)
+    for arg in _shebang_scripts(words, real):  # '#!/bin/sh /other/script': that script runs too
+        if os.path.realpath(arg) not in chain:
+            _follow(arg, uid, list(chain), files, env_path, checked)
     if _COMPUTED_RE.search(body):
         raise _Untrusted(
             f"{real} is a script that computes the path of the program it runs, so what it "
@@ -232,6 +249,9 @@ def _follow(path: str, uid: int, chain: list[str], files: list[str], env_path: s
             got = _follow(t, uid, list(chain), files, env_path, checked)
         if final == real and t in nvccs:  # the first nvcc it names is what it runs
             final = got
+    for t in dict.fromkeys(m.group(1) for m in _ANY_PATH_RE.finditer(body)):  # all, not the first 32
+        if t not in nvccs and t not in others and os.path.isfile(t):  # 'sh /x/y': run as an argument
+            _file_ok(_resolve(t, uid), uid)
     checked[real] = final
     return final
 
@@ -242,6 +262,52 @@ def _runs_literally(body: str, path: str) -> bool:
                      + r"(?![\w.-])", body, re.MULTILINE) is not None
 
 
+def _env_words(words: list[str], script: str) -> list[str]:
+    """The arguments ``/usr/bin/env`` sees after splitting ``-S``/``--split-string``
+    (coreutils ``env -S``: the rest of the ``#!`` line is split like a shell would)."""
+    import shlex
+
+    out: list[str] = []
+    for i, w in enumerate(words):
+        split = w.startswith("--split-string") or (w.startswith("-") and not w.startswith("--") and "S" in w)
+        if not split:
+            out.append(w)
+            continue
+        rest = w.partition("=")[2] if w.startswith("--split-string=") else w[w.index("S") + 1:] if "S" in w else ""
+        try:
+            return out + shlex.split(" ".join(([rest] if rest else []) + words[i + 1:]))
+        except ValueError as exc:
+            raise _Untrusted(f"{script}: its '#!' line cannot be split ({exc})") from None
+    return out
+
+
+def _shebang_scripts(words: list[str], script: str) -> list[str]:
+    """Files the interpreter of a ``#!`` line is told to run besides the script itself.
+
+    Linux passes everything after the interpreter as one argument; ``env -S``
+    splits it.  An argument that is not an option names a script the interpreter
+    runs (``#!/bin/sh /opt/x/real-nvcc``): it must be an absolute path (it is
+    then checked like the wrapper), anything else cannot be checked.
+    """
+    if os.path.basename(words[0]) == "env":
+        args = _env_words(words[1:], script)
+        while args and (args[0].startswith("-") or "=" in args[0]):
+            args.pop(0)
+        args = args[1:]  # the program env runs: checked by _follow_interpreter
+    else:
+        args = [" ".join(words[1:])] if len(words) > 1 else []
+    out = []
+    for a in args:
+        if a.startswith("-"):
+            continue
+        if not a.startswith("/") or not os.path.isfile(a):
+            raise _Untrusted(f"{script}: its '#!' line passes {a!r} to the interpreter, so what it would "
+                             f"run cannot be checked; set CUDA_HOME to the toolkit prefix that holds the "
+                             f"real nvcc binary (or replace the script with a symlink)")
+        out.append(a)
+    return out
+
+
 def _follow_interpreter(words: list[str], uid: int, files: list[str], env_path: str | None,
                         script: str) -> None:
     interp = words[0]
@@ -249,7 +315,7 @@ def _follow_interpreter(words: list[str], uid: int, files: list[str], env_path: 
     _file_ok(real, uid)
     files.append(real)
     if os.path.basename(real) == "env":
-        prog = next((w for w in words[1:] if not w.startswith("-") and "=" not in w), None)
+        prog = next((w for w in _env_words(words[1:], script) if not w.startswith("-") and "=" not in w), None)
         if prog:
             found = shutil.which(prog, path=env_path if env_path is not None else os.environ.get("PATH"))
             if not found:
