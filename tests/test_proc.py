@@ -64,3 +64,24 @@ def test_endless_output_is_capped_and_stopped():
     t = time.monotonic()
     r = proc.run(["sh", "-c", "exec yes garbage"], timeout=30, max_output=4096)
     assert r.truncated and len(r.output) == 4096 and time.monotonic() - t < 10
+
+
+def test_group_is_killed_before_the_program_is_reaped(monkeypatch):
+    """The program's pid must still be held (an unreaped zombie) when its process
+    group is signalled, so the number cannot have been reused by an unrelated
+    process in between (found by the attack round)."""
+    import os as _os
+
+    from flashinfer_sm120 import proc as _proc
+
+    seen = []
+    real_killpg = _os.killpg
+
+    def spy(pgid, sig):
+        seen.append(_os.path.exists(f"/proc/{pgid}"))
+        return real_killpg(pgid, sig)
+
+    monkeypatch.setattr(_proc.os, "killpg", spy)
+    res = _proc.run(["/bin/sh", "-c", "echo hi"], timeout=10)
+    assert res.returncode == 0 and res.output.strip() == b"hi"
+    assert seen and all(seen), "the program was reaped before its group was killed"

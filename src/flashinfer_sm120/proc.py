@@ -120,7 +120,7 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
         poller.register(r, select.POLLIN | select.POLLHUP | select.POLLERR)
         eof = False
         while True:
-            exited = proc.poll() is not None
+            exited = _exited(proc)
             if eof and exited:
                 break
             if exited:
@@ -139,11 +139,13 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
                 if truncated:
                     break
                 if eof:
-                    # Output closed; wait for the exit, still under the deadline.
-                    try:
-                        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-                    except subprocess.TimeoutExpired:
-                        timed_out = True
+                    # Output closed; wait for the exit, still under the deadline
+                    # (without reaping it: see _exited).
+                    while not _exited(proc):
+                        if time.monotonic() >= deadline:
+                            timed_out = True
+                            break
+                        time.sleep(0.005)
                     break
     finally:
         os.close(r)
@@ -154,6 +156,23 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
             pass
     out = b"".join(chunks)[:max_output]
     return Result(proc.returncode, out, timed_out, truncated, time.monotonic() - start)
+
+
+def _exited(proc: subprocess.Popen) -> bool:
+    """Whether the program has exited, WITHOUT reaping it (``waitid`` with
+    ``WNOWAIT``): while it is an unreaped zombie its pid cannot be reused, so the
+    process group and session that :func:`_kill_all` signals afterwards are still
+    the program's own, never an unrelated process that got the same number."""
+    if proc.returncode is not None:
+        return True
+    waitid = getattr(os, "waitid", None)
+    if waitid is None:  # not Linux/BSD: fall back to reaping
+        return proc.poll() is not None
+    try:
+        info = waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return proc.poll() is not None
+    return info is not None
 
 
 def _drain(fd: int, chunks: list[bytes], size: int, cap: int) -> tuple[int, bool, bool]:
