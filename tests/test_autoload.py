@@ -43,6 +43,7 @@ def run(py, code, env, timeout=120):
 
 def test_enable_says_where_and_for_which_interpreter(tmp_path):
     d = tmp_path / "site"
+    d.mkdir()
     proc = cli(["enable", "--site-dir", str(d)], env_without("FLASHINFER_SM120_DISABLE"))
     assert proc.returncode == 0, proc.stderr
     pth = d / PTH_NAME
@@ -115,6 +116,7 @@ def test_disable_works_with_the_package_broken(tmp_path, missing):
         pytest.skip(f"{missing} no longer exists in this layout")
     victim.unlink()
     site_dir = tmp_path / "site"
+    site_dir.mkdir()
     env = env_without("FLASHINFER_SM120_DISABLE", PYTHONPATH=str(copy))
     assert cli(["enable", "--site-dir", str(site_dir)], env).returncode == 0
     proc = cli(["disable", "--site-dir", str(site_dir)], env)
@@ -148,6 +150,7 @@ def test_vllm_import_exports_the_toolkit_before_flashinfer_is_imported(clean_env
     """A server's ``shutil.which('nvcc')`` check runs after ``import vllm``, before FlashInfer."""
     fake = make_toolkit(tmp_path / "cuda-12.8")
     site_dir = tmp_path / "site"
+    site_dir.mkdir()
     assert cli(["enable", "--site-dir", str(site_dir)], clean_env).returncode == 0
     fake_package(tmp_path / "srv", "vllm", "import os\nCUDA_HOME_AT_IMPORT = os.environ.get('CUDA_HOME')\n")
     env = dict(clean_env, CUDA_HOME=str(fake), FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0",

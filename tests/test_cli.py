@@ -63,6 +63,7 @@ def test_doctor_human_output(clean_env, real_nvcc13):
 
 def test_enable_disable_pth(tmp_path):
     site_dir = tmp_path / "site"
+    site_dir.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "FLASHINFER_SM120_DISABLE"}
     proc = cli(["enable", "--site-dir", str(site_dir)], env)
     assert proc.returncode == 0, proc.stderr

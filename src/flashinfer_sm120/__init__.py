@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["install", "revert", "status", "resolve", "__version__"]
 

@@ -201,7 +201,7 @@ def _print_doctor(r: dict) -> None:
         p(f"  CUDA_HOME for FlashInfer: {res['cuda_home']['path']}"
           + (f"  (view; adds {', '.join(res['cuda_home']['added'])})" if res["cuda_home"]["is_view"] else ""))
         p(f"  curand.h from: {res['cuda_home']['curand_include'] or 'NOWHERE (sampling kernels will not compile)'}")
-        p(f"  targets: {', '.join(ch['targets']) or 'none'}")
+        p(f"  targets: {', '.join(ch['targets']) or 'none (no GPU visible and no FLASHINFER_CUDA_ARCH_LIST: to check the choice for GPUs not present, run e.g. FLASHINFER_CUDA_ARCH_LIST=12.0 flashinfer-sm120 doctor)'}")
         if res.get("arch_list_error"):
             p(f"  arch list ignored: {res['arch_list_error']}")
     elif r.get("guard"):

@@ -95,6 +95,9 @@ def _enable(args: argparse.Namespace) -> int:
         return empty
     if args.site_dir:
         target_dir = os.path.abspath(args.site_dir)
+        if not os.path.isdir(target_dir):  # a typo must not create a directory nobody reads
+            return _err(f"--site-dir {args.site_dir!r} is not an existing directory; give a site "
+                        f"directory that exists, or leave --site-dir out for {_purelib()}")
         who = f"processes of {py} (or another Python) that read {target_dir} as a site directory"
     elif args.user:
         problem = user_site_problem()

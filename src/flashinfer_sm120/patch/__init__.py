@@ -213,13 +213,21 @@ def describe(res: Resolution) -> str:
         else f"none (FLASHINFER_CUDA_ARCH_LIST={res.arch_list!r} has no usable entry, no GPU visible)")
     view = f" via view {res.home.path} (adds {', '.join(res.home.added)})" if res.home.is_view else ""
     text = (f"nvcc {tk.nvcc_full} from {tk.root} [{', '.join(tk.sources)}]{view}; "
-            f"targets {targets} (GPUs from {res.gpu_query.describe()}); FlashInfer "
+            f"targets {targets} ({_targets_from(res)}); FlashInfer "
             f"{res.release.version}; JIT workspace .../{workspace_tag()}; "
             f"FlashInfer alone would use CUDA_HOME={res.naive_root}{notes}")
     for rejected, why in res.choice.rejected:  # say why the user's own setting lost
         if {"CUDA_HOME", "CUDA_PATH"} & set(rejected.sources) and not why.startswith(("not needed", "usable")):
-            text += f"; not {rejected.given_as or rejected.root}: {why}"
+            given = rejected.given_as or rejected.root
+            text += f"; not {given}: {why[len(given) + 2:] if why.startswith(given + ': ') else why}"
     return text
+
+
+def _targets_from(res: Resolution) -> str:
+    """Where the targets came from: the arch list when it had usable entries, else the GPUs."""
+    if res.arch_list is not None and not (res.arch_list_error or "").endswith("targeting the GPUs present."):
+        return f"from FLASHINFER_CUDA_ARCH_LIST={res.arch_list!r}"
+    return f"GPUs from {res.gpu_query.describe()}"
 
 
 def _announce(mode: Mode, res: Resolution) -> None:
