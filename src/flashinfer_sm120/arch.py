@@ -51,7 +51,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from .errors import Sm120Error
 
@@ -67,6 +67,7 @@ __all__ = [
     "target_key",
     "candidate_targets",
     "format_target",
+    "major_minor",
     "min_nvcc_for",
     "normalize",
     "parse_arch_list",
@@ -120,6 +121,21 @@ class ArchListError(Sm120Error, ValueError):
 
 class ArchNotSupported(Sm120Error):
     """No nvcc target for a compute capability can be built by the given toolkit."""
+
+
+def major_minor(text: str | None) -> Version | None:
+    """``major.minor`` of a version string (``"13.0.88"`` -> ``Version("13.0")``).
+
+    Returns:
+        ``None`` for ``None``, an empty string or anything PEP 440 cannot parse.
+    """
+    if not text:
+        return None
+    try:
+        v = Version(str(text))
+    except InvalidVersion:
+        return None
+    return Version(f"{v.major}.{v.minor}")
 
 
 def format_target(target: tuple[int, str]) -> str:

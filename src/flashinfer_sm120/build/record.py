@@ -24,6 +24,8 @@ import logging
 import os
 import threading
 
+from ..flags import env_flag
+
 __all__ = ["ENV", "install_if_enabled", "append"]
 
 ENV = "FLASHINFER_SM120_RECORD"
@@ -33,15 +35,11 @@ _state = {"installed": False, "seen": set(), "warned": False}
 _mutex = threading.Lock()
 
 
-def _truthy(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
-
-
 def install_if_enabled() -> None:
     """Register the recorder if ``FLASHINFER_SM120_RECORD`` names a file; never raises."""
     try:
         path = os.environ.get(ENV, "").strip()
-        if not path or _truthy("FLASHINFER_SM120_DISABLE") or _state["installed"]:
+        if not path or env_flag("FLASHINFER_SM120_DISABLE") or _state["installed"]:
             return
         import wrapt
 

@@ -24,8 +24,9 @@ import wrapt
 
 from .. import arch as _arch
 from .. import environ
+from ..flags import env_flag
 from .alone import flashinfer_would_target
-from .resolve import Resolution, arch_specs, resolve
+from .resolve import Resolution, resolve
 from .state import STATE, Mode
 from .steps import HOOKED_MODULES, STEPS, current_targets, refresh_derived, workspace_tag
 
@@ -33,15 +34,6 @@ logger = logging.getLogger("flashinfer_sm120")
 
 __all__ = ["install", "revert", "status", "resolve", "Resolution", "HOOKED_MODULES", "Mode",
            "env_flag", "current_targets"]
-
-#: Values of a boolean environment variable that mean "off".
-FALSE_VALUES = ("", "0", "false", "no", "off")
-
-
-def env_flag(name: str) -> bool:
-    """Whether boolean env var ``name`` is on: anything but unset, empty, ``0``,
-    ``false``, ``no`` or ``off`` (case-insensitive)."""
-    return os.environ.get(name, "").strip().lower() not in FALSE_VALUES
 
 
 # --------------------------------------------------------------------------- deciding

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from .. import arch as _arch
 from .model import Toolkit
@@ -66,16 +66,6 @@ ALLOW_OTHER_MAJOR_ENV = "FLASHINFER_SM120_ALLOW_OTHER_CUDA_MAJOR"
 
 #: First CUDA release whose pip wheels ship nvcc.
 FIRST_PIP_NVCC = Version("13.0")
-
-
-def _mm(text: str | None) -> Version | None:
-    if not text:
-        return None
-    try:
-        v = Version(str(text))
-    except InvalidVersion:
-        return None
-    return Version(f"{v.major}.{v.minor}")
 
 
 def pip_install(spec: str) -> str:
@@ -115,7 +105,7 @@ def need_for(targets: Iterable[tuple[int, str]], min_nvcc: Version | None = None
 
 def torch_major_why(torch_cuda: str) -> str:
     """Why an nvcc must share torch's CUDA major (the reason behind the default policy)."""
-    tmm = _mm(torch_cuda)
+    tmm = _arch.major_minor(torch_cuda)
     major = tmm.major if tmm else torch_cuda
     return f"the JIT module links the nvcc's libcudart major, and torch loads libcudart.so.{major}"
 
@@ -186,7 +176,7 @@ def toolkit_fix(need: Version | None, torch_cuda: str | None,
     Returns:
         One line, without a ``Fix:`` prefix (see the module table).
     """
-    tmm = _mm(torch_cuda)
+    tmm = _arch.major_minor(torch_cuda)
     if tmm is None:  # CPU torch: any major; pip 13.x is the one that installs with pip
         lo = max(need, FIRST_PIP_NVCC) if need is not None else FIRST_PIP_NVCC
         if lo.major > FIRST_PIP_NVCC.major:
@@ -227,7 +217,7 @@ def choose_fix(wanted: Sequence[tuple[int, str]], torch_cuda: str | None, found:
                             for tk in found)]
     if unknown:
         return upgrade_fix(unknown)
-    tmm = _mm(torch_cuda)
+    tmm = _arch.major_minor(torch_cuda)
     dropped = [t for t in wanted if _arch.dropped_in(t) is not None
                and (tmm is None or tmm.major >= _arch.dropped_in(t))]
     if dropped:

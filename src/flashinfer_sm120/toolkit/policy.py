@@ -45,13 +45,13 @@ major), each candidate found and why it was rejected, and the one fix line
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping, Sequence
 
 from packaging.version import Version
 
 from .. import arch as _arch
 from ..errors import ToolkitError
+from ..flags import env_flag
 from . import fixes as _fixes
 from .model import Choice, Toolkit
 from .sources import Candidates
@@ -64,16 +64,11 @@ _EXPLICIT_SOURCES = ("CUDA_HOME", "CUDA_PATH")
 _PREFERRED_MAJOR_FOR_CPU_TORCH = 13
 
 
-def _mm(text: str | None) -> Version | None:
-    return _fixes._mm(text)
-
-
 def other_major_allowed(env: Mapping[str, str] | None = None) -> bool:
     """Whether ``FLASHINFER_SM120_ALLOW_OTHER_CUDA_MAJOR`` is on in ``env``
     (default ``os.environ``): anything but unset, empty, ``0``, ``false``,
     ``no`` or ``off`` (case-insensitive)."""
-    env = os.environ if env is None else env
-    return env.get(ALLOW_OTHER_MAJOR_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+    return env_flag(ALLOW_OTHER_MAJOR_ENV, env)
 
 
 def _why_not(tk: Toolkit, targets: Sequence[tuple[int, str]], explicit: set, torch_cuda: str | None,
@@ -169,7 +164,7 @@ def choose(
         wanted = [fixed.get(c) or _arch.candidate_targets(*c)[depth] for c in caps]
         if wanted not in target_sets:
             target_sets.append(wanted)
-    tmm = _mm(torch_cuda)
+    tmm = _arch.major_minor(torch_cuda)
     if tmm is None:
         passes = [(w, None) for w in target_sets]
     else:
@@ -228,7 +223,7 @@ def _choice(toolkits, pick, verdict, why, caps, fixed, wanted, preferred, torch_
     if wanted != preferred:
         reason += "; no toolkit could build the preferred targets " + ", ".join(
             _arch.format_target(t) for t in preferred)
-    tmm = _mm(torch_cuda)
+    tmm = _arch.major_minor(torch_cuda)
     if tmm is not None and major is None and v.major != tmm.major:
         reason += (f"; CUDA {v.major} accepted although torch is built for CUDA {torch_cuda}, because "
                    f"{ALLOW_OTHER_MAJOR_ENV} is set: {_fixes.torch_major_why(torch_cuda)}")
@@ -268,7 +263,7 @@ def _refusal(toolkits, reasons, arch_specs, capabilities, target_sets, explicit,
             needs[-1] += f", and a CUDA {gone - 1}.x nvcc (CUDA {gone}.0 dropped it)"
     if min_nvcc is not None:
         needs.append(f"nvcc >= {min_nvcc} because {min_nvcc_why or 'of this FlashInfer release'}")
-    tmm = _mm(torch_cuda)
+    tmm = _arch.major_minor(torch_cuda)
     if tmm is not None:
         needs.append(f"a CUDA {tmm.major}.x nvcc, torch's CUDA major: {_fixes.torch_major_why(torch_cuda)}"
                      + ("" if not allow_other_major else f"; any major accepted ({ALLOW_OTHER_MAJOR_ENV} is set)"))

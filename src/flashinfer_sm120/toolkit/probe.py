@@ -8,9 +8,10 @@ import os
 import re
 import stat
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from .. import proc
+from ..arch import major_minor
 from . import memo
 from .fixes import consistent_set_fix
 from .memo import FAILURE_MEMORY_S
@@ -56,14 +57,6 @@ def read_text(path: str, limit: int = 1 << 20) -> str | None:
         return None
     finally:
         os.close(fd)
-
-
-def major_minor(text: str) -> Version | None:
-    try:
-        v = Version(text)
-    except InvalidVersion:
-        return None
-    return Version(f"{v.major}.{v.minor}")
 
 
 def _version_from_files(root: str) -> tuple[str, str] | None:
