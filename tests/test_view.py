@@ -136,12 +136,6 @@ def test_toolkit_without_libcudart_names_the_right_fix(tmp_path, cache, pip):
     assert not tmp_dirs(cache / "cuda-home")
 
 
-def test_cudahome_module_still_importable():
-    from flashinfer_sm120 import cudahome
-
-    assert cudahome.linkable_home is view.linkable_home and cudahome.CudaHomeError is view.ViewError
-
-
 # --------------------------------------------------------------------------- item 4: adoption
 
 
@@ -251,7 +245,7 @@ def test_second_uid_never_adopts_a_view_planted_by_another(tmp_path):
         code = textwrap.dedent(f"""
             import json, os
             from flashinfer_sm120.toolkit import inspect
-            from flashinfer_sm120.cudahome import linkable_home
+            from flashinfer_sm120.view import linkable_home
             h = linkable_home(inspect({str(root)!r}))
             print("@@" + json.dumps([h.path, os.path.realpath(os.path.join(h.path, "bin", "nvcc"))]))
         """)

@@ -54,7 +54,7 @@ else:
         logging.getLogger("flashinfer_sm120").error("flashinfer-sm120: install failed: %r", _exc)
 
 try:  # warm-up builds: record JIT modules when FLASHINFER_SM120_RECORD is set (never raises)
-    from .build.record import install_if_enabled as _record_if_enabled
+    from .warmup.record import install_if_enabled as _record_if_enabled
 
     _record_if_enabled()
 except Exception as _exc:  # pragma: no cover - belt and braces

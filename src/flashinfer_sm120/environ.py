@@ -43,10 +43,7 @@ import logging
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 from typing import Callable, Iterable
 
@@ -98,10 +95,9 @@ _release_memo: dict[tuple, Version | None] = {}
 def tool_release(path: str) -> Version | None:
     """``major.minor`` printed by ``<path> --version`` (ptxas, nvcc), or ``None``.
 
-    Runs only a file that passes :func:`flashinfer_sm120.toolkit.trust.is_trusted`,
-    through :func:`flashinfer_sm120.proc.run` where present (else in its own
-    session, output to a temp file read up to 64 KiB), with a 10 s deadline
-    after which its process group is killed.  Remembered per process by
+    Runs only a file that passes :func:`flashinfer_sm120.toolkit.trust.check_executable`,
+    through :func:`flashinfer_sm120.proc.run` (output capped at 64 KiB, a 10 s
+    deadline after which its process group is killed).  Remembered per process by
     path, size and mtime.
     """
     try:
@@ -113,34 +109,13 @@ def tool_release(path: str) -> Version | None:
         return _release_memo[key]
     result = None
     try:
-        from .toolkit.trust import is_trusted
+        from .proc import run
+        from .toolkit.trust import check_executable
 
-        try:  # the package's one bounded runner, where this release has it
-            from .proc import run as _bounded_run
-        except ImportError:
-            _bounded_run = None
-        if is_trusted(path) is not None or not os.access(path, os.X_OK):
-            pass
-        elif _bounded_run is not None:
-            m = _RELEASE_RE.search(_bounded_run([path, "--version"], timeout=_TOOL_TIMEOUT_S,
-                                                max_output=_OUTPUT_CAP).output)
+        if check_executable(path) is None and os.access(path, os.X_OK):
+            m = _RELEASE_RE.search(run([path, "--version"], timeout=_TOOL_TIMEOUT_S,
+                                       max_output=_OUTPUT_CAP).output)
             result = Version(f"{int(m.group(1))}.{int(m.group(2))}") if m else None
-        else:
-            with tempfile.TemporaryFile() as out:
-                proc = subprocess.Popen([path, "--version"], stdout=out, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
-                try:
-                    proc.wait(timeout=_TOOL_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    pass
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-                proc.wait()
-                out.seek(0)
-                m = _RELEASE_RE.search(out.read(_OUTPUT_CAP))
-                result = Version(f"{int(m.group(1))}.{int(m.group(2))}") if m else None
     except Exception as exc:
         logger.debug("flashinfer-sm120: %s --version failed: %r", path, exc)
     _release_memo[key] = result

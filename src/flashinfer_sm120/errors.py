@@ -6,7 +6,7 @@ every message names the offending value or path and the fix.
 
 from __future__ import annotations
 
-__all__ = ["Sm120Error", "ToolkitError", "ViewError", "CudaHomeError", "GPUQueryError", "StateFileError"]
+__all__ = ["Sm120Error", "ToolkitError", "ViewError", "GPUQueryError", "StateFileError"]
 
 
 class Sm120Error(RuntimeError):
@@ -33,9 +33,6 @@ class ToolkitError(Sm120Error):
 class ViewError(Sm120Error):
     """The ``CUDA_HOME`` view could not be assembled; the message names the path and the fix."""
 
-
-#: Former name of :class:`ViewError`.
-CudaHomeError = ViewError
 
 
 class GPUQueryError(Sm120Error):

@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from ..build import modules as _modules
+from ..warmup import modules as _modules
 from .common import err as _err
 
 __all__ = ["MODULES", "run_build", "add_parser"]
@@ -18,7 +18,7 @@ MODULES = _modules.NAMES
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from ..build import replay, session
+    from ..warmup import replay, session
 
     if args.list:
         print(_modules.describe_all())

@@ -13,7 +13,7 @@ __all__ = ["add_parsers", "run_export", "run_import"]
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from ..build import cachepack, replay, session
+    from ..warmup import cachepack, replay, session
 
     import os
 
@@ -38,7 +38,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from ..build import cachepack, session
+    from ..warmup import cachepack, session
 
     try:
         cachepack.check_members(args.src)  # before anything is imported or unpacked
@@ -70,7 +70,7 @@ def _archive_targets(src: str) -> str | None:
             return None
     except Exception:  # no NVML, no driver: treat as no GPU
         pass
-    from ..build import cachepack
+    from ..warmup import cachepack
 
     targets = (cachepack.read_meta(src).get("fingerprint") or {}).get("targets")
     if targets:

@@ -20,10 +20,7 @@ from ..toolkit import Choice, Toolkit, choose, discover, flashinfer_naive_root, 
 from ..toolkit.policy import other_major_allowed
 from ..toolkit.sources import clean_home
 
-try:  # the view module replaces cudahome (same function)
-    from ..view import linkable_home  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - until view.py is merged
-    from ..cudahome import linkable_home
+from ..view import linkable_home
 
 logger = logging.getLogger("flashinfer_sm120")
 

@@ -19,11 +19,11 @@ from .model import Choice, Toolkit
 from .policy import choose
 from .probe import FAILURE_MEMORY_S, NVCC_TIMEOUT_S, inspect
 from .sources import FIND_STEPS, SOURCES, Candidates, discover, flashinfer_naive_root, torch_cuda_version
-from .trust import check_executable, is_trusted, trace
+from .trust import check_executable, trace
 
 __all__ = [
     "NVCC_TIMEOUT_S", "FAILURE_MEMORY_S", "SOURCES", "cache_root", "Toolkit", "Choice", "ToolkitError",
-    "Candidates", "discover", "choose", "inspect", "flashinfer_naive_root", "is_trusted",
+    "Candidates", "discover", "choose", "inspect", "flashinfer_naive_root",
     "check_executable", "trace", "FIND_STEPS",
     "torch_cuda_version",
 ]

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from ..cache import writable_by_others
 
-__all__ = ["MAX_WRAPPER_DEPTH", "Trace", "trace", "check_executable", "check_path", "is_trusted"]
+__all__ = ["MAX_WRAPPER_DEPTH", "Trace", "trace", "check_executable", "check_path"]
 
 #: Wrapper scripts followed at most this deep (``/usr/bin/nvcc`` ->
 #: ``/usr/lib/nvidia-cuda-toolkit/bin/nvcc`` is one level).
@@ -352,12 +352,6 @@ def check_executable(path: str) -> str | None:
     """``None`` when ``path`` may be run (see :func:`trace`), else the reason."""
     return trace(path).problem
 
-
-def is_trusted(path: str) -> str | None:
-    """Former name of :func:`check_executable` (kept for callers): ``None`` when
-    ``path`` and everything it would execute are trusted, else a sentence naming
-    the offending path and the fix."""
-    return check_executable(path)
 
 
 def follow_wrappers(path: str) -> str | None:

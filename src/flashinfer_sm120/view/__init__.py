@@ -41,11 +41,11 @@ left by builders that died (``kill -9``).
 from __future__ import annotations
 
 from ..cache import cache_root
-from ..errors import CudaHomeError, ViewError
+from ..errors import ViewError
 from .build import LOCK_TIMEOUT_S, MAX_VIEW_NAMES, STALE_TMP_S, find_curand_include, linkable_home, views_dir
 from .meta import META_NAME, VIEW_LAYOUT, CudaHome, ViewMeta, check_view
 
 __all__ = [
-    "VIEW_LAYOUT", "META_NAME", "LOCK_TIMEOUT_S", "STALE_TMP_S", "MAX_VIEW_NAMES", "CudaHome", "CudaHomeError",
+    "VIEW_LAYOUT", "META_NAME", "LOCK_TIMEOUT_S", "STALE_TMP_S", "MAX_VIEW_NAMES", "CudaHome",
     "ViewError", "ViewMeta", "cache_root", "check_view", "find_curand_include", "linkable_home", "views_dir",
 ]

@@ -37,7 +37,7 @@ import sys
 import tempfile
 
 from ..errors import ViewError
-from ..toolkit import is_trusted
+from ..toolkit.trust import check_executable
 
 __all__ = ["SONAME", "COMPILER_TIMEOUT_S", "driver_symbols", "elf_ident", "stub_bytes", "write_stub"]
 
@@ -281,7 +281,7 @@ def _compile_stub(dest: str, symbols: list[str]) -> None:
             if not exe:
                 tried.append(f"{label}: {argv[0] if argv else ''!s} not found")
                 continue
-            bad = is_trusted(exe)
+            bad = check_executable(exe)
             if bad:
                 tried.append(f"{label}: not run ({bad})")
                 continue

@@ -7,7 +7,7 @@ import subprocess
 import threading
 import time
 
-from flashinfer_sm120.build import pool
+from flashinfer_sm120.warmup import pool
 
 
 def _module(root, name, n_src=2, fail=None, sleep=0.3):

@@ -86,7 +86,7 @@ def test_record_then_replay_gives_identical_ninja_files(clean_env, tmp_path, rea
 
 WRITER = """
 import os, sys, time
-from flashinfer_sm120.build.record import append
+from flashinfer_sm120.warmup.record import append
 path, me, start = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 while time.time() < start:
     time.sleep(0.001)
@@ -117,14 +117,14 @@ def test_recorder_off_by_default_and_never_raises(clean_env, tmp_path):
     code = textwrap.dedent("""
         import json, os
         os.environ["FLASHINFER_SM120_RECORD"] = "/proc/no/such/dir/m.jsonl"
-        from flashinfer_sm120.build import record
+        from flashinfer_sm120.warmup import record
         record.install_if_enabled()
         record._record(type("S", (), {"name": "x", "toolchain": "nvcc"})())  # cannot write: logs once
         print("@@" + json.dumps({"installed": record._state["installed"]}))
     """)
     out, proc = run_py(code, clean_env)
     assert out["installed"] is True
-    out, _ = run_py("import json, flashinfer_sm120\nfrom flashinfer_sm120.build import record\n"
+    out, _ = run_py("import json, flashinfer_sm120\nfrom flashinfer_sm120.warmup import record\n"
                     "print('@@' + json.dumps(record._state['installed']))", clean_env)
     assert out is False
 
