@@ -6,7 +6,7 @@ every message names the offending value or path and the fix.
 
 from __future__ import annotations
 
-__all__ = ["Sm120Error", "ToolkitError", "ViewError", "GPUQueryError", "StateFileError"]
+__all__ = ["Sm120Error", "ToolkitError", "ViewError", "GPUQueryError", "StateFileError", "FormatError"]
 
 
 class Sm120Error(RuntimeError):
@@ -41,3 +41,10 @@ class GPUQueryError(Sm120Error):
 
 class StateFileError(Sm120Error):
     """An on-disk state file (memo, view metadata) is unusable; the message names it."""
+
+
+class FormatError(Sm120Error, ValueError):
+    """Something read from outside (a file, a variable, a command's output, a CLI
+    value) does not have the expected form; the message names the file or
+    variable, shows the offending value cut short, and says the fix.  Raised
+    only by :mod:`flashinfer_sm120.formats`."""
