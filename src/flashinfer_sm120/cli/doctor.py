@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -11,7 +12,13 @@ import sys
 
 from .. import __version__
 
-__all__ = ["ALONE_TIMEOUT_S", "run_doctor", "add_parser"]
+__all__ = ["ALONE_TIMEOUT_S", "SECTIONS", "run_doctor", "add_parser"]
+
+#: Further report sections, in print order: ``(key, module)``.  Each module (relative
+#: to this package's parent) has ``doctor_section(report: dict) -> dict`` (JSON-able;
+#: stored as ``report[key]``) and ``doctor_lines(section: dict) -> list[str]`` (printed).
+#: A section that raises is reported as ``{"error": ...}`` and the rest still prints.
+SECTIONS: tuple[tuple[str, str], ...] = ()
 
 #: Seconds ``doctor`` lets unpatched FlashInfer run in its child process.  FlashInfer
 #: runs ``nvcc --version`` without a timeout, so a hung nvcc would hang it forever.
@@ -159,6 +166,11 @@ def run_doctor(args: argparse.Namespace) -> int:
     from .. import autoload  # deploy: is the .pth installed for this interpreter?
 
     report["autoload"] = autoload.doctor_report()
+    for key, module in SECTIONS:
+        try:
+            report[key] = importlib.import_module(module, __package__.rpartition(".")[0]).doctor_section(report)
+        except Exception as exc:  # one broken section never hides the rest
+            report[key] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     if args.json:
         print(json.dumps(report, indent=2, default=str))
         return 0 if "resolution" in report else 1
@@ -235,6 +247,13 @@ def _print_doctor(r: dict) -> None:
     p("Exported to this process and its children:")
     for line in environ.describe(a.get("exported", {})):
         p(f"  {line}")
+    for key, module in SECTIONS:
+        section = r.get(key) or {}
+        if "error" in section:
+            p(f"{key}: could not be checked ({section['error']})")
+            continue
+        for line in importlib.import_module(module, __package__.rpartition(".")[0]).doctor_lines(section):
+            p(line)
 
 
 def add_parser(sub) -> None:
