@@ -1,4 +1,4 @@
-"""cache-export / cache-import: a warmed JIT cache moves to another machine and FlashInfer's
+"""cache export / cache import: a warmed JIT cache moves to another machine and FlashInfer's
 own build finds nothing to do there; mismatches and unsafe archives are refused; an existing
 different entry is never clobbered silently.  Compiles with a fake nvcc (ninja files are real)."""
 
@@ -77,15 +77,15 @@ def warmed(clean_env, tmp_path, real_nvcc13):
 def test_export_then_import_on_a_fresh_machine_is_up_to_date(warmed):
     env, manifest, log, tmp = warmed
     out = tmp / "cache.tar.gz"
-    proc = cli(["cache-export", "--from", str(manifest), str(out)], env)
+    proc = cli(["cache", "export", "--from", str(manifest), str(out)], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "exported 2 module(s)" in proc.stdout
-    again = cli(["cache-export", "--from", str(manifest), str(out)], env)
+    again = cli(["cache", "export", "--from", str(manifest), str(out)], env)
     assert again.returncode == 2 and "already exists" in again.stderr  # never overwritten
 
     shutil.rmtree(env["FLASHINFER_WORKSPACE_BASE"])  # a fresh machine with the same layout
     target = env
-    proc = cli(["cache-import", str(out), "--json"], target)
+    proc = cli(["cache", "import", str(out), "--json"], target)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert {m["status"] for m in json.loads(proc.stdout)["modules"]} == {"installed"}
     assert "using the archive's targets 12.0f" in proc.stderr
@@ -94,23 +94,23 @@ def test_export_then_import_on_a_fresh_machine_is_up_to_date(warmed):
     assert "Ninja build failed" not in (res["err"] or "")
     assert log.read_text() == before  # FlashInfer's own ninja run compiled nothing
 
-    proc = cli(["cache-import", str(out)], target)
+    proc = cli(["cache", "import", str(out)], target)
     assert proc.returncode == 0 and proc.stdout.count("already present") == 2, proc.stdout + proc.stderr
 
     so = next(Path(env["FLASHINFER_WORKSPACE_BASE"]).rglob("*silu*.so"))
     so.write_text("a different build\n")
-    proc = cli(["cache-import", str(out)], target)
+    proc = cli(["cache", "import", str(out)], target)
     assert proc.returncode == 1 and "kept existing" in proc.stdout and "--force" in proc.stdout
     assert so.read_text() == "a different build\n"
-    proc = cli(["cache-import", str(out), "--force"], target)
+    proc = cli(["cache", "import", str(out), "--force"], target)
     assert proc.returncode == 0 and "replaced" in proc.stdout and so.read_text() != "a different build\n"
 
     # another toolkit view (another cache dir) or other targets: refused, naming the mismatch and fix
-    proc = cli(["cache-import", str(out)], dict(target, FLASHINFER_SM120_CACHE_DIR=str(tmp / "other")))
+    proc = cli(["cache", "import", str(out)], dict(target, FLASHINFER_SM120_CACHE_DIR=str(tmp / "other")))
     assert proc.returncode == 2 and "cuda_home" in proc.stderr and "FLASHINFER_SM120_CACHE_DIR" in proc.stderr
-    proc = cli(["cache-import", str(out)], dict(target, FLASHINFER_WORKSPACE_BASE=str(tmp / "ws2")))
+    proc = cli(["cache", "import", str(out)], dict(target, FLASHINFER_WORKSPACE_BASE=str(tmp / "ws2")))
     assert proc.returncode == 2 and "jit_dir" in proc.stderr and "FLASHINFER_WORKSPACE_BASE" in proc.stderr
-    proc = cli(["cache-import", str(out), "--arch", "12.1"], target)
+    proc = cli(["cache", "import", str(out), "--arch", "12.1"], target)
     assert proc.returncode == 2 and "targets" in proc.stderr and "12.0f" in proc.stderr
 
 
@@ -140,7 +140,7 @@ def test_unsafe_archives_are_refused(clean_env, tmp_path, real_nvcc13):
     for name, members in cases.items():
         path = tmp_path / f"{name}.tar"
         _tar(path, members)
-        proc = cli(["cache-import", str(path)], env)
+        proc = cli(["cache", "import", str(path)], env)
         assert proc.returncode == 2, (name, proc.stdout, proc.stderr)
         assert "refusing the whole archive" in proc.stderr, (name, proc.stderr)
     assert not (tmp_path / "escaped").exists() and not os.path.exists("/tmp/escaped-abs")

@@ -1,6 +1,6 @@
 """``flashinfer-sm120 build``: JIT-build FlashInfer modules into FlashInfer's JIT cache now,
 by name (``build sampling decode --head-dim 128``) or as recorded (``build --from MANIFEST``);
-``cache-export``/``cache-import`` move a warmed JIT cache to other machines."""
+``cache export``/``cache import`` move a warmed JIT cache to other machines."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def _print_human(summary: dict) -> None:
 
 
 def add_parser(sub) -> None:
-    """Register ``build``, ``cache-export`` and ``cache-import`` on an argparse subparsers object."""
+    """Register ``build`` and ``cache`` on an argparse subparsers object."""
     b = sub.add_parser("build", help="JIT-build FlashInfer modules into FlashInfer's JIT cache",
                        description="Build named modules (see --list) or a recorded manifest (--from) "
                        "in one job pool.")

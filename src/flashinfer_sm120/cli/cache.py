@@ -1,5 +1,6 @@
-"""``flashinfer-sm120 cache-export`` / ``cache-import``: move a warmed FlashInfer JIT cache
-between machines (e.g. from a Docker build stage with nvcc to a runtime image without)."""
+"""``flashinfer-sm120 cache export`` / ``cache import``: move a warmed FlashInfer JIT cache
+between machines (e.g. from a Docker build stage with nvcc to a runtime image without);
+``cache prune``: list and remove what is no longer used."""
 
 from __future__ import annotations
 
@@ -80,17 +81,26 @@ def _archive_targets(src: str) -> str | None:
     return None
 
 
+def run_prune(args: argparse.Namespace) -> int:
+    return _err("cache prune is not implemented yet")
+
+
 def add_parsers(sub) -> None:
-    """Register ``cache-export`` and ``cache-import``."""
-    e = sub.add_parser("cache-export", help="write the JIT cache entries of a manifest to a directory or archive")
+    """Register ``cache`` with its subcommands ``export``, ``import`` and ``prune``."""
+    c = sub.add_parser("cache", help="move a warmed JIT cache between machines; prune old entries",
+                       description="export/import a warmed FlashInfer JIT cache; prune what is no longer used")
+    cs = c.add_subparsers(dest="cache_cmd", required=True, metavar="{export,import,prune}")
+    e = cs.add_parser("export", help="write the JIT cache entries of a manifest to a directory or archive")
     e.add_argument("--from", dest="manifest", required=True, metavar="MANIFEST",
                    help="manifest recorded with FLASHINFER_SM120_RECORD (built here with build --from)")
     e.add_argument("out", help="new directory, or an archive path ending .tar, .tar.gz or .tgz")
     e.add_argument("--arch", help="targets, as for build (default: the manifest's)")
     e.set_defaults(func=run_export)
-    i = sub.add_parser("cache-import", help="install an exported JIT cache into FlashInfer's JIT cache here")
-    i.add_argument("src", help="directory or archive written by cache-export")
+    i = cs.add_parser("import", help="install an exported JIT cache into FlashInfer's JIT cache here")
+    i.add_argument("src", help="directory or archive written by 'cache export'")
     i.add_argument("--arch", help="targets (default: the GPUs present)")
     i.add_argument("--force", action="store_true", help="replace existing entries that differ")
     i.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     i.set_defaults(func=run_import)
+    pr = cs.add_parser("prune", help="list (and with --yes remove) views and JIT directories no longer used")
+    pr.set_defaults(func=run_prune)

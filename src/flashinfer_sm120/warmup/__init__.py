@@ -6,8 +6,8 @@
 - :mod:`.replay`    ``build --from MANIFEST``
 - :mod:`.session`   set FlashInfer up for a build; build specs in one pool
 - :mod:`.pool`      the job pool and its progress display
-- :mod:`.cachepack` ``cache-export`` / ``cache-import``
-- :mod:`.ninjadeps` restamp outputs in a ninja deps log (used by cache-import)
+- :mod:`.cachepack` ``cache export`` / ``cache import``
+- :mod:`.ninjadeps` restamp outputs in a ninja deps log (used by cache import)
 
 Importing this package imports nothing from FlashInfer.
 """

@@ -138,7 +138,7 @@ def _unpack(src: str, into: Path) -> Path:
     if os.path.isdir(src):
         root = Path(src) / TOP
         if not root.is_dir():
-            raise BuildError(f"{src} has no {TOP}/ folder; give the path `cache-export` wrote")
+            raise BuildError(f"{src} has no {TOP}/ folder; give the path `cache export` wrote")
         return root
     try:
         tar = tarfile.open(src)
@@ -175,14 +175,14 @@ def read_meta(src: str) -> dict:
         return json.loads(raw)
     except (OSError, KeyError, ValueError, tarfile.TarError) as exc:
         raise BuildError(f"{src} has no readable {TOP}/meta.json ({exc!r}); give the path "
-                         "`cache-export` wrote") from None
+                         "`cache export` wrote") from None
 
 
 def _mismatch(theirs: dict, ours: dict) -> str | None:
     fixes = {
         "flashinfer": "install the same flashinfer-python on both machines (the JIT cache is keyed by its version)",
         "targets": "export for this machine's targets (`flashinfer-sm120 build --from M --arch ...` then "
-                   "`cache-export --arch ...`), or pass the archive's targets with --arch here",
+                   "`cache export --arch ...`), or pass the archive's targets with --arch here",
         "cuda_version": "use the same nvcc release on both machines (e.g. the same cuda-toolkit pip pin)",
         "cuda_home": "FlashInfer writes CUDA_HOME into each build.ninja, so a different path recompiles "
                      "everything: give both machines the same toolkit path and FLASHINFER_SM120_CACHE_DIR",
