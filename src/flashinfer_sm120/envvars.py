@@ -1,0 +1,62 @@
+"""Every ``FLASHINFER_SM120_*`` environment variable, as data.
+
+This table is the reference: the docs' variable table is generated from it and a
+test checks that every ``FLASHINFER_SM120_*`` name used in the source is listed
+here (and every name here is used).  Reading a variable still happens where it
+is used; this module only describes them and imports nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["EnvVar", "VARIABLES", "by_name"]
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One variable.
+
+    Attributes:
+        name: the variable.
+        default: what applies when it is unset, in words.
+        effect: what it does, one or two sentences for the reference table.
+        audience: ``user`` (set it), ``internal`` (set by us for child processes: do not set),
+            or ``tests`` (read by the test suite only).
+    """
+
+    name: str
+    default: str
+    effect: str
+    audience: str = "user"
+
+
+VARIABLES: tuple[EnvVar, ...] = (
+    EnvVar("FLASHINFER_SM120_DISABLE", "unset (enabled)",
+           "Do nothing: the autoload installs no hook, `install()` patches and exports nothing. "
+           "`0`, `false`, `no`, `off` or empty mean enabled."),
+    EnvVar("FLASHINFER_SM120_QUIET", "unset",
+           "Log the one summary line at INFO instead of WARNING (hidden unless the application logs INFO)."),
+    EnvVar("FLASHINFER_SM120_CACHE_DIR",
+           "first usable of `$XDG_CACHE_HOME/flashinfer-sm120`, `~/.cache/flashinfer-sm120`, "
+           "`$TMPDIR/flashinfer-sm120-<uid>`",
+           "Where the `CUDA_HOME` views and the nvcc memo live; set it for service users without a writable HOME."),
+    EnvVar("FLASHINFER_SM120_ALLOW_OTHER_CUDA_MAJOR", "unset (never)",
+           "Accept an nvcc of another CUDA major than torch's when none of torch's major fits "
+           "(the JIT module would link a different libcudart major than torch loads)."),
+    EnvVar("FLASHINFER_SM120_AUTOLOAD_TRIGGERS", "`flashinfer vllm sglang`",
+           "Top-level modules whose first import loads the package (comma or space separated), "
+           "read at interpreter start-up."),
+    EnvVar("FLASHINFER_SM120_RECORD", "unset (off)",
+           "Append every FlashInfer JIT module built or loaded in this process to that manifest "
+           "(JSON lines), for `build --from` and `cache export --from`."),
+    EnvVar("FLASHINFER_SM120_RUN_ID", "set per run", "Marks the programs the bounded runner starts, "
+           "so that their leftovers can be found and killed. Do not set it.", "internal"),
+    EnvVar("FLASHINFER_SM120_TEST_WHEELS", "`~/.cache/flashinfer-sm120/test-wheels`",
+           "Where the release tests keep the FlashInfer releases they download.", "tests"),
+)
+
+
+def by_name() -> dict[str, EnvVar]:
+    """``{name: EnvVar}`` of :data:`VARIABLES`."""
+    return {v.name: v for v in VARIABLES}
