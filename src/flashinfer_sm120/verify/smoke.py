@@ -180,7 +180,8 @@ def _choose() -> tuple[str, list[str], str]:
                       "GPUs this machine will run, e.g. FLASHINFER_CUDA_ARCH_LIST=12.0 (RTX 5090 / RTX PRO 6000) "
                       "or 12.1 (DGX Spark)")
     home = cx.get_cuda_path()
-    return home, targets, f"nvcc {cx.get_cuda_version()} via CUDA_HOME={home}; targets {' '.join(targets)}"
+    nvcc = os.path.realpath(os.path.join(home, "bin", "nvcc"))
+    return home, targets, f"nvcc {cx.get_cuda_version()} ({nvcc}) via CUDA_HOME={home}; targets {' '.join(targets)}"
 
 
 def _generate(work: str) -> tuple[str, str, str]:
@@ -207,6 +208,16 @@ def _generate(work: str) -> tuple[str, str, str]:
         fh.write(text)
     obj = os.path.join(os.path.realpath(work), f"{src.parent.name}_{src.stem}.cuda.o")
     return ninja, obj, os.path.join(os.path.realpath(work), f"{_NAME}.so")
+
+
+def _generated(state: dict, work: str) -> str:
+    import re
+
+    state.update(zip(("ninja", "obj", "so"), _generate(work)))
+    with open(state["ninja"]) as fh:
+        text = fh.read()
+    gencode = sorted(set(re.findall(r"-gencode=arch=\S+", text)))
+    return f"FlashInfer's build.ninja: {' '.join(gencode) or 'no -gencode'}; links -lcudart -lcuda"
 
 
 def _ninja(args: list[str], run: _Run, what: str) -> str:
@@ -331,8 +342,7 @@ def run_smoke(timeout: float = SMOKE_TIMEOUT_S, *, keep: str | None = None, gpu:
             return detail
 
         run.step("toolkit", choose)
-        run.step("generate", lambda: (state.update(zip(("ninja", "obj", "so"), _generate(work))),
-                                      f"{state['ninja']} (FlashInfer's flags)")[1])
+        run.step("generate", lambda: _generated(state, work))
         run.step("compile", lambda: _ninja(["-C", work, "-f", state["ninja"], state["obj"]], run, "compile"))
         run.step("link", lambda: _ninja(["-C", work, "-f", state["ninja"]], run, "link"))
         run.step("link check", lambda: _link_check(state["so"], home, targets))
