@@ -685,7 +685,7 @@ def ninja_variables(text: Any, source: str, *, max_bytes: int = 4 << 20) -> dict
     if not isinstance(text, str) or len(text) > max_bytes:
         raise _fail(source, "is not build.ninja text of a sane size", "")
     out: dict[str, str] = {}
-    for line in re.sub(r"\$\n\s*", " ", text).splitlines():
+    for line in re.sub(r"\$\n[ \t]*", "", text).splitlines():  # ninja: "$" newline, indent dropped
         m = re.match(r"^([A-Za-z_][A-Za-z0-9_.-]*)\s*=\s?(.*)$", line)
         if m:
             out[m.group(1)] = m.group(2).strip()
