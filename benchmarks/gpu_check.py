@@ -46,10 +46,13 @@ import time
 _T0 = time.perf_counter()  # a child's clock for "time to first kernel call" starts here
 
 DEFAULT_MODULES = ("sampling", "decode", "prefill")
+CHECKS = ("build", "sass", "link", "sampling", "decode", "prefill", "runtime link", "warm", "overhead")
+GPU_CHECKS = CHECKS[3:]
 SAMPLING_PROBS = (0.30, 0.25, 0.20, 0.10, 0.08, 0.04, 0.02, 0.01)
 SAMPLING_TOP_K, SAMPLING_TOP_P, SAMPLING_N, SAMPLING_SEED = 5, 0.7, 100_000, 1234
 CHI2_LIMIT = 20.0  # 2 degrees of freedom: P(chi2 > 20) = 4.5e-5
 ATOL = RTOL = 2e-2  # bf16 attention output against a float32 reference
+TIMING_ITERS, TIMING_REPEATS = 50, 9
 
 
 # ----------------------------------------------------------------------------- references (pure torch)
@@ -194,13 +197,21 @@ def check_prefill(torch, flashinfer, dev: str = "cuda", lens=(1, 17, 100, 333), 
             "timing": lambda: w.run(q, k, v)}
 
 
-def time_call(torch, fn, iters: int = 50, repeats: int = 9) -> dict:
-    """Median microseconds per call over ``repeats`` rounds of ``iters`` calls (CUDA events)."""
+def time_call(torch, fn, dev: str = "cuda") -> dict:
+    """Median microseconds per call over :data:`TIMING_REPEATS` rounds of :data:`TIMING_ITERS`
+    calls (CUDA events; the wall clock on a CPU device)."""
+    iters = TIMING_ITERS
     for _ in range(5):
         fn()
-    torch.cuda.synchronize()
+    _sync(torch, dev)
     per = []
-    for _ in range(repeats):
+    for _ in range(TIMING_REPEATS):
+        if not str(dev).startswith("cuda"):
+            t = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            per.append((time.perf_counter() - t) * 1e6 / iters)
+            continue
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         for _ in range(iters):
@@ -213,39 +224,42 @@ def time_call(torch, fn, iters: int = 50, repeats: int = 9) -> dict:
     return {"us": round(med, 3), "spread": round((per[-1] - per[0]) / med, 4) if med else None}
 
 
-def child_main(mode: str) -> None:
-    """Run the GPU checks in this process (``mode``: ``shim`` or ``alone``) and print one ``@@`` JSON line."""
+def child_main(mode: str, dev: str = "cuda") -> None:
+    """Run the GPU checks in this process (``mode``: ``shim`` or ``alone``) and print one ``@@`` JSON
+    line (``dev`` is ``cuda``; the tests run the same code on ``cpu`` with stand-ins)."""
     out: dict = {"mode": mode}
     try:
         if mode == "shim":
             import flashinfer_sm120  # noqa: F401  (the hooks; FlashInfer is patched on import)
         import torch
 
-        torch.cuda.init()
+        cuda = dev.startswith("cuda")
+        if cuda:
+            torch.cuda.init()  # loads the driver's libcuda and torch's libcudart
         with open("/proc/self/maps") as fh:
             out["maps_before"] = fh.read()
         import flashinfer
 
-        out["gpu_name"] = torch.cuda.get_device_name(0)
+        out["gpu_name"] = torch.cuda.get_device_name(0) if cuda else dev
         out["import_s"] = round(time.perf_counter() - _T0, 3)
         checks = {}
         for name, fn in (("sampling", check_sampling), ("decode", check_decode), ("prefill", check_prefill)):
             t = time.perf_counter()
             try:
-                checks[name] = fn(torch, flashinfer)
+                checks[name] = fn(torch, flashinfer, dev=dev)
             except Exception as exc:  # a failed check, not a failed run
                 checks[name] = {"pass": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
-            torch.cuda.synchronize()
+            _sync(torch, dev)
             checks[name]["seconds"] = round(time.perf_counter() - t, 3)
             if name == "sampling":
                 out["first_call_s"] = round(time.perf_counter() - _T0, 3)
-        probs = torch.softmax(torch.randn(64, 32000, device="cuda"), -1)
+        probs = torch.softmax(torch.randn(64, 32000, device=dev), -1)
         timers = {"sampling": lambda: flashinfer.sampling.top_k_top_p_sampling_from_probs(probs, 50, 0.9)}
         timers.update({n: c.pop("timing") for n, c in checks.items() if "timing" in c})
         out["timing"] = {}
         for n, fn in timers.items():
             try:
-                out["timing"][n] = time_call(torch, fn)
+                out["timing"][n] = time_call(torch, fn, dev)
             except Exception as exc:
                 out["timing"][n] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
         out["checks"] = checks
@@ -411,13 +425,14 @@ def _gpu_runs(rep: Report, env: dict, home: str, jit_dir: str) -> None:
     try:
         cold = _child_result(out, "the GPU check child")
     except Exception as exc:
-        rep.check("sampling", "fail", f"the child failed (exit {rc}): {exc}; {err.strip()[-1500:]}",
-                  round(time.monotonic() - t, 1))
+        cold = {"error": f"the child failed ({'timed out' if rc is None else f'exit {rc}'}): {exc}; "
+                         f"{err.strip()[-1500:]}"}
+    if cold.get("error") or not cold.get("checks"):
+        for name in GPU_CHECKS:
+            rep.check(name, "fail", cold.get("error") or "the child ran no check", round(time.monotonic() - t, 1))
         return
     compiled = _compiled(before, _snapshot(jit_dir))
     rep.data["gpu_name"] = cold.get("gpu_name")
-    if cold.get("error"):
-        rep.check("sampling", "fail", cold["error"])
     for name, c in (cold.get("checks") or {}).items():
         detail = c.get("error") or ", ".join(f"{k}={v}" for k, v in c.items() if k not in ("pass", "seconds", "counts",
                                                                                           "expected"))
@@ -532,11 +547,13 @@ def main(argv: list[str] | None = None) -> int:
                 every = [p for _, p in inventory.jit_modules(jit_dir)]
                 if set(every) - set(libs):  # modules JIT-built at first call: check those too
                     _sass_and_link(rep, every, built["cuda_home"], built["target_cuda_archs"], caps)
-        if not gpu:
-            why = "--cpu-only" if args.cpu_only else "torch.cuda.is_available() is false (no GPU or a CPU build of torch)"
-            for name in ("sampling", "decode", "prefill", "runtime link", "warm", "overhead"):
-                rep.check(name, "skipped", why)
     finally:
+        why = ("--cpu-only" if args.cpu_only else "torch.cuda.is_available() is false (no GPU or a CPU build of torch)")
+        for name in CHECKS:  # every check has a line, in order; those not run say why
+            if name not in rep.data["checks"]:
+                rep.check(name, "skipped", why if not gpu and name in GPU_CHECKS else
+                          "not run: an earlier step failed or the budget ran out")
+        rep.data["checks"] = {n: rep.data["checks"][n] for n in CHECKS}
         rep.data["wall_s"] = round(time.monotonic() - rep.start, 1)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 import types
@@ -167,3 +168,74 @@ def test_without_a_gpu_or_arch_the_script_says_what_to_pass(clean_env, tmp_path)
     proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], env=clean_env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "--arch" in proc.stderr
+
+
+# --------------------------------------------------------------------------- the GPU part's bookkeeping
+
+
+def fake_child(jit, shim_us=100.0, alone_us=100.0, compile_in_warm=False, calls=None):
+    """Stands in for ``gpu_check.py --child`` (which needs CUDA): the JSON line it prints."""
+    so = jit / "sampling" / "sampling.so"
+    maps_before = ("7f-7f r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libcuda.so.1\n"
+                   "7f-7f r-xp 0 08:01 2 /venv/nvidia/cu13/lib/libcudart.so.13\n")
+
+    def run(argv, env, timeout):
+        mode = argv[-1]
+        calls.append((mode, dict(env)))
+        if mode == "shim" and compile_in_warm and len(calls) == 2:
+            with open(jit / "sampling" / ".ninja_log", "a") as fh:
+                fh.write("1\t2\t3\tsampling.cuda.o\tabc\n")  # what ninja appends when it compiles
+        us = shim_us if mode == "shim" else alone_us
+        out = {"mode": mode, "gpu_name": "NVIDIA H200", "import_s": 3.0, "first_call_s": 4.0,
+               "checks": {n: {"pass": True, "seconds": 0.1, "max_abs_err": 0.001} for n in ("sampling", "decode", "prefill")},
+               "timing": {n: {"us": us, "spread": 0.01} for n in ("sampling", "decode", "prefill")},
+               "maps_before": maps_before, "maps_after": maps_before + f"7f-7f r-xp 0 08:01 3 {so}\n"}
+        return 0, "noise\n@@" + json.dumps(out) + "\n", ""
+
+    return run
+
+
+def gpu_runs(tmp_path, monkeypatch, **kw):
+    jit = tmp_path / "base" / "0.7.4" / "90a" / "nvcc13.0.88-1a2b3c4d" / "cached_ops"
+    (jit / "sampling").mkdir(parents=True)
+    (jit / "sampling" / "sampling.so").write_bytes(b"\x7fELF")
+    (jit / "sampling" / ".ninja_log").write_text("# ninja log v5\n")
+    (jit.parent / "generated").mkdir()
+    calls = []
+    monkeypatch.setattr(gc, "_run", fake_child(jit, calls=calls, **kw))
+    rep = gc.Report(types.SimpleNamespace(budget=480.0))
+    gc._gpu_runs(rep, {"PATH": "/usr/bin"}, str(tmp_path / "view"), str(jit))
+    return rep.data, calls, jit
+
+
+def test_gpu_part_bookkeeping_passes_for_a_good_run(tmp_path, monkeypatch):
+    data, calls, jit = gpu_runs(tmp_path, monkeypatch)
+    checks = data["checks"]
+    assert [m for m, _ in calls] == ["shim", "shim", "alone"]
+    alone_env = calls[2][1]
+    assert alone_env["FLASHINFER_SM120_DISABLE"] == "1" and alone_env["CUDA_HOME"] == str(tmp_path / "view")
+    plain = jit.parent.parent  # FlashInfer's own workspace points at the same modules
+    assert os.readlink(plain / "cached_ops") == str(jit) and os.readlink(plain / "generated") == str(jit.parent / "generated")
+    assert {n: checks[n]["status"] for n in gc.GPU_CHECKS} == dict.fromkeys(gc.GPU_CHECKS, "pass")
+    assert checks["runtime link"]["modules_loaded"] == [str(jit / "sampling" / "sampling.so")]
+    assert checks["warm"]["compiles"] == [] and data["timings"]["warm_first_call_s"] == 4.0
+    assert checks["overhead"]["ratios"]["decode"]["ratio"] == 1.0
+
+
+def test_gpu_part_bookkeeping_fails_on_a_compile_in_the_warm_process_and_on_overhead(tmp_path, monkeypatch):
+    data, _, _ = gpu_runs(tmp_path, monkeypatch, compile_in_warm=True, alone_us=70.0)
+    checks = data["checks"]
+    assert checks["warm"]["status"] == "fail" and checks["warm"]["compiles"] == ["sampling"]
+    assert checks["overhead"]["status"] == "fail" and checks["overhead"]["ratios"]["sampling"]["ratio"] == 0.7
+
+
+def test_the_child_prints_one_json_line_with_checks_timings_and_maps(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer())
+    monkeypatch.setattr(gc, "TIMING_ITERS", 1)
+    monkeypatch.setattr(gc, "TIMING_REPEATS", 3)
+    gc.child_main("alone", dev="cpu")
+    out = gc._child_result(capsys.readouterr().out, "child")
+    assert "error" not in out, out.get("error")
+    assert {n: c["pass"] for n, c in out["checks"].items()} == {"sampling": True, "decode": True, "prefill": True}
+    assert set(out["timing"]) == {"sampling", "decode", "prefill"} and all(t["us"] > 0 for t in out["timing"].values())
+    assert out["first_call_s"] > 0 and "/" in out["maps_after"]
