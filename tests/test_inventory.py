@@ -136,7 +136,8 @@ def test_doctor_lists_the_prebuilt_packages_flashinfer_would_load_first(built, c
     proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "doctor", "--json"], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    inv = json.loads(proc.stdout)["inventory"]
+    report = json.loads(proc.stdout)
+    inv = report["inventory"]
     assert "error" not in inv, inv
     assert inv["checked_against"] == ["sm_120f (no GPU visible)"]
     kinds = [p["kind"] for p in inv["places"]]
@@ -146,7 +147,8 @@ def test_doctor_lists_the_prebuilt_packages_flashinfer_would_load_first(built, c
     assert jc["for_120f"]["problem"] is None
     (cubin,) = [p for p in inv["places"] if p["kind"] == "flashinfer-cubin"]
     assert cubin["path"] == built["cubins"] and cubin["by_sm"] == {"sm_100": 1}
-    human = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "doctor"], env=env, capture_output=True,
-                           text=True, timeout=600).stdout
+    human = "\n".join(inventory.doctor_lines(inv))  # what doctor prints for the section
     assert "What FlashInfer will load" in human and "PROBLEM for_100a_only: sm_100a" in human
-    assert "Caches:" in human
+    assert "declares sm100a, sm120a" in human and "1 cubins: sm_100 x1" in human
+    assert report["caches"]["roots"][1]["path"] == os.path.join(clean_env["FLASHINFER_WORKSPACE_BASE"], ".cache",
+                                                                 "flashinfer")
