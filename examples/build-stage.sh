@@ -3,7 +3,8 @@
 #   1. a venv with torch (cu130 wheel) and flashinfer-sm120 (which pulls the CUDA 13 nvcc wheels),
 #   2. the .pth autoload enabled in that venv (every process that imports flashinfer, vllm or
 #      sglang is patched; nothing else pays for it),
-#   3. `flashinfer-sm120 doctor --json` for the target GPUs (fails the build when no toolkit fits),
+#   3. `flashinfer-sm120 doctor --json --smoke` for the target GPUs (fails the build when no toolkit
+#      fits or a tiny kernel does not compile and link with FlashInfer's own build line),
 #   4. FlashInfer's JIT cache warmed for the target GPUs with `flashinfer-sm120 build --arch`.
 # Every path is set explicitly so the runtime stage (and a service user without a writable
 # HOME) finds the same venv, CUDA_HOME view and JIT cache at the same absolute paths.
@@ -30,7 +31,7 @@ fi
 "$VENV/bin/flashinfer-sm120" enable
 mkdir -p "$FLASHINFER_SM120_CACHE_DIR" "$FLASHINFER_WORKSPACE_BASE"
 # No GPU here: the arch list stands for the target GPUs.
-FLASHINFER_CUDA_ARCH_LIST="$ARCHS" "$VENV/bin/flashinfer-sm120" doctor --json \
+FLASHINFER_CUDA_ARCH_LIST="$ARCHS" "$VENV/bin/flashinfer-sm120" doctor --json --smoke \
     > "$FLASHINFER_SM120_CACHE_DIR/doctor-build-stage.json"
 if [ -n "$WARM_MODULES" ]; then
     # shellcheck disable=SC2086

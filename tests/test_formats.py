@@ -176,3 +176,124 @@ def test_cli_numbers_are_refused_naming_the_flag(conv, text):
 def test_cli_size_units():
     assert formats.cli_size("--m")("512M") == 512 << 20
     assert formats.cli_size("--m")("4GiB") == 4 << 30
+
+
+# ----------------------------------------------------------------------------- ELF files and tool output
+
+
+def _elf_header(machine: int, abi_version: int, flags: int) -> bytes:
+    import struct
+
+    ident = b"\x7fELF" + bytes([2, 1, 1, 0x33, abi_version]) + b"\0" * 7
+    return ident + struct.pack("<HHIQQQIHHHHHH", 2, machine, 1, 0, 0, 0, flags, 64, 56, 0, 64, 0, 0)
+
+
+def test_read_elf_reads_soname_needed_and_sections_of_a_shared_object(tmp_path):
+    from flashinfer_sm120.view.stub import stub_bytes
+
+    p = tmp_path / "libcuda.so"
+    p.write_bytes(stub_bytes("<", 62, symbols=["cuInit"]))
+    info = formats.read_elf(p)
+    assert info.soname == "libcuda.so.1" and info.needed == () and info.rpath == ()
+    assert info.machine == 62 and ".dynamic" in info.sections and ".dynsym" in info.sections
+
+
+def test_cuda_elf_sm_follows_the_abi_version():
+    # measured with nvcc 13.5: sm_120 cubins carry e_flags 0x06007802 (ABI 8); ABI 7 keeps the SM in the low byte
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        for abi, flags, want in ((8, 0x06007802, 120), (8, 0x06005A04, 90), (7, 0x00050564, 100), (7, 0x0550, 80)):
+            p = os.path.join(d, "x.cubin")
+            with open(p, "wb") as fh:
+                fh.write(_elf_header(190, abi, flags))
+            assert formats.cuda_elf_sm(formats.read_elf(p)) == want
+        with open(p, "wb") as fh:
+            fh.write(_elf_header(62, 8, 0x06007802))
+        assert formats.cuda_elf_sm(formats.read_elf(p)) is None  # not a cubin
+
+
+@pytest.mark.parametrize("data", [b"", b"\x7fELF", b"\x7fELF\x01\x01" + b"\0" * 60, b"MZ" + b"\0" * 100,
+                                  _elf_header(62, 0, 0)[:40] + b"\xff" * 24])
+def test_read_elf_refuses_what_is_not_a_whole_elf64(tmp_path, data):
+    p = tmp_path / "x.so"
+    p.write_bytes(data)
+    with pytest.raises(FormatError, match="x.so"):
+        formats.read_elf(p)
+
+
+@given(st.binary(max_size=400), st.lists(st.tuples(st.integers(0, 2000), st.integers(0, 255)), max_size=12))
+@FUZZ
+def test_read_elf_property(tmp_path, tail, flips):
+    from flashinfer_sm120.view.stub import stub_bytes
+
+    base = bytearray(stub_bytes("<", 62, symbols=["cuInit", "cuMemAlloc_v2"]))
+    for off, val in flips:
+        if off < len(base):
+            base[off] = val
+    for data in (bytes(base), b"\x7fELF\x02\x01" + tail):
+        p = tmp_path / "fuzz.so"
+        p.write_bytes(data)
+        try:
+            info = formats.read_elf(p)
+        except FormatError as exc:
+            assert len(str(exc)) < MSG_MAX
+        else:
+            assert all(isinstance(n, str) and len(n) <= 4096 for n in info.needed)
+
+
+LIST = """ELF file    1: sampling.1.sm_120.cubin
+ELF file    2: sampling.2.sm_90a.cubin
+PTX file    1: sampling.1.sm_120a.ptx
+cuobjdump info    : something else
+ELF file    3: weird name without target
+"""
+
+HEADERS = """
+Fatbin elf code:
+================
+arch = sm_120f
+code version = [1,8]
+
+Fatbin ptx code:
+================
+arch = sm_120a
+code version = [9,5]
+compressed
+"""
+
+
+def test_cuobjdump_listings_give_targets():
+    assert formats.parse_cuobjdump_list(LIST, "cuobjdump") == [("SASS", "sm_120"), ("SASS", "sm_90a"),
+                                                                ("PTX", "compute_120a")]
+    assert formats.parse_cuobjdump_headers(HEADERS, "cuobjdump") == [("SASS", "sm_120f"), ("PTX", "compute_120a")]
+    assert formats.parse_cuobjdump_list(b"cuobjdump info    : File 'x' does not contain device code\n", "c") == []
+    with pytest.raises(FormatError, match="usage"):
+        formats.parse_cuobjdump_list("\nUsage  : cuobjdump [options] <file>\n", "cuobjdump")
+
+
+@given(hostile_text)
+@FUZZ
+def test_tool_output_parsers_property(text):
+    for parse in (formats.parse_cuobjdump_list, formats.parse_cuobjdump_headers, formats.proc_maps_paths,
+                  formats.ninja_variables):
+        try:
+            out = parse(text, "tool")
+        except FormatError as exc:
+            assert len(str(exc)) < MSG_MAX
+        else:
+            assert isinstance(out, (list, set, dict))
+
+
+def test_ninja_variables_join_continuations_and_skip_rules():
+    text = ("ninja_required_version = 1.3\ncuda_home = /opt/cuda\ncommon_cflags = -DX $\n    -isystem /a/flashinfer/data/include $\n"
+            "    -isystem $cuda_home/include\n\nrule compile\n  command = $cxx -c $in\n")
+    v = formats.ninja_variables(text, "build.ninja")
+    assert v["cuda_home"] == "/opt/cuda" and "command" not in v
+    assert v["common_cflags"] == "-DX -isystem /a/flashinfer/data/include -isystem $cuda_home/include"
+
+
+def test_proc_maps_paths():
+    text = ("7f00-7f01 r-xp 00000000 08:01 123 /usr/lib/libcuda.so.1\n7f01-7f02 rw-p 0 0:0 0 [heap]\n"
+            "7f02-7f03 r--p 0 08:01 9 /tmp/x.so (deleted)\n7f03-7f04 ---p 0 0:0 0\n")
+    assert formats.proc_maps_paths(text, "maps") == {"/usr/lib/libcuda.so.1", "/tmp/x.so"}

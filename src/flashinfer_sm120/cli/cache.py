@@ -5,12 +5,14 @@ between machines (e.g. from a Docker build stage with nvcc to a runtime image wi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
+from ..formats import cli_float
 from .common import err as _err
 
-__all__ = ["add_parsers", "run_export", "run_import"]
+__all__ = ["add_parsers", "run_export", "run_import", "run_prune"]
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -82,7 +84,47 @@ def _archive_targets(src: str) -> str | None:
 
 
 def run_prune(args: argparse.Namespace) -> int:
-    return _err("cache prune is not implemented yet")
+    from .. import prune
+
+    report = prune.scan(args.older_than)
+    if args.yes:
+        prune.remove(report)
+    entries = report["entries"]
+    if args.json:
+        out = dict(report, entries=[dataclasses.asdict(e) for e in entries])
+        print(json.dumps(out, indent=2))
+    else:
+        _print_prune(report, args.yes)
+    return 1 if any(e.error for e in entries) else 0
+
+
+def _print_prune(report: dict, yes: bool) -> None:
+    from ..prune import human
+
+    for r in report["roots"]:
+        if r["path"]:
+            print(f"{r['what']} cache: {r['path']} ({human(r['bytes'])})")
+    for e in report["entries"]:
+        if e.removed:
+            word = "removed"
+        elif e.error:
+            word = "FAILED"
+        elif e.reason and not e.kept:
+            word = "remove" if not yes else "left"
+        else:
+            word = "keep"
+        why = e.error or (f"{e.reason}; kept: {e.kept}" if e.reason and e.kept else e.kept or e.reason or "current")
+        print(f"  {word:<7} {human(e.bytes):>10}  {e.kind:<4} {e.path}\n          {why}")
+    if not report["entries"]:
+        print("  nothing cached")
+    stale = [e for e in report["entries"] if e.reason and not e.kept and not e.removed]
+    freed = sum(e.bytes for e in report["entries"] if e.removed)
+    if yes:
+        print(f"freed {human(freed)}")
+    elif stale:
+        print(f"would free {human(sum(e.bytes for e in stale))} ({len(stale)} entries): run with --yes to remove them")
+    else:
+        print("nothing to remove")
 
 
 def add_parsers(sub) -> None:
@@ -103,4 +145,8 @@ def add_parsers(sub) -> None:
     i.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     i.set_defaults(func=run_import)
     pr = cs.add_parser("prune", help="list (and with --yes remove) views and JIT directories no longer used")
+    pr.add_argument("--yes", action="store_true", help="remove what is listed as 'remove' (default: list only)")
+    pr.add_argument("--older-than", type=cli_float("--older-than", 0.0, 36500.0), metavar="DAYS",
+                    help="also remove views and JIT directories not used for DAYS days")
+    pr.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     pr.set_defaults(func=run_prune)

@@ -18,7 +18,7 @@ __all__ = ["ALONE_TIMEOUT_S", "SECTIONS", "run_doctor", "add_parser"]
 #: to this package's parent) has ``doctor_section(report: dict) -> dict`` (JSON-able;
 #: stored as ``report[key]``) and ``doctor_lines(section: dict) -> list[str]`` (printed).
 #: A section that raises is reported as ``{"error": ...}`` and the rest still prints.
-SECTIONS: tuple[tuple[str, str], ...] = ()
+SECTIONS: tuple[tuple[str, str], ...] = (("inventory", ".verify.inventory"), ("caches", ".prune"))
 
 #: Seconds ``doctor`` lets unpatched FlashInfer run in its child process.  FlashInfer
 #: runs ``nvcc --version`` without a timeout, so a hung nvcc would hang it forever.
@@ -171,11 +171,16 @@ def run_doctor(args: argparse.Namespace) -> int:
             report[key] = importlib.import_module(module, __package__.rpartition(".")[0]).doctor_section(report)
         except Exception as exc:  # one broken section never hides the rest
             report[key] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    if getattr(args, "smoke", False):  # doctor --smoke: build (and run) a tiny kernel now
+        from ..verify import smoke
+
+        report["smoke"] = smoke.run_smoke().to_dict()
+    ok = "resolution" in report and report.get("smoke", {"ok": True})["ok"]
     if args.json:
         print(json.dumps(report, indent=2, default=str))
-        return 0 if "resolution" in report else 1
+        return 0 if ok else 1
     _print_doctor(report)
-    return 0 if "resolution" in report else 1
+    return 0 if ok else 1
 
 
 def _print_doctor(r: dict) -> None:
@@ -254,6 +259,11 @@ def _print_doctor(r: dict) -> None:
             continue
         for line in importlib.import_module(module, __package__.rpartition(".")[0]).doctor_lines(section):
             p(line)
+    if "smoke" in r:
+        from ..verify.smoke import smoke_lines
+
+        for line in smoke_lines(r["smoke"]):
+            p(line)
 
 
 def add_parser(sub) -> None:
@@ -263,4 +273,7 @@ def add_parser(sub) -> None:
     d.add_argument("--timeout", type=float, default=ALONE_TIMEOUT_S, metavar="SECONDS",
                    help="how long unpatched FlashInfer may take in its child process "
                         f"(it runs nvcc without a timeout; default {ALONE_TIMEOUT_S:g})")
+    d.add_argument("--smoke", action="store_true",
+                   help="also compile and link a tiny kernel with the chosen toolkit and FlashInfer's own "
+                        "flags, and run it when a GPU is visible (about 10 s; exit 1 naming the failing step)")
     d.set_defaults(func=run_doctor)

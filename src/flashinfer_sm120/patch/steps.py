@@ -46,7 +46,7 @@ from .state import STATE, Mode
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["Step", "STEPS", "HOOKED_MODULES", "current_targets", "workspace_tag", "refresh_derived"]
+__all__ = ["Step", "STEPS", "HOOKED_MODULES", "current_targets", "workspace_tag", "tag_for", "refresh_derived"]
 
 #: FlashInfer modules whose import triggers patching, in FlashInfer's import order.
 HOOKED_MODULES = (
@@ -131,7 +131,11 @@ def workspace_tag() -> str:
     so two toolkits never share a JIT directory and one toolkit always finds its
     own modules again (FlashInfer keys its cache by release and arch only).
     """
-    tk = STATE.resolution.choice.toolkit
+    return tag_for(STATE.resolution.choice.toolkit)
+
+
+def tag_for(tk) -> str:
+    """:func:`workspace_tag` of any toolkit (``cache prune`` checks old workspaces with it)."""
     key = "\0".join((os.path.realpath(tk.nvcc), str(tk.nvcc_full), str(tk.header_version)))
     return f"nvcc{tk.nvcc_full or tk.nvcc_version}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 

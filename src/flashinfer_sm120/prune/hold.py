@@ -1,0 +1,128 @@
+"""Who holds what, and removing safely (see :mod:`flashinfer_sm120.prune`)."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import stat
+import uuid
+
+from .. import formats
+from .find import Entry
+
+__all__ = ["under", "held_paths", "holder", "lock_free", "take_locks", "remove_entry"]
+
+
+def under(root: str, path: str) -> bool:
+    """``path`` is below ``root`` by its real path and no component between is a symlink."""
+    rel = os.path.relpath(path, root)
+    if rel.startswith("..") or rel == ".":
+        return False
+    cur = root
+    for part in rel.split(os.sep):
+        cur = os.path.join(cur, part)
+        try:
+            if stat.S_ISLNK(os.lstat(cur).st_mode):
+                return False
+        except OSError:
+            return False
+    return os.path.realpath(path) == os.path.join(os.path.realpath(root), rel)
+
+
+def held_paths() -> dict[str, int]:
+    """``{path: pid}`` of files mapped, working directories and ``CUDA_HOME``/``CUDA_PATH``
+    of this user's other processes (``/proc``; every process's when run as root)."""
+    out: dict[str, int] = {}
+    me, uid = os.getpid(), os.geteuid()
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return out
+    for pid in pids:
+        if pid == me:
+            continue
+        base = f"/proc/{pid}"
+        try:
+            if uid != 0 and os.stat(base).st_uid != uid:
+                continue
+            for p in formats.proc_maps_paths(formats.read_text(f"{base}/maps", 64 << 20), f"{base}/maps"):
+                out.setdefault(p, pid)
+            out.setdefault(os.readlink(f"{base}/cwd"), pid)
+            env = formats.read_bytes(f"{base}/environ", 1 << 20).split(b"\0")
+        except (OSError, formats.FormatError):
+            continue
+        for item in env:
+            k, _, v = item.partition(b"=")
+            if k in (b"CUDA_HOME", b"CUDA_PATH") and v.startswith(b"/"):
+                out.setdefault(os.path.realpath(v.decode("utf-8", "replace")), pid)
+    return out
+
+
+def holder(ent: Entry, held: dict[str, int]) -> str | None:
+    for target in ent.remove:
+        real = os.path.realpath(target)
+        for p, pid in held.items():
+            if p == real or p.startswith(real + "/"):
+                return f"process {pid} uses {p}"
+    return None
+
+
+def lock_free(path: str) -> bool:
+    """Whether nobody holds ``path``'s flock: probed on a read-only descriptor, so nothing is
+    created, truncated or changed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        return True
+    finally:
+        os.close(fd)
+
+
+def take_locks(paths: list[str]):
+    import filelock
+
+    held = []
+    try:
+        for p in paths:
+            lk = filelock.FileLock(p, timeout=0, mode=0o600)
+            lk.acquire()
+            held.append(lk)
+    except (filelock.Timeout, OSError):
+        for lk in held:
+            lk.release()
+        return None
+    return held
+
+
+def remove_entry(e: Entry) -> None:
+    for target in e.remove:
+        if not under(e.root, target) or not stat.S_ISDIR(os.lstat(target).st_mode):
+            e.error = f"{target} changed since the scan; left alone"
+            return
+        hidden = os.path.join(os.path.dirname(target), f".flashinfer-sm120-prune-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        try:
+            os.rename(target, hidden)
+            shutil.rmtree(hidden)
+        except OSError as exc:
+            e.error = f"{target}: {exc.strerror or exc}"
+            return
+    parent = os.path.dirname(e.remove[0])
+    while parent != e.root and under(e.root, parent):
+        try:
+            os.rmdir(parent)  # only when empty
+        except OSError:
+            break
+        parent = os.path.dirname(parent)
+    e.removed = True
+
+
