@@ -73,11 +73,12 @@ def _server_for(for_server: str | None, entries, strict: bool) -> tuple[str | No
         return here[0], f"{here[0]} is installed here"
     if not here:
         return None, "no server is installed here"
-    bases = {k: servers.workspace_base(k, dict(os.environ))[0] for k in here}
+    default = os.environ.get(_WSB, os.path.expanduser("~"))  # FlashInfer's own (flashinfer/jit/env.py)
+    bases = {k: servers.workspace_base(k, dict(os.environ))[0] or default for k in here}
     if len(set(bases.values())) == 1:
         return here[0], f"{' and '.join(here)} are installed and use the same directory"
     if strict:
-        shown = ", ".join(f"{k}: {b or 'FlashInfer default (~)'}" for k, b in bases.items())
+        shown = ", ".join(f"{k}: {b}" for k, b in bases.items())
         raise BuildError(f"{' and '.join(here)} are installed here and put FlashInfer's JIT cache in different "
                          f"places (FLASHINFER_WORKSPACE_BASE {shown}): pass --for "
                          f"{' or --for '.join(here)}, or set FLASHINFER_WORKSPACE_BASE so that both use one")
