@@ -62,7 +62,9 @@ def test_doctor_warns_about_a_second_ninja_with_another_log_format_and_says_the_
     text = "\n".join(ninja.doctor_lines(section))
     assert f"{fakes['wheel']} (ninja 1.13.2, .ninja_log v7" in text
     assert f"WARNING: {fakes['debian']} (ninja 1.11.1, .ninja_log v5) is reachable too" in text
-    assert "Fix: enable the autoload" in text and "apt-get remove ninja-build" in text
+    assert "Fix: 'flashinfer-sm120 enable'" in text and "apt-get remove ninja-build" in text
+    section["autoload"] = True
+    assert "the autoload puts it first on PATH" in "\n".join(ninja.doctor_lines(section))
     assert f"which ninja in this shell: {fakes['debian']}" in text
 
 

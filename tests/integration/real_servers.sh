@@ -97,7 +97,7 @@ check_server() {
     echo "has_flashinfer: disabled -> $off; enabled -> $out" >> "$log"
     case "$name:$off:$out" in
         vllm:False*:True*) result "$name" has_flashinfer PASS "without the shim $off; with it $out" ;;
-        sglang:*:*13.0*) result "$name" has_flashinfer PASS "without the shim $off; with it $out" ;;
+        sglang:torch-fallback*:nvcc:13.*) result "$name" has_flashinfer PASS "without the shim $off; with it $out" ;;
         *) result "$name" has_flashinfer FAIL "without the shim $off; with it $out" ;;
     esac
 

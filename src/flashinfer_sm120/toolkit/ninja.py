@@ -337,6 +337,7 @@ def doctor_section(report: dict) -> dict:
     jit_dir = (report.get("after") or {}).get("jit_dir")
     out["jit_dir"] = jit_dir
     out["cache_log_formats"] = {str(k): v for k, v in _cache_formats(jit_dir).items()}
+    out["autoload"] = bool((report.get("autoload") or {}).get("pth"))
     return out
 
 
@@ -357,13 +358,18 @@ def doctor_lines(section: dict) -> list[str]:
                      "flashinfer-sm120 exports its toolkit)")
     for n in section.get("conflicts") or []:
         other = f".ninja_log v{n['log_format']}" if n["log_format"] else "another .ninja_log format"
-        lines.append(
-            f"  WARNING: {n['path']} (ninja {n['version']}, {other}) is reachable too: a process that runs it "
-            f"(one started without this environment's autoload, or a shell) finds every module built by the "
-            f"other out of date and rebuilds it ('build log version is too old; starting over'). Fix: enable "
-            f"the autoload in the server's environment ('flashinfer-sm120 enable') so that every server "
-            f"process runs {c['path']}, or put {os.path.dirname(c['path'])} first on the service's PATH, or "
-            f"remove the other ninja (e.g. apt-get remove ninja-build)")
+        head = (f"  WARNING: {n['path']} (ninja {n['version']}, {other}) is reachable too, and each of the two "
+                f"rebuilds every module the other built. ")
+        if section.get("autoload"):
+            lines.append(head + f"Servers of this environment run {c['path']} (the autoload puts it first on "
+                         f"PATH); a process without the autoload (another environment's server, a shell) runs "
+                         f"whichever is first on its PATH. Fix, if one does: remove the other ninja (e.g. "
+                         f"apt-get remove ninja-build) or put {os.path.dirname(c['path'])} first on its PATH")
+        else:
+            lines.append(head + f"A server started from this environment runs whichever is first on its PATH. "
+                         f"Fix: 'flashinfer-sm120 enable' (every server process then runs {c['path']}, which "
+                         f"'flashinfer-sm120 build' runs), or remove the other ninja (e.g. apt-get remove "
+                         f"ninja-build)")
     stale = {k: v for k, v in (section.get("cache_log_formats") or {}).items() if str(k) != str(c["log_format"])}
     if stale and c["log_format"]:
         lines.append(f"  WARNING: {sum(stale.values())} module(s) in {section.get('jit_dir')} were built by a ninja "
