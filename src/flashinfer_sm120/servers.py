@@ -395,7 +395,8 @@ def doctor_section(report: dict) -> dict:
         if inst.release.needs_nvcc_and_ninja:
             item["without"] = vllm_has_flashinfer(original)
             item["with"] = vllm_has_flashinfer(dict(os.environ)) if exported else None
-        item["nvcc_home"] = nvcc_home(dict(os.environ) if exported else original)
+        item["nvcc_without"] = nvcc_home(original)
+        item["nvcc_with"] = nvcc_home(dict(os.environ)) if exported else None
         base, how = workspace_base(key, original)
         item["workspace_base"], item["workspace_how"] = base, how
         eff = base if base is not None else (original.get("FLASHINFER_WORKSPACE_BASE")
@@ -430,8 +431,14 @@ def doctor_lines(section: dict) -> list[str]:
             if not section.get("autoload"):
                 lines.append("    the autoload is not enabled, so the server runs without flashinfer-sm120: "
                              "run 'flashinfer-sm120 enable'")
-        lines.append(f"    nvcc its lookup finds ({s['nvcc_lookup']}): {s['nvcc_home']}/bin/nvcc"
-                     + ("" if os.path.exists(os.path.join(s["nvcc_home"], "bin", "nvcc")) else " (absent)"))
+        def nvcc(home: str) -> str:
+            return os.path.join(home, "bin", "nvcc") + ("" if os.path.exists(os.path.join(home, "bin", "nvcc"))
+                                                        else " (absent)")
+
+        found = f"without flashinfer-sm120 {nvcc(s['nvcc_without'])}"
+        if s.get("nvcc_with") and s["nvcc_with"] != s["nvcc_without"]:
+            found += f"; once it exports its toolkit {nvcc(s['nvcc_with'])}"
+        lines.append(f"    nvcc its lookup finds ({s['nvcc_lookup']}): {found}")
         lines.append(f"    JIT dir: {s['jit_dir'] or '? (FlashInfer not imported)'}"
                      + (f"  (FLASHINFER_WORKSPACE_BASE={s['workspace_base']}: {s['workspace_how']})"
                         if s.get("workspace_base") is not None else ""))
