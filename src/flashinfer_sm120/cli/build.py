@@ -104,6 +104,7 @@ def _print_human(summary: dict) -> None:
 
 def add_parser(sub) -> None:
     """Register ``build`` and ``cache`` on an argparse subparsers object."""
+    servers = session_choices()  # before add_parser: a broken install fails here, not half-registered
     b = sub.add_parser("build", help="JIT-build FlashInfer modules into FlashInfer's JIT cache",
                        description="Build named modules (see --list) or a recorded manifest (--from) "
                        "in one job pool.")
@@ -113,7 +114,7 @@ def add_parser(sub) -> None:
                    help="build the modules recorded in MANIFEST (FLASHINFER_SM120_RECORD=MANIFEST)")
     b.add_argument("--arch", help="compute capabilities, e.g. '12.0' or '12.0 12.1' (default: the "
                    "manifest's targets, else the GPUs present); sets FLASHINFER_CUDA_ARCH_LIST")
-    b.add_argument("--for", dest="for_server", choices=session_choices(),
+    b.add_argument("--for", dest="for_server", choices=servers,
                    help="build into this server's JIT directory (SGLang moves FlashInfer's cache to "
                    "SGLANG_CACHE_DIR); default: the server the manifest was recorded under, else the one "
                    "installed here")
