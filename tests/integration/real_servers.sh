@@ -23,6 +23,8 @@
 #                     server is detected), then, in a server process, FlashInfer's own
 #                     write_ninja + `ninja -n` (the ninja on the server's PATH) in the module's
 #                     build directory says "no work to do"
+#   fallbacks         the guard's serving fallbacks (VLLM_USE_FLASHINFER_SAMPLER=0 ...) are
+#                     defined in the installed server's source
 #   doctor            `flashinfer-sm120 doctor` names the ninja, the server's JIT dir and
 #                     vLLM's has_flashinfer()
 # Results: $WORK/summary.txt (PASS/FAIL per check, versions, date); exit status 1 on any FAIL.
@@ -87,6 +89,7 @@ check_server() {
     local name=$1 venv="$WORK/$1" py="$WORK/$1/bin/python" out
     local log="$WORK/$name-check.log"
     : > "$log"
+    rm -rf "${WORK:?}/home-$name"   # a fresh HOME: empty JIT cache, no CUDA_HOME view yet
     echo "== $name: checks (log: $log)"
     "$py" "$ROOT/tests/integration/server_probe.py" versions "$name" >> "$SUMMARY"
 
@@ -102,7 +105,7 @@ check_server() {
     esac
 
     # export, workers, jit dir, with Debian's ninja visible
-    for check in export workers jit_dir; do
+    for check in export workers jit_dir fallbacks; do
         out=$(hidden "$name" "$py" "$ROOT/tests/integration/server_probe.py" "$check" "$name" 2>>"$log" | tail -1)
         echo "$check: $out" >> "$log"
         case "$out" in PASS*) result "$name" "$check" PASS "${out#PASS }" ;; *) result "$name" "$check" FAIL "$out" ;; esac

@@ -1,6 +1,6 @@
 """One check of tests/integration/real_servers.sh, run by the REAL server's venv python.
 
-    python server_probe.py versions|has_flashinfer|export|workers|jit_dir NAME
+    python server_probe.py versions|has_flashinfer|export|workers|jit_dir|fallbacks NAME
     python server_probe.py warm NAME MODULE
 
 NAME is ``vllm`` or ``sglang``.  Each command prints one last line: ``PASS <details>`` or
@@ -148,11 +148,20 @@ def warm(name: str, module: str) -> None:
     print(f"{'PASS' if ok else 'FAIL'} {spec.build_dir}: '{ninja} -n' -> {out[:300]}")
 
 
+def fallbacks(name: str) -> None:
+    """The guard's serving fallbacks are defined in the installed server's source."""
+    from flashinfer_sm120 import servers
+
+    found = [(fb.text, ok) for inst, fb, ok in servers.fallbacks() if inst.release.key == name]
+    ok = bool(found) and all(v is True for _, v in found)
+    print(f"{'PASS' if ok else 'FAIL'} {servers.fallback_text([i for i in servers.installed() if i.release.key == name])}")
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     try:
         {"versions": versions, "has_flashinfer": has_flashinfer, "export": export, "workers": workers,
-         "jit_dir": jit_dir, "warm": warm}[cmd](*args)
+         "jit_dir": jit_dir, "warm": warm, "fallbacks": fallbacks}[cmd](*args)
     except Exception as exc:  # one line the script can read
         print(f"FAIL {type(exc).__name__}: {json.dumps(str(exc))[:500]}")
         raise SystemExit(1)
