@@ -20,7 +20,7 @@ __all__ = ["ALONE_TIMEOUT_S", "SECTIONS", "run_doctor", "add_parser"]
 #: A section that raises is reported as ``{"error": ...}`` and the rest still prints.
 SECTIONS: tuple[tuple[str, str], ...] = (
     ("ninja", ".toolkit.ninja"),  # which ninja the server and `build` run, and conflicting ones
-    ("servers", ".servers"),  # vLLM/SGLang: their FlashInfer check, nvcc lookup and JIT dir
+    ("servers", ".cli.servers_report"),  # vLLM/SGLang: their FlashInfer check, nvcc lookup and JIT dir
 )
 
 #: Seconds ``doctor`` lets unpatched FlashInfer run in its child process.  FlashInfer
