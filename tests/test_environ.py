@@ -48,6 +48,11 @@ def env(monkeypatch, tmp_path):
     for k in list(os.environ):
         if k.startswith("TRITON_PTXAS"):
             monkeypatch.delenv(k)
+    # These tests are about nvcc's PATH entry: ninja is taken from PATH here, so its step
+    # changes nothing (its own tests: tests/test_ninja.py).
+    from flashinfer_sm120.toolkit import ninja
+
+    monkeypatch.setattr(ninja, "FIND_STEPS", (("PATH", ninja._on_path),))
     yield old
     assert environ.exported() == {}, "a test left an export behind"
 

@@ -25,6 +25,7 @@ import pytest
 
 from conftest import needs_flashinfer, run_py
 from deploy_util import PTH_NAME, ROOT, env_without, make_venv, purelib
+from servers_util import install_standins, system_bin_without, wheel_ninja
 
 EXAMPLES = ROOT / "examples"
 pytestmark = needs_flashinfer
@@ -94,10 +95,33 @@ def test_dockerfile_runs_the_tested_script_with_the_same_paths_in_both_stages():
     assert "--uid 1000" in build and "--uid 1000" in runtime  # same owner: caches stay trusted
 
 
+#: What ExecStart/CMD runs, as a stand-in: vLLM 0.33's has_flashinfer() (tests/standins/vllm,
+#: written from vllm/utils/flashinfer.py), with the ninja and nvcc it finds.
+SERVER_CHECK = ("import json, os, shutil, vllm; from vllm.utils.flashinfer import has_flashinfer; "
+                "n = shutil.which('ninja'); print(json.dumps(dict(has=has_flashinfer(), ninja=n and os.path.realpath(n), "
+                "nvcc=shutil.which('nvcc'))))")
+
+
+def _server_venv(built, tmp_path) -> str:
+    """The image venv with the vLLM stand-in installed; a system PATH without ninja or nvcc
+    (a machine without Debian's ninja-build): the venv's bin is not on it."""
+    site = purelib(built["venv"] / "bin" / "python")
+    if not (site / "vllm").exists():
+        install_standins(site, "vllm")
+    return str(system_bin_without(tmp_path / "usr-bin", "ninja", "nvcc"))
+
+
+def _check_server(python, env) -> dict:
+    proc = subprocess.run([str(python), "-c", SERVER_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def test_systemd_unit_runs_without_a_writable_home(built, tmp_path):
     unit = unit_file()
     venv, root = built["venv"], built["root"]
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path / "nonexistent"), "LANG": "C.UTF-8",
+    sys_path = _server_venv(built, tmp_path)
+    env = {"PATH": sys_path, "HOME": str(tmp_path / "nonexistent"), "LANG": "C.UTF-8",
            "FLASHINFER_CUDA_ARCH_LIST": "12.0"}  # no GPU here
     for item in unit["Environment"]:
         k, v = item.split("=", 1)
@@ -110,6 +134,10 @@ def test_systemd_unit_runs_without_a_writable_home(built, tmp_path):
     assert proc.returncode == 0 and "CHOSEN" in proc.stdout, proc.stdout + proc.stderr
     assert f"Autoload: {purelib(venv / 'bin' / 'python') / PTH_NAME}" in proc.stdout  # doctor sees the .pth
     assert "Exported to this process and its children:" in proc.stdout
+    assert "has_flashinfer() once flashinfer-sm120 exports its toolkit: True" in proc.stdout, proc.stdout
+    # ExecStart (vllm serve): the venv's bin is off PATH, yet vLLM finds nvcc and the venv's ninja
+    out = _check_server(venv / "bin" / "python", env)
+    assert out["has"] is True and out["ninja"] == os.path.realpath(wheel_ninja()), out
     code = ("import json, os, shutil, flashinfer, flashinfer_sm120, flashinfer.jit.env as je; "
             "st = flashinfer_sm120.status(); print(json.dumps(dict(mode=st['mode'], home=os.environ.get('CUDA_HOME'), "
             "which=shutil.which('nvcc'), jit=str(je.FLASHINFER_JIT_DIR))))")
@@ -129,6 +157,32 @@ def test_systemd_unit_runs_without_a_writable_home(built, tmp_path):
                               capture_output=True, text=True, timeout=60)
         problems = [l for l in (proc.stdout + proc.stderr).splitlines() if "llm-server.service" in l]
         assert problems == [], problems
+
+
+def _runtime_stage() -> tuple[dict, list]:
+    """The Dockerfile's runtime stage: its ENV (``K=V`` pairs) and CMD (exec form)."""
+    runtime = (EXAMPLES / "Dockerfile").read_text().split("FROM ${BASE} AS runtime")[1]
+    env, cmd = {}, None
+    for m in re.finditer(r"^ENV ((?:.*\\\n)*.*)$", runtime, re.M):
+        for pair in m.group(1).replace("\\\n", " ").split():
+            k, v = pair.split("=", 1)
+            env[k] = v
+    cmd = json.loads(re.search(r"^CMD (\[.*\])$", runtime, re.M).group(1))
+    return env, cmd
+
+
+def test_docker_runtime_stage_works_with_the_venv_bin_off_path(built, tmp_path):
+    env_vars, cmd = _runtime_stage()
+    assert "/opt/venv/bin" not in env_vars.get("PATH", "") and cmd[0].startswith("/opt/venv/bin/")
+    venv, root = built["venv"], built["root"]
+    env = {"PATH": _server_venv(built, tmp_path), "HOME": str(tmp_path / "nonexistent"), "LANG": "C.UTF-8",
+           "FLASHINFER_CUDA_ARCH_LIST": "12.0"}
+    env.update({k: v.replace("/var/cache", str(root / "var" / "cache")) for k, v in env_vars.items()})
+    proc = subprocess.run([cmd[0].replace("/opt/venv", str(venv)), *cmd[1:]], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "CHOSEN" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = _check_server(venv / "bin" / "python", env)
+    assert out["has"] is True and out["ninja"] == os.path.realpath(wheel_ninja()), out
 
 
 def test_ray_worker_setup_hook_patches_and_exports(clean_env, tmp_path, real_nvcc13_module):

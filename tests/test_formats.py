@@ -297,3 +297,46 @@ def test_proc_maps_paths():
     text = ("7f00-7f01 r-xp 00000000 08:01 123 /usr/lib/libcuda.so.1\n7f01-7f02 rw-p 0 0:0 0 [heap]\n"
             "7f02-7f03 r--p 0 08:01 9 /tmp/x.so (deleted)\n7f03-7f04 ---p 0 0:0 0\n")
     assert formats.proc_maps_paths(text, "maps") == {"/usr/lib/libcuda.so.1", "/tmp/x.so"}
+@pytest.mark.parametrize("text,want", [("1.13.2.git.kitware.jobserver-pipe-1\n", "1.13.2"), ("1.11.1\n", "1.11.1"),
+                                       ("1.12.0-rc1", "1.12.0"), ("1.10.2 extra words", "1.10.2")])
+def test_leading_version_of_a_programs_version_line(text, want):
+    assert str(formats.parse_leading_version(text, "'ninja --version'")) == want
+
+
+@pytest.mark.parametrize("text", ["", "ninja 1.13", "x1.13", "1..2", None, b"1.13.2", "1.2.3.4.5"])
+def test_no_leading_version_is_refused_naming_the_source(text):
+    with pytest.raises(FormatError, match="ninja --version"):
+        formats.parse_leading_version(text, "'ninja --version'")
+
+
+@given(hostile_text)
+@FUZZ
+def test_parse_leading_version_property(text):
+    try:
+        v = formats.parse_leading_version(text, "src")
+    except FormatError as exc:
+        assert len(str(exc)) < MSG_MAX
+    else:
+        assert len(v.release) <= 4
+
+
+@pytest.mark.parametrize("line,want", [(b"# ninja log v5", 5), (b"# ninja log v7\n", 7), ("# ninja log v6", 6)])
+def test_ninja_log_header(line, want):
+    assert formats.parse_ninja_log_header(line, ".ninja_log") == want
+
+
+@pytest.mark.parametrize("line", [b"# ninja log v", b"# ninja log v7 x", b"ninja log v7", b"", b"# ninja log v12345", None, 7])
+def test_bad_ninja_log_headers_are_refused(line):
+    with pytest.raises(FormatError, match=".ninja_log"):
+        formats.parse_ninja_log_header(line, ".ninja_log")
+
+
+@given(st.one_of(hostile_text, st.binary(max_size=300)))
+@FUZZ
+def test_parse_ninja_log_header_property(line):
+    try:
+        n = formats.parse_ninja_log_header(line, "src")
+    except FormatError as exc:
+        assert len(str(exc)) < MSG_MAX
+    else:
+        assert 0 <= n < 10000

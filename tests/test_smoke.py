@@ -69,17 +69,32 @@ def test_a_broken_toolkit_fails_naming_the_step_with_its_output(clean_env, tmp_p
     assert "FAILED at step 'compile'" in human and "broken on purpose" in human
 
 
-def test_no_ninja_on_path_fails_the_compile_step_with_the_fix(clean_env, tmp_path, real_nvcc13):
+def test_no_usable_ninja_fails_the_compile_step_with_the_fix(clean_env, tmp_path, real_nvcc13):
     empty = tmp_path / "bin"
     empty.mkdir()
     out, _ = run_py("""
         import json
+        from flashinfer_sm120.toolkit import ninja
         from flashinfer_sm120.verify import smoke
+        ninja.FIND_STEPS = ()  # neither the wheel next to FlashInfer nor one on PATH
         print("@@" + json.dumps(smoke.run_smoke().to_dict()))
     """, dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0", PATH=str(empty)))
     assert out["failed"] == "compile"
     (step,) = [s for s in out["steps"] if s["name"] == "compile"]
-    assert "ninja is not on PATH" in step["detail"] and "pip install ninja" in step["detail"]
+    assert "no usable ninja" in step["detail"] and "pip install ninja" in step["detail"]
+
+
+def test_smoke_runs_the_wheels_ninja_with_the_venv_bin_off_path(clean_env, tmp_path, real_nvcc13):
+    """systemd's PATH lacks the venv's bin: the smoke check still runs the ninja the server will run."""
+    out, _ = run_py("""
+        import json
+        from flashinfer_sm120.toolkit import ninja
+        from flashinfer_sm120.verify import smoke
+        print("@@" + json.dumps([smoke.run_smoke().to_dict(), ninja.choose().path]))
+    """, dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0", PATH="/usr/bin:/bin"))  # systemd's default
+    result, chosen = out
+    (step,) = [s for s in result["steps"] if s["name"] == "compile"]
+    assert step["status"] == "passed" and chosen in step["detail"]
 
 
 def test_no_targets_fail_the_toolkit_step_saying_what_to_set(clean_env, real_nvcc13):

@@ -25,11 +25,12 @@ Triggers (decided here, documented in the README):
 ``flashinfer``
     the module being patched.
 ``vllm``, ``sglang``
-    servers that decide whether FlashInfer's JIT can be used with
-    ``shutil.which("nvcc")`` *before* they import FlashInfer (vLLM
-    ``vllm/utils/flashinfer.py`` ``has_flashinfer()``; SGLang's ``has_flashinfer``).
+    servers that look for nvcc and ninja *before* they import FlashInfer (vLLM
+    0.33 ``vllm/utils/flashinfer.py`` ``has_flashinfer()``: nvcc and ``which
+    ninja``; SGLang 0.5.23's own JIT: ``cuda_home()``, ``_jit_cuda_version()``;
+    see :mod:`flashinfer_sm120.servers`).
     For these, once the server package itself has been imported, the chosen
-    toolkit is resolved and exported (``CUDA_HOME``, ``PATH``; see
+    toolkit is resolved and exported (``CUDA_HOME``, ``PATH`` with nvcc and ninja; see
     :mod:`flashinfer_sm120.environ`) without importing FlashInfer, which would
     initialise CUDA in the server's parent process.
 

@@ -8,12 +8,17 @@ toolkit on their own, each in its own way:
     read by child processes (ninja, workers), by ``torch.utils.cpp_extension``
     at its import (``_find_cuda_home``: ``CUDA_HOME`` or ``CUDA_PATH``, then
     ``which nvcc``, then ``/usr/local/cuda``), by FlashInfer in children.
-``PATH``
-    ``shutil.which("nvcc")`` decides in servers whether FlashInfer's JIT can be
-    used at all (vLLM ``vllm/utils/flashinfer.py`` ``has_flashinfer``; SGLang; see
-    smg-project PR #2566): the chosen nvcc's directory goes first, unless it
+``PATH`` (nvcc and ninja)
+    the nvcc that vLLM 0.33's ``has_flashinfer`` (``vllm/utils/flashinfer.py``) and
+    SGLang 0.5.23's JIT (``cuda_home()``, ``_jit_cuda_version()``) find when
+    ``CUDA_HOME``/``CUDA_PATH`` are unset (see :mod:`flashinfer_sm120.servers`), and
+    that child processes see: the chosen nvcc's directory goes first, unless it
     already resolves first or the directory is shared with other programs
     (``/usr/bin``, a conda ``bin`` holding ``python``), which it would shadow.
+    FlashInfer runs ``ninja`` from ``PATH`` and vLLM 0.33's ``has_flashinfer`` needs
+    ``shutil.which("ninja")``: the chosen ninja (the wheel's, which lives in the
+    venv's ``bin`` next to ``python``) goes first too, through a directory holding
+    only a link to it when its own would shadow (:mod:`flashinfer_sm120.toolkit.ninja`).
 ``torch.utils.cpp_extension.CUDA_HOME``
     a module global computed once at import (torch 2.13 ``cpp_extension.py``:
     ``CUDA_HOME = _find_cuda_home() if torch.cuda._is_compiled() ...``); every
@@ -195,6 +200,23 @@ def _export_path(steps: _Steps, bin_dir: str) -> None:
     steps.info["PATH"] = f"{bin_dir} first (was: 'which nvcc' -> {found})"
 
 
+def _export_ninja(steps: _Steps) -> None:
+    """The ninja FlashInfer's ``run_ninja`` runs from ``PATH`` (and vLLM's ``has_flashinfer``
+    looks for): the chosen one first (:mod:`flashinfer_sm120.toolkit.ninja`)."""
+    from .toolkit import ninja
+
+    try:
+        d, note = ninja.export_dir(ninja.choose(), os.environ.get("PATH"), _shared_dir)
+    except ninja.NinjaError as exc:
+        steps.info["ninja"] = f"not exported: {exc}"
+        logger.warning("flashinfer-sm120: %s", exc)
+        return
+    if d is not None:
+        current = os.environ.get("PATH")
+        steps.set_env("PATH", d + os.pathsep + (current if current is not None else os.defpath))
+    steps.info["ninja"] = note
+
+
 def _export_cpp_extension(steps: _Steps, home: str) -> None:
     mod = sys.modules.get("torch.utils.cpp_extension")
     torch = sys.modules.get("torch")
@@ -322,7 +344,7 @@ def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable
             steps.info["CUDA_PATH"] = home
         sms = [a * 10 + int(b[0]) for a, b in targets]
         bin_dir = _bin_dir(home, nvcc)
-        for step, args in ((_export_path, (bin_dir,)), (_export_cpp_extension, (home,)),
+        for step, args in ((_export_ninja, ()), (_export_path, (bin_dir,)), (_export_cpp_extension, (home,)),
                            (_export_triton, (bin_dir, sms))):
             try:
                 step(steps, *args)
@@ -365,6 +387,7 @@ def exported() -> dict:
             return {}
         out = dict(_current["info"])
     out["which_nvcc"] = shutil.which("nvcc")
+    out["which_ninja"] = shutil.which("ninja")
     return out
 
 
@@ -374,8 +397,10 @@ def describe(info: dict | None = None) -> list[str]:
     if not info:
         return ["nothing exported (FlashInfer not patched in this process)"]
     lines = [f"CUDA_HOME={info['cuda_home']}"]
-    for k in ("CUDA_PATH", "PATH", "torch.utils.cpp_extension.CUDA_HOME", "triton"):
+    for k in ("CUDA_PATH", "PATH", "ninja", "torch.utils.cpp_extension.CUDA_HOME", "triton"):
         if k in info:
             lines.append(f"{k}: {info[k]}")
     lines.append(f"which nvcc: {info.get('which_nvcc')}")
+    if "which_ninja" in info:
+        lines.append(f"which ninja: {info['which_ninja']}")
     return lines

@@ -46,7 +46,8 @@ from .errors import FormatError
 __all__ = [
     "FormatError", "MAX_SHOWN", "MAX_JSON_DEPTH", "NAME_RE", "shown", "some", "read_bytes", "read_text",
     "iter_lines", "loads_json", "read_json_file", "field", "parse_version", "parse_name", "parse_relpath",
-    "safe_join", "make_private_dirs", "env_text", "cli_int", "cli_float", "cli_size",
+    "safe_join", "make_private_dirs", "env_text", "cli_int", "cli_float", "cli_size", "parse_ninja_log_header",
+    "parse_leading_version",
 ]
 
 #: Characters of an offending value quoted in a message, at most.
@@ -349,6 +350,45 @@ def parse_relpath(text: Any, source: str, *, fix: str = "", max_parts: int = 16)
             raise _fail(source, f"{shown(text)} is not a relative path of names (part {shown(part, 40)})",
                         fix)
     return parts
+
+
+_LEADING_VERSION_RE = re.compile(r"([0-9]{1,6}(?:\.[0-9]{1,9}){0,3})(?:$|[.+-][A-Za-z])")
+
+
+def parse_leading_version(text: Any, source: str, *, fix: str = "") -> Version:
+    """The release at the start of a program's ``--version`` line: its first word's
+    dotted numeric part (``1.13.2.git.kitware.jobserver-pipe-1`` -> 1.13.2, as the
+    ``ninja`` wheel prints; ``1.11.1`` -> 1.11.1).
+
+    Raises:
+        FormatError: not a string, or its first word does not start with a release.
+    """
+    if not isinstance(text, str):
+        raise _fail(source, f"output {shown(text, 40)} is {_type_name(text)}, not text", fix)
+    words = text[:4096].split(None, 1)
+    m = _LEADING_VERSION_RE.match(words[0]) if words else None
+    if not m:
+        raise _fail(source, f"{shown(text)} does not start with a version such as 1.13.2", fix)
+    return Version(m.group(1))
+
+
+_NINJA_LOG_RE = re.compile(rb"# ninja log v([0-9]{1,4})")
+
+
+def parse_ninja_log_header(line: Any, source: str, *, fix: str = "") -> int:
+    """The format number of a ``.ninja_log`` from its first line, ``# ninja log v7``
+    (ninja ``src/build_log.cc``: ``kFileSignature = "# ninja log v%d\\n"``).
+
+    Raises:
+        FormatError: not bytes/str, or not that header exactly.
+    """
+    if isinstance(line, str):
+        line = line.encode("utf-8", "replace")
+    m = _NINJA_LOG_RE.fullmatch(line.rstrip(b"\r\n")) if isinstance(line, (bytes, bytearray)) else None
+    if not m:
+        raise _fail(source, f"first line {shown(line, 40)} is not a ninja log header such as '# ninja log v7'",
+                    fix)
+    return int(m.group(1))
 
 
 # ----------------------------------------------------------------------------- paths we write

@@ -32,10 +32,14 @@ def run_build(args: argparse.Namespace) -> int:
         entries, problems = replay.load(args.manifest) if args.manifest else ([], [])
         arch = replay.arch_for(entries, args.arch) if args.manifest else args.arch
         session.set_arch(arch)
+        served = session.apply_server_cache(args.for_server, entries)
         sess = session.prepare(arch)
     except (_modules.ModuleError, session.BuildError) as exc:
         return _err(str(exc))
     print(f"flashinfer-sm120: {sess.summary}", file=sys.stderr)
+    if served["server"]:
+        print(f"flashinfer-sm120: building into {served['server']}'s JIT directory ({served['why']}): "
+              f"{sess.jit_dir} ({served['how']})", file=sys.stderr)
     for p in problems:
         print(f"flashinfer-sm120: manifest: {p}", file=sys.stderr)
     labelled, not_generated = [], []
@@ -64,12 +68,19 @@ def run_build(args: argparse.Namespace) -> int:
         pool_wall, occupancy = stats.get("wall_s"), stats.get("occupancy")
     summary = {"cuda_home": sess.cuda_home, "cuda_version": sess.cuda_version,
                "flashinfer": sess.flashinfer, "target_cuda_archs": [_sm(t) for t in sess.targets],
+               "jit_dir": str(sess.jit_dir), "server": served,
                "pool_wall_s": pool_wall, "pool_occupancy": occupancy, "modules": results, "cannot_regenerate": [{"name": n, "why": w} for n, w in skipped]}
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         _print_human(summary)
     return 1 if not_generated or any(r["status"] == "failed" for r in results) else 0
+
+
+def session_choices() -> tuple[str, ...]:
+    from ..warmup.session import SERVER_CHOICES
+
+    return SERVER_CHOICES
 
 
 def _sm(target: str) -> str:
@@ -93,6 +104,7 @@ def _print_human(summary: dict) -> None:
 
 def add_parser(sub) -> None:
     """Register ``build`` and ``cache`` on an argparse subparsers object."""
+    servers = session_choices()  # before add_parser: a broken install fails here, not half-registered
     b = sub.add_parser("build", help="JIT-build FlashInfer modules into FlashInfer's JIT cache",
                        description="Build named modules (see --list) or a recorded manifest (--from) "
                        "in one job pool.")
@@ -102,6 +114,10 @@ def add_parser(sub) -> None:
                    help="build the modules recorded in MANIFEST (FLASHINFER_SM120_RECORD=MANIFEST)")
     b.add_argument("--arch", help="compute capabilities, e.g. '12.0' or '12.0 12.1' (default: the "
                    "manifest's targets, else the GPUs present); sets FLASHINFER_CUDA_ARCH_LIST")
+    b.add_argument("--for", dest="for_server", choices=servers,
+                   help="build into this server's JIT directory (SGLang moves FlashInfer's cache to "
+                   "SGLANG_CACHE_DIR); default: the server the manifest was recorded under, else the one "
+                   "installed here")
     b.add_argument("--jobs", "-j", type=int, help="parallel compile steps (default: MAX_JOBS, else "
                    "the CPUs available)")
     b.add_argument("--head-dim", help="attention head dims, e.g. 64,128 (default 128)")

@@ -24,6 +24,7 @@ def run_export(args: argparse.Namespace) -> int:
         return _err(f"{args.out} already exists; choose a new path (an export never overwrites)")
     try:
         entries, problems = replay.load(args.manifest)
+        session.apply_server_cache(None, entries)  # the JIT dir the recording server used (SGLang's)
         sess = session.prepare(replay.arch_for(entries, args.arch))
         regenerable = [e for e in entries if e.get("regenerable") and e.get("flashinfer") == sess.flashinfer]
         for e in entries:
@@ -49,6 +50,7 @@ def run_import(args: argparse.Namespace) -> int:
         arch = args.arch
         if arch is None:
             arch = _archive_targets(args.src)
+        session.apply_server_cache()  # install where the server installed here will look (SGLang's dir)
         sess = session.prepare(arch)
         report = cachepack.install(args.src, sess, force=args.force)
     except session.BuildError as exc:

@@ -18,7 +18,12 @@ __all__ = ["ALONE_TIMEOUT_S", "SECTIONS", "run_doctor", "add_parser"]
 #: to this package's parent) has ``doctor_section(report: dict) -> dict`` (JSON-able;
 #: stored as ``report[key]``) and ``doctor_lines(section: dict) -> list[str]`` (printed).
 #: A section that raises is reported as ``{"error": ...}`` and the rest still prints.
-SECTIONS: tuple[tuple[str, str], ...] = (("inventory", ".verify.inventory"), ("caches", ".prune"))
+SECTIONS: tuple[tuple[str, str], ...] = (
+    ("ninja", ".toolkit.ninja"),  # which ninja the server and `build` run, and conflicting ones
+    ("servers", ".cli.servers_report"),  # vLLM/SGLang: their FlashInfer check, nvcc lookup and JIT dir
+    ("inventory", ".verify.inventory"),  # what FlashInfer will load, with its targets
+    ("caches", ".prune"),  # the size of both caches
+)
 
 #: Seconds ``doctor`` lets unpatched FlashInfer run in its child process.  FlashInfer
 #: runs ``nvcc --version`` without a timeout, so a hung nvcc would hang it forever.
@@ -114,6 +119,14 @@ def run_doctor(args: argparse.Namespace) -> int:
     from ..releases import release_info
 
     report: dict = {"flashinfer_sm120": __version__, "python": sys.executable}
+    report["original_env"] = dict(_ORIGINAL_ENV, **{k: os.environ[k] for k in ("PATH", "FLASHINFER_WORKSPACE_BASE")
+                                                    if k in os.environ})
+    try:  # the installed server's cache redirection (SGLang), before FlashInfer is imported
+        from ..warmup.session import apply_server_cache
+
+        report["server_cache"] = apply_server_cache(strict=False)
+    except Exception as exc:
+        report["server_cache"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     report["flashinfer"] = flashinfer_version()
     release = release_info(report["flashinfer"])
     report["release"] = release.to_dict()
@@ -204,6 +217,9 @@ def _print_doctor(r: dict) -> None:
         p(f"CUDA_HOME/CUDA_PATH cleaned: {note}")
     p("\nCUDA toolkits found (preference order):")
     for c in r["candidates"]:
+        if c.get("problem") and not c["nvcc_full"] and not c["header_version"]:  # refused: the reason only
+            p(f"  {c['root']}  (found via {', '.join(c['sources'])})\n      {c.get('verdict') or ''}")
+            continue
         ver = c["nvcc_full"] or "?"
         hdr = c["header_version"] or "?"
         p(f"  {c['root']}\n      nvcc {ver} (from {c['version_from'] or '-'}), headers {hdr}, "
@@ -224,10 +240,14 @@ def _print_doctor(r: dict) -> None:
     elif r.get("guard"):
         p(f"\nNo usable toolkit: FlashInfer is GUARDED (imports fine; its first JIT build raises "
           f"this message):\n{r.get('resolution_error')}")
+        from ..servers import fallback_text  # after the real fix: the installed server's ways around
+
+        if fallback_text():
+            p(fallback_text())
     else:
         p(f"\nNo usable toolkit: {r.get('resolution_error')}")
     b = r["before"]
-    p("\nFlashInfer alone:   " + (f"CUDA_HOME={b.get('cuda_home')}  CUDA {b.get('cuda_version', b.get('cuda_version_error'))}"
+    p("\nFlashInfer alone:   " + (f"CUDA_HOME={b.get('cuda_home')}  {_alone_cuda(b, r.get('torch_cuda'))}"
                                  f"  TARGET_CUDA_ARCHS={b.get('target_cuda_archs')}"
                                  if "error" not in b else f"error: {b['error']}"))
     a = r["after"]
@@ -264,6 +284,17 @@ def _print_doctor(r: dict) -> None:
 
         for line in smoke_lines(r["smoke"]):
             p(line)
+
+
+def _alone_cuda(b: dict, torch_cuda) -> str:
+    """FlashInfer alone's CUDA version, saying when it is torch's fallback, not an nvcc
+    (``get_cuda_version``, flashinfer/jit/cpp_ext.py 0.7.x: ``nvcc --version``, and on
+    ``FileNotFoundError`` ``torch.version.cuda``)."""
+    home = b.get("cuda_home")
+    if home and not os.path.lexists(os.path.join(home, "bin", "nvcc")):
+        return (f"no nvcc (CUDA version would come from torch: {b.get('cuda_version') or torch_cuda})"
+                if b.get("cuda_version") else f"no nvcc ({b.get('cuda_version_error')})")
+    return f"CUDA {b.get('cuda_version', b.get('cuda_version_error'))}"
 
 
 def add_parser(sub) -> None:

@@ -143,8 +143,15 @@ def tag_for(tk) -> str:
 def guard_message() -> str:
     """The one message a guarded JIT build raises."""
     res = STATE.resolution
-    return ("flashinfer-sm120 stopped this FlashInfer JIT build before nvcc ran, because no CUDA "
+    text = ("flashinfer-sm120 stopped this FlashInfer JIT build before nvcc ran, because no CUDA "
             f"toolkit fits: {res.error if res is not None else STATE.error}")
+    try:  # after the real fix: the installed server's own ways around (servers.py)
+        from ..servers import fallback_text
+
+        more = fallback_text()
+    except Exception:  # pragma: no cover - never let the message itself fail
+        more = ""
+    return f"{text}\n{more}" if more else text
 
 
 # --------------------------------------------------------------------------- wrappers

@@ -12,7 +12,8 @@ Steps (each gets what is left of one deadline, :data:`SMOKE_TIMEOUT_S` by defaul
     ``-gencode`` of the chosen targets and ``-L$cuda_home/lib64/stubs -lcudart -lcuda``;
     only its output directory is moved to a private scratch directory.
 ``compile``, ``link``
-    ``ninja`` from ``PATH`` (as FlashInfer's ``run_ninja``), object first, then the ``.so``.
+    the ninja the export gives FlashInfer's ``run_ninja`` (:mod:`flashinfer_sm120.toolkit.ninja`), object
+    first, then the ``.so``.
 ``link check``
     the ``.so``'s ``NEEDED``/``RPATH`` (:func:`flashinfer_sm120.verify.links.static_problems`)
     and, with a cuobjdump, SASS for every chosen target.
@@ -221,16 +222,15 @@ def _generated(state: dict, work: str) -> str:
 
 
 def _ninja(args: list[str], run: _Run, what: str) -> str:
+    """Run the ninja the server will run (:func:`flashinfer_sm120.toolkit.ninja.choose`: the
+    export puts it first on ``PATH`` for FlashInfer's ``run_ninja``), trusted like any binary."""
     from .. import proc
-    from ..toolkit.trust import check_executable
+    from ..toolkit import ninja as _ninjas
 
-    ninja = shutil.which("ninja")
-    if ninja is None:
-        raise _Failed("ninja is not on PATH; FlashInfer runs 'ninja' from PATH for every JIT build "
-                      "(flashinfer/jit/cpp_ext.py run_ninja): pip install ninja, or put it on PATH")
-    bad = check_executable(ninja)
-    if bad:
-        raise _Failed(f"not running {ninja}: {bad}")
+    try:
+        ninja = _ninjas.choose().path
+    except _ninjas.NinjaError as exc:
+        raise _Failed(str(exc)) from None
     res = proc.run([ninja, *args], timeout=run.left(), max_output=1 << 20)
     if not res.ok:
         why = ("timed out" if res.timed_out else res.error or f"exit {res.returncode}")

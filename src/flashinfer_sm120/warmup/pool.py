@@ -69,18 +69,18 @@ def default_jobs() -> int:
 
 
 def ninja_binary() -> str:
-    """Path of ninja (PATH first, then the ``ninja`` wheel FlashInfer depends on).
+    """The ninja the server will run (:func:`flashinfer_sm120.toolkit.ninja.choose`: the
+    ``ninja`` wheel next to FlashInfer first, trusted like any binary), which the export puts
+    first on ``PATH`` for FlashInfer's ``run_ninja``: a cache built by another ninja release
+    (another ``.ninja_log`` format) would be rebuilt by the server.
 
-    :raises RuntimeError: no ninja found (the message names the fix)."""
-    found = shutil.which("ninja")
-    if found:
-        return found
+    :raises RuntimeError: no usable ninja (the message names the fix)."""
+    from ..toolkit import ninja
+
     try:
-        import ninja as _ninja_pkg
-
-        return os.path.join(_ninja_pkg.BIN_DIR, "ninja")
-    except Exception:
-        raise RuntimeError("ninja not found; pip install ninja") from None
+        return ninja.choose().path
+    except ninja.NinjaError as exc:
+        raise RuntimeError(str(exc)) from None
 
 
 def _cmd(job: Job, *extra: str) -> list[str]:

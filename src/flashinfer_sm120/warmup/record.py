@@ -97,6 +97,9 @@ def _record(spec) -> None:
 
         entry = encode(spec, str(fi_version), targets)
         entry["pid"] = os.getpid()
+        from ..servers import recorded  # the server process and its FlashInfer workspace, for build --from
+
+        entry.update(recorded())
         append(path, entry)
     except Exception as exc:  # recording must never break a build
         if not _state["warned"]:

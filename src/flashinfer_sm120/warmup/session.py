@@ -11,7 +11,13 @@ from .. import arch as _arch
 from ..errors import Sm120Error
 from . import pool
 
-__all__ = ["BuildError", "Session", "prepare", "write_ninjas", "build_specs"]
+__all__ = ["BuildError", "Session", "SERVER_CHOICES", "apply_server_cache", "prepare", "write_ninjas",
+           "build_specs"]
+
+#: ``build --for`` values: the servers whose JIT directory a warm-up build can target.
+SERVER_CHOICES = ("vllm", "sglang")
+
+_WSB = "FLASHINFER_WORKSPACE_BASE"
 
 
 class BuildError(Sm120Error):
@@ -47,6 +53,86 @@ def set_arch(value: str | None) -> None:
     except _arch.ArchListError as exc:
         raise BuildError(str(exc)) from None
     os.environ["FLASHINFER_CUDA_ARCH_LIST"] = " ".join(f"{s.major}.{s.minor}{s.suffix or ''}" for s in specs)
+
+
+def _server_for(for_server: str | None, entries, strict: bool) -> tuple[str | None, str]:
+    """Which server's JIT directory to build into, and why (``None``: FlashInfer's own)."""
+    from .. import servers
+
+    if for_server is not None:
+        return for_server, f"--for {for_server}"
+    recorded = sorted({e["server"] for e in entries or () if isinstance(e.get("server"), str)
+                       and e["server"] in SERVER_CHOICES})
+    if len(recorded) == 1:
+        return recorded[0], "the manifest was recorded under it"
+    if len(recorded) > 1 and strict:
+        raise BuildError(f"the manifest was recorded under {' and '.join(recorded)}, whose JIT directories "
+                         f"differ: pass --for {recorded[0]} or --for {recorded[1]}")
+    here = [i.release.key for i in servers.installed()]
+    if len(here) == 1:
+        return here[0], f"{here[0]} is installed here"
+    if not here:
+        return None, "no server is installed here"
+    default = os.environ.get(_WSB, os.path.expanduser("~"))  # FlashInfer's own (flashinfer/jit/env.py)
+    bases = {k: servers.workspace_base(k, dict(os.environ))[0] or default for k in here}
+    if len(set(bases.values())) == 1:
+        return here[0], f"{' and '.join(here)} are installed and use the same directory"
+    if strict:
+        shown = ", ".join(f"{k}: {b}" for k, b in bases.items())
+        raise BuildError(f"{' and '.join(here)} are installed here and put FlashInfer's JIT cache in different "
+                         f"places (FLASHINFER_WORKSPACE_BASE {shown}): pass --for "
+                         f"{' or --for '.join(here)}, or set FLASHINFER_WORKSPACE_BASE so that both use one")
+    return None, f"{' and '.join(here)} are installed here and use different directories"
+
+
+def apply_server_cache(for_server: str | None = None, entries=None, *, strict: bool = True) -> dict:
+    """Point FlashInfer's workspace where the serving stack will look, before FlashInfer is imported.
+
+    SGLang sets ``FLASHINFER_WORKSPACE_BASE`` from ``SGLANG_CACHE_DIR`` at import unless it is
+    set (:mod:`flashinfer_sm120.servers`); a warm-up build without that rule would land in
+    ``~/.cache/flashinfer`` and the server would compile everything again.  The server is
+    ``for_server`` (``build --for``), else the one the manifest ``entries`` were recorded
+    under, else the one installed here.  The rule is run from the installed SGLang when it is
+    there (else taken from :data:`flashinfer_sm120.servers.SERVERS`).
+
+    Args:
+        for_server: ``vllm``, ``sglang`` or ``None`` (decide as above).
+        entries: manifest entries (``build --from``), which may name their ``server``.
+        strict: raise when it cannot be decided (``build``) rather than leave it (``doctor``).
+
+    Returns:
+        ``{"server", "why", "base", "how", "before", "changed"}`` (``before``: the value the
+        variable had, ``None`` when unset).
+
+    Raises:
+        BuildError: ``strict`` and two servers with different directories could apply, or the
+            server's rule gives a base FlashInfer cannot use (empty or relative).
+    """
+    from .. import servers
+
+    before = os.environ.get(_WSB)
+    key, why = _server_for(for_server, entries, strict)
+    out = {"server": key, "why": why, "base": before, "how": "", "before": before, "changed": False}
+    if key is None:
+        out["how"] = "FlashInfer's own default" if before is None else f"{_WSB} is set"
+        return out
+    base, how = servers.workspace_base(key, dict(os.environ))
+    out["how"] = how
+    if base is None or base == before:
+        return out
+    if not os.path.isabs(base):
+        problem = (f"{servers.newest(key).name}'s rule gives {_WSB}={base!r} ({how}), a relative path: "
+                   f"FlashInfer would build in the server's current directory. Fix: set SGLANG_CACHE_DIR "
+                   f"(or {_WSB}) to an absolute directory")
+        if strict:
+            raise BuildError(problem)
+        out["how"] = problem
+        return out
+    if "flashinfer.jit.env" in sys.modules:  # FlashInfer fixed its workspace at import
+        raise BuildError(f"internal: FlashInfer was imported before {_WSB} could be set for {key}")
+    os.environ[_WSB] = base
+    out.update(base=base, changed=True)
+    return out
 
 
 def prepare(arch: str | None) -> Session:
