@@ -44,9 +44,11 @@ from packaging.version import InvalidVersion, Version
 from .errors import FormatError
 
 __all__ = [
-    "FormatError", "MAX_SHOWN", "MAX_JSON_DEPTH", "NAME_RE", "shown", "some", "read_bytes", "read_text",
+    "FormatError", "MAX_SHOWN", "MAX_JSON_DEPTH", "NAME_RE", "shown", "some", "read_bytes", "read_prefix",
+    "read_text",
     "iter_lines", "loads_json", "read_json_file", "field", "parse_version", "parse_name", "parse_relpath",
-    "safe_join", "make_private_dirs", "env_text", "cli_int", "cli_float", "cli_size",
+    "safe_join", "make_private_dirs", "env_text", "check_text", "parse_target", "parse_sha256", "string_list",
+    "cli_int", "cli_float", "cli_size",
 ]
 
 #: Characters of an offending value quoted in a message, at most.
@@ -161,6 +163,37 @@ def read_bytes(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow
     if len(raw) > max_bytes:
         raise _fail(path, f"is more than the {max_bytes}-byte cap", fix)
     return raw
+
+
+def read_prefix(path: str | os.PathLike, limit: int, *, fix: str = "") -> bytes:
+    """The first ``limit`` bytes of a regular file (for a header whose
+    ``#define`` sits near the top, a script's ``#!`` line), never blocking on a
+    FIFO or device.
+
+    Raises:
+        FormatError: absent, not a regular file, or unreadable.
+    """
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise _fail(path, f"cannot be opened ({exc.strerror or exc})", fix) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _fail(path, "is not a regular file", fix)
+        os.set_blocking(fd, True)
+        chunks, left = [], limit
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 16))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise _fail(path, f"cannot be read ({exc.strerror or exc})", fix) from None
+    finally:
+        os.close(fd)
 
 
 def read_text(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
@@ -351,6 +384,48 @@ def parse_relpath(text: Any, source: str, *, fix: str = "", max_parts: int = 16)
     return parts
 
 
+#: A target as manifests and ``--arch`` carry it: ``12.0``, ``12.0f``, ``9.0a``.
+TARGET_RE = re.compile(r"[0-9]{1,2}\.[0-9][af]?")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def parse_target(text: Any, source: str, *, fix: str = "") -> str:
+    """One target of the ``major.minor[a|f]`` grammar (``12.0f``), returned unchanged.
+
+    Raises:
+        FormatError: not a string of that grammar (``12.0`` as a number, ``sm_120``, spaces).
+    """
+    if not isinstance(text, str) or not TARGET_RE.fullmatch(text):
+        raise _fail(source, f"target {shown(text, 40)} is not of the form major.minor[a|f], e.g. '12.0' "
+                            f"or '12.0f'", fix)
+    return text
+
+
+def parse_sha256(text: Any, source: str, *, fix: str = "") -> str:
+    """A SHA-256 digest as 64 lower-case hex digits."""
+    if not isinstance(text, str) or not _SHA256_RE.fullmatch(text):
+        raise _fail(source, f"{shown(text, 40)} is not a SHA-256 digest (64 hex digits)", fix)
+    return text
+
+
+def string_list(value: Any, source: str, *, max_items: int = 4096, max_len: int = 1 << 16,
+                fix: str = "") -> list[str]:
+    """A JSON list of strings, each at most ``max_len`` characters and free of NUL.
+
+    Raises:
+        FormatError: not a list, too long, or an item that is not such a string.
+    """
+    if not isinstance(value, list):
+        raise _fail(source, f"is {_type_name(value)}, not a list of strings", fix)
+    if len(value) > max_items:
+        raise _fail(source, f"has {len(value)} items, more than {max_items}", fix)
+    for item in value:
+        if not isinstance(item, str) or len(item) > max_len or "\0" in item:
+            raise _fail(source, f"item {shown(item, 40)} is not a string without NUL of at most "
+                                f"{max_len} characters", fix)
+    return value
+
+
 # ----------------------------------------------------------------------------- paths we write
 
 
@@ -412,6 +487,22 @@ def make_private_dirs(path: str | os.PathLike, *, mode: int = 0o700) -> None:
 # ----------------------------------------------------------------------------- env and CLI values
 
 
+def check_text(value: Any, name: str, *, max_len: int = 4096, fix: str = "") -> str:
+    """``value`` if it is a string of at most ``max_len`` characters with no
+    NUL or control character other than tab, else a :class:`FormatError`
+    naming ``name`` and showing a cut value (never the whole of it)."""
+    fix = fix or "set it to a short plain value or unset it"
+    if not isinstance(value, str):
+        raise _fail(name, f"is {_type_name(value)}, not text", fix)
+    if len(value) > max_len:
+        raise FormatError(f"{name} is {len(value)} characters long, more than {max_len} "
+                          f"(starts {shown(value, 40)}); {fix}")
+    bad = [c for c in value if ord(c) < 32 and c != "\t"]
+    if bad:
+        raise FormatError(f"{name}={shown(value)} holds control characters ({some(bad)}); {fix}")
+    return value
+
+
 def env_text(name: str, env: dict[str, str] | None = None, *, max_len: int = 4096) -> str | None:
     """``env[name]`` (default ``os.environ``), or ``None`` when unset.
 
@@ -422,14 +513,7 @@ def env_text(name: str, env: dict[str, str] | None = None, *, max_len: int = 409
     value = (os.environ if env is None else env).get(name)
     if value is None:
         return None
-    if len(value) > max_len:
-        raise FormatError(f"{name} is {len(value)} characters long, more than {max_len} "
-                          f"(starts {shown(value, 40)}); set it to a short value or unset it")
-    bad = [c for c in value if ord(c) < 32 and c != "\t"]
-    if bad:
-        raise FormatError(f"{name}={shown(value)} holds control characters ({some(bad)}); "
-                          f"set it to plain text or unset it")
-    return value
+    return check_text(value, name, max_len=max_len)
 
 
 def _number(flag: str, text: str, convert, lo, hi, what: str):

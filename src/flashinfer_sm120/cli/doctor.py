@@ -81,14 +81,15 @@ def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
     naive = flashinfer_naive_root(env)
     runs = []
     if not (env.get("CUDA_HOME") or env.get("CUDA_PATH")):
-        # get_cuda_path() runs `which nvcc` (flashinfer/jit/cpp_ext.py), `which` from PATH
+        # get_cuda_path() runs `which nvcc` (flashinfer/jit/cpp_ext.py), `which` from PATH;
+        # run for its own sake (Debian's is a shell script), so its file and #! are checked, not its body
         which = shutil.which("which", path=env.get("PATH", os.defpath))
         if which:
-            runs.append(which)
+            runs.append((which, False))
     if naive and os.path.lexists(os.path.join(naive, "bin", "nvcc")):
-        runs.append(os.path.join(naive, "bin", "nvcc"))  # get_cuda_version(): nvcc --version
-    for prog in runs:
-        tr = trace(prog, env_path=env.get("PATH"))
+        runs.append((os.path.join(naive, "bin", "nvcc"), True))  # get_cuda_version(): nvcc --version
+    for prog, body in runs:
+        tr = trace(prog, body=body)
         if tr.problem:
             why = (f"FlashInfer alone would run {prog}, which the trust policy refused ({tr.problem}); "
                    f"not running it")
