@@ -47,7 +47,7 @@ __all__ = [
     "FormatError", "MAX_SHOWN", "MAX_JSON_DEPTH", "NAME_RE", "shown", "some", "read_bytes", "read_prefix",
     "read_text",
     "iter_lines", "loads_json", "read_json_file", "field", "parse_version", "parse_name", "parse_relpath",
-    "safe_join", "make_private_dirs", "env_text", "check_text", "parse_target", "parse_sha256", "string_list",
+    "safe_join", "make_private_dirs", "env_text", "check_text", "parse_target", "parse_flag", "parse_path_text", "parse_sha256", "string_list",
     "cli_int", "cli_float", "cli_size",
 ]
 
@@ -206,11 +206,15 @@ def read_text(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow:
         raise _fail(os.fspath(path), f"is not UTF-8 text (byte {exc.start})", fix) from None
 
 
-def iter_lines(path: str | os.PathLike, *, max_line: int, max_lines: int, fix: str = ""
-               ) -> Iterator[tuple[int, bytes]]:
+def iter_lines(path: str | os.PathLike, *, max_line: int, max_lines: int, fix: str = "",
+               skip_long: bool = False) -> Iterator[tuple[int, bytes | None]]:
     """``(line number, line without its newline)`` of a regular file, streamed:
     a line longer than ``max_line`` bytes or more than ``max_lines`` lines are
     refused when reached, never read whole (``/dev/zero``, a 1 GiB line).
+
+    Args:
+        skip_long: yield ``(n, None)`` for a line longer than ``max_line`` (read
+            past in ``max_line`` chunks, never held whole) instead of refusing.
 
     Raises:
         FormatError: as :func:`read_bytes`, or a cap was reached.
@@ -234,7 +238,12 @@ def iter_lines(path: str | os.PathLike, *, max_line: int, max_lines: int, fix: s
                 if n > max_lines:
                     raise _fail(path, f"has more than {max_lines} lines", fix)
                 if len(line) > max_line and not line.endswith(b"\n"):
-                    raise _fail(path, f"line {n} is longer than {max_line} bytes", fix)
+                    if not skip_long:
+                        raise _fail(path, f"line {n} is longer than {max_line} bytes", fix)
+                    while line and not line.endswith(b"\n"):  # drain it, a chunk at a time
+                        line = fh.readline(max_line + 1)
+                    yield n, None
+                    continue
                 yield n, line.rstrip(b"\r\n")
     except OSError as exc:
         raise _fail(path, f"cannot be read ({exc.strerror or exc})", fix) from None
@@ -290,7 +299,7 @@ def read_json_file(path: str | os.PathLike, max_bytes: int, *, fix: str = "", fo
 
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
-               list: "a list", dict: "an object"}
+               list: "a list", dict: "an object", type(None): "null"}
 
 
 def field(obj: Any, key: str, kind: type | tuple[type, ...], source: str, *, fix: str = "",
@@ -384,6 +393,18 @@ def parse_relpath(text: Any, source: str, *, fix: str = "", max_parts: int = 16)
     return parts
 
 
+#: A compiler or linker flag as a manifest carries it (``-DENABLE_BF16``,
+#: ``-I@FLASHINFER@/data/include``, ``-gencode=arch=compute_120f,code=sm_120f``):
+#: no control character (a newline would start a new ``build.ninja`` line), no
+#: shell syntax (FlashInfer joins flags into a ``/bin/sh -c`` command unquoted:
+#: ``;``, ``|``, ``&``, quotes, ``$``, backquote, ``<``, ``>``, ``*`` are refused).
+FLAG_RE = re.compile(r"[A-Za-z0-9_.,:=+/@%{}~ -]{1,4096}")
+
+#: A file path as a manifest carries it (``@FLASHINFER@/data/csrc/norm.cu``):
+#: the characters FlashInfer's unquoted ``build.ninja`` lines and ``/bin/sh`` carry
+#: (no whitespace, ``$``, ``:``, quotes).
+PATH_TEXT_RE = re.compile(r"[A-Za-z0-9_./+@%=,~-]{1,4096}")
+
 #: A target as manifests and ``--arch`` carry it: ``12.0``, ``12.0f``, ``9.0a``.
 TARGET_RE = re.compile(r"[0-9]{1,2}\.[0-9][af]?")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -398,6 +419,22 @@ def parse_target(text: Any, source: str, *, fix: str = "") -> str:
     if not isinstance(text, str) or not TARGET_RE.fullmatch(text):
         raise _fail(source, f"target {shown(text, 40)} is not of the form major.minor[a|f], e.g. '12.0' "
                             f"or '12.0f'", fix)
+    return text
+
+
+def parse_flag(text: Any, source: str, *, fix: str = "") -> str:
+    """One flag of the :data:`FLAG_RE` grammar, returned unchanged."""
+    if not isinstance(text, str) or not FLAG_RE.fullmatch(text):
+        raise _fail(source, f"flag {shown(text, 60)} is not a plain compiler flag (letters, digits, "
+                            f"'_.,:=+/@%{{}}~-' and spaces; no newline, quote, '$', ';', '|', '&')", fix)
+    return text
+
+
+def parse_path_text(text: Any, source: str, *, fix: str = "") -> str:
+    """A path of the :data:`PATH_TEXT_RE` grammar, returned unchanged (not resolved)."""
+    if not isinstance(text, str) or not PATH_TEXT_RE.fullmatch(text) or "/../" in f"/{text}/":
+        raise _fail(source, f"path {shown(text, 60)} is not a plain path (letters, digits, '_./+@%=,~-'; "
+                            f"no whitespace, '$', ':', '..')", fix)
     return text
 
 
