@@ -44,8 +44,7 @@ def run_import(args: argparse.Namespace) -> int:
 
     limits = cachepack.Limits(max_total=args.max_bytes) if args.max_bytes else cachepack.Limits()
     try:
-        cachepack.check_members(args.src, limits)  # before anything is imported or unpacked
-        meta = cachepack.read_meta(args.src, limits)
+        meta = cachepack.check_members(args.src, limits)  # before anything is imported or unpacked
         arch = args.arch
         if arch is None:
             arch = _archive_targets(meta)

@@ -243,15 +243,45 @@ def _members(src: str, limits: Limits):
         raise BuildError(f"cannot read {src}: {formats.shown(str(exc), 200)}; {_FIX}") from None
 
 
-def check_members(src: str, limits: Limits = Limits()) -> None:
-    """Refuse an archive with any member outside TOP/, any link or device, or over
-    the caps, from the headers alone (no extraction).
+def check_members(src: str, limits: Limits = Limits()) -> Meta:
+    """Check an export without writing anything: every archive member's header
+    (under TOP/, a plain relative path, a regular file or directory, within the
+    caps), then meta.json (:func:`read_meta`), then that every member is one
+    meta.json lists.  A directory export is checked file by file when installed.
 
-    :raises BuildError: the first unsafe member, or an unreadable archive."""
-    if os.path.isdir(src):
+    :returns: the parsed meta.json.
+    :raises BuildError: the first unsafe member, an unreadable archive, or a bad meta.json."""
+    if not os.path.isdir(src):
+        for _ in _members(src, limits):
+            pass
+    meta = read_meta(src, limits)
+    if not os.path.isdir(src):
+        listed = _listed(meta)
+        total = 0
+        for _, m, rel in _members(src, limits):
+            total += m.size if m.isfile() else 0
+            _check_listed(src, m, rel, listed, total, limits)
+    return meta
+
+
+def _listed(meta: Meta) -> tuple[set[str], set[str]]:
+    files = {rel for mod in meta.modules for rel in mod.files}
+    dirs = {"/".join(rel.split("/")[:i]) for rel in files for i in range(1, rel.count("/") + 1)}
+    return files, dirs
+
+
+def _check_listed(src: str, m: tarfile.TarInfo, rel: str, listed: tuple[set[str], set[str]], total: int,
+                  limits: Limits) -> None:
+    files, dirs = listed
+    if m.isdir():
+        if rel and rel not in dirs:
+            raise _fail(src, f"directory {formats.shown(m.name)} is not part of any module in meta.json")
         return
-    for _ in _members(src, limits):
-        pass
+    if rel != "meta.json" and rel not in files:
+        raise _fail(src, f"member {formats.shown(m.name)} is not listed in meta.json")
+    if total > limits.max_total:
+        raise _fail(src, f"its files add up to more than the {limits.max_total}-byte cap "
+                         f"(cache import --max-bytes)")
 
 
 def read_meta(src: str, limits: Limits = Limits()) -> Meta:
@@ -290,20 +320,13 @@ def _unpack(src: str, into: Path, meta: Meta, limits: Limits) -> Path:
         if os.path.islink(root) or not root.is_dir():
             raise BuildError(f"{src} has no {TOP}/ folder (or it is a symlink); {_FIX}")
         return root
-    listed = {rel for mod in meta.modules for rel in mod.files}
-    dirs = {"/".join(rel.split("/")[:i]) for rel in listed for i in range(1, rel.count("/") + 1)}
+    listed = _listed(meta)
     total = 0
     for tar, m, rel in _members(src, limits):
-        if m.isdir():
-            if rel and rel not in dirs:
-                raise _fail(src, f"directory {formats.shown(m.name)} is not part of any module in meta.json")
+        total += m.size if m.isfile() else 0
+        _check_listed(src, m, rel, listed, total, limits)
+        if m.isdir() or rel == "meta.json":  # meta.json was read already (read_meta)
             continue
-        if rel != "meta.json" and rel not in listed:
-            raise _fail(src, f"member {formats.shown(m.name)} is not listed in meta.json")
-        total += m.size
-        if total > limits.max_total:
-            raise _fail(src, f"its files add up to more than the {limits.max_total}-byte cap "
-                             f"(cache import --max-bytes)")
         free = shutil.disk_usage(into).free
         if m.size > free:
             raise BuildError(f"{src}: {m.name} needs {m.size} bytes and {into} has {free} free; free space "
