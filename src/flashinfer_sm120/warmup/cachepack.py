@@ -300,7 +300,7 @@ def read_meta(src: str, limits: Limits = Limits()) -> Meta:
                 if rel == "meta.json" and m.isfile():
                     if m.size > _MAX_META_BYTES:
                         raise BuildError(f"{name} is {m.size} bytes, more than {_MAX_META_BYTES}; {_FIX}")
-                    raw = tar.extractfile(m).read(_MAX_META_BYTES + 1)  # type: ignore[union-attr]
+                    raw = tar.extractfile(m).read(m.size)  # type: ignore[union-attr]  (size checked above)
                     break
             if raw is None:
                 raise BuildError(f"{src} has no {TOP}/meta.json; {_FIX}")
