@@ -302,3 +302,19 @@ def test_cli_numbers_property(flag, value):
         import math
 
         assert math.isfinite(args.timeout) and 0.1 <= args.timeout <= 3600
+
+
+@given(st.binary(max_size=400), st.booleans())
+@FUZZ
+def test_ninja_deps_restamp_property(tmp_path, data, header):
+    """Any .ninja_deps (it travels in exports): no exception, nothing written but the log itself."""
+    import struct
+
+    from flashinfer_sm120.warmup import ninjadeps
+
+    d = tmp_path / "deps"
+    d.mkdir(exist_ok=True)
+    p = d / ".ninja_deps"
+    p.write_bytes((b"# ninjadeps\n" + struct.pack("<i", 4) if header else b"") + data)
+    n = _bounded(ninjadeps.restamp, str(p), {"/x.o": 1})
+    assert isinstance(n, int) and os.listdir(d) == [".ninja_deps"]

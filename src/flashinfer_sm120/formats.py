@@ -44,7 +44,7 @@ from packaging.version import InvalidVersion, Version
 from .errors import FormatError
 
 __all__ = [
-    "FormatError", "MAX_SHOWN", "MAX_JSON_DEPTH", "NAME_RE", "shown", "some", "read_bytes", "read_prefix",
+    "FormatError", "MAX_SHOWN", "MAX_JSON_DEPTH", "NAME_RE", "FILE_NAME_RE", "shown", "some", "read_bytes", "read_prefix",
     "read_text",
     "iter_lines", "loads_json", "read_json_file", "field", "parse_version", "parse_name", "parse_relpath",
     "safe_join", "make_private_dirs", "env_text", "check_text", "parse_target", "parse_flag", "parse_path_text", "parse_sha256", "string_list",
@@ -60,6 +60,10 @@ MAX_JSON_DEPTH = 32
 #: A name: a module, a variant, a file in a cache entry.  No whitespace, no
 #: ``$`` or ``:`` (ninja syntax), no ``/`` (paths are lists of names), no NUL.
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")
+
+#: A file name in a relative path: a name that may also start with ``.``
+#: (``.ninja_log``, ``.ninja_deps``) but is never ``.`` or ``..``.
+FILE_NAME_RE = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.][A-Za-z0-9_.+-]{0,199}")
 
 #: A version as nvcc, ninja, FlashInfer or pip print it: ``13.0.88``, ``1.13.2``,
 #: ``0.7.2.post1``, ``2.14.0+cu130``.
@@ -377,7 +381,8 @@ def parse_name(text: Any, source: str, *, fix: str = "") -> str:
 
 
 def parse_relpath(text: Any, source: str, *, fix: str = "", max_parts: int = 16) -> tuple[str, ...]:
-    """A relative path ``a/b/c`` whose every part is a name (:func:`parse_name`).
+    """A relative path ``a/b/c`` whose every part is a file name (:data:`FILE_NAME_RE`:
+    a name, or one starting with ``.`` such as ``.ninja_log``).
 
     Absolute paths, empty parts (``a//b``), ``.`` and ``..`` are refused by the grammar.
     """
@@ -387,7 +392,7 @@ def parse_relpath(text: Any, source: str, *, fix: str = "", max_parts: int = 16)
     if len(parts) > max_parts:
         raise _fail(source, f"{shown(text)} has more than {max_parts} parts", fix)
     for part in parts:
-        if not NAME_RE.fullmatch(part):
+        if not FILE_NAME_RE.fullmatch(part):
             raise _fail(source, f"{shown(text)} is not a relative path of names (part {shown(part, 40)})",
                         fix)
     return parts
