@@ -7,25 +7,22 @@ listing the bad cases.  The Hypothesis properties are in test_boundary_fuzz.py.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from attack_util import RELEASE_LINE, tmp_is_trusted, toolkit_with_nvcc, untrusted_nvcc, wrapper
 from conftest import make_toolkit, needs_flashinfer
-from probe_util import OTHER_UID, PY, as_uid, need_root
+from probe_util import OTHER_UID, PY, need_root
 
 TOP = "flashinfer-sm120-cache"
 
@@ -124,7 +121,7 @@ def test_item2_directory_export_with_a_symlink_is_refused(machine, tmp_path):
 
 
 def test_item2_directory_export_links_are_refused_at_every_level(tmp_path):
-    from flashinfer_sm120.warmup import cachepack
+    from flashinfer_sm120.warmup import cachemeta, cachepack
 
     fp = {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/x", "jit_dir": "/y"}
     other = tmp_path / "elsewhere"
@@ -134,8 +131,8 @@ def test_item2_directory_export_links_are_refused_at_every_level(tmp_path):
                                {"jit": other}]):
         src = _export_dir(tmp_path / f"e{i}", fp, [{"name": "norm", "files": {"jit/norm/x": _sha(b"data")}}],
                           links)
-        meta = cachepack.read_meta(str(src))
-        root = cachepack._unpack(str(src), tmp_path, meta, cachepack.Limits())
+        meta = cachemeta.read_meta(str(src))
+        root = cachepack._unpack(str(src), tmp_path, meta, cachemeta.Limits())
         with pytest.raises(cachepack.BuildError, match="symlink"):
             cachepack._plan(meta, root, {"jit": tmp_path / f"jit{i}", "generated": tmp_path / "gen"}, str(src))
 
@@ -160,7 +157,7 @@ def _hidden_runs(tmp: Path, evil: Path) -> dict[str, str]:
         "subshell": f'#!/bin/sh\n( {evil} "$@" )\n',
         "command substitution": '#!/bin/sh\nexec "$(dirname "$0")/nvcc-real" "$@"\n',
         "backquotes": '#!/bin/sh\nexec `which nvcc-real` "$@"\n',
-        "env shebang": f"#!/usr/bin/env nvcc\n",
+        "env shebang": "#!/usr/bin/env nvcc\n",
         "env -S shebang": f"#!/usr/bin/env -S sh {evil}\n",
         "mid-word # (shlex would hide it)": f'#!/bin/sh\necho a#b; {evil} "$@"\n',
         "comment then newline (shlex would join)": f'#!/bin/sh\necho hi # c\n{evil} "$@"\n',
@@ -405,7 +402,7 @@ def test_item6_deep_view_json_in_cuda_home_is_not_a_view(tmp_path, cache_dir):
 
 
 def test_item6_deep_manifest_line_and_meta_json_are_reported(tmp_path):
-    from flashinfer_sm120.warmup import cachepack, replay
+    from flashinfer_sm120.warmup import cachemeta, cachepack, replay
 
     m = tmp_path / "m.jsonl"
     m.write_text(DEEP + "\n")
@@ -415,7 +412,7 @@ def test_item6_deep_manifest_line_and_meta_json_are_reported(tmp_path):
     (src / TOP).mkdir(parents=True)
     (src / TOP / "meta.json").write_text(DEEP)
     with pytest.raises(cachepack.BuildError, match="nested 10000 deep"):
-        cachepack.read_meta(str(src))
+        cachemeta.read_meta(str(src))
 
 
 # ------------------------------------------------------------------ item 7: versions parsed once, formatted from Version
@@ -509,7 +506,7 @@ FP = {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda
 @pytest.mark.parametrize("case", sorted(_meta_variants(FP)))
 @pytest.mark.parametrize("as_archive", [False, True])
 def test_item9_malformed_meta_json_is_refused_with_a_message(tmp_path, case, as_archive):
-    from flashinfer_sm120.warmup import cachepack
+    from flashinfer_sm120.warmup import cachemeta, cachepack
 
     meta = _meta_variants(FP)[case]
     blob = (meta if isinstance(meta, str) else json.dumps(meta)).encode()
@@ -524,7 +521,7 @@ def test_item9_malformed_meta_json_is_refused_with_a_message(tmp_path, case, as_
         (src / TOP).mkdir(parents=True)
         (src / TOP / "meta.json").write_bytes(blob)
     with pytest.raises(cachepack.BuildError) as exc:
-        cachepack.check_members(str(src))
+        cachemeta.check_members(str(src))
     assert len(str(exc.value)) < 1000 and str(src) in str(exc.value)
 
 
@@ -553,36 +550,36 @@ def _bomb(path: Path, meta_files: dict, size: int) -> None:
 
 
 def test_item9_a_gzip_bomb_is_refused_before_anything_is_written(tmp_path):
-    from flashinfer_sm120.warmup import cachepack
+    from flashinfer_sm120.warmup import cachemeta, cachepack
 
     size = 64 << 20
     unlisted = tmp_path / "unlisted.tgz"
     _bomb(unlisted, {"jit/norm/a.so": "0" * 64}, size)
     assert unlisted.stat().st_size < 1 << 20
     with pytest.raises(cachepack.BuildError, match="not listed in meta.json"):
-        cachepack.check_members(str(unlisted))
+        cachemeta.check_members(str(unlisted))
     listed = tmp_path / "listed.tgz"
     _bomb(listed, {"jit/norm/big.so": "0" * 64}, size)
-    limits = cachepack.Limits(max_total=16 << 20, max_file=16 << 20)
+    limits = cachemeta.Limits(max_total=16 << 20, max_file=16 << 20)
     into = tmp_path / "into"
     into.mkdir()
     with pytest.raises(cachepack.BuildError, match="cap"):
-        cachepack.check_members(str(listed), limits)
-    meta = cachepack.read_meta(str(listed), limits)
+        cachemeta.check_members(str(listed), limits)
+    meta = cachemeta.read_meta(str(listed), limits)
     with pytest.raises(cachepack.BuildError, match="cap"):
         cachepack._unpack(str(listed), into, meta, limits)
     assert not any(p.is_file() for p in into.rglob("*")), "bytes were written before the check"
 
 
 def test_item9_a_full_disk_is_a_message_not_a_traceback(tmp_path, monkeypatch):
-    from flashinfer_sm120.warmup import cachepack
+    from flashinfer_sm120.warmup import cachemeta, cachepack
 
     listed = tmp_path / "listed.tgz"
     _bomb(listed, {"jit/norm/big.so": "0" * 64}, 1 << 20)
-    meta = cachepack.read_meta(str(listed))
+    meta = cachemeta.read_meta(str(listed))
     monkeypatch.setattr(cachepack.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1 << 30, 1 << 30, 4096))
     with pytest.raises(cachepack.BuildError, match="free space"):
-        cachepack._unpack(str(listed), tmp_path, meta, cachepack.Limits())
+        cachepack._unpack(str(listed), tmp_path, meta, cachemeta.Limits())
 
 
 # ------------------------------------------------------------------ items 10, 11, 13: manifests

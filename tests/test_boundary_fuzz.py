@@ -17,7 +17,6 @@ import tarfile
 import tracemalloc
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from flashinfer_sm120.errors import Sm120Error
@@ -226,7 +225,7 @@ def test_cache_import_archive_property(tmp_path, members, meta_obj):
     when it is refused."""
     import hashlib
 
-    from flashinfer_sm120.warmup import cachepack
+    from flashinfer_sm120.warmup import cachemeta, cachepack
 
     src = tmp_path / "a.tar"
     files = {n[len(TOP) + 1:]: hashlib.sha256(d).hexdigest() for n, k, d in members
@@ -255,8 +254,8 @@ def test_cache_import_archive_property(tmp_path, members, meta_obj):
     before = set(os.listdir(tmp_path))
 
     def run():
-        meta_ = cachepack.check_members(str(src))
-        root = cachepack._unpack(str(src), into, meta_, cachepack.Limits())
+        meta_ = cachemeta.check_members(str(src))
+        root = cachepack._unpack(str(src), into, meta_, cachemeta.Limits())
         return cachepack._plan(meta_, root, {"jit": box / "jit", "generated": box / "gen"}, str(src))
 
     got = _bounded(run)

@@ -40,11 +40,11 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from ..warmup import cachepack, session
+    from ..warmup import cachemeta, cachepack, session
 
-    limits = cachepack.Limits(max_total=args.max_bytes) if args.max_bytes else cachepack.Limits()
+    limits = cachemeta.Limits(max_total=args.max_bytes) if args.max_bytes else cachemeta.Limits()
     try:
-        meta = cachepack.check_members(args.src, limits)  # before anything is imported or unpacked
+        meta = cachemeta.check_members(args.src, limits)  # before anything is imported or unpacked
         arch = args.arch
         if arch is None:
             arch = _archive_targets(meta)

@@ -61,7 +61,6 @@ __all__ = ["MAX_WRAPPER_DEPTH", "MAX_SCRIPT_BYTES", "SHELLS", "SHELL_OPTIONS", "
 #: ``/usr/lib/nvidia-cuda-toolkit/bin/nvcc`` is one level).
 MAX_WRAPPER_DEPTH = 8
 _MAX_LINKS = 40  # as Linux MAXSYMLINKS
-_HEAD_BYTES = 8192
 #: A wrapper script is read whole to find what it runs; one larger than this
 #: (bytes) is refused: a line past what was read could run anything.
 MAX_SCRIPT_BYTES = 256 << 10
@@ -356,16 +355,14 @@ def _follow(path: str, uid: int, chain: list[str], files: list[str], checked: di
     return final
 
 
-def trace(path: str, *, env_path: str | None = None, body: bool = True) -> Trace:
+def trace(path: str, *, body: bool = True) -> Trace:
     """Follow ``path`` through links and wrapper scripts, checking trust at every step.
 
-    Nothing is executed: scripts are read as text (see the module docstring for
-    the allowlist a script must meet).
+    Nothing is executed and nothing is looked up on ``PATH``: scripts are read
+    as text (see the module docstring for the allowlist a script must meet).
 
     Args:
         path: the program, e.g. ``$CUDA_HOME/bin/nvcc``.
-        env_path: unused (kept for callers that pass ``PATH``: nothing is looked
-            up on ``PATH`` any more; a script that would is refused).
         body: ``False`` checks only the file, its links and its ``#!``
             interpreter, not what a script's body runs: for a program we run
             for its own sake (``which``), not as a wrapper of nvcc.
