@@ -165,6 +165,7 @@ def _hidden_runs(tmp: Path, evil: Path) -> dict[str, str]:
         "launcher with a bare name": '#!/bin/sh\nexec /usr/bin/nice nvcc-real "$@"\n',
         "shell -c": f'#!/bin/sh\nexec /bin/sh -c "{evil} $*"\n',
         "here-document": f"#!/bin/sh\n/bin/sh <<EOF\n{evil}\nEOF\n",
+        "for assigns PATH": f'#!/bin/sh\nfor PATH in {evil.parent}; do exec nvcc "$@"; done\n',
     }
 
 
@@ -248,6 +249,7 @@ def test_item3_wrappers_really_shipped_are_accepted(tmp_path):
         f'#!/bin/sh\ncase "$1" in --version) exec {real} --version ;; *) exec {real} -ccbin /usr/bin/gcc "$@" ;; esac\n',
         f'#!/bin/sh\nexec /usr/bin/nice {real} "$@" 2>&1\n',
         f'#!/bin/sh\nflags="-O2"\nexec {real} $flags "$@"\n',
+        f'#!/bin/sh\nfor a in "$@"; do case "$a" in -G) echo "no -G" >&2; exit 2 ;; esac; done\nexec {real} "$@"\n',
     ]
     for i, text in enumerate(shapes):
         t = trace(str(wrapper(tmp_path / f"w{i}", "nvcc", text)))

@@ -26,9 +26,10 @@ __all__ = ["BUILTINS", "RESERVED", "Refused", "Word", "Command", "commands"]
 #: Builtins a wrapper may run: none runs a program, changes ``PATH`` or the
 #: working directory, or assigns a variable (bash's ``printf -v`` and ``read``
 #: do, so they are not here).
-BUILTINS = frozenset({":", "true", "false", "echo", "test", "[", "exit", "shift", "wait", "set"})
+BUILTINS = frozenset({":", "true", "false", "echo", "test", "[", "exit", "shift", "wait", "set", "break",
+                      "continue"})
 #: Reserved words of the compound commands accepted (``if``/``while``/``until``
-#: lists and ``case``); they run nothing themselves.
+#: lists, ``for NAME in WORDS`` with a lower-case NAME, and ``case``); they run nothing themselves.
 RESERVED = frozenset({"if", "then", "elif", "else", "fi", "while", "until", "do", "done", "!"})
 #: Operators that end a command (``|``: each side is a command of its own).
 SEPARATORS = frozenset({"\n", ";", "&", "&&", "||", "|"})
@@ -297,6 +298,18 @@ def commands(text: str) -> list[Command]:
         if w.bare and w.text in RESERVED:
             i += 1
             start = w.text not in ("fi", "done")
+            continue
+        if w.bare and w.text == "for":
+            var = word_at(i + 1)
+            if var is None or not var.bare or not _ASSIGNABLE.fullmatch(var.text):
+                raise Refused(f"line {line}: 'for' assigns {_cut(var.text if var else '')} (only lower-case "
+                              f"names may be assigned)")
+            i += 2
+            kw = word_at(i)
+            if kw is not None and kw.bare and kw.text == "in":
+                i += 1
+                while word_at(i) is not None:  # the words it iterates over: data, never run
+                    i += 1
             continue
         if w.bare and w.text == "case":
             subject, kw = word_at(i + 1), word_at(i + 2)
