@@ -17,7 +17,7 @@ def untrusted_nvcc(tmp: Path) -> tuple[Path, Path]:
     evil.chmod(0o777)
     marker = tmp / "RAN"
     nvcc = evil / "nvcc"
-    nvcc.write_text(f'#!/bin/sh\necho "{RELEASE_LINE}"\ntouch {marker}\n')
+    nvcc.write_text(f'#!/bin/sh\necho "{RELEASE_LINE}"\n/usr/bin/touch {marker}\n')
     nvcc.chmod(0o755)
     script = evil / "nvcc.sh"  # the same, under a name that does not end in /nvcc
     script.write_text(nvcc.read_text())

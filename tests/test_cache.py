@@ -214,7 +214,7 @@ def test_memo_size_is_capped(tmp_path, memo_dir):
 
 def test_concurrent_workers_probe_a_hung_nvcc_once(tmp_path, memo_dir):
     count = tmp_path / "runs"
-    root = make_toolkit(tmp_path / "cuda-hang", nvcc_script=f"#!/bin/sh\necho x >> {count}\nsleep 30\n")
+    root = make_toolkit(tmp_path / "cuda-hang", nvcc_script=f"#!/bin/sh\necho x >> {count}\n/usr/bin/sleep 30\n")
     code = ("import sys, json; from flashinfer_sm120.toolkit import inspect; "
             "tk = inspect(sys.argv[1], timeout=2.0); print('@@' + json.dumps(tk.problem))")
     env = dict(os.environ, FLASHINFER_SM120_CACHE_DIR=str(memo_dir))

@@ -94,7 +94,7 @@ def test_enable_disable_pth(tmp_path):
 
 @needs_flashinfer
 def test_doctor_with_a_hung_nvcc_finishes_and_says_so(clean_env, tmp_path, real_nvcc13):
-    hang = make_toolkit(tmp_path / "cuda-hang", nvcc_script="#!/bin/sh\nexec sleep 300\n")
+    hang = make_toolkit(tmp_path / "cuda-hang", nvcc_script="#!/bin/sh\nexec /usr/bin/sleep 300\n")
     env = dict(clean_env, CUDA_HOME=str(hang), FLASHINFER_CUDA_ARCH_LIST="12.0")
     t = time.monotonic()
     proc = cli(["doctor", "--json", "--timeout", "8"], env, timeout=200)

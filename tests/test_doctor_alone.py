@@ -14,7 +14,7 @@ from flashinfer_sm120.cli import doctor
 def test_alone_child_skips_an_untrusted_nvcc_on_path(tmp_path, monkeypatch):
     marker = tmp_path / "ran"
     shared = tmp_path / "shared"  # world-writable, no sticky bit
-    make_toolkit(shared, nvcc_script=f"#!/bin/sh\ntouch {marker}\necho 'release 12.8, V12.8.93'\n")
+    make_toolkit(shared, nvcc_script=f"#!/bin/sh\n/usr/bin/touch {marker}\necho 'release 12.8, V12.8.93'\n")
     os.chmod(shared, 0o777)
     monkeypatch.setattr(doctor, "_ORIGINAL_ENV", {})
     monkeypatch.delenv("CUDA_HOME", raising=False)
@@ -33,7 +33,7 @@ def test_alone_child_skips_an_untrusted_which_on_path(tmp_path, monkeypatch):
     marker = tmp_path / "ran"
     ww = tmp_path / "ww"
     ww.mkdir()
-    (ww / "which").write_text(f"#!/bin/sh\ntouch {marker}\n")
+    (ww / "which").write_text(f"#!/bin/sh\n/usr/bin/touch {marker}\n")
     (ww / "which").chmod(0o755)
     os.chmod(ww, 0o777)
     monkeypatch.setattr(doctor, "_ORIGINAL_ENV", {})

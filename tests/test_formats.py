@@ -270,6 +270,64 @@ def test_cuobjdump_listings_give_targets():
     assert formats.parse_cuobjdump_list(b"cuobjdump info    : File 'x' does not contain device code\n", "c") == []
     with pytest.raises(FormatError, match="usage"):
         formats.parse_cuobjdump_list("\nUsage  : cuobjdump [options] <file>\n", "cuobjdump")
+# ----------------------------------------------------------------------------- issue 11 grammars
+
+
+@pytest.mark.parametrize("text,ok", [("12.0", True), ("12.0f", True), ("9.0a", True), ("sm_120", False),
+                                     ("12.0 ", False), (12.0, False), ("1 2 . 0 f", False), ("", False)])
+def test_parse_target(text, ok):
+    if ok:
+        assert formats.parse_target(text, "m") == text
+    else:
+        with pytest.raises(FormatError, match="major.minor"):
+            formats.parse_target(text, "m")
+
+
+@pytest.mark.parametrize("flag,ok", [("-DENABLE_BF16", True), ("-gencode=arch=compute_120f,code=sm_120f", True),
+                                     ("-I@FLASHINFER@/data/include", True), ("-isystem /usr/x", True),
+                                     ("-O3\nbuild x: phony", False), ("-DX;rm -rf ~", False), ("$(id)", False),
+                                     ("-D'x'", False), ("", False), (["-O3"], False)])
+def test_parse_flag(flag, ok):
+    if ok:
+        assert formats.parse_flag(flag, "m") == flag
+    else:
+        with pytest.raises(FormatError, match="flag"):
+            formats.parse_flag(flag, "m")
+
+
+@pytest.mark.parametrize("path,ok", [("@FLASHINFER@/data/csrc/norm.cu", True), ("/abs/x.cu", True),
+                                     ("a b.cu", False), ("a:b", False), ("a/../b", False), ("$x", False)])
+def test_parse_path_text(path, ok):
+    if ok:
+        assert formats.parse_path_text(path, "m") == path
+    else:
+        with pytest.raises(FormatError, match="not a plain path"):
+            formats.parse_path_text(path, "m")
+
+
+def test_sha256_lists_and_text_checks():
+    assert formats.parse_sha256("a" * 64, "m") == "a" * 64
+    for bad in ("A" * 64, "a" * 63, 5, None):
+        with pytest.raises(FormatError):
+            formats.parse_sha256(bad, "m")
+    assert formats.string_list(["a", "b"], "m") == ["a", "b"]
+    for bad in ("ab", [1], ["a\0"], ["x"] * 5000):
+        with pytest.raises(FormatError):
+            formats.string_list(bad, "m")
+    with pytest.raises(FormatError, match="V is 100000 characters long"):
+        formats.check_text("x" * 100000, "V")
+
+
+def test_read_prefix_and_skipping_long_lines(tmp_path):
+    f = tmp_path / "h"
+    f.write_bytes(b"#define X 1\n" + b"y" * 100000)
+    assert formats.read_prefix(f, 12) == b"#define X 1\n"
+    with pytest.raises(FormatError, match="not a regular file"):
+        formats.read_prefix("/dev/zero", 10)
+    m = tmp_path / "m"
+    m.write_bytes(b"a\n" + b"z" * 50000 + b"\nb\n")
+    assert list(formats.iter_lines(m, max_line=100, max_lines=10, skip_long=True)) == [(1, b"a"), (2, None),
+                                                                                       (3, b"b")]
 
 
 @given(hostile_text)
@@ -340,3 +398,15 @@ def test_parse_ninja_log_header_property(line):
         assert len(str(exc)) < MSG_MAX
     else:
         assert 0 <= n < 10000
+
+
+@given(hostile_text)
+@FUZZ
+def test_new_grammars_property(text):
+    for parse in (formats.parse_target, formats.parse_flag, formats.parse_path_text, formats.parse_sha256):
+        try:
+            out = parse(text, "src")
+        except FormatError as exc:
+            assert len(str(exc)) < MSG_MAX
+        else:
+            assert out == text and "\n" not in out and "\0" not in out

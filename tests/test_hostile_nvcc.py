@@ -28,11 +28,11 @@ print("@@" + json.dumps(out, default=str), flush=True)
 
 CASES = {
     # detached child holding the output pipe, then exit (item 1)
-    "detached": "setsid sleep {token} &\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n",
+    "detached": "/usr/bin/setsid /usr/bin/sleep {token} &\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n",
     # hangs, with a child in its group (the timeout path)
-    "hang": "sleep {token} &\nwait\n",
+    "hang": "/usr/bin/sleep {token} &\nwait\n",
     # endless output (item 2)
-    "endless": "exec yes garbage-{token}\n",
+    "endless": "exec /usr/bin/yes garbage-{token}\n",
 }
 
 
@@ -65,7 +65,7 @@ def test_second_worker_does_not_rerun_a_hung_nvcc(tmp_path, clean_env):
     """One machine pays a hung nvcc's timeout once: the next worker reads the memo."""
     token = str(900000 + uuid.uuid4().int % 99999)
     count = tmp_path / "runs"
-    root = hostile_toolkit(tmp_path / "cuda-hang", f"echo x >> {count}\nsleep {token}\n")
+    root = hostile_toolkit(tmp_path / "cuda-hang", f"echo x >> {count}\n/usr/bin/sleep {token}\n")
     env = dict(clean_env, CUDA_HOME=str(root), FAKE_GPU_CAPS="12.0")
     try:
         for _ in range(2):

@@ -349,7 +349,7 @@ def test_unknown_future_capability_says_to_upgrade(tmp_path):
 def test_later_candidates_are_not_read_unless_asked(tmp_path):
     marker = tmp_path / "ran"
     a = make_toolkit(tmp_path / "cuda-12.9", "12.9.41", version_json=True)
-    b = make_toolkit(tmp_path / "cuda-b", nvcc_script=f"#!/bin/sh\ntouch {marker}\n")
+    b = make_toolkit(tmp_path / "cuda-b", nvcc_script=f"#!/bin/sh\n/usr/bin/touch {marker}\n")
     env = {"CUDA_HOME": str(a), "CUDA_PATH": str(b), "PATH": ""}
     ch = choose(discover(env), None, [(12, 0)], None)
     assert ch.toolkit.root == str(a) and not marker.exists()

@@ -20,7 +20,7 @@ def test_version_from_nvcc_fallback(tmp_path):
 def test_version_from_version_json_without_running_nvcc(tmp_path):
     marker = tmp_path / "ran"
     root = make_toolkit(tmp_path / "cuda-12.9", "12.9.41", version_json=True,
-                        nvcc_script=f"#!/bin/sh\ntouch {marker}\necho 'release 12.9, V12.9.41'\n")
+                        nvcc_script=f"#!/bin/sh\n/usr/bin/touch {marker}\necho 'release 12.9, V12.9.41'\n")
     tk = inspect(str(root))
     assert tk.nvcc_full == "12.9.41" and tk.version_from.endswith("version.json")
     assert not marker.exists(), "nvcc was run although version.json gives the version"
@@ -52,7 +52,7 @@ def _private_cache(tmp_path, monkeypatch):
 def test_hanging_nvcc_times_out_kills_its_children_and_is_remembered(tmp_path):
     pidfile = tmp_path / "sleep.pid"
     # a wrapper whose child (not the shell itself) hangs, as in real wrappers
-    root = make_toolkit(tmp_path / "cuda-hang", nvcc_script=f"#!/bin/sh\nsleep 60 &\necho $! > {pidfile}\nwait\n")
+    root = make_toolkit(tmp_path / "cuda-hang", nvcc_script=f"#!/bin/sh\n/usr/bin/sleep 60 &\necho $! > {pidfile}\nwait\n")
     t = time.monotonic()
     tk = inspect(str(root), timeout=1.0)
     assert time.monotonic() - t < 10
@@ -93,7 +93,7 @@ def test_untrusted_nvcc_is_never_run(tmp_path):
     marker = tmp_path / "ran"
     shared = tmp_path / "shared"
     shared.mkdir()
-    root = make_toolkit(shared / "cuda", nvcc_script=f"#!/bin/sh\ntouch {marker}\necho 'release 12.8, V12.8.1'\n")
+    root = make_toolkit(shared / "cuda", nvcc_script=f"#!/bin/sh\n/usr/bin/touch {marker}\necho 'release 12.8, V12.8.1'\n")
     os.chmod(shared, 0o777)  # world-writable, no sticky bit
     try:
         tk = inspect(str(root))

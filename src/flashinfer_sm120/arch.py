@@ -54,11 +54,13 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion, Version
 
 from .errors import Sm120Error
+from .formats import shown, some
 
 __all__ = [
     "ArchListError",
     "ArchNotSupported",
     "ArchSpec",
+    "MAX_ARCH_LIST_CHARS",
     "MIN_NVCC",
     "MAX_NVCC_MAJOR",
     "NEWEST_KNOWN_NVCC",
@@ -321,37 +323,55 @@ def parse_arch_list_lenient(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_L
     return _parse(value, source)
 
 
+#: Longest arch list read (characters); a longer value is refused whole, with a
+#: bounded message, before it is split (ten GPU families fit in 64 characters).
+MAX_ARCH_LIST_CHARS = 4096
+
+
 def _parse(value: str, source: str) -> tuple[list[ArchSpec], list[str]]:
+    example = (f"Use compute capabilities separated by spaces, e.g. {source}='12.0' "
+               f"(RTX 5090 / RTX PRO 6000), '12.1' (DGX Spark) or '9.0a 12.0f'")
+    if not isinstance(value, str) or len(value) > MAX_ARCH_LIST_CHARS:
+        size = len(value) if isinstance(value, str) else 0
+        return [], [f"{source} is {size} characters long, more than {MAX_ARCH_LIST_CHARS} "
+                    f"(starts {shown(value, 40)}); {example}, or unset it to target the GPUs present."]
     entries = [e for e in re.split(r"[\s,;]+", value.strip()) if e]
     if not entries:
         return [], [
-            f"{source}={value!r} names no architecture. Use compute capabilities "
-            f"separated by spaces, e.g. {source}='12.0' or '9.0a 12.0f', or unset it "
+            f"{source}={shown(value)} names no architecture. {example}, or unset it "
             f"to target the GPUs present."
         ]
     out: list[ArchSpec] = []
-    errors: list[str] = []
+    bad: list[str] = []
+    unknown: list[str] = []
     for entry in entries:
         # PyTorch's TORCH_CUDA_ARCH_LIST writes '8.6+PTX'; FlashInfer builds cubins
         # only, so the PTX request has nothing to map to and is dropped.
         core = entry[:-4] if entry.upper().endswith("+PTX") else entry
         m = _DOTTED_RE.match(core) or _ARCH_RE.match(core)
         if not m:
-            errors.append(
-                f"{source}={value!r}: entry {entry!r} is not a compute capability. "
-                f"Use 'major.minor' with an optional a/f suffix, separated by "
-                f"spaces, e.g. {source}='12.0' (RTX 5090 / RTX PRO 6000), '12.1' "
-                f"(DGX Spark) or '9.0a 12.0f'."
-            )
+            bad.append(entry)
             continue
         major, minor, suffix = int(m.group(1)), int(m.group(2)), m.group(3).lower()
         if major < 3 or major > 20 or minor > 9:
-            errors.append(
-                f"{source}={value!r}: entry {entry!r} is not a known compute "
-                f"capability (major 3..20, minor 0..9), e.g. '12.0'."
-            )
+            unknown.append(entry)
             continue
         spec = ArchSpec(major, minor, suffix or None)
         if spec not in out:
             out.append(spec)
+    errors: list[str] = []
+    # One message per kind of fault, quoting at most a few entries and a cut value:
+    # a long list of junk must not print the whole value once per entry.
+    if bad:
+        errors.append(
+            f"{source}={shown(value)}: {'entry' if len(bad) == 1 else 'entries'} {some(bad)} "
+            f"{'is' if len(bad) == 1 else 'are'} not a compute capability. Use 'major.minor' with an "
+            f"optional a/f suffix. {example}."
+        )
+    if unknown:
+        errors.append(
+            f"{source}={shown(value)}: {'entry' if len(unknown) == 1 else 'entries'} {some(unknown)} "
+            f"{'is' if len(unknown) == 1 else 'are'} not a known compute capability (major 3..20, "
+            f"minor 0..9), e.g. '12.0'."
+        )
     return out, errors

@@ -12,7 +12,9 @@ The rules (issue "Keep the promise under production conditions"):
   (:func:`tempfile.mkstemp`) in the target directory, then :func:`os.replace`;
 * reads never follow a symlink (``O_NOFOLLOW``), never block on a FIFO
   (``O_NONBLOCK`` + regular-file check), are capped in size, and accept only
-  files owned by the current uid (or root).
+  files owned by the current uid (or root): :mod:`flashinfer_sm120.formats`;
+* directories it creates (``~/.cache`` included, when absent) are ``0700``
+  level by level whatever the umask (:func:`~flashinfer_sm120.formats.make_private_dirs`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import stat
 import tempfile
 from typing import Any
 
-from .errors import StateFileError
+from .errors import FormatError, StateFileError
+from .formats import make_private_dirs, read_json_file
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -126,8 +129,8 @@ def _dir_problem(path: str, what: str, create: bool, explicit: bool = True) -> s
     except FileNotFoundError:
         if not create:  # a symlink to nothing: whoever creates the target later would own our state
             return f"{what}={path!r} does not exist; create it (mode 0700) or point the variable elsewhere"
-        try:
-            os.makedirs(path, mode=0o700, exist_ok=True)
+        try:  # every level 0700 whatever the umask: umask 000 must not leave a world-writable ~/.cache
+            make_private_dirs(path)
             st = os.lstat(path)
         except OSError as exc:
             return (f"{what}={path!r} cannot be created ({exc.strerror}); set "
@@ -259,7 +262,9 @@ def cache_root_notes() -> list[str]:
 
 
 def read_json(path: str, *, max_bytes: int = MAX_STATE_BYTES) -> tuple[Any, str | None]:
-    """Read a JSON state file without following symlinks or blocking.
+    """Read a JSON state file without following symlinks or blocking
+    (:func:`flashinfer_sm120.formats.read_json_file`: size cap while reading,
+    depth-bounded, ``NaN`` refused, owner checked).
 
     Args:
         path: the file.
@@ -270,44 +275,12 @@ def read_json(path: str, *, max_bytes: int = MAX_STATE_BYTES) -> tuple[Any, str 
         regular file, not owned by the current uid or root, too large, or not
         JSON.  ``reason`` is ``None`` too when the file simply does not exist.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None, None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return None, f"{path} is a symlink; state files are never followed through links"
-        return None, f"{path} cannot be opened ({exc.strerror})"
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None, f"{path} is not a regular file"
-        if st.st_uid not in (0, os.geteuid()):
-            return None, f"{path} is owned by uid {st.st_uid}, not you"
-        if st.st_size > max_bytes:
-            return None, f"{path} is {st.st_size} bytes, more than the {max_bytes}-byte cap"
-        chunks = []
-        left = max_bytes + 1
-        while left > 0:
-            b = os.read(fd, min(left, 1 << 16))
-            if not b:
-                break
-            chunks.append(b)
-            left -= len(b)
-        raw = b"".join(chunks)
-    except OSError as exc:
-        return None, f"{path} cannot be read ({exc.strerror})"
-    finally:
-        os.close(fd)
-    if len(raw) > max_bytes:
-        return None, f"{path} is more than the {max_bytes}-byte cap"
-    try:
-        return json.loads(raw.decode("utf-8")), None
-    except (ValueError, UnicodeDecodeError) as exc:
-        return None, f"{path} is not valid JSON ({exc})"
-    except RecursionError:  # '[[[[...' a few thousand deep: the parser recurses per level
-        return None, f"{path} is nested too deeply to be ours"
+        return read_json_file(path, max_bytes, follow=False, owners=(0, os.geteuid())), None
+    except FormatError as exc:
+        return None, str(exc)
 
 
 def write_json_atomic(path: str, data: Any) -> None:

@@ -44,9 +44,11 @@ from packaging.version import InvalidVersion, Version
 from .errors import FormatError
 
 __all__ = [
-    "FormatError", "MAX_SHOWN", "MAX_JSON_DEPTH", "NAME_RE", "shown", "some", "read_bytes", "read_text",
+    "FormatError", "MAX_SHOWN", "MAX_JSON_DEPTH", "NAME_RE", "FILE_NAME_RE", "shown", "some", "read_bytes", "read_prefix",
+    "read_text",
     "iter_lines", "loads_json", "read_json_file", "field", "parse_version", "parse_name", "parse_relpath",
-    "safe_join", "make_private_dirs", "env_text", "cli_int", "cli_float", "cli_size", "parse_ninja_log_header",
+    "safe_join", "make_private_dirs", "env_text", "check_text", "parse_target", "parse_flag", "parse_path_text",
+    "parse_sha256", "string_list", "cli_int", "cli_float", "cli_size", "parse_ninja_log_header",
     "parse_leading_version",
 ]
 
@@ -59,6 +61,10 @@ MAX_JSON_DEPTH = 32
 #: A name: a module, a variant, a file in a cache entry.  No whitespace, no
 #: ``$`` or ``:`` (ninja syntax), no ``/`` (paths are lists of names), no NUL.
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")
+
+#: A file name in a relative path: a name that may also start with ``.``
+#: (``.ninja_log``, ``.ninja_deps``) but is never ``.`` or ``..``.
+FILE_NAME_RE = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.][A-Za-z0-9_.+-]{0,199}")
 
 #: A version as nvcc, ninja, FlashInfer or pip print it: ``13.0.88``, ``1.13.2``,
 #: ``0.7.2.post1``, ``2.14.0+cu130``.
@@ -164,6 +170,37 @@ def read_bytes(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow
     return raw
 
 
+def read_prefix(path: str | os.PathLike, limit: int, *, fix: str = "") -> bytes:
+    """The first ``limit`` bytes of a regular file (for a header whose
+    ``#define`` sits near the top, a script's ``#!`` line), never blocking on a
+    FIFO or device.
+
+    Raises:
+        FormatError: absent, not a regular file, or unreadable.
+    """
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise _fail(path, f"cannot be opened ({exc.strerror or exc})", fix) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _fail(path, "is not a regular file", fix)
+        os.set_blocking(fd, True)
+        chunks, left = [], limit
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 16))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise _fail(path, f"cannot be read ({exc.strerror or exc})", fix) from None
+    finally:
+        os.close(fd)
+
+
 def read_text(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
               owners: tuple[int, ...] | None = None) -> str:
     """:func:`read_bytes` decoded as UTF-8 (refused, not replaced, when it is not)."""
@@ -174,11 +211,15 @@ def read_text(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow:
         raise _fail(os.fspath(path), f"is not UTF-8 text (byte {exc.start})", fix) from None
 
 
-def iter_lines(path: str | os.PathLike, *, max_line: int, max_lines: int, fix: str = ""
-               ) -> Iterator[tuple[int, bytes]]:
+def iter_lines(path: str | os.PathLike, *, max_line: int, max_lines: int, fix: str = "",
+               skip_long: bool = False) -> Iterator[tuple[int, bytes | None]]:
     """``(line number, line without its newline)`` of a regular file, streamed:
     a line longer than ``max_line`` bytes or more than ``max_lines`` lines are
     refused when reached, never read whole (``/dev/zero``, a 1 GiB line).
+
+    Args:
+        skip_long: yield ``(n, None)`` for a line longer than ``max_line`` (read
+            past in ``max_line`` chunks, never held whole) instead of refusing.
 
     Raises:
         FormatError: as :func:`read_bytes`, or a cap was reached.
@@ -202,7 +243,12 @@ def iter_lines(path: str | os.PathLike, *, max_line: int, max_lines: int, fix: s
                 if n > max_lines:
                     raise _fail(path, f"has more than {max_lines} lines", fix)
                 if len(line) > max_line and not line.endswith(b"\n"):
-                    raise _fail(path, f"line {n} is longer than {max_line} bytes", fix)
+                    if not skip_long:
+                        raise _fail(path, f"line {n} is longer than {max_line} bytes", fix)
+                    while line and not line.endswith(b"\n"):  # drain it, a chunk at a time
+                        line = fh.readline(max_line + 1)
+                    yield n, None
+                    continue
                 yield n, line.rstrip(b"\r\n")
     except OSError as exc:
         raise _fail(path, f"cannot be read ({exc.strerror or exc})", fix) from None
@@ -258,7 +304,7 @@ def read_json_file(path: str | os.PathLike, max_bytes: int, *, fix: str = "", fo
 
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
-               list: "a list", dict: "an object"}
+               list: "a list", dict: "an object", type(None): "null"}
 
 
 def field(obj: Any, key: str, kind: type | tuple[type, ...], source: str, *, fix: str = "",
@@ -336,7 +382,8 @@ def parse_name(text: Any, source: str, *, fix: str = "") -> str:
 
 
 def parse_relpath(text: Any, source: str, *, fix: str = "", max_parts: int = 16) -> tuple[str, ...]:
-    """A relative path ``a/b/c`` whose every part is a name (:func:`parse_name`).
+    """A relative path ``a/b/c`` whose every part is a file name (:data:`FILE_NAME_RE`:
+    a name, or one starting with ``.`` such as ``.ninja_log``).
 
     Absolute paths, empty parts (``a//b``), ``.`` and ``..`` are refused by the grammar.
     """
@@ -346,7 +393,7 @@ def parse_relpath(text: Any, source: str, *, fix: str = "", max_parts: int = 16)
     if len(parts) > max_parts:
         raise _fail(source, f"{shown(text)} has more than {max_parts} parts", fix)
     for part in parts:
-        if not NAME_RE.fullmatch(part):
+        if not FILE_NAME_RE.fullmatch(part):
             raise _fail(source, f"{shown(text)} is not a relative path of names (part {shown(part, 40)})",
                         fix)
     return parts
@@ -389,6 +436,76 @@ def parse_ninja_log_header(line: Any, source: str, *, fix: str = "") -> int:
         raise _fail(source, f"first line {shown(line, 40)} is not a ninja log header such as '# ninja log v7'",
                     fix)
     return int(m.group(1))
+
+
+#: A compiler or linker flag as a manifest carries it (``-DENABLE_BF16``,
+#: ``-I@FLASHINFER@/data/include``, ``-gencode=arch=compute_120f,code=sm_120f``):
+#: no control character (a newline would start a new ``build.ninja`` line), no
+#: shell syntax (FlashInfer joins flags into a ``/bin/sh -c`` command unquoted:
+#: ``;``, ``|``, ``&``, quotes, ``$``, backquote, ``<``, ``>``, ``*`` are refused).
+FLAG_RE = re.compile(r"[A-Za-z0-9_.,:=+/@%{}~ -]{1,4096}")
+
+#: A file path as a manifest carries it (``@FLASHINFER@/data/csrc/norm.cu``):
+#: the characters FlashInfer's unquoted ``build.ninja`` lines and ``/bin/sh`` carry
+#: (no whitespace, ``$``, ``:``, quotes).
+PATH_TEXT_RE = re.compile(r"[A-Za-z0-9_./+@%=,~-]{1,4096}")
+
+#: A target as manifests and ``--arch`` carry it: ``12.0``, ``12.0f``, ``9.0a``.
+TARGET_RE = re.compile(r"[0-9]{1,2}\.[0-9][af]?")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def parse_target(text: Any, source: str, *, fix: str = "") -> str:
+    """One target of the ``major.minor[a|f]`` grammar (``12.0f``), returned unchanged.
+
+    Raises:
+        FormatError: not a string of that grammar (``12.0`` as a number, ``sm_120``, spaces).
+    """
+    if not isinstance(text, str) or not TARGET_RE.fullmatch(text):
+        raise _fail(source, f"target {shown(text, 40)} is not of the form major.minor[a|f], e.g. '12.0' "
+                            f"or '12.0f'", fix)
+    return text
+
+
+def parse_flag(text: Any, source: str, *, fix: str = "") -> str:
+    """One flag of the :data:`FLAG_RE` grammar, returned unchanged."""
+    if not isinstance(text, str) or not FLAG_RE.fullmatch(text):
+        raise _fail(source, f"flag {shown(text, 60)} is not a plain compiler flag (letters, digits, "
+                            f"'_.,:=+/@%{{}}~-' and spaces; no newline, quote, '$', ';', '|', '&')", fix)
+    return text
+
+
+def parse_path_text(text: Any, source: str, *, fix: str = "") -> str:
+    """A path of the :data:`PATH_TEXT_RE` grammar, returned unchanged (not resolved)."""
+    if not isinstance(text, str) or not PATH_TEXT_RE.fullmatch(text) or "/../" in f"/{text}/":
+        raise _fail(source, f"path {shown(text, 60)} is not a plain path (letters, digits, '_./+@%=,~-'; "
+                            f"no whitespace, '$', ':', '..')", fix)
+    return text
+
+
+def parse_sha256(text: Any, source: str, *, fix: str = "") -> str:
+    """A SHA-256 digest as 64 lower-case hex digits."""
+    if not isinstance(text, str) or not _SHA256_RE.fullmatch(text):
+        raise _fail(source, f"{shown(text, 40)} is not a SHA-256 digest (64 hex digits)", fix)
+    return text
+
+
+def string_list(value: Any, source: str, *, max_items: int = 4096, max_len: int = 1 << 16,
+                fix: str = "") -> list[str]:
+    """A JSON list of strings, each at most ``max_len`` characters and free of NUL.
+
+    Raises:
+        FormatError: not a list, too long, or an item that is not such a string.
+    """
+    if not isinstance(value, list):
+        raise _fail(source, f"is {_type_name(value)}, not a list of strings", fix)
+    if len(value) > max_items:
+        raise _fail(source, f"has {len(value)} items, more than {max_items}", fix)
+    for item in value:
+        if not isinstance(item, str) or len(item) > max_len or "\0" in item:
+            raise _fail(source, f"item {shown(item, 40)} is not a string without NUL of at most "
+                                f"{max_len} characters", fix)
+    return value
 
 
 # ----------------------------------------------------------------------------- paths we write
@@ -452,6 +569,22 @@ def make_private_dirs(path: str | os.PathLike, *, mode: int = 0o700) -> None:
 # ----------------------------------------------------------------------------- env and CLI values
 
 
+def check_text(value: Any, name: str, *, max_len: int = 4096, fix: str = "") -> str:
+    """``value`` if it is a string of at most ``max_len`` characters with no
+    NUL or control character other than tab, else a :class:`FormatError`
+    naming ``name`` and showing a cut value (never the whole of it)."""
+    fix = fix or "set it to a short plain value or unset it"
+    if not isinstance(value, str):
+        raise _fail(name, f"is {_type_name(value)}, not text", fix)
+    if len(value) > max_len:
+        raise FormatError(f"{name} is {len(value)} characters long, more than {max_len} "
+                          f"(starts {shown(value, 40)}); {fix}")
+    bad = [c for c in value if ord(c) < 32 and c != "\t"]
+    if bad:
+        raise FormatError(f"{name}={shown(value)} holds control characters ({some(bad)}); {fix}")
+    return value
+
+
 def env_text(name: str, env: dict[str, str] | None = None, *, max_len: int = 4096) -> str | None:
     """``env[name]`` (default ``os.environ``), or ``None`` when unset.
 
@@ -462,14 +595,7 @@ def env_text(name: str, env: dict[str, str] | None = None, *, max_len: int = 409
     value = (os.environ if env is None else env).get(name)
     if value is None:
         return None
-    if len(value) > max_len:
-        raise FormatError(f"{name} is {len(value)} characters long, more than {max_len} "
-                          f"(starts {shown(value, 40)}); set it to a short value or unset it")
-    bad = [c for c in value if ord(c) < 32 and c != "\t"]
-    if bad:
-        raise FormatError(f"{name}={shown(value)} holds control characters ({some(bad)}); "
-                          f"set it to plain text or unset it")
-    return value
+    return check_text(value, name, max_len=max_len)
 
 
 def _number(flag: str, text: str, convert, lo, hi, what: str):

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["MARKER_VAR", "DEFAULT_MAX_OUTPUT", "Result", "run", "marked_processes"]
+__all__ = ["MARKER_VAR", "DEFAULT_MAX_OUTPUT", "LOCAL_ERRNOS", "Result", "run", "marked_processes"]
 
 #: Environment variable set, with a per-call unique value, in every program run
 #: by :func:`run`, so that its escaped descendants can be found in ``/proc``.
@@ -45,6 +45,14 @@ MARKER_VAR = "FLASHINFER_SM120_RUN_ID"
 DEFAULT_MAX_OUTPUT = 64 << 10
 
 _KILL_ROUNDS = 5
+
+#: Errors of *this* process's resources, not of the program: a start that fails
+#: with one of these says nothing about the program (``fork`` refused under
+#: ``RLIMIT_NPROC``, no descriptor left under ``RLIMIT_NOFILE``, the system's file
+#: table or memory full, a signal).  Callers must not remember such a failure
+#: as the program's (see :attr:`Result.local`).
+LOCAL_ERRNOS = frozenset({errno.EAGAIN, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR,
+                          errno.ENOBUFS})
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,7 @@ class Result:
         truncated: the program printed more than ``max_output`` bytes and was killed.
         seconds: wall time of the whole call, clean-up included.
         error: why the program could not be started (``OSError`` text), else ``None``.
+        errno: the ``OSError`` number when it could not be started, else ``None``.
     """
 
     returncode: int | None
@@ -67,6 +76,13 @@ class Result:
     truncated: bool
     seconds: float
     error: str | None = None
+    errno: int | None = None
+
+    @property
+    def local(self) -> bool:
+        """The program could not be started for a reason of this process's
+        resources (:data:`LOCAL_ERRNOS`), not the program's own."""
+        return self.errno in LOCAL_ERRNOS
 
     @property
     def ok(self) -> bool:
@@ -101,7 +117,11 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
     marker = uuid.uuid4().hex
     child_env = dict(os.environ if env is None else env)
     child_env[MARKER_VAR] = marker
-    r, w = os.pipe()
+    try:
+        r, w = os.pipe()
+    except OSError as exc:  # EMFILE/ENFILE: no descriptor left in this process
+        return Result(None, b"", False, False, time.monotonic() - start,
+                      error=f"{argv[0]} could not be run: {exc.strerror or exc}", errno=exc.errno)
     try:
         proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=w, stderr=w,
                                 env=child_env, cwd=cwd, close_fds=True, start_new_session=True)
@@ -109,7 +129,7 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
         os.close(r)
         os.close(w)
         return Result(None, b"", False, False, time.monotonic() - start,
-                      error=f"{argv[0]} could not be run: {exc.strerror or exc}")
+                      error=f"{argv[0]} could not be run: {exc.strerror or exc}", errno=exc.errno)
     os.close(w)
     chunks: list[bytes] = []
     size = 0

@@ -9,6 +9,7 @@ import json
 import sys
 
 from ..warmup import modules as _modules
+from ..formats import cli_int
 from .common import err as _err
 
 __all__ = ["MODULES", "run_build", "add_parser"]
@@ -118,7 +119,7 @@ def add_parser(sub) -> None:
                    help="build into this server's JIT directory (SGLang moves FlashInfer's cache to "
                    "SGLANG_CACHE_DIR); default: the server the manifest was recorded under, else the one "
                    "installed here")
-    b.add_argument("--jobs", "-j", type=int, help="parallel compile steps (default: MAX_JOBS, else "
+    b.add_argument("--jobs", "-j", type=cli_int("-j", 1, 4096), help="parallel compile steps (default: MAX_JOBS, else "
                    "the CPUs available)")
     b.add_argument("--head-dim", help="attention head dims, e.g. 64,128 (default 128)")
     b.add_argument("--dtype", help="attention q/o dtype(s), e.g. bf16,fp16 (default bf16)")

@@ -9,7 +9,7 @@ import dataclasses
 import json
 import sys
 
-from ..formats import cli_float
+from ..formats import cli_float, cli_size
 from .common import err as _err
 
 __all__ = ["add_parsers", "run_export", "run_import", "run_prune"]
@@ -42,17 +42,17 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from ..warmup import cachepack, session
+    from ..warmup import cachemeta, cachepack, session
 
+    limits = cachemeta.Limits(max_total=args.max_bytes) if args.max_bytes else cachemeta.Limits()
     try:
-        cachepack.check_members(args.src)  # before anything is imported or unpacked
-        cachepack.read_meta(args.src)
+        meta = cachemeta.check_members(args.src, limits)  # before anything is imported or unpacked
         arch = args.arch
         if arch is None:
-            arch = _archive_targets(args.src)
+            arch = _archive_targets(meta)
         session.apply_server_cache()  # install where the server installed here will look (SGLang's dir)
         sess = session.prepare(arch)
-        report = cachepack.install(args.src, sess, force=args.force)
+        report = cachepack.install(args.src, sess, force=args.force, limits=limits)
     except session.BuildError as exc:
         return _err(str(exc))
     if args.json:
@@ -65,7 +65,7 @@ def run_import(args: argparse.Namespace) -> int:
     return 1 if any(r["status"] in ("stale", "kept existing") for r in report) else 0
 
 
-def _archive_targets(src: str) -> str | None:
+def _archive_targets(meta) -> str | None:
     """The archive's targets when no GPU is visible (a GPU-less build stage), else None
     (FlashInfer's targets then come from the GPUs, and the import checks they match)."""
     try:
@@ -75,9 +75,7 @@ def _archive_targets(src: str) -> str | None:
             return None
     except Exception:  # no NVML, no driver: treat as no GPU
         pass
-    from ..warmup import cachepack
-
-    targets = (cachepack.read_meta(src).get("fingerprint") or {}).get("targets")
+    targets = meta.fingerprint["targets"]  # checked by cachepack.parse_meta: major.minor[a|f] each
     if targets:
         print(f"flashinfer-sm120: no GPU visible; using the archive's targets {' '.join(targets)}",
               file=sys.stderr)
@@ -145,6 +143,8 @@ def add_parsers(sub) -> None:
     i.add_argument("--arch", help="targets (default: the GPUs present)")
     i.add_argument("--force", action="store_true", help="replace existing entries that differ")
     i.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    i.add_argument("--max-bytes", type=cli_size("--max-bytes", 1 << 20), metavar="SIZE",
+                   help="refuse an export whose files add up to more than SIZE (e.g. 8G; default 32G)")
     i.set_defaults(func=run_import)
     pr = cs.add_parser("prune", help="list (and with --yes remove) views and JIT directories no longer used")
     pr.add_argument("--yes", action="store_true", help="remove what is listed as 'remove' (default: list only)")

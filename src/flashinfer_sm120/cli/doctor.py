@@ -11,6 +11,8 @@ import shutil
 import sys
 
 from .. import __version__
+from ..errors import FormatError
+from ..formats import cli_float, loads_json, shown
 
 __all__ = ["ALONE_TIMEOUT_S", "SECTIONS", "run_doctor", "add_parser"]
 
@@ -86,14 +88,15 @@ def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
     naive = flashinfer_naive_root(env)
     runs = []
     if not (env.get("CUDA_HOME") or env.get("CUDA_PATH")):
-        # get_cuda_path() runs `which nvcc` (flashinfer/jit/cpp_ext.py), `which` from PATH
+        # get_cuda_path() runs `which nvcc` (flashinfer/jit/cpp_ext.py), `which` from PATH;
+        # run for its own sake (Debian's is a shell script), so its file and #! are checked, not its body
         which = shutil.which("which", path=env.get("PATH", os.defpath))
         if which:
-            runs.append(which)
+            runs.append((which, False))
     if naive and os.path.lexists(os.path.join(naive, "bin", "nvcc")):
-        runs.append(os.path.join(naive, "bin", "nvcc"))  # get_cuda_version(): nvcc --version
-    for prog in runs:
-        tr = trace(prog, env_path=env.get("PATH"))
+        runs.append((os.path.join(naive, "bin", "nvcc"), True))  # get_cuda_version(): nvcc --version
+    for prog, body in runs:
+        tr = trace(prog, body=body)
         if tr.problem:
             why = (f"FlashInfer alone would run {prog}, which the trust policy refused ({tr.problem}); "
                    f"not running it")
@@ -106,7 +109,10 @@ def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
         what = ("timed out" if res.timed_out else f"exit {res.returncode}") + (
             f", {res.error}" if res.error else "")
         return {"error": f"{what}: {text.strip()[-400:]}"}
-    return json.loads(m.group(1))
+    try:  # the child's report, read like any other outside input
+        return loads_json(m.group(1), "the FlashInfer-alone child's report")
+    except FormatError as exc:
+        return {"error": str(exc)}
 
 
 _ORIGINAL_ENV = {k: v for k, v in os.environ.items() if k in ("CUDA_HOME", "CUDA_PATH")}
@@ -137,7 +143,9 @@ def run_doctor(args: argparse.Namespace) -> int:
         {"index": g.index, "name": g.name, "capability": f"{g.capability[0]}.{g.capability[1]}"}
         for g in gq.gpus
     ]
-    report["FLASHINFER_CUDA_ARCH_LIST"] = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")
+    arch_list = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")  # as read; cut when it is too long to be one
+    report["FLASHINFER_CUDA_ARCH_LIST"] = arch_list if arch_list is None or len(arch_list) <= 4096 else (
+        arch_list[:200] + f"... ({len(arch_list)} characters)")
     report["cleaned"] = list(cleaned_homes(dict(os.environ, **_ORIGINAL_ENV)))
     candidates = list(toolkit.discover())  # every one read, once
     report["candidates"] = [tk.to_dict() for tk in candidates]
@@ -212,7 +220,7 @@ def _print_doctor(r: dict) -> None:
     if not r["gpus"]:
         p("  none")
     if r["FLASHINFER_CUDA_ARCH_LIST"] is not None:
-        p(f"FLASHINFER_CUDA_ARCH_LIST={r['FLASHINFER_CUDA_ARCH_LIST']!r}")
+        p(f"FLASHINFER_CUDA_ARCH_LIST={shown(r['FLASHINFER_CUDA_ARCH_LIST'], 200)}")
     for note in r["cleaned"]:
         p(f"CUDA_HOME/CUDA_PATH cleaned: {note}")
     p("\nCUDA toolkits found (preference order):")
@@ -301,7 +309,8 @@ def add_parser(sub) -> None:
     """Register the ``doctor`` subcommand on an argparse subparsers object."""
     d = sub.add_parser("doctor", help="show GPUs, toolkits, the choice and the patch status")
     d.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    d.add_argument("--timeout", type=float, default=ALONE_TIMEOUT_S, metavar="SECONDS",
+    d.add_argument("--timeout", type=cli_float("--timeout", 0.1, 3600.0), default=ALONE_TIMEOUT_S,
+                   metavar="SECONDS",
                    help="how long unpatched FlashInfer may take in its child process "
                         f"(it runs nvcc without a timeout; default {ALONE_TIMEOUT_S:g})")
     d.add_argument("--smoke", action="store_true",

@@ -35,7 +35,8 @@ class Resolution:
         choice: the toolkit choice, or ``None`` when no toolkit fits (guard).
         home: the ``CUDA_HOME`` handed to FlashInfer (maybe a view), or ``None``.
         gpus: visible GPUs.
-        arch_list: ``FLASHINFER_CUDA_ARCH_LIST`` as read, or ``None``.
+        arch_list: ``FLASHINFER_CUDA_ARCH_LIST`` as read (cut to :data:`ARCH_LIST_SHOWN`
+            characters for messages when longer), or ``None``.
         arch_list_error: why (part of) it was ignored, or ``None``.
         naive_root: what FlashInfer's own ``get_cuda_path()`` would return.
         explicit_home: ``CUDA_HOME`` (else ``CUDA_PATH``) as the user set it, or ``None``.
@@ -84,6 +85,17 @@ class Resolution:
             "error": self.error,
             "fix": self.fix,
         }
+
+
+#: Characters of ``FLASHINFER_CUDA_ARCH_LIST`` kept in :attr:`Resolution.arch_list`,
+#: which only messages and ``doctor`` read (the parse sees the whole value).
+ARCH_LIST_SHOWN = 200
+
+
+def _for_messages(value: str | None) -> str | None:
+    if value is None or len(value) <= ARCH_LIST_SHOWN:
+        return value
+    return f"{value[:ARCH_LIST_SHOWN]}... ({len(value)} characters)"
 
 
 def arch_specs(value: str | None) -> tuple[list[_arch.ArchSpec] | None, str | None]:
@@ -178,7 +190,7 @@ def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | 
     gq = query()
     gpus = tuple(gq.gpus)
     explicit = env.get("CUDA_HOME") or env.get("CUDA_PATH") or None
-    common = dict(gpus=gpus, arch_list=arch_list, arch_list_error=arch_err,
+    common = dict(gpus=gpus, arch_list=_for_messages(arch_list), arch_list_error=arch_err,
                   naive_root=flashinfer_naive_root(env), explicit_home=explicit, release=release,
                   gpu_query=gq, cleaned=cleaned_homes(env))
     candidates = discover(env) if toolkits is None else toolkits

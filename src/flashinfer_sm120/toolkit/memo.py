@@ -11,7 +11,13 @@ schema version :data:`SCHEMA`::
 * an entry is used only while the binary's stat fingerprint is unchanged;
 * a failure (hung, garbage) is remembered for :data:`FAILURE_MEMORY_S` so a
   server's workers do not each wait the timeout; an entry dated in the future
-  counts as expired;
+  counts as expired; only the *binary's* failures are remembered (exit status,
+  timeout, output): a run that could not start for this process's own reasons
+  (``EAGAIN`` under ``RLIMIT_NPROC``, ``EMFILE``...; :data:`flashinfer_sm120.proc.LOCAL_ERRNOS`)
+  is reported to the caller and not stored, so it cannot reject a good toolkit
+  for every later process;
+* a remembered version goes through :func:`flashinfer_sm120.formats.parse_version`
+  when read: an entry holding anything else (``" 13.0.88\n"``) is dropped;
 * entries of the wrong shape are dropped (the file is named at INFO) and the
   file is rewritten on the next store; a file that is not ours, not regular
   (a FIFO), a symlink, or over :data:`MAX_MEMO_BYTES` is ignored and replaced;
@@ -28,8 +34,9 @@ import os
 import time
 from collections.abc import Callable
 
+from .. import formats
 from ..cache import cache_root, read_json, write_json_atomic
-from ..errors import StateFileError
+from ..errors import FormatError, StateFileError
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -48,7 +55,8 @@ MAX_ENTRIES = 64
 #: Largest memo file read, bytes (64 entries take ~20 KiB).
 MAX_MEMO_BYTES = 256 << 10
 
-_FUTURE_SLACK_S = 60.0  # clock skew tolerated before an entry counts as "from the future"
+_FUTURE_SLACK_S = 60.0
+_MAX_PROBLEM_CHARS = 4096  # a stored reason longer than this is not ours  # clock skew tolerated before an entry counts as "from the future"
 
 
 def memo_path() -> str:
@@ -73,8 +81,14 @@ def _valid(entry: object) -> bool:
     if not isinstance(entry, dict):
         return False
     fp, full, problem, at = (entry.get(k) for k in ("stat", "full", "problem", "at"))
+    if full is not None:
+        try:  # the one version grammar; only its canonical form is stored
+            if not isinstance(full, str) or str(formats.parse_version(full, "memo")) != full:
+                return False
+        except FormatError:
+            return False
     return (isinstance(fp, list) and len(fp) == 5 and all(type(x) is int for x in fp)
-            and (full is None or isinstance(full, str)) and (problem is None or isinstance(problem, str))
+            and (problem is None or (isinstance(problem, str) and len(problem) <= _MAX_PROBLEM_CHARS))
             and (full is None) != (problem is None)
             and _finite_time(at))
 
@@ -135,6 +149,8 @@ def store(nvcc: str, full: str | None, problem: str | None) -> None:
     """Remember an answer (atomic rewrite; oldest entries beyond
     :data:`MAX_ENTRIES` dropped).  A memo that cannot be written only costs
     time later: the reason is logged at INFO, nothing is raised."""
+    if full is not None:  # only the canonical form of a version is ever written
+        full = str(formats.parse_version(full, "nvcc --version"))
     try:
         path = memo_path()
         entries = _load(path)
@@ -171,9 +187,13 @@ def _clean_stale_temps(path: str) -> None:
             pass
 
 
-def probe_once(nvcc: str, probe: Callable[[], tuple[str | None, str | None]],
+def probe_once(nvcc: str, probe: Callable[[], tuple[str | None, str | None, bool]],
                lock_timeout: float) -> tuple[str | None, str | None]:
     """The memo's answer for ``nvcc``, else ``probe()`` run by one process at a time.
+
+    ``probe()`` returns ``(full, problem, remember)``; the answer is stored only
+    when ``remember`` is true (a failure of this process's resources is not the
+    binary's and must not be remembered for other processes).
 
     Concurrent callers (workers starting together) wait on a file lock next to
     the memo for at most ``lock_timeout`` seconds, then read the answer the
@@ -197,8 +217,9 @@ def probe_once(nvcc: str, probe: Callable[[], tuple[str | None, str | None]],
             hit = lookup(nvcc)
             if hit is not None:
                 return hit
-        full, problem = probe()
-        store(nvcc, full, problem)
+        full, problem, remember = probe()
+        if remember:
+            store(nvcc, full, problem)
         return full, problem
     finally:
         if lock is not None:

@@ -8,6 +8,7 @@ from packaging.version import Version
 
 from .. import arch as _arch
 from ..errors import ToolkitError
+from ..formats import parse_version
 
 __all__ = ["Toolkit", "Choice", "ToolkitError"]
 
@@ -21,7 +22,11 @@ class Toolkit:
         nvcc: real path of the nvcc binary.
         sources: where it was found, best first, e.g. ``("CUDA_HOME", "PATH")``.
         nvcc_version: ``major.minor`` of nvcc, or ``None`` when unreadable.
-        nvcc_full: full version string, e.g. ``"13.0.88"``.
+        nvcc_full: full version, e.g. ``"13.0.88"``: always the canonical form of
+            a parsed :class:`~packaging.version.Version` (``" 13.0.88\n"`` read
+            from a file becomes ``"13.0.88"``; anything that is not a version is
+            refused when the Toolkit is built), so it can stand in a directory
+            name or a ninja file.
         header_version: ``major.minor`` from ``CUDART_VERSION`` in
             ``cuda_runtime_api.h``, or ``None``.
         version_from: which file (or ``"nvcc --version"``) gave ``nvcc_version``.
@@ -43,6 +48,10 @@ class Toolkit:
     lib_dir: str | None = None
     problem: str | None = None
     given_as: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.nvcc_full is not None:  # parsed once, only formatted from the Version after that
+            object.__setattr__(self, "nvcc_full", str(parse_version(self.nvcc_full, f"nvcc at {self.root}")))
 
     @property
     def label(self) -> str:

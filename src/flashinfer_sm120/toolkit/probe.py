@@ -3,20 +3,22 @@
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import re
-import stat
 
 from packaging.version import Version
 
-from .. import proc
+from .. import formats, proc
 from ..arch import major_minor
+from ..errors import FormatError
 from . import memo
 from .fixes import consistent_set_fix
 from .memo import FAILURE_MEMORY_S
 from .model import Toolkit
 from .trust import check_path, trace
+
+logger = logging.getLogger("flashinfer_sm120")
 
 __all__ = ["NVCC_TIMEOUT_S", "FAILURE_MEMORY_S", "NVCC_MAX_OUTPUT", "inspect", "read_text", "major_minor",
            "nvcc_version"]
@@ -37,41 +39,47 @@ _NVCC_DIST_RE = re.compile(r"^nvidia_cuda_nvcc(?:_cu\d+)?-(\d+(?:\.\d+)+)[^/]*\.
 NVCC_MAX_OUTPUT = 16 << 10
 
 
+#: Largest ``version.json`` read (bytes); the installer's is about 3 KiB.
+MAX_VERSION_FILE_BYTES = 256 << 10
+
+
 def read_text(path: str, limit: int = 1 << 20) -> str | None:
-    """First ``limit`` bytes of a regular file as text, or ``None``.
-
-    Never blocks: a FIFO or device planted at ``path`` is refused, not opened
-    for a blocking read (``O_NONBLOCK`` + regular-file check).
-    """
+    """First ``limit`` bytes of a regular file as text (undecodable bytes
+    replaced), or ``None``; never blocks on a FIFO or device
+    (:func:`flashinfer_sm120.formats.read_prefix`)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
+        return formats.read_prefix(path, limit).decode("utf-8", "replace")
+    except FormatError:
         return None
+
+
+def _version_json(path: str) -> Version | None:
+    """``cuda_nvcc.version`` (else ``cuda.version``) of an installer's ``version.json``,
+    parsed once (:func:`flashinfer_sm120.formats.parse_version`); ``None`` when the
+    file is absent or unusable (too large, too deep, wrong types: logged, not raised,
+    so the next source is tried)."""
+    if not os.path.lexists(path):
+        return None
+    fix = "the next version source is used; reinstall the toolkit to repair it"
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            return fh.read(limit).decode("utf-8", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+        data = formats.read_json_file(path, MAX_VERSION_FILE_BYTES, fix=fix)
+        for key in ("cuda_nvcc", "cuda"):
+            part = formats.field(data, key, dict, path, default=None, fix=fix)
+            if part is not None and "version" in part:
+                return formats.parse_version(formats.field(part, "version", str, f"{path} {key}", fix=fix),
+                                             f"{path} {key}.version", fix=fix)
+    except FormatError as exc:
+        logger.info("flashinfer-sm120: %s", exc)
+    return None
 
 
-def _version_from_files(root: str) -> tuple[str, str] | None:
+def _version_from_files(root: str) -> tuple[Version, str] | None:
     """(full nvcc version, file it came from), or None."""
     # 1. version.json: installers of CUDA >= 11.1 write {"cuda_nvcc": {"version": ...}}
     vj = os.path.join(root, "version.json")
-    txt = read_text(vj)
-    if txt:
-        try:
-            data = json.loads(txt)
-            ver = data.get("cuda_nvcc", {}).get("version") or data.get("cuda", {}).get("version")
-            if isinstance(ver, str) and major_minor(ver):
-                return ver, vj
-        except (ValueError, AttributeError):
-            pass
+    ver = _version_json(vj)
+    if ver is not None:
+        return ver, vj
     # 2. pip wheel metadata: site-packages/nvidia/cu13 -> site-packages/nvidia_cuda_nvcc-*.dist-info
     #    (also <root>/dist-info/, the layout of toolkits assembled from those wheels)
     for meta_dir in (os.path.join(root, "dist-info"), os.path.dirname(os.path.dirname(root))):
@@ -81,19 +89,25 @@ def _version_from_files(root: str) -> tuple[str, str] | None:
             continue
         for name in sorted(names, reverse=True):
             m = _NVCC_DIST_RE.match(name)
-            if m and major_minor(m.group(1)):
-                if meta_dir != os.path.join(root, "dist-info") and not _wheel_owns(
-                    os.path.join(meta_dir, name), root
-                ):
-                    continue
-                return m.group(1), os.path.join(meta_dir, name)
+            if not m:
+                continue
+            try:
+                ver = formats.parse_version(m.group(1), os.path.join(meta_dir, name))
+            except FormatError:
+                continue
+            if meta_dir != os.path.join(root, "dist-info") and not _wheel_owns(os.path.join(meta_dir, name), root):
+                continue
+            return ver, os.path.join(meta_dir, name)
     # 3. version.txt: "CUDA Version 10.2.89" (toolkits before 11.1)
     vt = os.path.join(root, "version.txt")
-    txt = read_text(vt)
+    txt = read_text(vt, 4096)
     if txt:
         m = _VERSION_TXT_RE.search(txt)
         if m:
-            return m.group(1), vt
+            try:
+                return formats.parse_version(m.group(1), vt), vt
+            except FormatError:
+                pass
     return None
 
 
@@ -131,27 +145,40 @@ def nvcc_version(nvcc: str, timeout: float = NVCC_TIMEOUT_S) -> tuple[str | None
     return memo.probe_once(nvcc, lambda: _run_nvcc_version(nvcc, timeout), lock_timeout=timeout + 5.0)
 
 
-def _run_nvcc_version(nvcc: str, timeout: float) -> tuple[str | None, str | None]:
+def _run_nvcc_version(nvcc: str, timeout: float) -> tuple[str | None, str | None, bool]:
+    """``(full, problem, remember)``: ``remember`` is false when the run failed for
+    this process's own reasons (:attr:`flashinfer_sm120.proc.Result.local`), which
+    say nothing about the binary and must not reject it for other processes."""
     res = proc.run([nvcc, "--version"], timeout=timeout, max_output=NVCC_MAX_OUTPUT)
     later = f"(not retried for {FAILURE_MEMORY_S / 60:g} min)"
+    if res.local:
+        return None, (f"{res.error}: this process ran out of a resource of its own (processes, open "
+                      f"files or memory), not a fault of {nvcc}; raise the limit (ulimit -u / -n) or "
+                      f"free memory, then retry (not remembered)"), False
     if res.error:
-        return None, f"{res.error}; fix it or set CUDA_HOME to a working toolkit"
+        return None, f"{res.error}; fix it or set CUDA_HOME to a working toolkit", True
     if res.timed_out:
         return None, (f"{nvcc} did not answer 'nvcc --version' within {timeout:g} s; it is "
-                      f"hung or broken: fix or remove it, or set CUDA_HOME to a working toolkit {later}")
+                      f"hung or broken: fix or remove it, or set CUDA_HOME to a working toolkit {later}"), True
     if res.truncated:
         return None, (f"{nvcc} --version printed more than {NVCC_MAX_OUTPUT} bytes and was stopped; "
                       f"it is not a working nvcc: fix or remove it, or set CUDA_HOME to a working "
-                      f"toolkit {later}")
+                      f"toolkit {later}"), True
     out = res.text()
     m = _RELEASE_RE.search(out)
-    if not m:
+    full = None
+    if m:
+        try:
+            full = str(formats.parse_version(m.group(3), f"{nvcc} --version"))
+        except FormatError:
+            full = None
+    if full is None:
         lines = out.strip().splitlines()
-        shown = f"first line: {lines[0][:120]!r}" if lines else "no output"
+        first = f"first line: {formats.shown(lines[0], 120)}" if lines else "no output"
         return None, (f"{nvcc} --version printed no 'release X.Y, VX.Y.Z' line (exit "
-                      f"{res.returncode}, {shown}); it is not a working nvcc: fix it or set "
-                      f"CUDA_HOME to a working toolkit")
-    return m.group(3), None
+                      f"{res.returncode}, {first}); it is not a working nvcc: fix it or set "
+                      f"CUDA_HOME to a working toolkit"), True
+    return full, None, True
 
 
 def _header_version(include_dirs: tuple[str, ...]) -> Version | None:
@@ -256,8 +283,8 @@ def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | No
     if not found and target_root != real_root:
         found = _version_from_files(target_root)
     if found:
-        full, source = found
-        problem = None
+        version, source = found
+        full, problem = str(version), None  # formatted from the parsed Version, never the raw text
     else:
         full, problem = nvcc_version(nvcc, timeout)
         source = "nvcc --version" if full else None

@@ -6,7 +6,6 @@ toolkits that pass."""
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import re
@@ -18,8 +17,10 @@ from typing import NamedTuple
 
 from packaging.version import Version
 
+from .. import formats
+from ..errors import FormatError
 from .model import Toolkit
-from .probe import NVCC_TIMEOUT_S, inspect, major_minor, read_text
+from .probe import NVCC_TIMEOUT_S, inspect, major_minor
 from .trust import follow_wrappers
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -92,16 +93,19 @@ def _site_dirs_uncached() -> list[str]:
 
 
 def _view_toolkit(path: str) -> str | None:
-    """The real toolkit behind a flashinfer-sm120 ``CUDA_HOME`` view, else ``None``."""
-    txt = read_text(os.path.join(path, "flashinfer_sm120_view.json"), 64 << 10)
-    if not txt:
+    """The real toolkit behind a flashinfer-sm120 ``CUDA_HOME`` view, else ``None``
+    (metadata read through :mod:`flashinfer_sm120.formats`: bounded, depth-bounded;
+    anything unusable means "not a view", and the path is then inspected as given)."""
+    meta = os.path.join(path, "flashinfer_sm120_view.json")
+    if not os.path.lexists(meta):
         return None
     try:
-        data = json.loads(txt)
-    except ValueError:
+        data = formats.read_json_file(meta, 64 << 10)
+        root = formats.field(data, "toolkit", str, meta, max_len=4096)
+    except FormatError as exc:
+        logger.info("flashinfer-sm120: not reading %s as a view: %s", path, exc)
         return None
-    root = data.get("toolkit") if isinstance(data, dict) else None
-    return root if isinstance(root, str) and os.path.isabs(root) and os.path.isdir(root) else None
+    return root if os.path.isabs(root) and os.path.isdir(root) else None
 
 
 # --------------------------------------------------------------------------- find steps
@@ -112,6 +116,11 @@ def _env_var(var: str) -> Callable[[Mapping[str, str]], list[Found]]:
         val = env.get(var)
         if not val:
             return []
+        try:
+            formats.check_text(val, f"${var}", fix=f"set {var} to the toolkit prefix (the directory above "
+                                                  f"bin/nvcc) or unset it")
+        except FormatError as exc:
+            return [Found(var, formats.shown(val), f"${var}", problem=str(exc))]
         home = clean_home(val)
         behind = _view_toolkit(home)
         if behind:  # exported by flashinfer-sm120 to this process's parent

@@ -15,55 +15,79 @@ there is not taken on trust.
 * every symlink hop (``$CUDA_HOME/bin/nvcc -> /usr/local/cuda-13.0/bin/nvcc``):
   the directory holding each link counts, not only the final file, so a
   ``CUDA_HOME`` owned by another user cannot borrow a trusted nvcc;
-* a script (``#!``): its interpreter (and, for ``#!/usr/bin/env prog``, the
-  ``prog`` found on ``PATH``), every absolute ``.../nvcc`` path it names
-  (``exec /usr/local/cuda-13.0/bin/nvcc "$@"``) and every absolute path it
-  runs as a command (``/usr/bin/ccache ...``), recursively, at most
-  :data:`MAX_WRAPPER_DEPTH` deep, loops detected; a file its ``#!`` line hands
-  the interpreter (``#!/bin/sh /opt/x/run``, ``env -S``) is followed the same
-  way, and every other existing file it names (``sh /opt/x/run``) must pass
-  the rule; the whole script is read (up to :data:`MAX_SCRIPT_BYTES`; a larger
-  one is refused);
-* a script whose command is computed (``exec "$(dirname "$0")/real" "$@"``,
-  ``$NVCC "$@"``, ``eval``, ``source``) is refused: we cannot tell what it
-  would run.
+* a script (``#!``) is accepted by an **allowlist**, never a list of bad
+  patterns: its ``#!`` must name, by absolute path, a shell binary of
+  :data:`SHELLS` (followed like any program; an interpreter that is itself a
+  script, or ``/usr/bin/env prog``, is refused), with at most shell options of
+  :data:`SHELL_OPTIONS` or one absolute script path after it; its body must be
+  of the grammar :mod:`.shell` reads (simple commands, ``exec``, pipelines and
+  lists, ``if``/``while``/``case``, redirections, lower-case assignments), and
+  **every command word must be a builtin of** :data:`.shell.BUILTINS` **or a
+  literal absolute path**, which is followed recursively (at most
+  :data:`MAX_WRAPPER_DEPTH` deep, loops detected).  A command found by name on
+  ``PATH`` (``nvcc-real "$@"``), named by a variable or a ``$(...)``, ``cd``,
+  ``PATH=...``, ``eval``/``source``, a function, or any shape the grammar does
+  not list makes the script refused, with the line, the word and the fix
+  (``CUDA_HOME=<the real toolkit prefix>``);
+* a program that runs its arguments (:data:`LAUNCHERS`: ``env``, ``nice``,
+  ``ccache`` ...; a shell given a script) is accepted only when what it runs
+  is a literal absolute path, followed the same way; interpreters whose
+  scripts cannot be read here (:data:`OPAQUE`: Python, Perl ...) are refused;
+  any other existing absolute file a script names as an argument
+  (``/usr/bin/tool /opt/x/data``) must pass the rule too;
+* the whole script is read (up to :data:`MAX_SCRIPT_BYTES`; a larger one is
+  refused) and must be UTF-8 text without NUL.
+
+What a program does with its arguments beyond that (nvcc's ``-ccbin``, the host
+compiler nvcc finds on ``PATH``) is the program's own behaviour, not the
+wrapper's, and is out of this rule's reach.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import shutil
 import stat
 from dataclasses import dataclass
 
+from .. import formats
 from ..cache import writable_by_others
+from ..errors import FormatError
+from . import shell
 
-__all__ = ["MAX_WRAPPER_DEPTH", "Trace", "trace", "check_executable", "check_path"]
+__all__ = ["MAX_WRAPPER_DEPTH", "MAX_SCRIPT_BYTES", "SHELLS", "SHELL_OPTIONS", "LAUNCHERS", "OPAQUE", "Trace",
+           "trace", "check_executable", "check_path", "follow_wrappers"]
 
 #: Wrapper scripts followed at most this deep (``/usr/bin/nvcc`` ->
 #: ``/usr/lib/nvidia-cuda-toolkit/bin/nvcc`` is one level).
 MAX_WRAPPER_DEPTH = 8
 _MAX_LINKS = 40  # as Linux MAXSYMLINKS
-_HEAD_BYTES = 8192
 #: A wrapper script is read whole to find what it runs; one larger than this
 #: (bytes) is refused: a line past what was read could run anything.
 MAX_SCRIPT_BYTES = 256 << 10
 
-_NVCC_PATH_RE = re.compile(r"(/[^\s\"'`;|&()<>$]*?/nvcc)(?![\w.-])")
-#: An absolute path in command position: ``exec /opt/x/bin/tool "$@"``, ``/usr/bin/ccache ...``.
-_CMD_PATH_RE = re.compile(
-    r"""^\s*(?:(?:exec|command|then|else|do)\s+|&&\s*|\|\|\s*)*["']?(/[^\s"'`;|&()<>$]+)""",
-    re.MULTILINE,
-)
-#: Any absolute path a script names (``sh /opt/x/run``, ``python3 /opt/x/y.py``): an
-#: existing file among them may be run as an argument, so it must pass the rule too.
-_ANY_PATH_RE = re.compile(r"""(?<![\w.$/-])(/[^\s"'`;|&()<>$=]+)""")
-_COMPUTED_RE = re.compile(
-    r"""^\s*(?:exec\s+|command\s+|then\s+|else\s+|do\s+|&&\s*|\|\|\s*)*["']?(?:\$|`)"""
-    r"""|^\s*(?:eval|source|\.)\s""",
-    re.MULTILINE,
-)
+#: Shells whose scripts :mod:`.shell` reads (by the real file's name: ``/bin/sh`` -> ``dash``).
+SHELLS = frozenset({"sh", "dash", "bash"})
+#: Option letters a ``#!`` line may give the shell (``#!/bin/sh -e``): errexit,
+#: noglob, nounset, verbose, xtrace.  ``-c``, ``-s``, ``-i``, ``-l`` are not here.
+SHELL_OPTIONS = frozenset("efuvx")
+#: Programs that run the program named by their first non-option argument; it
+#: must be a literal absolute path (followed), and no option may take a value.
+LAUNCHERS = frozenset({"env", "nice", "nohup", "stdbuf", "setsid", "ccache", "sccache", "time", "timeout",
+                       "taskset", "ionice", "chrt", "flock", "xargs", "sudo", "doas", "runuser",
+                       "strace", "ltrace", "valgrind", "unshare", "chroot", "nsenter", "busybox"})
+#: Interpreters whose programs cannot be read here: a wrapper running one is refused.
+OPAQUE = frozenset({"python", "python2", "python3", "perl", "ruby", "node", "lua", "php", "tclsh", "awk",
+                    "gawk", "mawk", "nawk", "sed", "find", "make", "ninja", "su", "script", "watch"})
+_FIX = ("set CUDA_HOME=<the real toolkit prefix> (the directory above the real bin/nvcc) instead of "
+        "this wrapper, or replace the wrapper with a symlink")
+_ALLOWED = ("a wrapper is accepted only when every command it runs is a shell builtin ("
+            + " ".join(sorted(shell.BUILTINS)) + ") or a literal absolute path to a trusted file")
+
+
+def _base(path: str) -> str:
+    """The program's name, ``python3.11`` counted as ``python3``."""
+    name = os.path.basename(path)
+    return name.rstrip("0123456789.") if name.rstrip("0123456789.") in OPAQUE else name
 
 
 @dataclass(frozen=True)
@@ -179,25 +203,74 @@ def check_path(path: str) -> str | None:
     return None
 
 
-def _read_head(real: str, limit: int = _HEAD_BYTES) -> bytes:
+def _read_script(real: str) -> str | None:
+    """The text of ``real`` when it is a ``#!`` script, else ``None``; refused when
+    larger than :data:`MAX_SCRIPT_BYTES` (a line past what was read could run
+    anything) or not UTF-8 text."""
     try:
-        with open(real, "rb") as fh:
-            return fh.read(limit)
-    except OSError:
-        return b""
+        if not formats.read_prefix(real, 2).startswith(b"#!"):
+            return None
+        raw = formats.read_bytes(real, MAX_SCRIPT_BYTES)
+    except FormatError as exc:
+        raise _Untrusted(f"{exc}; a script is read whole to check what it runs, so it is too large to "
+                         f"check; {_FIX}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _Untrusted(f"{real} is a script that is not UTF-8 text, so what it runs cannot be checked; "
+                         f"{_FIX}") from None
 
 
-def _existing(paths) -> list[str]:
-    out: list[str] = []
-    for p in paths:
-        if p not in out and os.path.isfile(p):
-            out.append(p)
-    return out[:32]
+def _refuse(script: str, what: str) -> _Untrusted:
+    return _Untrusted(f"{script}: {what}, so what it would run cannot be checked; {_ALLOWED}; {_FIX}")
 
 
-def _follow(path: str, uid: int, chain: list[str], files: list[str], env_path: str | None,
-            checked: dict[str, str]) -> str:
-    """Check ``path`` and whatever it execs; returns the final target's real path.
+def _shebang(text: str, script: str) -> tuple[str, str]:
+    """``(interpreter, argument)`` as Linux reads a ``#!`` line: blanks after
+    ``#!`` skipped, the interpreter up to the next blank, the rest (trimmed) as
+    one argument (``binfmt_script``)."""
+    line = text.partition("\n")[0][2:].strip(" \t")
+    interp, _, arg = line.replace("\t", " ").partition(" ")
+    if not interp:
+        raise _refuse(script, "its '#!' line names no interpreter")
+    return interp, arg.strip()
+
+
+def _check_arg_files(cmd: shell.Command, uid: int, script: str) -> None:
+    """An existing file named by absolute path as an argument may be run by the
+    program (``/bin/tool /opt/x/run``): it must pass the rule too."""
+    for w in cmd.words[1:]:
+        if w.literal and w.text.startswith("/") and os.path.isfile(w.text):
+            _file_ok(_resolve(w.text, uid), uid)
+
+
+def _run_target(cmd: shell.Command, prog: str, script: str) -> shell.Word | None:
+    """What a shell or launcher ``prog`` runs from its arguments, or ``None`` when
+    it runs nothing more (a program that is neither)."""
+    name = _base(prog)
+    if name in OPAQUE:
+        raise _refuse(script, f"line {cmd.line} runs {prog}, an interpreter whose program cannot be read here")
+    if name not in SHELLS and name not in LAUNCHERS:
+        return None
+    args = list(cmd.words[1:])
+    while args and args[0].literal and args[0].text.startswith("-") and args[0].text != "-":
+        opt = args.pop(0).text
+        if name in SHELLS and not set(opt[1:]) <= SHELL_OPTIONS:
+            raise _refuse(script, f"line {cmd.line} runs the shell {prog} with {opt!r} (options other than "
+                                  f"-{''.join(sorted(SHELL_OPTIONS))} run code from elsewhere)")
+    if not args:
+        raise _refuse(script, f"line {cmd.line} runs {prog} with nothing to run (it would read commands "
+                              f"from elsewhere)")
+    target = args[0]
+    if not (target.literal and target.text.startswith("/")):
+        raise _refuse(script, f"line {cmd.line}: {prog} runs {formats.shown(target.text, 60)}, which is not "
+                              f"a literal absolute path")
+    return target
+
+
+def _follow(path: str, uid: int, chain: list[str], files: list[str], checked: dict[str, str],
+            body: bool = True) -> str:
+    """Check ``path`` and whatever it runs; returns the final target's real path.
     ``checked`` maps files already found trusted to their final target, so a
     script naming the same programs many times is checked once per program."""
     real = _resolve(path, uid)
@@ -212,135 +285,96 @@ def _follow(path: str, uid: int, chain: list[str], files: list[str], env_path: s
                          "set CUDA_HOME to the real toolkit prefix instead")
     chain.append(real)
     files.append(real)
-    head = _read_head(real, MAX_SCRIPT_BYTES + 1)
-    if not head.startswith(b"#!"):
+    text = _read_script(real)
+    if text is None:
         return real
-    if len(head) > MAX_SCRIPT_BYTES:  # what it runs may be named past what was read
-        raise _Untrusted(f"{real} is a script larger than {MAX_SCRIPT_BYTES} bytes, too large to check "
-                         f"what it runs; set CUDA_HOME to the toolkit prefix that holds the real nvcc "
-                         f"binary (or replace the script with a symlink)")
-    text = head.decode("utf-8", "replace")
-    shebang, _, body = text.partition("\n")
-    words = shebang[2:].split()
-    if not words:
-        raise _Untrusted(f"{real} has an empty '#!' line")
-    _follow_interpreter(words, uid, files, env_path, real)
-    for arg in _shebang_scripts(words, real):  # '#!/bin/sh /other/script': that script runs too
-        if os.path.realpath(arg) not in chain:
-            _follow(arg, uid, list(chain), files, env_path, checked)
-    if _COMPUTED_RE.search(body):
-        raise _Untrusted(
-            f"{real} is a script that computes the path of the program it runs, so what it "
-            f"would execute cannot be checked; set CUDA_HOME to the toolkit prefix that holds "
-            f"the real nvcc binary (or replace the script with a symlink)")
-    nvccs = _existing(m.group(1) for m in _NVCC_PATH_RE.finditer(body))
-    others = _existing(m.group(1) for m in _CMD_PATH_RE.finditer(body))
+    interp, arg = _shebang(text, real)
+    if not interp.startswith("/"):
+        raise _refuse(real, f"its '#!' line names {formats.shown(interp, 60)}, not an absolute path")
+    shell_real = _follow(interp, uid, list(chain), files, checked, body=False)
+    if _read_script(shell_real) is not None:
+        raise _refuse(real, f"its interpreter {interp} is itself a script (name the shell binary instead)")
+    if not body:
+        return real
+    if os.path.basename(shell_real) not in SHELLS:
+        what = ("/usr/bin/env, which finds the program on PATH when it runs"
+                if os.path.basename(shell_real) == "env" else f"{shell_real}, not a shell of "
+                + ", ".join(sorted(SHELLS)))
+        raise _refuse(real, f"its '#!' line runs {what}")
+    if arg.startswith("-"):
+        if not set(arg[1:]) <= SHELL_OPTIONS:
+            raise _refuse(real, f"its '#!' line passes {arg!r} to the shell (options other than "
+                                f"-{''.join(sorted(SHELL_OPTIONS))} run code from elsewhere)")
+    elif arg:  # '#!/bin/sh /opt/x/real-nvcc': the shell runs that script, not this file's body
+        if not arg.startswith("/"):
+            raise _refuse(real, f"its '#!' line passes {formats.shown(arg, 60)} to the interpreter, not an "
+                                f"absolute path")
+        final = _follow(arg, uid, list(chain), files, checked)
+        checked[real] = final
+        return final
+    try:
+        cmds = shell.commands(text.partition("\n")[2])
+    except shell.Refused as exc:
+        line, _, what = str(exc).partition(": ")
+        n = int(line.split()[-1]) + 1 if line.split()[-1].isdigit() else 0  # body line -> file line
+        raise _refuse(real, f"line {n}: {what}") from None
     final = real
-    for t in nvccs + [o for o in others if o not in nvccs]:
-        if os.path.realpath(t) in chain:
-            if _runs_literally(body, t):  # it execs a script already on the way: a loop
-                raise _Untrusted("wrapper loop: " + " -> ".join(chain + [os.path.realpath(t)])
-                                 + "; it would never finish; set CUDA_HOME to the real toolkit "
-                                 "prefix instead")
-            continue  # only mentioned (a comment, a test), not run
-        if os.path.realpath(t) in checked:
-            got = checked[os.path.realpath(t)]
-        else:
-            got = _follow(t, uid, list(chain), files, env_path, checked)
-        if final == real and t in nvccs:  # the first nvcc it names is what it runs
-            final = got
-    for t in dict.fromkeys(m.group(1) for m in _ANY_PATH_RE.finditer(body)):  # all, not the first 32
-        if t not in nvccs and t not in others and os.path.isfile(t):  # 'sh /x/y': run as an argument
-            _file_ok(_resolve(t, uid), uid)
+    for cmd in cmds:
+        first = cmd.words[0]
+        n = cmd.line + 1
+        if first.literal and first.text in shell.BUILTINS:
+            _check_arg_files(cmd, uid, real)
+            continue
+        if first.expansions:
+            raise _refuse(real, f"line {n} runs {formats.shown(first.text, 60)}: it computes the path of "
+                                f"the program it runs")
+        if not (first.literal and first.text.startswith("/")):
+            word = first.text
+            why = ("'cd' changes what relative paths name" if word == "cd" else
+                   "'eval'/'source'/'.' run code the script does not hold" if word in ("eval", "source", ".")
+                   else "a program found on PATH when it runs" if "/" not in word
+                   else "a relative path, which depends on the working directory")
+            raise _refuse(real, f"line {n} runs {formats.shown(word, 60)} ({why})")
+        at = 0  # index in cmd.words of the program that runs; a launcher hands on to a later word
+        while at is not None:
+            w = cmd.words[at]
+            t = os.path.realpath(w.text)
+            if t in chain:
+                raise _Untrusted("wrapper loop: " + " -> ".join(chain + [t]) + "; it would never finish; "
+                                 "set CUDA_HOME to the real toolkit prefix instead")
+            got = checked[t] if t in checked else _follow(w.text, uid, list(chain), files, checked)
+            more = _run_target(shell.Command(cmd.words[at:], cmd.line), t, real)
+            if more is not None:
+                at = at + 1 + cmd.words[at + 1:].index(more)
+            else:
+                if final == real and "nvcc" in (os.path.basename(w.text), os.path.basename(got)):
+                    final = got  # the first nvcc it runs is what it wraps
+                at = None
+        _check_arg_files(cmd, uid, real)
     checked[real] = final
     return final
 
 
-def _runs_literally(body: str, path: str) -> bool:
-    """Whether a line of ``body`` runs ``path`` as its command."""
-    return re.search(r"^\s*(?:(?:exec|command|then|else|do)\s+|&&\s*|\|\|\s*)*[\"']?" + re.escape(path)
-                     + r"(?![\w.-])", body, re.MULTILINE) is not None
-
-
-def _env_words(words: list[str], script: str) -> list[str]:
-    """The arguments ``/usr/bin/env`` sees after splitting ``-S``/``--split-string``
-    (coreutils ``env -S``: the rest of the ``#!`` line is split like a shell would)."""
-    import shlex
-
-    out: list[str] = []
-    for i, w in enumerate(words):
-        split = w.startswith("--split-string") or (w.startswith("-") and not w.startswith("--") and "S" in w)
-        if not split:
-            out.append(w)
-            continue
-        rest = w.partition("=")[2] if w.startswith("--split-string=") else w[w.index("S") + 1:] if "S" in w else ""
-        try:
-            return out + shlex.split(" ".join(([rest] if rest else []) + words[i + 1:]))
-        except ValueError as exc:
-            raise _Untrusted(f"{script}: its '#!' line cannot be split ({exc})") from None
-    return out
-
-
-def _shebang_scripts(words: list[str], script: str) -> list[str]:
-    """Files the interpreter of a ``#!`` line is told to run besides the script itself.
-
-    Linux passes everything after the interpreter as one argument; ``env -S``
-    splits it.  An argument that is not an option names a script the interpreter
-    runs (``#!/bin/sh /opt/x/real-nvcc``): it must be an absolute path (it is
-    then checked like the wrapper), anything else cannot be checked.
-    """
-    if os.path.basename(words[0]) == "env":
-        args = _env_words(words[1:], script)
-        while args and (args[0].startswith("-") or "=" in args[0]):
-            args.pop(0)
-        args = args[1:]  # the program env runs: checked by _follow_interpreter
-    else:
-        args = [" ".join(words[1:])] if len(words) > 1 else []
-    out = []
-    for a in args:
-        if a.startswith("-"):
-            continue
-        if not a.startswith("/") or not os.path.isfile(a):
-            raise _Untrusted(f"{script}: its '#!' line passes {a!r} to the interpreter, so what it would "
-                             f"run cannot be checked; set CUDA_HOME to the toolkit prefix that holds the "
-                             f"real nvcc binary (or replace the script with a symlink)")
-        out.append(a)
-    return out
-
-
-def _follow_interpreter(words: list[str], uid: int, files: list[str], env_path: str | None,
-                        script: str) -> None:
-    interp = words[0]
-    real = _resolve(interp, uid)
-    _file_ok(real, uid)
-    files.append(real)
-    if os.path.basename(real) == "env":
-        prog = next((w for w in _env_words(words[1:], script) if not w.startswith("-") and "=" not in w), None)
-        if prog:
-            found = shutil.which(prog, path=env_path if env_path is not None else os.environ.get("PATH"))
-            if not found:
-                raise _Untrusted(f"{script} runs '{prog}' via /usr/bin/env and no {prog} is on PATH")
-            files.append(_resolve(found, uid))
-            _file_ok(files[-1], uid)
-
-
-def trace(path: str, *, env_path: str | None = None) -> Trace:
+def trace(path: str, *, body: bool = True) -> Trace:
     """Follow ``path`` through links and wrapper scripts, checking trust at every step.
 
-    Nothing is executed: scripts are read as text (first 8 KiB).
+    Nothing is executed and nothing is looked up on ``PATH``: scripts are read
+    as text (see the module docstring for the allowlist a script must meet).
 
     Args:
         path: the program, e.g. ``$CUDA_HOME/bin/nvcc``.
-        env_path: ``PATH`` used for ``#!/usr/bin/env prog`` (default ``$PATH``).
+        body: ``False`` checks only the file, its links and its ``#!``
+            interpreter, not what a script's body runs: for a program we run
+            for its own sake (``which``), not as a wrapper of nvcc.
 
     Returns:
         A :class:`Trace`; ``problem`` is set when anything on the way is
-        untrusted or cannot be told (see the module docstring for the rule).
+        untrusted or cannot be told.
     """
     uid = _uid()
     files: list[str] = []
     try:
-        target = _follow(path, uid, [], files, env_path, {})
+        target = _follow(path, uid, [], files, {}, body=body)
     except _Untrusted as exc:
         return Trace(path, None, tuple(files), str(exc))
     except OSError as exc:
@@ -353,10 +387,10 @@ def check_executable(path: str) -> str | None:
     return trace(path).problem
 
 
-
 def follow_wrappers(path: str) -> str | None:
-    """Real path of the program ``path`` finally runs, reading wrappers as text,
-    with no trust verdict (used to place a ``PATH`` nvcc); ``None`` if absent."""
+    """Real path of the program ``path`` finally runs, reading wrappers with the
+    same grammar as :func:`trace` but with no trust verdict (used to place a
+    ``PATH`` nvcc); ``None`` if absent."""
     seen: list[str] = []
     cur = path
     for _ in range(MAX_WRAPPER_DEPTH + 1):
@@ -366,12 +400,14 @@ def follow_wrappers(path: str) -> str | None:
         if real in seen:
             return real
         seen.append(real)
-        head = _read_head(real)
-        if not head.startswith(b"#!"):
+        try:
+            text = _read_script(real)
+            cmds = shell.commands(text.partition("\n")[2]) if text is not None else []
+        except (_Untrusted, shell.Refused):
             return real
-        body = head.decode("utf-8", "replace").partition("\n")[2]
-        nxt = next((m.group(1) for m in _NVCC_PATH_RE.finditer(body)
-                    if os.path.realpath(m.group(1)) != real and os.path.isfile(m.group(1))), None)
+        nxt = next((c.words[0].text for c in cmds if c.words[0].literal and c.words[0].text.startswith("/")
+                    and os.path.basename(c.words[0].text) == "nvcc"
+                    and os.path.realpath(c.words[0].text) != real and os.path.isfile(c.words[0].text)), None)
         if nxt is None:
             return real
         cur = nxt

@@ -19,7 +19,8 @@ import time
 import filelock
 
 from ..cache import cache_root, path_problem
-from ..errors import ViewError
+from ..errors import FormatError, ViewError
+from ..formats import safe_join
 from ..toolkit import Toolkit
 from ..toolkit.fixes import consistent_set_fix
 from ..toolkit.sources import site_dirs as _site_dirs
@@ -68,10 +69,22 @@ def _missing(root: str, curand_inc: str | None) -> list[str]:
     return miss
 
 
+def _view_path(tmp: str, rel: str) -> str | None:
+    """``tmp/rel`` by :func:`flashinfer_sm120.formats.safe_join` (every part a plain
+    name, no symlinked parent), or ``None`` for an entry whose name the grammar
+    refuses (whitespace, ``$``, ``:`` ...): it is left out of the view, which only
+    needs nvcc's own files."""
+    try:
+        return str(safe_join(tmp, rel, "CUDA_HOME view"))
+    except FormatError as exc:
+        logger.debug("flashinfer-sm120: not linking %s into the view: %s", rel, exc)
+        return None
+
+
 def _link_entries(src_dir: str, dst_dir: str) -> None:
     for name in sorted(os.listdir(src_dir)):
-        dst = os.path.join(dst_dir, name)
-        if not os.path.lexists(dst):
+        dst = _view_path(dst_dir, name)
+        if dst is not None and not os.path.lexists(dst):
             os.symlink(os.path.join(src_dir, name), dst)
 
 
@@ -80,15 +93,18 @@ def _assemble(tmp: str, toolkit: Toolkit, curand_inc: str | None) -> ViewMeta:
     root = toolkit.root
     added: list[str] = []
     for name in sorted(os.listdir(root)):
-        if name not in ("include", "lib64", "lib", META_NAME):
-            os.symlink(os.path.join(root, name), os.path.join(tmp, name))
+        dst = _view_path(tmp, name)
+        if dst is not None and name not in ("include", "lib64", "lib", META_NAME):
+            os.symlink(os.path.join(root, name), dst)
     inc = os.path.join(tmp, "include")
     os.mkdir(inc, 0o755)
     for d in toolkit.include_dirs:
         _link_entries(d, inc)
     if curand_inc and not os.path.lexists(os.path.join(inc, "curand.h")):
         for path in sorted(glob.glob(os.path.join(curand_inc, "curand*.h"))):
-            os.symlink(path, os.path.join(inc, os.path.basename(path)))
+            dst = _view_path(inc, os.path.basename(path))
+            if dst is not None:
+                os.symlink(path, dst)
         added.append("include/curand.h")
     lib64 = os.path.join(tmp, "lib64")
     for d in (inc, lib64, os.path.join(lib64, "stubs")):  # whatever the umask (002 is common)
@@ -243,7 +259,7 @@ def linkable_home(toolkit: Toolkit) -> CudaHome:
         logger.info("flashinfer-sm120: %s; using a CUDA_HOME view under the cache directory instead", unsafe)
     key = hashlib.sha256(json.dumps([VIEW_LAYOUT, toolkit.root, toolkit.nvcc, fingerprint(toolkit.nvcc),
                                      curand_inc]).encode()).hexdigest()[:12]
-    version = "".join(c if c.isalnum() or c == "." else "_" for c in (toolkit.nvcc_full or "x"))
+    version = toolkit.nvcc_full or "x"  # the canonical form of a parsed Version (Toolkit guarantees it)
     base = f"cuda-{version}-{key}"
     parent = views_dir()
     home, _ = _adopt_existing(parent, base, toolkit, curand_inc)  # fast path: views never change

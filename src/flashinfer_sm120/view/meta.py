@@ -11,6 +11,8 @@ import stat
 from dataclasses import dataclass
 
 from ..cache import read_json
+from ..errors import FormatError
+from ..formats import field, parse_version, shown, some
 from ..toolkit import Toolkit
 
 __all__ = ["VIEW_LAYOUT", "META_NAME", "ADDED_ITEMS", "STUB", "DIRS", "REQUIRED", "CudaHome", "ViewMeta",
@@ -90,25 +92,29 @@ class ViewMeta:
                 "added": list(self.added), "stub_sha256": self.stub_sha256, "owner_uid": self.owner_uid}
 
     @classmethod
-    def from_json(cls, data: object) -> tuple[ViewMeta | None, str | None]:
-        """Validate a decoded metadata object: ``(meta, None)`` or ``(None, what is wrong)``."""
-        if not isinstance(data, dict):
-            return None, f"is a JSON {type(data).__name__}, not an object"
-        types = {"layout": (int,), "toolkit": (str,), "nvcc": (str,), "nvcc_full": (str, type(None)),
-                 "nvcc_fingerprint": (list,), "curand_include": (str, type(None)), "added": (list,),
-                 "stub_sha256": (str, type(None)), "owner_uid": (int,)}
-        if set(data) != set(types):
-            return None, f"has keys {sorted(data)}, expected {sorted(types)}"
-        for key, ok in types.items():
-            if not isinstance(data[key], ok) or isinstance(data[key], bool):
-                return None, f"has {key}={data[key]!r} ({type(data[key]).__name__})"
-        fp, added = data["nvcc_fingerprint"], data["added"]
-        if len(fp) != 4 or not all(isinstance(x, int) and not isinstance(x, bool) for x in fp):
-            return None, f"has nvcc_fingerprint={fp!r}, expected 4 integers"
-        if not all(isinstance(a, str) and a in ADDED_ITEMS for a in added):
-            return None, f"has added={added!r}, expected items of {list(ADDED_ITEMS)}"
-        return cls(data["layout"], data["toolkit"], data["nvcc"], data["nvcc_full"], tuple(fp),
-                   data["curand_include"], tuple(added), data["stub_sha256"], data["owner_uid"]), None
+    def from_json(cls, data: object, source: str = META_NAME) -> tuple[ViewMeta | None, str | None]:
+        """Validate a decoded metadata object (:mod:`flashinfer_sm120.formats` typed
+        fields): ``(meta, None)`` or ``(None, what is wrong)``, the value quoted cut short."""
+        types = {"layout": int, "toolkit": str, "nvcc": str, "nvcc_full": (str, type(None)),
+                 "nvcc_fingerprint": list, "curand_include": (str, type(None)), "added": list,
+                 "stub_sha256": (str, type(None)), "owner_uid": int}
+        try:
+            if not isinstance(data, dict):
+                return None, f"is a JSON {type(data).__name__}, not an object"
+            if set(data) != set(types):
+                return None, f"has keys {some(sorted(map(str, data)), 12)}, expected {sorted(types)}"
+            got = {k: field(data, k, kind, source, max_len=4096) for k, kind in types.items()}
+            fp, added = got["nvcc_fingerprint"], got["added"]
+            if len(fp) != 4 or not all(isinstance(x, int) and not isinstance(x, bool) for x in fp):
+                return None, f"has nvcc_fingerprint={shown(fp, 60)}, expected 4 integers"
+            if not all(isinstance(a, str) and a in ADDED_ITEMS for a in added):
+                return None, f"has added={shown(added, 80)}, expected items of {list(ADDED_ITEMS)}"
+            if got["nvcc_full"] is not None:
+                got["nvcc_full"] = str(parse_version(got["nvcc_full"], source))
+        except FormatError as exc:
+            return None, str(exc)
+        return cls(got["layout"], got["toolkit"], got["nvcc"], got["nvcc_full"], tuple(fp),
+                   got["curand_include"], tuple(added), got["stub_sha256"], got["owner_uid"]), None
 
 
 def fingerprint(path: str) -> tuple[int, ...] | None:
@@ -193,14 +199,15 @@ def check_view(path: str, toolkit: Toolkit, curand_inc: str | None) -> tuple[Cud
     data, problem = read_json(meta_path, max_bytes=64 << 10)
     if data is None:
         return None, problem or f"{meta_path} is missing"
-    meta, problem = ViewMeta.from_json(data)
+    meta, problem = ViewMeta.from_json(data, meta_path)
     if meta is None:
-        return None, f"{meta_path} {problem}"
+        return None, problem if problem.startswith(meta_path) else f"{meta_path} {problem}"
     want = {"layout": VIEW_LAYOUT, "toolkit": toolkit.root, "nvcc": toolkit.nvcc,
             "nvcc_fingerprint": fingerprint(toolkit.nvcc), "curand_include": curand_inc, "owner_uid": uid}
     for key, value in want.items():
         if getattr(meta, key) != value:
-            return None, f"{meta_path} has {key}={getattr(meta, key)!r}, this toolkit needs {value!r}"
+            return None, (f"{meta_path} has {key}={shown(getattr(meta, key))}, this toolkit needs "
+                          f"{shown(value)}")
     roots = [toolkit.root, *toolkit.include_dirs, toolkit.lib_dir or "", curand_inc or "", path]
     problem = _walk_problem(path, meta, roots, uid)
     if problem:

@@ -1,11 +1,7 @@
 """Move a warmed JIT cache: write a manifest's JIT cache entries to a directory or
 archive, and install them on another machine (Docker build stages, fleets).
 
-Layout (directory or ``.tar``/``.tar.gz``/``.tgz``)::
-
-    flashinfer-sm120-cache/meta.json          fingerprint, manifest entries, sha256 of every file
-    flashinfer-sm120-cache/jit/NAME/...       FlashInfer's module dir: objects, .so, build.ninja, ninja log/deps
-    flashinfer-sm120-cache/generated/...      sources FlashInfer generated for the module
+The layout and the checks of what is read are in :mod:`.cachemeta`.
 
 A JIT cache entry is only reusable where FlashInfer would write the same
 ``build.ninja`` (ninja recompiles when a command line changes): the same FlashInfer
@@ -19,28 +15,32 @@ whether anything would be rebuilt, reporting the truth per module.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tarfile
 import tempfile
 import time
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
+from .. import formats
+from ..errors import FormatError
 from . import ninjadeps, pool
+from .cachemeta import (FORMAT, TOP, Limits, Meta, Module, check_listed, listed, members, read_meta)
 from .manifest import make_spec
 from .session import BuildError, Session
 
-__all__ = ["export", "install", "read_meta", "check_members", "TOP"]
+__all__ = ["export", "install"]
 
-TOP = "flashinfer-sm120-cache"
-_FORMAT = 1
+_FIX = "give the path `flashinfer-sm120 cache export` wrote"
+
 _SKIP = {".ninja_lock"}
 _NINJA_OWN = ("/build.ninja", "/.ninja_log", "/.ninja_deps")
-_MAX_META_BYTES = 64 << 20
 
 
 def _sha(path: Path) -> str:
@@ -88,7 +88,7 @@ def export(entries: list[dict], sess: Session, out: str) -> list[str]:
             mod_files[rel] = _sha(f)
         modules.append({"name": spec.name, "files": mod_files})
         names.append(spec.name)
-    meta = {"format": _FORMAT, "fingerprint": sess.fingerprint(), "modules": modules, "manifest": entries,
+    meta = {"format": FORMAT, "fingerprint": sess.fingerprint(), "modules": modules, "manifest": entries,
             "created": time.time()}
     blob = json.dumps(meta, indent=1).encode()
     if _is_archive(out):
@@ -101,81 +101,102 @@ def export(entries: list[dict], sess: Session, out: str) -> list[str]:
                 tar.add(str(f), arcname=f"{TOP}/{rel}", recursive=False)
         os.replace(tmp, out)
     else:
+        formats.make_private_dirs(Path(out) / TOP)
         root = Path(out) / TOP
         for rel, f in files:
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(f, root / rel)
-        (root / "meta.json").write_bytes(blob)
+            dest = formats.safe_join(root, rel, out)
+            formats.make_private_dirs(dest.parent)
+            shutil.copy2(f, dest)
+        formats.safe_join(root, "meta.json", out).write_bytes(blob)
     return names
 
 
-def _safe_rel(name: str) -> str:
-    """``name`` relative to the top folder, refusing anything that could land outside it."""
-    p = PurePosixPath(name)
-    if p.is_absolute() or ".." in p.parts or not p.parts or p.parts[0] != TOP or "\\" in name:
-        raise BuildError(f"archive member {name!r} is outside {TOP}/; refusing the whole archive")
-    return "/".join(p.parts[1:])
-
-
-def check_members(src: str) -> None:
-    """Refuse an archive with any member outside TOP/, any link or device (no extraction).
-
-    :raises BuildError: the first unsafe member, or an unreadable archive."""
-    if os.path.isdir(src):
-        return
-    try:
-        with tarfile.open(src) as tar:
-            for m in tar.getmembers():
-                _safe_rel(m.name)
-                if not (m.isfile() or m.isdir()):
-                    raise BuildError(f"archive member {m.name!r} is a link or device; refusing the whole archive")
-    except (OSError, tarfile.TarError) as exc:
-        raise BuildError(f"cannot read {src}: {exc}") from None
-
-
-def _unpack(src: str, into: Path) -> Path:
-    """Copy or extract ``src`` below ``into``; only regular files and folders under TOP/."""
+def _unpack(src: str, into: Path, meta: Meta, limits: Limits) -> Path:
+    """The folder to read the export's files from: ``src/TOP`` for a directory
+    export (read in place; each file is opened without following links, see
+    :func:`_copy_verified`), else the members meta.json lists, extracted below
+    ``into`` with tarfile's ``data`` filter (PEP 706) after each header passed the
+    caps and the free space was checked, before any byte of it is written."""
     if os.path.isdir(src):
         root = Path(src) / TOP
-        if not root.is_dir():
-            raise BuildError(f"{src} has no {TOP}/ folder; give the path `cache export` wrote")
+        if os.path.islink(root) or not root.is_dir():
+            raise BuildError(f"{src} has no {TOP}/ folder (or it is a symlink); {_FIX}")
         return root
-    try:
-        tar = tarfile.open(src)
-    except (OSError, tarfile.TarError) as exc:
-        raise BuildError(f"cannot read {src}: {exc}") from None
-    with tar:
-        for m in tar.getmembers():
-            rel = _safe_rel(m.name)
-            if not (m.isfile() or m.isdir()):
-                raise BuildError(f"archive member {m.name!r} is a link or device; refusing the whole archive")
-            if m.isdir():
-                continue
-            dest = into / TOP / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            with tar.extractfile(m) as fsrc, open(dest, "wb") as fdst:  # type: ignore[union-attr]
-                shutil.copyfileobj(fsrc, fdst)
-            os.utime(dest, (m.mtime, m.mtime))
+    files_dirs = listed(meta)
+    total = 0
+    for tar, m, rel in members(src, limits):
+        total += m.size if m.isfile() else 0
+        check_listed(src, m, rel, files_dirs, total, limits)
+        if m.isdir() or rel == "meta.json":  # meta.json was read already (read_meta)
+            continue
+        free = shutil.disk_usage(into).free
+        if m.size > free:
+            raise BuildError(f"{src}: {m.name} needs {m.size} bytes and {into} has {free} free; free space "
+                             f"or set TMPDIR to a larger disk")
+        try:
+            tar.extract(m, into, filter="data")
+        except (OSError, tarfile.TarError) as exc:
+            raise BuildError(f"cannot unpack {m.name} from {src} into {into}: "
+                             f"{formats.shown(str(exc), 200)}; free space or set TMPDIR") from None
     return into / TOP
 
 
-def read_meta(src: str) -> dict:
-    """meta.json of an export (directory or archive), without unpacking anything else.
-
-    :raises BuildError: unreadable, or no meta.json."""
+def _copy_verified(src: Path, dest: Path, sha: str, limit: int) -> None:
+    """Copy ``src`` (opened without following a link, a regular file only) to a
+    new file next to ``dest``, hashing while copying, then rename it over ``dest``
+    only if the digest is ``sha``."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(src, flags)
+    part = None
     try:
-        if os.path.isdir(src):
-            raw = (Path(src) / TOP / "meta.json").read_bytes()
-        else:
-            with tarfile.open(src) as tar:
-                m = tar.getmember(f"{TOP}/meta.json")
-                if not m.isfile() or m.size > _MAX_META_BYTES:
-                    raise KeyError(m.name)
-                raw = tar.extractfile(m).read()  # type: ignore[union-attr]
-        return json.loads(raw)
-    except (OSError, KeyError, ValueError, tarfile.TarError) as exc:
-        raise BuildError(f"{src} has no readable {TOP}/meta.json ({exc!r}); give the path "
-                         "`cache export` wrote") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BuildError(f"{src} is not a regular file; {_FIX}")
+        os.set_blocking(fd, True)
+        h, size = hashlib.sha256(), 0
+        part = dest.with_name(f".{dest.name}.import-{os.getpid()}")
+        out = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                      0o644)
+        with os.fdopen(out, "wb") as fo:
+            while True:
+                block = os.read(fd, 1 << 20)
+                if not block:
+                    break
+                size += len(block)
+                if size > limit:
+                    raise BuildError(f"{src} is more than the {limit}-byte cap (cache import --max-bytes)")
+                h.update(block)
+                fo.write(block)
+        if h.hexdigest() != sha:
+            raise BuildError(f"{src}: its checksum does not match meta.json; {_FIX}")
+        os.replace(part, dest)
+        part = None
+    finally:
+        os.close(fd)
+        if part is not None:
+            try:
+                os.unlink(part)
+            except OSError:
+                pass
+
+
+def _plan(meta: Meta, root: Path, targets: dict[str, Path], src: str) -> list[tuple[Module, dict[str, tuple[Path, Path]]]]:
+    """For each module, ``{rel: (file in the export, destination)}``; every
+    destination by :func:`flashinfer_sm120.formats.safe_join` under its target
+    root, every source by the same under the export (no link followed)."""
+    out = []
+    for mod in meta.modules:
+        paths = {}
+        for rel in mod.files:
+            kind, rest = rel.split("/", 1)
+            try:
+                paths[rel] = (formats.safe_join(root, rel, f"{src}", fix=_FIX),
+                              formats.safe_join(targets[kind], rest, f"{src}: meta.json", fix=_FIX))
+            except FormatError as exc:
+                raise BuildError(str(exc)) from None
+            if not paths[rel][0].is_file() or paths[rel][0].is_symlink():
+                raise BuildError(f"{src}: {rel} is missing or not a regular file; {_FIX}")
+        out.append((mod, paths))
+    return out
 
 
 def _mismatch(theirs: dict, ours: dict) -> str | None:
@@ -195,7 +216,7 @@ def _mismatch(theirs: dict, ours: dict) -> str | None:
     return None
 
 
-def install(src: str, sess: Session, *, force: bool = False) -> list[dict]:
+def install(src: str, sess: Session, *, force: bool = False, limits: Limits = Limits()) -> list[dict]:
     """Install an exported JIT cache into this machine's FlashInfer JIT cache.
 
     Each module is reported with ``status``: ``installed``, ``already present``,
@@ -203,54 +224,51 @@ def install(src: str, sess: Session, *, force: bool = False) -> list[dict]:
     (installed, but ninja would rebuild it here; ``why`` says which command).
 
     :raises BuildError: unreadable source, an unsafe archive member, a file whose
-        checksum does not match meta.json, or a fingerprint mismatch (message names
-        the mismatch and the fix).
+        checksum does not match meta.json, a fingerprint mismatch (message names
+        the mismatch and the fix), or a full disk.
     """
     from flashinfer.jit import env as jit_env
 
+    meta = read_meta(src, limits)
+    problem = _mismatch(meta.fingerprint, sess.fingerprint())
+    if problem:
+        raise BuildError(f"refusing {src}: {problem}")
+    targets = {"jit": Path(jit_env.FLASHINFER_JIT_DIR), "generated": Path(jit_env.FLASHINFER_GEN_SRC_DIR)}
     with tempfile.TemporaryDirectory(prefix="fi-sm120-import-") as tmp:
-        root = _unpack(src, Path(tmp))
-        meta_path = root / "meta.json"
-        if not meta_path.is_file() or meta_path.stat().st_size > _MAX_META_BYTES:
-            raise BuildError(f"{src} has no readable {TOP}/meta.json")
-        meta = json.loads(meta_path.read_text())
-        if meta.get("format") != _FORMAT:
-            raise BuildError(f"{src} is export format {meta.get('format')!r}; this version reads {_FORMAT}")
-        problem = _mismatch(meta.get("fingerprint") or {}, sess.fingerprint())
-        if problem:
-            raise BuildError(f"refusing {src}: {problem}")
-        targets = {"jit": Path(jit_env.FLASHINFER_JIT_DIR), "generated": Path(jit_env.FLASHINFER_GEN_SRC_DIR)}
-        entries = {e.get("name"): e for e in meta.get("manifest") or []}
-        report = []
-        for mod in meta.get("modules") or []:
-            name, files = mod["name"], mod["files"]
-            for rel, sha in files.items():
-                _safe_rel(f"{TOP}/{rel}")
-                if rel.split("/", 1)[0] not in targets:
-                    raise BuildError(f"meta.json names {rel!r} outside jit/ and generated/")
-                if not (root / rel).is_file() or _sha(root / rel) != sha:
-                    raise BuildError(f"{src}: {rel} is missing or its checksum does not match meta.json")
-            dests = {rel: targets[rel.split("/", 1)[0]] / rel.split("/", 1)[1] for rel in files}
-            # build.ninja and ninja's logs are rewritten here by design (see _settle)
-            content = {rel: d for rel, d in dests.items() if not rel.endswith(_NINJA_OWN)}
-            differing = [str(d) for rel, d in content.items() if d.exists() and _sha(d) != files[rel]]
-            present = all(d.exists() and _sha(d) == files[rel] for rel, d in content.items())
-            if differing and not force:
-                report.append({"module": name, "status": "kept existing",
-                               "why": f"a different {differing[0]} is already here; pass --force to replace it"})
-                continue
-            if not present:
-                for rel, d in dests.items():
-                    d.parent.mkdir(parents=True, exist_ok=True)
-                    part = d.with_name(d.name + f".import-{os.getpid()}")
-                    shutil.copy2(root / rel, part)
-                    os.replace(part, d)
-            report.append({"module": name, "status": "already present" if present else "installed",
-                           "replaced": differing})
-        for r in report:
-            if r["status"] in ("installed", "already present"):
-                r.update(_settle(entries.get(r["module"]), sess))
-        return report
+        root = _unpack(src, Path(tmp), meta, limits)
+        try:
+            return _install_from(root, meta, targets, sess, force, limits, src)
+        except OSError as exc:
+            full = " (the disk is full)" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+            raise BuildError(f"cannot install {src}: {formats.shown(str(exc), 200)}{full}; free space in "
+                             f"{targets['jit']} or set FLASHINFER_WORKSPACE_BASE elsewhere") from None
+
+
+def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Session, force: bool,
+                  limits: Limits, src: str) -> list[dict]:
+    entries = {e["name"]: e for e in meta.manifest}
+    report = []
+    for mod, paths in _plan(meta, root, targets, src):
+        # build.ninja and ninja's logs are rewritten here by design (see _settle)
+        content = {rel: d for rel, (_, d) in paths.items() if not rel.endswith(_NINJA_OWN)}
+        differing = [str(d) for rel, d in content.items() if d.is_file() and _sha(d) != mod.files[rel]]
+        present = all(d.is_file() and _sha(d) == mod.files[rel] for rel, d in content.items())
+        if differing and not force:
+            report.append({"module": mod.name, "status": "kept existing",
+                           "why": f"a different {differing[0]} is already here; pass --force to replace it"})
+            continue
+        if not present:
+            for rel, (s_path, d) in paths.items():
+                formats.make_private_dirs(d.parent)
+                if d.is_dir() and not d.is_symlink():
+                    raise BuildError(f"{src}: {rel} would replace the directory {d}; remove it first")
+                _copy_verified(s_path, d, mod.files[rel], limits.max_file)
+        report.append({"module": mod.name, "status": "already present" if present else "installed",
+                       "replaced": differing})
+    for r in report:
+        if r["status"] in ("installed", "already present"):
+            r.update(_settle(entries.get(r["module"]), sess))
+    return report
 
 
 def _settle(entry: dict | None, sess: Session) -> dict:

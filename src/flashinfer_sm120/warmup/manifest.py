@@ -11,19 +11,24 @@ and no call path: it writes them back and FlashInfer's own ``write_ninja`` does 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import Sm120Error
+from .. import formats
+from ..errors import FormatError, Sm120Error
 
-__all__ = ["FORMAT", "CannotRegenerate", "encode", "make_spec", "read", "key", "MAX_LINE_BYTES"]
+__all__ = ["FORMAT", "CannotRegenerate", "encode", "make_spec", "parse_entry", "read", "key", "MAX_LINE_BYTES",
+           "MAX_LINES"]
 
 FORMAT = 1
 #: Largest manifest line accepted (bytes); generated sources are bounded well below.
 MAX_LINE_BYTES = 8 << 20
+#: Most lines read from one manifest (one per module and worker process).
+MAX_LINES = 100_000
 _MAX_GENERATED_BYTES = 4 << 20
+_MAX_TARGETS = 32
+_FLAG_LISTS = ("extra_cflags", "extra_cuda_cflags", "extra_ldflags")
 
 
 class CannotRegenerate(Sm120Error):
@@ -65,6 +70,89 @@ def _from_portable(value: Any, roots: dict[str, str]) -> Any:
     if isinstance(value, list):
         return [_from_portable(v, roots) for v in value]
     return value
+
+
+def parse_entry(obj: Any, source: str) -> dict:
+    """One manifest entry, checked field by field against its grammar
+    (:mod:`flashinfer_sm120.formats`), returned as a new dict of the same shape.
+
+    Names are :func:`~flashinfer_sm120.formats.parse_name` (no whitespace, ``$``,
+    ``:``, ``/``, NUL: they become ``build.ninja`` paths), targets
+    :func:`~flashinfer_sm120.formats.parse_target`, flags
+    :func:`~flashinfer_sm120.formats.parse_flag`, paths
+    :func:`~flashinfer_sm120.formats.parse_path_text`, generated files
+    ``@GEN@/`` plus a relative path of names.
+
+    Raises:
+        FormatError: naming ``source``, the key and the offending value (cut short).
+    """
+    fix = "record the manifest again with FLASHINFER_SM120_RECORD"
+    f = formats.field
+    if not isinstance(obj, dict):
+        raise FormatError(f"{source}: holds {type(obj).__name__}, not a JSON object; {fix}")
+    fmt = f(obj, "format", int, source, fix=fix)
+    if fmt != FORMAT:
+        raise FormatError(f"{source}: entry format {fmt} is not {FORMAT}; {fix} with this release")
+    out: dict[str, Any] = {"format": fmt}
+    out["name"] = formats.parse_name(f(obj, "name", str, source, fix=fix), f"{source} 'name'", fix=fix)
+    out["flashinfer"] = str(formats.parse_version(f(obj, "flashinfer", str, source, fix=fix),
+                                                  f"{source} 'flashinfer'", fix=fix))
+    targets = f(obj, "targets", list, source, fix=fix, max_len=_MAX_TARGETS)
+    out["targets"] = [formats.parse_target(t, f"{source} 'targets'", fix=fix) for t in targets]
+    out["toolchain"] = formats.parse_name(f(obj, "toolchain", str, source, default="unknown", fix=fix),
+                                          f"{source} 'toolchain'", fix=fix)
+    out["regenerable"] = f(obj, "regenerable", bool, source, default=False, fix=fix)
+    why = f(obj, "why", str, source, default=None, fix=fix, max_len=1000)
+    if why is not None:
+        out["why"] = why
+    pid = f(obj, "pid", int, source, default=None, fix=fix)
+    if pid is not None:
+        out["pid"] = pid
+    server = f(obj, "server", str, source, default=None, fix=fix)  # servers.recorded(): the process it came from
+    if server is not None:
+        out["server"] = formats.parse_name(server, f"{source} 'server'", fix=fix)
+    base = f(obj, "workspace_base", (str, type(None)), source, default=None, fix=fix)
+    if base is not None:
+        out["workspace_base"] = formats.parse_path_text(base, f"{source} 'workspace_base'", fix=fix)
+    if not out["regenerable"]:
+        return out
+    spec_src = f"{source} 'spec'"
+    spec = f(obj, "spec", dict, source, fix=fix)
+    sources = formats.string_list(f(spec, "sources", list, spec_src, fix=fix), f"{spec_src} 'sources'", fix=fix)
+    clean: dict[str, Any] = {"sources": [formats.parse_path_text(p, f"{spec_src} 'sources'", fix=fix)
+                                         for p in sources]}
+    for k in _FLAG_LISTS:
+        v = f(spec, k, (list, type(None)), spec_src, default=None, fix=fix)
+        clean[k] = None if v is None else [formats.parse_flag(x, f"{spec_src} {k!r}", fix=fix) for x in v]
+    inc = f(spec, "extra_include_dirs", (list, type(None)), spec_src, default=None, fix=fix)
+    clean["extra_include_dirs"] = None if inc is None else [
+        formats.parse_path_text(x, f"{spec_src} 'extra_include_dirs'", fix=fix) for x in inc]
+    clean["needs_device_linking"] = f(spec, "needs_device_linking", bool, spec_src, default=False, fix=fix)
+    pairs = f(spec, "extra_cuda_cflags_by_source", (list, type(None)), spec_src, default=[], fix=fix) or []
+    clean["extra_cuda_cflags_by_source"] = []
+    for pair in pairs:
+        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], list)):
+            raise FormatError(f"{spec_src}: 'extra_cuda_cflags_by_source' item {formats.shown(pair, 60)} is "
+                              f"not [source, [flags]]; {fix}")
+        clean["extra_cuda_cflags_by_source"].append(
+            [formats.parse_path_text(pair[0], f"{spec_src} 'extra_cuda_cflags_by_source'", fix=fix),
+             [formats.parse_flag(x, f"{spec_src} 'extra_cuda_cflags_by_source'", fix=fix) for x in pair[1]]])
+    out["spec"] = clean
+    generated = f(obj, "generated", (dict, type(None)), source, default={}, fix=fix) or {}
+    size = 0
+    out["generated"] = {}
+    for portable, text in generated.items():
+        if not (isinstance(portable, str) and portable.startswith("@GEN@/")):
+            raise FormatError(f"{source}: generated file {formats.shown(portable, 60)} is not under @GEN@/; {fix}")
+        formats.parse_relpath(portable[len("@GEN@/"):], f"{source} 'generated'", fix=fix)
+        if not isinstance(text, str):
+            raise FormatError(f"{source}: generated file {formats.shown(portable, 60)} holds "
+                              f"{type(text).__name__}, not text; {fix}")
+        size += len(text)
+        if size > _MAX_GENERATED_BYTES:
+            raise FormatError(f"{source}: generated sources exceed {_MAX_GENERATED_BYTES >> 20} MiB; {fix}")
+        out["generated"][portable] = text
+    return out
 
 
 def key(entry: dict) -> tuple:
@@ -120,12 +208,14 @@ def encode(spec, flashinfer_version: str, targets: list[str]) -> dict:
 
 
 def _safe_generated_path(portable: str, roots: dict[str, str]) -> Path:
+    """Where a generated file goes: :func:`flashinfer_sm120.formats.safe_join` under
+    FlashInfer's generated-source dir (no absolute part, no ``..``, no symlinked parent)."""
     if not portable.startswith("@GEN@/"):
-        raise CannotRegenerate(f"generated file {portable!r} is outside FlashInfer's generated dir")
-    rel = Path(portable[len("@GEN@/"):])
-    if rel.is_absolute() or ".." in rel.parts:
-        raise CannotRegenerate(f"generated file {portable!r} escapes FlashInfer's generated dir")
-    return Path(roots["@GEN@"]) / rel
+        raise CannotRegenerate(f"generated file {formats.shown(portable)} is outside FlashInfer's generated dir")
+    try:
+        return formats.safe_join(roots["@GEN@"], portable[len("@GEN@/"):], "manifest 'generated'")
+    except FormatError as exc:
+        raise CannotRegenerate(str(exc)) from None
 
 
 def make_spec(entry: dict, flashinfer_version: str):
@@ -135,11 +225,11 @@ def make_spec(entry: dict, flashinfer_version: str):
     :raises CannotRegenerate: another FlashInfer release, another toolchain, a source
         missing here, or a malformed entry (the message names which).
     """
-    name = entry.get("name")
-    if entry.get("format") != FORMAT or not isinstance(name, str) or not name:
-        raise CannotRegenerate(f"entry format {entry.get('format')!r} is not {FORMAT}")
-    if "/" in name or name in (".", ".."):
-        raise CannotRegenerate(f"module name {name!r} is not a plain name")
+    try:
+        entry = parse_entry(entry, "manifest entry")
+    except FormatError as exc:
+        raise CannotRegenerate(str(exc)) from None
+    name = entry["name"]
     if not entry.get("regenerable"):
         raise CannotRegenerate(entry.get("why") or "recorded as not regenerable")
     if entry.get("flashinfer") != flashinfer_version:
@@ -152,7 +242,7 @@ def make_spec(entry: dict, flashinfer_version: str):
     s = entry["spec"]
     for portable, text in (entry.get("generated") or {}).items():
         path = _safe_generated_path(portable, roots)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        formats.make_private_dirs(path.parent)
         write_if_different(path, text)
     sources = [Path(p) for p in _from_portable(s["sources"], roots)]
     missing = [str(p) for p in sources if not p.exists()]
@@ -175,26 +265,34 @@ def make_spec(entry: dict, flashinfer_version: str):
 def read(path: str) -> tuple[list[dict], list[str]]:
     """Entries of a manifest file, first occurrence of each :func:`key` kept, in order.
 
+    Lines are streamed (:func:`flashinfer_sm120.formats.iter_lines`): a line over
+    :data:`MAX_LINE_BYTES` is skipped without being held whole; every entry goes
+    through :func:`parse_entry`.
+
     :returns: ``(entries, problems)``; a problem names the line that was skipped and why.
-    :raises OSError: the file cannot be opened.
+    :raises OSError: the file cannot be opened (absent, unreadable).
+    :raises FormatError: not a regular file (``/dev/zero``, a FIFO), or more than
+        :data:`MAX_LINES` lines.
     """
+    if not os.path.lexists(path):
+        raise FileNotFoundError(2, "No such file or directory", path)
     entries, problems, seen = [], [], set()
-    with open(path, "rb") as f:
-        for no, raw in enumerate(f, 1):
-            if len(raw) > MAX_LINE_BYTES:
-                problems.append(f"{path}:{no}: line longer than {MAX_LINE_BYTES} bytes, skipped")
-                continue
-            if not raw.strip():
-                continue
-            try:
-                entry = json.loads(raw)
-                if not isinstance(entry, dict):
-                    raise ValueError("not an object")
-            except ValueError as exc:
-                problems.append(f"{path}:{no}: not a JSON object ({exc}), skipped")
-                continue
-            k = key(entry)
-            if k not in seen:
-                seen.add(k)
-                entries.append(entry)
+    fix = f"record the manifest again with FLASHINFER_SM120_RECORD={path}"
+    for no, raw in formats.iter_lines(path, max_line=MAX_LINE_BYTES, max_lines=MAX_LINES, fix=fix,
+                                      skip_long=True):
+        where = f"{path}:{no}"
+        if raw is None:
+            problems.append(f"{where}: line longer than {MAX_LINE_BYTES} bytes, skipped")
+            continue
+        if not raw.strip():
+            continue
+        try:
+            entry = parse_entry(formats.loads_json(raw, where), where)
+        except FormatError as exc:
+            problems.append(f"{exc}, skipped")
+            continue
+        k = key(entry)
+        if k not in seen:
+            seen.add(k)
+            entries.append(entry)
     return entries, problems

@@ -14,7 +14,13 @@ from __future__ import annotations
 import os
 import struct
 
-__all__ = ["restamp"]
+from .. import formats
+from ..errors import FormatError
+
+__all__ = ["restamp", "MAX_DEPS_BYTES"]
+
+#: Largest deps log rewritten (bytes); a module's is a few hundred KiB.
+MAX_DEPS_BYTES = 256 << 20
 
 _HEADER = b"# ninjadeps\n"
 
@@ -22,14 +28,15 @@ _HEADER = b"# ninjadeps\n"
 def restamp(path: str, mtimes_ns: dict[str, int]) -> int:
     """Set the recorded mtime of each output in ``mtimes_ns`` (absolute path -> ns).
 
-    :returns: how many records were changed; 0 if the log is missing or not version 4
-        (left untouched).
+    :returns: how many records were changed; 0 if the log is missing, not version 4, not a
+        regular file, a symlink or over :data:`MAX_DEPS_BYTES` (left untouched).
     :raises OSError: the log cannot be read or rewritten.
     """
-    try:
-        with open(path, "rb") as f:
-            data = bytearray(f.read())
-    except FileNotFoundError:
+    if not os.path.lexists(path):
+        return 0
+    try:  # bounded, never through a link, never a FIFO (formats.read_bytes)
+        data = bytearray(formats.read_bytes(path, MAX_DEPS_BYTES, follow=False))
+    except FormatError:
         return 0
     if not data.startswith(_HEADER) or len(data) < 16 or struct.unpack_from("<i", data, 12)[0] != 4:
         return 0
@@ -52,7 +59,15 @@ def restamp(path: str, mtimes_ns: dict[str, int]) -> int:
         pos = body + size
     if changed:
         tmp = f"{path}.restamp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
     return changed

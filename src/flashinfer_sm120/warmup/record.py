@@ -93,13 +93,14 @@ def _record(spec) -> None:
             _state["seen"].add(k)
         from flashinfer import __version__ as fi_version
 
-        from .manifest import encode
+        from .manifest import encode, parse_entry
 
         entry = encode(spec, str(fi_version), targets)
         entry["pid"] = os.getpid()
         from ..servers import recorded  # the server process and its FlashInfer workspace, for build --from
 
         entry.update(recorded())
+        parse_entry(entry, f"{ENV}={path}")  # never write a line that replay would refuse
         append(path, entry)
     except Exception as exc:  # recording must never break a build
         if not _state["warned"]:

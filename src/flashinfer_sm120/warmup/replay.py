@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import FormatError
 from .manifest import CannotRegenerate, make_spec, read
 from .session import BuildError
 
@@ -17,9 +18,12 @@ def load(path: str) -> tuple[list[dict], list[str]]:
     except OSError as exc:
         raise BuildError(f"cannot read manifest {path}: {exc.strerror or exc}; record one with "
                          f"FLASHINFER_SM120_RECORD={path} on the machine that runs the model") from None
+    except FormatError as exc:  # not a regular file (/dev/zero, a FIFO), too many lines
+        raise BuildError(str(exc)) from None
     if not entries:
         raise BuildError(f"manifest {path} holds no module entries"
-                         + (f" ({problems[0]})" if problems else "")
+                         + (f" ({problems[0]}" + (f"; and {len(problems) - 1} more" if len(problems) > 1 else "")
+                            + ")" if problems else "")
                          + f"; record one with FLASHINFER_SM120_RECORD={path}")
     return entries, problems
 

@@ -1,0 +1,225 @@
+"""The export format of a warmed JIT cache, read as untrusted input: ``meta.json``
+field by field, archive members by their headers, and the caps on what an import
+may write.  Nothing here writes; :mod:`.cachepack` exports and installs.
+
+Layout (directory or ``.tar``/``.tar.gz``/``.tgz``)::
+
+    flashinfer-sm120-cache/meta.json          fingerprint, manifest entries, sha256 of every file
+    flashinfer-sm120-cache/jit/NAME/...       FlashInfer's module dir: objects, .so, build.ninja, ninja log/deps
+    flashinfer-sm120-cache/generated/...      sources FlashInfer generated for the module
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tarfile
+import zlib
+from typing import Any
+
+from .. import formats
+from ..errors import FormatError
+from .manifest import parse_entry
+from .session import BuildError
+
+__all__ = ["TOP", "FORMAT", "MAX_META_BYTES", "Limits", "Module", "Meta", "parse_meta", "read_meta",
+           "check_members", "members", "check_listed", "listed"]
+
+TOP = "flashinfer-sm120-cache"
+FORMAT = 1
+#: Largest meta.json read (bytes): it carries manifest entries with their generated sources.
+MAX_META_BYTES = 64 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Caps on what an import may write, checked on each member's header before
+    any of its bytes are written (``cache import --max-bytes``)."""
+
+    max_total: int = 32 << 30
+    max_file: int = 8 << 30
+    max_members: int = 100_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Module:
+    """One module of an export: its name and ``{relative path: sha256}``; every
+    jit/ path is under ``jit/<name>/``, every other under ``generated/``."""
+
+    name: str
+    files: dict[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Meta:
+    """An export's ``meta.json``, every field checked (:func:`parse_meta`)."""
+
+    format: int
+    fingerprint: dict[str, Any]
+    modules: tuple[Module, ...]
+    manifest: tuple[dict, ...]
+
+
+_FINGERPRINT = {"flashinfer": str, "targets": list, "cuda_version": str, "cuda_home": str, "jit_dir": str}
+_FIX = "give the path `flashinfer-sm120 cache export` wrote"
+
+
+def _fail(src: str, what: str) -> BuildError:
+    return BuildError(f"{src}: {what}; refusing the whole archive")
+
+
+def parse_meta(obj: Any, source: str) -> Meta:
+    """Check a decoded ``meta.json`` field by field (:mod:`flashinfer_sm120.formats`).
+
+    :raises BuildError: the first field that is not of its grammar, named with a
+        cut value; module names are names, file paths relative paths of names
+        under ``jit/<module>/`` or ``generated/``, no path is both a file and a
+        directory, every digest is SHA-256, manifest entries parse
+        (:func:`~flashinfer_sm120.warmup.manifest.parse_entry`)."""
+    f = formats.field
+    try:
+        fmt = f(obj, "format", int, source, fix=_FIX)
+        if fmt != FORMAT:
+            raise BuildError(f"{source} is export format {fmt}; this version reads {FORMAT}")
+        fp_obj = f(obj, "fingerprint", dict, source, fix=_FIX)
+        fp = {k: f(fp_obj, k, kind, f"{source} 'fingerprint'", fix=_FIX, max_len=4096)
+              for k, kind in _FINGERPRINT.items()}
+        fp["targets"] = [formats.parse_target(t, f"{source} 'fingerprint'", fix=_FIX) for t in fp["targets"]]
+        mods, seen, names = [], {}, set()
+        for m in f(obj, "modules", list, source, fix=_FIX, max_len=10_000):
+            name = formats.parse_name(f(m, "name", str, f"{source} module", fix=_FIX), f"{source} module", fix=_FIX)
+            if name in names:
+                raise BuildError(f"{source}: module {name} is listed twice; {_FIX}")
+            names.add(name)
+            files = {}
+            for rel, sha in f(m, "files", dict, f"{source} module {name}", fix=_FIX, max_len=100_000).items():
+                parts = formats.parse_relpath(rel, f"{source} module {name}", fix=_FIX)
+                if not ((parts[0] == "jit" and len(parts) > 2 and parts[1] == name)
+                        or (parts[0] == "generated" and len(parts) > 1)):
+                    raise BuildError(f"{source}: module {name} names {formats.shown(rel)}, outside jit/{name}/ "
+                                     f"and generated/; {_FIX}")
+                files[rel] = formats.parse_sha256(sha, f"{source} module {name} {rel}", fix=_FIX)
+                for i in range(1, len(parts) + 1):  # a path cannot be a file and a directory at once
+                    prefix = "/".join(parts[:i])
+                    kind = "file" if i == len(parts) else "dir"
+                    if seen.setdefault(prefix, kind) != kind:
+                        raise BuildError(f"{source}: {formats.shown(prefix)} is both a file and a directory; {_FIX}")
+            mods.append(Module(name, files))
+        entries = []
+        for i, e in enumerate(f(obj, "manifest", list, source, default=[], fix=_FIX, max_len=10_000)):
+            entries.append(parse_entry(e, f"{source} manifest entry {i + 1}"))
+    except FormatError as exc:
+        raise BuildError(str(exc)) from None
+    return Meta(fmt, fp, tuple(mods), tuple(entries))
+
+
+def _safe_rel(name: str, src: str) -> str:
+    """``name`` relative to the top folder (an archive member), refusing anything
+    that could land outside it: every part must be a name (no ``..``, no absolute
+    part, no empty part, no backslash)."""
+    try:
+        parts = formats.parse_relpath(name, f"{src}: archive member")
+    except FormatError as exc:
+        raise _fail(src, f"member {formats.shown(name)} is not a plain relative path ({exc})") from None
+    if parts[0] != TOP:
+        raise _fail(src, f"member {formats.shown(name)} is outside {TOP}/")
+    return "/".join(parts[1:])
+
+
+def _open_tar(src: str) -> tarfile.TarFile:
+    try:
+        return tarfile.open(src, "r|*")  # streamed: headers are seen one at a time, nothing is held
+    except (OSError, tarfile.TarError) as exc:
+        raise BuildError(f"cannot read {src}: {formats.shown(str(exc), 200)}; {_FIX}") from None
+
+
+def members(src: str, limits: Limits):
+    """Each member of the archive ``src`` with its path under TOP, checked on its
+    header: a plain relative path under TOP/, a regular file or a directory,
+    within the member-count and per-file caps."""
+    count = 0
+    tar = _open_tar(src)
+    try:
+        with tar:
+            for m in tar:
+                count += 1
+                if count > limits.max_members:
+                    raise _fail(src, f"it has more than {limits.max_members} members")
+                rel = _safe_rel(m.name, src)
+                if not (m.isfile() or m.isdir()):
+                    raise _fail(src, f"member {formats.shown(m.name)} is a link or device")
+                if m.isfile() and m.size > limits.max_file:
+                    raise _fail(src, f"member {formats.shown(m.name)} is {m.size} bytes, more than the "
+                                     f"{limits.max_file}-byte cap (cache import --max-bytes)")
+                yield tar, m, rel
+    except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
+        raise BuildError(f"cannot read {src}: {formats.shown(str(exc), 200)}; {_FIX}") from None
+
+
+def check_members(src: str, limits: Limits = Limits()) -> Meta:
+    """Check an export without writing anything: every archive member's header
+    (under TOP/, a plain relative path, a regular file or directory, within the
+    caps), then meta.json (:func:`read_meta`), then that every member is one
+    meta.json lists.  A directory export is checked file by file when installed.
+
+    :returns: the parsed meta.json.
+    :raises BuildError: the first unsafe member, an unreadable archive, or a bad meta.json."""
+    if not os.path.isdir(src):
+        for _ in members(src, limits):
+            pass
+    meta = read_meta(src, limits)
+    if not os.path.isdir(src):
+        files_dirs = listed(meta)
+        total = 0
+        for _, m, rel in members(src, limits):
+            total += m.size if m.isfile() else 0
+            check_listed(src, m, rel, files_dirs, total, limits)
+    return meta
+
+
+def listed(meta: Meta) -> tuple[set[str], set[str]]:
+    """The files meta.json lists and the folders they need, as paths under TOP/."""
+    files = {rel for mod in meta.modules for rel in mod.files}
+    dirs = {"/".join(rel.split("/")[:i]) for rel in files for i in range(1, rel.count("/") + 1)}
+    return files, dirs
+
+
+def check_listed(src: str, m: tarfile.TarInfo, rel: str, files_dirs: tuple[set[str], set[str]], total: int,
+                 limits: Limits) -> None:
+    """Refuse member ``m`` unless meta.json lists it (or it is meta.json or a folder of a
+    listed file) and the running ``total`` is within the cap."""
+    files, dirs = files_dirs
+    if m.isdir():
+        if rel and rel not in dirs:
+            raise _fail(src, f"directory {formats.shown(m.name)} is not part of any module in meta.json")
+        return
+    if rel != "meta.json" and rel not in files:
+        raise _fail(src, f"member {formats.shown(m.name)} is not listed in meta.json")
+    if total > limits.max_total:
+        raise _fail(src, f"its files add up to more than the {limits.max_total}-byte cap "
+                         f"(cache import --max-bytes)")
+
+
+def read_meta(src: str, limits: Limits = Limits()) -> Meta:
+    """meta.json of an export (directory or archive), read bounded and parsed by
+    :func:`parse_meta`, without unpacking anything else.
+
+    :raises BuildError: unreadable, no meta.json, or a field of the wrong form."""
+    name = f"{src}/{TOP}/meta.json" if os.path.isdir(src) else f"{src}: {TOP}/meta.json"
+    try:
+        if os.path.isdir(src):
+            raw = formats.read_bytes(formats.safe_join(src, f"{TOP}/meta.json", src, fix=_FIX), MAX_META_BYTES,
+                                     follow=False, fix=_FIX)
+        else:
+            raw = None
+            for tar, m, rel in members(src, limits):
+                if rel == "meta.json" and m.isfile():
+                    if m.size > MAX_META_BYTES:
+                        raise BuildError(f"{name} is {m.size} bytes, more than {MAX_META_BYTES}; {_FIX}")
+                    raw = tar.extractfile(m).read(m.size)  # type: ignore[union-attr]  (size checked above)
+                    break
+            if raw is None:
+                raise BuildError(f"{src} has no {TOP}/meta.json; {_FIX}")
+        return parse_meta(formats.loads_json(raw, name, fix=_FIX), name)
+    except FormatError as exc:
+        raise BuildError(str(exc)) from None
