@@ -191,12 +191,18 @@ class _Named:
     activation: bool = False
 
 
+#: Which getter each public API reaches on its first call (FlashInfer 0.4.0 - 0.7.4 ``prefill.py``,
+#: ``decode.py``, ``sampling.py``, ``norm/__init__.py``, ``rope.py``, ``activation.py``, ``page.py``).
+#: Tensor-core decode: ``BatchDecodeWithPagedKVCacheWrapper.plan`` with ``use_tensor_cores=True`` calls
+#: ``get_batch_prefill_module`` with the prefill wrappers' arguments; vLLM's FlashInfer backend always
+#: sets it (``vllm/v1/attention/backends/flashinfer.py`` ``_get_decode_wrapper``), SGLang's
+#: ``should_use_tensor_core`` for an fp8 KV cache or a GQA group of 4+ (``flashinfer_backend.py``).
 NAMES: dict[str, _Named] = {
     "sampling": _Named("top-k/top-p/min-p sampling kernels (flashinfer.sampling)",
                        (Getter("flashinfer.sampling", "get_sampling_module", "sampling"),)),
-    "norm": _Named("RMSNorm, fused add+RMSNorm, LayerNorm (flashinfer.norm): the CUDA JIT kernels, which "
-                   "FlashInfer 0.6+ runs with FLASHINFER_USE_CUDA_NORM=1 or without CuTe DSL for the GPU "
-                   "(its CuTe DSL kernels are not nvcc modules)",
+    "norm": _Named("RMSNorm, fused add+RMSNorm, LayerNorm (flashinfer.norm): its CUDA JIT module; FlashInfer "
+                   "0.6.7+ runs CuTe DSL kernels instead (no nvcc, not built here) unless "
+                   "FLASHINFER_USE_CUDA_NORM=1 or the installed CuTe DSL cannot target the GPU",
                    (Getter("flashinfer.norm", "get_norm_module", "norm",
                            fallback=("flashinfer.jit.norm", "gen_norm_module")),)),
     "rope": _Named("rotary position embedding, Llama 3.1 RoPE (flashinfer.rope)",
@@ -207,13 +213,14 @@ NAMES: dict[str, _Named] = {
     "page": _Named("append to a paged KV cache (flashinfer.page.append_paged_kv_cache)",
                    (Getter("flashinfer.page", "get_page_module", "page"),)),
     "decode": _Named("batch decode attention on a paged KV cache: BatchDecodeWithPagedKVCacheWrapper loads "
-                     "decode-* (CUDA cores, its default) or, with use_tensor_cores=True (vLLM; SGLang for "
-                     "large GQA groups), the FA2 prefill module prefill-*; builds both; "
+                     "decode-* (CUDA cores, its default) or, with use_tensor_cores=True (vLLM always; SGLang "
+                     "with an fp8 KV cache or 4+ query heads per KV head), the FA2 prefill module prefill-*; "
+                     "builds both; "
                      "--head-dim, --dtype, --kv-dtype", (DECODE, PREFILL), attention=True),
     "prefill": _Named("batch prefill attention, FA2 backend: BatchPrefillWithPagedKVCacheWrapper and "
-                      "BatchPrefillWithRaggedKVCacheWrapper both load prefill-* (FlashInfer 0.7.x: the "
-                      "..._kv_stride_equal module; K and V caches with different strides load a second one "
-                      "lazily, not built); --head-dim, --dtype, --kv-dtype", (PREFILL,), attention=True),
+                      "BatchPrefillWithRaggedKVCacheWrapper both load prefill-* (on FlashInfer 0.7.4 the "
+                      "..._kv_stride_equal module; paged K and V caches with different strides load a second "
+                      "one lazily, not built); --head-dim, --dtype, --kv-dtype", (PREFILL,), attention=True),
 }
 
 #: Head dims of the common model families: 64 (GPT-2-size, some Phi), 128 (Llama 2/3,
