@@ -155,12 +155,12 @@ def _first_load(getter: Callable, args: tuple, variant: Variant):
 
     body = inspect.unwrap(getter)
     me = threading.get_ident()
-    classes, seen = [core.JitSpec], []
+    classes, seen = [core.JitSpec], {}
     while classes:  # JitSpec and any subclass with its own build_and_load
         cls = classes.pop()
         classes += cls.__subclasses__()
         if "build_and_load" in vars(cls):
-            seen.append((cls, vars(cls)["build_and_load"]))
+            seen[cls] = vars(cls)["build_and_load"]
 
     def intercept(original):
         def build_and_load(self, *a, **k):
@@ -171,13 +171,13 @@ def _first_load(getter: Callable, args: tuple, variant: Variant):
 
     with _CAPTURE_LOCK:
         try:
-            for cls, original in seen:
+            for cls, original in seen.items():
                 setattr(cls, "build_and_load", intercept(original))
             body(*args)
         except _Loaded as got:
             return got.spec
         finally:
-            for cls, original in seen:
+            for cls, original in seen.items():
                 setattr(cls, "build_and_load", original)
     raise ModuleError(f"{_release()}'s {variant.generator} loaded no JIT module for {variant.label} "
                       "(a prebuilt or non-JIT kernel): nothing to build")
