@@ -1,20 +1,30 @@
 """Named FlashInfer JIT modules that ``flashinfer-sm120 build`` knows, with their variants.
 
-Each name maps to one FlashInfer JIT generator (``flashinfer.jit.*.gen_*_module``);
-attention modules expand into one variant per head dim and dtype chosen on the
-command line (``--head-dim 64,128 --dtype bf16``), never a hard-coded guess.
+A name stands for FlashInfer's public API (a wrapper class or function), and builds
+exactly the JIT module(s) that API loads on its first call, for the installed
+release: each :class:`Variant` calls the module *getter* that API calls (for example
+``flashinfer.prefill.get_batch_prefill_module``, which both batch-prefill wrappers
+call from ``plan``) with the wrapper's arguments, and takes the ``JitSpec`` whose
+``build_and_load`` the getter reaches first, without building or loading it.  So
+the URI and ``build.ninja`` are FlashInfer's own: on 0.7.4 the FA2 prefill module
+ends in ``_kv_stride_equal`` (``flashinfer/prefill.py`` ``get_batch_prefill_module``
+builds ``_gen_batch_prefill_primary_module``; ``flashinfer/jit/attention/modules.py``
+``_BATCH_PREFILL_MODULE_URI_SUFFIX``), on 0.4.0 - 0.6.x it has no suffix.
 
-Sources of the argument lists: FlashInfer 0.7.4 ``flashinfer/decode.py``
-(``get_batch_decode_module`` as called by ``BatchDecodeWithPagedKVCacheWrapper.plan``)
-and ``flashinfer/prefill.py`` (``get_batch_prefill_module`` with backend ``fa2``,
-the backend SM 12.x uses), ``flashinfer/activation.py``, ``norm.py``, ``rope.py``,
-``page.py`` and ``sampling.py``.
+The getter's arguments are matched by name against the signature of the URI function
+the getter calls (``get_batch_prefill_uri(backend, *args)``, ``get_batch_decode_uri(*args)``
+in every release from 0.4.0 to 0.7.4); parameters build does not set take the
+release's default.  Attention modules expand into one variant per head dim and dtype
+chosen on the command line (``--head-dim 64,128 --dtype bf16``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
+import sys
+import threading
 from typing import Any, Callable
 
 from ..errors import Sm120Error
@@ -33,49 +43,184 @@ ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
 
 @dataclasses.dataclass(frozen=True)
+class Getter:
+    """A FlashInfer module getter that a public API calls on first use (data, no logic).
+
+    Attributes:
+        module: where the getter lives, e.g. ``flashinfer.prefill``.
+        name: the getter, e.g. ``get_batch_prefill_module``.
+        uri: the URI function the getter passes its arguments to, looked up in
+            ``module`` (its signature names the arguments), or ``None`` for getters
+            that take none or a fixed few.
+        fallback: ``(module, generator)`` to call with the same arguments where a
+            release does not define the getter (0.6.7 defines ``get_norm_module`` only
+            when ``FLASHINFER_USE_CUDA_NORM=1`` or CuTe DSL is missing).
+        label: the label prefix of its variants.
+    """
+
+    module: str
+    name: str
+    label: str
+    uri: str | None = None
+    fallback: tuple[str, str] | None = None
+
+
+PREFILL = Getter("flashinfer.prefill", "get_batch_prefill_module", "prefill", uri="get_batch_prefill_uri")
+DECODE = Getter("flashinfer.decode", "get_batch_decode_module", "decode", uri="get_batch_decode_uri")
+
+
+@dataclasses.dataclass(frozen=True)
 class Variant:
-    """One concrete JIT module to generate: a label, what it is, and how to make its spec."""
+    """One concrete JIT module to generate: a label, what it is, and the getter call that loads it."""
 
     label: str
     what: str
     module: str
     generator: str
-    make_args: Callable[[Any], tuple]
+    #: ``torch -> dict`` of the URI function's parameters by name (``uri`` set), else
+    #: ``torch -> tuple`` of the getter's positional arguments
+    make_args: Callable[[Any], Any]
+    uri: str | None = None
+    fallback: tuple[str, str] | None = None
 
     def spec(self):
-        """Call the FlashInfer generator; returns its ``JitSpec`` (FlashInfer must be patched first)."""
+        """The ``JitSpec`` the getter builds first for these arguments (FlashInfer must be patched first).
+
+        :raises ModuleError: the release lacks the getter (and a fallback), its URI function
+            takes a parameter build cannot fill, or the getter loads no JIT module.
+        """
         import torch
 
-        gen = getattr(importlib.import_module(self.module), self.generator)
-        return gen(*self.make_args(torch))
+        mod = importlib.import_module(self.module)
+        values = self.make_args(torch)
+        if self.uri:
+            uri_fn = getattr(mod, self.uri, None)
+            if uri_fn is None:
+                raise ModuleError(f"{_release()} has no {self.module}.{self.uri}, so build cannot tell the "
+                                  f"arguments of {self.generator} for {self.label}; record the module with "
+                                  "FLASHINFER_SM120_RECORD and build --from it")
+            args = _args_for(uri_fn, values, self)
+        else:
+            args = tuple(values)
+        getter = getattr(mod, self.generator, None)
+        if getter is not None:
+            return _first_load(getter, args, self)
+        if self.fallback is not None:
+            return getattr(importlib.import_module(self.fallback[0]), self.fallback[1])(*args)
+        raise ModuleError(f"{_release()} has no {self.module}.{self.generator}, so build cannot tell which "
+                          f"JIT module its API loads for {self.label}; record one with "
+                          "FLASHINFER_SM120_RECORD and build --from it")
+
+
+def _release() -> str:
+    """``FlashInfer X.Y.Z`` for messages; never imports FlashInfer (``spec()`` runs after it is)."""
+    version = getattr(sys.modules.get("flashinfer"), "__version__", None)
+    return f"FlashInfer {version}" if isinstance(version, str) else "this FlashInfer"
+
+
+def _args_for(uri_fn: Callable, values: dict, variant: Variant) -> tuple:
+    """The getter's positional arguments: ``uri_fn``'s parameters in order, each from
+    ``values`` by name, else its default; stops at ``*args``/keyword-only parameters."""
+    out = []
+    for p in inspect.signature(uri_fn).parameters.values():
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            break
+        if p.name in values:
+            out.append(values[p.name])
+        elif p.default is not p.empty:
+            out.append(p.default)
+        else:
+            raise ModuleError(f"{_release()}'s {uri_fn.__name__} takes {p.name!r}, which build does not set, "
+                              f"so it cannot make {variant.label}; record the module with "
+                              "FLASHINFER_SM120_RECORD and build --from it")
+    return tuple(out)
+
+
+class _Loaded(BaseException):
+    """Raised in place of ``JitSpec.build_and_load`` to hand back the spec (a BaseException,
+    so a getter's ``except Exception`` fallback cannot swallow it)."""
+
+    def __init__(self, spec):
+        super().__init__(getattr(spec, "name", "?"))
+        self.spec = spec
+
+
+_CAPTURE_LOCK = threading.Lock()
+
+
+def _first_load(getter: Callable, args: tuple, variant: Variant):
+    """Run ``getter``'s body (past any ``functools.cache``) until it calls ``build_and_load``;
+    return that spec.  Only this thread is intercepted, and only for the call."""
+    import flashinfer.jit.core as core
+
+    body = inspect.unwrap(getter)
+    me = threading.get_ident()
+    classes, seen = [core.JitSpec], {}
+    while classes:  # JitSpec and any subclass with its own build_and_load
+        cls = classes.pop()
+        classes += cls.__subclasses__()
+        if "build_and_load" in vars(cls):
+            seen[cls] = vars(cls)["build_and_load"]
+
+    def intercept(original):
+        def build_and_load(self, *a, **k):
+            if threading.get_ident() == me:
+                raise _Loaded(self)
+            return original.__get__(self, type(self))(*a, **k)
+        return build_and_load
+
+    with _CAPTURE_LOCK:
+        try:
+            for cls, original in seen.items():
+                setattr(cls, "build_and_load", intercept(original))
+            body(*args)
+        except _Loaded as got:
+            return got.spec
+        finally:
+            for cls, original in seen.items():
+                setattr(cls, "build_and_load", original)
+    raise ModuleError(f"{_release()}'s {variant.generator} loaded no JIT module for {variant.label} "
+                      "(a prebuilt or non-JIT kernel): nothing to build")
 
 
 @dataclasses.dataclass(frozen=True)
 class _Named:
     what: str
-    module: str
-    generator: str
+    getters: tuple[Getter, ...]
     attention: bool = False
     activation: bool = False
 
 
+#: Which getter each public API reaches on its first call (FlashInfer 0.4.0 - 0.7.4 ``prefill.py``,
+#: ``decode.py``, ``sampling.py``, ``norm/__init__.py``, ``rope.py``, ``activation.py``, ``page.py``).
+#: Tensor-core decode: ``BatchDecodeWithPagedKVCacheWrapper.plan`` with ``use_tensor_cores=True`` calls
+#: ``get_batch_prefill_module`` with the prefill wrappers' arguments; vLLM's FlashInfer backend always
+#: sets it (``vllm/v1/attention/backends/flashinfer.py`` ``_get_decode_wrapper``), SGLang's
+#: ``should_use_tensor_core`` for an fp8 KV cache or a GQA group of 4+ (``flashinfer_backend.py``).
 NAMES: dict[str, _Named] = {
     "sampling": _Named("top-k/top-p/min-p sampling kernels (flashinfer.sampling)",
-                       "flashinfer.jit.sampling", "gen_sampling_module"),
-    "norm": _Named("RMSNorm, fused add+RMSNorm, LayerNorm (flashinfer.norm)",
-                   "flashinfer.jit.norm", "gen_norm_module"),
+                       (Getter("flashinfer.sampling", "get_sampling_module", "sampling"),)),
+    "norm": _Named("RMSNorm, fused add+RMSNorm, LayerNorm (flashinfer.norm): its CUDA JIT module; FlashInfer "
+                   "0.6.7+ runs CuTe DSL kernels instead (no nvcc, not built here) unless "
+                   "FLASHINFER_USE_CUDA_NORM=1 or the installed CuTe DSL cannot target the GPU",
+                   (Getter("flashinfer.norm", "get_norm_module", "norm",
+                           fallback=("flashinfer.jit.norm", "gen_norm_module")),)),
     "rope": _Named("rotary position embedding, Llama 3.1 RoPE (flashinfer.rope)",
-                   "flashinfer.jit.rope", "gen_rope_module"),
+                   (Getter("flashinfer.rope", "get_rope_module", "rope"),)),
     "activation": _Named("fused act-and-mul, e.g. silu_and_mul for SwiGLU MLPs (flashinfer.activation); --act",
-                         "flashinfer.jit.activation", "gen_act_and_mul_module", activation=True),
+                         (Getter("flashinfer.activation", "get_act_and_mul_module", "activation"),),
+                         activation=True),
     "page": _Named("append to a paged KV cache (flashinfer.page.append_paged_kv_cache)",
-                   "flashinfer.jit.page", "gen_page_module"),
-    "decode": _Named("batch decode attention on a paged KV cache (BatchDecodeWithPagedKVCacheWrapper); "
-                     "--head-dim, --dtype, --kv-dtype",
-                     "flashinfer.jit.attention.modules", "gen_batch_decode_module", attention=True),
-    "prefill": _Named("batch prefill attention, FA2 backend (BatchPrefillWith{Paged,Ragged}KVCacheWrapper); "
-                      "--head-dim, --dtype, --kv-dtype",
-                      "flashinfer.jit.attention.modules", "gen_batch_prefill_module", attention=True),
+                   (Getter("flashinfer.page", "get_page_module", "page"),)),
+    "decode": _Named("batch decode attention on a paged KV cache: BatchDecodeWithPagedKVCacheWrapper loads "
+                     "decode-* (CUDA cores, its default) or, with use_tensor_cores=True (vLLM always; SGLang "
+                     "with an fp8 KV cache or 4+ query heads per KV head), the FA2 prefill module prefill-*; "
+                     "builds both; "
+                     "--head-dim, --dtype, --kv-dtype", (DECODE, PREFILL), attention=True),
+    "prefill": _Named("batch prefill attention, FA2 backend: BatchPrefillWithPagedKVCacheWrapper and "
+                      "BatchPrefillWithRaggedKVCacheWrapper both load prefill-* (on FlashInfer 0.7.4 the "
+                      "..._kv_stride_equal module; paged K and V caches with different strides load a second "
+                      "one lazily, not built); --head-dim, --dtype, --kv-dtype", (PREFILL,), attention=True),
 }
 
 #: Head dims of the common model families: 64 (GPT-2-size, some Phi), 128 (Llama 2/3,
@@ -110,6 +255,10 @@ def expand(names: list[str], *, head_dims: str | None = None, dtypes: str | None
            kv_dtypes: str | None = None, acts: str | None = None) -> list[Variant]:
     """Turn module names and variant flags into concrete variants, in order, without duplicates.
 
+    A name whose API loads several modules (``decode``: CUDA-core and tensor-core decode)
+    gives one variant each; two names that load the same module (``decode prefill``)
+    give it once.  Nothing here imports FlashInfer.
+
     :param names: module names from :data:`NAMES`, or ``all``.
     :param head_dims: ``--head-dim`` value, comma separated ints (default ``128``).
     :param dtypes: ``--dtype`` value for q/o (default ``bf16``); keys of :data:`DTYPES`.
@@ -137,39 +286,45 @@ def expand(names: list[str], *, head_dims: str | None = None, dtypes: str | None
     out: list[Variant] = []
     for name in names:
         n = NAMES[name]
-        if n.attention:
-            for dt in dts:
-                for kv in kvs:
-                    kv = kv or dt
-                    for hd in hds:
-                        out.append(_attention(name, n, dt, kv, hd))
-        elif n.activation:
-            for a in act_list:
-                out.append(Variant(f"activation-{a}", f"{a}_and_mul", n.module, n.generator,
-                                   lambda torch, a=a: (a,)))
-        else:
-            out.append(Variant(name, n.what.split(" (")[0], n.module, n.generator, lambda torch: ()))
+        for g in n.getters:
+            if n.attention:
+                for dt in dts:
+                    for kv in kvs:
+                        for hd in hds:
+                            out.append(_attention(g, dt, kv or dt, hd))
+            elif n.activation:
+                for a in act_list:
+                    out.append(Variant(f"activation-{a}", f"{a}_and_mul", g.module, g.name,
+                                       lambda torch, a=a: (a,)))
+            else:
+                out.append(Variant(g.label, n.what.split(" (")[0], g.module, g.name, lambda torch: (),
+                                   fallback=g.fallback))
     seen: set[str] = set()
     return [v for v in out if not (v.label in seen or seen.add(v.label))]
 
 
-def _attention(name: str, n: _Named, dt: str, kv: str, hd: int) -> Variant:
-    label = f"{name}-{dt}" + (f"-kv{kv}" if kv != dt else "") + f"-hd{hd}"
-    what = (f"{name}: q/o {dt}, kv {kv}, int32 indices, head_dim {hd}, no RoPE in kernel, "
-            "no sliding window, no logits soft cap")
+def _attention(g: Getter, dt: str, kv: str, hd: int) -> Variant:
+    label = f"{g.label}-{dt}" + (f"-kv{kv}" if kv != dt else "") + f"-hd{hd}"
+    what = (f"{g.name}: q/o {dt}, kv {kv}, int32 indices, head_dim {hd}, no RoPE in kernel, "
+            "no sliding window, no logits soft cap" + (", FA2 backend" if g is PREFILL else ""))
 
     def make_args(torch, dt=dt, kv=kv, hd=hd):
         q, k = getattr(torch, DTYPES[dt]), getattr(torch, DTYPES[kv])
+        # FA2 writes no fp8 output: an fp8 query needs o_data_type, and bf16 is what servers pass
         o = q if not dt.startswith("fp8") else torch.bfloat16
-        common = (q, k, o, torch.int32, hd, hd, 0, False, False)
-        return common if name == "decode" else ("fa2", *common, False)
+        # the wrappers' plan(): PosEncodingMode NONE, window_left -1, logits_soft_cap 0,
+        # use_fp16_qk_reduction False (flashinfer/prefill.py, flashinfer/decode.py 0.4.0 - 0.7.4)
+        return {"backend": "fa2", "dtype_q": q, "dtype_kv": k, "dtype_o": o, "dtype_idx": torch.int32,
+                "head_dim_qk": hd, "head_dim_vo": hd, "pos_encoding_mode": 0, "use_sliding_window": False,
+                "use_logits_soft_cap": False, "use_fp16_qk_reduction": False}
 
-    return Variant(label, what, n.module, n.generator, make_args)
+    return Variant(label, what, g.module, g.name, make_args, uri=g.uri)
 
 
 def describe_all() -> str:
     """The text of ``build --list``: each module, what it is, and its variant flags."""
-    lines = ["Modules (flashinfer-sm120 build NAME ...; 'all' builds every one):"]
+    lines = ["Modules (flashinfer-sm120 build NAME ...; 'all' builds every one). Each builds the JIT "
+             "module(s) the named FlashInfer API loads on its first call, for the installed release:"]
     width = max(map(len, NAMES))
     for name, n in NAMES.items():
         lines.append(f"  {name:<{width}}  {n.what}")
