@@ -41,8 +41,7 @@ def test_smoke_passes_with_the_pip_nvcc(clean_env, real_nvcc13):
 
 BROKEN_NVCC = """#!/bin/sh
 case "$*" in *--version*) echo "Cuda compilation tools, release 13.0, V13.0.88"; exit 0;; esac
-i=0; while [ $i -lt 200 ]; do echo "noise line $i from a broken toolkit ........................"; i=$((i+1)); done
-echo "nvcc fatal   : this toolkit is broken on purpose" >&2
+""" + "".join(f"echo 'noise line {i} from a broken toolkit ........................'\n" for i in range(200)) + """echo "nvcc fatal   : this toolkit is broken on purpose" >&2
 exit 1
 """
 
