@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 from ..errors import Sm120Error
 
-__all__ = ["ModuleError", "Variant", "NAMES", "DTYPES", "ACTIVATIONS", "describe_all", "expand"]
+__all__ = ["ModuleError", "Variant", "NAMES", "DTYPES", "ACTIVATIONS", "EXTRA_HEADERS", "describe_all", "expand",
+           "missing_headers"]
 
 
 class ModuleError(Sm120Error, ValueError):
@@ -41,6 +42,7 @@ class Variant:
     module: str
     generator: str
     make_args: Callable[[Any], tuple]
+    headers: tuple[str, ...] = ()
 
     def spec(self):
         """Call the FlashInfer generator; returns its ``JitSpec`` (FlashInfer must be patched first)."""
@@ -57,13 +59,21 @@ class _Named:
     generator: str
     attention: bool = False
     activation: bool = False
+    #: CUDA library headers beyond nvcc, cudart and curand that its sources include.
+    headers: tuple[str, ...] = ()
+
+
+#: Headers some modules include, and the ``cuda-toolkit`` extra (pip wheel) that brings them.
+#: Read from FlashInfer 0.7.4: ``csrc/norm.cu`` includes ``flashinfer/norm/fused_dit_layernorm.cuh``,
+#: which reaches ``flashinfer/trtllm/common/cudaUtils.h`` -> ``cublasLt.h`` and ``cublas_v2.h``.
+EXTRA_HEADERS = {"cublasLt.h": ("cublas", "nvidia-cublas", "cuBLAS")}
 
 
 NAMES: dict[str, _Named] = {
     "sampling": _Named("top-k/top-p/min-p sampling kernels (flashinfer.sampling)",
                        "flashinfer.jit.sampling", "gen_sampling_module"),
     "norm": _Named("RMSNorm, fused add+RMSNorm, LayerNorm (flashinfer.norm)",
-                   "flashinfer.jit.norm", "gen_norm_module"),
+                   "flashinfer.jit.norm", "gen_norm_module", headers=("cublasLt.h",)),
     "rope": _Named("rotary position embedding, Llama 3.1 RoPE (flashinfer.rope)",
                    "flashinfer.jit.rope", "gen_rope_module"),
     "activation": _Named("fused act-and-mul, e.g. silu_and_mul for SwiGLU MLPs (flashinfer.activation); --act",
@@ -146,9 +156,9 @@ def expand(names: list[str], *, head_dims: str | None = None, dtypes: str | None
         elif n.activation:
             for a in act_list:
                 out.append(Variant(f"activation-{a}", f"{a}_and_mul", n.module, n.generator,
-                                   lambda torch, a=a: (a,)))
+                                   lambda torch, a=a: (a,), n.headers))
         else:
-            out.append(Variant(name, n.what.split(" (")[0], n.module, n.generator, lambda torch: ()))
+            out.append(Variant(name, n.what.split(" (")[0], n.module, n.generator, lambda torch: (), n.headers))
     seen: set[str] = set()
     return [v for v in out if not (v.label in seen or seen.add(v.label))]
 
@@ -164,7 +174,36 @@ def _attention(name: str, n: _Named, dt: str, kv: str, hd: int) -> Variant:
         common = (q, k, o, torch.int32, hd, hd, 0, False, False)
         return common if name == "decode" else ("fa2", *common, False)
 
-    return Variant(label, what, n.module, n.generator, make_args)
+    return Variant(label, what, n.module, n.generator, make_args, n.headers)
+
+
+def missing_headers(variants: list[Variant], include_dirs: list[str], cuda_release: str,
+                    pip_toolkit: bool, toolkit_root: str) -> list[str]:
+    """One message per header some variants need that none of ``include_dirs`` holds, naming the fix.
+
+    :param include_dirs: where nvcc will look (``$CUDA_HOME/include`` first).
+    :param cuda_release: the chosen nvcc's ``major.minor``, so the fix installs a matching set.
+    :param pip_toolkit: the chosen nvcc comes from pip wheels (the fix is then a pip install).
+    :param toolkit_root: the chosen toolkit, named in the message.
+    """
+    import os
+
+    out: dict[str, list[str]] = {}
+    for v in variants:
+        for h in v.headers:
+            if not any(os.path.isfile(os.path.join(d, h)) for d in include_dirs):
+                out.setdefault(h, []).append(v.label)
+    msgs = []
+    for h, labels in out.items():
+        extra, wheel, what = EXTRA_HEADERS[h]
+        names = ", ".join(labels)
+        fix = (f"pip install 'cuda-toolkit[{extra}]=={cuda_release}.*' (the {wheel} wheel of your nvcc's release)"
+               if pip_toolkit else f"install {what} for CUDA {cuda_release} into that toolkit (NVIDIA's "
+               f"installer, or your distribution's {what} development package)")
+        msgs.append(f"{names} include{'s' if len(labels) == 1 else ''} {h} ({what}), which the toolkit at "
+                    f"{toolkit_root} does not have (a CPU build of torch does not bring "
+                    f"it; a CUDA build installs {wheel}). Fix: {fix}, or leave {names} out")
+    return msgs
 
 
 def describe_all() -> str:
@@ -172,7 +211,8 @@ def describe_all() -> str:
     lines = ["Modules (flashinfer-sm120 build NAME ...; 'all' builds every one):"]
     width = max(map(len, NAMES))
     for name, n in NAMES.items():
-        lines.append(f"  {name:<{width}}  {n.what}")
+        needs = "".join(f"; needs {h} (pip: cuda-toolkit[{EXTRA_HEADERS[h][0]}])" for h in n.headers)
+        lines.append(f"  {name:<{width}}  {n.what}{needs}")
     lines += [
         "",
         "Variant flags (attention modules get one variant per combination):",
@@ -181,7 +221,7 @@ def describe_all() -> str:
         "  --kv-dtype fp8_e4m3     KV-cache dtype (default: the same as --dtype)",
         f"  --act silu,gelu_tanh    activation for 'activation' (default silu); one of {', '.join(ACTIVATIONS)}",
         "",
-        "Example: flashinfer-sm120 build --arch 12.0 sampling norm rope activation page decode prefill "
+        "Example: flashinfer-sm120 build --arch 12.0 sampling rope activation page decode prefill "
         "--head-dim 128 --dtype bf16",
     ]
     return "\n".join(lines)
