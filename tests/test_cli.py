@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import make_toolkit, needs_flashinfer
+from conftest import make_toolkit, needs_flashinfer, run_code
 
 
 def cli(args, env, timeout=600):
@@ -29,8 +29,8 @@ def test_build_rejects_unknown_module(clean_env):
 @needs_flashinfer
 def test_build_without_gpu_or_arch_says_what_to_pass(clean_env, real_nvcc13):
     env = dict(clean_env, FAKE_GPU_CAPS="")
-    proc = subprocess.run([sys.executable, "-c", "import fakegpu, sys\nfrom flashinfer_sm120.cli import main\n"
-                           "sys.exit(main(['build', 'sampling']))"], env=env, capture_output=True, text=True)
+    proc = run_code("import fakegpu, sys\nfrom flashinfer_sm120.cli import main\n"
+                    "sys.exit(main(['build', 'sampling']))", env)
     assert proc.returncode == 2 and "--arch 12.0" in proc.stderr
 
 

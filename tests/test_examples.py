@@ -68,6 +68,7 @@ def real_nvcc13_module():
     return REAL_NVCC13
 
 
+@pytest.mark.slow  # a fresh venv with this package installed into it
 def test_build_stage_script_in_a_fresh_venv(built):
     venv, cache = built["venv"], built["cache"]
     assert (purelib(venv / "bin" / "python") / PTH_NAME).is_file()  # enable ran in the venv
@@ -94,6 +95,7 @@ def test_dockerfile_runs_the_tested_script_with_the_same_paths_in_both_stages():
     assert "--uid 1000" in build and "--uid 1000" in runtime  # same owner: caches stay trusted
 
 
+@pytest.mark.slow  # uses the fresh venv of the build stage
 def test_systemd_unit_runs_without_a_writable_home(built, tmp_path):
     unit = unit_file()
     venv, root = built["venv"], built["root"]
