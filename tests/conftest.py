@@ -133,6 +133,10 @@ def run_code(code: str, env: dict, timeout: float = 600, args: tuple = ()) -> su
                           timeout=timeout)
 
 
+#: ``python -m flashinfer_sm120`` as code for :func:`run_code` (its arguments follow in ``args``).
+RUN_MODULE = "import runpy\nrunpy.run_module('flashinfer_sm120', run_name='__main__', alter_sys=True)\n"
+
+
 def run_py(code: str, env: dict, timeout: float = 600) -> tuple[dict, subprocess.CompletedProcess]:
     """Run ``code`` in a fresh Python (:func:`run_code`); it must print one JSON line prefixed ``@@``."""
     proc = run_code(code, env, timeout)

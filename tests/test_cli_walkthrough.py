@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from conftest import make_toolkit, needs_flashinfer
+from conftest import RUN_MODULE, make_toolkit, needs_flashinfer, run_code
 from flashinfer_sm120.cli import build as build_cli
 from flashinfer_sm120.cli import main
 from flashinfer_sm120.cli.status import status_line
@@ -21,8 +21,8 @@ from flashinfer_sm120.warmup import modules
 
 
 def cli(args, env, timeout=600):
-    return subprocess.run([sys.executable, "-m", "flashinfer_sm120", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    """``python -m flashinfer_sm120 ARGS`` (a forked child where the environment allows, see run_code)."""
+    return run_code(RUN_MODULE, env, timeout, args)
 
 
 @pytest.fixture
