@@ -90,7 +90,11 @@ def _subcommands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             helps = {a.dest: a.help for a in action._choices_actions}
+            seen: set[int] = set()
             for name, sub in action.choices.items():
+                if id(sub) in seen:  # an alias of a subcommand already listed
+                    continue
+                seen.add(id(sub))
                 yield path + (name,), sub, helps.get(name)
                 yield from _subcommands(sub, path + (name,))
 
