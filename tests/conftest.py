@@ -96,10 +96,50 @@ def clean_env(tmp_path):
     return env
 
 
+_FORKSERVER: list = []  # the session's forkserver.Client, started on first use; [None] when off
+
+
+def pytest_addoption(parser):
+    parser.addoption("--no-forkserver", action="store_true",
+                     help="run every child Python as a new interpreter (see tests/forkserver.py)")
+
+
+def pytest_configure(config):
+    if config.getoption("--no-forkserver"):
+        _FORKSERVER.append(None)
+
+
+def pytest_sessionfinish(session):
+    if _FORKSERVER and _FORKSERVER[0] is not None:
+        _FORKSERVER[0].close()
+
+
+def run_code(code: str, env: dict, timeout: float = 600, args: tuple = ()) -> subprocess.CompletedProcess:
+    """``python -c code *args`` with ``env``, captured as text: a fresh process, forked from the
+    session's fork server (torch and FlashInfer's dependencies already imported, FlashInfer and
+    flashinfer_sm120 not) when the environment allows it, else a new interpreter."""
+    code = textwrap.dedent(code)
+    if not _FORKSERVER:
+        try:
+            import forkserver
+
+            _FORKSERVER.append(forkserver.Client())
+        except Exception:  # no fork server: new interpreters, as before
+            _FORKSERVER.append(None)
+    server = _FORKSERVER[0]
+    if server is not None and server.usable_for(env):
+        return server.run(code, env, timeout, args=list(args))
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+#: ``python -m flashinfer_sm120`` as code for :func:`run_code` (its arguments follow in ``args``).
+RUN_MODULE = "import runpy\nrunpy.run_module('flashinfer_sm120', run_name='__main__', alter_sys=True)\n"
+
+
 def run_py(code: str, env: dict, timeout: float = 600) -> tuple[dict, subprocess.CompletedProcess]:
-    """Run ``code`` in a fresh Python; it must print one JSON line prefixed ``@@``."""
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, env=env, timeout=timeout)
+    """Run ``code`` in a fresh Python (:func:`run_code`); it must print one JSON line prefixed ``@@``."""
+    proc = run_code(code, env, timeout)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("@@"):
             return json.loads(line[2:]), proc

@@ -17,6 +17,7 @@ from deploy_util import (PTH_NAME, SRC, cli, copy_package, env_without, fake_pac
                          purelib)
 
 HOOK = "FlashInferSm120Autoload"
+HOOK_FILE = "flashinfer_sm120_autoload.py"
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,8 @@ def pth_in(bare_venv):
     proc = cli(["enable", "--site-dir", str(site_dir)], dict(env, PYTHONPATH=str(SRC)))
     assert proc.returncode == 0, proc.stderr
     yield py, site_dir
-    (site_dir / PTH_NAME).unlink(missing_ok=True)
+    for name in (PTH_NAME, HOOK_FILE):
+        (site_dir / name).unlink(missing_ok=True)
 
 
 def run(py, code, env, timeout=120):
@@ -51,6 +53,7 @@ def test_enable_says_where_and_for_which_interpreter(tmp_path):
     assert "flashinfer, vllm, sglang" in proc.stdout
     lines = pth.read_text().splitlines()
     assert len(lines) == 1 and lines[0].startswith("import ")
+    assert (d / HOOK_FILE).is_file() and HOOK_FILE in proc.stdout
     assert not list(d.glob(".*.tmp"))  # written through a temp file, nothing left
 
 
@@ -173,18 +176,60 @@ def test_vllm_import_exports_the_toolkit_before_flashinfer_is_imported(clean_env
     assert out["cuda_home"] == out["home"], out
 
 
-def test_the_line_falls_back_to_source_for_another_bytecode_version(tmp_path):
-    """The .pth carries bytecode for the interpreter that wrote it; another one compiles the source."""
-    from flashinfer_sm120.autoload import pth_line
+ENCODED = ("marshal", "exec(", "eval(", "bytes.fromhex", "base64", "codecs", "compile(", "zlib")
 
-    import importlib.util
 
-    magic = f"== '{importlib.util.MAGIC_NUMBER.hex()}'"
-    assert pth_line().count(magic) == 1
-    line = pth_line().replace(magic, "== 'ffffffff'")
-    (tmp_path / PTH_NAME).write_text(line)
-    code = (f"import site, sys; site.addsitedir({str(tmp_path)!r}); "
-            f"print([type(f).__name__ for f in sys.meta_path].count({HOOK!r}))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env_without("FLASHINFER_SM120_DISABLE", "FLASHINFER_SM120_AUTOLOAD_TRIGGERS"))
-    assert proc.returncode == 0 and proc.stderr == "" and proc.stdout.strip() == "1", proc.stderr
+def test_what_enable_writes_is_readable_standard_library_source(tmp_path):
+    """No encoded payload: the .pth is one plain import, its module is readable stdlib-only Python."""
+    import ast
+
+    d = tmp_path / "site"
+    d.mkdir()
+    assert cli(["enable", "--site-dir", str(d)], env_without("FLASHINFER_SM120_DISABLE")).returncode == 0
+    assert sorted(p.name for p in d.iterdir()) == sorted([PTH_NAME, HOOK_FILE, "__pycache__"])
+    pth, hook = (d / PTH_NAME).read_text(), (d / HOOK_FILE).read_text()
+    assert pth == "import flashinfer_sm120_autoload; flashinfer_sm120_autoload.install()\n"
+    for text in (pth, hook):
+        assert text.isascii() and max(map(len, text.splitlines())) <= 120
+        for word in ENCODED:
+            assert word not in text, word
+    assert hook == (SRC / "flashinfer_sm120" / "autoload_hook.py").read_text()  # the package's own file
+    tree = ast.parse(hook)
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert imported <= {"os", "sys", "flashinfer_sm120.autoload"}, imported
+    top = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+    assert top <= {"os", "sys"}  # the package itself is imported only by a trigger
+
+
+def test_disable_removes_the_module_and_its_bytecode(pth_in):
+    py, site_dir = pth_in
+    env = env_without("FLASHINFER_SM120_DISABLE", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
+    assert run(py, "pass", env).returncode == 0  # another interpreter version caches its own .pyc
+    pycs = list((site_dir / "__pycache__").glob("flashinfer_sm120_autoload.*.pyc"))
+    assert pycs, "enable caches the module's bytecode (as pip does for installed files)"
+    proc = cli(["disable", "--site-dir", str(site_dir)], env_without("FLASHINFER_SM120_DISABLE", PYTHONPATH=str(SRC)))
+    assert proc.returncode == 0, proc.stderr
+    left = [p for p in site_dir.rglob("*flashinfer_sm120*")]
+    assert left == [] and str(site_dir / HOOK_FILE) in proc.stdout
+
+
+def test_a_pth_whose_module_was_deleted_never_stops_the_interpreter(pth_in):
+    py, site_dir = pth_in
+    (site_dir / HOOK_FILE).unlink()
+    proc = run(py, "print(42)", env_without("FLASHINFER_SM120_DISABLE", "PYTHONPATH"))
+    assert proc.returncode == 0 and proc.stdout.strip() == "42"
+
+
+def test_doctor_names_a_pth_left_without_its_module(tmp_path):
+    from flashinfer_sm120 import autoload
+
+    d = tmp_path / "site"
+    d.mkdir()
+    assert cli(["enable", "--site-dir", str(d)], env_without("FLASHINFER_SM120_DISABLE")).returncode == 0
+    assert autoload._current(str(d))
+    (d / HOOK_FILE).unlink()
+    assert not autoload._current(str(d))
+    lines = autoload.doctor_lines({"pth": [str(d / PTH_NAME)], "outdated": [str(d / PTH_NAME)],
+                                   "triggers": ["flashinfer"]}, "python")
+    assert len(lines) == 2 and "enable' again" in lines[1] and HOOK_FILE in lines[1]

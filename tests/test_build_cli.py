@@ -5,13 +5,12 @@ import os
 import subprocess
 import sys
 
-from conftest import needs_flashinfer
+from conftest import needs_flashinfer, run_code
 
 
 def cli(args, env, timeout=300):
     code = "import sys, fakegpu\nfrom flashinfer_sm120.cli import main\nsys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return run_code(code, env, timeout, args)
 
 
 def test_list_names_every_module_and_flag(clean_env):

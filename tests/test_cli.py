@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from conftest import make_toolkit, needs_flashinfer
+from conftest import RUN_MODULE, make_toolkit, needs_flashinfer, run_code
 
 
 def cli(args, env, timeout=600):
-    return subprocess.run([sys.executable, "-m", "flashinfer_sm120", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    """``python -m flashinfer_sm120 ARGS`` (a forked child where the environment allows, see run_code)."""
+    return run_code(RUN_MODULE, env, timeout, args)
 
 
 @pytest.mark.parametrize("value", ["blackwell", "12.x", "12.0 rtx5090"])
@@ -29,8 +29,8 @@ def test_build_rejects_unknown_module(clean_env):
 @needs_flashinfer
 def test_build_without_gpu_or_arch_says_what_to_pass(clean_env, real_nvcc13):
     env = dict(clean_env, FAKE_GPU_CAPS="")
-    proc = subprocess.run([sys.executable, "-c", "import fakegpu, sys\nfrom flashinfer_sm120.cli import main\n"
-                           "sys.exit(main(['build', 'sampling']))"], env=env, capture_output=True, text=True)
+    proc = run_code("import fakegpu, sys\nfrom flashinfer_sm120.cli import main\n"
+                    "sys.exit(main(['build', 'sampling']))", env)
     assert proc.returncode == 2 and "--arch 12.0" in proc.stderr
 
 
@@ -93,6 +93,7 @@ def test_enable_disable_pth(tmp_path):
 
 
 @needs_flashinfer
+@pytest.mark.slow  # waits out doctor's --timeout and the 10 s bound on a hung nvcc
 def test_doctor_with_a_hung_nvcc_finishes_and_says_so(clean_env, tmp_path, real_nvcc13):
     hang = make_toolkit(tmp_path / "cuda-hang", nvcc_script="#!/bin/sh\nexec /usr/bin/sleep 300\n")
     env = dict(clean_env, CUDA_HOME=str(hang), FLASHINFER_CUDA_ARCH_LIST="12.0")

@@ -69,6 +69,7 @@ def real_nvcc13_module():
     return REAL_NVCC13
 
 
+@pytest.mark.slow  # a fresh venv with this package installed into it
 def test_build_stage_script_in_a_fresh_venv(built):
     venv, cache = built["venv"], built["cache"]
     assert (purelib(venv / "bin" / "python") / PTH_NAME).is_file()  # enable ran in the venv
@@ -117,6 +118,7 @@ def _check_server(python, env) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # uses the fresh venv of the build stage
 def test_systemd_unit_runs_without_a_writable_home(built, tmp_path):
     unit = unit_file()
     venv, root = built["venv"], built["root"]

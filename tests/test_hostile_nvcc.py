@@ -15,6 +15,9 @@ import pytest
 from conftest import needs_flashinfer
 from probe_util import alive_with, hostile_toolkit, kill_all_with
 
+#: Each case waits out the real 10 s bound on `nvcc --version` (or a 30 s guard): slow by design.
+pytestmark = pytest.mark.slow
+
 CHILD = r"""
 import json, resource, time
 t = time.monotonic()

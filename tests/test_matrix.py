@@ -34,7 +34,8 @@ from test_releases import _release_dir
 
 pytestmark = needs_flashinfer
 
-ERAS = ["0.4.0", "0.6.7", "0.6.17", "installed"]
+#: The old releases are downloaded (once, see test_releases.wheels_dir): slow; the installed one is not.
+ERAS = [pytest.param(v, marks=pytest.mark.slow) for v in ("0.4.0", "0.6.7", "0.6.17")] + ["installed"]
 TORCH = [None, "12.8", "12.9", "13.0"]
 GPUS = ["8.9", "9.0", "10.0", "12.0", "12.1", "12.0 8.9"]
 #: toolkit set -> [(source, nvcc release)] in discovery order (pip before PATH).

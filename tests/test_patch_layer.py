@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from conftest import make_toolkit, needs_flashinfer, run_py
+from conftest import make_toolkit, needs_flashinfer, run_code, run_py
 from patch_util import logging_toolkit
 
 STATE = """
@@ -178,16 +178,23 @@ def test_doctor_shows_gpu_source_guard_cleaned_home_and_release(clean_env, tmp_p
     fake = make_toolkit(tmp_path / "cuda-12.8")
     env = dict(clean_env, FAKE_GPU_CAPS="12.1", FAKE_NVML="missing", FAKE_TORCH_CUDA="12.8",
                CUDA_HOME=f":{fake}")
-    run = [sys.executable, "-c", "import fakegpu, sys\nfrom flashinfer_sm120.cli import main\n"
-           "sys.exit(main(sys.argv[1:]))"]
-    proc = subprocess.run(run + ["doctor", "--json", "--timeout", "60"], env=env, capture_output=True,
-                          text=True, timeout=600)
+    run = "import fakegpu, sys\nfrom flashinfer_sm120.cli import main\nsys.exit(main(sys.argv[1:]))"
+    proc = run_code(run, env, 600, ["doctor", "--json", "--timeout", "60"])
     r = json.loads(proc.stdout)
     assert r["gpu_source"].startswith("torch.cuda (NVML: nvmlInit failed") and r["gpus"][0]["capability"] == "12.1"
     assert r["guard"] is True and "sm_121a" in r["resolution_error"]
     assert r["after"]["status"]["mode"] == "guard"
     assert any(f"CUDA_HOME=':{fake}' is malformed" in n for n in r["cleaned"])
     assert r["release"]["era"] == "sm120a-12.8" and r["release"]["min_nvcc"] == "12.8"
-    human = subprocess.run(run + ["doctor"], env=env, capture_output=True, text=True, timeout=600).stdout
+    # the human report is printed from the same report (one doctor run, and its child, fewer)
+    import contextlib
+    import io
+
+    from flashinfer_sm120.cli import doctor
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        doctor._print_doctor(r)
+    human = buf.getvalue()
     assert "GPUs (from torch.cuda (NVML" in human and "FlashInfer is GUARDED" in human
     assert "CUDA_HOME/CUDA_PATH cleaned:" in human and "FlashInfer release: era sm120a-12.8" in human

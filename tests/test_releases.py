@@ -20,7 +20,8 @@ from conftest import make_toolkit, needs_flashinfer, run_py
 
 pytestmark = needs_flashinfer
 
-RELEASES = ["0.4.0", "0.6.7", "0.6.17", "installed"]
+#: The old releases are downloaded (once, into wheels_dir()): slow; the installed one is not.
+RELEASES = [pytest.param(v, marks=pytest.mark.slow) for v in ("0.4.0", "0.6.7", "0.6.17")] + ["installed"]
 
 REPORT = """
 import json, os, fakegpu, flashinfer_sm120, flashinfer
@@ -41,18 +42,26 @@ print("@@" + json.dumps(out))
 """
 
 
+def wheels_dir() -> str:
+    """The documented cache of downloaded FlashInfer releases (``$FLASHINFER_SM120_TEST_WHEELS``)."""
+    return os.environ.get("FLASHINFER_SM120_TEST_WHEELS") or os.path.expanduser(
+        "~/.cache/flashinfer-sm120/test-wheels")
+
+
 def _release_dir(version):
     if version == "installed":
         return None
-    base = os.environ.get("FLASHINFER_SM120_TEST_WHEELS") or os.path.expanduser(
-        "~/.cache/flashinfer-sm120/test-wheels")
+    base = wheels_dir()
     target = os.path.join(base, version)
     if not os.path.isdir(os.path.join(target, "flashinfer")):
         wheels = os.path.join(base, "wheels")
-        dl = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-build-isolation", "-d", wheels,
-                             f"flashinfer-python=={version}"], capture_output=True, text=True, timeout=600)
+        # few retries and a short timeout: offline, skip in seconds rather than wait out pip's defaults
+        dl = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-build-isolation",
+                             "--retries", "1", "--timeout", "30", "-d", wheels, f"flashinfer-python=={version}"],
+                            capture_output=True, text=True, timeout=600)
         if dl.returncode != 0:
-            pytest.skip(f"cannot download flashinfer-python=={version}: {dl.stderr.strip()[-300:]}")
+            pytest.skip(f"cannot download flashinfer-python=={version} into {wheels} (offline? set "
+                        f"FLASHINFER_SM120_TEST_WHEELS to a directory that has it): {dl.stderr.strip()[-300:]}")
         whl = [w for w in os.listdir(wheels) if w.startswith(f"flashinfer_python-{version}-")]
         if whl:
             subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
@@ -158,3 +167,17 @@ def test_0_6_18_needs_nvcc_12_8_for_its_own_flags(clean_env, tmp_path):
     assert out["release"] == "0.6.18" and out["mode"] == "guard", proc.stderr[-2000:]
     assert "compress-mode" in proc.stderr
     assert out["error"].startswith("ToolkitError") and "sm75" not in out["error"]
+
+
+def test_offline_release_download_skips_with_the_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHINFER_SM120_TEST_WHEELS", str(tmp_path / "wheels"))
+    empty = tmp_path / "no-index"
+    empty.mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # as offline: no index, an empty find-links
+    monkeypatch.setenv("PIP_FIND_LINKS", str(empty))
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    with pytest.raises(pytest.skip.Exception) as exc:
+        _release_dir("0.6.7")
+    msg = str(exc.value)
+    assert "cannot download flashinfer-python==0.6.7" in msg and "FLASHINFER_SM120_TEST_WHEELS" in msg
+    assert str(tmp_path / "wheels") in msg

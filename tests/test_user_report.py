@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from conftest import make_toolkit, needs_flashinfer, run_py
+from conftest import make_toolkit, needs_flashinfer, run_code, run_py
 
 SUMMARY = """
 import json, os, fakegpu, flashinfer_sm120, flashinfer
@@ -45,7 +45,7 @@ def test_build_for_an_unknown_gpu_prints_the_fix_once(clean_env, real_nvcc13):
     env = dict(clean_env, FAKE_GPU_CAPS="")
     code = ("import fakegpu, sys\nfrom flashinfer_sm120.cli import main\n"
             "sys.exit(main(['build', '--arch', '15.0', 'sampling', '--ninja-only']))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    proc = run_code(code, env, 600)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.count("pip install -U flashinfer-sm120") == 1, proc.stderr[-3000:]
     assert "--arch sets FLASHINFER_CUDA_ARCH_LIST" in proc.stderr

@@ -69,6 +69,20 @@ def test_view_is_reused_and_a_damaged_one_is_replaced_under_a_new_name(tmp_path,
     assert not tmp_dirs(cache / "cuda-home")
 
 
+def test_headers_installed_after_the_view_was_built_appear_in_it(tmp_path, cache):
+    """``pip install 'cuda-toolkit[cublas]'`` (the fix ``build norm`` prints) adds cublasLt.h to the
+    toolkit; the same view (same cuda_home, so no ninja rebuild) must then carry it."""
+    root = pip_like(tmp_path)
+    tk = inspect(str(root))
+    first = view.linkable_home(tk)
+    assert not os.path.lexists(os.path.join(first.path, "include", "cublasLt.h"))
+    (root / "include" / "cublasLt.h").write_text("/* cuBLASLt */\n")
+    again = view.linkable_home(inspect(str(root)))
+    assert again.path == first.path
+    assert os.path.realpath(os.path.join(again.path, "include", "cublasLt.h")) == str(root / "include" / "cublasLt.h")
+    assert view.linkable_home(inspect(str(root))).path == first.path  # still adoptable
+
+
 @pytest.mark.parametrize("fallback", [False, True])
 def test_view_built_under_a_group_writable_umask_is_adopted(tmp_path, cache, monkeypatch, fallback):
     """umask 002 (user private groups) must not make our own view fail its own check."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import needs_flashinfer, run_py
+from conftest import needs_flashinfer, run_code, run_py
 
 pytestmark = needs_flashinfer
 
@@ -53,8 +53,7 @@ print("@@" + json.dumps({"err": err}))
 
 def cli(args, env, timeout=300):
     code = "import sys, fakegpu\nfrom flashinfer_sm120.cli import main\nsys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return run_code(code, env, timeout, args)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import needs_flashinfer, run_py
+from conftest import needs_flashinfer, run_code, run_py
 
 RECORD = """
 import json, fakegpu, flashinfer_sm120, torch
@@ -70,8 +70,7 @@ def test_record_then_replay_gives_identical_ninja_files(clean_env, tmp_path, rea
     shutil.rmtree(env["FLASHINFER_WORKSPACE_BASE"])  # a fresh machine: no generated sources
     env2 = {k: v for k, v in clean_env.items() if k != "FLASHINFER_SM120_RECORD"}
     env2["FAKE_GPU_CAPS"] = ""  # no GPU on the builder
-    proc = subprocess.run([sys.executable, "-c", REPLAY, str(manifest)], env=env2,
-                          capture_output=True, text=True, timeout=300)
+    proc = run_code(REPLAY, env2, 300, [str(manifest)])
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout)
     assert report["target_cuda_archs"] == ["sm_120f"]

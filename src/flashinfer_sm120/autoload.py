@@ -1,26 +1,29 @@
 """The ``.pth`` autoload: load flashinfer_sm120 only when a module that needs it is imported.
 
-``flashinfer-sm120 enable`` writes :data:`PTH_NAME` into a site-packages
-directory.  ``site.py`` executes a ``.pth`` line that starts with ``import`` at
-every interpreter start (Python docs, "site — Site-specific configuration hook"),
-so that line must cost nothing and break nothing.  It runs :data:`HOOK_SOURCE`,
-which uses the standard library only and imports nothing (``os`` and ``sys`` are
-already loaded by ``site``): it puts one finder at the front of ``sys.meta_path``
-(PEP 451 ``find_spec`` protocol).  On the first import of a module in
-:data:`TRIGGERS` (or a submodule of one), the finder disarms and removes itself,
-imports ``flashinfer_sm120`` (which registers the FlashInfer patch hooks), calls
+``flashinfer-sm120 enable`` writes two files into a site-packages directory:
+:data:`HOOK_FILE`, a copy of :mod:`flashinfer_sm120.autoload_hook` (readable
+source, standard library only), and :data:`PTH_NAME`, whose one line
+(:data:`PTH_LINE`) imports that module and calls its ``install()``.  ``site.py``
+executes a ``.pth`` line that starts with ``import`` at every interpreter start
+(Python docs, "site — Site-specific configuration hook"), so it must cost nothing
+and break nothing: ``install()`` imports nothing (``os`` and ``sys`` are already
+loaded by ``site``) and puts one finder at the front of ``sys.meta_path`` (PEP 451
+``find_spec`` protocol).  On the first import of a module in :data:`TRIGGERS` (or
+a submodule of one), the finder disarms and removes itself, imports
+``flashinfer_sm120`` (which registers the FlashInfer patch hooks), calls
 :func:`triggered`, and hands the import on to the remaining finders.  Any other
 import pays one ``str.partition`` and a set lookup; pip, linters and every tool
 that never touches FlashInfer never load the package, wrapt, logging or asyncio.
+``flashinfer-sm120 disable`` removes both files (and the module's ``.pyc``).
 
 Failure rules of the hook (it must never stop an interpreter):
 
-* the package is gone (``pip uninstall`` leaves the ``.pth``): silent;
+* the package is gone (``pip uninstall`` leaves both files): silent;
 * the package raises anything at import, ``SystemExit`` included: one line on
   stderr naming the ``.pth`` to remove, and the import of the trigger goes on;
 * ``FLASHINFER_SM120_DISABLE=1`` at start-up: no finder is installed at all.
 
-Triggers (decided here, documented in the README):
+Triggers (decided here, documented in docs/servers.md):
 
 ``flashinfer``
     the module being patched.
@@ -43,109 +46,34 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
-__all__ = ["PTH_NAME", "TRIGGERS", "EXPORT_EARLY", "HOOK_SOURCE", "pth_line", "triggered", "worker_setup", "state", "enabled_in",
-           "doctor_report", "doctor_lines"]
+from .autoload_hook import MODULE_NAME, PTH_NAME, TRIGGERS
+
+__all__ = ["PTH_NAME", "PTH_LINE", "HOOK_FILE", "MODULE_NAME", "TRIGGERS", "EXPORT_EARLY", "hook_source",
+           "pth_files", "triggered", "worker_setup", "state", "enabled_in", "doctor_report", "doctor_lines"]
 
 logger = logging.getLogger("flashinfer_sm120")
 
-#: File name of the ``.pth``; unchanged since 0.1.0 so ``disable`` removes old ones too.
-PTH_NAME = "flashinfer_sm120_autoload.pth"
-
-#: Top-level modules whose first import loads flashinfer_sm120.
-TRIGGERS = ("flashinfer", "vllm", "sglang")
 
 #: Triggers after whose import the chosen toolkit is exported at once (see module docstring).
 EXPORT_EARLY = ("vllm", "sglang")
 
-# The hook, run by the .pth line with ``_pth`` (this file's path) and ``_triggers``
-# in its globals.  Standard library only, nothing imported at start-up.
-HOOK_SOURCE = r'''
-def _boot():
-    import os, sys
-    env = os.environ
-    if env.get("FLASHINFER_SM120_DISABLE", "").strip().lower() not in ("", "0", "false", "no", "off"):
-        return
-    names = env.get("FLASHINFER_SM120_AUTOLOAD_TRIGGERS")
-    triggers = frozenset(names.replace(",", " ").split() if names is not None else _triggers)
-    pth = _pth
-
-    def say(exc):
-        try:
-            sys.stderr.write("flashinfer-sm120: autoload failed (%r); FlashInfer is not patched. Fix: "
-                             "pip install --force-reinstall flashinfer-sm120, or remove %s\n" % (exc, pth))
-        except BaseException:
-            pass
-
-    class FlashInferSm120Autoload:
-        """Loads flashinfer_sm120 at the first import of a trigger module, then leaves sys.meta_path."""
-
-        armed = True
-
-        def find_spec(self, name, path=None, target=None):
-            if not self.armed or name.partition(".")[0] not in triggers:
-                return None
-            self.armed = False
-            try:
-                sys.meta_path.remove(self)
-            except ValueError:
-                pass
-            try:
-                import flashinfer_sm120.autoload as _a
-                _a.triggered(name, pth)
-            except KeyboardInterrupt:
-                raise
-            except ModuleNotFoundError as exc:
-                if exc.name not in ("flashinfer_sm120", "flashinfer_sm120.autoload"):
-                    say(exc)
-            except BaseException as exc:
-                say(exc)
-            # We left sys.meta_path while the import system was walking it: ask the
-            # remaining finders ourselves so none is skipped.
-            for finder in list(sys.meta_path):
-                find = getattr(finder, "find_spec", None)
-                if find is not None:
-                    spec = find(name, path, target)
-                    if spec is not None:
-                        return spec
-            return None
-
-    # One finder per process, even when site reads this file twice (a venv's lib64 -> lib
-    # symlink) or finds copies in several site directories.
-    if not any(type(f).__name__ == "FlashInferSm120Autoload" for f in sys.meta_path):
-        sys.meta_path.insert(0, FlashInferSm120Autoload())
+#: The one line of the ``.pth``: import the hook module written next to it, and arm it.
+PTH_LINE = f"import {MODULE_NAME}; {MODULE_NAME}.install()\n"
+#: File name of the hook module ``enable`` writes next to the ``.pth``.
+HOOK_FILE = MODULE_NAME + ".py"
 
 
-try:
-    _boot()
-except KeyboardInterrupt:
-    raise
-except BaseException:
-    pass
-'''
+def hook_source() -> str:
+    """The source of :mod:`flashinfer_sm120.autoload_hook`, which ``enable`` copies as :data:`HOOK_FILE`."""
+    return Path(__file__).with_name("autoload_hook.py").read_text(encoding="utf-8")
 
 
-def pth_line(triggers: tuple[str, ...] = TRIGGERS) -> str:
-    """The one line written into the ``.pth`` file (ends with a newline).
-
-    ``site.addpackage`` ``exec``s it in its own frame, where ``fullname`` is the
-    ``.pth`` path; the hook gets that path (for its one error line) and the
-    triggers in a fresh globals dict, so nothing leaks into ``site``.  Start-up
-    cost is kept to a few tens of microseconds: the line carries the hook
-    compiled by the writing interpreter (``marshal``, used when the reader's
-    bytecode magic number is the same, as for ``.pyc`` files; else the source is
-    compiled), and does nothing when a hook is already installed (a venv's
-    site-packages is read twice, through ``lib`` and the ``lib64`` symlink).
-    """
-    import importlib.util
-    import marshal
-
-    code = compile(HOOK_SOURCE, "<" + PTH_NAME + ">", "exec", optimize=2)  # no docstrings
-    return ("import sys, marshal; any(type(f).__name__ == 'FlashInferSm120Autoload' for f in sys.meta_path) "
-            "or exec(marshal.loads(bytes.fromhex('%s')) if getattr(sys.modules.get('_frozen_importlib_external'), "
-            "'MAGIC_NUMBER', b'').hex() == '%s' else %r, {'__name__': 'flashinfer_sm120_autoload', "
-            "'_pth': locals().get('fullname'), '_triggers': %r})\n"
-            % (marshal.dumps(code).hex(), importlib.util.MAGIC_NUMBER.hex(), HOOK_SOURCE, tuple(triggers)))
+def pth_files() -> dict[str, str]:
+    """What ``enable`` writes into a site directory: ``{file name: text}``, the module before the
+    ``.pth`` (so an interpreter starting meanwhile never finds a ``.pth`` without its module)."""
+    return {HOOK_FILE: hook_source(), PTH_NAME: PTH_LINE}
 
 
 #: Values of a boolean environment variable that mean "off" (as everywhere in this package).
@@ -245,11 +173,26 @@ def enabled_in() -> list[str]:
 
 
 def doctor_report() -> dict:
-    """The autoload part of ``doctor --json``: ``pth`` (files found), ``triggers``,
+    """The autoload part of ``doctor --json``: ``pth`` (files found), ``outdated`` (those not
+    written by this release's ``enable``, or missing their module), ``triggers``,
     ``disabled``, ``triggered_by`` and ``early_export`` (this process)."""
-    return {"pth": enabled_in(), "triggers": list(TRIGGERS),
+    found = enabled_in()
+    return {"pth": found, "outdated": [p for p in found if not _current(os.path.dirname(p))],
+            "triggers": list(TRIGGERS),
             "disabled": os.environ.get("FLASHINFER_SM120_DISABLE", "").strip().lower() not in _OFF,
             "triggered_by": state.triggered_by, "early_export": state.early_export}
+
+
+def _current(site_dir: str) -> bool:
+    """Whether ``site_dir`` holds exactly what this release's ``enable`` writes."""
+    try:
+        for name, text in pth_files().items():
+            with open(os.path.join(site_dir, name), encoding="utf-8") as fh:
+                if fh.read(len(text) + 1) != text:
+                    return False
+    except OSError:
+        return False
+    return True
 
 
 def doctor_lines(report: dict | None, python: str) -> list[str]:
@@ -258,5 +201,7 @@ def doctor_lines(report: dict | None, python: str) -> list[str]:
     if report.get("pth"):
         return [f"Autoload: {', '.join(report['pth'])}: every process of {python} is patched when it first "
                 f"imports {', '.join(report['triggers'])}"
-                + (" (but FLASHINFER_SM120_DISABLE is set)" if report.get("disabled") else "")]
+                + (" (but FLASHINFER_SM120_DISABLE is set)" if report.get("disabled") else "")] + [
+            f"  {p} was not written by this release, or its module {HOOK_FILE} is missing: run "
+            f"'flashinfer-sm120 enable' again" for p in report.get("outdated") or ()]
     return [f"Autoload: not enabled for {python} ('flashinfer-sm120 enable' to patch every worker)"]

@@ -1,13 +1,15 @@
 """flashinfer-sm120: make FlashInfer JIT-build for the right GPUs with the right nvcc.
 
-Commands: doctor (what was found and chosen), build (JIT-build kernels now),
-enable/disable (import flashinfer_sm120 in every Python process)."""
+Commands: doctor (what was found and chosen), status (one line), build (JIT-build
+kernels now), cache (move a warmed JIT cache), enable/disable (load flashinfer_sm120
+in every Python process that uses FlashInfer)."""
 
 from __future__ import annotations
 
 import argparse
-
+import difflib
 import importlib
+import re
 
 from .. import __version__
 from . import enable
@@ -32,16 +34,74 @@ def _broken_parser(sub, name: str, exc: BaseException) -> None:
     p.set_defaults(func=fail)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``flashinfer-sm120`` command; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="flashinfer-sm120", description=__doc__)
+class _Parser(argparse.ArgumentParser):
+    """argparse, plus a close-match hint for a mistyped subcommand or choice where argparse
+    has none of its own (``suggest_on_error`` is new in Python 3.14)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        m = re.match(r"argument [^:]+: invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if m and "maybe you meant" not in message:
+            choices = [c.strip().strip("'") for c in m.group(2).split(",")]
+            close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
+            if close:
+                message += f"; did you mean {close[0]!r}?"
+        super().error(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``flashinfer-sm120`` parser with every subcommand (the docs' CLI reference is made from it)."""
+    parser = _Parser(prog="flashinfer-sm120", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for name in ("doctor", "build"):
+    for name in ("doctor", "status", "build"):
         try:  # imported here so that enable/disable work with the rest of the package broken
             importlib.import_module(f".{name}", __name__).add_parser(sub)
         except Exception as exc:
             _broken_parser(sub, name, exc)
     enable.add_parsers(sub)
-    args = parser.parse_args(argv)
+    for p in _parsers(parser):
+        # Python 3.14+: "maybe you meant" for mistyped subcommands and choices; an attribute,
+        # not the keyword, so older releases ignore it (argparse docs, suggest_on_error).
+        p.suggest_on_error = True
+    return parser
+
+
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """``parser`` and every subparser under it."""
+    out = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for p in dict.fromkeys(action.choices.values()):
+                out += _parsers(p)
+    return out
+
+
+def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost subparser the command line selected (``cache export`` -> its parser)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            name = getattr(args, action.dest, None)
+            if name in action.choices:
+                return _chosen(action.choices[name], args)
+    return parser
+
+
+def _unknown(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """``unrecognized arguments: --headdim (did you mean --head-dim?)``."""
+    options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    hints = []
+    for arg in extras:
+        given = arg.split("=", 1)[0]
+        close = difflib.get_close_matches(given, options, n=1, cutoff=0.6) if arg.startswith("-") else []
+        if close:
+            hints.append(f"did you mean {close[0]}?" if len(extras) == 1 else f"for {given}, did you mean {close[0]}?")
+    return f"unrecognized arguments: {' '.join(extras)}" + "".join(f"; {h}" for h in hints)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``flashinfer-sm120`` command; returns the exit status."""
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # the subcommand's own usage, and the option that was probably meant
+        _chosen(parser, args).error(_unknown(_chosen(parser, args), extras))
     return args.func(args)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 
 from ..warmup import modules as _modules
@@ -32,15 +34,23 @@ def run_build(args: argparse.Namespace) -> int:
                                    kv_dtypes=args.kv_dtype, acts=args.act) if args.modules else []
         entries, problems = replay.load(args.manifest) if args.manifest else ([], [])
         arch = replay.arch_for(entries, args.arch) if args.manifest else args.arch
+        for note in arch_notes(args.arch):
+            print(f"flashinfer-sm120: {note}", file=sys.stderr)
         session.set_arch(arch)
         served = session.apply_server_cache(args.for_server, entries)
         sess = session.prepare(arch)
     except (_modules.ModuleError, session.BuildError) as exc:
         return _err(str(exc))
+    origin = _targets_origin(args.arch, arch)
+    if origin:  # --arch reaches FlashInfer as FLASHINFER_CUDA_ARCH_LIST: name what the user typed
+        sess.summary = re.sub(r"from FLASHINFER_CUDA_ARCH_LIST='[^']*'", origin, sess.summary)
     print(f"flashinfer-sm120: {sess.summary}", file=sys.stderr)
     if served["server"]:
         print(f"flashinfer-sm120: building into {served['server']}'s JIT directory ({served['why']}): "
               f"{sess.jit_dir} ({served['how']})", file=sys.stderr)
+    missing = _missing_headers(variants, sess) if not args.ninja_only else []
+    if missing:  # before anything compiles: nvcc would stop on the #include minutes later
+        return _err("; ".join(missing))
     for p in problems:
         print(f"flashinfer-sm120: manifest: {p}", file=sys.stderr)
     labelled, not_generated = [], []
@@ -70,6 +80,7 @@ def run_build(args: argparse.Namespace) -> int:
     summary = {"cuda_home": sess.cuda_home, "cuda_version": sess.cuda_version,
                "flashinfer": sess.flashinfer, "target_cuda_archs": [_sm(t) for t in sess.targets],
                "jit_dir": str(sess.jit_dir), "server": served,
+               "targets_from": origin or _origin_from_summary(sess.summary),
                "pool_wall_s": pool_wall, "pool_occupancy": occupancy, "modules": results, "cannot_regenerate": [{"name": n, "why": w} for n, w in skipped]}
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -88,9 +99,55 @@ def _sm(target: str) -> str:
     return "sm_" + target.replace(".", "")
 
 
+def arch_notes(value: str | None) -> list[str]:
+    """How ``--arch`` was read, for entries not already written as ``major.minor[a|f]``:
+    ``--arch 120`` -> ``'120' read as 12.0``; bad entries are left to :func:`session.set_arch`."""
+    if not value:
+        return []
+    from .. import arch as _arch
+
+    notes = []
+    for entry in (e for e in re.split(r"[\s,;]+", value.strip()) if e):
+        try:
+            (spec,) = _arch.parse_arch_list(entry, source="--arch")
+        except (_arch.ArchListError, ValueError):
+            continue
+        canon = f"{spec.major}.{spec.minor}{spec.suffix or ''}"
+        if entry != canon:
+            dropped = " (+PTX dropped: FlashInfer builds machine code only)" if entry.upper().endswith("+PTX") else ""
+            notes.append(f"--arch {entry!r} read as {canon} (compute capability {spec.major}.{spec.minor}){dropped}")
+    return notes
+
+
+def _targets_origin(given: str | None, used: str | None) -> str | None:
+    """``from --arch X`` or ``from the manifest``, when the CLI chose the targets."""
+    if given:
+        return f"from --arch {given}"
+    if used:
+        return "from the manifest"
+    return None
+
+
+def _origin_from_summary(summary: str) -> str | None:
+    m = re.search(r"targets [^;]*? \((from [^)]*|GPUs from [^)]*)\)", summary)
+    return m.group(1) if m else None
+
+
+def _missing_headers(variants: list, sess) -> list[str]:
+    """:func:`modules.missing_headers` for the chosen toolkit (where nvcc looks, and whether it is pip's)."""
+    import flashinfer_sm120 as shim
+
+    tk = ((shim.status().get("resolution") or {}).get("choice") or {}).get("toolkit") or {}
+    dirs = [os.path.join(sess.cuda_home, "include"), *tk.get("include_dirs", ()), "/usr/include"]
+    release = ".".join(str(sess.cuda_version).split(".")[:2])
+    return _modules.missing_headers(variants, dirs, release, "pip" in tk.get("sources", ()),
+                                    tk.get("root") or sess.cuda_home)
+
+
 def _print_human(summary: dict) -> None:
+    origin = f" ({summary['targets_from']})" if summary.get("targets_from") else ""
     print(f"nvcc: {summary['cuda_home']}/bin/nvcc (CUDA {summary['cuda_version']}); "
-          f"targets {', '.join(summary['target_cuda_archs'])}")
+          f"targets {', '.join(summary['target_cuda_archs'])}{origin}")
     for r in summary["modules"]:
         if r["status"] == "ninja written":
             print(f"ninja written {r['module']}: {r['ninja']}")
@@ -129,8 +186,6 @@ def add_parser(sub) -> None:
                    help="write FlashInfer's build.ninja files, compile nothing")
     b.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     b.set_defaults(func=run_build)
-    try:
-        from . import cache as _cache
-    except ImportError:  # pragma: no cover
-        return
+    from . import cache as _cache
+
     _cache.add_parsers(sub)

@@ -133,7 +133,9 @@ def run_doctor(args: argparse.Namespace) -> int:
         report["server_cache"] = apply_server_cache(strict=False)
     except Exception as exc:
         report["server_cache"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-    report["flashinfer"] = flashinfer_version()
+    report["torch_from"] = _installed("torch")  # "not installed" is not a CPU build
+    report["flashinfer_installed"] = _installed("flashinfer") is not None
+    report["flashinfer"] = flashinfer_version() if report["flashinfer_installed"] else None
     release = release_info(report["flashinfer"])
     report["release"] = release.to_dict()
     report["torch_cuda"] = toolkit.torch_cuda_version()  # imports torch: the GPU fallback may use it
@@ -196,7 +198,8 @@ def run_doctor(args: argparse.Namespace) -> int:
         from ..verify import smoke
 
         report["smoke"] = smoke.run_smoke().to_dict()
-    ok = "resolution" in report and report.get("smoke", {"ok": True})["ok"]
+    ok = ("resolution" in report and report["flashinfer_installed"]
+          and report.get("smoke", {"ok": True})["ok"])
     if args.json:
         print(json.dumps(report, indent=2, default=str))
         return 0 if ok else 1
@@ -204,11 +207,26 @@ def run_doctor(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _installed(name: str) -> str | None:
+    """Where ``name`` would be imported from, or ``None`` when it is not installed (nothing imported)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    return (spec.origin or name) if spec is not None else None
+
+
 def _print_doctor(r: dict) -> None:
     p = print
     rel = r["release"]
-    p(f"flashinfer-sm120 {r['flashinfer_sm120']}  flashinfer {r['flashinfer']}  "
-      f"torch CUDA {r['torch_cuda'] or 'none (CPU build)'}")
+    torch = ("torch: not installed" if r.get("torch_from") is None
+             else f"torch CUDA {r['torch_cuda'] or 'none (CPU build)'}")
+    fi = f"flashinfer {r['flashinfer']}" if r.get("flashinfer_installed") else "flashinfer: not installed"
+    p(f"flashinfer-sm120 {r['flashinfer_sm120']}  {fi}  {torch}")
+    if not r.get("flashinfer_installed"):
+        p(f"FlashInfer is not installed for {r['python']}: pip install flashinfer-python")
     if rel["supported"]:
         p(f"FlashInfer release: era {rel['era']}: {rel['arch_rules']}"
           + (f"; needs nvcc >= {rel['min_nvcc']} ({rel['min_nvcc_why']})" if rel["min_nvcc"] else ""))

@@ -15,7 +15,7 @@ import sys
 import sysconfig
 import tempfile
 
-from ..autoload import PTH_NAME, TRIGGERS, pth_line
+from ..autoload import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS, pth_files
 from .common import err as _err
 
 __all__ = ["add_parsers", "user_site_problem"]
@@ -115,11 +115,14 @@ def _enable(args: argparse.Namespace) -> int:
             who = f"every process of {py} (virtual environment {sys.prefix})"
     target = os.path.join(target_dir, PTH_NAME)
     try:
-        _write_atomic(target, pth_line())
+        for name, text in pth_files().items():  # the module first, then the .pth that imports it
+            _write_atomic(os.path.join(target_dir, name), text)
+            if name == HOOK_FILE:
+                _precompile(os.path.join(target_dir, name))
     except OSError as exc:
         hint = "use a virtual environment you own" if args.user else "try --user, or a virtual environment you own"
-        return _err(f"cannot write {target}: {exc.strerror or exc}; {hint}")
-    print(f"wrote {target}\n"
+        return _err(f"cannot write {os.path.join(target_dir, name)}: {exc.strerror or exc}; {hint}")
+    print(f"wrote {target} and {HOOK_FILE} next to it (readable, standard library only)\n"
           f"  {who} now loads flashinfer_sm120 when it first imports {', '.join(TRIGGERS)};\n"
           f"  other processes pay nothing. Undo: 'flashinfer-sm120 disable' (or delete that file); "
           f"skip once: FLASHINFER_SM120_DISABLE=1.")
@@ -132,14 +135,15 @@ def _disable(args: argparse.Namespace) -> int:
         return empty
     removed, failed = [], []
     for d in _targets_for_disable(args.site_dir):
-        target = os.path.join(d, PTH_NAME)
-        if not os.path.lexists(target):
-            continue
-        try:
-            os.unlink(target)
-            removed.append(target)
-        except OSError as exc:
-            failed.append(f"{target}: {exc.strerror or exc}")
+        # the .pth first: an interpreter starting meanwhile must not import a missing module
+        for target in [os.path.join(d, PTH_NAME), os.path.join(d, HOOK_FILE)] + _pycs(d):
+            if not os.path.lexists(target):
+                continue
+            try:
+                os.unlink(target)
+                removed.append(target)
+            except OSError as exc:
+                failed.append(f"{target}: {exc.strerror or exc}")
     if removed:
         print("removed " + ", ".join(removed))
     if failed:
@@ -149,14 +153,36 @@ def _disable(args: argparse.Namespace) -> int:
     return 0
 
 
+def _precompile(path: str) -> None:
+    """Cache the module's bytecode now, as pip does for installed files, so that interpreters
+    that may not write into this directory (a root-owned site dir) do not compile it at each start."""
+    import py_compile
+
+    try:
+        py_compile.compile(path, doraise=True)
+    except (OSError, py_compile.PyCompileError):  # an unwritable __pycache__: they compile it then
+        pass
+
+
+def _pycs(site_dir: str) -> list[str]:
+    """The hook module's bytecode that interpreters cached under ``__pycache__``."""
+    cache = os.path.join(site_dir, "__pycache__")
+    try:
+        names = os.listdir(cache)
+    except OSError:
+        return []
+    return [os.path.join(cache, n) for n in sorted(names)
+            if n.startswith(MODULE_NAME + ".") and n.endswith(".pyc")]
+
+
 def add_parsers(sub) -> None:
     """Register the ``enable`` and ``disable`` subcommands."""
     e = sub.add_parser("enable", help="load flashinfer_sm120 in every process that imports "
-                       + "/".join(TRIGGERS) + " (writes a .pth file)")
+                       + "/".join(TRIGGERS) + " (writes a .pth file and its module)")
     e.add_argument("--user", action="store_true",
                    help="user site-packages instead of this environment (refused inside a virtualenv)")
     e.add_argument("--site-dir", help="write into this directory instead (must be a site directory)")
     e.set_defaults(func=_enable)
-    dis = sub.add_parser("disable", help="remove the .pth file written by 'enable' (works with the package broken)")
+    dis = sub.add_parser("disable", help="remove the files written by 'enable' (works with the package broken)")
     dis.add_argument("--site-dir", help="remove it from this directory only")
     dis.set_defaults(func=_disable)

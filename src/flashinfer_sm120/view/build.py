@@ -229,6 +229,29 @@ def _adopt_existing(parent: str, base: str, toolkit: Toolkit,
     return None, None
 
 
+def _link_new_headers(parent: str, path: str, toolkit: Toolkit) -> None:
+    """Link headers the toolkit gained after the view was built (``pip install 'cuda-toolkit[cublas]'``
+    puts ``cublasLt.h`` into ``nvidia/cu13/include``), so that the printed fix works without a new
+    view, whose new ``cuda_home`` path would make ninja rebuild every module.  Only adds links into
+    the toolkit, which adoption accepts, and never changes what is there; problems are left to
+    nvcc's own message."""
+    inc = os.path.join(path, "include")
+    try:
+        have = set(os.listdir(inc))
+        new = [(d, n) for d in toolkit.include_dirs for n in sorted(os.listdir(d)) if n not in have]
+    except OSError:
+        return
+    if not new:
+        return
+    try:
+        with _lock(parent):
+            for d, name in new:
+                if not os.path.lexists(os.path.join(inc, name)):
+                    os.symlink(os.path.join(d, name), os.path.join(inc, name))
+    except (OSError, filelock.Timeout) as exc:
+        logger.debug("flashinfer-sm120: could not add new headers to %s: %r", path, exc)
+
+
 def _lock(parent: str) -> filelock.BaseFileLock:
     return filelock.FileLock(os.path.join(parent, ".lock"), timeout=LOCK_TIMEOUT_S, mode=0o600)
 
@@ -266,6 +289,7 @@ def linkable_home(toolkit: Toolkit) -> CudaHome:
     if home is not None:
         if any(n.startswith(".tmp-") for n in os.listdir(parent)):
             _clean_if_free(parent)
+        _link_new_headers(parent, home.path, toolkit)
         return home
     try:
         with _lock(parent):

@@ -32,7 +32,6 @@ import re
 import shlex
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 
@@ -244,28 +243,14 @@ def _compilers() -> list[tuple[str, list[str]]]:
 
 
 def _run(cmd: list[str]) -> tuple[int | None, str]:
-    """``(exit status or None, output head)`` of ``cmd``, bounded in time and output.
+    """``(exit status or None, output head)`` of ``cmd``, through the package's bounded runner
+    (:mod:`flashinfer_sm120.proc`): bounded in time and output, nothing left behind."""
+    from .. import proc
 
-    Uses the package's bounded runner (:mod:`flashinfer_sm120.proc`) where it
-    exists, else :func:`subprocess.run` with a timeout in a new session.
-    """
-    try:
-        from .. import proc  # type: ignore[attr-defined]
-    except ImportError:
-        proc = None
-    if proc is not None:
-        res = proc.run(cmd, timeout=COMPILER_TIMEOUT_S, max_output=16 << 10)
-        if res.timed_out:
-            return None, f"timed out after {COMPILER_TIMEOUT_S:.0f} s"
-        return res.returncode, res.error or res.text()[:400]
-    with tempfile.TemporaryFile() as out:
-        try:
-            rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                timeout=COMPILER_TIMEOUT_S, start_new_session=True).returncode
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return None, str(exc)
-        out.seek(0)
-        return rc, out.read(400).decode("utf-8", "replace")
+    res = proc.run(cmd, timeout=COMPILER_TIMEOUT_S, max_output=16 << 10)
+    if res.timed_out:
+        return None, f"timed out after {COMPILER_TIMEOUT_S:.0f} s"
+    return res.returncode, res.error or res.text()[:400]
 
 
 def _compile_stub(dest: str, symbols: list[str]) -> None:

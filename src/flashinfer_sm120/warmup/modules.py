@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from ..errors import Sm120Error
 
-__all__ = ["ModuleError", "Variant", "NAMES", "DTYPES", "ACTIVATIONS", "describe_all", "expand"]
+__all__ = ["ModuleError", "Variant", "NAMES", "DTYPES", "ACTIVATIONS", "describe_all", "expand", "EXTRA_HEADERS", "missing_headers"]
 
 
 class ModuleError(Sm120Error, ValueError):
@@ -82,6 +82,8 @@ class Variant:
     make_args: Callable[[Any], Any]
     uri: str | None = None
     fallback: tuple[str, str] | None = None
+    #: CUDA library headers beyond nvcc, cudart and curand that its sources include.
+    headers: tuple[str, ...] = ()
 
     def spec(self):
         """The ``JitSpec`` the getter builds first for these arguments (FlashInfer must be patched first).
@@ -189,6 +191,14 @@ class _Named:
     getters: tuple[Getter, ...]
     attention: bool = False
     activation: bool = False
+    #: CUDA library headers beyond nvcc, cudart and curand that its sources include.
+    headers: tuple[str, ...] = ()
+
+
+#: Headers some modules include, and the ``cuda-toolkit`` extra (pip wheel) that brings them.
+#: Read from FlashInfer 0.7.4: ``csrc/norm.cu`` includes ``flashinfer/norm/fused_dit_layernorm.cuh``,
+#: which reaches ``flashinfer/trtllm/common/cudaUtils.h`` -> ``cublasLt.h`` and ``cublas_v2.h``.
+EXTRA_HEADERS = {"cublasLt.h": ("cublas", "nvidia-cublas", "cuBLAS")}
 
 
 #: Which getter each public API reaches on its first call (FlashInfer 0.4.0 - 0.7.4 ``prefill.py``,
@@ -204,7 +214,7 @@ NAMES: dict[str, _Named] = {
                    "0.6.7+ runs CuTe DSL kernels instead (no nvcc, not built here) unless "
                    "FLASHINFER_USE_CUDA_NORM=1 or the installed CuTe DSL cannot target the GPU",
                    (Getter("flashinfer.norm", "get_norm_module", "norm",
-                           fallback=("flashinfer.jit.norm", "gen_norm_module")),)),
+                           fallback=("flashinfer.jit.norm", "gen_norm_module")),), headers=("cublasLt.h",)),
     "rope": _Named("rotary position embedding, Llama 3.1 RoPE (flashinfer.rope)",
                    (Getter("flashinfer.rope", "get_rope_module", "rope"),)),
     "activation": _Named("fused act-and-mul, e.g. silu_and_mul for SwiGLU MLPs (flashinfer.activation); --act",
@@ -291,19 +301,19 @@ def expand(names: list[str], *, head_dims: str | None = None, dtypes: str | None
                 for dt in dts:
                     for kv in kvs:
                         for hd in hds:
-                            out.append(_attention(g, dt, kv or dt, hd))
+                            out.append(_attention(g, dt, kv or dt, hd, n.headers))
             elif n.activation:
                 for a in act_list:
                     out.append(Variant(f"activation-{a}", f"{a}_and_mul", g.module, g.name,
-                                       lambda torch, a=a: (a,)))
+                                       lambda torch, a=a: (a,), headers=n.headers))
             else:
                 out.append(Variant(g.label, n.what.split(" (")[0], g.module, g.name, lambda torch: (),
-                                   fallback=g.fallback))
+                                   fallback=g.fallback, headers=n.headers))
     seen: set[str] = set()
     return [v for v in out if not (v.label in seen or seen.add(v.label))]
 
 
-def _attention(g: Getter, dt: str, kv: str, hd: int) -> Variant:
+def _attention(g: Getter, dt: str, kv: str, hd: int, headers: tuple[str, ...] = ()) -> Variant:
     label = f"{g.label}-{dt}" + (f"-kv{kv}" if kv != dt else "") + f"-hd{hd}"
     what = (f"{g.name}: q/o {dt}, kv {kv}, int32 indices, head_dim {hd}, no RoPE in kernel, "
             "no sliding window, no logits soft cap" + (", FA2 backend" if g is PREFILL else ""))
@@ -318,7 +328,36 @@ def _attention(g: Getter, dt: str, kv: str, hd: int) -> Variant:
                 "head_dim_qk": hd, "head_dim_vo": hd, "pos_encoding_mode": 0, "use_sliding_window": False,
                 "use_logits_soft_cap": False, "use_fp16_qk_reduction": False}
 
-    return Variant(label, what, g.module, g.name, make_args, uri=g.uri)
+    return Variant(label, what, g.module, g.name, make_args, uri=g.uri, headers=headers)
+
+
+def missing_headers(variants: list[Variant], include_dirs: list[str], cuda_release: str,
+                    pip_toolkit: bool, toolkit_root: str) -> list[str]:
+    """One message per header some variants need that none of ``include_dirs`` holds, naming the fix.
+
+    :param include_dirs: where nvcc will look (``$CUDA_HOME/include`` first).
+    :param cuda_release: the chosen nvcc's ``major.minor``, so the fix installs a matching set.
+    :param pip_toolkit: the chosen nvcc comes from pip wheels (the fix is then a pip install).
+    :param toolkit_root: the chosen toolkit, named in the message.
+    """
+    import os
+
+    out: dict[str, list[str]] = {}
+    for v in variants:
+        for h in v.headers:
+            if not any(os.path.isfile(os.path.join(d, h)) for d in include_dirs):
+                out.setdefault(h, []).append(v.label)
+    msgs = []
+    for h, labels in out.items():
+        extra, wheel, what = EXTRA_HEADERS[h]
+        names = ", ".join(labels)
+        fix = (f"pip install 'cuda-toolkit[{extra}]=={cuda_release}.*' (the {wheel} wheel of your nvcc's release)"
+               if pip_toolkit else f"install {what} for CUDA {cuda_release} into that toolkit (NVIDIA's "
+               f"installer, or your distribution's {what} development package)")
+        msgs.append(f"{names} include{'s' if len(labels) == 1 else ''} {h} ({what}), which the toolkit at "
+                    f"{toolkit_root} does not have (a CPU build of torch does not bring "
+                    f"it; a CUDA build installs {wheel}). Fix: {fix}, or leave {names} out")
+    return msgs
 
 
 def describe_all() -> str:
@@ -327,7 +366,8 @@ def describe_all() -> str:
              "module(s) the named FlashInfer API loads on its first call, for the installed release:"]
     width = max(map(len, NAMES))
     for name, n in NAMES.items():
-        lines.append(f"  {name:<{width}}  {n.what}")
+        needs = "".join(f"; needs {h} (pip: cuda-toolkit[{EXTRA_HEADERS[h][0]}])" for h in n.headers)
+        lines.append(f"  {name:<{width}}  {n.what}{needs}")
     lines += [
         "",
         "Variant flags (attention modules get one variant per combination):",
@@ -336,7 +376,7 @@ def describe_all() -> str:
         "  --kv-dtype fp8_e4m3     KV-cache dtype (default: the same as --dtype)",
         f"  --act silu,gelu_tanh    activation for 'activation' (default silu); one of {', '.join(ACTIVATIONS)}",
         "",
-        "Example: flashinfer-sm120 build --arch 12.0 sampling norm rope activation page decode prefill "
+        "Example: flashinfer-sm120 build --arch 12.0 sampling rope activation page decode prefill "
         "--head-dim 128 --dtype bf16",
     ]
     return "\n".join(lines)

@@ -220,10 +220,7 @@ def _try_lock(job: Job):
     """FlashInfer's per-module lock (flashinfer/jit/core.py ``JitSpecNvcc.lock_path``), or None if busy."""
     if job.lock_path is None:
         return _Nothing()
-    try:
-        from filelock import FileLock, Timeout
-    except ImportError:  # pragma: no cover - filelock is a FlashInfer dependency
-        return _Nothing()
+    from filelock import FileLock, Timeout  # a dependency (and FlashInfer's)
     lock = FileLock(str(job.lock_path), thread_local=False)
     try:
         lock.acquire(timeout=0)

@@ -150,6 +150,11 @@ def prepare(arch: str | None) -> Session:
         import flashinfer.jit.cpp_ext as cx
         from flashinfer import __version__ as fi_version
         from flashinfer.jit import env as jit_env
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "flashinfer":
+            raise BuildError(f"importing FlashInfer failed: {exc!r}") from None
+        raise BuildError(f"FlashInfer is not installed for {sys.executable}: pip install flashinfer-python "
+                         f"(into the environment of that interpreter)") from None
     except Exception as exc:
         raise BuildError(f"importing FlashInfer failed: {exc!r}") from None
     st = shim.status()

@@ -1,0 +1,204 @@
+"""The CLI as a new user meets it (issue 13): missing FlashInfer or torch, a mistyped option or
+subcommand, how --arch was read, headers a module needs, and the one-line ``status``.
+
+"Not installed" is simulated faithfully: a ``sitecustomize`` on ``PYTHONPATH`` makes every
+import of the named top-level modules raise ``ModuleNotFoundError`` (as for a venv without
+them), in the command and in every child it starts.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import RUN_MODULE, make_toolkit, needs_flashinfer, run_code
+from flashinfer_sm120.cli import build as build_cli
+from flashinfer_sm120.cli import main
+from flashinfer_sm120.cli.status import status_line
+from flashinfer_sm120.warmup import modules
+
+
+def cli(args, env, timeout=600):
+    """``python -m flashinfer_sm120 ARGS`` (a forked child where the environment allows, see run_code)."""
+    return run_code(RUN_MODULE, env, timeout, args)
+
+
+@pytest.fixture
+def hiding(tmp_path, clean_env):
+    """``hiding("flashinfer", "torch")``: an environment where those are not installed."""
+    d = tmp_path / "hide"
+    d.mkdir()
+    (d / "sitecustomize.py").write_text(textwrap.dedent("""\
+        import os, sys
+        _HIDDEN = set(os.environ["HIDE_MODULES"].split(","))
+        class _NotInstalled:
+            def find_spec(self, name, path=None, target=None):
+                if name.partition(".")[0] in _HIDDEN:
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+                return None
+        sys.meta_path.insert(0, _NotInstalled())
+        """))
+
+    def env(*names):
+        return dict(clean_env, HIDE_MODULES=",".join(names),
+                    PYTHONPATH=os.pathsep.join([str(d), clean_env["PYTHONPATH"]]))
+    return env
+
+
+# --------------------------------------------------------------------------- not installed
+
+
+def test_build_without_flashinfer_names_the_pip_fix(hiding):
+    proc = cli(["build", "--arch", "12.0", "sampling"], hiding("flashinfer"))
+    assert proc.returncode == 2, proc.stderr
+    assert "FlashInfer is not installed" in proc.stderr and "pip install flashinfer-python" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_doctor_without_torch_or_flashinfer_says_not_installed_and_fails(hiding):
+    proc = cli(["doctor", "--timeout", "30"], hiding("flashinfer", "torch"), timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert "torch: not installed" in first and "CPU build" not in first
+    assert "flashinfer: not installed" in first and "pip install flashinfer-python" in proc.stdout
+
+
+@needs_flashinfer
+def test_doctor_with_flashinfer_but_no_torch_still_says_torch_not_installed(hiding):
+    proc = cli(["doctor", "--json", "--timeout", "30"], hiding("torch"), timeout=300)
+    import json
+
+    report = json.loads(proc.stdout)
+    assert report["torch_from"] is None and report["flashinfer_installed"] is True
+
+
+def test_status_without_flashinfer_names_the_fix(hiding):
+    proc = cli(["status"], hiding("flashinfer"))
+    assert proc.returncode == 1 and len(proc.stdout.splitlines()) == 1
+    assert proc.stdout.startswith("not installed:") and "pip install flashinfer-python" in proc.stdout
+
+
+# --------------------------------------------------------------------------- mistyped
+
+
+def test_mistyped_option_shows_the_subcommands_usage_and_the_close_match(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["build", "--headdim", "128", "decode"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert err.startswith("usage: flashinfer-sm120 build ")  # build's usage, not the top-level one
+    assert "unrecognized arguments: --headdim; did you mean --head-dim?" in err
+
+
+def test_mistyped_nested_option_names_its_own_subcommand(capsys):
+    with pytest.raises(SystemExit):
+        main(["cache", "import", "x.tgz", "--forse"])
+    err = capsys.readouterr().err
+    assert err.startswith("usage: flashinfer-sm120 cache import ") and "did you mean --force?" in err
+
+
+def test_mistyped_subcommand_gets_a_suggestion(capsys):
+    with pytest.raises(SystemExit):
+        main(["buidl"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'buidl'" in err and ("did you mean 'build'?" in err or "maybe you meant 'build'?" in err)
+
+
+def test_an_unrelated_word_gets_no_made_up_suggestion(capsys):
+    with pytest.raises(SystemExit):
+        main(["build", "--zzzzzz", "sampling"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --zzzzzz" in err and "did you mean" not in err
+
+
+# --------------------------------------------------------------------------- --arch
+
+
+@pytest.mark.parametrize("value, note", [
+    ("120", "--arch '120' read as 12.0"),
+    ("sm_120", "--arch 'sm_120' read as 12.0"),
+    ("sm_121a", "--arch 'sm_121a' read as 12.1a"),
+    ("12.0+PTX", "--arch '12.0+PTX' read as 12.0"),
+])
+def test_arch_spellings_say_how_they_were_read(value, note):
+    notes = build_cli.arch_notes(value)
+    assert len(notes) == 1 and notes[0].startswith(note)
+
+
+@pytest.mark.parametrize("value", ["12.0", "12.0 12.1", "9.0a,12.0f", None, ""])
+def test_canonical_arch_needs_no_note(value):
+    assert build_cli.arch_notes(value) == []
+
+
+@needs_flashinfer
+def test_build_summary_names_the_arch_flag_not_the_variable(clean_env, real_nvcc13):
+    proc = cli(["build", "--arch", "120", "--ninja-only", "sampling"], clean_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "--arch '120' read as 12.0" in proc.stderr
+    assert "targets sm_120f (from --arch 120)" in proc.stderr  # the one summary line
+    assert "FLASHINFER_CUDA_ARCH_LIST" not in proc.stderr
+    nvcc_line = next(line for line in proc.stdout.splitlines() if line.startswith("nvcc: "))
+    assert nvcc_line.endswith("targets sm_120f (from --arch 120)")
+
+
+# --------------------------------------------------------------------------- extra headers
+
+
+def test_list_marks_the_modules_that_need_extra_headers():
+    text = modules.describe_all()
+    norm = next(line for line in text.splitlines() if line.strip().startswith("norm "))
+    assert "needs cublasLt.h (pip: cuda-toolkit[cublas])" in norm
+    assert sum("needs " in line for line in text.splitlines()) == sum(bool(n.headers) for n in modules.NAMES.values())
+
+
+def test_missing_header_message_names_the_wheel_of_the_nvcc_release(tmp_path):
+    inc = tmp_path / "cu13" / "include"
+    inc.mkdir(parents=True)
+    variants = modules.expand(["sampling", "norm"])
+    (msg,) = modules.missing_headers(variants, [str(inc)], "13.0", True, str(tmp_path / "cu13"))
+    assert msg.startswith("norm includes cublasLt.h (cuBLAS)") and str(tmp_path / "cu13") in msg
+    assert "Fix: pip install 'cuda-toolkit[cublas]==13.0.*'" in msg
+    (system,) = modules.missing_headers(variants, [str(inc)], "13.0", False, "/usr/local/cuda-13.0")
+    assert "pip install" not in system and "cuBLAS for CUDA 13.0" in system
+    (inc / "cublasLt.h").write_text("")
+    assert modules.missing_headers(variants, [str(inc)], "13.0", True, str(tmp_path)) == []
+
+
+@needs_flashinfer
+def test_build_norm_without_cublas_fails_before_compiling(clean_env, tmp_path):
+    """A toolkit without cuBLAS headers (what a CPU torch leaves): refused before any ninja file
+    is written or nvcc runs, with the fix; the real compile would stop on the #include minutes in."""
+    fake = make_toolkit(tmp_path / "cuda-13.0", "13.0.88", curand=True,
+                        nvcc_script="#!/bin/sh\necho \"$@\" >> \"$(dirname \"$0\")/ran\"\n"
+                                    "echo 'Cuda compilation tools, release 13.0, V13.0.88'\n",
+                        version_json=True)
+    env = dict(clean_env, CUDA_HOME=str(fake))
+    proc = cli(["build", "--arch", "12.0", "norm"], env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "norm includes cublasLt.h" in proc.stderr and "Fix: " in proc.stderr
+    assert not list((tmp_path / "ws").rglob("build.ninja"))
+    ran = (fake / "bin" / "ran").read_text() if (fake / "bin" / "ran").exists() else ""
+    assert ".cu" not in ran, ran  # at most 'nvcc --version' ran, never a compile
+
+
+# --------------------------------------------------------------------------- status
+
+
+def test_status_line_for_each_mode():
+    tk = {"nvcc_full": "13.0.88", "root": "/opt/cu13"}
+    st = {"mode": "patched", "resolution": {"choice": {"toolkit": tk}}, "target_cuda_archs": ["sm_120f"]}
+    assert status_line(st) == "patched: nvcc 13.0.88 at /opt/cu13; targets sm_120f"
+    assert status_line(dict(st, target_cuda_archs=[])).endswith("FLASHINFER_CUDA_ARCH_LIST=12.0)")
+    assert status_line({"mode": "guard"}).startswith("guard: no CUDA toolkit fits")
+    assert status_line({"mode": "disabled"}).startswith("disabled: FLASHINFER_SM120_DISABLE")
+    assert status_line({"mode": "failed", "error": "boom"}) == "failed: boom"
+
+
+@needs_flashinfer
+def test_status_prints_one_line_with_mode_toolkit_and_targets(clean_env, real_nvcc13):
+    proc = cli(["status"], dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0"))
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stdout.splitlines()
+    assert line.startswith(("patched: nvcc 13.", "noop: nvcc 13.")) and line.endswith("; targets sm_120f")
