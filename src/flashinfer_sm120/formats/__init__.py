@@ -1,0 +1,60 @@
+"""The input boundary: everything flashinfer-sm120 reads that someone else could
+have written enters here once and leaves as a typed value.
+
+Rules, by construction rather than by listing bad cases:
+
+* **bounded reads**: a size cap is enforced while reading (never "read, then
+  check"); line reads stream with a per-line and a line-count cap; a FIFO or
+  device is never opened for a blocking read;
+* **depth-bounded JSON**: nesting is measured before :func:`json.loads` runs,
+  so ``[[[[...`` ten thousand deep is refused with a message instead of a
+  ``RecursionError``; ``NaN``/``Infinity`` are refused;
+* **explicit types**: :func:`field` takes a key and the type wanted and says
+  which file, which key and what it held;
+* **one grammar per kind of value**: versions (:func:`parse_version`, parsed
+  once into :class:`~packaging.version.Version` and only formatted from it),
+  names (:data:`NAME_RE`: letters, digits, ``_``, ``.``, ``-``; no whitespace,
+  ``$``, ``:``, ``/``, NUL), relative paths made of such names;
+* **paths we write are checked where they are joined**: :func:`safe_join`
+  refuses absolute parts, ``..`` and symlinked parents under the root;
+  :func:`make_private_dirs` creates directories ``0700`` level by level,
+  whatever the umask;
+* **bounded messages**: :func:`shown` quotes at most :data:`MAX_SHOWN`
+  characters of a value and :func:`some` at most a few items of a list.
+
+Every refusal is a :class:`FormatError` (a :class:`~flashinfer_sm120.errors.Sm120Error`)
+naming the file or variable, the offending value (truncated) and the fix.
+
+Modules: :mod:`.base` (bounded messages), :mod:`.reads` (bounded reads, JSON, typed fields,
+checked text), :mod:`.grammar` (one grammar per kind of value), :mod:`.paths` (safe joins,
+private directories), :mod:`.cli` (argparse number types), :mod:`.binary` (ELF headers and
+tool output).  Import from this package, not from the modules.
+"""
+
+from __future__ import annotations
+
+from ..errors import FormatError
+from .base import MAX_SHOWN, shown, some
+from .reads import (
+    MAX_JSON_DEPTH, read_bytes, read_prefix, read_text, iter_lines, loads_json, read_json_file, field,
+    env_text, check_text, string_list,
+)
+from .grammar import (
+    NAME_RE, FILE_NAME_RE, parse_version, parse_name, parse_relpath, parse_target, parse_flag,
+    parse_path_text, parse_sha256, parse_ninja_log_header, parse_leading_version,
+)
+from .paths import safe_join, make_private_dirs
+from .cli import cli_int, cli_float, cli_size
+from .binary import (
+    ElfInfo, read_elf, cuda_elf_sm, parse_cuobjdump_list, parse_cuobjdump_headers, ninja_variables,
+    proc_maps_paths,
+)
+
+__all__ = [
+    "FormatError", "MAX_SHOWN", "MAX_JSON_DEPTH", "NAME_RE", "FILE_NAME_RE", "shown", "some", "read_bytes",
+    "read_prefix", "read_text", "iter_lines", "loads_json", "read_json_file", "field", "parse_version",
+    "parse_name", "parse_relpath", "safe_join", "make_private_dirs", "env_text", "check_text", "parse_target",
+    "parse_flag", "parse_path_text", "parse_sha256", "string_list", "cli_int", "cli_float", "cli_size",
+    "parse_ninja_log_header", "parse_leading_version", "ElfInfo", "read_elf", "cuda_elf_sm",
+    "parse_cuobjdump_list", "parse_cuobjdump_headers", "ninja_variables", "proc_maps_paths",
+]

@@ -1,0 +1,61 @@
+"""Bounded messages: the one way a refusal quotes what it was given."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+
+from ..errors import FormatError
+
+
+#: Characters of an offending value quoted in a message, at most.
+MAX_SHOWN = 80
+
+
+def shown(value: Any, limit: int = MAX_SHOWN) -> str:
+    """``repr(value)`` cut to ``limit`` characters (``...`` and the full length
+    added when cut), so a message never carries a megabyte of input."""
+    if isinstance(value, (bytes, bytearray)):
+        text = repr(bytes(value[: limit + 1]))
+        size = len(value)
+    elif isinstance(value, str):
+        text = repr(value[: limit + 1])
+        size = len(value)
+    else:
+        try:
+            text = repr(value)
+        except Exception:  # a hostile __repr__
+            text = f"<{type(value).__name__}>"
+        size = len(text)
+        if len(text) > limit:
+            return text[:limit] + f"... ({type(value).__name__})"
+        return text
+    if size > limit:
+        return text[: limit + 1] + f"... ({size} characters)"
+    return text
+
+
+def some(items: Iterable[Any], limit: int = 3) -> str:
+    """``'a', 'b', 'c' and 97 more``: at most ``limit`` items, each :func:`shown`."""
+    out, extra = [], 0
+    for item in items:
+        if len(out) < limit:
+            out.append(shown(item, 40))
+        else:
+            extra += 1
+    return ", ".join(out) + (f" and {extra} more" if extra else "")
+
+
+def _fail(source: str, problem: str, fix: str) -> FormatError:
+    return FormatError(f"{source}: {problem}; {fix}" if fix else f"{source}: {problem}")
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
+               list: "a list", dict: "an object", type(None): "null"}
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    return _TYPE_NAMES.get(type(value), type(value).__name__)

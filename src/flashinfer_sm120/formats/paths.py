@@ -1,0 +1,67 @@
+"""Paths we write: joined under a root with the grammar of names, created private."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+
+
+from .grammar import parse_relpath
+from .base import _fail
+
+
+def safe_join(root: str | os.PathLike, rel: str | Iterable[str], source: str, *, fix: str = "") -> Path:
+    """``root/rel``, refused unless it stays under ``root``.
+
+    ``rel`` is a ``/``-separated string or a sequence of parts; every part must
+    be a name (:func:`parse_relpath`), so absolute parts and ``..`` cannot
+    occur; every part that already exists below ``root``, except the last, must
+    be a real directory (a symlinked parent is refused, it could lead anywhere).
+    The last part may exist; it is refused when it is a symlink.
+
+    Raises:
+        FormatError: naming ``source`` and the offending part.
+    """
+    parts = parse_relpath(rel if isinstance(rel, str) else "/".join(rel), source, fix=fix)
+    base = Path(root)
+    cur = base
+    for i, part in enumerate(parts):
+        cur = cur / part
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            break
+        except OSError as exc:
+            raise _fail(source, f"cannot check {cur} ({exc.strerror or exc})", fix) from None
+        if stat.S_ISLNK(st.st_mode):
+            raise _fail(source, f"{cur} is a symlink; nothing is written through links", fix)
+        if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
+            raise _fail(source, f"{cur} is not a directory", fix)
+    return base.joinpath(*parts)
+
+
+def make_private_dirs(path: str | os.PathLike, *, mode: int = 0o700) -> None:
+    """Create ``path`` and any missing parents with exactly ``mode`` (default
+    ``0700``), whatever the umask: each level created here is ``chmod``-ed
+    right after ``mkdir``.  Existing levels are left as they are.
+
+    Raises:
+        OSError: as :func:`os.mkdir`.
+    """
+    path = os.path.abspath(os.fspath(path))
+    missing = []
+    p = path
+    while not os.path.lexists(p):
+        missing.append(p)
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, mode)
+        except FileExistsError:
+            continue
+        os.chmod(d, mode)
