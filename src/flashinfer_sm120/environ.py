@@ -147,6 +147,11 @@ class _Steps:
 
         self.env_undo.append(undo)
 
+    def pop_env(self, name: str) -> None:
+        old = os.environ.pop(name, None)
+        if old is not None:
+            self.env_undo.append(lambda: os.environ.setdefault(name, old))
+
     def undo(self) -> None:
         for fn in reversed(self.env_undo):
             _guarded(fn)
@@ -281,6 +286,21 @@ def _export_triton(steps: _Steps, bin_dir: str, sms: list[int]) -> None:
     steps.info[key] = "; ".join(notes) or "no GPU target"
 
 
+def _export_builds(steps: _Steps, home: str, nvcc: str, targets) -> None:
+    """FlashInfer's compiler variables checked, ``MAX_JOBS`` from the memory policy, the
+    compiler cache when asked for: decided in :mod:`flashinfer_sm120.warmup.toolchain`."""
+    from .warmup import toolchain
+
+    setup = toolchain.configure(home, nvcc, targets)
+    for name in setup.pop:
+        steps.pop_env(name)
+    for name, value in setup.set.items():
+        steps.set_env(name, value)
+    for line in setup.warnings:
+        logger.warning("flashinfer-sm120: %s", line)
+    steps.info["builds"] = setup.to_dict()
+
+
 # --------------------------------------------------------------------------- API
 
 
@@ -323,7 +343,7 @@ def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable
         sms = [a * 10 + int(b[0]) for a, b in targets]
         bin_dir = _bin_dir(home, nvcc)
         for step, args in ((_export_path, (bin_dir,)), (_export_cpp_extension, (home,)),
-                           (_export_triton, (bin_dir, sms))):
+                           (_export_triton, (bin_dir, sms)), (_export_builds, (home, nvcc, targets))):
             try:
                 step(steps, *args)
             except Exception as exc:

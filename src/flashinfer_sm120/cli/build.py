@@ -26,6 +26,9 @@ def run_build(args: argparse.Namespace) -> int:
     if not args.modules and not args.manifest:
         return _err("name the modules to build (see `flashinfer-sm120 build --list`) or give "
                     "--from MANIFEST (recorded with FLASHINFER_SM120_RECORD)")
+    from ..warmup import buildopts
+
+    user_env = buildopts.apply(args)  # --compiler-cache; the user's env before anything is exported
     try:
         variants = _modules.expand(args.modules, head_dims=args.head_dim, dtypes=args.dtype,
                                    kv_dtypes=args.kv_dtype, acts=args.act) if args.modules else []
@@ -36,6 +39,10 @@ def run_build(args: argparse.Namespace) -> int:
     except (_modules.ModuleError, session.BuildError) as exc:
         return _err(str(exc))
     print(f"flashinfer-sm120: {sess.summary}", file=sys.stderr)
+    refused = buildopts.refused(args, sess)
+    if refused:
+        return _err(refused)
+    before = buildopts.cache_stats()
     for p in problems:
         print(f"flashinfer-sm120: manifest: {p}", file=sys.stderr)
     labelled, not_generated = [], []
@@ -60,11 +67,18 @@ def run_build(args: argparse.Namespace) -> int:
                    for label, s in labelled]
     else:
         stats: dict = {}
-        results = session.build_specs(labelled, args.jobs, sys.stderr, stats)
+        results = session.build_specs(labelled, args.jobs, sys.stderr, stats, targets=len(sess.targets),
+                                      mem_limit=args.mem_limit, mem_per_compile=args.mem_per_compile,
+                                      env=user_env)
         pool_wall, occupancy = stats.get("wall_s"), stats.get("occupancy")
+    cache = None if args.ninja_only else buildopts.cache_report(before)
+    if cache:
+        print(cache["line"], file=sys.stderr)
     summary = {"cuda_home": sess.cuda_home, "cuda_version": sess.cuda_version,
                "flashinfer": sess.flashinfer, "target_cuda_archs": [_sm(t) for t in sess.targets],
-               "pool_wall_s": pool_wall, "pool_occupancy": occupancy, "modules": results, "cannot_regenerate": [{"name": n, "why": w} for n, w in skipped]}
+               "pool_wall_s": pool_wall, "pool_occupancy": occupancy, "modules": results,
+               "plan": None if args.ninja_only else stats.get("plan"),
+               "compiler_cache": cache, "cannot_regenerate": [{"name": n, "why": w} for n, w in skipped]}
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -111,6 +125,9 @@ def add_parser(sub) -> None:
     b.add_argument("--ninja-only", action="store_true",
                    help="write FlashInfer's build.ninja files, compile nothing")
     b.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    from ..warmup import buildopts
+
+    buildopts.add_arguments(b)
     b.set_defaults(func=run_build)
     try:
         from . import cache as _cache

@@ -18,7 +18,7 @@ __all__ = ["ALONE_TIMEOUT_S", "SECTIONS", "run_doctor", "add_parser"]
 #: to this package's parent) has ``doctor_section(report: dict) -> dict`` (JSON-able;
 #: stored as ``report[key]``) and ``doctor_lines(section: dict) -> list[str]`` (printed).
 #: A section that raises is reported as ``{"error": ...}`` and the rest still prints.
-SECTIONS: tuple[tuple[str, str], ...] = ()
+SECTIONS: tuple[tuple[str, str], ...] = (("builds", ".warmup.buildreport"),)
 
 #: Seconds ``doctor`` lets unpatched FlashInfer run in its child process.  FlashInfer
 #: runs ``nvcc --version`` without a timeout, so a hung nvcc would hang it forever.

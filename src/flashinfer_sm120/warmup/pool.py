@@ -13,6 +13,16 @@ command FlashInfer runs), and this pool shares ``jobs`` slots among them: a modu
 gets ``-j`` = the slots free when it starts, and as its remaining steps drop below
 its ``-j`` (counted from the processes ninja has running), the spare slots go to
 the next module.  At no time do more than ``jobs`` compile steps run.
+
+Memory: a job may carry ``mem``, the bytes one of its compile steps takes
+(:mod:`.memory`); with a ``mem_budget``, a module is started (and given slots)
+only while its steps fit in what the running modules leave, so a few heavy
+modules and many light ones share the budget; when nothing runs, one module
+always starts, whatever its estimate.  Each module's peak RSS (the largest
+process ninja ran, from ``wait4``) comes back in :attr:`Result.peak_rss`.
+
+Hand-over: the scheduler wakes as soon as ninja reports a finished step or
+exits, not on a timer, so a freed slot goes to the next module at once.
 """
 
 from __future__ import annotations
@@ -36,23 +46,27 @@ _SRC = re.compile(r" -c (\S+)")
 
 @dataclasses.dataclass
 class Job:
-    """One module to build: ``label`` for people, its ninja file and FlashInfer's lock file."""
+    """One module to build: ``label`` for people, its ninja file, FlashInfer's lock file, and
+    ``mem``, the bytes one of its compile steps takes (0: not counted)."""
 
     label: str
     build_dir: Path
     ninja_path: Path
     lock_path: Path | None = None
+    mem: int = 0
 
 
 @dataclasses.dataclass
 class Result:
-    """Outcome of one module: ``status`` is ``built``, ``up to date`` or ``failed``."""
+    """Outcome of one module: ``status`` is ``built``, ``up to date`` or ``failed``;
+    ``peak_rss``: bytes of the largest process its build ran (Linux ``wait4``), when built."""
 
     label: str
     status: str
     seconds: float = 0.0
     steps: int = 0
     error: str | None = None
+    peak_rss: int | None = None
 
 
 def default_jobs() -> int:
@@ -157,6 +171,7 @@ class _Running:
         self.pending: str | None = None  # last status line, not yet known to have succeeded
         self.failed: list[str] = []
         self.in_failure = False
+        self.peak_rss: int | None = None
         self.proc = subprocess.Popen(_cmd(job, "-j", str(slots)), stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, env=_env(), errors="replace")
         self.thread = threading.Thread(target=self._read, args=(events,), daemon=True)
@@ -166,6 +181,12 @@ class _Running:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             events.put((self, line.rstrip("\n")))
+        try:  # reap ninja here, for the peak RSS of everything it ran (ru_maxrss of its reaped tree)
+            _, status, usage = os.wait4(self.proc.pid, 0)
+            self.proc.returncode = os.waitstatus_to_exitcode(status)
+            self.peak_rss = usage.ru_maxrss * 1024  # kilobytes on Linux
+        except (ChildProcessError, AttributeError, OSError):
+            pass  # reaped already (interrupted) or not Linux: Popen.wait() has the status
         events.put((self, None))
 
     def committed(self) -> int:
@@ -237,7 +258,8 @@ class _Nothing:
         pass
 
 
-def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: dict | None = None) -> list[Result]:
+def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: dict | None = None,
+             mem_budget: int | None = None) -> list[Result]:
     """Build ``jobs`` sharing ``max_jobs`` compile slots; print progress on ``stream``.
 
     Up-to-date modules are reported once as such (checked with ``ninja -n`` first);
@@ -247,10 +269,14 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
     same module is waited for, and said so).
 
     :param max_jobs: parallel compile steps (default :func:`default_jobs`).
+    :param mem_budget: bytes the compile steps may use together (each job's ``mem`` per step);
+        ``None``: not counted.
     :param stats: if given, filled with ``wall_s`` (seconds from the first step started to
         the last finished) and ``occupancy`` (step-seconds run / (slots x wall_s), 0..1, sampled
         every 0.5 s from the processes ninja runs): how well the pool kept its slots busy,
-        whatever else the machine is doing.
+        whatever else the machine is doing; ``max_at_once`` (most compile steps seen running
+        together) and ``handovers`` (seconds from a step finishing to the next module starting,
+        one value per start after the first).
     :returns: one :class:`Result` per job, in the order given.
     :raises RuntimeError: ninja is missing.
     """
@@ -282,13 +308,20 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
     waiting_said: set[str] = set()
     pending = list(todo)
     t_start, last, busy_s = time.monotonic(), time.monotonic(), 0.0
+    max_at_once, handovers, freed_at = 0, [], None
     try:
         while pending or running:
-            free = slots_total - sum(r.committed() for r in running.values())
+            committed = {lbl: r.committed() for lbl, r in running.items()}
+            free = slots_total - sum(committed.values())
+            mem_left = None if mem_budget is None else mem_budget - sum(
+                committed[lbl] * r.job.mem for lbl, r in running.items())
             for item in list(pending):
                 if free < 1:
                     break
                 job, n = item
+                fit = _fits(job, mem_left, nothing_runs=not running)
+                if fit < 1:
+                    continue  # a lighter module further on may fit
                 lock = _try_lock(job)
                 if lock is None:
                     if job.label not in waiting_said:
@@ -306,14 +339,22 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
                         display.event(f"up to date: {job.label} (built by another process meanwhile)")
                         lock.release()
                         continue
-                give = max(1, min(free, n))
+                give = max(1, min(free, n, fit))
                 running[job.label] = _Running(job, n, give, events)
+                if freed_at is not None:
+                    handovers.append(round(time.monotonic() - freed_at, 3))
+                    freed_at = None
                 free -= give
-            _drain(events, running, results, display, locks, timeout=0.5)
+                if mem_left is not None:
+                    mem_left -= give * job.mem
+            freed_at = None  # only a start right after a freed slot counts as a hand-over
+            if _drain(events, running, results, display, locks, timeout=0.5):
+                freed_at = time.monotonic()
             for r in running.values():  # ninja prints FAILED right after the status line
                 if r.pending is not None and time.monotonic() - r.pending_since > 0.3:
                     _confirm(r, display)
             now_running = [f"{lbl}/{_what(c)}" for lbl, r in running.items() for c in _children(r.proc.pid)]
+            max_at_once = max(max_at_once, len(now_running))
             busy_s += len(now_running) * (time.monotonic() - last)
             last = time.monotonic()
             display.now(now_running)
@@ -330,22 +371,35 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
         display.close()
     if stats is not None:
         wall = time.monotonic() - t_start
-        stats.update(wall_s=round(wall, 2),
+        stats.update(wall_s=round(wall, 2), max_at_once=max_at_once, handovers=handovers,
                      occupancy=round(min(1.0, busy_s / (slots_total * wall)), 3) if todo and wall > 0 else None)
     return [results[j.label] for j in jobs]
 
 
+def _fits(job: Job, mem_left: int | None, nothing_runs: bool) -> int:
+    """Compile steps of ``job`` that fit in ``mem_left`` bytes (no limit: a large number);
+    at least one when nothing runs, so a module larger than the budget still builds."""
+    if mem_left is None or job.mem <= 0:
+        return 1 << 30
+    return max(1 if nothing_runs else 0, mem_left // job.mem)
+
+
 def _drain(events: queue.Queue, running: dict, results: dict, display: _Display, locks: dict,
-           timeout: float) -> None:
+           timeout: float) -> bool:
+    """Handle ninja's output for up to ``timeout`` seconds, returning early once a step
+    finished or a module ended (a slot may be free); returns whether one did."""
     deadline = time.monotonic() + timeout
+    freed = False
     while True:
         try:
-            r, line = events.get(timeout=max(0.0, deadline - time.monotonic()))
+            wait = 0.0 if freed else max(0.0, deadline - time.monotonic())
+            r, line = events.get(timeout=wait) if wait > 0 else events.get_nowait()
         except queue.Empty:
-            return
+            return freed
         label = r.job.label
         if line is None:
             _finish(r, running, results, display, locks)
+            freed = True
             continue
         r.lines.append(line)
         m = _STATUS.match(line)
@@ -355,6 +409,7 @@ def _drain(events: queue.Queue, running: dict, results: dict, display: _Display,
             if m:
                 r.pending, r.pending_since = m.group(3), time.monotonic()
                 r.finished = max(r.finished, int(m.group(1)))
+                freed = True
         elif line.startswith("FAILED: "):
             what = _what(r.pending or line)
             r.pending = None
@@ -382,13 +437,15 @@ def _finish(r: _Running, running: dict, results: dict, display: _Display, locks:
     label = r.job.label
     if rc == 0:
         _confirm(r, display)
-        results[label] = Result(label, "built", round(time.monotonic() - r.t0, 1), r.steps)
+        results[label] = Result(label, "built", round(time.monotonic() - r.t0, 1), r.steps,
+                                peak_rss=r.peak_rss)
         display.event(f"done: {label}")
     else:
         err_lines = [x for x in r.failed if x.strip()] or r.lines[-40:]
         errors = [x for x in err_lines if "error" in x.lower()]
         text = "\n".join((errors or err_lines)[:30])
-        results[label] = Result(label, "failed", round(time.monotonic() - r.t0, 1), r.steps, text)
+        results[label] = Result(label, "failed", round(time.monotonic() - r.t0, 1), r.steps, text,
+                                r.peak_rss)
         display.event(f"failed: {label} (ninja exit {rc}):\n    " + text.replace("\n", "\n    "))
     running.pop(label, None)
     lock = locks.pop(label, None)
