@@ -53,7 +53,7 @@ from . import arch as _arch
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["export", "exported", "describe", "reset", "tool_release", "TRITON_PTXAS", "SHARED_BIN_DIRS"]
+__all__ = ["export", "export_builds", "exported", "describe", "reset", "tool_release", "TRITON_PTXAS", "SHARED_BIN_DIRS"]
 
 #: Directories never put first on ``PATH``: they hold the system's programs, which
 #: would then shadow the user's (``/usr/local/bin`` over ``/usr/bin`` and so on).
@@ -362,6 +362,17 @@ def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable
         record["undo"] = undo
         _current = record
         return undo
+
+
+def export_builds(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable[[], None]:
+    """Only what FlashInfer's JIT builds get (compiler variables checked, ``MAX_JOBS``, the
+    compiler cache), for a FlashInfer that needs no patching (``noop``).  Returns the undo."""
+    steps = _Steps()
+    try:
+        _export_builds(steps, home, nvcc, tuple(targets))
+    except Exception as exc:
+        logger.warning("flashinfer-sm120: setting up JIT builds failed: %r", exc)
+    return steps.undo
 
 
 def reset() -> None:
