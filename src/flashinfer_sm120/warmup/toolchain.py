@@ -148,7 +148,13 @@ def _cache(out: Setup, home: str, nvcc: str, targets, env) -> None:
         if dirs:
             out.set["SCCACHE_BASEDIRS"] = server_env["SCCACHE_BASEDIRS"] = os.pathsep.join(dirs)
     out.cache["basedirs"] = server_env.get("SCCACHE_BASEDIRS")
-    launcher.start_server(path, server_env)
+    running = launcher.start_server(path, server_env) or {}
+    ours = [d.rstrip("/") for d in (out.set.get("SCCACHE_BASEDIRS") or "").split(os.pathsep) if d]
+    theirs = [str(d).rstrip("/") for d in running.get("basedirs") or [] if isinstance(d, str)]
+    if ours and set(ours) - set(theirs):
+        out.notes.append(f"the sccache server already running (port {env.get('SCCACHE_SERVER_PORT', '4226')}) "
+                         f"was started without SCCACHE_BASEDIRS={out.set['SCCACHE_BASEDIRS']}; nodes with other "
+                         f"paths will miss its entries until it is restarted ('{path} --stop-server')")
     v = launcher.probe_once(path, fi_nvcc, home, target, nvcc_full, static_stub=static_stub)
     out.cache["verdict"] = v.to_dict()
     if not v.ok:
