@@ -78,6 +78,7 @@ def run_build(args: argparse.Namespace) -> int:
                "flashinfer": sess.flashinfer, "target_cuda_archs": [_sm(t) for t in sess.targets],
                "pool_wall_s": pool_wall, "pool_occupancy": occupancy, "modules": results,
                "plan": None if args.ninja_only else stats.get("plan"),
+               "pool_timeline": None if args.ninja_only else stats.get("timeline"),
                "compiler_cache": cache, "cannot_regenerate": [{"name": n, "why": w} for n, w in skipped]}
     if args.json:
         print(json.dumps(summary, indent=2))

@@ -34,6 +34,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -161,8 +162,73 @@ def _what(command: str) -> str:
     return f"link {os.path.basename(so.group(1))}" if so else command[:60]
 
 
+class _Jobserver:
+    """A GNU make jobserver (a FIFO of tokens) shared by every module's ninja (ninja 1.13+
+    is a client: ``MAKEFLAGS=--jobserver-auth=fifo:PATH`` and no ``-j``; ninja
+    ``src/jobserver.h``, 1.13.2).  Each running ninja holds one token taken by the pool
+    for it (its implicit slot) and takes more from the FIFO for further steps, so a module
+    grows into slots the others free, whenever they free them.  At most ``slots`` steps
+    run.  A token a killed ninja never returned is refilled when nothing runs."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.dir = tempfile.mkdtemp(prefix="flashinfer-sm120-jobserver-")
+        self.path = os.path.join(self.dir, "fifo")
+        os.mkfifo(self.path, 0o600)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK)
+        os.write(self.fd, b"+" * slots)
+
+    def take(self, nothing_runs: bool) -> bool:
+        try:
+            return len(os.read(self.fd, 1)) == 1
+        except BlockingIOError:
+            if not nothing_runs:
+                return False
+        self.refill()
+        return len(os.read(self.fd, 1)) == 1
+
+    def give(self) -> None:
+        os.write(self.fd, b"+")
+
+    def refill(self) -> None:
+        """Nothing runs: every token is ours again."""
+        try:
+            while os.read(self.fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        os.write(self.fd, b"+" * self.slots)
+
+    def env(self) -> dict:
+        return {"MAKEFLAGS": f" -j{self.slots} --jobserver-auth=fifo:{self.path}"}
+
+    def close(self) -> None:
+        os.close(self.fd)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_JOBSERVER_NINJA: dict[str, bool] = {}
+
+
+def _ninja_has_jobserver() -> bool:
+    """Whether the ninja that builds is a jobserver client (1.13.0+); asked once per binary."""
+    try:
+        binary = ninja_binary()
+    except RuntimeError:
+        return False
+    if binary not in _JOBSERVER_NINJA:
+        try:
+            out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
+            m = re.match(r"\s*(\d+)\.(\d+)", out)  # "1.11.1", "1.13.2.git.kitware.jobserver-pipe-1"
+            _JOBSERVER_NINJA[binary] = bool(m) and (int(m.group(1)), int(m.group(2))) >= (1, 13)
+        except Exception:
+            _JOBSERVER_NINJA[binary] = False
+    return _JOBSERVER_NINJA[binary]
+
+
 class _Running:
-    def __init__(self, job: Job, steps: int, slots: int, events: queue.Queue) -> None:
+    def __init__(self, job: Job, steps: int, slots: int | None, events: queue.Queue,
+                 env: dict | None = None) -> None:
         self.job, self.steps, self.slots = job, steps, slots
         self.finished = 0  # ninja's own count of finished steps (%f), failed ones included
         self.pending_since = 0.0
@@ -172,8 +238,10 @@ class _Running:
         self.failed: list[str] = []
         self.in_failure = False
         self.peak_rss: int | None = None
-        self.proc = subprocess.Popen(_cmd(job, "-j", str(slots)), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env=_env(), errors="replace")
+        self.lent = False  # jobserver mode: its token was lent to others while it links
+        extra = () if slots is None else ("-j", str(slots))  # None: a jobserver client, no -j
+        self.proc = subprocess.Popen(_cmd(job, *extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=dict(_env(), **(env or {})), errors="replace")
         self.thread = threading.Thread(target=self._read, args=(events,), daemon=True)
         self.thread.start()
 
@@ -190,13 +258,16 @@ class _Running:
         events.put((self, None))
 
     def committed(self) -> int:
-        """Slots this module can still use: its running steps plus those not started, less
-        the final link while anything else is left (it runs only after all the others)."""
-        running = len(_children(self.proc.pid))
-        left = max(0, self.steps - self.finished - running)
-        if left and running:
-            left -= 1
-        return min(self.slots, running + left)
+        """Compile slots this module can still use: its running compile steps plus those not
+        started, less the final link (it runs only after all the others).  A running link
+        holds no compile slot: it is short and light, and the next module's compile starts
+        beside it rather than after it."""
+        kids = _children(self.proc.pid)
+        linking = sum(1 for k in kids if _what(k).startswith("link "))
+        left = max(0, self.steps - self.finished - len(kids))
+        if left and not linking:
+            left -= 1  # the link has not started: it is among the steps left
+        return min(self.slots, len(kids) - linking + left)
 
 
 class _Display:
@@ -274,9 +345,10 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
     :param stats: if given, filled with ``wall_s`` (seconds from the first step started to
         the last finished) and ``occupancy`` (step-seconds run / (slots x wall_s), 0..1, sampled
         every 0.5 s from the processes ninja runs): how well the pool kept its slots busy,
-        whatever else the machine is doing; ``max_at_once`` (most compile steps seen running
-        together) and ``handovers`` (seconds from a step finishing to the next module starting,
-        one value per start after the first).
+        whatever else the machine is doing; ``max_at_once`` (most steps seen running
+        together), ``handovers`` (seconds from noticing a finished step to starting the next
+        module's ninja, one value per such start) and ``timeline`` (label: [ninja started,
+        ended], seconds from the pool's start).
     :returns: one :class:`Result` per job, in the order given.
     :raises RuntimeError: ninja is missing.
     """
@@ -309,21 +381,33 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
     pending = list(todo)
     t_start, last, busy_s = time.monotonic(), time.monotonic(), 0.0
     max_at_once, handovers, freed_at = 0, [], None
+    js = None
+    if todo and _ninja_has_jobserver() and (mem_budget is None or slots_total * max(
+            (j.mem for j, _ in todo), default=0) <= mem_budget):
+        try:
+            js = _Jobserver(slots_total)  # memory never binds at full parallelism: slots are the only limit
+        except OSError:
+            js = None
+    timeline: dict[str, tuple[float, float]] = {}  # label -> (ninja started, ninja ended)
     try:
         while pending or running:
-            committed = {lbl: r.committed() for lbl, r in running.items()}
+            committed = {lbl: r.committed() for lbl, r in running.items()} if js is None else {}
             free = slots_total - sum(committed.values())
-            mem_left = None if mem_budget is None else mem_budget - sum(
+            mem_left = None if mem_budget is None or js is not None else mem_budget - sum(
                 committed[lbl] * r.job.mem for lbl, r in running.items())
             for item in list(pending):
-                if free < 1:
+                if js is None and free < 1:
                     break
                 job, n = item
                 fit = _fits(job, mem_left, nothing_runs=not running)
-                if fit < 1:
+                if js is None and fit < 1:
                     continue  # a lighter module further on may fit
+                if js is not None and not js.take(nothing_runs=not running):
+                    break
                 lock = _try_lock(job)
                 if lock is None:
+                    if js is not None:
+                        js.give()
                     if job.label not in waiting_said:
                         waiting_said.add(job.label)
                         display.event(f"{job.label}: waiting for another process building it "
@@ -338,9 +422,12 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
                         results[job.label] = Result(job.label, "up to date")
                         display.event(f"up to date: {job.label} (built by another process meanwhile)")
                         lock.release()
+                        if js is not None:
+                            js.give()
                         continue
-                give = max(1, min(free, n, fit))
-                running[job.label] = _Running(job, n, give, events)
+                give = max(1, min(free, max(1, n - 1), fit))  # n - 1: the link runs after the compiles
+                running[job.label] = (_Running(job, n, None, events, js.env()) if js is not None
+                                      else _Running(job, n, give, events))
                 if freed_at is not None:
                     handovers.append(round(time.monotonic() - freed_at, 3))
                     freed_at = None
@@ -348,8 +435,19 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
                 if mem_left is not None:
                     mem_left -= give * job.mem
             freed_at = None  # only a start right after a freed slot counts as a hand-over
+            before = dict(running)
             if _drain(events, running, results, display, locks, timeout=0.5):
                 freed_at = time.monotonic()
+            for lbl in set(before) - set(running):
+                timeline[lbl] = (before[lbl].t0, time.monotonic())
+                if js is not None and not before[lbl].lent:
+                    js.give()  # the finished ninja's own slot
+            if js is not None:  # a module that only links holds no compile slot: lend its token
+                for r in running.values():
+                    if not r.lent and r.finished >= r.steps - 1 and any(
+                            _what(k).startswith("link ") for k in _children(r.proc.pid)):
+                        js.give()
+                        r.lent = True
             for r in running.values():  # ninja prints FAILED right after the status line
                 if r.pending is not None and time.monotonic() - r.pending_since > 0.3:
                     _confirm(r, display)
@@ -368,10 +466,14 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
                 r.proc.wait()
         for lock in locks.values():
             lock.release()
+        if js is not None:
+            js.close()
         display.close()
     if stats is not None:
         wall = time.monotonic() - t_start
-        stats.update(wall_s=round(wall, 2), max_at_once=max_at_once, handovers=handovers,
+        stats.update(wall_s=round(wall, 2), max_at_once=max_at_once, handovers=handovers, jobserver=js is not None,
+                     timeline={lbl: [round(t0 - t_start, 3), round(t1 - t_start, 3)]
+                               for lbl, (t0, t1) in timeline.items()},
                      occupancy=round(min(1.0, busy_s / (slots_total * wall)), 3) if todo and wall > 0 else None)
     return [results[j.label] for j in jobs]
 
