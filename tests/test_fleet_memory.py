@@ -236,3 +236,19 @@ def test_multi_step_modules_grow_into_freed_slots(tmp_path, monkeypatch, ninja):
     for d in mods:  # FlashInfer's own ninja run finds nothing to do
         again = subprocess.run([ninja, "-C", str(d.build_dir), "-f", str(d.ninja_path)], capture_output=True, text=True)
         assert "no work to do" in again.stdout
+
+
+def test_server_max_jobs_is_refreshed_before_a_build_and_removed_on_undo(monkeypatch):
+    from flashinfer_sm120.warmup import toolchain
+
+    monkeypatch.setenv("MAX_JOBS", "5")
+    toolchain.own_max_jobs("5")
+    monkeypatch.setattr(jobs, "server_max_jobs", lambda targets, env: (1, "MAX_JOBS=1 exported: the model loaded"))
+    toolchain.refresh_max_jobs()  # right before FlashInfer's run_ninja (patch/steps.py _nvcc_gate)
+    assert os.environ["MAX_JOBS"] == "1"
+    toolchain.release_max_jobs()
+    assert "MAX_JOBS" not in os.environ
+    monkeypatch.setenv("MAX_JOBS", "7")  # the user's: never touched
+    toolchain.refresh_max_jobs()
+    toolchain.release_max_jobs()
+    assert os.environ["MAX_JOBS"] == "7"

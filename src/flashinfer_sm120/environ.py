@@ -296,6 +296,10 @@ def _export_builds(steps: _Steps, home: str, nvcc: str, targets) -> None:
         steps.pop_env(name)
     for name, value in setup.set.items():
         steps.set_env(name, value)
+    if setup.max_jobs_value is not None:  # ours to refresh before each build, and to remove on undo
+        os.environ["MAX_JOBS"] = setup.max_jobs_value
+        toolchain.own_max_jobs(setup.max_jobs_value)
+        steps.env_undo.append(toolchain.release_max_jobs)
     for line in setup.warnings:
         logger.warning("flashinfer-sm120: %s", line)
     steps.info["builds"] = setup.to_dict()

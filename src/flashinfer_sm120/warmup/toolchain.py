@@ -19,10 +19,11 @@ from . import compilers, jobs, launcher
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["Setup", "configure", "last"]
+__all__ = ["Setup", "configure", "last", "own_max_jobs", "refresh_max_jobs", "release_max_jobs"]
 
 _lock = threading.Lock()
 _last: "Setup | None" = None
+_jobs: dict = {"value": None, "targets": 1}  # the MAX_JOBS this package exported and still owns
 
 
 @dataclasses.dataclass
@@ -32,6 +33,7 @@ class Setup:
     Attributes:
         set: variables to set.
         pop: variables to remove (refused).
+        max_jobs_value: ``MAX_JOBS`` to export (the memory policy), or ``None``.
         notes: one sentence per decision, for ``doctor``.
         warnings: sentences to log at WARNING (refusals).
         cache: the compiler cache: ``{"requested", "launcher", "verdict", "basedirs", "refused"}``.
@@ -44,6 +46,7 @@ class Setup:
     warnings: list = dataclasses.field(default_factory=list)
     cache: dict = dataclasses.field(default_factory=dict)
     max_jobs: str = ""
+    max_jobs_value: str | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -80,8 +83,9 @@ def configure(home: str, nvcc: str, targets, env=None) -> Setup:
     try:
         value, why = jobs.server_max_jobs(len(targets) or 1, env)
         out.max_jobs = why
+        _jobs["targets"] = len(targets) or 1
         if value is not None:
-            out.set["MAX_JOBS"] = str(value)
+            out.max_jobs_value = str(value)
     except Exception as exc:
         out.max_jobs = f"MAX_JOBS not exported: {exc!r}"[:300]
     try:
@@ -173,6 +177,38 @@ def _v(text: str):
     from packaging.version import Version
 
     return Version(text)
+
+
+def own_max_jobs(value: str) -> None:
+    """``MAX_JOBS=value`` was exported by us: :func:`refresh_max_jobs` may update it."""
+    with _lock:
+        _jobs["value"] = value
+
+
+def release_max_jobs() -> None:
+    """Undo: remove ``MAX_JOBS`` if it is still the value we exported."""
+    with _lock:
+        if _jobs["value"] is not None and os.environ.get("MAX_JOBS") == _jobs["value"]:
+            os.environ.pop("MAX_JOBS", None)
+        _jobs["value"] = None
+
+
+def refresh_max_jobs() -> None:
+    """Right before FlashInfer runs ninja: ``MAX_JOBS`` again from the memory left now (a
+    server loads its model and KV cache after importing FlashInfer), if it is still ours.
+    Never raises."""
+    try:
+        with _lock:
+            mine = _jobs["value"]
+            if mine is None or os.environ.get("MAX_JOBS") != mine:
+                return
+            env = {k: v for k, v in os.environ.items() if k != "MAX_JOBS"}
+            value, why = jobs.server_max_jobs(_jobs["targets"], env)
+            if value is not None and str(value) != mine:
+                os.environ["MAX_JOBS"] = _jobs["value"] = str(value)
+                logger.info("flashinfer-sm120: %s (memory left now)", why)
+    except Exception as exc:  # pragma: no cover - a failed refresh keeps the earlier value
+        logger.debug("flashinfer-sm120: MAX_JOBS not refreshed: %r", exc)
 
 
 def last() -> Setup | None:
