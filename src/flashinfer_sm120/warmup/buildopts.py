@@ -14,20 +14,32 @@ from __future__ import annotations
 import argparse
 import os
 
-from .. import formats
-from . import launcher, toolchain
+#: ``launcher.ENV``, named here so that registering the flags imports nothing else (``cli``
+#: must still list its commands when a part of the package is broken).
+_ENV = "FLASHINFER_SM120_COMPILER_CACHE"
 
 __all__ = ["add_arguments", "apply", "refused", "cache_stats", "cache_report"]
+
+
+def _size(flag: str, lo: int):
+    """:func:`flashinfer_sm120.formats.cli_size`, imported when a value is parsed, not when
+    the flag is registered."""
+    def convert(text: str) -> int:
+        from .. import formats
+
+        return formats.cli_size(flag, lo=lo)(text)
+    convert.__name__ = flag
+    return convert
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compiler-cache", choices=("sccache", "none"),
                         help="compile through a shared compile cache (sccache; its backend is sccache's own "
-                             f"SCCACHE_* configuration); default: ${launcher.ENV}, else none")
-    parser.add_argument("--mem-limit", type=formats.cli_size("--mem-limit", lo=64 << 20), metavar="SIZE",
+                             f"SCCACHE_* configuration); default: ${_ENV}, else none")
+    parser.add_argument("--mem-limit", type=_size("--mem-limit", 64 << 20), metavar="SIZE",
                         help="memory the compiles may use together, e.g. 8G (default: what this process "
                              "may use, from cgroups and /proc/meminfo, less 15%%)")
-    parser.add_argument("--mem-per-compile", type=formats.cli_size("--mem-per-compile", lo=16 << 20),
+    parser.add_argument("--mem-per-compile", type=_size("--mem-per-compile", 16 << 20),
                         metavar="SIZE", help="memory one compile takes, e.g. 2G (default: per module family, "
                                              "refined from the peaks recorded by earlier builds)")
 
@@ -37,13 +49,15 @@ def apply(args: argparse.Namespace) -> dict:
     environment as it was (for the jobs plan: ``MAX_JOBS`` the user set, not ours)."""
     user_env = dict(os.environ)
     if getattr(args, "compiler_cache", None):
-        os.environ[launcher.ENV] = "off" if args.compiler_cache == "none" else args.compiler_cache
+        os.environ[_ENV] = "off" if args.compiler_cache == "none" else args.compiler_cache
     return user_env
 
 
-def _ensure_configured(sess) -> toolchain.Setup:
-    """The toolchain set-up of this process; made here when FlashInfer needed no patching
-    (``noop``: the toolkit FlashInfer finds is already right), which exports nothing."""
+def _ensure_configured(sess):
+    """The toolchain set-up of this process (:class:`.toolchain.Setup`); made here when
+    FlashInfer's hooks made none (a FlashInfer that is not patched exports nothing)."""
+    from . import toolchain
+
     setup = toolchain.last()
     if setup is not None:
         return setup
@@ -57,6 +71,8 @@ def _ensure_configured(sess) -> toolchain.Setup:
 
 def refused(args: argparse.Namespace, sess=None) -> str | None:
     """The refusal of a compiler cache that was asked for (flag or variable), else ``None``."""
+    from . import launcher, toolchain
+
     setup = _ensure_configured(sess) if sess is not None else toolchain.last()
     kind, problem = launcher.requested()
     if problem:
@@ -70,6 +86,8 @@ def refused(args: argparse.Namespace, sess=None) -> str | None:
 
 def cache_stats() -> dict | None:
     """sccache's stats now, when FlashInfer's nvcc launcher is an sccache; else ``None``."""
+    from . import launcher
+
     path = os.environ.get("FLASHINFER_NVCC_LAUNCHER")
     if not path or not os.path.basename(path.split()[0]).startswith("sccache"):
         return None
@@ -79,6 +97,9 @@ def cache_stats() -> dict | None:
 def cache_report(before: dict | None) -> dict | None:
     """Hits and misses of the launcher's server since ``before`` (other builds sharing the
     server count too), with a line for people; ``None`` without a launcher."""
+    from .. import formats
+    from . import launcher
+
     if before is None:
         return None
     after = cache_stats()

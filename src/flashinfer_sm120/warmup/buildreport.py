@@ -21,7 +21,8 @@ def doctor_section(report: dict) -> dict:
     known = memory.recorded()
     heaviest = memory.heaviest_estimate()
     plan = jobs.plan(heaviest, targets=targets, view=view,
-                     env={k: v for k, v in os.environ.items() if not (setup and k in setup.set)})
+                     env={k: v for k, v in os.environ.items()  # the user's, not what we exported
+                          if not (setup and (k in setup.set or (k == "MAX_JOBS" and v == setup.max_jobs_value)))})
     out = {
         "memory": view.to_dict(),
         "estimates": {f.name: memory.family_estimate(f, known).__dict__ for f in memory.FAMILIES[:-1]},

@@ -262,7 +262,8 @@ def _cgroup_bounds(proc_root: str, notes: list[str]) -> list[Bound]:
         if best is not None:
             bounds.append(best)
         elif chain:
-            notes.append(f"cgroup v{version} {chain[0]}: no memory limit")
+            has = os.path.exists(os.path.join(chain[0], "memory.max" if version == "2" else "memory.limit_in_bytes"))
+            notes.append(f"cgroup v{version} {chain[0]}: " + ("no memory limit" if has else "no memory controller"))
     return bounds
 
 
