@@ -148,3 +148,20 @@ def test_doctor_shows_memory_jobs_and_the_launcher_verdict(tmp_path, clean_env):
     assert b["cache"]["launcher"] == sccache and b["cache"]["verdict"]["ok"] is False
     assert "cannot compile with nvcc 13.0.88" in b["cache"]["refused"] and "Compiler not supported" in b["cache"]["refused"]
     assert "FLASHINFER_NVCC_LAUNCHER" not in b["cache"].get("set", {})
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_json = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=20)),
+                     lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(st.text(max_size=12), c, max_size=4)),
+                     max_leaves=20)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=st.text(max_size=300), stats=_json)
+def test_requested_and_stats_take_anything(value, stats):
+    kind, problem = launcher.requested({launcher.ENV: value})
+    assert kind in (None, "sccache") and (problem is None or len(problem) < 400)
+    assert kind is None or problem is None
+    hm = launcher.hits_misses(stats if isinstance(stats, dict) else {"stats": stats})
+    assert hm is None or all(isinstance(x, int) for x in hm)

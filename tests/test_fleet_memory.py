@@ -252,3 +252,37 @@ def test_server_max_jobs_is_refreshed_before_a_build_and_removed_on_undo(monkeyp
     toolchain.refresh_max_jobs()
     toolchain.release_max_jobs()
     assert os.environ["MAX_JOBS"] == "7"
+
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=300)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cgroup=_text, mountinfo=_text, meminfo=_text, limit=_text, current=_text, stat=_text)
+def test_read_memory_never_raises_on_any_file_contents(tmp_path_factory, cgroup, mountinfo, meminfo, limit,
+                                                       current, stat):
+    root = tmp_path_factory.mktemp("p")
+    proc = root / "proc"
+    (proc / "self").mkdir(parents=True)
+    point = root / "cg"
+    (point / "x").mkdir(parents=True)
+    for name, text in (("memory.max", limit), ("memory.current", current), ("memory.stat", stat)):
+        (point / "x" / name).write_text(text)
+    (proc / "self" / "cgroup").write_text(cgroup + "\n0::/x\n")
+    (proc / "self" / "mountinfo").write_text(mountinfo + f"\n1 1 0:1 / {point} rw - cgroup2 cgroup2 rw\n")
+    (proc / "meminfo").write_text(meminfo)
+    view = memory.read_memory(proc_root=str(proc), gpu=False)
+    assert view.available is None or view.available >= 0
+    assert len(view.describe()) < 2000 and all(len(n) < 600 for n in view.notes)
+
+
+@settings(max_examples=80, deadline=None)
+@given(max_jobs=_text, threads=_text, jobs_flag=st.one_of(st.none(), st.integers(-5, 10 ** 6)))
+def test_plan_takes_any_environment(max_jobs, threads, jobs_flag):
+    view = memory.MemoryView(GIB, (memory.Bound("t", GIB, "t"),))
+    env = {"MAX_JOBS": max_jobs, "FLASHINFER_NVCC_THREADS": threads}
+    p = jobs.plan(memory.Estimate(100 * MIB, "light", "t"), env=env, view=view, jobs=jobs_flag)
+    assert p.jobs >= 1 and p.threads >= 1 and p.at_once >= 1
+    assert all(len(line) < 1200 for line in p.lines())

@@ -124,7 +124,7 @@ def plan(est: Estimate, *, targets: int = 1, jobs: int | None = None, mem_limit:
         view: memory already read (default: read now, unless ``mem_limit`` is given).
     """
     raw_jobs, max_jobs = user_max_jobs(env)
-    if jobs is not None:
+    if jobs is not None and jobs > 0:
         n_jobs, jobs_from = jobs, "-j"
     elif max_jobs:
         n_jobs, jobs_from = max_jobs, f"MAX_JOBS={raw_jobs}, yours"

@@ -387,23 +387,23 @@ class Family:
     source: str
 
 
-#: First match wins; the last entry matches everything.  Defaults: measured here
-#: (peak RSS of one nvcc 13.0 compile for sm_120f, ``build`` with a recorded peak)
-#: or, for the heavy CUTLASS families we cannot build on these machines, FlashInfer's
-#: own AOT baseline (``scripts/jit_cache_build_common.sh``: 8 GB per job) and the
-#: 3-8 GiB per nvcc reported in FlashInfer issue 3634.
+#: First match wins; the last entry matches everything.  Defaults: measured here (the
+#: largest process of one module build, ``ru_maxrss`` from ``wait4``: nvcc 13.0.88, one
+#: target sm_120f, ``--threads 1``) with a margin, or, for the heavy CUTLASS families we
+#: cannot build on these machines, FlashInfer's own AOT baseline
+#: (``scripts/jit_cache_build_common.sh``: 8 GB per job) and the 3-8 GiB per nvcc of
+#: FlashInfer issue 3634.
 FAMILIES: tuple[Family, ...] = (
     Family("cutlass_gemm", r"gemm|bmm|cutlass|fp4|fp8|mxfp|nvfp|tgv|groupwise", 8192,
-           "FlashInfer scripts/jit_cache_build_common.sh (8 GB per job); issue 3634 (3-8 GiB per nvcc)"),
+           "FlashInfer scripts/jit_cache_build_common.sh: 8 GB per job; issue 3634: 3-8 GiB per nvcc"),
     Family("fused_moe", r"moe", 8192,
-           "FlashInfer scripts/jit_cache_build_common.sh (8 GB per job); issue 3634 (fused_moe_120)"),
-    Family("attention", r"decode|prefill|attention|mla|pod|fmha|xqa|cascade|sparse", 2048,
-           "measured: batch_decode (head dim 128, bf16) peaks ~1.3 GiB with nvcc 13.0 for sm_120f"),
-    Family("sampling", r"sampling", 1536,
-           "measured: sampling peaks ~1.0 GiB with nvcc 13.0 for sm_120f"),
-    Family("light", r"norm|rope|page|and_mul|act|quantiz|cat|topk|logits", 1024,
-           "measured: silu_and_mul peaks ~0.6 GiB with nvcc 13.0 for sm_120f"),
-    Family("other", r"", 4096, "no measurement: a middle value"),
+           "FlashInfer scripts/jit_cache_build_common.sh: 8 GB per job; issue 3634: fused_moe_120"),
+    Family("attention", r"decode|prefill|attention|mla|pod|fmha|xqa|cascade|sparse", 1024,
+           "measured 475 MiB for batch_decode hd128 bf16; prefill not measured: x2"),
+    Family("sampling", r"sampling", 1280, "measured 1039 MiB"),
+    Family("light", r"norm|rope|page|and_mul|act|quantiz|cat|topk|logits", 512,
+           "measured 402 MiB for silu_and_mul"),
+    Family("other", r"", 4096, "not measured: a middle value"),
 )
 
 
