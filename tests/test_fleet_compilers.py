@@ -4,7 +4,6 @@ refused; FLASHINFER_NVCC_LAUNCHER / FLASHINFER_CXX_LAUNCHER / CXX must pass the 
 
 import os
 
-import pytest
 
 from conftest import make_toolkit, needs_flashinfer, run_py
 from flashinfer_sm120.toolkit import discover
@@ -33,7 +32,7 @@ def test_flashinfer_nvcc_is_a_candidate_first(tmp_path):
 def test_verdicts(tmp_path):
     tk = make_toolkit(tmp_path / "tk", "13.0.88")
     other = make_toolkit(tmp_path / "other", "12.8.93")
-    good = _script(tmp_path / "bin" / "launch")
+    _script(tmp_path / "bin" / "launch")
     open_dir = tmp_path / "open"
     open_dir.mkdir()
     open_dir.chmod(0o777)

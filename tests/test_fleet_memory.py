@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from flashinfer_sm120.warmup import jobs, memory, pool
+from flashinfer_sm120.warmup import estimates, jobs, jobserver, memory, pool
 
 MIB, GIB = 1 << 20, 1 << 30
 
@@ -122,7 +122,7 @@ def test_gb10_subtracts_what_the_gpu_side_holds_discrete_gpus_do_not(tmp_path):
 
 def test_plan_jobs_threads_and_who_wins(tmp_path):
     view = memory.MemoryView(int(GIB / 0.85) + 10, (memory.Bound("test", int(GIB / 0.85) + 10, "x"),))
-    est = memory.Estimate(400 * MIB, "light", "test")
+    est = estimates.Estimate(400 * MIB, "light", "test")
     p = jobs.plan(est, env={}, view=view, jobs=8)
     assert (p.jobs, p.fits, p.at_once, p.threads) == (8, 2, 2, 1)
     assert "at most 2 of these at once by memory" in " ".join(p.lines())
@@ -140,17 +140,17 @@ def test_recorded_peaks_refine_the_family_estimate(tmp_path, monkeypatch):
     from flashinfer_sm120 import cache
 
     cache._root_cache.clear()
-    assert memory.estimate("sampling").source.startswith("default")
-    memory.record_peak("sampling", 900 * MIB)
-    memory.record_peak("sampling", 1000 * MIB, threads_factor=2)  # 500 MiB per target
-    e = memory.estimate("sampling")
+    assert estimates.estimate("sampling").source.startswith("default")
+    estimates.record_peak("sampling", 900 * MIB)
+    estimates.record_peak("sampling", 1000 * MIB, threads_factor=2)  # 500 MiB per target
+    e = estimates.estimate("sampling")
     assert e.family == "sampling" and e.bytes == int(900 * MIB * 1.15) and e.source.startswith("recorded")
-    assert memory.estimate("batch_decode_with_kv_cache_dtype_q_bf16").family == "attention"
-    assert memory.estimate("fp4_gemm_cutlass_sm120").bytes == 8192 * MIB
-    path = memory.estimates_path()
+    assert estimates.estimate("batch_decode_with_kv_cache_dtype_q_bf16").family == "attention"
+    assert estimates.estimate("fp4_gemm_cutlass_sm120").bytes == 8192 * MIB
+    path = estimates.estimates_path()
     with open(path, "w") as fh:
         fh.write('{"schema": 1, "families": {"sampling": {"peaks": [-5, "x", true]}}}')
-    assert memory.estimate("sampling").source.startswith("default")  # malformed: dropped
+    assert estimates.estimate("sampling").source.startswith("default")  # malformed: dropped
     cache._root_cache.clear()
 
 
@@ -213,7 +213,7 @@ def test_multi_step_modules_grow_into_freed_slots(tmp_path, monkeypatch, ninja):
     """Ninja 1.13+ shares one jobserver (a module grows when another frees a slot); older
     ninjas get a fixed -j each.  Either way: never more compiles than slots, all built."""
     monkeypatch.setattr(pool, "ninja_binary", lambda: ninja)
-    pool._JOBSERVER_NINJA.clear()
+    jobserver._SUPPORTS.clear()
     log = tmp_path / "steps.log"
     mods = []
     for i in range(3):
@@ -283,6 +283,6 @@ def test_read_memory_never_raises_on_any_file_contents(tmp_path_factory, cgroup,
 def test_plan_takes_any_environment(max_jobs, threads, jobs_flag):
     view = memory.MemoryView(GIB, (memory.Bound("t", GIB, "t"),))
     env = {"MAX_JOBS": max_jobs, "FLASHINFER_NVCC_THREADS": threads}
-    p = jobs.plan(memory.Estimate(100 * MIB, "light", "t"), env=env, view=view, jobs=jobs_flag)
+    p = jobs.plan(estimates.Estimate(100 * MIB, "light", "t"), env=env, view=view, jobs=jobs_flag)
     assert p.jobs >= 1 and p.threads >= 1 and p.at_once >= 1
     assert all(len(line) < 1200 for line in p.lines())

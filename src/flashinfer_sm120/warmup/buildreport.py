@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from . import jobs, launcher, memory, toolchain
+from . import estimates, jobs, launcher, memory, toolchain
 
 __all__ = ["doctor_section", "doctor_lines"]
 
@@ -18,14 +18,14 @@ def doctor_section(report: dict) -> dict:
     view = memory.read_memory()
     targets = len(((report.get("resolution") or {}).get("choice") or {}).get("targets") or []) or 1
     setup = toolchain.last()
-    known = memory.recorded()
-    heaviest = memory.heaviest_estimate()
+    known = estimates.recorded()
+    heaviest = estimates.heaviest_estimate()
     plan = jobs.plan(heaviest, targets=targets, view=view,
                      env={k: v for k, v in os.environ.items()  # the user's, not what we exported
                           if not (setup and (k in setup.set or (k == "MAX_JOBS" and v == setup.max_jobs_value)))})
     out = {
         "memory": view.to_dict(),
-        "estimates": {f.name: memory.family_estimate(f, known).__dict__ for f in memory.FAMILIES[:-1]},
+        "estimates": {f.name: estimates.family_estimate(f, known).__dict__ for f in estimates.FAMILIES[:-1]},
         "plan": plan.to_dict(),
         "max_jobs": setup.max_jobs if setup else jobs.server_max_jobs(targets, view=view)[1],
         "compilers": list(setup.notes) if setup else [],

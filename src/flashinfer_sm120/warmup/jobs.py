@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 from .. import formats
 from ..errors import FormatError
-from .memory import Estimate, MemoryView, fmt_bytes, heaviest_estimate, read_memory
+from .estimates import Estimate, heaviest_estimate
+from .memory import MemoryView, fmt_bytes, read_memory
 
 __all__ = ["MARGIN", "Plan", "plan", "cpus", "user_max_jobs", "user_threads", "server_max_jobs"]
 
@@ -49,7 +51,7 @@ def _env_int(name: str, env) -> tuple[str | None, int | None]:
     if raw is None:
         return None, None
     t = raw.strip()
-    return raw, int(t) if t.isdigit() and len(t) < 10 else None
+    return raw, int(t) if re.fullmatch(r"[0-9]{1,9}", t) else None  # not str.isdigit: '²' is a digit
 
 
 def user_max_jobs(env=None) -> tuple[str | None, int | None]:
@@ -115,7 +117,7 @@ def plan(est: Estimate, *, targets: int = 1, jobs: int | None = None, mem_limit:
     """The jobs, threads and memory budget for compiles of estimate ``est``.
 
     Args:
-        est: one compile process's estimate (:func:`.memory.estimate`).
+        est: one compile process's estimate (:func:`.estimates.estimate`).
         targets: gencode targets per compile (nvcc compiles ``min(threads, targets)`` at once).
         jobs: ``build -j``; default ``MAX_JOBS``, else the CPUs.
         mem_limit: bytes the compiles may use together; default what :func:`.memory.read_memory`

@@ -34,10 +34,11 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
+
+from . import jobserver, progress
 
 __all__ = ["Job", "Result", "run_pool", "default_jobs", "ninja_binary", "dry_run", "gencode_summary"]
 
@@ -75,7 +76,7 @@ def default_jobs() -> int:
     flashinfer/jit/cpp_ext.py ``_get_num_workers``), else the CPUs this process may run on
     (``os.sched_getaffinity``)."""
     env = os.environ.get("MAX_JOBS", "")
-    if env.isdigit() and int(env) > 0:
+    if re.fullmatch(r"[0-9]{1,9}", env) and int(env) > 0:  # not isdigit(): '²' is a digit int() refuses
         return int(env)
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -162,70 +163,6 @@ def _what(command: str) -> str:
     return f"link {os.path.basename(so.group(1))}" if so else command[:60]
 
 
-class _Jobserver:
-    """A GNU make jobserver (a FIFO of tokens) shared by every module's ninja (ninja 1.13+
-    is a client: ``MAKEFLAGS=--jobserver-auth=fifo:PATH`` and no ``-j``; ninja
-    ``src/jobserver.h``, 1.13.2).  Each running ninja holds one token taken by the pool
-    for it (its implicit slot) and takes more from the FIFO for further steps, so a module
-    grows into slots the others free, whenever they free them.  At most ``slots`` steps
-    run.  A token a killed ninja never returned is refilled when nothing runs."""
-
-    def __init__(self, slots: int) -> None:
-        self.slots = slots
-        self.dir = tempfile.mkdtemp(prefix="flashinfer-sm120-jobserver-")
-        self.path = os.path.join(self.dir, "fifo")
-        os.mkfifo(self.path, 0o600)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK)
-        os.write(self.fd, b"+" * slots)
-
-    def take(self, nothing_runs: bool) -> bool:
-        try:
-            return len(os.read(self.fd, 1)) == 1
-        except BlockingIOError:
-            if not nothing_runs:
-                return False
-        self.refill()
-        return len(os.read(self.fd, 1)) == 1
-
-    def give(self) -> None:
-        os.write(self.fd, b"+")
-
-    def refill(self) -> None:
-        """Nothing runs: every token is ours again."""
-        try:
-            while os.read(self.fd, 4096):
-                pass
-        except BlockingIOError:
-            pass
-        os.write(self.fd, b"+" * self.slots)
-
-    def env(self) -> dict:
-        return {"MAKEFLAGS": f" -j{self.slots} --jobserver-auth=fifo:{self.path}"}
-
-    def close(self) -> None:
-        os.close(self.fd)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-_JOBSERVER_NINJA: dict[str, bool] = {}
-
-
-def _ninja_has_jobserver() -> bool:
-    """Whether the ninja that builds is a jobserver client (1.13.0+); asked once per binary."""
-    try:
-        binary = ninja_binary()
-    except RuntimeError:
-        return False
-    if binary not in _JOBSERVER_NINJA:
-        try:
-            out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
-            m = re.match(r"\s*(\d+)\.(\d+)", out)  # "1.11.1", "1.13.2.git.kitware.jobserver-pipe-1"
-            _JOBSERVER_NINJA[binary] = bool(m) and (int(m.group(1)), int(m.group(2))) >= (1, 13)
-        except Exception:
-            _JOBSERVER_NINJA[binary] = False
-    return _JOBSERVER_NINJA[binary]
-
-
 class _Running:
     def __init__(self, job: Job, steps: int, slots: int | None, events: queue.Queue,
                  env: dict | None = None) -> None:
@@ -268,44 +205,6 @@ class _Running:
         if left and not linking:
             left -= 1  # the link has not started: it is among the steps left
         return min(self.slots, len(kids) - linking + left)
-
-
-class _Display:
-    """Event lines (one per finished or failed step) and a status line: a rewritten
-    line on a terminal, a heartbeat line every 30 s otherwise."""
-
-    def __init__(self, stream, total: int) -> None:
-        self.stream, self.total, self.done = stream, total, 0
-        self.tty = hasattr(stream, "isatty") and stream.isatty()
-        self.t0 = time.monotonic()
-        self.last_beat = self.t0
-        self.status = ""
-
-    def event(self, text: str) -> None:
-        prefix = "\r\x1b[K" if self.tty else ""
-        self.stream.write(f"{prefix}[{self.done}/{self.total}] {text}  ({time.monotonic() - self.t0:.0f} s)\n")
-        self._status_line()
-
-    def now(self, compiling: list[str]) -> None:
-        self.status = ("compiling now: " + ", ".join(compiling)) if compiling else "waiting"
-        if self.tty:
-            self._status_line()
-        elif time.monotonic() - self.last_beat >= 30:
-            self.last_beat = time.monotonic()
-            self.stream.write(f"[{self.done}/{self.total}] {self.status}  "
-                              f"({time.monotonic() - self.t0:.0f} s)\n")
-            self.stream.flush()
-
-    def _status_line(self) -> None:
-        if self.tty and self.status:
-            self.stream.write(f"\r\x1b[K[{self.done}/{self.total}] {self.status}"
-                              f"  ({time.monotonic() - self.t0:.0f} s)")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
 
 
 def _try_lock(job: Job):
@@ -373,7 +272,7 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
         stream.write(f"to build: {len(todo)} module(s), {total} compile/link steps, -j {slots_total}: "
                      + ", ".join(f"{j.label} ({n})" for j, n in todo) + "\n")
     stream.flush()
-    display = _Display(stream, total)
+    display = progress.Display(stream, total)
     events: queue.Queue = queue.Queue()
     running: dict[str, _Running] = {}
     locks: dict[str, object] = {}
@@ -382,10 +281,10 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
     t_start, last, busy_s = time.monotonic(), time.monotonic(), 0.0
     max_at_once, handovers, freed_at = 0, [], None
     js = None
-    if todo and _ninja_has_jobserver() and (mem_budget is None or slots_total * max(
+    if todo and jobserver.supports(ninja_binary()) and (mem_budget is None or slots_total * max(
             (j.mem for j, _ in todo), default=0) <= mem_budget):
         try:
-            js = _Jobserver(slots_total)  # memory never binds at full parallelism: slots are the only limit
+            js = jobserver.Jobserver(slots_total)  # memory never binds at full parallelism: slots are the only limit
         except OSError:
             js = None
     timeline: dict[str, tuple[float, float]] = {}  # label -> (ninja started, ninja ended)
@@ -486,7 +385,7 @@ def _fits(job: Job, mem_left: int | None, nothing_runs: bool) -> int:
     return max(1 if nothing_runs else 0, mem_left // job.mem)
 
 
-def _drain(events: queue.Queue, running: dict, results: dict, display: _Display, locks: dict,
+def _drain(events: queue.Queue, running: dict, results: dict, display: progress.Display, locks: dict,
            timeout: float) -> bool:
     """Handle ninja's output for up to ``timeout`` seconds, returning early once a step
     finished or a module ended (a slot may be free); returns whether one did."""
@@ -525,7 +424,7 @@ def _drain(events: queue.Queue, running: dict, results: dict, display: _Display,
             del r.lines[:200]
 
 
-def _confirm(r: _Running, display: _Display) -> None:
+def _confirm(r: _Running, display: progress.Display) -> None:
     if r.pending is not None:
         display.done += 1
         what = _what(r.pending)
@@ -534,7 +433,7 @@ def _confirm(r: _Running, display: _Display) -> None:
         r.pending = None
 
 
-def _finish(r: _Running, running: dict, results: dict, display: _Display, locks: dict) -> None:
+def _finish(r: _Running, running: dict, results: dict, display: progress.Display, locks: dict) -> None:
     rc = r.proc.wait()
     label = r.job.label
     if rc == 0:

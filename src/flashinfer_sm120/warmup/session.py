@@ -115,14 +115,14 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
         peak_rss (bytes, when built without a launcher).
     """
     from . import jobs as _jobs
-    from . import memory
+    from . import estimates
 
     stream = stream or sys.stderr
     write_ninjas([s for _, s in labelled])
-    known = memory.recorded()
-    ests = {label: (memory.Estimate(mem_per_compile, memory.family_of(spec.name).name, "--mem-per-compile")
-                    if mem_per_compile else memory.estimate(spec.name, known)) for label, spec in labelled}
-    heaviest = max(ests.values(), key=lambda e: e.bytes) if ests else memory.estimate("other", known)
+    known = estimates.recorded()
+    ests = {label: (estimates.Estimate(mem_per_compile, estimates.family_of(spec.name).name, "--mem-per-compile")
+                    if mem_per_compile else estimates.estimate(spec.name, known)) for label, spec in labelled}
+    heaviest = max(ests.values(), key=lambda e: e.bytes) if ests else estimates.estimate("other", known)
     plan = _jobs.plan(heaviest, targets=targets, jobs=jobs, mem_limit=mem_limit, env=env)
     factor = max(1, min(plan.threads, targets))
     job_list = [pool.Job(label, spec.build_dir, spec.ninja_path, spec.lock_path, ests[label].bytes * factor)
@@ -136,7 +136,7 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     out = []
     for (label, spec), res in zip(labelled, results):
         if res.status == "built" and res.peak_rss and not launcher:
-            memory.record_peak(spec.name, res.peak_rss, factor)
+            estimates.record_peak(spec.name, res.peak_rss, factor)
         text = spec.ninja_path.read_text()
         so = spec.jit_library_path
         out.append({
