@@ -17,6 +17,7 @@ import os
 #: ``launcher.ENV``, named here so that registering the flags imports nothing else (``cli``
 #: must still list its commands when a part of the package is broken).
 _ENV = "FLASHINFER_SM120_COMPILER_CACHE"
+_flag_only = {"on": False}  # --compiler-cache sccache given, the variable not set for the servers
 
 __all__ = ["add_arguments", "apply", "refused", "cache_stats", "cache_report"]
 
@@ -48,6 +49,7 @@ def apply(args: argparse.Namespace) -> dict:
     """Act on ``--compiler-cache`` before FlashInfer is set up; returns the user's
     environment as it was (for the jobs plan: ``MAX_JOBS`` the user set, not ours)."""
     user_env = dict(os.environ)
+    _flag_only["on"] = bool(getattr(args, "compiler_cache", None) == "sccache" and not user_env.get(_ENV))
     if getattr(args, "compiler_cache", None):
         os.environ[_ENV] = "off" if args.compiler_cache == "none" else args.compiler_cache
     return user_env
@@ -109,7 +111,9 @@ def cache_report(before: dict | None) -> dict | None:
         return {"hits": None, "misses": None, "location": where,
                 "line": "compiler cache: sccache did not report its stats"}
     hits, misses = a[0] - (b or (0, 0))[0], a[1] - (b or (0, 0))[1]
+    note = (f"\nnote: set {_ENV}=sccache for the servers that load these modules too: the launcher is part "
+            "of the compile line ninja records, so a server without it compiles them again") if _flag_only["on"] else ""
     return {"hits": hits, "misses": misses, "location": where,
             "line": f"compiler cache: {hits} hits, {misses} misses in this build "
-                    f"(sccache {(after or {}).get('version', '?')}, {formats.shown(where, 120)})"}
+                    f"(sccache {(after or {}).get('version', '?')}, {formats.shown(where, 120)})" + note}
 
