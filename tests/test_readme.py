@@ -17,8 +17,9 @@ def test_readme_has_exactly_two_setup_commands():
 
 
 def test_ci_runs_the_readme_test_command():
+    # besides set-up lines, CI may install system packages real-component tests use (redis-server)
     ci_lines = [l for l in (ROOT / ".ci" / "run").read_text().splitlines()
-                if l and not l.startswith("#") and not l.startswith(("set ", "cd "))]
+                if l and not l.startswith("#") and not l.startswith(("set ", "cd ", "apt-get install -y -q "))]
     assert ci_lines == [_setup_commands()[1]]
 
 

@@ -22,7 +22,7 @@ def _private_cache(tmp_path, monkeypatch):
 
 def test_search_order_is_one_tuple_of_steps():
     assert SOURCES == tuple(label for label, _ in FIND_STEPS)
-    assert SOURCES[:4] == ("CUDA_HOME", "CUDA_PATH", "pip", "PATH")
+    assert SOURCES[:5] == ("FLASHINFER_NVCC", "CUDA_HOME", "CUDA_PATH", "pip", "PATH")
     assert all(callable(step) for _, step in FIND_STEPS)
 
 

@@ -62,7 +62,7 @@ def warmed(clean_env, tmp_path, real_nvcc13):
     cc.write_text(FAKE_CC)
     cc.chmod(0o755)
     log = tmp_path / "cc.log"
-    env = dict(clean_env, FLASHINFER_NVCC=str(cc), CXX=str(cc), FAKE_CC_LOG=str(log), FAKE_GPU_CAPS="")
+    env = dict(clean_env, FLASHINFER_NVCC_LAUNCHER=str(cc), CXX=str(cc), FAKE_CC_LOG=str(log), FAKE_GPU_CAPS="")
     manifest = tmp_path / "m.jsonl"
     run_py(RECORD, dict(env, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0", FLASHINFER_DISABLE_JIT="1",
                         FLASHINFER_SM120_RECORD=str(manifest)))

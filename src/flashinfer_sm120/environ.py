@@ -58,7 +58,7 @@ from . import arch as _arch
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["export", "exported", "describe", "reset", "tool_release", "TRITON_PTXAS", "SHARED_BIN_DIRS"]
+__all__ = ["export", "export_builds", "exported", "describe", "reset", "tool_release", "TRITON_PTXAS", "SHARED_BIN_DIRS"]
 
 #: Directories never put first on ``PATH``: they hold the system's programs, which
 #: would then shadow the user's (``/usr/local/bin`` over ``/usr/bin`` and so on).
@@ -151,6 +151,11 @@ class _Steps:
                 os.environ[name] = old
 
         self.env_undo.append(undo)
+
+    def pop_env(self, name: str) -> None:
+        old = os.environ.pop(name, None)
+        if old is not None:
+            self.env_undo.append(lambda: os.environ.setdefault(name, old))
 
     def undo(self) -> None:
         for fn in reversed(self.env_undo):
@@ -303,6 +308,25 @@ def _export_triton(steps: _Steps, bin_dir: str, sms: list[int]) -> None:
     steps.info[key] = "; ".join(notes) or "no GPU target"
 
 
+def _export_builds(steps: _Steps, home: str, nvcc: str, targets) -> None:
+    """FlashInfer's compiler variables checked, ``MAX_JOBS`` from the memory policy, the
+    compiler cache when asked for: decided in :mod:`flashinfer_sm120.warmup.toolchain`."""
+    from .warmup import toolchain
+
+    setup = toolchain.configure(home, nvcc, targets)
+    for name in setup.pop:
+        steps.pop_env(name)
+    for name, value in setup.set.items():
+        steps.set_env(name, value)
+    if setup.max_jobs_value is not None:  # ours to refresh before each build, and to remove on undo
+        os.environ["MAX_JOBS"] = setup.max_jobs_value
+        toolchain.own_max_jobs(setup.max_jobs_value)
+        steps.env_undo.append(toolchain.release_max_jobs)
+    for line in setup.warnings:
+        logger.warning("flashinfer-sm120: %s", line)
+    steps.info["builds"] = setup.to_dict()
+
+
 # --------------------------------------------------------------------------- API
 
 
@@ -345,7 +369,7 @@ def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable
         sms = [a * 10 + int(b[0]) for a, b in targets]
         bin_dir = _bin_dir(home, nvcc)
         for step, args in ((_export_ninja, ()), (_export_path, (bin_dir,)), (_export_cpp_extension, (home,)),
-                           (_export_triton, (bin_dir, sms))):
+                           (_export_triton, (bin_dir, sms)), (_export_builds, (home, nvcc, targets))):
             try:
                 step(steps, *args)
             except Exception as exc:
@@ -364,6 +388,17 @@ def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable
         record["undo"] = undo
         _current = record
         return undo
+
+
+def export_builds(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable[[], None]:
+    """Only what FlashInfer's JIT builds get (compiler variables checked, ``MAX_JOBS``, the
+    compiler cache), for a FlashInfer that needs no patching (``noop``).  Returns the undo."""
+    steps = _Steps()
+    try:
+        _export_builds(steps, home, nvcc, tuple(targets))
+    except Exception as exc:
+        logger.warning("flashinfer-sm120: setting up JIT builds failed: %r", exc)
+    return steps.undo
 
 
 def reset() -> None:

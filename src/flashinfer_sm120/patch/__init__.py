@@ -181,6 +181,11 @@ def _apply_locked(just_imported: str | None = None) -> None:
             STATE.undo.add("environ.export", environ.export(
                 res.home.path, res.choice.toolkit.nvcc, res.choice.targets))
             STATE.exported = True
+        elif mode is Mode.NOOP and not STATE.exported and all(m in STATE.patched_modules for m in HOOKED_MODULES):
+            # FlashInfer's toolkit is right, but its builds still get the memory policy and the checks
+            STATE.undo.add("environ.export_builds", environ.export_builds(
+                res.home.path, res.choice.toolkit.nvcc, res.choice.targets))
+            STATE.exported = True
     except Exception as exc:
         _fail(f"patching {pending} failed: {exc}")
         return

@@ -198,6 +198,9 @@ def _nvcc_gate(wrapped, instance, args, kwargs):
     if STATE.mode is Mode.GUARD:
         raise ToolkitError(guard_message())
     if STATE.mode in (Mode.PATCHED, Mode.NOOP):
+        from ..warmup.toolchain import refresh_max_jobs
+
+        refresh_max_jobs()  # the memory left now, not at import: the model may have loaded since
         bad = unbuildable(current_targets(), _version())
         if bad:
             tk = STATE.resolution.choice.toolkit

@@ -221,6 +221,30 @@ def from_path(env: Mapping[str, str]) -> list[Found]:
         "prefix"))]
 
 
+def from_flashinfer_nvcc(env: Mapping[str, str]) -> list[Found]:
+    """``$FLASHINFER_NVCC``: FlashInfer 0.7 compiles with it in place of
+    ``$cuda_home/bin/nvcc`` (``flashinfer/jit/cpp_ext.py``), so its own toolkit (the
+    prefix above the ``bin/`` of the nvcc it runs, wrappers followed) is offered
+    first; chosen only if it passes like any other, otherwise the variable is refused
+    (:mod:`flashinfer_sm120.warmup.compilers`), never mixed with another toolkit's headers."""
+    val = env.get("FLASHINFER_NVCC")
+    if val is None:
+        return []
+    given = f"$FLASHINFER_NVCC={val[:200]}"
+    words = val.split()
+    if len(words) != 1 or not os.path.isabs(words[0]):
+        return [Found("FLASHINFER_NVCC", val[:200] or "(empty)", given, problem=(
+            "FLASHINFER_NVCC must be the absolute path of one nvcc; put a launcher in "
+            "FLASHINFER_NVCC_LAUNCHER instead"))]
+    real = follow_wrappers(words[0]) or os.path.realpath(words[0])
+    if os.path.basename(os.path.dirname(real)) != "bin":
+        return [Found("FLASHINFER_NVCC", os.path.dirname(real), given, problem=(
+            f"the nvcc it runs ({real}) is not in a toolkit's bin/ directory, so no toolkit prefix "
+            "follows from it; set CUDA_HOME to the toolkit prefix instead"))]
+    root = os.path.dirname(os.path.dirname(real))
+    return [Found("FLASHINFER_NVCC", _view_toolkit(root) or root, given)]
+
+
 def from_usr_local_cuda(env: Mapping[str, str]) -> list[Found]:
     """``/usr/local/cuda`` (the installer's symlink), FlashInfer's last resort too."""
     return [Found("/usr/local/cuda", "/usr/local/cuda", "/usr/local/cuda")]
@@ -248,6 +272,7 @@ def from_conda(env: Mapping[str, str]) -> list[Found]:
 #: The search, in preference order: ``(label, step)``; each step maps an
 #: environment to the places it points at.
 FIND_STEPS: tuple[tuple[str, Callable[[Mapping[str, str]], list[Found]]], ...] = (
+    ("FLASHINFER_NVCC", from_flashinfer_nvcc),
     ("CUDA_HOME", _env_var("CUDA_HOME")),
     ("CUDA_PATH", _env_var("CUDA_PATH")),
     ("pip", from_pip),

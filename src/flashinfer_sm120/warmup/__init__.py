@@ -5,7 +5,15 @@
 - :mod:`.manifest`  manifest entries: encode a spec, turn an entry back into a spec
 - :mod:`.replay`    ``build --from MANIFEST``
 - :mod:`.session`   set FlashInfer up for a build; build specs in one pool
-- :mod:`.pool`      the job pool and its progress display
+- :mod:`.pool`      the job pool (admission by slots and memory); :mod:`.jobserver` the
+  jobserver its ninjas share (ninja 1.13+); :mod:`.progress` its progress display
+- :mod:`.memory`    the memory this process may use (cgroups, MemAvailable, unified-memory GPUs)
+- :mod:`.estimates` what one compile of a module family takes (defaults, recorded peaks)
+- :mod:`.jobs`      the jobs/threads policy for ``build`` and the server's ``MAX_JOBS``
+- :mod:`.launcher`  the compiler cache (sccache): find, probe, remember, stats
+- :mod:`.compilers` FlashInfer's compiler variables under the trust rule
+- :mod:`.toolchain` what FlashInfer's builds get once it is loaded (the three above)
+- :mod:`.buildopts` ``build``'s cache and memory flags; :mod:`.buildreport` doctor's "Builds"
 - :mod:`.cachepack` ``cache export`` / ``cache import``
 - :mod:`.ninjadeps` restamp outputs in a ninja deps log (used by cache import)
 

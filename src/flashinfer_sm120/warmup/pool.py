@@ -13,6 +13,16 @@ command FlashInfer runs), and this pool shares ``jobs`` slots among them: a modu
 gets ``-j`` = the slots free when it starts, and as its remaining steps drop below
 its ``-j`` (counted from the processes ninja has running), the spare slots go to
 the next module.  At no time do more than ``jobs`` compile steps run.
+
+Memory: a job may carry ``mem``, the bytes one of its compile steps takes
+(:mod:`.memory`); with a ``mem_budget``, a module is started (and given slots)
+only while its steps fit in what the running modules leave, so a few heavy
+modules and many light ones share the budget; when nothing runs, one module
+always starts, whatever its estimate.  Each module's peak RSS (the largest
+process ninja ran, from ``wait4``) comes back in :attr:`Result.peak_rss`.
+
+Hand-over: the scheduler wakes as soon as ninja reports a finished step or
+exits, not on a timer, so a freed slot goes to the next module at once.
 """
 
 from __future__ import annotations
@@ -28,6 +38,8 @@ import threading
 import time
 from pathlib import Path
 
+from . import jobserver, progress
+
 __all__ = ["Job", "Result", "run_pool", "default_jobs", "ninja_binary", "dry_run", "gencode_summary"]
 
 _STATUS = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
@@ -36,23 +48,27 @@ _SRC = re.compile(r" -c (\S+)")
 
 @dataclasses.dataclass
 class Job:
-    """One module to build: ``label`` for people, its ninja file and FlashInfer's lock file."""
+    """One module to build: ``label`` for people, its ninja file, FlashInfer's lock file, and
+    ``mem``, the bytes one of its compile steps takes (0: not counted)."""
 
     label: str
     build_dir: Path
     ninja_path: Path
     lock_path: Path | None = None
+    mem: int = 0
 
 
 @dataclasses.dataclass
 class Result:
-    """Outcome of one module: ``status`` is ``built``, ``up to date`` or ``failed``."""
+    """Outcome of one module: ``status`` is ``built``, ``up to date`` or ``failed``;
+    ``peak_rss``: bytes of the largest process its build ran (Linux ``wait4``), when built."""
 
     label: str
     status: str
     seconds: float = 0.0
     steps: int = 0
     error: str | None = None
+    peak_rss: int | None = None
 
 
 def default_jobs() -> int:
@@ -60,7 +76,7 @@ def default_jobs() -> int:
     flashinfer/jit/cpp_ext.py ``_get_num_workers``), else the CPUs this process may run on
     (``os.sched_getaffinity``)."""
     env = os.environ.get("MAX_JOBS", "")
-    if env.isdigit() and int(env) > 0:
+    if re.fullmatch(r"[0-9]{1,9}", env) and int(env) > 0:  # not isdigit(): '²' is a digit int() refuses
         return int(env)
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -148,7 +164,8 @@ def _what(command: str) -> str:
 
 
 class _Running:
-    def __init__(self, job: Job, steps: int, slots: int, events: queue.Queue) -> None:
+    def __init__(self, job: Job, steps: int, slots: int | None, events: queue.Queue,
+                 env: dict | None = None) -> None:
         self.job, self.steps, self.slots = job, steps, slots
         self.finished = 0  # ninja's own count of finished steps (%f), failed ones included
         self.pending_since = 0.0
@@ -157,8 +174,11 @@ class _Running:
         self.pending: str | None = None  # last status line, not yet known to have succeeded
         self.failed: list[str] = []
         self.in_failure = False
-        self.proc = subprocess.Popen(_cmd(job, "-j", str(slots)), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env=_env(), errors="replace")
+        self.peak_rss: int | None = None
+        self.lent = False  # jobserver mode: its token was lent to others while it links
+        extra = () if slots is None else ("-j", str(slots))  # None: a jobserver client, no -j
+        self.proc = subprocess.Popen(_cmd(job, *extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=dict(_env(), **(env or {})), errors="replace")
         self.thread = threading.Thread(target=self._read, args=(events,), daemon=True)
         self.thread.start()
 
@@ -166,54 +186,25 @@ class _Running:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             events.put((self, line.rstrip("\n")))
+        try:  # reap ninja here, for the peak RSS of everything it ran (ru_maxrss of its reaped tree)
+            _, status, usage = os.wait4(self.proc.pid, 0)
+            self.proc.returncode = os.waitstatus_to_exitcode(status)
+            self.peak_rss = usage.ru_maxrss * 1024  # kilobytes on Linux
+        except (ChildProcessError, AttributeError, OSError):
+            pass  # reaped already (interrupted) or not Linux: Popen.wait() has the status
         events.put((self, None))
 
     def committed(self) -> int:
-        """Slots this module can still use: its running steps plus those not started, less
-        the final link while anything else is left (it runs only after all the others)."""
-        running = len(_children(self.proc.pid))
-        left = max(0, self.steps - self.finished - running)
-        if left and running:
-            left -= 1
-        return min(self.slots, running + left)
-
-
-class _Display:
-    """Event lines (one per finished or failed step) and a status line: a rewritten
-    line on a terminal, a heartbeat line every 30 s otherwise."""
-
-    def __init__(self, stream, total: int) -> None:
-        self.stream, self.total, self.done = stream, total, 0
-        self.tty = hasattr(stream, "isatty") and stream.isatty()
-        self.t0 = time.monotonic()
-        self.last_beat = self.t0
-        self.status = ""
-
-    def event(self, text: str) -> None:
-        prefix = "\r\x1b[K" if self.tty else ""
-        self.stream.write(f"{prefix}[{self.done}/{self.total}] {text}  ({time.monotonic() - self.t0:.0f} s)\n")
-        self._status_line()
-
-    def now(self, compiling: list[str]) -> None:
-        self.status = ("compiling now: " + ", ".join(compiling)) if compiling else "waiting"
-        if self.tty:
-            self._status_line()
-        elif time.monotonic() - self.last_beat >= 30:
-            self.last_beat = time.monotonic()
-            self.stream.write(f"[{self.done}/{self.total}] {self.status}  "
-                              f"({time.monotonic() - self.t0:.0f} s)\n")
-            self.stream.flush()
-
-    def _status_line(self) -> None:
-        if self.tty and self.status:
-            self.stream.write(f"\r\x1b[K[{self.done}/{self.total}] {self.status}"
-                              f"  ({time.monotonic() - self.t0:.0f} s)")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
+        """Compile slots this module can still use: its running compile steps plus those not
+        started, less the final link (it runs only after all the others).  A running link
+        holds no compile slot: it is short and light, and the next module's compile starts
+        beside it rather than after it."""
+        kids = _children(self.proc.pid)
+        linking = sum(1 for k in kids if _what(k).startswith("link "))
+        left = max(0, self.steps - self.finished - len(kids))
+        if left and not linking:
+            left -= 1  # the link has not started: it is among the steps left
+        return min(self.slots, len(kids) - linking + left)
 
 
 def _try_lock(job: Job):
@@ -234,7 +225,8 @@ class _Nothing:
         pass
 
 
-def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: dict | None = None) -> list[Result]:
+def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: dict | None = None,
+             mem_budget: int | None = None) -> list[Result]:
     """Build ``jobs`` sharing ``max_jobs`` compile slots; print progress on ``stream``.
 
     Up-to-date modules are reported once as such (checked with ``ninja -n`` first);
@@ -244,10 +236,15 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
     same module is waited for, and said so).
 
     :param max_jobs: parallel compile steps (default :func:`default_jobs`).
+    :param mem_budget: bytes the compile steps may use together (each job's ``mem`` per step);
+        ``None``: not counted.
     :param stats: if given, filled with ``wall_s`` (seconds from the first step started to
         the last finished) and ``occupancy`` (step-seconds run / (slots x wall_s), 0..1, sampled
         every 0.5 s from the processes ninja runs): how well the pool kept its slots busy,
-        whatever else the machine is doing.
+        whatever else the machine is doing; ``max_at_once`` (most steps seen running
+        together), ``handovers`` (seconds from noticing a finished step to starting the next
+        module's ninja, one value per such start) and ``timeline`` (label: [ninja started,
+        ended], seconds from the pool's start).
     :returns: one :class:`Result` per job, in the order given.
     :raises RuntimeError: ninja is missing.
     """
@@ -272,22 +269,41 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
         stream.write(f"to build: {len(todo)} module(s), {total} compile/link steps, -j {slots_total}: "
                      + ", ".join(f"{j.label} ({n})" for j, n in todo) + "\n")
     stream.flush()
-    display = _Display(stream, total)
+    display = progress.Display(stream, total)
     events: queue.Queue = queue.Queue()
     running: dict[str, _Running] = {}
     locks: dict[str, object] = {}
     waiting_said: set[str] = set()
     pending = list(todo)
     t_start, last, busy_s = time.monotonic(), time.monotonic(), 0.0
+    max_at_once, handovers, freed_at = 0, [], None
+    js = None
+    if todo and jobserver.supports(ninja_binary()) and (mem_budget is None or slots_total * max(
+            (j.mem for j, _ in todo), default=0) <= mem_budget):
+        try:
+            js = jobserver.Jobserver(slots_total)  # memory never binds at full parallelism: slots are the only limit
+        except OSError:
+            js = None
+    timeline: dict[str, tuple[float, float]] = {}  # label -> (ninja started, ninja ended)
     try:
         while pending or running:
-            free = slots_total - sum(r.committed() for r in running.values())
+            committed = {lbl: r.committed() for lbl, r in running.items()} if js is None else {}
+            free = slots_total - sum(committed.values())
+            mem_left = None if mem_budget is None or js is not None else mem_budget - sum(
+                committed[lbl] * r.job.mem for lbl, r in running.items())
             for item in list(pending):
-                if free < 1:
+                if js is None and free < 1:
                     break
                 job, n = item
+                fit = _fits(job, mem_left, nothing_runs=not running)
+                if js is None and fit < 1:
+                    continue  # a lighter module further on may fit
+                if js is not None and not js.take(nothing_runs=not running):
+                    break
                 lock = _try_lock(job)
                 if lock is None:
+                    if js is not None:
+                        js.give()
                     if job.label not in waiting_said:
                         waiting_said.add(job.label)
                         display.event(f"{job.label}: waiting for another process building it "
@@ -302,15 +318,37 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
                         results[job.label] = Result(job.label, "up to date")
                         display.event(f"up to date: {job.label} (built by another process meanwhile)")
                         lock.release()
+                        if js is not None:
+                            js.give()
                         continue
-                give = max(1, min(free, n))
-                running[job.label] = _Running(job, n, give, events)
+                give = max(1, min(free, max(1, n - 1), fit))  # n - 1: the link runs after the compiles
+                running[job.label] = (_Running(job, n, None, events, js.env()) if js is not None
+                                      else _Running(job, n, give, events))
+                if freed_at is not None:
+                    handovers.append(round(time.monotonic() - freed_at, 3))
+                    freed_at = None
                 free -= give
-            _drain(events, running, results, display, locks, timeout=0.5)
+                if mem_left is not None:
+                    mem_left -= give * job.mem
+            freed_at = None  # only a start right after a freed slot counts as a hand-over
+            before = dict(running)
+            if _drain(events, running, results, display, locks, timeout=0.5):
+                freed_at = time.monotonic()
+            for lbl in set(before) - set(running):
+                timeline[lbl] = (before[lbl].t0, time.monotonic())
+                if js is not None and not before[lbl].lent:
+                    js.give()  # the finished ninja's own slot
+            if js is not None:  # a module that only links holds no compile slot: lend its token
+                for r in running.values():
+                    if not r.lent and r.finished >= r.steps - 1 and any(
+                            _what(k).startswith("link ") for k in _children(r.proc.pid)):
+                        js.give()
+                        r.lent = True
             for r in running.values():  # ninja prints FAILED right after the status line
                 if r.pending is not None and time.monotonic() - r.pending_since > 0.3:
                     _confirm(r, display)
             now_running = [f"{lbl}/{_what(c)}" for lbl, r in running.items() for c in _children(r.proc.pid)]
+            max_at_once = max(max_at_once, len(now_running))
             busy_s += len(now_running) * (time.monotonic() - last)
             last = time.monotonic()
             display.now(now_running)
@@ -324,25 +362,42 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
                 r.proc.wait()
         for lock in locks.values():
             lock.release()
+        if js is not None:
+            js.close()
         display.close()
     if stats is not None:
         wall = time.monotonic() - t_start
-        stats.update(wall_s=round(wall, 2),
+        stats.update(wall_s=round(wall, 2), max_at_once=max_at_once, handovers=handovers, jobserver=js is not None,
+                     timeline={lbl: [round(t0 - t_start, 3), round(t1 - t_start, 3)]
+                               for lbl, (t0, t1) in timeline.items()},
                      occupancy=round(min(1.0, busy_s / (slots_total * wall)), 3) if todo and wall > 0 else None)
     return [results[j.label] for j in jobs]
 
 
-def _drain(events: queue.Queue, running: dict, results: dict, display: _Display, locks: dict,
-           timeout: float) -> None:
+def _fits(job: Job, mem_left: int | None, nothing_runs: bool) -> int:
+    """Compile steps of ``job`` that fit in ``mem_left`` bytes (no limit: a large number);
+    at least one when nothing runs, so a module larger than the budget still builds."""
+    if mem_left is None or job.mem <= 0:
+        return 1 << 30
+    return max(1 if nothing_runs else 0, mem_left // job.mem)
+
+
+def _drain(events: queue.Queue, running: dict, results: dict, display: progress.Display, locks: dict,
+           timeout: float) -> bool:
+    """Handle ninja's output for up to ``timeout`` seconds, returning early once a step
+    finished or a module ended (a slot may be free); returns whether one did."""
     deadline = time.monotonic() + timeout
+    freed = False
     while True:
         try:
-            r, line = events.get(timeout=max(0.0, deadline - time.monotonic()))
+            wait = 0.0 if freed else max(0.0, deadline - time.monotonic())
+            r, line = events.get(timeout=wait) if wait > 0 else events.get_nowait()
         except queue.Empty:
-            return
+            return freed
         label = r.job.label
         if line is None:
             _finish(r, running, results, display, locks)
+            freed = True
             continue
         r.lines.append(line)
         m = _STATUS.match(line)
@@ -352,6 +407,7 @@ def _drain(events: queue.Queue, running: dict, results: dict, display: _Display,
             if m:
                 r.pending, r.pending_since = m.group(3), time.monotonic()
                 r.finished = max(r.finished, int(m.group(1)))
+                freed = True
         elif line.startswith("FAILED: "):
             what = _what(r.pending or line)
             r.pending = None
@@ -365,7 +421,7 @@ def _drain(events: queue.Queue, running: dict, results: dict, display: _Display,
             del r.lines[:200]
 
 
-def _confirm(r: _Running, display: _Display) -> None:
+def _confirm(r: _Running, display: progress.Display) -> None:
     if r.pending is not None:
         display.done += 1
         what = _what(r.pending)
@@ -374,18 +430,20 @@ def _confirm(r: _Running, display: _Display) -> None:
         r.pending = None
 
 
-def _finish(r: _Running, running: dict, results: dict, display: _Display, locks: dict) -> None:
+def _finish(r: _Running, running: dict, results: dict, display: progress.Display, locks: dict) -> None:
     rc = r.proc.wait()
     label = r.job.label
     if rc == 0:
         _confirm(r, display)
-        results[label] = Result(label, "built", round(time.monotonic() - r.t0, 1), r.steps)
+        results[label] = Result(label, "built", round(time.monotonic() - r.t0, 1), r.steps,
+                                peak_rss=r.peak_rss)
         display.event(f"done: {label}")
     else:
         err_lines = [x for x in r.failed if x.strip()] or r.lines[-40:]
         errors = [x for x in err_lines if "error" in x.lower()]
         text = "\n".join((errors or err_lines)[:30])
-        results[label] = Result(label, "failed", round(time.monotonic() - r.t0, 1), r.steps, text)
+        results[label] = Result(label, "failed", round(time.monotonic() - r.t0, 1), r.steps, text,
+                                r.peak_rss)
         display.event(f"failed: {label} (ninja exit {rc}):\n    " + text.replace("\n", "\n    "))
     running.pop(label, None)
     lock = locks.pop(label, None)

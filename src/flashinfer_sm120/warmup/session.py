@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -188,27 +189,51 @@ def write_ninjas(specs: list) -> None:
 
 
 def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=None,
-                stats: dict | None = None) -> list[dict]:
+                stats: dict | None = None, *, targets: int = 1, mem_limit: int | None = None,
+                mem_per_compile: int | None = None, env=None) -> list[dict]:
     """Write ninja files and build ``labelled`` ``(label, spec)`` pairs in one pool
-    (``stats`` as for :func:`pool.run_pool`).
+    (``stats`` as for :func:`pool.run_pool`, plus ``plan``: the jobs/memory plan).
 
+    Each module is admitted by its memory estimate (:mod:`.memory`, per family; ``mem_per_compile``
+    overrides it) within the budget of :func:`.jobs.plan`; a module built without a compiler
+    launcher has its peak RSS recorded to refine its family's estimate (with a launcher the
+    compiles run in the launcher's server, out of ninja's sight).
+
+    :param env: the user's environment for the plan (``MAX_JOBS``, ``FLASHINFER_NVCC_THREADS``),
+        read before this process exported its own ``MAX_JOBS``.
     :returns: one dict per module: label, name, status, library, bytes, seconds, error,
-        gencode (raw ``compute_X,code`` pairs) and binary (``SASS sm_X``/``PTX compute_X``).
+        gencode (raw ``compute_X,code`` pairs), binary (``SASS sm_X``/``PTX compute_X``) and
+        peak_rss (bytes, when built without a launcher).
     """
+    from . import jobs as _jobs
+    from . import estimates
+
     stream = stream or sys.stderr
     write_ninjas([s for _, s in labelled])
-    job_list = [pool.Job(label, spec.build_dir, spec.ninja_path, spec.lock_path) for label, spec in labelled]
-    results = pool.run_pool(job_list, jobs, stream, stats)
+    known = estimates.recorded()
+    ests = {label: (estimates.Estimate(mem_per_compile, estimates.family_of(spec.name).name, "--mem-per-compile")
+                    if mem_per_compile else estimates.estimate(spec.name, known)) for label, spec in labelled}
+    heaviest = max(ests.values(), key=lambda e: e.bytes) if ests else estimates.estimate("other", known)
+    plan = _jobs.plan(heaviest, targets=targets, jobs=jobs, mem_limit=mem_limit, env=env)
+    factor = max(1, min(plan.threads, targets))
+    job_list = [pool.Job(label, spec.build_dir, spec.ninja_path, spec.lock_path, ests[label].bytes * factor)
+                for label, spec in labelled]
+    if stats is not None:
+        stats["plan"] = plan.to_dict()
+    for line in plan.lines():
+        stream.write(f"flashinfer-sm120: {line}\n")
+    results = pool.run_pool(job_list, plan.jobs, stream, stats, mem_budget=plan.budget)
+    launcher = os.environ.get("FLASHINFER_NVCC_LAUNCHER")
     out = []
     for (label, spec), res in zip(labelled, results):
+        if res.status == "built" and res.peak_rss and not launcher:
+            estimates.record_peak(spec.name, res.peak_rss, factor)
         text = spec.ninja_path.read_text()
-        import re
-
         so = spec.jit_library_path
         out.append({
             "module": label, "name": spec.name, "status": res.status, "library": str(so),
             "bytes": so.stat().st_size if so.exists() and res.status != "failed" else None,
-            "seconds": res.seconds, "error": res.error,
+            "seconds": res.seconds, "error": res.error, "peak_rss": res.peak_rss,
             "gencode": sorted({f"{a},{c}" for a, c in re.findall(r"-gencode=arch=(compute_\w+),code=(\w+)", text)}),
             "binary": pool.gencode_summary(text),
         })

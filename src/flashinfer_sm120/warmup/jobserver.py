@@ -1,0 +1,71 @@
+"""One GNU make jobserver shared by the ninjas of a build pool (see :class:`Jobserver`)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+__all__ = ["Jobserver", "supports"]
+
+
+class Jobserver:
+    """A GNU make jobserver (a FIFO of tokens) shared by every module's ninja (ninja 1.13+
+    is a client: ``MAKEFLAGS=--jobserver-auth=fifo:PATH`` and no ``-j``; ninja
+    ``src/jobserver.h``, 1.13.2).  Each running ninja holds one token taken by the pool
+    for it (its implicit slot) and takes more from the FIFO for further steps, so a module
+    grows into slots the others free, whenever they free them.  At most ``slots`` steps
+    run.  A token a killed ninja never returned is refilled when nothing runs."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.dir = tempfile.mkdtemp(prefix="flashinfer-sm120-jobserver-")
+        self.path = os.path.join(self.dir, "fifo")
+        os.mkfifo(self.path, 0o600)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK)
+        os.write(self.fd, b"+" * slots)
+
+    def take(self, nothing_runs: bool) -> bool:
+        try:
+            return len(os.read(self.fd, 1)) == 1
+        except BlockingIOError:
+            if not nothing_runs:
+                return False
+        self.refill()
+        return len(os.read(self.fd, 1)) == 1
+
+    def give(self) -> None:
+        os.write(self.fd, b"+")
+
+    def refill(self) -> None:
+        """Nothing runs: every token is ours again."""
+        try:
+            while os.read(self.fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        os.write(self.fd, b"+" * self.slots)
+
+    def env(self) -> dict:
+        return {"MAKEFLAGS": f" -j{self.slots} --jobserver-auth=fifo:{self.path}"}
+
+    def close(self) -> None:
+        os.close(self.fd)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_SUPPORTS: dict[str, bool] = {}
+
+
+def supports(binary: str) -> bool:
+    """Whether ninja ``binary`` is a jobserver client (1.13.0+); asked once per binary."""
+    if binary not in _SUPPORTS:
+        try:
+            out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
+            m = re.match(r"\s*(\d+)\.(\d+)", out)  # "1.11.1", "1.13.2.git.kitware.jobserver-pipe-1"
+            _SUPPORTS[binary] = bool(m) and (int(m.group(1)), int(m.group(2))) >= (1, 13)
+        except Exception:
+            _SUPPORTS[binary] = False
+    return _SUPPORTS[binary]
