@@ -6,7 +6,8 @@ reason otherwise): a fake nvcc that allocates and touches 400 MB, a 1 GB limit.
   where the same build without the memory policy (``--mem-limit 64G``) is OOM-killed;
 * FlashInfer's own ``run_ninja`` under the ``MAX_JOBS`` this package exports, where
   FlashInfer alone (ninja's default -j) is OOM-killed;
-* (slow) a real compile of ``sampling`` inside a limit that its naive -j exceeds.
+* a real compile of ``sampling`` inside a limit that its naive -j exceeds: with the end-to-end
+  build in tests/test_e2e_build.py (one real compile serves both).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -144,44 +144,3 @@ def test_flashinfer_run_ninja_follows_the_exported_max_jobs(cgroup_v1_or_v2, fak
     res = json.loads(proc.stdout.split("@@")[-1]) if "@@" in proc.stdout else {"killed": proc.returncode}
     assert cg.oom_kills() > 0 and (res.get("err") or res.get("killed")), (res, proc.stderr[-1000:])
     assert res.get("MAX_JOBS") is None
-
-
-@pytest.mark.slow
-@needs_flashinfer
-def test_real_sampling_build_fits_a_limit_its_naive_j_exceeds(cgroup_v1_or_v2, real_nvcc13, clean_env, tmp_path):
-    """Measure first (no limit): the build process's own footprint B, and the peak P of
-    sampling's largest compile (sampling.cu, built through its ninja file, so the build
-    reuses it); then limit the cgroup to B + 1.5 P, which the two remaining compiles at
-    once (ninja's naive -j 2) exceed, and build: one compile at a time, no OOM kill."""
-    cg = cgroup_v1_or_v2
-    env = dict(clean_env, CUDA_HOME=real_nvcc13, FLASHINFER_SM120_QUIET="1")
-    env.pop("MAX_JOBS", None)
-    build = [sys.executable, "-m", "flashinfer_sm120", "build", "sampling", "--arch", "12.0", "-j", "2", "--json"]
-    proc = subprocess.run(cg.prefix(build + ["--ninja-only"]), env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    base = cg.peak()  # Python with torch and FlashInfer, writing the ninja file
-    ninja_file = json.loads(proc.stdout)["modules"][0]["ninja"]
-    first = next(line.split()[1].rstrip(":") for line in open(ninja_file)
-                 if line.startswith("build ") and "csrc_sampling.cuda.o" in line)
-    cg.reset_peak()
-    ninja = os.path.join(os.path.dirname(sys.executable), "ninja")
-    ninja = ninja if os.access(ninja, os.X_OK) else "ninja"
-    proc = subprocess.run(cg.prefix(["nice", "-n", "10", ninja, "-C", os.path.dirname(ninja_file), "-f", ninja_file,
-                                     first]), env=env, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    one = cg.peak()  # one compile (nvcc and the tool it runs) and ninja
-    limit = base + int(1.5 * one)
-    assert base + 2 * one > limit  # the two compiles left, at once (ninja -j 2), do not fit
-    cg.set_limit(limit)
-    cg.reset_peak()
-    t0 = time.monotonic()
-    proc = subprocess.run(cg.prefix(["nice", "-n", "10"] + build), env=env, capture_output=True, text=True,
-                          timeout=1800)
-    wall = time.monotonic() - t0
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rep = json.loads(proc.stdout)
-    assert rep["modules"][0]["status"] == "built" and cg.oom_kills() == 0
-    assert rep["plan"]["at_once"] == 1, rep["plan"]
-    print(f"\nsampling: build process {base >> 20} MiB, one compile {one >> 20} MiB; limit {limit >> 20} MiB "
-          f"(naive -j 2 needs {(base + 2 * one) >> 20}); built with {rep['plan']['at_once']} at once, peak "
-          f"{cg.peak() >> 20} MiB, {wall:.0f} s; recorded peak RSS {rep['modules'][0]['peak_rss'] >> 20} MiB")
