@@ -233,3 +233,16 @@ def test_doctor_names_a_pth_left_without_its_module(tmp_path):
     lines = autoload.doctor_lines({"pth": [str(d / PTH_NAME)], "outdated": [str(d / PTH_NAME)],
                                    "triggers": ["flashinfer"]}, "python")
     assert len(lines) == 2 and "enable' again" in lines[1] and HOOK_FILE in lines[1]
+
+
+def test_the_hook_and_the_package_agree_on_names_and_triggers():
+    """The hook is a standalone copy (never imported by the package): its constants must match."""
+    import ast
+
+    from flashinfer_sm120 import autoload
+
+    tree = ast.parse(autoload.hook_source())
+    values = {t.id: ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+              for t in n.targets if isinstance(t, ast.Name)}
+    assert (values["PTH_NAME"], values["MODULE_NAME"], values["TRIGGERS"]) == (
+        autoload.PTH_NAME, autoload.MODULE_NAME, autoload.TRIGGERS)

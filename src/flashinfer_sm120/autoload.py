@@ -48,7 +48,15 @@ import os
 import sys
 from pathlib import Path
 
-from .autoload_hook import MODULE_NAME, PTH_NAME, TRIGGERS
+# The hook (autoload_hook.py) is a standalone program that ``enable`` copies into site-packages; it
+# is never imported from here (it imports this module when it fires), so it keeps its own copy of
+# these three values and tests/test_autoload.py checks that the two agree.
+#: The ``.pth`` file ``enable`` writes.
+PTH_NAME = "flashinfer_sm120_autoload.pth"
+#: The hook module's name in site-packages (the ``.pth`` imports it).
+MODULE_NAME = "flashinfer_sm120_autoload"
+#: Top-level modules whose first import loads flashinfer_sm120.
+TRIGGERS = ("flashinfer", "vllm", "sglang")
 
 __all__ = ["PTH_NAME", "PTH_LINE", "HOOK_FILE", "MODULE_NAME", "TRIGGERS", "EXPORT_EARLY", "hook_source",
            "pth_files", "triggered", "worker_setup", "state", "enabled_in", "doctor_report", "doctor_lines"]
