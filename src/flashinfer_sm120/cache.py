@@ -27,12 +27,15 @@ import os
 import re
 import stat
 import tempfile
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from .errors import FormatError, StateFileError
 from .formats import make_private_dirs, read_json_file
 
 logger = logging.getLogger("flashinfer_sm120")
+
+T = TypeVar("T")
 
 __all__ = [
     "SAFE_PATH_RE",
@@ -41,7 +44,9 @@ __all__ = [
     "cache_root_notes",
     "path_problem",
     "read_json",
+    "write_atomic",
     "write_json_atomic",
+    "compute_once",
     "writable_by_others",
 ]
 
@@ -283,34 +288,79 @@ def read_json(path: str, *, max_bytes: int = MAX_STATE_BYTES) -> tuple[Any, str 
         return None, str(exc)
 
 
-def write_json_atomic(path: str, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` atomically.
+def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never half.
 
-    A temp file with a random name is created with ``O_EXCL`` and mode ``0600``
-    in the same directory (so a name planted by another user is never opened),
-    written, then renamed over ``path`` with :func:`os.replace`.
+    A temp file with a random name is created with ``O_EXCL`` in the same directory
+    (so a name planted by another user is never opened), written, given ``mode``,
+    then renamed over ``path`` with :func:`os.replace`; on any failure it is removed.
+
+    Raises:
+        OSError: as the file system reports it (the caller words the message).
+    """
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + ".", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` atomically (:func:`write_atomic`, mode ``0600``).
 
     Raises:
         StateFileError: the directory is not writable or the disk is full; the
             message names the directory and ``FLASHINFER_SM120_CACHE_DIR``.
     """
-    directory = os.path.dirname(path) or "."
-    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + ".", dir=directory)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, path)
-        tmp = None
+        write_atomic(path, json.dumps(data).encode("utf-8"))
     except OSError as exc:
+        directory = os.path.dirname(path) or "."
         raise StateFileError(
             f"cannot write {path} ({exc.strerror or exc}"
             + ("; the disk is full" if exc.errno == errno.ENOSPC else "")
             + f"): free space in {directory} or set FLASHINFER_SM120_CACHE_DIR to another directory"
         ) from exc
+
+
+def compute_once(lock_path: str, lookup: Callable[[], T | None], compute: Callable[[], T], *,
+                 timeout: float, what: str) -> T:
+    """``lookup()``'s answer, else ``compute()`` run by one process at a time.
+
+    Workers starting together wait on a file lock at ``lock_path`` for at most
+    ``timeout`` seconds, then look again (the first one has stored its answer);
+    when the lock cannot be had in time, or at all (a read-only or lock-less file
+    system), they compute themselves.  ``compute`` stores what should be remembered.
+    """
+    hit = lookup()
+    if hit is not None:
+        return hit
+    lock = None
+    try:
+        import filelock
+
+        lock = filelock.FileLock(lock_path, timeout=timeout)
+        lock.acquire()
+    except Exception as exc:  # Timeout, OSError
+        logger.debug("flashinfer-sm120: %s without the lock %s (%s)", what, lock_path, exc)
+        lock = None
+    try:
+        if lock is not None:
+            hit = lookup()
+            if hit is not None:
+                return hit
+        return compute()
     finally:
-        if tmp is not None:
+        if lock is not None:
             try:
-                os.unlink(tmp)
-            except OSError:
+                lock.release()
+            except Exception:
                 pass

@@ -63,7 +63,10 @@ def _targets_for_disable(site_dir: str | None) -> list[str]:
 
 
 def _write_atomic(path: str, text: str) -> None:
-    """Write ``text`` so that an interpreter starting meanwhile sees the old file or the new one."""
+    """Write ``text`` so that an interpreter starting meanwhile sees the old file or the new one.
+
+    (Not :func:`flashinfer_sm120.cache.write_atomic`: ``enable`` and ``disable`` must work with
+    the rest of the package broken, so this module uses the standard library only.)"""
     d = os.path.dirname(path)
     os.makedirs(d, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".flashinfer_sm120_autoload.", suffix=".tmp", dir=d)

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 
 from .. import formats
-from ..cache import cache_root, read_json, write_json_atomic
+from ..cache import cache_root, compute_once, read_json, write_json_atomic
 from ..errors import FormatError, StateFileError
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -200,30 +200,14 @@ def probe_once(nvcc: str, probe: Callable[[], tuple[str | None, str | None, bool
     first one stored; if the lock cannot be had in time (or at all: read-only
     or lock-less file systems), they probe themselves (bounded anyway).
     """
-    hit = lookup(nvcc)
-    if hit is not None:
-        return hit
-    lock = None
-    try:
-        import filelock
-
-        lock = filelock.FileLock(memo_path() + ".lock", timeout=lock_timeout)
-        lock.acquire()
-    except Exception as exc:  # Timeout, StateFileError, OSError, filelock missing
-        logger.debug("flashinfer-sm120: probing %s without the memo lock (%s)", nvcc, exc)
-        lock = None
-    try:
-        if lock is not None:
-            hit = lookup(nvcc)
-            if hit is not None:
-                return hit
+    def compute() -> tuple[str | None, str | None]:
         full, problem, remember = probe()
         if remember:
             store(nvcc, full, problem)
         return full, problem
-    finally:
-        if lock is not None:
-            try:
-                lock.release()
-            except Exception:
-                pass
+
+    try:
+        lock_path = memo_path() + ".lock"
+    except StateFileError:
+        return compute()
+    return compute_once(lock_path, lambda: lookup(nvcc), compute, timeout=lock_timeout, what=f"probing {nvcc}")

@@ -40,7 +40,7 @@ import tempfile
 import time
 
 from .. import formats
-from ..cache import read_json, write_json_atomic
+from ..cache import compute_once, read_json, write_json_atomic
 from ..errors import FormatError, StateFileError
 from ..toolkit.memo import fingerprint
 from ..toolkit.trust import check_executable
@@ -335,32 +335,14 @@ def probe_once(launcher: str, nvcc: str, home: str, target: str, nvcc_version: s
     except StateFileError:
         return probe(launcher, nvcc, home, target, nvcc_version, static_stub=static_stub)
     key = _key(launcher, nvcc, target)
-    hit = _lookup(key, path)
-    if hit is not None:
-        return hit
-    lock = None
-    try:
-        import filelock
 
-        lock = filelock.FileLock(path + ".lock", timeout=lock_timeout)
-        lock.acquire()
-    except Exception as exc:
-        logger.debug("flashinfer-sm120: probing %s without the memo lock (%s)", launcher, exc)
-        lock = None
-    try:
-        if lock is not None:
-            hit = _lookup(key, path)
-            if hit is not None:
-                return hit
+    def compute() -> Verdict:
         v = probe(launcher, nvcc, home, target, nvcc_version, static_stub=static_stub)
         try:
             _store(key, v, path)
         except StateFileError as exc:
             logger.info("flashinfer-sm120: launcher probe not remembered: %s", exc)
         return v
-    finally:
-        if lock is not None:
-            try:
-                lock.release()
-            except Exception:
-                pass
+
+    return compute_once(path + ".lock", lambda: _lookup(key, path), compute, timeout=lock_timeout,
+                        what=f"probing {launcher}")

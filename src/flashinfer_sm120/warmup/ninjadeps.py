@@ -15,6 +15,7 @@ import os
 import struct
 
 from .. import formats
+from ..cache import write_atomic
 from ..errors import FormatError
 
 __all__ = ["restamp", "MAX_DEPS_BYTES"]
@@ -58,16 +59,5 @@ def restamp(path: str, mtimes_ns: dict[str, int]) -> int:
             ids.append(bytes(data[body:body + size - 4]).rstrip(b"\0").decode(errors="surrogateescape"))
         pos = body + size
     if changed:
-        tmp = f"{path}.restamp-{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_atomic(path, data, mode=0o644)
     return changed

@@ -31,7 +31,6 @@ import dataclasses
 import os
 import queue
 import re
-import shutil
 import subprocess
 import sys
 import threading
