@@ -198,3 +198,46 @@ def test_doctor_shows_gpu_source_guard_cleaned_home_and_release(clean_env, tmp_p
     human = buf.getvalue()
     assert "GPUs (from torch.cuda (NVML" in human and "FlashInfer is GUARDED" in human
     assert "CUDA_HOME/CUDA_PATH cleaned:" in human and "FlashInfer release: era sm120a-12.8" in human
+
+
+def test_guard_when_flashinfer_alone_cannot_import_says_so_with_the_fix(clean_env, tmp_path):
+    """A CPU torch and no nvcc anywhere: FlashInfer's own import needs an nvcc for SM 12.x
+    targets, so it raises with or without flashinfer-sm120.  The message must say that and
+    give the guard's fix, not ask for a bug report (found by a new user's walk-through)."""
+    import shutil
+    import subprocess
+    import sys
+    import textwrap
+
+    from test_matrix import _hide_real_toolkits
+
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-m", "--propagation", "private", "true"], capture_output=True).returncode:
+        pytest.skip("private mount namespaces unavailable (unshare -m)")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    hide = [p for p in _hide_real_toolkits() + ["/usr/local/bin/nvcc", "/usr/bin/nvcc"] if os.path.exists(p)]
+    mounts = " && ".join(f"mount --bind {empty if os.path.isdir(p) else '/dev/null'} {p}" for p in hide) or "true"
+    code = textwrap.dedent("""
+        import json, flashinfer_sm120
+        try:
+            import flashinfer
+            out = {"imported": True}
+        except Exception as exc:
+            out = {"imported": False, "raised": repr(exc)[:300]}
+        st = flashinfer_sm120.status()
+        out.update(mode=st["mode"], error=st["error"])
+        print("@@" + json.dumps(out))
+    """)
+    env = dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0", PATH="/usr/bin:/bin")
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                           f'{mounts} && exec "$0" -c "$1"', sys.executable, code],
+                          capture_output=True, text=True, env=env, timeout=300)
+    line = [x for x in proc.stdout.splitlines() if x.startswith("@@")]
+    assert line, proc.stderr[-3000:]
+    out = json.loads(line[-1][2:])
+    if out["imported"]:
+        pytest.skip("this FlashInfer release imports without an nvcc: nothing to report")
+    assert out["mode"] == "failed"
+    assert "fails the same way without flashinfer-sm120" in out["error"] and "Fix: pip install" in out["error"]
+    assert "Please report" not in proc.stderr, proc.stderr[-2000:]

@@ -265,7 +265,7 @@ def _print_doctor(r: dict) -> None:
         if res.get("arch_list_error"):
             p(f"  arch list ignored: {res['arch_list_error']}")
     elif r.get("guard"):
-        p(f"\nNo usable toolkit: FlashInfer is GUARDED (imports fine; its first JIT build raises "
+        p(f"\nNo usable toolkit: FlashInfer is GUARDED (it imports; its first JIT build raises "
           f"this message):\n{r.get('resolution_error')}")
         from ..servers import fallback_text  # after the real fix: the installed server's ways around
 

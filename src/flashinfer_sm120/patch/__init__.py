@@ -101,7 +101,7 @@ def _import_failed() -> str | None:
     return None
 
 
-def _fail(error: str) -> None:
+def _fail(error: str, *, report: bool = True) -> None:
     STATE.undo.rollback()
     STATE.mode = Mode.FAILED
     STATE.error = error
@@ -112,14 +112,21 @@ def _fail(error: str) -> None:
         refresh_derived()
     except Exception as exc:  # pragma: no cover
         logger.error("flashinfer-sm120: refreshing FlashInfer after the rollback failed: %r", exc)
-    logger.error("flashinfer-sm120: %s; every change was undone and FlashInfer is unpatched. "
-                 "Please report this with 'flashinfer-sm120 doctor --json'.", error)
+    logger.error("flashinfer-sm120: %s; every change was undone and FlashInfer is unpatched.%s", error,
+                 " Please report this with 'flashinfer-sm120 doctor --json'." if report else "")
 
 
 def _check_import_health() -> None:
     if STATE.mode in (Mode.PATCHED, Mode.GUARD, Mode.NOOP) and STATE.patched_modules:
         broken = _import_failed()
-        if broken:
+        if broken and STATE.mode is Mode.GUARD:  # FlashInfer kept its own toolkit: it fails alone too
+            res = STATE.resolution
+            fix = getattr(res, "fix", "") or ""
+            _fail(f"importing FlashInfer failed ({broken} raised during its own import). No CUDA toolkit "
+                  "fits, so FlashInfer kept its own toolkit lookup, which fails the same way without "
+                  "flashinfer-sm120 (with a CPU build of torch FlashInfer needs an nvcc at import)"
+                  + (f". Fix: {fix}" if fix else ""), report=False)
+        elif broken:
             _fail(f"importing FlashInfer failed after flashinfer-sm120 patched it ({broken} is no "
                   "longer loaded: FlashInfer raised during its own import)")
 
