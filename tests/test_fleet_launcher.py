@@ -112,9 +112,16 @@ def test_real_sccache_is_refused_with_nvcc_13_5(tmp_path, clean_env):
         assert proc.returncode == 2, proc.stderr[-3000:]
         assert "sccache 0.16" in proc.stderr and "cannot compile with nvcc 13." in proc.stderr, proc.stderr[-3000:]
         assert "no object written" in proc.stderr and "Fix:" in proc.stderr
+        # the flag was typed, not the variable: the message names the flag, once, and how to go uncached
+        assert proc.stderr.count("cannot compile with nvcc") == 1, proc.stderr[-3000:]
+        assert "--compiler-cache sccache: not used" in proc.stderr and "drop --compiler-cache sccache" in proc.stderr
+        assert "FLASHINFER_SM120_COMPILER_CACHE" not in proc.stderr
         assert not list((tmp_path / "ws").rglob("*.so"))  # nothing was built uncached behind your back
-        again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        again = subprocess.run(cmd[:-2], env=dict(env, FLASHINFER_SM120_COMPILER_CACHE="sccache"),
+                               capture_output=True, text=True, timeout=600)
         assert again.returncode == 2 and "cannot compile with nvcc 13." in again.stderr
+        assert "FLASHINFER_SM120_COMPILER_CACHE=sccache: not used" in again.stderr
+        assert "unset FLASHINFER_SM120_COMPILER_CACHE" in again.stderr
         memo = json.loads((tmp_path / "sm120cache" / "launcher-probe.json").read_text())
         assert [e["ok"] for e in memo["entries"].values()] == [False]  # probed once, remembered
     finally:

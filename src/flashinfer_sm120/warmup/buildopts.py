@@ -52,6 +52,10 @@ def apply(args: argparse.Namespace) -> dict:
     _flag_only["on"] = bool(getattr(args, "compiler_cache", None) == "sccache" and not user_env.get(_ENV))
     if getattr(args, "compiler_cache", None):
         os.environ[_ENV] = "off" if args.compiler_cache == "none" else args.compiler_cache
+        if args.compiler_cache == "sccache":
+            from . import launcher
+
+            launcher.request_from_flag("--compiler-cache sccache")
     return user_env
 
 

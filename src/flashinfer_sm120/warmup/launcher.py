@@ -47,7 +47,7 @@ from ..toolkit.trust import check_executable
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["ENV", "KINDS", "Verdict", "requested", "find_sccache", "tool_version", "probe", "probe_once",
+__all__ = ["ENV", "KINDS", "Verdict", "requested", "request_from_flag", "asked_by", "find_sccache", "tool_version", "probe", "probe_once",
            "basedirs", "start_server", "stats", "hits_misses", "FAILURE_MEMORY_S", "PROBE_TIMEOUT_S"]
 
 #: The opt-in variable.
@@ -65,6 +65,22 @@ PROBE_SOURCE = """#include <cuda_runtime.h>
 __global__ void flashinfer_sm120_probe(float* x) { x[threadIdx.x] *= 2.0f; }
 int flashinfer_sm120_probe_host() { return 0; }
 """
+
+
+_FLAG = {"text": None}  # set by `build --compiler-cache` (request_from_flag): how the user asked
+
+
+def request_from_flag(flag_text: str | None) -> None:
+    """Say that this process asked for the cache with a command-line flag (``build
+    --compiler-cache sccache``), not with :data:`ENV`, so messages name what was typed."""
+    _FLAG["text"] = flag_text
+
+
+def asked_by() -> tuple[str, str, bool]:
+    """``(how it was asked for, how to build uncached, by a flag)`` for messages."""
+    if _FLAG["text"]:
+        return _FLAG["text"], f"drop {_FLAG['text']}", True
+    return f"{ENV}=sccache", f"unset {ENV} / FLASHINFER_NVCC_LAUNCHER", False
 
 
 def requested(env=None) -> tuple[str | None, str | None]:
@@ -278,7 +294,7 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
            + f". Fix: build with a CUDA toolkit this {name} supports (sccache 0.16 works with nvcc 13.0; "
            f"nvcc 13.3+ breaks its --dryrun parsing, sccache PR 2722), e.g. CUDA_HOME=/usr/local/cuda-13.0 "
            f"or pip install 'cuda-toolkit[nvcc,cccl,curand]==13.0.*'; or a {name} release that supports nvcc "
-           f"{nvcc_version or 'this version'}; or unset {ENV} / FLASHINFER_NVCC_LAUNCHER to build uncached")
+           f"{nvcc_version or 'this version'}")
     return Verdict(False, launcher, lver, nvcc, nvcc_version, why, seconds)
 
 

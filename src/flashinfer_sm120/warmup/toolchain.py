@@ -141,9 +141,11 @@ def _cache(out: Setup, home: str, nvcc: str, targets, env) -> None:
         return
     path, notes = launcher.find_sccache(env)
     out.notes += notes
+    how, uncached, by_flag = launcher.asked_by()
     if path is None:
-        out.cache["refused"] = f"{launcher.ENV}=sccache: not used: " + "; ".join(notes)
-        out.warnings.append(out.cache["refused"])
+        out.cache["refused"] = f"{how}: not used: " + "; ".join(notes) + f"; or {uncached} to build uncached"
+        if not by_flag:  # `build` reports a refusal of its own flag as its error, once
+            out.warnings.append(out.cache["refused"])
         return
     out.cache["launcher"] = path
     server_env = dict(env)
@@ -162,8 +164,9 @@ def _cache(out: Setup, home: str, nvcc: str, targets, env) -> None:
     v = launcher.probe_once(path, fi_nvcc, home, target, nvcc_full, static_stub=static_stub)
     out.cache["verdict"] = v.to_dict()
     if not v.ok:
-        out.cache["refused"] = f"{launcher.ENV}=sccache: not used: {v.why}"
-        out.warnings.append(out.cache["refused"])
+        out.cache["refused"] = f"{how}: not used: {v.why}; or {uncached} to build uncached"
+        if not by_flag:
+            out.warnings.append(out.cache["refused"])
         out.set.pop("SCCACHE_BASEDIRS", None)
         return
     out.set["FLASHINFER_NVCC_LAUNCHER"] = path
