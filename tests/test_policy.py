@@ -87,7 +87,7 @@ FIX = {
     "pip13": "pip install 'cuda-toolkit[nvcc,cccl,curand]>=13.0,<14'",
     "p13.0": "pip install 'cuda-toolkit[nvcc,cccl,curand]==13.0.*'",
     "c12.6": _conda("12.6"), "c12.8": _conda("12.8"), "c12.9": _conda("12.9"),
-    "up": ("pip install -U flashinfer-sm120 (this release's target table does not know sm_150a); until "
+    "up": ("upgrade flashinfer-sm120 (this release's target table does not know sm_150a); until "
            "then, if `nvcc --list-gpu-arch` lists it, FLASHINFER_CUDA_ARCH_LIST='15.0a' with an nvcc >= "
            "13.0 builds it as given"),
 }
@@ -168,8 +168,8 @@ def test_unknown_future_gpu_says_upgrade_not_an_installed_pip_toolkit():
     for torch_cuda in (None, "13.0"):
         with pytest.raises(ToolkitError) as exc:
             choose([fake("13.0.88", "pip")], arch.parse_arch_list("15.0"), [], torch_cuda)
-        assert str(exc.value).splitlines()[-1].startswith("Fix: pip install -U flashinfer-sm120")
-        assert exc.value.fix.startswith("pip install -U flashinfer-sm120")
+        assert str(exc.value).splitlines()[-1].startswith("Fix: upgrade flashinfer-sm120")
+        assert exc.value.fix.startswith("upgrade flashinfer-sm120")
         assert "FLASHINFER_CUDA_ARCH_LIST='15.0a'" in exc.value.fix
 
 
@@ -267,8 +267,8 @@ def test_unbuildable_dropped_renamed_and_unknown_targets():
     (m,) = unbuildable([(12, "1a")], Version("12.8"))
     assert m.endswith("Fix: use a toolkit with nvcc >= 12.9 (set CUDA_HOME to it).")
     (m,) = unbuildable([(15, "0a")], Version("12.9"))
-    assert "upgrade" not in m or "pip install -U flashinfer-sm120" in m
-    assert "pip install -U flashinfer-sm120" in m
+    assert "upgrade" not in m or "upgrade flashinfer-sm120" in m
+    assert "upgrade flashinfer-sm120" in m
     assert unbuildable([(15, "0a")], Version("13.0")) == []  # the escape hatch: taken as given
 
 
@@ -277,7 +277,7 @@ def test_explicit_unknown_target_is_the_escape_hatch():
     assert ch.targets == ((15, "0a"),) and "used as given in FLASHINFER_CUDA_ARCH_LIST" in ch.reason
     with pytest.raises(ToolkitError) as exc:
         choose([fake("12.9.41", "CUDA_HOME")], arch.parse_arch_list("15.0a"), [], "12.9")
-    assert exc.value.fix.startswith("pip install -U flashinfer-sm120")
+    assert exc.value.fix.startswith("upgrade flashinfer-sm120")
     # a newer nvcc exists but is of another major than torch: the hatch needs a CUDA 13 torch
     with pytest.raises(ToolkitError) as exc:
         choose([fake("13.0.88", "pip")], arch.parse_arch_list("15.0a"), [], "12.9")

@@ -19,7 +19,7 @@ CUDA 12.x (cu12x)      install CUDA 12.Y from NVIDIA or conda
 CUDA 12.x, target      use a CUDA 13 build of torch and the pip toolkit (no
 needs CUDA 13          CUDA 12 nvcc builds e.g. sm_110a)
 CPU only (None)        ``pip install 'cuda-toolkit[nvcc,cccl,curand]>=13.0,<14'``
-any, unknown target    ``pip install -U flashinfer-sm120`` (its target table is
+any, unknown target    upgrade flashinfer-sm120 (its target table is
                        older than the GPU), or an explicit suffix in
                        ``FLASHINFER_CUDA_ARCH_LIST`` if nvcc lists the target
 =====================  ==========================================================
@@ -80,7 +80,7 @@ def upgrade_fix(targets: Iterable[tuple[int, str]]) -> str:
     targets = list(targets)
     names = ", ".join(_arch.format_target(t) for t in targets)
     hatch = " ".join(f"{t[0]}.{t[1]}" if t[1][-1:] in ("a", "f") else f"{t[0]}.{t[1]}a" for t in targets)
-    return (f"pip install -U flashinfer-sm120 (this release's target table does not know {names}); "
+    return (f"upgrade flashinfer-sm120 (this release's target table does not know {names}); "
             f"until then, if `nvcc --list-gpu-arch` lists it, FLASHINFER_CUDA_ARCH_LIST='{hatch}' "
             f"with an nvcc >= {_arch.NEWEST_KNOWN_NVCC} builds it as given")
 

