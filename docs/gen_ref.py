@@ -207,8 +207,16 @@ def api() -> str:
     return "\n".join(out).rstrip()
 
 
+def build_list() -> str:
+    """What ``flashinfer-sm120 build --list`` prints, as a code block (the named modules)."""
+    from flashinfer_sm120.warmup import modules
+
+    return "```\n$ flashinfer-sm120 build --list\n" + modules.describe_all() + "\n```"
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "envvars": envvars, "cli": cli, "releases": releases, "targets": targets, "api": api,
+    "build_list": build_list,
 }
 
 

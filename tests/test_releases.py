@@ -4,7 +4,7 @@ Eras (see ``flashinfer_sm120/releases.py``): 0.4.x has no ``_normalize_cuda_arch
 (SM 9+ gets ``a``, so SM120 -> 120a); 0.5.0 - 0.6.7 map every SM 12.x to 120f;
 0.6.8 - 0.7.0 give SM121 its own 121a; 0.7.1+ accept SM120 on CUDA 12.8 as 120a.
 Older releases are fetched once with ``pip download --no-deps`` into
-``$FLASHINFER_SM120_TEST_WHEELS`` (default ``~/.cache/flashinfer-sm120/test-wheels``)
+``$FLASHINFER_SM120_TEST_WHEELS`` (default ``~/.cache/flashinfer-sm120-test-wheels``)
 and put first on ``PYTHONPATH``; their dependencies are the installed ones.
 0.4.x exists only as an sdist: its pure-Python ``flashinfer/`` package is
 extracted (nothing is built), which is all a ninja-file test needs.
@@ -45,7 +45,7 @@ print("@@" + json.dumps(out))
 def wheels_dir() -> str:
     """The documented cache of downloaded FlashInfer releases (``$FLASHINFER_SM120_TEST_WHEELS``)."""
     return os.environ.get("FLASHINFER_SM120_TEST_WHEELS") or os.path.expanduser(
-        "~/.cache/flashinfer-sm120/test-wheels")
+        "~/.cache/flashinfer-sm120-test-wheels")
 
 
 def _release_dir(version):

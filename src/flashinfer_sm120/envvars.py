@@ -57,7 +57,7 @@ VARIABLES: tuple[EnvVar, ...] = (
            "sets it for one build."),
     EnvVar("FLASHINFER_SM120_RUN_ID", "set per run", "Marks the programs the bounded runner starts, "
            "so that their leftovers can be found and killed. Do not set it.", "internal"),
-    EnvVar("FLASHINFER_SM120_TEST_WHEELS", "`~/.cache/flashinfer-sm120/test-wheels`",
+    EnvVar("FLASHINFER_SM120_TEST_WHEELS", "`~/.cache/flashinfer-sm120-test-wheels`",
            "Where the release tests keep the FlashInfer releases they download.", "tests"),
 )
 
