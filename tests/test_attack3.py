@@ -1,0 +1,108 @@
+"""Third attack round: faults found with kinds of input nobody had listed (see the report in
+CHANGELOG's Security/Fixed entries).  Each test failed before its fix.  Fast: no compile.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from contextlib import contextmanager
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from flashinfer_sm120 import formats
+
+FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@contextmanager
+def _hang_guard(seconds: int):
+    """Fail (not hang) when the body runs past ``seconds``: a bound against a hang, not a speed goal."""
+    def _alarm(*_):
+        raise AssertionError(f"still running after {seconds} s: a hang")
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    d = tmp_path / "cache"
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(d))
+    from flashinfer_sm120 import cache
+
+    cache._root_cache.clear()
+    yield d
+    cache._root_cache.clear()
+
+
+# --------------------------------------------------------------------------- JSON: the depth pre-check
+
+#: An unterminated JSON string of escaped quotes: the old depth pre-check rescanned it from
+#: every quote (quadratic: 120 KB took 54 s in ``cache import``; 240 KB in a CUDA_HOME's
+#: version.json hung ``import flashinfer`` for minutes; 64 MiB, the meta.json cap, for days).
+def _escaped_quotes(n: int) -> str:
+    return '"' + '\\"' * n
+
+
+@pytest.mark.parametrize("text", [_escaped_quotes(1 << 20), '"\\' * (1 << 20), '"' * (1 << 21) + "\\"])
+def test_json_depth_check_is_linear_on_unterminated_strings(text):
+    with _hang_guard(60):  # the old scan: hours for these 2 MiB
+        with pytest.raises(formats.FormatError) as exc:
+            formats.loads_json(text, "probe.json")
+    assert "probe.json" in str(exc.value) and len(str(exc.value)) < 400
+
+
+def test_cache_import_of_an_escaped_quote_meta_json_is_refused_at_once(tmp_path):
+    payload = _escaped_quotes(1 << 20).encode()
+    tar = tmp_path / "x.tar.gz"
+    with tarfile.open(tar, "w:gz") as t:
+        ti = tarfile.TarInfo("flashinfer-sm120-cache/meta.json")
+        ti.size = len(payload)
+        t.addfile(ti, io.BytesIO(payload))
+    env = dict(os.environ, HOME=str(tmp_path), FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"),
+               FLASHINFER_WORKSPACE_BASE=str(tmp_path / "ws"))
+    proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "cache", "import", str(tar), "--arch", "12.0"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode != 0 and "meta.json" in proc.stderr and "not valid JSON" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def _reference_depth(text: str) -> int:
+    """Nesting depth by a plain character walk (strings skipped; an unterminated one runs to the end)."""
+    depth = deepest = 0
+    in_str = esc = False
+    for c in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif c == "\\":
+                esc = True
+            elif c == '"':
+                in_str = False
+        elif c == '"':
+            in_str = True
+        elif c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
+
+
+@FUZZ
+@given(st.text(alphabet=st.sampled_from(list('[]{}"\\ax,:')), max_size=300))
+def test_json_depth_matches_a_character_walk(text):
+    from flashinfer_sm120.formats.reads import json_depth
+
+    assert json_depth(text) == _reference_depth(text)
