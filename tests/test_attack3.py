@@ -106,3 +106,38 @@ def test_json_depth_matches_a_character_walk(text):
     from flashinfer_sm120.formats.reads import json_depth
 
     assert json_depth(text) == _reference_depth(text)
+
+
+# --------------------------------------------------------------------------- toolkit files: FIFOs, blank-line floods
+
+def test_a_fifo_named_libcudart_never_blocks_the_view_stub(tmp_path):
+    """A toolkit whose ``libcudart.so.13`` is a FIFO hung ``import flashinfer`` (the view's stub
+    read its ELF header with a blocking open)."""
+    from flashinfer_sm120.view.stub import elf_ident
+
+    fifo = tmp_path / "libcudart.so.13"
+    os.mkfifo(fifo)
+    with _hang_guard(20):
+        got = elf_ident([str(fifo), os.path.realpath(sys.executable)])
+    assert got is not None and got[0] in "<>"  # the FIFO skipped, the next ELF read
+
+
+def test_a_header_of_blank_lines_is_scanned_in_one_pass(tmp_path):
+    """``^\\s*#\\s*define`` over a header of newlines retried every line start to the end
+    (quadratic: a 16 MiB ``cuda.h`` hung ``import flashinfer``; 64 KiB ``cuda_runtime_api.h``
+    cost 5 s per include dir at every import)."""
+    from flashinfer_sm120.toolkit.probe import _header_version
+    from flashinfer_sm120.view.stub import driver_symbols
+
+    cuda_h = tmp_path / "cuda.h"
+    cuda_h.write_text("CUresult CUDAAPI cuCtxCreate(int);\n" + "\n" * (4 << 20) + "#define cuInit cuInit_v2 x\n")
+    dirs = []
+    for i in range(6):
+        d = tmp_path / f"inc{i}"
+        d.mkdir()
+        (d / "cuda_runtime_api.h").write_text("\n" * ((64 << 10) - 1))
+        dirs.append(str(d))
+    (tmp_path / "inc5" / "cuda_runtime_api.h").write_text("#define CUDART_VERSION 13000\n")
+    with _hang_guard(30):
+        assert driver_symbols(str(cuda_h)) == ["cuCtxCreate"]
+        assert str(_header_version(tuple(dirs))) == "13.0"
