@@ -1,0 +1,111 @@
+"""Third attack round, hostile environment values: FlashInfer's compiler variables, MAX_JOBS and
+FLASHINFER_NVCC_THREADS as FlashInfer reads them, PATH shapes.  Each test failed before its fix."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from conftest import make_toolkit
+from flashinfer_sm120.warmup import compilers
+
+FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _script(path, body="#!/bin/sh\nexit 0\n"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(body)
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture
+def places(tmp_path):
+    """A toolkit, a trusted bin dir, and a world-writable dir holding ``evilcc`` (anyone could
+    have put it there); PATH reaches both."""
+    tk = make_toolkit(tmp_path / "tk", "13.0.88")
+    good = tmp_path / "bin"
+    _script(good / "launch")
+    open_dir = tmp_path / "open"
+    evil = _script(open_dir / "evilcc")
+    os.chmod(open_dir, 0o777)
+    path = f"{good}:/usr/bin:/bin:{open_dir}"
+    return {"tk": tk, "nvcc": str(tk / "bin" / "nvcc"), "good": good, "evil": evil, "PATH": path}
+
+
+def _verdict(places, var, value):
+    env = {"PATH": places["PATH"], var: value}
+    (v,) = compilers.check(env, places["nvcc"], str(places["tk"]))
+    return v
+
+
+# What FlashInfer puts into build.ninja (``cxx = $CXX``, then ``/bin/sh -c "$cxx_launcher $cxx ..."``):
+# a program a launcher hands on to, found on PATH, is run as surely as the first word.
+HANDED_ON = ["/usr/bin/env evilcc", "env evilcc", "nice evilcc", "nice -5 evilcc", "/usr/bin/nohup evilcc",
+             "launch_then env evilcc"]
+# Shell and ninja syntax: what runs is not what the words say.
+SYNTAX = ["/usr/bin/c++ `evilcc`", "c++ $(evilcc)", "/usr/bin/c++ $in", "c++;evilcc", "c++ && evilcc",
+          "c++ | evilcc", "c++ > /tmp/x", "c++ 'a b'", "c++ *", "c++ ${X}"]
+# Interpreters run a program we cannot read; a relative path depends on ninja's working directory.
+OTHER = ["python3 x.py", "/usr/bin/perl -e 1", "./cc", "bin/cc", "sh -c evilcc", "sh evilcc"]
+
+
+@pytest.mark.parametrize("value", HANDED_ON + SYNTAX + OTHER)
+@pytest.mark.parametrize("var", ["FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_CXX_LAUNCHER", "CXX"])
+def test_a_compiler_variable_cannot_run_what_was_not_checked(places, var, value):
+    value = value.replace("launch_then ", "")
+    v = _verdict(places, var, value)
+    assert not v.keep, v.note
+    assert var in v.note and "Fix:" in v.note and len(v.note) < 2000
+
+
+@pytest.mark.parametrize("value", ["launch", "env", "/usr/bin/env /usr/bin/c++", "c++", "nice -5 c++",
+                                   "/usr/bin/c++ -fno-plt -O2", "ccache_missing_ok"])
+def test_ordinary_compiler_values_are_kept(places, value):
+    if value == "ccache_missing_ok":
+        value = f"{places['good']}/launch"
+    v = _verdict(places, "FLASHINFER_CXX_LAUNCHER", value)
+    assert v.keep, v.note
+
+
+def test_flashinfer_nvcc_with_ninja_syntax_is_refused(places, tmp_path):
+    """``$`` in a path is ninja's variable syntax: ``/opt/x$y/nvcc`` is checked as written and
+    run as ``/opt/x/nvcc``."""
+    d = tmp_path / "x$y" / "bin"
+    nvcc = _script(d / "nvcc", f"#!/bin/sh\nexec {places['nvcc']} \"$@\"\n")
+    v = _verdict(places, "FLASHINFER_NVCC", nvcc)
+    assert not v.keep and "FLASHINFER_NVCC" in v.note
+
+
+def test_a_bare_name_behind_a_relative_path_entry_is_refused(places, tmp_path):
+    """Ninja runs FlashInfer's compile lines in the module's build directory: a relative
+    ``PATH`` entry (``.``, empty) before the checked directory names a different file there."""
+    env = {"PATH": f".:{places['good']}:/usr/bin", "FLASHINFER_CXX_LAUNCHER": "launch"}
+    (v,) = compilers.check(env, places["nvcc"], str(places["tk"]))
+    assert not v.keep and "relative" in v.note
+    env["PATH"] = f"{places['good']}::/usr/bin"  # after the directory it is found in: harmless
+    (v,) = compilers.check(env, places["nvcc"], str(places["tk"]))
+    assert v.keep, v.note
+
+
+@FUZZ
+@given(st.lists(st.sampled_from(list("ab/ $`;|&<>()'\"\\*?[]{}!#~=-.\t") + ["env ", "nice ", "c++", "evilcc",
+                                                                                 "/usr/bin/", "sh "]),
+                max_size=12).map("".join))
+def test_compiler_values_property(places, value):
+    """Whatever the value: a verdict, never an exception; a kept value is plain words whose every
+    program was checked (none is the untrusted ``evilcc``)."""
+    env = {"PATH": places["PATH"], "FLASHINFER_CXX_LAUNCHER": value}
+    try:
+        verdicts = compilers.check(env, places["nvcc"], str(places["tk"]))
+    except Exception as exc:  # noqa: BLE001 - the property: nothing escapes
+        raise AssertionError(f"{value!r}: {exc!r}") from None
+    if not value:
+        assert verdicts == []  # empty: unset for FlashInfer
+        return
+    (v,) = verdicts
+    assert len(v.note) < 4000
+    if v.keep:
+        assert "evilcc" not in value and not set(value) & set("$`;|&<>()'\"\\*?[]{}!#~")
