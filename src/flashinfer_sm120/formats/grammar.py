@@ -164,8 +164,8 @@ def parse_command_words(text: Any, source: str, *, fix: str = "", max_words: int
     """
     if not isinstance(text, str):
         raise _fail(source, f"{shown(text, 40)} is {_type_name(text)}, not a command", fix)
-    words = text.split()
-    if not words or len(words) > max_words:
+    words = text.split(None) if not any(ord(c) < 32 and c != "\t" for c in text[:1 << 16]) else [""]
+    if len(text) > 1 << 16 or not words or len(words) > max_words:
         raise _fail(source, f"{shown(text, 60)} is not a command of 1 to {max_words} words", fix)
     for w in words:
         if not COMMAND_WORD_RE.fullmatch(w):
