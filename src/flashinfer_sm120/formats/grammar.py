@@ -164,7 +164,10 @@ def parse_command_words(text: Any, source: str, *, fix: str = "", max_words: int
     """
     if not isinstance(text, str):
         raise _fail(source, f"{shown(text, 40)} is {_type_name(text)}, not a command", fix)
-    words = text.split(None) if not any(ord(c) < 32 and c != "\t" for c in text[:1 << 16]) else [""]
+    if any(ord(c) < 32 and c != "\t" for c in text[:1 << 16]):
+        raise _fail(source, f"{shown(text, 60)} holds a control character (a newline would start a new line "
+                            f"of build.ninja)", fix)
+    words = text.split()
     if len(text) > 1 << 16 or not words or len(words) > max_words:
         raise _fail(source, f"{shown(text, 60)} is not a command of 1 to {max_words} words", fix)
     for w in words:
