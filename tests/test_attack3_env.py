@@ -109,3 +109,57 @@ def test_compiler_values_property(places, value):
     assert len(v.note) < 4000
     if v.keep:
         assert "evilcc" not in value and not set(value) & set("$`;|&<>()'\"\\*?[]{}!#~")
+
+
+# --------------------------------------------------------------------------- MAX_JOBS / FLASHINFER_NVCC_THREADS as FlashInfer reads them
+
+def _flashinfer_reads_max_jobs(raw):
+    """FlashInfer 0.7.4 ``flashinfer/jit/cpp_ext.py`` ``_get_num_workers``, as written there."""
+    if raw is not None and raw.isdigit():
+        return int(raw)
+    return None
+
+
+@pytest.mark.parametrize("raw", ["²", "4²", "٣", " 4", "4 ", "+4", "-1", "4.0", "", "0x10", "2147483648"])
+def test_a_max_jobs_flashinfer_cannot_use_is_replaced_not_kept(raw):
+    """FlashInfer crashes on ``MAX_JOBS=²`` (``'²'.isdigit()`` is true, ``int('²')`` fails: every JIT
+    build raises ValueError), ignores `` 4`` (ninja's default, CPUs + 2, whatever the memory), and
+    ninja 1.11 stops on ``-j 2147483648``; these were "set by you: kept"."""
+    from flashinfer_sm120.warmup import jobs
+    from flashinfer_sm120.warmup.memory import GIB, MemoryView, Bound
+
+    view = MemoryView(8 * GIB, (Bound("MemAvailable", 8 * GIB, "test"),))
+    value, why = jobs.server_max_jobs(1, {"MAX_JOBS": raw}, view=view)
+    try:
+        fi = _flashinfer_reads_max_jobs(raw)
+    except ValueError:
+        fi = "crash"
+    if fi is not None and fi != "crash" and fi <= 2147483647:
+        assert value is None and "kept" in why  # FlashInfer uses it as set: the user's
+    else:
+        assert value is not None and value >= 1, why
+        assert "MAX_JOBS" in why and repr(raw)[1:-1][:10] in why and "Fix" in why
+
+
+def test_configure_pops_a_max_jobs_flashinfer_would_crash_on(tmp_path, monkeypatch):
+    from flashinfer_sm120.warmup import toolchain
+
+    tk = make_toolkit(tmp_path / "tk", "13.0.88")
+    out = toolchain.configure(str(tk), str(tk / "bin" / "nvcc"), [(12, "0f")],
+                              env={"PATH": "/usr/bin:/bin", "MAX_JOBS": "²"})
+    assert "MAX_JOBS" in out.pop and out.max_jobs_value is not None
+    assert any("MAX_JOBS" in w and "ValueError" in w for w in out.warnings)
+
+
+@pytest.mark.parametrize("raw,fi", [("1_0", 10), ("+4", 4), ("٣", 3), (" 2 ", 2), ("0", 1), ("x", 1), ("²", 1)])
+def test_nvcc_threads_are_read_as_flashinfer_reads_them(raw, fi):
+    """``get_nvcc_parallelism_flags``: ``int(value)``, else 1; below 1: 1.  The memory estimate
+    multiplies by it, so reading ``1_0`` as 1 under-counted memory tenfold."""
+    from flashinfer_sm120.warmup import jobs
+    from flashinfer_sm120.warmup.estimates import Estimate
+
+    assert jobs.user_threads({"FLASHINFER_NVCC_THREADS": raw})[1] == fi
+    p = jobs.plan(Estimate(100, "x", "test"), targets=16, jobs=1, mem_limit=1 << 30,
+                  env={"FLASHINFER_NVCC_THREADS": raw})
+    assert p.threads == fi and p.per_compile == 100 * fi
+    assert ("yours" in p.threads_from) == (fi > 1 or raw.strip() == "1")

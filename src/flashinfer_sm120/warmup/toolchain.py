@@ -81,7 +81,12 @@ def configure(home: str, nvcc: str, targets, env=None) -> Setup:
     except Exception as exc:  # a check that fails must not stop patching: say so
         out.notes.append(f"compiler variables not checked: {exc!r}"[:300])
     try:
+        _user, problem = jobs.flashinfer_max_jobs(env.get("MAX_JOBS"))
+        if problem:  # FlashInfer would crash on it or ignore it: ours instead (undone by revert())
+            out.pop.append("MAX_JOBS")
         value, why = jobs.server_max_jobs(len(targets) or 1, env)
+        if problem:
+            out.warnings.append(why)
         out.max_jobs = why
         _jobs["targets"] = len(targets) or 1
         if value is not None:
