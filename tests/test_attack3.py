@@ -141,3 +141,101 @@ def test_a_header_of_blank_lines_is_scanned_in_one_pass(tmp_path):
     with _hang_guard(30):
         assert driver_symbols(str(cuda_h)) == ["cuCtxCreate"]
         assert str(_header_version(tuple(dirs))) == "13.0"
+
+
+# --------------------------------------------------------------------------- hostile binaries we run
+
+_CHILD = r"""
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, 1536 << 20))
+kind, prog = sys.argv[1], sys.argv[2]
+if kind == "stats":
+    from flashinfer_sm120.warmup import launcher
+    out = launcher.stats(prog, timeout=4)
+elif kind == "start":
+    from flashinfer_sm120.warmup import launcher
+    out = launcher.start_server(prog, timeout=4)
+elif kind == "jobserver":
+    from flashinfer_sm120.warmup import jobserver
+    out = jobserver.supports(prog)
+elif kind == "running":  # a module's ninja, streamed line by line while it builds
+    import queue, time
+    from pathlib import Path
+    from flashinfer_sm120.warmup import pool
+    pool.ninja_binary = lambda: prog
+    events = queue.Queue()
+    r = pool._Running(pool.Job("m", Path(sys.argv[3]), Path(sys.argv[3]) / "build.ninja"), 1, 1, events)
+    longest, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < 4:
+        try:
+            _, line = events.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        longest = max(longest, len(line or ""))
+        if events.qsize() > 1000:
+            break
+    r.proc.kill()
+    out = longest
+else:
+    from pathlib import Path
+    from flashinfer_sm120.warmup import pool
+    pool.ninja_binary = lambda: prog
+    try:
+        out = pool.dry_run(pool.Job("m", Path(sys.argv[3]), Path(sys.argv[3]) / "build.ninja"))
+    except RuntimeError as exc:
+        out = "refused: " + str(exc)[:200]
+print("@@" + json.dumps(out))
+print("@@rss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10)
+"""
+
+HOSTILE = {
+    # prints without end: everything it printed was kept (GBs within the timeout)
+    "garbage": "#!/bin/sh\nexec /usr/bin/yes '{\"stats\": 1}'\n",
+    # one endless line
+    "one line": "#!/bin/sh\nexec /usr/bin/tr '\\0' x < /dev/zero\n",
+}
+
+
+@pytest.mark.parametrize("kind", ["stats", "start", "jobserver", "dry_run", "running"])
+@pytest.mark.parametrize("shape", sorted(HOSTILE))
+def test_a_binary_that_prints_without_end_costs_bounded_memory(tmp_path, kind, shape):
+    """``sccache --show-stats``, ``ninja --version`` and ``ninja -n`` were run with
+    ``subprocess.run(capture_output=True)``: all output kept until the timeout (GBs; ninja's
+    MemoryError was swallowed as "not a jobserver client" after 1.5 GiB); a module's ninja was
+    read line by line with no cap on a line."""
+    prog = tmp_path / "bin" / "tool"
+    prog.parent.mkdir()
+    prog.write_text(HOSTILE[shape])
+    prog.chmod(0o755)
+    proc = subprocess.run([sys.executable, "-c", _CHILD, kind, str(prog), str(tmp_path)], capture_output=True,
+                          text=True, timeout=180, env=dict(os.environ, HOME=str(tmp_path)))
+    assert proc.returncode == 0 and "@@" in proc.stdout, proc.stderr[-2000:]
+    assert "MemoryError" not in proc.stderr, proc.stderr[-2000:]
+    rss = int(proc.stdout.split("@@rss ")[1].split()[0])
+    assert rss < 512 << 20, f"peak RSS {rss >> 20} MiB"
+
+
+def test_leave_running_keeps_the_daemon_and_bounds_the_rest(tmp_path):
+    from flashinfer_sm120 import proc
+
+    pidfile = tmp_path / "pid"
+    daemon = tmp_path / "daemon"
+    daemon.write_text(f"#!/bin/sh\n/usr/bin/setsid /bin/sleep 300 >/dev/null 2>&1 < /dev/null &\n"
+                      f"echo $! > {pidfile}\necho started\n")
+    daemon.chmod(0o755)
+    res = proc.run([str(daemon)], timeout=20, leave_running=True)
+    assert res.ok and b"started" in res.output
+    pid = int(pidfile.read_text())
+    try:
+        os.kill(pid, 0)  # alive: left running
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    res = proc.run([str(tmp_path / "daemon")], timeout=20)  # the default: nothing left behind
+    pid = int(pidfile.read_text())
+    time.sleep(0.1)
+    with pytest.raises(ProcessLookupError):
+        for _ in range(50):
+            os.kill(pid, 0)
+            if open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z":
+                raise ProcessLookupError
+            time.sleep(0.1)

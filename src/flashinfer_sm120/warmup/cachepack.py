@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 import tarfile
 import tempfile
 import time
@@ -294,7 +293,9 @@ def _settle(entry: dict | None, sess: Session) -> dict:
         stamps[str(p.resolve())] = os.stat(p).st_mtime_ns
     job = pool.Job(spec.name, spec.build_dir, spec.ninja_path)
     ninjadeps.restamp(str(spec.build_dir / ".ninja_deps"), stamps)
-    subprocess.run(pool._cmd(job, "-t", "restat"), capture_output=True, timeout=120)
+    from .. import proc
+
+    proc.run(pool._cmd(job, "-t", "restat"), timeout=120, max_output=1 << 20)
     left = pool.dry_run(job)
     if left:
         return {"status": "stale", "why": f"ninja would run: {left[0][:300]}"}
