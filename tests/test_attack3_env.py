@@ -163,3 +163,24 @@ def test_nvcc_threads_are_read_as_flashinfer_reads_them(raw, fi):
                   env={"FLASHINFER_NVCC_THREADS": raw})
     assert p.threads == fi and p.per_compile == 100 * fi
     assert ("yours" in p.threads_from) == (fi > 1 or raw.strip() == "1")
+
+
+# --------------------------------------------------------------------------- PATH: relative entries and ninja
+
+def test_a_relative_path_entry_never_counts_as_the_exported_ninja(tmp_path, monkeypatch):
+    """FlashInfer runs ninja with ``cwd=`` the module's build directory, so ``.`` or an empty
+    ``PATH`` entry names that directory there.  Started from the venv's ``bin`` with
+    ``PATH=.``, the export said "unchanged: 'which ninja' is already ..." and every JIT build
+    then found no ninja (or Debian's 1.11 next on PATH, another .ninja_log format)."""
+    from flashinfer_sm120 import cache
+    from flashinfer_sm120.toolkit import ninja
+
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "cache"))
+    cache._root_cache.clear()
+    chosen = ninja.choose()
+    monkeypatch.chdir(os.path.dirname(chosen.path))
+    for env_path in (".", ":/usr/bin", "bin:/usr/bin"):
+        assert all(os.path.isabs(n.path) for n in ninja.candidates(env_path))
+        d, note = ninja.export_dir(chosen, env_path, lambda _d: "shared")
+        assert d is not None and os.path.isabs(d), note
+        assert os.path.realpath(os.path.join(d, "ninja")) == chosen.real
