@@ -239,3 +239,36 @@ def test_leave_running_keeps_the_daemon_and_bounds_the_rest(tmp_path):
             if open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z":
                 raise ProcessLookupError
             time.sleep(0.1)
+
+
+# --------------------------------------------------------------------------- enable / disable at once
+
+def test_enable_and_disable_at_once_never_leave_a_pth_without_its_module(tmp_path, monkeypatch):
+    """``enable`` writes the module, then the ``.pth``; a ``disable`` that ran in between removed the
+    module, and the ``.pth`` written after it made every interpreter of that environment print
+    "Error processing line 1 of ...pth" with a traceback at start-up."""
+    import argparse
+
+    from flashinfer_sm120.autoload import HOOK_FILE, PTH_NAME
+    from flashinfer_sm120.cli import enable
+
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    real_write = enable._write_atomic
+    other = []
+
+    def write_then_race(path, text):
+        real_write(path, text)
+        if path.endswith(HOOK_FILE) and not other:  # a disable starts right here
+            other.append(subprocess.Popen([sys.executable, "-m", "flashinfer_sm120", "disable", "--site-dir",
+                                           str(site_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            time.sleep(3)
+
+    monkeypatch.setattr(enable, "_write_atomic", write_then_race)
+    assert enable._enable(argparse.Namespace(site_dir=str(site_dir), user=False, cmd="enable")) == 0
+    assert other[0].wait(timeout=60) == 0
+    pth, hook = (site_dir / PTH_NAME).exists(), (site_dir / HOOK_FILE).exists()
+    assert pth == hook, f".pth {pth}, module {hook}"
+    start = subprocess.run([sys.executable, "-c", f"import site; site.addsitedir({str(site_dir)!r})"],
+                           capture_output=True, text=True, timeout=60)
+    assert start.stderr == ""
