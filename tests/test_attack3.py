@@ -272,3 +272,22 @@ def test_enable_and_disable_at_once_never_leave_a_pth_without_its_module(tmp_pat
     start = subprocess.run([sys.executable, "-c", f"import site; site.addsitedir({str(site_dir)!r})"],
                            capture_output=True, text=True, timeout=60)
     assert start.stderr == ""
+
+
+# --------------------------------------------------------------------------- CLI: sources that are not files
+
+@pytest.mark.parametrize("src", ["fifo", "", "chardev"])
+def test_cache_import_of_a_fifo_or_an_empty_path_is_refused_at_once(tmp_path, src):
+    """``cache import FIFO`` waited forever for a writer (tarfile opened it blocking);
+    ``cache import ''`` ended in ``ValueError: nothing to open``."""
+    if src == "fifo":
+        src = str(tmp_path / "fifo")
+        os.mkfifo(src)
+    elif src == "chardev":
+        src = "/dev/zero"
+    env = dict(os.environ, HOME=str(tmp_path), FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"),
+               FLASHINFER_WORKSPACE_BASE=str(tmp_path / "ws"))
+    proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "cache", "import", src, "--arch", "12.0"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "flashinfer-sm120: error:" in proc.stderr and len(proc.stderr) < 2000
