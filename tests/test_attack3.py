@@ -291,3 +291,19 @@ def test_cache_import_of_a_fifo_or_an_empty_path_is_refused_at_once(tmp_path, sr
                           capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "flashinfer-sm120: error:" in proc.stderr and len(proc.stderr) < 2000
+
+
+def test_a_record_manifest_that_is_a_fifo_never_blocks_a_build(tmp_path):
+    """``FLASHINFER_SM120_RECORD=<a FIFO>``: the recorder's blocking ``open()`` waited for a reader
+    inside FlashInfer's ``build_and_load``, so the server's first JIT build hung."""
+    from flashinfer_sm120.warmup import record
+
+    fifo = tmp_path / "m.jsonl"
+    os.mkfifo(fifo)
+    with _hang_guard(20):
+        with pytest.raises(OSError) as exc:
+            record.append(str(fifo), {"module": "norm"})
+    assert str(fifo) in str(exc.value) or "regular file" in str(exc.value)
+    regular = tmp_path / "r.jsonl"
+    record.append(str(regular), {"module": "norm"})
+    assert regular.read_text() == '{"module":"norm"}\n'
