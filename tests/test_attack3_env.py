@@ -184,3 +184,13 @@ def test_a_relative_path_entry_never_counts_as_the_exported_ninja(tmp_path, monk
         d, note = ninja.export_dir(chosen, env_path, lambda _d: "shared")
         assert d is not None and os.path.isabs(d), note
         assert os.path.realpath(os.path.join(d, "ninja")) == chosen.real
+
+
+def test_an_empty_cxx_is_refused_not_skipped(places):
+    """FlashInfer reads ``os.environ.get("CXX", "c++")``: set but empty, its link rule
+    ``$cxx $in $ldflags -o $out`` ran the first object file as the command (every JIT build
+    failed).  Empty launchers are FlashInfer's own default and stay."""
+    env = {"PATH": places["PATH"], "CXX": "", "FLASHINFER_CXX_LAUNCHER": "", "FLASHINFER_NVCC_LAUNCHER": ""}
+    verdicts = {v.var: v for v in compilers.check(env, places["nvcc"], str(places["tk"]))}
+    assert set(verdicts) == {"CXX"}
+    assert not verdicts["CXX"].keep and "c++" in verdicts["CXX"].note and "Fix:" in verdicts["CXX"].note

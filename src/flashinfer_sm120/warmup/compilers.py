@@ -163,7 +163,12 @@ def check(env, chosen_nvcc: str, home: str) -> list[Verdict]:
         except FormatError as exc:
             out.append(Verdict(var, "(unreadable)", False, f"{exc}; not used"))
             continue
-        if value is None or (value == "" and var != "FLASHINFER_NVCC"):
+        if value is None or (value == "" and var not in ("FLASHINFER_NVCC", "CXX")):
+            continue  # an empty launcher is FlashInfer's own default
+        if value == "" and var == "CXX":  # FlashInfer: os.environ.get("CXX", "c++"), so "" is no compiler
+            out.append(Verdict(var, "''", False, "CXX='' (set but empty) is refused: FlashInfer uses it as the "
+                               "compiler, so its link rule '$cxx $in ...' would run the first object file. "
+                               "Fix: unset CXX (FlashInfer then uses c++) or set it to a compiler"))
             continue
         shown = formats.shown(value, 120)
         if var == "FLASHINFER_NVCC":
