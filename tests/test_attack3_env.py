@@ -194,3 +194,20 @@ def test_an_empty_cxx_is_refused_not_skipped(places):
     verdicts = {v.var: v for v in compilers.check(env, places["nvcc"], str(places["tk"]))}
     assert set(verdicts) == {"CXX"}
     assert not verdicts["CXX"].keep and "c++" in verdicts["CXX"].note and "Fix:" in verdicts["CXX"].note
+
+
+@pytest.mark.parametrize("port", ["0", "abc", "99999", " 4226", "-1"])
+def test_an_sccache_port_no_client_can_reach_is_refused_before_a_server_starts(tmp_path, monkeypatch, port):
+    """``SCCACHE_SERVER_PORT=0``: every import started an sccache server on a random port that no
+    client could reach, each left running until its idle timeout."""
+    from flashinfer_sm120.warmup import launcher, toolchain
+
+    started = []
+    monkeypatch.setattr(launcher, "start_server", lambda *a, **k: started.append(a) or {})
+    monkeypatch.setattr(launcher, "find_sccache", lambda env: ("/usr/bin/true", []))
+    tk = make_toolkit(tmp_path / "tk", "13.0.88")
+    out = toolchain.configure(str(tk), str(tk / "bin" / "nvcc"), [(12, "0f")],
+                              env={"PATH": "/usr/bin:/bin", "FLASHINFER_SM120_COMPILER_CACHE": "sccache",
+                                   "SCCACHE_SERVER_PORT": port})
+    assert not started
+    assert "SCCACHE_SERVER_PORT" in out.cache.get("refused", "") and "FLASHINFER_NVCC_LAUNCHER" not in out.set
