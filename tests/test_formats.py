@@ -410,3 +410,11 @@ def test_new_grammars_property(text):
             assert len(str(exc)) < MSG_MAX
         else:
             assert out == text and "\n" not in out and "\0" not in out
+
+
+def test_parse_command_words():
+    assert formats.parse_command_words("ccache  g++ -O2", "CXX") == ("ccache", "g++", "-O2")
+    for bad in ["", "  ", "c++ $in", "c++ `id`", "c++;x", "a 'b'", "~/bin/cc", "c++ *", 12, "a\nb"]:
+        with pytest.raises(formats.FormatError) as exc:
+            formats.parse_command_words(bad, "CXX")
+        assert "CXX" in str(exc.value)

@@ -42,6 +42,7 @@ __all__ = [
     "MAX_STATE_BYTES",
     "cache_root",
     "cache_root_notes",
+    "jit_dir_problem",
     "path_problem",
     "read_json",
     "write_atomic",
@@ -112,15 +113,36 @@ def path_problem(path: str, what: str) -> str | None:
     Returns:
         ``None`` when usable, else a sentence naming the value and the fix.
     """
+    from .formats import shown, some
+
     if not os.path.isabs(path):
-        return (f"{what}={path!r} is a relative path: builds and child processes run in other "
+        return (f"{what}={shown(path)} is a relative path: builds and child processes run in other "
                 f"directories; set it to an absolute path")
     if not SAFE_PATH_RE.match(path):
         bad = sorted({c for c in path if not re.match(r"[A-Za-z0-9_./+@%=,~-]", c)})
-        return (f"{what}={path!r} contains {', '.join(repr(c) for c in bad)}, which FlashInfer's "
+        return (f"{what}={shown(path)} contains {some(bad, 8)}, which FlashInfer's "
                 f"generated build.ninja does not quote (the compile would fail); set it to a path "
                 f"without spaces or shell/ninja characters")
     return None
+
+
+def jit_dir_problem(jit_dir: str) -> str | None:
+    """Why FlashInfer's JIT directory cannot be used: FlashInfer writes it unquoted into every
+    ``build.ninja`` (0.7.x ``generate_ninja_build_for_op``: ``build {obj}: ...``), where a space or
+    ``:`` breaks the line and ``$x`` is a ninja variable (the build lands in another directory)."""
+    from .formats import shown, some
+
+    fix = ("Fix: set FLASHINFER_WORKSPACE_BASE (or SGLANG_CACHE_DIR, which SGLang copies into it) to an "
+           "absolute directory whose path has only letters, digits and '_./+@%=,~-'")
+    if not os.path.isabs(jit_dir):
+        return (f"FlashInfer's JIT directory {shown(jit_dir)} is a relative path: each working directory "
+                f"gets a JIT cache of its own. {fix}")
+    if SAFE_PATH_RE.match(jit_dir):
+        return None
+    bad = sorted({c for c in jit_dir if not re.match(r"[A-Za-z0-9_./+@%=,~-]", c)})
+    return (f"FlashInfer's JIT directory {shown(jit_dir)} contains {some(bad, 8)}: FlashInfer writes it "
+            f"unquoted into every build.ninja, where a blank or ':' breaks the line and '$x' is a ninja "
+            f"variable (the build would fail, or land in another directory). {fix}")
 
 
 def _dir_problem(path: str, what: str, create: bool, explicit: bool = True) -> str | None:

@@ -95,7 +95,7 @@ class Result:
 
 
 def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OUTPUT,
-        env: Mapping[str, str] | None = None, cwd: str | None = None) -> Result:
+        env: Mapping[str, str] | None = None, cwd: str | None = None, leave_running: bool = False) -> Result:
     """Run ``argv`` with a hard deadline and bounded output; never raises for the
     program's behaviour.
 
@@ -107,6 +107,10 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
             program (``truncated=True``).
         env: environment (default ``os.environ``); :data:`MARKER_VAR` is added.
         cwd: working directory.
+        leave_running: the program starts a daemon that must outlive it (``sccache
+            --start-server``): when the program exits by itself within the deadline and
+            the output cap, what it left running is left alone (its output pipe is not
+            waited on).  Past the deadline or the cap, everything is killed as usual.
 
     Returns:
         A :class:`Result`.  A program that cannot be started (absent, not
@@ -169,7 +173,8 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
                     break
     finally:
         os.close(r)
-        _kill_all(proc.pid, marker)
+        if not (leave_running and not timed_out and not truncated and _exited(proc)):
+            _kill_all(proc.pid, marker)
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:  # unkillable (D state): leave it, do not hang

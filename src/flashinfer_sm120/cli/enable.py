@@ -9,6 +9,8 @@ so it imports nothing from the package but :mod:`flashinfer_sm120.autoload`
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import os
 import site
 import sys
@@ -83,6 +85,28 @@ def _write_atomic(path: str, text: str) -> None:
         raise
 
 
+@contextlib.contextmanager
+def _site_lock(site_dir: str):
+    """Serialise ``enable`` and ``disable`` on one site directory (``flock`` on the directory
+    itself: no lock file is left there), so that the two files come and go together: a
+    ``disable`` between ``enable``'s two writes left a ``.pth`` without its module, and every
+    interpreter then printed a traceback at start-up.  Where the directory cannot be locked
+    (absent, another file system's rules), the operation goes on unlocked."""
+    try:
+        fd = os.open(site_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def _empty_site_dir(args: argparse.Namespace) -> int | None:
     """``--site-dir ""`` (an unset shell variable) must not widen to every site directory."""
     if args.site_dir is not None and not args.site_dir.strip():
@@ -117,14 +141,18 @@ def _enable(args: argparse.Namespace) -> int:
         if sys.prefix != sys.base_prefix:
             who = f"every process of {py} (virtual environment {sys.prefix})"
     target = os.path.join(target_dir, PTH_NAME)
+    writing = target_dir
     try:
-        for name, text in pth_files().items():  # the module first, then the .pth that imports it
-            _write_atomic(os.path.join(target_dir, name), text)
-            if name == HOOK_FILE:
-                _precompile(os.path.join(target_dir, name))
+        os.makedirs(target_dir, exist_ok=True)
+        with _site_lock(target_dir):
+            for name, text in pth_files().items():  # the module first, then the .pth that imports it
+                writing = os.path.join(target_dir, name)
+                _write_atomic(writing, text)
+                if name == HOOK_FILE:
+                    _precompile(writing)
     except OSError as exc:
         hint = "use a virtual environment you own" if args.user else "try --user, or a virtual environment you own"
-        return _err(f"cannot write {os.path.join(target_dir, name)}: {exc.strerror or exc}; {hint}")
+        return _err(f"cannot write {writing}: {exc.strerror or exc}; {hint}")
     print(f"wrote {target} and {HOOK_FILE} next to it (readable, standard library only)\n"
           f"  {who} now loads flashinfer_sm120 when it first imports {', '.join(TRIGGERS)};\n"
           f"  other processes pay nothing. Undo: 'flashinfer-sm120 disable' (or delete that file); "
@@ -138,15 +166,16 @@ def _disable(args: argparse.Namespace) -> int:
         return empty
     removed, failed = [], []
     for d in _targets_for_disable(args.site_dir):
-        # the .pth first: an interpreter starting meanwhile must not import a missing module
-        for target in [os.path.join(d, PTH_NAME), os.path.join(d, HOOK_FILE)] + _pycs(d):
-            if not os.path.lexists(target):
-                continue
-            try:
-                os.unlink(target)
-                removed.append(target)
-            except OSError as exc:
-                failed.append(f"{target}: {exc.strerror or exc}")
+        with _site_lock(d):
+            # the .pth first: an interpreter starting meanwhile must not import a missing module
+            for target in [os.path.join(d, PTH_NAME), os.path.join(d, HOOK_FILE)] + _pycs(d):
+                if not os.path.lexists(target):
+                    continue
+                try:
+                    os.unlink(target)
+                    removed.append(target)
+                except OSError as exc:
+                    failed.append(f"{target}: {exc.strerror or exc}")
     if removed:
         print("removed " + ", ".join(removed))
     if failed:

@@ -124,6 +124,12 @@ FLAG_RE = re.compile(r"[A-Za-z0-9_.,:=+/@%{}~ -]{1,4096}")
 #: (no whitespace, ``$``, ``:``, quotes).
 PATH_TEXT_RE = re.compile(r"[A-Za-z0-9_./+@%=,~-]{1,4096}")
 
+#: A word of a command FlashInfer writes into ``build.ninja`` from the environment (``CXX``,
+#: ``FLASHINFER_NVCC_LAUNCHER``: ``cxx = $CXX``, then ``/bin/sh -c``): characters neither ninja
+#: (``$``, newline) nor the shell (quotes, ``\``, backquote, ``;|&<>()``, globs, ``#``, ``!``,
+#: ``{}``, a leading ``~``) reads as syntax, so the words we check are the words that run.
+COMMAND_WORD_RE = re.compile(r"[A-Za-z0-9_./+@%=,:-][A-Za-z0-9_./+@%=,:~-]{0,4095}")
+
 #: A target as manifests and ``--arch`` carry it: ``12.0``, ``12.0f``, ``9.0a``.
 TARGET_RE = re.compile(r"[0-9]{1,2}\.[0-9][af]?")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -147,6 +153,28 @@ def parse_flag(text: Any, source: str, *, fix: str = "") -> str:
         raise _fail(source, f"flag {shown(text, 60)} is not a plain compiler flag (letters, digits, "
                             f"'_.,:=+/@%{{}}~-' and spaces; no newline, quote, '$', ';', '|', '&')", fix)
     return text
+
+
+def parse_command_words(text: Any, source: str, *, fix: str = "", max_words: int = 64) -> tuple[str, ...]:
+    """A command as blank-separated words of :data:`COMMAND_WORD_RE`, e.g. ``ccache g++ -O2``.
+
+    Raises:
+        FormatError: not a string, empty, more than ``max_words`` words, or a word holding
+            syntax of ninja or the shell (``$``, quotes, backquote, ``;``, ``|``, ``>``, ``*``, ...).
+    """
+    if not isinstance(text, str):
+        raise _fail(source, f"{shown(text, 40)} is {_type_name(text)}, not a command", fix)
+    if any(ord(c) < 32 and c != "\t" for c in text[:1 << 16]):
+        raise _fail(source, f"{shown(text, 60)} holds a control character (a newline would start a new line "
+                            f"of build.ninja)", fix)
+    words = text.split()
+    if len(text) > 1 << 16 or not words or len(words) > max_words:
+        raise _fail(source, f"{shown(text, 60)} is not a command of 1 to {max_words} words", fix)
+    for w in words:
+        if not COMMAND_WORD_RE.fullmatch(w):
+            raise _fail(source, f"word {shown(w, 40)} of {shown(text, 60)} holds characters that ninja or the "
+                                f"shell read as syntax (only letters, digits and '_./+@%=,:~-' are plain)", fix)
+    return tuple(words)
 
 
 def parse_path_text(text: Any, source: str, *, fix: str = "") -> str:

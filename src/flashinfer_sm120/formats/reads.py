@@ -20,8 +20,10 @@ from .base import _TYPE_NAMES, _fail, _type_name, shown, some
 #: Deepest JSON nesting accepted; everything we write is at most 4 deep.
 MAX_JSON_DEPTH = 32
 
-_JSON_STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
-_BRACKETS_RE = re.compile(r"[\[\]{}]")
+#: One token of the depth scan: a string (its closing quote optional, so an unterminated one
+#: ends the scan instead of being retried from every later quote, which was quadratic) or a
+#: bracket.  Each alternative starts with a different character: one pass, no backtracking.
+_DEPTH_TOKEN_RE = re.compile(r'"(?:[^"\\]+|\\.)*(?:"|\\?\Z)|[\[\]{}]', re.S)
 
 
 def read_bytes(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
@@ -166,10 +168,14 @@ def _refuse_constant(name: str) -> Any:
 
 
 def json_depth(text: str) -> int:
-    """Deepest ``[``/``{`` nesting of JSON text, strings skipped; no recursion."""
+    """Deepest ``[``/``{`` nesting of JSON text, strings skipped (an unterminated one runs to
+    the end); no recursion, one linear pass whatever the text."""
     depth = deepest = 0
-    for m in _BRACKETS_RE.finditer(_JSON_STRING_RE.sub('""', text)):
-        if m.group() in "[{":
+    for m in _DEPTH_TOKEN_RE.finditer(text):
+        tok = m.group()
+        if tok[0] == '"':
+            continue
+        if tok in "[{":
             depth += 1
             deepest = max(deepest, depth)
         else:

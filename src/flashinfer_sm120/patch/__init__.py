@@ -188,11 +188,13 @@ def _apply_locked(just_imported: str | None = None) -> None:
             STATE.undo.add("environ.export", environ.export(
                 res.home.path, res.choice.toolkit.nvcc, res.choice.targets))
             STATE.exported = True
+            _warn_jit_dir()
         elif mode is Mode.NOOP and not STATE.exported and all(m in STATE.patched_modules for m in HOOKED_MODULES):
             # FlashInfer's toolkit is right, but its builds still get the memory policy and the checks
             STATE.undo.add("environ.export_builds", environ.export_builds(
                 res.home.path, res.choice.toolkit.nvcc, res.choice.targets))
             STATE.exported = True
+            _warn_jit_dir()
     except Exception as exc:
         _fail(f"patching {pending} failed: {exc}")
         return
@@ -232,6 +234,20 @@ def _targets_from(res: Resolution) -> str:
     if res.arch_list is not None and not (res.arch_list_error or "").endswith("targeting the GPUs present."):
         return f"from FLASHINFER_CUDA_ARCH_LIST={res.arch_list!r}"
     return f"GPUs from {res.gpu_query.describe()}"
+
+
+def _warn_jit_dir() -> None:
+    """FlashInfer writes its JIT directory unquoted into every build.ninja: say so at once when
+    it cannot carry it (its JIT builds would fail, or land in another directory)."""
+    env = sys.modules.get("flashinfer.jit.env")
+    jit_dir = getattr(env, "FLASHINFER_JIT_DIR", None)
+    if jit_dir is None:
+        return
+    from ..cache import jit_dir_problem
+
+    problem = jit_dir_problem(str(jit_dir))
+    if problem:
+        logger.warning("flashinfer-sm120: %s", problem)
 
 
 def _announce(mode: Mode, res: Resolution) -> None:

@@ -37,7 +37,7 @@ import shutil
 import time
 
 from .find import DAY, Entry, fi_roots, scan_jit, scan_views, size_of, views_dir
-from .hold import held_paths, holder, lock_free, remove_entry, take_locks, under
+from .hold import current_locks, held_paths, holder, lock_free, remove_entry, take_locks, under
 
 __all__ = ["Entry", "fi_roots", "scan", "remove", "held_paths", "doctor_section", "doctor_lines", "size_of", "human"]
 
@@ -105,12 +105,13 @@ def remove(report: dict) -> dict:
         for e in report["entries"]:
             if not e.reason or e.kept:
                 continue
-            locks = take_locks(e.locks) if e.kind == "jit" else []
+            paths = current_locks(e)
+            locks = take_locks(paths) if e.kind == "jit" else []
             if locks is None:
                 e.kept = "a running process took a module lock meanwhile"
                 continue
             try:
-                remove_entry(e)
+                remove_entry(e, frozenset(os.path.basename(p) for p in paths))
             finally:
                 for lk in locks:
                     lk.release()

@@ -96,35 +96,52 @@ def times(paths) -> float | None:
 # ----------------------------------------------------------------------------- views
 
 
-def scan_views(views: str) -> list[Entry]:
-    from ..view.meta import META_NAME, STUB, VIEW_LAYOUT, ViewMeta, fingerprint
+def _unreadable(ent: Entry, exc: OSError) -> Entry:
+    """``ent`` kept: it cannot be read (another user's, or removed meanwhile by another prune)."""
+    ent.kept = f"cannot be read ({exc.strerror or exc}): never removed"
+    return ent
 
+
+def scan_views(views: str) -> list[Entry]:
     out = []
-    for e in sorted(os.scandir(views), key=lambda e: e.name):
+    try:
+        found = sorted(os.scandir(views), key=lambda e: e.name)
+    except OSError:
+        return out
+    for e in found:
         if e.name.startswith("."):
             continue  # the lock and builders' .tmp-* directories (the builder cleans those)
         ent = Entry("view", e.path, views, [e.path])
         out.append(ent)
-        if e.is_symlink() or not e.is_dir(follow_symlinks=False):
-            ent.kept = "not a directory of ours (a symlink or a file): never followed or removed"
-            continue
-        ent.last_used = times([os.path.join(e.path, STUB), e.path])
         try:
-            meta, problem = ViewMeta.from_json(formats.read_json_file(os.path.join(e.path, META_NAME), 64 << 10,
-                                                                      follow=False))
-        except formats.FormatError as exc:
-            meta, problem = None, str(exc)
-        if meta is None:
-            ent.reason = f"damaged ({problem}): never adopted again"
-        elif meta.layout != VIEW_LAYOUT:
-            ent.reason = f"layout {meta.layout} of an older flashinfer-sm120: never adopted again"
-        elif not os.path.isfile(meta.nvcc):
-            ent.reason = f"its toolkit is gone ({meta.nvcc} no longer exists)"
-        elif fingerprint(meta.nvcc) != meta.nvcc_fingerprint:
-            ent.reason = f"its toolkit changed ({meta.nvcc} was replaced since the view was built)"
-        elif meta.curand_include and not os.path.isdir(meta.curand_include):
-            ent.reason = f"its curand headers are gone ({meta.curand_include})"
+            _scan_view(e, ent)
+        except OSError as exc:
+            _unreadable(ent, exc)
     return out
+
+
+def _scan_view(e: os.DirEntry, ent: Entry) -> None:
+    from ..view.meta import META_NAME, STUB, VIEW_LAYOUT, ViewMeta, fingerprint
+
+    if e.is_symlink() or not e.is_dir(follow_symlinks=False):
+        ent.kept = "not a directory of ours (a symlink or a file): never followed or removed"
+        return
+    ent.last_used = times([os.path.join(e.path, STUB), e.path])
+    try:
+        meta, problem = ViewMeta.from_json(formats.read_json_file(os.path.join(e.path, META_NAME), 64 << 10,
+                                                                  follow=False))
+    except formats.FormatError as exc:
+        meta, problem = None, str(exc)
+    if meta is None:
+        ent.reason = f"damaged ({problem}): never adopted again"
+    elif meta.layout != VIEW_LAYOUT:
+        ent.reason = f"layout {meta.layout} of an older flashinfer-sm120: never adopted again"
+    elif not os.path.isfile(meta.nvcc):
+        ent.reason = f"its toolkit is gone ({meta.nvcc} no longer exists)"
+    elif fingerprint(meta.nvcc) != meta.nvcc_fingerprint:
+        ent.reason = f"its toolkit changed ({meta.nvcc} was replaced since the view was built)"
+    elif meta.curand_include and not os.path.isdir(meta.curand_include):
+        ent.reason = f"its curand headers are gone ({meta.curand_include})"
 
 
 # ----------------------------------------------------------------------------- JIT workspaces
@@ -224,21 +241,28 @@ def current_flashinfer() -> str | None:
 def scan_jit(root: str) -> list[Entry]:
     out = []
     for ws in workspaces(root):
-        ops = os.path.join(ws, "cached_ops")
-        names = set(os.listdir(ws))
-        remove = [ws] if names <= {"cached_ops", "generated"} else [
-            os.path.join(ws, n) for n in ("cached_ops", "generated") if n in names]
-        ent = Entry("jit", ws, root, remove)
-        out.append(ent)
-        sos, locks = [], []
-        for e in os.scandir(ops):
-            if e.name == "tmp" and e.is_dir(follow_symlinks=False):
-                locks = sorted(os.path.join(e.path, n) for n in os.listdir(e.path) if n.endswith(".lock"))
-            elif e.is_dir(follow_symlinks=False):
-                sos.append(os.path.join(e.path, f"{e.name}.so"))
-        ent.locks = locks
-        ent.last_used = times(sos + locks) or times([ops])
-        ent.reason = workspace_reason(ws, ops, os.path.relpath(ws, root).split(os.sep), ent)
+        try:
+            out.append(_scan_workspace(root, ws))
+        except OSError as exc:  # another user's, or removed meanwhile by another prune
+            out.append(_unreadable(Entry("jit", ws, root, [ws]), exc))
     return out
+
+
+def _scan_workspace(root: str, ws: str) -> Entry:
+    ops = os.path.join(ws, "cached_ops")
+    names = set(os.listdir(ws))
+    remove = [ws] if names <= {"cached_ops", "generated"} else [
+        os.path.join(ws, n) for n in ("cached_ops", "generated") if n in names]
+    ent = Entry("jit", ws, root, remove)
+    sos, locks = [], []
+    for e in os.scandir(ops):
+        if e.name == "tmp" and e.is_dir(follow_symlinks=False):
+            locks = sorted(os.path.join(e.path, n) for n in os.listdir(e.path) if n.endswith(".lock"))
+        elif e.is_dir(follow_symlinks=False):
+            sos.append(os.path.join(e.path, f"{e.name}.so"))
+    ent.locks = locks
+    ent.last_used = times(sos + locks) or times([ops])
+    ent.reason = workspace_reason(ws, ops, os.path.relpath(ws, root).split(os.sep), ent)
+    return ent
 
 

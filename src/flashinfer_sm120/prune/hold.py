@@ -12,7 +12,7 @@ import uuid
 from .. import formats
 from .find import Entry
 
-__all__ = ["under", "held_paths", "holder", "lock_free", "take_locks", "remove_entry"]
+__all__ = ["under", "held_paths", "holder", "lock_free", "take_locks", "current_locks", "remove_entry"]
 
 
 def under(root: str, path: str) -> bool:
@@ -104,7 +104,39 @@ def take_locks(paths: list[str]):
     return held
 
 
-def remove_entry(e: Entry) -> None:
+def current_locks(e: Entry) -> list[str]:
+    """The module locks of a JIT workspace *now* (``cached_ops/tmp/*.lock``): a module first
+    built after the scan has a lock the scan did not see."""
+    if e.kind != "jit":
+        return []
+    tmp = os.path.join(e.path, "cached_ops", "tmp")
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        names = []
+    return sorted(set(e.locks) | {os.path.join(tmp, n) for n in names if n.endswith(".lock")})
+
+
+def _busy(moved: str, own: frozenset[str]) -> str | None:
+    """Why ``moved`` (a directory just renamed away) must go back: a lock under it that someone
+    else holds (``own``: names of the locks this process holds), or a process working in it or
+    mapping a file of it (``/proc`` paths follow a rename)."""
+    for dirpath, dirs, files in os.walk(moved):
+        if os.path.basename(dirpath) == "tmp":
+            for n in files:
+                if n.endswith(".lock") and n not in own and not lock_free(os.path.join(dirpath, n)):
+                    return f"a running process holds {n} (building or loading that module)"
+            dirs[:] = []
+    for p, pid in held_paths().items():
+        if p == moved or p.startswith(moved + "/"):
+            return f"process {pid} uses {p}"
+    return None
+
+
+def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
+    """Remove ``e``: each directory is renamed to a hidden name beside it, checked again (a
+    build may have started since the scan: a module lock taken, a process working in it), put
+    back when in use, else deleted.  ``own``: names of the module locks this process holds."""
     for target in e.remove:
         if not under(e.root, target) or not stat.S_ISDIR(os.lstat(target).st_mode):
             e.error = f"{target} changed since the scan; left alone"
@@ -112,9 +144,22 @@ def remove_entry(e: Entry) -> None:
         hidden = os.path.join(os.path.dirname(target), f".flashinfer-sm120-prune-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         try:
             os.rename(target, hidden)
-            shutil.rmtree(hidden)
         except OSError as exc:
             e.error = f"{target}: {exc.strerror or exc}"
+            return
+        busy = _busy(hidden, own)
+        if busy:
+            try:
+                os.rename(hidden, target)
+                e.kept = f"in use: {busy}"
+            except OSError as exc:
+                e.error = (f"{target} came into use ({busy}) and could not be put back from {hidden} "
+                           f"({exc.strerror or exc}); left there")
+            return
+        try:
+            shutil.rmtree(hidden)
+        except OSError as exc:
+            e.error = f"{hidden}: {exc.strerror or exc}"
             return
     parent = os.path.dirname(e.remove[0])
     while parent != e.root and under(e.root, parent):

@@ -132,11 +132,18 @@ def _wheel(env_path: str | None) -> list[tuple[str, str]]:
     return [(p, f"{_WHEEL} {dist.version}") for p in found[:1]]
 
 
-def _on_path(env_path: str | None) -> list[tuple[str, str]]:
+def _absolute_entries(env_path: str | None) -> list[str]:
+    """The absolute directories of ``PATH``: FlashInfer runs ninja with ``cwd=`` the module's
+    build directory (0.7.x ``run_ninja``), where ``.``, an empty or a relative entry names
+    another place than here."""
     path = os.environ.get("PATH", os.defpath) if env_path is None else env_path
+    return [d for d in path.split(os.pathsep) if d and os.path.isabs(d)]
+
+
+def _on_path(env_path: str | None) -> list[tuple[str, str]]:
     out = []
-    for d in path.split(os.pathsep):
-        cand = os.path.join(d or ".", "ninja")
+    for d in _absolute_entries(env_path):
+        cand = os.path.join(d, "ninja")
         if os.path.isfile(cand) and os.access(cand, os.X_OK):
             out.append((cand, "PATH"))
     return out
@@ -215,8 +222,10 @@ def choose(env_path: str | None = None, found: list[Ninja] | None = None) -> Nin
 
 
 def on_path(env_path: str | None = None) -> str | None:
-    """``shutil.which("ninja")`` for ``env_path`` (default ``$PATH``): what ``run_ninja`` runs now."""
-    return shutil.which("ninja", path=os.environ.get("PATH", os.defpath) if env_path is None else env_path)
+    """``shutil.which("ninja")`` for ``env_path`` (default ``$PATH``), absolute entries only: what
+    ``run_ninja`` runs from a module's build directory."""
+    dirs = _absolute_entries(env_path)
+    return shutil.which("ninja", path=os.pathsep.join(dirs)) if dirs else None
 
 
 # ----------------------------------------------------------------------------- exporting

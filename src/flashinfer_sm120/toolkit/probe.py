@@ -29,7 +29,9 @@ __all__ = ["NVCC_TIMEOUT_S", "FAILURE_MEMORY_S", "NVCC_MAX_OUTPUT", "inspect", "
 NVCC_TIMEOUT_S = 10.0
 
 _RELEASE_RE = re.compile(r"release (\d+)\.(\d+), V(\d+\.\d+(?:\.\d+)?)")
-_CUDART_RE = re.compile(r"^\s*#\s*define\s+CUDART_VERSION\s+(\d+)", re.MULTILINE)
+#: Blanks within the line only (``[ \t]``, not ``\s``): ``^\s*`` crossed newlines, and a header of
+#: blank lines was rescanned from every line start (quadratic: seconds per 64 KiB).
+_CUDART_RE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+CUDART_VERSION[ \t]+([0-9]+)", re.MULTILINE)
 _VERSION_TXT_RE = re.compile(r"CUDA Version (\d+\.\d+(?:\.\d+)?)")
 _NVCC_DIST_RE = re.compile(r"^nvidia_cuda_nvcc(?:_cu\d+)?-(\d+(?:\.\d+)+)[^/]*\.dist-info$")
 

@@ -55,7 +55,7 @@ from ..errors import FormatError
 from . import shell
 
 __all__ = ["MAX_WRAPPER_DEPTH", "MAX_SCRIPT_BYTES", "SHELLS", "SHELL_OPTIONS", "LAUNCHERS", "OPAQUE", "Trace",
-           "trace", "check_executable", "check_path", "follow_wrappers"]
+           "trace", "check_executable", "check_path", "follow_wrappers", "hands_on"]
 
 #: Wrapper scripts followed at most this deep (``/usr/bin/nvcc`` ->
 #: ``/usr/lib/nvidia-cuda-toolkit/bin/nvcc`` is one level).
@@ -88,6 +88,16 @@ def _base(path: str) -> str:
     """The program's name, ``python3.11`` counted as ``python3``."""
     name = os.path.basename(path)
     return name.rstrip("0123456789.") if name.rstrip("0123456789.") in OPAQUE else name
+
+
+def hands_on(path: str) -> str | None:
+    """What the program at ``path`` (its real file's name) does with its first non-option
+    argument: ``"shell"`` (runs it as a script), ``"launcher"`` (runs it as a program,
+    :data:`LAUNCHERS`), ``"opaque"`` (an interpreter whose program cannot be read here,
+    :data:`OPAQUE`), else ``None``."""
+    name = _base(os.path.realpath(path))
+    return ("opaque" if name in OPAQUE else "shell" if name in SHELLS else "launcher" if name in LAUNCHERS
+            else None)
 
 
 @dataclass(frozen=True)

@@ -58,11 +58,12 @@ def elf_ident(paths: list[str]) -> tuple[str, int, int] | None:
 
     Returns ``None`` when none of them is a readable ELF64 file.
     """
+    from .. import formats
+
     for path in paths:
-        try:
-            with open(path, "rb") as fh:
-                head = fh.read(_EHDR)
-        except OSError:
+        try:  # never a blocking open: a FIFO named libcudart.so.13 hung the view build
+            head = formats.read_prefix(path, _EHDR)
+        except formats.FormatError:
             continue
         if len(head) < _EHDR or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] not in (1, 2):
             continue
@@ -90,7 +91,9 @@ def _elf_hash(name: bytes) -> int:
 
 
 _API_RE = re.compile(r"\bCUDAAPI\s+(cu[A-Za-z]\w*)\s*\(")
-_VERSIONED_RE = re.compile(r"^\s*#\s*define\s+cu\w+\s+(cu\w+)\s*$", re.MULTILINE)
+#: Blanks within the line only: ``\s`` crossed newlines, and a ``cuda.h`` of blank lines was
+#: rescanned from every line start (quadratic: a 16 MiB one hung the view build).
+_VERSIONED_RE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+cu\w+[ \t]+(cu\w+)[ \t]*$", re.MULTILINE)
 _PER_THREAD_RE = re.compile(r"__CUDA_API_PT(DS|SZ)\((cu\w+)\)")
 
 
@@ -105,12 +108,13 @@ def driver_symbols(cuda_h: str | None) -> list[str]:
     ``NEEDED libcuda.so.1`` and the module fails to load with ``undefined
     symbol``.  Empty when ``cuda_h`` is ``None`` or unreadable.
     """
+    from .. import formats
+
     if not cuda_h:
         return []
     try:
-        with open(cuda_h, "rb") as fh:
-            text = fh.read(16 << 20).decode("utf-8", "replace")
-    except OSError:
+        text = formats.read_prefix(cuda_h, 16 << 20).decode("utf-8", "replace")
+    except formats.FormatError:
         return []
     names = set(_API_RE.findall(text)) | set(_VERSIONED_RE.findall(text))
     names |= {f"{n}_pt{kind.lower()}" for kind, n in _PER_THREAD_RE.findall(text)}

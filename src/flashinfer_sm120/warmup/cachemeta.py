@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 import tarfile
 import zlib
 from typing import Any
@@ -126,11 +127,26 @@ def _safe_rel(name: str, src: str) -> str:
     return "/".join(parts[1:])
 
 
-def _open_tar(src: str) -> tarfile.TarFile:
+def _open_tar(src: str):
+    """``(tar, file)``: the archive streamed (headers seen one at a time, nothing held) from a
+    regular file, opened without blocking (a FIFO given as the export hung ``cache import``)."""
     try:
-        return tarfile.open(src, "r|*")  # streamed: headers are seen one at a time, nothing is held
+        fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError) as exc:
+        raise BuildError(f"cannot read {formats.shown(src, 200)}: {getattr(exc, 'strerror', None) or exc}; "
+                         f"{_FIX}") from None
+    fh = os.fdopen(fd, "rb")
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BuildError(f"{formats.shown(src, 200)} is neither a directory nor a regular file; {_FIX}")
+        os.set_blocking(fd, True)
+        return tarfile.open(fileobj=fh, mode="r|*"), fh
     except (OSError, tarfile.TarError) as exc:
+        fh.close()
         raise BuildError(f"cannot read {src}: {formats.shown(str(exc), 200)}; {_FIX}") from None
+    except BaseException:
+        fh.close()
+        raise
 
 
 def members(src: str, limits: Limits):
@@ -138,9 +154,9 @@ def members(src: str, limits: Limits):
     header: a plain relative path under TOP/, a regular file or a directory,
     within the member-count and per-file caps."""
     count = 0
-    tar = _open_tar(src)
+    tar, fh = _open_tar(src)
     try:
-        with tar:
+        with tar, fh:
             for m in tar:
                 count += 1
                 if count > limits.max_members:

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 import tarfile
 import tempfile
 import time
@@ -92,14 +91,7 @@ def export(entries: list[dict], sess: Session, out: str) -> list[str]:
             "created": time.time()}
     blob = json.dumps(meta, indent=1).encode()
     if _is_archive(out):
-        tmp = out + ".partial"
-        with tarfile.open(tmp, "w:gz" if out.endswith("gz") else "w") as tar:
-            info = tarfile.TarInfo(f"{TOP}/meta.json")
-            info.size, info.mtime, info.mode = len(blob), int(time.time()), 0o644
-            tar.addfile(info, io.BytesIO(blob))
-            for rel, f in files:
-                tar.add(str(f), arcname=f"{TOP}/{rel}", recursive=False)
-        os.replace(tmp, out)
+        _write_archive(out, blob, files)
     else:
         formats.make_private_dirs(Path(out) / TOP)
         root = Path(out) / TOP
@@ -109,6 +101,43 @@ def export(entries: list[dict], sess: Session, out: str) -> list[str]:
             shutil.copy2(f, dest)
         formats.safe_join(root, "meta.json", out).write_bytes(blob)
     return names
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (``/proc/self/status``); ``077`` if unknown."""
+    try:
+        for line in formats.read_text("/proc/self/status", 1 << 16).splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8) & 0o777
+    except (formats.FormatError, ValueError, IndexError):
+        pass
+    return 0o077
+
+
+def _write_archive(out: str, blob: bytes, files: list[tuple[str, Path]]) -> None:
+    """The archive, written to a new private file beside ``out`` (``O_EXCL``: nothing of that name
+    is opened, followed or truncated), then linked to ``out``, which fails rather than replace
+    anything that appeared there meanwhile."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(out)}.", suffix=".partial",
+                               dir=os.path.dirname(os.path.abspath(out)))
+    try:
+        with os.fdopen(fd, "wb") as fh, tarfile.open(fileobj=fh, mode="w:gz" if out.endswith("gz") else "w") as tar:
+            info = tarfile.TarInfo(f"{TOP}/meta.json")
+            info.size, info.mtime, info.mode = len(blob), int(time.time()), 0o644
+            tar.addfile(info, io.BytesIO(blob))
+            for rel, f in files:
+                tar.add(str(f), arcname=f"{TOP}/{rel}", recursive=False)
+        os.chmod(tmp, 0o666 & ~_umask())  # as a plain open() would have made it
+        try:
+            os.link(tmp, out)
+        except FileExistsError:
+            raise BuildError(f"{out} appeared while the export was written; choose a new path "
+                             f"(an export never overwrites)") from None
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 def _unpack(src: str, into: Path, meta: Meta, limits: Limits) -> Path:
@@ -294,7 +323,9 @@ def _settle(entry: dict | None, sess: Session) -> dict:
         stamps[str(p.resolve())] = os.stat(p).st_mtime_ns
     job = pool.Job(spec.name, spec.build_dir, spec.ninja_path)
     ninjadeps.restamp(str(spec.build_dir / ".ninja_deps"), stamps)
-    subprocess.run(pool._cmd(job, "-t", "restat"), capture_output=True, timeout=120)
+    from .. import proc
+
+    proc.run(pool._cmd(job, "-t", "restat"), timeout=120, max_output=1 << 20)
     left = pool.dry_run(job)
     if left:
         return {"status": "stale", "why": f"ninja would run: {left[0][:300]}"}

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shlex
-import shutil
 
 from .. import formats
 from ..errors import FormatError
@@ -57,23 +55,78 @@ class Verdict:
     note: str
 
 
+def _which(name: str, path: str | None) -> tuple[str | None, str | None]:
+    """``(program, problem)``: ``name`` as ``/bin/sh`` finds it on ``path`` from ninja's working
+    directory (a module's build directory), absolute directories only."""
+    relative = None
+    for d in (path if path is not None else os.defpath).split(os.pathsep):
+        if not d or not os.path.isabs(d):
+            relative = relative or (d or "(empty)")
+            continue
+        cand = os.path.join(d, name)
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            if relative:
+                return None, (f"names {formats.shown(name, 60)}, and PATH holds the relative entry "
+                              f"{formats.shown(relative, 40)} before {d}: ninja runs FlashInfer's compile lines "
+                              f"in each module's build directory, where that entry names another place")
+            return cand, None
+    return None, f"names {formats.shown(name, 60)}, which is not on PATH"
+
+
+def _program(word: str, path: str | None) -> tuple[str | None, str | None]:
+    if os.path.isabs(word):
+        return word, None
+    if "/" in word:
+        return None, (f"names {formats.shown(word, 60)}, a relative path: ninja runs it from each module's "
+                      f"build directory, not from here")
+    return _which(word, path)
+
+
 def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str | None]:
-    """``(program, other existing absolute files named, problem)`` of a command value as
-    FlashInfer's ninja line runs it (``/bin/sh -c``): the first word, found on ``path``."""
+    """``(program, other files it runs or names, problem)`` of a command value as FlashInfer's
+    ninja line runs it (``cxx = $CXX``, then ``/bin/sh -c``).
+
+    The value must be plain words (:func:`flashinfer_sm120.formats.parse_command_words`: no
+    syntax of ninja or the shell).  Its first word is found on ``path``; a launcher
+    (``env``, ``nice``, ``ccache``, ...; :func:`flashinfer_sm120.toolkit.trust.hands_on`) hands
+    on to its first non-option word, found the same way (a shell's must be an absolute path),
+    and so on; an interpreter whose program cannot be read here is refused.  Any other
+    existing absolute file among the words is listed too (it may be run)."""
+    from ..toolkit.trust import SHELL_OPTIONS, hands_on
+
     try:
-        words = shlex.split(value)
-    except ValueError as exc:
-        return None, [], f"cannot be split into words like a shell would ({exc})"
-    if not words:
-        return None, [], "is empty"
-    prog = words[0]
-    if "=" in prog and not prog.startswith("/"):
+        words = formats.parse_command_words(value, "the value")
+    except FormatError as exc:
+        return None, [], str(exc).replace("the value: ", "", 1)
+    if "=" in words[0] and not words[0].startswith("/"):
         return None, [], "starts with a variable assignment, so what it runs cannot be checked"
-    found = prog if os.path.isabs(prog) else shutil.which(prog, path=path if path is not None else os.defpath)
-    if not found:
-        return None, [], f"names {formats.shown(prog, 60)}, which is not on PATH"
-    others = [w for w in words[1:] if w.startswith("/") and os.path.isfile(w)]
-    return found, others, None
+    programs: list[str] = []
+    i = 0
+    while True:
+        found, problem = _program(words[i], path)
+        if problem:
+            return None, [], problem
+        programs.append(found)
+        kind = hands_on(found)
+        if kind == "opaque":
+            return None, [], f"runs {found}, an interpreter whose program cannot be read here"
+        if kind is None:
+            break
+        j = i + 1
+        while j < len(words) and words[j].startswith("-") and words[j] != "-":
+            if kind == "shell" and not set(words[j][1:]) <= SHELL_OPTIONS:
+                return None, [], f"runs the shell {found} with {words[j]!r}, which runs code from elsewhere"
+            j += 1
+        if j >= len(words):
+            if kind == "shell":
+                return None, [], f"runs the shell {found} on the words FlashInfer appends"
+            break  # a launcher of the compiler FlashInfer puts after it
+        if kind == "shell" and not words[j].startswith("/"):
+            return None, [], (f"runs the shell {found} on {formats.shown(words[j], 60)}, which is not an "
+                              f"absolute path")
+        i = j
+    others = [w for w in words if w.startswith("/") and os.path.isfile(w) and w not in programs]
+    return programs[0], programs[1:] + others, None
 
 
 def _trust_problem(value: str, path: str | None) -> str | None:
@@ -110,7 +163,12 @@ def check(env, chosen_nvcc: str, home: str) -> list[Verdict]:
         except FormatError as exc:
             out.append(Verdict(var, "(unreadable)", False, f"{exc}; not used"))
             continue
-        if value is None or (value == "" and var != "FLASHINFER_NVCC"):
+        if value is None or (value == "" and var not in ("FLASHINFER_NVCC", "CXX")):
+            continue  # an empty launcher is FlashInfer's own default
+        if value == "" and var == "CXX":  # FlashInfer: os.environ.get("CXX", "c++"), so "" is no compiler
+            out.append(Verdict(var, "''", False, "CXX='' (set but empty) is refused: FlashInfer uses it as the "
+                               "compiler, so its link rule '$cxx $in ...' would run the first object file. "
+                               "Fix: unset CXX (FlashInfer then uses c++) or set it to a compiler"))
             continue
         shown = formats.shown(value, 120)
         if var == "FLASHINFER_NVCC":

@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 
 from .. import formats
-from ..errors import FormatError
 from .estimates import Estimate, heaviest_estimate
 from .memory import MemoryView, fmt_bytes, read_memory
 
@@ -43,28 +41,63 @@ def cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _env_int(name: str, env) -> tuple[str | None, int | None]:
-    try:
-        raw = formats.env_text(name, env, max_len=32)
-    except FormatError:
-        return "(unreadable)", None
+#: The largest ``-j`` every ninja takes: 1.11 parses it into an ``int`` and stops with
+#: "invalid -j parameter" above (1.13 takes any value).
+_NINJA_J_MAX = 2**31 - 1
+_MAX_DIGITS = 64  # int() of a longer string of digits is refused here, not computed
+
+
+def _raw(name: str, env) -> str | None:
+    value = (os.environ if env is None else env).get(name)
+    return value if value is None or isinstance(value, str) else str(value)
+
+
+def flashinfer_max_jobs(raw: str | None) -> tuple[int | None, str | None]:
+    """``(-j FlashInfer passes to ninja, problem)`` for ``MAX_JOBS=raw``, read exactly as FlashInfer
+    0.7.x reads it (``flashinfer/jit/cpp_ext.py`` ``_get_num_workers``: ``raw.isdigit()``, then
+    ``int(raw)``; ``0`` is ninja's "no limit").  ``problem`` is set when FlashInfer cannot use the
+    value as set: it ignores it (not all digits: ninja's default of CPUs + 2 jobs, whatever the
+    memory), crashes on it (``'²'.isdigit()`` is true, ``int('²')`` raises), or ninja 1.11 stops
+    on it (above 2147483647)."""
     if raw is None:
         return None, None
-    t = raw.strip()
-    return raw, int(t) if re.fullmatch(r"[0-9]{1,9}", t) else None  # not str.isdigit: '²' is a digit
+    fix = ("Fix: set MAX_JOBS to a whole number such as 4 (ASCII digits only), or unset it to let "
+           "flashinfer-sm120 choose from the memory")
+    if not raw.isdigit():
+        return None, (f"MAX_JOBS={formats.shown(raw, 20)} is ignored by FlashInfer (not all digits), so its JIT "
+                      f"builds would run ninja's default of CPUs + 2 jobs whatever the memory. {fix}")
+    try:
+        value = int(raw) if len(raw) <= _MAX_DIGITS else None
+    except ValueError:
+        value = None
+    if value is None:
+        return None, (f"MAX_JOBS={formats.shown(raw, 20)} makes every FlashInfer JIT build raise ValueError "
+                      f"(FlashInfer's isdigit() accepts it, int() does not). {fix}")
+    if value > _NINJA_J_MAX:
+        return None, (f"MAX_JOBS={formats.shown(raw, 20)} is above {_NINJA_J_MAX}: ninja 1.11 stops with "
+                      f"'invalid -j parameter'. {fix}")
+    return value, None
 
 
 def user_max_jobs(env=None) -> tuple[str | None, int | None]:
-    """``(raw MAX_JOBS, value FlashInfer uses)``: FlashInfer takes it when it is all digits
-    (``0`` means no limit to ninja); ``(None, None)`` when unset."""
-    return _env_int("MAX_JOBS", env)
+    """``(raw MAX_JOBS, value FlashInfer uses)`` (:func:`flashinfer_max_jobs`; ``0`` means no limit
+    to ninja; ``None`` when FlashInfer cannot use it); ``(None, None)`` when unset."""
+    raw = _raw("MAX_JOBS", env)
+    return raw, flashinfer_max_jobs(raw)[0]
 
 
 def user_threads(env=None) -> tuple[str | None, int | None]:
-    """``(raw FLASHINFER_NVCC_THREADS, value FlashInfer uses)``: an integer >= 1, else
-    FlashInfer warns and uses 1 (``get_nvcc_parallelism_flags``)."""
-    raw, value = _env_int("FLASHINFER_NVCC_THREADS", env)
-    return raw, (value if value and value >= 1 else (1 if raw is not None else None))
+    """``(raw FLASHINFER_NVCC_THREADS, value FlashInfer uses)``, read as FlashInfer 0.7.x reads it
+    (``get_nvcc_parallelism_flags``: ``int(value)``, which takes `` 2 ``, ``+4``, ``1_0`` and other
+    scripts' digits; unparsable or below 1: it warns and uses 1); ``(None, None)`` when unset."""
+    raw = _raw("FLASHINFER_NVCC_THREADS", env)
+    if raw is None:
+        return None, None
+    try:
+        value = int(raw) if len(raw) <= _MAX_DIGITS else 1
+    except ValueError:
+        value = 1
+    return raw, value if value >= 1 else 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,8 +171,8 @@ def plan(est: Estimate, *, targets: int = 1, jobs: int | None = None, mem_limit:
     if raw_threads is None:
         threads, threads_from = 1, ("FlashInfer's default; not changed here: --threads is part of the "
                                     "compile line ninja records, so the server would rebuild")
-    elif str(threads) == raw_threads.strip():
-        threads_from = f"FLASHINFER_NVCC_THREADS={raw_threads}, yours"
+    elif threads > 1 or raw_threads.strip() == "1":
+        threads_from = f"FLASHINFER_NVCC_THREADS={formats.shown(raw_threads, 20)}, yours (FlashInfer reads {threads})"
     else:
         threads_from = f"FLASHINFER_NVCC_THREADS={formats.shown(raw_threads, 20)} is not >= 1: FlashInfer uses 1"
     factor = max(1, min(threads, targets))
@@ -161,13 +194,16 @@ def plan(est: Estimate, *, targets: int = 1, jobs: int | None = None, mem_limit:
 def server_max_jobs(targets: int = 1, env=None, view: MemoryView | None = None) -> tuple[int | None, str]:
     """``(MAX_JOBS to export, why)`` for the server's run-time JIT; ``(None, why)`` when the
     user set ``MAX_JOBS`` (theirs wins) or memory cannot be read."""
-    raw, _value = user_max_jobs(env)
-    if raw is not None:
+    raw = _raw("MAX_JOBS", env)
+    _value, problem = flashinfer_max_jobs(raw)
+    if raw is not None and problem is None:
         return None, f"MAX_JOBS={formats.shown(raw, 20)} set by you: kept"
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k != "MAX_JOBS"}
     p = plan(heaviest_estimate(), targets=targets, env=env, view=view)
+    refused = f"{problem} Instead: " if problem else ""
     if p.fits is None:
-        return None, f"MAX_JOBS not exported: memory unknown ({p.budget_from})"
+        return None, refused + f"MAX_JOBS not exported: memory unknown ({p.budget_from}), ninja's default applies"
     value = p.at_once
-    return value, (f"MAX_JOBS={value} exported: {fmt_bytes(p.budget)} for compiles ({p.budget_from}), "
+    return value, refused + (f"MAX_JOBS={value} exported: {fmt_bytes(p.budget)} for compiles ({p.budget_from}), "
                    f"{fmt_bytes(p.per_compile)} per compile of the heaviest family ({p.estimate_from}), "
                    f"at most {p.jobs} CPUs")

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import subprocess
 import tempfile
 
 __all__ = ["Jobserver", "supports"]
@@ -62,10 +60,12 @@ _SUPPORTS: dict[str, bool] = {}
 def supports(binary: str) -> bool:
     """Whether ninja ``binary`` is a jobserver client (1.13.0+); asked once per binary."""
     if binary not in _SUPPORTS:
-        try:
-            out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
-            m = re.match(r"\s*(\d+)\.(\d+)", out)  # "1.11.1", "1.13.2.git.kitware.jobserver-pipe-1"
-            _SUPPORTS[binary] = bool(m) and (int(m.group(1)), int(m.group(2))) >= (1, 13)
-        except Exception:
-            _SUPPORTS[binary] = False
+        from .. import formats, proc
+
+        res = proc.run([binary, "--version"], timeout=30, max_output=4096)  # bounded: time, output, leftovers
+        try:  # "1.11.1", "1.13.2.git.kitware.jobserver-pipe-1"
+            version = formats.parse_leading_version(res.text(), f"{binary} --version") if res.ok else None
+        except formats.FormatError:
+            version = None
+        _SUPPORTS[binary] = version is not None and version.release[:2] >= (1, 13)
     return _SUPPORTS[binary]

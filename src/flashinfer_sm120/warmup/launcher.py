@@ -35,7 +35,6 @@ import dataclasses
 import hashlib
 import logging
 import os
-import subprocess
 import tempfile
 import time
 
@@ -178,30 +177,34 @@ def basedirs(env=None) -> list[str]:
 
 def start_server(launcher: str, env=None, timeout: float = 60.0) -> dict | None:
     """Start the sccache server with ``env`` unless one runs on its port (``--start-server``
-    then says "Address in use"), and return its stats.  The server detaches into its own
-    session and outlives this call; it is not run through :func:`flashinfer_sm120.proc.run`,
-    which would kill it, and its output goes to ``/dev/null`` so that no pipe waits on it."""
-    try:
-        subprocess.run([launcher, "--start-server"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=timeout, env=dict(os.environ if env is None else env))
-    except (OSError, subprocess.SubprocessError) as exc:
-        logger.info("flashinfer-sm120: starting the sccache server failed: %r", exc)
+    then says "Address in use"), and return its stats.  The server detaches and outlives
+    this call: run with :func:`flashinfer_sm120.proc.run`'s ``leave_running`` (bounded time
+    and output; what it leaves running is left alone when it exits by itself)."""
+    from ..proc import run
+
+    res = run([launcher, "--start-server"], timeout=timeout, max_output=64 << 10,
+              env=dict(os.environ if env is None else env), leave_running=True)
+    if not res.ok:
+        logger.info("flashinfer-sm120: starting the sccache server failed: %s",
+                    res.error or ("timed out" if res.timed_out else "printed too much" if res.truncated
+                                  else f"exit {res.returncode}"))
     return stats(launcher, env)
 
 
 def stats(launcher: str, env=None, timeout: float = 60.0) -> dict | None:
     """``sccache --show-stats --stats-format=json`` parsed (depth- and size-bounded), or
-    ``None``.  Not run through :func:`flashinfer_sm120.proc.run`: that kills whatever
-    the program leaves behind, and a server this starts must live on."""
-    try:
-        proc = subprocess.run([launcher, "--show-stats", "--stats-format=json"], stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=timeout, env=dict(os.environ if env is None else env))
-    except (OSError, subprocess.SubprocessError):
+    ``None``.  Bounded in time and output (:func:`flashinfer_sm120.proc.run`), with
+    ``leave_running``: a server it starts must live on."""
+    from ..proc import run
+
+    res = run([launcher, "--show-stats", "--stats-format=json"], timeout=timeout, max_output=1 << 20,
+              env=dict(os.environ if env is None else env), leave_running=True)
+    # stdout and stderr come interleaved: the stats are sccache's one line of JSON
+    line = next((ln for ln in reversed(res.output.splitlines()) if ln.startswith(b"{")), None)
+    if not res.ok or line is None:
         return None
-    if proc.returncode != 0 or len(proc.stdout) > (1 << 20):
-        return None
     try:
-        data = formats.loads_json(proc.stdout, f"{launcher} --show-stats")
+        data = formats.loads_json(line, f"{launcher} --show-stats")
     except FormatError:
         return None
     return data if isinstance(data, dict) else None

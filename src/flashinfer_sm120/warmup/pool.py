@@ -43,6 +43,9 @@ __all__ = ["Job", "Result", "run_pool", "default_jobs", "ninja_binary", "dry_run
 
 _STATUS = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
 _SRC = re.compile(r" -c (\S+)")
+_DRY_RUN_MAX = 16 << 20  # ninja -n of a FlashInfer module: a few KB per step
+_LINE_MAX = 1 << 16  # characters of one line of ninja's output kept (the rest of it dropped)
+_FAILED_MAX = 2000  # lines of a failure's output kept
 
 
 @dataclasses.dataclass
@@ -110,11 +113,14 @@ def dry_run(job: Job) -> list[str]:
     """Commands ninja would run for ``job`` now (empty: up to date).  Runs ``ninja -n``.
 
     :raises RuntimeError: ninja itself failed (bad build file)."""
-    proc = subprocess.run(_cmd(job, "-n"), capture_output=True, text=True, env=_env(), errors="replace",
-                          timeout=120)
-    if proc.returncode != 0:
-        raise RuntimeError(f"ninja -n failed for {job.label}: {(proc.stdout + proc.stderr)[-2000:]}")
-    return [m.group(3) for m in map(_STATUS.match, proc.stdout.splitlines()) if m]
+    from .. import proc
+
+    res = proc.run(_cmd(job, "-n"), timeout=120, max_output=_DRY_RUN_MAX, env=_env())
+    if not res.ok:
+        why = ("timed out" if res.timed_out else f"printed more than {_DRY_RUN_MAX} bytes" if res.truncated
+               else res.error or f"exit {res.returncode}")
+        raise RuntimeError(f"ninja -n failed for {job.label} ({why}): {res.text()[-2000:]}")
+    return [m.group(3) for m in map(_STATUS.match, res.text().splitlines()) if m]
 
 
 def gencode_summary(ninja_text: str) -> list[str]:
@@ -183,8 +189,14 @@ class _Running:
 
     def _read(self, events: queue.Queue) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            events.put((self, line.rstrip("\n")))
+        cut = False
+        while True:  # bounded lines: a ninja printing one endless line must not fill memory
+            line = self.proc.stdout.readline(_LINE_MAX)
+            if not line:
+                break
+            if not cut:
+                events.put((self, line.rstrip("\n")))
+            cut = not line.endswith("\n")
         try:  # reap ninja here, for the peak RSS of everything it ran (ru_maxrss of its reaped tree)
             _, status, usage = os.wait4(self.proc.pid, 0)
             self.proc.returncode = os.waitstatus_to_exitcode(status)
@@ -414,7 +426,7 @@ def _drain(events: queue.Queue, running: dict, results: dict, display: progress.
             r.failed.append(f"{what}:")
             display.done += 1
             display.event(f"FAILED {label}: {what}")
-        elif r.in_failure:
+        elif r.in_failure and len(r.failed) < _FAILED_MAX:
             r.failed.append(line)
         if len(r.lines) > 400:
             del r.lines[:200]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import threading
 
 from ..flags import env_flag
@@ -120,8 +121,12 @@ def append(path: str, entry: dict) -> None:
 
     line = (json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n").encode()
     with FileLock(path + ".lock", timeout=_LOCK_TIMEOUT_S, thread_local=False):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        # non-blocking open: a FIFO without a reader must not hang FlashInfer's build_and_load
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{path} is not a regular file (a manifest is appended to a plain file)")
+            os.set_blocking(fd, True)
             view = memoryview(line)
             while view:  # a short write (disk full, signal) continues, still under the lock
                 n = os.write(fd, view)

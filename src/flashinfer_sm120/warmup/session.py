@@ -174,6 +174,11 @@ def prepare(arch: str | None) -> Session:
     from flashinfer.jit import core
 
     targets = sorted(f"{a}.{b}" for a, b in core.current_compilation_context.TARGET_CUDA_ARCHS)
+    from ..cache import jit_dir_problem
+
+    problem = jit_dir_problem(str(jit_env.FLASHINFER_JIT_DIR))
+    if problem:
+        raise BuildError(problem)
     return Session(str(fi_version), cx.get_cuda_path(), str(cx.get_cuda_version()), targets,
                    Path(jit_env.FLASHINFER_JIT_DIR), st["summary"])
 

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 
+from .. import formats
 from . import compilers, jobs, launcher
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -81,7 +82,12 @@ def configure(home: str, nvcc: str, targets, env=None) -> Setup:
     except Exception as exc:  # a check that fails must not stop patching: say so
         out.notes.append(f"compiler variables not checked: {exc!r}"[:300])
     try:
+        _user, problem = jobs.flashinfer_max_jobs(env.get("MAX_JOBS"))
+        if problem:  # FlashInfer would crash on it or ignore it: ours instead (undone by revert())
+            out.pop.append("MAX_JOBS")
         value, why = jobs.server_max_jobs(len(targets) or 1, env)
+        if problem:
+            out.warnings.append(why)
         out.max_jobs = why
         _jobs["targets"] = len(targets) or 1
         if value is not None:
@@ -138,6 +144,13 @@ def _cache(out: Setup, home: str, nvcc: str, targets, env) -> None:
             out.warnings.append(f"FLASHINFER_NVCC_LAUNCHER={user} is refused: {v.why}")
         return
     if kind != "sccache":
+        return
+    port = env.get("SCCACHE_SERVER_PORT")
+    if port is not None and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        out.cache["refused"] = (f"{launcher.ENV}=sccache: not used: SCCACHE_SERVER_PORT="
+                                f"{formats.shown(port, 20)} is not a port from 1 to 65535 (sccache would start "
+                                f"a server no client reaches). Fix: set it to a free port such as 4226, or unset it")
+        out.warnings.append(out.cache["refused"])
         return
     path, notes = launcher.find_sccache(env)
     out.notes += notes
