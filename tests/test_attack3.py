@@ -196,6 +196,7 @@ HOSTILE = {
 }
 
 
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
 @pytest.mark.parametrize("kind", ["stats", "start", "jobserver", "dry_run", "running"])
 @pytest.mark.parametrize("shape", sorted(HOSTILE))
 def test_a_binary_that_prints_without_end_costs_bounded_memory(tmp_path, kind, shape):

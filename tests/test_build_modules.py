@@ -119,6 +119,7 @@ def _build(env, names):
     return {m["name"]: m for m in json.loads(proc.stdout)["modules"]}
 
 
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
 @pytest.mark.parametrize("release", RELEASES)
 def test_build_writes_what_the_public_api_loads(release, clean_env, real_nvcc13):
     env = dict(clean_env, FAKE_GPU_CAPS="12.0", FLASHINFER_CUDA_ARCH_LIST="12.0")

@@ -173,6 +173,7 @@ def _runtime_stage() -> tuple[dict, list]:
     return env, cmd
 
 
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
 def test_docker_runtime_stage_works_with_the_venv_bin_off_path(built, tmp_path):
     env_vars, cmd = _runtime_stage()
     assert "/opt/venv/bin" not in env_vars.get("PATH", "") and cmd[0].startswith("/opt/venv/bin/")

@@ -75,6 +75,7 @@ def _build(cg, env, *extra):
     return subprocess.run(cg.prefix(cmd), env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
 @needs_flashinfer
 def test_build_j8_of_6_modules_fits_1g(cgroup_v1_or_v2, fake_tools, tmp_path):
     cg, env = cgroup_v1_or_v2, fake_tools
@@ -123,6 +124,7 @@ def _six_compiles(d, nvcc):
     (d / "build.ninja").write_text("\n".join(lines) + "\n")
 
 
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
 @needs_flashinfer
 def test_flashinfer_run_ninja_follows_the_exported_max_jobs(cgroup_v1_or_v2, fake_tools, tmp_path):
     cg, env = cgroup_v1_or_v2, dict(fake_tools, FLASHINFER_CUDA_ARCH_LIST="12.0")

@@ -95,6 +95,7 @@ def _newer_pip_nvcc():
     return None
 
 
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
 @needs_flashinfer
 @pytest.mark.nvcc
 def test_real_sccache_is_refused_with_nvcc_13_5(tmp_path, clean_env):
@@ -128,6 +129,7 @@ def test_real_sccache_is_refused_with_nvcc_13_5(tmp_path, clean_env):
         subprocess.run([sccache, "--stop-server"], env=env, capture_output=True, timeout=60)
 
 
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
 @needs_flashinfer
 def test_doctor_shows_memory_jobs_and_the_launcher_verdict(tmp_path, clean_env):
     """doctor --json 'builds': the memory read, the estimates, MAX_JOBS exported (not "yours"),

@@ -160,6 +160,7 @@ def can_unshare():
         pytest.skip(f"private mount namespaces unavailable (unshare -m: {probe.stderr.decode().strip()[:200]})")
 
 
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
 @pytest.mark.parametrize("era", ERAS)
 def test_matrix(era, clean_env, tmp_path, can_unshare):
     log = tmp_path / "nvcc-calls.log"

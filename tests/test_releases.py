@@ -90,6 +90,7 @@ def release_env(request, clean_env, tmp_path, real_nvcc13):
     return request.param, env, str(fake)
 
 
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
 def test_release_seed_and_fix(release_env):
     release, env, fake = release_env
     # unpatched: SM121 on nvcc 12.8 ends with an empty arch set (0.4.x: 121a, which 12.8 cannot build)

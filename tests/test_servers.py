@@ -45,6 +45,7 @@ def server_env(clean_env, tmp_path):
 # ----------------------------------------------------------------------------- item 1
 
 
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
 @needs_flashinfer
 def test_vllm_has_flashinfer_with_the_venv_bin_off_path(server_env, real_nvcc13):
     """vLLM 0.33's has_flashinfer() is True after `import vllm` with the autoload, though neither
@@ -86,6 +87,7 @@ def _build(args, env):
     return json.loads(proc.stdout), proc
 
 
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
 @needs_flashinfer
 def test_build_lands_in_sglangs_jit_dir_when_sglang_is_installed(server_env, tmp_path, real_nvcc13):
     env, site_dir = server_env
@@ -104,6 +106,7 @@ def test_build_lands_in_sglangs_jit_dir_when_sglang_is_installed(server_env, tmp
     assert built["jit_dir"].startswith(str(tmp_path / "home" / ".cache" / "flashinfer"))
 
 
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
 @needs_flashinfer
 def test_a_manifest_recorded_under_sglang_replays_into_sglangs_dir(server_env, tmp_path, real_nvcc13):
     env, site_dir = server_env
@@ -258,6 +261,7 @@ def test_a_fallback_the_installed_source_lacks_is_said(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- doctor
 
 
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
 @needs_flashinfer
 def test_doctor_names_the_ninja_each_servers_check_and_jit_dir(server_env, tmp_path, real_nvcc13):
     env, site_dir = server_env

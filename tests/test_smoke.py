@@ -46,6 +46,7 @@ exit 1
 """
 
 
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
 def test_a_broken_toolkit_fails_naming_the_step_with_its_output(clean_env, tmp_path):
     fake = make_toolkit(tmp_path / "cuda-13.0", "13.0.88", nvcc_script=BROKEN_NVCC, version_json=True)
     env = dict(clean_env, CUDA_HOME=str(fake), FLASHINFER_CUDA_ARCH_LIST="12.0")

@@ -14,6 +14,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from conftest import needs_flashinfer
 from view_util import tmp_dirs
 
@@ -79,6 +81,7 @@ def _check(results: list[dict], cache, want_mode: str) -> str:
     return home
 
 
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
 def test_many_workers_resolve_one_view(tmp_path, clean_env):
     for rnd in range(ROUNDS):
         cache = tmp_path / f"cache{rnd}"
@@ -86,6 +89,7 @@ def test_many_workers_resolve_one_view(tmp_path, clean_env):
         _check(_race(_RESOLVE, WORKERS, env, tmp_path / f"round{rnd}"), cache, "resolved")
 
 
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
 @needs_flashinfer
 def test_many_workers_import_flashinfer_and_all_patch(tmp_path, clean_env):
     cache = tmp_path / "cache"

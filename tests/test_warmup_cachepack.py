@@ -73,6 +73,7 @@ def warmed(clean_env, tmp_path, real_nvcc13):
     return env, manifest, log, tmp_path
 
 
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
 def test_export_then_import_on_a_fresh_machine_is_up_to_date(warmed):
     env, manifest, log, tmp = warmed
     out = tmp / "cache.tar.gz"
