@@ -158,7 +158,9 @@ FIND_STEPS: tuple[tuple[str, Callable[[str | None], list[tuple[str, str]]]], ...
 
 def _inspect(path: str) -> tuple[Version | None, str | None]:
     """``(version, problem)`` of the ninja at ``path``; runs it only when trusted.
-    Remembered per process by real path, size and mtime."""
+    Remembered per process by real path, size and mtime, and across processes in the
+    binary memo (:mod:`flashinfer_sm120.toolkit.memo`, keyed by the file's identity), so
+    the workers of a server do not each run ``ninja --version``."""
     try:
         st = os.stat(path)
     except OSError as exc:
@@ -167,20 +169,24 @@ def _inspect(path: str) -> tuple[Version | None, str | None]:
     if key in _memo:
         return _memo[key]
     from .. import formats, proc
+    from . import memo
     from .trust import check_executable
 
-    problem = check_executable(path)
+    problem = check_executable(path)  # every time: trust is not remembered, only the version
     version = None
     if problem is None:
-        res = proc.run([path, "--version"], timeout=NINJA_TIMEOUT_S, max_output=4096)
-        if not res.ok:
-            why = res.error or ("timed out" if res.timed_out else f"exit {res.returncode}")
-            problem = f"'{path} --version' failed ({why})"
-        else:
+        def probe() -> tuple[str | None, str | None, bool]:
+            res = proc.run([path, "--version"], timeout=NINJA_TIMEOUT_S, max_output=4096)
+            if not res.ok:
+                why = res.error or ("timed out" if res.timed_out else f"exit {res.returncode}")
+                return None, f"'{path} --version' failed ({why})", not res.local
             try:
-                version = formats.parse_leading_version(res.text(), f"'{path} --version'")
+                return str(formats.parse_leading_version(res.text(), f"'{path} --version'")), None, True
             except formats.FormatError as exc:
-                problem = str(exc)
+                return None, str(exc), True
+
+        full, problem = memo.probe_once(path, probe, NINJA_TIMEOUT_S + 5)
+        version = Version(full) if full else None
     _memo[key] = (version, problem)
     return version, problem
 
