@@ -202,3 +202,18 @@ def test_status_prints_one_line_with_mode_toolkit_and_targets(clean_env, real_nv
     assert proc.returncode == 0, proc.stderr
     (line,) = proc.stdout.splitlines()
     assert line.startswith(("patched: nvcc 13.", "noop: nvcc 13.")) and line.endswith("; targets sm_120f")
+
+
+def test_module_names_after_an_option_are_modules_too(monkeypatch):
+    """``build activation --act gelu page``: argparse alone refuses 'page' (a positional after an
+    option); module names given anywhere on the line are built, unknown options still refused."""
+    import flashinfer_sm120.cli.build as build_cli
+    from flashinfer_sm120.cli import main
+
+    seen = {}
+    monkeypatch.setattr(build_cli, "run_build", lambda a: seen.setdefault("modules", list(a.modules)) and 0)
+    assert main(["build", "activation", "--act", "gelu", "page", "--ninja-only"]) == 0
+    assert seen["modules"] == ["activation", "page"]
+    with pytest.raises(SystemExit) as exc:
+        main(["build", "activation", "--headdim", "128", "page"])
+    assert exc.value.code == 2

@@ -102,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``flashinfer-sm120`` command; returns the exit status."""
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
+    if extras and isinstance(getattr(args, "modules", None), list):
+        # argparse leaves a positional after an option to the caller ('build sampling --act
+        # gelu activation'): module names go with the others, anything else is refused below
+        names = [x for x in extras if not x.startswith("-")]
+        if len(names) == len(extras):
+            args.modules += names
+            extras = []
     if extras:  # the subcommand's own usage, and the option that was probably meant
         _chosen(parser, args).error(_unknown(_chosen(parser, args), extras))
     return args.func(args)
