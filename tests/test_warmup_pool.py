@@ -115,3 +115,17 @@ def test_spare_slot_goes_to_the_next_module(tmp_path):
     assert [r.status for r in res] == ["built", "built"]
     order = (tmp_path / "order.log").read_text().splitlines()
     assert order.index(f"start {tmp_path}/b/s0.cu") < order.index(f"link {tmp_path}/a/a.so"), order
+
+
+def test_the_module_with_the_most_steps_starts_first(tmp_path):
+    """Longest first: ninja takes a freed jobserver token only between its own steps, so a
+    many-step module queued behind one-step ones would compile its steps one at a time
+    while a slot stays idle.  The order given is kept among modules of equal size."""
+    jobs = [_module(tmp_path, "one1", 1, sleep=0.1), _module(tmp_path, "one2", 1, sleep=0.1),
+            _module(tmp_path, "many", 3, sleep=0.1)]
+    out = io.StringIO()
+    res = pool.run_pool(jobs, 2, out)
+    assert [r.status for r in res] == ["built", "built", "built"], out.getvalue()  # results in the order given
+    assert "to build: 3 module(s), 8 compile/link steps, -j 2: many (4), one1 (2), one2 (2)" in out.getvalue()
+    first = (tmp_path / "order.log").read_text().splitlines()[0]
+    assert "/many/" in first, first
