@@ -108,8 +108,13 @@ def test_gencode_summary_says_sass_or_ptx():
     assert pool.gencode_summary(text) == ["PTX compute_121a", "SASS sm_120f", "SASS sm_90a"]
 
 
-def test_spare_slot_goes_to_the_next_module(tmp_path):
-    """a has 3 compile steps and gets both slots; while its last step runs alone, b starts."""
+def test_spare_slot_goes_to_the_next_module(tmp_path, monkeypatch):
+    """a has 3 compile steps and gets both slots; while its last step runs alone, b starts.
+    (The pool's own -j hand-over: with ninja's jobserver a ninja may hold a freed token a
+    moment longer, which ninja decides; tests/test_fleet_memory.py covers that mode.)"""
+    from flashinfer_sm120.warmup import jobserver
+
+    monkeypatch.setattr(jobserver, "supports", lambda binary: False)
     jobs = [_module(tmp_path, "a", 3, sleep=1.0), _module(tmp_path, "b", 1, sleep=0.2)]
     res = pool.run_pool(jobs, 2, io.StringIO())
     assert [r.status for r in res] == ["built", "built"]
@@ -127,5 +132,5 @@ def test_the_module_with_the_most_steps_starts_first(tmp_path):
     res = pool.run_pool(jobs, 2, out)
     assert [r.status for r in res] == ["built", "built", "built"], out.getvalue()  # results in the order given
     assert "to build: 3 module(s), 8 compile/link steps, -j 2: many (4), one1 (2), one2 (2)" in out.getvalue()
-    first = (tmp_path / "order.log").read_text().splitlines()[0]
-    assert "/many/" in first, first
+    first_two = (tmp_path / "order.log").read_text().splitlines()[:2]  # the two slots' first steps
+    assert any("/many/" in line for line in first_two), first_two
