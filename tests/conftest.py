@@ -157,3 +157,30 @@ def has_flashinfer() -> bool:
 
 
 needs_flashinfer = pytest.mark.skipif(not has_flashinfer(), reason="flashinfer-python is not installed")
+
+
+def cli(args, env, timeout=600):
+    """``python -m flashinfer_sm120 ARGS`` (a forked child where the environment allows, see run_code)."""
+    return run_code(RUN_MODULE, env, timeout, args)
+
+
+@pytest.fixture
+def hiding(tmp_path, clean_env):
+    """``hiding("flashinfer", "torch")``: an environment where those are not installed."""
+    d = tmp_path / "hide"
+    d.mkdir()
+    (d / "sitecustomize.py").write_text(textwrap.dedent("""\
+        import os, sys
+        _HIDDEN = set(os.environ["HIDE_MODULES"].split(","))
+        class _NotInstalled:
+            def find_spec(self, name, path=None, target=None):
+                if name.partition(".")[0] in _HIDDEN:
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+                return None
+        sys.meta_path.insert(0, _NotInstalled())
+        """))
+
+    def env(*names):
+        return dict(clean_env, HIDE_MODULES=",".join(names),
+                    PYTHONPATH=os.pathsep.join([str(d), clean_env["PYTHONPATH"]]))
+    return env

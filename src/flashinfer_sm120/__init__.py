@@ -25,10 +25,11 @@ __all__ = ["install", "revert", "status", "resolve", "__version__"]
 try:
     from .patch import install, resolve, revert, status
 except Exception as _exc:  # a missing or broken dependency: log once, do nothing else
+    from .reinstall import fix_for as _fix_for
+
     _missing = getattr(_exc, "name", None) or type(_exc).__name__
     _LOAD_ERROR = (f"flashinfer-sm120 cannot load ({_missing!s}: {_exc}); FlashInfer is left alone. "
-                   f"Fix: pip install --force-reinstall flashinfer-sm120 (it needs wrapt, packaging, "
-                   f"nvidia-ml-py and filelock)")
+                   f"Fix: {_fix_for(_exc)}")
     logging.getLogger("flashinfer_sm120").error("%s", _LOAD_ERROR)
 
     def status() -> dict:  # type: ignore[misc]

@@ -328,6 +328,14 @@ def parse_arch_list_lenient(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_L
 MAX_ARCH_LIST_CHARS = 4096
 
 
+def _major_hint(entries: list[str]) -> str:
+    """`` Did you mean '12.0'?`` for a bare major number ('12' reads as 1.2, '9' as nothing)."""
+    for e in entries:
+        if e.isdigit() and 3 <= int(e) <= 20:
+            return f" Did you mean '{int(e)}.0'?"
+    return ""
+
+
 def _parse(value: str, source: str) -> tuple[list[ArchSpec], list[str]]:
     example = (f"Use compute capabilities separated by spaces, e.g. {source}='12.0' "
                f"(RTX 5090 / RTX PRO 6000), '12.1' (DGX Spark) or '9.0a 12.0f'")
@@ -366,12 +374,12 @@ def _parse(value: str, source: str) -> tuple[list[ArchSpec], list[str]]:
         errors.append(
             f"{source}={shown(value)}: {'entry' if len(bad) == 1 else 'entries'} {some(bad)} "
             f"{'is' if len(bad) == 1 else 'are'} not a compute capability. Use 'major.minor' with an "
-            f"optional a/f suffix. {example}."
+            f"optional a/f suffix. {example}.{_major_hint(bad)}"
         )
     if unknown:
         errors.append(
             f"{source}={shown(value)}: {'entry' if len(unknown) == 1 else 'entries'} {some(unknown)} "
             f"{'is' if len(unknown) == 1 else 'are'} not a known compute capability (major 3..20, "
-            f"minor 0..9), e.g. '12.0'."
+            f"minor 0..9), e.g. '12.0'.{_major_hint(unknown)}"
         )
     return out, errors

@@ -72,7 +72,8 @@ class FlashInferSm120Autoload:
     def say(self, exc):
         try:
             sys.stderr.write("flashinfer-sm120: autoload failed (%r); FlashInfer is not patched. Fix: "
-                             "pip install --force-reinstall flashinfer-sm120, or remove %s\n" % (exc, self.pth))
+                             "reinstall flashinfer-sm120 from its checkout (pip install --force-reinstall "
+                             "/path/to/flashinfer-sm120), or remove %s\n" % (exc, self.pth))
         except BaseException:
             pass
 

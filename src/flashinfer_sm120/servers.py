@@ -371,3 +371,22 @@ def fallback_text(found: list[Installed] | None = None) -> str:
         return ""
     return ("Until then, to serve without FlashInfer's JIT kernels: "
             + "; ".join(f"{label}: {' and '.join(items)}" for label, items in parts.items()))
+
+
+def workspace_problem() -> str | None:
+    """Why FlashInfer cannot create its JIT workspace (``$FLASHINFER_WORKSPACE_BASE``, else the home
+    directory, then ``.cache/flashinfer``: FlashInfer 0.7.4 ``jit/env.py``, created at its import),
+    which fails its import with or without flashinfer-sm120; else ``None``.  Called only after
+    FlashInfer's import failed, so creating the directory is what FlashInfer itself just tried."""
+    from .formats import shown
+
+    base = os.environ.get("FLASHINFER_WORKSPACE_BASE") or os.path.expanduser("~")
+    path = os.path.join(base, ".cache", "flashinfer")
+    try:
+        os.makedirs(path, exist_ok=True)
+        return None
+    except OSError as exc:
+        how = "FLASHINFER_WORKSPACE_BASE" if os.environ.get("FLASHINFER_WORKSPACE_BASE") else "the home directory"
+        return (f"FlashInfer keeps its JIT cache in {shown(path, 200)} (from {how}), which cannot be "
+                f"created ({exc.strerror}); FlashInfer fails the same way without flashinfer-sm120. "
+                f"Fix: FLASHINFER_WORKSPACE_BASE=<a directory you can write>")

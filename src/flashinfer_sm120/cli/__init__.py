@@ -1,7 +1,7 @@
 """flashinfer-sm120: make FlashInfer JIT-build for the right GPUs with the right nvcc.
 
 Commands: doctor (what was found and chosen), status (one line), build (JIT-build
-kernels now), cache (move a warmed JIT cache), enable/disable (load flashinfer_sm120
+kernels now), cache (export, import or prune FlashInfer's JIT cache), enable/disable (load flashinfer_sm120
 in every Python process that uses FlashInfer)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import importlib
 import re
 
 from .. import __version__
+from ..reinstall import fix_for
 from . import enable
 
 try:
@@ -26,8 +27,7 @@ def _broken_parser(sub, name: str, exc: BaseException) -> None:
     def fail(_args) -> int:
         from .common import err
 
-        return err(f"'{name}' is unavailable: this install is broken ({exc!r}); "
-                   f"pip install --force-reinstall flashinfer-sm120")
+        return err(f"'{name}' is unavailable: this install is broken ({exc!r}); Fix: {fix_for(exc)}")
 
     p = sub.add_parser(name, help=f"unavailable: {exc!r}", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``flashinfer-sm120`` parser with every subcommand (the docs' CLI reference is made from it)."""
     parser = _Parser(prog="flashinfer-sm120", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
-    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="command")
     for name in ("doctor", "status", "build"):
         try:  # imported here so that enable/disable work with the rest of the package broken
             importlib.import_module(f".{name}", __name__).add_parser(sub)
@@ -111,4 +111,11 @@ def main(argv: list[str] | None = None) -> int:
             extras = []
     if extras:  # the subcommand's own usage, and the option that was probably meant
         _chosen(parser, args).error(_unknown(_chosen(parser, args), extras))
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ImportError as exc:  # a dependency missing or broken: one line with the fix, no traceback
+        if (getattr(exc, "name", None) or "").partition(".")[0] in ("flashinfer", "torch"):
+            raise
+        from .common import err
+
+        return err(f"this install is broken ({exc!r}); Fix: {fix_for(exc)}")

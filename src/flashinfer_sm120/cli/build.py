@@ -21,7 +21,7 @@ MODULES = _modules.NAMES
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from ..warmup import replay, session
+    from ..warmup import pool, replay, session
 
     if args.list:
         print(_modules.describe_all())
@@ -57,6 +57,11 @@ def run_build(args: argparse.Namespace) -> int:
     refused = buildopts.refused(args, sess)
     if refused:
         return _err(refused)
+    if not args.ninja_only:  # before anything is generated: the same refusal for every module
+        try:
+            pool.ninja_binary()
+        except RuntimeError as exc:
+            return _err(str(exc))
     before = buildopts.cache_stats()
     for p in problems:
         print(f"flashinfer-sm120: manifest: {p}", file=sys.stderr)

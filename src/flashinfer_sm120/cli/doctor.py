@@ -334,5 +334,5 @@ def add_parser(sub) -> None:
                         f"(it runs nvcc without a timeout; default {ALONE_TIMEOUT_S:g})")
     d.add_argument("--smoke", action="store_true",
                    help="also compile and link a tiny kernel with the chosen toolkit and FlashInfer's own "
-                        "flags, and run it when a GPU is visible (about 10 s; exit 1 naming the failing step)")
+                        "flags, and run it when a GPU is visible (under 30 s; exit 1 naming the failing step)")
     d.set_defaults(func=run_doctor)

@@ -17,8 +17,7 @@ def status_line(st: dict) -> str:
     """``<mode>: nvcc <release> at <toolkit>; targets <sm_...>`` (or why there is no toolkit)."""
     mode = st.get("mode")
     tk = (((st.get("resolution") or {}).get("choice") or {}).get("toolkit")) or {}
-    targets = ", ".join(st.get("target_cuda_archs") or []) or (
-        "none (no GPU visible and no FLASHINFER_CUDA_ARCH_LIST; e.g. FLASHINFER_CUDA_ARCH_LIST=12.0)")
+    targets = ", ".join(st.get("target_cuda_archs") or []) or _no_targets(st.get("resolution") or {})
     if mode in _OK and tk:
         return f"{mode}: nvcc {tk.get('nvcc_full')} at {tk.get('root')}; targets {targets}"
     if mode == "guard":
@@ -27,6 +26,13 @@ def status_line(st: dict) -> str:
     if mode == "disabled":
         return "disabled: FLASHINFER_SM120_DISABLE is set; FlashInfer uses its own toolkit choice"
     return f"{mode}: {st.get('error') or st.get('summary') or 'see flashinfer-sm120 doctor'}"
+
+
+def _no_targets(res: dict) -> str:
+    """Why there are no targets: a set but unusable ``FLASHINFER_CUDA_ARCH_LIST``, or nothing at all."""
+    if res.get("arch_list_error"):
+        return f"none ({res['arch_list_error']})"
+    return "none (no GPU visible and no FLASHINFER_CUDA_ARCH_LIST; e.g. FLASHINFER_CUDA_ARCH_LIST=12.0)"
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -40,16 +46,20 @@ def run_status(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         if (exc.name or "").partition(".")[0] != "flashinfer":
             raise
-        print(f"not installed: FlashInfer is not installed for {sys.executable}: pip install flashinfer-python")
-        return 1
-    except Exception as exc:  # FlashInfer's own import failed: status() says what we did
-        print(f"failed: importing FlashInfer raised {exc!r}")
-        return 1
-    st = shim.status()
-    if args.json:
-        print(json.dumps(st, indent=2, default=str))
-    else:
-        print(status_line(st))
+        return _say(args, {"mode": "not installed", "error": f"FlashInfer is not installed for "
+                           f"{sys.executable}: pip install flashinfer-python"})
+    except Exception as exc:  # FlashInfer's own import failed: say why, and what we did before it
+        from ..warmup.session import import_failure
+
+        st = dict(shim.status())
+        st["mode"], st["error"] = "failed", import_failure(exc, st)
+        return _say(args, st)
+    return _say(args, shim.status())
+
+
+def _say(args: argparse.Namespace, st: dict) -> int:
+    """Print ``st`` as one line, or as JSON with ``--json``; the exit status of its mode."""
+    print(json.dumps(st, indent=2, default=str) if args.json else status_line(st))
     return 0 if st.get("mode") in _OK else 1
 
 

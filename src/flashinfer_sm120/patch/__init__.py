@@ -24,6 +24,7 @@ import wrapt
 
 from .. import arch as _arch
 from .. import environ
+from .. import servers as _servers
 from ..flags import env_flag
 from .alone import flashinfer_would_target
 from .resolve import Resolution, resolve
@@ -70,8 +71,7 @@ def _ensure_resolution() -> None:
         STATE.resolution = res
         if res.arch_list_error:
             STATE.log_once(logging.ERROR, f"flashinfer-sm120: {res.arch_list_error}")
-        for note in res.cleaned:
-            STATE.log_once(logging.WARNING, f"flashinfer-sm120: {note}")
+        # a malformed CUDA_HOME/CUDA_PATH is said once, in the summary (describe())
 
 
 def _already_correct(res: Resolution) -> bool:
@@ -126,9 +126,13 @@ def _check_import_health() -> None:
                   "fits, so FlashInfer kept its own toolkit lookup, which fails the same way without "
                   "flashinfer-sm120 (with a CPU build of torch FlashInfer needs an nvcc at import)"
                   + (f". Fix: {fix}" if fix else ""), report=False)
+        elif broken and _servers.workspace_problem():
+            _fail(f"importing FlashInfer failed ({broken} raised during its own import): "
+                  f"{_servers.workspace_problem()}", report=False)
         elif broken:
             _fail(f"importing FlashInfer failed after flashinfer-sm120 patched it ({broken} is no "
                   "longer loaded: FlashInfer raised during its own import)")
+
 
 
 def _run_steps(pending: list[str], mode: Mode) -> None:
@@ -261,7 +265,8 @@ def _announce(mode: Mode, res: Resolution) -> None:
         STATE.summary = (f"FlashInfer already resolves correctly ({describe(res)}); not patching "
                          f"its toolkit or targets, only its JIT workspace and the checks before "
                          f"nvcc{_skipped()}")
-        logger.info("flashinfer-sm120: %s", STATE.summary)
+        level = logging.WARNING if res.cleaned and not env_flag("FLASHINFER_SM120_QUIET") else logging.INFO
+        logger.log(level, "flashinfer-sm120: %s", STATE.summary)
         return
     STATE.summary = f"patched FlashInfer: {describe(res)}{_skipped()}"
     # Changing the toolkit FlashInfer would have used is worth one visible line.

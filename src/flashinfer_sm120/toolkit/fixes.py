@@ -136,6 +136,10 @@ def _pip_or_repair(spec: str, found: Sequence[Toolkit], need: Version | None) ->
     have = _pip_found(found, spec)
     if have is None:
         return pip_install(spec)
+    if have.problem and have.nvcc_version and have.header_version and have.nvcc_version != have.header_version:
+        # a mixed set (nvcc 13.0, headers 13.5): the same fix its own rejection names, said once
+        return (f"make the pip toolkit at {have.root} one release (nvcc {have.nvcc_version}, headers "
+                f"{have.header_version}): {consistent_set_fix(have.nvcc_version, True)}")
     if have.problem:
         return (f"repair the pip toolkit at {have.root} ({have.problem.rstrip('.')}): "
                 f"pip install --force-reinstall '{PIP_TOOLKIT}{spec}'")

@@ -223,7 +223,8 @@ def choose(env_path: str | None = None, found: list[Ninja] | None = None) -> Nin
         if n.problem is None:
             return n
     seen = "; ".join(f"{n.path}: {n.problem}" for n in found) or "no ninja in this environment or on PATH"
-    raise NinjaError(f"no usable ninja ({seen}). Fix: pip install ninja (FlashInfer builds its JIT "
+    fix = "pip install --force-reinstall ninja" if found else "pip install ninja"
+    raise NinjaError(f"no usable ninja ({seen}). Fix: {fix} (FlashInfer builds its JIT "
                      f"kernels with it, and vLLM's has_flashinfer() is False without one)")
 
 

@@ -229,6 +229,26 @@ def gpus_to_check(gpus: list[dict], targets: list[str]) -> tuple[list[tuple[str,
     return stand_ins, "the chosen targets (no GPU visible)"
 
 
+def other_targets(jit_dir: str, limit: int = 64) -> dict[str, int]:
+    """Modules built with the same toolkit for other targets: FlashInfer's JIT directory is
+    ``<workspace>/<release>/[<targets>/]<nvcc tag>/cached_ops``, so the siblings of the targets
+    part (a machine without a GPU has none) hold them; ``{targets part: module count}``."""
+    tag_dir = os.path.dirname(jit_dir)
+    tag, leaf, out = os.path.basename(tag_dir), os.path.basename(jit_dir), {}
+    for root in dict.fromkeys((os.path.dirname(tag_dir), os.path.dirname(os.path.dirname(tag_dir)))):
+        try:
+            entries = [e.name for e, _ in zip(os.scandir(root), range(limit)) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+        for name in sorted(entries):
+            other = os.path.join(root, name, tag, leaf)
+            if os.path.realpath(other) != os.path.realpath(jit_dir) and os.path.isdir(other):
+                count = len(jit_modules(other))
+                if count:
+                    out[name] = count
+    return out
+
+
 def inventory(jit_dir: str | None, gpus: list[tuple[str, tuple[int, int]]], cuda_home: str | None = None,
               *, prebuilt: bool = True) -> dict:
     """Every place FlashInfer loads modules from, each module checked against ``gpus``."""
@@ -253,7 +273,8 @@ def inventory(jit_dir: str | None, gpus: list[tuple[str, tuple[int, int]]], cuda
                f"or warm it now with flashinfer-sm120 build --arch {caps}")
         places.append({"kind": "jit", "label": "JIT directory", "path": jit_dir,
                        "modules": [check_module(n, p, gpus, cuobjdump, fix) for n, p in mods[:MODULE_CAP]],
-                       "not_inspected": max(0, len(mods) - MODULE_CAP)})
+                       "not_inspected": max(0, len(mods) - MODULE_CAP),
+                       "other_targets": {} if mods else other_targets(jit_dir)})
     problems = sum(1 for p in places for m in p.get("modules") or () if isinstance(m, dict) and m["problem"])
     return {"cuobjdump": cuobjdump, "checked_against": [label for label, _ in gpus], "places": places,
             "problems": problems}
@@ -300,6 +321,10 @@ def doctor_lines(section: dict) -> list[str]:
             lines.append(f"    declares {', '.join(place['declared'])}")
         if not place["modules"]:
             lines.append("    no modules built")
+        if place.get("other_targets"):
+            built = ", ".join(f"{d} ({n})" for d, n in place["other_targets"].items())
+            lines.append(f"    modules built with this toolkit for other targets: {built}; set "
+                         f"FLASHINFER_CUDA_ARCH_LIST (e.g. 12.0) to inspect them")
         for m in place["modules"]:
             held = ", ".join(m["sass"] + m["ptx"]) or (m["note"] or "?")
             flag = "PROBLEM " if m["problem"] else ""

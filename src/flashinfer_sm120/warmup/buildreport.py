@@ -66,7 +66,7 @@ def doctor_lines(section: dict) -> list[str]:
         v = cache.get("verdict") or {}
         verdict = ("works" if v.get("ok") else "REFUSED" if v.get("ok") is False else "not probed")
         lines.append(f"  compiler cache: {cache.get('launcher') or cache.get('requested')}: {verdict}"
-                     + (f" (sccache {v.get('launcher_version')} with nvcc {v.get('nvcc_version')}, "
+                     + (f" ({_launcher_name(v)} with nvcc {v.get('nvcc_version')}, "
                         f"{'remembered' if v.get('remembered') else 'probed now'})" if v.get("ok") else ""))
         if cache.get("refused"):
             lines.append(f"    {cache['refused']}")
@@ -79,3 +79,9 @@ def doctor_lines(section: dict) -> list[str]:
     else:
         lines.append(f"  compiler cache: off (set {launcher.ENV}=sccache to share compiles between nodes)")
     return lines
+
+
+def _launcher_name(verdict: dict) -> str:
+    """``sccache 0.16.0`` when the launcher said its release, else ``a launcher`` (e.g. ``env``)."""
+    version = verdict.get("launcher_version")
+    return f"sccache {version}" if version else "a launcher of unknown release"

@@ -21,6 +21,7 @@ chosen on the command line (``--head-dim 64,128 --dtype bf16``).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import inspect
 import sys
@@ -28,6 +29,7 @@ import threading
 from typing import Any, Callable
 
 from ..errors import Sm120Error
+from ..formats import some
 
 __all__ = ["ModuleError", "Variant", "NAMES", "DTYPES", "ACTIVATIONS", "describe_all", "expand", "EXTRA_HEADERS", "missing_headers"]
 
@@ -280,7 +282,9 @@ def expand(names: list[str], *, head_dims: str | None = None, dtypes: str | None
         names = list(NAMES) + [n for n in names if n not in NAMES and n != "all"]
     unknown = [n for n in names if n not in NAMES]
     if unknown:
-        raise ModuleError(f"unknown module(s) {', '.join(unknown)}; choose from {', '.join(NAMES)} "
+        close = difflib.get_close_matches(unknown[0].lower(), [*NAMES, "all"], n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ModuleError(f"unknown module(s) {some(unknown)}{hint} Choose from {', '.join(NAMES)} "
                           "(or all); `flashinfer-sm120 build --list` describes each")
     hds = _csv(head_dims, (128,), "--head-dim", int)
     bad = [h for h in hds if h not in COMMON_HEAD_DIMS and h not in (192, 96, 80)]

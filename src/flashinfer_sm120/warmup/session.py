@@ -12,7 +12,7 @@ from .. import arch as _arch
 from ..errors import Sm120Error
 from . import pool
 
-__all__ = ["BuildError", "Session", "SERVER_CHOICES", "apply_server_cache", "prepare", "write_ninjas",
+__all__ = ["BuildError", "Session", "SERVER_CHOICES", "apply_server_cache", "import_failure", "prepare", "write_ninjas",
            "build_specs"]
 
 #: ``build --for`` values: the servers whose JIT directory a warm-up build can target.
@@ -136,6 +136,20 @@ def apply_server_cache(for_server: str | None = None, entries=None, *, strict: b
     return out
 
 
+def import_failure(exc: BaseException, st: dict) -> str:
+    """``importing FlashInfer failed: <exc>``, ending with the fix where one is known: no toolkit
+    fits (FlashInfer's own lookup, kept under the guard, raised), or its workspace is not writable."""
+    from ..servers import workspace_problem
+
+    msg = f"importing FlashInfer failed: {exc!r}"
+    fix = ((st.get("resolution") or {}).get("fix")) if isinstance(st.get("resolution"), dict) else None
+    if st.get("mode") == "guard" or (st.get("mode") == "failed" and fix):
+        return (f"{msg}. No CUDA toolkit fits, so FlashInfer kept its own toolkit lookup, which raised "
+                f"this{f'. Fix: {fix}' if fix else ' (see the message above)'}")
+    problem = workspace_problem() if isinstance(exc, OSError) else None
+    return f"{msg}. {problem}" if problem else msg
+
+
 def prepare(arch: str | None) -> Session:
     """Patch and import FlashInfer for ``arch`` (``--arch``; default: the GPUs present).
 
@@ -157,7 +171,7 @@ def prepare(arch: str | None) -> Session:
         raise BuildError(f"FlashInfer is not installed for {sys.executable}: pip install flashinfer-python "
                          f"(into the environment of that interpreter)") from None
     except Exception as exc:
-        raise BuildError(f"importing FlashInfer failed: {exc!r}") from None
+        raise BuildError(import_failure(exc, shim.status())) from None
     st = shim.status()
     if st["mode"] == "disabled":
         raise BuildError("FLASHINFER_SM120_DISABLE is set, so FlashInfer would build with its own "

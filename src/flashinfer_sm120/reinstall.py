@@ -1,0 +1,53 @@
+"""The fix for a broken install of flashinfer-sm120 itself, in one place.
+
+flashinfer-sm120 is installed from a checkout (it is not on PyPI), so "pip install
+--force-reinstall flashinfer-sm120" would not work: the fix names the missing
+dependency when that is what broke, else the checkout pip recorded
+(``direct_url.json``, PEP 610).  Standard library only, and never raises: it runs
+when the rest of the package could not be imported.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+import urllib.request
+
+__all__ = ["DEPENDENCIES", "fix_for", "source"]
+
+#: Top-level module -> the distribution that brings it (pyproject.toml's dependencies).
+DEPENDENCIES = {
+    "wrapt": "wrapt",
+    "packaging": "packaging",
+    "filelock": "filelock",
+    "pynvml": "nvidia-ml-py",
+    "cuda": "cuda-pathfinder",
+}
+
+
+def source() -> str:
+    """Where this install came from, for ``pip install --force-reinstall <it>``: the local
+    checkout pip recorded, else a placeholder."""
+    try:
+        from importlib.metadata import distribution
+
+        text = distribution("flashinfer-sm120").read_text("direct_url.json") or ""
+        if len(text) < 4096:
+            url = json.loads(text).get("url", "")
+            if isinstance(url, str) and url.startswith("file://"):
+                path = urllib.request.url2pathname(urllib.parse.urlparse(url).path)
+                if path.isprintable() and len(path) < 512:
+                    return path
+    except Exception:
+        pass
+    return "/path/to/flashinfer-sm120"
+
+
+def fix_for(exc: BaseException) -> str:
+    """``pip install filelock`` for a missing dependency, else a reinstall from the checkout."""
+    name = getattr(exc, "name", None)
+    if isinstance(exc, ImportError) and isinstance(name, str):
+        dist = DEPENDENCIES.get(name.partition(".")[0])
+        if dist:
+            return f"pip install {dist} (a dependency of flashinfer-sm120)"
+    return f"pip install --force-reinstall {source()} (flashinfer-sm120 is installed from its checkout)"
