@@ -113,7 +113,8 @@ def _print_prune(report: dict, yes: bool) -> None:
             word = "remove" if not yes else "left"
         else:
             word = "keep"
-        why = e.error or (f"{e.reason}; kept: {e.kept}" if e.reason and e.kept else e.kept or e.reason or "current")
+        why = e.error or (f"{e.reason}; kept: {e.kept}" if e.reason and e.kept else e.kept or e.reason
+                          or "still usable: its toolkit (and FlashInfer release) are installed")
         print(f"  {word:<7} {human(e.bytes):>10}  {e.kind:<4} {e.path}\n          {why}")
     if not report["entries"]:
         print("  nothing cached")
