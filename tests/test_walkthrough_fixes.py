@@ -173,3 +173,11 @@ def test_doctor_points_at_modules_built_for_other_targets(tmp_path):
     text = "\n".join(inventory.doctor_lines(section))
     assert "no modules built" in text and "120f (1)" in text
     assert inventory.other_targets(str(built.parent)) == {}  # the built directory itself
+
+
+def test_a_mistyped_option_does_not_call_a_module_unrecognized(capsys):
+    with pytest.raises(SystemExit):
+        main(["build", "--headdim", "128", "--arch", "12.0", "decode"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --headdim;" in err and "did you mean --head-dim?" in err
+    assert "decode" not in err.split("unrecognized arguments:")[1]

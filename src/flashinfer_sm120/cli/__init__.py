@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         if len(names) == len(extras):
             args.modules += names
             extras = []
+        else:  # a mistyped option among them: only the option is unrecognized, not a module name
+            args.modules += [x for x in names if x in MODULES or x == "all"]
+            extras = [x for x in extras if x not in args.modules]
     if extras:  # the subcommand's own usage, and the option that was probably meant
         _chosen(parser, args).error(_unknown(_chosen(parser, args), extras))
     try:
