@@ -10,6 +10,7 @@ import argparse
 import difflib
 import importlib
 import re
+import sys
 
 from .. import __version__
 from . import enable
@@ -45,7 +46,9 @@ class _Parser(argparse.ArgumentParser):
             close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
             if close:
                 message += f"; did you mean {close[0]!r}?"
-        super().error(message)
+        from .common import bounded
+
+        super().error(bounded(message))  # argparse quotes a bad choice or argument whole
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,8 +101,32 @@ def _unknown(parser: argparse.ArgumentParser, extras: list[str]) -> str:
     return f"unrecognized arguments: {' '.join(extras)}" + "".join(f"; {h}" for h in hints)
 
 
+#: Most command-line arguments taken: argparse's parse time grows with the square of their number
+#: (20,000 took 7 s; the 2 MB ``ARG_MAX`` allows 500,000), and no command needs more than a few dozen.
+MAX_ARGS = 4096
+
+
+def _safe_streams() -> None:
+    """Never fail on printing: stdout is ``strict`` under a UTF-8 locale, and a path from the
+    environment or the disk may hold bytes that are not UTF-8 (``os.fsdecode`` makes them lone
+    surrogates: ``CUDA_HOME=/opt/\\xff`` ended ``doctor`` in a UnicodeEncodeError).  Such characters
+    are written as ``\\udcff``, as Python's own stderr does."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):  # not a TextIOWrapper, or closed
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``flashinfer-sm120`` command; returns the exit status."""
+    _safe_streams()
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) > MAX_ARGS:
+        from .common import err
+
+        return err(f"{len(argv)} command-line arguments, more than the {MAX_ARGS} taken; give long lists of "
+                   f"modules as a manifest (build --from MANIFEST)")
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if extras and isinstance(getattr(args, "modules", None), list):
