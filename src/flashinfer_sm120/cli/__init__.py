@@ -138,4 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             extras = []
     if extras:  # the subcommand's own usage, and the option that was probably meant
         _chosen(parser, args).error(_unknown(_chosen(parser, args), extras))
-    return args.func(args)
+    from ..proc import signals_as_exit
+
+    with signals_as_exit():  # 'kill' or a closed terminal stops what the command started, as Ctrl-C does
+        return args.func(args)
