@@ -213,7 +213,7 @@ def check_path(path: str) -> str | None:
     return None
 
 
-def check_place(path: str, what: str) -> str | None:
+def check_place(path: str, what: str, fix: str | None = None) -> str | None:
     """Check a directory we write into and run builds from (FlashInfer's JIT directory, absent
     levels included): its deepest existing level and every directory on the way must be root's
     or yours and not writable by others; a root-owned sticky directory such as ``/tmp`` may hold
@@ -228,7 +228,7 @@ def check_place(path: str, what: str) -> str | None:
     here = os.path.abspath(path)
     while not os.path.lexists(here) and os.path.dirname(here) != here:
         here = os.path.dirname(here)
-    fix = f"Fix: set FLASHINFER_WORKSPACE_BASE to a directory of your own (for example {os.path.expanduser('~')})"
+    fix = fix or f"Fix: set FLASHINFER_WORKSPACE_BASE to a directory of your own (for example {os.path.expanduser('~')})"
     try:
         real = _resolve(here, uid)
         st = os.stat(real)
