@@ -29,6 +29,7 @@ from pathlib import Path
 
 from .. import formats
 from ..errors import FormatError
+from ..tmpdirs import private_dir
 from . import ninjadeps, pool
 from .cachemeta import (FORMAT, TOP, Limits, Meta, Module, check_listed, listed, members, read_meta)
 from .manifest import make_spec
@@ -263,7 +264,7 @@ def install(src: str, sess: Session, *, force: bool = False, limits: Limits = Li
     if problem:
         raise BuildError(f"refusing {src}: {problem}")
     targets = {"jit": Path(jit_env.FLASHINFER_JIT_DIR), "generated": Path(jit_env.FLASHINFER_GEN_SRC_DIR)}
-    with tempfile.TemporaryDirectory(prefix="fi-sm120-import-") as tmp:
+    with private_dir("fi-sm120-import-") as tmp:  # swept by the next import if this one is killed
         root = _unpack(src, Path(tmp), meta, limits)
         try:
             return _install_from(root, meta, targets, sess, force, limits, src)
