@@ -95,6 +95,6 @@ def parse_compile_flag(text: Any, source: str, *, fix: str = "") -> tuple[str, l
         if not _word_ok(w):
             raise _fail(source, f"flag {shown(text, 60)}: {shown(w, 40)} is not an option FlashInfer uses "
                                 f"(options that name programs, plugins or output files are never taken "
-                                f"from a manifest)", fix)
+                                f"from a manifest or a compiler variable)", fix)
         i += 1
     return text, dirs
