@@ -119,7 +119,25 @@ def _safe_streams() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``flashinfer-sm120`` command; returns the exit status."""
+    """Entry point of the ``flashinfer-sm120`` command; returns the exit status.
+
+    A reader that stops early (``flashinfer-sm120 doctor | head``) ends the command quietly with
+    exit status 141 (128 + SIGPIPE, as a shell reports it), not a ``BrokenPipeError`` traceback."""
+    try:
+        rc = _main(argv)
+        sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe prints a traceback
+        return rc
+    except BrokenPipeError:
+        import os
+
+        try:  # Python's docs (signal, "Note on SIGPIPE"): stdout to /dev/null so exit's flush is quiet
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 141
+
+
+def _main(argv: list[str] | None) -> int:
     _safe_streams()
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) > MAX_ARGS:
