@@ -7,6 +7,8 @@ as 100 KB on stderr; 20,000 short ones as a list of all of them).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -126,3 +128,20 @@ def test_a_reader_that_stops_early_gets_no_traceback(clean_env, tmp_path, argv):
     err = proc.stderr.decode("utf-8", "replace")
     assert "Traceback" not in err and "BrokenPipeError" not in err, err[-3000:]
     assert proc.returncode in (0, 1, 141), (proc.returncode, err[-2000:])
+
+
+@pytest.mark.parametrize("argv", [["doctor"], ["build", "--list"], ["status"]])
+def test_output_to_a_full_disk_is_a_message(clean_env, tmp_path, argv):
+    """``flashinfer-sm120 doctor > report.txt`` on a full disk (``/dev/full`` stands in) ended in an
+    ``OSError: [Errno 28]`` traceback; now our error naming the cause, exit 2."""
+    import subprocess
+    import sys
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    env = dict(clean_env, FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"))
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", *argv], env=env, stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=300)
+    assert "Traceback" not in proc.stderr and proc.returncode == 2, proc.stderr[-3000:]
+    assert "No space left on device" in proc.stderr and "stdout" in proc.stderr

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import importlib
+import os
 import re
 import sys
 
@@ -128,13 +130,37 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe prints a traceback
         return rc
     except BrokenPipeError:
-        import os
-
-        try:  # Python's docs (signal, "Note on SIGPIPE"): stdout to /dev/null so exit's flush is quiet
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
+        _quiet_stdout()
         return 141
+    except OSError as exc:  # stdout on a full disk (doctor > report.txt): a message, not a traceback
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO) or not _from_printing(exc):
+            raise
+        _quiet_stdout()
+        from .common import err
+
+        return err(f"cannot write the output ({exc.strerror}): free space where stdout goes, or send it "
+                   f"elsewhere")
+
+
+def _from_printing(exc: OSError) -> bool:
+    """Whether ``exc`` came from writing the command's output: raised by a C call (``print``,
+    ``sys.stdout.write``/``flush``) made directly in this CLI package, which writes no files of
+    its own outside ``enable`` (which reports its own errors); the state and cache writes of the
+    commands live in other packages.  (A failed write drops Python's buffer, so stdout cannot
+    simply be flushed again to tell.)"""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and os.path.dirname(tb.tb_frame.f_code.co_filename) == os.path.dirname(__file__)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the flush at interpreter exit does not fail again
+    (Python's docs, ``signal``, "Note on SIGPIPE")."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def _main(argv: list[str] | None) -> int:
