@@ -152,3 +152,40 @@ def test_the_tarfile_hooks_the_bounded_reader_overrides_still_exist():
     """The refusals live in ``TarInfo`` hooks; a Python whose tarfile renamed them would skip them."""
     for name in ("_proc_member", "_proc_gnusparse_00", "_proc_gnusparse_01", "_proc_gnusparse_10"):
         assert callable(getattr(tarfile.TarInfo, name, None)), name
+
+
+def _valid_archive() -> bytes:
+    meta = b'{"format": 1}'
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        d = tarfile.TarInfo(f"{TOP}/jit")
+        d.type = tarfile.DIRTYPE
+        tar.addfile(d)
+        info = tarfile.TarInfo(f"{TOP}/meta.json")
+        info.size = len(meta)
+        info.pax_headers = {"comment": "é" * 40}
+        tar.addfile(info, io.BytesIO(meta))
+    return buf.getvalue()
+
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+
+@given(st.lists(st.tuples(st.integers(0, 3071), st.integers(0, 255)), min_size=1, max_size=12), st.booleans())
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_mutated_headers_property(tmp_path, edits, gz):
+    """Any bytes in the headers: our refusal or a successful check, never another exception."""
+    data = bytearray(_valid_archive())
+    for pos, byte in edits:
+        if pos < len(data):
+            data[pos] = byte
+    for off in range(0, len(data) - 511, 512):  # keep the headers' checksums right, so the edits get parsed
+        if data[off + 257:off + 262] == b"ustar":
+            block = bytearray(data[off:off + 512])
+            block[148:156] = b" " * 8
+            data[off + 148:off + 156] = b"%06o\0 " % sum(block)
+    src = _write(tmp_path, bytes(data), gz)
+    try:
+        cachemeta.check_members(src)
+    except BuildError as exc:
+        assert len(str(exc)) < 2000
