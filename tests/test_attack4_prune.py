@@ -69,3 +69,23 @@ def test_remove_tree_follows_no_link_and_walk_tree_enters_none(tmp_path):
     remove_tree(str(top))
     assert not top.exists() and (target / "keep").read_text() == "keep"
     assert sys.getrecursionlimit() <= 10_000  # nothing raised it to get there
+
+
+def test_an_entry_another_prune_removed_first_is_not_a_failure(caches):
+    """Two ``cache prune --yes`` at once: each reported FAILED ("changed since the scan") for what the
+    other removed, and both exited 1, though everything stale was gone."""
+    import shutil
+
+    from flashinfer_sm120 import prune as prune_mod
+
+    c = caches
+    report = prune_mod.scan()
+    stale = [e for e in report["entries"] if e.reason and not e.kept]
+    assert stale
+    for e in stale:  # the other prune got there first
+        for p in e.remove:
+            shutil.rmtree(p)
+    prune_mod.remove(report)
+    assert not [e.error for e in stale if e.error], [e.error for e in stale]
+    for e in stale:
+        assert e.removed and "another process" in e.reason, (e.kind, e.removed, e.kept, e.remove)

@@ -137,7 +137,11 @@ def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
     """Remove ``e``: each directory is renamed to a hidden name beside it, checked again (a
     build may have started since the scan: a module lock taken, a process working in it), put
     back when in use, else deleted.  ``own``: names of the module locks this process holds."""
+    gone = 0
     for target in e.remove:
+        if not os.path.lexists(target):  # another prune (or the user) removed it since the scan
+            gone += 1
+            continue
         if not under(e.root, target) or not stat.S_ISDIR(os.lstat(target).st_mode):
             e.error = f"{target} changed since the scan; left alone"
             return
@@ -161,6 +165,9 @@ def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
         except OSError as exc:
             e.error = f"{hidden}: {exc.strerror or exc}"
             return
+    if gone == len(e.remove):
+        e.bytes = 0  # freed by whoever removed it
+        e.reason = f"{e.reason}; another process removed it first"
     parent = os.path.dirname(e.remove[0])
     while parent != e.root and under(e.root, parent):
         try:
