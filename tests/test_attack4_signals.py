@@ -94,3 +94,15 @@ def test_every_command_cleans_up_on_sigterm(tmp_path):
             "status.run_status = run\nsys.exit(cli.main(['status']))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "CLEANED UP" in proc.stdout and proc.returncode == 128 + signal.SIGTERM, (proc.returncode, proc.stderr[-2000:])
+
+
+def test_ctrl_c_cleans_up_and_prints_no_traceback():
+    """Ctrl-C (SIGINT) ran the clean-up but ended in a ``KeyboardInterrupt`` traceback; now one line and
+    exit 130, as shells report it."""
+    code = ("import os, signal, sys, time\nfrom flashinfer_sm120 import cli\nfrom flashinfer_sm120.cli import status\n"
+            "def run(args):\n    try:\n        os.kill(os.getpid(), signal.SIGINT)\n        time.sleep(60)\n"
+            "    finally:\n        print('CLEANED UP', flush=True)\n    return 0\n"
+            "status.run_status = run\nsys.exit(cli.main(['status']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "CLEANED UP" in proc.stdout and proc.returncode == 130, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr and "interrupted" in proc.stderr

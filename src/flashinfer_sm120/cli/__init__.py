@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _quiet_stdout()
         return 141
+    except KeyboardInterrupt:  # Ctrl-C: what the command started was stopped in its finally clauses
+        print("flashinfer-sm120: interrupted", file=sys.stderr)
+        return 130
     except OSError as exc:  # stdout on a full disk (doctor > report.txt): a message, not a traceback
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO) or not _from_printing(exc):
             raise
