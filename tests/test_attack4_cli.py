@@ -99,14 +99,16 @@ def test_cli_refusals_property(capsys, words, pos, size, char):
     assert len(out) < MAX_OUT, (len(out), out[:300])
 
 
-@given(st.text(max_size=3000))
+@given(st.text(max_size=6000))
 @settings(max_examples=200, deadline=None)
 def test_bounded_property(text):
+    from flashinfer_sm120.formats.base import MAX_MESSAGE, MAX_WORD
+
     out = bounded(text)
-    assert len(out) <= 4096 + 60
-    if len(text) <= 256:
+    assert len(out) <= MAX_MESSAGE + 60
+    if len(text) <= MAX_WORD:
         assert out == text
-    assert all(len(w) <= 256 + 40 for w in out.split())
+    assert all(len(w) <= MAX_WORD + 40 for w in out.split())
 
 
 @pytest.mark.parametrize("argv", [["doctor"], ["build", "--list"], ["status", "--json"]])

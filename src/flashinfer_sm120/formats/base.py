@@ -48,7 +48,7 @@ def some(items: Iterable[Any], limit: int = 3) -> str:
 
 
 #: A run of non-blank characters longer than this is cut in :func:`bounded`.
-MAX_WORD = 256
+MAX_WORD = 1024  # a module's JIT path is ~300 characters: real paths pass whole
 #: Characters of a whole message kept by :func:`bounded`.
 MAX_MESSAGE = 4096
 
