@@ -60,7 +60,8 @@ def test_paths_that_are_not_utf8_never_stop_a_report(clean_env, tmp_path):
     import sys
 
     env = dict(clean_env, PYTHONIOENCODING="utf-8", FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"),
-               CUDA_HOME=os.fsdecode(b"/opt/cuda-\xff"), FLASHINFER_WORKSPACE_BASE=os.fsdecode(b"/tmp/w\xe9"))
+               CUDA_HOME=os.fsdecode(b"/opt/cuda-\xff"),
+               FLASHINFER_WORKSPACE_BASE=os.fsdecode(os.fsencode(str(tmp_path)) + b"/w\xe9"))
     proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "doctor"], env=env, capture_output=True,
                           timeout=300)
     err = proc.stderr.decode("utf-8", "replace")
