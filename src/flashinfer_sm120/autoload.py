@@ -174,10 +174,19 @@ def enabled_in() -> list[str]:
     seen, out = set(), []
     for d in dirs:
         path = os.path.join(d, PTH_NAME)
-        if os.path.realpath(path) not in seen and os.path.isfile(path):
+        if os.path.realpath(path) not in seen and os.path.isfile(path) and _has_our_line(path):
             seen.add(os.path.realpath(path))
             out.append(path)
     return out
+
+
+def _has_our_line(path: str) -> bool:
+    """Whether the ``.pth`` at ``path`` holds a line of ours (``disable`` leaves lines you added)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return "flashinfer_sm120" in fh.read(64 << 10)  # ours, or an older release's line
+    except OSError:
+        return False
 
 
 def doctor_report() -> dict:
@@ -196,7 +205,8 @@ def _current(site_dir: str) -> bool:
     try:
         for name, text in pth_files().items():
             with open(os.path.join(site_dir, name), encoding="utf-8") as fh:
-                if fh.read(len(text) + 1) != text:
+                got = fh.read(len(text) + 1)
+                if got != text and not (name == PTH_NAME and got.startswith(text)):  # lines you added follow ours
                     return False
     except OSError:
         return False

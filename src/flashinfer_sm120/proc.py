@@ -25,17 +25,19 @@ What it guarantees, whatever the program does:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["MARKER_VAR", "DEFAULT_MAX_OUTPUT", "LOCAL_ERRNOS", "Result", "run", "marked_processes"]
+__all__ = ["MARKER_VAR", "DEFAULT_MAX_OUTPUT", "LOCAL_ERRNOS", "Result", "run", "marked_processes", "signals_as_exit"]
 
 #: Environment variable set, with a per-call unique value, in every program run
 #: by :func:`run`, so that its escaped descendants can be found in ``/proc``.
@@ -280,3 +282,31 @@ def _is_zombie(pid: int) -> bool:
         return True
     # "pid (comm) S ...": the state follows the last ')'
     return stat[stat.rfind(b")") + 2: stat.rfind(b")") + 3] in (b"Z", b"X")
+
+
+@contextlib.contextmanager
+def signals_as_exit():
+    """Within it, SIGTERM and SIGHUP end the program like Ctrl-C (``SystemExit(128 + signal)``), so
+    ``finally`` clauses that stop child processes run: their default action ends Python at once
+    (``build``'s ninja and compilers went on building into the module's directory after FlashInfer's
+    per-module lock was released, beside the next build of it).  Only where the signal still has its default action and only in the main
+    thread (a program with its own handlers keeps them); the old action comes back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    old = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                old[sig] = signal.signal(sig, stop)
+        except (ValueError, OSError):
+            pass
+    try:
+        yield
+    finally:
+        for sig, action in old.items():
+            signal.signal(sig, action)

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import importlib
+import os
 import re
+import sys
 
 from .. import __version__
 from ..reinstall import fix_for
@@ -45,7 +48,9 @@ class _Parser(argparse.ArgumentParser):
             close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
             if close:
                 message += f"; did you mean {close[0]!r}?"
-        super().error(message)
+        from .common import bounded
+
+        super().error(bounded(message))  # argparse quotes a bad choice or argument whole
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,8 +103,77 @@ def _unknown(parser: argparse.ArgumentParser, extras: list[str]) -> str:
     return f"unrecognized arguments: {' '.join(extras)}" + "".join(f"; {h}" for h in hints)
 
 
+#: Most command-line arguments taken: argparse's parse time grows with the square of their number
+#: (20,000 took 7 s; the 2 MB ``ARG_MAX`` allows 500,000), and no command needs more than a few dozen.
+MAX_ARGS = 4096
+
+
+def _safe_streams() -> None:
+    """Never fail on printing: stdout is ``strict`` under a UTF-8 locale, and a path from the
+    environment or the disk may hold bytes that are not UTF-8 (``os.fsdecode`` makes them lone
+    surrogates: ``CUDA_HOME=/opt/\\xff`` ended ``doctor`` in a UnicodeEncodeError).  Such characters
+    are written as ``\\udcff``, as Python's own stderr does."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):  # not a TextIOWrapper, or closed
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``flashinfer-sm120`` command; returns the exit status."""
+    """Entry point of the ``flashinfer-sm120`` command; returns the exit status.
+
+    A reader that stops early (``flashinfer-sm120 doctor | head``) ends the command quietly with
+    exit status 141 (128 + SIGPIPE, as a shell reports it), not a ``BrokenPipeError`` traceback."""
+    try:
+        rc = _main(argv)
+        sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe prints a traceback
+        return rc
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 141
+    except KeyboardInterrupt:  # Ctrl-C: what the command started was stopped in its finally clauses
+        print("flashinfer-sm120: interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:  # stdout on a full disk (doctor > report.txt): a message, not a traceback
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO) or not _from_printing(exc):
+            raise
+        _quiet_stdout()
+        from .common import err
+
+        return err(f"cannot write the output ({exc.strerror}): free space where stdout goes, or send it "
+                   f"elsewhere")
+
+
+def _from_printing(exc: OSError) -> bool:
+    """Whether ``exc`` came from writing the command's output: raised by a C call (``print``,
+    ``sys.stdout.write``/``flush``) made directly in this CLI package, which writes no files of
+    its own outside ``enable`` (which reports its own errors); the state and cache writes of the
+    commands live in other packages.  (A failed write drops Python's buffer, so stdout cannot
+    simply be flushed again to tell.)"""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and os.path.dirname(tb.tb_frame.f_code.co_filename) == os.path.dirname(__file__)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the flush at interpreter exit does not fail again
+    (Python's docs, ``signal``, "Note on SIGPIPE")."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _main(argv: list[str] | None) -> int:
+    _safe_streams()
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) > MAX_ARGS:
+        from .common import err
+
+        return err(f"{len(argv)} command-line arguments, more than the {MAX_ARGS} taken; give long lists of "
+                   f"modules as a manifest (build --from MANIFEST)")
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if extras and isinstance(getattr(args, "modules", None), list):
@@ -114,8 +188,11 @@ def main(argv: list[str] | None = None) -> int:
             extras = [x for x in extras if x not in args.modules]
     if extras:  # the subcommand's own usage, and the option that was probably meant
         _chosen(parser, args).error(_unknown(_chosen(parser, args), extras))
+    from ..proc import signals_as_exit
+
     try:
-        return args.func(args)
+        with signals_as_exit():  # 'kill' or a closed terminal stops what the command started, as Ctrl-C does
+            return args.func(args)
     except ImportError as exc:  # a dependency missing or broken: one line with the fix, no traceback
         if (getattr(exc, "name", None) or "").partition(".")[0] in ("flashinfer", "torch"):
             raise

@@ -147,6 +147,8 @@ def _enable(args: argparse.Namespace) -> int:
         with _site_lock(target_dir):
             for name, text in pth_files().items():  # the module first, then the .pth that imports it
                 writing = os.path.join(target_dir, name)
+                if name == PTH_NAME:  # lines you added to it are kept
+                    text += "".join(_other_lines(writing)[0])
                 _write_atomic(writing, text)
                 if name == HOOK_FILE:
                     _precompile(writing)
@@ -172,8 +174,15 @@ def _disable(args: argparse.Namespace) -> int:
                 if not os.path.lexists(target):
                     continue
                 try:
-                    os.unlink(target)
-                    removed.append(target)
+                    kept, ours = _other_lines(target) if target.endswith(PTH_NAME) else ([], True)
+                    if kept and not ours:
+                        continue  # only lines of yours: nothing of ours to remove
+                    if kept:  # lines you added: keep them, drop ours
+                        _write_atomic(target, "".join(kept))
+                        removed.append(f"our line of {target} (kept {len(kept)} of yours)")
+                    else:
+                        os.unlink(target)
+                        removed.append(target)
                 except OSError as exc:
                     failed.append(f"{target}: {exc.strerror or exc}")
     if removed:
@@ -183,6 +192,32 @@ def _disable(args: argparse.Namespace) -> int:
     if not removed:
         print("nothing to remove (no " + PTH_NAME + " in " + ", ".join(_targets_for_disable(args.site_dir)) + ")")
     return 0
+
+
+def _other_lines(pth: str) -> tuple[list[str], bool]:
+    """``(lines of the .pth at pth that are not ours, whether one of ours is there)``: a line is ours
+    when it names ``flashinfer_sm120`` (older releases wrote other lines); lines someone
+    added are kept by ``disable`` and ``enable`` rather than deleted or overwritten.  A ``.pth`` that
+    is not a regular file, is over 64 KiB or is not UTF-8 text is read as ``([], True)``: ours, whole."""
+    try:
+        fd = os.open(pth, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return [], True
+    try:
+        import stat
+
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return [], True
+        raw = os.read(fd, (64 << 10) + 1)
+    finally:
+        os.close(fd)
+    try:
+        text = raw.decode("utf-8") if len(raw) <= 64 << 10 else ""
+    except UnicodeDecodeError:
+        return [], True
+    lines = [ln if ln.endswith("\n") else ln + "\n" for ln in text.splitlines(keepends=True)]
+    ours = [ln for ln in lines if "flashinfer_sm120" in ln]  # this release's line, or an older release's
+    return [ln for ln in lines if ln.strip() and ln not in ours], bool(ours)
 
 
 def _precompile(path: str) -> None:

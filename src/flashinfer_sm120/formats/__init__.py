@@ -34,7 +34,8 @@ tool output).  Import from this package, not from the modules.
 from __future__ import annotations
 
 from ..errors import FormatError
-from .base import MAX_SHOWN, shown, some
+from .base import MAX_SHOWN, bounded, shown, some
+from .flags import OPTION_FORMS, PATH_OPTIONS, parse_compile_flag
 from .reads import (
     MAX_JSON_DEPTH, read_bytes, read_prefix, read_text, iter_lines, loads_json, read_json_file, field,
     env_text, check_text, string_list,
@@ -51,10 +52,10 @@ from .binary import (
 )
 
 __all__ = [
-    "FormatError", "MAX_SHOWN", "MAX_JSON_DEPTH", "NAME_RE", "FILE_NAME_RE", "shown", "some", "read_bytes",
+    "FormatError", "MAX_SHOWN", "MAX_JSON_DEPTH", "NAME_RE", "FILE_NAME_RE", "bounded", "shown", "some", "read_bytes",
     "read_prefix", "read_text", "iter_lines", "loads_json", "read_json_file", "field", "parse_version",
     "parse_name", "parse_relpath", "safe_join", "make_private_dirs", "env_text", "check_text", "parse_target",
-    "parse_flag", "parse_path_text", "parse_command_words", "parse_sha256", "string_list", "cli_int", "cli_float", "cli_size",
+    "parse_flag", "parse_compile_flag", "OPTION_FORMS", "PATH_OPTIONS", "parse_path_text", "parse_command_words", "parse_sha256", "string_list", "cli_int", "cli_float", "cli_size",
     "parse_ninja_log_header", "parse_leading_version", "ElfInfo", "read_elf", "cuda_elf_sm",
     "parse_cuobjdump_list", "parse_cuobjdump_headers", "ninja_variables", "proc_maps_paths",
 ]

@@ -47,6 +47,30 @@ def some(items: Iterable[Any], limit: int = 3) -> str:
     return ", ".join(out) + (f" and {extra} more" if extra else "")
 
 
+#: A run of non-blank characters longer than this is cut in :func:`bounded`.
+MAX_WORD = 1024  # a module's JIT path is ~300 characters: real paths pass whole
+#: Characters of a whole message kept by :func:`bounded`.
+MAX_MESSAGE = 4096
+
+
+def bounded(message: str, *, max_word: int = MAX_WORD, max_len: int = MAX_MESSAGE) -> str:
+    """``message`` with every run of non-blank characters over ``max_word`` cut to its first
+    :data:`MAX_SHOWN` characters (``...`` and its length added), then the whole cut to ``max_len``
+    the same way: for the last step before a message is printed, where parts of it were made by
+    code that quotes its input whole (argparse's ``invalid choice: '<value>'``, a list of
+    unrecognized arguments)."""
+    if len(message) <= max_word and len(message) <= max_len:
+        return message
+    import re
+
+    def cut(m: "re.Match[str]") -> str:
+        w = m.group()
+        return w if len(w) <= max_word else f"{w[:MAX_SHOWN]}... ({len(w)} characters)"
+
+    out = re.sub(r"\S{%d,}" % (max_word + 1), cut, message)
+    return out if len(out) <= max_len else f"{out[:max_len]}... ({len(out)} characters in all)"
+
+
 def _fail(source: str, problem: str, fix: str) -> FormatError:
     return FormatError(f"{source}: {problem}; {fix}" if fix else f"{source}: {problem}")
 

@@ -74,6 +74,8 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
             owner = uid
         if owner != uid:
             e.kept = f"owned by uid {owner}, not you"
+        elif not all(os.path.lexists(p) for p in e.remove):
+            e.kept = "gone since it was listed (another prune removing it?)"
         elif not all(under(e.root, p) for p in e.remove):
             e.kept = "not under the cache root by its real path (a symlink on the way): never removed"
         elif (held_by := holder(e, held)):
@@ -105,7 +107,9 @@ def remove(report: dict) -> dict:
         for e in report["entries"]:
             if not e.reason or e.kept:
                 continue
-            paths = current_locks(e)
+            # a lock whose directory is gone (another prune removed the workspace) is not taken:
+            # taking it would create the directories again
+            paths = [p for p in current_locks(e) if os.path.isdir(os.path.dirname(p))]
             locks = take_locks(paths) if e.kind == "jit" else []
             if locks is None:
                 e.kept = "a running process took a module lock meanwhile"

@@ -37,8 +37,10 @@ class Entry:
 
 def size_of(path: str) -> int:
     """Bytes on disk under ``path`` (blocks, links not followed)."""
+    from .tree import walk_tree
+
     total = 0
-    for root, dirs, files in os.walk(path):
+    for root, dirs, files in walk_tree(path):  # os.walk recursed per level before Python 3.12
         for n in dirs + files:
             try:
                 total += os.lstat(os.path.join(root, n)).st_blocks * 512

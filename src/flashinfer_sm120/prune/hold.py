@@ -5,12 +5,12 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import shutil
 import stat
 import uuid
 
 from .. import formats
 from .find import Entry
+from .tree import remove_tree, walk_tree
 
 __all__ = ["under", "held_paths", "holder", "lock_free", "take_locks", "current_locks", "remove_entry"]
 
@@ -121,7 +121,7 @@ def _busy(moved: str, own: frozenset[str]) -> str | None:
     """Why ``moved`` (a directory just renamed away) must go back: a lock under it that someone
     else holds (``own``: names of the locks this process holds), or a process working in it or
     mapping a file of it (``/proc`` paths follow a rename)."""
-    for dirpath, dirs, files in os.walk(moved):
+    for dirpath, dirs, files in walk_tree(moved):
         if os.path.basename(dirpath) == "tmp":
             for n in files:
                 if n.endswith(".lock") and n not in own and not lock_free(os.path.join(dirpath, n)):
@@ -137,7 +137,11 @@ def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
     """Remove ``e``: each directory is renamed to a hidden name beside it, checked again (a
     build may have started since the scan: a module lock taken, a process working in it), put
     back when in use, else deleted.  ``own``: names of the module locks this process holds."""
+    gone = 0
     for target in e.remove:
+        if not os.path.lexists(target):  # another prune (or the user) removed it since the scan
+            gone += 1
+            continue
         if not under(e.root, target) or not stat.S_ISDIR(os.lstat(target).st_mode):
             e.error = f"{target} changed since the scan; left alone"
             return
@@ -157,10 +161,13 @@ def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
                            f"({exc.strerror or exc}); left there")
             return
         try:
-            shutil.rmtree(hidden)
+            remove_tree(hidden)  # shutil.rmtree recursed per level before Python 3.13
         except OSError as exc:
             e.error = f"{hidden}: {exc.strerror or exc}"
             return
+    if gone == len(e.remove):
+        e.bytes = 0  # freed by whoever removed it
+        e.reason = f"{e.reason}; another process removed it first"
     parent = os.path.dirname(e.remove[0])
     while parent != e.root and under(e.root, parent):
         try:

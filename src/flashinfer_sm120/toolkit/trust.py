@@ -55,7 +55,7 @@ from ..errors import FormatError
 from . import shell
 
 __all__ = ["MAX_WRAPPER_DEPTH", "MAX_SCRIPT_BYTES", "SHELLS", "SHELL_OPTIONS", "LAUNCHERS", "OPAQUE", "Trace",
-           "trace", "check_executable", "check_path", "follow_wrappers", "hands_on"]
+           "trace", "check_executable", "check_path", "check_place", "follow_wrappers", "hands_on"]
 
 #: Wrapper scripts followed at most this deep (``/usr/bin/nvcc`` ->
 #: ``/usr/lib/nvidia-cuda-toolkit/bin/nvcc`` is one level).
@@ -210,6 +210,35 @@ def check_path(path: str) -> str | None:
         return str(exc)
     except OSError as exc:
         return f"cannot check {path}: {exc.strerror or exc}"
+    return None
+
+
+def check_place(path: str, what: str, fix: str | None = None) -> str | None:
+    """Check a directory we write into and run builds from (FlashInfer's JIT directory, absent
+    levels included): its deepest existing level and every directory on the way must be root's
+    or yours and not writable by others; a root-owned sticky directory such as ``/tmp`` may hold
+    it (others cannot move what we create there).  Another user who can replace a level can swap
+    the ``build.ninja`` that ninja then runs, or the ``.so`` the server loads (``sudo`` keeping
+    another user's ``HOME``, a shared ``FLASHINFER_WORKSPACE_BASE``).
+
+    Returns:
+        ``None`` when trusted, else a sentence naming ``what``, the offending path and the fix.
+    """
+    uid = _uid()
+    here = os.path.abspath(path)
+    while not os.path.lexists(here) and os.path.dirname(here) != here:
+        here = os.path.dirname(here)
+    fix = fix or f"Fix: set FLASHINFER_WORKSPACE_BASE to a directory of your own (for example {os.path.expanduser('~')})"
+    try:
+        real = _resolve(here, uid)
+        st = os.stat(real)
+        sticky_root = stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and st.st_mode & stat.S_ISVTX
+        if not (sticky_root and here != os.path.abspath(path)):
+            _file_ok(real, uid)
+    except _Untrusted as exc:
+        return f"{what} {formats.shown(path, 200)} is not safe to build in: {exc}. {fix}"
+    except OSError as exc:
+        return f"cannot check {what} {formats.shown(path, 200)}: {exc.strerror or exc}. {fix}"
     return None
 
 

@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 from .. import formats
@@ -328,11 +326,14 @@ def run_smoke(timeout: float = SMOKE_TIMEOUT_S, *, keep: str | None = None, gpu:
     """
     run = _Run(timeout)
     home, targets = None, []
-    work = None
+    work = scratch = None
     try:
         from ..cache import cache_root
+        from ..tmpdirs import make_private
 
-        work = keep or tempfile.mkdtemp(prefix="smoke-", dir=cache_root())
+        if not keep:  # locked while we live: a smoke test killed mid-compile is swept by the next
+            scratch = make_private("smoke-", cache_root())
+        work = keep or scratch.path
         os.makedirs(work, exist_ok=True)
         state: dict = {}
 
@@ -354,8 +355,8 @@ def run_smoke(timeout: float = SMOKE_TIMEOUT_S, *, keep: str | None = None, gpu:
     except Exception as exc:  # the scratch directory itself (no cache root): name it as a step
         run.steps.append(Step("toolkit", "failed", 0.0, f"{type(exc).__name__}: {exc}"[:2000]))
     finally:
-        if work and not keep:
-            shutil.rmtree(work, ignore_errors=True)
+        if scratch is not None:
+            scratch.close()
     done = {s.name for s in run.steps}
     failed = next((s.name for s in run.steps if s.status == "failed"), None)
     for name in STEPS:

@@ -60,9 +60,10 @@ def find_curand_include(toolkit: Toolkit) -> str | None:
 
 def _missing(root: str, curand_inc: str | None) -> list[str]:
     miss = []
-    if not os.path.exists(os.path.join(root, "lib64", "libcudart.so")):
+    # regular files only, links followed: ld blocks opening a FIFO (os.path.exists is true for one)
+    if not os.path.isfile(os.path.join(root, "lib64", "libcudart.so")):
         miss.append("lib64/libcudart.so")
-    if not os.path.exists(os.path.join(root, "lib64", "stubs", "libcuda.so")):
+    if not os.path.isfile(os.path.join(root, "lib64", "stubs", "libcuda.so")):
         miss.append("lib64/stubs/libcuda.so")
     if curand_inc and not os.path.isfile(os.path.join(root, "include", "curand.h")):
         miss.append("include/curand.h")
@@ -113,18 +114,22 @@ def _assemble(tmp: str, toolkit: Toolkit, curand_inc: str | None) -> ViewMeta:
         os.chmod(d, 0o755)
     if toolkit.lib_dir:
         _link_entries(toolkit.lib_dir, lib64)
-    if not os.path.lexists(os.path.join(lib64, "libcudart.so")):
-        versioned = sorted(glob.glob(os.path.join(lib64, "libcudart.so.*")))
+    cudart = os.path.join(lib64, "libcudart.so")
+    if os.path.lexists(cudart) and not os.path.isfile(cudart):
+        os.unlink(cudart)  # our link to the toolkit's FIFO, device or link loop: never handed to ld
+    if not os.path.lexists(cudart):
+        versioned = sorted(p for p in glob.glob(os.path.join(lib64, "libcudart.so.*")) if os.path.isfile(p))
         if not versioned:
             fix = (consistent_set_fix(toolkit.nvcc_version, "pip" in toolkit.sources) if toolkit.nvcc_version
                    else "set CUDA_HOME to a complete toolkit")
-            raise ViewError(f"toolkit {root} has no libcudart.so* (the CUDA runtime FlashInfer links "
-                            f"with -lcudart). Fix: {fix}")
+            raise ViewError(f"toolkit {root} has no libcudart.so* that is a regular file (the CUDA runtime "
+                            f"FlashInfer links with -lcudart; a FIFO, device or link loop would hang or fail "
+                            f"the link). Fix: {fix}")
         os.symlink(os.path.basename(versioned[0]), os.path.join(lib64, "libcudart.so"))
         added.append("lib64/libcudart.so")
     stub = os.path.join(tmp, STUB)
     sha = None
-    if toolkit.lib_dir and os.path.exists(os.path.join(toolkit.lib_dir, "stubs", "libcuda.so")):
+    if toolkit.lib_dir and os.path.isfile(os.path.join(toolkit.lib_dir, "stubs", "libcuda.so")):
         os.symlink(os.path.join(toolkit.lib_dir, "stubs", "libcuda.so"), stub)
     else:
         cuda_h = next((os.path.join(d, "cuda.h") for d in toolkit.include_dirs

@@ -20,8 +20,8 @@ module that calls e.g. ``cuTensorMapEncodeTiled``.
 Layout per the System V ABI, "Object Files" (ELF-64 Object File Format 1.5).
 
 Only when no 64-bit ELF reference exists (not on any platform CUDA supports) is
-a C compiler used: ``$CC`` split as a shell would (:func:`shlex.split`), then
-``cc``, ``gcc`` and ``clang`` on ``PATH``.
+a C compiler used: ``$CC`` (plain words under the rule of FlashInfer's compiler
+variables), then ``cc``, ``gcc`` and ``clang`` on ``PATH``.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shlex
 import shutil
 import struct
 import sys
 import tempfile
 
+from .. import formats
 from ..errors import ViewError
 from ..toolkit.trust import check_executable
 
@@ -233,16 +233,21 @@ def write_stub(dest: str, lib_dirs: list[str], cuda_h: str | None = None) -> str
         return hashlib.sha256(fh.read(1 << 20)).hexdigest()
 
 
-def _compilers() -> list[tuple[str, list[str]]]:
-    """``(label, argv prefix)`` to try: ``$CC`` as a shell would split it, then PATH."""
-    out = []
+def _compilers() -> list[tuple[str, list[str], str | None]]:
+    """``(label, argv prefix, why not)`` to try: ``$CC``, then PATH.  ``$CC`` is held to the rule of
+    FlashInfer's compiler variables (:func:`flashinfer_sm120.warmup.compilers.trust_problem`: plain
+    words; every program it runs, file or directory it names trusted; no option that picks programs,
+    such as ``-B/dir`` or ``-wrapper``), so ``CC='gcc -B/tmp/x'`` never runs ``/tmp/x/as``."""
+    from ..warmup.compilers import program_of, trust_problem
+
+    out: list[tuple[str, list[str], str | None]] = []
     cc = os.environ.get("CC", "").strip()
     if cc:
-        try:
-            out.append((f"CC={cc!r}", shlex.split(cc)))
-        except ValueError as exc:
-            out.append((f"CC={cc!r}", [f"<unparsable: {exc}>"]))
-    out += [(name, [name]) for name in ("cc", "gcc", "clang")]
+        path = os.environ.get("PATH")
+        problem = trust_problem(cc, path)
+        prog = program_of(cc, path)[0] if problem is None else None
+        out.append((f"CC={formats.shown(cc)}", [prog, *cc.split()[1:]] if prog else [], problem))
+    out += [(name, [name], None) for name in ("cc", "gcc", "clang")]
     return out
 
 
@@ -265,7 +270,10 @@ def _compile_stub(dest: str, symbols: list[str]) -> None:
         with open(src, "w") as fh:
             fh.write("/* link stub for -lcuda; the driver's libcuda.so.1 is used at run time */\n")
             fh.writelines(f"void {name}(void) {{}}\n" for name in symbols)
-        for label, argv in _compilers():
+        for label, argv, problem in _compilers():
+            if problem:
+                tried.append(f"{label}: not run ({problem})")
+                continue
             exe = shutil.which(argv[0]) if argv and argv[0] else None
             if not exe:
                 tried.append(f"{label}: {argv[0] if argv else ''!s} not found")

@@ -127,6 +127,45 @@ def _safe_rel(name: str, src: str) -> str:
     return "/".join(parts[1:])
 
 
+#: Largest pax or GNU long-name header accepted, bytes.  ``tarfile`` reads such a header's declared
+#: size into one bytes object (a 4 GiB header is 4 MiB gzipped) and, before CPython 3.11.10/3.12.6
+#: (CVE-2024-6232), scans it quadratically; ours hold a path of at most a few hundred characters.
+MAX_EXTENDED_HEADER = 16 << 10
+
+_EXTENDED = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
+             tarfile.GNUTYPE_LONGLINK)
+
+
+class _Refused(Exception):
+    """A header :class:`_BoundedTarInfo` refuses.  Not a ``tarfile.HeaderError``: ``TarFile.next``
+    reads an invalid header after the first as the end of the archive, and this must stop it."""
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """``tarfile``'s header reader with the shapes an export never has refused before they are read:
+    an extended header over :data:`MAX_EXTENDED_HEADER`, and sparse members in each of GNU's forms
+    (old-style ``S``, pax 0.0/0.1/1.0), whose maps ``tarfile`` parses with bare ``int()`` and
+    unbounded lists.  (The ``_proc_*`` hooks are the subclassing points ``TarInfo._proc_member``
+    documents; ``tests/test_attack4_tar.py`` checks they still exist.)"""
+
+    def _proc_member(self, tarfile_):
+        if self.type in _EXTENDED and self.size > MAX_EXTENDED_HEADER:
+            raise _Refused(f"an extended header of {self.size} bytes, more than {MAX_EXTENDED_HEADER}")
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise _Refused("a sparse member (exports hold regular files only)")
+        return super()._proc_member(tarfile_)
+
+    def _proc_gnusparse_00(self, *_args):
+        raise _Refused("a sparse member (exports hold regular files only)")
+
+    _proc_gnusparse_01 = _proc_gnusparse_10 = _proc_gnusparse_00
+
+
+#: What ``tarfile`` raises from a hostile header besides its own errors (``int()`` of pax numbers,
+#: ``.decode("utf-8")`` of ``hdrcharset``, indexing a short block at the end).
+_HEADER_ERRORS = (_Refused, ValueError, IndexError, OverflowError)
+
+
 def _open_tar(src: str):
     """``(tar, file)``: the archive streamed (headers seen one at a time, nothing held) from a
     regular file, opened without blocking (a FIFO given as the export hung ``cache import``)."""
@@ -140,10 +179,13 @@ def _open_tar(src: str):
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise BuildError(f"{formats.shown(src, 200)} is neither a directory nor a regular file; {_FIX}")
         os.set_blocking(fd, True)
-        return tarfile.open(fileobj=fh, mode="r|*"), fh
+        return tarfile.open(fileobj=fh, mode="r|*", tarinfo=_BoundedTarInfo), fh
     except (OSError, tarfile.TarError) as exc:
         fh.close()
         raise BuildError(f"cannot read {src}: {formats.shown(str(exc), 200)}; {_FIX}") from None
+    except _HEADER_ERRORS as exc:  # opening reads the first member's header
+        fh.close()
+        raise _malformed(src, exc) from None
     except BaseException:
         fh.close()
         raise
@@ -170,6 +212,14 @@ def members(src: str, limits: Limits):
                 yield tar, m, rel
     except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
         raise BuildError(f"cannot read {src}: {formats.shown(str(exc), 200)}; {_FIX}") from None
+    except (BuildError, FormatError):  # ours (FormatError is a ValueError too)
+        raise
+    except _HEADER_ERRORS as exc:
+        raise _malformed(src, exc) from None
+
+
+def _malformed(src: str, exc: BaseException) -> BuildError:
+    return _fail(src, f"a member header is malformed ({formats.shown(str(exc) or type(exc).__name__, 120)})")
 
 
 def check_members(src: str, limits: Limits = Limits()) -> Meta:

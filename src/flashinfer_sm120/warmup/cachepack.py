@@ -29,6 +29,7 @@ from pathlib import Path
 
 from .. import formats
 from ..errors import FormatError
+from ..tmpdirs import private_dir
 from . import ninjadeps, pool
 from .cachemeta import (FORMAT, TOP, Limits, Meta, Module, check_listed, listed, members, read_meta)
 from .manifest import make_spec
@@ -93,14 +94,31 @@ def export(entries: list[dict], sess: Session, out: str) -> list[str]:
     if _is_archive(out):
         _write_archive(out, blob, files)
     else:
+        from ..toolkit.trust import check_place
+
+        # a directory another user owns or may write (an empty one they made in /tmp) could get a
+        # link planted in it meanwhile, sending our writes to one of your files
+        problem = check_place(out, "the export directory", "Fix: export to a new path in a directory of your own")
+        if problem:
+            raise BuildError(problem)
         formats.make_private_dirs(Path(out) / TOP)
         root = Path(out) / TOP
         for rel, f in files:
             dest = formats.safe_join(root, rel, out)
             formats.make_private_dirs(dest.parent)
-            shutil.copy2(f, dest)
-        formats.safe_join(root, "meta.json", out).write_bytes(blob)
+            with open(f, "rb") as src:
+                _write_new(dest, src)
+            shutil.copystat(f, dest)
+        _write_new(formats.safe_join(root, "meta.json", out), io.BytesIO(blob))
     return names
+
+
+def _write_new(dest: Path, src) -> None:
+    """The file object ``src`` copied into a new file ``dest`` (``O_EXCL | O_NOFOLLOW``: nothing there
+    is followed or replaced)."""
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        shutil.copyfileobj(src, fh, 1 << 20)
 
 
 def _umask() -> int:
@@ -263,7 +281,7 @@ def install(src: str, sess: Session, *, force: bool = False, limits: Limits = Li
     if problem:
         raise BuildError(f"refusing {src}: {problem}")
     targets = {"jit": Path(jit_env.FLASHINFER_JIT_DIR), "generated": Path(jit_env.FLASHINFER_GEN_SRC_DIR)}
-    with tempfile.TemporaryDirectory(prefix="fi-sm120-import-") as tmp:
+    with private_dir("fi-sm120-import-") as tmp:  # swept by the next import if this one is killed
         root = _unpack(src, Path(tmp), meta, limits)
         try:
             return _install_from(root, meta, targets, sess, force, limits, src)

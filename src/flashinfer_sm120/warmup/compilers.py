@@ -32,7 +32,7 @@ from .. import formats
 from ..errors import FormatError
 from ..toolkit.trust import trace
 
-__all__ = ["VARIABLES", "Verdict", "check", "program_of"]
+__all__ = ["VARIABLES", "Verdict", "check", "program_of", "trust_problem"]
 
 #: FlashInfer's compiler variables, in the order they are checked.
 VARIABLES = ("FLASHINFER_NVCC", "FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_CXX_LAUNCHER", "CXX")
@@ -126,10 +126,20 @@ def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str
                               f"absolute path")
         i = j
     others = [w for w in words if w.startswith("/") and os.path.isfile(w) and w not in programs]
+    if kind is None:  # the compiler's own options: those FlashInfer uses, never one that picks programs
+        opts = [w for w in words[i + 1:] if w not in others]
+        if opts:
+            try:  # (-B/dir, -wrapper, -fplugin=, -specs=, -Wl,... made g++ run or load another user's code)
+                _, dirs = formats.parse_compile_flag(" ".join(opts), "the value")
+            except FormatError as exc:
+                return None, [], str(exc).replace("the value: ", "", 1)
+            others += dirs
     return programs[0], programs[1:] + others, None
 
 
-def _trust_problem(value: str, path: str | None) -> str | None:
+def trust_problem(value: str, path: str | None) -> str | None:
+    """Why the command ``value`` (found on ``path``) may not run: a problem of :func:`program_of`, or
+    the first program, file or directory it names that fails the trust rule; ``None`` when it may."""
     prog, others, problem = program_of(value, path)
     if problem:
         return problem
@@ -174,7 +184,7 @@ def check(env, chosen_nvcc: str, home: str) -> list[Verdict]:
         if var == "FLASHINFER_NVCC":
             out.append(_check_nvcc(value, shown, chosen_nvcc, home, path))
             continue
-        problem = _trust_problem(value, path)
+        problem = trust_problem(value, path)
         if problem:
             what = "the host compiler and linker" if var == "CXX" else "a compiler launcher"
             out.append(Verdict(var, shown, False,
@@ -194,7 +204,7 @@ def _check_nvcc(value: str, shown: str, chosen_nvcc: str, home: str, path: str |
                        f"{var}={shown} is refused: it must be the absolute path of one nvcc (FlashInfer puts "
                        f"it in its ninja files as the compiler). Fix: put a launcher such as sccache in "
                        f"FLASHINFER_NVCC_LAUNCHER and the nvcc path alone in {var}, or unset it")
-    problem = _trust_problem(words[0], path)
+    problem = trust_problem(words[0], path)
     if problem:
         return Verdict(var, shown, False, f"{var}={shown} is refused: {problem}. Fix: unset {var} (the "
                                           f"chosen toolkit's nvcc is {chosen_nvcc})")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
+
+from ..tmpdirs import make_private
 
 __all__ = ["Jobserver", "supports"]
 
@@ -19,7 +19,8 @@ class Jobserver:
 
     def __init__(self, slots: int) -> None:
         self.slots = slots
-        self.dir = tempfile.mkdtemp(prefix="flashinfer-sm120-jobserver-")
+        self._dir = make_private("flashinfer-sm120-jobserver-")  # swept by the next build if we are killed
+        self.dir = self._dir.path
         self.path = os.path.join(self.dir, "fifo")
         os.mkfifo(self.path, 0o600)
         self.fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK)
@@ -51,7 +52,7 @@ class Jobserver:
 
     def close(self) -> None:
         os.close(self.fd)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self._dir.close()
 
 
 _SUPPORTS: dict[str, bool] = {}

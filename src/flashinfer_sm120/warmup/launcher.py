@@ -35,12 +35,12 @@ import dataclasses
 import hashlib
 import logging
 import os
-import tempfile
 import time
 
 from .. import formats
 from ..cache import compute_once, read_json, write_json_atomic
 from ..errors import FormatError, StateFileError
+from ..tmpdirs import private_dir
 from ..toolkit.memo import fingerprint
 from ..toolkit.trust import check_executable
 
@@ -275,7 +275,7 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
     lver = tool_version(launcher)
     name = os.path.basename(launcher)
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="flashinfer-sm120-probe-") as tmp:
+    with private_dir("flashinfer-sm120-probe-") as tmp:  # swept by the next probe if this one is killed
         src, obj = os.path.join(tmp, "probe.cu"), os.path.join(tmp, "probe.cuda.o")
         with open(src, "w") as fh:
             fh.write(PROBE_SOURCE)

@@ -79,7 +79,8 @@ def parse_entry(obj: Any, source: str) -> dict:
     Names are :func:`~flashinfer_sm120.formats.parse_name` (no whitespace, ``$``,
     ``:``, ``/``, NUL: they become ``build.ninja`` paths), targets
     :func:`~flashinfer_sm120.formats.parse_target`, flags
-    :func:`~flashinfer_sm120.formats.parse_flag`, paths
+    :func:`~flashinfer_sm120.formats.parse_compile_flag` (options FlashInfer uses, never one that
+    names a program, plugin or output file), paths
     :func:`~flashinfer_sm120.formats.parse_path_text`, generated files
     ``@GEN@/`` plus a relative path of names.
 
@@ -123,7 +124,7 @@ def parse_entry(obj: Any, source: str) -> dict:
                                          for p in sources]}
     for k in _FLAG_LISTS:
         v = f(spec, k, (list, type(None)), spec_src, default=None, fix=fix)
-        clean[k] = None if v is None else [formats.parse_flag(x, f"{spec_src} {k!r}", fix=fix) for x in v]
+        clean[k] = None if v is None else [formats.parse_compile_flag(x, f"{spec_src} {k!r}", fix=fix)[0] for x in v]
     inc = f(spec, "extra_include_dirs", (list, type(None)), spec_src, default=None, fix=fix)
     clean["extra_include_dirs"] = None if inc is None else [
         formats.parse_path_text(x, f"{spec_src} 'extra_include_dirs'", fix=fix) for x in inc]
@@ -136,7 +137,8 @@ def parse_entry(obj: Any, source: str) -> dict:
                               f"not [source, [flags]]; {fix}")
         clean["extra_cuda_cflags_by_source"].append(
             [formats.parse_path_text(pair[0], f"{spec_src} 'extra_cuda_cflags_by_source'", fix=fix),
-             [formats.parse_flag(x, f"{spec_src} 'extra_cuda_cflags_by_source'", fix=fix) for x in pair[1]]])
+             [formats.parse_compile_flag(x, f"{spec_src} 'extra_cuda_cflags_by_source'", fix=fix)[0]
+              for x in pair[1]]])
     out["spec"] = clean
     generated = f(obj, "generated", (dict, type(None)), source, default={}, fix=fix) or {}
     size = 0
@@ -218,6 +220,34 @@ def _safe_generated_path(portable: str, roots: dict[str, str]) -> Path:
         raise CannotRegenerate(str(exc)) from None
 
 
+def _check_named_paths(spec: dict, roots: dict[str, str]) -> None:
+    """Sources, include dirs and the directories flags name (``-I``, ``-isystem``, ``-L``) outside
+    FlashInfer's own roots must pass the trust rule: a manifest naming ``/tmp/x/evil.cu`` or
+    ``-I/home/other/include`` would compile another user's code into a module the server loads.
+
+    :raises CannotRegenerate: naming the path and why it is not trusted."""
+    from ..toolkit.trust import check_path
+
+    named = list(spec.get("sources") or []) + list(spec.get("extra_include_dirs") or [])
+    flags = [f for k in _FLAG_LISTS for f in spec.get(k) or []]
+    for src, by in spec.get("extra_cuda_cflags_by_source") or []:
+        named.append(src)
+        flags += by
+    for flag in flags:
+        named += formats.parse_compile_flag(flag, "manifest flag")[1]
+    own = [os.path.realpath(r) for t, r in roots.items()]
+    for portable in named:
+        if portable.split("/", 1)[0] in roots:
+            continue  # under FlashInfer's package, its generated or JIT dir (placeholders)
+        real = os.path.realpath(portable)
+        if any(real == r or real.startswith(r + os.sep) for r in own):
+            continue
+        problem = check_path(portable)
+        if problem:
+            raise CannotRegenerate(f"the manifest names {formats.shown(portable)} outside FlashInfer's "
+                                   f"directories, which is not trusted: {problem}")
+
+
 def make_spec(entry: dict, flashinfer_version: str):
     """Rebuild the FlashInfer ``JitSpecNvcc`` for ``entry`` and write back its generated
     sources (only when their content differs, like FlashInfer's ``write_if_different``).
@@ -245,6 +275,7 @@ def make_spec(entry: dict, flashinfer_version: str):
         formats.make_private_dirs(path.parent)
         write_if_different(path, text)
     sources = [Path(p) for p in _from_portable(s["sources"], roots)]
+    _check_named_paths(s, roots)
     missing = [str(p) for p in sources if not p.exists()]
     if missing:
         raise CannotRegenerate(f"source {missing[0]} does not exist here")

@@ -37,6 +37,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..proc import signals_as_exit
 from . import jobserver, progress
 
 __all__ = ["Job", "Result", "run_pool", "default_jobs", "ninja_binary", "dry_run", "gencode_summary"]
@@ -259,6 +260,12 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
     :returns: one :class:`Result` per job, in the order given.
     :raises RuntimeError: ninja is missing.
     """
+    with signals_as_exit():  # SIGTERM/SIGHUP run the clean-up below, as Ctrl-C does
+        return _run_pool(jobs, max_jobs, stream, stats, mem_budget)
+
+
+def _run_pool(jobs: list[Job], max_jobs: int | None, stream, stats: dict | None,
+              mem_budget: int | None) -> list[Result]:
     stream = stream or sys.stderr
     slots_total = max_jobs or default_jobs()
     results: dict[str, Result] = {}

@@ -119,13 +119,26 @@ def append(path: str, entry: dict) -> None:
     """
     from filelock import FileLock
 
+    from ..toolkit.trust import check_place
+
     line = (json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n").encode()
+    # where another user can replace the manifest (a link to one of your files) or a directory on
+    # the way, an append would write outside it: the directory must pass the trust rule, the file
+    # must be yours and is never reached through a symlink
+    problem = check_place(os.path.dirname(os.path.abspath(path)), f"the directory of {ENV}",
+                          f"Fix: set {ENV} to a file in a directory of your own")
+    if problem:
+        raise OSError(problem)
     with FileLock(path + ".lock", timeout=_LOCK_TIMEOUT_S, thread_local=False):
         # non-blocking open: a FIFO without a reader must not hang FlashInfer's build_and_load
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     0o644)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise OSError(f"{path} is not a regular file (a manifest is appended to a plain file)")
+            if st.st_uid != os.geteuid():
+                raise OSError(f"{path} is owned by uid {st.st_uid}, not you: record into a file of your own")
             os.set_blocking(fd, True)
             view = memoryview(line)
             while view:  # a short write (disk full, signal) continues, still under the lock

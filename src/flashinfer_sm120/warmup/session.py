@@ -190,7 +190,10 @@ def prepare(arch: str | None) -> Session:
     targets = sorted(f"{a}.{b}" for a, b in core.current_compilation_context.TARGET_CUDA_ARCHS)
     from ..cache import jit_dir_problem
 
-    problem = jit_dir_problem(str(jit_env.FLASHINFER_JIT_DIR))
+    from ..toolkit.trust import check_place
+
+    problem = (jit_dir_problem(str(jit_env.FLASHINFER_JIT_DIR))
+               or check_place(str(jit_env.FLASHINFER_JIT_DIR), "FlashInfer's JIT directory"))
     if problem:
         raise BuildError(problem)
     return Session(str(fi_version), cx.get_cuda_path(), str(cx.get_cuda_version()), targets,

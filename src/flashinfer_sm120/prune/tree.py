@@ -1,0 +1,90 @@
+"""Walking and removing directory trees of any depth.
+
+``os.walk`` (before Python 3.12) and ``shutil.rmtree`` (before 3.13) recurse once per directory
+level, so a JIT directory holding a tree 1,000 levels deep (a runaway build script, or anyone who
+can write there) ended ``cache prune`` in a ``RecursionError`` traceback and ``doctor`` with "caches:
+could not be checked".  These keep an explicit stack instead; neither follows a symlink.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+
+__all__ = ["walk_tree", "remove_tree"]
+
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def walk_tree(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``(dirpath, dirnames, filenames)`` like ``os.walk(top)`` (top-down: clearing ``dirnames``
+    prunes), without recursion; symlinks are listed as files, never entered; unreadable or
+    too-long paths are skipped."""
+    stack = [top]
+    while stack:
+        path = stack.pop()
+        dirs, files = [], []
+        try:
+            with os.scandir(path) as it:
+                for e in it:
+                    try:
+                        (dirs if e.is_dir(follow_symlinks=False) else files).append(e.name)
+                    except OSError:
+                        files.append(e.name)
+        except OSError:
+            continue
+        yield path, dirs, files
+        stack.extend(os.path.join(path, d) for d in reversed(dirs))
+
+
+def remove_tree(path: str) -> None:
+    """Remove the directory ``path`` and all under it, whatever its depth.
+
+    Every step is relative to an open directory descriptor and every directory is entered with
+    ``O_NOFOLLOW``, so no symlink is followed (a link is unlinked, never entered), as with
+    ``shutil.rmtree``'s safe variant; one descriptor is open at a time (a level is left through
+    ``..`` and its directory found again by inode), so depth costs neither stack nor descriptors.
+
+    Raises:
+        OSError: as the file system reports it; what was removed so far stays removed.
+    """
+    parent = os.open(os.path.dirname(path) or ".", _DIR_FLAGS & ~getattr(os, "O_NOFOLLOW", 0))
+    fd = None
+    try:
+        fd = os.open(os.path.basename(path), _DIR_FLAGS, dir_fd=parent)
+        depth = 0
+        while True:
+            child = None
+            with os.scandir(fd) as it:
+                for e in it:
+                    if e.is_dir(follow_symlinks=False):
+                        child = e.name
+                        break
+                    os.unlink(e.name, dir_fd=fd)
+            if child is not None:
+                new = os.open(child, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd, depth = new, depth + 1
+                continue
+            if depth == 0:
+                break
+            ino = os.fstat(fd).st_ino
+            up = os.open("..", _DIR_FLAGS & ~getattr(os, "O_NOFOLLOW", 0), dir_fd=fd)
+            os.close(fd)
+            fd, depth = up, depth - 1
+            with os.scandir(fd) as it:
+                name = next((e.name for e in it if e.inode() == ino and e.is_dir(follow_symlinks=False)), None)
+            if name is None:
+                raise OSError(f"{path}: a directory under it moved while it was being removed")
+            os.rmdir(name, dir_fd=fd)
+        st = os.fstat(fd)
+        os.close(fd)
+        fd = None
+        if not stat.S_ISDIR(st.st_mode):
+            raise OSError(f"{path} is not a directory")
+        os.rmdir(os.path.basename(path), dir_fd=parent)
+    finally:
+        if fd is not None:
+            os.close(fd)
+        os.close(parent)
