@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from conftest import make_toolkit
 from flashinfer_sm120.cli import doctor
 

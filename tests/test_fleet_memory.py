@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from flashinfer_sm120.warmup import estimates, jobs, jobserver, memory, pool
+from flashinfer_sm120.warmup import estimates, jobs, jobserver, memory, ninjacmd, pool
 
 MIB, GIB = 1 << 20, 1 << 30
 
@@ -212,7 +212,7 @@ def _ninjas():
 def test_multi_step_modules_grow_into_freed_slots(tmp_path, monkeypatch, ninja):
     """Ninja 1.13+ shares one jobserver (a module grows when another frees a slot); older
     ninjas get a fixed -j each.  Either way: never more compiles than slots, all built."""
-    monkeypatch.setattr(pool, "ninja_binary", lambda: ninja)
+    monkeypatch.setattr(ninjacmd, "ninja_binary", lambda: ninja)
     jobserver._SUPPORTS.clear()
     log = tmp_path / "steps.log"
     mods = []

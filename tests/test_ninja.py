@@ -142,10 +142,10 @@ def test_a_planted_link_directory_is_not_adopted(fakes, tmp_path):
 
 
 def test_build_runs_exactly_the_chosen_ninja(fakes):
-    from flashinfer_sm120.warmup import pool
+    from flashinfer_sm120.warmup import ninjacmd
 
     assert shutil.which("ninja") == fakes["debian"]
-    assert pool.ninja_binary() == fakes["wheel"]
+    assert ninjacmd.ninja_binary() == fakes["wheel"]
 
 
 def test_real_debian_and_wheel_ninjas_rebuild_each_others_work(tmp_path, capsys, monkeypatch):

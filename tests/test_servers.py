@@ -12,9 +12,7 @@ import importlib
 import json
 import os
 import re
-import shutil
 import sys
-from pathlib import Path
 
 import pytest
 

@@ -7,7 +7,7 @@ import subprocess
 import threading
 import time
 
-from flashinfer_sm120.warmup import pool
+from flashinfer_sm120.warmup import ninjacmd, pool
 
 
 def _module(root, name, n_src=2, fail=None, sleep=0.3):
@@ -77,8 +77,8 @@ def test_never_more_steps_than_slots(tmp_path):
         me = os.getpid()
         while not stop.is_set():
             ninjas = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == me]
-            peak[0] = max(peak[0], sum(1 for n in ninjas for c in pool._children(n)
-                                       if not pool._what(c).startswith("link ")))  # links hold no slot
+            peak[0] = max(peak[0], sum(1 for n in ninjas for c in ninjacmd.children(n)
+                                       if not ninjacmd.step_name(c).startswith("link ")))  # links hold no slot
             time.sleep(0.05)
 
     t = threading.Thread(target=watch)
@@ -105,7 +105,7 @@ def _ppid(pid):
 def test_gencode_summary_says_sass_or_ptx():
     text = ("-gencode=arch=compute_120f,code=sm_120f -gencode=arch=compute_90a,code=sm_90a "
             "-gencode=arch=compute_121a,code=compute_121a")
-    assert pool.gencode_summary(text) == ["PTX compute_121a", "SASS sm_120f", "SASS sm_90a"]
+    assert ninjacmd.gencode_summary(text) == ["PTX compute_121a", "SASS sm_120f", "SASS sm_90a"]
 
 
 def test_spare_slot_goes_to_the_next_module(tmp_path, monkeypatch):

@@ -21,7 +21,7 @@ MODULES = _modules.NAMES
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from ..warmup import pool, replay, session
+    from ..warmup import ninjacmd, replay, session
 
     if args.list:
         print(_modules.describe_all())
@@ -59,7 +59,7 @@ def run_build(args: argparse.Namespace) -> int:
         return _err(refused)
     if not args.ninja_only:  # before anything is generated: the same refusal for every module
         try:
-            pool.ninja_binary()
+            ninjacmd.ninja_binary()
         except RuntimeError as exc:
             return _err(str(exc))
     before = buildopts.cache_stats()

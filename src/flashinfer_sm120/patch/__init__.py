@@ -248,7 +248,7 @@ def _warn_jit_dir() -> None:
     if jit_dir is None:
         return
     from ..cache import jit_dir_problem
-    from ..toolkit.trust import check_place
+    from ..toolkit.ownership import check_place
 
     problem = jit_dir_problem(str(jit_dir)) or check_place(str(jit_dir), "FlashInfer's JIT directory")
     if problem:

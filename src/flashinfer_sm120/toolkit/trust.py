@@ -50,17 +50,16 @@ import stat
 from dataclasses import dataclass
 
 from .. import formats
-from ..cache import writable_by_others
 from ..errors import FormatError
 from . import shell
+from .ownership import Untrusted, current_uid, file_ok, resolve
 
 __all__ = ["MAX_WRAPPER_DEPTH", "MAX_SCRIPT_BYTES", "SHELLS", "SHELL_OPTIONS", "LAUNCHERS", "OPAQUE", "Trace",
-           "trace", "check_executable", "check_path", "check_place", "follow_wrappers", "hands_on"]
+           "trace", "check_executable", "follow_wrappers", "hands_on"]
 
 #: Wrapper scripts followed at most this deep (``/usr/bin/nvcc`` ->
 #: ``/usr/lib/nvidia-cuda-toolkit/bin/nvcc`` is one level).
 MAX_WRAPPER_DEPTH = 8
-_MAX_LINKS = 40  # as Linux MAXSYMLINKS
 #: A wrapper script is read whole to find what it runs; one larger than this
 #: (bytes) is refused: a line past what was read could run anything.
 MAX_SCRIPT_BYTES = 256 << 10
@@ -124,124 +123,6 @@ class Trace:
         return self.problem is None
 
 
-class _Untrusted(Exception):
-    pass
-
-
-def _uid() -> int:
-    return os.geteuid() if hasattr(os, "geteuid") else 0
-
-
-def _dir_ok(directory: str, entry: str | None, uid: int) -> None:
-    st = os.stat(directory)
-    if st.st_uid not in (0, uid):
-        raise _Untrusted(f"{directory} is owned by uid {st.st_uid}, not root or you (uid {uid})")
-    if writable_by_others(st):
-        if st.st_mode & stat.S_ISVTX and st.st_uid == 0 and entry is not None:
-            try:
-                owner = os.lstat(entry).st_uid
-            except OSError:
-                owner = -1
-            if owner in (0, uid):  # the sticky bit stops others replacing it
-                return
-            raise _Untrusted(
-                f"{entry} is owned by uid {owner} in {directory}, a directory everyone can write "
-                f"(mode {stat.filemode(st.st_mode)}); only entries of root or you are trusted there: "
-                f"move the toolkit out of {directory}")
-        raise _Untrusted(
-            f"{directory} is writable by other users (mode {stat.filemode(st.st_mode)}); "
-            f"run 'chmod go-w {directory}' or use a path outside it")
-
-
-def _resolve(path: str, uid: int) -> str:
-    """Resolve ``path`` component by component (like :func:`os.path.realpath`),
-    checking every directory in which a component is looked up."""
-    if not os.path.isabs(path):
-        path = os.path.abspath(path)
-    todo = [c for c in path.split("/") if c]
-    cur = "/"
-    links = 0
-    _dir_ok("/", None, uid)
-    while todo:
-        c = todo.pop(0)
-        if c == ".":
-            continue
-        if c == "..":
-            cur = os.path.dirname(cur)
-            continue
-        nxt = os.path.join(cur, c)
-        _dir_ok(cur, nxt, uid)
-        st = os.lstat(nxt)
-        if stat.S_ISLNK(st.st_mode):
-            links += 1
-            if links > _MAX_LINKS:
-                raise _Untrusted(f"{path}: too many levels of symbolic links (a link loop)")
-            target = os.readlink(nxt)
-            if target.startswith("/"):
-                cur = "/"
-            todo = [t for t in target.split("/") if t] + todo
-        else:
-            cur = nxt
-    return cur
-
-
-def _file_ok(real: str, uid: int) -> os.stat_result:
-    st = os.stat(real)
-    if st.st_uid not in (0, uid):
-        raise _Untrusted(f"{real} is owned by uid {st.st_uid}, not root or you (uid {uid})")
-    if writable_by_others(st):
-        raise _Untrusted(f"{real} is writable by other users (mode {stat.filemode(st.st_mode)}); "
-                         f"run 'chmod go-w {real}'")
-    return st
-
-
-def check_path(path: str) -> str | None:
-    """Check a file or directory we adopt (headers, libraries, a toolkit root):
-    every directory on the way and the entry itself, links followed.
-
-    Returns:
-        ``None`` when trusted, else a sentence naming the offending path and the fix.
-    """
-    uid = _uid()
-    try:
-        real = _resolve(path, uid)
-        _file_ok(real, uid)
-    except _Untrusted as exc:
-        return str(exc)
-    except OSError as exc:
-        return f"cannot check {path}: {exc.strerror or exc}"
-    return None
-
-
-def check_place(path: str, what: str, fix: str | None = None) -> str | None:
-    """Check a directory we write into and run builds from (FlashInfer's JIT directory, absent
-    levels included): its deepest existing level and every directory on the way must be root's
-    or yours and not writable by others; a root-owned sticky directory such as ``/tmp`` may hold
-    it (others cannot move what we create there).  Another user who can replace a level can swap
-    the ``build.ninja`` that ninja then runs, or the ``.so`` the server loads (``sudo`` keeping
-    another user's ``HOME``, a shared ``FLASHINFER_WORKSPACE_BASE``).
-
-    Returns:
-        ``None`` when trusted, else a sentence naming ``what``, the offending path and the fix.
-    """
-    uid = _uid()
-    here = os.path.abspath(path)
-    while not os.path.lexists(here) and os.path.dirname(here) != here:
-        here = os.path.dirname(here)
-    fix = fix or f"Fix: set FLASHINFER_WORKSPACE_BASE to a directory of your own (for example {os.path.expanduser('~')})"
-    try:
-        real = _resolve(here, uid)
-        st = os.stat(real)
-        sticky_root = stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and st.st_mode & stat.S_ISVTX
-        if not (sticky_root and here != os.path.abspath(path)):
-            _file_ok(real, uid)
-    except _Untrusted as exc:
-        return f"{what} {formats.shown(path, 200)} is not safe to build in: {exc}. {fix}"
-    except OSError as exc:
-        return f"cannot check {what} {formats.shown(path, 200)}: {exc.strerror or exc}. {fix}"
-    return None
-
-
 def _read_script(real: str) -> str | None:
     """The text of ``real`` when it is a ``#!`` script, else ``None``; refused when
     larger than :data:`MAX_SCRIPT_BYTES` (a line past what was read could run
@@ -251,17 +132,17 @@ def _read_script(real: str) -> str | None:
             return None
         raw = formats.read_bytes(real, MAX_SCRIPT_BYTES)
     except FormatError as exc:
-        raise _Untrusted(f"{exc}; a script is read whole to check what it runs, so it is too large to "
+        raise Untrusted(f"{exc}; a script is read whole to check what it runs, so it is too large to "
                          f"check; {_FIX}") from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise _Untrusted(f"{real} is a script that is not UTF-8 text, so what it runs cannot be checked; "
+        raise Untrusted(f"{real} is a script that is not UTF-8 text, so what it runs cannot be checked; "
                          f"{_FIX}") from None
 
 
-def _refuse(script: str, what: str) -> _Untrusted:
-    return _Untrusted(f"{script}: {what}, so what it would run cannot be checked; {_ALLOWED}; {_FIX}")
+def _refuse(script: str, what: str) -> Untrusted:
+    return Untrusted(f"{script}: {what}, so what it would run cannot be checked; {_ALLOWED}; {_FIX}")
 
 
 def _shebang(text: str, script: str) -> tuple[str, str]:
@@ -280,7 +161,7 @@ def _check_arg_files(cmd: shell.Command, uid: int, script: str) -> None:
     program (``/bin/tool /opt/x/run``): it must pass the rule too."""
     for w in cmd.words[1:]:
         if w.literal and w.text.startswith("/") and os.path.isfile(w.text):
-            _file_ok(_resolve(w.text, uid), uid)
+            file_ok(resolve(w.text, uid), uid)
 
 
 def _run_target(cmd: shell.Command, prog: str, script: str) -> shell.Word | None:
@@ -312,15 +193,15 @@ def _follow(path: str, uid: int, chain: list[str], files: list[str], checked: di
     """Check ``path`` and whatever it runs; returns the final target's real path.
     ``checked`` maps files already found trusted to their final target, so a
     script naming the same programs many times is checked once per program."""
-    real = _resolve(path, uid)
-    st = _file_ok(real, uid)
+    real = resolve(path, uid)
+    st = file_ok(real, uid)
     if not stat.S_ISREG(st.st_mode):
-        raise _Untrusted(f"{real} is not a regular file")
+        raise Untrusted(f"{real} is not a regular file")
     if real in chain:
-        raise _Untrusted("wrapper loop: " + " -> ".join(chain + [real]) + "; it would never finish; "
+        raise Untrusted("wrapper loop: " + " -> ".join(chain + [real]) + "; it would never finish; "
                          "set CUDA_HOME to the real toolkit prefix instead")
     if len(chain) >= MAX_WRAPPER_DEPTH:
-        raise _Untrusted(f"wrappers nested more than {MAX_WRAPPER_DEPTH} deep at {real}; "
+        raise Untrusted(f"wrappers nested more than {MAX_WRAPPER_DEPTH} deep at {real}; "
                          "set CUDA_HOME to the real toolkit prefix instead")
     chain.append(real)
     files.append(real)
@@ -379,7 +260,7 @@ def _follow(path: str, uid: int, chain: list[str], files: list[str], checked: di
             w = cmd.words[at]
             t = os.path.realpath(w.text)
             if t in chain:
-                raise _Untrusted("wrapper loop: " + " -> ".join(chain + [t]) + "; it would never finish; "
+                raise Untrusted("wrapper loop: " + " -> ".join(chain + [t]) + "; it would never finish; "
                                  "set CUDA_HOME to the real toolkit prefix instead")
             got = checked[t] if t in checked else _follow(w.text, uid, list(chain), files, checked)
             more = _run_target(shell.Command(cmd.words[at:], cmd.line), t, real)
@@ -410,11 +291,11 @@ def trace(path: str, *, body: bool = True) -> Trace:
         A :class:`Trace`; ``problem`` is set when anything on the way is
         untrusted or cannot be told.
     """
-    uid = _uid()
+    uid = current_uid()
     files: list[str] = []
     try:
         target = _follow(path, uid, [], files, {}, body=body)
-    except _Untrusted as exc:
+    except Untrusted as exc:
         return Trace(path, None, tuple(files), str(exc))
     except OSError as exc:
         return Trace(path, None, tuple(files), f"cannot check {exc.filename or path}: {exc.strerror or exc}")
@@ -442,7 +323,7 @@ def follow_wrappers(path: str) -> str | None:
         try:
             text = _read_script(real)
             cmds = shell.commands(text.partition("\n")[2]) if text is not None else []
-        except (_Untrusted, shell.Refused):
+        except (Untrusted, shell.Refused):
             return real
         nxt = next((c.words[0].text for c in cmds if c.words[0].literal and c.words[0].text.startswith("/")
                     and os.path.basename(c.words[0].text) == "nvcc"

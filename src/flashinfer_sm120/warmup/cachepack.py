@@ -30,7 +30,7 @@ from pathlib import Path
 from .. import formats
 from ..errors import FormatError
 from ..tmpdirs import private_dir
-from . import ninjadeps, pool
+from . import ninjacmd, ninjadeps, pool
 from .cachemeta import (FORMAT, TOP, Limits, Meta, Module, check_listed, listed, members, read_meta)
 from .manifest import make_spec
 from .session import BuildError, Session
@@ -72,7 +72,7 @@ def export(entries: list[dict], sess: Session, out: str) -> list[str]:
     for entry in entries:
         spec = make_spec(entry, sess.flashinfer)
         job = pool.Job(spec.name, spec.build_dir, spec.ninja_path)
-        if not spec.jit_library_path.exists() or pool.dry_run(job):
+        if not spec.jit_library_path.exists() or ninjacmd.dry_run(job):
             raise BuildError(f"{spec.name} is not built for {' '.join(sess.targets)} here; run "
                              "`flashinfer-sm120 build --from MANIFEST` first")
         mod_files = {}
@@ -94,7 +94,7 @@ def export(entries: list[dict], sess: Session, out: str) -> list[str]:
     if _is_archive(out):
         _write_archive(out, blob, files)
     else:
-        from ..toolkit.trust import check_place
+        from ..toolkit.ownership import check_place
 
         # a directory another user owns or may write (an empty one they made in /tmp) could get a
         # link planted in it meanwhile, sending our writes to one of your files
@@ -343,8 +343,8 @@ def _settle(entry: dict | None, sess: Session) -> dict:
     ninjadeps.restamp(str(spec.build_dir / ".ninja_deps"), stamps)
     from .. import proc
 
-    proc.run(pool._cmd(job, "-t", "restat"), timeout=120, max_output=1 << 20)
-    left = pool.dry_run(job)
+    proc.run(ninjacmd.command(job, "-t", "restat"), timeout=120, max_output=1 << 20)
+    left = ninjacmd.dry_run(job)
     if left:
         return {"status": "stale", "why": f"ninja would run: {left[0][:300]}"}
     return {}

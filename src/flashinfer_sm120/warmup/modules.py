@@ -283,7 +283,7 @@ def expand(names: list[str], *, head_dims: str | None = None, dtypes: str | None
     unknown = [n for n in names if n not in NAMES]
     if unknown:
         close = difflib.get_close_matches(unknown[0].lower(), [*NAMES, "all"], n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint = f"; did you mean {close[0]!r}?" if close else "."
         raise ModuleError(f"unknown module(s) {some(unknown)}{hint} Choose from {', '.join(NAMES)} "
                           "(or all); `flashinfer-sm120 build --list` describes each")
     hds = _csv(head_dims, (128,), "--head-dim", int)

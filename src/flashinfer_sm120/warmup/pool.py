@@ -39,12 +39,11 @@ from pathlib import Path
 
 from ..proc import signals_as_exit
 from . import jobserver, progress
+from . import ninjacmd
+from .ninjacmd import STATUS_RE, children, command, dry_run, ninja_env, step_name
 
-__all__ = ["Job", "Result", "run_pool", "default_jobs", "ninja_binary", "dry_run", "gencode_summary"]
+__all__ = ["Job", "Result", "run_pool", "default_jobs"]
 
-_STATUS = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
-_SRC = re.compile(r" -c (\S+)")
-_DRY_RUN_MAX = 16 << 20  # ninja -n of a FlashInfer module: a few KB per step
 _LINE_MAX = 1 << 16  # characters of one line of ninja's output kept (the rest of it dropped)
 _FAILED_MAX = 2000  # lines of a failure's output kept
 
@@ -87,88 +86,6 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def ninja_binary() -> str:
-    """The ninja the server will run (:func:`flashinfer_sm120.toolkit.ninja.choose`: the
-    ``ninja`` wheel next to FlashInfer first, trusted like any binary), which the export puts
-    first on ``PATH`` for FlashInfer's ``run_ninja``: a cache built by another ninja release
-    (another ``.ninja_log`` format) would be rebuilt by the server.
-
-    :raises RuntimeError: no usable ninja (the message names the fix)."""
-    from ..toolkit import ninja
-
-    try:
-        return ninja.choose().path
-    except ninja.NinjaError as exc:
-        raise RuntimeError(str(exc)) from None
-
-
-def _cmd(job: Job, *extra: str) -> list[str]:
-    return [ninja_binary(), "-C", str(job.build_dir.resolve()), "-f", str(job.ninja_path.resolve()), *extra]
-
-
-def _env() -> dict:
-    return dict(os.environ, NINJA_STATUS="[%f/%t] ")
-
-
-def dry_run(job: Job) -> list[str]:
-    """Commands ninja would run for ``job`` now (empty: up to date).  Runs ``ninja -n``.
-
-    :raises RuntimeError: ninja itself failed (bad build file)."""
-    from .. import proc
-
-    res = proc.run(_cmd(job, "-n"), timeout=120, max_output=_DRY_RUN_MAX, env=_env())
-    if not res.ok:
-        why = ("timed out" if res.timed_out else f"printed more than {_DRY_RUN_MAX} bytes" if res.truncated
-               else res.error or f"exit {res.returncode}")
-        raise RuntimeError(f"ninja -n failed for {job.label} ({why}): {res.text()[-2000:]}")
-    return [m.group(3) for m in map(_STATUS.match, res.text().splitlines()) if m]
-
-
-def gencode_summary(ninja_text: str) -> list[str]:
-    """What the module's binary holds, per ``-gencode``: ``SASS sm_120f`` for ``code=sm_*``
-    (machine code), ``PTX compute_120f`` only for ``code=compute_*`` (embedded PTX).
-    Source: nvcc documentation, "--generate-code" (code=sm_XY is a cubin, code=compute_XY is PTX)."""
-    out = []
-    for arch, codes in sorted(set(re.findall(r"-gencode=arch=(compute_\w+),code=\[?([\w,]+)\]?", ninja_text))):
-        for code in codes.split(","):
-            kind = "SASS" if code.startswith("sm_") else "PTX"
-            out.append(f"{kind} {code}")
-    return sorted(set(out))
-
-
-def _children(pid: int) -> list[str]:
-    """Command lines of the direct children of ``pid`` (Linux /proc; empty elsewhere)."""
-    out = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid != pid:
-                continue
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                argv = f.read().decode(errors="replace").split("\0")
-            # ninja runs each step as ``/bin/sh -c COMMAND``: report COMMAND
-            out.append(argv[2] if len(argv) > 2 and argv[1] == "-c" else " ".join(argv))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
-
-
-def _what(command: str) -> str:
-    m = _SRC.search(command)
-    if m:
-        return os.path.basename(m.group(1))
-    so = re.search(r"-o (\S+\.so)\b", command)
-    return f"link {os.path.basename(so.group(1))}" if so else command[:60]
-
-
 class _Running:
     def __init__(self, job: Job, steps: int, slots: int | None, events: queue.Queue,
                  env: dict | None = None) -> None:
@@ -183,8 +100,8 @@ class _Running:
         self.peak_rss: int | None = None
         self.lent = False  # jobserver mode: its token was lent to others while it links
         extra = () if slots is None else ("-j", str(slots))  # None: a jobserver client, no -j
-        self.proc = subprocess.Popen(_cmd(job, *extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env=dict(_env(), **(env or {})), errors="replace")
+        self.proc = subprocess.Popen(command(job, *extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=dict(ninja_env(), **(env or {})), errors="replace")
         self.thread = threading.Thread(target=self._read, args=(events,), daemon=True)
         self.thread.start()
 
@@ -211,8 +128,8 @@ class _Running:
         started, less the final link (it runs only after all the others).  A running link
         holds no compile slot: it is short and light, and the next module's compile starts
         beside it rather than after it."""
-        kids = _children(self.proc.pid)
-        linking = sum(1 for k in kids if _what(k).startswith("link "))
+        kids = children(self.proc.pid)
+        linking = sum(1 for k in kids if step_name(k).startswith("link "))
         left = max(0, self.steps - self.finished - len(kids))
         if left and not linking:
             left -= 1  # the link has not started: it is among the steps left
@@ -302,7 +219,7 @@ def _run_pool(jobs: list[Job], max_jobs: int | None, stream, stats: dict | None,
     t_start, last, busy_s = time.monotonic(), time.monotonic(), 0.0
     max_at_once, handovers, freed_at = 0, [], None
     js = None
-    if todo and jobserver.supports(ninja_binary()) and (mem_budget is None or slots_total * max(
+    if todo and jobserver.supports(ninjacmd.ninja_binary()) and (mem_budget is None or slots_total * max(
             (j.mem for j, _ in todo), default=0) <= mem_budget):
         try:
             js = jobserver.Jobserver(slots_total)  # memory never binds at full parallelism: slots are the only limit
@@ -365,13 +282,13 @@ def _run_pool(jobs: list[Job], max_jobs: int | None, stream, stats: dict | None,
             if js is not None:  # a module that only links holds no compile slot: lend its token
                 for r in running.values():
                     if not r.lent and r.finished >= r.steps - 1 and any(
-                            _what(k).startswith("link ") for k in _children(r.proc.pid)):
+                            step_name(k).startswith("link ") for k in children(r.proc.pid)):
                         js.give()
                         r.lent = True
             for r in running.values():  # ninja prints FAILED right after the status line
                 if r.pending is not None and time.monotonic() - r.pending_since > 0.3:
                     _confirm(r, display)
-            now_running = [f"{lbl}/{_what(c)}" for lbl, r in running.items() for c in _children(r.proc.pid)]
+            now_running = [f"{lbl}/{step_name(c)}" for lbl, r in running.items() for c in children(r.proc.pid)]
             max_at_once = max(max_at_once, len(now_running))
             busy_s += len(now_running) * (time.monotonic() - last)
             last = time.monotonic()
@@ -424,7 +341,7 @@ def _drain(events: queue.Queue, running: dict, results: dict, display: progress.
             freed = True
             continue
         r.lines.append(line)
-        m = _STATUS.match(line)
+        m = STATUS_RE.match(line)
         if m or line.startswith("ninja: build stopped"):
             _confirm(r, display)
             r.in_failure = False
@@ -433,7 +350,7 @@ def _drain(events: queue.Queue, running: dict, results: dict, display: progress.
                 r.finished = max(r.finished, int(m.group(1)))
                 freed = True
         elif line.startswith("FAILED: "):
-            what = _what(r.pending or line)
+            what = step_name(r.pending or line)
             r.pending = None
             r.in_failure = True
             r.failed.append(f"{what}:")
@@ -448,7 +365,7 @@ def _drain(events: queue.Queue, running: dict, results: dict, display: progress.
 def _confirm(r: _Running, display: progress.Display) -> None:
     if r.pending is not None:
         display.done += 1
-        what = _what(r.pending)
+        what = step_name(r.pending)
         verb = "linked" if what.startswith("link ") else "compiled"
         display.event(f"{r.job.label}: {verb} {what.removeprefix('link ')}")
         r.pending = None

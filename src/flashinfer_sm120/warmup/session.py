@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import arch as _arch
 from ..errors import Sm120Error
-from . import pool
+from . import ninjacmd, pool
 
 __all__ = ["BuildError", "Session", "SERVER_CHOICES", "apply_server_cache", "import_failure", "prepare", "write_ninjas",
            "build_specs"]
@@ -190,7 +190,7 @@ def prepare(arch: str | None) -> Session:
     targets = sorted(f"{a}.{b}" for a, b in core.current_compilation_context.TARGET_CUDA_ARCHS)
     from ..cache import jit_dir_problem
 
-    from ..toolkit.trust import check_place
+    from ..toolkit.ownership import check_place
 
     problem = (jit_dir_problem(str(jit_env.FLASHINFER_JIT_DIR))
                or check_place(str(jit_env.FLASHINFER_JIT_DIR), "FlashInfer's JIT directory"))
@@ -257,6 +257,6 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
             "bytes": so.stat().st_size if so.exists() and res.status != "failed" else None,
             "seconds": res.seconds, "error": res.error, "peak_rss": res.peak_rss,
             "gencode": sorted({f"{a},{c}" for a, c in re.findall(r"-gencode=arch=(compute_\w+),code=(\w+)", text)}),
-            "binary": pool.gencode_summary(text),
+            "binary": ninjacmd.gencode_summary(text),
         })
     return out

@@ -1,0 +1,100 @@
+"""One module's ninja, as FlashInfer runs it: the binary (the one the server will run), its
+command line and environment, a dry run (what it would still do), what the module's binary
+holds by its ``-gencode`` flags, and what its running steps are (from ``/proc``).  A *job* is
+anything with ``label``, ``build_dir`` and ``ninja_path`` (:class:`.pool.Job`)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+__all__ = ["STATUS_RE", "ninja_binary", "command", "ninja_env", "dry_run", "gencode_summary", "children",
+           "step_name"]
+
+#: A ninja status line under ``NINJA_STATUS="[%f/%t] "``: finished, total, the step.
+STATUS_RE = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
+_SRC_RE = re.compile(r" -c (\S+)")
+_DRY_RUN_MAX = 16 << 20  # ninja -n of a FlashInfer module: a few KB per step
+
+
+def ninja_binary() -> str:
+    """The ninja the server will run (:func:`flashinfer_sm120.toolkit.ninja.choose`: the
+    ``ninja`` wheel next to FlashInfer first, trusted like any binary), which the export puts
+    first on ``PATH`` for FlashInfer's ``run_ninja``: a cache built by another ninja release
+    (another ``.ninja_log`` format) would be rebuilt by the server.
+
+    :raises RuntimeError: no usable ninja (the message names the fix)."""
+    from ..toolkit import ninja
+
+    try:
+        return ninja.choose().path
+    except ninja.NinjaError as exc:
+        raise RuntimeError(str(exc)) from None
+
+
+def command(job, *extra: str) -> list[str]:
+    return [ninja_binary(), "-C", str(job.build_dir.resolve()), "-f", str(job.ninja_path.resolve()), *extra]
+
+
+def ninja_env() -> dict:
+    return dict(os.environ, NINJA_STATUS="[%f/%t] ")
+
+
+def dry_run(job) -> list[str]:
+    """Commands ninja would run for ``job`` now (empty: up to date).  Runs ``ninja -n``.
+
+    :raises RuntimeError: ninja itself failed (bad build file)."""
+    from .. import proc
+
+    res = proc.run(command(job, "-n"), timeout=120, max_output=_DRY_RUN_MAX, env=ninja_env())
+    if not res.ok:
+        why = ("timed out" if res.timed_out else f"printed more than {_DRY_RUN_MAX} bytes" if res.truncated
+               else res.error or f"exit {res.returncode}")
+        raise RuntimeError(f"ninja -n failed for {job.label} ({why}): {res.text()[-2000:]}")
+    return [m.group(3) for m in map(STATUS_RE.match, res.text().splitlines()) if m]
+
+
+def gencode_summary(ninja_text: str) -> list[str]:
+    """What the module's binary holds, per ``-gencode``: ``SASS sm_120f`` for ``code=sm_*``
+    (machine code), ``PTX compute_120f`` only for ``code=compute_*`` (embedded PTX).
+    Source: nvcc documentation, "--generate-code" (code=sm_XY is a cubin, code=compute_XY is PTX)."""
+    out = []
+    for arch, codes in sorted(set(re.findall(r"-gencode=arch=(compute_\w+),code=\[?([\w,]+)\]?", ninja_text))):
+        for code in codes.split(","):
+            kind = "SASS" if code.startswith("sm_") else "PTX"
+            out.append(f"{kind} {code}")
+    return sorted(set(out))
+
+
+def children(pid: int) -> list[str]:
+    """Command lines of the direct children of ``pid`` (Linux /proc; empty elsewhere)."""
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid != pid:
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+            # ninja runs each step as ``/bin/sh -c COMMAND``: report COMMAND
+            out.append(argv[2] if len(argv) > 2 and argv[1] == "-c" else " ".join(argv))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def step_name(command: str) -> str:
+    """``sampling.cu`` for a compile step, ``link x.so`` for a link, else the command's start."""
+    m = _SRC_RE.search(command)
+    if m:
+        return os.path.basename(m.group(1))
+    so = re.search(r"-o (\S+\.so)\b", command)
+    return f"link {os.path.basename(so.group(1))}" if so else command[:60]
