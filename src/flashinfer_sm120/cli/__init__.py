@@ -120,11 +120,35 @@ def _safe_streams() -> None:
             pass
 
 
+def _open_std_fds() -> None:
+    """Descriptors 0-2 closed at start (``flashinfer-sm120 doctor >&- 2>&-``, a daemon's unit) are
+    opened on ``/dev/null``: Python then has ``sys.stdout = None`` (the command ended in an
+    ``AttributeError`` traceback), and the next file the command opened took descriptor 1 or 2, so
+    output meant for the terminal, ours or a child's that inherits it, went into that file."""
+    for fd, mode, name in ((0, os.O_RDONLY, "stdin"), (1, os.O_WRONLY, "stdout"), (2, os.O_WRONLY, "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            try:
+                null = os.open(os.devnull, mode)  # the lowest free descriptor: this one
+                if null != fd:
+                    os.dup2(null, fd)
+                    os.close(null)
+            except OSError:
+                continue
+        if getattr(sys, name) is None:
+            try:
+                setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
+            except OSError:
+                pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``flashinfer-sm120`` command; returns the exit status.
 
     A reader that stops early (``flashinfer-sm120 doctor | head``) ends the command quietly with
     exit status 141 (128 + SIGPIPE, as a shell reports it), not a ``BrokenPipeError`` traceback."""
+    _open_std_fds()
     try:
         rc = _main(argv)
         sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe prints a traceback

@@ -44,17 +44,26 @@ def run_status(args: argparse.Namespace) -> int:
     try:
         import flashinfer.jit.core  # noqa: F401  (patching happens on this import)
     except ModuleNotFoundError as exc:
-        if (exc.name or "").partition(".")[0] != "flashinfer":
-            raise
-        return _say(args, {"mode": "not installed", "error": f"FlashInfer is not installed for "
-                           f"{sys.executable}: pip install flashinfer-python"})
-    except Exception as exc:  # FlashInfer's own import failed: say why, and what we did before it
-        from ..warmup.session import import_failure
+        if (exc.name or "").partition(".")[0] == "flashinfer":
+            return _say(args, {"mode": "not installed", "error": f"FlashInfer is not installed for "
+                               f"{sys.executable}: pip install flashinfer-python"})
+        from ..reinstall import DEPENDENCIES
 
-        st = dict(shim.status())
-        st["mode"], st["error"] = "failed", import_failure(exc, st)
-        return _say(args, st)
+        if (exc.name or "").partition(".")[0] in DEPENDENCIES:  # ours: the CLI names the fix
+            raise
+        return _failed(args, shim, exc)  # one of FlashInfer's (torch, numpy): still a status
+    except Exception as exc:  # FlashInfer's own import failed: say why, and what we did before it
+        return _failed(args, shim, exc)
     return _say(args, shim.status())
+
+
+def _failed(args: argparse.Namespace, shim, exc: BaseException) -> int:
+    """Mode ``failed``: FlashInfer's import raised ``exc``; what we did before it, and why."""
+    from ..warmup.session import import_failure
+
+    st = dict(shim.status())
+    st["mode"], st["error"] = "failed", import_failure(exc, st)
+    return _say(args, st)
 
 
 def _say(args: argparse.Namespace, st: dict) -> int:

@@ -146,6 +146,15 @@ def import_failure(exc: BaseException, st: dict) -> str:
     if st.get("mode") == "guard" or (st.get("mode") == "failed" and fix):
         return (f"{msg}. No CUDA toolkit fits, so FlashInfer kept its own toolkit lookup, which raised "
                 f"this{f'. Fix: {fix}' if fix else ' (see the message above)'}")
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if isinstance(missing, str) and missing:  # one of FlashInfer's dependencies (torch, numpy)
+        from ..formats import shown
+
+        top = missing.partition(".")[0]
+        how = f"pip install {top}, or the package that provides it" if top.isidentifier() and len(top) < 80 else \
+            "the package that provides it"
+        return (f"{msg}. FlashInfer needs the module {shown(top, 80)}, which this Python "
+                f"({shown(sys.executable, 200)}) cannot import. Fix: install it there ({how})")
     problem = workspace_problem() if isinstance(exc, OSError) else None
     return f"{msg}. {problem}" if problem else msg
 
@@ -167,7 +176,7 @@ def prepare(arch: str | None) -> Session:
         from flashinfer.jit import env as jit_env
     except ModuleNotFoundError as exc:
         if (exc.name or "").partition(".")[0] != "flashinfer":
-            raise BuildError(f"importing FlashInfer failed: {exc!r}") from None
+            raise BuildError(import_failure(exc, shim.status())) from None
         raise BuildError(f"FlashInfer is not installed for {sys.executable}: pip install flashinfer-python "
                          f"(into the environment of that interpreter)") from None
     except Exception as exc:
