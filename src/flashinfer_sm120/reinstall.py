@@ -27,17 +27,30 @@ DEPENDENCIES = {
 
 def source() -> str:
     """Where this install came from, for ``pip install --force-reinstall <it>``: the local
-    checkout pip recorded, else a placeholder."""
+    checkout pip recorded (quoted for a shell: a checkout under ``My Projects`` is two words
+    otherwise), else a placeholder.  ``direct_url.json`` is read only when it is a small regular
+    file, and only a ``file:`` URL of this host counts (``file://server/x`` is not ``/x`` here)."""
     try:
+        import os
+        import shlex
+        import stat
         from importlib.metadata import distribution
 
-        text = distribution("flashinfer-sm120").read_text("direct_url.json") or ""
+        dist = distribution("flashinfer-sm120")
+        where = getattr(dist, "_path", None)  # PathDistribution's dist-info directory
+        if where is not None:  # a FIFO would block the read, a huge file fill memory
+            st = os.stat(os.path.join(os.fspath(where), "direct_url.json"))
+            if not stat.S_ISREG(st.st_mode) or st.st_size >= 4096:
+                raise ValueError("not a small regular file")
+        text = dist.read_text("direct_url.json") or ""
         if len(text) < 4096:
             url = json.loads(text).get("url", "")
-            if isinstance(url, str) and url.startswith("file://"):
-                path = urllib.request.url2pathname(urllib.parse.urlparse(url).path)
-                if path.isprintable() and len(path) < 512:
-                    return path
+            if isinstance(url, str) and url.startswith("file:"):
+                parts = urllib.parse.urlparse(url)
+                path = urllib.request.url2pathname(parts.path)
+                if (parts.netloc in ("", "localhost") and path.startswith("/") and path.isprintable()
+                        and len(path) < 512):
+                    return shlex.quote(path)
     except Exception:
         pass
     return "/path/to/flashinfer-sm120"
