@@ -64,6 +64,29 @@ def _targets_for_disable(site_dir: str | None) -> list[str]:
     return out
 
 
+_TMP_PREFIX, _TMP_SUFFIX = ".flashinfer_sm120_autoload.", ".tmp"
+
+
+def _sweep_tmp(site_dir: str) -> None:
+    """Remove the temporary files of an ``enable``/``disable`` killed between writing and renaming
+    (``kill -9``, the OOM killer): called under :func:`_site_lock`, so no live writer owns one.
+    Only regular files of this user are removed, never through a link."""
+    import stat
+
+    try:
+        names = [n for n in os.listdir(site_dir) if n.startswith(_TMP_PREFIX) and n.endswith(_TMP_SUFFIX)]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(site_dir, name)
+        try:
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                os.unlink(path)
+        except OSError:
+            continue
+
+
 def _write_atomic(path: str, text: str) -> None:
     """Write ``text`` so that an interpreter starting meanwhile sees the old file or the new one.
 
@@ -71,7 +94,7 @@ def _write_atomic(path: str, text: str) -> None:
     the rest of the package broken, so this module uses the standard library only.)"""
     d = os.path.dirname(path)
     os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".flashinfer_sm120_autoload.", suffix=".tmp", dir=d)
+    fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=_TMP_SUFFIX, dir=d)
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
@@ -91,18 +114,20 @@ def _site_lock(site_dir: str):
     itself: no lock file is left there), so that the two files come and go together: a
     ``disable`` between ``enable``'s two writes left a ``.pth`` without its module, and every
     interpreter then printed a traceback at start-up.  Where the directory cannot be locked
-    (absent, another file system's rules), the operation goes on unlocked."""
+    (absent, another file system's rules), the operation goes on unlocked.  Yields whether the
+    lock is held."""
     try:
         fd = os.open(site_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
     except OSError:
-        yield
+        yield False
         return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            locked = True
         except OSError:
-            pass
-        yield
+            locked = False
+        yield locked
     finally:
         os.close(fd)  # releases the lock
 
@@ -144,7 +169,9 @@ def _enable(args: argparse.Namespace) -> int:
     writing = target_dir
     try:
         os.makedirs(target_dir, exist_ok=True)
-        with _site_lock(target_dir):
+        with _site_lock(target_dir) as locked:
+            if locked:  # no live writer: a temporary file there is a killed one's
+                _sweep_tmp(target_dir)
             for name, text in pth_files().items():  # the module first, then the .pth that imports it
                 writing = os.path.join(target_dir, name)
                 if name == PTH_NAME:  # lines you added to it are kept
@@ -168,7 +195,9 @@ def _disable(args: argparse.Namespace) -> int:
         return empty
     removed, failed = [], []
     for d in _targets_for_disable(args.site_dir):
-        with _site_lock(d):
+        with _site_lock(d) as locked:
+            if locked:
+                _sweep_tmp(d)
             # the .pth first: an interpreter starting meanwhile must not import a missing module
             for target in [os.path.join(d, PTH_NAME), os.path.join(d, HOOK_FILE)] + _pycs(d):
                 if not os.path.lexists(target):
