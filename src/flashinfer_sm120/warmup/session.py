@@ -155,7 +155,7 @@ def import_failure(exc: BaseException, st: dict) -> str:
             "the package that provides it"
         return (f"{msg}. FlashInfer needs the module {shown(top, 80)}, which this Python "
                 f"({shown(sys.executable, 200)}) cannot import. Fix: install it there ({how})")
-    problem = workspace_problem() if isinstance(exc, OSError) else None
+    problem = workspace_problem() if isinstance(exc, (OSError, RuntimeError, KeyError)) else None
     return f"{msg}. {problem}" if problem else msg
 
 
