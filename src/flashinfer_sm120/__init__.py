@@ -22,6 +22,31 @@ __version__ = "0.2.0"
 
 __all__ = ["install", "revert", "status", "resolve", "__version__"]
 
+
+class _BoundedRecords(logging.Filter):
+    """Every record of the ``flashinfer_sm120`` logger is cut to a bounded size
+    (:func:`flashinfer_sm120.formats.bounded`: a run of over 1024 non-blank characters to its first
+    80 and its length): messages quote environment values and paths, and a 100,000-character
+    ``FLASHINFER_SM120_CACHE_DIR`` came back whole in the warning every ``import flashinfer`` printed.
+    Never raises, never drops a record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            from .formats import bounded
+
+            msg = record.getMessage()
+            cut = bounded(msg, max_len=16384)
+            if cut != msg:
+                record.msg, record.args = cut, None
+        except Exception:
+            pass
+        return True
+
+
+_LOGGER = logging.getLogger("flashinfer_sm120")
+if not any(type(f).__name__ == "_BoundedRecords" for f in _LOGGER.filters):  # once, even when re-imported
+    _LOGGER.addFilter(_BoundedRecords())
+
 try:
     from .patch import install, resolve, revert, status
 except Exception as _exc:  # a missing or broken dependency: log once, do nothing else

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .errors import FormatError, StateFileError
-from .formats import make_private_dirs, read_json_file
+from .formats import bounded, make_private_dirs, read_json_file
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -278,7 +278,7 @@ def cache_root() -> str:
                     logger.warning("flashinfer-sm120: not using %s; using %s instead", r, path)
             _root_cache[key] = path
             return path
-        reasons.append(problem)
+        reasons.append(bounded(problem))  # it quotes the variable's value: shown in doctor, status
     raise StateFileError("no usable cache directory for flashinfer-sm120: " + "; ".join(reasons)
                          + ". Set FLASHINFER_SM120_CACHE_DIR to an absolute directory you own.")
 

@@ -1,0 +1,47 @@
+"""Fifth attack round: what a long environment value makes the import and the commands print.
+
+Failed before its fix: ``FLASHINFER_SM120_CACHE_DIR`` of 100,000 characters came back whole in the
+warning every ``import flashinfer`` printed, and in ``status``, ``doctor``, ``build`` and ``cache
+prune`` (100 KB each): the cache root's reasons and the package's log records quoted it whole.
+Every record of the ``flashinfer_sm120`` logger is now bounded, and so are the cache root's reasons.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from conftest import cli
+
+LONG = 100_000
+#: What one command may print with one hostile value (its normal output is a few KB).
+MAX_OUT = 40_000
+
+VARIABLES = ["FLASHINFER_SM120_CACHE_DIR", "XDG_CACHE_HOME", "HOME", "TMPDIR", "CUDA_HOME", "CUDA_PATH",
+             "FLASHINFER_WORKSPACE_BASE", "FLASHINFER_SM120_RECORD", "MAX_JOBS", "FLASHINFER_NVCC_THREADS",
+             "CXX", "FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_SM120_COMPILER_CACHE", "SCCACHE_SERVER_PORT",
+             "FLASHINFER_CUDA_ARCH_LIST"]
+
+
+@pytest.mark.parametrize("name", VARIABLES)
+def test_a_long_value_gives_bounded_output(clean_env, name):
+    value = "/tmp/" + "c" * LONG if name not in ("MAX_JOBS", "FLASHINFER_NVCC_THREADS", "SCCACHE_SERVER_PORT") \
+        else "9" * LONG
+    env = dict(clean_env, **{name: value})
+    for args in (["status"], ["cache", "prune"]):
+        proc = cli(args, env, timeout=300)
+        out = proc.stdout + proc.stderr
+        assert "Traceback" not in out, out[-3000:]
+        assert len(out) < MAX_OUT, (name, args, len(out), out[:400])
+
+
+def test_every_log_record_of_the_package_is_bounded(caplog):
+    import flashinfer_sm120  # noqa: F401  (adds the filter)
+
+    with caplog.at_level(logging.WARNING, logger="flashinfer_sm120"):
+        logging.getLogger("flashinfer_sm120").warning("not using %r; x", "/tmp/" + "c" * LONG)
+        logging.getLogger("flashinfer_sm120").warning("short %s", "message")
+    long, short = [r.getMessage() for r in caplog.records]
+    assert len(long) < 400 and "characters" in long and long.endswith(" x"), long[:500]
+    assert short == "short message"
