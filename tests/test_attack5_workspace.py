@@ -1,6 +1,6 @@
 """Fifth attack round: what is said (and done) after FlashInfer's import failed for its workspace.
 
-Failed before its fix: ``servers.workspace_problem`` found out by ``os.makedirs``; with no home
+Failed before its fix: ``workspace_problem`` (then in ``servers``) found out by ``os.makedirs``; with no home
 directory (``HOME`` unset and a uid without a passwd entry: a container run with ``--user 12345``)
 ``~`` stayed ``~``, so ``import flashinfer`` made ``./~/.cache/flashinfer`` in the working directory,
 and the message said "please report" instead of the fix (FlashInfer 0.7.4 reads ``Path.home()``
@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from flashinfer_sm120 import servers
+from flashinfer_sm120 import workspace
 from conftest import needs_flashinfer
 
 
@@ -29,17 +29,17 @@ def test_no_home_is_named_and_nothing_is_created(monkeypatch, tmp_path):
     monkeypatch.delenv("FLASHINFER_WORKSPACE_BASE", raising=False)
     monkeypatch.setattr(pwd, "getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
     monkeypatch.chdir(tmp_path)
-    msg = servers.workspace_problem()
+    msg = workspace.workspace_problem()
     assert msg and "Fix: HOME=" in msg and "no passwd entry" in msg, msg
     assert _tree(tmp_path) == []
 
 
 def test_the_workspace_is_checked_not_made(monkeypatch, tmp_path):
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "a" / "b"))
-    assert servers.workspace_problem() is None and _tree(tmp_path) == []  # creatable: no problem, nothing made
+    assert workspace.workspace_problem() is None and _tree(tmp_path) == []  # creatable: no problem, nothing made
     (tmp_path / "file").write_text("x")
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "file" / "sub"))
-    msg = servers.workspace_problem()
+    msg = workspace.workspace_problem()
     assert msg and "not a directory" in msg.lower() and "FLASHINFER_WORKSPACE_BASE=" in msg, msg
     assert _tree(tmp_path) == ["file"]
 

@@ -24,7 +24,7 @@ import wrapt
 
 from .. import arch as _arch
 from .. import environ
-from .. import servers as _servers
+from ..workspace import workspace_problem as _workspace_problem
 from ..flags import env_flag
 from .alone import flashinfer_would_target
 from .resolve import Resolution, resolve
@@ -126,9 +126,9 @@ def _check_import_health() -> None:
                   "fits, so FlashInfer kept its own toolkit lookup, which fails the same way without "
                   "flashinfer-sm120 (with a CPU build of torch FlashInfer needs an nvcc at import)"
                   + (f". Fix: {fix}" if fix else ""), report=False)
-        elif broken and _servers.workspace_problem():
+        elif broken and _workspace_problem():
             _fail(f"importing FlashInfer failed ({broken} raised during its own import): "
-                  f"{_servers.workspace_problem()}", report=False)
+                  f"{_workspace_problem()}", report=False)
         elif broken:
             _fail(f"importing FlashInfer failed after flashinfer-sm120 patched it ({broken} is no "
                   "longer loaded: FlashInfer raised during its own import)")

@@ -139,7 +139,7 @@ def apply_server_cache(for_server: str | None = None, entries=None, *, strict: b
 def import_failure(exc: BaseException, st: dict) -> str:
     """``importing FlashInfer failed: <exc>``, ending with the fix where one is known: no toolkit
     fits (FlashInfer's own lookup, kept under the guard, raised), or its workspace is not writable."""
-    from ..servers import workspace_problem
+    from ..workspace import workspace_problem
 
     msg = f"importing FlashInfer failed: {exc!r}"
     fix = ((st.get("resolution") or {}).get("fix")) if isinstance(st.get("resolution"), dict) else None

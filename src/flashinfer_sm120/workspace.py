@@ -1,0 +1,62 @@
+"""Whether FlashInfer can make its JIT workspace: asked after FlashInfer's import failed, to name the fix.
+
+FlashInfer 0.7.4 ``jit/env.py`` computes ``$FLASHINFER_WORKSPACE_BASE`` (else ``Path.home()``, which it
+evaluates either way) ``/.cache/flashinfer`` at import and creates it.  Nothing here creates anything.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import stat
+
+from .formats import shown
+
+__all__ = ["workspace_problem"]
+
+
+def workspace_problem() -> str | None:
+    """Why FlashInfer cannot create its JIT workspace (``$FLASHINFER_WORKSPACE_BASE``, else the home
+    directory, then ``.cache/flashinfer``: FlashInfer 0.7.4 ``jit/env.py``, made at its import), which
+    fails its import with or without flashinfer-sm120; else ``None``.
+
+    Nothing is created: the deepest existing level must be a directory this process may write.
+    (It used ``os.makedirs``: with no home directory, a uid without a passwd entry and ``HOME``
+    unset, ``~`` stayed ``~`` and ``./~/.cache/flashinfer`` was made in the working directory.)
+    FlashInfer 0.7.4 computes ``Path.home()`` even when ``FLASHINFER_WORKSPACE_BASE`` is set, so no
+    home is a problem of its own, fixed by ``HOME``."""
+    try:
+        pathlib.Path.home()
+    except (RuntimeError, KeyError, OSError):  # '~' cannot be expanded
+        return (f"FlashInfer needs a home directory at import (it reads Path.home() even when "
+                f"FLASHINFER_WORKSPACE_BASE is set), and this process has none (HOME is unset and uid "
+                f"{os.getuid()} has no passwd entry); FlashInfer fails the same way without "
+                f"flashinfer-sm120. Fix: HOME=<a directory you can write> (and FLASHINFER_WORKSPACE_BASE "
+                f"to keep the JIT cache elsewhere)")
+    env = os.environ.get("FLASHINFER_WORKSPACE_BASE")
+    base = env if env is not None else os.path.expanduser("~")
+    path = os.path.join(base, ".cache", "flashinfer")
+    how = "FLASHINFER_WORKSPACE_BASE" if env is not None else "the home directory"
+    here, why = path, None
+    while True:
+        try:
+            st = os.stat(here)
+        except FileNotFoundError:
+            parent = os.path.dirname(here.rstrip("/")) or "."
+            if parent == here:
+                break
+            here = parent
+            continue
+        except OSError as exc:
+            why = exc.strerror
+            break
+        if not stat.S_ISDIR(st.st_mode):
+            why = f"{shown(here, 200)} is not a directory"
+        elif not os.access(here, os.W_OK | os.X_OK):
+            why = f"{shown(here, 200)} is not writable"
+        break
+    if why is None:
+        return None
+    return (f"FlashInfer keeps its JIT cache in {shown(path, 200)} (from {how}), which cannot be "
+            f"created ({why}); FlashInfer fails the same way without flashinfer-sm120. "
+            f"Fix: FLASHINFER_WORKSPACE_BASE=<a directory you can write>")
