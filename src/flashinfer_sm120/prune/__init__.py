@@ -79,7 +79,7 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
         elif not all(under(e.root, p) for p in e.remove):
             e.kept = "not under the cache root by its real path (a symlink on the way): never removed"
         elif (held_by := holder(e, held)):
-            e.kept = f"in use: {held_by}"
+            e.kept = held_by if held is None else f"in use: {held_by}"
         else:
             busy = [lk for lk in (e.locks if e.kind == "jit" else [view_lock]) if lk and not lock_free(lk)]
             if busy:

@@ -31,15 +31,24 @@ def under(root: str, path: str) -> bool:
     return os.path.realpath(path) == os.path.join(os.path.realpath(root), rel)
 
 
-def held_paths() -> dict[str, int]:
+#: Why nothing may be removed when ``/proc`` cannot show who uses what.
+BLIND = ("cannot tell which processes use it: /proc does not show this process (no /proc mounted, or "
+         "another PID namespace, such as a sidecar container); run cache prune where the servers run")
+
+
+def held_paths() -> dict[str, int] | None:
     """``{path: pid}`` of files mapped, working directories and ``CUDA_HOME``/``CUDA_PATH``
-    of this user's other processes (``/proc``; every process's when run as root)."""
+    of this user's other processes (``/proc``; every process's when run as root); ``None`` when
+    ``/proc`` does not list this very process (not mounted, or another PID namespace's): then
+    nobody's use can be seen, and nothing may be called unused (it was: an empty answer)."""
     out: dict[str, int] = {}
     me, uid = os.getpid(), os.geteuid()
     try:
         pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
     except OSError:
-        return out
+        return None
+    if me not in pids:
+        return None
     for pid in pids:
         if pid == me:
             continue
@@ -60,7 +69,9 @@ def held_paths() -> dict[str, int]:
     return out
 
 
-def holder(ent: Entry, held: dict[str, int]) -> str | None:
+def holder(ent: Entry, held: dict[str, int] | None) -> str | None:
+    if held is None:
+        return BLIND
     for target in ent.remove:
         real = os.path.realpath(target)
         for p, pid in held.items():
@@ -127,7 +138,10 @@ def _busy(moved: str, own: frozenset[str]) -> str | None:
                 if n.endswith(".lock") and n not in own and not lock_free(os.path.join(dirpath, n)):
                     return f"a running process holds {n} (building or loading that module)"
             dirs[:] = []
-    for p, pid in held_paths().items():
+    held = held_paths()
+    if held is None:
+        return BLIND
+    for p, pid in held.items():
         if p == moved or p.startswith(moved + "/"):
             return f"process {pid} uses {p}"
     return None
