@@ -40,3 +40,22 @@ def test_prune_without_proc_removes_nothing(caches):
     assert proc.returncode == 0 and "Traceback" not in out, out[-3000:]
     assert stale.exists(), out[-3000:]
     assert "/proc does not show this process" in out
+
+
+def test_a_lock_that_cannot_be_opened_is_not_free(tmp_path, monkeypatch):
+    """``lock_free`` answered "free" for any ``open`` error: with no descriptor left (``EMFILE``)
+    prune saw every builder's lock as free."""
+    import errno
+
+    lock = tmp_path / "m.lock"
+    lock.write_text("")
+    assert hold.lock_free(str(lock)) and hold.lock_free(str(tmp_path / "absent.lock"))
+    real = os.open
+
+    def no_fds(path, *a, **k):
+        if str(path) == str(lock):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(os, "open", no_fds)
+    assert not hold.lock_free(str(lock))

@@ -85,8 +85,10 @@ def lock_free(path: str) -> bool:
     created, truncated or changed."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    except FileNotFoundError:  # no lock: nobody holds it
         return True
+    except OSError:  # cannot tell (no descriptor left, a link, unreadable): not free
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         fcntl.flock(fd, fcntl.LOCK_UN)
