@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import subprocess
 import sys
 
@@ -46,7 +47,7 @@ def test_the_workspace_is_checked_not_made(monkeypatch, tmp_path):
 
 @needs_flashinfer
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as a uid without a passwd entry")
-def test_import_as_a_uid_without_home_makes_no_tilde_directory(tmp_path):
+def test_import_as_a_uid_without_home_makes_no_tilde_directory(request):
     uid = 54321
     while True:
         try:
@@ -54,10 +55,15 @@ def test_import_as_a_uid_without_home_makes_no_tilde_directory(tmp_path):
             uid += 1
         except KeyError:
             break
-    cwd = tmp_path / "cwd"
+    import tempfile
+    from pathlib import Path
+
+    top = Path(tempfile.mkdtemp(prefix="a5-nohome-", dir="/tmp"))  # pytest's tmp is 0700: not reachable by uid
+    request.addfinalizer(lambda: shutil.rmtree(top, ignore_errors=True))
+    os.chmod(top, 0o755)
+    cwd = top / "cwd"
     cwd.mkdir()
     os.chown(cwd, uid, uid)
-    os.chmod(tmp_path, 0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("HOME", "FLASHINFER_WORKSPACE_BASE")}
     env.update(FLASHINFER_SM120_CACHE_DIR=str(cwd / "cache"), PYTHONPATH=os.pathsep.join(sys.path))
     code = ("import pathlib, flashinfer_sm120\ntry:\n    import flashinfer\nexcept RuntimeError:\n    pass\n"
@@ -68,3 +74,4 @@ def test_import_as_a_uid_without_home_makes_no_tilde_directory(tmp_path):
     assert proc.stdout.strip() == "~", (proc.returncode, proc.stdout, proc.stderr[-3000:])  # no home
     assert "Fix: HOME=" in proc.stderr and "Please report" not in proc.stderr, proc.stderr[-3000:]
     assert not (cwd / "~").exists()
+    assert "not using $FLASHINFER_SM120_CACHE_DIR" not in proc.stderr  # it used the cache given, no /tmp fallback
