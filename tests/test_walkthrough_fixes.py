@@ -65,6 +65,14 @@ def test_missing_dependency_is_one_line_with_the_fix_not_a_traceback(hiding, arg
     assert "pip install filelock" in proc.stderr + proc.stdout
 
 
+@pytest.mark.parametrize("args", [["status", "--json"], ["doctor", "--json", "--timeout", "30"]])
+def test_json_is_json_even_with_a_dependency_missing(hiding, args):
+    proc = cli(args, hiding("filelock"), timeout=300)
+    assert proc.returncode != 0
+    st = json.loads(proc.stdout)
+    assert st["mode"] == "failed" and "pip install filelock" in st["error"]
+
+
 def test_no_command_names_the_argument_command(capsys):
     with pytest.raises(SystemExit):
         main([])

@@ -222,4 +222,9 @@ def _main(argv: list[str] | None) -> int:
             raise
         from .common import err
 
-        return err(f"this install is broken ({exc!r}); Fix: {fix_for(exc)}")
+        msg = f"this install is broken ({exc!r}); Fix: {fix_for(exc)}"
+        if getattr(args, "json", False):  # --json promises JSON on stdout, whatever went wrong
+            import json
+
+            print(json.dumps({"mode": "failed", "error": msg}))
+        return err(msg)
