@@ -1,9 +1,12 @@
-"""Helpers for tests/test_attack.py: an untrusted nvcc and wrappers that reach it."""
+"""Helpers for the attack tests: an untrusted nvcc and wrappers that reach it, and files or
+directories another user controls."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+import pytest
 
 RELEASE_LINE = "Cuda compilation tools, release 13.0, V13.0.88"
 
@@ -50,3 +53,19 @@ def tmp_is_trusted(tmp: Path) -> bool:
     from flashinfer_sm120.toolkit.ownership import check_path
 
     return check_path(str(tmp)) is None and os.geteuid() == tmp.stat().st_uid
+
+
+def give_away(path: Path, uid: int = 4321) -> None:
+    """Make ``path`` another user's (``uid``, gid the same); skips the test without root."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a file or directory to another uid")
+    os.chown(path, uid, uid)
+
+
+def make_unsafe(directory: Path, how: str) -> None:
+    """``how``: ``"world-writable"`` (mode 0777) or ``"another user's"`` (owned by uid 4321, 0755)."""
+    if how == "world-writable":
+        directory.chmod(0o777)
+    else:
+        give_away(directory)
+        directory.chmod(0o755)

@@ -184,3 +184,16 @@ def hiding(tmp_path, clean_env):
         return dict(clean_env, HIDE_MODULES=",".join(names),
                     PYTHONPATH=os.pathsep.join([str(d), clean_env["PYTHONPATH"]]))
     return env
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """flashinfer-sm120's own cache root in ``tmp_path/cache`` (``FLASHINFER_SM120_CACHE_DIR``),
+    with the process's remembered root cleared before and after."""
+    d = tmp_path / "cache"
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(d))
+    from flashinfer_sm120 import cache
+
+    cache._root_cache.clear()
+    yield d
+    cache._root_cache.clear()

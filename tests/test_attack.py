@@ -12,17 +12,6 @@ import pytest
 from attack_util import RELEASE_LINE, tmp_is_trusted, toolkit_with_nvcc, untrusted_nvcc, wrapper
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    d = tmp_path / "cache"
-    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(d))
-    from flashinfer_sm120 import cache
-
-    cache._root_cache.clear()
-    yield d
-    cache._root_cache.clear()
-
-
 # --------------------------------------------------------------- trust: wrappers that hide what they run
 
 def _system_files(n: int) -> list[str]:

@@ -35,17 +35,6 @@ def _hang_guard(seconds: int):
         signal.signal(signal.SIGALRM, old)
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    d = tmp_path / "cache"
-    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(d))
-    from flashinfer_sm120 import cache
-
-    cache._root_cache.clear()
-    yield d
-    cache._root_cache.clear()
-
-
 # --------------------------------------------------------------------------- JSON: the depth pre-check
 
 #: An unterminated JSON string of escaped quotes: the old depth pre-check rescanned it from

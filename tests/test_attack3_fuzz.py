@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -25,14 +24,11 @@ raw = st.one_of(value.map(lambda v: json.dumps(v).encode()),
                 st.binary(max_size=200), st.just(b'"' + b'\\"' * 5000), st.just(b"[" * 5000))
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    from flashinfer_sm120 import cache
-
-    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "cache"))
-    cache._root_cache.clear()
-    yield tmp_path / "cache"
-    cache._root_cache.clear()
+def _plant(path: str, data: bytes) -> None:
+    """Put ``data`` where the package keeps one of its state files (its directory made private)."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(data)
 
 
 @FUZZ
@@ -41,9 +37,7 @@ def test_estimates_file_property(cache_dir, data):
     from flashinfer_sm120.warmup import estimates
 
     path = estimates.estimates_path()
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    with open(path, "wb") as fh:
-        fh.write(data)
+    _plant(path, data)
     got = estimates.recorded()
     assert all(isinstance(k, str) and v and all(type(p) is int and p > 0 for p in v) for k, v in got.items())
     est = estimates.estimate("sampling")
@@ -58,9 +52,7 @@ def test_launcher_memo_property(cache_dir, data):
     from flashinfer_sm120.warmup import launcher
 
     path = launcher._memo_path()
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    with open(path, "wb") as fh:
-        fh.write(data)
+    _plant(path, data)
     hit = launcher._lookup("k", path)
     assert hit is None or (isinstance(hit.ok, bool) and isinstance(hit.launcher, str) and hit.remembered)
     v = launcher.Verdict(True, "/usr/bin/true", "0.16.0", "/usr/bin/nvcc", "13.0.88")

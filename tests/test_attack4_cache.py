@@ -12,6 +12,7 @@ import os
 
 import pytest
 
+from attack_util import make_unsafe
 from conftest import needs_flashinfer
 from test_warmup_cachepack import cli, warmed  # noqa: F401  (warmed: a fixture)
 
@@ -23,12 +24,7 @@ def test_an_export_directory_another_user_controls_is_refused(warmed, how):
     env, manifest, _log, tmp = warmed
     out = tmp / "export"
     out.mkdir()
-    if how == "world-writable":
-        out.chmod(0o777)
-    else:
-        if os.geteuid() != 0:
-            pytest.skip("needs root to give a directory to another uid")
-        os.chown(out, 4321, 4321)
+    make_unsafe(out, how)
     proc = cli(["cache", "export", "--from", str(manifest), str(out)], env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "export directory" in proc.stderr and str(out) in proc.stderr

@@ -8,12 +8,12 @@ swap the ``build.ninja`` ninja runs or the ``.so`` the server loads.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 
+from attack_util import make_unsafe
 from conftest import needs_flashinfer
 
 pytestmark = needs_flashinfer
@@ -28,13 +28,7 @@ def _build(env):
 def test_a_jit_directory_another_user_can_change_is_refused(clean_env, tmp_path, how):
     base = tmp_path / "base"
     base.mkdir()
-    if how == "world-writable":
-        base.chmod(0o777)
-    else:
-        if os.geteuid() != 0:
-            pytest.skip("needs root to give a directory to another uid")
-        os.chown(base, 4321, 4321)
-        base.chmod(0o755)
+    make_unsafe(base, how)
     env = dict(clean_env, FLASHINFER_WORKSPACE_BASE=str(base))
     proc = _build(env)
     out = proc.stdout + proc.stderr

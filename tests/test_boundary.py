@@ -27,17 +27,6 @@ from probe_util import OTHER_UID, PY, need_root
 TOP = "flashinfer-sm120-cache"
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    d = tmp_path / "cache"
-    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(d))
-    from flashinfer_sm120 import cache
-
-    cache._root_cache.clear()
-    yield d
-    cache._root_cache.clear()
-
-
 def _cli(args, env, timeout=300):
     code = "import sys, fakegpu\nfrom flashinfer_sm120.cli import main\nsys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
