@@ -13,14 +13,14 @@ import pytest
 from conftest import cli, needs_flashinfer
 from packaging.version import Version
 
-from flashinfer_sm120 import arch, reinstall
+from flashinfer_sm120 import arch, reinstall, workspace
 from flashinfer_sm120.cli import main
 from flashinfer_sm120.cli.status import status_line
 from flashinfer_sm120.arch import ArchListError
 from flashinfer_sm120.toolkit import fixes, ninja
 from flashinfer_sm120.toolkit.model import Toolkit
 from flashinfer_sm120.verify import inventory
-from flashinfer_sm120.warmup import buildreport, modules, session
+from flashinfer_sm120.warmup import buildreport, modules
 
 
 # --------------------------------------------------------------------------- the reinstall fix
@@ -160,10 +160,10 @@ def test_a_broken_ninja_says_reinstall_and_build_stops_once(clean_env, tmp_path)
 
 
 def test_an_import_failure_under_the_guard_ends_with_the_fix():
-    msg = session.import_failure(RuntimeError("nvcc not found"),
+    msg = workspace.import_failure(RuntimeError("nvcc not found"),
                                  {"mode": "guard", "resolution": {"fix": "pip install 'cuda-toolkit[nvcc]'"}})
     assert msg.endswith("Fix: pip install 'cuda-toolkit[nvcc]'")
-    assert session.import_failure(ValueError("x"), {"mode": "patched"}) == "importing FlashInfer failed: ValueError('x')"
+    assert workspace.import_failure(ValueError("x"), {"mode": "patched"}) == "importing FlashInfer failed: ValueError('x')"
 
 
 # --------------------------------------------------------------------------- doctor: other targets

@@ -1,4 +1,5 @@
-"""Whether FlashInfer can make its JIT workspace: asked after FlashInfer's import failed, to name the fix.
+"""Why FlashInfer's own import failed, and the fix: no toolkit fits, a missing dependency of
+FlashInfer, or a JIT workspace it cannot make (asked only after the import failed).
 
 FlashInfer 0.7.4 ``jit/env.py`` computes ``$FLASHINFER_WORKSPACE_BASE`` (else ``Path.home()``, which it
 evaluates either way) ``/.cache/flashinfer`` at import and creates it.  Nothing here creates anything.
@@ -9,10 +10,11 @@ from __future__ import annotations
 import os
 import pathlib
 import stat
+import sys
 
 from .formats import shown
 
-__all__ = ["workspace_problem"]
+__all__ = ["import_failure", "workspace_problem"]
 
 
 def workspace_problem() -> str | None:
@@ -60,3 +62,22 @@ def workspace_problem() -> str | None:
     return (f"FlashInfer keeps its JIT cache in {shown(path, 200)} (from {how}), which cannot be "
             f"created ({why}); FlashInfer fails the same way without flashinfer-sm120. "
             f"Fix: FLASHINFER_WORKSPACE_BASE=<a directory you can write>")
+
+
+def import_failure(exc: BaseException, st: dict) -> str:
+    """``importing FlashInfer failed: <exc>``, ending with the fix where one is known: no toolkit
+    fits (FlashInfer's own lookup, kept under the guard, raised), or its workspace is not writable."""
+    msg = f"importing FlashInfer failed: {exc!r}"
+    fix = ((st.get("resolution") or {}).get("fix")) if isinstance(st.get("resolution"), dict) else None
+    if st.get("mode") == "guard" or (st.get("mode") == "failed" and fix):
+        return (f"{msg}. No CUDA toolkit fits, so FlashInfer kept its own toolkit lookup, which raised "
+                f"this{f'. Fix: {fix}' if fix else ' (see the message above)'}")
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if isinstance(missing, str) and missing:  # one of FlashInfer's dependencies (torch, numpy)
+        top = missing.partition(".")[0]
+        how = f"pip install {top}, or the package that provides it" if top.isidentifier() and len(top) < 80 else \
+            "the package that provides it"
+        return (f"{msg}. FlashInfer needs the module {shown(top, 80)}, which this Python "
+                f"({shown(sys.executable, 200)}) cannot import. Fix: install it there ({how})")
+    problem = workspace_problem() if isinstance(exc, (OSError, RuntimeError, KeyError)) else None
+    return f"{msg}. {problem}" if problem else msg

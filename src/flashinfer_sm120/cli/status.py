@@ -59,7 +59,7 @@ def run_status(args: argparse.Namespace) -> int:
 
 def _failed(args: argparse.Namespace, shim, exc: BaseException) -> int:
     """Mode ``failed``: FlashInfer's import raised ``exc``; what we did before it, and why."""
-    from ..warmup.session import import_failure
+    from ..workspace import import_failure
 
     st = dict(shim.status())
     st["mode"], st["error"] = "failed", import_failure(exc, st)

@@ -126,9 +126,9 @@ def _check_import_health() -> None:
                   "fits, so FlashInfer kept its own toolkit lookup, which fails the same way without "
                   "flashinfer-sm120 (with a CPU build of torch FlashInfer needs an nvcc at import)"
                   + (f". Fix: {fix}" if fix else ""), report=False)
-        elif broken and _workspace_problem():
-            _fail(f"importing FlashInfer failed ({broken} raised during its own import): "
-                  f"{_workspace_problem()}", report=False)
+        elif broken and (problem := _workspace_problem()):
+            _fail(f"importing FlashInfer failed ({broken} raised during its own import): {problem}",
+                  report=False)
         elif broken:
             _fail(f"importing FlashInfer failed after flashinfer-sm120 patched it ({broken} is no "
                   "longer loaded: FlashInfer raised during its own import)")

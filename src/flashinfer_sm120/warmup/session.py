@@ -12,7 +12,7 @@ from .. import arch as _arch
 from ..errors import Sm120Error
 from . import ninjacmd, pool
 
-__all__ = ["BuildError", "Session", "SERVER_CHOICES", "apply_server_cache", "import_failure", "prepare", "write_ninjas",
+__all__ = ["BuildError", "Session", "SERVER_CHOICES", "apply_server_cache", "prepare", "write_ninjas",
            "build_specs"]
 
 #: ``build --for`` values: the servers whose JIT directory a warm-up build can target.
@@ -136,29 +136,6 @@ def apply_server_cache(for_server: str | None = None, entries=None, *, strict: b
     return out
 
 
-def import_failure(exc: BaseException, st: dict) -> str:
-    """``importing FlashInfer failed: <exc>``, ending with the fix where one is known: no toolkit
-    fits (FlashInfer's own lookup, kept under the guard, raised), or its workspace is not writable."""
-    from ..workspace import workspace_problem
-
-    msg = f"importing FlashInfer failed: {exc!r}"
-    fix = ((st.get("resolution") or {}).get("fix")) if isinstance(st.get("resolution"), dict) else None
-    if st.get("mode") == "guard" or (st.get("mode") == "failed" and fix):
-        return (f"{msg}. No CUDA toolkit fits, so FlashInfer kept its own toolkit lookup, which raised "
-                f"this{f'. Fix: {fix}' if fix else ' (see the message above)'}")
-    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
-    if isinstance(missing, str) and missing:  # one of FlashInfer's dependencies (torch, numpy)
-        from ..formats import shown
-
-        top = missing.partition(".")[0]
-        how = f"pip install {top}, or the package that provides it" if top.isidentifier() and len(top) < 80 else \
-            "the package that provides it"
-        return (f"{msg}. FlashInfer needs the module {shown(top, 80)}, which this Python "
-                f"({shown(sys.executable, 200)}) cannot import. Fix: install it there ({how})")
-    problem = workspace_problem() if isinstance(exc, (OSError, RuntimeError, KeyError)) else None
-    return f"{msg}. {problem}" if problem else msg
-
-
 def prepare(arch: str | None) -> Session:
     """Patch and import FlashInfer for ``arch`` (``--arch``; default: the GPUs present).
 
@@ -167,6 +144,8 @@ def prepare(arch: str | None) -> Session:
     set_arch(arch)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the summary is printed by the caller
     import flashinfer_sm120 as shim
+
+    from ..workspace import import_failure
 
     shim.install()
     try:
