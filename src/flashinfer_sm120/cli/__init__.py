@@ -1,8 +1,9 @@
 """flashinfer-sm120: make FlashInfer JIT-build for the right GPUs with the right nvcc.
 
-Commands: doctor (what was found and chosen), status (one line), build (JIT-build
-kernels now), cache (export, import or prune FlashInfer's JIT cache), enable/disable (load flashinfer_sm120
-in every Python process that uses FlashInfer)."""
+Start with 'flashinfer-sm120 doctor' (a verdict, and the fix when something is wrong). Commands:
+doctor (check everything), status (one line, for scripts), build (JIT-build kernels now), cache (export,
+import or prune FlashInfer's JIT cache), enable/disable (load flashinfer_sm120 in every Python process
+that uses FlashInfer). Run without a command, this help is printed and the exit status is 2."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import sys
 from .. import __version__
 from ..reinstall import fix_for
 from . import enable
+from .version import VersionAction
 
 try:
     from .build import MODULES
@@ -55,20 +57,35 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``flashinfer-sm120`` parser with every subcommand (the docs' CLI reference is made from it)."""
-    parser = _Parser(prog="flashinfer-sm120", description=__doc__)
-    parser.add_argument("--version", action="version", version=__version__)
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="command")
+    parser = _Parser(prog="flashinfer-sm120", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action=VersionAction,
+                        help=f"print the versions of flashinfer-sm120 ({__version__}), Python, FlashInfer, torch "
+                             f"and its CUDA, and the nvcc that would be chosen, then exit")
+    sub = parser.add_subparsers(dest="cmd", required=False, metavar="command")
     for name in ("doctor", "status", "build"):
         try:  # imported here so that enable/disable work with the rest of the package broken
             importlib.import_module(f".{name}", __name__).add_parser(sub)
         except Exception as exc:
             _broken_parser(sub, name, exc)
     enable.add_parsers(sub)
+    _describe(parser)
     for p in _parsers(parser):
         # Python 3.14+: "maybe you meant" for mistyped subcommands and choices; an attribute,
         # not the keyword, so older releases ignore it (argparse docs, suggest_on_error).
         p.suggest_on_error = True
     return parser
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """Every subcommand's ``--help`` opens with a description: its one-line help where it set none."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, p in action.choices.items():
+                if not p.description and helps.get(name):
+                    p.description = helps[name][0].upper() + helps[name][1:] + "."
+                _describe(p)
 
 
 def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
@@ -200,6 +217,10 @@ def _main(argv: list[str] | None) -> int:
                    f"modules as a manifest (build --from MANIFEST)")
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
+    if getattr(args, "cmd", None) is None and not extras:
+        # a bare call: the help, as git and docker print it, with argparse's status for "no command run"
+        parser.print_help()
+        return 2
     if extras and isinstance(getattr(args, "modules", None), list):
         # argparse leaves a positional after an option to the caller ('build sampling --act
         # gelu activation'): module names go with the others, anything else is refused below

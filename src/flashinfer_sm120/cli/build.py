@@ -168,14 +168,20 @@ def _print_human(summary: dict) -> None:
     origin = f" ({summary['targets_from']})" if summary.get("targets_from") else ""
     print(f"nvcc: {summary['cuda_home']}/bin/nvcc (CUDA {summary['cuda_version']}); "
           f"targets {', '.join(summary['target_cuda_archs'])}{origin}")
+    from ..prune import human
+
+    libs = [r["library"] for r in summary["modules"] if r.get("library")]
+    where = os.path.dirname(os.path.dirname(libs[0])) if libs else None
     for r in summary["modules"]:
         if r["status"] == "ninja written":
             print(f"ninja written {r['module']}: {r['ninja']}")
         elif r["status"] == "failed":
             print(f"FAILED {r['module']}:\n    " + (r["error"] or "").replace("\n", "\n    "))
-        else:
-            print(f"{r['status']} {r['module']}: {r['library']} ({r['bytes']} bytes, {r['seconds']} s; "
-                  f"{', '.join(r['binary'])})")
+        else:  # the path once, below: it holds the module name twice (<dir>/<module>/<module>.so)
+            at = "" if os.path.dirname(os.path.dirname(r["library"])) == where else f" at {r['library']}"
+            print(f"{r['status']} {r['module']} ({human(r['bytes'])}, {r['seconds']} s; {', '.join(r['binary'])}){at}")
+    if where:
+        print(f"modules in {where}/<module>/<module>.so")
     for s in summary["cannot_regenerate"]:
         print(f"cannot regenerate {s['name']}: {s['why']}")
 

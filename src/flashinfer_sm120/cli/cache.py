@@ -9,7 +9,7 @@ import dataclasses
 import json
 import sys
 
-from ..formats import cli_float, cli_size
+from ..formats import cli_float, cli_size, plural
 from .common import err as _err
 
 __all__ = ["add_parsers", "run_export", "run_import", "run_prune"]
@@ -34,7 +34,7 @@ def run_export(args: argparse.Namespace) -> int:
         names = cachepack.export(regenerable, sess, args.out)
     except session.BuildError as exc:
         return _err(str(exc))
-    print(f"exported {len(names)} module(s) for {' '.join(sess.targets)} (FlashInfer {sess.flashinfer}, "
+    print(f"exported {plural(len(names), 'module')} for {' '.join(sess.targets)} (FlashInfer {sess.flashinfer}, "
           f"CUDA {sess.cuda_version} at {sess.cuda_home}) to {args.out}")
     for n in names:
         print(f"  {n}")
@@ -123,7 +123,7 @@ def _print_prune(report: dict, yes: bool) -> None:
     if yes:
         print(f"freed {human(freed)}")
     elif stale:
-        print(f"would free {human(sum(e.bytes for e in stale))} ({len(stale)} entries): run with --yes to remove them")
+        print(f"would free {human(sum(e.bytes for e in stale))} ({plural(len(stale), 'entry')}): run with --yes to remove them")
     else:
         print("nothing to remove")
 

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import fcntl
 import os
+import stat
 import site
 import sys
 import sysconfig
@@ -167,6 +168,7 @@ def _enable(args: argparse.Namespace) -> int:
             who = f"every process of {py} (virtual environment {sys.prefix})"
     target = os.path.join(target_dir, PTH_NAME)
     writing = target_dir
+    changed = False
     try:
         os.makedirs(target_dir, exist_ok=True)
         with _site_lock(target_dir) as locked:
@@ -176,14 +178,19 @@ def _enable(args: argparse.Namespace) -> int:
                 writing = os.path.join(target_dir, name)
                 if name == PTH_NAME:  # lines you added to it are kept
                     text += "".join(_other_lines(writing)[0])
+                if _holds(writing, text):  # already what this release writes: leave it (and say so)
+                    continue
                 _write_atomic(writing, text)
+                changed = True
                 if name == HOOK_FILE:
                     _precompile(writing)
     except OSError as exc:
         hint = "use a virtual environment you own" if args.user else "try --user, or a virtual environment you own"
         return _err(f"cannot write {writing}: {exc.strerror or exc}; {hint}")
-    print(f"wrote {target} and {HOOK_FILE} next to it (readable, standard library only)\n"
-          f"  {who} now loads flashinfer_sm120 when it first imports {', '.join(TRIGGERS)};\n"
+    done = (f"wrote {target} and {HOOK_FILE} next to it (readable, standard library only)" if changed
+            else f"already enabled: {target} and {HOOK_FILE} next to it are up to date (nothing written)")
+    print(f"{done}\n"
+          f"  {who} {'now loads' if changed else 'loads'} flashinfer_sm120 when it first imports {', '.join(TRIGGERS)};\n"
           f"  other processes pay nothing. Undo: 'flashinfer-sm120 disable' (or delete that file); "
           f"skip once: FLASHINFER_SM120_DISABLE=1.")
     return 0
@@ -249,6 +256,18 @@ def _other_lines(pth: str) -> tuple[list[str], bool]:
     return [ln for ln in lines if ln.strip() and ln not in ours], bool(ours)
 
 
+def _holds(path: str, text: str) -> bool:
+    """Whether ``path`` is a regular file (not a link, mode 0644 as written) that already holds exactly ``text``."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or stat.S_IMODE(st.st_mode) != 0o644:
+            return False
+        with open(path, encoding="utf-8") as fh:
+            return fh.read() == text
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def _precompile(path: str) -> None:
     """Cache the module's bytecode now, as pip does for installed files, so that interpreters
     that may not write into this directory (a root-owned site dir) do not compile it at each start."""
@@ -274,11 +293,17 @@ def _pycs(site_dir: str) -> list[str]:
 def add_parsers(sub) -> None:
     """Register the ``enable`` and ``disable`` subcommands."""
     e = sub.add_parser("enable", help="load flashinfer_sm120 in every process that imports "
-                       + "/".join(TRIGGERS) + " (writes a .pth file and its module)")
+                       + "/".join(TRIGGERS) + " (writes a .pth file and its module)",
+                       description="Write a .pth file and its small module into this environment's site "
+                       "directory, so that every Python process that first imports " + ", ".join(TRIGGERS)
+                       + " loads flashinfer_sm120 (vLLM and SGLang workers included); other processes pay "
+                       "nothing. Running it again changes nothing. Undo: 'flashinfer-sm120 disable'.")
     e.add_argument("--user", action="store_true",
                    help="user site-packages instead of this environment (refused inside a virtualenv)")
     e.add_argument("--site-dir", help="write into this directory instead (must be a site directory)")
     e.set_defaults(func=_enable)
-    dis = sub.add_parser("disable", help="remove the files written by 'enable' (works with the package broken)")
+    dis = sub.add_parser("disable", help="remove the files written by 'enable' (works with the package broken)",
+                         description="Remove the .pth file and module written by 'enable' (lines you added to "
+                         "the .pth are kept). Works with the rest of the package broken.")
     dis.add_argument("--site-dir", help="remove it from this directory only")
     dis.set_defaults(func=_disable)

@@ -1,52 +1,85 @@
-"""``flashinfer-sm120 status``: one line, what :func:`flashinfer_sm120.status` says once FlashInfer
-is imported: the mode, the toolkit FlashInfer builds with, and the targets."""
+"""``flashinfer-sm120 status``: one line, the mode, the toolkit FlashInfer builds with, and the targets.
+
+Read from what the last resolution under the same settings recorded
+(:mod:`flashinfer_sm120.patch.laststatus`: no torch, no FlashInfer import) when that still holds,
+else by importing FlashInfer with the patch (seconds), which records it for the next call."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
-__all__ = ["add_parser", "run_status", "status_line"]
+from .common import ARCH_HELP, apply_arch, err
 
-#: Exit status per mode: 0 where FlashInfer builds with a toolkit that fits.
+__all__ = ["add_parser", "run_status", "status_line", "exit_code", "EXIT_CODES"]
+
+#: Exit status -> meaning (printed in ``status --help`` and docs/cli.md).
+EXIT_CODES = {
+    0: "FlashInfer builds with a toolkit that fits, for at least one target (patched or noop)",
+    1: "it cannot build anything: no toolkit fits (guard), patching or FlashInfer's import failed, "
+       "no targets, FlashInfer not installed, or flashinfer-sm120 disabled",
+    2: "bad usage (an unknown option, a bad --arch)",
+}
 _OK = ("patched", "noop")
 
 
+def exit_code(st: dict) -> int:
+    """0 when FlashInfer can build for at least one target with a toolkit that fits, else 1."""
+    return 0 if st.get("mode") in _OK and st.get("toolkit") and st.get("targets") else 1
+
+
 def status_line(st: dict) -> str:
-    """``<mode>: nvcc <release> at <toolkit>; targets <sm_...>`` (or why there is no toolkit)."""
-    mode = st.get("mode")
-    tk = (((st.get("resolution") or {}).get("choice") or {}).get("toolkit")) or {}
-    targets = ", ".join(st.get("target_cuda_archs") or []) or _no_targets(st.get("resolution") or {})
+    """``<mode>: nvcc <release> at <toolkit>; targets <sm_...>`` (or why there is no toolkit), from
+    a :class:`~flashinfer_sm120.patch.laststatus.LastStatus`."""
+    mode, tk = st.get("mode"), st.get("toolkit")
     if mode in _OK and tk:
+        targets = ", ".join(st.get("targets") or []) or _no_targets(st)
         return f"{mode}: nvcc {tk.get('nvcc_full')} at {tk.get('root')}; targets {targets}"
     if mode == "guard":
         return ("guard: no CUDA toolkit fits, FlashInfer's JIT builds will raise the fix "
                 "('flashinfer-sm120 doctor' shows what was found)")
     if mode == "disabled":
         return "disabled: FLASHINFER_SM120_DISABLE is set; FlashInfer uses its own toolkit choice"
-    return f"{mode}: {st.get('error') or st.get('summary') or 'see flashinfer-sm120 doctor'}"
+    return f"{mode}: {st.get('error') or 'see flashinfer-sm120 doctor'}"
 
 
-def _no_targets(res: dict) -> str:
-    """Why there are no targets: a set but unusable ``FLASHINFER_CUDA_ARCH_LIST``, or nothing at all."""
-    if res.get("arch_list_error"):
-        return f"none ({res['arch_list_error']})"
-    return "none (no GPU visible and no FLASHINFER_CUDA_ARCH_LIST; e.g. FLASHINFER_CUDA_ARCH_LIST=12.0)"
+def _no_targets(st: dict) -> str:
+    """Why there are no targets (nothing can be built): a bad arch list, or nothing at all."""
+    if st.get("arch_list_error"):
+        return f"none, nothing can be built ({st['arch_list_error']})"
+    return ("none, nothing can be built (no GPU visible and no FLASHINFER_CUDA_ARCH_LIST): "
+            "e.g. flashinfer-sm120 status --arch 12.0")
 
 
 def run_status(args: argparse.Namespace) -> int:
-    import os
-
+    bad = apply_arch(args.arch)
+    if bad:
+        return err(bad)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the line below says it
+    if not args.fresh:
+        from ..patch.laststatus import load
+
+        got = load()
+        if got.status is not None:
+            return _say(args, dict(got.status), "record")
+        print(f"flashinfer-sm120: importing FlashInfer to answer (a few seconds): no usable record "
+              f"({got.why_not})", file=sys.stderr)
+    return _full(args)
+
+
+def _full(args: argparse.Namespace) -> int:
+    """Import FlashInfer with the patch and ask :func:`flashinfer_sm120.status`."""
     import flashinfer_sm120 as shim
 
     try:
         import flashinfer.jit.core  # noqa: F401  (patching happens on this import)
     except ModuleNotFoundError as exc:
         if (exc.name or "").partition(".")[0] == "flashinfer":
-            return _say(args, {"mode": "not installed", "error": f"FlashInfer is not installed for "
-                               f"{sys.executable}: pip install flashinfer-python"})
+            st = {"mode": "not installed", "error": f"FlashInfer is not installed for {sys.executable}: "
+                  f"pip install flashinfer-python"}
+            return _say(args, st, "import", st)
         from ..reinstall import DEPENDENCIES
 
         if (exc.name or "").partition(".")[0] in DEPENDENCIES:  # ours: the CLI names the fix
@@ -54,7 +87,8 @@ def run_status(args: argparse.Namespace) -> int:
         return _failed(args, shim, exc)  # one of FlashInfer's (torch, numpy): still a status
     except Exception as exc:  # FlashInfer's own import failed: say why, and what we did before it
         return _failed(args, shim, exc)
-    return _say(args, shim.status())
+    full = shim.status()
+    return _recorded(args, full)
 
 
 def _failed(args: argparse.Namespace, shim, exc: BaseException) -> int:
@@ -63,20 +97,40 @@ def _failed(args: argparse.Namespace, shim, exc: BaseException) -> int:
 
     st = dict(shim.status())
     st["mode"], st["error"] = "failed", import_failure(exc, st)
-    return _say(args, st)
+    return _recorded(args, st)
 
 
-def _say(args: argparse.Namespace, st: dict) -> int:
-    """Print ``st`` as one line, or as JSON with ``--json``; the exit status of its mode."""
-    print(json.dumps(st, indent=2, default=str) if args.json else status_line(st))
-    return 0 if st.get("mode") in _OK else 1
+def _recorded(args: argparse.Namespace, full: dict) -> int:
+    from ..patch import record_status
+    from ..patch.laststatus import from_status
+
+    record_status(full)  # type: ignore[arg-type]
+    return _say(args, dict(from_status(full)), "import", full)
+
+
+def _say(args: argparse.Namespace, st: dict, source: str, full: dict | None = None) -> int:
+    """Print ``st`` as one line, or as JSON with ``--json``; the exit status (:data:`EXIT_CODES`)."""
+    if args.json:
+        out = dict(full or st, source=source)
+        out.setdefault("targets", st.get("targets"))
+        out.setdefault("toolkit", st.get("toolkit"))
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        print(status_line(st))
+    return exit_code(st)
 
 
 def add_parser(sub) -> None:
     """Register ``status``."""
-    s = sub.add_parser("status", help="one line: mode, toolkit and targets (flashinfer_sm120.status())",
-                       description="Import FlashInfer with flashinfer-sm120 and print one line: the mode, "
-                       "the nvcc FlashInfer builds with, and the targets. Exit status 0 when patched or "
-                       "already right (noop), 1 otherwise.")
-    s.add_argument("--json", action="store_true", help="print flashinfer_sm120.status() as JSON")
+    codes = "; ".join(f"{k}: {v}" for k, v in EXIT_CODES.items())
+    s = sub.add_parser("status", help="one line: mode, toolkit and targets; exit 1 when nothing can be built",
+                       description="Print one line: the mode, the nvcc FlashInfer builds with, and the targets. "
+                       "Read from what the last run under the same settings recorded (no torch or FlashInfer "
+                       "import) when nothing it depends on changed, else by importing FlashInfer with "
+                       f"flashinfer-sm120 (it says so on stderr). Exit status {codes}.")
+    s.add_argument("--json", action="store_true",
+                   help="print JSON: mode, error, toolkit, targets and source (record or import); with "
+                        "source import, flashinfer_sm120.status() too")
+    s.add_argument("--arch", help=ARCH_HELP)
+    s.add_argument("--fresh", action="store_true", help="ignore the record: import FlashInfer and resolve again")
     s.set_defaults(func=run_status)

@@ -34,7 +34,7 @@ tool output).  Import from this package, not from the modules.
 from __future__ import annotations
 
 from ..errors import FormatError
-from .base import MAX_SHOWN, bounded, shown, some
+from .base import MAX_SHOWN, bounded, plural, shown, some
 from .flags import OPTION_FORMS, PATH_OPTIONS, parse_compile_flag
 from .reads import (
     MAX_JSON_DEPTH, read_bytes, read_prefix, read_text, iter_lines, loads_json, read_json_file, field,
@@ -52,6 +52,7 @@ from .binary import (
 )
 
 __all__ = [
+    "plural",
     "FormatError", "MAX_SHOWN", "MAX_JSON_DEPTH", "NAME_RE", "FILE_NAME_RE", "bounded", "shown", "some", "read_bytes",
     "read_prefix", "read_text", "iter_lines", "loads_json", "read_json_file", "field", "parse_version",
     "parse_name", "parse_relpath", "safe_join", "make_private_dirs", "env_text", "check_text", "parse_target",

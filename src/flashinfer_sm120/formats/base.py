@@ -83,3 +83,12 @@ def _type_name(value: Any) -> str:
     if value is None:
         return "null"
     return _TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 entry``, ``2 entries``: ``many`` defaults to ``word + 's'``, and to ``-ies`` after a consonant + y."""
+    if n == 1:
+        return f"{n} {word}"
+    if many is None:
+        many = word[:-1] + "ies" if word.endswith("y") and word[-2:-1] not in "aeiou" else word + "s"
+    return f"{n} {many}"

@@ -28,13 +28,14 @@ from ..workspace import workspace_problem as _workspace_problem
 from ..flags import env_flag
 from .alone import flashinfer_would_target
 from .resolve import Resolution, resolve
-from .state import STATE, Mode
+from . import laststatus
+from .state import STATE, Mode, StatusDict
 from .steps import HOOKED_MODULES, STEPS, current_targets, refresh_derived, workspace_tag
 
 logger = logging.getLogger("flashinfer_sm120")
 
 __all__ = ["install", "revert", "status", "resolve", "Resolution", "HOOKED_MODULES", "Mode",
-           "env_flag", "current_targets"]
+           "env_flag", "current_targets", "StatusDict", "record_status"]
 
 
 # --------------------------------------------------------------------------- deciding
@@ -53,10 +54,15 @@ def _ensure_resolution() -> None:
     with STATE.lock:
         if STATE.mode is not Mode.IDLE or STATE.resolution is not None:
             return
+    try:
+        inputs = laststatus.inputs()  # before FlashInfer or our export changes the environment
+    except Exception:  # pragma: no cover - stat calls only
+        inputs = None
     res = _resolve_for_patch()
     with STATE.lock:
         if STATE.mode is not Mode.IDLE or STATE.resolution is not None:
             return
+        STATE.inputs = inputs
         if isinstance(res, str):
             STATE.mode = Mode.FAILED
             STATE.error = res
@@ -276,6 +282,23 @@ def _announce(mode: Mode, res: Resolution) -> None:
     logger.log(level, "flashinfer-sm120: %s", STATE.summary)
 
 
+def record_status(st: StatusDict | None = None) -> None:
+    """Keep ``st`` (default :func:`status`) where ``flashinfer-sm120 status`` reads it without importing
+    FlashInfer (:mod:`.laststatus`), for the inputs this process resolved from; never raises."""
+    try:
+        with STATE.lock:
+            inputs = STATE.inputs
+        if inputs is not None:
+            laststatus.save(laststatus.from_status(st or status()), inputs)
+    except Exception as exc:  # pragma: no cover - save never raises
+        logger.debug("flashinfer-sm120: status not recorded: %r", exc)
+
+
+def _on_flashinfer_loaded(module: types.ModuleType) -> None:
+    """Post-import hook of the ``flashinfer`` package: its import completed, so the state is final."""
+    record_status()
+
+
 def _on_import(module: types.ModuleType) -> None:
     """Post-import hook body: never raises into the importer."""
     try:
@@ -315,12 +338,15 @@ def install() -> dict:
         if not STATE.hooks_registered:
             for name in HOOKED_MODULES:
                 wrapt.register_post_import_hook(_on_import, name)
+            wrapt.register_post_import_hook(_on_flashinfer_loaded, "flashinfer")
             STATE.hooks_registered = True
         loaded = any(m in sys.modules for m in HOOKED_MODULES)
     if loaded:
         _ensure_resolution()
         with STATE.lock:
             _apply_locked()
+        if _loaded("flashinfer", None):  # its hook ran before this resolution
+            record_status()
     return status()
 
 
@@ -346,13 +372,11 @@ def revert() -> dict:
         return status()
 
 
-def status() -> dict:
+def status() -> StatusDict:
     """Where patching stands.
 
     Returns:
-        ``{"mode": str, "error": str|None, "summary": str, "patched_modules": [...],
-        "steps": {name: "applied" | "skipped: why"}, "resolution": dict|None,
-        "target_cuda_archs": [...]|None, "exported": dict}`` where mode is one of
+        a :class:`~flashinfer_sm120.patch.state.StatusDict`, where mode is one of
         ``idle`` (FlashInfer not imported yet), ``patched``, ``guard`` (no toolkit
         fits: JIT builds raise our message), ``noop`` (FlashInfer already right),
         ``failed``, ``reverted``, ``disabled``.

@@ -20,11 +20,37 @@ import enum
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["Mode", "UndoLog", "State", "STATE"]
+__all__ = ["Mode", "UndoLog", "State", "STATE", "StatusDict"]
+
+
+class StatusDict(TypedDict):
+    """What :func:`flashinfer_sm120.status` returns.
+
+    Attributes:
+        mode: a :class:`Mode` value (``idle``, ``patched``, ``guard``, ``noop``, ``failed``,
+            ``reverted``, ``disabled``).
+        error: why ``failed`` or ``guard``, else ``None``.
+        summary: the one line logged when FlashInfer was patched.
+        patched_modules: FlashInfer modules patched, by name.
+        steps: ``{step name: "applied" | "not needed: <why>" | "skipped: <why>"}``.
+        resolution: :meth:`flashinfer_sm120.patch.resolve.Resolution.to_dict`, or ``None``.
+        target_cuda_archs: FlashInfer's ``TARGET_CUDA_ARCHS`` as ``sm_120f`` strings, or ``None``
+            before it is loaded.
+        exported: the environment variables exported to this process and its children.
+    """
+
+    mode: str
+    error: str | None
+    summary: str
+    patched_modules: list[str]
+    steps: dict[str, str]
+    resolution: dict | None
+    target_cuda_archs: list[str] | None
+    exported: dict[str, str]
 
 
 class Mode(str, enum.Enum):
@@ -116,6 +142,7 @@ class State:
     exported: bool = False
     logged: set = field(default_factory=set)
     summary: str = ""
+    inputs: dict | None = None  # what the resolution read (laststatus.inputs), taken before it
 
     def log_once(self, level: int, msg: str) -> None:
         """Log ``msg`` once per process."""
@@ -131,6 +158,7 @@ class State:
         self.steps = {}
         self.patched_modules = {}
         self.exported = False
+        self.inputs = None
 
 
 #: The one state of this process.

@@ -38,6 +38,7 @@ import time
 
 from .find import DAY, Entry, fi_roots, scan_jit, scan_views, size_of, views_dir
 from .hold import current_locks, held_paths, holder, lock_free, remove_entry, take_locks, under
+from ..formats import plural
 
 __all__ = ["Entry", "fi_roots", "scan", "remove", "held_paths", "doctor_section", "doctor_lines", "size_of", "human"]
 
@@ -151,6 +152,6 @@ def doctor_lines(section: dict) -> list[str]:
         if r["path"]:
             lines.append(f"  {r['what']}: {r['path']} ({human(r['bytes'])})")
     if section["stale"]:
-        lines.append(f"  {section['stale']} stale entries, {human(section['stale_bytes'])}: "
+        lines.append(f"  {plural(section['stale'], 'stale entry', 'stale entries')}, {human(section['stale_bytes'])}: "
                      f"'flashinfer-sm120 cache prune' lists them, '... --yes' removes them")
     return lines

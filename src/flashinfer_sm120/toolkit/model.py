@@ -87,6 +87,8 @@ class Choice:
         rejected: ``(toolkit, reason)`` for every candidate not chosen.
         reason: one sentence on why this toolkit won.
         torch_cuda: ``torch.version.cuda`` (``None`` for a CPU build of torch).
+        usable: roots of the rejected candidates that would work too (not chosen only for order
+            or preference), for readers that tell them from refused ones without parsing reasons.
     """
 
     toolkit: Toolkit
@@ -95,6 +97,7 @@ class Choice:
     rejected: tuple[tuple[Toolkit, str], ...] = field(default_factory=tuple)
     reason: str = ""
     torch_cuda: str | None = None
+    usable: tuple[str, ...] = ()
 
     @property
     def version(self) -> Version:
@@ -110,6 +113,7 @@ class Choice:
             "capabilities": [f"{a}.{b}" for a, b in self.capabilities],
             "rejected": [{"toolkit": t.to_dict(), "reason": r} for t, r in self.rejected],
             "reason": self.reason,
+            "usable": list(self.usable),
             "torch_cuda": self.torch_cuda,
         }
 

@@ -35,7 +35,7 @@ from ..errors import Sm120Error
 
 __all__ = ["NINJA_TIMEOUT_S", "LOG_FORMATS", "FIND_STEPS", "Ninja", "NinjaError", "log_format",
            "candidates", "choose", "on_path", "same_log", "export_dir", "link_dir", "log_format_of_dir",
-           "doctor_section", "doctor_lines"]
+           "doctor_section"]
 
 #: Seconds ``ninja --version`` may take (it prints one line at once).
 NINJA_TIMEOUT_S = 10.0
@@ -356,39 +356,3 @@ def doctor_section(report: dict) -> dict:
     out["autoload"] = bool((report.get("autoload") or {}).get("pth"))
     return out
 
-
-def doctor_lines(section: dict) -> list[str]:
-    """:func:`doctor_section` as printed."""
-    if "chosen" not in section:
-        return [f"Ninja: none usable: {section.get('error')}"]
-    c = section["chosen"]
-    fmt = f".ninja_log v{c['log_format']}" if c["log_format"] else ".ninja_log format unknown"
-    lines = [f"Ninja (FlashInfer's JIT builds and 'flashinfer-sm120 build' run it): {c['path']} "
-             f"(ninja {c['version']}, {fmt}; {', '.join(c['sources'])})"]
-    which = section.get("which_ninja")
-    if which and os.path.realpath(which) != c["real"]:
-        lines.append(f"  which ninja in this shell: {which} (a server process gets the one above first on "
-                     f"PATH once flashinfer-sm120 exports its toolkit)")
-    elif not which:
-        lines.append("  which ninja in this shell: none (a server process gets the one above on PATH once "
-                     "flashinfer-sm120 exports its toolkit)")
-    for n in section.get("conflicts") or []:
-        other = f".ninja_log v{n['log_format']}" if n["log_format"] else "another .ninja_log format"
-        head = (f"  WARNING: {n['path']} (ninja {n['version']}, {other}) is reachable too, and each of the two "
-                f"rebuilds every module the other built. ")
-        if section.get("autoload"):
-            lines.append(head + f"Servers of this environment run {c['path']} (the autoload puts it first on "
-                         f"PATH); a process without the autoload (another environment's server, a shell) runs "
-                         f"whichever is first on its PATH. Fix, if one does: remove the other ninja (e.g. "
-                         f"apt-get remove ninja-build) or put {os.path.dirname(c['path'])} first on its PATH")
-        else:
-            lines.append(head + f"A server started from this environment runs whichever is first on its PATH. "
-                         f"Fix: 'flashinfer-sm120 enable' (every server process then runs {c['path']}, which "
-                         f"'flashinfer-sm120 build' runs), or remove the other ninja (e.g. apt-get remove "
-                         f"ninja-build)")
-    stale = {k: v for k, v in (section.get("cache_log_formats") or {}).items() if str(k) != str(c["log_format"])}
-    if stale and c["log_format"]:
-        lines.append(f"  WARNING: {sum(stale.values())} module(s) in {section.get('jit_dir')} were built by a ninja "
-                     f"with .ninja_log v{', v'.join(sorted(stale))}: {c['path']} will rebuild them. Fix: "
-                     f"'flashinfer-sm120 build' them again (it runs {c['path']})")
-    return lines

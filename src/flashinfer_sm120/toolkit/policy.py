@@ -101,14 +101,14 @@ def _target_need(t: tuple[int, str], v: Version) -> str:
     return f"{name} (nvcc >= {need})"
 
 
-def _after(toolkits: Sequence[Toolkit], j: int, chosen: Toolkit, why) -> tuple[Toolkit, str]:
+def _after(toolkits: Sequence[Toolkit], j: int, chosen: Toolkit, why) -> tuple[Toolkit, str, bool]:
     """A candidate after the chosen one: its own verdict if already read, else
-    a placeholder (lazy :class:`Candidates` do not read what is not needed)."""
+    a placeholder (lazy :class:`Candidates` do not read what is not needed); and whether it fits."""
     if isinstance(toolkits, Candidates) and not toolkits.is_read(j):
-        return toolkits.peek(j), f"not examined: {chosen.root} comes first and works"
+        return toolkits.peek(j), f"not examined: {chosen.root} comes first and works", False
     tk = toolkits[j]
     reason = why(tk)
-    return tk, (f"not chosen ({reason})" if reason else f"usable, but {chosen.root} comes first")
+    return tk, (f"not chosen ({reason})" if reason else f"usable, but {chosen.root} comes first"), not reason
 
 
 def choose(
@@ -203,13 +203,14 @@ def _choice(toolkits, pick, verdict, why, caps, fixed, wanted, preferred, torch_
     tk = toolkits[pick]
     v = tk.nvcc_version
     targets = tuple(sorted({fixed[c] if c in fixed else _arch.normalize(*c, v) for c in caps}))
-    rejected = []
+    rejected, usable = [], []
     for j in range(len(toolkits)):
         if j == pick:
             continue
         if j in verdict:
             r = verdict[j]
             if r is None:
+                usable.append(toolkits[j].root)
                 r = (f"usable, but with a CPU-only torch a CUDA {_PREFERRED_MAJOR_FOR_CPU_TORCH}+ toolkit "
                      f"({tk.root}) is preferred" if j < pick
                      else f"usable, but {tk.root} comes first")
@@ -217,7 +218,10 @@ def _choice(toolkits, pick, verdict, why, caps, fixed, wanted, preferred, torch_
                 r = f"not chosen ({r})"
             rejected.append((toolkits[j], r))
         else:
-            rejected.append(_after(toolkits, j, tk, why))
+            other, r, fits = _after(toolkits, j, tk, why)
+            rejected.append((other, r))
+            if fits:
+                usable.append(other.root)
     what = ", ".join(_arch.format_target(t) for t in targets) or "no GPU targets"
     reason = f"first acceptable toolkit in order ({tk.sources[0]}) for {what}"
     if wanted != preferred:
@@ -231,7 +235,7 @@ def _choice(toolkits, pick, verdict, why, caps, fixed, wanted, preferred, torch_
     if unknown:
         reason += ("; " + ", ".join(_arch.format_target(t) for t in unknown)
                    + " not in flashinfer-sm120's table, used as given in FLASHINFER_CUDA_ARCH_LIST")
-    return Choice(tk, targets, tuple(caps), tuple(rejected), reason, torch_cuda)
+    return Choice(tk, targets, tuple(caps), tuple(rejected), reason, torch_cuda, tuple(usable))
 
 
 def _refusal(toolkits, reasons, arch_specs, capabilities, target_sets, explicit, torch_cuda,

@@ -34,7 +34,7 @@ from .. import formats
 from . import targets as _targets
 
 __all__ = ["MODULE_CAP", "CUBIN_CAP", "find_cuobjdump", "module_targets", "check_module", "jit_modules",
-           "prebuilt_places", "cubin_summary", "inventory", "gpus_to_check", "doctor_section", "doctor_lines"]
+           "prebuilt_places", "cubin_summary", "inventory", "gpus_to_check", "doctor_section"]
 
 #: Modules inspected per place at most (a jit-cache package holds hundreds).
 MODULE_CAP = 200
@@ -291,52 +291,3 @@ def doctor_section(report: dict) -> dict:
     out = inventory(after.get("jit_dir"), gpus, after.get("cuda_home"))
     out["against"] = against
     return out
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def doctor_lines(section: dict) -> list[str]:
-    """The ``inventory`` section as ``doctor`` prints it."""
-    lines = [f"\nWhat FlashInfer will load (checked against {section.get('against', 'the GPUs')}; targets via "
-             f"{section['cuobjdump'] or 'ELF headers only: no cuobjdump, pip install nvidia-cuda-cuobjdump'}):"]
-    if not section["places"]:
-        lines.append("  nothing built yet and no prebuilt kernel package installed")
-    for place in section["places"]:
-        lines.append(f"  {place['label']}: {place['path']}")
-        if place["kind"] == "flashinfer-cubin":
-            by = ", ".join(f"{k} x{v}" for k, v in place["by_sm"].items()) or "none readable"
-            lines.append(f"    {place['cubins']} cubins{' (more not read)' if place['more'] else ''}: {by}")
-            if place["note"]:
-                lines.append(f"    note: {place['note']}")
-            continue
-        if place.get("declared"):
-            lines.append(f"    declares {', '.join(place['declared'])}")
-        if not place["modules"]:
-            lines.append("    no modules built")
-        if place.get("other_targets"):
-            built = ", ".join(f"{d} ({n})" for d, n in place["other_targets"].items())
-            lines.append(f"    modules built with this toolkit for other targets: {built}; set "
-                         f"FLASHINFER_CUDA_ARCH_LIST (e.g. 12.0) to inspect them")
-        for m in place["modules"]:
-            held = ", ".join(m["sass"] + m["ptx"]) or (m["note"] or "?")
-            flag = "PROBLEM " if m["problem"] else ""
-            lines.append(f"    {flag}{m['name']}: {held} ({_size(m['bytes'])})")
-            if m["known"] and m["note"] and (m["sass"] or m["ptx"]):
-                lines.append(f"      {m['note']}")
-            if m["problem"]:
-                lines.append(f"      {m['problem']}")
-            elif m["caution"]:
-                lines.append(f"      caution: {m['caution']}")
-        if place.get("not_inspected"):
-            lines.append(f"    ... and {place['not_inspected']} more modules not inspected")
-    if section["problems"]:
-        lines.append(f"  {section['problems']} module(s) hold no code a GPU here can run: see PROBLEM above")
-    return lines

@@ -32,7 +32,7 @@ import time
 
 from .. import formats
 
-__all__ = ["SMOKE_TIMEOUT_S", "STEPS", "Step", "SmokeResult", "run_smoke", "smoke_lines"]
+__all__ = ["SMOKE_TIMEOUT_S", "STEPS", "Step", "SmokeResult", "run_smoke"]
 
 #: Seconds the whole smoke check may take by default.
 SMOKE_TIMEOUT_S = 30.0
@@ -364,15 +364,3 @@ def run_smoke(timeout: float = SMOKE_TIMEOUT_S, *, keep: str | None = None, gpu:
             why = (f"not run: {failed} failed" if failed else "no GPU visible (compile and link checked only)")
             run.steps.append(Step(name, "skipped", 0.0, why))
     return SmokeResult(failed is None, run.steps, failed, round(time.monotonic() - run.start, 2), home, targets)
-
-
-def smoke_lines(result: dict) -> list[str]:
-    """A :meth:`SmokeResult.to_dict` as ``doctor --smoke`` prints it."""
-    verdict = "PASSED" if result["ok"] else f"FAILED at step '{result['failed']}'"
-    lines = [f"\nSmoke check (a tiny kernel built with FlashInfer's own build line for "
-             f"{' '.join(result['targets']) or 'no targets'}): {verdict} in {result['seconds']:g} s"]
-    for s in result["steps"]:
-        lines.append(f"  {s['name']:<10}  {s['status']:<7}  {s['seconds']:>5.1f} s  {s['detail']}")
-        if s["output"]:
-            lines += ["      " + ln for ln in s["output"].splitlines()]
-    return lines

@@ -136,9 +136,9 @@ def family_estimate(fam: Family, recorded: dict[str, list[int]]) -> Estimate:
     if peaks:
         peak = max(peaks)
         return Estimate(int(peak * (1 + RECORDED_MARGIN)), fam.name,
-                        f"recorded: {fam.name} peaked at {fmt_bytes(peak)} here (largest of the last "
-                        f"{len(peaks)}), +{RECORDED_MARGIN:.0%}")
-    return Estimate(fam.default_mib * MIB, fam.name, f"default for {fam.name} ({fam.source})")
+                        f"recorded: {fam.name} peaked at {fmt_bytes(peak)} here, the largest of the last "
+                        f"{len(peaks)}, +{RECORDED_MARGIN:.0%}")
+    return Estimate(fam.default_mib * MIB, fam.name, f"default for {fam.name}, {fam.source}")
 
 
 def heaviest_estimate() -> Estimate:

@@ -41,6 +41,7 @@ from ..proc import signals_as_exit
 from . import jobserver, progress
 from . import ninjacmd
 from .ninjacmd import STATUS_RE, children, command, dry_run, ninja_env, step_name
+from ..formats import plural
 
 __all__ = ["Job", "Result", "run_pool", "default_jobs"]
 
@@ -207,7 +208,7 @@ def _run_pool(jobs: list[Job], max_jobs: int | None, stream, stats: dict | None,
     todo.sort(key=lambda t: -t[1])
     total = sum(n for _, n in todo)
     if todo:
-        stream.write(f"to build: {len(todo)} module(s), {total} compile/link steps, -j {slots_total}: "
+        stream.write(f"to build: {plural(len(todo), 'module')}, {plural(total, 'compile/link step')}, -j {slots_total}: "
                      + ", ".join(f"{j.label} ({n})" for j, n in todo) + "\n")
     stream.flush()
     display = progress.Display(stream, total)
