@@ -43,22 +43,27 @@ def test_doctor_json_reports_candidates_choice_and_before_after(clean_env, tmp_p
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
     by_root = {c["root"]: c for c in r["candidates"]}
-    assert by_root[str(fake)]["verdict"].startswith("rejected: nvcc 12.8 cannot build sm_120f")
-    chosen = [c for c in r["candidates"] if c["verdict"].startswith("CHOSEN")]
+    assert by_root[str(fake)]["state"] == "rejected"
+    assert by_root[str(fake)]["why"].startswith("nvcc 12.8 cannot build sm_120f")
+    chosen = [c for c in r["candidates"] if c["state"] == "chosen"]
     assert len(chosen) == 1 and chosen[0]["nvcc_version"].startswith("13.")
     assert r["resolution"]["choice"]["targets"] == ["sm_120f"]
     assert r["before"]["cuda_home"] == str(fake) and r["before"]["cuda_version"] == "12.8"
     assert r["after"]["status"]["mode"] == "patched"
     assert r["after"]["status"]["target_cuda_archs"] == ["sm_120f"]
     assert r["after"]["cuda_version"].startswith("13.")
+    alone = r["diagnosis"]["alone"]  # FlashInfer alone picks the 12.8 toolkit, which cannot build sm_120f
+    assert alone["works"] is False and "cannot build sm_120f" in alone["why"], alone
+    assert r["diagnosis"]["ok"] is True and r["diagnosis"]["targets"] == ["sm_120f"]
 
 
 @needs_flashinfer
 def test_doctor_human_output(clean_env, real_nvcc13):
-    proc = cli(["doctor"], dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.1"))
+    proc = cli(["doctor", "--verbose"], dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.1"))
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("OK: FlashInfer will build sm_121a with nvcc 13.")
     assert "CHOSEN" in proc.stdout and "targets: sm_121a" in proc.stdout
-    assert "FlashInfer alone:" in proc.stdout and "With flashinfer-sm120 (patched)" in proc.stdout
+    assert "FlashInfer alone:" in proc.stdout and "With flashinfer-sm120: patched" in proc.stdout
 
 
 def test_enable_disable_pth(tmp_path):
@@ -103,7 +108,7 @@ def test_doctor_with_a_hung_nvcc_finishes_and_says_so(clean_env, tmp_path, real_
     r = json.loads(proc.stdout)
     assert r["before"]["error"].startswith("FlashInfer hung in ")  # at import or in get_cuda_version()
     (c,) = [c for c in r["candidates"] if c["root"] == str(hang)]
-    assert "did not answer 'nvcc --version' within 10 s" in c["verdict"]
+    assert c["state"] == "rejected" and "did not answer 'nvcc --version' within 10 s" in c["why"]
     assert r["after"]["cuda_version"].startswith("13.")
 
 

@@ -33,9 +33,10 @@ def test_build_without_flashinfer_names_the_pip_fix(hiding):
 def test_doctor_without_torch_or_flashinfer_says_not_installed_and_fails(hiding):
     proc = cli(["doctor", "--timeout", "30"], hiding("flashinfer", "torch"), timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    first = proc.stdout.splitlines()[0]
-    assert "torch: not installed" in first and "CPU build" not in first
-    assert "flashinfer: not installed" in first and "pip install flashinfer-python" in proc.stdout
+    verdict, versions = proc.stdout.splitlines()[:2]
+    assert verdict.startswith("PROBLEM: FlashInfer is not installed") and "pip install flashinfer-python" in verdict
+    assert "torch not installed" in versions and "CPU build" not in versions
+    assert "FlashInfer not installed" in versions
 
 
 @needs_flashinfer
@@ -161,9 +162,10 @@ def test_build_norm_without_cublas_fails_before_compiling(clean_env, tmp_path):
 
 def test_status_line_for_each_mode():
     tk = {"nvcc_full": "13.0.88", "root": "/opt/cu13"}
-    st = {"mode": "patched", "resolution": {"choice": {"toolkit": tk}}, "target_cuda_archs": ["sm_120f"]}
+    st = {"mode": "patched", "toolkit": tk, "targets": ["sm_120f"]}
     assert status_line(st) == "patched: nvcc 13.0.88 at /opt/cu13; targets sm_120f"
-    assert status_line(dict(st, target_cuda_archs=[])).endswith("FLASHINFER_CUDA_ARCH_LIST=12.0)")
+    assert status_line(dict(st, targets=[])).endswith("nothing can be built (no GPU visible and no "
+                                                      "FLASHINFER_CUDA_ARCH_LIST): e.g. flashinfer-sm120 status --arch 12.0")
     assert status_line({"mode": "guard"}).startswith("guard: no CUDA toolkit fits")
     assert status_line({"mode": "disabled"}).startswith("disabled: FLASHINFER_SM120_DISABLE")
     assert status_line({"mode": "failed", "error": "boom"}) == "failed: boom"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from conftest import make_toolkit
-from flashinfer_sm120.cli import doctor
+from flashinfer_sm120.verify import report as doctor
 
 
 def test_alone_child_skips_an_untrusted_nvcc_on_path(tmp_path, monkeypatch):

@@ -218,3 +218,82 @@ def test_ray_worker_setup_hook_patches_and_exports(clean_env, tmp_path, real_nvc
     assert after["mode"] in ("patched", "noop") and after["CUDA_HOME"] == before["CUDA_HOME"], proc.stderr
     assert after["exported"]["cuda_home"] == before["CUDA_HOME"]
     assert out["reverted"] == {"exported": {}, "home": None}
+
+
+# --------------------------------------------------------------------------- the image's build context
+
+
+def _dockerignore_patterns() -> list[re.Pattern]:
+    """The repository's .dockerignore as regular expressions, with Docker's rules (moby's
+    patternmatcher): ``*`` and ``?`` stay within a path element, ``**`` spans any number of them,
+    and an excluded directory excludes everything under it."""
+    out = []
+    for line in (ROOT / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        assert not line.startswith("!"), "an exception pattern: extend this matcher first"
+        rx, i = "", 0
+        pat = line.strip("/")
+        while i < len(pat):
+            if pat.startswith("**/", i):
+                rx, i = rx + "(?:.*/)?", i + 3
+            elif pat.startswith("**", i):
+                rx, i = rx + ".*", i + 2
+            elif pat[i] == "*":
+                rx, i = rx + "[^/]*", i + 1
+            elif pat[i] == "?":
+                rx, i = rx + "[^/]", i + 1
+            else:
+                rx, i = rx + re.escape(pat[i]), i + 1
+        out.append(re.compile(rx + r"\Z"))
+    return out
+
+
+def _ignored(rel: str, patterns) -> bool:
+    parts = rel.split("/")
+    return any(p.match("/".join(parts[:n])) for p in patterns for n in range(1, len(parts) + 1))
+
+
+def test_dockerignore_keeps_the_venv_git_and_caches_out_of_the_image_context(tmp_path):
+    """examples/Dockerfile copied the repository root with no .dockerignore: the 3 GB .venv the
+    README creates went into the build context."""
+    patterns = _dockerignore_patterns()
+    for local in (".venv/lib/python3.12/site-packages/torch/__init__.py", ".git/HEAD", "venv/bin/python",
+                  "src/flashinfer_sm120/__pycache__/cli.cpython-312.pyc", "tests/__pycache__/x.pyc",
+                  ".cache/flashinfer/0.7.4/flashinfer_jit.log", ".pytest_cache/v/cache/nodeids",
+                  ".hypothesis/examples/x", "dist/flashinfer_sm120-0.2.0-py3-none-any.whl", "build/lib/x.py",
+                  "src/flashinfer_sm120.egg-info/PKG-INFO", "site/index.html"):
+        assert _ignored(local, patterns), local
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    needed = [f for f in tracked if f.startswith(("src/", "examples/")) or f in ("pyproject.toml", "README.md", "LICENSE")]
+    assert "examples/build-stage.sh" in needed and any(f.endswith("cli/__init__.py") for f in needed)
+    assert not [f for f in needed if _ignored(f, patterns)]  # what `pip install /src/flashinfer-sm120` reads
+
+
+def test_the_build_context_of_this_checkout_is_small():
+    """The context Docker would send from this very checkout (its .venv, .git and caches
+    included when present) holds no venv and stays small."""
+    patterns = _dockerignore_patterns()
+    total, sent = 0, []
+    for top, dirs, files in os.walk(ROOT):
+        rel_top = os.path.relpath(top, ROOT)
+        rel = (lambda n: n) if rel_top == "." else (lambda n: f"{rel_top}/{n}")
+        dirs[:] = [d for d in dirs if not _ignored(rel(d), patterns)]
+        for f in files:
+            if not _ignored(rel(f), patterns):
+                sent.append(rel(f))
+                total += os.lstat(os.path.join(top, f)).st_size
+    assert not [f for f in sent if f.startswith((".venv/", ".git/")) or "/site-packages/" in f]
+    assert total < 50 << 20, f"{total} bytes in the build context"
+
+
+def test_dockerfile_runtime_stage_carries_only_the_venv_and_caches():
+    """The runtime stage copies the build stage's venv, JIT cache and view, nothing of the
+    checkout, and can leave the host compiler out."""
+    runtime = (EXAMPLES / "Dockerfile").read_text().split("FROM ${BASE} AS runtime")[1]
+    copies = re.findall(r"^COPY (.*)$", runtime, re.M)
+    assert copies and all(c.startswith("--from=build ") for c in copies), copies
+    sources = {c.split()[-2] for c in copies}
+    assert sources == {"/opt/venv", "/var/cache/flashinfer", "/var/cache/flashinfer-sm120"}, sources
+    assert 'ARG RUNTIME_PACKAGES="g++"' in runtime and "$RUNTIME_PACKAGES" in runtime

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import needs_flashinfer
+from flashinfer_sm120.cli.doctor_sections import inventory_lines
 from flashinfer_sm120.verify import inventory, targets
 
 pytestmark = [pytest.mark.slow, pytest.mark.nvcc]
@@ -76,7 +77,7 @@ def test_targets_read_from_each_module_and_a_module_for_another_gpu_flagged(buil
     bad = mods["for_100a_only"]
     assert bad["sass"] == ["sm_100a"] and "sm_100a" in bad["problem"] and "flashinfer-sm120 build --arch 12.0" in bad["problem"]
     assert [m for m in mods.values() if m["problem"]] == [bad] and section["problems"] == 1
-    text = "\n".join(inventory.doctor_lines(dict(section, against="the visible GPUs")))
+    text = "\n".join(inventory_lines(dict(section, against="the visible GPUs")))
     assert "PROBLEM for_100a_only: sm_100a" in text and "for_120f: sm_120f" in text
 
 
@@ -147,7 +148,7 @@ def test_doctor_lists_the_prebuilt_packages_flashinfer_would_load_first(built, c
     assert jc["for_120f"]["problem"] is None
     (cubin,) = [p for p in inv["places"] if p["kind"] == "flashinfer-cubin"]
     assert cubin["path"] == built["cubins"] and cubin["by_sm"] == {"sm_100": 1}
-    human = "\n".join(inventory.doctor_lines(inv))  # what doctor prints for the section
+    human = "\n".join(inventory_lines(inv))  # what doctor prints for the section
     assert "What FlashInfer will load" in human and "PROBLEM for_100a_only: sm_100a" in human
     assert "declares sm100a, sm120a" in human and "1 cubins: sm_100 x1" in human
     assert report["caches"]["roots"][1]["path"] == os.path.join(clean_env["FLASHINFER_WORKSPACE_BASE"], ".cache",

@@ -192,12 +192,12 @@ def test_doctor_shows_gpu_source_guard_cleaned_home_and_release(clean_env, tmp_p
 
     from flashinfer_sm120.cli import doctor
 
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        doctor._print_doctor(r)
-    human = buf.getvalue()
+    human = "\n".join(doctor.render(r, verbose=True))
     assert "GPUs (from torch.cuda (NVML" in human and "FlashInfer is GUARDED" in human
-    assert "CUDA_HOME/CUDA_PATH cleaned:" in human and "FlashInfer release: era sm120a-12.8" in human
+    assert f"WARNING: CUDA_HOME=':{fake}' is malformed" in human and "FlashInfer release rules:" in human
+    assert human.startswith("PROBLEM: no CUDA toolkit found here can build for these GPUs")
+    short = doctor.render(r)
+    assert short[0].startswith("PROBLEM: ") and "era sm120a" not in "\n".join(short)
 
 
 def test_guard_when_flashinfer_alone_cannot_import_says_so_with_the_fix(clean_env, tmp_path):

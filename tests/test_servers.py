@@ -286,7 +286,7 @@ def _report(**over) -> dict:
          "gpu_source": "nvml", "gpus": [], "FLASHINFER_CUDA_ARCH_LIST": None, "cleaned": [],
          "candidates": [{"root": "/opt/cuda-evil", "nvcc_full": None, "version_from": None, "header_version": None,
                          "sources": ["CUDA_HOME"], "problem": "/opt/cuda-evil is writable by other users",
-                         "verdict": "rejected: /opt/cuda-evil is writable by other users"}],
+                         "state": "rejected", "why": "/opt/cuda-evil is writable by other users"}],
          "guard": True, "resolution_error": "no CUDA toolkit can build sm_120f ... Fix: pip install x",
          "before": {"cuda_home": "/usr/local/cuda", "cuda_version": "13.0", "target_cuda_archs": []},
          "after": {"status": {"mode": "guard", "steps": {}, "error": "e"}, "jit_dir": "/j", "exported": {}},
@@ -303,15 +303,13 @@ def test_doctor_without_a_toolkit_says_the_cuda_version_is_torchs_and_refused_en
     monkeypatch.setattr(servers, "installed", lambda: [])
     report = _report()
     report["before"]["cuda_home"] = str(tmp_path / "no-cuda")
-    doctor._print_doctor(report)
-    out = capsys.readouterr().out
-    assert "FlashInfer alone:   CUDA_HOME=" + str(tmp_path / "no-cuda") + \
-        "  no nvcc (CUDA version would come from torch: 13.0)" in out
-    assert "CUDA 13.0" not in out.split("FlashInfer alone:")[1].splitlines()[0]
+    out = "\n".join(doctor.render(report, verbose=True))
+    assert "FlashInfer alone: would fail because it finds no nvcc" in out
+    assert "  CUDA_HOME=" + str(tmp_path / "no-cuda") + "  no nvcc (CUDA version would come from torch: 13.0)" in out
+    assert "CUDA 13.0" not in out.split("FlashInfer alone:")[1].splitlines()[1]
     assert "nvcc ? (from -), headers ?" not in out
     assert "/opt/cuda-evil  (found via CUDA_HOME)\n      rejected: /opt/cuda-evil is writable by other users" in out
     # with an nvcc there, its CUDA is said as before
     nvcc_home = make_toolkit(tmp_path / "cuda-13.0", "13.0.88")
     report["before"]["cuda_home"] = str(nvcc_home)
-    doctor._print_doctor(report)
-    assert "  CUDA 13.0  TARGET_CUDA_ARCHS" in capsys.readouterr().out
+    assert "  CUDA 13.0  TARGET_CUDA_ARCHS" in "\n".join(doctor.render(report, verbose=True))

@@ -63,7 +63,7 @@ def test_a_broken_toolkit_fails_naming_the_step_with_its_output(clean_env, tmp_p
     assert len(failed["output"]) < 2200  # truncated: the end, where compilers put the error
     assert all(step[n]["status"] == "skipped" and "compile failed" in step[n]["detail"]
                for n in ("link", "link check", "load", "run"))
-    from flashinfer_sm120.verify.smoke import smoke_lines
+    from flashinfer_sm120.cli.doctor_sections import smoke_lines
 
     human = "\n".join(smoke_lines(smoke))  # what doctor prints for it
     assert "FAILED at step 'compile'" in human and "broken on purpose" in human

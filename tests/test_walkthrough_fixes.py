@@ -15,7 +15,9 @@ from packaging.version import Version
 
 from flashinfer_sm120 import arch, reinstall, workspace
 from flashinfer_sm120.cli import main
+from flashinfer_sm120.cli.doctor_sections import inventory_lines
 from flashinfer_sm120.cli.status import status_line
+from flashinfer_sm120.patch.laststatus import from_status
 from flashinfer_sm120.arch import ArchListError
 from flashinfer_sm120.toolkit import fixes, ninja
 from flashinfer_sm120.toolkit.model import Toolkit
@@ -76,11 +78,11 @@ def test_json_is_json_even_with_a_dependency_missing(hiding, args):
     assert st["mode"] == "failed" and "pip install filelock" in st["error"]
 
 
-def test_no_command_names_the_argument_command(capsys):
-    with pytest.raises(SystemExit):
-        main([])
-    err = capsys.readouterr().err
-    assert "required: command" in err and "cmd" not in err.split("required:")[1]
+def test_no_command_prints_the_help_and_exits_2(capsys):
+    """A bare ``flashinfer-sm120`` printed only argparse's 'required: command' error."""
+    assert main([]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("usage: flashinfer-sm120") and "doctor" in out and "Start with 'flashinfer-sm120 doctor'" in out
 
 
 # --------------------------------------------------------------------------- status
@@ -115,10 +117,10 @@ def test_status_says_a_set_but_unusable_arch_list_is_unusable():
     st = {"mode": "patched", "target_cuda_archs": [],
           "resolution": {"choice": {"toolkit": {"nvcc_full": "13.0.88", "root": "/tk"}},
                          "arch_list_error": "FLASHINFER_CUDA_ARCH_LIST='12.0x': entry '12.0x' is not ..."}}
-    line = status_line(st)
+    line = status_line(from_status(st))
     assert "'12.0x'" in line and "no FLASHINFER_CUDA_ARCH_LIST" not in line
     st["resolution"]["arch_list_error"] = None
-    assert "no FLASHINFER_CUDA_ARCH_LIST" in status_line(st)
+    assert "no FLASHINFER_CUDA_ARCH_LIST" in status_line(from_status(st))
 
 
 # --------------------------------------------------------------------------- hints
@@ -181,7 +183,7 @@ def test_doctor_points_at_modules_built_for_other_targets(tmp_path):
     here.mkdir(parents=True)
     assert inventory.other_targets(str(here)) == {"120f": 1}
     section = inventory.inventory(str(here), [], prebuilt=False)
-    text = "\n".join(inventory.doctor_lines(section))
+    text = "\n".join(inventory_lines(section))
     assert "no modules built" in text and "120f (1)" in text
     assert inventory.other_targets(str(built.parent)) == {}  # the built directory itself
 

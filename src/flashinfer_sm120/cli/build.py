@@ -177,11 +177,11 @@ def _print_human(summary: dict) -> None:
             print(f"ninja written {r['module']}: {r['ninja']}")
         elif r["status"] == "failed":
             print(f"FAILED {r['module']}:\n    " + (r["error"] or "").replace("\n", "\n    "))
-        else:  # the path once, below: it holds the module name twice (<dir>/<module>/<module>.so)
+        else:  # the directory once, below: each path holds FlashInfer's long module name twice
             at = "" if os.path.dirname(os.path.dirname(r["library"])) == where else f" at {r['library']}"
             print(f"{r['status']} {r['module']} ({human(r['bytes'])}, {r['seconds']} s; {', '.join(r['binary'])}){at}")
     if where:
-        print(f"modules in {where}/<module>/<module>.so")
+        print(f"libraries in {where} (one directory per FlashInfer module; --json gives each path)")
     for s in summary["cannot_regenerate"]:
         print(f"cannot regenerate {s['name']}: {s['why']}")
 

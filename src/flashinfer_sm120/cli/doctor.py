@@ -67,9 +67,16 @@ def run_doctor(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
-        for line in (_verbose if args.verbose else _short)(report, diagnosis):
+        for line in render(report, verbose=args.verbose):
             print(line)
     return 0 if diagnosis.ok else 1
+
+
+def render(report: dict, *, verbose: bool = False) -> list[str]:
+    """The report as printed: one screen, or everything with ``verbose``."""
+    from ..verify.diagnosis import diagnose
+
+    return (_verbose if verbose else _short)(report, diagnose(report))
 
 
 def _smoke_only(args: argparse.Namespace) -> int:
@@ -262,7 +269,7 @@ def _verbose(r: dict, d) -> list[str]:
     b = r["before"]
     p("\n" + _alone_line(d))
     if "error" not in b:
-        p(f"  CUDA_HOME={b.get('cuda_home')}  CUDA {b.get('cuda_version', b.get('cuda_version_error'))}  "
+        p(f"  CUDA_HOME={b.get('cuda_home')}  {_alone_cuda(b, r.get('torch_cuda'))}  "
           f"TARGET_CUDA_ARCHS={b.get('target_cuda_archs')}")
     a = r["after"]
     st = a["status"]
@@ -286,6 +293,17 @@ def _verbose(r: dict, d) -> list[str]:
             continue
         out += _fn(renderer)(section)
     return out
+
+
+def _alone_cuda(b: dict, torch_cuda) -> str:
+    """FlashInfer alone's CUDA version, saying when it is torch's fallback, not an nvcc
+    (``get_cuda_version``, flashinfer/jit/cpp_ext.py 0.7.x: ``nvcc --version``, and on
+    ``FileNotFoundError`` ``torch.version.cuda``)."""
+    home = b.get("cuda_home")
+    if home and not os.path.lexists(os.path.join(home, "bin", "nvcc")):
+        return (f"no nvcc (CUDA version would come from torch: {b.get('cuda_version') or torch_cuda})"
+                if b.get("cuda_version") else f"no nvcc ({b.get('cuda_version_error')})")
+    return f"CUDA {b.get('cuda_version', b.get('cuda_version_error'))}"
 
 
 def add_parser(sub) -> None:
