@@ -69,3 +69,29 @@ def test_sdist_builds_a_wheel_with_the_license_and_the_package(sdist, tmp_path):
     assert not [n for n in names if n.startswith(("tests/", "docs/")) or n.endswith(".pyc")]
     assert "Provides-Extra: docs" in meta and "Provides-Extra: test" in meta
     assert os.path.getsize(wheel) < 1 << 20  # source only
+
+
+@pytest.mark.slow  # builds a wheel and a fresh venv
+def test_a_wheel_from_python_m_build_installs_without_a_clone_and_reports_its_versions(tmp_path):
+    """docs/deploy.md, "Install without a clone": ``python -m build --wheel``, then the wheel in a
+    fresh venv.  ``--no-deps`` keeps it offline: ``--version`` still answers, naming what is missing."""
+    pytest.importorskip("build", reason="the 'build' frontend is not installed: pip install -e '.[test]'")
+    out = tmp_path / "dist"
+    proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (wheel,) = out.glob("flashinfer_sm120-*-py3-none-any.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                          str(wheel)], capture_output=True, text=True, timeout=300)
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["HOME"] = str(tmp_path / "home")
+    ver = subprocess.run([str(venv / "bin" / "flashinfer-sm120"), "--version"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert ver.returncode == 0 and "Traceback" not in ver.stderr, ver.stdout + ver.stderr
+    lines = ver.stdout.splitlines()
+    assert lines[0].startswith("flashinfer-sm120 0.") and str(venv) in lines[0]  # the wheel's, not the checkout's
+    assert "FlashInfer: not installed (pip install flashinfer-python)" in lines
+    assert "torch: not installed" in lines and lines[-1].startswith("nvcc")
