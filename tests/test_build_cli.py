@@ -47,3 +47,23 @@ def test_variants_from_flags_become_flashinfer_modules(clean_env, real_nvcc13):
     name = mods["decode-bf16-kvfp8_e4m3-hd256"]["name"]
     assert "dtype_q_bf16" in name and "dtype_kv_e4m3" in name and "head_dim_qk_256" in name
     assert all(os.path.exists(m["ninja"]) for m in mods.values())
+
+
+def test_result_lines_name_the_library_directory_once(capsys):
+    """Each result line repeated FlashInfer's long module name twice (its directory and its file),
+    about 420 characters a line."""
+    from flashinfer_sm120.cli.build import _print_human
+
+    jit = "/home/user/.cache/flashinfer/0.7.4/120f/nvcc13.0.88-0123abcd/cached_ops"
+    long = "batch_decode_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_head_dim_qk_128"
+    mods = [{"module": "decode-bf16-hd128", "status": "built", "library": f"{jit}/{long}/{long}.so",
+             "bytes": 12_345_678, "seconds": 61.2, "binary": ["SASS sm_120f"]},
+            {"module": "sampling", "status": "up to date", "library": f"{jit}/sampling/sampling.so",
+             "bytes": 2048, "seconds": 0.0, "binary": ["SASS sm_120f"]}]
+    _print_human({"cuda_home": "/opt/cu13", "cuda_version": "13.0", "target_cuda_archs": ["sm_120f"],
+                  "modules": mods, "cannot_regenerate": []})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "built decode-bf16-hd128 (11.8 MiB, 61.2 s; SASS sm_120f)"
+    assert lines[2] == "up to date sampling (2.0 KiB, 0.0 s; SASS sm_120f)"
+    assert lines[3] == f"libraries in {jit} (one directory per FlashInfer module; --json gives each path)"
+    assert long not in "\n".join(lines)

@@ -116,3 +116,58 @@ def test_doctor_with_a_hung_nvcc_finishes_and_says_so(clean_env, tmp_path, real_
 def test_build_when_disabled_says_how_to_enable(clean_env):
     proc = cli(["build", "--arch", "12.0", "sampling"], dict(clean_env, FLASHINFER_SM120_DISABLE="1"))
     assert proc.returncode == 2 and "FLASHINFER_SM120_DISABLE is set" in proc.stderr and "unset it" in proc.stderr
+
+
+def test_enable_twice_says_already_enabled_and_writes_nothing(tmp_path, capsys):
+    """``enable`` twice said "wrote" twice."""
+    from flashinfer_sm120.cli import main
+
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    assert main(["enable", "--site-dir", str(site_dir)]) == 0
+    assert capsys.readouterr().out.startswith("wrote ")
+    pth = site_dir / "flashinfer_sm120_autoload.pth"
+    before = pth.stat().st_ino, pth.stat().st_mtime_ns
+    assert main(["enable", "--site-dir", str(site_dir)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("already enabled: ") and "wrote" not in out and " now loads " not in out
+    assert (pth.stat().st_ino, pth.stat().st_mtime_ns) == before
+    pth.write_text(pth.read_text() + "import os\n")  # a line of yours is kept; ours unchanged: nothing to write
+    assert main(["enable", "--site-dir", str(site_dir)]) == 0 and capsys.readouterr().out.startswith("already")
+    pth.chmod(0o600)  # not what enable writes: written again
+    assert main(["enable", "--site-dir", str(site_dir)]) == 0 and capsys.readouterr().out.startswith("wrote ")
+
+
+def test_every_subcommand_has_a_description():
+    """``doctor``, ``enable``, ``disable``, ``prune`` --help opened with no description."""
+    from flashinfer_sm120.cli import _parsers, build_parser
+
+    parsers = _parsers(build_parser())
+    assert len(parsers) >= 9
+    missing = [p.prog for p in parsers[1:] if not (p.description or "").strip()]
+    assert missing == []
+
+
+def test_version_names_flashinfer_torch_and_the_chosen_nvcc(capsys, monkeypatch, tmp_path, real_nvcc13):
+    """``--version`` printed ``0.2.0`` only."""
+    from flashinfer_sm120 import __version__
+    from flashinfer_sm120.cli import main
+
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.0")
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"flashinfer-sm120 {__version__} (") and lines[1].startswith("Python 3.")
+    assert lines[2].startswith("FlashInfer 0.") or lines[2].startswith("FlashInfer: not installed")
+    assert lines[3].startswith("torch ") and ("(CUDA 1" in lines[3] or "(CPU build)" in lines[3])
+    assert lines[4].startswith("nvcc 13.") and lines[4].endswith("(chosen)")
+
+
+def test_plural():
+    from flashinfer_sm120.formats import plural
+
+    assert [plural(1, "entry"), plural(2, "entry"), plural(0, "module"), plural(2, "day"),
+            plural(1, "stale entry", "stale entries"), plural(3, "stale entry", "stale entries")] == [
+        "1 entry", "2 entries", "0 modules", "2 days", "1 stale entry", "3 stale entries"]

@@ -286,3 +286,15 @@ def test_plan_takes_any_environment(max_jobs, threads, jobs_flag):
     p = jobs.plan(estimates.Estimate(100 * MIB, "light", "t"), env=env, view=view, jobs=jobs_flag)
     assert p.jobs >= 1 and p.threads >= 1 and p.at_once >= 1
     assert all(len(line) < 1200 for line in p.lines())
+
+
+def test_the_estimate_reads_without_nested_brackets():
+    """The build plan's memory line read ``1.2 GiB each (default for sampling (measured 1039 MiB))``."""
+    for fam in estimates.FAMILIES:
+        for rec in ({}, {fam.name: [700 << 20, 900 << 20]}):
+            src = estimates.family_estimate(fam, rec).source
+            depth = max_depth = 0
+            for ch in f"({src})":
+                depth += {"(": 1, ")": -1}.get(ch, 0)
+                max_depth = max(max_depth, depth)
+            assert max_depth == 1, src

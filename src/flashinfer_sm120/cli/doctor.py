@@ -148,8 +148,8 @@ def _gpus(r: dict) -> str:
 
 def _targets_from(r: dict) -> str:
     res = r.get("resolution") or {}
-    if r.get("arch_option"):
-        return f"from --arch {shown(r['arch_option'], 40)}"
+    if r.get("arch_option"):  # accepted by the arch grammar: short and printable
+        return f"from --arch {r['arch_option']}"
     if r.get("FLASHINFER_CUDA_ARCH_LIST") is not None and not res.get("arch_list_error"):
         return f"from FLASHINFER_CUDA_ARCH_LIST={shown(r['FLASHINFER_CUDA_ARCH_LIST'], 40)}"
     return "for the GPUs present"
