@@ -135,3 +135,26 @@ def test_arch_option_takes_a_value_or_refuses_it_with_a_bounded_message(value):
             os.environ.pop("FLASHINFER_CUDA_ARCH_LIST", None)
         else:
             os.environ["FLASHINFER_CUDA_ARCH_LIST"] = saved
+
+
+def test_python_and_python3_and_python_m_share_the_record(clean_env, tmp_path):
+    """The console script runs ``bin/python3`` with its own directory first on sys.path, ``python -m``
+    runs ``bin/python`` with the working directory first: the same set-up, so the same inputs."""
+    import os
+    from pathlib import Path
+
+    bindir = Path(sys.executable).parent
+    code = "import json; from flashinfer_sm120.patch.laststatus import inputs; print(json.dumps(inputs()))"
+    script = tmp_path / "show_inputs.py"
+    script.write_text(code + "\n")
+    seen = []
+    for exe in ("python", "python3"):
+        if not (bindir / exe).exists():
+            continue
+        for argv in (["-c", code], [str(script)]):
+            proc = subprocess.run([str(bindir / exe), *argv], env=clean_env, cwd=tmp_path, capture_output=True,
+                                  text=True, timeout=300)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            seen.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert len(seen) >= 2 and all(s == seen[0] for s in seen), [s["python"] for s in seen]
+    assert os.path.realpath(sys.executable) == seen[0]["python"][0]

@@ -8,7 +8,7 @@ File: ``<cache_root>/last-status.json`` (:mod:`flashinfer_sm120.cache`)::
 
 ``inputs`` (:func:`inputs`) is everything the answer was computed from, read without running
 anything: this Python, our version, the environment variables the resolution reads, the
-modification times of every ``sys.path`` directory (``pip install`` of FlashInfer, torch or a CUDA
+modification times of every ``sys.path`` directory but the script's own (``pip install`` of FlashInfer, torch or a CUDA
 wheel adds or removes a ``.dist-info`` there), of ``/usr/local`` and ``$CONDA_PREFIX`` (where
 system toolkits are found), and the GPUs the driver lists.  A record is used only when its inputs
 equal this process's and the chosen nvcc's file is unchanged (:func:`load` says why not
@@ -81,14 +81,18 @@ def inputs(env: dict[str, str] | None = None) -> dict[str, Any]:
 
     names = sorted(k for k in env if k.startswith("FLASHINFER_") and k not in _IGNORED)
     rest = sorted((k, v) for k, v in env.items() if k not in _IGNORED and k not in _ENV and k not in names)
-    dirs = [p for p in dict.fromkeys(sys.path) if p and os.path.isdir(p)]
+    # sys.path[0] is the script's directory or the working directory (python -m), unless -P/PYTHONSAFEPATH:
+    # not where FlashInfer, torch or the CUDA wheels come from, and it differs between the console
+    # script and ``python -m flashinfer_sm120``, which should share the record
+    search = sys.path if sys.flags.safe_path else sys.path[1:]
+    dirs = [p for p in dict.fromkeys(search) if p and os.path.isdir(p)]
     dirs += ["/usr/local"] + ([env["CONDA_PREFIX"]] if env.get("CONDA_PREFIX") else [])
     try:
         cuda_link = os.readlink("/usr/local/cuda")
     except OSError:
         cuda_link = None
     return {
-        "python": sys.executable,
+        "python": [os.path.realpath(sys.executable), sys.prefix],  # bin/python and bin/python3 alike
         "version": __version__,
         "env": {k: env.get(k) for k in (*_ENV, *names)},
         "other_env": hashlib.sha256(repr(rest).encode("utf-8", "surrogateescape")).hexdigest(),
