@@ -162,9 +162,12 @@ def run_doctor(args: argparse.Namespace) -> int:
         else:
             report["resolution"] = res.to_dict()
             verdicts[res.choice.toolkit.root] = "CHOSEN: " + res.choice.reason
-            for tk, why in res.choice.rejected:
-                label = "not chosen: " if why.startswith(("usable", "not chosen")) else "rejected: "
-                verdicts.setdefault(tk.root, label + why.removeprefix("not chosen "))
+            from ..toolkit.model import RejectKind
+
+            for r in res.choice.rejected:
+                lost = r.kind in (RejectKind.USABLE, RejectKind.NOT_CHOSEN)
+                verdicts.setdefault(r.toolkit.root, ("not chosen: " if lost else "rejected: ")
+                                    + (f"({r.why})" if r.kind is RejectKind.NOT_CHOSEN else r.why))
     except Exception as exc:
         report["resolution_error"] = str(exc)
     for c in report["candidates"]:
