@@ -198,7 +198,9 @@ def _print_human(summary: dict) -> None:
 
 def add_parser(sub) -> None:
     """Register ``build`` on an argparse subparsers object."""
-    servers = session_choices()  # before add_parser: a broken install fails here, not half-registered
+    # what may fail to import comes before sub.add_parser: a broken install fails here, not half-registered
+    servers = session_choices()
+    from ..warmup.launcher import ENV
     b = sub.add_parser("build", help="JIT-build FlashInfer modules into FlashInfer's JIT cache",
                        description="Build named modules (see --list) or a recorded manifest (--from) "
                        "in one job pool.")
@@ -222,17 +224,15 @@ def add_parser(sub) -> None:
                    help="write FlashInfer's build.ninja files, compile nothing")
     b.add_argument("--json", action="store_true", help="print the result as JSON on stdout (one document, "
                    "whatever the outcome: 'ok' and 'error' say how it ended)")
-    _compile_options(b)
+    _compile_options(b, ENV)
     b.set_defaults(func=run_build, json_failure=buildjson.document)
 
 
-def _compile_options(b: argparse.ArgumentParser) -> None:
-    """``--compiler-cache``, ``--mem-limit`` and ``--mem-per-compile``."""
-    from ..warmup.launcher import ENV
-
+def _compile_options(b: argparse.ArgumentParser, env_name: str) -> None:
+    """``--compiler-cache`` (``env_name`` is its variable), ``--mem-limit`` and ``--mem-per-compile``."""
     b.add_argument("--compiler-cache", choices=("sccache", "none"),
                    help="compile through a shared compile cache (sccache; its backend is sccache's own "
-                        f"SCCACHE_* configuration); default: ${ENV}, else none")
+                        f"SCCACHE_* configuration); default: ${env_name}, else none")
     b.add_argument("--mem-limit", type=cli_size("--mem-limit", 64 << 20), metavar="SIZE",
                    help="memory the compiles may use together, e.g. 8G (default: what this process "
                         "may use, from cgroups and /proc/meminfo, less 15%%)")

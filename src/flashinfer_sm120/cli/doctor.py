@@ -295,9 +295,10 @@ def _print_doctor(r: dict) -> None:
         p("  steps skipped: " + ", ".join(f"{k} ({v})" for k, v in skipped.items()))
     if st.get("error") and st["mode"] != "guard":
         p(f"  patch error: {st['error']}")
-    from .. import autoload, environ  # deploy: the autoload and what the process exports
+    from .. import environ  # deploy: the autoload and what the process exports
+    from .enable import autoload_lines
 
-    for line in autoload.doctor_lines(r.get("autoload"), r["python"]):
+    for line in autoload_lines(r.get("autoload"), r["python"]):
         p(line)
     p("Exported to this process and its children:")
     for line in environ.describe(a.get("exported", {})):
