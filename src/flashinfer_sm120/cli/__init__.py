@@ -117,16 +117,14 @@ def _unknown(parser: argparse.ArgumentParser, extras: list[str]) -> str:
     return f"unrecognized arguments: {' '.join(extras)}" + "".join(f"; {h}" for h in hints)
 
 
-#: Most command-line arguments taken: argparse's parse time grows with the square of their number
-#: (20,000 took 7 s; the 2 MB ``ARG_MAX`` allows 500,000), and no command needs more than a few dozen.
+#: Most command-line arguments taken: argparse's parse time grows with the square of their number,
+#: and no command needs more than a few dozen.
 MAX_ARGS = 4096
 
 
 def _safe_streams() -> None:
-    """Never fail on printing: stdout is ``strict`` under a UTF-8 locale, and a path from the
-    environment or the disk may hold bytes that are not UTF-8 (``os.fsdecode`` makes them lone
-    surrogates: ``CUDA_HOME=/opt/\\xff`` ended ``doctor`` in a UnicodeEncodeError).  Such characters
-    are written as ``\\udcff``, as Python's own stderr does."""
+    """Never fail on printing: a path from the environment or the disk may hold bytes that are not
+    UTF-8 (lone surrogates after ``os.fsdecode``); they are written as ``\\udcff``, as Python's stderr does."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
@@ -135,10 +133,8 @@ def _safe_streams() -> None:
 
 
 def _open_std_fds() -> None:
-    """Descriptors 0-2 closed at start (``flashinfer-sm120 doctor >&- 2>&-``, a daemon's unit) are
-    opened on ``/dev/null``: Python then has ``sys.stdout = None`` (the command ended in an
-    ``AttributeError`` traceback), and the next file the command opened took descriptor 1 or 2, so
-    output meant for the terminal, ours or a child's that inherits it, went into that file."""
+    """Descriptors 0-2 closed at start (``doctor >&- 2>&-``, a daemon's unit) are opened on ``/dev/null``,
+    so that ``sys.stdout`` exists and no file the command opens takes descriptor 1 or 2."""
     for fd, mode, name in ((0, os.O_RDONLY, "stdin"), (1, os.O_WRONLY, "stdout"), (2, os.O_WRONLY, "stderr")):
         try:
             os.fstat(fd)

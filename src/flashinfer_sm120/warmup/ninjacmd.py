@@ -11,9 +11,8 @@ import re
 __all__ = ["STATUS_RE", "ninja_binary", "command", "ninja_env", "dry_run", "gencode_summary", "children",
            "step_name"]
 
-#: A ninja status line under ``NINJA_STATUS="[%f/%t] "``: finished, total, the step.  ASCII digits,
-#: at most 9: ninja passes the compilers' output through, and a line of theirs shaped like a status
-#: line with 5,000 digits ended ``build`` in ``int()``'s ``ValueError`` (Python's 4300-digit limit).
+#: A ninja status line under ``NINJA_STATUS="[%f/%t] "``: finished, total, the step.  At most 9 ASCII
+#: digits: ninja passes the compilers' output through, and ``int()`` refuses over 4300 digits.
 STATUS_RE = re.compile(r"^\[([0-9]{1,9})/([0-9]{1,9})\] (.*)$")
 _SRC_RE = re.compile(r" -c (\S+)")
 _DRY_RUN_MAX = 16 << 20  # ninja -n of a FlashInfer module: a few KB per step
