@@ -12,7 +12,8 @@ from .. import formats
 from .find import Entry
 from .tree import remove_tree, walk_tree
 
-__all__ = ["under", "held_paths", "holder", "lock_free", "take_locks", "current_locks", "remove_entry"]
+__all__ = ["under", "held_paths", "holder", "lock_free", "take_locks", "current_locks", "remove_entry",
+           "remove_empty_parents"]
 
 
 def under(root: str, path: str) -> bool:
@@ -184,6 +185,12 @@ def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
     if gone == len(e.remove):
         e.bytes = 0  # freed by whoever removed it
         e.reason = f"{e.reason}; another process removed it first"
+    e.removed = True
+
+
+def remove_empty_parents(e: Entry) -> None:
+    """Remove the directories above a removed entry that are empty now, up to its root (after its
+    lease file went: a lease file of another entry keeps its directory)."""
     parent = os.path.dirname(e.remove[0])
     while parent != e.root and under(e.root, parent):
         try:
@@ -191,6 +198,5 @@ def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
         except OSError:
             break
         parent = os.path.dirname(parent)
-    e.removed = True
 
 
