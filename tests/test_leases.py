@@ -235,3 +235,68 @@ def test_workers_starting_while_prune_runs_all_end_with_an_existing_cuda_home(wo
                 stop(q)
             pruning.wait(timeout=300)
             (world["tmp"] / "stop").unlink()
+
+
+def test_a_chooser_that_finds_the_view_being_removed_waits_then_builds_it_anew(world, monkeypatch):
+    """Check, then use, under the lease: the chooser adopts the view, waits for the lease a prune
+    holds exclusively while removing it, finds it gone and builds it again (deterministic: the
+    prune's part is played here, between the chooser's first wait and its retry)."""
+    import threading
+
+    from flashinfer_sm120 import cache, lease
+    from flashinfer_sm120.prune.tree import remove_tree
+    from flashinfer_sm120.toolkit import inspect
+    from flashinfer_sm120.view import linkable_home
+
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", world["env"]["FLASHINFER_SM120_CACHE_DIR"])
+    cache._root_cache.clear()
+    p, out = start(world["env"])
+    stop(p)  # the view exists and nobody leases it
+    view = out["home"]
+    fd = lease.take_exclusive(view)  # the prune's part: the lease, exclusively
+    assert fd is not None
+    waiting, waits, real_sleep = threading.Event(), [], time.sleep
+
+    def sleep(s):
+        waits.append(s)
+        waiting.set()
+        real_sleep(s)
+
+    monkeypatch.setattr(lease.time, "sleep", sleep)
+    got = []
+    t = threading.Thread(target=lambda: got.append(linkable_home(inspect(str(world["tk"])))))
+    t.start()
+    try:
+        assert waiting.wait(60)  # the chooser adopted the view and waits for its lease
+        remove_tree(view)
+        lease.end_exclusive(view, fd, removed=True)
+    finally:
+        t.join(120)
+    try:
+        assert got and got[0].path == view and got[0].is_view, got
+        assert os.access(os.path.join(view, "bin", "nvcc"), os.X_OK) and lease.held(view) and lease.leased(view)
+        assert len(waits) >= 1
+    finally:
+        lease.release(view)
+        cache._root_cache.clear()
+
+
+def test_prune_removes_lease_files_left_without_their_view_unless_held(world):
+    """A chooser that found its view removed leaves a lease file; prune removes it, but never one
+    a process holds (a chooser about to build that view)."""
+    views = world["tmp"] / "ours" / "cuda-home"
+    views.mkdir(mode=0o700)
+    orphan = views / ".cuda-13.0.48-0123456789ab.lease"
+    orphan.touch()
+    code = ("import sys\nfrom flashinfer_sm120 import lease\nassert lease.hold(sys.argv[1])\n"
+            "print('held', flush=True)\nsys.stdin.read()\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(views / "cuda-13.0.88-coming")], env=world["env"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        prune(world["env"])
+        assert not orphan.exists() and (views / ".cuda-13.0.88-coming.lease").exists()
+    finally:
+        stop(p)
+    prune(world["env"])
+    assert not (views / ".cuda-13.0.88-coming.lease").exists()

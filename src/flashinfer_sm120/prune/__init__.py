@@ -42,7 +42,7 @@ import time
 from .find import DAY, Entry, fi_roots, scan_jit, scan_views, size_of, views_dir
 from .. import lease
 from .hold import (current_locks, held_paths, holder, lock_free, remove_empty_parents, remove_entry,
-                   take_locks, under)
+                   sweep_leases, take_locks, under)
 
 __all__ = ["Entry", "fi_roots", "scan", "remove", "held_paths", "doctor_section", "doctor_lines", "size_of", "human"]
 
@@ -119,7 +119,8 @@ def remove(report: dict) -> dict:
             paths = [p for p in current_locks(e) if os.path.isdir(os.path.dirname(p))]
             # threat-model: P3 -- the lease taken exclusively, without waiting, and held while the
             # entry goes: a process starting now waits, then finds it gone and builds anew
-            fd = lease.take_exclusive(e.path) if os.path.isdir(os.path.dirname(e.path)) else None
+            # (a parent gone: another prune removed it, and remove_entry says so)
+            fd = lease.take_exclusive(e.path) if os.path.isdir(os.path.dirname(e.path)) else -1
             if fd is None:
                 e.kept = f"in use: a running process holds its lease ({lease.lease_path(e.path)})"
                 continue
@@ -134,9 +135,12 @@ def remove(report: dict) -> dict:
                     for lk in locks:
                         lk.release()
             finally:
-                lease.end_exclusive(e.path, fd, e.removed)
+                if fd >= 0:
+                    lease.end_exclusive(e.path, fd, e.removed)
             if e.removed:
                 remove_empty_parents(e)
+        if view_locks is not None and (vdir := views_dir()):
+            sweep_leases(vdir)
     finally:
         for lk in view_locks or []:
             lk.release()

@@ -13,7 +13,7 @@ from .find import Entry
 from .tree import remove_tree, walk_tree
 
 __all__ = ["under", "held_paths", "holder", "lock_free", "take_locks", "current_locks", "remove_entry",
-           "remove_empty_parents"]
+           "remove_empty_parents", "sweep_leases"]
 
 
 def under(root: str, path: str) -> bool:
@@ -186,6 +186,26 @@ def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
         e.bytes = 0  # freed by whoever removed it
         e.reason = f"{e.reason}; another process removed it first"
     e.removed = True
+
+
+def sweep_leases(directory: str) -> None:
+    """Remove the lease files in ``directory`` whose directory is gone and that nobody holds (a
+    process that found its view removed while it waited leaves one behind)."""
+    from .. import lease
+
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for n in names:
+        if not (n.startswith(".") and n.endswith(".lease")) or n in (".lease",):
+            continue
+        target = os.path.join(directory, n[1:-len(".lease")])
+        if os.path.lexists(target):
+            continue
+        fd = lease.take_exclusive(target)  # threat-model: P3 -- a holder keeps it
+        if fd is not None:
+            lease.end_exclusive(target, fd, removed=not os.path.lexists(target))
 
 
 def remove_empty_parents(e: Entry) -> None:
