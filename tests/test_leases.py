@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import TESTS, needs_flashinfer
 from view_util import pip_like
@@ -300,3 +302,19 @@ def test_prune_removes_lease_files_left_without_their_view_unless_held(world):
         stop(p)
     prune(world["env"])
     assert not (views / ".cuda-13.0.88-coming.lease").exists()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(st.characters(blacklist_characters="/\0", blacklist_categories=("Cs",)), min_size=1, max_size=200))
+def test_a_lease_file_lies_beside_its_directory_and_names_it_back(name):
+    """Any directory name: its lease file is hidden, beside it, and maps back to it; names that
+    are no lease file map to nothing (prune's sweep reads them back)."""
+    from flashinfer_sm120 import lease
+
+    if name in (".", ".."):
+        return
+    target = os.path.join("/c/cuda-home", name)
+    path = lease.lease_path(target)
+    assert os.path.dirname(path) == "/c/cuda-home" and os.path.basename(path).startswith(".")
+    assert lease.target_of(path) == target
+    assert lease.target_of(target) is None or name.startswith(".") and name.endswith(".lease")

@@ -41,7 +41,7 @@ import os
 import threading
 import time
 
-__all__ = ["WAIT_S", "lease_path", "hold", "held", "release", "leased", "take_exclusive", "end_exclusive"]
+__all__ = ["WAIT_S", "lease_path", "target_of", "hold", "held", "release", "leased", "take_exclusive", "end_exclusive"]
 
 #: Seconds :func:`hold` waits while a prune holds the lease exclusively (it removes one directory).
 WAIT_S = 90.0
@@ -52,10 +52,27 @@ _lock = threading.Lock()
 _held: dict[str, int] = {}  # lease path -> descriptor holding LOCK_SH (for the process's lifetime)
 
 
+def _after_fork() -> None:
+    global _lock
+    _lock = threading.Lock()  # a thread of the parent may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def lease_path(target: str) -> str:
-    """The lease file of the directory ``target``: ``.<name>.lease`` beside it."""
+    """The lease file of the directory ``target``: ``.<name>.lease`` beside it
+    (:func:`target_of` is the inverse)."""
     target = os.path.abspath(target).rstrip("/")
     return os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.lease")
+
+
+def target_of(path: str) -> str | None:
+    """The directory whose lease file ``path`` is, or ``None`` when ``path`` is not one."""
+    name = os.path.basename(path)
+    if not (name.startswith(".") and name.endswith(".lease")) or len(name) <= len("..lease"):
+        return None
+    return os.path.join(os.path.dirname(path), name[1:-len(".lease")])
 
 
 def _same_file(fd: int, path: str) -> bool:
@@ -117,7 +134,8 @@ def held(target: str) -> bool:
 
 
 def release(target: str) -> None:
-    """Give the lease on ``target`` back (a process that chose a directory it will not use)."""
+    """Give this process's lease on ``target`` back (it chose a directory it will not use).
+    Closed, not unlocked: ``LOCK_UN`` would drop the lock of a forked child sharing it too."""
     with _lock:
         fd = _held.pop(lease_path(target), None)
     if fd is not None:

@@ -198,10 +198,8 @@ def sweep_leases(directory: str) -> None:
     except OSError:
         return
     for n in names:
-        if not (n.startswith(".") and n.endswith(".lease")) or n in (".lease",):
-            continue
-        target = os.path.join(directory, n[1:-len(".lease")])
-        if os.path.lexists(target):
+        target = lease.target_of(os.path.join(directory, n))
+        if target is None or os.path.lexists(target):
             continue
         fd = lease.take_exclusive(target)  # threat-model: P3 -- a holder keeps it
         if fd is not None:
