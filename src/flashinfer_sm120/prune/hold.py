@@ -38,7 +38,11 @@ BLIND = ("cannot tell which processes use it: /proc does not show this process (
 
 
 def held_paths() -> dict[str, int] | None:
-    """``{path: pid}`` of files mapped, working directories and ``CUDA_HOME``/``CUDA_PATH``
+    """The second opinion (it can keep an entry, never remove one: the lease decides, see
+    :mod:`flashinfer_sm120.lease`; ``environ`` is the environment at exec, so a ``CUDA_HOME``
+    exported later is not here, and an idle process maps nothing of its view).
+
+    ``{path: pid}`` of files mapped, working directories and ``CUDA_HOME``/``CUDA_PATH``
     of this user's other processes (``/proc``; every process's when run as root); ``None`` when
     ``/proc`` does not list this very process (not mounted, or another PID namespace's): then
     nobody's use can be seen, and nothing may be called unused (it was: an empty answer)."""
