@@ -90,3 +90,102 @@ def test_an_honest_manifest_is_built_from_its_parameters(clean_env, tmp_path, re
     assert {m["name"] for m in report["modules"]} == {e["name"] for e in entries}
     gen = Path(clean_env["FLASHINFER_WORKSPACE_BASE"])
     assert list(gen.rglob("batch_decode_config.inc")), "FlashInfer wrote its own generated sources"
+
+
+CHECK = """
+import json, sys, fakegpu, flashinfer_sm120, flashinfer
+from flashinfer_sm120.warmup import manifest, generators
+from flashinfer_sm120.errors import FormatError
+entries = json.loads(sys.argv[1])
+out = {}
+for label, entry in entries.items():
+    try:
+        spec = manifest.make_spec(entry, flashinfer.__version__)
+        out[label] = "ok " + spec.name
+    except manifest.CannotRegenerate as exc:
+        out[label] = "refused " + str(exc)
+for label, generator in json.loads(sys.argv[2]).items():
+    try:
+        generators.lookup(generator)
+        out[label] = "found"
+    except FormatError as exc:
+        out[label] = "refused " + str(exc)
+print("@@" + json.dumps(out))
+"""
+
+
+def _check(clean_env, entries: dict, lookups: dict = {}) -> dict:
+    from conftest import run_code
+
+    env = dict(clean_env, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0")
+    proc = run_code(CHECK, env, 600, [json.dumps(entries), json.dumps(lookups)])
+    line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith("@@")), None)
+    assert line, proc.stderr[-3000:]
+    return json.loads(line[2:])
+
+
+def _legacy_sampling(**extra) -> dict:
+    return dict({"format": 1, "name": "sampling", "flashinfer": "0.7.4", "targets": ["12.0f"], "toolchain": "nvcc",
+                 "regenerable": True,
+                 "spec": {"sources": ["@FLASHINFER@/data/csrc/sampling.cu", "@FLASHINFER@/data/csrc/renorm.cu",
+                                      "@FLASHINFER@/data/csrc/flashinfer_sampling_binding.cu"],
+                          "extra_cflags": None, "extra_cuda_cflags": ["-O3"], "extra_ldflags": None,
+                          "extra_include_dirs": None, "needs_device_linking": False,
+                          "extra_cuda_cflags_by_source": []}}, **extra)
+
+
+@needs_flashinfer
+def test_an_old_honest_entry_is_accepted_and_an_old_forged_one_refused(clean_env, tmp_path, real_nvcc13):
+    """Entries of 0.2.0 (spec and generated text, no generator) still build where they are honest."""
+    entries = _record(clean_env, tmp_path)
+    decode = next(e for e in entries if e["name"].startswith("batch_decode"))
+    gen = next(Path(clean_env["FLASHINFER_WORKSPACE_BASE"]).parent.joinpath("rec-ws").rglob("batch_decode_config.inc"))
+    portable = "@GEN@/" + decode["name"] + "/batch_decode_config.inc"
+    honest_text = dict(decode, generated={portable: gen.read_text()})
+    forged_text = dict(decode, generated={portable: gen.read_text() + EVIL})
+    old_decode = {k: v for k, v in honest_text.items() if k not in ("generator", "params")}
+    old_decode["spec"] = _legacy_sampling()["spec"]
+    got = _check(clean_env, {
+        "old sampling": _legacy_sampling(),
+        "old sampling, other source": _legacy_sampling(spec=dict(_legacy_sampling()["spec"],
+                                                                 sources=["@FLASHINFER@/data/csrc/norm.cu"])),
+        "honest text": honest_text, "forged text": forged_text, "old decode": old_decode,
+    })
+    assert got["old sampling"] == "ok sampling"
+    assert got["old sampling, other source"].startswith("refused source '@FLASHINFER@/data/csrc/norm.cu' is not one")
+    assert got["honest text"] == "ok " + decode["name"]
+    assert got["forged text"].startswith("refused generated file") and "differs from what FlashInfer" in got["forged text"]
+    assert got["old decode"].startswith("refused recorded without the FlashInfer generator")
+
+
+@needs_flashinfer
+def test_generators_come_only_from_flashinfer(clean_env, real_nvcc13):
+    """The generator is looked up in FlashInfer's gen_*_module family, and must make the entry's module."""
+    base = {"format": 1, "flashinfer": "0.7.4", "targets": ["12.0f"], "toolchain": "nvcc", "regenerable": True}
+    got = _check(clean_env, {
+        "other name": dict(base, name="norm", generator="flashinfer.jit.sampling:gen_sampling_module"),
+        "refused values": dict(base, name="x_and_mul", generator="flashinfer.jit.activation:gen_act_and_mul_module",
+                               params={"args": ["x"]}),
+        "code as a value": dict(base, name="silu_and_mul", generator="flashinfer.jit.activation:gen_act_and_mul_module",
+                                params={"args": ["silu(x) { system(1); }"]}),
+        "customize": dict(base, name="d", generator="flashinfer.jit.attention.modules:"
+                                                    "gen_customize_batch_decode_module"),
+        "os.system": dict(base, name="sampling", generator="os:system", params={"args": ["id"]}),
+        "activation": dict(base, name="gelu_and_mul", generator="flashinfer.jit.activation:gen_act_and_mul_module",
+                           params={"args": ["gelu"]}),
+    }, {"sampling": "flashinfer.jit.sampling:gen_sampling_module",
+        "absent module": "flashinfer.jit.nothing_here:gen_x_module",
+        "absent function": "flashinfer.jit.sampling:gen_nothing_module",
+        "dunder": "flashinfer.__main__:gen_x_module",
+        "spec maker": "flashinfer.jit.core:gen_jit_spec"})
+    assert got["other name"].startswith("refused") and "makes 'sampling'" in got["other name"]
+    assert got["refused values"].startswith("refused") and "refused the recorded parameters" in got["refused values"]
+    assert got["code as a value"].startswith("refused") and "never source text" in got["code as a value"]
+    assert got["customize"].startswith("refused") and "customize" in got["customize"]
+    assert got["os.system"].startswith("refused") and "not a module of FlashInfer" in got["os.system"]
+    assert got["activation"] == "ok gelu_and_mul"
+    assert got["sampling"] == "found"
+    assert got["absent module"].startswith("refused") and "has no module" in got["absent module"]
+    assert got["absent function"].startswith("refused") and "defines no function" in got["absent function"]
+    assert got["dunder"].startswith("refused") and got["spec maker"].startswith("refused")
+    assert all(len(v) < 1000 for v in got.values())
