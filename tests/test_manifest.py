@@ -3,10 +3,15 @@ compiled is what the local FlashInfer generates from them (docs/threat-model.md 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 from pathlib import Path
 
+import pytest
+
 from conftest import cli, needs_flashinfer, run_py
+from test_warmup_cachepack import warmed  # noqa: F401  (the fixture: a warmed JIT cache, fake compiler)
 
 #: Host code a module would run when the server loads it, and a file of the builder's it would embed.
 EVIL = ('#include "/etc/hostname"\n'
@@ -189,3 +194,37 @@ def test_generators_come_only_from_flashinfer(clean_env, real_nvcc13):
     assert got["absent function"].startswith("refused") and "defines no function" in got["absent function"]
     assert got["dunder"].startswith("refused") and got["spec maker"].startswith("refused")
     assert all(len(v) < 1000 for v in got.values())
+
+
+@needs_flashinfer
+@pytest.mark.slow  # seconds: a whole (fake-compiler) build, an export and an import in child processes
+def test_cache_import_refuses_an_export_whose_manifest_carries_other_source(warmed):
+    """cache import settles each module with make_spec on the export's manifest entry: an entry
+    whose generated text is not what the local FlashInfer generates is refused there too, and
+    its text is never written."""
+    from test_warmup_cachepack import cli as pack_cli
+
+    env, manifest, log, tmp = warmed
+    out = tmp / "export"
+    proc = pack_cli(["cache", "export", "--from", str(manifest), str(out)], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta_path = out / "flashinfer-sm120-cache" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    decode = next(e for e in meta["manifest"] if e["name"].startswith("batch_decode"))
+    decode["generated"] = {"@GEN@/" + decode["name"] + "/batch_decode_config.inc": EVIL}
+    # and a generated source of its own beside the other module (exports of 0.2.0 carried them)
+    act = next(m for m in meta["modules"] if "silu" in m["name"])
+    (out / "flashinfer-sm120-cache" / "generated").mkdir(exist_ok=True)
+    (out / "flashinfer-sm120-cache" / "generated" / "silu_and_mul.cu").write_text(EVIL)
+    act["files"]["generated/silu_and_mul.cu"] = hashlib.sha256(EVIL.encode()).hexdigest()
+    meta_path.write_text(json.dumps(meta))
+    shutil.rmtree(env["FLASHINFER_WORKSPACE_BASE"])  # a fresh machine
+    proc = pack_cli(["cache", "import", str(out), "--json"], env)
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    report = {m["module"]: m for m in json.loads(proc.stdout)["modules"]}
+    assert report[decode["name"]]["status"] == "refused", report
+    assert "differs from what FlashInfer" in report[decode["name"]]["why"]
+    assert report[act["name"]]["status"] == "refused", report
+    assert "'generated/silu_and_mul.cu' differs from what FlashInfer" in report[act["name"]]["why"]
+    assert proc.returncode == 1
+    assert "system(" not in _everything_under(Path(env["FLASHINFER_WORKSPACE_BASE"]))
