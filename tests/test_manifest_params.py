@@ -12,7 +12,7 @@ from flashinfer_sm120 import formats
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.warmup import generators
 
-_TOKEN = re.compile(r"[A-Za-z0-9_.+-]{0,64}")
+_TOKEN = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63})?")
 
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(1 << 70), max_value=1 << 70),
                       st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=80),
@@ -67,7 +67,7 @@ def test_parse_generator_property(text):
     assert "__" not in module and re.fullmatch(r"_?gen_\w+_module", name) and "customize" not in name
 
 
-@pytest.mark.parametrize("value", ["#include \"/home/u/.ssh/id_rsa\"", "a b", "x/y", "{", "'", "\n",
+@pytest.mark.parametrize("value", ["#include \"/home/u/.ssh/id_rsa\"", "a b", "x/y", "{", "'", "\n", "..", ".x",
                                    "x" * 65, 1 << 54, float("nan"), {"dtype": "torch.float16"}, {"eval": "x"},
                                    [[[[["deep"]]]]], {"dtype": "bfloat16", "x": 1}])
 def test_values_that_are_not_plain_are_refused(value):
@@ -113,3 +113,25 @@ def test_enums_and_callables_are_not_data():
     for value in (Mode.NONE, print, object()):
         with pytest.raises(generators.NotData):
             generators.encode_value(value)
+
+
+_BASE = {"format": 1, "name": "sampling", "flashinfer": "0.7.4", "targets": ["12.0f"], "toolchain": "nvcc",
+         "regenerable": True}
+
+
+@given(st.one_of(st.text(max_size=60), st.sampled_from(["flashinfer.jit.sampling:gen_sampling_module", "os:system"]),
+                 json_value),
+       st.one_of(json_value, st.fixed_dictionaries({"args": st.lists(json_value, max_size=4)})))
+@settings(max_examples=300, deadline=None)
+def test_manifest_entry_generator_property(generator, params):
+    """A whole entry: only FormatError with a bounded message naming the line; what passes names a
+    FlashInfer gen_*_module and plain parameters, and parses again to itself."""
+    from flashinfer_sm120.warmup import manifest
+
+    try:
+        got = manifest.parse_entry(dict(_BASE, generator=generator, params=params), "m.jsonl:7")
+    except FormatError as exc:
+        assert str(exc).startswith("m.jsonl:7") and len(str(exc)) < 600
+        return
+    assert got["generator"].startswith("flashinfer") and got["generator"].endswith("_module")
+    assert manifest.parse_entry(got, "again") == got

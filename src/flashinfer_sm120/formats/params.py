@@ -9,8 +9,8 @@ to plain values:
   under ``flashinfer`` (no ``__dunder__`` part), the name ``gen_..._module`` or ``_gen_..._module``
   and never a ``customize`` one (those take C++ text: a variant declaration, a functor body);
 * ``params``: ``{"args": [...], "kwargs": {...}}`` whose values are ``null``, booleans, integers
-  within 2**53, finite numbers, short strings of name characters (``[A-Za-z0-9_.+-]``: no blank,
-  quote, ``#``, ``<``, ``/`` or brace, so no C++ and no path), a torch dtype as
+  within 2**53, finite numbers, short strings of name characters (``[A-Za-z0-9_.+-]``, the first a letter, digit or ``_``:
+  no blank, quote, ``#``, ``<``, ``/`` or brace, never ``..``, so no C++ and no path), a torch dtype as
   ``{"dtype": "bfloat16"}``, a tuple as ``{"tuple": [...]}`` and lists, nested at most
   :data:`PARAM_MAX_DEPTH` deep and :data:`PARAM_MAX_ITEMS` values in all.
 """
@@ -35,7 +35,8 @@ _MAX_INT = 1 << 53
 
 _MODULE_RE = re.compile(r"flashinfer(?:\.(?!__)[a-z_][a-z0-9_]{0,63}){0,6}")
 _NAME_RE = re.compile(r"_?gen_[a-z0-9_]{1,120}_module")
-_TEXT_RE = re.compile(r"[A-Za-z0-9_.+-]{0,%d}" % PARAM_MAX_TEXT)
+#: A name: starts with a letter, digit or ``_`` (never ``.``/``..``, which a generator could join into a path).
+_TEXT_RE = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.+-]{0,%d})?" % (PARAM_MAX_TEXT - 1))
 _KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _DTYPE_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
@@ -95,7 +96,8 @@ def _value(v: Any, where: str, fix: str, depth: int, budget: list[int]) -> Any:
     if isinstance(v, str):
         if not _TEXT_RE.fullmatch(v):
             raise _fail(where, f"string {shown(v)} is not a name of at most {PARAM_MAX_TEXT} letters, digits, "
-                               "'_', '.', '+', '-' (a parameter is a value, never source text)", fix)
+                               "'_', '.', '+', '-' starting with a letter, digit or '_' (a parameter is a "
+                               "value, never source text or a path)", fix)
         return v
     if isinstance(v, (list, dict)) and depth >= PARAM_MAX_DEPTH:
         raise _fail(where, f"parameters nest deeper than {PARAM_MAX_DEPTH}", fix)
