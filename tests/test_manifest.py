@@ -228,3 +228,12 @@ def test_cache_import_refuses_an_export_whose_manifest_carries_other_source(warm
     assert "'generated/silu_and_mul.cu' differs from what FlashInfer" in report[act["name"]]["why"]
     assert proc.returncode == 1
     assert "system(" not in _everything_under(Path(env["FLASHINFER_WORKSPACE_BASE"]))
+
+
+def test_an_export_module_without_a_manifest_entry_is_refused(tmp_path):
+    """Without its entry nothing says which generator makes the module: refused, not installed as stale."""
+    from flashinfer_sm120.warmup import cachepack
+    from flashinfer_sm120.warmup.cachemeta import Module
+
+    why = cachepack._refusal(None, Module("m", {"generated/m/x.cu": "0" * 64}), None, tmp_path)
+    assert why and "no manifest entry" in why

@@ -328,7 +328,8 @@ def _refusal(entry: dict | None, mod: Module, sess: Session, gen_root: Path) -> 
     and every generated source the export carries must be exactly what that wrote."""
     # threat-model: P2 (an export's source text is compared with the local generation, never compiled)
     if entry is None:
-        return None  # settled as stale: meta.json has no manifest entry for it
+        return ("meta.json has no manifest entry for it, so this FlashInfer cannot make its sources; export "
+                "it again with `flashinfer-sm120 cache export`")
     try:
         make_spec(entry, sess.flashinfer)
     except CannotRegenerate as exc:
