@@ -229,3 +229,19 @@ def test_child_inheriting_our_cuda_home_is_a_noop_on_the_same_toolkit(seed_env):
             "print('@@' + json.dumps({'child': json.loads(child.splitlines()[-1]), 'mine': mine}))\n")
     out, _ = run_py(code, seed_env)
     assert out["child"] == ["noop", out["mine"]]
+
+
+def test_the_guard_points_are_the_release_table_s(seed_env):
+    """The steps wrap what releases.guard_points lists (it was never read; the steps named their own)."""
+    code = (
+        "import fakegpu\nimport flashinfer_sm120.releases as r\n"
+        "r._GUARD = tuple(p for p in r._GUARD if p[1] != 'run_ninja')\n"
+        "import flashinfer_sm120, flashinfer, flashinfer.jit.cpp_ext as cx, flashinfer.jit.core as core\n"
+        "import json, wrapt\n"
+        "w = lambda f: isinstance(f, wrapt.FunctionWrapper)\n"
+        "print('@@' + json.dumps(dict(gen=w(cx.generate_ninja_build_for_op), run=w(cx.run_ninja),\n"
+        "    check=w(core.check_cuda_arch), steps=flashinfer_sm120.status()['steps'])))\n"
+    )
+    out, proc = run_py(code, seed_env)
+    assert (out["gen"], out["run"], out["check"]) == (True, False, True), (out, proc.stderr[-2000:])
+    assert out["steps"]["nvcc_gate"] == "applied" and out["steps"]["arch_check"] == "applied"
