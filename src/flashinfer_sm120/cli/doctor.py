@@ -55,7 +55,13 @@ def run_doctor(args: argparse.Namespace) -> int:
     from ..verify.diagnosis import diagnose
 
     say = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
-    report = collect(args.timeout, say=say)
+    try:  # the installed server's cache redirection (SGLang), before FlashInfer is imported
+        from ..warmup.session import apply_server_cache
+
+        server_cache = apply_server_cache(strict=False)
+    except Exception as exc:
+        server_cache = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    report = collect(args.timeout, say=say, server_cache=server_cache)
     report["arch_option"] = args.arch
     for key, module, _ in SECTIONS:
         try:
@@ -247,7 +253,7 @@ def _verbose(r: dict, d) -> list[str]:
     if r["FLASHINFER_CUDA_ARCH_LIST"] is not None:
         p(f"FLASHINFER_CUDA_ARCH_LIST={shown(r['FLASHINFER_CUDA_ARCH_LIST'], 200)}")
     p("\nCUDA toolkits found (preference order):")
-    label = {"chosen": "CHOSEN: ", "usable": "not chosen: ", "rejected": "rejected: ", "": ""}
+    label = {"chosen": "CHOSEN: ", "usable": "not chosen: ", "rejected": "rejected: ", "not examined": "", "": ""}
     for c in r["candidates"]:
         p(f"  {c['root']}  (found via {', '.join(c['sources'])})")
         if c.get("nvcc_full") or c.get("header_version"):
@@ -281,9 +287,12 @@ def _verbose(r: dict, d) -> list[str]:
     for name, how in (st.get("steps") or {}).items():
         if how != "applied":
             p(f"  step {name}: {how}")
-    from .. import autoload, environ  # deploy: the autoload and what the process exports
+    if st.get("error") and st["mode"] != "guard":
+        p(f"  patch error: {st['error']}")
+    from .. import environ  # deploy: the autoload and what the process exports
+    from .enable import autoload_lines
 
-    out += autoload.doctor_lines(r.get("autoload"), r["python"])
+    out += autoload_lines(r.get("autoload"), r["python"])
     p("Exported to this process and its children:")
     out += [f"  {line}" for line in environ.describe(a.get("exported", {}))]
     for key, _, renderer in SECTIONS:

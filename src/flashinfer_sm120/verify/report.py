@@ -108,24 +108,22 @@ def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
 _ORIGINAL_ENV = {k: v for k, v in os.environ.items() if k in ("CUDA_HOME", "CUDA_PATH")}
 
 
-def collect(timeout: float = ALONE_TIMEOUT_S, *, say: Callable[[str], None] | None = None) -> dict:
-    """Everything ``doctor`` reports, JSON-able (the sections typed by :mod:`.diagnosis`); never prints
-    (``say`` gets a progress note before the slow part)."""
+def collect(timeout: float = ALONE_TIMEOUT_S, *, say: Callable[[str], None] | None = None,
+            server_cache: dict | None = None) -> dict:
+    """Everything ``doctor`` reports, JSON-able (judged by :mod:`.diagnosis`); never prints (``say`` gets
+    a progress note before the slow part).  ``server_cache``: how the caller moved FlashInfer's cache
+    as the installed server would (SGLang), done before this is called, for the report."""
     from .. import patch, toolkit
     from ..gpus import query
     from ..patch.resolve import cleaned_homes, flashinfer_version
     from ..releases import release_info
+    from ..toolkit.model import RejectKind
 
     report: dict = {"flashinfer_sm120": __version__, "python": sys.executable,
                     "torch_version": _dist_version("torch")}
     report["original_env"] = dict(_ORIGINAL_ENV, **{k: os.environ[k] for k in ("PATH", "FLASHINFER_WORKSPACE_BASE")
                                                     if k in os.environ})
-    try:  # the installed server's cache redirection (SGLang), before FlashInfer is imported
-        from ..warmup.session import apply_server_cache
-
-        report["server_cache"] = apply_server_cache(strict=False)
-    except Exception as exc:
-        report["server_cache"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    report["server_cache"] = server_cache
     report["torch_from"] = _installed("torch")  # "not installed" is not a CPU build
     report["flashinfer_installed"] = _installed("flashinfer") is not None
     report["flashinfer"] = flashinfer_version() if report["flashinfer_installed"] else None
@@ -154,8 +152,9 @@ def collect(timeout: float = ALONE_TIMEOUT_S, *, say: Callable[[str], None] | No
         else:
             report["resolution"] = res.to_dict()
             states[res.choice.toolkit.root] = ("chosen", res.choice.reason)
-            for tk, why in res.choice.rejected:
-                states.setdefault(tk.root, ("usable" if tk.root in res.choice.usable else "rejected", why))
+            state = {RejectKind.USABLE: "usable", RejectKind.NOT_EXAMINED: "not examined"}
+            for r in res.choice.rejected:  # usable: would work too; not examined: the pick came first
+                states.setdefault(r.toolkit.root, (state.get(r.kind, "rejected"), r.why))
     except Exception as exc:
         report["resolution_error"] = str(exc)
     for c in report["candidates"]:
