@@ -68,6 +68,8 @@ def test_smoke_runs_the_smoke_steps_without_the_report(monkeypatch, capsys):
         return smoke.SmokeResult(True, [smoke.Step("toolkit", "passed", 0.0, "nvcc 13.0")], None, 1.5,
                                  "/opt/cuda", ["sm_120f"])
 
+    monkeypatch.setenv("FLASHINFER_SM120_QUIET", "")  # doctor sets these two for its own process:
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "")  # restored after this in-process run
     monkeypatch.setattr(report, "collect", collect)
     monkeypatch.setattr(doctor, "collect", collect)
     monkeypatch.setattr(smoke, "run_smoke", run_smoke)

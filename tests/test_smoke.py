@@ -113,4 +113,5 @@ def test_the_examples_run_the_smoke_check_before_start():
     pre = [ln for ln in unit.splitlines() if ln.startswith("ExecStartPre=")]
     assert any(ln.split()[1:3] == ["doctor", "--timeout"] and "--smoke" in ln.split() for ln in pre), pre
     stage = (ROOT / "examples" / "build-stage.sh").read_text()
-    assert 'flashinfer-sm120" doctor --json --smoke' in stage
+    assert 'flashinfer-sm120" doctor --smoke --arch "$ARCHS"' in stage
+    assert 'flashinfer-sm120" doctor --json --arch "$ARCHS"' in stage  # the full report, kept as JSON
