@@ -305,15 +305,14 @@ def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: boo
 
 
 def _settle(entry: dict | None, sess: Session) -> dict:
-    """Regenerate the module's build.ninja with this FlashInfer, make the imported outputs
+    """Under the module's lock (held by :func:`_install_from`): regenerate the module's build.ninja with
+    this FlashInfer, make the imported outputs
     newer than this machine's inputs (objects before the library), record that in ninja's
     log (``ninja -t restat``), and ask ninja whether it would rebuild."""
     if entry is None:
         return {"status": "stale", "why": "meta.json has no manifest entry for it"}
     spec = make_spec(entry, sess.flashinfer)
-    from .session import write_ninjas
-
-    write_ninjas([spec])
+    spec.write_ninja()  # FlashInfer's own; the caller holds the module's lock (spec.lock_path)
     # Make the imported outputs newer than this machine's inputs (its pip install may be
     # later than the export): objects first, the library last; then tell ninja's logs.
     now = time.time_ns()
