@@ -10,6 +10,7 @@ import json
 import os
 import sys
 
+from ..errors import Sm120Error
 from ..formats import cli_float, cli_size
 from .common import bounded
 from .common import err as _err
@@ -42,7 +43,6 @@ def _failed(args, doc: dict, kind: str, exc: BaseException) -> int:
 
 def run_export(args: argparse.Namespace) -> int:
     from ..warmup import session
-    from ..warmup.modules import ModuleError
 
     doc = _doc(out=args.out)
     if args.manifest and (args.modules or args.all):
@@ -69,7 +69,7 @@ def run_export(args: argparse.Namespace) -> int:
         from ..warmup import cachepack
 
         names = cachepack.export(entries, sess, args.out, limits=_limits(args))
-    except (session.BuildError, ModuleError, OSError) as exc:
+    except (Sm120Error, OSError) as exc:  # BuildError, ModuleError, FormatError...: one document each
         return _failed(args, doc, stage, exc)
     doc["modules"] = ([{"module": n, "status": "exported"} for n in names]
                       + [{"module": n, "status": "not exported", "why": why} for n, why in skipped])
@@ -161,7 +161,7 @@ def run_import(args: argparse.Namespace) -> int:
         doc["fingerprint"] = sess.fingerprint()
         stage = "install"
         report = cachepack.install(args.src, sess, force=args.force, limits=limits)
-    except (session.BuildError, OSError) as exc:
+    except (Sm120Error, OSError) as exc:
         return _failed(args, doc, stage, exc)
     doc.update(ok=not any(r["status"] in ("stale", "kept existing") for r in report), modules=report)
     if args.json:

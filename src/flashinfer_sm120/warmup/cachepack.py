@@ -149,6 +149,7 @@ def _write_archive(out: str, blob: bytes, files: list[tuple[str, Path]]) -> None
     """The archive, written to a new private file beside ``out`` (``O_EXCL``: nothing of that name
     is opened, followed or truncated), then linked to ``out``, which fails rather than replace
     anything that appeared there meanwhile."""
+    # threat-model: P5 (a random name made here, linked into place without replacing anything)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(out)}.", suffix=".partial",
                                dir=os.path.dirname(os.path.abspath(out)))
     try:
