@@ -63,7 +63,10 @@ def run_export(args: argparse.Namespace) -> int:
             stage = "arch"
             session.set_arch(args.arch)
             stage = "module"
-            entries, skipped, sess = _built_entries(args)
+            from ..warmup.cachebuilt import built_entries
+
+            entries, skipped, sess = built_entries(args.modules, args.all, args.arch, head_dims=args.head_dim,
+                                                   dtypes=args.dtype, kv_dtypes=args.kv_dtype, acts=args.act)
         doc["fingerprint"] = sess.fingerprint()
         stage = "export"
         from ..warmup import cachepack
@@ -104,44 +107,6 @@ def _manifest_entries(args):
     return regenerable, skipped, sess
 
 
-def _built_entries(args):
-    """Manifest entries for modules built here, by the names `build` takes (or every name with
-    ``--all``, keeping those built here): FlashInfer's own spec for each, encoded as a manifest entry
-    would be (no manifest recorded; the importer regenerates the sources from it)."""
-    from ..warmup import manifest, session
-    from ..warmup import modules as _modules
-
-    variants = _modules.expand(["all"] if args.all else args.modules, head_dims=args.head_dim,
-                               dtypes=args.dtype, kv_dtypes=args.kv_dtype, acts=args.act)
-    session.apply_server_cache()  # the JIT dir the server installed here uses (SGLang's)
-    sess = session.prepare(args.arch)
-    entries, skipped, names = [], [], set()
-    for v in variants:
-        try:
-            spec = v.spec()
-        except Exception as exc:  # FlashInfer refuses this combination here
-            skipped.append((v.label, f"FlashInfer's {v.generator} raised {exc!r}"))
-            continue
-        if args.all and not spec.jit_library_path.exists():
-            continue  # --all: only what is built here
-        entry = manifest.encode(spec, sess.flashinfer, sess.targets)
-        if not entry.get("regenerable"):
-            skipped.append((spec.name, entry.get("why", "")))
-            continue
-        entries.append(entry)
-        names.add(spec.name)
-    if args.all:
-        for d in sorted(sess.jit_dir.iterdir()) if sess.jit_dir.is_dir() else ():
-            if d.is_dir() and d.name not in names and (d / f"{d.name}.so").exists():
-                skipped.append((d.name, "built with parameters `build` does not name; record a manifest "
-                                        "(FLASHINFER_SM120_RECORD) and export with --from"))
-        if not entries:
-            raise session.BuildError(f"nothing `build` can name is built in {sess.jit_dir} for "
-                                     f"{' '.join(sess.targets)}; build it first (`flashinfer-sm120 build "
-                                     f"--arch ... MODULE`) or give the same --head-dim/--dtype as the build")
-    return entries, skipped, sess
-
-
 def run_import(args: argparse.Namespace) -> int:
     from ..warmup import cachemeta, cachepack, session
 
@@ -163,7 +128,7 @@ def run_import(args: argparse.Namespace) -> int:
         report = cachepack.install(args.src, sess, force=args.force, limits=limits)
     except (Sm120Error, OSError) as exc:
         return _failed(args, doc, stage, exc)
-    doc.update(ok=not any(r["status"] in ("stale", "kept existing") for r in report), modules=report)
+    doc.update(ok=not any(r["status"] in ("stale", "kept existing", "refused") for r in report), modules=report)
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
