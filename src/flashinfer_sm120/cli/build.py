@@ -42,6 +42,7 @@ def run_build(args: argparse.Namespace) -> int:
         session.set_arch(arch)
         served = session.apply_server_cache(args.for_server, entries)
         sess = session.prepare(arch)
+        own = session.apply_server_arch(served["server"], sess)
     except (_modules.ModuleError, session.BuildError) as exc:
         return _err(str(exc))
     origin = _targets_origin(args.arch, arch)
@@ -51,6 +52,10 @@ def run_build(args: argparse.Namespace) -> int:
     if served["server"]:
         print(f"flashinfer-sm120: building into {served['server']}'s JIT directory ({served['why']}): "
               f"{sess.jit_dir} ({served['how']})", file=sys.stderr)
+    if own:
+        print(f"flashinfer-sm120: {own.name} will build for {', '.join(own.targets)} (its {own.function} sets "
+              f"{own.variable}={own.value} after FlashInfer's import; {own.how}): building that, as it will "
+              f"request it, in the JIT directory of {', '.join(_sm(t) for t in sess.targets)}", file=sys.stderr)
     missing = _missing_headers(variants, sess) if not args.ninja_only else []
     if missing:  # before anything compiles: nvcc would stop on the #include minutes later
         return _err("; ".join(missing))
@@ -97,6 +102,8 @@ def run_build(args: argparse.Namespace) -> int:
     summary = {"cuda_home": sess.cuda_home, "cuda_version": sess.cuda_version,
                "flashinfer": sess.flashinfer, "target_cuda_archs": [_sm(t) for t in sess.targets],
                "jit_dir": str(sess.jit_dir), "server": served,
+               "server_arch": own and {"variable": own.variable, "value": own.value, "targets": list(own.targets),
+                                       "function": own.function, "how": own.how},
                "targets_from": origin or _origin_from_summary(sess.summary),
                "pool_wall_s": pool_wall, "pool_occupancy": occupancy, "modules": results,
                "plan": None if args.ninja_only else stats.get("plan"),
@@ -176,6 +183,10 @@ def _print_human(summary: dict) -> None:
         else:
             print(f"{r['status']} {r['module']}: {r['library']} ({r['bytes']} bytes, {r['seconds']} s; "
                   f"{', '.join(r['binary'])})")
+    for r in summary["modules"]:
+        for c in r.get("build_vars_before") or ():
+            print(f"note: {r['module']} was built with {c['name']}={c['built'] or '(unset)'}, now "
+                  f"{c['now'] or '(unset)'}: it was rebuilt, and a process with the old value rebuilds it again")
     for s in summary["cannot_regenerate"]:
         print(f"cannot regenerate {s['name']}: {s['why']}")
 

@@ -9,11 +9,12 @@ import sys
 from pathlib import Path
 
 from .. import arch as _arch
+from .. import buildline
 from ..errors import Sm120Error
 from . import ninjacmd, pool
 
-__all__ = ["BuildError", "Session", "SERVER_CHOICES", "apply_server_cache", "prepare", "write_ninjas",
-           "build_specs"]
+__all__ = ["BuildError", "Session", "SERVER_CHOICES", "apply_server_cache", "apply_server_arch", "prepare",
+           "write_ninjas", "build_specs"]
 
 #: ``build --for`` values: the servers whose JIT directory a warm-up build can target.
 SERVER_CHOICES = ("vllm", "sglang")
@@ -136,6 +137,37 @@ def apply_server_cache(for_server: str | None = None, entries=None, *, strict: b
     return out
 
 
+def apply_server_arch(server: str | None, sess: Session):
+    """Set the arch list the way ``server``'s model processes set it, after FlashInfer's import
+    and before the first module is generated, as they do (SGLang's ``set_cuda_arch()`` in
+    ``ModelRunner.load_model()``, :mod:`flashinfer_sm120.serverarch`): the JIT directory keeps
+    the targets of import, and every build line gets the server's own targets, so what is
+    built here is byte for byte what the server writes and finds.
+
+    Returns:
+        The :class:`~flashinfer_sm120.serverarch.ArchChoice` applied, or ``None`` (no server,
+        or one that leaves the arch list alone).
+
+    Raises:
+        BuildError: the targets are of GPUs of several capabilities: each of the server's
+            processes keeps only its own GPU's, in one shared directory.
+    """
+    from .. import serverarch
+
+    if server is None:
+        return None
+    caps = list(dict.fromkeys((int(t.split(".")[0]), int(t.split(".")[1][0])) for t in sess.targets))
+    choice = serverarch.server_arch(server, caps, dict(os.environ))
+    if choice is None or choice.value is None:
+        return None
+    if len(choice.targets) > 1:
+        raise BuildError(f"{choice.name}'s {choice.function} makes each model process build for its own GPU only "
+                         f"({', '.join(choice.targets)}) in one shared JIT directory, so no single warm-up serves "
+                         f"them all: warm each kind of GPU on its own, e.g. --arch {sess.targets[0][:4]}")
+    os.environ[choice.variable] = choice.value
+    return choice
+
+
 def prepare(arch: str | None) -> Session:
     """Patch and import FlashInfer for ``arch`` (``--arch``; default: the GPUs present).
 
@@ -220,6 +252,9 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
 
     stream = stream or sys.stderr
     write_ninjas([s for _, s in labelled])
+    now_vars = buildline.snapshot(dict(os.environ), _flashinfer_version())
+    before = {label: buildline.changes(rec, now_vars) for label, spec in labelled
+              if (rec := buildline.recorded(spec.build_dir)) is not None}
     known = estimates.recorded()
     ests = {label: (estimates.Estimate(mem_per_compile, estimates.family_of(spec.name).name, "--mem-per-compile")
                     if mem_per_compile else estimates.estimate(spec.name, known)) for label, spec in labelled}
@@ -236,6 +271,8 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     launcher = os.environ.get("FLASHINFER_NVCC_LAUNCHER")
     out = []
     for (label, spec), res in zip(labelled, results):
+        if res.status != "failed":
+            buildline.record(spec.build_dir, now_vars)
         if res.status == "built" and res.peak_rss and not launcher:
             estimates.record_peak(spec.name, res.peak_rss, factor)
         text = spec.ninja_path.read_text()
@@ -246,5 +283,15 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
             "seconds": res.seconds, "error": res.error, "peak_rss": res.peak_rss,
             "gencode": sorted({f"{a},{c}" for a, c in re.findall(r"-gencode=arch=(compute_\w+),code=(\w+)", text)}),
             "binary": ninjacmd.gencode_summary(text),
+            "build_vars": now_vars, "build_vars_before": [c.__dict__ for c in before.get(label) or ()],
         })
     return out
+
+
+def _flashinfer_version() -> str | None:
+    try:
+        from flashinfer import __version__
+
+        return str(__version__)
+    except Exception:
+        return None
