@@ -289,9 +289,10 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
 
 
 def _flashinfer_version() -> str | None:
-    try:
-        from flashinfer import __version__
+    """The FlashInfer release built with (its package metadata; nothing is imported)."""
+    import importlib.metadata
 
-        return str(__version__)
-    except Exception:
+    try:
+        return importlib.metadata.version("flashinfer-python")
+    except importlib.metadata.PackageNotFoundError:
         return None
