@@ -9,6 +9,7 @@ without a toolkit), and the guard's serving fallbacks.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import re
