@@ -168,3 +168,23 @@ def test_doctor_warns_for_jit_verbose(monkeypatch):
         monkeypatch.delenv(v.name, raising=False)
     lines = buildline_report.doctor_lines(buildline_report.doctor_section({}))
     assert "  no FlashInfer variable that changes the build line is set" in lines
+
+
+def test_a_cache_export_carries_the_values_and_an_import_with_other_values_says_so():
+    from flashinfer_sm120.warmup import cachemeta, cachepack
+    from flashinfer_sm120.warmup.session import BuildError
+
+    fp = {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/c", "jit_dir": "/j"}
+    there = dict(fp, build_vars=buildline.snapshot({"FLASHINFER_JIT_VERBOSE": "1"}))
+    meta = cachemeta.parse_meta({"format": 1, "fingerprint": there, "modules": [], "manifest": []}, "meta.json")
+    assert meta.fingerprint["build_vars"]["FLASHINFER_JIT_VERBOSE"] == "1"
+    here = dict(fp, build_vars=buildline.snapshot({}))
+    msg = cachepack._mismatch(meta.fingerprint, here)
+    assert msg.startswith("the archive was built with other FlashInfer build-line variables "
+                          "(FLASHINFER_JIT_VERBOSE=1 there, (unset) here)")
+    assert cachepack._mismatch(meta.fingerprint, dict(fp, build_vars=there["build_vars"])) is None
+    older = cachemeta.parse_meta({"format": 1, "fingerprint": fp, "modules": [], "manifest": []}, "meta.json")
+    assert cachepack._mismatch(older.fingerprint, here) is None  # an export from before: nothing to compare
+    with pytest.raises(BuildError, match="'build_vars' is not a set of FlashInfer's build-line variables"):
+        cachemeta.parse_meta({"format": 1, "fingerprint": dict(fp, build_vars={"LD_PRELOAD": "x"}), "modules": [],
+                              "manifest": []}, "meta.json")

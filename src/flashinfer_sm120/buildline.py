@@ -26,7 +26,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 
 __all__ = ["Read", "BuildVar", "BUILD_VARS", "RECORD_NAME", "Setting", "Change", "effective", "snapshot",
-           "settings", "changes", "record", "recorded", "stale"]
+           "settings", "changes", "checked", "record", "recorded", "stale"]
 
 
 class Read(enum.Enum):
@@ -149,6 +149,16 @@ def changes(built: dict, now: dict) -> list[Change]:
     return [Change(k, built.get(k), now.get(k)) for k in sorted(set(built) | set(now)) if built.get(k) != now.get(k)]
 
 
+def checked(values: object) -> dict | None:
+    """``values`` if it is a :func:`snapshot` (names of :data:`BUILD_VARS`, values strings of at
+    most 4096 characters or ``None``), else ``None``: read from files, never trusted."""
+    names = {v.name for v in BUILD_VARS}
+    if not isinstance(values, dict) or not all(
+            k in names and (v is None or (isinstance(v, str) and len(v) <= 4096)) for k, v in values.items()):
+        return None
+    return values
+
+
 def record(build_dir: Path, values: dict[str, str | None]) -> None:
     """Leave ``values`` (a :func:`snapshot`) in a module directory ``build`` just built."""
     from .cache import write_json_atomic
@@ -165,10 +175,7 @@ def recorded(build_dir: Path) -> dict | None:
         values = formats.field(data, "build_vars", dict, RECORD_NAME)
     except (formats.FormatError, OSError):
         return None
-    names = {v.name for v in BUILD_VARS}
-    if not all(k in names and (v is None or (isinstance(v, str) and len(v) <= 4096)) for k, v in values.items()):
-        return None
-    return values
+    return checked(values)
 
 
 def stale(jit_dir: Path, now: dict) -> dict[str, list[Change]]:

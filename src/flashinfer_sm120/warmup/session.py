@@ -39,9 +39,11 @@ class Session:
 
     def fingerprint(self) -> dict:
         """What a JIT cache entry depends on besides its sources: FlashInfer release,
-        targets, nvcc release, and the CUDA_HOME and JIT dir paths written into build.ninja."""
+        targets, nvcc release, the CUDA_HOME and JIT dir paths written into build.ninja, and
+        FlashInfer's variables that enter the build line (:mod:`flashinfer_sm120.buildline`)."""
         return {"flashinfer": self.flashinfer, "targets": self.targets,
-                "cuda_version": self.cuda_version, "cuda_home": self.cuda_home, "jit_dir": str(self.jit_dir)}
+                "cuda_version": self.cuda_version, "cuda_home": self.cuda_home, "jit_dir": str(self.jit_dir),
+                "build_vars": buildline.snapshot(dict(os.environ), self.flashinfer)}
 
 
 def set_arch(value: str | None) -> None:
