@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 
 import pytest
 
@@ -104,3 +105,16 @@ def test_gpus_of_two_capabilities_cannot_share_one_sglang_warm_up(server_env, re
                dict(env, FAKE_TORCH_CUDA="13.0"), timeout=600)
     assert proc.returncode != 0
     assert "makes each model process build for its own GPU only (sm_120a, sm_121a)" in proc.stderr
+
+
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
+@needs_flashinfer
+def test_doctor_shows_sglangs_own_targets_and_warns_for_jit_verbose(server_env, real_nvcc13):  # noqa: F811
+    env, site_dir = server_env
+    env["PYTHONPATH"] += os.pathsep + str(site_dir)
+    proc = cli(["doctor", "--timeout", "60"], dict(env, FLASHINFER_CUDA_ARCH_LIST="12.0", FAKE_TORCH_CUDA="13.0",
+                                                  FLASHINFER_JIT_VERBOSE="1"), timeout=600)
+    text = proc.stdout
+    assert "  SGLang will build for sm_120a (its sglang/srt/utils/common.py set_cuda_arch() sets " \
+           "FLASHINFER_CUDA_ARCH_LIST=12.0a; read from " in text, proc.stderr[-3000:] + text[-3000:]
+    assert "  FLASHINFER_JIT_VERBOSE=1 changes every build line: the warm cache will be rebuilt" in text
