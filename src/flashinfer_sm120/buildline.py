@@ -159,11 +159,20 @@ def checked(values: object) -> dict | None:
     return values
 
 
-def record(build_dir: Path, values: dict[str, str | None]) -> None:
-    """Leave ``values`` (a :func:`snapshot`) in a module directory ``build`` just built."""
-    from .cache import write_json_atomic
+def record(build_dir: Path, values: dict[str, str | None]) -> str | None:
+    """Leave ``values`` (a :func:`snapshot`) in a module directory ``build`` just built.
 
-    write_json_atomic(str(Path(build_dir) / RECORD_NAME), {"schema": 1, "build_vars": values})
+    Returns:
+        ``None``, or why it could not be written (the module is built all the same)."""
+    from .cache import write_json_atomic
+    from .errors import Sm120Error
+
+    try:
+        # threat-model: P5 (put in place atomically, in a module directory build just checked and wrote)
+        write_json_atomic(str(Path(build_dir) / RECORD_NAME), {"schema": 1, "build_vars": values})
+    except (Sm120Error, OSError) as exc:
+        return str(exc)
+    return None
 
 
 def recorded(build_dir: Path) -> dict | None:
@@ -171,6 +180,7 @@ def recorded(build_dir: Path) -> dict | None:
     from . import formats
 
     try:
+        # threat-model: P6 (S2: a record may come from a cache import; bounded, then checked field by field)
         data = formats.read_json_file(str(Path(build_dir) / RECORD_NAME), 1 << 16)
         values = formats.field(data, "build_vars", dict, RECORD_NAME)
     except (formats.FormatError, OSError):

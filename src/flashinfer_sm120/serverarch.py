@@ -67,10 +67,11 @@ def _run_arch_rule(path: str, function: str, caps: tuple, env_items: tuple) -> t
     from . import formats, proc
     from .toolkit.ownership import check_path
 
-    problem = check_path(path)
+    problem = check_path(path)  # threat-model: P2 (run only what the trust rule admits)
     if problem:
         return None, f"not reading {path}: {problem}"
     env = dict(env_items, FLASHINFER_SM120_DISABLE="1")
+    # threat-model: P6 (a deadline, an output cap, and the answer read as bounded JSON)
     res = proc.run([sys.executable, "-I", "-c", _ARCH_PROBE, path, function, json.dumps([list(c) for c in caps])],
                    timeout=_ENVIRON_TIMEOUT_S, max_output=1 << 16, env=env)
     text = res.text()

@@ -187,6 +187,8 @@ def _print_human(summary: dict) -> None:
         for c in r.get("build_vars_before") or ():
             print(f"note: {r['module']} was built with {c['name']}={c['built'] or '(unset)'}, now "
                   f"{c['now'] or '(unset)'}: it was rebuilt, and a process with the old value rebuilds it again")
+        if r.get("build_vars_unrecorded"):
+            print(f"note: {r['module']}: its build-line variables were not recorded: {r['build_vars_unrecorded']}")
     for s in summary["cannot_regenerate"]:
         print(f"cannot regenerate {s['name']}: {s['why']}")
 

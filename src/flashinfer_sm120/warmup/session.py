@@ -273,8 +273,7 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     launcher = os.environ.get("FLASHINFER_NVCC_LAUNCHER")
     out = []
     for (label, spec), res in zip(labelled, results):
-        if res.status != "failed":
-            buildline.record(spec.build_dir, now_vars)
+        unrecorded = buildline.record(spec.build_dir, now_vars) if res.status != "failed" else None
         if res.status == "built" and res.peak_rss and not launcher:
             estimates.record_peak(spec.name, res.peak_rss, factor)
         text = spec.ninja_path.read_text()
@@ -286,6 +285,7 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
             "gencode": sorted({f"{a},{c}" for a, c in re.findall(r"-gencode=arch=(compute_\w+),code=(\w+)", text)}),
             "binary": ninjacmd.gencode_summary(text),
             "build_vars": now_vars, "build_vars_before": [c.__dict__ for c in before.get(label) or ()],
+            "build_vars_unrecorded": unrecorded,
         })
     return out
 
