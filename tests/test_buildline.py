@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import needs_flashinfer, run_py
 
@@ -188,3 +189,41 @@ def test_a_cache_export_carries_the_values_and_an_import_with_other_values_says_
     with pytest.raises(BuildError, match="'build_vars' is not a set of FlashInfer's build-line variables"):
         cachemeta.parse_meta({"format": 1, "fingerprint": dict(fp, build_vars={"LD_PRELOAD": "x"}), "modules": [],
                               "manifest": []}, "meta.json")
+
+
+_json_value = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=40),
+                           lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=30), kids,
+                                                                                      max_size=4), max_leaves=20)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(st.binary(max_size=300), _json_value.map(lambda v: json.dumps({"schema": 1, "build_vars": v}).encode()),
+                 st.dictionaries(st.sampled_from([v.name for v in buildline.BUILD_VARS] + ["PATH"]),
+                                 st.none() | st.text(max_size=5000), max_size=4).map(
+                     lambda d: json.dumps({"build_vars": d}).encode())))
+def test_any_record_reads_as_a_snapshot_or_none(tmp_path, raw):
+    """A record may come from a cache import: whatever its bytes, reading it gives a snapshot of
+    listed names with bounded string values, or None; never an exception."""
+    (tmp_path / buildline.RECORD_NAME).write_bytes(raw)
+    got = buildline.recorded(tmp_path)
+    names = {v.name for v in buildline.BUILD_VARS}
+    assert got is None or all(k in names and (v is None or (isinstance(v, str) and len(v) <= 4096))
+                              for k, v in got.items())
+    if got is not None:
+        assert buildline.changes(got, buildline.snapshot({})) is not None
+
+
+@settings(max_examples=60, deadline=None)
+@given(_json_value)
+def test_any_exported_build_vars_parse_or_refuse_with_our_error(value):
+    from flashinfer_sm120.warmup import cachemeta
+    from flashinfer_sm120.warmup.session import BuildError
+
+    fp = {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/c", "jit_dir": "/j",
+          "build_vars": value}
+    try:
+        meta = cachemeta.parse_meta({"format": 1, "fingerprint": fp, "modules": [], "manifest": []}, "meta.json")
+    except BuildError as exc:
+        assert len(str(exc)) < 1000 and "build_vars" in str(exc)
+    else:
+        assert buildline.checked(meta.fingerprint["build_vars"]) is not None
