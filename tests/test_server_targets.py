@@ -118,3 +118,34 @@ def test_doctor_shows_sglangs_own_targets_and_warns_for_jit_verbose(server_env, 
     assert "  SGLang will build for sm_120a (its sglang/srt/utils/common.py set_cuda_arch() sets " \
            "FLASHINFER_CUDA_ARCH_LIST=12.0a; read from " in text, proc.stderr[-3000:] + text[-3000:]
     assert "  FLASHINFER_JIT_VERBOSE=1 changes every build line: the warm cache will be rebuilt" in text
+
+
+#: After the real build: the model process writes its build.ninja, and the ninja on its PATH (the one
+#: flashinfer-sm120 exported, as FlashInfer's run_ninja finds it) is asked what it would do.
+SGLANG_MODEL_PROCESS_NINJA = """
+    import fakegpu, json, os, shutil, site, subprocess
+    site.addsitedir({site!r})
+    import sglang
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    ModelRunner().load_model()
+    from flashinfer_sm120.warmup import modules
+    spec = modules.expand(["activation"])[0].spec()
+    spec.write_ninja()
+    ran = subprocess.run([shutil.which("ninja"), "-n", "-C", str(spec.build_dir)], capture_output=True, text=True)
+    print("@@" + json.dumps(dict(arch=os.environ.get("FLASHINFER_CUDA_ARCH_LIST"), out=ran.stdout + ran.stderr)))
+"""
+
+
+@pytest.mark.slow  # one real compile of the smallest module (activation, about 30 s on 2 cores)
+@needs_flashinfer
+def test_sglangs_model_process_finds_the_real_warm_up_built(server_env, real_nvcc13):  # noqa: F811
+    """A real `build --for sglang --arch 12.0 activation`, then a model process (set_cuda_arch())
+    writes its build.ninja and the ninja on its PATH says there is nothing to do."""
+    env, site_dir = server_env
+    env = dict(env, FAKE_TORCH_CUDA="13.0")
+    proc = cli(["build", "--for", "sglang", "--arch", "12.0", "--json", "activation"], env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    built = json.loads(proc.stdout)["modules"][0]
+    assert built["status"] == "built" and built["binary"] == ["SASS sm_120a"]
+    out, sproc = run_py(SGLANG_MODEL_PROCESS_NINJA.format(site=str(site_dir)), env)
+    assert out["arch"] == "12.0a" and "no work to do" in out["out"], (out, sproc.stderr[-2000:])
