@@ -1,4 +1,6 @@
-"""Paths we write: joined under a root with the grammar of names, created private."""
+"""Paths we write: joined under a root with the grammar of names, created private; and the one
+rule for the characters of a path FlashInfer's ``build.ninja`` and ``/bin/sh`` carry (cache root,
+``HOME``, JIT workspace: :func:`path_chars_problem`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,33 @@ from pathlib import Path
 
 from .grammar import parse_relpath
 from .base import _fail
+
+#: The ASCII characters besides letters and digits that a path may hold unquoted in FlashInfer's
+#: ``build.ninja`` (``cuda_home = <path>``, ``build <path>: ...``) and the ``/bin/sh -c`` lines ninja
+#: runs: none is syntax of ninja (``$``, ``:``, blanks, newline) or of the shell (quotes, ``\``,
+#: backquote, ``;&|<>()``, globs ``*?[``, ``#``, ``{}``, ``!``).
+PATH_ASCII_EXTRA = "_./+@%=,~-"
+
+#: The rule :func:`path_chars_problem` applies, in words, for messages and docs/safety.md.
+#: Non-ASCII letters and symbols are accepted: they are bytes >= 0x80 in UTF-8, syntax to neither
+#: ninja nor the shell, and FlashInfer 0.7.4 builds and loads a module under such a path with nvcc
+#: 13.0 (tests/test_state_dir.py).
+PATH_RULE = (f"letters (of any alphabet), digits, '{PATH_ASCII_EXTRA}' and other printable non-ASCII "
+             f"characters; no blank, no control character, none of $ : ; & | < > ( ) ' \" \\ ` * ? [ ] "
+             f"# {{ }} ! (ninja or /bin/sh syntax)")
+
+
+def _plain_char(c: str) -> bool:
+    if c.isascii():
+        return c.isalnum() or c in PATH_ASCII_EXTRA
+    return c.isprintable() and not c.isspace()  # not U+00A0, U+2028, nor a surrogate (undecodable byte)
+
+
+def path_chars_problem(path: str) -> list[str] | None:
+    """The characters of ``path`` that break the path rule (:data:`PATH_RULE`), sorted, or
+    ``None`` when every character is plain.  threat-model: P8 (the rule said is the rule applied)"""
+    bad = sorted({c for c in path if not _plain_char(c)})
+    return bad or None
 
 
 def safe_join(root: str | os.PathLike, rel: str | Iterable[str], source: str, *, fix: str = "") -> Path:
