@@ -76,3 +76,19 @@ def test_a_lying_version_file_neither_passes_as_correct_nor_names_the_workspace(
     out, proc = run_py(_CHILD, env)
     assert "nvcc13.0.88" not in out["jit"], out
     assert "13.0.88" not in (out["summary"] or ""), out
+
+
+def test_a_process_that_cannot_start_programs_keeps_the_files_version_unremembered(tmp_path, cache_dir,
+                                                                                  monkeypatch):
+    """E2BIG (1 MiB of environment: Linux starts no program) is this process's fault, not the binary's:
+    the version file is used for now and nothing is remembered against the toolkit."""
+    from flashinfer_sm120.toolkit import inspect, memo
+
+    runs = tmp_path / "runs"
+    root = _lying_toolkit(tmp_path / "cuda", says="13.0.88", file_says="13.0.88", runs=runs)
+    monkeypatch.setenv("JUNK", "x" * (1 << 20))
+    tk = inspect(str(root))
+    assert tk.nvcc_full == "13.0.88" and tk.problem is None and not runs.exists()
+    assert memo.lookup(tk.nvcc) is None
+    monkeypatch.delenv("JUNK")
+    assert inspect(str(root)).version_from == str(root / "version.json") and runs.exists()

@@ -22,7 +22,7 @@ from .trust import trace
 logger = logging.getLogger("flashinfer_sm120")
 
 __all__ = ["NVCC_TIMEOUT_S", "FAILURE_MEMORY_S", "NVCC_MAX_OUTPUT", "inspect", "read_text", "major_minor",
-           "nvcc_version"]
+           "nvcc_version", "nvcc_answer"]
 
 
 #: Seconds to wait for ``nvcc --version`` (the fallback when no file gives the
@@ -145,7 +145,22 @@ def nvcc_version(nvcc: str, timeout: float = NVCC_TIMEOUT_S) -> tuple[str | None
         nvcc: path of the nvcc binary.
         timeout: seconds allowed for ``nvcc --version``.
     """
-    return memo.probe_once(nvcc, lambda: _run_nvcc_version(nvcc, timeout), lock_timeout=timeout + 5.0)
+    full, problem, _local = nvcc_answer(nvcc, timeout)
+    return full, problem
+
+
+def nvcc_answer(nvcc: str, timeout: float = NVCC_TIMEOUT_S) -> tuple[str | None, str | None, bool]:
+    """:func:`nvcc_version` and whether a failure was this process's own (``local``: it could not
+    start a program at all, e.g. ``EAGAIN`` or ``E2BIG``), which says nothing about the binary."""
+    local: list[bool] = []
+
+    def probe() -> tuple[str | None, str | None, bool]:
+        full, problem, remember = _run_nvcc_version(nvcc, timeout)
+        local.append(not remember)
+        return full, problem, remember
+
+    full, problem = memo.probe_once(nvcc, probe, lock_timeout=timeout + 5.0)
+    return full, problem, any(local)
 
 
 def _run_nvcc_version(nvcc: str, timeout: float) -> tuple[str | None, str | None, bool]:
@@ -288,7 +303,7 @@ def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | No
         found = _version_from_files(target_root)
     # threat-model: P1: the binary decides; a file beside it only names the version when nvcc agrees
     # (one run per binary: nvcc_version is remembered, keyed by the binary's fingerprint)
-    full, problem = nvcc_version(nvcc, timeout)
+    full, problem, local = nvcc_answer(nvcc, timeout)
     source, disagreement = ("nvcc --version" if full else None), None
     if found and full:
         version, file = found
@@ -296,6 +311,9 @@ def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | No
             source = file
         else:
             disagreement = VersionDisagreement(file, str(version), nvcc, full)
+    elif found and local:  # this process cannot start programs (nor could FlashInfer): the file, for now
+        logger.info("flashinfer-sm120: %s; using the version %s gives, unconfirmed", problem, found[1])
+        full, problem, source = str(found[0]), None, found[1]
     nv = major_minor(full) if full else None
     pip = "pip" in sources or f"{os.sep}site-packages{os.sep}nvidia{os.sep}" in real_root + os.sep
     if nv and hv and nv != hv:
