@@ -103,10 +103,8 @@ def _already_loaded(name, module):
     the ``__spec__`` of a module already in ``sys.modules`` to the one a finder returns (and would
     execute it again), so ours stands in as ``__spec__`` until :meth:`_Loaded.exec_module` puts the
     module's own back."""
-    import importlib.machinery
-
     loader = _Loaded(module)
-    spec = importlib.machinery.ModuleSpec(
+    spec = type(sys.__spec__)(  # importlib.machinery.ModuleSpec, without importing anything
         name, loader, is_package=getattr(loader.spec, "submodule_search_locations", None) is not None)
     try:
         module.__spec__ = spec
