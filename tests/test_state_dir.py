@@ -74,14 +74,44 @@ def test_root_with_a_users_home_creates_nothing_there(shared_tmp, monkeypatch):
 
 @needs_root
 @pytest.mark.parametrize("args", [["cache", "prune"], ["status"], ["doctor"]])
-def test_a_listing_command_as_root_with_a_users_home_creates_nothing(shared_tmp, args):
+def test_a_command_as_root_with_a_users_home_creates_nothing_there(shared_tmp, args):
     """Regression: `cache prune` (a listing) as root with HOME of another uid created ~/.cache."""
     home = _user_home(shared_tmp)
     env = _env(home, shared_tmp / "tmp", FLASHINFER_WORKSPACE_BASE=str(shared_tmp / "ws"))
     proc = cli(args, env, timeout=300)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     assert _created(home) == [], proc.stderr[-2000:]
-    assert not (shared_tmp / "tmp" / "flashinfer-sm120-0").exists()  # listing: not the fallback either
+    if args[0] == "cache":  # a listing: not the fallback either
+        assert not (shared_tmp / "tmp" / "flashinfer-sm120-0").exists()
+
+
+@needs_root
+def test_status_as_root_with_a_users_home_does_not_let_flashinfer_create_its_cache_there(shared_tmp):
+    """FlashInfer makes ~/.cache/flashinfer at import: status asks first, and refuses with the fix."""
+    home = _user_home(shared_tmp)
+    env = _env(home, shared_tmp / "tmp")
+    env.pop("FLASHINFER_WORKSPACE_BASE", None)
+    proc = cli(["status", "--json"], env, timeout=300)
+    assert proc.returncode == 1 and _created(home) == [], proc.stderr[-2000:]
+    import json
+
+    st = json.loads(proc.stdout)
+    assert st["mode"] == "refused" and str(home) in st["error"] and "FLASHINFER_WORKSPACE_BASE" in st["error"]
+    assert "sudo -H" in st["error"] and f"uid {NOBODY}" in st["error"]
+
+
+@needs_root
+def test_the_workspace_check_names_the_foreign_tree_and_creates_nothing(shared_tmp, monkeypatch):
+    from flashinfer_sm120.formats import ForeignTree
+    from flashinfer_sm120.workspace import workspace_foreign_tree
+
+    home = _user_home(shared_tmp)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("FLASHINFER_WORKSPACE_BASE", raising=False)
+    assert workspace_foreign_tree() == ForeignTree(str(home / ".cache" / "flashinfer"), str(home), NOBODY, 0)
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(shared_tmp / "ws"))
+    assert workspace_foreign_tree() is None
+    assert _created(home) == []
 
 
 def _as_nobody(env: dict, *args: str) -> subprocess.CompletedProcess:

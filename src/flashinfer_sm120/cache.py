@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .errors import FormatError, StateFileError, errno_meaning
-from .formats import bounded, make_private_dirs, read_json_file
+from .formats import bounded, deepest_existing, foreign_tree, make_private_dirs, read_json_file
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -43,6 +43,7 @@ __all__ = [
     "cache_root",
     "cache_root_notes",
     "listing_only",
+    "foreign_tree_message",
     "jit_dir_problem",
     "path_problem",
     "read_json",
@@ -212,7 +213,7 @@ def _room_problem(path: str, what: str) -> str | None:
     """Why ``path`` is too long to hold our files (``ENAMETOOLONG`` later, where no other candidate
     could be tried): it and :data:`ROOM_BYTES` must fit in the file system's ``PATH_MAX``, and each
     level in its ``NAME_MAX``.  So such a root falls through to the next candidate.  threat-model: P8"""
-    top = _deepest_existing(path)
+    top = deepest_existing(path)
     try:
         path_max, name_max = os.pathconf(top, "PC_PATH_MAX"), os.pathconf(top, "PC_NAME_MAX")
     except (OSError, ValueError):
@@ -225,12 +226,13 @@ def _room_problem(path: str, what: str) -> str | None:
                        f"{ROOM_BYTES} more needed, {path_max} allowed)", exc)
 
 
-def _deepest_existing(path: str) -> str:
-    """The deepest level of ``path`` that exists (``/`` at worst)."""
-    p = os.path.abspath(path)
-    while not os.path.lexists(p) and os.path.dirname(p) != p:
-        p = os.path.dirname(p)
-    return p
+def foreign_tree_message(what: str, ft, variable: str = "FLASHINFER_SM120_CACHE_DIR") -> str:
+    """The sentence for a :class:`~flashinfer_sm120.formats.ForeignTree`: what would be created
+    where, and the fix (``variable`` names where to point instead)."""
+    return (f"{what}={ft.path!r} does not exist, and it would be created inside {ft.top}, owned by uid "
+            f"{ft.owner}, as uid {ft.uid}: that user's own tools could not write it (pip, FlashInfer "
+            f"and others use ~/.cache). Run as uid {ft.owner} (sudo -u), keep your own home "
+            f"(sudo -H instead of sudo -E), or set {variable} to a directory of your own")
 
 
 def _creation_problem(path: str, what: str) -> str | None:
@@ -240,8 +242,7 @@ def _creation_problem(path: str, what: str) -> str | None:
     ``/var/tmp``: what is created there is yours), and it and every level above it must pass
     :func:`_ancestors_problem`.  So root with a user's ``HOME`` (``sudo -E``) never makes a
     root-owned ``~/.cache`` that the user's own tools then cannot write.  threat-model: P4"""
-    uid = os.geteuid()
-    top = os.path.realpath(_deepest_existing(path))
+    top = os.path.realpath(deepest_existing(path))
     try:
         st = os.stat(top)
     except OSError as exc:
@@ -249,12 +250,9 @@ def _creation_problem(path: str, what: str) -> str | None:
     if not stat.S_ISDIR(st.st_mode):
         return (f"{what}={path!r} cannot be created: {top} is not a directory; remove it or point the "
                 f"variable elsewhere")
-    if st.st_uid not in (0, uid):
-        return (f"{what}={path!r} does not exist, and it would be created inside {top}, owned by uid "
-                f"{st.st_uid}, as uid {uid}: that user's own tools could not write it (pip, FlashInfer "
-                f"and others use ~/.cache). Run as uid {st.st_uid} (sudo -u), keep your own home "
-                f"(sudo -H instead of sudo -E), or set FLASHINFER_SM120_CACHE_DIR to a directory of "
-                f"your own")
+    foreign = foreign_tree(path)
+    if foreign is not None:
+        return foreign_tree_message(what, foreign)
     return _ancestors_problem(os.path.join(top, "_"), what)
 
 
@@ -361,8 +359,7 @@ def cache_root() -> str:
 
 
 def listing_only() -> None:
-    """Declare that this process only lists (``status``, ``doctor``, ``cache prune`` without
-    ``--yes``): from now on :func:`cache_root` creates no directory (an absent root raises
+    """Declare that this process only lists (``cache prune`` without ``--yes``): from now on :func:`cache_root` creates no directory (an absent root raises
     :class:`StateFileError`, which every caller already takes as "no state to read or keep"), so
     the nvcc memo is neither stored nor locked.  threat-model: P4"""
     global _listing

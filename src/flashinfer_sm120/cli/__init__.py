@@ -191,10 +191,10 @@ def _quiet_stdout() -> None:
 
 
 def lists_only(args: argparse.Namespace) -> bool:
-    """Whether the command only reads and reports (``status``, ``doctor``, ``cache prune`` without
-    ``--yes``): it then creates no directory or file of flashinfer-sm120's."""
-    if args.cmd in ("status", "doctor"):
-        return True
+    """Whether the command only lists (``cache prune`` without ``--yes``): it then creates no
+    directory or file of flashinfer-sm120's.  (``status`` and ``doctor`` import FlashInfer with the
+    patch, as a server does, views included: they create what that import creates, under the same
+    checks.)"""
     return args.cmd == "cache" and getattr(args, "cache_cmd", None) == "prune" and not getattr(args, "yes", False)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -94,3 +95,37 @@ def make_private_dirs(path: str | os.PathLike, *, mode: int = 0o700) -> None:
         except FileExistsError:
             continue
         os.chmod(d, mode)
+
+
+@dataclass(frozen=True)
+class ForeignTree:
+    """Creating ``path`` would put a directory of ``uid`` inside ``top``, which ``owner`` owns:
+    root with a user's ``HOME`` (``sudo -E``) would leave a ``~/.cache`` the user cannot write."""
+
+    path: str
+    top: str
+    owner: int
+    uid: int
+
+
+def deepest_existing(path: str) -> str:
+    """The deepest level of ``path`` (made absolute) that exists; ``/`` at worst."""
+    p = os.path.abspath(path)
+    while not os.path.lexists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    return p
+
+
+def foreign_tree(path: str) -> ForeignTree | None:
+    """A :class:`ForeignTree` when ``path`` is absent and its deepest existing level (links
+    resolved) belongs to a uid that is neither this process's nor root; else ``None``.
+    Nothing is created.  threat-model: P4 (nothing is created inside a tree another uid owns)"""
+    if os.path.lexists(path):
+        return None
+    top = os.path.realpath(deepest_existing(path))
+    try:
+        owner = os.stat(top).st_uid
+    except OSError:
+        return None  # the caller's own checks name what cannot be read
+    uid = os.geteuid()
+    return None if owner in (0, uid) else ForeignTree(os.path.abspath(path), top, owner, uid)
