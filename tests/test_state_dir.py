@@ -276,3 +276,25 @@ def test_flashinfer_builds_and_loads_a_module_under_a_non_ascii_path(real_nvcc13
         assert "contains" not in proc.stderr, proc.stderr[-3000:]  # no warning about the path
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(min_size=1, max_size=300))
+def test_path_rule_property(text):
+    """Any text: the checks never raise, accept exactly what the rule accepts, and a refusal names a
+    refused character and states the rule, bounded."""
+    from flashinfer_sm120 import cache
+    from flashinfer_sm120.formats import PATH_RULE, path_chars_problem
+
+    path = "/" + text
+    bad = path_chars_problem(path)
+    for problem in (cache.path_problem(path, "HOME"), cache.jit_dir_problem(path)):
+        assert (problem is None) == (bad is None)
+        if problem:
+            assert PATH_RULE in problem and len(problem) < 2000
+            assert any(repr(c) in problem for c in bad)
+    if bad is None:
+        assert not any(c.isspace() or c in "$:;&|<>()'\"`\\*?[]#{}!" or ord(c) < 32 for c in path)
