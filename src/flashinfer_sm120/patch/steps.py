@@ -353,7 +353,22 @@ def refresh_derived() -> None:
             env.FLASHINFER_JIT_DIR = ws / "cached_ops"
             env.FLASHINFER_GEN_SRC_DIR = ws / "generated"
         if core is not None:  # flashinfer/jit/core.py creates it at import
-            try:
-                os.makedirs(ws, exist_ok=True)
-            except OSError:
-                pass
+            _lease_workspace(str(ws))
+
+
+def _lease_workspace(ws: str) -> None:
+    """Lease the JIT workspace for this process (:mod:`flashinfer_sm120.lease`), then create it:
+    a ``cache prune`` that removed it while the lease was awaited leaves it to be made anew."""
+    from .. import lease
+
+    try:
+        os.makedirs(os.path.dirname(ws), exist_ok=True)
+    except OSError:
+        return
+    if not lease.hold(ws):  # threat-model: P3
+        logger.warning("flashinfer-sm120: could not take the lease %s on the JIT workspace %s: a "
+                       "'cache prune' may remove it while this process uses it", lease.lease_path(ws), ws)
+    try:
+        os.makedirs(ws, exist_ok=True)  # check, then use, under the lease
+    except OSError:
+        pass
