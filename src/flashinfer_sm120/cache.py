@@ -1,5 +1,6 @@
-"""Where flashinfer-sm120 keeps state on disk (CUDA_HOME views, the nvcc memo),
-and how it reads and writes it safely.
+"""Where flashinfer-sm120 keeps state on disk (CUDA_HOME views, the nvcc memo): the per-uid
+cache root, chosen and created (check, then create: threat-model P4).  Reading and writing
+the files in it: :mod:`flashinfer_sm120.statefiles`.
 
 The rules (issue "Keep the promise under production conditions"):
 
@@ -10,11 +11,6 @@ The rules (issue "Keep the promise under production conditions"):
   refuse it, never inside a tree another uid owns, and never by a command that only lists;
   a root that breaks a rule is refused with a message naming the variable and
   the fix, and the next candidate is used;
-* writes are atomic: a temp file with a random name created with ``O_EXCL``
-  (:func:`tempfile.mkstemp`) in the target directory, then :func:`os.replace`;
-* reads never follow a symlink (``O_NOFOLLOW``), never block on a FIFO
-  (``O_NONBLOCK`` + regular-file check), are capped in size, and accept only
-  files owned by the current uid (or root): :mod:`flashinfer_sm120.formats`;
 * directories it creates (``~/.cache`` included, when absent) are ``0700``
   level by level whatever the umask (:func:`~flashinfer_sm120.formats.make_private_dirs`).
 """
@@ -23,39 +19,25 @@ from __future__ import annotations
 
 import errno
 import functools
-import json
 import logging
 import os
 import stat
 import tempfile
-from collections.abc import Callable
-from typing import Any, TypeVar
 
-from .errors import FormatError, StateFileError, errno_meaning
-from .formats import bounded, deepest_existing, foreign_tree, make_private_dirs, read_json_file
+from .errors import StateFileError, errno_meaning
+from .formats import bounded, deepest_existing, foreign_tree, make_private_dirs
 
 logger = logging.getLogger("flashinfer_sm120")
 
-T = TypeVar("T")
-
 __all__ = [
-    "MAX_STATE_BYTES",
     "cache_root",
     "cache_root_notes",
     "listing_only",
     "foreign_tree_message",
     "jit_dir_problem",
     "path_problem",
-    "read_json",
-    "write_atomic",
-    "write_json_atomic",
-    "compute_once",
     "writable_by_others",
 ]
-
-#: Largest state file read (bytes).  The memo holds one small entry per nvcc
-#: binary seen; anything larger is not ours and is rewritten.
-MAX_STATE_BYTES = 1 << 20
 
 _notes: list[str] = []
 #: Set by :func:`listing_only`: this process creates no directory or file of ours.
@@ -369,103 +351,3 @@ def listing_only() -> None:
 def cache_root_notes() -> list[str]:
     """Messages about cache-root candidates refused in this process (for ``doctor``)."""
     return list(_notes)
-
-
-def read_json(path: str, *, max_bytes: int = MAX_STATE_BYTES) -> tuple[Any, str | None]:
-    """Read a JSON state file without following symlinks or blocking
-    (:func:`flashinfer_sm120.formats.read_json_file`: size cap while reading,
-    depth-bounded, ``NaN`` refused, owner checked).
-
-    Args:
-        path: the file.
-        max_bytes: size cap in bytes; a larger file is refused.
-
-    Returns:
-        ``(data, None)``, or ``(None, reason)`` when the file is absent, not a
-        regular file, not owned by the current uid or root, too large, or not
-        JSON.  ``reason`` is ``None`` too when the file simply does not exist.
-    """
-    if not os.path.lexists(path):
-        return None, None
-    try:
-        return read_json_file(path, max_bytes, follow=False, owners=(0, os.geteuid())), None
-    except FormatError as exc:
-        return None, str(exc)
-
-
-def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
-    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never half.
-
-    A temp file with a random name is created with ``O_EXCL`` in the same directory
-    (so a name planted by another user is never opened), written, given ``mode``,
-    then renamed over ``path`` with :func:`os.replace`; on any failure it is removed.
-
-    Raises:
-        OSError: as the file system reports it (the caller words the message).
-    """
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + ".", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def write_json_atomic(path: str, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (:func:`write_atomic`, mode ``0600``).
-
-    Raises:
-        StateFileError: the directory is not writable or the disk is full; the
-            message names the directory and ``FLASHINFER_SM120_CACHE_DIR``.
-    """
-    try:
-        write_atomic(path, json.dumps(data).encode("utf-8"))
-    except OSError as exc:
-        directory = os.path.dirname(path) or "."
-        raise StateFileError(
-            f"cannot write {path} ({exc.strerror or exc}"
-            + ("; the disk is full" if exc.errno == errno.ENOSPC else "")
-            + f"): free space in {directory} or set FLASHINFER_SM120_CACHE_DIR to another directory"
-        ) from exc
-
-
-def compute_once(lock_path: str, lookup: Callable[[], T | None], compute: Callable[[], T], *,
-                 timeout: float, what: str) -> T:
-    """``lookup()``'s answer, else ``compute()`` run by one process at a time.
-
-    Workers starting together wait on a file lock at ``lock_path`` for at most
-    ``timeout`` seconds, then look again (the first one has stored its answer);
-    when the lock cannot be had in time, or at all (a read-only or lock-less file
-    system), they compute themselves.  ``compute`` stores what should be remembered.
-    """
-    hit = lookup()
-    if hit is not None:
-        return hit
-    lock = None
-    try:
-        import filelock
-
-        lock = filelock.FileLock(lock_path, timeout=timeout)
-        lock.acquire()
-    except Exception as exc:  # Timeout, OSError
-        logger.debug("flashinfer-sm120: %s without the lock %s (%s)", what, lock_path, exc)
-        lock = None
-    try:
-        if lock is not None:
-            hit = lookup()
-            if hit is not None:
-                return hit
-        return compute()
-    finally:
-        if lock is not None:
-            try:
-                lock.release()
-            except Exception:
-                pass

@@ -35,7 +35,8 @@ import time
 from collections.abc import Callable
 
 from .. import formats
-from ..cache import cache_root, compute_once, read_json, write_json_atomic
+from ..cache import cache_root
+from ..statefiles import compute_once, read_json, write_json_atomic
 from ..errors import FormatError, StateFileError
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -171,7 +172,7 @@ STALE_TEMP_S = 3600.0
 
 def _clean_stale_temps(path: str) -> None:
     """Remove ``.tmp-nvcc-version.json.*`` left by writers killed mid-write
-    (:func:`flashinfer_sm120.cache.write_json_atomic` names its temp files so)."""
+    (:func:`flashinfer_sm120.statefiles.write_json_atomic` names its temp files so)."""
     directory, prefix = os.path.dirname(path), ".tmp-" + os.path.basename(path) + "."
     try:
         names = [n for n in os.listdir(directory) if n.startswith(prefix)]
