@@ -63,7 +63,8 @@ class FlashInferSm120Autoload:
             self.say(exc)
         done = sys.modules.get(name)
         if done is not None:  # flashinfer_sm120 imported the trigger itself (wrapt, filelock, packaging):
-            return _already_loaded(name, done)  # hand that module over; never execute it twice
+            # hand that module over; never execute it twice.  threat-model: P1 (correct, not guessed)
+            return _already_loaded(name, done)
         # We left sys.meta_path while the import system was walking it: ask the
         # remaining finders ourselves so that none is skipped.
         for finder in list(sys.meta_path):
