@@ -33,6 +33,7 @@ __all__ = [
     "cache_root",
     "cache_root_notes",
     "listing_only",
+    "lists_only",
     "foreign_tree_message",
     "jit_dir_problem",
     "path_problem",
@@ -346,6 +347,11 @@ def listing_only() -> None:
     the nvcc memo is neither stored nor locked.  threat-model: P4"""
     global _listing
     _listing = True
+
+
+def lists_only() -> bool:
+    """Whether :func:`listing_only` was declared in this process (then nothing of ours is written)."""
+    return _listing
 
 
 def cache_root_notes() -> list[str]:
