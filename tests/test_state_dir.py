@@ -298,3 +298,25 @@ def test_path_rule_property(text):
             assert any(repr(c) in problem for c in bad)
     if bad is None:
         assert not any(c.isspace() or c in "$:;&|<>()'\"`\\*?[]#{}!" or ord(c) < 32 for c in path)
+
+
+@pytest.mark.parametrize("err,meaning,fix", [
+    (errno.ENOSPC, "no space left", "free space in"),
+    (errno.EACCES, "permission denied", "make"),
+    (errno.EROFS, "read-only file system", "writable file system"),
+    (errno.ENAMETOOLONG, "longer than the file system allows", "shorter path"),
+])
+def test_a_failed_state_write_says_what_its_errno_means(tmp_path, monkeypatch, err, meaning, fix):
+    """Regression: every failed write said 'free space' whatever the errno."""
+    from flashinfer_sm120 import statefiles
+    from flashinfer_sm120.errors import StateFileError
+
+    def fail(path, data, **kw):
+        raise OSError(err, os.strerror(err), path)
+
+    monkeypatch.setattr(statefiles, "write_atomic", fail)
+    with pytest.raises(StateFileError) as info:
+        statefiles.write_json_atomic(str(tmp_path / "memo.json"), {})
+    msg = str(info.value)
+    assert meaning in msg and fix in msg and str(tmp_path) in msg
+    assert ("free space" in msg) == (err == errno.ENOSPC)
