@@ -15,15 +15,15 @@ from __future__ import annotations
 
 from ..cache import cache_root
 from ..errors import ToolkitError
-from .model import Choice, Toolkit, VersionDisagreement
+from .model import Choice, RejectKind, Rejection, Toolkit, VersionDisagreement
 from .policy import choose
 from .probe import FAILURE_MEMORY_S, NVCC_TIMEOUT_S, inspect
 from .sources import FIND_STEPS, SOURCES, Candidates, discover, flashinfer_naive_root, torch_cuda_version
 from .trust import check_executable, trace
 
 __all__ = [
-    "NVCC_TIMEOUT_S", "FAILURE_MEMORY_S", "SOURCES", "cache_root", "Toolkit", "Choice", "ToolkitError",
-    "VersionDisagreement",
+    "NVCC_TIMEOUT_S", "FAILURE_MEMORY_S", "SOURCES", "cache_root", "Toolkit", "Choice", "RejectKind", "Rejection",
+    "ToolkitError", "VersionDisagreement",
     "Candidates", "discover", "choose", "inspect", "flashinfer_naive_root",
     "check_executable", "trace", "FIND_STEPS",
     "torch_cuda_version",
