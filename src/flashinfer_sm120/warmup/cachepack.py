@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import formats
+from .. import buildline, formats
 from ..errors import FormatError
 from ..tmpdirs import private_dir
 from . import cacheinstall, ninjacmd, ninjadeps, pool
@@ -238,6 +238,12 @@ def _mismatch(theirs: dict, ours: dict) -> tuple[str, str] | None:
     for k, fix in fixes.items():
         if theirs.get(k) != ours.get(k):
             return f"archive has {k} {theirs.get(k)!r}, this machine {ours.get(k)!r}: {fix}", fix
+    changed = buildline.changes(theirs["build_vars"], ours.get("build_vars") or {}) if "build_vars" in theirs else []
+    if changed:
+        said = "; ".join(f"{c.name}={c.built or '(unset)'} there, {c.now or '(unset)'} here" for c in changed)
+        fix = "set them here as there, or build here"
+        return (f"the archive was built with other FlashInfer build-line variables ({said}): they change every "
+                f"build line, so every module would be rebuilt; {fix}", fix)
     return None
 
 
