@@ -164,7 +164,7 @@ def record(build_dir: Path, values: dict[str, str | None]) -> str | None:
 
     Returns:
         ``None``, or why it could not be written (the module is built all the same)."""
-    from .cache import write_json_atomic
+    from .statefiles import write_json_atomic
     from .errors import Sm120Error
 
     try:
