@@ -104,3 +104,11 @@ def test_unknown_capability_message_says_upgrade():
     with pytest.raises(arch.ArchNotSupported) as exc:
         arch.normalize(13, 0, Version("13.5"))
     assert "not in flashinfer-sm120's table" in str(exc.value) and "None" not in str(exc.value)
+
+
+def test_a_non_ascii_digit_entry_is_refused_with_a_message_not_an_exception():
+    """Hypothesis found that '²' (str.isdigit() true, int() fails) crashed the 'did you mean' hint."""
+    from flashinfer_sm120 import arch as arch_mod
+
+    specs, errors = arch_mod._parse("² 12.0", "FLASHINFER_CUDA_ARCH_LIST")
+    assert [s for s in specs] and errors and "²" in errors[0]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_toolkit
-from flashinfer_sm120 import cache
+from flashinfer_sm120 import cache, statefiles
 from flashinfer_sm120.toolkit import inspect, memo
 from probe_util import OTHER_UID, PY, as_uid, need_root
 
@@ -38,7 +38,9 @@ def test_cache_path_ninja_cannot_carry_is_refused_and_named(tmp_path, monkeypatc
     root = cache.cache_root()
     assert char not in root and root == str(tmp_path / "home" / ".cache" / "flashinfer-sm120")
     (note,) = cache.cache_root_notes()
-    assert "FLASHINFER_SM120_CACHE_DIR" in note and repr(char) in note and "without spaces" in note
+    from flashinfer_sm120.formats import PATH_RULE
+
+    assert "FLASHINFER_SM120_CACHE_DIR" in note and repr(char) in note and PATH_RULE in note
     assert not (tmp_path / name).exists()
 
 
@@ -153,7 +155,7 @@ def test_huge_memo_is_not_read(tmp_path, memo_dir, caplog):
     memo_dir.mkdir(mode=0o700)
     with open(memo_dir / "nvcc-version.json", "wb") as fh:
         fh.truncate(130 << 20)  # 130 MB (sparse)
-    data, why = cache.read_json(str(memo_dir / "nvcc-version.json"), max_bytes=memo.MAX_MEMO_BYTES)
+    data, why = statefiles.read_json(str(memo_dir / "nvcc-version.json"), max_bytes=memo.MAX_MEMO_BYTES)
     assert data is None and "more than the" in why
     with caplog.at_level(logging.INFO, logger="flashinfer_sm120"):
         t = time.monotonic()

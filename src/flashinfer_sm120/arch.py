@@ -331,7 +331,7 @@ MAX_ARCH_LIST_CHARS = 4096
 def _major_hint(entries: list[str]) -> str:
     """`` Did you mean '12.0'?`` for a bare major number ('12' reads as 1.2, '9' as nothing)."""
     for e in entries:
-        if e.isdigit() and 3 <= int(e) <= 20:
+        if e.isascii() and e.isdigit() and 3 <= int(e) <= 20:  # '²'.isdigit() is true, int('²') fails
             return f" Did you mean '{int(e)}.0'?"
     return ""
 

@@ -1,18 +1,16 @@
-"""Where flashinfer-sm120 keeps state on disk (CUDA_HOME views, the nvcc memo),
-and how it reads and writes it safely.
+"""Where flashinfer-sm120 keeps state on disk (CUDA_HOME views, the nvcc memo): the per-uid
+cache root, chosen and created (check, then create: threat-model P4).  Reading and writing
+the files in it: :mod:`flashinfer_sm120.statefiles`.
 
 The rules (issue "Keep the promise under production conditions"):
 
 * the cache root is per uid: it must be owned by the current uid and not be
   writable by group or others; an absolute path made only of characters that
-  FlashInfer's unquoted ninja lines (``cuda_home = ...``) and ``/bin/sh`` carry;
+  FlashInfer's unquoted ninja lines (``cuda_home = ...``) and ``/bin/sh`` carry
+  (:data:`flashinfer_sm120.formats.PATH_RULE`); it is created only after the checks that would
+  refuse it, never inside a tree another uid owns, and never by a command that only lists;
   a root that breaks a rule is refused with a message naming the variable and
   the fix, and the next candidate is used;
-* writes are atomic: a temp file with a random name created with ``O_EXCL``
-  (:func:`tempfile.mkstemp`) in the target directory, then :func:`os.replace`;
-* reads never follow a symlink (``O_NOFOLLOW``), never block on a FIFO
-  (``O_NONBLOCK`` + regular-file check), are capped in size, and accept only
-  files owned by the current uid (or root): :mod:`flashinfer_sm120.formats`;
 * directories it creates (``~/.cache`` included, when absent) are ``0700``
   level by level whatever the umask (:func:`~flashinfer_sm120.formats.make_private_dirs`).
 """
@@ -21,47 +19,30 @@ from __future__ import annotations
 
 import errno
 import functools
-import json
 import logging
 import os
-import re
 import stat
 import tempfile
-from collections.abc import Callable
-from typing import Any, TypeVar
 
-from .errors import FormatError, StateFileError
-from .formats import bounded, make_private_dirs, read_json_file
+from .errors import StateFileError, errno_meaning
+from .formats import bounded, deepest_existing, foreign_tree, make_private_dirs
 
 logger = logging.getLogger("flashinfer_sm120")
 
-T = TypeVar("T")
-
 __all__ = [
-    "SAFE_PATH_RE",
-    "MAX_STATE_BYTES",
     "cache_root",
     "cache_root_notes",
+    "listing_only",
+    "lists_only",
+    "foreign_tree_message",
     "jit_dir_problem",
     "path_problem",
-    "read_json",
-    "write_atomic",
-    "write_json_atomic",
-    "compute_once",
     "writable_by_others",
 ]
 
-#: Characters a path may hold to be used unquoted in FlashInfer's generated
-#: ``build.ninja`` (``cuda_home = $path``, expanded into ``/bin/sh -c`` command
-#: lines: ``flashinfer/jit/cpp_ext.py`` ``generate_ninja_build_for_op``) and by
-#: ninja itself (``$`` and ``:`` are ninja syntax, whitespace splits shell words).
-SAFE_PATH_RE = re.compile(r"^/[A-Za-z0-9_./+@%=,~-]*$")
-
-#: Largest state file read (bytes).  The memo holds one small entry per nvcc
-#: binary seen; anything larger is not ours and is rewritten.
-MAX_STATE_BYTES = 1 << 20
-
 _notes: list[str] = []
+#: Set by :func:`listing_only`: this process creates no directory or file of ours.
+_listing = False
 _EXPLICIT = "$FLASHINFER_SM120_CACHE_DIR"
 _root_cache: dict[tuple, str] = {}
 
@@ -113,16 +94,16 @@ def path_problem(path: str, what: str) -> str | None:
     Returns:
         ``None`` when usable, else a sentence naming the value and the fix.
     """
-    from .formats import shown, some
+    from .formats import PATH_RULE, path_chars_problem, shown, some
 
     if not os.path.isabs(path):
         return (f"{what}={shown(path)} is a relative path: builds and child processes run in other "
                 f"directories; set it to an absolute path")
-    if not SAFE_PATH_RE.match(path):
-        bad = sorted({c for c in path if not re.match(r"[A-Za-z0-9_./+@%=,~-]", c)})
-        return (f"{what}={shown(path)} contains {some(bad, 8)}, which FlashInfer's "
-                f"generated build.ninja does not quote (the compile would fail); set it to a path "
-                f"without spaces or shell/ninja characters")
+    bad = path_chars_problem(path)
+    if bad:
+        return (f"{what}={shown(path)} contains {some(bad, 8)}, which FlashInfer's generated build.ninja "
+                f"and the shell lines it runs do not quote (the compile would fail); set it to a path of "
+                f"{PATH_RULE}")
     return None
 
 
@@ -130,23 +111,25 @@ def jit_dir_problem(jit_dir: str) -> str | None:
     """Why FlashInfer's JIT directory cannot be used: FlashInfer writes it unquoted into every
     ``build.ninja`` (0.7.x ``generate_ninja_build_for_op``: ``build {obj}: ...``), where a space or
     ``:`` breaks the line and ``$x`` is a ninja variable (the build lands in another directory)."""
-    from .formats import shown, some
+    from .formats import PATH_RULE, path_chars_problem, shown, some
 
     fix = ("Fix: set FLASHINFER_WORKSPACE_BASE (or SGLANG_CACHE_DIR, which SGLang copies into it) to an "
-           "absolute directory whose path has only letters, digits and '_./+@%=,~-'")
+           f"absolute directory whose path has only {PATH_RULE}")
     if not os.path.isabs(jit_dir):
         return (f"FlashInfer's JIT directory {shown(jit_dir)} is a relative path: each working directory "
                 f"gets a JIT cache of its own. {fix}")
-    if SAFE_PATH_RE.match(jit_dir):
+    bad = path_chars_problem(jit_dir)
+    if not bad:
         return None
-    bad = sorted({c for c in jit_dir if not re.match(r"[A-Za-z0-9_./+@%=,~-]", c)})
     return (f"FlashInfer's JIT directory {shown(jit_dir)} contains {some(bad, 8)}: FlashInfer writes it "
-            f"unquoted into every build.ninja, where a blank or ':' breaks the line and '$x' is a ninja "
-            f"variable (the build would fail, or land in another directory). {fix}")
+            f"unquoted into every build.ninja, where a blank or ':' breaks the line, '$x' is a ninja "
+            f"variable and the shell reads its own syntax (the build would fail, or land in another "
+            f"directory). {fix}")
 
 
-def _dir_problem(path: str, what: str, create: bool, explicit: bool = True) -> str | None:
-    """Ownership/permission check of a cache directory; creates it (0700) if asked.
+def _dir_problem(path: str, what: str, explicit: bool = True) -> str | None:
+    """Ownership/permission check of a cache directory, created (0700) when absent and every check
+    that would refuse it has passed (:func:`_creation_problem`).
     A candidate the user did not name (``explicit=False``) must also be writable,
     so that a read-only one falls through to the next; a named one that is not is
     reported where the write fails, naming the variable."""
@@ -154,20 +137,27 @@ def _dir_problem(path: str, what: str, create: bool, explicit: bool = True) -> s
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        if not create:  # a symlink to nothing: whoever creates the target later would own our state
-            return f"{what}={path!r} does not exist; create it (mode 0700) or point the variable elsewhere"
+        problem = _creation_problem(path, what)  # threat-model: P4 (check, then create)
+        if problem is not None:
+            return problem
+        if _listing:  # threat-model: P4 (a command that only lists creates nothing)
+            raise StateFileError(f"{what}={path!r} does not exist yet, and this command only lists: it "
+                                 f"creates nothing (any command that builds creates it)")
         try:  # every level 0700 whatever the umask: umask 000 must not leave a world-writable ~/.cache
             make_private_dirs(path)
             st = os.lstat(path)
         except OSError as exc:
-            return (f"{what}={path!r} cannot be created ({exc.strerror}); set "
-                    f"FLASHINFER_SM120_CACHE_DIR to a writable directory")
+            return _os_problem(what, path, "cannot be created", exc)
     except OSError as exc:
-        return f"{what}={path!r} cannot be read ({exc.strerror})"
+        return _os_problem(what, path, "cannot be read", exc)
     if stat.S_ISLNK(st.st_mode):
         real = os.path.realpath(path)
-        return _dir_problem(real, f"{what} (symlink to {real})", False, explicit) if real != path else (
-            f"{what}={path!r} is a symlink loop")
+        if real == path:
+            return f"{what}={path!r} is a symlink loop"
+        if not os.path.lexists(real):  # whoever creates the target later would own our state
+            return f"{what}={path!r} is a symlink to {real!r}, which does not exist; create it (mode 0700) " \
+                   f"or point the variable elsewhere"
+        return _dir_problem(real, f"{what} (symlink to {real})", explicit)
     if not stat.S_ISDIR(st.st_mode):
         return f"{what}={path!r} is not a directory; point it at a directory you own"
     if st.st_uid != uid:
@@ -180,6 +170,73 @@ def _dir_problem(path: str, what: str, create: bool, explicit: bool = True) -> s
         return (f"{what}={path!r} is not writable (a read-only file system or mode "
                 f"{stat.filemode(st.st_mode)}); set FLASHINFER_SM120_CACHE_DIR to a writable directory")
     return None
+
+
+def _os_problem(what: str, path: str, action: str, exc: OSError) -> str:
+    """``<what>=<path> cannot be <action>: <what the errno means>``, with the fix for that errno
+    (threat-model: P8: chosen by errno, never by exception class)."""
+    fixes = {
+        errno.ENAMETOOLONG: "use a shorter path",
+        errno.ENOSPC: "free space there",
+        errno.EDQUOT: "free space within your quota",
+        errno.ENOTDIR: "remove the file that stands where a directory should be, or use another path",
+        errno.ELOOP: "fix the symbolic links, or use another path",
+    }
+    fix = fixes.get(exc.errno or 0, "use a directory you can write")
+    return (f"{what}={path!r} {action}: {errno_meaning(exc)}; {fix}, or set FLASHINFER_SM120_CACHE_DIR "
+            f"to a directory of your own")
+
+
+#: Bytes of path kept free below the cache root for what is written there
+#: (``cuda-home/<view>/lib64/stubs/libcuda.so``, temp names, lock files).
+ROOM_BYTES = 512
+
+
+def _room_problem(path: str, what: str) -> str | None:
+    """Why ``path`` is too long to hold our files (``ENAMETOOLONG`` later, where no other candidate
+    could be tried): it and :data:`ROOM_BYTES` must fit in the file system's ``PATH_MAX``, and each
+    level in its ``NAME_MAX``.  So such a root falls through to the next candidate.  threat-model: P8"""
+    top = deepest_existing(path)
+    try:
+        path_max, name_max = os.pathconf(top, "PC_PATH_MAX"), os.pathconf(top, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        path_max, name_max = 4096, 255
+    raw = os.fsencode(path)
+    if len(raw) + ROOM_BYTES < path_max and all(len(part) <= name_max for part in raw.split(b"/")):
+        return None
+    exc = OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
+    return _os_problem(what, path, f"leaves no room for the files kept below it ({len(raw)} bytes, "
+                       f"{ROOM_BYTES} more needed, {path_max} allowed)", exc)
+
+
+def foreign_tree_message(what: str, ft, variable: str = "FLASHINFER_SM120_CACHE_DIR") -> str:
+    """The sentence for a :class:`~flashinfer_sm120.formats.ForeignTree`: what would be created
+    where, and the fix (``variable`` names where to point instead)."""
+    return (f"{what}={ft.path!r} does not exist, and it would be created inside {ft.top}, owned by uid "
+            f"{ft.owner}, as uid {ft.uid}: that user's own tools could not write it (pip, FlashInfer "
+            f"and others use ~/.cache). Run as uid {ft.owner} (sudo -u), keep your own home "
+            f"(sudo -H instead of sudo -E), or set {variable} to a directory of your own")
+
+
+def _creation_problem(path: str, what: str) -> str | None:
+    """Why ``path`` (absent) must not be created by this process; ``None`` when it may.
+
+    The deepest existing level must be a directory owned by you, or by root (``/tmp``,
+    ``/var/tmp``: what is created there is yours), and it and every level above it must pass
+    :func:`_ancestors_problem`.  So root with a user's ``HOME`` (``sudo -E``) never makes a
+    root-owned ``~/.cache`` that the user's own tools then cannot write.  threat-model: P4"""
+    top = os.path.realpath(deepest_existing(path))
+    try:
+        st = os.stat(top)
+    except OSError as exc:
+        return _os_problem(what, path, f"cannot be created ({top} cannot be checked)", exc)
+    if not stat.S_ISDIR(st.st_mode):
+        return (f"{what}={path!r} cannot be created: {top} is not a directory; remove it or point the "
+                f"variable elsewhere")
+    foreign = foreign_tree(path)
+    if foreign is not None:
+        return foreign_tree_message(what, foreign)
+    return _ancestors_problem(os.path.join(top, "_"), what)
 
 
 def _home() -> str | None:
@@ -251,7 +308,7 @@ def cache_root() -> str:
     ``$TMPDIR/flashinfer-sm120-<uid>``.  A candidate is refused (with a WARNING
     naming the variable and the fix, also returned by :func:`cache_root_notes`)
     when it is relative, holds characters FlashInfer's ninja lines cannot carry
-    (see :data:`SAFE_PATH_RE`), is owned by another uid, is writable by group
+    (:data:`flashinfer_sm120.formats.PATH_RULE`), is owned by another uid, is writable by group
     or others, or sits below a directory another user could replace it in.
 
     Returns:
@@ -267,10 +324,11 @@ def cache_root() -> str:
         return hit
     reasons = []
     for what, path in _candidates():
-        problem = path_problem(path, what) or _dir_problem(path, what, True, what == _EXPLICIT)
+        problem = path_problem(path, what) or _room_problem(path, what) or _dir_problem(path, what, what == _EXPLICIT)
         if problem is None:
             path = os.path.realpath(path)  # a link planted later cannot redirect us
-            problem = path_problem(path, f"{what} (resolved)") or _ancestors_problem(path, what)
+            problem = (path_problem(path, f"{what} (resolved)") or _room_problem(path, f"{what} (resolved)")
+                       or _ancestors_problem(path, what))
         if problem is None:
             for r in reasons:
                 if r not in _notes:
@@ -283,106 +341,19 @@ def cache_root() -> str:
                          + ". Set FLASHINFER_SM120_CACHE_DIR to an absolute directory you own.")
 
 
+def listing_only() -> None:
+    """Declare that this process only lists (``cache prune`` without ``--yes``): from now on :func:`cache_root` creates no directory (an absent root raises
+    :class:`StateFileError`, which every caller already takes as "no state to read or keep"), so
+    the nvcc memo is neither stored nor locked.  threat-model: P4"""
+    global _listing
+    _listing = True
+
+
+def lists_only() -> bool:
+    """Whether :func:`listing_only` was declared in this process (then nothing of ours is written)."""
+    return _listing
+
+
 def cache_root_notes() -> list[str]:
     """Messages about cache-root candidates refused in this process (for ``doctor``)."""
     return list(_notes)
-
-
-def read_json(path: str, *, max_bytes: int = MAX_STATE_BYTES) -> tuple[Any, str | None]:
-    """Read a JSON state file without following symlinks or blocking
-    (:func:`flashinfer_sm120.formats.read_json_file`: size cap while reading,
-    depth-bounded, ``NaN`` refused, owner checked).
-
-    Args:
-        path: the file.
-        max_bytes: size cap in bytes; a larger file is refused.
-
-    Returns:
-        ``(data, None)``, or ``(None, reason)`` when the file is absent, not a
-        regular file, not owned by the current uid or root, too large, or not
-        JSON.  ``reason`` is ``None`` too when the file simply does not exist.
-    """
-    if not os.path.lexists(path):
-        return None, None
-    try:
-        return read_json_file(path, max_bytes, follow=False, owners=(0, os.geteuid())), None
-    except FormatError as exc:
-        return None, str(exc)
-
-
-def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
-    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never half.
-
-    A temp file with a random name is created with ``O_EXCL`` in the same directory
-    (so a name planted by another user is never opened), written, given ``mode``,
-    then renamed over ``path`` with :func:`os.replace`; on any failure it is removed.
-
-    Raises:
-        OSError: as the file system reports it (the caller words the message).
-    """
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + ".", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def write_json_atomic(path: str, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (:func:`write_atomic`, mode ``0600``).
-
-    Raises:
-        StateFileError: the directory is not writable or the disk is full; the
-            message names the directory and ``FLASHINFER_SM120_CACHE_DIR``.
-    """
-    try:
-        write_atomic(path, json.dumps(data).encode("utf-8"))
-    except OSError as exc:
-        directory = os.path.dirname(path) or "."
-        raise StateFileError(
-            f"cannot write {path} ({exc.strerror or exc}"
-            + ("; the disk is full" if exc.errno == errno.ENOSPC else "")
-            + f"): free space in {directory} or set FLASHINFER_SM120_CACHE_DIR to another directory"
-        ) from exc
-
-
-def compute_once(lock_path: str, lookup: Callable[[], T | None], compute: Callable[[], T], *,
-                 timeout: float, what: str) -> T:
-    """``lookup()``'s answer, else ``compute()`` run by one process at a time.
-
-    Workers starting together wait on a file lock at ``lock_path`` for at most
-    ``timeout`` seconds, then look again (the first one has stored its answer);
-    when the lock cannot be had in time, or at all (a read-only or lock-less file
-    system), they compute themselves.  ``compute`` stores what should be remembered.
-    """
-    hit = lookup()
-    if hit is not None:
-        return hit
-    lock = None
-    try:
-        import filelock
-
-        lock = filelock.FileLock(lock_path, timeout=timeout)
-        lock.acquire()
-    except Exception as exc:  # Timeout, OSError
-        logger.debug("flashinfer-sm120: %s without the lock %s (%s)", what, lock_path, exc)
-        lock = None
-    try:
-        if lock is not None:
-            hit = lookup()
-            if hit is not None:
-                return hit
-        return compute()
-    finally:
-        if lock is not None:
-            try:
-                lock.release()
-            except Exception:
-                pass

@@ -7,33 +7,81 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 
+from ..errors import Sm120Error
 from ..formats import cli_float, cli_size, plural
+from .common import bounded
 from .common import err as _err
 
 __all__ = ["add_parsers", "run_export", "run_import", "run_prune"]
 
 
+def _doc(**fields) -> dict:
+    """The one JSON document `cache export --json` and `cache import --json` print, for every outcome:
+    the same fields each time (``ok``, ``error`` {kind, message, fix} or null, ``modules``,
+    ``fingerprint``, ``out``/``src``).  threat-model: P8"""
+    return {"ok": False, "error": None, "modules": [], "fingerprint": None, **fields}
+
+
+def _failed(args, doc: dict, kind: str, exc: BaseException) -> int:
+    """Report ``exc`` (kind from the exception when it carries one, else the stage that failed): on
+    stderr always, and as the one JSON document with ``--json``."""
+    if isinstance(exc, OSError):
+        from ..oserrors import describe
+
+        p = describe(exc)
+        kind, message, fix = p.kind, str(p), p.fix
+    else:
+        kind, message, fix = getattr(exc, "kind", None) or kind, str(exc), getattr(exc, "fix", "") or ""
+    doc.update(ok=False, error={"kind": kind, "message": bounded(message), "fix": bounded(fix)})
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    return _err(message)
+
+
 def run_export(args: argparse.Namespace) -> int:
-    from ..warmup import cachepack, replay, session
+    from ..warmup import session
 
-    import os
-
+    doc = _doc(out=args.out)
+    if args.manifest and (args.modules or args.all):
+        return _failed(args, doc, "usage", session.BuildError(
+            "give either --from MANIFEST or module names/--all, not both"))
+    if not args.manifest and not args.modules and not args.all:
+        return _failed(args, doc, "usage", session.BuildError(
+            "name the modules to export (as for `flashinfer-sm120 build`), --all (every module built "
+            "here that `build` can name), or --from MANIFEST"))
     if os.path.lexists(args.out) and not (os.path.isdir(args.out) and not os.listdir(args.out)):
-        return _err(f"{args.out} already exists; choose a new path (an export never overwrites)")
+        return _failed(args, doc, "exists", session.BuildError(
+            f"{args.out} already exists; choose a new path (an export never overwrites)"))
+    stage = "manifest" if args.manifest else "module"
     try:
-        entries, problems = replay.load(args.manifest)
-        session.apply_server_cache(None, entries)  # the JIT dir the recording server used (SGLang's)
-        sess = session.prepare(replay.arch_for(entries, args.arch))
-        regenerable = [e for e in entries if e.get("regenerable") and e.get("flashinfer") == sess.flashinfer]
-        for e in entries:
-            if e not in regenerable:
-                print(f"not exported {e.get('name')}: {e.get('why') or 'recorded with FlashInfer ' + str(e.get('flashinfer'))}",
-                      file=sys.stderr)
-        names = cachepack.export(regenerable, sess, args.out)
-    except session.BuildError as exc:
-        return _err(str(exc))
+        if args.manifest:
+            entries, skipped, sess = _manifest_entries(args)
+        else:
+            stage = "arch"
+            session.set_arch(args.arch)
+            stage = "module"
+            from ..warmup.cachebuilt import built_entries
+
+            entries, skipped, sess = built_entries(args.modules, args.all, args.arch, head_dims=args.head_dim,
+                                                   dtypes=args.dtype, kv_dtypes=args.kv_dtype, acts=args.act)
+        doc["fingerprint"] = sess.fingerprint()
+        stage = "export"
+        from ..warmup import cachepack
+
+        names = cachepack.export(entries, sess, args.out, limits=_limits(args))
+    except (Sm120Error, OSError) as exc:  # BuildError, ModuleError, FormatError...: one document each
+        return _failed(args, doc, stage, exc)
+    doc["modules"] = ([{"module": n, "status": "exported"} for n in names]
+                      + [{"module": n, "status": "not exported", "why": why} for n, why in skipped])
+    doc.update(ok=True)
+    for n, why in skipped:
+        print(f"not exported {n}: {why}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
     print(f"exported {plural(len(names), 'module')} for {' '.join(sess.targets)} (FlashInfer {sess.flashinfer}, "
           f"CUDA {sess.cuda_version} at {sess.cuda_home}) to {args.out}")
     for n in names:
@@ -41,28 +89,54 @@ def run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _limits(args):
+    from ..warmup import cachemeta
+
+    return cachemeta.Limits(max_total=args.max_bytes) if args.max_bytes else cachemeta.Limits()
+
+
+def _manifest_entries(args):
+    from ..warmup import replay, session
+
+    entries, _problems = replay.load(args.manifest)
+    session.apply_server_cache(None, entries)  # the JIT dir the recording server used (SGLang's)
+    sess = session.prepare(replay.arch_for(entries, args.arch))
+    regenerable = [e for e in entries if e.get("regenerable") and e.get("flashinfer") == sess.flashinfer]
+    skipped = [(str(e.get("name")), e.get("why") or f"recorded with FlashInfer {e.get('flashinfer')}")
+               for e in entries if e not in regenerable]
+    return regenerable, skipped, sess
+
+
 def run_import(args: argparse.Namespace) -> int:
     from ..warmup import cachemeta, cachepack, session
 
-    limits = cachemeta.Limits(max_total=args.max_bytes) if args.max_bytes else cachemeta.Limits()
+    doc = _doc(src=args.src)
+    limits = _limits(args)
+    stage = "archive"
     try:
         meta = cachemeta.check_members(args.src, limits)  # before anything is imported or unpacked
         arch = args.arch
         if arch is None:
             arch = _archive_targets(meta)
+        stage = "arch"
+        session.set_arch(arch)
+        stage = "setup"
         session.apply_server_cache()  # install where the server installed here will look (SGLang's dir)
         sess = session.prepare(arch)
+        doc["fingerprint"] = sess.fingerprint()
+        stage = "install"
         report = cachepack.install(args.src, sess, force=args.force, limits=limits)
-    except session.BuildError as exc:
-        return _err(str(exc))
+    except (Sm120Error, OSError) as exc:
+        return _failed(args, doc, stage, exc)
+    doc.update(ok=not any(r["status"] in ("stale", "kept existing", "refused") for r in report), modules=report)
     if args.json:
-        print(json.dumps({"fingerprint": sess.fingerprint(), "modules": report}, indent=2))
+        print(json.dumps(doc, indent=2))
     else:
         for r in report:
             why = f" ({r['why']})" if r.get("why") else ""
             rep = f" (replaced {', '.join(r['replaced'])})" if r.get("replaced") else ""
             print(f"{r['status']} {r['module']}{why}{rep}")
-    return 1 if any(r["status"] in ("stale", "kept existing", "refused") for r in report) else 0
+    return 0 if doc["ok"] else 1
 
 
 def _archive_targets(meta) -> str | None:
@@ -133,11 +207,25 @@ def add_parsers(sub) -> None:
     c = sub.add_parser("cache", help="move a warmed JIT cache between machines; prune old entries",
                        description="export/import a warmed FlashInfer JIT cache; prune what is no longer used")
     cs = c.add_subparsers(dest="cache_cmd", required=True, metavar="{export,import,prune}")
-    e = cs.add_parser("export", help="write the JIT cache entries of a manifest to a directory or archive")
-    e.add_argument("--from", dest="manifest", required=True, metavar="MANIFEST",
-                   help="manifest recorded with FLASHINFER_SM120_RECORD (built here with build --from)")
+    e = cs.add_parser("export", help="write modules built here (by name, --all, or a manifest's) to a "
+                      "directory or archive", description="Write FlashInfer JIT modules built in this "
+                      "workspace to a new directory or archive that `cache import` installs on a machine "
+                      "with the same FlashInfer, toolkit path and targets, without compiling.")
     e.add_argument("out", help="new directory, or an archive path ending .tar, .tar.gz or .tgz")
-    e.add_argument("--arch", help="targets, as for build (default: the manifest's)")
+    e.add_argument("modules", nargs="*", metavar="MODULE",
+                   help="modules as named for `flashinfer-sm120 build` (see build --list)")
+    e.add_argument("--all", action="store_true", help="every module built here that `build` can name "
+                   "(with the variant flags below)")
+    e.add_argument("--from", dest="manifest", metavar="MANIFEST",
+                   help="the modules of a manifest recorded with FLASHINFER_SM120_RECORD (built here)")
+    e.add_argument("--arch", help="targets, as for build (default: the manifest's, else the GPUs present)")
+    e.add_argument("--head-dim", help="attention head dims the modules were built with (as for build)")
+    e.add_argument("--dtype", help="attention q/o dtype(s) (as for build)")
+    e.add_argument("--kv-dtype", help="KV-cache dtype(s) (as for build)")
+    e.add_argument("--act", help="activation(s) for 'activation' (as for build)")
+    e.add_argument("--max-bytes", type=cli_size("--max-bytes", 1 << 20), metavar="SIZE",
+                   help="refuse to write more than SIZE (e.g. 8G; default 32G)")
+    e.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     e.set_defaults(func=run_export)
     i = cs.add_parser("import", help="install an exported JIT cache into FlashInfer's JIT cache here")
     i.add_argument("src", help="directory or archive written by 'cache export'")

@@ -26,6 +26,7 @@ __all__ = ["ALONE_TIMEOUT_S", "SECTIONS", "EXIT_CODES", "WIDTH", "SHORT_LINES", 
 SECTIONS: tuple[tuple[str, str, str], ...] = (
     ("ninja", ".toolkit.ninja", ".cli.doctor_sections:ninja_lines"),  # the ninja servers and `build` run
     ("servers", ".cli.servers_report", ".cli.servers_report:doctor_lines"),  # vLLM/SGLang: check, nvcc, JIT dir
+    ("build_line", ".cli.buildline_report", ".cli.buildline_report:doctor_lines"),  # build-line variables
     ("inventory", ".verify.inventory", ".cli.doctor_sections:inventory_lines"),  # what FlashInfer will load
     ("caches", ".prune", ".prune:doctor_lines"),  # the size of both caches
     ("builds", ".warmup.buildreport", ".warmup.buildreport:doctor_lines"),  # memory, plan, compiler cache

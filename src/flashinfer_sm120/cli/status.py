@@ -19,7 +19,8 @@ __all__ = ["add_parser", "run_status", "status_line", "exit_code", "EXIT_CODES"]
 EXIT_CODES = {
     0: "FlashInfer builds with a toolkit that fits, for at least one target (patched or noop)",
     1: "it cannot build anything: no toolkit fits (guard), patching or FlashInfer's import failed, "
-       "no targets, FlashInfer not installed, or flashinfer-sm120 disabled",
+       "no targets, FlashInfer not installed, flashinfer-sm120 disabled, or FlashInfer's JIT cache in a "
+       "directory another user controls (refused)",
     2: "bad usage (an unknown option, a bad --arch)",
 }
 _OK = ("patched", "noop")
@@ -58,6 +59,15 @@ def run_status(args: argparse.Namespace) -> int:
     if bad:
         return err(bad)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the line below says it
+    from ..workspace import workspace_foreign_tree
+
+    foreign = workspace_foreign_tree()  # threat-model: P4: FlashInfer's import would create it there
+    if foreign is not None:
+        from ..cache import foreign_tree_message
+
+        return _say(args, {"mode": "refused", "toolkit": None, "targets": [], "error": "FlashInfer was not "
+                           "imported: " + foreign_tree_message("FlashInfer's JIT cache", foreign,
+                                                               "FLASHINFER_WORKSPACE_BASE")}, "check")
     if not args.fresh:
         from ..patch.laststatus import load
 

@@ -35,7 +35,8 @@ import time
 from collections.abc import Callable
 
 from .. import formats
-from ..cache import cache_root, compute_once, read_json, write_json_atomic
+from ..cache import cache_root, lists_only
+from ..statefiles import compute_once, read_json, write_json_atomic
 from ..errors import FormatError, StateFileError
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -171,7 +172,7 @@ STALE_TEMP_S = 3600.0
 
 def _clean_stale_temps(path: str) -> None:
     """Remove ``.tmp-nvcc-version.json.*`` left by writers killed mid-write
-    (:func:`flashinfer_sm120.cache.write_json_atomic` names its temp files so)."""
+    (:func:`flashinfer_sm120.statefiles.write_json_atomic` names its temp files so)."""
     directory, prefix = os.path.dirname(path), ".tmp-" + os.path.basename(path) + "."
     try:
         names = [n for n in os.listdir(directory) if n.startswith(prefix)]
@@ -200,6 +201,10 @@ def probe_once(nvcc: str, probe: Callable[[], tuple[str | None, str | None, bool
     first one stored; if the lock cannot be had in time (or at all: read-only
     or lock-less file systems), they probe themselves (bounded anyway).
     """
+    if lists_only():  # threat-model: P4: a command that only lists writes no memo and no lock file
+        hit = lookup(nvcc)
+        return hit if hit is not None else probe()[:2]
+
     def compute() -> tuple[str | None, str | None]:
         full, problem, remember = probe()
         if remember:

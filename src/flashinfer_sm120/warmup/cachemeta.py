@@ -12,19 +12,21 @@ Layout (directory or ``.tar``/``.tar.gz``/``.tgz``)::
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import os
 import stat
 import tarfile
+import time
 import zlib
 from typing import Any
 
-from .. import formats
+from .. import buildline, formats
 from ..errors import FormatError
 from .manifest import parse_entry
 from .session import BuildError
 
-__all__ = ["TOP", "FORMAT", "MAX_META_BYTES", "Limits", "Module", "Meta", "parse_meta", "read_meta",
-           "check_members", "members", "check_listed", "listed"]
+__all__ = ["TOP", "FORMAT", "MAX_META_BYTES", "CacheError", "Limits", "Module", "Meta", "parse_meta", "read_meta",
+           "check_members", "members", "check_listed", "listed", "compression"]
 
 TOP = "flashinfer-sm120-cache"
 FORMAT = 1
@@ -32,14 +34,36 @@ FORMAT = 1
 MAX_META_BYTES = 64 << 20
 
 
+class CacheError(BuildError):
+    """A refused export or import.  ``kind`` says what kind of refusal (``archive``: the export
+    itself is not what `cache export` writes; ``mismatch``: it was made for another machine;
+    ``space``, ``permission``, ``path``, ``exists``...: :data:`flashinfer_sm120.oserrors.BY_ERRNO`),
+    ``fix`` the fix alone (also at the end of the message).  threat-model: P8"""
+
+    def __init__(self, message: str, kind: str = "archive", fix: str = "") -> None:
+        super().__init__(message)
+        self.kind, self.fix = kind, fix
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.kind, self.fix))
+
+
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """Caps on what an import may write, checked on each member's header before
-    any of its bytes are written (``cache import --max-bytes``)."""
+    """Caps on what an import reads and writes (``cache import --max-bytes``), the same for an
+    archive and a directory export (threat-model: P6, P7): files, bytes and members counted on
+    headers and sizes before anything is written, and on the bytes actually read while copying;
+    ``max_seconds`` bounds each pass over an archive."""
 
     max_total: int = 32 << 30
     max_file: int = 8 << 30
     max_members: int = 100_000
+    max_seconds: float = 600.0
+
+    def max_stream(self) -> int:
+        """Most bytes one pass may read out of an archive's decompressor: the files, meta.json,
+        and a header and padding per member (threat-model: P6)."""
+        return self.max_total + MAX_META_BYTES + (self.max_members + 2) * 3 * 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +89,8 @@ _FINGERPRINT = {"flashinfer": str, "targets": list, "cuda_version": str, "cuda_h
 _FIX = "give the path `flashinfer-sm120 cache export` wrote"
 
 
-def _fail(src: str, what: str) -> BuildError:
-    return BuildError(f"{src}: {what}; refusing the whole archive")
+def _fail(src: str, what: str) -> CacheError:
+    return CacheError(f"{src}: {what}; refusing the whole archive; {_FIX}", "archive", _FIX)
 
 
 def parse_meta(obj: Any, source: str) -> Meta:
@@ -86,6 +110,11 @@ def parse_meta(obj: Any, source: str) -> Meta:
         fp = {k: f(fp_obj, k, kind, f"{source} 'fingerprint'", fix=_FIX, max_len=4096)
               for k, kind in _FINGERPRINT.items()}
         fp["targets"] = [formats.parse_target(t, f"{source} 'fingerprint'", fix=_FIX) for t in fp["targets"]]
+        if "build_vars" in fp_obj:  # since flashinfer-sm120 0.2.x; older exports lack it
+            fp["build_vars"] = buildline.checked(fp_obj["build_vars"])
+            if fp["build_vars"] is None:
+                raise BuildError(f"{source}: 'fingerprint' 'build_vars' is not a set of FlashInfer's build-line "
+                                 f"variables; {_FIX}")
         mods, seen, names = [], {}, set()
         for m in f(obj, "modules", list, source, fix=_FIX, max_len=10_000):
             name = formats.parse_name(f(m, "name", str, f"{source} module", fix=_FIX), f"{source} module", fix=_FIX)
@@ -166,9 +195,55 @@ class _BoundedTarInfo(tarfile.TarInfo):
 _HEADER_ERRORS = (_Refused, ValueError, IndexError, OverflowError)
 
 
-def _open_tar(src: str):
+#: An archive's first bytes -> its compression (magic numbers).  `cache export` writes ``tar`` and
+#: ``gzip`` only; the others are named in the refusal.
+_MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"),
+          (b"\x5d\x00\x00", "lzma"), (b"PK\x03\x04", "zip"))
+_WRITTEN = ("tar", "gzip")
+
+
+def compression(head: bytes) -> str:
+    """What the first 512 bytes of a file say it is: ``tar`` (a POSIX/GNU header's ``ustar``
+    magic), ``gzip``, ``bzip2``, ``xz``, ``zstd``, ``lzma``, ``zip`` or ``unknown``; never the
+    file's name.  threat-model: P6"""
+    for magic, name in _MAGIC:
+        if head.startswith(magic):
+            return name
+    return "tar" if head[257:262] == b"ustar" else "unknown"
+
+
+class _Bounded:
+    """A reader that counts the bytes actually read from the decompressor (or the file) and the
+    time spent, and refuses past :meth:`Limits.max_stream` or ``max_seconds``: headers cannot
+    declare their way past the caps, and a small bomb is refused when it has produced the cap,
+    not after.  threat-model: P6"""
+
+    def __init__(self, raw, src: str, limits: Limits) -> None:
+        self.raw, self.src = raw, src
+        self.cap, self.left = limits.max_stream(), limits.max_stream()
+        self.seconds = limits.max_seconds
+        self.deadline = time.monotonic() + limits.max_seconds
+
+    def read(self, n: int = -1) -> bytes:
+        want = (1 << 20) if n is None or n < 0 else n
+        data = self.raw.read(min(want, self.left + 1))
+        self.left -= len(data)
+        if self.left < 0:
+            raise _fail(self.src, f"it unpacks to more than {self.cap} bytes (the files' cap from cache "
+                                  f"import --max-bytes, meta.json and headers)")
+        if time.monotonic() > self.deadline:
+            raise _fail(self.src, f"reading it took more than {self.seconds:g} s")
+        return data
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+def _open_tar(src: str, limits: Limits):
     """``(tar, file)``: the archive streamed (headers seen one at a time, nothing held) from a
-    regular file, opened without blocking (a FIFO given as the export hung ``cache import``)."""
+    regular file, opened without blocking (a FIFO given as the export hung ``cache import``),
+    accepted only when its first bytes say tar or gzip (what `cache export` writes), and read
+    through :class:`_Bounded`."""
     try:
         fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (OSError, ValueError) as exc:
@@ -179,10 +254,22 @@ def _open_tar(src: str):
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise BuildError(f"{formats.shown(src, 200)} is neither a directory nor a regular file; {_FIX}")
         os.set_blocking(fd, True)
-        return tarfile.open(fileobj=fh, mode="r|*", tarinfo=_BoundedTarInfo), fh
-    except (OSError, tarfile.TarError) as exc:
+        kind = compression(os.pread(fd, 512, 0))
+        if kind not in _WRITTEN:  # threat-model: P6 (only what we write; bzip2 bombs grew quadratically)
+            fix = ("unpack it and give the directory, or recompress it with gzip; better: give the file "
+                   "`flashinfer-sm120 cache export` wrote (.tar or .tar.gz)")
+            raise CacheError(f"{formats.shown(src, 200)} is {kind} data ({'compressed ' if kind != 'unknown' else ''}"
+                             f"by its first bytes, whatever its name), not a tar or gzip-compressed tar; {fix}",
+                             "archive", fix)
+        raw = gzip.GzipFile(fileobj=fh, mode="rb") if kind == "gzip" else fh
+        stream = _Bounded(raw, src, limits)
+        return tarfile.open(fileobj=stream, mode="r|", tarinfo=_BoundedTarInfo), stream
+    except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
         fh.close()
         raise BuildError(f"cannot read {src}: {formats.shown(str(exc), 200)}; {_FIX}") from None
+    except (BuildError, FormatError):
+        fh.close()
+        raise
     except _HEADER_ERRORS as exc:  # opening reads the first member's header
         fh.close()
         raise _malformed(src, exc) from None
@@ -192,24 +279,36 @@ def _open_tar(src: str):
 
 
 def members(src: str, limits: Limits):
-    """Each member of the archive ``src`` with its path under TOP, checked on its
-    header: a plain relative path under TOP/, a regular file or a directory,
-    within the member-count and per-file caps."""
-    count = 0
-    tar, fh = _open_tar(src)
+    """Each member of the archive ``src`` with its path under TOP, checked on its header before
+    its data is read: ``meta.json`` first (threat-model: P6: a pass for meta.json reads one member),
+    a plain relative path under TOP/, a regular file or a directory, within the member-count,
+    per-file and total caps; the whole pass within the decompressed-bytes and time caps."""
+    count = total = 0
+    tar, fh = _open_tar(src, limits)
     try:
-        with tar, fh:
-            for m in tar:
-                count += 1
-                if count > limits.max_members:
-                    raise _fail(src, f"it has more than {limits.max_members} members")
-                rel = _safe_rel(m.name, src)
-                if not (m.isfile() or m.isdir()):
-                    raise _fail(src, f"member {formats.shown(m.name)} is a link or device")
-                if m.isfile() and m.size > limits.max_file:
-                    raise _fail(src, f"member {formats.shown(m.name)} is {m.size} bytes, more than the "
-                                     f"{limits.max_file}-byte cap (cache import --max-bytes)")
-                yield tar, m, rel
+        with tar:
+            try:
+                for m in tar:
+                    count += 1
+                    if count > limits.max_members:
+                        raise _fail(src, f"it has more than {limits.max_members} members")
+                    rel = _safe_rel(m.name, src)
+                    if count == 1 and rel != "meta.json":
+                        raise _fail(src, f"its first member is {formats.shown(m.name)}, not {TOP}/meta.json")
+                    if not (m.isfile() or m.isdir()):
+                        raise _fail(src, f"member {formats.shown(m.name)} is a link or device")
+                    if m.isfile() and m.size > limits.max_file:
+                        raise _fail(src, f"member {formats.shown(m.name)} is {m.size} bytes, more than the "
+                                         f"{limits.max_file}-byte cap (cache import --max-bytes)")
+                    total += m.size if m.isfile() and count > 1 else 0  # meta.json: MAX_META_BYTES
+                    if total > limits.max_total:
+                        raise _fail(src, f"its files add up to more than the {limits.max_total}-byte cap "
+                                         f"(cache import --max-bytes)")
+                    yield tar, m, rel
+            finally:
+                fh.close()
+        if count == 0:
+            raise _fail(src, f"it has no members (no {TOP}/meta.json)")
     except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
         raise BuildError(f"cannot read {src}: {formats.shown(str(exc), 200)}; {_FIX}") from None
     except (BuildError, FormatError):  # ours (FormatError is a ValueError too)

@@ -15,23 +15,22 @@ whether anything would be rebuilt, reporting the truth per module.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import io
 import json
 import os
 import shutil
-import stat
 import tarfile
 import tempfile
 import time
 from pathlib import Path
 
-from .. import formats
+from .. import buildline, formats
 from ..errors import FormatError
 from ..tmpdirs import private_dir
-from . import ninjacmd, ninjadeps, pool
-from .cachemeta import (FORMAT, TOP, Limits, Meta, Module, check_listed, listed, members, read_meta)
+from . import cacheinstall, ninjacmd, ninjadeps, pool
+from .cachemeta import (FORMAT, TOP, CacheError, Limits, Meta, Module, check_listed, listed, members,
+                        read_meta)
 from .manifest import CannotRegenerate, make_spec
 from .session import BuildError, Session
 
@@ -55,12 +54,14 @@ def _is_archive(path: str) -> bool:
     return path.endswith((".tar", ".tar.gz", ".tgz"))
 
 
-def export(entries: list[dict], sess: Session, out: str) -> list[str]:
-    """Write the JIT cache entries of ``entries`` (built on this machine) to ``out``.
+def export(entries: list[dict], sess: Session, out: str, *, limits: Limits = Limits()) -> list[str]:
+    """Write the JIT cache entries of ``entries`` (built on this machine) to ``out``, a directory or an
+    archive, with the same caps and free-space check for both (threat-model: P6, P7).
 
     :returns: the module names written.
-    :raises BuildError: a module is not built or not up to date here, or ``out`` exists
-        and is not an empty directory (never overwritten).
+    :raises BuildError: a module is not built or not up to date here, ``out`` exists
+        and is not an empty directory (never overwritten), the files are over ``limits``
+        or do not fit on ``out``'s disk.
     """
     from flashinfer.jit import env as jit_env
 
@@ -73,8 +74,9 @@ def export(entries: list[dict], sess: Session, out: str) -> list[str]:
         spec = make_spec(entry, sess.flashinfer)
         job = pool.Job(spec.name, spec.build_dir, spec.ninja_path)
         if not spec.jit_library_path.exists() or ninjacmd.dry_run(job):
-            raise BuildError(f"{spec.name} is not built for {' '.join(sess.targets)} here; run "
-                             "`flashinfer-sm120 build --from MANIFEST` first")
+            raise BuildError(f"{spec.name} is not built (or not up to date) for {' '.join(sess.targets)} here; "
+                             "build it first (`flashinfer-sm120 build` with the same module names, or --from "
+                             "MANIFEST)")
         mod_files = {}
         for f in sorted(spec.build_dir.iterdir()):
             if f.is_file() and not f.is_symlink() and f.name not in _SKIP and not f.name.endswith(".lock"):
@@ -91,6 +93,8 @@ def export(entries: list[dict], sess: Session, out: str) -> list[str]:
     meta = {"format": FORMAT, "fingerprint": sess.fingerprint(), "modules": modules, "manifest": entries,
             "created": time.time()}
     blob = json.dumps(meta, indent=1).encode()
+    _check_export_space(out, blob, files, limits)
+    budget = cacheinstall.Budget(limits)
     if _is_archive(out):
         _write_archive(out, blob, files)
     else:
@@ -107,35 +111,45 @@ def export(entries: list[dict], sess: Session, out: str) -> list[str]:
             dest = formats.safe_join(root, rel, out)
             formats.make_private_dirs(dest.parent)
             with open(f, "rb") as src:
-                _write_new(dest, src)
+                _write_new(dest, src, budget)
             shutil.copystat(f, dest)
-        _write_new(formats.safe_join(root, "meta.json", out), io.BytesIO(blob))
+        _write_new(formats.safe_join(root, "meta.json", out), io.BytesIO(blob), budget)
     return names
 
 
-def _write_new(dest: Path, src) -> None:
+def _check_export_space(out: str, blob: bytes, files: list[tuple[str, Path]], limits: Limits) -> None:
+    """Refuse an export over ``--max-bytes`` or larger than the free space where it goes, before anything
+    is written; sizes are ``lstat`` sizes (a sparse file is written at its full length).
+    threat-model: P6, P7 (one rule for a directory and an archive export)"""
+    total = len(blob) + sum(os.lstat(f).st_size for _, f in files)
+    if total > limits.max_total:
+        fix = "pass a larger --max-bytes, or export fewer modules"
+        raise CacheError(f"the export to {out} would be {total} bytes, more than the {limits.max_total}-byte "
+                         f"cap (--max-bytes); {fix}", "limit", fix)
+    where = Path(os.path.abspath(out))
+    while not where.exists() and where.parent != where:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if total > free:
+        fix = f"free space on the disk of {where}, or export to another disk"
+        raise CacheError(f"the export to {out} needs {total} bytes and {where} has {free} free; {fix}", "space", fix)
+
+
+def _write_new(dest: Path, src, budget: cacheinstall.Budget) -> None:
     """The file object ``src`` copied into a new file ``dest`` (``O_EXCL | O_NOFOLLOW``: nothing there
-    is followed or replaced)."""
+    is followed or replaced), counting the bytes against ``budget`` (threat-model: P6)."""
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     with os.fdopen(fd, "wb") as fh:
-        shutil.copyfileobj(src, fh, 1 << 20)
-
-
-def _umask() -> int:
-    """This process's umask, read without changing it (``/proc/self/status``); ``077`` if unknown."""
-    try:
-        for line in formats.read_text("/proc/self/status", 1 << 16).splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8) & 0o777
-    except (formats.FormatError, ValueError, IndexError):
-        pass
-    return 0o077
+        for block in iter(lambda: src.read(1 << 20), b""):
+            budget.take(len(block), dest)
+            fh.write(block)
 
 
 def _write_archive(out: str, blob: bytes, files: list[tuple[str, Path]]) -> None:
     """The archive, written to a new private file beside ``out`` (``O_EXCL``: nothing of that name
     is opened, followed or truncated), then linked to ``out``, which fails rather than replace
     anything that appeared there meanwhile."""
+    # threat-model: P5 (a random name made here, linked into place without replacing anything)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(out)}.", suffix=".partial",
                                dir=os.path.dirname(os.path.abspath(out)))
     try:
@@ -145,7 +159,7 @@ def _write_archive(out: str, blob: bytes, files: list[tuple[str, Path]]) -> None
             tar.addfile(info, io.BytesIO(blob))
             for rel, f in files:
                 tar.add(str(f), arcname=f"{TOP}/{rel}", recursive=False)
-        os.chmod(tmp, 0o666 & ~_umask())  # as a plain open() would have made it
+        os.chmod(tmp, 0o666 & ~cacheinstall.umask())  # as a plain open() would have made it
         try:
             os.link(tmp, out)
         except FileExistsError:
@@ -161,13 +175,13 @@ def _write_archive(out: str, blob: bytes, files: list[tuple[str, Path]]) -> None
 def _unpack(src: str, into: Path, meta: Meta, limits: Limits) -> Path:
     """The folder to read the export's files from: ``src/TOP`` for a directory
     export (read in place; each file is opened without following links, see
-    :func:`_copy_verified`), else the members meta.json lists, extracted below
+    :func:`.cacheinstall.copy_verified`), else the members meta.json lists, extracted below
     ``into`` with tarfile's ``data`` filter (PEP 706) after each header passed the
     caps and the free space was checked, before any byte of it is written."""
     if os.path.isdir(src):
         root = Path(src) / TOP
         if os.path.islink(root) or not root.is_dir():
-            raise BuildError(f"{src} has no {TOP}/ folder (or it is a symlink); {_FIX}")
+            raise CacheError(f"{src} has no {TOP}/ folder (or it is a symlink); {_FIX}", "archive", _FIX)
         return root
     files_dirs = listed(meta)
     total = 0
@@ -177,53 +191,17 @@ def _unpack(src: str, into: Path, meta: Meta, limits: Limits) -> Path:
         if m.isdir() or rel == "meta.json":  # meta.json was read already (read_meta)
             continue
         free = shutil.disk_usage(into).free
-        if m.size > free:
-            raise BuildError(f"{src}: {m.name} needs {m.size} bytes and {into} has {free} free; free space "
-                             f"or set TMPDIR to a larger disk")
+        if m.size > free:  # threat-model: P6
+            fix = "free space there or set TMPDIR to a larger disk"
+            raise CacheError(f"{src}: {m.name} needs {m.size} bytes and {into} has {free} free; {fix}", "space", fix)
         try:
-            tar.extract(m, into, filter="data")
-        except (OSError, tarfile.TarError) as exc:
-            raise BuildError(f"cannot unpack {m.name} from {src} into {into}: "
-                             f"{formats.shown(str(exc), 200)}; free space or set TMPDIR") from None
+            tar.extract(m, into, filter="data")  # threat-model: P6 (PEP 706 data filter)
+        except OSError as exc:
+            raise cacheinstall.os_error(exc, into, "set TMPDIR to another directory") from None
+        except tarfile.TarError as exc:
+            raise CacheError(f"cannot unpack {m.name} from {src}: {formats.shown(str(exc), 200)}; {_FIX}",
+                             "archive", _FIX) from None
     return into / TOP
-
-
-def _copy_verified(src: Path, dest: Path, sha: str, limit: int) -> None:
-    """Copy ``src`` (opened without following a link, a regular file only) to a
-    new file next to ``dest``, hashing while copying, then rename it over ``dest``
-    only if the digest is ``sha``."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(src, flags)
-    part = None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise BuildError(f"{src} is not a regular file; {_FIX}")
-        os.set_blocking(fd, True)
-        h, size = hashlib.sha256(), 0
-        part = dest.with_name(f".{dest.name}.import-{os.getpid()}")
-        out = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
-                      0o644)
-        with os.fdopen(out, "wb") as fo:
-            while True:
-                block = os.read(fd, 1 << 20)
-                if not block:
-                    break
-                size += len(block)
-                if size > limit:
-                    raise BuildError(f"{src} is more than the {limit}-byte cap (cache import --max-bytes)")
-                h.update(block)
-                fo.write(block)
-        if h.hexdigest() != sha:
-            raise BuildError(f"{src}: its checksum does not match meta.json; {_FIX}")
-        os.replace(part, dest)
-        part = None
-    finally:
-        os.close(fd)
-        if part is not None:
-            try:
-                os.unlink(part)
-            except OSError:
-                pass
 
 
 def _plan(meta: Meta, root: Path, targets: dict[str, Path], src: str) -> list[tuple[Module, dict[str, tuple[Path, Path]]]]:
@@ -239,14 +217,14 @@ def _plan(meta: Meta, root: Path, targets: dict[str, Path], src: str) -> list[tu
                 paths[rel] = (formats.safe_join(root, rel, f"{src}", fix=_FIX),
                               formats.safe_join(targets[kind], rest, f"{src}: meta.json", fix=_FIX))
             except FormatError as exc:
-                raise BuildError(str(exc)) from None
+                raise CacheError(str(exc), "archive", _FIX) from None
             if not paths[rel][0].is_file() or paths[rel][0].is_symlink():
-                raise BuildError(f"{src}: {rel} is missing or not a regular file; {_FIX}")
+                raise CacheError(f"{src}: {rel} is missing or not a regular file; {_FIX}", "archive", _FIX)
         out.append((mod, paths))
     return out
 
 
-def _mismatch(theirs: dict, ours: dict) -> str | None:
+def _mismatch(theirs: dict, ours: dict) -> tuple[str, str] | None:
     fixes = {
         "flashinfer": "install the same flashinfer-python on both machines (the JIT cache is keyed by its version)",
         "targets": "export for this machine's targets (`flashinfer-sm120 build --from M --arch ...` then "
@@ -259,7 +237,13 @@ def _mismatch(theirs: dict, ours: dict) -> str | None:
     }
     for k, fix in fixes.items():
         if theirs.get(k) != ours.get(k):
-            return f"archive has {k} {theirs.get(k)!r}, this machine {ours.get(k)!r}: {fix}"
+            return f"archive has {k} {theirs.get(k)!r}, this machine {ours.get(k)!r}: {fix}", fix
+    changed = buildline.changes(theirs["build_vars"], ours.get("build_vars") or {}) if "build_vars" in theirs else []
+    if changed:
+        said = "; ".join(f"{c.name}={c.built or '(unset)'} there, {c.now or '(unset)'} here" for c in changed)
+        fix = "set them here as there, or build here"
+        return (f"the archive was built with other FlashInfer build-line variables ({said}): they change every "
+                f"build line, so every module would be rebuilt; {fix}", fix)
     return None
 
 
@@ -279,47 +263,56 @@ def install(src: str, sess: Session, *, force: bool = False, limits: Limits = Li
     meta = read_meta(src, limits)
     problem = _mismatch(meta.fingerprint, sess.fingerprint())
     if problem:
-        raise BuildError(f"refusing {src}: {problem}")
+        raise CacheError(f"refusing {src}: {problem[0]}", "mismatch", problem[1])
     targets = {"jit": Path(jit_env.FLASHINFER_JIT_DIR), "generated": Path(jit_env.FLASHINFER_GEN_SRC_DIR)}
     with private_dir("fi-sm120-import-") as tmp:  # swept by the next import if this one is killed
         root = _unpack(src, Path(tmp), meta, limits)
         try:
             return _install_from(root, meta, targets, sess, force, limits, src)
-        except OSError as exc:
-            full = " (the disk is full)" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
-            raise BuildError(f"cannot install {src}: {formats.shown(str(exc), 200)}{full}; free space in "
-                             f"{targets['jit']} or set FLASHINFER_WORKSPACE_BASE elsewhere") from None
+        except OSError as exc:  # threat-model: P8 (the words come from the errno)
+            raise cacheinstall.os_error(exc, exc.filename or targets["jit"]) from None
 
 
 def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Session, force: bool,
                   limits: Limits, src: str) -> list[dict]:
+    """The one install step for an archive (unpacked to ``root``) and a directory export (``root`` in
+    it): caps and free space checked on every file before anything is written, then module by module
+    under FlashInfer's per-module lock: copied and verified, then settled.  threat-model: P5, P6, P7"""
     entries = {e["name"]: e for e in meta.manifest}
+    plan = _plan(meta, root, targets, src)
+    cacheinstall.check_space(plan, limits, src)
+    budget = cacheinstall.Budget(limits)
     report = []
-    for mod, paths in _plan(meta, root, targets, src):
-        refused = _refusal(entries.get(mod.name), mod, sess, targets["generated"])
-        if refused:  # before any file of it is installed
-            report.append({"module": mod.name, "status": "refused", "why": refused})
-            continue
-        # build.ninja and ninja's logs are rewritten here by design (see _settle)
-        content = {rel: d for rel, (_, d) in paths.items() if not rel.endswith(_NINJA_OWN)}
-        differing = [str(d) for rel, d in content.items() if d.is_file() and _sha(d) != mod.files[rel]]
-        present = all(d.is_file() and _sha(d) == mod.files[rel] for rel, d in content.items())
-        if differing and not force:
-            report.append({"module": mod.name, "status": "kept existing",
-                           "why": f"a different {differing[0]} is already here; pass --force to replace it"})
-            continue
-        if not present:
-            for rel, (s_path, d) in paths.items():
-                formats.make_private_dirs(d.parent)
-                if d.is_dir() and not d.is_symlink():
-                    raise BuildError(f"{src}: {rel} would replace the directory {d}; remove it first")
-                _copy_verified(s_path, d, mod.files[rel], limits.max_file)
-        report.append({"module": mod.name, "status": "already present" if present else "installed",
-                       "replaced": differing})
-    for r in report:
-        if r["status"] in ("installed", "already present"):
-            r.update(_settle(entries.get(r["module"]), sess))
+    for mod, paths in plan:
+        with cacheinstall.module_lock(targets["jit"], mod.name):
+            refused = _refusal(entries.get(mod.name), mod, sess, targets["generated"])
+            if refused:  # before any file of it is installed
+                report.append({"module": mod.name, "status": "refused", "why": refused})
+                continue
+            r = _install_module(mod, paths, force, limits, budget, src)
+            if r["status"] in ("installed", "already present"):
+                r.update(_settle(entries.get(mod.name), sess))
+        report.append(r)
     return report
+
+
+def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: bool, limits: Limits,
+                    budget: cacheinstall.Budget, src: str) -> dict:
+    # build.ninja and ninja's logs are rewritten here by design (see _settle)
+    content = {rel: d for rel, (_, d) in paths.items() if not rel.endswith(_NINJA_OWN)}
+    differing = [str(d) for rel, d in content.items() if d.is_file() and _sha(d) != mod.files[rel]]
+    present = all(d.is_file() and _sha(d) == mod.files[rel] for rel, d in content.items())
+    if differing and not force:  # threat-model: P5 (an existing different file is kept unless --force)
+        return {"module": mod.name, "status": "kept existing",
+                "why": f"a different {differing[0]} is already here; pass --force to replace it"}
+    if not present:
+        for rel, (s_path, d) in paths.items():
+            formats.make_private_dirs(d.parent)
+            if d.is_dir() and not d.is_symlink():
+                raise CacheError(f"{src}: {rel} would replace the directory {d}; remove it first", "exists",
+                                 f"remove {d} first")
+            cacheinstall.copy_verified(s_path, d, mod.files[rel], limits, budget)
+    return {"module": mod.name, "status": "already present" if present else "installed", "replaced": differing}
 
 
 def _refusal(entry: dict | None, mod: Module, sess: Session, gen_root: Path) -> str | None:
@@ -345,15 +338,14 @@ def _refusal(entry: dict | None, mod: Module, sess: Session, gen_root: Path) -> 
 
 
 def _settle(entry: dict | None, sess: Session) -> dict:
-    """Regenerate the module's build.ninja with this FlashInfer, make the imported outputs
+    """Under the module's lock (held by :func:`_install_from`): regenerate the module's build.ninja with
+    this FlashInfer, make the imported outputs
     newer than this machine's inputs (objects before the library), record that in ninja's
     log (``ninja -t restat``), and ask ninja whether it would rebuild."""
     if entry is None:
         return {"status": "stale", "why": "meta.json has no manifest entry for it"}
     spec = make_spec(entry, sess.flashinfer)
-    from .session import write_ninjas
-
-    write_ninjas([spec])
+    spec.write_ninja()  # FlashInfer's own; the caller holds the module's lock (spec.lock_path)
     # Make the imported outputs newer than this machine's inputs (its pip install may be
     # later than the export): objects first, the library last; then tell ninja's logs.
     now = time.time_ns()
