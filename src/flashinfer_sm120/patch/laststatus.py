@@ -128,7 +128,7 @@ def save(status: LastStatus, recorded_inputs: dict[str, Any]) -> None:
     """Record ``status`` for ``recorded_inputs`` (taken before FlashInfer changed the environment);
     written only when it differs from the file's.  Never raises."""
     try:
-        from ..cache import read_json, write_json_atomic
+        from ..statefiles import read_json, write_json_atomic
         from ..toolkit.memo import fingerprint
 
         st = dict(status)
@@ -146,7 +146,7 @@ def save(status: LastStatus, recorded_inputs: dict[str, Any]) -> None:
 def load(env: dict[str, str] | None = None) -> Loaded:
     """The recorded status when it still holds for this process's inputs, else why not."""
     try:
-        from ..cache import read_json
+        from ..statefiles import read_json
         from ..toolkit.memo import fingerprint
 
         data, problem = read_json(path())
