@@ -16,15 +16,36 @@ import sys
 
 from .formats import ForeignTree, foreign_tree, shown
 
-__all__ = ["import_failure", "workspace_problem", "workspace_path", "workspace_foreign_tree"]
+__all__ = ["import_failure", "workspace_problem", "workspace_path", "workspace_foreign_tree", "normalize_base"]
+
+_WSB = "FLASHINFER_WORKSPACE_BASE"
+
+
+def normalize_base() -> str | None:
+    """Make ``FLASHINFER_WORKSPACE_BASE=`` (set but empty) mean unset, as most tools treat an empty
+    variable, before FlashInfer's ``jit/env.py`` reads it: FlashInfer 0.7.4 takes
+    ``os.getenv("FLASHINFER_WORKSPACE_BASE", home)``, gets ``""``, and ``Path("")`` is the working
+    directory, so its ``.cache/flashinfer`` and ``flashinfer_jit.log`` were written wherever the
+    process ran (a checkout, a server's working directory).  Called by :func:`flashinfer_sm120.install`,
+    which runs before FlashInfer's import completes.  Returns a warning for a relative value (it
+    depends on the working directory the same way), else ``None``.  threat-model: P4"""
+    value = os.environ.get(_WSB)
+    if value is not None and not value.strip():
+        del os.environ[_WSB]
+        return None
+    if value is not None and not os.path.isabs(value):
+        return (f"{_WSB}={shown(value, 200)} is a relative path: FlashInfer keeps its JIT cache under the "
+                f"working directory, a different one wherever a process starts. Fix: give an absolute path "
+                f"(export {_WSB}=$PWD/{shown(value, 200)}), or unset it for ~/.cache/flashinfer")
+    return None
 
 
 def workspace_path() -> tuple[str, str]:
     """``(path, where from)`` of FlashInfer's JIT cache as FlashInfer 0.7.4 ``jit/env.py`` computes it
     at import: ``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer``, else ``~/.cache/flashinfer``."""
-    env = os.environ.get("FLASHINFER_WORKSPACE_BASE")
+    env = os.environ.get(_WSB) or None  # empty is unset (normalize_base)
     base = env if env is not None else os.path.expanduser("~")
-    how = "FLASHINFER_WORKSPACE_BASE" if env is not None else "the home directory"
+    how = _WSB if env is not None else "the home directory"
     return os.path.join(base, ".cache", "flashinfer"), how
 
 

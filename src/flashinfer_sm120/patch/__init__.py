@@ -299,6 +299,11 @@ def install() -> dict:
         if STATE.mode in (Mode.REVERTED, Mode.DISABLED, Mode.FAILED):
             STATE.reset(Mode.IDLE)
         if not STATE.hooks_registered:
+            from ..workspace import normalize_base
+
+            relative = normalize_base()  # before FlashInfer's jit/env.py reads it
+            if relative:
+                logger.warning("flashinfer-sm120: %s", relative)
             for name in HOOKED_MODULES:
                 wrapt.register_post_import_hook(_on_import, name)
             wrapt.register_post_import_hook(_on_flashinfer_loaded, "flashinfer")
