@@ -110,22 +110,27 @@ def test_a_record_from_other_inputs_is_not_used(tmp_path, monkeypatch):
 @settings(max_examples=60, deadline=None)
 @given(st.text(max_size=300))
 def test_arch_option_takes_a_value_or_refuses_it_with_a_bounded_message(value):
-    """``--arch`` of status and doctor: build's grammar; anything else exits 2 with one bounded line."""
+    """``--arch`` of status and doctor: build's grammar; anything else exits 2 with one bounded line
+    (and, with ``--json``, status's one failure document on stdout)."""
     import io
     from contextlib import redirect_stderr, redirect_stdout
 
     from flashinfer_sm120.cli.common import apply_arch
+    from flashinfer_sm120.errors import UsageError
 
     saved = __import__("os").environ.get("FLASHINFER_CUDA_ARCH_LIST")
     try:
-        err = apply_arch(value)
-        if err is None:
+        try:
+            apply_arch(value)
             return
-        assert isinstance(err, str) and err
+        except UsageError as exc:
+            assert str(exc) and exc.fix
         buf, out = io.StringIO(), io.StringIO()
         with redirect_stderr(buf), redirect_stdout(out):
             rc = main(["status", "--arch", value, "--json"]) if value and not value.startswith("-") else 2
-        assert rc == 2 and out.getvalue() == ""
+        assert rc == 2
+        if out.getvalue():
+            assert json.loads(out.getvalue())["mode"] == "failed"
         if buf.getvalue():
             assert buf.getvalue().startswith("flashinfer-sm120: error: ") and len(buf.getvalue()) < 8000
     finally:

@@ -73,6 +73,7 @@ __all__ = [
     "min_nvcc_for",
     "normalize",
     "parse_arch_list",
+    "export_arch_list",
     "parse_arch_list_lenient",
     "target_supported",
 ]
@@ -309,6 +310,21 @@ def parse_arch_list(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_LIST") ->
     if errors:
         raise ArchListError(errors[0])
     return specs
+
+
+def export_arch_list(value: str | None, *, source: str = "--arch") -> None:
+    """Read ``value`` (``--arch`` of every command) with :func:`parse_arch_list` and export it as
+    ``FLASHINFER_CUDA_ARCH_LIST`` (before FlashInfer loads); ``None`` leaves the variable alone.
+
+    Raises:
+        ArchListError: as :func:`parse_arch_list`; nothing is exported.
+    """
+    if value is None:
+        return
+    specs = parse_arch_list(value, source=source)
+    import os
+
+    os.environ["FLASHINFER_CUDA_ARCH_LIST"] = " ".join(f"{s.major}.{s.minor}{s.suffix or ''}" for s in specs)
 
 
 def parse_arch_list_lenient(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_LIST"

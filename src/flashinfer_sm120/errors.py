@@ -8,12 +8,27 @@ from __future__ import annotations
 
 import errno as _errno
 
-__all__ = ["Sm120Error", "ToolkitError", "ViewError", "GPUQueryError", "StateFileError", "FormatError",
+__all__ = ["Sm120Error", "UsageError", "ToolkitError", "ViewError", "GPUQueryError", "StateFileError", "FormatError",
            "ERRNO_MEANINGS", "errno_meaning"]
 
 
 class Sm120Error(RuntimeError):
     """Base class of every error raised by flashinfer-sm120."""
+
+
+class UsageError(Sm120Error):
+    """A command line that cannot be run (an unknown option, a bad value): argparse's message, or
+    ours, naming the value.  ``kind`` is ``"usage"``; ``fix`` says what to type instead.  The CLI
+    prints it as one line on stderr, and with ``--json`` as the command's one JSON document too."""
+
+    kind = "usage"
+
+    def __init__(self, message: str = "", fix: str = "") -> None:
+        super().__init__(message)
+        self.fix = fix
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.fix))
 
 
 class ToolkitError(Sm120Error):

@@ -32,29 +32,43 @@ def _broken_parser(sub, name: str, exc: BaseException) -> None:
     def fail(args) -> int:
         from .common import err
 
-        msg = f"'{name}' is unavailable: this install is broken ({exc!r}); Fix: {fix_for(exc)}"
-        if "--json" in args.rest:
-            _print_failure_json(name, msg)
-        return err(msg)
+        msg = f"'{name}' is unavailable: this install is broken ({exc!r})"
+        if "--json" in args.rest:  # build's document imports nothing: it prints even now
+            document = None
+            if name == "build":
+                from .buildjson import failure as document
+            _print_failure_json(document, msg, "broken-install", fix_for(exc))
+        return err(f"{msg}; Fix: {fix_for(exc)}")
 
     p = sub.add_parser(name, help=f"unavailable: {exc!r}", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=fail)
 
 
-def _print_failure_json(command: str | None, msg: str, document=None) -> None:
-    """``--json`` promises one JSON document on stdout, whatever went wrong: ``document(msg)``
-    (the command's own shape), else build's, else the ``status`` shape (mode ``failed``)."""
+def failure_document(message: str, kind: str, fix: str) -> dict:
+    """The ``--json`` failure of a command that set no ``json_failure`` of its own (``doctor``):
+    ``ok`` false and ``error`` {kind, message, fix}."""
+    return {"ok": False, "error": {"kind": kind, "message": message, "fix": fix}}
+
+
+def _print_failure_json(document, message: str, kind: str, fix: str) -> None:
+    """``--json`` promises one JSON document on stdout, whatever went wrong (threat-model: P8):
+    ``document(message, kind, fix)``, the command's own shape (its ``json_failure`` default),
+    else :func:`failure_document`."""
     import json
 
-    if document is None and command == "build":
-        from .buildjson import document
-    print(json.dumps(document(msg) if document else {"mode": "failed", "error": msg}))
+    from .common import bounded
+
+    print(json.dumps((document or failure_document)(bounded(message), kind, bounded(fix or "")), indent=2))
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse, plus a close-match hint for a mistyped subcommand or choice where argparse
-    has none of its own (``suggest_on_error`` is new in Python 3.14)."""
+    has none of its own (``suggest_on_error`` is new in Python 3.14); with ``json_errors`` set
+    (``--json`` on the command line) an error raises :class:`~flashinfer_sm120.errors.UsageError`,
+    which :func:`main` prints as the command's JSON document, instead of exiting."""
+
+    json_errors = False
 
     def error(self, message: str):  # type: ignore[override]
         m = re.match(r"argument [^:]+: invalid choice: '([^']*)' \(choose from (.*)\)$", message)
@@ -65,6 +79,10 @@ class _Parser(argparse.ArgumentParser):
                 message += f"; did you mean {close[0]!r}?"
         from .common import bounded
 
+        if self.json_errors:
+            from ..errors import UsageError
+
+            raise UsageError(bounded(message), fix=f"see '{self.prog} --help'")
         super().error(bounded(message))  # argparse quotes a bad choice or argument whole
 
 
@@ -119,6 +137,17 @@ def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpar
             name = getattr(args, action.dest, None)
             if name in action.choices:
                 return _chosen(action.choices[name], args)
+    return parser
+
+
+def _selected(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The innermost subparser ``argv`` names, read from the words alone (for a command line argparse
+    refused, so that no namespace exists): ``cache import x --max-bytes foo`` -> ``cache import``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for i, word in enumerate(argv):
+                if word in action.choices:
+                    return _selected(action.choices[word], argv[i + 1:])
     return parser
 
 
@@ -234,6 +263,24 @@ def _main(argv: list[str] | None) -> int:
         return err(f"{len(argv)} command-line arguments, more than the {MAX_ARGS} taken; give long lists of "
                    f"modules as a manifest (build --from MANIFEST)")
     parser = build_parser()
+    json_wanted = "--json" in argv
+    if json_wanted:  # threat-model: P8: a refused command line is the one JSON document too
+        for p in _parsers(parser):
+            p.json_errors = True
+    from ..errors import UsageError
+
+    try:
+        return _parsed(parser, argv)
+    except UsageError as exc:
+        from .common import err
+
+        if json_wanted:
+            document = _selected(parser, argv).get_default("json_failure")
+            _print_failure_json(document, str(exc), exc.kind, exc.fix)
+        return err(f"{exc}; {exc.fix}" if exc.fix else str(exc))
+
+
+def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     args, extras = parser.parse_known_args(argv)
     if getattr(args, "cmd", None) is None and not extras:
         # a bare call: the help, as git and docker print it, with argparse's status for "no command run"
@@ -265,7 +312,7 @@ def _main(argv: list[str] | None) -> int:
             raise
         from .common import err
 
-        msg = f"this install is broken ({exc!r}); Fix: {fix_for(exc)}"
+        msg = f"this install is broken ({exc!r})"
         if getattr(args, "json", False):
-            _print_failure_json(args.cmd, msg, getattr(args, "json_failure", None))
-        return err(msg)
+            _print_failure_json(getattr(args, "json_failure", None), msg, "broken-install", fix_for(exc))
+        return err(f"{msg}; Fix: {fix_for(exc)}")

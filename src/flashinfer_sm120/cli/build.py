@@ -26,8 +26,13 @@ class _Stop(Sm120Error):
 
 
 def run_build(args: argparse.Namespace) -> int:
-    if args.list:
-        print(_modules.describe_all())
+    if args.list:  # with --json, a document too (threat-model: P8)
+        if args.json:
+            print(json.dumps({"ok": True, "error": None, "modules": [
+                {"name": name, "what": n.what, "needs": list(n.headers)} for name, n in _modules.NAMES.items()],
+                "dtypes": list(_modules.DTYPES), "activations": list(_modules.ACTIVATIONS)}, indent=2))
+        else:
+            print(_modules.describe_all())
         return 0
     try:
         doc = _build(args)
@@ -244,7 +249,7 @@ def add_parser(sub) -> None:
     b.add_argument("--json", action="store_true", help="print the result as JSON on stdout (one document, "
                    "whatever the outcome: 'ok' and 'error' say how it ended)")
     _compile_options(b, ENV)
-    b.set_defaults(func=run_build, json_failure=buildjson.document)
+    b.set_defaults(func=run_build, json_failure=buildjson.failure)
 
 
 def _compile_options(b: argparse.ArgumentParser, env_name: str) -> None:

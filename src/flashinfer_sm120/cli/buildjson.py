@@ -4,7 +4,7 @@ Imports nothing from the package: it must print even when the rest of the instal
 
 from __future__ import annotations
 
-__all__ = ["FIELDS", "document"]
+__all__ = ["FIELDS", "document", "failure"]
 
 #: Every key of the document, in order; ``ok`` is true exactly when ``error`` is ``null``.
 FIELDS = ("ok", "error", "cuda_home", "cuda_version", "flashinfer", "target_cuda_archs", "jit_dir",
@@ -23,3 +23,9 @@ def document(error: str | None = None, **values) -> dict:
     doc.update(values)
     doc.update(ok=error is None, error=error)
     return doc
+
+
+def failure(message: str, kind: str, fix: str) -> dict:
+    """The document for a build that never started (a refused command line, a broken install):
+    ``error`` is the message and its fix, as for build's other refusals."""
+    return document(f"{message}; Fix: {fix}" if fix else message)

@@ -27,19 +27,15 @@ ARCH_HELP = ("compute capabilities to check for, e.g. '12.0' or '12.0 12.1' (the
              "default: FLASHINFER_CUDA_ARCH_LIST, else the GPUs present); sets FLASHINFER_CUDA_ARCH_LIST")
 
 
-def apply_arch(value: str | None) -> str | None:
-    """``--arch`` of ``doctor`` and ``status``, read as ``build --arch`` is (:func:`flashinfer_sm120.arch.parse_arch_list`)
-    and exported as ``FLASHINFER_CUDA_ARCH_LIST`` before anything resolves; returns the error message
-    (naming the value and the accepted form) or ``None``."""
-    if value is None:
-        return None
-    import os
+def apply_arch(value: str | None) -> None:
+    """``--arch`` of ``doctor`` and ``status``: :func:`flashinfer_sm120.arch.export_arch_list` (the one
+    reading, build's grammar, exported as ``FLASHINFER_CUDA_ARCH_LIST`` before anything resolves).
 
-    from ..arch import ArchListError, parse_arch_list
+    :raises UsageError: the value is not an arch list (the message names it and the accepted form)."""
+    from ..arch import ArchListError, export_arch_list
+    from ..errors import UsageError
 
     try:
-        specs = parse_arch_list(value, source="--arch")
+        export_arch_list(value)
     except ArchListError as exc:
-        return str(exc)
-    os.environ["FLASHINFER_CUDA_ARCH_LIST"] = " ".join(f"{s.major}.{s.minor}{s.suffix or ''}" for s in specs)
-    return None
+        raise UsageError(str(exc), fix="give compute capabilities, e.g. --arch 12.0") from None

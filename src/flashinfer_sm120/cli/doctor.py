@@ -15,7 +15,7 @@ import textwrap
 
 from ..formats import cli_float, plural, shown
 from ..verify.report import ALONE_TIMEOUT_S, collect
-from .common import ARCH_HELP, apply_arch, err
+from .common import ARCH_HELP, apply_arch
 
 __all__ = ["ALONE_TIMEOUT_S", "SECTIONS", "EXIT_CODES", "WIDTH", "SHORT_LINES", "run_doctor", "add_parser"]
 
@@ -47,9 +47,7 @@ def _fn(spec: str):
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    bad = apply_arch(args.arch)
-    if bad:
-        return err(bad)
+    apply_arch(args.arch)  # a bad value: UsageError, printed by cli.main (as JSON too with --json)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the report says what the log line would
     if args.smoke:
         return _smoke_only(args)

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from .common import ARCH_HELP, apply_arch, err
+from .common import ARCH_HELP, apply_arch
 
 __all__ = ["add_parser", "run_status", "status_line", "exit_code", "EXIT_CODES"]
 
@@ -55,9 +55,7 @@ def _no_targets(st: dict) -> str:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    bad = apply_arch(args.arch)
-    if bad:
-        return err(bad)
+    apply_arch(args.arch)  # a bad value: UsageError, printed by cli.main (as JSON too with --json)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the line below says it
     from ..workspace import workspace_foreign_tree
 
@@ -143,4 +141,10 @@ def add_parser(sub) -> None:
                         "source import, flashinfer_sm120.status() too")
     s.add_argument("--arch", help=ARCH_HELP)
     s.add_argument("--fresh", action="store_true", help="ignore the record: import FlashInfer and resolve again")
-    s.set_defaults(func=run_status)
+    s.set_defaults(func=run_status, json_failure=_usage_failure)
+
+
+def _usage_failure(message: str, kind: str, fix: str) -> dict:
+    """``status --json`` for a refused command line: the fields of its other refusals (mode ``failed``)."""
+    return {"mode": "failed", "toolkit": None, "targets": [], "error": f"{message}; Fix: {fix}" if fix else message,
+            "source": kind}

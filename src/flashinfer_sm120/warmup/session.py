@@ -48,16 +48,13 @@ class Session:
 
 
 def set_arch(value: str | None) -> None:
-    """Validate ``--arch`` and export it as ``FLASHINFER_CUDA_ARCH_LIST`` (before FlashInfer loads).
+    """:func:`flashinfer_sm120.arch.export_arch_list`, its error as :class:`BuildError` (a build cannot start).
 
     :raises BuildError: the value is not an arch list (message from :mod:`flashinfer_sm120.arch`)."""
-    if value is None:
-        return
     try:
-        specs = _arch.parse_arch_list(value, source="--arch")
+        _arch.export_arch_list(value)
     except _arch.ArchListError as exc:
         raise BuildError(str(exc)) from None
-    os.environ["FLASHINFER_CUDA_ARCH_LIST"] = " ".join(f"{s.major}.{s.minor}{s.suffix or ''}" for s in specs)
 
 
 def _server_for(for_server: str | None, entries, strict: bool) -> tuple[str | None, str]:
