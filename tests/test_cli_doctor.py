@@ -172,3 +172,70 @@ def test_help_has_a_description_and_the_exit_codes(capsys):
     for code in doctor.EXIT_CODES:
         assert f"{code}: " in text
     assert "--verbose" in text and "--arch" in text
+
+
+def _with_build_line(report: dict) -> dict:
+    """``report`` with its build-line section as doctor collects it (from this process's environment)."""
+    from flashinfer_sm120.cli import buildline_report
+
+    report["build_line"] = buildline_report.doctor_section(report)
+    return report
+
+
+def test_a_build_line_variable_and_modules_warmed_with_other_values_are_warnings_on_the_default_screen(
+        monkeypatch, tmp_path):
+    """Regression: FLASHINFER_JIT_VERBOSE=1 and the modules it makes rebuild were shown under --verbose only."""
+    from flashinfer_sm120 import buildline
+
+    for v in buildline.BUILD_VARS:
+        monkeypatch.delenv(v.name, raising=False)
+    jit = tmp_path / "jit"
+    (jit / "sampling").mkdir(parents=True)
+    assert buildline.record(jit / "sampling", buildline.snapshot({}, "0.7.4")) is None  # warmed with nothing set
+    monkeypatch.setenv("FLASHINFER_JIT_VERBOSE", "1")
+    report = _with_build_line(_report(after={"status": {"mode": "patched", "steps": {}}, "jit_dir": str(jit),
+                                             "exported": {}}))
+    d = diagnose(report)
+    assert d.ok and {"build-line-variable", "build-line-stale"} <= {f.code for f in d.findings}
+    lines = _screen("\n".join(doctor.render(report)))
+    text = " ".join(lines)
+    assert "WARNING: FLASHINFER_JIT_VERBOSE=1 changes every build line" in text
+    assert "the warm cache will be rebuilt" in text
+    assert "WARNING: 1 built module was built with other values of FLASHINFER_JIT_VERBOSE" in text
+    monkeypatch.delenv("FLASHINFER_JIT_VERBOSE")
+    assert not {f.code for f in diagnose(_with_build_line(_report())).findings} & {"build-line-variable"}
+
+
+def test_a_toolkit_whose_version_file_disagrees_with_its_nvcc_is_a_warning_with_the_fix(tmp_path, cache_dir):
+    """Regression: Toolkit.disagreement was in doctor --json only."""
+    from flashinfer_sm120.toolkit import inspect
+    from test_toolkit_version import _lying_toolkit
+
+    lying = inspect(str(_lying_toolkit(tmp_path / "cuda"))).to_dict()
+    chosen = _report()["candidates"][0]
+    report = _report(candidates=[chosen, dict(lying, state="rejected", why="nvcc 12.8")])
+    found = [f for f in diagnose(report).findings if f.code == "version-disagreement"]
+    assert len(found) == 1 and found[0].level is Level.WARNING
+    assert "says CUDA 13.0.88" in found[0].text and "12.8.93" in found[0].text and "reinstall" in found[0].fix
+    screen = " ".join(_screen("\n".join(doctor.render(report))))
+    assert "WARNING: " in screen and "says CUDA 13.0.88, but" in screen and "Fix: reinstall that toolkit" in screen
+    assert not [f for f in diagnose(_report()).findings if f.code == "version-disagreement"]
+
+
+def test_sglangs_own_targets_are_a_note_on_the_default_screen(tmp_path, monkeypatch):
+    """SGLang's set_cuda_arch() sets 12.0a in its model processes: said on the default screen, not only --verbose."""
+    import importlib
+
+    from servers_util import install_standins
+
+    for v in ("FLASHINFER_JIT_VERBOSE", "SGLANG_IS_FLASHINFER_AVAILABLE"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.syspath_prepend(str(install_standins(tmp_path / "site", "sglang")))
+    importlib.invalidate_caches()
+    base = _report()
+    base["resolution"]["choice"]["capabilities"] = ["12.0"]
+    report = _with_build_line(base)
+    notes = [f for f in diagnose(report).findings if f.code == "server-arch"]
+    assert len(notes) == 1 and notes[0].level is Level.NOTE
+    assert notes[0].text.startswith("SGLang will build for sm_120a (its ") and "set_cuda_arch" in notes[0].text
+    assert any(ln.startswith("NOTE: SGLang will build for sm_120a") for ln in _screen("\n".join(doctor.render(report))))

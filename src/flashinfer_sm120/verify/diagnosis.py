@@ -16,7 +16,7 @@ import enum
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
-from ..formats import plural
+from ..formats import plural, shown
 
 __all__ = ["Level", "Finding", "Alone", "Diagnosis", "CHECKS", "diagnose", "alone"]
 
@@ -162,12 +162,50 @@ def _check_sections(report: dict) -> Iterable[Finding]:
         yield Finding(Level.PROBLEM, "smoke-failed", f"the smoke check failed at step '{smoke.get('failed')}'")
 
 
+def _check_toolkits(report: dict) -> Iterable[Finding]:
+    """A toolkit whose version file disagrees with its nvcc (``Toolkit.disagreement``): the binary's
+    answer is used (threat-model: P1), but the install is mixed."""
+    for c in report.get("candidates") or ():
+        d = c.get("disagreement")
+        if d:
+            yield Finding(Level.WARNING, "version-disagreement", f"{c.get('root')}: {d['file']} says CUDA "
+                          f"{d['file_version']}, but {d['nvcc']} --version says {d['nvcc_version']} (the nvcc's "
+                          f"version is the one used)", "reinstall that toolkit as one set (its files come from "
+                          "different releases), or remove the stale version file")
+
+
+def _check_build_line(report: dict) -> Iterable[Finding]:
+    """FlashInfer variables that change every build line, modules warmed with other values
+    (:mod:`flashinfer_sm120.buildline`), and the targets each installed server sets itself
+    (:mod:`flashinfer_sm120.serverarch`): the ``build_line`` section of the report."""
+    section = report.get("build_line") or {}
+    for s in section.get("set") or ():
+        value = s["value"] if len(s["value"]) <= 80 and s["value"].isprintable() else shown(s["value"], 80)
+        yield Finding(Level.WARNING, "build-line-variable", f"{s['name']}={value} changes every "
+                      f"build line ({s['enters']}): the warm cache will be rebuilt",
+                      f"unset {s['name']}, or warm the cache with it set (flashinfer-sm120 build)")
+    stale = section.get("stale") or {}
+    if stale:
+        names = sorted({c["name"] for changed in stale.values() for c in changed})
+        yield Finding(Level.WARNING, "build-line-stale", f"{plural(len(stale), 'built module was', 'built modules were')} "
+                      f"built with other values of {', '.join(names)}: FlashInfer will rebuild "
+                      f"{'it' if len(stale) == 1 else 'them'}", "set the variables as they were at the build, or "
+                      "build again with these values (flashinfer-sm120 build; doctor --verbose lists them)")
+    for a in section.get("server_arch") or ():
+        if a.get("value"):
+            yield Finding(Level.NOTE, "server-arch", f"{a['name']} will build for {', '.join(a['targets'])} (its "
+                          f"{a['function']} sets {a['variable']}={a['value']})",
+                          f"flashinfer-sm120 build --for {a['name'].lower()} warms that")
+
+
 #: Every check, in order; each reads the report and yields findings.  Add one line to add a check.
 CHECKS: list[Callable[[dict], Iterable[Finding]]] = [
     _check_installed,
     _check_choice,
     _check_after,
     _check_sections,
+    _check_toolkits,
+    _check_build_line,
 ]
 
 
