@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from conftest import needs_flashinfer, run_code
+from test_state_dir import _created, _env, _user_home, needs_root, shared_tmp  # noqa: F401  (fixture)
 from flashinfer_sm120.cli.buildjson import FIELDS
 
 
@@ -131,3 +132,19 @@ def test_json_names_where_the_targets_came_from(clean_env, real_nvcc13):
     doc = _one_document(proc)
     assert doc["ok"] and doc["targets_from"] == "from FLASHINFER_CUDA_ARCH_LIST='12.0'"
     assert "(from FLASHINFER_CUDA_ARCH_LIST='12.0')" in proc.stderr
+
+
+@needs_root
+def test_build_as_root_with_a_users_home_refuses_before_importing_flashinfer(shared_tmp):
+    """Regression: build imported FlashInfer, which made a root-owned ~/.cache/flashinfer in the user's
+    home under sudo -E (status already checked first)."""
+    home = _user_home(shared_tmp)
+    env = _env(home, shared_tmp / "tmp")
+    env.pop("FLASHINFER_WORKSPACE_BASE", None)
+    import conftest
+
+    proc = conftest.cli(["build", "--arch", "12.0", "--ninja-only", "--json", "activation"], env, timeout=300)
+    assert proc.returncode == 2 and _created(home) == [], proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] is False and doc["error"].startswith("FlashInfer was not imported: ")
+    assert str(home) in doc["error"] and "sudo -H" in doc["error"] and "FLASHINFER_WORKSPACE_BASE" in doc["error"]

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from conftest import cli, needs_flashinfer
+from test_state_dir import _created, _env, _user_home, needs_root, shared_tmp  # noqa: F401  (fixture)
 from flashinfer_sm120.cli import doctor, main
 from flashinfer_sm120.verify import diagnosis
 from flashinfer_sm120.verify.diagnosis import CHECKS, Finding, Level, diagnose
@@ -239,3 +240,20 @@ def test_sglangs_own_targets_are_a_note_on_the_default_screen(tmp_path, monkeypa
     assert len(notes) == 1 and notes[0].level is Level.NOTE
     assert notes[0].text.startswith("SGLang will build for sm_120a (its ") and "set_cuda_arch" in notes[0].text
     assert any(ln.startswith("NOTE: SGLang will build for sm_120a") for ln in _screen("\n".join(doctor.render(report))))
+
+
+@needs_root
+def test_doctor_as_root_with_a_users_home_refuses_to_import_flashinfer_there(shared_tmp):
+    """Regression: doctor imported FlashInfer (twice: itself and the FlashInfer-alone child), which
+    made a root-owned ~/.cache/flashinfer in the user's home under sudo -E; status already asked first."""
+    home = _user_home(shared_tmp)
+    env = _env(home, shared_tmp / "tmp")
+    env.pop("FLASHINFER_WORKSPACE_BASE", None)
+    proc = cli(["doctor", "--json", "--arch", "12.0", "--timeout", "60"], env, timeout=300)
+    assert proc.returncode == 1 and _created(home) == [], proc.stderr[-2000:]
+    first = json.loads(proc.stdout)["diagnosis"]["findings"][0]
+    assert first["level"] == "problem" and first["code"] == "workspace-foreign-tree"
+    assert str(home) in first["text"] and "sudo -H" in first["fix"] and "FLASHINFER_WORKSPACE_BASE" in first["fix"]
+    text = cli(["doctor", "--arch", "12.0", "--timeout", "60"], env, timeout=300)
+    assert text.returncode == 1 and _created(home) == []
+    assert text.stdout.startswith("PROBLEM: FlashInfer was not imported: its JIT cache"), text.stdout[:500]

@@ -94,6 +94,18 @@ def _choice(report: dict) -> dict:
     return ((report.get("resolution") or {}).get("choice")) or {}
 
 
+def _check_workspace(report: dict) -> Iterable[Finding]:
+    """Root with another user's ``HOME`` (``sudo -E``): importing FlashInfer would create its JIT
+    cache in that user's tree, so it was not imported (``report["workspace_foreign"]``).  threat-model: P4"""
+    ft = report.get("workspace_foreign")
+    if ft:
+        yield Finding(Level.PROBLEM, "workspace-foreign-tree", f"FlashInfer was not imported: its JIT cache "
+                      f"{ft['path']} would be created inside {ft['top']}, owned by uid {ft['owner']}, as uid "
+                      f"{ft['uid']}, and that user's own tools could not write it",
+                      f"run as uid {ft['owner']} (sudo -u), keep your own home (sudo -H instead of sudo -E), or "
+                      f"set FLASHINFER_WORKSPACE_BASE to a directory of your own")
+
+
 def _check_installed(report: dict) -> Iterable[Finding]:
     if not report.get("flashinfer_installed"):
         yield Finding(Level.PROBLEM, "flashinfer-missing", f"FlashInfer is not installed for {report.get('python')}",
@@ -134,6 +146,8 @@ def _check_after(report: dict) -> Iterable[Finding]:
     if report.get("disabled"):
         yield Finding(Level.WARNING, "disabled", "FLASHINFER_SM120_DISABLE is set: nothing is patched; this report "
                       "says what flashinfer-sm120 would do", "unset FLASHINFER_SM120_DISABLE")
+    elif report.get("workspace_foreign"):
+        return  # not imported on purpose (_check_workspace)
     elif report.get("flashinfer_installed") and "error" in after and st.get("mode") != "guard":
         yield Finding(Level.PROBLEM, "import-failed", f"importing FlashInfer with flashinfer-sm120 failed: "
                       f"{after['error']}")
@@ -200,6 +214,7 @@ def _check_build_line(report: dict) -> Iterable[Finding]:
 
 #: Every check, in order; each reads the report and yields findings.  Add one line to add a check.
 CHECKS: list[Callable[[dict], Iterable[Finding]]] = [
+    _check_workspace,
     _check_installed,
     _check_choice,
     _check_after,

@@ -290,6 +290,7 @@ def doctor_section(report: dict) -> dict:
     targets = ((report.get("resolution") or {}).get("choice") or {}).get("targets") or []
     gpus, against = gpus_to_check(report.get("gpus") or [], targets)
     after = report.get("after") or {}
-    out = inventory(after.get("jit_dir"), gpus, after.get("cuda_home"))
+    # FlashInfer not imported on purpose (root with another user's HOME): nor for its prebuilt places
+    out = inventory(after.get("jit_dir"), gpus, after.get("cuda_home"), prebuilt=not report.get("workspace_foreign"))
     out["against"] = against
     return out

@@ -5,6 +5,8 @@ prints; :mod:`.diagnosis` turns the report into a verdict and typed findings, an
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import re
 import shutil
@@ -160,6 +162,18 @@ def collect(timeout: float = ALONE_TIMEOUT_S, *, say: Callable[[str], None] | No
     for c in report["candidates"]:
         c["state"], c["why"] = states.get(c["root"]) or (("rejected", c["problem"]) if c["problem"] else ("", ""))
     report["disabled"] = patch.env_flag("FLASHINFER_SM120_DISABLE")
+    from ..workspace import workspace_foreign_tree
+
+    foreign = workspace_foreign_tree()  # threat-model: P4: either import of FlashInfer would create it there
+    report["workspace_foreign"] = dataclasses.asdict(foreign) if foreign else None
+    if foreign is not None:
+        why = "FlashInfer was not imported (its JIT cache would be created in another user's tree)"
+        report["before"] = {"error": f"not run: {why}", "skipped": why}
+        report["after"] = {"status": patch.status(), "error": why}
+        from .. import autoload
+
+        report["autoload"] = autoload.doctor_report()
+        return report
     if say is not None:
         say(f"(asking unpatched FlashInfer in a child process, up to {timeout:g} s ...)")
     report["before"] = _flashinfer_alone(timeout)

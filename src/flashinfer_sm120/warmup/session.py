@@ -75,7 +75,7 @@ def _server_for(for_server: str | None, entries, strict: bool) -> tuple[str | No
         return here[0], f"{here[0]} is installed here"
     if not here:
         return None, "no server is installed here"
-    default = os.environ.get(_WSB, os.path.expanduser("~"))  # FlashInfer's own (flashinfer/jit/env.py)
+    default = os.environ.get(_WSB) or os.path.expanduser("~")  # FlashInfer's own; empty is unset (workspace.normalize_base)
     bases = {k: servers.workspace_base(k, dict(os.environ))[0] or default for k in here}
     if len(set(bases.values())) == 1:
         return here[0], f"{' and '.join(here)} are installed and use the same directory"
@@ -176,6 +176,14 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     """
     set_arch(arch)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the summary is printed by the caller
+    from ..workspace import workspace_foreign_tree
+
+    foreign = workspace_foreign_tree()  # threat-model: P4: FlashInfer's import would create its cache there
+    if foreign is not None:
+        from ..cache import foreign_tree_message
+
+        raise BuildError("FlashInfer was not imported: " + foreign_tree_message("FlashInfer's JIT cache", foreign,
+                                                                                 _WSB))
     import flashinfer_sm120 as shim
 
     from ..workspace import import_failure
