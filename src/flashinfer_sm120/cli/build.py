@@ -183,13 +183,11 @@ def _targets_origin(given: str | None, used: str | None) -> str | None:
 
 def _missing_headers(variants: list, sess) -> list[str]:
     """:func:`modules.missing_headers` for the chosen toolkit (where nvcc looks, and whether it is pip's)."""
-    import flashinfer_sm120 as shim
-
-    tk = ((shim.status().get("resolution") or {}).get("choice") or {}).get("toolkit") or {}
-    dirs = [os.path.join(sess.cuda_home, "include"), *tk.get("include_dirs", ()), "/usr/include"]
+    tk = sess.toolkit  # typed: the Toolkit the patch chose (None: noop, FlashInfer's own was right)
+    dirs = [os.path.join(sess.cuda_home, "include"), *(tk.include_dirs if tk else ()), "/usr/include"]
     release = ".".join(str(sess.cuda_version).split(".")[:2])
-    return _modules.missing_headers(variants, dirs, release, "pip" in tk.get("sources", ()),
-                                    tk.get("root") or sess.cuda_home)
+    return _modules.missing_headers(variants, dirs, release, tk is not None and "pip" in tk.sources,
+                                    tk.root if tk else sess.cuda_home)
 
 
 def _print_human(summary: dict) -> None:

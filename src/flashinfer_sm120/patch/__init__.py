@@ -36,7 +36,7 @@ from .summary_line import render, summary, targets_origin
 logger = logging.getLogger("flashinfer_sm120")
 
 __all__ = ["install", "revert", "status", "summary", "targets_origin", "resolve", "Resolution", "HOOKED_MODULES", "Mode",
-           "env_flag", "current_targets", "StatusDict", "record_status"]
+           "env_flag", "current_targets", "StatusDict", "record_status", "chosen_toolkit"]
 
 
 # --------------------------------------------------------------------------- deciding
@@ -338,6 +338,14 @@ def revert() -> dict:
             logger.error("flashinfer-sm120: refreshing FlashInfer after revert failed: %r", exc)
         STATE.summary = "reverted: FlashInfer runs with its own toolkit and arch logic"
         return status()
+
+
+def chosen_toolkit():
+    """The :class:`~flashinfer_sm120.toolkit.Toolkit` FlashInfer builds with, or ``None`` (nothing
+    resolved yet, or no toolkit fits): the typed form of ``status()["resolution"]["choice"]["toolkit"]``."""
+    with STATE.lock:
+        res = STATE.resolution
+        return res.choice.toolkit if res is not None and getattr(res, "choice", None) is not None else None
 
 
 def status() -> StatusDict:

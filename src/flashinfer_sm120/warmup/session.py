@@ -7,11 +7,15 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import arch as _arch
 from .. import buildline
 from ..errors import Sm120Error
 from . import ninjacmd, pool
+
+if TYPE_CHECKING:
+    from ..toolkit.model import Toolkit
 
 __all__ = ["BuildError", "Session", "SERVER_CHOICES", "apply_server_cache", "apply_server_arch", "prepare",
            "write_ninjas", "build_specs"]
@@ -37,6 +41,7 @@ class Session:
     jit_dir: Path
     summary: str
     targets_from: str | None = None
+    toolkit: Toolkit | None = None  # the one the patch chose (patch.chosen_toolkit); None: FlashInfer's own
 
     def fingerprint(self) -> dict:
         """What a JIT cache entry depends on besides its sources: FlashInfer release,
@@ -225,10 +230,11 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
                or check_place(str(jit_env.FLASHINFER_JIT_DIR), "FlashInfer's JIT directory"))
     if problem:
         raise BuildError(problem)
-    from ..patch import summary, targets_origin
+    from ..patch import chosen_toolkit, summary, targets_origin
 
     return Session(str(fi_version), cx.get_cuda_path(), str(cx.get_cuda_version()), targets,
-                   Path(jit_env.FLASHINFER_JIT_DIR), summary(targets_from), targets_origin(targets_from))
+                   Path(jit_env.FLASHINFER_JIT_DIR), summary(targets_from), targets_origin(targets_from),
+                   chosen_toolkit())
 
 
 def write_ninjas(specs: list) -> None:
