@@ -6,6 +6,7 @@ see :func:`flashinfer_sm120.cache.writable_by_others`).  A world-writable direct
 sticky bit (``/tmp``) is accepted only when root owns it *and* the entry looked up in it is
 owned by root or by you.  :mod:`.trust` applies it to programs and what their wrapper scripts
 run."""
+# threat-model: P2, P4 (the ownership rule: root or the user, not writable by others)
 
 from __future__ import annotations
 

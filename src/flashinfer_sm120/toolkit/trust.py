@@ -42,6 +42,7 @@ What a program does with its arguments beyond that (nvcc's ``-ccbin``, the host
 compiler nvcc finds on ``PATH``) is the program's own behaviour, not the
 wrapper's, and is out of this rule's reach.
 """
+# threat-model: P2 (nothing run or adopted unless every level of its path is trusted)
 
 from __future__ import annotations
 
