@@ -84,13 +84,13 @@ def test_ordinary_wrappers_are_still_followed(tmp_path):
 
 def test_deeply_nested_state_file_is_ignored_not_raised(cache_dir):
     """A corrupt memo ('[[[[...') must be ignored and rewritten, not raise RecursionError."""
-    from flashinfer_sm120 import cache
+    from flashinfer_sm120 import statedir, statefiles
     from flashinfer_sm120.toolkit import memo
 
     path = memo.memo_path()
     with open(path, "w") as fh:
         fh.write("[" * 100_000 + "]" * 100_000)
-    data, why = cache.read_json(path)
+    data, why = statefiles.read_json(path)
     assert data is None and "nested" in why
     assert memo.lookup("/bin/sh") is None
     memo.store("/bin/sh", "13.0.88", None)
@@ -113,20 +113,20 @@ def test_a_failure_dated_nan_or_huge_expires(cache_dir, at):
 def test_a_dangling_cache_dir_symlink_is_refused(tmp_path, monkeypatch):
     """FLASHINFER_SM120_CACHE_DIR -> a missing directory: refused (whoever creates the target
     later would own our state), and the next candidate is used."""
-    from flashinfer_sm120 import cache
+    from flashinfer_sm120 import statedir, statefiles
 
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "missing")
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(link))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    cache._root_cache.clear()
+    statedir.forget_cache_root()
     try:
-        root = cache.cache_root()
+        root = statedir.cache_root()
     finally:
-        cache._root_cache.clear()
+        statedir.forget_cache_root()
     assert root == os.path.realpath(tmp_path / "xdg" / "flashinfer-sm120")
     assert os.path.isdir(root)
-    assert any("does not exist" in n for n in cache.cache_root_notes())
+    assert any("does not exist" in n for n in statedir.cache_root_notes())
 
 
 # --------------------------------------------------------------- enable / disable
@@ -166,7 +166,7 @@ def test_a_read_only_cache_candidate_falls_through(tmp_path):
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "FLASHINFER_SM120_CACHE_DIR"}
     env.update(XDG_CACHE_HOME=str(ro), HOME=str(home))
-    code = "from flashinfer_sm120 import cache; print(cache.cache_root())"
+    code = "from flashinfer_sm120 import statedir; print(statedir.cache_root())"
     proc = in_namespace(f"mount --bind {ro} {ro}; mount -o remount,bind,ro {ro}\n"
                         f"{sys.executable} -c '{code}'", env, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -90,7 +90,7 @@ def _sweep_tmp(site_dir: str) -> None:
 def _write_atomic(path: str, text: str) -> None:
     """Write ``text`` so that an interpreter starting meanwhile sees the old file or the new one.
 
-    (Not :func:`flashinfer_sm120.cache.write_atomic`: ``enable`` and ``disable`` must work with
+    (Not :func:`flashinfer_sm120.statefiles.write_atomic`: ``enable`` and ``disable`` must work with
     the rest of the package broken, so this module uses the standard library only.)"""
     d = os.path.dirname(path)
     os.makedirs(d, exist_ok=True)

@@ -8,6 +8,7 @@ import os
 import re
 
 from .. import formats
+from ..statedir import cache_root, home_dir
 
 __all__ = ["Entry", "DAY", "size_of", "home", "fi_roots", "views_dir", "times", "scan_views", "workspaces", "scan_jit"]
 
@@ -54,10 +55,8 @@ def size_of(path: str) -> int:
 
 
 def home() -> str:
-    """``$HOME``, else the passwd entry's home (:func:`flashinfer_sm120.cache._home`), else ``/``."""
-    from ..cache import _home
-
-    return _home() or "/"
+    """``$HOME``, else the passwd entry's home (:func:`flashinfer_sm120.statedir.home_dir`), else ``/``."""
+    return home_dir() or "/"
 
 
 def fi_roots() -> list[str]:
@@ -73,8 +72,6 @@ def fi_roots() -> list[str]:
 
 
 def views_dir() -> str | None:
-    from ..cache import cache_root
-
     try:
         d = os.path.join(cache_root(), "cuda-home")
     except Exception:

@@ -1,6 +1,6 @@
 """The on-disk memo of ``nvcc --version`` answers, one entry per nvcc binary.
 
-File: ``<cache_root>/nvcc-version.json`` (see :mod:`flashinfer_sm120.cache`),
+File: ``<cache_root>/nvcc-version.json`` (see :mod:`flashinfer_sm120.statedir`),
 schema version :data:`SCHEMA`::
 
     {"schema": 2,
@@ -35,7 +35,9 @@ import time
 from collections.abc import Callable
 
 from .. import formats
-from ..cache import cache_root, compute_once, read_json, write_json_atomic
+from ..locks import compute_once
+from ..statedir import cache_root
+from ..statefiles import read_json, write_json_atomic
 from ..errors import FormatError, StateFileError
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -63,7 +65,7 @@ def memo_path() -> str:
     """``<cache_root>/nvcc-version.json``.
 
     Raises:
-        StateFileError: no usable cache root (see :func:`flashinfer_sm120.cache.cache_root`).
+        StateFileError: no usable cache root (see :func:`flashinfer_sm120.statedir.cache_root`).
     """
     return os.path.join(cache_root(), "nvcc-version.json")
 
@@ -171,7 +173,7 @@ STALE_TEMP_S = 3600.0
 
 def _clean_stale_temps(path: str) -> None:
     """Remove ``.tmp-nvcc-version.json.*`` left by writers killed mid-write
-    (:func:`flashinfer_sm120.cache.write_json_atomic` names its temp files so)."""
+    (:func:`flashinfer_sm120.statefiles.write_json_atomic` names its temp files so)."""
     directory, prefix = os.path.dirname(path), ".tmp-" + os.path.basename(path) + "."
     try:
         names = [n for n in os.listdir(directory) if n.startswith(prefix)]

@@ -10,7 +10,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from ..cache import read_json
+from ..statefiles import read_json
 from ..errors import FormatError
 from ..formats import field, parse_version, shown, some
 from ..toolkit import Toolkit

@@ -94,7 +94,7 @@ def estimates_path() -> str:
     """``<cache root>/compile-memory.json``.
 
     :raises StateFileError: no usable cache root."""
-    from ..cache import cache_root
+    from ..statedir import cache_root
 
     return os.path.join(cache_root(), "compile-memory.json")
 
@@ -157,7 +157,7 @@ def record_peak(module: str, peak_bytes: int, threads_factor: int = 1) -> None:
     fam = family_of(module).name
     per = int(peak_bytes / max(1, threads_factor))
     try:
-        from ..cache import write_json_atomic
+        from ..statefiles import write_json_atomic
 
         data = _load()
         data[fam] = (data.get(fam, []) + [per])[-RECORDED_KEEP:]

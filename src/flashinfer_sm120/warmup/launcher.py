@@ -38,7 +38,8 @@ import os
 import time
 
 from .. import formats
-from ..cache import compute_once, read_json, write_json_atomic
+from ..locks import compute_once
+from ..statefiles import read_json, write_json_atomic
 from ..errors import FormatError, StateFileError
 from ..tmpdirs import private_dir
 from ..toolkit.memo import fingerprint
@@ -162,7 +163,7 @@ def basedirs(env=None) -> list[str]:
     out: list[str] = []
     cands = [env.get("FLASHINFER_WORKSPACE_BASE") or os.path.expanduser("~")]
     try:
-        from ..cache import cache_root
+        from ..statedir import cache_root
 
         cands.append(cache_root())
     except StateFileError:
@@ -302,7 +303,7 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
 
 
 def _memo_path() -> str:
-    from ..cache import cache_root
+    from ..statedir import cache_root
 
     return os.path.join(cache_root(), "launcher-probe.json")
 

@@ -226,7 +226,7 @@ def _check_named_paths(spec: dict, roots: dict[str, str]) -> None:
     ``-I/home/other/include`` would compile another user's code into a module the server loads.
 
     :raises CannotRegenerate: naming the path and why it is not trusted."""
-    from ..toolkit.ownership import check_path
+    from ..ownership import check_path
 
     named = list(spec.get("sources") or []) + list(spec.get("extra_include_dirs") or [])
     flags = [f for k in _FLAG_LISTS for f in spec.get(k) or []]

@@ -15,7 +15,7 @@ import os
 import struct
 
 from .. import formats
-from ..cache import write_atomic
+from ..statefiles import write_atomic
 from ..errors import FormatError
 
 __all__ = ["restamp", "MAX_DEPS_BYTES"]

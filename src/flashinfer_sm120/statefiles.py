@@ -1,0 +1,86 @@
+"""How flashinfer-sm120 reads and writes its state files: atomic writes (a temp file with a
+random name created with ``O_EXCL`` (:func:`tempfile.mkstemp`) in the target directory, then
+:func:`os.replace`); reads that never follow a symlink, never block on a FIFO, are capped in
+size and accept only files owned by the current uid or root (:mod:`flashinfer_sm120.formats`)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import tempfile
+from typing import Any
+
+from .errors import FormatError, StateFileError
+from .formats import read_json_file
+
+__all__ = ["MAX_STATE_BYTES", "read_json", "write_atomic", "write_json_atomic"]
+
+#: Largest state file read (bytes).  The memo holds one small entry per nvcc
+#: binary seen; anything larger is not ours and is rewritten.
+MAX_STATE_BYTES = 1 << 20
+
+
+def read_json(path: str, *, max_bytes: int = MAX_STATE_BYTES) -> tuple[Any, str | None]:
+    """Read a JSON state file without following symlinks or blocking
+    (:func:`flashinfer_sm120.formats.read_json_file`: size cap while reading,
+    depth-bounded, ``NaN`` refused, owner checked).
+
+    Args:
+        path: the file.
+        max_bytes: size cap in bytes; a larger file is refused.
+
+    Returns:
+        ``(data, None)``, or ``(None, reason)`` when the file is absent, not a
+        regular file, not owned by the current uid or root, too large, or not
+        JSON.  ``reason`` is ``None`` too when the file simply does not exist.
+    """
+    if not os.path.lexists(path):
+        return None, None
+    try:
+        return read_json_file(path, max_bytes, follow=False, owners=(0, os.geteuid())), None
+    except FormatError as exc:
+        return None, str(exc)
+
+
+def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never half.
+
+    A temp file with a random name is created with ``O_EXCL`` in the same directory
+    (so a name planted by another user is never opened), written, given ``mode``,
+    then renamed over ``path`` with :func:`os.replace`; on any failure it is removed.
+
+    Raises:
+        OSError: as the file system reports it (the caller words the message).
+    """
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + ".", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` atomically (:func:`write_atomic`, mode ``0600``).
+
+    Raises:
+        StateFileError: the directory is not writable or the disk is full; the
+            message names the directory and ``FLASHINFER_SM120_CACHE_DIR``.
+    """
+    try:
+        write_atomic(path, json.dumps(data).encode("utf-8"))
+    except OSError as exc:
+        directory = os.path.dirname(path) or "."
+        raise StateFileError(
+            f"cannot write {path} ({exc.strerror or exc}"
+            + ("; the disk is full" if exc.errno == errno.ENOSPC else "")
+            + f"): free space in {directory} or set FLASHINFER_SM120_CACHE_DIR to another directory"
+        ) from exc
