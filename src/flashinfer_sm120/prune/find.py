@@ -9,6 +9,7 @@ import re
 
 from .. import formats
 from ..statedir import cache_root, home_dir
+from ..workspace import tag_for
 
 __all__ = ["Entry", "DAY", "size_of", "home", "fi_roots", "views_dir", "times", "scan_views", "workspaces", "scan_jit"]
 
@@ -211,7 +212,6 @@ def workspace_reason(ws: str, ops: str, rel: list[str], ent: Entry) -> str | Non
         return f"its toolkit is gone ({home}/bin/nvcc no longer exists)"
     tag = rel[-1]
     if home and _TAG_RE.match(tag):
-        from ..patch.steps import tag_for
         from ..toolkit import inspect
 
         real = os.path.realpath(os.path.join(home, "bin", "nvcc"))
