@@ -84,7 +84,7 @@ def test_ordinary_wrappers_are_still_followed(tmp_path):
 
 def test_deeply_nested_state_file_is_ignored_not_raised(cache_dir):
     """A corrupt memo ('[[[[...') must be ignored and rewritten, not raise RecursionError."""
-    from flashinfer_sm120 import statedir, statefiles
+    from flashinfer_sm120 import statefiles
     from flashinfer_sm120.toolkit import memo
 
     path = memo.memo_path()
@@ -113,7 +113,7 @@ def test_a_failure_dated_nan_or_huge_expires(cache_dir, at):
 def test_a_dangling_cache_dir_symlink_is_refused(tmp_path, monkeypatch):
     """FLASHINFER_SM120_CACHE_DIR -> a missing directory: refused (whoever creates the target
     later would own our state), and the next candidate is used."""
-    from flashinfer_sm120 import statedir, statefiles
+    from flashinfer_sm120 import statedir
 
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "missing")
@@ -122,11 +122,12 @@ def test_a_dangling_cache_dir_symlink_is_refused(tmp_path, monkeypatch):
     statedir.forget_cache_root()
     try:
         root = statedir.cache_root()
+        notes = statedir.cache_root_notes()
     finally:
         statedir.forget_cache_root()
     assert root == os.path.realpath(tmp_path / "xdg" / "flashinfer-sm120")
     assert os.path.isdir(root)
-    assert any("does not exist" in n for n in statedir.cache_root_notes())
+    assert any("does not exist" in n for n in notes)
 
 
 # --------------------------------------------------------------- enable / disable
