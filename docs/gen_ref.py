@@ -1,11 +1,15 @@
 """Reference tables generated from the code, so that the docs cannot drift from it.
 
-Used two ways:
+The generated text is committed in the pages, between ``<!-- gen:NAME -->`` and
+``<!-- /gen:NAME -->`` (so the pages read whole in the repository), and this file is its one
+source.  Used three ways:
 
-* as a MkDocs hook (``hooks: [docs/gen_ref.py]`` in ``mkdocs.yml``): every page's
-  ``<!-- gen:NAME -->`` marker is replaced by the table :data:`GENERATORS` makes;
-* from the tests, without MkDocs: :func:`render` turns a page's Markdown into what
-  the site shows (``tests/test_docs.py``).
+* ``python docs/gen_ref.py`` rewrites every page's generated blocks from the code (a bare
+  ``<!-- gen:NAME -->`` becomes a filled block);
+* from the tests: :func:`render` gives a page with fresh blocks, and a page that differs from
+  it is stale (``tests/test_docs.py``);
+* as a MkDocs hook (``hooks: [docs/gen_ref.py]`` in ``mkdocs.yml``): the site shows fresh
+  blocks, without the markers.
 
 Sources: ``flashinfer_sm120.envvars.VARIABLES`` (environment variables),
 ``flashinfer_sm120.cli.build_parser()`` (the CLI), ``flashinfer_sm120.releases``
@@ -220,16 +224,42 @@ GENERATORS: dict[str, Callable[[], str]] = {
 }
 
 
-def render(markdown: str) -> str:
-    """Replace every ``<!-- gen:NAME -->`` marker; an unknown NAME raises ``KeyError``."""
-    def one(m: re.Match) -> str:
-        if m.group(1) not in GENERATORS:
-            raise KeyError(f"unknown docs generator {m.group(1)!r}; known: {', '.join(GENERATORS)}")
-        return GENERATORS[m.group(1)]()
+#: A generated block as committed (group 2 is the text between the markers), or a bare marker.
+BLOCK = re.compile(r"<!-- gen:([a-z_]+) -->(?:\n(.*?)\n<!-- /gen:\1 -->)?", re.S)
 
-    return MARKER.sub(one, markdown)
+
+def render(markdown: str) -> str:
+    """``markdown`` with every generated block filled afresh from the code (markers kept);
+    an unknown NAME raises ``KeyError``."""
+    def one(m: re.Match) -> str:
+        name = m.group(1)
+        if name not in GENERATORS:
+            raise KeyError(f"unknown docs generator {name!r}; known: {', '.join(GENERATORS)}")
+        return f"<!-- gen:{name} -->\n{GENERATORS[name]()}\n<!-- /gen:{name} -->"
+
+    return BLOCK.sub(one, markdown)
+
+
+def pages(docs: Path = ROOT / "docs") -> list[Path]:
+    """The pages that hold a generated block."""
+    return sorted(p for p in docs.rglob("*.md") if MARKER.search(p.read_text(encoding="utf-8")))
 
 
 def on_page_markdown(markdown: str, **kwargs) -> str:
-    """MkDocs hook: the page as the site shows it."""
-    return render(markdown)
+    """MkDocs hook: the page as the site shows it (fresh blocks, no markers)."""
+    return re.sub(r"<!-- /?gen:[a-z_]+ -->\n?", "", render(markdown))
+
+
+def main() -> int:
+    """Rewrite the generated blocks of every page; prints the pages changed."""
+    for page in pages():
+        text = page.read_text(encoding="utf-8")
+        fresh = render(text)
+        if fresh != text:
+            page.write_text(fresh, encoding="utf-8")
+            print(f"rewrote {page.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -114,6 +114,41 @@ def pytest_sessionfinish(session):
         _FORKSERVER[0].close()
 
 
+#: What a test run may leave in the checkout: the environment and the tools' own caches.
+CHECKOUT_ALLOWED = (".venv", "venv", ".pytest_cache", ".hypothesis", "__pycache__", "*.egg-info")
+
+
+def _allowed(path: str) -> bool:
+    return any(part == a or (a.startswith("*") and part.endswith(a[1:]))
+               for part in path.rstrip("/").split("/") for a in CHECKOUT_ALLOWED)
+
+
+def checkout_entries(root: Path) -> set[str] | None:
+    """``git status --porcelain --ignored`` of ``root`` (untracked and ignored entries, changed
+    files), less :data:`CHECKOUT_ALLOWED`; ``None`` when ``root`` is not a git checkout."""
+    try:
+        proc = subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=root, capture_output=True,
+                              text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    return {line for line in proc.stdout.splitlines() if not _allowed(line[3:])}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _nothing_written_into_the_checkout():
+    """The suite writes only into temporary directories: an entry the checkout did not have
+    before the run fails it (a test or command that wrote into the working directory)."""
+    root = TESTS.parent
+    before = checkout_entries(root)
+    yield
+    after = checkout_entries(root)
+    if before is not None and after is not None:
+        new = sorted(after - before)
+        assert not new, f"the test run wrote into the checkout {root}: {new}"
+
+
 def run_code(code: str, env: dict, timeout: float = 600, args: tuple = ()) -> subprocess.CompletedProcess:
     """``python -c code *args`` with ``env``, captured as text: a fresh process, forked from the
     session's fork server (torch and FlashInfer's dependencies already imported, FlashInfer and

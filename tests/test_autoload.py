@@ -230,7 +230,9 @@ def test_doctor_names_a_pth_left_without_its_module(tmp_path):
     assert autoload._current(str(d))
     (d / HOOK_FILE).unlink()
     assert not autoload._current(str(d))
-    lines = autoload.doctor_lines({"pth": [str(d / PTH_NAME)], "outdated": [str(d / PTH_NAME)],
+    from flashinfer_sm120.cli.enable import autoload_lines
+
+    lines = autoload_lines({"pth": [str(d / PTH_NAME)], "outdated": [str(d / PTH_NAME)],
                                    "triggers": ["flashinfer"]}, "python")
     assert len(lines) == 2 and "enable' again" in lines[1] and HOOK_FILE in lines[1]
 
@@ -246,3 +248,6 @@ def test_the_hook_and_the_package_agree_on_names_and_triggers():
               for t in n.targets if isinstance(t, ast.Name)}
     assert (values["PTH_NAME"], values["MODULE_NAME"], values["TRIGGERS"]) == (
         autoload.PTH_NAME, autoload.MODULE_NAME, autoload.TRIGGERS)
+    from flashinfer_sm120.flags import FALSE_VALUES
+
+    assert values["_OFF"] == FALSE_VALUES  # the hook reads FLASHINFER_SM120_DISABLE as the package does

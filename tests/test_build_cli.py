@@ -5,7 +5,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import needs_flashinfer, run_code
+from flashinfer_sm120.cli.buildjson import FIELDS
 
 
 def cli(args, env, timeout=300):
@@ -40,10 +43,71 @@ def test_variants_from_flags_become_flashinfer_modules(clean_env, real_nvcc13):
     env = dict(clean_env, FAKE_GPU_CAPS="")
     proc = cli(["build", "--arch", "12.0", "decode", "prefill", "page", "--head-dim", "64,256",
                 "--dtype", "bf16", "--kv-dtype", "fp8_e4m3", "--ninja-only", "--json"], env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    mods = {m["module"]: m for m in json.loads(proc.stdout)["modules"]}
+    mods = {m["module"]: m for m in _one_document(proc)["modules"]}
     assert set(mods) == {"decode-bf16-kvfp8_e4m3-hd64", "decode-bf16-kvfp8_e4m3-hd256",
                          "prefill-bf16-kvfp8_e4m3-hd64", "prefill-bf16-kvfp8_e4m3-hd256", "page"}
     name = mods["decode-bf16-kvfp8_e4m3-hd256"]["name"]
     assert "dtype_q_bf16" in name and "dtype_kv_e4m3" in name and "head_dim_qk_256" in name
     assert all(os.path.exists(m["ninja"]) for m in mods.values())
+
+
+def _one_document(proc) -> dict:
+    """stdout is exactly one JSON document with every build --json field."""
+    doc = json.loads(proc.stdout)  # raises on anything before or after the document
+    assert tuple(doc) == FIELDS, doc
+    assert doc["ok"] is (doc["error"] is None) and doc["ok"] is (proc.returncode == 0), (doc, proc.stderr[-2000:])
+    return doc
+
+
+@pytest.mark.parametrize("args, words", [
+    (["nosuch", "--arch", "12.0"], ["'nosuch'", "--list"]),
+    (["page", "--arch", "banana"], ["'banana'", "12.0"]),
+    (["--from", "/nonexistent/m.jsonl"], ["/nonexistent/m.jsonl", "FLASHINFER_SM120_RECORD="]),
+    ([], ["--list", "--from"]),
+])
+def test_json_is_one_document_when_build_refuses(clean_env, args, words):
+    proc = cli(["build", "--json", *args], clean_env)
+    doc = _one_document(proc)
+    assert proc.returncode == 2 and not doc["ok"] and all(w in doc["error"] for w in words), doc
+    assert doc["modules"] == [] and doc["target_cuda_archs"] is None
+
+
+def test_json_is_one_document_when_a_dependency_is_missing(hiding):
+    proc = cli(["build", "page", "--arch", "12.0", "--json"], hiding("filelock"))
+    doc = _one_document(proc)
+    assert not doc["ok"] and "filelock" in doc["error"], doc
+
+
+BROKEN_MODULES = """
+import sys
+class Broken:
+    def find_spec(self, name, path=None, target=None):
+        if name == "flashinfer_sm120.warmup.modules":
+            raise ImportError("injected: the build module is broken", name=name)
+sys.meta_path.insert(0, Broken())
+from flashinfer_sm120.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_broken_build_module_leaves_cache_and_json(clean_env):
+    """cache registers itself: it used to be registered by cli/build.py and vanished with it."""
+    proc = run_code(BROKEN_MODULES, clean_env, 300, ["cache", "export", "--help"])
+    assert proc.returncode == 0 and "--from MANIFEST" in proc.stdout, proc.stderr[-2000:]
+    proc = run_code(BROKEN_MODULES, clean_env, 300, ["build", "page", "--json"])
+    doc = _one_document(proc)
+    assert proc.returncode == 2 and "injected" in doc["error"] and "'build' is unavailable" in doc["error"]
+
+
+@needs_flashinfer
+def test_json_names_where_the_targets_came_from(clean_env, real_nvcc13):
+    """The origin is a field of the session, not text cut out of the summary."""
+    env = dict(clean_env, FAKE_GPU_CAPS="")
+    proc = cli(["build", "--arch", "120", "page", "--ninja-only", "--json"], env)
+    doc = _one_document(proc)
+    assert doc["ok"] and doc["targets_from"] == "from --arch 120" and doc["target_cuda_archs"] == ["sm_120f"]
+    assert "(from --arch 120)" in proc.stderr and "FLASHINFER_CUDA_ARCH_LIST=" not in proc.stderr
+    proc = cli(["build", "page", "--ninja-only", "--json"], dict(env, FLASHINFER_CUDA_ARCH_LIST="12.0"))
+    doc = _one_document(proc)
+    assert doc["ok"] and doc["targets_from"] == "from FLASHINFER_CUDA_ARCH_LIST='12.0'"
+    assert "(from FLASHINFER_CUDA_ARCH_LIST='12.0')" in proc.stderr

@@ -115,3 +115,50 @@ def test_every_docs_page_is_in_the_nav():
     pages = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")}
     listed = set(re.findall(r":\s+([\w/.-]+\.md)\s*$", nav, re.M))
     assert pages == listed, (sorted(pages - listed), sorted(listed - pages))
+
+
+def test_committed_generated_blocks_are_what_the_code_makes_now():
+    """The reference pages read whole in the repository (they held only markers until the site
+    was built); `python docs/gen_ref.py` rewrites a stale block."""
+    pages = gen_ref.pages(DOCS)
+    assert {p.relative_to(DOCS).as_posix() for p in pages} >= {
+        "reference/api.md", "reference/cli.md", "reference/environment.md"}
+    for page in pages:
+        text = page.read_text()
+        assert text.count("<!-- gen:") == text.count("<!-- /gen:"), f"{page}: a marker without its block"
+        assert gen_ref.render(text) == text, f"{page.relative_to(ROOT)} is stale: run python docs/gen_ref.py"
+
+
+def test_a_stale_block_is_rewritten_and_a_bare_marker_filled():
+    fresh = gen_ref.render("a\n<!-- gen:targets -->\nb")
+    assert "| Targets | Minimum nvcc |" in fresh and fresh.endswith("<!-- /gen:targets -->\nb")
+    stale = fresh.replace("| Targets |", "| Old |")
+    assert stale != fresh and gen_ref.render(stale) == fresh
+    assert "gen:" not in gen_ref.on_page_markdown(fresh)
+
+
+#: How docs/toolkit.md names each find step.
+_FIND_STEP_WORDS = {"FLASHINFER_NVCC": "`FLASHINFER_NVCC`", "CUDA_HOME": "`CUDA_HOME`", "CUDA_PATH": "`CUDA_PATH`",
+                    "pip": "pip wheels", "PATH": "`nvcc` on `PATH`", "/usr/local/cuda": "`/usr/local/cuda`",
+                    "versioned": "`/usr/local/cuda-X.Y`", "conda": "`$CONDA_PREFIX`"}
+
+
+def test_toolkit_page_lists_the_find_steps_in_the_code_s_order():
+    from flashinfer_sm120.toolkit import FIND_STEPS
+
+    page = _page("toolkit.md")
+    steps = page.split("## Where toolkits are looked for", 1)[1].split("Details that matter", 1)[0]
+    where = [steps.find(_FIND_STEP_WORDS[label]) for label, _ in FIND_STEPS]
+    assert -1 not in where and where == sorted(where), list(zip([label for label, _ in FIND_STEPS], where))
+
+
+def test_contributing_map_names_existing_paths_and_every_package():
+    page = (DOCS / "contributing.md").read_text()
+    table = page.split("## Where things are", 1)[1]
+    for row in re.findall(r"^\| (`src/.*?) \|", table, re.M):
+        paths = re.findall(r"`([^`]+)`", row)
+        base = ROOT / paths[0]
+        for p in [base, *(base.parent / q for q in paths[1:])]:
+            assert p.exists(), f"docs/contributing.md names {p.relative_to(ROOT)}, which does not exist"
+    for pkg in sorted(d.name for d in SRC.iterdir() if (d / "__init__.py").exists()):
+        assert f"`{pkg}/`" in table or f"/{pkg}/`" in table, f"docs/contributing.md does not place {pkg}/"

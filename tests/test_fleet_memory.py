@@ -118,6 +118,11 @@ def test_gb10_subtracts_what_the_gpu_side_holds_discrete_gpus_do_not(tmp_path):
     unknown = _fake_nvml([("NVIDIA GB10", (12, 1), None, [None])])
     view = memory.read_memory(proc_root=proc, nvml=unknown)
     assert view.source == "MemAvailable" and any("cannot tell" in n for n in view.notes)
+    no_nvml = _fake_nvml([("NVIDIA GB10", (12, 1), 70 * GIB, [])])
+    no_nvml.nvmlInit = lambda: (_ for _ in ()).throw(_NVMLError("Driver Not Loaded"))
+    view = memory.read_memory(proc_root=proc, nvml=no_nvml)  # no NVML: nothing to subtract, nothing to say
+    assert view.source == "MemAvailable" and not any("GPU" in n for n in view.notes)
+    assert [b.source for b in view.bounds] == ["MemAvailable"]
 
 
 def test_plan_jobs_threads_and_who_wins(tmp_path):

@@ -128,6 +128,10 @@ def test_garbled_arch_list_does_not_break_import(seed_env, value):
     out, proc = run_py("import fakegpu, flashinfer_sm120\n" + REPORT, env)
     assert out["current"] == [[12, "0f"]]
     assert f"FLASHINFER_CUDA_ARCH_LIST={value!r}" in proc.stderr
+    # with no usable entry the targets come from the GPUs: a field, and words in the summary
+    usable = value != "blackwell"
+    assert out["status"]["resolution"]["targets_from"] == ("arch_list" if usable else "gpus")
+    assert (f"(from FLASHINFER_CUDA_ARCH_LIST={value!r})" if usable else "(GPUs from ") in out["status"]["summary"]
 
 
 def test_arch_list_spelling_flashinfer_rejects_is_accepted(seed_env):
@@ -189,6 +193,23 @@ def test_one_bad_arch_entry_keeps_the_good_ones(seed_env):
     out, proc = run_py("import fakegpu, flashinfer_sm120\n" + REPORT, env)
     assert out["current"] == [[12, "1a"]]
     assert "'garbage'" in proc.stderr and "using 12.1" in proc.stderr
+    assert out["status"]["resolution"]["targets_from"] == "arch_list"
+    assert "(from FLASHINFER_CUDA_ARCH_LIST='12.1 garbage')" in out["status"]["summary"]
+
+
+def test_an_optional_step_that_raises_is_reported_skipped(seed_env):
+    """Step results are typed (StepResult); status() and the summary render them."""
+    code = (
+        "import fakegpu\nimport flashinfer_sm120.patch.steps as s\n"
+        "def boom(mod): raise RuntimeError('injected')\n"
+        "s.STEPS['flashinfer.compilation_context'].insert(0, s.Step('extra', boom, frozenset({s.Mode.PATCHED}), required=False))\n"
+        "import flashinfer_sm120, flashinfer\n" + REPORT
+    )
+    out, proc = run_py(code, seed_env)
+    st = out["status"]
+    assert st["mode"] == "patched", proc.stderr
+    assert st["steps"]["extra"] == "skipped: RuntimeError('injected')" and st["steps"]["toolkit"] == "applied"
+    assert st["summary"].endswith("; steps skipped: extra (RuntimeError('injected'))")
 
 
 @pytest.mark.parametrize("value, mode", [("false", "patched"), ("off", "patched"), ("0", "patched"),
@@ -208,3 +229,19 @@ def test_child_inheriting_our_cuda_home_is_a_noop_on_the_same_toolkit(seed_env):
             "print('@@' + json.dumps({'child': json.loads(child.splitlines()[-1]), 'mine': mine}))\n")
     out, _ = run_py(code, seed_env)
     assert out["child"] == ["noop", out["mine"]]
+
+
+def test_the_guard_points_are_the_release_table_s(seed_env):
+    """The steps wrap what releases.guard_points lists (it was never read; the steps named their own)."""
+    code = (
+        "import fakegpu\nimport flashinfer_sm120.releases as r\n"
+        "r._GUARD = tuple(p for p in r._GUARD if p[1] != 'run_ninja')\n"
+        "import flashinfer_sm120, flashinfer, flashinfer.jit.cpp_ext as cx, flashinfer.jit.core as core\n"
+        "import json, wrapt\n"
+        "w = lambda f: isinstance(f, wrapt.FunctionWrapper)\n"
+        "print('@@' + json.dumps(dict(gen=w(cx.generate_ninja_build_for_op), run=w(cx.run_ninja),\n"
+        "    check=w(core.check_cuda_arch), steps=flashinfer_sm120.status()['steps'])))\n"
+    )
+    out, proc = run_py(code, seed_env)
+    assert (out["gen"], out["run"], out["check"]) == (True, False, True), (out, proc.stderr[-2000:])
+    assert out["steps"]["nvcc_gate"] == "applied" and out["steps"]["arch_check"] == "applied"

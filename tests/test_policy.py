@@ -9,7 +9,7 @@ from conftest import make_toolkit
 from flashinfer_sm120 import arch
 from flashinfer_sm120.toolkit import ToolkitError, choose, discover, inspect
 from flashinfer_sm120.toolkit import fixes
-from flashinfer_sm120.toolkit.model import Toolkit
+from flashinfer_sm120.toolkit.model import RejectKind, Toolkit
 from flashinfer_sm120.toolkit.policy import ALLOW_OTHER_MAJOR_ENV, other_major_allowed, unbuildable
 
 
@@ -244,7 +244,8 @@ def test_cpu_torch_prefers_cuda13_but_keeps_explicit_cuda_home():
     path129, usr13 = fake("12.9.41", "PATH"), fake("13.0.88", "versioned")
     ch = choose([path129, usr13], None, [(12, 0)], None)
     assert ch.toolkit is usr13
-    assert "CPU-only torch a CUDA 13+ toolkit" in dict((t.root, r) for t, r in ch.rejected)[path129.root]
+    rej = {r.toolkit.root: r for r in ch.rejected}[path129.root]
+    assert rej.kind is RejectKind.USABLE and "CPU-only torch a CUDA 13+ toolkit" in rej.reason
     home = fake("12.9.41", "CUDA_HOME")
     assert choose([home, fake("13.0.88", "pip")], None, [(12, 0)], None).toolkit is home
     assert choose([path129], None, [(12, 0)], None).toolkit is path129
@@ -296,7 +297,8 @@ def test_choice_prefers_toolkit_that_builds_120f_over_cuda_home_128(tmp_path):
     ch = choose([old, new], None, [(12, 0)], None)
     assert ch.toolkit is new and ch.targets == ((12, "0f"),)
     (rej,) = ch.rejected
-    assert rej[0] is old and "cannot build sm_120f (nvcc >= 12.9)" in rej[1]
+    assert rej.toolkit is old and rej.kind is RejectKind.UNUSABLE
+    assert "cannot build sm_120f (nvcc >= 12.9)" in rej.reason
 
 
 def test_choice_keeps_working_cuda_home(tmp_path):
@@ -309,7 +311,7 @@ def test_choice_rejects_torch_major_mismatch(tmp_path):
     a = inspect(str(make_toolkit(tmp_path / "cuda-12.9", "12.9.41")), ("CUDA_HOME",))
     b = inspect(str(make_toolkit(tmp_path / "cu13", "13.0.88")), ("pip",))
     ch = choose([a, b], None, [(12, 0)], "13.0")
-    assert ch.toolkit is b and "torch is built for CUDA 13.0" in ch.rejected[0][1]
+    assert ch.toolkit is b and "torch is built for CUDA 13.0" in ch.rejected[0].reason
 
 
 def test_choice_falls_back_to_120a_when_only_128_exists(tmp_path):
@@ -353,10 +355,11 @@ def test_later_candidates_are_not_read_unless_asked(tmp_path):
     env = {"CUDA_HOME": str(a), "CUDA_PATH": str(b), "PATH": ""}
     ch = choose(discover(env), None, [(12, 0)], None)
     assert ch.toolkit.root == str(a) and not marker.exists()
-    assert dict((t.root, r) for t, r in ch.rejected)[str(b)].startswith("not examined")
+    assert {r.toolkit.root: r.kind for r in ch.rejected}[str(b)] is RejectKind.NOT_EXAMINED
     ch = choose(list(discover(env)), None, [(12, 0)], None)  # doctor reads them all
     assert marker.exists()
-    assert dict((t.root, r) for t, r in ch.rejected)[str(b)].startswith("not chosen (")
+    rej = {r.toolkit.root: r for r in ch.rejected}[str(b)]
+    assert rej.kind is RejectKind.NOT_CHOSEN and rej.reason.startswith("not chosen (")
 
 
 def test_fix_line_follows_torch_cuda(tmp_path):

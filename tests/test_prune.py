@@ -64,6 +64,7 @@ def workspace(root: Path, rel: str, cuda_home: str, fi_pkg: Path, modules=("samp
 @pytest.fixture
 def caches(tmp_path, monkeypatch):
     """Our cache with a current and a stale view, FlashInfer's cache with current and stale workspaces."""
+    from flashinfer_sm120 import lease
     from flashinfer_sm120.workspace import tag_for
     from flashinfer_sm120.toolkit import inspect
     from flashinfer_sm120.view import linkable_home
@@ -78,6 +79,8 @@ def caches(tmp_path, monkeypatch):
     gone_tk = pip_like(tmp_path / "gone", "13.0.48")
     keep_view = linkable_home(inspect(str(keep_tk))).path
     gone_view = linkable_home(inspect(str(gone_tk))).path
+    for v in (keep_view, gone_view):  # chosen here, used by no process of the test (the lease says "in use")
+        lease.release(v)
     current_tag = tag_for(inspect(str(keep_tk)))
     fi_root = tmp_path / "base" / ".cache" / "flashinfer"
     fi_new = fake_flashinfer(tmp_path / "site-new", "0.7.4")

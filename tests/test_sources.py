@@ -49,7 +49,7 @@ def test_user_site_only_when_enabled(tmp_path, monkeypatch):
     monkeypatch.setattr(site, "getusersitepackages", lambda: str(user_site))
     monkeypatch.setattr(site, "getsitepackages", lambda: [])
     monkeypatch.setattr(sources.sys, "path", [p for p in sources.sys.path if "site-packages" not in p])
-    monkeypatch.setattr(sources, "_pathfinder_nvcc", lambda: None)
+    monkeypatch.setattr(sources, "pathfinder_binary", lambda name: None)
     sources._site_dirs_for.cache_clear()
     monkeypatch.setattr(site, "ENABLE_USER_SITE", True)
     assert str(user_site / "nvidia" / "cu13") in [f.root for f in sources.from_pip({})]
@@ -64,7 +64,7 @@ def test_pip_step_uses_cuda_pathfinder_first(tmp_path, monkeypatch):
     make_toolkit(sd / "nvidia" / "cu14", "14.0.1", lib64=False)
     picked = str(sd / "nvidia" / "cu13" / "bin" / "nvcc")
     monkeypatch.setattr(sources, "site_dirs", lambda: [str(sd)])
-    monkeypatch.setattr(sources, "_pathfinder_nvcc", lambda: picked)
+    monkeypatch.setattr(sources, "pathfinder_binary", lambda name: picked)
     roots = [f.root for f in sources.from_pip({})]
     assert roots == [str(sd / "nvidia" / "cu13"), str(sd / "nvidia" / "cu14")]
 

@@ -48,6 +48,8 @@ import os
 import sys
 from pathlib import Path
 
+from .flags import env_flag
+
 # The hook (autoload_hook.py) is a standalone program that ``enable`` copies into site-packages; it
 # is never imported from here (it imports this module when it fires), so it keeps its own copy of
 # these three values and tests/test_autoload.py checks that the two agree.
@@ -59,7 +61,7 @@ MODULE_NAME = "flashinfer_sm120_autoload"
 TRIGGERS = ("flashinfer", "vllm", "sglang")
 
 __all__ = ["PTH_NAME", "PTH_LINE", "HOOK_FILE", "MODULE_NAME", "TRIGGERS", "EXPORT_EARLY", "hook_source",
-           "pth_files", "triggered", "worker_setup", "state", "enabled_in", "doctor_report", "doctor_lines"]
+           "pth_files", "triggered", "worker_setup", "state", "enabled_in", "doctor_report"]
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -82,10 +84,6 @@ def pth_files() -> dict[str, str]:
     """What ``enable`` writes into a site directory: ``{file name: text}``, the module before the
     ``.pth`` (so an interpreter starting meanwhile never finds a ``.pth`` without its module)."""
     return {HOOK_FILE: hook_source(), PTH_NAME: PTH_LINE}
-
-
-#: Values of a boolean environment variable that mean "off" (as everywhere in this package).
-_OFF = ("", "0", "false", "no", "off")
 
 
 class _State:
@@ -129,7 +127,7 @@ def _export_now(why: str) -> None:
     try:
         from . import environ, resolve
 
-        if os.environ.get("FLASHINFER_SM120_DISABLE", "").strip().lower() not in _OFF:
+        if env_flag("FLASHINFER_SM120_DISABLE"):
             state.early_export = "not done: FLASHINFER_SM120_DISABLE is set"
             return
         res = resolve()
@@ -196,7 +194,7 @@ def doctor_report() -> dict:
     found = enabled_in()
     return {"pth": found, "outdated": [p for p in found if not _current(os.path.dirname(p))],
             "triggers": list(TRIGGERS),
-            "disabled": os.environ.get("FLASHINFER_SM120_DISABLE", "").strip().lower() not in _OFF,
+            "disabled": env_flag("FLASHINFER_SM120_DISABLE"),
             "triggered_by": state.triggered_by, "early_export": state.early_export}
 
 
@@ -211,15 +209,3 @@ def _current(site_dir: str) -> bool:
     except OSError:
         return False
     return True
-
-
-def doctor_lines(report: dict | None, python: str) -> list[str]:
-    """:func:`doctor_report` as ``doctor`` prints it."""
-    report = report or {}
-    if report.get("pth"):
-        return [f"Autoload: {', '.join(report['pth'])}: every process of {python} is patched when it first "
-                f"imports {', '.join(report['triggers'])}"
-                + (" (but FLASHINFER_SM120_DISABLE is set)" if report.get("disabled") else "")] + [
-            f"  {p} was not written by this release, or its module {HOOK_FILE} is missing: run "
-            f"'flashinfer-sm120 enable' again" for p in report.get("outdated") or ()]
-    return [f"Autoload: not enabled for {python} ('flashinfer-sm120 enable' to patch every worker)"]

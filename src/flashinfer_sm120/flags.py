@@ -1,7 +1,7 @@
 """Boolean environment variables, read one way everywhere in the package.
 
-(The ``.pth`` hook in :mod:`flashinfer_sm120.autoload` keeps its own copy of the
-rule: it runs before this package may be importable.)
+(The ``.pth`` hook, :mod:`flashinfer_sm120.autoload_hook`, keeps its own copy of the
+rule: it runs before this package may be importable; tests/test_autoload.py checks the two agree.)
 """
 
 from __future__ import annotations

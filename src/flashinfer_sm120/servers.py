@@ -40,8 +40,10 @@ from dataclasses import dataclass
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from .toolkit.sources import flashinfer_naive_root
+
 __all__ = ["Fallback", "CacheRule", "ServerRelease", "Installed", "SERVERS", "installed", "newest",
-           "nvcc_home", "vllm_has_flashinfer", "workspace_base", "jit_dir_for", "running", "recorded",
+           "vllm_has_flashinfer", "workspace_base", "jit_dir_for", "running", "recorded",
            "fallbacks", "fallback_text", "expanduser"]
 
 _ENVIRON_TIMEOUT_S = 30.0
@@ -186,17 +188,6 @@ def installed() -> list[Installed]:
 # ----------------------------------------------------------------------------- nvcc and ninja, as they look
 
 
-def nvcc_home(env: dict[str, str]) -> str:
-    """The CUDA home both servers derive (vLLM 0.33 ``_flashinfer_nvcc_path``, SGLang 0.5.23
-    ``cuda_home``): ``CUDA_HOME`` or ``CUDA_PATH``, else ``dirname(dirname(which nvcc))``, else
-    ``/usr/local/cuda``."""
-    configured = env.get("CUDA_HOME") or env.get("CUDA_PATH")
-    if configured:
-        return configured
-    nvcc = shutil.which("nvcc", path=env.get("PATH", os.defpath))
-    return os.path.dirname(os.path.dirname(nvcc)) if nvcc else "/usr/local/cuda"
-
-
 def vllm_has_flashinfer(env: dict[str, str]) -> tuple[bool, str]:
     """``has_flashinfer()`` as vLLM 0.33.0 computes it in a process with environment ``env``.
 
@@ -212,7 +203,7 @@ def vllm_has_flashinfer(env: dict[str, str]) -> tuple[bool, str]:
         return False, f"VLLM_HAS_FLASHINFER_CUBIN={cubin!r} is not an integer (vLLM raises ValueError)"
     if importlib.util.find_spec("flashinfer_cubin") is not None:
         return True, "flashinfer-cubin is installed: no nvcc or ninja needed"
-    home = nvcc_home(env)
+    home = flashinfer_naive_root(env, server=True)
     nvcc = shutil.which(os.path.join(home, "bin", "nvcc"))
     ninja = shutil.which("ninja", path=env.get("PATH", os.defpath))
     missing = [w for w, ok in ((f"no nvcc at {home}/bin/nvcc", nvcc), ("no ninja on PATH", ninja)) if not ok]

@@ -27,14 +27,27 @@ __all__ = ["main", "MODULES"]
 
 
 def _broken_parser(sub, name: str, exc: BaseException) -> None:
-    def fail(_args) -> int:
+    def fail(args) -> int:
         from .common import err
 
-        return err(f"'{name}' is unavailable: this install is broken ({exc!r}); Fix: {fix_for(exc)}")
+        msg = f"'{name}' is unavailable: this install is broken ({exc!r}); Fix: {fix_for(exc)}"
+        if "--json" in args.rest:
+            _print_failure_json(name, msg)
+        return err(msg)
 
     p = sub.add_parser(name, help=f"unavailable: {exc!r}", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=fail)
+
+
+def _print_failure_json(command: str | None, msg: str, document=None) -> None:
+    """``--json`` promises one JSON document on stdout, whatever went wrong: ``document(msg)``
+    (the command's own shape), else build's, else the ``status`` shape (mode ``failed``)."""
+    import json
+
+    if document is None and command == "build":
+        from .buildjson import document
+    print(json.dumps(document(msg) if document else {"mode": "failed", "error": msg}))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,9 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="flashinfer-sm120", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="command")
-    for name in ("doctor", "status", "build"):
-        try:  # imported here so that enable/disable work with the rest of the package broken
-            importlib.import_module(f".{name}", __name__).add_parser(sub)
+    for name, register in (("doctor", "add_parser"), ("status", "add_parser"), ("build", "add_parser"),
+                           ("cache", "add_parsers")):
+        try:  # each from its own module, so that one broken module leaves the other commands working
+            getattr(importlib.import_module(f".{name}", __name__), register)(sub)
         except Exception as exc:
             _broken_parser(sub, name, exc)
     enable.add_parsers(sub)
@@ -103,16 +117,14 @@ def _unknown(parser: argparse.ArgumentParser, extras: list[str]) -> str:
     return f"unrecognized arguments: {' '.join(extras)}" + "".join(f"; {h}" for h in hints)
 
 
-#: Most command-line arguments taken: argparse's parse time grows with the square of their number
-#: (20,000 took 7 s; the 2 MB ``ARG_MAX`` allows 500,000), and no command needs more than a few dozen.
+#: Most command-line arguments taken: argparse's parse time grows with the square of their number,
+#: and no command needs more than a few dozen.
 MAX_ARGS = 4096
 
 
 def _safe_streams() -> None:
-    """Never fail on printing: stdout is ``strict`` under a UTF-8 locale, and a path from the
-    environment or the disk may hold bytes that are not UTF-8 (``os.fsdecode`` makes them lone
-    surrogates: ``CUDA_HOME=/opt/\\xff`` ended ``doctor`` in a UnicodeEncodeError).  Such characters
-    are written as ``\\udcff``, as Python's own stderr does."""
+    """Never fail on printing: a path from the environment or the disk may hold bytes that are not
+    UTF-8 (lone surrogates after ``os.fsdecode``); they are written as ``\\udcff``, as Python's stderr does."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
@@ -121,10 +133,8 @@ def _safe_streams() -> None:
 
 
 def _open_std_fds() -> None:
-    """Descriptors 0-2 closed at start (``flashinfer-sm120 doctor >&- 2>&-``, a daemon's unit) are
-    opened on ``/dev/null``: Python then has ``sys.stdout = None`` (the command ended in an
-    ``AttributeError`` traceback), and the next file the command opened took descriptor 1 or 2, so
-    output meant for the terminal, ours or a child's that inherits it, went into that file."""
+    """Descriptors 0-2 closed at start (``doctor >&- 2>&-``, a daemon's unit) are opened on ``/dev/null``,
+    so that ``sys.stdout`` exists and no file the command opens takes descriptor 1 or 2."""
     for fd, mode, name in ((0, os.O_RDONLY, "stdin"), (1, os.O_WRONLY, "stdout"), (2, os.O_WRONLY, "stderr")):
         try:
             os.fstat(fd)
@@ -223,8 +233,6 @@ def _main(argv: list[str] | None) -> int:
         from .common import err
 
         msg = f"this install is broken ({exc!r}); Fix: {fix_for(exc)}"
-        if getattr(args, "json", False):  # --json promises JSON on stdout, whatever went wrong
-            import json
-
-            print(json.dumps({"mode": "failed", "error": msg}))
+        if getattr(args, "json", False):
+            _print_failure_json(args.cmd, msg, getattr(args, "json_failure", None))
         return err(msg)

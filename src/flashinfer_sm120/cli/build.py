@@ -1,6 +1,5 @@
 """``flashinfer-sm120 build``: JIT-build FlashInfer modules into FlashInfer's JIT cache now,
-by name (``build sampling decode --head-dim 128``) or as recorded (``build --from MANIFEST``);
-``cache export``/``cache import`` move a warmed JIT cache to other machines."""
+by name (``build sampling decode --head-dim 128``) or as recorded (``build --from MANIFEST``)."""
 
 from __future__ import annotations
 
@@ -10,8 +9,10 @@ import os
 import re
 import sys
 
+from ..errors import Sm120Error
+from ..formats import cli_int, cli_size, shown
 from ..warmup import modules as _modules
-from ..formats import cli_int
+from . import buildjson
 from .common import err as _err
 
 __all__ = ["MODULES", "run_build", "add_parser"]
@@ -20,48 +21,59 @@ __all__ = ["MODULES", "run_build", "add_parser"]
 MODULES = _modules.NAMES
 
 
-def run_build(args: argparse.Namespace) -> int:
-    from ..warmup import ninjacmd, replay, session
+class _Stop(Sm120Error):
+    """``build`` stops before compiling anything; the message names the fix."""
 
+
+def run_build(args: argparse.Namespace) -> int:
     if args.list:
         print(_modules.describe_all())
         return 0
-    if not args.modules and not args.manifest:
-        return _err("name the modules to build (see `flashinfer-sm120 build --list`) or give "
-                    "--from MANIFEST (recorded with FLASHINFER_SM120_RECORD)")
-    from ..warmup import buildopts
-
-    user_env = buildopts.apply(args)  # --compiler-cache; the user's env before anything is exported
     try:
-        variants = _modules.expand(args.modules, head_dims=args.head_dim, dtypes=args.dtype,
-                                   kv_dtypes=args.kv_dtype, acts=args.act) if args.modules else []
-        entries, problems = replay.load(args.manifest) if args.manifest else ([], [])
-        arch = replay.arch_for(entries, args.arch) if args.manifest else args.arch
-        for note in arch_notes(args.arch):
-            print(f"flashinfer-sm120: {note}", file=sys.stderr)
-        session.set_arch(arch)
-        served = session.apply_server_cache(args.for_server, entries)
-        sess = session.prepare(arch)
-    except (_modules.ModuleError, session.BuildError) as exc:
+        doc = _build(args)
+    except Sm120Error as exc:  # bad module, manifest or --arch, no ninja, a refused cache ...
+        if args.json:
+            print(json.dumps(buildjson.document(str(exc)), indent=2))
         return _err(str(exc))
-    origin = _targets_origin(args.arch, arch)
-    if origin:  # --arch reaches FlashInfer as FLASHINFER_CUDA_ARCH_LIST: name what the user typed
-        sess.summary = re.sub(r"from FLASHINFER_CUDA_ARCH_LIST='[^']*'", origin, sess.summary)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        _print_human(doc)
+    return 0 if doc["ok"] else 1
+
+
+def _build(args: argparse.Namespace) -> dict:
+    """Set up, build, and return the ``build --json`` document.
+
+    :raises Sm120Error: the build cannot start (the message names the fix)."""
+    from ..warmup import buildopts, ninjacmd, replay, session
+
+    if not args.modules and not args.manifest:
+        raise _Stop("name the modules to build (see `flashinfer-sm120 build --list`) or give "
+                    "--from MANIFEST (recorded with FLASHINFER_SM120_RECORD)")
+    user_env = buildopts.apply(args.compiler_cache)  # the user's env before anything is exported
+    variants = _modules.expand(args.modules, head_dims=args.head_dim, dtypes=args.dtype,
+                               kv_dtypes=args.kv_dtype, acts=args.act) if args.modules else []
+    entries, problems = replay.load(args.manifest) if args.manifest else ([], [])
+    arch = replay.arch_for(entries, args.arch) if args.manifest else args.arch
+    for note in arch_notes(args.arch):
+        print(f"flashinfer-sm120: {note}", file=sys.stderr)
+    session.set_arch(arch)
+    served = session.apply_server_cache(args.for_server, entries)
+    # --arch reaches FlashInfer as FLASHINFER_CUDA_ARCH_LIST: the summary names what the user typed
+    sess = session.prepare(arch, _targets_origin(args.arch, arch))
     print(f"flashinfer-sm120: {sess.summary}", file=sys.stderr)
     if served["server"]:
         print(f"flashinfer-sm120: building into {served['server']}'s JIT directory ({served['why']}): "
               f"{sess.jit_dir} ({served['how']})", file=sys.stderr)
     missing = _missing_headers(variants, sess) if not args.ninja_only else []
     if missing:  # before anything compiles: nvcc would stop on the #include minutes later
-        return _err("; ".join(missing))
-    refused = buildopts.refused(args, sess)
+        raise _Stop("; ".join(missing))
+    refused = buildopts.refused(sess)
     if refused:
-        return _err(refused)
+        raise _Stop(refused)
     if not args.ninja_only:  # before anything is generated: the same refusal for every module
-        try:
-            ninjacmd.ninja_binary()
-        except RuntimeError as exc:
-            return _err(str(exc))
+        ninjacmd.ninja_binary()
     before = buildopts.cache_stats()
     for p in problems:
         print(f"flashinfer-sm120: manifest: {p}", file=sys.stderr)
@@ -80,33 +92,42 @@ def run_build(args: argparse.Namespace) -> int:
         if e.get("targets") and sorted(e["targets"]) != sess.targets and e.get("regenerable"):
             print(f"note: {e['name']} was recorded for {' '.join(e['targets'])}, building for "
                   f"{' '.join(sess.targets)}", file=sys.stderr)
+    stats: dict = {}
     if args.ninja_only:
         session.write_ninjas([s for _, s in labelled])
-        pool_wall = occupancy = None
         results = [{"module": label, "name": s.name, "status": "ninja written", "ninja": str(s.ninja_path)}
                    for label, s in labelled]
     else:
-        stats: dict = {}
         results = session.build_specs(labelled, args.jobs, sys.stderr, stats, targets=len(sess.targets),
                                       mem_limit=args.mem_limit, mem_per_compile=args.mem_per_compile,
                                       env=user_env)
-        pool_wall, occupancy = stats.get("wall_s"), stats.get("occupancy")
-    cache = None if args.ninja_only else buildopts.cache_report(before)
+    cache = None if args.ninja_only else _cache_line(buildopts.cache_report(before))
     if cache:
         print(cache["line"], file=sys.stderr)
-    summary = {"cuda_home": sess.cuda_home, "cuda_version": sess.cuda_version,
-               "flashinfer": sess.flashinfer, "target_cuda_archs": [_sm(t) for t in sess.targets],
-               "jit_dir": str(sess.jit_dir), "server": served,
-               "targets_from": origin or _origin_from_summary(sess.summary),
-               "pool_wall_s": pool_wall, "pool_occupancy": occupancy, "modules": results,
-               "plan": None if args.ninja_only else stats.get("plan"),
-               "pool_timeline": None if args.ninja_only else stats.get("timeline"),
-               "compiler_cache": cache, "cannot_regenerate": [{"name": n, "why": w} for n, w in skipped]}
-    if args.json:
-        print(json.dumps(summary, indent=2))
+    failed = not_generated + [r["module"] for r in results if r["status"] == "failed"]
+    error = f"{len(failed)} module(s) not built: {', '.join(failed)}" if failed else None
+    return buildjson.document(
+        error, cuda_home=sess.cuda_home, cuda_version=sess.cuda_version, flashinfer=sess.flashinfer,
+        target_cuda_archs=[_sm(t) for t in sess.targets], jit_dir=str(sess.jit_dir), server=served,
+        targets_from=sess.targets_from, pool_wall_s=stats.get("wall_s"), pool_occupancy=stats.get("occupancy"),
+        modules=results, plan=stats.get("plan"), pool_timeline=stats.get("timeline"), compiler_cache=cache,
+        cannot_regenerate=[{"name": n, "why": w} for n, w in skipped])
+
+
+def _cache_line(report: dict | None) -> dict | None:
+    """:func:`buildopts.cache_report` with the line printed for people."""
+    if report is None:
+        return None
+    if report["hits"] is None:
+        line = "compiler cache: sccache did not report its stats"
     else:
-        _print_human(summary)
-    return 1 if not_generated or any(r["status"] == "failed" for r in results) else 0
+        line = (f"compiler cache: {report['hits']} hits, {report['misses']} misses in this build "
+                f"(sccache {report['version']}, {shown(report['location'], 120)})")
+        if report["flag_only"]:
+            line += (f"\nnote: set {report['env']}=sccache for the servers that load these modules too: the "
+                     "launcher is part of the compile line ninja records, so a server without it compiles "
+                     "them again")
+    return {"hits": report["hits"], "misses": report["misses"], "location": report["location"], "line": line}
 
 
 def session_choices() -> tuple[str, ...]:
@@ -148,11 +169,6 @@ def _targets_origin(given: str | None, used: str | None) -> str | None:
     return None
 
 
-def _origin_from_summary(summary: str) -> str | None:
-    m = re.search(r"targets [^;]*? \((from [^)]*|GPUs from [^)]*)\)", summary)
-    return m.group(1) if m else None
-
-
 def _missing_headers(variants: list, sess) -> list[str]:
     """:func:`modules.missing_headers` for the chosen toolkit (where nvcc looks, and whether it is pip's)."""
     import flashinfer_sm120 as shim
@@ -181,8 +197,10 @@ def _print_human(summary: dict) -> None:
 
 
 def add_parser(sub) -> None:
-    """Register ``build`` and ``cache`` on an argparse subparsers object."""
-    servers = session_choices()  # before add_parser: a broken install fails here, not half-registered
+    """Register ``build`` on an argparse subparsers object."""
+    # what may fail to import comes before sub.add_parser: a broken install fails here, not half-registered
+    servers = session_choices()
+    from ..warmup.launcher import ENV
     b = sub.add_parser("build", help="JIT-build FlashInfer modules into FlashInfer's JIT cache",
                        description="Build named modules (see --list) or a recorded manifest (--from) "
                        "in one job pool.")
@@ -204,11 +222,20 @@ def add_parser(sub) -> None:
     b.add_argument("--act", help="activation(s) for 'activation', e.g. silu,gelu_tanh (default silu)")
     b.add_argument("--ninja-only", action="store_true",
                    help="write FlashInfer's build.ninja files, compile nothing")
-    b.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    from ..warmup import buildopts
+    b.add_argument("--json", action="store_true", help="print the result as JSON on stdout (one document, "
+                   "whatever the outcome: 'ok' and 'error' say how it ended)")
+    _compile_options(b, ENV)
+    b.set_defaults(func=run_build, json_failure=buildjson.document)
 
-    buildopts.add_arguments(b)
-    b.set_defaults(func=run_build)
-    from . import cache as _cache
 
-    _cache.add_parsers(sub)
+def _compile_options(b: argparse.ArgumentParser, env_name: str) -> None:
+    """``--compiler-cache`` (``env_name`` is its variable), ``--mem-limit`` and ``--mem-per-compile``."""
+    b.add_argument("--compiler-cache", choices=("sccache", "none"),
+                   help="compile through a shared compile cache (sccache; its backend is sccache's own "
+                        f"SCCACHE_* configuration); default: ${env_name}, else none")
+    b.add_argument("--mem-limit", type=cli_size("--mem-limit", 64 << 20), metavar="SIZE",
+                   help="memory the compiles may use together, e.g. 8G (default: what this process "
+                        "may use, from cgroups and /proc/meminfo, less 15%%)")
+    b.add_argument("--mem-per-compile", type=cli_size("--mem-per-compile", 16 << 20),
+                   metavar="SIZE", help="memory one compile takes, e.g. 2G (default: per module family, "
+                                        "refined from the peaks recorded by earlier builds)")

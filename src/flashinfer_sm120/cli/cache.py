@@ -62,7 +62,7 @@ def run_import(args: argparse.Namespace) -> int:
             why = f" ({r['why']})" if r.get("why") else ""
             rep = f" (replaced {', '.join(r['replaced'])})" if r.get("replaced") else ""
             print(f"{r['status']} {r['module']}{why}{rep}")
-    return 1 if any(r["status"] in ("stale", "kept existing") for r in report) else 0
+    return 1 if any(r["status"] in ("stale", "kept existing", "refused") for r in report) else 0
 
 
 def _archive_targets(meta) -> str | None:

@@ -162,9 +162,12 @@ def run_doctor(args: argparse.Namespace) -> int:
         else:
             report["resolution"] = res.to_dict()
             verdicts[res.choice.toolkit.root] = "CHOSEN: " + res.choice.reason
-            for tk, why in res.choice.rejected:
-                label = "not chosen: " if why.startswith(("usable", "not chosen")) else "rejected: "
-                verdicts.setdefault(tk.root, label + why.removeprefix("not chosen "))
+            from ..toolkit.model import RejectKind
+
+            for r in res.choice.rejected:
+                lost = r.kind in (RejectKind.USABLE, RejectKind.NOT_CHOSEN)
+                verdicts.setdefault(r.toolkit.root, ("not chosen: " if lost else "rejected: ")
+                                    + (f"({r.why})" if r.kind is RejectKind.NOT_CHOSEN else r.why))
     except Exception as exc:
         report["resolution_error"] = str(exc)
     for c in report["candidates"]:
@@ -292,9 +295,10 @@ def _print_doctor(r: dict) -> None:
         p("  steps skipped: " + ", ".join(f"{k} ({v})" for k, v in skipped.items()))
     if st.get("error") and st["mode"] != "guard":
         p(f"  patch error: {st['error']}")
-    from .. import autoload, environ  # deploy: the autoload and what the process exports
+    from .. import environ  # deploy: the autoload and what the process exports
+    from .enable import autoload_lines
 
-    for line in autoload.doctor_lines(r.get("autoload"), r["python"]):
+    for line in autoload_lines(r.get("autoload"), r["python"]):
         p(line)
     p("Exported to this process and its children:")
     for line in environ.describe(a.get("exported", {})):

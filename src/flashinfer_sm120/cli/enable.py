@@ -3,7 +3,7 @@
 This module must work with the rest of the package broken (a module file
 missing, a dependency gone): ``disable`` is how a user gets rid of the ``.pth``,
 so it imports nothing from the package but :mod:`flashinfer_sm120.autoload`
-(standard library only) and :mod:`.common`.
+and :mod:`flashinfer_sm120.flags` (standard library only) and :mod:`.common`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,19 @@ import tempfile
 from ..autoload import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS, pth_files
 from .common import err as _err
 
-__all__ = ["add_parsers", "user_site_problem"]
+__all__ = ["add_parsers", "user_site_problem", "autoload_lines"]
+
+
+def autoload_lines(report: dict | None, python: str) -> list[str]:
+    """:func:`flashinfer_sm120.autoload.doctor_report` as ``doctor`` prints it."""
+    report = report or {}
+    if report.get("pth"):
+        return [f"Autoload: {', '.join(report['pth'])}: every process of {python} is patched when it first "
+                f"imports {', '.join(report['triggers'])}"
+                + (" (but FLASHINFER_SM120_DISABLE is set)" if report.get("disabled") else "")] + [
+            f"  {p} was not written by this release, or its module {HOOK_FILE} is missing: run "
+            f"'flashinfer-sm120 enable' again" for p in report.get("outdated") or ()]
+    return [f"Autoload: not enabled for {python} ('flashinfer-sm120 enable' to patch every worker)"]
 
 
 def user_site_problem() -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from .. import servers
+from ..toolkit.sources import flashinfer_naive_root
 
 __all__ = ["doctor_section", "doctor_lines"]
 
@@ -29,8 +30,8 @@ def doctor_section(report: dict) -> dict:
         if inst.release.needs_nvcc_and_ninja:
             item["without"] = servers.vllm_has_flashinfer(original)
             item["with"] = servers.vllm_has_flashinfer(dict(os.environ)) if exported else None
-        item["nvcc_without"] = servers.nvcc_home(original)
-        item["nvcc_with"] = servers.nvcc_home(dict(os.environ)) if exported else None
+        item["nvcc_without"] = flashinfer_naive_root(original, server=True)
+        item["nvcc_with"] = flashinfer_naive_root(dict(os.environ), server=True) if exported else None
         base, how = servers.workspace_base(key, original)
         item["workspace_base"], item["workspace_how"] = base, how
         eff = base if base is not None else (original.get("FLASHINFER_WORKSPACE_BASE")

@@ -27,7 +27,8 @@ naming the file or variable, the offending value (truncated) and the fix.
 
 Modules: :mod:`.base` (bounded messages), :mod:`.reads` (bounded reads, JSON, typed fields,
 checked text), :mod:`.grammar` (one grammar per kind of value), :mod:`.paths` (safe joins,
-private directories), :mod:`.cli` (argparse number types), :mod:`.binary` (ELF headers and
+private directories), :mod:`.cli` (argparse number types), :mod:`.params` (a manifest's
+FlashInfer generator and its parameters), :mod:`.binary` (ELF headers and
 tool output).  Import from this package, not from the modules.
 """
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 from ..errors import FormatError
 from .base import MAX_SHOWN, bounded, shown, some
 from .flags import OPTION_FORMS, PATH_OPTIONS, parse_compile_flag
+from .params import PARAM_MAX_DEPTH, PARAM_MAX_ITEMS, PARAM_MAX_TEXT, parse_generator, parse_params
 from .reads import (
     MAX_JSON_DEPTH, read_bytes, read_prefix, read_text, iter_lines, loads_json, read_json_file, field,
     env_text, check_text, string_list,
@@ -55,7 +57,8 @@ __all__ = [
     "FormatError", "MAX_SHOWN", "MAX_JSON_DEPTH", "NAME_RE", "FILE_NAME_RE", "bounded", "shown", "some", "read_bytes",
     "read_prefix", "read_text", "iter_lines", "loads_json", "read_json_file", "field", "parse_version",
     "parse_name", "parse_relpath", "safe_join", "make_private_dirs", "env_text", "check_text", "parse_target",
-    "parse_flag", "parse_compile_flag", "OPTION_FORMS", "PATH_OPTIONS", "parse_path_text", "parse_command_words", "parse_sha256", "string_list", "cli_int", "cli_float", "cli_size",
+    "parse_flag", "parse_compile_flag", "parse_generator", "parse_params", "PARAM_MAX_DEPTH",
+    "PARAM_MAX_ITEMS", "PARAM_MAX_TEXT", "OPTION_FORMS", "PATH_OPTIONS", "parse_path_text", "parse_command_words", "parse_sha256", "string_list", "cli_int", "cli_float", "cli_size",
     "parse_ninja_log_header", "parse_leading_version", "ElfInfo", "read_elf", "cuda_elf_sm",
     "parse_cuobjdump_list", "parse_cuobjdump_headers", "ninja_variables", "proc_maps_paths",
 ]

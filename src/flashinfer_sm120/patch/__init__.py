@@ -28,12 +28,13 @@ from ..workspace import workspace_problem as _workspace_problem
 from ..flags import env_flag
 from .alone import flashinfer_would_target
 from .resolve import Resolution, resolve
-from .state import STATE, Mode
-from .steps import HOOKED_MODULES, STEPS, current_targets, refresh_derived, workspace_tag
+from .state import STATE, Mode, StepResult, StepStatus
+from .steps import HOOKED_MODULES, STEPS, current_targets, refresh_derived
+from .summary_line import render, summary, targets_origin
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["install", "revert", "status", "resolve", "Resolution", "HOOKED_MODULES", "Mode",
+__all__ = ["install", "revert", "status", "summary", "targets_origin", "resolve", "Resolution", "HOOKED_MODULES", "Mode",
            "env_flag", "current_targets"]
 
 
@@ -146,9 +147,10 @@ def _run_steps(pending: list[str], mode: Mode) -> None:
             except Exception as exc:
                 if step.required:
                     raise RuntimeError(f"step {step.name} on {name}: {exc!r}") from exc
-                STATE.steps[step.name] = f"skipped: {exc!r}"
+                STATE.steps[step.name] = StepResult(StepStatus.SKIPPED, repr(exc))
                 continue
-            STATE.steps[step.name] = f"not needed: {not_needed}" if not_needed else "applied"
+            STATE.steps[step.name] = (StepResult(StepStatus.NOT_NEEDED, not_needed) if not_needed
+                                      else StepResult(StepStatus.APPLIED))
         STATE.patched_modules[name] = mod
 
 
@@ -206,40 +208,6 @@ def _apply_locked(just_imported: str | None = None) -> None:
         _announce(mode, res)
 
 
-def _skipped() -> str:
-    skipped = [f"{k} ({v[len('skipped: '):]})" for k, v in STATE.steps.items() if v.startswith("skipped")]
-    return f"; steps skipped: {', '.join(skipped)}" if skipped else ""
-
-
-def describe(res: Resolution) -> str:
-    """The summary's body: toolkit, view, targets, GPU source, what FlashInfer alone would use."""
-    notes = "".join(f"; {n}" for n in res.cleaned)
-    if res.choice is None:
-        return (f"FlashInfer {res.release.version}; GPUs from {res.gpu_query.describe()}{notes}; "
-                f"{res.error}")
-    tk = res.choice.toolkit
-    targets = ", ".join(_arch.format_target(t) for t in res.choice.targets) or (
-        "none (no GPU visible, no FLASHINFER_CUDA_ARCH_LIST)" if res.arch_list is None
-        else f"none (FLASHINFER_CUDA_ARCH_LIST={res.arch_list!r} has no usable entry, no GPU visible)")
-    view = f" via view {res.home.path} (adds {', '.join(res.home.added)})" if res.home.is_view else ""
-    text = (f"nvcc {tk.nvcc_full} from {tk.root} [{', '.join(tk.sources)}]{view}; "
-            f"targets {targets} ({_targets_from(res)}); FlashInfer "
-            f"{res.release.version}; JIT workspace .../{workspace_tag()}; "
-            f"FlashInfer alone would use CUDA_HOME={res.naive_root}{notes}")
-    for rejected, why in res.choice.rejected:  # say why the user's own setting lost
-        if {"CUDA_HOME", "CUDA_PATH"} & set(rejected.sources) and not why.startswith(("not needed", "usable")):
-            given = rejected.given_as or rejected.root
-            text += f"; not {given}: {why[len(given) + 2:] if why.startswith(given + ': ') else why}"
-    return text
-
-
-def _targets_from(res: Resolution) -> str:
-    """Where the targets came from: the arch list when it had usable entries, else the GPUs."""
-    if res.arch_list is not None and not (res.arch_list_error or "").endswith("targeting the GPUs present."):
-        return f"from FLASHINFER_CUDA_ARCH_LIST={res.arch_list!r}"
-    return f"GPUs from {res.gpu_query.describe()}"
-
-
 def _warn_jit_dir() -> None:
     """FlashInfer writes its JIT directory unquoted into every build.ninja: say so at once when
     it cannot carry it (its JIT builds would fail, or land in another directory)."""
@@ -256,20 +224,15 @@ def _warn_jit_dir() -> None:
 
 
 def _announce(mode: Mode, res: Resolution) -> None:
+    STATE.summary = render(mode, res)
     if mode is Mode.GUARD:
         STATE.error = res.error
-        STATE.summary = (f"guarding FlashInfer: no CUDA toolkit fits, so its first JIT build will "
-                         f"raise this message: {describe(res)}")
         logger.error("flashinfer-sm120: %s", STATE.summary)
         return
     if mode is Mode.NOOP:
-        STATE.summary = (f"FlashInfer already resolves correctly ({describe(res)}); not patching "
-                         f"its toolkit or targets, only its JIT workspace and the checks before "
-                         f"nvcc{_skipped()}")
         level = logging.WARNING if res.cleaned and not env_flag("FLASHINFER_SM120_QUIET") else logging.INFO
         logger.log(level, "flashinfer-sm120: %s", STATE.summary)
         return
-    STATE.summary = f"patched FlashInfer: {describe(res)}{_skipped()}"
     # Changing the toolkit FlashInfer would have used is worth one visible line.
     changed = res.naive_root != res.home.path or bool(res.cleaned)
     level = logging.WARNING if changed and not env_flag("FLASHINFER_SM120_QUIET") else logging.INFO
@@ -367,7 +330,7 @@ def status() -> dict:
             "error": STATE.error,
             "summary": STATE.summary,
             "patched_modules": list(STATE.patched_modules),
-            "steps": dict(STATE.steps),
+            "steps": {name: r.to_json() for name, r in STATE.steps.items()},
             "resolution": STATE.resolution.to_dict() if STATE.resolution else None,
             "target_cuda_archs": [_arch.format_target(t) for t in sorted(archs)] if archs is not None else None,
             "exported": environ.exported(),

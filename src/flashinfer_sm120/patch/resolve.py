@@ -6,6 +6,7 @@ lock that guards patching.
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import sys
@@ -24,7 +25,14 @@ from ..view import linkable_home
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["Resolution", "resolve", "arch_specs", "flashinfer_version", "cleaned_homes"]
+__all__ = ["Resolution", "TargetsFrom", "resolve", "arch_specs", "flashinfer_version", "cleaned_homes"]
+
+
+class TargetsFrom(str, enum.Enum):
+    """Where the targets come from: ``FLASHINFER_CUDA_ARCH_LIST`` (it had a usable entry) or the GPUs."""
+
+    ARCH_LIST = "arch_list"
+    GPUS = "gpus"
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,7 @@ class Resolution:
         cleaned: one note per malformed ``CUDA_HOME``/``CUDA_PATH`` that was cleaned.
         error: the :class:`ToolkitError` message when no toolkit fits, else ``None``.
         fix: the error's fix line alone, else ``None``.
+        targets_from: :class:`TargetsFrom`.
     """
 
     choice: Choice | None
@@ -59,6 +68,7 @@ class Resolution:
     cleaned: tuple[str, ...] = ()
     error: str | None = None
     fix: str | None = None
+    targets_from: TargetsFrom = TargetsFrom.GPUS
 
     @property
     def guard(self) -> bool:
@@ -78,6 +88,7 @@ class Resolution:
             "gpu_source": self.gpu_query.describe() if self.gpu_query else None,
             "arch_list": self.arch_list,
             "arch_list_error": self.arch_list_error,
+            "targets_from": self.targets_from.value,
             "flashinfer_naive_cuda_home": self.naive_root,
             "explicit_cuda_home": self.explicit_home,
             "release": self.release.to_dict() if self.release else None,
@@ -192,7 +203,8 @@ def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | 
     explicit = env.get("CUDA_HOME") or env.get("CUDA_PATH") or None
     common = dict(gpus=gpus, arch_list=_for_messages(arch_list), arch_list_error=arch_err,
                   naive_root=flashinfer_naive_root(env), explicit_home=explicit, release=release,
-                  gpu_query=gq, cleaned=cleaned_homes(env))
+                  gpu_query=gq, cleaned=cleaned_homes(env),
+                  targets_from=TargetsFrom.GPUS if specs is None else TargetsFrom.ARCH_LIST)
     candidates = discover(env) if toolkits is None else toolkits
     try:
         choice = _choose(candidates, specs, [g.capability for g in gpus], torch_cuda_version(), release, env)

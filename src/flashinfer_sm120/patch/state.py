@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["Mode", "UndoLog", "State", "STATE"]
+__all__ = ["Mode", "StepStatus", "StepResult", "UndoLog", "State", "STATE"]
 
 
 class Mode(str, enum.Enum):
@@ -45,6 +45,26 @@ class Mode(str, enum.Enum):
     def active(self) -> bool:
         """Whether our wrappers act (else they call FlashInfer's originals)."""
         return self in (Mode.PATCHED, Mode.GUARD, Mode.NOOP)
+
+
+class StepStatus(str, enum.Enum):
+    """What one patch step did (the value starts what :func:`status` reports for it)."""
+
+    APPLIED = "applied"
+    NOT_NEEDED = "not needed"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step's outcome: its :class:`StepStatus` and, unless applied, why."""
+
+    status: StepStatus
+    why: str | None = None
+
+    def to_json(self) -> str:
+        """``applied``, ``not needed: <why>`` or ``skipped: <why>`` (the ``status()["steps"]`` values)."""
+        return self.status.value if self.why is None else f"{self.status.value}: {self.why}"
 
 
 class UndoLog:
@@ -100,7 +120,7 @@ class State:
         resolution: what was decided (:class:`~flashinfer_sm120.patch.resolve.Resolution`).
         error: why ``failed`` / ``guard``, else ``None``.
         undo: the undo log.
-        steps: ``{step name: "applied" | "skipped: <why>"}`` for the steps run.
+        steps: ``{step name: StepResult}`` for the steps run.
         patched_modules: the module objects patched, by name (to notice a failed import).
         summary: the one line logged.
     """
@@ -110,7 +130,7 @@ class State:
     resolution: Any = None
     error: str | None = None
     undo: UndoLog = field(default_factory=UndoLog)
-    steps: dict[str, str] = field(default_factory=dict)
+    steps: dict[str, StepResult] = field(default_factory=dict)
     patched_modules: dict[str, Any] = field(default_factory=dict)
     hooks_registered: bool = False
     exported: bool = False

@@ -12,13 +12,15 @@ flashinfer.jit.env               ``workspace``: ``_get_workspace_dir_name``    p
                                  gets a per-toolkit last component
 flashinfer.jit.cpp_ext           ``toolkit``: ``get_cuda_path`` /              patched
                                  ``get_cuda_version`` return the choice
-                                 ``nvcc_gate``: ``generate_ninja_build_for_op`` all three
-                                 and ``run_ninja`` refuse what nvcc cannot
+                                 ``nvcc_gate``: the release's guard points     all three
+                                 here (``generate_ninja_build_for_op``,
+                                 ``run_ninja``) refuse what nvcc cannot
                                  build (guard: every build)
 flashinfer.jit.core              ``current_context``: refill                   patched
                                  ``current_compilation_context`` in place
-                                 ``arch_check``: ``check_cuda_arch`` raises    all three
-                                 our message instead of "sm75 or higher"
+                                 ``arch_check``: the guard point here          all three
+                                 (``check_cuda_arch``) raises our message
+                                 instead of "sm75 or higher"
 ===============================  ===========================================  ==============
 
 A *required* step that cannot be applied (say, a renamed attribute) fails the
@@ -275,10 +277,19 @@ def _step_toolkit(mod):
     return None
 
 
-def _step_nvcc_gate(mod):
-    _wrap_function(mod, "generate_ninja_build_for_op", _nvcc_gate)
-    _wrap_function(mod, "run_ninja", _nvcc_gate)
+def _guard(mod, wrapper):
+    """Wrap ``mod``'s JIT entry points named in the release's ``guard_points`` with ``wrapper``."""
+    release = STATE.resolution.release
+    names = [attr for m, attr in release.guard_points if m == mod.__name__]
+    if not names:
+        return f"FlashInfer {release.version} lists no guard point in {mod.__name__}"
+    for name in names:
+        _wrap_function(mod, name, wrapper)
     return None
+
+
+def _step_nvcc_gate(mod):
+    return _guard(mod, _nvcc_gate)
 
 
 def _step_current_context(mod):
@@ -289,8 +300,7 @@ def _step_current_context(mod):
 
 
 def _step_arch_check(mod):
-    _wrap_function(mod, "check_cuda_arch", _arch_check)
-    return None
+    return _guard(mod, _arch_check)
 
 
 _P = frozenset({Mode.PATCHED})
@@ -347,7 +357,22 @@ def refresh_derived() -> None:
             env.FLASHINFER_JIT_DIR = ws / "cached_ops"
             env.FLASHINFER_GEN_SRC_DIR = ws / "generated"
         if core is not None:  # flashinfer/jit/core.py creates it at import
-            try:
-                os.makedirs(ws, exist_ok=True)
-            except OSError:
-                pass
+            _lease_workspace(str(ws))
+
+
+def _lease_workspace(ws: str) -> None:
+    """Lease the JIT workspace for this process (:mod:`flashinfer_sm120.lease`), then create it:
+    a ``cache prune`` that removed it while the lease was awaited leaves it to be made anew."""
+    from .. import lease
+
+    try:
+        os.makedirs(os.path.dirname(ws), exist_ok=True)
+    except OSError:
+        return
+    if not lease.hold(ws):  # threat-model: P3
+        logger.warning("flashinfer-sm120: could not take the lease %s on the JIT workspace %s: a "
+                       "'cache prune' may remove it while this process uses it", lease.lease_path(ws), ws)
+    try:
+        os.makedirs(ws, exist_ok=True)  # check, then use, under the lease
+    except OSError:
+        pass

@@ -21,10 +21,13 @@ What is stale (listed with the reason; removed with ``--yes``):
 * with ``--older-than DAYS``, also anything not used for that long (last use: the newest
   access or change of a module's ``.so``, or of a view's link stub).
 
-Never removed: what a running process holds (a builder's lock: ``cuda-home/.lock`` as
-:mod:`flashinfer_sm120.view.build` takes it, FlashInfer's per-module
-``cached_ops/tmp/<module>.lock``, ``flashinfer/jit/core.py`` ``JitSpec.lock_path``; a file
-mapped, a working directory, or a ``CUDA_HOME`` of a process of this user), another user's
+Never removed (``threat-model: P3``): what a running process uses.  Each process that uses a
+view or a JIT workspace holds its lease (:mod:`flashinfer_sm120.lease`); an entry whose lease
+cannot be taken exclusively without waiting is kept, and the lease is held while the entry goes.
+Also kept: a builder's lock held (``cuda-home/.lock`` as :mod:`flashinfer_sm120.view.build` takes
+it, FlashInfer's per-module ``cached_ops/tmp/<module>.lock``, ``flashinfer/jit/core.py``
+``JitSpec.lock_path``), and, as a second opinion from ``/proc`` that can only keep, never remove,
+a file mapped, a working directory, or a ``CUDA_HOME`` at exec of a process of this user; another user's
 directory, a symlink, anything not under a root by its real path.  Removal renames the
 directory to a hidden name beside it, then deletes it with :func:`shutil.rmtree`, which
 does not follow symlinks (and is used only where it is safe against symlink races).
@@ -37,7 +40,9 @@ import shutil
 import time
 
 from .find import DAY, Entry, fi_roots, scan_jit, scan_views, size_of, views_dir
-from .hold import current_locks, held_paths, holder, lock_free, remove_entry, take_locks, under
+from .. import lease
+from .hold import (current_locks, held_paths, holder, lock_free, remove_empty_parents, remove_entry,
+                   sweep_leases, take_locks, under)
 
 __all__ = ["Entry", "fi_roots", "scan", "remove", "held_paths", "doctor_section", "doctor_lines", "size_of", "human"]
 
@@ -78,6 +83,8 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
             e.kept = "gone since it was listed (another prune removing it?)"
         elif not all(under(e.root, p) for p in e.remove):
             e.kept = "not under the cache root by its real path (a symlink on the way): never removed"
+        elif lease.leased(e.path):  # threat-model: P3 -- the lease is the answer; /proc only adds to it
+            e.kept = f"in use: a running process holds its lease ({lease.lease_path(e.path)})"
         elif (held_by := holder(e, held)):
             e.kept = held_by if held is None else f"in use: {held_by}"
         else:
@@ -110,15 +117,30 @@ def remove(report: dict) -> dict:
             # a lock whose directory is gone (another prune removed the workspace) is not taken:
             # taking it would create the directories again
             paths = [p for p in current_locks(e) if os.path.isdir(os.path.dirname(p))]
-            locks = take_locks(paths) if e.kind == "jit" else []
-            if locks is None:
-                e.kept = "a running process took a module lock meanwhile"
+            # threat-model: P3 -- the lease taken exclusively, without waiting, and held while the
+            # entry goes: a process starting now waits, then finds it gone and builds anew
+            # (a parent gone: another prune removed it, and remove_entry says so)
+            fd = lease.take_exclusive(e.path) if os.path.isdir(os.path.dirname(e.path)) else -1
+            if fd is None:
+                e.kept = f"in use: a running process holds its lease ({lease.lease_path(e.path)})"
                 continue
             try:
-                remove_entry(e, frozenset(os.path.basename(p) for p in paths))
+                locks = take_locks(paths) if e.kind == "jit" else []
+                if locks is None:
+                    e.kept = "a running process took a module lock meanwhile"
+                    continue
+                try:
+                    remove_entry(e, frozenset(os.path.basename(p) for p in paths))
+                finally:
+                    for lk in locks:
+                        lk.release()
             finally:
-                for lk in locks:
-                    lk.release()
+                if fd >= 0:
+                    lease.end_exclusive(e.path, fd, e.removed)
+            if e.removed:
+                remove_empty_parents(e)
+        if view_locks is not None and (vdir := views_dir()):
+            sweep_leases(vdir)
     finally:
         for lk in view_locks or []:
             lk.release()

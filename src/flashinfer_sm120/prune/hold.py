@@ -12,7 +12,8 @@ from .. import formats
 from .find import Entry
 from .tree import remove_tree, walk_tree
 
-__all__ = ["under", "held_paths", "holder", "lock_free", "take_locks", "current_locks", "remove_entry"]
+__all__ = ["under", "held_paths", "holder", "lock_free", "take_locks", "current_locks", "remove_entry",
+           "remove_empty_parents", "sweep_leases"]
 
 
 def under(root: str, path: str) -> bool:
@@ -37,7 +38,11 @@ BLIND = ("cannot tell which processes use it: /proc does not show this process (
 
 
 def held_paths() -> dict[str, int] | None:
-    """``{path: pid}`` of files mapped, working directories and ``CUDA_HOME``/``CUDA_PATH``
+    """The second opinion (it can keep an entry, never remove one: the lease decides, see
+    :mod:`flashinfer_sm120.lease`; ``environ`` is the environment at exec, so a ``CUDA_HOME``
+    exported later is not here, and an idle process maps nothing of its view).
+
+    ``{path: pid}`` of files mapped, working directories and ``CUDA_HOME``/``CUDA_PATH``
     of this user's other processes (``/proc``; every process's when run as root); ``None`` when
     ``/proc`` does not list this very process (not mounted, or another PID namespace's): then
     nobody's use can be seen, and nothing may be called unused (it was: an empty answer)."""
@@ -184,6 +189,30 @@ def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
     if gone == len(e.remove):
         e.bytes = 0  # freed by whoever removed it
         e.reason = f"{e.reason}; another process removed it first"
+    e.removed = True
+
+
+def sweep_leases(directory: str) -> None:
+    """Remove the lease files in ``directory`` whose directory is gone and that nobody holds (a
+    process that found its view removed while it waited leaves one behind)."""
+    from .. import lease
+
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for n in names:
+        target = lease.target_of(os.path.join(directory, n))
+        if target is None or os.path.lexists(target):
+            continue
+        fd = lease.take_exclusive(target)  # threat-model: P3 -- a holder keeps it
+        if fd is not None:
+            lease.end_exclusive(target, fd, removed=not os.path.lexists(target))
+
+
+def remove_empty_parents(e: Entry) -> None:
+    """Remove the directories above a removed entry that are empty now, up to its root (after its
+    lease file went: a lease file of another entry keeps its directory)."""
     parent = os.path.dirname(e.remove[0])
     while parent != e.root and under(e.root, parent):
         try:
@@ -191,6 +220,5 @@ def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
         except OSError:
             break
         parent = os.path.dirname(parent)
-    e.removed = True
 
 

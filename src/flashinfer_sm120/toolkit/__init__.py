@@ -14,14 +14,15 @@ wins.  The result says where it came from and why the others were rejected.
 from __future__ import annotations
 
 from ..errors import ToolkitError
-from .model import Choice, Toolkit
+from .model import Choice, RejectKind, Rejection, Toolkit
 from .policy import choose
 from .probe import FAILURE_MEMORY_S, NVCC_TIMEOUT_S, inspect
 from .sources import FIND_STEPS, SOURCES, Candidates, discover, flashinfer_naive_root, torch_cuda_version
 from .trust import check_executable, trace
 
 __all__ = [
-    "NVCC_TIMEOUT_S", "FAILURE_MEMORY_S", "SOURCES", "Toolkit", "Choice", "ToolkitError",
+    "NVCC_TIMEOUT_S", "FAILURE_MEMORY_S", "SOURCES", "Toolkit", "Choice", "RejectKind", "Rejection",
+    "ToolkitError",
     "Candidates", "discover", "choose", "inspect", "flashinfer_naive_root",
     "check_executable", "trace", "FIND_STEPS",
     "torch_cuda_version",

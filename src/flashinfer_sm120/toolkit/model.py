@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from packaging.version import Version
@@ -10,7 +11,7 @@ from .. import arch as _arch
 from ..errors import ToolkitError
 from ..formats import parse_version
 
-__all__ = ["Toolkit", "Choice", "ToolkitError"]
+__all__ = ["Toolkit", "Choice", "RejectKind", "Rejection", "ToolkitError"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +77,30 @@ class Toolkit:
         }
 
 
+class RejectKind(str, enum.Enum):
+    """Why a candidate lost: unusable (examined before the pick), not chosen (unusable, after it),
+    usable (another came first or is preferred), or not examined (the pick came first)."""
+
+    UNUSABLE = "unusable"
+    NOT_CHOSEN = "not chosen"
+    USABLE = "usable"
+    NOT_EXAMINED = "not examined"
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """One candidate not chosen: its :class:`RejectKind` and the reason in words."""
+
+    toolkit: Toolkit
+    kind: RejectKind
+    why: str
+
+    @property
+    def reason(self) -> str:
+        """The reason as reported (``not chosen (<why>)`` after the pick)."""
+        return f"not chosen ({self.why})" if self.kind is RejectKind.NOT_CHOSEN else self.why
+
+
 @dataclass(frozen=True)
 class Choice:
     """The outcome of :func:`choose`.
@@ -84,7 +109,7 @@ class Choice:
         toolkit: the chosen toolkit.
         targets: ``(major, minor_str)`` targets it will build, sorted.
         capabilities: the compute capabilities those targets serve.
-        rejected: ``(toolkit, reason)`` for every candidate not chosen.
+        rejected: a :class:`Rejection` for every candidate not chosen.
         reason: one sentence on why this toolkit won.
         torch_cuda: ``torch.version.cuda`` (``None`` for a CPU build of torch).
     """
@@ -92,7 +117,7 @@ class Choice:
     toolkit: Toolkit
     targets: tuple[tuple[int, str], ...]
     capabilities: tuple[tuple[int, int], ...]
-    rejected: tuple[tuple[Toolkit, str], ...] = field(default_factory=tuple)
+    rejected: tuple[Rejection, ...] = field(default_factory=tuple)
     reason: str = ""
     torch_cuda: str | None = None
 
@@ -108,7 +133,8 @@ class Choice:
             "toolkit": self.toolkit.to_dict(),
             "targets": [_arch.format_target(t) for t in self.targets],
             "capabilities": [f"{a}.{b}" for a, b in self.capabilities],
-            "rejected": [{"toolkit": t.to_dict(), "reason": r} for t, r in self.rejected],
+            "rejected": [{"toolkit": r.toolkit.to_dict(), "reason": r.reason, "kind": r.kind.value}
+                         for r in self.rejected],
             "reason": self.reason,
             "torch_cuda": self.torch_cuda,
         }

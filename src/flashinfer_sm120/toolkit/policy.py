@@ -53,7 +53,7 @@ from .. import arch as _arch
 from ..errors import ToolkitError
 from ..flags import env_flag
 from . import fixes as _fixes
-from .model import Choice, Toolkit
+from .model import Choice, RejectKind, Rejection, Toolkit
 from .sources import Candidates
 
 __all__ = ["choose", "unbuildable", "other_major_allowed", "ALLOW_OTHER_MAJOR_ENV"]
@@ -101,14 +101,17 @@ def _target_need(t: tuple[int, str], v: Version) -> str:
     return f"{name} (nvcc >= {need})"
 
 
-def _after(toolkits: Sequence[Toolkit], j: int, chosen: Toolkit, why) -> tuple[Toolkit, str]:
+def _after(toolkits: Sequence[Toolkit], j: int, chosen: Toolkit, why) -> Rejection:
     """A candidate after the chosen one: its own verdict if already read, else
     a placeholder (lazy :class:`Candidates` do not read what is not needed)."""
     if isinstance(toolkits, Candidates) and not toolkits.is_read(j):
-        return toolkits.peek(j), f"not examined: {chosen.root} comes first and works"
+        return Rejection(toolkits.peek(j), RejectKind.NOT_EXAMINED,
+                         f"not examined: {chosen.root} comes first and works")
     tk = toolkits[j]
     reason = why(tk)
-    return tk, (f"not chosen ({reason})" if reason else f"usable, but {chosen.root} comes first")
+    if reason:
+        return Rejection(tk, RejectKind.NOT_CHOSEN, reason)
+    return Rejection(tk, RejectKind.USABLE, f"usable, but {chosen.root} comes first")
 
 
 def choose(
@@ -210,12 +213,11 @@ def _choice(toolkits, pick, verdict, why, caps, fixed, wanted, preferred, torch_
         if j in verdict:
             r = verdict[j]
             if r is None:
-                r = (f"usable, but with a CPU-only torch a CUDA {_PREFERRED_MAJOR_FOR_CPU_TORCH}+ toolkit "
-                     f"({tk.root}) is preferred" if j < pick
-                     else f"usable, but {tk.root} comes first")
-            elif j > pick:
-                r = f"not chosen ({r})"
-            rejected.append((toolkits[j], r))
+                rejected.append(Rejection(toolkits[j], RejectKind.USABLE, (
+                    f"usable, but with a CPU-only torch a CUDA {_PREFERRED_MAJOR_FOR_CPU_TORCH}+ toolkit "
+                    f"({tk.root}) is preferred" if j < pick else f"usable, but {tk.root} comes first")))
+            else:
+                rejected.append(Rejection(toolkits[j], RejectKind.NOT_CHOSEN if j > pick else RejectKind.UNUSABLE, r))
         else:
             rejected.append(_after(toolkits, j, tk, why))
     what = ", ".join(_arch.format_target(t) for t in targets) or "no GPU targets"

@@ -25,7 +25,7 @@ from .trust import follow_wrappers
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["FIND_STEPS", "SOURCES", "Found", "Candidates", "discover", "flashinfer_naive_root",
+__all__ = ["FIND_STEPS", "SOURCES", "Found", "Candidates", "discover", "flashinfer_naive_root", "pathfinder_binary",
            "torch_cuda_version", "clean_home", "site_dirs"]
 
 _PIP_PREFIX_RE = re.compile(r"cu1[3-9]")  # site-packages/nvidia/cu13: no pip wheel before 13 ships nvcc
@@ -132,27 +132,28 @@ def _env_var(var: str) -> Callable[[Mapping[str, str]], list[Found]]:
     return step
 
 
-def _pathfinder_nvcc() -> str | None:
-    """cuda-pathfinder's answer for where NVIDIA's wheels put nvcc (it knows the
-    wheel layouts and the venv / user-site order), or ``None``.  Asked only
-    when a wheel layout exists, so that its own last resort (a subprocess
-    loading libcudart through ``LD_LIBRARY_PATH``) never runs here."""
-    if not _pathfinder_answers_from_wheels():
+def pathfinder_binary(name: str) -> str | None:
+    """cuda-pathfinder's answer for where NVIDIA's wheels put the CUDA tool ``name`` (``nvcc``,
+    ``cuobjdump``: it knows the wheel layouts and the venv / user-site order), or ``None``.
+    Asked only when a wheel layout holds it, so that its own last resort (a subprocess
+    loading libcudart through ``LD_LIBRARY_PATH``) never runs here.  Not checked for trust:
+    callers apply their own rule to what it returns."""
+    if not _pathfinder_answers_from_wheels(name):
         return None
     try:
         from cuda.pathfinder import find_nvidia_binary_utility
     except Exception:
         return None
     try:
-        return find_nvidia_binary_utility("nvcc")
+        return find_nvidia_binary_utility(name)
     except Exception as exc:  # its errors must not stop discovery
         logger.debug("flashinfer-sm120: cuda-pathfinder failed: %s", exc)
         return None
 
 
-def _pathfinder_answers_from_wheels() -> bool:
+def _pathfinder_answers_from_wheels(name: str) -> bool:
     """Whether cuda-pathfinder's first step (the wheels in ``site.getsitepackages()``
-    and, if enabled, the user site) will find nvcc, so it never reaches its
+    and, if enabled, the user site) will find ``name``, so it never reaches its
     subprocess fallback."""
     dirs = []
     try:
@@ -161,7 +162,7 @@ def _pathfinder_answers_from_wheels() -> bool:
             dirs.append(site.getusersitepackages())
     except Exception:
         return False
-    return any(os.access(os.path.join(d, "nvidia", sub, "bin", "nvcc"), os.X_OK)
+    return any(os.access(os.path.join(d, "nvidia", sub, "bin", name), os.X_OK)
                for d in dirs if d for sub in ("cu13", "cuda_nvcc"))
 
 
@@ -181,7 +182,7 @@ def from_pip(env: Mapping[str, str]) -> list[Found]:
         if os.path.isfile(os.path.join(legacy, "bin", "nvcc")):
             out.append(Found("pip", legacy, legacy))
     if out:
-        picked = _pathfinder_nvcc()
+        picked = pathfinder_binary("nvcc")
         if picked and os.path.basename(os.path.dirname(picked)) == "bin":
             root = os.path.dirname(os.path.dirname(picked))
             out = [Found("pip", root, root)] + [f for f in out if os.path.realpath(f.root) != root]
@@ -375,22 +376,24 @@ def discover(env: dict[str, str] | None = None, *, timeout: float = NVCC_TIMEOUT
     return Candidates(raw, timeout)
 
 
-def flashinfer_naive_root(env: dict[str, str] | None = None) -> str | None:
-    """The toolkit prefix FlashInfer's own ``get_cuda_path()`` would return.
+def flashinfer_naive_root(env: dict[str, str] | None = None, *, server: bool = False) -> str | None:
+    """The toolkit prefix FlashInfer's own ``get_cuda_path()`` would return, or with ``server`` the
+    one vLLM (0.33 ``_flashinfer_nvcc_path``) and SGLang (0.5.23 ``cuda_home``) derive for it.
 
     Mirrors ``flashinfer/jit/cpp_ext.py`` (0.6.7 - 0.7.4): ``CUDA_HOME`` or
     ``CUDA_PATH`` verbatim, else ``dirname(dirname(which nvcc))`` without resolving
     links (so a wrapper at ``/usr/local/bin/nvcc`` gives ``/usr/local``), else
-    ``/usr/local/cuda`` when it exists, else ``None``.
+    ``/usr/local/cuda`` when it exists, else ``None``.  The servers take an empty value as
+    unset and name ``/usr/local/cuda`` whether it exists or not.
     """
     env = dict(os.environ if env is None else env)
     home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
-    if home is not None:
+    if home if server else home is not None:
         return home
     which = shutil.which("nvcc", path=env.get("PATH", os.defpath))
     if which:
         return os.path.dirname(os.path.dirname(which))
-    return "/usr/local/cuda" if os.path.exists("/usr/local/cuda") else None
+    return "/usr/local/cuda" if server or os.path.exists("/usr/local/cuda") else None
 
 
 def torch_cuda_version() -> str | None:

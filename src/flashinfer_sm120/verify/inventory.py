@@ -45,12 +45,14 @@ _TOOL_OUTPUT = 4 << 20
 
 
 def find_cuobjdump(cuda_home: str | None = None) -> str | None:
-    """A trusted ``cuobjdump``: the chosen toolkit's, the pip wheels' (``nvidia/cu13/bin``,
+    """A trusted ``cuobjdump``: the chosen toolkit's, cuda-pathfinder's pick among NVIDIA's wheels,
+    the wheels on ``sys.path`` it does not search (``nvidia/cu13/bin``, the cu12
     ``nvidia/cuda_cuobjdump/bin``), then ``PATH``; ``None`` when there is none."""
-    from ..toolkit.sources import site_dirs
+    from ..toolkit.sources import pathfinder_binary, site_dirs
     from ..toolkit.trust import check_executable
 
     cands = [os.path.join(cuda_home, "bin", "cuobjdump")] if cuda_home else []
+    cands.append(pathfinder_binary("cuobjdump") or "")
     for sd in site_dirs():
         cands += sorted(glob.glob(os.path.join(glob.escape(sd), "nvidia", "cu1[0-9]", "bin", "cuobjdump")),
                         reverse=True)
@@ -58,7 +60,7 @@ def find_cuobjdump(cuda_home: str | None = None) -> str | None:
     which = shutil.which("cuobjdump")
     if which:
         cands.append(which)
-    for c in dict.fromkeys(cands):
+    for c in dict.fromkeys(c for c in cands if c):
         if os.path.isfile(c) and os.access(c, os.X_OK) and check_executable(c) is None:
             return c
     return None

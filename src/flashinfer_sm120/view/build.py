@@ -22,6 +22,7 @@ from ..pathpolicy import path_problem
 from ..statedir import cache_root
 from ..errors import FormatError, ViewError
 from ..formats import safe_join
+from .. import lease
 from ..toolkit import Toolkit
 from ..toolkit.fixes import consistent_set_fix
 from ..toolkit.sources import site_dirs as _site_dirs
@@ -292,19 +293,46 @@ def linkable_home(toolkit: Toolkit) -> CudaHome:
     base = f"cuda-{version}-{key}"
     parent = views_dir()
     home, _ = _adopt_existing(parent, base, toolkit, curand_inc)  # fast path: views never change
-    if home is not None:
+    if home is not None and _leased(home, toolkit, curand_inc):
         if any(n.startswith(".tmp-") for n in os.listdir(parent)):
             _clean_if_free(parent)
         _link_new_headers(parent, home.path, toolkit)
         return home
     try:
         with _lock(parent):
-            return _build_locked(parent, base, toolkit, curand_inc)
+            home = _build_locked(parent, base, toolkit, curand_inc)
+            # threat-model: P3 -- leased before the builder lock goes: cache prune removes views
+            # only while it holds that lock, so the view cannot go between its check and the lease
+            if not lease.hold(home.path):
+                raise ViewError(_lease_problem(home.path))
+            return home
     except filelock.Timeout as exc:
         raise ViewError(f"waited {LOCK_TIMEOUT_S:.0f} s for another process building a CUDA_HOME view "
                         f"(lock {exc.lock_file}); if none is running, remove that file") from exc
     except OSError as exc:  # the lock file itself (disk full, read-only)
         raise _io_error(exc, parent, "take the CUDA_HOME view lock") from exc
+
+
+def _leased(home: CudaHome, toolkit: Toolkit, curand_inc: str | None) -> bool:
+    """Lease ``home`` for this process, then check it again: a ``cache prune`` may have removed it
+    between the first check and the lease (it holds the lease while it removes).  ``False``: it is
+    gone or no longer adoptable now; build or adopt another under the builder lock."""
+    # threat-model: P3 -- check, then use, under the lease
+    if not lease.hold(home.path):
+        return False
+    again, why = check_view(home.path, toolkit, curand_inc)
+    if again is None:
+        logger.info("flashinfer-sm120: CUDA_HOME view %s went while it was chosen (%s)", home.path, why)
+        lease.release(home.path)
+        return False
+    return True
+
+
+def _lease_problem(path: str) -> str:
+    return (f"cannot take the lease {lease.lease_path(path)} on the CUDA_HOME view {path} (a 'cache prune' "
+            f"held it for {lease.WAIT_S:.0f} s, or the file cannot be created there): without it a prune "
+            f"could remove the view while this process uses it. Fix: let the prune finish, or set "
+            f"FLASHINFER_SM120_CACHE_DIR to a directory of your own")
 
 
 def _clean_if_free(parent: str) -> None:

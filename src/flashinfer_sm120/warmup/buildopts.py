@@ -1,58 +1,27 @@
-"""``build``'s compiler-cache and memory options, and the hits/misses line at its end.
-
-Kept here so that ``cli/build.py`` only calls in: :func:`add_arguments` registers
-``--compiler-cache``, ``--mem-limit`` and ``--mem-per-compile``; :func:`apply` runs
-before FlashInfer is set up (``--compiler-cache`` sets ``FLASHINFER_SM120_COMPILER_CACHE``
-for this process, so the same checked path as a server's is taken);
-:func:`refused` says, after set-up, whether a requested cache was refused (``build``
-then stops: you asked for a cached build); :func:`cache_report` gives the hits and
-misses of this build.
-"""
+"""``build``'s compiler cache: act on ``--compiler-cache`` before FlashInfer is set up
+(:func:`apply`), say whether a requested cache was refused (:func:`refused`), and count
+the hits and misses of this build (:func:`cache_stats`, :func:`cache_report`).
+The flags themselves are registered in :mod:`flashinfer_sm120.cli.build`."""
 
 from __future__ import annotations
 
-import argparse
 import os
 
-#: ``launcher.ENV``, named here so that registering the flags imports nothing else (``cli``
-#: must still list its commands when a part of the package is broken).
-_ENV = "FLASHINFER_SM120_COMPILER_CACHE"
+from .launcher import ENV as _ENV
+
 _flag_only = {"on": False}  # --compiler-cache sccache given, the variable not set for the servers
 
-__all__ = ["add_arguments", "apply", "refused", "cache_stats", "cache_report"]
+__all__ = ["apply", "refused", "cache_stats", "cache_report"]
 
 
-def _size(flag: str, lo: int):
-    """:func:`flashinfer_sm120.formats.cli_size`, imported when a value is parsed, not when
-    the flag is registered."""
-    def convert(text: str) -> int:
-        from .. import formats
-
-        return formats.cli_size(flag, lo=lo)(text)
-    convert.__name__ = flag
-    return convert
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--compiler-cache", choices=("sccache", "none"),
-                        help="compile through a shared compile cache (sccache; its backend is sccache's own "
-                             f"SCCACHE_* configuration); default: ${_ENV}, else none")
-    parser.add_argument("--mem-limit", type=_size("--mem-limit", 64 << 20), metavar="SIZE",
-                        help="memory the compiles may use together, e.g. 8G (default: what this process "
-                             "may use, from cgroups and /proc/meminfo, less 15%%)")
-    parser.add_argument("--mem-per-compile", type=_size("--mem-per-compile", 16 << 20),
-                        metavar="SIZE", help="memory one compile takes, e.g. 2G (default: per module family, "
-                                             "refined from the peaks recorded by earlier builds)")
-
-
-def apply(args: argparse.Namespace) -> dict:
-    """Act on ``--compiler-cache`` before FlashInfer is set up; returns the user's
-    environment as it was (for the jobs plan: ``MAX_JOBS`` the user set, not ours)."""
+def apply(compiler_cache: str | None) -> dict:
+    """Act on ``--compiler-cache`` (``sccache``, ``none`` or ``None``) before FlashInfer is set up;
+    returns the user's environment as it was (for the jobs plan: ``MAX_JOBS`` the user set, not ours)."""
     user_env = dict(os.environ)
-    _flag_only["on"] = bool(getattr(args, "compiler_cache", None) == "sccache" and not user_env.get(_ENV))
-    if getattr(args, "compiler_cache", None):
-        os.environ[_ENV] = "off" if args.compiler_cache == "none" else args.compiler_cache
-        if args.compiler_cache == "sccache":
+    _flag_only["on"] = bool(compiler_cache == "sccache" and not user_env.get(_ENV))
+    if compiler_cache:
+        os.environ[_ENV] = "off" if compiler_cache == "none" else compiler_cache
+        if compiler_cache == "sccache":
             from . import launcher
 
             launcher.request_from_flag("--compiler-cache sccache")
@@ -75,7 +44,7 @@ def _ensure_configured(sess):
     return setup
 
 
-def refused(args: argparse.Namespace, sess=None) -> str | None:
+def refused(sess=None) -> str | None:
     """The refusal of a compiler cache that was asked for (flag or variable), else ``None``."""
     from . import launcher, toolchain
 
@@ -102,22 +71,17 @@ def cache_stats() -> dict | None:
 
 def cache_report(before: dict | None) -> dict | None:
     """Hits and misses of the launcher's server since ``before`` (other builds sharing the
-    server count too), with a line for people; ``None`` without a launcher."""
-    from .. import formats
+    server count too; ``None`` when sccache did not report them), where it keeps its cache, its
+    version, and whether only the flag asked for it (the servers would compile again);
+    ``None`` without a launcher."""
     from . import launcher
 
     if before is None:
         return None
     after = cache_stats()
     b, a = launcher.hits_misses(before), launcher.hits_misses(after)
-    where = (after or {}).get("cache_location") or "?"
-    if a is None:
-        return {"hits": None, "misses": None, "location": where,
-                "line": "compiler cache: sccache did not report its stats"}
-    hits, misses = a[0] - (b or (0, 0))[0], a[1] - (b or (0, 0))[1]
-    note = (f"\nnote: set {_ENV}=sccache for the servers that load these modules too: the launcher is part "
-            "of the compile line ninja records, so a server without it compiles them again") if _flag_only["on"] else ""
-    return {"hits": hits, "misses": misses, "location": where,
-            "line": f"compiler cache: {hits} hits, {misses} misses in this build "
-                    f"(sccache {(after or {}).get('version', '?')}, {formats.shown(where, 120)})" + note}
-
+    out = {"hits": None, "misses": None, "location": (after or {}).get("cache_location") or "?",
+           "version": (after or {}).get("version", "?"), "flag_only": _flag_only["on"], "env": _ENV}
+    if a is not None:
+        out.update(hits=a[0] - (b or (0, 0))[0], misses=a[1] - (b or (0, 0))[1])
+    return out

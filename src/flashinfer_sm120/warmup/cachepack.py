@@ -32,7 +32,7 @@ from ..errors import FormatError
 from ..tmpdirs import private_dir
 from . import ninjacmd, ninjadeps, pool
 from .cachemeta import (FORMAT, TOP, Limits, Meta, Module, check_listed, listed, members, read_meta)
-from .manifest import make_spec
+from .manifest import CannotRegenerate, make_spec
 from .session import BuildError, Session
 
 __all__ = ["export", "install"]
@@ -296,6 +296,10 @@ def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Sessio
     entries = {e["name"]: e for e in meta.manifest}
     report = []
     for mod, paths in _plan(meta, root, targets, src):
+        refused = _refusal(entries.get(mod.name), mod, sess, targets["generated"])
+        if refused:  # before any file of it is installed
+            report.append({"module": mod.name, "status": "refused", "why": refused})
+            continue
         # build.ninja and ninja's logs are rewritten here by design (see _settle)
         content = {rel: d for rel, (_, d) in paths.items() if not rel.endswith(_NINJA_OWN)}
         differing = [str(d) for rel, d in content.items() if d.is_file() and _sha(d) != mod.files[rel]]
@@ -316,6 +320,28 @@ def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Sessio
         if r["status"] in ("installed", "already present"):
             r.update(_settle(entries.get(r["module"]), sess))
     return report
+
+
+def _refusal(entry: dict | None, mod: Module, sess: Session, gen_root: Path) -> str | None:
+    """Why the module cannot be imported, or None: its manifest entry must be made by this
+    FlashInfer's generator (:func:`~.manifest.make_spec`, which writes FlashInfer's own sources),
+    and every generated source the export carries must be exactly what that wrote."""
+    # threat-model: P2 (an export's source text is compared with the local generation, never compiled)
+    if entry is None:
+        return ("meta.json has no manifest entry for it, so this FlashInfer cannot make its sources; export "
+                "it again with `flashinfer-sm120 cache export`")
+    try:
+        make_spec(entry, sess.flashinfer)
+    except CannotRegenerate as exc:
+        return str(exc)
+    for rel, sha in mod.files.items():
+        if rel.startswith("generated/"):
+            local = gen_root / rel[len("generated/"):]
+            if not local.is_file() or local.is_symlink() or _sha(local) != sha:
+                return (f"{formats.shown(rel)} differs from what FlashInfer {sess.flashinfer} generates for "
+                        "the module, so the export carries source of its own; export it again with "
+                        "`flashinfer-sm120 cache export`")
+    return None
 
 
 def _settle(entry: dict | None, sess: Session) -> dict:

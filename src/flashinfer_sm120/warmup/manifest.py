@@ -1,12 +1,18 @@
-"""Manifest entries: one JIT module as JSON that another machine can turn back into the same spec.
+"""Manifest entries: one JIT module as JSON data that another machine turns back into the same spec.
 
-An entry holds the FlashInfer version, the module name, the targets it was built
-for, and the spec's own fields (sources, flags, include dirs; FlashInfer 0.7.4
-``flashinfer/jit/core.py`` ``JitSpecNvcc``) with machine paths replaced by
-placeholders (``@FLASHINFER@`` for the installed package, ``@GEN@`` for FlashInfer's
-generated-source dir, ``@JIT@`` for its JIT dir).  Sources FlashInfer generated from
-templates (attention variants) are carried in the entry, so the builder needs no GPU
-and no call path: it writes them back and FlashInfer's own ``write_ninja`` does the rest.
+An entry holds the FlashInfer version, the module name, the targets it was built for, and the
+FlashInfer generator that made it with its parameters (``"generator":
+"flashinfer.jit.attention.modules:gen_batch_decode_module"``, ``"params": {"args": [{"dtype":
+"bfloat16"}, ..., 128, ...], "kwargs": {}}``; grammar: :mod:`flashinfer_sm120.formats.params`).
+:func:`make_spec` calls that generator of the local FlashInfer (:mod:`.generators`), which writes
+its own sources, so what is compiled is what the local FlashInfer generates: a manifest names
+modules and parameters, never source text (docs/threat-model.md P2).
+
+Entries written before generators were recorded carry the spec's fields (``spec``: sources and
+flags with ``@FLASHINFER@``/``@GEN@``/``@JIT@`` placeholders) and the generated text
+(``generated``).  Neither is ever written or compiled: such an entry is rebuilt from the one
+parameterless generator its name names (``sampling``, ``norm``, ``rope``, ``page``), and any text or
+source it carries must equal what that generator produces here, or the entry is refused.
 """
 
 from __future__ import annotations
@@ -62,19 +68,13 @@ def _to_portable(value: Any, roots) -> Any:
     return value
 
 
-def _from_portable(value: Any, roots: dict[str, str]) -> Any:
-    if isinstance(value, str):
-        for token, root in roots.items():
-            value = value.replace(token, root)
-        return value
-    if isinstance(value, list):
-        return [_from_portable(v, roots) for v in value]
-    return value
-
-
 def parse_entry(obj: Any, source: str) -> dict:
     """One manifest entry, checked field by field against its grammar
     (:mod:`flashinfer_sm120.formats`), returned as a new dict of the same shape.
+
+    A regenerable entry names its generator (:func:`~flashinfer_sm120.formats.parse_generator`)
+    and parameters (:func:`~flashinfer_sm120.formats.parse_params`), or, recorded before
+    those were, carries a ``spec``.
 
     Names are :func:`~flashinfer_sm120.formats.parse_name` (no whitespace, ``$``,
     ``:``, ``/``, NUL: they become ``build.ninja`` paths), targets
@@ -117,8 +117,24 @@ def parse_entry(obj: Any, source: str) -> dict:
         out["workspace_base"] = formats.parse_path_text(base, f"{source} 'workspace_base'", fix=fix)
     if not out["regenerable"]:
         return out
-    spec_src = f"{source} 'spec'"
-    spec = f(obj, "spec", dict, source, fix=fix)
+    generator = f(obj, "generator", (str, type(None)), source, default=None, fix=fix)
+    if generator is not None:  # threat-model: P2 (a generator and plain parameters, never code)
+        out["generator"] = ":".join(formats.parse_generator(generator, f"{source} 'generator'", fix=fix))
+        params = f(obj, "params", (dict, type(None)), source, default=None, fix=fix) or {}
+        out["params"] = formats.parse_params(params, f"{source} 'params'", fix=fix)
+    spec = f(obj, "spec", (dict, type(None)), source, default=None, fix=fix)
+    if spec is None and generator is None:
+        raise FormatError(f"{source}: a regenerable entry names no 'generator'; {fix}")
+    if spec is not None:
+        out["spec"] = _parse_legacy_spec(spec, f"{source} 'spec'", fix)
+    _parse_generated(obj, source, fix, out)
+    return out
+
+
+def _parse_legacy_spec(spec: dict, spec_src: str, fix: str) -> dict:
+    """The ``spec`` block of an entry recorded before generators were: checked, compared with
+    what the local generator makes (:func:`make_spec`), never used to build."""
+    f = formats.field
     sources = formats.string_list(f(spec, "sources", list, spec_src, fix=fix), f"{spec_src} 'sources'", fix=fix)
     clean: dict[str, Any] = {"sources": [formats.parse_path_text(p, f"{spec_src} 'sources'", fix=fix)
                                          for p in sources]}
@@ -139,7 +155,12 @@ def parse_entry(obj: Any, source: str) -> dict:
             [formats.parse_path_text(pair[0], f"{spec_src} 'extra_cuda_cflags_by_source'", fix=fix),
              [formats.parse_compile_flag(x, f"{spec_src} 'extra_cuda_cflags_by_source'", fix=fix)[0]
               for x in pair[1]]])
-    out["spec"] = clean
+    return clean
+
+
+def _parse_generated(obj: dict, source: str, fix: str, out: dict) -> None:
+    """``generated``: text an old entry carries per generated file, kept only to be compared."""
+    f = formats.field
     generated = f(obj, "generated", (dict, type(None)), source, default={}, fix=fix) or {}
     size = 0
     out["generated"] = {}
@@ -154,7 +175,6 @@ def parse_entry(obj: Any, source: str) -> dict:
         if size > _MAX_GENERATED_BYTES:
             raise FormatError(f"{source}: generated sources exceed {_MAX_GENERATED_BYTES >> 20} MiB; {fix}")
         out["generated"][portable] = text
-    return out
 
 
 def key(entry: dict) -> tuple:
@@ -163,8 +183,12 @@ def key(entry: dict) -> tuple:
 
 
 def encode(spec, flashinfer_version: str, targets: list[str]) -> dict:
-    """The manifest entry for ``spec`` (a FlashInfer ``JitSpec``).  Never raises for an
-    unusual spec: one this module cannot carry gets ``"regenerable": false`` and ``"why"``."""
+    """The manifest entry for ``spec`` (a FlashInfer ``JitSpec``): the generator that made it and its
+    parameters, as :func:`.generators.capture` noted them; no source text, no paths, no flags.
+    Never raises for an unusual spec: one this module cannot carry gets ``"regenerable": false``
+    and ``"why"``."""
+    from .generators import ORIGIN
+
     entry: dict[str, Any] = {"format": FORMAT, "flashinfer": flashinfer_version, "name": spec.name,
                              "targets": sorted(targets), "toolchain": getattr(spec, "toolchain", "unknown")}
     if entry["toolchain"] != "nvcc" or not hasattr(spec, "sources"):
@@ -173,44 +197,17 @@ def encode(spec, flashinfer_version: str, targets: list[str]) -> dict:
     if getattr(spec, "embedded_cubin_factory", None) is not None:
         entry.update(regenerable=False, why="it embeds cubins made by a Python callback at build time")
         return entry
-    roots = _roots()
-    gen_root = dict((t, r) for t, r in roots)["@GEN@"]
-    by_source = getattr(spec, "extra_cuda_cflags_by_source", None) or {}
-    entry["spec"] = {
-        "sources": _to_portable(list(spec.sources), roots),
-        "extra_cflags": _to_portable(spec.extra_cflags, roots),
-        "extra_cuda_cflags": _to_portable(spec.extra_cuda_cflags, roots),
-        "extra_ldflags": _to_portable(spec.extra_ldflags, roots),
-        "extra_include_dirs": _to_portable(spec.extra_include_dirs, roots),
-        "needs_device_linking": bool(spec.needs_device_linking),
-        "extra_cuda_cflags_by_source": [[_to_portable(k, roots), _to_portable(v, roots)]
-                                        for k, v in by_source.items()],
-    }
-    dirs = {Path(s).parent for s in spec.sources if str(s).startswith(gen_root)}
-    dirs |= {Path(d) for d in (spec.extra_include_dirs or []) if str(d).startswith(gen_root)}
-    generated, size = {}, 0
-    for d in sorted(dirs):
-        for f in sorted(d.iterdir()) if d.is_dir() else ():
-            if f.is_file() and not f.is_symlink():
-                try:
-                    data = f.read_text(errors="strict")
-                except UnicodeDecodeError:
-                    entry.update(regenerable=False, why=f"generated file {f.name} is not text")
-                    entry.pop("spec")
-                    return entry
-                size += len(data)
-                if size > _MAX_GENERATED_BYTES:
-                    entry.update(regenerable=False, why="its generated sources exceed 4 MiB")
-                    entry.pop("spec")
-                    return entry
-                generated[_to_portable(f, roots)] = data
-    entry["generated"] = generated
-    entry["regenerable"] = True
+    origin = getattr(spec, ORIGIN, None)
+    if not isinstance(origin, dict):
+        entry.update(regenerable=False, why=origin or "it was made before recording started, so its FlashInfer "
+                                                      "generator and parameters are unknown")
+        return entry
+    entry.update(origin, regenerable=True)
     return entry
 
 
 def _safe_generated_path(portable: str, roots: dict[str, str]) -> Path:
-    """Where a generated file goes: :func:`flashinfer_sm120.formats.safe_join` under
+    """Where a generated file is: :func:`flashinfer_sm120.formats.safe_join` under
     FlashInfer's generated-source dir (no absolute part, no ``..``, no symlinked parent)."""
     if not portable.startswith("@GEN@/"):
         raise CannotRegenerate(f"generated file {formats.shown(portable)} is outside FlashInfer's generated dir")
@@ -220,41 +217,47 @@ def _safe_generated_path(portable: str, roots: dict[str, str]) -> Path:
         raise CannotRegenerate(str(exc)) from None
 
 
-def _check_named_paths(spec: dict, roots: dict[str, str]) -> None:
-    """Sources, include dirs and the directories flags name (``-I``, ``-isystem``, ``-L``) outside
-    FlashInfer's own roots must pass the trust rule: a manifest naming ``/tmp/x/evil.cu`` or
-    ``-I/home/other/include`` would compile another user's code into a module the server loads.
+def _check_carried(entry: dict, spec, flashinfer_version: str) -> None:
+    """Text and sources an entry carries must be what FlashInfer just generated for its parameters.
 
-    :raises CannotRegenerate: naming the path and why it is not trusted."""
-    from ..ownership import check_path
-
-    named = list(spec.get("sources") or []) + list(spec.get("extra_include_dirs") or [])
-    flags = [f for k in _FLAG_LISTS for f in spec.get(k) or []]
-    for src, by in spec.get("extra_cuda_cflags_by_source") or []:
-        named.append(src)
-        flags += by
-    for flag in flags:
-        named += formats.parse_compile_flag(flag, "manifest flag")[1]
-    own = [os.path.realpath(r) for t, r in roots.items()]
-    for portable in named:
-        if portable.split("/", 1)[0] in roots:
-            continue  # under FlashInfer's package, its generated or JIT dir (placeholders)
-        real = os.path.realpath(portable)
-        if any(real == r or real.startswith(r + os.sep) for r in own):
-            continue
-        problem = check_path(portable)
-        if problem:
-            raise CannotRegenerate(f"the manifest names {formats.shown(portable)} outside FlashInfer's "
-                                   f"directories, which is not trusted: {problem}")
+    :raises CannotRegenerate: naming the first file that differs or that FlashInfer does not make."""
+    # threat-model: P2 (carried source text is compared, never written or compiled)
+    roots = {t: r for t, r in _roots()[::-1]}  # the unresolved form wins (FlashInfer's own)
+    why = (f"differs from what FlashInfer {flashinfer_version} generates for the recorded parameters, so "
+           "the manifest carries source of its own; record the manifest again with FLASHINFER_SM120_RECORD")
+    for portable, text in (entry.get("generated") or {}).items():
+        path = _safe_generated_path(portable, roots)
+        want = text.encode()
+        try:
+            with open(path, "rb", opener=lambda p, fl: os.open(p, fl | os.O_NOFOLLOW | os.O_NONBLOCK)) as f:
+                have = f.read(len(want) + 1)
+        except OSError:
+            raise CannotRegenerate(f"generated file {formats.shown(portable)} is not one FlashInfer "
+                                   f"{flashinfer_version} generates for the recorded parameters; record the "
+                                   "manifest again with FLASHINFER_SM120_RECORD") from None
+        if have != want:
+            raise CannotRegenerate(f"generated file {formats.shown(portable)} {why}")
+    if "spec" in entry:
+        local = set(_to_portable([str(p) for p in spec.sources], _roots()))
+        other = [p for p in entry["spec"]["sources"] if p not in local]
+        if other:
+            raise CannotRegenerate(f"source {formats.shown(other[0])} is not one FlashInfer {flashinfer_version} "
+                                   f"generates for {entry['name']}; record the manifest again with "
+                                   "FLASHINFER_SM120_RECORD")
 
 
 def make_spec(entry: dict, flashinfer_version: str):
-    """Rebuild the FlashInfer ``JitSpecNvcc`` for ``entry`` and write back its generated
-    sources (only when their content differs, like FlashInfer's ``write_if_different``).
+    """The FlashInfer ``JitSpecNvcc`` for ``entry``, made by the local FlashInfer: the entry's
+    generator (looked up by :func:`.generators.lookup`) is called with its parameters and writes
+    its own sources.  Source text or source paths the entry carries (old manifests) must equal
+    what that call generated.
 
-    :raises CannotRegenerate: another FlashInfer release, another toolchain, a source
-        missing here, or a malformed entry (the message names which).
+    :raises CannotRegenerate: another FlashInfer release, another toolchain, no generator this
+        FlashInfer has, parameters it refuses, a module of another name, carried text or sources
+        that differ, or a malformed entry (the message names which).
     """
+    from . import generators
+
     try:
         entry = parse_entry(entry, "manifest entry")
     except FormatError as exc:
@@ -265,32 +268,24 @@ def make_spec(entry: dict, flashinfer_version: str):
     if entry.get("flashinfer") != flashinfer_version:
         raise CannotRegenerate(f"recorded with FlashInfer {entry.get('flashinfer')}, this is "
                                f"{flashinfer_version}; record again with {flashinfer_version}")
-    from flashinfer.jit import core
-    from flashinfer.jit.utils import write_if_different
-
-    roots = {t: r for t, r in _roots()[::-1]}  # the unresolved form wins (FlashInfer's own)
-    s = entry["spec"]
-    for portable, text in (entry.get("generated") or {}).items():
-        path = _safe_generated_path(portable, roots)
-        formats.make_private_dirs(path.parent)
-        write_if_different(path, text)
-    sources = [Path(p) for p in _from_portable(s["sources"], roots)]
-    _check_named_paths(s, roots)
-    missing = [str(p) for p in sources if not p.exists()]
-    if missing:
-        raise CannotRegenerate(f"source {missing[0]} does not exist here")
-    by_source = {Path(_from_portable(k, roots)): _from_portable(v, roots)
-                 for k, v in s.get("extra_cuda_cflags_by_source") or []}
-    inc = _from_portable(s.get("extra_include_dirs"), roots)
-    return core.JitSpecNvcc(
-        name=name, sources=sources,
-        extra_cflags=_from_portable(s.get("extra_cflags"), roots),
-        extra_cuda_cflags=_from_portable(s.get("extra_cuda_cflags"), roots),
-        extra_ldflags=_from_portable(s.get("extra_ldflags"), roots),
-        extra_include_dirs=[Path(p) for p in inc] if inc is not None else None,
-        needs_device_linking=bool(s.get("needs_device_linking")),
-        extra_cuda_cflags_by_source=by_source or None,
-    )
+    generator = entry.get("generator") or generators.legacy_generator(name)
+    if generator is None:
+        raise CannotRegenerate("recorded without the FlashInfer generator and parameters that make it (an older "
+                               "flashinfer-sm120), so its sources cannot be made here; record the manifest again "
+                               "with FLASHINFER_SM120_RECORD, or build it by name (flashinfer-sm120 build --list)")
+    try:
+        spec = generators.call(generator, entry.get("params") or {})
+    except FormatError as exc:
+        raise CannotRegenerate(str(exc)) from None
+    except Exception as exc:  # FlashInfer's own refusal of these values (an assert, a KeyError)
+        raise CannotRegenerate(f"FlashInfer {flashinfer_version}'s {generator} refused the recorded parameters: "
+                               f"{formats.shown(repr(exc), 200)}") from None
+    if getattr(spec, "name", None) != name or not hasattr(spec, "sources"):
+        raise CannotRegenerate(f"FlashInfer {flashinfer_version}'s {generator} makes "
+                               f"{formats.shown(getattr(spec, 'name', spec))} from the recorded parameters, "
+                               f"not the nvcc module {name}; record the manifest again")
+    _check_carried(entry, spec, flashinfer_version)
+    return spec
 
 
 def read(path: str) -> tuple[list[dict], list[str]]:

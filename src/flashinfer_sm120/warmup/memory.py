@@ -270,9 +270,9 @@ def _meminfo(proc_root: str) -> dict[str, int]:
     return out
 
 
-def _gpu_held(nvml: Any) -> tuple[int | None, str]:
+def _gpu_held(nvml: Any) -> tuple[int | None, str] | None:
     """What the GPU side of a unified-memory GPU holds, per NVML: ``(bytes, how)``,
-    ``(None, why)`` when it cannot tell, ``(0, "no unified-memory GPU")``."""
+    ``(None, why)`` when it cannot tell, ``None`` without NVML or a unified-memory GPU."""
     if nvml is None:
         try:
             import pynvml as nvml  # nvidia-ml-py
@@ -280,8 +280,8 @@ def _gpu_held(nvml: Any) -> tuple[int | None, str]:
             return None, f"pynvml not importable ({type(exc).__name__})"
     try:
         nvml.nvmlInit()
-    except Exception as exc:
-        return 0, f"no NVML ({exc})"[:200]
+    except Exception:
+        return None
     try:
         held, unified, how = 0, [], []
         for i in range(int(nvml.nvmlDeviceGetCount())):
@@ -313,7 +313,7 @@ def _gpu_held(nvml: Any) -> tuple[int | None, str]:
             held += sum(known)
             how.append(f"{name}: {fmt_bytes(sum(known))} held by {len(known)} GPU process(es)")
         if not unified:
-            return 0, "no unified-memory GPU"
+            return None
         return held, "; ".join(how)
     except Exception as exc:
         return None, f"NVML failed ({exc})"[:200]
@@ -345,10 +345,11 @@ def read_memory(*, proc_root: str = "/proc", gpu: bool = True, nvml: Any = None)
     else:
         notes.append("no MemAvailable in /proc/meminfo")
     if gpu and "MemTotal" in info:
-        held, how = _gpu_held(nvml)
-        if held is None:
+        gpu_side = _gpu_held(nvml)  # None: no NVML, or no unified-memory GPU: nothing to subtract
+        held, how = gpu_side or (0, "")
+        if gpu_side is not None and held is None:
             notes.append(f"unified-memory GPU: cannot tell what the GPU side holds ({how})")
-        elif how != "no unified-memory GPU" and not how.startswith("no NVML"):
+        elif gpu_side is not None:
             bounds.append(Bound("unified-memory GPU", max(0, info["MemTotal"] - held),
                                 f"MemTotal {fmt_bytes(info['MemTotal'])} less {how}"))
     low = min((b.available for b in bounds), default=None)

@@ -11,9 +11,8 @@ import re
 __all__ = ["STATUS_RE", "ninja_binary", "command", "ninja_env", "dry_run", "gencode_summary", "children",
            "step_name"]
 
-#: A ninja status line under ``NINJA_STATUS="[%f/%t] "``: finished, total, the step.  ASCII digits,
-#: at most 9: ninja passes the compilers' output through, and a line of theirs shaped like a status
-#: line with 5,000 digits ended ``build`` in ``int()``'s ``ValueError`` (Python's 4300-digit limit).
+#: A ninja status line under ``NINJA_STATUS="[%f/%t] "``: finished, total, the step.  At most 9 ASCII
+#: digits: ninja passes the compilers' output through, and ``int()`` refuses over 4300 digits.
 STATUS_RE = re.compile(r"^\[([0-9]{1,9})/([0-9]{1,9})\] (.*)$")
 _SRC_RE = re.compile(r" -c (\S+)")
 _DRY_RUN_MAX = 16 << 20  # ninja -n of a FlashInfer module: a few KB per step
@@ -25,13 +24,10 @@ def ninja_binary() -> str:
     first on ``PATH`` for FlashInfer's ``run_ninja``: a cache built by another ninja release
     (another ``.ninja_log`` format) would be rebuilt by the server.
 
-    :raises RuntimeError: no usable ninja (the message names the fix)."""
+    :raises flashinfer_sm120.toolkit.ninja.NinjaError: no usable ninja (the message names the fix)."""
     from ..toolkit import ninja
 
-    try:
-        return ninja.choose().path
-    except ninja.NinjaError as exc:
-        raise RuntimeError(str(exc)) from None
+    return ninja.choose().path
 
 
 def command(job, *extra: str) -> list[str]:
@@ -45,14 +41,15 @@ def ninja_env() -> dict:
 def dry_run(job) -> list[str]:
     """Commands ninja would run for ``job`` now (empty: up to date).  Runs ``ninja -n``.
 
-    :raises RuntimeError: ninja itself failed (bad build file)."""
+    :raises flashinfer_sm120.toolkit.ninja.NinjaError: ninja itself failed (bad build file)."""
     from .. import proc
+    from ..toolkit.ninja import NinjaError
 
     res = proc.run(command(job, "-n"), timeout=120, max_output=_DRY_RUN_MAX, env=ninja_env())
     if not res.ok:
         why = ("timed out" if res.timed_out else f"printed more than {_DRY_RUN_MAX} bytes" if res.truncated
                else res.error or f"exit {res.returncode}")
-        raise RuntimeError(f"ninja -n failed for {job.label} ({why}): {res.text()[-2000:]}")
+        raise NinjaError(f"ninja -n failed for {job.label} ({why}): {res.text()[-2000:]}")
     return [m.group(3) for m in map(STATUS_RE.match, res.text().splitlines()) if m]
 
 

@@ -11,6 +11,11 @@ path every ``get_*_module`` takes), ``JitSpecNvcc.build`` and ``JitSpecNvcc.load
 classes with wrapt once ``flashinfer.jit.core`` is imported, so names bound
 elsewhere see them too.  Each module is written once per process.
 
+What is written is data (docs/threat-model.md P2): the FlashInfer ``gen_*_module`` function
+that made the spec and its arguments (``JitSpecNvcc.__init__`` is wrapped too, and
+:func:`.generators.capture` reads them off the call stack as the spec is made), never source
+text, paths or flags; ``build --from`` calls that generator of its own FlashInfer again.
+
 Appends from many worker processes at once cannot tear or interleave: each entry
 is one line written by one ``write()`` on an ``O_APPEND`` descriptor, under a
 ``filelock`` lock on ``MANIFEST.lock`` (a lock that cannot be taken within 10 s
@@ -55,12 +60,22 @@ def _on_core_import(core) -> None:
     try:
         import wrapt
 
+        # threat-model: P2 (the generator and its parameters are recorded, so replay never needs source text)
+        wrapt.wrap_function_wrapper(core.JitSpecNvcc, "__init__", _init_wrapper)
         wrapt.wrap_function_wrapper(core.JitSpec, "build_and_load", _spec_wrapper)
         wrapt.wrap_function_wrapper(core.JitSpecNvcc, "build", _spec_wrapper)
         wrapt.wrap_function_wrapper(core.JitSpecNvcc, "load", _spec_wrapper)
         wrapt.wrap_function_wrapper(core, "build_jit_specs", _batch_wrapper)
     except Exception as exc:
         logger.warning("flashinfer-sm120: cannot record JIT modules: %r", exc)
+
+
+def _init_wrapper(wrapped, instance, args, kwargs):
+    result = wrapped(*args, **kwargs)
+    from .generators import capture
+
+    capture(instance)
+    return result
 
 
 def _spec_wrapper(wrapped, instance, args, kwargs):

@@ -35,6 +35,7 @@ class Session:
     targets: list[str]
     jit_dir: Path
     summary: str
+    targets_from: str | None = None
 
     def fingerprint(self) -> dict:
         """What a JIT cache entry depends on besides its sources: FlashInfer release,
@@ -136,8 +137,9 @@ def apply_server_cache(for_server: str | None = None, entries=None, *, strict: b
     return out
 
 
-def prepare(arch: str | None) -> Session:
-    """Patch and import FlashInfer for ``arch`` (``--arch``; default: the GPUs present).
+def prepare(arch: str | None, targets_from: str | None = None) -> Session:
+    """Patch and import FlashInfer for ``arch`` (``--arch``; default: the GPUs present);
+    ``targets_from`` names where ``arch`` came from (``from --arch 12.0``) in the summary.
 
     :raises BuildError: bad ``--arch``, shim disabled, FlashInfer unusable, or no targets.
     """
@@ -184,8 +186,10 @@ def prepare(arch: str | None) -> Session:
                or check_place(str(jit_env.FLASHINFER_JIT_DIR), "FlashInfer's JIT directory"))
     if problem:
         raise BuildError(problem)
+    from ..patch import summary, targets_origin
+
     return Session(str(fi_version), cx.get_cuda_path(), str(cx.get_cuda_version()), targets,
-                   Path(jit_env.FLASHINFER_JIT_DIR), st["summary"])
+                   Path(jit_env.FLASHINFER_JIT_DIR), summary(targets_from), targets_origin(targets_from))
 
 
 def write_ninjas(specs: list) -> None:
