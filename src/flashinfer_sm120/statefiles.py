@@ -1,20 +1,28 @@
 """How flashinfer-sm120 reads and writes its state files: atomic writes (a temp file with a
 random name created with ``O_EXCL`` (:func:`tempfile.mkstemp`) in the target directory, then
 :func:`os.replace`); reads that never follow a symlink, never block on a FIFO, are capped in
-size and accept only files owned by the current uid or root (:mod:`flashinfer_sm120.formats`)."""
+size and accept only files owned by the current uid or root (:mod:`flashinfer_sm120.formats`); and
+what every worker wants computed once (the nvcc probe, the launcher probe): one process computes it
+under a file lock, the others wait, then read what it stored."""
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import tempfile
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from .errors import FormatError, StateFileError
 from .formats import read_json_file
 
-__all__ = ["MAX_STATE_BYTES", "read_json", "write_atomic", "write_json_atomic"]
+logger = logging.getLogger("flashinfer_sm120")
+
+T = TypeVar("T")
+
+__all__ = ["MAX_STATE_BYTES", "read_json", "write_atomic", "write_json_atomic", "compute_once"]
 
 #: Largest state file read (bytes).  The memo holds one small entry per nvcc
 #: binary seen; anything larger is not ours and is rewritten.
@@ -84,3 +92,38 @@ def write_json_atomic(path: str, data: Any) -> None:
             + ("; the disk is full" if exc.errno == errno.ENOSPC else "")
             + f"): free space in {directory} or set FLASHINFER_SM120_CACHE_DIR to another directory"
         ) from exc
+
+
+def compute_once(lock_path: str, lookup: Callable[[], T | None], compute: Callable[[], T], *,
+                 timeout: float, what: str) -> T:
+    """``lookup()``'s answer, else ``compute()`` run by one process at a time.
+
+    Workers starting together wait on a file lock at ``lock_path`` for at most
+    ``timeout`` seconds, then look again (the first one has stored its answer);
+    when the lock cannot be had in time, or at all (a read-only or lock-less file
+    system), they compute themselves.  ``compute`` stores what should be remembered.
+    """
+    hit = lookup()
+    if hit is not None:
+        return hit
+    lock = None
+    try:
+        import filelock
+
+        lock = filelock.FileLock(lock_path, timeout=timeout)
+        lock.acquire()
+    except Exception as exc:  # Timeout, OSError
+        logger.debug("flashinfer-sm120: %s without the lock %s (%s)", what, lock_path, exc)
+        lock = None
+    try:
+        if lock is not None:
+            hit = lookup()
+            if hit is not None:
+                return hit
+        return compute()
+    finally:
+        if lock is not None:
+            try:
+                lock.release()
+            except Exception:
+                pass

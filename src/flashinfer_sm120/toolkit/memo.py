@@ -35,9 +35,8 @@ import time
 from collections.abc import Callable
 
 from .. import formats
-from ..locks import compute_once
 from ..statedir import cache_root
-from ..statefiles import read_json, write_json_atomic
+from ..statefiles import compute_once, read_json, write_json_atomic
 from ..errors import FormatError, StateFileError
 
 logger = logging.getLogger("flashinfer_sm120")

@@ -38,8 +38,7 @@ import os
 import time
 
 from .. import formats
-from ..locks import compute_once
-from ..statefiles import read_json, write_json_atomic
+from ..statefiles import compute_once, read_json, write_json_atomic
 from ..errors import FormatError, StateFileError
 from ..tmpdirs import private_dir
 from ..toolkit.memo import fingerprint
