@@ -83,6 +83,13 @@ def real_nvcc13() -> str:
     return REAL_NVCC13
 
 
+def wheels_dir() -> str:
+    """The documented cache of downloaded wheels (old FlashInfer releases, the aarch64 CUDA
+    wheels): ``$FLASHINFER_SM120_TEST_WHEELS``, default ``~/.cache/flashinfer-sm120-test-wheels``."""
+    return os.environ.get("FLASHINFER_SM120_TEST_WHEELS") or os.path.expanduser(
+        "~/.cache/flashinfer-sm120-test-wheels")
+
+
 @pytest.fixture
 def clean_env(tmp_path):
     """Environment for a child process: no CUDA_HOME/CUDA_PATH/arch list, a private

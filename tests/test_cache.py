@@ -23,7 +23,7 @@ from probe_util import OTHER_UID, PY, as_uid, need_root
 
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch, tmp_path):
-    statedir.forget_cache_root()
+    statedir.forget_cache_root(notes=True)
     for k in ("FLASHINFER_SM120_CACHE_DIR", "XDG_CACHE_HOME"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -37,7 +37,9 @@ def test_cache_path_ninja_cannot_carry_is_refused_and_named(tmp_path, monkeypatc
     root = statedir.cache_root()
     assert char not in root and root == str(tmp_path / "home" / ".cache" / "flashinfer-sm120")
     (note,) = statedir.cache_root_notes()
-    assert "FLASHINFER_SM120_CACHE_DIR" in note and repr(char) in note and "without spaces" in note
+    from flashinfer_sm120.formats import PATH_RULE
+
+    assert "FLASHINFER_SM120_CACHE_DIR" in note and repr(char) in note and PATH_RULE in note
     assert not (tmp_path / name).exists()
 
 

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import make_toolkit, needs_flashinfer, run_py
+from conftest import make_toolkit, needs_flashinfer, run_py, wheels_dir
 
 pytestmark = needs_flashinfer
 
@@ -40,12 +40,6 @@ except Exception as e:
     out["error"] = repr(e)
 print("@@" + json.dumps(out))
 """
-
-
-def wheels_dir() -> str:
-    """The documented cache of downloaded FlashInfer releases (``$FLASHINFER_SM120_TEST_WHEELS``)."""
-    return os.environ.get("FLASHINFER_SM120_TEST_WHEELS") or os.path.expanduser(
-        "~/.cache/flashinfer-sm120-test-wheels")
 
 
 def _release_dir(version):

@@ -9,6 +9,7 @@ without a toolkit), and the guard's serving fallbacks.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -315,3 +316,26 @@ def test_doctor_without_a_toolkit_says_the_cuda_version_is_torchs_and_refused_en
     report["before"]["cuda_home"] = str(nvcc_home)
     doctor._print_doctor(report)
     assert "  CUDA 13.0  TARGET_CUDA_ARCHS" in capsys.readouterr().out
+
+
+def test_the_fallbacks_are_every_flashinfer_default_of_the_stand_ins(tmp_path, monkeypatch):
+    """Each fallback is defined in the stand-ins' source (written from vLLM 0.33.0 and SGLang 0.5.23),
+    and every vllm/envs.py variable that turns a FlashInfer path on by default has one."""
+    site = install_standins(tmp_path / "site", "vllm", "sglang")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    found = servers.fallbacks()
+    assert {(i.release.key, fb.text) for i, fb, _ in found} == {
+        (r.key, fb.text) for r in servers.SERVERS for fb in r.fallbacks}
+    assert [(i.release.key, fb.text) for i, fb, ok in found if ok is not True] == []
+    for k in [k for k in os.environ if "FLASHINFER" in k]:
+        monkeypatch.delenv(k)
+    spec = importlib.util.spec_from_file_location("_standin_vllm_envs", site / "vllm" / "envs.py")
+    envs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(envs)
+    on = sorted(k for k, get in envs.environment_variables.items() if "FLASHINFER" in k and get() is True)
+    assert on == ["VLLM_ALLREDUCE_USE_FLASHINFER", "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", "VLLM_USE_FLASHINFER_SAMPLER"]
+    texts = [fb.text for fb in servers.newest("vllm").fallbacks]
+    assert [k for k in on if f"{k}=0" not in texts] == []
+    sg = servers.newest("sglang").fallbacks
+    assert all(fb.default and "sglang/srt/" in fb.default for fb in sg)  # each names the file that decides it

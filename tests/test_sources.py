@@ -128,10 +128,11 @@ def test_dist_info_must_own_this_nvcc(tmp_path):
     dist.mkdir()
     (dist / "RECORD").write_text('"nvidia/cu14/bin/nvcc",sha256=x,1\n')  # another prefix's nvcc
     tk = inspect(str(root))
-    assert tk.version_from == "nvcc --version" and tk.nvcc_full == "13.0.88"
+    assert tk.version_from == "nvcc --version" and tk.nvcc_full == "13.0.88" and tk.disagreement is None
     (dist / "RECORD").write_text('"nvidia/cu13/bin/nvcc",sha256=x,1\n')  # quoted CSV, as RECORD allows
-    tk = inspect(str(root))
-    assert tk.version_from == str(dist) and tk.nvcc_full == "13.5.37"
+    tk = inspect(str(root))  # owned, but its nvcc says 13.0.88: the binary's word, the file a finding
+    assert tk.version_from == "nvcc --version" and tk.nvcc_full == "13.0.88"
+    assert tk.disagreement.file == str(dist) and tk.disagreement.file_version == "13.5.37"
 
 
 def test_cuda_pathfinder_never_reaches_its_subprocess_fallback(tmp_path, monkeypatch):

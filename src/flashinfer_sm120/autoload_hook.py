@@ -10,7 +10,9 @@ top-level module ``flashinfer_sm120_autoload``; the ``.pth`` holds one line::
 finder at the front of ``sys.meta_path`` and imports nothing.  The first import
 of a trigger module (``flashinfer``, ``vllm``, ``sglang``, or a submodule) makes
 the finder leave ``sys.meta_path`` and import ``flashinfer_sm120``, which patches
-FlashInfer; every other import costs one string split and a set lookup.
+FlashInfer; every other import costs one string split and a set lookup.  A trigger
+that ``flashinfer_sm120`` imports itself (``wrapt``, ``filelock``, ``packaging``) is
+then already loaded, and that module is what the import returns: nothing runs twice.
 
 It never stops an interpreter: with flashinfer-sm120 uninstalled it does nothing
 and prints nothing; if the package fails to import (anything, ``SystemExit``
@@ -59,6 +61,10 @@ class FlashInferSm120Autoload:
             # else: the package was uninstalled and this file left behind: stay silent
         except BaseException as exc:
             self.say(exc)
+        done = sys.modules.get(name)
+        if done is not None:  # flashinfer_sm120 imported the trigger itself (wrapt, filelock, packaging):
+            # hand that module over; never execute it twice.  threat-model: P1 (correct, not guessed)
+            return _already_loaded(name, done)
         # We left sys.meta_path while the import system was walking it: ask the
         # remaining finders ourselves so that none is skipped.
         for finder in list(sys.meta_path):
@@ -76,6 +82,36 @@ class FlashInferSm120Autoload:
                              "/path/to/flashinfer-sm120), or remove %s\n" % (exc, self.pth))
         except BaseException:
             pass
+
+
+class _Loaded:
+    """Loader of a module that is already in ``sys.modules``: the import returns it unchanged."""
+
+    def __init__(self, module):
+        self.module = module
+        self.spec = getattr(module, "__spec__", None)
+
+    def create_module(self, spec):
+        return self.module
+
+    def exec_module(self, module):
+        if self.spec is not None:  # the import system set __spec__ to ours: put its own back
+            module.__spec__ = self.spec
+
+
+def _already_loaded(name, module):
+    """A spec whose import yields ``module`` as it is (runs nothing).  The import system prefers
+    the ``__spec__`` of a module already in ``sys.modules`` to the one a finder returns (and would
+    execute it again), so ours stands in as ``__spec__`` until :meth:`_Loaded.exec_module` puts the
+    module's own back."""
+    loader = _Loaded(module)
+    spec = type(sys.__spec__)(  # importlib.machinery.ModuleSpec, without importing anything
+        name, loader, is_package=getattr(loader.spec, "submodule_search_locations", None) is not None)
+    try:
+        module.__spec__ = spec
+    except AttributeError:
+        pass
+    return spec
 
 
 def install():

@@ -54,7 +54,7 @@ _KILL_ROUNDS = 5
 #: table or memory full, a signal).  Callers must not remember such a failure
 #: as the program's (see :attr:`Result.local`).
 LOCAL_ERRNOS = frozenset({errno.EAGAIN, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR,
-                          errno.ENOBUFS})
+                          errno.ENOBUFS, errno.E2BIG})  # E2BIG: this process's environment is too large; threat-model: P1
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,16 @@ SGLang 0.5.23
     else ``dirname(dirname(which nvcc))``, else ``/usr/local/cuda``) and pick their
     target suffix from ``_jit_cuda_version()`` (``sglang/kernels/jit/utils/arch.py``:
     the same lookup, ``<home>/bin/nvcc --version``, else ``torch.version.cuda``).
+    Its model processes choose FlashInfer's targets themselves: ``ModelRunner.load_model()``
+    (``sglang/srt/model_executor/model_runner.py``) calls ``set_cuda_arch()``
+    (``sglang/srt/utils/common.py``), which sets ``FLASHINFER_CUDA_ARCH_LIST=f"{major}.{minor}a"``
+    for a GPU of major >= 9 when ``is_flashinfer_available()``: ``12.0a`` on SM120.  That
+    process imported FlashInfer before (``model_runner`` -> ``configs/model_config`` ->
+    ``layers/quantization`` -> ``modelopt_quant``: ``from flashinfer import mm_fp4`` at module
+    level), so FlashInfer's JIT directory keeps the targets of import time (``120f``) and only
+    the ``-gencode`` of each later build follows ``12.0a``.  The function of the same name in
+    ``sglang/multimodal_gen/runtime/utils/common.py`` sets ``TORCH_CUDA_ARCH_LIST``, which
+    FlashInfer 0.7.2 does not read.
 """
 
 from __future__ import annotations
@@ -42,7 +52,7 @@ from packaging.version import Version
 
 from .toolkit.sources import flashinfer_naive_root
 
-__all__ = ["Fallback", "CacheRule", "ServerRelease", "Installed", "SERVERS", "installed", "newest",
+__all__ = ["Fallback", "CacheRule", "ArchRule", "ServerRelease", "Installed", "SERVERS", "installed", "newest",
            "vllm_has_flashinfer", "workspace_base", "jit_dir_for", "running", "recorded",
            "fallbacks", "fallback_text", "expanduser"]
 
@@ -56,6 +66,8 @@ class Fallback:
     Attributes:
         text: what to type (an environment variable or a command-line option).
         what: what it changes.
+        default: the release's FlashInfer-backed default it turns off, with the file that
+            decides it.
         markers: ``(file relative to the package, text)`` pairs that are in that release's
             source where the option is defined; checked in the installed package by
             :func:`fallbacks` (a missing one is said, not hidden).
@@ -63,6 +75,7 @@ class Fallback:
 
     text: str
     what: str
+    default: str
     markers: tuple[tuple[str, str], ...]
 
 
@@ -79,6 +92,28 @@ class CacheRule:
 
 
 @dataclass(frozen=True)
+class ArchRule:
+    """A server choosing FlashInfer's targets itself, in its model processes.
+
+    Attributes:
+        variable: what it sets (``FLASHINFER_CUDA_ARCH_LIST``).
+        file: the file (relative to the package) that defines ``function``.
+        function: run once per process with the process's GPU, before the first JIT build.
+        caller: where the server calls it, and what FlashInfer has fixed by then.
+        min_major: the row's copy of the rule: ``f"{major}.{minor}{suffix}"`` for a GPU of
+            this major or newer (used when the installed source cannot be read).
+        suffix: see ``min_major``.
+    """
+
+    variable: str
+    file: str
+    function: str
+    caller: str
+    min_major: int
+    suffix: str
+
+
+@dataclass(frozen=True)
 class ServerRelease:
     """One row: a server and the releases that behave as the one read."""
 
@@ -90,6 +125,7 @@ class ServerRelease:
     needs_nvcc_and_ninja: bool
     nvcc_lookup: str
     cache_rule: CacheRule | None
+    arch_rule: ArchRule | None
     fallbacks: tuple[Fallback, ...]
 
 
@@ -102,14 +138,35 @@ SERVERS: tuple[ServerRelease, ...] = (
         needs_nvcc_and_ninja=True,
         nvcc_lookup="_flashinfer_nvcc_path() in vllm/utils/flashinfer.py",
         cache_rule=None,
+        arch_rule=None,  # vllm 0.33.0 never sets FLASHINFER_CUDA_ARCH_LIST
+        # Every FlashInfer-backed default of vLLM 0.33.0, from vllm/envs.py (the variables whose
+        # default is True), vllm/platforms/cuda.py (_get_backend_priorities) and the MoE oracles.
+        # Not listed: the compilation pass fuse_allreduce_rms, auto-enabled only on SM90/SM100
+        # (vllm/config/vllm.py enable_allreduce_rms_fusion), never on SM12x.
         fallbacks=(
             Fallback("VLLM_USE_FLASHINFER_SAMPLER=0", "top-k/top-p sampling without FlashInfer "
                      "(vllm/v1/sample/ops/topk_topp_sampler.py flashinfer_sampler_supported)",
+                     "VLLM_USE_FLASHINFER_SAMPLER defaults to True (vllm/envs.py)",
                      (("envs.py", '"VLLM_USE_FLASHINFER_SAMPLER"'),)),
             Fallback("--attention-backend TRITON_ATTN", "attention with vLLM's Triton kernels "
                      "(AttentionBackendEnum.TRITON_ATTN, vllm/v1/attention/backends/registry.py)",
+                     "FLASHINFER is in the automatic attention choice (vllm/platforms/cuda.py "
+                     "_get_backend_priorities: first on SM100, after FLASH_ATTN on SM120)",
                      (("engine/arg_utils.py", '"--attention-backend"'),
                       ("v1/attention/backends/registry.py", "TRITON_ATTN = "))),
+            Fallback("VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER=0", "block-scaled FP8 linear layers without "
+                     "FlashInfer's GEMM (vllm/utils/flashinfer.py)",
+                     "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER defaults to True (vllm/envs.py)",
+                     (("envs.py", '"VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER"'),)),
+            Fallback("VLLM_ALLREDUCE_USE_FLASHINFER=0", "tensor-parallel all-reduce without FlashInfer's "
+                     "(vllm/distributed/device_communicators/cuda_communicator.py)",
+                     "VLLM_ALLREDUCE_USE_FLASHINFER defaults to True (vllm/envs.py)",
+                     (("envs.py", '"VLLM_ALLREDUCE_USE_FLASHINFER"'),)),
+            Fallback("--moe-backend triton", "fused MoE with vLLM's Triton kernels",
+                     "--moe-backend auto can pick flashinfer_cutlass/flashinfer_trtllm "
+                     "(vllm/model_executor/layers/fused_moe/oracle/, vllm/config/kernel.py MoEBackend)",
+                     (("engine/arg_utils.py", '"--moe-backend"'),
+                      ("config/kernel.py", '"triton",'))),
         ),
     ),
     ServerRelease(
@@ -124,15 +181,49 @@ SERVERS: tuple[ServerRelease, ...] = (
                              "srt/environ.py", "third_party_cache_defaults",
                              "sglang/__init__.py redirect_third_party_caches() -> sglang/srt/environ.py "
                              "third_party_cache_defaults(), os.environ.setdefault"),
+        arch_rule=ArchRule("FLASHINFER_CUDA_ARCH_LIST", "srt/utils/common.py", "set_cuda_arch",
+                           "ModelRunner.load_model() (sglang/srt/model_executor/model_runner.py), after the "
+                           "process imported FlashInfer (its JIT directory keeps the targets of import time)",
+                           9, "a"),
+        # Every FlashInfer-backed default of SGLang 0.5.23: sglang/srt/arg_groups/overrides.py
+        # (_sampling_backend_default), model_override_base.py (the attention default),
+        # fields/exec_.py (GEMM and MoE runner defaults "auto"), and is_flashinfer_available()
+        # (sglang/srt/utils/common.py), which all of them and set_cuda_arch() ask first.
+        # Not listed: FlashInfer all-reduce fusion, auto-enabled only on SM90/SM100
+        # (overrides.py), never on SM12x; --enforce-disable-flashinfer-allreduce-fusion turns it off.
         fallbacks=(
             Fallback("--sampling-backend pytorch", "sampling without FlashInfer "
                      "(SAMPLING_BACKEND_CHOICES, sglang/srt/arg_groups/choices.py)",
+                     "sampling_backend defaults to flashinfer when FlashInfer is available "
+                     "(sglang/srt/arg_groups/overrides.py _sampling_backend_default)",
                      (("srt/server_args.py", '"--sampling-backend"'),
                       ("srt/arg_groups/choices.py", '"pytorch"'))),
             Fallback("--attention-backend triton", "attention with SGLang's Triton kernels "
                      "(ATTENTION_BACKEND_CHOICES, sglang/srt/arg_groups/choices.py)",
+                     "attention_backend defaults to flashinfer for MHA models when FlashInfer is available, "
+                     "SM120 included (sglang/srt/arg_groups/model_override_base.py)",
                      (("srt/arg_groups/fields/exec_.py", "attention_backend: "),
                       ("srt/arg_groups/choices.py", '"triton",'))),
+            Fallback("--fp4-gemm-backend marlin", "NVFP4 linear layers with the Marlin weight-only kernel",
+                     "fp4_gemm_runner_backend 'auto' picks flashinfer_cutlass on SM120 "
+                     "(sglang/srt/arg_groups/fields/exec_.py)",
+                     (("srt/arg_groups/fields/exec_.py", '"--fp4-gemm-backend"'),
+                      ("srt/arg_groups/choices.py", '"marlin",'))),
+            Fallback("--fp8-gemm-backend triton", "block-scaled FP8 linear layers with Triton",
+                     "fp8_gemm_runner_backend 'auto' picks FlashInfer's CUTLASS MXFP8 GEMM on Blackwell "
+                     "other than SM100/SM103 (sglang/srt/arg_groups/fields/exec_.py)",
+                     (("srt/arg_groups/fields/exec_.py", '"--fp8-gemm-backend"'),
+                      ("srt/arg_groups/choices.py", '"triton",'))),
+            Fallback("--moe-runner-backend triton", "fused MoE with SGLang's Triton kernels",
+                     "moe_runner_backend 'auto' can pick a flashinfer_* runner "
+                     "(sglang/srt/arg_groups/fields/exec_.py, MOE_RUNNER_BACKEND_CHOICES)",
+                     (("srt/arg_groups/fields/exec_.py", "moe_runner_backend: "),
+                      ("srt/arg_groups/choices.py", '"triton",'))),
+            Fallback("SGLANG_IS_FLASHINFER_AVAILABLE=false", "is_flashinfer_available() is False: no default "
+                     "picks FlashInfer, and set_cuda_arch() leaves FLASHINFER_CUDA_ARCH_LIST alone",
+                     "SGLANG_IS_FLASHINFER_AVAILABLE defaults to true (sglang/srt/utils/common.py "
+                     "is_flashinfer_available)",
+                     (("srt/utils/common.py", '"SGLANG_IS_FLASHINFER_AVAILABLE"'),)),
         ),
     ),
 )

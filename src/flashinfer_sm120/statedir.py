@@ -1,45 +1,64 @@
-"""Where flashinfer-sm120 keeps state on disk (CUDA_HOME views, the nvcc memo): one directory
-per uid, chosen once per process.
+"""Where flashinfer-sm120 keeps state on disk (CUDA_HOME views, the nvcc memo): the per-uid
+cache root, chosen and created (check, then create: threat-model P4).  Reading and writing
+the files in it: :mod:`flashinfer_sm120.statefiles`; the path rule, :mod:`flashinfer_sm120.pathpolicy`; who may write, :mod:`flashinfer_sm120.ownership`.
 
-The rules: the cache root is per uid: it must be owned by the current uid and not be
-writable by group or others; an absolute path made only of characters that FlashInfer's
-unquoted ninja lines (``cuda_home = ...``) and ``/bin/sh`` carry (:mod:`.pathpolicy`);
-a root that breaks a rule is refused with a message naming the variable and the fix, and
-the next candidate is used; directories it creates (``~/.cache`` included, when absent)
-are ``0700`` level by level whatever the umask
-(:func:`~flashinfer_sm120.formats.make_private_dirs`).
+The rules (issue "Keep the promise under production conditions"):
+
+* the cache root is per uid: it must be owned by the current uid and not be
+  writable by group or others; an absolute path made only of characters that
+  FlashInfer's unquoted ninja lines (``cuda_home = ...``) and ``/bin/sh`` carry
+  (:data:`flashinfer_sm120.formats.PATH_RULE`); it is created only after the checks that would
+  refuse it, never inside a tree another uid owns, and never by a command that only lists;
+  a root that breaks a rule is refused with a message naming the variable and
+  the fix, and the next candidate is used;
+* directories it creates (``~/.cache`` included, when absent) are ``0700``
+  level by level whatever the umask (:func:`~flashinfer_sm120.formats.make_private_dirs`).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
 import tempfile
 
-from .errors import StateFileError
-from .formats import bounded, make_private_dirs
+from .errors import StateFileError, errno_meaning
+from .formats import bounded, deepest_existing, foreign_tree, make_private_dirs
 from .ownership import writable_by_others
 from .pathpolicy import path_problem
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["cache_root", "cache_root_notes", "forget_cache_root", "home_dir"]
+__all__ = [
+    "cache_root",
+    "cache_root_notes",
+    "forget_cache_root",
+    "home_dir",
+    "listing_only",
+    "lists_only",
+    "foreign_tree_message",
+]
 
 _notes: list[str] = []
+#: Set by :func:`listing_only`: this process creates no directory or file of ours.
+_listing = False
 _EXPLICIT = "$FLASHINFER_SM120_CACHE_DIR"
 _root_cache: dict[tuple, str] = {}
 
 
-def forget_cache_root() -> None:
-    """Forget the cache root chosen in this process and the notes about refused candidates
-    (the next :func:`cache_root` chooses again: after the environment changed, in tests)."""
+def forget_cache_root(*, notes: bool = False) -> None:
+    """Forget the cache root chosen in this process (the next :func:`cache_root` chooses again:
+    after the environment changed, in tests); with ``notes``, also the notes about refused
+    candidates (:func:`cache_root_notes`)."""
     _root_cache.clear()
-    _notes.clear()
+    if notes:
+        _notes.clear()
 
 
-def _dir_problem(path: str, what: str, create: bool, explicit: bool = True) -> str | None:
-    """Ownership/permission check of a cache directory; creates it (0700) if asked.
+def _dir_problem(path: str, what: str, explicit: bool = True) -> str | None:
+    """Ownership/permission check of a cache directory, created (0700) when absent and every check
+    that would refuse it has passed (:func:`_creation_problem`).
     A candidate the user did not name (``explicit=False``) must also be writable,
     so that a read-only one falls through to the next; a named one that is not is
     reported where the write fails, naming the variable."""
@@ -47,20 +66,27 @@ def _dir_problem(path: str, what: str, create: bool, explicit: bool = True) -> s
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        if not create:  # a symlink to nothing: whoever creates the target later would own our state
-            return f"{what}={path!r} does not exist; create it (mode 0700) or point the variable elsewhere"
+        problem = _creation_problem(path, what)  # threat-model: P4 (check, then create)
+        if problem is not None:
+            return problem
+        if _listing:  # threat-model: P4 (a command that only lists creates nothing)
+            raise StateFileError(f"{what}={path!r} does not exist yet, and this command only lists: it "
+                                 f"creates nothing (any command that builds creates it)")
         try:  # every level 0700 whatever the umask: umask 000 must not leave a world-writable ~/.cache
             make_private_dirs(path)
             st = os.lstat(path)
         except OSError as exc:
-            return (f"{what}={path!r} cannot be created ({exc.strerror}); set "
-                    f"FLASHINFER_SM120_CACHE_DIR to a writable directory")
+            return _os_problem(what, path, "cannot be created", exc)
     except OSError as exc:
-        return f"{what}={path!r} cannot be read ({exc.strerror})"
+        return _os_problem(what, path, "cannot be read", exc)
     if stat.S_ISLNK(st.st_mode):
         real = os.path.realpath(path)
-        return _dir_problem(real, f"{what} (symlink to {real})", False, explicit) if real != path else (
-            f"{what}={path!r} is a symlink loop")
+        if real == path:
+            return f"{what}={path!r} is a symlink loop"
+        if not os.path.lexists(real):  # whoever creates the target later would own our state
+            return f"{what}={path!r} is a symlink to {real!r}, which does not exist; create it (mode 0700) " \
+                   f"or point the variable elsewhere"
+        return _dir_problem(real, f"{what} (symlink to {real})", explicit)
     if not stat.S_ISDIR(st.st_mode):
         return f"{what}={path!r} is not a directory; point it at a directory you own"
     if st.st_uid != uid:
@@ -73,6 +99,73 @@ def _dir_problem(path: str, what: str, create: bool, explicit: bool = True) -> s
         return (f"{what}={path!r} is not writable (a read-only file system or mode "
                 f"{stat.filemode(st.st_mode)}); set FLASHINFER_SM120_CACHE_DIR to a writable directory")
     return None
+
+
+def _os_problem(what: str, path: str, action: str, exc: OSError) -> str:
+    """``<what>=<path> cannot be <action>: <what the errno means>``, with the fix for that errno
+    (threat-model: P8: chosen by errno, never by exception class)."""
+    fixes = {
+        errno.ENAMETOOLONG: "use a shorter path",
+        errno.ENOSPC: "free space there",
+        errno.EDQUOT: "free space within your quota",
+        errno.ENOTDIR: "remove the file that stands where a directory should be, or use another path",
+        errno.ELOOP: "fix the symbolic links, or use another path",
+    }
+    fix = fixes.get(exc.errno or 0, "use a directory you can write")
+    return (f"{what}={path!r} {action}: {errno_meaning(exc)}; {fix}, or set FLASHINFER_SM120_CACHE_DIR "
+            f"to a directory of your own")
+
+
+#: Bytes of path kept free below the cache root for what is written there
+#: (``cuda-home/<view>/lib64/stubs/libcuda.so``, temp names, lock files).
+ROOM_BYTES = 512
+
+
+def _room_problem(path: str, what: str) -> str | None:
+    """Why ``path`` is too long to hold our files (``ENAMETOOLONG`` later, where no other candidate
+    could be tried): it and :data:`ROOM_BYTES` must fit in the file system's ``PATH_MAX``, and each
+    level in its ``NAME_MAX``.  So such a root falls through to the next candidate.  threat-model: P8"""
+    top = deepest_existing(path)
+    try:
+        path_max, name_max = os.pathconf(top, "PC_PATH_MAX"), os.pathconf(top, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        path_max, name_max = 4096, 255
+    raw = os.fsencode(path)
+    if len(raw) + ROOM_BYTES < path_max and all(len(part) <= name_max for part in raw.split(b"/")):
+        return None
+    exc = OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
+    return _os_problem(what, path, f"leaves no room for the files kept below it ({len(raw)} bytes, "
+                       f"{ROOM_BYTES} more needed, {path_max} allowed)", exc)
+
+
+def foreign_tree_message(what: str, ft, variable: str = "FLASHINFER_SM120_CACHE_DIR") -> str:
+    """The sentence for a :class:`~flashinfer_sm120.formats.ForeignTree`: what would be created
+    where, and the fix (``variable`` names where to point instead)."""
+    return (f"{what}={ft.path!r} does not exist, and it would be created inside {ft.top}, owned by uid "
+            f"{ft.owner}, as uid {ft.uid}: that user's own tools could not write it (pip, FlashInfer "
+            f"and others use ~/.cache). Run as uid {ft.owner} (sudo -u), keep your own home "
+            f"(sudo -H instead of sudo -E), or set {variable} to a directory of your own")
+
+
+def _creation_problem(path: str, what: str) -> str | None:
+    """Why ``path`` (absent) must not be created by this process; ``None`` when it may.
+
+    The deepest existing level must be a directory owned by you, or by root (``/tmp``,
+    ``/var/tmp``: what is created there is yours), and it and every level above it must pass
+    :func:`_ancestors_problem`.  So root with a user's ``HOME`` (``sudo -E``) never makes a
+    root-owned ``~/.cache`` that the user's own tools then cannot write.  threat-model: P4"""
+    top = os.path.realpath(deepest_existing(path))
+    try:
+        st = os.stat(top)
+    except OSError as exc:
+        return _os_problem(what, path, f"cannot be created ({top} cannot be checked)", exc)
+    if not stat.S_ISDIR(st.st_mode):
+        return (f"{what}={path!r} cannot be created: {top} is not a directory; remove it or point the "
+                f"variable elsewhere")
+    foreign = foreign_tree(path)
+    if foreign is not None:
+        return foreign_tree_message(what, foreign)
+    return _ancestors_problem(os.path.join(top, "_"), what)
 
 
 def home_dir() -> str | None:
@@ -144,7 +237,7 @@ def cache_root() -> str:
     ``$TMPDIR/flashinfer-sm120-<uid>``.  A candidate is refused (with a WARNING
     naming the variable and the fix, also returned by :func:`cache_root_notes`)
     when it is relative, holds characters FlashInfer's ninja lines cannot carry
-    (see :data:`SAFE_PATH_RE`), is owned by another uid, is writable by group
+    (:data:`flashinfer_sm120.formats.PATH_RULE`), is owned by another uid, is writable by group
     or others, or sits below a directory another user could replace it in.
 
     Returns:
@@ -160,10 +253,11 @@ def cache_root() -> str:
         return hit
     reasons = []
     for what, path in _candidates():
-        problem = path_problem(path, what) or _dir_problem(path, what, True, what == _EXPLICIT)
+        problem = path_problem(path, what) or _room_problem(path, what) or _dir_problem(path, what, what == _EXPLICIT)
         if problem is None:
             path = os.path.realpath(path)  # a link planted later cannot redirect us
-            problem = path_problem(path, f"{what} (resolved)") or _ancestors_problem(path, what)
+            problem = (path_problem(path, f"{what} (resolved)") or _room_problem(path, f"{what} (resolved)")
+                       or _ancestors_problem(path, what))
         if problem is None:
             for r in reasons:
                 if r not in _notes:
@@ -174,6 +268,19 @@ def cache_root() -> str:
         reasons.append(bounded(problem))  # it quotes the variable's value: shown in doctor, status
     raise StateFileError("no usable cache directory for flashinfer-sm120: " + "; ".join(reasons)
                          + ". Set FLASHINFER_SM120_CACHE_DIR to an absolute directory you own.")
+
+
+def listing_only() -> None:
+    """Declare that this process only lists (``cache prune`` without ``--yes``): from now on :func:`cache_root` creates no directory (an absent root raises
+    :class:`StateFileError`, which every caller already takes as "no state to read or keep"), so
+    the nvcc memo is neither stored nor locked.  threat-model: P4"""
+    global _listing
+    _listing = True
+
+
+def lists_only() -> bool:
+    """Whether :func:`listing_only` was declared in this process (then nothing of ours is written)."""
+    return _listing
 
 
 def cache_root_notes() -> list[str]:

@@ -1,9 +1,15 @@
-"""How flashinfer-sm120 reads and writes its state files: atomic writes (a temp file with a
-random name created with ``O_EXCL`` (:func:`tempfile.mkstemp`) in the target directory, then
-:func:`os.replace`); reads that never follow a symlink, never block on a FIFO, are capped in
-size and accept only files owned by the current uid or root (:mod:`flashinfer_sm120.formats`); and
-what every worker wants computed once (the nvcc probe, the launcher probe): one process computes it
-under a file lock, the others wait, then read what it stored."""
+"""flashinfer-sm120's state files (the nvcc memo, launcher probes, memory estimates, view
+metadata): read safely, written atomically, computed once by one process at a time.
+
+* writes are atomic: a temp file with a random name created with ``O_EXCL``
+  (:func:`tempfile.mkstemp`) in the target directory, then :func:`os.replace`
+  (threat-model: P5);
+* reads never follow a symlink (``O_NOFOLLOW``), never block on a FIFO
+  (``O_NONBLOCK`` + regular-file check), are capped in size, and accept only
+  files owned by the current uid (or root): :mod:`flashinfer_sm120.formats` (threat-model: P6).
+
+Where they live is :func:`flashinfer_sm120.statedir.cache_root`.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .errors import FormatError, StateFileError
+from .errors import FormatError, StateFileError, errno_meaning
 from .formats import read_json_file
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -85,13 +91,22 @@ def write_json_atomic(path: str, data: Any) -> None:
     """
     try:
         write_atomic(path, json.dumps(data).encode("utf-8"))
-    except OSError as exc:
+    except OSError as exc:  # the message by errno, never by exception class (threat-model: P8)
         directory = os.path.dirname(path) or "."
+        fix = _WRITE_FIXES.get(exc.errno or 0, "make it writable")
         raise StateFileError(
-            f"cannot write {path} ({exc.strerror or exc}"
-            + ("; the disk is full" if exc.errno == errno.ENOSPC else "")
-            + f"): free space in {directory} or set FLASHINFER_SM120_CACHE_DIR to another directory"
-        ) from exc
+            f"cannot write {path}: {errno_meaning(exc)}; {fix.format(dir=directory)}, or set "
+            f"FLASHINFER_SM120_CACHE_DIR to another directory") from exc
+
+
+#: The fix for a failed state-file write, by errno (``{dir}``: the directory written).
+_WRITE_FIXES = {
+    errno.ENOSPC: "free space in {dir}",
+    errno.EDQUOT: "free space within your quota in {dir}",
+    errno.EROFS: "use a directory on a writable file system instead of {dir}",
+    errno.EACCES: "make {dir} writable for you",
+    errno.ENAMETOOLONG: "use a shorter path than {dir}",
+}
 
 
 def compute_once(lock_path: str, lookup: Callable[[], T | None], compute: Callable[[], T], *,

@@ -2,7 +2,9 @@
 FlashInfer, or a JIT workspace it cannot make (asked only after the import failed).
 
 FlashInfer 0.7.4 ``jit/env.py`` computes ``$FLASHINFER_WORKSPACE_BASE`` (else ``Path.home()``, which it
-evaluates either way) ``/.cache/flashinfer`` at import and creates it.  Nothing here creates anything.
+evaluates either way) ``/.cache/flashinfer`` at import and creates it.  Nothing here creates anything;
+:func:`workspace_foreign_tree` says, before a command imports FlashInfer, whether that import would
+create it inside another uid's tree.
 """
 
 from __future__ import annotations
@@ -13,9 +15,26 @@ import pathlib
 import stat
 import sys
 
-from .formats import shown
+from .formats import ForeignTree, foreign_tree, shown
 
-__all__ = ["import_failure", "tag_for", "workspace_problem"]
+__all__ = ["import_failure", "tag_for", "workspace_problem", "workspace_path", "workspace_foreign_tree"]
+
+
+def workspace_path() -> tuple[str, str]:
+    """``(path, where from)`` of FlashInfer's JIT cache as FlashInfer 0.7.4 ``jit/env.py`` computes it
+    at import: ``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer``, else ``~/.cache/flashinfer``."""
+    env = os.environ.get("FLASHINFER_WORKSPACE_BASE")
+    base = env if env is not None else os.path.expanduser("~")
+    how = "FLASHINFER_WORKSPACE_BASE" if env is not None else "the home directory"
+    return os.path.join(base, ".cache", "flashinfer"), how
+
+
+def workspace_foreign_tree() -> ForeignTree | None:
+    """Whether importing FlashInfer here would create its JIT cache inside a tree another uid owns
+    (root with a user's ``HOME``, ``sudo -E``: FlashInfer makes ``~/.cache/flashinfer`` at import,
+    and the user's own tools then cannot write ``~/.cache``).  Asked before a command of ours
+    imports FlashInfer; nothing is created.  threat-model: P4"""
+    return foreign_tree(workspace_path()[0])
 
 
 def workspace_problem() -> str | None:
@@ -36,10 +55,7 @@ def workspace_problem() -> str | None:
                 f"{os.getuid()} has no passwd entry); FlashInfer fails the same way without "
                 f"flashinfer-sm120. Fix: HOME=<a directory you can write> (and FLASHINFER_WORKSPACE_BASE "
                 f"to keep the JIT cache elsewhere)")
-    env = os.environ.get("FLASHINFER_WORKSPACE_BASE")
-    base = env if env is not None else os.path.expanduser("~")
-    path = os.path.join(base, ".cache", "flashinfer")
-    how = "FLASHINFER_WORKSPACE_BASE" if env is not None else "the home directory"
+    path, how = workspace_path()
     here, why = path, None
     while True:
         try:

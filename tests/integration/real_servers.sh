@@ -19,15 +19,21 @@
 #                     shim's choice (ninja: the wheel's, even with Debian's ninja on PATH)
 #   workers           a spawned worker sees the same CUDA_HOME, ninja and FlashInfer targets
 #   jit_dir           the server's JIT directory (SGLang: under ~/.cache/sglang)
+#   own_targets       in a model process (SGLang: the real set_cuda_arch() of ModelRunner.load_model,
+#                     torch.cuda answering for the first GPU of $ARCH), FLASHINFER_CUDA_ARCH_LIST
+#                     becomes what flashinfer-sm120 reads from the installed source (12.0a)
 #   warm              `flashinfer-sm120 build --arch $ARCH $MODULE` (no --for: the installed
-#                     server is detected), then, in a server process, FlashInfer's own
-#                     write_ninja + `ninja -n` (the ninja on the server's PATH) in the module's
-#                     build directory says "no work to do"
+#                     server is detected, and SGLang's own targets applied), then, in a model
+#                     process (SGLang: after its set_cuda_arch()), FlashInfer's own write_ninja +
+#                     `ninja -n` (the ninja on the server's PATH) in the module's build
+#                     directory says "no work to do"
 #   fallbacks         the guard's serving fallbacks (VLLM_USE_FLASHINFER_SAMPLER=0 ...) are
-#                     defined in the installed server's source
+#                     defined in the installed server's source; vLLM: every vllm/envs.py
+#                     FLASHINFER variable that defaults to True has one
 #   doctor            `flashinfer-sm120 doctor` names the ninja, the server's JIT dir and
 #                     vLLM's has_flashinfer()
-# Results: $WORK/summary.txt (PASS/FAIL per check, versions, date); exit status 1 on any FAIL.
+# 8 checks per server, 16 in all. Results: $WORK/summary.txt (PASS/FAIL per check, versions,
+# date); exit status 1 on any FAIL.
 # Needs root (unshare -m) and network access to the package index.
 set -euo pipefail
 
@@ -105,7 +111,7 @@ check_server() {
     esac
 
     # export, workers, jit dir, with Debian's ninja visible
-    for check in export workers jit_dir fallbacks; do
+    for check in export workers jit_dir fallbacks own_targets; do
         out=$(hidden "$name" "$py" "$ROOT/tests/integration/server_probe.py" "$check" "$name" 2>>"$log" | tail -1)
         echo "$check: $out" >> "$log"
         case "$out" in PASS*) result "$name" "$check" PASS "${out#PASS }" ;; *) result "$name" "$check" FAIL "$out" ;; esac

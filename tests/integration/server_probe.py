@@ -1,6 +1,6 @@
 """One check of tests/integration/real_servers.sh, run by the REAL server's venv python.
 
-    python server_probe.py versions|has_flashinfer|export|workers|jit_dir|fallbacks NAME
+    python server_probe.py versions|has_flashinfer|export|workers|jit_dir|fallbacks|own_targets NAME
     python server_probe.py warm NAME MODULE
 
 NAME is ``vllm`` or ``sglang``.  Each command prints one last line: ``PASS <details>`` or
@@ -131,13 +131,55 @@ def jit_dir(name: str) -> None:
           f"(FLASHINFER_WORKSPACE_BASE={os.environ.get('FLASHINFER_WORKSPACE_BASE')})")
 
 
+def _gpu_caps() -> list[tuple[int, int]]:
+    """The capabilities the check runs for (no GPU here): FLASHINFER_CUDA_ARCH_LIST's entries."""
+    return [(int(e.split(".")[0]), int(e.split(".")[1][0])) for e in os.environ["FLASHINFER_CUDA_ARCH_LIST"].split()]
+
+
+def _as_model_process(name: str) -> str | None:
+    """What a model process does before its first FlashInfer JIT build: SGLang's
+    ModelRunner.load_model() calls the real sglang.srt.utils.common.set_cuda_arch(), here with
+    torch.cuda answering for the first GPU of the arch list (there is no GPU on the check
+    machine); vLLM does nothing.  Returns FLASHINFER_CUDA_ARCH_LIST afterwards."""
+    if name == "sglang":
+        import torch
+        from sglang.srt.utils import common
+
+        cap = _gpu_caps()[0]
+        saved = torch.cuda.is_available, torch.cuda.get_device_capability
+        torch.cuda.is_available, torch.cuda.get_device_capability = (lambda: True), (lambda *a, **k: cap)
+        try:
+            common.set_cuda_arch()
+        finally:
+            torch.cuda.is_available, torch.cuda.get_device_capability = saved
+    return os.environ.get("FLASHINFER_CUDA_ARCH_LIST")
+
+
+def own_targets(name: str) -> None:
+    """The targets the server's model process sets itself are the ones flashinfer-sm120 reads from
+    the installed source (and builds with `build --for NAME`)."""
+    _server(name)
+    import flashinfer  # noqa: F401  (imported before load_model, as in the server)
+    from flashinfer_sm120 import serverarch
+
+    before = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")
+    ours = serverarch.server_arch(name, _gpu_caps(), dict(os.environ))
+    after = _as_model_process(name)
+    want = ours.value if ours is not None and ours.value is not None else before
+    ok = after == want and (ours is None or ours.how.startswith("read from "))
+    print(f"{'PASS' if ok else 'FAIL'} FLASHINFER_CUDA_ARCH_LIST {before} -> {after} in a model process; "
+          f"flashinfer-sm120 reads {want} ({ours.how if ours else 'no rule for ' + name})")
+
+
 def warm(name: str, module: str) -> None:
-    """After `flashinfer-sm120 build --arch ... MODULE`: in the server's process, FlashInfer's own
-    write_ninja() and the ninja on the server's PATH (run_ninja's) with -n: nothing to do."""
+    """After `flashinfer-sm120 build --arch ... MODULE`: in a model process of the server (SGLang:
+    after its set_cuda_arch()), FlashInfer's own write_ninja() and the ninja on the server's PATH
+    (run_ninja's) with -n: nothing to do."""
     _server(name)
     import flashinfer  # noqa: F401
     from flashinfer_sm120.warmup import modules
 
+    arch = _as_model_process(name)
     spec = modules.expand([module])[0].spec()
     spec.write_ninja()  # what JitSpecNvcc.build() does before run_ninja (flashinfer/jit/core.py)
     ninja = shutil.which("ninja")
@@ -145,23 +187,35 @@ def warm(name: str, module: str) -> None:
                           capture_output=True, text=True, cwd=str(spec.build_dir))
     out = (proc.stdout + proc.stderr).strip().replace("\n", " | ")
     ok = proc.returncode == 0 and "no work to do" in out and spec.jit_library_path.exists()
-    print(f"{'PASS' if ok else 'FAIL'} {spec.build_dir}: '{ninja} -n' -> {out[:300]}")
+    print(f"{'PASS' if ok else 'FAIL'} {spec.build_dir} (FLASHINFER_CUDA_ARCH_LIST={arch}): '{ninja} -n' -> "
+          f"{out[:300]}")
 
 
 def fallbacks(name: str) -> None:
-    """The guard's serving fallbacks are defined in the installed server's source."""
+    """The guard's serving fallbacks are defined in the installed server's source, and (vLLM)
+    every vllm/envs.py variable that turns a FlashInfer path on by default has one."""
     from flashinfer_sm120 import servers
 
     found = [(fb.text, ok) for inst, fb, ok in servers.fallbacks() if inst.release.key == name]
     ok = bool(found) and all(v is True for _, v in found)
-    print(f"{'PASS' if ok else 'FAIL'} {servers.fallback_text([i for i in servers.installed() if i.release.key == name])}")
+    missing = []
+    if name == "vllm":
+        import vllm.envs as envs
+
+        for k in [k for k in os.environ if "FLASHINFER" in k and k.startswith("VLLM_")]:
+            del os.environ[k]
+        on = [k for k, get in envs.environment_variables.items() if "FLASHINFER" in k and get() is True]
+        missing = [k for k in on if f"{k}=0" not in [t for t, _ in found]]
+    print(f"{'PASS' if ok and not missing else 'FAIL'} "
+          + (f"no fallback for {', '.join(missing)}; " if missing else "")
+          + servers.fallback_text([i for i in servers.installed() if i.release.key == name]))
 
 
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     try:
         {"versions": versions, "has_flashinfer": has_flashinfer, "export": export, "workers": workers,
-         "jit_dir": jit_dir, "warm": warm, "fallbacks": fallbacks}[cmd](*args)
+         "jit_dir": jit_dir, "warm": warm, "fallbacks": fallbacks, "own_targets": own_targets}[cmd](*args)
     except Exception as exc:  # one line the script can read
         print(f"FAIL {type(exc).__name__}: {json.dumps(str(exc))[:500]}")
         raise SystemExit(1)

@@ -200,6 +200,14 @@ def _quiet_stdout() -> None:
         pass
 
 
+def lists_only(args: argparse.Namespace) -> bool:
+    """Whether the command only lists (``cache prune`` without ``--yes``): it then creates no
+    directory or file of flashinfer-sm120's.  (``status`` and ``doctor`` import FlashInfer with the
+    patch, as a server does, views included: they create what that import creates, under the same
+    checks.)"""
+    return args.cmd == "cache" and getattr(args, "cache_cmd", None) == "prune" and not getattr(args, "yes", False)
+
+
 def _main(argv: list[str] | None) -> int:
     _safe_streams()
     argv = sys.argv[1:] if argv is None else argv
@@ -224,6 +232,10 @@ def _main(argv: list[str] | None) -> int:
         _chosen(parser, args).error(_unknown(_chosen(parser, args), extras))
     from ..proc import signals_as_exit
 
+    if lists_only(args):  # threat-model: P4 (a command that only lists creates nothing)
+        from ..statedir import listing_only
+
+        listing_only()
     try:
         with signals_as_exit():  # 'kill' or a closed terminal stops what the command started, as Ctrl-C does
             return args.func(args)

@@ -62,10 +62,15 @@ def _build(args: argparse.Namespace) -> dict:
     served = session.apply_server_cache(args.for_server, entries)
     # --arch reaches FlashInfer as FLASHINFER_CUDA_ARCH_LIST: the summary names what the user typed
     sess = session.prepare(arch, _targets_origin(args.arch, arch))
+    own = session.apply_server_arch(served["server"], sess)  # the server's model processes' own targets
     print(f"flashinfer-sm120: {sess.summary}", file=sys.stderr)
     if served["server"]:
         print(f"flashinfer-sm120: building into {served['server']}'s JIT directory ({served['why']}): "
               f"{sess.jit_dir} ({served['how']})", file=sys.stderr)
+    if own:
+        print(f"flashinfer-sm120: {own.name} will build for {', '.join(own.targets)} (its {own.function} sets "
+              f"{own.variable}={own.value} after FlashInfer's import; {own.how}): building that, as it will "
+              f"request it, in the JIT directory of {', '.join(_sm(t) for t in sess.targets)}", file=sys.stderr)
     missing = _missing_headers(variants, sess) if not args.ninja_only else []
     if missing:  # before anything compiles: nvcc would stop on the #include minutes later
         raise _Stop("; ".join(missing))
@@ -109,6 +114,8 @@ def _build(args: argparse.Namespace) -> dict:
     return buildjson.document(
         error, cuda_home=sess.cuda_home, cuda_version=sess.cuda_version, flashinfer=sess.flashinfer,
         target_cuda_archs=[_sm(t) for t in sess.targets], jit_dir=str(sess.jit_dir), server=served,
+        server_arch=own and {"variable": own.variable, "value": own.value, "targets": list(own.targets),
+                             "function": own.function, "how": own.how},
         targets_from=sess.targets_from, pool_wall_s=stats.get("wall_s"), pool_occupancy=stats.get("occupancy"),
         modules=results, plan=stats.get("plan"), pool_timeline=stats.get("timeline"), compiler_cache=cache,
         cannot_regenerate=[{"name": n, "why": w} for n, w in skipped])
@@ -192,6 +199,12 @@ def _print_human(summary: dict) -> None:
         else:
             print(f"{r['status']} {r['module']}: {r['library']} ({r['bytes']} bytes, {r['seconds']} s; "
                   f"{', '.join(r['binary'])})")
+    for r in summary["modules"]:
+        for c in r.get("build_vars_before") or ():
+            print(f"note: {r['module']} was built with {c['name']}={c['built'] or '(unset)'}, now "
+                  f"{c['now'] or '(unset)'}: it was rebuilt, and a process with the old value rebuilds it again")
+        if r.get("build_vars_unrecorded"):
+            print(f"note: {r['module']}: its build-line variables were not recorded: {r['build_vars_unrecorded']}")
     for s in summary["cannot_regenerate"]:
         print(f"cannot regenerate {s['name']}: {s['why']}")
 

@@ -23,6 +23,7 @@ __all__ = ["ALONE_TIMEOUT_S", "SECTIONS", "run_doctor", "add_parser"]
 SECTIONS: tuple[tuple[str, str], ...] = (
     ("ninja", ".toolkit.ninja"),  # which ninja the server and `build` run, and conflicting ones
     ("servers", ".cli.servers_report"),  # vLLM/SGLang: their FlashInfer check, nvcc lookup and JIT dir
+    ("build_line", ".cli.buildline_report"),  # variables that change every build line; servers' own targets
     ("inventory", ".verify.inventory"),  # what FlashInfer will load, with its targets
     ("caches", ".prune"),  # the size of both caches
     ("builds", ".warmup.buildreport"),  # memory seen, the build plan, the compiler-cache launcher

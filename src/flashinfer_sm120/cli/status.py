@@ -39,6 +39,14 @@ def run_status(args: argparse.Namespace) -> int:
     import os
 
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the line below says it
+    from ..workspace import workspace_foreign_tree
+
+    foreign = workspace_foreign_tree()  # threat-model: P4: FlashInfer's import would create it there
+    if foreign is not None:
+        from ..statedir import foreign_tree_message
+
+        return _say(args, {"mode": "refused", "error": "FlashInfer was not imported: " + foreign_tree_message(
+            "FlashInfer's JIT cache", foreign, "FLASHINFER_WORKSPACE_BASE")})
     import flashinfer_sm120 as shim
 
     try:

@@ -46,7 +46,7 @@ from .grammar import (
     NAME_RE, FILE_NAME_RE, parse_version, parse_name, parse_relpath, parse_target, parse_flag,
     parse_path_text, parse_command_words, parse_sha256, parse_ninja_log_header, parse_leading_version,
 )
-from .paths import safe_join, make_private_dirs
+from .paths import PATH_RULE, ForeignTree, deepest_existing, foreign_tree, make_private_dirs, path_chars_problem, safe_join
 from .cli import cli_int, cli_float, cli_size
 from .binary import (
     ElfInfo, read_elf, cuda_elf_sm, parse_cuobjdump_list, parse_cuobjdump_headers, ninja_variables,
@@ -56,7 +56,8 @@ from .binary import (
 __all__ = [
     "FormatError", "MAX_SHOWN", "MAX_JSON_DEPTH", "NAME_RE", "FILE_NAME_RE", "bounded", "shown", "some", "read_bytes",
     "read_prefix", "read_text", "iter_lines", "loads_json", "read_json_file", "field", "parse_version",
-    "parse_name", "parse_relpath", "safe_join", "make_private_dirs", "env_text", "check_text", "parse_target",
+    "parse_name", "parse_relpath", "safe_join", "make_private_dirs", "PATH_RULE", "path_chars_problem",
+    "ForeignTree", "foreign_tree", "deepest_existing", "env_text", "check_text", "parse_target",
     "parse_flag", "parse_compile_flag", "parse_generator", "parse_params", "PARAM_MAX_DEPTH",
     "PARAM_MAX_ITEMS", "PARAM_MAX_TEXT", "OPTION_FORMS", "PATH_OPTIONS", "parse_path_text", "parse_command_words", "parse_sha256", "string_list", "cli_int", "cli_float", "cli_size",
     "parse_ninja_log_header", "parse_leading_version", "ElfInfo", "read_elf", "cuda_elf_sm",

@@ -5,8 +5,8 @@ FlashInfer's own lookup (``flashinfer/jit/cpp_ext.py``, ``get_cuda_path``) takes
 ``/usr/local/cuda``, and asks that nvcc for its version.  It never looks at the
 CUDA 13 nvcc that pip installs into ``site-packages/nvidia/cu13``, and a wrapper
 script at ``/usr/local/bin/nvcc`` makes it pick ``/usr/local``.  Here every
-candidate is gathered, versions are read from files (fast; the subprocess
-``nvcc --version`` is only a fallback, with a timeout), each is checked against
+candidate is gathered, its version is what its nvcc says (``nvcc --version``, with a
+timeout, remembered per binary; a version file that disagrees is a finding), each is checked against
 the targets wanted, and the first acceptable one in a fixed order of sources
 wins.  The result says where it came from and why the others were rejected.
 """
@@ -14,7 +14,7 @@ wins.  The result says where it came from and why the others were rejected.
 from __future__ import annotations
 
 from ..errors import ToolkitError
-from .model import Choice, RejectKind, Rejection, Toolkit
+from .model import Choice, RejectKind, Rejection, Toolkit, VersionDisagreement
 from .policy import choose
 from .probe import FAILURE_MEMORY_S, NVCC_TIMEOUT_S, inspect
 from .sources import FIND_STEPS, SOURCES, Candidates, discover, flashinfer_naive_root, torch_cuda_version
@@ -22,7 +22,7 @@ from .trust import check_executable, trace
 
 __all__ = [
     "NVCC_TIMEOUT_S", "FAILURE_MEMORY_S", "SOURCES", "Toolkit", "Choice", "RejectKind", "Rejection",
-    "ToolkitError",
+    "ToolkitError", "VersionDisagreement",
     "Candidates", "discover", "choose", "inspect", "flashinfer_naive_root",
     "check_executable", "trace", "FIND_STEPS",
     "torch_cuda_version",

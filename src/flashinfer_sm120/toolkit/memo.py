@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 
 from .. import formats
-from ..statedir import cache_root
+from ..statedir import cache_root, lists_only
 from ..statefiles import compute_once, read_json, write_json_atomic
 from ..errors import FormatError, StateFileError
 
@@ -201,6 +201,10 @@ def probe_once(nvcc: str, probe: Callable[[], tuple[str | None, str | None, bool
     first one stored; if the lock cannot be had in time (or at all: read-only
     or lock-less file systems), they probe themselves (bounded anyway).
     """
+    if lists_only():  # threat-model: P4: a command that only lists writes no memo and no lock file
+        hit = lookup(nvcc)
+        return hit if hit is not None else probe()[:2]
+
     def compute() -> tuple[str | None, str | None]:
         full, problem, remember = probe()
         if remember:

@@ -11,7 +11,30 @@ from .. import arch as _arch
 from ..errors import ToolkitError
 from ..formats import parse_version
 
-__all__ = ["Toolkit", "Choice", "RejectKind", "Rejection", "ToolkitError"]
+__all__ = ["Toolkit", "Choice", "RejectKind", "Rejection", "ToolkitError", "VersionDisagreement"]
+
+
+@dataclass(frozen=True)
+class VersionDisagreement:
+    """A toolkit whose version file and ``nvcc --version`` disagree; the binary's answer is the one
+    used (threat-model: P1: the binary, not a file beside it).
+
+    Attributes:
+        file: the file that gave ``file_version`` (``version.json``, a wheel's ``dist-info``...).
+        file_version: what the file says, e.g. ``"13.0.88"``.
+        nvcc: the binary that was asked.
+        nvcc_version: what ``nvcc --version`` printed, e.g. ``"12.8.93"``.
+    """
+
+    file: str
+    file_version: str
+    nvcc: str
+    nvcc_version: str
+
+    def to_dict(self) -> dict:
+        """JSON-ready form."""
+        return {"file": self.file, "file_version": self.file_version, "nvcc": self.nvcc,
+                "nvcc_version": self.nvcc_version}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +59,8 @@ class Toolkit:
         problem: why the toolkit is unusable in any case (missing nvcc, untrusted,
             unreadable version, nvcc/header mismatch), or ``None``.
         given_as: the path as the user or environment gave it (e.g. ``$CUDA_HOME``).
+        disagreement: set when a version file said another version than the binary (whose
+            answer ``nvcc_version``/``nvcc_full`` hold), for ``doctor``.
     """
 
     root: str
@@ -49,6 +74,7 @@ class Toolkit:
     lib_dir: str | None = None
     problem: str | None = None
     given_as: str | None = None
+    disagreement: VersionDisagreement | None = None
 
     def __post_init__(self) -> None:
         if self.nvcc_full is not None:  # parsed once, only formatted from the Version after that
@@ -74,6 +100,7 @@ class Toolkit:
             "lib_dir": self.lib_dir,
             "problem": self.problem,
             "given_as": self.given_as,
+            "disagreement": self.disagreement.to_dict() if self.disagreement else None,
         }
 
 

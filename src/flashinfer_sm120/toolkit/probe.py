@@ -1,5 +1,5 @@
-"""Read a toolkit's versions: from files first, ``nvcc --version`` as a fallback
-(bounded, remembered per binary), and assemble a :class:`Toolkit`."""
+"""Read a toolkit's versions: ``nvcc --version`` (bounded, remembered per binary), checked against
+the version files beside it, and assemble a :class:`Toolkit`."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from ..errors import FormatError
 from . import memo
 from .fixes import consistent_set_fix
 from .memo import FAILURE_MEMORY_S
-from .model import Toolkit
+from .model import Toolkit, VersionDisagreement
 from ..ownership import check_path
 from .trust import trace
 
 logger = logging.getLogger("flashinfer_sm120")
 
 __all__ = ["NVCC_TIMEOUT_S", "FAILURE_MEMORY_S", "NVCC_MAX_OUTPUT", "inspect", "read_text", "major_minor",
-           "nvcc_version"]
+           "nvcc_version", "nvcc_answer"]
 
 
 #: Seconds to wait for ``nvcc --version`` (the fallback when no file gives the
@@ -145,7 +145,22 @@ def nvcc_version(nvcc: str, timeout: float = NVCC_TIMEOUT_S) -> tuple[str | None
         nvcc: path of the nvcc binary.
         timeout: seconds allowed for ``nvcc --version``.
     """
-    return memo.probe_once(nvcc, lambda: _run_nvcc_version(nvcc, timeout), lock_timeout=timeout + 5.0)
+    full, problem, _local = nvcc_answer(nvcc, timeout)
+    return full, problem
+
+
+def nvcc_answer(nvcc: str, timeout: float = NVCC_TIMEOUT_S) -> tuple[str | None, str | None, bool]:
+    """:func:`nvcc_version` and whether a failure was this process's own (``local``: it could not
+    start a program at all, e.g. ``EAGAIN`` or ``E2BIG``), which says nothing about the binary."""
+    local: list[bool] = []
+
+    def probe() -> tuple[str | None, str | None, bool]:
+        full, problem, remember = _run_nvcc_version(nvcc, timeout)
+        local.append(not remember)
+        return full, problem, remember
+
+    full, problem = memo.probe_once(nvcc, probe, lock_timeout=timeout + 5.0)
+    return full, problem, any(local)
 
 
 def _run_nvcc_version(nvcc: str, timeout: float) -> tuple[str | None, str | None, bool]:
@@ -239,16 +254,17 @@ def _untrusted(kind: str, why: str) -> str:
 
 def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | None = None,
             *, timeout: float = NVCC_TIMEOUT_S) -> Toolkit:
-    """Read one toolkit's facts from its files (running nvcc only as a fallback).
+    """Read one toolkit's facts from its files, its version confirmed by ``nvcc --version``.
 
     ``<root>/bin/nvcc`` is traced through links and wrapper scripts without
     running it (:func:`flashinfer_sm120.toolkit.trust.trace`); anything
     untrusted on the way, or a wrapper whose target cannot be told, makes the
     toolkit unusable and nothing is run.  Include and library directories must
-    pass the same rule to be adopted.  The version comes from ``version.json``,
-    the pip wheel's ``dist-info``, or ``version.txt`` (of ``root`` or of the
-    toolkit the wrapper leads to), else from ``nvcc --version``
-    (:func:`nvcc_version`: bounded, remembered).
+    pass the same rule to be adopted.  The version is what ``nvcc --version`` says
+    (:func:`nvcc_version`: bounded, remembered per binary); ``version.json``, the pip
+    wheel's ``dist-info`` or ``version.txt`` (of ``root`` or of the toolkit the wrapper
+    leads to) is named as its source when it agrees, and a file that disagrees is
+    recorded in ``Toolkit.disagreement`` (the binary's answer is used).
 
     Args:
         root: toolkit prefix, e.g. ``/usr/local/cuda-12.8`` or ``/usr`` (Debian:
@@ -285,12 +301,19 @@ def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | No
     target_root = os.path.dirname(os.path.dirname(nvcc))
     if not found and target_root != real_root:
         found = _version_from_files(target_root)
-    if found:
-        version, source = found
-        full, problem = str(version), None  # formatted from the parsed Version, never the raw text
-    else:
-        full, problem = nvcc_version(nvcc, timeout)
-        source = "nvcc --version" if full else None
+    # threat-model: P1: the binary decides; a file beside it only names the version when nvcc agrees
+    # (one run per binary: nvcc_version is remembered, keyed by the binary's fingerprint)
+    full, problem, local = nvcc_answer(nvcc, timeout)
+    source, disagreement = ("nvcc --version" if full else None), None
+    if found and full:
+        version, file = found
+        if str(version) == full:  # formatted from the parsed Version, never the raw text
+            source = file
+        else:
+            disagreement = VersionDisagreement(file, str(version), nvcc, full)
+    elif found and local:  # this process cannot start programs (nor could FlashInfer): the file, for now
+        logger.info("flashinfer-sm120: %s; using the version %s gives, unconfirmed", problem, found[1])
+        full, problem, source = str(found[0]), None, found[1]
     nv = major_minor(full) if full else None
     pip = "pip" in sources or f"{os.sep}site-packages{os.sep}nvidia{os.sep}" in real_root + os.sep
     if nv and hv and nv != hv:
@@ -302,4 +325,5 @@ def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | No
     if nv and not incs and problem is None:
         problem = (f"{real_root}: no include/cuda_runtime_api.h; the toolkit is incomplete: "
                    f"{consistent_set_fix(nv, pip)}")
-    return Toolkit(nvcc=nvcc, nvcc_version=nv, nvcc_full=full, version_from=source, problem=problem, **base)
+    return Toolkit(nvcc=nvcc, nvcc_version=nv, nvcc_full=full, version_from=source, problem=problem,
+                   disagreement=disagreement, **base)

@@ -18,7 +18,7 @@ import tarfile
 import zlib
 from typing import Any
 
-from .. import formats
+from .. import buildline, formats
 from ..errors import FormatError
 from .manifest import parse_entry
 from .session import BuildError
@@ -86,6 +86,11 @@ def parse_meta(obj: Any, source: str) -> Meta:
         fp = {k: f(fp_obj, k, kind, f"{source} 'fingerprint'", fix=_FIX, max_len=4096)
               for k, kind in _FINGERPRINT.items()}
         fp["targets"] = [formats.parse_target(t, f"{source} 'fingerprint'", fix=_FIX) for t in fp["targets"]]
+        if "build_vars" in fp_obj:  # since flashinfer-sm120 0.2.x; older exports lack it
+            fp["build_vars"] = buildline.checked(fp_obj["build_vars"])
+            if fp["build_vars"] is None:
+                raise BuildError(f"{source}: 'fingerprint' 'build_vars' is not a set of FlashInfer's build-line "
+                                 f"variables; {_FIX}")
         mods, seen, names = [], {}, set()
         for m in f(obj, "modules", list, source, fix=_FIX, max_len=10_000):
             name = formats.parse_name(f(m, "name", str, f"{source} module", fix=_FIX), f"{source} module", fix=_FIX)

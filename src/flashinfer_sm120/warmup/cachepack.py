@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import formats
+from .. import buildline, formats
 from ..errors import FormatError
 from ..tmpdirs import private_dir
 from . import ninjacmd, ninjadeps, pool
@@ -260,6 +260,11 @@ def _mismatch(theirs: dict, ours: dict) -> str | None:
     for k, fix in fixes.items():
         if theirs.get(k) != ours.get(k):
             return f"archive has {k} {theirs.get(k)!r}, this machine {ours.get(k)!r}: {fix}"
+    changed = buildline.changes(theirs["build_vars"], ours.get("build_vars") or {}) if "build_vars" in theirs else []
+    if changed:
+        said = "; ".join(f"{c.name}={c.built or '(unset)'} there, {c.now or '(unset)'} here" for c in changed)
+        return (f"the archive was built with other FlashInfer build-line variables ({said}): they change every "
+                f"build line, so every module would be rebuilt; set them here as there, or build here")
     return None
 
 

@@ -9,11 +9,12 @@ import sys
 from pathlib import Path
 
 from .. import arch as _arch
+from .. import buildline
 from ..errors import Sm120Error
 from . import ninjacmd, pool
 
-__all__ = ["BuildError", "Session", "SERVER_CHOICES", "apply_server_cache", "prepare", "write_ninjas",
-           "build_specs"]
+__all__ = ["BuildError", "Session", "SERVER_CHOICES", "apply_server_cache", "apply_server_arch", "prepare",
+           "write_ninjas", "build_specs"]
 
 #: ``build --for`` values: the servers whose JIT directory a warm-up build can target.
 SERVER_CHOICES = ("vllm", "sglang")
@@ -39,9 +40,11 @@ class Session:
 
     def fingerprint(self) -> dict:
         """What a JIT cache entry depends on besides its sources: FlashInfer release,
-        targets, nvcc release, and the CUDA_HOME and JIT dir paths written into build.ninja."""
+        targets, nvcc release, the CUDA_HOME and JIT dir paths written into build.ninja, and
+        FlashInfer's variables that enter the build line (:mod:`flashinfer_sm120.buildline`)."""
         return {"flashinfer": self.flashinfer, "targets": self.targets,
-                "cuda_version": self.cuda_version, "cuda_home": self.cuda_home, "jit_dir": str(self.jit_dir)}
+                "cuda_version": self.cuda_version, "cuda_home": self.cuda_home, "jit_dir": str(self.jit_dir),
+                "build_vars": buildline.snapshot(dict(os.environ), self.flashinfer)}
 
 
 def set_arch(value: str | None) -> None:
@@ -137,6 +140,37 @@ def apply_server_cache(for_server: str | None = None, entries=None, *, strict: b
     return out
 
 
+def apply_server_arch(server: str | None, sess: Session):
+    """Set the arch list the way ``server``'s model processes set it, after FlashInfer's import
+    and before the first module is generated, as they do (SGLang's ``set_cuda_arch()`` in
+    ``ModelRunner.load_model()``, :mod:`flashinfer_sm120.serverarch`): the JIT directory keeps
+    the targets of import, and every build line gets the server's own targets, so what is
+    built here is byte for byte what the server writes and finds.
+
+    Returns:
+        The :class:`~flashinfer_sm120.serverarch.ArchChoice` applied, or ``None`` (no server,
+        or one that leaves the arch list alone).
+
+    Raises:
+        BuildError: the targets are of GPUs of several capabilities: each of the server's
+            processes keeps only its own GPU's, in one shared directory.
+    """
+    from .. import serverarch
+
+    if server is None:
+        return None
+    caps = list(dict.fromkeys((int(t.split(".")[0]), int(t.split(".")[1][0])) for t in sess.targets))
+    choice = serverarch.server_arch(server, caps, dict(os.environ))
+    if choice is None or choice.value is None:
+        return None
+    if len(choice.targets) > 1:
+        raise BuildError(f"{choice.name}'s {choice.function} makes each model process build for its own GPU only "
+                         f"({', '.join(choice.targets)}) in one shared JIT directory, so no single warm-up serves "
+                         f"them all: warm each kind of GPU on its own, e.g. --arch {sess.targets[0][:4]}")
+    os.environ[choice.variable] = choice.value
+    return choice
+
+
 def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     """Patch and import FlashInfer for ``arch`` (``--arch``; default: the GPUs present);
     ``targets_from`` names where ``arch`` came from (``from --arch 12.0``) in the summary.
@@ -224,6 +258,9 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
 
     stream = stream or sys.stderr
     write_ninjas([s for _, s in labelled])
+    now_vars = buildline.snapshot(dict(os.environ), _flashinfer_version())
+    before = {label: buildline.changes(rec, now_vars) for label, spec in labelled
+              if (rec := buildline.recorded(spec.build_dir)) is not None}
     known = estimates.recorded()
     ests = {label: (estimates.Estimate(mem_per_compile, estimates.family_of(spec.name).name, "--mem-per-compile")
                     if mem_per_compile else estimates.estimate(spec.name, known)) for label, spec in labelled}
@@ -240,6 +277,7 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     launcher = os.environ.get("FLASHINFER_NVCC_LAUNCHER")
     out = []
     for (label, spec), res in zip(labelled, results):
+        unrecorded = buildline.record(spec.build_dir, now_vars) if res.status != "failed" else None
         if res.status == "built" and res.peak_rss and not launcher:
             estimates.record_peak(spec.name, res.peak_rss, factor)
         text = spec.ninja_path.read_text()
@@ -250,5 +288,17 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
             "seconds": res.seconds, "error": res.error, "peak_rss": res.peak_rss,
             "gencode": sorted({f"{a},{c}" for a, c in re.findall(r"-gencode=arch=(compute_\w+),code=(\w+)", text)}),
             "binary": ninjacmd.gencode_summary(text),
+            "build_vars": now_vars, "build_vars_before": [c.__dict__ for c in before.get(label) or ()],
+            "build_vars_unrecorded": unrecorded,
         })
     return out
+
+
+def _flashinfer_version() -> str | None:
+    """The FlashInfer release built with (its package metadata; nothing is imported)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("flashinfer-python")
+    except importlib.metadata.PackageNotFoundError:
+        return None

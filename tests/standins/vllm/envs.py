@@ -1,5 +1,6 @@
-# Stand-in written from vLLM 0.33.0 vllm/envs.py: the two variables flashinfer-sm120 relies on,
-# read lazily through a module __getattr__ as the real module does.
+# Stand-in written from vLLM 0.33.0 vllm/envs.py: the variables flashinfer-sm120 relies on and
+# every FlashInfer variable whose default is True, read lazily through a module __getattr__ as the
+# real module does (the False-default VLLM_USE_FLASHINFER_MOE_INT4 stays: it is no default).
 import os
 
 environment_variables = {
@@ -9,6 +10,11 @@ environment_variables = {
     "VLLM_USE_FLASHINFER_SAMPLER": lambda: (
         bool(int(os.environ["VLLM_USE_FLASHINFER_SAMPLER"])) if "VLLM_USE_FLASHINFER_SAMPLER" in os.environ
         else True),
+    # FlashInfer FP8 block-scale GEMM for linear layers (vllm/utils/flashinfer.py)
+    "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER": lambda: bool(int(os.getenv("VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", "1"))),
+    "VLLM_USE_FLASHINFER_MOE_INT4": lambda: bool(int(os.getenv("VLLM_USE_FLASHINFER_MOE_INT4", "0"))),
+    # FlashInfer all-reduce (vllm/distributed/device_communicators/cuda_communicator.py)
+    "VLLM_ALLREDUCE_USE_FLASHINFER": lambda: bool(int(os.getenv("VLLM_ALLREDUCE_USE_FLASHINFER", "1"))),
 }
 
 

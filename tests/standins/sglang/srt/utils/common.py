@@ -1,7 +1,10 @@
 # Stand-in written from SGLang 0.5.23 sglang/srt/utils/common.py: is_flashinfer_available(),
-# SGLang's only FlashInfer check (no nvcc, no ninja), and what it calls.
+# SGLang's only FlashInfer check (no nvcc, no ninja), what it calls, and set_cuda_arch(), with which
+# every model process (ModelRunner.load_model) chooses FlashInfer's targets itself.
 import importlib.util
 import os
+
+import torch  # the real module imports it at the top; set_cuda_arch() uses the module's name
 
 
 def get_bool_env_var(name, default="false"):
@@ -9,8 +12,6 @@ def get_bool_env_var(name, default="false"):
 
 
 def is_cuda():
-    import torch
-
     return torch.cuda.is_available() and torch.version.cuda is not None
 
 
@@ -22,6 +23,14 @@ def is_flashinfer_available():
 
 def get_cuda_version():
     # torch's CUDA release as (major, minor): _jit_cuda_version()'s fallback
-    import torch
-
     return tuple(int(x) for x in (torch.version.cuda or "0.0").split(".")[:2])
+
+
+def set_cuda_arch():
+    # 0.5.23: "a" for major >= 9, so 12.0a on an RTX PRO 6000 (FlashInfer would pick 120f itself)
+    if is_flashinfer_available():
+        capability = torch.cuda.get_device_capability()
+        arch = f"{capability[0]}.{capability[1]}"
+        os.environ["FLASHINFER_CUDA_ARCH_LIST"] = (
+            f"{arch}{'a' if capability[0] >= 9 else ''}"
+        )
