@@ -254,7 +254,7 @@ def _main(argv: list[str] | None) -> int:
     from ..proc import signals_as_exit
 
     if lists_only(args):  # threat-model: P4 (a command that only lists creates nothing)
-        from ..cache import listing_only
+        from ..statedir import listing_only
 
         listing_only()
     try:

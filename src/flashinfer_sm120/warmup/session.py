@@ -212,9 +212,9 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     from flashinfer.jit import core
 
     targets = sorted(f"{a}.{b}" for a, b in core.current_compilation_context.TARGET_CUDA_ARCHS)
-    from ..cache import jit_dir_problem
+    from ..pathpolicy import jit_dir_problem
 
-    from ..toolkit.ownership import check_place
+    from ..ownership import check_place
 
     problem = (jit_dir_problem(str(jit_env.FLASHINFER_JIT_DIR))
                or check_place(str(jit_env.FLASHINFER_JIT_DIR), "FlashInfer's JIT directory"))
