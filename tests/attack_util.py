@@ -50,7 +50,7 @@ def toolkit_with_nvcc(root: Path, nvcc_text: str, header: str = "13.0") -> Path:
 
 def tmp_is_trusted(tmp: Path) -> bool:
     """pytest's tmp dirs pass the trust rule (owned by us, not writable by others)."""
-    from flashinfer_sm120.toolkit.ownership import check_path
+    from flashinfer_sm120.ownership import check_path
 
     return check_path(str(tmp)) is None and os.geteuid() == tmp.stat().st_uid
 

@@ -234,8 +234,8 @@ def cache_dir(tmp_path, monkeypatch):
     with the process's remembered root cleared before and after."""
     d = tmp_path / "cache"
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(d))
-    from flashinfer_sm120 import cache
+    from flashinfer_sm120 import statedir
 
-    cache._root_cache.clear()
+    statedir.forget_cache_root()
     yield d
-    cache._root_cache.clear()
+    statedir.forget_cache_root()

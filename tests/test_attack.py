@@ -113,20 +113,21 @@ def test_a_failure_dated_nan_or_huge_expires(cache_dir, at):
 def test_a_dangling_cache_dir_symlink_is_refused(tmp_path, monkeypatch):
     """FLASHINFER_SM120_CACHE_DIR -> a missing directory: refused (whoever creates the target
     later would own our state), and the next candidate is used."""
-    from flashinfer_sm120 import cache
+    from flashinfer_sm120 import statedir
 
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "missing")
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(link))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    cache._root_cache.clear()
+    statedir.forget_cache_root()
     try:
-        root = cache.cache_root()
+        root = statedir.cache_root()
+        notes = statedir.cache_root_notes()
     finally:
-        cache._root_cache.clear()
+        statedir.forget_cache_root()
     assert root == os.path.realpath(tmp_path / "xdg" / "flashinfer-sm120")
     assert os.path.isdir(root)
-    assert any("does not exist" in n for n in cache.cache_root_notes())
+    assert any("does not exist" in n for n in notes)
 
 
 # --------------------------------------------------------------- enable / disable
@@ -166,7 +167,7 @@ def test_a_read_only_cache_candidate_falls_through(tmp_path):
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "FLASHINFER_SM120_CACHE_DIR"}
     env.update(XDG_CACHE_HOME=str(ro), HOME=str(home))
-    code = "from flashinfer_sm120 import cache; print(cache.cache_root())"
+    code = "from flashinfer_sm120 import statedir; print(statedir.cache_root())"
     proc = in_namespace(f"mount --bind {ro} {ro}; mount -o remount,bind,ro {ro}\n"
                         f"{sys.executable} -c '{code}'", env, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -172,11 +172,11 @@ def test_a_relative_path_entry_never_counts_as_the_exported_ninja(tmp_path, monk
     ``PATH`` entry names that directory there.  Started from the venv's ``bin`` with
     ``PATH=.``, the export said "unchanged: 'which ninja' is already ..." and every JIT build
     then found no ninja (or Debian's 1.11 next on PATH, another .ninja_log format)."""
-    from flashinfer_sm120 import cache
+    from flashinfer_sm120 import statedir
     from flashinfer_sm120.toolkit import ninja
 
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "cache"))
-    cache._root_cache.clear()
+    statedir.forget_cache_root()
     chosen = ninja.choose()
     monkeypatch.chdir(os.path.dirname(chosen.path))
     for env_path in (".", ":/usr/bin", "bin:/usr/bin"):

@@ -33,9 +33,9 @@ def _current_aged(c) -> Path:
 def _scan_then(c, act):
     """``cache prune --older-than 30 --yes`` split at its seam: scan, ``act()`` (what another
     process does meanwhile), remove."""
-    from flashinfer_sm120 import cache, prune as pr
+    from flashinfer_sm120 import prune as pr, statedir
 
-    cache._root_cache.clear()
+    statedir.forget_cache_root()
     report = pr.scan(30)
     stale = {e.path for e in report["entries"] if e.reason and not e.kept}
     held = act()

@@ -111,7 +111,7 @@ def test_a_broken_package_never_stops_the_interpreter(pth_in, tmp_path, body):
     assert proc.stderr.count("autoload failed") == 1 and str(site_dir / PTH_NAME) in proc.stderr
 
 
-@pytest.mark.parametrize("missing", ["gpus.py", "arch.py", "toolkit/sources.py", "cache.py"])
+@pytest.mark.parametrize("missing", ["gpus.py", "arch.py", "toolkit/sources.py", "statedir.py"])
 def test_disable_works_with_the_package_broken(tmp_path, missing):
     copy = copy_package(tmp_path / "copy")
     victim = copy / "flashinfer_sm120" / missing

@@ -647,7 +647,7 @@ def test_item12_umask_000_without_a_cache_dir_creates_private_levels(tmp_path):
     home.mkdir(mode=0o700)
     env = {k: v for k, v in os.environ.items() if k not in ("FLASHINFER_SM120_CACHE_DIR", "XDG_CACHE_HOME")}
     env["HOME"] = str(home)
-    code = "import os; os.umask(0)\nfrom flashinfer_sm120 import cache\nprint('@@' + cache.cache_root())"
+    code = "import os; os.umask(0)\nfrom flashinfer_sm120 import statedir\nprint('@@' + statedir.cache_root())"
     proc = subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     root = proc.stdout.strip().removeprefix("@@")
     assert root == str(home / ".cache" / "flashinfer-sm120"), proc.stdout + proc.stderr

@@ -144,11 +144,11 @@ def test_cuda_home_value_property(value):
 @given(st.one_of(json_value, deep, st.binary(max_size=300)))
 @FUZZ
 def test_memo_property(tmp_path, monkeypatch, value):
-    from flashinfer_sm120 import cache
+    from flashinfer_sm120 import statedir
     from flashinfer_sm120.toolkit import memo
 
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "c"))
-    cache._root_cache.clear()
+    statedir.forget_cache_root()
     path = memo.memo_path()
     raw = value if isinstance(value, bytes) else (value if isinstance(value, str) and value.startswith("[")
                                                    else json.dumps({"schema": memo.SCHEMA, "entries": {
@@ -157,7 +157,7 @@ def test_memo_property(tmp_path, monkeypatch, value):
     Path(path).write_bytes(raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogateescape"))
     hit = _bounded(memo.lookup, "/bin/sh")
     assert hit is None or (isinstance(hit[0], str) and hit[0] == hit[0].strip())
-    cache._root_cache.clear()
+    statedir.forget_cache_root()
 
 
 @given(json_value)

@@ -16,28 +16,27 @@ from pathlib import Path
 import pytest
 
 from conftest import make_toolkit
-from flashinfer_sm120 import cache, statefiles
+from flashinfer_sm120 import statedir, statefiles
 from flashinfer_sm120.toolkit import inspect, memo
 from probe_util import OTHER_UID, PY, as_uid, need_root
 
 
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch, tmp_path):
-    cache._root_cache.clear()
-    cache._notes.clear()
+    statedir.forget_cache_root(notes=True)
     for k in ("FLASHINFER_SM120_CACHE_DIR", "XDG_CACHE_HOME"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     yield
-    cache._root_cache.clear()
+    statedir.forget_cache_root()
 
 
 @pytest.mark.parametrize("name,char", [("my cache", " "), ("a$b", "$"), ("x:y", ":"), ("t\tab", "\t")])
 def test_cache_path_ninja_cannot_carry_is_refused_and_named(tmp_path, monkeypatch, name, char):
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / name))
-    root = cache.cache_root()
+    root = statedir.cache_root()
     assert char not in root and root == str(tmp_path / "home" / ".cache" / "flashinfer-sm120")
-    (note,) = cache.cache_root_notes()
+    (note,) = statedir.cache_root_notes()
     from flashinfer_sm120.formats import PATH_RULE
 
     assert "FLASHINFER_SM120_CACHE_DIR" in note and repr(char) in note and PATH_RULE in note
@@ -48,16 +47,16 @@ def test_cache_path_ninja_cannot_carry_is_refused_and_named(tmp_path, monkeypatc
 def test_relative_cache_dir_is_refused(tmp_path, monkeypatch, var, value):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(var, value)
-    root = cache.cache_root()
+    root = statedir.cache_root()
     assert os.path.isabs(root)
     assert not (tmp_path / value).exists()
-    assert any("relative path" in n and "absolute" in n for n in cache.cache_root_notes())
+    assert any("relative path" in n and "absolute" in n for n in statedir.cache_root_notes())
 
 
 def test_home_empty_does_not_use_filesystem_root(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", "")
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    root = cache.cache_root()
+    root = statedir.cache_root()
     assert not root.startswith("/.cache")
 
 
@@ -71,9 +70,9 @@ def test_cache_dir_shared_or_foreign_is_refused(tmp_path, monkeypatch, mode, own
     if owner is not None:
         os.chown(d, owner, owner)
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(d))
-    root = cache.cache_root()
+    root = statedir.cache_root()
     assert root != str(d)
-    (note,) = cache.cache_root_notes()
+    (note,) = statedir.cache_root_notes()
     assert str(d) in note and ("writable by other users" in note or f"uid {owner}" in note)
 
 
@@ -83,8 +82,8 @@ def test_cache_dir_under_a_replaceable_parent_is_refused(tmp_path, monkeypatch):
     os.chmod(parent / "mine", 0o700)
     os.chmod(parent, 0o777)  # anyone could rename 'mine' away and put their own there
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(parent / "mine"))
-    assert cache.cache_root() != str(parent / "mine")
-    assert any("above it is writable" in n for n in cache.cache_root_notes())
+    assert statedir.cache_root() != str(parent / "mine")
+    assert any("above it is writable" in n for n in statedir.cache_root_notes())
 
 
 def test_home_unset_without_passwd_entry_creates_no_tilde_dir(tmp_path):
@@ -94,7 +93,7 @@ def test_home_unset_without_passwd_entry_creates_no_tilde_dir(tmp_path):
     os.chmod(tmp_path, 0o755)
     os.chown(work, OTHER_UID, OTHER_UID)
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "TMPDIR": "/tmp"}
-    code = "from flashinfer_sm120 import cache; print('@@' + cache.cache_root())"
+    code = "from flashinfer_sm120 import statedir; print('@@' + statedir.cache_root())"
     proc = as_uid(OTHER_UID, [PY, "-c", code], env, cwd=str(work))
     assert proc.returncode == 0, proc.stderr[-2000:]
     root = proc.stdout.strip().rsplit("@@", 1)[-1]
@@ -256,7 +255,7 @@ def test_symlink_planted_by_another_uid_in_a_shared_cache_dir_is_never_written_t
         root, _ = _counting_toolkit(tmp_path)
         assert inspect(str(root)).nvcc_full == "12.8.93"
         assert victim.read_text() == "precious"
-        assert cache.cache_root() != str(shared)
-        assert any(str(shared) in n and "writable by other users" in n for n in cache.cache_root_notes())
+        assert statedir.cache_root() != str(shared)
+        assert any(str(shared) in n and "writable by other users" in n for n in statedir.cache_root_notes())
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import make_toolkit, needs_flashinfer
-from flashinfer_sm120 import cache
+from flashinfer_sm120 import statedir
 from flashinfer_sm120.warmup import launcher
 
 FAKE_NVCC = """#!/bin/sh
@@ -31,9 +31,9 @@ def _script(path, body):
 @pytest.fixture
 def memo_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "c"))
-    cache._root_cache.clear()
+    statedir.forget_cache_root()
     yield
-    cache._root_cache.clear()
+    statedir.forget_cache_root()
 
 
 def test_find_sccache_takes_only_a_trusted_one(tmp_path, monkeypatch):

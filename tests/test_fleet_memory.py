@@ -142,9 +142,9 @@ def test_plan_jobs_threads_and_who_wins(tmp_path):
 
 def test_recorded_peaks_refine_the_family_estimate(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "c"))
-    from flashinfer_sm120 import cache
+    from flashinfer_sm120 import statedir
 
-    cache._root_cache.clear()
+    statedir.forget_cache_root()
     assert estimates.estimate("sampling").source.startswith("default")
     estimates.record_peak("sampling", 900 * MIB)
     estimates.record_peak("sampling", 1000 * MIB, threads_factor=2)  # 500 MiB per target
@@ -156,7 +156,7 @@ def test_recorded_peaks_refine_the_family_estimate(tmp_path, monkeypatch):
     with open(path, "w") as fh:
         fh.write('{"schema": 1, "families": {"sampling": {"peaks": [-5, "x", true]}}}')
     assert estimates.estimate("sampling").source.startswith("default")  # malformed: dropped
-    cache._root_cache.clear()
+    statedir.forget_cache_root()
 
 
 def _module(root, name, mem_mb, sleep):

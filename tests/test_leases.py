@@ -245,13 +245,13 @@ def test_a_chooser_that_finds_the_view_being_removed_waits_then_builds_it_anew(w
     prune's part is played here, between the chooser's first wait and its retry)."""
     import threading
 
-    from flashinfer_sm120 import cache, lease
+    from flashinfer_sm120 import lease, statedir
     from flashinfer_sm120.prune.tree import remove_tree
     from flashinfer_sm120.toolkit import inspect
     from flashinfer_sm120.view import linkable_home
 
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", world["env"]["FLASHINFER_SM120_CACHE_DIR"])
-    cache._root_cache.clear()
+    statedir.forget_cache_root()
     p, out = start(world["env"])
     stop(p)  # the view exists and nobody leases it
     view = out["home"]
@@ -280,7 +280,7 @@ def test_a_chooser_that_finds_the_view_being_removed_waits_then_builds_it_anew(w
         assert len(waits) >= 1
     finally:
         lease.release(view)
-        cache._root_cache.clear()
+        statedir.forget_cache_root()
 
 
 def test_prune_removes_lease_files_left_without_their_view_unless_held(world):

@@ -65,7 +65,7 @@ def workspace(root: Path, rel: str, cuda_home: str, fi_pkg: Path, modules=("samp
 def caches(tmp_path, monkeypatch):
     """Our cache with a current and a stale view, FlashInfer's cache with current and stale workspaces."""
     from flashinfer_sm120 import lease
-    from flashinfer_sm120.patch.steps import tag_for
+    from flashinfer_sm120.workspace import tag_for
     from flashinfer_sm120.toolkit import inspect
     from flashinfer_sm120.view import linkable_home
 

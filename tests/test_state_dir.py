@@ -1,4 +1,4 @@
-"""Where flashinfer-sm120 keeps its state (:func:`flashinfer_sm120.cache.cache_root`): check, then
+"""Where flashinfer-sm120 keeps its state (:func:`flashinfer_sm120.statedir.cache_root`): check, then
 create.  Nothing is created before the checks that would refuse it have passed, nothing inside a
 tree another uid owns, and a command that only lists creates nothing at all (threat-model: P4).
 Real uids: root with another user's ``HOME`` (``sudo -E``) and ``setpriv --reuid`` children."""
@@ -53,7 +53,7 @@ def _created(*roots: Path) -> list[str]:
 @needs_root
 def test_root_with_a_users_home_creates_nothing_there(shared_tmp, monkeypatch):
     """Regression: sudo -E made a root-owned 0700 ~/.cache (the user's pip then got EACCES)."""
-    from flashinfer_sm120 import cache
+    from flashinfer_sm120 import statedir
 
     home = _user_home(shared_tmp)
     for k, v in _env(home, shared_tmp / "tmp").items():
@@ -61,14 +61,14 @@ def test_root_with_a_users_home_creates_nothing_there(shared_tmp, monkeypatch):
     monkeypatch.delenv("FLASHINFER_SM120_CACHE_DIR", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setattr(tempfile, "tempdir", None)
-    cache._root_cache.clear()
+    statedir.forget_cache_root()
     try:
-        root = cache.cache_root()
+        root = statedir.cache_root()
     finally:
-        cache._root_cache.clear()
+        statedir.forget_cache_root()
     assert not (home / ".cache").exists(), _created(home)
     assert root == str(shared_tmp / "tmp" / "flashinfer-sm120-0")  # the next candidate
-    notes = " ".join(cache.cache_root_notes())
+    notes = " ".join(statedir.cache_root_notes())
     assert f"owned by uid {NOBODY}" in notes and "sudo -H" in notes
 
 
@@ -136,7 +136,7 @@ def test_a_user_creates_the_root_in_their_own_home_private(shared_tmp):
     """The other side of the rule: a user's own missing ~/.cache/flashinfer-sm120 is made, 0700."""
     home = _user_home(shared_tmp)
     env = _env(home, shared_tmp / "tmp", PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
-    code = "from flashinfer_sm120 import cache; print(cache.cache_root())"
+    code = "from flashinfer_sm120 import statedir; print(statedir.cache_root())"
     proc = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
                            sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -149,49 +149,49 @@ def test_a_user_creates_the_root_in_their_own_home_private(shared_tmp):
 
 def test_a_name_too_long_falls_back_to_the_next_candidate(tmp_path, monkeypatch):
     """Regression: ENAMETOOLONG said 'set a writable directory' and did not fall back."""
-    from flashinfer_sm120 import cache
+    from flashinfer_sm120 import statedir
 
     long_dir = tmp_path / ("x" * 300)
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(long_dir))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    cache._root_cache.clear()
+    statedir.forget_cache_root()
     try:
-        root = cache.cache_root()
+        root = statedir.cache_root()
     finally:
-        cache._root_cache.clear()
+        statedir.forget_cache_root()
     assert root == str(tmp_path / "xdg" / "flashinfer-sm120")
-    note = [n for n in cache.cache_root_notes() if "x" * 50 in n][-1]
+    note = [n for n in statedir.cache_root_notes() if "x" * 50 in n][-1]
     assert "longer than the file system allows" in note and "shorter path" in note
 
 
 @pytest.mark.parametrize("err", [errno.EACCES, errno.EROFS])
 def test_an_unwritable_candidate_falls_through_with_its_errno_meaning(tmp_path, monkeypatch, err):
-    from flashinfer_sm120 import cache
+    from flashinfer_sm120 import statedir
 
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "a" / "b"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    real = cache.make_private_dirs
+    real = statedir.make_private_dirs
 
     def refuse(path, **kw):
         if "xdg" not in str(path):
             raise OSError(err, os.strerror(err), str(path))
         return real(path, **kw)
 
-    monkeypatch.setattr(cache, "make_private_dirs", refuse)
-    cache._root_cache.clear()
+    monkeypatch.setattr(statedir, "make_private_dirs", refuse)
+    statedir.forget_cache_root()
     try:
-        assert cache.cache_root() == str(tmp_path / "xdg" / "flashinfer-sm120")
+        assert statedir.cache_root() == str(tmp_path / "xdg" / "flashinfer-sm120")
     finally:
-        cache._root_cache.clear()
+        statedir.forget_cache_root()
     from flashinfer_sm120.errors import ERRNO_MEANINGS
 
-    assert any(ERRNO_MEANINGS[err] in n and str(tmp_path / "a" / "b") in n for n in cache.cache_root_notes())
+    assert any(ERRNO_MEANINGS[err] in n and str(tmp_path / "a" / "b") in n for n in statedir.cache_root_notes())
 
 
 def test_a_root_too_long_for_what_goes_below_it_falls_back(tmp_path, monkeypatch):
     """Regression: a cache root near PATH_MAX was taken, and the files below it then failed with
     ENAMETOOLONG ('set a writable directory') where no other candidate was tried."""
-    from flashinfer_sm120 import cache
+    from flashinfer_sm120 import statedir
 
     deep = str(tmp_path)
     while len(deep) < 4096 - 300:
@@ -199,13 +199,13 @@ def test_a_root_too_long_for_what_goes_below_it_falls_back(tmp_path, monkeypatch
     os.makedirs(deep, mode=0o700)
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", deep)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    cache._root_cache.clear()
+    statedir.forget_cache_root()
     try:
-        root = cache.cache_root()
+        root = statedir.cache_root()
     finally:
-        cache._root_cache.clear()
+        statedir.forget_cache_root()
     assert root == str(tmp_path / "xdg" / "flashinfer-sm120")
-    assert any("no room" in n and "longer than the file system allows" in n for n in cache.cache_root_notes())
+    assert any("no room" in n and "longer than the file system allows" in n for n in statedir.cache_root_notes())
 
 
 # ------------------------------------------------------------------ the path-character rule
@@ -214,28 +214,28 @@ def test_a_root_too_long_for_what_goes_below_it_falls_back(tmp_path, monkeypatch
 def test_a_home_with_non_ascii_letters_is_used(tmp_path, monkeypatch, name):
     """Regression: a HOME with a non-ASCII letter was refused for a reason (blank, ':', '$') that did
     not apply; FlashInfer builds under such a path (the slow test below compiles one)."""
-    from flashinfer_sm120 import cache
+    from flashinfer_sm120 import pathpolicy, statedir
 
     home = tmp_path / name
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("FLASHINFER_SM120_CACHE_DIR", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    cache._root_cache.clear()
+    statedir.forget_cache_root()
     try:
-        assert cache.cache_root() == str(home / ".cache" / "flashinfer-sm120")
+        assert statedir.cache_root() == str(home / ".cache" / "flashinfer-sm120")
     finally:
-        cache._root_cache.clear()
-    assert cache.jit_dir_problem(str(home / ".cache" / "flashinfer")) is None
+        statedir.forget_cache_root()
+    assert pathpolicy.jit_dir_problem(str(home / ".cache" / "flashinfer")) is None
 
 
 @pytest.mark.parametrize("char", [" ", "\t", "\n", ":", "$", ";", "'", '"', "`", "\\", "*", "?", "[", "#", "{",
                                   "!", "&", "|", "<", "(", "\u00a0", "\u2028", "\udcff"])
 def test_the_path_rule_refuses_what_ninja_or_the_shell_reads_and_says_the_rule(char):
-    from flashinfer_sm120 import cache
+    from flashinfer_sm120 import pathpolicy
     from flashinfer_sm120.formats import PATH_RULE
 
-    for problem in (cache.path_problem(f"/tmp/a{char}b", "HOME"), cache.jit_dir_problem(f"/tmp/a{char}b")):
+    for problem in (pathpolicy.path_problem(f"/tmp/a{char}b", "HOME"), pathpolicy.jit_dir_problem(f"/tmp/a{char}b")):
         assert problem and repr(char) in problem and PATH_RULE in problem
 
 
@@ -286,12 +286,12 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 def test_path_rule_property(text):
     """Any text: the checks never raise, accept exactly what the rule accepts, and a refusal names a
     refused character and states the rule, bounded."""
-    from flashinfer_sm120 import cache
+    from flashinfer_sm120 import pathpolicy
     from flashinfer_sm120.formats import PATH_RULE, path_chars_problem
 
     path = "/" + text
     bad = path_chars_problem(path)
-    for problem in (cache.path_problem(path, "HOME"), cache.jit_dir_problem(path)):
+    for problem in (pathpolicy.path_problem(path, "HOME"), pathpolicy.jit_dir_problem(path)):
         assert (problem is None) == (bad is None)
         if problem:
             assert PATH_RULE in problem and len(problem) < 2000

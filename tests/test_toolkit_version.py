@@ -97,11 +97,11 @@ def test_a_process_that_cannot_start_programs_keeps_the_files_version_unremember
 def test_a_listing_process_asks_nvcc_but_writes_no_memo_and_no_lock(tmp_path, cache_dir, monkeypatch):
     """`cache prune` without --yes inspects toolkits (is a workspace's toolkit still the same?):
     it reads the memo, and writes nothing (threat-model P4)."""
-    from flashinfer_sm120 import cache
+    from flashinfer_sm120 import statedir
     from flashinfer_sm120.toolkit import inspect
 
     cache_dir.mkdir(mode=0o700)
-    monkeypatch.setattr(cache, "_listing", True)
+    monkeypatch.setattr(statedir, "_listing", True)
     root = _lying_toolkit(tmp_path / "cuda", says="13.0.88", file_says="13.0.88")
     assert inspect(str(root)).nvcc_full == "13.0.88"
     assert list(cache_dir.iterdir()) == []

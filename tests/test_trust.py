@@ -212,14 +212,14 @@ def test_group_writable_only_by_the_users_private_group_is_trusted(tmp_path, mon
     """umask 002 on user-private-group systems (Debian/Ubuntu): a user's own venv
     is group-writable by a group holding only that user; any other group is not."""
     need_root()
-    from flashinfer_sm120 import cache
+    from flashinfer_sm120 import ownership
 
     root = make_toolkit(tmp_path / "venv" / "cuda", "13.0.88")
     os.chmod(root / "bin", 0o775)
     os.chown(root / "bin", 0, OTHER_UID)
-    monkeypatch.setattr(cache, "_private_gid", lambda: OTHER_UID)
+    monkeypatch.setattr(ownership, "_private_gid", lambda: OTHER_UID)
     assert trace(str(root / "bin" / "nvcc")).problem is None
-    monkeypatch.setattr(cache, "_private_gid", lambda: OTHER_UID + 1)  # a shared group
+    monkeypatch.setattr(ownership, "_private_gid", lambda: OTHER_UID + 1)  # a shared group
     tr = trace(str(root / "bin" / "nvcc"))
     assert tr.problem and str(root / "bin") in tr.problem and "writable by other users" in tr.problem
 
@@ -229,7 +229,7 @@ def test_private_group_needs_a_named_single_user_group(monkeypatch):
     import pwd
     from types import SimpleNamespace
 
-    from flashinfer_sm120 import cache
+    from flashinfer_sm120 import ownership
 
     monkeypatch.setattr(pwd, "getpwuid", lambda uid: SimpleNamespace(pw_name="ann", pw_gid=4242))
     cases = [(SimpleNamespace(gr_name="ann", gr_mem=[]), 4242),
@@ -237,7 +237,7 @@ def test_private_group_needs_a_named_single_user_group(monkeypatch):
              (SimpleNamespace(gr_name="ann", gr_mem=["bob"]), None)]
     for group, want in cases:
         monkeypatch.setattr(grp, "getgrgid", lambda gid, g=group: g)
-        cache._private_gid_of.cache_clear()
-        assert cache._private_gid_of(1000) == want
-    assert cache._private_gid_of(0) is None  # never for root
-    cache._private_gid_of.cache_clear()
+        ownership._private_gid_of.cache_clear()
+        assert ownership._private_gid_of(1000) == want
+    assert ownership._private_gid_of(0) is None  # never for root
+    ownership._private_gid_of.cache_clear()

@@ -341,10 +341,10 @@ def test_disk_full_names_the_directory_and_the_variable(tmp_path, cache, monkeyp
 
 def test_unusable_cache_dir_falls_back_with_a_named_warning(tmp_path, monkeypatch):
     """An unusable FLASHINFER_SM120_CACHE_DIR is refused by the per-uid cache root
-    (flashinfer_sm120.cache) with a warning naming it; the view goes to the next candidate."""
-    from flashinfer_sm120 import cache
+    (flashinfer_sm120.statedir) with a warning naming it; the view goes to the next candidate."""
+    from flashinfer_sm120 import statedir
 
-    cache._root_cache.clear()
+    statedir.forget_cache_root()
     bad = tmp_path / "file"  # root ignores permissions: a file, not a directory
     bad.write_text("")
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(bad))
@@ -352,9 +352,9 @@ def test_unusable_cache_dir_falls_back_with_a_named_warning(tmp_path, monkeypatc
     try:
         home = view.linkable_home(inspect(str(pip_like(tmp_path))))
         assert home.path.startswith(str(tmp_path / "xdg"))
-        assert any("FLASHINFER_SM120_CACHE_DIR" in n and str(bad) in n for n in cache.cache_root_notes())
+        assert any("FLASHINFER_SM120_CACHE_DIR" in n and str(bad) in n for n in statedir.cache_root_notes())
     finally:
-        cache._root_cache.clear()
+        statedir.forget_cache_root()
 
 
 def test_unusable_view_directory_names_the_fix(tmp_path, cache):

@@ -330,7 +330,7 @@ def _read_rule(path: str, function: str, variable: str, env_items: tuple) -> tup
     """Run ``function()`` of the installed server's file at ``path`` in a child (standard library
     only, nothing else of the server imported), with the given environment."""
     from . import formats, proc
-    from .toolkit.ownership import check_path
+    from .ownership import check_path
 
     problem = check_path(path)
     if problem:

@@ -8,7 +8,7 @@ metadata): read safely, written atomically, computed once by one process at a ti
   (``O_NONBLOCK`` + regular-file check), are capped in size, and accept only
   files owned by the current uid (or root): :mod:`flashinfer_sm120.formats` (threat-model: P6).
 
-Where they live is :func:`flashinfer_sm120.cache.cache_root`.
+Where they live is :func:`flashinfer_sm120.statedir.cache_root`.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ is ``flock``-ed for as long as its maker lives (the lock is the open directory, 
 when the process dies, in any PID namespace); the next process that makes one of the same kind removes
 those whose lock it can take.  Standard library only.
 """
+# threat-model: P5 (private temporary directories; only their creator's leftovers are swept)
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ create it inside another uid's tree.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
 import stat
@@ -16,7 +17,8 @@ import sys
 
 from .formats import ForeignTree, foreign_tree, shown
 
-__all__ = ["import_failure", "workspace_problem", "workspace_path", "workspace_foreign_tree", "normalize_base"]
+__all__ = ["import_failure", "tag_for", "workspace_problem", "workspace_path", "workspace_foreign_tree",
+           "normalize_base"]
 
 _WSB = "FLASHINFER_WORKSPACE_BASE"
 
@@ -118,3 +120,11 @@ def import_failure(exc: BaseException, st: dict) -> str:
                 f"({shown(sys.executable, 200)}) cannot import. Fix: install it there ({how})")
     problem = workspace_problem() if isinstance(exc, (OSError, RuntimeError, KeyError)) else None
     return f"{msg}. {problem}" if problem else msg
+
+
+def tag_for(tk) -> str:
+    """The directory FlashInfer's JIT workspace gets for toolkit ``tk`` under flashinfer-sm120
+    (``nvcc<version>-<hash of nvcc's path and versions>``): the patch names the current one with it
+    (:func:`flashinfer_sm120.patch.steps.workspace_tag`), ``cache prune`` checks old ones."""
+    key = "\0".join((os.path.realpath(tk.nvcc), str(tk.nvcc_full), str(tk.header_version)))
+    return f"nvcc{tk.nvcc_full or tk.nvcc_version}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"

@@ -301,7 +301,7 @@ def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     from ..proc import signals_as_exit
 
     if lists_only(args):  # threat-model: P4 (a command that only lists creates nothing)
-        from ..cache import listing_only
+        from ..statedir import listing_only
 
         listing_only()
     try:

@@ -61,7 +61,7 @@ def run_status(args: argparse.Namespace) -> int:
 
     foreign = workspace_foreign_tree()  # threat-model: P4: FlashInfer's import would create it there
     if foreign is not None:
-        from ..cache import foreign_tree_message
+        from ..statedir import foreign_tree_message
 
         return _say(args, {"mode": "refused", "toolkit": None, "targets": [], "error": "FlashInfer was not "
                            "imported: " + foreign_tree_message("FlashInfer's JIT cache", foreign,

@@ -31,6 +31,7 @@ private directories), :mod:`.cli` (argparse number types), :mod:`.params` (a man
 FlashInfer generator and its parameters), :mod:`.binary` (ELF headers and
 tool output).  Import from this package, not from the modules.
 """
+# threat-model: P2, P6 (outside input parsed once, at the edge, into typed values)
 
 from __future__ import annotations
 

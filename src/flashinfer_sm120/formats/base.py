@@ -1,4 +1,5 @@
 """Bounded messages: the one way a refusal quotes what it was given."""
+# threat-model: P6, P8 (one error type, messages cut to a bound)
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Read by the checks of what was built (flashinfer_sm120.verify) and by ``cache prune``: a
 module's ELF headers, cuobjdump's listings, FlashInfer's build.ninja variables, /proc maps."""
+# threat-model: P6 (binary headers read with bounds)
 
 from __future__ import annotations
 

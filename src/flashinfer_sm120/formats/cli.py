@@ -1,4 +1,5 @@
 """argparse types for CLI numbers: finite, bounded, naming the flag when refused."""
+# threat-model: P6, P8 (command-line values parsed once, bounded, named with their fix)
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ standard, optimisation, warnings, ``-gencode``, nvcc's math and code-generation 
 by name), and a path an option names (``-I``, ``-isystem``, ``-L``) is returned for the caller to
 check where it points (:func:`parse_compile_flag`).
 """
+# threat-model: P2 (compiler options as listed forms: none that names a program, plugin or output)
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """One grammar per kind of value: versions, names, relative paths, targets, flags,
 path text, digests, a program's leading version, a ninja log header."""
+# threat-model: P2, P6 (one grammar per field of outside input)
 
 from __future__ import annotations
 

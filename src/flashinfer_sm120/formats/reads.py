@@ -1,5 +1,6 @@
 """Bounded reads of files and values: size caps enforced while reading, streamed lines,
 depth-bounded JSON, typed fields of parsed objects, checked text of variables."""
+# threat-model: P6 (every read of outside input bounded in bytes, depth and kind of file)
 
 from __future__ import annotations
 

@@ -221,8 +221,8 @@ def _warn_jit_dir() -> None:
     jit_dir = getattr(env, "FLASHINFER_JIT_DIR", None)
     if jit_dir is None:
         return
-    from ..cache import jit_dir_problem
-    from ..toolkit.ownership import check_place
+    from ..pathpolicy import jit_dir_problem
+    from ..ownership import check_place
 
     problem = jit_dir_problem(str(jit_dir)) or check_place(str(jit_dir), "FlashInfer's JIT directory")
     if problem:

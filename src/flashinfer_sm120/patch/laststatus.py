@@ -1,7 +1,7 @@
 """The last status a process of this user reached, kept on disk, so that ``flashinfer-sm120 status``
 answers without importing torch or FlashInfer (seconds) when nothing it depends on changed.
 
-File: ``<cache_root>/last-status.json`` (:mod:`flashinfer_sm120.cache`)::
+File: ``<cache_root>/last-status.json`` (:mod:`flashinfer_sm120.statedir`)::
 
     {"schema": 1, "inputs": {...}, "status": {mode, error, toolkit: {nvcc_full, root, nvcc, stat},
                                               targets: [...], arch_list_error, flashinfer}}
@@ -104,7 +104,7 @@ def inputs(env: dict[str, str] | None = None) -> dict[str, Any]:
 
 def path() -> str:
     """Where the record lives (creates the cache root when absent)."""
-    from ..cache import cache_root
+    from ..statedir import cache_root
 
     return os.path.join(cache_root(), FILE)
 

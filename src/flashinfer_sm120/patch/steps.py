@@ -30,7 +30,6 @@ in ``status()["steps"]`` and in the summary.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import sys
@@ -44,11 +43,12 @@ from packaging.version import Version
 from .. import arch as _arch
 from ..errors import Sm120Error, ToolkitError
 from ..toolkit.policy import unbuildable
+from ..workspace import tag_for
 from .state import STATE, Mode
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["Step", "STEPS", "HOOKED_MODULES", "current_targets", "workspace_tag", "tag_for", "refresh_derived"]
+__all__ = ["Step", "STEPS", "HOOKED_MODULES", "current_targets", "workspace_tag", "refresh_derived"]
 
 #: FlashInfer modules whose import triggers patching, in FlashInfer's import order.
 HOOKED_MODULES = (
@@ -134,12 +134,6 @@ def workspace_tag() -> str:
     own modules again (FlashInfer keys its cache by release and arch only).
     """
     return tag_for(STATE.resolution.choice.toolkit)
-
-
-def tag_for(tk) -> str:
-    """:func:`workspace_tag` of any toolkit (``cache prune`` checks old workspaces with it)."""
-    key = "\0".join((os.path.realpath(tk.nvcc), str(tk.nvcc_full), str(tk.header_version)))
-    return f"nvcc{tk.nvcc_full or tk.nvcc_version}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
 def guard_message() -> str:

@@ -2,7 +2,7 @@
 
 The two cache roots:
 
-* ours, :func:`flashinfer_sm120.cache.cache_root`: ``cuda-home/<view>`` directories;
+* ours, :func:`flashinfer_sm120.statedir.cache_root`: ``cuda-home/<view>`` directories;
 * FlashInfer's, ``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer`` (else ``~/.cache/flashinfer``;
   ``flashinfer/jit/env.py`` 0.7.4 ``FLASHINFER_CACHE_DIR``), and SGLang's, which sets
   ``FLASHINFER_WORKSPACE_BASE`` to ``$SGLANG_CACHE_DIR`` (``~/.cache/sglang``) unless set

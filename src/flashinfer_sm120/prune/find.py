@@ -8,6 +8,8 @@ import os
 import re
 
 from .. import formats
+from ..statedir import cache_root, home_dir
+from ..workspace import tag_for
 
 __all__ = ["Entry", "DAY", "size_of", "home", "fi_roots", "views_dir", "times", "scan_views", "workspaces", "scan_jit"]
 
@@ -54,10 +56,8 @@ def size_of(path: str) -> int:
 
 
 def home() -> str:
-    """``$HOME``, else the passwd entry's home (:func:`flashinfer_sm120.cache._home`), else ``/``."""
-    from ..cache import _home
-
-    return _home() or "/"
+    """``$HOME``, else the passwd entry's home (:func:`flashinfer_sm120.statedir.home_dir`), else ``/``."""
+    return home_dir() or "/"
 
 
 def fi_roots() -> list[str]:
@@ -73,8 +73,6 @@ def fi_roots() -> list[str]:
 
 
 def views_dir() -> str | None:
-    from ..cache import cache_root
-
     try:
         d = os.path.join(cache_root(), "cuda-home")
     except Exception:
@@ -214,7 +212,6 @@ def workspace_reason(ws: str, ops: str, rel: list[str], ent: Entry) -> str | Non
         return f"its toolkit is gone ({home}/bin/nvcc no longer exists)"
     tag = rel[-1]
     if home and _TAG_RE.match(tag):
-        from ..patch.steps import tag_for
         from ..toolkit import inspect
 
         real = os.path.realpath(os.path.join(home, "bin", "nvcc"))

@@ -13,7 +13,6 @@ wins.  The result says where it came from and why the others were rejected.
 
 from __future__ import annotations
 
-from ..cache import cache_root
 from ..errors import ToolkitError
 from .model import Choice, RejectKind, Rejection, Toolkit, VersionDisagreement
 from .policy import choose
@@ -22,7 +21,7 @@ from .sources import FIND_STEPS, SOURCES, Candidates, discover, flashinfer_naive
 from .trust import check_executable, trace
 
 __all__ = [
-    "NVCC_TIMEOUT_S", "FAILURE_MEMORY_S", "SOURCES", "cache_root", "Toolkit", "Choice", "RejectKind", "Rejection",
+    "NVCC_TIMEOUT_S", "FAILURE_MEMORY_S", "SOURCES", "Toolkit", "Choice", "RejectKind", "Rejection",
     "ToolkitError", "VersionDisagreement",
     "Candidates", "discover", "choose", "inspect", "flashinfer_naive_root",
     "check_executable", "trace", "FIND_STEPS",

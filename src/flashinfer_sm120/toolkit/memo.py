@@ -1,6 +1,6 @@
 """The on-disk memo of ``nvcc --version`` answers, one entry per nvcc binary.
 
-File: ``<cache_root>/nvcc-version.json`` (see :mod:`flashinfer_sm120.cache`),
+File: ``<cache_root>/nvcc-version.json`` (see :mod:`flashinfer_sm120.statedir`),
 schema version :data:`SCHEMA`::
 
     {"schema": 2,
@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 
 from .. import formats
-from ..cache import cache_root, lists_only
+from ..statedir import cache_root, lists_only
 from ..statefiles import compute_once, read_json, write_json_atomic
 from ..errors import FormatError, StateFileError
 
@@ -64,7 +64,7 @@ def memo_path() -> str:
     """``<cache_root>/nvcc-version.json``.
 
     Raises:
-        StateFileError: no usable cache root (see :func:`flashinfer_sm120.cache.cache_root`).
+        StateFileError: no usable cache root (see :func:`flashinfer_sm120.statedir.cache_root`).
     """
     return os.path.join(cache_root(), "nvcc-version.json")
 

@@ -244,7 +244,8 @@ def link_dir(chosen: Ninja) -> str:
 
     Raises:
         NinjaError: it cannot be made, or something else is in its place."""
-    from ..cache import cache_root, writable_by_others
+    from ..ownership import writable_by_others
+    from ..statedir import cache_root
     from ..formats import make_private_dirs
 
     try:

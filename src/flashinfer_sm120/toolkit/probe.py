@@ -16,7 +16,7 @@ from . import memo
 from .fixes import consistent_set_fix
 from .memo import FAILURE_MEMORY_S
 from .model import Toolkit, VersionDisagreement
-from .ownership import check_path
+from ..ownership import check_path
 from .trust import trace
 
 logger = logging.getLogger("flashinfer_sm120")

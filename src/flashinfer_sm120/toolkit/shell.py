@@ -15,6 +15,7 @@ starts a comment at a ``#`` inside a word (``echo a#b; /evil/x`` hides
 ``echo``).  The lexer below follows POSIX.1-2017 XCU 2.3 "Token Recognition"
 and 2.2 "Quoting" for the characters it accepts.
 """
+# threat-model: P2 (a wrapper script is read, never run, to find what it would run)
 
 from __future__ import annotations
 

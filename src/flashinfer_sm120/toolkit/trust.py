@@ -4,7 +4,7 @@ The rule (OpenSSH ``StrictModes`` applied to every step of a path): a file we
 execute, and every directory in which any component of its path is looked up,
 must be owned by root or by the current uid and must not be writable by group
 or others (group-writable is fine when the group is the user's private group,
-see :func:`flashinfer_sm120.cache.writable_by_others`).  A world-writable
+see :func:`flashinfer_sm120.ownership.writable_by_others`).  A world-writable
 directory with the sticky bit (``/tmp``) is accepted only when root owns it
 *and* the entry looked up in it is owned by root or by you: the sticky bit
 stops others from renaming or replacing those entries; another user's entry
@@ -42,6 +42,7 @@ What a program does with its arguments beyond that (nvcc's ``-ccbin``, the host
 compiler nvcc finds on ``PATH``) is the program's own behaviour, not the
 wrapper's, and is out of this rule's reach.
 """
+# threat-model: P2 (nothing run or adopted unless every level of its path is trusted)
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ from dataclasses import dataclass
 from .. import formats
 from ..errors import FormatError
 from . import shell
-from .ownership import Untrusted, current_uid, file_ok, resolve
+from ..ownership import Untrusted, current_uid, file_ok, resolve
 
 __all__ = ["MAX_WRAPPER_DEPTH", "MAX_SCRIPT_BYTES", "SHELLS", "SHELL_OPTIONS", "LAUNCHERS", "OPAQUE", "Trace",
            "trace", "check_executable", "follow_wrappers", "hands_on"]

@@ -328,7 +328,7 @@ def run_smoke(timeout: float = SMOKE_TIMEOUT_S, *, keep: str | None = None, gpu:
     home, targets = None, []
     work = scratch = None
     try:
-        from ..cache import cache_root
+        from ..statedir import cache_root
         from ..tmpdirs import make_private
 
         if not keep:  # locked while we live: a smoke test killed mid-compile is swept by the next

@@ -40,7 +40,7 @@ left by builders that died (``kill -9``).
 
 from __future__ import annotations
 
-from ..cache import cache_root
+from ..statedir import cache_root
 from ..errors import ViewError
 from .build import LOCK_TIMEOUT_S, MAX_VIEW_NAMES, STALE_TMP_S, find_curand_include, linkable_home, views_dir
 from .meta import META_NAME, VIEW_LAYOUT, CudaHome, ViewMeta, check_view

@@ -18,7 +18,8 @@ import time
 
 import filelock
 
-from ..cache import cache_root, path_problem
+from ..pathpolicy import path_problem
+from ..statedir import cache_root
 from ..errors import FormatError, ViewError
 from ..formats import safe_join
 from .. import lease
@@ -267,7 +268,7 @@ def linkable_home(toolkit: Toolkit) -> CudaHome:
 
     Returns the toolkit root itself when it already has ``lib64/libcudart.so``,
     ``lib64/stubs/libcuda.so`` and ``curand.h`` and its path can stand unquoted in
-    FlashInfer's ``build.ninja`` (:func:`flashinfer_sm120.cache.path_problem`: no
+    FlashInfer's ``build.ninja`` (:func:`flashinfer_sm120.pathpolicy.path_problem`: no
     whitespace, ``$``, ``:`` ...).  Otherwise an existing view that
     passes :func:`check_view`, or, under the ``cuda-home/.lock`` file lock, a
     new one built in ``.tmp-<pid>-*`` and renamed to the first free name.  Safe

@@ -98,7 +98,7 @@ def export(entries: list[dict], sess: Session, out: str, *, limits: Limits = Lim
     if _is_archive(out):
         _write_archive(out, blob, files)
     else:
-        from ..toolkit.ownership import check_place
+        from ..ownership import check_place
 
         # a directory another user owns or may write (an empty one they made in /tmp) could get a
         # link planted in it meanwhile, sending our writes to one of your files

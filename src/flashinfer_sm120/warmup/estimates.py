@@ -94,7 +94,7 @@ def estimates_path() -> str:
     """``<cache root>/compile-memory.json``.
 
     :raises StateFileError: no usable cache root."""
-    from ..cache import cache_root
+    from ..statedir import cache_root
 
     return os.path.join(cache_root(), "compile-memory.json")
 

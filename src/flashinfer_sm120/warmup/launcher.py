@@ -162,7 +162,7 @@ def basedirs(env=None) -> list[str]:
     out: list[str] = []
     cands = [env.get("FLASHINFER_WORKSPACE_BASE") or os.path.expanduser("~")]
     try:
-        from ..cache import cache_root
+        from ..statedir import cache_root
 
         cands.append(cache_root())
     except StateFileError:
@@ -302,7 +302,7 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
 
 
 def _memo_path() -> str:
-    from ..cache import cache_root
+    from ..statedir import cache_root
 
     return os.path.join(cache_root(), "launcher-probe.json")
 

@@ -134,7 +134,7 @@ def append(path: str, entry: dict) -> None:
     """
     from filelock import FileLock
 
-    from ..toolkit.ownership import check_place
+    from ..ownership import check_place
 
     line = (json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n").encode()
     # where another user can replace the manifest (a link to one of your files) or a directory on

@@ -185,7 +185,7 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
 
     foreign = workspace_foreign_tree()  # threat-model: P4: FlashInfer's import would create its cache there
     if foreign is not None:
-        from ..cache import foreign_tree_message
+        from ..statedir import foreign_tree_message
 
         raise BuildError("FlashInfer was not imported: " + foreign_tree_message("FlashInfer's JIT cache", foreign,
                                                                                  _WSB))
@@ -222,9 +222,9 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     from flashinfer.jit import core
 
     targets = sorted(f"{a}.{b}" for a, b in core.current_compilation_context.TARGET_CUDA_ARCHS)
-    from ..cache import jit_dir_problem
+    from ..pathpolicy import jit_dir_problem
 
-    from ..toolkit.ownership import check_place
+    from ..ownership import check_place
 
     problem = (jit_dir_problem(str(jit_env.FLASHINFER_JIT_DIR))
                or check_place(str(jit_env.FLASHINFER_JIT_DIR), "FlashInfer's JIT directory"))

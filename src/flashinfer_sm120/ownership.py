@@ -2,22 +2,60 @@
 ``StrictModes`` applied to every step of a path): a file, and every directory in which any
 component of its path is looked up, must be owned by root or by the current uid and must not be
 writable by group or others (group-writable is fine when the group is the user's private group,
-see :func:`flashinfer_sm120.cache.writable_by_others`).  A world-writable directory with the
+see :func:`writable_by_others`).  A world-writable directory with the
 sticky bit (``/tmp``) is accepted only when root owns it *and* the entry looked up in it is
-owned by root or by you.  :mod:`.trust` applies it to programs and what their wrapper scripts
+owned by root or by you.  :mod:`flashinfer_sm120.toolkit.trust` applies it to programs and what their wrapper scripts
 run."""
+# threat-model: P2, P4 (the ownership rule: root or the user, not writable by others)
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 
-from .. import formats
-from ..cache import writable_by_others
+from . import formats
 
-__all__ = ["MAX_LINKS", "Untrusted", "current_uid", "dir_ok", "resolve", "file_ok", "check_path", "check_place"]
+__all__ = ["MAX_LINKS", "writable_by_others", "Untrusted", "current_uid", "dir_ok", "resolve", "file_ok", "check_path", "check_place"]
 
 MAX_LINKS = 40  # as Linux MAXSYMLINKS
+
+
+def _private_gid() -> int | None:
+    """The current user's private group (user-private-group scheme, the default
+    of Debian/Ubuntu ``useradd``: group named after the user, the user's primary
+    group, no other listed members), or ``None``.  Never for root.  Looked up
+    once per uid (passwd/group may be on LDAP)."""
+    return _private_gid_of(os.geteuid())
+
+
+@functools.lru_cache(maxsize=4)
+def _private_gid_of(uid: int) -> int | None:
+    if uid == 0:
+        return None
+    try:
+        import grp
+        import pwd
+
+        user = pwd.getpwuid(uid)
+        group = grp.getgrgid(user.pw_gid)
+    except (ImportError, KeyError, OSError):
+        return None
+    if group.gr_name != user.pw_name or any(m != user.pw_name for m in group.gr_mem):
+        return None
+    return user.pw_gid
+
+
+def writable_by_others(st: os.stat_result) -> bool:
+    """Whether someone other than the owner can write the file or directory ``st``
+    describes: world-writable, or group-writable by a group that is not the
+    current user's private group (:func:`_private_gid`; under the umask ``002``
+    those user-private-group systems use, a user's own venv is group-writable
+    by a group that holds only that user).  The sticky bit is the caller's
+    business."""
+    if st.st_mode & stat.S_IWOTH:
+        return True
+    return bool(st.st_mode & stat.S_IWGRP) and st.st_gid != _private_gid()
 
 
 class Untrusted(Exception):

@@ -1,6 +1,6 @@
 """Where flashinfer-sm120 keeps state on disk (CUDA_HOME views, the nvcc memo): the per-uid
 cache root, chosen and created (check, then create: threat-model P4).  Reading and writing
-the files in it: :mod:`flashinfer_sm120.statefiles`.
+the files in it: :mod:`flashinfer_sm120.statefiles`; the path rule, :mod:`flashinfer_sm120.pathpolicy`; who may write, :mod:`flashinfer_sm120.ownership`.
 
 The rules (issue "Keep the promise under production conditions"):
 
@@ -18,7 +18,6 @@ The rules (issue "Keep the promise under production conditions"):
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import os
 import stat
@@ -26,18 +25,19 @@ import tempfile
 
 from .errors import StateFileError, errno_meaning
 from .formats import bounded, deepest_existing, foreign_tree, make_private_dirs
+from .ownership import writable_by_others
+from .pathpolicy import path_problem
 
 logger = logging.getLogger("flashinfer_sm120")
 
 __all__ = [
     "cache_root",
     "cache_root_notes",
+    "forget_cache_root",
+    "home_dir",
     "listing_only",
     "lists_only",
     "foreign_tree_message",
-    "jit_dir_problem",
-    "path_problem",
-    "writable_by_others",
 ]
 
 _notes: list[str] = []
@@ -47,84 +47,13 @@ _EXPLICIT = "$FLASHINFER_SM120_CACHE_DIR"
 _root_cache: dict[tuple, str] = {}
 
 
-def _private_gid() -> int | None:
-    """The current user's private group (user-private-group scheme, the default
-    of Debian/Ubuntu ``useradd``: group named after the user, the user's primary
-    group, no other listed members), or ``None``.  Never for root.  Looked up
-    once per uid (passwd/group may be on LDAP)."""
-    return _private_gid_of(os.geteuid())
-
-
-@functools.lru_cache(maxsize=4)
-def _private_gid_of(uid: int) -> int | None:
-    if uid == 0:
-        return None
-    try:
-        import grp
-        import pwd
-
-        user = pwd.getpwuid(uid)
-        group = grp.getgrgid(user.pw_gid)
-    except (ImportError, KeyError, OSError):
-        return None
-    if group.gr_name != user.pw_name or any(m != user.pw_name for m in group.gr_mem):
-        return None
-    return user.pw_gid
-
-
-def writable_by_others(st: os.stat_result) -> bool:
-    """Whether someone other than the owner can write the file or directory ``st``
-    describes: world-writable, or group-writable by a group that is not the
-    current user's private group (:func:`_private_gid`; under the umask ``002``
-    those user-private-group systems use, a user's own venv is group-writable
-    by a group that holds only that user).  The sticky bit is the caller's
-    business."""
-    if st.st_mode & stat.S_IWOTH:
-        return True
-    return bool(st.st_mode & stat.S_IWGRP) and st.st_gid != _private_gid()
-
-
-def path_problem(path: str, what: str) -> str | None:
-    """Why ``path`` cannot be used unquoted as a cache or ``CUDA_HOME`` path.
-
-    Args:
-        path: the path to check.
-        what: how to name it in the message, e.g. ``"$FLASHINFER_SM120_CACHE_DIR"``.
-
-    Returns:
-        ``None`` when usable, else a sentence naming the value and the fix.
-    """
-    from .formats import PATH_RULE, path_chars_problem, shown, some
-
-    if not os.path.isabs(path):
-        return (f"{what}={shown(path)} is a relative path: builds and child processes run in other "
-                f"directories; set it to an absolute path")
-    bad = path_chars_problem(path)
-    if bad:
-        return (f"{what}={shown(path)} contains {some(bad, 8)}, which FlashInfer's generated build.ninja "
-                f"and the shell lines it runs do not quote (the compile would fail); set it to a path of "
-                f"{PATH_RULE}")
-    return None
-
-
-def jit_dir_problem(jit_dir: str) -> str | None:
-    """Why FlashInfer's JIT directory cannot be used: FlashInfer writes it unquoted into every
-    ``build.ninja`` (0.7.x ``generate_ninja_build_for_op``: ``build {obj}: ...``), where a space or
-    ``:`` breaks the line and ``$x`` is a ninja variable (the build lands in another directory)."""
-    from .formats import PATH_RULE, path_chars_problem, shown, some
-
-    fix = ("Fix: set FLASHINFER_WORKSPACE_BASE (or SGLANG_CACHE_DIR, which SGLang copies into it) to an "
-           f"absolute directory whose path has only {PATH_RULE}")
-    if not os.path.isabs(jit_dir):
-        return (f"FlashInfer's JIT directory {shown(jit_dir)} is a relative path: each working directory "
-                f"gets a JIT cache of its own. {fix}")
-    bad = path_chars_problem(jit_dir)
-    if not bad:
-        return None
-    return (f"FlashInfer's JIT directory {shown(jit_dir)} contains {some(bad, 8)}: FlashInfer writes it "
-            f"unquoted into every build.ninja, where a blank or ':' breaks the line, '$x' is a ninja "
-            f"variable and the shell reads its own syntax (the build would fail, or land in another "
-            f"directory). {fix}")
+def forget_cache_root(*, notes: bool = False) -> None:
+    """Forget the cache root chosen in this process (the next :func:`cache_root` chooses again:
+    after the environment changed, in tests); with ``notes``, also the notes about refused
+    candidates (:func:`cache_root_notes`)."""
+    _root_cache.clear()
+    if notes:
+        _notes.clear()
 
 
 def _dir_problem(path: str, what: str, explicit: bool = True) -> str | None:
@@ -239,7 +168,7 @@ def _creation_problem(path: str, what: str) -> str | None:
     return _ancestors_problem(os.path.join(top, "_"), what)
 
 
-def _home() -> str | None:
+def home_dir() -> str | None:
     """``$HOME``, else the passwd entry's home, else ``None`` (never ``"~"``:
     ``os.path.expanduser`` gives ``~`` back when HOME is unset and the uid has no
     passwd entry, and ``~/.cache`` would then be created in the working directory;
@@ -292,7 +221,7 @@ def _candidates() -> list[tuple[str, str]]:
     xdg = os.environ.get("XDG_CACHE_HOME")
     if xdg:
         out.append(("$XDG_CACHE_HOME/flashinfer-sm120", os.path.join(xdg, "flashinfer-sm120")))
-    home = _home()
+    home = home_dir()
     if home is not None:
         out.append(("~/.cache/flashinfer-sm120", os.path.join(home, ".cache", "flashinfer-sm120")))
     out.append(("the per-uid fallback",
