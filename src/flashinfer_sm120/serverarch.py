@@ -65,7 +65,7 @@ sys.stdout.write("\n@@" + json.dumps(out))
 @functools.lru_cache(maxsize=32)
 def _run_arch_rule(path: str, function: str, caps: tuple, env_items: tuple) -> tuple[list | None, str]:
     from . import formats, proc
-    from .toolkit.ownership import check_path
+    from .ownership import check_path
 
     problem = check_path(path)  # threat-model: P2 (run only what the trust rule admits)
     if problem:
