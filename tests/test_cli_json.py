@@ -52,6 +52,10 @@ def stubbed(monkeypatch):
         monkeypatch.setattr(mod, name, ran)
     monkeypatch.setattr(build, "_build", lambda args: (common.apply_arch(args.arch), build.buildjson.document())[1])
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.0")
+    from flashinfer_sm120 import statedir
+
+    # `cache prune` without --yes declares this process listing-only: undone after the test
+    monkeypatch.setattr(statedir, "_listing", statedir._listing)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
