@@ -199,3 +199,31 @@ def test_import_waits_for_flashinfers_module_lock(clean_env, tmp_path):
     holder.communicate("\n", timeout=60)
     res = _result(importer)
     assert res["report"][0]["status"] == "installed" and (jit / "m" / "m.so").read_bytes() == b"module"
+
+
+@pytest.mark.parametrize("form", ["directory", "archive"])
+def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
+    """Regression: FlashInfer's per-module lock was taken before the refusal was decided, so an export
+    whose modules are all refused (no manifest entry: nothing of it is installed) still created
+    ``cached_ops/tmp/<name>.lock`` for every module it named, up to 10,000 names of its choosing
+    (threat-model: P4, check then create)."""
+    from flashinfer_sm120.tmpdirs import private_dir
+    from flashinfer_sm120.warmup import cachemeta, cachepack, session
+
+    names = ["evil_a", "evil_b"]
+    src = make_export(tmp_path / "exp", {f"jit/{n}/x.so": b"E" for n in names}, name="evil_a")
+    meta_path = src / TOP / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["modules"] = [{"name": n, "files": {f"jit/{n}/x.so": _sha(b"E")}} for n in names]
+    meta_path.write_text(json.dumps(meta))
+    if form == "archive":
+        src = as_archive(src, tmp_path / "exp.tar.gz")
+    jit, gen = tmp_path / "ws" / "cached_ops", tmp_path / "ws" / "generated"
+    sess = session.Session("0.7.4", "/usr/local/cuda", "13.0", ["12.0f"], jit, "")
+    parsed = cachemeta.read_meta(str(src))
+    with private_dir("fi-sm120-test-") as tmp:
+        root = cachepack._unpack(str(src), Path(tmp), parsed, cachemeta.Limits())
+        report = cachepack._install_from(root, parsed, {"jit": jit, "generated": gen}, sess, False,
+                                         cachemeta.Limits(), str(src))
+    assert [r["status"] for r in report] == ["refused", "refused"], report
+    assert not (tmp_path / "ws").exists(), sorted(str(p) for p in (tmp_path / "ws").rglob("*"))

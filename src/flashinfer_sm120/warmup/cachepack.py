@@ -284,11 +284,15 @@ def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Sessio
     budget = cacheinstall.Budget(limits)
     report = []
     for mod, paths in plan:
+        # threat-model: P4 -- the refusal is decided before the module's lock is taken: taking it
+        # creates cached_ops/tmp/<name>.lock, and a refused module (a name of the export's choosing)
+        # must leave nothing in the JIT dir.  (The generation it compares with is FlashInfer's own,
+        # which FlashInfer does outside this lock too; the copy and settle below run under it.)
+        refused = _refusal(entries.get(mod.name), mod, sess, targets["generated"])
+        if refused:  # before any file of it is installed
+            report.append({"module": mod.name, "status": "refused", "why": refused})
+            continue
         with cacheinstall.module_lock(targets["jit"], mod.name):
-            refused = _refusal(entries.get(mod.name), mod, sess, targets["generated"])
-            if refused:  # before any file of it is installed
-                report.append({"module": mod.name, "status": "refused", "why": refused})
-                continue
             r = _install_module(mod, paths, force, limits, budget, src)
             if r["status"] in ("installed", "already present"):
                 r.update(_settle(entries.get(mod.name), sess))
