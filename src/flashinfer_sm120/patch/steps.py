@@ -370,7 +370,15 @@ def _lease_workspace(ws: str) -> None:
     """Lease the JIT workspace for this process (:mod:`flashinfer_sm120.lease`), then create it:
     a ``cache prune`` that removed it while the lease was awaited leaves it to be made anew."""
     from .. import lease
+    from ..toolkit.ownership import check_place
 
+    # threat-model: P4 -- nothing of ours in a place another uid owns or may write (a shared
+    # FLASHINFER_WORKSPACE_BASE whose levels they made): no lease file, no workspace directory.
+    # The JIT-directory warning (_warn_jit_dir) says why and the fix; our prune keeps another
+    # uid's directories anyway, so there is nothing for a lease to guard, and a lease file they
+    # planted and held exclusively is never waited on.
+    if check_place(ws, "FlashInfer's JIT workspace") is not None:
+        return
     try:
         os.makedirs(os.path.dirname(ws), exist_ok=True)
     except OSError:
