@@ -159,3 +159,19 @@ def test_mutated_archives_give_only_our_error(tmp_path, flips, cut, gz):
     for p in into.rglob("*"):
         assert p.resolve().is_relative_to(into.resolve())
     os.unlink(src)
+
+
+def test_gzip_members_that_unpack_to_nothing_are_capped_on_the_compressed_bytes(tmp_path, monkeypatch):
+    """Regression: a .tar.gz of many empty gzip members before the real one (gzip reads concatenated
+    members as one stream) was read whole inside one read of the decompressor: no byte came out, so
+    neither the unpacked-bytes cap nor the time cap (checked between reads) ever saw it; 40 MB of
+    them took 8 s a pass and the file's size was capped by nothing.  threat-model: P6"""
+    monkeypatch.setattr(cachemeta, "MAX_META_BYTES", 4096)
+    limits = cachemeta.Limits(max_total=4096, max_members=4)
+    empty = gzip.compress(b"", mtime=0)
+    cap = limits.max_stream() + limits.max_stream() // 1000 + (1 << 20)
+    src = tmp_path / "x.tar.gz"
+    src.write_bytes(empty * (cap // len(empty) + 1) + gzip.compress(_tar_bytes([_file(f"{TOP}/meta.json", _meta())])))
+    with pytest.raises(cachemeta.CacheError, match="compressed data is more than"):
+        cachemeta.check_members(str(src), limits)
+

@@ -219,7 +219,7 @@ class _Bounded:
     not after.  threat-model: P6"""
 
     def __init__(self, raw, src: str, limits: Limits) -> None:
-        self.raw, self.src = raw, src
+        self.raw, self.src, self.file = raw, src, None
         self.cap, self.left = limits.max_stream(), limits.max_stream()
         self.seconds = limits.max_seconds
         self.deadline = time.monotonic() + limits.max_seconds
@@ -233,6 +233,37 @@ class _Bounded:
                                   f"import --max-bytes, meta.json and headers)")
         if time.monotonic() > self.deadline:
             raise _fail(self.src, f"reading it took more than {self.seconds:g} s")
+        return data
+
+    def close(self) -> None:
+        self.raw.close()
+        if self.file is not None:  # under a decompressor, which leaves the file it was given open
+            self.file.close()
+
+
+class _Compressed:
+    """The compressed file under the gzip decompressor, read within a cap of its own and the pass's
+    deadline: a gzip file may be thousands of members that decompress to nothing (``gzip`` reads
+    concatenated members as one stream), which :class:`_Bounded` never sees, since one read of
+    the decompressor walks all of them before it returns a byte; 40 MB of empty members took
+    8 s a pass, and the size of the file was bounded by nothing.  The cap is what a gzip of
+    :meth:`Limits.max_stream` bytes can be (deflate's stored blocks add 5 bytes per 64 KiB, a
+    member header 10 and a trailer 8).  threat-model: P6"""
+
+    def __init__(self, raw, bounded: _Bounded) -> None:
+        self.raw, self.bounded = raw, bounded
+        self.cap = bounded.cap + bounded.cap // 1000 + (1 << 20)
+        self.left = self.cap
+
+    def read(self, n: int = -1) -> bytes:
+        want = (1 << 20) if n is None or n < 0 else n
+        data = self.raw.read(min(want, self.left + 1))
+        self.left -= len(data)
+        if self.left < 0:
+            raise _fail(self.bounded.src, f"its compressed data is more than {self.cap} bytes, more than a gzip "
+                                          f"of what it may unpack to")
+        if time.monotonic() > self.bounded.deadline:
+            raise _fail(self.bounded.src, f"reading it took more than {self.bounded.seconds:g} s")
         return data
 
     def close(self) -> None:
@@ -261,8 +292,9 @@ def _open_tar(src: str, limits: Limits):
             raise CacheError(f"{formats.shown(src, 200)} is {kind} data ({'compressed ' if kind != 'unknown' else ''}"
                              f"by its first bytes, whatever its name), not a tar or gzip-compressed tar; {fix}",
                              "archive", fix)
-        raw = gzip.GzipFile(fileobj=fh, mode="rb") if kind == "gzip" else fh
-        stream = _Bounded(raw, src, limits)
+        stream = _Bounded(fh, src, limits)
+        if kind == "gzip":  # threat-model: P6 (the compressed bytes and the time under the decompressor)
+            stream.raw, stream.file = gzip.GzipFile(fileobj=_Compressed(fh, stream), mode="rb"), fh
         return tarfile.open(fileobj=stream, mode="r|", tarinfo=_BoundedTarInfo), stream
     except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
         fh.close()
