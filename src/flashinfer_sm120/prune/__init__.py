@@ -83,8 +83,8 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
             e.kept = "gone since it was listed (another prune removing it?)"
         elif not all(under(e.root, p) for p in e.remove):
             e.kept = "not under the cache root by its real path (a symlink on the way): never removed"
-        elif lease.leased(e.path):  # threat-model: P3 -- the lease is the answer; /proc only adds to it
-            e.kept = f"in use: a running process holds its lease ({lease.lease_path(e.path)})"
+        elif (leased := lease.lease_state(e.path)):  # threat-model: P3 -- the lease is the answer; /proc only adds
+            e.kept = leased
         elif (held_by := holder(e, held)):
             e.kept = held_by if held is None else f"in use: {held_by}"
         else:
