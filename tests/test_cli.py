@@ -111,3 +111,28 @@ def test_doctor_with_a_hung_nvcc_finishes_and_says_so(clean_env, tmp_path, real_
 def test_build_when_disabled_says_how_to_enable(clean_env):
     proc = cli(["build", "--arch", "12.0", "sampling"], dict(clean_env, FLASHINFER_SM120_DISABLE="1"))
     assert proc.returncode == 2 and "FLASHINFER_SM120_DISABLE is set" in proc.stderr and "unset it" in proc.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["cache", "prune", "--older-than", "nan", "--json"],
+    ["cache", "import", "x.tar", "--json", "--max-bytes", "zz"],
+    ["cache", "export", "x.tar", "sampling", "--json", "--max-bytes", "1"],
+    ["build", "sampling", "--json", "-j", "abc"],
+    ["status", "--json", "--bogus"],
+    ["doctor", "--json", "--bogus"],
+])
+def test_a_usage_error_with_json_still_prints_one_json_document(argv, capsys):
+    """Regression: a value argparse refuses (``--older-than nan``, ``--max-bytes zz``, an unknown
+    option) ended ``--json`` commands with the usage on stderr and nothing on stdout; a script parsing
+    stdout got no document.  threat-model: P8 (exactly one JSON document for every outcome)"""
+    from flashinfer_sm120.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    doc = json.loads(out)  # exactly one document: json.loads refuses trailing data
+    assert doc.get("ok") is False or doc.get("mode") == "failed", doc
+    text = json.dumps(doc)
+    assert "error" in err and ("nan" in text or "zz" in text or "out of range" in text or "abc" in text
+                               or "--bogus" in text), doc

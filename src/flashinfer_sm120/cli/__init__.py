@@ -63,7 +63,25 @@ class _Parser(argparse.ArgumentParser):
                 message += f"; did you mean {close[0]!r}?"
         from .common import bounded
 
-        super().error(bounded(message))  # argparse quotes a bad choice or argument whole
+        message = bounded(message)  # argparse quotes a bad choice or argument whole
+        if _json_asked(self):  # threat-model: P8 (one JSON document for every outcome, usage errors too)
+            document = self._defaults.get("usage_failure") or self._defaults.get("json_failure")
+            _print_failure_json(None, f"{self.prog}: {message}", document)
+        super().error(message)
+
+
+#: The command line being parsed (``_main`` sets it): a refusal by argparse tells from it whether
+#: ``--json`` was asked for.
+_ARGV: list[str] = []
+
+
+def _json_asked(parser: argparse.ArgumentParser) -> bool:
+    """Whether ``parser`` (the subcommand refusing the command line) takes ``--json`` and the command
+    line gives it (before a ``--``, after which everything is a positional)."""
+    if not any("--json" in a.option_strings for a in parser._actions):
+        return False
+    words = _ARGV[:_ARGV.index("--")] if "--" in _ARGV else _ARGV
+    return "--json" in words
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,6 +229,8 @@ def lists_only(args: argparse.Namespace) -> bool:
 def _main(argv: list[str] | None) -> int:
     _safe_streams()
     argv = sys.argv[1:] if argv is None else argv
+    global _ARGV
+    _ARGV = list(argv)
     if len(argv) > MAX_ARGS:
         from .common import err
 

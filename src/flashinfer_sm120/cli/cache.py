@@ -25,6 +25,13 @@ def _doc(**fields) -> dict:
     return {"ok": False, "error": None, "modules": [], "fingerprint": None, **fields}
 
 
+def _usage_failure(where: str):
+    """The document of a command line argparse refused (``--max-bytes zz``), for ``--json``."""
+    def document(message: str) -> dict:
+        return _doc(**{where: None}, error={"kind": "usage", "message": message, "fix": ""})
+    return document
+
+
 def _failed(args, doc: dict, kind: str, exc: BaseException) -> int:
     """Report ``exc`` (kind from the exception when it carries one, else the stage that failed): on
     stderr always, and as the one JSON document with ``--json``."""
@@ -229,7 +236,7 @@ def add_parsers(sub) -> None:
     e.add_argument("--max-bytes", type=cli_size("--max-bytes", 1 << 20), metavar="SIZE",
                    help="refuse to write more than SIZE (e.g. 8G; default 32G)")
     e.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    e.set_defaults(func=run_export)
+    e.set_defaults(func=run_export, usage_failure=_usage_failure("out"))
     i = cs.add_parser("import", help="install an exported JIT cache into FlashInfer's JIT cache here")
     i.add_argument("src", help="directory or archive written by 'cache export'")
     i.add_argument("--arch", help="targets (default: the GPUs present)")
@@ -237,7 +244,7 @@ def add_parsers(sub) -> None:
     i.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     i.add_argument("--max-bytes", type=cli_size("--max-bytes", 1 << 20), metavar="SIZE",
                    help="refuse an export whose files add up to more than SIZE (e.g. 8G; default 32G)")
-    i.set_defaults(func=run_import)
+    i.set_defaults(func=run_import, usage_failure=_usage_failure("src"))
     pr = cs.add_parser("prune", help="list (and with --yes remove) views and JIT directories no longer used")
     pr.add_argument("--yes", action="store_true", help="remove what is listed as 'remove' (default: list only)")
     pr.add_argument("--older-than", type=cli_float("--older-than", 0.0, 36500.0), metavar="DAYS",
