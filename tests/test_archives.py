@@ -175,3 +175,15 @@ def test_gzip_members_that_unpack_to_nothing_are_capped_on_the_compressed_bytes(
     with pytest.raises(cachemeta.CacheError, match="compressed data is more than"):
         cachemeta.check_members(str(src), limits)
 
+
+
+def test_a_file_at_the_deepest_path_meta_json_lists_is_a_member_too(tmp_path):
+    """Regression: meta.json lists paths of up to 16 parts, and a member is the top folder and such
+    a path: the deepest listed file was refused as a member, "not a plain relative path"."""
+    rel = "generated/" + "/".join(["d"] * 14) + "/f.cu"
+    assert len(rel.split("/")) == 16
+    src = tmp_path / "x.tar"
+    src.write_bytes(_tar_bytes([_file(f"{TOP}/meta.json", _meta([{"name": "m", "files": {rel: "0" * 64}}])),
+                                _file(f"{TOP}/{rel}", b"x")]))
+    meta = cachemeta.check_members(str(src))
+    assert [m.name for m in meta.modules] == ["m"]

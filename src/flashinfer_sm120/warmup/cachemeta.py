@@ -30,6 +30,8 @@ __all__ = ["TOP", "FORMAT", "MAX_META_BYTES", "CacheError", "Limits", "Module", 
 
 TOP = "flashinfer-sm120-cache"
 FORMAT = 1
+#: Most parts of a path meta.json lists (``generated/a/b/...``); a member adds the top folder.
+_MAX_PARTS = 16
 #: Largest meta.json read (bytes): it carries manifest entries with their generated sources.
 MAX_META_BYTES = 64 << 20
 
@@ -123,7 +125,7 @@ def parse_meta(obj: Any, source: str) -> Meta:
             names.add(name)
             files = {}
             for rel, sha in f(m, "files", dict, f"{source} module {name}", fix=_FIX, max_len=100_000).items():
-                parts = formats.parse_relpath(rel, f"{source} module {name}", fix=_FIX)
+                parts = formats.parse_relpath(rel, f"{source} module {name}", fix=_FIX, max_parts=_MAX_PARTS)
                 if not ((parts[0] == "jit" and len(parts) > 2 and parts[1] == name)
                         or (parts[0] == "generated" and len(parts) > 1)):
                     raise BuildError(f"{source}: module {name} names {formats.shown(rel)}, outside jit/{name}/ "
@@ -148,7 +150,9 @@ def _safe_rel(name: str, src: str) -> str:
     that could land outside it: every part must be a name (no ``..``, no absolute
     part, no empty part, no backslash)."""
     try:
-        parts = formats.parse_relpath(name, f"{src}: archive member")
+        # one more part than meta.json's paths may have: the top folder (a path meta.json accepts, at
+        # its deepest, was refused as a member, "not a plain relative path")
+        parts = formats.parse_relpath(name, f"{src}: archive member", max_parts=_MAX_PARTS + 1)
     except FormatError as exc:
         raise _fail(src, f"member {formats.shown(name)} is not a plain relative path ({exc})") from None
     if parts[0] != TOP:
