@@ -42,7 +42,7 @@ import threading
 import time
 
 __all__ = ["WAIT_S", "lease_path", "target_of", "hold", "held", "release", "leased", "lease_state", "take_exclusive",
-           "end_exclusive"]
+           "end_exclusive", "foreign_place"]
 
 #: Seconds :func:`hold` waits while a prune holds the lease exclusively (it removes one directory).
 WAIT_S = 90.0
@@ -74,6 +74,20 @@ def target_of(path: str) -> str | None:
     if not (name.startswith(".") and name.endswith(".lease")) or len(name) <= len("..lease"):
         return None
     return os.path.join(os.path.dirname(path), name[1:-len(".lease")])
+
+
+def foreign_place(target: str) -> int | None:
+    """The uid that owns the directory ``target``'s lease file lies in (or, absent, the deepest
+    existing level above it) when that is neither this process's nor root's, else ``None``: no lease
+    is taken or created there (threat-model: P4), so ``cache prune`` keeps such an entry
+    (threat-model: P3).  Creates nothing."""
+    from .formats import deepest_existing
+
+    try:
+        owner = os.stat(os.path.realpath(deepest_existing(os.path.dirname(lease_path(target))))).st_uid
+    except OSError:
+        return None
+    return None if owner in (0, os.geteuid()) else owner
 
 
 def _same_file(fd: int, path: str) -> bool:
