@@ -187,3 +187,16 @@ def test_a_file_at_the_deepest_path_meta_json_lists_is_a_member_too(tmp_path):
                                 _file(f"{TOP}/{rel}", b"x")]))
     meta = cachemeta.check_members(str(src))
     assert [m.name for m in meta.modules] == ["m"]
+
+
+def test_a_fingerprint_with_more_targets_than_a_manifest_entry_is_refused_naming_the_archive(tmp_path):
+    """Regression: meta.json's fingerprint could list 4096 targets: `cache import` printed them all
+    ("using the archive's targets ...", 21 kB on one line), then refused a "--arch" 21529 characters
+    long that the user never gave.  Now the archive is refused, naming its field."""
+    obj = json.loads(_meta())
+    obj["fingerprint"]["targets"] = ["12.0"] * 4096
+    src = tmp_path / "x.tar"
+    src.write_bytes(_tar_bytes([_file(f"{TOP}/meta.json", json.dumps(obj).encode())]))
+    with pytest.raises(BuildError, match="'fingerprint'.*'targets' is longer than") as exc:
+        cachemeta.check_members(str(src))
+    assert "--arch" not in str(exc.value) and len(str(exc.value)) < 1000

@@ -158,7 +158,7 @@ def _archive_targets(meta) -> str | None:
         pass
     targets = meta.fingerprint["targets"]  # checked by cachepack.parse_meta: major.minor[a|f] each
     if targets:
-        print(f"flashinfer-sm120: no GPU visible; using the archive's targets {' '.join(targets)}",
+        print(bounded(f"flashinfer-sm120: no GPU visible; using the archive's targets {' '.join(targets)}"),
               file=sys.stderr)
         return " ".join(targets)
     return None

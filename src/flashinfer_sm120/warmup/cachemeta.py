@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import buildline, formats
 from ..errors import FormatError
-from .manifest import parse_entry
+from .manifest import _MAX_TARGETS, parse_entry
 from .session import BuildError
 
 __all__ = ["TOP", "FORMAT", "MAX_META_BYTES", "CacheError", "Limits", "Module", "Meta", "parse_meta", "read_meta",
@@ -109,7 +109,11 @@ def parse_meta(obj: Any, source: str) -> Meta:
         if fmt != FORMAT:
             raise BuildError(f"{source} is export format {fmt}; this version reads {FORMAT}")
         fp_obj = f(obj, "fingerprint", dict, source, fix=_FIX)
-        fp = {k: f(fp_obj, k, kind, f"{source} 'fingerprint'", fix=_FIX, max_len=4096)
+        # threat-model: P6, P8 -- as many targets as a manifest entry may carry: 4096 of them were
+        # printed whole ("using the archive's targets ...", 21 kB) and refused as a too-long "--arch"
+        # the user never gave
+        fp = {k: f(fp_obj, k, kind, f"{source} 'fingerprint'", fix=_FIX,
+                   max_len=_MAX_TARGETS if k == "targets" else 4096)
               for k, kind in _FINGERPRINT.items()}
         fp["targets"] = [formats.parse_target(t, f"{source} 'fingerprint'", fix=_FIX) for t in fp["targets"]]
         if "build_vars" in fp_obj:  # since flashinfer-sm120 0.2.x; older exports lack it
