@@ -328,9 +328,15 @@ def _refusal(entry: dict | None, mod: Module, sess: Session, gen_root: Path) -> 
         return ("meta.json has no manifest entry for it, so this FlashInfer cannot make its sources; export "
                 "it again with `flashinfer-sm120 cache export`")
     try:
-        make_spec(entry, sess.flashinfer)
+        spec = make_spec(entry, sess.flashinfer)
     except CannotRegenerate as exc:
         return str(exc)
+    library = f"jit/{mod.name}/{spec.jit_library_path.name}"
+    if library not in mod.files:
+        # threat-model: P4, P6 -- an entry without its library installs nothing: it only made a module
+        # directory with FlashInfer's build.ninja and ran ninja twice, each of up to 10,000 entries
+        return (f"the export carries no {formats.shown(library, 200)}, the module's library, so there is "
+                "nothing to install; export it again with `flashinfer-sm120 cache export` after building it")
     for rel, sha in mod.files.items():
         if rel.startswith("generated/"):
             local = gen_root / rel[len("generated/"):]
