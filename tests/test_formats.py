@@ -447,3 +447,24 @@ def test_a_refusal_never_carries_what_a_terminal_would_act_on(tmp_path, capsys, 
     shown = err + (json.loads(out)["error"]["message"] if json_flag else out)
     assert "first member" in err and not acted_on.search(shown), shown
     assert formats.bounded("line one\n\tline two") == "line one\n\tline two"
+
+
+def test_doctor_shows_a_module_name_found_on_disk_without_acting_on_it(clean_env, tmp_path):
+    """Regression: ``doctor`` listed the JIT modules FlashInfer would load with their directory names
+    raw: a module directory named with escape sequences retitled the terminal.  threat-model: P8"""
+    import glob
+    import subprocess
+    import sys
+
+    env = dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0")
+    cmd = [sys.executable, "-m", "flashinfer_sm120", "doctor"]
+    subprocess.run(cmd, env=env, capture_output=True, timeout=300)
+    workspaces = [d for d in glob.glob(os.path.join(env["FLASHINFER_WORKSPACE_BASE"], ".cache", "flashinfer", "*",
+                                                    "*", "nvcc*")) if os.path.isdir(d)]
+    assert workspaces
+    for d in workspaces:
+        evil = os.path.join(d, "cached_ops", "ev\x1b]2;PWN\x07il")
+        os.makedirs(evil)
+        open(os.path.join(evil, "ev\x1b]2;PWN\x07il.so"), "wb").close()
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300).stdout
+    assert "PWN" in out and "\x1b" not in out and "\x07" not in out, out[-2000:]

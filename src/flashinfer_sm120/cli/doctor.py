@@ -224,7 +224,11 @@ def _installed(name: str) -> str | None:
 
 
 def _print_doctor(r: dict) -> None:
-    p = print
+    from ..formats import printable
+
+    def p(*parts, **kw) -> None:
+        # threat-model: P8 -- module and file names found on disk are shown, never acted on by the terminal
+        print(*(printable(str(x)) for x in parts), **kw)
     rel = r["release"]
     torch = ("torch: not installed" if r.get("torch_from") is None
              else f"torch CUDA {r['torch_cuda'] or 'none (CPU build)'}")
