@@ -159,3 +159,44 @@ def test_mutated_archives_give_only_our_error(tmp_path, flips, cut, gz):
     for p in into.rglob("*"):
         assert p.resolve().is_relative_to(into.resolve())
     os.unlink(src)
+
+
+def test_gzip_members_that_unpack_to_nothing_are_capped_on_the_compressed_bytes(tmp_path, monkeypatch):
+    """Regression: a .tar.gz of many empty gzip members before the real one (gzip reads concatenated
+    members as one stream) was read whole inside one read of the decompressor: no byte came out, so
+    neither the unpacked-bytes cap nor the time cap (checked between reads) ever saw it; 40 MB of
+    them took 8 s a pass and the file's size was capped by nothing.  threat-model: P6"""
+    monkeypatch.setattr(cachemeta, "MAX_META_BYTES", 4096)
+    limits = cachemeta.Limits(max_total=4096, max_members=4)
+    empty = gzip.compress(b"", mtime=0)
+    cap = limits.max_stream() + limits.max_stream() // 1000 + (1 << 20)
+    src = tmp_path / "x.tar.gz"
+    src.write_bytes(empty * (cap // len(empty) + 1) + gzip.compress(_tar_bytes([_file(f"{TOP}/meta.json", _meta())])))
+    with pytest.raises(cachemeta.CacheError, match="compressed data is more than"):
+        cachemeta.check_members(str(src), limits)
+
+
+
+def test_a_file_at_the_deepest_path_meta_json_lists_is_a_member_too(tmp_path):
+    """Regression: meta.json lists paths of up to 16 parts, and a member is the top folder and such
+    a path: the deepest listed file was refused as a member, "not a plain relative path"."""
+    rel = "generated/" + "/".join(["d"] * 14) + "/f.cu"
+    assert len(rel.split("/")) == 16
+    src = tmp_path / "x.tar"
+    src.write_bytes(_tar_bytes([_file(f"{TOP}/meta.json", _meta([{"name": "m", "files": {rel: "0" * 64}}])),
+                                _file(f"{TOP}/{rel}", b"x")]))
+    meta = cachemeta.check_members(str(src))
+    assert [m.name for m in meta.modules] == ["m"]
+
+
+def test_a_fingerprint_with_more_targets_than_a_manifest_entry_is_refused_naming_the_archive(tmp_path):
+    """Regression: meta.json's fingerprint could list 4096 targets: `cache import` printed them all
+    ("using the archive's targets ...", 21 kB on one line), then refused a "--arch" 21529 characters
+    long that the user never gave.  Now the archive is refused, naming its field."""
+    obj = json.loads(_meta())
+    obj["fingerprint"]["targets"] = ["12.0"] * 4096
+    src = tmp_path / "x.tar"
+    src.write_bytes(_tar_bytes([_file(f"{TOP}/meta.json", json.dumps(obj).encode())]))
+    with pytest.raises(BuildError, match="'fingerprint'.*'targets' is longer than") as exc:
+        cachemeta.check_members(str(src))
+    assert "--arch" not in str(exc.value) and len(str(exc.value)) < 1000

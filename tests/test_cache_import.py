@@ -199,3 +199,74 @@ def test_import_waits_for_flashinfers_module_lock(clean_env, tmp_path):
     holder.communicate("\n", timeout=60)
     res = _result(importer)
     assert res["report"][0]["status"] == "installed" and (jit / "m" / "m.so").read_bytes() == b"module"
+
+
+@pytest.mark.parametrize("form", ["directory", "archive"])
+def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
+    """Regression: FlashInfer's per-module lock was taken before the refusal was decided, so an export
+    whose modules are all refused (no manifest entry: nothing of it is installed) still created
+    ``cached_ops/tmp/<name>.lock`` for every module it named, up to 10,000 names of its choosing
+    (threat-model: P4, check then create)."""
+    from flashinfer_sm120.tmpdirs import private_dir
+    from flashinfer_sm120.warmup import cachemeta, cachepack, session
+
+    names = ["evil_a", "evil_b"]
+    src = make_export(tmp_path / "exp", {f"jit/{n}/x.so": b"E" for n in names}, name="evil_a")
+    meta_path = src / TOP / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["modules"] = [{"name": n, "files": {f"jit/{n}/x.so": _sha(b"E")}} for n in names]
+    meta_path.write_text(json.dumps(meta))
+    if form == "archive":
+        src = as_archive(src, tmp_path / "exp.tar.gz")
+    jit, gen = tmp_path / "ws" / "cached_ops", tmp_path / "ws" / "generated"
+    sess = session.Session("0.7.4", "/usr/local/cuda", "13.0", ["12.0f"], jit, "")
+    parsed = cachemeta.read_meta(str(src))
+    with private_dir("fi-sm120-test-") as tmp:
+        root = cachepack._unpack(str(src), Path(tmp), parsed, cachemeta.Limits())
+        report = cachepack._install_from(root, parsed, {"jit": jit, "generated": gen}, sess, False,
+                                         cachemeta.Limits(), str(src))
+    assert [r["status"] for r in report] == ["refused", "refused"], report
+    assert not (tmp_path / "ws").exists(), sorted(str(p) for p in (tmp_path / "ws").rglob("*"))
+
+
+#: Imports, from an export argv[1] written here, one module per head dim in argv[2:] whose entries are
+#: honest (this FlashInfer's generator and name) but which carry no file; prints the report and the
+#: JIT dir's listing as one ``@@`` JSON line.
+EMPTY_MODULES = r"""
+import json, os, sys
+from pathlib import Path
+from flashinfer_sm120.warmup import cachepack, generators, session
+session.set_arch("12.0")
+sess = session.prepare("12.0")
+from flashinfer.jit import env as jit_env
+bf, i32 = {"dtype": "bfloat16"}, {"dtype": "int32"}
+gen = "flashinfer.jit.attention.modules:gen_batch_decode_module"
+entries, mods = [], []
+for hd in map(int, sys.argv[2:]):
+    params = {"args": [bf, bf, bf, i32, hd, hd, 0, False, False], "kwargs": {}}
+    name = generators.call(gen, params).name
+    entries.append({"format": 1, "name": name, "flashinfer": sess.flashinfer, "targets": ["12.0f"],
+                    "regenerable": True, "generator": gen, "params": params})
+    mods.append({"name": name, "files": {}})
+top = Path(sys.argv[1]) / "flashinfer-sm120-cache"
+top.mkdir(parents=True)
+(top / "meta.json").write_text(json.dumps({"format": 1, "fingerprint": sess.fingerprint(), "modules": mods,
+                                            "manifest": entries}))
+jit = Path(jit_env.FLASHINFER_JIT_DIR)
+report = cachepack.install(sys.argv[1], sess)
+print("@@" + json.dumps({"report": report, "jit": sorted(os.listdir(jit)) if jit.exists() else []}))
+"""
+
+
+def test_an_honest_entry_that_carries_no_library_is_refused_before_anything_is_made(clean_env, tmp_path):
+    """Regression: an export whose modules carry no file (honest manifest entries, up to 10,000 of
+    them) was 'installed': each made a module directory with FlashInfer's build.ninja in the JIT dir and
+    ran ninja twice, then was reported stale; nothing of the export was installed.  threat-model: P4, P6"""
+    proc = subprocess.run([sys.executable, "-c", EMPTY_MODULES, str(tmp_path / "exp"), "64", "96"], env=clean_env,
+                          capture_output=True, text=True, timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("@@")]
+    assert lines, proc.stderr[-3000:]
+    res = json.loads(lines[-1][2:])
+    assert [r["status"] for r in res["report"]] == ["refused", "refused"], res["report"]
+    assert all("library" in r["why"] for r in res["report"])
+    assert [n for n in res["jit"] if n != "tmp"] == [], res["jit"]

@@ -171,3 +171,30 @@ def test_plural():
     assert [plural(1, "entry"), plural(2, "entry"), plural(0, "module"), plural(2, "day"),
             plural(1, "stale entry", "stale entries"), plural(3, "stale entry", "stale entries")] == [
         "1 entry", "2 entries", "0 modules", "2 days", "1 stale entry", "3 stale entries"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["cache", "prune", "--older-than", "nan", "--json"],
+    ["cache", "import", "x.tar", "--json", "--max-bytes", "zz"],
+    ["cache", "export", "x.tar", "sampling", "--json", "--max-bytes", "1"],
+    ["build", "sampling", "--json", "-j", "abc"],
+    ["status", "--json", "--bogus"],
+    ["doctor", "--json", "--bogus"],
+])
+def test_a_usage_error_with_json_still_prints_one_json_document(argv, capsys):
+    """Regression: a value argparse refuses (``--older-than nan``, ``--max-bytes zz``, an unknown
+    option) ended ``--json`` commands with the usage on stderr and nothing on stdout; a script parsing
+    stdout got no document.  threat-model: P8 (exactly one JSON document for every outcome)"""
+    from flashinfer_sm120.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own exit, where a parser still ends the process
+        code = exc.code
+    assert code == 2
+    out, err = capsys.readouterr()
+    doc = json.loads(out)  # exactly one document: json.loads refuses trailing data
+    assert doc.get("ok") is False or doc.get("mode") == "failed", doc
+    text = json.dumps(doc)
+    assert "error" in err and ("nan" in text or "zz" in text or "out of range" in text or "abc" in text
+                               or "--bogus" in text), doc

@@ -418,3 +418,53 @@ def test_parse_command_words():
         with pytest.raises(formats.FormatError) as exc:
             formats.parse_command_words(bad, "CXX")
         assert "CXX" in str(exc.value)
+
+
+
+@pytest.mark.parametrize("name", ["evil\x1b]2;pwned\x07\x1b[2J.tar", "x\r\x9b31m.tar", "a\u202egpj.tar", "a\x7fb"])
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_a_refusal_never_carries_what_a_terminal_would_act_on(tmp_path, capsys, name, json_flag):
+    """Regression: a refusal quoting an archive's name printed it raw: a file named with escape
+    sequences (``cache import downloads/*.tar``) retitled the terminal, cleared the screen or, with a
+    bidirectional override, showed another name.  Escaped on stderr and in the JSON document; newlines
+    and tabs of multi-line messages kept.  threat-model: P8"""
+    import io
+    import re
+    import tarfile
+
+    from flashinfer_sm120.cli import main
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("flashinfer-sm120-cache/jit/x")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    src = tmp_path / name
+    src.write_bytes(buf.getvalue())
+    assert main(["cache", "import", str(src), *json_flag]) == 2
+    out, err = capsys.readouterr()
+    acted_on = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+    shown = err + (json.loads(out)["error"]["message"] if json_flag else out)
+    assert "first member" in err and not acted_on.search(shown), shown
+    assert formats.bounded("line one\n\tline two") == "line one\n\tline two"
+
+
+def test_doctor_shows_a_module_name_found_on_disk_without_acting_on_it(clean_env, tmp_path):
+    """Regression: ``doctor`` listed the JIT modules FlashInfer would load with their directory names
+    raw: a module directory named with escape sequences retitled the terminal.  threat-model: P8"""
+    import glob
+    import subprocess
+    import sys
+
+    env = dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0")
+    cmd = [sys.executable, "-m", "flashinfer_sm120", "doctor"]
+    subprocess.run(cmd, env=env, capture_output=True, timeout=300)
+    workspaces = [d for d in glob.glob(os.path.join(env["FLASHINFER_WORKSPACE_BASE"], ".cache", "flashinfer", "*",
+                                                    "*", "nvcc*")) if os.path.isdir(d)]
+    assert workspaces
+    for d in workspaces:
+        evil = os.path.join(d, "cached_ops", "ev\x1b]2;PWN\x07il")
+        os.makedirs(evil)
+        open(os.path.join(evil, "ev\x1b]2;PWN\x07il.so"), "wb").close()
+    out = subprocess.run(cmd + ["--verbose"], env=env, capture_output=True, text=True, timeout=300).stdout
+    assert "PWN" in out and "\x1b" not in out and "\x07" not in out, out[-2000:]

@@ -265,3 +265,32 @@ def test_doctor_section_shows_the_size_of_both_caches(caches):
     assert section["stale"] == 5 and section["stale_bytes"] > 0
     text = "\n".join(pr.doctor_lines(section))
     assert "5 stale entries" in text and "cache prune" in text
+
+
+def test_a_lease_file_that_cannot_be_told_keeps_the_entry_and_says_so(caches):
+    """Regression: a workspace whose lease file was a symlink (planted, or left by a tool) was kept,
+    as it must be, but listed as "in use: a running process holds its lease": no process did, and
+    the fix (remove the link) was not said.  threat-model: P3 (kept), P8 (told, not guessed)"""
+    from flashinfer_sm120 import lease
+
+    c = caches
+    ws = c["ws"]["toolkit gone"]
+    lf = lease.lease_path(str(ws))
+    os.symlink(c["tmp"] / "elsewhere", lf)
+    got = listing(c)[str(ws)]
+    assert got["kept"] and "running process" not in got["kept"] and lf in got["kept"], got
+    assert "symlink" in got["kept"] and "remove the link" in got["kept"]
+    assert prune(c, "--yes").returncode == 0 and ws.is_dir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another uid")
+def test_an_entry_whose_lease_would_lie_in_another_uids_directory_is_never_removed(caches):
+    """No process takes a lease inside another uid's directory (threat-model: P4), so a workspace of
+    yours there (FlashInfer made it in a shared FLASHINFER_WORKSPACE_BASE whose levels they made) may
+    be in use unseen: prune lists it and keeps it.  threat-model: P3"""
+    c = caches
+    ws = c["ws"]["toolkit gone"]
+    os.chown(ws.parent, 65534, 65534)
+    got = listing(c)[str(ws)]
+    assert got["reason"] and "uid 65534" in (got["kept"] or ""), got
+    assert prune(c, "--yes").returncode == 0 and ws.is_dir()

@@ -41,7 +41,8 @@ import os
 import threading
 import time
 
-__all__ = ["WAIT_S", "lease_path", "target_of", "hold", "held", "release", "leased", "take_exclusive", "end_exclusive"]
+__all__ = ["WAIT_S", "lease_path", "target_of", "hold", "held", "release", "leased", "lease_state", "take_exclusive",
+           "end_exclusive", "foreign_place"]
 
 #: Seconds :func:`hold` waits while a prune holds the lease exclusively (it removes one directory).
 WAIT_S = 90.0
@@ -73,6 +74,20 @@ def target_of(path: str) -> str | None:
     if not (name.startswith(".") and name.endswith(".lease")) or len(name) <= len("..lease"):
         return None
     return os.path.join(os.path.dirname(path), name[1:-len(".lease")])
+
+
+def foreign_place(target: str) -> int | None:
+    """The uid that owns the directory ``target``'s lease file lies in (or, absent, the deepest
+    existing level above it) when that is neither this process's nor root's, else ``None``: no lease
+    is taken or created there (threat-model: P4), so ``cache prune`` keeps such an entry
+    (threat-model: P3).  Creates nothing."""
+    from .formats import deepest_existing
+
+    try:
+        owner = os.stat(os.path.realpath(deepest_existing(os.path.dirname(lease_path(target))))).st_uid
+    except OSError:
+        return None
+    return None if owner in (0, os.geteuid()) else owner
 
 
 def _same_file(fd: int, path: str) -> bool:
@@ -144,17 +159,30 @@ def release(target: str) -> None:
 
 def leased(target: str) -> bool:
     """Whether some process holds a lease on ``target`` (read-only probe: creates nothing)."""
+    return lease_state(target) is not None
+
+
+def lease_state(target: str) -> str | None:
+    """``None`` when no process holds a lease on ``target``, else why it is treated as held, in words
+    for a listing: held by a running process, or cannot be told (a symlink, unreadable), which
+    keeps it too.  Read-only probe: creates nothing.  threat-model: P3, P8 (a
+    planted symlink was listed as "a running process holds its lease")"""
+    path = lease_path(target)
     try:
-        fd = os.open(lease_path(target), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        return False
-    except OSError:
-        return True  # cannot tell (a link, unreadable, no descriptor left): treated as held
+        return None
+    except OSError as exc:  # cannot tell: treated as held
+        if exc.errno == errno.ELOOP:
+            return f"its lease file {path} is a symlink, so whether it is in use cannot be told; remove the link"
+        return f"its lease file {path} cannot be checked ({exc.strerror or exc}), so it is treated as in use"
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except OSError:
-        return True  # held (EWOULDBLOCK), or cannot tell: treated as held
+        return None
+    except OSError as exc:
+        if _would_block(exc):
+            return f"in use: a running process holds its lease ({path})"
+        return f"its lease file {path} cannot be locked ({exc.strerror or exc}), so it is treated as in use"
     finally:
         os.close(fd)
 

@@ -156,7 +156,7 @@ def _archive_targets(meta) -> str | None:
         pass
     targets = meta.fingerprint["targets"]  # checked by cachepack.parse_meta: major.minor[a|f] each
     if targets:
-        print(f"flashinfer-sm120: no GPU visible; using the archive's targets {' '.join(targets)}",
+        print(bounded(f"flashinfer-sm120: no GPU visible; using the archive's targets {' '.join(targets)}"),
               file=sys.stderr)
         return " ".join(targets)
     return None
@@ -178,11 +178,14 @@ def run_prune(args: argparse.Namespace) -> int:
 
 
 def _print_prune(report: dict, yes: bool) -> None:
+    from ..formats import printable
     from ..prune import human
 
+    # threat-model: P8 -- paths are names found on disk (in a shared workspace base others name
+    # directories) and reasons quote them: a terminal shows them, never acts on them
     for r in report["roots"]:
         if r["path"]:
-            print(f"{r['what']} cache: {r['path']} ({human(r['bytes'])})")
+            print(printable(f"{r['what']} cache: {r['path']} ({human(r['bytes'])})"))
     for e in report["entries"]:
         if e.removed:
             word = "removed"
@@ -194,7 +197,7 @@ def _print_prune(report: dict, yes: bool) -> None:
             word = "keep"
         why = e.error or (f"{e.reason}; kept: {e.kept}" if e.reason and e.kept else e.kept or e.reason
                           or "still usable: its toolkit (and FlashInfer release) are installed")
-        print(f"  {word:<7} {human(e.bytes):>10}  {e.kind:<4} {e.path}\n          {why}")
+        print(printable(f"  {word:<7} {human(e.bytes):>10}  {e.kind:<4} {e.path}\n          {why}"))
     if not report["entries"]:
         print("  nothing cached")
     stale = [e for e in report["entries"] if e.reason and not e.kept and not e.removed]

@@ -13,7 +13,7 @@ import os
 import sys
 import textwrap
 
-from ..formats import cli_float, plural, shown
+from ..formats import cli_float, plural, printable, shown
 from ..verify.report import ALONE_TIMEOUT_S, collect
 from .common import ARCH_HELP, apply_arch
 
@@ -73,7 +73,7 @@ def run_doctor(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2, default=str))
     else:
         for line in render(report, verbose=args.verbose):
-            print(line)
+            print(printable(line))  # threat-model: P8: names found on disk are shown, never acted on
     return 0 if diagnosis.ok else 1
 
 

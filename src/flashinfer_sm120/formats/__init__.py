@@ -36,7 +36,7 @@ tool output).  Import from this package, not from the modules.
 from __future__ import annotations
 
 from ..errors import FormatError
-from .base import MAX_SHOWN, bounded, plural, shown, some
+from .base import MAX_SHOWN, bounded, plural, printable, shown, some
 from .flags import OPTION_FORMS, PATH_OPTIONS, parse_compile_flag
 from .params import PARAM_MAX_DEPTH, PARAM_MAX_ITEMS, PARAM_MAX_TEXT, parse_generator, parse_params
 from .reads import (
@@ -56,7 +56,7 @@ from .binary import (
 
 __all__ = [
     "plural",
-    "FormatError", "MAX_SHOWN", "MAX_JSON_DEPTH", "NAME_RE", "FILE_NAME_RE", "bounded", "shown", "some", "read_bytes",
+    "FormatError", "MAX_SHOWN", "MAX_JSON_DEPTH", "NAME_RE", "FILE_NAME_RE", "bounded", "printable", "shown", "some", "read_bytes",
     "read_prefix", "read_text", "iter_lines", "loads_json", "read_json_file", "field", "parse_version",
     "parse_name", "parse_relpath", "safe_join", "make_private_dirs", "PATH_RULE", "path_chars_problem",
     "ForeignTree", "foreign_tree", "deepest_existing", "env_text", "check_text", "parse_target",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -48,6 +49,22 @@ def some(items: Iterable[Any], limit: int = 3) -> str:
     return ", ".join(out) + (f" and {extra} more" if extra else "")
 
 
+#: Characters a terminal acts on instead of showing them: C0 controls but newline and tab (ESC starts
+#: the sequences that retitle a window, clear the screen, rewrite what was printed; CR overwrites the
+#: line), DEL, C1 controls (one-byte CSI), and Unicode's bidirectional marks, embeddings, overrides
+#: and isolates, which reorder the text shown around them.
+_UNSHOWN_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (:data:`_UNSHOWN_RE`) written as its
+    escape (``\\x1b``, ``\\u202e``); newlines and tabs kept.  For the last step before a message
+    or a listing is printed: file names and values quoted whole come from others (an archive's
+    name, a directory in a shared cache).  threat-model: P8"""
+    return _UNSHOWN_RE.sub(lambda m: (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                                      else f"\\u{ord(m.group()):04x}"), text)
+
+
 #: A run of non-blank characters longer than this is cut in :func:`bounded`.
 MAX_WORD = 1024  # a module's JIT path is ~300 characters: real paths pass whole
 #: Characters of a whole message kept by :func:`bounded`.
@@ -59,10 +76,10 @@ def bounded(message: str, *, max_word: int = MAX_WORD, max_len: int = MAX_MESSAG
     :data:`MAX_SHOWN` characters (``...`` and its length added), then the whole cut to ``max_len``
     the same way: for the last step before a message is printed, where parts of it were made by
     code that quotes its input whole (argparse's ``invalid choice: '<value>'``, a list of
-    unrecognized arguments)."""
+    unrecognized arguments).  Characters a terminal acts on are escaped first (:func:`printable`)."""
+    message = printable(message)  # threat-model: P8
     if len(message) <= max_word and len(message) <= max_len:
         return message
-    import re
 
     def cut(m: "re.Match[str]") -> str:
         w = m.group()

@@ -365,6 +365,13 @@ def _lease_workspace(ws: str) -> None:
     a ``cache prune`` that removed it while the lease was awaited leaves it to be made anew."""
     from .. import lease
 
+    # threat-model: P4 -- nothing of ours inside a tree another uid owns (a shared
+    # FLASHINFER_WORKSPACE_BASE whose levels they made): no lease file, no workspace directory;
+    # the JIT-directory warning (_warn_jit_dir) says why and the fix.  A lease file they planted
+    # and held exclusively is then never waited on either.  Prune never removes an entry whose
+    # lease would lie in another uid's directory (threat-model: P3, lease.foreign_place).
+    if lease.foreign_place(ws):
+        return
     try:
         os.makedirs(os.path.dirname(ws), exist_ok=True)
     except OSError:

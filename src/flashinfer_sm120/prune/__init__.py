@@ -80,12 +80,14 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
             owner = uid
         if owner != uid:
             e.kept = f"owned by uid {owner}, not you"
+        elif (other := lease.foreign_place(e.path)) is not None:  # threat-model: P3 -- no process leases it there
+            e.kept = f"it lies in a directory of uid {other}, where no process takes a lease on it: never removed"
         elif not all(os.path.lexists(p) for p in e.remove):
             e.kept = "gone since it was listed (another prune removing it?)"
         elif not all(under(e.root, p) for p in e.remove):
             e.kept = "not under the cache root by its real path (a symlink on the way): never removed"
-        elif lease.leased(e.path):  # threat-model: P3 -- the lease is the answer; /proc only adds to it
-            e.kept = f"in use: a running process holds its lease ({lease.lease_path(e.path)})"
+        elif (leased := lease.lease_state(e.path)):  # threat-model: P3 -- the lease is the answer; /proc only adds
+            e.kept = leased
         elif (held_by := holder(e, held)):
             e.kept = held_by if held is None else f"in use: {held_by}"
         else:

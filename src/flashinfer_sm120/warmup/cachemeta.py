@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import buildline, formats
 from ..errors import FormatError
-from .manifest import parse_entry
+from .manifest import _MAX_TARGETS, parse_entry
 from .session import BuildError
 
 __all__ = ["TOP", "FORMAT", "MAX_META_BYTES", "CacheError", "Limits", "Module", "Meta", "parse_meta", "read_meta",
@@ -30,6 +30,8 @@ __all__ = ["TOP", "FORMAT", "MAX_META_BYTES", "CacheError", "Limits", "Module", 
 
 TOP = "flashinfer-sm120-cache"
 FORMAT = 1
+#: Most parts of a path meta.json lists (``generated/a/b/...``); a member adds the top folder.
+_MAX_PARTS = 16
 #: Largest meta.json read (bytes): it carries manifest entries with their generated sources.
 MAX_META_BYTES = 64 << 20
 
@@ -107,7 +109,11 @@ def parse_meta(obj: Any, source: str) -> Meta:
         if fmt != FORMAT:
             raise BuildError(f"{source} is export format {fmt}; this version reads {FORMAT}")
         fp_obj = f(obj, "fingerprint", dict, source, fix=_FIX)
-        fp = {k: f(fp_obj, k, kind, f"{source} 'fingerprint'", fix=_FIX, max_len=4096)
+        # threat-model: P6, P8 -- as many targets as a manifest entry may carry: 4096 of them were
+        # printed whole ("using the archive's targets ...", 21 kB) and refused as a too-long "--arch"
+        # the user never gave
+        fp = {k: f(fp_obj, k, kind, f"{source} 'fingerprint'", fix=_FIX,
+                   max_len=_MAX_TARGETS if k == "targets" else 4096)
               for k, kind in _FINGERPRINT.items()}
         fp["targets"] = [formats.parse_target(t, f"{source} 'fingerprint'", fix=_FIX) for t in fp["targets"]]
         if "build_vars" in fp_obj:  # since flashinfer-sm120 0.2.x; older exports lack it
@@ -123,7 +129,7 @@ def parse_meta(obj: Any, source: str) -> Meta:
             names.add(name)
             files = {}
             for rel, sha in f(m, "files", dict, f"{source} module {name}", fix=_FIX, max_len=100_000).items():
-                parts = formats.parse_relpath(rel, f"{source} module {name}", fix=_FIX)
+                parts = formats.parse_relpath(rel, f"{source} module {name}", fix=_FIX, max_parts=_MAX_PARTS)
                 if not ((parts[0] == "jit" and len(parts) > 2 and parts[1] == name)
                         or (parts[0] == "generated" and len(parts) > 1)):
                     raise BuildError(f"{source}: module {name} names {formats.shown(rel)}, outside jit/{name}/ "
@@ -148,7 +154,9 @@ def _safe_rel(name: str, src: str) -> str:
     that could land outside it: every part must be a name (no ``..``, no absolute
     part, no empty part, no backslash)."""
     try:
-        parts = formats.parse_relpath(name, f"{src}: archive member")
+        # one more part than meta.json's paths may have: the top folder (a path meta.json accepts, at
+        # its deepest, was refused as a member, "not a plain relative path")
+        parts = formats.parse_relpath(name, f"{src}: archive member", max_parts=_MAX_PARTS + 1)
     except FormatError as exc:
         raise _fail(src, f"member {formats.shown(name)} is not a plain relative path ({exc})") from None
     if parts[0] != TOP:
@@ -219,7 +227,7 @@ class _Bounded:
     not after.  threat-model: P6"""
 
     def __init__(self, raw, src: str, limits: Limits) -> None:
-        self.raw, self.src = raw, src
+        self.raw, self.src, self.file = raw, src, None
         self.cap, self.left = limits.max_stream(), limits.max_stream()
         self.seconds = limits.max_seconds
         self.deadline = time.monotonic() + limits.max_seconds
@@ -233,6 +241,37 @@ class _Bounded:
                                   f"import --max-bytes, meta.json and headers)")
         if time.monotonic() > self.deadline:
             raise _fail(self.src, f"reading it took more than {self.seconds:g} s")
+        return data
+
+    def close(self) -> None:
+        self.raw.close()
+        if self.file is not None:  # under a decompressor, which leaves the file it was given open
+            self.file.close()
+
+
+class _Compressed:
+    """The compressed file under the gzip decompressor, read within a cap of its own and the pass's
+    deadline: a gzip file may be thousands of members that decompress to nothing (``gzip`` reads
+    concatenated members as one stream), which :class:`_Bounded` never sees, since one read of
+    the decompressor walks all of them before it returns a byte; 40 MB of empty members took
+    8 s a pass, and the size of the file was bounded by nothing.  The cap is what a gzip of
+    :meth:`Limits.max_stream` bytes can be (deflate's stored blocks add 5 bytes per 64 KiB, a
+    member header 10 and a trailer 8).  threat-model: P6"""
+
+    def __init__(self, raw, bounded: _Bounded) -> None:
+        self.raw, self.bounded = raw, bounded
+        self.cap = bounded.cap + bounded.cap // 1000 + (1 << 20)
+        self.left = self.cap
+
+    def read(self, n: int = -1) -> bytes:
+        want = (1 << 20) if n is None or n < 0 else n
+        data = self.raw.read(min(want, self.left + 1))
+        self.left -= len(data)
+        if self.left < 0:
+            raise _fail(self.bounded.src, f"its compressed data is more than {self.cap} bytes, more than a gzip "
+                                          f"of what it may unpack to")
+        if time.monotonic() > self.bounded.deadline:
+            raise _fail(self.bounded.src, f"reading it took more than {self.bounded.seconds:g} s")
         return data
 
     def close(self) -> None:
@@ -261,8 +300,9 @@ def _open_tar(src: str, limits: Limits):
             raise CacheError(f"{formats.shown(src, 200)} is {kind} data ({'compressed ' if kind != 'unknown' else ''}"
                              f"by its first bytes, whatever its name), not a tar or gzip-compressed tar; {fix}",
                              "archive", fix)
-        raw = gzip.GzipFile(fileobj=fh, mode="rb") if kind == "gzip" else fh
-        stream = _Bounded(raw, src, limits)
+        stream = _Bounded(fh, src, limits)
+        if kind == "gzip":  # threat-model: P6 (the compressed bytes and the time under the decompressor)
+            stream.raw, stream.file = gzip.GzipFile(fileobj=_Compressed(fh, stream), mode="rb"), fh
         return tarfile.open(fileobj=stream, mode="r|", tarinfo=_BoundedTarInfo), stream
     except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
         fh.close()

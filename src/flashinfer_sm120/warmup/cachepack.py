@@ -284,11 +284,15 @@ def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Sessio
     budget = cacheinstall.Budget(limits)
     report = []
     for mod, paths in plan:
+        # threat-model: P4 -- the refusal is decided before the module's lock is taken: taking it
+        # creates cached_ops/tmp/<name>.lock, and a refused module (a name of the export's choosing)
+        # must leave nothing in the JIT dir.  (The generation it compares with is FlashInfer's own,
+        # which FlashInfer does outside this lock too; the copy and settle below run under it.)
+        refused = _refusal(entries.get(mod.name), mod, sess, targets["generated"])
+        if refused:  # before any file of it is installed
+            report.append({"module": mod.name, "status": "refused", "why": refused})
+            continue
         with cacheinstall.module_lock(targets["jit"], mod.name):
-            refused = _refusal(entries.get(mod.name), mod, sess, targets["generated"])
-            if refused:  # before any file of it is installed
-                report.append({"module": mod.name, "status": "refused", "why": refused})
-                continue
             r = _install_module(mod, paths, force, limits, budget, src)
             if r["status"] in ("installed", "already present"):
                 r.update(_settle(entries.get(mod.name), sess))
@@ -324,9 +328,15 @@ def _refusal(entry: dict | None, mod: Module, sess: Session, gen_root: Path) -> 
         return ("meta.json has no manifest entry for it, so this FlashInfer cannot make its sources; export "
                 "it again with `flashinfer-sm120 cache export`")
     try:
-        make_spec(entry, sess.flashinfer)
+        spec = make_spec(entry, sess.flashinfer)
     except CannotRegenerate as exc:
         return str(exc)
+    library = f"jit/{mod.name}/{spec.jit_library_path.name}"
+    if library not in mod.files:
+        # threat-model: P4, P6 -- an entry without its library installs nothing: it only made a module
+        # directory with FlashInfer's build.ninja and ran ninja twice, each of up to 10,000 entries
+        return (f"the export carries no {formats.shown(library, 200)}, the module's library, so there is "
+                "nothing to install; export it again with `flashinfer-sm120 cache export` after building it")
     for rel, sha in mod.files.items():
         if rel.startswith("generated/"):
             local = gen_root / rel[len("generated/"):]

@@ -49,6 +49,12 @@ def restamp(path: str, mtimes_ns: dict[str, int]) -> int:
         body = pos + 4
         if body + size > len(data):
             break  # a truncated last record: ninja ignores it too
+        if size % 4 or size < (12 if is_deps else 8):
+            # threat-model: P6 -- not a record ninja writes (a deps record holds its output id and an
+            # 8-byte mtime, a path record a padded path and a checksum, both whole 4-byte words): the
+            # log travels in exports, and such a record raised struct.error or had the mtime written
+            # over the next record.  The whole log is left untouched.
+            return 0
         if is_deps:
             (out_id,) = struct.unpack_from("<i", data, body)
             if 0 <= out_id < len(ids) and ids[out_id] in mtimes_ns:
