@@ -180,8 +180,8 @@ def test_a_cache_export_carries_the_values_and_an_import_with_other_values_says_
     meta = cachemeta.parse_meta({"format": 1, "fingerprint": there, "modules": [], "manifest": []}, "meta.json")
     assert meta.fingerprint["build_vars"]["FLASHINFER_JIT_VERBOSE"] == "1"
     here = dict(fp, build_vars=buildline.snapshot({}))
-    msg = cachepack._mismatch(meta.fingerprint, here)
-    assert msg.startswith("the archive was built with other FlashInfer build-line variables "
+    msg, fix = cachepack._mismatch(meta.fingerprint, here)
+    assert fix and msg.startswith("the archive was built with other FlashInfer build-line variables "
                           "(FLASHINFER_JIT_VERBOSE=1 there, (unset) here)")
     assert cachepack._mismatch(meta.fingerprint, dict(fp, build_vars=there["build_vars"])) is None
     older = cachemeta.parse_meta({"format": 1, "fingerprint": fp, "modules": [], "manifest": []}, "meta.json")

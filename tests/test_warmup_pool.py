@@ -41,7 +41,7 @@ def test_builds_reports_and_second_run_is_up_to_date_once(tmp_path):
     res = pool.run_pool(jobs, 2, out)
     assert [r.status for r in res] == ["built", "built"], out.getvalue()
     text = out.getvalue()
-    assert "to build: 2 module(s), 7 compile/link steps, -j 2" in text
+    assert "to build: 2 modules, 7 compile/link steps, -j 2" in text
     assert "a: compiled s0.cu" in text and "b: linked b.so" in text and "[7/7]" in text
     # FlashInfer's own run (ninja in the module dir) finds nothing to do
     for j in jobs:
@@ -131,6 +131,6 @@ def test_the_module_with_the_most_steps_starts_first(tmp_path):
     out = io.StringIO()
     res = pool.run_pool(jobs, 2, out)
     assert [r.status for r in res] == ["built", "built", "built"], out.getvalue()  # results in the order given
-    assert "to build: 3 module(s), 8 compile/link steps, -j 2: many (4), one1 (2), one2 (2)" in out.getvalue()
+    assert "to build: 3 modules, 8 compile/link steps, -j 2: many (4), one1 (2), one2 (2)" in out.getvalue()
     first_two = (tmp_path / "order.log").read_text().splitlines()[:2]  # the two slots' first steps
     assert any("/many/" in line for line in first_two), first_two
