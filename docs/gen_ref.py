@@ -7,13 +7,13 @@ source.  Used three ways:
 * ``python docs/gen_ref.py`` rewrites every page's generated blocks from the code (a bare
   ``<!-- gen:NAME -->`` becomes a filled block);
 * from the tests: :func:`render` gives a page with fresh blocks, and a page that differs from
-  it is stale (``tests/test_docs.py``);
+  it is stale (``tests/project/test_docs.py``);
 * as a MkDocs hook (``hooks: [docs/gen_ref.py]`` in ``mkdocs.yml``): the site shows fresh
   blocks, without the markers.
 
 Sources: ``flashinfer_sm120.envvars.VARIABLES`` (environment variables),
-``flashinfer_sm120.cli.build_parser()`` (the CLI), ``flashinfer_sm120.releases``
-(FlashInfer releases), ``flashinfer_sm120.arch.MIN_NVCC`` (targets), and the
+``flashinfer_sm120.cli.build_parser()`` (the CLI), ``flashinfer_sm120.core.facts.releases``
+(FlashInfer releases), ``flashinfer_sm120.core.facts.arch.MIN_NVCC`` (targets), and the
 docstrings of the public API.
 """
 
@@ -131,8 +131,8 @@ def cli() -> str:
 
 
 def releases() -> str:
-    """The FlashInfer release table (``flashinfer_sm120.releases.RELEASES``)."""
-    from flashinfer_sm120 import releases as rel
+    """The FlashInfer release table (``flashinfer_sm120.core.facts.releases.RELEASES``)."""
+    from flashinfer_sm120.core.facts import releases as rel
 
     rows = [[f"< {min(s.version for s in rel.SUPPORTED)}", "unsupported", "not patched", "", ""]]
     for spec, row in rel.RELEASES:
@@ -145,8 +145,8 @@ def releases() -> str:
 
 
 def targets() -> str:
-    """Minimum nvcc per target (``flashinfer_sm120.arch.MIN_NVCC``)."""
-    from flashinfer_sm120 import arch
+    """Minimum nvcc per target (``flashinfer_sm120.core.facts.arch.MIN_NVCC``)."""
+    from flashinfer_sm120.core.facts import arch
 
     by_release: dict[str, list[str]] = {}
     for target, version in arch.MIN_NVCC.items():
@@ -165,8 +165,8 @@ def targets() -> str:
 
 #: ``(import path, object path)`` of the documented public API.
 API = (("flashinfer_sm120", "install"), ("flashinfer_sm120", "revert"), ("flashinfer_sm120", "status"),
-       ("flashinfer_sm120", "resolve"), ("flashinfer_sm120.environ", "exported"),
-       ("flashinfer_sm120.autoload", "worker_setup"))
+       ("flashinfer_sm120", "resolve"), ("flashinfer_sm120.core.jitenv.environ", "exported"),
+       ("flashinfer_sm120.core.autoload", "worker_setup"))
 
 
 def _docstring(obj) -> str:

@@ -12,7 +12,7 @@ Two layers, either is enough:
 Run on a Ray cluster: ``python examples/ray_workers.py [--workers N] [--address ADDR]``.
 It prints, per worker, the patch state, the exported ``CUDA_HOME`` and
 ``shutil.which("nvcc")``.  Without Ray installed, :func:`runtime_env` and
-:func:`worker_report` are plain functions (tests/test_examples.py runs them).
+:func:`worker_report` are plain functions (tests/project/test_examples.py runs them).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import json
 import os
 
 #: The hook Ray imports and calls in every worker process ("module.function").
-SETUP_HOOK = "flashinfer_sm120.autoload.worker_setup"
+SETUP_HOOK = "flashinfer_sm120.core.autoload.worker_setup"
 
 
 def runtime_env(cache_root: str = "/var/cache") -> dict:
@@ -42,7 +42,8 @@ def worker_report() -> dict:
     import socket
 
     import flashinfer_sm120
-    from flashinfer_sm120 import autoload, environ
+    from flashinfer_sm120.core import autoload
+    from flashinfer_sm120.core.jitenv import environ
 
     st = flashinfer_sm120.status()
     return {

@@ -108,7 +108,7 @@ _FORKSERVER: list = []  # the session's forkserver.Client, started on first use;
 
 def pytest_addoption(parser):
     parser.addoption("--no-forkserver", action="store_true",
-                     help="run every child Python as a new interpreter (see tests/forkserver.py)")
+                     help="run every child Python as a new interpreter (see tests/helpers/forkserver.py)")
 
 
 def pytest_configure(config):
@@ -163,7 +163,7 @@ def run_code(code: str, env: dict, timeout: float = 600, args: tuple = ()) -> su
     code = textwrap.dedent(code)
     if not _FORKSERVER:
         try:
-            import forkserver
+            from helpers import forkserver
 
             _FORKSERVER.append(forkserver.Client())
         except Exception:  # no fork server: new interpreters, as before
@@ -234,7 +234,7 @@ def cache_dir(tmp_path, monkeypatch):
     with the process's remembered root cleared before and after."""
     d = tmp_path / "cache"
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(d))
-    from flashinfer_sm120 import statedir
+    from flashinfer_sm120.safety.fs import statedir
 
     statedir.forget_cache_root()
     yield d

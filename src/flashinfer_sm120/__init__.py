@@ -25,14 +25,14 @@ __all__ = ["install", "revert", "status", "resolve", "__version__"]
 
 class _BoundedRecords(logging.Filter):
     """Every record of the ``flashinfer_sm120`` logger is cut to a bounded size
-    (:func:`flashinfer_sm120.formats.bounded`: a run of over 1024 non-blank characters to its first
+    (:func:`flashinfer_sm120.safety.formats.bounded`: a run of over 1024 non-blank characters to its first
     80 and its length): messages quote environment values and paths, and a 100,000-character
     ``FLASHINFER_SM120_CACHE_DIR`` came back whole in the warning every ``import flashinfer`` printed.
     Never raises, never drops a record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
-            from .formats import bounded
+            from flashinfer_sm120.safety.formats import bounded
 
             msg = record.getMessage()
             cut = bounded(msg, max_len=16384)
@@ -48,9 +48,9 @@ if not any(type(f).__name__ == "_BoundedRecords" for f in _LOGGER.filters):  # o
     _LOGGER.addFilter(_BoundedRecords())
 
 try:
-    from .patch import install, resolve, revert, status
+    from flashinfer_sm120.core.patch import install, resolve, revert, status
 except Exception as _exc:  # a missing or broken dependency: log once, do nothing else
-    from .reinstall import fix_for as _fix_for
+    from flashinfer_sm120.core.facts.reinstall import fix_for as _fix_for
 
     _missing = getattr(_exc, "name", None) or type(_exc).__name__
     _LOAD_ERROR = (f"flashinfer-sm120 cannot load ({_missing!s}: {_exc}); FlashInfer is left alone. "
@@ -70,7 +70,7 @@ except Exception as _exc:  # a missing or broken dependency: log once, do nothin
 
     def resolve(*args, **kwargs):  # type: ignore[misc]
         """Raises :class:`~flashinfer_sm120.errors.Sm120Error` with the load error."""
-        from .errors import Sm120Error
+        from flashinfer_sm120.errors import Sm120Error
 
         raise Sm120Error(_LOAD_ERROR)
 else:
@@ -80,7 +80,7 @@ else:
         logging.getLogger("flashinfer_sm120").error("flashinfer-sm120: install failed: %r", _exc)
 
 try:  # warm-up builds: record JIT modules when FLASHINFER_SM120_RECORD is set (never raises)
-    from .warmup.record import install_if_enabled as _record_if_enabled
+    from flashinfer_sm120.core.jitenv.record import install_if_enabled as _record_if_enabled
 
     _record_if_enabled()
 except Exception as _exc:  # pragma: no cover - belt and braces

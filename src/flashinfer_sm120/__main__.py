@@ -1,5 +1,5 @@
 """``python -m flashinfer_sm120`` is the ``flashinfer-sm120`` command."""
 
-from .cli import main
+from flashinfer_sm120.cli import main
 
 raise SystemExit(main())

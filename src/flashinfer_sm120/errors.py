@@ -65,7 +65,7 @@ class FormatError(Sm120Error, ValueError):
     """Something read from outside (a file, a variable, a command's output, a CLI
     value) does not have the expected form; the message names the file or
     variable, shows the offending value cut short, and says the fix.  Raised
-    only by :mod:`flashinfer_sm120.formats`."""
+    only by :mod:`flashinfer_sm120.safety.formats`."""
 
 
 #: What an ``errno`` means, in words a user can act on (data only: the caller adds the value and

@@ -24,7 +24,7 @@ def _server(name: str):
 
 
 def _wheel_ninja() -> str | None:
-    from flashinfer_sm120.toolkit import ninja
+    from flashinfer_sm120.core.toolkit import ninja
 
     found = ninja._wheel(None)
     return os.path.realpath(found[0][0]) if found else None
@@ -160,7 +160,7 @@ def own_targets(name: str) -> None:
     the installed source (and builds with `build --for NAME`)."""
     _server(name)
     import flashinfer  # noqa: F401  (imported before load_model, as in the server)
-    from flashinfer_sm120 import serverarch
+    from flashinfer_sm120.core.facts import serverarch
 
     before = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")
     ours = serverarch.server_arch(name, _gpu_caps(), dict(os.environ))
@@ -194,7 +194,7 @@ def warm(name: str, module: str) -> None:
 def fallbacks(name: str) -> None:
     """The guard's serving fallbacks are defined in the installed server's source, and (vLLM)
     every vllm/envs.py variable that turns a FlashInfer path on by default has one."""
-    from flashinfer_sm120 import servers
+    from flashinfer_sm120.core.facts import servers
 
     found = [(fb.text, ok) for inst, fb, ok in servers.fallbacks() if inst.release.key == name]
     ok = bool(found) and all(v is True for _, v in found)

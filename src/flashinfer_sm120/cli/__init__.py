@@ -15,13 +15,13 @@ import os
 import re
 import sys
 
-from .. import __version__
-from ..reinstall import fix_for
-from . import enable
-from .version import VersionAction
+from flashinfer_sm120 import __version__
+from flashinfer_sm120.core.facts.reinstall import fix_for
+from flashinfer_sm120.cli import enable
+from flashinfer_sm120.cli.version import VersionAction
 
 try:
-    from .build import MODULES
+    from flashinfer_sm120.cli.build import MODULES
 except Exception:  # a broken install: 'disable' must still work
     MODULES = {}
 
@@ -30,13 +30,13 @@ __all__ = ["main", "MODULES"]
 
 def _broken_parser(sub, name: str, exc: BaseException) -> None:
     def fail(args) -> int:
-        from .common import err
+        from flashinfer_sm120.cli.common import err
 
         msg = f"'{name}' is unavailable: this install is broken ({exc!r})"
         if "--json" in args.rest:  # build's document imports nothing: it prints even now
             document = None
             if name == "build":
-                from .buildjson import failure as document
+                from flashinfer_sm120.cli.buildjson import failure as document
             _print_failure_json(document, msg, "broken-install", fix_for(exc))
         return err(f"{msg}; Fix: {fix_for(exc)}")
 
@@ -57,7 +57,7 @@ def _print_failure_json(document, message: str, kind: str, fix: str) -> None:
     else :func:`failure_document`."""
     import json
 
-    from .common import bounded
+    from flashinfer_sm120.cli.common import bounded
 
     print(json.dumps((document or failure_document)(bounded(message), kind, bounded(fix or "")), indent=2))
 
@@ -77,10 +77,10 @@ class _Parser(argparse.ArgumentParser):
             close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
             if close:
                 message += f"; did you mean {close[0]!r}?"
-        from .common import bounded
+        from flashinfer_sm120.cli.common import bounded
 
         if self.json_errors:
-            from ..errors import UsageError
+            from flashinfer_sm120.errors import UsageError
 
             raise UsageError(bounded(message), fix=f"see '{self.prog} --help'")
         super().error(bounded(message))  # argparse quotes a bad choice or argument whole
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO) or not _from_printing(exc):
             raise
         _quiet_stdout()
-        from .common import err
+        from flashinfer_sm120.cli.common import err
 
         return err(f"cannot write the output ({exc.strerror}): free space where stdout goes, or send it "
                    f"elsewhere")
@@ -258,7 +258,7 @@ def _main(argv: list[str] | None) -> int:
     _safe_streams()
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) > MAX_ARGS:
-        from .common import err
+        from flashinfer_sm120.cli.common import err
 
         return err(f"{len(argv)} command-line arguments, more than the {MAX_ARGS} taken; give long lists of "
                    f"modules as a manifest (build --from MANIFEST)")
@@ -267,12 +267,12 @@ def _main(argv: list[str] | None) -> int:
     if json_wanted:  # threat-model: P8: a refused command line is the one JSON document too
         for p in _parsers(parser):
             p.json_errors = True
-    from ..errors import UsageError
+    from flashinfer_sm120.errors import UsageError
 
     try:
         return _parsed(parser, argv)
     except UsageError as exc:
-        from .common import err
+        from flashinfer_sm120.cli.common import err
 
         if json_wanted:
             document = _selected(parser, argv).get_default("json_failure")
@@ -298,10 +298,10 @@ def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
             extras = [x for x in extras if x not in args.modules]
     if extras:  # the subcommand's own usage, and the option that was probably meant
         _chosen(parser, args).error(_unknown(_chosen(parser, args), extras))
-    from ..proc import signals_as_exit
+    from flashinfer_sm120.safety.proc import signals_as_exit
 
     if lists_only(args):  # threat-model: P4 (a command that only lists creates nothing)
-        from ..statedir import listing_only
+        from flashinfer_sm120.safety.fs.statedir import listing_only
 
         listing_only()
     try:
@@ -310,7 +310,7 @@ def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     except ImportError as exc:  # a dependency missing or broken: one line with the fix, no traceback
         if (getattr(exc, "name", None) or "").partition(".")[0] in ("flashinfer", "torch"):
             raise
-        from .common import err
+        from flashinfer_sm120.cli.common import err
 
         msg = f"this install is broken ({exc!r})"
         if getattr(args, "json", False):

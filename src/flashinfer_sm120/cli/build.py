@@ -9,11 +9,11 @@ import os
 import re
 import sys
 
-from ..errors import Sm120Error
-from ..formats import cli_int, cli_size, shown
-from ..warmup import modules as _modules
-from . import buildjson
-from .common import err as _err
+from flashinfer_sm120.errors import Sm120Error
+from flashinfer_sm120.safety.formats import cli_int, cli_size, shown
+from flashinfer_sm120.warmup import modules as _modules
+from flashinfer_sm120.cli import buildjson
+from flashinfer_sm120.cli.common import err as _err
 
 __all__ = ["MODULES", "run_build", "add_parser"]
 
@@ -51,7 +51,8 @@ def _build(args: argparse.Namespace) -> dict:
     """Set up, build, and return the ``build --json`` document.
 
     :raises Sm120Error: the build cannot start (the message names the fix)."""
-    from ..warmup import buildopts, ninjacmd, replay, session
+    from flashinfer_sm120.cli import buildopts
+    from flashinfer_sm120.warmup import ninjacmd, replay, session
 
     if not args.modules and not args.manifest:
         raise _Stop("name the modules to build (see `flashinfer-sm120 build --list`) or give "
@@ -143,7 +144,7 @@ def _cache_line(report: dict | None) -> dict | None:
 
 
 def session_choices() -> tuple[str, ...]:
-    from ..warmup.session import SERVER_CHOICES
+    from flashinfer_sm120.warmup.session import SERVER_CHOICES
 
     return SERVER_CHOICES
 
@@ -157,7 +158,7 @@ def arch_notes(value: str | None) -> list[str]:
     ``--arch 120`` -> ``'120' read as 12.0``; bad entries are left to :func:`session.set_arch`."""
     if not value:
         return []
-    from .. import arch as _arch
+    from flashinfer_sm120.core.facts import arch as _arch
 
     notes = []
     for entry in (e for e in re.split(r"[\s,;]+", value.strip()) if e):
@@ -194,7 +195,7 @@ def _print_human(summary: dict) -> None:
     origin = f" ({summary['targets_from']})" if summary.get("targets_from") else ""
     print(f"nvcc: {summary['cuda_home']}/bin/nvcc (CUDA {summary['cuda_version']}); "
           f"targets {', '.join(summary['target_cuda_archs'])}{origin}")
-    from ..prune import human
+    from flashinfer_sm120.diagnose.prune import human
 
     libs = [r["library"] for r in summary["modules"] if r.get("library")]
     where = os.path.dirname(os.path.dirname(libs[0])) if libs else None
@@ -222,7 +223,7 @@ def add_parser(sub) -> None:
     """Register ``build`` on an argparse subparsers object."""
     # what may fail to import comes before sub.add_parser: a broken install fails here, not half-registered
     servers = session_choices()
-    from ..warmup.launcher import ENV
+    from flashinfer_sm120.core.jitenv.launcher import ENV
     b = sub.add_parser("build", help="JIT-build FlashInfer modules into FlashInfer's JIT cache",
                        description="Build named modules (see --list) or a recorded manifest (--from) "
                        "in one job pool.")

@@ -1,14 +1,14 @@
 """``doctor``'s build-line section: FlashInfer variables set here that change every build line
-(:mod:`flashinfer_sm120.buildline`), modules warmed with other values, and the targets each
-installed server's model processes choose themselves (:mod:`flashinfer_sm120.serverarch`)."""
+(:mod:`flashinfer_sm120.core.facts.buildline`), modules warmed with other values, and the targets each
+installed server's model processes choose themselves (:mod:`flashinfer_sm120.core.facts.serverarch`)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from .. import buildline, serverarch, servers
-from ..formats import shown
+from flashinfer_sm120.core.facts import buildline, serverarch, servers
+from flashinfer_sm120.safety.formats import shown
 
 __all__ = ["doctor_section", "doctor_lines"]
 

@@ -10,10 +10,10 @@ import json
 import os
 import sys
 
-from ..errors import Sm120Error
-from ..formats import cli_float, cli_size, plural
-from .common import bounded
-from .common import err as _err
+from flashinfer_sm120.errors import Sm120Error
+from flashinfer_sm120.safety.formats import cli_float, cli_size, plural
+from flashinfer_sm120.cli.common import bounded
+from flashinfer_sm120.cli.common import err as _err
 
 __all__ = ["add_parsers", "run_export", "run_import", "run_prune"]
 
@@ -34,7 +34,7 @@ def _failed(args, doc: dict, kind: str, exc: BaseException) -> int:
     """Report ``exc`` (kind from the exception when it carries one, else the stage that failed): on
     stderr always, and as the one JSON document with ``--json``."""
     if isinstance(exc, OSError):
-        from ..oserrors import describe
+        from flashinfer_sm120.safety.oserrors import describe
 
         p = describe(exc)
         kind, message, fix = p.kind, str(p), p.fix
@@ -47,7 +47,7 @@ def _failed(args, doc: dict, kind: str, exc: BaseException) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from ..warmup import session
+    from flashinfer_sm120.warmup import session
 
     doc = _doc(out=args.out)
     if args.manifest and (args.modules or args.all):
@@ -68,13 +68,13 @@ def run_export(args: argparse.Namespace) -> int:
             stage = "arch"
             session.set_arch(args.arch)
             stage = "module"
-            from ..warmup.cachebuilt import built_entries
+            from flashinfer_sm120.warmup.cachebuilt import built_entries
 
             entries, skipped, sess = built_entries(args.modules, args.all, args.arch, head_dims=args.head_dim,
                                                    dtypes=args.dtype, kv_dtypes=args.kv_dtype, acts=args.act)
         doc["fingerprint"] = sess.fingerprint()
         stage = "export"
-        from ..warmup import cachepack
+        from flashinfer_sm120.warmup import cachepack
 
         names = cachepack.export(entries, sess, args.out, limits=_limits(args))
     except (Sm120Error, OSError) as exc:  # BuildError, ModuleError, FormatError...: one document each
@@ -95,13 +95,13 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def _limits(args):
-    from ..warmup import cachemeta
+    from flashinfer_sm120.warmup import cachemeta
 
     return cachemeta.Limits(max_total=args.max_bytes) if args.max_bytes else cachemeta.Limits()
 
 
 def _manifest_entries(args):
-    from ..warmup import replay, session
+    from flashinfer_sm120.warmup import replay, session
 
     entries, _problems = replay.load(args.manifest)
     session.apply_server_cache(None, entries)  # the JIT dir the recording server used (SGLang's)
@@ -113,7 +113,7 @@ def _manifest_entries(args):
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from ..warmup import cachemeta, cachepack, session
+    from flashinfer_sm120.warmup import cachemeta, cachepack, session
 
     doc = _doc(src=args.src)
     limits = _limits(args)
@@ -148,7 +148,7 @@ def _archive_targets(meta) -> str | None:
     """The archive's targets when no GPU is visible (a GPU-less build stage), else None
     (FlashInfer's targets then come from the GPUs, and the import checks they match)."""
     try:
-        from .. import gpus
+        from flashinfer_sm120.core.facts import gpus
 
         if gpus.visible_gpus():
             return None
@@ -163,7 +163,7 @@ def _archive_targets(meta) -> str | None:
 
 
 def run_prune(args: argparse.Namespace) -> int:
-    from .. import prune
+    from flashinfer_sm120.diagnose import prune
 
     report = prune.scan(args.older_than)
     if args.yes:
@@ -178,8 +178,8 @@ def run_prune(args: argparse.Namespace) -> int:
 
 
 def _print_prune(report: dict, yes: bool) -> None:
-    from ..formats import printable
-    from ..prune import human
+    from flashinfer_sm120.safety.formats import printable
+    from flashinfer_sm120.diagnose.prune import human
 
     # threat-model: P8 -- paths are names found on disk (in a shared workspace base others name
     # directories) and reasons quote them: a terminal shows them, never acts on them

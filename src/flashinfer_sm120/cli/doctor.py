@@ -1,7 +1,7 @@
 """``flashinfer-sm120 doctor``: a verdict first, then one screen of facts; ``--verbose`` for everything.
 
-The report is collected by :func:`flashinfer_sm120.verify.report.collect` and the sections'
-``doctor_section`` functions, judged by :func:`flashinfer_sm120.verify.diagnosis.diagnose`
+The report is collected by :func:`flashinfer_sm120.diagnose.verify.report.collect` and the sections'
+``doctor_section`` functions, judged by :func:`flashinfer_sm120.diagnose.verify.diagnosis.diagnose`
 (typed findings), and turned into sentences only here."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import os
 import sys
 import textwrap
 
-from ..formats import cli_float, plural, printable, shown
-from ..verify.report import ALONE_TIMEOUT_S, collect
-from .common import ARCH_HELP, apply_arch
+from flashinfer_sm120.safety.formats import cli_float, plural, printable, shown
+from flashinfer_sm120.diagnose.verify.report import ALONE_TIMEOUT_S, collect
+from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
 
 __all__ = ["ALONE_TIMEOUT_S", "SECTIONS", "EXIT_CODES", "WIDTH", "SHORT_LINES", "run_doctor", "add_parser"]
 
@@ -24,11 +24,11 @@ __all__ = ["ALONE_TIMEOUT_S", "SECTIONS", "EXIT_CODES", "WIDTH", "SHORT_LINES", 
 #: as ``report[key]``); the renderer ``module:function`` turns it into ``--verbose`` lines.  A section
 #: that raises is reported as ``{"error": ...}`` and the rest still runs.
 SECTIONS: tuple[tuple[str, str, str], ...] = (
-    ("ninja", ".toolkit.ninja", ".cli.doctor_sections:ninja_lines"),  # the ninja servers and `build` run
+    ("ninja", ".core.toolkit.ninja", ".cli.doctor_sections:ninja_lines"),  # the ninja servers and `build` run
     ("servers", ".cli.servers_report", ".cli.servers_report:doctor_lines"),  # vLLM/SGLang: check, nvcc, JIT dir
     ("build_line", ".cli.buildline_report", ".cli.buildline_report:doctor_lines"),  # build-line variables
-    ("inventory", ".verify.inventory", ".cli.doctor_sections:inventory_lines"),  # what FlashInfer will load
-    ("caches", ".prune", ".prune:doctor_lines"),  # the size of both caches
+    ("inventory", ".diagnose.verify.inventory", ".cli.doctor_sections:inventory_lines"),  # what FlashInfer will load
+    ("caches", ".diagnose.prune", ".diagnose.prune:doctor_lines"),  # the size of both caches
     ("builds", ".warmup.buildreport", ".warmup.buildreport:doctor_lines"),  # memory, plan, compiler cache
 )
 
@@ -51,11 +51,11 @@ def run_doctor(args: argparse.Namespace) -> int:
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the report says what the log line would
     if args.smoke:
         return _smoke_only(args)
-    from ..verify.diagnosis import diagnose
+    from flashinfer_sm120.diagnose.verify.diagnosis import diagnose
 
     say = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
     try:  # the installed server's cache redirection (SGLang), before FlashInfer is imported
-        from ..warmup.session import apply_server_cache
+        from flashinfer_sm120.warmup.session import apply_server_cache
 
         server_cache = apply_server_cache(strict=False)
     except Exception as exc:
@@ -79,15 +79,15 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 def render(report: dict, *, verbose: bool = False) -> list[str]:
     """The report as printed: one screen, or everything with ``verbose``."""
-    from ..verify.diagnosis import diagnose
+    from flashinfer_sm120.diagnose.verify.diagnosis import diagnose
 
     return (_verbose if verbose else _short)(report, diagnose(report))
 
 
 def _smoke_only(args: argparse.Namespace) -> int:
     """``doctor --smoke``: the smoke steps alone (the full report is ``doctor`` without it)."""
-    from ..verify import smoke
-    from .doctor_sections import smoke_lines
+    from flashinfer_sm120.diagnose.verify import smoke
+    from flashinfer_sm120.cli.doctor_sections import smoke_lines
 
     result = smoke.run_smoke().to_dict()
     if args.json:
@@ -205,7 +205,7 @@ def _deploy(r: dict) -> list[str]:
         lines.append(_fit(f"Ninja: {ninja['path']} (ninja {ninja['version']})"))
     caches = r.get("caches") or {}
     if caches.get("roots"):
-        from ..prune import human
+        from flashinfer_sm120.diagnose.prune import human
 
         lines.append(_fit("Caches: " + ", ".join(f"{c['what']} {human(c['bytes'])}" for c in caches["roots"]
                                                  if c.get("path"))))
@@ -269,7 +269,7 @@ def _verbose(r: dict, d) -> list[str]:
         p(f"  targets: {', '.join(res['choice']['targets']) or 'none'}")
     elif r.get("guard"):
         p(f"\nFlashInfer is GUARDED (it imports; its first JIT build raises this message):\n{r.get('resolution_error')}")
-        from ..servers import fallback_text  # after the real fix: the installed server's ways around
+        from flashinfer_sm120.core.facts.servers import fallback_text  # after the real fix: the installed server's ways around
 
         if fallback_text():
             p(fallback_text())
@@ -290,8 +290,8 @@ def _verbose(r: dict, d) -> list[str]:
             p(f"  step {name}: {how}")
     if st.get("error") and st["mode"] != "guard":
         p(f"  patch error: {st['error']}")
-    from .. import environ  # deploy: the autoload and what the process exports
-    from .enable import autoload_lines
+    from flashinfer_sm120.core.jitenv import environ  # deploy: the autoload and what the process exports
+    from flashinfer_sm120.cli.enable import autoload_lines
 
     out += autoload_lines(r.get("autoload"), r["python"])
     p("Exported to this process and its children:")

@@ -1,17 +1,17 @@
 """How ``doctor --verbose`` prints the sections whose data the domain modules collect
-(:func:`flashinfer_sm120.toolkit.ninja.doctor_section`, :func:`flashinfer_sm120.verify.inventory.doctor_section`,
-:class:`flashinfer_sm120.verify.smoke.SmokeResult`)."""
+(:func:`flashinfer_sm120.core.toolkit.ninja.doctor_section`, :func:`flashinfer_sm120.diagnose.verify.inventory.doctor_section`,
+:class:`flashinfer_sm120.diagnose.verify.smoke.SmokeResult`)."""
 
 from __future__ import annotations
 
 import os
-from ..formats import plural
+from flashinfer_sm120.safety.formats import plural
 
 __all__ = ["ninja_lines", "inventory_lines", "smoke_lines"]
 
 
 def ninja_lines(section: dict) -> list[str]:
-    """:func:`flashinfer_sm120.toolkit.ninja.doctor_section` as printed."""
+    """:func:`flashinfer_sm120.core.toolkit.ninja.doctor_section` as printed."""
     if "chosen" not in section:
         return [f"Ninja: none usable: {section.get('error')}"]
     c = section["chosen"]
@@ -48,7 +48,7 @@ def ninja_lines(section: dict) -> list[str]:
 
 
 def inventory_lines(section: dict) -> list[str]:
-    """:func:`flashinfer_sm120.verify.inventory.doctor_section` as printed."""
+    """:func:`flashinfer_sm120.diagnose.verify.inventory.doctor_section` as printed."""
     lines = [f"\nWhat FlashInfer will load (checked against {section.get('against', 'the GPUs')}; targets via "
              f"{section['cuobjdump'] or 'ELF headers only: no cuobjdump, pip install nvidia-cuda-cuobjdump'}):"]
     if not section["places"]:
@@ -97,7 +97,7 @@ def _size(n: int | None) -> str:
 
 
 def smoke_lines(result: dict) -> list[str]:
-    """A :meth:`flashinfer_sm120.verify.smoke.SmokeResult.to_dict` as ``doctor --smoke`` prints it."""
+    """A :meth:`flashinfer_sm120.diagnose.verify.smoke.SmokeResult.to_dict` as ``doctor --smoke`` prints it."""
     verdict = "PASSED" if result["ok"] else f"FAILED at step '{result['failed']}'"
     lines = [f"\nSmoke check (a tiny kernel built with FlashInfer's own build line for "
              f"{' '.join(result['targets']) or 'no targets'}): {verdict} in {result['seconds']:g} s"]

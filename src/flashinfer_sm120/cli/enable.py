@@ -1,9 +1,9 @@
-"""``flashinfer-sm120 enable|disable``: the ``.pth`` autoload (see :mod:`flashinfer_sm120.autoload`).
+"""``flashinfer-sm120 enable|disable``: the ``.pth`` autoload (see :mod:`flashinfer_sm120.core.autoload`).
 
 This module must work with the rest of the package broken (a module file
 missing, a dependency gone): ``disable`` is how a user gets rid of the ``.pth``,
-so it imports nothing from the package but :mod:`flashinfer_sm120.autoload`
-and :mod:`flashinfer_sm120.flags` (standard library only) and :mod:`.common`.
+so it imports nothing from the package but :mod:`flashinfer_sm120.core.autoload`
+and :mod:`flashinfer_sm120.safety.envflag` (standard library only) and :mod:`.common`.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import sys
 import sysconfig
 import tempfile
 
-from ..autoload import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS, pth_files
-from .common import err as _err
+from flashinfer_sm120.core.autoload import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS, pth_files
+from flashinfer_sm120.cli.common import err as _err
 
 __all__ = ["add_parsers", "user_site_problem", "autoload_lines"]
 
 
 def autoload_lines(report: dict | None, python: str) -> list[str]:
-    """:func:`flashinfer_sm120.autoload.doctor_report` as ``doctor`` prints it."""
+    """:func:`flashinfer_sm120.core.autoload.doctor_report` as ``doctor`` prints it."""
     report = report or {}
     if report.get("pth"):
         return [f"Autoload: {', '.join(report['pth'])}: every process of {python} is patched when it first "
@@ -103,7 +103,7 @@ def _sweep_tmp(site_dir: str) -> None:
 def _write_atomic(path: str, text: str) -> None:
     """Write ``text`` so that an interpreter starting meanwhile sees the old file or the new one.
 
-    (Not :func:`flashinfer_sm120.statefiles.write_atomic`: ``enable`` and ``disable`` must work with
+    (Not :func:`flashinfer_sm120.safety.fs.statefiles.write_atomic`: ``enable`` and ``disable`` must work with
     the rest of the package broken, so this module uses the standard library only.)"""
     d = os.path.dirname(path)
     os.makedirs(d, exist_ok=True)

@@ -1,12 +1,12 @@
 """``doctor``'s servers section: per installed vLLM/SGLang, its FlashInfer check, the nvcc its
-lookup finds and the JIT directory it would use (data and lookups: :mod:`flashinfer_sm120.servers`)."""
+lookup finds and the JIT directory it would use (data and lookups: :mod:`flashinfer_sm120.core.facts.servers`)."""
 
 from __future__ import annotations
 
 import os
 
-from .. import servers
-from ..toolkit.sources import flashinfer_naive_root
+from flashinfer_sm120.core.facts import servers
+from flashinfer_sm120.core.toolkit.sources import flashinfer_naive_root
 
 __all__ = ["doctor_section", "doctor_lines"]
 

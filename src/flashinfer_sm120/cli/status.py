@@ -1,7 +1,7 @@
 """``flashinfer-sm120 status``: one line, the mode, the toolkit FlashInfer builds with, and the targets.
 
 Read from what the last resolution under the same settings recorded
-(:mod:`flashinfer_sm120.patch.laststatus`: no torch, no FlashInfer import) when that still holds,
+(:mod:`flashinfer_sm120.core.patch.laststatus`: no torch, no FlashInfer import) when that still holds,
 else by importing FlashInfer with the patch (seconds), which records it for the next call."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from .common import ARCH_HELP, apply_arch
+from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
 
 __all__ = ["add_parser", "run_status", "status_line", "exit_code", "EXIT_CODES"]
 
@@ -33,7 +33,7 @@ def exit_code(st: dict) -> int:
 
 def status_line(st: dict) -> str:
     """``<mode>: nvcc <release> at <toolkit>; targets <sm_...>`` (or why there is no toolkit), from
-    a :class:`~flashinfer_sm120.patch.laststatus.LastStatus`."""
+    a :class:`~flashinfer_sm120.core.patch.laststatus.LastStatus`."""
     mode, tk = st.get("mode"), st.get("toolkit")
     if mode in _OK and tk:
         targets = ", ".join(st.get("targets") or []) or _no_targets(st)
@@ -57,17 +57,17 @@ def _no_targets(st: dict) -> str:
 def run_status(args: argparse.Namespace) -> int:
     apply_arch(args.arch)  # a bad value: UsageError, printed by cli.main (as JSON too with --json)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the line below says it
-    from ..workspace import workspace_foreign_tree
+    from flashinfer_sm120.core.facts.workspace import workspace_foreign_tree
 
     foreign = workspace_foreign_tree()  # threat-model: P4: FlashInfer's import would create it there
     if foreign is not None:
-        from ..statedir import foreign_tree_message
+        from flashinfer_sm120.safety.fs.statedir import foreign_tree_message
 
         return _say(args, {"mode": "refused", "toolkit": None, "targets": [], "error": "FlashInfer was not "
                            "imported: " + foreign_tree_message("FlashInfer's JIT cache", foreign,
                                                                "FLASHINFER_WORKSPACE_BASE")}, "check")
     if not args.fresh:
-        from ..patch.laststatus import load
+        from flashinfer_sm120.core.patch.laststatus import load
 
         got = load()
         if got.status is not None:
@@ -88,7 +88,7 @@ def _full(args: argparse.Namespace) -> int:
             st = {"mode": "not installed", "error": f"FlashInfer is not installed for {sys.executable}: "
                   f"pip install flashinfer-python"}
             return _say(args, st, "import", st)
-        from ..reinstall import DEPENDENCIES
+        from flashinfer_sm120.core.facts.reinstall import DEPENDENCIES
 
         if (exc.name or "").partition(".")[0] in DEPENDENCIES:  # ours: the CLI names the fix
             raise
@@ -101,7 +101,7 @@ def _full(args: argparse.Namespace) -> int:
 
 def _failed(args: argparse.Namespace, shim, exc: BaseException) -> int:
     """Mode ``failed``: FlashInfer's import raised ``exc``; what we did before it, and why."""
-    from ..workspace import import_failure
+    from flashinfer_sm120.core.facts.workspace import import_failure
 
     st = dict(shim.status())
     st["mode"], st["error"] = "failed", import_failure(exc, st)
@@ -109,8 +109,8 @@ def _failed(args: argparse.Namespace, shim, exc: BaseException) -> int:
 
 
 def _recorded(args: argparse.Namespace, full: dict) -> int:
-    from ..patch import record_status
-    from ..patch.laststatus import from_status
+    from flashinfer_sm120.core.patch import record_status
+    from flashinfer_sm120.core.patch.laststatus import from_status
 
     record_status(full)  # type: ignore[arg-type]
     return _say(args, dict(from_status(full)), "import", full)

@@ -38,13 +38,13 @@ def _torch_cuda() -> str:
 def _nvcc() -> str:
     """The nvcc flashinfer-sm120 chooses: from the last recorded status when it still holds, else resolved."""
     try:
-        from ..patch.laststatus import load
+        from flashinfer_sm120.core.patch.laststatus import load
 
         got = load()
         tk = (got.status or {}).get("toolkit") if got.status else None
         if tk:
             return f"nvcc {tk['nvcc_full']} at {tk['root']} (chosen)"
-        from ..patch import resolve
+        from flashinfer_sm120.core.patch import resolve
 
         res = resolve(guard=True)
         if res.choice is None:
@@ -56,7 +56,7 @@ def _nvcc() -> str:
 
 def version_lines() -> list[str]:
     """One line per component; never raises."""
-    from .. import __version__
+    from flashinfer_sm120 import __version__
 
     lines = [f"flashinfer-sm120 {__version__} ({os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})",
              f"Python {sys.version.split()[0]} ({sys.executable})"]

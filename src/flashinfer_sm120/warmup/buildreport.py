@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from . import estimates, jobs, launcher, memory, toolchain
+from flashinfer_sm120.core.jitenv import estimates, jobs, launcher, memory, toolchain
 
 __all__ = ["doctor_section", "doctor_lines"]
 

@@ -1,15 +1,16 @@
 """Manifest entries for modules built in this JIT workspace by the names ``build`` takes (``cache export
 NAME...`` / ``--all``), so an export needs no recorded manifest: FlashInfer's own spec for each variant,
 with the generator and parameters that made it noted as recording notes them
-(:func:`.generators.capture`), encoded by :func:`.manifest.encode`.
+(:func:`flashinfer_sm120.core.jitenv.generators.capture`), encoded by :func:`flashinfer_sm120.core.jitenv.manifest.encode`.
 """
 
 from __future__ import annotations
 
 import contextlib
 
-from . import manifest, session
-from . import modules as _modules
+from flashinfer_sm120.core.jitenv import manifest
+from flashinfer_sm120.warmup import session
+from flashinfer_sm120.warmup import modules as _modules
 
 __all__ = ["built_entries"]
 
@@ -17,10 +18,10 @@ __all__ = ["built_entries"]
 @contextlib.contextmanager
 def _capturing():
     """While active, every ``JitSpecNvcc`` made notes the FlashInfer generator and parameters that
-    made it, as ``FLASHINFER_SM120_RECORD`` does (:mod:`.record`)."""
+    made it, as ``FLASHINFER_SM120_RECORD`` does (:mod:`flashinfer_sm120.core.jitenv.record`)."""
     from flashinfer.jit import core
 
-    from .generators import capture
+    from flashinfer_sm120.core.jitenv.generators import capture
 
     cls = core.JitSpecNvcc
     original = cls.__dict__["__init__"]

@@ -15,8 +15,8 @@ import stat
 import tempfile
 from pathlib import Path
 
-from .. import formats, oserrors
-from .cachemeta import CacheError, Limits
+from flashinfer_sm120.safety import formats, oserrors
+from flashinfer_sm120.warmup.cachemeta import CacheError, Limits
 
 __all__ = ["Budget", "check_space", "copy_verified", "module_lock", "os_error", "umask"]
 
@@ -42,7 +42,7 @@ class Budget:
 
 def os_error(exc: OSError, path: object, elsewhere: str = _ELSEWHERE) -> CacheError:
     """``exc`` as a :class:`CacheError` whose words come from its errno
-    (:data:`flashinfer_sm120.oserrors.BY_ERRNO`).  threat-model: P8"""
+    (:data:`flashinfer_sm120.safety.oserrors.BY_ERRNO`).  threat-model: P8"""
     p = oserrors.describe(exc, path, elsewhere)
     return CacheError(f"{p.message}; {p.fix}", p.kind, p.fix)
 

@@ -20,10 +20,11 @@ import time
 import zlib
 from typing import Any
 
-from .. import buildline, formats
-from ..errors import FormatError
-from .manifest import _MAX_TARGETS, parse_entry
-from .session import BuildError
+from flashinfer_sm120.core.facts import buildline
+from flashinfer_sm120.safety import formats
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.core.jitenv.manifest import _MAX_TARGETS, parse_entry
+from flashinfer_sm120.warmup.session import BuildError
 
 __all__ = ["TOP", "FORMAT", "MAX_META_BYTES", "CacheError", "Limits", "Module", "Meta", "parse_meta", "read_meta",
            "check_members", "members", "check_listed", "listed", "compression"]
@@ -39,7 +40,7 @@ MAX_META_BYTES = 64 << 20
 class CacheError(BuildError):
     """A refused export or import.  ``kind`` says what kind of refusal (``archive``: the export
     itself is not what `cache export` writes; ``mismatch``: it was made for another machine;
-    ``space``, ``permission``, ``path``, ``exists``...: :data:`flashinfer_sm120.oserrors.BY_ERRNO`),
+    ``space``, ``permission``, ``path``, ``exists``...: :data:`flashinfer_sm120.safety.oserrors.BY_ERRNO`),
     ``fix`` the fix alone (also at the end of the message).  threat-model: P8"""
 
     def __init__(self, message: str, kind: str = "archive", fix: str = "") -> None:
@@ -96,13 +97,13 @@ def _fail(src: str, what: str) -> CacheError:
 
 
 def parse_meta(obj: Any, source: str) -> Meta:
-    """Check a decoded ``meta.json`` field by field (:mod:`flashinfer_sm120.formats`).
+    """Check a decoded ``meta.json`` field by field (:mod:`flashinfer_sm120.safety.formats`).
 
     :raises BuildError: the first field that is not of its grammar, named with a
         cut value; module names are names, file paths relative paths of names
         under ``jit/<module>/`` or ``generated/``, no path is both a file and a
         directory, every digest is SHA-256, manifest entries parse
-        (:func:`~flashinfer_sm120.warmup.manifest.parse_entry`)."""
+        (:func:`~flashinfer_sm120.core.jitenv.manifest.parse_entry`)."""
     f = formats.field
     try:
         fmt = f(obj, "format", int, source, fix=_FIX)
@@ -183,7 +184,7 @@ class _BoundedTarInfo(tarfile.TarInfo):
     an extended header over :data:`MAX_EXTENDED_HEADER`, and sparse members in each of GNU's forms
     (old-style ``S``, pax 0.0/0.1/1.0), whose maps ``tarfile`` parses with bare ``int()`` and
     unbounded lists.  (The ``_proc_*`` hooks are the subclassing points ``TarInfo._proc_member``
-    documents; ``tests/test_attack4_tar.py`` checks they still exist.)"""
+    documents; ``tests/unit/warmup/test_cachemeta_tar.py`` checks they still exist.)"""
 
     def _proc_member(self, tarfile_):
         if self.type in _EXTENDED and self.size > MAX_EXTENDED_HEADER:

@@ -25,14 +25,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import buildline, formats
-from ..errors import FormatError
-from ..tmpdirs import private_dir
-from . import cacheinstall, ninjacmd, ninjadeps, pool
-from .cachemeta import (FORMAT, TOP, CacheError, Limits, Meta, Module, check_listed, listed, members,
+from flashinfer_sm120.core.facts import buildline
+from flashinfer_sm120.safety import formats
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.fs.tmpdirs import private_dir
+from flashinfer_sm120.warmup import cacheinstall, ninjacmd, ninjadeps, pool
+from flashinfer_sm120.warmup.cachemeta import (FORMAT, TOP, CacheError, Limits, Meta, Module, check_listed, listed, members,
                         read_meta)
-from .manifest import CannotRegenerate, make_spec
-from .session import BuildError, Session
+from flashinfer_sm120.core.jitenv.manifest import CannotRegenerate, make_spec
+from flashinfer_sm120.warmup.session import BuildError, Session
 
 __all__ = ["export", "install"]
 
@@ -98,7 +99,7 @@ def export(entries: list[dict], sess: Session, out: str, *, limits: Limits = Lim
     if _is_archive(out):
         _write_archive(out, blob, files)
     else:
-        from ..ownership import check_place
+        from flashinfer_sm120.safety.ownership import check_place
 
         # a directory another user owns or may write (an empty one they made in /tmp) could get a
         # link planted in it meanwhile, sending our writes to one of your files
@@ -206,7 +207,7 @@ def _unpack(src: str, into: Path, meta: Meta, limits: Limits) -> Path:
 
 def _plan(meta: Meta, root: Path, targets: dict[str, Path], src: str) -> list[tuple[Module, dict[str, tuple[Path, Path]]]]:
     """For each module, ``{rel: (file in the export, destination)}``; every
-    destination by :func:`flashinfer_sm120.formats.safe_join` under its target
+    destination by :func:`flashinfer_sm120.safety.formats.safe_join` under its target
     root, every source by the same under the export (no link followed)."""
     out = []
     for mod in meta.modules:
@@ -321,7 +322,7 @@ def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: boo
 
 def _refusal(entry: dict | None, mod: Module, sess: Session, gen_root: Path) -> str | None:
     """Why the module cannot be imported, or None: its manifest entry must be made by this
-    FlashInfer's generator (:func:`~.manifest.make_spec`, which writes FlashInfer's own sources),
+    FlashInfer's generator (:func:`~flashinfer_sm120.core.jitenv.manifest.make_spec`, which writes FlashInfer's own sources),
     and every generated source the export carries must be exactly what that wrote."""
     # threat-model: P2 (an export's source text is compared with the local generation, never compiled)
     if entry is None:
@@ -369,7 +370,7 @@ def _settle(entry: dict | None, sess: Session) -> dict:
         stamps[str(p.resolve())] = os.stat(p).st_mtime_ns
     job = pool.Job(spec.name, spec.build_dir, spec.ninja_path)
     ninjadeps.restamp(str(spec.build_dir / ".ninja_deps"), stamps)
-    from .. import proc
+    from flashinfer_sm120.safety import proc
 
     proc.run(ninjacmd.command(job, "-t", "restat"), timeout=120, max_output=1 << 20)
     left = ninjacmd.dry_run(job)

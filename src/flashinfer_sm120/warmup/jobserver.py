@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..tmpdirs import make_private
+from flashinfer_sm120.safety.fs.tmpdirs import make_private
 
 __all__ = ["Jobserver", "supports"]
 
@@ -61,7 +61,7 @@ _SUPPORTS: dict[str, bool] = {}
 def supports(binary: str) -> bool:
     """Whether ninja ``binary`` is a jobserver client (1.13.0+); asked once per binary."""
     if binary not in _SUPPORTS:
-        from .. import formats, proc
+        from flashinfer_sm120.safety import formats, proc
 
         res = proc.run([binary, "--version"], timeout=30, max_output=4096)  # bounded: time, output, leftovers
         try:  # "1.11.1", "1.13.2.git.kitware.jobserver-pipe-1"

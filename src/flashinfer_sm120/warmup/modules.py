@@ -28,8 +28,8 @@ import sys
 import threading
 from typing import Any, Callable
 
-from ..errors import Sm120Error
-from ..formats import some
+from flashinfer_sm120.errors import Sm120Error
+from flashinfer_sm120.safety.formats import some
 
 __all__ = ["ModuleError", "Variant", "NAMES", "DTYPES", "ACTIVATIONS", "describe_all", "expand", "EXTRA_HEADERS", "missing_headers"]
 

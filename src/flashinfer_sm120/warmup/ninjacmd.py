@@ -19,13 +19,13 @@ _DRY_RUN_MAX = 16 << 20  # ninja -n of a FlashInfer module: a few KB per step
 
 
 def ninja_binary() -> str:
-    """The ninja the server will run (:func:`flashinfer_sm120.toolkit.ninja.choose`: the
+    """The ninja the server will run (:func:`flashinfer_sm120.core.toolkit.ninja.choose`: the
     ``ninja`` wheel next to FlashInfer first, trusted like any binary), which the export puts
     first on ``PATH`` for FlashInfer's ``run_ninja``: a cache built by another ninja release
     (another ``.ninja_log`` format) would be rebuilt by the server.
 
-    :raises flashinfer_sm120.toolkit.ninja.NinjaError: no usable ninja (the message names the fix)."""
-    from ..toolkit import ninja
+    :raises flashinfer_sm120.core.toolkit.ninja.NinjaError: no usable ninja (the message names the fix)."""
+    from flashinfer_sm120.core.toolkit import ninja
 
     return ninja.choose().path
 
@@ -41,9 +41,9 @@ def ninja_env() -> dict:
 def dry_run(job) -> list[str]:
     """Commands ninja would run for ``job`` now (empty: up to date).  Runs ``ninja -n``.
 
-    :raises flashinfer_sm120.toolkit.ninja.NinjaError: ninja itself failed (bad build file)."""
-    from .. import proc
-    from ..toolkit.ninja import NinjaError
+    :raises flashinfer_sm120.core.toolkit.ninja.NinjaError: ninja itself failed (bad build file)."""
+    from flashinfer_sm120.safety import proc
+    from flashinfer_sm120.core.toolkit.ninja import NinjaError
 
     res = proc.run(command(job, "-n"), timeout=120, max_output=_DRY_RUN_MAX, env=ninja_env())
     if not res.ok:

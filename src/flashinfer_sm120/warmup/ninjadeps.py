@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 import struct
 
-from .. import formats
-from ..statefiles import write_atomic
-from ..errors import FormatError
+from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.fs.statefiles import write_atomic
+from flashinfer_sm120.errors import FormatError
 
 __all__ = ["restamp", "MAX_DEPS_BYTES"]
 

@@ -15,7 +15,7 @@ its ``-j`` (counted from the processes ninja has running), the spare slots go to
 the next module.  At no time do more than ``jobs`` compile steps run.
 
 Memory: a job may carry ``mem``, the bytes one of its compile steps takes
-(:mod:`.memory`); with a ``mem_budget``, a module is started (and given slots)
+(:mod:`flashinfer_sm120.core.jitenv.memory`); with a ``mem_budget``, a module is started (and given slots)
 only while its steps fit in what the running modules leave, so a few heavy
 modules and many light ones share the budget; when nothing runs, one module
 always starts, whatever its estimate.  Each module's peak RSS (the largest
@@ -37,11 +37,11 @@ import threading
 import time
 from pathlib import Path
 
-from ..proc import signals_as_exit
-from . import jobserver, progress
-from . import ninjacmd
-from .ninjacmd import STATUS_RE, children, command, dry_run, ninja_env, step_name
-from ..formats import plural
+from flashinfer_sm120.safety.proc import signals_as_exit
+from flashinfer_sm120.warmup import jobserver, progress
+from flashinfer_sm120.warmup import ninjacmd
+from flashinfer_sm120.warmup.ninjacmd import STATUS_RE, children, command, dry_run, ninja_env, step_name
+from flashinfer_sm120.safety.formats import plural
 
 __all__ = ["Job", "Result", "run_pool", "default_jobs"]
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..errors import FormatError
-from .manifest import CannotRegenerate, make_spec, read
-from .session import BuildError
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.core.jitenv.manifest import CannotRegenerate, make_spec, read
+from flashinfer_sm120.warmup.session import BuildError
 
 __all__ = ["load", "arch_for", "regenerate"]
 

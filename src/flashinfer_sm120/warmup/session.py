@@ -9,13 +9,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import arch as _arch
-from .. import buildline
-from ..errors import Sm120Error
-from . import ninjacmd, pool
+from flashinfer_sm120.core.facts import arch as _arch
+from flashinfer_sm120.core.facts import buildline
+from flashinfer_sm120.errors import Sm120Error
+from flashinfer_sm120.warmup import ninjacmd, pool
 
 if TYPE_CHECKING:
-    from ..toolkit.model import Toolkit
+    from flashinfer_sm120.core.toolkit.model import Toolkit
 
 __all__ = ["BuildError", "Session", "SERVER_CHOICES", "apply_server_cache", "apply_server_arch", "prepare",
            "write_ninjas", "build_specs"]
@@ -46,16 +46,16 @@ class Session:
     def fingerprint(self) -> dict:
         """What a JIT cache entry depends on besides its sources: FlashInfer release,
         targets, nvcc release, the CUDA_HOME and JIT dir paths written into build.ninja, and
-        FlashInfer's variables that enter the build line (:mod:`flashinfer_sm120.buildline`)."""
+        FlashInfer's variables that enter the build line (:mod:`flashinfer_sm120.core.facts.buildline`)."""
         return {"flashinfer": self.flashinfer, "targets": self.targets,
                 "cuda_version": self.cuda_version, "cuda_home": self.cuda_home, "jit_dir": str(self.jit_dir),
                 "build_vars": buildline.snapshot(dict(os.environ), self.flashinfer)}
 
 
 def set_arch(value: str | None) -> None:
-    """:func:`flashinfer_sm120.arch.export_arch_list`, its error as :class:`BuildError` (a build cannot start).
+    """:func:`flashinfer_sm120.core.facts.arch.export_arch_list`, its error as :class:`BuildError` (a build cannot start).
 
-    :raises BuildError: the value is not an arch list (message from :mod:`flashinfer_sm120.arch`)."""
+    :raises BuildError: the value is not an arch list (message from :mod:`flashinfer_sm120.core.facts.arch`)."""
     try:
         _arch.export_arch_list(value)
     except _arch.ArchListError as exc:
@@ -64,7 +64,7 @@ def set_arch(value: str | None) -> None:
 
 def _server_for(for_server: str | None, entries, strict: bool) -> tuple[str | None, str]:
     """Which server's JIT directory to build into, and why (``None``: FlashInfer's own)."""
-    from .. import servers
+    from flashinfer_sm120.core.facts import servers
 
     if for_server is not None:
         return for_server, f"--for {for_server}"
@@ -96,11 +96,11 @@ def apply_server_cache(for_server: str | None = None, entries=None, *, strict: b
     """Point FlashInfer's workspace where the serving stack will look, before FlashInfer is imported.
 
     SGLang sets ``FLASHINFER_WORKSPACE_BASE`` from ``SGLANG_CACHE_DIR`` at import unless it is
-    set (:mod:`flashinfer_sm120.servers`); a warm-up build without that rule would land in
+    set (:mod:`flashinfer_sm120.core.facts.servers`); a warm-up build without that rule would land in
     ``~/.cache/flashinfer`` and the server would compile everything again.  The server is
     ``for_server`` (``build --for``), else the one the manifest ``entries`` were recorded
     under, else the one installed here.  The rule is run from the installed SGLang when it is
-    there (else taken from :data:`flashinfer_sm120.servers.SERVERS`).
+    there (else taken from :data:`flashinfer_sm120.core.facts.servers.SERVERS`).
 
     Args:
         for_server: ``vllm``, ``sglang`` or ``None`` (decide as above).
@@ -115,7 +115,7 @@ def apply_server_cache(for_server: str | None = None, entries=None, *, strict: b
         BuildError: ``strict`` and two servers with different directories could apply, or the
             server's rule gives a base FlashInfer cannot use (empty or relative).
     """
-    from .. import servers
+    from flashinfer_sm120.core.facts import servers
 
     before = os.environ.get(_WSB)
     key, why = _server_for(for_server, entries, strict)
@@ -145,19 +145,19 @@ def apply_server_cache(for_server: str | None = None, entries=None, *, strict: b
 def apply_server_arch(server: str | None, sess: Session):
     """Set the arch list the way ``server``'s model processes set it, after FlashInfer's import
     and before the first module is generated, as they do (SGLang's ``set_cuda_arch()`` in
-    ``ModelRunner.load_model()``, :mod:`flashinfer_sm120.serverarch`): the JIT directory keeps
+    ``ModelRunner.load_model()``, :mod:`flashinfer_sm120.core.facts.serverarch`): the JIT directory keeps
     the targets of import, and every build line gets the server's own targets, so what is
     built here is byte for byte what the server writes and finds.
 
     Returns:
-        The :class:`~flashinfer_sm120.serverarch.ArchChoice` applied, or ``None`` (no server,
+        The :class:`~flashinfer_sm120.core.facts.serverarch.ArchChoice` applied, or ``None`` (no server,
         or one that leaves the arch list alone).
 
     Raises:
         BuildError: the targets are of GPUs of several capabilities: each of the server's
             processes keeps only its own GPU's, in one shared directory.
     """
-    from .. import serverarch
+    from flashinfer_sm120.core.facts import serverarch
 
     if server is None:
         return None
@@ -181,17 +181,17 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     """
     set_arch(arch)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the summary is printed by the caller
-    from ..workspace import workspace_foreign_tree
+    from flashinfer_sm120.core.facts.workspace import workspace_foreign_tree
 
     foreign = workspace_foreign_tree()  # threat-model: P4: FlashInfer's import would create its cache there
     if foreign is not None:
-        from ..statedir import foreign_tree_message
+        from flashinfer_sm120.safety.fs.statedir import foreign_tree_message
 
         raise BuildError("FlashInfer was not imported: " + foreign_tree_message("FlashInfer's JIT cache", foreign,
                                                                                  _WSB))
     import flashinfer_sm120 as shim
 
-    from ..workspace import import_failure
+    from flashinfer_sm120.core.facts.workspace import import_failure
 
     shim.install()
     try:
@@ -222,15 +222,15 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     from flashinfer.jit import core
 
     targets = sorted(f"{a}.{b}" for a, b in core.current_compilation_context.TARGET_CUDA_ARCHS)
-    from ..pathpolicy import jit_dir_problem
+    from flashinfer_sm120.safety.fs.pathpolicy import jit_dir_problem
 
-    from ..ownership import check_place
+    from flashinfer_sm120.safety.ownership import check_place
 
     problem = (jit_dir_problem(str(jit_env.FLASHINFER_JIT_DIR))
                or check_place(str(jit_env.FLASHINFER_JIT_DIR), "FlashInfer's JIT directory"))
     if problem:
         raise BuildError(problem)
-    from ..patch import chosen_toolkit, summary, targets_origin
+    from flashinfer_sm120.core.patch import chosen_toolkit, summary, targets_origin
 
     return Session(str(fi_version), cx.get_cuda_path(), str(cx.get_cuda_version()), targets,
                    Path(jit_env.FLASHINFER_JIT_DIR), summary(targets_from), targets_origin(targets_from),
@@ -253,8 +253,8 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     """Write ninja files and build ``labelled`` ``(label, spec)`` pairs in one pool
     (``stats`` as for :func:`pool.run_pool`, plus ``plan``: the jobs/memory plan).
 
-    Each module is admitted by its memory estimate (:mod:`.memory`, per family; ``mem_per_compile``
-    overrides it) within the budget of :func:`.jobs.plan`; a module built without a compiler
+    Each module is admitted by its memory estimate (:mod:`flashinfer_sm120.core.jitenv.memory`, per family; ``mem_per_compile``
+    overrides it) within the budget of :func:`flashinfer_sm120.core.jitenv.jobs.plan`; a module built without a compiler
     launcher has its peak RSS recorded to refine its family's estimate (with a launcher the
     compiles run in the launcher's server, out of ninja's sight).
 
@@ -264,8 +264,8 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
         gencode (raw ``compute_X,code`` pairs), binary (``SASS sm_X``/``PTX compute_X``) and
         peak_rss (bytes, when built without a launcher).
     """
-    from . import jobs as _jobs
-    from . import estimates
+    from flashinfer_sm120.core.jitenv import jobs as _jobs
+    from flashinfer_sm120.core.jitenv import estimates
 
     stream = stream or sys.stderr
     write_ninjas([s for _, s in labelled])

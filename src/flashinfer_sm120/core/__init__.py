@@ -1,0 +1,1 @@
+"""What runs on ``import flashinfer``: facts read from released code, the toolkit choice, the CUDA_HOME view, the patch, and the JIT environment it exports.  Imports only ``safety`` and the package's root modules (``errors``, ``envvars``)."""

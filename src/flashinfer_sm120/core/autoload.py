@@ -1,0 +1,212 @@
+"""The ``.pth`` autoload: load flashinfer_sm120 only when a module that needs it is imported.
+
+``flashinfer-sm120 enable`` writes two files into a site-packages directory:
+:data:`HOOK_FILE`, a copy of :mod:`flashinfer_sm120.core.autoload_hook` (readable
+source, standard library only), and :data:`PTH_NAME`, whose one line
+(:data:`PTH_LINE`) imports that module and calls its ``install()``.  ``site.py``
+executes a ``.pth`` line that starts with ``import`` at every interpreter start
+(Python docs, "site — Site-specific configuration hook"), so it must cost nothing
+and break nothing: ``install()`` imports nothing (``os`` and ``sys`` are already
+loaded by ``site``) and puts one finder at the front of ``sys.meta_path`` (PEP 451
+``find_spec`` protocol).  On the first import of a module in :data:`TRIGGERS` (or
+a submodule of one), the finder disarms and removes itself, imports
+``flashinfer_sm120`` (which registers the FlashInfer patch hooks), calls
+:func:`triggered`, and hands the import on to the remaining finders.  Any other
+import pays one ``str.partition`` and a set lookup; pip, linters and every tool
+that never touches FlashInfer never load the package, wrapt, logging or asyncio.
+``flashinfer-sm120 disable`` removes both files (and the module's ``.pyc``).
+
+Failure rules of the hook (it must never stop an interpreter):
+
+* the package is gone (``pip uninstall`` leaves both files): silent;
+* the package raises anything at import, ``SystemExit`` included: one line on
+  stderr naming the ``.pth`` to remove, and the import of the trigger goes on;
+* ``FLASHINFER_SM120_DISABLE=1`` at start-up: no finder is installed at all.
+
+Triggers (decided here, documented in docs/servers.md):
+
+``flashinfer``
+    the module being patched.
+``vllm``, ``sglang``
+    servers that look for nvcc and ninja *before* they import FlashInfer (vLLM
+    0.33 ``vllm/utils/flashinfer.py`` ``has_flashinfer()``: nvcc and ``which
+    ninja``; SGLang 0.5.23's own JIT: ``cuda_home()``, ``_jit_cuda_version()``;
+    see :mod:`flashinfer_sm120.core.facts.servers`).
+    For these, once the server package itself has been imported, the chosen
+    toolkit is resolved and exported (``CUDA_HOME``, ``PATH`` with nvcc and ninja; see
+    :mod:`flashinfer_sm120.core.jitenv.environ`) without importing FlashInfer, which would
+    initialise CUDA in the server's parent process.
+
+``FLASHINFER_SM120_AUTOLOAD_TRIGGERS`` (comma or space separated top-level
+module names) replaces the default triggers at start-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from flashinfer_sm120.safety.envflag import env_flag
+
+# The hook (autoload_hook.py) is a standalone program that ``enable`` copies into site-packages; it
+# is never imported from here (it imports this module when it fires), so it keeps its own copy of
+# these three values and tests/integration/test_autoload.py checks that the two agree.
+#: The ``.pth`` file ``enable`` writes.
+PTH_NAME = "flashinfer_sm120_autoload.pth"
+#: The hook module's name in site-packages (the ``.pth`` imports it).
+MODULE_NAME = "flashinfer_sm120_autoload"
+#: Top-level modules whose first import loads flashinfer_sm120.
+TRIGGERS = ("flashinfer", "vllm", "sglang")
+
+__all__ = ["PTH_NAME", "PTH_LINE", "HOOK_FILE", "MODULE_NAME", "TRIGGERS", "EXPORT_EARLY", "hook_source",
+           "pth_files", "triggered", "worker_setup", "state", "enabled_in", "doctor_report"]
+
+logger = logging.getLogger("flashinfer_sm120")
+
+
+#: Triggers after whose import the chosen toolkit is exported at once (see module docstring).
+EXPORT_EARLY = ("vllm", "sglang")
+
+#: The one line of the ``.pth``: import the hook module written next to it, and arm it.
+PTH_LINE = f"import {MODULE_NAME}; {MODULE_NAME}.install()\n"
+#: File name of the hook module ``enable`` writes next to the ``.pth``.
+HOOK_FILE = MODULE_NAME + ".py"
+
+
+def hook_source() -> str:
+    """The source of :mod:`flashinfer_sm120.core.autoload_hook`, which ``enable`` copies as :data:`HOOK_FILE`."""
+    return Path(__file__).with_name("autoload_hook.py").read_text(encoding="utf-8")
+
+
+def pth_files() -> dict[str, str]:
+    """What ``enable`` writes into a site directory: ``{file name: text}``, the module before the
+    ``.pth`` (so an interpreter starting meanwhile never finds a ``.pth`` without its module)."""
+    return {HOOK_FILE: hook_source(), PTH_NAME: PTH_LINE}
+
+
+class _State:
+    triggered_by: str | None = None
+    pth: str | None = None
+    early_export: str | None = None  # what happened to the early export, for doctor
+
+
+state = _State()
+
+
+def triggered(name: str, pth: str | None = None) -> None:
+    """Called by the hook once ``flashinfer_sm120`` is imported; never raises.
+
+    Records which import loaded the package (for ``doctor``) and, for the server
+    triggers in :data:`EXPORT_EARLY`, registers a post-import hook that exports
+    the chosen toolkit as soon as the server package has finished importing.
+
+    Args:
+        name: the module whose import fired the hook, e.g. ``"vllm.entrypoints"``.
+        pth: path of the ``.pth`` file that installed the hook, if known.
+    """
+    state.triggered_by, state.pth = name, pth
+    top = name.partition(".")[0]
+    if top not in EXPORT_EARLY:
+        return
+    try:
+        import wrapt
+
+        wrapt.register_post_import_hook(_export_early, top)
+    except Exception as exc:  # wrapt missing or broken: FlashInfer's own hooks report it
+        state.early_export = f"not done: {exc!r}"
+
+
+def _export_early(module) -> None:
+    """Post-import hook of a server package: resolve and export, without FlashInfer."""
+    _export_now(f"after importing {getattr(module, '__name__', module)}")
+
+
+def _export_now(why: str) -> None:
+    try:
+        from flashinfer_sm120.core.jitenv import environ
+        from flashinfer_sm120 import resolve
+
+        if env_flag("FLASHINFER_SM120_DISABLE"):
+            state.early_export = "not done: FLASHINFER_SM120_DISABLE is set"
+            return
+        res = resolve()
+        home = res.home.path
+        environ.export(home, os.path.join(home, "bin", "nvcc"), res.choice.targets)
+        state.early_export = f"exported {home} {why}"
+    except Exception as exc:  # FlashInfer's import reports the same problem with its fix
+        state.early_export = f"not done: {exc}"
+        logger.debug("flashinfer-sm120: early export (%s) skipped: %r", why, exc)
+
+
+def worker_setup() -> None:
+    """Per-worker set-up hook for process managers (Ray ``worker_process_setup_hook``).
+
+    Does in a worker what the ``.pth`` does for ``import vllm``: the FlashInfer
+    patch hooks are installed (FlashInfer imported before or after is patched)
+    and the chosen toolkit is exported now (``CUDA_HOME``, ``PATH``...), without
+    importing FlashInfer.  Never raises; ``doctor``/``status()`` report problems.
+
+    Use as ``runtime_env={"worker_process_setup_hook":
+    "flashinfer_sm120.core.autoload.worker_setup"}`` (see ``examples/ray_workers.py``).
+    """
+    from flashinfer_sm120 import install
+
+    state.triggered_by = state.triggered_by or "worker_setup"
+    try:
+        install()
+    except Exception as exc:  # install() already guards
+        logger.error("flashinfer-sm120: install failed: %r", exc)
+    if "flashinfer" not in sys.modules:  # once patched, the patch layer has exported already
+        _export_now("by worker_setup")
+
+
+def enabled_in() -> list[str]:
+    """The ``.pth`` files of this interpreter's site directories (what ``site`` reads at
+    start-up: ``site.getsitepackages()``, and the user site when enabled)."""
+    import site
+
+    dirs = list(getattr(site, "getsitepackages", lambda: [])())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    seen, out = set(), []
+    for d in dirs:
+        path = os.path.join(d, PTH_NAME)
+        if os.path.realpath(path) not in seen and os.path.isfile(path) and _has_our_line(path):
+            seen.add(os.path.realpath(path))
+            out.append(path)
+    return out
+
+
+def _has_our_line(path: str) -> bool:
+    """Whether the ``.pth`` at ``path`` holds a line of ours (``disable`` leaves lines you added)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return "flashinfer_sm120" in fh.read(64 << 10)  # ours, or an older release's line
+    except OSError:
+        return False
+
+
+def doctor_report() -> dict:
+    """The autoload part of ``doctor --json``: ``pth`` (files found), ``outdated`` (those not
+    written by this release's ``enable``, or missing their module), ``triggers``,
+    ``disabled``, ``triggered_by`` and ``early_export`` (this process)."""
+    found = enabled_in()
+    return {"pth": found, "outdated": [p for p in found if not _current(os.path.dirname(p))],
+            "triggers": list(TRIGGERS),
+            "disabled": env_flag("FLASHINFER_SM120_DISABLE"),
+            "triggered_by": state.triggered_by, "early_export": state.early_export}
+
+
+def _current(site_dir: str) -> bool:
+    """Whether ``site_dir`` holds exactly what this release's ``enable`` writes."""
+    try:
+        for name, text in pth_files().items():
+            with open(os.path.join(site_dir, name), encoding="utf-8") as fh:
+                got = fh.read(len(text) + 1)
+                if got != text and not (name == PTH_NAME and got.startswith(text)):  # lines you added follow ours
+                    return False
+    except OSError:
+        return False
+    return True

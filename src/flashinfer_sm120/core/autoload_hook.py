@@ -1,0 +1,134 @@
+"""Start-up hook of the flashinfer-sm120 autoload (standard library only).
+
+``flashinfer-sm120 enable`` copies this file, unchanged, next to
+``flashinfer_sm120_autoload.pth`` in a site-packages directory, as the
+top-level module ``flashinfer_sm120_autoload``; the ``.pth`` holds one line::
+
+    import flashinfer_sm120_autoload; flashinfer_sm120_autoload.install()
+
+``site`` runs that line at every interpreter start.  :func:`install` puts one
+finder at the front of ``sys.meta_path`` and imports nothing.  The first import
+of a trigger module (``flashinfer``, ``vllm``, ``sglang``, or a submodule) makes
+the finder leave ``sys.meta_path`` and import ``flashinfer_sm120``, which patches
+FlashInfer; every other import costs one string split and a set lookup.  A trigger
+that ``flashinfer_sm120`` imports itself (``wrapt``, ``filelock``, ``packaging``) is
+then already loaded, and that module is what the import returns: nothing runs twice.
+
+It never stops an interpreter: with flashinfer-sm120 uninstalled it does nothing
+and prints nothing; if the package fails to import (anything, ``SystemExit``
+included) it prints one line naming the fix, and the import goes on.
+``flashinfer-sm120 disable`` removes both files.
+"""
+
+import os
+import sys
+
+#: The ``.pth`` file ``enable`` writes next to this module.
+PTH_NAME = "flashinfer_sm120_autoload.pth"
+#: This module's name in site-packages (the ``.pth`` imports it).
+MODULE_NAME = "flashinfer_sm120_autoload"
+#: Top-level modules whose first import loads flashinfer_sm120.
+TRIGGERS = ("flashinfer", "vllm", "sglang")
+#: Values of FLASHINFER_SM120_DISABLE that mean "enabled".
+_OFF = ("", "0", "false", "no", "off")
+
+
+class FlashInferSm120Autoload:
+    """Loads flashinfer_sm120 at the first import of a trigger module, then leaves sys.meta_path."""
+
+    def __init__(self, triggers, pth):
+        self.triggers = frozenset(triggers)
+        self.pth = pth
+        self.armed = True
+
+    def find_spec(self, name, path=None, target=None):
+        if not self.armed or name.partition(".")[0] not in self.triggers:
+            return None
+        self.armed = False
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        try:
+            import flashinfer_sm120.core.autoload
+
+            flashinfer_sm120.core.autoload.triggered(name, self.pth)
+        except KeyboardInterrupt:
+            raise
+        except ModuleNotFoundError as exc:
+            if exc.name not in ("flashinfer_sm120", "flashinfer_sm120.core.autoload"):
+                self.say(exc)
+            # else: the package was uninstalled and this file left behind: stay silent
+        except BaseException as exc:
+            self.say(exc)
+        done = sys.modules.get(name)
+        if done is not None:  # flashinfer_sm120 imported the trigger itself (wrapt, filelock, packaging):
+            # hand that module over; never execute it twice.  threat-model: P1 (correct, not guessed)
+            return _already_loaded(name, done)
+        # We left sys.meta_path while the import system was walking it: ask the
+        # remaining finders ourselves so that none is skipped.
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if find is not None:
+                spec = find(name, path, target)
+                if spec is not None:
+                    return spec
+        return None
+
+    def say(self, exc):
+        try:
+            sys.stderr.write("flashinfer-sm120: autoload failed (%r); FlashInfer is not patched. Fix: "
+                             "reinstall flashinfer-sm120 from its checkout (pip install --force-reinstall "
+                             "/path/to/flashinfer-sm120), or remove %s\n" % (exc, self.pth))
+        except BaseException:
+            pass
+
+
+class _Loaded:
+    """Loader of a module that is already in ``sys.modules``: the import returns it unchanged."""
+
+    def __init__(self, module):
+        self.module = module
+        self.spec = getattr(module, "__spec__", None)
+
+    def create_module(self, spec):
+        return self.module
+
+    def exec_module(self, module):
+        if self.spec is not None:  # the import system set __spec__ to ours: put its own back
+            module.__spec__ = self.spec
+
+
+def _already_loaded(name, module):
+    """A spec whose import yields ``module`` as it is (runs nothing).  The import system prefers
+    the ``__spec__`` of a module already in ``sys.modules`` to the one a finder returns (and would
+    execute it again), so ours stands in as ``__spec__`` until :meth:`_Loaded.exec_module` puts the
+    module's own back."""
+    loader = _Loaded(module)
+    spec = type(sys.__spec__)(  # importlib.machinery.ModuleSpec, without importing anything
+        name, loader, is_package=getattr(loader.spec, "submodule_search_locations", None) is not None)
+    try:
+        module.__spec__ = spec
+    except AttributeError:
+        pass
+    return spec
+
+
+def install():
+    """Put the finder in place, once per process; never raises (but KeyboardInterrupt)."""
+    try:
+        env = os.environ
+        if env.get("FLASHINFER_SM120_DISABLE", "").strip().lower() not in _OFF:
+            return
+        # One finder, even when site reads the .pth twice (a venv's lib64 -> lib link)
+        # or finds copies in several site directories.
+        if any(type(f).__name__ == "FlashInferSm120Autoload" for f in sys.meta_path):
+            return
+        names = env.get("FLASHINFER_SM120_AUTOLOAD_TRIGGERS")
+        triggers = names.replace(",", " ").split() if names is not None else TRIGGERS
+        pth = os.path.join(os.path.dirname(os.path.abspath(__file__)), PTH_NAME)
+        sys.meta_path.insert(0, FlashInferSm120Autoload(triggers, pth))
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        pass

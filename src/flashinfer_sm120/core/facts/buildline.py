@@ -1,0 +1,203 @@
+"""FlashInfer's environment variables that enter the build line (data read from its code).
+
+FlashInfer writes each module's compile and link commands into its ``build.ninja``; ninja
+rebuilds a module whose command changed.  So a warm cache serves a process only when these
+variables read the same there as in the build that warmed it: ``FLASHINFER_JIT_VERBOSE=1``,
+the first variable people set to watch a build, recompiles every module it touches (and
+unsetting it recompiles them again).
+
+Verified against flashinfer-python 0.7.2 and 0.7.4 (``flashinfer/jit/core.py``
+``gen_jit_spec``; ``flashinfer/jit/cpp_ext.py`` ``get_nvcc_parallelism_flags``,
+``build_cflags``, ``build_cuda_cflags``, ``generate_ninja_build_for_op``); older releases:
+flashinfer-python 0.6.7 reads the same variables except the two launchers, and reads
+``FLASHINFER_NVCC_THREADS`` unchecked into ``--threads=`` (``jit/core.py``).  Variables
+flashinfer-sm120 decides itself are not listed here: ``CUDA_HOME``/``CUDA_PATH`` (the
+toolkit choice), ``FLASHINFER_CUDA_ARCH_LIST`` (the targets, which also name the JIT
+directory) and ``FLASHINFER_WORKSPACE_BASE`` (the directory).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+
+__all__ = ["Read", "BuildVar", "BUILD_VARS", "RECORD_NAME", "Setting", "Change", "effective", "snapshot",
+           "settings", "changes", "checked", "record", "recorded", "stale"]
+
+
+class Read(enum.Enum):
+    """How FlashInfer reads a variable, which decides when it changes the build line."""
+
+    ONE = "on when exactly '1'"
+    FLAGS = "split like a shell line and appended"
+    THREADS = "an integer >= 1, else 1"
+    PRESENT = "used whenever it is set, even empty"
+    VALUE = "used in place of a default"
+
+
+@dataclass(frozen=True)
+class BuildVar:
+    """One variable: how FlashInfer reads it, what it changes in ``build.ninja``, and where.
+
+    ``default`` is the value that leaves the line as it is without the variable (``VALUE``
+    and ``THREADS``); ``overridden_by`` names a variable that decides instead when set."""
+
+    name: str
+    read: Read
+    enters: str
+    where: str
+    releases: SpecifierSet
+    default: str | None = None
+    overridden_by: str | None = None
+
+
+_ALL = SpecifierSet(">=0.6.7")  # read in 0.6.7, 0.7.2 and 0.7.4; older releases not read
+_LAUNCHERS = SpecifierSet(">0.6.7")  # absent in 0.6.7, present in 0.7.2 and 0.7.4
+
+#: Every variable of FlashInfer's own that enters a module's build line.
+BUILD_VARS: tuple[BuildVar, ...] = (
+    BuildVar("FLASHINFER_JIT_VERBOSE", Read.ONE, "debug flags (-O0 -g --device-debug -lineinfo) instead of -O3 "
+             "on every compile line", "flashinfer/jit/core.py gen_jit_spec", _ALL,
+             overridden_by="FLASHINFER_JIT_DEBUG"),
+    BuildVar("FLASHINFER_JIT_DEBUG", Read.ONE, "debug flags on every compile line (wins over "
+             "FLASHINFER_JIT_VERBOSE when set)", "flashinfer/jit/core.py gen_jit_spec", _ALL),
+    BuildVar("FLASHINFER_JIT_LINEINFO", Read.ONE, "-lineinfo on every CUDA compile line",
+             "flashinfer/jit/core.py gen_jit_spec", _ALL),
+    BuildVar("FLASHINFER_NVCC_THREADS", Read.THREADS, "nvcc --threads=N on every CUDA compile line",
+             "flashinfer/jit/cpp_ext.py get_nvcc_parallelism_flags", _ALL, default="1"),
+    BuildVar("FLASHINFER_EXTRA_CFLAGS", Read.FLAGS, "appended to every C++ compile line",
+             "flashinfer/jit/cpp_ext.py build_cflags", _ALL),
+    BuildVar("FLASHINFER_EXTRA_CUDAFLAGS", Read.FLAGS, "appended to every CUDA compile line",
+             "flashinfer/jit/cpp_ext.py build_cuda_cflags", _ALL),
+    BuildVar("FLASHINFER_EXTRA_LDFLAGS", Read.FLAGS, "appended to every link line",
+             "flashinfer/jit/cpp_ext.py generate_ninja_build_for_op", _ALL),
+    BuildVar("CC", Read.PRESENT, "-ccbin $CC on every CUDA compile line",
+             "flashinfer/jit/cpp_ext.py build_cuda_cflags", _ALL),
+    BuildVar("CXX", Read.VALUE, "the C++ compiler and linker (cxx = ...)",
+             "flashinfer/jit/cpp_ext.py generate_ninja_build_for_op", _ALL, default="c++"),
+    BuildVar("FLASHINFER_NVCC", Read.VALUE, "the nvcc of every CUDA line (nvcc = ...)",
+             "flashinfer/jit/cpp_ext.py generate_ninja_build_for_op", _ALL, default="$cuda_home/bin/nvcc"),
+    BuildVar("FLASHINFER_NVCC_LAUNCHER", Read.VALUE, "a command in front of every nvcc line",
+             "flashinfer/jit/cpp_ext.py generate_ninja_build_for_op", _LAUNCHERS, default=""),
+    BuildVar("FLASHINFER_CXX_LAUNCHER", Read.VALUE, "a command in front of every C++ compile line",
+             "flashinfer/jit/cpp_ext.py generate_ninja_build_for_op", _LAUNCHERS, default=""),
+)
+
+#: The record ``build`` leaves in each module directory it built.
+RECORD_NAME = "flashinfer-sm120-build.json"
+
+
+def _on(value: str | None) -> bool:
+    return value == "1"
+
+
+def effective(var: BuildVar, env: dict[str, str]) -> str | None:
+    """``var`` as FlashInfer reads it in ``env``: ``None`` when it leaves the line as without it."""
+    value = env.get(var.name)
+    if var.overridden_by and env.get(var.overridden_by) is not None:
+        return None  # the other variable decides
+    if var.read is Read.ONE:
+        return "1" if _on(value) else None
+    if var.read is Read.FLAGS:
+        return value.strip() or None if value else None
+    if var.read is Read.THREADS:
+        try:
+            n = int(value) if value is not None else 1
+        except ValueError:
+            n = 1
+        return None if n < 1 or str(n) == var.default else str(n)
+    if var.read is Read.PRESENT:
+        return value
+    return None if value is None or value == var.default else value
+
+
+def snapshot(env: dict[str, str], version: str | None = None) -> dict[str, str | None]:
+    """Every variable of ``version`` (FlashInfer's release; all when ``None``) as read in ``env``."""
+    return {v.name: effective(v, env) for v in BUILD_VARS
+            if version is None or v.releases.contains(version, prereleases=True)}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A variable set here that changes the build line (against unset)."""
+
+    var: BuildVar
+    value: str
+
+
+def settings(env: dict[str, str], version: str | None = None) -> list[Setting]:
+    """The variables of :data:`BUILD_VARS` that change the build line in ``env``."""
+    by_name = {v.name: v for v in BUILD_VARS}
+    return [Setting(by_name[k], v) for k, v in snapshot(env, version).items() if v is not None]
+
+
+@dataclass(frozen=True)
+class Change:
+    """A variable that reads differently now than in the build that warmed a module."""
+
+    name: str
+    built: str | None
+    now: str | None
+
+
+def changes(built: dict, now: dict) -> list[Change]:
+    """What differs between two :func:`snapshot` results (a name missing from one reads as unset)."""
+    return [Change(k, built.get(k), now.get(k)) for k in sorted(set(built) | set(now)) if built.get(k) != now.get(k)]
+
+
+def checked(values: object) -> dict | None:
+    """``values`` if it is a :func:`snapshot` (names of :data:`BUILD_VARS`, values strings of at
+    most 4096 characters or ``None``), else ``None``: read from files, never trusted."""
+    names = {v.name for v in BUILD_VARS}
+    if not isinstance(values, dict) or not all(
+            k in names and (v is None or (isinstance(v, str) and len(v) <= 4096)) for k, v in values.items()):
+        return None
+    return values
+
+
+def record(build_dir: Path, values: dict[str, str | None]) -> str | None:
+    """Leave ``values`` (a :func:`snapshot`) in a module directory ``build`` just built.
+
+    Returns:
+        ``None``, or why it could not be written (the module is built all the same)."""
+    from flashinfer_sm120.safety.fs.statefiles import write_json_atomic
+    from flashinfer_sm120.errors import Sm120Error
+
+    try:
+        # threat-model: P5 (put in place atomically, in a module directory build just checked and wrote)
+        write_json_atomic(str(Path(build_dir) / RECORD_NAME), {"schema": 1, "build_vars": values})
+    except (Sm120Error, OSError) as exc:
+        return str(exc)
+    return None
+
+
+def recorded(build_dir: Path) -> dict | None:
+    """The snapshot recorded with a module (``None``: none, or not one of ours)."""
+    from flashinfer_sm120.safety import formats
+
+    try:
+        # threat-model: P6 (S2: a record may come from a cache import; bounded, then checked field by field)
+        data = formats.read_json_file(str(Path(build_dir) / RECORD_NAME), 1 << 16)
+        values = formats.field(data, "build_vars", dict, RECORD_NAME)
+    except (formats.FormatError, OSError):
+        return None
+    return checked(values)
+
+
+def stale(jit_dir: Path, now: dict) -> dict[str, list[Change]]:
+    """Modules under ``jit_dir`` whose record differs from ``now``: ``{module: changes}``."""
+    out = {}
+    try:
+        entries = sorted(os.scandir(jit_dir), key=lambda e: e.name)
+    except OSError:
+        return {}
+    for entry in entries[:10_000]:
+        if entry.is_dir(follow_symlinks=False):
+            rec = recorded(Path(entry.path))
+            if rec is not None and changes(rec, now):
+                out[entry.name] = changes(rec, now)
+    return out

@@ -1,0 +1,456 @@
+"""What vLLM and SGLang check and redirect at start-up, per release (data read from their code).
+
+Each row cites the files of the released wheel it was read from.  A newer release
+of a server is treated as its newest row (and said so); nothing here imports a
+server (that would initialise CUDA and run its own start-up code).
+
+vLLM 0.33.0 (``vllm/utils/flashinfer.py``)
+    ``has_flashinfer()`` (``functools.cache``): False unless ``find_spec("flashinfer")``,
+    and, unless ``has_flashinfer_cubin()`` (``VLLM_HAS_FLASHINFER_CUBIN=1`` or the
+    ``flashinfer_cubin`` package), both ``_flashinfer_nvcc_path()`` (``CUDA_HOME`` or
+    ``CUDA_PATH``, else ``dirname(dirname(which nvcc))``, else ``/usr/local/cuda``;
+    then ``shutil.which(<home>/bin/nvcc)``) and ``shutil.which("ninja")``.  It does
+    not move FlashInfer's cache.
+SGLang 0.5.23
+    ``sglang/__init__.py`` calls ``redirect_third_party_caches()``
+    (``sglang/srt/environ.py``): ``os.environ.setdefault`` of each
+    ``third_party_cache_defaults()`` item, among them ``FLASHINFER_WORKSPACE_BASE =
+    expanduser(SGLANG_CACHE_DIR)`` (default ``~/.cache/sglang``, read when
+    ``sglang.srt.environ`` is imported).  Its FlashInfer check is
+    ``is_flashinfer_available()`` (``sglang/srt/utils/common.py``):
+    ``SGLANG_IS_FLASHINFER_AVAILABLE`` (default true), ``find_spec("flashinfer")`` and
+    ``torch.cuda.is_available() and torch.version.cuda``: no nvcc, no ninja.  Its own
+    JIT kernels find nvcc with ``cuda_home()``
+    (``sglang/kernels/jit/utils/compile/toolchain.py``: ``CUDA_HOME`` or ``CUDA_PATH``,
+    else ``dirname(dirname(which nvcc))``, else ``/usr/local/cuda``) and pick their
+    target suffix from ``_jit_cuda_version()`` (``sglang/kernels/jit/utils/arch.py``:
+    the same lookup, ``<home>/bin/nvcc --version``, else ``torch.version.cuda``).
+    Its model processes choose FlashInfer's targets themselves: ``ModelRunner.load_model()``
+    (``sglang/srt/model_executor/model_runner.py``) calls ``set_cuda_arch()``
+    (``sglang/srt/utils/common.py``), which sets ``FLASHINFER_CUDA_ARCH_LIST=f"{major}.{minor}a"``
+    for a GPU of major >= 9 when ``is_flashinfer_available()``: ``12.0a`` on SM120.  That
+    process imported FlashInfer before (``model_runner`` -> ``configs/model_config`` ->
+    ``layers/quantization`` -> ``modelopt_quant``: ``from flashinfer import mm_fp4`` at module
+    level), so FlashInfer's JIT directory keeps the targets of import time (``120f``) and only
+    the ``-gencode`` of each later build follows ``12.0a``.  The function of the same name in
+    ``sglang/multimodal_gen/runtime/utils/common.py`` sets ``TORCH_CUDA_ARCH_LIST``, which
+    FlashInfer 0.7.2 does not read.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from flashinfer_sm120.core.toolkit.sources import flashinfer_naive_root
+
+__all__ = ["Fallback", "CacheRule", "ArchRule", "ServerRelease", "Installed", "SERVERS", "installed", "newest",
+           "vllm_has_flashinfer", "workspace_base", "jit_dir_for", "running", "recorded",
+           "fallbacks", "fallback_text", "expanduser"]
+
+_ENVIRON_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """One way a server runs without FlashInfer's JIT, as that release spells it.
+
+    Attributes:
+        text: what to type (an environment variable or a command-line option).
+        what: what it changes.
+        default: the release's FlashInfer-backed default it turns off, with the file that
+            decides it.
+        markers: ``(file relative to the package, text)`` pairs that are in that release's
+            source where the option is defined; checked in the installed package by
+            :func:`fallbacks` (a missing one is said, not hidden).
+    """
+
+    text: str
+    what: str
+    default: str
+    markers: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class CacheRule:
+    """A server setting FlashInfer's workspace base at import unless it is set."""
+
+    variable: str
+    from_variable: str
+    default: str
+    environ_file: str  # relative to the package: the file that holds ``function``
+    function: str
+    source: str
+
+
+@dataclass(frozen=True)
+class ArchRule:
+    """A server choosing FlashInfer's targets itself, in its model processes.
+
+    Attributes:
+        variable: what it sets (``FLASHINFER_CUDA_ARCH_LIST``).
+        file: the file (relative to the package) that defines ``function``.
+        function: run once per process with the process's GPU, before the first JIT build.
+        caller: where the server calls it, and what FlashInfer has fixed by then.
+        min_major: the row's copy of the rule: ``f"{major}.{minor}{suffix}"`` for a GPU of
+            this major or newer (used when the installed source cannot be read).
+        suffix: see ``min_major``.
+    """
+
+    variable: str
+    file: str
+    function: str
+    caller: str
+    min_major: int
+    suffix: str
+
+
+@dataclass(frozen=True)
+class ServerRelease:
+    """One row: a server and the releases that behave as the one read."""
+
+    key: str  # module and distribution name
+    name: str
+    versions: SpecifierSet
+    read_from: str
+    flashinfer_check: str
+    needs_nvcc_and_ninja: bool
+    nvcc_lookup: str
+    cache_rule: CacheRule | None
+    arch_rule: ArchRule | None
+    fallbacks: tuple[Fallback, ...]
+
+
+SERVERS: tuple[ServerRelease, ...] = (
+    ServerRelease(
+        key="vllm", name="vLLM", versions=SpecifierSet(">=0.33,<0.34"), read_from="0.33.0",
+        flashinfer_check=("has_flashinfer() (vllm/utils/flashinfer.py): flashinfer importable, and "
+                          "flashinfer-cubin (or VLLM_HAS_FLASHINFER_CUBIN=1) or both an nvcc "
+                          "(CUDA_HOME, CUDA_PATH, which nvcc, /usr/local/cuda) and ninja on PATH"),
+        needs_nvcc_and_ninja=True,
+        nvcc_lookup="_flashinfer_nvcc_path() in vllm/utils/flashinfer.py",
+        cache_rule=None,
+        arch_rule=None,  # vllm 0.33.0 never sets FLASHINFER_CUDA_ARCH_LIST
+        # Every FlashInfer-backed default of vLLM 0.33.0, from vllm/envs.py (the variables whose
+        # default is True), vllm/platforms/cuda.py (_get_backend_priorities) and the MoE oracles.
+        # Not listed: the compilation pass fuse_allreduce_rms, auto-enabled only on SM90/SM100
+        # (vllm/config/vllm.py enable_allreduce_rms_fusion), never on SM12x.
+        fallbacks=(
+            Fallback("VLLM_USE_FLASHINFER_SAMPLER=0", "top-k/top-p sampling without FlashInfer "
+                     "(vllm/v1/sample/ops/topk_topp_sampler.py flashinfer_sampler_supported)",
+                     "VLLM_USE_FLASHINFER_SAMPLER defaults to True (vllm/envs.py)",
+                     (("envs.py", '"VLLM_USE_FLASHINFER_SAMPLER"'),)),
+            Fallback("--attention-backend TRITON_ATTN", "attention with vLLM's Triton kernels "
+                     "(AttentionBackendEnum.TRITON_ATTN, vllm/v1/attention/backends/registry.py)",
+                     "FLASHINFER is in the automatic attention choice (vllm/platforms/cuda.py "
+                     "_get_backend_priorities: first on SM100, after FLASH_ATTN on SM120)",
+                     (("engine/arg_utils.py", '"--attention-backend"'),
+                      ("v1/attention/backends/registry.py", "TRITON_ATTN = "))),
+            Fallback("VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER=0", "block-scaled FP8 linear layers without "
+                     "FlashInfer's GEMM (vllm/utils/flashinfer.py)",
+                     "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER defaults to True (vllm/envs.py)",
+                     (("envs.py", '"VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER"'),)),
+            Fallback("VLLM_ALLREDUCE_USE_FLASHINFER=0", "tensor-parallel all-reduce without FlashInfer's "
+                     "(vllm/distributed/device_communicators/cuda_communicator.py)",
+                     "VLLM_ALLREDUCE_USE_FLASHINFER defaults to True (vllm/envs.py)",
+                     (("envs.py", '"VLLM_ALLREDUCE_USE_FLASHINFER"'),)),
+            Fallback("--moe-backend triton", "fused MoE with vLLM's Triton kernels",
+                     "--moe-backend auto can pick flashinfer_cutlass/flashinfer_trtllm "
+                     "(vllm/model_executor/layers/fused_moe/oracle/, vllm/config/kernel.py MoEBackend)",
+                     (("engine/arg_utils.py", '"--moe-backend"'),
+                      ("config/kernel.py", '"triton",'))),
+        ),
+    ),
+    ServerRelease(
+        key="sglang", name="SGLang", versions=SpecifierSet(">=0.5.23,<0.6"), read_from="0.5.23",
+        flashinfer_check=("is_flashinfer_available() (sglang/srt/utils/common.py): "
+                          "SGLANG_IS_FLASHINFER_AVAILABLE, flashinfer importable, and "
+                          "torch.cuda.is_available(); no nvcc or ninja check"),
+        needs_nvcc_and_ninja=False,
+        nvcc_lookup=("cuda_home() (sglang/kernels/jit/utils/compile/toolchain.py) and "
+                     "_jit_cuda_version() (sglang/kernels/jit/utils/arch.py)"),
+        cache_rule=CacheRule("FLASHINFER_WORKSPACE_BASE", "SGLANG_CACHE_DIR", "~/.cache/sglang",
+                             "srt/environ.py", "third_party_cache_defaults",
+                             "sglang/__init__.py redirect_third_party_caches() -> sglang/srt/environ.py "
+                             "third_party_cache_defaults(), os.environ.setdefault"),
+        arch_rule=ArchRule("FLASHINFER_CUDA_ARCH_LIST", "srt/utils/common.py", "set_cuda_arch",
+                           "ModelRunner.load_model() (sglang/srt/model_executor/model_runner.py), after the "
+                           "process imported FlashInfer (its JIT directory keeps the targets of import time)",
+                           9, "a"),
+        # Every FlashInfer-backed default of SGLang 0.5.23: sglang/srt/arg_groups/overrides.py
+        # (_sampling_backend_default), model_override_base.py (the attention default),
+        # fields/exec_.py (GEMM and MoE runner defaults "auto"), and is_flashinfer_available()
+        # (sglang/srt/utils/common.py), which all of them and set_cuda_arch() ask first.
+        # Not listed: FlashInfer all-reduce fusion, auto-enabled only on SM90/SM100
+        # (overrides.py), never on SM12x; --enforce-disable-flashinfer-allreduce-fusion turns it off.
+        fallbacks=(
+            Fallback("--sampling-backend pytorch", "sampling without FlashInfer "
+                     "(SAMPLING_BACKEND_CHOICES, sglang/srt/arg_groups/choices.py)",
+                     "sampling_backend defaults to flashinfer when FlashInfer is available "
+                     "(sglang/srt/arg_groups/overrides.py _sampling_backend_default)",
+                     (("srt/server_args.py", '"--sampling-backend"'),
+                      ("srt/arg_groups/choices.py", '"pytorch"'))),
+            Fallback("--attention-backend triton", "attention with SGLang's Triton kernels "
+                     "(ATTENTION_BACKEND_CHOICES, sglang/srt/arg_groups/choices.py)",
+                     "attention_backend defaults to flashinfer for MHA models when FlashInfer is available, "
+                     "SM120 included (sglang/srt/arg_groups/model_override_base.py)",
+                     (("srt/arg_groups/fields/exec_.py", "attention_backend: "),
+                      ("srt/arg_groups/choices.py", '"triton",'))),
+            Fallback("--fp4-gemm-backend marlin", "NVFP4 linear layers with the Marlin weight-only kernel",
+                     "fp4_gemm_runner_backend 'auto' picks flashinfer_cutlass on SM120 "
+                     "(sglang/srt/arg_groups/fields/exec_.py)",
+                     (("srt/arg_groups/fields/exec_.py", '"--fp4-gemm-backend"'),
+                      ("srt/arg_groups/choices.py", '"marlin",'))),
+            Fallback("--fp8-gemm-backend triton", "block-scaled FP8 linear layers with Triton",
+                     "fp8_gemm_runner_backend 'auto' picks FlashInfer's CUTLASS MXFP8 GEMM on Blackwell "
+                     "other than SM100/SM103 (sglang/srt/arg_groups/fields/exec_.py)",
+                     (("srt/arg_groups/fields/exec_.py", '"--fp8-gemm-backend"'),
+                      ("srt/arg_groups/choices.py", '"triton",'))),
+            Fallback("--moe-runner-backend triton", "fused MoE with SGLang's Triton kernels",
+                     "moe_runner_backend 'auto' can pick a flashinfer_* runner "
+                     "(sglang/srt/arg_groups/fields/exec_.py, MOE_RUNNER_BACKEND_CHOICES)",
+                     (("srt/arg_groups/fields/exec_.py", "moe_runner_backend: "),
+                      ("srt/arg_groups/choices.py", '"triton",'))),
+            Fallback("SGLANG_IS_FLASHINFER_AVAILABLE=false", "is_flashinfer_available() is False: no default "
+                     "picks FlashInfer, and set_cuda_arch() leaves FLASHINFER_CUDA_ARCH_LIST alone",
+                     "SGLANG_IS_FLASHINFER_AVAILABLE defaults to true (sglang/srt/utils/common.py "
+                     "is_flashinfer_available)",
+                     (("srt/utils/common.py", '"SGLANG_IS_FLASHINFER_AVAILABLE"'),)),
+        ),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Installed:
+    """A server installed here: its row, version, and whether the row was read from it."""
+
+    release: ServerRelease
+    version: Version
+    assumed: bool  # no row covers this version: the newest row is used
+
+    def label(self) -> str:
+        note = f"; checks as read from {self.release.read_from}" if self.assumed else ""
+        return f"{self.release.name} {self.version}{note}"
+
+
+def newest(key: str) -> ServerRelease:
+    """The newest row of server ``key`` (``vllm``, ``sglang``).
+
+    Raises:
+        KeyError: not a server this table knows."""
+    rows = [r for r in SERVERS if r.key == key]
+    if not rows:
+        raise KeyError(key)
+    return max(rows, key=lambda r: Version(r.read_from))
+
+
+def _row(key: str, version: Version) -> tuple[ServerRelease, bool]:
+    for r in SERVERS:
+        if r.key == key and r.versions.contains(version, prereleases=True):
+            return r, False
+    return newest(key), True
+
+
+def installed() -> list[Installed]:
+    """The servers of :data:`SERVERS` installed in this environment (package metadata only)."""
+    from flashinfer_sm120.safety.formats import FormatError, parse_version
+
+    out = []
+    for key in dict.fromkeys(r.key for r in SERVERS):
+        try:
+            text = importlib.metadata.version(key)
+            version = parse_version(text, f"{key}'s package metadata")
+        except (importlib.metadata.PackageNotFoundError, FormatError):
+            continue
+        row, assumed = _row(key, version)
+        out.append(Installed(row, version, assumed))
+    return out
+
+
+# ----------------------------------------------------------------------------- nvcc and ninja, as they look
+
+
+def vllm_has_flashinfer(env: dict[str, str]) -> tuple[bool, str]:
+    """``has_flashinfer()`` as vLLM 0.33.0 computes it in a process with environment ``env``.
+
+    Returns:
+        ``(value, why)``: why names the nvcc and ninja found, or what is missing."""
+    if importlib.util.find_spec("flashinfer") is None:
+        return False, "flashinfer is not installed"
+    cubin = env.get("VLLM_HAS_FLASHINFER_CUBIN", "0")
+    try:
+        if int(cubin):
+            return True, "VLLM_HAS_FLASHINFER_CUBIN is set: no nvcc or ninja needed"
+    except ValueError:
+        return False, f"VLLM_HAS_FLASHINFER_CUBIN={cubin!r} is not an integer (vLLM raises ValueError)"
+    if importlib.util.find_spec("flashinfer_cubin") is not None:
+        return True, "flashinfer-cubin is installed: no nvcc or ninja needed"
+    home = flashinfer_naive_root(env, server=True)
+    nvcc = shutil.which(os.path.join(home, "bin", "nvcc"))
+    ninja = shutil.which("ninja", path=env.get("PATH", os.defpath))
+    missing = [w for w, ok in ((f"no nvcc at {home}/bin/nvcc", nvcc), ("no ninja on PATH", ninja)) if not ok]
+    if missing:
+        return False, " and ".join(missing)
+    return True, f"nvcc {nvcc}, ninja {ninja}"
+
+
+# ----------------------------------------------------------------------------- cache redirection
+
+
+_SGLANG_PROBE = r"""
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("_flashinfer_sm120_server_environ", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+sys.stdout.write("\n@@" + json.dumps(getattr(mod, sys.argv[2])()))
+"""
+
+
+def _package_dir(key: str) -> str | None:
+    try:
+        spec = importlib.util.find_spec(key)  # a top-level package: found, not imported
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+@functools.lru_cache(maxsize=32)
+def _read_rule(path: str, function: str, variable: str, env_items: tuple) -> tuple[str | None, str]:
+    """Run ``function()`` of the installed server's file at ``path`` in a child (standard library
+    only, nothing else of the server imported), with the given environment."""
+    from flashinfer_sm120.safety import formats, proc
+    from flashinfer_sm120.safety.ownership import check_path
+
+    problem = check_path(path)
+    if problem:
+        return None, f"not reading {path}: {problem}"
+    env = dict(env_items)
+    env.pop("SGLANG_CUDA_COREDUMP", None)  # its import of sglang.srt.debug_utils would pull in the server
+    env["FLASHINFER_SM120_DISABLE"] = "1"
+    res = proc.run([sys.executable, "-I", "-c", _SGLANG_PROBE, path, function], timeout=_ENVIRON_TIMEOUT_S,
+                   max_output=1 << 16, env=env)
+    text = res.text()
+    at = text.rfind("\n@@")
+    if not res.ok or at < 0:
+        why = res.error or ("timed out" if res.timed_out else f"exit {res.returncode}")
+        return None, f"{path} {function}() failed ({why}: {formats.shown(text.strip()[-300:], 300)})"
+    try:
+        value = formats.field(formats.loads_json(text[at + 3:], f"{path} {function}()"), variable, str,
+                              f"{path} {function}()", max_len=4096)
+    except formats.FormatError as exc:
+        return None, str(exc)
+    return value, f"read from {path} {function}()"
+
+
+def workspace_base(key: str, env: dict[str, str]) -> tuple[str | None, str]:
+    """The ``FLASHINFER_WORKSPACE_BASE`` server ``key`` gives FlashInfer in a process with ``env``.
+
+    ``None`` means FlashInfer's own default (``FLASHINFER_WORKSPACE_BASE``, else the home
+    directory).  For SGLang the rule is run from the installed package when it is there,
+    else taken from the row.
+
+    Returns:
+        ``(base or None, how it was found)``."""
+    rule = newest(key).cache_rule
+    if rule is None:
+        return None, f"{newest(key).name} leaves FlashInfer's workspace as it is"
+    if rule.variable in env:
+        return env[rule.variable], f"{rule.variable} is set, which {key}'s setdefault keeps"
+    pkg = _package_dir(key)
+    why = f"{key} is not installed"
+    if pkg is not None:
+        value, why = _read_rule(os.path.join(pkg, *rule.environ_file.split("/")), rule.function,
+                                rule.variable, tuple(sorted(env.items())))
+        if value is not None:
+            return value, why
+    value = env.get(rule.from_variable)
+    expanded = expanduser(value if value is not None else rule.default, env)
+    return expanded, f"{rule.variable}={rule.from_variable} (default {rule.default}) as in {rule.source} ({why})"
+
+
+def expanduser(text: str, env: dict[str, str]) -> str:
+    """``os.path.expanduser`` with ``HOME`` taken from ``env`` (as the server process would)."""
+    if (text == "~" or text.startswith("~/")) and env.get("HOME"):
+        return (env["HOME"].rstrip("/") or "/") + text[1:] if text != "~" else env["HOME"]
+    return os.path.expanduser(text)
+
+
+def jit_dir_for(base: str | None, jit_dir: str | None, this_base: str) -> str | None:
+    """``jit_dir`` (FlashInfer's, computed under workspace base ``this_base``) as it is under
+    ``base`` (FlashInfer 0.7.x ``flashinfer/jit/env.py``: ``<base>/.cache/flashinfer/...``)."""
+    if jit_dir is None:
+        return None
+    if base is None:
+        return jit_dir
+    prefix = os.path.join(this_base, ".cache", "flashinfer")
+    if jit_dir != prefix and not jit_dir.startswith(prefix + os.sep):
+        return None
+    return os.path.join(base, ".cache", "flashinfer") + jit_dir[len(prefix):]
+
+
+def running() -> str | None:
+    """The server whose process this is (its package is imported), or ``None``."""
+    for key in ("sglang", "vllm"):  # SGLang may import vLLM's kernels, not the reverse
+        if key in sys.modules:
+            return key
+    return None
+
+
+def recorded() -> dict:
+    """What a manifest entry records about the server process it came from (for
+    ``build --from``): ``server`` and ``workspace_base``; ``{}`` outside a server."""
+    key = running()
+    if key is None:
+        return {}
+    return {"server": key, "workspace_base": os.environ.get("FLASHINFER_WORKSPACE_BASE")}
+
+
+# ----------------------------------------------------------------------------- fallbacks
+
+
+@functools.lru_cache(maxsize=8)
+def _marker_found(pkg: str, rel: str, text: str) -> bool | None:
+    from flashinfer_sm120.safety import formats
+
+    try:
+        return text in formats.read_text(os.path.join(pkg, *rel.split("/")), 8 << 20)
+    except formats.FormatError:
+        return None
+
+
+def fallbacks(found: list[Installed] | None = None) -> list[tuple[Installed, Fallback, bool | None]]:
+    """Each installed server's fallbacks, with whether the installed source defines it
+    (``None``: could not tell)."""
+    out = []
+    for inst in installed() if found is None else found:
+        pkg = _package_dir(inst.release.key)
+        for fb in inst.release.fallbacks:
+            seen = [_marker_found(pkg, rel, text) for rel, text in fb.markers] if pkg else [None]
+            ok = False if False in seen else (None if None in seen else True)
+            out.append((inst, fb, ok))
+    return out
+
+
+def fallback_text(found: list[Installed] | None = None) -> str:
+    """One sentence for the guard's message, after its fix: the installed servers' own
+    ways to serve without FlashInfer's JIT ("" when no server is installed)."""
+    parts: dict[str, list[str]] = {}
+    for inst, fb, ok in fallbacks(found):
+        note = "" if ok is not False else " (not found in its source: check --help)"
+        parts.setdefault(inst.label(), []).append(fb.text + note)
+    if not parts:
+        return ""
+    return ("Until then, to serve without FlashInfer's JIT kernels: "
+            + "; ".join(f"{label}: {' and '.join(items)}" for label, items in parts.items()))
+

@@ -1,0 +1,130 @@
+"""Why FlashInfer's own import failed, and the fix: no toolkit fits, a missing dependency of
+FlashInfer, or a JIT workspace it cannot make (asked only after the import failed).
+
+FlashInfer 0.7.4 ``jit/env.py`` computes ``$FLASHINFER_WORKSPACE_BASE`` (else ``Path.home()``, which it
+evaluates either way) ``/.cache/flashinfer`` at import and creates it.  Nothing here creates anything;
+:func:`workspace_foreign_tree` says, before a command imports FlashInfer, whether that import would
+create it inside another uid's tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import stat
+import sys
+
+from flashinfer_sm120.safety.formats import ForeignTree, foreign_tree, shown
+
+__all__ = ["import_failure", "tag_for", "workspace_problem", "workspace_path", "workspace_foreign_tree",
+           "normalize_base"]
+
+_WSB = "FLASHINFER_WORKSPACE_BASE"
+
+
+def normalize_base() -> str | None:
+    """Make ``FLASHINFER_WORKSPACE_BASE=`` (set but empty) mean unset, as most tools treat an empty
+    variable, before FlashInfer's ``jit/env.py`` reads it: FlashInfer 0.7.4 takes
+    ``os.getenv("FLASHINFER_WORKSPACE_BASE", home)``, gets ``""``, and ``Path("")`` is the working
+    directory, so its ``.cache/flashinfer`` and ``flashinfer_jit.log`` were written wherever the
+    process ran (a checkout, a server's working directory).  Called by :func:`flashinfer_sm120.install`,
+    which runs before FlashInfer's import completes.  Returns a warning for a relative value (it
+    depends on the working directory the same way), else ``None``.  threat-model: P4"""
+    value = os.environ.get(_WSB)
+    if value is not None and not value.strip():
+        del os.environ[_WSB]
+        return None
+    if value is not None and not os.path.isabs(value):
+        return (f"{_WSB}={shown(value, 200)} is a relative path: FlashInfer keeps its JIT cache under the "
+                f"working directory, a different one wherever a process starts. Fix: give an absolute path "
+                f"(export {_WSB}=$PWD/{shown(value, 200)}), or unset it for ~/.cache/flashinfer")
+    return None
+
+
+def workspace_path() -> tuple[str, str]:
+    """``(path, where from)`` of FlashInfer's JIT cache as FlashInfer 0.7.4 ``jit/env.py`` computes it
+    at import: ``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer``, else ``~/.cache/flashinfer``."""
+    env = os.environ.get(_WSB) or None  # empty is unset (normalize_base)
+    base = env if env is not None else os.path.expanduser("~")
+    how = _WSB if env is not None else "the home directory"
+    return os.path.join(base, ".cache", "flashinfer"), how
+
+
+def workspace_foreign_tree() -> ForeignTree | None:
+    """Whether importing FlashInfer here would create its JIT cache inside a tree another uid owns
+    (root with a user's ``HOME``, ``sudo -E``: FlashInfer makes ``~/.cache/flashinfer`` at import,
+    and the user's own tools then cannot write ``~/.cache``).  Asked before a command of ours
+    imports FlashInfer; nothing is created.  threat-model: P4"""
+    return foreign_tree(workspace_path()[0])
+
+
+def workspace_problem() -> str | None:
+    """Why FlashInfer cannot create its JIT workspace (``$FLASHINFER_WORKSPACE_BASE``, else the home
+    directory, then ``.cache/flashinfer``: FlashInfer 0.7.4 ``jit/env.py``, made at its import), which
+    fails its import with or without flashinfer-sm120; else ``None``.
+
+    Nothing is created: the deepest existing level must be a directory this process may write.
+    (It used ``os.makedirs``: with no home directory, a uid without a passwd entry and ``HOME``
+    unset, ``~`` stayed ``~`` and ``./~/.cache/flashinfer`` was made in the working directory.)
+    FlashInfer 0.7.4 computes ``Path.home()`` even when ``FLASHINFER_WORKSPACE_BASE`` is set, so no
+    home is a problem of its own, fixed by ``HOME``."""
+    try:
+        pathlib.Path.home()
+    except (RuntimeError, KeyError, OSError):  # '~' cannot be expanded
+        return (f"FlashInfer needs a home directory at import (it reads Path.home() even when "
+                f"FLASHINFER_WORKSPACE_BASE is set), and this process has none (HOME is unset and uid "
+                f"{os.getuid()} has no passwd entry); FlashInfer fails the same way without "
+                f"flashinfer-sm120. Fix: HOME=<a directory you can write> (and FLASHINFER_WORKSPACE_BASE "
+                f"to keep the JIT cache elsewhere)")
+    path, how = workspace_path()
+    here, why = path, None
+    while True:
+        try:
+            st = os.stat(here)
+        except FileNotFoundError:
+            parent = os.path.dirname(here.rstrip("/")) or "."
+            if parent == here:
+                break
+            here = parent
+            continue
+        except OSError as exc:
+            why = exc.strerror
+            break
+        if not stat.S_ISDIR(st.st_mode):
+            why = f"{shown(here, 200)} is not a directory"
+        elif not os.access(here, os.W_OK | os.X_OK):
+            why = f"{shown(here, 200)} is not writable"
+        break
+    if why is None:
+        return None
+    return (f"FlashInfer keeps its JIT cache in {shown(path, 200)} (from {how}), which cannot be "
+            f"created ({why}); FlashInfer fails the same way without flashinfer-sm120. "
+            f"Fix: FLASHINFER_WORKSPACE_BASE=<a directory you can write>")
+
+
+def import_failure(exc: BaseException, st: dict) -> str:
+    """``importing FlashInfer failed: <exc>``, ending with the fix where one is known: no toolkit
+    fits (FlashInfer's own lookup, kept under the guard, raised), or its workspace is not writable."""
+    msg = f"importing FlashInfer failed: {exc!r}"
+    fix = ((st.get("resolution") or {}).get("fix")) if isinstance(st.get("resolution"), dict) else None
+    if st.get("mode") == "guard" or (st.get("mode") == "failed" and fix):
+        return (f"{msg}. No CUDA toolkit fits, so FlashInfer kept its own toolkit lookup, which raised "
+                f"this{f'. Fix: {fix}' if fix else ' (see the message above)'}")
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if isinstance(missing, str) and missing:  # one of FlashInfer's dependencies (torch, numpy)
+        top = missing.partition(".")[0]
+        how = f"pip install {top}, or the package that provides it" if top.isidentifier() and len(top) < 80 else \
+            "the package that provides it"
+        return (f"{msg}. FlashInfer needs the module {shown(top, 80)}, which this Python "
+                f"({shown(sys.executable, 200)}) cannot import. Fix: install it there ({how})")
+    problem = workspace_problem() if isinstance(exc, (OSError, RuntimeError, KeyError)) else None
+    return f"{msg}. {problem}" if problem else msg
+
+
+def tag_for(tk) -> str:
+    """The directory FlashInfer's JIT workspace gets for toolkit ``tk`` under flashinfer-sm120
+    (``nvcc<version>-<hash of nvcc's path and versions>``): the patch names the current one with it
+    (:func:`flashinfer_sm120.core.patch.steps.workspace_tag`), ``cache prune`` checks old ones."""
+    key = "\0".join((os.path.realpath(tk.nvcc), str(tk.nvcc_full), str(tk.header_version)))
+    return f"nvcc{tk.nvcc_full or tk.nvcc_version}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"

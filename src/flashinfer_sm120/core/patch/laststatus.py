@@ -1,0 +1,168 @@
+"""The last status a process of this user reached, kept on disk, so that ``flashinfer-sm120 status``
+answers without importing torch or FlashInfer (seconds) when nothing it depends on changed.
+
+File: ``<cache_root>/last-status.json`` (:mod:`flashinfer_sm120.safety.fs.statedir`)::
+
+    {"schema": 1, "inputs": {...}, "status": {mode, error, toolkit: {nvcc_full, root, nvcc, stat},
+                                              targets: [...], arch_list_error, flashinfer}}
+
+``inputs`` (:func:`inputs`) is everything the answer was computed from, read without running
+anything: this Python, our version, the environment variables the resolution reads, the
+modification times of every ``sys.path`` directory but the script's own (``pip install`` of FlashInfer, torch or a CUDA
+wheel adds or removes a ``.dist-info`` there), of ``/usr/local`` and ``$CONDA_PREFIX`` (where
+system toolkits are found), and the GPUs the driver lists.  A record is used only when its inputs
+equal this process's and the chosen nvcc's file is unchanged (:func:`load` says why not
+otherwise).  Written by the patch layer once FlashInfer's import completed (:func:`save`), only
+when it changed; never raises.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+__all__ = ["SCHEMA", "FILE", "LastStatus", "Loaded", "from_status", "inputs", "load", "save", "path"]
+
+SCHEMA = 1
+FILE = "last-status.json"
+
+#: Environment variables the resolution reads besides every ``FLASHINFER_*`` one.
+_ENV = ("CUDA_HOME", "CUDA_PATH", "PATH", "CONDA_PREFIX", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
+        "HOME", "XDG_CACHE_HOME", "SGLANG_CACHE_DIR")
+#: Variables that do not change the answer (``status`` sets QUIET for itself) or change from one
+#: shell to the next; every other one is part of the inputs (hashed: the file holds no values of them).
+_IGNORED = frozenset(("FLASHINFER_SM120_QUIET", "FLASHINFER_SM120_RUN_ID", "FLASHINFER_JIT_VERBOSE", "PWD", "OLDPWD",
+                      "SHLVL", "_", "COLUMNS", "LINES", "PS1", "PS2", "PROMPT_COMMAND", "TERM", "COLORTERM",
+                      "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", "DISPLAY", "TMUX_PANE",
+                      "WINDOWID", "HISTFILE", "LS_COLORS", "LESSOPEN", "MAIL", "LOGNAME", "XDG_SESSION_ID"))
+
+
+class LastStatus(TypedDict):
+    """What ``status`` prints, as recorded (``toolkit`` is ``None`` when no toolkit fits)."""
+
+    mode: str
+    error: str | None
+    toolkit: dict | None
+    targets: list[str]
+    arch_list_error: str | None
+    flashinfer: str | None
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The result of :func:`load`: the record, or ``None`` and why it cannot be used."""
+
+    status: LastStatus | None
+    why_not: str | None = None
+
+
+def _mtime(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _listing(path: str) -> list[str] | None:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return None
+
+
+def inputs(env: dict[str, str] | None = None) -> dict[str, Any]:
+    """What the resolution in this process reads, without running anything (see the module doc)."""
+    from flashinfer_sm120 import __version__
+
+    env = dict(os.environ if env is None else env)
+    import hashlib
+
+    names = sorted(k for k in env if k.startswith("FLASHINFER_") and k not in _IGNORED)
+    rest = sorted((k, v) for k, v in env.items() if k not in _IGNORED and k not in _ENV and k not in names)
+    # sys.path[0] is the script's directory or the working directory (python -m), unless -P/PYTHONSAFEPATH:
+    # not where FlashInfer, torch or the CUDA wheels come from, and it differs between the console
+    # script and ``python -m flashinfer_sm120``, which should share the record
+    search = sys.path if sys.flags.safe_path else sys.path[1:]
+    dirs = [p for p in dict.fromkeys(search) if p and os.path.isdir(p)]
+    dirs += ["/usr/local"] + ([env["CONDA_PREFIX"]] if env.get("CONDA_PREFIX") else [])
+    try:
+        cuda_link = os.readlink("/usr/local/cuda")
+    except OSError:
+        cuda_link = None
+    return {
+        "python": [os.path.realpath(sys.executable), sys.prefix],  # bin/python and bin/python3 alike
+        "version": __version__,
+        "env": {k: env.get(k) for k in (*_ENV, *names)},
+        "other_env": hashlib.sha256(repr(rest).encode("utf-8", "surrogateescape")).hexdigest(),
+        "mtimes": {d: _mtime(d) for d in dirs},
+        "usr_local_cuda": cuda_link,
+        "gpus": [_listing("/proc/driver/nvidia/gpus"), [n for n in (_listing("/dev") or []) if n.startswith("nvidia")]],
+    }
+
+
+def path() -> str:
+    """Where the record lives (creates the cache root when absent)."""
+    from flashinfer_sm120.safety.fs.statedir import cache_root
+
+    return os.path.join(cache_root(), FILE)
+
+
+def from_status(st: dict) -> LastStatus:
+    """The part of :func:`flashinfer_sm120.status` that ``status`` prints."""
+    res = st.get("resolution") or {}
+    choice = res.get("choice") or {}
+    tk = choice.get("toolkit") or None
+    targets = st.get("target_cuda_archs")
+    if targets is None:  # FlashInfer not loaded: the chosen ones
+        targets = list(choice.get("targets") or ())
+    return LastStatus(mode=str(st.get("mode")), error=st.get("error"),
+                      toolkit={"nvcc_full": tk.get("nvcc_full"), "root": tk.get("root"), "nvcc": tk.get("nvcc")}
+                      if tk else None,
+                      targets=list(targets), arch_list_error=res.get("arch_list_error"),
+                      flashinfer=(res.get("release") or {}).get("version"))
+
+
+def save(status: LastStatus, recorded_inputs: dict[str, Any]) -> None:
+    """Record ``status`` for ``recorded_inputs`` (taken before FlashInfer changed the environment);
+    written only when it differs from the file's.  Never raises."""
+    try:
+        from flashinfer_sm120.safety.fs.statefiles import read_json, write_json_atomic
+        from flashinfer_sm120.core.toolkit.memo import fingerprint
+
+        st = dict(status)
+        if st.get("toolkit"):
+            st["toolkit"] = dict(st["toolkit"], stat=fingerprint(st["toolkit"]["nvcc"]))
+        data = {"schema": SCHEMA, "inputs": recorded_inputs, "status": st}
+        where = path()
+        old, _ = read_json(where)
+        if old != data:
+            write_json_atomic(where, data)
+    except Exception:  # a read-only HOME, a full disk: status takes the slow path
+        pass
+
+
+def load(env: dict[str, str] | None = None) -> Loaded:
+    """The recorded status when it still holds for this process's inputs, else why not."""
+    try:
+        from flashinfer_sm120.safety.fs.statefiles import read_json
+        from flashinfer_sm120.core.toolkit.memo import fingerprint
+
+        data, problem = read_json(path())
+    except Exception as exc:
+        return Loaded(None, f"the record cannot be read ({exc})")
+    if problem or data is None:
+        return Loaded(None, problem or "nothing recorded yet (FlashInfer was not imported with "
+                            "flashinfer-sm120 under these settings)")
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("status"), dict):
+        return Loaded(None, "the record is of another format")
+    now = inputs(env)
+    if data.get("inputs") != now:
+        changed = sorted(k for k in now if (data.get("inputs") or {}).get(k) != now[k])
+        return Loaded(None, f"what the record was made from changed ({', '.join(changed)})")
+    st = data["status"]
+    tk = st.get("toolkit")
+    if tk and fingerprint(tk.get("nvcc", "")) != tk.get("stat"):
+        return Loaded(None, f"{tk.get('nvcc')} changed since it was recorded")
+    return Loaded(st)  # type: ignore[arg-type]

@@ -1,0 +1,216 @@
+"""Decide, before touching FlashInfer: the release, the GPUs, the arch list, the toolkit.
+
+Pure with respect to FlashInfer (nothing is patched here), and run outside the
+lock that guards patching.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from flashinfer_sm120.core.facts import arch as _arch
+from flashinfer_sm120.errors import ToolkitError
+from flashinfer_sm120.core.facts.gpus import GPU, GPUQuery, query
+from flashinfer_sm120.core.facts.releases import ReleaseInfo, release_info
+from flashinfer_sm120.core.toolkit import Choice, Toolkit, choose, discover, flashinfer_naive_root, torch_cuda_version
+from flashinfer_sm120.core.toolkit.policy import other_major_allowed
+from flashinfer_sm120.core.toolkit.sources import clean_home
+
+from flashinfer_sm120.core.view import linkable_home
+
+logger = logging.getLogger("flashinfer_sm120")
+
+__all__ = ["Resolution", "TargetsFrom", "resolve", "arch_specs", "flashinfer_version", "cleaned_homes"]
+
+
+class TargetsFrom(str, enum.Enum):
+    """Where the targets come from: ``FLASHINFER_CUDA_ARCH_LIST`` (it had a usable entry) or the GPUs."""
+
+    ARCH_LIST = "arch_list"
+    GPUS = "gpus"
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """Everything decided before patching.
+
+    Attributes:
+        choice: the toolkit choice, or ``None`` when no toolkit fits (guard).
+        home: the ``CUDA_HOME`` handed to FlashInfer (maybe a view), or ``None``.
+        gpus: visible GPUs.
+        arch_list: ``FLASHINFER_CUDA_ARCH_LIST`` as read (cut to :data:`ARCH_LIST_SHOWN`
+            characters for messages when longer), or ``None``.
+        arch_list_error: why (part of) it was ignored, or ``None``.
+        naive_root: what FlashInfer's own ``get_cuda_path()`` would return.
+        explicit_home: ``CUDA_HOME`` (else ``CUDA_PATH``) as the user set it, or ``None``.
+        release: the FlashInfer release's row (:func:`flashinfer_sm120.core.facts.releases.release_info`).
+        gpu_query: where the GPUs were read (``nvml``, ``torch.cuda``, ``none``).
+        cleaned: one note per malformed ``CUDA_HOME``/``CUDA_PATH`` that was cleaned.
+        error: the :class:`ToolkitError` message when no toolkit fits, else ``None``.
+        fix: the error's fix line alone, else ``None``.
+        targets_from: :class:`TargetsFrom`.
+    """
+
+    choice: Choice | None
+    home: Any
+    gpus: tuple[GPU, ...]
+    arch_list: str | None
+    arch_list_error: str | None
+    naive_root: str | None
+    explicit_home: str | None = None
+    release: ReleaseInfo | None = None
+    gpu_query: GPUQuery | None = None
+    cleaned: tuple[str, ...] = ()
+    error: str | None = None
+    fix: str | None = None
+    targets_from: TargetsFrom = TargetsFrom.GPUS
+
+    @property
+    def guard(self) -> bool:
+        """No toolkit fits: FlashInfer is to be guarded."""
+        return self.choice is None
+
+    def to_dict(self) -> dict:
+        """JSON-ready form."""
+        return {
+            "choice": self.choice.to_dict() if self.choice else None,
+            "cuda_home": self.home.to_dict() if self.home is not None else None,
+            "gpus": [
+                {"index": g.index, "name": g.name, "uuid": g.uuid,
+                 "capability": f"{g.capability[0]}.{g.capability[1]}"}
+                for g in self.gpus
+            ],
+            "gpu_source": self.gpu_query.describe() if self.gpu_query else None,
+            "arch_list": self.arch_list,
+            "arch_list_error": self.arch_list_error,
+            "targets_from": self.targets_from.value,
+            "flashinfer_naive_cuda_home": self.naive_root,
+            "explicit_cuda_home": self.explicit_home,
+            "release": self.release.to_dict() if self.release else None,
+            "cleaned": list(self.cleaned),
+            "error": self.error,
+            "fix": self.fix,
+        }
+
+
+#: Characters of ``FLASHINFER_CUDA_ARCH_LIST`` kept in :attr:`Resolution.arch_list`,
+#: which only messages and ``doctor`` read (the parse sees the whole value).
+ARCH_LIST_SHOWN = 200
+
+
+def _for_messages(value: str | None) -> str | None:
+    if value is None or len(value) <= ARCH_LIST_SHOWN:
+        return value
+    return f"{value[:ARCH_LIST_SHOWN]}... ({len(value)} characters)"
+
+
+def arch_specs(value: str | None) -> tuple[list[_arch.ArchSpec] | None, str | None]:
+    """Parse ``FLASHINFER_CUDA_ARCH_LIST`` leniently: ``(specs or None, message)``.
+
+    Bad entries are dropped (the message names each one); when no entry is
+    usable, ``None`` is returned so the visible GPUs are targeted instead.
+    """
+    if value is None:
+        return None, None
+    specs, errors = _arch.parse_arch_list_lenient(value)
+    if not errors:
+        return specs, None
+    if specs:
+        kept = " ".join(f"{s.major}.{s.minor}{s.suffix or ''}" for s in specs)
+        return specs, " ".join(errors) + f" Ignoring the bad entries; using {kept}."
+    return None, " ".join(errors) + " No usable entry: targeting the GPUs present."
+
+
+def flashinfer_version() -> str | None:
+    """The FlashInfer release in this process (``flashinfer/version.py``, present in
+    0.4.0 - 0.7.4), else the installed distribution's version, else ``None``."""
+    mod = sys.modules.get("flashinfer.version")
+    if mod is None and "flashinfer" in sys.modules:
+        try:
+            import importlib
+
+            mod = importlib.import_module("flashinfer.version")
+        except Exception:
+            mod = None
+    ver = getattr(mod, "__version__", None)
+    if isinstance(ver, str) and not ver.startswith("0.0.0"):
+        return ver
+    try:
+        import importlib.metadata as md
+
+        return md.version("flashinfer-python")
+    except Exception:
+        return None
+
+
+def cleaned_homes(env: dict[str, str]) -> tuple[str, ...]:
+    """A note for each ``CUDA_HOME``/``CUDA_PATH`` that :func:`~flashinfer_sm120.core.toolkit.sources.clean_home`
+    had to change (``:/usr/local/cuda-13.0``, ``/usr/local/cuda-13.0/bin``), naming the fix."""
+    notes = []
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        val = env.get(var)
+        if not val:
+            continue
+        try:
+            cleaned = clean_home(val)
+        except Exception:  # pragma: no cover - clean_home is pure string work
+            continue
+        if cleaned != val and cleaned.rstrip("/") != val.rstrip("/"):
+            notes.append(f"{var}={val!r} is malformed; read it as {cleaned!r}. "
+                         f"Fix: export {var}={cleaned}")
+    return tuple(notes)
+
+
+def _choose(candidates: Sequence[Toolkit], specs, caps, torch_cuda, release: ReleaseInfo,
+            env: dict[str, str]) -> Choice:
+    """:func:`~flashinfer_sm120.core.toolkit.choose` with the release's minimum nvcc and the
+    other-major opt-in read from ``env``."""
+    return choose(candidates, specs, caps, torch_cuda, min_nvcc=release.min_nvcc,
+                  min_nvcc_why=release.min_nvcc_why, allow_other_major=other_major_allowed(env))
+
+
+def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | None = None,
+            release: ReleaseInfo | None = None, guard: bool = False) -> Resolution:
+    """Find the GPUs, parse the arch list, choose a toolkit and a linkable home.
+
+    Pure with respect to FlashInfer: nothing is patched.
+
+    Args:
+        env: environment to read (default ``os.environ``).
+        toolkits: candidates to choose from (``doctor`` passes every one, read);
+            default :func:`~flashinfer_sm120.core.toolkit.discover`, read lazily up to
+            the chosen one.
+        release: the FlashInfer release (default: the one loaded or installed).
+        guard: return a Resolution with ``choice=None`` and ``error`` set instead
+            of raising when no toolkit fits.
+
+    Raises:
+        flashinfer_sm120.errors.ToolkitError: no toolkit fits (unless ``guard``).
+        flashinfer_sm120.errors.ViewError: the view could not be built.
+    """
+    env = dict(os.environ if env is None else env)
+    if release is None:
+        release = release_info(flashinfer_version())
+    arch_list = env.get("FLASHINFER_CUDA_ARCH_LIST")
+    specs, arch_err = arch_specs(arch_list)
+    gq = query()
+    gpus = tuple(gq.gpus)
+    explicit = env.get("CUDA_HOME") or env.get("CUDA_PATH") or None
+    common = dict(gpus=gpus, arch_list=_for_messages(arch_list), arch_list_error=arch_err,
+                  naive_root=flashinfer_naive_root(env), explicit_home=explicit, release=release,
+                  gpu_query=gq, cleaned=cleaned_homes(env),
+                  targets_from=TargetsFrom.GPUS if specs is None else TargetsFrom.ARCH_LIST)
+    candidates = discover(env) if toolkits is None else toolkits
+    try:
+        choice = _choose(candidates, specs, [g.capability for g in gpus], torch_cuda_version(), release, env)
+    except ToolkitError as exc:
+        if not guard:
+            raise
+        return Resolution(None, None, error=str(exc), fix=getattr(exc, "fix", None), **common)
+    home = linkable_home(choice.toolkit)
+    return Resolution(choice, home, **common)

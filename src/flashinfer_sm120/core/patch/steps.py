@@ -1,0 +1,385 @@
+"""What is patched in each FlashInfer module, per state (driven by :mod:`flashinfer_sm120.core.facts.releases`).
+
+===============================  ===========================================  ==============
+module (hook)                    step                                         states
+===============================  ===========================================  ==============
+flashinfer.compilation_context   ``normalize``: ``_normalize_cuda_arch``       patched
+                                 -> our table under the chosen nvcc (only
+                                 releases that have it, 0.5.0+)
+                                 ``init``: ``CompilationContext.__init__``     patched
+                                 sets ``TARGET_CUDA_ARCHS`` from our targets
+flashinfer.jit.env               ``workspace``: ``_get_workspace_dir_name``    patched, noop
+                                 gets a per-toolkit last component
+flashinfer.jit.cpp_ext           ``toolkit``: ``get_cuda_path`` /              patched
+                                 ``get_cuda_version`` return the choice
+                                 ``nvcc_gate``: the release's guard points     all three
+                                 here (``generate_ninja_build_for_op``,
+                                 ``run_ninja``) refuse what nvcc cannot
+                                 build (guard: every build)
+flashinfer.jit.core              ``current_context``: refill                   patched
+                                 ``current_compilation_context`` in place
+                                 ``arch_check``: the guard point here          all three
+                                 (``check_cuda_arch``) raises our message
+                                 instead of "sm75 or higher"
+===============================  ===========================================  ==============
+
+A *required* step that cannot be applied (say, a renamed attribute) fails the
+whole patch, which is then rolled back; an optional one is reported as skipped
+in ``status()["steps"]`` and in the summary.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import types
+from dataclasses import dataclass
+from typing import Callable
+
+import wrapt
+from packaging.version import Version
+
+from flashinfer_sm120.core.facts import arch as _arch
+from flashinfer_sm120.errors import Sm120Error, ToolkitError
+from flashinfer_sm120.core.toolkit.policy import unbuildable
+from flashinfer_sm120.core.facts.workspace import tag_for
+from flashinfer_sm120.core.patch.state import STATE, Mode
+
+logger = logging.getLogger("flashinfer_sm120")
+
+__all__ = ["Step", "STEPS", "HOOKED_MODULES", "current_targets", "workspace_tag", "refresh_derived"]
+
+#: FlashInfer modules whose import triggers patching, in FlashInfer's import order.
+HOOKED_MODULES = (
+    "flashinfer.compilation_context",
+    "flashinfer.jit.env",
+    "flashinfer.jit.cpp_ext",
+    "flashinfer.jit.core",
+)
+
+#: functools caches that hold toolkit- or arch-derived answers, per module.
+_CACHES = {
+    "flashinfer.compilation_context": ("_nvcc_supports_sm107", "cutlass_supports_sm107"),
+    "flashinfer.jit.cpp_ext": ("get_cuda_path", "get_cuda_version"),
+    "flashinfer.jit.env": ("_cuda_architecture_for_device",),
+}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One patch step.
+
+    Attributes:
+        name: reported in ``status()["steps"]``.
+        apply: ``apply(module)``; returns ``None`` when applied, or a reason
+            string when this release needs nothing (``"not needed: ..."``); raises
+            on failure.
+        modes: the states it is applied in.
+        required: an exception fails (and rolls back) the whole patch; an optional
+            step's exception is reported as ``"skipped: ..."``.
+    """
+
+    name: str
+    apply: Callable[[types.ModuleType], str | None]
+    modes: frozenset
+    required: bool = True
+
+
+# --------------------------------------------------------------------------- targets
+
+
+def _version() -> Version:
+    return STATE.resolution.choice.version
+
+
+def current_targets() -> set[tuple[int, str]]:
+    """Targets for a new ``CompilationContext`` under the chosen toolkit.
+
+    ``FLASHINFER_CUDA_ARCH_LIST`` is re-read on every call (FlashInfer does too);
+    explicit suffixes are kept as given (the nvcc gate refuses those the toolkit
+    cannot build, before nvcc runs); garbled entries are logged once and dropped,
+    and with no usable entry the visible GPUs are used instead.
+    """
+    from flashinfer_sm120.core.patch.resolve import arch_specs
+
+    res = STATE.resolution
+    if res is None or res.choice is None:
+        return set()
+    version = res.choice.version
+    out: set[tuple[int, str]] = set()
+    specs, message = arch_specs(os.environ.get("FLASHINFER_CUDA_ARCH_LIST"))
+    if message:
+        STATE.log_once(logging.ERROR, f"flashinfer-sm120: {message}")
+    if specs is not None:
+        for spec in specs:
+            try:
+                out.add(spec.target(version))
+            except _arch.ArchNotSupported as exc:
+                STATE.log_once(logging.ERROR, f"flashinfer-sm120: {exc}")
+        return out
+    for major, minor in dict.fromkeys(g.capability for g in res.gpus):
+        try:
+            out.add(_arch.normalize(major, minor, version))
+        except _arch.ArchNotSupported as exc:
+            STATE.log_once(logging.ERROR, f"flashinfer-sm120: {exc}")
+    return out
+
+
+def workspace_tag() -> str:
+    """Last component of the JIT workspace for the chosen toolkit, e.g. ``nvcc13.0.88-1a2b3c4d``.
+
+    Fingerprints the real nvcc path, its full version and the headers' version,
+    so two toolkits never share a JIT directory and one toolkit always finds its
+    own modules again (FlashInfer keys its cache by release and arch only).
+    """
+    return tag_for(STATE.resolution.choice.toolkit)
+
+
+def guard_message() -> str:
+    """The one message a guarded JIT build raises."""
+    res = STATE.resolution
+    text = ("flashinfer-sm120 stopped this FlashInfer JIT build before nvcc ran, because no CUDA "
+            f"toolkit fits: {res.error if res is not None else STATE.error}")
+    try:  # after the real fix: the installed server's own ways around (servers.py)
+        from flashinfer_sm120.core.facts.servers import fallback_text
+
+        more = fallback_text()
+    except Exception:  # pragma: no cover - never let the message itself fail
+        more = ""
+    return f"{text}\n{more}" if more else text
+
+
+# --------------------------------------------------------------------------- wrappers
+
+
+def _normalize_wrapper(wrapped, instance, args, kwargs):
+    if STATE.mode is not Mode.PATCHED:
+        return wrapped(*args, **kwargs)
+    major, minor = (list(args) + [kwargs.get("major"), kwargs.get("minor")])[:2]
+    return _arch.normalize(int(major), int(minor), _version())
+
+
+def _init_wrapper(wrapped, instance, args, kwargs):
+    if STATE.mode is not Mode.PATCHED:
+        return wrapped(*args, **kwargs)
+    try:
+        wrapped(*args, **kwargs)
+    except Exception as exc:  # e.g. FlashInfer's own parser on a garbled arch list
+        logger.debug("FlashInfer's CompilationContext.__init__ raised %r; using our targets", exc)
+    instance.TARGET_CUDA_ARCHS = current_targets()
+
+
+def _cuda_path_wrapper(wrapped, instance, args, kwargs):
+    if STATE.mode is not Mode.PATCHED:
+        return wrapped(*args, **kwargs)
+    return STATE.resolution.home.path
+
+
+def _cuda_version_wrapper(wrapped, instance, args, kwargs):
+    if STATE.mode is not Mode.PATCHED:
+        return wrapped(*args, **kwargs)
+    return Version(str(_version()))
+
+
+def _workspace_wrapper(wrapped, instance, args, kwargs):
+    path = wrapped(*args, **kwargs)
+    if STATE.mode in (Mode.PATCHED, Mode.NOOP) and STATE.resolution is not None \
+            and STATE.resolution.choice is not None:
+        return path / workspace_tag()
+    return path
+
+
+def _nvcc_gate(wrapped, instance, args, kwargs):
+    if STATE.mode is Mode.GUARD:
+        raise ToolkitError(guard_message())
+    if STATE.mode in (Mode.PATCHED, Mode.NOOP):
+        from flashinfer_sm120.core.jitenv.toolchain import refresh_max_jobs
+
+        refresh_max_jobs()  # the memory left now, not at import: the model may have loaded since
+        bad = unbuildable(current_targets(), _version())
+        if bad:
+            tk = STATE.resolution.choice.toolkit
+            raise ToolkitError(
+                f"flashinfer-sm120 stopped this FlashInfer JIT build before nvcc ran: "
+                f"FLASHINFER_CUDA_ARCH_LIST={os.environ.get('FLASHINFER_CUDA_ARCH_LIST')!r} asks for "
+                f"targets the chosen nvcc {tk.nvcc_full} at {tk.root} cannot build: " + " ".join(bad))
+    return wrapped(*args, **kwargs)
+
+
+def _arch_check(wrapped, instance, args, kwargs):
+    if not STATE.mode.active:
+        return wrapped(*args, **kwargs)
+    try:
+        return wrapped(*args, **kwargs)
+    except RuntimeError as exc:
+        if STATE.mode is Mode.GUARD:
+            raise ToolkitError(guard_message()) from exc
+        res = STATE.resolution
+        raise Sm120Error(
+            "flashinfer-sm120: no target architecture to build for: "
+            + (f"no GPU visible ({res.gpu_query.describe() if res and res.gpu_query else 'unknown'})"
+               if res is not None and not res.gpus else "no usable target")
+            + " and FLASHINFER_CUDA_ARCH_LIST names none. Fix: set e.g. FLASHINFER_CUDA_ARCH_LIST=12.0 "
+            "(RTX 5090 / RTX PRO 6000) or 12.1 (DGX Spark)") from exc
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def _rebind(original, replacement) -> int:
+    """Point every loaded ``flashinfer`` module's name for ``original`` at
+    ``replacement`` (modules that did ``from .cpp_ext import get_cuda_version``)."""
+    n = 0
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is None or not (mod_name == "flashinfer" or mod_name.startswith("flashinfer.")):
+            continue
+        for attr, val in list(vars(mod).items()):
+            if val is original:
+                STATE.undo.set_attr(mod, attr, replacement)
+                n += 1
+    return n
+
+
+def _wrap_function(mod: types.ModuleType, name: str, wrapper) -> None:
+    original = getattr(mod, name)  # AttributeError: a required step fails
+    if isinstance(original, wrapt.FunctionWrapper) and getattr(original, "_self_wrapper", None) is wrapper:
+        return
+    wrapped = wrapt.FunctionWrapper(original, wrapper)
+    STATE.undo.set_attr(mod, name, wrapped)
+    _rebind(original, wrapped)
+
+
+def _step_normalize(mod):
+    if not STATE.resolution.release.has_normalizer:
+        return f"FlashInfer {STATE.resolution.release.version} has no _normalize_cuda_arch (era inline-a)"
+    cls = mod.CompilationContext
+    raw = vars(cls)["_normalize_cuda_arch"]
+    func = getattr(raw, "__func__", raw)
+    STATE.undo.set_attr(cls, "_normalize_cuda_arch", staticmethod(wrapt.FunctionWrapper(func, _normalize_wrapper)))
+    return None
+
+
+def _step_init(mod):
+    cls = mod.CompilationContext
+    STATE.undo.set_attr(cls, "__init__", wrapt.FunctionWrapper(vars(cls)["__init__"], _init_wrapper))
+    return None
+
+
+def _step_workspace(mod):
+    _wrap_function(mod, "_get_workspace_dir_name", _workspace_wrapper)
+    return None
+
+
+def _step_toolkit(mod):
+    _wrap_function(mod, "get_cuda_path", _cuda_path_wrapper)
+    _wrap_function(mod, "get_cuda_version", _cuda_version_wrapper)
+    return None
+
+
+def _guard(mod, wrapper):
+    """Wrap ``mod``'s JIT entry points named in the release's ``guard_points`` with ``wrapper``."""
+    release = STATE.resolution.release
+    names = [attr for m, attr in release.guard_points if m == mod.__name__]
+    if not names:
+        return f"FlashInfer {release.version} lists no guard point in {mod.__name__}"
+    for name in names:
+        _wrap_function(mod, name, wrapper)
+    return None
+
+
+def _step_nvcc_gate(mod):
+    return _guard(mod, _nvcc_gate)
+
+
+def _step_current_context(mod):
+    ctx = mod.current_compilation_context  # AttributeError: renamed -> the patch fails
+    if not hasattr(ctx, "TARGET_CUDA_ARCHS"):
+        raise AttributeError("current_compilation_context has no TARGET_CUDA_ARCHS")
+    return None
+
+
+def _step_arch_check(mod):
+    return _guard(mod, _arch_check)
+
+
+_P = frozenset({Mode.PATCHED})
+_PN = frozenset({Mode.PATCHED, Mode.NOOP})
+_ALL = frozenset({Mode.PATCHED, Mode.GUARD, Mode.NOOP})
+
+#: Steps per hooked module, in order.
+STEPS: dict[str, list[Step]] = {
+    "flashinfer.compilation_context": [Step("normalize", _step_normalize, _P),
+                                       Step("init", _step_init, _P)],
+    "flashinfer.jit.env": [Step("workspace", _step_workspace, _PN, required=False)],
+    "flashinfer.jit.cpp_ext": [Step("toolkit", _step_toolkit, _P),
+                               Step("nvcc_gate", _step_nvcc_gate, _ALL)],
+    "flashinfer.jit.core": [Step("current_context", _step_current_context, _P),
+                            Step("arch_check", _step_arch_check, _ALL)],
+}
+
+
+# --------------------------------------------------------------------------- derived state
+
+
+def _clear_caches() -> None:
+    for mod_name, names in _CACHES.items():
+        mod = sys.modules.get(mod_name)
+        for name in names:
+            clear = getattr(getattr(mod, name, None), "cache_clear", None)
+            if clear is not None:
+                clear()
+
+
+def refresh_derived() -> None:
+    """Recompute what FlashInfer derived at import from the (now current) class
+    and toolkit: caches, ``current_compilation_context.TARGET_CUDA_ARCHS`` (in
+    place) and the JIT workspace dirs.  Used after patching and after reverting."""
+    _clear_caches()
+    cc_mod = sys.modules.get("flashinfer.compilation_context")
+    core = sys.modules.get("flashinfer.jit.core")
+    env = sys.modules.get("flashinfer.jit.env")
+    if cc_mod is not None and core is not None and hasattr(core, "current_compilation_context"):
+        try:
+            fresh = cc_mod.CompilationContext().TARGET_CUDA_ARCHS
+        except Exception as exc:
+            logger.warning("flashinfer-sm120: CompilationContext() failed: %s", exc)
+            fresh = set()
+        ctx = core.current_compilation_context
+        if not isinstance(getattr(ctx, "TARGET_CUDA_ARCHS", None), set):
+            ctx.TARGET_CUDA_ARCHS = set()
+        ctx.TARGET_CUDA_ARCHS.clear()
+        ctx.TARGET_CUDA_ARCHS.update(fresh)
+    if env is not None and hasattr(env, "_get_workspace_dir_name"):
+        ws = env._get_workspace_dir_name()
+        if ws != getattr(env, "FLASHINFER_WORKSPACE_DIR", None):
+            env.FLASHINFER_WORKSPACE_DIR = ws
+            env.FLASHINFER_JIT_DIR = ws / "cached_ops"
+            env.FLASHINFER_GEN_SRC_DIR = ws / "generated"
+        if core is not None:  # flashinfer/jit/core.py creates it at import
+            _lease_workspace(str(ws))
+
+
+def _lease_workspace(ws: str) -> None:
+    """Lease the JIT workspace for this process (:mod:`flashinfer_sm120.safety.fs.lease`), then create it:
+    a ``cache prune`` that removed it while the lease was awaited leaves it to be made anew."""
+    from flashinfer_sm120.safety.fs import lease
+
+    # threat-model: P4 -- nothing of ours inside a tree another uid owns (a shared
+    # FLASHINFER_WORKSPACE_BASE whose levels they made): no lease file, no workspace directory;
+    # the JIT-directory warning (_warn_jit_dir) says why and the fix.  A lease file they planted
+    # and held exclusively is then never waited on either.  Prune never removes an entry whose
+    # lease would lie in another uid's directory (threat-model: P3, lease.foreign_place).
+    if lease.foreign_place(ws):
+        return
+    try:
+        os.makedirs(os.path.dirname(ws), exist_ok=True)
+    except OSError:
+        return
+    if not lease.hold(ws):  # threat-model: P3
+        logger.warning("flashinfer-sm120: could not take the lease %s on the JIT workspace %s: a "
+                       "'cache prune' may remove it while this process uses it", lease.lease_path(ws), ws)
+    try:
+        os.makedirs(ws, exist_ok=True)  # check, then use, under the lease
+    except OSError:
+        pass

@@ -1,0 +1,382 @@
+"""Building views: under a file lock, in ``.tmp-<pid>-*``, renamed to the first free name.
+
+See :mod:`flashinfer_sm120.core.view` for the rules; :func:`linkable_home` is the entry point.
+"""
+
+from __future__ import annotations
+
+import errno
+import glob
+import hashlib
+import json
+import logging
+import os
+import shutil
+import stat
+import tempfile
+import time
+
+import filelock
+
+from flashinfer_sm120.safety.fs.pathpolicy import path_problem
+from flashinfer_sm120.safety.fs.statedir import cache_root
+from flashinfer_sm120.errors import FormatError, ViewError
+from flashinfer_sm120.safety.formats import safe_join
+from flashinfer_sm120.safety.fs import lease
+from flashinfer_sm120.core.toolkit import Toolkit
+from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
+from flashinfer_sm120.core.toolkit.sources import site_dirs as _site_dirs
+from flashinfer_sm120.core.view import stub as _stub
+from flashinfer_sm120.core.view.meta import META_NAME, STUB, VIEW_LAYOUT, CudaHome, ViewMeta, check_view, fingerprint, owned_problem
+
+logger = logging.getLogger("flashinfer_sm120")
+
+__all__ = ["LOCK_TIMEOUT_S", "STALE_TMP_S", "MAX_VIEW_NAMES", "find_curand_include", "linkable_home", "views_dir"]
+
+#: Seconds a process waits for another to finish building a view (a build
+#: takes milliseconds; only the C-compiler fallback for the stub takes longer,
+#: at most :data:`flashinfer_sm120.core.view.stub.COMPILER_TIMEOUT_S` per compiler).
+LOCK_TIMEOUT_S = 90.0
+#: A ``.tmp-*`` build directory older than this (seconds) is abandoned even if
+#: its pid is alive (pid reuse, another PID namespace).
+STALE_TMP_S = 300.0
+#: Most views kept per toolkit (``name``, ``name.1`` ...) before asking for cleanup.
+MAX_VIEW_NAMES = 16
+
+
+def find_curand_include(toolkit: Toolkit) -> str | None:
+    """Directory holding ``curand.h``: the toolkit's own include dirs first, then
+    pip wheels (``nvidia/cu13/include``, ``nvidia/curand/include``) of the same
+    CUDA major, then ``/usr/include``.  ``None`` when there is none."""
+    dirs = list(toolkit.include_dirs)
+    major = toolkit.nvcc_version.major if toolkit.nvcc_version else 13
+    for sd in _site_dirs():
+        dirs += [os.path.join(sd, "nvidia", f"cu{major}", "include"),
+                 os.path.join(sd, "nvidia", "curand", "include")]
+    dirs.append("/usr/include")
+    for d in dirs:
+        if os.path.isfile(os.path.join(d, "curand.h")):
+            return d
+    return None
+
+
+def _missing(root: str, curand_inc: str | None) -> list[str]:
+    miss = []
+    # regular files only, links followed: ld blocks opening a FIFO (os.path.exists is true for one)
+    if not os.path.isfile(os.path.join(root, "lib64", "libcudart.so")):
+        miss.append("lib64/libcudart.so")
+    if not os.path.isfile(os.path.join(root, "lib64", "stubs", "libcuda.so")):
+        miss.append("lib64/stubs/libcuda.so")
+    if curand_inc and not os.path.isfile(os.path.join(root, "include", "curand.h")):
+        miss.append("include/curand.h")
+    return miss
+
+
+def _view_path(tmp: str, rel: str) -> str | None:
+    """``tmp/rel`` by :func:`flashinfer_sm120.safety.formats.safe_join` (every part a plain
+    name, no symlinked parent), or ``None`` for an entry whose name the grammar
+    refuses (whitespace, ``$``, ``:`` ...): it is left out of the view, which only
+    needs nvcc's own files."""
+    try:
+        return str(safe_join(tmp, rel, "CUDA_HOME view"))
+    except FormatError as exc:
+        logger.debug("flashinfer-sm120: not linking %s into the view: %s", rel, exc)
+        return None
+
+
+def _link_entries(src_dir: str, dst_dir: str) -> None:
+    for name in sorted(os.listdir(src_dir)):
+        dst = _view_path(dst_dir, name)
+        if dst is not None and not os.path.lexists(dst):
+            os.symlink(os.path.join(src_dir, name), dst)
+
+
+def _assemble(tmp: str, toolkit: Toolkit, curand_inc: str | None) -> ViewMeta:
+    """Fill the new directory ``tmp`` with the view of ``toolkit``; write its metadata last."""
+    root = toolkit.root
+    added: list[str] = []
+    for name in sorted(os.listdir(root)):
+        dst = _view_path(tmp, name)
+        if dst is not None and name not in ("include", "lib64", "lib", META_NAME):
+            os.symlink(os.path.join(root, name), dst)
+    inc = os.path.join(tmp, "include")
+    os.mkdir(inc, 0o755)
+    for d in toolkit.include_dirs:
+        _link_entries(d, inc)
+    if curand_inc and not os.path.lexists(os.path.join(inc, "curand.h")):
+        for path in sorted(glob.glob(os.path.join(curand_inc, "curand*.h"))):
+            dst = _view_path(inc, os.path.basename(path))
+            if dst is not None:
+                os.symlink(path, dst)
+        added.append("include/curand.h")
+    lib64 = os.path.join(tmp, "lib64")
+    for d in (inc, lib64, os.path.join(lib64, "stubs")):  # whatever the umask (002 is common)
+        if not os.path.isdir(d):
+            os.mkdir(d)
+        os.chmod(d, 0o755)
+    if toolkit.lib_dir:
+        _link_entries(toolkit.lib_dir, lib64)
+    cudart = os.path.join(lib64, "libcudart.so")
+    if os.path.lexists(cudart) and not os.path.isfile(cudart):
+        os.unlink(cudart)  # our link to the toolkit's FIFO, device or link loop: never handed to ld
+    if not os.path.lexists(cudart):
+        versioned = sorted(p for p in glob.glob(os.path.join(lib64, "libcudart.so.*")) if os.path.isfile(p))
+        if not versioned:
+            fix = (consistent_set_fix(toolkit.nvcc_version, "pip" in toolkit.sources) if toolkit.nvcc_version
+                   else "set CUDA_HOME to a complete toolkit")
+            raise ViewError(f"toolkit {root} has no libcudart.so* that is a regular file (the CUDA runtime "
+                            f"FlashInfer links with -lcudart; a FIFO, device or link loop would hang or fail "
+                            f"the link). Fix: {fix}")
+        os.symlink(os.path.basename(versioned[0]), os.path.join(lib64, "libcudart.so"))
+        added.append("lib64/libcudart.so")
+    stub = os.path.join(tmp, STUB)
+    sha = None
+    if toolkit.lib_dir and os.path.isfile(os.path.join(toolkit.lib_dir, "stubs", "libcuda.so")):
+        os.symlink(os.path.join(toolkit.lib_dir, "stubs", "libcuda.so"), stub)
+    else:
+        cuda_h = next((os.path.join(d, "cuda.h") for d in toolkit.include_dirs
+                       if os.path.isfile(os.path.join(d, "cuda.h"))), None)
+        sha = _stub.write_stub(stub, [toolkit.lib_dir] if toolkit.lib_dir else [], cuda_h)
+        os.chmod(stub, 0o644)  # a compiler (the fallback) writes it with the umask's mode
+        added.append(STUB)
+    meta = ViewMeta(VIEW_LAYOUT, root, toolkit.nvcc, toolkit.nvcc_full, fingerprint(toolkit.nvcc) or (),
+                    curand_inc, tuple(added), sha, os.geteuid())
+    fd = os.open(os.path.join(tmp, META_NAME), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fh.fileno(), 0o644)
+        json.dump(meta.to_json(), fh, indent=1)
+    return meta
+
+
+def _io_error(exc: OSError, directory: str, doing: str) -> ViewError:
+    """A :class:`ViewError` for an OS error that names the directory and the fix."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = (f"(the disk or your quota is full): free space in {directory} or set "
+               f"FLASHINFER_SM120_CACHE_DIR to a directory with free space")
+    else:
+        fix = ": set FLASHINFER_SM120_CACHE_DIR to a writable directory"
+    return ViewError(f"cannot {doing} in {directory}: {exc.strerror or exc} {fix}".replace(" :", ":"))
+
+
+def views_dir() -> str:
+    """``<cache root>/cuda-home``, created ``0700``; it must be a directory you own
+    that others cannot write.
+
+    Raises:
+        ViewError: it cannot be created or is not safe (message names the fix).
+        flashinfer_sm120.errors.StateFileError: no usable cache root.
+    """
+    parent = os.path.join(cache_root(), "cuda-home")
+    try:
+        os.mkdir(parent, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise _io_error(exc, os.path.dirname(parent), "create the CUDA_HOME view directory") from exc
+    try:
+        st = os.lstat(parent)
+    except OSError as exc:
+        raise _io_error(exc, parent, "read the CUDA_HOME view directory") from exc
+    bad = (f"{parent} is not a directory" if not stat.S_ISDIR(st.st_mode)
+           else owned_problem(parent, st, os.geteuid()))
+    if bad:
+        raise ViewError(f"not using the CUDA_HOME view directory: {bad}; remove it or set "
+                        f"FLASHINFER_SM120_CACHE_DIR to a directory of your own")
+    return parent
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # EPERM: exists, another user's
+    return True
+
+
+def _clean_stale(parent: str) -> None:
+    """Remove ``.tmp-*`` build dirs of dead builders (call with the lock held).
+
+    A build dir is named ``.tmp-<pid>-<random>``; it is removed when that pid is
+    gone or it is older than :data:`STALE_TMP_S`.  Only our own dirs are touched.
+    """
+    uid, now = os.geteuid(), time.time()
+    for name in os.listdir(parent):
+        if not name.startswith(".tmp-"):
+            continue
+        path = os.path.join(parent, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if st.st_uid != uid or not stat.S_ISDIR(st.st_mode):
+            continue
+        pid = name.split("-")[1] if name.count("-") >= 2 else ""
+        dead = pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
+        if dead or now - st.st_mtime > STALE_TMP_S:
+            logger.debug("removing an abandoned CUDA_HOME view build %s", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _names(parent: str, base: str) -> list[str]:
+    return [os.path.join(parent, base if i == 0 else f"{base}.{i}") for i in range(MAX_VIEW_NAMES)]
+
+
+def _adopt_existing(parent: str, base: str, toolkit: Toolkit,
+                    curand_inc: str | None) -> tuple[CudaHome | None, str | None]:
+    """First adoptable view among ``base``, ``base.1`` ...; else ``(None, first free name)``."""
+    for path in _names(parent, base):
+        if not os.path.lexists(path):
+            return None, path
+        home, why = check_view(path, toolkit, curand_inc)
+        if home is not None:
+            return home, None
+        logger.info("flashinfer-sm120: not adopting CUDA_HOME view %s: %s", path, why)
+    return None, None
+
+
+def _link_new_headers(parent: str, path: str, toolkit: Toolkit) -> None:
+    """Link headers the toolkit gained after the view was built (``pip install 'cuda-toolkit[cublas]'``
+    puts ``cublasLt.h`` into ``nvidia/cu13/include``), so that the printed fix works without a new
+    view, whose new ``cuda_home`` path would make ninja rebuild every module.  Only adds links into
+    the toolkit, which adoption accepts, and never changes what is there; problems are left to
+    nvcc's own message."""
+    inc = os.path.join(path, "include")
+    try:
+        have = set(os.listdir(inc))
+        new = [(d, n) for d in toolkit.include_dirs for n in sorted(os.listdir(d)) if n not in have]
+    except OSError:
+        return
+    if not new:
+        return
+    try:
+        with _lock(parent):
+            for d, name in new:
+                if not os.path.lexists(os.path.join(inc, name)):
+                    os.symlink(os.path.join(d, name), os.path.join(inc, name))
+    except (OSError, filelock.Timeout) as exc:
+        logger.debug("flashinfer-sm120: could not add new headers to %s: %r", path, exc)
+
+
+def _lock(parent: str) -> filelock.BaseFileLock:
+    return filelock.FileLock(os.path.join(parent, ".lock"), timeout=LOCK_TIMEOUT_S, mode=0o600)
+
+
+def linkable_home(toolkit: Toolkit) -> CudaHome:
+    """A ``CUDA_HOME`` for ``toolkit`` that FlashInfer can compile and link against.
+
+    Returns the toolkit root itself when it already has ``lib64/libcudart.so``,
+    ``lib64/stubs/libcuda.so`` and ``curand.h`` and its path can stand unquoted in
+    FlashInfer's ``build.ninja`` (:func:`flashinfer_sm120.safety.fs.pathpolicy.path_problem`: no
+    whitespace, ``$``, ``:`` ...).  Otherwise an existing view that
+    passes :func:`check_view`, or, under the ``cuda-home/.lock`` file lock, a
+    new one built in ``.tmp-<pid>-*`` and renamed to the first free name.  Safe
+    with many processes at once: one builds, the others wait (at most
+    :data:`LOCK_TIMEOUT_S` seconds) and adopt the same view.
+
+    Raises:
+        ViewError: the cache directory is not writable or full, the toolkit has
+            no ``libcudart.so*``, the lock was not obtained in time, or too many
+            damaged views exist (each message names the path and the fix).
+        flashinfer_sm120.errors.StateFileError: no usable cache root.
+    """
+    curand_inc = find_curand_include(toolkit)
+    unsafe = path_problem(toolkit.root, "the toolkit path")
+    if not _missing(toolkit.root, curand_inc) and unsafe is None:
+        return CudaHome(toolkit.root, toolkit.root, False, (), curand_inc)
+    if unsafe:  # FlashInfer writes cuda_home unquoted into build.ninja: hand it a view instead
+        logger.info("flashinfer-sm120: %s; using a CUDA_HOME view under the cache directory instead", unsafe)
+    key = hashlib.sha256(json.dumps([VIEW_LAYOUT, toolkit.root, toolkit.nvcc, fingerprint(toolkit.nvcc),
+                                     curand_inc]).encode()).hexdigest()[:12]
+    version = toolkit.nvcc_full or "x"  # the canonical form of a parsed Version (Toolkit guarantees it)
+    base = f"cuda-{version}-{key}"
+    parent = views_dir()
+    home, _ = _adopt_existing(parent, base, toolkit, curand_inc)  # fast path: views never change
+    if home is not None and _leased(home, toolkit, curand_inc):
+        if any(n.startswith(".tmp-") for n in os.listdir(parent)):
+            _clean_if_free(parent)
+        _link_new_headers(parent, home.path, toolkit)
+        return home
+    try:
+        with _lock(parent):
+            home = _build_locked(parent, base, toolkit, curand_inc)
+            # threat-model: P3 -- leased before the builder lock goes: cache prune removes views
+            # only while it holds that lock, so the view cannot go between its check and the lease
+            if not lease.hold(home.path):
+                raise ViewError(_lease_problem(home.path))
+            return home
+    except filelock.Timeout as exc:
+        raise ViewError(f"waited {LOCK_TIMEOUT_S:.0f} s for another process building a CUDA_HOME view "
+                        f"(lock {exc.lock_file}); if none is running, remove that file") from exc
+    except OSError as exc:  # the lock file itself (disk full, read-only)
+        raise _io_error(exc, parent, "take the CUDA_HOME view lock") from exc
+
+
+def _leased(home: CudaHome, toolkit: Toolkit, curand_inc: str | None) -> bool:
+    """Lease ``home`` for this process, then check it again: a ``cache prune`` may have removed it
+    between the first check and the lease (it holds the lease while it removes).  ``False``: it is
+    gone or no longer adoptable now; build or adopt another under the builder lock."""
+    # threat-model: P3 -- check, then use, under the lease
+    if not lease.hold(home.path):
+        return False
+    again, why = check_view(home.path, toolkit, curand_inc)
+    if again is None:
+        logger.info("flashinfer-sm120: CUDA_HOME view %s went while it was chosen (%s)", home.path, why)
+        lease.release(home.path)
+        return False
+    return True
+
+
+def _lease_problem(path: str) -> str:
+    return (f"cannot take the lease {lease.lease_path(path)} on the CUDA_HOME view {path} (a 'cache prune' "
+            f"held it for {lease.WAIT_S:.0f} s, or the file cannot be created there): without it a prune "
+            f"could remove the view while this process uses it. Fix: let the prune finish, or set "
+            f"FLASHINFER_SM120_CACHE_DIR to a directory of your own")
+
+
+def _clean_if_free(parent: str) -> None:
+    try:
+        with filelock.FileLock(os.path.join(parent, ".lock"), timeout=0, mode=0o600):
+            _clean_stale(parent)
+    except (filelock.Timeout, OSError):
+        pass  # someone is building: they clean up
+
+
+def _build_locked(parent: str, base: str, toolkit: Toolkit, curand_inc: str | None) -> CudaHome:
+    _clean_stale(parent)
+    home, free = _adopt_existing(parent, base, toolkit, curand_inc)
+    if home is not None:
+        return home
+    if free is None:
+        raise ViewError(f"{MAX_VIEW_NAMES} damaged CUDA_HOME views {os.path.join(parent, base)}*: remove them "
+                        f"(rm -r {os.path.join(parent, base)}*) when no process uses them")
+    try:
+        tmp = tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-", dir=parent)
+    except OSError as exc:
+        raise _io_error(exc, parent, "create the CUDA_HOME view") from exc
+    try:
+        os.chmod(tmp, 0o755)
+        meta = _assemble(tmp, toolkit, curand_inc)
+        while True:
+            try:
+                os.rename(tmp, free)  # free does not exist, and only lock holders create views...
+                break
+            except OSError as exc:  # ...unless a builder without the lock (an older release) raced us
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                home, free = _adopt_existing(parent, base, toolkit, curand_inc)
+                if home is not None or free is None:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    if home is not None:
+                        return home
+                    raise ViewError(f"too many damaged CUDA_HOME views {os.path.join(parent, base)}*") from exc
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _io_error(exc, parent, "build the CUDA_HOME view") from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("flashinfer-sm120: assembled CUDA_HOME view %s for %s (added: %s)", free, toolkit.root,
+                ", ".join(meta.added) or "nothing")
+    return CudaHome(free, toolkit.root, True, meta.added, curand_inc)

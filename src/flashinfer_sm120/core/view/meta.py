@@ -1,0 +1,226 @@
+"""The view format: its metadata (:class:`ViewMeta`) and the check before adoption (:func:`check_view`).
+
+Nothing here writes; :mod:`.build` assembles views in this format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+
+from flashinfer_sm120.safety.fs.statefiles import read_json
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.formats import field, parse_version, shown, some
+from flashinfer_sm120.core.toolkit import Toolkit
+
+__all__ = ["VIEW_LAYOUT", "META_NAME", "ADDED_ITEMS", "STUB", "DIRS", "REQUIRED", "CudaHome", "ViewMeta",
+           "check_view", "fingerprint", "owned_problem"]
+
+#: Bumped whenever the view layout or metadata changes, so old views are not reused.
+VIEW_LAYOUT = 2
+#: The metadata file in every view.
+META_NAME = "flashinfer_sm120_view.json"
+#: What a view may add to its toolkit.
+ADDED_ITEMS = ("lib64/libcudart.so", "lib64/stubs/libcuda.so", "include/curand.h")
+#: Where the ``libcuda.so`` link stub lives in a view (FlashInfer's ``-L$cuda_home/lib64/stubs``).
+STUB = "lib64/stubs/libcuda.so"
+#: The real directories of a view ("" is the view itself); every other entry is a symlink.
+DIRS = ("", "include", "lib64", "lib64/stubs")
+#: What FlashInfer's build lines need from ``$cuda_home``.
+REQUIRED = ("bin/nvcc", "include/cuda_runtime_api.h", "lib64/libcudart.so", STUB)
+
+
+@dataclass(frozen=True)
+class CudaHome:
+    """What ``CUDA_HOME`` is set to for FlashInfer.
+
+    Attributes:
+        path: the directory FlashInfer gets as ``CUDA_HOME`` (absolute).
+        toolkit_root: the real toolkit behind it.
+        is_view: ``True`` when ``path`` is an assembled view of symlinks.
+        added: what the view supplies that the toolkit lacks, e.g.
+            ``("lib64/libcudart.so", "lib64/stubs/libcuda.so", "include/curand.h")``.
+        curand_include: where ``curand.h`` comes from, or ``None`` if nowhere
+            (FlashInfer's sampling module will then fail to compile).
+    """
+
+    path: str
+    toolkit_root: str
+    is_view: bool
+    added: tuple[str, ...]
+    curand_include: str | None
+
+    def to_dict(self) -> dict:
+        """JSON-ready form."""
+        return {"path": self.path, "toolkit_root": self.toolkit_root, "is_view": self.is_view,
+                "added": list(self.added), "curand_include": self.curand_include}
+
+
+@dataclass(frozen=True)
+class ViewMeta:
+    """The metadata of a view (``flashinfer_sm120_view.json``).
+
+    Attributes:
+        layout: :data:`VIEW_LAYOUT` when written.
+        toolkit: the real toolkit root the view's links point into.
+        nvcc: real path of that toolkit's nvcc.
+        nvcc_full: its full version, e.g. ``"13.0.88"``, or ``None``.
+        nvcc_fingerprint: ``(st_dev, st_ino, st_size, st_mtime_ns)`` of ``nvcc``.
+        curand_include: directory the ``curand*.h`` links point into, or ``None``.
+        added: what the view adds, a subset of :data:`ADDED_ITEMS`.
+        stub_sha256: SHA-256 of our ``lib64/stubs/libcuda.so``, or ``None``
+            when that entry is a link to the toolkit's own stub.
+        owner_uid: the uid that built it.
+    """
+
+    layout: int
+    toolkit: str
+    nvcc: str
+    nvcc_full: str | None
+    nvcc_fingerprint: tuple[int, ...]
+    curand_include: str | None
+    added: tuple[str, ...]
+    stub_sha256: str | None
+    owner_uid: int
+
+    def to_json(self) -> dict:
+        """The JSON object written to disk."""
+        return {"layout": self.layout, "toolkit": self.toolkit, "nvcc": self.nvcc, "nvcc_full": self.nvcc_full,
+                "nvcc_fingerprint": list(self.nvcc_fingerprint), "curand_include": self.curand_include,
+                "added": list(self.added), "stub_sha256": self.stub_sha256, "owner_uid": self.owner_uid}
+
+    @classmethod
+    def from_json(cls, data: object, source: str = META_NAME) -> tuple[ViewMeta | None, str | None]:
+        """Validate a decoded metadata object (:mod:`flashinfer_sm120.safety.formats` typed
+        fields): ``(meta, None)`` or ``(None, what is wrong)``, the value quoted cut short."""
+        types = {"layout": int, "toolkit": str, "nvcc": str, "nvcc_full": (str, type(None)),
+                 "nvcc_fingerprint": list, "curand_include": (str, type(None)), "added": list,
+                 "stub_sha256": (str, type(None)), "owner_uid": int}
+        try:
+            if not isinstance(data, dict):
+                return None, f"is a JSON {type(data).__name__}, not an object"
+            if set(data) != set(types):
+                return None, f"has keys {some(sorted(map(str, data)), 12)}, expected {sorted(types)}"
+            got = {k: field(data, k, kind, source, max_len=4096) for k, kind in types.items()}
+            fp, added = got["nvcc_fingerprint"], got["added"]
+            if len(fp) != 4 or not all(isinstance(x, int) and not isinstance(x, bool) for x in fp):
+                return None, f"has nvcc_fingerprint={shown(fp, 60)}, expected 4 integers"
+            if not all(isinstance(a, str) and a in ADDED_ITEMS for a in added):
+                return None, f"has added={shown(added, 80)}, expected items of {list(ADDED_ITEMS)}"
+            if got["nvcc_full"] is not None:
+                got["nvcc_full"] = str(parse_version(got["nvcc_full"], source))
+        except FormatError as exc:
+            return None, str(exc)
+        return cls(got["layout"], got["toolkit"], got["nvcc"], got["nvcc_full"], tuple(fp),
+                   got["curand_include"], tuple(added), got["stub_sha256"], got["owner_uid"]), None
+
+
+def fingerprint(path: str) -> tuple[int, ...] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _inside(path: str, roots: list[str]) -> bool:
+    return any(r and (path == r or path.startswith(r.rstrip("/") + "/")) for r in roots)
+
+
+def owned_problem(path: str, st: os.stat_result, uid: int) -> str | None:
+    if st.st_uid != uid:
+        return f"{path} is owned by uid {st.st_uid}, not you (uid {uid})"
+    if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by other users (mode {stat.filemode(st.st_mode)})"
+    return None
+
+
+def _walk_problem(path: str, meta: ViewMeta, roots: list[str], uid: int) -> str | None:
+    """Ownership, entry kinds and link targets of every entry of the view."""
+    files = {META_NAME} | ({STUB} if meta.stub_sha256 else set())
+    for rel_dir in DIRS:
+        d = os.path.join(path, rel_dir) if rel_dir else path
+        try:
+            st = os.lstat(d)
+            names = os.listdir(d)
+        except OSError as exc:
+            return f"{d} cannot be read ({exc.strerror})"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{d} is not a directory"
+        bad = owned_problem(d, st, uid)
+        if bad:
+            return bad
+        for name in names:
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            entry = os.path.join(d, name)
+            try:
+                est = os.lstat(entry)
+            except OSError as exc:
+                return f"{entry} cannot be read ({exc.strerror})"
+            bad = owned_problem(entry, est, uid)
+            if bad:
+                return bad
+            if stat.S_ISLNK(est.st_mode):
+                try:
+                    target = os.path.normpath(os.path.join(d, os.readlink(entry)))
+                except OSError as exc:
+                    return f"{entry} cannot be read ({exc.strerror})"
+                if not _inside(target, roots):
+                    return f"{entry} points to {target}, outside the toolkit {meta.toolkit}"
+            elif stat.S_ISDIR(est.st_mode) and rel in DIRS:
+                continue
+            elif not (stat.S_ISREG(est.st_mode) and rel in files):
+                return f"{entry} is not a symlink into the toolkit (unexpected {stat.filemode(est.st_mode)})"
+    return None
+
+
+def check_view(path: str, toolkit: Toolkit, curand_inc: str | None) -> tuple[CudaHome | None, str | None]:
+    """Decide whether the view at ``path`` may be adopted for ``toolkit``.
+
+    Args:
+        path: the view directory.
+        toolkit: the toolkit it must be a view of.
+        curand_inc: the curand include dir it must use (:func:`find_curand_include`).
+
+    Returns:
+        ``(CudaHome, None)`` when it may be adopted, else ``(None, reason)``
+        (``reason`` names the offending file).  Never raises for bad content.
+    """
+    uid = os.geteuid()
+    meta_path = os.path.join(path, META_NAME)
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return None, f"{path} cannot be read ({exc.strerror})"
+    if not stat.S_ISDIR(st.st_mode):
+        return None, f"{path} is not a directory"
+    data, problem = read_json(meta_path, max_bytes=64 << 10)
+    if data is None:
+        return None, problem or f"{meta_path} is missing"
+    meta, problem = ViewMeta.from_json(data, meta_path)
+    if meta is None:
+        return None, problem if problem.startswith(meta_path) else f"{meta_path} {problem}"
+    want = {"layout": VIEW_LAYOUT, "toolkit": toolkit.root, "nvcc": toolkit.nvcc,
+            "nvcc_fingerprint": fingerprint(toolkit.nvcc), "curand_include": curand_inc, "owner_uid": uid}
+    for key, value in want.items():
+        if getattr(meta, key) != value:
+            return None, (f"{meta_path} has {key}={shown(getattr(meta, key))}, this toolkit needs "
+                          f"{shown(value)}")
+    roots = [toolkit.root, *toolkit.include_dirs, toolkit.lib_dir or "", curand_inc or "", path]
+    problem = _walk_problem(path, meta, roots, uid)
+    if problem:
+        return None, problem
+    for rel in REQUIRED:
+        if not os.path.exists(os.path.join(path, rel)):
+            return None, f"{os.path.join(path, rel)} is missing"
+    if meta.stub_sha256:
+        try:
+            with open(os.path.join(path, STUB), "rb") as fh:
+                digest = hashlib.sha256(fh.read(8 << 20)).hexdigest()
+        except OSError as exc:
+            return None, f"{os.path.join(path, STUB)} cannot be read ({exc.strerror})"
+        if digest != meta.stub_sha256:
+            return None, f"{os.path.join(path, STUB)} was changed after the view was built"
+    return CudaHome(path, toolkit.root, True, meta.added, curand_inc), None

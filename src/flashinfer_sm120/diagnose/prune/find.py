@@ -1,0 +1,267 @@
+"""Finding the views and JIT workspaces in the cache roots, and why each may go (see
+:mod:`flashinfer_sm120.diagnose.prune`).  Nothing here writes or takes a lock."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.fs.statedir import cache_root, home_dir
+from flashinfer_sm120.core.facts.workspace import tag_for
+
+__all__ = ["Entry", "DAY", "size_of", "home", "fi_roots", "views_dir", "times", "scan_views", "workspaces", "scan_jit"]
+
+_TAG_RE = re.compile(r"^nvcc[0-9][0-9.]*-[0-9a-f]{8}$")
+_FI_INCLUDE_RE = re.compile(r"-isystem (\S+/flashinfer)/data/include(?:\s|$)")
+DAY = 86400.0
+
+
+@dataclasses.dataclass
+class Entry:
+    """One view or JIT workspace: ``reason`` says why it may go (``None``: current),
+    ``kept`` why it stays although it may go."""
+
+    kind: str
+    path: str
+    root: str
+    remove: list[str]
+    bytes: int = 0
+    last_used: float | None = None
+    reason: str | None = None
+    kept: str | None = None
+    locks: list[str] = dataclasses.field(default_factory=list)
+    cuda_home: str | None = None
+    removed: bool = False
+    error: str | None = None
+
+
+def size_of(path: str) -> int:
+    """Bytes on disk under ``path`` (blocks, links not followed)."""
+    from flashinfer_sm120.diagnose.prune.tree import walk_tree
+
+    total = 0
+    for root, dirs, files in walk_tree(path):  # os.walk recursed per level before Python 3.12
+        for n in dirs + files:
+            try:
+                total += os.lstat(os.path.join(root, n)).st_blocks * 512
+            except OSError:
+                pass
+    try:
+        total += os.lstat(path).st_blocks * 512
+    except OSError:
+        pass
+    return total
+
+
+def home() -> str:
+    """``$HOME``, else the passwd entry's home (:func:`flashinfer_sm120.safety.fs.statedir.home_dir`), else ``/``."""
+    return home_dir() or "/"
+
+
+def fi_roots() -> list[str]:
+    """FlashInfer's cache roots that exist, real paths, without repeats."""
+    base = os.environ.get("FLASHINFER_WORKSPACE_BASE") or home()
+    sg = (os.environ.get("SGLANG_CACHE_DIR")
+          or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(home(), ".cache"), "sglang"))
+    out = []
+    for r in (os.path.join(base, ".cache", "flashinfer"), os.path.join(sg, ".cache", "flashinfer")):
+        if os.path.isdir(r) and os.path.realpath(r) not in out:
+            out.append(os.path.realpath(r))
+    return out
+
+
+def views_dir() -> str | None:
+    try:
+        d = os.path.join(cache_root(), "cuda-home")
+    except Exception:
+        return None
+    return d if os.path.isdir(d) and not os.path.islink(d) else None
+
+
+def times(paths) -> float | None:
+    best = None
+    for p in paths:
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        t = max(st.st_atime, st.st_mtime)
+        best = t if best is None else max(best, t)
+    return best
+
+
+
+# ----------------------------------------------------------------------------- views
+
+
+def _unreadable(ent: Entry, exc: OSError) -> Entry:
+    """``ent`` kept: it cannot be read (another user's, or removed meanwhile by another prune)."""
+    ent.kept = f"cannot be read ({exc.strerror or exc}): never removed"
+    return ent
+
+
+def scan_views(views: str) -> list[Entry]:
+    out = []
+    try:
+        found = sorted(os.scandir(views), key=lambda e: e.name)
+    except OSError:
+        return out
+    for e in found:
+        if e.name.startswith("."):
+            continue  # the lock and builders' .tmp-* directories (the builder cleans those)
+        ent = Entry("view", e.path, views, [e.path])
+        out.append(ent)
+        try:
+            _scan_view(e, ent)
+        except OSError as exc:
+            _unreadable(ent, exc)
+    return out
+
+
+def _scan_view(e: os.DirEntry, ent: Entry) -> None:
+    from flashinfer_sm120.core.view.meta import META_NAME, STUB, VIEW_LAYOUT, ViewMeta, fingerprint
+
+    if e.is_symlink() or not e.is_dir(follow_symlinks=False):
+        ent.kept = "not a directory of ours (a symlink or a file): never followed or removed"
+        return
+    ent.last_used = times([os.path.join(e.path, STUB), e.path])
+    try:
+        meta, problem = ViewMeta.from_json(formats.read_json_file(os.path.join(e.path, META_NAME), 64 << 10,
+                                                                  follow=False))
+    except formats.FormatError as exc:
+        meta, problem = None, str(exc)
+    if meta is None:
+        ent.reason = f"damaged ({problem}): never adopted again"
+    elif meta.layout != VIEW_LAYOUT:
+        ent.reason = f"layout {meta.layout} of an older flashinfer-sm120: never adopted again"
+    elif not os.path.isfile(meta.nvcc):
+        ent.reason = f"its toolkit is gone ({meta.nvcc} no longer exists)"
+    elif fingerprint(meta.nvcc) != meta.nvcc_fingerprint:
+        ent.reason = f"its toolkit changed ({meta.nvcc} was replaced since the view was built)"
+    elif meta.curand_include and not os.path.isdir(meta.curand_include):
+        ent.reason = f"its curand headers are gone ({meta.curand_include})"
+
+
+# ----------------------------------------------------------------------------- JIT workspaces
+
+
+def workspaces(root: str, depth: int = 5) -> list[str]:
+    """Directories under ``root`` that hold ``cached_ops`` (links not followed)."""
+    found, todo = [], [(root, 0)]
+    while todo:
+        d, level = todo.pop()
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            if not e.is_dir(follow_symlinks=False) or e.name in ("generated", "tmp"):
+                continue
+            if e.name == "cached_ops":
+                if d != root:
+                    found.append(d)
+            elif level < depth:
+                todo.append((e.path, level + 1))
+    return sorted(found)
+
+
+def installed_flashinfer(pkg: str) -> str | None:
+    """Version of the FlashInfer distribution installed in ``pkg``'s site directory."""
+    import importlib.metadata as md
+
+    for dist in md.distributions(path=[os.path.dirname(pkg)]):
+        if (dist.metadata.get("Name") or "").lower().replace("_", "-") == "flashinfer-python":
+            return dist.version
+    return None
+
+
+def workspace_reason(ws: str, ops: str, rel: list[str], ent: Entry) -> str | None:
+    ninja_vars = None
+    for e in sorted(os.scandir(ops), key=lambda e: e.name):
+        f = os.path.join(e.path, "build.ninja")
+        if e.name != "tmp" and e.is_dir(follow_symlinks=False) and os.path.isfile(f):
+            try:
+                ninja_vars = formats.ninja_variables(formats.read_text(f, 4 << 20, follow=False), f)
+                break
+            except formats.FormatError:
+                continue
+    version = None
+    if "." in rel[0]:  # a release (0.7.4); arch directories (90a, 120f) of older layouts have no dot
+        try:
+            version = formats.parse_version(rel[0], ws)
+        except formats.FormatError:
+            pass
+    if ninja_vars is None:
+        here = current_flashinfer()
+        if version and (here is None or version_of(here) != version):
+            return f"no module built, and FlashInfer {version} is not installed here ({here or 'none'})"
+        return None
+    home = ninja_vars.get("cuda_home") or ""
+    ent.cuda_home = home or None
+    m = _FI_INCLUDE_RE.search(ninja_vars.get("common_cflags", ""))
+    if m:
+        pkg = m.group(1)
+        if not os.path.isdir(pkg):
+            return f"the FlashInfer that built it is gone ({pkg})"
+        now = installed_flashinfer(pkg)
+        if version and now and version_of(now) != version:
+            return f"FlashInfer {version} is no longer installed ({pkg} now holds {now})"
+    if home and not os.path.isfile(os.path.join(home, "bin", "nvcc")):
+        return f"its toolkit is gone ({home}/bin/nvcc no longer exists)"
+    tag = rel[-1]
+    if home and _TAG_RE.match(tag):
+        from flashinfer_sm120.core.toolkit import inspect
+
+        real = os.path.realpath(os.path.join(home, "bin", "nvcc"))
+        tk = inspect(os.path.dirname(os.path.dirname(real)))
+        if tk.nvcc and tag_for(tk) != tag:
+            return f"its toolkit changed ({tag} was built by an nvcc that is now {tag_for(tk)})"
+    return None
+
+
+def version_of(text: str):
+    try:
+        return formats.parse_version(text, "the installed FlashInfer's metadata")
+    except formats.FormatError:
+        return None
+
+
+def current_flashinfer() -> str | None:
+    import importlib.metadata as md
+
+    try:
+        return md.version("flashinfer-python")
+    except md.PackageNotFoundError:
+        return None
+
+
+def scan_jit(root: str) -> list[Entry]:
+    out = []
+    for ws in workspaces(root):
+        try:
+            out.append(_scan_workspace(root, ws))
+        except OSError as exc:  # another user's, or removed meanwhile by another prune
+            out.append(_unreadable(Entry("jit", ws, root, [ws]), exc))
+    return out
+
+
+def _scan_workspace(root: str, ws: str) -> Entry:
+    ops = os.path.join(ws, "cached_ops")
+    names = set(os.listdir(ws))
+    remove = [ws] if names <= {"cached_ops", "generated"} else [
+        os.path.join(ws, n) for n in ("cached_ops", "generated") if n in names]
+    ent = Entry("jit", ws, root, remove)
+    sos, locks = [], []
+    for e in os.scandir(ops):
+        if e.name == "tmp" and e.is_dir(follow_symlinks=False):
+            locks = sorted(os.path.join(e.path, n) for n in os.listdir(e.path) if n.endswith(".lock"))
+        elif e.is_dir(follow_symlinks=False):
+            sos.append(os.path.join(e.path, f"{e.name}.so"))
+    ent.locks = locks
+    ent.last_used = times(sos + locks) or times([ops])
+    ent.reason = workspace_reason(ws, ops, os.path.relpath(ws, root).split(os.sep), ent)
+    return ent
+
+

@@ -1,0 +1,265 @@
+"""``doctor``'s conclusions, as data: a verdict, what FlashInfer alone would do, and findings.
+
+Read from the report of :func:`flashinfer_sm120.diagnose.verify.report.collect` (and its sections); only
+:mod:`flashinfer_sm120.cli.doctor` turns them into lines.  Branch on :class:`Level` and
+:attr:`Finding.code`, never on the text.
+
+To add a warning: write ``def _check_x(report) -> Iterable[Finding]`` here (or in the domain module
+the fact belongs to) and add it to :data:`CHECKS`; one line.  A finding of level
+:attr:`Level.PROBLEM` makes the verdict PROBLEM (and ``doctor`` exit 1); the first problem is the
+verdict line.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+from flashinfer_sm120.safety.formats import plural, shown
+
+__all__ = ["Level", "Finding", "Alone", "Diagnosis", "CHECKS", "diagnose", "alone"]
+
+
+class Level(str, enum.Enum):
+    """How much a finding matters: a PROBLEM means FlashInfer's JIT builds will fail."""
+
+    PROBLEM = "problem"
+    WARNING = "warning"
+    NOTE = "note"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing ``doctor`` found.
+
+    Attributes:
+        level: see :class:`Level`.
+        code: a stable name (``no-targets``, ``guard``...) for scripts and tests.
+        text: what is wrong, one sentence, no trailing period.
+        fix: what to do, or ``None``.
+    """
+
+    level: Level
+    code: str
+    text: str
+    fix: str | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-ready form."""
+        return {"level": self.level.value, "code": self.code, "text": self.text, "fix": self.fix}
+
+
+@dataclass(frozen=True)
+class Alone:
+    """What unpatched FlashInfer would do here: ``works`` is ``None`` when it was not checked."""
+
+    works: bool | None
+    why: str
+    cuda_home: str | None = None
+    cuda_version: str | None = None
+    targets: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        """JSON-ready form."""
+        return {"works": self.works, "why": self.why, "cuda_home": self.cuda_home,
+                "cuda_version": self.cuda_version, "targets": list(self.targets)}
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The verdict: ``ok`` when no finding is a problem; what is built with which nvcc."""
+
+    findings: tuple[Finding, ...]
+    alone: Alone
+    targets: tuple[str, ...] = ()
+    nvcc: str | None = None
+    root: str | None = None
+    problems: tuple[Finding, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "problems", tuple(f for f in self.findings if f.level is Level.PROBLEM))
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict:
+        """JSON-ready form."""
+        return {"ok": self.ok, "targets": list(self.targets), "nvcc": self.nvcc, "root": self.root,
+                "alone": self.alone.to_dict(), "findings": [f.to_dict() for f in self.findings]}
+
+
+def _choice(report: dict) -> dict:
+    return ((report.get("resolution") or {}).get("choice")) or {}
+
+
+def _check_workspace(report: dict) -> Iterable[Finding]:
+    """Root with another user's ``HOME`` (``sudo -E``): importing FlashInfer would create its JIT
+    cache in that user's tree, so it was not imported (``report["workspace_foreign"]``).  threat-model: P4"""
+    ft = report.get("workspace_foreign")
+    if ft:
+        yield Finding(Level.PROBLEM, "workspace-foreign-tree", f"FlashInfer was not imported: its JIT cache "
+                      f"{ft['path']} would be created inside {ft['top']}, owned by uid {ft['owner']}, as uid "
+                      f"{ft['uid']}, and that user's own tools could not write it",
+                      f"run as uid {ft['owner']} (sudo -u), keep your own home (sudo -H instead of sudo -E), or "
+                      f"set FLASHINFER_WORKSPACE_BASE to a directory of your own")
+
+
+def _check_installed(report: dict) -> Iterable[Finding]:
+    if not report.get("flashinfer_installed"):
+        yield Finding(Level.PROBLEM, "flashinfer-missing", f"FlashInfer is not installed for {report.get('python')}",
+                      "pip install flashinfer-python")
+    elif not (report.get("release") or {}).get("supported", True):
+        yield Finding(Level.PROBLEM, "release-unsupported", str(report["release"].get("reason")))
+
+
+def _check_choice(report: dict) -> Iterable[Finding]:
+    if report.get("guard"):
+        yield Finding(Level.PROBLEM, "guard", "no CUDA toolkit found here can build for these GPUs; FlashInfer's "
+                      "JIT builds will raise the full message (doctor --verbose shows it)", report.get("fix"))
+    elif "resolution" not in report and report.get("resolution_error"):
+        yield Finding(Level.PROBLEM, "resolution-failed", str(report["resolution_error"]))
+    elif "resolution" in report and not _choice(report).get("targets"):
+        res = report["resolution"]
+        if res.get("arch_list_error"):
+            yield Finding(Level.PROBLEM, "no-targets", f"no targets: {res['arch_list_error']}",
+                          "give compute capabilities, e.g. doctor --arch 12.0")
+        else:
+            yield Finding(Level.PROBLEM, "no-targets", "no targets: no GPU visible and no FLASHINFER_CUDA_ARCH_LIST, "
+                          "so nothing can be built", "doctor --arch 12.0 (build --arch for the image; "
+                          "FLASHINFER_CUDA_ARCH_LIST=12.0 for a server)")
+    if "resolution" in report:
+        res = report["resolution"]
+        if res.get("arch_list_error") and _choice(report).get("targets"):
+            yield Finding(Level.WARNING, "arch-list", res["arch_list_error"])
+        if not (res.get("cuda_home") or {}).get("curand_include"):
+            yield Finding(Level.WARNING, "no-curand", "no curand.h in the chosen toolkit: sampling kernels will not "
+                          "compile", "pip install 'nvidia-curand' matching the toolkit, or a full CUDA toolkit")
+    for note in report.get("cleaned") or ():
+        yield Finding(Level.WARNING, "cuda-home-cleaned", note)
+
+
+def _check_after(report: dict) -> Iterable[Finding]:
+    after = report.get("after") or {}
+    st = after.get("status") or {}
+    if report.get("disabled"):
+        yield Finding(Level.WARNING, "disabled", "FLASHINFER_SM120_DISABLE is set: nothing is patched; this report "
+                      "says what flashinfer-sm120 would do", "unset FLASHINFER_SM120_DISABLE")
+    elif report.get("workspace_foreign"):
+        return  # not imported on purpose (_check_workspace)
+    elif report.get("flashinfer_installed") and "error" in after and st.get("mode") != "guard":
+        yield Finding(Level.PROBLEM, "import-failed", f"importing FlashInfer with flashinfer-sm120 failed: "
+                      f"{after['error']}")
+    elif st.get("mode") == "failed" and st.get("error") and not report.get("guard"):
+        yield Finding(Level.PROBLEM, "patch-failed", str(st["error"]))
+
+
+def _check_sections(report: dict) -> Iterable[Finding]:
+    ninja = report.get("ninja") or {}
+    if "error" in ninja and "candidates" in ninja:
+        yield Finding(Level.PROBLEM, "no-ninja", str(ninja["error"]))
+    chosen = ninja.get("chosen") or {}
+    for n in ninja.get("conflicts") or ():
+        yield Finding(Level.WARNING, "ninja-conflict", f"{n['path']} (ninja {n['version']}) is reachable too and "
+                      f"rebuilds every module {chosen.get('path')} built, and the other way round",
+                      "remove one, or 'flashinfer-sm120 enable' so every server runs the same one")
+    inv = report.get("inventory") or {}
+    if inv.get("problems"):
+        yield Finding(Level.WARNING, "unrunnable-modules", f"{plural(inv['problems'], 'built module holds', 'built modules hold')} no code a GPU "
+                      f"here can run", "rebuild them for these GPUs (flashinfer-sm120 build)")
+    for key in ("ninja", "servers", "inventory", "caches", "builds"):
+        if "error" in (report.get(key) or {}) and not (key == "ninja" and "candidates" in report[key]):
+            yield Finding(Level.NOTE, "section-error", f"{key} could not be checked ({report[key]['error']})")
+    smoke = report.get("smoke")
+    if smoke and not smoke.get("ok"):
+        yield Finding(Level.PROBLEM, "smoke-failed", f"the smoke check failed at step '{smoke.get('failed')}'")
+
+
+def _check_toolkits(report: dict) -> Iterable[Finding]:
+    """A toolkit whose version file disagrees with its nvcc (``Toolkit.disagreement``): the binary's
+    answer is used (threat-model: P1), but the install is mixed."""
+    for c in report.get("candidates") or ():
+        d = c.get("disagreement")
+        if d:
+            yield Finding(Level.WARNING, "version-disagreement", f"{c.get('root')}: {d['file']} says CUDA "
+                          f"{d['file_version']}, but {d['nvcc']} --version says {d['nvcc_version']} (the nvcc's "
+                          f"version is the one used)", "reinstall that toolkit as one set (its files come from "
+                          "different releases), or remove the stale version file")
+
+
+def _check_build_line(report: dict) -> Iterable[Finding]:
+    """FlashInfer variables that change every build line, modules warmed with other values
+    (:mod:`flashinfer_sm120.core.facts.buildline`), and the targets each installed server sets itself
+    (:mod:`flashinfer_sm120.core.facts.serverarch`): the ``build_line`` section of the report."""
+    section = report.get("build_line") or {}
+    for s in section.get("set") or ():
+        value = s["value"] if len(s["value"]) <= 80 and s["value"].isprintable() else shown(s["value"], 80)
+        yield Finding(Level.WARNING, "build-line-variable", f"{s['name']}={value} changes every "
+                      f"build line ({s['enters']}): the warm cache will be rebuilt",
+                      f"unset {s['name']}, or warm the cache with it set (flashinfer-sm120 build)")
+    stale = section.get("stale") or {}
+    if stale:
+        names = sorted({c["name"] for changed in stale.values() for c in changed})
+        yield Finding(Level.WARNING, "build-line-stale", f"{plural(len(stale), 'built module was', 'built modules were')} "
+                      f"built with other values of {', '.join(names)}: FlashInfer will rebuild "
+                      f"{'it' if len(stale) == 1 else 'them'}", "set the variables as they were at the build, or "
+                      "build again with these values (flashinfer-sm120 build; doctor --verbose lists them)")
+    for a in section.get("server_arch") or ():
+        if a.get("value"):
+            yield Finding(Level.NOTE, "server-arch", f"{a['name']} will build for {', '.join(a['targets'])} (its "
+                          f"{a['function']} sets {a['variable']}={a['value']})",
+                          f"flashinfer-sm120 build --for {a['name'].lower()} warms that")
+
+
+#: Every check, in order; each reads the report and yields findings.  Add one line to add a check.
+CHECKS: list[Callable[[dict], Iterable[Finding]]] = [
+    _check_workspace,
+    _check_installed,
+    _check_choice,
+    _check_after,
+    _check_sections,
+    _check_toolkits,
+    _check_build_line,
+]
+
+
+def alone(report: dict) -> Alone:
+    """Whether FlashInfer without flashinfer-sm120 would build here, and why (from the child's answer)."""
+    b = report.get("before") or {}
+    home, version = b.get("cuda_home"), b.get("cuda_version")
+    targets = tuple(b.get("target_cuda_archs") or ())
+    if "error" in b:
+        if b.get("skipped"):
+            return Alone(None, f"not checked: {b['skipped']}")
+        return Alone(False, f"its own import or toolkit lookup failed ({b['error']})")
+    if not home or not os.path.lexists(os.path.join(home, "bin", "nvcc")):
+        return Alone(False, f"it finds no nvcc (its CUDA_HOME is {home or 'unset'})", home, version, targets)
+    if not targets:
+        return Alone(False, "it targets nothing (no GPU visible and no FLASHINFER_CUDA_ARCH_LIST)", home, version,
+                     targets)
+    real = os.path.realpath(home)
+    for c in report.get("candidates") or ():
+        if os.path.realpath(c.get("root") or "") == real and c.get("state") == "rejected":
+            return Alone(False, f"it would use {home} (nvcc {version}): {c.get('why')}", home, version, targets)
+    if report.get("guard"):
+        return Alone(False, f"it would use {home} (nvcc {version}), which cannot build for these GPUs", home,
+                     version, targets)
+    ours = tuple(_choice(report).get("targets") or ())
+    if ours and set(targets) != set(ours):
+        return Alone(True, f"with {home} (nvcc {version}), for {', '.join(targets)} (flashinfer-sm120: "
+                     f"{', '.join(ours)})", home, version, targets)
+    return Alone(True, f"with {home} (nvcc {version}), for {', '.join(targets)}", home, version, targets)
+
+
+def diagnose(report: dict) -> Diagnosis:
+    """Run :data:`CHECKS` on ``report``; a check that raises becomes a NOTE (the rest still run)."""
+    found: list[Finding] = []
+    for check in CHECKS:
+        try:
+            found.extend(check(report))
+        except Exception as exc:
+            found.append(Finding(Level.NOTE, "check-error", f"{check.__name__} raised {type(exc).__name__}: {exc}"))
+    ch = _choice(report)
+    tk = ch.get("toolkit") or {}
+    return Diagnosis(tuple(found), alone(report), tuple(ch.get("targets") or ()), tk.get("nvcc_full"), tk.get("root"))

@@ -1,0 +1,296 @@
+"""What FlashInfer will load, and whether the visible GPUs can run it.
+
+Places, in the order FlashInfer 0.7.4 looks (``flashinfer/jit/core.py``
+``JitSpec.try_load``/``build_and_load``, ``flashinfer/jit/env.py``):
+
+1. ``flashinfer-jit-cache`` (and ``flashinfer/data/aot``): an AOT module found there is
+   loaded *instead of* JIT-building one.  0.7.4 reads the package's providers
+   (``FLASHINFER_AOT_PROVIDERS``, each with ``jit_cache_dir``, ``modules`` and the
+   ``cuda_architectures`` it declares); older releases one ``FLASHINFER_AOT_DIR``.
+2. ``flashinfer-cubin``: prebuilt cubins (``FLASHINFER_CUBIN_DIR``: the variable, else the
+   package when its version matches, else ``<cache>/cubins``), for kernels such as
+   trtllm-gen that are not JIT-built.
+3. the JIT directory (``FLASHINFER_JIT_DIR``, per toolkit with flashinfer-sm120).
+
+The directories are taken from FlashInfer's own module state (``flashinfer.jit.env``),
+so they are exactly what it computed, version checks included.  For each module the
+SASS and PTX targets in its fatbin come from ``cuobjdump --list-elf --list-ptx`` and
+its fatbin headers (``cuobjdump FILE``: ``arch = sm_120f``) when a trusted cuobjdump is
+found (the chosen toolkit's, the pip ``nvidia-cuda-cuobjdump`` wheel's, then ``PATH``);
+without one, the ELF section headers say whether there is device code at all, and the
+targets are reported as unknown.  Cubins are summarised by the SM number in their ELF
+header (:func:`flashinfer_sm120.safety.formats.cuda_elf_sm`).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import stat
+import sys
+
+from flashinfer_sm120.safety import formats
+from flashinfer_sm120.diagnose.verify import targets as _targets
+
+__all__ = ["MODULE_CAP", "CUBIN_CAP", "find_cuobjdump", "module_targets", "check_module", "jit_modules",
+           "prebuilt_places", "cubin_summary", "inventory", "gpus_to_check", "doctor_section"]
+
+#: Modules inspected per place at most (a jit-cache package holds hundreds).
+MODULE_CAP = 200
+#: Cubins read per ``flashinfer-cubin`` directory at most.
+CUBIN_CAP = 20000
+_TOOL_TIMEOUT_S = 20.0
+_TOOL_OUTPUT = 4 << 20
+
+
+def find_cuobjdump(cuda_home: str | None = None) -> str | None:
+    """A trusted ``cuobjdump``: the chosen toolkit's, cuda-pathfinder's pick among NVIDIA's wheels,
+    the wheels on ``sys.path`` it does not search (``nvidia/cu13/bin``, the cu12
+    ``nvidia/cuda_cuobjdump/bin``), then ``PATH``; ``None`` when there is none."""
+    from flashinfer_sm120.core.toolkit.sources import pathfinder_binary, site_dirs
+    from flashinfer_sm120.safety.trust import check_executable
+
+    cands = [os.path.join(cuda_home, "bin", "cuobjdump")] if cuda_home else []
+    cands.append(pathfinder_binary("cuobjdump") or "")
+    for sd in site_dirs():
+        cands += sorted(glob.glob(os.path.join(glob.escape(sd), "nvidia", "cu1[0-9]", "bin", "cuobjdump")),
+                        reverse=True)
+        cands.append(os.path.join(sd, "nvidia", "cuda_cuobjdump", "bin", "cuobjdump"))
+    which = shutil.which("cuobjdump")
+    if which:
+        cands.append(which)
+    for c in dict.fromkeys(c for c in cands if c):
+        if os.path.isfile(c) and os.access(c, os.X_OK) and check_executable(c) is None:
+            return c
+    return None
+
+
+def module_targets(path: str, cuobjdump: str | None) -> dict:
+    """``{"sass": [...], "ptx": [...], "known": bool, "note": str | None}`` for one ``.so``."""
+    from flashinfer_sm120.safety import proc
+
+    note = None
+    if cuobjdump:
+        listed = proc.run([cuobjdump, "--list-elf", "--list-ptx", path], timeout=_TOOL_TIMEOUT_S,
+                          max_output=_TOOL_OUTPUT)
+        heads = proc.run([cuobjdump, path], timeout=_TOOL_TIMEOUT_S, max_output=_TOOL_OUTPUT)
+        try:
+            entries = formats.parse_cuobjdump_list(listed.output, f"{cuobjdump} --list-elf {path}")
+            exact = formats.parse_cuobjdump_headers(heads.output, f"{cuobjdump} {path}") if heads.ok else []
+        except formats.FormatError as exc:
+            entries, exact, note = [], [], str(exc)
+        if listed.ok or entries:
+            use = exact if exact and len(exact) == len(entries) else entries
+            sass = sorted({t for k, t in use if k == "SASS"})
+            ptx = sorted({t for k, t in use if k == "PTX"})
+            return {"sass": sass, "ptx": ptx, "known": True,
+                    "note": None if sass or ptx else "no device code (cuobjdump lists no ELF or PTX)"}
+        note = note or (f"cuobjdump failed (exit {listed.returncode}): "
+                        + formats.shown(listed.error or listed.text().strip()[-300:], 300))
+    try:
+        info = formats.read_elf(path)
+    except formats.FormatError as exc:
+        return {"sass": [], "ptx": [], "known": False, "note": str(exc)}
+    fatbin = info.sections.get(".nv_fatbin")
+    why = note or "no cuobjdump found (pip install nvidia-cuda-cuobjdump)"
+    if fatbin is None:
+        return {"sass": [], "ptx": [], "known": True, "note": "no device code (no .nv_fatbin section)"}
+    return {"sass": [], "ptx": [], "known": False,
+            "note": f"targets unknown: {why}; .nv_fatbin of {fatbin[2]} bytes"}
+
+
+def check_module(name: str, path: str, gpus: list[tuple[str, tuple[int, int]]], cuobjdump: str | None,
+                 fix: str) -> dict:
+    """One module: its targets and, per GPU, how it runs; ``problem`` when a GPU runs none of it."""
+    found = module_targets(path, cuobjdump)
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        size = None
+    out = {"name": name, "path": path, "bytes": size, **found, "runs": {}, "problem": None, "caution": None}
+    if not found["known"] or not (found["sass"] or found["ptx"]):
+        return out  # unknown, or host code only: nothing to hold against it
+    missing = []
+    for label, cap in gpus:
+        verdict, target = _targets.best(found["sass"] + found["ptx"], cap)
+        out["runs"][label] = {"verdict": verdict, "target": target}
+        if verdict is None:
+            missing.append(label)
+        out["caution"] = out["caution"] or _targets.caution(verdict, target, cap)
+    if missing:
+        held = ", ".join(found["sass"] + found["ptx"])
+        out["problem"] = f"no code {' or '.join(missing)} can run (it holds {held}). Fix: {fix}"
+    return out
+
+
+def jit_modules(jit_dir: str) -> list[tuple[str, str]]:
+    """``(name, path)`` of each built module ``<jit_dir>/<name>/<name>.so`` (links not followed)."""
+    out = []
+    try:
+        entries = sorted(os.scandir(jit_dir), key=lambda e: e.name)
+    except OSError:
+        return out
+    for e in entries:
+        if e.name == "tmp" or not e.is_dir(follow_symlinks=False):
+            continue
+        so = os.path.join(e.path, f"{e.name}.so")
+        try:
+            if stat.S_ISREG(os.lstat(so).st_mode):
+                out.append((e.name, so))
+        except OSError:
+            continue
+    return out
+
+
+def prebuilt_places() -> list[dict]:
+    """The prebuilt directories FlashInfer would load from first, as its ``jit.env`` computed them."""
+    env = sys.modules.get("flashinfer.jit.env")
+    if env is None:
+        try:
+            import flashinfer.jit.env as env  # type: ignore[no-redef]
+        except Exception:
+            return []
+    try:
+        from flashinfer import __version__ as fi_version
+    except Exception:
+        fi_version = "?"
+    places: list[dict] = []
+    for p in getattr(env, "FLASHINFER_AOT_PROVIDERS", ()) or ():
+        places.append({"kind": "flashinfer-jit-cache", "label": f"{p.distribution} {p.version}",
+                       "path": str(p.jit_cache_dir), "modules": sorted(p.modules),
+                       "declared": sorted(p.cuda_architectures), "distribution": p.distribution})
+    aot = getattr(env, "FLASHINFER_AOT_DIR", None)
+    if aot is not None and os.path.isdir(aot) and str(aot) not in {p["path"] for p in places}:
+        own = os.path.join("flashinfer", "data", "aot") in str(aot)
+        places.append({"kind": "flashinfer-aot" if own else "flashinfer-jit-cache",
+                       "label": "flashinfer-python data/aot" if own else "flashinfer-jit-cache",
+                       "path": str(aot), "modules": None, "declared": None,
+                       "distribution": "flashinfer-python" if own else "flashinfer-jit-cache"})
+    cubin = getattr(env, "FLASHINFER_CUBIN_DIR", None)
+    if cubin is not None and os.path.isdir(cubin):
+        places.append({"kind": "flashinfer-cubin", "label": "flashinfer-cubin", "path": str(cubin)})
+    for p in places:
+        p["flashinfer"] = fi_version
+    return places
+
+
+def _prebuilt_fix(place: dict, caps: str) -> str:
+    if place["kind"] == "flashinfer-aot":
+        return (f"FlashInfer loads {place['path']} before building its own: reinstall flashinfer-python "
+                f"from PyPI (its wheel has no data/aot), then flashinfer-sm120 build --arch {caps}")
+    return (f"FlashInfer {place['flashinfer']} loads {place['distribution']}'s module before JIT-building "
+            f"its own and has no variable to skip that package: pip uninstall {place['distribution']} (or "
+            f"install one built for {caps}); then warm the JIT build with flashinfer-sm120 build --arch {caps}")
+
+
+def cubin_summary(cubin_dir: str, gpus: list[tuple[str, tuple[int, int]]]) -> dict:
+    """Counts of cubins per SM under ``cubin_dir`` and whether any runs on each GPU."""
+    counts: dict[str, int] = {}
+    n = unreadable = 0
+    for root, dirs, files in os.walk(cubin_dir):  # os.walk follows no directory links
+        for f in files:
+            if not f.endswith(".cubin"):
+                continue
+            n += 1
+            if n > CUBIN_CAP:
+                break
+            try:
+                sm = formats.cuda_elf_sm(formats.read_elf(os.path.join(root, f)))
+            except formats.FormatError:
+                sm = None
+            if sm is None:
+                unreadable += 1
+            else:
+                counts[f"sm_{sm}"] = counts.get(f"sm_{sm}", 0) + 1
+        if n > CUBIN_CAP:
+            break
+    runs = {label: any(_targets.runs(t, cap) for t in counts) for label, cap in gpus}
+    note = None
+    if counts and not any(runs.values()):
+        note = ("none of these cubins runs on the visible GPUs; FlashInfer uses them only for kernels of "
+                "those GPUs. If a kernel fails with 'no kernel image', set FLASHINFER_CUBIN_DIR to a "
+                "directory of cubins for this GPU (FlashInfer then reads it instead of the package)")
+    return {"cubins": min(n, CUBIN_CAP), "more": n > CUBIN_CAP, "by_sm": dict(sorted(counts.items())),
+            "unreadable": unreadable, "runs": runs, "note": note,
+            "suffix": "the a/f suffix is not in a cubin's ELF header, so 'sm_100' may be sm_100a"}
+
+
+def gpus_to_check(gpus: list[dict], targets: list[str]) -> tuple[list[tuple[str, tuple[int, int]]], str]:
+    """``[(label, capability)]`` for the visible GPUs, else the chosen targets as stand-ins."""
+    out = []
+    for g in gpus:
+        try:
+            major, minor = (int(x) for x in str(g["capability"]).split(".")[:2])
+        except (KeyError, ValueError):
+            continue
+        out.append((f"GPU {g.get('index', '?')} ({major}.{minor})", (major, minor)))
+    if out:
+        return out, "the visible GPUs"
+    stand_ins = [(f"{t} (no GPU visible)", c) for t in targets if (c := _targets.capability_of(t))]
+    return stand_ins, "the chosen targets (no GPU visible)"
+
+
+def other_targets(jit_dir: str, limit: int = 64) -> dict[str, int]:
+    """Modules built with the same toolkit for other targets: FlashInfer's JIT directory is
+    ``<workspace>/<release>/[<targets>/]<nvcc tag>/cached_ops``, so the siblings of the targets
+    part (a machine without a GPU has none) hold them; ``{targets part: module count}``."""
+    tag_dir = os.path.dirname(jit_dir)
+    tag, leaf, out = os.path.basename(tag_dir), os.path.basename(jit_dir), {}
+    for root in dict.fromkeys((os.path.dirname(tag_dir), os.path.dirname(os.path.dirname(tag_dir)))):
+        try:
+            entries = [e.name for e, _ in zip(os.scandir(root), range(limit)) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+        for name in sorted(entries):
+            other = os.path.join(root, name, tag, leaf)
+            if os.path.realpath(other) != os.path.realpath(jit_dir) and os.path.isdir(other):
+                count = len(jit_modules(other))
+                if count:
+                    out[name] = count
+    return out
+
+
+def inventory(jit_dir: str | None, gpus: list[tuple[str, tuple[int, int]]], cuda_home: str | None = None,
+              *, prebuilt: bool = True) -> dict:
+    """Every place FlashInfer loads modules from, each module checked against ``gpus``."""
+    cuobjdump = find_cuobjdump(cuda_home)
+    caps = " ".join(dict.fromkeys(f"{c[0]}.{c[1]}" for _, c in gpus)) or "<major.minor>"
+    places = []
+    for place in prebuilt_places() if prebuilt else []:
+        if place["kind"] == "flashinfer-cubin":
+            place.update(cubin_summary(place["path"], gpus))
+            places.append(place)
+            continue
+        names = place.pop("modules") or [n for n, _ in jit_modules(place["path"])]
+        mods = [(n, os.path.join(place["path"], n, f"{n}.so")) for n in names]
+        mods = [(n, p) for n, p in mods if os.path.isfile(p)]
+        place["modules"] = [check_module(n, p, gpus, cuobjdump, _prebuilt_fix(place, caps))
+                            for n, p in mods[:MODULE_CAP]]
+        place["not_inspected"] = max(0, len(mods) - MODULE_CAP)
+        places.append(place)
+    if jit_dir:
+        mods = jit_modules(jit_dir)
+        fix = (f"delete that module's directory (FlashInfer rebuilds it for the GPUs present on first use), "
+               f"or warm it now with flashinfer-sm120 build --arch {caps}")
+        places.append({"kind": "jit", "label": "JIT directory", "path": jit_dir,
+                       "modules": [check_module(n, p, gpus, cuobjdump, fix) for n, p in mods[:MODULE_CAP]],
+                       "not_inspected": max(0, len(mods) - MODULE_CAP),
+                       "other_targets": {} if mods else other_targets(jit_dir)})
+    problems = sum(1 for p in places for m in p.get("modules") or () if isinstance(m, dict) and m["problem"])
+    return {"cuobjdump": cuobjdump, "checked_against": [label for label, _ in gpus], "places": places,
+            "problems": problems}
+
+
+# ----------------------------------------------------------------------------- doctor
+
+
+def doctor_section(report: dict) -> dict:
+    """``doctor``'s ``inventory`` section, from the report built so far."""
+    targets = ((report.get("resolution") or {}).get("choice") or {}).get("targets") or []
+    gpus, against = gpus_to_check(report.get("gpus") or [], targets)
+    after = report.get("after") or {}
+    # FlashInfer not imported on purpose (root with another user's HOME): nor for its prebuilt places
+    out = inventory(after.get("jit_dir"), gpus, after.get("cuda_home"), prebuilt=not report.get("workspace_foreign"))
+    out["against"] = against
+    return out

@@ -1,0 +1,217 @@
+"""What ``flashinfer-sm120 doctor`` reports, as data: the GPUs, every toolkit found, the choice,
+FlashInfer with and without the patch, (the further sections are added by the CLI).  Nothing here
+prints; :mod:`.diagnosis` turns the report into a verdict and typed findings, and
+:mod:`flashinfer_sm120.cli.doctor` renders both."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import os
+import re
+import shutil
+import sys
+from typing import Callable
+
+from flashinfer_sm120 import __version__
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.formats import loads_json
+
+__all__ = ["ALONE_TIMEOUT_S", "collect"]
+
+#: Seconds ``doctor`` lets unpatched FlashInfer run in its child process.  FlashInfer
+#: runs ``nvcc --version`` without a timeout, so a hung nvcc would hang it forever.
+ALONE_TIMEOUT_S = 60.0
+
+_ALONE = r"""
+import json, os, sys, threading
+out = {"step": "import flashinfer"}
+def work():
+    try:
+        import flashinfer.jit.core as core, flashinfer.jit.cpp_ext as cx, flashinfer.jit.env as env
+        out["target_cuda_archs"] = sorted("sm_%d%s" % t for t in core.current_compilation_context.TARGET_CUDA_ARCHS)
+        out["step"] = "get_cuda_path()"
+        out["cuda_home"] = cx.get_cuda_path()
+        out["jit_dir"] = str(env.FLASHINFER_JIT_DIR)
+        out["step"] = "get_cuda_version() (runs nvcc --version with no timeout)"
+        try:
+            out["cuda_version"] = str(cx.get_cuda_version())
+        except Exception as e:
+            out["cuda_version_error"] = repr(e)
+        out.pop("step")
+    except Exception as e:
+        out["error"] = repr(e)
+t = threading.Thread(target=work, daemon=True)
+t.start()
+t.join(float(sys.argv[1]))
+if t.is_alive():
+    out["error"] = "FlashInfer hung in %s for %s s" % (out["step"], sys.argv[1])
+sys.stdout.write("\n@@" + json.dumps(out))
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
+    """What unpatched FlashInfer computes, from a child process with the shim off.
+
+    FlashInfer alone runs ``<its CUDA home>/bin/nvcc --version`` at import (its
+    own lookup, :func:`flashinfer_sm120.core.toolkit.flashinfer_naive_root`).  When
+    the trust policy refuses that nvcc (:func:`flashinfer_sm120.core.toolkit.trace`:
+    any link, wrapper or directory on the way owned or writable by another
+    user), the child is not started: the result is ``{"error": "not run: ...",
+    "skipped": reason}``.  Otherwise the child runs under
+    :func:`flashinfer_sm120.safety.proc.run` (``timeout`` + 60 s for the whole call,
+    output capped, FlashInfer's hung nvcc and anything it detached killed).
+
+    Returns:
+        A dict with ``cuda_home``, ``cuda_version``, ``target_cuda_archs`` and
+        ``jit_dir``, or ``error`` (and ``skipped`` when not run).
+    """
+    from flashinfer_sm120.safety import proc
+    from flashinfer_sm120.core.toolkit import flashinfer_naive_root, trace
+
+    env = dict(os.environ, FLASHINFER_SM120_DISABLE="1")
+    for k in ("CUDA_HOME",):  # what the user set, not what this process exported
+        if k in _ORIGINAL_ENV:
+            env[k] = _ORIGINAL_ENV[k]
+        else:
+            env.pop(k, None)
+    naive = flashinfer_naive_root(env)
+    runs = []
+    if not (env.get("CUDA_HOME") or env.get("CUDA_PATH")):
+        # get_cuda_path() runs `which nvcc` (flashinfer/jit/cpp_ext.py), `which` from PATH;
+        # run for its own sake (Debian's is a shell script), so its file and #! are checked, not its body
+        which = shutil.which("which", path=env.get("PATH", os.defpath))
+        if which:
+            runs.append((which, False))
+    if naive and os.path.lexists(os.path.join(naive, "bin", "nvcc")):
+        runs.append((os.path.join(naive, "bin", "nvcc"), True))  # get_cuda_version(): nvcc --version
+    for prog, body in runs:
+        tr = trace(prog, body=body)
+        if tr.problem:
+            why = (f"FlashInfer alone would run {prog}, which the trust policy refused ({tr.problem}); "
+                   f"not running it")
+            return {"error": f"not run: {why}", "skipped": why}
+    res = proc.run([sys.executable, "-c", _ALONE, str(timeout)], timeout=timeout + 60,
+                   max_output=1 << 20, env=env)
+    text = res.text()
+    m = re.search(r"@@(\{.*\})\s*$", text)
+    if not m:
+        what = ("timed out" if res.timed_out else f"exit {res.returncode}") + (
+            f", {res.error}" if res.error else "")
+        return {"error": f"{what}: {text.strip()[-400:]}"}
+    try:  # the child's report, read like any other outside input
+        return loads_json(m.group(1), "the FlashInfer-alone child's report")
+    except FormatError as exc:
+        return {"error": str(exc)}
+
+
+_ORIGINAL_ENV = {k: v for k, v in os.environ.items() if k in ("CUDA_HOME", "CUDA_PATH")}
+
+
+def collect(timeout: float = ALONE_TIMEOUT_S, *, say: Callable[[str], None] | None = None,
+            server_cache: dict | None = None) -> dict:
+    """Everything ``doctor`` reports, JSON-able (judged by :mod:`.diagnosis`); never prints (``say`` gets
+    a progress note before the slow part).  ``server_cache``: how the caller moved FlashInfer's cache
+    as the installed server would (SGLang), done before this is called, for the report."""
+    from flashinfer_sm120.core import patch, toolkit
+    from flashinfer_sm120.core.facts.gpus import query
+    from flashinfer_sm120.core.patch.resolve import cleaned_homes, flashinfer_version
+    from flashinfer_sm120.core.facts.releases import release_info
+    from flashinfer_sm120.core.toolkit.model import RejectKind
+
+    report: dict = {"flashinfer_sm120": __version__, "python": sys.executable,
+                    "torch_version": _dist_version("torch")}
+    report["original_env"] = dict(_ORIGINAL_ENV, **{k: os.environ[k] for k in ("PATH", "FLASHINFER_WORKSPACE_BASE")
+                                                    if k in os.environ})
+    report["server_cache"] = server_cache
+    report["torch_from"] = _installed("torch")  # "not installed" is not a CPU build
+    report["flashinfer_installed"] = _installed("flashinfer") is not None
+    report["flashinfer"] = flashinfer_version() if report["flashinfer_installed"] else None
+    release = release_info(report["flashinfer"])
+    report["release"] = release.to_dict()
+    report["torch_cuda"] = toolkit.torch_cuda_version()  # imports torch: the GPU fallback may use it
+    gq = query()
+    report["gpu_source"] = gq.describe()
+    report["gpus"] = [
+        {"index": g.index, "name": g.name, "capability": f"{g.capability[0]}.{g.capability[1]}"}
+        for g in gq.gpus
+    ]
+    arch_list = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")  # as read; cut when it is too long to be one
+    report["FLASHINFER_CUDA_ARCH_LIST"] = arch_list if arch_list is None or len(arch_list) <= 4096 else (
+        arch_list[:200] + f"... ({len(arch_list)} characters)")
+    report["cleaned"] = list(cleaned_homes(dict(os.environ, **_ORIGINAL_ENV)))
+    candidates = list(toolkit.discover())  # every one read, once
+    report["candidates"] = [tk.to_dict() for tk in candidates]
+    states: dict[str, tuple[str, str]] = {}  # root -> (chosen | usable | rejected, why)
+    try:
+        res = patch.resolve(toolkits=candidates, release=release, guard=True)
+        if res.guard:
+            report["resolution_error"] = res.error
+            report["guard"] = True
+            report["fix"] = res.fix
+        else:
+            report["resolution"] = res.to_dict()
+            states[res.choice.toolkit.root] = ("chosen", res.choice.reason)
+            state = {RejectKind.USABLE: "usable", RejectKind.NOT_EXAMINED: "not examined"}
+            for r in res.choice.rejected:  # usable: would work too; not examined: the pick came first
+                states.setdefault(r.toolkit.root, (state.get(r.kind, "rejected"), r.why))
+    except Exception as exc:
+        report["resolution_error"] = str(exc)
+    for c in report["candidates"]:
+        c["state"], c["why"] = states.get(c["root"]) or (("rejected", c["problem"]) if c["problem"] else ("", ""))
+    report["disabled"] = patch.env_flag("FLASHINFER_SM120_DISABLE")
+    from flashinfer_sm120.core.facts.workspace import workspace_foreign_tree
+
+    foreign = workspace_foreign_tree()  # threat-model: P4: either import of FlashInfer would create it there
+    report["workspace_foreign"] = dataclasses.asdict(foreign) if foreign else None
+    if foreign is not None:
+        why = "FlashInfer was not imported (its JIT cache would be created in another user's tree)"
+        report["before"] = {"error": f"not run: {why}", "skipped": why}
+        report["after"] = {"status": patch.status(), "error": why}
+        from flashinfer_sm120.core import autoload
+
+        report["autoload"] = autoload.doctor_report()
+        return report
+    if say is not None:
+        say(f"(asking unpatched FlashInfer in a child process, up to {timeout:g} s ...)")
+    report["before"] = _flashinfer_alone(timeout)
+    try:
+        import flashinfer.jit.core  # noqa: F401  (triggers the hooks)
+        import flashinfer.jit.env as jit_env
+        import flashinfer.jit.cpp_ext as cx
+
+        report["after"] = {"status": patch.status(), "jit_dir": str(jit_env.FLASHINFER_JIT_DIR)}
+        if report["after"]["status"]["mode"] != "guard":  # guarded: FlashInfer's own nvcc, not run here
+            report["after"].update(cuda_home=cx.get_cuda_path(), cuda_version=str(cx.get_cuda_version()))
+        from flashinfer_sm120.core.jitenv import environ  # what the rest of the process and its children get
+
+        report["after"]["exported"] = environ.exported()
+    except Exception as exc:
+        report["after"] = {"status": patch.status(), "error": repr(exc)}
+    from flashinfer_sm120.core import autoload  # deploy: is the .pth installed for this interpreter?
+
+    report["autoload"] = autoload.doctor_report()
+    return report
+
+
+def _installed(name: str) -> str | None:
+    """Where ``name`` would be imported from, or ``None`` when it is not installed (nothing imported)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    return (spec.origin or name) if spec is not None else None
+
+
+def _dist_version(name: str) -> str | None:
+    """The installed distribution's version, read from its metadata (nothing imported)."""
+    import importlib.metadata as md
+
+    try:
+        return md.version(name)
+    except Exception:
+        return None

@@ -1,0 +1,366 @@
+"""``flashinfer-sm120 doctor --smoke``: build a tiny kernel exactly as FlashInfer builds its
+modules, and run it when a GPU is visible; a clear pass/fail naming the failing step.
+
+Steps (each gets what is left of one deadline, :data:`SMOKE_TIMEOUT_S` by default):
+
+``toolkit``
+    the choice of :mod:`flashinfer_sm120.core.patch` (FlashInfer patched, targets known).
+``generate``
+    FlashInfer's own ``gen_jit_spec`` (its nvcc and C++ flags) and
+    ``generate_ninja_build_for_op`` (``flashinfer/jit/core.py``, ``flashinfer/jit/cpp_ext.py``,
+    0.7.4): the ``build.ninja`` a FlashInfer module gets, with ``cuda_home``, the
+    ``-gencode`` of the chosen targets and ``-L$cuda_home/lib64/stubs -lcudart -lcuda``;
+    only its output directory is moved to a private scratch directory.
+``compile``, ``link``
+    the ninja the export gives FlashInfer's ``run_ninja`` (:mod:`flashinfer_sm120.core.toolkit.ninja`), object
+    first, then the ``.so``.
+``link check``
+    the ``.so``'s ``NEEDED``/``RPATH`` (:func:`flashinfer_sm120.diagnose.verify.links.static_problems`)
+    and, with a cuobjdump, SASS for every chosen target.
+``load``, ``run``
+    only when a GPU is visible: a child Python imports torch, initialises CUDA, loads the
+    ``.so`` with :mod:`ctypes` (it must get the driver's ``libcuda.so.1`` and torch's
+    ``libcudart``) and runs the kernel on 4096 floats, checking every result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+
+from flashinfer_sm120.safety import formats
+
+__all__ = ["SMOKE_TIMEOUT_S", "STEPS", "Step", "SmokeResult", "run_smoke"]
+
+#: Seconds the whole smoke check may take by default.
+SMOKE_TIMEOUT_S = 30.0
+#: The steps, in order.
+STEPS = ("toolkit", "generate", "compile", "link", "link check", "load", "run")
+#: Characters of a failing step's output kept (its end: compilers print the error last).
+OUTPUT_KEPT = 2000
+_NAME = "flashinfer_sm120_smoke"
+
+SOURCE = r"""// flashinfer-sm120 smoke check: compiled and linked with FlashInfer's own build line.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+__global__ void flashinfer_sm120_smoke_kernel(float* x, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = 2.0f * x[i] + 1.0f;
+}
+
+// Calls the driver API too, so the module needs libcuda.so.1 (linked against the stub,
+// loaded from the driver) as FlashInfer's modules do.
+extern "C" int flashinfer_sm120_smoke(int n, int* driver_version, int* wrong) {
+  if (cuDriverGetVersion(driver_version) != CUDA_SUCCESS) return -1;
+  float* h = new float[n];
+  for (int i = 0; i < n; ++i) h[i] = (float)i;
+  float* d = nullptr;
+  cudaError_t e = cudaMalloc(&d, n * sizeof(float));
+  if (e == cudaSuccess) e = cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice);
+  if (e == cudaSuccess) {
+    flashinfer_sm120_smoke_kernel<<<(n + 255) / 256, 256>>>(d, n);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess) e = cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost);
+  if (d) cudaFree(d);
+  *wrong = 0;
+  for (int i = 0; i < n; ++i) *wrong += (h[i] != 2.0f * i + 1.0f);
+  delete[] h;
+  return (int)e;
+}
+"""
+
+_CHILD = r"""
+import ctypes, json, sys
+out = {}
+def maps():
+    with open("/proc/self/maps") as fh:
+        return fh.read()
+try:
+    import torch
+    torch.cuda.init()
+    out["before"] = maps()
+    lib = ctypes.CDLL(sys.argv[1])
+    out["loaded"] = True
+    fn = lib.flashinfer_sm120_smoke
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
+    drv, wrong = ctypes.c_int(0), ctypes.c_int(-1)
+    out["rc"] = fn(4096, ctypes.byref(drv), ctypes.byref(wrong))
+    out["driver"], out["wrong"] = drv.value, wrong.value
+    out["after"] = maps()
+except Exception as e:
+    out["error"] = repr(e)[:2000]
+sys.stdout.write("\n@@" + json.dumps(out) + "\n")
+"""
+
+
+@dataclasses.dataclass
+class Step:
+    """One step: ``status`` is ``passed``, ``failed`` or ``skipped``."""
+
+    name: str
+    status: str
+    seconds: float = 0.0
+    detail: str = ""
+    output: str = ""
+
+
+@dataclasses.dataclass
+class SmokeResult:
+    """The outcome: ``ok`` when no step failed; ``failed`` names the first failing step."""
+
+    ok: bool
+    steps: list[Step]
+    failed: str | None
+    seconds: float
+    cuda_home: str | None = None
+    targets: list[str] = dataclasses.field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """JSON-ready form."""
+        return dataclasses.asdict(self)
+
+
+class _Failed(Exception):
+    def __init__(self, detail: str, output: str = "") -> None:
+        super().__init__(detail)
+        self.detail, self.output = detail, output
+
+
+def _tail(text: str, keep: int = OUTPUT_KEPT) -> str:
+    text = text.strip()
+    return text if len(text) <= keep else f"... ({len(text) - keep} characters cut)\n" + text[-keep:]
+
+
+class _Run:
+    def __init__(self, timeout: float) -> None:
+        self.start = time.monotonic()
+        self.deadline = self.start + timeout
+        self.timeout = timeout
+        self.steps: list[Step] = []
+
+    def left(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise _Failed(f"the smoke check's {self.timeout:g} s were used up before this step")
+        return left
+
+    def step(self, name: str, fn):
+        t0 = time.monotonic()
+        try:
+            detail = fn()
+        except _Failed as exc:
+            self.steps.append(Step(name, "failed", round(time.monotonic() - t0, 2), exc.detail, _tail(exc.output)))
+            raise
+        except Exception as exc:  # anything else FlashInfer or the OS raises: the step failed
+            self.steps.append(Step(name, "failed", round(time.monotonic() - t0, 2), f"{type(exc).__name__}: {exc}"[:2000]))
+            raise _Failed(str(exc)) from None
+        self.steps.append(Step(name, "passed", round(time.monotonic() - t0, 2), detail or ""))
+
+
+def _choose() -> tuple[str, list[str], str]:
+    import flashinfer_sm120
+
+    flashinfer_sm120.install()
+    import flashinfer.jit.core as core  # noqa: F401  (applies the patch)
+    import flashinfer.jit.cpp_ext as cx
+
+    st = flashinfer_sm120.status()
+    if st["mode"] not in ("patched", "noop"):
+        raise _Failed(f"FlashInfer is {st['mode']}, so its JIT builds would not use a fitting toolkit: "
+                      f"{st.get('error') or st.get('summary')}")
+    targets = st["target_cuda_archs"] or []
+    if not targets:
+        raise _Failed("no targets: no GPU is visible and FLASHINFER_CUDA_ARCH_LIST is not set; set it to the "
+                      "GPUs this machine will run, e.g. FLASHINFER_CUDA_ARCH_LIST=12.0 (RTX 5090 / RTX PRO 6000) "
+                      "or 12.1 (DGX Spark)")
+    home = cx.get_cuda_path()
+    nvcc = os.path.realpath(os.path.join(home, "bin", "nvcc"))
+    return home, targets, f"nvcc {cx.get_cuda_version()} ({nvcc}) via CUDA_HOME={home}; targets {' '.join(targets)}"
+
+
+def _generate(work: str) -> tuple[str, str, str]:
+    """Write the source and FlashInfer's build.ninja for it into ``work``; returns (ninja, obj, so)."""
+    from pathlib import Path
+
+    import flashinfer.jit.cpp_ext as cx
+    from flashinfer.jit import env as jit_env
+    from flashinfer.jit.core import gen_jit_spec
+
+    src = Path(work) / "smoke.cu"
+    src.write_text(SOURCE)
+    spec = gen_jit_spec(_NAME, [src])
+    text = cx.generate_ninja_build_for_op(
+        spec.name, spec.sources, spec.extra_cflags, spec.extra_cuda_cflags, spec.extra_ldflags,
+        spec.extra_include_dirs, getattr(spec, "needs_device_linking", False))
+    theirs = str((Path(jit_env.FLASHINFER_JIT_DIR) / _NAME).resolve())
+    if theirs not in text:
+        raise _Failed(f"FlashInfer's build.ninja does not name its output directory {theirs} where expected; "
+                      "this FlashInfer release writes its ninja files differently", text[-1500:])
+    text = text.replace(theirs, str(Path(work).resolve()))
+    ninja = os.path.join(work, "build.ninja")
+    with open(ninja, "w") as fh:
+        fh.write(text)
+    obj = os.path.join(os.path.realpath(work), f"{src.parent.name}_{src.stem}.cuda.o")
+    return ninja, obj, os.path.join(os.path.realpath(work), f"{_NAME}.so")
+
+
+def _generated(state: dict, work: str) -> str:
+    import re
+
+    state.update(zip(("ninja", "obj", "so"), _generate(work)))
+    with open(state["ninja"]) as fh:
+        text = fh.read()
+    gencode = sorted(set(re.findall(r"-gencode=arch=\S+", text)))
+    return f"FlashInfer's build.ninja: {' '.join(gencode) or 'no -gencode'}; links -lcudart -lcuda"
+
+
+def _ninja(args: list[str], run: _Run, what: str) -> str:
+    """Run the ninja the server will run (:func:`flashinfer_sm120.core.toolkit.ninja.choose`: the
+    export puts it first on ``PATH`` for FlashInfer's ``run_ninja``), trusted like any binary."""
+    from flashinfer_sm120.safety import proc
+    from flashinfer_sm120.core.toolkit import ninja as _ninjas
+
+    try:
+        ninja = _ninjas.choose().path
+    except _ninjas.NinjaError as exc:
+        raise _Failed(str(exc)) from None
+    res = proc.run([ninja, *args], timeout=run.left(), max_output=1 << 20)
+    if not res.ok:
+        why = ("timed out" if res.timed_out else res.error or f"exit {res.returncode}")
+        raise _Failed(f"{what} failed ({why})", res.text())
+    return f"{what} with {ninja}"
+
+
+def _link_check(so: str, home: str, targets: list[str]) -> str:
+    from flashinfer_sm120.diagnose.verify.inventory import find_cuobjdump, module_targets
+    from flashinfer_sm120.diagnose.verify.links import static_problems
+
+    facts, problems = static_problems(so, view=home if _is_view(home) else None, cuda_major=_torch_major())
+    if problems:
+        raise _Failed("; ".join(problems))
+    found = module_targets(so, find_cuobjdump(home))
+    if found["known"]:
+        missing = [t for t in targets if t not in found["sass"]]
+        if missing:
+            raise _Failed(f"the .so holds no SASS for {', '.join(missing)} (it holds "
+                          f"{', '.join(found['sass'] + found['ptx']) or 'no device code'})")
+        code = "SASS " + ", ".join(found["sass"])
+    else:
+        code = found["note"]
+    cuda = [n for n in facts["needed"] if n.startswith(("libcuda", "libcudart"))]
+    return f"NEEDED {', '.join(cuda) or 'no CUDA library'}; {code}"
+
+
+def _is_view(home: str) -> bool:
+    from flashinfer_sm120.core.view.meta import META_NAME
+
+    return os.path.isfile(os.path.join(home, META_NAME))
+
+
+def _torch_major() -> int | None:
+    try:
+        from flashinfer_sm120.core.toolkit import torch_cuda_version
+
+        v = torch_cuda_version()
+        return int(v.split(".")[0]) if v else None
+    except Exception:
+        return None
+
+
+def _load(so: str, home: str, run: _Run, state: dict) -> str:
+    from flashinfer_sm120.safety import proc
+    from flashinfer_sm120.diagnose.verify.links import parse_maps, runtime_problems
+
+    res = proc.run([sys.executable, "-c", _CHILD, so], timeout=run.left(), max_output=16 << 20)
+    line = next((ln for ln in reversed(res.text().splitlines()) if ln.startswith("@@")), None)
+    if line is None:
+        raise _Failed(f"the child process printed no result ({'timed out' if res.timed_out else res.returncode})",
+                      res.text())
+    out = formats.loads_json(line[2:], "the smoke child's result")
+    if not formats.field(out, "loaded", bool, "the smoke child's result", default=False):
+        raise _Failed(f"loading the .so failed: {out.get('error')}")
+    facts, problems = runtime_problems(parse_maps(str(out.get("before", ""))), parse_maps(str(out.get("after", ""))),
+                                       view=home if _is_view(home) else None)
+    if problems:
+        raise _Failed("; ".join(problems))
+    state["child"] = out
+    return f"libcuda from {', '.join(facts['libcuda'])}; libcudart from {', '.join(facts['libcudart'])}"
+
+
+def _ran(state: dict) -> str:
+    out = state["child"]
+    src = "the smoke child's result"
+    rc = formats.field(out, "rc", int, src, default=None)
+    if out.get("error") or rc is None:
+        raise _Failed(f"calling the kernel failed: {out.get('error')}")
+    wrong = formats.field(out, "wrong", int, src, default=-1)
+    if rc != 0 or wrong != 0:
+        raise _Failed(f"the kernel ran with cudaError {rc} and {wrong} wrong results of 4096 "
+                      f"(cudaError 209 is cudaErrorNoKernelImageForDevice: no code for this GPU)")
+    driver = formats.field(out, "driver", int, src, default=0)
+    return f"4096 results right; driver API version {driver // 1000}.{driver % 1000 // 10}"
+
+
+def _gpu_visible() -> bool:
+    try:
+        from flashinfer_sm120.core.facts import gpus
+
+        return bool(gpus.query(torch_fallback=False).gpus)
+    except Exception:
+        return False
+
+
+def run_smoke(timeout: float = SMOKE_TIMEOUT_S, *, keep: str | None = None, gpu: bool | None = None) -> SmokeResult:
+    """Run the smoke check.  Never raises: a failure is a failed step.
+
+    Args:
+        timeout: seconds for everything.
+        keep: a directory to build in and keep (default: a private scratch directory
+            under the cache root, removed afterwards).
+        gpu: run the kernel (default: when NVML sees a GPU).
+    """
+    run = _Run(timeout)
+    home, targets = None, []
+    work = scratch = None
+    try:
+        from flashinfer_sm120.safety.fs.statedir import cache_root
+        from flashinfer_sm120.safety.fs.tmpdirs import make_private
+
+        if not keep:  # locked while we live: a smoke test killed mid-compile is swept by the next
+            scratch = make_private("smoke-", cache_root())
+        work = keep or scratch.path
+        os.makedirs(work, exist_ok=True)
+        state: dict = {}
+
+        def choose():
+            nonlocal home, targets
+            home, targets, detail = _choose()
+            return detail
+
+        run.step("toolkit", choose)
+        run.step("generate", lambda: _generated(state, work))
+        run.step("compile", lambda: _ninja(["-C", work, "-f", state["ninja"], state["obj"]], run, "compile"))
+        run.step("link", lambda: _ninja(["-C", work, "-f", state["ninja"]], run, "link"))
+        run.step("link check", lambda: _link_check(state["so"], home, targets))
+        if gpu if gpu is not None else _gpu_visible():
+            run.step("load", lambda: _load(state["so"], home, run, state))
+            run.step("run", lambda: _ran(state))
+    except _Failed:
+        pass
+    except Exception as exc:  # the scratch directory itself (no cache root): name it as a step
+        run.steps.append(Step("toolkit", "failed", 0.0, f"{type(exc).__name__}: {exc}"[:2000]))
+    finally:
+        if scratch is not None:
+            scratch.close()
+    done = {s.name for s in run.steps}
+    failed = next((s.name for s in run.steps if s.status == "failed"), None)
+    for name in STEPS:
+        if name not in done:
+            why = (f"not run: {failed} failed" if failed else "no GPU visible (compile and link checked only)")
+            run.steps.append(Step(name, "skipped", 0.0, why))
+    return SmokeResult(failed is None, run.steps, failed, round(time.monotonic() - run.start, 2), home, targets)

@@ -1,0 +1,217 @@
+"""FlashInfer's own compiler variables, under our trust rule.
+
+FlashInfer 0.7.x writes four environment variables into every ``build.ninja`` it
+generates (``flashinfer/jit/cpp_ext.py`` ``generate_ninja_build_for_op``, 0.7.4):
+
+``FLASHINFER_NVCC``
+    used instead of ``$cuda_home/bin/nvcc``: nvcc with the chosen toolkit's headers.
+``FLASHINFER_NVCC_LAUNCHER`` / ``FLASHINFER_CXX_LAUNCHER``
+    a command put before nvcc / the host compiler (``sccache``, ``ccache``).
+``CXX``
+    the host compiler and linker (default ``c++``).
+
+Every program they name is run by every JIT build, so each must pass the trust rule
+(:func:`flashinfer_sm120.safety.trust.check_executable`: owned by root or you,
+not writable by others, all the way, wrappers followed); one that does not is
+*refused*: removed from this process's environment (undone by ``revert()``) with a
+message naming the value, the reason and the fix.
+
+``FLASHINFER_NVCC`` must also be the chosen toolkit's nvcc.  It is a candidate
+like any other (the ``FLASHINFER_NVCC`` find step in
+:data:`flashinfer_sm120.core.toolkit.sources.FIND_STEPS` offers its toolkit first), so
+it is kept exactly when its toolkit was chosen; otherwise FlashInfer would compile
+with one toolkit's nvcc and another's headers, and it is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from flashinfer_sm120.safety import formats
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.trust import trace
+
+__all__ = ["VARIABLES", "Verdict", "check", "program_of", "trust_problem"]
+
+#: FlashInfer's compiler variables, in the order they are checked.
+VARIABLES = ("FLASHINFER_NVCC", "FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_CXX_LAUNCHER", "CXX")
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What happens to one variable the user set.
+
+    Attributes:
+        var: the variable.
+        value: its value (cut for display).
+        keep: whether it stays in the environment.
+        note: one sentence for the log and ``doctor``: why kept, or why refused and the fix.
+    """
+
+    var: str
+    value: str
+    keep: bool
+    note: str
+
+
+def _which(name: str, path: str | None) -> tuple[str | None, str | None]:
+    """``(program, problem)``: ``name`` as ``/bin/sh`` finds it on ``path`` from ninja's working
+    directory (a module's build directory), absolute directories only."""
+    relative = None
+    for d in (path if path is not None else os.defpath).split(os.pathsep):
+        if not d or not os.path.isabs(d):
+            relative = relative or (d or "(empty)")
+            continue
+        cand = os.path.join(d, name)
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            if relative:
+                return None, (f"names {formats.shown(name, 60)}, and PATH holds the relative entry "
+                              f"{formats.shown(relative, 40)} before {d}: ninja runs FlashInfer's compile lines "
+                              f"in each module's build directory, where that entry names another place")
+            return cand, None
+    return None, f"names {formats.shown(name, 60)}, which is not on PATH"
+
+
+def _program(word: str, path: str | None) -> tuple[str | None, str | None]:
+    if os.path.isabs(word):
+        return word, None
+    if "/" in word:
+        return None, (f"names {formats.shown(word, 60)}, a relative path: ninja runs it from each module's "
+                      f"build directory, not from here")
+    return _which(word, path)
+
+
+def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str | None]:
+    """``(program, other files it runs or names, problem)`` of a command value as FlashInfer's
+    ninja line runs it (``cxx = $CXX``, then ``/bin/sh -c``).
+
+    The value must be plain words (:func:`flashinfer_sm120.safety.formats.parse_command_words`: no
+    syntax of ninja or the shell).  Its first word is found on ``path``; a launcher
+    (``env``, ``nice``, ``ccache``, ...; :func:`flashinfer_sm120.safety.trust.hands_on`) hands
+    on to its first non-option word, found the same way (a shell's must be an absolute path),
+    and so on; an interpreter whose program cannot be read here is refused.  Any other
+    existing absolute file among the words is listed too (it may be run)."""
+    from flashinfer_sm120.safety.trust import SHELL_OPTIONS, hands_on
+
+    try:
+        words = formats.parse_command_words(value, "the value")
+    except FormatError as exc:
+        return None, [], str(exc).replace("the value: ", "", 1)
+    if "=" in words[0] and not words[0].startswith("/"):
+        return None, [], "starts with a variable assignment, so what it runs cannot be checked"
+    programs: list[str] = []
+    i = 0
+    while True:
+        found, problem = _program(words[i], path)
+        if problem:
+            return None, [], problem
+        programs.append(found)
+        kind = hands_on(found)
+        if kind == "opaque":
+            return None, [], f"runs {found}, an interpreter whose program cannot be read here"
+        if kind is None:
+            break
+        j = i + 1
+        while j < len(words) and words[j].startswith("-") and words[j] != "-":
+            if kind == "shell" and not set(words[j][1:]) <= SHELL_OPTIONS:
+                return None, [], f"runs the shell {found} with {words[j]!r}, which runs code from elsewhere"
+            j += 1
+        if j >= len(words):
+            if kind == "shell":
+                return None, [], f"runs the shell {found} on the words FlashInfer appends"
+            break  # a launcher of the compiler FlashInfer puts after it
+        if kind == "shell" and not words[j].startswith("/"):
+            return None, [], (f"runs the shell {found} on {formats.shown(words[j], 60)}, which is not an "
+                              f"absolute path")
+        i = j
+    others = [w for w in words if w.startswith("/") and os.path.isfile(w) and w not in programs]
+    if kind is None:  # the compiler's own options: those FlashInfer uses, never one that picks programs
+        opts = [w for w in words[i + 1:] if w not in others]
+        if opts:
+            try:  # (-B/dir, -wrapper, -fplugin=, -specs=, -Wl,... made g++ run or load another user's code)
+                _, dirs = formats.parse_compile_flag(" ".join(opts), "the value")
+            except FormatError as exc:
+                return None, [], str(exc).replace("the value: ", "", 1)
+            others += dirs
+    return programs[0], programs[1:] + others, None
+
+
+def trust_problem(value: str, path: str | None) -> str | None:
+    """Why the command ``value`` (found on ``path``) may not run: a problem of :func:`program_of`, or
+    the first program, file or directory it names that fails the trust rule; ``None`` when it may."""
+    prog, others, problem = program_of(value, path)
+    if problem:
+        return problem
+    for p in [prog, *others]:
+        why = trace(p).problem
+        if why:
+            return why
+    return None
+
+
+def _same_program(a: str, b: str) -> bool:
+    ta, tb = trace(a), trace(b)
+    real_a = ta.target or os.path.realpath(a)
+    real_b = tb.target or os.path.realpath(b)
+    return os.path.realpath(real_a) == os.path.realpath(real_b)
+
+
+def check(env, chosen_nvcc: str, home: str) -> list[Verdict]:
+    """A verdict for each of :data:`VARIABLES` set in ``env``.
+
+    Args:
+        env: the environment (``os.environ``).
+        chosen_nvcc: the chosen toolkit's nvcc.
+        home: the ``CUDA_HOME`` FlashInfer builds with (named in messages).
+    """
+    out = []
+    path = env.get("PATH")
+    for var in VARIABLES:
+        try:
+            value = formats.env_text(var, env, max_len=4096)
+        except FormatError as exc:
+            out.append(Verdict(var, "(unreadable)", False, f"{exc}; not used"))
+            continue
+        if value is None or (value == "" and var not in ("FLASHINFER_NVCC", "CXX")):
+            continue  # an empty launcher is FlashInfer's own default
+        if value == "" and var == "CXX":  # FlashInfer: os.environ.get("CXX", "c++"), so "" is no compiler
+            out.append(Verdict(var, "''", False, "CXX='' (set but empty) is refused: FlashInfer uses it as the "
+                               "compiler, so its link rule '$cxx $in ...' would run the first object file. "
+                               "Fix: unset CXX (FlashInfer then uses c++) or set it to a compiler"))
+            continue
+        shown = formats.shown(value, 120)
+        if var == "FLASHINFER_NVCC":
+            out.append(_check_nvcc(value, shown, chosen_nvcc, home, path))
+            continue
+        problem = trust_problem(value, path)
+        if problem:
+            what = "the host compiler and linker" if var == "CXX" else "a compiler launcher"
+            out.append(Verdict(var, shown, False,
+                               f"{var}={shown} ({what} FlashInfer would run in every JIT build) is refused: "
+                               f"{problem}. Fix: point {var} at a program owned by root or you and not "
+                               f"writable by others, or unset it"))
+        else:
+            out.append(Verdict(var, shown, True, f"{var}={shown}: trusted, used as set"))
+    return out
+
+
+def _check_nvcc(value: str, shown: str, chosen_nvcc: str, home: str, path: str | None) -> Verdict:
+    var = "FLASHINFER_NVCC"
+    words = value.split()
+    if len(words) != 1 or not os.path.isabs(words[0]):
+        return Verdict(var, shown, False,
+                       f"{var}={shown} is refused: it must be the absolute path of one nvcc (FlashInfer puts "
+                       f"it in its ninja files as the compiler). Fix: put a launcher such as sccache in "
+                       f"FLASHINFER_NVCC_LAUNCHER and the nvcc path alone in {var}, or unset it")
+    problem = trust_problem(words[0], path)
+    if problem:
+        return Verdict(var, shown, False, f"{var}={shown} is refused: {problem}. Fix: unset {var} (the "
+                                          f"chosen toolkit's nvcc is {chosen_nvcc})")
+    if _same_program(words[0], chosen_nvcc):
+        return Verdict(var, shown, True, f"{var}={shown}: the chosen toolkit's nvcc, used as set")
+    return Verdict(var, shown, False,
+                   f"{var}={shown} is refused: it is not the chosen toolkit's nvcc ({chosen_nvcc}), so FlashInfer "
+                   f"would compile with it against the headers of {home}. Its toolkit was a candidate and "
+                   f"was not chosen (see 'flashinfer-sm120 doctor' for why). Fix: unset {var}, or set "
+                   f"CUDA_HOME to the toolkit it belongs to if that toolkit can build your GPUs' targets")

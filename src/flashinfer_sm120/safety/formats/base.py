@@ -1,0 +1,112 @@
+"""Bounded messages: the one way a refusal quotes what it was given."""
+# threat-model: P6, P8 (one error type, messages cut to a bound)
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+
+from flashinfer_sm120.errors import FormatError
+
+
+#: Characters of an offending value quoted in a message, at most.
+MAX_SHOWN = 80
+
+
+def shown(value: Any, limit: int = MAX_SHOWN) -> str:
+    """``repr(value)`` cut to ``limit`` characters (``...`` and the full length
+    added when cut), so a message never carries a megabyte of input."""
+    if isinstance(value, (bytes, bytearray)):
+        text = repr(bytes(value[: limit + 1]))
+        size = len(value)
+    elif isinstance(value, str):
+        text = repr(value[: limit + 1])
+        size = len(value)
+    else:
+        try:
+            text = repr(value)
+        except Exception:  # a hostile __repr__
+            text = f"<{type(value).__name__}>"
+        size = len(text)
+        if len(text) > limit:
+            return text[:limit] + f"... ({type(value).__name__})"
+        return text
+    if size > limit:
+        return text[: limit + 1] + f"... ({size} characters)"
+    return text
+
+
+def some(items: Iterable[Any], limit: int = 3) -> str:
+    """``'a', 'b', 'c' and 97 more``: at most ``limit`` items, each :func:`shown`."""
+    out, extra = [], 0
+    for item in items:
+        if len(out) < limit:
+            out.append(shown(item, 40))
+        else:
+            extra += 1
+    return ", ".join(out) + (f" and {extra} more" if extra else "")
+
+
+#: Characters a terminal acts on instead of showing them: C0 controls but newline and tab (ESC starts
+#: the sequences that retitle a window, clear the screen, rewrite what was printed; CR overwrites the
+#: line), DEL, C1 controls (one-byte CSI), and Unicode's bidirectional marks, embeddings, overrides
+#: and isolates, which reorder the text shown around them.
+_UNSHOWN_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (:data:`_UNSHOWN_RE`) written as its
+    escape (``\\x1b``, ``\\u202e``); newlines and tabs kept.  For the last step before a message
+    or a listing is printed: file names and values quoted whole come from others (an archive's
+    name, a directory in a shared cache).  threat-model: P8"""
+    return _UNSHOWN_RE.sub(lambda m: (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                                      else f"\\u{ord(m.group()):04x}"), text)
+
+
+#: A run of non-blank characters longer than this is cut in :func:`bounded`.
+MAX_WORD = 1024  # a module's JIT path is ~300 characters: real paths pass whole
+#: Characters of a whole message kept by :func:`bounded`.
+MAX_MESSAGE = 4096
+
+
+def bounded(message: str, *, max_word: int = MAX_WORD, max_len: int = MAX_MESSAGE) -> str:
+    """``message`` with every run of non-blank characters over ``max_word`` cut to its first
+    :data:`MAX_SHOWN` characters (``...`` and its length added), then the whole cut to ``max_len``
+    the same way: for the last step before a message is printed, where parts of it were made by
+    code that quotes its input whole (argparse's ``invalid choice: '<value>'``, a list of
+    unrecognized arguments).  Characters a terminal acts on are escaped first (:func:`printable`)."""
+    message = printable(message)  # threat-model: P8
+    if len(message) <= max_word and len(message) <= max_len:
+        return message
+
+    def cut(m: "re.Match[str]") -> str:
+        w = m.group()
+        return w if len(w) <= max_word else f"{w[:MAX_SHOWN]}... ({len(w)} characters)"
+
+    out = re.sub(r"\S{%d,}" % (max_word + 1), cut, message)
+    return out if len(out) <= max_len else f"{out[:max_len]}... ({len(out)} characters in all)"
+
+
+def _fail(source: str, problem: str, fix: str) -> FormatError:
+    return FormatError(f"{source}: {problem}; {fix}" if fix else f"{source}: {problem}")
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
+               list: "a list", dict: "an object", type(None): "null"}
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    return _TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 entry``, ``2 entries``: ``many`` defaults to ``word + 's'``, and to ``-ies`` after a consonant + y."""
+    if n == 1:
+        return f"{n} {word}"
+    if many is None:
+        many = word[:-1] + "ies" if word.endswith("y") and word[-2:-1] not in "aeiou" else word + "s"
+    return f"{n} {many}"

@@ -1,0 +1,193 @@
+"""One grammar per kind of value: versions, names, relative paths, targets, flags,
+path text, digests, a program's leading version, a ninja log header."""
+# threat-model: P2, P6 (one grammar per field of outside input)
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from flashinfer_sm120.safety.formats.base import _fail, _type_name, shown
+
+
+#: A name: a module, a variant, a file in a cache entry.  No whitespace, no
+#: ``$`` or ``:`` (ninja syntax), no ``/`` (paths are lists of names), no NUL.
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")
+
+#: A file name in a relative path: a name that may also start with ``.``
+#: (``.ninja_log``, ``.ninja_deps``) but is never ``.`` or ``..``.
+FILE_NAME_RE = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.][A-Za-z0-9_.+-]{0,199}")
+
+#: A version as nvcc, ninja, FlashInfer or pip print it: ``13.0.88``, ``1.13.2``,
+#: ``0.7.2.post1``, ``2.14.0+cu130``.
+_VERSION_RE = re.compile(r"[0-9]{1,6}(?:\.[0-9]{1,9}){0,4}(?:(?:\.?(?:post|dev|rc|a|b)[0-9]{0,9})){0,2}"
+                         r"(?:\+[A-Za-z0-9.]{1,32})?")
+
+
+def parse_version(text: Any, source: str, *, fix: str = "") -> Version:
+    """One version, e.g. ``13.0.88`` (surrounding whitespace dropped, nothing else).
+
+    Raises:
+        FormatError: not a string, or not of the version grammar (letters,
+            inner whitespace, control characters, more than 5 parts, ...).
+    """
+    if not isinstance(text, str):
+        raise _fail(source, f"version {shown(text, 40)} is {_type_name(text)}, not a string", fix)
+    t = text.strip()
+    if not _VERSION_RE.fullmatch(t):
+        raise _fail(source, f"{shown(text)} is not a version such as 13.0.88", fix)
+    try:
+        return Version(t)
+    except InvalidVersion:
+        raise _fail(source, f"{shown(text)} is not a version such as 13.0.88", fix) from None
+
+
+def parse_name(text: Any, source: str, *, fix: str = "") -> str:
+    """A name of :data:`NAME_RE` grammar, returned unchanged.
+
+    Raises:
+        FormatError: anything else (``.``/``..``, whitespace, ``$``, ``:``, ``/``, NUL, > 200 chars).
+    """
+    if not isinstance(text, str) or not NAME_RE.fullmatch(text):
+        raise _fail(source, f"{shown(text)} is not a name (letters, digits, '_', '.', '+', '-'; "
+                            f"at most 200; not starting with '.' or '-')", fix)
+    return text
+
+
+def parse_relpath(text: Any, source: str, *, fix: str = "", max_parts: int = 16) -> tuple[str, ...]:
+    """A relative path ``a/b/c`` whose every part is a file name (:data:`FILE_NAME_RE`:
+    a name, or one starting with ``.`` such as ``.ninja_log``).
+
+    Absolute paths, empty parts (``a//b``), ``.`` and ``..`` are refused by the grammar.
+    """
+    if not isinstance(text, str) or not text:
+        raise _fail(source, f"{shown(text)} is not a relative path", fix)
+    parts = tuple(text.split("/"))
+    if len(parts) > max_parts:
+        raise _fail(source, f"{shown(text)} has more than {max_parts} parts", fix)
+    for part in parts:
+        if not FILE_NAME_RE.fullmatch(part):
+            raise _fail(source, f"{shown(text)} is not a relative path of names (part {shown(part, 40)})",
+                        fix)
+    return parts
+
+
+_LEADING_VERSION_RE = re.compile(r"([0-9]{1,6}(?:\.[0-9]{1,9}){0,3})(?:$|[.+-][A-Za-z])")
+
+
+def parse_leading_version(text: Any, source: str, *, fix: str = "") -> Version:
+    """The release at the start of a program's ``--version`` line: its first word's
+    dotted numeric part (``1.13.2.git.kitware.jobserver-pipe-1`` -> 1.13.2, as the
+    ``ninja`` wheel prints; ``1.11.1`` -> 1.11.1).
+
+    Raises:
+        FormatError: not a string, or its first word does not start with a release.
+    """
+    if not isinstance(text, str):
+        raise _fail(source, f"output {shown(text, 40)} is {_type_name(text)}, not text", fix)
+    words = text[:4096].split(None, 1)
+    m = _LEADING_VERSION_RE.match(words[0]) if words else None
+    if not m:
+        raise _fail(source, f"{shown(text)} does not start with a version such as 1.13.2", fix)
+    return Version(m.group(1))
+
+
+_NINJA_LOG_RE = re.compile(rb"# ninja log v([0-9]{1,4})")
+
+
+def parse_ninja_log_header(line: Any, source: str, *, fix: str = "") -> int:
+    """The format number of a ``.ninja_log`` from its first line, ``# ninja log v7``
+    (ninja ``src/build_log.cc``: ``kFileSignature = "# ninja log v%d\\n"``).
+
+    Raises:
+        FormatError: not bytes/str, or not that header exactly.
+    """
+    if isinstance(line, str):
+        line = line.encode("utf-8", "replace")
+    m = _NINJA_LOG_RE.fullmatch(line.rstrip(b"\r\n")) if isinstance(line, (bytes, bytearray)) else None
+    if not m:
+        raise _fail(source, f"first line {shown(line, 40)} is not a ninja log header such as '# ninja log v7'",
+                    fix)
+    return int(m.group(1))
+
+
+#: A compiler or linker flag as a manifest carries it (``-DENABLE_BF16``,
+#: ``-I@FLASHINFER@/data/include``, ``-gencode=arch=compute_120f,code=sm_120f``):
+#: no control character (a newline would start a new ``build.ninja`` line), no
+#: shell syntax (FlashInfer joins flags into a ``/bin/sh -c`` command unquoted:
+#: ``;``, ``|``, ``&``, quotes, ``$``, backquote, ``<``, ``>``, ``*`` are refused).
+FLAG_RE = re.compile(r"[A-Za-z0-9_.,:=+/@%{}~ -]{1,4096}")
+
+#: A file path as a manifest carries it (``@FLASHINFER@/data/csrc/norm.cu``):
+#: the characters FlashInfer's unquoted ``build.ninja`` lines and ``/bin/sh`` carry
+#: (no whitespace, ``$``, ``:``, quotes).
+PATH_TEXT_RE = re.compile(r"[A-Za-z0-9_./+@%=,~-]{1,4096}")
+
+#: A word of a command FlashInfer writes into ``build.ninja`` from the environment (``CXX``,
+#: ``FLASHINFER_NVCC_LAUNCHER``: ``cxx = $CXX``, then ``/bin/sh -c``): characters neither ninja
+#: (``$``, newline) nor the shell (quotes, ``\``, backquote, ``;|&<>()``, globs, ``#``, ``!``,
+#: ``{}``, a leading ``~``) reads as syntax, so the words we check are the words that run.
+COMMAND_WORD_RE = re.compile(r"[A-Za-z0-9_./+@%=,:-][A-Za-z0-9_./+@%=,:~-]{0,4095}")
+
+#: A target as manifests and ``--arch`` carry it: ``12.0``, ``12.0f``, ``9.0a``.
+TARGET_RE = re.compile(r"[0-9]{1,2}\.[0-9][af]?")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def parse_target(text: Any, source: str, *, fix: str = "") -> str:
+    """One target of the ``major.minor[a|f]`` grammar (``12.0f``), returned unchanged.
+
+    Raises:
+        FormatError: not a string of that grammar (``12.0`` as a number, ``sm_120``, spaces).
+    """
+    if not isinstance(text, str) or not TARGET_RE.fullmatch(text):
+        raise _fail(source, f"target {shown(text, 40)} is not of the form major.minor[a|f], e.g. '12.0' "
+                            f"or '12.0f'", fix)
+    return text
+
+
+def parse_flag(text: Any, source: str, *, fix: str = "") -> str:
+    """One flag of the :data:`FLAG_RE` grammar, returned unchanged."""
+    if not isinstance(text, str) or not FLAG_RE.fullmatch(text):
+        raise _fail(source, f"flag {shown(text, 60)} is not a plain compiler flag (letters, digits, "
+                            f"'_.,:=+/@%{{}}~-' and spaces; no newline, quote, '$', ';', '|', '&')", fix)
+    return text
+
+
+def parse_command_words(text: Any, source: str, *, fix: str = "", max_words: int = 64) -> tuple[str, ...]:
+    """A command as blank-separated words of :data:`COMMAND_WORD_RE`, e.g. ``ccache g++ -O2``.
+
+    Raises:
+        FormatError: not a string, empty, more than ``max_words`` words, or a word holding
+            syntax of ninja or the shell (``$``, quotes, backquote, ``;``, ``|``, ``>``, ``*``, ...).
+    """
+    if not isinstance(text, str):
+        raise _fail(source, f"{shown(text, 40)} is {_type_name(text)}, not a command", fix)
+    if any(ord(c) < 32 and c != "\t" for c in text[:1 << 16]):
+        raise _fail(source, f"{shown(text, 60)} holds a control character (a newline would start a new line "
+                            f"of build.ninja)", fix)
+    words = text.split()
+    if len(text) > 1 << 16 or not words or len(words) > max_words:
+        raise _fail(source, f"{shown(text, 60)} is not a command of 1 to {max_words} words", fix)
+    for w in words:
+        if not COMMAND_WORD_RE.fullmatch(w):
+            raise _fail(source, f"word {shown(w, 40)} of {shown(text, 60)} holds characters that ninja or the "
+                                f"shell read as syntax (only letters, digits and '_./+@%=,:~-' are plain)", fix)
+    return tuple(words)
+
+
+def parse_path_text(text: Any, source: str, *, fix: str = "") -> str:
+    """A path of the :data:`PATH_TEXT_RE` grammar, returned unchanged (not resolved)."""
+    if not isinstance(text, str) or not PATH_TEXT_RE.fullmatch(text) or "/../" in f"/{text}/":
+        raise _fail(source, f"path {shown(text, 60)} is not a plain path (letters, digits, '_./+@%=,~-'; "
+                            f"no whitespace, '$', ':', '..')", fix)
+    return text
+
+
+def parse_sha256(text: Any, source: str, *, fix: str = "") -> str:
+    """A SHA-256 digest as 64 lower-case hex digits."""
+    if not isinstance(text, str) or not _SHA256_RE.fullmatch(text):
+        raise _fail(source, f"{shown(text, 40)} is not a SHA-256 digest (64 hex digits)", fix)
+    return text

@@ -1,0 +1,131 @@
+"""Paths we write: joined under a root with the grammar of names, created private; and the one
+rule for the characters of a path FlashInfer's ``build.ninja`` and ``/bin/sh`` carry (cache root,
+``HOME``, JIT workspace: :func:`path_chars_problem`)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+from flashinfer_sm120.safety.formats.grammar import parse_relpath
+from flashinfer_sm120.safety.formats.base import _fail
+
+#: The ASCII characters besides letters and digits that a path may hold unquoted in FlashInfer's
+#: ``build.ninja`` (``cuda_home = <path>``, ``build <path>: ...``) and the ``/bin/sh -c`` lines ninja
+#: runs: none is syntax of ninja (``$``, ``:``, blanks, newline) or of the shell (quotes, ``\``,
+#: backquote, ``;&|<>()``, globs ``*?[``, ``#``, ``{}``, ``!``).
+PATH_ASCII_EXTRA = "_./+@%=,~-"
+
+#: The rule :func:`path_chars_problem` applies, in words, for messages and docs/safety.md.
+#: Non-ASCII letters and symbols are accepted: they are bytes >= 0x80 in UTF-8, syntax to neither
+#: ninja nor the shell, and FlashInfer 0.7.4 builds and loads a module under such a path with nvcc
+#: 13.0 (tests/unit/safety/fs/test_state_dir.py).
+PATH_RULE = (f"letters (of any alphabet), digits, '{PATH_ASCII_EXTRA}' and other printable non-ASCII "
+             f"characters; no blank, no control character, none of $ : ; & | < > ( ) ' \" \\ ` * ? [ ] "
+             f"# {{ }} ! (ninja or /bin/sh syntax)")
+
+
+def _plain_char(c: str) -> bool:
+    if c.isascii():
+        return c.isalnum() or c in PATH_ASCII_EXTRA
+    return c.isprintable() and not c.isspace()  # not U+00A0, U+2028, nor a surrogate (undecodable byte)
+
+
+def path_chars_problem(path: str) -> list[str] | None:
+    """The characters of ``path`` that break the path rule (:data:`PATH_RULE`), sorted, or
+    ``None`` when every character is plain.  threat-model: P8 (the rule said is the rule applied)"""
+    bad = sorted({c for c in path if not _plain_char(c)})
+    return bad or None
+
+
+def safe_join(root: str | os.PathLike, rel: str | Iterable[str], source: str, *, fix: str = "") -> Path:
+    """``root/rel``, refused unless it stays under ``root``.
+
+    ``rel`` is a ``/``-separated string or a sequence of parts; every part must
+    be a name (:func:`parse_relpath`), so absolute parts and ``..`` cannot
+    occur; every part that already exists below ``root``, except the last, must
+    be a real directory (a symlinked parent is refused, it could lead anywhere).
+    The last part may exist; it is refused when it is a symlink.
+
+    Raises:
+        FormatError: naming ``source`` and the offending part.
+    """
+    parts = parse_relpath(rel if isinstance(rel, str) else "/".join(rel), source, fix=fix)
+    base = Path(root)
+    cur = base
+    for i, part in enumerate(parts):
+        cur = cur / part
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            break
+        except OSError as exc:
+            raise _fail(source, f"cannot check {cur} ({exc.strerror or exc})", fix) from None
+        if stat.S_ISLNK(st.st_mode):
+            raise _fail(source, f"{cur} is a symlink; nothing is written through links", fix)
+        if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
+            raise _fail(source, f"{cur} is not a directory", fix)
+    return base.joinpath(*parts)
+
+
+def make_private_dirs(path: str | os.PathLike, *, mode: int = 0o700) -> None:
+    """Create ``path`` and any missing parents with exactly ``mode`` (default
+    ``0700``), whatever the umask: each level created here is ``chmod``-ed
+    right after ``mkdir``.  Existing levels are left as they are.
+
+    Raises:
+        OSError: as :func:`os.mkdir`.
+    """
+    path = os.path.abspath(os.fspath(path))
+    missing = []
+    p = path
+    while not os.path.lexists(p):
+        missing.append(p)
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, mode)
+        except FileExistsError:
+            continue
+        os.chmod(d, mode)
+
+
+@dataclass(frozen=True)
+class ForeignTree:
+    """Creating ``path`` would put a directory of ``uid`` inside ``top``, which ``owner`` owns:
+    root with a user's ``HOME`` (``sudo -E``) would leave a ``~/.cache`` the user cannot write."""
+
+    path: str
+    top: str
+    owner: int
+    uid: int
+
+
+def deepest_existing(path: str) -> str:
+    """The deepest level of ``path`` (made absolute) that exists; ``/`` at worst."""
+    p = os.path.abspath(path)
+    while not os.path.lexists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    return p
+
+
+def foreign_tree(path: str) -> ForeignTree | None:
+    """A :class:`ForeignTree` when ``path`` is absent and its deepest existing level (links
+    resolved) belongs to a uid that is neither this process's nor root; else ``None``.
+    Nothing is created.  threat-model: P4 (nothing is created inside a tree another uid owns)"""
+    if os.path.lexists(path):
+        return None
+    top = os.path.realpath(deepest_existing(path))
+    try:
+        owner = os.stat(top).st_uid
+    except OSError:
+        return None  # the caller's own checks name what cannot be read
+    uid = os.geteuid()
+    return None if owner in (0, uid) else ForeignTree(os.path.abspath(path), top, owner, uid)

@@ -1,0 +1,294 @@
+"""Bounded reads of files and values: size caps enforced while reading, streamed lines,
+depth-bounded JSON, typed fields of parsed objects, checked text of variables."""
+# threat-model: P6 (every read of outside input bounded in bytes, depth and kind of file)
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import re
+import stat
+from collections.abc import Iterator
+from typing import Any
+
+
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.formats.base import _TYPE_NAMES, _fail, _type_name, shown, some
+
+
+#: Deepest JSON nesting accepted; everything we write is at most 4 deep.
+MAX_JSON_DEPTH = 32
+
+#: One token of the depth scan: a string (its closing quote optional, so an unterminated one
+#: ends the scan instead of being retried from every later quote, which was quadratic) or a
+#: bracket.  Each alternative starts with a different character: one pass, no backtracking.
+_DEPTH_TOKEN_RE = re.compile(r'"(?:[^"\\]+|\\.)*(?:"|\\?\Z)|[\[\]{}]', re.S)
+
+
+def read_bytes(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
+               owners: tuple[int, ...] | None = None) -> bytes:
+    """The whole of a regular file, refused past ``max_bytes`` while reading.
+
+    Args:
+        path: the file.
+        max_bytes: the cap; a larger file is refused without reading past the cap.
+        fix: what the message tells the user to do.
+        follow: ``False`` refuses a symlink at ``path`` (``O_NOFOLLOW``).
+        owners: uids allowed to own the file (``None``: anyone).
+
+    Raises:
+        FormatError: absent, not a regular file (a FIFO is never waited on),
+            wrong owner, unreadable, or too large; the message names the path.
+    """
+    path = os.fspath(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    if not follow:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise _fail(path, "is a symlink, which is never followed here", fix) from None
+        raise _fail(path, f"cannot be opened ({exc.strerror or exc})", fix) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _fail(path, "is not a regular file", fix)
+        if owners is not None and st.st_uid not in owners:
+            raise _fail(path, f"is owned by uid {st.st_uid}, not {' or '.join(map(str, owners))}", fix)
+        if st.st_size > max_bytes:
+            raise _fail(path, f"is {st.st_size} bytes, more than the {max_bytes}-byte cap", fix)
+        os.set_blocking(fd, True)
+        chunks, left = [], max_bytes + 1
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 16))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+    except OSError as exc:
+        raise _fail(path, f"cannot be read ({exc.strerror or exc})", fix) from None
+    finally:
+        os.close(fd)
+    raw = b"".join(chunks)
+    if len(raw) > max_bytes:
+        raise _fail(path, f"is more than the {max_bytes}-byte cap", fix)
+    return raw
+
+
+def read_prefix(path: str | os.PathLike, limit: int, *, fix: str = "") -> bytes:
+    """The first ``limit`` bytes of a regular file (for a header whose
+    ``#define`` sits near the top, a script's ``#!`` line), never blocking on a
+    FIFO or device.
+
+    Raises:
+        FormatError: absent, not a regular file, or unreadable.
+    """
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise _fail(path, f"cannot be opened ({exc.strerror or exc})", fix) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _fail(path, "is not a regular file", fix)
+        os.set_blocking(fd, True)
+        chunks, left = [], limit
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 16))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise _fail(path, f"cannot be read ({exc.strerror or exc})", fix) from None
+    finally:
+        os.close(fd)
+
+
+def read_text(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
+              owners: tuple[int, ...] | None = None) -> str:
+    """:func:`read_bytes` decoded as UTF-8 (refused, not replaced, when it is not)."""
+    raw = read_bytes(path, max_bytes, fix=fix, follow=follow, owners=owners)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _fail(os.fspath(path), f"is not UTF-8 text (byte {exc.start})", fix) from None
+
+
+def iter_lines(path: str | os.PathLike, *, max_line: int, max_lines: int, fix: str = "",
+               skip_long: bool = False) -> Iterator[tuple[int, bytes | None]]:
+    """``(line number, line without its newline)`` of a regular file, streamed:
+    a line longer than ``max_line`` bytes or more than ``max_lines`` lines are
+    refused when reached, never read whole (``/dev/zero``, a 1 GiB line).
+
+    Args:
+        skip_long: yield ``(n, None)`` for a line longer than ``max_line`` (read
+            past in ``max_line`` chunks, never held whole) instead of refusing.
+
+    Raises:
+        FormatError: as :func:`read_bytes`, or a cap was reached.
+    """
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise _fail(path, f"cannot be opened ({exc.strerror or exc})", fix) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _fail(path, "is not a regular file", fix)
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            n = 0
+            while True:
+                line = fh.readline(max_line + 1)
+                if not line:
+                    return
+                n += 1
+                if n > max_lines:
+                    raise _fail(path, f"has more than {max_lines} lines", fix)
+                if len(line) > max_line and not line.endswith(b"\n"):
+                    if not skip_long:
+                        raise _fail(path, f"line {n} is longer than {max_line} bytes", fix)
+                    while line and not line.endswith(b"\n"):  # drain it, a chunk at a time
+                        line = fh.readline(max_line + 1)
+                    yield n, None
+                    continue
+                yield n, line.rstrip(b"\r\n")
+    except OSError as exc:
+        raise _fail(path, f"cannot be read ({exc.strerror or exc})", fix) from None
+    finally:
+        os.close(fd)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def json_depth(text: str) -> int:
+    """Deepest ``[``/``{`` nesting of JSON text, strings skipped (an unterminated one runs to
+    the end); no recursion, one linear pass whatever the text."""
+    depth = deepest = 0
+    for m in _DEPTH_TOKEN_RE.finditer(text):
+        tok = m.group()
+        if tok[0] == '"':
+            continue
+        if tok in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def loads_json(data: str | bytes, source: str, *, max_depth: int = MAX_JSON_DEPTH, fix: str = "") -> Any:
+    """Parse JSON from an untrusted source.
+
+    Raises:
+        FormatError: not UTF-8, not JSON, ``NaN``/``Infinity``, or nested deeper
+            than ``max_depth``; the message names ``source`` and the fix.
+    """
+    if isinstance(data, (bytes, bytearray)):
+        try:
+            data = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _fail(source, f"is not UTF-8 (byte {exc.start})", fix) from None
+    depth = json_depth(data)
+    if depth > max_depth:
+        raise _fail(source, f"is JSON nested {depth} deep, more than the {max_depth} accepted", fix)
+    try:
+        return json.loads(data, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
+        raise _fail(source, f"is not valid JSON ({shown(str(exc), 120)})", fix) from None
+
+
+def read_json_file(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
+                   owners: tuple[int, ...] | None = None, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """:func:`read_bytes` then :func:`loads_json`, one message style for both."""
+    raw = read_bytes(path, max_bytes, fix=fix, follow=follow, owners=owners)
+    return loads_json(raw, os.fspath(path), max_depth=max_depth, fix=fix)
+
+
+def field(obj: Any, key: str, kind: type | tuple[type, ...], source: str, *, fix: str = "",
+          default: Any = ..., max_len: int | None = None) -> Any:
+    """``obj[key]`` checked to be of ``kind`` (``bool`` is not an ``int`` here).
+
+    Args:
+        obj: a parsed JSON object (anything else is refused).
+        key: the key.
+        kind: the type or types wanted.
+        source: the file or variable, for the message.
+        default: returned when the key is absent (omit to make the key required).
+        max_len: cap on the length of a string or list value.
+
+    Raises:
+        FormatError: ``obj`` is not an object, the key is missing (no default),
+            or its value has another type or is too long.
+    """
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(obj, dict):
+        raise _fail(source, f"holds {_type_name(obj)} where an object was expected", fix)
+    if key not in obj:
+        if default is ...:
+            raise _fail(source, f"has no {key!r}", fix)
+        return default
+    value = obj[key]
+    ok = any(isinstance(value, k) and not (isinstance(value, bool) and k is not bool) for k in kinds)
+    if isinstance(value, float) and not math.isfinite(value):
+        ok = False
+    if not ok:
+        want = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
+        raise _fail(source, f"{key!r} is {shown(value, 40)} ({_type_name(value)}), not {want}", fix)
+    if max_len is not None and isinstance(value, (str, list, dict)) and len(value) > max_len:
+        raise _fail(source, f"{key!r} is longer than {max_len}", fix)
+    return value
+
+
+def string_list(value: Any, source: str, *, max_items: int = 4096, max_len: int = 1 << 16,
+                fix: str = "") -> list[str]:
+    """A JSON list of strings, each at most ``max_len`` characters and free of NUL.
+
+    Raises:
+        FormatError: not a list, too long, or an item that is not such a string.
+    """
+    if not isinstance(value, list):
+        raise _fail(source, f"is {_type_name(value)}, not a list of strings", fix)
+    if len(value) > max_items:
+        raise _fail(source, f"has {len(value)} items, more than {max_items}", fix)
+    for item in value:
+        if not isinstance(item, str) or len(item) > max_len or "\0" in item:
+            raise _fail(source, f"item {shown(item, 40)} is not a string without NUL of at most "
+                                f"{max_len} characters", fix)
+    return value
+
+
+def check_text(value: Any, name: str, *, max_len: int = 4096, fix: str = "") -> str:
+    """``value`` if it is a string of at most ``max_len`` characters with no
+    NUL or control character other than tab, else a :class:`FormatError`
+    naming ``name`` and showing a cut value (never the whole of it)."""
+    fix = fix or "set it to a short plain value or unset it"
+    if not isinstance(value, str):
+        raise _fail(name, f"is {_type_name(value)}, not text", fix)
+    if len(value) > max_len:
+        raise FormatError(f"{name} is {len(value)} characters long, more than {max_len} "
+                          f"(starts {shown(value, 40)}); {fix}")
+    bad = [c for c in value if ord(c) < 32 and c != "\t"]
+    if bad:
+        raise FormatError(f"{name}={shown(value)} holds control characters ({some(bad)}); {fix}")
+    return value
+
+
+def env_text(name: str, env: dict[str, str] | None = None, *, max_len: int = 4096) -> str | None:
+    """``env[name]`` (default ``os.environ``), or ``None`` when unset.
+
+    Raises:
+        FormatError: longer than ``max_len`` or holding a NUL/control character
+            other than tab; the message names the variable and shows a cut value.
+    """
+    value = (os.environ if env is None else env).get(name)
+    if value is None:
+        return None
+    return check_text(value, name, max_len=max_len)

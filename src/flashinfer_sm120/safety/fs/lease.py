@@ -1,0 +1,221 @@
+"""Leases: a process that uses a ``CUDA_HOME`` view or a JIT workspace says so with a lock.
+
+A *lease* on a directory ``D`` is a shared :func:`fcntl.flock` on the file ``.<name of D>.lease``
+beside it (``cuda-home/.cuda-13.0.88-<key>.lease``, ``.../120f/.nvcc13.0.88-<tag>.lease``).  A
+process takes it where it chooses ``D`` (:func:`flashinfer_sm120.core.view.linkable_home`, the patch
+layer's :func:`~flashinfer_sm120.core.patch.steps.refresh_derived`) and keeps it until it exits; the
+kernel drops it then, whatever the way out (``kill -9`` included).  ``cache prune`` takes each
+lease *exclusively without waiting* (:func:`take_exclusive`) and keeps whatever it cannot take;
+it holds the exclusive lock while it removes ``D`` and unlinks the lease file before letting go.
+
+Why a lock and not a look at ``/proc``: ``/proc/<pid>/environ`` is the environment at ``exec``
+(the ``CUDA_HOME`` a patched process exports comes later) and an idle server maps nothing of its
+view, so an idle user looked unused; and ``/proc`` shows only the own PID namespace.  A flock is a
+fact about the file, seen from every process and PID namespace that opens it (and across
+containers sharing the volume on one host).
+
+Rules (``threat-model: P3``):
+
+* **Taking a lease** (:func:`hold`): open (create) the lease file, ``LOCK_SH``, then check the
+  path still names the locked file (prune unlinks it after a removal: a lock on an unlinked file
+  guards nothing, so it is taken again).  Only *then* does the caller check that ``D`` exists
+  (and rebuild it if not): check, then use, under the lease.  While prune holds the exclusive
+  lock a taker waits (polling, at most :data:`WAIT_S`), then finds ``D`` gone and rebuilds.
+* **Fork**: a flock belongs to the open file description, which a forked child shares: the child
+  holds the lease too, also after its parent exits.
+* **Exec**: the descriptor is ``O_CLOEXEC`` (non-inheritable, as every descriptor Python opens,
+  PEP 446), deliberately: a program the process runs (``nvcc``, ``ninja``, a daemon that outlives
+  it, such as a compiler-cache server) never holds a lease, so a lease never outlives every
+  Python that uses the view.  A new Python (a ``multiprocessing`` spawn worker, ``python -c``)
+  takes its own lease when it imports FlashInfer (the ``.pth`` autoload, or ``import
+  flashinfer_sm120``), through the ``CUDA_HOME`` it inherited, which leads back to the same view.
+* **Probing** (:func:`leased`) opens read-only and creates nothing (a listing prune creates no
+  file).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import threading
+import time
+
+__all__ = ["WAIT_S", "lease_path", "target_of", "hold", "held", "release", "leased", "lease_state", "take_exclusive",
+           "end_exclusive", "foreign_place"]
+
+#: Seconds :func:`hold` waits while a prune holds the lease exclusively (it removes one directory).
+WAIT_S = 90.0
+_POLL_S = 0.02
+_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+
+_lock = threading.Lock()
+_held: dict[str, int] = {}  # lease path -> descriptor holding LOCK_SH (for the process's lifetime)
+
+
+def _after_fork() -> None:
+    global _lock
+    _lock = threading.Lock()  # a thread of the parent may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def lease_path(target: str) -> str:
+    """The lease file of the directory ``target``: ``.<name>.lease`` beside it
+    (:func:`target_of` is the inverse)."""
+    target = os.path.abspath(target).rstrip("/")
+    return os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.lease")
+
+
+def target_of(path: str) -> str | None:
+    """The directory whose lease file ``path`` is, or ``None`` when ``path`` is not one."""
+    name = os.path.basename(path)
+    if not (name.startswith(".") and name.endswith(".lease")) or len(name) <= len("..lease"):
+        return None
+    return os.path.join(os.path.dirname(path), name[1:-len(".lease")])
+
+
+def foreign_place(target: str) -> int | None:
+    """The uid that owns the directory ``target``'s lease file lies in (or, absent, the deepest
+    existing level above it) when that is neither this process's nor root's, else ``None``: no lease
+    is taken or created there (threat-model: P4), so ``cache prune`` keeps such an entry
+    (threat-model: P3).  Creates nothing."""
+    from flashinfer_sm120.safety.formats import deepest_existing
+
+    try:
+        owner = os.stat(os.path.realpath(deepest_existing(os.path.dirname(lease_path(target))))).st_uid
+    except OSError:
+        return None
+    return None if owner in (0, os.geteuid()) else owner
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """The path still names the file open on ``fd`` (prune has not unlinked or replaced it)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _would_block(exc: OSError) -> bool:
+    return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+
+
+# threat-model: P3
+def hold(target: str, wait_s: float = WAIT_S) -> bool:
+    """Take a shared lease on the directory ``target`` for the rest of this process (once per
+    process; forked children share it).  The caller checks that ``target`` exists *after* this
+    returns (a prune may have removed it while this waited).
+
+    Returns:
+        ``True`` when held; ``False`` when it cannot be: the directory beside it is gone or not
+        writable (nothing there for a prune to remove either), or a prune held it for ``wait_s``.
+    """
+    path = lease_path(target)
+    with _lock:
+        fd = _held.get(path)
+        if fd is not None:
+            if _same_file(fd, path):
+                return True
+            os.close(fd)  # unlinked by a prune that found it free (a fork's parent dropped it)
+            del _held[path]
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fd = os.open(path, _FLAGS, 0o600)
+            except OSError:
+                return False
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if not _would_block(exc) or time.monotonic() >= deadline:
+                    return False
+                time.sleep(_POLL_S)  # a prune is removing it: wait, then take it anew
+                continue
+            if _same_file(fd, path):
+                _held[path] = fd
+                return True
+            os.close(fd)  # locked a file prune unlinked meanwhile: take the new one
+
+
+def held(target: str) -> bool:
+    """Whether this process holds the lease on ``target``."""
+    with _lock:
+        return lease_path(target) in _held
+
+
+def release(target: str) -> None:
+    """Give this process's lease on ``target`` back (it chose a directory it will not use).
+    Closed, not unlocked: ``LOCK_UN`` would drop the lock of a forked child sharing it too."""
+    with _lock:
+        fd = _held.pop(lease_path(target), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def leased(target: str) -> bool:
+    """Whether some process holds a lease on ``target`` (read-only probe: creates nothing)."""
+    return lease_state(target) is not None
+
+
+def lease_state(target: str) -> str | None:
+    """``None`` when no process holds a lease on ``target``, else why it is treated as held, in words
+    for a listing: held by a running process, or cannot be told (a symlink, unreadable), which
+    keeps it too.  Read-only probe: creates nothing.  threat-model: P3, P8 (a
+    planted symlink was listed as "a running process holds its lease")"""
+    path = lease_path(target)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # cannot tell: treated as held
+        if exc.errno == errno.ELOOP:
+            return f"its lease file {path} is a symlink, so whether it is in use cannot be told; remove the link"
+        return f"its lease file {path} cannot be checked ({exc.strerror or exc}), so it is treated as in use"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return None
+    except OSError as exc:
+        if _would_block(exc):
+            return f"in use: a running process holds its lease ({path})"
+        return f"its lease file {path} cannot be locked ({exc.strerror or exc}), so it is treated as in use"
+    finally:
+        os.close(fd)
+
+
+# threat-model: P3
+def take_exclusive(target: str) -> int | None:
+    """The lease on ``target`` taken exclusively without waiting, for removing it: the
+    descriptor, or ``None`` when a process holds it (or it cannot be opened): keep ``target``.
+    Creates the lease file when absent, so that a process starting now waits for the removal."""
+    path = lease_path(target)
+    try:
+        fd = os.open(path, _FLAGS, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    if not _same_file(fd, path):
+        os.close(fd)
+        return None
+    return fd
+
+
+def end_exclusive(target: str, fd: int, removed: bool) -> None:
+    """Let go of :func:`take_exclusive`'s lock; when ``target`` was removed, unlink its lease file
+    first (still locked: a process waiting on it then finds the path gone and starts anew)."""
+    try:
+        if removed and _same_file(fd, lease_path(target)):
+            try:
+                os.unlink(lease_path(target))
+            except OSError:
+                pass
+    finally:
+        os.close(fd)

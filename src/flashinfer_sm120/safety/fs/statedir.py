@@ -1,0 +1,288 @@
+"""Where flashinfer-sm120 keeps state on disk (CUDA_HOME views, the nvcc memo): the per-uid
+cache root, chosen and created (check, then create: threat-model P4).  Reading and writing
+the files in it: :mod:`flashinfer_sm120.safety.fs.statefiles`; the path rule, :mod:`flashinfer_sm120.safety.fs.pathpolicy`; who may write, :mod:`flashinfer_sm120.safety.ownership`.
+
+The rules (issue "Keep the promise under production conditions"):
+
+* the cache root is per uid: it must be owned by the current uid and not be
+  writable by group or others; an absolute path made only of characters that
+  FlashInfer's unquoted ninja lines (``cuda_home = ...``) and ``/bin/sh`` carry
+  (:data:`flashinfer_sm120.safety.formats.PATH_RULE`); it is created only after the checks that would
+  refuse it, never inside a tree another uid owns, and never by a command that only lists;
+  a root that breaks a rule is refused with a message naming the variable and
+  the fix, and the next candidate is used;
+* directories it creates (``~/.cache`` included, when absent) are ``0700``
+  level by level whatever the umask (:func:`~flashinfer_sm120.safety.formats.make_private_dirs`).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import tempfile
+
+from flashinfer_sm120.errors import StateFileError, errno_meaning
+from flashinfer_sm120.safety.formats import bounded, deepest_existing, foreign_tree, make_private_dirs
+from flashinfer_sm120.safety.ownership import writable_by_others
+from flashinfer_sm120.safety.fs.pathpolicy import path_problem
+
+logger = logging.getLogger("flashinfer_sm120")
+
+__all__ = [
+    "cache_root",
+    "cache_root_notes",
+    "forget_cache_root",
+    "home_dir",
+    "listing_only",
+    "lists_only",
+    "foreign_tree_message",
+]
+
+_notes: list[str] = []
+#: Set by :func:`listing_only`: this process creates no directory or file of ours.
+_listing = False
+_EXPLICIT = "$FLASHINFER_SM120_CACHE_DIR"
+_root_cache: dict[tuple, str] = {}
+
+
+def forget_cache_root(*, notes: bool = False) -> None:
+    """Forget the cache root chosen in this process (the next :func:`cache_root` chooses again:
+    after the environment changed, in tests); with ``notes``, also the notes about refused
+    candidates (:func:`cache_root_notes`)."""
+    _root_cache.clear()
+    if notes:
+        _notes.clear()
+
+
+def _dir_problem(path: str, what: str, explicit: bool = True) -> str | None:
+    """Ownership/permission check of a cache directory, created (0700) when absent and every check
+    that would refuse it has passed (:func:`_creation_problem`).
+    A candidate the user did not name (``explicit=False``) must also be writable,
+    so that a read-only one falls through to the next; a named one that is not is
+    reported where the write fails, naming the variable."""
+    uid = os.geteuid()
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        problem = _creation_problem(path, what)  # threat-model: P4 (check, then create)
+        if problem is not None:
+            return problem
+        if _listing:  # threat-model: P4 (a command that only lists creates nothing)
+            raise StateFileError(f"{what}={path!r} does not exist yet, and this command only lists: it "
+                                 f"creates nothing (any command that builds creates it)")
+        try:  # every level 0700 whatever the umask: umask 000 must not leave a world-writable ~/.cache
+            make_private_dirs(path)
+            st = os.lstat(path)
+        except OSError as exc:
+            return _os_problem(what, path, "cannot be created", exc)
+    except OSError as exc:
+        return _os_problem(what, path, "cannot be read", exc)
+    if stat.S_ISLNK(st.st_mode):
+        real = os.path.realpath(path)
+        if real == path:
+            return f"{what}={path!r} is a symlink loop"
+        if not os.path.lexists(real):  # whoever creates the target later would own our state
+            return f"{what}={path!r} is a symlink to {real!r}, which does not exist; create it (mode 0700) " \
+                   f"or point the variable elsewhere"
+        return _dir_problem(real, f"{what} (symlink to {real})", explicit)
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{what}={path!r} is not a directory; point it at a directory you own"
+    if st.st_uid != uid:
+        return (f"{what}={path!r} is owned by uid {st.st_uid}, not you (uid {uid}): another user "
+                f"could change what you build with; use a directory of your own")
+    if writable_by_others(st):
+        return (f"{what}={path!r} is writable by other users (mode {stat.filemode(st.st_mode)}); "
+                f"run 'chmod go-w {path}' or use another directory")
+    if not explicit and not os.access(path, os.W_OK | os.X_OK):  # a read-only image's ~/.cache: next one
+        return (f"{what}={path!r} is not writable (a read-only file system or mode "
+                f"{stat.filemode(st.st_mode)}); set FLASHINFER_SM120_CACHE_DIR to a writable directory")
+    return None
+
+
+def _os_problem(what: str, path: str, action: str, exc: OSError) -> str:
+    """``<what>=<path> cannot be <action>: <what the errno means>``, with the fix for that errno
+    (threat-model: P8: chosen by errno, never by exception class)."""
+    fixes = {
+        errno.ENAMETOOLONG: "use a shorter path",
+        errno.ENOSPC: "free space there",
+        errno.EDQUOT: "free space within your quota",
+        errno.ENOTDIR: "remove the file that stands where a directory should be, or use another path",
+        errno.ELOOP: "fix the symbolic links, or use another path",
+    }
+    fix = fixes.get(exc.errno or 0, "use a directory you can write")
+    return (f"{what}={path!r} {action}: {errno_meaning(exc)}; {fix}, or set FLASHINFER_SM120_CACHE_DIR "
+            f"to a directory of your own")
+
+
+#: Bytes of path kept free below the cache root for what is written there
+#: (``cuda-home/<view>/lib64/stubs/libcuda.so``, temp names, lock files).
+ROOM_BYTES = 512
+
+
+def _room_problem(path: str, what: str) -> str | None:
+    """Why ``path`` is too long to hold our files (``ENAMETOOLONG`` later, where no other candidate
+    could be tried): it and :data:`ROOM_BYTES` must fit in the file system's ``PATH_MAX``, and each
+    level in its ``NAME_MAX``.  So such a root falls through to the next candidate.  threat-model: P8"""
+    top = deepest_existing(path)
+    try:
+        path_max, name_max = os.pathconf(top, "PC_PATH_MAX"), os.pathconf(top, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        path_max, name_max = 4096, 255
+    raw = os.fsencode(path)
+    if len(raw) + ROOM_BYTES < path_max and all(len(part) <= name_max for part in raw.split(b"/")):
+        return None
+    exc = OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
+    return _os_problem(what, path, f"leaves no room for the files kept below it ({len(raw)} bytes, "
+                       f"{ROOM_BYTES} more needed, {path_max} allowed)", exc)
+
+
+def foreign_tree_message(what: str, ft, variable: str = "FLASHINFER_SM120_CACHE_DIR") -> str:
+    """The sentence for a :class:`~flashinfer_sm120.safety.formats.ForeignTree`: what would be created
+    where, and the fix (``variable`` names where to point instead)."""
+    return (f"{what}={ft.path!r} does not exist, and it would be created inside {ft.top}, owned by uid "
+            f"{ft.owner}, as uid {ft.uid}: that user's own tools could not write it (pip, FlashInfer "
+            f"and others use ~/.cache). Run as uid {ft.owner} (sudo -u), keep your own home "
+            f"(sudo -H instead of sudo -E), or set {variable} to a directory of your own")
+
+
+def _creation_problem(path: str, what: str) -> str | None:
+    """Why ``path`` (absent) must not be created by this process; ``None`` when it may.
+
+    The deepest existing level must be a directory owned by you, or by root (``/tmp``,
+    ``/var/tmp``: what is created there is yours), and it and every level above it must pass
+    :func:`_ancestors_problem`.  So root with a user's ``HOME`` (``sudo -E``) never makes a
+    root-owned ``~/.cache`` that the user's own tools then cannot write.  threat-model: P4"""
+    top = os.path.realpath(deepest_existing(path))
+    try:
+        st = os.stat(top)
+    except OSError as exc:
+        return _os_problem(what, path, f"cannot be created ({top} cannot be checked)", exc)
+    if not stat.S_ISDIR(st.st_mode):
+        return (f"{what}={path!r} cannot be created: {top} is not a directory; remove it or point the "
+                f"variable elsewhere")
+    foreign = foreign_tree(path)
+    if foreign is not None:
+        return foreign_tree_message(what, foreign)
+    return _ancestors_problem(os.path.join(top, "_"), what)
+
+
+def home_dir() -> str | None:
+    """``$HOME``, else the passwd entry's home, else ``None`` (never ``"~"``:
+    ``os.path.expanduser`` gives ``~`` back when HOME is unset and the uid has no
+    passwd entry, and ``~/.cache`` would then be created in the working directory;
+    an empty ``HOME`` would give ``/``)."""
+    home = os.environ.get("HOME")
+    if home:
+        return home
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.geteuid()).pw_dir or None
+    except (ImportError, KeyError, OSError):
+        return None
+
+
+def _ancestors_problem(real: str, what: str) -> str | None:
+    """Every directory above the cache root must be owned by root or you and not
+    writable by others, unless sticky (``/tmp``): otherwise another user could
+    rename the root away and put their own in its place."""
+    uid = os.geteuid()
+    for parent in _parents(real):
+        try:
+            st = os.stat(parent)
+        except OSError as exc:
+            return f"{what}: cannot check {parent} ({exc.strerror})"
+        if st.st_uid not in (0, uid):
+            return (f"{what}: {parent} above it is owned by uid {st.st_uid}, who could replace it; "
+                    f"use a directory of your own")
+        if writable_by_others(st) and not st.st_mode & stat.S_ISVTX:
+            return (f"{what}: {parent} above it is writable by other users (mode "
+                    f"{stat.filemode(st.st_mode)}), who could replace it; use another directory")
+    return None
+
+
+def _parents(path: str) -> list[str]:
+    out = []
+    p = os.path.dirname(path)
+    while True:
+        out.append(p)
+        if p == os.path.dirname(p):
+            return out
+        p = os.path.dirname(p)
+
+
+def _candidates() -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    explicit = os.environ.get("FLASHINFER_SM120_CACHE_DIR")
+    if explicit:
+        out.append((_EXPLICIT, explicit))
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        out.append(("$XDG_CACHE_HOME/flashinfer-sm120", os.path.join(xdg, "flashinfer-sm120")))
+    home = home_dir()
+    if home is not None:
+        out.append(("~/.cache/flashinfer-sm120", os.path.join(home, ".cache", "flashinfer-sm120")))
+    out.append(("the per-uid fallback",
+                os.path.join(tempfile.gettempdir(), f"flashinfer-sm120-{os.geteuid()}")))
+    return out
+
+
+def cache_root() -> str:
+    """The per-uid directory for flashinfer-sm120's state, created ``0700`` if absent.
+
+    Candidates, first usable wins: ``$FLASHINFER_SM120_CACHE_DIR``,
+    ``$XDG_CACHE_HOME/flashinfer-sm120``, ``~/.cache/flashinfer-sm120``, then
+    ``$TMPDIR/flashinfer-sm120-<uid>``.  A candidate is refused (with a WARNING
+    naming the variable and the fix, also returned by :func:`cache_root_notes`)
+    when it is relative, holds characters FlashInfer's ninja lines cannot carry
+    (:data:`flashinfer_sm120.safety.formats.PATH_RULE`), is owned by another uid, is writable by group
+    or others, or sits below a directory another user could replace it in.
+
+    Returns:
+        An absolute path, symlinks resolved.
+
+    Raises:
+        StateFileError: no candidate is usable (the message lists each reason).
+    """
+    key = tuple(os.environ.get(k) for k in ("FLASHINFER_SM120_CACHE_DIR", "XDG_CACHE_HOME", "HOME",
+                                             "TMPDIR")) + (os.geteuid(),)
+    hit = _root_cache.get(key)
+    if hit is not None:
+        return hit
+    reasons = []
+    for what, path in _candidates():
+        problem = path_problem(path, what) or _room_problem(path, what) or _dir_problem(path, what, what == _EXPLICIT)
+        if problem is None:
+            path = os.path.realpath(path)  # a link planted later cannot redirect us
+            problem = (path_problem(path, f"{what} (resolved)") or _room_problem(path, f"{what} (resolved)")
+                       or _ancestors_problem(path, what))
+        if problem is None:
+            for r in reasons:
+                if r not in _notes:
+                    _notes.append(r)
+                    logger.warning("flashinfer-sm120: not using %s; using %s instead", r, path)
+            _root_cache[key] = path
+            return path
+        reasons.append(bounded(problem))  # it quotes the variable's value: shown in doctor, status
+    raise StateFileError("no usable cache directory for flashinfer-sm120: " + "; ".join(reasons)
+                         + ". Set FLASHINFER_SM120_CACHE_DIR to an absolute directory you own.")
+
+
+def listing_only() -> None:
+    """Declare that this process only lists (``cache prune`` without ``--yes``): from now on :func:`cache_root` creates no directory (an absent root raises
+    :class:`StateFileError`, which every caller already takes as "no state to read or keep"), so
+    the nvcc memo is neither stored nor locked.  threat-model: P4"""
+    global _listing
+    _listing = True
+
+
+def lists_only() -> bool:
+    """Whether :func:`listing_only` was declared in this process (then nothing of ours is written)."""
+    return _listing
+
+
+def cache_root_notes() -> list[str]:
+    """Messages about cache-root candidates refused in this process (for ``doctor``)."""
+    return list(_notes)

@@ -1,0 +1,144 @@
+"""flashinfer-sm120's state files (the nvcc memo, launcher probes, memory estimates, view
+metadata): read safely, written atomically, computed once by one process at a time.
+
+* writes are atomic: a temp file with a random name created with ``O_EXCL``
+  (:func:`tempfile.mkstemp`) in the target directory, then :func:`os.replace`
+  (threat-model: P5);
+* reads never follow a symlink (``O_NOFOLLOW``), never block on a FIFO
+  (``O_NONBLOCK`` + regular-file check), are capped in size, and accept only
+  files owned by the current uid (or root): :mod:`flashinfer_sm120.safety.formats` (threat-model: P6).
+
+Where they live is :func:`flashinfer_sm120.safety.fs.statedir.cache_root`.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from flashinfer_sm120.errors import FormatError, StateFileError, errno_meaning
+from flashinfer_sm120.safety.formats import read_json_file
+
+logger = logging.getLogger("flashinfer_sm120")
+
+T = TypeVar("T")
+
+__all__ = ["MAX_STATE_BYTES", "read_json", "write_atomic", "write_json_atomic", "compute_once"]
+
+#: Largest state file read (bytes).  The memo holds one small entry per nvcc
+#: binary seen; anything larger is not ours and is rewritten.
+MAX_STATE_BYTES = 1 << 20
+
+
+def read_json(path: str, *, max_bytes: int = MAX_STATE_BYTES) -> tuple[Any, str | None]:
+    """Read a JSON state file without following symlinks or blocking
+    (:func:`flashinfer_sm120.safety.formats.read_json_file`: size cap while reading,
+    depth-bounded, ``NaN`` refused, owner checked).
+
+    Args:
+        path: the file.
+        max_bytes: size cap in bytes; a larger file is refused.
+
+    Returns:
+        ``(data, None)``, or ``(None, reason)`` when the file is absent, not a
+        regular file, not owned by the current uid or root, too large, or not
+        JSON.  ``reason`` is ``None`` too when the file simply does not exist.
+    """
+    if not os.path.lexists(path):
+        return None, None
+    try:
+        return read_json_file(path, max_bytes, follow=False, owners=(0, os.geteuid())), None
+    except FormatError as exc:
+        return None, str(exc)
+
+
+def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never half.
+
+    A temp file with a random name is created with ``O_EXCL`` in the same directory
+    (so a name planted by another user is never opened), written, given ``mode``,
+    then renamed over ``path`` with :func:`os.replace`; on any failure it is removed.
+
+    Raises:
+        OSError: as the file system reports it (the caller words the message).
+    """
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + ".", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` atomically (:func:`write_atomic`, mode ``0600``).
+
+    Raises:
+        StateFileError: the directory is not writable or the disk is full; the
+            message names the directory and ``FLASHINFER_SM120_CACHE_DIR``.
+    """
+    try:
+        write_atomic(path, json.dumps(data).encode("utf-8"))
+    except OSError as exc:  # the message by errno, never by exception class (threat-model: P8)
+        directory = os.path.dirname(path) or "."
+        fix = _WRITE_FIXES.get(exc.errno or 0, "make it writable")
+        raise StateFileError(
+            f"cannot write {path}: {errno_meaning(exc)}; {fix.format(dir=directory)}, or set "
+            f"FLASHINFER_SM120_CACHE_DIR to another directory") from exc
+
+
+#: The fix for a failed state-file write, by errno (``{dir}``: the directory written).
+_WRITE_FIXES = {
+    errno.ENOSPC: "free space in {dir}",
+    errno.EDQUOT: "free space within your quota in {dir}",
+    errno.EROFS: "use a directory on a writable file system instead of {dir}",
+    errno.EACCES: "make {dir} writable for you",
+    errno.ENAMETOOLONG: "use a shorter path than {dir}",
+}
+
+
+def compute_once(lock_path: str, lookup: Callable[[], T | None], compute: Callable[[], T], *,
+                 timeout: float, what: str) -> T:
+    """``lookup()``'s answer, else ``compute()`` run by one process at a time.
+
+    Workers starting together wait on a file lock at ``lock_path`` for at most
+    ``timeout`` seconds, then look again (the first one has stored its answer);
+    when the lock cannot be had in time, or at all (a read-only or lock-less file
+    system), they compute themselves.  ``compute`` stores what should be remembered.
+    """
+    hit = lookup()
+    if hit is not None:
+        return hit
+    lock = None
+    try:
+        import filelock
+
+        lock = filelock.FileLock(lock_path, timeout=timeout)
+        lock.acquire()
+    except Exception as exc:  # Timeout, OSError
+        logger.debug("flashinfer-sm120: %s without the lock %s (%s)", what, lock_path, exc)
+        lock = None
+    try:
+        if lock is not None:
+            hit = lookup()
+            if hit is not None:
+                return hit
+        return compute()
+    finally:
+        if lock is not None:
+            try:
+                lock.release()
+            except Exception:
+                pass

@@ -1,0 +1,62 @@
+"""What an ``OSError`` means for the user, chosen by its ``errno`` (never by exception class or
+message text): one table, :data:`BY_ERRNO`, that every command can use.
+
+threat-model: P8 (messages are chosen by errno and name the value and the fix).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+
+__all__ = ["BY_ERRNO", "OsProblem", "describe"]
+
+
+#: errno -> (kind, what happened to ``{path}``, the fix).  ``{path}`` is the file or directory the
+#: operation was on; ``{elsewhere}`` the caller's way to choose another place (a variable or flag).
+BY_ERRNO: dict[int, tuple[str, str, str]] = {
+    errno.ENOSPC: ("space", "the disk holding {path} is full", "free space there, or {elsewhere}"),
+    errno.EDQUOT: ("space", "your disk quota for {path} is used up", "free space there, or {elsewhere}"),
+    errno.EACCES: ("permission", "permission denied on {path}",
+                   "make {path} writable (and its parents searchable) by you, or {elsewhere}"),
+    errno.EPERM: ("permission", "operation not permitted on {path}",
+                  "make {path} yours (or writable by you), or {elsewhere}"),
+    errno.EROFS: ("permission", "{path} is on a read-only file system", "{elsewhere}"),
+    errno.ENAMETOOLONG: ("path", "the path {path} is too long for this file system",
+                         "use a shorter directory, or {elsewhere}"),
+    errno.ELOOP: ("path", "{path} is (or passes through) a symbolic link", "replace the link by a real "
+                  "directory, or {elsewhere}"),
+    errno.ENOTDIR: ("path", "a part of {path} is not a directory", "remove or rename that file, or {elsewhere}"),
+    errno.EISDIR: ("path", "{path} is a directory", "remove or rename it, or {elsewhere}"),
+    errno.ENOENT: ("missing", "{path} does not exist", "check the path"),
+    errno.EEXIST: ("exists", "{path} already exists", "remove it or choose a new path"),
+    errno.EMFILE: ("limit", "too many open files (at {path})", "raise `ulimit -n`"),
+    errno.EFBIG: ("space", "{path} would exceed the file-size limit", "raise `ulimit -f`, or {elsewhere}"),
+    errno.EIO: ("io", "an I/O error on {path}", "check the disk (dmesg), or {elsewhere}"),
+}
+_OTHER = ("io", "{path}: {strerror}", "{elsewhere}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OsProblem:
+    """An ``OSError`` put into words: ``kind`` (``space``, ``permission``, ``path``, ``missing``,
+    ``exists``, ``limit``, ``io``), ``message`` naming the path, and ``fix``."""
+
+    kind: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.message}; {self.fix}"
+
+
+def describe(exc: OSError, path: object = None, elsewhere: str = "choose another directory") -> OsProblem:
+    """``exc`` as an :class:`OsProblem` from :data:`BY_ERRNO`; ``path`` defaults to the
+    exception's own filename."""
+    from flashinfer_sm120.safety.formats import shown
+
+    where = shown(str(path if path is not None else (exc.filename or "the file")), 300)
+    kind, what, fix = BY_ERRNO.get(exc.errno or 0, _OTHER)
+    strerror = shown(exc.strerror or str(exc), 200)
+    return OsProblem(kind, what.format(path=where, strerror=strerror),
+                     fix.format(path=where, elsewhere=elsewhere))

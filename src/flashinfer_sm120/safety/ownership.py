@@ -1,0 +1,176 @@
+"""The ownership rule for what flashinfer-sm120 executes, adopts or builds in (OpenSSH
+``StrictModes`` applied to every step of a path): a file, and every directory in which any
+component of its path is looked up, must be owned by root or by the current uid and must not be
+writable by group or others (group-writable is fine when the group is the user's private group,
+see :func:`writable_by_others`).  A world-writable directory with the
+sticky bit (``/tmp``) is accepted only when root owns it *and* the entry looked up in it is
+owned by root or by you.  :mod:`flashinfer_sm120.safety.trust` applies it to programs and what their wrapper scripts
+run."""
+# threat-model: P2, P4 (the ownership rule: root or the user, not writable by others)
+
+from __future__ import annotations
+
+import functools
+import os
+import stat
+
+from flashinfer_sm120.safety import formats
+
+__all__ = ["MAX_LINKS", "writable_by_others", "Untrusted", "current_uid", "dir_ok", "resolve", "file_ok", "check_path", "check_place"]
+
+MAX_LINKS = 40  # as Linux MAXSYMLINKS
+
+
+def _private_gid() -> int | None:
+    """The current user's private group (user-private-group scheme, the default
+    of Debian/Ubuntu ``useradd``: group named after the user, the user's primary
+    group, no other listed members), or ``None``.  Never for root.  Looked up
+    once per uid (passwd/group may be on LDAP)."""
+    return _private_gid_of(os.geteuid())
+
+
+@functools.lru_cache(maxsize=4)
+def _private_gid_of(uid: int) -> int | None:
+    if uid == 0:
+        return None
+    try:
+        import grp
+        import pwd
+
+        user = pwd.getpwuid(uid)
+        group = grp.getgrgid(user.pw_gid)
+    except (ImportError, KeyError, OSError):
+        return None
+    if group.gr_name != user.pw_name or any(m != user.pw_name for m in group.gr_mem):
+        return None
+    return user.pw_gid
+
+
+def writable_by_others(st: os.stat_result) -> bool:
+    """Whether someone other than the owner can write the file or directory ``st``
+    describes: world-writable, or group-writable by a group that is not the
+    current user's private group (:func:`_private_gid`; under the umask ``002``
+    those user-private-group systems use, a user's own venv is group-writable
+    by a group that holds only that user).  The sticky bit is the caller's
+    business."""
+    if st.st_mode & stat.S_IWOTH:
+        return True
+    return bool(st.st_mode & stat.S_IWGRP) and st.st_gid != _private_gid()
+
+
+class Untrusted(Exception):
+    """A path breaks the ownership rule; the message names it and the fix."""
+
+
+def current_uid() -> int:
+    return os.geteuid() if hasattr(os, "geteuid") else 0
+
+
+def dir_ok(directory: str, entry: str | None, uid: int) -> None:
+    st = os.stat(directory)
+    if st.st_uid not in (0, uid):
+        raise Untrusted(f"{directory} is owned by uid {st.st_uid}, not root or you (uid {uid})")
+    if writable_by_others(st):
+        if st.st_mode & stat.S_ISVTX and st.st_uid == 0 and entry is not None:
+            try:
+                owner = os.lstat(entry).st_uid
+            except OSError:
+                owner = -1
+            if owner in (0, uid):  # the sticky bit stops others replacing it
+                return
+            raise Untrusted(
+                f"{entry} is owned by uid {owner} in {directory}, a directory everyone can write "
+                f"(mode {stat.filemode(st.st_mode)}); only entries of root or you are trusted there: "
+                f"move the toolkit out of {directory}")
+        raise Untrusted(
+            f"{directory} is writable by other users (mode {stat.filemode(st.st_mode)}); "
+            f"run 'chmod go-w {directory}' or use a path outside it")
+
+
+def resolve(path: str, uid: int) -> str:
+    """Resolve ``path`` component by component (like :func:`os.path.realpath`),
+    checking every directory in which a component is looked up."""
+    if not os.path.isabs(path):
+        path = os.path.abspath(path)
+    todo = [c for c in path.split("/") if c]
+    cur = "/"
+    links = 0
+    dir_ok("/", None, uid)
+    while todo:
+        c = todo.pop(0)
+        if c == ".":
+            continue
+        if c == "..":
+            cur = os.path.dirname(cur)
+            continue
+        nxt = os.path.join(cur, c)
+        dir_ok(cur, nxt, uid)
+        st = os.lstat(nxt)
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > MAX_LINKS:
+                raise Untrusted(f"{path}: too many levels of symbolic links (a link loop)")
+            target = os.readlink(nxt)
+            if target.startswith("/"):
+                cur = "/"
+            todo = [t for t in target.split("/") if t] + todo
+        else:
+            cur = nxt
+    return cur
+
+
+def file_ok(real: str, uid: int) -> os.stat_result:
+    st = os.stat(real)
+    if st.st_uid not in (0, uid):
+        raise Untrusted(f"{real} is owned by uid {st.st_uid}, not root or you (uid {uid})")
+    if writable_by_others(st):
+        raise Untrusted(f"{real} is writable by other users (mode {stat.filemode(st.st_mode)}); "
+                         f"run 'chmod go-w {real}'")
+    return st
+
+
+def check_path(path: str) -> str | None:
+    """Check a file or directory we adopt (headers, libraries, a toolkit root):
+    every directory on the way and the entry itself, links followed.
+
+    Returns:
+        ``None`` when trusted, else a sentence naming the offending path and the fix.
+    """
+    uid = current_uid()
+    try:
+        real = resolve(path, uid)
+        file_ok(real, uid)
+    except Untrusted as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"cannot check {path}: {exc.strerror or exc}"
+    return None
+
+
+def check_place(path: str, what: str, fix: str | None = None) -> str | None:
+    """Check a directory we write into and run builds from (FlashInfer's JIT directory, absent
+    levels included): its deepest existing level and every directory on the way must be root's
+    or yours and not writable by others; a root-owned sticky directory such as ``/tmp`` may hold
+    it (others cannot move what we create there).  Another user who can replace a level can swap
+    the ``build.ninja`` that ninja then runs, or the ``.so`` the server loads (``sudo`` keeping
+    another user's ``HOME``, a shared ``FLASHINFER_WORKSPACE_BASE``).
+
+    Returns:
+        ``None`` when trusted, else a sentence naming ``what``, the offending path and the fix.
+    """
+    uid = current_uid()
+    here = os.path.abspath(path)
+    while not os.path.lexists(here) and os.path.dirname(here) != here:
+        here = os.path.dirname(here)
+    fix = fix or f"Fix: set FLASHINFER_WORKSPACE_BASE to a directory of your own (for example {os.path.expanduser('~')})"
+    try:
+        real = resolve(here, uid)
+        st = os.stat(real)
+        sticky_root = stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and st.st_mode & stat.S_ISVTX
+        if not (sticky_root and here != os.path.abspath(path)):
+            file_ok(real, uid)
+    except Untrusted as exc:
+        return f"{what} {formats.shown(path, 200)} is not safe to build in: {exc}. {fix}"
+    except OSError as exc:
+        return f"cannot check {what} {formats.shown(path, 200)}: {exc.strerror or exc}. {fix}"
+    return None

@@ -1,0 +1,73 @@
+"""`cache export` of what is built in a JIT workspace, by module name or --all, without a manifest; imported
+into an empty workspace it leaves FlashInfer's own ninja nothing to do.  An export obeys --max-bytes and
+the free-space check in both forms.  Compiles with a fake compiler (ninja files are real)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import needs_flashinfer, run_py
+from integration.test_cachepack import FAKE_CC, LOAD_AGAIN, cli
+
+pytestmark = [needs_flashinfer, pytest.mark.slow]  # seconds: a whole build in child processes
+
+
+@pytest.fixture
+def built(clean_env, tmp_path, real_nvcc13):
+    """`build --arch 12.0 activation` (the README's way: by name, no manifest) with a fake compiler."""
+    cc = tmp_path / "fakecc"
+    cc.write_text(FAKE_CC)
+    cc.chmod(0o755)
+    log = tmp_path / "cc.log"
+    env = dict(clean_env, FLASHINFER_NVCC_LAUNCHER=str(cc), CXX=str(cc), FAKE_CC_LOG=str(log), FAKE_GPU_CAPS="")
+    proc = cli(["build", "--arch", "12.0", "activation", "-j", "2", "--json"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (module,) = json.loads(proc.stdout)["modules"]
+    assert module["status"] == "built"
+    return env, log, module["name"], tmp_path
+
+
+def test_export_by_name_imports_on_an_empty_workspace_without_compiling(built):
+    env, log, name, tmp = built
+    out = tmp / "act.tar.gz"
+    proc = cli(["cache", "export", str(out), "activation", "--arch", "12.0", "--json"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] and doc["error"] is None and doc["modules"] == [{"module": name, "status": "exported"}]
+
+    every = tmp / "all"
+    proc = cli(["cache", "export", str(every), "--all", "--arch", "12.0", "--json"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [m["module"] for m in json.loads(proc.stdout)["modules"] if m["status"] == "exported"] == [name]
+
+    ws = Path(env["FLASHINFER_WORKSPACE_BASE"])
+    ws.rename(tmp / "ws-built")  # another box: the same paths, nothing built
+    for src in (out, every):
+        proc = cli(["cache", "import", str(src), "--json"], env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+        doc = json.loads(proc.stdout)
+        assert doc["ok"] and [m["status"] for m in doc["modules"]] == ["installed"], doc
+        before = log.read_text()
+        res, _ = run_py(LOAD_AGAIN, dict(env, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0"))
+        assert res["err"] is None or "Ninja build failed" not in res["err"], res
+        assert log.read_text() == before  # FlashInfer's own ninja run compiled nothing
+        shutil.rmtree(ws)
+
+
+@pytest.mark.parametrize("form", ["dir", "x.tar.gz"])
+def test_export_obeys_max_bytes_in_both_forms(built, form):
+    """Regression: a directory export bypassed --max-bytes (120 MiB of sparse files past a 64M cap)."""
+    env, _log, name, tmp = built
+    so = next(Path(env["FLASHINFER_WORKSPACE_BASE"]).rglob(f"{name}/{name}.so"))
+    with open(so.parent / "padding.bin", "wb") as fh:  # exported with the module's files
+        fh.truncate(120 << 20)
+    out = tmp / form
+    proc = cli(["cache", "export", str(out), "activation", "--arch", "12.0", "--max-bytes", "64M", "--json"], env)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 2 and doc["error"]["kind"] == "limit", doc
+    assert str(64 << 20) in doc["error"]["message"]
+    assert not out.exists()

@@ -1,0 +1,273 @@
+"""`cache import`: one verified install step for archive and directory exports (the same caps, free-space
+check and locking), temporary files with random names removed only by their creator, FlashInfer's
+per-module lock held while installing, so importers in separate PID namespaces (containers, all pid 1)
+sharing one JIT dir both succeed.  threat-model: P5, P6, P7."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import needs_flashinfer
+
+pytestmark = needs_flashinfer
+
+TOP = "flashinfer-sm120-cache"
+
+#: Installs the export argv[1] with the caps argv[2] (bytes) into this environment's JIT dir, after
+#: the go-file argv[3] appears (if given); prints one ``@@`` JSON line.  Settling (regenerating
+#: build.ninja, asking ninja) is covered by tests/integration/test_cachepack.py; here it is a no-op.
+INSTALL = r"""
+import json, os, sys, time
+from pathlib import Path
+from flashinfer_sm120.warmup import cachemeta, cachepack, session
+from flashinfer.jit import env as jit_env
+src, max_total = sys.argv[1], int(sys.argv[2])
+go = sys.argv[3] if len(sys.argv) > 3 else None
+cachepack._settle = lambda entry, sess: {}
+cachepack._refusal = lambda *a: None  # entries and sources: tests/integration/test_cachepack.py and safety section 4
+out = {"jit_dir": str(jit_env.FLASHINFER_JIT_DIR), "pid": os.getpid()}
+try:
+    meta = cachemeta.check_members(src)
+    fp = meta.fingerprint
+    sess = session.Session(fp["flashinfer"], fp["cuda_home"], fp["cuda_version"], fp["targets"],
+                           Path(fp["jit_dir"]), "")
+    if go:
+        Path(go + "." + sys.argv[4]).touch()
+        while not os.path.exists(go):
+            time.sleep(0.005)
+    out["report"] = cachepack.install(src, sess, limits=cachemeta.Limits(max_total=max_total))
+except session.BuildError as exc:
+    out.update(error=str(exc), kind=getattr(exc, "kind", None))
+print("@@" + json.dumps(out))
+"""
+
+
+def _sha(data_or_size) -> str:
+    h = hashlib.sha256()
+    if isinstance(data_or_size, int):
+        block = bytes(1 << 20)
+        left = data_or_size
+        while left:
+            h.update(block[:min(left, len(block))])
+            left -= min(left, len(block))
+    else:
+        h.update(data_or_size)
+    return h.hexdigest()
+
+
+def make_export(where: Path, files: dict[str, bytes | int], name: str = "m") -> Path:
+    """A directory export of one module ``name``: ``files`` maps paths under the export's top folder
+    to their bytes, or to a size for a sparse file of zeros."""
+    top = where / TOP
+    for rel, data in files.items():
+        p = top / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, int):
+            with open(p, "wb") as fh:
+                fh.truncate(data)
+        else:
+            p.write_bytes(data)
+    meta = {"format": 1, "fingerprint": {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0",
+                                         "cuda_home": "/usr/local/cuda", "jit_dir": "/nowhere"},
+            "modules": [{"name": name, "files": {rel: _sha(d) for rel, d in files.items()}}]}
+    (top / "meta.json").write_bytes(json.dumps(meta).encode())
+    return where
+
+
+def as_archive(export: Path, out: Path) -> Path:
+    """The directory export as `cache export` writes an archive: meta.json first."""
+    with tarfile.open(out, "w:gz", compresslevel=1) as tar:
+        tar.add(export / TOP / "meta.json", f"{TOP}/meta.json")
+        for p in sorted((export / TOP).rglob("*")):
+            if p.is_file() and p.name != "meta.json":
+                tar.add(p, f"{TOP}/{p.relative_to(export / TOP)}")
+    return out
+
+
+def _run(env, *args, prefix=()):
+    return subprocess.Popen([*prefix, sys.executable, "-c", INSTALL, *map(str, args)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _result(proc, timeout=300) -> dict:
+    out, err = proc.communicate(timeout=timeout)
+    for line in reversed(out.splitlines()):
+        if line.startswith("@@"):
+            return json.loads(line[2:])
+    raise AssertionError(f"no result (exit {proc.returncode}):\n{out[-2000:]}\n{err[-4000:]}")
+
+
+@pytest.mark.parametrize("form", ["directory", "archive"])
+def test_max_bytes_holds_for_both_forms_before_anything_is_written(clean_env, tmp_path, form):
+    """Regression: a directory export bypassed --max-bytes (120 MiB of sparse files written past a 64M cap)."""
+    src = make_export(tmp_path / "exp", {"jit/m/m.so": 60 << 20, "jit/m/a.o": 60 << 20})
+    if form == "archive":
+        src = as_archive(src, tmp_path / "exp.tar.gz")
+    res = _result(_run(clean_env, src, 64 << 20))
+    assert res.get("kind") == "archive" and "64" in res["error"] and "--max-bytes" in res["error"], res
+    assert not (Path(res["jit_dir"]) / "m").exists()
+
+
+@pytest.mark.parametrize("form", ["directory", "archive"])
+def test_free_space_is_checked_for_both_forms_before_anything_is_written(clean_env, tmp_path, form):
+    src = make_export(tmp_path / "exp", {"jit/m/m.so": 40 << 20})
+    if form == "archive":
+        src = as_archive(src, tmp_path / "exp.tar.gz")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    # a 16 MiB file system for the JIT dir (a private mount namespace; the unpack dir stays on /tmp)
+    code = f"mount -t tmpfs -o size=16m tmpfs {ws} && exec \"$@\""
+    res = _result(_run(dict(clean_env, FLASHINFER_WORKSPACE_BASE=str(ws)), src, 1 << 30,
+                       prefix=("unshare", "-m", "sh", "-c", code, "sh")))
+    assert res.get("kind") == "space" and "free" in res["error"], res
+
+
+def _race(env, src, tmp_path, rounds=3):
+    for r in range(rounds):
+        go = tmp_path / f"go{r}"
+        procs = [_run(env, src, 1 << 30, go, i, prefix=("unshare", "-pf", "--mount-proc")) for i in (0, 1)]
+        while not all(Path(f"{go}.{i}").exists() for i in (0, 1)):
+            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+            time.sleep(0.01)
+        go.touch()
+        yield [_result(p) for p in procs]
+
+
+def test_importers_in_separate_pid_namespaces_both_succeed(clean_env, tmp_path):
+    """Regression: part files were named `.{name}.import-{pid}` and unlinked in `finally` by whoever
+    failed; two containers (both pid 1) importing one export into a shared JIT dir both failed."""
+    files = {f"jit/m/p{i}.o": os.urandom(1 << 20) * 8 for i in range(4)}
+    files["jit/m/m.so"] = os.urandom(1 << 20) * 8
+    src = make_export(tmp_path / "exp", files)
+    for r, results in enumerate(_race(clean_env, src, tmp_path)):
+        assert [res.get("error") for res in results] == [None, None], results
+        assert {res["pid"] for res in results} == {1}
+        statuses = sorted(res["report"][0]["status"] for res in results)
+        assert statuses == ["already present", "installed"], (r, results)
+        jit = Path(results[0]["jit_dir"]) / "m"
+        assert sorted(p.name for p in jit.iterdir()) == sorted(Path(f).name for f in files)  # no part left
+        for rel, data in files.items():
+            assert (jit / Path(rel).name).read_bytes() == data
+        for p in jit.iterdir():
+            p.unlink()
+
+
+def test_a_kill_9_leftover_part_file_does_not_fail_the_next_import(clean_env, tmp_path):
+    """Regression: a part file left by a killed importer (pid 1 in its container) made the next one fail
+    with EEXIST; it is not this importer's file, so it is left alone."""
+    src = make_export(tmp_path / "exp", {"jit/m/m.so": b"module"})
+    probe = _result(_run(clean_env, tmp_path / "none", 1))  # where the JIT dir is
+    jit = Path(probe["jit_dir"]) / "m"
+    jit.mkdir(parents=True)
+    leftover = jit / ".m.so.import-1"
+    leftover.write_bytes(b"half")
+    res = _result(_run(clean_env, src, 1 << 30, prefix=("unshare", "-pf", "--mount-proc")))
+    assert res["pid"] == 1 and res.get("error") is None, res
+    assert res["report"][0]["status"] == "installed"
+    assert (jit / "m.so").read_bytes() == b"module" and leftover.read_bytes() == b"half"
+
+
+def test_import_waits_for_flashinfers_module_lock(clean_env, tmp_path):
+    """A server building the module holds FlashInfer's lock (jit/core.py: FLASHINFER_JIT_DIR/tmp/NAME.lock);
+    the importer installs only after it is released."""
+    src = make_export(tmp_path / "exp", {"jit/m/m.so": b"module"})
+    probe = _result(_run(clean_env, tmp_path / "none", 1))
+    jit = Path(probe["jit_dir"])
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, flashinfer_sm120\nfrom filelock import FileLock\nfrom flashinfer.jit import core\n"
+        "spec_lock = core.get_tmpdir() / 'm.lock'\n"  # what JitSpec.lock_path is for a module named m
+        "with FileLock(str(spec_lock), thread_local=False):\n"
+        "    print(core.get_tmpdir(), flush=True)\n    sys.stdin.readline()\n")],
+        env=clean_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == str(jit / "tmp")
+    importer = _run(clean_env, src, 1 << 30)
+    for _ in range(300):  # the importer got as far as the lock, and no further
+        if any(d.name == "m" for d in jit.iterdir()):
+            break
+        time.sleep(0.02)
+    assert importer.poll() is None and not (jit / "m" / "m.so").exists()
+    holder.communicate("\n", timeout=60)
+    res = _result(importer)
+    assert res["report"][0]["status"] == "installed" and (jit / "m" / "m.so").read_bytes() == b"module"
+
+
+@pytest.mark.parametrize("form", ["directory", "archive"])
+def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
+    """Regression: FlashInfer's per-module lock was taken before the refusal was decided, so an export
+    whose modules are all refused (no manifest entry: nothing of it is installed) still created
+    ``cached_ops/tmp/<name>.lock`` for every module it named, up to 10,000 names of its choosing
+    (threat-model: P4, check then create)."""
+    from flashinfer_sm120.safety.fs.tmpdirs import private_dir
+    from flashinfer_sm120.warmup import cachemeta, cachepack, session
+
+    names = ["evil_a", "evil_b"]
+    src = make_export(tmp_path / "exp", {f"jit/{n}/x.so": b"E" for n in names}, name="evil_a")
+    meta_path = src / TOP / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["modules"] = [{"name": n, "files": {f"jit/{n}/x.so": _sha(b"E")}} for n in names]
+    meta_path.write_text(json.dumps(meta))
+    if form == "archive":
+        src = as_archive(src, tmp_path / "exp.tar.gz")
+    jit, gen = tmp_path / "ws" / "cached_ops", tmp_path / "ws" / "generated"
+    sess = session.Session("0.7.4", "/usr/local/cuda", "13.0", ["12.0f"], jit, "")
+    parsed = cachemeta.read_meta(str(src))
+    with private_dir("fi-sm120-test-") as tmp:
+        root = cachepack._unpack(str(src), Path(tmp), parsed, cachemeta.Limits())
+        report = cachepack._install_from(root, parsed, {"jit": jit, "generated": gen}, sess, False,
+                                         cachemeta.Limits(), str(src))
+    assert [r["status"] for r in report] == ["refused", "refused"], report
+    assert not (tmp_path / "ws").exists(), sorted(str(p) for p in (tmp_path / "ws").rglob("*"))
+
+
+#: Imports, from an export argv[1] written here, one module per head dim in argv[2:] whose entries are
+#: honest (this FlashInfer's generator and name) but which carry no file; prints the report and the
+#: JIT dir's listing as one ``@@`` JSON line.
+EMPTY_MODULES = r"""
+import json, os, sys
+from pathlib import Path
+from flashinfer_sm120.warmup import cachepack, session
+from flashinfer_sm120.core.jitenv import generators
+session.set_arch("12.0")
+sess = session.prepare("12.0")
+from flashinfer.jit import env as jit_env
+bf, i32 = {"dtype": "bfloat16"}, {"dtype": "int32"}
+gen = "flashinfer.jit.attention.modules:gen_batch_decode_module"
+entries, mods = [], []
+for hd in map(int, sys.argv[2:]):
+    params = {"args": [bf, bf, bf, i32, hd, hd, 0, False, False], "kwargs": {}}
+    name = generators.call(gen, params).name
+    entries.append({"format": 1, "name": name, "flashinfer": sess.flashinfer, "targets": ["12.0f"],
+                    "regenerable": True, "generator": gen, "params": params})
+    mods.append({"name": name, "files": {}})
+top = Path(sys.argv[1]) / "flashinfer-sm120-cache"
+top.mkdir(parents=True)
+(top / "meta.json").write_text(json.dumps({"format": 1, "fingerprint": sess.fingerprint(), "modules": mods,
+                                            "manifest": entries}))
+jit = Path(jit_env.FLASHINFER_JIT_DIR)
+report = cachepack.install(sys.argv[1], sess)
+print("@@" + json.dumps({"report": report, "jit": sorted(os.listdir(jit)) if jit.exists() else []}))
+"""
+
+
+def test_an_honest_entry_that_carries_no_library_is_refused_before_anything_is_made(clean_env, tmp_path):
+    """Regression: an export whose modules carry no file (honest manifest entries, up to 10,000 of
+    them) was 'installed': each made a module directory with FlashInfer's build.ninja in the JIT dir and
+    ran ninja twice, then was reported stale; nothing of the export was installed.  threat-model: P4, P6"""
+    proc = subprocess.run([sys.executable, "-c", EMPTY_MODULES, str(tmp_path / "exp"), "64", "96"], env=clean_env,
+                          capture_output=True, text=True, timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("@@")]
+    assert lines, proc.stderr[-3000:]
+    res = json.loads(lines[-1][2:])
+    assert [r["status"] for r in res["report"]] == ["refused", "refused"], res["report"]
+    assert all("library" in r["why"] for r in res["report"])
+    assert [n for n in res["jit"] if n != "tmp"] == [], res["jit"]

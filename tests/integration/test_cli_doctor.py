@@ -1,0 +1,259 @@
+"""``flashinfer-sm120 doctor``: a verdict on the first line and an exit status to match, one screen by
+default (everything under --verbose and --json), typed findings, --arch, --smoke on its own."""
+
+import json
+
+import pytest
+
+from conftest import cli, needs_flashinfer
+from unit.safety.fs.test_state_dir import _created, _env, _user_home, needs_root, shared_tmp  # noqa: F401  (fixture)
+from flashinfer_sm120.cli import doctor, main
+from flashinfer_sm120.diagnose.verify import diagnosis
+from flashinfer_sm120.diagnose.verify.diagnosis import CHECKS, Finding, Level, diagnose
+
+#: Words of the code base a user must not meet in the default report.
+INTERNAL = ("CompilationContext", "_normalize_cuda_arch", "era sm120", "TARGET_CUDA_ARCHS", "patched_modules")
+
+
+def _screen(text: str) -> list[str]:
+    lines = text.splitlines()
+    assert len(lines) <= doctor.SHORT_LINES, f"{len(lines)} lines:\n{text}"
+    assert not [ln for ln in lines if len(ln) > doctor.WIDTH], text
+    assert not [w for w in INTERNAL if w in text], text
+    return lines
+
+
+@needs_flashinfer
+def test_doctor_says_ok_first_and_fits_one_screen(clean_env, real_nvcc13):
+    """58 lines, six over 200 characters, internal names on line 2, and no verdict."""
+    proc = cli(["doctor", "--arch", "12.0", "--timeout", "60"], clean_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    lines = _screen(proc.stdout)
+    assert lines[0].startswith("OK: FlashInfer will build sm_120f with nvcc 13."), lines[0]
+    assert "Targets: sm_120f (from --arch 12.0)" in lines
+    alone = [ln for ln in lines if ln.startswith("FlashInfer alone: ")]
+    assert len(alone) == 1 and alone[0].startswith(("FlashInfer alone: would work", "FlashInfer alone: would fail because"))
+    assert lines[-1].startswith("More: flashinfer-sm120 doctor --verbose")
+
+
+@needs_flashinfer
+def test_doctor_without_targets_says_problem_and_the_fix_and_exits_1(clean_env, real_nvcc13):
+    proc = cli(["doctor", "--timeout", "60"], clean_env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
+    lines = _screen(proc.stdout)
+    assert lines[0].startswith("PROBLEM: no targets: no GPU visible and no FLASHINFER_CUDA_ARCH_LIST")
+    assert "Fix: doctor --arch 12.0" in " ".join(lines[:3])
+    verbose = cli(["doctor", "--verbose", "--timeout", "60"], clean_env)
+    assert verbose.returncode == 1 and verbose.stdout.splitlines()[0] == lines[0]
+    assert len(verbose.stdout.splitlines()) > len(lines) and "CUDA toolkits found (preference order):" in verbose.stdout
+
+
+def test_a_bad_arch_is_refused_naming_the_value(capsys):
+    assert main(["doctor", "--arch", "12.x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flashinfer-sm120: error: ") and "12.x" in err
+
+
+def test_smoke_runs_the_smoke_steps_without_the_report(monkeypatch, capsys):
+    """``doctor --smoke`` spent 26-30 s on the full report before its 3 s of smoke steps."""
+    from flashinfer_sm120.diagnose.verify import report, smoke
+
+    calls = {"collect": 0, "smoke": 0}
+
+    def collect(*a, **k):
+        calls["collect"] += 1
+        raise AssertionError("the full report was collected")
+
+    def run_smoke(*a, **k):
+        calls["smoke"] += 1
+        return smoke.SmokeResult(True, [smoke.Step("toolkit", "passed", 0.0, "nvcc 13.0")], None, 1.5,
+                                 "/opt/cuda", ["sm_120f"])
+
+    monkeypatch.setenv("FLASHINFER_SM120_QUIET", "")  # doctor sets these two for its own process:
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "")  # restored after this in-process run
+    monkeypatch.setattr(report, "collect", collect)
+    monkeypatch.setattr(doctor, "collect", collect)
+    monkeypatch.setattr(smoke, "run_smoke", run_smoke)
+    assert main(["doctor", "--smoke", "--arch", "12.0"]) == 0
+    out = capsys.readouterr().out
+    assert calls == {"collect": 0, "smoke": 1}
+    assert out.startswith("OK: a tiny kernel built for sm_120f") and "toolkit" in out
+    monkeypatch.setattr(smoke, "run_smoke", lambda *a, **k: smoke.SmokeResult(
+        False, [smoke.Step("compile", "failed", 0.2, "compile failed (exit 1)", "nvcc fatal")], "compile", 0.3))
+    assert main(["doctor", "--smoke", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["smoke"]["failed"] == "compile"
+
+
+def _report(**over) -> dict:
+    """The report of a machine where everything fits (the shape of verify.report.collect)."""
+    tk = {"root": "/opt/cu13", "nvcc": "/opt/cu13/bin/nvcc", "sources": ["pip"], "nvcc_full": "13.0.88"}
+    r = {"flashinfer_sm120": "0.2.0", "python": "/venv/bin/python", "torch_version": "2.13.0", "torch_from": "/t",
+         "torch_cuda": "13.0", "flashinfer_installed": True, "flashinfer": "0.7.4",
+         "release": {"supported": True, "arch_rules": "r", "min_nvcc": None}, "gpu_source": "nvml",
+         "gpus": [{"index": 0, "name": "NVIDIA GeForce RTX 5090", "capability": "12.0"}],
+         "FLASHINFER_CUDA_ARCH_LIST": None, "cleaned": [],
+         "candidates": [dict(tk, state="chosen", why="first", header_version="13.0", version_from="nvcc")],
+         "resolution": {"choice": {"toolkit": tk, "targets": ["sm_120f"], "usable": []},
+                        "cuda_home": {"path": "/opt/cu13", "is_view": False, "added": [], "curand_include": "/i"},
+                        "arch_list_error": None},
+         "before": {"cuda_home": "/opt/cu13", "cuda_version": "13.0", "target_cuda_archs": ["sm_120f"]},
+         "after": {"status": {"mode": "patched", "steps": {}}, "jit_dir": "/j", "exported": {}},
+         "autoload": {}, "disabled": False}
+    r.update(over)
+    return r
+
+
+def test_a_new_check_is_one_line_and_its_warning_is_printed(monkeypatch):
+    """How other checks add a doctor line: a function yielding typed findings, appended to CHECKS."""
+    def jit_verbose(report):
+        yield Finding(Level.WARNING, "jit-verbose", "FLASHINFER_JIT_VERBOSE=1 changes every build line",
+                      "unset FLASHINFER_JIT_VERBOSE")
+
+    monkeypatch.setattr(diagnosis, "CHECKS", [*CHECKS, jit_verbose])
+    lines = doctor.render(_report())
+    assert lines[0].startswith("OK: FlashInfer will build sm_120f with nvcc 13.0.88 at /opt/cu13")
+    assert ("WARNING: FLASHINFER_JIT_VERBOSE=1 changes every build line. Fix: unset FLASHINFER_JIT_VERBOSE"
+            in lines)
+
+    def broken(report):
+        yield Finding(Level.PROBLEM, "x", "something fails", "do this")
+
+    monkeypatch.setattr(diagnosis, "CHECKS", [*CHECKS, broken])
+    d = diagnose(_report())
+    assert not d.ok and d.problems[0].code == "x"
+    assert doctor.render(_report())[0] == "PROBLEM: something fails. Fix: do this"
+
+
+def test_a_raising_check_is_a_note_and_the_rest_still_run(monkeypatch):
+    def bad(report):
+        raise KeyError("x")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(diagnosis, "CHECKS", [bad, *CHECKS])
+    d = diagnose(_report())
+    assert d.ok and [f.code for f in d.findings] == ["check-error"]
+
+
+@pytest.mark.parametrize("over, works, why", [
+    ({}, True, "with /opt/cu13 (nvcc 13.0), for sm_120f"),
+    ({"before": {"error": "RuntimeError('boom')"}}, False, "its own import or toolkit lookup failed"),
+    ({"before": {"error": "not run: x", "skipped": "x"}}, None, "not checked: x"),
+    ({"before": {"cuda_home": "/opt/cu13", "cuda_version": "13.0", "target_cuda_archs": []}}, False,
+     "it targets nothing"),
+])
+def test_flashinfer_alone_says_would_work_or_would_fail_because(over, works, why, tmp_path):
+    r = _report(**over)
+    if "cuda_home" in r["before"]:  # a real nvcc file where FlashInfer alone looks
+        (tmp_path / "bin").mkdir()
+        (tmp_path / "bin" / "nvcc").write_text("")
+        r["before"]["cuda_home"] = str(tmp_path)
+        why = why.replace("/opt/cu13", str(tmp_path))
+    a = diagnosis.alone(r)
+    assert a.works is works and a.why.startswith(why), a
+    line = [ln for ln in doctor.render(r) if ln.startswith("FlashInfer alone:")][0]
+    assert line == {True: f"FlashInfer alone: would work, {a.why}", False: f"FlashInfer alone: would fail because "
+                    f"{a.why}", None: f"FlashInfer alone: {a.why}"}[works][:doctor.WIDTH] or "..." in line
+
+
+def test_flashinfer_alone_with_a_refused_toolkit_would_fail_with_the_reason(tmp_path):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvcc").write_text("")
+    r = _report(before={"cuda_home": str(tmp_path), "cuda_version": "12.8", "target_cuda_archs": ["sm_120a"]})
+    r["candidates"].append({"root": str(tmp_path), "sources": ["CUDA_HOME"], "state": "rejected",
+                            "why": "nvcc 12.8 cannot build sm_120f"})
+    a = diagnosis.alone(r)
+    assert a.works is False and a.why.endswith("nvcc 12.8 cannot build sm_120f")
+
+
+def test_help_has_a_description_and_the_exit_codes(capsys):
+    with pytest.raises(SystemExit):
+        main(["doctor", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "the first line is OK or PROBLEM with the fix" in text
+    for code in doctor.EXIT_CODES:
+        assert f"{code}: " in text
+    assert "--verbose" in text and "--arch" in text
+
+
+def _with_build_line(report: dict) -> dict:
+    """``report`` with its build-line section as doctor collects it (from this process's environment)."""
+    from flashinfer_sm120.cli import buildline_report
+
+    report["build_line"] = buildline_report.doctor_section(report)
+    return report
+
+
+def test_a_build_line_variable_and_modules_warmed_with_other_values_are_warnings_on_the_default_screen(
+        monkeypatch, tmp_path):
+    """Regression: FLASHINFER_JIT_VERBOSE=1 and the modules it makes rebuild were shown under --verbose only."""
+    from flashinfer_sm120.core.facts import buildline
+
+    for v in buildline.BUILD_VARS:
+        monkeypatch.delenv(v.name, raising=False)
+    jit = tmp_path / "jit"
+    (jit / "sampling").mkdir(parents=True)
+    assert buildline.record(jit / "sampling", buildline.snapshot({}, "0.7.4")) is None  # warmed with nothing set
+    monkeypatch.setenv("FLASHINFER_JIT_VERBOSE", "1")
+    report = _with_build_line(_report(after={"status": {"mode": "patched", "steps": {}}, "jit_dir": str(jit),
+                                             "exported": {}}))
+    d = diagnose(report)
+    assert d.ok and {"build-line-variable", "build-line-stale"} <= {f.code for f in d.findings}
+    lines = _screen("\n".join(doctor.render(report)))
+    text = " ".join(lines)
+    assert "WARNING: FLASHINFER_JIT_VERBOSE=1 changes every build line" in text
+    assert "the warm cache will be rebuilt" in text
+    assert "WARNING: 1 built module was built with other values of FLASHINFER_JIT_VERBOSE" in text
+    monkeypatch.delenv("FLASHINFER_JIT_VERBOSE")
+    assert not {f.code for f in diagnose(_with_build_line(_report())).findings} & {"build-line-variable"}
+
+
+def test_a_toolkit_whose_version_file_disagrees_with_its_nvcc_is_a_warning_with_the_fix(tmp_path, cache_dir):
+    """Regression: Toolkit.disagreement was in doctor --json only."""
+    from flashinfer_sm120.core.toolkit import inspect
+    from unit.core.toolkit.test_toolkit_version import _lying_toolkit
+
+    lying = inspect(str(_lying_toolkit(tmp_path / "cuda"))).to_dict()
+    chosen = _report()["candidates"][0]
+    report = _report(candidates=[chosen, dict(lying, state="rejected", why="nvcc 12.8")])
+    found = [f for f in diagnose(report).findings if f.code == "version-disagreement"]
+    assert len(found) == 1 and found[0].level is Level.WARNING
+    assert "says CUDA 13.0.88" in found[0].text and "12.8.93" in found[0].text and "reinstall" in found[0].fix
+    screen = " ".join(_screen("\n".join(doctor.render(report))))
+    assert "WARNING: " in screen and "says CUDA 13.0.88, but" in screen and "Fix: reinstall that toolkit" in screen
+    assert not [f for f in diagnose(_report()).findings if f.code == "version-disagreement"]
+
+
+def test_sglangs_own_targets_are_a_note_on_the_default_screen(tmp_path, monkeypatch):
+    """SGLang's set_cuda_arch() sets 12.0a in its model processes: said on the default screen, not only --verbose."""
+    import importlib
+
+    from helpers.servers import install_standins
+
+    for v in ("FLASHINFER_JIT_VERBOSE", "SGLANG_IS_FLASHINFER_AVAILABLE"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.syspath_prepend(str(install_standins(tmp_path / "site", "sglang")))
+    importlib.invalidate_caches()
+    base = _report()
+    base["resolution"]["choice"]["capabilities"] = ["12.0"]
+    report = _with_build_line(base)
+    notes = [f for f in diagnose(report).findings if f.code == "server-arch"]
+    assert len(notes) == 1 and notes[0].level is Level.NOTE
+    assert notes[0].text.startswith("SGLang will build for sm_120a (its ") and "set_cuda_arch" in notes[0].text
+    assert any(ln.startswith("NOTE: SGLang will build for sm_120a") for ln in _screen("\n".join(doctor.render(report))))
+
+
+@needs_root
+def test_doctor_as_root_with_a_users_home_refuses_to_import_flashinfer_there(shared_tmp):
+    """Regression: doctor imported FlashInfer (twice: itself and the FlashInfer-alone child), which
+    made a root-owned ~/.cache/flashinfer in the user's home under sudo -E; status already asked first."""
+    home = _user_home(shared_tmp)
+    env = _env(home, shared_tmp / "tmp")
+    env.pop("FLASHINFER_WORKSPACE_BASE", None)
+    proc = cli(["doctor", "--json", "--arch", "12.0", "--timeout", "60"], env, timeout=300)
+    assert proc.returncode == 1 and _created(home) == [], proc.stderr[-2000:]
+    first = json.loads(proc.stdout)["diagnosis"]["findings"][0]
+    assert first["level"] == "problem" and first["code"] == "workspace-foreign-tree"
+    assert str(home) in first["text"] and "sudo -H" in first["fix"] and "FLASHINFER_WORKSPACE_BASE" in first["fix"]
+    text = cli(["doctor", "--arch", "12.0", "--timeout", "60"], env, timeout=300)
+    assert text.returncode == 1 and _created(home) == []
+    assert text.stdout.startswith("PROBLEM: FlashInfer was not imported: its JIT cache"), text.stdout[:500]

@@ -1,0 +1,196 @@
+"""What the second new-user walk-through found (2026-12-01), each kept as a test: fixes that
+named ``pip install flashinfer-sm120`` (not on PyPI), a traceback for a missing dependency,
+``status --json`` printing text, an unwritable home with no fix, a set-but-bad arch list
+reported as unset, hints for ``--arch 12`` and mistyped modules, a launcher called "sccache
+None", two different fixes for one mixed pip toolkit, a broken ninja reported per module, a
+malformed ``CUDA_HOME`` said twice, and ``doctor`` silent about modules built for other targets."""
+
+import json
+import os
+
+import pytest
+
+from conftest import cli, needs_flashinfer
+from packaging.version import Version
+
+from flashinfer_sm120.core.facts import arch, reinstall, workspace
+from flashinfer_sm120.cli import main
+from flashinfer_sm120.cli.doctor_sections import inventory_lines
+from flashinfer_sm120.cli.status import status_line
+from flashinfer_sm120.core.patch.laststatus import from_status
+from flashinfer_sm120.core.facts.arch import ArchListError
+from flashinfer_sm120.core.toolkit import fixes, ninja
+from flashinfer_sm120.core.toolkit.model import Toolkit
+from flashinfer_sm120.diagnose.verify import inventory
+from flashinfer_sm120.warmup import buildreport, modules
+
+
+# --------------------------------------------------------------------------- the reinstall fix
+
+
+def test_a_missing_dependency_names_that_dependency():
+    exc = ModuleNotFoundError("No module named 'filelock'", name="filelock")
+    assert reinstall.fix_for(exc) == "pip install filelock (a dependency of flashinfer-sm120)"
+    assert reinstall.fix_for(ModuleNotFoundError("x", name="pynvml")).startswith("pip install nvidia-ml-py")
+
+
+def test_any_other_break_reinstalls_from_the_checkout_never_from_pypi(monkeypatch):
+    class Dist:
+        def read_text(self, name):
+            assert name == "direct_url.json"
+            return json.dumps({"url": "file:///home/me/flashinfer-sm120", "dir_info": {}})
+
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: Dist())
+    fix = reinstall.fix_for(RuntimeError("boom"))
+    assert fix.startswith("pip install --force-reinstall /home/me/flashinfer-sm120 ")
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: (_ for _ in ()).throw(OSError()))
+    assert "--force-reinstall /path/to/flashinfer-sm120" in reinstall.fix_for(RuntimeError("boom"))
+
+
+def test_no_message_in_the_package_installs_flashinfer_sm120_from_pypi():
+    src = os.path.join(os.path.dirname(reinstall.__file__))
+    for root, _, files in os.walk(src):
+        for name in files:
+            if name.endswith(".py"):
+                text = open(os.path.join(root, name)).read()
+                assert "install --force-reinstall flashinfer-sm120" not in text, name
+                assert "pip install flashinfer-sm120" not in text, name
+
+
+@pytest.mark.parametrize("args", [["doctor", "--timeout", "30"], ["cache", "prune"], ["status"]])
+def test_missing_dependency_is_one_line_with_the_fix_not_a_traceback(hiding, tmp_path, args):
+    home = tmp_path / "home"  # prune also lists ~/.cache/sglang: never the real home's
+    home.mkdir()
+    proc = cli(args, dict(hiding("filelock"), HOME=str(home)), timeout=300)
+    if args[0] != "cache":  # a dry-run prune of empty caches takes no lock, so it needs no filelock
+        assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "pip install filelock" in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("args", [["status", "--json"], ["doctor", "--json", "--timeout", "30"]])
+def test_json_is_json_even_with_a_dependency_missing(hiding, args):
+    proc = cli(args, hiding("filelock"), timeout=300)
+    assert proc.returncode != 0
+    st = json.loads(proc.stdout)
+    assert st["mode"] == "failed" and "pip install filelock" in st["error"]
+
+
+def test_no_command_prints_the_help_and_exits_2(capsys):
+    """A bare ``flashinfer-sm120`` printed only argparse's 'required: command' error."""
+    assert main([]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("usage: flashinfer-sm120") and "doctor" in out and "Start with 'flashinfer-sm120 doctor'" in out
+
+
+# --------------------------------------------------------------------------- status
+
+
+@needs_flashinfer
+def test_status_json_is_json_when_flashinfer_is_missing(hiding):
+    proc = cli(["status", "--json"], hiding("flashinfer"))
+    assert proc.returncode == 1
+    st = json.loads(proc.stdout)
+    assert st["mode"] == "not installed" and "pip install flashinfer-python" in st["error"]
+
+
+@needs_flashinfer
+@pytest.mark.parametrize("args", [["status", "--json"], ["build", "--arch", "12.0", "sampling"]])
+def test_an_unwritable_home_names_flashinfer_workspace_base(clean_env, tmp_path, args):
+    home = tmp_path / "home"
+    home.write_text("a file, not a directory")  # FlashInfer cannot create ~/.cache/flashinfer
+    env = dict(clean_env, HOME=str(home))
+    env.pop("FLASHINFER_WORKSPACE_BASE")
+    proc = cli(args, env)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out, out[-3000:]
+    assert "Fix: FLASHINFER_WORKSPACE_BASE=" in out and str(home) in out
+    assert "Please report" not in out
+    if args[0] == "status":
+        assert json.loads(proc.stdout)["mode"] == "failed"
+
+
+def test_status_says_a_set_but_unusable_arch_list_is_unusable():
+    st = {"mode": "patched", "target_cuda_archs": [],
+          "resolution": {"choice": {"toolkit": {"nvcc_full": "13.0.88", "root": "/tk"}},
+                         "arch_list_error": "FLASHINFER_CUDA_ARCH_LIST='12.0x': entry '12.0x' is not ..."}}
+    line = status_line(from_status(st))
+    assert "'12.0x'" in line and "no FLASHINFER_CUDA_ARCH_LIST" not in line
+    st["resolution"]["arch_list_error"] = None
+    assert "no FLASHINFER_CUDA_ARCH_LIST" in status_line(from_status(st))
+
+
+# --------------------------------------------------------------------------- hints
+
+
+@pytest.mark.parametrize("value, meant", [("12", "12.0"), ("9", "9.0"), ("10", "10.0")])
+def test_a_bare_major_gets_did_you_mean(value, meant):
+    with pytest.raises(ArchListError, match=f"Did you mean '{meant}'"):
+        arch.parse_arch_list(value, source="--arch")
+
+
+def test_a_mistyped_module_gets_did_you_mean():
+    with pytest.raises(modules.ModuleError, match="did you mean 'sampling'"):
+        modules.expand(["samplng"])
+    with pytest.raises(modules.ModuleError) as exc:
+        modules.expand(["qqqq"])
+    assert "did you mean" not in str(exc.value)
+
+
+def test_a_launcher_that_is_not_sccache_is_not_called_sccache_none():
+    section = {"cache": {"launcher": "/usr/bin/env", "verdict": {"ok": True, "nvcc_version": "13.0.88"}}}
+    (line,) = [x for x in buildreport.doctor_lines(section) if "compiler cache:" in x]
+    assert "None" not in line and "sccache" not in line, line
+
+
+# --------------------------------------------------------------------------- one fix per fault
+
+
+def test_a_mixed_pip_toolkit_gets_one_fix():
+    mixed = Toolkit(root="/sp/nvidia/cu13", nvcc="/sp/nvidia/cu13/bin/nvcc", sources=("pip",),
+                    nvcc_version=Version("13.0"), nvcc_full="13.0.88", header_version=Version("13.5"), problem="nvcc 13.0 with CUDA headers 13.5 (...): install one "
+                    "consistent set: pip install 'cuda-toolkit[nvcc,cccl,curand]==13.0.*'")
+    fix = fixes.toolkit_fix(Version("12.9"), "13.0", [mixed])
+    assert fix.count("pip install") == 1, fix
+    assert "==13.0.*" in fix and "--force-reinstall" not in fix
+
+
+def test_a_broken_ninja_says_reinstall_and_build_stops_once(clean_env, tmp_path):
+    broken = ninja.Ninja("/venv/bin/ninja", "/venv/bin/ninja", ("wheel",), None, "could not be run")
+    with pytest.raises(ninja.NinjaError, match="pip install --force-reinstall ninja"):
+        ninja.choose(found=[broken])
+
+
+def test_an_import_failure_under_the_guard_ends_with_the_fix():
+    msg = workspace.import_failure(RuntimeError("nvcc not found"),
+                                 {"mode": "guard", "resolution": {"fix": "pip install 'cuda-toolkit[nvcc]'"}})
+    assert msg.endswith("Fix: pip install 'cuda-toolkit[nvcc]'")
+    assert workspace.import_failure(ValueError("x"), {"mode": "patched"}) == "importing FlashInfer failed: ValueError('x')"
+
+
+# --------------------------------------------------------------------------- doctor: other targets
+
+
+def test_doctor_points_at_modules_built_for_other_targets(tmp_path):
+    tag = "nvcc13.0.88-aaaa"
+    built = tmp_path / "0.7.4" / "120f" / tag / "cached_ops" / "sampling"
+    built.mkdir(parents=True)
+    (built / "sampling.so").write_bytes(b"\x7fELF")
+    here = tmp_path / "0.7.4" / tag / "cached_ops"  # no GPU, no arch list: no targets part
+    here.mkdir(parents=True)
+    assert inventory.other_targets(str(here)) == {"120f": 1}
+    section = inventory.inventory(str(here), [], prebuilt=False)
+    text = "\n".join(inventory_lines(section))
+    assert "no modules built" in text and "120f (1)" in text
+    assert inventory.other_targets(str(built.parent)) == {}  # the built directory itself
+
+
+def test_a_mistyped_option_does_not_call_a_module_unrecognized(capsys):
+    with pytest.raises(SystemExit):
+        main(["build", "--headdim", "128", "--arch", "12.0", "decode"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --headdim;" in err and "did you mean --head-dim?" in err
+    assert "decode" not in err.split("unrecognized arguments:")[1]

@@ -1,0 +1,165 @@
+"""``flashinfer-sm120 status``: answered from what the last resolution recorded (no torch, no
+FlashInfer import) while nothing it was made from changed; exit 1 when nothing can be built."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import needs_flashinfer
+from flashinfer_sm120.cli import main, status
+from flashinfer_sm120.core.patch import laststatus
+
+#: ``status`` in a new interpreter (not the fork server, which has torch loaded already), reporting
+#: which of torch and FlashInfer it imported.
+_STATUS = ("import sys\nfrom flashinfer_sm120.cli import main\nrc = main(sys.argv[1:])\n"
+           "print('@@loaded', sorted({m.partition('.')[0] for m in sys.modules} & {'torch', 'flashinfer'}))\n"
+           "sys.exit(rc)\n")
+
+
+def _status(env, *args):
+    proc = subprocess.run([sys.executable, "-c", _STATUS, "status", *args], env=env, capture_output=True,
+                          text=True, timeout=600)
+    out, _, loaded = proc.stdout.rpartition("@@loaded ")
+    return proc, out, loaded.strip()
+
+
+@needs_flashinfer
+def test_a_second_status_reads_the_record_without_importing_torch_or_flashinfer(clean_env, real_nvcc13):
+    """``status`` took 8-20 s for one line: it imported torch and FlashInfer every time."""
+    env = dict(clean_env)
+    first, line, loaded = _status(env, "--arch", "12.0")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "no usable record (nothing recorded yet" in first.stderr and loaded == "['flashinfer', 'torch']"
+    again, line2, loaded2 = _status(env, "--arch", "12.0")
+    assert again.returncode == 0 and line2 == line and line.rstrip().endswith("; targets sm_120f")
+    assert loaded2 == "[]" and "importing FlashInfer" not in again.stderr, again.stderr
+    as_json, out, _ = _status(env, "--arch", "12.0", "--json")
+    st_ = json.loads(out)
+    assert st_["source"] == "record" and st_["targets"] == ["sm_120f"] and st_["mode"] in ("patched", "noop")
+    # another input (the targets): the record does not hold, and says why
+    other, line3, loaded3 = _status(env, "--arch", "12.1")
+    assert "what the record was made from changed (env)" in other.stderr and loaded3 == "['flashinfer', 'torch']"
+    assert line3.rstrip().endswith("; targets sm_121a")
+    fresh, _, loaded4 = _status(env, "--arch", "12.1", "--fresh")
+    assert fresh.returncode == 0 and loaded4 == "['flashinfer', 'torch']"
+
+
+@needs_flashinfer
+def test_a_package_installed_since_invalidates_the_record(clean_env, real_nvcc13, tmp_path):
+    """A ``pip install`` adds or removes a ``.dist-info`` on ``sys.path``: a record made before it
+    may no longer hold (another FlashInfer, torch or nvcc wheel)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    env = dict(clean_env, PYTHONPATH=f"{site}:{clean_env['PYTHONPATH']}")
+    assert _status(env, "--arch", "12.0")[0].returncode == 0
+    assert _status(env, "--arch", "12.0")[2] == "[]"
+    (site / "newpkg-1.0.dist-info").mkdir()
+    proc, _, loaded = _status(env, "--arch", "12.0")
+    assert "(mtimes)" in proc.stderr and loaded == "['flashinfer', 'torch']"
+
+
+@needs_flashinfer
+def test_no_targets_exits_1_from_both_paths(clean_env, real_nvcc13):
+    """No GPU and no arch list printed ``patched: ...; targets none`` and exited 0, so a CI gate passed
+    a set-up whose first JIT build fails."""
+    for source in ("import", "record"):
+        proc, line, loaded = _status(clean_env)
+        assert proc.returncode == 1, (source, proc.stderr[-2000:])
+        assert "targets none, nothing can be built" in line and "status --arch 12.0" in line
+        assert (loaded == "[]") == (source == "record")
+
+
+def test_exit_codes_follow_what_can_be_built():
+    tk = {"nvcc_full": "13.0.88", "root": "/tk", "nvcc": "/tk/bin/nvcc"}
+    assert status.exit_code({"mode": "patched", "toolkit": tk, "targets": ["sm_120f"]}) == 0
+    assert status.exit_code({"mode": "noop", "toolkit": tk, "targets": ["sm_120f"]}) == 0
+    assert status.exit_code({"mode": "patched", "toolkit": tk, "targets": []}) == 1
+    for mode in ("guard", "failed", "disabled", "not installed", "reverted", "idle"):
+        assert status.exit_code({"mode": mode, "toolkit": None, "targets": []}) == 1
+
+
+def test_help_documents_the_exit_codes(capsys):
+    with pytest.raises(SystemExit):
+        main(["status", "--help"])
+    text = " ".join(capsys.readouterr().out.split()).replace("- ", "-")  # argparse wraps at hyphens
+    for code, meaning in status.EXIT_CODES.items():
+        assert f"{code}: {' '.join(meaning.split())}" in text
+
+
+def test_a_record_from_other_inputs_is_not_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.0")
+    rec = laststatus.LastStatus(mode="patched", error=None, toolkit=None, targets=["sm_120f"], arch_list_error=None,
+                                flashinfer="0.7.4")
+    laststatus.save(rec, laststatus.inputs())
+    assert laststatus.load().status == dict(rec)
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.1")
+    got = laststatus.load()
+    assert got.status is None and "(env)" in got.why_not
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.0")
+    monkeypatch.setenv("SOME_OTHER_SETTING", "1")  # any variable: hashed, never written out
+    got = laststatus.load()
+    assert got.status is None and "(other_env)" in got.why_not
+    assert "SOME_OTHER_SETTING" not in (tmp_path / "c" / laststatus.FILE).read_text()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=300))
+def test_arch_option_takes_a_value_or_refuses_it_with_a_bounded_message(value):
+    """``--arch`` of status and doctor: build's grammar; anything else exits 2 with one bounded line
+    (and, with ``--json``, status's one failure document on stdout)."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from flashinfer_sm120.cli.common import apply_arch
+    from flashinfer_sm120.errors import UsageError
+
+    saved = __import__("os").environ.get("FLASHINFER_CUDA_ARCH_LIST")
+    try:
+        try:
+            apply_arch(value)
+            return
+        except UsageError as exc:
+            assert str(exc) and exc.fix
+        buf, out = io.StringIO(), io.StringIO()
+        with redirect_stderr(buf), redirect_stdout(out):
+            rc = main(["status", "--arch", value, "--json"]) if value and not value.startswith("-") else 2
+        assert rc == 2
+        if out.getvalue():
+            assert json.loads(out.getvalue())["mode"] == "failed"
+        if buf.getvalue():
+            assert buf.getvalue().startswith("flashinfer-sm120: error: ") and len(buf.getvalue()) < 8000
+    finally:
+        import os
+
+        if saved is None:
+            os.environ.pop("FLASHINFER_CUDA_ARCH_LIST", None)
+        else:
+            os.environ["FLASHINFER_CUDA_ARCH_LIST"] = saved
+
+
+def test_python_and_python3_and_python_m_share_the_record(clean_env, tmp_path):
+    """The console script runs ``bin/python3`` with its own directory first on sys.path, ``python -m``
+    runs ``bin/python`` with the working directory first: the same set-up, so the same inputs."""
+    import os
+    from pathlib import Path
+
+    bindir = Path(sys.executable).parent
+    code = "import json; from flashinfer_sm120.core.patch.laststatus import inputs; print(json.dumps(inputs()))"
+    script = tmp_path / "show_inputs.py"
+    script.write_text(code + "\n")
+    seen = []
+    for exe in ("python", "python3"):
+        if not (bindir / exe).exists():
+            continue
+        for argv in (["-c", code], [str(script)]):
+            proc = subprocess.run([str(bindir / exe), *argv], env=clean_env, cwd=tmp_path, capture_output=True,
+                                  text=True, timeout=300)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            seen.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert len(seen) >= 2 and all(s == seen[0] for s in seen), [s["python"] for s in seen]
+    assert os.path.realpath(sys.executable) == seen[0]["python"][0]

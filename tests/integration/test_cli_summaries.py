@@ -1,0 +1,51 @@
+"""Cases from a fresh user's walk through the README (kept so they stay fixed)."""
+
+import os
+import subprocess
+import sys
+
+from conftest import make_toolkit, needs_flashinfer, run_code, run_py
+
+SUMMARY = """
+import json, os, helpers.fakegpu, flashinfer_sm120, flashinfer
+print("@@" + json.dumps({"summary": flashinfer_sm120.status()["summary"]}))
+"""
+
+
+@needs_flashinfer
+def test_summary_says_targets_came_from_the_arch_list_when_no_gpu(clean_env, real_nvcc13):
+    env = dict(clean_env, FAKE_GPU_CAPS="", FLASHINFER_CUDA_ARCH_LIST="12.0")
+    out, proc = run_py(SUMMARY, env)
+    assert "targets sm_120f (from FLASHINFER_CUDA_ARCH_LIST='12.0')" in out["summary"], out
+    # with GPUs and no list, the GPUs are named as the source
+    env = dict(clean_env, FAKE_GPU_CAPS="12.0")
+    out, _ = run_py(SUMMARY, env)
+    assert "targets sm_120f (GPUs from" in out["summary"], out
+
+
+@needs_flashinfer
+def test_missing_cuda_home_is_named_once(clean_env, real_nvcc13, tmp_path):
+    missing = str(tmp_path / "nonexistent" / "cuda")
+    env = dict(clean_env, FAKE_GPU_CAPS="12.0", CUDA_HOME=missing)
+    out, _ = run_py(SUMMARY, env)
+    assert f"not $CUDA_HOME={missing}: directory does not exist" in out["summary"], out
+    assert out["summary"].count(f"$CUDA_HOME={missing}") == 1, out
+
+
+def test_enable_refuses_a_site_dir_that_does_not_exist(tmp_path, clean_env):
+    typo = tmp_path / "no-such-site"
+    proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "enable", "--site-dir", str(typo)],
+                          capture_output=True, text=True, env=clean_env, timeout=120)
+    assert proc.returncode == 2 and "is not an existing directory" in proc.stderr, proc.stderr
+    assert not typo.exists()
+
+
+@needs_flashinfer
+def test_build_for_an_unknown_gpu_prints_the_fix_once(clean_env, real_nvcc13):
+    env = dict(clean_env, FAKE_GPU_CAPS="")
+    code = ("import helpers.fakegpu, sys\nfrom flashinfer_sm120.cli import main\n"
+            "sys.exit(main(['build', '--arch', '15.0', 'sampling', '--ninja-only']))\n")
+    proc = run_code(code, env, 600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.count("Fix: upgrade flashinfer-sm120") == 1, proc.stderr[-3000:]
+    assert "--arch sets FLASHINFER_CUDA_ARCH_LIST" in proc.stderr

@@ -1,0 +1,44 @@
+"""Fourth attack round, where FlashInfer builds: a JIT directory another user can change is refused.
+
+Failed before its fix: ``build`` (and ``cache import``) wrote ``build.ninja`` files and ran ninja in a
+JIT directory under a directory another user owns or everyone may write (``sudo`` keeping another
+user's ``HOME``; a shared ``FLASHINFER_WORKSPACE_BASE``), where that user could replace a level and
+swap the ``build.ninja`` ninja runs or the ``.so`` the server loads.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from helpers.untrusted import make_unsafe
+from conftest import needs_flashinfer
+
+pytestmark = needs_flashinfer
+
+
+def _build(env):
+    return subprocess.run([sys.executable, "-m", "flashinfer_sm120", "build", "--ninja-only", "--arch", "12.0",
+                           "sampling"], env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("how", ["world-writable", "another user's"])
+def test_a_jit_directory_another_user_can_change_is_refused(clean_env, tmp_path, how):
+    base = tmp_path / "base"
+    base.mkdir()
+    make_unsafe(base, how)
+    env = dict(clean_env, FLASHINFER_WORKSPACE_BASE=str(base))
+    proc = _build(env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in out, out[-3000:]
+    assert "not safe to build in" in out and str(base) in out and "FLASHINFER_WORKSPACE_BASE" in out, out[-3000:]
+    assert not list(base.rglob("build.ninja"))
+
+
+def test_a_jit_directory_of_your_own_is_used(clean_env, tmp_path):
+    env = dict(clean_env, FLASHINFER_WORKSPACE_BASE=str(tmp_path / "mine"))
+    proc = _build(env)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert list((tmp_path / "mine").rglob("build.ninja"))

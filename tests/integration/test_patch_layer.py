@@ -1,0 +1,243 @@
+"""Patch-layer faults from issues 5 and 6, each reproduced in a child process.
+
+Issue 6: 1 (NVML missing while torch sees the GPU), 2 (guard; an explicit arch
+target the toolkit cannot build never reaches nvcc), 5 (one JIT dir per
+toolkit), 7 (a cleaned CUDA_HOME is reported).  Issue 5: 10 (missing
+dependency), 13 (status tells what really happened).
+"""
+
+import json
+import os
+
+import pytest
+
+from conftest import make_toolkit, needs_flashinfer, run_code, run_py
+from helpers.patching import logging_toolkit
+
+STATE = """
+import json, os, sys
+import flashinfer_sm120 as s
+def report(**kw):
+    st = s.status()
+    kw.update(mode=st["mode"], error=st["error"], summary=st["summary"], steps=st["steps"],
+              targets=st["target_cuda_archs"], exported=st["exported"], env_cuda_home=os.environ.get("CUDA_HOME"),
+              gpu_source=(st["resolution"] or {}).get("gpu_source"))
+    print("@@" + json.dumps(kw))
+"""
+
+
+@needs_flashinfer
+def test_nvml_missing_falls_back_to_torch(clean_env, real_nvcc13):
+    env = dict(clean_env, FAKE_GPU_CAPS="12.0", FAKE_NVML="missing", FAKE_TORCH_CUDA="13.0")
+    out, proc = run_py("import helpers.fakegpu\n" + STATE + "import flashinfer\nreport()\n", env)
+    assert out["mode"] == "patched", proc.stderr
+    assert out["targets"] == ["sm_120f"]  # not the empty set that brings back the seed crash
+    assert out["gpu_source"].startswith("torch.cuda (NVML: nvmlInit failed")
+    assert "GPUs from torch.cuda" in out["summary"]
+    # a broken nvidia-ml-py (any exception, not only NVMLError) is the same case; FlashInfer
+    # imports pynvml itself, so a missing one is not a case that reaches FlashInfer
+    broken = ("import helpers.fakegpu, pynvml\n"
+              "def init(): raise OSError('broken libnvidia-ml.so.1')\n"
+              "pynvml.nvmlInit = init\n")
+    out, proc = run_py(broken + STATE + "import flashinfer\nreport()\n", dict(env, FAKE_NVML=""))
+    assert out["mode"] == "patched" and out["targets"] == ["sm_120f"], proc.stderr
+    assert out["gpu_source"].startswith("torch.cuda (NVML: nvmlInit failed: broken libnvidia-ml.so.1")
+
+
+@needs_flashinfer
+def test_explicit_arch_target_never_reaches_an_nvcc_that_cannot_build_it(clean_env, tmp_path):
+    log = tmp_path / "nvcc.log"
+    tk = logging_toolkit(tmp_path / "cuda-12.8", "12.8.93", log)
+    base = dict(clean_env, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="12.8", CUDA_HOME=str(tk),
+                PATH=f"{tk}/bin:{os.environ['PATH']}")
+    build = """
+from flashinfer.jit.sampling import gen_sampling_module
+def build():
+    try:
+        gen_sampling_module().build_and_load()
+        return "ran"
+    except Exception as e:
+        return type(e).__name__ + ": " + str(e)
+"""
+    # At import: 12.0f asked, only nvcc 12.8 of torch's major -> guard, nothing runs nvcc.
+    out, proc = run_py("import helpers.fakegpu\n" + STATE + "import flashinfer\n" + build + "report(build=build())\n",
+                       dict(base, FLASHINFER_CUDA_ARCH_LIST="12.0f"))
+    assert out["mode"] == "guard", proc.stderr
+    assert out["build"].startswith("ToolkitError: flashinfer-sm120 stopped this FlashInfer JIT build")
+    assert "sm75" not in out["build"] and "sm_120f" in out["build"]
+    assert not log.exists() or "compute_120f" not in log.read_text()
+    # nvcc 12.8 builds 120a, as FlashInfer 0.7.4 alone would (noop); then the arch list
+    # changes at run time: refused before nvcc.
+    code = ("import helpers.fakegpu\n" + STATE + "import flashinfer\n" + build
+            + "os.environ['FLASHINFER_CUDA_ARCH_LIST'] = '12.0f'\nreport(build=build())\n")
+    out, proc = run_py(code, base)
+    assert out["mode"] in ("noop", "patched") and out["targets"] == ["sm_120a"], proc.stderr
+    assert "sm_120f cannot be built by nvcc 12.8" in out["build"] and "FLASHINFER_CUDA_ARCH_LIST='12.0f'" in out["build"]
+    assert not log.exists() or "compute_120f" not in log.read_text()
+
+
+@needs_flashinfer
+def test_each_toolkit_gets_its_own_jit_dir(clean_env, real_nvcc13):
+    if not os.path.isfile("/usr/local/cuda-13.0/bin/nvcc") or "/usr/local/cuda-13.0" == real_nvcc13:
+        pytest.skip("needs two CUDA 13 toolkits: pip nvcc and /usr/local/cuda-13.0")
+    env = dict(clean_env, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0")
+    code = "import helpers.fakegpu\n" + STATE + """
+import flashinfer, flashinfer.jit.env as e
+dirs, prebuilt = [], []
+for home in (None, "/usr/local/cuda-13.0", None, "/usr/local/cuda-13.0"):
+    s.revert()
+    if home: os.environ["CUDA_HOME"] = home
+    else: os.environ.pop("CUDA_HOME", None)
+    st = s.install()
+    dirs.append([str(e.FLASHINFER_JIT_DIR), st["resolution"]["choice"]["toolkit"]["root"]])
+    prebuilt.append([str(e.FLASHINFER_CUBIN_DIR), str(e.FLASHINFER_AOT_DIR)])
+s.revert()
+alone = [str(e.FLASHINFER_CUBIN_DIR), str(e.FLASHINFER_AOT_DIR)]
+report(dirs=dirs, prebuilt=prebuilt, alone=alone)
+"""
+    out, proc = run_py(code, env)
+    (a, ra), (b, rb), (c, _), (d, _) = out["dirs"]
+    assert ra != rb, out  # two different toolkits were chosen ...
+    assert a != b and a == c and b == d  # ... each with its own, stable JIT dir
+    assert os.path.dirname(os.path.dirname(a)) == os.path.dirname(os.path.dirname(b))  # same arch dir
+    # prebuilt cubins and AOT modules are still looked up where FlashInfer alone looks
+    assert all(p == out["alone"] for p in out["prebuilt"])
+    assert out["alone"][0] == os.path.join(env["FLASHINFER_WORKSPACE_BASE"], ".cache", "flashinfer", "cubins")
+
+
+@needs_flashinfer
+@pytest.mark.parametrize("value", [":{tk}", "{tk}/bin", "{tk}/bin/nvcc"])
+def test_cleaned_cuda_home_is_reported(clean_env, real_nvcc13, value):
+    env = dict(clean_env, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0",
+               CUDA_HOME=value.format(tk=real_nvcc13))
+    out, proc = run_py("import helpers.fakegpu\n" + STATE + "import flashinfer\nreport()\n", env)
+    assert out["mode"] in ("patched", "noop")
+    assert f"CUDA_HOME={env['CUDA_HOME']!r} is malformed" in out["summary"]
+    assert f"Fix: export CUDA_HOME={real_nvcc13}" in out["summary"]
+    assert proc.stderr.count("is malformed") == 1, proc.stderr  # said once, in the summary
+
+
+@pytest.mark.parametrize("dep", ["wrapt", "packaging", "packaging.version"])
+def test_missing_dependency_never_breaks_import(clean_env, dep):
+    code = (f"import sys, json\nsys.modules[{dep!r}] = None\nimport flashinfer_sm120 as s\n"
+            "st = s.install(); print('@@' + json.dumps({'mode': st['mode'], 'error': st['error']}))\n")
+    out, proc = run_py(code, clean_env)
+    assert out["mode"] == "failed" and dep.split(".")[0] in out["error"]
+    assert proc.stderr.count("flashinfer-sm120 cannot load") == 1 and "Traceback" not in proc.stderr
+
+
+@needs_flashinfer
+def test_flashinfer_failing_at_import_is_not_reported_patched(clean_env, real_nvcc13):
+    env = dict(clean_env, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0")
+    code = "import helpers.fakegpu\n" + STATE + """
+import importlib.abc
+class Boom(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "flashinfer.jit.cpp_ext":
+            raise ImportError("injected: cpp_ext cannot be imported")
+sys.meta_path.insert(0, Boom())
+try:
+    import flashinfer
+    raised = None
+except ImportError as exc:
+    raised = str(exc)
+report(raised=raised)
+"""
+    out, proc = run_py(code, env)
+    assert out["raised"] and out["mode"] == "failed", out
+    assert "FlashInfer raised during its own import" in out["error"]
+    assert out["env_cuda_home"] is None and out["exported"] == {}
+
+
+@needs_flashinfer
+def test_renamed_current_compilation_context_is_not_reported_patched(clean_env, real_nvcc13):
+    env = dict(clean_env, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0")
+    code = """
+import wrapt, helpers.fakegpu
+def rename(mod):
+    mod.renamed_context = mod.__dict__.pop("current_compilation_context")
+wrapt.register_post_import_hook(rename, "flashinfer.jit.core")  # runs before ours
+""" + STATE + """
+try:  # FlashInfer's own modules import the old name too, so its import fails as well
+    import flashinfer
+except ImportError:
+    pass
+report()
+"""
+    out, proc = run_py(code, env)
+    assert out["mode"] == "failed" and "current_compilation_context" in out["error"], out
+    assert out["env_cuda_home"] is None and out["exported"] == {}
+    assert "every change was undone" in proc.stderr
+
+
+@needs_flashinfer
+def test_doctor_shows_gpu_source_guard_cleaned_home_and_release(clean_env, tmp_path, real_nvcc13):
+    import subprocess
+    import sys
+
+    fake = make_toolkit(tmp_path / "cuda-12.8")
+    env = dict(clean_env, FAKE_GPU_CAPS="12.1", FAKE_NVML="missing", FAKE_TORCH_CUDA="12.8",
+               CUDA_HOME=f":{fake}")
+    run = "import helpers.fakegpu, sys\nfrom flashinfer_sm120.cli import main\nsys.exit(main(sys.argv[1:]))"
+    proc = run_code(run, env, 600, ["doctor", "--json", "--timeout", "60"])
+    r = json.loads(proc.stdout)
+    assert r["gpu_source"].startswith("torch.cuda (NVML: nvmlInit failed") and r["gpus"][0]["capability"] == "12.1"
+    assert r["guard"] is True and "sm_121a" in r["resolution_error"]
+    assert r["after"]["status"]["mode"] == "guard"
+    assert any(f"CUDA_HOME=':{fake}' is malformed" in n for n in r["cleaned"])
+    assert r["release"]["era"] == "sm120a-12.8" and r["release"]["min_nvcc"] == "12.8"
+    # the human report is printed from the same report (one doctor run, and its child, fewer)
+    import contextlib
+    import io
+
+    from flashinfer_sm120.cli import doctor
+
+    human = "\n".join(doctor.render(r, verbose=True))
+    assert "GPUs (from torch.cuda (NVML" in human and "FlashInfer is GUARDED" in human
+    assert f"WARNING: CUDA_HOME=':{fake}' is malformed" in human and "FlashInfer release rules:" in human
+    assert human.startswith("PROBLEM: no CUDA toolkit found here can build for these GPUs")
+    short = doctor.render(r)
+    assert short[0].startswith("PROBLEM: ") and "era sm120a" not in "\n".join(short)
+
+
+def test_guard_when_flashinfer_alone_cannot_import_says_so_with_the_fix(clean_env, tmp_path):
+    """A CPU torch and no nvcc anywhere: FlashInfer's own import needs an nvcc for SM 12.x
+    targets, so it raises with or without flashinfer-sm120.  The message must say that and
+    give the guard's fix, not ask for a bug report (found by a new user's walk-through)."""
+    import shutil
+    import subprocess
+    import sys
+    import textwrap
+
+    from integration.test_matrix import _hide_real_toolkits
+
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-m", "--propagation", "private", "true"], capture_output=True).returncode:
+        pytest.skip("private mount namespaces unavailable (unshare -m)")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    hide = [p for p in _hide_real_toolkits() + ["/usr/local/bin/nvcc", "/usr/bin/nvcc"] if os.path.exists(p)]
+    mounts = " && ".join(f"mount --bind {empty if os.path.isdir(p) else '/dev/null'} {p}" for p in hide) or "true"
+    code = textwrap.dedent("""
+        import json, flashinfer_sm120
+        try:
+            import flashinfer
+            out = {"imported": True}
+        except Exception as exc:
+            out = {"imported": False, "raised": repr(exc)[:300]}
+        st = flashinfer_sm120.status()
+        out.update(mode=st["mode"], error=st["error"])
+        print("@@" + json.dumps(out))
+    """)
+    env = dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0", PATH="/usr/bin:/bin")
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                           f'{mounts} && exec "$0" -c "$1"', sys.executable, code],
+                          capture_output=True, text=True, env=env, timeout=300)
+    line = [x for x in proc.stdout.splitlines() if x.startswith("@@")]
+    assert line, proc.stderr[-3000:]
+    out = json.loads(line[-1][2:])
+    if out["imported"]:
+        pytest.skip("this FlashInfer release imports without an nvcc: nothing to report")
+    assert out["mode"] == "failed"
+    assert "fails the same way without flashinfer-sm120" in out["error"] and "Fix: pip install" in out["error"]
+    assert "Please report" not in proc.stderr, proc.stderr[-2000:]

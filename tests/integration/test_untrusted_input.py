@@ -1,0 +1,655 @@
+"""Issue 11: the untrusted-input boundary, one test (or a few) per numbered item.
+
+Each failed on 0.2.0 (3e4d76a) and passes since: the boundary is closed by
+construction (allowlists, one validated-format layer in ``formats``), not by
+listing the bad cases.  The Hypothesis properties are in test_boundary_fuzz.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from helpers.untrusted import RELEASE_LINE, tmp_is_trusted, toolkit_with_nvcc, untrusted_nvcc, wrapper
+from conftest import make_toolkit, needs_flashinfer
+from helpers.probing import OTHER_UID, PY, need_root
+
+TOP = "flashinfer-sm120-cache"
+
+
+def _cli(args, env, timeout=300):
+    code = "import sys, helpers.fakegpu\nfrom flashinfer_sm120.cli import main\nsys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory):
+    """This machine's cache-import fingerprint (FlashInfer, targets 12.0f, toolkit, JIT dir), read
+    in a child, so an export can match it and reach the point where files are written."""
+    from conftest import has_flashinfer
+
+    if not has_flashinfer():
+        pytest.skip("flashinfer-python is not installed")
+    base = tmp_path_factory.mktemp("machine")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CUDA_HOME", "CUDA_PATH", "FLASHINFER_CUDA_ARCH_LIST", "FLASHINFER_SM120_DISABLE")}
+    env.update(FLASHINFER_WORKSPACE_BASE=str(base / "ws"), FLASHINFER_SM120_CACHE_DIR=str(base / "cache"),
+               FAKE_GPU_CAPS="", PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                             env.get("PYTHONPATH", "")]))
+    code = ("import json, helpers.fakegpu\nfrom flashinfer_sm120.warmup import session\n"
+            "print('@@' + json.dumps(session.prepare('12.0f').fingerprint()))")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    line = [l for l in proc.stdout.splitlines() if l.startswith("@@")]
+    if not line:
+        pytest.skip(f"cannot prepare a FlashInfer session here: {proc.stderr[-800:]}")
+    return env, json.loads(line[-1][2:])
+
+
+def _export_dir(root: Path, fingerprint: dict, modules: list[dict], files: dict[str, bytes | Path]) -> Path:
+    """A directory export: meta.json plus ``files`` (bytes, or a Path to link to)."""
+    top = root / TOP
+    top.mkdir(parents=True)
+    for rel, data in files.items():
+        p = top / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, Path):
+            p.symlink_to(data)
+        else:
+            p.write_bytes(data)
+    (top / "meta.json").write_text(json.dumps({"format": 1, "fingerprint": fingerprint, "modules": modules,
+                                               "manifest": [], "created": 0}))
+    return root
+
+
+# ------------------------------------------------------------------ item 1: no write outside the JIT cache
+
+@needs_flashinfer
+def test_item1_cache_import_cannot_write_outside_flashinfers_cache(machine, tmp_path):
+    env, fp = machine
+    victim = tmp_path / "x" / "victim"
+    victim.parent.mkdir()
+    victim.write_text("the user's own file\n")
+    payload = b"planted by an archive\n"
+    rel = "jit/" + str(victim)  # 'jit//tmp/.../victim': no '..', starts with jit/
+    src = _export_dir(tmp_path / "exp", fp, [{"name": "norm", "files": {rel: _sha(payload)}}],
+                      {"jit" + str(victim): payload})
+    proc = _cli(["cache", "import", str(src), "--force"], env)
+    assert victim.read_text() == "the user's own file\n", "cache import replaced a file outside the JIT cache"
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "not a relative path" in proc.stderr and "--force" not in proc.stderr
+
+
+# ------------------------------------------------------------------ item 2: directory imports follow no link
+
+@needs_flashinfer
+def test_item2_directory_export_with_a_symlink_is_refused(machine, tmp_path):
+    env, fp = machine
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not for the JIT cache\n")
+    src = _export_dir(tmp_path / "exp", fp, [{"name": "norm", "files": {"jit/norm/x": _sha(secret.read_bytes())}}],
+                      {"jit/norm/x": secret})
+    proc = _cli(["cache", "import", str(src)], env)
+    assert not (Path(fp["jit_dir"]) / "norm" / "x").exists(), "a symlink's target was installed"
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "symlink" in proc.stderr
+
+
+def test_item2_directory_export_links_are_refused_at_every_level(tmp_path):
+    from flashinfer_sm120.warmup import cachemeta, cachepack
+
+    fp = {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/x", "jit_dir": "/y"}
+    other = tmp_path / "elsewhere"
+    (other / "norm").mkdir(parents=True)
+    (other / "norm" / "x").write_bytes(b"data")
+    for i, links in enumerate([{"jit/norm/x": other / "norm" / "x"}, {"jit/norm": other / "norm"},
+                               {"jit": other}]):
+        src = _export_dir(tmp_path / f"e{i}", fp, [{"name": "norm", "files": {"jit/norm/x": _sha(b"data")}}],
+                          links)
+        meta = cachemeta.read_meta(str(src))
+        root = cachepack._unpack(str(src), tmp_path, meta, cachemeta.Limits())
+        with pytest.raises(cachepack.BuildError, match="symlink"):
+            cachepack._plan(meta, root, {"jit": tmp_path / f"jit{i}", "generated": tmp_path / "gen"}, str(src))
+
+
+# ------------------------------------------------------------------ item 3: wrappers by allowlist
+
+def _hidden_runs(tmp: Path, evil: Path) -> dict[str, str]:
+    """Wrappers that run ``evil`` (an untrusted program) without naming it by absolute path."""
+    return {
+        "bare name": '#!/bin/sh\nnvcc-real "$@"\n',
+        "exec env prog": '#!/bin/sh\nexec env nvcc-real "$@"\n',
+        "absolute env prog": '#!/bin/sh\nexec /usr/bin/env nvcc-real "$@"\n',
+        "PATH= then bare name": f'#!/bin/sh\nPATH={evil.parent}:$PATH\nexec nvcc "$@"\n',
+        "PATH= before an absolute nvcc": f'#!/bin/sh\nPATH={evil.parent}:$PATH; export PATH\n'
+                                         f'exec /usr/local/cuda-13.0/bin/nvcc "$@"\n',
+        "cd then relative": f'#!/bin/sh\ncd {evil.parent} && exec ./nvcc "$@"\n',
+        "variable": f'#!/bin/sh\nNVCC={evil}\nexec $NVCC "$@"\n',
+        "lower-case variable": f'#!/bin/sh\nnvcc={evil}\nexec "$nvcc" "$@"\n',
+        "eval": f'#!/bin/sh\neval "exec {evil} \\"\\$@\\""\n',
+        "source": f'#!/bin/sh\n. {evil}\n',
+        "function": f'#!/bin/sh\nf() {{ {evil} "$@"; }}\nf "$@"\n',
+        "subshell": f'#!/bin/sh\n( {evil} "$@" )\n',
+        "command substitution": '#!/bin/sh\nexec "$(dirname "$0")/nvcc-real" "$@"\n',
+        "backquotes": '#!/bin/sh\nexec `which nvcc-real` "$@"\n',
+        "env shebang": "#!/usr/bin/env nvcc\n",
+        "env -S shebang": f"#!/usr/bin/env -S sh {evil}\n",
+        "mid-word # (shlex would hide it)": f'#!/bin/sh\necho a#b; {evil} "$@"\n',
+        "comment then newline (shlex would join)": f'#!/bin/sh\necho hi # c\n{evil} "$@"\n',
+        "python interpreter": f'#!/usr/bin/python3\nimport os; os.execv("{evil}", ["nvcc"])\n',
+        "launcher with a bare name": '#!/bin/sh\nexec /usr/bin/nice nvcc-real "$@"\n',
+        "shell -c": f'#!/bin/sh\nexec /bin/sh -c "{evil} $*"\n',
+        "here-document": f"#!/bin/sh\n/bin/sh <<EOF\n{evil}\nEOF\n",
+        "for assigns PATH": f'#!/bin/sh\nfor PATH in {evil.parent}; do exec nvcc "$@"; done\n',
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_hidden_runs(Path("/e/nvcc"), Path("/e/nvcc"))))
+def test_item3_a_wrapper_runs_only_literal_absolute_trusted_programs(tmp_path, case, monkeypatch):
+    if not tmp_is_trusted(tmp_path):
+        pytest.skip("the test's tmp dir does not pass the trust rule itself")
+    from flashinfer_sm120.safety.trust import trace
+
+    evil, _ = untrusted_nvcc(tmp_path)
+    (evil.parent / "nvcc-real").symlink_to(evil)
+    monkeypatch.setenv("PATH", f"{evil.parent}:{os.environ['PATH']}")
+    w = wrapper(tmp_path / "bin", "nvcc", _hidden_runs(tmp_path, evil)[case])
+    t = trace(str(w))
+    assert t.problem is not None, f"{case}: trusted although it can run {evil}"
+    assert len(t.problem) < 2000, t.problem
+    # either the wrapper is refused by the grammar (naming it, the line and the fix) or what it
+    # names is followed and refused for its owner or mode (naming that place)
+    assert (str(w) in t.problem and "CUDA_HOME=" in t.problem) or str(evil.parent) in t.problem, t.problem
+
+
+def test_item3_inspect_as_root_never_runs_another_uids_program_found_on_path(tmp_path, cache_dir, monkeypatch):
+    """The reported case: a root-owned wrapper in a trusted directory running ``nvcc-real`` by
+    name, with a directory of another uid on PATH: refused, and nothing of that uid runs."""
+    need_root()
+    if not tmp_is_trusted(tmp_path):
+        pytest.skip("the test's tmp dir does not pass the trust rule itself")
+    from flashinfer_sm120.core.toolkit.probe import inspect
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    marker = tmp_path / "RAN"
+    wrapper(theirs, "nvcc-real", f'#!/bin/sh\n/usr/bin/touch {marker}\necho "{RELEASE_LINE}"\n')
+    for p in (theirs, theirs / "nvcc-real"):
+        os.chown(p, OTHER_UID, OTHER_UID)
+    monkeypatch.setenv("PATH", f"{theirs}:{os.environ['PATH']}")
+    root = toolkit_with_nvcc(tmp_path / "cuda", '#!/bin/sh\nnvcc-real "$@"\n')
+    tk = inspect(str(root), ("CUDA_HOME",))
+    assert tk.nvcc_version is None and tk.problem.startswith("not run:"), tk
+    assert "'nvcc-real'" in tk.problem and "found on PATH" in tk.problem and "CUDA_HOME=" in tk.problem
+    assert not marker.exists()
+
+
+def test_item3_an_interpreter_that_is_a_script_is_followed_to_its_own_interpreter(tmp_path):
+    """A trusted script whose #! names a second (trusted) script whose own #! names an
+    untrusted file: the untrusted interpreter would run; it must be refused, naming it."""
+    if not tmp_is_trusted(tmp_path):
+        pytest.skip("the test's tmp dir does not pass the trust rule itself")
+    from flashinfer_sm120.safety.trust import trace
+
+    ww = tmp_path / "ww"
+    ww.mkdir()
+    shutil.copy("/bin/sh", ww / "sh")
+    os.chmod(ww, 0o777)
+    middle = wrapper(tmp_path / "mid", "shell", f"#!{ww}/sh\nexec /bin/sh \"$@\"\n")
+    w = wrapper(tmp_path / "bin", "nvcc", f'#!{middle}\necho "{RELEASE_LINE}"\n')
+    t = trace(str(w))
+    assert t.problem and str(ww) in t.problem, t
+    os.chmod(ww, 0o755)  # the whole chain trusted: still refused, the interpreter must be a shell binary
+    t = trace(str(w))
+    assert t.problem and "itself a script" in t.problem, t
+
+
+def test_item3_wrappers_really_shipped_are_accepted(tmp_path):
+    from flashinfer_sm120.safety.trust import trace
+
+    if os.path.exists("/usr/local/bin/nvcc") and os.path.exists("/usr/local/cuda-13.0/bin/nvcc"):
+        t = trace("/usr/local/bin/nvcc")  # '#!/bin/sh' + 'exec /usr/local/cuda-13.0/bin/nvcc "$@"'
+        assert t.problem is None and t.target == os.path.realpath("/usr/local/cuda-13.0/bin/nvcc"), t
+    if not tmp_is_trusted(tmp_path):
+        pytest.skip("the test's tmp dir does not pass the trust rule itself")
+    # Debian's nvidia-cuda-toolkit /usr/bin/nvcc, byte for byte but for the prefix
+    real = wrapper(tmp_path / "usr/lib/nvidia-cuda-toolkit/bin", "nvcc", f'#!/bin/sh\necho "{RELEASE_LINE}"\n')
+    deb = wrapper(tmp_path / "usr/bin", "nvcc", f'#!/bin/sh\n\nexec {real} "$@"\n')
+    t = trace(str(deb))
+    assert t.problem is None and t.target == str(real), t
+    # shapes built from the grammar's data: comments, set -e, tests, case, a launcher, redirections
+    shapes = [
+        f'#!/bin/sh\n# wrapper installed by the admin\nset -eu\nexec {real} "$@"  # trailing comment\n',
+        f'#!/bin/bash -e\nif [ -x {real} ]; then exec {real} "$@"; fi\necho "no nvcc" >&2\nexit 1\n',
+        f'#!/bin/sh\ncase "$1" in --version) exec {real} --version ;; *) exec {real} -ccbin /usr/bin/gcc "$@" ;; esac\n',
+        f'#!/bin/sh\nexec /usr/bin/nice {real} "$@" 2>&1\n',
+        f'#!/bin/sh\nflags="-O2"\nexec {real} $flags "$@"\n',
+        f'#!/bin/sh\nfor a in "$@"; do case "$a" in -G) echo "no -G" >&2; exit 2 ;; esac; done\nexec {real} "$@"\n',
+    ]
+    for i, text in enumerate(shapes):
+        t = trace(str(wrapper(tmp_path / f"w{i}", "nvcc", text)))
+        assert t.problem is None and t.target == str(real), (text, t)
+
+
+# ------------------------------------------------------------------ item 4: bounded messages
+
+_ARCH_CHILD = r"""
+import os, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+if sys.argv[1] == "in-process":
+    os.environ["FLASHINFER_CUDA_ARCH_LIST"] = "x " * (1 << 19)   # 1 MiB of junk: more than execve carries
+import helpers.fakegpu, flashinfer_sm120
+try:
+    import flashinfer
+    import flashinfer.jit.core  # noqa: F401  (the patch point)
+    err = None
+except OSError as exc:  # E2BIG from FlashInfer's own ptxas probe: Linux starts no program with such an env
+    err = exc.errno
+print("@@", flashinfer_sm120.status()["mode"], err, flush=True)
+"""
+
+
+@needs_flashinfer
+@pytest.mark.parametrize("how", ["environment", "in-process"])
+def test_item4_import_with_a_huge_arch_list_under_1gb_returns_with_a_short_message(clean_env, how):
+    """120 KB of junk (the most one environment string can carry into a new process) and 1 MiB
+    set in-process: the import returns, under a 1 GB address-space limit, with one short message.
+    (With 1 MiB in os.environ, Linux refuses to start any program (E2BIG, MAX_ARG_STRLEN is
+    128 KiB), so FlashInfer's own ptxas probe at import fails; that is the kernel's limit.)"""
+    env = dict(clean_env, FAKE_GPU_CAPS="12.0")
+    if how == "environment":
+        env["FLASHINFER_CUDA_ARCH_LIST"] = "x " * (60 << 10)
+    proc = subprocess.run([sys.executable, "-c", _ARCH_CHILD, how], env=env, capture_output=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(proc.stderr) < 64 << 10, f"{len(proc.stderr)} bytes on stderr"
+    mode, err = proc.stdout.split(b"@@")[-1].split()
+    assert (mode, err) == (b"patched", b"None") or err == b"7", proc.stdout  # 7: E2BIG, see above
+    size = 1 << 20 if how == "in-process" else 120 << 10
+    assert f"FLASHINFER_CUDA_ARCH_LIST is {size} characters long".encode() in proc.stderr
+
+
+def test_item4_every_bad_entry_does_not_repeat_the_whole_value():
+    from flashinfer_sm120.core.patch.resolve import arch_specs
+
+    for value in ["x " * 2000, "x " * 60000 + "12.0", ("99.9 " * 800) + "12.0"]:
+        specs, message = arch_specs(value)
+        assert message and len(message) < 2000, len(message or "")
+        assert "and " in message or "characters long" in message
+    specs, message = arch_specs("12.0 bogus 12.1")
+    assert [(s.major, s.minor) for s in specs] == [(12, 0), (12, 1)] and "'bogus'" in message
+
+
+@needs_flashinfer
+def test_item4_doctor_with_a_4kb_arch_list_prints_a_bounded_report(clean_env):
+    env = dict(clean_env, FAKE_GPU_CAPS="", FLASHINFER_CUDA_ARCH_LIST="x " * 2048)
+    proc = _cli(["doctor", "--timeout", "30"], env)
+    assert len(proc.stdout) + len(proc.stderr) < 64 << 10, (len(proc.stdout), len(proc.stderr))
+    assert "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------ item 5: only the binary's failures are remembered
+
+_PROBE_CHILD = r"""
+import json, os, resource, sys
+import filelock  # noqa: F401  (imported before the limit: an import opens files)
+from flashinfer_sm120.core.toolkit import probe, memo
+from flashinfer_sm120.safety import proc as _proc
+limit = sys.argv[2]
+if limit == "nproc":
+    resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
+elif limit == "nofile":
+    n = len(os.listdir("/proc/self/fd")) - 1  # the listdir's own descriptor is closed again
+    # lock file (1) + output pipe (2) + /dev/null (1) fit; subprocess's exec-error pipe does not
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n + 5, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+tk = probe.inspect(sys.argv[1], ("CUDA_HOME",))
+print("@@" + json.dumps({"problem": tk.problem, "version": str(tk.nvcc_version)}), flush=True)
+"""
+
+
+def _probe(argv_prefix, root, limit, env, run=subprocess.run):
+    proc = run([*argv_prefix, PY, "-c", _PROBE_CHILD, str(root), limit], env=env, capture_output=True, text=True,
+               timeout=120)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("@@")]
+    assert lines, proc.stderr[-3000:]
+    return json.loads(lines[-1][2:])
+
+
+def test_item5_eagain_under_rlimit_nproc_is_reported_not_remembered(tmp_path):
+    need_root()
+    area = Path(tempfile.mkdtemp(prefix="sm120-nproc-"))
+    try:
+        os.chmod(area, 0o755)
+        root = toolkit_with_nvcc(area / "cuda", f'#!/bin/sh\necho "{RELEASE_LINE}"\n')  # no version file
+        home = area / "home"
+        home.mkdir()
+        os.chown(home, OTHER_UID, OTHER_UID)
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "FLASHINFER_SM120_CACHE_DIR": str(home / "cache"),
+               "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+        uid = ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups"]
+        first = _probe(uid, root, "nproc", env)
+        second = _probe(uid, root, "none", env)
+        assert second["problem"] is None and second["version"] == "13.0", (first, second)
+        assert first["problem"] and "Resource temporarily unavailable" in first["problem"], first
+        assert "not remembered" in first["problem"]
+    finally:
+        shutil.rmtree(area, ignore_errors=True)
+
+
+def test_item5_emfile_under_rlimit_nofile_is_reported_not_remembered(tmp_path):
+    root = toolkit_with_nvcc(tmp_path / "cuda", f'#!/bin/sh\necho "{RELEASE_LINE}"\n')
+    env = dict(os.environ, FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("CUDA_HOME", None)
+    first = _probe([], root, "nofile", env)
+    second = _probe([], root, "none", env)
+    assert second["problem"] is None and second["version"] == "13.0", (first, second)
+    assert first["problem"] and "Too many open files" in first["problem"], first
+
+
+def test_item5_the_binarys_own_failure_is_still_remembered(tmp_path, cache_dir):
+    from flashinfer_sm120.core.toolkit import memo
+    from flashinfer_sm120.core.toolkit.probe import inspect
+
+    root = toolkit_with_nvcc(tmp_path / "cuda", "#!/bin/sh\necho garbage\nexit 3\n")
+    assert "printed no 'release" in inspect(str(root)).problem
+    hit = memo.lookup(str(root / "bin" / "nvcc"))
+    assert hit is not None and hit[0] is None and "exit 3" in hit[1]
+
+
+# ------------------------------------------------------------------ item 6: deep JSON is refused, not a RecursionError
+
+DEEP = "[" * 10000 + "]" * 10000
+
+
+def test_item6_deep_version_json_falls_back_to_nvcc_version(tmp_path, cache_dir):
+    from flashinfer_sm120.core.toolkit.probe import inspect
+
+    root = toolkit_with_nvcc(tmp_path / "cuda", f'#!/bin/sh\necho "{RELEASE_LINE}"\n')
+    (root / "version.json").write_text('{"cuda_nvcc": {"version": ' + DEEP + "}}")
+    tk = inspect(str(root), ("CUDA_HOME",))
+    assert tk.problem is None and tk.nvcc_full == "13.0.88" and tk.version_from == "nvcc --version", tk
+
+
+def test_item6_deep_view_json_in_cuda_home_is_not_a_view(tmp_path, cache_dir):
+    from flashinfer_sm120.core.toolkit import discover
+
+    root = make_toolkit(tmp_path / "cuda", "13.0.88")
+    (root / "flashinfer_sm120_view.json").write_text('{"toolkit": ' + DEEP + "}")
+    cands = discover({"CUDA_HOME": str(root), "PATH": ""})
+    assert cands[0].root == str(root) and cands[0].problem is None
+
+
+def test_item6_deep_manifest_line_and_meta_json_are_reported(tmp_path):
+    from flashinfer_sm120.warmup import cachemeta, cachepack, replay
+
+    m = tmp_path / "m.jsonl"
+    m.write_text(DEEP + "\n")
+    with pytest.raises(replay.BuildError, match="nested 10000 deep"):
+        replay.load(str(m))
+    src = tmp_path / "exp"
+    (src / TOP).mkdir(parents=True)
+    (src / TOP / "meta.json").write_text(DEEP)
+    with pytest.raises(cachepack.BuildError, match="nested 10000 deep"):
+        cachemeta.read_meta(str(src))
+
+
+# ------------------------------------------------------------------ item 7: versions parsed once, formatted from Version
+
+def test_item7_a_padded_version_is_parsed_and_formatted(tmp_path, cache_dir):
+    from flashinfer_sm120.core.toolkit.probe import inspect
+
+    root = make_toolkit(tmp_path / "cuda", "13.0.88")
+    (root / "version.json").write_text(json.dumps({"cuda_nvcc": {"version": " 13.0.88\n"}}))
+    tk = inspect(str(root))
+    assert tk.nvcc_full == "13.0.88" and tk.version_from.endswith("version.json"), tk
+    (root / "version.json").write_text(json.dumps({"cuda_nvcc": {"version": "13.0.88\nbuild x: phony"}}))
+    tk = inspect(str(root))  # not a version: the next source (nvcc --version) is used
+    assert tk.nvcc_full == "13.0.88" and tk.version_from == "nvcc --version", tk
+
+
+def test_item7_a_padded_version_in_the_memo_is_dropped(tmp_path, cache_dir):
+    from flashinfer_sm120.core.toolkit import memo
+
+    nvcc = "/bin/sh"
+    memo.store(nvcc, "13.0.88", None)
+    path = memo.memo_path()
+    data = json.loads(open(path).read())
+    data["entries"][nvcc]["full"] = " 13.0.88\n"
+    open(path, "w").write(json.dumps(data))
+    assert memo.lookup(nvcc) is None
+
+
+_JIT_CHILD = r"""
+import json, helpers.fakegpu, flashinfer_sm120, flashinfer
+import flashinfer.jit.env as env
+print("@@" + json.dumps({"jit": str(env.FLASHINFER_JIT_DIR), "mode": flashinfer_sm120.status()["mode"]}))
+"""
+
+
+@needs_flashinfer
+def test_item7_the_jit_directory_name_comes_from_the_formatted_version(tmp_path, clean_env):
+    from conftest import run_py
+
+    root = make_toolkit(tmp_path / "cuda", "13.0.88", curand=True)
+    (root / "version.json").write_text(json.dumps({"cuda_nvcc": {"version": " 13.0.88\n"}}))
+    env = dict(clean_env, CUDA_HOME=str(root), FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0")
+    out, proc = run_py(_JIT_CHILD, env)
+    assert out["mode"] in ("patched", "noop"), proc.stderr[-2000:]
+    assert "/nvcc13.0.88-" in out["jit"] and not any(c.isspace() for c in out["jit"]), out
+
+
+# ------------------------------------------------------------------ item 8 / 13: CLI numbers
+
+@pytest.mark.parametrize("argv,flag", [(["build", "norm", "-j", "-1"], "-j"), (["build", "norm", "-j", "0"], "-j"),
+                                       (["build", "norm", "-j", "x"], "-j"),
+                                       (["doctor", "--timeout", "nan"], "--timeout"),
+                                       (["doctor", "--timeout", "-1"], "--timeout"),
+                                       (["doctor", "--timeout", "1e999"], "--timeout"),
+                                       (["doctor", "--timeout", "inf"], "--timeout")])
+def test_item8_item13_cli_numbers_are_refused_naming_the_flag(argv, flag, capsys, monkeypatch):
+    from flashinfer_sm120 import cli
+    from flashinfer_sm120.cli import build, doctor
+
+    monkeypatch.setattr(doctor, "run_doctor", lambda args: 0)  # never reached when the number is refused
+    monkeypatch.setattr(build, "run_build", lambda args: 0)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"{flag} " in err and "Traceback" not in err, err
+
+
+# ------------------------------------------------------------------ item 9: malformed exports are refused, no traceback
+
+def _meta_variants(fp):
+    good_mod = {"name": "norm", "files": {"jit/norm/a.so": "0" * 64}}
+    return {
+        "meta is a list": [],
+        "fingerprint is a list": {"format": 1, "fingerprint": [], "modules": []},
+        "modules is a string": {"format": 1, "fingerprint": fp, "modules": "norm"},
+        "module without files": {"format": 1, "fingerprint": fp, "modules": [{"name": "norm"}]},
+        "file and directory of one name": {"format": 1, "fingerprint": fp, "modules": [
+            {"name": "norm", "files": {"jit/norm/a": "0" * 64, "jit/norm/a/b": "0" * 64}}]},
+        "a file of another module": {"format": 1, "fingerprint": fp, "modules": [
+            {"name": "rope", "files": {"jit/norm/a.so": "0" * 64}}]},
+        "digest not sha256": {"format": 1, "fingerprint": fp, "modules": [
+            {"name": "norm", "files": {"jit/norm/a.so": ["x"]}}]},
+        "targets of another grammar": {"format": 1, "fingerprint": dict(fp, targets="12.0f"), "modules": [good_mod]},
+        "NaN": '{"format": NaN}',
+    }
+
+
+FP = {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/c", "jit_dir": "/j"}
+
+
+@pytest.mark.parametrize("case", sorted(_meta_variants(FP)))
+@pytest.mark.parametrize("as_archive", [False, True])
+def test_item9_malformed_meta_json_is_refused_with_a_message(tmp_path, case, as_archive):
+    from flashinfer_sm120.warmup import cachemeta, cachepack
+
+    meta = _meta_variants(FP)[case]
+    blob = (meta if isinstance(meta, str) else json.dumps(meta)).encode()
+    if as_archive:
+        src = tmp_path / "x.tar"
+        with tarfile.open(src, "w") as tar:
+            info = tarfile.TarInfo(f"{TOP}/meta.json")
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+    else:
+        src = tmp_path / "x"
+        (src / TOP).mkdir(parents=True)
+        (src / TOP / "meta.json").write_bytes(blob)
+    with pytest.raises(cachepack.BuildError) as exc:
+        cachemeta.check_members(str(src))
+    assert len(str(exc.value)) < 1000 and str(src) in str(exc.value)
+
+
+def _bomb(path: Path, meta_files: dict, size: int) -> None:
+    blob = json.dumps({"format": 1, "fingerprint": FP, "modules": [{"name": "norm", "files": meta_files}]}).encode()
+    with tarfile.open(path, "w:gz", compresslevel=1) as tar:
+        info = tarfile.TarInfo(f"{TOP}/meta.json")
+        info.size = len(blob)
+        tar.addfile(info, io.BytesIO(blob))
+        info = tarfile.TarInfo(f"{TOP}/jit/norm/big.so")
+        info.size = size
+
+        class Zeros(io.RawIOBase):
+            left = size
+
+            def readable(self):
+                return True
+
+            def readinto(self, b):
+                n = min(len(b), self.left)
+                b[:n] = bytes(n)
+                self.left -= n
+                return n
+
+        tar.addfile(info, io.BufferedReader(Zeros(), 1 << 20))
+
+
+def test_item9_a_gzip_bomb_is_refused_before_anything_is_written(tmp_path):
+    from flashinfer_sm120.warmup import cachemeta, cachepack
+
+    size = 64 << 20
+    unlisted = tmp_path / "unlisted.tgz"
+    _bomb(unlisted, {"jit/norm/a.so": "0" * 64}, size)
+    assert unlisted.stat().st_size < 1 << 20
+    with pytest.raises(cachepack.BuildError, match="not listed in meta.json"):
+        cachemeta.check_members(str(unlisted))
+    listed = tmp_path / "listed.tgz"
+    _bomb(listed, {"jit/norm/big.so": "0" * 64}, size)
+    limits = cachemeta.Limits(max_total=16 << 20, max_file=16 << 20)
+    into = tmp_path / "into"
+    into.mkdir()
+    with pytest.raises(cachepack.BuildError, match="cap"):
+        cachemeta.check_members(str(listed), limits)
+    meta = cachemeta.read_meta(str(listed), limits)
+    with pytest.raises(cachepack.BuildError, match="cap"):
+        cachepack._unpack(str(listed), into, meta, limits)
+    assert not any(p.is_file() for p in into.rglob("*")), "bytes were written before the check"
+
+
+def test_item9_a_full_disk_is_a_message_not_a_traceback(tmp_path, monkeypatch):
+    from flashinfer_sm120.warmup import cachemeta, cachepack
+
+    listed = tmp_path / "listed.tgz"
+    _bomb(listed, {"jit/norm/big.so": "0" * 64}, 1 << 20)
+    meta = cachemeta.read_meta(str(listed))
+    monkeypatch.setattr(cachepack.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1 << 30, 1 << 30, 4096))
+    with pytest.raises(cachepack.BuildError, match="free space"):
+        cachepack._unpack(str(listed), tmp_path, meta, cachemeta.Limits())
+
+
+# ------------------------------------------------------------------ items 10, 11, 13: manifests
+
+def _entry(**kw):
+    e = {"format": 1, "flashinfer": "0.7.4", "name": "norm", "targets": ["12.0f"], "toolchain": "nvcc",
+         "regenerable": False, "why": "test"}
+    e.update(kw)
+    return e
+
+
+@pytest.mark.parametrize("bad,says", [
+    (_entry(targets=[12.0]), "targets"),
+    (_entry(name="no\x00rm"), "not a name"),
+    (_entry(name="norm\nbuild x: phony"), "not a name"),       # item 11
+    (_entry(name="a b$c:d"), "not a name"),                   # item 11
+    (_entry(name=123), "'name' is 123 (an integer), not a string"),   # item 13
+    (_entry(targets="12.0f"), "'targets' is '12.0f' (a string), not a list"),  # item 13
+    (_entry(regenerable=True, spec={"sources": ["a.cu"], "extra_cuda_cflags": ["-O3; rm -rf ~"]}), "flag"),
+    (_entry(regenerable=True, spec={"sources": ["a b.cu"]}), "not a plain path"),
+    (_entry(regenerable=True, spec={"sources": ["a.cu"]}, generated={"@GEN@/../../x": "int x;"}), "relative path"),
+])
+def test_items10_11_13_bad_manifest_lines_are_skipped_naming_the_fault(tmp_path, bad, says):
+    from flashinfer_sm120.warmup import replay
+
+    m = tmp_path / "m.jsonl"
+    m.write_text(json.dumps(bad) + "\n" + json.dumps(_entry(name="rope")) + "\n")
+    entries, problems = replay.load(str(m))
+    assert [e["name"] for e in entries] == ["rope"]
+    assert len(problems) == 1 and says in problems[0] and f"{m}:1" in problems[0], problems
+    assert "entry format" not in problems[0] and "--arch" not in problems[0]
+
+
+def test_item10_build_from_a_bad_manifest_is_a_message(tmp_path, clean_env):
+    m = tmp_path / "m.jsonl"
+    m.write_text(json.dumps(_entry(targets=[12.0])) + "\n")
+    proc = _cli(["build", "--from", str(m)], clean_env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "targets" in proc.stderr, proc.stderr
+
+
+_LONG_LINE_CHILD = r"""
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (768 << 20, 768 << 20))
+from flashinfer_sm120.warmup import replay
+try:
+    entries, problems = replay.load(sys.argv[1])
+    print("@@", [e["name"] for e in entries], problems)
+except replay.BuildError as exc:
+    print("@@ BuildError", str(exc)[:300])
+"""
+
+
+def test_item10_a_huge_line_is_skipped_without_being_read_whole(tmp_path):
+    m = tmp_path / "m.jsonl"
+    with open(m, "wb") as f:
+        f.write((json.dumps(_entry(name="rope")) + "\n").encode())
+        f.truncate(f.tell() + (1 << 30))  # a 1 GiB line of NULs (sparse: no disk used)
+    for path, want in ((m, "line longer than"), ("/dev/zero", "not a regular file")):
+        proc = subprocess.run([PY, "-c", _LONG_LINE_CHILD, str(path)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and "@@" in proc.stdout and want in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
+def test_item11_make_spec_refuses_an_entry_that_would_write_ninja_syntax():
+    from flashinfer_sm120.core.jitenv import manifest
+
+    with pytest.raises(manifest.CannotRegenerate, match="not a name"):
+        manifest.make_spec(_entry(name="norm\nbuild x: phony", regenerable=True), "0.7.4")
+
+
+# ------------------------------------------------------------------ item 12: directories we create
+
+def test_item12_umask_000_without_a_cache_dir_creates_private_levels(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if k not in ("FLASHINFER_SM120_CACHE_DIR", "XDG_CACHE_HOME")}
+    env["HOME"] = str(home)
+    code = "import os; os.umask(0)\nfrom flashinfer_sm120.safety.fs import statedir\nprint('@@' + statedir.cache_root())"
+    proc = subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    root = proc.stdout.strip().removeprefix("@@")
+    assert root == str(home / ".cache" / "flashinfer-sm120"), proc.stdout + proc.stderr
+    for d in (home / ".cache", home / ".cache" / "flashinfer-sm120"):
+        assert os.stat(d).st_mode & 0o777 == 0o700, oct(os.stat(d).st_mode)

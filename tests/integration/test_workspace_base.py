@@ -1,0 +1,56 @@
+"""FLASHINFER_WORKSPACE_BASE as FlashInfer reads it at import: empty is unset, relative is warned about."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import needs_flashinfer, run_code
+
+_IMPORT = """
+import json, os, sys
+os.chdir(sys.argv[1])
+import flashinfer_sm120, flashinfer
+from flashinfer.jit import env
+print("@@" + json.dumps({"ws": str(env.FLASHINFER_WORKSPACE_DIR), "base": os.environ.get("FLASHINFER_WORKSPACE_BASE")}))
+"""
+
+
+def _result(proc):
+    line = [x for x in proc.stdout.splitlines() if x.startswith("@@")]
+    assert line, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(line[-1][2:])
+
+
+@needs_flashinfer
+def test_an_empty_workspace_base_writes_nothing_into_the_working_directory(tmp_path, clean_env):
+    """Regression: FLASHINFER_WORKSPACE_BASE= made FlashInfer's Path("") the working directory, and a
+    .cache/flashinfer and flashinfer_jit.log were written into the checkout."""
+    cwd, home = tmp_path / "cwd", tmp_path / "home"
+    cwd.mkdir()
+    home.mkdir()
+    env = dict(clean_env, FLASHINFER_WORKSPACE_BASE="", HOME=str(home))
+    proc = run_code(_IMPORT, env, args=(str(cwd),))
+    out = _result(proc)
+    assert sorted(p.name for p in cwd.iterdir()) == []
+    assert out["ws"].startswith(str(home)), out
+    assert out["base"] is None
+
+
+@needs_flashinfer
+def test_a_relative_workspace_base_is_warned_about(tmp_path, clean_env):
+    cwd, home = tmp_path / "cwd", tmp_path / "home"
+    cwd.mkdir()
+    home.mkdir()
+    env = dict(clean_env, FLASHINFER_WORKSPACE_BASE="rel-ws", HOME=str(home))
+    proc = run_code(_IMPORT, env, args=(str(cwd),))
+    _result(proc)
+    assert "FLASHINFER_WORKSPACE_BASE='rel-ws' is a relative path" in proc.stderr
+    assert "absolute path" in proc.stderr
+
+
+def test_workspace_path_reads_an_empty_base_as_the_home_directory(monkeypatch, tmp_path):
+    from flashinfer_sm120.core.facts.workspace import workspace_path
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", "")
+    assert workspace_path() == (str(tmp_path / ".cache" / "flashinfer"), "the home directory")

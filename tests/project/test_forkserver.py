@@ -1,0 +1,83 @@
+"""The fork server behind ``run_py``/``run_code`` (tests/helpers/forkserver.py) gives a child what a new
+``python -c`` would have: the same sys.path, argv, environment, working directory, temp dir, exit
+status, streams and exit handlers, and nothing of FlashInfer or flashinfer_sm120 imported."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import forkserver
+from conftest import _FORKSERVER, run_code
+
+PROBE = r"""
+import atexit, json, os, sys, tempfile
+atexit.register(lambda: print("atexit ran"))
+print(json.dumps({
+    "argv": sys.argv, "path": [p for p in sys.path if "forkserver" not in p], "cwd": os.getcwd(),
+    "env": {k: os.environ.get(k) for k in ("PROBE_VAR", "PYTHONPATH", "FLASHINFER_SM120_CACHE_DIR")},
+    "tmp": tempfile.gettempdir(), "name": __name__, "dont_write_bytecode": sys.dont_write_bytecode,
+    "ours": sorted(m for m in sys.modules if m.split(".")[0] in ("flashinfer", "flashinfer_sm120", "fakegpu")),
+}))
+print("to stderr", file=sys.stderr)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def server():
+    if not _FORKSERVER or _FORKSERVER[0] is None:
+        run_code("pass", dict(os.environ))  # starts it (or finds it off)
+    if _FORKSERVER[0] is None:
+        pytest.skip("the fork server is off (--no-forkserver) or could not start")
+    return _FORKSERVER[0]
+
+
+def test_a_forked_child_sees_what_a_new_interpreter_sees(server, tmp_path):
+    (tmp_path / "tmp").mkdir()
+    env = dict(os.environ, PROBE_VAR="x", PYTHONPATH=os.pathsep.join([str(tmp_path), "relative/dir"]),
+               TMPDIR=str(tmp_path / "tmp"), FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    assert server.usable_for(env)
+    forked = server.run(PROBE, env, 120, cwd=str(tmp_path), args=["3"])
+    real = subprocess.run([sys.executable, "-c", PROBE, "3"], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert forked.returncode == real.returncode == 3
+    assert forked.stderr == real.stderr == "to stderr\n"
+    f_lines, r_lines = forked.stdout.splitlines(), real.stdout.splitlines()
+    assert f_lines[1:] == r_lines[1:] == ["atexit ran"]
+    f, r = json.loads(f_lines[0]), json.loads(r_lines[0])
+    assert f == r, (f, r)
+    assert f["ours"] == [] and f["tmp"] == str(tmp_path / "tmp") and f["argv"] == ["-c", "3"]
+
+
+@pytest.mark.parametrize("code, rc, err", [("raise ValueError('boom')", 1, "ValueError: boom"),
+                                           ("raise SystemExit('bye')", 1, "bye"),
+                                           ("import os; os._exit(7)", 7, ""),
+                                           ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -15, "")])
+def test_exit_status_and_errors_match_a_new_interpreter(server, code, rc, err):
+    env = dict(os.environ)
+    forked = server.run(code, env, 60)
+    real = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert forked.returncode == real.returncode == rc
+    assert err in forked.stderr and err in real.stderr
+
+
+def test_a_timeout_kills_the_child_and_the_server_goes_on(server):
+    with pytest.raises(subprocess.TimeoutExpired):
+        server.run("import time; time.sleep(60)", dict(os.environ), 1)
+    assert server.run("print('next')", dict(os.environ), 60).stdout == "next\n"
+
+
+@pytest.mark.parametrize("change", ["PYTHONNOUSERSITE", "HOME", "LD_PRELOAD", "sitecustomize"])
+def test_start_up_differences_get_a_new_interpreter(server, tmp_path, change):
+    env = dict(os.environ)
+    if change == "sitecustomize":
+        (tmp_path / "sitecustomize.py").write_text("")
+        env["PYTHONPATH"] = str(tmp_path)
+    else:
+        env[change] = str(tmp_path) if change != "PYTHONNOUSERSITE" else "1"
+    assert forkserver.fresh_env_needed(env, server.server_env) is not None
+    assert not server.usable_for(env)

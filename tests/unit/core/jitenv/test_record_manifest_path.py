@@ -1,0 +1,53 @@
+"""Fourth attack round, recording: ``FLASHINFER_SM120_RECORD`` never writes outside its manifest.
+
+Failed before its fix: the manifest was opened with a plain ``O_CREAT | O_APPEND``, so a symlink of
+that name (planted in a shared directory) made every JIT module load append a JSON line to the file
+it pointed at, say ``~/.bashrc``; a directory on the way that another user could replace did the same.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from helpers.untrusted import give_away
+from flashinfer_sm120.core.jitenv import record
+
+ENTRY = {"format": 1, "name": "norm", "flashinfer": "0.7.4", "targets": ["12.0f"]}
+
+
+def test_a_symlink_at_the_manifest_path_is_never_followed(tmp_path):
+    victim = tmp_path / "bashrc"
+    victim.write_text("precious\n")
+    link = tmp_path / "m.jsonl"
+    os.symlink(victim, link)
+    with pytest.raises(OSError):
+        record.append(str(link), ENTRY)
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_manifest_in_a_directory_others_can_write_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # not sticky: anyone can replace m.jsonl with a link between check and open
+    with pytest.raises(OSError) as info:
+        record.append(str(shared / "m.jsonl"), ENTRY)
+    assert "writable by other users" in str(info.value) and "FLASHINFER_SM120_RECORD" in str(info.value)
+    assert not (shared / "m.jsonl").exists()
+
+
+def test_a_manifest_another_user_owns_is_refused(tmp_path):
+    m = tmp_path / "m.jsonl"
+    m.write_text("")
+    give_away(m)
+    with pytest.raises(OSError, match="owned by uid 4321"):
+        record.append(str(m), ENTRY)
+    assert m.read_text() == ""
+
+
+def test_a_manifest_of_your_own_is_appended(tmp_path):
+    m = tmp_path / "m.jsonl"
+    record.append(str(m), ENTRY)
+    record.append(str(m), ENTRY)
+    assert len(m.read_text().splitlines()) == 2

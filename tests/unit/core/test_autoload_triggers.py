@@ -1,0 +1,66 @@
+"""Trigger modules of the autoload hook (``FLASHINFER_SM120_AUTOLOAD_TRIGGERS``): each module the
+import of a trigger runs is executed once, also when flashinfer-sm120 imports the trigger itself.
+
+Real interpreters; executions are counted with an audit hook (``exec`` events of the module's
+own code object), not inferred."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[3] / "src"
+
+_COUNT = """
+import json, os, sys
+runs = {}
+def hook(event, args):
+    if event == "exec" and hasattr(args[0], "co_filename"):
+        f = args[0].co_filename
+        if f.endswith("__init__.py") or f.endswith(".py"):
+            runs[f] = runs.get(f, 0) + 1
+sys.addaudithook(hook)
+sys.path.insert(0, os.environ["HOOK_DIR"])
+import flashinfer_sm120_autoload
+flashinfer_sm120_autoload.install()
+import %(trigger)s as mod
+twice = {f: n for f, n in runs.items() if n > 1}
+print("@@" + json.dumps({"twice": twice, "same": sys.modules[%(trigger)r] is mod,
+                         "loaded": "flashinfer_sm120.core.autoload" in sys.modules,
+                         "spec": getattr(mod.__spec__, "name", None), "file": getattr(mod, "__file__", None)}))
+"""
+
+
+def _run(tmp_path, trigger, extra_path=()):
+    hook_dir = tmp_path / "hook"
+    hook_dir.mkdir(exist_ok=True)
+    (hook_dir / "flashinfer_sm120_autoload.py").write_text((SRC / "flashinfer_sm120" / "core/autoload_hook.py").read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_SM120_")}
+    env.update(HOOK_DIR=str(hook_dir), FLASHINFER_SM120_AUTOLOAD_TRIGGERS=trigger,
+               FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"), FLASHINFER_SM120_QUIET="1",
+               PYTHONPATH=os.pathsep.join([*map(str, extra_path), str(SRC)]))
+    proc = subprocess.run([sys.executable, "-c", _COUNT % {"trigger": trigger}], env=env, capture_output=True,
+                          text=True, timeout=120)
+    line = [x for x in proc.stdout.splitlines() if x.startswith("@@")]
+    assert proc.returncode == 0 and line, proc.stderr[-3000:]
+    return json.loads(line[-1][2:]), proc
+
+
+@pytest.mark.parametrize("trigger", ["wrapt", "filelock", "packaging"])
+def test_a_trigger_the_package_imports_itself_runs_once(tmp_path, trigger):
+    """Regression: a trigger that flashinfer_sm120 imports (wrapt, filelock, packaging) was executed twice."""
+    got, proc = _run(tmp_path, trigger)
+    assert got["loaded"], proc.stderr  # the trigger did load flashinfer_sm120
+    assert got["twice"] == {}, got
+    assert got["same"] and got["spec"] == trigger and got["file"]
+
+
+def test_a_plain_trigger_runs_once_and_loads_the_package(tmp_path):
+    pkg = tmp_path / "lib" / "my_server"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("VALUE = 42\n")
+    got, proc = _run(tmp_path, "my_server", extra_path=[tmp_path / "lib"])
+    assert got["loaded"] and got["twice"] == {} and got["same"], got

@@ -1,0 +1,82 @@
+"""Hostile nvcc binaries reached through the ``nvcc --version`` fallback
+(issue 5 items 1 and 2): ``import flashinfer_sm120, flashinfer`` in a child
+returns within a hard bound, with bounded memory, and leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from conftest import needs_flashinfer
+from helpers.probing import alive_with, hostile_toolkit, kill_all_with
+
+#: Each case waits out the real 10 s bound on `nvcc --version` (or a 30 s guard): slow by design.
+pytestmark = pytest.mark.slow
+
+CHILD = r"""
+import json, resource, time
+t = time.monotonic()
+import flashinfer_sm120, flashinfer
+import flashinfer.jit.cpp_ext  # noqa: F401 (the patch point)
+out = {"s": time.monotonic() - t, "status": flashinfer_sm120.status(),
+       "rss_self_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+       "rss_children_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}
+print("@@" + json.dumps(out, default=str), flush=True)
+"""
+
+CASES = {
+    # detached child holding the output pipe, then exit (item 1)
+    "detached": "/usr/bin/setsid /usr/bin/sleep {token} &\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n",
+    # hangs, with a child in its group (the timeout path)
+    "hang": "/usr/bin/sleep {token} &\nwait\n",
+    # endless output (item 2)
+    "endless": "exec /usr/bin/yes garbage-{token}\n",
+}
+
+
+@needs_flashinfer
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_import_bounded_with_hostile_nvcc(tmp_path, clean_env, case):
+    token = str(900000 + uuid.uuid4().int % 99999)
+    root = hostile_toolkit(tmp_path / f"cuda-{case}", CASES[case].format(token=token))
+    env = dict(clean_env, CUDA_HOME=str(root), FAKE_GPU_CAPS="12.0")
+    t = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
+                              timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"import with the {case} nvcc did not return within 30 s")
+    finally:
+        left = alive_with(token)
+        kill_all_with(token)
+    wall = time.monotonic() - t
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("@@")]
+    assert lines, f"child failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+    out = json.loads(lines[-1][2:])
+    assert wall < 30
+    assert out["rss_self_kb"] < (1 << 20) and out["rss_children_kb"] < (1 << 20), out
+    assert left == [], f"processes left behind by the {case} nvcc: {left}"
+
+
+@needs_flashinfer
+def test_second_worker_does_not_rerun_a_hung_nvcc(tmp_path, clean_env):
+    """One machine pays a hung nvcc's timeout once: the next worker reads the memo."""
+    token = str(900000 + uuid.uuid4().int % 99999)
+    count = tmp_path / "runs"
+    root = hostile_toolkit(tmp_path / "cuda-hang", f"echo x >> {count}\n/usr/bin/sleep {token}\n")
+    env = dict(clean_env, CUDA_HOME=str(root), FAKE_GPU_CAPS="12.0")
+    try:
+        for _ in range(2):
+            proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
+                                  timeout=30)
+            assert "@@" in proc.stdout, proc.stderr[-3000:]
+    finally:
+        left = alive_with(token)
+        kill_all_with(token)
+    assert count.read_text().count("x") == 1, "the second worker ran the hung nvcc again"
+    assert left == []

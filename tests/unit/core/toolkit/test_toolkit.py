@@ -1,0 +1,153 @@
+import json
+import os
+import time
+
+import pytest
+from packaging.version import Version
+
+from conftest import make_toolkit
+from flashinfer_sm120.core import toolkit
+from flashinfer_sm120.core.toolkit import discover, inspect
+
+
+def test_version_from_nvcc_fallback(tmp_path):
+    tk = inspect(str(make_toolkit(tmp_path / "cuda-12.8")))
+    assert tk.nvcc_version == Version("12.8") and tk.nvcc_full == "12.8.93"
+    assert tk.version_from == "nvcc --version" and tk.problem is None
+    assert tk.header_version == Version("12.8")
+
+
+def test_version_json_is_named_as_the_source_once_nvcc_agrees(tmp_path):
+    """nvcc is asked (threat-model P1: the binary, not a file beside it); the file that agrees is the source."""
+    marker = tmp_path / "ran"
+    root = make_toolkit(tmp_path / "cuda-12.9", "12.9.41", version_json=True,
+                        nvcc_script=f"#!/bin/sh\n/usr/bin/touch {marker}\necho 'release 12.9, V12.9.41'\n")
+    tk = inspect(str(root))
+    assert tk.nvcc_full == "12.9.41" and tk.version_from.endswith("version.json")
+    assert marker.exists() and tk.disagreement is None
+
+
+def test_version_from_pip_dist_info(tmp_path):
+    site_dir = tmp_path / "site-packages"
+    root = make_toolkit(site_dir / "nvidia" / "cu13", "13.0.88", lib64=False)
+    dist = site_dir / "nvidia_cuda_nvcc-13.0.88.dist-info"
+    dist.mkdir()
+    (dist / "RECORD").write_text("nvidia/cu13/bin/nvcc,sha256=x,1\n")
+    tk = inspect(str(root))
+    assert tk.nvcc_full == "13.0.88" and tk.version_from == str(dist)
+
+
+def test_garbage_nvcc_is_rejected_with_message(tmp_path):
+    root = make_toolkit(tmp_path / "cuda-x", nvcc_script="#!/bin/sh\necho 'hello world'\n")
+    tk = inspect(str(root))
+    assert tk.nvcc_version is None
+    assert str(root / "bin" / "nvcc") in tk.problem and "first line: 'hello world'" in tk.problem
+    assert "CUDA_HOME" in tk.problem and "if any" not in tk.problem
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_hanging_nvcc_times_out_kills_its_children_and_is_remembered(tmp_path):
+    pidfile = tmp_path / "sleep.pid"
+    # a wrapper whose child (not the shell itself) hangs, as in real wrappers
+    root = make_toolkit(tmp_path / "cuda-hang", nvcc_script=f"#!/bin/sh\n/usr/bin/sleep 60 &\necho $! > {pidfile}\nwait\n")
+    t = time.monotonic()
+    tk = inspect(str(root), timeout=1.0)
+    assert time.monotonic() - t < 10
+    assert tk.nvcc_version is None
+    assert "did not answer" in tk.problem and "1 s" in tk.problem and str(root) in tk.problem
+    pid = int(pidfile.read_text())
+    time.sleep(0.2)
+    assert _gone(pid), "the hung nvcc's child outlived the timeout"
+    # a second process-worth of discovery does not wait again
+    t = time.monotonic()
+    again = inspect(str(root), timeout=1.0)
+    assert time.monotonic() - t < 0.5 and again.problem == tk.problem
+
+
+def _gone(pid):
+    """Dead, or a zombie waiting for an init that does not reap (containers)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return any(line.startswith("State:") and "Z" in line.split()[1] for line in fh)
+    except FileNotFoundError:
+        return True
+
+
+def test_remembered_answer_is_dropped_when_nvcc_changes(tmp_path):
+    root = make_toolkit(tmp_path / "cuda-x", nvcc_script="#!/bin/sh\necho garbage\n")
+    assert inspect(str(root)).nvcc_version is None
+    make_nvcc = root / "bin" / "nvcc"
+    make_nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.9, V12.9.41'\n")
+    assert inspect(str(root)).nvcc_version == Version("12.9")
+
+
+def test_header_mismatch_is_rejected(tmp_path):
+    tk = inspect(str(make_toolkit(tmp_path / "mix", "13.0.88", header="13.5")))
+    assert "nvcc 13.0 with CUDA headers 13.5" in tk.problem and "cuda-toolkit" in tk.problem
+
+
+def test_untrusted_nvcc_is_never_run(tmp_path):
+    marker = tmp_path / "ran"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    root = make_toolkit(shared / "cuda", nvcc_script=f"#!/bin/sh\n/usr/bin/touch {marker}\necho 'release 12.8, V12.8.1'\n")
+    os.chmod(shared, 0o777)  # world-writable, no sticky bit
+    try:
+        tk = inspect(str(root))
+    finally:
+        os.chmod(shared, 0o755)
+    assert not marker.exists()
+    assert tk.problem.startswith("not run:") and "writable by other users" in tk.problem
+
+
+def test_missing_cuda_home_named(tmp_path):
+    env = {"CUDA_HOME": str(tmp_path / "nope"), "PATH": ""}
+    tks = discover(env)
+    bad = [t for t in tks if "CUDA_HOME" in t.sources]
+    assert len(bad) == 1 and "does not exist" in bad[0].problem and str(tmp_path / "nope") in bad[0].problem
+
+
+@pytest.mark.parametrize("form", [":{p}", "{p}/bin", "{p}/", "{p}/bin/nvcc"])
+def test_cuda_home_cleaned(tmp_path, form):
+    root = make_toolkit(tmp_path / "cuda-12.8")
+    env = {"CUDA_HOME": form.format(p=root), "PATH": ""}
+    (first,) = [t for t in discover(env) if "CUDA_HOME" in t.sources]
+    assert first.root == str(root) and first.problem is None
+
+
+def test_wrapper_script_on_path_resolves_to_toolkit(tmp_path):
+    real = make_toolkit(tmp_path / "cuda-13.0", "13.0.88")
+    bindir = tmp_path / "usr-local-bin"
+    bindir.mkdir()
+    wrapper = bindir / "nvcc"
+    wrapper.write_text(f'#!/bin/sh\nexec {real}/bin/nvcc "$@"\n')
+    wrapper.chmod(0o755)
+    link_dir = tmp_path / "links"
+    link_dir.mkdir()
+    (link_dir / "nvcc").symlink_to(wrapper)
+    for d in (bindir, link_dir):
+        env = {"PATH": str(d)}
+        (tk,) = [t for t in discover(env) if "PATH" in t.sources]
+        assert tk.root == str(real) and tk.nvcc_version == Version("13.0")
+        # FlashInfer's own rule would take dirname(dirname(which nvcc)):
+        assert toolkit.flashinfer_naive_root(env) == str(d.parent)
+
+
+def test_same_nvcc_from_two_sources_is_one_candidate(tmp_path):
+    root = make_toolkit(tmp_path / "cuda-12.9", "12.9.41")
+    env = {"CUDA_HOME": str(root), "PATH": str(root / "bin")}
+    hits = [t for t in discover(env) if t.root == str(root)]
+    assert len(hits) == 1 and hits[0].sources[:2] == ("CUDA_HOME", "PATH")
+
+
+def test_cuda_home_pointing_at_our_view_means_the_toolkit_behind_it(tmp_path):
+    real = make_toolkit(tmp_path / "cuda-13.0", "13.0.88", curand=True)
+    view = tmp_path / "view"
+    view.mkdir()
+    (view / "flashinfer_sm120_view.json").write_text(json.dumps({"toolkit": str(real)}))
+    (first,) = [t for t in discover({"CUDA_HOME": str(view), "PATH": ""}) if "CUDA_HOME" in t.sources]
+    assert first.root == str(real) and "flashinfer-sm120 view" in first.given_as

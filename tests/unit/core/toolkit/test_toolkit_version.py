@@ -1,0 +1,107 @@
+"""A toolkit's version is what its nvcc binary says; a version file beside it that disagrees is a
+typed finding (``Toolkit.disagreement``), never the version used.  Fake toolkits are ``bin/nvcc``
+scripts."""
+
+import json
+import os
+
+import pytest
+
+from conftest import make_toolkit, needs_flashinfer, run_py
+
+
+def _lying_toolkit(root, says="12.8.93", file_says="13.0.88", runs=None):
+    """A toolkit whose bin/nvcc prints ``says`` while its version.json says ``file_says``; each run
+    of nvcc appends a line to ``runs``."""
+    mm = ".".join(says.split(".")[:2])
+    count = f'echo x >> {runs}\n' if runs else ""
+    script = (f'#!/bin/sh\n{count}echo "nvcc: NVIDIA (R) Cuda compiler driver"\n'
+              f'echo "Cuda compilation tools, release {mm}, V{says}"\n')
+    make_toolkit(root, says, header=".".join(file_says.split(".")[:2]), nvcc_script=script, curand=True)
+    (root / "version.json").write_text(json.dumps({"cuda_nvcc": {"version": file_says}}))
+    return root
+
+
+def test_a_version_file_that_disagrees_with_nvcc_is_a_finding(tmp_path, cache_dir):
+    """Regression: version.json saying 13.0.88 beside an nvcc 12.8 was believed."""
+    from flashinfer_sm120.core.toolkit import VersionDisagreement, inspect
+
+    runs = tmp_path / "runs"
+    root = _lying_toolkit(tmp_path / "cuda", runs=runs)
+    tk = inspect(str(root))
+    assert tk.nvcc_full == "12.8.93" and str(tk.nvcc_version) == "12.8" and tk.version_from == "nvcc --version"
+    assert tk.disagreement == VersionDisagreement(str(root / "version.json"), "13.0.88", tk.nvcc, "12.8.93")
+    assert tk.to_dict()["disagreement"]["file_version"] == "13.0.88"
+    assert tk.problem and "12.8" in tk.problem and "13.0" in tk.problem  # nvcc 12.8 with headers 13.0
+    # one run, remembered: a second look runs nothing
+    inspect(str(root))
+    assert runs.read_text().count("x") == 1
+
+
+def test_a_version_file_that_agrees_names_the_source_and_nvcc_runs_once(tmp_path, cache_dir):
+    from flashinfer_sm120.core.toolkit import inspect
+
+    runs = tmp_path / "runs"
+    root = _lying_toolkit(tmp_path / "cuda", says="13.0.88", file_says="13.0.88", runs=runs)
+    for _ in range(3):
+        tk = inspect(str(root))
+        assert tk.nvcc_full == "13.0.88" and tk.version_from == str(root / "version.json")
+        assert tk.disagreement is None and tk.problem is None
+    assert runs.read_text().count("x") == 1
+
+
+def test_an_nvcc_that_cannot_say_its_version_is_refused_whatever_the_file_says(tmp_path, cache_dir):
+    from flashinfer_sm120.core.toolkit import inspect
+
+    root = make_toolkit(tmp_path / "cuda", "13.0.88", nvcc_script="#!/bin/sh\nexit 3\n", version_json=True)
+    tk = inspect(str(root))
+    assert tk.nvcc_full is None and tk.problem, tk
+
+
+_CHILD = r"""
+import json, helpers.fakegpu, flashinfer_sm120, flashinfer
+import flashinfer.jit.env as env
+st = flashinfer_sm120.status()
+print("@@" + json.dumps({"jit": str(env.FLASHINFER_JIT_DIR), "mode": st["mode"], "summary": st.get("summary")}))
+"""
+
+
+@needs_flashinfer
+def test_a_lying_version_file_neither_passes_as_correct_nor_names_the_workspace(tmp_path, clean_env):
+    """Regression: reported 'already resolves correctly' and tagged the workspace nvcc13.0.88."""
+    root = _lying_toolkit(tmp_path / "cuda", says="12.8.93", file_says="12.8.93")
+    (root / "version.json").write_text(json.dumps({"cuda_nvcc": {"version": "13.0.88"}}))
+    (root / "include" / "cuda_runtime_api.h").write_text("#define CUDART_VERSION 12080\n")
+    env = dict(clean_env, CUDA_HOME=str(root), FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="12.8")
+    out, proc = run_py(_CHILD, env)
+    assert "nvcc13.0.88" not in out["jit"], out
+    assert "13.0.88" not in (out["summary"] or ""), out
+
+
+def test_a_process_that_cannot_start_programs_keeps_the_files_version_unremembered(tmp_path, cache_dir,
+                                                                                  monkeypatch):
+    """E2BIG (1 MiB of environment: Linux starts no program) is this process's fault, not the binary's:
+    the version file is used for now and nothing is remembered against the toolkit."""
+    from flashinfer_sm120.core.toolkit import inspect, memo
+
+    runs = tmp_path / "runs"
+    root = _lying_toolkit(tmp_path / "cuda", says="13.0.88", file_says="13.0.88", runs=runs)
+    monkeypatch.setenv("JUNK", "x" * (1 << 20))
+    tk = inspect(str(root))
+    assert tk.nvcc_full == "13.0.88" and tk.problem is None and not runs.exists()
+    assert memo.lookup(tk.nvcc) is None
+    monkeypatch.delenv("JUNK")
+    assert inspect(str(root)).version_from == str(root / "version.json") and runs.exists()
+
+
+def test_a_listing_process_asks_nvcc_but_writes_no_memo_and_no_lock(tmp_path, cache_dir, monkeypatch):
+    """`cache prune` without --yes inspects toolkits (is a workspace's toolkit still the same?):
+    it reads the memo, and writes nothing (threat-model P4)."""
+    from flashinfer_sm120.safety.fs import statedir
+    from flashinfer_sm120.core.toolkit import inspect
+
+    cache_dir.mkdir(mode=0o700)
+    monkeypatch.setattr(statedir, "_listing", True)
+    root = _lying_toolkit(tmp_path / "cuda", says="13.0.88", file_says="13.0.88")
+    assert inspect(str(root)).nvcc_full == "13.0.88"
+    assert list(cache_dir.iterdir()) == []

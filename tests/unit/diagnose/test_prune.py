@@ -1,0 +1,296 @@
+"""``flashinfer-sm120 cache prune`` (issue 15 item 4): a dry run changes nothing, held locks and
+running processes keep what they hold, and nothing outside the two cache roots is touched,
+symlinks or not.  Layouts are FlashInfer 0.7.4's (``<version>/<arch>[/<nvcc tag>]/cached_ops``,
+``flashinfer/jit/env.py``) and real CUDA_HOME views built by the library."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import make_toolkit
+from helpers.views import pip_like
+
+UID = os.geteuid()
+
+
+def snapshot(*roots: Path) -> dict:
+    """Every entry under ``roots``: kind, size, mtime and link target (links not followed)."""
+    out = {}
+    for root in roots:
+        for dirpath, dirs, files in os.walk(root):
+            for n in dirs + files:
+                p = os.path.join(dirpath, n)
+                st = os.lstat(p)
+                out[p] = (stat.S_IFMT(st.st_mode), st.st_size, st.st_mtime_ns,
+                          os.readlink(p) if stat.S_ISLNK(st.st_mode) else None)
+    return out
+
+
+def fake_flashinfer(site: Path, version: str) -> Path:
+    """``site/flashinfer`` with ``data/include`` and the distribution's metadata, as pip installs it."""
+    (site / "flashinfer" / "data" / "include").mkdir(parents=True, exist_ok=True)
+    meta = site / f"flashinfer_python-{version}.dist-info"
+    meta.mkdir(exist_ok=True)
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: flashinfer-python\nVersion: {version}\n")
+    return site / "flashinfer"
+
+
+def workspace(root: Path, rel: str, cuda_home: str, fi_pkg: Path, modules=("sampling",)) -> Path:
+    """A JIT workspace as FlashInfer writes it: cached_ops/<module>/{build.ninja,<module>.so},
+    cached_ops/tmp/<module>.lock, generated/."""
+    ws = root / rel
+    for m in modules:
+        d = ws / "cached_ops" / m
+        d.mkdir(parents=True)
+        (d / "build.ninja").write_text(
+            f"ninja_required_version = 1.3\nname = {m}\ncuda_home = {cuda_home}\n"
+            f"common_cflags = -DPy_LIMITED_API=0x03090000 $\n    -isystem {fi_pkg}/data/include $\n"
+            f"    -isystem $cuda_home/include\n")
+        (d / f"{m}.so").write_bytes(b"\x7fELF" + b"\0" * 8000)
+        (ws / "cached_ops" / "tmp").mkdir(exist_ok=True)
+        (ws / "cached_ops" / "tmp" / f"{m}.lock").touch()
+    (ws / "generated").mkdir(exist_ok=True)
+    return ws
+
+
+@pytest.fixture
+def caches(tmp_path, monkeypatch):
+    """Our cache with a current and a stale view, FlashInfer's cache with current and stale workspaces."""
+    from flashinfer_sm120.safety.fs import lease
+    from flashinfer_sm120.core.facts.workspace import tag_for
+    from flashinfer_sm120.core.toolkit import inspect
+    from flashinfer_sm120.core.view import linkable_home
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASHINFER", "CUDA_", "SGLANG"))}
+    env.update(HOME=str(tmp_path / "home"), FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "ours"),
+               FLASHINFER_WORKSPACE_BASE=str(tmp_path / "base"), SGLANG_CACHE_DIR=str(tmp_path / "sglang"))
+    for k in ("FLASHINFER_SM120_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "SGLANG_CACHE_DIR", "HOME"):
+        monkeypatch.setenv(k, env[k])
+    (tmp_path / "ours").mkdir(mode=0o700)
+    keep_tk = pip_like(tmp_path / "keep", "13.0.88")
+    gone_tk = pip_like(tmp_path / "gone", "13.0.48")
+    keep_view = linkable_home(inspect(str(keep_tk))).path
+    gone_view = linkable_home(inspect(str(gone_tk))).path
+    for v in (keep_view, gone_view):  # chosen here, used by no process of the test (the lease says "in use")
+        lease.release(v)
+    current_tag = tag_for(inspect(str(keep_tk)))
+    fi_root = tmp_path / "base" / ".cache" / "flashinfer"
+    fi_new = fake_flashinfer(tmp_path / "site-new", "0.7.4")
+    fi_moved = fake_flashinfer(tmp_path / "site-moved", "0.7.4")  # upgraded below: holds 0.7.5 now
+    ws = {
+        "current": workspace(fi_root, f"0.7.4/120f/{current_tag}", keep_view, fi_new, ("sampling", "decode")),
+        "toolkit gone": workspace(fi_root, "0.7.4/120f/nvcc13.0.48-0123abcd", gone_view, fi_new),
+        "toolkit changed": workspace(fi_root, "0.7.4/120f/nvcc13.0.88-deadbeef", keep_view, fi_new),
+        "release gone": workspace(fi_root, "0.6.18/120f/" + current_tag, keep_view, tmp_path / "site-old" / "flashinfer"),
+        "release replaced": workspace(fi_root, "0.7.4/121a/" + current_tag, keep_view, fi_moved),
+        "unpatched current": workspace(fi_root, "0.7.4/120f", keep_view, fi_new),
+    }
+    (fi_moved.parent / "flashinfer_python-0.7.4.dist-info").rename(fi_moved.parent / "flashinfer_python-0.7.5.dist-info")
+    (fi_moved.parent / "flashinfer_python-0.7.5.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: flashinfer-python\nVersion: 0.7.5\n")
+    os.unlink(os.path.join(gone_tk, "bin", "nvcc"))  # that toolkit is uninstalled
+    return {"env": env, "tmp": tmp_path, "ws": ws, "keep_view": keep_view, "gone_view": gone_view,
+            "fi_root": fi_root, "ours": tmp_path / "ours", "keep_tk": keep_tk, "gone_tk": gone_tk}
+
+
+def prune(c, *args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "flashinfer_sm120", "cache", "prune", *args], env=c["env"],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def listing(c, *args) -> dict:
+    proc = prune(c, "--json", *args)
+    assert proc.returncode == 0, proc.stderr
+    return {e["path"]: e for e in json.loads(proc.stdout)["entries"]}
+
+
+def test_dry_run_lists_each_stale_entry_with_its_reason_and_changes_nothing(caches):
+    c = caches
+    before = snapshot(c["tmp"])
+    proc = prune(c)
+    assert proc.returncode == 0, proc.stderr
+    assert snapshot(c["tmp"]) == before  # not a lock file created, not a byte changed
+    out = proc.stdout
+    assert "would free" in out and "--yes" in out
+    got = listing(c)
+    ws = c["ws"]
+    reasons = {k: got[str(p)]["reason"] for k, p in ws.items()}
+    assert reasons["current"] is None and reasons["unpatched current"] is None
+    assert "toolkit is gone" in reasons["toolkit gone"]
+    assert "toolkit changed" in reasons["toolkit changed"]
+    assert "FlashInfer that built it is gone" in reasons["release gone"]
+    assert "0.7.4 is no longer installed" in reasons["release replaced"] and "0.7.5" in reasons["release replaced"]
+    assert got[c["keep_view"]]["reason"] is None
+    assert "toolkit is gone" in got[c["gone_view"]]["reason"]
+    assert all(e["bytes"] > 0 for e in got.values())
+    assert "FlashInfer cache: " + str(c["fi_root"]) in out  # sizes of both caches
+    assert snapshot(c["tmp"]) == before
+
+
+def test_yes_removes_what_is_stale_and_nothing_else(caches):
+    c = caches
+    keep = [c["ws"]["current"], c["ws"]["unpatched current"] / "cached_ops", Path(c["keep_view"]), c["keep_tk"]]
+    proc = prune(c, "--yes")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in ("toolkit gone", "toolkit changed", "release gone", "release replaced"):
+        assert not c["ws"][name].exists(), name
+    assert not os.path.exists(c["gone_view"])
+    for p in keep:
+        assert p.exists(), p
+    assert os.path.isfile(os.path.join(c["gone_tk"], "lib", "libcudart.so.13"))  # the view's links were not followed
+    assert not (c["fi_root"] / "0.6.18").exists()  # emptied parents go too
+    assert (c["fi_root"] / "0.7.4" / "120f").is_dir()  # ... but not the shared ones
+    assert "freed" in proc.stdout and "removed" in proc.stdout
+    again = listing(c)
+    assert not [e for e in again.values() if e["reason"]]
+
+
+def hold(path: str):
+    """A child process holding ``path`` with filelock, as FlashInfer and the view builder do."""
+    code = ("import filelock, sys, time\nl = filelock.FileLock(sys.argv[1]); l.acquire()\n"
+            "print('held', flush=True)\ntime.sleep(120)\n")
+    p = subprocess.Popen([sys.executable, "-c", code, path], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_a_held_lock_keeps_the_directory(caches):
+    c = caches
+    stale = c["ws"]["toolkit changed"]
+    module_lock = hold(str(stale / "cached_ops" / "tmp" / "sampling.lock"))  # FlashInfer's JitSpec.lock_path
+    view_lock = hold(os.path.join(os.path.dirname(c["gone_view"]), ".lock"))  # view/build.py's lock
+    try:
+        dry = listing(c)
+        assert "holds" in dry[str(stale)]["kept"] and "holds" in dry[c["gone_view"]]["kept"]
+        proc = prune(c, "--yes")
+        assert proc.returncode == 0, proc.stderr
+        assert stale.is_dir() and os.path.isdir(c["gone_view"])
+        assert not c["ws"]["toolkit gone"].exists()  # others still go
+    finally:
+        for p in (module_lock, view_lock):
+            p.kill()
+            p.wait()
+    assert prune(c, "--yes").returncode == 0
+    assert not stale.exists() and not os.path.exists(c["gone_view"])
+
+
+def test_a_process_working_in_a_directory_keeps_it(caches):
+    c = caches
+    stale = c["ws"]["release gone"]
+    p = subprocess.Popen([sys.executable, "-c", "import time; print('ok', flush=True); time.sleep(120)"],
+                         cwd=stale / "cached_ops" / "sampling", stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ok"
+        got = listing(c, "--yes")
+        assert got[str(stale)]["kept"] == f"in use: process {p.pid} uses {stale / 'cached_ops' / 'sampling'}"
+        assert stale.is_dir()
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_nothing_outside_the_roots_is_touched_even_through_symlinks(caches):
+    c = caches
+    outside = c["tmp"] / "outside"
+    (outside / "dir").mkdir(parents=True)
+    (outside / "file").write_text("precious")
+    (outside / "dir" / "inner").write_text("precious too")
+    # a workspace elsewhere that looks stale, reached only through a link in the root
+    elsewhere = workspace(outside / "fi", "0.6.0/120f", "/nonexistent/cuda", outside / "nope" / "flashinfer")
+    os.symlink(outside / "fi" / "0.6.0", c["fi_root"] / "0.6.1")
+    # links inside a stale workspace, pointing out of it
+    stale = c["ws"]["toolkit gone"]
+    os.symlink(outside / "file", stale / "cached_ops" / "sampling" / "escape")
+    os.symlink(outside / "dir", stale / "cached_ops" / "linked_dir")
+    # a "view" that is a link to a directory outside, with metadata saying its toolkit is gone
+    fake_view = outside / "viewlike"
+    fake_view.mkdir()
+    (fake_view / "flashinfer_sm120_view.json").write_text("{}")
+    os.symlink(fake_view, Path(c["gone_view"]).parent / "cuda-13.0.1-linked")
+    before = snapshot(outside)
+    got = listing(c)
+    assert str(c["fi_root"] / "0.6.1") not in got and str(elsewhere) not in got  # never followed
+    assert "symlink" in got[str(Path(c["gone_view"]).parent / "cuda-13.0.1-linked")]["kept"]
+    proc = prune(c, "--yes")
+    assert proc.returncode == 0, proc.stderr
+    assert not stale.exists()
+    assert snapshot(outside) == before
+    assert (outside / "file").read_text() == "precious" and os.path.islink(c["fi_root"] / "0.6.1")
+
+
+def test_older_than_also_lists_what_was_not_used_for_that_long(caches):
+    c = caches
+    old = time.time() - 40 * 86400
+    ws = c["ws"]["unpatched current"]
+    for p in (ws / "cached_ops").rglob("*"):
+        os.utime(p, (old, old))
+    assert listing(c)[str(ws)]["reason"] is None
+    assert listing(c, "--older-than", "50")[str(ws)]["reason"] is None
+    got = listing(c, "--older-than", "30")
+    assert got[str(ws)]["reason"].startswith("not used for 40 days")
+    assert got[c["keep_view"]]["reason"] is None  # a kept workspace still builds with it
+    assert prune(c, "--older-than", "30", "--yes").returncode == 0
+    assert not (ws / "cached_ops").exists() and c["ws"]["current"].exists()  # the tagged one beside it stays
+
+
+def test_bad_older_than_is_refused_naming_the_flag(caches):
+    proc = prune(caches, "--older-than", "-3")
+    assert proc.returncode == 2 and "--older-than" in proc.stderr
+
+
+@pytest.mark.skipif(UID != 0, reason="needs root to give a directory to another user")
+def test_another_users_directory_is_listed_never_removed(caches):
+    c = caches
+    stale = c["ws"]["release replaced"]
+    for p in [stale, *stale.rglob("*")]:
+        os.lchown(p, 65534, 65534)
+    got = listing(c, "--yes")
+    assert got[str(stale)]["kept"] == "owned by uid 65534, not you" and stale.is_dir()
+
+
+def test_doctor_section_shows_the_size_of_both_caches(caches):
+    from flashinfer_sm120.diagnose import prune as pr
+
+    section = pr.doctor_section({})
+    paths = {r["what"]: r["path"] for r in section["roots"]}
+    assert paths == {"flashinfer-sm120": str(caches["ours"]), "FlashInfer": str(caches["fi_root"])}
+    assert section["stale"] == 5 and section["stale_bytes"] > 0
+    text = "\n".join(pr.doctor_lines(section))
+    assert "5 stale entries" in text and "cache prune" in text
+
+
+def test_a_lease_file_that_cannot_be_told_keeps_the_entry_and_says_so(caches):
+    """Regression: a workspace whose lease file was a symlink (planted, or left by a tool) was kept,
+    as it must be, but listed as "in use: a running process holds its lease": no process did, and
+    the fix (remove the link) was not said.  threat-model: P3 (kept), P8 (told, not guessed)"""
+    from flashinfer_sm120.safety.fs import lease
+
+    c = caches
+    ws = c["ws"]["toolkit gone"]
+    lf = lease.lease_path(str(ws))
+    os.symlink(c["tmp"] / "elsewhere", lf)
+    got = listing(c)[str(ws)]
+    assert got["kept"] and "running process" not in got["kept"] and lf in got["kept"], got
+    assert "symlink" in got["kept"] and "remove the link" in got["kept"]
+    assert prune(c, "--yes").returncode == 0 and ws.is_dir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another uid")
+def test_an_entry_whose_lease_would_lie_in_another_uids_directory_is_never_removed(caches):
+    """No process takes a lease inside another uid's directory (threat-model: P4), so a workspace of
+    yours there (FlashInfer made it in a shared FLASHINFER_WORKSPACE_BASE whose levels they made) may
+    be in use unseen: prune lists it and keeps it.  threat-model: P3"""
+    c = caches
+    ws = c["ws"]["toolkit gone"]
+    os.chown(ws.parent, 65534, 65534)
+    got = listing(c)[str(ws)]
+    assert got["reason"] and "uid 65534" in (got["kept"] or ""), got
+    assert prune(c, "--yes").returncode == 0 and ws.is_dir()

@@ -1,0 +1,91 @@
+"""Fourth attack round, ``cache prune`` and ``doctor`` on deep trees.
+
+Failed before its fix: ``os.walk`` (Python < 3.12) and ``shutil.rmtree`` (< 3.13) recurse once per
+directory level, so a JIT directory holding a tree 1,500 levels deep ended ``cache prune`` in a
+``RecursionError`` traceback (and ``doctor`` said "caches: could not be checked").
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from unit.diagnose.test_prune import caches, listing, prune  # noqa: F401  (caches: a fixture)
+
+from flashinfer_sm120.diagnose.prune.tree import remove_tree, walk_tree
+
+DEPTH = 1500  # past Python's default recursion limit of 1000
+
+
+def _deep(top, depth=DEPTH) -> None:
+    """``top/a/a/.../a`` ``depth`` levels deep (made level by level: the path is longer than PATH_MAX
+    at the bottom) with a file and a symlink at the bottom."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            os.mkdir("a", dir_fd=fd)
+            new = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = new
+        with open(os.open("f", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd), "w") as fh:
+            fh.write("x" * 5000)
+        os.symlink("/etc", "link", dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def test_prune_sizes_and_removes_a_tree_deeper_than_the_recursion_limit(caches):
+    c = caches
+    stale, current = c["ws"]["release gone"], c["ws"]["current"]
+    _deep(str(stale / "cached_ops" / "sampling"))
+    _deep(str(current / "cached_ops" / "sampling"))
+    try:
+        got = listing(c)
+        assert got[str(stale)]["reason"] and got[str(current)]["reason"] is None
+        proc = prune(c, "--yes")
+        out = proc.stdout + proc.stderr
+        assert "Traceback" not in out and proc.returncode == 0, out[-3000:]
+        assert not stale.exists()
+        assert (current / "cached_ops" / "sampling" / "a").is_dir()  # kept whole
+        assert os.path.isdir("/etc")  # the link at the bottom was unlinked, not followed
+    finally:  # pytest's own clean-up of old tmp dirs uses shutil.rmtree, which this depth breaks
+        for top in (stale, current):
+            if (top / "cached_ops" / "sampling" / "a").exists():
+                remove_tree(str(top / "cached_ops" / "sampling" / "a"))
+
+
+def test_remove_tree_follows_no_link_and_walk_tree_enters_none(tmp_path):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "keep").write_text("keep")
+    top = tmp_path / "top"
+    top.mkdir()
+    (top / "d").mkdir()
+    os.symlink(target, top / "d" / "to-target")
+    os.symlink(target, top / "to-target")
+    _deep(str(top / "d"), 50)
+    seen = [d for d, _dirs, _files in walk_tree(str(top))]
+    assert not any("to-target" in d for d in seen) and len(seen) == 52
+    remove_tree(str(top))
+    assert not top.exists() and (target / "keep").read_text() == "keep"
+    assert sys.getrecursionlimit() <= 10_000  # nothing raised it to get there
+
+
+def test_an_entry_another_prune_removed_first_is_not_a_failure(caches):
+    """Two ``cache prune --yes`` at once: each reported FAILED ("changed since the scan") for what the
+    other removed, and both exited 1, though everything stale was gone."""
+    import shutil
+
+    from flashinfer_sm120.diagnose import prune as prune_mod
+
+    c = caches
+    report = prune_mod.scan()
+    stale = [e for e in report["entries"] if e.reason and not e.kept]
+    assert stale
+    for e in stale:  # the other prune got there first
+        for p in e.remove:
+            shutil.rmtree(p)
+    prune_mod.remove(report)
+    assert not [e.error for e in stale if e.error], [e.error for e in stale]
+    for e in stale:
+        assert e.removed and "another process" in e.reason, (e.kind, e.removed, e.kept, e.remove)

@@ -1,0 +1,61 @@
+"""Fifth attack round: ``cache prune`` where ``/proc`` cannot show who uses a cache entry.
+
+Failed before its fix: with no ``/proc`` (a sandbox, a container without it) or a ``/proc`` of
+another PID namespace (prune run from a sidecar container sharing the cache volume, not the
+server's processes), the in-use check found nobody and ``cache prune --yes`` removed views and JIT
+workspaces that running servers use: an empty answer counted as "nobody".
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from unit.diagnose.test_prune import caches, listing  # noqa: F401  (caches: a fixture)
+
+from flashinfer_sm120.diagnose.prune import hold
+
+
+def test_a_proc_without_this_process_means_blind_not_unused(monkeypatch):
+    assert hold.held_paths() is not None  # this process is visible here
+    monkeypatch.setattr(os, "getpid", lambda: 2**22 + 7)  # as from another PID namespace
+    assert hold.held_paths() is None
+    assert hold.holder(object(), None) == hold.BLIND  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root for a private /proc")
+def test_prune_without_proc_removes_nothing(caches):
+    c = caches
+    stale = c["ws"]["release gone"]
+    assert listing(c)[str(stale)]["reason"]  # stale: prune would remove it
+    script = 'mount -t tmpfs none /proc && exec "$@"'
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh",
+                           sys.executable, "-m", "flashinfer_sm120", "cache", "prune", "--yes"],
+                          env=c["env"], capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in out, out[-3000:]
+    assert stale.exists(), out[-3000:]
+    assert "/proc does not show this process" in out
+
+
+def test_a_lock_that_cannot_be_opened_is_not_free(tmp_path, monkeypatch):
+    """``lock_free`` answered "free" for any ``open`` error: with no descriptor left (``EMFILE``)
+    prune saw every builder's lock as free."""
+    import errno
+
+    lock = tmp_path / "m.lock"
+    lock.write_text("")
+    assert hold.lock_free(str(lock)) and hold.lock_free(str(tmp_path / "absent.lock"))
+    real = os.open
+
+    def no_fds(path, *a, **k):
+        if str(path) == str(lock):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(os, "open", no_fds)
+    assert not hold.lock_free(str(lock))

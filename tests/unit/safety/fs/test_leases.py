@@ -1,0 +1,344 @@
+"""Leases (docs/threat-model.md P3): a process that uses a CUDA_HOME view or a JIT workspace
+holds a shared lock on it, and ``cache prune`` keeps whatever it cannot lock exclusively.
+
+Every test runs real processes: a child Python that imports FlashInfer patched by this package
+and stays alive (idle, as a server between requests is), and the real ``flashinfer-sm120 cache
+prune``.  Origin: ``cache prune --older-than 0 --yes`` removed the view of a running idle
+process (``/proc/<pid>/environ`` is the environment at exec, the exported ``CUDA_HOME`` comes
+later), after a toolkit reinstall too, and the views of workers starting while it ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import TESTS, needs_flashinfer
+from helpers.views import pip_like
+
+pytestmark = needs_flashinfer
+
+#: A patched process: prints ``@@{json}`` once FlashInfer is patched, then idles until stdin closes.
+LIVE = """
+import helpers.fakegpu, json, os, sys
+import flashinfer_sm120, flashinfer
+import flashinfer.jit.env as jit_env
+from flashinfer_sm120.safety.fs import lease
+home = os.environ.get("CUDA_HOME")
+ws = str(jit_env.FLASHINFER_WORKSPACE_DIR)
+if os.environ.get("LIVE_MODULE"):  # a module FlashInfer built here (fake bytes: nothing maps it)
+    d = os.path.join(ws, "cached_ops", "sampling")
+    os.makedirs(d, exist_ok=True)
+    open(os.path.join(d, "sampling.so"), "wb").write(b"\\x7fELF" + bytes(64))
+out = dict(home=home, ws=ws, mode=flashinfer_sm120.status()["mode"], pid=os.getpid(),
+           leased=lease.held(home) and lease.held(ws))
+{extra}
+print("@@" + json.dumps(out), flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def world(tmp_path):
+    """Private caches, a pip-like toolkit (it needs a view), one simulated SM120 GPU."""
+    tk = pip_like(tmp_path / "tk", "13.0.88")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASHINFER", "CUDA_", "SGLANG"))}
+    env.update(HOME=str(tmp_path / "home"), FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "ours"),
+               FLASHINFER_WORKSPACE_BASE=str(tmp_path / "base"), SGLANG_CACHE_DIR=str(tmp_path / "sglang"),
+               CUDA_HOME=str(tk), FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0",
+               PYTHONPATH=os.pathsep.join([str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(
+                   os.pathsep) if p]))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "ours").mkdir(mode=0o700)
+    return {"env": env, "tk": tk, "tmp": tmp_path}
+
+
+def start(env: dict, extra: str = "", **kw) -> tuple[subprocess.Popen, dict]:
+    """A live patched child and what it printed."""
+    p = subprocess.Popen([sys.executable, "-c", LIVE.replace("{extra}", extra)], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    line = p.stdout.readline()
+    if not line.startswith("@@"):
+        p.kill()
+        raise AssertionError(f"child printed {line!r}:\n{p.stderr.read()[-4000:]}")
+    return p, json.loads(line[2:])
+
+
+def stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        p.stdin.close()
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def prune(env: dict, *args: str, ns: bool = False) -> dict:
+    """The real ``flashinfer-sm120 cache prune --older-than 0 --yes --json`` (in a new PID
+    namespace with its own /proc when ``ns``): ``{path: entry}``."""
+    cmd = [sys.executable, "-m", "flashinfer_sm120", "cache", "prune", "--older-than", "0", "--yes", "--json", *args]
+    if ns:
+        cmd = ["unshare", "-pf", "--mount-proc", *cmd]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return {e["path"]: e for e in json.loads(proc.stdout)["entries"]}
+
+
+def test_an_idle_patched_process_keeps_its_view_and_workspace(world):
+    """The view and JIT workspace of a live idle process are kept by its lease, and go once it exits."""
+    p, out = start(dict(world["env"], LIVE_MODULE="1"))
+    try:
+        home, ws = out["home"], out["ws"]
+        assert out["mode"] == "patched" and home.startswith(str(world["tmp"] / "ours")), out
+        assert out["leased"]
+        got = prune(world["env"])
+        assert got[home]["reason"] and "lease" in (got[home]["kept"] or ""), got[home]
+        assert got[ws]["reason"] and "lease" in (got[ws]["kept"] or ""), got[ws]
+        assert os.access(os.path.join(home, "bin", "nvcc"), os.X_OK) and os.path.isdir(ws)
+    finally:
+        stop(p)
+    got = prune(world["env"])
+    assert got[home]["removed"] and not os.path.lexists(home)
+    assert got[ws]["removed"] and not os.path.lexists(os.path.join(ws, "cached_ops"))
+    assert not os.path.lexists(os.path.join(os.path.dirname(home), f".{os.path.basename(home)}.lease"))
+
+
+def test_a_view_whose_toolkit_was_reinstalled_stays_while_a_process_uses_it(world):
+    p, out = start(world["env"])
+    try:
+        nvcc = world["tk"] / "bin" / "nvcc"
+        text = nvcc.read_text()
+        nvcc.unlink()
+        nvcc.write_text(text + "# reinstalled\n")  # a new file: the view's fingerprint no longer matches
+        nvcc.chmod(0o755)
+        got = prune(world["env"])
+        assert "toolkit changed" in got[out["home"]]["reason"] and "lease" in (got[out["home"]]["kept"] or "")
+        assert os.path.isfile(os.path.join(out["home"], "bin", "nvcc"))
+    finally:
+        stop(p)
+    assert prune(world["env"])[out["home"]]["removed"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare(1)")
+def test_a_prune_in_another_pid_namespace_keeps_a_leased_view(world):
+    """There, /proc shows none of the user's processes: only the lease (a file lock) can tell."""
+    p, out = start(world["env"])
+    try:
+        got = prune(world["env"], ns=True)
+        assert "lease" in (got[out["home"]]["kept"] or "") and os.path.isdir(out["home"])
+    finally:
+        stop(p)
+
+
+def test_a_forked_child_holds_the_lease_after_its_parent_exits(world):
+    from flashinfer_sm120.safety.fs import lease
+
+    extra = ("r, w = os.pipe()\nif os.fork() == 0:\n    os.close(r); os.write(w, b'x'); os.close(w)\n"
+             "    sys.stdin.read(); os._exit(0)\n"
+             "os.close(w); os.read(r, 1); out['child'] = os.waitpid(-1, os.WNOHANG)[0] == 0\n"
+             "print('@@' + json.dumps(out), flush=True); os._exit(0)")
+    p = subprocess.Popen([sys.executable, "-c", LIVE.replace("{extra}", extra)], env=world["env"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out = json.loads(p.stdout.readline()[2:])
+        assert p.wait(timeout=60) == 0 and out["child"]  # the parent is gone, its fork lives on
+        assert lease.leased(out["home"])
+        assert "lease" in (prune(world["env"])[out["home"]]["kept"] or "") and os.path.isdir(out["home"])
+    finally:
+        p.stdin.close()  # the fork reads the same stdin: it exits now
+    deadline = time.monotonic() + 60
+    while lease.leased(out["home"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert prune(world["env"])[out["home"]]["removed"]
+
+
+def test_a_program_the_process_runs_never_holds_the_lease(world):
+    """The lease descriptor is close-on-exec: a daemon started by a patched process (a compiler
+    cache server, a detached nvcc) does not keep the view leased after the process exits."""
+    from flashinfer_sm120.safety.fs import lease
+
+    extra = ("import subprocess\nd = subprocess.Popen(['sleep', '300'], close_fds=False, "
+             "start_new_session=True)\nout['daemon'] = d.pid\n"
+             "out['fds'] = sorted(os.readlink(f'/proc/{d.pid}/fd/' + n) for n in os.listdir(f'/proc/{d.pid}/fd'))")
+    p, out = start(world["env"], extra)
+    try:
+        stop(p)
+        assert os.path.exists(f"/proc/{out['daemon']}")
+        assert not [f for f in out["fds"] if f.endswith(".lease")], out["fds"]
+        assert not lease.leased(out["home"])
+    finally:
+        os.kill(out["daemon"], 9)
+
+
+def test_a_spawned_worker_takes_its_own_lease(world):
+    """A ``multiprocessing`` spawn worker is a new Python: it inherits ``CUDA_HOME`` (the view), not
+    the descriptor, and takes its own lease when it imports FlashInfer."""
+    from flashinfer_sm120.safety.fs import lease
+
+    worker = ("import helpers.fakegpu, os, sys, json, flashinfer_sm120, flashinfer\nfrom flashinfer_sm120.safety.fs import lease\n"
+              "h = os.environ['CUDA_HOME']\nos.write(1, ('@@' + json.dumps(dict(pid=os.getpid(), "
+              "own=lease.held(h))) + '\\n').encode())\nimport time\ntime.sleep(600)\n")
+    extra = (f"import multiprocessing as mp\nw = mp.get_context('spawn').Process(target=exec, args=({worker!r},))\n"
+             "w.start()\nprint('@@' + json.dumps(out), flush=True)\nsys.stdin.read()\nos._exit(0)")
+    p = subprocess.Popen([sys.executable, "-c", LIVE.replace("{extra}", extra)], env=world["env"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = json.loads(p.stdout.readline()[2:])
+    line = p.stdout.readline()
+    assert line.startswith("@@"), p.stderr.read()[-3000:]
+    w = json.loads(line[2:])
+    try:
+        stop(p)  # the parent exits; the spawned worker lives on
+        assert w["own"] and os.path.exists(f"/proc/{w['pid']}")
+        assert lease.leased(out["home"])
+        assert "lease" in (prune(world["env"])[out["home"]]["kept"] or "") and os.path.isdir(out["home"])
+    finally:
+        os.kill(w["pid"], 9)
+
+
+@pytest.mark.slow
+def test_workers_starting_while_prune_runs_all_end_with_an_existing_cuda_home(world):
+    """Four workers start while prunes run back to back, several rounds: each one ends with a
+    CUDA_HOME that exists (it leased the view, then checked it, else built it anew)."""
+    env = world["env"]
+    p, first = start(env)
+    stop(p)  # a view exists, leased by nobody: every prune below may remove it
+    for _ in range(3):
+        pruning = subprocess.Popen(
+            ["sh", "-c", f'while [ ! -e "$STOP" ]; do "{sys.executable}" -m flashinfer_sm120 cache prune '
+                         '--older-than 0 --yes >/dev/null 2>&1; done'],
+            env=dict(env, STOP=str(world["tmp"] / "stop")))
+        workers = []
+        procs = [subprocess.Popen([sys.executable, "-c", LIVE.replace("{extra}", "")], env=env,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(4)]
+        try:
+            for q in procs:
+                line = q.stdout.readline()
+                assert line.startswith("@@"), q.stderr.read()[-3000:]
+                workers.append((q, json.loads(line[2:])))
+            (world["tmp"] / "stop").touch()
+            pruning.wait(timeout=300)
+            prune(env)  # one more, after every worker started
+            for _, out in workers:
+                assert os.access(os.path.join(out["home"], "bin", "nvcc"), os.X_OK), out
+        finally:
+            (world["tmp"] / "stop").touch()
+            for q in procs:
+                stop(q)
+            pruning.wait(timeout=300)
+            (world["tmp"] / "stop").unlink()
+
+
+def test_a_chooser_that_finds_the_view_being_removed_waits_then_builds_it_anew(world, monkeypatch):
+    """Check, then use, under the lease: the chooser adopts the view, waits for the lease a prune
+    holds exclusively while removing it, finds it gone and builds it again (deterministic: the
+    prune's part is played here, between the chooser's first wait and its retry)."""
+    import threading
+
+    from flashinfer_sm120.safety.fs import lease, statedir
+    from flashinfer_sm120.diagnose.prune.tree import remove_tree
+    from flashinfer_sm120.core.toolkit import inspect
+    from flashinfer_sm120.core.view import linkable_home
+
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", world["env"]["FLASHINFER_SM120_CACHE_DIR"])
+    statedir.forget_cache_root()
+    p, out = start(world["env"])
+    stop(p)  # the view exists and nobody leases it
+    view = out["home"]
+    fd = lease.take_exclusive(view)  # the prune's part: the lease, exclusively
+    assert fd is not None
+    waiting, waits, real_sleep = threading.Event(), [], time.sleep
+
+    def sleep(s):
+        waits.append(s)
+        waiting.set()
+        real_sleep(s)
+
+    monkeypatch.setattr(lease.time, "sleep", sleep)
+    got = []
+    t = threading.Thread(target=lambda: got.append(linkable_home(inspect(str(world["tk"])))))
+    t.start()
+    try:
+        assert waiting.wait(60)  # the chooser adopted the view and waits for its lease
+        remove_tree(view)
+        lease.end_exclusive(view, fd, removed=True)
+    finally:
+        t.join(120)
+    try:
+        assert got and got[0].path == view and got[0].is_view, got
+        assert os.access(os.path.join(view, "bin", "nvcc"), os.X_OK) and lease.held(view) and lease.leased(view)
+        assert len(waits) >= 1
+    finally:
+        lease.release(view)
+        statedir.forget_cache_root()
+
+
+def test_prune_removes_lease_files_left_without_their_view_unless_held(world):
+    """A chooser that found its view removed leaves a lease file; prune removes it, but never one
+    a process holds (a chooser about to build that view)."""
+    views = world["tmp"] / "ours" / "cuda-home"
+    views.mkdir(mode=0o700)
+    orphan = views / ".cuda-13.0.48-0123456789ab.lease"
+    orphan.touch()
+    code = ("import sys\nfrom flashinfer_sm120.safety.fs import lease\nassert lease.hold(sys.argv[1])\n"
+            "print('held', flush=True)\nsys.stdin.read()\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(views / "cuda-13.0.88-coming")], env=world["env"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        prune(world["env"])
+        assert not orphan.exists() and (views / ".cuda-13.0.88-coming.lease").exists()
+    finally:
+        stop(p)
+    prune(world["env"])
+    assert not (views / ".cuda-13.0.88-coming.lease").exists()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(st.characters(blacklist_characters="/\0", blacklist_categories=("Cs",)), min_size=1, max_size=200))
+def test_a_lease_file_lies_beside_its_directory_and_names_it_back(name):
+    """Any directory name: its lease file is hidden, beside it, and maps back to it; names that
+    are no lease file map to nothing (prune's sweep reads them back)."""
+    from flashinfer_sm120.safety.fs import lease
+
+    if name in (".", ".."):
+        return
+    target = os.path.join("/c/cuda-home", name)
+    path = lease.lease_path(target)
+    assert os.path.dirname(path) == "/c/cuda-home" and os.path.basename(path).startswith(".")
+    assert lease.target_of(path) == target
+    assert lease.target_of(target) is None or name.startswith(".") and name.endswith(".lease")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another uid")
+def test_no_lease_or_workspace_is_created_in_a_tree_another_uid_owns(tmp_path):
+    """Regression: with ``FLASHINFER_WORKSPACE_BASE`` in a shared place where another uid had made the
+    ``.cache/flashinfer/<version>/<arch>`` levels (mode 777), importing FlashInfer warned that the JIT
+    directory "is not safe to build in" and then created the lease file and the workspace directory
+    in that uid's tree anyway (threat-model: P4); a lease file they planted and held exclusively also
+    made every import wait 90 s."""
+    from flashinfer_sm120.core.patch import steps
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(tmp_path, 0o755)
+    theirs = shared / ".cache" / "flashinfer" / "0.7.4" / "120f"
+    theirs.mkdir(parents=True)
+    for p in (shared, *theirs.relative_to(shared).parents, theirs.relative_to(shared)):
+        os.chown(shared / p, 65534, 65534)
+        os.chmod(shared / p, 0o777)
+    before = sorted(os.listdir(theirs))
+    t0 = time.monotonic()
+    steps._lease_workspace(str(theirs / "nvcc13.0.88-0123abcd"))
+    assert sorted(os.listdir(theirs)) == before
+    assert time.monotonic() - t0 < 10

@@ -1,0 +1,322 @@
+"""Where flashinfer-sm120 keeps its state (:func:`flashinfer_sm120.safety.fs.statedir.cache_root`): check, then
+create.  Nothing is created before the checks that would refuse it have passed, nothing inside a
+tree another uid owns, and a command that only lists creates nothing at all (threat-model: P4).
+Real uids: root with another user's ``HOME`` (``sudo -E``) and ``setpriv --reuid`` children."""
+
+import errno
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import cli
+
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (to own files as another uid)")
+
+
+@pytest.fixture
+def shared_tmp():
+    """A directory every uid may enter (pytest's tmp dirs are 0700, closed to other uids)."""
+    d = Path(tempfile.mkdtemp(prefix="state-dir-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _user_home(base: Path, uid: int = NOBODY) -> Path:
+    home = base / "home"
+    home.mkdir()
+    os.chown(home, uid, uid)
+    home.chmod(0o755)
+    return home
+
+
+def _env(home: Path, tmpdir: Path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("FLASHINFER_SM120_CACHE_DIR", "XDG_CACHE_HOME", "CUDA_HOME", "CUDA_PATH")}
+    tmpdir.mkdir(exist_ok=True)
+    tmpdir.chmod(0o1777)
+    env.update(HOME=str(home), TMPDIR=str(tmpdir), FLASHINFER_SM120_QUIET="1", **extra)
+    return env
+
+
+def _created(*roots: Path) -> list[str]:
+    return sorted(str(p) for r in roots for p in r.rglob("*"))
+
+
+@needs_root
+def test_root_with_a_users_home_creates_nothing_there(shared_tmp, monkeypatch):
+    """Regression: sudo -E made a root-owned 0700 ~/.cache (the user's pip then got EACCES)."""
+    from flashinfer_sm120.safety.fs import statedir
+
+    home = _user_home(shared_tmp)
+    for k, v in _env(home, shared_tmp / "tmp").items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("FLASHINFER_SM120_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    statedir.forget_cache_root()
+    try:
+        root = statedir.cache_root()
+    finally:
+        statedir.forget_cache_root()
+    assert not (home / ".cache").exists(), _created(home)
+    assert root == str(shared_tmp / "tmp" / "flashinfer-sm120-0")  # the next candidate
+    notes = " ".join(statedir.cache_root_notes())
+    assert f"owned by uid {NOBODY}" in notes and "sudo -H" in notes
+
+
+@needs_root
+@pytest.mark.parametrize("args", [["cache", "prune"], ["status"], ["doctor"]])
+def test_a_command_as_root_with_a_users_home_creates_nothing_there(shared_tmp, args):
+    """Regression: `cache prune` (a listing) as root with HOME of another uid created ~/.cache."""
+    home = _user_home(shared_tmp)
+    env = _env(home, shared_tmp / "tmp", FLASHINFER_WORKSPACE_BASE=str(shared_tmp / "ws"))
+    proc = cli(args, env, timeout=300)
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    assert _created(home) == [], proc.stderr[-2000:]
+    if args[0] == "cache":  # a listing: not the fallback either
+        assert not (shared_tmp / "tmp" / "flashinfer-sm120-0").exists()
+
+
+@needs_root
+def test_status_as_root_with_a_users_home_does_not_let_flashinfer_create_its_cache_there(shared_tmp):
+    """FlashInfer makes ~/.cache/flashinfer at import: status asks first, and refuses with the fix."""
+    home = _user_home(shared_tmp)
+    env = _env(home, shared_tmp / "tmp")
+    env.pop("FLASHINFER_WORKSPACE_BASE", None)
+    proc = cli(["status", "--json"], env, timeout=300)
+    assert proc.returncode == 1 and _created(home) == [], proc.stderr[-2000:]
+    import json
+
+    st = json.loads(proc.stdout)
+    assert st["mode"] == "refused" and str(home) in st["error"] and "FLASHINFER_WORKSPACE_BASE" in st["error"]
+    assert "sudo -H" in st["error"] and f"uid {NOBODY}" in st["error"]
+
+
+@needs_root
+def test_the_workspace_check_names_the_foreign_tree_and_creates_nothing(shared_tmp, monkeypatch):
+    from flashinfer_sm120.safety.formats import ForeignTree
+    from flashinfer_sm120.core.facts.workspace import workspace_foreign_tree
+
+    home = _user_home(shared_tmp)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("FLASHINFER_WORKSPACE_BASE", raising=False)
+    assert workspace_foreign_tree() == ForeignTree(str(home / ".cache" / "flashinfer"), str(home), NOBODY, 0)
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(shared_tmp / "ws"))
+    assert workspace_foreign_tree() is None
+    assert _created(home) == []
+
+
+def _as_nobody(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                           sys.executable, "-m", "flashinfer_sm120", *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@needs_root
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_a_listing_command_of_a_user_creates_nothing(shared_tmp):
+    home = _user_home(shared_tmp)
+    env = _env(home, shared_tmp / "tmp", PYTHONPATH=str(Path(__file__).resolve().parents[4] / "src"))
+    proc = _as_nobody(env, "cache", "prune")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _created(home, shared_tmp / "tmp") == [], proc.stderr[-2000:]
+
+
+@needs_root
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_a_user_creates_the_root_in_their_own_home_private(shared_tmp):
+    """The other side of the rule: a user's own missing ~/.cache/flashinfer-sm120 is made, 0700."""
+    home = _user_home(shared_tmp)
+    env = _env(home, shared_tmp / "tmp", PYTHONPATH=str(Path(__file__).resolve().parents[4] / "src"))
+    code = "from flashinfer_sm120.safety.fs import statedir; print(statedir.cache_root())"
+    proc = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                           sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    root = home / ".cache" / "flashinfer-sm120"
+    assert proc.stdout.strip() == str(root)
+    for d in (home / ".cache", root):
+        st = d.stat()
+        assert st.st_uid == NOBODY and stat.S_IMODE(st.st_mode) == 0o700
+
+
+def test_a_name_too_long_falls_back_to_the_next_candidate(tmp_path, monkeypatch):
+    """Regression: ENAMETOOLONG said 'set a writable directory' and did not fall back."""
+    from flashinfer_sm120.safety.fs import statedir
+
+    long_dir = tmp_path / ("x" * 300)
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(long_dir))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    statedir.forget_cache_root()
+    try:
+        root = statedir.cache_root()
+    finally:
+        statedir.forget_cache_root()
+    assert root == str(tmp_path / "xdg" / "flashinfer-sm120")
+    note = [n for n in statedir.cache_root_notes() if "x" * 50 in n][-1]
+    assert "longer than the file system allows" in note and "shorter path" in note
+
+
+@pytest.mark.parametrize("err", [errno.EACCES, errno.EROFS])
+def test_an_unwritable_candidate_falls_through_with_its_errno_meaning(tmp_path, monkeypatch, err):
+    from flashinfer_sm120.safety.fs import statedir
+
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "a" / "b"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    real = statedir.make_private_dirs
+
+    def refuse(path, **kw):
+        if "xdg" not in str(path):
+            raise OSError(err, os.strerror(err), str(path))
+        return real(path, **kw)
+
+    monkeypatch.setattr(statedir, "make_private_dirs", refuse)
+    statedir.forget_cache_root()
+    try:
+        assert statedir.cache_root() == str(tmp_path / "xdg" / "flashinfer-sm120")
+    finally:
+        statedir.forget_cache_root()
+    from flashinfer_sm120.errors import ERRNO_MEANINGS
+
+    assert any(ERRNO_MEANINGS[err] in n and str(tmp_path / "a" / "b") in n for n in statedir.cache_root_notes())
+
+
+def test_a_root_too_long_for_what_goes_below_it_falls_back(tmp_path, monkeypatch):
+    """Regression: a cache root near PATH_MAX was taken, and the files below it then failed with
+    ENAMETOOLONG ('set a writable directory') where no other candidate was tried."""
+    from flashinfer_sm120.safety.fs import statedir
+
+    deep = str(tmp_path)
+    while len(deep) < 4096 - 300:
+        deep = os.path.join(deep, "d" * 200)
+    os.makedirs(deep, mode=0o700)
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", deep)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    statedir.forget_cache_root()
+    try:
+        root = statedir.cache_root()
+    finally:
+        statedir.forget_cache_root()
+    assert root == str(tmp_path / "xdg" / "flashinfer-sm120")
+    assert any("no room" in n and "longer than the file system allows" in n for n in statedir.cache_root_notes())
+
+
+# ------------------------------------------------------------------ the path-character rule
+
+@pytest.mark.parametrize("name", ["ü-home", "домашний", "用户", "café+x"])
+def test_a_home_with_non_ascii_letters_is_used(tmp_path, monkeypatch, name):
+    """Regression: a HOME with a non-ASCII letter was refused for a reason (blank, ':', '$') that did
+    not apply; FlashInfer builds under such a path (the slow test below compiles one)."""
+    from flashinfer_sm120.safety.fs import pathpolicy, statedir
+
+    home = tmp_path / name
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("FLASHINFER_SM120_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    statedir.forget_cache_root()
+    try:
+        assert statedir.cache_root() == str(home / ".cache" / "flashinfer-sm120")
+    finally:
+        statedir.forget_cache_root()
+    assert pathpolicy.jit_dir_problem(str(home / ".cache" / "flashinfer")) is None
+
+
+@pytest.mark.parametrize("char", [" ", "\t", "\n", ":", "$", ";", "'", '"', "`", "\\", "*", "?", "[", "#", "{",
+                                  "!", "&", "|", "<", "(", "\u00a0", "\u2028", "\udcff"])
+def test_the_path_rule_refuses_what_ninja_or_the_shell_reads_and_says_the_rule(char):
+    from flashinfer_sm120.safety.fs import pathpolicy
+    from flashinfer_sm120.safety.formats import PATH_RULE
+
+    for problem in (pathpolicy.path_problem(f"/tmp/a{char}b", "HOME"), pathpolicy.jit_dir_problem(f"/tmp/a{char}b")):
+        assert problem and repr(char) in problem and PATH_RULE in problem
+
+
+def test_docs_state_the_rule_the_code_applies():
+    from flashinfer_sm120.safety.formats import PATH_RULE
+
+    safety = (Path(__file__).resolve().parents[4] / "docs" / "safety.md").read_text()
+    assert PATH_RULE in " ".join(safety.split()), "docs/safety.md must quote formats.PATH_RULE word for word"
+
+
+_BUILD_UNDER = r"""
+import ctypes, json, os, pathlib
+import flashinfer_sm120
+from flashinfer.jit import core, env
+src = pathlib.Path(os.environ["FLASHINFER_WORKSPACE_BASE"]) / "src" / "tiny.cu"
+src.parent.mkdir(parents=True)
+src.write_text('__global__ void k(float* x){ x[threadIdx.x] *= 2.f; }\nextern "C" int tiny_answer(){ return 42; }\n')
+spec = core.gen_jit_spec("tiny_ü", [src])
+spec.build(verbose=False)
+print("@@" + json.dumps({"answer": ctypes.CDLL(str(spec.jit_library_path)).tiny_answer(),
+                         "jit": str(env.FLASHINFER_JIT_DIR), "home": flashinfer_sm120.status()["mode"]}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.nvcc
+def test_flashinfer_builds_and_loads_a_module_under_a_non_ascii_path(real_nvcc13, clean_env):
+    """The fact behind the rule: FlashInfer 0.7.4 + nvcc 13 compile and link a JIT module whose
+    workspace, source and CUDA_HOME view all lie under a non-ASCII path."""
+    from conftest import run_py
+
+    base = Path(tempfile.mkdtemp(prefix="ü-"))
+    try:
+        env = dict(clean_env, FLASHINFER_WORKSPACE_BASE=str(base / "wörk"), FLASHINFER_SM120_CACHE_DIR=str(base / "çache"),
+                   CUDA_HOME=real_nvcc13, FLASHINFER_CUDA_ARCH_LIST="12.0f", MAX_JOBS="1")
+        out, proc = run_py(_BUILD_UNDER, env)
+        assert out["answer"] == 42 and "wörk" in out["jit"], proc.stderr[-3000:]
+        assert "contains" not in proc.stderr, proc.stderr[-3000:]  # no warning about the path
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(min_size=1, max_size=300))
+def test_path_rule_property(text):
+    """Any text: the checks never raise, accept exactly what the rule accepts, and a refusal names a
+    refused character and states the rule, bounded."""
+    from flashinfer_sm120.safety.fs import pathpolicy
+    from flashinfer_sm120.safety.formats import PATH_RULE, path_chars_problem
+
+    path = "/" + text
+    bad = path_chars_problem(path)
+    for problem in (pathpolicy.path_problem(path, "HOME"), pathpolicy.jit_dir_problem(path)):
+        assert (problem is None) == (bad is None)
+        if problem:
+            assert PATH_RULE in problem and len(problem) < 2000
+            assert any(repr(c) in problem for c in bad)
+    if bad is None:
+        assert not any(c.isspace() or c in "$:;&|<>()'\"`\\*?[]#{}!" or ord(c) < 32 for c in path)
+
+
+@pytest.mark.parametrize("err,meaning,fix", [
+    (errno.ENOSPC, "no space left", "free space in"),
+    (errno.EACCES, "permission denied", "make"),
+    (errno.EROFS, "read-only file system", "writable file system"),
+    (errno.ENAMETOOLONG, "longer than the file system allows", "shorter path"),
+])
+def test_a_failed_state_write_says_what_its_errno_means(tmp_path, monkeypatch, err, meaning, fix):
+    """Regression: every failed write said 'free space' whatever the errno."""
+    from flashinfer_sm120.safety.fs import statefiles
+    from flashinfer_sm120.errors import StateFileError
+
+    def fail(path, data, **kw):
+        raise OSError(err, os.strerror(err), path)
+
+    monkeypatch.setattr(statefiles, "write_atomic", fail)
+    with pytest.raises(StateFileError) as info:
+        statefiles.write_json_atomic(str(tmp_path / "memo.json"), {})
+    msg = str(info.value)
+    assert meaning in msg and fix in msg and str(tmp_path) in msg
+    assert ("free space" in msg) == (err == errno.ENOSPC)

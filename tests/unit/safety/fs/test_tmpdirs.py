@@ -1,0 +1,67 @@
+"""Fourth attack round, ``kill -9``: temporary directories of a killed process are swept by the next one.
+
+Failed before its fix: ``cache import`` unpacked into ``TemporaryDirectory`` and the build pool made its
+jobserver FIFO in ``mkdtemp``; ``kill -9`` or the OOM killer skip the clean-up, so each killed run left
+its directory in ``$TMPDIR`` for good (an import: up to its 32 GiB cap of unpacked files).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from flashinfer_sm120.safety.fs import tmpdirs
+from flashinfer_sm120.warmup import jobserver
+
+KILLED = """
+import os, signal, sys
+from flashinfer_sm120.warmup import jobserver
+js = jobserver.Jobserver(2)
+print(js.dir, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.fixture
+def tmpdir_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    return tmp_path
+
+
+def _age(path, seconds=tmpdirs.GRACE_S + 60):
+    st = os.stat(path)
+    os.utime(path, (st.st_atime - seconds, st.st_mtime - seconds))
+
+
+def test_what_a_killed_build_left_is_swept_by_the_next(tmpdir_env):
+    proc = subprocess.run([sys.executable, "-c", KILLED], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, TMPDIR=str(tmpdir_env)))
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    left = proc.stdout.strip()
+    assert os.path.isdir(left) and left.startswith(str(tmpdir_env))
+    _age(left)  # older than the grace a maker has to lock its directory
+    js = jobserver.Jobserver(2)
+    js.close()
+    assert not os.path.exists(left)
+    assert not os.listdir(tmpdir_env)
+
+
+def test_a_live_makers_directory_and_a_fresh_one_are_kept(tmpdir_env):
+    live = tmpdirs.make_private("x-")
+    _age(live.path)
+    fresh = tempfile.mkdtemp(prefix="x-")  # not locked yet, but younger than the grace
+    other = tmpdir_env / "x-link"
+    os.symlink("/etc", other)  # never followed, never removed
+    tmpdirs.sweep("x-")
+    assert os.path.isdir(live.path) and os.path.isdir(fresh) and os.path.islink(other)
+    live.close()
+    assert not os.path.exists(live.path)
+    _age(fresh)
+    tmpdirs.sweep("x-")
+    assert not os.path.exists(fresh) and os.path.isdir("/etc")

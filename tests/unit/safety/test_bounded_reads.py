@@ -1,0 +1,299 @@
+"""Third attack round: faults found with kinds of input nobody had listed (see the report in
+CHANGELOG's Security/Fixed entries).  Each test failed before its fix.  Fast: no compile.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from contextlib import contextmanager
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from flashinfer_sm120.safety import formats
+
+FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@contextmanager
+def _hang_guard(seconds: int):
+    """Fail (not hang) when the body runs past ``seconds``: a bound against a hang, not a speed goal."""
+    def _alarm(*_):
+        raise AssertionError(f"still running after {seconds} s: a hang")
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+# --------------------------------------------------------------------------- JSON: the depth pre-check
+
+#: An unterminated JSON string of escaped quotes: the old depth pre-check rescanned it from
+#: every quote (quadratic: 120 KB took 54 s in ``cache import``; 240 KB in a CUDA_HOME's
+#: version.json hung ``import flashinfer`` for minutes; 64 MiB, the meta.json cap, for days).
+def _escaped_quotes(n: int) -> str:
+    return '"' + '\\"' * n
+
+
+@pytest.mark.parametrize("text", [_escaped_quotes(1 << 20), '"\\' * (1 << 20), '"' * (1 << 21) + "\\"])
+def test_json_depth_check_is_linear_on_unterminated_strings(text):
+    with _hang_guard(60):  # the old scan: hours for these 2 MiB
+        with pytest.raises(formats.FormatError) as exc:
+            formats.loads_json(text, "probe.json")
+    assert "probe.json" in str(exc.value) and len(str(exc.value)) < 400
+
+
+def test_cache_import_of_an_escaped_quote_meta_json_is_refused_at_once(tmp_path):
+    payload = _escaped_quotes(1 << 20).encode()
+    tar = tmp_path / "x.tar.gz"
+    with tarfile.open(tar, "w:gz") as t:
+        ti = tarfile.TarInfo("flashinfer-sm120-cache/meta.json")
+        ti.size = len(payload)
+        t.addfile(ti, io.BytesIO(payload))
+    env = dict(os.environ, HOME=str(tmp_path), FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"),
+               FLASHINFER_WORKSPACE_BASE=str(tmp_path / "ws"))
+    proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "cache", "import", str(tar), "--arch", "12.0"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode != 0 and "meta.json" in proc.stderr and "not valid JSON" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def _reference_depth(text: str) -> int:
+    """Nesting depth by a plain character walk (strings skipped; an unterminated one runs to the end)."""
+    depth = deepest = 0
+    in_str = esc = False
+    for c in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif c == "\\":
+                esc = True
+            elif c == '"':
+                in_str = False
+        elif c == '"':
+            in_str = True
+        elif c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
+
+
+@FUZZ
+@given(st.text(alphabet=st.sampled_from(list('[]{}"\\ax,:')), max_size=300))
+def test_json_depth_matches_a_character_walk(text):
+    from flashinfer_sm120.safety.formats.reads import json_depth
+
+    assert json_depth(text) == _reference_depth(text)
+
+
+# --------------------------------------------------------------------------- toolkit files: FIFOs, blank-line floods
+
+def test_a_fifo_named_libcudart_never_blocks_the_view_stub(tmp_path):
+    """A toolkit whose ``libcudart.so.13`` is a FIFO hung ``import flashinfer`` (the view's stub
+    read its ELF header with a blocking open)."""
+    from flashinfer_sm120.core.view.stub import elf_ident
+
+    fifo = tmp_path / "libcudart.so.13"
+    os.mkfifo(fifo)
+    with _hang_guard(20):
+        got = elf_ident([str(fifo), os.path.realpath(sys.executable)])
+    assert got is not None and got[0] in "<>"  # the FIFO skipped, the next ELF read
+
+
+def test_a_header_of_blank_lines_is_scanned_in_one_pass(tmp_path):
+    """``^\\s*#\\s*define`` over a header of newlines retried every line start to the end
+    (quadratic: a 16 MiB ``cuda.h`` hung ``import flashinfer``; 64 KiB ``cuda_runtime_api.h``
+    cost 5 s per include dir at every import)."""
+    from flashinfer_sm120.core.toolkit.probe import _header_version
+    from flashinfer_sm120.core.view.stub import driver_symbols
+
+    cuda_h = tmp_path / "cuda.h"
+    cuda_h.write_text("CUresult CUDAAPI cuCtxCreate(int);\n" + "\n" * (4 << 20) + "#define cuInit cuInit_v2 x\n")
+    dirs = []
+    for i in range(6):
+        d = tmp_path / f"inc{i}"
+        d.mkdir()
+        (d / "cuda_runtime_api.h").write_text("\n" * ((64 << 10) - 1))
+        dirs.append(str(d))
+    (tmp_path / "inc5" / "cuda_runtime_api.h").write_text("#define CUDART_VERSION 13000\n")
+    with _hang_guard(30):
+        assert driver_symbols(str(cuda_h)) == ["cuCtxCreate"]
+        assert str(_header_version(tuple(dirs))) == "13.0"
+
+
+# --------------------------------------------------------------------------- hostile binaries we run
+
+_CHILD = r"""
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, 1536 << 20))
+kind, prog = sys.argv[1], sys.argv[2]
+if kind == "stats":
+    from flashinfer_sm120.core.jitenv import launcher
+    out = launcher.stats(prog, timeout=4)
+elif kind == "start":
+    from flashinfer_sm120.core.jitenv import launcher
+    out = launcher.start_server(prog, timeout=4)
+elif kind == "jobserver":
+    from flashinfer_sm120.warmup import jobserver
+    out = jobserver.supports(prog)
+elif kind == "running":  # a module's ninja, streamed line by line while it builds
+    import queue, time
+    from pathlib import Path
+    from flashinfer_sm120.warmup import ninjacmd, pool
+    ninjacmd.ninja_binary = lambda: prog
+    events = queue.Queue()
+    r = pool._Running(pool.Job("m", Path(sys.argv[3]), Path(sys.argv[3]) / "build.ninja"), 1, 1, events)
+    longest, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < 4:
+        try:
+            _, line = events.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        longest = max(longest, len(line or ""))
+        if events.qsize() > 1000:
+            break
+    r.proc.kill()
+    out = longest
+else:
+    from pathlib import Path
+    from flashinfer_sm120.warmup import ninjacmd, pool
+    ninjacmd.ninja_binary = lambda: prog
+    try:
+        out = ninjacmd.dry_run(pool.Job("m", Path(sys.argv[3]), Path(sys.argv[3]) / "build.ninja"))
+    except RuntimeError as exc:
+        out = "refused: " + str(exc)[:200]
+print("@@" + json.dumps(out))
+print("@@rss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10)
+"""
+
+HOSTILE = {
+    # prints without end: everything it printed was kept (GBs within the timeout)
+    "garbage": "#!/bin/sh\nexec /usr/bin/yes '{\"stats\": 1}'\n",
+    # one endless line
+    "one line": "#!/bin/sh\nexec /usr/bin/tr '\\0' x < /dev/zero\n",
+}
+
+
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
+@pytest.mark.parametrize("kind", ["stats", "start", "jobserver", "dry_run", "running"])
+@pytest.mark.parametrize("shape", sorted(HOSTILE))
+def test_a_binary_that_prints_without_end_costs_bounded_memory(tmp_path, kind, shape):
+    """``sccache --show-stats``, ``ninja --version`` and ``ninja -n`` were run with
+    ``subprocess.run(capture_output=True)``: all output kept until the timeout (GBs; ninja's
+    MemoryError was swallowed as "not a jobserver client" after 1.5 GiB); a module's ninja was
+    read line by line with no cap on a line."""
+    prog = tmp_path / "bin" / "tool"
+    prog.parent.mkdir()
+    prog.write_text(HOSTILE[shape])
+    prog.chmod(0o755)
+    proc = subprocess.run([sys.executable, "-c", _CHILD, kind, str(prog), str(tmp_path)], capture_output=True,
+                          text=True, timeout=180, env=dict(os.environ, HOME=str(tmp_path)))
+    assert proc.returncode == 0 and "@@" in proc.stdout, proc.stderr[-2000:]
+    assert "MemoryError" not in proc.stderr, proc.stderr[-2000:]
+    rss = int(proc.stdout.split("@@rss ")[1].split()[0])
+    assert rss < 512 << 20, f"peak RSS {rss >> 20} MiB"
+
+
+def test_leave_running_keeps_the_daemon_and_bounds_the_rest(tmp_path):
+    from flashinfer_sm120.safety import proc
+
+    pidfile = tmp_path / "pid"
+    daemon = tmp_path / "daemon"
+    daemon.write_text(f"#!/bin/sh\n/usr/bin/setsid /bin/sleep 300 >/dev/null 2>&1 < /dev/null &\n"
+                      f"echo $! > {pidfile}\necho started\n")
+    daemon.chmod(0o755)
+    res = proc.run([str(daemon)], timeout=20, leave_running=True)
+    assert res.ok and b"started" in res.output
+    pid = int(pidfile.read_text())
+    try:
+        os.kill(pid, 0)  # alive: left running
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    res = proc.run([str(tmp_path / "daemon")], timeout=20)  # the default: nothing left behind
+    pid = int(pidfile.read_text())
+    time.sleep(0.1)
+    with pytest.raises(ProcessLookupError):
+        for _ in range(50):
+            os.kill(pid, 0)
+            if open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z":
+                raise ProcessLookupError
+            time.sleep(0.1)
+
+
+# --------------------------------------------------------------------------- enable / disable at once
+
+def test_enable_and_disable_at_once_never_leave_a_pth_without_its_module(tmp_path, monkeypatch):
+    """``enable`` writes the module, then the ``.pth``; a ``disable`` that ran in between removed the
+    module, and the ``.pth`` written after it made every interpreter of that environment print
+    "Error processing line 1 of ...pth" with a traceback at start-up."""
+    import argparse
+
+    from flashinfer_sm120.core.autoload import HOOK_FILE, PTH_NAME
+    from flashinfer_sm120.cli import enable
+
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    real_write = enable._write_atomic
+    other = []
+
+    def write_then_race(path, text):
+        real_write(path, text)
+        if path.endswith(HOOK_FILE) and not other:  # a disable starts right here
+            other.append(subprocess.Popen([sys.executable, "-m", "flashinfer_sm120", "disable", "--site-dir",
+                                           str(site_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            time.sleep(3)
+
+    monkeypatch.setattr(enable, "_write_atomic", write_then_race)
+    assert enable._enable(argparse.Namespace(site_dir=str(site_dir), user=False, cmd="enable")) == 0
+    assert other[0].wait(timeout=60) == 0
+    pth, hook = (site_dir / PTH_NAME).exists(), (site_dir / HOOK_FILE).exists()
+    assert pth == hook, f".pth {pth}, module {hook}"
+    start = subprocess.run([sys.executable, "-c", f"import site; site.addsitedir({str(site_dir)!r})"],
+                           capture_output=True, text=True, timeout=60)
+    assert start.stderr == ""
+
+
+# --------------------------------------------------------------------------- CLI: sources that are not files
+
+@pytest.mark.parametrize("src", ["fifo", "", "chardev"])
+def test_cache_import_of_a_fifo_or_an_empty_path_is_refused_at_once(tmp_path, src):
+    """``cache import FIFO`` waited forever for a writer (tarfile opened it blocking);
+    ``cache import ''`` ended in ``ValueError: nothing to open``."""
+    if src == "fifo":
+        src = str(tmp_path / "fifo")
+        os.mkfifo(src)
+    elif src == "chardev":
+        src = "/dev/zero"
+    env = dict(os.environ, HOME=str(tmp_path), FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"),
+               FLASHINFER_WORKSPACE_BASE=str(tmp_path / "ws"))
+    proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "cache", "import", src, "--arch", "12.0"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "flashinfer-sm120: error:" in proc.stderr and len(proc.stderr) < 2000
+
+
+def test_a_record_manifest_that_is_a_fifo_never_blocks_a_build(tmp_path):
+    """``FLASHINFER_SM120_RECORD=<a FIFO>``: the recorder's blocking ``open()`` waited for a reader
+    inside FlashInfer's ``build_and_load``, so the server's first JIT build hung."""
+    from flashinfer_sm120.core.jitenv import record
+
+    fifo = tmp_path / "m.jsonl"
+    os.mkfifo(fifo)
+    with _hang_guard(20):
+        with pytest.raises(OSError) as exc:
+            record.append(str(fifo), {"module": "norm"})
+    assert str(fifo) in str(exc.value) or "regular file" in str(exc.value)
+    regular = tmp_path / "r.jsonl"
+    record.append(str(regular), {"module": "norm"})
+    assert regular.read_text() == '{"module":"norm"}\n'

@@ -1,0 +1,57 @@
+"""Fourth attack round, compiler variables: options that make the compiler run other programs.
+
+Failed before its fix: ``CXX``, ``FLASHINFER_*_LAUNCHER``, ``FLASHINFER_NVCC`` and the stub's ``CC`` were
+checked word by word for the programs they run and the files they name, but not for the compiler's
+own options: ``CXX='g++ -B/tmp/x/'`` (g++ runs ``cc1plus``, ``as`` and ``ld`` from ``/tmp/x``),
+``-wrapper /tmp/x/w,x``, ``-fplugin=/tmp/x/p.so``, ``-specs=/tmp/x/s`` and ``-Wl,--plugin`` were kept,
+so every JIT build ran or loaded code from a directory anyone may write.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from flashinfer_sm120.core.view import stub
+from flashinfer_sm120.safety import compilers
+
+
+@pytest.fixture
+def evil(tmp_path):
+    d = tmp_path / "evil"
+    d.mkdir()
+    d.chmod(0o777)
+    for n in ("as", "ld", "cc1plus", "w", "p.so", "s"):
+        (d / n).write_text("#!/bin/sh\n")
+        (d / n).chmod(0o755)
+    return d
+
+
+HOSTILE = ["g++ -B{d}/", "g++ -B {d}", "g++ -wrapper {d}/w,x", "g++ -fplugin={d}/p.so", "g++ -specs={d}/s",
+           "g++ -Wl,--plugin={d}/p.so", "g++ -Xlinker -plugin", "g++ -I{d}", "g++ -isystem {d}",
+           "g++ -fuse-ld={d}/ld", "g++ -save-temps={d}/"]
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_an_option_that_picks_programs_is_refused(evil, value):
+    value = value.format(d=evil)
+    problem = compilers.trust_problem(value, os.environ.get("PATH"))
+    assert problem is not None, value
+    assert len(problem) < 600
+
+
+@pytest.mark.parametrize("value", ["g++", "g++ -O2", "g++ -std=c++17 -m64 -fPIC", "/usr/bin/g++ -Wall"])
+def test_ordinary_compiler_values_are_kept(value):
+    if not os.path.exists("/usr/bin/g++"):
+        pytest.skip("no /usr/bin/g++ here")
+    assert compilers.trust_problem(value, "/usr/bin:/bin") is None
+
+
+def test_the_stubs_cc_is_held_to_the_same_rule(evil, monkeypatch):
+    monkeypatch.setenv("CC", f"gcc -B{evil}/")
+    label, argv, problem = stub._compilers()[0]
+    assert "CC=" in label and not argv and problem and "-B" in problem
+    monkeypatch.setenv("CC", "gcc -O2")
+    if os.path.exists("/usr/bin/gcc"):
+        assert stub._compilers()[0][1:] == (["/usr/bin/gcc", "-O2"], None) or stub._compilers()[0][2] is None

@@ -1,0 +1,111 @@
+"""FlashInfer's compiler variables under the trust rule (issue 14, item 3): FLASHINFER_NVCC is
+used only as the chosen toolkit's nvcc (its toolkit is a candidate like any other) or
+refused; FLASHINFER_NVCC_LAUNCHER / FLASHINFER_CXX_LAUNCHER / CXX must pass the trust rule."""
+
+import os
+
+
+from conftest import make_toolkit, needs_flashinfer, run_py
+from flashinfer_sm120.core.toolkit import discover
+from flashinfer_sm120.safety import compilers
+
+
+def _script(path, body="#!/bin/sh\nexit 0\n"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_flashinfer_nvcc_is_a_candidate_first(tmp_path):
+    a = make_toolkit(tmp_path / "a", "13.0.88")
+    b = make_toolkit(tmp_path / "b", "13.0.88")
+    env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": str(a), "FLASHINFER_NVCC": str(b / "bin" / "nvcc")}
+    cands = discover(env)
+    assert cands[0].root == str(b) and cands[0].sources == ("FLASHINFER_NVCC",)
+    assert cands[0].given_as.startswith("$FLASHINFER_NVCC=")
+    env["FLASHINFER_NVCC"] = f"ccache {b}/bin/nvcc"
+    first = discover(env)[0]
+    assert first.problem and "FLASHINFER_NVCC_LAUNCHER" in first.problem
+
+
+def test_verdicts(tmp_path):
+    tk = make_toolkit(tmp_path / "tk", "13.0.88")
+    other = make_toolkit(tmp_path / "other", "12.8.93")
+    _script(tmp_path / "bin" / "launch")
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    bad = _script(open_dir / "cc")
+    os.chmod(open_dir, 0o777)
+    nvcc = str(tk / "bin" / "nvcc")
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "FLASHINFER_NVCC": nvcc,
+           "FLASHINFER_NVCC_LAUNCHER": "launch", "FLASHINFER_CXX_LAUNCHER": bad, "CXX": "no-such-compiler-x"}
+    v = {x.var: x for x in compilers.check(env, nvcc, str(tk))}
+    assert v["FLASHINFER_NVCC"].keep and v["FLASHINFER_NVCC_LAUNCHER"].keep
+    assert not v["FLASHINFER_CXX_LAUNCHER"].keep and "writable by other users" in v["FLASHINFER_CXX_LAUNCHER"].note
+    assert not v["CXX"].keep and "not on PATH" in v["CXX"].note and "Fix:" in v["CXX"].note
+    env = {"PATH": "/usr/bin:/bin", "FLASHINFER_NVCC": str(other / "bin" / "nvcc")}
+    (v,) = compilers.check(env, nvcc, str(tk))
+    assert not v.keep and "not the chosen toolkit's nvcc" in v.note and str(tk) in v.note
+    (v,) = compilers.check({"FLASHINFER_NVCC": ""}, nvcc, str(tk))
+    assert not v.keep
+    wrapper = _script(tmp_path / "w" / "nvcc", f"#!/bin/sh\nexec {nvcc} \"$@\"\n")
+    (v,) = compilers.check({"FLASHINFER_NVCC": wrapper}, nvcc, str(tk))
+    assert v.keep, v.note  # a wrapper that runs the chosen nvcc is that nvcc
+
+
+CHILD = """
+import json, logging, os, io
+buf = io.StringIO(); logging.getLogger("flashinfer_sm120").addHandler(logging.StreamHandler(buf))
+import flashinfer_sm120
+flashinfer_sm120.install()
+import flashinfer.jit.core
+st = flashinfer_sm120.status()
+now = {k: os.environ.get(k) for k in ("FLASHINFER_NVCC", "CXX", "FLASHINFER_NVCC_LAUNCHER", "MAX_JOBS")}
+flashinfer_sm120.revert()
+after = {k: os.environ.get(k) for k in ("FLASHINFER_NVCC", "CXX", "FLASHINFER_NVCC_LAUNCHER", "MAX_JOBS")}
+print("@@" + json.dumps({"mode": st["mode"], "root": st["resolution"]["choice"]["toolkit"]["root"],
+                         "now": now, "after": after, "log": buf.getvalue()}))
+"""
+
+
+@needs_flashinfer
+def test_refused_variables_leave_the_process_and_come_back_on_revert(tmp_path, clean_env):
+    a = make_toolkit(tmp_path / "a", "13.0.88", curand=True)
+    old = make_toolkit(tmp_path / "old", "12.8.93", curand=True)
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    bad_cxx = _script(open_dir / "c++")
+    os.chmod(open_dir, 0o777)
+    env = dict(clean_env, CUDA_HOME=str(a), FLASHINFER_CUDA_ARCH_LIST="12.0", MAX_JOBS="3",
+               FLASHINFER_NVCC=str(old / "bin" / "nvcc"), CXX=bad_cxx)
+    res, proc = run_py(CHILD, env)
+    assert res["root"] == str(a), res  # 12.8 cannot build sm_120f: its FLASHINFER_NVCC is not chosen
+    assert res["now"]["FLASHINFER_NVCC"] is None and res["now"]["CXX"] is None, res
+    assert "not the chosen toolkit's nvcc" in res["log"] and "writable by other users" in res["log"]
+    assert res["now"]["MAX_JOBS"] == "3"  # the user's MAX_JOBS wins
+    assert res["after"]["FLASHINFER_NVCC"] == str(old / "bin" / "nvcc") and res["after"]["CXX"] == bad_cxx
+
+    env = dict(env, FLASHINFER_NVCC=str(a / "bin" / "nvcc"), CUDA_HOME=str(old))
+    env.pop("CXX")
+    env.pop("MAX_JOBS")
+    res, proc = run_py(CHILD, env)
+    assert res["root"] == str(a) and res["now"]["FLASHINFER_NVCC"] == str(a / "bin" / "nvcc"), res
+    assert res["now"]["MAX_JOBS"] and res["after"]["MAX_JOBS"] is None  # exported, then undone
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_value = st.one_of(st.text(max_size=200), st.sampled_from(["", " ", "/", "/bin/sh", "sh -c x", "'", "a=b c",
+                                                             "/usr/bin/env", "/nonexistent/nvcc", "x" * 5000]))
+
+
+@settings(max_examples=120, deadline=None)
+@given(nvcc=_value, launcher=_value, cxx_launcher=_value, cxx=_value)
+def test_check_takes_any_value_and_keeps_messages_short(nvcc, launcher, cxx_launcher, cxx):
+    env = {"PATH": "/usr/bin:/bin", "FLASHINFER_NVCC": nvcc, "FLASHINFER_NVCC_LAUNCHER": launcher,
+           "FLASHINFER_CXX_LAUNCHER": cxx_launcher, "CXX": cxx}
+    for v in compilers.check(env, "/usr/local/cuda-13.0/bin/nvcc", "/usr/local/cuda-13.0"):
+        assert v.var in compilers.VARIABLES and len(v.note) < 1500
+        assert v.keep is False or v.var != "FLASHINFER_NVCC" or os.path.isabs(nvcc.strip())

@@ -1,0 +1,470 @@
+"""The input boundary (flashinfer_sm120.safety.formats): unit cases and Hypothesis properties.
+
+Properties, for every parser: only FormatError escapes, the message is bounded,
+and nothing is written outside the target root."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from flashinfer_sm120.safety import formats
+from flashinfer_sm120.errors import FormatError, Sm120Error
+
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+MSG_MAX = 1024
+
+hostile_text = st.one_of(
+    st.text(max_size=300),
+    st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x7f), max_size=300),
+    st.sampled_from(["", ".", "..", "/", "//tmp/x", "jit//tmp/x/victim", "a/../b", "a\nb", "a b$c:d", "\x00",
+                     " 13.0.88\n", "13.0.88", "1e999", "nan", "-1", "x" * 5000]),
+)
+
+
+def test_format_error_is_ours():
+    assert issubclass(FormatError, Sm120Error)
+
+
+@pytest.mark.parametrize("text,want", [("13.0.88", "13.0.88"), (" 13.0.88\n", "13.0.88"), ("1.13.2", "1.13.2"),
+                                       ("0.7.2.post1", "0.7.2.post1"), ("2.14.0+cu130", "2.14.0+cu130")])
+def test_versions_are_parsed_once_and_formatted_from_the_value(text, want):
+    assert str(formats.parse_version(text, "version.json")) == want
+
+
+@pytest.mark.parametrize("text", ["13.0 .88", "13.0.88\nbuild x: phony", "v13", "", "13..0", "1" * 50, None, 13.0])
+def test_bad_versions_are_refused_naming_the_source(text):
+    with pytest.raises(FormatError, match="version.json"):
+        formats.parse_version(text, "version.json")
+
+
+@given(hostile_text)
+@FUZZ
+def test_parse_version_property(text):
+    try:
+        v = formats.parse_version(text, "src")
+    except FormatError as exc:
+        assert len(str(exc)) < MSG_MAX
+    else:
+        assert not any(c.isspace() for c in str(v))
+
+
+@pytest.mark.parametrize("name", ["norm\nbuild x: phony", "a b$c:d", "..", ".", "", "a/b", "a\x00", "-x"])
+def test_names_refuse_ninja_and_path_syntax(name):
+    with pytest.raises(FormatError):
+        formats.parse_name(name, "manifest line 1")
+
+
+def test_json_depth_is_refused_not_a_recursion_error():
+    deep = "[" * 10000 + "]" * 10000
+    with pytest.raises(FormatError, match="nested 10000 deep"):
+        formats.loads_json(deep, "version.json")
+    assert formats.loads_json('{"a": "[[[[[[[[["}', "x") == {"a": "[[[[[[[[["}
+    with pytest.raises(FormatError):
+        formats.loads_json("NaN", "x")
+
+
+@given(st.one_of(st.binary(max_size=400), hostile_text,
+                 st.integers(1, 3000).map(lambda n: "{\"a\":" * n + "1" + "}" * n)))
+@FUZZ
+def test_loads_json_property(data):
+    try:
+        formats.loads_json(data, "f.json")
+    except FormatError as exc:
+        assert len(str(exc)) < MSG_MAX
+
+
+def test_read_bytes_caps_while_reading(tmp_path):
+    f = tmp_path / "big"
+    f.write_bytes(b"x" * 5000)
+    with pytest.raises(FormatError, match="5000 bytes"):
+        formats.read_bytes(f, 1000)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(FormatError, match="not a regular file"):
+        formats.read_bytes(fifo, 1000)
+    with pytest.raises(FormatError, match="not a regular file"):
+        formats.read_bytes("/dev/zero", 1000)
+    link = tmp_path / "link"
+    link.symlink_to(f)
+    with pytest.raises(FormatError, match="symlink"):
+        formats.read_bytes(link, 10000, follow=False)
+
+
+def test_iter_lines_refuses_a_long_line_without_reading_it(tmp_path):
+    f = tmp_path / "m.jsonl"
+    f.write_bytes(b"short\n" + b"y" * 100000 + b"\nnext\n")
+    got = []
+    with pytest.raises(FormatError, match="line 2 is longer than 1000"):
+        for n, line in formats.iter_lines(f, max_line=1000, max_lines=10):
+            got.append(line)
+    assert got == [b"short"]
+    with pytest.raises(FormatError):
+        list(formats.iter_lines("/dev/zero", max_line=1000, max_lines=10))
+
+
+def test_field_types_are_explicit():
+    src = "meta.json"
+    assert formats.field({"a": 1}, "a", int, src) == 1
+    for obj, key, kind in [({"a": True}, "a", int), ({"a": "1"}, "a", int), ([], "a", int), ({}, "a", str),
+                           ({"a": float("nan")}, "a", float), ({"a": "x" * 10}, "a", str)]:
+        with pytest.raises(FormatError, match="meta.json"):
+            formats.field(obj, key, kind, src, max_len=5)
+    assert formats.field({}, "a", str, src, default=None) is None
+
+
+def test_safe_join_refuses_escapes_and_symlinked_parents(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    for rel in ["/tmp/x/victim", "jit//tmp/x/victim", "../x", "a/../../x", "", "a/./b"]:
+        with pytest.raises(FormatError):
+            formats.safe_join(root, rel, "meta.json")
+    (root / "norm").symlink_to("/etc")
+    with pytest.raises(FormatError, match="symlink"):
+        formats.safe_join(root, "norm/hostname", "meta.json")
+    assert formats.safe_join(root, "jit/norm/x.so", "m") == root / "jit" / "norm" / "x.so"
+
+
+@given(st.lists(hostile_text, min_size=1, max_size=4))
+@FUZZ
+def test_safe_join_property(tmp_path, parts):
+    root = tmp_path / "r"
+    root.mkdir(exist_ok=True)
+    try:
+        p = formats.safe_join(root, "/".join(parts), "src")
+    except FormatError as exc:
+        assert len(str(exc)) < MSG_MAX
+    else:
+        assert os.path.commonpath([os.path.abspath(p), str(root)]) == str(root)
+        assert os.path.abspath(p) != str(root)
+
+
+def test_make_private_dirs_ignores_the_umask(tmp_path):
+    old = os.umask(0)
+    try:
+        formats.make_private_dirs(tmp_path / "a" / "b" / "c")
+    finally:
+        os.umask(old)
+    for p in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "c"):
+        assert (os.stat(p).st_mode & 0o777) == 0o700
+
+
+def test_messages_quote_a_bounded_value():
+    big = "x " * 500000
+    assert len(formats.shown(big)) < 200
+    assert "and 997 more" in formats.some(range(1000))
+    with pytest.raises(FormatError) as exc:
+        formats.env_text("V", {"V": big})
+    assert len(str(exc.value)) < 300
+
+
+@pytest.mark.parametrize("conv,text", [(formats.cli_int("-j"), "-1"), (formats.cli_int("-j"), "0"),
+                                       (formats.cli_int("-j"), "x"), (formats.cli_float("--timeout", 0.1, 3600), "nan"),
+                                       (formats.cli_float("--timeout", 0.1, 3600), "-1"),
+                                       (formats.cli_float("--timeout", 0.1, 3600), "1e999"),
+                                       (formats.cli_size("--memory"), "lots")])
+def test_cli_numbers_are_refused_naming_the_flag(conv, text):
+    with pytest.raises(argparse.ArgumentTypeError) as exc:
+        conv(text)
+    assert str(exc.value).split()[0] in ("-j", "--timeout", "--memory")
+
+
+def test_cli_size_units():
+    assert formats.cli_size("--m")("512M") == 512 << 20
+    assert formats.cli_size("--m")("4GiB") == 4 << 30
+
+
+# ----------------------------------------------------------------------------- ELF files and tool output
+
+
+def _elf_header(machine: int, abi_version: int, flags: int) -> bytes:
+    import struct
+
+    ident = b"\x7fELF" + bytes([2, 1, 1, 0x33, abi_version]) + b"\0" * 7
+    return ident + struct.pack("<HHIQQQIHHHHHH", 2, machine, 1, 0, 0, 0, flags, 64, 56, 0, 64, 0, 0)
+
+
+def test_read_elf_reads_soname_needed_and_sections_of_a_shared_object(tmp_path):
+    from flashinfer_sm120.core.view.stub import stub_bytes
+
+    p = tmp_path / "libcuda.so"
+    p.write_bytes(stub_bytes("<", 62, symbols=["cuInit"]))
+    info = formats.read_elf(p)
+    assert info.soname == "libcuda.so.1" and info.needed == () and info.rpath == ()
+    assert info.machine == 62 and ".dynamic" in info.sections and ".dynsym" in info.sections
+
+
+def test_cuda_elf_sm_follows_the_abi_version():
+    # measured with nvcc 13.5: sm_120 cubins carry e_flags 0x06007802 (ABI 8); ABI 7 keeps the SM in the low byte
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        for abi, flags, want in ((8, 0x06007802, 120), (8, 0x06005A04, 90), (7, 0x00050564, 100), (7, 0x0550, 80)):
+            p = os.path.join(d, "x.cubin")
+            with open(p, "wb") as fh:
+                fh.write(_elf_header(190, abi, flags))
+            assert formats.cuda_elf_sm(formats.read_elf(p)) == want
+        with open(p, "wb") as fh:
+            fh.write(_elf_header(62, 8, 0x06007802))
+        assert formats.cuda_elf_sm(formats.read_elf(p)) is None  # not a cubin
+
+
+@pytest.mark.parametrize("data", [b"", b"\x7fELF", b"\x7fELF\x01\x01" + b"\0" * 60, b"MZ" + b"\0" * 100,
+                                  _elf_header(62, 0, 0)[:40] + b"\xff" * 24])
+def test_read_elf_refuses_what_is_not_a_whole_elf64(tmp_path, data):
+    p = tmp_path / "x.so"
+    p.write_bytes(data)
+    with pytest.raises(FormatError, match="x.so"):
+        formats.read_elf(p)
+
+
+@given(st.binary(max_size=400), st.lists(st.tuples(st.integers(0, 2000), st.integers(0, 255)), max_size=12))
+@FUZZ
+def test_read_elf_property(tmp_path, tail, flips):
+    from flashinfer_sm120.core.view.stub import stub_bytes
+
+    base = bytearray(stub_bytes("<", 62, symbols=["cuInit", "cuMemAlloc_v2"]))
+    for off, val in flips:
+        if off < len(base):
+            base[off] = val
+    for data in (bytes(base), b"\x7fELF\x02\x01" + tail):
+        p = tmp_path / "fuzz.so"
+        p.write_bytes(data)
+        try:
+            info = formats.read_elf(p)
+        except FormatError as exc:
+            assert len(str(exc)) < MSG_MAX
+        else:
+            assert all(isinstance(n, str) and len(n) <= 4096 for n in info.needed)
+
+
+LIST = """ELF file    1: sampling.1.sm_120.cubin
+ELF file    2: sampling.2.sm_90a.cubin
+PTX file    1: sampling.1.sm_120a.ptx
+cuobjdump info    : something else
+ELF file    3: weird name without target
+"""
+
+HEADERS = """
+Fatbin elf code:
+================
+arch = sm_120f
+code version = [1,8]
+
+Fatbin ptx code:
+================
+arch = sm_120a
+code version = [9,5]
+compressed
+"""
+
+
+def test_cuobjdump_listings_give_targets():
+    assert formats.parse_cuobjdump_list(LIST, "cuobjdump") == [("SASS", "sm_120"), ("SASS", "sm_90a"),
+                                                                ("PTX", "compute_120a")]
+    assert formats.parse_cuobjdump_headers(HEADERS, "cuobjdump") == [("SASS", "sm_120f"), ("PTX", "compute_120a")]
+    assert formats.parse_cuobjdump_list(b"cuobjdump info    : File 'x' does not contain device code\n", "c") == []
+    with pytest.raises(FormatError, match="usage"):
+        formats.parse_cuobjdump_list("\nUsage  : cuobjdump [options] <file>\n", "cuobjdump")
+# ----------------------------------------------------------------------------- issue 11 grammars
+
+
+@pytest.mark.parametrize("text,ok", [("12.0", True), ("12.0f", True), ("9.0a", True), ("sm_120", False),
+                                     ("12.0 ", False), (12.0, False), ("1 2 . 0 f", False), ("", False)])
+def test_parse_target(text, ok):
+    if ok:
+        assert formats.parse_target(text, "m") == text
+    else:
+        with pytest.raises(FormatError, match="major.minor"):
+            formats.parse_target(text, "m")
+
+
+@pytest.mark.parametrize("flag,ok", [("-DENABLE_BF16", True), ("-gencode=arch=compute_120f,code=sm_120f", True),
+                                     ("-I@FLASHINFER@/data/include", True), ("-isystem /usr/x", True),
+                                     ("-O3\nbuild x: phony", False), ("-DX;rm -rf ~", False), ("$(id)", False),
+                                     ("-D'x'", False), ("", False), (["-O3"], False)])
+def test_parse_flag(flag, ok):
+    if ok:
+        assert formats.parse_flag(flag, "m") == flag
+    else:
+        with pytest.raises(FormatError, match="flag"):
+            formats.parse_flag(flag, "m")
+
+
+@pytest.mark.parametrize("path,ok", [("@FLASHINFER@/data/csrc/norm.cu", True), ("/abs/x.cu", True),
+                                     ("a b.cu", False), ("a:b", False), ("a/../b", False), ("$x", False)])
+def test_parse_path_text(path, ok):
+    if ok:
+        assert formats.parse_path_text(path, "m") == path
+    else:
+        with pytest.raises(FormatError, match="not a plain path"):
+            formats.parse_path_text(path, "m")
+
+
+def test_sha256_lists_and_text_checks():
+    assert formats.parse_sha256("a" * 64, "m") == "a" * 64
+    for bad in ("A" * 64, "a" * 63, 5, None):
+        with pytest.raises(FormatError):
+            formats.parse_sha256(bad, "m")
+    assert formats.string_list(["a", "b"], "m") == ["a", "b"]
+    for bad in ("ab", [1], ["a\0"], ["x"] * 5000):
+        with pytest.raises(FormatError):
+            formats.string_list(bad, "m")
+    with pytest.raises(FormatError, match="V is 100000 characters long"):
+        formats.check_text("x" * 100000, "V")
+
+
+def test_read_prefix_and_skipping_long_lines(tmp_path):
+    f = tmp_path / "h"
+    f.write_bytes(b"#define X 1\n" + b"y" * 100000)
+    assert formats.read_prefix(f, 12) == b"#define X 1\n"
+    with pytest.raises(FormatError, match="not a regular file"):
+        formats.read_prefix("/dev/zero", 10)
+    m = tmp_path / "m"
+    m.write_bytes(b"a\n" + b"z" * 50000 + b"\nb\n")
+    assert list(formats.iter_lines(m, max_line=100, max_lines=10, skip_long=True)) == [(1, b"a"), (2, None),
+                                                                                       (3, b"b")]
+
+
+@given(hostile_text)
+@FUZZ
+def test_tool_output_parsers_property(text):
+    for parse in (formats.parse_cuobjdump_list, formats.parse_cuobjdump_headers, formats.proc_maps_paths,
+                  formats.ninja_variables):
+        try:
+            out = parse(text, "tool")
+        except FormatError as exc:
+            assert len(str(exc)) < MSG_MAX
+        else:
+            assert isinstance(out, (list, set, dict))
+
+
+def test_ninja_variables_join_continuations_and_skip_rules():
+    text = ("ninja_required_version = 1.3\ncuda_home = /opt/cuda\ncommon_cflags = -DX $\n    -isystem /a/flashinfer/data/include $\n"
+            "    -isystem $cuda_home/include\n\nrule compile\n  command = $cxx -c $in\n")
+    v = formats.ninja_variables(text, "build.ninja")
+    assert v["cuda_home"] == "/opt/cuda" and "command" not in v
+    assert v["common_cflags"] == "-DX -isystem /a/flashinfer/data/include -isystem $cuda_home/include"
+
+
+def test_proc_maps_paths():
+    text = ("7f00-7f01 r-xp 00000000 08:01 123 /usr/lib/libcuda.so.1\n7f01-7f02 rw-p 0 0:0 0 [heap]\n"
+            "7f02-7f03 r--p 0 08:01 9 /tmp/x.so (deleted)\n7f03-7f04 ---p 0 0:0 0\n")
+    assert formats.proc_maps_paths(text, "maps") == {"/usr/lib/libcuda.so.1", "/tmp/x.so"}
+@pytest.mark.parametrize("text,want", [("1.13.2.git.kitware.jobserver-pipe-1\n", "1.13.2"), ("1.11.1\n", "1.11.1"),
+                                       ("1.12.0-rc1", "1.12.0"), ("1.10.2 extra words", "1.10.2")])
+def test_leading_version_of_a_programs_version_line(text, want):
+    assert str(formats.parse_leading_version(text, "'ninja --version'")) == want
+
+
+@pytest.mark.parametrize("text", ["", "ninja 1.13", "x1.13", "1..2", None, b"1.13.2", "1.2.3.4.5"])
+def test_no_leading_version_is_refused_naming_the_source(text):
+    with pytest.raises(FormatError, match="ninja --version"):
+        formats.parse_leading_version(text, "'ninja --version'")
+
+
+@given(hostile_text)
+@FUZZ
+def test_parse_leading_version_property(text):
+    try:
+        v = formats.parse_leading_version(text, "src")
+    except FormatError as exc:
+        assert len(str(exc)) < MSG_MAX
+    else:
+        assert len(v.release) <= 4
+
+
+@pytest.mark.parametrize("line,want", [(b"# ninja log v5", 5), (b"# ninja log v7\n", 7), ("# ninja log v6", 6)])
+def test_ninja_log_header(line, want):
+    assert formats.parse_ninja_log_header(line, ".ninja_log") == want
+
+
+@pytest.mark.parametrize("line", [b"# ninja log v", b"# ninja log v7 x", b"ninja log v7", b"", b"# ninja log v12345", None, 7])
+def test_bad_ninja_log_headers_are_refused(line):
+    with pytest.raises(FormatError, match=".ninja_log"):
+        formats.parse_ninja_log_header(line, ".ninja_log")
+
+
+@given(st.one_of(hostile_text, st.binary(max_size=300)))
+@FUZZ
+def test_parse_ninja_log_header_property(line):
+    try:
+        n = formats.parse_ninja_log_header(line, "src")
+    except FormatError as exc:
+        assert len(str(exc)) < MSG_MAX
+    else:
+        assert 0 <= n < 10000
+
+
+@given(hostile_text)
+@FUZZ
+def test_new_grammars_property(text):
+    for parse in (formats.parse_target, formats.parse_flag, formats.parse_path_text, formats.parse_sha256):
+        try:
+            out = parse(text, "src")
+        except FormatError as exc:
+            assert len(str(exc)) < MSG_MAX
+        else:
+            assert out == text and "\n" not in out and "\0" not in out
+
+
+def test_parse_command_words():
+    assert formats.parse_command_words("ccache  g++ -O2", "CXX") == ("ccache", "g++", "-O2")
+    for bad in ["", "  ", "c++ $in", "c++ `id`", "c++;x", "a 'b'", "~/bin/cc", "c++ *", 12, "a\nb"]:
+        with pytest.raises(formats.FormatError) as exc:
+            formats.parse_command_words(bad, "CXX")
+        assert "CXX" in str(exc.value)
+
+
+
+@pytest.mark.parametrize("name", ["evil\x1b]2;pwned\x07\x1b[2J.tar", "x\r\x9b31m.tar", "a\u202egpj.tar", "a\x7fb"])
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_a_refusal_never_carries_what_a_terminal_would_act_on(tmp_path, capsys, name, json_flag):
+    """Regression: a refusal quoting an archive's name printed it raw: a file named with escape
+    sequences (``cache import downloads/*.tar``) retitled the terminal, cleared the screen or, with a
+    bidirectional override, showed another name.  Escaped on stderr and in the JSON document; newlines
+    and tabs of multi-line messages kept.  threat-model: P8"""
+    import io
+    import re
+    import tarfile
+
+    from flashinfer_sm120.cli import main
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("flashinfer-sm120-cache/jit/x")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    src = tmp_path / name
+    src.write_bytes(buf.getvalue())
+    assert main(["cache", "import", str(src), *json_flag]) == 2
+    out, err = capsys.readouterr()
+    acted_on = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+    shown = err + (json.loads(out)["error"]["message"] if json_flag else out)
+    assert "first member" in err and not acted_on.search(shown), shown
+    assert formats.bounded("line one\n\tline two") == "line one\n\tline two"
+
+
+def test_doctor_shows_a_module_name_found_on_disk_without_acting_on_it(clean_env, tmp_path):
+    """Regression: ``doctor`` listed the JIT modules FlashInfer would load with their directory names
+    raw: a module directory named with escape sequences retitled the terminal.  threat-model: P8"""
+    import glob
+    import subprocess
+    import sys
+
+    env = dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0")
+    cmd = [sys.executable, "-m", "flashinfer_sm120", "doctor"]
+    subprocess.run(cmd, env=env, capture_output=True, timeout=300)
+    workspaces = [d for d in glob.glob(os.path.join(env["FLASHINFER_WORKSPACE_BASE"], ".cache", "flashinfer", "*",
+                                                    "*", "nvcc*")) if os.path.isdir(d)]
+    assert workspaces
+    for d in workspaces:
+        evil = os.path.join(d, "cached_ops", "ev\x1b]2;PWN\x07il")
+        os.makedirs(evil)
+        open(os.path.join(evil, "ev\x1b]2;PWN\x07il.so"), "wb").close()
+    out = subprocess.run(cmd + ["--verbose"], env=env, capture_output=True, text=True, timeout=300).stdout
+    assert "PWN" in out and "\x1b" not in out and "\x07" not in out, out[-2000:]

@@ -1,0 +1,319 @@
+"""Issue 11: Hypothesis properties for every parser and CLI entry on the input boundary.
+
+For hostile input (huge, deep, wrong-typed, non-UTF-8, whitespace and control
+characters, path traversal) each entry point must: raise nothing but the
+package's own error type (or return its documented "refused" value), keep its
+message under a size bound, write nothing outside its target root, and stay
+within a memory bound (tracemalloc peak).  Example counts are kept small so the
+whole file runs in a few seconds; the example database is not kept in the repo.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import tracemalloc
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from flashinfer_sm120.errors import Sm120Error
+
+FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                       HealthCheck.too_slow])
+MSG_MAX = 4096
+MEM_MAX = 64 << 20
+TOP = "flashinfer-sm120-cache"
+
+_SPECIAL = ["", ".", "..", "/", "//tmp/x", "jit//tmp/x/victim", "a/../b", "a\nb", "a b$c:d", "\x00", "\r\n",
+            " 13.0.88\n", "13.0.88", "1e999", "nan", "-1", "$(id)", "`id`", "${PATH:=/x}", "x" * 5000,
+            "norm\nbuild x: phony", "\u202e", "\udcff", "12.0f", "12.0", "sm_120", "#", "a#b"]
+hostile_text = st.one_of(st.text(max_size=200), st.sampled_from(_SPECIAL),
+                         st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x7f), max_size=200))
+json_leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), hostile_text)
+json_value = st.recursive(json_leaf, lambda c: st.one_of(st.lists(c, max_size=4),
+                                                          st.dictionaries(hostile_text, c, max_size=4)),
+                          max_leaves=20)
+deep = st.integers(1, 3000).map(lambda n: "[" * n + "]" * n)
+
+
+def _bounded(fn, *args, **kwargs):
+    """Run ``fn``; only Sm120Error may escape, its message bounded; memory peak bounded."""
+    tracemalloc.start()
+    try:
+        return fn(*args, **kwargs)
+    except Sm120Error as exc:
+        assert len(str(exc)) < MSG_MAX, len(str(exc))
+        return exc
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak < MEM_MAX, peak
+
+
+# --------------------------------------------------------------------------- shell grammar / trust
+
+shell_chars = st.sampled_from(list("abc/$#'\"`\\;&|()<> \t\n*?[]{}=~-!0123456789") + ["exec ", "case ", " in ",
+                                                                                         "esac", "if ", "then",
+                                                                                         "fi", ";;", "$@"])
+script_body = st.one_of(st.lists(shell_chars, max_size=60).map("".join), hostile_text)
+
+
+@given(script_body)
+@FUZZ
+def test_shell_grammar_property(body):
+    from flashinfer_sm120.safety import shell
+
+    tracemalloc.start()
+    try:
+        cmds = shell.commands(body)
+    except shell.Refused as exc:
+        assert str(exc).startswith("line ") and len(str(exc)) < MSG_MAX
+    else:
+        for c in cmds:
+            assert c.words and all(isinstance(w.text, str) for w in c.words)
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak < MEM_MAX
+
+
+@given(st.sampled_from(["#!/bin/sh", "#!/bin/sh -e", "#! /bin/sh", "#!/usr/bin/env sh", "#!sh", "#!/bin/sh -c",
+                        "#!/bin/bash", "#!/nonexistent", "#!"]), script_body)
+@FUZZ
+def test_trace_property(tmp_path, head, body):
+    """Any script: a Trace comes back (never an exception), its problem bounded; a script
+    accepted runs only absolute programs that exist."""
+    from flashinfer_sm120.safety import shell
+    from flashinfer_sm120.safety.trust import trace
+
+    p = tmp_path / "bin" / "nvcc"
+    p.parent.mkdir(exist_ok=True)
+    p.write_bytes(f"{head}\n{body}".encode("utf-8", "surrogateescape"))
+    p.chmod(0o755)
+    t = _bounded(trace, str(p))
+    assert not isinstance(t, Exception)
+    if t.problem is None:
+        for c in shell.commands(body):
+            w = c.words[0]
+            assert w.text in shell.BUILTINS or (w.literal and w.text.startswith("/") and os.path.exists(w.text))
+    else:
+        assert len(t.problem) < MSG_MAX
+
+
+# --------------------------------------------------------------------------- versions, arch lists, env
+
+@given(st.one_of(json_value, deep))
+@FUZZ
+def test_version_json_property(tmp_path, value):
+    from flashinfer_sm120.core.toolkit import probe
+
+    p = tmp_path / "version.json"
+    p.write_text(value if isinstance(value, str) and value.startswith("[") else
+                 json.dumps({"cuda_nvcc": {"version": value}}))
+    got = _bounded(probe._version_json, str(p))
+    assert got is None or not any(c.isspace() for c in str(got))
+
+
+@given(st.one_of(hostile_text, st.integers(0, 200_000).map(lambda n: "x " * n)))
+@FUZZ
+def test_arch_list_property(value):
+    from flashinfer_sm120.core.patch.resolve import arch_specs
+
+    specs, message = _bounded(arch_specs, value)
+    assert message is None or len(message) < MSG_MAX
+
+
+@given(hostile_text)
+@FUZZ
+def test_cuda_home_value_property(value):
+    from flashinfer_sm120.core.toolkit import sources
+
+    step = dict(sources.FIND_STEPS)["CUDA_HOME"]
+    if "\x00" in value:
+        return  # an environment cannot hold NUL
+    found = _bounded(step, {"CUDA_HOME": value})
+    assert isinstance(found, list)
+    assert all(f.problem is None or len(f.problem) < MSG_MAX for f in found)
+
+
+# --------------------------------------------------------------------------- state files
+
+@given(st.one_of(json_value, deep, st.binary(max_size=300)))
+@FUZZ
+def test_memo_property(tmp_path, monkeypatch, value):
+    from flashinfer_sm120.safety.fs import statedir
+    from flashinfer_sm120.core.toolkit import memo
+
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "c"))
+    statedir.forget_cache_root()
+    path = memo.memo_path()
+    raw = value if isinstance(value, bytes) else (value if isinstance(value, str) and value.startswith("[")
+                                                   else json.dumps({"schema": memo.SCHEMA, "entries": {
+                                                       "/bin/sh": {"stat": memo.fingerprint("/bin/sh"),
+                                                                   "full": value, "problem": None, "at": 1}}}))
+    Path(path).write_bytes(raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogateescape"))
+    hit = _bounded(memo.lookup, "/bin/sh")
+    assert hit is None or (isinstance(hit[0], str) and hit[0] == hit[0].strip())
+    statedir.forget_cache_root()
+
+
+@given(json_value)
+@FUZZ
+def test_view_meta_property(value):
+    from flashinfer_sm120.core.view.meta import ViewMeta
+
+    meta, problem = _bounded(ViewMeta.from_json, value)
+    assert (meta is None) != (problem is None)
+    assert problem is None or len(problem) < MSG_MAX
+
+
+# --------------------------------------------------------------------------- manifests
+
+entry_like = st.fixed_dictionaries({}, optional={
+    "format": st.one_of(st.just(1), json_leaf), "flashinfer": st.one_of(st.just("0.7.4"), json_value),
+    "name": st.one_of(st.just("norm"), hostile_text, json_leaf), "targets": st.one_of(
+        st.lists(st.sampled_from(["12.0", "12.0f", 12.0, "1 2", "$x"]), max_size=3), json_value),
+    "regenerable": st.one_of(st.booleans(), json_leaf), "spec": json_value, "generated": json_value})
+
+
+@given(st.one_of(entry_like, json_value))
+@FUZZ
+def test_manifest_entry_property(obj):
+    from flashinfer_sm120.errors import FormatError
+    from flashinfer_sm120.core.jitenv import manifest
+
+    try:
+        out = manifest.parse_entry(obj, "m.jsonl:1")
+    except FormatError as exc:
+        assert len(str(exc)) < MSG_MAX
+    else:
+        for ch in "\n\0 $:/":
+            assert ch not in out["name"]
+
+
+@given(st.lists(st.one_of(entry_like.map(json.dumps), hostile_text, deep), max_size=5),
+       st.binary(max_size=200))
+@FUZZ
+def test_manifest_file_property(tmp_path, lines, tail):
+    from flashinfer_sm120.warmup import replay
+
+    m = tmp_path / "m.jsonl"
+    m.write_bytes("\n".join(lines).encode("utf-8", "surrogateescape") + b"\n" + tail)
+    got = _bounded(replay.load, str(m))
+    if not isinstance(got, Exception):
+        entries, problems = got
+        assert all(len(p) < MSG_MAX for p in problems)
+
+
+# --------------------------------------------------------------------------- cache import
+
+member_name = st.one_of(st.sampled_from([f"{TOP}/meta.json", f"{TOP}/jit/norm/a.so", f"{TOP}/../x", "/tmp/x",
+                                         f"{TOP}/jit//tmp/x", f"{TOP}/jit/norm/../../../x", "x", TOP,
+                                         f"{TOP}/generated/a/b.cu", f"{TOP}/jit/norm"]),
+                        hostile_text.map(lambda t: f"{TOP}/{t}"))
+member_kind = st.sampled_from([tarfile.REGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE,
+                               tarfile.CHRTYPE, tarfile.FIFOTYPE])
+
+
+@given(st.lists(st.tuples(member_name, member_kind, st.binary(max_size=64)), max_size=6), json_value)
+@FUZZ
+def test_cache_import_archive_property(tmp_path, members, meta_obj):
+    """Any archive: only BuildError; nothing written outside the unpack dir; nothing at all
+    when it is refused."""
+    import hashlib
+
+    from flashinfer_sm120.warmup import cachemeta, cachepack
+
+    src = tmp_path / "a.tar"
+    files = {n[len(TOP) + 1:]: hashlib.sha256(d).hexdigest() for n, k, d in members
+             if k == tarfile.REGTYPE and n.startswith(f"{TOP}/jit/norm/")}
+    meta = {"format": 1, "fingerprint": {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0",
+                                         "cuda_home": "/c", "jit_dir": "/j"},
+            "modules": [{"name": "norm", "files": files}]}
+    with tarfile.open(src, "w") as tar:
+        blob = json.dumps(meta if files else meta_obj).encode()
+        info = tarfile.TarInfo(f"{TOP}/meta.json")
+        info.size = len(blob)
+        tar.addfile(info, io.BytesIO(blob))
+        for name, kind, data in members:
+            try:
+                info = tarfile.TarInfo(name)
+                info.type = kind
+                info.linkname = "/etc/passwd" if kind in (tarfile.SYMTYPE, tarfile.LNKTYPE) else ""
+                info.size = len(data) if kind == tarfile.REGTYPE else 0
+                tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+            except (ValueError, UnicodeError):
+                continue
+    box = tmp_path / "box"
+    box.mkdir(exist_ok=True)
+    into = box / "into"
+    into.mkdir(exist_ok=True)
+    before = set(os.listdir(tmp_path))
+
+    def run():
+        meta_ = cachemeta.check_members(str(src))
+        root = cachepack._unpack(str(src), into, meta_, cachemeta.Limits())
+        return cachepack._plan(meta_, root, {"jit": box / "jit", "generated": box / "gen"}, str(src))
+
+    got = _bounded(run)
+    assert set(os.listdir(tmp_path)) == before
+    for p in into.rglob("*"):
+        assert not p.is_symlink() and os.path.realpath(p).startswith(str(into) + "/")
+    if isinstance(got, Exception):
+        assert not any(p.is_file() for p in into.rglob("*"))
+    else:
+        for _, paths in got:
+            for _, dest in paths.values():
+                assert str(dest).startswith(str(box / "jit") + "/") or str(dest).startswith(str(box / "gen") + "/")
+    import shutil
+
+    shutil.rmtree(box)
+
+
+# --------------------------------------------------------------------------- CLI numbers
+
+@given(st.sampled_from(["-j", "--timeout"]), st.one_of(hostile_text, st.integers().map(str),
+                                                        st.floats().map(repr)))
+@FUZZ
+def test_cli_numbers_property(flag, value):
+    from flashinfer_sm120 import cli
+    from flashinfer_sm120.cli import build, doctor
+
+    seen = {}
+    old = (build.run_build, doctor.run_doctor)
+    build.run_build = doctor.run_doctor = lambda args: seen.setdefault("args", args) and 0
+    try:
+        argv = ["build", "norm", "-j", value] if flag == "-j" else ["doctor", "--timeout", value]
+        try:
+            cli.main(argv)
+        except SystemExit as exc:
+            assert exc.code == 2
+            return
+    finally:
+        build.run_build, doctor.run_doctor = old
+    args = seen["args"]
+    if flag == "-j":
+        assert 1 <= args.jobs <= 4096
+    else:
+        import math
+
+        assert math.isfinite(args.timeout) and 0.1 <= args.timeout <= 3600
+
+
+@given(st.binary(max_size=400), st.booleans())
+@FUZZ
+def test_ninja_deps_restamp_property(tmp_path, data, header):
+    """Any .ninja_deps (it travels in exports): no exception, nothing written but the log itself."""
+    import struct
+
+    from flashinfer_sm120.warmup import ninjadeps
+
+    d = tmp_path / "deps"
+    d.mkdir(exist_ok=True)
+    p = d / ".ninja_deps"
+    p.write_bytes((b"# ninjadeps\n" + struct.pack("<i", 4) if header else b"") + data)
+    n = _bounded(ninjadeps.restamp, str(p), {"/x.o": 1})
+    assert isinstance(n, int) and os.listdir(d) == [".ninja_deps"]
