@@ -79,7 +79,7 @@ def test_export_then_import_on_a_fresh_machine_is_up_to_date(warmed):
     out = tmp / "cache.tar.gz"
     proc = cli(["cache", "export", "--from", str(manifest), str(out)], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "exported 2 module(s)" in proc.stdout
+    assert "exported 2 modules" in proc.stdout
     again = cli(["cache", "export", "--from", str(manifest), str(out)], env)
     assert again.returncode == 2 and "already exists" in again.stderr  # never overwritten
 

@@ -27,7 +27,7 @@ from flashinfer_sm120.core.jitenv.manifest import _MAX_TARGETS, parse_entry
 from flashinfer_sm120.warmup.session import BuildError
 
 __all__ = ["TOP", "FORMAT", "MAX_META_BYTES", "CacheError", "Limits", "Module", "Meta", "parse_meta", "read_meta",
-           "check_members", "members", "check_listed", "listed", "compression"]
+           "check_members", "members", "member_rel", "check_listed", "listed", "compression"]
 
 TOP = "flashinfer-sm120-cache"
 FORMAT = 1
@@ -150,7 +150,7 @@ def parse_meta(obj: Any, source: str) -> Meta:
     return Meta(fmt, fp, tuple(mods), tuple(entries))
 
 
-def _safe_rel(name: str, src: str) -> str:
+def member_rel(name: str, src: str) -> str:
     """``name`` relative to the top folder (an archive member), refusing anything
     that could land outside it: every part must be a name (no ``..``, no absolute
     part, no empty part, no backslash)."""
@@ -333,7 +333,7 @@ def members(src: str, limits: Limits):
                     count += 1
                     if count > limits.max_members:
                         raise _fail(src, f"it has more than {limits.max_members} members")
-                    rel = _safe_rel(m.name, src)
+                    rel = member_rel(m.name, src)
                     if count == 1 and rel != "meta.json":
                         raise _fail(src, f"its first member is {formats.shown(m.name)}, not {TOP}/meta.json")
                     if not (m.isfile() or m.isdir()):

@@ -15,6 +15,7 @@ whether anything would be rebuilt, reporting the truth per module.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -30,8 +31,8 @@ from flashinfer_sm120.safety import formats
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.fs.tmpdirs import private_dir
 from flashinfer_sm120.warmup import cacheinstall, ninjacmd, ninjadeps, pool
-from flashinfer_sm120.warmup.cachemeta import (FORMAT, TOP, CacheError, Limits, Meta, Module, check_listed, listed, members,
-                        read_meta)
+from flashinfer_sm120.warmup.cachemeta import (FORMAT, TOP, CacheError, Limits, Meta, Module, check_listed, listed, member_rel,
+                        members, parse_meta, read_meta)
 from flashinfer_sm120.core.jitenv.manifest import CannotRegenerate, make_spec
 from flashinfer_sm120.warmup.session import BuildError, Session
 
@@ -94,6 +95,11 @@ def export(entries: list[dict], sess: Session, out: str, *, limits: Limits = Lim
     meta = {"format": FORMAT, "fingerprint": sess.fingerprint(), "modules": modules, "manifest": entries,
             "created": time.time()}
     blob = json.dumps(meta, indent=1).encode()
+    # threat-model: P7 (an export is checked by the import's own grammar before anything is written:
+    # what export writes, import accepts; FlashInfer's attention module names once failed that)
+    parse_meta(json.loads(blob), f"the export's meta.json")
+    for rel, _ in files:
+        member_rel(f"{TOP}/{rel}", out)
     _check_export_space(out, blob, files, limits)
     budget = cacheinstall.Budget(limits)
     if _is_archive(out):
@@ -106,8 +112,19 @@ def export(entries: list[dict], sess: Session, out: str, *, limits: Limits = Lim
         problem = check_place(out, "the export directory", "Fix: export to a new path in a directory of your own")
         if problem:
             raise BuildError(problem)
-        formats.make_private_dirs(Path(out) / TOP)
-        root = Path(out) / TOP
+        _write_directory(out, blob, files, budget)
+    return names
+
+
+def _write_directory(out: str, blob: bytes, files: list[tuple[str, Path]], budget: cacheinstall.Budget) -> None:
+    """The export written into a new private directory beside ``out``, renamed to ``out`` when whole
+    (onto nothing, or onto the empty directory that was there): a failed export leaves nothing
+    behind, and only its creator removes the directory.  threat-model: P4, P5"""
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.", suffix=".partial",
+                           dir=os.path.dirname(os.path.abspath(out)))
+    try:
+        root = Path(tmp) / TOP
+        formats.make_private_dirs(root)
         for rel, f in files:
             dest = formats.safe_join(root, rel, out)
             formats.make_private_dirs(dest.parent)
@@ -115,7 +132,17 @@ def export(entries: list[dict], sess: Session, out: str, *, limits: Limits = Lim
                 _write_new(dest, src, budget)
             shutil.copystat(f, dest)
         _write_new(formats.safe_join(root, "meta.json", out), io.BytesIO(blob), budget)
-    return names
+        os.chmod(tmp, 0o777 & ~cacheinstall.umask())  # as a plain mkdir would have made it
+        try:
+            os.rename(tmp, out)  # replaces only an empty directory; never a file or a full directory
+        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                raise BuildError(f"{out} appeared while the export was written; choose a new path "
+                                 f"(an export never overwrites)") from None
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _check_export_space(out: str, blob: bytes, files: list[tuple[str, Path]], limits: Limits) -> None:

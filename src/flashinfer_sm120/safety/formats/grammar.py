@@ -13,12 +13,13 @@ from flashinfer_sm120.safety.formats.base import _fail, _type_name, shown
 
 
 #: A name: a module, a variant, a file in a cache entry.  No whitespace, no
-#: ``$`` or ``:`` (ninja syntax), no ``/`` (paths are lists of names), no NUL.
-NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")
+#: ``$`` or ``:`` (ninja syntax), no ``/`` (paths are lists of names), no NUL; at most 255
+#: characters, Linux's NAME_MAX (FlashInfer's attention module names pass 200).
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}")
 
 #: A file name in a relative path: a name that may also start with ``.``
 #: (``.ninja_log``, ``.ninja_deps``) but is never ``.`` or ``..``.
-FILE_NAME_RE = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.][A-Za-z0-9_.+-]{0,199}")
+FILE_NAME_RE = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.][A-Za-z0-9_.+-]{0,254}")
 
 #: A version as nvcc, ninja, FlashInfer or pip print it: ``13.0.88``, ``1.13.2``,
 #: ``0.7.2.post1``, ``2.14.0+cu130``.
