@@ -71,6 +71,9 @@ def test_no_targets_exits_1_from_both_paths(clean_env, real_nvcc13):
         assert proc.returncode == 1, (source, proc.stderr[-2000:])
         assert "targets none, nothing can be built" in line and "status --arch 12.0" in line
         assert (loaded == "[]") == (source == "record")
+    proc, out, _ = _status(clean_env, "--json")  # the document says it too, not only the exit status
+    doc = json.loads(out)
+    assert proc.returncode == 1 and doc["ok"] is False and "nothing can be built" in doc["error"], out
 
 
 def test_exit_codes_follow_what_can_be_built():

@@ -122,6 +122,9 @@ def _say(args: argparse.Namespace, st: dict, source: str, full: dict | None = No
         out = dict(full or st, source=source)
         out.setdefault("targets", st.get("targets"))
         out.setdefault("toolkit", st.get("toolkit"))
+        out["ok"] = exit_code(st) == 0  # threat-model: P8: the document says what the exit status says
+        if not out["ok"] and not out.get("error") and st.get("toolkit"):
+            out["error"] = f"no targets: {_no_targets(st)}"
         print(json.dumps(out, indent=2, default=str))
     else:
         print(status_line(st))
