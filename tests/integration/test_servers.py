@@ -265,7 +265,7 @@ def test_a_fallback_the_installed_source_lacks_is_said(tmp_path, monkeypatch):
 def test_doctor_names_the_ninja_each_servers_check_and_jit_dir(server_env, tmp_path, real_nvcc13):
     env, site_dir = server_env
     env["PYTHONPATH"] += os.pathsep + str(site_dir)  # doctor reads the .pth from its own site dirs
-    proc = cli(["doctor", "--timeout", "60"], dict(env, FLASHINFER_CUDA_ARCH_LIST="12.0"), timeout=600)
+    proc = cli(["doctor", "--verbose", "--timeout", "60"], dict(env, FLASHINFER_CUDA_ARCH_LIST="12.0"), timeout=600)
     text = proc.stdout
     assert "Ninja (FlashInfer's JIT builds and 'flashinfer-sm120 build' run it): " in text, proc.stderr[-3000:]
     assert f"{wheel_ninja()} (ninja " in text

@@ -150,6 +150,6 @@ def test_doctor_lists_the_prebuilt_packages_flashinfer_would_load_first(built, c
     assert cubin["path"] == built["cubins"] and cubin["by_sm"] == {"sm_100": 1}
     human = "\n".join(inventory_lines(inv))  # what doctor prints for the section
     assert "What FlashInfer will load" in human and "PROBLEM for_100a_only: sm_100a" in human
-    assert "declares sm100a, sm120a" in human and "1 cubins: sm_100 x1" in human
+    assert "declares sm100a, sm120a" in human and "1 cubin: sm_100 x1" in human, human
     assert report["caches"]["roots"][1]["path"] == os.path.join(clean_env["FLASHINFER_WORKSPACE_BASE"], ".cache",
                                                                  "flashinfer")

@@ -72,9 +72,18 @@ def test_a_view_of_the_aarch64_wheels_is_complete_and_its_stub_is_aarch64(tmp_pa
     def must_not_run(*a, **k):
         raise AssertionError(f"ran something from the aarch64 wheels: {a}")
 
-    monkeypatch.setattr(probe, "nvcc_version", must_not_run)  # the version comes from the metadata
+    asked = []
+
+    def answer_as_the_spark_would(nvcc, timeout=None):  # `nvcc --version` on the aarch64 machine itself
+        asked.append(nvcc)
+        return "13.0.88", None, False
+
+    monkeypatch.setattr(probe, "nvcc_version", must_not_run)
+    monkeypatch.setattr(probe, "nvcc_answer", answer_as_the_spark_would)  # P1: the binary's word, simulated
     monkeypatch.setattr(stub, "_compile_stub", must_not_run)  # the stub is written, not compiled
     tk = probe.inspect(str(root), ("pip",))
+    assert asked == [str(root / "bin" / "nvcc")] or [os.path.realpath(a) for a in asked] == [
+        os.path.realpath(root / "bin" / "nvcc")]
     assert tk.problem is None, tk.problem
     assert (tk.nvcc_full, str(tk.nvcc_version), str(tk.header_version)) == ("13.0.88", "13.0", "13.0")
     assert tk.version_from.endswith("nvidia_cuda_nvcc-13.0.88.dist-info")
