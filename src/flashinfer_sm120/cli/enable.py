@@ -178,6 +178,14 @@ def _enable(args: argparse.Namespace) -> int:
         who = f"every process of {py} and of any virtual environment created from it with --system-site-packages"
         if sys.prefix != sys.base_prefix:
             who = f"every process of {py} (virtual environment {sys.prefix})"
+    if os.path.isdir(target_dir):  # threat-model: P4: nothing of root's or yours is written into a tree
+        from flashinfer_sm120.safety.ownership import check_place  # another uid owns or may write
+
+        problem = check_place(target_dir, "the site directory",
+                              "Fix: enable in a site directory that is root's or yours and that others cannot "
+                              "write (leave --site-dir out for this interpreter's)")
+        if problem:
+            return _err(problem.replace(" is not safe to build in", " is not safe to write into"))
     target = os.path.join(target_dir, PTH_NAME)
     writing = target_dir
     changed = False
@@ -274,8 +282,10 @@ def _holds(path: str, text: str) -> bool:
         st = os.lstat(path)
         if not stat.S_ISREG(st.st_mode) or stat.S_IMODE(st.st_mode) != 0o644:
             return False
+        if st.st_size != len(text.encode()):  # threat-model: P6: never read a file whole to compare it
+            return False
         with open(path, encoding="utf-8") as fh:
-            return fh.read() == text
+            return fh.read(len(text) + 1) == text
     except (OSError, UnicodeDecodeError):
         return False
 

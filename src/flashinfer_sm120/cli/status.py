@@ -12,6 +12,7 @@ import os
 import sys
 
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
+from flashinfer_sm120.safety.formats import printable
 
 __all__ = ["add_parser", "run_status", "status_line", "exit_code", "EXIT_CODES"]
 
@@ -127,7 +128,7 @@ def _say(args: argparse.Namespace, st: dict, source: str, full: dict | None = No
             out["error"] = f"no targets: {_no_targets(st)}"
         print(json.dumps(out, indent=2, default=str))
     else:
-        print(status_line(st))
+        print(printable(status_line(st)))  # threat-model: P8: a record file's text is shown, never acted on
     return exit_code(st)
 
 

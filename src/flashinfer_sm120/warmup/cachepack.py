@@ -102,16 +102,19 @@ def export(entries: list[dict], sess: Session, out: str, *, limits: Limits = Lim
         member_rel(f"{TOP}/{rel}", out)
     _check_export_space(out, blob, files, limits)
     budget = cacheinstall.Budget(limits)
-    if _is_archive(out):
+    from flashinfer_sm120.safety.ownership import check_place
+
+    # threat-model: P4, P7: both forms go where another user can neither write nor replace what we put
+    # (an archive there could be swapped for one carrying their .so; a planted link could redirect writes)
+    archive = _is_archive(out)
+    where = os.path.dirname(os.path.abspath(out)) if archive else out
+    problem = check_place(where, "the export's directory" if archive else "the export directory",
+                          "Fix: export to a new path in a directory of your own")
+    if problem:
+        raise BuildError(problem.replace(" is not safe to build in", " is not safe to export into"))
+    if archive:
         _write_archive(out, blob, files)
     else:
-        from flashinfer_sm120.safety.ownership import check_place
-
-        # a directory another user owns or may write (an empty one they made in /tmp) could get a
-        # link planted in it meanwhile, sending our writes to one of your files
-        problem = check_place(out, "the export directory", "Fix: export to a new path in a directory of your own")
-        if problem:
-            raise BuildError(problem)
         _write_directory(out, blob, files, budget)
     return names
 
@@ -316,7 +319,7 @@ def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Sessio
         # creates cached_ops/tmp/<name>.lock, and a refused module (a name of the export's choosing)
         # must leave nothing in the JIT dir.  (The generation it compares with is FlashInfer's own,
         # which FlashInfer does outside this lock too; the copy and settle below run under it.)
-        refused = _refusal(entries.get(mod.name), mod, sess, targets["generated"])
+        refused = _place_problem(paths) or _refusal(entries.get(mod.name), mod, sess, targets["generated"])
         if refused:  # before any file of it is installed
             report.append({"module": mod.name, "status": "refused", "why": refused})
             continue
@@ -347,6 +350,20 @@ def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: boo
     return {"module": mod.name, "status": "already present" if present else "installed", "replaced": differing}
 
 
+def _place_problem(paths: dict[str, tuple[Path, Path]]) -> str | None:
+    """Why a module's files cannot be written where they go, or None: every directory they go into
+    must be root's or yours and not writable by others (a module directory another user left in a
+    shared workspace would let them swap the .so a server loads).  threat-model: P2, P4"""
+    from flashinfer_sm120.safety.ownership import check_place
+
+    for d in sorted({str(dest.parent) for _, dest in paths.values()}):
+        problem = check_place(d, "the module's directory", "Fix: remove it if another user made it, or set "
+                              "FLASHINFER_WORKSPACE_BASE to a directory of your own")
+        if problem:
+            return problem.replace(" is not safe to build in", " is not safe to install into")
+    return None
+
+
 def _refusal(entry: dict | None, mod: Module, sess: Session, gen_root: Path) -> str | None:
     """Why the module cannot be imported, or None: its manifest entry must be made by this
     FlashInfer's generator (:func:`~flashinfer_sm120.core.jitenv.manifest.make_spec`, which writes FlashInfer's own sources),
@@ -355,6 +372,10 @@ def _refusal(entry: dict | None, mod: Module, sess: Session, gen_root: Path) -> 
     if entry is None:
         return ("meta.json has no manifest entry for it, so this FlashInfer cannot make its sources; export "
                 "it again with `flashinfer-sm120 cache export`")
+    if not any(rel.startswith(f"jit/{mod.name}/") and rel.endswith(".so") for rel in mod.files):
+        # threat-model: P4, P6 -- decided before FlashInfer's generator writes any source for it
+        return ("the export carries no library for it, so there is nothing to install; export it again "
+                "with `flashinfer-sm120 cache export` after building it")
     try:
         spec = make_spec(entry, sess.flashinfer)
     except CannotRegenerate as exc:

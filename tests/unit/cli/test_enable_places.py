@@ -1,0 +1,37 @@
+"""Where ``enable`` writes, and what it reads there (threat-model P4, P6)."""
+
+from __future__ import annotations
+
+import builtins
+import os
+
+import pytest
+
+from helpers.untrusted import make_unsafe
+
+from flashinfer_sm120.cli import enable, main
+
+
+@pytest.mark.parametrize("how", ["world-writable", "another user's"])
+def test_enable_refuses_a_site_directory_another_user_controls(tmp_path, how, capsys):
+    """As root, ``enable --site-dir`` wrote root's .pth and module into a directory uid 65534 owned, who
+    could then swap the module every Python reading that site directory imports."""
+    site = tmp_path / "site"
+    site.mkdir()
+    make_unsafe(site, how)
+    assert main(["enable", "--site-dir", str(site)]) != 0
+    assert "not safe to write into" in capsys.readouterr().err
+    assert list(site.iterdir()) == []
+
+
+def test_a_huge_file_in_place_of_ours_is_not_read_to_compare_it(tmp_path, monkeypatch):
+    """A 10 GB sparse .pth was read whole (21 GB of memory) to see whether it already held our text."""
+    big = tmp_path / "flashinfer_sm120_autoload.pth"
+    with open(big, "wb") as fh:
+        fh.truncate(1 << 30)
+    os.chmod(big, 0o644)
+    opened = []
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
+    assert enable._holds(str(big), "import flashinfer_sm120_autoload\n") is False
+    assert opened == []
