@@ -90,7 +90,8 @@ def expected(era: str, torch: str | None, tset: str, gpus: str) -> tuple[str, li
 
 
 CHILD = r"""
-import helpers.fakegpu, json, os, sys, glob
+import json, os, sys, glob
+from helpers import fakegpu
 import flashinfer_sm120 as s
 import flashinfer, flashinfer.jit.cpp_ext as cx
 from flashinfer.jit.sampling import gen_sampling_module
