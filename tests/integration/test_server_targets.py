@@ -112,9 +112,12 @@ def test_gpus_of_two_capabilities_cannot_share_one_sglang_warm_up(server_env, re
 def test_doctor_shows_sglangs_own_targets_and_warns_for_jit_verbose(server_env, real_nvcc13):  # noqa: F811
     env, site_dir = server_env
     env["PYTHONPATH"] += os.pathsep + str(site_dir)
-    proc = cli(["doctor", "--timeout", "60"], dict(env, FLASHINFER_CUDA_ARCH_LIST="12.0", FAKE_TORCH_CUDA="13.0",
-                                                  FLASHINFER_JIT_VERBOSE="1"), timeout=600)
-    text = proc.stdout
+    proc = cli(["doctor", "--verbose", "--timeout", "60"], dict(env, FLASHINFER_CUDA_ARCH_LIST="12.0",
+                                                               FAKE_TORCH_CUDA="13.0", FLASHINFER_JIT_VERBOSE="1"),
+               timeout=600)
+    text = proc.stdout  # the default screen has both as findings; --verbose has the section's lines too
+    assert "WARNING: FLASHINFER_JIT_VERBOSE=1 changes every build line" in text
+    assert "NOTE: SGLang will build for sm_120a" in text
     assert "  SGLang will build for sm_120a (its sglang/srt/utils/common.py set_cuda_arch() sets " \
            "FLASHINFER_CUDA_ARCH_LIST=12.0a; read from " in text, proc.stderr[-3000:] + text[-3000:]
     assert "  FLASHINFER_JIT_VERBOSE=1 changes every build line: the warm cache will be rebuilt" in text
