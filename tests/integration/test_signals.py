@@ -99,7 +99,9 @@ def test_every_command_cleans_up_on_sigterm(tmp_path):
 def test_ctrl_c_cleans_up_and_prints_no_traceback():
     """Ctrl-C (SIGINT) ran the clean-up but ended in a ``KeyboardInterrupt`` traceback; now one line and
     exit 130, as shells report it."""
-    code = ("import os, signal, sys, time\nfrom flashinfer_sm120 import cli\nfrom flashinfer_sm120.cli import status\n"
+    # as at a terminal: a suite started in the background (``&``) hands its children SIGINT ignored
+    code = ("import os, signal, sys, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "from flashinfer_sm120 import cli\nfrom flashinfer_sm120.cli import status\n"
             "def run(args):\n    try:\n        os.kill(os.getpid(), signal.SIGINT)\n        time.sleep(60)\n"
             "    finally:\n        print('CLEANED UP', flush=True)\n    return 0\n"
             "status.run_status = run\nsys.exit(cli.main(['status']))\n")
