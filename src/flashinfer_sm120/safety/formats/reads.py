@@ -78,6 +78,26 @@ def read_bytes(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow
     return raw
 
 
+def _open_regular(path: str, fix: str) -> int:
+    """A blocking descriptor on ``path``, opened without blocking on a FIFO or device and refused
+    unless it is a regular file (threat-model: P6)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise _fail(path, f"cannot be opened ({exc.strerror or exc})", fix) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _fail(path, "is not a regular file", fix)
+        os.set_blocking(fd, True)
+    except OSError as exc:
+        os.close(fd)
+        raise _fail(path, f"cannot be read ({exc.strerror or exc})", fix) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def read_prefix(path: str | os.PathLike, limit: int, *, fix: str = "") -> bytes:
     """The first ``limit`` bytes of a regular file (for a header whose
     ``#define`` sits near the top, a script's ``#!`` line), never blocking on a
@@ -87,14 +107,8 @@ def read_prefix(path: str | os.PathLike, limit: int, *, fix: str = "") -> bytes:
         FormatError: absent, not a regular file, or unreadable.
     """
     path = os.fspath(path)
+    fd = _open_regular(path, fix)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise _fail(path, f"cannot be opened ({exc.strerror or exc})", fix) from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _fail(path, "is not a regular file", fix)
-        os.set_blocking(fd, True)
         chunks, left = [], limit
         while left > 0:
             b = os.read(fd, min(left, 1 << 16))
@@ -133,14 +147,8 @@ def iter_lines(path: str | os.PathLike, *, max_line: int, max_lines: int, fix: s
         FormatError: as :func:`read_bytes`, or a cap was reached.
     """
     path = os.fspath(path)
+    fd = _open_regular(path, fix)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise _fail(path, f"cannot be opened ({exc.strerror or exc})", fix) from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _fail(path, "is not a regular file", fix)
-        os.set_blocking(fd, True)
         with os.fdopen(fd, "rb", closefd=False) as fh:
             n = 0
             while True:
