@@ -10,6 +10,15 @@ generates (``flashinfer/jit/cpp_ext.py`` ``generate_ninja_build_for_op``, 0.7.4)
 ``CXX``
     the host compiler and linker (default ``c++``).
 
+Every JIT build also runs nvcc's *host compiler*: ``-ccbin $CC`` when ``CC`` is set (FlashInfer's
+``build_cuda_cflags``), else ``NVCC_CCBIN``, else ``gcc`` from ``PATH`` (nvcc 13.0 ``--dryrun``), and
+a ``-ccbin`` in ``NVCC_PREPEND_FLAGS``/``NVCC_APPEND_FLAGS`` (read by nvcc itself) wins over all.
+Those variables, and FlashInfer's ``FLASHINFER_EXTRA_*FLAGS``, are held to the same rule: every
+program and every existing absolute file or directory their words name (``-ccbin gcc-12``,
+``-B/opt/x``, ``-Xcompiler=-fplugin=/x.so``) must pass it.  What a build runs by bare name when
+no variable says otherwise (:data:`BY_NAME`: ``gcc``, ``c++``, ``rm``) cannot be removed, so a
+build whose ``PATH`` finds one that fails the rule is refused (:func:`path_problem`).
+
 Every program they name is run by every JIT build, so each must pass the trust rule
 (:func:`flashinfer_sm120.safety.trust.check_executable`: owned by root or you,
 not writable by others, all the way, wrappers followed); one that does not is
@@ -27,15 +36,55 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 from flashinfer_sm120.safety import formats
 from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.ownership import check_path
 from flashinfer_sm120.safety.trust import trace
 
-__all__ = ["VARIABLES", "Verdict", "check", "program_of", "trust_problem"]
+__all__ = ["BY_NAME", "FLAG_VARIABLES", "VARIABLES", "ByName", "PathProblem", "Verdict", "check", "path_problem", "program_of",
+           "trust_problem"]
 
-#: FlashInfer's compiler variables, in the order they are checked.
-VARIABLES = ("FLASHINFER_NVCC", "FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_CXX_LAUNCHER", "CXX")
+#: Variables whose words are options for nvcc or the host compiler: nvcc reads the first two itself,
+#: FlashInfer appends the others to its compile and link lines.
+FLAG_VARIABLES = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "FLASHINFER_EXTRA_CFLAGS",
+                  "FLASHINFER_EXTRA_CUDAFLAGS", "FLASHINFER_EXTRA_LDFLAGS")
+
+#: The variables that choose what a JIT build runs, in the order they are checked.
+VARIABLES = ("FLASHINFER_NVCC", "FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_CXX_LAUNCHER", "CXX", "CC", "NVCC_CCBIN",
+             *FLAG_VARIABLES)
+
+#: nvcc's option that names the host compiler (a program, or a directory holding ``gcc``).
+_CCBIN = ("-ccbin", "--compiler-bindir")
+
+
+@dataclasses.dataclass(frozen=True)
+class ByName:
+    """A program a JIT build runs by bare name, found on ``PATH``.
+
+    Attributes:
+        name: the name looked up.
+        role: what runs it, for messages.
+        unless: variables that, when set, make the build run another program instead
+            (``"-ccbin"``: a ``-ccbin`` in one of :data:`FLAG_VARIABLES`).
+        fix: how to point the build elsewhere.
+    """
+
+    name: str
+    role: str
+    unless: tuple[str, ...]
+    fix: str
+
+
+#: What every JIT build runs by bare name (nvcc 13.0 ``--dryrun``; FlashInfer 0.7.4 ``cpp_ext.py``).
+BY_NAME: tuple[ByName, ...] = (
+    ByName("gcc", "nvcc's host compiler", ("CC", "NVCC_CCBIN", "-ccbin"),
+           "or set NVCC_CCBIN to a trusted host compiler (e.g. NVCC_CCBIN=/usr/bin/g++)"),
+    ByName("c++", "FlashInfer's C++ compiler and linker (CXX unset)", ("CXX",),
+           "or set CXX to a trusted compiler (e.g. CXX=/usr/bin/c++)"),
+    ByName("rm", "nvcc's clean-up of its temporary files", (), ""),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +199,85 @@ def trust_problem(value: str, path: str | None) -> str | None:
     return None
 
 
+def _ccbin_program(value: str, path: str | None) -> tuple[str | None, str | None]:
+    """``(program, problem)`` nvcc runs for ``-ccbin value``: a directory means its ``gcc``."""
+    if os.path.isabs(value) and os.path.isdir(value):
+        return os.path.join(value, "gcc"), None
+    return _program(value, path)
+
+
+def _ccbin_values(words: list[str]) -> list[str]:
+    out = []
+    for i, w in enumerate(words):
+        for opt in _CCBIN:
+            if w == opt and i + 1 < len(words):
+                out.append(words[i + 1])
+            elif w.startswith(opt + "="):
+                out.append(w[len(opt) + 1:])
+    return out
+
+
+def _named_paths(words: list[str]) -> list[str]:
+    """Absolute paths the option words name: ``/x``, ``-B/x``, ``-I/x``, ``-x=/y``, ``-Wl,/z``."""
+    out = []
+    for w in words:
+        for part in re.split(r"[=,]", w):
+            m = re.fullmatch(r"-[A-Za-z]?(/.*)", part) if part.startswith("-") else None
+            if part.startswith("/"):
+                out.append(part)
+            elif m:
+                out.append(m.group(1))
+    return out
+
+
+def flags_problem(value: str, path: str | None) -> str | None:
+    """Why the option words ``value`` may not go to a build: a ``-ccbin`` program, or an existing
+    absolute file or directory they name, that fails the trust rule; ``None`` when they may."""
+    words = value.split()
+    for cc in _ccbin_values(words):
+        prog, problem = _ccbin_program(cc, path)
+        problem = problem or trace(prog).problem
+        if problem:
+            return f"its -ccbin {formats.shown(cc, 60)} {problem}" if problem.startswith("names ") else problem
+    for p in _named_paths(words):
+        if os.path.lexists(p):
+            problem = check_path(p)
+            if problem:
+                return problem
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class PathProblem:
+    """A program of :data:`BY_NAME` that a build would run and that fails the trust rule."""
+
+    program: str
+    role: str
+    why: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.program} (found on PATH) fails the trust rule: {self.why}. Fix: {self.fix}"
+
+
+def path_problem(env) -> PathProblem | None:
+    """Why a JIT build may not run with ``env``: the first program of :data:`BY_NAME` that no variable
+    replaces and that ``PATH`` finds failing the trust rule; ``None`` when none does.  A name ``PATH``
+    does not find is the build's own error."""
+    # relative entries name the module's build directory, which the JIT directory's own check covers
+    path = os.pathsep.join(d for d in (env.get("PATH") or os.defpath).split(os.pathsep) if os.path.isabs(d))
+    flags = " ".join(env.get(v) or "" for v in FLAG_VARIABLES[:2]).split()
+    for prog in BY_NAME:
+        if any((u == "-ccbin" and _ccbin_values(flags)) or (u != "-ccbin" and env.get(u)) for u in prog.unless):
+            continue
+        found, _ = _which(prog.name, path)
+        problem = trace(found).problem if found else None
+        if problem:
+            return PathProblem(found, prog.role, problem,
+                               f"take {os.path.dirname(found)} off PATH{', ' + prog.fix if prog.fix else ''}")
+    return None
+
+
 def _same_program(a: str, b: str) -> bool:
     ta, tb = trace(a), trace(b)
     real_a = ta.target or os.path.realpath(a)
@@ -184,13 +312,22 @@ def check(env, chosen_nvcc: str, home: str) -> list[Verdict]:
         if var == "FLASHINFER_NVCC":
             out.append(_check_nvcc(value, shown, chosen_nvcc, home, path))
             continue
-        problem = trust_problem(value, path)
+        if var in FLAG_VARIABLES:
+            problem = flags_problem(value, path)
+        elif var == "NVCC_CCBIN":
+            prog, problem = _ccbin_program(value.strip(), path)
+            problem = problem or trace(prog).problem
+        else:
+            problem = trust_problem(value, path)
         if problem:
-            what = "the host compiler and linker" if var == "CXX" else "a compiler launcher"
-            out.append(Verdict(var, shown, False,
-                               f"{var}={shown} ({what} FlashInfer would run in every JIT build) is refused: "
-                               f"{problem}. Fix: point {var} at a program owned by root or you and not "
-                               f"writable by others, or unset it"))
+            what = {"CXX": "the host compiler and linker FlashInfer would run",
+                    "CC": "nvcc's host compiler, -ccbin $CC", "NVCC_CCBIN": "nvcc's host compiler"}.get(
+                var, "options" if var in FLAG_VARIABLES else "a compiler launcher FlashInfer would run")
+            fix = (f"drop the option naming it from {var}, or point it at files owned by root or you and "
+                   f"not writable by others" if var in FLAG_VARIABLES else
+                   f"point {var} at a program owned by root or you and not writable by others, or unset it")
+            out.append(Verdict(var, shown, False, f"{var}={shown} ({what}, in every JIT build) is refused: "
+                                                  f"{problem}. Fix: {fix}"))
         else:
             out.append(Verdict(var, shown, True, f"{var}={shown}: trusted, used as set"))
     return out

@@ -38,9 +38,8 @@ there is not taken on trust.
 * the whole script is read (up to :data:`MAX_SCRIPT_BYTES`; a larger one is
   refused) and must be UTF-8 text without NUL.
 
-What a program does with its arguments beyond that (nvcc's ``-ccbin``, the host
-compiler nvcc finds on ``PATH``) is the program's own behaviour, not the
-wrapper's, and is out of this rule's reach.
+What nvcc itself runs (its host compiler, ``rm`` from ``PATH``) is checked apart from any
+wrapper, by :mod:`flashinfer_sm120.safety.compilers`.
 """
 # threat-model: P2 (nothing run or adopted unless every level of its path is trusted)
 

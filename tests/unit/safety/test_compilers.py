@@ -109,3 +109,58 @@ def test_check_takes_any_value_and_keeps_messages_short(nvcc, launcher, cxx_laun
     for v in compilers.check(env, "/usr/local/cuda-13.0/bin/nvcc", "/usr/local/cuda-13.0"):
         assert v.var in compilers.VARIABLES and len(v.note) < 1500
         assert v.keep is False or v.var != "FLASHINFER_NVCC" or os.path.isabs(nvcc.strip())
+
+
+def _open_dir(tmp_path, name="open"):
+    """A directory everyone may write (no sticky bit): what another uid could have planted in."""
+    d = tmp_path / name
+    d.mkdir()
+    d.chmod(0o777)
+    return d
+
+
+def test_host_compiler_variables_are_held_to_the_trust_rule(tmp_path):
+    """Round 3: nvcc ran the host compiler named by CC, NVCC_CCBIN or -ccbin in NVCC_*_FLAGS unchecked."""
+    tk = make_toolkit(tmp_path / "tk", "13.0.88")
+    nvcc = str(tk / "bin" / "nvcc")
+    opened = _open_dir(tmp_path)
+    bad = _script(opened / "gcc")
+    env = {"PATH": "/usr/bin:/bin", "CC": bad, "NVCC_CCBIN": str(opened), "NVCC_PREPEND_FLAGS": f"-ccbin {bad}",
+           "NVCC_APPEND_FLAGS": f"-allow-unsupported-compiler --compiler-bindir={opened}",
+           "FLASHINFER_EXTRA_CUDAFLAGS": f"-O3 -Xcompiler=-B{opened}", "FLASHINFER_EXTRA_LDFLAGS": f"-Wl,{bad}"}
+    v = {x.var: x for x in compilers.check(env, nvcc, str(tk))}
+    for var in ("CC", "NVCC_CCBIN", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "FLASHINFER_EXTRA_CUDAFLAGS",
+                "FLASHINFER_EXTRA_LDFLAGS"):
+        assert not v[var].keep, v[var].note
+        assert "writable by other users" in v[var].note and "Fix:" in v[var].note, v[var].note
+    good = {"PATH": "/usr/bin:/bin", "CC": "gcc", "NVCC_CCBIN": "/usr/bin", "NVCC_PREPEND_FLAGS": "-ccbin g++",
+            "NVCC_APPEND_FLAGS": "-allow-unsupported-compiler", "FLASHINFER_EXTRA_CUDAFLAGS": "-I/usr/include -O3"}
+    v = {x.var: x for x in compilers.check(good, nvcc, str(tk))}
+    assert all(x.keep for x in v.values()), [x.note for x in v.values() if not x.keep]
+    (v,) = compilers.check({"PATH": "/usr/bin:/bin", "NVCC_CCBIN": "no-such-cc-x"}, nvcc, str(tk))
+    assert not v.keep and "not on PATH" in v.note
+
+
+def test_programs_run_by_name_are_checked_where_path_finds_them(tmp_path):
+    """Round 3: a gcc planted early on PATH was nvcc's host compiler in every build."""
+    opened = _open_dir(tmp_path)
+    _script(opened / "gcc")
+    env = {"PATH": f"{opened}:/usr/bin:/bin"}
+    problem = compilers.path_problem(env)
+    assert problem.program == f"{opened}/gcc" and problem.role == "nvcc's host compiler"
+    assert "NVCC_CCBIN" in problem.fix and str(opened) in problem.fix and "writable by other users" in problem.why
+    assert str(problem).endswith(f"Fix: {problem.fix}")
+    # a variable that names the host compiler instead makes PATH's gcc not run
+    for name, value in (("NVCC_CCBIN", "/usr/bin/g++"), ("CC", "gcc"), ("NVCC_APPEND_FLAGS", "-ccbin=g++")):
+        assert compilers.path_problem(dict(env, **{name: value})) is None, name
+    _script(opened / "c++")
+    problem = compilers.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++"))
+    assert problem.program == f"{opened}/c++" and "CXX" in problem.fix
+    assert compilers.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++", CXX="/usr/bin/c++")) is None
+    _script(opened / "rm")  # nvcc cleans up with rm from PATH: no variable replaces it
+    problem = compilers.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++", CXX="/usr/bin/c++"))
+    assert problem.program == f"{opened}/rm"
+    assert compilers.path_problem({"PATH": "/usr/bin:/bin"}) is None
+    # a relative or empty PATH entry names the module's build directory, which FlashInfer's own JIT
+    # directory check covers: a trailing ':' must not stop every build
+    assert compilers.path_problem({"PATH": f".::/usr/bin:/bin:{opened}"}) is None

@@ -45,6 +45,7 @@ from flashinfer_sm120.errors import Sm120Error, ToolkitError
 from flashinfer_sm120.core.toolkit.policy import unbuildable
 from flashinfer_sm120.core.facts.workspace import tag_for
 from flashinfer_sm120.core.patch.state import STATE, Mode
+from flashinfer_sm120.safety.compilers import path_problem
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -197,6 +198,9 @@ def _nvcc_gate(wrapped, instance, args, kwargs):
         from flashinfer_sm120.core.jitenv.toolchain import refresh_max_jobs
 
         refresh_max_jobs()  # the memory left now, not at import: the model may have loaded since
+        problem = path_problem(os.environ)
+        if problem:
+            raise ToolkitError(f"flashinfer-sm120 stopped this FlashInfer JIT build before nvcc ran: {problem}")
         bad = unbuildable(current_targets(), _version())
         if bad:
             tk = STATE.resolution.choice.toolkit

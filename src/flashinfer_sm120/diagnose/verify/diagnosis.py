@@ -156,6 +156,10 @@ def _check_after(report: dict) -> Iterable[Finding]:
 
 
 def _check_sections(report: dict) -> Iterable[Finding]:
+    host = (report.get("after") or {}).get("host_program")
+    if host:
+        yield Finding(Level.PROBLEM, "untrusted-host-program", f"{host['role']} {host['program']} (found on PATH) "
+                      f"fails the trust rule: {host['why']}; every JIT build is refused", host["fix"])
     ninja = report.get("ninja") or {}
     if "error" in ninja and "candidates" in ninja:
         yield Finding(Level.PROBLEM, "no-ninja", str(ninja["error"]))

@@ -188,6 +188,10 @@ def collect(timeout: float = ALONE_TIMEOUT_S, *, say: Callable[[str], None] | No
         from flashinfer_sm120.core.jitenv import environ  # what the rest of the process and its children get
 
         report["after"]["exported"] = environ.exported()
+        from flashinfer_sm120.safety.compilers import path_problem
+
+        host = path_problem(os.environ)  # what every build would run by name, on the exported PATH
+        report["after"]["host_program"] = dataclasses.asdict(host) if host else None
     except Exception as exc:
         report["after"] = {"status": patch.status(), "error": repr(exc)}
     from flashinfer_sm120.core import autoload  # deploy: is the .pth installed for this interpreter?

@@ -1,0 +1,62 @@
+"""What every JIT build runs by name (nvcc's host compiler ``gcc``, FlashInfer's ``c++``, nvcc's ``rm``)
+is held to the trust rule where PATH finds it: FlashInfer's own JIT build, ``build`` and
+``doctor``/``doctor --smoke`` refuse before anything runs it (threat model P2)."""
+
+import json
+
+import pytest
+
+from conftest import cli, make_toolkit, needs_flashinfer, run_py
+
+pytestmark = needs_flashinfer
+
+
+@pytest.fixture
+def planted(clean_env, tmp_path):
+    """A toolkit that fits, and a ``gcc`` in a directory everyone may write, first on PATH: running it
+    leaves a mark."""
+    tk = make_toolkit(tmp_path / "cuda-13.0", "13.0.88", curand=True)
+    opened = tmp_path / "open"
+    opened.mkdir()
+    mark = tmp_path / "gcc-ran"
+    gcc = opened / "gcc"
+    gcc.write_text(f"#!/bin/sh\ntouch {mark}\nexec /usr/bin/gcc \"$@\"\n")
+    gcc.chmod(0o755)
+    opened.chmod(0o777)
+    env = dict(clean_env, CUDA_HOME=str(tk), FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0",
+               PATH=f"{opened}:{clean_env['PATH']}")
+    return env, gcc, mark
+
+
+def test_flashinfer_jit_build_is_refused_before_nvcc_runs(planted):
+    """Round 3: nvcc ran a gcc planted early on PATH as the host compiler of every build."""
+    env, gcc, mark = planted
+    code = ("import helpers.fakegpu, json, flashinfer_sm120\n"
+            "from flashinfer.jit.sampling import gen_sampling_module\n"
+            "out = {'mode': flashinfer_sm120.status()['mode']}\n"
+            "try:\n    gen_sampling_module().build_and_load()\n    out['build'] = 'ran'\n"
+            "except Exception as e:\n    out['build'] = type(e).__name__ + ': ' + str(e)\n"
+            "print('@@' + json.dumps(out))\n")
+    out, _ = run_py(code, env)
+    assert out["mode"] == "noop", out  # the CUDA_HOME fits: FlashInfer builds with it, the gate still stands
+    assert out["build"].startswith("ToolkitError: flashinfer-sm120 stopped this FlashInfer JIT build"), out
+    assert f"nvcc's host compiler {gcc}" in out["build"] and "NVCC_CCBIN" in out["build"]
+    assert not mark.exists()
+
+
+def test_build_and_doctor_refuse_it(planted):
+    env, gcc, mark = planted
+    proc = cli(["build", "--arch", "12.0", "--json", "sampling"], env)
+    assert proc.returncode != 0
+    doc = json.loads(proc.stdout)
+    assert f"nvcc's host compiler {gcc}" in json.dumps(doc), doc
+    proc = cli(["doctor", "--json", "--arch", "12.0"], env)
+    found = {f["code"]: f for f in json.loads(proc.stdout)["diagnosis"]["findings"]}
+    assert proc.returncode == 1 and "untrusted-host-program" in found, found
+    assert str(gcc) in found["untrusted-host-program"]["text"] and "NVCC_CCBIN" in found["untrusted-host-program"]["fix"]
+    proc = cli(["doctor", "--smoke", "--arch", "12.0"], env)
+    assert proc.returncode == 1 and f"nvcc's host compiler {gcc}" in proc.stdout + proc.stderr
+    assert not mark.exists()
+    # naming a trusted host compiler instead is the fix doctor gives: the finding goes
+    proc = cli(["doctor", "--json", "--arch", "12.0"], dict(env, NVCC_CCBIN="/usr/bin/g++"))
+    assert "untrusted-host-program" not in {f["code"] for f in json.loads(proc.stdout)["diagnosis"]["findings"]}
