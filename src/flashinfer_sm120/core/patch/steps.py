@@ -373,8 +373,8 @@ def _lease_workspace(ws: str) -> None:
     # FLASHINFER_WORKSPACE_BASE whose levels they made): no lease file, no workspace directory;
     # the JIT-directory warning (_warn_jit_dir) says why and the fix.  A lease file they planted
     # and held exclusively is then never waited on either.  Prune never removes an entry whose
-    # lease would lie in another uid's directory (threat-model: P3, lease.foreign_place).
-    if lease.foreign_place(ws):
+    # lease would lie in such a place (threat-model: P3, lease.place_problem).
+    if lease.place_problem(ws):
         return
     try:
         os.makedirs(os.path.dirname(ws), exist_ok=True)

@@ -80,8 +80,8 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
             owner = uid
         if owner != uid:
             e.kept = f"owned by uid {owner}, not you"
-        elif (other := lease.foreign_place(e.path)) is not None:  # threat-model: P3 -- no process leases it there
-            e.kept = f"it lies in a directory of uid {other}, where no process takes a lease on it: never removed"
+        elif (why := lease.place_problem(e.path)) is not None:  # threat-model: P3 -- no process leases it there
+            e.kept = f"no process takes a lease on it where it lies ({why}): never removed"
         elif not all(os.path.lexists(p) for p in e.remove):
             e.kept = "gone since it was listed (another prune removing it?)"
         elif not all(under(e.root, p) for p in e.remove):

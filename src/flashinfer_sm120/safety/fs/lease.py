@@ -42,7 +42,7 @@ import threading
 import time
 
 __all__ = ["WAIT_S", "lease_path", "target_of", "hold", "held", "release", "leased", "lease_state", "take_exclusive",
-           "end_exclusive", "foreign_place"]
+           "end_exclusive", "place_problem"]
 
 #: Seconds :func:`hold` waits while a prune holds the lease exclusively (it removes one directory).
 WAIT_S = 90.0
@@ -76,18 +76,18 @@ def target_of(path: str) -> str | None:
     return os.path.join(os.path.dirname(path), name[1:-len(".lease")])
 
 
-def foreign_place(target: str) -> int | None:
-    """The uid that owns the directory ``target``'s lease file lies in (or, absent, the deepest
-    existing level above it) when that is neither this process's nor root's, else ``None``: no lease
-    is taken or created there (threat-model: P4), so ``cache prune`` keeps such an entry
-    (threat-model: P3).  Creates nothing."""
-    from flashinfer_sm120.safety.formats import deepest_existing
+def place_problem(target: str) -> str | None:
+    """Why no lease on the directory ``target`` is taken or created (threat-model: P4), so ``cache
+    prune`` keeps such an entry (threat-model: P3); ``None`` when one may be.  The lease file's
+    directory (its deepest existing level) and every directory on the way must pass the rule of a
+    place we write into (:func:`flashinfer_sm120.safety.ownership.check_place`): owned by root or
+    this user, not writable by others, symlinks followed and their directories checked, so a level
+    another uid made or planted as a link (FlashInfer's import makes the missing levels of
+    ``FLASHINFER_WORKSPACE_BASE`` first, owned by this user, inside the other uid's tree) counts.
+    Creates nothing."""
+    from flashinfer_sm120.safety.ownership import check_place
 
-    try:
-        owner = os.stat(os.path.realpath(deepest_existing(os.path.dirname(lease_path(target))))).st_uid
-    except OSError:
-        return None
-    return None if owner in (0, os.geteuid()) else owner
+    return check_place(os.path.dirname(lease_path(target)), "the directory of its lease")
 
 
 def _same_file(fd: int, path: str) -> bool:

@@ -342,3 +342,42 @@ def test_no_lease_or_workspace_is_created_in_a_tree_another_uid_owns(tmp_path):
     steps._lease_workspace(str(theirs / "nvcc13.0.88-0123abcd"))
     assert sorted(os.listdir(theirs)) == before
     assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another uid")
+def test_no_lease_below_levels_flashinfer_made_inside_another_uids_tree(tmp_path):
+    """Round 3: FlashInfer's import makes the missing workspace levels first (owned by this user) inside
+    the other uid's FLASHINFER_WORKSPACE_BASE; the check looked only at that deepest level."""
+    from flashinfer_sm120.core.patch import steps
+    from flashinfer_sm120.safety.fs import lease
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chown(shared, 65534, 65534)
+    os.chmod(shared, 0o755)
+    ours = shared / ".cache" / "flashinfer" / "0.7.4" / "120f"
+    ours.mkdir(parents=True)  # as FlashInfer's import would, as this user, inside their tree
+    ws = str(ours / "nvcc13.0.88-0123abcd")
+    assert "uid 65534" in (lease.place_problem(ws) or "")
+    steps._lease_workspace(ws)
+    assert os.listdir(ours) == []
+
+
+def test_no_lease_through_a_planted_link_level(tmp_path):
+    """Round 3: a level of the workspace path that another user could plant as a link (in a directory
+    everyone may write) was followed, and the lease file created where it pointed."""
+    from flashinfer_sm120.core.patch import steps
+    from flashinfer_sm120.safety.fs import lease
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    opened = tmp_path / "open"
+    opened.mkdir()
+    opened.chmod(0o777)
+    (opened / "120f").symlink_to(elsewhere)
+    ws = str(opened / "120f" / "nvcc13.0.88-0123abcd")
+    assert "writable by other users" in (lease.place_problem(ws) or "")
+    steps._lease_workspace(ws)
+    assert os.listdir(elsewhere) == []
+    assert lease.place_problem(str(elsewhere / "nvcc13.0.88-0123abcd")) is None  # its own place is fine
