@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import errno as _errno
 
-__all__ = ["Sm120Error", "UsageError", "ToolkitError", "ViewError", "GPUQueryError", "StateFileError", "FormatError",
+__all__ = ["Sm120Error", "UsageError", "ToolkitError", "ViewError", "GPUQueryError", "PlaceError", "StateFileError", "FormatError",
            "ERRNO_MEANINGS", "errno_meaning"]
 
 
@@ -55,6 +55,11 @@ class ViewError(Sm120Error):
 
 class GPUQueryError(Sm120Error):
     """NVML was present but answered with an error (driver/library mismatch...)."""
+
+
+class PlaceError(Sm120Error):
+    """A directory we would create something in (a temporary directory) is not a place of our own:
+    another uid owns or may change a level of it.  The message names it and the fix."""
 
 
 class StateFileError(Sm120Error):

@@ -3,6 +3,7 @@ is held to the trust rule where PATH finds it: FlashInfer's own JIT build, ``bui
 ``doctor``/``doctor --smoke`` refuse before anything runs it (threat model P2)."""
 
 import json
+import os
 
 import pytest
 
@@ -60,3 +61,18 @@ def test_build_and_doctor_refuse_it(planted):
     # naming a trusted host compiler instead is the fix doctor gives: the finding goes
     proc = cli(["doctor", "--json", "--arch", "12.0"], dict(env, NVCC_CCBIN="/usr/bin/g++"))
     assert "untrusted-host-program" not in {f["code"] for f in json.loads(proc.stdout)["diagnosis"]["findings"]}
+
+
+def test_build_refuses_a_temporary_directory_another_uid_may_change(clean_env, tmp_path):
+    """Round 3: ``build`` made its jobserver FIFO in a TMPDIR everyone may write, where nvcc also
+    writes its intermediate files."""
+    tk = make_toolkit(tmp_path / "cuda-13.0", "13.0.88", curand=True)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    theirs.chmod(0o777)
+    env = dict(clean_env, CUDA_HOME=str(tk), FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0", TMPDIR=str(theirs))
+    proc = cli(["build", "--arch", "12.0", "--json", "sampling"], env)
+    assert proc.returncode != 0
+    text = json.dumps(json.loads(proc.stdout))
+    assert f"the temporary directory {theirs} (TMPDIR" in text and "Fix: set TMPDIR" in text, text
+    assert os.listdir(theirs) == []

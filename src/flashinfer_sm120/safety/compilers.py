@@ -40,7 +40,7 @@ import re
 
 from flashinfer_sm120.safety import formats
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.ownership import check_path
+from flashinfer_sm120.safety.ownership import check_path, place_reason
 from flashinfer_sm120.safety.trust import trace
 
 __all__ = ["BY_NAME", "FLAG_VARIABLES", "VARIABLES", "ByName", "PathProblem", "Verdict", "check", "path_problem", "program_of",
@@ -255,15 +255,40 @@ class PathProblem:
     role: str
     why: str
     fix: str
+    found: str = "found on PATH"
 
     def __str__(self) -> str:
-        return f"{self.role} {self.program} (found on PATH) fails the trust rule: {self.why}. Fix: {self.fix}"
+        return f"{self.role} {self.program} ({self.found}) fails the trust rule: {self.why}. Fix: {self.fix}"
+
+
+#: Where nvcc, the host compiler and Python's ``tempfile`` write intermediate files (``.ii``, ``.ptx``,
+#: ``.cubin``, assembler input) between the steps of one compile: nvcc and gcc read ``TMPDIR`` first,
+#: gcc then ``TMP`` and ``TEMP``, Python ``TMPDIR``, ``TEMP``, ``TMP``; all fall back to ``/tmp``.
+#: Another uid who can rename entries there can swap a file between two steps (threat-model: P2).
+TEMP_VARIABLES = ("TMPDIR", "TMP", "TEMP")
+
+
+def temp_problem(env) -> PathProblem | None:
+    """The first temporary directory of :data:`TEMP_VARIABLES` set in ``env`` (else ``/tmp``) that
+    is not a place of our own (:func:`~flashinfer_sm120.safety.ownership.place_reason`: a level
+    another uid owns or may write, other than a root-owned sticky directory holding it)."""
+    for var in TEMP_VARIABLES:
+        value = env.get(var) or ""
+        if not os.path.isabs(value):
+            continue  # unset or relative: nvcc and gcc then use /tmp
+        why = place_reason(os.path.join(value, "flashinfer-sm120"))  # what a compile makes in it
+        if why:
+            return PathProblem(value, "the temporary directory", why,
+                               f"set {var} to a directory of your own (mkdir -m 700 ~/tmp; {var}=~/tmp) or unset it",
+                               f"{var}, where nvcc and the host compiler write intermediate files")
+    return None
 
 
 def path_problem(env) -> PathProblem | None:
     """Why a JIT build may not run with ``env``: the first program of :data:`BY_NAME` that no variable
-    replaces and that ``PATH`` finds failing the trust rule; ``None`` when none does.  A name ``PATH``
-    does not find is the build's own error."""
+    replaces and that ``PATH`` finds failing the trust rule, else a temporary directory that is not
+    ours (:func:`temp_problem`); ``None`` when none.  A name ``PATH`` does not find is the build's
+    own error."""
     # relative entries name the module's build directory, which the JIT directory's own check covers
     path = os.pathsep.join(d for d in (env.get("PATH") or os.defpath).split(os.pathsep) if os.path.isabs(d))
     flags = " ".join(env.get(v) or "" for v in FLAG_VARIABLES[:2]).split()
@@ -275,7 +300,7 @@ def path_problem(env) -> PathProblem | None:
         if problem:
             return PathProblem(found, prog.role, problem,
                                f"take {os.path.dirname(found)} off PATH{', ' + prog.fix if prog.fix else ''}")
-    return None
+    return temp_problem(env)
 
 
 def _same_program(a: str, b: str) -> bool:

@@ -147,22 +147,15 @@ def check_path(path: str) -> str | None:
     return None
 
 
-def check_place(path: str, what: str, fix: str | None = None) -> str | None:
-    """Check a directory we write into and run builds from (FlashInfer's JIT directory, absent
-    levels included): its deepest existing level and every directory on the way must be root's
-    or yours and not writable by others; a root-owned sticky directory such as ``/tmp`` may hold
-    it (others cannot move what we create there).  Another user who can replace a level can swap
-    the ``build.ninja`` that ninja then runs, or the ``.so`` the server loads (``sudo`` keeping
-    another user's ``HOME``, a shared ``FLASHINFER_WORKSPACE_BASE``).
-
-    Returns:
-        ``None`` when trusted, else a sentence naming ``what``, the offending path and the fix.
-    """
+def place_reason(path: str) -> str | None:
+    """Why ``path`` (absent levels included) is not a place we may create in and run builds from,
+    or ``None``: its deepest existing level and every directory on the way must be root's or yours
+    and not writable by others; a root-owned sticky directory such as ``/tmp`` may hold it (others
+    cannot move what we create there).  The reason alone; :func:`check_place` makes the sentence."""
     uid = current_uid()
     here = os.path.abspath(path)
     while not os.path.lexists(here) and os.path.dirname(here) != here:
         here = os.path.dirname(here)
-    fix = fix or f"Fix: set FLASHINFER_WORKSPACE_BASE to a directory of your own (for example {os.path.expanduser('~')})"
     try:
         real = resolve(here, uid)
         st = os.stat(real)
@@ -170,7 +163,23 @@ def check_place(path: str, what: str, fix: str | None = None) -> str | None:
         if not (sticky_root and here != os.path.abspath(path)):
             file_ok(real, uid)
     except Untrusted as exc:
-        return f"{what} {formats.shown(path, 200)} is not safe to build in: {exc}. {fix}"
+        return str(exc)
     except OSError as exc:
-        return f"cannot check {what} {formats.shown(path, 200)}: {exc.strerror or exc}. {fix}"
+        return f"cannot check it: {exc.strerror or exc}"
     return None
+
+
+def check_place(path: str, what: str, fix: str | None = None) -> str | None:
+    """Check a directory we write into and run builds from (FlashInfer's JIT directory, absent
+    levels included) by :func:`place_reason`.  Another user who can replace a level can swap
+    the ``build.ninja`` that ninja then runs, or the ``.so`` the server loads (``sudo`` keeping
+    another user's ``HOME``, a shared ``FLASHINFER_WORKSPACE_BASE``).
+
+    Returns:
+        ``None`` when trusted, else a sentence naming ``what``, the offending path and the fix.
+    """
+    why = place_reason(path)
+    if why is None:
+        return None
+    fix = fix or f"Fix: set FLASHINFER_WORKSPACE_BASE to a directory of your own (for example {os.path.expanduser('~')})"
+    return f"{what} {formats.shown(path, 200)} is not safe to build in: {why}. {fix}"

@@ -37,6 +37,7 @@ import threading
 import time
 from pathlib import Path
 
+from flashinfer_sm120.errors import PlaceError
 from flashinfer_sm120.safety.proc import signals_as_exit
 from flashinfer_sm120.warmup import jobserver, progress
 from flashinfer_sm120.warmup import ninjacmd
@@ -224,7 +225,7 @@ def _run_pool(jobs: list[Job], max_jobs: int | None, stream, stats: dict | None,
             (j.mem for j, _ in todo), default=0) <= mem_budget):
         try:
             js = jobserver.Jobserver(slots_total)  # memory never binds at full parallelism: slots are the only limit
-        except OSError:
+        except (OSError, PlaceError):  # no FIFO: ninja's own -j per module
             js = None
     timeline: dict[str, tuple[float, float]] = {}  # label -> (ninja started, ninja ended)
     try:

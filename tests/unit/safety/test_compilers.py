@@ -4,8 +4,11 @@ refused; FLASHINFER_NVCC_LAUNCHER / FLASHINFER_CXX_LAUNCHER / CXX must pass the 
 
 import os
 
+import pytest
+
 
 from conftest import make_toolkit, needs_flashinfer, run_py
+from helpers.untrusted import give_away, make_unsafe
 from flashinfer_sm120.core.toolkit import discover
 from flashinfer_sm120.safety import compilers
 
@@ -164,3 +167,31 @@ def test_programs_run_by_name_are_checked_where_path_finds_them(tmp_path):
     # a relative or empty PATH entry names the module's build directory, which FlashInfer's own JIT
     # directory check covers: a trailing ':' must not stop every build
     assert compilers.path_problem({"PATH": f".::/usr/bin:/bin:{opened}"}) is None
+
+
+@pytest.mark.parametrize("var", compilers.TEMP_VARIABLES)
+@pytest.mark.parametrize("how", ["world-writable", "another user's"])
+def test_a_temporary_directory_another_uid_may_change_stops_builds(tmp_path, var, how):
+    """Round 3: a build made its jobserver FIFO, and nvcc its intermediate files, in a TMPDIR another uid could change."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    make_unsafe(theirs, how)
+    problem = compilers.path_problem({"PATH": "/usr/bin:/bin", var: str(theirs)})
+    assert problem is not None and problem.program == str(theirs), problem
+    assert var in problem.found and var in problem.fix and str(theirs) in str(problem)
+    assert ("writable by other users" if how == "world-writable" else "owned by uid 4321") in problem.why
+
+
+def test_a_temporary_directory_of_ours_or_roots_sticky_one_is_a_place_to_build(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    sticky = tmp_path / "sticky"  # like /tmp: others cannot move what we create there
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    for value in (str(mine), str(sticky), str(mine / "not-yet"), "relative/dir", ""):
+        assert compilers.path_problem({"PATH": "/usr/bin:/bin", "TMPDIR": value}) is None, value
+    if os.geteuid() != 0:  # a sticky directory another uid owns is theirs to change
+        return
+    assert compilers.temp_problem({"TMPDIR": str(sticky)}) is None
+    give_away(sticky)
+    assert compilers.temp_problem({"TMPDIR": str(sticky)}) is not None

@@ -39,8 +39,8 @@ import time
 
 from flashinfer_sm120.safety import formats
 from flashinfer_sm120.safety.fs.statefiles import compute_once, read_json, write_json_atomic
-from flashinfer_sm120.errors import FormatError, StateFileError
-from flashinfer_sm120.safety.fs.tmpdirs import private_dir
+from flashinfer_sm120.errors import FormatError, PlaceError, StateFileError
+from flashinfer_sm120.safety.fs.tmpdirs import make_private
 from flashinfer_sm120.core.toolkit.memo import fingerprint
 from flashinfer_sm120.safety.trust import check_executable
 
@@ -269,13 +269,18 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
         target: e.g. ``120f`` (the first target being built).
         nvcc_version: full version, for messages.
         static_stub: pass ``-static-global-template-stub=false`` (FlashInfer does from nvcc 12.8).
+
+    Raises:
+        PlaceError: the temporary directory is another uid's to change (nothing is compiled).
     """
     from flashinfer_sm120.safety.proc import run
 
     lver = tool_version(launcher)
     name = os.path.basename(launcher)
     t0 = time.monotonic()
-    with private_dir("flashinfer-sm120-probe-") as tmp:  # swept by the next probe if this one is killed
+    scratch = make_private("flashinfer-sm120-probe-")  # PlaceError: TMPDIR is another uid's to change
+    tmp = scratch.path
+    try:
         src, obj = os.path.join(tmp, "probe.cu"), os.path.join(tmp, "probe.cuda.o")
         with open(src, "w") as fh:
             fh.write(PROBE_SOURCE)
@@ -285,6 +290,8 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
         cmd += [_gencode(target), "-std=c++17", "-c", src, "-o", obj]
         res = run(cmd, timeout=timeout, max_output=64 << 10, env=dict(os.environ if env is None else env))
         made = os.path.isfile(obj) and os.path.getsize(obj) > 0
+    finally:
+        scratch.close()
     seconds = round(time.monotonic() - t0, 2)
     if res.ok and made:
         return Verdict(True, launcher, lver, nvcc, nvcc_version, None, seconds)
@@ -348,20 +355,25 @@ def _store(key: str, v: Verdict, path: str) -> None:
 def probe_once(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *,
                static_stub: bool = True, lock_timeout: float = PROBE_TIMEOUT_S + 30) -> Verdict:
     """The remembered verdict for (launcher, nvcc, target), else :func:`probe` run by one
-    process at a time (the others wait on a file lock, then read its answer)."""
+    process at a time (the others wait on a file lock, then read its answer).  A probe that
+    could not run (the temporary directory is another uid's to change) is a refusal, not remembered."""
     try:
-        path = _memo_path()
-    except StateFileError:
-        return probe(launcher, nvcc, home, target, nvcc_version, static_stub=static_stub)
-    key = _key(launcher, nvcc, target)
-
-    def compute() -> Verdict:
-        v = probe(launcher, nvcc, home, target, nvcc_version, static_stub=static_stub)
         try:
-            _store(key, v, path)
-        except StateFileError as exc:
-            logger.info("flashinfer-sm120: launcher probe not remembered: %s", exc)
-        return v
+            path = _memo_path()
+        except StateFileError:
+            return probe(launcher, nvcc, home, target, nvcc_version, static_stub=static_stub)
+        key = _key(launcher, nvcc, target)
 
-    return compute_once(path + ".lock", lambda: _lookup(key, path), compute, timeout=lock_timeout,
-                        what=f"probing {launcher}")
+        def compute() -> Verdict:
+            v = probe(launcher, nvcc, home, target, nvcc_version, static_stub=static_stub)
+            try:
+                _store(key, v, path)
+            except StateFileError as exc:
+                logger.info("flashinfer-sm120: launcher probe not remembered: %s", exc)
+            return v
+
+        return compute_once(path + ".lock", lambda: _lookup(key, path), compute, timeout=lock_timeout,
+                            what=f"probing {launcher}")
+    except PlaceError as exc:  # nothing compiled, nothing remembered: the next process asks again
+        return Verdict(False, launcher, tool_version(launcher), nvcc, nvcc_version,
+                       f"the probe compile was not run: {exc}", 0.0)

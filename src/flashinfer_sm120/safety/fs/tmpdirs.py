@@ -5,7 +5,7 @@ never reach: a ``cache import`` killed while unpacking left its archive's files 
 in ``$TMPDIR/fi-sm120-import-*``, a build its jobserver FIFO, each run one more.  A directory made here
 is ``flock``-ed for as long as its maker lives (the lock is the open directory, released by the kernel
 when the process dies, in any PID namespace); the next process that makes one of the same kind removes
-those whose lock it can take.  Standard library only.
+those whose lock it can take.  Nothing is made in a temporary directory another uid can change.
 """
 # threat-model: P5 (private temporary directories; only their creator's leftovers are swept)
 
@@ -19,6 +19,10 @@ import stat
 import tempfile
 import time
 from collections.abc import Iterator
+
+from flashinfer_sm120.errors import PlaceError
+from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.ownership import place_reason
 
 __all__ = ["Private", "private_dir", "make_private", "sweep"]
 
@@ -72,7 +76,16 @@ def sweep(prefix: str, parent: str | None = None) -> None:
 
 def make_private(prefix: str, parent: str | None = None) -> Private:
     """A new ``parent/prefix*`` directory (``mkdtemp``: mode 0700), locked while this process lives,
-    after sweeping what killed processes left under the same prefix."""
+    after sweeping what killed processes left under the same prefix.
+
+    Raises:
+        PlaceError: ``parent`` (by default the temporary directory) is not a place of our own.
+    """
+    parent = parent or tempfile.gettempdir()
+    why = place_reason(os.path.join(parent, prefix))  # check, then create (threat-model: P4)
+    if why:
+        raise PlaceError(f"will not make a temporary directory in {formats.shown(parent, 200)}: {why}. Fix: set "
+                         f"TMPDIR to a directory of your own (mkdir -m 700 ~/tmp; TMPDIR=~/tmp) or unset it")
     sweep(prefix, parent)
     path = tempfile.mkdtemp(prefix=prefix, dir=parent)
     fd = os.open(path, _FLAGS)

@@ -15,6 +15,8 @@ import tempfile
 
 import pytest
 
+from helpers.untrusted import make_unsafe
+from flashinfer_sm120.errors import PlaceError
 from flashinfer_sm120.safety.fs import tmpdirs
 from flashinfer_sm120.warmup import jobserver
 
@@ -65,3 +67,18 @@ def test_a_live_makers_directory_and_a_fresh_one_are_kept(tmpdir_env):
     _age(fresh)
     tmpdirs.sweep("x-")
     assert not os.path.exists(fresh) and os.path.isdir("/etc")
+
+
+@pytest.mark.parametrize("how", ["world-writable", "another user's"])
+def test_nothing_is_made_in_a_temporary_directory_another_uid_may_change(tmpdir_env, how):
+    """Round 3: a build made its jobserver FIFO in a TMPDIR another uid could change (not sticky)."""
+    theirs = tmpdir_env / "theirs"
+    theirs.mkdir()
+    os.environ["TMPDIR"] = str(theirs)
+    make_unsafe(theirs, how)
+    with pytest.raises(PlaceError) as err:
+        jobserver.Jobserver(2)
+    assert str(theirs) in str(err.value) and "Fix: set TMPDIR" in str(err.value)
+    with pytest.raises(PlaceError):
+        tmpdirs.make_private("x-")
+    assert os.listdir(theirs) == []
