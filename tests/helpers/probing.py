@@ -3,11 +3,16 @@ private mount namespaces, and a /proc scan for processes left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -86,3 +91,40 @@ def in_namespace(script: str, env: dict, timeout: float = 120) -> subprocess.Com
 
 
 PY = sys.executable
+
+
+@contextlib.contextmanager
+def reachable_dir() -> Iterator[Path]:
+    """A new directory every uid can enter (``/tmp/fi-sm120-test-*``, 0755; pytest's ``tmp_path`` lies
+    under a 0700 level), removed afterwards."""
+    d = Path(tempfile.mkdtemp(prefix="fi-sm120-test-", dir="/tmp"))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def lock_held_as(uid: int, path: Path) -> Iterator[subprocess.Popen]:
+    """``flock -x path`` held by a process of ``uid`` (the file opened read-only, as any reader can)
+    until the block ends; yields once ``/proc/locks`` shows it."""
+    need_root()
+    from flashinfer_sm120.safety.fs.locks import holders
+
+    proc = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                             "flock", "-x", "--close", str(path), "sleep", "300"], start_new_session=True)
+    try:
+        for _ in range(400):
+            if any(h.uid == uid for h in holders(path)) or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, f"flock as uid {uid} could not take {path} (exit {proc.returncode})"
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # flock and its sleep
+        proc.wait()
+        for _ in range(400):  # the sleep, not waited for here, may still be exiting
+            if not holders(path):
+                break
+            time.sleep(0.05)

@@ -12,10 +12,12 @@ import hashlib
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from pathlib import Path
 
 from flashinfer_sm120.safety import formats, oserrors
+from flashinfer_sm120.warmup import modlock
 from flashinfer_sm120.warmup.cachemeta import CacheError, Limits
 
 __all__ = ["Budget", "check_space", "copy_verified", "module_lock", "os_error", "umask"]
@@ -86,14 +88,12 @@ def _existing(p: Path) -> Path:
 
 @contextlib.contextmanager
 def module_lock(jit_dir: Path, name: str):
-    """FlashInfer's own per-module build lock (0.4 - 0.7.x ``flashinfer/jit/core.py``:
-    ``FileLock(get_tmpdir() / f"{name}.lock")``, ``get_tmpdir()`` being ``FLASHINFER_JIT_DIR/tmp``):
-    a server building this module and an importer installing it take turns.  threat-model: P5"""
-    from filelock import FileLock
-
-    tmp = Path(jit_dir) / "tmp"
-    formats.make_private_dirs(tmp)
-    with FileLock(str(tmp / f"{name}.lock"), thread_local=False):
+    """FlashInfer's own per-module build lock (:mod:`flashinfer_sm120.warmup.modlock`), its directory
+    made ``0700`` if absent: a server building this module and an importer installing it take turns;
+    a wait is told on stderr.  threat-model: P5"""
+    path = modlock.lock_path(jit_dir, name)
+    formats.make_private_dirs(path.parent)
+    with modlock.held(path, name, lambda line: print(f"flashinfer-sm120: {line}", file=sys.stderr, flush=True)):
         yield
 
 

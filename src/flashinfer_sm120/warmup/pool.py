@@ -39,7 +39,7 @@ from pathlib import Path
 
 from flashinfer_sm120.errors import PlaceError
 from flashinfer_sm120.safety.proc import signals_as_exit
-from flashinfer_sm120.warmup import jobserver, progress
+from flashinfer_sm120.warmup import jobserver, modlock, progress
 from flashinfer_sm120.warmup import ninjacmd
 from flashinfer_sm120.warmup.ninjacmd import STATUS_RE, children, command, dry_run, ninja_env, step_name
 from flashinfer_sm120.safety.formats import plural
@@ -139,16 +139,8 @@ class _Running:
 
 
 def _try_lock(job: Job):
-    """FlashInfer's per-module lock (flashinfer/jit/core.py ``JitSpecNvcc.lock_path``), or None if busy."""
-    if job.lock_path is None:
-        return _Nothing()
-    from filelock import FileLock, Timeout  # a dependency (and FlashInfer's)
-    lock = FileLock(str(job.lock_path), thread_local=False)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        return None
-    return lock
+    """FlashInfer's per-module lock (:func:`modlock.try_take`), or None if busy."""
+    return _Nothing() if job.lock_path is None else modlock.try_take(job.lock_path)
 
 
 class _Nothing:
@@ -244,6 +236,14 @@ def _run_pool(jobs: list[Job], max_jobs: int | None, stream, stats: dict | None,
                 if js is not None and not js.take(nothing_runs=not running):
                     break
                 lock = _try_lock(job)
+                if lock is None and (other := modlock.foreign_holder(job.lock_path)) is not None:
+                    pending.remove(item)  # not waited for: another uid can hold it off for ever
+                    display.total -= n
+                    results[job.label] = Result(job.label, "failed", error=modlock.refusal(job.lock_path, job.label, other))
+                    display.event(f"FAILED {job.label}: {results[job.label].error}")
+                    if js is not None:
+                        js.give()
+                    continue
                 if lock is None:
                     if js is not None:
                         js.give()

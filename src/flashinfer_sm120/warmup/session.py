@@ -228,7 +228,7 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     from flashinfer_sm120.safety.ownership import check_place
 
     problem = (jit_dir_problem(str(jit_env.FLASHINFER_JIT_DIR))
-               or check_place(str(jit_env.FLASHINFER_JIT_DIR), "FlashInfer's JIT directory")
+               or check_place(str(jit_env.FLASHINFER_JIT_DIR / "tmp"), "FlashInfer's JIT directory (its lock level)")
                or path_problem(os.environ))
     problem = problem and str(problem)
     if problem:
@@ -240,13 +240,24 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
                    chosen_toolkit())
 
 
-def write_ninjas(specs: list) -> None:
+def write_ninjas(specs: list, stream=None) -> None:
     """FlashInfer's own ``write_ninja`` for each spec, under its per-module lock (as
-    ``build_jit_specs`` does), so the file is byte for byte what the server writes."""
-    from filelock import FileLock
+    ``build_jit_specs`` does), so the file is byte for byte what the server writes; a wait for the
+    lock is told on ``stream`` (stderr).
+
+    Raises:
+        PlaceError: another uid's process holds a module's lock (:func:`modlock.take`).
+    """
+    from flashinfer_sm120.warmup import modlock
+
+    stream = stream or sys.stderr
+
+    def say(line: str) -> None:
+        stream.write(f"flashinfer-sm120: {line}\n")
+        stream.flush()
 
     for spec in specs:
-        with FileLock(str(spec.lock_path), thread_local=False):
+        with modlock.held(spec.lock_path, spec.name, say):
             spec.write_ninja()
 
 
@@ -271,7 +282,7 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     from flashinfer_sm120.core.jitenv import estimates
 
     stream = stream or sys.stderr
-    write_ninjas([s for _, s in labelled])
+    write_ninjas([s for _, s in labelled], stream)
     now_vars = buildline.snapshot(dict(os.environ), _flashinfer_version())
     before = {label: buildline.changes(rec, now_vars) for label, spec in labelled
               if (rec := buildline.recorded(spec.build_dir)) is not None}

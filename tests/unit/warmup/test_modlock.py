@@ -1,0 +1,48 @@
+"""FlashInfer's per-module lock: a wait for a process of ours is told, a holder of another uid is not
+waited for (its pid, its uid and the fix), and FlashInfer's own writers still take turns with us."""
+
+from __future__ import annotations
+
+import pytest
+from filelock import FileLock
+
+from flashinfer_sm120.errors import PlaceError
+from flashinfer_sm120.warmup import modlock
+from helpers.probing import lock_held_as, reachable_dir
+
+
+def test_a_wait_for_our_own_holder_is_told_and_ends_when_it_lets_go(tmp_path):
+    path = modlock.lock_path(tmp_path, "sampling")
+    path.parent.mkdir()
+    theirs = FileLock(str(path), thread_local=False)  # what a server building it holds
+    theirs.acquire()
+    said: list[str] = []
+
+    def say(line):
+        said.append(line)
+        if len(said) == 2:  # told at once, and again after `every`
+            theirs.release()
+
+    lock = modlock.take(path, "sampling", say, every=0.0, poll=0.01)
+    try:
+        assert len(said) == 2 and str(path) in said[0] and "waiting for another process" in said[0]
+        assert modlock.try_take(path) is None  # ours now
+    finally:
+        lock.release()
+    assert (again := modlock.try_take(path)) is not None
+    again.release()
+
+
+def test_a_lock_held_by_another_uid_is_refused_at_once():
+    """Round 3: ``build`` waited without end and without a word on a module lock another uid held."""
+    said: list[str] = []
+    with reachable_dir() as d:
+        path = modlock.lock_path(d, "sampling")
+        path.parent.mkdir(mode=0o755)
+        path.write_text("")
+        path.chmod(0o644)
+        with lock_held_as(4321, path) as proc, pytest.raises(PlaceError) as err:
+            modlock.take(path, "sampling", said.append, poll=0.01)
+    text = str(err.value)
+    assert f"pid {proc.pid}" in text and "uid 4321" in text and "FLASHINFER_WORKSPACE_BASE" in text, text
+    assert said == []
