@@ -1,7 +1,7 @@
 """Move a warmed JIT cache: write a manifest's JIT cache entries to a directory or
 archive, and install them on another machine (Docker build stages, fleets).
 
-The layout and the checks of what is read are in :mod:`.cachemeta`.
+The layout is in :mod:`.cachemeta`, the checks of what is read in :mod:`.cacheread`.
 
 A JIT cache entry is only reusable where FlashInfer would write the same
 ``build.ninja`` (ninja recompiles when a command line changes): the same FlashInfer
@@ -32,7 +32,8 @@ from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.fs.tmpdirs import private_dir
 from flashinfer_sm120.warmup import cacheinstall, ninjacmd, ninjadeps, pool
 from flashinfer_sm120.warmup.cachemeta import (FORMAT, TOP, CacheError, Limits, Meta, Module, check_listed, listed, member_rel,
-                        members, parse_meta, read_meta)
+                        parse_meta)
+from flashinfer_sm120.warmup.cacheread import members, read_meta
 from flashinfer_sm120.core.jitenv.manifest import CannotRegenerate, make_spec
 from flashinfer_sm120.warmup.session import BuildError, Session
 
