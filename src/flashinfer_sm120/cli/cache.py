@@ -74,9 +74,9 @@ def run_export(args: argparse.Namespace) -> int:
                                                    dtypes=args.dtype, kv_dtypes=args.kv_dtype, acts=args.act)
         doc["fingerprint"] = sess.fingerprint()
         stage = "export"
-        from flashinfer_sm120.warmup import cachepack
+        from flashinfer_sm120.warmup import cacheexport
 
-        names = cachepack.export(entries, sess, args.out, limits=_limits(args))
+        names = cacheexport.export(entries, sess, args.out, limits=_limits(args))
     except (Sm120Error, OSError) as exc:  # BuildError, ModuleError, FormatError...: one document each
         return _failed(args, doc, stage, exc)
     doc["modules"] = ([{"module": n, "status": "exported"} for n in names]

@@ -14,7 +14,9 @@
 - :mod:`flashinfer_sm120.safety.compilers` FlashInfer's compiler variables under the trust rule
 - :mod:`flashinfer_sm120.core.jitenv.toolchain` what FlashInfer's builds get once it is loaded (the three above)
 - :mod:`flashinfer_sm120.cli.buildopts` ``build``'s cache and memory flags; :mod:`.buildreport` doctor's "Builds"
-- :mod:`.cachepack` ``cache export`` / ``cache import``
+- :mod:`.cacheexport` ``cache export``; :mod:`.cachebuilt` its manifest entries for modules built here
+- :mod:`.cachepack` ``cache import``; :mod:`.cacheinstall` its verified install step
+- :mod:`.cachemeta` the export format and its caps; :mod:`.cacheread` reading an export (archive or directory)
 - :mod:`.ninjadeps` restamp outputs in a ninja deps log (used by cache import)
 
 Importing this package imports nothing from FlashInfer.

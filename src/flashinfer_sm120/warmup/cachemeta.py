@@ -1,6 +1,6 @@
 """The export format of a warmed JIT cache: ``meta.json`` checked field by field, the paths its
 members may have, and the caps on what an import may read and write.  Nothing here reads a file or
-writes; :mod:`.cacheread` reads an export, :mod:`.cachepack` exports and installs.
+writes; :mod:`.cacheread` reads an export, :mod:`.cacheexport` writes one, :mod:`.cachepack` installs one.
 
 Layout (directory or ``.tar``/``.tar.gz``/``.tgz``)::
 
