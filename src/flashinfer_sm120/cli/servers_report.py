@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from flashinfer_sm120.core.facts import serverprobe, servers
-from flashinfer_sm120.core.toolkit.sources import flashinfer_naive_root
+from flashinfer_sm120.core.toolkit.naive import flashinfer_naive_root
 
 __all__ = ["doctor_section", "doctor_lines"]
 

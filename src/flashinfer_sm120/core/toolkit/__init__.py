@@ -17,7 +17,9 @@ from flashinfer_sm120.errors import ToolkitError
 from flashinfer_sm120.core.toolkit.model import Choice, RejectKind, Rejection, Toolkit, VersionDisagreement
 from flashinfer_sm120.core.toolkit.policy import choose
 from flashinfer_sm120.core.toolkit.probe import FAILURE_MEMORY_S, NVCC_TIMEOUT_S, inspect
-from flashinfer_sm120.core.toolkit.sources import FIND_STEPS, SOURCES, Candidates, discover, flashinfer_naive_root, torch_cuda_version
+from flashinfer_sm120.core.toolkit.candidates import Candidates, discover
+from flashinfer_sm120.core.toolkit.naive import flashinfer_naive_root, torch_cuda_version
+from flashinfer_sm120.core.toolkit.sources import FIND_STEPS, SOURCES
 from flashinfer_sm120.safety.trust import check_executable, trace
 
 __all__ = [
