@@ -194,9 +194,9 @@ def warm(name: str, module: str) -> None:
 def fallbacks(name: str) -> None:
     """The guard's serving fallbacks are defined in the installed server's source, and (vLLM)
     every vllm/envs.py variable that turns a FlashInfer path on by default has one."""
-    from flashinfer_sm120.core.facts import servers
+    from flashinfer_sm120.core.facts import serverprobe, servers
 
-    found = [(fb.text, ok) for inst, fb, ok in servers.fallbacks() if inst.release.key == name]
+    found = [(fb.text, ok) for inst, fb, ok in serverprobe.fallbacks() if inst.release.key == name]
     ok = bool(found) and all(v is True for _, v in found)
     missing = []
     if name == "vllm":
@@ -208,7 +208,7 @@ def fallbacks(name: str) -> None:
         missing = [k for k in on if f"{k}=0" not in [t for t, _ in found]]
     print(f"{'PASS' if ok and not missing else 'FAIL'} "
           + (f"no fallback for {', '.join(missing)}; " if missing else "")
-          + servers.fallback_text([i for i in servers.installed() if i.release.key == name]))
+          + serverprobe.fallback_text([i for i in servers.installed() if i.release.key == name]))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ TOP = "flashinfer-sm120-cache"
 INSTALL = r"""
 import json, os, sys, time
 from pathlib import Path
-from flashinfer_sm120.warmup import cachemeta, cachepack, session
+from flashinfer_sm120.warmup import cachemeta, cachepack, cacheread, session
 from flashinfer.jit import env as jit_env
 src, max_total = sys.argv[1], int(sys.argv[2])
 go = sys.argv[3] if len(sys.argv) > 3 else None
@@ -37,7 +37,7 @@ cachepack._settle = lambda entry, sess: {}
 cachepack._refusal = lambda *a: None  # entries and sources: tests/integration/test_cachepack.py and safety section 4
 out = {"jit_dir": str(jit_env.FLASHINFER_JIT_DIR), "pid": os.getpid()}
 try:
-    meta = cachemeta.check_members(src)
+    meta = cacheread.check_members(src)
     fp = meta.fingerprint
     sess = session.Session(fp["flashinfer"], fp["cuda_home"], fp["cuda_version"], fp["targets"],
                            Path(fp["jit_dir"]), "")
@@ -208,7 +208,7 @@ def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
     ``cached_ops/tmp/<name>.lock`` for every module it named, up to 10,000 names of its choosing
     (threat-model: P4, check then create)."""
     from flashinfer_sm120.safety.fs.tmpdirs import private_dir
-    from flashinfer_sm120.warmup import cachemeta, cachepack, session
+    from flashinfer_sm120.warmup import cachemeta, cachepack, cacheread, session
 
     names = ["evil_a", "evil_b"]
     src = make_export(tmp_path / "exp", {f"jit/{n}/x.so": b"E" for n in names}, name="evil_a")
@@ -220,7 +220,7 @@ def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
         src = as_archive(src, tmp_path / "exp.tar.gz")
     jit, gen = tmp_path / "ws" / "cached_ops", tmp_path / "ws" / "generated"
     sess = session.Session("0.7.4", "/usr/local/cuda", "13.0", ["12.0f"], jit, "")
-    parsed = cachemeta.read_meta(str(src))
+    parsed = cacheread.read_meta(str(src))
     with private_dir("fi-sm120-test-") as tmp:
         root = cachepack._unpack(str(src), Path(tmp), parsed, cachemeta.Limits())
         report = cachepack._install_from(root, parsed, {"jit": jit, "generated": gen}, sess, False,

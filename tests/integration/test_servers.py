@@ -21,7 +21,7 @@ from conftest import make_toolkit, needs_flashinfer, run_py
 from helpers.deploy import ROOT, SRC, cli
 from helpers.servers import STANDINS, install_standins, system_bin_without, wheel_ninja
 
-from flashinfer_sm120.core.facts import servers
+from flashinfer_sm120.core.facts import serverprobe, servers
 from flashinfer_sm120.warmup import session
 
 
@@ -55,9 +55,9 @@ def test_vllm_has_flashinfer_with_the_venv_bin_off_path(server_env, real_nvcc13)
         site.addsitedir({str(site_dir)!r})
         import vllm
         from vllm.utils.flashinfer import has_flashinfer
-        from flashinfer_sm120.core.facts import servers
+        from flashinfer_sm120.core.facts import serverprobe
         ninja = shutil.which("ninja")
-        print("@@" + json.dumps(dict(has=has_flashinfer(), ours=servers.vllm_has_flashinfer(dict(os.environ)),
+        print("@@" + json.dumps(dict(has=has_flashinfer(), ours=serverprobe.vllm_has_flashinfer(dict(os.environ)),
                                      ninja=ninja and os.path.realpath(ninja), nvcc=shutil.which("nvcc"))))
     """
     off, _ = run_py(code, dict(env, FLASHINFER_SM120_DISABLE="1"))
@@ -144,17 +144,17 @@ def test_the_cache_rule_is_read_from_the_installed_sglang(tmp_path, monkeypatch)
     monkeypatch.syspath_prepend(str(site))
     importlib.invalidate_caches()
     env = {"HOME": str(tmp_path / "h"), "PATH": "/usr/bin:/bin"}
-    base, how = servers.workspace_base("sglang", env)
+    base, how = serverprobe.workspace_base("sglang", env)
     assert base == str(tmp_path / "h" / ".cache" / "sglang" / "moved") and how.startswith(f"read from {environ_py}")
-    assert servers.workspace_base("sglang", dict(env, SGLANG_CACHE_DIR="~/sg"))[0] == str(tmp_path / "h" / "sg" / "moved")
-    assert servers.workspace_base("sglang", dict(env, FLASHINFER_WORKSPACE_BASE="/srv/fi")) == (
+    assert serverprobe.workspace_base("sglang", dict(env, SGLANG_CACHE_DIR="~/sg"))[0] == str(tmp_path / "h" / "sg" / "moved")
+    assert serverprobe.workspace_base("sglang", dict(env, FLASHINFER_WORKSPACE_BASE="/srv/fi")) == (
         "/srv/fi", "FLASHINFER_WORKSPACE_BASE is set, which sglang's setdefault keeps")
-    assert servers.workspace_base("vllm", env)[0] is None
+    assert serverprobe.workspace_base("vllm", env)[0] is None
 
 
 def test_without_sglang_installed_the_rule_comes_from_the_table(tmp_path, monkeypatch):
-    monkeypatch.setattr(servers, "_package_dir", lambda key: None)
-    base, how = servers.workspace_base("sglang", {"HOME": str(tmp_path), "SGLANG_CACHE_DIR": "~/x"})
+    monkeypatch.setattr(serverprobe, "_package_dir", lambda key: None)
+    base, how = serverprobe.workspace_base("sglang", {"HOME": str(tmp_path), "SGLANG_CACHE_DIR": "~/x"})
     assert base == str(tmp_path / "x") and "sglang is not installed" in how and "third_party" not in how.split("(")[-1]
 
 
@@ -252,7 +252,7 @@ def test_a_fallback_the_installed_source_lacks_is_said(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(site))
     importlib.invalidate_caches()
     sg = [i for i in servers.installed() if i.release.key == "sglang"]
-    text = servers.fallback_text(sg)
+    text = serverprobe.fallback_text(sg)
     assert "--sampling-backend pytorch (not found in its source: check --help)" in text
     assert "--attention-backend triton" in text and "triton (not found" not in text
 
@@ -322,7 +322,7 @@ def test_the_fallbacks_are_every_flashinfer_default_of_the_stand_ins(tmp_path, m
     site = install_standins(tmp_path / "site", "vllm", "sglang")
     monkeypatch.syspath_prepend(str(site))
     importlib.invalidate_caches()
-    found = servers.fallbacks()
+    found = serverprobe.fallbacks()
     assert {(i.release.key, fb.text) for i, fb, _ in found} == {
         (r.key, fb.text) for r in servers.SERVERS for fb in r.fallbacks}
     assert [(i.release.key, fb.text) for i, fb, ok in found if ok is not True] == []

@@ -110,7 +110,7 @@ def test_item2_directory_export_with_a_symlink_is_refused(machine, tmp_path):
 
 
 def test_item2_directory_export_links_are_refused_at_every_level(tmp_path):
-    from flashinfer_sm120.warmup import cachemeta, cachepack
+    from flashinfer_sm120.warmup import cachemeta, cachepack, cacheread, session
 
     fp = {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/x", "jit_dir": "/y"}
     other = tmp_path / "elsewhere"
@@ -120,9 +120,9 @@ def test_item2_directory_export_links_are_refused_at_every_level(tmp_path):
                                {"jit": other}]):
         src = _export_dir(tmp_path / f"e{i}", fp, [{"name": "norm", "files": {"jit/norm/x": _sha(b"data")}}],
                           links)
-        meta = cachemeta.read_meta(str(src))
+        meta = cacheread.read_meta(str(src))
         root = cachepack._unpack(str(src), tmp_path, meta, cachemeta.Limits())
-        with pytest.raises(cachepack.BuildError, match="symlink"):
+        with pytest.raises(session.BuildError, match="symlink"):
             cachepack._plan(meta, root, {"jit": tmp_path / f"jit{i}", "generated": tmp_path / "gen"}, str(src))
 
 
@@ -393,7 +393,7 @@ def test_item6_deep_view_json_in_cuda_home_is_not_a_view(tmp_path, cache_dir):
 
 
 def test_item6_deep_manifest_line_and_meta_json_are_reported(tmp_path):
-    from flashinfer_sm120.warmup import cachemeta, cachepack, replay
+    from flashinfer_sm120.warmup import cacheread, replay, session
 
     m = tmp_path / "m.jsonl"
     m.write_text(DEEP + "\n")
@@ -402,8 +402,8 @@ def test_item6_deep_manifest_line_and_meta_json_are_reported(tmp_path):
     src = tmp_path / "exp"
     (src / TOP).mkdir(parents=True)
     (src / TOP / "meta.json").write_text(DEEP)
-    with pytest.raises(cachepack.BuildError, match="nested 10000 deep"):
-        cachemeta.read_meta(str(src))
+    with pytest.raises(session.BuildError, match="nested 10000 deep"):
+        cacheread.read_meta(str(src))
 
 
 # ------------------------------------------------------------------ item 7: versions parsed once, formatted from Version
@@ -497,7 +497,7 @@ FP = {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda
 @pytest.mark.parametrize("case", sorted(_meta_variants(FP)))
 @pytest.mark.parametrize("as_archive", [False, True])
 def test_item9_malformed_meta_json_is_refused_with_a_message(tmp_path, case, as_archive):
-    from flashinfer_sm120.warmup import cachemeta, cachepack
+    from flashinfer_sm120.warmup import cacheread, session
 
     meta = _meta_variants(FP)[case]
     blob = (meta if isinstance(meta, str) else json.dumps(meta)).encode()
@@ -511,8 +511,8 @@ def test_item9_malformed_meta_json_is_refused_with_a_message(tmp_path, case, as_
         src = tmp_path / "x"
         (src / TOP).mkdir(parents=True)
         (src / TOP / "meta.json").write_bytes(blob)
-    with pytest.raises(cachepack.BuildError) as exc:
-        cachemeta.check_members(str(src))
+    with pytest.raises(session.BuildError) as exc:
+        cacheread.check_members(str(src))
     assert len(str(exc.value)) < 1000 and str(src) in str(exc.value)
 
 
@@ -541,35 +541,35 @@ def _bomb(path: Path, meta_files: dict, size: int) -> None:
 
 
 def test_item9_a_gzip_bomb_is_refused_before_anything_is_written(tmp_path):
-    from flashinfer_sm120.warmup import cachemeta, cachepack
+    from flashinfer_sm120.warmup import cachemeta, cachepack, cacheread, session
 
     size = 64 << 20
     unlisted = tmp_path / "unlisted.tgz"
     _bomb(unlisted, {"jit/norm/a.so": "0" * 64}, size)
     assert unlisted.stat().st_size < 1 << 20
-    with pytest.raises(cachepack.BuildError, match="not listed in meta.json"):
-        cachemeta.check_members(str(unlisted))
+    with pytest.raises(session.BuildError, match="not listed in meta.json"):
+        cacheread.check_members(str(unlisted))
     listed = tmp_path / "listed.tgz"
     _bomb(listed, {"jit/norm/big.so": "0" * 64}, size)
     limits = cachemeta.Limits(max_total=16 << 20, max_file=16 << 20)
     into = tmp_path / "into"
     into.mkdir()
-    with pytest.raises(cachepack.BuildError, match="cap"):
-        cachemeta.check_members(str(listed), limits)
-    meta = cachemeta.read_meta(str(listed), limits)
-    with pytest.raises(cachepack.BuildError, match="cap"):
+    with pytest.raises(session.BuildError, match="cap"):
+        cacheread.check_members(str(listed), limits)
+    meta = cacheread.read_meta(str(listed), limits)
+    with pytest.raises(session.BuildError, match="cap"):
         cachepack._unpack(str(listed), into, meta, limits)
     assert not any(p.is_file() for p in into.rglob("*")), "bytes were written before the check"
 
 
 def test_item9_a_full_disk_is_a_message_not_a_traceback(tmp_path, monkeypatch):
-    from flashinfer_sm120.warmup import cachemeta, cachepack
+    from flashinfer_sm120.warmup import cachemeta, cachepack, cacheread, session
 
     listed = tmp_path / "listed.tgz"
     _bomb(listed, {"jit/norm/big.so": "0" * 64}, 1 << 20)
-    meta = cachemeta.read_meta(str(listed))
+    meta = cacheread.read_meta(str(listed))
     monkeypatch.setattr(cachepack.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1 << 30, 1 << 30, 4096))
-    with pytest.raises(cachepack.BuildError, match="free space"):
+    with pytest.raises(session.BuildError, match="free space"):
         cachepack._unpack(str(listed), tmp_path, meta, cachemeta.Limits())
 
 

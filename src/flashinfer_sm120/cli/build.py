@@ -158,13 +158,13 @@ def arch_notes(value: str | None) -> list[str]:
     ``--arch 120`` -> ``'120' read as 12.0``; bad entries are left to :func:`session.set_arch`."""
     if not value:
         return []
-    from flashinfer_sm120.core.facts import arch as _arch
+    from flashinfer_sm120.core.facts import archlist
 
     notes = []
     for entry in (e for e in re.split(r"[\s,;]+", value.strip()) if e):
         try:
-            (spec,) = _arch.parse_arch_list(entry, source="--arch")
-        except (_arch.ArchListError, ValueError):
+            (spec,) = archlist.parse_arch_list(entry, source="--arch")
+        except (archlist.ArchListError, ValueError):
             continue
         canon = f"{spec.major}.{spec.minor}{spec.suffix or ''}"
         if entry != canon:

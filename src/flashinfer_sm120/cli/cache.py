@@ -74,9 +74,9 @@ def run_export(args: argparse.Namespace) -> int:
                                                    dtypes=args.dtype, kv_dtypes=args.kv_dtype, acts=args.act)
         doc["fingerprint"] = sess.fingerprint()
         stage = "export"
-        from flashinfer_sm120.warmup import cachepack
+        from flashinfer_sm120.warmup import cacheexport
 
-        names = cachepack.export(entries, sess, args.out, limits=_limits(args))
+        names = cacheexport.export(entries, sess, args.out, limits=_limits(args))
     except (Sm120Error, OSError) as exc:  # BuildError, ModuleError, FormatError...: one document each
         return _failed(args, doc, stage, exc)
     doc["modules"] = ([{"module": n, "status": "exported"} for n in names]
@@ -113,13 +113,13 @@ def _manifest_entries(args):
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from flashinfer_sm120.warmup import cachemeta, cachepack, session
+    from flashinfer_sm120.warmup import cachepack, cacheread, session
 
     doc = _doc(src=args.src)
     limits = _limits(args)
     stage = "archive"
     try:
-        meta = cachemeta.check_members(args.src, limits)  # before anything is imported or unpacked
+        meta = cacheread.check_members(args.src, limits)  # before anything is imported or unpacked
         arch = args.arch
         if arch is None:
             arch = _archive_targets(meta)
@@ -154,7 +154,7 @@ def _archive_targets(meta) -> str | None:
             return None
     except Exception:  # no NVML, no driver: treat as no GPU
         pass
-    targets = meta.fingerprint["targets"]  # checked by cachepack.parse_meta: major.minor[a|f] each
+    targets = meta.fingerprint["targets"]  # checked by cachemeta.parse_meta: major.minor[a|f] each
     if targets:
         print(bounded(f"flashinfer-sm120: no GPU visible; using the archive's targets {' '.join(targets)}"),
               file=sys.stderr)

@@ -269,7 +269,7 @@ def _verbose(r: dict, d) -> list[str]:
         p(f"  targets: {', '.join(res['choice']['targets']) or 'none'}")
     elif r.get("guard"):
         p(f"\nFlashInfer is GUARDED (it imports; its first JIT build raises this message):\n{r.get('resolution_error')}")
-        from flashinfer_sm120.core.facts.servers import fallback_text  # after the real fix: the installed server's ways around
+        from flashinfer_sm120.core.facts.serverprobe import fallback_text  # after the real fix: the installed server's ways around
 
         if fallback_text():
             p(fallback_text())

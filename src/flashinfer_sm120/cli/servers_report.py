@@ -1,12 +1,13 @@
 """``doctor``'s servers section: per installed vLLM/SGLang, its FlashInfer check, the nvcc its
-lookup finds and the JIT directory it would use (data and lookups: :mod:`flashinfer_sm120.core.facts.servers`)."""
+lookup finds and the JIT directory it would use (data: :mod:`flashinfer_sm120.core.facts.servers`, lookups:
+:mod:`flashinfer_sm120.core.facts.serverprobe`)."""
 
 from __future__ import annotations
 
 import os
 
-from flashinfer_sm120.core.facts import servers
-from flashinfer_sm120.core.toolkit.sources import flashinfer_naive_root
+from flashinfer_sm120.core.facts import serverprobe, servers
+from flashinfer_sm120.core.toolkit.naive import flashinfer_naive_root
 
 __all__ = ["doctor_section", "doctor_lines"]
 
@@ -28,15 +29,15 @@ def doctor_section(report: dict) -> dict:
         item: dict = {"server": key, "label": inst.label(), "check": inst.release.flashinfer_check,
                       "nvcc_lookup": inst.release.nvcc_lookup}
         if inst.release.needs_nvcc_and_ninja:
-            item["without"] = servers.vllm_has_flashinfer(original)
-            item["with"] = servers.vllm_has_flashinfer(dict(os.environ)) if exported else None
+            item["without"] = serverprobe.vllm_has_flashinfer(original)
+            item["with"] = serverprobe.vllm_has_flashinfer(dict(os.environ)) if exported else None
         item["nvcc_without"] = flashinfer_naive_root(original, server=True)
         item["nvcc_with"] = flashinfer_naive_root(dict(os.environ), server=True) if exported else None
-        base, how = servers.workspace_base(key, original)
+        base, how = serverprobe.workspace_base(key, original)
         item["workspace_base"], item["workspace_how"] = base, how
         eff = base if base is not None else (original.get("FLASHINFER_WORKSPACE_BASE")
-                                             or servers.expanduser("~", original))
-        item["jit_dir"] = servers.jit_dir_for(eff, after.get("jit_dir"), this_base)
+                                             or serverprobe.expanduser("~", original))
+        item["jit_dir"] = serverprobe.jit_dir_for(eff, after.get("jit_dir"), this_base)
         out.append(item)
     return {"servers": out, "autoload": bool((report.get("autoload") or {}).get("pth")), "exported": exported,
             "applied": report.get("server_cache") or {}}

@@ -18,11 +18,9 @@ from pathlib import Path
 
 from flashinfer_sm120.safety import formats, oserrors
 from flashinfer_sm120.warmup import modlock
-from flashinfer_sm120.warmup.cachemeta import CacheError, Limits
+from flashinfer_sm120.warmup.cachemeta import FIX, CacheError, Limits
 
-__all__ = ["Budget", "check_space", "copy_verified", "module_lock", "os_error", "umask"]
-
-_FIX = "give the path `flashinfer-sm120 cache export` wrote"
+__all__ = ["Budget", "check_space", "copy_verified", "file_sha256", "module_lock", "os_error", "umask"]
 _ELSEWHERE = "set FLASHINFER_WORKSPACE_BASE to a directory on a larger disk"
 
 
@@ -57,7 +55,7 @@ def check_space(plan: list[tuple[object, dict[str, tuple[Path, Path]]]], limits:
     count = sum(len(paths) for _, paths in plan)
     if count > limits.max_members:
         raise CacheError(f"{src}: it has {count} files, more than {limits.max_members}; refusing the whole "
-                         f"export; {_FIX}", "archive", _FIX)
+                         f"export; {FIX}", "archive", FIX)
     total, need = 0, {}
     for _, paths in plan:
         for s_path, dest in paths.values():
@@ -106,7 +104,7 @@ def copy_verified(src: Path, dest: Path, sha: str, limits: Limits, budget: Budge
     fd = os.open(src, flags)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CacheError(f"{src} is not a regular file; {_FIX}", "archive", _FIX)
+            raise CacheError(f"{src} is not a regular file; {FIX}", "archive", FIX)
         os.set_blocking(fd, True)
         out, part = tempfile.mkstemp(prefix=f".{dest.name[:64]}.", suffix=".import", dir=dest.parent)
         mine = True  # this process made ``part``: it alone removes it
@@ -126,7 +124,7 @@ def copy_verified(src: Path, dest: Path, sha: str, limits: Limits, budget: Budge
                     h.update(block)
                     fo.write(block)
             if h.hexdigest() != sha:
-                raise CacheError(f"{src}: its checksum does not match meta.json; {_FIX}", "archive", _FIX)
+                raise CacheError(f"{src}: its checksum does not match meta.json; {FIX}", "archive", FIX)
             os.chmod(part, 0o644 & ~umask())  # as a plain open() would have made it
             os.replace(part, dest)
             mine = False
@@ -136,6 +134,15 @@ def copy_verified(src: Path, dest: Path, sha: str, limits: Limits, budget: Budge
                     os.unlink(part)
     finally:
         os.close(fd)
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of the file at ``path``, as meta.json records each file of an export."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def umask() -> int:

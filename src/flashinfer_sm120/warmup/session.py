@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flashinfer_sm120.core.facts import arch as _arch
+from flashinfer_sm120.core.facts import archlist
 from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.errors import Sm120Error
 from flashinfer_sm120.warmup import ninjacmd, pool
@@ -53,18 +53,18 @@ class Session:
 
 
 def set_arch(value: str | None) -> None:
-    """:func:`flashinfer_sm120.core.facts.arch.export_arch_list`, its error as :class:`BuildError` (a build cannot start).
+    """:func:`flashinfer_sm120.core.facts.archlist.export_arch_list`, its error as :class:`BuildError` (a build cannot start).
 
     :raises BuildError: the value is not an arch list (message from :mod:`flashinfer_sm120.core.facts.arch`)."""
     try:
-        _arch.export_arch_list(value)
-    except _arch.ArchListError as exc:
+        archlist.export_arch_list(value)
+    except archlist.ArchListError as exc:
         raise BuildError(str(exc)) from None
 
 
 def _server_for(for_server: str | None, entries, strict: bool) -> tuple[str | None, str]:
     """Which server's JIT directory to build into, and why (``None``: FlashInfer's own)."""
-    from flashinfer_sm120.core.facts import servers
+    from flashinfer_sm120.core.facts import serverprobe, servers
 
     if for_server is not None:
         return for_server, f"--for {for_server}"
@@ -81,7 +81,7 @@ def _server_for(for_server: str | None, entries, strict: bool) -> tuple[str | No
     if not here:
         return None, "no server is installed here"
     default = os.environ.get(_WSB) or os.path.expanduser("~")  # FlashInfer's own; empty is unset (workspace.normalize_base)
-    bases = {k: servers.workspace_base(k, dict(os.environ))[0] or default for k in here}
+    bases = {k: serverprobe.workspace_base(k, dict(os.environ))[0] or default for k in here}
     if len(set(bases.values())) == 1:
         return here[0], f"{' and '.join(here)} are installed and use the same directory"
     if strict:
@@ -115,7 +115,7 @@ def apply_server_cache(for_server: str | None = None, entries=None, *, strict: b
         BuildError: ``strict`` and two servers with different directories could apply, or the
             server's rule gives a base FlashInfer cannot use (empty or relative).
     """
-    from flashinfer_sm120.core.facts import servers
+    from flashinfer_sm120.core.facts import serverprobe, servers
 
     before = os.environ.get(_WSB)
     key, why = _server_for(for_server, entries, strict)
@@ -123,7 +123,7 @@ def apply_server_cache(for_server: str | None = None, entries=None, *, strict: b
     if key is None:
         out["how"] = "FlashInfer's own default" if before is None else f"{_WSB} is set"
         return out
-    base, how = servers.workspace_base(key, dict(os.environ))
+    base, how = serverprobe.workspace_base(key, dict(os.environ))
     out["how"] = how
     if base is None or base == before:
         return out

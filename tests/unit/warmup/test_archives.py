@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import cli
-from flashinfer_sm120.warmup import cachemeta
+from flashinfer_sm120.warmup import cachemeta, cacheread
 from flashinfer_sm120.warmup.session import BuildError
 
 TOP = cachemeta.TOP
@@ -68,7 +68,7 @@ def test_compressions_export_never_writes_are_refused_whatever_the_name(tmp_path
         src = tmp_path / name
         src.write_bytes(compress(body))
         with pytest.raises(cachemeta.CacheError) as info:
-            cachemeta.check_members(str(src))
+            cacheread.check_members(str(src))
         assert info.value.kind == "archive" and f"is {kind} data" in str(info.value)
 
 
@@ -77,14 +77,14 @@ def test_gzip_and_plain_tar_are_read_whatever_the_name(tmp_path):
     for name, data in (("a.tar.gz", body), ("b.tar", gzip.compress(body))):  # name and content disagree
         src = tmp_path / name
         src.write_bytes(data)
-        assert cachemeta.check_members(str(src)).fingerprint["flashinfer"] == "0.7.4"
+        assert cacheread.check_members(str(src)).fingerprint["flashinfer"] == "0.7.4"
 
 
 def test_meta_json_must_be_the_first_member(tmp_path):
     src = tmp_path / "x.tar"
     src.write_bytes(_tar_bytes([_file(f"{TOP}/generated/a.cu"), _file(f"{TOP}/meta.json", _meta())]))
     with pytest.raises(cachemeta.CacheError, match="first member is .*generated/a.cu'?, not .*meta.json"):
-        cachemeta.read_meta(str(src))
+        cacheread.read_meta(str(src))
 
 
 def test_decompressed_bytes_are_counted_not_declared(tmp_path, monkeypatch):
@@ -101,14 +101,14 @@ def test_decompressed_bytes_are_counted_not_declared(tmp_path, monkeypatch):
     src = tmp_path / "x.tar.gz"
     src.write_bytes(gzip.compress(_tar_bytes(members)))
     with pytest.raises(cachemeta.CacheError, match="unpacks to more than"):
-        cachemeta.check_members(str(src), limits)
+        cacheread.check_members(str(src), limits)
 
 
 def test_each_pass_has_a_time_cap(tmp_path):
     src = tmp_path / "x.tar"
     src.write_bytes(_tar_bytes([_file(f"{TOP}/meta.json", _meta())]))
     with pytest.raises(cachemeta.CacheError, match="took more than"):
-        cachemeta.check_members(str(src), cachemeta.Limits(max_seconds=-1))
+        cacheread.check_members(str(src), cachemeta.Limits(max_seconds=-1))
 
 
 def test_a_gzip_member_over_the_cap_is_refused_on_its_header(tmp_path):
@@ -124,7 +124,7 @@ def test_a_gzip_member_over_the_cap_is_refused_on_its_header(tmp_path):
     src = tmp_path / "x.tar.gz"
     src.write_bytes(buf.getvalue())
     with pytest.raises(cachemeta.CacheError, match="cap"):
-        cachemeta.check_members(str(src), cachemeta.Limits(max_total=1 << 20, max_file=1 << 30))
+        cacheread.check_members(str(src), cachemeta.Limits(max_total=1 << 20, max_file=1 << 30))
 
 
 _GOOD = _tar_bytes([_file(f"{TOP}/meta.json", _meta([{"name": "m", "files": {
@@ -149,7 +149,7 @@ def test_mutated_archives_give_only_our_error(tmp_path, flips, cut, gz):
     into.mkdir(exist_ok=True)
     limits = cachemeta.Limits(max_total=1 << 20, max_file=1 << 20, max_members=50, max_seconds=30)
     try:
-        meta = cachemeta.check_members(str(src), limits)
+        meta = cacheread.check_members(str(src), limits)
         from flashinfer_sm120.warmup import cachepack
 
         cachepack._unpack(str(src), into, meta, limits)
@@ -173,7 +173,7 @@ def test_gzip_members_that_unpack_to_nothing_are_capped_on_the_compressed_bytes(
     src = tmp_path / "x.tar.gz"
     src.write_bytes(empty * (cap // len(empty) + 1) + gzip.compress(_tar_bytes([_file(f"{TOP}/meta.json", _meta())])))
     with pytest.raises(cachemeta.CacheError, match="compressed data is more than"):
-        cachemeta.check_members(str(src), limits)
+        cacheread.check_members(str(src), limits)
 
 
 
@@ -185,7 +185,7 @@ def test_a_file_at_the_deepest_path_meta_json_lists_is_a_member_too(tmp_path):
     src = tmp_path / "x.tar"
     src.write_bytes(_tar_bytes([_file(f"{TOP}/meta.json", _meta([{"name": "m", "files": {rel: "0" * 64}}])),
                                 _file(f"{TOP}/{rel}", b"x")]))
-    meta = cachemeta.check_members(str(src))
+    meta = cacheread.check_members(str(src))
     assert [m.name for m in meta.modules] == ["m"]
 
 
@@ -198,5 +198,5 @@ def test_a_fingerprint_with_more_targets_than_a_manifest_entry_is_refused_naming
     src = tmp_path / "x.tar"
     src.write_bytes(_tar_bytes([_file(f"{TOP}/meta.json", json.dumps(obj).encode())]))
     with pytest.raises(BuildError, match="'fingerprint'.*'targets' is longer than") as exc:
-        cachemeta.check_members(str(src))
+        cacheread.check_members(str(src))
     assert "--arch" not in str(exc.value) and len(str(exc.value)) < 1000

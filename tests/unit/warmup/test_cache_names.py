@@ -12,7 +12,7 @@ import pytest
 
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import formats
-from flashinfer_sm120.warmup import cacheinstall, cachemeta, cachepack
+from flashinfer_sm120.warmup import cacheexport, cacheinstall, cachemeta
 
 # FlashInfer 0.7.4's FA2 prefill module (185 characters) and one of its objects (227), as `build` makes them.
 PREFILL = ("batch_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_head_dim_qk_128_"
@@ -46,7 +46,7 @@ def test_a_directory_export_that_fails_leaves_nothing_behind(tmp_path):
     out = tmp_path / "export"
     files = [("jit/m/good.so", good), ("jit/m/gone.so", tmp_path / "gone.so")]  # the second cannot be read
     with pytest.raises(FileNotFoundError):
-        cachepack._write_directory(str(out), b"{}", files, cacheinstall.Budget(cachemeta.Limits()))
+        cacheexport._write_directory(str(out), b"{}", files, cacheinstall.Budget(cachemeta.Limits()))
     assert sorted(os.listdir(tmp_path)) == ["good.so"]
 
 
@@ -56,7 +56,7 @@ def test_a_directory_export_is_put_in_place_whole(tmp_path):
     out = tmp_path / "export"
     out.mkdir()  # an empty directory of yours is taken
     blob = json.dumps({"format": 1}).encode()
-    cachepack._write_directory(str(out), blob, [("jit/m/good.so", good)], cacheinstall.Budget(cachemeta.Limits()))
+    cacheexport._write_directory(str(out), blob, [("jit/m/good.so", good)], cacheinstall.Budget(cachemeta.Limits()))
     top = out / cachemeta.TOP
     assert (top / "jit" / "m" / "good.so").read_bytes() == b"x" * 100 and (top / "meta.json").read_bytes() == blob
     assert sorted(os.listdir(tmp_path)) == ["export", "good.so"]

@@ -10,7 +10,7 @@ import pytest
 
 from helpers.untrusted import give_away, make_unsafe
 
-from flashinfer_sm120.warmup import cachemeta, cachepack
+from flashinfer_sm120.warmup import cacheexport, cachemeta, cachepack
 from flashinfer_sm120.warmup.session import BuildError
 
 
@@ -29,14 +29,14 @@ def test_both_export_forms_refuse_a_directory_another_user_controls(tmp_path, na
     make_unsafe(theirs, how)
     out = theirs / name
     with pytest.raises(BuildError, match="not safe to export into"):
-        cachepack.export([], _session(), str(out))
+        cacheexport.export([], _session(), str(out))
     assert not out.exists() and [p.name for p in theirs.iterdir()] == []
 
 
 def test_an_export_into_a_directory_of_your_own_is_written(tmp_path):
     out = tmp_path / "mine" / "out.tar.gz"
     out.parent.mkdir()
-    assert cachepack.export([], _session(), str(out)) == [] and out.is_file()
+    assert cacheexport.export([], _session(), str(out)) == [] and out.is_file()
 
 
 def test_an_import_never_writes_into_a_module_directory_another_user_left(tmp_path):

@@ -16,7 +16,7 @@ import tracemalloc
 
 import pytest
 
-from flashinfer_sm120.warmup import cachemeta
+from flashinfer_sm120.warmup import cachemeta, cacheread
 from flashinfer_sm120.warmup.session import BuildError
 
 TOP = cachemeta.TOP
@@ -74,7 +74,7 @@ def _write(tmp_path, body: bytes, gz: bool = True) -> str:
 
 def _refused(src: str) -> str:
     with pytest.raises(BuildError) as info:
-        cachemeta.check_members(src)
+        cacheread.check_members(src)
     msg = str(info.value)
     assert src in msg and len(msg) < 1000, msg
     return msg
@@ -126,8 +126,8 @@ def test_a_pax_header_of_digits_is_refused_without_a_quadratic_scan(tmp_path):
     """CPython before 3.11.10/3.12.6 (CVE-2024-6232) scans ``\\d+ hdrcharset=`` from every offset of
     the pax header: 1 MiB of digits took hours.  A child process, so a hang is a failure, not a hang."""
     src = _write(tmp_path, _pax(b"1" * (1 << 20)) + _member())
-    code = ("import sys\nfrom flashinfer_sm120.warmup import cachemeta\nfrom flashinfer_sm120.warmup.session "
-            "import BuildError\ntry:\n    cachemeta.check_members(sys.argv[1])\nexcept BuildError as e:\n"
+    code = ("import sys\nfrom flashinfer_sm120.warmup import cacheread\nfrom flashinfer_sm120.warmup.session "
+            "import BuildError\ntry:\n    cacheread.check_members(sys.argv[1])\nexcept BuildError as e:\n"
             "    print('REFUSED', e)\n")
     proc = subprocess.run([sys.executable, "-c", code, src], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "REFUSED" in proc.stdout, proc.stderr[-2000:]
@@ -144,7 +144,7 @@ def test_an_ordinary_archive_still_reads(tmp_path):
             info.pax_headers = {"comment": "x" * 300}
             tar.addfile(info, io.BytesIO(meta))
         src = _write(tmp_path, buf.getvalue(), gz)
-        names = [rel for _, _m, rel in cachemeta.members(src, cachemeta.Limits())]
+        names = [rel for _, _m, rel in cacheread.members(src, cachemeta.Limits())]
         assert names == ["meta.json"]
 
 
@@ -186,6 +186,6 @@ def test_mutated_headers_property(tmp_path, edits, gz):
             data[off + 148:off + 156] = b"%06o\0 " % sum(block)
     src = _write(tmp_path, bytes(data), gz)
     try:
-        cachemeta.check_members(src)
+        cacheread.check_members(src)
     except BuildError as exc:
         assert len(str(exc)) < 2000

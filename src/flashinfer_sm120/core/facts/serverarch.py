@@ -14,7 +14,8 @@ import os
 import sys
 from dataclasses import dataclass
 
-from flashinfer_sm120.core.facts.servers import _ENVIRON_TIMEOUT_S, _package_dir, newest
+from flashinfer_sm120.core.facts.serverprobe import _ENVIRON_TIMEOUT_S, _package_dir
+from flashinfer_sm120.core.facts.servers import newest
 
 __all__ = ["ArchChoice", "server_arch"]
 

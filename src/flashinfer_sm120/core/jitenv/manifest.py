@@ -109,7 +109,7 @@ def parse_entry(obj: Any, source: str) -> dict:
     pid = f(obj, "pid", int, source, default=None, fix=fix)
     if pid is not None:
         out["pid"] = pid
-    server = f(obj, "server", str, source, default=None, fix=fix)  # servers.recorded(): the process it came from
+    server = f(obj, "server", str, source, default=None, fix=fix)  # serverprobe.recorded(): the process it came from
     if server is not None:
         out["server"] = formats.parse_name(server, f"{source} 'server'", fix=fix)
     base = f(obj, "workspace_base", (str, type(None)), source, default=None, fix=fix)

@@ -113,7 +113,7 @@ def _record(spec) -> None:
 
         entry = encode(spec, str(fi_version), targets)
         entry["pid"] = os.getpid()
-        from flashinfer_sm120.core.facts.servers import recorded  # the server process and its FlashInfer workspace, for build --from
+        from flashinfer_sm120.core.facts.serverprobe import recorded  # the server process and its FlashInfer workspace, for build --from
 
         entry.update(recorded())
         parse_entry(entry, f"{ENV}={path}")  # never write a line that replay would refuse

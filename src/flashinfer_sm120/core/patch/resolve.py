@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from flashinfer_sm120.core.facts import arch as _arch
+from flashinfer_sm120.core.facts import archlist
 from flashinfer_sm120.errors import ToolkitError
 from flashinfer_sm120.core.facts.gpus import GPU, GPUQuery, query
 from flashinfer_sm120.core.facts.releases import ReleaseInfo, release_info
@@ -109,7 +109,7 @@ def _for_messages(value: str | None) -> str | None:
     return f"{value[:ARCH_LIST_SHOWN]}... ({len(value)} characters)"
 
 
-def arch_specs(value: str | None) -> tuple[list[_arch.ArchSpec] | None, str | None]:
+def arch_specs(value: str | None) -> tuple[list[archlist.ArchSpec] | None, str | None]:
     """Parse ``FLASHINFER_CUDA_ARCH_LIST`` leniently: ``(specs or None, message)``.
 
     Bad entries are dropped (the message names each one); when no entry is
@@ -117,7 +117,7 @@ def arch_specs(value: str | None) -> tuple[list[_arch.ArchSpec] | None, str | No
     """
     if value is None:
         return None, None
-    specs, errors = _arch.parse_arch_list_lenient(value)
+    specs, errors = archlist.parse_arch_list_lenient(value)
     if not errors:
         return specs, None
     if specs:

@@ -142,8 +142,8 @@ def guard_message() -> str:
     res = STATE.resolution
     text = ("flashinfer-sm120 stopped this FlashInfer JIT build before nvcc ran, because no CUDA "
             f"toolkit fits: {res.error if res is not None else STATE.error}")
-    try:  # after the real fix: the installed server's own ways around (servers.py)
-        from flashinfer_sm120.core.facts.servers import fallback_text
+    try:  # after the real fix: the installed server's own ways around (serverprobe.py)
+        from flashinfer_sm120.core.facts.serverprobe import fallback_text
 
         more = fallback_text()
     except Exception:  # pragma: no cover - never let the message itself fail

@@ -50,11 +50,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
+from flashinfer_sm120.core.facts import archlist
 from flashinfer_sm120.errors import ToolkitError
 from flashinfer_sm120.safety.envflag import env_flag
 from flashinfer_sm120.core.toolkit import fixes as _fixes
 from flashinfer_sm120.core.toolkit.model import Choice, RejectKind, Rejection, Toolkit
-from flashinfer_sm120.core.toolkit.sources import Candidates
+from flashinfer_sm120.core.toolkit.candidates import Candidates
 
 __all__ = ["choose", "unbuildable", "other_major_allowed", "ALLOW_OTHER_MAJOR_ENV"]
 
@@ -116,7 +117,7 @@ def _after(toolkits: Sequence[Toolkit], j: int, chosen: Toolkit, why) -> Rejecti
 
 def choose(
     toolkits: Sequence[Toolkit],
-    arch_specs: list[_arch.ArchSpec] | None,
+    arch_specs: list[archlist.ArchSpec] | None,
     capabilities: list[tuple[int, int]],
     torch_cuda: str | None,
     *,

@@ -1,7 +1,7 @@
 """Where CUDA toolkits are looked for, in order: :data:`FIND_STEPS`, one tuple
 of small find steps (each ``env -> candidates``), as cuda-pathfinder arranges
 its own search.  The order is the preference order of :func:`choose` among
-toolkits that pass."""
+toolkits that pass; :mod:`.candidates` runs the steps and merges what they find."""
 
 from __future__ import annotations
 
@@ -12,21 +12,19 @@ import re
 import shutil
 import site
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
 from packaging.version import Version
 
 from flashinfer_sm120.safety import formats
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.core.toolkit.model import Toolkit
-from flashinfer_sm120.core.toolkit.probe import NVCC_TIMEOUT_S, inspect, major_minor
+from flashinfer_sm120.core.toolkit.probe import major_minor
 from flashinfer_sm120.safety.trust import follow_wrappers
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["FIND_STEPS", "SOURCES", "Found", "Candidates", "discover", "flashinfer_naive_root", "pathfinder_binary",
-           "torch_cuda_version", "clean_home", "site_dirs"]
+__all__ = ["FIND_STEPS", "SOURCES", "Found", "pathfinder_binary", "clean_home", "site_dirs"]
 
 _PIP_PREFIX_RE = re.compile(r"cu1[3-9]")  # site-packages/nvidia/cu13: no pip wheel before 13 ships nvcc
 _VERSIONED_RE = re.compile(r"cuda-\d")
@@ -285,126 +283,3 @@ FIND_STEPS: tuple[tuple[str, Callable[[Mapping[str, str]], list[Found]]], ...] =
 
 #: Source labels, in the order a candidate is preferred when several pass.
 SOURCES = tuple(label for label, _ in FIND_STEPS)
-
-
-def _raw_candidates(env: Mapping[str, str]) -> list[Found]:
-    """Every step's findings in order; roots may repeat."""
-    out: list[Found] = []
-    for _label, step in FIND_STEPS:
-        out.extend(step(env))
-    return out
-
-
-class Candidates(Sequence):
-    """Toolkit candidates in preference order, inspected only when first looked at.
-
-    :func:`choose` stops at the first acceptable toolkit, so the usual start-up
-    reads the files of one or two toolkits, not every toolkit on the machine.
-    ``len()`` and iteration are cheap to ask for; items are :class:`Toolkit`.
-    """
-
-    def __init__(self, raw: list[tuple[tuple[str, ...], str, str, str | None]], timeout: float) -> None:
-        self._raw = raw  # (sources, root, given_as, known problem)
-        self._timeout = timeout
-        self._done: dict[int, Toolkit] = {}
-
-    def __len__(self) -> int:
-        return len(self._raw)
-
-    def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        if i < 0:
-            i += len(self)
-        if i not in self._done:
-            sources, root, given, problem = self._raw[i]
-            self._done[i] = (Toolkit(root=root, sources=sources, given_as=given, problem=problem) if problem
-                             else inspect(root, sources, given, timeout=self._timeout))
-        return self._done[i]
-
-    def is_read(self, i: int) -> bool:
-        """Whether candidate ``i`` has been inspected (its files read) already."""
-        return i in self._done
-
-    def peek(self, i: int) -> Toolkit:
-        """The toolkit if already inspected, else a placeholder with root and sources only."""
-        if i in self._done:
-            return self._done[i]
-        sources, root, given, _problem = self._raw[i]
-        return Toolkit(root=root, sources=sources, given_as=given)
-
-
-def discover(env: dict[str, str] | None = None, *, timeout: float = NVCC_TIMEOUT_S) -> Candidates:
-    """All candidate toolkits, in preference order, one entry per real nvcc.
-
-    Sources, in order (:data:`FIND_STEPS`): ``CUDA_HOME``, ``CUDA_PATH`` (cleaned
-    of a leading ``:`` and a trailing ``/bin``), pip wheels
-    (``site-packages/nvidia/cu13`` in every site directory; cuda-pathfinder's
-    pick first), ``nvcc`` on ``PATH`` (symlinks and wrapper scripts followed;
-    Debian's ``/usr`` layout recognised), ``/usr/local/cuda``,
-    ``/usr/local/cuda-X.Y`` (newest first), ``$CONDA_PREFIX``.
-
-    Args:
-        env: environment to read (default ``os.environ``).
-        timeout: seconds allowed per ``nvcc --version`` fallback.
-
-    Returns:
-        A lazy sequence of :class:`Toolkit`, including unusable ones (their
-        ``problem`` is set), e.g. a ``CUDA_HOME`` that does not exist.
-    """
-    env = dict(os.environ if env is None else env)
-    merged: dict[str, tuple[list[str], str, str]] = {}
-    order: list[str] = []
-    bad: list[tuple[tuple[str, ...], str, str, str | None]] = []
-    for source, root, given, problem in _raw_candidates(env):
-        if problem:
-            bad.append(((source,), root, given, problem))
-            continue
-        if not os.path.isdir(root):
-            if source in ("CUDA_HOME", "CUDA_PATH", "conda"):
-                bad.append(((source,), root, given, None))
-            continue
-        # Dedupe on the real path (cheap); wrappers are followed later by inspect().
-        key = os.path.realpath(os.path.join(root, "bin", "nvcc"))
-        if key in merged:
-            if source not in merged[key][0]:
-                merged[key][0].append(source)
-            continue
-        merged[key] = ([source], root, given)
-        order.append(key)
-    raw = bad + [(tuple(merged[k][0]), merged[k][1], merged[k][2], None) for k in order]
-    return Candidates(raw, timeout)
-
-
-def flashinfer_naive_root(env: dict[str, str] | None = None, *, server: bool = False) -> str | None:
-    """The toolkit prefix FlashInfer's own ``get_cuda_path()`` would return, or with ``server`` the
-    one vLLM (0.33 ``_flashinfer_nvcc_path``) and SGLang (0.5.23 ``cuda_home``) derive for it.
-
-    Mirrors ``flashinfer/jit/cpp_ext.py`` (0.6.7 - 0.7.4): ``CUDA_HOME`` or
-    ``CUDA_PATH`` verbatim, else ``dirname(dirname(which nvcc))`` without resolving
-    links (so a wrapper at ``/usr/local/bin/nvcc`` gives ``/usr/local``), else
-    ``/usr/local/cuda`` when it exists, else ``None``.  The servers take an empty value as
-    unset and name ``/usr/local/cuda`` whether it exists or not.
-    """
-    env = dict(os.environ if env is None else env)
-    home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
-    if home if server else home is not None:
-        return home
-    which = shutil.which("nvcc", path=env.get("PATH", os.defpath))
-    if which:
-        return os.path.dirname(os.path.dirname(which))
-    return "/usr/local/cuda" if server or os.path.exists("/usr/local/cuda") else None
-
-
-def torch_cuda_version() -> str | None:
-    """``torch.version.cuda`` (``"13.0"`` for cu130 wheels, ``None`` for CPU builds).
-
-    Imports torch if needed (FlashInfer does anyway); ``None`` if torch is absent.
-    """
-    try:
-        import torch
-    except Exception:
-        return None
-    return getattr(torch.version, "cuda", None)
-
-
