@@ -18,7 +18,7 @@ import sys
 import sysconfig
 import tempfile
 
-from flashinfer_sm120.core.autoload import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS, pth_files
+from flashinfer_sm120.core.autoload import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS, hook_source, pth_files
 from flashinfer_sm120.cli.common import err as _err
 
 __all__ = ["add_parsers", "user_site_problem", "autoload_lines"]
@@ -179,13 +179,19 @@ def _enable(args: argparse.Namespace) -> int:
         if sys.prefix != sys.base_prefix:
             who = f"every process of {py} (virtual environment {sys.prefix})"
     if os.path.isdir(target_dir):  # threat-model: P4: nothing of root's or yours is written into a tree
-        from flashinfer_sm120.safety.ownership import check_place  # another uid owns or may write
+        from flashinfer_sm120.safety.ownership import place_reason  # another uid owns or may write
 
-        problem = check_place(target_dir, "the site directory",
-                              "Fix: enable in a site directory that is root's or yours and that others cannot "
-                              "write (leave --site-dir out for this interpreter's)")
-        if problem:
-            return _err(problem.replace(" is not safe to build in", " is not safe to write into"))
+        why = place_reason(target_dir)
+        if why:
+            return _err(f"the site directory {target_dir} is not safe to write into: {why}. Fix: enable in a site "
+                        f"directory that is root's or yours and that others cannot write (leave --site-dir out "
+                        f"for this interpreter's)")
+        for name in (HOOK_FILE, PTH_NAME):  # threat-model: P5 -- a file of that name that is not ours stays
+            path = os.path.join(target_dir, name)
+            if os.path.lexists(path) and not (_is_our_hook(path) if name == HOOK_FILE else _read_text(path) is not None):
+                return _err(f"{path} exists and was not written by 'flashinfer-sm120 enable' (not our module, "
+                            f"or not a UTF-8 text file of at most {_OURS_MAX >> 10} KiB); nothing written. "
+                            f"Fix: move it away, then run 'flashinfer-sm120 enable' again")
     target = os.path.join(target_dir, PTH_NAME)
     writing = target_dir
     changed = False
@@ -220,19 +226,22 @@ def _disable(args: argparse.Namespace) -> int:
     empty = _empty_site_dir(args)
     if empty is not None:
         return empty
-    removed, failed = [], []
+    removed, failed, left = [], [], []
     for d in _targets_for_disable(args.site_dir):
         with _site_lock(d) as locked:
             if locked:
                 _sweep_tmp(d)
             # the .pth first: an interpreter starting meanwhile must not import a missing module
-            for target in [os.path.join(d, PTH_NAME), os.path.join(d, HOOK_FILE)] + _pycs(d):
+            hook = os.path.join(d, HOOK_FILE)
+            hook_ours = not os.path.lexists(hook) or _is_our_hook(hook)
+            for target in [os.path.join(d, PTH_NAME), hook] + (_pycs(d) if hook_ours else []):
                 if not os.path.lexists(target):
                     continue
                 try:
-                    kept, ours = _other_lines(target) if target.endswith(PTH_NAME) else ([], True)
-                    if kept and not ours:
-                        continue  # only lines of yours: nothing of ours to remove
+                    kept, ours = _other_lines(target) if target.endswith(PTH_NAME) else ([], target != hook or hook_ours)
+                    if not ours:  # threat-model: A2 -- only what enable wrote is removed
+                        left.append(target)
+                        continue
                     if kept:  # lines you added: keep them, drop ours
                         _write_atomic(target, "".join(kept))
                         removed.append(f"our line of {target} (kept {len(kept)} of yours)")
@@ -241,36 +250,64 @@ def _disable(args: argparse.Namespace) -> int:
                         removed.append(target)
                 except OSError as exc:
                     failed.append(f"{target}: {exc.strerror or exc}")
+            if hook_ours:
+                with contextlib.suppress(OSError):  # enable's __pycache__, when nothing else is in it
+                    os.rmdir(os.path.join(d, "__pycache__"))
     if removed:
         print("removed " + ", ".join(removed))
+    if left:
+        print("kept " + ", ".join(left) + ": not written by 'flashinfer-sm120 enable' (a file of that name "
+              "whose content is not ours); remove it yourself if you want it gone")
     if failed:
         return _err("could not remove " + "; ".join(failed) + " (run as the user who owns it)")
-    if not removed:
+    if not removed and not left:
         print("nothing to remove (no " + PTH_NAME + " in " + ", ".join(_targets_for_disable(args.site_dir)) + ")")
     return 0
+
+
+#: Bytes of a ``.pth`` or hook file read to tell whether it is ours; a larger one is not.
+_OURS_MAX = 256 << 10
+#: The first line of every hook module ``enable`` has written (``core/autoload_hook.py``, all releases).
+_HOOK_MARK = '"""Start-up hook of the flashinfer-sm120 autoload'
+
+
+def _read_text(path: str) -> str | None:
+    """The text of the regular file ``path`` (not followed through a link, never blocking on a FIFO),
+    or ``None`` when it is not one, is over :data:`_OURS_MAX` bytes or is not UTF-8."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = b""
+        while len(raw) <= _OURS_MAX and (chunk := os.read(fd, _OURS_MAX + 1 - len(raw))):
+            raw += chunk
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return raw.decode("utf-8") if len(raw) <= _OURS_MAX else None
+    except UnicodeDecodeError:
+        return None
+
+
+def _is_our_hook(path: str) -> bool:
+    """Whether ``path`` is a hook module ``enable`` wrote (this release's or an older one's)."""
+    text = _read_text(path)
+    return text is not None and (text == hook_source() or text.startswith(_HOOK_MARK))
 
 
 def _other_lines(pth: str) -> tuple[list[str], bool]:
     """``(lines of the .pth at pth that are not ours, whether one of ours is there)``: a line is ours
     when it names ``flashinfer_sm120`` (older releases wrote other lines); lines someone
     added are kept by ``disable`` and ``enable`` rather than deleted or overwritten.  A ``.pth`` that
-    is not a regular file, is over 64 KiB or is not UTF-8 text is read as ``([], True)``: ours, whole."""
-    try:
-        fd = os.open(pth, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return [], True
-    try:
-        import stat
-
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return [], True
-        raw = os.read(fd, (64 << 10) + 1)
-    finally:
-        os.close(fd)
-    try:
-        text = raw.decode("utf-8") if len(raw) <= 64 << 10 else ""
-    except UnicodeDecodeError:
-        return [], True
+    is not a regular file, is over 256 KiB or is not UTF-8 text is not ours: ``([], False)``."""
+    text = _read_text(pth)
+    if text is None:
+        return [], False
     lines = [ln if ln.endswith("\n") else ln + "\n" for ln in text.splitlines(keepends=True)]
     ours = [ln for ln in lines if "flashinfer_sm120" in ln]  # this release's line, or an older release's
     return [ln for ln in lines if ln.strip() and ln not in ours], bool(ours)

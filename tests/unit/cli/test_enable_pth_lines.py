@@ -6,6 +6,8 @@ overwrote it, losing lines a user (or another tool) had added to it.
 
 from __future__ import annotations
 
+import os
+
 from flashinfer_sm120.core import autoload
 from flashinfer_sm120.cli import main
 
@@ -27,5 +29,46 @@ def test_lines_added_to_the_pth_survive_enable_and_disable(tmp_path, capsys):
 
 def test_a_pth_of_ours_alone_is_removed(tmp_path):
     assert main(["enable", "--site-dir", str(tmp_path)]) == 0
+    assert (tmp_path / "__pycache__").is_dir()  # enable compiled the hook, as pip does
     assert main(["disable", "--site-dir", str(tmp_path)]) == 0
     assert not (tmp_path / autoload.PTH_NAME).exists()
+    assert os.listdir(tmp_path) == []  # its __pycache__ too (round 3: /etc/__pycache__ was left)
+
+
+def test_files_of_our_names_whose_content_is_not_ours_are_never_removed_or_overwritten(tmp_path, capsys):
+    """Round 3: ``disable`` removed any ``flashinfer_sm120_autoload.py`` and a .pth over 64 KiB of your own lines."""
+    hook, pth = tmp_path / autoload.HOOK_FILE, tmp_path / autoload.PTH_NAME
+    mine = "# my own module of that name\nVALUE = 1\n"
+    big = "".join(f"import os  # line {i}\n" for i in range(4000)).encode()  # 88 KiB, all lines yours
+    huge = b"#" * (300 << 10) + b"\n"  # past what is read to tell
+    blob = b"\xff\xfe not text"
+    for hook_text, pth_bytes in ((mine, None), (None, big), (None, huge), (None, blob), (mine, big)):
+        for p in (hook, pth):
+            p.unlink(missing_ok=True)
+        if hook_text is not None:
+            hook.write_text(hook_text)
+        if pth_bytes is not None:
+            pth.write_bytes(pth_bytes)
+        assert main(["disable", "--site-dir", str(tmp_path)]) == 0
+        out = capsys.readouterr().out
+        assert "kept " in out and "not written by 'flashinfer-sm120 enable'" in out, out
+        assert hook_text is None or hook.read_text() == hook_text
+        assert pth_bytes is None or pth.read_bytes() == pth_bytes
+        code = main(["enable", "--site-dir", str(tmp_path)])
+        err = capsys.readouterr().err
+        if hook_text is None and pth_bytes == big:  # your lines are kept after ours, and given back whole
+            assert code == 0 and pth.read_bytes() == autoload.PTH_LINE.encode() + big
+            assert main(["disable", "--site-dir", str(tmp_path)]) == 0 and pth.read_bytes() == big
+            capsys.readouterr()
+            continue
+        assert code != 0 and "Fix: move it away" in err, err  # nor overwritten by enable
+        assert hook_text is None or hook.read_text() == hook_text
+        assert pth_bytes is None or pth.read_bytes() == pth_bytes
+
+
+def test_a_hook_an_older_release_wrote_is_still_removed(tmp_path, capsys):
+    hook = tmp_path / autoload.HOOK_FILE
+    hook.write_text('"""Start-up hook of the flashinfer-sm120 autoload (standard library only).\n\nolder text"""\n')
+    assert main(["disable", "--site-dir", str(tmp_path)]) == 0
+    assert not hook.exists()
+    capsys.readouterr()
