@@ -80,6 +80,13 @@ def _dir_problem(path: str, what: str, explicit: bool = True) -> str | None:
     except OSError as exc:
         return _os_problem(what, path, "cannot be read", exc)
     if stat.S_ISLNK(st.st_mode):
+        if st.st_uid not in (0, uid):  # threat-model: P2 -- whoever owns the link chose where it points
+            return (f"{what}={path!r} is a symlink owned by uid {st.st_uid}, not you (uid {uid}) or root: that "
+                    f"user chose where it points; remove it, or set FLASHINFER_SM120_CACHE_DIR to a "
+                    f"directory of your own")
+        problem = _ancestors_problem(path, what)  # the directory holding the link
+        if problem is not None:
+            return problem
         real = os.path.realpath(path)
         if real == path:
             return f"{what}={path!r} is a symlink loop"

@@ -320,3 +320,38 @@ def test_a_failed_state_write_says_what_its_errno_means(tmp_path, monkeypatch, e
     msg = str(info.value)
     assert meaning in msg and fix in msg and str(tmp_path) in msg
     assert ("free space" in msg) == (err == errno.ENOSPC)
+
+
+@needs_root
+def test_a_link_another_uid_planted_as_the_root_is_not_followed(shared_tmp, monkeypatch):
+    """Round 3: uid B's symlink at uid A's per-uid fallback in /tmp, pointing at a directory of A's,
+    was followed: A's files there were overwritten."""
+    from flashinfer_sm120.safety.fs import statedir
+
+    sticky = shared_tmp / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    mine = shared_tmp / "mine"
+    mine.mkdir(mode=0o700)
+    (mine / "last-status.json").write_text("my notes")
+    link = sticky / "flashinfer-sm120-0"
+    link.symlink_to(mine)
+    os.lchown(link, NOBODY, NOBODY)
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(link))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(shared_tmp / "xdg"))
+    statedir.forget_cache_root(notes=True)
+    try:
+        root = statedir.cache_root()
+    finally:
+        statedir.forget_cache_root()
+    assert root == str(shared_tmp / "xdg" / "flashinfer-sm120")
+    note = [n for n in statedir.cache_root_notes() if str(link) in n][-1]
+    assert f"a symlink owned by uid {NOBODY}" in note, note
+    assert os.listdir(mine) == ["last-status.json"] and (mine / "last-status.json").read_text() == "my notes"
+    # the same link made by you (or root) is followed, as before
+    os.lchown(link, 0, 0)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(shared_tmp / "xdg2"))
+    try:
+        assert statedir.cache_root() == str(mine)
+    finally:
+        statedir.forget_cache_root(notes=True)
