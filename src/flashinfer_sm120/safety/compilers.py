@@ -242,8 +242,12 @@ def flags_problem(value: str, path: str | None) -> str | None:
     for p in _named_paths(words):
         if os.path.lexists(p):
             problem = check_path(p)
-            if problem:
-                return problem
+        elif (why := place_reason(p, sticky_ok=False)) is not None:  # whoever creates it first decides
+            problem = f"names {formats.shown(p, 200)}, which does not exist yet where another user may create it ({why})"
+        else:
+            problem = None
+        if problem:
+            return problem
     return None
 
 

@@ -147,11 +147,12 @@ def check_path(path: str) -> str | None:
     return None
 
 
-def place_reason(path: str) -> str | None:
+def place_reason(path: str, *, sticky_ok: bool = True) -> str | None:
     """Why ``path`` (absent levels included) is not a place we may create in and run builds from,
     or ``None``: its deepest existing level and every directory on the way must be root's or yours
     and not writable by others; a root-owned sticky directory such as ``/tmp`` may hold it (others
-    cannot move what we create there).  The reason alone; :func:`check_place` makes the sentence."""
+    cannot move what we create there) unless ``sticky_ok`` is false (a path someone else may create
+    first, such as one a flag names).  The reason alone; :func:`check_place` makes the sentence."""
     uid = current_uid()
     here = os.path.abspath(path)
     while not os.path.lexists(here) and os.path.dirname(here) != here:
@@ -160,7 +161,7 @@ def place_reason(path: str) -> str | None:
         real = resolve(here, uid)
         st = os.stat(real)
         sticky_root = stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and st.st_mode & stat.S_ISVTX
-        if not (sticky_root and here != os.path.abspath(path)):
+        if not (sticky_ok and sticky_root and here != os.path.abspath(path)):
             file_ok(real, uid)
     except Untrusted as exc:
         return str(exc)

@@ -195,3 +195,25 @@ def test_a_temporary_directory_of_ours_or_roots_sticky_one_is_a_place_to_build(t
     assert compilers.temp_problem({"TMPDIR": str(sticky)}) is None
     give_away(sticky)
     assert compilers.temp_problem({"TMPDIR": str(sticky)}) is not None
+
+
+def test_a_path_a_flag_names_that_another_user_may_create_first_is_refused(tmp_path):
+    """Round 3 (fresh attack): ``FLASHINFER_EXTRA_LDFLAGS=-Wl,-rpath=/tmp/shared-libs``, absent, passed;
+    another uid then made it and the module the server loaded ran their libcudart.so.13."""
+    tk = make_toolkit(tmp_path / "tk", "13.0.88")
+    nvcc = str(tk / "bin" / "nvcc")
+    sticky = tmp_path / "sticky"  # like /tmp
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    opened = _open_dir(tmp_path)
+    for var, value in (("FLASHINFER_EXTRA_LDFLAGS", f"-Wl,-rpath={sticky}/shared-libs"),
+                       ("FLASHINFER_EXTRA_CUDAFLAGS", f"-include {sticky}/x.h"),
+                       ("FLASHINFER_EXTRA_CFLAGS", f"-fplugin={opened}/later/p.so"),
+                       ("NVCC_APPEND_FLAGS", f"-Xcompiler=-fplugin={sticky}/p.so")):
+        (v,) = compilers.check({"PATH": "/usr/bin:/bin", var: value}, nvcc, str(tk))
+        assert not v.keep and "does not exist yet where another user may create it" in v.note, (var, v.note)
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    (v,) = compilers.check({"PATH": "/usr/bin:/bin", "FLASHINFER_EXTRA_LDFLAGS": f"-Wl,-rpath={mine}/later"},
+                           nvcc, str(tk))
+    assert v.keep, v.note  # a path only you (or root) can create is yours to name
