@@ -60,7 +60,8 @@ def test_record_then_replay_gives_identical_ninja_files(clean_env, tmp_path, rea
     assert decode["generator"] == "flashinfer.jit.attention.modules:gen_batch_decode_module"
     assert "generated" not in decode and "spec" not in decode
 
-    # entries this release cannot regenerate are named, not fatal
+    # entries this release cannot regenerate are named and the rest is built; one recorded as
+    # regenerable, and a refused line, make the build fail (never "ok" with a module missing)
     norm = next(e for e in entries if e["name"] == "norm")
     bad = [dict(norm, name="old_release_norm", flashinfer="0.6.9"),
            dict(norm, name="cute_kernel", toolchain="cute_dsl", regenerable=False,
@@ -74,8 +75,10 @@ def test_record_then_replay_gives_identical_ninja_files(clean_env, tmp_path, rea
     env2 = {k: v for k, v in clean_env.items() if k != "FLASHINFER_SM120_RECORD"}
     env2["FAKE_GPU_CAPS"] = ""  # no GPU on the builder
     proc = run_code(REPLAY, env2, 300, [str(manifest)])
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 1, proc.stderr[-4000:]
     report = json.loads(proc.stdout)
+    assert not report["ok"] and "not built: old_release_norm" in report["error"], report["error"]
+    assert "cute_kernel" not in report["error"] and "manifest line(s) refused" in report["error"]
     assert report["target_cuda_archs"] == ["sm_120f"]
     built = {m["name"]: open(m["ninja"]).read() for m in report["modules"]}
     assert built == rec["ninja"]  # byte-identical

@@ -115,8 +115,15 @@ def _build(args: argparse.Namespace) -> dict:
     cache = None if args.ninja_only else _cache_line(buildopts.cache_report(before))
     if cache:
         print(cache["line"], file=sys.stderr)
-    failed = not_generated + [r["module"] for r in results if r["status"] == "failed"]
-    error = f"{len(failed)} module(s) not built: {', '.join(failed)}" if failed else None
+    # an entry recorded as regenerable that this FlashInfer could not regenerate, or a refused line, is
+    # not built either (round 3: ok true, modules [] for such a manifest); one recorded as not
+    # regenerable (a cute_dsl module) is named in cannot_regenerate only
+    regenerable = {e.get("name") for e in entries if e.get("regenerable")}
+    failed = (not_generated + [n for n, _ in skipped if n in regenerable]
+              + [r["module"] for r in results if r["status"] == "failed"])
+    error = "; ".join(filter(None, (
+        f"{len(failed)} module(s) not built: {', '.join(failed)}" if failed else None,
+        f"{len(problems)} manifest line(s) refused (above)" if problems else None))) or None
     return buildjson.document(
         error, cuda_home=sess.cuda_home, cuda_version=sess.cuda_version, flashinfer=sess.flashinfer,
         target_cuda_archs=[_sm(t) for t in sess.targets], jit_dir=str(sess.jit_dir), server=served,

@@ -237,3 +237,15 @@ def test_an_export_module_without_a_manifest_entry_is_refused(tmp_path):
 
     why = cachepack._refusal(None, Module("m", {"generated/m/x.cu": "0" * 64}), None, tmp_path)
     assert why and "no manifest entry" in why
+
+
+@needs_flashinfer
+def test_a_manifest_whose_regenerable_entries_all_fail_is_not_ok(clean_env, tmp_path):
+    """Round 3 (fresh attack): an entry of another FlashInfer release gave ``ok: true``, ``modules: []``, exit 0."""
+    entry = {"format": 1, "name": "sampling", "flashinfer": "0.6.0", "targets": ["12.0f"], "toolchain": "nvcc",
+             "regenerable": True, "generator": "flashinfer.jit.sampling:gen_sampling_module",
+             "params": {"args": [], "kwargs": {}}}
+    proc, report = _build(clean_env, tmp_path, [entry])
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert report["ok"] is False and "not built: sampling" in report["error"] and report["modules"] == []
+    assert "0.6.0" in report["cannot_regenerate"][0]["why"]
