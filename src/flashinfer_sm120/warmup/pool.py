@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from flashinfer_sm120.errors import PlaceError
-from flashinfer_sm120.safety.proc import signals_as_exit
+from flashinfer_sm120.safety.proc import die_with_parent, signals_as_exit
 from flashinfer_sm120.warmup import jobserver, modlock, progress
 from flashinfer_sm120.warmup import ninjacmd
 from flashinfer_sm120.warmup.ninjacmd import STATUS_RE, children, command, dry_run, ninja_env, step_name
@@ -103,7 +103,8 @@ class _Running:
         self.lent = False  # jobserver mode: its token was lent to others while it links
         extra = () if slots is None else ("-j", str(slots))  # None: a jobserver client, no -j
         self.proc = subprocess.Popen(command(job, *extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env=dict(ninja_env(), **(env or {})), errors="replace")
+                                     text=True, env=dict(ninja_env(), **(env or {})), errors="replace",
+                                     preexec_fn=die_with_parent)  # no orphan ninja after a kill -9
         self.thread = threading.Thread(target=self._read, args=(events,), daemon=True)
         self.thread.start()
 

@@ -134,3 +134,60 @@ def test_the_module_with_the_most_steps_starts_first(tmp_path):
     assert "to build: 3 modules, 8 compile/link steps, -j 2: many (4), one1 (2), one2 (2)" in out.getvalue()
     first_two = (tmp_path / "order.log").read_text().splitlines()[:2]  # the two slots' first steps
     assert any("/many/" in line for line in first_two), first_two
+
+
+KILLED_POOL = """
+import sys
+from pathlib import Path
+from flashinfer_sm120.warmup import pool
+d = Path(sys.argv[1])
+pool.run_pool([pool.Job(d.name, d, d / "build.ninja", d.parent / "m.lock")], 2, sys.stdout)
+"""
+
+
+def _with_sleep(value: str) -> list[int]:
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if value.encode() in fh.read():
+                    out.append(int(pid))
+        except OSError:
+            pass
+    return out
+
+
+def test_a_killed_build_leaves_no_ninja_or_compiler_running(tmp_path):
+    """Round 3 (fresh attack): after ``kill -9`` of ``build``, its ninja and compilers ran on, orphaned,
+    and compiled the same module beside the next build."""
+    import signal
+    import sys
+
+    mark = "297.314159"  # the compile steps sleep this long: found by it in /proc
+    job = _module(tmp_path, "m", 2, sleep=mark)
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_POOL, str(job.build_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):
+            if len(_with_sleep(mark)) >= 2:
+                break
+            time.sleep(0.05)
+        assert len(_with_sleep(mark)) >= 2, "the compile steps did not start"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    for _ in range(200):  # ninja gets SIGTERM as its parent dies, and stops its compilers
+        left = [p for p in _with_sleep(mark) if not _zombie(p)]
+        if not left:
+            break
+        time.sleep(0.05)
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, "left running after kill -9 of the build"
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
