@@ -2,6 +2,7 @@
 FlashInfer import) while nothing it was made from changed; exit 1 when nothing can be built."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -166,3 +167,42 @@ def test_python_and_python3_and_python_m_share_the_record(clean_env, tmp_path):
             seen.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     assert len(seen) >= 2 and all(s == seen[0] for s in seen), [s["python"] for s in seen]
     assert os.path.realpath(sys.executable) == seen[0]["python"][0]
+
+
+@pytest.mark.parametrize("case", ["planted gcc on PATH", "workspace link of another uid", "space in the home"])
+def test_status_says_refused_when_every_build_would_be(clean_env, tmp_path, case):
+    """Round 3 (fresh attack): ``status --fresh`` said ``patched``, exit 0, while ``build`` and every JIT
+    build refused (a planted gcc on PATH, a workspace base that is another uid's link, a HOME with a space)."""
+    from helpers.probing import need_root, reachable_dir
+
+    env = dict(clean_env)
+    with reachable_dir() as shared:
+        if case == "planted gcc on PATH":
+            opened = tmp_path / "open"
+            opened.mkdir()
+            (opened / "gcc").write_text("#!/bin/sh\nexec /usr/bin/gcc \"$@\"\n")
+            (opened / "gcc").chmod(0o755)
+            opened.chmod(0o777)
+            env["PATH"] = f"{opened}:{env['PATH']}"
+            named = f"{opened}/gcc"
+        elif case == "workspace link of another uid":
+            sticky = shared / "tmp"
+            sticky.mkdir()
+            sticky.chmod(0o1777)
+            mine = tmp_path / "ws"
+            mine.mkdir()
+            link = sticky / "fi-ws"
+            link.symlink_to(mine)
+            need_root()
+            os.lchown(link, 4321, 4321)  # the link, not its target
+            env["FLASHINFER_WORKSPACE_BASE"] = named = str(link)
+        else:
+            home = tmp_path / "my home"
+            home.mkdir()
+            env["HOME"] = named = str(home)
+            env.pop("FLASHINFER_WORKSPACE_BASE", None)
+        proc, out, loaded = _status(env, "--arch", "12.0", "--fresh", "--json")
+    doc = json.loads(out)
+    assert proc.returncode == 1 and doc["mode"] == "refused" and not doc["ok"], doc
+    assert "every JIT build here would be refused" in doc["error"] and named in doc["error"], doc["error"]
+    assert loaded == "[]"  # decided before FlashInfer's import, which creates its cache

@@ -20,8 +20,9 @@ __all__ = ["add_parser", "run_status", "status_line", "exit_code", "EXIT_CODES"]
 EXIT_CODES = {
     0: "FlashInfer builds with a toolkit that fits, for at least one target (patched or noop)",
     1: "it cannot build anything: no toolkit fits (guard), patching or FlashInfer's import failed, "
-       "no targets, FlashInfer not installed, flashinfer-sm120 disabled, or FlashInfer's JIT cache in a "
-       "directory another user controls (refused)",
+       "no targets, FlashInfer not installed, flashinfer-sm120 disabled, or every JIT build would be refused: "
+       "FlashInfer's JIT cache in a directory another user controls or on a path ninja misreads, or a program "
+       "every build runs, or the temporary directory, failing the trust rule (refused)",
     2: "bad usage (an unknown option, a bad --arch)",
 }
 _OK = ("patched", "noop")
@@ -67,6 +68,12 @@ def run_status(args: argparse.Namespace) -> int:
         return _say(args, {"mode": "refused", "toolkit": None, "targets": [], "error": "FlashInfer was not "
                            "imported: " + foreign_tree_message("FlashInfer's JIT cache", foreign,
                                                                "FLASHINFER_WORKSPACE_BASE")}, "check")
+    from flashinfer_sm120.core.facts.workspace import builds_refused, workspace_path
+
+    refused = builds_refused(workspace_path()[0])  # what build and every JIT build would refuse by
+    if refused is not None:
+        return _say(args, {"mode": "refused", "toolkit": None, "targets": [], "error": "FlashInfer was not "
+                           f"imported: every JIT build here would be refused: {refused}"}, "check")
     if not args.fresh:
         from flashinfer_sm120.core.patch.laststatus import load
 

@@ -81,10 +81,16 @@ def dir_ok(directory: str, entry: str | None, uid: int) -> None:
             raise Untrusted(
                 f"{entry} is owned by uid {owner} in {directory}, a directory everyone can write "
                 f"(mode {stat.filemode(st.st_mode)}); only entries of root or you are trusted there: "
-                f"move the toolkit out of {directory}")
-        raise Untrusted(
-            f"{directory} is writable by other users (mode {stat.filemode(st.st_mode)}); "
-            f"run 'chmod go-w {directory}' or use a path outside it")
+                f"use a path outside {directory}, or one of your own in it")
+        raise Untrusted(f"{directory} is writable by other users (mode {stat.filemode(st.st_mode)}); {_open_fix(directory, st)}")
+
+
+def _open_fix(path: str, st: os.stat_result) -> str:
+    """The fix for a directory others may write: a shared sticky one such as ``/tmp`` is meant to be
+    (never 'chmod' it); any other can be closed."""
+    if st.st_mode & stat.S_ISVTX:
+        return "it is a shared directory where anyone may create entries: use a directory of your own instead"
+    return f"run 'chmod go-w {path}' or use a path outside it"
 
 
 def resolve(path: str, uid: int) -> str:
@@ -124,8 +130,7 @@ def file_ok(real: str, uid: int) -> os.stat_result:
     if st.st_uid not in (0, uid):
         raise Untrusted(f"{real} is owned by uid {st.st_uid}, not root or you (uid {uid})")
     if writable_by_others(st):
-        raise Untrusted(f"{real} is writable by other users (mode {stat.filemode(st.st_mode)}); "
-                         f"run 'chmod go-w {real}'")
+        raise Untrusted(f"{real} is writable by other users (mode {stat.filemode(st.st_mode)}); {_open_fix(real, st)}")
     return st
 
 

@@ -222,15 +222,9 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     from flashinfer.jit import core
 
     targets = sorted(f"{a}.{b}" for a, b in core.current_compilation_context.TARGET_CUDA_ARCHS)
-    from flashinfer_sm120.safety.fs.pathpolicy import jit_dir_problem
+    from flashinfer_sm120.core.facts.workspace import builds_refused
 
-    from flashinfer_sm120.safety.compilers import path_problem
-    from flashinfer_sm120.safety.ownership import check_place
-
-    problem = (jit_dir_problem(str(jit_env.FLASHINFER_JIT_DIR))
-               or check_place(str(jit_env.FLASHINFER_JIT_DIR / "tmp"), "FlashInfer's JIT directory (its lock level)")
-               or path_problem(os.environ))
-    problem = problem and str(problem)
+    problem = builds_refused(str(jit_env.FLASHINFER_JIT_DIR))
     if problem:
         raise BuildError(problem)
     from flashinfer_sm120.core.patch import chosen_toolkit, summary, targets_origin

@@ -104,7 +104,7 @@ def test_sticky_dir_trusts_only_root_owned_entries(tmp_path):
     assert trace(str(mine / "bin" / "nvcc")).problem is None  # root-owned entry in a root sticky dir
     os.chown(sticky / "cuda", OTHER_UID, OTHER_UID)
     tr = trace(str(mine / "bin" / "nvcc"))
-    assert tr.problem and f"owned by uid {OTHER_UID}" in tr.problem and "move the toolkit" in tr.problem
+    assert tr.problem and f"owned by uid {OTHER_UID}" in tr.problem and "use a path outside" in tr.problem
 
 
 @pytest.fixture
@@ -241,3 +241,19 @@ def test_private_group_needs_a_named_single_user_group(monkeypatch):
         assert ownership._private_gid_of(1000) == want
     assert ownership._private_gid_of(0) is None  # never for root
     ownership._private_gid_of.cache_clear()
+
+
+def test_a_shared_sticky_directory_is_never_told_to_chmod(tmp_path):
+    """Round 3 (fresh attack): a record file in /tmp was refused with "run 'chmod go-w /tmp'"."""
+    from flashinfer_sm120.safety.ownership import check_path, check_place
+
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    opened = tmp_path / "open"
+    opened.mkdir()
+    opened.chmod(0o777)
+    for problem in (check_place(str(sticky), "the record file's directory"), check_path(str(sticky))):
+        assert problem and "chmod" not in problem and "a directory of your own" in problem, problem
+    problem = check_path(str(opened))
+    assert problem and f"chmod go-w {opened}" in problem, problem

@@ -128,3 +128,19 @@ def tag_for(tk) -> str:
     (:func:`flashinfer_sm120.core.patch.steps.workspace_tag`), ``cache prune`` checks old ones."""
     key = "\0".join((os.path.realpath(tk.nvcc), str(tk.nvcc_full), str(tk.header_version)))
     return f"nvcc{tk.nvcc_full or tk.nvcc_version}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+
+
+def builds_refused(jit_dir: str, env=None) -> str | None:
+    """Why every FlashInfer JIT build with the JIT directory ``jit_dir`` would be refused before nvcc
+    runs, else ``None``: its path breaks the path rule, a level of it (its lock level ``tmp``
+    included) is another uid's to change, or a program every build runs by name, or the temporary
+    directory, fails the trust rule.  The one list ``build`` refuses by and ``status`` reports
+    (threat-model: P2, P8).  Creates nothing."""
+    from flashinfer_sm120.safety.compilers import path_problem
+    from flashinfer_sm120.safety.fs.pathpolicy import jit_dir_problem
+    from flashinfer_sm120.safety.ownership import check_place
+
+    problem = (jit_dir_problem(jit_dir)
+               or check_place(os.path.join(jit_dir, "tmp"), "FlashInfer's JIT directory")
+               or path_problem(os.environ if env is None else env))
+    return str(problem) if problem else None
