@@ -69,8 +69,24 @@ class StateFileError(Sm120Error):
 class FormatError(Sm120Error, ValueError):
     """Something read from outside (a file, a variable, a command's output, a CLI
     value) does not have the expected form; the message names the file or
-    variable, shows the offending value cut short, and says the fix.  Raised
-    only by :mod:`flashinfer_sm120.safety.formats`."""
+    variable, shows the offending value cut short, and says the fix.
+
+    Attributes (so that no caller cuts the message apart):
+        source: what was read (``"FLASHINFER_CUDA_ARCH_LIST"``, a file and line), or ``""``.
+        problem: what is wrong with it, without the source and the fix (the message when not given).
+        fix: the fix alone, or ``""``.
+    """
+
+    def __init__(self, message: str = "", *, source: str = "", problem: str = "", fix: str = "") -> None:
+        super().__init__(message)
+        self.source, self.problem, self.fix = source, problem or message, fix
+
+    def __reduce__(self):  # keep the fields across pickling (multiprocessing workers)
+        return (_format_error, (str(self), self.source, self.problem, self.fix))
+
+
+def _format_error(message: str, source: str, problem: str, fix: str) -> FormatError:
+    return FormatError(message, source=source, problem=problem, fix=fix)
 
 
 #: What an ``errno`` means, in words a user can act on (data only: the caller adds the value and

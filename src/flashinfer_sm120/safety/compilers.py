@@ -146,7 +146,7 @@ def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str
     try:
         words = formats.parse_command_words(value, "the value")
     except FormatError as exc:
-        return None, [], str(exc).replace("the value: ", "", 1)
+        return None, [], _what_is_wrong(exc)
     if "=" in words[0] and not words[0].startswith("/"):
         return None, [], "starts with a variable assignment, so what it runs cannot be checked"
     programs: list[str] = []
@@ -181,9 +181,14 @@ def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str
             try:  # (-B/dir, -wrapper, -fplugin=, -specs=, -Wl,... made g++ run or load another user's code)
                 _, dirs = formats.parse_compile_flag(" ".join(opts), "the value")
             except FormatError as exc:
-                return None, [], str(exc).replace("the value: ", "", 1)
+                return None, [], _what_is_wrong(exc)
             others += dirs
     return programs[0], programs[1:] + others, None
+
+
+def _what_is_wrong(exc: FormatError) -> str:
+    """A refusal of the value's words, without the source the parser was told (the caller names the variable)."""
+    return f"{exc.problem}; {exc.fix}" if exc.fix else exc.problem
 
 
 def trust_problem(value: str, path: str | None) -> str | None:
@@ -238,7 +243,7 @@ def flags_problem(value: str, path: str | None) -> str | None:
         prog, problem = _ccbin_program(cc, path)
         problem = problem or trace(prog).problem
         if problem:
-            return f"its -ccbin {formats.shown(cc, 60)} {problem}" if problem.startswith("names ") else problem
+            return f"its -ccbin {formats.shown(cc, 60)}: {problem}"
     for p in _named_paths(words):
         if os.path.lexists(p):
             problem = check_path(p)

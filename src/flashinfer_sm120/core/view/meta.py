@@ -112,7 +112,7 @@ class ViewMeta:
             if got["nvcc_full"] is not None:
                 got["nvcc_full"] = str(parse_version(got["nvcc_full"], source))
         except FormatError as exc:
-            return None, str(exc)
+            return None, exc.problem
         return cls(got["layout"], got["toolkit"], got["nvcc"], got["nvcc_full"], tuple(fp),
                    got["curand_include"], tuple(added), got["stub_sha256"], got["owner_uid"]), None
 
@@ -201,7 +201,7 @@ def check_view(path: str, toolkit: Toolkit, curand_inc: str | None) -> tuple[Cud
         return None, problem or f"{meta_path} is missing"
     meta, problem = ViewMeta.from_json(data, meta_path)
     if meta is None:
-        return None, problem if problem.startswith(meta_path) else f"{meta_path} {problem}"
+        return None, f"{meta_path} {problem}"
     want = {"layout": VIEW_LAYOUT, "toolkit": toolkit.root, "nvcc": toolkit.nvcc,
             "nvcc_fingerprint": fingerprint(toolkit.nvcc), "curand_include": curand_inc, "owner_uid": uid}
     for key, value in want.items():

@@ -90,7 +90,8 @@ def bounded(message: str, *, max_word: int = MAX_WORD, max_len: int = MAX_MESSAG
 
 
 def _fail(source: str, problem: str, fix: str) -> FormatError:
-    return FormatError(f"{source}: {problem}; {fix}" if fix else f"{source}: {problem}")
+    return FormatError(f"{source}: {problem}; {fix}" if fix else f"{source}: {problem}", source=source,
+                       problem=problem, fix=fix)
 
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
