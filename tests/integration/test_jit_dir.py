@@ -46,3 +46,31 @@ def test_a_jit_directory_of_your_own_is_used(clean_env, tmp_path):
     proc = _build(env)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert list((tmp_path / "mine").rglob("build.ninja"))
+
+
+LOAD = """
+import json, helpers.fakegpu, flashinfer_sm120
+from flashinfer.jit.sampling import gen_sampling_module
+try:
+    gen_sampling_module().build_and_load()
+    print("@@" + json.dumps("loaded"))
+except Exception as e:
+    print("@@" + json.dumps(type(e).__name__ + ": " + str(e)))
+"""
+
+
+def test_a_module_in_a_jit_directory_others_can_change_is_neither_built_nor_loaded(clean_env, tmp_path):
+    """Round 3 (second fresh attack): with FLASHINFER_WORKSPACE_BASE in a tree another uid made (mode 777),
+    the import only warned: FlashInfer found the .so they planted up to date and loaded it."""
+    from conftest import make_toolkit, run_py
+
+    tk = make_toolkit(tmp_path / "cuda-13.0", "13.0.88", curand=True)
+    base = tmp_path / "base"
+    base.mkdir()
+    make_unsafe(base, "world-writable")
+    env = dict(clean_env, CUDA_HOME=str(tk), FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0",
+               FLASHINFER_WORKSPACE_BASE=str(base))
+    out, proc = run_py(LOAD, env)
+    assert out.startswith("ToolkitError: flashinfer-sm120 stopped this FlashInfer JIT build before nvcc ran"), out
+    assert str(base) in out and "not safe to build in" in out, out
+    assert not list(base.rglob("*.so")) and not list(base.rglob("build.ninja"))

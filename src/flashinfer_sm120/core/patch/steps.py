@@ -43,9 +43,8 @@ from packaging.version import Version
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.errors import Sm120Error, ToolkitError
 from flashinfer_sm120.core.toolkit.policy import unbuildable
-from flashinfer_sm120.core.facts.workspace import tag_for
+from flashinfer_sm120.core.facts.workspace import builds_refused, tag_for
 from flashinfer_sm120.core.patch.state import STATE, Mode
-from flashinfer_sm120.safety.compilers import path_problem
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -198,7 +197,11 @@ def _nvcc_gate(wrapped, instance, args, kwargs):
         from flashinfer_sm120.core.jitenv.toolchain import refresh_max_jobs
 
         refresh_max_jobs()  # the memory left now, not at import: the model may have loaded since
-        problem = path_problem(os.environ)
+        from flashinfer.jit import env as jit_env
+
+        # the one list build and status refuse by: a JIT directory another uid can change (whose .so
+        # FlashInfer would load after this "build" found it up to date), a program run by name, TMPDIR
+        problem = builds_refused(str(jit_env.FLASHINFER_JIT_DIR))
         if problem:
             raise ToolkitError(f"flashinfer-sm120 stopped this FlashInfer JIT build before nvcc ran: {problem}")
         bad = unbuildable(current_targets(), _version())

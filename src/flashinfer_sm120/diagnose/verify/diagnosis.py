@@ -160,6 +160,8 @@ def _check_sections(report: dict) -> Iterable[Finding]:
     if host:
         yield Finding(Level.PROBLEM, "untrusted-host-program", f"{host['role']} {host['program']} (found on PATH) "
                       f"fails the trust rule: {host['why']}; every JIT build is refused", host["fix"])
+    elif refused := (report.get("after") or {}).get("builds_refused"):  # the JIT directory, TMPDIR
+        yield Finding(Level.PROBLEM, "builds-refused", f"every JIT build is refused before nvcc runs: {refused}")
     ninja = report.get("ninja") or {}
     if "error" in ninja and "candidates" in ninja:
         yield Finding(Level.PROBLEM, "no-ninja", str(ninja["error"]))

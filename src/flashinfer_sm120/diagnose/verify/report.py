@@ -192,6 +192,9 @@ def collect(timeout: float = ALONE_TIMEOUT_S, *, say: Callable[[str], None] | No
 
         host = path_problem(os.environ)  # what every build would run by name, on the exported PATH
         report["after"]["host_program"] = dataclasses.asdict(host) if host else None
+        from flashinfer_sm120.core.facts.workspace import builds_refused
+
+        report["after"]["builds_refused"] = builds_refused(str(jit_env.FLASHINFER_JIT_DIR))  # the gate's list
     except Exception as exc:
         report["after"] = {"status": patch.status(), "error": repr(exc)}
     from flashinfer_sm120.core import autoload  # deploy: is the .pth installed for this interpreter?
