@@ -43,48 +43,25 @@ from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.ownership import check_path, place_reason
 from flashinfer_sm120.safety.trust import trace
 
-__all__ = ["BY_NAME", "FLAG_VARIABLES", "VARIABLES", "ByName", "PathProblem", "Verdict", "check", "path_problem", "program_of",
-           "trust_problem"]
+__all__ = ["DIR_VARIABLES", "FLAG_VARIABLES", "VARIABLES", "dirs_problem", "Verdict", "check", "program_of",
+           "trust_problem", "flags_problem", "ccbin_values", "which"]
 
 #: Variables whose words are options for nvcc or the host compiler: nvcc reads the first two itself,
 #: FlashInfer appends the others to its compile and link lines.
 FLAG_VARIABLES = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "FLASHINFER_EXTRA_CFLAGS",
                   "FLASHINFER_EXTRA_CUDAFLAGS", "FLASHINFER_EXTRA_LDFLAGS")
 
+#: gcc's own variables that choose where it finds programs (``cc1plus``, ``as``, ``ld``), libraries and
+#: headers (gcc 12 manual, "Environment Variables"): directory lists, ``GCC_EXEC_PREFIX`` a prefix.
+DIR_VARIABLES = ("GCC_EXEC_PREFIX", "COMPILER_PATH", "LIBRARY_PATH", "CPATH", "C_INCLUDE_PATH",
+                 "CPLUS_INCLUDE_PATH")
+
 #: The variables that choose what a JIT build runs, in the order they are checked.
 VARIABLES = ("FLASHINFER_NVCC", "FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_CXX_LAUNCHER", "CXX", "CC", "NVCC_CCBIN",
-             *FLAG_VARIABLES)
+             *FLAG_VARIABLES, *DIR_VARIABLES)
 
 #: nvcc's option that names the host compiler (a program, or a directory holding ``gcc``).
 _CCBIN = ("-ccbin", "--compiler-bindir")
-
-
-@dataclasses.dataclass(frozen=True)
-class ByName:
-    """A program a JIT build runs by bare name, found on ``PATH``.
-
-    Attributes:
-        name: the name looked up.
-        role: what runs it, for messages.
-        unless: variables that, when set, make the build run another program instead
-            (``"-ccbin"``: a ``-ccbin`` in one of :data:`FLAG_VARIABLES`).
-        fix: how to point the build elsewhere.
-    """
-
-    name: str
-    role: str
-    unless: tuple[str, ...]
-    fix: str
-
-
-#: What every JIT build runs by bare name (nvcc 13.0 ``--dryrun``; FlashInfer 0.7.4 ``cpp_ext.py``).
-BY_NAME: tuple[ByName, ...] = (
-    ByName("gcc", "nvcc's host compiler", ("CC", "NVCC_CCBIN", "-ccbin"),
-           "or set NVCC_CCBIN to a trusted host compiler (e.g. NVCC_CCBIN=/usr/bin/g++)"),
-    ByName("c++", "FlashInfer's C++ compiler and linker (CXX unset)", ("CXX",),
-           "or set CXX to a trusted compiler (e.g. CXX=/usr/bin/c++)"),
-    ByName("rm", "nvcc's clean-up of its temporary files", (), ""),
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +81,7 @@ class Verdict:
     note: str
 
 
-def _which(name: str, path: str | None) -> tuple[str | None, str | None]:
+def which(name: str, path: str | None) -> tuple[str | None, str | None]:
     """``(program, problem)``: ``name`` as ``/bin/sh`` finds it on ``path`` from ninja's working
     directory (a module's build directory), absolute directories only."""
     relative = None
@@ -128,7 +105,7 @@ def _program(word: str, path: str | None) -> tuple[str | None, str | None]:
     if "/" in word:
         return None, (f"names {formats.shown(word, 60)}, a relative path: ninja runs it from each module's "
                       f"build directory, not from here")
-    return _which(word, path)
+    return which(word, path)
 
 
 def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str | None]:
@@ -211,7 +188,7 @@ def _ccbin_program(value: str, path: str | None) -> tuple[str | None, str | None
     return _program(value, path)
 
 
-def _ccbin_values(words: list[str]) -> list[str]:
+def ccbin_values(words: list[str]) -> list[str]:
     out = []
     for i, w in enumerate(words):
         for opt in _CCBIN:
@@ -223,23 +200,41 @@ def _ccbin_values(words: list[str]) -> list[str]:
 
 
 def _named_paths(words: list[str]) -> list[str]:
-    """Absolute paths the option words name: ``/x``, ``-B/x``, ``-I/x``, ``-x=/y``, ``-Wl,/z``."""
+    """Absolute paths the option words name: ``/x``, ``-B/x``, ``-isystem/x`` (an option joined to its
+    path), ``-x=/y``, ``-Wl,/z``, ``@/rsp`` (a response file gcc and nvcc read more options from)."""
     out = []
     for w in words:
         for part in re.split(r"[=,]", w):
-            m = re.fullmatch(r"-[A-Za-z]?(/.*)", part) if part.startswith("-") else None
             if part.startswith("/"):
                 out.append(part)
-            elif m:
-                out.append(m.group(1))
+            elif part.startswith("@") and part[1:].startswith("/"):
+                out.append(part[1:])
+            elif part.startswith("-") and "/" in part:
+                out.append(part[part.index("/"):])
     return out
+
+
+def dirs_problem(var: str, value: str) -> str | None:
+    """Why gcc's variable ``var`` (:data:`DIR_VARIABLES`) may not reach a build: a directory it names
+    that fails the trust rule, or that does not exist yet where another user may create it."""
+    entries = [os.path.dirname(value)] if var == "GCC_EXEC_PREFIX" else value.split(os.pathsep)
+    for d in (e for e in entries if os.path.isabs(e)):
+        if os.path.lexists(d):
+            problem = check_path(d)
+        elif (why := place_reason(d, sticky_ok=False)) is not None:
+            problem = f"names {formats.shown(d, 200)}, which does not exist yet where another user may create it ({why})"
+        else:
+            problem = None
+        if problem:
+            return problem
+    return None
 
 
 def flags_problem(value: str, path: str | None) -> str | None:
     """Why the option words ``value`` may not go to a build: a ``-ccbin`` program, or an existing
     absolute file or directory they name, that fails the trust rule; ``None`` when they may."""
     words = value.split()
-    for cc in _ccbin_values(words):
+    for cc in ccbin_values(words):
         prog, problem = _ccbin_program(cc, path)
         problem = problem or trace(prog).problem
         if problem:
@@ -254,62 +249,6 @@ def flags_problem(value: str, path: str | None) -> str | None:
         if problem:
             return problem
     return None
-
-
-@dataclasses.dataclass(frozen=True)
-class PathProblem:
-    """A program of :data:`BY_NAME` that a build would run and that fails the trust rule."""
-
-    program: str
-    role: str
-    why: str
-    fix: str
-    found: str = "found on PATH"
-
-    def __str__(self) -> str:
-        return f"{self.role} {self.program} ({self.found}) fails the trust rule: {self.why}. Fix: {self.fix}"
-
-
-#: Where nvcc, the host compiler and Python's ``tempfile`` write intermediate files (``.ii``, ``.ptx``,
-#: ``.cubin``, assembler input) between the steps of one compile: nvcc and gcc read ``TMPDIR`` first,
-#: gcc then ``TMP`` and ``TEMP``, Python ``TMPDIR``, ``TEMP``, ``TMP``; all fall back to ``/tmp``.
-#: Another uid who can rename entries there can swap a file between two steps (threat-model: P2).
-TEMP_VARIABLES = ("TMPDIR", "TMP", "TEMP")
-
-
-def temp_problem(env) -> PathProblem | None:
-    """The first temporary directory of :data:`TEMP_VARIABLES` set in ``env`` (else ``/tmp``) that
-    is not a place of our own (:func:`~flashinfer_sm120.safety.ownership.place_reason`: a level
-    another uid owns or may write, other than a root-owned sticky directory holding it)."""
-    for var in TEMP_VARIABLES:
-        value = env.get(var) or ""
-        if not os.path.isabs(value):
-            continue  # unset or relative: nvcc and gcc then use /tmp
-        why = place_reason(os.path.join(value, "flashinfer-sm120"))  # what a compile makes in it
-        if why:
-            return PathProblem(value, "the temporary directory", why,
-                               f"set {var} to a directory of your own (mkdir -m 700 ~/tmp; {var}=~/tmp) or unset it",
-                               f"{var}, where nvcc and the host compiler write intermediate files")
-    return None
-
-
-def path_problem(env) -> PathProblem | None:
-    """Why a JIT build may not run with ``env``: the first program of :data:`BY_NAME` that no variable
-    replaces and that ``PATH`` finds failing the trust rule, else a temporary directory that is not
-    ours (:func:`temp_problem`); ``None`` when none.  A name ``PATH`` does not find is the build's
-    own error."""
-    # relative entries name the module's build directory, which the JIT directory's own check covers
-    path = os.pathsep.join(d for d in (env.get("PATH") or os.defpath).split(os.pathsep) if os.path.isabs(d))
-    flags = " ".join(env.get(v) or "" for v in FLAG_VARIABLES[:2]).split()
-    for prog in BY_NAME:
-        if any((u == "-ccbin" and _ccbin_values(flags)) or (u != "-ccbin" and env.get(u)) for u in prog.unless):
-            continue
-        found, _ = _which(prog.name, path)
-        problem = trace(found).problem if found else None
-        if problem:
-            return PathProblem(found, prog.role, problem,
-                               f"take {os.path.dirname(found)} off PATH{', ' + prog.fix if prog.fix else ''}")
-    return temp_problem(env)
 
 
 def _same_program(a: str, b: str) -> bool:
@@ -348,6 +287,8 @@ def check(env, chosen_nvcc: str, home: str) -> list[Verdict]:
             continue
         if var in FLAG_VARIABLES:
             problem = flags_problem(value, path)
+        elif var in DIR_VARIABLES:
+            problem = dirs_problem(var, value)
         elif var == "NVCC_CCBIN":
             prog, problem = _ccbin_program(value.strip(), path)
             problem = problem or trace(prog).problem
@@ -356,9 +297,11 @@ def check(env, chosen_nvcc: str, home: str) -> list[Verdict]:
         if problem:
             what = {"CXX": "the host compiler and linker FlashInfer would run",
                     "CC": "nvcc's host compiler, -ccbin $CC", "NVCC_CCBIN": "nvcc's host compiler"}.get(
-                var, "options" if var in FLAG_VARIABLES else "a compiler launcher FlashInfer would run")
+                var, "options" if var in FLAG_VARIABLES else "where gcc finds programs, libraries or headers"
+                if var in DIR_VARIABLES else "a compiler launcher FlashInfer would run")
             fix = (f"drop the option naming it from {var}, or point it at files owned by root or you and "
                    f"not writable by others" if var in FLAG_VARIABLES else
+                   f"drop that directory from {var}, or unset it" if var in DIR_VARIABLES else
                    f"point {var} at a program owned by root or you and not writable by others, or unset it")
             out.append(Verdict(var, shown, False, f"{var}={shown} ({what}, in every JIT build) is refused: "
                                                   f"{problem}. Fix: {fix}"))

@@ -10,7 +10,7 @@ import pytest
 from conftest import make_toolkit, needs_flashinfer, run_py
 from helpers.untrusted import give_away, make_unsafe
 from flashinfer_sm120.core.toolkit import discover
-from flashinfer_sm120.safety import compilers
+from flashinfer_sm120.safety import buildenv, compilers
 
 
 def _script(path, body="#!/bin/sh\nexit 0\n"):
@@ -149,34 +149,34 @@ def test_programs_run_by_name_are_checked_where_path_finds_them(tmp_path):
     opened = _open_dir(tmp_path)
     _script(opened / "gcc")
     env = {"PATH": f"{opened}:/usr/bin:/bin"}
-    problem = compilers.path_problem(env)
+    problem = buildenv.path_problem(env)
     assert problem.program == f"{opened}/gcc" and problem.role == "nvcc's host compiler"
     assert "NVCC_CCBIN" in problem.fix and str(opened) in problem.fix and "writable by other users" in problem.why
     assert str(problem).endswith(f"Fix: {problem.fix}")
     # a variable that names the host compiler instead makes PATH's gcc not run
     for name, value in (("NVCC_CCBIN", "/usr/bin/g++"), ("CC", "gcc"), ("NVCC_APPEND_FLAGS", "-ccbin=g++")):
-        assert compilers.path_problem(dict(env, **{name: value})) is None, name
+        assert buildenv.path_problem(dict(env, **{name: value})) is None, name
     _script(opened / "c++")
-    problem = compilers.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++"))
+    problem = buildenv.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++"))
     assert problem.program == f"{opened}/c++" and "CXX" in problem.fix
-    assert compilers.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++", CXX="/usr/bin/c++")) is None
+    assert buildenv.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++", CXX="/usr/bin/c++")) is None
     _script(opened / "rm")  # nvcc cleans up with rm from PATH: no variable replaces it
-    problem = compilers.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++", CXX="/usr/bin/c++"))
+    problem = buildenv.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++", CXX="/usr/bin/c++"))
     assert problem.program == f"{opened}/rm"
-    assert compilers.path_problem({"PATH": "/usr/bin:/bin"}) is None
+    assert buildenv.path_problem({"PATH": "/usr/bin:/bin"}) is None
     # a relative or empty PATH entry names the module's build directory, which FlashInfer's own JIT
     # directory check covers: a trailing ':' must not stop every build
-    assert compilers.path_problem({"PATH": f".::/usr/bin:/bin:{opened}"}) is None
+    assert buildenv.path_problem({"PATH": f".::/usr/bin:/bin:{opened}"}) is None
 
 
-@pytest.mark.parametrize("var", compilers.TEMP_VARIABLES)
+@pytest.mark.parametrize("var", buildenv.TEMP_VARIABLES)
 @pytest.mark.parametrize("how", ["world-writable", "another user's"])
 def test_a_temporary_directory_another_uid_may_change_stops_builds(tmp_path, var, how):
     """Round 3: a build made its jobserver FIFO, and nvcc its intermediate files, in a TMPDIR another uid could change."""
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     make_unsafe(theirs, how)
-    problem = compilers.path_problem({"PATH": "/usr/bin:/bin", var: str(theirs)})
+    problem = buildenv.path_problem({"PATH": "/usr/bin:/bin", var: str(theirs)})
     assert problem is not None and problem.program == str(theirs), problem
     assert var in problem.found and var in problem.fix and str(theirs) in str(problem)
     assert ("writable by other users" if how == "world-writable" else "owned by uid 4321") in problem.why
@@ -189,12 +189,12 @@ def test_a_temporary_directory_of_ours_or_roots_sticky_one_is_a_place_to_build(t
     sticky.mkdir()
     sticky.chmod(0o1777)
     for value in (str(mine), str(sticky), str(mine / "not-yet"), "relative/dir", ""):
-        assert compilers.path_problem({"PATH": "/usr/bin:/bin", "TMPDIR": value}) is None, value
+        assert buildenv.path_problem({"PATH": "/usr/bin:/bin", "TMPDIR": value}) is None, value
     if os.geteuid() != 0:  # a sticky directory another uid owns is theirs to change
         return
-    assert compilers.temp_problem({"TMPDIR": str(sticky)}) is None
+    assert buildenv.temp_problem({"TMPDIR": str(sticky)}) is None
     give_away(sticky)
-    assert compilers.temp_problem({"TMPDIR": str(sticky)}) is not None
+    assert buildenv.temp_problem({"TMPDIR": str(sticky)}) is not None
 
 
 def test_a_path_a_flag_names_that_another_user_may_create_first_is_refused(tmp_path):
@@ -217,3 +217,36 @@ def test_a_path_a_flag_names_that_another_user_may_create_first_is_refused(tmp_p
     (v,) = compilers.check({"PATH": "/usr/bin:/bin", "FLASHINFER_EXTRA_LDFLAGS": f"-Wl,-rpath={mine}/later"},
                            nvcc, str(tk))
     assert v.keep, v.note  # a path only you (or root) can create is yours to name
+
+
+def test_gcc_variables_and_every_way_a_flag_names_a_path_are_held_to_the_trust_rule(tmp_path):
+    """Round 3 (second fresh attack): GCC_EXEC_PREFIX (and COMPILER_PATH, CPATH ...) in another uid's directory,
+    ``-Xcompiler @/rsp`` (a response file holding -B/theirs/) and joined forms like ``-isystem/x`` passed, and
+    gcc ran their cc1plus."""
+    tk = make_toolkit(tmp_path / "tk", "13.0.88")
+    nvcc = str(tk / "bin" / "nvcc")
+    opened = _open_dir(tmp_path)
+    (opened / "rsp").write_text(f"-B{opened}/\n")
+    for var in compilers.DIR_VARIABLES:
+        value = f"{opened}/" if var == "GCC_EXEC_PREFIX" else f"/usr/include:{opened}"
+        (v,) = compilers.check({"PATH": "/usr/bin:/bin", var: value}, nvcc, str(tk))
+        assert not v.keep and "writable by other users" in v.note and f"from {var}" in v.note, (var, v.note)
+    for words in (f"-Xcompiler @{opened}/rsp", f"-isystem{opened}", f"-iquote{opened}", f"-imacros{opened}/m.h",
+                  f"-idirafter{opened}", f"-iprefix{opened}/", f"-Xcompiler=-include{opened}/x.h"):
+        (v,) = compilers.check({"PATH": "/usr/bin:/bin", "NVCC_APPEND_FLAGS": words}, nvcc, str(tk))
+        assert not v.keep and str(opened) in v.note, (words, v.note)
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o755)
+    ok = {"PATH": "/usr/bin:/bin", "CPATH": f"{mine}:/usr/include", "GCC_EXEC_PREFIX": "/usr/lib/gcc/",
+          "NVCC_APPEND_FLAGS": f"-isystem{mine} -Xcompiler @{mine}/absent-yet"}
+    assert all(v.keep for v in compilers.check(ok, nvcc, str(tk))), compilers.check(ok, nvcc, str(tk))
+
+
+@pytest.mark.parametrize("name", ["as", "ld"])
+def test_the_assembler_and_linker_gcc_runs_by_name_are_checked(tmp_path, name):
+    """Round 3 (second fresh attack): gcc ran the ``as`` and ``ld`` another uid put first on PATH."""
+    opened = _open_dir(tmp_path)
+    _script(opened / name)
+    problem = buildenv.path_problem({"PATH": f"{opened}:/usr/bin:/bin", "NVCC_CCBIN": "/usr/bin/g++",
+                                      "CXX": "/usr/bin/c++"})
+    assert problem is not None and problem.program == f"{opened}/{name}", problem

@@ -136,7 +136,7 @@ def builds_refused(jit_dir: str, env=None) -> str | None:
     included) is another uid's to change, or a program every build runs by name, or the temporary
     directory, fails the trust rule.  The one list ``build`` refuses by and ``status`` reports
     (threat-model: P2, P8).  Creates nothing."""
-    from flashinfer_sm120.safety.compilers import path_problem
+    from flashinfer_sm120.safety.buildenv import path_problem
     from flashinfer_sm120.safety.fs.pathpolicy import jit_dir_problem
     from flashinfer_sm120.safety.ownership import check_place
 

@@ -178,7 +178,7 @@ def _choose() -> tuple[str, list[str], str]:
         raise _Failed("no targets: no GPU is visible and FLASHINFER_CUDA_ARCH_LIST is not set; set it to the "
                       "GPUs this machine will run, e.g. FLASHINFER_CUDA_ARCH_LIST=12.0 (RTX 5090 / RTX PRO 6000) "
                       "or 12.1 (DGX Spark)")
-    from flashinfer_sm120.safety.compilers import path_problem
+    from flashinfer_sm120.safety.buildenv import path_problem
 
     problem = path_problem(os.environ)
     if problem:

@@ -1,0 +1,105 @@
+"""What every JIT build runs by bare name, and where its compilers write: checked where ``PATH`` and
+``TMPDIR`` point (threat-model: P2).
+
+nvcc runs its host compiler ``gcc`` and ``rm`` by name, gcc its ``as`` and ``ld``, FlashInfer ``c++``
+when ``CXX`` is unset; nvcc and gcc write each compile's intermediate files into the temporary
+directory.  :func:`path_problem` is the first of those another uid could have chosen for us.
+"""
+# threat-model: P2 (nothing untrusted run: the programs a build runs by name, the files it writes between steps)
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from flashinfer_sm120.safety.compilers import FLAG_VARIABLES, ccbin_values, which
+from flashinfer_sm120.safety.ownership import place_reason
+from flashinfer_sm120.safety.trust import trace
+
+__all__ = ["BY_NAME", "ByName", "PathProblem", "TEMP_VARIABLES", "path_problem", "temp_problem"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ByName:
+    """A program a JIT build runs by bare name, found on ``PATH``.
+
+    Attributes:
+        name: the name looked up.
+        role: what runs it, for messages.
+        unless: variables that, when set, make the build run another program instead
+            (``"-ccbin"``: a ``-ccbin`` in one of :data:`FLAG_VARIABLES`).
+        fix: how to point the build elsewhere.
+    """
+
+    name: str
+    role: str
+    unless: tuple[str, ...]
+    fix: str
+
+
+#: What every JIT build runs by bare name (nvcc 13.0 ``--dryrun``; FlashInfer 0.7.4 ``cpp_ext.py``).
+BY_NAME: tuple[ByName, ...] = (
+    ByName("gcc", "nvcc's host compiler", ("CC", "NVCC_CCBIN", "-ccbin"),
+           "or set NVCC_CCBIN to a trusted host compiler (e.g. NVCC_CCBIN=/usr/bin/g++)"),
+    ByName("c++", "FlashInfer's C++ compiler and linker (CXX unset)", ("CXX",),
+           "or set CXX to a trusted compiler (e.g. CXX=/usr/bin/c++)"),
+    ByName("rm", "nvcc's clean-up of its temporary files", (), ""),
+    ByName("as", "gcc's assembler", (), ""),
+    ByName("ld", "gcc's linker", (), ""),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PathProblem:
+    """A program of :data:`BY_NAME` that a build would run and that fails the trust rule."""
+
+    program: str
+    role: str
+    why: str
+    fix: str
+    found: str = "found on PATH"
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.program} ({self.found}) fails the trust rule: {self.why}. Fix: {self.fix}"
+
+
+#: Where nvcc, the host compiler and Python's ``tempfile`` write intermediate files (``.ii``, ``.ptx``,
+#: ``.cubin``, assembler input) between the steps of one compile: nvcc and gcc read ``TMPDIR`` first,
+#: gcc then ``TMP`` and ``TEMP``, Python ``TMPDIR``, ``TEMP``, ``TMP``; all fall back to ``/tmp``.
+#: Another uid who can rename entries there can swap a file between two steps (threat-model: P2).
+TEMP_VARIABLES = ("TMPDIR", "TMP", "TEMP")
+
+
+def temp_problem(env) -> PathProblem | None:
+    """The first temporary directory of :data:`TEMP_VARIABLES` set in ``env`` (else ``/tmp``) that
+    is not a place of our own (:func:`~flashinfer_sm120.safety.ownership.place_reason`: a level
+    another uid owns or may write, other than a root-owned sticky directory holding it)."""
+    for var in TEMP_VARIABLES:
+        value = env.get(var) or ""
+        if not os.path.isabs(value):
+            continue  # unset or relative: nvcc and gcc then use /tmp
+        why = place_reason(os.path.join(value, "flashinfer-sm120"))  # what a compile makes in it
+        if why:
+            return PathProblem(value, "the temporary directory", why,
+                               f"set {var} to a directory of your own (mkdir -m 700 ~/tmp; {var}=~/tmp) or unset it",
+                               f"{var}, where nvcc and the host compiler write intermediate files")
+    return None
+
+
+def path_problem(env) -> PathProblem | None:
+    """Why a JIT build may not run with ``env``: the first program of :data:`BY_NAME` that no variable
+    replaces and that ``PATH`` finds failing the trust rule, else a temporary directory that is not
+    ours (:func:`temp_problem`); ``None`` when none.  A name ``PATH`` does not find is the build's
+    own error."""
+    # relative entries name the module's build directory, which the JIT directory's own check covers
+    path = os.pathsep.join(d for d in (env.get("PATH") or os.defpath).split(os.pathsep) if os.path.isabs(d))
+    flags = " ".join(env.get(v) or "" for v in FLAG_VARIABLES[:2]).split()
+    for prog in BY_NAME:
+        if any((u == "-ccbin" and ccbin_values(flags)) or (u != "-ccbin" and env.get(u)) for u in prog.unless):
+            continue
+        found, _ = which(prog.name, path)
+        problem = trace(found).problem if found else None
+        if problem:
+            return PathProblem(found, prog.role, problem,
+                               f"take {os.path.dirname(found)} off PATH{', ' + prog.fix if prog.fix else ''}")
+    return temp_problem(env)
