@@ -178,8 +178,9 @@ def _enable(args: argparse.Namespace) -> int:
         who = f"every process of {py} and of any virtual environment created from it with --system-site-packages"
         if sys.prefix != sys.base_prefix:
             who = f"every process of {py} (virtual environment {sys.prefix})"
+    from flashinfer_sm120.safety.ownership import place_reason
+
     if os.path.isdir(target_dir):  # threat-model: P4: nothing of root's or yours is written into a tree
-        from flashinfer_sm120.safety.ownership import place_reason  # another uid owns or may write
 
         why = place_reason(target_dir)
         if why:
@@ -192,6 +193,16 @@ def _enable(args: argparse.Namespace) -> int:
                 return _err(f"{path} exists and was not written by 'flashinfer-sm120 enable' (not our module, "
                             f"or not a UTF-8 text file of at most {_OURS_MAX >> 10} KiB); nothing written. "
                             f"Fix: move it away, then run 'flashinfer-sm120 enable' again")
+    else:  # threat-model: P4 -- its missing levels are not made inside a tree another uid owns
+        from flashinfer_sm120.safety.formats import foreign_tree
+        from flashinfer_sm120.safety.fs.statedir import foreign_tree_message
+
+        foreign = foreign_tree(target_dir)
+        if foreign is not None:
+            return _err(foreign_tree_message("the site directory", foreign, "--site-dir"))
+        why = place_reason(target_dir)
+        if why:
+            return _err(f"the site directory {target_dir} would be created where it is not safe: {why}")
     target = os.path.join(target_dir, PTH_NAME)
     writing = target_dir
     changed = False

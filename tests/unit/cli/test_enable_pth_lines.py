@@ -72,3 +72,25 @@ def test_a_hook_an_older_release_wrote_is_still_removed(tmp_path, capsys):
     assert main(["disable", "--site-dir", str(tmp_path)]) == 0
     assert not hook.exists()
     capsys.readouterr()
+
+
+def test_enable_user_as_root_with_a_users_home_creates_nothing_there(tmp_path, monkeypatch, capsys):
+    """Round 3 (second fresh attack): ``sudo -E flashinfer-sm120 enable --user`` made a root-owned
+    ``~/.local/lib/python3.X/site-packages`` chain in the user's home; their own ``disable`` then failed."""
+    import site
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act with another user's home")
+    home = tmp_path / "home"
+    home.mkdir()
+    os.chown(home, 4321, 4321)
+    user_site = home / ".local" / "lib" / "python3" / "site-packages"
+    monkeypatch.setattr(site, "getusersitepackages", lambda: str(user_site))
+    monkeypatch.setattr(site, "ENABLE_USER_SITE", True)
+    monkeypatch.setattr("flashinfer_sm120.cli.enable.user_site_problem", lambda: None)
+    assert main(["enable", "--user"]) != 0
+    err = capsys.readouterr().err
+    assert "owned by uid 4321" in err and "sudo -u" in err, err
+    assert os.listdir(home) == []
