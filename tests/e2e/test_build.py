@@ -15,7 +15,10 @@ import time
 
 import pytest
 
-from conftest import REAL_NVCC13, TESTS, make_toolkit, needs_flashinfer, run_py
+from helpers import TESTS
+from helpers.child import cli, run_py
+from helpers.host import REAL_NVCC13, needs_flashinfer
+from helpers.toolkits import make_toolkit
 
 pytestmark = [needs_flashinfer, pytest.mark.slow, pytest.mark.nvcc]
 
@@ -163,9 +166,7 @@ def test_shim_builds_real_sampling_kernels_for_sm120f(sampling_build):
     dry = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ninja"), "-n", "-C", d, "-f",
                           os.path.join(d, "build.ninja")], capture_output=True, text=True)
     assert "no work to do" in dry.stdout, dry.stdout[-2000:]
-    code = ("import helpers.fakegpu, sys\nfrom flashinfer_sm120.cli import main\n"
-            "sys.exit(main(['build', 'sampling', '--json', '-j', '2']))\n")
-    again = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    again = cli(["build", "sampling", "--json", "-j", "2"], env, 600, fakegpu=True, python=sys.executable)
     assert again.returncode == 0, again.stderr[-3000:]
     assert [m["status"] for m in json.loads(again.stdout)["modules"]] == ["up to date"]
     assert again.stderr.count("up to date: sampling") == 1 and "to build" not in again.stderr

@@ -22,12 +22,12 @@ path, ``FLASHINFER_USE_CUDA_NORM=1``), ``apply_rope_with_cos_sin_cache_inplace``
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-from conftest import needs_flashinfer, run_py
+from helpers.child import cli, run_py
+from helpers.host import needs_flashinfer
 from integration.test_releases import _release_dir
 
 pytestmark = needs_flashinfer
@@ -112,9 +112,8 @@ print("@@" + json.dumps(out))
 
 
 def _build(env, names):
-    code = "import sys, helpers.fakegpu\nfrom flashinfer_sm120.cli import main\nsys.exit(main(sys.argv[1:]))"
-    proc = subprocess.run([sys.executable, "-c", code, "build", "--arch", "12.0", "--ninja-only", "--json", *names],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = cli(["build", "--arch", "12.0", "--ninja-only", "--json", *names], env, 300, fakegpu=True,
+               python=sys.executable)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {m["name"]: m for m in json.loads(proc.stdout)["modules"]}
 

@@ -20,7 +20,8 @@ import sys
 import pytest
 
 from helpers import cgroups as cgroup_util
-from conftest import make_toolkit, needs_flashinfer
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit
 
 GIB, MIB = 1 << 30, 1 << 20
 

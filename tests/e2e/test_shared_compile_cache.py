@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from conftest import needs_flashinfer
+from helpers.host import needs_flashinfer
 from flashinfer_sm120.core.jitenv import launcher
 
 

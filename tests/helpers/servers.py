@@ -6,7 +6,8 @@ import os
 import shutil
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parents[1]
+from helpers import TESTS
+
 STANDINS = TESTS / "standins"
 DIST_INFO = {"vllm": "vllm-0.33.0.dist-info", "sglang": "sglang-0.5.23.dist-info"}
 

@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from conftest import cli, needs_flashinfer
+from helpers.child import cli
+from helpers.host import needs_flashinfer
 from integration.test_cache_import import make_export
 
 pytestmark = needs_flashinfer

@@ -6,7 +6,6 @@ sharing one JIT dir both succeed.  threat-model: P5, P6, P7."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import needs_flashinfer
+from helpers.host import needs_flashinfer
 
 pytestmark = needs_flashinfer
 

@@ -6,12 +6,9 @@ import time
 
 import pytest
 
-from conftest import RUN_MODULE, make_toolkit, needs_flashinfer, run_code
-
-
-def cli(args, env, timeout=600):
-    """``python -m flashinfer_sm120 ARGS`` (a forked child where the environment allows, see run_code)."""
-    return run_code(RUN_MODULE, env, timeout, args)
+from helpers.child import cli
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit
 
 
 @pytest.mark.parametrize("value", ["blackwell", "12.x", "12.0 rtx5090"])
@@ -29,8 +26,7 @@ def test_build_rejects_unknown_module(clean_env):
 @needs_flashinfer
 def test_build_without_gpu_or_arch_says_what_to_pass(clean_env, real_nvcc13):
     env = dict(clean_env, FAKE_GPU_CAPS="")
-    proc = run_code("import helpers.fakegpu, sys\nfrom flashinfer_sm120.cli import main\n"
-                    "sys.exit(main(['build', 'sampling']))", env)
+    proc = cli(["build", "sampling"], env, fakegpu=True)
     assert proc.returncode == 2 and "--arch 12.0" in proc.stderr
 
 

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from conftest import cli, needs_flashinfer
+from helpers.child import cli
+from helpers.host import needs_flashinfer
 from unit.safety.fs.test_state_dir import _created, _env, _user_home, needs_root, shared_tmp  # noqa: F401  (fixture)
 from flashinfer_sm120.cli import doctor, main
 from flashinfer_sm120.diagnose.verify import diagnosis

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import needs_flashinfer
+from helpers.host import needs_flashinfer
 from flashinfer_sm120.cli import main, status
 from flashinfer_sm120.core.patch import laststatus
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from conftest import make_toolkit
+from helpers.toolkits import make_toolkit
 from flashinfer_sm120.diagnose.verify import report as doctor
 
 

@@ -8,20 +8,19 @@ swap the ``build.ninja`` ninja runs or the ``.so`` the server loads.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
 from helpers.untrusted import make_unsafe
-from conftest import needs_flashinfer
+from helpers.child import cli
+from helpers.host import needs_flashinfer
 
 pytestmark = needs_flashinfer
 
 
 def _build(env):
-    return subprocess.run([sys.executable, "-m", "flashinfer_sm120", "build", "--ninja-only", "--arch", "12.0",
-                           "sampling"], env=env, capture_output=True, text=True, timeout=600)
+    return cli(["build", "--ninja-only", "--arch", "12.0", "sampling"], env, 600, python=sys.executable)
 
 
 @pytest.mark.parametrize("how", ["world-writable", "another user's"])

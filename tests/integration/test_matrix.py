@@ -28,7 +28,7 @@ import textwrap
 
 import pytest
 
-from conftest import needs_flashinfer
+from helpers.host import needs_flashinfer
 from helpers.patching import logging_toolkit
 from integration.test_releases import _release_dir
 

@@ -7,7 +7,8 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import needs_flashinfer, run_code, run_py
+from helpers.child import run_code, run_py
+from helpers.host import needs_flashinfer
 
 RECORD = """
 import json, helpers.fakegpu, flashinfer_sm120, torch

@@ -16,7 +16,9 @@ import sys
 
 import pytest
 
-from conftest import make_toolkit, needs_flashinfer, run_py, wheels_dir
+from helpers.child import run_py
+from helpers.host import needs_flashinfer, wheels_dir
+from helpers.toolkits import make_toolkit
 
 pytestmark = needs_flashinfer
 

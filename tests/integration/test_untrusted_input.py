@@ -21,16 +21,12 @@ from pathlib import Path
 import pytest
 
 from helpers.untrusted import RELEASE_LINE, tmp_is_trusted, toolkit_with_nvcc, untrusted_nvcc, wrapper
-from conftest import make_toolkit, needs_flashinfer
+from helpers.child import cli
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit
 from helpers.probing import OTHER_UID, PY, need_root
 
 TOP = "flashinfer-sm120-cache"
-
-
-def _cli(args, env, timeout=300):
-    code = "import sys, helpers.fakegpu\nfrom flashinfer_sm120.cli import main\nsys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def _sha(data: bytes) -> str:
@@ -41,7 +37,7 @@ def _sha(data: bytes) -> str:
 def machine(tmp_path_factory):
     """This machine's cache-import fingerprint (FlashInfer, targets 12.0f, toolkit, JIT dir), read
     in a child, so an export can match it and reach the point where files are written."""
-    from conftest import has_flashinfer
+    from helpers.host import has_flashinfer
 
     if not has_flashinfer():
         pytest.skip("flashinfer-python is not installed")
@@ -88,7 +84,7 @@ def test_item1_cache_import_cannot_write_outside_flashinfers_cache(machine, tmp_
     rel = "jit/" + str(victim)  # 'jit//tmp/.../victim': no '..', starts with jit/
     src = _export_dir(tmp_path / "exp", fp, [{"name": "norm", "files": {rel: _sha(payload)}}],
                       {"jit" + str(victim): payload})
-    proc = _cli(["cache", "import", str(src), "--force"], env)
+    proc = cli(["cache", "import", str(src), "--force"], env, fakegpu=True, python=sys.executable)
     assert victim.read_text() == "the user's own file\n", "cache import replaced a file outside the JIT cache"
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "not a relative path" in proc.stderr and "--force" not in proc.stderr
@@ -103,7 +99,7 @@ def test_item2_directory_export_with_a_symlink_is_refused(machine, tmp_path):
     secret.write_bytes(b"not for the JIT cache\n")
     src = _export_dir(tmp_path / "exp", fp, [{"name": "norm", "files": {"jit/norm/x": _sha(secret.read_bytes())}}],
                       {"jit/norm/x": secret})
-    proc = _cli(["cache", "import", str(src)], env)
+    proc = cli(["cache", "import", str(src)], env, fakegpu=True, python=sys.executable)
     assert not (Path(fp["jit_dir"]) / "norm" / "x").exists(), "a symlink's target was installed"
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "symlink" in proc.stderr
@@ -296,7 +292,7 @@ def test_item4_every_bad_entry_does_not_repeat_the_whole_value():
 @needs_flashinfer
 def test_item4_doctor_with_a_4kb_arch_list_prints_a_bounded_report(clean_env):
     env = dict(clean_env, FAKE_GPU_CAPS="", FLASHINFER_CUDA_ARCH_LIST="x " * 2048)
-    proc = _cli(["doctor", "--timeout", "30"], env)
+    proc = cli(["doctor", "--timeout", "30"], env, fakegpu=True, python=sys.executable)
     assert len(proc.stdout) + len(proc.stderr) < 64 << 10, (len(proc.stdout), len(proc.stderr))
     assert "Traceback" not in proc.stderr
 
@@ -441,7 +437,7 @@ print("@@" + json.dumps({"jit": str(env.FLASHINFER_JIT_DIR), "mode": flashinfer_
 
 @needs_flashinfer
 def test_item7_the_jit_directory_name_comes_from_the_formatted_version(tmp_path, clean_env):
-    from conftest import run_py
+    from helpers.child import run_py
 
     root = make_toolkit(tmp_path / "cuda", "13.0.88", curand=True)
     (root / "version.json").write_text(json.dumps({"cuda_nvcc": {"version": " 13.0.88\n"}}))
@@ -607,7 +603,7 @@ def test_items10_11_13_bad_manifest_lines_are_skipped_naming_the_fault(tmp_path,
 def test_item10_build_from_a_bad_manifest_is_a_message(tmp_path, clean_env):
     m = tmp_path / "m.jsonl"
     m.write_text(json.dumps(_entry(targets=[12.0])) + "\n")
-    proc = _cli(["build", "--from", str(m)], clean_env)
+    proc = cli(["build", "--from", str(m)], clean_env, fakegpu=True, python=sys.executable)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "targets" in proc.stderr, proc.stderr
 
 

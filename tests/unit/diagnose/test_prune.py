@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_toolkit
+from helpers.child import cli
 from helpers.views import pip_like
 
 UID = os.geteuid()
@@ -102,8 +102,7 @@ def caches(tmp_path, monkeypatch):
 
 
 def prune(c, *args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "flashinfer_sm120", "cache", "prune", *args], env=c["env"],
-                          capture_output=True, text=True, timeout=timeout)
+    return cli(["cache", "prune", *args], c["env"], timeout, python=sys.executable)
 
 
 def listing(c, *args) -> dict:

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from flashinfer_sm120.safety import formats
+from helpers.child import cli
 
 FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -61,8 +62,7 @@ def test_cache_import_of_an_escaped_quote_meta_json_is_refused_at_once(tmp_path)
         t.addfile(ti, io.BytesIO(payload))
     env = dict(os.environ, HOME=str(tmp_path), FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"),
                FLASHINFER_WORKSPACE_BASE=str(tmp_path / "ws"))
-    proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "cache", "import", str(tar), "--arch", "12.0"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = cli(["cache", "import", str(tar), "--arch", "12.0"], env, 120, python=sys.executable)
     assert proc.returncode != 0 and "meta.json" in proc.stderr and "not valid JSON" in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -277,8 +277,7 @@ def test_cache_import_of_a_fifo_or_an_empty_path_is_refused_at_once(tmp_path, sr
         src = "/dev/zero"
     env = dict(os.environ, HOME=str(tmp_path), FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"),
                FLASHINFER_WORKSPACE_BASE=str(tmp_path / "ws"))
-    proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "cache", "import", src, "--arch", "12.0"],
-                          capture_output=True, text=True, env=env, timeout=60)
+    proc = cli(["cache", "import", src, "--arch", "12.0"], env, 60, python=sys.executable)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "flashinfer-sm120: error:" in proc.stderr and len(proc.stderr) < 2000
 

@@ -7,7 +7,9 @@ import os
 import pytest
 
 
-from conftest import make_toolkit, needs_flashinfer, run_py
+from helpers.child import run_py
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit
 from helpers.untrusted import give_away, make_unsafe
 from flashinfer_sm120.core.toolkit import discover
 from flashinfer_sm120.safety import compilers

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_toolkit
+from helpers.toolkits import make_toolkit
 from flashinfer_sm120.core.toolkit import inspect, trace
 from helpers.probing import OTHER_UID, PY, as_uid, need_root
 

@@ -11,7 +11,9 @@ import types
 
 import pytest
 
-from conftest import make_toolkit, needs_flashinfer, run_py
+from helpers.child import run_py
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit
 from flashinfer_sm120.core.jitenv import environ
 
 

@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from conftest import make_toolkit, needs_flashinfer
+from helpers.child import cli
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit
 from flashinfer_sm120.safety.fs import statedir
 from flashinfer_sm120.core.jitenv import launcher
 
@@ -106,10 +108,9 @@ def test_real_sccache_is_refused_with_nvcc_13_5(tmp_path, clean_env):
     root, _ = found
     env = dict(clean_env, CUDA_HOME=root, SCCACHE_SERVER_PORT=str(_free_port()), SCCACHE_DIR=str(tmp_path / "sc"),
                SCCACHE_IDLE_TIMEOUT="60")
-    cmd = [sys.executable, "-m", "flashinfer_sm120", "build", "sampling", "--arch", "12.0", "--compiler-cache",
-           "sccache"]
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        proc = cli(["build", "sampling", "--arch", "12.0", "--compiler-cache", "sccache"], env, 600,
+                   python=sys.executable)
         assert proc.returncode == 2, proc.stderr[-3000:]
         assert "sccache 0.16" in proc.stderr and "cannot compile with nvcc 13." in proc.stderr, proc.stderr[-3000:]
         assert "no object written" in proc.stderr and "Fix:" in proc.stderr
@@ -118,8 +119,8 @@ def test_real_sccache_is_refused_with_nvcc_13_5(tmp_path, clean_env):
         assert "--compiler-cache sccache: not used" in proc.stderr and "drop --compiler-cache sccache" in proc.stderr
         assert "FLASHINFER_SM120_COMPILER_CACHE" not in proc.stderr
         assert not list((tmp_path / "ws").rglob("*.so"))  # nothing was built uncached behind your back
-        again = subprocess.run(cmd[:-2], env=dict(env, FLASHINFER_SM120_COMPILER_CACHE="sccache"),
-                               capture_output=True, text=True, timeout=600)
+        again = cli(["build", "sampling", "--arch", "12.0"], dict(env, FLASHINFER_SM120_COMPILER_CACHE="sccache"), 600,
+                    python=sys.executable)
         assert again.returncode == 2 and "cannot compile with nvcc 13." in again.stderr
         assert "FLASHINFER_SM120_COMPILER_CACHE=sccache: not used" in again.stderr
         assert "unset FLASHINFER_SM120_COMPILER_CACHE" in again.stderr
@@ -143,8 +144,7 @@ def test_doctor_shows_memory_jobs_and_the_launcher_verdict(tmp_path, clean_env):
                SCCACHE_DIR=str(tmp_path / "sc"))
     env.pop("MAX_JOBS", None)
     try:
-        proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "doctor", "--json"], env=env,
-                              capture_output=True, text=True, timeout=600)
+        proc = cli(["doctor", "--json"], env, 600, python=sys.executable)
     finally:
         subprocess.run([sccache, "--stop-server"], env=env, capture_output=True, timeout=60)
     b = json.loads(proc.stdout)["builds"]

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from conftest import needs_flashinfer
+from helpers.host import needs_flashinfer
 from helpers.probing import alive_with, hostile_toolkit, kill_all_with
 
 #: Each case waits out the real 10 s bound on `nvcc --version` (or a 30 s guard): slow by design.

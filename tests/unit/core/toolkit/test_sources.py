@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import os
 import site
-import textwrap
 
 import pytest
 
-from conftest import make_toolkit
+from helpers.toolkits import make_toolkit
 from flashinfer_sm120.core.toolkit import FIND_STEPS, SOURCES, discover, sources
 from helpers.probing import PY, in_namespace, unshare_ok
 

@@ -5,7 +5,7 @@ import time
 import pytest
 from packaging.version import Version
 
-from conftest import make_toolkit
+from helpers.toolkits import make_toolkit
 from flashinfer_sm120.core import toolkit
 from flashinfer_sm120.core.toolkit import discover, inspect
 

@@ -3,11 +3,11 @@ typed finding (``Toolkit.disagreement``), never the version used.  Fake toolkits
 scripts."""
 
 import json
-import os
 
-import pytest
 
-from conftest import make_toolkit, needs_flashinfer, run_py
+from helpers.child import run_py
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit
 
 
 def _lying_toolkit(root, says="12.8.93", file_says="13.0.88", runs=None):

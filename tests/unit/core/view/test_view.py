@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from conftest import TESTS, make_toolkit
+from helpers import TESTS
+from helpers.toolkits import make_toolkit
 from flashinfer_sm120.core import view
 from flashinfer_sm120.core.view import build as view_build
 from flashinfer_sm120.core.view import stub as linkstub

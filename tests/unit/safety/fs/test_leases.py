@@ -16,13 +16,13 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import TESTS, needs_flashinfer
+from helpers import TESTS
+from helpers.host import needs_flashinfer
 from helpers.views import pip_like
 
 pytestmark = needs_flashinfer

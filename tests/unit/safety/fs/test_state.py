@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_toolkit
+from helpers.toolkits import make_toolkit
 from flashinfer_sm120.safety.fs import statedir, statefiles
 from flashinfer_sm120.core.toolkit import inspect, memo
 from helpers.probing import OTHER_UID, PY, as_uid, need_root

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli
+from helpers.child import cli
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (to own files as another uid)")
@@ -265,7 +265,7 @@ print("@@" + json.dumps({"answer": ctypes.CDLL(str(spec.jit_library_path)).tiny_
 def test_flashinfer_builds_and_loads_a_module_under_a_non_ascii_path(real_nvcc13, clean_env):
     """The fact behind the rule: FlashInfer 0.7.4 + nvcc 13 compile and link a JIT module whose
     workspace, source and CUDA_HOME view all lie under a non-ASCII path."""
-    from conftest import run_py
+    from helpers.child import run_py
 
     base = Path(tempfile.mkdtemp(prefix="ü-"))
     try:
