@@ -27,8 +27,7 @@ import sys
 import pytest
 
 from helpers.child import cli, run_py
-from helpers.host import needs_flashinfer
-from integration.test_releases import _release_dir
+from helpers.host import needs_flashinfer, release_dir
 
 pytestmark = needs_flashinfer
 
@@ -122,7 +121,7 @@ def _build(env, names):
 @pytest.mark.parametrize("release", RELEASES)
 def test_build_writes_what_the_public_api_loads(release, clean_env, real_nvcc13):
     env = dict(clean_env, FAKE_GPU_CAPS="12.0", FLASHINFER_CUDA_ARCH_LIST="12.0")
-    target = _release_dir(release)
+    target = release_dir(release)
     if target:
         env["PYTHONPATH"] = target + os.pathsep + env["PYTHONPATH"]
     api, proc = run_py(API, dict(env, FLASHINFER_USE_CUDA_NORM="1"))

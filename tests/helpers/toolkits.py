@@ -40,3 +40,15 @@ def make_toolkit(root: Path, version: str = "12.8.93", header: str | None = None
     if version_json:
         (root / "version.json").write_text(json.dumps({"cuda_nvcc": {"version": version}}))
     return root
+
+
+def lying_toolkit(root, says="12.8.93", file_says="13.0.88", runs=None):
+    """A toolkit whose bin/nvcc prints ``says`` while its version.json says ``file_says``; each run
+    of nvcc appends a line to ``runs``."""
+    mm = ".".join(says.split(".")[:2])
+    count = f'echo x >> {runs}\n' if runs else ""
+    script = (f'#!/bin/sh\n{count}echo "nvcc: NVIDIA (R) Cuda compiler driver"\n'
+              f'echo "Cuda compilation tools, release {mm}, V{says}"\n')
+    make_toolkit(root, says, header=".".join(file_says.split(".")[:2]), nvcc_script=script, curand=True)
+    (root / "version.json").write_text(json.dumps({"cuda_nvcc": {"version": file_says}}))
+    return root

@@ -13,7 +13,7 @@ import pytest
 
 from helpers.child import cli
 from helpers.host import needs_flashinfer
-from integration.test_cache_import import make_export
+from helpers.exports import make_export
 
 pytestmark = needs_flashinfer
 

@@ -204,14 +204,14 @@ def test_guard_when_flashinfer_alone_cannot_import_says_so_with_the_fix(clean_en
     import sys
     import textwrap
 
-    from integration.test_matrix import _hide_real_toolkits
+    from helpers.host import real_toolkit_dirs
 
     if shutil.which("unshare") is None or subprocess.run(
             ["unshare", "-m", "--propagation", "private", "true"], capture_output=True).returncode:
         pytest.skip("private mount namespaces unavailable (unshare -m)")
     empty = tmp_path / "empty"
     empty.mkdir()
-    hide = [p for p in _hide_real_toolkits() + ["/usr/local/bin/nvcc", "/usr/bin/nvcc"] if os.path.exists(p)]
+    hide = [p for p in real_toolkit_dirs() + ["/usr/local/bin/nvcc", "/usr/bin/nvcc"] if os.path.exists(p)]
     mounts = " && ".join(f"mount --bind {empty if os.path.isdir(p) else '/dev/null'} {p}" for p in hide) or "true"
     code = textwrap.dedent("""
         import json, flashinfer_sm120

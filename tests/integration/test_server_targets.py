@@ -14,7 +14,6 @@ import pytest
 from helpers.child import cli, run_py
 from helpers.host import needs_flashinfer
 from helpers.servers import install_standins
-from integration.test_servers import server_env  # noqa: F401  (fixture)
 
 from flashinfer_sm120.core.facts import serverarch, servers
 

@@ -22,26 +22,11 @@ from helpers.host import needs_flashinfer
 from helpers.toolkits import make_toolkit
 from helpers import ROOT, SRC
 from helpers.child import cli
-from helpers.servers import STANDINS, install_standins, system_bin_without, wheel_ninja
+from helpers.servers import STANDINS, install_standins, wheel_ninja
 
 from flashinfer_sm120.core.facts import serverprobe, servers
 from flashinfer_sm120.warmup import session
 
-
-@pytest.fixture
-def server_env(clean_env, tmp_path):
-    """A child environment: the stand-ins importable (vllm, sglang), the autoload's .pth in a
-    site dir the child adds, HOME in tmp, no FLASHINFER_WORKSPACE_BASE, and a system PATH with
-    neither ninja nor nvcc (the venv's bin is not on it, as under systemd)."""
-    site_dir = tmp_path / "site"
-    site_dir.mkdir()
-    assert cli(["enable", "--site-dir", str(site_dir)], clean_env, python=sys.executable).returncode == 0
-    env = dict(clean_env, HOME=str(tmp_path / "home"), FAKE_GPU_CAPS="12.0",
-               PATH=str(system_bin_without(tmp_path / "sysbin", "ninja", "nvcc")))
-    env.pop("FLASHINFER_WORKSPACE_BASE")
-    env["PYTHONPATH"] += os.pathsep + str(STANDINS)
-    (tmp_path / "home").mkdir()
-    return env, site_dir
 
 
 # ----------------------------------------------------------------------------- item 1

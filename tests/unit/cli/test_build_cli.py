@@ -7,7 +7,7 @@ import pytest
 
 from helpers.child import cli, run_code
 from helpers.host import needs_flashinfer
-from unit.safety.fs.test_state_dir import _created, _env, _user_home, needs_root, shared_tmp  # noqa: F401  (fixture)
+from helpers.probing import created, home_env, needs_root, user_home
 from flashinfer_sm120.cli.buildjson import FIELDS
 
 
@@ -132,11 +132,11 @@ def test_json_names_where_the_targets_came_from(clean_env, real_nvcc13):
 def test_build_as_root_with_a_users_home_refuses_before_importing_flashinfer(shared_tmp):
     """Regression: build imported FlashInfer, which made a root-owned ~/.cache/flashinfer in the user's
     home under sudo -E (status already checked first)."""
-    home = _user_home(shared_tmp)
-    env = _env(home, shared_tmp / "tmp")
+    home = user_home(shared_tmp)
+    env = home_env(home, shared_tmp / "tmp")
     env.pop("FLASHINFER_WORKSPACE_BASE", None)
     proc = cli(["build", "--arch", "12.0", "--ninja-only", "--json", "activation"], env, timeout=300)
-    assert proc.returncode == 2 and _created(home) == [], proc.stderr[-2000:]
+    assert proc.returncode == 2 and created(home) == [], proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     assert doc["ok"] is False and doc["error"].startswith("FlashInfer was not imported: ")
     assert str(home) in doc["error"] and "sudo -H" in doc["error"] and "FLASHINFER_WORKSPACE_BASE" in doc["error"]

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from unit.diagnose.test_prune import caches, listing  # noqa: F401  (caches: a fixture)
+from helpers.prune import listing
 
 from flashinfer_sm120.diagnose.prune import hold
 
