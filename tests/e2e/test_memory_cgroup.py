@@ -21,7 +21,7 @@ import pytest
 
 from helpers import cgroups as cgroup_util
 from helpers.host import needs_flashinfer
-from helpers.toolkits import make_toolkit
+from helpers.toolkits import make_toolkit, script
 
 GIB, MIB = 1 << 30, 1 << 20
 
@@ -61,9 +61,7 @@ def fake_tools(tmp_path, clean_env):
     tk = make_toolkit(tmp_path / "tk", "13.0.88", curand=True)
     cgroup_util.install_fake_nvcc(tk)
     (tk / "include" / "cublasLt.h").write_text("/* fake: norm includes it */\n")
-    cxx = tmp_path / "fakecxx"
-    cxx.write_text(cgroup_util.FAKE_CXX)
-    cxx.chmod(0o755)
+    cxx = script(tmp_path / "fakecxx", cgroup_util.FAKE_CXX)
     env = dict(clean_env, CUDA_HOME=str(tk), CXX=str(cxx), FAKE_NVCC_MB="400", FAKE_NVCC_HOLD="0.5",
                FAKE_NVCC_LOG=str(tmp_path / "nvcc.log"), FLASHINFER_SM120_QUIET="1")
     env.pop("MAX_JOBS", None)

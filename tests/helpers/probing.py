@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.toolkits import script
+
 #: An uid/gid with (normally) no passwd entry, used as "another user".
 OTHER_UID = 54321
 #: The ``nobody`` uid: another user who owns a home (``sudo -E`` with their ``HOME``).
@@ -29,9 +31,7 @@ def hostile_toolkit(root: Path, body: str, *, header: str = "13.0") -> Path:
     """A toolkit without version files, so its nvcc is reached through the
     ``nvcc --version`` fallback; ``body`` is the shell script after ``#!/bin/sh``."""
     (root / "bin").mkdir(parents=True)
-    nvcc = root / "bin" / "nvcc"
-    nvcc.write_text("#!/bin/sh\n" + textwrap.dedent(body))
-    nvcc.chmod(0o755)
+    script(root / "bin" / "nvcc", "#!/bin/sh\n" + textwrap.dedent(body))
     (root / "include").mkdir()
     hmaj, hmin = header.split(".")
     (root / "include" / "cuda_runtime_api.h").write_text(

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers.untrusted import RELEASE_LINE, tmp_is_trusted, toolkit_with_nvcc, untrusted_nvcc, wrapper
+from helpers.untrusted import RELEASE_LINE, tmp_is_trusted, toolkit_with_nvcc, untrusted_nvcc
 from helpers.child import cli
 from helpers.host import needs_flashinfer
-from helpers.toolkits import make_toolkit
+from helpers.toolkits import make_toolkit, script
 from helpers.probing import OTHER_UID, PY, need_root
 
 TOP = "flashinfer-sm120-cache"
@@ -168,7 +168,7 @@ def test_a_wrapper_runs_only_literal_absolute_trusted_programs(tmp_path, case, m
     evil, _ = untrusted_nvcc(tmp_path)
     (evil.parent / "nvcc-real").symlink_to(evil)
     monkeypatch.setenv("PATH", f"{evil.parent}:{os.environ['PATH']}")
-    w = wrapper(tmp_path / "bin", "nvcc", _hidden_runs(tmp_path, evil)[case])
+    w = script(tmp_path / "bin" / "nvcc", _hidden_runs(tmp_path, evil)[case])
     t = trace(str(w))
     assert t.problem is not None, f"{case}: trusted although it can run {evil}"
     assert len(t.problem) < 2000, t.problem
@@ -189,7 +189,7 @@ def test_inspect_as_root_never_runs_another_uids_program_found_on_path(tmp_path,
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     marker = tmp_path / "RAN"
-    wrapper(theirs, "nvcc-real", f'#!/bin/sh\n/usr/bin/touch {marker}\necho "{RELEASE_LINE}"\n')
+    script(theirs / "nvcc-real", f'#!/bin/sh\n/usr/bin/touch {marker}\necho "{RELEASE_LINE}"\n')
     for p in (theirs, theirs / "nvcc-real"):
         os.chown(p, OTHER_UID, OTHER_UID)
     monkeypatch.setenv("PATH", f"{theirs}:{os.environ['PATH']}")
@@ -212,8 +212,8 @@ def test_an_interpreter_that_is_a_script_is_followed_to_its_own_interpreter(tmp_
     ww.mkdir()
     shutil.copy("/bin/sh", ww / "sh")
     os.chmod(ww, 0o777)
-    middle = wrapper(tmp_path / "mid", "shell", f"#!{ww}/sh\nexec /bin/sh \"$@\"\n")
-    w = wrapper(tmp_path / "bin", "nvcc", f'#!{middle}\necho "{RELEASE_LINE}"\n')
+    middle = script(tmp_path / "mid" / "shell", f"#!{ww}/sh\nexec /bin/sh \"$@\"\n")
+    w = script(tmp_path / "bin" / "nvcc", f'#!{middle}\necho "{RELEASE_LINE}"\n')
     t = trace(str(w))
     assert t.problem and str(ww) in t.problem, t
     os.chmod(ww, 0o755)  # the whole chain trusted: still refused, the interpreter must be a shell binary
@@ -231,8 +231,8 @@ def test_wrappers_really_shipped_are_accepted(tmp_path):
     if not tmp_is_trusted(tmp_path):
         pytest.skip("the test's tmp dir does not pass the trust rule itself")
     # Debian's nvidia-cuda-toolkit /usr/bin/nvcc, byte for byte but for the prefix
-    real = wrapper(tmp_path / "usr/lib/nvidia-cuda-toolkit/bin", "nvcc", f'#!/bin/sh\necho "{RELEASE_LINE}"\n')
-    deb = wrapper(tmp_path / "usr/bin", "nvcc", f'#!/bin/sh\n\nexec {real} "$@"\n')
+    real = script(tmp_path / "usr/lib/nvidia-cuda-toolkit/bin" / "nvcc", f'#!/bin/sh\necho "{RELEASE_LINE}"\n')
+    deb = script(tmp_path / "usr/bin" / "nvcc", f'#!/bin/sh\n\nexec {real} "$@"\n')
     t = trace(str(deb))
     assert t.problem is None and t.target == str(real), t
     # shapes built from the grammar's data: comments, set -e, tests, case, a launcher, redirections
@@ -245,7 +245,7 @@ def test_wrappers_really_shipped_are_accepted(tmp_path):
         f'#!/bin/sh\nfor a in "$@"; do case "$a" in -G) echo "no -G" >&2; exit 2 ;; esac; done\nexec {real} "$@"\n',
     ]
     for i, text in enumerate(shapes):
-        t = trace(str(wrapper(tmp_path / f"w{i}", "nvcc", text)))
+        t = trace(str(script(tmp_path / f"w{i}" / "nvcc", text)))
         assert t.problem is None and t.target == str(real), (text, t)
 
 

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from flashinfer_sm120.safety import formats
 from helpers.child import cli
+from helpers.toolkits import script
 
 FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -195,8 +196,7 @@ def test_a_binary_that_prints_without_end_costs_bounded_memory(tmp_path, kind, s
     read line by line with no cap on a line."""
     prog = tmp_path / "bin" / "tool"
     prog.parent.mkdir()
-    prog.write_text(HOSTILE[shape])
-    prog.chmod(0o755)
+    script(prog, HOSTILE[shape])
     proc = subprocess.run([sys.executable, "-c", _CHILD, kind, str(prog), str(tmp_path)], capture_output=True,
                           text=True, timeout=180, env=dict(os.environ, HOME=str(tmp_path)))
     assert proc.returncode == 0 and "@@" in proc.stdout, proc.stderr[-2000:]

@@ -18,6 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 from helpers.child import cli
 from helpers.host import needs_flashinfer
+from helpers.toolkits import script
 from flashinfer_sm120.safety import formats
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.core.jitenv import manifest
@@ -93,8 +94,7 @@ def test_build_from_a_hostile_manifest_runs_nothing_it_names(clean_env, tmp_path
     evil_dir.mkdir()
     evil_dir.chmod(0o777)
     cc = evil_dir / "cc"
-    cc.write_text(f"#!/bin/sh\n/usr/bin/touch {marker}\nexit 1\n")
-    cc.chmod(0o755)
+    script(cc, f"#!/bin/sh\n/usr/bin/touch {marker}\nexit 1\n")
     src = evil_dir / "x.cu"
     src.write_text("__global__ void k() {}\n")
     lines = [_entry(["-O3", f"-ccbin={cc}"]), _entry(sources=[str(src)])]

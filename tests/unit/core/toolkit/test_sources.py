@@ -9,7 +9,7 @@ import site
 
 import pytest
 
-from helpers.toolkits import make_toolkit
+from helpers.toolkits import make_toolkit, script
 from flashinfer_sm120.core.toolkit import FIND_STEPS, SOURCES, discover, sources
 from helpers.probing import PY, in_namespace, unshare_ok
 
@@ -35,8 +35,7 @@ def test_path_nvcc_outside_bin_gets_path_advice(tmp_path):
     assert tk.root == str(tmp_path / "cuda-12.8") and tk.problem is None
     # ... a real nvcc that sits in no bin/ directory gives PATH advice, not CUDA_HOME advice
     (tools / "nvcc").unlink()
-    (tools / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n")
-    (tools / "nvcc").chmod(0o755)
+    script(tools / "nvcc", "#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n")
     (tk,) = [t for t in discover({"PATH": str(tools)}) if "PATH" in t.sources]
     assert str(tools / "nvcc") in tk.problem and "not in a toolkit's bin/ directory" in tk.problem
     assert "on PATH" in tk.problem and "point CUDA_HOME" not in tk.problem

@@ -5,7 +5,7 @@ import time
 import pytest
 from packaging.version import Version
 
-from helpers.toolkits import make_toolkit
+from helpers.toolkits import make_toolkit, script
 from flashinfer_sm120.core import toolkit
 from flashinfer_sm120.core.toolkit import discover, inspect
 
@@ -124,8 +124,7 @@ def test_wrapper_script_on_path_resolves_to_toolkit(tmp_path):
     bindir = tmp_path / "usr-local-bin"
     bindir.mkdir()
     wrapper = bindir / "nvcc"
-    wrapper.write_text(f'#!/bin/sh\nexec {real}/bin/nvcc "$@"\n')
-    wrapper.chmod(0o755)
+    script(wrapper, f'#!/bin/sh\nexec {real}/bin/nvcc "$@"\n')
     link_dir = tmp_path / "links"
     link_dir.mkdir()
     (link_dir / "nvcc").symlink_to(wrapper)
