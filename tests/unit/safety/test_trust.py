@@ -229,10 +229,10 @@ def test_private_group_needs_a_named_single_user_group(monkeypatch):
              (SimpleNamespace(gr_name="ann", gr_mem=["bob"]), None)]
     for group, want in cases:
         monkeypatch.setattr(grp, "getgrgid", lambda gid, g=group: g)
-        ownership._private_gid_of.cache_clear()
+        ownership.cache_clear()
         assert ownership._private_gid_of(1000) == want
     assert ownership._private_gid_of(0) is None  # never for root
-    ownership._private_gid_of.cache_clear()
+    ownership.cache_clear()
 
 
 def test_a_shared_sticky_directory_is_never_told_to_chmod(tmp_path):
