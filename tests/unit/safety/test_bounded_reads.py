@@ -11,30 +11,16 @@ import subprocess
 import sys
 import tarfile
 import time
-from contextlib import contextmanager
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from flashinfer_sm120.safety import formats
 from helpers.child import cli
+from helpers.guards import hang_guard
 from helpers.toolkits import script
 
 FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-@contextmanager
-def _hang_guard(seconds: int):
-    """Fail (not hang) when the body runs past ``seconds``: a bound against a hang, not a speed goal."""
-    def _alarm(*_):
-        raise AssertionError(f"still running after {seconds} s: a hang")
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 # --------------------------------------------------------------------------- JSON: the depth pre-check
@@ -48,7 +34,7 @@ def _escaped_quotes(n: int) -> str:
 
 @pytest.mark.parametrize("text", [_escaped_quotes(1 << 20), '"\\' * (1 << 20), '"' * (1 << 21) + "\\"])
 def test_json_depth_check_is_linear_on_unterminated_strings(text):
-    with _hang_guard(60):  # the old scan: hours for these 2 MiB
+    with hang_guard(60):  # the old scan: hours for these 2 MiB
         with pytest.raises(formats.FormatError) as exc:
             formats.loads_json(text, "probe.json")
     assert "probe.json" in str(exc.value) and len(str(exc.value)) < 400
@@ -107,7 +93,7 @@ def test_a_fifo_named_libcudart_never_blocks_the_view_stub(tmp_path):
 
     fifo = tmp_path / "libcudart.so.13"
     os.mkfifo(fifo)
-    with _hang_guard(20):
+    with hang_guard(20):
         got = elf_ident([str(fifo), os.path.realpath(sys.executable)])
     assert got is not None and got[0] in "<>"  # the FIFO skipped, the next ELF read
 
@@ -128,7 +114,7 @@ def test_a_header_of_blank_lines_is_scanned_in_one_pass(tmp_path):
         (d / "cuda_runtime_api.h").write_text("\n" * ((64 << 10) - 1))
         dirs.append(str(d))
     (tmp_path / "inc5" / "cuda_runtime_api.h").write_text("#define CUDART_VERSION 13000\n")
-    with _hang_guard(30):
+    with hang_guard(30):
         assert driver_symbols(str(cuda_h)) == ["cuCtxCreate"]
         assert str(_header_version(tuple(dirs))) == "13.0"
 
@@ -289,7 +275,7 @@ def test_a_record_manifest_that_is_a_fifo_never_blocks_a_build(tmp_path):
 
     fifo = tmp_path / "m.jsonl"
     os.mkfifo(fifo)
-    with _hang_guard(20):
+    with hang_guard(20):
         with pytest.raises(OSError) as exc:
             record.append(str(fifo), {"module": "norm"})
     assert str(fifo) in str(exc.value) or "regular file" in str(exc.value)
