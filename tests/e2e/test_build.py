@@ -99,9 +99,6 @@ def sampling_build(tmp_path_factory):
                CUDA_HOME=str(fake), FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0",
                PATH=f"{fake}/bin:{os.environ['PATH']}",
                PYTHONPATH=os.pathsep.join([str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    code = ("import helpers.fakegpu, sys\nfrom flashinfer_sm120.cli import main\n"
-            "sys.exit(main(['build', 'sampling', '--json', '-j', '2'] + sys.argv[1:]))\n")
-    cmd = [sys.executable, "-c", code]
     cg, why = None, None
     for version in ("2", "1"):
         cg, why = cgroup_util.make(version)
@@ -111,7 +108,8 @@ def sampling_build(tmp_path_factory):
     out = {"env": env, "fake": fake, "cgroup": None, "cgroup_skip": why}
     try:
         if cg is not None:
-            proc = subprocess.run(run(cmd + ["--ninja-only"]), env=env, capture_output=True, text=True, timeout=600)
+            proc = cli(["build", "sampling", "--json", "-j", "2", "--ninja-only"], env, 600, fakegpu=True,
+                       python=sys.executable, prefix=run([]))
             assert proc.returncode == 0, proc.stderr[-3000:]
             base = cg.peak()  # Python with torch and FlashInfer, writing the ninja file
             ninja_file = json.loads(proc.stdout)["modules"][0]["ninja"]
@@ -128,7 +126,8 @@ def sampling_build(tmp_path_factory):
             cg.reset_peak()
             out["cgroup"] = {"base": base, "one": one, "limit": limit}
         t0 = time.monotonic()
-        proc = subprocess.run(run(cmd), env=env, capture_output=True, text=True, timeout=1800)
+        proc = cli(["build", "sampling", "--json", "-j", "2"], env, 1800, fakegpu=True, python=sys.executable,
+                   prefix=run([]))
         out.update(proc=proc, wall=time.monotonic() - t0)
         if cg is not None:
             out["cgroup"].update(peak=cg.peak(), oom_kills=cg.oom_kills())

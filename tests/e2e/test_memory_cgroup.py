@@ -20,6 +20,7 @@ import sys
 import pytest
 
 from helpers import cgroups as cgroup_util
+from helpers.child import cli
 from helpers.host import needs_flashinfer
 from helpers.toolkits import make_toolkit, script
 
@@ -69,9 +70,8 @@ def fake_tools(tmp_path, clean_env):
 
 
 def _build(cg, env, *extra):
-    cmd = [sys.executable, "-m", "flashinfer_sm120", "build", "activation", "norm", "rope", "page",
-           "--act", "silu,gelu,gelu_tanh", "--arch", "12.0", "-j", "8", "--json", *extra]
-    return subprocess.run(cg.prefix(cmd), env=env, capture_output=True, text=True, timeout=600)
+    return cli(["build", "activation", "norm", "rope", "page", "--act", "silu,gelu,gelu_tanh", "--arch", "12.0",
+                "-j", "8", "--json", *extra], env, 600, python=sys.executable, prefix=cg.prefix([]))
 
 
 @pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
 
 #: The session's forkserver.Client, started on first use; ``[None]`` when off (``pytest --no-forkserver``).
 _SERVER: list = []
@@ -59,14 +60,16 @@ def run_py(code: str, env: dict, timeout: float = 600) -> tuple[dict, subprocess
                          f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}")
 
 
-def cli(args, env: dict, timeout: float = 600, *, fakegpu: bool = False,
-        python: str | None = None) -> subprocess.CompletedProcess:
+def cli(args, env: dict, timeout: float = 600, *, fakegpu: bool = False, python: str | None = None,
+        prefix: Sequence[str] = ()) -> subprocess.CompletedProcess:
     """``flashinfer-sm120 ARGS`` with ``env``, captured as text: forked where the environment allows
     (:func:`run_code`); with ``python``, ``python -m flashinfer_sm120`` as a new process of that
-    interpreter (another venv's, or ``sys.executable`` where a test needs a real start-up).
-    ``fakegpu`` imports ``helpers.fakegpu`` first (``FAKE_GPU_CAPS`` then says what GPUs there are)."""
+    interpreter (another venv's, or ``sys.executable`` where a test needs a real start-up), run by
+    ``prefix`` if given (``setpriv ...``, ``unshare ...``, ``nice -n 10``).  ``fakegpu`` imports
+    ``helpers.fakegpu`` first (``FAKE_GPU_CAPS`` then says what GPUs there are)."""
     code = ("import helpers.fakegpu\n" if fakegpu else "") + RUN_MODULE
     if python is None:
+        assert not prefix, "a prefix runs a new process: pass python= too"
         return run_code(code, env, timeout, tuple(args))
     argv = [python, "-c", code] if fakegpu else [python, "-m", "flashinfer_sm120"]
-    return subprocess.run([*argv, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([*prefix, *argv, *args], env=env, capture_output=True, text=True, timeout=timeout)

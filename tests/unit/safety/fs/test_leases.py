@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import TESTS
+from helpers.child import cli
 from helpers.host import needs_flashinfer
 from helpers.views import pip_like
 
@@ -86,10 +87,8 @@ def stop(p: subprocess.Popen) -> None:
 def prune(env: dict, *args: str, ns: bool = False) -> dict:
     """The real ``flashinfer-sm120 cache prune --older-than 0 --yes --json`` (in a new PID
     namespace with its own /proc when ``ns``): ``{path: entry}``."""
-    cmd = [sys.executable, "-m", "flashinfer_sm120", "cache", "prune", "--older-than", "0", "--yes", "--json", *args]
-    if ns:
-        cmd = ["unshare", "-pf", "--mount-proc", *cmd]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = cli(["cache", "prune", "--older-than", "0", "--yes", "--json", *args], env, 300, python=sys.executable,
+               prefix=["unshare", "-pf", "--mount-proc"] if ns else ())
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout[-2000:] + proc.stderr[-4000:]
     return {e["path"]: e for e in json.loads(proc.stdout)["entries"]}
 

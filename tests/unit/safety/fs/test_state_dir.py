@@ -83,9 +83,8 @@ def test_the_workspace_check_names_the_foreign_tree_and_creates_nothing(shared_t
 
 
 def _as_nobody(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                           sys.executable, "-m", "flashinfer_sm120", *args], env=env, capture_output=True,
-                          text=True, timeout=300)
+    return cli(args, env, 300, python=sys.executable,
+               prefix=["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"])
 
 
 @needs_root
