@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 import textwrap
-from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, TESTS, child, prune, servers, views, warm
+from helpers import ROOT, TESTS, child, probing, prune, servers, views, warm
 from helpers.checkout import checkout_entries
 from helpers.host import REAL_NVCC13
 
@@ -123,10 +120,8 @@ def warmed(clean_env, tmp_path, real_nvcc13):
 @pytest.fixture
 def shared_tmp():
     """A directory every uid may enter (pytest's tmp dirs are 0700, closed to other uids)."""
-    d = Path(tempfile.mkdtemp(prefix="state-dir-"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+    with probing.reachable_dir() as d:
+        yield d
 
 
 @pytest.fixture

@@ -141,7 +141,7 @@ def test_a_killed_build_leaves_no_ninja_or_compiler_running(tmp_path):
     import sys
 
     mark = "297.314159"  # the compile steps sleep this long: found by it in /proc
-    job = _module(tmp_path, "m", 2, sleep=mark)
+    job = fake_job(tmp_path, "m", 2, sleep=mark)
     proc = subprocess.Popen([sys.executable, "-c", KILLED_POOL, str(job.build_dir)], stdout=subprocess.PIPE, text=True)
     try:
         for _ in range(600):
