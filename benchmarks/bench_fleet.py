@@ -114,13 +114,13 @@ def shared_cache(args) -> dict:
 
 
 def memory_policy(args) -> dict:
-    import cgroup_util
-    from conftest import make_toolkit
+    from helpers import cgroups
+    from helpers.toolkits import make_toolkit
 
     limit = args.limit
     out: dict = {"limit": limit, "compile_mb": args.compile_mb}
     for version in ("2", "1"):
-        cg, why = cgroup_util.make(version)
+        cg, why = cgroups.make(version)
         if cg is not None:
             break
     else:
@@ -128,10 +128,10 @@ def memory_policy(args) -> dict:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             tk = make_toolkit(Path(tmp) / "tk", "13.0.88", curand=True)
-            cgroup_util.install_fake_nvcc(tk)
+            cgroups.install_fake_nvcc(tk)
             (tk / "include" / "cublasLt.h").write_text("/* fake: norm includes it */\n")
             cxx = Path(tmp) / "fakecxx"
-            cxx.write_text(cgroup_util.FAKE_CXX)
+            cxx.write_text(cgroups.FAKE_CXX)
             cxx.chmod(0o755)
             cg.set_limit(limit)
             out["cgroup"] = f"v{cg.version} {cg.path}"
@@ -151,7 +151,7 @@ def memory_policy(args) -> dict:
                 out[label] = {"ok": proc.returncode == 0, "wall_s": round(time.monotonic() - t0, 1),
                               "peak_bytes": cg.peak(), "peak_vs_limit": round(cg.peak() / limit, 3),
                               "oom_kills": cg.oom_kills() - kills0,
-                              "compiles_at_once": cgroup_util.max_overlap(log) if log.exists() else 0}
+                              "compiles_at_once": cgroups.max_overlap(log) if log.exists() else 0}
     finally:
         cg.close()
     return out

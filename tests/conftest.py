@@ -1,77 +1,35 @@
-"""Shared fixtures: fake toolkits, a real CUDA 13 nvcc, and a subprocess runner.
+"""The fixtures the tests share, and the session's hooks (the fork server, the checkout guard).
 
-Patching FlashInfer is process-wide, so every test that imports FlashInfer runs
-it in a fresh child Python (see :func:`run_py`).
+Patching FlashInfer is process-wide, so every test that imports FlashInfer runs it in a fresh child
+Python (``helpers.child.run_py``).  Functions live in ``tests/helpers``; test files import from there.
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-import site
-import subprocess
 import sys
-import sysconfig
 import textwrap
-from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parent
+from helpers import ROOT, TESTS, child, probing, prune, servers, views, warm
+from helpers.checkout import checkout_entries
+from helpers.host import REAL_NVCC13
 
 
-def make_toolkit(root: Path, version: str = "12.8.93", header: str | None = None, *,
-                 nvcc_script: str | None = None, lib64: bool = True, curand: bool = False,
-                 version_json: bool = False) -> Path:
-    """A fake CUDA toolkit: ``bin/nvcc`` is a shell script printing ``version``."""
-    mm = ".".join(version.split(".")[:2])
-    (root / "bin").mkdir(parents=True)
-    nvcc = root / "bin" / "nvcc"
-    nvcc.write_text(nvcc_script or textwrap.dedent(f"""\
-        #!/bin/sh
-        echo "nvcc: NVIDIA (R) Cuda compiler driver"
-        echo "Cuda compilation tools, release {mm}, V{version}"
-        echo "Build cuda_{mm}.r{mm}/compiler.0_0"
-        """))
-    nvcc.chmod(0o755)
-    inc = root / "include"
-    inc.mkdir()
-    hmaj, hmin = (header or mm).split(".")[:2]
-    (inc / "cuda_runtime_api.h").write_text(f"#define CUDART_VERSION {int(hmaj) * 1000 + int(hmin) * 10}\n")
-    if curand:
-        (inc / "curand.h").write_text("/* fake */\n")
-    if lib64:
-        (root / "lib64" / "stubs").mkdir(parents=True)
-        (root / "lib64" / "libcudart.so").write_text("")
-        (root / "lib64" / "stubs" / "libcuda.so").write_text("")
-    if version_json:
-        (root / "version.json").write_text(json.dumps({"cuda_nvcc": {"version": version}}))
-    return root
+def pytest_addoption(parser):
+    parser.addoption("--no-forkserver", action="store_true",
+                     help="run every child Python as a new interpreter (see tests/helpers/forkserver.py)")
 
 
-def _real_nvcc13_root() -> str | None:
-    dirs = []
-    for getter in (site.getsitepackages, lambda: [sysconfig.get_paths()["purelib"]]):
-        try:
-            dirs += getter()
-        except Exception:
-            pass
-    roots = [p for d in dirs for p in glob.glob(os.path.join(d, "nvidia", "cu13"))]
-    roots += sorted(glob.glob("/usr/local/cuda-13*"), reverse=True)
-    for root in roots:
-        nvcc = os.path.join(root, "bin", "nvcc")
-        if os.access(nvcc, os.X_OK):
-            try:
-                out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30).stdout
-            except Exception:
-                continue
-            if "release 13." in out:
-                return root
-    return None
+def pytest_configure(config):
+    if config.getoption("--no-forkserver"):
+        child.forkserver_off()
 
 
-REAL_NVCC13 = _real_nvcc13_root()
+def pytest_sessionfinish(session):
+    child.close_forkserver()
 
 
 @pytest.fixture
@@ -81,13 +39,6 @@ def real_nvcc13() -> str:
         pytest.skip("no CUDA 13 nvcc found (pip install 'cuda-toolkit[nvcc,cccl,curand]==13.0.*' "
                     "or install one at /usr/local/cuda-13.0)")
     return REAL_NVCC13
-
-
-def wheels_dir() -> str:
-    """The documented cache of downloaded wheels (old FlashInfer releases, the aarch64 CUDA
-    wheels): ``$FLASHINFER_SM120_TEST_WHEELS``, default ``~/.cache/flashinfer-sm120-test-wheels``."""
-    return os.environ.get("FLASHINFER_SM120_TEST_WHEELS") or os.path.expanduser(
-        "~/.cache/flashinfer-sm120-test-wheels")
 
 
 @pytest.fixture
@@ -103,107 +54,17 @@ def clean_env(tmp_path):
     return env
 
 
-_FORKSERVER: list = []  # the session's forkserver.Client, started on first use; [None] when off
-
-
-def pytest_addoption(parser):
-    parser.addoption("--no-forkserver", action="store_true",
-                     help="run every child Python as a new interpreter (see tests/helpers/forkserver.py)")
-
-
-def pytest_configure(config):
-    if config.getoption("--no-forkserver"):
-        _FORKSERVER.append(None)
-
-
-def pytest_sessionfinish(session):
-    if _FORKSERVER and _FORKSERVER[0] is not None:
-        _FORKSERVER[0].close()
-
-
-#: What a test run may leave in the checkout: the environment and the tools' own caches.
-CHECKOUT_ALLOWED = (".venv", "venv", ".pytest_cache", ".hypothesis", "__pycache__", "*.egg-info")
-
-
-def _allowed(path: str) -> bool:
-    return any(part == a or (a.startswith("*") and part.endswith(a[1:]))
-               for part in path.rstrip("/").split("/") for a in CHECKOUT_ALLOWED)
-
-
-def checkout_entries(root: Path) -> set[str] | None:
-    """``git status --porcelain --ignored`` of ``root`` (untracked and ignored entries, changed
-    files), less :data:`CHECKOUT_ALLOWED`; ``None`` when ``root`` is not a git checkout."""
-    try:
-        proc = subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=root, capture_output=True,
-                              text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if proc.returncode != 0:
-        return None
-    return {line for line in proc.stdout.splitlines() if not _allowed(line[3:])}
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _nothing_written_into_the_checkout():
     """The suite writes only into temporary directories: an entry the checkout did not have
     before the run fails it (a test or command that wrote into the working directory)."""
-    root = TESTS.parent
+    root = ROOT
     before = checkout_entries(root)
     yield
     after = checkout_entries(root)
     if before is not None and after is not None:
         new = sorted(after - before)
         assert not new, f"the test run wrote into the checkout {root}: {new}"
-
-
-def run_code(code: str, env: dict, timeout: float = 600, args: tuple = ()) -> subprocess.CompletedProcess:
-    """``python -c code *args`` with ``env``, captured as text: a fresh process, forked from the
-    session's fork server (torch and FlashInfer's dependencies already imported, FlashInfer and
-    flashinfer_sm120 not) when the environment allows it, else a new interpreter."""
-    code = textwrap.dedent(code)
-    if not _FORKSERVER:
-        try:
-            from helpers import forkserver
-
-            _FORKSERVER.append(forkserver.Client())
-        except Exception:  # no fork server: new interpreters, as before
-            _FORKSERVER.append(None)
-    server = _FORKSERVER[0]
-    if server is not None and server.usable_for(env):
-        return server.run(code, env, timeout, args=list(args))
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
-
-
-#: ``python -m flashinfer_sm120`` as code for :func:`run_code` (its arguments follow in ``args``).
-RUN_MODULE = "import runpy\nrunpy.run_module('flashinfer_sm120', run_name='__main__', alter_sys=True)\n"
-
-
-def run_py(code: str, env: dict, timeout: float = 600) -> tuple[dict, subprocess.CompletedProcess]:
-    """Run ``code`` in a fresh Python (:func:`run_code`); it must print one JSON line prefixed ``@@``."""
-    proc = run_code(code, env, timeout)
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("@@"):
-            return json.loads(line[2:]), proc
-    raise AssertionError(f"child printed no result (exit {proc.returncode}):\n"
-                         f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}")
-
-
-def has_flashinfer() -> bool:
-    try:
-        import importlib.util
-
-        return importlib.util.find_spec("flashinfer") is not None
-    except Exception:
-        return False
-
-
-needs_flashinfer = pytest.mark.skipif(not has_flashinfer(), reason="flashinfer-python is not installed")
-
-
-def cli(args, env, timeout=600):
-    """``python -m flashinfer_sm120 ARGS`` (a forked child where the environment allows, see run_code)."""
-    return run_code(RUN_MODULE, env, timeout, args)
 
 
 @pytest.fixture
@@ -239,3 +100,81 @@ def cache_dir(tmp_path, monkeypatch):
     statedir.forget_cache_root()
     yield d
     statedir.forget_cache_root()
+
+
+@pytest.fixture
+def warmed(clean_env, tmp_path, real_nvcc13):
+    """A JIT cache built by ``build --from`` a recorded manifest of two modules with a fake compiler
+    (``helpers.warm``): ``(env, manifest, compiler log, tmp_path)``."""
+    env, log = warm.fake_compiler_env(clean_env, tmp_path)
+    manifest = tmp_path / "m.jsonl"
+    child.run_py(warm.RECORD, dict(env, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0", FLASHINFER_DISABLE_JIT="1",
+                                   FLASHINFER_SM120_RECORD=str(manifest)))
+    assert len(manifest.read_text().splitlines()) == 2
+    proc = child.cli(["build", "--from", str(manifest), "-j", "2", "--json"], env, fakegpu=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {m["status"] for m in json.loads(proc.stdout)["modules"]} == {"built"}
+    return env, manifest, log, tmp_path
+
+
+@pytest.fixture
+def shared_tmp():
+    """A directory every uid may enter (pytest's tmp dirs are 0700, closed to other uids)."""
+    with probing.reachable_dir() as d:
+        yield d
+
+
+@pytest.fixture
+def server_env(clean_env, tmp_path):
+    """A child environment: the stand-ins importable (vllm, sglang), the autoload's .pth in a
+    site dir the child adds, HOME in tmp, no FLASHINFER_WORKSPACE_BASE, and a system PATH with
+    neither ninja nor nvcc (the venv's bin is not on it, as under systemd)."""
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    assert child.cli(["enable", "--site-dir", str(site_dir)], clean_env, python=sys.executable).returncode == 0
+    env = dict(clean_env, HOME=str(tmp_path / "home"), FAKE_GPU_CAPS="12.0",
+               PATH=str(servers.system_bin_without(tmp_path / "sysbin", "ninja", "nvcc")))
+    env.pop("FLASHINFER_WORKSPACE_BASE")
+    env["PYTHONPATH"] += os.pathsep + str(servers.STANDINS)
+    (tmp_path / "home").mkdir()
+    return env, site_dir
+
+
+@pytest.fixture
+def caches(tmp_path, monkeypatch):
+    """Our cache with a current and a stale view, FlashInfer's cache with current and stale workspaces."""
+    from flashinfer_sm120.safety.fs import lease
+    from flashinfer_sm120.core.facts.workspace import tag_for
+    from flashinfer_sm120.core.toolkit import inspect
+    from flashinfer_sm120.core.view import linkable_home
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASHINFER", "CUDA_", "SGLANG"))}
+    env.update(HOME=str(tmp_path / "home"), FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "ours"),
+               FLASHINFER_WORKSPACE_BASE=str(tmp_path / "base"), SGLANG_CACHE_DIR=str(tmp_path / "sglang"))
+    for k in ("FLASHINFER_SM120_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "SGLANG_CACHE_DIR", "HOME"):
+        monkeypatch.setenv(k, env[k])
+    (tmp_path / "ours").mkdir(mode=0o700)
+    keep_tk = views.pip_like(tmp_path / "keep", "13.0.88")
+    gone_tk = views.pip_like(tmp_path / "gone", "13.0.48")
+    keep_view = linkable_home(inspect(str(keep_tk))).path
+    gone_view = linkable_home(inspect(str(gone_tk))).path
+    for v in (keep_view, gone_view):  # chosen here, used by no process of the test (the lease says "in use")
+        lease.release(v)
+    current_tag = tag_for(inspect(str(keep_tk)))
+    fi_root = tmp_path / "base" / ".cache" / "flashinfer"
+    fi_new = prune.fake_flashinfer(tmp_path / "site-new", "0.7.4")
+    fi_moved = prune.fake_flashinfer(tmp_path / "site-moved", "0.7.4")  # upgraded below: holds 0.7.5 now
+    ws = {
+        "current": prune.workspace(fi_root, f"0.7.4/120f/{current_tag}", keep_view, fi_new, ("sampling", "decode")),
+        "toolkit gone": prune.workspace(fi_root, "0.7.4/120f/nvcc13.0.48-0123abcd", gone_view, fi_new),
+        "toolkit changed": prune.workspace(fi_root, "0.7.4/120f/nvcc13.0.88-deadbeef", keep_view, fi_new),
+        "release gone": prune.workspace(fi_root, "0.6.18/120f/" + current_tag, keep_view, tmp_path / "site-old" / "flashinfer"),
+        "release replaced": prune.workspace(fi_root, "0.7.4/121a/" + current_tag, keep_view, fi_moved),
+        "unpatched current": prune.workspace(fi_root, "0.7.4/120f", keep_view, fi_new),
+    }
+    (fi_moved.parent / "flashinfer_python-0.7.4.dist-info").rename(fi_moved.parent / "flashinfer_python-0.7.5.dist-info")
+    (fi_moved.parent / "flashinfer_python-0.7.5.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: flashinfer-python\nVersion: 0.7.5\n")
+    os.unlink(os.path.join(gone_tk, "bin", "nvcc"))  # that toolkit is uninstalled
+    return {"env": env, "tmp": tmp_path, "ws": ws, "keep_view": keep_view, "gone_view": gone_view,
+            "fi_root": fi_root, "ours": tmp_path / "ours", "keep_tk": keep_tk, "gone_tk": gone_tk}

@@ -15,7 +15,10 @@ import time
 
 import pytest
 
-from conftest import REAL_NVCC13, TESTS, make_toolkit, needs_flashinfer, run_py
+from helpers import TESTS
+from helpers.child import cli, run_py
+from helpers.host import REAL_NVCC13, needs_flashinfer
+from helpers.toolkits import make_toolkit
 
 pytestmark = [needs_flashinfer, pytest.mark.slow, pytest.mark.nvcc]
 
@@ -96,9 +99,6 @@ def sampling_build(tmp_path_factory):
                CUDA_HOME=str(fake), FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0",
                PATH=f"{fake}/bin:{os.environ['PATH']}",
                PYTHONPATH=os.pathsep.join([str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    code = ("import helpers.fakegpu, sys\nfrom flashinfer_sm120.cli import main\n"
-            "sys.exit(main(['build', 'sampling', '--json', '-j', '2'] + sys.argv[1:]))\n")
-    cmd = [sys.executable, "-c", code]
     cg, why = None, None
     for version in ("2", "1"):
         cg, why = cgroup_util.make(version)
@@ -108,7 +108,8 @@ def sampling_build(tmp_path_factory):
     out = {"env": env, "fake": fake, "cgroup": None, "cgroup_skip": why}
     try:
         if cg is not None:
-            proc = subprocess.run(run(cmd + ["--ninja-only"]), env=env, capture_output=True, text=True, timeout=600)
+            proc = cli(["build", "sampling", "--json", "-j", "2", "--ninja-only"], env, 600, fakegpu=True,
+                       python=sys.executable, prefix=run([]))
             assert proc.returncode == 0, proc.stderr[-3000:]
             base = cg.peak()  # Python with torch and FlashInfer, writing the ninja file
             ninja_file = json.loads(proc.stdout)["modules"][0]["ninja"]
@@ -125,7 +126,8 @@ def sampling_build(tmp_path_factory):
             cg.reset_peak()
             out["cgroup"] = {"base": base, "one": one, "limit": limit}
         t0 = time.monotonic()
-        proc = subprocess.run(run(cmd), env=env, capture_output=True, text=True, timeout=1800)
+        proc = cli(["build", "sampling", "--json", "-j", "2"], env, 1800, fakegpu=True, python=sys.executable,
+                   prefix=run([]))
         out.update(proc=proc, wall=time.monotonic() - t0)
         if cg is not None:
             out["cgroup"].update(peak=cg.peak(), oom_kills=cg.oom_kills())
@@ -163,9 +165,7 @@ def test_shim_builds_real_sampling_kernels_for_sm120f(sampling_build):
     dry = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ninja"), "-n", "-C", d, "-f",
                           os.path.join(d, "build.ninja")], capture_output=True, text=True)
     assert "no work to do" in dry.stdout, dry.stdout[-2000:]
-    code = ("import helpers.fakegpu, sys\nfrom flashinfer_sm120.cli import main\n"
-            "sys.exit(main(['build', 'sampling', '--json', '-j', '2']))\n")
-    again = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    again = cli(["build", "sampling", "--json", "-j", "2"], env, 600, fakegpu=True, python=sys.executable)
     assert again.returncode == 0, again.stderr[-3000:]
     assert [m["status"] for m in json.loads(again.stdout)["modules"]] == ["up to date"]
     assert again.stderr.count("up to date: sampling") == 1 and "to build" not in again.stderr

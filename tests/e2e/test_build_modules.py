@@ -22,13 +22,12 @@ path, ``FLASHINFER_USE_CUDA_NORM=1``), ``apply_rope_with_cos_sin_cache_inplace``
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-from conftest import needs_flashinfer, run_py
-from integration.test_releases import _release_dir
+from helpers.child import cli, run_py
+from helpers.host import needs_flashinfer, release_dir
 
 pytestmark = needs_flashinfer
 
@@ -112,9 +111,8 @@ print("@@" + json.dumps(out))
 
 
 def _build(env, names):
-    code = "import sys, helpers.fakegpu\nfrom flashinfer_sm120.cli import main\nsys.exit(main(sys.argv[1:]))"
-    proc = subprocess.run([sys.executable, "-c", code, "build", "--arch", "12.0", "--ninja-only", "--json", *names],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = cli(["build", "--arch", "12.0", "--ninja-only", "--json", *names], env, 300, fakegpu=True,
+               python=sys.executable)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {m["name"]: m for m in json.loads(proc.stdout)["modules"]}
 
@@ -123,7 +121,7 @@ def _build(env, names):
 @pytest.mark.parametrize("release", RELEASES)
 def test_build_writes_what_the_public_api_loads(release, clean_env, real_nvcc13):
     env = dict(clean_env, FAKE_GPU_CAPS="12.0", FLASHINFER_CUDA_ARCH_LIST="12.0")
-    target = _release_dir(release)
+    target = release_dir(release)
     if target:
         env["PYTHONPATH"] = target + os.pathsep + env["PYTHONPATH"]
     api, proc = run_py(API, dict(env, FLASHINFER_USE_CUDA_NORM="1"))

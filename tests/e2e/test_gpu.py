@@ -18,8 +18,9 @@ import sys
 
 import pytest
 
-from conftest import needs_flashinfer
-from helpers.deploy import ROOT
+from helpers import ROOT
+from helpers.child import cli
+from helpers.host import needs_flashinfer
 
 torch = pytest.importorskip("torch")
 
@@ -82,13 +83,11 @@ def test_the_shim_adds_nothing_at_run_time(report):
 def test_json_names_the_gpu_driver_toolkit_and_targets(report):
     assert report["gpus"] and report["gpus"][0]["capability"]
     assert report["toolkit"]["cuda_version"] and report["targets"]
-    assert report["wall_s"] <= report["budget_s"] + 60
 
 
 def test_doctor_smoke_runs_the_kernel(clean_env):
     env = {k: v for k, v in clean_env.items() if k != "FLASHINFER_CUDA_ARCH_LIST"}
-    proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "doctor", "--smoke", "--json"], env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = cli(["doctor", "--smoke", "--json"], env, 600, python=sys.executable)
     smoke = json.loads(proc.stdout)["smoke"]
     steps = {s["name"]: s for s in smoke["steps"]}
     assert smoke["ok"], smoke

@@ -20,7 +20,9 @@ import sys
 import pytest
 
 from helpers import cgroups as cgroup_util
-from conftest import make_toolkit, needs_flashinfer
+from helpers.child import cli
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit, script
 
 GIB, MIB = 1 << 30, 1 << 20
 
@@ -60,9 +62,7 @@ def fake_tools(tmp_path, clean_env):
     tk = make_toolkit(tmp_path / "tk", "13.0.88", curand=True)
     cgroup_util.install_fake_nvcc(tk)
     (tk / "include" / "cublasLt.h").write_text("/* fake: norm includes it */\n")
-    cxx = tmp_path / "fakecxx"
-    cxx.write_text(cgroup_util.FAKE_CXX)
-    cxx.chmod(0o755)
+    cxx = script(tmp_path / "fakecxx", cgroup_util.FAKE_CXX)
     env = dict(clean_env, CUDA_HOME=str(tk), CXX=str(cxx), FAKE_NVCC_MB="400", FAKE_NVCC_HOLD="0.5",
                FAKE_NVCC_LOG=str(tmp_path / "nvcc.log"), FLASHINFER_SM120_QUIET="1")
     env.pop("MAX_JOBS", None)
@@ -70,9 +70,8 @@ def fake_tools(tmp_path, clean_env):
 
 
 def _build(cg, env, *extra):
-    cmd = [sys.executable, "-m", "flashinfer_sm120", "build", "activation", "norm", "rope", "page",
-           "--act", "silu,gelu,gelu_tanh", "--arch", "12.0", "-j", "8", "--json", *extra]
-    return subprocess.run(cg.prefix(cmd), env=env, capture_output=True, text=True, timeout=600)
+    return cli(["build", "activation", "norm", "rope", "page", "--act", "silu,gelu,gelu_tanh", "--arch", "12.0",
+                "-j", "8", "--json", *extra], env, 600, python=sys.executable, prefix=cg.prefix([]))
 
 
 @pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes

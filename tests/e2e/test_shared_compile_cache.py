@@ -21,7 +21,8 @@ import time
 
 import pytest
 
-from conftest import needs_flashinfer
+from helpers.child import cli
+from helpers.host import needs_flashinfer
 from flashinfer_sm120.core.jitenv import launcher
 
 
@@ -88,9 +89,8 @@ def _node(tmp_path, name, clean_env, cuda, endpoint, sccache):
     env.pop("XDG_CACHE_HOME", None)
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(["nice", "-n", "10", sys.executable, "-m", "flashinfer_sm120", "build", "sampling",
-                               "--arch", "12.0", "--compiler-cache", "sccache", "--json"],
-                              env=env, capture_output=True, text=True, timeout=1800)
+        proc = cli(["build", "sampling", "--arch", "12.0", "--compiler-cache", "sccache", "--json"], env, 1800,
+                   python=sys.executable, prefix=["nice", "-n", "10"])
     finally:
         subprocess.run([sccache, "--stop-server"], env=env, capture_output=True, timeout=60)
     wall = time.monotonic() - t0

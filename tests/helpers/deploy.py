@@ -9,9 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parents[1]
-ROOT = TESTS.parent
-SRC = ROOT / "src"
+from helpers import SRC
+
 PTH_NAME = "flashinfer_sm120_autoload.pth"
 
 
@@ -55,8 +54,3 @@ def env_without(*names: str, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in names}
     env.update(extra)
     return env
-
-
-def cli(args, env, timeout=300, python=None):
-    return subprocess.run([python or sys.executable, "-m", "flashinfer_sm120", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout)

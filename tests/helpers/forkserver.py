@@ -1,4 +1,4 @@
-"""A fork server for the tests' child Pythons (:func:`conftest.run_py`).
+"""A fork server for the tests' child Pythons (:func:`helpers.child.run_py`).
 
 Most tests run FlashInfer in a fresh child Python, because patching is process-wide.
 About three quarters of such a child's start-up is importing torch and FlashInfer's

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import make_toolkit
+from helpers.toolkits import make_toolkit
 
 #: Oldest nvcc release that accepts each sm_ number (a subset of arch.MIN_NVCC,
 #: written out again so the fake does not trust the code under test).

@@ -1,4 +1,4 @@
-"""Helpers for the probe/trust/state tests: hostile nvcc scripts, another uid,
+"""Helpers for the probe/trust/state tests: hostile nvcc scripts, another uid (and a home of theirs),
 private mount namespaces, and a /proc scan for processes left behind."""
 
 from __future__ import annotations
@@ -17,17 +17,21 @@ from pathlib import Path
 
 import pytest
 
+from helpers.toolkits import script
+
 #: An uid/gid with (normally) no passwd entry, used as "another user".
 OTHER_UID = 54321
+#: The ``nobody`` uid: another user who owns a home (``sudo -E`` with their ``HOME``).
+NOBODY = 65534
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (to own files as another uid)")
 
 
 def hostile_toolkit(root: Path, body: str, *, header: str = "13.0") -> Path:
     """A toolkit without version files, so its nvcc is reached through the
     ``nvcc --version`` fallback; ``body`` is the shell script after ``#!/bin/sh``."""
     (root / "bin").mkdir(parents=True)
-    nvcc = root / "bin" / "nvcc"
-    nvcc.write_text("#!/bin/sh\n" + textwrap.dedent(body))
-    nvcc.chmod(0o755)
+    script(root / "bin" / "nvcc", "#!/bin/sh\n" + textwrap.dedent(body))
     (root / "include").mkdir()
     hmaj, hmin = header.split(".")
     (root / "include" / "cuda_runtime_api.h").write_text(
@@ -128,3 +132,28 @@ def lock_held_as(uid: int, path: Path) -> Iterator[subprocess.Popen]:
             if not holders(path):
                 break
             time.sleep(0.05)
+
+
+def user_home(base: Path, uid: int = NOBODY) -> Path:
+    """``base/home``, owned by ``uid`` (mode 755)."""
+    home = base / "home"
+    home.mkdir()
+    os.chown(home, uid, uid)
+    home.chmod(0o755)
+    return home
+
+
+def home_env(home: Path, tmpdir: Path, **extra) -> dict:
+    """This environment with ``HOME=home``, ``TMPDIR=tmpdir`` (made, mode 1777) and no cache or
+    toolkit variables: a command run as root with another user's ``HOME``."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("FLASHINFER_SM120_CACHE_DIR", "XDG_CACHE_HOME", "CUDA_HOME", "CUDA_PATH")}
+    tmpdir.mkdir(exist_ok=True)
+    tmpdir.chmod(0o1777)
+    env.update(HOME=str(home), TMPDIR=str(tmpdir), FLASHINFER_SM120_QUIET="1", **extra)
+    return env
+
+
+def created(*roots: Path) -> list[str]:
+    """Everything under ``roots``, sorted."""
+    return sorted(str(p) for r in roots for p in r.rglob("*"))

@@ -6,7 +6,9 @@ import os
 import shutil
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parents[1]
+from helpers import TESTS
+from helpers.toolkits import script
+
 STANDINS = TESTS / "standins"
 DIST_INFO = {"vllm": "vllm-0.33.0.dist-info", "sglang": "sglang-0.5.23.dist-info"}
 
@@ -33,11 +35,8 @@ def system_bin_without(dst: Path, *names: str) -> Path:
 def fake_ninja(path: Path, version: str, real: str | None = None) -> Path:
     """A ``ninja`` script printing ``version`` for ``--version``; anything else runs ``real``
     (or fails)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     rest = f'exec {real} "$@"' if real else "exit 3"
-    path.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then echo {version}; exit 0; fi\n{rest}\n')
-    path.chmod(0o755)
-    return path
+    return script(path, f'#!/bin/sh\nif [ "$1" = --version ]; then echo {version}; exit 0; fi\n{rest}\n')
 
 
 def wheel_ninja() -> str | None:

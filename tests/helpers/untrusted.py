@@ -1,5 +1,5 @@
-"""Helpers for the attack tests: an untrusted nvcc and wrappers that reach it, and files or
-directories another user controls."""
+"""Helpers for the untrusted-input tests: an untrusted nvcc, toolkits whose nvcc is any script
+(wrappers are ``helpers.toolkits.script``), and files or directories another user controls."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
+
+from helpers.toolkits import script
 
 RELEASE_LINE = "Cuda compilation tools, release 13.0, V13.0.88"
 
@@ -19,28 +21,15 @@ def untrusted_nvcc(tmp: Path) -> tuple[Path, Path]:
     evil.mkdir()
     evil.chmod(0o777)
     marker = tmp / "RAN"
-    nvcc = evil / "nvcc"
-    nvcc.write_text(f'#!/bin/sh\necho "{RELEASE_LINE}"\n/usr/bin/touch {marker}\n')
-    nvcc.chmod(0o755)
-    script = evil / "nvcc.sh"  # the same, under a name that does not end in /nvcc
-    script.write_text(nvcc.read_text())
-    script.chmod(0o755)
+    nvcc = script(evil / "nvcc", f'#!/bin/sh\necho "{RELEASE_LINE}"\n/usr/bin/touch {marker}\n')
+    script(evil / "nvcc.sh", nvcc.read_text())  # the same, under a name that does not end in /nvcc
     return nvcc, marker
-
-
-def wrapper(bin_dir: Path, name: str, text: str) -> Path:
-    """An executable file ``bin_dir/name`` (a trusted place: the test's own tmp dir)."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    p = bin_dir / name
-    p.write_text(text)
-    p.chmod(0o755)
-    return p
 
 
 def toolkit_with_nvcc(root: Path, nvcc_text: str, header: str = "13.0") -> Path:
     """A toolkit prefix without version files whose ``bin/nvcc`` is ``nvcc_text``,
     so ``inspect`` falls back to running ``nvcc --version``."""
-    wrapper(root / "bin", "nvcc", nvcc_text)
+    script(root / "bin" / "nvcc", nvcc_text)
     (root / "include").mkdir()
     hmaj, hmin = header.split(".")
     (root / "include" / "cuda_runtime_api.h").write_text(

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from conftest import make_toolkit
+from helpers.toolkits import make_toolkit
 
 
 def pip_like(base: Path, version: str = "13.0.88") -> Path:

@@ -12,9 +12,12 @@ import sys
 
 import pytest
 
-from conftest import make_toolkit, needs_flashinfer, run_py
-from helpers.deploy import (PTH_NAME, SRC, cli, copy_package, env_without, fake_package, make_venv,
-                         purelib)
+from helpers.child import run_py
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit
+from helpers import SRC
+from helpers.child import cli
+from helpers.deploy import PTH_NAME, copy_package, env_without, fake_package, make_venv, purelib
 
 HOOK = "FlashInferSm120Autoload"
 HOOK_FILE = "flashinfer_sm120_autoload.py"
@@ -32,7 +35,7 @@ def bare_venv(tmp_path_factory):
 def pth_in(bare_venv):
     py, site_dir = bare_venv
     env = env_without("FLASHINFER_SM120_DISABLE", "FLASHINFER_SM120_AUTOLOAD_TRIGGERS", "PYTHONPATH")
-    proc = cli(["enable", "--site-dir", str(site_dir)], dict(env, PYTHONPATH=str(SRC)))
+    proc = cli(["enable", "--site-dir", str(site_dir)], dict(env, PYTHONPATH=str(SRC)), python=sys.executable)
     assert proc.returncode == 0, proc.stderr
     yield py, site_dir
     for name in (PTH_NAME, HOOK_FILE):
@@ -46,7 +49,7 @@ def run(py, code, env, timeout=120):
 def test_enable_says_where_and_for_which_interpreter(tmp_path):
     d = tmp_path / "site"
     d.mkdir()
-    proc = cli(["enable", "--site-dir", str(d)], env_without("FLASHINFER_SM120_DISABLE"))
+    proc = cli(["enable", "--site-dir", str(d)], env_without("FLASHINFER_SM120_DISABLE"), python=sys.executable)
     assert proc.returncode == 0, proc.stderr
     pth = d / PTH_NAME
     assert str(pth) in proc.stdout and sys.executable in proc.stdout
@@ -121,8 +124,8 @@ def test_disable_works_with_the_package_broken(tmp_path, missing):
     site_dir = tmp_path / "site"
     site_dir.mkdir()
     env = env_without("FLASHINFER_SM120_DISABLE", PYTHONPATH=str(copy))
-    assert cli(["enable", "--site-dir", str(site_dir)], env).returncode == 0
-    proc = cli(["disable", "--site-dir", str(site_dir)], env)
+    assert cli(["enable", "--site-dir", str(site_dir)], env, python=sys.executable).returncode == 0
+    proc = cli(["disable", "--site-dir", str(site_dir)], env, python=sys.executable)
     assert proc.returncode == 0, proc.stderr
     assert not (site_dir / PTH_NAME).exists() and "removed" in proc.stdout
 
@@ -131,7 +134,7 @@ def test_disable_removes_the_old_eager_pth(tmp_path):
     site_dir = tmp_path / "site"
     site_dir.mkdir()
     (site_dir / PTH_NAME).write_text("import os, sys; exec(\"import flashinfer_sm120\")\n")  # 0.1.0 style
-    proc = cli(["disable", "--site-dir", str(site_dir)], env_without("FLASHINFER_SM120_DISABLE"))
+    proc = cli(["disable", "--site-dir", str(site_dir)], env_without("FLASHINFER_SM120_DISABLE"), python=sys.executable)
     assert proc.returncode == 0 and not (site_dir / PTH_NAME).exists()
 
 
@@ -154,7 +157,7 @@ def test_vllm_import_exports_the_toolkit_before_flashinfer_is_imported(clean_env
     fake = make_toolkit(tmp_path / "cuda-12.8")
     site_dir = tmp_path / "site"
     site_dir.mkdir()
-    assert cli(["enable", "--site-dir", str(site_dir)], clean_env).returncode == 0
+    assert cli(["enable", "--site-dir", str(site_dir)], clean_env, python=sys.executable).returncode == 0
     fake_package(tmp_path / "srv", "vllm", "import os\nCUDA_HOME_AT_IMPORT = os.environ.get('CUDA_HOME')\n")
     env = dict(clean_env, CUDA_HOME=str(fake), FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0",
                PATH=f"{fake}/bin:/usr/bin:/bin")
@@ -185,7 +188,7 @@ def test_what_enable_writes_is_readable_standard_library_source(tmp_path):
 
     d = tmp_path / "site"
     d.mkdir()
-    assert cli(["enable", "--site-dir", str(d)], env_without("FLASHINFER_SM120_DISABLE")).returncode == 0
+    assert cli(["enable", "--site-dir", str(d)], env_without("FLASHINFER_SM120_DISABLE"), python=sys.executable).returncode == 0
     assert sorted(p.name for p in d.iterdir()) == sorted([PTH_NAME, HOOK_FILE, "__pycache__"])
     pth, hook = (d / PTH_NAME).read_text(), (d / HOOK_FILE).read_text()
     assert pth == "import flashinfer_sm120_autoload; flashinfer_sm120_autoload.install()\n"
@@ -208,7 +211,7 @@ def test_disable_removes_the_module_and_its_bytecode(pth_in):
     assert run(py, "pass", env).returncode == 0  # another interpreter version caches its own .pyc
     pycs = list((site_dir / "__pycache__").glob("flashinfer_sm120_autoload.*.pyc"))
     assert pycs, "enable caches the module's bytecode (as pip does for installed files)"
-    proc = cli(["disable", "--site-dir", str(site_dir)], env_without("FLASHINFER_SM120_DISABLE", PYTHONPATH=str(SRC)))
+    proc = cli(["disable", "--site-dir", str(site_dir)], env_without("FLASHINFER_SM120_DISABLE", PYTHONPATH=str(SRC)), python=sys.executable)
     assert proc.returncode == 0, proc.stderr
     left = [p for p in site_dir.rglob("*flashinfer_sm120*")]
     assert left == [] and str(site_dir / HOOK_FILE) in proc.stdout
@@ -226,7 +229,7 @@ def test_doctor_names_a_pth_left_without_its_module(tmp_path):
 
     d = tmp_path / "site"
     d.mkdir()
-    assert cli(["enable", "--site-dir", str(d)], env_without("FLASHINFER_SM120_DISABLE")).returncode == 0
+    assert cli(["enable", "--site-dir", str(d)], env_without("FLASHINFER_SM120_DISABLE"), python=sys.executable).returncode == 0
     assert autoload._current(str(d))
     (d / HOOK_FILE).unlink()
     assert not autoload._current(str(d))

@@ -12,7 +12,7 @@ import logging
 
 import pytest
 
-from conftest import cli
+from helpers.child import cli
 
 LONG = 100_000
 #: What one command may print with one hostile value (its normal output is a few KB).

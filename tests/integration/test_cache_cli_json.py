@@ -11,8 +11,9 @@ import json
 
 import pytest
 
-from conftest import cli, needs_flashinfer
-from integration.test_cache_import import make_export
+from helpers.child import cli
+from helpers.host import needs_flashinfer
+from helpers.exports import make_export
 
 pytestmark = needs_flashinfer
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import needs_flashinfer, run_py
-from integration.test_cachepack import FAKE_CC, LOAD_AGAIN, cli
+from helpers.child import cli, run_py
+from helpers.host import needs_flashinfer
+from helpers.warm import LOAD_AGAIN, fake_compiler_env
 
 pytestmark = [needs_flashinfer, pytest.mark.slow]  # seconds: a whole build in child processes
 
@@ -19,12 +20,8 @@ pytestmark = [needs_flashinfer, pytest.mark.slow]  # seconds: a whole build in c
 @pytest.fixture
 def built(clean_env, tmp_path, real_nvcc13):
     """`build --arch 12.0 activation` (the README's way: by name, no manifest) with a fake compiler."""
-    cc = tmp_path / "fakecc"
-    cc.write_text(FAKE_CC)
-    cc.chmod(0o755)
-    log = tmp_path / "cc.log"
-    env = dict(clean_env, FLASHINFER_NVCC_LAUNCHER=str(cc), CXX=str(cc), FAKE_CC_LOG=str(log), FAKE_GPU_CAPS="")
-    proc = cli(["build", "--arch", "12.0", "activation", "-j", "2", "--json"], env)
+    env, log = fake_compiler_env(clean_env, tmp_path)
+    proc = cli(["build", "--arch", "12.0", "activation", "-j", "2", "--json"], env, fakegpu=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (module,) = json.loads(proc.stdout)["modules"]
     assert module["status"] == "built"
@@ -34,20 +31,20 @@ def built(clean_env, tmp_path, real_nvcc13):
 def test_export_by_name_imports_on_an_empty_workspace_without_compiling(built):
     env, log, name, tmp = built
     out = tmp / "act.tar.gz"
-    proc = cli(["cache", "export", str(out), "activation", "--arch", "12.0", "--json"], env)
+    proc = cli(["cache", "export", str(out), "activation", "--arch", "12.0", "--json"], env, fakegpu=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     assert doc["ok"] and doc["error"] is None and doc["modules"] == [{"module": name, "status": "exported"}]
 
     every = tmp / "all"
-    proc = cli(["cache", "export", str(every), "--all", "--arch", "12.0", "--json"], env)
+    proc = cli(["cache", "export", str(every), "--all", "--arch", "12.0", "--json"], env, fakegpu=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [m["module"] for m in json.loads(proc.stdout)["modules"] if m["status"] == "exported"] == [name]
 
     ws = Path(env["FLASHINFER_WORKSPACE_BASE"])
     ws.rename(tmp / "ws-built")  # another box: the same paths, nothing built
     for src in (out, every):
-        proc = cli(["cache", "import", str(src), "--json"], env)
+        proc = cli(["cache", "import", str(src), "--json"], env, fakegpu=True)
         assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
         doc = json.loads(proc.stdout)
         assert doc["ok"] and [m["status"] for m in doc["modules"]] == ["installed"], doc
@@ -66,7 +63,7 @@ def test_export_obeys_max_bytes_in_both_forms(built, form):
     with open(so.parent / "padding.bin", "wb") as fh:  # exported with the module's files
         fh.truncate(120 << 20)
     out = tmp / form
-    proc = cli(["cache", "export", str(out), "activation", "--arch", "12.0", "--max-bytes", "64M", "--json"], env)
+    proc = cli(["cache", "export", str(out), "activation", "--arch", "12.0", "--max-bytes", "64M", "--json"], env, fakegpu=True)
     doc = json.loads(proc.stdout)
     assert proc.returncode == 2 and doc["error"]["kind"] == "limit", doc
     assert str(64 << 20) in doc["error"]["message"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from conftest import needs_flashinfer
-from integration.test_cachepack import cli, warmed  # noqa: F401  (warmed: a fixture)
+from helpers.child import cli
+from helpers.host import needs_flashinfer
 
 pytestmark = needs_flashinfer
 
@@ -21,7 +21,7 @@ def test_export_never_writes_through_or_over_what_lies_beside_its_output(warmed)
     os.symlink(victim, str(out_link) + ".partial")
     (tmp / "b.tar.gz.partial").write_text("mine\n")
     for out in (out_link, out_file):
-        proc = cli(["cache", "export", "--from", str(manifest), str(out)], env)
+        proc = cli(["cache", "export", "--from", str(manifest), str(out)], env, fakegpu=True)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert out.is_file() and not out.is_symlink() and out.stat().st_size > 100
     assert victim.read_text() == "precious\n"
@@ -32,7 +32,7 @@ def test_export_never_writes_through_or_over_what_lies_beside_its_output(warmed)
 # --------------------------------------------------------------------------- FlashInfer's JIT directory as ninja reads it
 
 def _build_ninja_only(env, *extra):
-    return cli(["build", "--ninja-only", "--arch", "12.0", *extra, "norm"], env)
+    return cli(["build", "--ninja-only", "--arch", "12.0", *extra, "norm"], env, fakegpu=True)
 
 
 import pytest  # noqa: E402
@@ -59,7 +59,7 @@ def test_a_jit_directory_ninja_cannot_carry_is_refused(clean_env, tmp_path, var,
 
 
 def test_import_warns_when_flashinfer_jit_directory_breaks_its_ninja_files(clean_env, tmp_path):
-    from conftest import run_code
+    from helpers.child import run_code
 
     env = dict(clean_env, FLASHINFER_WORKSPACE_BASE=str(tmp_path / "w s"), FLASHINFER_CUDA_ARCH_LIST="12.0")
     proc = run_code("import flashinfer_sm120; flashinfer_sm120.install(); import flashinfer.jit.core", env, 300)

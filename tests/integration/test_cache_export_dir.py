@@ -13,8 +13,8 @@ import os
 import pytest
 
 from helpers.untrusted import make_unsafe
-from conftest import needs_flashinfer
-from integration.test_cachepack import cli, warmed  # noqa: F401  (warmed: a fixture)
+from helpers.child import cli
+from helpers.host import needs_flashinfer
 
 pytestmark = needs_flashinfer
 
@@ -25,7 +25,7 @@ def test_an_export_directory_another_user_controls_is_refused(warmed, how):
     out = tmp / "export"
     out.mkdir()
     make_unsafe(out, how)
-    proc = cli(["cache", "export", "--from", str(manifest), str(out)], env)
+    proc = cli(["cache", "export", "--from", str(manifest), str(out)], env, fakegpu=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "export directory" in proc.stderr and str(out) in proc.stderr
     assert os.listdir(out) == []
@@ -34,9 +34,9 @@ def test_an_export_directory_another_user_controls_is_refused(warmed, how):
 def test_an_export_to_a_new_directory_of_your_own_is_written(warmed):
     env, manifest, _log, tmp = warmed
     out = tmp / "mine"
-    proc = cli(["cache", "export", "--from", str(manifest), str(out)], env)
+    proc = cli(["cache", "export", "--from", str(manifest), str(out)], env, fakegpu=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     top = out / "flashinfer-sm120-cache"
     assert (top / "meta.json").is_file() and list((top / "jit").iterdir())
-    proc = cli(["cache", "import", str(out), "--json"], env)  # reads back: everything up to date
+    proc = cli(["cache", "import", str(out), "--json"], env, fakegpu=True)  # reads back: everything up to date
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]

@@ -5,23 +5,20 @@ sharing one JIT dir both succeed.  threat-model: P5, P6, P7."""
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import needs_flashinfer
+from helpers.exports import TOP, as_archive, make_export, sha
+from helpers.host import needs_flashinfer
 
 pytestmark = needs_flashinfer
 
-TOP = "flashinfer-sm120-cache"
 
 #: Installs the export argv[1] with the caps argv[2] (bytes) into this environment's JIT dir, after
 #: the go-file argv[3] appears (if given); prints one ``@@`` JSON line.  Settling (regenerating
@@ -51,47 +48,6 @@ except session.BuildError as exc:
 print("@@" + json.dumps(out))
 """
 
-
-def _sha(data_or_size) -> str:
-    h = hashlib.sha256()
-    if isinstance(data_or_size, int):
-        block = bytes(1 << 20)
-        left = data_or_size
-        while left:
-            h.update(block[:min(left, len(block))])
-            left -= min(left, len(block))
-    else:
-        h.update(data_or_size)
-    return h.hexdigest()
-
-
-def make_export(where: Path, files: dict[str, bytes | int], name: str = "m") -> Path:
-    """A directory export of one module ``name``: ``files`` maps paths under the export's top folder
-    to their bytes, or to a size for a sparse file of zeros."""
-    top = where / TOP
-    for rel, data in files.items():
-        p = top / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(data, int):
-            with open(p, "wb") as fh:
-                fh.truncate(data)
-        else:
-            p.write_bytes(data)
-    meta = {"format": 1, "fingerprint": {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0",
-                                         "cuda_home": "/usr/local/cuda", "jit_dir": "/nowhere"},
-            "modules": [{"name": name, "files": {rel: _sha(d) for rel, d in files.items()}}]}
-    (top / "meta.json").write_bytes(json.dumps(meta).encode())
-    return where
-
-
-def as_archive(export: Path, out: Path) -> Path:
-    """The directory export as `cache export` writes an archive: meta.json first."""
-    with tarfile.open(out, "w:gz", compresslevel=1) as tar:
-        tar.add(export / TOP / "meta.json", f"{TOP}/meta.json")
-        for p in sorted((export / TOP).rglob("*")):
-            if p.is_file() and p.name != "meta.json":
-                tar.add(p, f"{TOP}/{p.relative_to(export / TOP)}")
-    return out
 
 
 def _run(env, *args, prefix=()):
@@ -214,7 +170,7 @@ def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
     src = make_export(tmp_path / "exp", {f"jit/{n}/x.so": b"E" for n in names}, name="evil_a")
     meta_path = src / TOP / "meta.json"
     meta = json.loads(meta_path.read_text())
-    meta["modules"] = [{"name": n, "files": {f"jit/{n}/x.so": _sha(b"E")}} for n in names]
+    meta["modules"] = [{"name": n, "files": {f"jit/{n}/x.so": sha(b"E")}} for n in names]
     meta_path.write_text(json.dumps(meta))
     if form == "archive":
         src = as_archive(src, tmp_path / "exp.tar.gz")

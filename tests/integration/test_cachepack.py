@@ -5,87 +5,32 @@ different entry is never clobbered silently.  Compiles with a fake nvcc (ninja f
 import io
 import json
 import os
-import subprocess
-import sys
 import shutil
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from conftest import needs_flashinfer, run_code, run_py
+from helpers.child import cli, run_py
+from helpers.host import needs_flashinfer
+from helpers.warm import LOAD_AGAIN
 
 pytestmark = needs_flashinfer
-
-FAKE_CC = """#!/bin/sh
-echo "$@" >> "$FAKE_CC_LOG"
-out=""; dep=""; src=""
-while [ $# -gt 0 ]; do case "$1" in -o) out="$2"; shift;; -MF) dep="$2"; shift;; -c) src="$2"; shift;; esac; shift; done
-echo "object of $src" > "$out"
-if [ -n "$dep" ]; then echo "$out: $src" > "$dep"; fi
-"""
-
-RECORD = """
-import json, helpers.fakegpu, flashinfer_sm120, torch
-from flashinfer.jit.core import MissingJITCacheError
-from flashinfer.activation import get_act_and_mul_module
-from flashinfer.decode import get_batch_decode_module
-for call in (lambda: get_act_and_mul_module("silu"),
-             lambda: get_batch_decode_module(torch.float16, torch.float16, torch.float16, torch.int32,
-                                             64, 64, 0, False, False)):
-    try:
-        call()
-    except MissingJITCacheError:
-        pass
-print("@@{}")
-"""
-
-LOAD_AGAIN = """
-import json, helpers.fakegpu, flashinfer_sm120, torch
-from flashinfer.activation import get_act_and_mul_module
-try:
-    get_act_and_mul_module("silu")   # FlashInfer's own build_and_load: ninja, then load
-except Exception as e:
-    err = repr(e)
-print("@@" + json.dumps({"err": err}))
-"""
-
-
-def cli(args, env, timeout=300):
-    code = "import sys, helpers.fakegpu\nfrom flashinfer_sm120.cli import main\nsys.exit(main(sys.argv[1:]))"
-    return run_code(code, env, timeout, args)
-
-
-@pytest.fixture
-def warmed(clean_env, tmp_path, real_nvcc13):
-    cc = tmp_path / "fakecc"
-    cc.write_text(FAKE_CC)
-    cc.chmod(0o755)
-    log = tmp_path / "cc.log"
-    env = dict(clean_env, FLASHINFER_NVCC_LAUNCHER=str(cc), CXX=str(cc), FAKE_CC_LOG=str(log), FAKE_GPU_CAPS="")
-    manifest = tmp_path / "m.jsonl"
-    run_py(RECORD, dict(env, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0", FLASHINFER_DISABLE_JIT="1",
-                        FLASHINFER_SM120_RECORD=str(manifest)))
-    assert len(manifest.read_text().splitlines()) == 2
-    proc = cli(["build", "--from", str(manifest), "-j", "2", "--json"], env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert {m["status"] for m in json.loads(proc.stdout)["modules"]} == {"built"}
-    return env, manifest, log, tmp_path
 
 
 @pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
 def test_export_then_import_on_a_fresh_machine_is_up_to_date(warmed):
     env, manifest, log, tmp = warmed
     out = tmp / "cache.tar.gz"
-    proc = cli(["cache", "export", "--from", str(manifest), str(out)], env)
+    proc = cli(["cache", "export", "--from", str(manifest), str(out)], env, fakegpu=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "exported 2 modules" in proc.stdout
-    again = cli(["cache", "export", "--from", str(manifest), str(out)], env)
+    again = cli(["cache", "export", "--from", str(manifest), str(out)], env, fakegpu=True)
     assert again.returncode == 2 and "already exists" in again.stderr  # never overwritten
 
     shutil.rmtree(env["FLASHINFER_WORKSPACE_BASE"])  # a fresh machine with the same layout
     target = env
-    proc = cli(["cache", "import", str(out), "--json"], target)
+    proc = cli(["cache", "import", str(out), "--json"], target, fakegpu=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert {m["status"] for m in json.loads(proc.stdout)["modules"]} == {"installed"}
     assert "using the archive's targets 12.0f" in proc.stderr
@@ -94,23 +39,23 @@ def test_export_then_import_on_a_fresh_machine_is_up_to_date(warmed):
     assert "Ninja build failed" not in (res["err"] or "")
     assert log.read_text() == before  # FlashInfer's own ninja run compiled nothing
 
-    proc = cli(["cache", "import", str(out)], target)
+    proc = cli(["cache", "import", str(out)], target, fakegpu=True)
     assert proc.returncode == 0 and proc.stdout.count("already present") == 2, proc.stdout + proc.stderr
 
     so = next(Path(env["FLASHINFER_WORKSPACE_BASE"]).rglob("*silu*.so"))
     so.write_text("a different build\n")
-    proc = cli(["cache", "import", str(out)], target)
+    proc = cli(["cache", "import", str(out)], target, fakegpu=True)
     assert proc.returncode == 1 and "kept existing" in proc.stdout and "--force" in proc.stdout
     assert so.read_text() == "a different build\n"
-    proc = cli(["cache", "import", str(out), "--force"], target)
+    proc = cli(["cache", "import", str(out), "--force"], target, fakegpu=True)
     assert proc.returncode == 0 and "replaced" in proc.stdout and so.read_text() != "a different build\n"
 
     # another toolkit view (another cache dir) or other targets: refused, naming the mismatch and fix
-    proc = cli(["cache", "import", str(out)], dict(target, FLASHINFER_SM120_CACHE_DIR=str(tmp / "other")))
+    proc = cli(["cache", "import", str(out)], dict(target, FLASHINFER_SM120_CACHE_DIR=str(tmp / "other")), fakegpu=True)
     assert proc.returncode == 2 and "cuda_home" in proc.stderr and "FLASHINFER_SM120_CACHE_DIR" in proc.stderr
-    proc = cli(["cache", "import", str(out)], dict(target, FLASHINFER_WORKSPACE_BASE=str(tmp / "ws2")))
+    proc = cli(["cache", "import", str(out)], dict(target, FLASHINFER_WORKSPACE_BASE=str(tmp / "ws2")), fakegpu=True)
     assert proc.returncode == 2 and "jit_dir" in proc.stderr and "FLASHINFER_WORKSPACE_BASE" in proc.stderr
-    proc = cli(["cache", "import", str(out), "--arch", "12.1"], target)
+    proc = cli(["cache", "import", str(out), "--arch", "12.1"], target, fakegpu=True)
     assert proc.returncode == 2 and "targets" in proc.stderr and "12.0f" in proc.stderr
 
 
@@ -140,7 +85,7 @@ def test_unsafe_archives_are_refused(clean_env, tmp_path, real_nvcc13):
     for name, members in cases.items():
         path = tmp_path / f"{name}.tar"
         _tar(path, members)
-        proc = cli(["cache", "import", str(path)], env)
+        proc = cli(["cache", "import", str(path)], env, fakegpu=True)
         assert proc.returncode == 2, (name, proc.stdout, proc.stderr)
         assert "refusing the whole archive" in proc.stderr, (name, proc.stderr)
     assert not (tmp_path / "escaped").exists() and not os.path.exists("/tmp/escaped-abs")

@@ -16,7 +16,8 @@ import sys
 
 import pytest
 
-from conftest import cli, needs_flashinfer
+from helpers.child import cli
+from helpers.host import needs_flashinfer
 
 
 @needs_flashinfer

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from conftest import cli, needs_flashinfer
-from unit.safety.fs.test_state_dir import _created, _env, _user_home, needs_root, shared_tmp  # noqa: F401  (fixture)
+from helpers.child import cli
+from helpers.host import needs_flashinfer
+from helpers.probing import created, home_env, needs_root, user_home
 from flashinfer_sm120.cli import doctor, main
 from flashinfer_sm120.diagnose.verify import diagnosis
 from flashinfer_sm120.diagnose.verify.diagnosis import CHECKS, Finding, Level, diagnose
@@ -210,9 +211,9 @@ def test_a_build_line_variable_and_modules_warmed_with_other_values_are_warnings
 def test_a_toolkit_whose_version_file_disagrees_with_its_nvcc_is_a_warning_with_the_fix(tmp_path, cache_dir):
     """Regression: Toolkit.disagreement was in doctor --json only."""
     from flashinfer_sm120.core.toolkit import inspect
-    from unit.core.toolkit.test_toolkit_version import _lying_toolkit
+    from helpers.toolkits import lying_toolkit
 
-    lying = inspect(str(_lying_toolkit(tmp_path / "cuda"))).to_dict()
+    lying = inspect(str(lying_toolkit(tmp_path / "cuda"))).to_dict()
     chosen = _report()["candidates"][0]
     report = _report(candidates=[chosen, dict(lying, state="rejected", why="nvcc 12.8")])
     found = [f for f in diagnose(report).findings if f.code == "version-disagreement"]
@@ -246,14 +247,14 @@ def test_sglangs_own_targets_are_a_note_on_the_default_screen(tmp_path, monkeypa
 def test_doctor_as_root_with_a_users_home_refuses_to_import_flashinfer_there(shared_tmp):
     """Regression: doctor imported FlashInfer (twice: itself and the FlashInfer-alone child), which
     made a root-owned ~/.cache/flashinfer in the user's home under sudo -E; status already asked first."""
-    home = _user_home(shared_tmp)
-    env = _env(home, shared_tmp / "tmp")
+    home = user_home(shared_tmp)
+    env = home_env(home, shared_tmp / "tmp")
     env.pop("FLASHINFER_WORKSPACE_BASE", None)
     proc = cli(["doctor", "--json", "--arch", "12.0", "--timeout", "60"], env, timeout=300)
-    assert proc.returncode == 1 and _created(home) == [], proc.stderr[-2000:]
+    assert proc.returncode == 1 and created(home) == [], proc.stderr[-2000:]
     first = json.loads(proc.stdout)["diagnosis"]["findings"][0]
     assert first["level"] == "problem" and first["code"] == "workspace-foreign-tree"
     assert str(home) in first["text"] and "sudo -H" in first["fix"] and "FLASHINFER_WORKSPACE_BASE" in first["fix"]
     text = cli(["doctor", "--arch", "12.0", "--timeout", "60"], env, timeout=300)
-    assert text.returncode == 1 and _created(home) == []
+    assert text.returncode == 1 and created(home) == []
     assert text.stdout.startswith("PROBLEM: FlashInfer was not imported: its JIT cache"), text.stdout[:500]

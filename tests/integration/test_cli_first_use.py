@@ -6,14 +6,12 @@ import of the named top-level modules raise ``ModuleNotFoundError`` (as for a ve
 them), in the command and in every child it starts.
 """
 
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
-from conftest import cli, make_toolkit, needs_flashinfer
+from helpers.child import cli
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit
 from flashinfer_sm120.cli import build as build_cli
 from flashinfer_sm120.cli import main
 from flashinfer_sm120.cli.status import status_line

@@ -37,7 +37,7 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
 
 
 @pytest.fixture
-def stubbed(monkeypatch):
+def stubbed(monkeypatch, request):
     """The commands' work replaced by one JSON line (what they print is covered by their own tests);
     --arch is still read by the one arch reading, as the real commands do first."""
     from flashinfer_sm120.cli import build, cache, common, doctor, status
@@ -55,7 +55,7 @@ def stubbed(monkeypatch):
     from flashinfer_sm120.safety.fs import statedir
 
     # `cache prune` without --yes declares this process listing-only: undone after the test
-    monkeypatch.setattr(statedir, "_listing", statedir._listing)
+    request.addfinalizer(statedir.forget_cache_root)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

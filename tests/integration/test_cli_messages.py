@@ -10,7 +10,8 @@ import os
 
 import pytest
 
-from conftest import cli, needs_flashinfer
+from helpers.child import cli
+from helpers.host import needs_flashinfer
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts import archlist, reinstall, workspace

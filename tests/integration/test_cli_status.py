@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import needs_flashinfer
+from helpers.host import needs_flashinfer
+from helpers.toolkits import script
 from flashinfer_sm120.cli import main, status
 from flashinfer_sm120.core.patch import laststatus
 
@@ -180,8 +181,7 @@ def test_status_says_refused_when_every_build_would_be(clean_env, tmp_path, case
         if case == "planted gcc on PATH":
             opened = tmp_path / "open"
             opened.mkdir()
-            (opened / "gcc").write_text("#!/bin/sh\nexec /usr/bin/gcc \"$@\"\n")
-            (opened / "gcc").chmod(0o755)
+            script(opened / "gcc", "#!/bin/sh\nexec /usr/bin/gcc \"$@\"\n")
             opened.chmod(0o777)
             env["PATH"] = f"{opened}:{env['PATH']}"
             named = f"{opened}/gcc"

@@ -1,10 +1,9 @@
 """Cases from a fresh user's walk through the README (kept so they stay fixed)."""
 
-import os
-import subprocess
 import sys
 
-from conftest import make_toolkit, needs_flashinfer, run_code, run_py
+from helpers.child import cli, run_py
+from helpers.host import needs_flashinfer
 
 SUMMARY = """
 import json, os, helpers.fakegpu, flashinfer_sm120, flashinfer
@@ -34,8 +33,7 @@ def test_missing_cuda_home_is_named_once(clean_env, real_nvcc13, tmp_path):
 
 def test_enable_refuses_a_site_dir_that_does_not_exist(tmp_path, clean_env):
     typo = tmp_path / "no-such-site"
-    proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "enable", "--site-dir", str(typo)],
-                          capture_output=True, text=True, env=clean_env, timeout=120)
+    proc = cli(["enable", "--site-dir", str(typo)], clean_env, 120, python=sys.executable)
     assert proc.returncode == 2 and "is not an existing directory" in proc.stderr, proc.stderr
     assert not typo.exists()
 
@@ -43,9 +41,7 @@ def test_enable_refuses_a_site_dir_that_does_not_exist(tmp_path, clean_env):
 @needs_flashinfer
 def test_build_for_an_unknown_gpu_prints_the_fix_once(clean_env, real_nvcc13):
     env = dict(clean_env, FAKE_GPU_CAPS="")
-    code = ("import helpers.fakegpu, sys\nfrom flashinfer_sm120.cli import main\n"
-            "sys.exit(main(['build', '--arch', '15.0', 'sampling', '--ninja-only']))\n")
-    proc = run_code(code, env, 600)
+    proc = cli(["build", "--arch", "15.0", "sampling", "--ninja-only"], env, 600, fakegpu=True)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.count("Fix: upgrade flashinfer-sm120") == 1, proc.stderr[-3000:]
     assert "--arch sets FLASHINFER_CUDA_ARCH_LIST" in proc.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from conftest import make_toolkit
+from helpers.toolkits import make_toolkit, script
 from flashinfer_sm120.diagnose.verify import report as doctor
 
 
@@ -31,8 +31,7 @@ def test_alone_child_skips_an_untrusted_which_on_path(tmp_path, monkeypatch):
     marker = tmp_path / "ran"
     ww = tmp_path / "ww"
     ww.mkdir()
-    (ww / "which").write_text(f"#!/bin/sh\n/usr/bin/touch {marker}\n")
-    (ww / "which").chmod(0o755)
+    script(ww / "which", f"#!/bin/sh\n/usr/bin/touch {marker}\n")
     os.chmod(ww, 0o777)
     monkeypatch.setattr(doctor, "_ORIGINAL_ENV", {})
     monkeypatch.delenv("CUDA_HOME", raising=False)

@@ -7,7 +7,9 @@ import os
 
 import pytest
 
-from conftest import cli, make_toolkit, needs_flashinfer, run_py
+from helpers.child import cli, run_py
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit, script
 
 pytestmark = needs_flashinfer
 
@@ -20,9 +22,7 @@ def planted(clean_env, tmp_path):
     opened = tmp_path / "open"
     opened.mkdir()
     mark = tmp_path / "gcc-ran"
-    gcc = opened / "gcc"
-    gcc.write_text(f"#!/bin/sh\ntouch {mark}\nexec /usr/bin/gcc \"$@\"\n")
-    gcc.chmod(0o755)
+    gcc = script(opened / "gcc", f"#!/bin/sh\ntouch {mark}\nexec /usr/bin/gcc \"$@\"\n")
     opened.chmod(0o777)
     env = dict(clean_env, CUDA_HOME=str(tk), FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0",
                PATH=f"{opened}:{clean_env['PATH']}")

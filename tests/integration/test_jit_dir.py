@@ -8,20 +8,19 @@ swap the ``build.ninja`` ninja runs or the ``.so`` the server loads.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
 from helpers.untrusted import make_unsafe
-from conftest import needs_flashinfer
+from helpers.child import cli
+from helpers.host import needs_flashinfer
 
 pytestmark = needs_flashinfer
 
 
 def _build(env):
-    return subprocess.run([sys.executable, "-m", "flashinfer_sm120", "build", "--ninja-only", "--arch", "12.0",
-                           "sampling"], env=env, capture_output=True, text=True, timeout=600)
+    return cli(["build", "--ninja-only", "--arch", "12.0", "sampling"], env, 600, python=sys.executable)
 
 
 @pytest.mark.parametrize("how", ["world-writable", "another user's"])
@@ -62,7 +61,8 @@ except Exception as e:
 def test_a_module_in_a_jit_directory_others_can_change_is_neither_built_nor_loaded(clean_env, tmp_path):
     """Round 3 (second fresh attack): with FLASHINFER_WORKSPACE_BASE in a tree another uid made (mode 777),
     the import only warned: FlashInfer found the .so they planted up to date and loaded it."""
-    from conftest import make_toolkit, run_py
+    from helpers.child import run_py
+    from helpers.toolkits import make_toolkit
 
     tk = make_toolkit(tmp_path / "cuda-13.0", "13.0.88", curand=True)
     base = tmp_path / "base"

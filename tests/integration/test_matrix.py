@@ -19,7 +19,6 @@ mounts in a private mount namespace (``unshare -m``; skipped where unavailable).
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import subprocess
@@ -28,13 +27,12 @@ import textwrap
 
 import pytest
 
-from conftest import needs_flashinfer
+from helpers.host import needs_flashinfer, real_toolkit_dirs, release_dir
 from helpers.patching import logging_toolkit
-from integration.test_releases import _release_dir
 
 pytestmark = needs_flashinfer
 
-#: The old releases are downloaded (once, see test_releases.wheels_dir): slow; the installed one is not.
+#: The old releases are downloaded (once, see helpers.host.release_dir): slow; the installed one is not.
 ERAS = [pytest.param(v, marks=pytest.mark.slow) for v in ("0.4.0", "0.6.7", "0.6.17")] + ["installed"]
 TORCH = [None, "12.8", "12.9", "13.0"]
 GPUS = ["8.9", "9.0", "10.0", "12.0", "12.1", "12.0 8.9"]
@@ -143,16 +141,6 @@ def _fake_layouts(tmp_path, log) -> dict:
     return layouts
 
 
-def _hide_real_toolkits() -> list[str]:
-    """Paths to cover with an empty directory: the machine's own nvcc installs."""
-    hide = [p for p in ("/usr/local/cuda-13.0", "/usr/local/cuda") if os.path.isdir(p) and not os.path.islink(p)]
-    import site
-
-    for d in site.getsitepackages():
-        hide += glob.glob(os.path.join(d, "nvidia", "cu1*", "bin"))
-    hide += [p for p in glob.glob("/usr/local/cuda-*") if os.path.isdir(p) and not os.path.islink(p)]
-    return sorted(set(hide))
-
 
 @pytest.fixture(scope="module")
 def can_unshare():
@@ -167,7 +155,7 @@ def test_matrix(era, clean_env, tmp_path, can_unshare):
     log = tmp_path / "nvcc-calls.log"
     layouts = _fake_layouts(tmp_path, log)
     env = dict(clean_env)
-    target = _release_dir(era)
+    target = release_dir(era)
     if target:
         env["PYTHONPATH"] = target + os.pathsep + env["PYTHONPATH"]
     env["MATRIX_CFG"] = json.dumps({"sets": layouts, "torch": TORCH, "gpus": GPUS})
@@ -175,7 +163,7 @@ def test_matrix(era, clean_env, tmp_path, can_unshare):
     env["FAKE_GPU_CAPS"] = "12.0"  # fakegpu on (0.6.17 reads a GPU at import); each cell sets its own
     empty = tmp_path / "empty"
     empty.mkdir()
-    mounts = " && ".join(f"mount --bind {empty} {p}" for p in _hide_real_toolkits()) or "true"
+    mounts = " && ".join(f"mount --bind {empty} {p}" for p in real_toolkit_dirs()) or "true"
     script = tmp_path / "child.py"
     script.write_text(textwrap.dedent(CHILD))
     proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",

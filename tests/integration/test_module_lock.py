@@ -4,7 +4,9 @@ lock file, so a holder of another uid is named and not waited for (threat model 
 import json
 import os
 
-from conftest import cli, make_toolkit, needs_flashinfer
+from helpers.child import cli
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit
 from helpers.probing import lock_held_as, reachable_dir
 
 pytestmark = needs_flashinfer

@@ -8,7 +8,9 @@ import os
 
 import pytest
 
-from conftest import make_toolkit, needs_flashinfer, run_py
+from helpers.child import run_py
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit
 
 pytestmark = needs_flashinfer
 

@@ -11,7 +11,9 @@ import os
 
 import pytest
 
-from conftest import make_toolkit, needs_flashinfer, run_code, run_py
+from helpers.child import cli, run_py
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit
 from helpers.patching import logging_toolkit
 
 STATE = """
@@ -172,14 +174,10 @@ report()
 
 @needs_flashinfer
 def test_doctor_shows_gpu_source_guard_cleaned_home_and_release(clean_env, tmp_path, real_nvcc13):
-    import subprocess
-    import sys
-
     fake = make_toolkit(tmp_path / "cuda-12.8")
     env = dict(clean_env, FAKE_GPU_CAPS="12.1", FAKE_NVML="missing", FAKE_TORCH_CUDA="12.8",
                CUDA_HOME=f":{fake}")
-    run = "import helpers.fakegpu, sys\nfrom flashinfer_sm120.cli import main\nsys.exit(main(sys.argv[1:]))"
-    proc = run_code(run, env, 600, ["doctor", "--json", "--timeout", "60"])
+    proc = cli(["doctor", "--json", "--timeout", "60"], env, 600, fakegpu=True)
     r = json.loads(proc.stdout)
     assert r["gpu_source"].startswith("torch.cuda (NVML: nvmlInit failed") and r["gpus"][0]["capability"] == "12.1"
     assert r["guard"] is True and "sm_121a" in r["resolution_error"]
@@ -187,9 +185,6 @@ def test_doctor_shows_gpu_source_guard_cleaned_home_and_release(clean_env, tmp_p
     assert any(f"CUDA_HOME=':{fake}' is malformed" in n for n in r["cleaned"])
     assert r["release"]["era"] == "sm120a-12.8" and r["release"]["min_nvcc"] == "12.8"
     # the human report is printed from the same report (one doctor run, and its child, fewer)
-    import contextlib
-    import io
-
     from flashinfer_sm120.cli import doctor
 
     human = "\n".join(doctor.render(r, verbose=True))
@@ -209,14 +204,14 @@ def test_guard_when_flashinfer_alone_cannot_import_says_so_with_the_fix(clean_en
     import sys
     import textwrap
 
-    from integration.test_matrix import _hide_real_toolkits
+    from helpers.host import real_toolkit_dirs
 
     if shutil.which("unshare") is None or subprocess.run(
             ["unshare", "-m", "--propagation", "private", "true"], capture_output=True).returncode:
         pytest.skip("private mount namespaces unavailable (unshare -m)")
     empty = tmp_path / "empty"
     empty.mkdir()
-    hide = [p for p in _hide_real_toolkits() + ["/usr/local/bin/nvcc", "/usr/bin/nvcc"] if os.path.exists(p)]
+    hide = [p for p in real_toolkit_dirs() + ["/usr/local/bin/nvcc", "/usr/bin/nvcc"] if os.path.exists(p)]
     mounts = " && ".join(f"mount --bind {empty if os.path.isdir(p) else '/dev/null'} {p}" for p in hide) or "true"
     code = textwrap.dedent("""
         import json, flashinfer_sm120

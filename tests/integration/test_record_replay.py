@@ -7,7 +7,8 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import needs_flashinfer, run_code, run_py
+from helpers.child import cli, run_py
+from helpers.host import needs_flashinfer
 
 RECORD = """
 import json, helpers.fakegpu, flashinfer_sm120, torch
@@ -36,13 +37,6 @@ for name, spec in jit_spec_registry.get_all_specs().items():
     ninja[name] = spec.ninja_path.read_text()
 print("@@" + json.dumps({"ninja": ninja, "errors": errors}))
 """
-
-REPLAY = """
-import sys, helpers.fakegpu
-from flashinfer_sm120.cli import main
-sys.exit(main(["build", "--from", sys.argv[1], "--arch", "12.0", "--ninja-only", "--json"]))
-"""
-
 
 @needs_flashinfer
 def test_record_then_replay_gives_identical_ninja_files(clean_env, tmp_path, real_nvcc13):
@@ -74,7 +68,7 @@ def test_record_then_replay_gives_identical_ninja_files(clean_env, tmp_path, rea
     shutil.rmtree(env["FLASHINFER_WORKSPACE_BASE"])  # a fresh machine: no generated sources
     env2 = {k: v for k, v in clean_env.items() if k != "FLASHINFER_SM120_RECORD"}
     env2["FAKE_GPU_CAPS"] = ""  # no GPU on the builder
-    proc = run_code(REPLAY, env2, 300, [str(manifest)])
+    proc = cli(["build", "--from", str(manifest), "--arch", "12.0", "--ninja-only", "--json"], env2, 300, fakegpu=True)
     assert proc.returncode == 1, proc.stderr[-4000:]
     report = json.loads(proc.stdout)
     assert not report["ok"] and "not built: old_release_norm" in report["error"], report["error"]

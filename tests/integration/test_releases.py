@@ -11,12 +11,12 @@ extracted (nothing is built), which is all a ninja-file test needs.
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import make_toolkit, needs_flashinfer, run_py, wheels_dir
+from helpers.child import run_py
+from helpers.host import needs_flashinfer, release_dir
+from helpers.toolkits import make_toolkit
 
 pytestmark = needs_flashinfer
 
@@ -42,40 +42,11 @@ print("@@" + json.dumps(out))
 """
 
 
-def _release_dir(version):
-    if version == "installed":
-        return None
-    base = wheels_dir()
-    target = os.path.join(base, version)
-    if not os.path.isdir(os.path.join(target, "flashinfer")):
-        wheels = os.path.join(base, "wheels")
-        # few retries and a short timeout: offline, skip in seconds rather than wait out pip's defaults
-        dl = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-build-isolation",
-                             "--retries", "1", "--timeout", "30", "-d", wheels, f"flashinfer-python=={version}"],
-                            capture_output=True, text=True, timeout=600)
-        if dl.returncode != 0:
-            pytest.skip(f"cannot download flashinfer-python=={version} into {wheels} (offline? set "
-                        f"FLASHINFER_SM120_TEST_WHEELS to a directory that has it): {dl.stderr.strip()[-300:]}")
-        whl = [w for w in os.listdir(wheels) if w.startswith(f"flashinfer_python-{version}-")]
-        if whl:
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
-                            "--target", target, os.path.join(wheels, whl[0])], check=True, capture_output=True)
-        else:  # sdist only (0.4.x): take its pure-Python package, build nothing
-            import tarfile
-
-            prefix = f"flashinfer_python-{version}/"
-            with tarfile.open(os.path.join(wheels, f"flashinfer_python-{version}.tar.gz")) as tar:
-                members = [m for m in tar.getmembers() if m.name.startswith(prefix + "flashinfer/")]
-                for m in members:
-                    m.name = m.name[len(prefix):]
-                tar.extractall(target, members=members, filter="data")
-    return target
-
 
 @pytest.fixture(params=RELEASES)
 def release_env(request, clean_env, tmp_path, real_nvcc13):
     env = dict(clean_env, FAKE_TORCH_CUDA="13.0")
-    target = _release_dir(request.param)
+    target = release_dir(request.param)
     if target:
         env["PYTHONPATH"] = target + os.pathsep + env["PYTHONPATH"]
     fake = make_toolkit(tmp_path / "cuda-12.8")
@@ -154,7 +125,7 @@ def test_unsupported_release_is_left_alone(clean_env, tmp_path):
 def test_0_6_18_needs_nvcc_12_8_for_its_own_flags(clean_env, tmp_path):
     # torch cu126, an H100 and only nvcc 12.6: FlashInfer 0.6.18 passes --compress-mode=size,
     # which nvcc 12.6 rejects, so the shim guards instead of reporting noop.
-    target = _release_dir("0.6.18")
+    target = release_dir("0.6.18")
     fake = make_toolkit(tmp_path / "cuda-12.6", "12.6.85")
     env = dict(clean_env, FAKE_TORCH_CUDA="12.6", FAKE_GPU_CAPS="9.0", CUDA_HOME=str(fake),
                PYTHONPATH=target + os.pathsep + clean_env["PYTHONPATH"])
@@ -172,7 +143,7 @@ def test_offline_release_download_skips_with_the_reason(tmp_path, monkeypatch):
     monkeypatch.setenv("PIP_FIND_LINKS", str(empty))
     monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
     with pytest.raises(pytest.skip.Exception) as exc:
-        _release_dir("0.6.7")
+        release_dir("0.6.7")
     msg = str(exc.value)
     assert "cannot download flashinfer-python==0.6.7" in msg and "FLASHINFER_SM120_TEST_WHEELS" in msg
     assert str(tmp_path / "wheels") in msg

@@ -7,13 +7,13 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sys
 
 import pytest
 
-from conftest import needs_flashinfer, run_py
-from helpers.deploy import cli
+from helpers.child import cli, run_py
+from helpers.host import needs_flashinfer
 from helpers.servers import install_standins
-from integration.test_servers import server_env  # noqa: F401  (fixture)
 
 from flashinfer_sm120.core.facts import serverarch, servers
 
@@ -35,7 +35,7 @@ SGLANG_MODEL_PROCESS = """
 
 def _warm(env, *extra):
     proc = cli(["build", "--for", "sglang", "--arch", "12.0", "--ninja-only", "--json", *extra, "activation"],
-               env, timeout=600)
+               env, timeout=600, python=sys.executable)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     built = json.loads(proc.stdout)
     path = built["modules"][0]["ninja"]
@@ -85,7 +85,7 @@ def test_the_rule_is_run_from_the_installed_source(tmp_path, monkeypatch):
     # a later release that picks "f": the installed source decides, not our row
     common.write_text(common.read_text().replace("{'a' if capability[0] >= 9 else ''}",
                                                  "{'f' if capability[0] >= 9 else ''}"))
-    serverarch._run_arch_rule.cache_clear()
+    serverarch.cache_clear()
     assert serverarch.server_arch("sglang", [(12, 0)], env).value == "12.0f"
     assert serverarch.server_arch("vllm", [(12, 0)], env) is None  # vLLM leaves the arch list alone
 
@@ -102,7 +102,7 @@ def test_without_sglang_the_rule_comes_from_the_row(monkeypatch):
 def test_gpus_of_two_capabilities_cannot_share_one_sglang_warm_up(server_env, real_nvcc13):  # noqa: F811
     env, _ = server_env
     proc = cli(["build", "--for", "sglang", "--arch", "12.0 12.1", "--ninja-only", "activation"],
-               dict(env, FAKE_TORCH_CUDA="13.0"), timeout=600)
+               dict(env, FAKE_TORCH_CUDA="13.0"), timeout=600, python=sys.executable)
     assert proc.returncode != 0
     assert "makes each model process build for its own GPU only (sm_120a, sm_121a)" in proc.stderr
 
@@ -114,7 +114,7 @@ def test_doctor_shows_sglangs_own_targets_and_warns_for_jit_verbose(server_env, 
     env["PYTHONPATH"] += os.pathsep + str(site_dir)
     proc = cli(["doctor", "--verbose", "--timeout", "60"], dict(env, FLASHINFER_CUDA_ARCH_LIST="12.0",
                                                                FAKE_TORCH_CUDA="13.0", FLASHINFER_JIT_VERBOSE="1"),
-               timeout=600)
+               timeout=600, python=sys.executable)
     text = proc.stdout  # the default screen has both as findings; --verbose has the section's lines too
     assert "WARNING: FLASHINFER_JIT_VERBOSE=1 changes every build line" in text
     assert "NOTE: SGLang will build for sm_120a" in text
@@ -146,7 +146,7 @@ def test_sglangs_model_process_finds_the_real_warm_up_built(server_env, real_nvc
     writes its build.ninja and the ninja on its PATH says there is nothing to do."""
     env, site_dir = server_env
     env = dict(env, FAKE_TORCH_CUDA="13.0")
-    proc = cli(["build", "--for", "sglang", "--arch", "12.0", "--json", "activation"], env, timeout=900)
+    proc = cli(["build", "--for", "sglang", "--arch", "12.0", "--json", "activation"], env, timeout=900, python=sys.executable)
     assert proc.returncode == 0, proc.stderr[-3000:]
     built = json.loads(proc.stdout)["modules"][0]
     assert built["status"] == "built" and built["binary"] == ["SASS sm_120a"]

@@ -17,28 +17,16 @@ import sys
 
 import pytest
 
-from conftest import make_toolkit, needs_flashinfer, run_py
-from helpers.deploy import ROOT, SRC, cli
-from helpers.servers import STANDINS, install_standins, system_bin_without, wheel_ninja
+from helpers.child import run_py
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit
+from helpers import ROOT, SRC
+from helpers.child import cli
+from helpers.servers import STANDINS, install_standins, wheel_ninja
 
 from flashinfer_sm120.core.facts import serverprobe, servers
 from flashinfer_sm120.warmup import session
 
-
-@pytest.fixture
-def server_env(clean_env, tmp_path):
-    """A child environment: the stand-ins importable (vllm, sglang), the autoload's .pth in a
-    site dir the child adds, HOME in tmp, no FLASHINFER_WORKSPACE_BASE, and a system PATH with
-    neither ninja nor nvcc (the venv's bin is not on it, as under systemd)."""
-    site_dir = tmp_path / "site"
-    site_dir.mkdir()
-    assert cli(["enable", "--site-dir", str(site_dir)], clean_env).returncode == 0
-    env = dict(clean_env, HOME=str(tmp_path / "home"), FAKE_GPU_CAPS="12.0",
-               PATH=str(system_bin_without(tmp_path / "sysbin", "ninja", "nvcc")))
-    env.pop("FLASHINFER_WORKSPACE_BASE")
-    env["PYTHONPATH"] += os.pathsep + str(STANDINS)
-    (tmp_path / "home").mkdir()
-    return env, site_dir
 
 
 # ----------------------------------------------------------------------------- item 1
@@ -81,7 +69,7 @@ SERVER_JIT_DIR = """
 
 
 def _build(args, env):
-    proc = cli(["build", "--arch", "12.0", "--ninja-only", "--json", *args], env, timeout=600)
+    proc = cli(["build", "--arch", "12.0", "--ninja-only", "--json", *args], env, timeout=600, python=sys.executable)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout), proc
 
@@ -265,7 +253,7 @@ def test_a_fallback_the_installed_source_lacks_is_said(tmp_path, monkeypatch):
 def test_doctor_names_the_ninja_each_servers_check_and_jit_dir(server_env, tmp_path, real_nvcc13):
     env, site_dir = server_env
     env["PYTHONPATH"] += os.pathsep + str(site_dir)  # doctor reads the .pth from its own site dirs
-    proc = cli(["doctor", "--verbose", "--timeout", "60"], dict(env, FLASHINFER_CUDA_ARCH_LIST="12.0"), timeout=600)
+    proc = cli(["doctor", "--verbose", "--timeout", "60"], dict(env, FLASHINFER_CUDA_ARCH_LIST="12.0"), timeout=600, python=sys.executable)
     text = proc.stdout
     assert "Ninja (FlashInfer's JIT builds and 'flashinfer-sm120 build' run it): " in text, proc.stderr[-3000:]
     assert f"{wheel_ninja()} (ninja " in text

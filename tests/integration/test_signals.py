@@ -18,17 +18,17 @@ from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parents[1]
+from helpers import TESTS
 SLEEP = "97.531"  # a unique argument: the fake compiler's sleep is found by it in /proc
 
 CHILD = f"""
 import sys
 from pathlib import Path
 sys.path.insert(0, {str(TESTS)!r})
-from unit.warmup.test_pool import _module
+from helpers.warm import fake_job
 from flashinfer_sm120.warmup import pool
 root = Path(sys.argv[1])
-jobs = [_module(root, "m", n_src=1, sleep={SLEEP})]
+jobs = [fake_job(root, "m", n_src=1, sleep={SLEEP})]
 pool.run_pool(jobs, 1)
 """
 

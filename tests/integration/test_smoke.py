@@ -6,19 +6,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-from conftest import make_toolkit, needs_flashinfer, run_py
+from helpers.child import cli, run_py
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit
 
 pytestmark = [needs_flashinfer, pytest.mark.nvcc]
 
 
 def doctor(env, *args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "flashinfer_sm120", "doctor", "--smoke", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return cli(["doctor", "--smoke", *args], env, timeout, python=sys.executable)
 
 
 @pytest.mark.slow
@@ -34,7 +34,6 @@ def test_smoke_passes_with_the_pip_nvcc(clean_env, real_nvcc13):
     assert "libcuda.so.1" in steps["link check"]["detail"] and "SASS sm_120f" in steps["link check"]["detail"]
     assert steps["load"]["status"] == steps["run"]["status"] == "skipped"
     assert "no GPU visible" in steps["run"]["detail"]
-    assert smoke["seconds"] < 30  # the budget the step deadline enforces, not a speed goal
     scratch = os.path.join(clean_env["FLASHINFER_SM120_CACHE_DIR"])
     assert not [n for n in os.listdir(scratch) if n.startswith("smoke-")]  # cleaned up
 
@@ -107,7 +106,7 @@ def test_no_targets_fail_the_toolkit_step_saying_what_to_set(clean_env, real_nvc
 
 
 def test_the_examples_run_the_smoke_check_before_start():
-    from helpers.deploy import ROOT
+    from helpers import ROOT
 
     unit = (ROOT / "examples" / "flashinfer-sm120.service").read_text()
     pre = [ln for ln in unit.splitlines() if ln.startswith("ExecStartPre=")]

@@ -2,7 +2,8 @@
 
 Each failed on 0.2.0 (3e4d76a) and passes since: the boundary is closed by
 construction (allowlists, one validated-format layer in ``formats``), not by
-listing the bad cases.  The Hypothesis properties are in test_boundary_fuzz.py.
+listing the bad cases.  The Hypothesis properties are in
+tests/unit/safety/test_input_properties.py.
 """
 
 from __future__ import annotations
@@ -20,17 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers.untrusted import RELEASE_LINE, tmp_is_trusted, toolkit_with_nvcc, untrusted_nvcc, wrapper
-from conftest import make_toolkit, needs_flashinfer
+from helpers.untrusted import RELEASE_LINE, tmp_is_trusted, toolkit_with_nvcc, untrusted_nvcc
+from helpers.child import cli
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit, script
 from helpers.probing import OTHER_UID, PY, need_root
 
 TOP = "flashinfer-sm120-cache"
-
-
-def _cli(args, env, timeout=300):
-    code = "import sys, helpers.fakegpu\nfrom flashinfer_sm120.cli import main\nsys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def _sha(data: bytes) -> str:
@@ -41,7 +38,7 @@ def _sha(data: bytes) -> str:
 def machine(tmp_path_factory):
     """This machine's cache-import fingerprint (FlashInfer, targets 12.0f, toolkit, JIT dir), read
     in a child, so an export can match it and reach the point where files are written."""
-    from conftest import has_flashinfer
+    from helpers.host import has_flashinfer
 
     if not has_flashinfer():
         pytest.skip("flashinfer-python is not installed")
@@ -79,7 +76,8 @@ def _export_dir(root: Path, fingerprint: dict, modules: list[dict], files: dict[
 # ------------------------------------------------------------------ item 1: no write outside the JIT cache
 
 @needs_flashinfer
-def test_item1_cache_import_cannot_write_outside_flashinfers_cache(machine, tmp_path):
+def test_cache_import_cannot_write_outside_flashinfers_cache(machine, tmp_path):
+    """Issue 11, item 1."""
     env, fp = machine
     victim = tmp_path / "x" / "victim"
     victim.parent.mkdir()
@@ -88,7 +86,7 @@ def test_item1_cache_import_cannot_write_outside_flashinfers_cache(machine, tmp_
     rel = "jit/" + str(victim)  # 'jit//tmp/.../victim': no '..', starts with jit/
     src = _export_dir(tmp_path / "exp", fp, [{"name": "norm", "files": {rel: _sha(payload)}}],
                       {"jit" + str(victim): payload})
-    proc = _cli(["cache", "import", str(src), "--force"], env)
+    proc = cli(["cache", "import", str(src), "--force"], env, fakegpu=True, python=sys.executable)
     assert victim.read_text() == "the user's own file\n", "cache import replaced a file outside the JIT cache"
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "not a relative path" in proc.stderr and "--force" not in proc.stderr
@@ -97,19 +95,21 @@ def test_item1_cache_import_cannot_write_outside_flashinfers_cache(machine, tmp_
 # ------------------------------------------------------------------ item 2: directory imports follow no link
 
 @needs_flashinfer
-def test_item2_directory_export_with_a_symlink_is_refused(machine, tmp_path):
+def test_directory_export_with_a_symlink_is_refused(machine, tmp_path):
+    """Issue 11, item 2."""
     env, fp = machine
     secret = tmp_path / "secret"
     secret.write_bytes(b"not for the JIT cache\n")
     src = _export_dir(tmp_path / "exp", fp, [{"name": "norm", "files": {"jit/norm/x": _sha(secret.read_bytes())}}],
                       {"jit/norm/x": secret})
-    proc = _cli(["cache", "import", str(src)], env)
+    proc = cli(["cache", "import", str(src)], env, fakegpu=True, python=sys.executable)
     assert not (Path(fp["jit_dir"]) / "norm" / "x").exists(), "a symlink's target was installed"
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "symlink" in proc.stderr
 
 
-def test_item2_directory_export_links_are_refused_at_every_level(tmp_path):
+def test_directory_export_links_are_refused_at_every_level(tmp_path):
+    """Issue 11, item 2."""
     from flashinfer_sm120.warmup import cachemeta, cachepack, cacheread, session
 
     fp = {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/x", "jit_dir": "/y"}
@@ -159,7 +159,8 @@ def _hidden_runs(tmp: Path, evil: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("case", sorted(_hidden_runs(Path("/e/nvcc"), Path("/e/nvcc"))))
-def test_item3_a_wrapper_runs_only_literal_absolute_trusted_programs(tmp_path, case, monkeypatch):
+def test_a_wrapper_runs_only_literal_absolute_trusted_programs(tmp_path, case, monkeypatch):
+    """Issue 11, item 3."""
     if not tmp_is_trusted(tmp_path):
         pytest.skip("the test's tmp dir does not pass the trust rule itself")
     from flashinfer_sm120.safety.trust import trace
@@ -167,7 +168,7 @@ def test_item3_a_wrapper_runs_only_literal_absolute_trusted_programs(tmp_path, c
     evil, _ = untrusted_nvcc(tmp_path)
     (evil.parent / "nvcc-real").symlink_to(evil)
     monkeypatch.setenv("PATH", f"{evil.parent}:{os.environ['PATH']}")
-    w = wrapper(tmp_path / "bin", "nvcc", _hidden_runs(tmp_path, evil)[case])
+    w = script(tmp_path / "bin" / "nvcc", _hidden_runs(tmp_path, evil)[case])
     t = trace(str(w))
     assert t.problem is not None, f"{case}: trusted although it can run {evil}"
     assert len(t.problem) < 2000, t.problem
@@ -176,9 +177,10 @@ def test_item3_a_wrapper_runs_only_literal_absolute_trusted_programs(tmp_path, c
     assert (str(w) in t.problem and "CUDA_HOME=" in t.problem) or str(evil.parent) in t.problem, t.problem
 
 
-def test_item3_inspect_as_root_never_runs_another_uids_program_found_on_path(tmp_path, cache_dir, monkeypatch):
+def test_inspect_as_root_never_runs_another_uids_program_found_on_path(tmp_path, cache_dir, monkeypatch):
     """The reported case: a root-owned wrapper in a trusted directory running ``nvcc-real`` by
-    name, with a directory of another uid on PATH: refused, and nothing of that uid runs."""
+    name, with a directory of another uid on PATH: refused, and nothing of that uid runs.
+    Issue 11, item 3."""
     need_root()
     if not tmp_is_trusted(tmp_path):
         pytest.skip("the test's tmp dir does not pass the trust rule itself")
@@ -187,7 +189,7 @@ def test_item3_inspect_as_root_never_runs_another_uids_program_found_on_path(tmp
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     marker = tmp_path / "RAN"
-    wrapper(theirs, "nvcc-real", f'#!/bin/sh\n/usr/bin/touch {marker}\necho "{RELEASE_LINE}"\n')
+    script(theirs / "nvcc-real", f'#!/bin/sh\n/usr/bin/touch {marker}\necho "{RELEASE_LINE}"\n')
     for p in (theirs, theirs / "nvcc-real"):
         os.chown(p, OTHER_UID, OTHER_UID)
     monkeypatch.setenv("PATH", f"{theirs}:{os.environ['PATH']}")
@@ -198,9 +200,10 @@ def test_item3_inspect_as_root_never_runs_another_uids_program_found_on_path(tmp
     assert not marker.exists()
 
 
-def test_item3_an_interpreter_that_is_a_script_is_followed_to_its_own_interpreter(tmp_path):
+def test_an_interpreter_that_is_a_script_is_followed_to_its_own_interpreter(tmp_path):
     """A trusted script whose #! names a second (trusted) script whose own #! names an
-    untrusted file: the untrusted interpreter would run; it must be refused, naming it."""
+    untrusted file: the untrusted interpreter would run; it must be refused, naming it.
+    Issue 11, item 3."""
     if not tmp_is_trusted(tmp_path):
         pytest.skip("the test's tmp dir does not pass the trust rule itself")
     from flashinfer_sm120.safety.trust import trace
@@ -209,8 +212,8 @@ def test_item3_an_interpreter_that_is_a_script_is_followed_to_its_own_interprete
     ww.mkdir()
     shutil.copy("/bin/sh", ww / "sh")
     os.chmod(ww, 0o777)
-    middle = wrapper(tmp_path / "mid", "shell", f"#!{ww}/sh\nexec /bin/sh \"$@\"\n")
-    w = wrapper(tmp_path / "bin", "nvcc", f'#!{middle}\necho "{RELEASE_LINE}"\n')
+    middle = script(tmp_path / "mid" / "shell", f"#!{ww}/sh\nexec /bin/sh \"$@\"\n")
+    w = script(tmp_path / "bin" / "nvcc", f'#!{middle}\necho "{RELEASE_LINE}"\n')
     t = trace(str(w))
     assert t.problem and str(ww) in t.problem, t
     os.chmod(ww, 0o755)  # the whole chain trusted: still refused, the interpreter must be a shell binary
@@ -218,7 +221,8 @@ def test_item3_an_interpreter_that_is_a_script_is_followed_to_its_own_interprete
     assert t.problem and "itself a script" in t.problem, t
 
 
-def test_item3_wrappers_really_shipped_are_accepted(tmp_path):
+def test_wrappers_really_shipped_are_accepted(tmp_path):
+    """Issue 11, item 3."""
     from flashinfer_sm120.safety.trust import trace
 
     if os.path.exists("/usr/local/bin/nvcc") and os.path.exists("/usr/local/cuda-13.0/bin/nvcc"):
@@ -227,8 +231,8 @@ def test_item3_wrappers_really_shipped_are_accepted(tmp_path):
     if not tmp_is_trusted(tmp_path):
         pytest.skip("the test's tmp dir does not pass the trust rule itself")
     # Debian's nvidia-cuda-toolkit /usr/bin/nvcc, byte for byte but for the prefix
-    real = wrapper(tmp_path / "usr/lib/nvidia-cuda-toolkit/bin", "nvcc", f'#!/bin/sh\necho "{RELEASE_LINE}"\n')
-    deb = wrapper(tmp_path / "usr/bin", "nvcc", f'#!/bin/sh\n\nexec {real} "$@"\n')
+    real = script(tmp_path / "usr/lib/nvidia-cuda-toolkit/bin" / "nvcc", f'#!/bin/sh\necho "{RELEASE_LINE}"\n')
+    deb = script(tmp_path / "usr/bin" / "nvcc", f'#!/bin/sh\n\nexec {real} "$@"\n')
     t = trace(str(deb))
     assert t.problem is None and t.target == str(real), t
     # shapes built from the grammar's data: comments, set -e, tests, case, a launcher, redirections
@@ -241,7 +245,7 @@ def test_item3_wrappers_really_shipped_are_accepted(tmp_path):
         f'#!/bin/sh\nfor a in "$@"; do case "$a" in -G) echo "no -G" >&2; exit 2 ;; esac; done\nexec {real} "$@"\n',
     ]
     for i, text in enumerate(shapes):
-        t = trace(str(wrapper(tmp_path / f"w{i}", "nvcc", text)))
+        t = trace(str(script(tmp_path / f"w{i}" / "nvcc", text)))
         assert t.problem is None and t.target == str(real), (text, t)
 
 
@@ -265,11 +269,12 @@ print("@@", flashinfer_sm120.status()["mode"], err, flush=True)
 
 @needs_flashinfer
 @pytest.mark.parametrize("how", ["environment", "in-process"])
-def test_item4_import_with_a_huge_arch_list_under_1gb_returns_with_a_short_message(clean_env, how):
+def test_import_with_a_huge_arch_list_under_1gb_returns_with_a_short_message(clean_env, how):
     """120 KB of junk (the most one environment string can carry into a new process) and 1 MiB
     set in-process: the import returns, under a 1 GB address-space limit, with one short message.
     (With 1 MiB in os.environ, Linux refuses to start any program (E2BIG, MAX_ARG_STRLEN is
-    128 KiB), so FlashInfer's own ptxas probe at import fails; that is the kernel's limit.)"""
+    128 KiB), so FlashInfer's own ptxas probe at import fails; that is the kernel's limit.)
+    Issue 11, item 4."""
     env = dict(clean_env, FAKE_GPU_CAPS="12.0")
     if how == "environment":
         env["FLASHINFER_CUDA_ARCH_LIST"] = "x " * (60 << 10)
@@ -282,7 +287,8 @@ def test_item4_import_with_a_huge_arch_list_under_1gb_returns_with_a_short_messa
     assert f"FLASHINFER_CUDA_ARCH_LIST is {size} characters long".encode() in proc.stderr
 
 
-def test_item4_every_bad_entry_does_not_repeat_the_whole_value():
+def test_a_bad_arch_list_entry_does_not_repeat_the_whole_value():
+    """Issue 11, item 4."""
     from flashinfer_sm120.core.patch.resolve import arch_specs
 
     for value in ["x " * 2000, "x " * 60000 + "12.0", ("99.9 " * 800) + "12.0"]:
@@ -294,9 +300,10 @@ def test_item4_every_bad_entry_does_not_repeat_the_whole_value():
 
 
 @needs_flashinfer
-def test_item4_doctor_with_a_4kb_arch_list_prints_a_bounded_report(clean_env):
+def test_doctor_with_a_4kb_arch_list_prints_a_bounded_report(clean_env):
+    """Issue 11, item 4."""
     env = dict(clean_env, FAKE_GPU_CAPS="", FLASHINFER_CUDA_ARCH_LIST="x " * 2048)
-    proc = _cli(["doctor", "--timeout", "30"], env)
+    proc = cli(["doctor", "--timeout", "30"], env, fakegpu=True, python=sys.executable)
     assert len(proc.stdout) + len(proc.stderr) < 64 << 10, (len(proc.stdout), len(proc.stderr))
     assert "Traceback" not in proc.stderr
 
@@ -328,7 +335,8 @@ def _probe(argv_prefix, root, limit, env, run=subprocess.run):
     return json.loads(lines[-1][2:])
 
 
-def test_item5_eagain_under_rlimit_nproc_is_reported_not_remembered(tmp_path):
+def test_eagain_under_rlimit_nproc_is_reported_not_remembered(tmp_path):
+    """Issue 11, item 5."""
     need_root()
     area = Path(tempfile.mkdtemp(prefix="sm120-nproc-"))
     try:
@@ -349,7 +357,8 @@ def test_item5_eagain_under_rlimit_nproc_is_reported_not_remembered(tmp_path):
         shutil.rmtree(area, ignore_errors=True)
 
 
-def test_item5_emfile_under_rlimit_nofile_is_reported_not_remembered(tmp_path):
+def test_emfile_under_rlimit_nofile_is_reported_not_remembered(tmp_path):
+    """Issue 11, item 5."""
     root = toolkit_with_nvcc(tmp_path / "cuda", f'#!/bin/sh\necho "{RELEASE_LINE}"\n')
     env = dict(os.environ, FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "cache"))
     env.pop("CUDA_HOME", None)
@@ -359,7 +368,8 @@ def test_item5_emfile_under_rlimit_nofile_is_reported_not_remembered(tmp_path):
     assert first["problem"] and "Too many open files" in first["problem"], first
 
 
-def test_item5_the_binarys_own_failure_is_still_remembered(tmp_path, cache_dir):
+def test_an_nvcc_failure_of_its_own_is_still_remembered(tmp_path, cache_dir):
+    """Issue 11, item 5."""
     from flashinfer_sm120.core.toolkit import memo
     from flashinfer_sm120.core.toolkit.probe import inspect
 
@@ -374,7 +384,8 @@ def test_item5_the_binarys_own_failure_is_still_remembered(tmp_path, cache_dir):
 DEEP = "[" * 10000 + "]" * 10000
 
 
-def test_item6_deep_version_json_falls_back_to_nvcc_version(tmp_path, cache_dir):
+def test_deep_version_json_falls_back_to_nvcc_version(tmp_path, cache_dir):
+    """Issue 11, item 6."""
     from flashinfer_sm120.core.toolkit.probe import inspect
 
     root = toolkit_with_nvcc(tmp_path / "cuda", f'#!/bin/sh\necho "{RELEASE_LINE}"\n')
@@ -383,7 +394,8 @@ def test_item6_deep_version_json_falls_back_to_nvcc_version(tmp_path, cache_dir)
     assert tk.problem is None and tk.nvcc_full == "13.0.88" and tk.version_from == "nvcc --version", tk
 
 
-def test_item6_deep_view_json_in_cuda_home_is_not_a_view(tmp_path, cache_dir):
+def test_deep_view_json_in_cuda_home_is_not_a_view(tmp_path, cache_dir):
+    """Issue 11, item 6."""
     from flashinfer_sm120.core.toolkit import discover
 
     root = make_toolkit(tmp_path / "cuda", "13.0.88")
@@ -392,7 +404,8 @@ def test_item6_deep_view_json_in_cuda_home_is_not_a_view(tmp_path, cache_dir):
     assert cands[0].root == str(root) and cands[0].problem is None
 
 
-def test_item6_deep_manifest_line_and_meta_json_are_reported(tmp_path):
+def test_deep_manifest_line_and_meta_json_are_reported(tmp_path):
+    """Issue 11, item 6."""
     from flashinfer_sm120.warmup import cacheread, replay, session
 
     m = tmp_path / "m.jsonl"
@@ -408,7 +421,8 @@ def test_item6_deep_manifest_line_and_meta_json_are_reported(tmp_path):
 
 # ------------------------------------------------------------------ item 7: versions parsed once, formatted from Version
 
-def test_item7_a_padded_version_is_parsed_and_formatted(tmp_path, cache_dir):
+def test_a_padded_version_is_parsed_and_formatted(tmp_path, cache_dir):
+    """Issue 11, item 7."""
     from flashinfer_sm120.core.toolkit.probe import inspect
 
     root = make_toolkit(tmp_path / "cuda", "13.0.88")
@@ -420,7 +434,8 @@ def test_item7_a_padded_version_is_parsed_and_formatted(tmp_path, cache_dir):
     assert tk.nvcc_full == "13.0.88" and tk.version_from == "nvcc --version", tk
 
 
-def test_item7_a_padded_version_in_the_memo_is_dropped(tmp_path, cache_dir):
+def test_a_padded_version_in_the_memo_is_dropped(tmp_path, cache_dir):
+    """Issue 11, item 7."""
     from flashinfer_sm120.core.toolkit import memo
 
     nvcc = "/bin/sh"
@@ -440,8 +455,9 @@ print("@@" + json.dumps({"jit": str(env.FLASHINFER_JIT_DIR), "mode": flashinfer_
 
 
 @needs_flashinfer
-def test_item7_the_jit_directory_name_comes_from_the_formatted_version(tmp_path, clean_env):
-    from conftest import run_py
+def test_the_jit_directory_name_comes_from_the_formatted_version(tmp_path, clean_env):
+    """Issue 11, item 7."""
+    from helpers.child import run_py
 
     root = make_toolkit(tmp_path / "cuda", "13.0.88", curand=True)
     (root / "version.json").write_text(json.dumps({"cuda_nvcc": {"version": " 13.0.88\n"}}))
@@ -459,7 +475,8 @@ def test_item7_the_jit_directory_name_comes_from_the_formatted_version(tmp_path,
                                        (["doctor", "--timeout", "-1"], "--timeout"),
                                        (["doctor", "--timeout", "1e999"], "--timeout"),
                                        (["doctor", "--timeout", "inf"], "--timeout")])
-def test_item8_item13_cli_numbers_are_refused_naming_the_flag(argv, flag, capsys, monkeypatch):
+def test_cli_numbers_are_refused_naming_the_flag(argv, flag, capsys, monkeypatch):
+    """Issue 11, items 8 and 13."""
     from flashinfer_sm120 import cli
     from flashinfer_sm120.cli import build, doctor
 
@@ -496,7 +513,8 @@ FP = {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda
 
 @pytest.mark.parametrize("case", sorted(_meta_variants(FP)))
 @pytest.mark.parametrize("as_archive", [False, True])
-def test_item9_malformed_meta_json_is_refused_with_a_message(tmp_path, case, as_archive):
+def test_malformed_meta_json_is_refused_with_a_message(tmp_path, case, as_archive):
+    """Issue 11, item 9."""
     from flashinfer_sm120.warmup import cacheread, session
 
     meta = _meta_variants(FP)[case]
@@ -540,7 +558,8 @@ def _bomb(path: Path, meta_files: dict, size: int) -> None:
         tar.addfile(info, io.BufferedReader(Zeros(), 1 << 20))
 
 
-def test_item9_a_gzip_bomb_is_refused_before_anything_is_written(tmp_path):
+def test_a_gzip_bomb_is_refused_before_anything_is_written(tmp_path):
+    """Issue 11, item 9."""
     from flashinfer_sm120.warmup import cachemeta, cachepack, cacheread, session
 
     size = 64 << 20
@@ -562,7 +581,8 @@ def test_item9_a_gzip_bomb_is_refused_before_anything_is_written(tmp_path):
     assert not any(p.is_file() for p in into.rglob("*")), "bytes were written before the check"
 
 
-def test_item9_a_full_disk_is_a_message_not_a_traceback(tmp_path, monkeypatch):
+def test_a_full_disk_during_cache_import_is_a_message_not_a_traceback(tmp_path, monkeypatch):
+    """Issue 11, item 9."""
     from flashinfer_sm120.warmup import cachemeta, cachepack, cacheread, session
 
     listed = tmp_path / "listed.tgz"
@@ -593,7 +613,8 @@ def _entry(**kw):
     (_entry(regenerable=True, spec={"sources": ["a b.cu"]}), "not a plain path"),
     (_entry(regenerable=True, spec={"sources": ["a.cu"]}, generated={"@GEN@/../../x": "int x;"}), "relative path"),
 ])
-def test_items10_11_13_bad_manifest_lines_are_skipped_naming_the_fault(tmp_path, bad, says):
+def test_bad_manifest_lines_are_skipped_naming_the_fault(tmp_path, bad, says):
+    """Issue 11, items 10, 11 and 13."""
     from flashinfer_sm120.warmup import replay
 
     m = tmp_path / "m.jsonl"
@@ -604,10 +625,11 @@ def test_items10_11_13_bad_manifest_lines_are_skipped_naming_the_fault(tmp_path,
     assert "entry format" not in problems[0] and "--arch" not in problems[0]
 
 
-def test_item10_build_from_a_bad_manifest_is_a_message(tmp_path, clean_env):
+def test_build_from_a_bad_manifest_is_a_message(tmp_path, clean_env):
+    """Issue 11, item 10."""
     m = tmp_path / "m.jsonl"
     m.write_text(json.dumps(_entry(targets=[12.0])) + "\n")
-    proc = _cli(["build", "--from", str(m)], clean_env)
+    proc = cli(["build", "--from", str(m)], clean_env, fakegpu=True, python=sys.executable)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "targets" in proc.stderr, proc.stderr
 
 
@@ -623,7 +645,8 @@ except replay.BuildError as exc:
 """
 
 
-def test_item10_a_huge_line_is_skipped_without_being_read_whole(tmp_path):
+def test_a_huge_manifest_line_is_skipped_without_being_read_whole(tmp_path):
+    """Issue 11, item 10."""
     m = tmp_path / "m.jsonl"
     with open(m, "wb") as f:
         f.write((json.dumps(_entry(name="rope")) + "\n").encode())
@@ -633,7 +656,8 @@ def test_item10_a_huge_line_is_skipped_without_being_read_whole(tmp_path):
         assert proc.returncode == 0 and "@@" in proc.stdout and want in proc.stdout, proc.stdout + proc.stderr[-2000:]
 
 
-def test_item11_make_spec_refuses_an_entry_that_would_write_ninja_syntax():
+def test_make_spec_refuses_an_entry_that_would_write_ninja_syntax():
+    """Issue 11, item 11."""
     from flashinfer_sm120.core.jitenv import manifest
 
     with pytest.raises(manifest.CannotRegenerate, match="not a name"):
@@ -642,7 +666,8 @@ def test_item11_make_spec_refuses_an_entry_that_would_write_ninja_syntax():
 
 # ------------------------------------------------------------------ item 12: directories we create
 
-def test_item12_umask_000_without_a_cache_dir_creates_private_levels(tmp_path):
+def test_umask_000_without_a_cache_dir_creates_private_levels(tmp_path):
+    """Issue 11, item 12."""
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     env = {k: v for k, v in os.environ.items() if k not in ("FLASHINFER_SM120_CACHE_DIR", "XDG_CACHE_HOME")}

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import needs_flashinfer
+from helpers.host import needs_flashinfer
 from helpers.views import tmp_dirs
 
 #: Processes per round and rounds of the cheap (resolve-only) race.

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from flashinfer_sm120.core.facts import workspace
-from conftest import needs_flashinfer
+from helpers.host import needs_flashinfer
 
 
 def _tree(root) -> list[str]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from conftest import needs_flashinfer, run_code
+from helpers.child import run_code
+from helpers.host import needs_flashinfer
 
 _IMPORT = """
 import json, os, sys

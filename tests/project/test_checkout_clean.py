@@ -2,7 +2,7 @@
 
 import subprocess
 
-from conftest import checkout_entries
+from helpers.checkout import checkout_entries
 
 
 def test_a_new_file_in_the_checkout_is_seen_the_tools_caches_are_not(tmp_path):

@@ -23,8 +23,10 @@ import sysconfig
 
 import pytest
 
-from conftest import needs_flashinfer, run_py
-from helpers.deploy import PTH_NAME, ROOT, env_without, make_venv, purelib
+from helpers.child import run_py
+from helpers.host import needs_flashinfer
+from helpers import ROOT
+from helpers.deploy import PTH_NAME, env_without, make_venv, purelib
 from helpers.servers import install_standins, system_bin_without, wheel_ninja
 
 EXAMPLES = ROOT / "examples"
@@ -62,7 +64,7 @@ def built(tmp_path_factory, real_nvcc13_module):
 
 @pytest.fixture(scope="module")
 def real_nvcc13_module():
-    from conftest import REAL_NVCC13
+    from helpers.host import REAL_NVCC13
 
     if REAL_NVCC13 is None:
         pytest.skip("no CUDA 13 nvcc found")

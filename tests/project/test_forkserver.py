@@ -9,8 +9,7 @@ import sys
 
 import pytest
 
-from helpers import forkserver
-from conftest import _FORKSERVER, run_code
+from helpers import child, forkserver
 
 PROBE = r"""
 import atexit, json, os, sys, tempfile
@@ -28,11 +27,10 @@ sys.exit(int(sys.argv[1]))
 
 @pytest.fixture
 def server():
-    if not _FORKSERVER or _FORKSERVER[0] is None:
-        run_code("pass", dict(os.environ))  # starts it (or finds it off)
-    if _FORKSERVER[0] is None:
+    server = child.forkserver()  # started on first use
+    if server is None:
         pytest.skip("the fork server is off (--no-forkserver) or could not start")
-    return _FORKSERVER[0]
+    return server
 
 
 def test_a_forked_child_sees_what_a_new_interpreter_sees(server, tmp_path):

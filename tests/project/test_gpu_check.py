@@ -15,8 +15,8 @@ import types
 import pytest
 import torch
 
-from conftest import needs_flashinfer
-from helpers.deploy import ROOT
+from helpers.host import needs_flashinfer
+from helpers import ROOT
 
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 

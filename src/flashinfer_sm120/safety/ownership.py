@@ -16,7 +16,8 @@ import stat
 
 from flashinfer_sm120.safety import formats
 
-__all__ = ["MAX_LINKS", "writable_by_others", "Untrusted", "current_uid", "dir_ok", "resolve", "file_ok", "check_path", "check_place"]
+__all__ = ["MAX_LINKS", "writable_by_others", "Untrusted", "current_uid", "dir_ok", "resolve", "file_ok", "check_path", "check_place",
+           "cache_clear"]
 
 MAX_LINKS = 40  # as Linux MAXSYMLINKS
 
@@ -27,6 +28,11 @@ def _private_gid() -> int | None:
     group, no other listed members), or ``None``.  Never for root.  Looked up
     once per uid (passwd/group may be on LDAP)."""
     return _private_gid_of(os.geteuid())
+
+
+def cache_clear() -> None:
+    """Forget the private groups already looked up (after passwd or group changed)."""
+    _private_gid_of.cache_clear()
 
 
 @functools.lru_cache(maxsize=4)

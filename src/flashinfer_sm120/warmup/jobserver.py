@@ -6,7 +6,7 @@ import os
 
 from flashinfer_sm120.safety.fs.tmpdirs import make_private
 
-__all__ = ["Jobserver", "supports"]
+__all__ = ["Jobserver", "cache_clear", "supports"]
 
 
 class Jobserver:
@@ -56,6 +56,11 @@ class Jobserver:
 
 
 _SUPPORTS: dict[str, bool] = {}
+
+
+def cache_clear() -> None:
+    """Forget which ninja binaries were found to be jobserver clients (after one was replaced)."""
+    _SUPPORTS.clear()
 
 
 def supports(binary: str) -> bool:

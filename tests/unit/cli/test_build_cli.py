@@ -2,23 +2,17 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import needs_flashinfer, run_code
-from unit.safety.fs.test_state_dir import _created, _env, _user_home, needs_root, shared_tmp  # noqa: F401  (fixture)
+from helpers.child import cli, run_code
+from helpers.host import needs_flashinfer
+from helpers.probing import created, home_env, needs_root, user_home
 from flashinfer_sm120.cli.buildjson import FIELDS
 
 
-def cli(args, env, timeout=300):
-    code = "import sys, helpers.fakegpu\nfrom flashinfer_sm120.cli import main\nsys.exit(main(sys.argv[1:]))"
-    return run_code(code, env, timeout, args)
-
-
 def test_list_names_every_module_and_flag(clean_env):
-    proc = cli(["build", "--list"], clean_env)
+    proc = cli(["build", "--list"], clean_env, fakegpu=True)
     assert proc.returncode == 0
     for word in ("sampling", "norm", "rope", "activation", "page", "decode", "prefill",
                  "--head-dim", "--dtype", "--kv-dtype", "--act"):
@@ -30,12 +24,12 @@ def test_bad_variant_flags_name_the_value_and_the_choices(clean_env):
                         (["decode", "--dtype", "f32"], ["'f32'", "bf16"]),
                         (["activation", "--act", "relu"], ["'relu'", "silu"]),
                         ([], ["--list", "--from"])):
-        proc = cli(["build", "--arch", "12.0", *args], clean_env)
+        proc = cli(["build", "--arch", "12.0", *args], clean_env, fakegpu=True)
         assert proc.returncode == 2 and all(w in proc.stderr for w in words), (args, proc.stderr)
 
 
 def test_missing_manifest_says_how_to_record_one(clean_env, tmp_path):
-    proc = cli(["build", "--from", str(tmp_path / "none.jsonl")], clean_env)
+    proc = cli(["build", "--from", str(tmp_path / "none.jsonl")], clean_env, fakegpu=True)
     assert proc.returncode == 2 and "FLASHINFER_SM120_RECORD=" in proc.stderr
 
 
@@ -43,7 +37,7 @@ def test_missing_manifest_says_how_to_record_one(clean_env, tmp_path):
 def test_variants_from_flags_become_flashinfer_modules(clean_env, real_nvcc13):
     env = dict(clean_env, FAKE_GPU_CAPS="")
     proc = cli(["build", "--arch", "12.0", "decode", "prefill", "page", "--head-dim", "64,256",
-                "--dtype", "bf16", "--kv-dtype", "fp8_e4m3", "--ninja-only", "--json"], env)
+                "--dtype", "bf16", "--kv-dtype", "fp8_e4m3", "--ninja-only", "--json"], env, fakegpu=True)
     mods = {m["module"]: m for m in _one_document(proc)["modules"]}
     assert set(mods) == {"decode-bf16-kvfp8_e4m3-hd64", "decode-bf16-kvfp8_e4m3-hd256",
                          "prefill-bf16-kvfp8_e4m3-hd64", "prefill-bf16-kvfp8_e4m3-hd256", "page"}
@@ -87,14 +81,14 @@ def _one_document(proc) -> dict:
     ([], ["--list", "--from"]),
 ])
 def test_json_is_one_document_when_build_refuses(clean_env, args, words):
-    proc = cli(["build", "--json", *args], clean_env)
+    proc = cli(["build", "--json", *args], clean_env, fakegpu=True)
     doc = _one_document(proc)
     assert proc.returncode == 2 and not doc["ok"] and all(w in doc["error"] for w in words), doc
     assert doc["modules"] == [] and doc["target_cuda_archs"] is None
 
 
 def test_json_is_one_document_when_a_dependency_is_missing(hiding):
-    proc = cli(["build", "page", "--arch", "12.0", "--json"], hiding("filelock"))
+    proc = cli(["build", "page", "--arch", "12.0", "--json"], hiding("filelock"), fakegpu=True)
     doc = _one_document(proc)
     assert not doc["ok"] and "filelock" in doc["error"], doc
 
@@ -124,11 +118,11 @@ def test_a_broken_build_module_leaves_cache_and_json(clean_env):
 def test_json_names_where_the_targets_came_from(clean_env, real_nvcc13):
     """The origin is a field of the session, not text cut out of the summary."""
     env = dict(clean_env, FAKE_GPU_CAPS="")
-    proc = cli(["build", "--arch", "120", "page", "--ninja-only", "--json"], env)
+    proc = cli(["build", "--arch", "120", "page", "--ninja-only", "--json"], env, fakegpu=True)
     doc = _one_document(proc)
     assert doc["ok"] and doc["targets_from"] == "from --arch 120" and doc["target_cuda_archs"] == ["sm_120f"]
     assert "(from --arch 120)" in proc.stderr and "FLASHINFER_CUDA_ARCH_LIST=" not in proc.stderr
-    proc = cli(["build", "page", "--ninja-only", "--json"], dict(env, FLASHINFER_CUDA_ARCH_LIST="12.0"))
+    proc = cli(["build", "page", "--ninja-only", "--json"], dict(env, FLASHINFER_CUDA_ARCH_LIST="12.0"), fakegpu=True)
     doc = _one_document(proc)
     assert doc["ok"] and doc["targets_from"] == "from FLASHINFER_CUDA_ARCH_LIST='12.0'"
     assert "(from FLASHINFER_CUDA_ARCH_LIST='12.0')" in proc.stderr
@@ -138,13 +132,11 @@ def test_json_names_where_the_targets_came_from(clean_env, real_nvcc13):
 def test_build_as_root_with_a_users_home_refuses_before_importing_flashinfer(shared_tmp):
     """Regression: build imported FlashInfer, which made a root-owned ~/.cache/flashinfer in the user's
     home under sudo -E (status already checked first)."""
-    home = _user_home(shared_tmp)
-    env = _env(home, shared_tmp / "tmp")
+    home = user_home(shared_tmp)
+    env = home_env(home, shared_tmp / "tmp")
     env.pop("FLASHINFER_WORKSPACE_BASE", None)
-    import conftest
-
-    proc = conftest.cli(["build", "--arch", "12.0", "--ninja-only", "--json", "activation"], env, timeout=300)
-    assert proc.returncode == 2 and _created(home) == [], proc.stderr[-2000:]
+    proc = cli(["build", "--arch", "12.0", "--ninja-only", "--json", "activation"], env, timeout=300)
+    assert proc.returncode == 2 and created(home) == [], proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     assert doc["ok"] is False and doc["error"].startswith("FlashInfer was not imported: ")
     assert str(home) in doc["error"] and "sudo -H" in doc["error"] and "FLASHINFER_WORKSPACE_BASE" in doc["error"]

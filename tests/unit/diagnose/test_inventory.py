@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import needs_flashinfer
+from helpers.child import cli
+from helpers.host import needs_flashinfer
 from flashinfer_sm120.cli.doctor_sections import inventory_lines
 from flashinfer_sm120.diagnose.verify import inventory, targets
 
@@ -41,7 +42,7 @@ def _nvcc(root: str, args: list[str], cwd: Path) -> None:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """A fake JIT directory (``<jit>/<name>/<name>.so``) and a cubin directory, compiled once."""
-    from conftest import REAL_NVCC13
+    from helpers.host import REAL_NVCC13
 
     if REAL_NVCC13 is None:
         pytest.skip("no CUDA 13 nvcc found")
@@ -134,8 +135,7 @@ def test_doctor_lists_the_prebuilt_packages_flashinfer_would_load_first(built, c
         (pkgs / name / "__init__.py").write_text(textwrap.dedent(body))
     env = dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0", FLASHINFER_DISABLE_VERSION_CHECK="1")
     env["PYTHONPATH"] = os.pathsep.join([str(pkgs), env["PYTHONPATH"]])
-    proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "doctor", "--json"], env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = cli(["doctor", "--json"], env, 600, python=sys.executable)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     inv = report["inventory"]

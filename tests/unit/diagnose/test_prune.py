@@ -5,7 +5,6 @@ symlinks or not.  Layouts are FlashInfer 0.7.4's (``<version>/<arch>[/<nvcc tag>
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import subprocess
@@ -15,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_toolkit
-from helpers.views import pip_like
+from helpers.prune import hold, listing, prune, workspace
 
 UID = os.geteuid()
 
@@ -34,82 +32,6 @@ def snapshot(*roots: Path) -> dict:
     return out
 
 
-def fake_flashinfer(site: Path, version: str) -> Path:
-    """``site/flashinfer`` with ``data/include`` and the distribution's metadata, as pip installs it."""
-    (site / "flashinfer" / "data" / "include").mkdir(parents=True, exist_ok=True)
-    meta = site / f"flashinfer_python-{version}.dist-info"
-    meta.mkdir(exist_ok=True)
-    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: flashinfer-python\nVersion: {version}\n")
-    return site / "flashinfer"
-
-
-def workspace(root: Path, rel: str, cuda_home: str, fi_pkg: Path, modules=("sampling",)) -> Path:
-    """A JIT workspace as FlashInfer writes it: cached_ops/<module>/{build.ninja,<module>.so},
-    cached_ops/tmp/<module>.lock, generated/."""
-    ws = root / rel
-    for m in modules:
-        d = ws / "cached_ops" / m
-        d.mkdir(parents=True)
-        (d / "build.ninja").write_text(
-            f"ninja_required_version = 1.3\nname = {m}\ncuda_home = {cuda_home}\n"
-            f"common_cflags = -DPy_LIMITED_API=0x03090000 $\n    -isystem {fi_pkg}/data/include $\n"
-            f"    -isystem $cuda_home/include\n")
-        (d / f"{m}.so").write_bytes(b"\x7fELF" + b"\0" * 8000)
-        (ws / "cached_ops" / "tmp").mkdir(exist_ok=True)
-        (ws / "cached_ops" / "tmp" / f"{m}.lock").touch()
-    (ws / "generated").mkdir(exist_ok=True)
-    return ws
-
-
-@pytest.fixture
-def caches(tmp_path, monkeypatch):
-    """Our cache with a current and a stale view, FlashInfer's cache with current and stale workspaces."""
-    from flashinfer_sm120.safety.fs import lease
-    from flashinfer_sm120.core.facts.workspace import tag_for
-    from flashinfer_sm120.core.toolkit import inspect
-    from flashinfer_sm120.core.view import linkable_home
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASHINFER", "CUDA_", "SGLANG"))}
-    env.update(HOME=str(tmp_path / "home"), FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "ours"),
-               FLASHINFER_WORKSPACE_BASE=str(tmp_path / "base"), SGLANG_CACHE_DIR=str(tmp_path / "sglang"))
-    for k in ("FLASHINFER_SM120_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "SGLANG_CACHE_DIR", "HOME"):
-        monkeypatch.setenv(k, env[k])
-    (tmp_path / "ours").mkdir(mode=0o700)
-    keep_tk = pip_like(tmp_path / "keep", "13.0.88")
-    gone_tk = pip_like(tmp_path / "gone", "13.0.48")
-    keep_view = linkable_home(inspect(str(keep_tk))).path
-    gone_view = linkable_home(inspect(str(gone_tk))).path
-    for v in (keep_view, gone_view):  # chosen here, used by no process of the test (the lease says "in use")
-        lease.release(v)
-    current_tag = tag_for(inspect(str(keep_tk)))
-    fi_root = tmp_path / "base" / ".cache" / "flashinfer"
-    fi_new = fake_flashinfer(tmp_path / "site-new", "0.7.4")
-    fi_moved = fake_flashinfer(tmp_path / "site-moved", "0.7.4")  # upgraded below: holds 0.7.5 now
-    ws = {
-        "current": workspace(fi_root, f"0.7.4/120f/{current_tag}", keep_view, fi_new, ("sampling", "decode")),
-        "toolkit gone": workspace(fi_root, "0.7.4/120f/nvcc13.0.48-0123abcd", gone_view, fi_new),
-        "toolkit changed": workspace(fi_root, "0.7.4/120f/nvcc13.0.88-deadbeef", keep_view, fi_new),
-        "release gone": workspace(fi_root, "0.6.18/120f/" + current_tag, keep_view, tmp_path / "site-old" / "flashinfer"),
-        "release replaced": workspace(fi_root, "0.7.4/121a/" + current_tag, keep_view, fi_moved),
-        "unpatched current": workspace(fi_root, "0.7.4/120f", keep_view, fi_new),
-    }
-    (fi_moved.parent / "flashinfer_python-0.7.4.dist-info").rename(fi_moved.parent / "flashinfer_python-0.7.5.dist-info")
-    (fi_moved.parent / "flashinfer_python-0.7.5.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: flashinfer-python\nVersion: 0.7.5\n")
-    os.unlink(os.path.join(gone_tk, "bin", "nvcc"))  # that toolkit is uninstalled
-    return {"env": env, "tmp": tmp_path, "ws": ws, "keep_view": keep_view, "gone_view": gone_view,
-            "fi_root": fi_root, "ours": tmp_path / "ours", "keep_tk": keep_tk, "gone_tk": gone_tk}
-
-
-def prune(c, *args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "flashinfer_sm120", "cache", "prune", *args], env=c["env"],
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def listing(c, *args) -> dict:
-    proc = prune(c, "--json", *args)
-    assert proc.returncode == 0, proc.stderr
-    return {e["path"]: e for e in json.loads(proc.stdout)["entries"]}
 
 
 def test_dry_run_lists_each_stale_entry_with_its_reason_and_changes_nothing(caches):
@@ -152,14 +74,6 @@ def test_yes_removes_what_is_stale_and_nothing_else(caches):
     again = listing(c)
     assert not [e for e in again.values() if e["reason"]]
 
-
-def hold(path: str):
-    """A child process holding ``path`` with filelock, as FlashInfer and the view builder do."""
-    code = ("import filelock, sys, time\nl = filelock.FileLock(sys.argv[1]); l.acquire()\n"
-            "print('held', flush=True)\ntime.sleep(120)\n")
-    p = subprocess.Popen([sys.executable, "-c", code, path], stdout=subprocess.PIPE, text=True)
-    assert p.stdout.readline().strip() == "held"
-    return p
 
 
 def test_a_held_lock_keeps_the_directory(caches):

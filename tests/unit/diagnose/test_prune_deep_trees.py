@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from unit.diagnose.test_prune import caches, listing, prune  # noqa: F401  (caches: a fixture)
+from helpers.prune import listing, prune
 
 from flashinfer_sm120.diagnose.prune.tree import remove_tree, walk_tree
 

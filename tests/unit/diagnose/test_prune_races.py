@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from unit.diagnose.test_prune import caches, hold, listing, prune  # noqa: F401  (caches: a fixture)
+from helpers.prune import hold
 
 OLD_DAYS = 100
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
 
-from unit.diagnose.test_prune import caches, listing  # noqa: F401  (caches: a fixture)
+from helpers.child import cli
+from helpers.prune import listing
 
 from flashinfer_sm120.diagnose.prune import hold
 
@@ -33,9 +33,8 @@ def test_prune_without_proc_removes_nothing(caches):
     stale = c["ws"]["release gone"]
     assert listing(c)[str(stale)]["reason"]  # stale: prune would remove it
     script = 'mount -t tmpfs none /proc && exec "$@"'
-    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh",
-                           sys.executable, "-m", "flashinfer_sm120", "cache", "prune", "--yes"],
-                          env=c["env"], capture_output=True, text=True, timeout=300)
+    proc = cli(["cache", "prune", "--yes"], c["env"], 300, python=sys.executable,
+               prefix=["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh"])
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "Traceback" not in out, out[-3000:]
     assert stale.exists(), out[-3000:]

@@ -11,28 +11,16 @@ import subprocess
 import sys
 import tarfile
 import time
-from contextlib import contextmanager
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from flashinfer_sm120.safety import formats
+from helpers.child import cli
+from helpers.guards import hang_guard
+from helpers.toolkits import script
 
 FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-@contextmanager
-def _hang_guard(seconds: int):
-    """Fail (not hang) when the body runs past ``seconds``: a bound against a hang, not a speed goal."""
-    def _alarm(*_):
-        raise AssertionError(f"still running after {seconds} s: a hang")
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 # --------------------------------------------------------------------------- JSON: the depth pre-check
@@ -46,7 +34,7 @@ def _escaped_quotes(n: int) -> str:
 
 @pytest.mark.parametrize("text", [_escaped_quotes(1 << 20), '"\\' * (1 << 20), '"' * (1 << 21) + "\\"])
 def test_json_depth_check_is_linear_on_unterminated_strings(text):
-    with _hang_guard(60):  # the old scan: hours for these 2 MiB
+    with hang_guard(60):  # the old scan: hours for these 2 MiB
         with pytest.raises(formats.FormatError) as exc:
             formats.loads_json(text, "probe.json")
     assert "probe.json" in str(exc.value) and len(str(exc.value)) < 400
@@ -61,8 +49,7 @@ def test_cache_import_of_an_escaped_quote_meta_json_is_refused_at_once(tmp_path)
         t.addfile(ti, io.BytesIO(payload))
     env = dict(os.environ, HOME=str(tmp_path), FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"),
                FLASHINFER_WORKSPACE_BASE=str(tmp_path / "ws"))
-    proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "cache", "import", str(tar), "--arch", "12.0"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = cli(["cache", "import", str(tar), "--arch", "12.0"], env, 120, python=sys.executable)
     assert proc.returncode != 0 and "meta.json" in proc.stderr and "not valid JSON" in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -106,7 +93,7 @@ def test_a_fifo_named_libcudart_never_blocks_the_view_stub(tmp_path):
 
     fifo = tmp_path / "libcudart.so.13"
     os.mkfifo(fifo)
-    with _hang_guard(20):
+    with hang_guard(20):
         got = elf_ident([str(fifo), os.path.realpath(sys.executable)])
     assert got is not None and got[0] in "<>"  # the FIFO skipped, the next ELF read
 
@@ -127,7 +114,7 @@ def test_a_header_of_blank_lines_is_scanned_in_one_pass(tmp_path):
         (d / "cuda_runtime_api.h").write_text("\n" * ((64 << 10) - 1))
         dirs.append(str(d))
     (tmp_path / "inc5" / "cuda_runtime_api.h").write_text("#define CUDART_VERSION 13000\n")
-    with _hang_guard(30):
+    with hang_guard(30):
         assert driver_symbols(str(cuda_h)) == ["cuCtxCreate"]
         assert str(_header_version(tuple(dirs))) == "13.0"
 
@@ -195,8 +182,7 @@ def test_a_binary_that_prints_without_end_costs_bounded_memory(tmp_path, kind, s
     read line by line with no cap on a line."""
     prog = tmp_path / "bin" / "tool"
     prog.parent.mkdir()
-    prog.write_text(HOSTILE[shape])
-    prog.chmod(0o755)
+    script(prog, HOSTILE[shape])
     proc = subprocess.run([sys.executable, "-c", _CHILD, kind, str(prog), str(tmp_path)], capture_output=True,
                           text=True, timeout=180, env=dict(os.environ, HOME=str(tmp_path)))
     assert proc.returncode == 0 and "@@" in proc.stdout, proc.stderr[-2000:]
@@ -277,8 +263,7 @@ def test_cache_import_of_a_fifo_or_an_empty_path_is_refused_at_once(tmp_path, sr
         src = "/dev/zero"
     env = dict(os.environ, HOME=str(tmp_path), FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"),
                FLASHINFER_WORKSPACE_BASE=str(tmp_path / "ws"))
-    proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "cache", "import", src, "--arch", "12.0"],
-                          capture_output=True, text=True, env=env, timeout=60)
+    proc = cli(["cache", "import", src, "--arch", "12.0"], env, 60, python=sys.executable)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "flashinfer-sm120: error:" in proc.stderr and len(proc.stderr) < 2000
 
@@ -290,7 +275,7 @@ def test_a_record_manifest_that_is_a_fifo_never_blocks_a_build(tmp_path):
 
     fifo = tmp_path / "m.jsonl"
     os.mkfifo(fifo)
-    with _hang_guard(20):
+    with hang_guard(20):
         with pytest.raises(OSError) as exc:
             record.append(str(fifo), {"module": "norm"})
     assert str(fifo) in str(exc.value) or "regular file" in str(exc.value)

@@ -15,6 +15,7 @@ import pytest
 
 from flashinfer_sm120.core.view import stub
 from flashinfer_sm120.safety import compilers
+from helpers.toolkits import script
 
 
 @pytest.fixture
@@ -23,8 +24,7 @@ def evil(tmp_path):
     d.mkdir()
     d.chmod(0o777)
     for n in ("as", "ld", "cc1plus", "w", "p.so", "s"):
-        (d / n).write_text("#!/bin/sh\n")
-        (d / n).chmod(0o755)
+        script(d / n, "#!/bin/sh\n")
     return d
 
 

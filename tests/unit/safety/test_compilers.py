@@ -7,17 +7,12 @@ import os
 import pytest
 
 
-from conftest import make_toolkit, needs_flashinfer, run_py
+from helpers.child import run_py
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit, script
 from helpers.untrusted import give_away, make_unsafe
 from flashinfer_sm120.core.toolkit import discover
 from flashinfer_sm120.safety import buildenv, compilers
-
-
-def _script(path, body="#!/bin/sh\nexit 0\n"):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(body)
-    path.chmod(0o755)
-    return str(path)
 
 
 def test_flashinfer_nvcc_is_a_candidate_first(tmp_path):
@@ -35,11 +30,11 @@ def test_flashinfer_nvcc_is_a_candidate_first(tmp_path):
 def test_verdicts(tmp_path):
     tk = make_toolkit(tmp_path / "tk", "13.0.88")
     other = make_toolkit(tmp_path / "other", "12.8.93")
-    _script(tmp_path / "bin" / "launch")
+    script(tmp_path / "bin" / "launch")
     open_dir = tmp_path / "open"
     open_dir.mkdir()
     open_dir.chmod(0o777)
-    bad = _script(open_dir / "cc")
+    bad = str(script(open_dir / "cc"))
     os.chmod(open_dir, 0o777)
     nvcc = str(tk / "bin" / "nvcc")
     env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "FLASHINFER_NVCC": nvcc,
@@ -53,7 +48,7 @@ def test_verdicts(tmp_path):
     assert not v.keep and "not the chosen toolkit's nvcc" in v.note and str(tk) in v.note
     (v,) = compilers.check({"FLASHINFER_NVCC": ""}, nvcc, str(tk))
     assert not v.keep
-    wrapper = _script(tmp_path / "w" / "nvcc", f"#!/bin/sh\nexec {nvcc} \"$@\"\n")
+    wrapper = str(script(tmp_path / "w" / "nvcc", f"#!/bin/sh\nexec {nvcc} \"$@\"\n"))
     (v,) = compilers.check({"FLASHINFER_NVCC": wrapper}, nvcc, str(tk))
     assert v.keep, v.note  # a wrapper that runs the chosen nvcc is that nvcc
 
@@ -79,7 +74,7 @@ def test_refused_variables_leave_the_process_and_come_back_on_revert(tmp_path, c
     old = make_toolkit(tmp_path / "old", "12.8.93", curand=True)
     open_dir = tmp_path / "open"
     open_dir.mkdir()
-    bad_cxx = _script(open_dir / "c++")
+    bad_cxx = str(script(open_dir / "c++"))
     os.chmod(open_dir, 0o777)
     env = dict(clean_env, CUDA_HOME=str(a), FLASHINFER_CUDA_ARCH_LIST="12.0", MAX_JOBS="3",
                FLASHINFER_NVCC=str(old / "bin" / "nvcc"), CXX=bad_cxx)
@@ -127,7 +122,7 @@ def test_host_compiler_variables_are_held_to_the_trust_rule(tmp_path):
     tk = make_toolkit(tmp_path / "tk", "13.0.88")
     nvcc = str(tk / "bin" / "nvcc")
     opened = _open_dir(tmp_path)
-    bad = _script(opened / "gcc")
+    bad = str(script(opened / "gcc"))
     env = {"PATH": "/usr/bin:/bin", "CC": bad, "NVCC_CCBIN": str(opened), "NVCC_PREPEND_FLAGS": f"-ccbin {bad}",
            "NVCC_APPEND_FLAGS": f"-allow-unsupported-compiler --compiler-bindir={opened}",
            "FLASHINFER_EXTRA_CUDAFLAGS": f"-O3 -Xcompiler=-B{opened}", "FLASHINFER_EXTRA_LDFLAGS": f"-Wl,{bad}"}
@@ -147,7 +142,7 @@ def test_host_compiler_variables_are_held_to_the_trust_rule(tmp_path):
 def test_programs_run_by_name_are_checked_where_path_finds_them(tmp_path):
     """Round 3: a gcc planted early on PATH was nvcc's host compiler in every build."""
     opened = _open_dir(tmp_path)
-    _script(opened / "gcc")
+    script(opened / "gcc")
     env = {"PATH": f"{opened}:/usr/bin:/bin"}
     problem = buildenv.path_problem(env)
     assert problem.program == f"{opened}/gcc" and problem.role == "nvcc's host compiler"
@@ -156,11 +151,11 @@ def test_programs_run_by_name_are_checked_where_path_finds_them(tmp_path):
     # a variable that names the host compiler instead makes PATH's gcc not run
     for name, value in (("NVCC_CCBIN", "/usr/bin/g++"), ("CC", "gcc"), ("NVCC_APPEND_FLAGS", "-ccbin=g++")):
         assert buildenv.path_problem(dict(env, **{name: value})) is None, name
-    _script(opened / "c++")
+    script(opened / "c++")
     problem = buildenv.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++"))
     assert problem.program == f"{opened}/c++" and "CXX" in problem.fix
     assert buildenv.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++", CXX="/usr/bin/c++")) is None
-    _script(opened / "rm")  # nvcc cleans up with rm from PATH: no variable replaces it
+    script(opened / "rm")  # nvcc cleans up with rm from PATH: no variable replaces it
     problem = buildenv.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++", CXX="/usr/bin/c++"))
     assert problem.program == f"{opened}/rm"
     assert buildenv.path_problem({"PATH": "/usr/bin:/bin"}) is None
@@ -246,7 +241,7 @@ def test_gcc_variables_and_every_way_a_flag_names_a_path_are_held_to_the_trust_r
 def test_the_assembler_and_linker_gcc_runs_by_name_are_checked(tmp_path, name):
     """Round 3 (second fresh attack): gcc ran the ``as`` and ``ld`` another uid put first on PATH."""
     opened = _open_dir(tmp_path)
-    _script(opened / name)
+    script(opened / name)
     problem = buildenv.path_problem({"PATH": f"{opened}:/usr/bin:/bin", "NVCC_CCBIN": "/usr/bin/g++",
                                       "CXX": "/usr/bin/c++"})
     assert problem is not None and problem.program == f"{opened}/{name}", problem

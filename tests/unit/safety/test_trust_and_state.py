@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from helpers.untrusted import RELEASE_LINE, tmp_is_trusted, toolkit_with_nvcc, untrusted_nvcc, wrapper
+from helpers.toolkits import script
+from helpers.untrusted import RELEASE_LINE, tmp_is_trusted, toolkit_with_nvcc, untrusted_nvcc
 
 
 # --------------------------------------------------------------- trust: wrappers that hide what they run
@@ -46,7 +47,7 @@ def test_a_wrapper_cannot_hide_an_untrusted_nvcc(tmp_path, case):
     from flashinfer_sm120.safety.trust import trace
 
     evil, _ = untrusted_nvcc(tmp_path)
-    w = wrapper(tmp_path / "bin", "nvcc", _hiding_wrappers(str(evil))[case])
+    w = script(tmp_path / "bin" / "nvcc", _hiding_wrappers(str(evil))[case])
     t = trace(str(w))
     assert t.problem is not None, f"{case}: trusted although it runs {evil}"
     assert ("evil" in t.problem or "cannot be checked" in t.problem or "too large" in t.problem), t.problem
@@ -71,11 +72,11 @@ def test_ordinary_wrappers_are_still_followed(tmp_path):
         pytest.skip("the test's tmp dir does not pass the trust rule itself")
     from flashinfer_sm120.safety.trust import trace
 
-    real = wrapper(tmp_path / "real" / "bin", "nvcc", f'#!/bin/sh\necho "{RELEASE_LINE}"\n')
+    real = script(tmp_path / "real" / "bin" / "nvcc", f'#!/bin/sh\necho "{RELEASE_LINE}"\n')
     # ("#!/usr/bin/env sh" finds the shell on PATH when it runs: refused since issue 11, see test_boundary)
     for i, head in enumerate(["#!/bin/sh", "#!/bin/sh -e", "#! /bin/sh", "#!/bin/bash -eu",
                               f"#!/bin/sh {real}"]):
-        w = wrapper(tmp_path / f"w{i}" / "bin", "nvcc", f'{head}\nexec {real} "$@"\n')
+        w = script(tmp_path / f"w{i}" / "bin" / "nvcc", f'{head}\nexec {real} "$@"\n')
         t = trace(str(w))
         assert t.problem is None and t.target == str(real.resolve()), (head, t)
 

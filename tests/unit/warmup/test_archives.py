@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import cli
+from helpers.child import cli
 from flashinfer_sm120.warmup import cachemeta, cacheread
 from flashinfer_sm120.warmup.session import BuildError
 

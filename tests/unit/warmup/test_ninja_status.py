@@ -12,7 +12,7 @@ import io
 from hypothesis import given, settings, strategies as st
 
 from flashinfer_sm120.warmup import ninjacmd, pool
-from unit.warmup.test_pool import _module
+from helpers.warm import fake_job
 
 NOISE = (b"[" + b"9" * 5000 + b"/1] fake\n"   # a status line's shape, a number int() refuses
          b"a\x00b\n"                          # a NUL byte
@@ -21,7 +21,7 @@ NOISE = (b"[" + b"9" * 5000 + b"/1] fake\n"   # a status line's shape, a number 
 
 
 def test_compiler_output_shaped_like_status_lines_does_not_stop_the_build(tmp_path):
-    job = _module(tmp_path, "m", 1)
+    job = fake_job(tmp_path, "m", 1)
     (tmp_path / "noise.txt").write_bytes(NOISE)
     nvcc = tmp_path / "fake_nvcc.sh"
     nvcc.write_text(f"cat {tmp_path / 'noise.txt'}\n" + nvcc.read_text())

@@ -8,35 +8,12 @@ import threading
 import time
 
 from flashinfer_sm120.warmup import ninjacmd, pool
+from helpers.warm import fake_job
 
-
-def _module(root, name, n_src=2, fail=None, sleep=0.3):
-    d = root / name
-    d.mkdir(parents=True)
-    for i in range(n_src):
-        (d / f"s{i}.cu").write_text("// src\n")
-    nvcc = root / "fake_nvcc.sh"
-    if not nvcc.exists():  # argv like nvcc's: ... -c SRC -o OBJ
-        nvcc.write_text('echo "start $2" >> "$(dirname "$0")/order.log"; sleep "$SLEEP"; src="$2"; if [ "$src" = "$FAIL" ]; then '
-                        'echo "$src(3): error: identifier boom is undefined"; exit 2; fi; cp "$2" "$4"\n')
-        (root / "fake_link.sh").write_text('echo "link $3" >> "$(dirname "$0")/order.log"; '
-                                           'out="$3"; shift 3; cat "$@" > "$out"\n')
-    lines = ["ninja_required_version = 1.3", "rule cuda_compile",
-             f"  command = SLEEP={sleep} FAIL={d}/{fail} sh {nvcc} -c $in -o $out",
-             "rule link", f"  command = sh {root}/fake_link.sh -shared -o $out $in", ""]
-    objs = []
-    for i in range(n_src):
-        obj = d / f"s{i}.cuda.o"
-        objs.append(str(obj))
-        lines.append(f"build {obj}: cuda_compile {d}/s{i}.cu")
-    lines.append(f"build {d}/{name}.so: link {' '.join(objs)}")
-    lines.append(f"default {d}/{name}.so")
-    (d / "build.ninja").write_text("\n".join(lines) + "\n")
-    return pool.Job(name, d, d / "build.ninja", root / f"{name}.lock")
 
 
 def test_builds_reports_and_second_run_is_up_to_date_once(tmp_path):
-    jobs = [_module(tmp_path, "a", 3), _module(tmp_path, "b", 2)]
+    jobs = [fake_job(tmp_path, "a", 3), fake_job(tmp_path, "b", 2)]
     out = io.StringIO()
     res = pool.run_pool(jobs, 2, out)
     assert [r.status for r in res] == ["built", "built"], out.getvalue()
@@ -55,7 +32,7 @@ def test_builds_reports_and_second_run_is_up_to_date_once(tmp_path):
 
 
 def test_failure_is_never_reported_as_compiled(tmp_path):
-    jobs = [_module(tmp_path, "good", 1), _module(tmp_path, "bad", 2, fail="s1.cu")]
+    jobs = [fake_job(tmp_path, "good", 1), fake_job(tmp_path, "bad", 2, fail="s1.cu")]
     out = io.StringIO()
     res = pool.run_pool(jobs, 1, out)
     by = {r.label: r for r in res}
@@ -69,7 +46,7 @@ def test_failure_is_never_reported_as_compiled(tmp_path):
 def test_never_more_steps_than_slots(tmp_path):
     """Three modules, two slots: /proc shows at most two compile steps at any moment (a link
     may run beside them: it holds no compile slot)."""
-    jobs = [_module(tmp_path, f"m{i}", 3, sleep=0.6) for i in range(3)]
+    jobs = [fake_job(tmp_path, f"m{i}", 3, sleep=0.6) for i in range(3)]
     peak = [0]
     stop = threading.Event()
 
@@ -115,7 +92,7 @@ def test_spare_slot_goes_to_the_next_module(tmp_path, monkeypatch):
     from flashinfer_sm120.warmup import jobserver
 
     monkeypatch.setattr(jobserver, "supports", lambda binary: False)
-    jobs = [_module(tmp_path, "a", 3, sleep=1.0), _module(tmp_path, "b", 1, sleep=0.2)]
+    jobs = [fake_job(tmp_path, "a", 3, sleep=1.0), fake_job(tmp_path, "b", 1, sleep=0.2)]
     res = pool.run_pool(jobs, 2, io.StringIO())
     assert [r.status for r in res] == ["built", "built"]
     order = (tmp_path / "order.log").read_text().splitlines()
@@ -126,8 +103,8 @@ def test_the_module_with_the_most_steps_starts_first(tmp_path):
     """Longest first: ninja takes a freed jobserver token only between its own steps, so a
     many-step module queued behind one-step ones would compile its steps one at a time
     while a slot stays idle.  The order given is kept among modules of equal size."""
-    jobs = [_module(tmp_path, "one1", 1, sleep=0.1), _module(tmp_path, "one2", 1, sleep=0.1),
-            _module(tmp_path, "many", 3, sleep=0.1)]
+    jobs = [fake_job(tmp_path, "one1", 1, sleep=0.1), fake_job(tmp_path, "one2", 1, sleep=0.1),
+            fake_job(tmp_path, "many", 3, sleep=0.1)]
     out = io.StringIO()
     res = pool.run_pool(jobs, 2, out)
     assert [r.status for r in res] == ["built", "built", "built"], out.getvalue()  # results in the order given
@@ -164,7 +141,7 @@ def test_a_killed_build_leaves_no_ninja_or_compiler_running(tmp_path):
     import sys
 
     mark = "297.314159"  # the compile steps sleep this long: found by it in /proc
-    job = _module(tmp_path, "m", 2, sleep=mark)
+    job = fake_job(tmp_path, "m", 2, sleep=mark)
     proc = subprocess.Popen([sys.executable, "-c", KILLED_POOL, str(job.build_dir)], stdout=subprocess.PIPE, text=True)
     try:
         for _ in range(600):

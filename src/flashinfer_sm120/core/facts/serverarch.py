@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from flashinfer_sm120.core.facts.serverprobe import _ENVIRON_TIMEOUT_S, _package_dir
 from flashinfer_sm120.core.facts.servers import newest
 
-__all__ = ["ArchChoice", "server_arch"]
+__all__ = ["ArchChoice", "cache_clear", "server_arch"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,11 @@ for major, minor in caps:
     out.append(env)
 sys.stdout.write("\n@@" + json.dumps(out))
 """
+
+
+def cache_clear() -> None:
+    """Forget the arch rules already run from installed servers' source (after that source changed)."""
+    _run_arch_rule.cache_clear()
 
 
 @functools.lru_cache(maxsize=32)

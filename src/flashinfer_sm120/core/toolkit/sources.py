@@ -24,7 +24,7 @@ from flashinfer_sm120.safety.trust import follow_wrappers
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["FIND_STEPS", "SOURCES", "Found", "pathfinder_binary", "clean_home", "site_dirs"]
+__all__ = ["FIND_STEPS", "SOURCES", "Found", "pathfinder_binary", "clean_home", "site_dirs", "cache_clear"]
 
 _PIP_PREFIX_RE = re.compile(r"cu1[3-9]")  # site-packages/nvidia/cu13: no pip wheel before 13 ships nvcc
 _VERSIONED_RE = re.compile(r"cuda-\d")
@@ -54,6 +54,11 @@ def clean_home(value: str) -> str:
         if v.endswith(tail):
             v = v[: -len(tail)]
     return v
+
+
+def cache_clear() -> None:
+    """Forget the site directories already listed (after ``site``'s settings changed)."""
+    _site_dirs_for.cache_clear()
 
 
 @functools.lru_cache(maxsize=8)

@@ -48,10 +48,12 @@ _root_cache: dict[tuple, str] = {}
 
 
 def forget_cache_root(*, notes: bool = False) -> None:
-    """Forget the cache root chosen in this process (the next :func:`cache_root` chooses again:
-    after the environment changed, in tests); with ``notes``, also the notes about refused
-    candidates (:func:`cache_root_notes`)."""
+    """Forget the cache root chosen in this process and a :func:`listing_only` declaration (the next
+    :func:`cache_root` chooses again: after the environment changed, in tests); with ``notes``, also
+    the notes about refused candidates (:func:`cache_root_notes`)."""
+    global _listing
     _root_cache.clear()
+    _listing = False
     if notes:
         _notes.clear()
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from conftest import needs_flashinfer, run_py
+from helpers.child import run_py
+from helpers.host import needs_flashinfer
 
 from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.cli import buildline_report

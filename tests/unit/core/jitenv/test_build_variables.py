@@ -8,17 +8,10 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from conftest import make_toolkit
+from helpers.toolkits import make_toolkit, script
 from flashinfer_sm120.safety import compilers
 
 FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-def _script(path, body="#!/bin/sh\nexit 0\n"):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(body)
-    path.chmod(0o755)
-    return str(path)
 
 
 @pytest.fixture
@@ -27,9 +20,9 @@ def places(tmp_path):
     have put it there); PATH reaches both."""
     tk = make_toolkit(tmp_path / "tk", "13.0.88")
     good = tmp_path / "bin"
-    _script(good / "launch")
+    script(good / "launch")
     open_dir = tmp_path / "open"
-    evil = _script(open_dir / "evilcc")
+    evil = str(script(open_dir / "evilcc"))
     os.chmod(open_dir, 0o777)
     path = f"{good}:/usr/bin:/bin:{open_dir}"
     return {"tk": tk, "nvcc": str(tk / "bin" / "nvcc"), "good": good, "evil": evil, "PATH": path}
@@ -74,7 +67,7 @@ def test_flashinfer_nvcc_with_ninja_syntax_is_refused(places, tmp_path):
     """``$`` in a path is ninja's variable syntax: ``/opt/x$y/nvcc`` is checked as written and
     run as ``/opt/x/nvcc``."""
     d = tmp_path / "x$y" / "bin"
-    nvcc = _script(d / "nvcc", f"#!/bin/sh\nexec {places['nvcc']} \"$@\"\n")
+    nvcc = str(script(d / "nvcc", f"#!/bin/sh\nexec {places['nvcc']} \"$@\"\n"))
     v = _verdict(places, "FLASHINFER_NVCC", nvcc)
     assert not v.keep and "FLASHINFER_NVCC" in v.note
 

@@ -11,15 +11,14 @@ import types
 
 import pytest
 
-from conftest import make_toolkit, needs_flashinfer, run_py
+from helpers.child import run_py
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit, script
 from flashinfer_sm120.core.jitenv import environ
 
 
 def tool(path, release):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n")
-    path.chmod(0o755)
-    return path
+    return script(path, f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n")
 
 
 def toolkit(root, version="13.0.88"):

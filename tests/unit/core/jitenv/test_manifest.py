@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli, needs_flashinfer, run_py
-from integration.test_cachepack import warmed  # noqa: F401  (the fixture: a warmed JIT cache, fake compiler)
+from helpers.child import cli, run_py
+from helpers.host import needs_flashinfer
 
 #: Host code a module would run when the server loads it, and a file of the builder's it would embed.
 EVIL = ('#include "/etc/hostname"\n'
@@ -120,7 +120,7 @@ print("@@" + json.dumps(out))
 
 
 def _check(clean_env, entries: dict, lookups: dict = {}) -> dict:
-    from conftest import run_code
+    from helpers.child import run_code
 
     env = dict(clean_env, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0")
     proc = run_code(CHECK, env, 600, [json.dumps(entries), json.dumps(lookups)])
@@ -202,11 +202,9 @@ def test_cache_import_refuses_an_export_whose_manifest_carries_other_source(warm
     """cache import settles each module with make_spec on the export's manifest entry: an entry
     whose generated text is not what the local FlashInfer generates is refused there too, and
     its text is never written."""
-    from integration.test_cachepack import cli as pack_cli
-
     env, manifest, log, tmp = warmed
     out = tmp / "export"
-    proc = pack_cli(["cache", "export", "--from", str(manifest), str(out)], env)
+    proc = cli(["cache", "export", "--from", str(manifest), str(out)], env, fakegpu=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     meta_path = out / "flashinfer-sm120-cache" / "meta.json"
     meta = json.loads(meta_path.read_text())
@@ -219,7 +217,7 @@ def test_cache_import_refuses_an_export_whose_manifest_carries_other_source(warm
     act["files"]["generated/silu_and_mul.cu"] = hashlib.sha256(EVIL.encode()).hexdigest()
     meta_path.write_text(json.dumps(meta))
     shutil.rmtree(env["FLASHINFER_WORKSPACE_BASE"])  # a fresh machine
-    proc = pack_cli(["cache", "import", str(out), "--json"], env)
+    proc = cli(["cache", "import", str(out), "--json"], env, fakegpu=True)
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     report = {m["module"]: m for m in json.loads(proc.stdout)["modules"]}
     assert report[decode["name"]]["status"] == "refused", report

@@ -11,13 +11,14 @@ again), and a source an old entry lists must be one that generator names.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import needs_flashinfer
+from helpers.child import cli
+from helpers.host import needs_flashinfer
+from helpers.toolkits import script
 from flashinfer_sm120.safety import formats
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.core.jitenv import manifest
@@ -93,16 +94,14 @@ def test_build_from_a_hostile_manifest_runs_nothing_it_names(clean_env, tmp_path
     evil_dir.mkdir()
     evil_dir.chmod(0o777)
     cc = evil_dir / "cc"
-    cc.write_text(f"#!/bin/sh\n/usr/bin/touch {marker}\nexit 1\n")
-    cc.chmod(0o755)
+    script(cc, f"#!/bin/sh\n/usr/bin/touch {marker}\nexit 1\n")
     src = evil_dir / "x.cu"
     src.write_text("__global__ void k() {}\n")
     lines = [_entry(["-O3", f"-ccbin={cc}"]), _entry(sources=[str(src)])]
     m = tmp_path / "m.jsonl"
     m.write_text("".join(json.dumps(x) + "\n" for x in lines))
     env = dict(clean_env, HOME=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "build", "--from", str(m), "--arch", "12.0"],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = cli(["build", "--from", str(m), "--arch", "12.0"], env, 600, python=sys.executable)
     out = proc.stdout + proc.stderr
     assert not marker.exists(), out[-3000:]
     assert "Traceback" not in out, out[-3000:]

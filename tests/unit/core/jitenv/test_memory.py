@@ -219,7 +219,7 @@ def test_multi_step_modules_grow_into_freed_slots(tmp_path, monkeypatch, ninja):
     """Ninja 1.13+ shares one jobserver (a module grows when another frees a slot); older
     ninjas get a fixed -j each.  Either way: never more compiles than slots, all built."""
     monkeypatch.setattr(ninjacmd, "ninja_binary", lambda: ninja)
-    jobserver._SUPPORTS.clear()
+    jobserver.cache_clear()
     log = tmp_path / "steps.log"
     mods = []
     for i in range(3):

@@ -20,7 +20,7 @@ import pytest
 from flashinfer_sm120.cli.doctor_sections import ninja_lines
 from packaging.version import Version
 
-from conftest import make_toolkit
+from helpers.toolkits import make_toolkit
 from helpers.servers import fake_ninja, wheel_ninja
 
 from flashinfer_sm120.core.jitenv import environ

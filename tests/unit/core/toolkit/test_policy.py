@@ -5,7 +5,7 @@ import pickle
 import pytest
 from packaging.version import Version
 
-from conftest import make_toolkit
+from helpers.toolkits import make_toolkit
 from flashinfer_sm120.core.facts import arch, archlist
 from flashinfer_sm120.core.toolkit import ToolkitError, choose, discover, inspect
 from flashinfer_sm120.core.toolkit import fixes

@@ -7,23 +7,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
 
-from conftest import needs_flashinfer
+from helpers.host import needs_flashinfer
 from helpers.probing import alive_with, hostile_toolkit, kill_all_with
 
 #: Each case waits out the real 10 s bound on `nvcc --version` (or a 30 s guard): slow by design.
 pytestmark = pytest.mark.slow
 
 CHILD = r"""
-import json, resource, time
-t = time.monotonic()
+import json, resource
 import flashinfer_sm120, flashinfer
 import flashinfer.jit.cpp_ext  # noqa: F401 (the patch point)
-out = {"s": time.monotonic() - t, "status": flashinfer_sm120.status(),
+out = {"status": flashinfer_sm120.status(),
        "rss_self_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
        "rss_children_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}
 print("@@" + json.dumps(out, default=str), flush=True)
@@ -45,8 +43,7 @@ def test_import_bounded_with_hostile_nvcc(tmp_path, clean_env, case):
     token = str(900000 + uuid.uuid4().int % 99999)
     root = hostile_toolkit(tmp_path / f"cuda-{case}", CASES[case].format(token=token))
     env = dict(clean_env, CUDA_HOME=str(root), FAKE_GPU_CAPS="12.0")
-    t = time.monotonic()
-    try:
+    try:  # the hard bound: within 30 s, or a failure
         proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
                               timeout=30)
     except subprocess.TimeoutExpired:
@@ -54,11 +51,9 @@ def test_import_bounded_with_hostile_nvcc(tmp_path, clean_env, case):
     finally:
         left = alive_with(token)
         kill_all_with(token)
-    wall = time.monotonic() - t
     lines = [l for l in proc.stdout.splitlines() if l.startswith("@@")]
     assert lines, f"child failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
     out = json.loads(lines[-1][2:])
-    assert wall < 30
     assert out["rss_self_kb"] < (1 << 20) and out["rss_children_kb"] < (1 << 20), out
     assert left == [], f"processes left behind by the {case} nvcc: {left}"
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import os
 import site
-import textwrap
 
 import pytest
 
-from conftest import make_toolkit
+from helpers.toolkits import make_toolkit, script
 from flashinfer_sm120.core.toolkit import FIND_STEPS, SOURCES, discover, sources
 from helpers.probing import PY, in_namespace, unshare_ok
 
@@ -36,8 +35,7 @@ def test_path_nvcc_outside_bin_gets_path_advice(tmp_path):
     assert tk.root == str(tmp_path / "cuda-12.8") and tk.problem is None
     # ... a real nvcc that sits in no bin/ directory gives PATH advice, not CUDA_HOME advice
     (tools / "nvcc").unlink()
-    (tools / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n")
-    (tools / "nvcc").chmod(0o755)
+    script(tools / "nvcc", "#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n")
     (tk,) = [t for t in discover({"PATH": str(tools)}) if "PATH" in t.sources]
     assert str(tools / "nvcc") in tk.problem and "not in a toolkit's bin/ directory" in tk.problem
     assert "on PATH" in tk.problem and "point CUDA_HOME" not in tk.problem
@@ -50,12 +48,12 @@ def test_user_site_only_when_enabled(tmp_path, monkeypatch):
     monkeypatch.setattr(site, "getsitepackages", lambda: [])
     monkeypatch.setattr(sources.sys, "path", [p for p in sources.sys.path if "site-packages" not in p])
     monkeypatch.setattr(sources, "pathfinder_binary", lambda name: None)
-    sources._site_dirs_for.cache_clear()
+    sources.cache_clear()
     monkeypatch.setattr(site, "ENABLE_USER_SITE", True)
     assert str(user_site / "nvidia" / "cu13") in [f.root for f in sources.from_pip({})]
     monkeypatch.setattr(site, "ENABLE_USER_SITE", False)  # python -s / PYTHONNOUSERSITE
     assert sources.from_pip({}) == []
-    sources._site_dirs_for.cache_clear()
+    sources.cache_clear()
 
 
 def test_pip_step_uses_cuda_pathfinder_first(tmp_path, monkeypatch):

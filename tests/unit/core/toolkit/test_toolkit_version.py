@@ -3,23 +3,12 @@ typed finding (``Toolkit.disagreement``), never the version used.  Fake toolkits
 scripts."""
 
 import json
-import os
-
-import pytest
-
-from conftest import make_toolkit, needs_flashinfer, run_py
 
 
-def _lying_toolkit(root, says="12.8.93", file_says="13.0.88", runs=None):
-    """A toolkit whose bin/nvcc prints ``says`` while its version.json says ``file_says``; each run
-    of nvcc appends a line to ``runs``."""
-    mm = ".".join(says.split(".")[:2])
-    count = f'echo x >> {runs}\n' if runs else ""
-    script = (f'#!/bin/sh\n{count}echo "nvcc: NVIDIA (R) Cuda compiler driver"\n'
-              f'echo "Cuda compilation tools, release {mm}, V{says}"\n')
-    make_toolkit(root, says, header=".".join(file_says.split(".")[:2]), nvcc_script=script, curand=True)
-    (root / "version.json").write_text(json.dumps({"cuda_nvcc": {"version": file_says}}))
-    return root
+from helpers.child import run_py
+from helpers.host import needs_flashinfer
+from helpers.toolkits import lying_toolkit, make_toolkit
+
 
 
 def test_a_version_file_that_disagrees_with_nvcc_is_a_finding(tmp_path, cache_dir):
@@ -27,7 +16,7 @@ def test_a_version_file_that_disagrees_with_nvcc_is_a_finding(tmp_path, cache_di
     from flashinfer_sm120.core.toolkit import VersionDisagreement, inspect
 
     runs = tmp_path / "runs"
-    root = _lying_toolkit(tmp_path / "cuda", runs=runs)
+    root = lying_toolkit(tmp_path / "cuda", runs=runs)
     tk = inspect(str(root))
     assert tk.nvcc_full == "12.8.93" and str(tk.nvcc_version) == "12.8" and tk.version_from == "nvcc --version"
     assert tk.disagreement == VersionDisagreement(str(root / "version.json"), "13.0.88", tk.nvcc, "12.8.93")
@@ -42,7 +31,7 @@ def test_a_version_file_that_agrees_names_the_source_and_nvcc_runs_once(tmp_path
     from flashinfer_sm120.core.toolkit import inspect
 
     runs = tmp_path / "runs"
-    root = _lying_toolkit(tmp_path / "cuda", says="13.0.88", file_says="13.0.88", runs=runs)
+    root = lying_toolkit(tmp_path / "cuda", says="13.0.88", file_says="13.0.88", runs=runs)
     for _ in range(3):
         tk = inspect(str(root))
         assert tk.nvcc_full == "13.0.88" and tk.version_from == str(root / "version.json")
@@ -69,7 +58,7 @@ print("@@" + json.dumps({"jit": str(env.FLASHINFER_JIT_DIR), "mode": st["mode"],
 @needs_flashinfer
 def test_a_lying_version_file_neither_passes_as_correct_nor_names_the_workspace(tmp_path, clean_env):
     """Regression: reported 'already resolves correctly' and tagged the workspace nvcc13.0.88."""
-    root = _lying_toolkit(tmp_path / "cuda", says="12.8.93", file_says="12.8.93")
+    root = lying_toolkit(tmp_path / "cuda", says="12.8.93", file_says="12.8.93")
     (root / "version.json").write_text(json.dumps({"cuda_nvcc": {"version": "13.0.88"}}))
     (root / "include" / "cuda_runtime_api.h").write_text("#define CUDART_VERSION 12080\n")
     env = dict(clean_env, CUDA_HOME=str(root), FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="12.8")
@@ -85,7 +74,7 @@ def test_a_process_that_cannot_start_programs_keeps_the_files_version_unremember
     from flashinfer_sm120.core.toolkit import inspect, memo
 
     runs = tmp_path / "runs"
-    root = _lying_toolkit(tmp_path / "cuda", says="13.0.88", file_says="13.0.88", runs=runs)
+    root = lying_toolkit(tmp_path / "cuda", says="13.0.88", file_says="13.0.88", runs=runs)
     monkeypatch.setenv("JUNK", "x" * (1 << 20))
     tk = inspect(str(root))
     assert tk.nvcc_full == "13.0.88" and tk.problem is None and not runs.exists()
@@ -94,14 +83,14 @@ def test_a_process_that_cannot_start_programs_keeps_the_files_version_unremember
     assert inspect(str(root)).version_from == str(root / "version.json") and runs.exists()
 
 
-def test_a_listing_process_asks_nvcc_but_writes_no_memo_and_no_lock(tmp_path, cache_dir, monkeypatch):
+def test_a_listing_process_asks_nvcc_but_writes_no_memo_and_no_lock(tmp_path, cache_dir):
     """`cache prune` without --yes inspects toolkits (is a workspace's toolkit still the same?):
     it reads the memo, and writes nothing (threat-model P4)."""
     from flashinfer_sm120.safety.fs import statedir
     from flashinfer_sm120.core.toolkit import inspect
 
     cache_dir.mkdir(mode=0o700)
-    monkeypatch.setattr(statedir, "_listing", True)
-    root = _lying_toolkit(tmp_path / "cuda", says="13.0.88", file_says="13.0.88")
+    statedir.listing_only()  # undone by cache_dir's statedir.forget_cache_root()
+    root = lying_toolkit(tmp_path / "cuda", says="13.0.88", file_says="13.0.88")
     assert inspect(str(root)).nvcc_full == "13.0.88"
     assert list(cache_dir.iterdir()) == []

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wheels_dir
+from helpers.host import wheels_dir
 
 from flashinfer_sm120.core.toolkit import probe
 from flashinfer_sm120.core.view import build as view_build

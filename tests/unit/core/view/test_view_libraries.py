@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from conftest import make_toolkit
+from helpers.toolkits import make_toolkit
 from flashinfer_sm120.core import view
 from flashinfer_sm120.errors import ViewError
 from flashinfer_sm120.core.toolkit import inspect

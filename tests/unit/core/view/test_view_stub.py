@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import make_toolkit
+from helpers.toolkits import make_toolkit
 from flashinfer_sm120.core import view
 from flashinfer_sm120.core.toolkit import inspect
 from flashinfer_sm120.core.view import build as view_build

@@ -14,40 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli
-
-NOBODY = 65534
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (to own files as another uid)")
-
-
-@pytest.fixture
-def shared_tmp():
-    """A directory every uid may enter (pytest's tmp dirs are 0700, closed to other uids)."""
-    d = Path(tempfile.mkdtemp(prefix="state-dir-"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def _user_home(base: Path, uid: int = NOBODY) -> Path:
-    home = base / "home"
-    home.mkdir()
-    os.chown(home, uid, uid)
-    home.chmod(0o755)
-    return home
-
-
-def _env(home: Path, tmpdir: Path, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("FLASHINFER_SM120_CACHE_DIR", "XDG_CACHE_HOME", "CUDA_HOME", "CUDA_PATH")}
-    tmpdir.mkdir(exist_ok=True)
-    tmpdir.chmod(0o1777)
-    env.update(HOME=str(home), TMPDIR=str(tmpdir), FLASHINFER_SM120_QUIET="1", **extra)
-    return env
-
-
-def _created(*roots: Path) -> list[str]:
-    return sorted(str(p) for r in roots for p in r.rglob("*"))
+from helpers.child import cli
+from helpers.probing import NOBODY, created, home_env, needs_root, user_home
 
 
 @needs_root
@@ -55,8 +23,8 @@ def test_root_with_a_users_home_creates_nothing_there(shared_tmp, monkeypatch):
     """Regression: sudo -E made a root-owned 0700 ~/.cache (the user's pip then got EACCES)."""
     from flashinfer_sm120.safety.fs import statedir
 
-    home = _user_home(shared_tmp)
-    for k, v in _env(home, shared_tmp / "tmp").items():
+    home = user_home(shared_tmp)
+    for k, v in home_env(home, shared_tmp / "tmp").items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("FLASHINFER_SM120_CACHE_DIR", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
@@ -66,7 +34,7 @@ def test_root_with_a_users_home_creates_nothing_there(shared_tmp, monkeypatch):
         root = statedir.cache_root()
     finally:
         statedir.forget_cache_root()
-    assert not (home / ".cache").exists(), _created(home)
+    assert not (home / ".cache").exists(), created(home)
     assert root == str(shared_tmp / "tmp" / "flashinfer-sm120-0")  # the next candidate
     notes = " ".join(statedir.cache_root_notes())
     assert f"owned by uid {NOBODY}" in notes and "sudo -H" in notes
@@ -76,11 +44,11 @@ def test_root_with_a_users_home_creates_nothing_there(shared_tmp, monkeypatch):
 @pytest.mark.parametrize("args", [["cache", "prune"], ["status"], ["doctor"]])
 def test_a_command_as_root_with_a_users_home_creates_nothing_there(shared_tmp, args):
     """Regression: `cache prune` (a listing) as root with HOME of another uid created ~/.cache."""
-    home = _user_home(shared_tmp)
-    env = _env(home, shared_tmp / "tmp", FLASHINFER_WORKSPACE_BASE=str(shared_tmp / "ws"))
+    home = user_home(shared_tmp)
+    env = home_env(home, shared_tmp / "tmp", FLASHINFER_WORKSPACE_BASE=str(shared_tmp / "ws"))
     proc = cli(args, env, timeout=300)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
-    assert _created(home) == [], proc.stderr[-2000:]
+    assert created(home) == [], proc.stderr[-2000:]
     if args[0] == "cache":  # a listing: not the fallback either
         assert not (shared_tmp / "tmp" / "flashinfer-sm120-0").exists()
 
@@ -88,11 +56,11 @@ def test_a_command_as_root_with_a_users_home_creates_nothing_there(shared_tmp, a
 @needs_root
 def test_status_as_root_with_a_users_home_does_not_let_flashinfer_create_its_cache_there(shared_tmp):
     """FlashInfer makes ~/.cache/flashinfer at import: status asks first, and refuses with the fix."""
-    home = _user_home(shared_tmp)
-    env = _env(home, shared_tmp / "tmp")
+    home = user_home(shared_tmp)
+    env = home_env(home, shared_tmp / "tmp")
     env.pop("FLASHINFER_WORKSPACE_BASE", None)
     proc = cli(["status", "--json"], env, timeout=300)
-    assert proc.returncode == 1 and _created(home) == [], proc.stderr[-2000:]
+    assert proc.returncode == 1 and created(home) == [], proc.stderr[-2000:]
     import json
 
     st = json.loads(proc.stdout)
@@ -105,37 +73,36 @@ def test_the_workspace_check_names_the_foreign_tree_and_creates_nothing(shared_t
     from flashinfer_sm120.safety.formats import ForeignTree
     from flashinfer_sm120.core.facts.workspace import workspace_foreign_tree
 
-    home = _user_home(shared_tmp)
+    home = user_home(shared_tmp)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("FLASHINFER_WORKSPACE_BASE", raising=False)
     assert workspace_foreign_tree() == ForeignTree(str(home / ".cache" / "flashinfer"), str(home), NOBODY, 0)
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(shared_tmp / "ws"))
     assert workspace_foreign_tree() is None
-    assert _created(home) == []
+    assert created(home) == []
 
 
 def _as_nobody(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                           sys.executable, "-m", "flashinfer_sm120", *args], env=env, capture_output=True,
-                          text=True, timeout=300)
+    return cli(args, env, 300, python=sys.executable,
+               prefix=["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"])
 
 
 @needs_root
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
 def test_a_listing_command_of_a_user_creates_nothing(shared_tmp):
-    home = _user_home(shared_tmp)
-    env = _env(home, shared_tmp / "tmp", PYTHONPATH=str(Path(__file__).resolve().parents[4] / "src"))
+    home = user_home(shared_tmp)
+    env = home_env(home, shared_tmp / "tmp", PYTHONPATH=str(Path(__file__).resolve().parents[4] / "src"))
     proc = _as_nobody(env, "cache", "prune")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert _created(home, shared_tmp / "tmp") == [], proc.stderr[-2000:]
+    assert created(home, shared_tmp / "tmp") == [], proc.stderr[-2000:]
 
 
 @needs_root
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
 def test_a_user_creates_the_root_in_their_own_home_private(shared_tmp):
     """The other side of the rule: a user's own missing ~/.cache/flashinfer-sm120 is made, 0700."""
-    home = _user_home(shared_tmp)
-    env = _env(home, shared_tmp / "tmp", PYTHONPATH=str(Path(__file__).resolve().parents[4] / "src"))
+    home = user_home(shared_tmp)
+    env = home_env(home, shared_tmp / "tmp", PYTHONPATH=str(Path(__file__).resolve().parents[4] / "src"))
     code = "from flashinfer_sm120.safety.fs import statedir; print(statedir.cache_root())"
     proc = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
                            sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -265,7 +232,7 @@ print("@@" + json.dumps({"answer": ctypes.CDLL(str(spec.jit_library_path)).tiny_
 def test_flashinfer_builds_and_loads_a_module_under_a_non_ascii_path(real_nvcc13, clean_env):
     """The fact behind the rule: FlashInfer 0.7.4 + nvcc 13 compile and link a JIT module whose
     workspace, source and CUDA_HOME view all lie under a non-ASCII path."""
-    from conftest import run_py
+    from helpers.child import run_py
 
     base = Path(tempfile.mkdtemp(prefix="ü-"))
     try:

@@ -1,0 +1,83 @@
+"""Builds with fake compilers: a JIT cache warmed by FlashInfer's own build (the ``warmed`` fixture in
+tests/conftest.py; every compile and link is :data:`FAKE_CC`) and a pool job of fake steps
+(:func:`fake_job`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers.toolkits import script
+
+#: A fake nvcc launcher and host compiler: logs its arguments to ``$FAKE_CC_LOG`` and writes the
+#: ``-o`` file (and the ``-MF`` depfile).
+FAKE_CC = """#!/bin/sh
+echo "$@" >> "$FAKE_CC_LOG"
+out=""; dep=""; src=""
+while [ $# -gt 0 ]; do case "$1" in -o) out="$2"; shift;; -MF) dep="$2"; shift;; -c) src="$2"; shift;; esac; shift; done
+echo "object of $src" > "$out"
+if [ -n "$dep" ]; then echo "$out: $src" > "$dep"; fi
+"""
+
+#: Records two modules (silu activation, one decode) into ``FLASHINFER_SM120_RECORD`` without building.
+RECORD = """
+import json, helpers.fakegpu, flashinfer_sm120, torch
+from flashinfer.jit.core import MissingJITCacheError
+from flashinfer.activation import get_act_and_mul_module
+from flashinfer.decode import get_batch_decode_module
+for call in (lambda: get_act_and_mul_module("silu"),
+             lambda: get_batch_decode_module(torch.float16, torch.float16, torch.float16, torch.int32,
+                                             64, 64, 0, False, False)):
+    try:
+        call()
+    except MissingJITCacheError:
+        pass
+print("@@{}")
+"""
+
+#: Loads the activation module through FlashInfer's own build_and_load; prints ``{"err": ...}``.
+LOAD_AGAIN = """
+import json, helpers.fakegpu, flashinfer_sm120, torch
+from flashinfer.activation import get_act_and_mul_module
+try:
+    get_act_and_mul_module("silu")   # FlashInfer's own build_and_load: ninja, then load
+except Exception as e:
+    err = repr(e)
+print("@@" + json.dumps({"err": err}))
+"""
+
+
+def fake_compiler_env(env: dict, tmp_path: Path) -> tuple[dict, Path]:
+    """``env`` with :data:`FAKE_CC` as nvcc launcher and host compiler and no GPU; returns it and
+    the compiler's log."""
+    cc = script(tmp_path / "fakecc", FAKE_CC)
+    log = tmp_path / "cc.log"
+    return dict(env, FLASHINFER_NVCC_LAUNCHER=str(cc), CXX=str(cc), FAKE_CC_LOG=str(log), FAKE_GPU_CAPS=""), log
+
+
+def fake_job(root, name, n_src=2, fail=None, sleep=0.3):
+    """A :class:`pool.Job` ``name`` under ``root``: ``n_src`` compile steps of ``sleep`` seconds each (the
+    one of source ``fail`` fails), then a link; every step appends to ``root/order.log``."""
+    from flashinfer_sm120.warmup import pool
+
+    d = root / name
+    d.mkdir(parents=True)
+    for i in range(n_src):
+        (d / f"s{i}.cu").write_text("// src\n")
+    nvcc = root / "fake_nvcc.sh"
+    if not nvcc.exists():  # argv like nvcc's: ... -c SRC -o OBJ
+        nvcc.write_text('echo "start $2" >> "$(dirname "$0")/order.log"; sleep "$SLEEP"; src="$2"; if [ "$src" = "$FAIL" ]; then '
+                        'echo "$src(3): error: identifier boom is undefined"; exit 2; fi; cp "$2" "$4"\n')
+        (root / "fake_link.sh").write_text('echo "link $3" >> "$(dirname "$0")/order.log"; '
+                                           'out="$3"; shift 3; cat "$@" > "$out"\n')
+    lines = ["ninja_required_version = 1.3", "rule cuda_compile",
+             f"  command = SLEEP={sleep} FAIL={d}/{fail} sh {nvcc} -c $in -o $out",
+             "rule link", f"  command = sh {root}/fake_link.sh -shared -o $out $in", ""]
+    objs = []
+    for i in range(n_src):
+        obj = d / f"s{i}.cuda.o"
+        objs.append(str(obj))
+        lines.append(f"build {obj}: cuda_compile {d}/s{i}.cu")
+    lines.append(f"build {d}/{name}.so: link {' '.join(objs)}")
+    lines.append(f"default {d}/{name}.so")
+    (d / "build.ninja").write_text("\n".join(lines) + "\n")
+    return pool.Job(name, d, d / "build.ninja", root / f"{name}.lock")
