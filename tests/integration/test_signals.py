@@ -10,6 +10,7 @@ same directory beside them.
 from __future__ import annotations
 
 import os
+import json
 import signal
 import subprocess
 import sys
@@ -108,3 +109,16 @@ def test_ctrl_c_cleans_up_and_prints_no_traceback():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "CLEANED UP" in proc.stdout and proc.returncode == 130, (proc.returncode, proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr and "interrupted" in proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_command_with_json_stopped_by_a_signal_prints_its_one_document(sig):
+    """Round 3 (second fresh attack): ``build --json`` stopped by SIGTERM or Ctrl-C printed nothing on stdout."""
+    code = ("import json, os, signal, sys, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "from flashinfer_sm120 import cli\nfrom flashinfer_sm120.cli import status\n"
+            f"def run(args):\n    os.kill(os.getpid(), {int(sig)})\n    time.sleep(60)\n    return 0\n"
+            "status.run_status = run\nsys.exit(cli.main(['status', '--json']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 128 + sig, (proc.returncode, proc.stderr[-2000:])
+    doc = json.loads(proc.stdout)  # exactly one document
+    assert doc["ok"] is False and f"interrupted by {signal.Signals(sig).name}" in json.dumps(doc), doc

@@ -13,6 +13,7 @@ import errno
 import importlib
 import os
 import re
+import signal
 import sys
 
 from flashinfer_sm120 import __version__
@@ -307,6 +308,13 @@ def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     try:
         with signals_as_exit():  # 'kill' or a closed terminal stops what the command started, as Ctrl-C does
             return args.func(args)
+    except (KeyboardInterrupt, SystemExit) as exc:  # threat-model: P8: a document for this outcome too
+        code = 130 if isinstance(exc, KeyboardInterrupt) else exc.code
+        if getattr(args, "json", False) and isinstance(code, int) and 128 < code < 128 + 65:
+            name = signal.Signals(code - 128).name
+            _print_failure_json(getattr(args, "json_failure", None), f"interrupted by {name}: what it started was "
+                                f"stopped", "interrupted", "run the command again")
+        raise
     except ImportError as exc:  # a dependency missing or broken: one line with the fix, no traceback
         if (getattr(exc, "name", None) or "").partition(".")[0] in ("flashinfer", "torch"):
             raise

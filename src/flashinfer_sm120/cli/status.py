@@ -158,4 +158,4 @@ def add_parser(sub) -> None:
 def _usage_failure(message: str, kind: str, fix: str) -> dict:
     """``status --json`` for a refused command line: the fields of its other refusals (mode ``failed``)."""
     return {"mode": "failed", "toolkit": None, "targets": [], "error": f"{message}; Fix: {fix}" if fix else message,
-            "source": kind}
+            "source": kind, "ok": False}
