@@ -112,6 +112,30 @@ def test_a_record_from_other_inputs_is_not_used(tmp_path, monkeypatch):
     assert "SOME_OTHER_SETTING" not in (tmp_path / "c" / laststatus.FILE).read_text()
 
 
+def test_a_record_does_not_hold_once_cuda_homes_nvcc_is_replaced_or_removed(tmp_path, monkeypatch):
+    """Round 3 (second fresh attack): ``$CUDA_HOME/bin/nvcc`` (a link to pip's nvcc) replaced by a 12.8 binary,
+    then removed: ``status`` still said "patched: nvcc 13.5.37", exit 0, from the record."""
+    real = tmp_path / "pip-nvcc"
+    real.write_text("#!/bin/sh\n")
+    (tmp_path / "tk" / "bin").mkdir(parents=True)
+    nvcc = tmp_path / "tk" / "bin" / "nvcc"
+    nvcc.symlink_to(real)
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "tk"))
+    rec = laststatus.LastStatus(mode="patched", error=None, toolkit=None, targets=["sm_120f"], arch_list_error=None,
+                                flashinfer="0.7.4")
+    laststatus.save(rec, laststatus.inputs())
+    assert laststatus.load().status == dict(rec)
+    nvcc.unlink()
+    (tmp_path / "old-nvcc").write_text("#!/bin/sh\n")
+    nvcc.symlink_to(tmp_path / "old-nvcc")
+    got = laststatus.load()
+    assert got.status is None and "(nvcc)" in got.why_not, got
+    nvcc.unlink()
+    got = laststatus.load()
+    assert got.status is None and "(nvcc)" in got.why_not, got
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.text(max_size=300))
 def test_arch_option_takes_a_value_or_refuses_it_with_a_bounded_message(value):

@@ -72,6 +72,30 @@ def _listing(path: str) -> list[str] | None:
         return None
 
 
+def _entry(path: str) -> list | None:
+    """A cheap identity of ``path`` itself, a link not followed: its target and its inode, size and
+    mtime (a replaced or removed ``$CUDA_HOME/bin/nvcc`` link changes it)."""
+    try:
+        st = os.lstat(path)
+        target = os.readlink(path) if os.path.islink(path) else None
+    except OSError:
+        return None
+    return [target, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def _nvcc_entries(env: dict[str, str]) -> dict[str, list | None]:
+    """The nvcc each place FlashInfer and we look at names, as it stands (the record is keyed on them:
+    the chosen nvcc alone missed a ``$CUDA_HOME/bin/nvcc`` replaced by another release)."""
+    import shutil
+
+    out = {var: _entry(os.path.join(env[var], "bin", "nvcc")) for var in ("CUDA_HOME", "CUDA_PATH") if env.get(var)}
+    if env.get("FLASHINFER_NVCC"):
+        out["FLASHINFER_NVCC"] = _entry(env["FLASHINFER_NVCC"])
+    on_path = shutil.which("nvcc", path=env.get("PATH") or os.defpath)
+    out["PATH"] = _entry(on_path) if on_path else None
+    return out
+
+
 def inputs(env: dict[str, str] | None = None) -> dict[str, Any]:
     """What the resolution in this process reads, without running anything (see the module doc)."""
     from flashinfer_sm120 import __version__
@@ -98,6 +122,7 @@ def inputs(env: dict[str, str] | None = None) -> dict[str, Any]:
         "other_env": hashlib.sha256(repr(rest).encode("utf-8", "surrogateescape")).hexdigest(),
         "mtimes": {d: _mtime(d) for d in dirs},
         "usr_local_cuda": cuda_link,
+        "nvcc": _nvcc_entries(env),
         "gpus": [_listing("/proc/driver/nvidia/gpus"), [n for n in (_listing("/dev") or []) if n.startswith("nvidia")]],
     }
 
