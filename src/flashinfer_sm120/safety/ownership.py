@@ -94,6 +94,8 @@ def dir_ok(directory: str, entry: str | None, uid: int) -> None:
 def _open_fix(path: str, st: os.stat_result) -> str:
     """The fix for a directory others may write: a shared sticky one such as ``/tmp`` is meant to be
     (never 'chmod' it); any other can be closed."""
+    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):  # /dev/full, a FIFO: never chmod those
+        return "it is a device or special file, not a place to write: use a path of your own"
     if st.st_mode & stat.S_ISVTX:
         return "it is a shared directory where anyone may create entries: use a directory of your own instead"
     return f"run 'chmod go-w {path}' or use a path outside it"

@@ -255,3 +255,5 @@ def test_a_shared_sticky_directory_is_never_told_to_chmod(tmp_path):
         assert problem and "chmod" not in problem and "a directory of your own" in problem, problem
     problem = check_path(str(opened))
     assert problem and f"chmod go-w {opened}" in problem, problem
+    problem = check_path("/dev/full")  # round 3 (second): "run 'chmod go-w /dev/full'"
+    assert problem and "chmod" not in problem and "special file" in problem, problem
