@@ -258,11 +258,6 @@ def lists_only(args: argparse.Namespace) -> bool:
 def _main(argv: list[str] | None) -> int:
     _safe_streams()
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) > MAX_ARGS:
-        from flashinfer_sm120.cli.common import err
-
-        return err(f"{len(argv)} command-line arguments, more than the {MAX_ARGS} taken; give long lists of "
-                   f"modules as a manifest (build --from MANIFEST)")
     parser = build_parser()
     json_wanted = "--json" in argv
     if json_wanted:  # threat-model: P8: a refused command line is the one JSON document too
@@ -271,6 +266,9 @@ def _main(argv: list[str] | None) -> int:
     from flashinfer_sm120.errors import UsageError
 
     try:
+        if len(argv) > MAX_ARGS:  # refused before argparse walks them; with --json, as its one document too
+            raise UsageError(f"{len(argv)} command-line arguments, more than the {MAX_ARGS} taken",
+                             "give long lists of modules as a manifest (build --from MANIFEST)")
         return _parsed(parser, argv)
     except UsageError as exc:
         from flashinfer_sm120.cli.common import err

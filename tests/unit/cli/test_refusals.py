@@ -148,3 +148,15 @@ def test_output_to_a_full_disk_is_a_message(clean_env, tmp_path, argv):
                               stderr=subprocess.PIPE, text=True, timeout=300)
     assert "Traceback" not in proc.stderr and proc.returncode == 2, proc.stderr[-3000:]
     assert "No space left on device" in proc.stderr and "stdout" in proc.stderr
+
+
+def test_too_many_arguments_with_json_is_one_document(capsys):
+    """Round 3 (second fresh attack): ``build --json`` with more than 4096 arguments printed nothing on stdout."""
+    import json
+
+    from flashinfer_sm120.cli import MAX_ARGS, main
+
+    assert main(["build", "--json", "--ninja-only"] + ["page"] * MAX_ARGS) == 2
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["ok"] is False and f"more than the {MAX_ARGS} taken" in json.dumps(doc) and "--from" in err, doc
