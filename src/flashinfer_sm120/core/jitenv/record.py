@@ -121,8 +121,22 @@ def _record(spec) -> None:
     except Exception as exc:  # recording must never break a build
         if not _state["warned"]:
             _state["warned"] = True
-            logger.warning("flashinfer-sm120: could not record JIT module %s in %s: %r",
-                           getattr(spec, "name", "?"), os.environ.get(ENV), exc)
+            logger.warning("flashinfer-sm120: could not record JIT module %s in %s: %s. Fix: set %s to a file "
+                           "in a directory of your own, or unset it", getattr(spec, "name", "?"),
+                           os.environ.get(ENV), _why(exc), ENV)
+
+
+def _why(exc: BaseException) -> str:
+    """What went wrong, in words (threat-model: P8: by errno and kind, never an exception's repr)."""
+    from filelock import Timeout
+
+    from flashinfer_sm120.errors import errno_meaning
+
+    if isinstance(exc, Timeout):
+        return f"its lock {exc.lock_file} stayed taken for {_LOCK_TIMEOUT_S:g} s"
+    if isinstance(exc, OSError) and exc.errno:
+        return f"{exc.filename or 'it'}: {errno_meaning(exc)}"
+    return str(exc) or type(exc).__name__
 
 
 def append(path: str, entry: dict) -> None:
@@ -144,6 +158,9 @@ def append(path: str, entry: dict) -> None:
                           f"Fix: set {ENV} to a file in a directory of your own")
     if problem:
         raise OSError(problem)
+    # a lock file that cannot be made (/proc/self/fd, a read-only place) fails now, not after filelock's
+    # retries for the lock's 10 s
+    os.close(os.open(path + ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644))
     with FileLock(path + ".lock", timeout=_LOCK_TIMEOUT_S, thread_local=False):
         # non-blocking open: a FIFO without a reader must not hang FlashInfer's build_and_load
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW,

@@ -51,3 +51,13 @@ def test_a_manifest_of_your_own_is_appended(tmp_path):
     record.append(str(m), ENTRY)
     record.append(str(m), ENTRY)
     assert len(m.read_text().splitlines()) == 2
+
+
+def test_a_record_path_whose_lock_cannot_be_made_fails_at_once_in_words(tmp_path):
+    """Round 3 (second fresh attack): FLASHINFER_SM120_RECORD=/proc/self/fd/1 stalled each build 10 s, then
+    warned with ``Timeout('...1.lock')``; other refusals showed ``OSError(6, ...)``."""
+    with pytest.raises(OSError) as err:
+        record.append("/proc/self/fd/1", {"x": 1})
+    assert err.value.errno is not None and "Timeout" not in repr(err.value)
+    why = record._why(err.value)
+    assert why.startswith("/proc/self/fd/1.lock: ") and "OSError" not in why, why
