@@ -248,10 +248,14 @@ def _disable(args: argparse.Namespace) -> int:
             for target in [os.path.join(d, PTH_NAME), hook] + (_pycs(d) if hook_ours else []):
                 if not os.path.lexists(target):
                     continue
+                owner = os.lstat(target).st_uid
+                if owner != os.geteuid():  # threat-model: A2 -- another uid's copy stays, even for root
+                    left.append(f"{target} (owned by uid {owner})")
+                    continue
                 try:
                     kept, ours = _other_lines(target) if target.endswith(PTH_NAME) else ([], target != hook or hook_ours)
                     if not ours:  # threat-model: A2 -- only what enable wrote is removed
-                        left.append(target)
+                        left.append(f"{target} (its content is not ours)")
                         continue
                     if kept:  # lines you added: keep them, drop ours
                         _write_atomic(target, "".join(kept))
@@ -267,8 +271,8 @@ def _disable(args: argparse.Namespace) -> int:
     if removed:
         print("removed " + ", ".join(removed))
     if left:
-        print("kept " + ", ".join(left) + ": not written by 'flashinfer-sm120 enable' (a file of that name "
-              "whose content is not ours); remove it yourself if you want it gone")
+        print("kept " + ", ".join(left) + ": not written by 'flashinfer-sm120 enable' for you; remove it "
+              "yourself if you want it gone")
     if failed:
         return _err("could not remove " + "; ".join(failed) + " (run as the user who owns it)")
     if not removed and not left:

@@ -53,8 +53,10 @@ FLAG_VARIABLES = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "FLASHINFER_EXTRA_C
 
 #: gcc's own variables that choose where it finds programs (``cc1plus``, ``as``, ``ld``), libraries and
 #: headers (gcc 12 manual, "Environment Variables"): directory lists, ``GCC_EXEC_PREFIX`` a prefix.
+#: ``LD_RUN_PATH`` is what ``ld`` writes into a module as its RUNPATH when the link line names none
+#: (FlashInfer's names none): the directories a server then loads libraries from.
 DIR_VARIABLES = ("GCC_EXEC_PREFIX", "COMPILER_PATH", "LIBRARY_PATH", "CPATH", "C_INCLUDE_PATH",
-                 "CPLUS_INCLUDE_PATH")
+                 "CPLUS_INCLUDE_PATH", "LD_RUN_PATH")
 
 #: The variables that choose what a JIT build runs, in the order they are checked.
 VARIABLES = ("FLASHINFER_NVCC", "FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_CXX_LAUNCHER", "CXX", "CC", "NVCC_CCBIN",

@@ -189,6 +189,11 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
 
         raise BuildError("FlashInfer was not imported: " + foreign_tree_message("FlashInfer's JIT cache", foreign,
                                                                                  _WSB))
+    from flashinfer_sm120.safety.buildenv import temp_problem
+
+    temp = temp_problem(os.environ)  # threat-model: P4: FlashInfer's dependencies write there at import
+    if temp is not None:
+        raise BuildError(f"FlashInfer was not imported: {temp}")
     import flashinfer_sm120 as shim
 
     from flashinfer_sm120.core.facts.workspace import import_failure

@@ -94,3 +94,23 @@ def test_enable_user_as_root_with_a_users_home_creates_nothing_there(tmp_path, m
     err = capsys.readouterr().err
     assert "owned by uid 4321" in err and "sudo -u" in err, err
     assert os.listdir(home) == []
+
+
+def test_disable_as_root_keeps_another_uids_copies_of_our_files(tmp_path, capsys):
+    """Round 3 (third fresh attack): ``disable --site-dir`` on a sticky shared directory removed exact copies of
+    our files that another uid had put there (root may remove anything in it)."""
+    if os.geteuid() != 0:
+        import pytest
+
+        pytest.skip("needs root to own files as another uid")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    for name, text in autoload.pth_files().items():  # exact copies of what enable writes, theirs
+        (shared / name).write_text(text)
+        os.chown(shared / name, 4321, 4321)
+    capsys.readouterr()
+    assert main(["disable", "--site-dir", str(shared)]) == 0
+    out = capsys.readouterr().out
+    assert (shared / autoload.PTH_NAME).exists() and (shared / autoload.HOOK_FILE).exists()
+    assert "owned by uid 4321" in out, out

@@ -177,9 +177,15 @@ def _cuda_path_wrapper(wrapped, instance, args, kwargs):
 
 
 def _cuda_version_wrapper(wrapped, instance, args, kwargs):
-    if STATE.mode is not Mode.PATCHED:
+    if STATE.mode is Mode.PATCHED:
+        return Version(str(_version()))
+    if STATE.mode not in (Mode.GUARD, Mode.NOOP):
         return wrapped(*args, **kwargs)
-    return Version(str(_version()))
+    from flashinfer.jit import cpp_ext
+
+    from flashinfer_sm120.core.toolkit.probe import flashinfer_cuda_version
+
+    return flashinfer_cuda_version(cpp_ext.get_cuda_path())  # FlashInfer's answer, with a deadline
 
 
 def _workspace_wrapper(wrapped, instance, args, kwargs):
@@ -319,7 +325,7 @@ STEPS: dict[str, list[Step]] = {
     "flashinfer.compilation_context": [Step("normalize", _step_normalize, _P),
                                        Step("init", _step_init, _P)],
     "flashinfer.jit.env": [Step("workspace", _step_workspace, _PN, required=False)],
-    "flashinfer.jit.cpp_ext": [Step("toolkit", _step_toolkit, _P),
+    "flashinfer.jit.cpp_ext": [Step("toolkit", _step_toolkit, _ALL),
                                Step("nvcc_gate", _step_nvcc_gate, _ALL)],
     "flashinfer.jit.core": [Step("current_context", _step_current_context, _P),
                             Step("arch_check", _step_arch_check, _ALL)],

@@ -327,3 +327,30 @@ def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | No
                    f"{consistent_set_fix(nv, pip)}")
     return Toolkit(nvcc=nvcc, nvcc_version=nv, nvcc_full=full, version_from=source, problem=problem,
                    disagreement=disagreement, **base)
+
+
+def flashinfer_cuda_version(cuda_path: str):
+    """FlashInfer's own ``get_cuda_version`` (``<cuda_path>/bin/nvcc --version`` as ``major.minor``, else
+    ``torch.version.cuda``; 0.7.x ``jit/cpp_ext.py``) for a process flashinfer-sm120 does not patch (guard,
+    noop), with the bounded, memoized run and the trust rule: FlashInfer's ``check_output`` has no
+    deadline, and an nvcc leaving a child that holds its output hung the import (threat-model: P6).
+
+    Raises:
+        RuntimeError: as FlashInfer does, when neither answers.
+    """
+    from packaging.version import Version
+
+    from flashinfer_sm120.safety.trust import trace
+
+    nvcc = os.path.join(cuda_path, "bin", "nvcc")
+    problem = trace(nvcc).problem
+    full, problem = (None, problem) if problem else nvcc_version(nvcc)
+    if full:
+        return Version(".".join(full.split(".")[:2]))
+    import torch
+
+    if torch.version.cuda is None:
+        raise RuntimeError(f"nvcc not usable ({problem}) and PyTorch is not built with CUDA support. "
+                           f"Could not determine CUDA version.")
+    return Version(torch.version.cuda)
+

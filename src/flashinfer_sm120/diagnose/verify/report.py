@@ -166,8 +166,13 @@ def collect(timeout: float = ALONE_TIMEOUT_S, *, say: Callable[[str], None] | No
 
     foreign = workspace_foreign_tree()  # threat-model: P4: either import of FlashInfer would create it there
     report["workspace_foreign"] = dataclasses.asdict(foreign) if foreign else None
-    if foreign is not None:
-        why = "FlashInfer was not imported (its JIT cache would be created in another user's tree)"
+    from flashinfer_sm120.safety.buildenv import temp_problem
+
+    temp = temp_problem(os.environ)  # threat-model: P4: FlashInfer's dependencies write there at import
+    report["temp_not_ours"] = str(temp) if temp else None
+    if foreign is not None or temp is not None:
+        why = ("FlashInfer was not imported (its JIT cache would be created in another user's tree)" if foreign
+               else "FlashInfer was not imported (it and its dependencies write into the temporary directory)")
         report["before"] = {"error": f"not run: {why}", "skipped": why}
         report["after"] = {"status": patch.status(), "error": why}
         from flashinfer_sm120.core import autoload

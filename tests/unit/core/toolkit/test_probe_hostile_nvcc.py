@@ -75,3 +75,48 @@ def test_second_worker_does_not_rerun_a_hung_nvcc(tmp_path, clean_env):
         kill_all_with(token)
     assert count.read_text().count("x") == 1, "the second worker ran the hung nvcc again"
     assert left == []
+
+
+DETACHING_NVCC = r"""
+#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(void) {
+    printf("Cuda compilation tools, release 13.0, V13.0.88\n");
+    fflush(stdout);
+    if (fork() == 0) {  /* a child in a session of its own that keeps stdout open and ignores SIGTERM */
+        setsid();
+        signal(SIGTERM, SIG_IGN);
+        execl("/bin/sleep", "sleep", "%s", (char *)0);
+    }
+    return 0;
+}
+"""
+
+
+def test_flashinfers_own_version_question_is_bounded_for_a_toolkit_we_do_not_patch(tmp_path):
+    """Round 3 (third fresh attack): for a CUDA_HOME we do not patch (guard), FlashInfer's own ``get_cuda_version``
+    ran ``nvcc --version`` with no deadline; a compiled nvcc leaving a ``setsid`` child that holds stdout hung
+    ``status --fresh`` until killed.  Guard and noop now answer it through the bounded, memoized run."""
+    import shutil
+
+    from packaging.version import Version
+
+    from flashinfer_sm120.core.patch.steps import STEPS
+    from flashinfer_sm120.core.patch.state import Mode
+    from flashinfer_sm120.core.toolkit.probe import flashinfer_cuda_version
+
+    if not shutil.which("cc"):
+        pytest.skip("needs a C compiler to build the hostile nvcc")
+    token = f"297.{uuid.uuid4().int % 10**6}"
+    (tmp_path / "bin").mkdir()
+    src = tmp_path / "nvcc.c"
+    src.write_text(DETACHING_NVCC % token)
+    subprocess.run(["cc", "-o", str(tmp_path / "bin" / "nvcc"), str(src)], check=True)
+    try:
+        assert flashinfer_cuda_version(str(tmp_path)) == Version("13.0")  # bounded by the runner's deadline
+        assert not alive_with(token), "nvcc's detached child was left running"
+    finally:
+        kill_all_with(token)
+    toolkit_step = next(s for s in STEPS["flashinfer.jit.cpp_ext"] if s.name == "toolkit")
+    assert {Mode.GUARD, Mode.NOOP} <= set(toolkit_step.modes)  # get_cuda_version is answered in those modes too
