@@ -47,7 +47,7 @@ def test_import_failures_are_one_document_each(env, tmp_path):
     assert "bzip2" in doc["error"]["message"]
     missing = tmp_path / "no-such-export"
     doc = _failure(cli(["cache", "import", str(missing), "--json"], env), "src", "archive")
-    assert str(missing) in doc["error"]["message"]
+    assert str(missing) in doc["error"]["message"] and doc["error"]["fix"], doc  # round 3 (third): "fix": ""
     good = make_export(tmp_path / "exp", {"jit/m/m.so": b"so"})
     doc = _failure(cli(["cache", "import", str(good), "--arch", "sm_999x", "--json"], env), "src", "arch")
     assert "sm_999x" in doc["error"]["message"]
@@ -67,3 +67,4 @@ def test_export_failures_are_one_document_each(env, tmp_path):
     (tmp_path / "taken").write_text("")
     doc = _failure(cli(["cache", "export", str(tmp_path / "taken"), "--all", "--json"], env), "out", "exists")
     assert "already exists" in doc["error"]["message"]
+    assert doc["error"]["fix"] == "choose a new path (an export never overwrites)"  # round 3 (third): "fix": ""

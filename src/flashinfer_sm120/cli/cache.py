@@ -58,8 +58,10 @@ def run_export(args: argparse.Namespace) -> int:
             "name the modules to export (as for `flashinfer-sm120 build`), --all (every module built "
             "here that `build` can name), or --from MANIFEST"))
     if os.path.lexists(args.out) and not (os.path.isdir(args.out) and not os.listdir(args.out)):
-        return _failed(args, doc, "exists", session.BuildError(
-            f"{args.out} already exists; choose a new path (an export never overwrites)"))
+        from flashinfer_sm120.warmup.cachemeta import CacheError
+
+        fix = "choose a new path (an export never overwrites)"
+        return _failed(args, doc, "exists", CacheError(f"{args.out} already exists; {fix}", "exists", fix))
     stage = "manifest" if args.manifest else "module"
     try:
         if args.manifest:

@@ -43,7 +43,8 @@ def export(entries: list[dict], sess: Session, out: str, *, limits: Limits = Lim
     from flashinfer.jit import env as jit_env
 
     if os.path.lexists(out) and not (os.path.isdir(out) and not os.listdir(out)):
-        raise BuildError(f"{out} already exists; choose a new path (an export never overwrites)")
+        fix = "choose a new path (an export never overwrites)"
+        raise CacheError(f"{out} already exists; {fix}", "exists", fix)
     files: list[tuple[str, Path]] = []
     modules, names = [], []
     gen_root = Path(jit_env.FLASHINFER_GEN_SRC_DIR)

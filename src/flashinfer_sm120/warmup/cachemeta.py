@@ -104,7 +104,8 @@ def parse_meta(obj: Any, source: str) -> Meta:
     try:
         fmt = f(obj, "format", int, source, fix=FIX)
         if fmt != FORMAT:
-            raise BuildError(f"{source} is export format {fmt}; this version reads {FORMAT}")
+            raise CacheError(f"{source} is export format {fmt}; this version reads {FORMAT}", "archive",
+                             f"export it again with this flashinfer-sm120 (format {FORMAT})")
         fp_obj = f(obj, "fingerprint", dict, source, fix=FIX)
         # threat-model: P6, P8 -- as many targets as a manifest entry may carry: 4096 of them were
         # printed whole ("using the archive's targets ...", 21 kB) and refused as a too-long "--arch"
@@ -122,7 +123,7 @@ def parse_meta(obj: Any, source: str) -> Meta:
         for m in f(obj, "modules", list, source, fix=FIX, max_len=10_000):
             name = formats.parse_name(f(m, "name", str, f"{source} module", fix=FIX), f"{source} module", fix=FIX)
             if name in names:
-                raise BuildError(f"{source}: module {name} is listed twice; {FIX}")
+                raise CacheError(f"{source}: module {name} is listed twice; {FIX}", "archive", FIX)
             names.add(name)
             files = {}
             for rel, sha in f(m, "files", dict, f"{source} module {name}", fix=FIX, max_len=100_000).items():
@@ -136,13 +137,13 @@ def parse_meta(obj: Any, source: str) -> Meta:
                     prefix = "/".join(parts[:i])
                     kind = "file" if i == len(parts) else "dir"
                     if seen.setdefault(prefix, kind) != kind:
-                        raise BuildError(f"{source}: {formats.shown(prefix)} is both a file and a directory; {FIX}")
+                        raise CacheError(f"{source}: {formats.shown(prefix)} is both a file and a directory; {FIX}", "archive", FIX)
             mods.append(Module(name, files))
         entries = []
         for i, e in enumerate(f(obj, "manifest", list, source, default=[], fix=FIX, max_len=10_000)):
             entries.append(parse_entry(e, f"{source} manifest entry {i + 1}"))
     except FormatError as exc:
-        raise BuildError(str(exc)) from None
+        raise CacheError(str(exc), "archive", exc.fix or FIX) from None
     return Meta(fmt, fp, tuple(mods), tuple(entries))
 
 

@@ -143,12 +143,12 @@ def _open_tar(src: str, limits: Limits):
     try:
         fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (OSError, ValueError) as exc:
-        raise BuildError(f"cannot read {formats.shown(src, 200)}: {getattr(exc, 'strerror', None) or exc}; "
-                         f"{FIX}") from None
+        raise CacheError(f"cannot read {formats.shown(src, 200)}: {getattr(exc, 'strerror', None) or exc}; "
+                         f"{FIX}", "archive", FIX) from None
     fh = os.fdopen(fd, "rb")
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise BuildError(f"{formats.shown(src, 200)} is neither a directory nor a regular file; {FIX}")
+            raise CacheError(f"{formats.shown(src, 200)} is neither a directory nor a regular file; {FIX}", "archive", FIX)
         os.set_blocking(fd, True)
         kind = compression(os.pread(fd, 512, 0))
         if kind not in _WRITTEN:  # threat-model: P6 (only what we write; bzip2 bombs grew quadratically)
@@ -163,7 +163,7 @@ def _open_tar(src: str, limits: Limits):
         return tarfile.open(fileobj=stream, mode="r|", tarinfo=_BoundedTarInfo), stream
     except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
         fh.close()
-        raise BuildError(f"cannot read {src}: {formats.shown(str(exc), 200)}; {FIX}") from None
+        raise CacheError(f"cannot read {src}: {formats.shown(str(exc), 200)}; {FIX}", "archive", FIX) from None
     except (BuildError, FormatError):
         fh.close()
         raise
@@ -207,7 +207,7 @@ def members(src: str, limits: Limits):
         if count == 0:
             raise refused(src, f"it has no members (no {TOP}/meta.json)")
     except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
-        raise BuildError(f"cannot read {src}: {formats.shown(str(exc), 200)}; {FIX}") from None
+        raise CacheError(f"cannot read {src}: {formats.shown(str(exc), 200)}; {FIX}", "archive", FIX) from None
     except (BuildError, FormatError):  # ours (FormatError is a ValueError too)
         raise
     except _HEADER_ERRORS as exc:
@@ -254,11 +254,11 @@ def read_meta(src: str, limits: Limits = Limits()) -> Meta:
             for tar, m, rel in members(src, limits):
                 if rel == "meta.json" and m.isfile():
                     if m.size > MAX_META_BYTES:
-                        raise BuildError(f"{name} is {m.size} bytes, more than {MAX_META_BYTES}; {FIX}")
+                        raise CacheError(f"{name} is {m.size} bytes, more than {MAX_META_BYTES}; {FIX}", "archive", FIX)
                     raw = tar.extractfile(m).read(m.size)  # type: ignore[union-attr]  (size checked above)
                     break
             if raw is None:
-                raise BuildError(f"{src} has no {TOP}/meta.json; {FIX}")
+                raise CacheError(f"{src} has no {TOP}/meta.json; {FIX}", "archive", FIX)
         return parse_meta(formats.loads_json(raw, name, fix=FIX), name)
     except FormatError as exc:
-        raise BuildError(str(exc)) from None
+        raise CacheError(str(exc), "archive", exc.fix or FIX) from None
