@@ -73,6 +73,10 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         m = re.match(r"argument [^:]+: invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if m:  # argparse quotes the bad choice whole: shown cut, as every value we name
+            from flashinfer_sm120.safety.formats import shown
+
+            message = message.replace(f"'{m.group(1)}'", shown(m.group(1), 80), 1)
         if m and "maybe you meant" not in message:
             choices = [c.strip().strip("'") for c in m.group(2).split(",")]
             close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
