@@ -99,6 +99,7 @@ def _race(env, src, tmp_path, rounds=3):
         yield [_result(p) for p in procs]
 
 
+@pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 def test_importers_in_separate_pid_namespaces_both_succeed(clean_env, tmp_path):
     """Regression: part files were named `.{name}.import-{pid}` and unlinked in `finally` by whoever
     failed; two containers (both pid 1) importing one export into a shared JIT dir both failed."""
@@ -118,6 +119,7 @@ def test_importers_in_separate_pid_namespaces_both_succeed(clean_env, tmp_path):
             p.unlink()
 
 
+@pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 def test_a_kill_9_leftover_part_file_does_not_fail_the_next_import(clean_env, tmp_path):
     """Regression: a part file left by a killed importer (pid 1 in its container) made the next one fail
     with EEXIST; it is not this importer's file, so it is left alone."""
@@ -133,6 +135,7 @@ def test_a_kill_9_leftover_part_file_does_not_fail_the_next_import(clean_env, tm
     assert (jit / "m.so").read_bytes() == b"module" and leftover.read_bytes() == b"half"
 
 
+@pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 def test_import_waits_for_flashinfers_module_lock(clean_env, tmp_path):
     """A server building the module holds FlashInfer's lock (jit/core.py: FLASHINFER_JIT_DIR/tmp/NAME.lock);
     the importer installs only after it is released."""

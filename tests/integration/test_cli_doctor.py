@@ -37,6 +37,7 @@ def test_doctor_says_ok_first_and_fits_one_screen(clean_env, real_nvcc13):
     assert lines[-1].startswith("More: flashinfer-sm120 doctor --verbose")
 
 
+@pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 @needs_flashinfer
 def test_doctor_without_targets_says_problem_and_the_fix_and_exits_1(clean_env, real_nvcc13):
     proc = cli(["doctor", "--timeout", "60"], clean_env)

@@ -29,6 +29,7 @@ def _status(env, *args):
     return proc, out, loaded.strip()
 
 
+@pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 @needs_flashinfer
 def test_a_second_status_reads_the_record_without_importing_torch_or_flashinfer(clean_env, real_nvcc13):
     """``status`` took 8-20 s for one line: it imported torch and FlashInfer every time."""
@@ -50,6 +51,7 @@ def test_a_second_status_reads_the_record_without_importing_torch_or_flashinfer(
     assert fresh.returncode == 0 and loaded4 == "['flashinfer', 'torch']"
 
 
+@pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 @needs_flashinfer
 def test_a_package_installed_since_invalidates_the_record(clean_env, real_nvcc13, tmp_path):
     """A ``pip install`` adds or removes a ``.dist-info`` on ``sys.path``: a record made before it

@@ -45,6 +45,7 @@ def test_flashinfer_jit_build_is_refused_before_nvcc_runs(planted):
     assert not mark.exists()
 
 
+@pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 def test_build_and_doctor_refuse_it(planted):
     env, gcc, mark = planted
     proc = cli(["build", "--arch", "12.0", "--json", "sampling"], env)

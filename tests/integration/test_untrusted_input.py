@@ -299,6 +299,7 @@ def test_a_bad_arch_list_entry_does_not_repeat_the_whole_value():
     assert [(s.major, s.minor) for s in specs] == [(12, 0), (12, 1)] and "'bogus'" in message
 
 
+@pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 @needs_flashinfer
 def test_doctor_with_a_4kb_arch_list_prints_a_bounded_report(clean_env):
     """Issue 11, item 4."""

@@ -229,6 +229,7 @@ def test_gpu_part_bookkeeping_fails_on_a_compile_in_the_warm_process_and_on_over
     assert checks["overhead"]["status"] == "fail" and checks["overhead"]["ratios"]["sampling"]["ratio"] == 0.7
 
 
+@pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 def test_the_child_prints_one_json_line_with_checks_timings_and_maps(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer())
     monkeypatch.setattr(gc, "TIMING_ITERS", 1)

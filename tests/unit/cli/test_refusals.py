@@ -52,6 +52,7 @@ def test_a_refusal_prints_a_bounded_message(argv, capsys, monkeypatch, tmp_path)
     assert "Traceback" not in out and ("characters" in out or "arguments" in out or " more" in out)  # says how long it was
 
 
+@pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 def test_paths_that_are_not_utf8_never_stop_a_report(clean_env, tmp_path):
     """Linux paths are bytes: a ``CUDA_HOME`` or JIT directory that is not UTF-8 reaches Python as lone
     surrogates, and stdout is ``strict`` under a UTF-8 locale: ``doctor`` ended in a UnicodeEncodeError."""
@@ -113,6 +114,7 @@ def test_bounded_property(text):
     assert all(len(w) <= MAX_WORD + 40 for w in out.split())
 
 
+@pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 @pytest.mark.parametrize("argv", [["doctor"], ["build", "--list"], ["status", "--json"]])
 def test_a_reader_that_stops_early_gets_no_traceback(clean_env, tmp_path, argv):
     """``flashinfer-sm120 doctor | head -1``: the reader is gone before the report is written; the command
@@ -134,6 +136,7 @@ def test_a_reader_that_stops_early_gets_no_traceback(clean_env, tmp_path, argv):
     assert proc.returncode in (0, 1, 141), (proc.returncode, err[-2000:])
 
 
+@pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 @pytest.mark.parametrize("argv", [["doctor"], ["build", "--list"], ["status"]])
 def test_output_to_a_full_disk_is_a_message(clean_env, tmp_path, argv):
     """``flashinfer-sm120 doctor > report.txt`` on a full disk (``/dev/full`` stands in) ended in an

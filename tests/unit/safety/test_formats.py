@@ -449,6 +449,7 @@ def test_a_refusal_never_carries_what_a_terminal_would_act_on(tmp_path, capsys, 
     assert formats.bounded("line one\n\tline two") == "line one\n\tline two"
 
 
+@pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 def test_doctor_shows_a_module_name_found_on_disk_without_acting_on_it(clean_env, tmp_path):
     """Regression: ``doctor`` listed the JIT modules FlashInfer would load with their directory names
     raw: a module directory named with escape sequences retitled the terminal.  threat-model: P8"""

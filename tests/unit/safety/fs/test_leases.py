@@ -179,6 +179,7 @@ def test_a_program_the_process_runs_never_holds_the_lease(world):
         os.kill(out["daemon"], 9)
 
 
+@pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 def test_a_spawned_worker_takes_its_own_lease(world):
     """A ``multiprocessing`` spawn worker is a new Python: it inherits ``CUDA_HOME`` (the view), not
     the descriptor, and takes its own lease when it imports FlashInfer."""

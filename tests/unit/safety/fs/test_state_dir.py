@@ -40,6 +40,7 @@ def test_root_with_a_users_home_creates_nothing_there(shared_tmp, monkeypatch):
     assert f"owned by uid {NOBODY}" in notes and "sudo -H" in notes
 
 
+@pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 @needs_root
 @pytest.mark.parametrize("args", [["cache", "prune"], ["status"], ["doctor"]])
 def test_a_command_as_root_with_a_users_home_creates_nothing_there(shared_tmp, args):
