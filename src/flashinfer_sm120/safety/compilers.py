@@ -55,8 +55,11 @@ FLAG_VARIABLES = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "FLASHINFER_EXTRA_C
 #: headers (gcc 12 manual, "Environment Variables"): directory lists, ``GCC_EXEC_PREFIX`` a prefix.
 #: ``LD_RUN_PATH`` is what ``ld`` writes into a module as its RUNPATH when the link line names none
 #: (FlashInfer's names none): the directories a server then loads libraries from.
+#: ``LD_LIBRARY_PATH``/``LD_PRELOAD`` choose the libraries every program of a build loads (gcc's cc1plus
+#: loads libmpc, libisl, libgmp); ``DEPENDENCIES_OUTPUT``/``SUNPRO_DEPENDENCIES`` name a file gcc writes.
 DIR_VARIABLES = ("GCC_EXEC_PREFIX", "COMPILER_PATH", "LIBRARY_PATH", "CPATH", "C_INCLUDE_PATH",
-                 "CPLUS_INCLUDE_PATH", "LD_RUN_PATH")
+                 "CPLUS_INCLUDE_PATH", "LD_RUN_PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "DEPENDENCIES_OUTPUT",
+                 "SUNPRO_DEPENDENCIES")
 
 #: The variables that choose what a JIT build runs, in the order they are checked.
 VARIABLES = ("FLASHINFER_NVCC", "FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_CXX_LAUNCHER", "CXX", "CC", "NVCC_CCBIN",
@@ -219,7 +222,12 @@ def _named_paths(words: list[str]) -> list[str]:
 def dirs_problem(var: str, value: str) -> str | None:
     """Why gcc's variable ``var`` (:data:`DIR_VARIABLES`) may not reach a build: a directory it names
     that fails the trust rule, or that does not exist yet where another user may create it."""
-    entries = [os.path.dirname(value)] if var == "GCC_EXEC_PREFIX" else value.split(os.pathsep)
+    if var == "GCC_EXEC_PREFIX":
+        entries = [os.path.dirname(value)]
+    elif var in ("DEPENDENCIES_OUTPUT", "SUNPRO_DEPENDENCIES"):  # "FILE [TARGET]": where gcc writes
+        entries = [os.path.dirname(value.split()[0])] if value.split() else []
+    else:  # LD_PRELOAD takes spaces too
+        entries = re.split(r"[:\s]" if var == "LD_PRELOAD" else re.escape(os.pathsep), value)
     for d in (e for e in entries if os.path.isabs(e)):
         if os.path.lexists(d):
             problem = check_path(d)

@@ -222,8 +222,9 @@ def test_gcc_variables_and_every_way_a_flag_names_a_path_are_held_to_the_trust_r
     nvcc = str(tk / "bin" / "nvcc")
     opened = _open_dir(tmp_path)
     (opened / "rsp").write_text(f"-B{opened}/\n")
-    for var in compilers.DIR_VARIABLES:
-        value = f"{opened}/" if var == "GCC_EXEC_PREFIX" else f"/usr/include:{opened}"
+    for var in compilers.DIR_VARIABLES:  # round 3 (fourth): LD_LIBRARY_PATH, DEPENDENCIES_OUTPUT too
+        value = {"GCC_EXEC_PREFIX": f"{opened}/", "DEPENDENCIES_OUTPUT": f"{opened}/d.d target",
+                 "SUNPRO_DEPENDENCIES": f"{opened}/d.d", "LD_PRELOAD": f"{opened}/x.so"}.get(var, f"/usr/include:{opened}")
         (v,) = compilers.check({"PATH": "/usr/bin:/bin", var: value}, nvcc, str(tk))
         assert not v.keep and "writable by other users" in v.note and f"from {var}" in v.note, (var, v.note)
     for words in (f"-Xcompiler @{opened}/rsp", f"-isystem{opened}", f"-iquote{opened}", f"-imacros{opened}/m.h",

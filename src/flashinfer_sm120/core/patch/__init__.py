@@ -15,6 +15,7 @@ with the one message that names the GPUs, what was found and the fix.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -30,6 +31,7 @@ from flashinfer_sm120.core.patch.alone import flashinfer_would_target
 from flashinfer_sm120.core.patch.resolve import Resolution, resolve
 from flashinfer_sm120.core.patch import laststatus
 from flashinfer_sm120.core.patch.state import STATE, Mode, StatusDict, StepResult, StepStatus
+from flashinfer_sm120.core.patch import steps
 from flashinfer_sm120.core.patch.steps import HOOKED_MODULES, STEPS, current_targets, refresh_derived
 from flashinfer_sm120.core.patch.summary_line import render, summary, targets_origin
 
@@ -173,6 +175,10 @@ def _loaded(name: str, just_imported: str | None) -> bool:
 
 def _apply_locked(just_imported: str | None = None) -> None:
     _check_import_health()
+    if STATE.mode is Mode.FAILED and _loaded("flashinfer.jit.cpp_ext", just_imported):
+        # unpatched, but FlashInfer's own nvcc --version (at its import) still gets a deadline (threat-model: P6)
+        with contextlib.suppress(Exception):
+            steps.bound_cuda_version(sys.modules["flashinfer.jit.cpp_ext"])
     if STATE.mode not in (Mode.IDLE, Mode.PATCHED, Mode.GUARD, Mode.NOOP):
         return
     res = STATE.resolution

@@ -179,7 +179,7 @@ def _cuda_path_wrapper(wrapped, instance, args, kwargs):
 def _cuda_version_wrapper(wrapped, instance, args, kwargs):
     if STATE.mode is Mode.PATCHED:
         return Version(str(_version()))
-    if STATE.mode not in (Mode.GUARD, Mode.NOOP):
+    if STATE.mode not in (Mode.GUARD, Mode.NOOP, Mode.FAILED):
         return wrapped(*args, **kwargs)
     from flashinfer.jit import cpp_ext
 
@@ -282,6 +282,12 @@ def _step_init(mod):
 def _step_workspace(mod):
     _wrap_function(mod, "_get_workspace_dir_name", _workspace_wrapper)
     return None
+
+
+def bound_cuda_version(mod) -> None:
+    """FlashInfer's ``get_cuda_version`` answered with a deadline (:func:`_cuda_version_wrapper`), for a
+    process left unpatched (``failed``): the one wrapper kept then, so its import cannot hang on an nvcc."""
+    _wrap_function(mod, "get_cuda_version", _cuda_version_wrapper)
 
 
 def _step_toolkit(mod):

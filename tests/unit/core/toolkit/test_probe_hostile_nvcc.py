@@ -120,3 +120,27 @@ def test_flashinfers_own_version_question_is_bounded_for_a_toolkit_we_do_not_pat
         kill_all_with(token)
     toolkit_step = next(s for s in STEPS["flashinfer.jit.cpp_ext"] if s.name == "toolkit")
     assert {Mode.GUARD, Mode.NOOP} <= set(toolkit_step.modes)  # get_cuda_version is answered in those modes too
+
+
+@needs_flashinfer
+def test_status_is_bounded_when_flashinfer_is_left_unpatched_and_its_nvcc_detaches(tmp_path, clean_env):
+    """Round 3 (fourth fresh attack): with a CUDA_HOME flashinfer-sm120 refuses (no libcudart: ``failed``),
+    FlashInfer's own import ran ``nvcc --version`` unbounded and ``status --fresh`` hung on an nvcc whose
+    detached grandchild held stdout."""
+    import shutil
+
+    if not shutil.which("cc") or not (REAL := __import__("pathlib").Path("/usr/local/cuda-13.0")).is_dir():
+        pytest.skip("needs a C compiler and /usr/local/cuda-13.0's headers")
+    token = f"296.{uuid.uuid4().int % 10**6}"
+    (tmp_path / "bin").mkdir()
+    src = tmp_path / "nvcc.c"
+    src.write_text(DETACHING_NVCC % token)
+    subprocess.run(["cc", "-o", str(tmp_path / "bin" / "nvcc"), str(src)], check=True)
+    shutil.copytree(REAL / "include", tmp_path / "include", symlinks=True)
+    env = dict(clean_env, CUDA_HOME=str(tmp_path), FLASHINFER_CUDA_ARCH_LIST="12.0")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "status", "--fresh", "--json"], env=env,
+                              capture_output=True, text=True, timeout=120)  # hung until the child ended
+        assert json.loads(proc.stdout)["mode"] in ("failed", "guard", "patched", "noop"), proc.stderr[-2000:]
+    finally:
+        kill_all_with(token)
