@@ -208,3 +208,26 @@ def test_an_entry_whose_lease_would_lie_in_another_uids_directory_is_never_remov
     got = listing(c)[str(ws)]
     assert got["reason"] and "uid 65534" in (got["kept"] or ""), got
     assert prune(c, "--yes").returncode == 0 and ws.is_dir()
+
+
+def test_a_root_reached_through_another_uids_link_in_a_shared_base_is_not_pruned(tmp_path, monkeypatch):
+    """Round 3 (fourth fresh attack): in a shared FLASHINFER_WORKSPACE_BASE (1777), another uid's link
+    ``.cache/flashinfer`` into the victim's home made ``prune --yes`` remove directories outside the tree."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to own a link as another uid")
+    from flashinfer_sm120.diagnose.prune import find
+
+    shared = tmp_path / "ws"
+    (shared / ".cache").mkdir(parents=True)
+    for d in (shared, shared / ".cache"):
+        d.chmod(0o1777)
+    mine = tmp_path / "mine"
+    (mine / "0.7.4" / "120f" / "nvcc13.5.37-dead0001" / "cached_ops").mkdir(parents=True)
+    link = shared / ".cache" / "flashinfer"
+    link.symlink_to(mine)
+    os.lchown(link, 4321, 4321)
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(shared))
+    monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path / "no-sglang"))
+    assert str(mine) not in find.fi_roots()
+    os.lchown(link, 0, 0)  # the same link, root's: followed as before
+    assert str(mine) in find.fi_roots()
