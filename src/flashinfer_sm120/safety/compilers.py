@@ -228,16 +228,17 @@ def dirs_problem(var: str, value: str) -> str | None:
         entries = [os.path.dirname(value.split()[0])] if value.split() else []
     else:  # LD_PRELOAD takes spaces too
         entries = re.split(r"[:\s]" if var == "LD_PRELOAD" else re.escape(os.pathsep), value)
-    for d in (e for e in entries if os.path.isabs(e)):
-        if os.path.lexists(d):
-            problem = check_path(d)
-        elif (why := place_reason(d, sticky_ok=False)) is not None:
-            problem = f"names {formats.shown(d, 200)}, which does not exist yet where another user may create it ({why})"
-        else:
-            problem = None
-        if problem:
-            return problem
-    return None
+    return next(filter(None, (_named_path_problem(d) for d in entries if os.path.isabs(d))), None)
+
+
+def _named_path_problem(p: str) -> str | None:
+    """Why the absolute path ``p`` a value names may not reach a build: existing, it fails the trust
+    rule; absent, it lies where another user may create it first (and so decide what it holds)."""
+    if os.path.lexists(p):
+        return check_path(p)
+    why = place_reason(p, sticky_ok=False)
+    return None if why is None else (f"names {formats.shown(p, 200)}, which does not exist yet where another "
+                                     f"user may create it ({why})")
 
 
 def flags_problem(value: str, path: str | None) -> str | None:
@@ -249,16 +250,7 @@ def flags_problem(value: str, path: str | None) -> str | None:
         problem = problem or trace(prog).problem
         if problem:
             return f"its -ccbin {formats.shown(cc, 60)}: {problem}"
-    for p in _named_paths(words):
-        if os.path.lexists(p):
-            problem = check_path(p)
-        elif (why := place_reason(p, sticky_ok=False)) is not None:  # whoever creates it first decides
-            problem = f"names {formats.shown(p, 200)}, which does not exist yet where another user may create it ({why})"
-        else:
-            problem = None
-        if problem:
-            return problem
-    return None
+    return next(filter(None, (_named_path_problem(p) for p in _named_paths(words))), None)
 
 
 def _same_program(a: str, b: str) -> bool:
