@@ -94,6 +94,16 @@ int main(void) {
 """
 
 
+def _detaching_nvcc(root, prefix: str) -> str:
+    """``root/bin/nvcc`` compiled from :data:`DETACHING_NVCC`; the sleep token that finds its child."""
+    token = f"{prefix}.{uuid.uuid4().int % 10**6}"
+    (root / "bin").mkdir()
+    src = root / "nvcc.c"
+    src.write_text(DETACHING_NVCC % token)
+    subprocess.run(["cc", "-o", str(root / "bin" / "nvcc"), str(src)], check=True)
+    return token
+
+
 def test_flashinfers_own_version_question_is_bounded_for_a_toolkit_we_do_not_patch(tmp_path):
     """Round 3 (third fresh attack): for a CUDA_HOME we do not patch (guard), FlashInfer's own ``get_cuda_version``
     ran ``nvcc --version`` with no deadline; a compiled nvcc leaving a ``setsid`` child that holds stdout hung
@@ -108,11 +118,7 @@ def test_flashinfers_own_version_question_is_bounded_for_a_toolkit_we_do_not_pat
 
     if not shutil.which("cc"):
         pytest.skip("needs a C compiler to build the hostile nvcc")
-    token = f"297.{uuid.uuid4().int % 10**6}"
-    (tmp_path / "bin").mkdir()
-    src = tmp_path / "nvcc.c"
-    src.write_text(DETACHING_NVCC % token)
-    subprocess.run(["cc", "-o", str(tmp_path / "bin" / "nvcc"), str(src)], check=True)
+    token = _detaching_nvcc(tmp_path, "297")
     try:
         assert flashinfer_cuda_version(str(tmp_path)) == Version("13.0")  # bounded by the runner's deadline
         assert not alive_with(token), "nvcc's detached child was left running"
@@ -131,11 +137,7 @@ def test_status_is_bounded_when_flashinfer_is_left_unpatched_and_its_nvcc_detach
 
     if not shutil.which("cc") or not (REAL := __import__("pathlib").Path("/usr/local/cuda-13.0")).is_dir():
         pytest.skip("needs a C compiler and /usr/local/cuda-13.0's headers")
-    token = f"296.{uuid.uuid4().int % 10**6}"
-    (tmp_path / "bin").mkdir()
-    src = tmp_path / "nvcc.c"
-    src.write_text(DETACHING_NVCC % token)
-    subprocess.run(["cc", "-o", str(tmp_path / "bin" / "nvcc"), str(src)], check=True)
+    token = _detaching_nvcc(tmp_path, "296")
     shutil.copytree(REAL / "include", tmp_path / "include", symlinks=True)
     env = dict(clean_env, CUDA_HOME=str(tmp_path), FLASHINFER_CUDA_ARCH_LIST="12.0")
     try:
