@@ -4,19 +4,31 @@
 nvcc runs its host compiler ``gcc`` and ``rm`` by name, gcc its ``as`` and ``ld``, FlashInfer ``c++``
 when ``CXX`` is unset; nvcc and gcc write each compile's intermediate files into the temporary
 directory.  :func:`path_problem` is the first of those another uid could have chosen for us.
+
+Every build also gets a temporary directory of its own (:func:`build_env`, :func:`exported_build_tmp`):
+nvcc names its intermediate files ``tmpxft_<pid>_<n>-<k>_<name>`` and opens them with ``O_TRUNC`` and
+without ``O_EXCL`` (strace of nvcc 13.0), so in a shared ``/tmp`` another uid who plants symlinks under
+the names of the next pids gets a file of yours truncated and written (threat-model: P5).
 """
 # threat-model: P2 (nothing untrusted run: the programs a build runs by name, the files it writes between steps)
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 import os
+import tempfile
+import threading
+from collections.abc import Iterator
 
+from flashinfer_sm120.safety.fs.tmpdirs import Private, make_private
 from flashinfer_sm120.safety.compilers import FLAG_VARIABLES, ccbin_values, which
 from flashinfer_sm120.safety.ownership import place_reason
 from flashinfer_sm120.safety.trust import trace
 
-__all__ = ["BY_NAME", "ByName", "PathProblem", "TEMP_VARIABLES", "path_problem", "temp_problem"]
+__all__ = ["BY_NAME", "ByName", "PathProblem", "TEMP_VARIABLES", "path_problem", "temp_problem",
+           "BUILD_TMP_PREFIX", "build_tmp", "build_env", "exported_build_tmp"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,3 +115,72 @@ def path_problem(env) -> PathProblem | None:
             return PathProblem(found, prog.role, problem,
                                f"take {os.path.dirname(found)} off PATH{', ' + prog.fix if prog.fix else ''}")
     return temp_problem(env)
+
+
+# threat-model: P5 (never clobber: a compiler's predictable temporary names only in a directory of ours)
+#: The prefix of a process's build temporary directory under ``$TMPDIR`` (a killed process's is swept
+#: by the next, :func:`flashinfer_sm120.safety.fs.tmpdirs.sweep`).
+BUILD_TMP_PREFIX = "fi-sm120-build-"
+_BUILD: dict[int, Private] = {}  # pid -> its directory: a forked child makes its own
+_LOCK = threading.Lock()
+_EXPORTED = {"depth": 0, "saved": {}}
+
+
+def _close_own() -> None:
+    d = _BUILD.pop(os.getpid(), None)
+    if d is not None:
+        d.close()
+
+
+def build_tmp() -> str:
+    """This process's private build temporary directory (``mkdtemp`` in ``$TMPDIR``: mode 0700, random
+    name, locked while the process lives, removed at its exit), made on first use.
+
+    Raises:
+        PlaceError: ``$TMPDIR`` is not a place of our own (the message names the fix).
+    """
+    pid = os.getpid()
+    with _LOCK:
+        d = _BUILD.get(pid)
+        if d is None or not os.path.isdir(d.path):
+            first = not _BUILD
+            d = _BUILD[pid] = make_private(BUILD_TMP_PREFIX)
+            if first:
+                atexit.register(_close_own)
+        return d.path
+
+
+def build_env(env) -> dict:
+    """A copy of ``env`` whose :data:`TEMP_VARIABLES` all name :func:`build_tmp`: what a compiler
+    this package starts (``build``'s ninjas, ``doctor --smoke``, the launcher probe) runs with."""
+    path = build_tmp()
+    return dict(env, **{var: path for var in TEMP_VARIABLES})
+
+
+@contextlib.contextmanager
+def exported_build_tmp(environ=None) -> Iterator[str]:
+    """Point :data:`TEMP_VARIABLES` of the process environment at :func:`build_tmp` while the block
+    runs (FlashInfer's own ``run_ninja`` passes no ``env``: its ninja inherits ``os.environ``).  Nested
+    and concurrent blocks share one setting; the last to leave restores each variable it set, unless
+    someone changed it meanwhile.  Python's ``tempfile`` keeps the directory it chose before."""
+    environ = os.environ if environ is None else environ
+    tempfile.gettempdir()  # chosen (and cached) from the user's setting, never from ours
+    path = build_tmp()
+    with _LOCK:
+        if _EXPORTED["depth"] == 0:
+            _EXPORTED["saved"] = {var: environ.get(var) for var in TEMP_VARIABLES}
+            environ.update({var: path for var in TEMP_VARIABLES})
+        _EXPORTED["depth"] += 1
+    try:
+        yield path
+    finally:
+        with _LOCK:
+            _EXPORTED["depth"] -= 1
+            if _EXPORTED["depth"] == 0:
+                for var, old in _EXPORTED["saved"].items():
+                    if environ.get(var) != path:
+                        continue  # changed by someone else while we built: theirs now
+                    if old is None:
+                        environ.pop(var, None)
+                    else:
+                        environ[var] = old

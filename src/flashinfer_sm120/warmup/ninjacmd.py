@@ -35,7 +35,14 @@ def command(job, *extra: str) -> list[str]:
 
 
 def ninja_env() -> dict:
-    return dict(os.environ, NINJA_STATUS="[%f/%t] ")
+    """The process environment with ninja's status format and a temporary directory of this
+    process's own (:func:`flashinfer_sm120.safety.buildenv.build_env`: nvcc's temporary names are
+    predictable).
+
+    :raises flashinfer_sm120.errors.PlaceError: ``$TMPDIR`` is another uid's to change."""
+    from flashinfer_sm120.safety.buildenv import build_env
+
+    return build_env(dict(os.environ, NINJA_STATUS="[%f/%t] "))
 
 
 def dry_run(job) -> list[str]:

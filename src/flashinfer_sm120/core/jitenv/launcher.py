@@ -288,7 +288,9 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
                "-isystem", os.path.join(home, "include"), "--compiler-options=-fPIC", "--expt-relaxed-constexpr"]
         cmd += ["-static-global-template-stub=false"] if static_stub else []
         cmd += [_gencode(target), "-std=c++17", "-c", src, "-o", obj]
-        res = run(cmd, timeout=timeout, max_output=64 << 10, env=dict(os.environ if env is None else env))
+        from flashinfer_sm120.safety.buildenv import build_env
+
+        res = run(cmd, timeout=timeout, max_output=64 << 10, env=build_env(os.environ if env is None else env))
         made = os.path.isfile(obj) and os.path.getsize(obj) > 0
     finally:
         scratch.close()

@@ -239,7 +239,14 @@ def _ninja(args: list[str], run: _Run, what: str) -> str:
         ninja = _ninjas.choose().path
     except _ninjas.NinjaError as exc:
         raise _Failed(str(exc)) from None
-    res = proc.run([ninja, *args], timeout=run.left(), max_output=1 << 20)
+    from flashinfer_sm120.errors import PlaceError
+    from flashinfer_sm120.safety.buildenv import build_env
+
+    try:
+        env = build_env(os.environ)  # nvcc's temporary names are predictable: a directory of ours
+    except PlaceError as exc:
+        raise _Failed(str(exc)) from None
+    res = proc.run([ninja, *args], timeout=run.left(), max_output=1 << 20, env=env)
     if not res.ok:
         why = ("timed out" if res.timed_out else res.error or f"exit {res.returncode}")
         raise _Failed(f"{what} failed ({why})", res.text())
