@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import hashlib
 import os
 import stat
 import site
@@ -190,9 +191,12 @@ def _enable(args: argparse.Namespace) -> int:
         for name in (HOOK_FILE, PTH_NAME):  # threat-model: P5 -- a file of that name that is not ours stays
             path = os.path.join(target_dir, name)
             if os.path.lexists(path) and not (_is_our_hook(path) if name == HOOK_FILE else _read_text(path) is not None):
-                return _err(f"{path} exists and was not written by 'flashinfer-sm120 enable' (not our module, "
-                            f"or not a UTF-8 text file of at most {_OURS_MAX >> 10} KiB); nothing written. "
-                            f"Fix: move it away, then run 'flashinfer-sm120 enable' again")
+                if args.force and name == HOOK_FILE and _read_text(path) is not None:
+                    continue  # yours to replace: asked for by name
+                return _err(f"{path} exists and is not what 'flashinfer-sm120 enable' wrote (another module, one "
+                            f"edited since, or not a UTF-8 text file of at most {_OURS_MAX >> 10} KiB); nothing "
+                            f"written. Fix: move it away" + (", or pass --force to replace a module you edited"
+                                                         if name == HOOK_FILE and _read_text(path) is not None else ""))
     else:  # threat-model: P4 -- its missing levels are not made inside a tree another uid owns
         from flashinfer_sm120.safety.formats import foreign_tree
         from flashinfer_sm120.safety.fs.statedir import foreign_tree_message
@@ -282,8 +286,17 @@ def _disable(args: argparse.Namespace) -> int:
 
 #: Bytes of a ``.pth`` or hook file read to tell whether it is ours; a larger one is not.
 _OURS_MAX = 256 << 10
-#: The first line of every hook module ``enable`` has written (``core/autoload_hook.py``, all releases).
-_HOOK_MARK = '"""Start-up hook of the flashinfer-sm120 autoload'
+#: sha256 of every hook module an earlier version of ``enable`` wrote (each version of
+#: ``core/autoload_hook.py`` and, before the layers, ``autoload_hook.py`` in git history; earlier releases
+#: wrote no module).  A file holding one of these or this release's text is ours; an edited one is not
+#: (threat-model: P5): ``enable`` keeps it unless ``--force``, ``disable`` keeps it.
+_EARLIER_HOOKS = frozenset({
+    "35d742125b1af207aad488705b3c11f2eb5bb094bab3d729497ec8444b671f98",
+    "45e281f5fd4316591bc3f53af06f56e5ba715f82384bab847932349e0508dc50",
+    "4c537de241a3fda926506e0b24e98719a271ea04a4fde04423e47173b603de85",
+    "56c8aa5b873a20433f71ca9fe111a35bacb3c02da2586b6f96545c1371be5ddc",
+    "a65f03fe63a9ba83467a7aef2adeaa432e4b7771be55514efa59f471738fd8bc",
+})
 
 
 def _read_text(path: str) -> str | None:
@@ -310,9 +323,10 @@ def _read_text(path: str) -> str | None:
 
 
 def _is_our_hook(path: str) -> bool:
-    """Whether ``path`` is a hook module ``enable`` wrote (this release's or an older one's)."""
+    """Whether ``path`` is a hook module ``enable`` wrote, unedited (this release's or an earlier one's)."""
     text = _read_text(path)
-    return text is not None and (text == hook_source() or text.startswith(_HOOK_MARK))
+    return text is not None and (text == hook_source()
+                                 or hashlib.sha256(text.encode("utf-8")).hexdigest() in _EARLIER_HOOKS)
 
 
 def _other_lines(pth: str) -> tuple[list[str], bool]:
@@ -375,6 +389,8 @@ def add_parsers(sub) -> None:
     e.add_argument("--user", action="store_true",
                    help="user site-packages instead of this environment (refused inside a virtualenv)")
     e.add_argument("--site-dir", help="write into this directory instead (must be a site directory)")
+    e.add_argument("--force", action="store_true",
+                   help=f"replace a {HOOK_FILE} there that is not what enable wrote (one you edited)")
     e.set_defaults(func=_enable)
     dis = sub.add_parser("disable", help="remove the files written by 'enable' (works with the package broken)",
                          description="Remove the .pth file and module written by 'enable' (lines you added to "

@@ -7,6 +7,10 @@ overwrote it, losing lines a user (or another tool) had added to it.
 from __future__ import annotations
 
 import os
+import subprocess
+from pathlib import Path
+
+import pytest
 
 from flashinfer_sm120.core import autoload
 from flashinfer_sm120.cli import main
@@ -66,11 +70,48 @@ def test_files_of_our_names_whose_content_is_not_ours_are_never_removed_or_overw
         assert pth_bytes is None or pth.read_bytes() == pth_bytes
 
 
-def test_a_hook_an_older_release_wrote_is_still_removed(tmp_path, capsys):
+def _hook_texts_in_history() -> list[str]:
+    """Every text the hook module had in git history (each is what some version of enable wrote)."""
+    root = Path(__file__).resolve().parents[3]
+    paths = ["src/flashinfer_sm120/core/autoload_hook.py", "src/flashinfer_sm120/autoload_hook.py"]
+    try:
+        commits = subprocess.run(["git", "-C", str(root), "log", "--format=%H", "--", *paths], capture_output=True,
+                                 text=True, timeout=60, check=True).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        commits = []
+    texts = set()
+    for c in commits:
+        for p in paths:
+            r = subprocess.run(["git", "-C", str(root), "show", f"{c}:{p}"], capture_output=True, text=True, timeout=60)
+            if r.returncode == 0:
+                texts.add(r.stdout)
+    if len(texts) < 2:
+        pytest.skip("no git history of the hook module here (a shallow clone or an sdist)")
+    return sorted(texts)
+
+
+def test_a_hook_any_earlier_version_wrote_is_still_removed(tmp_path, capsys):
     hook = tmp_path / autoload.HOOK_FILE
-    hook.write_text('"""Start-up hook of the flashinfer-sm120 autoload (standard library only).\n\nolder text"""\n')
+    for text in _hook_texts_in_history():
+        hook.write_text(text)
+        assert main(["disable", "--site-dir", str(tmp_path)]) == 0
+        assert not hook.exists(), text[:200]
+    capsys.readouterr()
+
+
+def test_an_edited_hook_is_kept_by_disable_and_replaced_by_enable_only_with_force(tmp_path, capsys):
+    """Round 4: the content rule took any file starting with our first line as ours: ``enable``
+    overwrote an edited hook module, ``disable`` removed it."""
+    hook = tmp_path / autoload.HOOK_FILE
+    assert main(["enable", "--site-dir", str(tmp_path)]) == 0
+    edited = hook.read_text() + "print('my local tweak')\n"
+    hook.write_text(edited)
     assert main(["disable", "--site-dir", str(tmp_path)]) == 0
-    assert not hook.exists()
+    assert hook.read_text() == edited and "its content is not ours" in capsys.readouterr().out
+    assert main(["enable", "--site-dir", str(tmp_path)]) != 0
+    assert hook.read_text() == edited and "--force" in capsys.readouterr().err
+    assert main(["enable", "--force", "--site-dir", str(tmp_path)]) == 0
+    assert hook.read_text() == autoload.hook_source()
     capsys.readouterr()
 
 
