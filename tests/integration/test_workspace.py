@@ -9,6 +9,7 @@ even when ``FLASHINFER_WORKSPACE_BASE`` is set: the fix is ``HOME``).
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -75,3 +76,16 @@ def test_import_as_a_uid_without_home_makes_no_tilde_directory(request):
     assert "Fix: HOME=" in proc.stderr and "Please report" not in proc.stderr, proc.stderr[-3000:]
     assert not (cwd / "~").exists()
     assert "not using $FLASHINFER_SM120_CACHE_DIR" not in proc.stderr  # it used the cache given, no /tmp fallback
+
+
+@needs_flashinfer
+def test_a_home_where_nothing_can_be_made_is_named_with_its_fix(clean_env):
+    """Round 4 (C1): with ``HOME=/proc`` the JSON error said only ``FileNotFoundError(2, 'No such file or
+    directory')``: the repr of an OSError drops its path, and root "may write" /proc by ``access()``."""
+    from helpers.child import cli
+
+    env = {k: v for k, v in clean_env.items() if k != "FLASHINFER_WORKSPACE_BASE"}
+    proc = cli(["status", "--json"], dict(env, HOME="/proc"))
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] is False and "'/proc/.cache'" in doc["error"], doc
+    assert "Fix: FLASHINFER_WORKSPACE_BASE=" in doc["error"], doc

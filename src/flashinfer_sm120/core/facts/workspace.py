@@ -59,7 +59,7 @@ def workspace_foreign_tree() -> ForeignTree | None:
     return foreign_tree(workspace_path()[0])
 
 
-def workspace_problem() -> str | None:
+def workspace_problem(failed: OSError | None = None) -> str | None:
     """Why FlashInfer cannot create its JIT workspace (``$FLASHINFER_WORKSPACE_BASE``, else the home
     directory, then ``.cache/flashinfer``: FlashInfer 0.7.4 ``jit/env.py``, made at its import), which
     fails its import with or without flashinfer-sm120; else ``None``.
@@ -68,7 +68,8 @@ def workspace_problem() -> str | None:
     (It used ``os.makedirs``: with no home directory, a uid without a passwd entry and ``HOME``
     unset, ``~`` stayed ``~`` and ``./~/.cache/flashinfer`` was made in the working directory.)
     FlashInfer 0.7.4 computes ``Path.home()`` even when ``FLASHINFER_WORKSPACE_BASE`` is set, so no
-    home is a problem of its own, fixed by ``HOME``."""
+    home is a problem of its own, fixed by ``HOME``.  ``failed``: the error FlashInfer's import raised,
+    which decides when the walk cannot (root "may write" ``/proc`` by ``access()``; ``mkdir`` there fails)."""
     try:
         pathlib.Path.home()
     except (RuntimeError, KeyError, OSError):  # '~' cannot be expanded
@@ -96,6 +97,9 @@ def workspace_problem() -> str | None:
         elif not os.access(here, os.W_OK | os.X_OK):
             why = f"{shown(here, 200)} is not writable"
         break
+    name = getattr(failed, "filename", None)
+    if why is None and isinstance(name, str) and (path == name or path.startswith(name.rstrip("/") + "/")):
+        why = f"{shown(name, 200)}: {failed.strerror or failed}"
     if why is None:
         return None
     return (f"FlashInfer keeps its JIT cache in {shown(path, 200)} (from {how}), which cannot be "
@@ -106,7 +110,8 @@ def workspace_problem() -> str | None:
 def import_failure(exc: BaseException, st: dict) -> str:
     """``importing FlashInfer failed: <exc>``, ending with the fix where one is known: no toolkit
     fits (FlashInfer's own lookup, kept under the guard, raised), or its workspace is not writable."""
-    msg = f"importing FlashInfer failed: {exc!r}"
+    shown_exc = f"{type(exc).__name__}: {exc}" if isinstance(exc, OSError) and exc.filename else repr(exc)
+    msg = f"importing FlashInfer failed: {shown_exc[:2000]}"  # an OSError's repr drops its path (str: repr of it)
     fix = ((st.get("resolution") or {}).get("fix")) if isinstance(st.get("resolution"), dict) else None
     if st.get("mode") == "guard" or (st.get("mode") == "failed" and fix):
         return (f"{msg}. No CUDA toolkit fits, so FlashInfer kept its own toolkit lookup, which raised "
@@ -118,7 +123,8 @@ def import_failure(exc: BaseException, st: dict) -> str:
             "the package that provides it"
         return (f"{msg}. FlashInfer needs the module {shown(top, 80)}, which this Python "
                 f"({shown(sys.executable, 200)}) cannot import. Fix: install it there ({how})")
-    problem = workspace_problem() if isinstance(exc, (OSError, RuntimeError, KeyError)) else None
+    problem = workspace_problem(exc if isinstance(exc, OSError) else None) \
+        if isinstance(exc, (OSError, RuntimeError, KeyError)) else None
     return f"{msg}. {problem}" if problem else msg
 
 
