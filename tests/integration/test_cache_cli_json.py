@@ -32,6 +32,7 @@ def _failure(proc, where: str, kind: str) -> dict:
     assert set(doc["error"]) == {"kind", "message", "fix"} and doc["error"]["kind"] == kind, doc
     assert doc["error"]["message"] and len(doc["error"]["message"]) < 5000
     assert doc["error"]["message"] in proc.stderr  # and said to a person on stderr
+    assert doc["error"]["fix"], doc  # round 4 (X2): a module or usage error gave "fix": ""
     return doc
 
 

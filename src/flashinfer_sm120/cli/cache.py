@@ -30,6 +30,17 @@ def _failure(message: str, kind: str, fix: str) -> dict:
     return _doc(error={"kind": kind, "message": message, "fix": fix})
 
 
+#: The fix a failure names when its error carries none, by the stage that failed: never an empty one.
+_STAGE_FIX = {
+    "usage": "see 'flashinfer-sm120 cache {command} --help'",
+    "manifest": "give a manifest recorded with FLASHINFER_SM120_RECORD=<file> (docs/warmup.md)",
+    "arch": "pass --arch with a major.minor target, e.g. 12.0 (RTX 5090, RTX PRO 6000) or 12.1 (DGX Spark)",
+    "module": "name modules 'flashinfer-sm120 build --list' shows, built here first ('flashinfer-sm120 build MODULE')",
+    "archive": "give a file or directory that 'flashinfer-sm120 cache export' wrote",
+    "setup": "run 'flashinfer-sm120 doctor' to see what this machine lacks",
+}
+
+
 def _failed(args, doc: dict, kind: str, exc: BaseException) -> int:
     """Report ``exc`` (kind from the exception when it carries one, else the stage that failed): on
     stderr always, and as the one JSON document with ``--json``."""
@@ -40,6 +51,7 @@ def _failed(args, doc: dict, kind: str, exc: BaseException) -> int:
         kind, message, fix = p.kind, str(p), p.fix
     else:
         kind, message, fix = getattr(exc, "kind", None) or kind, str(exc), getattr(exc, "fix", "") or ""
+    fix = fix or _STAGE_FIX.get(kind, _STAGE_FIX["setup"]).format(command="export" if "out" in doc else "import")
     doc.update(ok=False, error={"kind": kind, "message": bounded(message), "fix": bounded(fix)})
     if args.json:
         print(json.dumps(doc, indent=2))
