@@ -42,6 +42,14 @@ def real_nvcc13() -> str:
 
 
 @pytest.fixture
+def site_packages(tmp_path):
+    """An empty directory named as Python's site directories are (``enable --site-dir`` takes only those)."""
+    d = tmp_path / "site-packages"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
 def clean_env(tmp_path):
     """Environment for a child process: no CUDA_HOME/CUDA_PATH/arch list, a private
     JIT workspace and view cache, and the tests dir importable (for fakegpu)."""
@@ -129,7 +137,7 @@ def server_env(clean_env, tmp_path):
     """A child environment: the stand-ins importable (vllm, sglang), the autoload's .pth in a
     site dir the child adds, HOME in tmp, no FLASHINFER_WORKSPACE_BASE, and a system PATH with
     neither ninja nor nvcc (the venv's bin is not on it, as under systemd)."""
-    site_dir = tmp_path / "site"
+    site_dir = tmp_path / "site-packages"
     site_dir.mkdir()
     assert child.cli(["enable", "--site-dir", str(site_dir)], clean_env, python=sys.executable).returncode == 0
     env = dict(clean_env, HOME=str(tmp_path / "home"), FAKE_GPU_CAPS="12.0",

@@ -47,7 +47,7 @@ def run(py, code, env, timeout=120):
 
 
 def test_enable_says_where_and_for_which_interpreter(tmp_path):
-    d = tmp_path / "site"
+    d = tmp_path / "site-packages"
     d.mkdir()
     proc = cli(["enable", "--site-dir", str(d)], env_without("FLASHINFER_SM120_DISABLE"), python=sys.executable)
     assert proc.returncode == 0, proc.stderr
@@ -121,7 +121,7 @@ def test_disable_works_with_the_package_broken(tmp_path, missing):
     if not victim.exists():
         pytest.skip(f"{missing} no longer exists in this layout")
     victim.unlink()
-    site_dir = tmp_path / "site"
+    site_dir = tmp_path / "site-packages"
     site_dir.mkdir()
     env = env_without("FLASHINFER_SM120_DISABLE", PYTHONPATH=str(copy))
     assert cli(["enable", "--site-dir", str(site_dir)], env, python=sys.executable).returncode == 0
@@ -131,7 +131,7 @@ def test_disable_works_with_the_package_broken(tmp_path, missing):
 
 
 def test_disable_removes_the_old_eager_pth(tmp_path):
-    site_dir = tmp_path / "site"
+    site_dir = tmp_path / "site-packages"
     site_dir.mkdir()
     (site_dir / PTH_NAME).write_text("import os, sys; exec(\"import flashinfer_sm120\")\n")  # 0.1.0 style
     proc = cli(["disable", "--site-dir", str(site_dir)], env_without("FLASHINFER_SM120_DISABLE"), python=sys.executable)
@@ -155,7 +155,7 @@ def test_enable_user_inside_a_venv_refuses_with_the_reason(tmp_path, bare_venv):
 def test_vllm_import_exports_the_toolkit_before_flashinfer_is_imported(clean_env, tmp_path, real_nvcc13):
     """A server's ``shutil.which('nvcc')`` check runs after ``import vllm``, before FlashInfer."""
     fake = make_toolkit(tmp_path / "cuda-12.8")
-    site_dir = tmp_path / "site"
+    site_dir = tmp_path / "site-packages"
     site_dir.mkdir()
     assert cli(["enable", "--site-dir", str(site_dir)], clean_env, python=sys.executable).returncode == 0
     fake_package(tmp_path / "srv", "vllm", "import os\nCUDA_HOME_AT_IMPORT = os.environ.get('CUDA_HOME')\n")
@@ -186,7 +186,7 @@ def test_what_enable_writes_is_readable_standard_library_source(tmp_path):
     """No encoded payload: the .pth is one plain import, its module is readable stdlib-only Python."""
     import ast
 
-    d = tmp_path / "site"
+    d = tmp_path / "site-packages"
     d.mkdir()
     assert cli(["enable", "--site-dir", str(d)], env_without("FLASHINFER_SM120_DISABLE"), python=sys.executable).returncode == 0
     assert sorted(p.name for p in d.iterdir()) == sorted([PTH_NAME, HOOK_FILE, "__pycache__"])
@@ -227,7 +227,7 @@ def test_a_pth_whose_module_was_deleted_never_stops_the_interpreter(pth_in):
 def test_doctor_names_a_pth_left_without_its_module(tmp_path):
     from flashinfer_sm120.core import autoload
 
-    d = tmp_path / "site"
+    d = tmp_path / "site-packages"
     d.mkdir()
     assert cli(["enable", "--site-dir", str(d)], env_without("FLASHINFER_SM120_DISABLE"), python=sys.executable).returncode == 0
     assert autoload._current(str(d))

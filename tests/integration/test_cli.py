@@ -62,7 +62,7 @@ def test_doctor_human_output(clean_env, real_nvcc13):
 
 
 def test_enable_disable_pth(tmp_path):
-    site_dir = tmp_path / "site"
+    site_dir = tmp_path / "site-packages"
     site_dir.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "FLASHINFER_SM120_DISABLE"}
     proc = cli(["enable", "--site-dir", str(site_dir)], env)
@@ -115,7 +115,7 @@ def test_enable_twice_says_already_enabled_and_writes_nothing(tmp_path, capsys):
     """``enable`` twice said "wrote" twice."""
     from flashinfer_sm120.cli import main
 
-    site_dir = tmp_path / "site"
+    site_dir = tmp_path / "site-packages"
     site_dir.mkdir()
     assert main(["enable", "--site-dir", str(site_dir)]) == 0
     assert capsys.readouterr().out.startswith("wrote ")

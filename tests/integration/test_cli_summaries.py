@@ -1,5 +1,6 @@
 """Cases from a fresh user's walk through the README (kept so they stay fixed)."""
 
+import os
 import sys
 
 from helpers.child import cli, run_py
@@ -45,3 +46,15 @@ def test_build_for_an_unknown_gpu_prints_the_fix_once(clean_env, real_nvcc13):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.count("Fix: upgrade flashinfer-sm120") == 1, proc.stderr[-3000:]
     assert "--arch sets FLASHINFER_CUDA_ARCH_LIST" in proc.stderr
+
+
+def test_enable_refuses_a_directory_python_reads_no_pth_in(tmp_path, clean_env):
+    """Round 4: ``enable --site-dir /etc`` wrote a .pth there (any existing directory was taken)."""
+    plain = tmp_path / "etc"
+    plain.mkdir()
+    proc = cli(["enable", "--site-dir", str(plain)], clean_env, 120, python=sys.executable)
+    assert proc.returncode == 2 and "is not a site directory" in proc.stderr, proc.stderr
+    assert "site-packages" in proc.stderr and os.listdir(plain) == []
+    debian = tmp_path / "dist-packages"
+    debian.mkdir()
+    assert cli(["enable", "--site-dir", str(debian)], clean_env, 120, python=sys.executable).returncode == 0

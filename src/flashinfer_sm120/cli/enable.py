@@ -59,6 +59,20 @@ def _purelib() -> str:
     return sysconfig.get_paths()["purelib"]
 
 
+def _site_dirs() -> list[str]:
+    """This interpreter's site directories (``site.getsitepackages()`` and the user site)."""
+    dirs = list(getattr(site, "getsitepackages", lambda: [])()) + [site.getusersitepackages()]
+    return [d for d in dirs if isinstance(d, str) and d]
+
+
+def _is_site_dir(path: str) -> bool:
+    """Whether Python would read a ``.pth`` in ``path``: it is named ``site-packages`` or
+    ``dist-packages`` (Debian's), or it is one of :func:`_site_dirs`."""
+    real = os.path.realpath(path)
+    return (os.path.basename(real) in ("site-packages", "dist-packages")
+            or any(os.path.realpath(d) == real for d in _site_dirs()))
+
+
 def _targets_for_disable(site_dir: str | None) -> list[str]:
     if site_dir:
         return [site_dir]
@@ -164,6 +178,11 @@ def _enable(args: argparse.Namespace) -> int:
         if not os.path.isdir(target_dir):  # a typo must not create a directory nobody reads
             return _err(f"--site-dir {args.site_dir!r} is not an existing directory; give a site "
                         f"directory that exists, or leave --site-dir out for {_purelib()}")
+        if not _is_site_dir(target_dir):  # a .pth anywhere else is never read: /etc took one silently
+            return _err(f"--site-dir {args.site_dir!r} is not a site directory: Python reads .pth files only "
+                        f"in directories named site-packages or dist-packages and in this interpreter's own "
+                        f"({', '.join(_site_dirs()) or 'none'}); give one of those, or leave --site-dir out "
+                        f"for {_purelib()}")
         who = f"processes of {py} (or another Python) that read {target_dir} as a site directory"
     elif args.user:
         problem = user_site_problem()

@@ -27,19 +27,19 @@ def _tmps(d) -> list[str]:
 
 
 @pytest.mark.parametrize("then", ["enable", "disable"])
-def test_a_killed_enable_leaves_no_temporary_file_for_good(tmp_path, then):
-    proc = subprocess.run([sys.executable, "-c", KILLED, str(tmp_path)], capture_output=True, timeout=300)
+def test_a_killed_enable_leaves_no_temporary_file_for_good(site_packages, then):
+    proc = subprocess.run([sys.executable, "-c", KILLED, str(site_packages)], capture_output=True, timeout=300)
     assert proc.returncode == -9, proc.stderr[-2000:]
-    assert len(_tmps(tmp_path)) == 1  # what the killed one left
-    assert main([then, "--site-dir", str(tmp_path)]) == 0
-    assert _tmps(tmp_path) == []
+    assert len(_tmps(site_packages)) == 1  # what the killed one left
+    assert main([then, "--site-dir", str(site_packages)]) == 0
+    assert _tmps(site_packages) == []
 
 
-def test_another_users_file_of_that_name_is_kept(tmp_path):
-    other = tmp_path / ".flashinfer_sm120_autoload.planted.tmp"
+def test_another_users_file_of_that_name_is_kept(site_packages):
+    other = site_packages / ".flashinfer_sm120_autoload.planted.tmp"
     other.write_text("not ours")
     give_away(other, 65534)
-    link = tmp_path / ".flashinfer_sm120_autoload.link.tmp"
-    link.symlink_to(tmp_path / "target")
-    assert main(["enable", "--site-dir", str(tmp_path)]) == 0
+    link = site_packages / ".flashinfer_sm120_autoload.link.tmp"
+    link.symlink_to(site_packages / "target")
+    assert main(["enable", "--site-dir", str(site_packages)]) == 0
     assert other.read_text() == "not ours" and link.is_symlink()

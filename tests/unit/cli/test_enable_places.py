@@ -16,7 +16,7 @@ from flashinfer_sm120.cli import enable, main
 def test_enable_refuses_a_site_directory_another_user_controls(tmp_path, how, capsys):
     """As root, ``enable --site-dir`` wrote root's .pth and module into a directory uid 65534 owned, who
     could then swap the module every Python reading that site directory imports."""
-    site = tmp_path / "site"
+    site = tmp_path / "site-packages"
     site.mkdir()
     make_unsafe(site, how)
     assert main(["enable", "--site-dir", str(site)]) != 0

@@ -16,32 +16,32 @@ from flashinfer_sm120.core import autoload
 from flashinfer_sm120.cli import main
 
 
-def test_lines_added_to_the_pth_survive_enable_and_disable(tmp_path, capsys):
-    pth = tmp_path / autoload.PTH_NAME
-    assert main(["enable", "--site-dir", str(tmp_path)]) == 0
+def test_lines_added_to_the_pth_survive_enable_and_disable(site_packages, capsys):
+    pth = site_packages / autoload.PTH_NAME
+    assert main(["enable", "--site-dir", str(site_packages)]) == 0
     with open(pth, "a") as fh:
         fh.write("import os\n")
-    assert main(["enable", "--site-dir", str(tmp_path)]) == 0  # enable again keeps it
+    assert main(["enable", "--site-dir", str(site_packages)]) == 0  # enable again keeps it
     assert pth.read_text() == autoload.PTH_LINE + "import os\n"
-    assert main(["disable", "--site-dir", str(tmp_path)]) == 0  # disable drops only our line
+    assert main(["disable", "--site-dir", str(site_packages)]) == 0  # disable drops only our line
     assert pth.read_text() == "import os\n"
-    assert not (tmp_path / autoload.HOOK_FILE).exists()
-    assert main(["disable", "--site-dir", str(tmp_path)]) == 0  # nothing of ours left: untouched
+    assert not (site_packages / autoload.HOOK_FILE).exists()
+    assert main(["disable", "--site-dir", str(site_packages)]) == 0  # nothing of ours left: untouched
     assert pth.read_text() == "import os\n"
     capsys.readouterr()
 
 
-def test_a_pth_of_ours_alone_is_removed(tmp_path):
-    assert main(["enable", "--site-dir", str(tmp_path)]) == 0
-    assert (tmp_path / "__pycache__").is_dir()  # enable compiled the hook, as pip does
-    assert main(["disable", "--site-dir", str(tmp_path)]) == 0
-    assert not (tmp_path / autoload.PTH_NAME).exists()
-    assert os.listdir(tmp_path) == []  # its __pycache__ too (round 3: /etc/__pycache__ was left)
+def test_a_pth_of_ours_alone_is_removed(site_packages):
+    assert main(["enable", "--site-dir", str(site_packages)]) == 0
+    assert (site_packages / "__pycache__").is_dir()  # enable compiled the hook, as pip does
+    assert main(["disable", "--site-dir", str(site_packages)]) == 0
+    assert not (site_packages / autoload.PTH_NAME).exists()
+    assert os.listdir(site_packages) == []  # its __pycache__ too (round 3: /etc/__pycache__ was left)
 
 
-def test_files_of_our_names_whose_content_is_not_ours_are_never_removed_or_overwritten(tmp_path, capsys):
+def test_files_of_our_names_whose_content_is_not_ours_are_never_removed_or_overwritten(site_packages, capsys):
     """Round 3: ``disable`` removed any ``flashinfer_sm120_autoload.py`` and a .pth over 64 KiB of your own lines."""
-    hook, pth = tmp_path / autoload.HOOK_FILE, tmp_path / autoload.PTH_NAME
+    hook, pth = site_packages / autoload.HOOK_FILE, site_packages / autoload.PTH_NAME
     mine = "# my own module of that name\nVALUE = 1\n"
     big = "".join(f"import os  # line {i}\n" for i in range(4000)).encode()  # 88 KiB, all lines yours
     huge = b"#" * (300 << 10) + b"\n"  # past what is read to tell
@@ -53,16 +53,16 @@ def test_files_of_our_names_whose_content_is_not_ours_are_never_removed_or_overw
             hook.write_text(hook_text)
         if pth_bytes is not None:
             pth.write_bytes(pth_bytes)
-        assert main(["disable", "--site-dir", str(tmp_path)]) == 0
+        assert main(["disable", "--site-dir", str(site_packages)]) == 0
         out = capsys.readouterr().out
         assert "kept " in out and "not written by 'flashinfer-sm120 enable'" in out, out
         assert hook_text is None or hook.read_text() == hook_text
         assert pth_bytes is None or pth.read_bytes() == pth_bytes
-        code = main(["enable", "--site-dir", str(tmp_path)])
+        code = main(["enable", "--site-dir", str(site_packages)])
         err = capsys.readouterr().err
         if hook_text is None and pth_bytes == big:  # your lines are kept after ours, and given back whole
             assert code == 0 and pth.read_bytes() == autoload.PTH_LINE.encode() + big
-            assert main(["disable", "--site-dir", str(tmp_path)]) == 0 and pth.read_bytes() == big
+            assert main(["disable", "--site-dir", str(site_packages)]) == 0 and pth.read_bytes() == big
             capsys.readouterr()
             continue
         assert code != 0 and "Fix: move it away" in err, err  # nor overwritten by enable
@@ -90,27 +90,27 @@ def _hook_texts_in_history() -> list[str]:
     return sorted(texts)
 
 
-def test_a_hook_any_earlier_version_wrote_is_still_removed(tmp_path, capsys):
-    hook = tmp_path / autoload.HOOK_FILE
+def test_a_hook_any_earlier_version_wrote_is_still_removed(site_packages, capsys):
+    hook = site_packages / autoload.HOOK_FILE
     for text in _hook_texts_in_history():
         hook.write_text(text)
-        assert main(["disable", "--site-dir", str(tmp_path)]) == 0
+        assert main(["disable", "--site-dir", str(site_packages)]) == 0
         assert not hook.exists(), text[:200]
     capsys.readouterr()
 
 
-def test_an_edited_hook_is_kept_by_disable_and_replaced_by_enable_only_with_force(tmp_path, capsys):
+def test_an_edited_hook_is_kept_by_disable_and_replaced_by_enable_only_with_force(site_packages, capsys):
     """Round 4: the content rule took any file starting with our first line as ours: ``enable``
     overwrote an edited hook module, ``disable`` removed it."""
-    hook = tmp_path / autoload.HOOK_FILE
-    assert main(["enable", "--site-dir", str(tmp_path)]) == 0
+    hook = site_packages / autoload.HOOK_FILE
+    assert main(["enable", "--site-dir", str(site_packages)]) == 0
     edited = hook.read_text() + "print('my local tweak')\n"
     hook.write_text(edited)
-    assert main(["disable", "--site-dir", str(tmp_path)]) == 0
+    assert main(["disable", "--site-dir", str(site_packages)]) == 0
     assert hook.read_text() == edited and "its content is not ours" in capsys.readouterr().out
-    assert main(["enable", "--site-dir", str(tmp_path)]) != 0
+    assert main(["enable", "--site-dir", str(site_packages)]) != 0
     assert hook.read_text() == edited and "--force" in capsys.readouterr().err
-    assert main(["enable", "--force", "--site-dir", str(tmp_path)]) == 0
+    assert main(["enable", "--force", "--site-dir", str(site_packages)]) == 0
     assert hook.read_text() == autoload.hook_source()
     capsys.readouterr()
 

@@ -230,7 +230,7 @@ def test_enable_and_disable_at_once_never_leave_a_pth_without_its_module(tmp_pat
     from flashinfer_sm120.core.autoload import HOOK_FILE, PTH_NAME
     from flashinfer_sm120.cli import enable
 
-    site_dir = tmp_path / "site"
+    site_dir = tmp_path / "site-packages"
     site_dir.mkdir()
     real_write = enable._write_atomic
     other = []
