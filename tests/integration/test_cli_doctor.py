@@ -7,7 +7,7 @@ import pytest
 
 from helpers.child import cli
 from helpers.host import needs_flashinfer
-from helpers.probing import created, home_env, needs_root, user_home
+from helpers.probing import NOBODY, created, home_env, needs_root, user_home
 from flashinfer_sm120.cli import doctor, main
 from flashinfer_sm120.diagnose.verify import diagnosis
 from flashinfer_sm120.diagnose.verify.diagnosis import CHECKS, Finding, Level, diagnose
@@ -259,3 +259,28 @@ def test_doctor_as_root_with_a_users_home_refuses_to_import_flashinfer_there(sha
     text = cli(["doctor", "--arch", "12.0", "--timeout", "60"], env, timeout=300)
     assert text.returncode == 1 and created(home) == []
     assert text.stdout.startswith("PROBLEM: FlashInfer was not imported: its JIT cache"), text.stdout[:500]
+
+
+@needs_root
+def test_root_with_a_users_home_whose_cache_exists_imports_nothing_there(shared_tmp):
+    """Round 5 (P48, P49): with the user's ``~/.cache/flashinfer/<version>/<arch>`` already there,
+    ``doctor`` and ``build`` as root (``sudo -E``) imported FlashInfer, which left a root-owned
+    ``flashinfer_jit.log`` in it; and the refusal's fix offered the user's home as "a directory of your own"."""
+    import os
+    import pwd
+
+    home = user_home(shared_tmp)
+    level = home / ".cache" / "flashinfer" / "0.7.4" / "120f"
+    level.mkdir(parents=True)
+    for d in (home / ".cache", home / ".cache" / "flashinfer", level.parent, level):
+        os.chown(d, NOBODY, NOBODY)
+    env = home_env(home, shared_tmp / "tmp")
+    env.pop("FLASHINFER_WORKSPACE_BASE", None)
+    ours = pwd.getpwuid(0).pw_dir
+    proc = cli(["doctor", "--json", "--arch", "12.0", "--timeout", "60"], env, timeout=300)
+    first = json.loads(proc.stdout)["diagnosis"]["findings"][0]
+    assert proc.returncode == 1 and first["code"] == "workspace-not-ours", first
+    assert f"for example {ours}" in first["fix"] and "sudo -H" in first["fix"] and str(home) not in first["fix"]
+    build = cli(["build", "--json", "--arch", "12.0", "--ninja-only", "activation"], env, timeout=300)
+    assert build.returncode != 0 and "FlashInfer was not imported" in json.loads(build.stdout)["error"]
+    assert [p for p in created(home) if os.lstat(p).st_uid != NOBODY] == []

@@ -187,7 +187,7 @@ def _alone_line(d) -> str:
 def _with_line(r: dict) -> str:
     a = r.get("after") or {}
     st = a.get("status") or {}
-    if r.get("workspace_foreign") or r.get("temp_not_ours"):
+    if r.get("import_refused"):
         return "With flashinfer-sm120: FlashInfer not imported (the first line says why)"
     if st.get("mode") == "guard":
         return "With flashinfer-sm120: guard (FlashInfer imports; its JIT builds raise the fix above)"

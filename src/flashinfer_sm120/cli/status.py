@@ -59,15 +59,11 @@ def _no_targets(st: dict) -> str:
 def run_status(args: argparse.Namespace) -> int:
     apply_arch(args.arch)  # a bad value: UsageError, printed by cli.main (as JSON too with --json)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the line below says it
-    from flashinfer_sm120.core.facts.workspace import workspace_foreign_tree
+    from flashinfer_sm120.core.facts.workspace import import_refused
 
-    foreign = workspace_foreign_tree()  # threat-model: P4: FlashInfer's import would create it there
-    if foreign is not None:
-        from flashinfer_sm120.safety.fs.statedir import foreign_tree_message
-
-        return _say(args, {"mode": "refused", "toolkit": None, "targets": [], "error": "FlashInfer was not "
-                           "imported: " + foreign_tree_message("FlashInfer's JIT cache", foreign,
-                                                               "FLASHINFER_WORKSPACE_BASE")}, "check")
+    refusal = import_refused()  # threat-model: P4: FlashInfer's import would write where it must not
+    if refusal is not None:
+        return _say(args, {"mode": "refused", "toolkit": None, "targets": [], "error": str(refusal)}, "check")
     from flashinfer_sm120.core.facts.workspace import builds_refused, workspace_path
 
     refused = builds_refused(workspace_path()[0])  # what build and every JIT build would refuse by

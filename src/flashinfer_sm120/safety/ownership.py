@@ -10,13 +10,15 @@ run."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
+import pwd
 import stat
 
 from flashinfer_sm120.safety import formats
 
-__all__ = ["MAX_LINKS", "writable_by_others", "Untrusted", "current_uid", "dir_ok", "resolve", "file_ok", "check_path", "check_place",
+__all__ = ["MAX_LINKS", "writable_by_others", "Untrusted", "current_uid", "dir_ok", "resolve", "file_ok", "check_path", "check_place", "PlaceProblem",
            "cache_clear"]
 
 MAX_LINKS = 40  # as Linux MAXSYMLINKS
@@ -183,17 +185,46 @@ def place_reason(path: str, *, sticky_ok: bool = True) -> str | None:
     return None
 
 
-def check_place(path: str, what: str, fix: str | None = None) -> str | None:
+@dataclasses.dataclass(frozen=True)
+class PlaceProblem:
+    """Why a directory is not a place to write into: ``what`` (``"FlashInfer's JIT directory"``),
+    ``path``, the reason (:func:`place_reason`), the fix alone, and what was to be done there."""
+
+    what: str
+    path: str
+    why: str
+    fix: str
+    doing: str = "build in"
+
+    def __str__(self) -> str:
+        return f"{self.what} {formats.shown(self.path, 200)} is not safe to {self.doing}: {self.why}. Fix: {self.fix}"
+
+
+def own_place_fix() -> str:
+    """The fix for a workspace that is not ours: a directory of this uid's own (its passwd home, not
+    ``$HOME``: under ``sudo -E`` that is the user's, the very place refused), and ``sudo -H``."""
+    try:
+        home = pwd.getpwuid(os.geteuid()).pw_dir
+    except (KeyError, OSError):
+        home = ""
+    example = f" (for example {home})" if home and os.path.isdir(home) and place_reason(home) is None else ""
+    env_home = os.environ.get("HOME") or ""
+    sudo = ("; under sudo, keep your own home (sudo -H instead of sudo -E)"
+            if env_home and os.path.realpath(env_home) != os.path.realpath(home or env_home) else "")
+    return f"set FLASHINFER_WORKSPACE_BASE to a directory of your own{example}{sudo}"
+
+
+def check_place(path: str, what: str, fix: str | None = None, *, doing: str = "build in") -> PlaceProblem | None:
     """Check a directory we write into and run builds from (FlashInfer's JIT directory, absent
     levels included) by :func:`place_reason`.  Another user who can replace a level can swap
     the ``build.ninja`` that ninja then runs, or the ``.so`` the server loads (``sudo`` keeping
     another user's ``HOME``, a shared ``FLASHINFER_WORKSPACE_BASE``).
 
     Returns:
-        ``None`` when trusted, else a sentence naming ``what``, the offending path and the fix.
+        ``None`` when trusted, else a :class:`PlaceProblem` (its text names ``what``, the offending
+        path and the fix: ``fix``, else :func:`own_place_fix`).
     """
     why = place_reason(path)
     if why is None:
         return None
-    fix = fix or f"Fix: set FLASHINFER_WORKSPACE_BASE to a directory of your own (for example {os.path.expanduser('~')})"
-    return f"{what} {formats.shown(path, 200)} is not safe to build in: {why}. {fix}"
+    return PlaceProblem(what, path, why, fix or own_place_fix(), doing)

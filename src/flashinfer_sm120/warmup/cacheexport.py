@@ -85,9 +85,11 @@ def export(entries: list[dict], sess: Session, out: str, *, limits: Limits = Lim
     archive = _is_archive(out)
     where = os.path.dirname(os.path.abspath(out)) if archive else out
     problem = check_place(where, "the export's directory" if archive else "the export directory",
-                          "Fix: export to a new path in a directory of your own")
+                          "export to a new path in a directory of your own", doing="export into")
     if problem:
-        raise BuildError(problem.replace(" is not safe to build in", " is not safe to export into"))
+        from flashinfer_sm120.warmup.cachemeta import CacheError
+
+        raise CacheError(str(problem), "place", problem.fix)
     if archive:
         _write_archive(out, blob, files)
     else:

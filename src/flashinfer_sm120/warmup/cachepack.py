@@ -191,10 +191,10 @@ def _place_problem(paths: dict[str, tuple[Path, Path]]) -> str | None:
     from flashinfer_sm120.safety.ownership import check_place
 
     for d in sorted({str(dest.parent) for _, dest in paths.values()}):
-        problem = check_place(d, "the module's directory", "Fix: remove it if another user made it, or set "
-                              "FLASHINFER_WORKSPACE_BASE to a directory of your own")
+        problem = check_place(d, "the module's directory", "remove it if another user made it, or set "
+                              "FLASHINFER_WORKSPACE_BASE to a directory of your own", doing="install into")
         if problem:
-            return problem.replace(" is not safe to build in", " is not safe to install into")
+            return str(problem)
     return None
 
 

@@ -181,19 +181,11 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     """
     set_arch(arch)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the summary is printed by the caller
-    from flashinfer_sm120.core.facts.workspace import workspace_foreign_tree
+    from flashinfer_sm120.core.facts.workspace import import_refused
 
-    foreign = workspace_foreign_tree()  # threat-model: P4: FlashInfer's import would create its cache there
-    if foreign is not None:
-        from flashinfer_sm120.safety.fs.statedir import foreign_tree_message
-
-        raise BuildError("FlashInfer was not imported: " + foreign_tree_message("FlashInfer's JIT cache", foreign,
-                                                                                 _WSB))
-    from flashinfer_sm120.safety.buildenv import temp_problem
-
-    temp = temp_problem(os.environ)  # threat-model: P4: FlashInfer's dependencies write there at import
-    if temp is not None:
-        raise BuildError(f"FlashInfer was not imported: {temp}")
+    refusal = import_refused()  # threat-model: P4: FlashInfer's import would write where it must not
+    if refusal is not None:
+        raise BuildError(str(refusal))
     import flashinfer_sm120 as shim
 
     from flashinfer_sm120.core.facts.workspace import import_failure

@@ -251,7 +251,7 @@ def test_a_shared_sticky_directory_is_never_told_to_chmod(tmp_path):
     opened = tmp_path / "open"
     opened.mkdir()
     opened.chmod(0o777)
-    for problem in (check_place(str(sticky), "the record file's directory"), check_path(str(sticky))):
+    for problem in (str(check_place(str(sticky), "the record file's directory")), check_path(str(sticky))):
         assert problem and "chmod" not in problem and "a directory of your own" in problem, problem
     problem = check_path(str(opened))
     assert problem and f"chmod go-w {opened}" in problem, problem

@@ -3,21 +3,22 @@ FlashInfer, or a JIT workspace it cannot make (asked only after the import faile
 
 FlashInfer 0.7.4 ``jit/env.py`` computes ``$FLASHINFER_WORKSPACE_BASE`` (else ``Path.home()``, which it
 evaluates either way) ``/.cache/flashinfer`` at import and creates it.  Nothing here creates anything;
-:func:`workspace_foreign_tree` says, before a command imports FlashInfer, whether that import would
-create it inside another uid's tree.
+:func:`import_refused` says, before a command of ours imports FlashInfer, why that import must not
+run here (it would write into another uid's tree, or into a temporary directory that is not ours).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import pathlib
 import stat
 import sys
 
-from flashinfer_sm120.safety.formats import ForeignTree, foreign_tree, shown
+from flashinfer_sm120.safety.formats import foreign_tree, shown
 
-__all__ = ["import_failure", "tag_for", "workspace_problem", "workspace_path", "workspace_foreign_tree",
+__all__ = ["import_failure", "tag_for", "workspace_problem", "workspace_path", "ImportRefusal", "import_refused",
            "normalize_base"]
 
 _WSB = "FLASHINFER_WORKSPACE_BASE"
@@ -51,12 +52,50 @@ def workspace_path() -> tuple[str, str]:
     return os.path.join(base, ".cache", "flashinfer"), how
 
 
-def workspace_foreign_tree() -> ForeignTree | None:
-    """Whether importing FlashInfer here would create its JIT cache inside a tree another uid owns
-    (root with a user's ``HOME``, ``sudo -E``: FlashInfer makes ``~/.cache/flashinfer`` at import,
-    and the user's own tools then cannot write ``~/.cache``).  Asked before a command of ours
-    imports FlashInfer; nothing is created.  threat-model: P4"""
-    return foreign_tree(workspace_path()[0])
+@dataclasses.dataclass(frozen=True)
+class ImportRefusal:
+    """Why a command of ours does not import FlashInfer here: ``code`` (a doctor finding's code),
+    ``text`` and ``fix`` (alone)."""
+
+    code: str
+    text: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"FlashInfer was not imported: {self.text}. Fix: {self.fix}"
+
+
+def import_refused(env=None) -> ImportRefusal | None:
+    """Why a command of ours (``status``, ``build``, ``cache``, ``doctor``) must not import FlashInfer
+    here, else ``None``; creates nothing (threat-model: P4).  FlashInfer's import makes its JIT cache
+    (:func:`workspace_path`) and opens ``flashinfer_jit.log`` in it, and its dependencies write into
+    the temporary directory, so the import is refused when
+
+    1. the cache would be created inside a tree another uid owns (root with a user's ``HOME``,
+       ``sudo -E``: the user's own tools then cannot write ``~/.cache``);
+    2. a level of it that exists is another uid's to change, or not ours (the same, with the user's
+       cache already there: a root-owned log was left in it);
+    3. the temporary directory is another uid's to change."""
+    from flashinfer_sm120.safety.buildenv import temp_problem
+    from flashinfer_sm120.safety.ownership import own_place_fix, place_reason
+
+    path = workspace_path()[0]
+    ft = foreign_tree(path)
+    if ft is not None:
+        return ImportRefusal("workspace-foreign-tree",
+                             f"its JIT cache {shown(path, 200)} would be created inside {ft.top}, owned by uid "
+                             f"{ft.owner}, as uid {ft.uid}, and that user's own tools could not write it",
+                             f"run as uid {ft.owner} (sudo -u), keep your own home (sudo -H instead of sudo -E), "
+                             f"or set {_WSB} to a directory of your own")
+    why = place_reason(path)
+    if why:
+        return ImportRefusal("workspace-not-ours", f"its JIT cache {shown(path, 200)} is not a place of yours: {why}",
+                             own_place_fix())
+    temp = temp_problem(os.environ if env is None else env)
+    if temp is not None:
+        return ImportRefusal("temp-not-ours", f"it and its dependencies write into {temp.program}, the temporary "
+                             f"directory: {temp.why}", temp.fix)
+    return None
 
 
 def workspace_problem(failed: OSError | None = None) -> str | None:

@@ -30,6 +30,7 @@ import os
 import stat
 import threading
 
+from flashinfer_sm120.errors import PlaceError
 from flashinfer_sm120.safety.envflag import env_flag
 
 __all__ = ["ENV", "install_if_enabled", "append"]
@@ -121,9 +122,10 @@ def _record(spec) -> None:
     except Exception as exc:  # recording must never break a build
         if not _state["warned"]:
             _state["warned"] = True
-            logger.warning("flashinfer-sm120: could not record JIT module %s in %s: %s. Fix: set %s to a file "
-                           "in a directory of your own, or unset it", getattr(spec, "name", "?"),
-                           os.environ.get(ENV), _why(exc), ENV)
+            fix = "" if isinstance(exc, PlaceError) else \
+                f". Fix: set {ENV} to a file in a directory of your own, or unset it"  # a PlaceError names its own
+            logger.warning("flashinfer-sm120: could not record JIT module %s in %s: %s%s", getattr(spec, "name", "?"),
+                           os.environ.get(ENV), _why(exc), fix)
 
 
 def _why(exc: BaseException) -> str:
@@ -155,9 +157,9 @@ def append(path: str, entry: dict) -> None:
     # the way, an append would write outside it: the directory must pass the trust rule, the file
     # must be yours and is never reached through a symlink
     problem = check_place(os.path.dirname(os.path.abspath(path)), f"the directory of {ENV}",
-                          f"Fix: set {ENV} to a file in a directory of your own")
+                          f"set {ENV} to a file in a directory of your own, or unset it", doing="write in")
     if problem:
-        raise OSError(problem)
+        raise PlaceError(str(problem))
     # a lock file that cannot be made (/proc/self/fd, a read-only place) fails now, not after filelock's
     # retries for the lock's 10 s
     os.close(os.open(path + ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644))

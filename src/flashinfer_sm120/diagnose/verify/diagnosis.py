@@ -95,17 +95,11 @@ def _choice(report: dict) -> dict:
 
 
 def _check_workspace(report: dict) -> Iterable[Finding]:
-    """Root with another user's ``HOME`` (``sudo -E``): importing FlashInfer would create its JIT
-    cache in that user's tree, so it was not imported (``report["workspace_foreign"]``).  threat-model: P4"""
-    if report.get("temp_not_ours"):
-        yield Finding(Level.PROBLEM, "temp-not-ours", f"FlashInfer was not imported: {report['temp_not_ours']}")
-    ft = report.get("workspace_foreign")
-    if ft:
-        yield Finding(Level.PROBLEM, "workspace-foreign-tree", f"FlashInfer was not imported: its JIT cache "
-                      f"{ft['path']} would be created inside {ft['top']}, owned by uid {ft['owner']}, as uid "
-                      f"{ft['uid']}, and that user's own tools could not write it",
-                      f"run as uid {ft['owner']} (sudo -u), keep your own home (sudo -H instead of sudo -E), or "
-                      f"set FLASHINFER_WORKSPACE_BASE to a directory of your own")
+    """FlashInfer was not imported on purpose (``report["import_refused"]``: root with another user's
+    ``HOME`` under ``sudo -E``, a temporary directory not ours).  threat-model: P4"""
+    refused = report.get("import_refused")
+    if refused:
+        yield Finding(Level.PROBLEM, refused["code"], f"FlashInfer was not imported: {refused['text']}", refused["fix"])
 
 
 def _check_installed(report: dict) -> Iterable[Finding]:
@@ -148,7 +142,7 @@ def _check_after(report: dict) -> Iterable[Finding]:
     if report.get("disabled"):
         yield Finding(Level.WARNING, "disabled", "FLASHINFER_SM120_DISABLE is set: nothing is patched; this report "
                       "says what flashinfer-sm120 would do", "unset FLASHINFER_SM120_DISABLE")
-    elif report.get("workspace_foreign") or report.get("temp_not_ours"):
+    elif report.get("import_refused"):
         return  # not imported on purpose (_check_workspace)
     elif report.get("flashinfer_installed") and "error" in after and st.get("mode") != "guard":
         yield Finding(Level.PROBLEM, "import-failed", f"importing FlashInfer with flashinfer-sm120 failed: "

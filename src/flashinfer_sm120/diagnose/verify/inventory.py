@@ -291,6 +291,6 @@ def doctor_section(report: dict) -> dict:
     gpus, against = gpus_to_check(report.get("gpus") or [], targets)
     after = report.get("after") or {}
     # FlashInfer not imported on purpose (root with another user's HOME): nor for its prebuilt places
-    out = inventory(after.get("jit_dir"), gpus, after.get("cuda_home"), prebuilt=not (report.get("workspace_foreign") or report.get("temp_not_ours")))
+    out = inventory(after.get("jit_dir"), gpus, after.get("cuda_home"), prebuilt=not report.get("import_refused"))
     out["against"] = against
     return out

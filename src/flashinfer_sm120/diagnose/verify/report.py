@@ -162,17 +162,12 @@ def collect(timeout: float = ALONE_TIMEOUT_S, *, say: Callable[[str], None] | No
     for c in report["candidates"]:
         c["state"], c["why"] = states.get(c["root"]) or (("rejected", c["problem"]) if c["problem"] else ("", ""))
     report["disabled"] = patch.env_flag("FLASHINFER_SM120_DISABLE")
-    from flashinfer_sm120.core.facts.workspace import workspace_foreign_tree
+    from flashinfer_sm120.core.facts.workspace import import_refused
 
-    foreign = workspace_foreign_tree()  # threat-model: P4: either import of FlashInfer would create it there
-    report["workspace_foreign"] = dataclasses.asdict(foreign) if foreign else None
-    from flashinfer_sm120.safety.buildenv import temp_problem
-
-    temp = temp_problem(os.environ)  # threat-model: P4: FlashInfer's dependencies write there at import
-    report["temp_not_ours"] = str(temp) if temp else None
-    if foreign is not None or temp is not None:
-        why = ("FlashInfer was not imported (its JIT cache would be created in another user's tree)" if foreign
-               else "FlashInfer was not imported (it and its dependencies write into the temporary directory)")
+    refusal = import_refused()  # threat-model: P4: either import of FlashInfer would write where it must not
+    report["import_refused"] = dataclasses.asdict(refusal) if refusal else None
+    if refusal is not None:
+        why = str(refusal)
         report["before"] = {"error": f"not run: {why}", "skipped": why}
         report["after"] = {"status": patch.status(), "error": why}
         from flashinfer_sm120.core import autoload

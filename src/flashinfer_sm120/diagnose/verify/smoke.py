@@ -163,11 +163,11 @@ class _Run:
 
 
 def _choose() -> tuple[str, list[str], str]:
-    from flashinfer_sm120.safety.buildenv import temp_problem
+    from flashinfer_sm120.core.facts.workspace import import_refused
 
-    temp = temp_problem(os.environ)  # threat-model: P4: FlashInfer and its dependencies write there at import
-    if temp is not None:
-        raise _Failed(f"FlashInfer was not imported: {temp}")
+    refusal = import_refused()  # threat-model: P4: FlashInfer and its dependencies write where it must not
+    if refusal is not None:
+        raise _Failed(str(refusal))
     import flashinfer_sm120
 
     flashinfer_sm120.install()

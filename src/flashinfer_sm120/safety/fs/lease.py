@@ -87,7 +87,8 @@ def place_problem(target: str) -> str | None:
     Creates nothing."""
     from flashinfer_sm120.safety.ownership import check_place
 
-    return check_place(os.path.dirname(lease_path(target)), "the directory of its lease")
+    problem = check_place(os.path.dirname(lease_path(target)), "the directory of its lease")
+    return str(problem) if problem else None
 
 
 def _same_file(fd: int, path: str) -> bool:

@@ -71,15 +71,16 @@ def test_status_as_root_with_a_users_home_does_not_let_flashinfer_create_its_cac
 
 @needs_root
 def test_the_workspace_check_names_the_foreign_tree_and_creates_nothing(shared_tmp, monkeypatch):
-    from flashinfer_sm120.safety.formats import ForeignTree
-    from flashinfer_sm120.core.facts.workspace import workspace_foreign_tree
+    from flashinfer_sm120.core.facts.workspace import import_refused
 
     home = user_home(shared_tmp)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("FLASHINFER_WORKSPACE_BASE", raising=False)
-    assert workspace_foreign_tree() == ForeignTree(str(home / ".cache" / "flashinfer"), str(home), NOBODY, 0)
+    refusal = import_refused()
+    assert refusal is not None and refusal.code == "workspace-foreign-tree", refusal
+    assert str(home / ".cache" / "flashinfer") in refusal.text and f"owned by uid {NOBODY}" in refusal.text
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(shared_tmp / "ws"))
-    assert workspace_foreign_tree() is None
+    assert import_refused() is None
     assert created(home) == []
 
 
