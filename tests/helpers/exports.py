@@ -24,9 +24,10 @@ def sha(data_or_size) -> str:
     return h.hexdigest()
 
 
-def make_export(where: Path, files: dict[str, bytes | int], name: str = "m") -> Path:
-    """A directory export of one module ``name``: ``files`` maps paths under the export's top folder
-    to their bytes, or to a size for a sparse file of zeros."""
+def make_export(where: Path, files: dict[str, bytes | int], name: str | None = "m") -> Path:
+    """A directory export of one module ``name`` (``None``: one module per folder under ``jit/``):
+    ``files`` maps paths under the export's top folder to their bytes, or to a size for a sparse file
+    of zeros."""
     top = where / TOP
     for rel, data in files.items():
         p = top / rel
@@ -38,7 +39,9 @@ def make_export(where: Path, files: dict[str, bytes | int], name: str = "m") -> 
             p.write_bytes(data)
     meta = {"format": 1, "fingerprint": {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0",
                                          "cuda_home": "/usr/local/cuda", "jit_dir": "/nowhere"},
-            "modules": [{"name": name, "files": {rel: sha(d) for rel, d in files.items()}}]}
+            "modules": [{"name": n, "files": {rel: sha(d) for rel, d in files.items()
+                                              if name is not None or rel.split("/")[1] == n}}
+                        for n in ([name] if name is not None else sorted({r.split("/")[1] for r in files}))]}
     (top / "meta.json").write_bytes(json.dumps(meta).encode())
     return where
 

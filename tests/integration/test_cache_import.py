@@ -86,6 +86,7 @@ def test_free_space_is_checked_for_both_forms_before_anything_is_written(clean_e
     res = _result(_run(dict(clean_env, FLASHINFER_WORKSPACE_BASE=str(ws)), src, 1 << 30,
                        prefix=("unshare", "-m", "sh", "-c", code, "sh")))
     assert res.get("kind") == "space" and "free" in res["error"], res
+    assert "FLASHINFER_WORKSPACE_BASE must be the same" in res["error"], res  # round 5 (P31): not "set it elsewhere"
 
 
 def _race(env, src, tmp_path, rounds=3):
@@ -230,3 +231,30 @@ def test_an_honest_entry_that_carries_no_library_is_refused_before_anything_is_m
     assert [r["status"] for r in res["report"]] == ["refused", "refused"], res["report"]
     assert all("library" in r["why"] for r in res["report"])
     assert [n for n in res["jit"] if n != "tmp"] == [], res["jit"]
+
+
+def test_a_module_that_fails_to_install_is_left_as_it_was_and_the_ones_before_are_reported(clean_env, tmp_path):
+    """Round 5 (P32): a disk that filled up while a module was being settled failed the whole import
+    with ``modules: []`` while every file of the module stayed installed."""
+    src = make_export(tmp_path / "exp", {"jit/a/a.so": b"first", "jit/b/b.so": b"second", "jit/b/b.o": b"obj"},
+                      name=None)
+    env = dict(clean_env)
+    code = INSTALL.replace("cachepack._settle = lambda entry, sess: {}",
+                           "import errno\n"
+                           "calls = []\n"
+                           "def _settle(entry, sess):  # the second module's settling finds the disk full\n"
+                           "    calls.append(entry)\n"
+                           "    if len(calls) == 2:\n"
+                           "        raise OSError(errno.ENOSPC, 'No space left on device', '/jit/b/.ninja_deps')\n"
+                           "    return {}\n"
+                           "cachepack._settle = _settle")
+    assert code != INSTALL
+    proc = subprocess.run([sys.executable, "-c", code, str(src), str(1 << 30)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    res = json.loads(next(ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("@@"))[2:])
+    assert [(r["module"], r["status"]) for r in res["report"]] == [("a", "installed"), ("b", "failed")], res
+    failed = res["report"][1]
+    assert failed["kind"] == "space" and failed["fix"] and "/jit/b/.ninja_deps" in failed["why"], failed
+    jit = Path(res["jit_dir"])
+    assert (jit / "a" / "a.so").read_bytes() == b"first"
+    assert not (jit / "b").exists()  # nothing of b left behind

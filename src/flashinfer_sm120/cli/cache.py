@@ -147,7 +147,11 @@ def run_import(args: argparse.Namespace) -> int:
         report = cachepack.install(args.src, sess, force=args.force, limits=limits)
     except (Sm120Error, OSError) as exc:
         return _failed(args, doc, stage, exc)
-    doc.update(ok=not any(r["status"] in ("stale", "kept existing", "refused") for r in report), modules=report)
+    doc.update(ok=not any(r["status"] in ("stale", "kept existing", "refused", "failed") for r in report),
+               modules=[{k: v for k, v in r.items() if k not in ("kind", "fix")} for r in report])
+    failed = next((r for r in report if r["status"] == "failed"), None)
+    if failed is not None:  # the modules before it stay installed, and are listed (round 5, P32)
+        doc["error"] = {"kind": failed["kind"], "message": bounded(failed["why"]), "fix": bounded(failed["fix"])}
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
@@ -155,6 +159,8 @@ def run_import(args: argparse.Namespace) -> int:
             why = f" ({r['why']})" if r.get("why") else ""
             rep = f" (replaced {', '.join(r['replaced'])})" if r.get("replaced") else ""
             print(f"{r['status']} {r['module']}{why}{rep}")
+    if failed is not None:
+        return _err(failed["why"])
     return 0 if doc["ok"] else 1
 
 

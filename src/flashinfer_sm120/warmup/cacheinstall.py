@@ -21,7 +21,10 @@ from flashinfer_sm120.warmup import modlock
 from flashinfer_sm120.warmup.cachemeta import FIX, CacheError, Limits
 
 __all__ = ["Budget", "check_space", "copy_verified", "file_sha256", "module_lock", "os_error", "umask"]
-_ELSEWHERE = "set FLASHINFER_WORKSPACE_BASE to a directory on a larger disk"
+#: Where else an import could go: nowhere by a variable (it must land in the JIT directory the export was
+#: made for, same FLASHINFER_WORKSPACE_BASE), so the fix is a larger disk at that path (round 5, P31).
+_ELSEWHERE = ("mount a larger disk at that path (an import goes into the JIT directory the export was made "
+              "for: FLASHINFER_WORKSPACE_BASE must be the same on both machines)")
 
 
 class Budget:
@@ -74,7 +77,7 @@ def check_space(plan: list[tuple[object, dict[str, tuple[Path, Path]]]], limits:
     for root, n in need.items():
         free = shutil.disk_usage(root).free
         if n > free:
-            fix = f"free space on the disk of {root}, or {_ELSEWHERE}"
+            fix = f"free space on the disk of {root}, or {_ELSEWHERE}"  # one wording with os_error
             raise CacheError(f"{src} needs {n} bytes in {root} and that disk has {free} free; {fix}", "space", fix)
 
 

@@ -16,6 +16,7 @@ whether anything would be rebuilt, reporting the truth per module.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tarfile
@@ -157,16 +158,36 @@ def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Sessio
         if refused:  # before any file of it is installed
             report.append({"module": mod.name, "status": "refused", "why": refused})
             continue
-        with cacheinstall.module_lock(targets["jit"], mod.name):
-            r = _install_module(mod, paths, force, limits, budget, src)
-            if r["status"] in ("installed", "already present"):
-                r.update(_settle(entries.get(mod.name), sess))
+        made: list[Path] = []  # what this import wrote of the module that was not there before
+        try:
+            with cacheinstall.module_lock(targets["jit"], mod.name):
+                try:
+                    r = _install_module(mod, paths, force, limits, budget, src, made)
+                    if r["status"] in ("installed", "already present"):
+                        r.update(_settle(entries.get(mod.name), sess))
+                except BaseException:
+                    _undo(made)  # a failed module is left as it was, never half installed (round 5, P32)
+                    raise
+        except OSError as exc:  # a full disk, a permission: said for this module; the ones before stay installed
+            err = cacheinstall.os_error(exc, exc.filename or targets["jit"])
+            report.append({"module": mod.name, "status": "failed", "why": str(err), "kind": err.kind, "fix": err.fix})
+            break
         report.append(r)
     return report
 
 
+def _undo(made: list[Path]) -> None:
+    """Remove the files (then the directories, deepest first, when empty) an install made."""
+    for p in reversed(made):
+        with contextlib.suppress(OSError):
+            if p.is_dir() and not p.is_symlink():
+                p.rmdir()
+            else:
+                p.unlink()
+
+
 def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: bool, limits: Limits,
-                    budget: cacheinstall.Budget, src: str) -> dict:
+                    budget: cacheinstall.Budget, src: str, made: list[Path]) -> dict:
     # build.ninja and ninja's logs are rewritten here by design (see _settle)
     content = {rel: d for rel, (_, d) in paths.items() if not rel.endswith(_NINJA_OWN)}
     differing = [str(d) for rel, d in content.items() if d.is_file() and cacheinstall.file_sha256(d) != mod.files[rel]]
@@ -176,11 +197,16 @@ def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: boo
                 "why": f"a different {differing[0]} is already here; pass --force to replace it"}
     if not present:
         for rel, (s_path, d) in paths.items():
+            missing = [p for p in (d.parent, *d.parent.parents) if not os.path.lexists(p)]
             formats.make_private_dirs(d.parent)
+            made.extend(reversed(missing))  # outermost first: undone deepest first
             if d.is_dir() and not d.is_symlink():
                 raise CacheError(f"{src}: {rel} would replace the directory {d}; remove it first", "exists",
                                  f"remove {d} first")
+            new = not os.path.lexists(d)
             cacheinstall.copy_verified(s_path, d, mod.files[rel], limits, budget)
+            if new:
+                made.append(d)
     return {"module": mod.name, "status": "already present" if present else "installed", "replaced": differing}
 
 
