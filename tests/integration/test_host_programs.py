@@ -77,3 +77,18 @@ def test_build_refuses_a_temporary_directory_another_uid_may_change(clean_env, t
     text = json.dumps(json.loads(proc.stdout))
     assert f"the temporary directory {theirs} (TMPDIR" in text and "Fix: set TMPDIR" in text, text
     assert os.listdir(theirs) == []
+
+
+def test_build_json_names_a_compiler_setting_it_refused_and_built_without(clean_env, tmp_path):
+    """Round 5 (P62): a refused CXX was only a stderr line; ``--json`` said ok with no word of it."""
+    tk = make_toolkit(tmp_path / "cuda-13.0", "13.0.88", curand=True)
+    opened = tmp_path / "open"
+    opened.mkdir()
+    cxx = script(opened / "g++", "#!/bin/sh\nexec /usr/bin/g++ \"$@\"\n")
+    opened.chmod(0o777)
+    env = dict(clean_env, CUDA_HOME=str(tk), FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0", CXX=str(cxx))
+    proc = cli(["build", "--arch", "12.0", "--json", "--ninja-only", "sampling"], env, fakegpu=True)
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] is True, doc["error"]
+    assert [(r["variable"], r["value"]) for r in doc["refused_settings"]] == [("CXX", repr(str(cxx)))], doc["refused_settings"]
+    assert "Fix:" in doc["refused_settings"][0]["why"]

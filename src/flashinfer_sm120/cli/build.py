@@ -131,7 +131,8 @@ def _build(args: argparse.Namespace) -> dict:
                              "function": own.function, "how": own.how},
         targets_from=sess.targets_from, pool_wall_s=stats.get("wall_s"), pool_occupancy=stats.get("occupancy"),
         modules=results, plan=stats.get("plan"), pool_timeline=stats.get("timeline"), compiler_cache=cache,
-        cannot_regenerate=[{"name": n, "why": w} for n, w in skipped])
+        cannot_regenerate=[{"name": n, "why": w} for n, w in skipped],
+        refused_settings=list(buildopts.setup_of(sess).refused))  # built without these (round 5, P62)
 
 
 def _cache_line(report: dict | None) -> dict | None:

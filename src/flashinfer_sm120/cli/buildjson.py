@@ -9,7 +9,7 @@ __all__ = ["FIELDS", "document", "failure"]
 #: Every key of the document, in order; ``ok`` is true exactly when ``error`` is ``null``.
 FIELDS = ("ok", "error", "cuda_home", "cuda_version", "flashinfer", "target_cuda_archs", "jit_dir",
           "server", "server_arch", "targets_from", "pool_wall_s", "pool_occupancy", "modules", "plan",
-          "pool_timeline", "compiler_cache", "cannot_regenerate")
+          "pool_timeline", "compiler_cache", "cannot_regenerate", "refused_settings")
 
 
 def document(error: str | None = None, **values) -> dict:
@@ -19,7 +19,7 @@ def document(error: str | None = None, **values) -> dict:
     if unknown:
         raise TypeError(f"not a build --json field: {sorted(unknown)}")
     doc: dict = dict.fromkeys(FIELDS)
-    doc.update(modules=[], cannot_regenerate=[])
+    doc.update(modules=[], cannot_regenerate=[], refused_settings=[])
     doc.update(values)
     doc.update(ok=error is None, error=error)
     return doc

@@ -28,7 +28,7 @@ def apply(compiler_cache: str | None) -> dict:
     return user_env
 
 
-def _ensure_configured(sess):
+def setup_of(sess):
     """The toolchain set-up of this process (:class:`flashinfer_sm120.core.jitenv.toolchain.Setup`); made here when
     FlashInfer's hooks made none (a FlashInfer that is not patched exports nothing)."""
     from flashinfer_sm120.core.jitenv import toolchain
@@ -48,7 +48,7 @@ def refused(sess=None) -> str | None:
     """The refusal of a compiler cache that was asked for (flag or variable), else ``None``."""
     from flashinfer_sm120.core.jitenv import launcher, toolchain
 
-    setup = _ensure_configured(sess) if sess is not None else toolchain.last()
+    setup = setup_of(sess) if sess is not None else toolchain.last()
     kind, problem = launcher.requested()
     if problem:
         return problem

@@ -145,6 +145,7 @@ def append(path: str, entry: dict) -> None:
     """Append ``entry`` as one JSON line to ``path``: one ``write()`` on an ``O_APPEND``
     descriptor under ``path + '.lock'`` (filelock).  Creates the file (mode 0644).
 
+    :raises PlaceError: its directory is another uid's to change.
     :raises OSError: the file cannot be written.
     :raises filelock.Timeout: the lock stayed taken for 10 s.
     """

@@ -38,6 +38,8 @@ class Setup:
         max_jobs_value: ``MAX_JOBS`` to export (the memory policy), or ``None``.
         notes: one sentence per decision, for ``doctor``.
         warnings: sentences to log at WARNING (refusals).
+        refused: one ``{"variable", "value", "why"}`` per compiler variable of the user's that was
+            refused and removed (so ``build --json`` says what it built without).
         cache: the compiler cache: ``{"requested", "launcher", "verdict", "basedirs", "refused"}``.
         max_jobs: the sentence on ``MAX_JOBS``.
     """
@@ -46,6 +48,7 @@ class Setup:
     pop: list = dataclasses.field(default_factory=list)
     notes: list = dataclasses.field(default_factory=list)
     warnings: list = dataclasses.field(default_factory=list)
+    refused: list = dataclasses.field(default_factory=list)
     cache: dict = dataclasses.field(default_factory=dict)
     max_jobs: str = ""
     max_jobs_value: str | None = None
@@ -80,6 +83,7 @@ def configure(home: str, nvcc: str, targets, env=None) -> Setup:
             if not v.keep:
                 out.pop.append(v.var)
                 out.warnings.append(v.note)
+                out.refused.append({"variable": v.var, "value": v.value, "why": v.note})
     except Exception as exc:  # a check that fails must not stop patching: say so
         out.notes.append(f"compiler variables not checked: {exc!r}"[:300])
     try:
