@@ -70,8 +70,19 @@ class _Parser(argparse.ArgumentParser):
     which :func:`main` prints as the command's JSON document, instead of exiting."""
 
     json_errors = False
+    argv: list[str] = []  # the command line being parsed (set by main), to name a value argparse took for an option
 
     def error(self, message: str):  # type: ignore[override]
+        e = re.match(r"argument ([^:]+): expected one argument$", message)
+        for opt in (e.group(1).split("/") if e else ()):  # `--mem-limit -5G`: argparse reads -5G as an option
+            at = self.argv.index(opt) if opt in self.argv else -1
+            if 0 <= at < len(self.argv) - 1 and self.argv[at + 1].startswith("-"):
+                from flashinfer_sm120.safety.formats import shown
+
+                value = self.argv[at + 1]
+                message += (f"; the value {shown(value, 80)} starts with '-' and was read as an option: "
+                            f"join it, as {opt}={shown(value, 80)[1:-1]}")
+                break
         m = re.match(r"argument [^:]+: invalid choice: '([^']*)' \(choose from (.*)\)$", message)
         if m:  # argparse quotes the bad choice whole: shown cut, as every value we name
             from flashinfer_sm120.safety.formats import shown
@@ -264,6 +275,7 @@ def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     json_wanted = "--json" in argv
+    _Parser.argv = list(argv)
     if json_wanted:  # threat-model: P8: a refused command line is the one JSON document too
         for p in _parsers(parser):
             p.json_errors = True

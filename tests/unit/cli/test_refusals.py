@@ -164,3 +164,15 @@ def test_too_many_arguments_with_json_is_one_document(capsys):
     out, err = capsys.readouterr()
     doc = json.loads(out)
     assert doc["ok"] is False and f"more than the {MAX_ARGS} taken" in json.dumps(doc) and "--from" in err, doc
+
+
+@pytest.mark.parametrize("option", ["--mem-limit", "--max-bytes"])
+def test_a_value_starting_with_a_dash_is_named_with_how_to_give_it(option, capsys):
+    """Round 5 (P04): ``--mem-limit -5G`` said only "expected one argument", naming no value."""
+    argv = (["build", "--arch", "12.0", option, "-5G", "sampling"] if option == "--mem-limit"
+            else ["cache", "import", option, "-5G", "/nonexistent"])
+    with pytest.raises(SystemExit) as exited:  # argparse's own exit, as for every refused command line
+        cli.main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "'-5G'" in err and f"{option}=-5G" in err, err
