@@ -71,6 +71,7 @@ def import_refused(env=None) -> ImportRefusal | None:
     (:func:`workspace_path`) and opens ``flashinfer_jit.log`` in it, and its dependencies write into
     the temporary directory, so the import is refused when
 
+    0. it would create the home directory itself (``HOME=/nonexistent``: root made ``/nonexistent``);
     1. the cache would be created inside a tree another uid owns (root with a user's ``HOME``,
        ``sudo -E``: the user's own tools then cannot write ``~/.cache``);
     2. a level of it that exists is another uid's to change, or not ours (the same, with the user's
@@ -79,7 +80,12 @@ def import_refused(env=None) -> ImportRefusal | None:
     from flashinfer_sm120.safety.buildenv import temp_problem
     from flashinfer_sm120.safety.ownership import own_place_fix, place_reason
 
-    path = workspace_path()[0]
+    path, how = workspace_path()
+    home = os.path.dirname(os.path.dirname(path))
+    if how == "the home directory" and not os.path.isdir(home):  # HOME=/nonexistent (a service account)
+        return ImportRefusal("workspace-no-home", f"its JIT cache {shown(path, 200)} lies in the home directory "
+                             f"{shown(home, 200)}, which does not exist, and FlashInfer's import would create it",
+                             f"set {_WSB} to a directory of your own, or HOME to an existing one")
     ft = foreign_tree(path)
     if ft is not None:
         return ImportRefusal("workspace-foreign-tree",

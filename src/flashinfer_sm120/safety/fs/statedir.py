@@ -222,6 +222,19 @@ def _parents(path: str) -> list[str]:
         p = os.path.dirname(p)
 
 
+_HOME = "~/.cache/flashinfer-sm120"
+
+
+def _missing_home(what: str, path: str) -> str | None:
+    """A home that does not exist is never created for a cache: ``HOME=/nonexistent`` is how Debian's
+    service accounts say they have none (root made ``/nonexistent`` and a whole cache in it)."""
+    home = home_dir()
+    if what == _HOME and home is not None and not os.path.isdir(home):
+        return (f"{what}={path!r} lies in the home directory {home!r}, which does not exist; a home is not "
+                f"created for a cache (set HOME to an existing directory, or FLASHINFER_SM120_CACHE_DIR)")
+    return None
+
+
 def _candidates() -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     explicit = os.environ.get("FLASHINFER_SM120_CACHE_DIR")
@@ -232,7 +245,7 @@ def _candidates() -> list[tuple[str, str]]:
         out.append(("$XDG_CACHE_HOME/flashinfer-sm120", os.path.join(xdg, "flashinfer-sm120")))
     home = home_dir()
     if home is not None:
-        out.append(("~/.cache/flashinfer-sm120", os.path.join(home, ".cache", "flashinfer-sm120")))
+        out.append((_HOME, os.path.join(home, ".cache", "flashinfer-sm120")))
     out.append(("the per-uid fallback",
                 os.path.join(tempfile.gettempdir(), f"flashinfer-sm120-{os.geteuid()}")))
     return out
@@ -262,7 +275,8 @@ def cache_root() -> str:
         return hit
     reasons = []
     for what, path in _candidates():
-        problem = path_problem(path, what) or _room_problem(path, what) or _dir_problem(path, what, what == _EXPLICIT)
+        problem = (_missing_home(what, path) or path_problem(path, what) or _room_problem(path, what)
+                   or _dir_problem(path, what, what == _EXPLICIT))
         if problem is None:
             path = os.path.realpath(path)  # a link planted later cannot redirect us
             problem = (path_problem(path, f"{what} (resolved)") or _room_problem(path, f"{what} (resolved)")

@@ -324,3 +324,28 @@ def test_a_link_another_uid_planted_as_the_root_is_not_followed(shared_tmp, monk
         assert statedir.cache_root() == str(mine)
     finally:
         statedir.forget_cache_root(notes=True)
+
+
+def test_a_home_that_does_not_exist_is_not_created_for_a_cache(tmp_path, monkeypatch):
+    """Round 5 (P50): root with ``HOME=/nonexistent`` made ``/nonexistent`` and a whole cache in it, and
+    let FlashInfer's import make its own there."""
+    from flashinfer_sm120.core.facts.workspace import import_refused
+    from flashinfer_sm120.safety.fs import statedir
+
+    home = tmp_path / "nonexistent"
+    monkeypatch.setenv("HOME", str(home))
+    for var in ("FLASHINFER_SM120_CACHE_DIR", "XDG_CACHE_HOME", "FLASHINFER_WORKSPACE_BASE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # gettempdir() caches its first answer
+    (tmp_path / "tmp").mkdir(mode=0o700)
+    statedir.forget_cache_root()
+    try:
+        root = statedir.cache_root()
+    finally:
+        statedir.forget_cache_root()
+    assert root == str(tmp_path / "tmp" / f"flashinfer-sm120-{os.geteuid()}") and not home.exists()
+    assert any("does not exist" in n and str(home) in n for n in statedir.cache_root_notes())
+    refusal = import_refused()
+    assert refusal is not None and refusal.code == "workspace-no-home" and "FLASHINFER_WORKSPACE_BASE" in refusal.fix
+    assert not home.exists()
