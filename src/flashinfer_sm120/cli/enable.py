@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import hashlib
 import os
 import stat
 import site
@@ -19,7 +18,8 @@ import sys
 import sysconfig
 import tempfile
 
-from flashinfer_sm120.core.autoload import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS, hook_source, pth_files
+from flashinfer_sm120.core.autoload import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS, pth_files
+from flashinfer_sm120.cli import sitefiles
 from flashinfer_sm120.cli.common import err as _err
 
 __all__ = ["add_parsers", "user_site_problem", "autoload_lines"]
@@ -59,20 +59,6 @@ def _purelib() -> str:
     return sysconfig.get_paths()["purelib"]
 
 
-def _site_dirs() -> list[str]:
-    """This interpreter's site directories (``site.getsitepackages()`` and the user site)."""
-    dirs = list(getattr(site, "getsitepackages", lambda: [])()) + [site.getusersitepackages()]
-    return [d for d in dirs if isinstance(d, str) and d]
-
-
-def _is_site_dir(path: str) -> bool:
-    """Whether Python would read a ``.pth`` in ``path``: it is named ``site-packages`` or
-    ``dist-packages`` (Debian's), or it is one of :func:`_site_dirs`."""
-    real = os.path.realpath(path)
-    return (os.path.basename(real) in ("site-packages", "dist-packages")
-            or any(os.path.realpath(d) == real for d in _site_dirs()))
-
-
 def _targets_for_disable(site_dir: str | None) -> list[str]:
     if site_dir:
         return [site_dir]
@@ -99,7 +85,6 @@ def _sweep_tmp(site_dir: str) -> None:
     """Remove the temporary files of an ``enable``/``disable`` killed between writing and renaming
     (``kill -9``, the OOM killer): called under :func:`_site_lock`, so no live writer owns one.
     Only regular files of this user are removed, never through a link."""
-    import stat
 
     try:
         names = [n for n in os.listdir(site_dir) if n.startswith(_TMP_PREFIX) and n.endswith(_TMP_SUFFIX)]
@@ -178,10 +163,10 @@ def _enable(args: argparse.Namespace) -> int:
         if not os.path.isdir(target_dir):  # a typo must not create a directory nobody reads
             return _err(f"--site-dir {args.site_dir!r} is not an existing directory; give a site "
                         f"directory that exists, or leave --site-dir out for {_purelib()}")
-        if not _is_site_dir(target_dir):  # a .pth anywhere else is never read: /etc took one silently
+        if not sitefiles.is_site_dir(target_dir):  # a .pth anywhere else is never read: /etc took one silently
             return _err(f"--site-dir {args.site_dir!r} is not a site directory: Python reads .pth files only "
                         f"in directories named site-packages or dist-packages and in this interpreter's own "
-                        f"({', '.join(_site_dirs()) or 'none'}); give one of those, or leave --site-dir out "
+                        f"({', '.join(sitefiles.site_dirs()) or 'none'}); give one of those, or leave --site-dir out "
                         f"for {_purelib()}")
         who = f"processes of {py} (or another Python) that read {target_dir} as a site directory"
     elif args.user:
@@ -209,13 +194,13 @@ def _enable(args: argparse.Namespace) -> int:
                         f"for this interpreter's)")
         for name in (HOOK_FILE, PTH_NAME):  # threat-model: P5 -- a file of that name that is not ours stays
             path = os.path.join(target_dir, name)
-            if os.path.lexists(path) and not (_is_our_hook(path) if name == HOOK_FILE else _read_text(path) is not None):
-                if args.force and name == HOOK_FILE and _read_text(path) is not None:
+            if os.path.lexists(path) and not (sitefiles.is_our_hook(path) if name == HOOK_FILE else sitefiles.read_text(path) is not None):
+                if args.force and name == HOOK_FILE and sitefiles.read_text(path) is not None:
                     continue  # yours to replace: asked for by name
                 return _err(f"{path} exists and is not what 'flashinfer-sm120 enable' wrote (another module, one "
-                            f"edited since, or not a UTF-8 text file of at most {_OURS_MAX >> 10} KiB); nothing "
+                            f"edited since, or not a UTF-8 text file of at most {sitefiles.OURS_MAX >> 10} KiB); nothing "
                             f"written. Fix: move it away" + (", or pass --force to replace a module you edited"
-                                                         if name == HOOK_FILE and _read_text(path) is not None else ""))
+                                                         if name == HOOK_FILE and sitefiles.read_text(path) is not None else ""))
     else:  # threat-model: P4 -- its missing levels are not made inside a tree another uid owns
         from flashinfer_sm120.safety.formats import foreign_tree
         from flashinfer_sm120.safety.fs.statedir import foreign_tree_message
@@ -237,8 +222,8 @@ def _enable(args: argparse.Namespace) -> int:
             for name, text in pth_files().items():  # the module first, then the .pth that imports it
                 writing = os.path.join(target_dir, name)
                 if name == PTH_NAME:  # lines you added to it are kept
-                    text += "".join(_other_lines(writing)[0])
-                if _holds(writing, text):  # already what this release writes: leave it (and say so)
+                    text += "".join(sitefiles.other_lines(writing)[0])
+                if sitefiles.holds(writing, text):  # already what this release writes: leave it (and say so)
                     continue
                 _write_atomic(writing, text)
                 changed = True
@@ -267,7 +252,7 @@ def _disable(args: argparse.Namespace) -> int:
                 _sweep_tmp(d)
             # the .pth first: an interpreter starting meanwhile must not import a missing module
             hook = os.path.join(d, HOOK_FILE)
-            hook_ours = not os.path.lexists(hook) or _is_our_hook(hook)
+            hook_ours = not os.path.lexists(hook) or sitefiles.is_our_hook(hook)
             for target in [os.path.join(d, PTH_NAME), hook] + (_pycs(d) if hook_ours else []):
                 if not os.path.lexists(target):
                     continue
@@ -276,7 +261,7 @@ def _disable(args: argparse.Namespace) -> int:
                     left.append(f"{target} (owned by uid {owner})")
                     continue
                 try:
-                    kept, ours = _other_lines(target) if target.endswith(PTH_NAME) else ([], target != hook or hook_ours)
+                    kept, ours = sitefiles.other_lines(target) if target.endswith(PTH_NAME) else ([], target != hook or hook_ours)
                     if not ours:  # threat-model: A2 -- only what enable wrote is removed
                         left.append(f"{target} (its content is not ours)")
                         continue
@@ -301,78 +286,6 @@ def _disable(args: argparse.Namespace) -> int:
     if not removed and not left:
         print("nothing to remove (no " + PTH_NAME + " in " + ", ".join(_targets_for_disable(args.site_dir)) + ")")
     return 0
-
-
-#: Bytes of a ``.pth`` or hook file read to tell whether it is ours; a larger one is not.
-_OURS_MAX = 256 << 10
-#: sha256 of every hook module an earlier version of ``enable`` wrote (each version of
-#: ``core/autoload_hook.py`` and, before the layers, ``autoload_hook.py`` in git history; earlier releases
-#: wrote no module).  A file holding one of these or this release's text is ours; an edited one is not
-#: (threat-model: P5): ``enable`` keeps it unless ``--force``, ``disable`` keeps it.
-_EARLIER_HOOKS = frozenset({
-    "35d742125b1af207aad488705b3c11f2eb5bb094bab3d729497ec8444b671f98",
-    "45e281f5fd4316591bc3f53af06f56e5ba715f82384bab847932349e0508dc50",
-    "4c537de241a3fda926506e0b24e98719a271ea04a4fde04423e47173b603de85",
-    "56c8aa5b873a20433f71ca9fe111a35bacb3c02da2586b6f96545c1371be5ddc",
-    "a65f03fe63a9ba83467a7aef2adeaa432e4b7771be55514efa59f471738fd8bc",
-})
-
-
-def _read_text(path: str) -> str | None:
-    """The text of the regular file ``path`` (not followed through a link, never blocking on a FIFO),
-    or ``None`` when it is not one, is over :data:`_OURS_MAX` bytes or is not UTF-8."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        raw = b""
-        while len(raw) <= _OURS_MAX and (chunk := os.read(fd, _OURS_MAX + 1 - len(raw))):
-            raw += chunk
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    try:
-        return raw.decode("utf-8") if len(raw) <= _OURS_MAX else None
-    except UnicodeDecodeError:
-        return None
-
-
-def _is_our_hook(path: str) -> bool:
-    """Whether ``path`` is a hook module ``enable`` wrote, unedited (this release's or an earlier one's)."""
-    text = _read_text(path)
-    return text is not None and (text == hook_source()
-                                 or hashlib.sha256(text.encode("utf-8")).hexdigest() in _EARLIER_HOOKS)
-
-
-def _other_lines(pth: str) -> tuple[list[str], bool]:
-    """``(lines of the .pth at pth that are not ours, whether one of ours is there)``: a line is ours
-    when it names ``flashinfer_sm120`` (older releases wrote other lines); lines someone
-    added are kept by ``disable`` and ``enable`` rather than deleted or overwritten.  A ``.pth`` that
-    is not a regular file, is over 256 KiB or is not UTF-8 text is not ours: ``([], False)``."""
-    text = _read_text(pth)
-    if text is None:
-        return [], False
-    lines = [ln if ln.endswith("\n") else ln + "\n" for ln in text.splitlines(keepends=True)]
-    ours = [ln for ln in lines if "flashinfer_sm120" in ln]  # this release's line, or an older release's
-    return [ln for ln in lines if ln.strip() and ln not in ours], bool(ours)
-
-
-def _holds(path: str, text: str) -> bool:
-    """Whether ``path`` is a regular file (not a link, mode 0644 as written) that already holds exactly ``text``."""
-    try:
-        st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode) or stat.S_IMODE(st.st_mode) != 0o644:
-            return False
-        if st.st_size != len(text.encode()):  # threat-model: P6: never read a file whole to compare it
-            return False
-        with open(path, encoding="utf-8") as fh:
-            return fh.read(len(text) + 1) == text
-    except (OSError, UnicodeDecodeError):
-        return False
 
 
 def _precompile(path: str) -> None:

@@ -243,7 +243,7 @@ def test_enable_and_disable_at_once_never_leave_a_pth_without_its_module(tmp_pat
             time.sleep(3)
 
     monkeypatch.setattr(enable, "_write_atomic", write_then_race)
-    assert enable._enable(argparse.Namespace(site_dir=str(site_dir), user=False, cmd="enable")) == 0
+    assert enable._enable(argparse.Namespace(site_dir=str(site_dir), user=False, cmd="enable", force=False)) == 0
     assert other[0].wait(timeout=60) == 0
     pth, hook = (site_dir / PTH_NAME).exists(), (site_dir / HOOK_FILE).exists()
     assert pth == hook, f".pth {pth}, module {hook}"
