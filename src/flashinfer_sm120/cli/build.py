@@ -122,7 +122,8 @@ def _build(args: argparse.Namespace) -> dict:
     failed = (not_generated + [n for n, _ in skipped if n in regenerable]
               + [r["module"] for r in results if r["status"] == "failed"])
     error = "; ".join(filter(None, (
-        f"{len(failed)} module(s) not built: {', '.join(failed)}" if failed else None,
+        f"{len(failed)} module(s) not built: {', '.join(failed)}"
+        + (" (cannot_regenerate says why, and the fix)" if skipped else "") if failed else None,
         f"{len(problems)} manifest line(s) refused (above)" if problems else None))) or None
     return buildjson.document(
         error, cuda_home=sess.cuda_home, cuda_version=sess.cuda_version, flashinfer=sess.flashinfer,

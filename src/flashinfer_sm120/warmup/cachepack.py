@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import shutil
 import tarfile
 import time
@@ -49,6 +50,11 @@ def _unpack(src: str, into: Path, meta: Meta, limits: Limits) -> Path:
         if os.path.islink(root) or not root.is_dir():
             raise CacheError(f"{src} has no {TOP}/ folder (or it is a symlink); {FIX}", "archive", FIX)
         return root
+    if not hasattr(tarfile, "data_filter"):  # PEP 706 came in 3.10.12, 3.11.4, 3.12 (Debian 12: 3.11.2)
+        fix = ("use a Python with tarfile's extraction filters (3.10.12+, 3.11.4+, 3.12+), or export a "
+               "directory (cache export OUT, OUT not ending in .tar...) and import that")
+        raise CacheError(f"cannot unpack {src}: this Python {platform.python_version()} has no tarfile extraction "
+                         f"filters, and archives are unpacked only with the 'data' filter", "python", fix)
     files_dirs = listed(meta)
     total = 0
     for tar, m, rel in members(src, limits):
@@ -283,5 +289,16 @@ def _settle(entry: dict | None, sess: Session) -> dict:
     proc.run(ninjacmd.command(job, "-t", "restat"), timeout=120, max_output=1 << 20)
     left = ninjacmd.dry_run(job)
     if left:
-        return {"status": "stale", "why": f"ninja would run: {left[0][:300]}"}
+        return {"status": "stale", "why": f"ninja would run its steps again here{_absent_here(left[0])}: "
+                                          f"{formats.shown(left[0], 600)}"}
     return {}
+
+
+def _absent_here(command: str) -> str:
+    """Why a command ninja would rerun differs here, when a path it names does not exist on this machine
+    (another Python's include directory, another toolkit): `` (it names X, absent here)``; else ``""``."""
+    for token in command.split():
+        path = token[2:] if token.startswith(("-I", "-L")) else token.split("=", 1)[-1]
+        if path.startswith("/") and not os.path.exists(path):
+            return f" (it names {formats.shown(path, 200)}, absent here: the export was made with other paths)"
+    return ""

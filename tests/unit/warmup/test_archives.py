@@ -200,3 +200,19 @@ def test_a_fingerprint_with_more_targets_than_a_manifest_entry_is_refused_naming
     with pytest.raises(BuildError, match="'fingerprint'.*'targets' is longer than") as exc:
         cacheread.check_members(str(src))
     assert "--arch" not in str(exc.value) and len(str(exc.value)) < 1000
+
+
+def test_a_python_without_tarfile_filters_refuses_archives_with_the_fix(tmp_path, monkeypatch):
+    """Round 6 (F1): on Python 3.11.2 (Debian 12) ``cache import ARCHIVE`` crashed with ``TypeError:
+    extract() got an unexpected keyword argument 'filter'`` and printed no JSON."""
+    from helpers.exports import as_archive, make_export
+    from flashinfer_sm120.warmup import cachepack
+
+    src = as_archive(make_export(tmp_path / "exp", {"jit/m/m.so": b"so"}), tmp_path / "exp.tar.gz")
+    meta = cacheread.read_meta(str(src), cachemeta.Limits())
+    monkeypatch.delattr(tarfile, "data_filter")
+    (tmp_path / "into").mkdir()
+    with pytest.raises(cachemeta.CacheError) as err:
+        cachepack._unpack(str(src), tmp_path / "into", meta, cachemeta.Limits())
+    assert err.value.kind == "python" and "3.11.4" in err.value.fix and str(src) in str(err.value)
+    assert os.listdir(tmp_path / "into") == []  # nothing unpacked

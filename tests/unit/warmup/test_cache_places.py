@@ -64,3 +64,16 @@ def test_a_module_that_carries_no_library_is_refused_before_flashinfer_generates
     mod = cachemeta.Module("sampling", {"jit/sampling/sampling_kernel.cuda.o": "0" * 64})
     why = cachepack._refusal({"name": "sampling"}, mod, _session(), tmp_path)
     assert why and "carries no library" in why
+
+
+def test_a_stale_import_names_the_path_absent_here(tmp_path):
+    """Round 6 (F4): an import made stale by another Python's include directory was cut at 300
+    characters before the flag that differs, naming neither the value nor a fix."""
+    from flashinfer_sm120.warmup import cachepack
+
+    here = tmp_path / "include"
+    here.mkdir()
+    gone = "/opt/other-python/include/python3.11"
+    cmd = f"nvcc {'-DX ' * 200}-I{here} -isystem {gone} -c a.cu -o a.o"
+    assert gone in cachepack._absent_here(cmd) and str(here) not in cachepack._absent_here(cmd)
+    assert cachepack._absent_here(f"nvcc -I{here} -c a.cu") == ""

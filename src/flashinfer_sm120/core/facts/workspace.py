@@ -65,6 +65,15 @@ class ImportRefusal:
         return f"FlashInfer was not imported: {self.text}. Fix: {self.fix}"
 
 
+def _others_may_write(path: str) -> bool:
+    from flashinfer_sm120.safety.ownership import writable_by_others
+
+    try:
+        return writable_by_others(os.stat(path))
+    except OSError:
+        return True
+
+
 def import_refused(env=None) -> ImportRefusal | None:
     """Why a command of ours (``status``, ``build``, ``cache``, ``doctor``) must not import FlashInfer
     here, else ``None``; creates nothing (threat-model: P4).  FlashInfer's import makes its JIT cache
@@ -86,14 +95,16 @@ def import_refused(env=None) -> ImportRefusal | None:
         return ImportRefusal("workspace-no-home", f"its JIT cache {shown(path, 200)} lies in the home directory "
                              f"{shown(home, 200)}, which does not exist, and FlashInfer's import would create it",
                              f"set {_WSB} to a directory of your own, or HOME to an existing one")
+    why = place_reason(path)
     ft = foreign_tree(path)
-    if ft is not None:
+    # the sudo -E case: root about to make its cache in a user's tree no one else may write; otherwise
+    # (another uid's directory anyone may write, a non-root user) the place rule's own reason (round 6, F2)
+    if ft is not None and (why is None or (os.geteuid() == 0 and not _others_may_write(ft.top))):
         return ImportRefusal("workspace-foreign-tree",
                              f"its JIT cache {shown(path, 200)} would be created inside {ft.top}, owned by uid "
                              f"{ft.owner}, as uid {ft.uid}, and that user's own tools could not write it",
                              f"run as uid {ft.owner} (sudo -u), keep your own home (sudo -H instead of sudo -E), "
                              f"or set {_WSB} to a directory of your own")
-    why = place_reason(path)
     if why:
         return ImportRefusal("workspace-not-ours", f"its JIT cache {shown(path, 200)} is not a place of yours: {why}",
                              own_place_fix())

@@ -278,8 +278,10 @@ def make_spec(entry: dict, flashinfer_version: str):
     except FormatError as exc:
         raise CannotRegenerate(str(exc)) from None
     except Exception as exc:  # FlashInfer's own refusal of these values (an assert, a KeyError)
-        raise CannotRegenerate(f"FlashInfer {flashinfer_version}'s {generator} refused the recorded parameters: "
-                               f"{formats.shown(repr(exc), 200)}") from None
+        raise CannotRegenerate(f"FlashInfer {flashinfer_version}'s {generator} refused the recorded parameters "
+                               f"({type(exc).__name__}: {formats.shown(str(exc), 200)}); record the manifest again "
+                               f"with FLASHINFER_SM120_RECORD from a server that built the module, or build it by "
+                               f"name (flashinfer-sm120 build --list)") from None
     if getattr(spec, "name", None) != name or not hasattr(spec, "sources"):
         raise CannotRegenerate(f"FlashInfer {flashinfer_version}'s {generator} makes "
                                f"{formats.shown(getattr(spec, 'name', spec))} from the recorded parameters, "

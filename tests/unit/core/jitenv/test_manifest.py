@@ -185,6 +185,7 @@ def test_generators_come_only_from_flashinfer(clean_env, real_nvcc13):
         "spec maker": "flashinfer.jit.core:gen_jit_spec"})
     assert got["other name"].startswith("refused") and "makes 'sampling'" in got["other name"]
     assert got["refused values"].startswith("refused") and "refused the recorded parameters" in got["refused values"]
+    assert "KeyError: " in got["refused values"] and "FLASHINFER_SM120_RECORD" in got["refused values"]  # round 6 (F3)
     assert got["code as a value"].startswith("refused") and "never source text" in got["code as a value"]
     assert got["customize"].startswith("refused") and "customize" in got["customize"]
     assert got["os.system"].startswith("refused") and "not a module of FlashInfer" in got["os.system"]

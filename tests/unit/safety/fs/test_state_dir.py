@@ -349,3 +349,20 @@ def test_a_home_that_does_not_exist_is_not_created_for_a_cache(tmp_path, monkeyp
     refusal = import_refused()
     assert refusal is not None and refusal.code == "workspace-no-home" and "FLASHINFER_WORKSPACE_BASE" in refusal.fix
     assert not home.exists()
+
+
+def test_a_workspace_base_in_another_uids_directory_anyone_may_write_names_the_real_reason(tmp_path, monkeypatch):
+    """Round 6 (F2): the refusal said the owner's "own tools could not write it" (false for 0777) and
+    offered "run as uid <the owner> (sudo -u)", i.e. run as the one who planted it."""
+    from helpers.untrusted import give_away
+    from flashinfer_sm120.core.facts.workspace import import_refused
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    give_away(theirs)
+    theirs.chmod(0o777)
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(theirs))
+    refusal = import_refused()
+    assert refusal is not None and refusal.code == "workspace-not-ours", refusal
+    assert "owned by uid 4321" in refusal.text and "could not write" not in refusal.text, refusal
+    assert "sudo -u" not in refusal.fix, refusal
