@@ -110,8 +110,8 @@ def import_refused(env=None) -> ImportRefusal | None:
                              own_place_fix())
     temp = temp_problem(os.environ if env is None else env)
     if temp is not None:
-        return ImportRefusal("temp-not-ours", f"it and its dependencies write into {temp.program}, the temporary "
-                             f"directory: {temp.why}", temp.fix)
+        return ImportRefusal("temp-not-ours", f"it and its dependencies write into {temp.role} {temp.program} "
+                             f"({temp.found}), which fails the trust rule: {temp.why}", temp.fix)
     return None
 
 

@@ -26,6 +26,7 @@ def _fresh(monkeypatch, tmp_path):
     statedir.forget_cache_root(notes=True)
     for k in ("FLASHINFER_SM120_CACHE_DIR", "XDG_CACHE_HOME"):
         monkeypatch.delenv(k, raising=False)
+    (tmp_path / "home").mkdir()  # a user with a home (one that does not exist is never created)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     yield
     statedir.forget_cache_root()
