@@ -194,13 +194,18 @@ def _enable(args: argparse.Namespace) -> int:
                         f"for this interpreter's)")
         for name in (HOOK_FILE, PTH_NAME):  # threat-model: P5 -- a file of that name that is not ours stays
             path = os.path.join(target_dir, name)
-            if os.path.lexists(path) and not (sitefiles.is_our_hook(path) if name == HOOK_FILE else sitefiles.read_text(path) is not None):
-                if args.force and name == HOOK_FILE and sitefiles.read_text(path) is not None:
-                    continue  # yours to replace: asked for by name
-                return _err(f"{path} exists and is not what 'flashinfer-sm120 enable' wrote (another module, one "
-                            f"edited since, or not a UTF-8 text file of at most {sitefiles.OURS_MAX >> 10} KiB); nothing "
-                            f"written. Fix: move it away" + (", or pass --force to replace a module you edited"
-                                                         if name == HOOK_FILE and sitefiles.read_text(path) is not None else ""))
+            if not os.path.lexists(path):
+                continue
+            is_text = sitefiles.read_text(path) is not None  # read once: up to OURS_MAX bytes
+            if sitefiles.is_our_hook(path) if name == HOOK_FILE else is_text:
+                continue
+            editable = name == HOOK_FILE and is_text  # a module you edited: --force replaces it
+            if args.force and editable:
+                continue  # yours to replace: asked for by name
+            return _err(f"{path} exists and is not what 'flashinfer-sm120 enable' wrote (another module, one "
+                        f"edited since, or not a UTF-8 text file of at most {sitefiles.OURS_MAX >> 10} KiB); nothing "
+                        f"written. Fix: move it away"
+                        + (", or pass --force to replace a module you edited" if editable else ""))
     else:  # threat-model: P4 -- its missing levels are not made inside a tree another uid owns
         from flashinfer_sm120.safety.formats import foreign_tree
         from flashinfer_sm120.safety.fs.statedir import foreign_tree_message
