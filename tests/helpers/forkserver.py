@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 #: Imported once by the server: what a FlashInfer child spends most of its start-up on.
 PRELOAD = ("torch", "numpy", "cutlass", "cuda.bindings.runtime", "requests", "jinja2", "einops", "tvm_ffi")
@@ -64,6 +65,7 @@ class Client:
         self.env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         self.proc = subprocess.Popen([python, "-u", os.path.abspath(__file__)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=self.env, text=True, bufsize=1)
+        self.fd, self.buf = self.proc.stdout.fileno(), b""
         self.lock = threading.Lock()
         ready = self._read(600)
         if ready.get("ready") is not True:
@@ -71,12 +73,19 @@ class Client:
         self.server_env = {k: v for k, v in self.env.items() if k != "PYTHONPATH"}
 
     def _read(self, timeout: float) -> dict:
-        r, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not r:
-            raise subprocess.TimeoutExpired("forkserver", timeout)
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("fork server exited")
+        """The server's next message. Lines are split here, from the raw pipe: a buffered
+        ``readline`` may take two messages at once, and ``select`` on the pipe would then wait
+        for the second although it has already arrived."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            r, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not r:
+                raise subprocess.TimeoutExpired("forkserver", timeout)
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                raise RuntimeError("fork server exited")
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
         return json.loads(line)
 
     def usable_for(self, env: dict) -> bool:
@@ -93,8 +102,11 @@ class Client:
             try:
                 rc = self._read(timeout)["rc"]
             except subprocess.TimeoutExpired:
-                os.kill(pid, signal.SIGKILL)  # as subprocess.run does on a timeout: the child only
-                self._read(60)
+                try:
+                    os.kill(pid, signal.SIGKILL)  # as subprocess.run does on a timeout: the child only
+                except ProcessLookupError:  # it ended as the time ran out; the server reaped it
+                    pass
+                self._read(600)  # its exit status: the next request must not read it as its own
                 raise subprocess.TimeoutExpired([sys.executable, "-c", code, *args], timeout) from None
             with open(out, encoding="utf-8", errors="replace") as o, open(err, encoding="utf-8", errors="replace") as e:
                 return subprocess.CompletedProcess([sys.executable, "-c", code, *args], rc, o.read(), e.read())

@@ -69,6 +69,23 @@ def test_a_timeout_kills_the_child_and_the_server_goes_on(server):
     assert server.run("print('next')", dict(os.environ), 60).stdout == "next\n"
 
 
+def test_two_messages_that_arrive_together_are_read_one_by_one_without_waiting():
+    """A child that exits at once makes the server send its ``pid`` and ``rc`` lines together; the
+    client must take the second from what it already read, not wait on the pipe for it (it used to wait
+    out the whole timeout, and a request after a timeout then read the previous child's status)."""
+    r, w = os.pipe()
+    try:
+        os.write(w, b'{"pid": 1}\n{"rc": 0}\n')
+        client = forkserver.Client.__new__(forkserver.Client)
+        client.fd, client.buf = r, b""
+        assert client._read(5) == {"pid": 1}
+        assert client._read(0) == {"rc": 0}  # already here: no wait at all
+        with pytest.raises(subprocess.TimeoutExpired):
+            client._read(0)
+    finally:
+        os.close(r), os.close(w)
+
+
 @pytest.mark.parametrize("change", ["PYTHONNOUSERSITE", "HOME", "LD_PRELOAD", "sitecustomize"])
 def test_start_up_differences_get_a_new_interpreter(server, tmp_path, change):
     env = dict(os.environ)
