@@ -494,8 +494,9 @@ def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: boo
                     budget: Budget, src: str, made: list[Path]) -> dict:
     # build.ninja and ninja's logs are rewritten here by design (see _settle)
     content = {rel: d for rel, (_, d) in paths.items() if not rel.endswith(_NINJA_OWN)}
-    differing = [str(d) for rel, d in content.items() if d.is_file() and file_sha256(d) != mod.files[rel]]
-    present = all(d.is_file() and file_sha256(d) == mod.files[rel] for rel, d in content.items())
+    here = {rel: file_sha256(d) for rel, d in content.items() if d.is_file()}  # each file hashed once
+    differing = [str(content[rel]) for rel, h in here.items() if h != mod.files[rel]]
+    present = len(here) == len(content) and not differing
     if differing and not force:  # threat-model: P5 (an existing different file is kept unless --force)
         return {"module": mod.name, "status": "kept existing",
                 "why": f"a different {differing[0]} is already here; pass --force to replace it"}
@@ -549,6 +550,8 @@ def _copy_verified(src: Path, dest: Path, sha: str, limits: Limits, budget: Budg
                     os.unlink(part)
     finally:
         os.close(fd)
+
+
 def _place_problem(paths: dict[str, tuple[Path, Path]]) -> str | None:
     """Why a module's files cannot be written where they go, or None: every directory they go into
     must be root's or yours and not writable by others (a module directory another user left in a
@@ -565,8 +568,9 @@ def _place_problem(paths: dict[str, tuple[Path, Path]]) -> str | None:
 
 def _refusal(entry: dict | None, mod: Module, sess: Session, gen_root: Path) -> str | None:
     """Why the module cannot be imported, or None: its manifest entry must be made by this
-    FlashInfer's generator (:func:`~flashinfer_sm120.core.jitenv.manifest.make_spec`, which writes FlashInfer's own sources),
-    and every generated source the export carries must be exactly what that wrote."""
+    FlashInfer's generator (:func:`~flashinfer_sm120.core.jitenv.manifest.make_spec`, which writes
+    FlashInfer's own sources), and every generated source the export carries must be exactly what
+    that wrote."""
     # threat-model: P2 (an export's source text is compared with the local generation, never compiled)
     if entry is None:
         return ("meta.json has no manifest entry for it, so this FlashInfer cannot make its sources; export "
@@ -597,9 +601,8 @@ def _refusal(entry: dict | None, mod: Module, sess: Session, gen_root: Path) -> 
 
 def _settle(entry: dict | None, sess: Session) -> dict:
     """Under the module's lock (held by :func:`_install_from`): regenerate the module's build.ninja with
-    this FlashInfer, make the imported outputs
-    newer than this machine's inputs (objects before the library), record that in ninja's
-    log (``ninja -t restat``), and ask ninja whether it would rebuild."""
+    this FlashInfer, make the imported outputs newer than this machine's inputs (objects before the
+    library), record that in ninja's log (``ninja -t restat``), and ask ninja whether it would rebuild."""
     if entry is None:
         return {"status": "stale", "why": "meta.json has no manifest entry for it"}
     spec = make_spec(entry, sess.flashinfer)
