@@ -72,3 +72,38 @@ def test_a_module_in_a_jit_directory_others_can_change_is_neither_built_nor_load
     assert out.startswith("ToolkitError: flashinfer-sm120 stopped this FlashInfer JIT build before nvcc ran"), out
     assert str(base) in out and "not safe to build in" in out, out
     assert not list(base.rglob("*.so")) and not list(base.rglob("build.ninja"))
+
+
+# --------------------------------------------------------------------------- FlashInfer's JIT directory as ninja reads it
+
+def _build_ninja_only(env, *extra):
+    return cli(["build", "--ninja-only", "--arch", "12.0", *extra, "norm"], env, fakegpu=True)
+
+
+@pytest.mark.parametrize("var,value,escaped", [
+    ("FLASHINFER_WORKSPACE_BASE", "w$s", "w"),   # ninja reads '$s' as a variable: the .so went to <tmp>/w/...
+    ("FLASHINFER_WORKSPACE_BASE", "w s", None),  # a space splits ninja's build line
+    ("SGLANG_CACHE_DIR", "a:b", None),           # ':' ends the outputs of a build line
+])
+def test_a_jit_directory_ninja_cannot_carry_is_refused(clean_env, tmp_path, var, value, escaped):
+    """FlashInfer writes its JIT directory unquoted into build.ninja: ``build --ninja-only`` said
+    "ninja written" for a directory whose ``$`` made ninja build into another directory."""
+    env = dict(clean_env, HOME=str(tmp_path))
+    if var == "SGLANG_CACHE_DIR":
+        env.pop("FLASHINFER_WORKSPACE_BASE")  # SGLang's setdefault keeps a set one
+    env[var] = str(tmp_path / value)
+    extra = ("--for", "sglang") if var == "SGLANG_CACHE_DIR" else ()
+    proc = _build_ninja_only(env, *extra)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert var in proc.stderr and "Fix:" in proc.stderr and "build.ninja" in proc.stderr and "Traceback" not in proc.stderr
+    if escaped:
+        assert not (tmp_path / escaped).exists()
+
+
+def test_import_warns_when_flashinfer_jit_directory_breaks_its_ninja_files(clean_env, tmp_path):
+    from helpers.child import run_code
+
+    env = dict(clean_env, FLASHINFER_WORKSPACE_BASE=str(tmp_path / "w s"), FLASHINFER_CUDA_ARCH_LIST="12.0")
+    proc = run_code("import flashinfer_sm120; flashinfer_sm120.install(); import flashinfer.jit.core", env, 300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "FLASHINFER_WORKSPACE_BASE" in proc.stderr and "build.ninja" in proc.stderr

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 
 from flashinfer_sm120.errors import Sm120Error
@@ -59,7 +58,7 @@ def _failed(args, doc: dict, kind: str, exc: BaseException) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from flashinfer_sm120.warmup import session
+    from flashinfer_sm120.warmup import cache_export, session
 
     doc = _doc(out=args.out)
     if args.manifest and (args.modules or args.all):
@@ -69,28 +68,22 @@ def run_export(args: argparse.Namespace) -> int:
         return _failed(args, doc, "usage", session.BuildError(
             "name the modules to export (as for `flashinfer-sm120 build`), --all (every module built "
             "here that `build` can name), or --from MANIFEST"))
-    if os.path.lexists(args.out) and not (os.path.isdir(args.out) and not os.listdir(args.out)):
-        from flashinfer_sm120.warmup.cachemeta import CacheError
-
-        fix = "choose a new path (an export never overwrites)"
-        return _failed(args, doc, "exists", CacheError(f"{args.out} already exists; {fix}", "exists", fix))
-    stage = "manifest" if args.manifest else "module"
+    stage = "exists"
     try:
+        cache_export.refuse_existing(args.out)  # threat-model: P4 (before FlashInfer is set up)
+        stage = "manifest" if args.manifest else "module"
         if args.manifest:
             entries, skipped, sess = _manifest_entries(args)
         else:
             stage = "arch"
             session.set_arch(args.arch)
             stage = "module"
-            from flashinfer_sm120.warmup.cachebuilt import built_entries
-
-            entries, skipped, sess = built_entries(args.modules, args.all, args.arch, head_dims=args.head_dim,
-                                                   dtypes=args.dtype, kv_dtypes=args.kv_dtype, acts=args.act)
+            entries, skipped, sess = cache_export.built_entries(
+                args.modules, args.all, args.arch, head_dims=args.head_dim, dtypes=args.dtype,
+                kv_dtypes=args.kv_dtype, acts=args.act)
         doc["fingerprint"] = sess.fingerprint()
         stage = "export"
-        from flashinfer_sm120.warmup import cacheexport
-
-        names = cacheexport.export(entries, sess, args.out, limits=_limits(args))
+        names = cache_export.export(entries, sess, args.out, limits=_limits(args))
     except (Sm120Error, OSError) as exc:  # BuildError, ModuleError, FormatError...: one document each
         return _failed(args, doc, stage, exc)
     doc["modules"] = ([{"module": n, "status": "exported"} for n in names]
@@ -109,9 +102,9 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def _limits(args):
-    from flashinfer_sm120.warmup import cachemeta
+    from flashinfer_sm120.warmup.cache_export import Limits
 
-    return cachemeta.Limits(max_total=args.max_bytes) if args.max_bytes else cachemeta.Limits()
+    return Limits(max_total=args.max_bytes) if args.max_bytes else Limits()
 
 
 def _manifest_entries(args):
@@ -127,13 +120,13 @@ def _manifest_entries(args):
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from flashinfer_sm120.warmup import cachepack, cacheread, session
+    from flashinfer_sm120.warmup import cache_import, session
 
     doc = _doc(src=args.src)
     limits = _limits(args)
     stage = "archive"
     try:
-        meta = cacheread.check_members(args.src, limits)  # before anything is imported or unpacked
+        meta = cache_import.check(args.src, limits)  # before anything is imported or unpacked
         arch = args.arch
         if arch is None:
             arch = _archive_targets(meta)
@@ -144,7 +137,7 @@ def run_import(args: argparse.Namespace) -> int:
         sess = session.prepare(arch)
         doc["fingerprint"] = sess.fingerprint()
         stage = "install"
-        report = cachepack.install(args.src, sess, force=args.force, limits=limits)
+        report = cache_import.install(args.src, meta, sess, force=args.force, limits=limits)
     except (Sm120Error, OSError) as exc:
         return _failed(args, doc, stage, exc)
     doc.update(ok=not any(r["status"] in ("stale", "kept existing", "refused", "failed") for r in report),
@@ -180,7 +173,7 @@ def _archive_targets(meta) -> str | None:
             return None
     except Exception:  # no NVML, no driver: treat as no GPU
         pass
-    targets = meta.fingerprint["targets"]  # checked by cachemeta.parse_meta: major.minor[a|f] each
+    targets = meta.fingerprint["targets"]  # checked by cache_export.parse_meta: major.minor[a|f] each
     if targets:
         print(bounded(f"flashinfer-sm120: no GPU visible; using the archive's targets {' '.join(targets)}"),
               file=sys.stderr)

@@ -7,9 +7,8 @@
   jobserver its ninjas share (ninja 1.13+); :mod:`.progress` its progress display;
   :mod:`.ninjacmd` one module's ninja as FlashInfer runs it
 - :mod:`.buildreport` doctor's "Builds"
-- :mod:`.cacheexport` ``cache export``; :mod:`.cachebuilt` its manifest entries for modules built here
-- :mod:`.cachepack` ``cache import``; :mod:`.cacheinstall` its verified install step
-- :mod:`.cachemeta` the export format and its caps; :mod:`.cacheread` reading an export (archive or directory)
+- :mod:`.cache_export` what an export is (meta.json, caps) and ``cache export``
+- :mod:`.cache_import` ``cache import``: reading an export (archive or directory) and its one install step
 - :mod:`.ninjadeps` restamp outputs in a ninja deps log (used by cache import)
 
 What a build gets from the process (the memory budget, jobs and threads, the compiler cache, FlashInfer's

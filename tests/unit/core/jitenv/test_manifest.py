@@ -231,10 +231,10 @@ def test_cache_import_refuses_an_export_whose_manifest_carries_other_source(warm
 
 def test_an_export_module_without_a_manifest_entry_is_refused(tmp_path):
     """Without its entry nothing says which generator makes the module: refused, not installed as stale."""
-    from flashinfer_sm120.warmup import cachepack
-    from flashinfer_sm120.warmup.cachemeta import Module
+    from flashinfer_sm120.warmup import cache_import
+    from flashinfer_sm120.warmup.cache_export import Module
 
-    why = cachepack._refusal(None, Module("m", {"generated/m/x.cu": "0" * 64}), None, tmp_path)
+    why = cache_import._refusal(None, Module("m", {"generated/m/x.cu": "0" * 64}), None, tmp_path)
     assert why and "no manifest entry" in why
 
 

@@ -1,40 +1,50 @@
 """`cache import`: one verified install step for archive and directory exports (the same caps, free-space
 check and locking), temporary files with random names removed only by their creator, FlashInfer's
 per-module lock held while installing, so importers in separate PID namespaces (containers, all pid 1)
-sharing one JIT dir both succeed.  threat-model: P5, P6, P7."""
+sharing one JIT dir both succeed.  threat-model: P5, P6, P7.
+
+Export then import: a warmed JIT cache moves to another machine and FlashInfer's own build finds nothing to
+do there; mismatches and unsafe archives are refused; an existing different entry is never clobbered
+silently.  Compiles with a fake nvcc (ninja files are real)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
 import pytest
 
+from helpers.child import cli, run_py
 from helpers.exports import TOP, as_archive, make_export, sha
 from helpers.host import needs_flashinfer
+from helpers.warm import LOAD_AGAIN
 
 pytestmark = needs_flashinfer
 
 
 #: Installs the export argv[1] with the caps argv[2] (bytes) into this environment's JIT dir, after
 #: the go-file argv[3] appears (if given); prints one ``@@`` JSON line.  Settling (regenerating
-#: build.ninja, asking ninja) is covered by tests/integration/test_cachepack.py; here it is a no-op.
+#: build.ninja, asking ninja) is covered by test_export_then_import_on_a_fresh_machine_is_up_to_date; here it is
+#: a no-op.
 INSTALL = r"""
 import json, os, sys, time
 from pathlib import Path
-from flashinfer_sm120.warmup import cachemeta, cachepack, cacheread, session
+from flashinfer_sm120.warmup import cache_export, cache_import, session
 from flashinfer.jit import env as jit_env
 src, max_total = sys.argv[1], int(sys.argv[2])
 go = sys.argv[3] if len(sys.argv) > 3 else None
-cachepack._settle = lambda entry, sess: {}
-cachepack._refusal = lambda *a: None  # entries and sources: tests/integration/test_cachepack.py and safety section 4
+cache_import._settle = lambda entry, sess: {}
+cache_import._refusal = lambda *a: None  # entries and sources: the export-then-import test below and safety section 4
 out = {"jit_dir": str(jit_env.FLASHINFER_JIT_DIR), "pid": os.getpid()}
 try:
-    meta = cacheread.check_members(src)
+    meta = cache_import.check(src)
     fp = meta.fingerprint
     sess = session.Session(fp["flashinfer"], fp["cuda_home"], fp["cuda_version"], fp["targets"],
                            Path(fp["jit_dir"]), "")
@@ -42,7 +52,7 @@ try:
         Path(go + "." + sys.argv[4]).touch()
         while not os.path.exists(go):
             time.sleep(0.005)
-    out["report"] = cachepack.install(src, sess, limits=cachemeta.Limits(max_total=max_total))
+    out["report"] = cache_import.install(src, meta, sess, limits=cache_export.Limits(max_total=max_total))
 except session.BuildError as exc:
     out.update(error=str(exc), kind=getattr(exc, "kind", None))
 print("@@" + json.dumps(out))
@@ -168,7 +178,7 @@ def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
     ``cached_ops/tmp/<name>.lock`` for every module it named, up to 10,000 names of its choosing
     (threat-model: P4, check then create)."""
     from flashinfer_sm120.safety.fs.tmpdirs import private_dir
-    from flashinfer_sm120.warmup import cachemeta, cachepack, cacheread, session
+    from flashinfer_sm120.warmup import cache_export, cache_import, session
 
     names = ["evil_a", "evil_b"]
     src = make_export(tmp_path / "exp", {f"jit/{n}/x.so": b"E" for n in names}, name="evil_a")
@@ -180,11 +190,11 @@ def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
         src = as_archive(src, tmp_path / "exp.tar.gz")
     jit, gen = tmp_path / "ws" / "cached_ops", tmp_path / "ws" / "generated"
     sess = session.Session("0.7.4", "/usr/local/cuda", "13.0", ["12.0f"], jit, "")
-    parsed = cacheread.read_meta(str(src))
+    parsed = cache_import.check(str(src))
     with private_dir("fi-sm120-test-") as tmp:
-        root = cachepack._unpack(str(src), Path(tmp), parsed, cachemeta.Limits())
-        report = cachepack._install_from(root, parsed, {"jit": jit, "generated": gen}, sess, False,
-                                         cachemeta.Limits(), str(src))
+        root = cache_import._unpack(str(src), Path(tmp), parsed, cache_export.Limits())
+        report = cache_import._install_from(root, parsed, {"jit": jit, "generated": gen}, sess, False,
+                                            cache_export.Limits(), str(src))
     assert [r["status"] for r in report] == ["refused", "refused"], report
     assert not (tmp_path / "ws").exists(), sorted(str(p) for p in (tmp_path / "ws").rglob("*"))
 
@@ -195,7 +205,7 @@ def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
 EMPTY_MODULES = r"""
 import json, os, sys
 from pathlib import Path
-from flashinfer_sm120.warmup import cachepack, session
+from flashinfer_sm120.warmup import cache_import, session
 from flashinfer_sm120.core.jitenv import generators
 session.set_arch("12.0")
 sess = session.prepare("12.0")
@@ -214,7 +224,7 @@ top.mkdir(parents=True)
 (top / "meta.json").write_text(json.dumps({"format": 1, "fingerprint": sess.fingerprint(), "modules": mods,
                                             "manifest": entries}))
 jit = Path(jit_env.FLASHINFER_JIT_DIR)
-report = cachepack.install(sys.argv[1], sess)
+report = cache_import.install(sys.argv[1], cache_import.check(sys.argv[1]), sess)
 print("@@" + json.dumps({"report": report, "jit": sorted(os.listdir(jit)) if jit.exists() else []}))
 """
 
@@ -239,7 +249,7 @@ def test_a_module_that_fails_to_install_is_left_as_it_was_and_the_ones_before_ar
     src = make_export(tmp_path / "exp", {"jit/a/a.so": b"first", "jit/b/b.so": b"second", "jit/b/b.o": b"obj"},
                       name=None)
     env = dict(clean_env)
-    code = INSTALL.replace("cachepack._settle = lambda entry, sess: {}",
+    code = INSTALL.replace("cache_import._settle = lambda entry, sess: {}",
                            "import errno\n"
                            "calls = []\n"
                            "def _settle(entry, sess):  # the second module's settling finds the disk full\n"
@@ -247,7 +257,7 @@ def test_a_module_that_fails_to_install_is_left_as_it_was_and_the_ones_before_ar
                            "    if len(calls) == 2:\n"
                            "        raise OSError(errno.ENOSPC, 'No space left on device', '/jit/b/.ninja_deps')\n"
                            "    return {}\n"
-                           "cachepack._settle = _settle")
+                           "cache_import._settle = _settle")
     assert code != INSTALL
     proc = subprocess.run([sys.executable, "-c", code, str(src), str(1 << 30)], env=env, capture_output=True,
                           text=True, timeout=300)
@@ -258,3 +268,79 @@ def test_a_module_that_fails_to_install_is_left_as_it_was_and_the_ones_before_ar
     jit = Path(res["jit_dir"])
     assert (jit / "a" / "a.so").read_bytes() == b"first"
     assert not (jit / "b").exists()  # nothing of b left behind
+
+
+
+@pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
+def test_export_then_import_on_a_fresh_machine_is_up_to_date(warmed):
+    env, manifest, log, tmp = warmed
+    out = tmp / "cache.tar.gz"
+    proc = cli(["cache", "export", "--from", str(manifest), str(out)], env, fakegpu=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "exported 2 modules" in proc.stdout
+    again = cli(["cache", "export", "--from", str(manifest), str(out)], env, fakegpu=True)
+    assert again.returncode == 2 and "already exists" in again.stderr  # never overwritten
+
+    shutil.rmtree(env["FLASHINFER_WORKSPACE_BASE"])  # a fresh machine with the same layout
+    target = env
+    proc = cli(["cache", "import", str(out), "--json"], target, fakegpu=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert {m["status"] for m in json.loads(proc.stdout)["modules"]} == {"installed"}
+    assert "using the archive's targets 12.0f" in proc.stderr
+    before = log.read_text()
+    res, _ = run_py(LOAD_AGAIN, dict(target, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0"))
+    assert "Ninja build failed" not in (res["err"] or "")
+    assert log.read_text() == before  # FlashInfer's own ninja run compiled nothing
+
+    proc = cli(["cache", "import", str(out)], target, fakegpu=True)
+    assert proc.returncode == 0 and proc.stdout.count("already present") == 2, proc.stdout + proc.stderr
+
+    so = next(Path(env["FLASHINFER_WORKSPACE_BASE"]).rglob("*silu*.so"))
+    so.write_text("a different build\n")
+    proc = cli(["cache", "import", str(out)], target, fakegpu=True)
+    assert proc.returncode == 1 and "kept existing" in proc.stdout and "--force" in proc.stdout
+    assert so.read_text() == "a different build\n"
+    proc = cli(["cache", "import", str(out), "--force"], target, fakegpu=True)
+    assert proc.returncode == 0 and "replaced" in proc.stdout and so.read_text() != "a different build\n"
+
+    # another toolkit view (another cache dir) or other targets: refused, naming the mismatch and fix
+    proc = cli(["cache", "import", str(out)], dict(target, FLASHINFER_SM120_CACHE_DIR=str(tmp / "other")), fakegpu=True)
+    assert proc.returncode == 2 and "cuda_home" in proc.stderr and "FLASHINFER_SM120_CACHE_DIR" in proc.stderr
+    proc = cli(["cache", "import", str(out)], dict(target, FLASHINFER_WORKSPACE_BASE=str(tmp / "ws2")), fakegpu=True)
+    assert proc.returncode == 2 and "jit_dir" in proc.stderr and "FLASHINFER_WORKSPACE_BASE" in proc.stderr
+    proc = cli(["cache", "import", str(out), "--arch", "12.1"], target, fakegpu=True)
+    assert proc.returncode == 2 and "targets" in proc.stderr and "12.0f" in proc.stderr
+
+
+def _tar(path, members):
+    with tarfile.open(path, "w") as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+
+
+def test_unsafe_archives_are_refused(clean_env, tmp_path, real_nvcc13):
+    # a meta.json of the right form: the member after it is what is refused
+    meta = json.dumps({"format": 1, "fingerprint": {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0",
+                                                    "cuda_home": "/c", "jit_dir": "/j"}, "modules": []}).encode()
+
+    def member(name, data=b"x", kind=tarfile.REGTYPE, link=""):
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname = kind, link
+        info.size = len(data) if kind == tarfile.REGTYPE else 0
+        return info, (data if kind == tarfile.REGTYPE else None)
+
+    cases = {
+        "dotdot": [member("flashinfer-sm120-cache/meta.json", meta),
+                   member("flashinfer-sm120-cache/../../escaped")],
+        "absolute": [member("flashinfer-sm120-cache/meta.json", meta), member("/tmp/escaped-abs")],
+        "symlink": [member("flashinfer-sm120-cache/meta.json", meta),
+                    member("flashinfer-sm120-cache/jit/x/link", kind=tarfile.SYMTYPE, link="/etc/passwd")],
+    }
+    env = dict(clean_env, FAKE_GPU_CAPS="")
+    for name, members in cases.items():
+        path = tmp_path / f"{name}.tar"
+        _tar(path, members)
+        proc = cli(["cache", "import", str(path)], env, fakegpu=True)
+        assert proc.returncode == 2, (name, proc.stdout, proc.stderr)
+        assert "refusing the whole archive" in proc.stderr, (name, proc.stderr)
+    assert not (tmp_path / "escaped").exists() and not os.path.exists("/tmp/escaped-abs")

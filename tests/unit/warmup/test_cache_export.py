@@ -1,18 +1,21 @@
-"""What `cache export` writes, `cache import` accepts: names as long as FlashInfer makes them, and a
-directory export that fails leaves nothing behind (threat-model P4, P5, P7)."""
+"""`cache export`: what it writes, `cache import` accepts (names as long as FlashInfer makes them); a
+directory export that fails leaves nothing behind; both forms are written only into a directory of your
+own (threat-model P4, P5, P7)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
-from pathlib import Path
+import types
 
 import pytest
 
+from helpers.untrusted import make_unsafe
+
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import formats
-from flashinfer_sm120.warmup import cacheexport, cacheinstall, cachemeta
+from flashinfer_sm120.warmup import cache_export
+from flashinfer_sm120.warmup.session import BuildError
 
 # FlashInfer 0.7.4's FA2 prefill module (185 characters) and one of its objects (227), as `build` makes them.
 PREFILL = ("batch_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_head_dim_qk_128_"
@@ -25,8 +28,8 @@ def test_a_module_name_as_long_as_flashinfers_is_a_member_and_a_meta_json_name()
     modules' object files (227 characters) were over a 200-character name rule."""
     assert len(OBJECT) > 200
     rel = f"jit/{PREFILL}/{OBJECT}"
-    assert cachemeta.member_rel(f"{cachemeta.TOP}/{rel}", "x.tar") == rel
-    meta = cachemeta.parse_meta({"format": cachemeta.FORMAT, "manifest": [], "fingerprint": {
+    assert cache_export.member_rel(f"{cache_export.TOP}/{rel}", "x.tar") == rel
+    meta = cache_export.parse_meta({"format": cache_export.FORMAT, "manifest": [], "fingerprint": {
         "flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/c", "jit_dir": "/j"},
                                  "modules": [{"name": PREFILL, "files": {rel: "0" * 64}}]}, "meta.json")
     assert meta.modules[0].name == PREFILL
@@ -46,7 +49,7 @@ def test_a_directory_export_that_fails_leaves_nothing_behind(tmp_path):
     out = tmp_path / "export"
     files = [("jit/m/good.so", good), ("jit/m/gone.so", tmp_path / "gone.so")]  # the second cannot be read
     with pytest.raises(FileNotFoundError):
-        cacheexport._write_directory(str(out), b"{}", files, cacheinstall.Budget(cachemeta.Limits()))
+        cache_export._write_directory(str(out), b"{}", files, cache_export.Budget(cache_export.Limits()))
     assert sorted(os.listdir(tmp_path)) == ["good.so"]
 
 
@@ -56,7 +59,35 @@ def test_a_directory_export_is_put_in_place_whole(tmp_path):
     out = tmp_path / "export"
     out.mkdir()  # an empty directory of yours is taken
     blob = json.dumps({"format": 1}).encode()
-    cacheexport._write_directory(str(out), blob, [("jit/m/good.so", good)], cacheinstall.Budget(cachemeta.Limits()))
-    top = out / cachemeta.TOP
+    cache_export._write_directory(str(out), blob, [("jit/m/good.so", good)],
+                                  cache_export.Budget(cache_export.Limits()))
+    top = out / cache_export.TOP
     assert (top / "jit" / "m" / "good.so").read_bytes() == b"x" * 100 and (top / "meta.json").read_bytes() == blob
     assert sorted(os.listdir(tmp_path)) == ["export", "good.so"]
+
+
+def _session():
+    fp = {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/c", "jit_dir": "/j"}
+    return types.SimpleNamespace(flashinfer="0.7.4", targets=["sm_120f"], fingerprint=lambda: dict(fp))
+
+
+@pytest.mark.parametrize("name", ["out.tar.gz", "out.tar", "outdir"])
+@pytest.mark.parametrize("how", ["world-writable", "another user's"])
+def test_both_export_forms_refuse_a_directory_another_user_controls(tmp_path, name, how):
+    """The archive form wrote into another uid's directory (they could then swap the archive for one
+    carrying their .so); only the directory form was checked."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    make_unsafe(theirs, how)
+    out = theirs / name
+    with pytest.raises(BuildError, match="not safe to export into") as err:
+        cache_export.export([], _session(), str(out))
+    assert err.value.fix == "export to a new path in a directory of your own"  # round 5 (P29): JSON fix ""
+    assert str(err.value).count("Fix:") == 1
+    assert not out.exists() and [p.name for p in theirs.iterdir()] == []
+
+
+def test_an_export_into_a_directory_of_your_own_is_written(tmp_path):
+    out = tmp_path / "mine" / "out.tar.gz"
+    out.parent.mkdir()
+    assert cache_export.export([], _session(), str(out)) == [] and out.is_file()

@@ -1,10 +1,16 @@
 """`cache export` of what is built in a JIT workspace, by module name or --all, without a manifest; imported
 into an empty workspace it leaves FlashInfer's own ninja nothing to do.  An export obeys --max-bytes and
-the free-space check in both forms.  Compiles with a fake compiler (ninja files are real)."""
+the free-space check in both forms.  Compiles with a fake compiler (ninja files are real).
+
+Never into a directory another user controls: an existing empty directory was accepted as the export's
+destination whoever owned it, and its files were written with ``shutil.copy2``/``write_bytes``, which follow
+a link (its owner could plant ``flashinfer-sm120-cache`` or ``meta.json`` as a link meanwhile and have the
+export write into, or over, one of your files).  Never through or over what lies beside the output."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -12,9 +18,11 @@ import pytest
 
 from helpers.child import cli, run_py
 from helpers.host import needs_flashinfer
+from helpers.untrusted import make_unsafe
 from helpers.warm import LOAD_AGAIN, fake_compiler_env
 
-pytestmark = [needs_flashinfer, pytest.mark.slow]  # seconds: a whole build in child processes
+pytestmark = needs_flashinfer
+slow = pytest.mark.slow  # seconds: a whole build in child processes
 
 
 @pytest.fixture
@@ -28,6 +36,7 @@ def built(clean_env, tmp_path, real_nvcc13):
     return env, log, module["name"], tmp_path
 
 
+@slow
 def test_export_by_name_imports_on_an_empty_workspace_without_compiling(built):
     env, log, name, tmp = built
     out = tmp / "act.tar.gz"
@@ -55,6 +64,7 @@ def test_export_by_name_imports_on_an_empty_workspace_without_compiling(built):
         shutil.rmtree(ws)
 
 
+@slow
 @pytest.mark.parametrize("form", ["dir", "x.tar.gz"])
 def test_export_obeys_max_bytes_in_both_forms(built, form):
     """Regression: a directory export bypassed --max-bytes (120 MiB of sparse files past a 64M cap)."""
@@ -68,3 +78,45 @@ def test_export_obeys_max_bytes_in_both_forms(built, form):
     assert proc.returncode == 2 and doc["error"]["kind"] == "limit", doc
     assert str(64 << 20) in doc["error"]["message"]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("how", ["world-writable", "another user's"])
+def test_an_export_directory_another_user_controls_is_refused(warmed, how):
+    env, manifest, _log, tmp = warmed
+    out = tmp / "export"
+    out.mkdir()
+    make_unsafe(out, how)
+    proc = cli(["cache", "export", "--from", str(manifest), str(out)], env, fakegpu=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "export directory" in proc.stderr and str(out) in proc.stderr
+    assert os.listdir(out) == []
+
+
+def test_an_export_to_a_new_directory_of_your_own_is_written(warmed):
+    env, manifest, _log, tmp = warmed
+    out = tmp / "mine"
+    proc = cli(["cache", "export", "--from", str(manifest), str(out)], env, fakegpu=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    top = out / "flashinfer-sm120-cache"
+    assert (top / "meta.json").is_file() and list((top / "jit").iterdir())
+    proc = cli(["cache", "import", str(out), "--json"], env, fakegpu=True)  # reads back: everything up to date
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+
+
+def test_export_never_writes_through_or_over_what_lies_beside_its_output(warmed):
+    """The archive was written to ``OUT.partial`` with a plain ``open()``: a file of that name was
+    truncated and lost, a symlink of that name was followed (the archive written into its target),
+    and ``OUT`` appearing meanwhile was replaced."""
+    env, manifest, _log, tmp = warmed
+    victim = tmp / "victim"
+    victim.write_text("precious\n")
+    out_link, out_file = tmp / "a.tar.gz", tmp / "b.tar.gz"
+    os.symlink(victim, str(out_link) + ".partial")
+    (tmp / "b.tar.gz.partial").write_text("mine\n")
+    for out in (out_link, out_file):
+        proc = cli(["cache", "export", "--from", str(manifest), str(out)], env, fakegpu=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert out.is_file() and not out.is_symlink() and out.stat().st_size > 100
+    assert victim.read_text() == "precious\n"
+    assert os.path.islink(str(out_link) + ".partial")
+    assert (tmp / "b.tar.gz.partial").read_text() == "mine\n"
