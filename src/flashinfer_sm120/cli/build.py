@@ -10,7 +10,8 @@ import re
 import sys
 
 from flashinfer_sm120.errors import Sm120Error
-from flashinfer_sm120.safety.formats import cli_int, cli_size, shown
+from flashinfer_sm120.safety.formats import shown
+from flashinfer_sm120.safety.formats.cli import cli_int, cli_size
 from flashinfer_sm120.warmup import modules as _modules
 from flashinfer_sm120.cli import buildjson
 from flashinfer_sm120.cli.common import err as _err
