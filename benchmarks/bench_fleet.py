@@ -159,14 +159,14 @@ def memory_policy(args) -> dict:
 
 def main() -> None:
     sys.path.insert(0, str(ROOT / "src"))
-    from flashinfer_sm120.safety import formats
+    from flashinfer_sm120.safety.formats.cli import cli_size
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--module", default="sampling")
     ap.add_argument("--arch", default="12.0")
     ap.add_argument("--cuda-home", default="/usr/local/cuda-13.0", help="a CUDA 13.0 toolkit (sccache 0.16 drives it)")
     ap.add_argument("--basedirs", choices=("auto", "off"), default="auto")
-    ap.add_argument("--limit", type=formats.cli_size("--limit", lo=256 << 20), default=1 << 30)
+    ap.add_argument("--limit", type=cli_size("--limit", lo=256 << 20), default=1 << 30)
     ap.add_argument("--compile-mb", type=int, default=400)
     ap.add_argument("--skip-cache", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")

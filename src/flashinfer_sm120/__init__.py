@@ -17,6 +17,7 @@ line INFO.
 from __future__ import annotations
 
 import logging
+import os as _os
 
 __version__ = "0.2.0"
 
@@ -79,9 +80,12 @@ else:
     except Exception as _exc:  # pragma: no cover - install() already guards; belt and braces
         logging.getLogger("flashinfer_sm120").error("flashinfer-sm120: install failed: %r", _exc)
 
-try:  # warm-up builds: record JIT modules when FLASHINFER_SM120_RECORD is set (never raises)
-    from flashinfer_sm120.core.jitenv.record import install_if_enabled as _record_if_enabled
+# warm-up builds: record JIT modules when FLASHINFER_SM120_RECORD is set (never raises); a process
+# that does not record never loads the recorder
+if _os.environ.get("FLASHINFER_SM120_RECORD", "").strip():
+    try:
+        from flashinfer_sm120.core.jitenv.record import install_if_enabled as _record_if_enabled
 
-    _record_if_enabled()
-except Exception as _exc:  # pragma: no cover - belt and braces
-    logging.getLogger("flashinfer_sm120").error("flashinfer-sm120: recorder failed: %r", _exc)
+        _record_if_enabled()
+    except Exception as _exc:  # pragma: no cover - belt and braces
+        logging.getLogger("flashinfer_sm120").error("flashinfer-sm120: recorder failed: %r", _exc)

@@ -10,7 +10,8 @@ import re
 import sys
 
 from flashinfer_sm120.errors import Sm120Error
-from flashinfer_sm120.safety.formats import cli_int, cli_size, shown
+from flashinfer_sm120.safety.formats import shown
+from flashinfer_sm120.safety.formats.cli import cli_int, cli_size
 from flashinfer_sm120.warmup import modules as _modules
 from flashinfer_sm120.cli import buildjson
 from flashinfer_sm120.cli.common import err as _err
@@ -232,7 +233,7 @@ def add_parser(sub) -> None:
     """Register ``build`` on an argparse subparsers object."""
     # what may fail to import comes before sub.add_parser: a broken install fails here, not half-registered
     servers = session_choices()
-    from flashinfer_sm120.core.jitenv.launcher import ENV
+    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV as ENV
     b = sub.add_parser("build", help="JIT-build FlashInfer modules into FlashInfer's JIT cache",
                        description="Build named modules (see --list) or a recorded manifest (--from) "
                        "in one job pool.")

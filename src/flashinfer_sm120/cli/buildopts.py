@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from flashinfer_sm120.core.jitenv.launcher import ENV as _ENV
+from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV as _ENV
 
 _flag_only = {"on": False}  # --compiler-cache sccache given, the variable not set for the servers
 
@@ -22,9 +22,9 @@ def apply(compiler_cache: str | None) -> dict:
     if compiler_cache:
         os.environ[_ENV] = "off" if compiler_cache == "none" else compiler_cache
         if compiler_cache == "sccache":
-            from flashinfer_sm120.core.jitenv import launcher
+            from flashinfer_sm120.core.jitenv import toolchain
 
-            launcher.request_from_flag("--compiler-cache sccache")
+            toolchain.request_from_flag("--compiler-cache sccache")
     return user_env
 
 
@@ -46,10 +46,10 @@ def setup_of(sess):
 
 def refused(sess=None) -> str | None:
     """The refusal of a compiler cache that was asked for (flag or variable), else ``None``."""
-    from flashinfer_sm120.core.jitenv import launcher, toolchain
+    from flashinfer_sm120.core.jitenv import toolchain
 
     setup = setup_of(sess) if sess is not None else toolchain.last()
-    kind, problem = launcher.requested()
+    kind, problem = toolchain.requested()
     if problem:
         return problem
     if setup is None:

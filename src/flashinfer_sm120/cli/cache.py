@@ -10,7 +10,8 @@ import json
 import sys
 
 from flashinfer_sm120.errors import Sm120Error
-from flashinfer_sm120.safety.formats import cli_float, cli_size, plural
+from flashinfer_sm120.safety.formats import plural
+from flashinfer_sm120.safety.formats.cli import cli_float, cli_size
 from flashinfer_sm120.cli.common import bounded
 from flashinfer_sm120.cli.common import err as _err
 

@@ -13,7 +13,8 @@ import os
 import sys
 import textwrap
 
-from flashinfer_sm120.safety.formats import cli_float, plural, printable, shown
+from flashinfer_sm120.safety.formats import plural, printable, shown
+from flashinfer_sm120.safety.formats.cli import cli_float
 from flashinfer_sm120.diagnose.verify.report import ALONE_TIMEOUT_S, collect
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
 

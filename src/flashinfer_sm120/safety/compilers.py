@@ -39,6 +39,7 @@ import os
 import re
 
 from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.flags import parse_compile_flag
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.ownership import check_path, place_reason
 from flashinfer_sm120.safety.trust import trace
@@ -161,7 +162,7 @@ def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str
         opts = [w for w in words[i + 1:] if w not in others]
         if opts:
             try:  # (-B/dir, -wrapper, -fplugin=, -specs=, -Wl,... made g++ run or load another user's code)
-                _, dirs = formats.parse_compile_flag(" ".join(opts), "the value")
+                _, dirs = parse_compile_flag(" ".join(opts), "the value")
             except FormatError as exc:
                 return None, [], _what_is_wrong(exc)
             others += dirs

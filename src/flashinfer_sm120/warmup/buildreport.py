@@ -77,7 +77,7 @@ def doctor_lines(section: dict) -> list[str]:
             lines.append(f"    sccache --show-stats: {st['hits']} hits, {st['misses']} misses; "
                          f"{st.get('location')}; server basedirs {st.get('basedirs')}")
     else:
-        lines.append(f"  compiler cache: off (set {launcher.ENV}=sccache to share compiles between nodes)")
+        lines.append(f"  compiler cache: off (set {toolchain.CACHE_ENV}=sccache to share compiles between nodes)")
     return lines
 
 

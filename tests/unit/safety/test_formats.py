@@ -13,6 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats import binary
+from flashinfer_sm120.safety.formats.cli import cli_float, cli_int, cli_size
 from flashinfer_sm120.errors import FormatError, Sm120Error
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -162,11 +164,11 @@ def test_messages_quote_a_bounded_value():
     assert len(str(exc.value)) < 300
 
 
-@pytest.mark.parametrize("conv,text", [(formats.cli_int("-j"), "-1"), (formats.cli_int("-j"), "0"),
-                                       (formats.cli_int("-j"), "x"), (formats.cli_float("--timeout", 0.1, 3600), "nan"),
-                                       (formats.cli_float("--timeout", 0.1, 3600), "-1"),
-                                       (formats.cli_float("--timeout", 0.1, 3600), "1e999"),
-                                       (formats.cli_size("--memory"), "lots")])
+@pytest.mark.parametrize("conv,text", [(cli_int("-j"), "-1"), (cli_int("-j"), "0"),
+                                       (cli_int("-j"), "x"), (cli_float("--timeout", 0.1, 3600), "nan"),
+                                       (cli_float("--timeout", 0.1, 3600), "-1"),
+                                       (cli_float("--timeout", 0.1, 3600), "1e999"),
+                                       (cli_size("--memory"), "lots")])
 def test_cli_numbers_are_refused_naming_the_flag(conv, text):
     with pytest.raises(argparse.ArgumentTypeError) as exc:
         conv(text)
@@ -174,8 +176,8 @@ def test_cli_numbers_are_refused_naming_the_flag(conv, text):
 
 
 def test_cli_size_units():
-    assert formats.cli_size("--m")("512M") == 512 << 20
-    assert formats.cli_size("--m")("4GiB") == 4 << 30
+    assert cli_size("--m")("512M") == 512 << 20
+    assert cli_size("--m")("4GiB") == 4 << 30
 
 
 # ----------------------------------------------------------------------------- ELF files and tool output
@@ -193,7 +195,7 @@ def test_read_elf_reads_soname_needed_and_sections_of_a_shared_object(tmp_path):
 
     p = tmp_path / "libcuda.so"
     p.write_bytes(stub_bytes("<", 62, symbols=["cuInit"]))
-    info = formats.read_elf(p)
+    info = binary.read_elf(p)
     assert info.soname == "libcuda.so.1" and info.needed == () and info.rpath == ()
     assert info.machine == 62 and ".dynamic" in info.sections and ".dynsym" in info.sections
 
@@ -207,10 +209,10 @@ def test_cuda_elf_sm_follows_the_abi_version():
             p = os.path.join(d, "x.cubin")
             with open(p, "wb") as fh:
                 fh.write(_elf_header(190, abi, flags))
-            assert formats.cuda_elf_sm(formats.read_elf(p)) == want
+            assert binary.cuda_elf_sm(binary.read_elf(p)) == want
         with open(p, "wb") as fh:
             fh.write(_elf_header(62, 8, 0x06007802))
-        assert formats.cuda_elf_sm(formats.read_elf(p)) is None  # not a cubin
+        assert binary.cuda_elf_sm(binary.read_elf(p)) is None  # not a cubin
 
 
 @pytest.mark.parametrize("data", [b"", b"\x7fELF", b"\x7fELF\x01\x01" + b"\0" * 60, b"MZ" + b"\0" * 100,
@@ -219,7 +221,7 @@ def test_read_elf_refuses_what_is_not_a_whole_elf64(tmp_path, data):
     p = tmp_path / "x.so"
     p.write_bytes(data)
     with pytest.raises(FormatError, match="x.so"):
-        formats.read_elf(p)
+        binary.read_elf(p)
 
 
 @given(st.binary(max_size=400), st.lists(st.tuples(st.integers(0, 2000), st.integers(0, 255)), max_size=12))
@@ -235,7 +237,7 @@ def test_read_elf_property(tmp_path, tail, flips):
         p = tmp_path / "fuzz.so"
         p.write_bytes(data)
         try:
-            info = formats.read_elf(p)
+            info = binary.read_elf(p)
         except FormatError as exc:
             assert len(str(exc)) < MSG_MAX
         else:
@@ -264,12 +266,12 @@ compressed
 
 
 def test_cuobjdump_listings_give_targets():
-    assert formats.parse_cuobjdump_list(LIST, "cuobjdump") == [("SASS", "sm_120"), ("SASS", "sm_90a"),
+    assert binary.parse_cuobjdump_list(LIST, "cuobjdump") == [("SASS", "sm_120"), ("SASS", "sm_90a"),
                                                                 ("PTX", "compute_120a")]
-    assert formats.parse_cuobjdump_headers(HEADERS, "cuobjdump") == [("SASS", "sm_120f"), ("PTX", "compute_120a")]
-    assert formats.parse_cuobjdump_list(b"cuobjdump info    : File 'x' does not contain device code\n", "c") == []
+    assert binary.parse_cuobjdump_headers(HEADERS, "cuobjdump") == [("SASS", "sm_120f"), ("PTX", "compute_120a")]
+    assert binary.parse_cuobjdump_list(b"cuobjdump info    : File 'x' does not contain device code\n", "c") == []
     with pytest.raises(FormatError, match="usage"):
-        formats.parse_cuobjdump_list("\nUsage  : cuobjdump [options] <file>\n", "cuobjdump")
+        binary.parse_cuobjdump_list("\nUsage  : cuobjdump [options] <file>\n", "cuobjdump")
 # ----------------------------------------------------------------------------- issue 11 grammars
 
 
@@ -333,8 +335,8 @@ def test_read_prefix_and_skipping_long_lines(tmp_path):
 @given(hostile_text)
 @FUZZ
 def test_tool_output_parsers_property(text):
-    for parse in (formats.parse_cuobjdump_list, formats.parse_cuobjdump_headers, formats.proc_maps_paths,
-                  formats.ninja_variables):
+    for parse in (binary.parse_cuobjdump_list, binary.parse_cuobjdump_headers, binary.proc_maps_paths,
+                  binary.ninja_variables):
         try:
             out = parse(text, "tool")
         except FormatError as exc:
@@ -346,7 +348,7 @@ def test_tool_output_parsers_property(text):
 def test_ninja_variables_join_continuations_and_skip_rules():
     text = ("ninja_required_version = 1.3\ncuda_home = /opt/cuda\ncommon_cflags = -DX $\n    -isystem /a/flashinfer/data/include $\n"
             "    -isystem $cuda_home/include\n\nrule compile\n  command = $cxx -c $in\n")
-    v = formats.ninja_variables(text, "build.ninja")
+    v = binary.ninja_variables(text, "build.ninja")
     assert v["cuda_home"] == "/opt/cuda" and "command" not in v
     assert v["common_cflags"] == "-DX -isystem /a/flashinfer/data/include -isystem $cuda_home/include"
 
@@ -354,7 +356,7 @@ def test_ninja_variables_join_continuations_and_skip_rules():
 def test_proc_maps_paths():
     text = ("7f00-7f01 r-xp 00000000 08:01 123 /usr/lib/libcuda.so.1\n7f01-7f02 rw-p 0 0:0 0 [heap]\n"
             "7f02-7f03 r--p 0 08:01 9 /tmp/x.so (deleted)\n7f03-7f04 ---p 0 0:0 0\n")
-    assert formats.proc_maps_paths(text, "maps") == {"/usr/lib/libcuda.so.1", "/tmp/x.so"}
+    assert binary.proc_maps_paths(text, "maps") == {"/usr/lib/libcuda.so.1", "/tmp/x.so"}
 @pytest.mark.parametrize("text,want", [("1.13.2.git.kitware.jobserver-pipe-1\n", "1.13.2"), ("1.11.1\n", "1.11.1"),
                                        ("1.12.0-rc1", "1.12.0"), ("1.10.2 extra words", "1.10.2")])
 def test_leading_version_of_a_programs_version_line(text, want):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.params import PARAM_MAX_DEPTH, parse_generator, parse_params
 from flashinfer_sm120.errors import FormatError, Sm120Error
 
 __all__ = ["ORIGIN", "NotData", "capture", "encode_value", "lookup", "call", "legacy_generator"]
@@ -83,8 +84,8 @@ def _origin(frame) -> dict | str:
         kwargs = {k: encode_value(values[k]) for k in kwonly}
         kwargs.update({k: encode_value(v) for k, v in (values.get(varkw) or {}).items()})
         out = {"generator": where, "params": {"args": args, "kwargs": kwargs}}
-        formats.parse_generator(out["generator"], where)
-        formats.parse_params(out["params"], where)
+        parse_generator(out["generator"], where)
+        parse_params(out["params"], where)
     except (NotData, FormatError) as exc:
         return f"{where}: {exc}"
     return out
@@ -94,7 +95,7 @@ def encode_value(value: Any, depth: int = 0) -> Any:
     """A generator argument as plain JSON (see :mod:`flashinfer_sm120.safety.formats.params`).
 
     :raises NotData: a value of another type (enums too: their text form is not their value)."""
-    if depth > formats.PARAM_MAX_DEPTH:
+    if depth > PARAM_MAX_DEPTH:
         raise NotData("an argument nests too deep")
     if value is None or type(value) in (bool, int, float, str):
         return value
@@ -129,7 +130,7 @@ def lookup(generator: str):
 
     :raises FormatError: it names anything else (the message says what)."""
     # threat-model: P2 (no dotted path from a file is ever resolved outside FlashInfer's gen_*_module family)
-    module, name = formats.parse_generator(generator, "manifest 'generator'")
+    module, name = parse_generator(generator, "manifest 'generator'")
     import flashinfer
 
     root = Path(flashinfer.__file__).resolve().parent
@@ -149,7 +150,7 @@ def lookup(generator: str):
 
 
 def call(generator: str, params: dict):
-    """Call ``generator`` with ``params`` (as :func:`flashinfer_sm120.safety.formats.parse_params` returns
+    """Call ``generator`` with ``params`` (as :func:`flashinfer_sm120.safety.formats.params.parse_params` returns
     them): FlashInfer renders its sources and returns the spec.
 
     :raises FormatError: the generator is not FlashInfer's, or a dtype this torch lacks.

@@ -26,7 +26,8 @@ puts them before nvcc and the host compiler in its ninja files) to a trusted scc
    server is started here (``sccache --show-stats``) before the probe.
 
 A launcher the user set (``FLASHINFER_NVCC_LAUNCHER``) wins over ours, and is
-probed the same way.  Nothing here runs unless one of them is set.
+probed the same way.  Nothing here runs unless one of them is set: the switch is
+:func:`flashinfer_sm120.core.jitenv.toolchain.requested`, which loads this module only then.
 """
 
 from __future__ import annotations
@@ -46,13 +47,9 @@ from flashinfer_sm120.safety.trust import check_executable
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["ENV", "KINDS", "Verdict", "requested", "request_from_flag", "asked_by", "find_sccache", "tool_version", "probe", "probe_once",
+__all__ = ["Verdict", "find_sccache", "tool_version", "probe", "probe_once",
            "basedirs", "start_server", "stats", "hits_misses", "FAILURE_MEMORY_S", "PROBE_TIMEOUT_S"]
 
-#: The opt-in variable.
-ENV = "FLASHINFER_SM120_COMPILER_CACHE"
-#: Values it takes (besides unset, empty, ``0``/``off``/``none``: off).
-KINDS = ("sccache",)
 #: Seconds a failed probe is remembered (a fixed toolkit or launcher is probed again after).
 FAILURE_MEMORY_S = 600.0
 #: Seconds the probe compile may take (nvcc 13.0: ~1-4 s; the first start of an sccache server adds some).
@@ -64,38 +61,6 @@ PROBE_SOURCE = """#include <cuda_runtime.h>
 __global__ void flashinfer_sm120_probe(float* x) { x[threadIdx.x] *= 2.0f; }
 int flashinfer_sm120_probe_host() { return 0; }
 """
-
-
-_FLAG = {"text": None}  # set by `build --compiler-cache` (request_from_flag): how the user asked
-
-
-def request_from_flag(flag_text: str | None) -> None:
-    """Say that this process asked for the cache with a command-line flag (``build
-    --compiler-cache sccache``), not with :data:`ENV`, so messages name what was typed."""
-    _FLAG["text"] = flag_text
-
-
-def asked_by() -> tuple[str, str, bool]:
-    """``(how it was asked for, how to build uncached, by a flag)`` for messages."""
-    if _FLAG["text"]:
-        return _FLAG["text"], f"drop {_FLAG['text']}", True
-    return f"{ENV}=sccache", f"unset {ENV} / FLASHINFER_NVCC_LAUNCHER", False
-
-
-def requested(env=None) -> tuple[str | None, str | None]:
-    """``(kind, problem)``: ``("sccache", None)`` when the cache is asked for, ``(None, None)``
-    when not, ``(None, why)`` for a value we do not know (the message names the fix)."""
-    try:
-        raw = formats.env_text(ENV, env, max_len=64)
-    except FormatError as exc:
-        return None, str(exc)
-    value = (raw or "").strip().lower()
-    if value in ("", "0", "off", "no", "none", "false"):
-        return None, None
-    if value in KINDS:
-        return value, None
-    return None, (f"{ENV}={formats.shown(raw, 40)} is not a compiler cache flashinfer-sm120 knows; "
-                  f"set it to {' or '.join(KINDS)}, or unset it")
 
 
 # ----------------------------------------------------------------------------- finding

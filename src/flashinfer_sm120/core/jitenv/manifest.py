@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.flags import parse_compile_flag
+from flashinfer_sm120.safety.formats.params import parse_generator, parse_params
 from flashinfer_sm120.errors import FormatError, Sm120Error
 
 __all__ = ["FORMAT", "CannotRegenerate", "encode", "make_spec", "parse_entry", "read", "key", "MAX_LINE_BYTES",
@@ -72,14 +74,14 @@ def parse_entry(obj: Any, source: str) -> dict:
     """One manifest entry, checked field by field against its grammar
     (:mod:`flashinfer_sm120.safety.formats`), returned as a new dict of the same shape.
 
-    A regenerable entry names its generator (:func:`~flashinfer_sm120.safety.formats.parse_generator`)
-    and parameters (:func:`~flashinfer_sm120.safety.formats.parse_params`), or, recorded before
+    A regenerable entry names its generator (:func:`~flashinfer_sm120.safety.formats.params.parse_generator`)
+    and parameters (:func:`~flashinfer_sm120.safety.formats.params.parse_params`), or, recorded before
     those were, carries a ``spec``.
 
     Names are :func:`~flashinfer_sm120.safety.formats.parse_name` (no whitespace, ``$``,
     ``:``, ``/``, NUL: they become ``build.ninja`` paths), targets
     :func:`~flashinfer_sm120.safety.formats.parse_target`, flags
-    :func:`~flashinfer_sm120.safety.formats.parse_compile_flag` (options FlashInfer uses, never one that
+    :func:`~flashinfer_sm120.safety.formats.flags.parse_compile_flag` (options FlashInfer uses, never one that
     names a program, plugin or output file), paths
     :func:`~flashinfer_sm120.safety.formats.parse_path_text`, generated files
     ``@GEN@/`` plus a relative path of names.
@@ -119,9 +121,9 @@ def parse_entry(obj: Any, source: str) -> dict:
         return out
     generator = f(obj, "generator", (str, type(None)), source, default=None, fix=fix)
     if generator is not None:  # threat-model: P2 (a generator and plain parameters, never code)
-        out["generator"] = ":".join(formats.parse_generator(generator, f"{source} 'generator'", fix=fix))
+        out["generator"] = ":".join(parse_generator(generator, f"{source} 'generator'", fix=fix))
         params = f(obj, "params", (dict, type(None)), source, default=None, fix=fix) or {}
-        out["params"] = formats.parse_params(params, f"{source} 'params'", fix=fix)
+        out["params"] = parse_params(params, f"{source} 'params'", fix=fix)
     spec = f(obj, "spec", (dict, type(None)), source, default=None, fix=fix)
     if spec is None and generator is None:
         raise FormatError(f"{source}: a regenerable entry names no 'generator'; {fix}")
@@ -140,7 +142,7 @@ def _parse_legacy_spec(spec: dict, spec_src: str, fix: str) -> dict:
                                          for p in sources]}
     for k in _FLAG_LISTS:
         v = f(spec, k, (list, type(None)), spec_src, default=None, fix=fix)
-        clean[k] = None if v is None else [formats.parse_compile_flag(x, f"{spec_src} {k!r}", fix=fix)[0] for x in v]
+        clean[k] = None if v is None else [parse_compile_flag(x, f"{spec_src} {k!r}", fix=fix)[0] for x in v]
     inc = f(spec, "extra_include_dirs", (list, type(None)), spec_src, default=None, fix=fix)
     clean["extra_include_dirs"] = None if inc is None else [
         formats.parse_path_text(x, f"{spec_src} 'extra_include_dirs'", fix=fix) for x in inc]
@@ -153,7 +155,7 @@ def _parse_legacy_spec(spec: dict, spec_src: str, fix: str) -> dict:
                               f"not [source, [flags]]; {fix}")
         clean["extra_cuda_cflags_by_source"].append(
             [formats.parse_path_text(pair[0], f"{spec_src} 'extra_cuda_cflags_by_source'", fix=fix),
-             [formats.parse_compile_flag(x, f"{spec_src} 'extra_cuda_cflags_by_source'", fix=fix)[0]
+             [parse_compile_flag(x, f"{spec_src} 'extra_cuda_cflags_by_source'", fix=fix)[0]
               for x in pair[1]]])
     return clean
 

@@ -1,6 +1,7 @@
 """What FlashInfer's JIT builds get besides the toolkit, decided once FlashInfer is patched:
 its compiler variables checked (:mod:`flashinfer_sm120.safety.compilers`), ``MAX_JOBS`` from the memory policy
-(:mod:`.jobs`), and the compiler cache when asked for (:mod:`.launcher`).
+(:mod:`.jobs`), and the compiler cache when asked for (:data:`CACHE_ENV`, or ``build --compiler-cache``;
+:mod:`.launcher` finds, probes and remembers it, and is loaded only then).
 
 :func:`configure` decides and returns what to set and remove; the caller
 (:func:`flashinfer_sm120.core.jitenv.environ.export`) applies it through its undo log, so
@@ -17,15 +18,22 @@ import threading
 
 from flashinfer_sm120.safety import formats
 from flashinfer_sm120.safety import compilers
-from flashinfer_sm120.core.jitenv import jobs, launcher
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.core.jitenv import jobs
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["Setup", "configure", "last", "own_max_jobs", "refresh_max_jobs", "release_max_jobs"]
+__all__ = ["CACHE_ENV", "CACHE_KINDS", "Setup", "configure", "last", "own_max_jobs", "refresh_max_jobs", "release_max_jobs",
+           "requested", "request_from_flag", "asked_by"]
 
 _lock = threading.Lock()
 _last: "Setup | None" = None
 _jobs: dict = {"value": None, "targets": 1}  # the MAX_JOBS this package exported and still owns
+
+#: The compiler cache's opt-in variable.
+CACHE_ENV = "FLASHINFER_SM120_COMPILER_CACHE"
+#: Values it takes (besides unset, empty, ``0``/``off``/``none``: off).
+CACHE_KINDS = ("sccache",)
 
 
 @dataclasses.dataclass
@@ -55,6 +63,38 @@ class Setup:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+_FLAG = {"text": None}  # set by `build --compiler-cache` (request_from_flag): how the user asked
+
+
+def request_from_flag(flag_text: str | None) -> None:
+    """Say that this process asked for the cache with a command-line flag (``build
+    --compiler-cache sccache``), not with :data:`CACHE_ENV`, so messages name what was typed."""
+    _FLAG["text"] = flag_text
+
+
+def asked_by() -> tuple[str, str, bool]:
+    """``(how it was asked for, how to build uncached, by a flag)`` for messages."""
+    if _FLAG["text"]:
+        return _FLAG["text"], f"drop {_FLAG['text']}", True
+    return f"{CACHE_ENV}=sccache", f"unset {CACHE_ENV} / FLASHINFER_NVCC_LAUNCHER", False
+
+
+def requested(env=None) -> tuple[str | None, str | None]:
+    """``(kind, problem)``: ``("sccache", None)`` when the cache is asked for, ``(None, None)``
+    when not, ``(None, why)`` for a value we do not know (the message names the fix)."""
+    try:
+        raw = formats.env_text(CACHE_ENV, env, max_len=64)
+    except FormatError as exc:
+        return None, str(exc)
+    value = (raw or "").strip().lower()
+    if value in ("", "0", "off", "no", "none", "false"):
+        return None, None
+    if value in CACHE_KINDS:
+        return value, None
+    return None, (f"{CACHE_ENV}={formats.shown(raw, 40)} is not a compiler cache flashinfer-sm120 knows; "
+                  f"set it to {' or '.join(CACHE_KINDS)}, or unset it")
 
 
 def _target_code(targets) -> str:
@@ -119,7 +159,7 @@ def _nvcc_versions(nvcc: str):
 
 
 def _cache(out: Setup, home: str, nvcc: str, targets, env) -> None:
-    kind, problem = launcher.requested(env)
+    kind, problem = requested(env)
     out.cache["requested"] = kind
     if problem:
         out.cache["refused"] = problem
@@ -127,6 +167,8 @@ def _cache(out: Setup, home: str, nvcc: str, targets, env) -> None:
     user = env.get("FLASHINFER_NVCC_LAUNCHER") if "FLASHINFER_NVCC_LAUNCHER" not in out.pop else None
     if not user and kind != "sccache":
         return
+    from flashinfer_sm120.core.jitenv import launcher  # only when a launcher is in play
+
     nvcc_full, nvcc_version = _nvcc_versions(nvcc)
     fi_nvcc = os.path.join(home, "bin", "nvcc")
     if env.get("FLASHINFER_NVCC") and "FLASHINFER_NVCC" not in out.pop:
@@ -137,7 +179,7 @@ def _cache(out: Setup, home: str, nvcc: str, targets, env) -> None:
         prog, others, _problem = compilers.program_of(user, env.get("PATH"))
         out.cache["launcher"] = user
         if kind:
-            out.notes.append(f"{launcher.ENV}={kind}: your FLASHINFER_NVCC_LAUNCHER={user} is used instead")
+            out.notes.append(f"{CACHE_ENV}={kind}: your FLASHINFER_NVCC_LAUNCHER={user} is used instead")
         if prog is None or len(user.split()) != 1:
             out.cache["verdict"] = {"ok": None, "why": "a launcher of more than one word is not probed"}
             return
@@ -152,14 +194,14 @@ def _cache(out: Setup, home: str, nvcc: str, targets, env) -> None:
         return
     port = env.get("SCCACHE_SERVER_PORT")
     if port is not None and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
-        out.cache["refused"] = (f"{launcher.ENV}=sccache: not used: SCCACHE_SERVER_PORT="
+        out.cache["refused"] = (f"{CACHE_ENV}=sccache: not used: SCCACHE_SERVER_PORT="
                                 f"{formats.shown(port, 20)} is not a port from 1 to 65535 (sccache would start "
                                 f"a server no client reaches). Fix: set it to a free port such as 4226, or unset it")
         out.warnings.append(out.cache["refused"])
         return
     path, notes = launcher.find_sccache(env)
     out.notes += notes
-    how, uncached, by_flag = launcher.asked_by()
+    how, uncached, by_flag = asked_by()
     if path is None:
         out.cache["refused"] = f"{how}: not used: " + "; ".join(notes) + f"; or {uncached} to build uncached"
         if not by_flag:  # `build` reports a refusal of its own flag as its error, once

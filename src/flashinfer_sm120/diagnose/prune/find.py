@@ -8,6 +8,7 @@ import os
 import re
 
 from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.binary import ninja_variables
 from flashinfer_sm120.safety.fs.statedir import cache_root, home_dir
 from flashinfer_sm120.core.facts.workspace import tag_for
 
@@ -187,7 +188,7 @@ def workspace_reason(ws: str, ops: str, rel: list[str], ent: Entry) -> str | Non
         f = os.path.join(e.path, "build.ninja")
         if e.name != "tmp" and e.is_dir(follow_symlinks=False) and os.path.isfile(f):
             try:
-                ninja_vars = formats.ninja_variables(formats.read_text(f, 4 << 20, follow=False), f)
+                ninja_vars = ninja_variables(formats.read_text(f, 4 << 20, follow=False), f)
                 break
             except formats.FormatError:
                 continue

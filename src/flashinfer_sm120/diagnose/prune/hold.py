@@ -9,6 +9,7 @@ import stat
 import uuid
 
 from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.binary import proc_maps_paths
 from flashinfer_sm120.diagnose.prune.find import Entry
 from flashinfer_sm120.diagnose.prune.tree import remove_tree, walk_tree
 
@@ -61,7 +62,7 @@ def held_paths() -> dict[str, int] | None:
         try:
             if uid != 0 and os.stat(base).st_uid != uid:
                 continue
-            for p in formats.proc_maps_paths(formats.read_text(f"{base}/maps", 64 << 20), f"{base}/maps"):
+            for p in proc_maps_paths(formats.read_text(f"{base}/maps", 64 << 20), f"{base}/maps"):
                 out.setdefault(p, pid)
             out.setdefault(os.readlink(f"{base}/cwd"), pid)
             env = formats.read_bytes(f"{base}/environ", 1 << 20).split(b"\0")

@@ -19,7 +19,7 @@ its fatbin headers (``cuobjdump FILE``: ``arch = sm_120f``) when a trusted cuobj
 found (the chosen toolkit's, the pip ``nvidia-cuda-cuobjdump`` wheel's, then ``PATH``);
 without one, the ELF section headers say whether there is device code at all, and the
 targets are reported as unknown.  Cubins are summarised by the SM number in their ELF
-header (:func:`flashinfer_sm120.safety.formats.cuda_elf_sm`).
+header (:func:`flashinfer_sm120.safety.formats.binary.cuda_elf_sm`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import stat
 import sys
 
 from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.binary import cuda_elf_sm, parse_cuobjdump_headers, parse_cuobjdump_list, read_elf
 from flashinfer_sm120.diagnose.verify import targets as _targets
 
 __all__ = ["MODULE_CAP", "CUBIN_CAP", "find_cuobjdump", "module_targets", "check_module", "jit_modules",
@@ -76,8 +77,8 @@ def module_targets(path: str, cuobjdump: str | None) -> dict:
                           max_output=_TOOL_OUTPUT)
         heads = proc.run([cuobjdump, path], timeout=_TOOL_TIMEOUT_S, max_output=_TOOL_OUTPUT)
         try:
-            entries = formats.parse_cuobjdump_list(listed.output, f"{cuobjdump} --list-elf {path}")
-            exact = formats.parse_cuobjdump_headers(heads.output, f"{cuobjdump} {path}") if heads.ok else []
+            entries = parse_cuobjdump_list(listed.output, f"{cuobjdump} --list-elf {path}")
+            exact = parse_cuobjdump_headers(heads.output, f"{cuobjdump} {path}") if heads.ok else []
         except formats.FormatError as exc:
             entries, exact, note = [], [], str(exc)
         if listed.ok or entries:
@@ -89,7 +90,7 @@ def module_targets(path: str, cuobjdump: str | None) -> dict:
         note = note or (f"cuobjdump failed (exit {listed.returncode}): "
                         + formats.shown(listed.error or listed.text().strip()[-300:], 300))
     try:
-        info = formats.read_elf(path)
+        info = read_elf(path)
     except formats.FormatError as exc:
         return {"sass": [], "ptx": [], "known": False, "note": str(exc)}
     fatbin = info.sections.get(".nv_fatbin")
@@ -196,7 +197,7 @@ def cubin_summary(cubin_dir: str, gpus: list[tuple[str, tuple[int, int]]]) -> di
             if n > CUBIN_CAP:
                 break
             try:
-                sm = formats.cuda_elf_sm(formats.read_elf(os.path.join(root, f)))
+                sm = cuda_elf_sm(read_elf(os.path.join(root, f)))
             except formats.FormatError:
                 sm = None
             if sm is None:

@@ -18,13 +18,14 @@ from __future__ import annotations
 import os
 
 from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.binary import proc_maps_paths, read_elf
 
 __all__ = ["static_problems", "cuda_libraries", "runtime_problems", "parse_maps"]
 
 def static_problems(path: str, *, view: str | None = None, cuda_major: int | None = None) -> tuple[dict, list[str]]:
     """``(facts, problems)`` of the module at ``path``: ``facts`` has ``needed``, ``rpath``,
     ``soname``; each problem is a sentence with the fix."""
-    info = formats.read_elf(path)
+    info = read_elf(path)
     facts = {"needed": list(info.needed), "rpath": list(info.rpath), "soname": info.soname}
     problems = []
     if "libcuda.so" in info.needed:
@@ -80,5 +81,5 @@ def runtime_problems(before: set[str], after: set[str], *, view: str | None = No
 
 
 def parse_maps(text: str, source: str = "/proc/self/maps") -> set[str]:
-    """Mapped file paths (through :func:`flashinfer_sm120.safety.formats.proc_maps_paths`)."""
-    return formats.proc_maps_paths(text, source)
+    """Mapped file paths (through :func:`flashinfer_sm120.safety.formats.binary.proc_maps_paths`)."""
+    return proc_maps_paths(text, source)

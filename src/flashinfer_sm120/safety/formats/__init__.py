@@ -27,9 +27,11 @@ naming the file or variable, the offending value (truncated) and the fix.
 
 Modules: :mod:`.base` (bounded messages), :mod:`.reads` (bounded reads, JSON, typed fields,
 checked text), :mod:`.grammar` (one grammar per kind of value), :mod:`.paths` (safe joins,
-private directories), :mod:`.cli` (argparse number types), :mod:`.params` (a manifest's
-FlashInfer generator and its parameters), :mod:`.binary` (ELF headers and
-tool output).  Import from this package, not from the modules.
+private directories): what every process reads through, exported by this package.  The
+parsers only some callers need are imported from their module, so that ``import flashinfer``
+loads none it does not run: :mod:`.flags` (compile options), :mod:`.params` (a manifest's
+FlashInfer generator and its parameters), :mod:`.binary` (ELF headers and tool output),
+:mod:`.cli` (argparse number types).
 """
 # threat-model: P2, P6 (outside input parsed once, at the edge, into typed values)
 
@@ -37,8 +39,6 @@ from __future__ import annotations
 
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import MAX_SHOWN, bounded, plural, printable, shown, some
-from flashinfer_sm120.safety.formats.flags import OPTION_FORMS, PATH_OPTIONS, parse_compile_flag
-from flashinfer_sm120.safety.formats.params import PARAM_MAX_DEPTH, PARAM_MAX_ITEMS, PARAM_MAX_TEXT, parse_generator, parse_params
 from flashinfer_sm120.safety.formats.reads import (
     MAX_JSON_DEPTH, read_bytes, read_prefix, read_text, iter_lines, loads_json, read_json_file, field,
     env_text, check_text, string_list,
@@ -48,11 +48,6 @@ from flashinfer_sm120.safety.formats.grammar import (
     parse_path_text, parse_command_words, parse_sha256, parse_ninja_log_header, parse_leading_version,
 )
 from flashinfer_sm120.safety.formats.paths import PATH_RULE, ForeignTree, deepest_existing, foreign_tree, make_private_dirs, path_chars_problem, safe_join
-from flashinfer_sm120.safety.formats.cli import cli_int, cli_float, cli_size
-from flashinfer_sm120.safety.formats.binary import (
-    ElfInfo, read_elf, cuda_elf_sm, parse_cuobjdump_list, parse_cuobjdump_headers, ninja_variables,
-    proc_maps_paths,
-)
 
 __all__ = [
     "plural",
@@ -60,8 +55,6 @@ __all__ = [
     "read_prefix", "read_text", "iter_lines", "loads_json", "read_json_file", "field", "parse_version",
     "parse_name", "parse_relpath", "safe_join", "make_private_dirs", "PATH_RULE", "path_chars_problem",
     "ForeignTree", "foreign_tree", "deepest_existing", "env_text", "check_text", "parse_target",
-    "parse_flag", "parse_compile_flag", "parse_generator", "parse_params", "PARAM_MAX_DEPTH",
-    "PARAM_MAX_ITEMS", "PARAM_MAX_TEXT", "OPTION_FORMS", "PATH_OPTIONS", "parse_path_text", "parse_command_words", "parse_sha256", "string_list", "cli_int", "cli_float", "cli_size",
-    "parse_ninja_log_header", "parse_leading_version", "ElfInfo", "read_elf", "cuda_elf_sm",
-    "parse_cuobjdump_list", "parse_cuobjdump_headers", "ninja_variables", "proc_maps_paths",
+    "parse_flag", "parse_path_text", "parse_command_words", "parse_sha256", "string_list",
+    "parse_ninja_log_header", "parse_leading_version",
 ]

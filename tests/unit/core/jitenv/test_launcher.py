@@ -14,7 +14,7 @@ from helpers.child import cli
 from helpers.host import needs_flashinfer
 from helpers.toolkits import make_toolkit, script
 from flashinfer_sm120.safety.fs import statedir
-from flashinfer_sm120.core.jitenv import launcher
+from flashinfer_sm120.core.jitenv import launcher, toolchain
 
 FAKE_NVCC = """#!/bin/sh
 case "$1" in --version) echo "Cuda compilation tools, release 13.0, V13.0.88"; exit 0;; esac
@@ -66,9 +66,9 @@ def test_probe_verdicts_are_remembered_per_fingerprint(tmp_path, memo_dir):
 
 
 def test_requested_values():
-    assert launcher.requested({launcher.ENV: "sccache"}) == ("sccache", None)
-    assert launcher.requested({launcher.ENV: "off"}) == (None, None)
-    kind, problem = launcher.requested({launcher.ENV: "ccache"})
+    assert toolchain.requested({toolchain.CACHE_ENV: "sccache"}) == ("sccache", None)
+    assert toolchain.requested({toolchain.CACHE_ENV: "off"}) == (None, None)
+    kind, problem = toolchain.requested({toolchain.CACHE_ENV: "ccache"})
     assert kind is None and "set it to sccache" in problem
 
 
@@ -162,7 +162,7 @@ _json = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text(
 @settings(max_examples=150, deadline=None)
 @given(value=st.text(max_size=300), stats=_json)
 def test_requested_and_stats_take_anything(value, stats):
-    kind, problem = launcher.requested({launcher.ENV: value})
+    kind, problem = toolchain.requested({toolchain.CACHE_ENV: value})
     assert kind in (None, "sccache") and (problem is None or len(problem) < 400)
     assert kind is None or problem is None
     hm = launcher.hits_misses(stats if isinstance(stats, dict) else {"stats": stats})

@@ -20,6 +20,7 @@ from helpers.child import cli
 from helpers.host import needs_flashinfer
 from helpers.toolkits import script
 from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.flags import parse_compile_flag
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.core.jitenv import manifest
 
@@ -75,7 +76,7 @@ _WORDS = st.sampled_from(["-O3", "-DX=1", "-fPIC", "-Wall", "-lcuda", "-I/usr/in
 def test_compile_flag_property(flag):
     """Accepted flags hold only listed option words; every directory named is returned for checking."""
     try:
-        _, dirs = formats.parse_compile_flag(flag, "m")
+        _, dirs = parse_compile_flag(flag, "m")
     except FormatError:
         return
     words = flag.split()

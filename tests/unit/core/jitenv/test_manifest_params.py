@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.params import parse_generator, parse_params
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.core.jitenv import generators
 
@@ -41,14 +42,14 @@ def test_parse_params_property(obj):
     """Only FormatError, a bounded message naming the source; what passes holds plain values only
     (no string that could be C++ or a path) and parses again to itself."""
     try:
-        got = formats.parse_params(obj, "m.jsonl:1 'params'", fix="record again")
+        got = parse_params(obj, "m.jsonl:1 'params'", fix="record again")
     except FormatError as exc:
         assert str(exc).startswith("m.jsonl:1 'params'") and len(str(exc)) < 600
         return
     assert set(got) == {"args", "kwargs"}
     for leaf in _leaves([got["args"], list(got["kwargs"].values())]):
         assert leaf is None or type(leaf) in (bool, int, float) or (isinstance(leaf, str) and _TOKEN.fullmatch(leaf))
-    assert formats.parse_params(got, "again") == got
+    assert parse_params(got, "again") == got
 
 
 @given(st.one_of(st.text(max_size=120), st.sampled_from([
@@ -59,7 +60,7 @@ def test_parse_params_property(obj):
 def test_parse_generator_property(text):
     """Only FormatError, a bounded message; what passes is a gen_*_module name under flashinfer."""
     try:
-        module, name = formats.parse_generator(text, "m.jsonl:1 'generator'")
+        module, name = parse_generator(text, "m.jsonl:1 'generator'")
     except FormatError as exc:
         assert str(exc).startswith("m.jsonl:1 'generator'") and len(str(exc)) < 600
         return
@@ -72,12 +73,12 @@ def test_parse_generator_property(text):
                                    [[[[["deep"]]]]], {"dtype": "bfloat16", "x": 1}])
 def test_values_that_are_not_plain_are_refused(value):
     with pytest.raises(FormatError):
-        formats.parse_params({"args": [value]}, "m")
+        parse_params({"args": [value]}, "m")
 
 
 def test_too_many_values_are_refused():
     with pytest.raises(FormatError, match="more than 256"):
-        formats.parse_params({"args": [list(range(200)), list(range(200))]}, "m")
+        parse_params({"args": [list(range(200)), list(range(200))]}, "m")
 
 
 _PLAIN = st.recursive(
@@ -97,7 +98,7 @@ def test_recorded_arguments_come_back_as_the_same_values(args):
     except generators.NotData:  # nested deeper than the grammar allows
         return
     try:
-        parsed = formats.parse_params(json.loads(json.dumps({"args": encoded})), "m")
+        parsed = parse_params(json.loads(json.dumps({"args": encoded})), "m")
     except FormatError:
         return  # too deep or too many: recording marks such an entry not regenerable
     back = [generators._decode(v) for v in parsed["args"]]

@@ -1,0 +1,82 @@
+"""What ``import flashinfer`` loads from this package (benchmarks/loaded_lines.py): the script's
+output parses, and modules only commands use stay off the import path, whether the package is
+imported directly or by the ``.pth`` hook.  The figure itself is for the README, not asserted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT
+from helpers.child import run_py
+from helpers.host import needs_flashinfer
+
+SCRIPT = ROOT / "benchmarks" / "loaded_lines.py"
+
+#: Modules (or packages: every module under them) that import-time work does not run: ELF and tool
+#: output parsers, manifest grammars, argparse number types, the command layers (cache export/import,
+#: build, doctor, prune), and what runs only when asked for: the recorder (FLASHINFER_SM120_RECORD)
+#: and the compiler cache (FLASHINFER_SM120_COMPILER_CACHE or FLASHINFER_NVCC_LAUNCHER).
+COMMAND_ONLY = (
+    "flashinfer_sm120.safety.formats.binary", "flashinfer_sm120.safety.formats.params",
+    "flashinfer_sm120.safety.formats.cli", "flashinfer_sm120.core.jitenv.record",
+    "flashinfer_sm120.core.jitenv.manifest", "flashinfer_sm120.core.jitenv.generators",
+    "flashinfer_sm120.core.jitenv.launcher",
+    "flashinfer_sm120.warmup", "flashinfer_sm120.diagnose", "flashinfer_sm120.cli",
+    "flashinfer_sm120.__main__",
+)
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("loaded_lines", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def patch_env(clean_env, real_nvcc13):
+    """A target without a GPU, so that FlashInfer is patched (not guarded)."""
+    return dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0")
+
+
+@needs_flashinfer
+@pytest.mark.parametrize("how", ["import", "autoload"])
+def test_command_only_modules_are_not_loaded_by_import_flashinfer(patch_env, how):
+    out, proc = run_py(load_script().MEASURES[how], patch_env)
+    assert out["mode"] == "patched", proc.stderr
+    loaded = sorted(out["modules"])
+    assert "flashinfer_sm120.core.patch" in loaded
+    if how == "autoload":
+        assert "flashinfer_sm120_autoload" in loaded and "flashinfer_sm120.core.autoload" in loaded
+    wrong = [m for m in loaded if any(m == c or m.startswith(c + ".") for c in COMMAND_ONLY)]
+    assert wrong == [], f"on the import path again: {wrong} (import them from the commands that use them)"
+
+
+@needs_flashinfer
+@pytest.mark.slow
+def test_loaded_lines_output_parses(patch_env, tmp_path):
+    out_json = tmp_path / "loaded.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--arch", "12.0", "--list", "--json", str(out_json)],
+                          env=patch_env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    head = re.fullmatch(r"import: (\d+) lines in (\d+) modules \(patch mode: patched\)", lines[0])
+    assert head, proc.stdout
+    listed = []
+    for line in lines[1:]:
+        if not line.startswith("  "):
+            assert re.fullmatch(r"autoload: (same modules as import|\d+ lines in \d+ modules \(patch mode: \w+\))",
+                                line), line
+            break
+        lines_, name = line.split()
+        listed.append((name, int(lines_)))
+    data = json.loads(out_json.read_text())
+    assert sorted(listed) == sorted(data["import"]["modules"].items())
+    assert (int(head[1]), int(head[2])) == (sum(n for _, n in listed), len(listed))
+    assert set(data) == {"import", "autoload"}
