@@ -9,6 +9,7 @@ from helpers.child import cli
 from helpers.host import needs_flashinfer
 from helpers.probing import NOBODY, created, home_env, needs_root, user_home
 from flashinfer_sm120.cli import doctor, main
+from flashinfer_sm120.cli.doctor_sections import WIDTH
 from flashinfer_sm120.diagnose.verify import diagnosis
 from flashinfer_sm120.diagnose.verify.diagnosis import CHECKS, Finding, Level, diagnose
 
@@ -17,9 +18,11 @@ INTERNAL = ("CompilationContext", "_normalize_cuda_arch", "era sm120", "TARGET_C
 
 
 def _screen(text: str) -> list[str]:
+    """One screen: the verdict whole on line 1; later lines over WIDTH only to hold one long value whole."""
     lines = text.splitlines()
     assert len(lines) <= doctor.SHORT_LINES, f"{len(lines)} lines:\n{text}"
-    assert not [ln for ln in lines if len(ln) > doctor.WIDTH], text
+    assert not [ln for ln in lines[1:] if len(ln) > WIDTH and len(ln.split()) > 1], text
+    assert "..." not in text.replace("... more finding", ""), text  # nothing cut
     assert not [w for w in INTERNAL if w in text], text
     return lines
 
@@ -152,9 +155,9 @@ def test_flashinfer_alone_says_would_work_or_would_fail_because(over, works, why
         why = why.replace("/opt/cu13", str(tmp_path))
     a = diagnosis.alone(r)
     assert a.works is works and a.why.startswith(why), a
-    line = [ln for ln in doctor.render(r) if ln.startswith("FlashInfer alone:")][0]
-    assert line == {True: f"FlashInfer alone: would work, {a.why}", False: f"FlashInfer alone: would fail because "
-                    f"{a.why}", None: f"FlashInfer alone: {a.why}"}[works][:doctor.WIDTH] or "..." in line
+    said = {True: f"FlashInfer alone: would work, {a.why}", False: f"FlashInfer alone: would fail because "
+            f"{a.why}", None: f"FlashInfer alone: {a.why}"}[works]
+    assert " ".join(said.split()) in " ".join(" ".join(doctor.render(r)).split())  # whole, maybe wrapped
 
 
 def test_flashinfer_alone_with_a_refused_toolkit_would_fail_with_the_reason(tmp_path):
@@ -165,6 +168,28 @@ def test_flashinfer_alone_with_a_refused_toolkit_would_fail_with_the_reason(tmp_
                             "why": "nvcc 12.8 cannot build sm_120f"})
     a = diagnosis.alone(r)
     assert a.works is False and a.why.endswith("nvcc 12.8 cannot build sm_120f")
+
+
+def test_long_paths_are_never_cut_and_the_verdict_is_one_whole_line():
+    """Issue 29: paths were cut in the middle (``flashinfer-sm1...ib/python3.11``, ``site-p...dia/cu13``,
+    ``(...dError(``) and a long interpreter path wrapped the verdict's fix onto line 2."""
+    deep = "/" + "/".join(["a-checkout-with-a-long-name"] * 7)  # 196 characters
+    root = f"{deep}/.venv/lib/python3.11/site-packages/nvidia/cu13"
+    tk = {"root": root, "nvcc": f"{root}/bin/nvcc", "sources": ["pip"], "nvcc_full": "13.5.37"}
+    base = _report()
+    r = _report(candidates=[dict(base["candidates"][0], **tk)],
+                resolution=dict(base["resolution"], choice=dict(base["resolution"]["choice"], toolkit=tk)),
+                after=dict(base["after"], jit_dir=f"{deep}/cache/0.7.4/120f/nvcc13.5.37/cached_ops"),
+                before={"error": "ModuleNotFoundError(\"No module named 'flashinfer'\")"})
+    lines = _screen("\n".join(doctor.render(r)))
+    assert lines[0] == f"OK: FlashInfer will build sm_120f with nvcc 13.5.37 at {root}"
+    words = " ".join(lines[1:]).split()
+    assert root in words and r["after"]["jit_dir"] in words
+    assert "(ModuleNotFoundError(\"No" in words and "'flashinfer'\"))" in words
+    python = f"{deep}/.venv/bin/python"
+    r = _report(flashinfer_installed=False, flashinfer=None, python=python)
+    lines = _screen("\n".join(doctor.render(r)))
+    assert lines[0] == f"PROBLEM: FlashInfer is not installed for {python}. Fix: pip install flashinfer-python"
 
 
 def test_help_has_a_description_and_the_exit_codes(capsys):
@@ -179,9 +204,9 @@ def test_help_has_a_description_and_the_exit_codes(capsys):
 
 def _with_build_line(report: dict) -> dict:
     """``report`` with its build-line section as doctor collects it (from this process's environment)."""
-    from flashinfer_sm120.cli import buildline_report
+    from flashinfer_sm120.diagnose.verify.report import build_line_section
 
-    report["build_line"] = buildline_report.doctor_section(report)
+    report["build_line"] = build_line_section(report)
     return report
 
 
