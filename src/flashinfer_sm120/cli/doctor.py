@@ -239,7 +239,7 @@ def _verbose(r: dict, d) -> list[str]:
     b = r["before"]
     p("\n" + _alone(d))
     if "error" not in b:
-        p(f"  CUDA_HOME={b.get('cuda_home')}  {_alone_cuda(b, r.get('torch_cuda'))}  "
+        p(f"  CUDA_HOME={b.get('cuda_home')}  {_alone_cuda(b, d.alone, r.get('torch_cuda'))}  "
           f"TARGET_CUDA_ARCHS={b.get('target_cuda_archs')}")
     a = r["after"]
     st = a["status"]
@@ -269,12 +269,11 @@ def _verbose(r: dict, d) -> list[str]:
     return out
 
 
-def _alone_cuda(b: dict, torch_cuda) -> str:
+def _alone_cuda(b: dict, alone, torch_cuda) -> str:
     """FlashInfer alone's CUDA version, saying when it is torch's fallback, not an nvcc
     (``get_cuda_version``, flashinfer/jit/cpp_ext.py 0.7.x: ``nvcc --version``, and on
     ``FileNotFoundError`` ``torch.version.cuda``)."""
-    home = b.get("cuda_home")
-    if home and not os.path.lexists(os.path.join(home, "bin", "nvcc")):
+    if not alone.has_nvcc:
         return (f"no nvcc (CUDA version would come from torch: {b.get('cuda_version') or torch_cuda})"
                 if b.get("cuda_version") else f"no nvcc ({b.get('cuda_version_error')})")
     return f"CUDA {b.get('cuda_version', b.get('cuda_version_error'))}"
