@@ -309,3 +309,19 @@ def test_root_with_a_users_home_whose_cache_exists_imports_nothing_there(shared_
     build = cli(["build", "--json", "--arch", "12.0", "--ninja-only", "activation"], env, timeout=300)
     assert build.returncode != 0 and "FlashInfer was not imported" in json.loads(build.stdout)["error"]
     assert [p for p in created(home) if os.lstat(p).st_uid != NOBODY] == []
+
+
+def test_the_servers_section_says_which_jit_directory_the_report_used():
+    """The servers' JIT directories differ (``apply_server_cache`` chose none): read from the data, not its wording."""
+    from flashinfer_sm120.cli.doctor_sections import servers_lines
+
+    server = {"label": "vLLM 0.33.0", "check": "has_flashinfer()", "nvcc_lookup": "CUDA_HOME", "nvcc_without": "/none",
+              "nvcc_with": None, "jit_dir": "/j", "workspace_base": None}
+    differ = {"server": None, "why": "vLLM and SGLang are installed here and use different directories", "base": None,
+              "how": "", "before": None, "changed": False}
+    lines = servers_lines({"servers": [server], "applied": differ, "autoload": True})
+    assert lines[1] == ("  JIT directory of this report: FlashInfer's own (vLLM and SGLang are installed here and use "
+                        "different directories; 'flashinfer-sm120 build --for vllm|sglang' picks one)")
+    assert not any("this report" in ln for ln in servers_lines({"servers": [server], "applied": {}, "autoload": True}))
+    moved = dict(differ, server="sglang", why="sglang is installed here", base="/s", how="SGLANG_CACHE_DIR", changed=True)
+    assert "sglang's FLASHINFER_WORKSPACE_BASE=/s" in servers_lines({"servers": [server], "applied": moved})[1]

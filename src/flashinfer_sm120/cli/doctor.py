@@ -50,7 +50,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
-        for line in render(report, verbose=args.verbose):
+        for line in (_verbose if args.verbose else _short)(report, diagnosis):
             print(printable(line))  # threat-model: P8: names found on disk are shown, never acted on
     return 0 if diagnosis.ok else 1
 

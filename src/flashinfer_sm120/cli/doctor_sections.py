@@ -71,7 +71,7 @@ def servers_lines(section: dict) -> list[str]:
     if applied.get("changed"):
         lines.append(f"  this report uses {applied['server']}'s FLASHINFER_WORKSPACE_BASE={applied['base']}, as "
                      f"importing it would ({applied['how']}); 'flashinfer-sm120 build' does the same")
-    elif applied.get("error") or (applied.get("server") is None and "different" in applied.get("why", "")):
+    elif applied.get("error") or ("why" in applied and applied.get("server") is None):  # servers here differ
         lines.append(f"  JIT directory of this report: FlashInfer's own ({applied.get('error') or applied['why']}; "
                      f"'flashinfer-sm120 build --for vllm|sglang' picks one)")
 
