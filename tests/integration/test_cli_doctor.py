@@ -128,6 +128,13 @@ def test_a_new_check_is_one_line_and_its_warning_is_printed(monkeypatch):
     assert not d.ok and d.problems[0].code == "x"
     assert doctor.render(_report())[0] == "PROBLEM: something fails. Fix: do this"
 
+    def on_lines(report):
+        yield Finding(Level.PROBLEM, "y", "no toolkit fits:\n  /opt/cuda: nvcc 12.8 is too old", "pip install nvidia-cuda-nvcc")
+
+    monkeypatch.setattr(diagnosis, "CHECKS", [on_lines])
+    assert doctor.render(_report())[0] == ("PROBLEM: no toolkit fits: /opt/cuda: nvcc 12.8 is too old. "
+                                           "Fix: pip install nvidia-cuda-nvcc")
+
 
 def test_a_raising_check_is_a_note_and_the_rest_still_run(monkeypatch):
     def bad(report):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 from flashinfer_sm120.safety.formats import cli_float, plural, printable, shown
@@ -77,7 +78,8 @@ def _smoke_only(args: argparse.Namespace) -> int:
                         f"chosen toolkit ({result['cuda_home']}) in {result['seconds']:g} s"))
     else:
         step = next((s for s in result["steps"] if s["name"] == result["failed"]), {})
-        print(printable(f"PROBLEM: the smoke check failed at step '{result['failed']}': {step.get('detail', '')}"))
+        print(printable(_one_line(f"PROBLEM: the smoke check failed at step '{result['failed']}': "
+                                  f"{step.get('detail', '')}")))
         print("  Fix: see the step's output below; 'flashinfer-sm120 doctor' gives the full report")
     for line in smoke_lines(result)[1:]:
         print(printable(line))
@@ -91,10 +93,15 @@ def _finding(f) -> str:
     return f"{f.level.value.upper()}: {f.text}" + (f". Fix: {f.fix}" if f.fix else "")
 
 
+def _one_line(text: str) -> str:
+    """A multi-line message (a resolution error) joined, so the verdict line holds all of it."""
+    return re.sub(r"[ \t]*[\r\n]+[ \t]*", " ", text)
+
+
 def _verdict(d) -> str:
     """The first line, whole: a reader of one line gets the verdict and the fix."""
     if d.problems:
-        return _finding(d.problems[0])
+        return _one_line(_finding(d.problems[0]))
     return f"OK: FlashInfer will build {', '.join(d.targets)} with nvcc {d.nvcc} at {d.root}"
 
 
