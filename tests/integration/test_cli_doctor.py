@@ -40,6 +40,20 @@ def test_doctor_says_ok_first_and_fits_one_screen(clean_env, real_nvcc13):
     assert lines[-1].startswith("More: flashinfer-sm120 doctor --verbose")
 
 
+@pytest.mark.slow  # a real doctor run, like the one above
+@needs_flashinfer
+def test_doctor_with_a_long_workspace_and_cache_keeps_every_path_whole(clean_env, real_nvcc13, tmp_path):
+    """Issue 29: the JIT dir, the toolkit and FlashInfer's error were cut in the middle to fit 120 columns."""
+    deep = tmp_path.joinpath(*["a-workspace-with-a-long-name"] * 6)
+    env = dict(clean_env, FLASHINFER_WORKSPACE_BASE=str(deep / "ws"), FLASHINFER_SM120_CACHE_DIR=str(deep / "c"))
+    proc = cli(["doctor", "--arch", "12.0", "--timeout", "60"], env)
+    assert proc.returncode == 0 and len(str(deep)) > 150, proc.stdout + proc.stderr[-2000:]
+    lines = _screen(proc.stdout)
+    assert lines[0].startswith("OK: FlashInfer will build sm_120f with nvcc 13."), lines[0]
+    jit = [w for w in proc.stdout.split() if w.startswith(str(deep / "ws"))]
+    assert jit and jit[0].endswith("/cached_ops"), proc.stdout
+
+
 @pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 @needs_flashinfer
 def test_doctor_without_targets_says_problem_and_the_fix_and_exits_1(clean_env, real_nvcc13):
