@@ -19,7 +19,7 @@ import os
 
 from flashinfer_sm120.safety import formats
 
-__all__ = ["static_problems", "cuda_libraries", "runtime_problems"]
+__all__ = ["static_problems", "cuda_libraries", "runtime_problems", "parse_maps"]
 
 def static_problems(path: str, *, view: str | None = None, cuda_major: int | None = None) -> tuple[dict, list[str]]:
     """``(facts, problems)`` of the module at ``path``: ``facts`` has ``needed``, ``rpath``,
@@ -78,3 +78,7 @@ def runtime_problems(before: set[str], after: set[str], *, view: str | None = No
         problems.append(f"the module loaded {a['libcudart']} while torch had {b['libcudart']}")
     return facts, problems
 
+
+def parse_maps(text: str, source: str = "/proc/self/maps") -> set[str]:
+    """Mapped file paths (through :func:`flashinfer_sm120.safety.formats.proc_maps_paths`)."""
+    return formats.proc_maps_paths(text, source)
