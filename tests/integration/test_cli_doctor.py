@@ -9,6 +9,7 @@ from helpers.child import cli
 from helpers.host import needs_flashinfer
 from helpers.probing import NOBODY, created, home_env, needs_root, user_home
 from flashinfer_sm120.cli import doctor, main
+from flashinfer_sm120.cli.doctor_sections import WIDTH
 from flashinfer_sm120.diagnose.verify import diagnosis
 from flashinfer_sm120.diagnose.verify.diagnosis import CHECKS, Finding, Level, diagnose
 
@@ -17,9 +18,11 @@ INTERNAL = ("CompilationContext", "_normalize_cuda_arch", "era sm120", "TARGET_C
 
 
 def _screen(text: str) -> list[str]:
+    """One screen: the verdict whole on line 1; later lines over WIDTH only to hold one long value whole."""
     lines = text.splitlines()
     assert len(lines) <= doctor.SHORT_LINES, f"{len(lines)} lines:\n{text}"
-    assert not [ln for ln in lines if len(ln) > doctor.WIDTH], text
+    assert not [ln for ln in lines[1:] if len(ln) > WIDTH and len(ln.split()) > 1], text
+    assert "..." not in text.replace("... more finding", ""), text  # nothing cut
     assert not [w for w in INTERNAL if w in text], text
     return lines
 
@@ -35,6 +38,20 @@ def test_doctor_says_ok_first_and_fits_one_screen(clean_env, real_nvcc13):
     alone = [ln for ln in lines if ln.startswith("FlashInfer alone: ")]
     assert len(alone) == 1 and alone[0].startswith(("FlashInfer alone: would work", "FlashInfer alone: would fail because"))
     assert lines[-1].startswith("More: flashinfer-sm120 doctor --verbose")
+
+
+@pytest.mark.slow  # a real doctor run, like the one above
+@needs_flashinfer
+def test_doctor_with_a_long_workspace_and_cache_keeps_every_path_whole(clean_env, real_nvcc13, tmp_path):
+    """Issue 29: the JIT dir, the toolkit and FlashInfer's error were cut in the middle to fit 120 columns."""
+    deep = tmp_path.joinpath(*["a-workspace-with-a-long-name"] * 6)
+    env = dict(clean_env, FLASHINFER_WORKSPACE_BASE=str(deep / "ws"), FLASHINFER_SM120_CACHE_DIR=str(deep / "c"))
+    proc = cli(["doctor", "--arch", "12.0", "--timeout", "60"], env)
+    assert proc.returncode == 0 and len(str(deep)) > 150, proc.stdout + proc.stderr[-2000:]
+    lines = _screen(proc.stdout)
+    assert lines[0].startswith("OK: FlashInfer will build sm_120f with nvcc 13."), lines[0]
+    jit = [w for w in proc.stdout.split() if w.startswith(str(deep / "ws"))]
+    assert jit and jit[0].endswith("/cached_ops"), proc.stdout
 
 
 @pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
@@ -125,6 +142,13 @@ def test_a_new_check_is_one_line_and_its_warning_is_printed(monkeypatch):
     assert not d.ok and d.problems[0].code == "x"
     assert doctor.render(_report())[0] == "PROBLEM: something fails. Fix: do this"
 
+    def on_lines(report):
+        yield Finding(Level.PROBLEM, "y", "no toolkit fits:\n  /opt/cuda: nvcc 12.8 is too old", "pip install nvidia-cuda-nvcc")
+
+    monkeypatch.setattr(diagnosis, "CHECKS", [on_lines])
+    assert doctor.render(_report())[0] == ("PROBLEM: no toolkit fits: /opt/cuda: nvcc 12.8 is too old. "
+                                           "Fix: pip install nvidia-cuda-nvcc")
+
 
 def test_a_raising_check_is_a_note_and_the_rest_still_run(monkeypatch):
     def bad(report):
@@ -152,9 +176,9 @@ def test_flashinfer_alone_says_would_work_or_would_fail_because(over, works, why
         why = why.replace("/opt/cu13", str(tmp_path))
     a = diagnosis.alone(r)
     assert a.works is works and a.why.startswith(why), a
-    line = [ln for ln in doctor.render(r) if ln.startswith("FlashInfer alone:")][0]
-    assert line == {True: f"FlashInfer alone: would work, {a.why}", False: f"FlashInfer alone: would fail because "
-                    f"{a.why}", None: f"FlashInfer alone: {a.why}"}[works][:doctor.WIDTH] or "..." in line
+    said = {True: f"FlashInfer alone: would work, {a.why}", False: f"FlashInfer alone: would fail because "
+            f"{a.why}", None: f"FlashInfer alone: {a.why}"}[works]
+    assert " ".join(said.split()) in " ".join(" ".join(doctor.render(r)).split())  # whole, maybe wrapped
 
 
 def test_flashinfer_alone_with_a_refused_toolkit_would_fail_with_the_reason(tmp_path):
@@ -165,6 +189,28 @@ def test_flashinfer_alone_with_a_refused_toolkit_would_fail_with_the_reason(tmp_
                             "why": "nvcc 12.8 cannot build sm_120f"})
     a = diagnosis.alone(r)
     assert a.works is False and a.why.endswith("nvcc 12.8 cannot build sm_120f")
+
+
+def test_long_paths_are_never_cut_and_the_verdict_is_one_whole_line():
+    """Issue 29: paths were cut in the middle (``flashinfer-sm1...ib/python3.11``, ``site-p...dia/cu13``,
+    ``(...dError(``) and a long interpreter path wrapped the verdict's fix onto line 2."""
+    deep = "/" + "/".join(["a-checkout-with-a-long-name"] * 7)  # 196 characters
+    root = f"{deep}/.venv/lib/python3.11/site-packages/nvidia/cu13"
+    tk = {"root": root, "nvcc": f"{root}/bin/nvcc", "sources": ["pip"], "nvcc_full": "13.5.37"}
+    base = _report()
+    r = _report(candidates=[dict(base["candidates"][0], **tk)],
+                resolution=dict(base["resolution"], choice=dict(base["resolution"]["choice"], toolkit=tk)),
+                after=dict(base["after"], jit_dir=f"{deep}/cache/0.7.4/120f/nvcc13.5.37/cached_ops"),
+                before={"error": "ModuleNotFoundError(\"No module named 'flashinfer'\")"})
+    lines = _screen("\n".join(doctor.render(r)))
+    assert lines[0] == f"OK: FlashInfer will build sm_120f with nvcc 13.5.37 at {root}"
+    words = " ".join(lines[1:]).split()
+    assert root in words and r["after"]["jit_dir"] in words
+    assert "(ModuleNotFoundError(\"No" in words and "'flashinfer'\"))" in words
+    python = f"{deep}/.venv/bin/python"
+    r = _report(flashinfer_installed=False, flashinfer=None, python=python)
+    lines = _screen("\n".join(doctor.render(r)))
+    assert lines[0] == f"PROBLEM: FlashInfer is not installed for {python}. Fix: pip install flashinfer-python"
 
 
 def test_help_has_a_description_and_the_exit_codes(capsys):
@@ -179,9 +225,9 @@ def test_help_has_a_description_and_the_exit_codes(capsys):
 
 def _with_build_line(report: dict) -> dict:
     """``report`` with its build-line section as doctor collects it (from this process's environment)."""
-    from flashinfer_sm120.cli import buildline_report
+    from flashinfer_sm120.diagnose.verify.report import build_line_section
 
-    report["build_line"] = buildline_report.doctor_section(report)
+    report["build_line"] = build_line_section(report)
     return report
 
 
@@ -284,3 +330,19 @@ def test_root_with_a_users_home_whose_cache_exists_imports_nothing_there(shared_
     build = cli(["build", "--json", "--arch", "12.0", "--ninja-only", "activation"], env, timeout=300)
     assert build.returncode != 0 and "FlashInfer was not imported" in json.loads(build.stdout)["error"]
     assert [p for p in created(home) if os.lstat(p).st_uid != NOBODY] == []
+
+
+def test_the_servers_section_says_which_jit_directory_the_report_used():
+    """The servers' JIT directories differ (``apply_server_cache`` chose none): read from the data, not its wording."""
+    from flashinfer_sm120.cli.doctor_sections import servers_lines
+
+    server = {"label": "vLLM 0.33.0", "check": "has_flashinfer()", "nvcc_lookup": "CUDA_HOME", "nvcc_without": "/none",
+              "nvcc_with": None, "jit_dir": "/j", "workspace_base": None}
+    differ = {"server": None, "why": "vLLM and SGLang are installed here and use different directories", "base": None,
+              "how": "", "before": None, "changed": False}
+    lines = servers_lines({"servers": [server], "applied": differ, "autoload": True})
+    assert lines[1] == ("  JIT directory of this report: FlashInfer's own (vLLM and SGLang are installed here and use "
+                        "different directories; 'flashinfer-sm120 build --for vllm|sglang' picks one)")
+    assert not any("this report" in ln for ln in servers_lines({"servers": [server], "applied": {}, "autoload": True}))
+    moved = dict(differ, server="sglang", why="sglang is installed here", base="/s", how="SGLANG_CACHE_DIR", changed=True)
+    assert "sglang's FLASHINFER_WORKSPACE_BASE=/s" in servers_lines({"servers": [server], "applied": moved})[1]

@@ -6,6 +6,7 @@ import of the named top-level modules raise ``ModuleNotFoundError`` (as for a ve
 them), in the command and in every child it starts.
 """
 
+import os
 
 import pytest
 
@@ -35,6 +36,25 @@ def test_doctor_without_torch_or_flashinfer_says_not_installed_and_fails(hiding)
     assert verdict.startswith("PROBLEM: FlashInfer is not installed") and "pip install flashinfer-python" in verdict
     assert "torch not installed" in versions and "CPU build" not in versions
     assert "FlashInfer not installed" in versions
+
+
+def test_doctor_from_a_venv_at_a_long_path_keeps_the_verdict_and_its_fix_on_line_1(hiding, tmp_path):
+    """Regression: with the checkout at a long path the verdict wrapped at 120 columns and line 1 lost
+    its fix.  The venv here is this one, seen from a 170-character directory (as ``python -m venv``
+    makes it: ``pyvenv.cfg`` next to ``bin``), with a cache directory as long."""
+    import shutil
+    import sys
+
+    venv = tmp_path.joinpath(*["a-checkout-with-a-long-name"] * 6)
+    (venv / "bin").mkdir(parents=True)
+    shutil.copy(os.path.join(sys.prefix, "pyvenv.cfg"), venv / "pyvenv.cfg")
+    (venv / "lib").symlink_to(os.path.join(sys.prefix, "lib"))
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    env = dict(hiding("flashinfer", "torch"), FLASHINFER_SM120_CACHE_DIR=str(venv / "cache"))
+    proc = cli(["doctor", "--timeout", "30"], env, timeout=300, python=str(venv / "bin" / "python"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert len(str(venv)) > 150 and proc.stdout.splitlines()[0] == (
+        f"PROBLEM: FlashInfer is not installed for {venv / 'bin' / 'python'}. Fix: pip install flashinfer-python")
 
 
 @needs_flashinfer

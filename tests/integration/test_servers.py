@@ -288,7 +288,6 @@ def test_doctor_without_a_toolkit_says_the_cuda_version_is_torchs_and_refused_en
         capsys, monkeypatch, tmp_path):
     from flashinfer_sm120.cli import doctor
 
-    monkeypatch.setattr(doctor, "SECTIONS", ())
     monkeypatch.setattr(servers, "installed", lambda: [])
     report = _report()
     report["before"]["cuda_home"] = str(tmp_path / "no-cuda")

@@ -1,50 +1,32 @@
 """``flashinfer-sm120 doctor``: a verdict first, then one screen of facts; ``--verbose`` for everything.
 
-The report is collected by :func:`flashinfer_sm120.diagnose.verify.report.collect` and the sections'
-``doctor_section`` functions, judged by :func:`flashinfer_sm120.diagnose.verify.diagnosis.diagnose`
-(typed findings), and turned into sentences only here."""
+The report is collected by :func:`flashinfer_sm120.diagnose.verify.report.collect`, judged by
+:func:`flashinfer_sm120.diagnose.verify.diagnosis.diagnose` (typed findings), and turned into
+sentences only here and in :mod:`.doctor_sections`.  The first line is the verdict, whole (never
+wrapped or cut, whatever the paths in it); the other lines wrap at spaces (:func:`.doctor_sections.wrap`)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
+import re
 import sys
-import textwrap
 
 from flashinfer_sm120.safety.formats import plural, printable, shown
 from flashinfer_sm120.safety.formats.cli import cli_float
 from flashinfer_sm120.diagnose.verify.report import ALONE_TIMEOUT_S, collect
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
+from flashinfer_sm120.cli.doctor_sections import wrap
 
-__all__ = ["ALONE_TIMEOUT_S", "SECTIONS", "EXIT_CODES", "WIDTH", "SHORT_LINES", "run_doctor", "add_parser"]
-
-#: Further report sections, in print order: ``(key, collector module, renderer)``.  The collector
-#: (relative to ``flashinfer_sm120``) has ``doctor_section(report: dict) -> dict`` (JSON-able, stored
-#: as ``report[key]``); the renderer ``module:function`` turns it into ``--verbose`` lines.  A section
-#: that raises is reported as ``{"error": ...}`` and the rest still runs.
-SECTIONS: tuple[tuple[str, str, str], ...] = (
-    ("ninja", ".core.toolkit.ninja", ".cli.doctor_sections:ninja_lines"),  # the ninja servers and `build` run
-    ("servers", ".cli.servers_report", ".cli.servers_report:doctor_lines"),  # vLLM/SGLang: check, nvcc, JIT dir
-    ("build_line", ".cli.buildline_report", ".cli.buildline_report:doctor_lines"),  # build-line variables
-    ("inventory", ".diagnose.verify.inventory", ".cli.doctor_sections:inventory_lines"),  # what FlashInfer will load
-    ("caches", ".diagnose.prune", ".diagnose.prune:doctor_lines"),  # the size of both caches
-    ("builds", ".warmup.buildreport", ".warmup.buildreport:doctor_lines"),  # memory, plan, compiler cache
-)
+__all__ = ["EXIT_CODES", "SHORT_LINES", "run_doctor", "render", "add_parser"]
 
 #: Exit status -> meaning (``doctor --help`` and docs/cli.md).
 EXIT_CODES = {0: "OK: FlashInfer will build (warnings may follow)",
               1: "PROBLEM: FlashInfer's JIT builds will fail here (the first line says why and the fix)",
               2: "bad usage (an unknown option, a bad --arch)"}
-#: The default report's limits: characters per line, and lines.
-WIDTH = 120
+#: Lines of the default report at most (findings give way first).
 SHORT_LINES = 25
-
-
-def _fn(spec: str):
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module, "flashinfer_sm120"), name)
 
 
 def run_doctor(args: argparse.Namespace) -> int:
@@ -61,19 +43,16 @@ def run_doctor(args: argparse.Namespace) -> int:
         server_cache = apply_server_cache(strict=False)
     except Exception as exc:
         server_cache = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-    report = collect(args.timeout, say=say, server_cache=server_cache)
-    report["arch_option"] = args.arch
-    for key, module, _ in SECTIONS:
-        try:
-            report[key] = importlib.import_module(module, "flashinfer_sm120").doctor_section(report)
-        except Exception as exc:  # one broken section never hides the rest
-            report[key] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    from flashinfer_sm120.warmup import buildreport
+
+    report = collect(args.timeout, say=say, server_cache=server_cache, arch=args.arch,
+                     extra=(("builds", buildreport.doctor_section),))
     diagnosis = diagnose(report)
     report["diagnosis"] = diagnosis.to_dict()
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
-        for line in render(report, verbose=args.verbose):
+        for line in (_verbose if args.verbose else _short)(report, diagnosis):
             print(printable(line))  # threat-model: P8: names found on disk are shown, never acted on
     return 0 if diagnosis.ok else 1
 
@@ -96,43 +75,35 @@ def _smoke_only(args: argparse.Namespace) -> int:
         return 0 if result["ok"] else 1
     targets = " ".join(result["targets"]) or "no targets"
     if result["ok"]:
-        print(_fit(f"OK: a tiny kernel built for {targets} with FlashInfer's own build line and the chosen "
-                   f"toolkit ({result['cuda_home']}) in {result['seconds']:g} s"))
+        print(printable(f"OK: a tiny kernel built for {targets} with FlashInfer's own build line and the "
+                        f"chosen toolkit ({result['cuda_home']}) in {result['seconds']:g} s"))
     else:
         step = next((s for s in result["steps"] if s["name"] == result["failed"]), {})
-        print(_fit(f"PROBLEM: the smoke check failed at step '{result['failed']}': {step.get('detail', '')}"))
+        print(printable(_one_line(f"PROBLEM: the smoke check failed at step '{result['failed']}': "
+                                  f"{step.get('detail', '')}")))
         print("  Fix: see the step's output below; 'flashinfer-sm120 doctor' gives the full report")
     for line in smoke_lines(result)[1:]:
-        print(line)
+        print(printable(line))
     return 0 if result["ok"] else 1
 
 
 # --------------------------------------------------------------------------- rendering
 
 
-def _fit(line: str, width: int = WIDTH) -> str:
-    """``line`` cut in the middle to ``width`` characters (paths keep their start and their end)."""
-    if len(line) <= width:
-        return line
-    keep = width - 3
-    return line[: keep - keep // 3] + "..." + line[len(line) - keep // 3:]
+def _finding(f) -> str:
+    return f"{f.level.value.upper()}: {f.text}" + (f". Fix: {f.fix}" if f.fix else "")
 
 
-def _wrapped(head: str, text: str, indent: str = "  ") -> list[str]:
-    return textwrap.wrap(f"{head}{text}", WIDTH, subsequent_indent=indent, break_on_hyphens=False,
-                         break_long_words=True) or [head]
+def _one_line(text: str) -> str:
+    """A multi-line message (a resolution error) joined, so the verdict line holds all of it."""
+    return re.sub(r"[ \t]*[\r\n]+[ \t]*", " ", text)
 
 
-def _finding_lines(f) -> list[str]:
-    label = f.level.value.upper()
-    out = _wrapped(f"{label}: ", f.text + (f". Fix: {f.fix}" if f.fix else ""))
-    return out
-
-
-def _verdict_lines(d) -> list[str]:
+def _verdict(d) -> str:
+    """The first line, whole: a reader of one line gets the verdict and the fix."""
     if d.problems:
-        return _finding_lines(d.problems[0])
-    return [_fit(f"OK: FlashInfer will build {', '.join(d.targets)} with nvcc {d.nvcc} at {d.root}")]
+        return _one_line(_finding(d.problems[0]))
+    return f"OK: FlashInfer will build {', '.join(d.targets)} with nvcc {d.nvcc} at {d.root}"
 
 
 def _versions(r: dict) -> str:
@@ -170,22 +141,20 @@ def _toolkit(r: dict) -> list[str]:
         return [f"Toolkits: {plural(len(r['candidates']), 'candidate')} found, none fits" if r["candidates"]
                 else "Toolkits: none found"]
     ch = res["choice"]["toolkit"]
-    lines = [_fit(f"Toolkit: nvcc {ch['nvcc_full']} at {ch['root']} (found via {', '.join(ch['sources'])})"
-                  + (f"; {others}" if others else ""))]
-    home = res["cuda_home"]
-    if home["is_view"]:
-        lines.append(_fit(f"  CUDA_HOME for FlashInfer: a view of it adding {', '.join(home['added'])}"))
+    lines = [f"Toolkit: nvcc {ch['nvcc_full']} at {ch['root']} (found via {', '.join(ch['sources'])})"
+             + (f"; {others}" if others else "")]
+    if res["cuda_home"]["is_view"]:
+        lines.append(f"  CUDA_HOME for FlashInfer: a view of it adding {', '.join(res['cuda_home']['added'])}")
     return lines
 
 
-def _alone_line(d) -> str:
+def _alone(d) -> str:
     a = d.alone
-    if a.works is None:
-        return _fit(f"FlashInfer alone: {a.why}")
-    return _fit(f"FlashInfer alone: would work, {a.why}" if a.works else f"FlashInfer alone: would fail because {a.why}")
+    return ("FlashInfer alone: " + a.why if a.works is None else
+            f"FlashInfer alone: would work, {a.why}" if a.works else f"FlashInfer alone: would fail because {a.why}")
 
 
-def _with_line(r: dict) -> str:
+def _with(r: dict) -> str:
     a = r.get("after") or {}
     st = a.get("status") or {}
     if r.get("import_refused"):
@@ -193,52 +162,56 @@ def _with_line(r: dict) -> str:
     if st.get("mode") == "guard":
         return "With flashinfer-sm120: guard (FlashInfer imports; its JIT builds raise the fix above)"
     if "error" in a:
-        return _fit(f"With flashinfer-sm120: {st.get('mode')}; FlashInfer's import failed")
-    return _fit(f"With flashinfer-sm120: {st.get('mode')}; JIT dir {a.get('jit_dir')}")
+        return f"With flashinfer-sm120: {st.get('mode')}; FlashInfer's import failed"
+    return f"With flashinfer-sm120: {st.get('mode')}; JIT dir {a.get('jit_dir')}"
 
 
 def _deploy(r: dict) -> list[str]:
+    from flashinfer_sm120.diagnose.prune import human
+
     auto = r.get("autoload") or {}
-    lines = [_fit(f"Autoload: enabled ({', '.join(auto['pth'])})") if auto.get("pth")
+    lines = [f"Autoload: enabled ({', '.join(auto['pth'])})" if auto.get("pth")
              else "Autoload: not enabled ('flashinfer-sm120 enable' patches every vLLM/SGLang process)"]
     ninja = (r.get("ninja") or {}).get("chosen")
     if ninja:
-        lines.append(_fit(f"Ninja: {ninja['path']} (ninja {ninja['version']})"))
-    caches = r.get("caches") or {}
-    if caches.get("roots"):
-        from flashinfer_sm120.diagnose.prune import human
-
-        lines.append(_fit("Caches: " + ", ".join(f"{c['what']} {human(c['bytes'])}" for c in caches["roots"]
-                                                 if c.get("path"))))
+        lines.append(f"Ninja: {ninja['path']} (ninja {ninja['version']})")
+    roots = [c for c in (r.get("caches") or {}).get("roots") or () if c.get("path")]
+    if roots:
+        lines.append("Caches: " + ", ".join(f"{c['what']} {human(c['bytes'])}" for c in roots))
     servers = (r.get("servers") or {}).get("servers")
     if servers is not None:
-        lines.append(_fit("Servers: " + (", ".join(s["label"] for s in servers) or "neither vLLM nor SGLang installed")))
+        lines.append("Servers: " + (", ".join(s["label"] for s in servers) or "neither vLLM nor SGLang installed"))
     return lines
 
 
 def _short(r: dict, d) -> list[str]:
-    """The default report: the verdict, then one screen (:data:`SHORT_LINES`, :data:`WIDTH`)."""
-    lines = _verdict_lines(d)
-    lines.append(_fit(_versions(r)))
-    lines.append(_fit(_gpus(r)))
-    if d.targets:
-        lines.append(_fit(f"Targets: {', '.join(d.targets)} ({_targets_from(r)})"))
-    lines += _toolkit(r)
-    lines.append(_alone_line(d))
-    lines.append(_with_line(r))
-    lines += _deploy(r)
-    tail = ["More: flashinfer-sm120 doctor --verbose (every toolkit, the patch, exports, servers, modules), "
-            "or --json"]
-    rest = [ln for f in d.findings[1 if d.problems else 0:] for ln in _finding_lines(f)]
+    """The default report: the verdict, then one screen (:data:`SHORT_LINES`); findings whole, as many
+    as fit, then a pointer to the rest."""
+    facts = [_versions(r), _gpus(r)] + ([f"Targets: {', '.join(d.targets)} ({_targets_from(r)})"] if d.targets else [])
+    facts += _toolkit(r) + [_alone(d), _with(r)] + _deploy(r)
+    lines = [_verdict(d)] + [ln for text in facts for ln in wrap(text)]
+    tail = wrap("More: flashinfer-sm120 doctor --verbose (every toolkit, the patch, exports, servers, modules), or --json")
+    blocks = [wrap(_finding(f)) for f in d.findings[1 if d.problems else 0:]]
     room = SHORT_LINES - len(lines) - len(tail)
-    if len(rest) > room:
-        rest = rest[: room - 1] + [f"... more findings: --verbose"]
-    return lines + rest + tail
+    if sum(map(len, blocks)) > room:
+        shown_ = []
+        for block in blocks:
+            if sum(map(len, shown_)) + len(block) > room - 1:
+                break
+            shown_.append(block)
+        blocks = shown_ + [[f"... {plural(len(blocks) - len(shown_), 'more finding')}: --verbose"]]
+    return lines + [ln for block in blocks for ln in block] + tail
 
 
 def _verbose(r: dict, d) -> list[str]:
     """Everything: the verdict and findings, then each part in full."""
-    out = _verdict_lines(d) + [ln for f in d.findings[1 if d.problems else 0:] for ln in _finding_lines(f)]
+    from flashinfer_sm120.cli import doctor_sections as sections
+    from flashinfer_sm120.cli.enable import autoload_lines
+    from flashinfer_sm120.core.jitenv import environ
+    from flashinfer_sm120.diagnose import prune
+    from flashinfer_sm120.warmup import buildreport
+
+    out = [_verdict(d)] + [ln for f in d.findings[1 if d.problems else 0:] for ln in wrap(_finding(f))]
     p = out.append
     p(_versions(r) + f"; Python {r['python']}")
     rel = r["release"]
@@ -248,10 +221,7 @@ def _verbose(r: dict, d) -> list[str]:
     else:
         p(f"FlashInfer release: {rel['reason']}")
     p(f"\nGPUs (from {r['gpu_source']}; CUDA_VISIBLE_DEVICES applied):")
-    for g in r["gpus"]:
-        p(f"  [{g['index']}] {g['name']}  compute capability {g['capability']}")
-    if not r["gpus"]:
-        p("  none")
+    out += [f"  [{g['index']}] {g['name']}  compute capability {g['capability']}" for g in r["gpus"]] or ["  none"]
     if r["FLASHINFER_CUDA_ARCH_LIST"] is not None:
         p(f"FLASHINFER_CUDA_ARCH_LIST={shown(r['FLASHINFER_CUDA_ARCH_LIST'], 200)}")
     p("\nCUDA toolkits found (preference order):")
@@ -275,13 +245,13 @@ def _verbose(r: dict, d) -> list[str]:
         if fallback_text():
             p(fallback_text())
     b = r["before"]
-    p("\n" + _alone_line(d))
+    p("\n" + _alone(d))
     if "error" not in b:
-        p(f"  CUDA_HOME={b.get('cuda_home')}  {_alone_cuda(b, r.get('torch_cuda'))}  "
+        p(f"  CUDA_HOME={b.get('cuda_home')}  {_alone_cuda(b, d.alone, r.get('torch_cuda'))}  "
           f"TARGET_CUDA_ARCHS={b.get('target_cuda_archs')}")
     a = r["after"]
     st = a["status"]
-    p(_with_line(r))
+    p(_with(r))
     if st["mode"] not in ("guard",) and "error" not in a:
         p(f"  CUDA_HOME={a.get('cuda_home')}  CUDA {a.get('cuda_version')}  TARGET_CUDA_ARCHS={st.get('target_cuda_archs')}")
     elif "error" in a:
@@ -291,27 +261,27 @@ def _verbose(r: dict, d) -> list[str]:
             p(f"  step {name}: {how}")
     if st.get("error") and st["mode"] != "guard":
         p(f"  patch error: {st['error']}")
-    from flashinfer_sm120.core.jitenv import environ  # deploy: the autoload and what the process exports
-    from flashinfer_sm120.cli.enable import autoload_lines
-
-    out += autoload_lines(r.get("autoload"), r["python"])
+    out += autoload_lines(r.get("autoload"), r["python"])  # deploy: the autoload and what the process exports
     p("Exported to this process and its children:")
     out += [f"  {line}" for line in environ.describe(a.get("exported", {}))]
-    for key, _, renderer in SECTIONS:
-        section = r.get(key) or {}
+    for key, lines in (("ninja", sections.ninja_lines), ("servers", sections.servers_lines),
+                       ("build_line", sections.build_line_lines), ("inventory", sections.inventory_lines),
+                       ("caches", prune.doctor_lines), ("builds", buildreport.doctor_lines)):
+        section = r.get(key)
+        if section is None:  # not collected (a report written by hand)
+            continue
         if "error" in section and key != "ninja":
             p(f"{key}: could not be checked ({section['error']})")
             continue
-        out += _fn(renderer)(section)
+        out += lines(section)
     return out
 
 
-def _alone_cuda(b: dict, torch_cuda) -> str:
+def _alone_cuda(b: dict, alone, torch_cuda) -> str:
     """FlashInfer alone's CUDA version, saying when it is torch's fallback, not an nvcc
     (``get_cuda_version``, flashinfer/jit/cpp_ext.py 0.7.x: ``nvcc --version``, and on
     ``FileNotFoundError`` ``torch.version.cuda``)."""
-    home = b.get("cuda_home")
-    if home and not os.path.lexists(os.path.join(home, "bin", "nvcc")):
+    if not alone.has_nvcc:
         return (f"no nvcc (CUDA version would come from torch: {b.get('cuda_version') or torch_cuda})"
                 if b.get("cuda_version") else f"no nvcc ({b.get('cuda_version_error')})")
     return f"CUDA {b.get('cuda_version', b.get('cuda_version_error'))}"

@@ -1,13 +1,27 @@
-"""How ``doctor --verbose`` prints the sections whose data the domain modules collect
-(:func:`flashinfer_sm120.core.toolkit.ninja.doctor_section`, :func:`flashinfer_sm120.diagnose.verify.inventory.doctor_section`,
-:class:`flashinfer_sm120.diagnose.verify.smoke.SmokeResult`)."""
+"""How ``doctor`` prints: the one rule for long lines (:func:`wrap`), and the ``--verbose`` lines of
+the sections :func:`flashinfer_sm120.diagnose.verify.report.collect` gathers (ninja, servers, build
+line, inventory) and of :class:`flashinfer_sm120.diagnose.verify.smoke.SmokeResult`."""
 
 from __future__ import annotations
 
 import os
-from flashinfer_sm120.safety.formats import plural
+import textwrap
 
-__all__ = ["ninja_lines", "inventory_lines", "smoke_lines"]
+from flashinfer_sm120.core.facts import buildline
+from flashinfer_sm120.diagnose.prune import human
+from flashinfer_sm120.safety.formats import plural, shown
+
+__all__ = ["WIDTH", "wrap", "ninja_lines", "servers_lines", "build_line_lines", "inventory_lines", "smoke_lines"]
+
+#: Characters per line of the default report.  Text wraps at spaces only: a path, command or fix
+#: is never cut; one longer than this gets a line of its own (copied whole).
+WIDTH = 120
+
+
+def wrap(text: str, indent: str = "  ") -> list[str]:
+    """``text`` wrapped at :data:`WIDTH` at spaces only, later lines indented."""
+    return textwrap.wrap(text, WIDTH, subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False) or [text]
 
 
 def ninja_lines(section: dict) -> list[str]:
@@ -47,6 +61,73 @@ def ninja_lines(section: dict) -> list[str]:
     return lines
 
 
+def servers_lines(section: dict) -> list[str]:
+    """:func:`flashinfer_sm120.diagnose.verify.report.servers_section` as printed."""
+    found = section.get("servers") or []
+    if not found:
+        return ["Servers: neither vLLM nor SGLang is installed here"]
+    lines = ["Servers installed here:"]
+    applied = section.get("applied") or {}
+    if applied.get("changed"):
+        lines.append(f"  this report uses {applied['server']}'s FLASHINFER_WORKSPACE_BASE={applied['base']}, as "
+                     f"importing it would ({applied['how']}); 'flashinfer-sm120 build' does the same")
+    elif applied.get("error") or ("why" in applied and applied.get("server") is None):  # servers here differ
+        lines.append(f"  JIT directory of this report: FlashInfer's own ({applied.get('error') or applied['why']}; "
+                     f"'flashinfer-sm120 build --for vllm|sglang' picks one)")
+
+    def nvcc(home: str) -> str:
+        path = os.path.join(home, "bin", "nvcc")
+        return path + ("" if os.path.exists(path) else " (absent)")
+
+    for s in found:
+        lines.append(f"  {s['label']}: {s['check']}")
+        if "without" in s:
+            lines.append("    has_flashinfer() without flashinfer-sm120: {} ({})".format(*s["without"]))
+            if s.get("with") is not None:
+                lines.append("    has_flashinfer() once flashinfer-sm120 exports its toolkit: {} ({})".format(*s["with"]))
+            if not section.get("autoload"):
+                lines.append("    the autoload is not enabled, so the server runs without flashinfer-sm120: "
+                             "run 'flashinfer-sm120 enable'")
+        where = f"without flashinfer-sm120 {nvcc(s['nvcc_without'])}"
+        if s.get("nvcc_with") and s["nvcc_with"] != s["nvcc_without"]:
+            where += f"; once it exports its toolkit {nvcc(s['nvcc_with'])}"
+        lines.append(f"    nvcc its lookup finds ({s['nvcc_lookup']}): {where}")
+        lines.append(f"    JIT dir: {s['jit_dir'] or '? (FlashInfer not imported)'}"
+                     + (f"  (FLASHINFER_WORKSPACE_BASE={s['workspace_base']}: {s['workspace_how']})"
+                        if s.get("workspace_base") is not None else ""))
+    return lines
+
+
+#: What each kind of build-line variable does to the line, as printed.
+_EFFECT = {buildline.Read.FLAGS: "is added to every build line", buildline.Read.THREADS: "changes every CUDA build line",
+           buildline.Read.PRESENT: "changes every CUDA build line"}
+
+
+def build_line_lines(section: dict) -> list[str]:
+    """:func:`flashinfer_sm120.diagnose.verify.report.build_line_section` as printed."""
+    lines = ["\nBuild line (what makes a warm module rebuild):"]
+    for s in section.get("set") or ():
+        effect = _EFFECT.get(buildline.Read[s["read"]], "changes every build line")
+        value = s["value"] if len(s["value"]) <= 200 and s["value"].isprintable() else shown(s["value"], 200)
+        lines.append(f"  {s['name']}={value} {effect}: the warm cache will be rebuilt ({s['enters']}; {s['where']})")
+    if not section.get("set"):
+        lines.append("  no FlashInfer variable that changes the build line is set")
+    stale = section.get("stale") or {}
+    for path, changed in list(stale.items())[:20]:
+        what = ", ".join(f"{c['name']} {c['built'] or '(unset)'} then, {c['now'] or '(unset)'} now" for c in changed)
+        lines.append(f"  {path} was built with other values ({what}): it will be rebuilt")
+    if len(stale) > 20:
+        lines.append(f"  ... and {len(stale) - 20} more modules built with other values")
+    for a in section.get("server_arch") or ():
+        if a["value"]:
+            lines.append(f"  {a['name']} will build for {', '.join(a['targets'])} (its {a['function']} sets "
+                         f"{a['variable']}={a['value']}; {a['how']}): 'flashinfer-sm120 build --for "
+                         f"{a['name'].lower()}' warms that")
+        else:
+            lines.append(f"  {a['name']} leaves {a['variable']} as it is here ({a['function']}; {a['how']})")
+    return lines
+
+
 def inventory_lines(section: dict) -> list[str]:
     """:func:`flashinfer_sm120.diagnose.verify.inventory.doctor_section` as printed."""
     lines = [f"\nWhat FlashInfer will load (checked against {section.get('against', 'the GPUs')}; targets via "
@@ -72,7 +153,7 @@ def inventory_lines(section: dict) -> list[str]:
         for m in place["modules"]:
             held = ", ".join(m["sass"] + m["ptx"]) or (m["note"] or "?")
             flag = "PROBLEM " if m["problem"] else ""
-            lines.append(f"    {flag}{m['name']}: {held} ({_size(m['bytes'])})")
+            lines.append(f"    {flag}{m['name']}: {held} ({'?' if m['bytes'] is None else human(m['bytes'])})")
             if m["known"] and m["note"] and (m["sass"] or m["ptx"]):
                 lines.append(f"      {m['note']}")
             if m["problem"]:
@@ -84,16 +165,6 @@ def inventory_lines(section: dict) -> list[str]:
     if section["problems"]:
         lines.append(f"  {plural(section['problems'], 'module holds', 'modules hold')} no code a GPU here can run: see PROBLEM above")
     return lines
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def smoke_lines(result: dict) -> list[str]:

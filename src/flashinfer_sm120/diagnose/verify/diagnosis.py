@@ -59,6 +59,7 @@ class Alone:
     cuda_home: str | None = None
     cuda_version: str | None = None
     targets: tuple[str, ...] = ()
+    has_nvcc: bool = True  # an nvcc in its CUDA_HOME (else its CUDA version is torch's)
 
     def to_dict(self) -> dict:
         """JSON-ready form."""
@@ -236,7 +237,8 @@ def alone(report: dict) -> Alone:
             return Alone(None, f"not checked: {b['skipped']}")
         return Alone(False, f"its own import or toolkit lookup failed ({b['error']})")
     if not home or not os.path.lexists(os.path.join(home, "bin", "nvcc")):
-        return Alone(False, f"it finds no nvcc (its CUDA_HOME is {home or 'unset'})", home, version, targets)
+        return Alone(False, f"it finds no nvcc (its CUDA_HOME is {home or 'unset'})", home, version, targets,
+                     has_nvcc=not home)
     if not targets:
         return Alone(False, "it targets nothing (no GPU visible and no FLASHINFER_CUDA_ARCH_LIST)", home, version,
                      targets)

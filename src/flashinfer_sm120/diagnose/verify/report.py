@@ -1,23 +1,26 @@
 """What ``flashinfer-sm120 doctor`` reports, as data: the GPUs, every toolkit found, the choice,
-FlashInfer with and without the patch, (the further sections are added by the CLI).  Nothing here
-prints; :mod:`.diagnosis` turns the report into a verdict and typed findings, and
-:mod:`flashinfer_sm120.cli.doctor` renders both."""
+FlashInfer with and without the patch, then the further sections (ninja, servers, build line,
+inventory, caches; the CLI adds warmup's builds).  Nothing here prints; :mod:`.diagnosis` turns
+the report into a verdict and typed findings, and :mod:`flashinfer_sm120.cli.doctor` renders both."""
 
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import re
 import shutil
 import sys
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Sequence
 
 from flashinfer_sm120 import __version__
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats import loads_json
 
-__all__ = ["ALONE_TIMEOUT_S", "collect"]
+__all__ = ["ALONE_TIMEOUT_S", "Section", "collect", "servers_section", "build_line_section"]
+
+#: A further section of the report: its key and ``collector(report) -> dict`` (JSON-able).
+Section = tuple[str, Callable[[dict], dict]]
 
 #: Seconds ``doctor`` lets unpatched FlashInfer run in its child process.  FlashInfer
 #: runs ``nvcc --version`` without a timeout, so a hung nvcc would hang it forever.
@@ -111,10 +114,28 @@ _ORIGINAL_ENV = {k: v for k, v in os.environ.items() if k in ("CUDA_HOME", "CUDA
 
 
 def collect(timeout: float = ALONE_TIMEOUT_S, *, say: Callable[[str], None] | None = None,
-            server_cache: dict | None = None) -> dict:
+            server_cache: dict | None = None, arch: str | None = None, extra: Sequence[Section] = ()) -> dict:
     """Everything ``doctor`` reports, JSON-able (judged by :mod:`.diagnosis`); never prints (``say`` gets
     a progress note before the slow part).  ``server_cache``: how the caller moved FlashInfer's cache
-    as the installed server would (SGLang), done before this is called, for the report."""
+    as the installed server would (SGLang), done before this is called, for the report; ``arch``: the
+    ``--arch`` given; ``extra``: sections of layers this one does not import, run last."""
+    from flashinfer_sm120.core.toolkit import ninja
+    from flashinfer_sm120.diagnose import prune
+    from flashinfer_sm120.diagnose.verify import inventory
+
+    report = _collect(timeout, say, server_cache)
+    report["arch_option"] = arch
+    for key, collector in (("ninja", ninja.doctor_section), ("servers", servers_section),
+                           ("build_line", build_line_section), ("inventory", inventory.doctor_section),
+                           ("caches", prune.doctor_section), *extra):  # in order: each reads those before it
+        try:
+            report[key] = collector(report)
+        except Exception as exc:  # one broken section never hides the rest
+            report[key] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    return report
+
+
+def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: dict | None) -> dict:
     from flashinfer_sm120.core import patch, toolkit
     from flashinfer_sm120.core.facts.gpus import query
     from flashinfer_sm120.core.patch.resolve import cleaned_homes, flashinfer_version
@@ -222,3 +243,70 @@ def _dist_version(name: str) -> str | None:
         return md.version(name)
     except Exception:
         return None
+
+
+# ----------------------------------------------------------------------------- further sections
+
+
+def servers_section(report: dict) -> dict:
+    """Per installed vLLM/SGLang (:mod:`flashinfer_sm120.core.facts.servers`): its FlashInfer check
+    now (vLLM: ``has_flashinfer()`` without and with the exported toolkit), the nvcc its lookup
+    finds, and the JIT directory it would use (:mod:`flashinfer_sm120.core.facts.serverprobe`)."""
+    from flashinfer_sm120.core.facts import serverprobe, servers
+    from flashinfer_sm120.core.toolkit.naive import flashinfer_naive_root
+
+    after = report.get("after") or {}
+    exported = bool(after.get("exported"))
+    original = dict(os.environ)
+    for k in ("CUDA_HOME", "CUDA_PATH", "PATH", "FLASHINFER_WORKSPACE_BASE"):
+        original.pop(k, None)
+    original.update((report.get("original_env") or {}))
+    this_base = os.environ.get("FLASHINFER_WORKSPACE_BASE", os.path.expanduser("~"))
+    out = []
+    for inst in servers.installed():
+        key = inst.release.key
+        item: dict = {"server": key, "label": inst.label(), "check": inst.release.flashinfer_check,
+                      "nvcc_lookup": inst.release.nvcc_lookup}
+        if inst.release.needs_nvcc_and_ninja:
+            item["without"] = serverprobe.vllm_has_flashinfer(original)
+            item["with"] = serverprobe.vllm_has_flashinfer(dict(os.environ)) if exported else None
+        item["nvcc_without"] = flashinfer_naive_root(original, server=True)
+        item["nvcc_with"] = flashinfer_naive_root(dict(os.environ), server=True) if exported else None
+        base, how = serverprobe.workspace_base(key, original)
+        item["workspace_base"], item["workspace_how"] = base, how
+        eff = base if base is not None else (original.get("FLASHINFER_WORKSPACE_BASE")
+                                             or serverprobe.expanduser("~", original))
+        item["jit_dir"] = serverprobe.jit_dir_for(eff, after.get("jit_dir"), this_base)
+        out.append(item)
+    return {"servers": out, "autoload": bool((report.get("autoload") or {}).get("pth")), "exported": exported,
+            "applied": report.get("server_cache") or {}}
+
+
+def build_line_section(report: dict) -> dict:
+    """FlashInfer variables set here that change every build line (:mod:`flashinfer_sm120.core.facts.buildline`),
+    the modules built with other values (per JIT directory known so far), and each installed server's
+    own targets for the GPUs of the choice (:mod:`flashinfer_sm120.core.facts.serverarch`)."""
+    from flashinfer_sm120.core.facts import buildline, serverarch, servers
+
+    env = dict(os.environ)
+    version = report.get("flashinfer") if isinstance(report.get("flashinfer"), str) else None
+    now = buildline.snapshot(env, version)
+    out: dict = {"set": [{"name": s.var.name, "value": s.value, "read": s.var.read.name, "enters": s.var.enters,
+                          "where": s.var.where} for s in buildline.settings(env, version)]}
+    dirs = [(report.get("after") or {}).get("jit_dir")]
+    dirs += [s.get("jit_dir") for s in ((report.get("servers") or {}).get("servers") or ())]
+    stale = {}
+    for d in dict.fromkeys(d for d in dirs if d):
+        for module, changed in buildline.stale(Path(d), now).items():
+            stale[os.path.join(d, module)] = [c.__dict__ for c in changed]
+    out["stale"] = stale
+    caps = [tuple(int(x) for x in c.split(".")) for c in
+            (((report.get("resolution") or {}).get("choice") or {}).get("capabilities") or ())]
+    out["server_arch"] = []
+    for inst in servers.installed():
+        choice = serverarch.server_arch(inst.release.key, caps, env) if caps else None
+        if choice is not None:
+            out["server_arch"].append({"name": choice.name, "variable": choice.variable, "value": choice.value,
+                                       "targets": list(choice.targets), "function": choice.function,
+                                       "how": choice.how})
+    return out

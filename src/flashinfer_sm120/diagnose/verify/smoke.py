@@ -193,8 +193,10 @@ def _choose() -> tuple[str, list[str], str]:
     return home, targets, f"nvcc {cx.get_cuda_version()} ({nvcc}) via CUDA_HOME={home}; targets {' '.join(targets)}"
 
 
-def _generate(work: str) -> tuple[str, str, str]:
-    """Write the source and FlashInfer's build.ninja for it into ``work``; returns (ninja, obj, so)."""
+def _generate(state: dict, work: str) -> str:
+    """Write the source and FlashInfer's build.ninja for it into ``work``; ``state`` gets the paths
+    of the ninja file, the object and the ``.so``."""
+    import re
     from pathlib import Path
 
     import flashinfer.jit.cpp_ext as cx
@@ -212,19 +214,11 @@ def _generate(work: str) -> tuple[str, str, str]:
         raise _Failed(f"FlashInfer's build.ninja does not name its output directory {theirs} where expected; "
                       "this FlashInfer release writes its ninja files differently", text[-1500:])
     text = text.replace(theirs, str(Path(work).resolve()))
-    ninja = os.path.join(work, "build.ninja")
-    with open(ninja, "w") as fh:
+    state["ninja"] = os.path.join(work, "build.ninja")
+    with open(state["ninja"], "w") as fh:
         fh.write(text)
-    obj = os.path.join(os.path.realpath(work), f"{src.parent.name}_{src.stem}.cuda.o")
-    return ninja, obj, os.path.join(os.path.realpath(work), f"{_NAME}.so")
-
-
-def _generated(state: dict, work: str) -> str:
-    import re
-
-    state.update(zip(("ninja", "obj", "so"), _generate(work)))
-    with open(state["ninja"]) as fh:
-        text = fh.read()
+    state["obj"] = os.path.join(os.path.realpath(work), f"{src.parent.name}_{src.stem}.cuda.o")
+    state["so"] = os.path.join(os.path.realpath(work), f"{_NAME}.so")
     gencode = sorted(set(re.findall(r"-gencode=arch=\S+", text)))
     return f"FlashInfer's build.ninja: {' '.join(gencode) or 'no -gencode'}; links -lcudart -lcuda"
 
@@ -360,7 +354,7 @@ def run_smoke(timeout: float = SMOKE_TIMEOUT_S, *, keep: str | None = None, gpu:
             return detail
 
         run.step("toolkit", choose)
-        run.step("generate", lambda: _generated(state, work))
+        run.step("generate", lambda: _generate(state, work))
         run.step("compile", lambda: _ninja(["-C", work, "-f", state["ninja"], state["obj"]], run, "compile"))
         run.step("link", lambda: _ninja(["-C", work, "-f", state["ninja"]], run, "link"))
         run.step("link check", lambda: _link_check(state["so"], home, targets))

@@ -18,7 +18,8 @@ from helpers.child import run_py
 from helpers.host import needs_flashinfer
 
 from flashinfer_sm120.core.facts import buildline
-from flashinfer_sm120.cli import buildline_report
+from flashinfer_sm120.cli.doctor_sections import build_line_lines
+from flashinfer_sm120.diagnose.verify.report import build_line_section
 
 #: Variables FlashInfer reads on the build path that flashinfer-sm120 decides itself (toolkit,
 #: targets, directory) or that do not reach build.ninja (logging, the jobs of ninja).
@@ -147,7 +148,7 @@ def test_build_records_the_values_and_a_later_build_names_what_changed(tmp_path,
     # the section doctor prints from it
     monkeypatch.setattr("flashinfer_sm120.core.facts.servers.installed", lambda: [])
     monkeypatch.setenv("FLASHINFER_JIT_VERBOSE", "0")
-    lines = buildline_report.doctor_lines(buildline_report.doctor_section({"after": {"jit_dir": str(jit)}}))
+    lines = build_line_lines(build_line_section({"after": {"jit_dir": str(jit)}}))
     assert f"  {jit / 'm'} was built with other values (FLASHINFER_JIT_VERBOSE 1 then, (unset) now): " \
            "it will be rebuilt" in lines
 
@@ -162,13 +163,13 @@ def test_a_record_that_is_not_ours_is_ignored(tmp_path):
 def test_doctor_warns_for_jit_verbose(monkeypatch):
     monkeypatch.setenv("FLASHINFER_JIT_VERBOSE", "1")
     monkeypatch.setattr("flashinfer_sm120.core.facts.servers.installed", lambda: [])
-    lines = buildline_report.doctor_lines(buildline_report.doctor_section({}))
+    lines = build_line_lines(build_line_section({}))
     assert any(line.startswith("  FLASHINFER_JIT_VERBOSE=1 changes every build line: the warm cache will be rebuilt")
                for line in lines), lines
     monkeypatch.setenv("FLASHINFER_JIT_VERBOSE", "0")
     for v in buildline.BUILD_VARS:
         monkeypatch.delenv(v.name, raising=False)
-    lines = buildline_report.doctor_lines(buildline_report.doctor_section({}))
+    lines = build_line_lines(build_line_section({}))
     assert "  no FlashInfer variable that changes the build line is set" in lines
 
 
