@@ -2,8 +2,8 @@
 metadata): read safely, written atomically, computed once by one process at a time.
 
 * writes are atomic: a temp file with a random name created with ``O_EXCL``
-  (:func:`tempfile.mkstemp`) in the target directory, then :func:`os.replace`
-  (threat-model: P5);
+  (:func:`tempfile.mkstemp`) in the target directory, then :func:`os.replace`; what a killed
+  writer left is swept by the next (threat-model: P5);
 * reads never follow a symlink (``O_NOFOLLOW``), never block on a FIFO
   (``O_NONBLOCK`` + regular-file check), are capped in size, and accept only
   files owned by the current uid (or root): :mod:`flashinfer_sm120.safety.formats` (threat-model: P6).
@@ -23,12 +23,13 @@ from typing import Any, TypeVar
 
 from flashinfer_sm120.errors import FormatError, StateFileError, errno_meaning
 from flashinfer_sm120.safety.formats import read_json_file
+from flashinfer_sm120.safety.fs.tmpdirs import hold, sweep
 
 logger = logging.getLogger("flashinfer_sm120")
 
 T = TypeVar("T")
 
-__all__ = ["MAX_STATE_BYTES", "read_json", "write_atomic", "write_json_atomic", "compute_once"]
+__all__ = ["MAX_STATE_BYTES", "read_json", "temp_prefix", "write_atomic", "write_json_atomic", "compute_once"]
 
 #: Largest state file read (bytes).  The memo holds one small entry per nvcc
 #: binary seen; anything larger is not ours and is rewritten.
@@ -57,22 +58,33 @@ def read_json(path: str, *, max_bytes: int = MAX_STATE_BYTES) -> tuple[Any, str 
         return None, str(exc)
 
 
+def temp_prefix(path: str) -> str:
+    """The name every temporary file of :func:`write_atomic` for ``path`` starts with (beside it)."""
+    return ".tmp-" + os.path.basename(path) + "."
+
+
 def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
     """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never half.
+    The one atomic writer of the package (threat-model: P5).
 
-    A temp file with a random name is created with ``O_EXCL`` in the same directory
-    (so a name planted by another user is never opened), written, given ``mode``,
-    then renamed over ``path`` with :func:`os.replace`; on any failure it is removed.
+    A temp file with a random name (:func:`temp_prefix`) is created with ``O_EXCL`` in the same
+    directory (so a name planted by another user is never opened), held while it is written
+    (:func:`~flashinfer_sm120.safety.fs.tmpdirs.hold`), given ``mode``, then renamed over ``path`` with
+    :func:`os.replace`; on any failure it is removed.  What a writer killed meanwhile left is swept
+    first (:func:`~flashinfer_sm120.safety.fs.tmpdirs.sweep`).
 
     Raises:
         OSError: as the file system reports it (the caller words the message).
     """
     directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + ".", dir=directory)
+    sweep(temp_prefix(path), directory)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), dir=directory)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
+        hold(fd)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fchmod(fd, mode)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -80,6 +92,8 @@ def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
         except OSError:
             pass
         raise
+    finally:
+        os.close(fd)
 
 
 def write_json_atomic(path: str, data: Any) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import abandoned
 from helpers.toolkits import make_toolkit
 from flashinfer_sm120.safety.fs import statedir, statefiles
 from flashinfer_sm120.core.toolkit import inspect, memo
@@ -245,7 +246,7 @@ def test_stale_memo_temp_files_are_cleaned(tmp_path, memo_dir):
     fresh = memo_dir / ".tmp-nvcc-version.json.def456"
     old.write_text("{")
     fresh.write_text("{")
-    os.utime(old, (time.time() - 2 * memo.STALE_TEMP_S,) * 2)
+    abandoned(old)
     memo.store("/nowhere/nvcc", "12.8.93", None)
     assert not old.exists() and fresh.exists()  # a concurrent writer's file is left alone
 
