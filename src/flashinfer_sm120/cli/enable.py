@@ -148,11 +148,11 @@ def _enable(args: argparse.Namespace) -> int:
         who = f"every process of {py} and of any virtual environment created from it with --system-site-packages"
         if sys.prefix != sys.base_prefix:
             who = f"every process of {py} (virtual environment {sys.prefix})"
-    from flashinfer_sm120.safety.ownership import place_reason
+    from flashinfer_sm120.safety.ownership import trust_reason
 
     if os.path.isdir(target_dir):  # threat-model: P4: nothing of root's or yours is written into a tree
 
-        why = place_reason(target_dir)
+        why = trust_reason(target_dir)
         if why:
             return _err(f"the site directory {target_dir} is not safe to write into: {why}. Fix: enable in a site "
                         f"directory that is root's or yours and that others cannot write (leave --site-dir out "
@@ -178,7 +178,7 @@ def _enable(args: argparse.Namespace) -> int:
         foreign = foreign_tree(target_dir)
         if foreign is not None:
             return _err(foreign_tree_message("the site directory", foreign, "--site-dir"))
-        why = place_reason(target_dir)
+        why = trust_reason(target_dir)
         if why:
             return _err(f"the site directory {target_dir} would be created where it is not safe: {why}")
     target = os.path.join(target_dir, PTH_NAME)

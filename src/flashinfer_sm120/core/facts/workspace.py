@@ -87,7 +87,7 @@ def import_refused(env=None) -> ImportRefusal | None:
        cache already there: a root-owned log was left in it);
     3. the temporary directory is another uid's to change."""
     from flashinfer_sm120.safety.buildenv import temp_problem
-    from flashinfer_sm120.safety.ownership import own_place_fix, place_reason
+    from flashinfer_sm120.safety.ownership import own_place_fix, trust_reason
 
     path, how = workspace_path()
     home = os.path.dirname(os.path.dirname(path))
@@ -95,7 +95,7 @@ def import_refused(env=None) -> ImportRefusal | None:
         return ImportRefusal("workspace-no-home", f"its JIT cache {shown(path, 200)} lies in the home directory "
                              f"{shown(home, 200)}, which does not exist, and FlashInfer's import would create it",
                              f"set {_WSB} to a directory of your own, or HOME to an existing one")
-    why = place_reason(path)
+    why = trust_reason(path)
     ft = foreign_tree(path)
     # the sudo -E case: root about to make its cache in a user's tree no one else may write; otherwise
     # (another uid's directory anyone may write, a non-root user) the place rule's own reason (round 6, F2)

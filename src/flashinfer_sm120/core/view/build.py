@@ -19,13 +19,14 @@ from flashinfer_sm120.safety.fs.pathpolicy import path_problem
 from flashinfer_sm120.safety.fs.statedir import cache_root
 from flashinfer_sm120.errors import FormatError, PlaceError, ViewError
 from flashinfer_sm120.safety.fs.tmpdirs import make_private, sweep
+from flashinfer_sm120.safety.ownership import mine_problem
 from flashinfer_sm120.safety.formats import safe_join
 from flashinfer_sm120.safety.fs import lease
 from flashinfer_sm120.core.toolkit import Toolkit
 from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
 from flashinfer_sm120.core.toolkit.sources import site_dirs as _site_dirs
 from flashinfer_sm120.core.view import stub as _stub
-from flashinfer_sm120.core.view.meta import META_NAME, STUB, VIEW_LAYOUT, CudaHome, ViewMeta, check_view, fingerprint, owned_problem
+from flashinfer_sm120.core.view.meta import META_NAME, STUB, VIEW_LAYOUT, CudaHome, ViewMeta, check_view, fingerprint
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -176,7 +177,7 @@ def views_dir() -> str:
     except OSError as exc:
         raise _io_error(exc, parent, "read the CUDA_HOME view directory") from exc
     bad = (f"{parent} is not a directory" if not stat.S_ISDIR(st.st_mode)
-           else owned_problem(parent, st, os.geteuid()))
+           else mine_problem(parent, st))
     if bad:
         raise ViewError(f"not using the CUDA_HOME view directory: {bad}; remove it or set "
                         f"FLASHINFER_SM120_CACHE_DIR to a directory of your own")

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 
 from flashinfer_sm120.errors import PlaceError
 from flashinfer_sm120.safety import formats
-from flashinfer_sm120.safety.ownership import place_reason
+from flashinfer_sm120.safety.ownership import trust_reason
 
 __all__ = ["GRACE_S", "Private", "private_dir", "make_private", "hold", "sweep"]
 
@@ -109,7 +109,7 @@ def make_private(prefix: str, parent: str | None = None) -> Private:
         PlaceError: ``parent`` (by default the temporary directory) is not a place of our own.
     """
     parent = parent or tempfile.gettempdir()
-    why = place_reason(os.path.join(parent, prefix))  # check, then create (threat-model: P4)
+    why = trust_reason(os.path.join(parent, prefix))  # check, then create (threat-model: P4)
     if why:
         raise PlaceError(f"will not make a temporary directory in {formats.shown(parent, 200)}: {why}. Fix: set "
                          f"TMPDIR to a directory of your own (mkdir -m 700 ~/tmp; TMPDIR=~/tmp) or unset it")
