@@ -18,7 +18,7 @@ import sys
 
 from flashinfer_sm120.safety.formats import foreign_tree, shown
 
-__all__ = ["import_failure", "tag_for", "workspace_problem", "workspace_path", "ImportRefusal", "import_refused",
+__all__ = ["import_failure", "tag_for", "workspace_problem", "workspace_base", "workspace_path", "ImportRefusal", "import_refused",
            "normalize_base"]
 
 _WSB = "FLASHINFER_WORKSPACE_BASE"
@@ -43,12 +43,24 @@ def normalize_base() -> str | None:
     return None
 
 
+def workspace_base(env=None) -> tuple[str, str]:
+    """``(base, where from)``: FlashInfer's workspace base in ``env`` (default ``os.environ``) as
+    FlashInfer 0.7.4 ``jit/env.py`` reads it: ``$FLASHINFER_WORKSPACE_BASE`` (empty or blank is unset,
+    :func:`normalize_base`), else the home directory (``HOME`` of ``env``, else the passwd entry's,
+    else ``/``: never a relative ``~``).  The one reader of the variable."""
+    from flashinfer_sm120.safety.fs.statedir import home_dir
+
+    env = os.environ if env is None else env
+    value = env.get(_WSB) or ""
+    if value.strip():
+        return value, _WSB
+    return env.get("HOME") or home_dir() or "/", "the home directory"
+
+
 def workspace_path() -> tuple[str, str]:
     """``(path, where from)`` of FlashInfer's JIT cache as FlashInfer 0.7.4 ``jit/env.py`` computes it
-    at import: ``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer``, else ``~/.cache/flashinfer``."""
-    env = os.environ.get(_WSB) or None  # empty is unset (normalize_base)
-    base = env if env is not None else os.path.expanduser("~")
-    how = _WSB if env is not None else "the home directory"
+    at import: ``<workspace base>/.cache/flashinfer`` (:func:`workspace_base`)."""
+    base, how = workspace_base()
     return os.path.join(base, ".cache", "flashinfer"), how
 
 

@@ -64,9 +64,10 @@ def fi_roots() -> list[str]:
     """FlashInfer's cache roots that exist, real paths, without repeats; a root reached through a level
     another uid owns or may change (a link planted in a shared workspace base) is not one: prune would
     remove wherever it points (threat-model: P2, A2)."""
+    from flashinfer_sm120.core.facts.workspace import workspace_base
     from flashinfer_sm120.safety.ownership import trust_reason
 
-    base = os.environ.get("FLASHINFER_WORKSPACE_BASE") or home()
+    base = workspace_base()[0]
     sg = (os.environ.get("SGLANG_CACHE_DIR")
           or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(home(), ".cache"), "sglang"))
     out = []
