@@ -12,10 +12,10 @@ SRC = ROOT / "src"
 
 def abandoned(*paths) -> None:
     """Make ``paths`` older than the grace a temporary entry's maker has to hold it
-    (:data:`flashinfer_sm120.safety.fs.tmpdirs.GRACE_S`), so a sweep may take them."""
+    (:data:`flashinfer_sm120.safety.fs.atomic.GRACE_S`), so a sweep may take them."""
     import os
 
-    from flashinfer_sm120.safety.fs.tmpdirs import GRACE_S
+    from flashinfer_sm120.safety.fs.atomic import GRACE_S
 
     for p in paths:
         st = os.lstat(p)

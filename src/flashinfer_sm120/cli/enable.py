@@ -3,8 +3,8 @@
 This module must work with the rest of the package broken (a module file
 missing, a dependency gone): ``disable`` is how a user gets rid of the ``.pth``,
 so it imports nothing from the package but :mod:`flashinfer_sm120.core.autoload`,
-:mod:`flashinfer_sm120.safety.envflag`, :mod:`.common`, :mod:`.sitefiles` and the atomic writer and
-sweep of :mod:`flashinfer_sm120.safety.fs` (which need only ``errors`` and ``safety.formats``).
+:mod:`flashinfer_sm120.safety.envflag`, :mod:`flashinfer_sm120.safety.fs.atomic` (standard library only),
+:mod:`.common` and :mod:`.sitefiles`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ import sysconfig
 from flashinfer_sm120.core.autoload import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS, pth_files
 from flashinfer_sm120.cli import sitefiles
 from flashinfer_sm120.cli.common import err as _err
-from flashinfer_sm120.safety.fs.statefiles import temp_prefix, write_atomic
-from flashinfer_sm120.safety.fs.tmpdirs import sweep
+from flashinfer_sm120.safety.fs.atomic import sweep, temp_prefix, write_atomic
 
 __all__ = ["add_parsers", "user_site_problem", "autoload_lines"]
 
@@ -81,7 +80,7 @@ def _targets_for_disable(site_dir: str | None) -> list[str]:
 
 def _sweep_tmp(site_dir: str) -> None:
     """What an ``enable``/``disable`` killed between writing and renaming left (``kill -9``, the OOM
-    killer): the one sweep, :func:`flashinfer_sm120.safety.fs.tmpdirs.sweep`."""
+    killer): the one sweep, :func:`flashinfer_sm120.safety.fs.atomic.sweep`."""
     for name in (HOOK_FILE, PTH_NAME):
         sweep(temp_prefix(os.path.join(site_dir, name)), site_dir)
 

@@ -119,7 +119,7 @@ def path_problem(env) -> PathProblem | None:
 
 # threat-model: P5 (never clobber: a compiler's predictable temporary names only in a directory of ours)
 #: The prefix of a process's build temporary directory under ``$TMPDIR`` (a killed process's is swept
-#: by the next, :func:`flashinfer_sm120.safety.fs.tmpdirs.sweep`).
+#: by the next, :func:`flashinfer_sm120.safety.fs.atomic.sweep`).
 BUILD_TMP_PREFIX = "fi-sm120-build-"
 _BUILD: dict[int, Private] = {}  # pid -> its directory: a forked child makes its own
 _LOCK = threading.Lock()

@@ -3,7 +3,7 @@
 Failed before its fix: ``enable`` killed with ``kill -9`` (or by the OOM killer) after writing its
 temporary file left it in site-packages for good; no later ``enable`` or ``disable`` removed it.
 Its temporary files are the atomic writer's, swept by the one rule of
-:func:`flashinfer_sm120.safety.fs.tmpdirs.sweep`.
+:func:`flashinfer_sm120.safety.fs.atomic.sweep`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from helpers import abandoned
 from helpers.untrusted import give_away
 from flashinfer_sm120.cli import main
 from flashinfer_sm120.core.autoload import PTH_NAME
-from flashinfer_sm120.safety.fs.statefiles import temp_prefix
+from flashinfer_sm120.safety.fs.atomic import temp_prefix
 
 KILLED = ("import os, sys\n"
           "os.replace = lambda *a, **k: os.kill(os.getpid(), 9)  # killed between write and rename\n"

@@ -35,7 +35,7 @@ the next free name (``.1``, ``.2`` ...), so a view that another process may be
 using is never deleted or changed.  Builders take a file lock
 (``cuda-home/.lock``, :mod:`filelock`), so exactly one process builds and the
 others wait and adopt; ``.tmp-*`` directories left by builders that died (``kill -9``) are
-swept by the next (:func:`flashinfer_sm120.safety.fs.tmpdirs.sweep`: only those no live builder holds).
+swept by the next (:func:`flashinfer_sm120.safety.fs.atomic.sweep`: only those no live builder holds).
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ import filelock
 from flashinfer_sm120.safety.fs.pathpolicy import path_problem
 from flashinfer_sm120.safety.fs.statedir import cache_root
 from flashinfer_sm120.errors import FormatError, PlaceError, ViewError
-from flashinfer_sm120.safety.fs.tmpdirs import make_private, sweep
+from flashinfer_sm120.safety.fs.atomic import sweep
+from flashinfer_sm120.safety.fs.tmpdirs import make_private
 from flashinfer_sm120.safety.ownership import mine_problem
 from flashinfer_sm120.safety.formats import safe_join
 from flashinfer_sm120.safety.fs import lease

@@ -1,41 +1,25 @@
-"""What a killed process leaves behind, swept by the next one: one rule for temporary directories
-and for the temporary files of atomic writes.
-
-``tempfile.mkdtemp``/``TemporaryDirectory`` clean up in ``finally``, which ``kill -9`` or the OOM killer
-never reach: a ``cache import`` killed while unpacking left its archive's files (up to the 32 GiB cap)
-in ``$TMPDIR/fi-sm120-import-*``, a build its jobserver FIFO, a view builder its half-built view, an
-``enable`` its half-written ``.pth``, each run one more.  A temporary entry made here (a directory, or
-the temporary file of :func:`flashinfer_sm120.safety.fs.statefiles.write_atomic`) is ``flock``-ed for as
-long as its maker uses it (the lock is the open file, released by the kernel when the process dies, in
-any PID namespace); :func:`sweep` removes those of this uid whose lock it can take.  Nothing is made in a
-temporary directory another uid can change.
+"""Private temporary directories a killed process does not leave behind for good: made only in a
+place of our own (threat-model: P4), held while their maker lives and swept by the next maker after a
+kill (:mod:`flashinfer_sm120.safety.fs.atomic`).
 """
-# threat-model: P5 (temporary entries have random names; only their creator removes them, or the next
-# process once the creator's lock is gone), P3 (never removed on a guess from /proc or a pid)
+# threat-model: P5 (private temporary directories; only their creator's leftovers are swept)
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
-import stat
 import tempfile
-import time
 from collections.abc import Iterator
 
 from flashinfer_sm120.errors import PlaceError
 from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.fs.atomic import hold, sweep
 from flashinfer_sm120.safety.ownership import trust_reason
 
-__all__ = ["GRACE_S", "Private", "private_dir", "make_private", "hold", "sweep"]
+__all__ = ["Private", "private_dir", "make_private"]
 
-#: An entry younger than this (seconds) is never swept: its maker may not have locked it yet
-#: (``mkdtemp``/``mkstemp`` and ``flock`` are two steps).
-GRACE_S = 60.0
-
-_SWEEP_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO never blocks a sweep
-_FLAGS = _SWEEP_FLAGS | os.O_DIRECTORY
+_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_DIRECTORY
 
 
 class Private:
@@ -50,55 +34,6 @@ class Private:
         shutil.rmtree(self.path, ignore_errors=True)
         os.close(self._fd)
         self._fd = None
-
-
-def hold(fd: int) -> None:
-    """Mark the temporary entry open on ``fd`` as in use for as long as it stays open (:func:`sweep`
-    keeps it).  On a file system without ``flock`` it is kept by :data:`GRACE_S` only."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        pass
-
-
-def sweep(prefix: str, parent: str | None = None) -> None:
-    """Remove ``parent/prefix*`` directories and regular files of yours that nobody holds
-    (:func:`hold`) and that are older than :data:`GRACE_S` (their maker was killed).  A link is never
-    followed or removed, nor an entry of another uid.  Never raises."""
-    parent = parent or tempfile.gettempdir()
-    try:
-        names = [n for n in os.listdir(parent) if n.startswith(prefix)]
-    except OSError:
-        return
-    for name in names:
-        path = os.path.join(parent, name)
-        try:
-            fd = os.open(path, _SWEEP_FLAGS)
-        except OSError:
-            continue
-        try:
-            st = os.fstat(fd)
-            kind = stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)
-            if st.st_uid != os.geteuid() or not kind or time.time() - st.st_mtime < GRACE_S:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                continue  # its maker is alive
-            if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(path, ignore_errors=True)
-            elif _same_file(path, st):
-                os.unlink(path)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-
-
-def _same_file(path: str, st: os.stat_result) -> bool:
-    """``path`` still names the file ``st`` describes (not one renamed over it meanwhile)."""
-    now = os.lstat(path)
-    return (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
 
 
 def make_private(prefix: str, parent: str | None = None) -> Private:

@@ -277,13 +277,13 @@ def test_path_rule_property(text):
 ])
 def test_a_failed_state_write_says_what_its_errno_means(tmp_path, monkeypatch, err, meaning, fix):
     """Regression: every failed write said 'free space' whatever the errno."""
-    from flashinfer_sm120.safety.fs import statefiles
+    from flashinfer_sm120.safety.fs import atomic, statefiles
     from flashinfer_sm120.errors import StateFileError
 
     def fail(path, data, **kw):
         raise OSError(err, os.strerror(err), path)
 
-    monkeypatch.setattr(statefiles, "write_atomic", fail)
+    monkeypatch.setattr(atomic, "write_atomic", fail)
     with pytest.raises(StateFileError) as info:
         statefiles.write_json_atomic(str(tmp_path / "memo.json"), {})
     msg = str(info.value)

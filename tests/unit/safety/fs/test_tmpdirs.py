@@ -18,7 +18,7 @@ import pytest
 from helpers import abandoned
 from helpers.untrusted import give_away, make_unsafe
 from flashinfer_sm120.errors import PlaceError
-from flashinfer_sm120.safety.fs import tmpdirs
+from flashinfer_sm120.safety.fs import atomic, tmpdirs
 from flashinfer_sm120.warmup import jobserver
 
 KILLED = """
@@ -56,44 +56,42 @@ def test_a_live_makers_directory_and_a_fresh_one_are_kept(tmpdir_env):
     fresh = tempfile.mkdtemp(prefix="x-")  # not locked yet, but younger than the grace
     other = tmpdir_env / "x-link"
     os.symlink("/etc", other)  # never followed, never removed
-    tmpdirs.sweep("x-")
+    atomic.sweep("x-")
     assert os.path.isdir(live.path) and os.path.isdir(fresh) and os.path.islink(other)
     live.close()
     assert not os.path.exists(live.path)
     abandoned(fresh)
-    tmpdirs.sweep("x-")
+    atomic.sweep("x-")
     assert not os.path.exists(fresh) and os.path.isdir("/etc")
 
 
 def test_temporary_files_follow_the_same_rule(tmpdir_env):
     """The atomic writer's temporary files: a killed writer's is swept, a live writer's (held), a
     fresh one, another uid's, a link and a FIFO are kept, and a FIFO never blocks the sweep."""
-    from flashinfer_sm120.safety.fs import statefiles
-
     target = tmpdir_env / "state.json"
-    prefix = statefiles.temp_prefix(str(target))
+    prefix = atomic.temp_prefix(str(target))
     dead, live, fresh = (tmpdir_env / (prefix + n) for n in ("dead", "live", "fresh"))
     for p in (dead, live, fresh):
         p.write_text("{")
     fd = os.open(live, os.O_RDONLY)
-    tmpdirs.hold(fd)
+    atomic.hold(fd)
     fifo = tmpdir_env / (prefix + "fifo")
     os.mkfifo(fifo)
     link = tmpdir_env / (prefix + "link")
     link.symlink_to(dead)
     abandoned(dead, live, fifo, link)
     try:
-        statefiles.write_atomic(str(target), b"{}")  # sweeps its own leftovers first
+        atomic.write_atomic(str(target), b"{}")  # sweeps its own leftovers first
         assert not dead.exists() and live.exists() and fresh.exists() and fifo.exists() and link.is_symlink()
     finally:
         os.close(fd)
-    tmpdirs.sweep(prefix, str(tmpdir_env))
+    atomic.sweep(prefix, str(tmpdir_env))
     assert not live.exists() and target.read_bytes() == b"{}"
     theirs = tmpdir_env / (prefix + "theirs")
     theirs.write_text("{")
     give_away(theirs, 65534)
     abandoned(theirs)
-    tmpdirs.sweep(prefix, str(tmpdir_env))
+    atomic.sweep(prefix, str(tmpdir_env))
     assert theirs.exists()
 
 
