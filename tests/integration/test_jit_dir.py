@@ -72,3 +72,18 @@ def test_a_module_in_a_jit_directory_others_can_change_is_neither_built_nor_load
     assert out.startswith("ToolkitError: flashinfer-sm120 stopped this FlashInfer JIT build before nvcc ran"), out
     assert str(base) in out and "not safe to build in" in out, out
     assert not list(base.rglob("*.so")) and not list(base.rglob("build.ninja"))
+
+
+@pytest.mark.parametrize("how", ["world-writable", "another user's"])
+def test_the_patch_warning_and_build_check_the_jit_directory_one_way(tmp_path, how):
+    """The patch's warning checked FlashInfer's JIT directory itself, ``build`` also its lock level
+    ``tmp``; both now ask :func:`jit_dir_refused`, which checks both (the stricter)."""
+    from flashinfer_sm120.core.facts.workspace import builds_refused, jit_dir_refused
+
+    jit = tmp_path / "jit"
+    (jit / "tmp").mkdir(parents=True)
+    assert jit_dir_refused(str(jit)) is None
+    make_unsafe(jit / "tmp", how)
+    problem = jit_dir_refused(str(jit))
+    assert problem is not None and str(jit / "tmp") in str(problem) and "Fix" in str(problem)
+    assert str(problem) in (builds_refused(str(jit)) or "")

@@ -15,10 +15,14 @@ import os
 import pathlib
 import stat
 import sys
+from typing import TYPE_CHECKING
 
 from flashinfer_sm120.safety.formats import foreign_tree, shown
 
-__all__ = ["import_failure", "tag_for", "workspace_problem", "workspace_base", "workspace_path", "ImportRefusal", "import_refused",
+if TYPE_CHECKING:
+    from flashinfer_sm120.safety.ownership import PlaceProblem
+
+__all__ = ["import_failure", "tag_for", "workspace_problem", "workspace_base", "workspace_path", "jit_dir_refused", "ImportRefusal", "import_refused",
            "normalize_base"]
 
 _WSB = "FLASHINFER_WORKSPACE_BASE"
@@ -211,10 +215,17 @@ def builds_refused(jit_dir: str, env=None) -> str | None:
     directory, fails the trust rule.  The one list ``build`` refuses by and ``status`` reports
     (threat-model: P2, P8).  Creates nothing."""
     from flashinfer_sm120.safety.buildenv import path_problem
+
+    problem = jit_dir_refused(jit_dir) or path_problem(os.environ if env is None else env)
+    return str(problem) if problem else None
+
+
+def jit_dir_refused(jit_dir: str) -> str | PlaceProblem | None:
+    """Why FlashInfer's JIT directory ``jit_dir`` is no place to build in, else ``None``: its path
+    breaks the path rule, or a level of it, its lock level ``tmp`` included, fails the ownership rule
+    (:func:`flashinfer_sm120.safety.ownership.check_place`; threat-model: P2, P4).  The one check of
+    it, for the patch's warning and for :func:`builds_refused`.  Creates nothing."""
     from flashinfer_sm120.safety.fs.pathpolicy import jit_dir_problem
     from flashinfer_sm120.safety.ownership import check_place
 
-    problem = (jit_dir_problem(jit_dir)
-               or check_place(os.path.join(jit_dir, "tmp"), "FlashInfer's JIT directory")
-               or path_problem(os.environ if env is None else env))
-    return str(problem) if problem else None
+    return jit_dir_problem(jit_dir) or check_place(os.path.join(jit_dir, "tmp"), "FlashInfer's JIT directory")
