@@ -23,7 +23,8 @@ import os
 import stat
 import tempfile
 
-from flashinfer_sm120.errors import StateFileError, errno_meaning
+from flashinfer_sm120.errors import StateFileError
+from flashinfer_sm120.safety import oserrors
 from flashinfer_sm120.safety.formats import bounded, deepest_existing, foreign_tree, make_private_dirs
 from flashinfer_sm120.safety.ownership import mine_problem, trust_reason
 from flashinfer_sm120.safety.fs.pathpolicy import path_problem
@@ -109,18 +110,11 @@ def _dir_problem(path: str, what: str, explicit: bool = True) -> str | None:
 
 
 def _os_problem(what: str, path: str, action: str, exc: OSError) -> str:
-    """``<what>=<path> cannot be <action>: <what the errno means>``, with the fix for that errno
-    (threat-model: P8: chosen by errno, never by exception class)."""
-    fixes = {
-        errno.ENAMETOOLONG: "use a shorter path",
-        errno.ENOSPC: "free space there",
-        errno.EDQUOT: "free space within your quota",
-        errno.ENOTDIR: "remove the file that stands where a directory should be, or use another path",
-        errno.ELOOP: "fix the symbolic links, or use another path",
-    }
-    fix = fixes.get(exc.errno or 0, "use a directory you can write")
-    return (f"{what}={path!r} {action}: {errno_meaning(exc)}; {fix}, or set FLASHINFER_SM120_CACHE_DIR "
-            f"to a directory of your own")
+    """``<what>=<path> <action>: <what the errno means>; <its fix>``, from the one table
+    :data:`flashinfer_sm120.safety.oserrors.BY_ERRNO` (threat-model: P8: by errno, never by exception
+    class)."""
+    why = oserrors.describe(exc, path, "set FLASHINFER_SM120_CACHE_DIR to a directory of your own")
+    return f"{what}={path!r} {action}: {why}"
 
 
 #: Bytes of path kept free below the cache root for what is written there

@@ -11,14 +11,14 @@ Where they live is :func:`flashinfer_sm120.safety.fs.statedir.cache_root`.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from flashinfer_sm120.errors import FormatError, StateFileError, errno_meaning
+from flashinfer_sm120.errors import FormatError, StateFileError
+from flashinfer_sm120.safety import oserrors
 from flashinfer_sm120.safety.formats import read_json_file
 from flashinfer_sm120.safety.fs import atomic
 
@@ -66,20 +66,8 @@ def write_json_atomic(path: str, data: Any) -> None:
         atomic.write_atomic(path, json.dumps(data).encode("utf-8"))
     except OSError as exc:  # the message by errno, never by exception class (threat-model: P8)
         directory = os.path.dirname(path) or "."
-        fix = _WRITE_FIXES.get(exc.errno or 0, "make it writable")
-        raise StateFileError(
-            f"cannot write {path}: {errno_meaning(exc)}; {fix.format(dir=directory)}, or set "
-            f"FLASHINFER_SM120_CACHE_DIR to another directory") from exc
-
-
-#: The fix for a failed state-file write, by errno (``{dir}``: the directory written).
-_WRITE_FIXES = {
-    errno.ENOSPC: "free space in {dir}",
-    errno.EDQUOT: "free space within your quota in {dir}",
-    errno.EROFS: "use a directory on a writable file system instead of {dir}",
-    errno.EACCES: "make {dir} writable for you",
-    errno.ENAMETOOLONG: "use a shorter path than {dir}",
-}
+        why = oserrors.describe(exc, directory, "set FLASHINFER_SM120_CACHE_DIR to another directory")
+        raise StateFileError(f"cannot write {path}: {why}") from exc
 
 
 def compute_once(lock_path: str, lookup: Callable[[], T | None], compute: Callable[[], T], *,
