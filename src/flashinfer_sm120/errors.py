@@ -6,10 +6,8 @@ every message names the offending value or path and the fix.
 
 from __future__ import annotations
 
-import errno as _errno
 
-__all__ = ["Sm120Error", "UsageError", "ToolkitError", "ViewError", "GPUQueryError", "PlaceError", "StateFileError", "FormatError",
-           "ERRNO_MEANINGS", "errno_meaning"]
+__all__ = ["Sm120Error", "UsageError", "ToolkitError", "ViewError", "GPUQueryError", "PlaceError", "StateFileError", "FormatError"]
 
 
 class Sm120Error(RuntimeError):
@@ -87,23 +85,3 @@ class FormatError(Sm120Error, ValueError):
 
 def _format_error(message: str, source: str, problem: str, fix: str) -> FormatError:
     return FormatError(message, source=source, problem=problem, fix=fix)
-
-
-#: What an ``errno`` means, in words a user can act on (data only: the caller adds the value and
-#: the fix).  Messages are chosen by errno, never by exception class or text (threat-model: P8).
-ERRNO_MEANINGS: dict[int, str] = {
-    _errno.EACCES: "permission denied",
-    _errno.EPERM: "operation not permitted",
-    _errno.EROFS: "a read-only file system",
-    _errno.ENOSPC: "no space left on the device",
-    _errno.EDQUOT: "the disk quota is exhausted",
-    _errno.ENAMETOOLONG: "a name longer than the file system allows (255 bytes a component, 4096 a path)",
-    _errno.ENOTDIR: "a level of the path is not a directory",
-    _errno.ELOOP: "too many levels of symbolic links",
-    _errno.EEXIST: "something already exists there",
-}
-
-
-def errno_meaning(exc: OSError) -> str:
-    """:data:`ERRNO_MEANINGS` for ``exc.errno``, else the system's own words (``strerror``)."""
-    return ERRNO_MEANINGS.get(exc.errno or 0) or exc.strerror or str(exc)

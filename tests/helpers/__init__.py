@@ -8,3 +8,15 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
 SRC = ROOT / "src"
+
+
+def abandoned(*paths) -> None:
+    """Make ``paths`` older than the grace a temporary entry's maker has to hold it
+    (:data:`flashinfer_sm120.safety.fs.atomic.GRACE_S`), so a sweep may take them."""
+    import os
+
+    from flashinfer_sm120.safety.fs.atomic import GRACE_S
+
+    for p in paths:
+        st = os.lstat(p)
+        os.utime(p, (st.st_atime - GRACE_S - 60, st.st_mtime - GRACE_S - 60), follow_symlinks=False)

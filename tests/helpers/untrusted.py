@@ -39,9 +39,9 @@ def toolkit_with_nvcc(root: Path, nvcc_text: str, header: str = "13.0") -> Path:
 
 def tmp_is_trusted(tmp: Path) -> bool:
     """pytest's tmp dirs pass the trust rule (owned by us, not writable by others)."""
-    from flashinfer_sm120.safety.ownership import check_path
+    from flashinfer_sm120.safety.ownership import trust_reason
 
-    return check_path(str(tmp)) is None and os.geteuid() == tmp.stat().st_uid
+    return trust_reason(str(tmp), absent_ok=False) is None and os.geteuid() == tmp.stat().st_uid
 
 
 def give_away(path: Path, uid: int = 4321) -> None:

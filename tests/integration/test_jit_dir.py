@@ -107,3 +107,18 @@ def test_import_warns_when_flashinfer_jit_directory_breaks_its_ninja_files(clean
     proc = run_code("import flashinfer_sm120; flashinfer_sm120.install(); import flashinfer.jit.core", env, 300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "FLASHINFER_WORKSPACE_BASE" in proc.stderr and "build.ninja" in proc.stderr
+
+
+@pytest.mark.parametrize("how", ["world-writable", "another user's"])
+def test_the_patch_warning_and_build_check_the_jit_directory_one_way(tmp_path, how):
+    """The patch's warning checked FlashInfer's JIT directory itself, ``build`` also its lock level
+    ``tmp``; both now ask :func:`jit_dir_refused`, which checks both (the stricter)."""
+    from flashinfer_sm120.core.facts.workspace import builds_refused, jit_dir_refused
+
+    jit = tmp_path / "jit"
+    (jit / "tmp").mkdir(parents=True)
+    assert jit_dir_refused(str(jit)) is None
+    make_unsafe(jit / "tmp", how)
+    problem = jit_dir_refused(str(jit))
+    assert problem is not None and str(jit / "tmp") in str(problem) and "Fix" in str(problem)
+    assert str(problem) in (builds_refused(str(jit)) or "")

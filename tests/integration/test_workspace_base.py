@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from helpers.child import run_code
 from helpers.host import needs_flashinfer
@@ -55,3 +56,21 @@ def test_workspace_path_reads_an_empty_base_as_the_home_directory(monkeypatch, t
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", "")
     assert workspace_path() == (str(tmp_path / ".cache" / "flashinfer"), "the home directory")
+
+
+def test_every_reader_of_the_workspace_base_reads_it_one_way(monkeypatch, tmp_path):
+    """One reader of FLASHINFER_WORKSPACE_BASE: a blank value is unset, the home is the given
+    environment's, and the sccache base directories follow it (doctor's servers section took an empty
+    value as the base itself, and prune fell back to the home its own way)."""
+    from flashinfer_sm120.core.facts.workspace import workspace_base
+    from flashinfer_sm120.core.jitenv.launcher import basedirs
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    assert workspace_base({"FLASHINFER_WORKSPACE_BASE": " ", "HOME": str(tmp_path)}) == (str(tmp_path),
+                                                                                        "the home directory")
+    assert workspace_base({"FLASHINFER_WORKSPACE_BASE": str(ws)}) == (str(ws), "FLASHINFER_WORKSPACE_BASE")
+    assert basedirs({"FLASHINFER_WORKSPACE_BASE": "", "HOME": str(ws)})[0] == os.path.realpath(ws)
+    monkeypatch.delenv("HOME")
+    monkeypatch.setattr("flashinfer_sm120.safety.fs.statedir.home_dir", lambda: None)
+    assert workspace_base({})[0] == "/"  # never a relative '~'

@@ -2,8 +2,9 @@
 
 This module must work with the rest of the package broken (a module file
 missing, a dependency gone): ``disable`` is how a user gets rid of the ``.pth``,
-so it imports nothing from the package but :mod:`flashinfer_sm120.core.autoload`
-and :mod:`flashinfer_sm120.safety.envflag` (standard library only) and :mod:`.common`.
+so it imports nothing from the package but :mod:`flashinfer_sm120.core.autoload`,
+:mod:`flashinfer_sm120.safety.envflag`, :mod:`flashinfer_sm120.safety.fs.atomic` (standard library only),
+:mod:`.common` and :mod:`.sitefiles`.
 """
 
 from __future__ import annotations
@@ -12,15 +13,14 @@ import argparse
 import contextlib
 import fcntl
 import os
-import stat
 import site
 import sys
 import sysconfig
-import tempfile
 
 from flashinfer_sm120.core.autoload import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS, pth_files
 from flashinfer_sm120.cli import sitefiles
 from flashinfer_sm120.cli.common import err as _err
+from flashinfer_sm120.safety.fs.atomic import sweep, temp_prefix, write_atomic
 
 __all__ = ["add_parsers", "user_site_problem", "autoload_lines"]
 
@@ -78,47 +78,11 @@ def _targets_for_disable(site_dir: str | None) -> list[str]:
     return out
 
 
-_TMP_PREFIX, _TMP_SUFFIX = ".flashinfer_sm120_autoload.", ".tmp"
-
-
 def _sweep_tmp(site_dir: str) -> None:
-    """Remove the temporary files of an ``enable``/``disable`` killed between writing and renaming
-    (``kill -9``, the OOM killer): called under :func:`_site_lock`, so no live writer owns one.
-    Only regular files of this user are removed, never through a link."""
-
-    try:
-        names = [n for n in os.listdir(site_dir) if n.startswith(_TMP_PREFIX) and n.endswith(_TMP_SUFFIX)]
-    except OSError:
-        return
-    for name in names:
-        path = os.path.join(site_dir, name)
-        try:
-            st = os.lstat(path)
-            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
-                os.unlink(path)
-        except OSError:
-            continue
-
-
-def _write_atomic(path: str, text: str) -> None:
-    """Write ``text`` so that an interpreter starting meanwhile sees the old file or the new one.
-
-    (Not :func:`flashinfer_sm120.safety.fs.statefiles.write_atomic`: ``enable`` and ``disable`` must work with
-    the rest of the package broken, so this module uses the standard library only.)"""
-    d = os.path.dirname(path)
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=_TMP_SUFFIX, dir=d)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """What an ``enable``/``disable`` killed between writing and renaming left (``kill -9``, the OOM
+    killer): the one sweep, :func:`flashinfer_sm120.safety.fs.atomic.sweep`."""
+    for name in (HOOK_FILE, PTH_NAME):
+        sweep(temp_prefix(os.path.join(site_dir, name)), site_dir)
 
 
 @contextlib.contextmanager
@@ -183,11 +147,11 @@ def _enable(args: argparse.Namespace) -> int:
         who = f"every process of {py} and of any virtual environment created from it with --system-site-packages"
         if sys.prefix != sys.base_prefix:
             who = f"every process of {py} (virtual environment {sys.prefix})"
-    from flashinfer_sm120.safety.ownership import place_reason
+    from flashinfer_sm120.safety.ownership import trust_reason
 
     if os.path.isdir(target_dir):  # threat-model: P4: nothing of root's or yours is written into a tree
 
-        why = place_reason(target_dir)
+        why = trust_reason(target_dir)
         if why:
             return _err(f"the site directory {target_dir} is not safe to write into: {why}. Fix: enable in a site "
                         f"directory that is root's or yours and that others cannot write (leave --site-dir out "
@@ -213,7 +177,7 @@ def _enable(args: argparse.Namespace) -> int:
         foreign = foreign_tree(target_dir)
         if foreign is not None:
             return _err(foreign_tree_message("the site directory", foreign, "--site-dir"))
-        why = place_reason(target_dir)
+        why = trust_reason(target_dir)
         if why:
             return _err(f"the site directory {target_dir} would be created where it is not safe: {why}")
     target = os.path.join(target_dir, PTH_NAME)
@@ -221,16 +185,15 @@ def _enable(args: argparse.Namespace) -> int:
     changed = False
     try:
         os.makedirs(target_dir, exist_ok=True)
-        with _site_lock(target_dir) as locked:
-            if locked:  # no live writer: a temporary file there is a killed one's
-                _sweep_tmp(target_dir)
+        with _site_lock(target_dir):
+            _sweep_tmp(target_dir)
             for name, text in pth_files().items():  # the module first, then the .pth that imports it
                 writing = os.path.join(target_dir, name)
                 if name == PTH_NAME:  # lines you added to it are kept
                     text += "".join(sitefiles.other_lines(writing)[0])
                 if sitefiles.holds(writing, text):  # already what this release writes: leave it (and say so)
                     continue
-                _write_atomic(writing, text)
+                write_atomic(writing, text.encode("utf-8"), mode=0o644)  # readable by every user of it
                 changed = True
                 if name == HOOK_FILE:
                     _precompile(writing)
@@ -252,9 +215,8 @@ def _disable(args: argparse.Namespace) -> int:
         return empty
     removed, failed, left = [], [], []
     for d in _targets_for_disable(args.site_dir):
-        with _site_lock(d) as locked:
-            if locked:
-                _sweep_tmp(d)
+        with _site_lock(d):
+            _sweep_tmp(d)
             # the .pth first: an interpreter starting meanwhile must not import a missing module
             hook = os.path.join(d, HOOK_FILE)
             hook_ours = not os.path.lexists(hook) or sitefiles.is_our_hook(hook)
@@ -271,7 +233,7 @@ def _disable(args: argparse.Namespace) -> int:
                         left.append(f"{target} (its content is not ours)")
                         continue
                     if kept:  # lines you added: keep them, drop ours
-                        _write_atomic(target, "".join(kept))
+                        write_atomic(target, "".join(kept).encode("utf-8"), mode=0o644)
                         removed.append(f"our line of {target} (kept {len(kept)} of yours)")
                     else:
                         os.unlink(target)

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 from flashinfer_sm120.safety.fs.tmpdirs import Private, make_private
 from flashinfer_sm120.safety.compilers import FLAG_VARIABLES, ccbin_values, which
-from flashinfer_sm120.safety.ownership import place_reason
+from flashinfer_sm120.safety.ownership import trust_reason
 from flashinfer_sm120.safety.trust import trace
 
 __all__ = ["BY_NAME", "ByName", "PathProblem", "TEMP_VARIABLES", "path_problem", "temp_problem",
@@ -84,13 +84,13 @@ TEMP_VARIABLES = ("TMPDIR", "TMP", "TEMP")
 
 def temp_problem(env) -> PathProblem | None:
     """The first temporary directory of :data:`TEMP_VARIABLES` set in ``env`` (else ``/tmp``) that
-    is not a place of our own (:func:`~flashinfer_sm120.safety.ownership.place_reason`: a level
+    is not a place of our own (:func:`~flashinfer_sm120.safety.ownership.trust_reason`: a level
     another uid owns or may write, other than a root-owned sticky directory holding it)."""
     for var in TEMP_VARIABLES:
         value = env.get(var) or ""
         if not os.path.isabs(value):
             continue  # unset or relative: nvcc and gcc then use /tmp
-        why = place_reason(os.path.join(value, "flashinfer-sm120"))  # what a compile makes in it
+        why = trust_reason(os.path.join(value, "flashinfer-sm120"))  # what a compile makes in it
         if why:
             return PathProblem(value, "the temporary directory", why,
                                f"set {var} to a directory of your own (mkdir -m 700 ~/tmp; {var}=~/tmp) or unset it",
@@ -119,7 +119,7 @@ def path_problem(env) -> PathProblem | None:
 
 # threat-model: P5 (never clobber: a compiler's predictable temporary names only in a directory of ours)
 #: The prefix of a process's build temporary directory under ``$TMPDIR`` (a killed process's is swept
-#: by the next, :func:`flashinfer_sm120.safety.fs.tmpdirs.sweep`).
+#: by the next, :func:`flashinfer_sm120.safety.fs.atomic.sweep`).
 BUILD_TMP_PREFIX = "fi-sm120-build-"
 _BUILD: dict[int, Private] = {}  # pid -> its directory: a forked child makes its own
 _LOCK = threading.Lock()

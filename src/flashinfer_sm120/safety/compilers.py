@@ -41,7 +41,7 @@ import re
 from flashinfer_sm120.safety import formats
 from flashinfer_sm120.safety.formats.flags import parse_compile_flag
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.ownership import check_path, place_reason
+from flashinfer_sm120.safety.ownership import trust_reason
 from flashinfer_sm120.safety.trust import trace
 
 __all__ = ["DIR_VARIABLES", "FLAG_VARIABLES", "VARIABLES", "dirs_problem", "Verdict", "check", "program_of",
@@ -235,10 +235,8 @@ def dirs_problem(var: str, value: str) -> str | None:
 def _named_path_problem(p: str) -> str | None:
     """Why the absolute path ``p`` a value names may not reach a build: existing, it fails the trust
     rule; absent, it lies where another user may create it first (and so decide what it holds)."""
-    if os.path.lexists(p):
-        return check_path(p)
-    why = place_reason(p, sticky_ok=False)
-    return None if why is None else (f"names {formats.shown(p, 200)}, which does not exist yet where another "
+    why = trust_reason(p, sticky_ok=False)  # an existing path is checked whole
+    return why if why is None or os.path.lexists(p) else (f"names {formats.shown(p, 200)}, which does not exist yet where another "
                                      f"user may create it ({why})")
 
 

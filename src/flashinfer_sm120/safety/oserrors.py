@@ -1,5 +1,5 @@
 """What an ``OSError`` means for the user, chosen by its ``errno`` (never by exception class or
-message text): one table, :data:`BY_ERRNO`, that every command can use.
+message text): one table, :data:`BY_ERRNO`, that every command and state file uses.
 
 threat-model: P8 (messages are chosen by errno and name the value and the fix).
 """
@@ -22,8 +22,8 @@ BY_ERRNO: dict[int, tuple[str, str, str]] = {
     errno.EPERM: ("permission", "operation not permitted on {path}",
                   "make {path} yours (or writable by you), or {elsewhere}"),
     errno.EROFS: ("permission", "{path} is on a read-only file system", "{elsewhere}"),
-    errno.ENAMETOOLONG: ("path", "the path {path} is too long for this file system",
-                         "use a shorter directory, or {elsewhere}"),
+    errno.ENAMETOOLONG: ("path", "the path {path} is longer than the file system allows (255 bytes a "
+                         "component, 4096 a path)", "use a shorter path, or {elsewhere}"),
     errno.ELOOP: ("path", "{path} is (or passes through) a symbolic link", "replace the link by a real "
                   "directory, or {elsewhere}"),
     errno.ENOTDIR: ("path", "a part of {path} is not a directory", "remove or rename that file, or {elsewhere}"),

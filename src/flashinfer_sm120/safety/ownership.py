@@ -4,8 +4,10 @@ component of its path is looked up, must be owned by root or by the current uid 
 writable by group or others (group-writable is fine when the group is the user's private group,
 see :func:`writable_by_others`).  A world-writable directory with the
 sticky bit (``/tmp``) is accepted only when root owns it *and* the entry looked up in it is
-owned by root or by you.  :mod:`flashinfer_sm120.safety.trust` applies it to programs and what their wrapper scripts
-run."""
+owned by root or by you.  :func:`trust_reason` is the one check of a path by that rule (what a build
+runs, adopts, reads or creates in); :mod:`flashinfer_sm120.safety.trust` applies the same walk to programs
+and what their wrapper scripts run; :func:`mine_problem` is the rule for what we keep as our own
+(owned by this uid, writable by no one else)."""
 # threat-model: P2, P4 (the ownership rule: root or the user, not writable by others)
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import stat
 
 from flashinfer_sm120.safety import formats
 
-__all__ = ["MAX_LINKS", "writable_by_others", "Untrusted", "current_uid", "dir_ok", "resolve", "file_ok", "check_path", "check_place", "PlaceProblem",
-           "cache_clear"]
+__all__ = ["MAX_LINKS", "writable_by_others", "Untrusted", "current_uid", "dir_ok", "resolve", "file_ok",
+           "trust_reason", "mine_problem", "check_place", "PlaceProblem", "own_place_fix", "cache_clear"]
 
 MAX_LINKS = 40  # as Linux MAXSYMLINKS
 
@@ -144,33 +146,40 @@ def file_ok(real: str, uid: int) -> os.stat_result:
     return st
 
 
-def check_path(path: str) -> str | None:
-    """Check a file or directory we adopt (headers, libraries, a toolkit root):
-    every directory on the way and the entry itself, links followed.
+def mine_problem(path: str, st: os.stat_result) -> str | None:
+    """Why an entry we made and keep (the cache root, a view and what is in it, our ninja directory)
+    is not ours, or ``None``: it must be owned by this uid (not even root's) and writable by no one
+    else, group included: we make these ``0700``/``0755``, so the user-private-group exception of
+    :func:`writable_by_others` does not apply (the strictest of the former variants; threat-model: P2).
+    A symbolic link's own mode does not count."""
+    uid = current_uid()
+    if st.st_uid != uid:
+        return f"{path} is owned by uid {st.st_uid}, not you (uid {uid})"
+    if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by other users (mode {stat.filemode(st.st_mode)}); run 'chmod go-w {path}'"
+    return None
+
+
+def trust_reason(path: str, *, absent_ok: bool = True, sticky_ok: bool = True) -> str | None:
+    """Why ``path`` breaks the ownership rule, or ``None``: the one check of every path a build may
+    run, adopt, read or create in (threat-model: P2, P4).  Every directory in which a component of it
+    is looked up, links followed (:func:`resolve`), and the entry itself (:func:`file_ok`) must be
+    root's or yours and not writable by others.
+
+    Args:
+        path: the path; a relative one is taken from the working directory.
+        absent_ok: a path that does not exist yet (one we will create) is checked at its deepest
+            existing level; ``False``: it must exist (a program, header or library we use).
+        sticky_ok: a root-owned sticky directory such as ``/tmp`` may hold the absent rest (others
+            cannot move what we create there); ``False`` for a path someone else may create first
+            (one a flag or variable names).
 
     Returns:
         ``None`` when trusted, else a sentence naming the offending path and the fix.
     """
     uid = current_uid()
-    try:
-        real = resolve(path, uid)
-        file_ok(real, uid)
-    except Untrusted as exc:
-        return str(exc)
-    except OSError as exc:
-        return f"cannot check {path}: {exc.strerror or exc}"
-    return None
-
-
-def place_reason(path: str, *, sticky_ok: bool = True) -> str | None:
-    """Why ``path`` (absent levels included) is not a place we may create in and run builds from,
-    or ``None``: its deepest existing level and every directory on the way must be root's or yours
-    and not writable by others; a root-owned sticky directory such as ``/tmp`` may hold it (others
-    cannot move what we create there) unless ``sticky_ok`` is false (a path someone else may create
-    first, such as one a flag names).  The reason alone; :func:`check_place` makes the sentence."""
-    uid = current_uid()
     here = os.path.abspath(path)
-    while not os.path.lexists(here) and os.path.dirname(here) != here:
+    while absent_ok and not os.path.lexists(here) and os.path.dirname(here) != here:
         here = os.path.dirname(here)
     try:
         real = resolve(here, uid)
@@ -181,14 +190,14 @@ def place_reason(path: str, *, sticky_ok: bool = True) -> str | None:
     except Untrusted as exc:
         return str(exc)
     except OSError as exc:
-        return f"cannot check it: {exc.strerror or exc}"
+        return f"cannot check {formats.shown(exc.filename or path, 200)}: {exc.strerror or exc}"
     return None
 
 
 @dataclasses.dataclass(frozen=True)
 class PlaceProblem:
     """Why a directory is not a place to write into: ``what`` (``"FlashInfer's JIT directory"``),
-    ``path``, the reason (:func:`place_reason`), the fix alone, and what was to be done there."""
+    ``path``, the reason (:func:`trust_reason`), the fix alone, and what was to be done there."""
 
     what: str
     path: str
@@ -207,7 +216,7 @@ def own_place_fix() -> str:
         home = pwd.getpwuid(os.geteuid()).pw_dir
     except (KeyError, OSError):
         home = ""
-    example = f" (for example {home})" if home and os.path.isdir(home) and place_reason(home) is None else ""
+    example = f" (for example {home})" if home and os.path.isdir(home) and trust_reason(home) is None else ""
     env_home = os.environ.get("HOME") or ""
     sudo = ("; under sudo, keep your own home (sudo -H instead of sudo -E)"
             if env_home and os.path.realpath(env_home) != os.path.realpath(home or env_home) else "")
@@ -216,7 +225,7 @@ def own_place_fix() -> str:
 
 def check_place(path: str, what: str, fix: str | None = None, *, doing: str = "build in") -> PlaceProblem | None:
     """Check a directory we write into and run builds from (FlashInfer's JIT directory, absent
-    levels included) by :func:`place_reason`.  Another user who can replace a level can swap
+    levels included) by :func:`trust_reason`.  Another user who can replace a level can swap
     the ``build.ninja`` that ninja then runs, or the ``.so`` the server loads (``sudo`` keeping
     another user's ``HOME``, a shared ``FLASHINFER_WORKSPACE_BASE``).
 
@@ -224,7 +233,7 @@ def check_place(path: str, what: str, fix: str | None = None, *, doing: str = "b
         ``None`` when trusted, else a :class:`PlaceProblem` (its text names ``what``, the offending
         path and the fix: ``fix``, else :func:`own_place_fix`).
     """
-    why = place_reason(path)
+    why = trust_reason(path)
     if why is None:
         return None
     return PlaceProblem(what, path, why, fix or own_place_fix(), doing)

@@ -15,7 +15,7 @@ import os
 import struct
 
 from flashinfer_sm120.safety import formats
-from flashinfer_sm120.safety.fs.statefiles import write_atomic
+from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.errors import FormatError
 
 __all__ = ["restamp", "MAX_DEPS_BYTES"]

@@ -30,13 +30,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
-import re
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+from flashinfer_sm120.core.jitenv.jobs import default_jobs
 from flashinfer_sm120.errors import PlaceError
 from flashinfer_sm120.safety.proc import die_with_parent, signals_as_exit
 from flashinfer_sm120.warmup import jobserver, modlock, progress
@@ -44,7 +44,7 @@ from flashinfer_sm120.warmup import ninjacmd
 from flashinfer_sm120.warmup.ninjacmd import STATUS_RE, children, command, dry_run, ninja_env, step_name
 from flashinfer_sm120.safety.formats import plural
 
-__all__ = ["Job", "Result", "run_pool", "default_jobs"]
+__all__ = ["Job", "Result", "run_pool"]
 
 _LINE_MAX = 1 << 16  # characters of one line of ninja's output kept (the rest of it dropped)
 _FAILED_MAX = 2000  # lines of a failure's output kept
@@ -73,19 +73,6 @@ class Result:
     steps: int = 0
     error: str | None = None
     peak_rss: int | None = None
-
-
-def default_jobs() -> int:
-    """Parallel compile steps by default: ``MAX_JOBS`` if set (FlashInfer's own variable,
-    flashinfer/jit/cpp_ext.py ``_get_num_workers``), else the CPUs this process may run on
-    (``os.sched_getaffinity``)."""
-    env = os.environ.get("MAX_JOBS", "")
-    if re.fullmatch(r"[0-9]{1,9}", env) and int(env) > 0:  # not isdigit(): '²' is a digit int() refuses
-        return int(env)
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 class _Running:
@@ -159,7 +146,7 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
     per-module lock for each module while it builds (another process building the
     same module is waited for, and said so).
 
-    :param max_jobs: parallel compile steps (default :func:`default_jobs`).
+    :param max_jobs: parallel compile steps (default :func:`flashinfer_sm120.core.jitenv.jobs.default_jobs`).
     :param mem_budget: bytes the compile steps may use together (each job's ``mem`` per step);
         ``None``: not counted.
     :param stats: if given, filled with ``wall_s`` (seconds from the first step started to
@@ -179,7 +166,7 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
 def _run_pool(jobs: list[Job], max_jobs: int | None, stream, stats: dict | None,
               mem_budget: int | None) -> list[Result]:
     stream = stream or sys.stderr
-    slots_total = max_jobs or default_jobs()
+    slots_total = max_jobs or default_jobs()[0]
     results: dict[str, Result] = {}
     todo: list[tuple[Job, int]] = []
     for job in jobs:

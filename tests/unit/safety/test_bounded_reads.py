@@ -232,17 +232,17 @@ def test_enable_and_disable_at_once_never_leave_a_pth_without_its_module(tmp_pat
 
     site_dir = tmp_path / "site-packages"
     site_dir.mkdir()
-    real_write = enable._write_atomic
+    real_write = enable.write_atomic
     other = []
 
-    def write_then_race(path, text):
-        real_write(path, text)
+    def write_then_race(path, data, **kw):
+        real_write(path, data, **kw)
         if path.endswith(HOOK_FILE) and not other:  # a disable starts right here
             other.append(subprocess.Popen([sys.executable, "-m", "flashinfer_sm120", "disable", "--site-dir",
                                            str(site_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE))
             time.sleep(3)
 
-    monkeypatch.setattr(enable, "_write_atomic", write_then_race)
+    monkeypatch.setattr(enable, "write_atomic", write_then_race)
     assert enable._enable(argparse.Namespace(site_dir=str(site_dir), user=False, cmd="enable", force=False)) == 0
     assert other[0].wait(timeout=60) == 0
     pth, hook = (site_dir / PTH_NAME).exists(), (site_dir / HOOK_FILE).exists()

@@ -64,7 +64,7 @@ def test_another_users_directory_is_permissions_naming_the_path(tmp_path):
 
 def test_a_too_long_name_says_so(tmp_path):
     res = _provoke("long", tmp_path)
-    assert res["errno"] == errno.ENAMETOOLONG and res["kind"] == "path" and "too long" in res["message"]
+    assert res["errno"] == errno.ENAMETOOLONG and res["kind"] == "path" and "longer than the file system allows" in res["message"]
 
 
 def test_an_existing_path_says_so(tmp_path):

@@ -243,7 +243,7 @@ def test_private_group_needs_a_named_single_user_group(monkeypatch):
 
 def test_a_shared_sticky_directory_is_never_told_to_chmod(tmp_path):
     """Round 3 (fresh attack): a record file in /tmp was refused with "run 'chmod go-w /tmp'"."""
-    from flashinfer_sm120.safety.ownership import check_path, check_place
+    from flashinfer_sm120.safety.ownership import check_place, trust_reason
 
     sticky = tmp_path / "tmp"
     sticky.mkdir()
@@ -251,9 +251,9 @@ def test_a_shared_sticky_directory_is_never_told_to_chmod(tmp_path):
     opened = tmp_path / "open"
     opened.mkdir()
     opened.chmod(0o777)
-    for problem in (str(check_place(str(sticky), "the record file's directory")), check_path(str(sticky))):
+    for problem in (str(check_place(str(sticky), "the record file's directory")), trust_reason(str(sticky))):
         assert problem and "chmod" not in problem and "a directory of your own" in problem, problem
-    problem = check_path(str(opened))
+    problem = trust_reason(str(opened))
     assert problem and f"chmod go-w {opened}" in problem, problem
-    problem = check_path("/dev/full")  # round 3 (second): "run 'chmod go-w /dev/full'"
+    problem = trust_reason("/dev/full")  # round 3 (second): "run 'chmod go-w /dev/full'"
     assert problem and "chmod" not in problem and "special file" in problem, problem

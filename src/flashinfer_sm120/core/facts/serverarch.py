@@ -71,9 +71,9 @@ def cache_clear() -> None:
 @functools.lru_cache(maxsize=32)
 def _run_arch_rule(path: str, function: str, caps: tuple, env_items: tuple) -> tuple[list | None, str]:
     from flashinfer_sm120.safety import formats, proc
-    from flashinfer_sm120.safety.ownership import check_path
+    from flashinfer_sm120.safety.ownership import trust_reason
 
-    problem = check_path(path)  # threat-model: P2 (run only what the trust rule admits)
+    problem = trust_reason(path, absent_ok=False)  # threat-model: P2 (run only what the trust rule admits)
     if problem:
         return None, f"not reading {path}: {problem}"
     env = dict(env_items, FLASHINFER_SM120_DISABLE="1")

@@ -15,10 +15,14 @@ import os
 import pathlib
 import stat
 import sys
+from typing import TYPE_CHECKING
 
 from flashinfer_sm120.safety.formats import foreign_tree, shown
 
-__all__ = ["import_failure", "tag_for", "workspace_problem", "workspace_path", "ImportRefusal", "import_refused",
+if TYPE_CHECKING:
+    from flashinfer_sm120.safety.ownership import PlaceProblem
+
+__all__ = ["import_failure", "tag_for", "workspace_problem", "workspace_base", "workspace_path", "jit_dir_refused", "ImportRefusal", "import_refused",
            "normalize_base"]
 
 _WSB = "FLASHINFER_WORKSPACE_BASE"
@@ -43,12 +47,24 @@ def normalize_base() -> str | None:
     return None
 
 
+def workspace_base(env=None) -> tuple[str, str]:
+    """``(base, where from)``: FlashInfer's workspace base in ``env`` (default ``os.environ``) as
+    FlashInfer 0.7.4 ``jit/env.py`` reads it: ``$FLASHINFER_WORKSPACE_BASE`` (empty or blank is unset,
+    :func:`normalize_base`), else the home directory (``HOME`` of ``env``, else the passwd entry's,
+    else ``/``: never a relative ``~``).  The one reader of the variable."""
+    from flashinfer_sm120.safety.fs.statedir import home_dir
+
+    env = os.environ if env is None else env
+    value = env.get(_WSB) or ""
+    if value.strip():
+        return value, _WSB
+    return env.get("HOME") or home_dir() or "/", "the home directory"
+
+
 def workspace_path() -> tuple[str, str]:
     """``(path, where from)`` of FlashInfer's JIT cache as FlashInfer 0.7.4 ``jit/env.py`` computes it
-    at import: ``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer``, else ``~/.cache/flashinfer``."""
-    env = os.environ.get(_WSB) or None  # empty is unset (normalize_base)
-    base = env if env is not None else os.path.expanduser("~")
-    how = _WSB if env is not None else "the home directory"
+    at import: ``<workspace base>/.cache/flashinfer`` (:func:`workspace_base`)."""
+    base, how = workspace_base()
     return os.path.join(base, ".cache", "flashinfer"), how
 
 
@@ -87,7 +103,7 @@ def import_refused(env=None) -> ImportRefusal | None:
        cache already there: a root-owned log was left in it);
     3. the temporary directory is another uid's to change."""
     from flashinfer_sm120.safety.buildenv import temp_problem
-    from flashinfer_sm120.safety.ownership import own_place_fix, place_reason
+    from flashinfer_sm120.safety.ownership import own_place_fix, trust_reason
 
     path, how = workspace_path()
     home = os.path.dirname(os.path.dirname(path))
@@ -95,7 +111,7 @@ def import_refused(env=None) -> ImportRefusal | None:
         return ImportRefusal("workspace-no-home", f"its JIT cache {shown(path, 200)} lies in the home directory "
                              f"{shown(home, 200)}, which does not exist, and FlashInfer's import would create it",
                              f"set {_WSB} to a directory of your own, or HOME to an existing one")
-    why = place_reason(path)
+    why = trust_reason(path)
     ft = foreign_tree(path)
     # the sudo -E case: root about to make its cache in a user's tree no one else may write; otherwise
     # (another uid's directory anyone may write, a non-root user) the place rule's own reason (round 6, F2)
@@ -199,10 +215,17 @@ def builds_refused(jit_dir: str, env=None) -> str | None:
     directory, fails the trust rule.  The one list ``build`` refuses by and ``status`` reports
     (threat-model: P2, P8).  Creates nothing."""
     from flashinfer_sm120.safety.buildenv import path_problem
+
+    problem = jit_dir_refused(jit_dir) or path_problem(os.environ if env is None else env)
+    return str(problem) if problem else None
+
+
+def jit_dir_refused(jit_dir: str) -> str | PlaceProblem | None:
+    """Why FlashInfer's JIT directory ``jit_dir`` is no place to build in, else ``None``: its path
+    breaks the path rule, or a level of it, its lock level ``tmp`` included, fails the ownership rule
+    (:func:`flashinfer_sm120.safety.ownership.check_place`; threat-model: P2, P4).  The one check of
+    it, for the patch's warning and for :func:`builds_refused`.  Creates nothing."""
     from flashinfer_sm120.safety.fs.pathpolicy import jit_dir_problem
     from flashinfer_sm120.safety.ownership import check_place
 
-    problem = (jit_dir_problem(jit_dir)
-               or check_place(os.path.join(jit_dir, "tmp"), "FlashInfer's JIT directory")
-               or path_problem(os.environ if env is None else env))
-    return str(problem) if problem else None
+    return jit_dir_problem(jit_dir) or check_place(os.path.join(jit_dir, "tmp"), "FlashInfer's JIT directory")

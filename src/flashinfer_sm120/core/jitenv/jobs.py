@@ -27,7 +27,7 @@ from flashinfer_sm120.safety import formats
 from flashinfer_sm120.core.jitenv.estimates import Estimate, heaviest_estimate
 from flashinfer_sm120.core.jitenv.memory import MemoryView, fmt_bytes, read_memory
 
-__all__ = ["MARGIN", "Plan", "plan", "cpus", "user_max_jobs", "user_threads", "server_max_jobs"]
+__all__ = ["MARGIN", "Plan", "plan", "cpus", "default_jobs", "user_max_jobs", "user_threads", "server_max_jobs"]
 
 #: Share of the memory read that compiles leave free (other processes, page cache, estimate error).
 MARGIN = 0.15
@@ -84,6 +84,19 @@ def user_max_jobs(env=None) -> tuple[str | None, int | None]:
     to ninja; ``None`` when FlashInfer cannot use it); ``(None, None)`` when unset."""
     raw = _raw("MAX_JOBS", env)
     return raw, flashinfer_max_jobs(raw)[0]
+
+
+def default_jobs(env=None) -> tuple[int, str]:
+    """``(compiles at once, why)`` when ``build -j`` is not given: the user's ``MAX_JOBS`` as
+    FlashInfer reads it (:func:`user_max_jobs`), else the CPUs (:func:`cpus`).  The one reader of
+    ``MAX_JOBS`` for ``build`` and the pool."""
+    raw_jobs, max_jobs = user_max_jobs(env)
+    if max_jobs:
+        return max_jobs, f"MAX_JOBS={raw_jobs}, yours"
+    why = "the CPUs this process may use"
+    if raw_jobs is not None:
+        why += f"; MAX_JOBS={formats.shown(raw_jobs, 20)} is not a positive number"
+    return cpus(), why
 
 
 def user_threads(env=None) -> tuple[str | None, int | None]:
@@ -158,15 +171,7 @@ def plan(est: Estimate, *, targets: int = 1, jobs: int | None = None, mem_limit:
         env: environment (default ``os.environ``).
         view: memory already read (default: read now, unless ``mem_limit`` is given).
     """
-    raw_jobs, max_jobs = user_max_jobs(env)
-    if jobs is not None and jobs > 0:
-        n_jobs, jobs_from = jobs, "-j"
-    elif max_jobs:
-        n_jobs, jobs_from = max_jobs, f"MAX_JOBS={raw_jobs}, yours"
-    else:
-        n_jobs, jobs_from = cpus(), "the CPUs this process may use"
-        if raw_jobs is not None:
-            jobs_from += f"; MAX_JOBS={formats.shown(raw_jobs, 20)} is not a positive number"
+    n_jobs, jobs_from = (jobs, "-j") if jobs is not None and jobs > 0 else default_jobs(env)
     raw_threads, threads = user_threads(env)
     if raw_threads is None:
         threads, threads_from = 1, ("FlashInfer's default; not changed here: --threads is part of the "

@@ -123,9 +123,10 @@ def basedirs(env=None) -> list[str]:
     """What ``SCCACHE_BASEDIRS`` is set to when unset: FlashInfer's workspace base
     (``FLASHINFER_WORKSPACE_BASE``, default ``$HOME``) and this package's cache root (the
     ``CUDA_HOME`` views), absolute and existing, without repeats."""
-    env = os.environ if env is None else env
+    from flashinfer_sm120.core.facts.workspace import workspace_base
+
     out: list[str] = []
-    cands = [env.get("FLASHINFER_WORKSPACE_BASE") or os.path.expanduser("~")]
+    cands = [workspace_base(env)[0]]
     try:
         from flashinfer_sm120.safety.fs.statedir import cache_root
 

@@ -132,12 +132,12 @@ def _why(exc: BaseException) -> str:
     """What went wrong, in words (threat-model: P8: by errno and kind, never an exception's repr)."""
     from filelock import Timeout
 
-    from flashinfer_sm120.errors import errno_meaning
+    from flashinfer_sm120.safety import oserrors
 
     if isinstance(exc, Timeout):
         return f"its lock {exc.lock_file} stayed taken for {_LOCK_TIMEOUT_S:g} s"
     if isinstance(exc, OSError) and exc.errno:
-        return f"{exc.filename or 'it'}: {errno_meaning(exc)}"
+        return oserrors.describe(exc, exc.filename or "it").message
     return str(exc) or type(exc).__name__
 
 

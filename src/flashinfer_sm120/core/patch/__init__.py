@@ -227,10 +227,9 @@ def _warn_jit_dir() -> None:
     jit_dir = getattr(env, "FLASHINFER_JIT_DIR", None)
     if jit_dir is None:
         return
-    from flashinfer_sm120.safety.fs.pathpolicy import jit_dir_problem
-    from flashinfer_sm120.safety.ownership import check_place
+    from flashinfer_sm120.core.facts.workspace import jit_dir_refused
 
-    problem = jit_dir_problem(str(jit_dir)) or check_place(str(jit_dir), "FlashInfer's JIT directory")
+    problem = jit_dir_refused(str(jit_dir))
     if problem:
         logger.warning("flashinfer-sm120: %s", problem)
 

@@ -160,32 +160,9 @@ def store(nvcc: str, full: str | None, problem: str | None) -> None:
         if len(entries) > MAX_ENTRIES:
             keep = sorted(entries, key=lambda k: entries[k]["at"], reverse=True)[:MAX_ENTRIES]
             entries = {k: entries[k] for k in keep}
-        write_json_atomic(path, {"schema": SCHEMA, "entries": entries})
-        _clean_stale_temps(path)
+        write_json_atomic(path, {"schema": SCHEMA, "entries": entries})  # sweeps killed writers' temp files
     except StateFileError as exc:
         logger.info("flashinfer-sm120: nvcc memo not saved: %s", exc)
-
-
-#: A temp file of an interrupted write (``kill -9``) older than this is removed, seconds.
-STALE_TEMP_S = 3600.0
-
-
-def _clean_stale_temps(path: str) -> None:
-    """Remove ``.tmp-nvcc-version.json.*`` left by writers killed mid-write
-    (:func:`flashinfer_sm120.safety.fs.statefiles.write_json_atomic` names its temp files so)."""
-    directory, prefix = os.path.dirname(path), ".tmp-" + os.path.basename(path) + "."
-    try:
-        names = [n for n in os.listdir(directory) if n.startswith(prefix)]
-    except OSError:
-        return
-    cutoff = time.time() - STALE_TEMP_S
-    for n in names:
-        p = os.path.join(directory, n)
-        try:
-            if os.lstat(p).st_mtime < cutoff:
-                os.unlink(p)
-        except OSError:
-            pass
 
 
 def probe_once(nvcc: str, probe: Callable[[], tuple[str | None, str | None, bool]],

@@ -24,7 +24,6 @@ import importlib.metadata
 import os
 import shutil
 import stat
-import tempfile
 from dataclasses import dataclass
 from typing import Callable
 
@@ -244,7 +243,9 @@ def link_dir(chosen: Ninja) -> str:
 
     Raises:
         NinjaError: it cannot be made, or something else is in its place."""
-    from flashinfer_sm120.safety.ownership import writable_by_others
+    from flashinfer_sm120.errors import PlaceError
+    from flashinfer_sm120.safety.fs.tmpdirs import make_private
+    from flashinfer_sm120.safety.ownership import mine_problem
     from flashinfer_sm120.safety.fs.statedir import cache_root
     from flashinfer_sm120.safety.formats import make_private_dirs
 
@@ -254,16 +255,16 @@ def link_dir(chosen: Ninja) -> str:
         st = os.lstat(parent)
     except (OSError, Sm120Error) as exc:
         raise NinjaError(f"cannot make a PATH entry for {chosen.path}: {exc}") from None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or writable_by_others(st):
-        raise NinjaError(f"not using {parent}: not a directory of yours that others cannot write; "
-                         f"remove it")
+    if not stat.S_ISDIR(st.st_mode) or mine_problem(parent, st):
+        raise NinjaError(f"not using {parent}: not a directory of yours that others cannot write "
+                         f"({mine_problem(parent, st) or 'not a directory'}); remove it")
     final = os.path.join(parent, hashlib.sha256(chosen.real.encode()).hexdigest()[:12])
 
     def ok() -> bool:
         link = os.path.join(final, "ninja")
         try:
             dst = os.lstat(final)
-            return (stat.S_ISDIR(dst.st_mode) and dst.st_uid == os.geteuid() and not writable_by_others(dst)
+            return (stat.S_ISDIR(dst.st_mode) and mine_problem(final, dst) is None
                     and os.path.islink(link) and os.readlink(link) == chosen.real)
         except OSError:
             return False
@@ -271,15 +272,18 @@ def link_dir(chosen: Ninja) -> str:
     if ok():
         return final
     try:
-        tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
-        os.symlink(chosen.real, os.path.join(tmp, "ninja"))
+        made = make_private(".tmp-", parent)  # held while we live; a killed maker's is swept
         try:
-            os.rename(tmp, final)
-        except OSError:  # made meanwhile by another process (or something else is there)
-            shutil.rmtree(tmp, ignore_errors=True)
-    except OSError as exc:
+            os.symlink(chosen.real, os.path.join(made.path, "ninja"))
+            try:
+                os.rename(made.path, final)
+            except OSError:  # made meanwhile by another process (or something else is there)
+                pass
+        finally:
+            made.close()  # removes it unless renamed into place
+    except (OSError, PlaceError) as exc:
         raise NinjaError(f"cannot make a PATH entry for {chosen.path} in {parent}: "
-                         f"{exc.strerror or exc}") from None
+                         f"{getattr(exc, 'strerror', None) or exc}") from None
     if not ok():
         raise NinjaError(f"{final} is not a link to {chosen.real}; remove it")
     return final

@@ -16,7 +16,7 @@ from flashinfer_sm120.core.toolkit import memo
 from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
 from flashinfer_sm120.core.toolkit.memo import FAILURE_MEMORY_S
 from flashinfer_sm120.core.toolkit.model import Toolkit, VersionDisagreement
-from flashinfer_sm120.safety.ownership import check_path
+from flashinfer_sm120.safety.ownership import trust_reason
 from flashinfer_sm120.safety.trust import trace
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -293,7 +293,7 @@ def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | No
     if tr.problem or not tr.target:
         return Toolkit(nvcc=tr.target or "", **base, problem=_untrusted("run", tr.problem or "?"))
     for d in incs + ((lib,) if lib else ()):
-        why = check_path(d)
+        why = trust_reason(d, absent_ok=False)
         if why:
             return Toolkit(nvcc=tr.target, **base, problem=_untrusted("adopted", why))
     nvcc = tr.target

@@ -34,18 +34,18 @@ byte the one recorded.  Anything else is never used: a new view is built under
 the next free name (``.1``, ``.2`` ...), so a view that another process may be
 using is never deleted or changed.  Builders take a file lock
 (``cuda-home/.lock``, :mod:`filelock`), so exactly one process builds and the
-others wait and adopt; the builder first removes ``.tmp-<pid>-*`` directories
-left by builders that died (``kill -9``).
+others wait and adopt; ``.tmp-*`` directories left by builders that died (``kill -9``) are
+swept by the next (:func:`flashinfer_sm120.safety.fs.atomic.sweep`: only those no live builder holds).
 """
 
 from __future__ import annotations
 
 from flashinfer_sm120.safety.fs.statedir import cache_root
 from flashinfer_sm120.errors import ViewError
-from flashinfer_sm120.core.view.build import LOCK_TIMEOUT_S, MAX_VIEW_NAMES, STALE_TMP_S, find_curand_include, linkable_home, views_dir
+from flashinfer_sm120.core.view.build import LOCK_TIMEOUT_S, MAX_VIEW_NAMES, find_curand_include, linkable_home, views_dir
 from flashinfer_sm120.core.view.meta import META_NAME, VIEW_LAYOUT, CudaHome, ViewMeta, check_view
 
 __all__ = [
-    "VIEW_LAYOUT", "META_NAME", "LOCK_TIMEOUT_S", "STALE_TMP_S", "MAX_VIEW_NAMES", "CudaHome",
+    "VIEW_LAYOUT", "META_NAME", "LOCK_TIMEOUT_S", "MAX_VIEW_NAMES", "CudaHome",
     "ViewError", "ViewMeta", "cache_root", "check_view", "find_curand_include", "linkable_home", "views_dir",
 ]

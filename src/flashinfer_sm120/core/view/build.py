@@ -1,4 +1,4 @@
-"""Building views: under a file lock, in ``.tmp-<pid>-*``, renamed to the first free name.
+"""Building views: under a file lock, in ``.tmp-*``, renamed to the first free name.
 
 See :mod:`flashinfer_sm120.core.view` for the rules; :func:`linkable_home` is the entry point.
 """
@@ -11,35 +11,35 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import stat
-import tempfile
-import time
 
 import filelock
 
 from flashinfer_sm120.safety.fs.pathpolicy import path_problem
 from flashinfer_sm120.safety.fs.statedir import cache_root
-from flashinfer_sm120.errors import FormatError, ViewError
+from flashinfer_sm120.errors import FormatError, PlaceError, ViewError
+from flashinfer_sm120.safety.fs.atomic import sweep
+from flashinfer_sm120.safety.fs.tmpdirs import make_private
+from flashinfer_sm120.safety.ownership import mine_problem
 from flashinfer_sm120.safety.formats import safe_join
 from flashinfer_sm120.safety.fs import lease
 from flashinfer_sm120.core.toolkit import Toolkit
 from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
 from flashinfer_sm120.core.toolkit.sources import site_dirs as _site_dirs
 from flashinfer_sm120.core.view import stub as _stub
-from flashinfer_sm120.core.view.meta import META_NAME, STUB, VIEW_LAYOUT, CudaHome, ViewMeta, check_view, fingerprint, owned_problem
+from flashinfer_sm120.core.view.meta import META_NAME, STUB, VIEW_LAYOUT, CudaHome, ViewMeta, check_view, fingerprint
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["LOCK_TIMEOUT_S", "STALE_TMP_S", "MAX_VIEW_NAMES", "find_curand_include", "linkable_home", "views_dir"]
+__all__ = ["LOCK_TIMEOUT_S", "MAX_VIEW_NAMES", "find_curand_include", "linkable_home", "views_dir"]
 
 #: Seconds a process waits for another to finish building a view (a build
 #: takes milliseconds; only the C-compiler fallback for the stub takes longer,
 #: at most :data:`flashinfer_sm120.core.view.stub.COMPILER_TIMEOUT_S` per compiler).
 LOCK_TIMEOUT_S = 90.0
-#: A ``.tmp-*`` build directory older than this (seconds) is abandoned even if
-#: its pid is alive (pid reuse, another PID namespace).
-STALE_TMP_S = 300.0
+#: Views are assembled in ``.tmp-*`` (:func:`flashinfer_sm120.safety.fs.tmpdirs.make_private`: held while
+#: their builder lives, swept by the next once it was killed).
+_TMP_PREFIX = ".tmp-"
 #: Most views kept per toolkit (``name``, ``name.1`` ...) before asking for cleanup.
 MAX_VIEW_NAMES = 16
 
@@ -178,45 +178,11 @@ def views_dir() -> str:
     except OSError as exc:
         raise _io_error(exc, parent, "read the CUDA_HOME view directory") from exc
     bad = (f"{parent} is not a directory" if not stat.S_ISDIR(st.st_mode)
-           else owned_problem(parent, st, os.geteuid()))
+           else mine_problem(parent, st))
     if bad:
         raise ViewError(f"not using the CUDA_HOME view directory: {bad}; remove it or set "
                         f"FLASHINFER_SM120_CACHE_DIR to a directory of your own")
     return parent
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # EPERM: exists, another user's
-    return True
-
-
-def _clean_stale(parent: str) -> None:
-    """Remove ``.tmp-*`` build dirs of dead builders (call with the lock held).
-
-    A build dir is named ``.tmp-<pid>-<random>``; it is removed when that pid is
-    gone or it is older than :data:`STALE_TMP_S`.  Only our own dirs are touched.
-    """
-    uid, now = os.geteuid(), time.time()
-    for name in os.listdir(parent):
-        if not name.startswith(".tmp-"):
-            continue
-        path = os.path.join(parent, name)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if st.st_uid != uid or not stat.S_ISDIR(st.st_mode):
-            continue
-        pid = name.split("-")[1] if name.count("-") >= 2 else ""
-        dead = pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
-        if dead or now - st.st_mtime > STALE_TMP_S:
-            logger.debug("removing an abandoned CUDA_HOME view build %s", path)
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def _names(parent: str, base: str) -> list[str]:
@@ -294,8 +260,7 @@ def linkable_home(toolkit: Toolkit) -> CudaHome:
     parent = views_dir()
     home, _ = _adopt_existing(parent, base, toolkit, curand_inc)  # fast path: views never change
     if home is not None and _leased(home, toolkit, curand_inc):
-        if any(n.startswith(".tmp-") for n in os.listdir(parent)):
-            _clean_if_free(parent)
+        sweep(_TMP_PREFIX, parent)  # what builders killed mid-build left
         _link_new_headers(parent, home.path, toolkit)
         return home
     try:
@@ -335,16 +300,7 @@ def _lease_problem(path: str) -> str:
             f"FLASHINFER_SM120_CACHE_DIR to a directory of your own")
 
 
-def _clean_if_free(parent: str) -> None:
-    try:
-        with filelock.FileLock(os.path.join(parent, ".lock"), timeout=0, mode=0o600):
-            _clean_stale(parent)
-    except (filelock.Timeout, OSError):
-        pass  # someone is building: they clean up
-
-
 def _build_locked(parent: str, base: str, toolkit: Toolkit, curand_inc: str | None) -> CudaHome:
-    _clean_stale(parent)
     home, free = _adopt_existing(parent, base, toolkit, curand_inc)
     if home is not None:
         return home
@@ -352,9 +308,12 @@ def _build_locked(parent: str, base: str, toolkit: Toolkit, curand_inc: str | No
         raise ViewError(f"{MAX_VIEW_NAMES} damaged CUDA_HOME views {os.path.join(parent, base)}*: remove them "
                         f"(rm -r {os.path.join(parent, base)}*) when no process uses them")
     try:
-        tmp = tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-", dir=parent)
+        made = make_private(_TMP_PREFIX, parent)  # after sweeping what killed builders left
+    except PlaceError as exc:
+        raise ViewError(str(exc)) from exc
     except OSError as exc:
         raise _io_error(exc, parent, "create the CUDA_HOME view") from exc
+    tmp = made.path
     try:
         os.chmod(tmp, 0o755)
         meta = _assemble(tmp, toolkit, curand_inc)
@@ -367,16 +326,13 @@ def _build_locked(parent: str, base: str, toolkit: Toolkit, curand_inc: str | No
                     raise
                 home, free = _adopt_existing(parent, base, toolkit, curand_inc)
                 if home is not None or free is None:
-                    shutil.rmtree(tmp, ignore_errors=True)
                     if home is not None:
                         return home
                     raise ViewError(f"too many damaged CUDA_HOME views {os.path.join(parent, base)}*") from exc
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise _io_error(exc, parent, "build the CUDA_HOME view") from exc
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    finally:
+        made.close()  # removes it unless renamed into place
     logger.info("flashinfer-sm120: assembled CUDA_HOME view %s for %s (added: %s)", free, toolkit.root,
                 ", ".join(meta.added) or "nothing")
     return CudaHome(free, toolkit.root, True, meta.added, curand_inc)

@@ -11,12 +11,13 @@ import stat
 from dataclasses import dataclass
 
 from flashinfer_sm120.safety.fs.statefiles import read_json
+from flashinfer_sm120.safety.ownership import mine_problem
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats import field, parse_version, shown, some
 from flashinfer_sm120.core.toolkit import Toolkit
 
 __all__ = ["VIEW_LAYOUT", "META_NAME", "ADDED_ITEMS", "STUB", "DIRS", "REQUIRED", "CudaHome", "ViewMeta",
-           "check_view", "fingerprint", "owned_problem"]
+           "check_view", "fingerprint"]
 
 #: Bumped whenever the view layout or metadata changes, so old views are not reused.
 VIEW_LAYOUT = 2
@@ -129,15 +130,7 @@ def _inside(path: str, roots: list[str]) -> bool:
     return any(r and (path == r or path.startswith(r.rstrip("/") + "/")) for r in roots)
 
 
-def owned_problem(path: str, st: os.stat_result, uid: int) -> str | None:
-    if st.st_uid != uid:
-        return f"{path} is owned by uid {st.st_uid}, not you (uid {uid})"
-    if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"{path} is writable by other users (mode {stat.filemode(st.st_mode)})"
-    return None
-
-
-def _walk_problem(path: str, meta: ViewMeta, roots: list[str], uid: int) -> str | None:
+def _walk_problem(path: str, meta: ViewMeta, roots: list[str]) -> str | None:
     """Ownership, entry kinds and link targets of every entry of the view."""
     files = {META_NAME} | ({STUB} if meta.stub_sha256 else set())
     for rel_dir in DIRS:
@@ -149,7 +142,7 @@ def _walk_problem(path: str, meta: ViewMeta, roots: list[str], uid: int) -> str 
             return f"{d} cannot be read ({exc.strerror})"
         if not stat.S_ISDIR(st.st_mode):
             return f"{d} is not a directory"
-        bad = owned_problem(d, st, uid)
+        bad = mine_problem(d, st)
         if bad:
             return bad
         for name in names:
@@ -159,7 +152,7 @@ def _walk_problem(path: str, meta: ViewMeta, roots: list[str], uid: int) -> str 
                 est = os.lstat(entry)
             except OSError as exc:
                 return f"{entry} cannot be read ({exc.strerror})"
-            bad = owned_problem(entry, est, uid)
+            bad = mine_problem(entry, est)
             if bad:
                 return bad
             if stat.S_ISLNK(est.st_mode):
@@ -209,7 +202,7 @@ def check_view(path: str, toolkit: Toolkit, curand_inc: str | None) -> tuple[Cud
             return None, (f"{meta_path} has {key}={shown(getattr(meta, key))}, this toolkit needs "
                           f"{shown(value)}")
     roots = [toolkit.root, *toolkit.include_dirs, toolkit.lib_dir or "", curand_inc or "", path]
-    problem = _walk_problem(path, meta, roots, uid)
+    problem = _walk_problem(path, meta, roots)
     if problem:
         return None, problem
     for rel in REQUIRED:

@@ -65,14 +65,15 @@ def fi_roots() -> list[str]:
     """FlashInfer's cache roots that exist, real paths, without repeats; a root reached through a level
     another uid owns or may change (a link planted in a shared workspace base) is not one: prune would
     remove wherever it points (threat-model: P2, A2)."""
-    from flashinfer_sm120.safety.ownership import place_reason
+    from flashinfer_sm120.core.facts.workspace import workspace_base
+    from flashinfer_sm120.safety.ownership import trust_reason
 
-    base = os.environ.get("FLASHINFER_WORKSPACE_BASE") or home()
+    base = workspace_base()[0]
     sg = (os.environ.get("SGLANG_CACHE_DIR")
           or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(home(), ".cache"), "sglang"))
     out = []
     for r in (os.path.join(base, ".cache", "flashinfer"), os.path.join(sg, ".cache", "flashinfer")):
-        if os.path.isdir(r) and os.path.realpath(r) not in out and place_reason(r) is None:
+        if os.path.isdir(r) and os.path.realpath(r) not in out and trust_reason(r) is None:
             out.append(os.path.realpath(r))
     return out
 

@@ -253,6 +253,7 @@ def servers_section(report: dict) -> dict:
     now (vLLM: ``has_flashinfer()`` without and with the exported toolkit), the nvcc its lookup
     finds, and the JIT directory it would use (:mod:`flashinfer_sm120.core.facts.serverprobe`)."""
     from flashinfer_sm120.core.facts import serverprobe, servers
+    from flashinfer_sm120.core.facts.workspace import workspace_base
     from flashinfer_sm120.core.toolkit.naive import flashinfer_naive_root
 
     after = report.get("after") or {}
@@ -261,7 +262,7 @@ def servers_section(report: dict) -> dict:
     for k in ("CUDA_HOME", "CUDA_PATH", "PATH", "FLASHINFER_WORKSPACE_BASE"):
         original.pop(k, None)
     original.update((report.get("original_env") or {}))
-    this_base = os.environ.get("FLASHINFER_WORKSPACE_BASE", os.path.expanduser("~"))
+    this_base = workspace_base()[0]
     out = []
     for inst in servers.installed():
         key = inst.release.key
@@ -274,8 +275,7 @@ def servers_section(report: dict) -> dict:
         item["nvcc_with"] = flashinfer_naive_root(dict(os.environ), server=True) if exported else None
         base, how = serverprobe.workspace_base(key, original)
         item["workspace_base"], item["workspace_how"] = base, how
-        eff = base if base is not None else (original.get("FLASHINFER_WORKSPACE_BASE")
-                                             or serverprobe.expanduser("~", original))
+        eff = base if base is not None else workspace_base(original)[0]
         item["jit_dir"] = serverprobe.jit_dir_for(eff, after.get("jit_dir"), this_base)
         out.append(item)
     return {"servers": out, "autoload": bool((report.get("autoload") or {}).get("pth")), "exported": exported,

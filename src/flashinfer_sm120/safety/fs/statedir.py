@@ -23,9 +23,10 @@ import os
 import stat
 import tempfile
 
-from flashinfer_sm120.errors import StateFileError, errno_meaning
+from flashinfer_sm120.errors import StateFileError
+from flashinfer_sm120.safety import oserrors
 from flashinfer_sm120.safety.formats import bounded, deepest_existing, foreign_tree, make_private_dirs
-from flashinfer_sm120.safety.ownership import writable_by_others
+from flashinfer_sm120.safety.ownership import mine_problem, trust_reason
 from flashinfer_sm120.safety.fs.pathpolicy import path_problem
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -86,24 +87,22 @@ def _dir_problem(path: str, what: str, explicit: bool = True) -> str | None:
             return (f"{what}={path!r} is a symlink owned by uid {st.st_uid}, not you (uid {uid}) or root: that "
                     f"user chose where it points; remove it, or set FLASHINFER_SM120_CACHE_DIR to a "
                     f"directory of your own")
-        problem = _ancestors_problem(path, what)  # the directory holding the link
-        if problem is not None:
-            return problem
         real = os.path.realpath(path)
         if real == path:
             return f"{what}={path!r} is a symlink loop"
         if not os.path.lexists(real):  # whoever creates the target later would own our state
             return f"{what}={path!r} is a symlink to {real!r}, which does not exist; create it (mode 0700) " \
                    f"or point the variable elsewhere"
+        problem = _place_problem(path, what)  # the directory holding the link, and the way to its target
+        if problem is not None:
+            return problem
         return _dir_problem(real, f"{what} (symlink to {real})", explicit)
     if not stat.S_ISDIR(st.st_mode):
         return f"{what}={path!r} is not a directory; point it at a directory you own"
-    if st.st_uid != uid:
-        return (f"{what}={path!r} is owned by uid {st.st_uid}, not you (uid {uid}): another user "
-                f"could change what you build with; use a directory of your own")
-    if writable_by_others(st):
-        return (f"{what}={path!r} is writable by other users (mode {stat.filemode(st.st_mode)}); "
-                f"run 'chmod go-w {path}' or use another directory")
+    bad = mine_problem(path, st)  # threat-model: P2 -- we keep it 0700, so ours alone
+    if bad:
+        return (f"{what}={path!r} is not yours alone, so another user could change what you build with: "
+                f"{bad}, or use a directory of your own")
     if not explicit and not os.access(path, os.W_OK | os.X_OK):  # a read-only image's ~/.cache: next one
         return (f"{what}={path!r} is not writable (a read-only file system or mode "
                 f"{stat.filemode(st.st_mode)}); set FLASHINFER_SM120_CACHE_DIR to a writable directory")
@@ -111,18 +110,11 @@ def _dir_problem(path: str, what: str, explicit: bool = True) -> str | None:
 
 
 def _os_problem(what: str, path: str, action: str, exc: OSError) -> str:
-    """``<what>=<path> cannot be <action>: <what the errno means>``, with the fix for that errno
-    (threat-model: P8: chosen by errno, never by exception class)."""
-    fixes = {
-        errno.ENAMETOOLONG: "use a shorter path",
-        errno.ENOSPC: "free space there",
-        errno.EDQUOT: "free space within your quota",
-        errno.ENOTDIR: "remove the file that stands where a directory should be, or use another path",
-        errno.ELOOP: "fix the symbolic links, or use another path",
-    }
-    fix = fixes.get(exc.errno or 0, "use a directory you can write")
-    return (f"{what}={path!r} {action}: {errno_meaning(exc)}; {fix}, or set FLASHINFER_SM120_CACHE_DIR "
-            f"to a directory of your own")
+    """``<what>=<path> <action>: <what the errno means>; <its fix>``, from the one table
+    :data:`flashinfer_sm120.safety.oserrors.BY_ERRNO` (threat-model: P8: by errno, never by exception
+    class)."""
+    why = oserrors.describe(exc, path, "set FLASHINFER_SM120_CACHE_DIR to a directory of your own")
+    return f"{what}={path!r} {action}: {why}"
 
 
 #: Bytes of path kept free below the cache root for what is written there
@@ -159,9 +151,9 @@ def foreign_tree_message(what: str, ft, variable: str = "FLASHINFER_SM120_CACHE_
 def _creation_problem(path: str, what: str) -> str | None:
     """Why ``path`` (absent) must not be created by this process; ``None`` when it may.
 
-    The deepest existing level must be a directory owned by you, or by root (``/tmp``,
-    ``/var/tmp``: what is created there is yours), and it and every level above it must pass
-    :func:`_ancestors_problem`.  So root with a user's ``HOME`` (``sudo -E``) never makes a
+    The deepest existing level must be a directory, not inside a tree another uid owns, and it and
+    every level above it must pass the ownership rule (:func:`_place_problem`; a root-owned sticky
+    ``/tmp`` may hold it: what is created there is yours).  So root with a user's ``HOME`` (``sudo -E``) never makes a
     root-owned ``~/.cache`` that the user's own tools then cannot write.  threat-model: P4"""
     top = os.path.realpath(deepest_existing(path))
     try:
@@ -174,7 +166,7 @@ def _creation_problem(path: str, what: str) -> str | None:
     foreign = foreign_tree(path)
     if foreign is not None:
         return foreign_tree_message(what, foreign)
-    return _ancestors_problem(os.path.join(top, "_"), what)
+    return _place_problem(path, what)
 
 
 def home_dir() -> str | None:
@@ -193,33 +185,12 @@ def home_dir() -> str | None:
         return None
 
 
-def _ancestors_problem(real: str, what: str) -> str | None:
-    """Every directory above the cache root must be owned by root or you and not
-    writable by others, unless sticky (``/tmp``): otherwise another user could
-    rename the root away and put their own in its place."""
-    uid = os.geteuid()
-    for parent in _parents(real):
-        try:
-            st = os.stat(parent)
-        except OSError as exc:
-            return f"{what}: cannot check {parent} ({exc.strerror})"
-        if st.st_uid not in (0, uid):
-            return (f"{what}: {parent} above it is owned by uid {st.st_uid}, who could replace it; "
-                    f"use a directory of your own")
-        if writable_by_others(st) and not st.st_mode & stat.S_ISVTX:
-            return (f"{what}: {parent} above it is writable by other users (mode "
-                    f"{stat.filemode(st.st_mode)}), who could replace it; use another directory")
-    return None
-
-
-def _parents(path: str) -> list[str]:
-    out = []
-    p = os.path.dirname(path)
-    while True:
-        out.append(p)
-        if p == os.path.dirname(p):
-            return out
-        p = os.path.dirname(p)
+def _place_problem(path: str, what: str) -> str | None:
+    """Every level of ``path`` (links followed) by the ownership rule
+    (:func:`flashinfer_sm120.safety.ownership.trust_reason`): otherwise another user could rename the
+    root away and put their own in its place.  threat-model: P2, P4"""
+    why = trust_reason(path)
+    return None if why is None else f"{what}={path!r} lies where another user could replace it: {why}"
 
 
 _HOME = "~/.cache/flashinfer-sm120"
@@ -280,7 +251,7 @@ def cache_root() -> str:
         if problem is None:
             path = os.path.realpath(path)  # a link planted later cannot redirect us
             problem = (path_problem(path, f"{what} (resolved)") or _room_problem(path, f"{what} (resolved)")
-                       or _ancestors_problem(path, what))
+                       or _place_problem(path, what))
         if problem is None:
             for r in reasons:
                 if r not in _notes:

@@ -1,9 +1,7 @@
 """flashinfer-sm120's state files (the nvcc memo, launcher probes, memory estimates, view
 metadata): read safely, written atomically, computed once by one process at a time.
 
-* writes are atomic: a temp file with a random name created with ``O_EXCL``
-  (:func:`tempfile.mkstemp`) in the target directory, then :func:`os.replace`
-  (threat-model: P5);
+* writes are atomic (:func:`flashinfer_sm120.safety.fs.atomic.write_atomic`; threat-model: P5);
 * reads never follow a symlink (``O_NOFOLLOW``), never block on a FIFO
   (``O_NONBLOCK`` + regular-file check), are capped in size, and accept only
   files owned by the current uid (or root): :mod:`flashinfer_sm120.safety.formats` (threat-model: P6).
@@ -13,22 +11,22 @@ Where they live is :func:`flashinfer_sm120.safety.fs.statedir.cache_root`.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from flashinfer_sm120.errors import FormatError, StateFileError, errno_meaning
+from flashinfer_sm120.errors import FormatError, StateFileError
+from flashinfer_sm120.safety import oserrors
 from flashinfer_sm120.safety.formats import read_json_file
+from flashinfer_sm120.safety.fs import atomic
 
 logger = logging.getLogger("flashinfer_sm120")
 
 T = TypeVar("T")
 
-__all__ = ["MAX_STATE_BYTES", "read_json", "write_atomic", "write_json_atomic", "compute_once"]
+__all__ = ["MAX_STATE_BYTES", "read_json", "write_json_atomic", "compute_once"]
 
 #: Largest state file read (bytes).  The memo holds one small entry per nvcc
 #: binary seen; anything larger is not ours and is rewritten.
@@ -57,56 +55,19 @@ def read_json(path: str, *, max_bytes: int = MAX_STATE_BYTES) -> tuple[Any, str 
         return None, str(exc)
 
 
-def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
-    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never half.
-
-    A temp file with a random name is created with ``O_EXCL`` in the same directory
-    (so a name planted by another user is never opened), written, given ``mode``,
-    then renamed over ``path`` with :func:`os.replace`; on any failure it is removed.
-
-    Raises:
-        OSError: as the file system reports it (the caller words the message).
-    """
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + ".", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def write_json_atomic(path: str, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (:func:`write_atomic`, mode ``0600``).
+    """Write ``data`` as JSON to ``path`` atomically (:func:`flashinfer_sm120.safety.fs.atomic.write_atomic`, mode ``0600``).
 
     Raises:
         StateFileError: the directory is not writable or the disk is full; the
             message names the directory and ``FLASHINFER_SM120_CACHE_DIR``.
     """
     try:
-        write_atomic(path, json.dumps(data).encode("utf-8"))
+        atomic.write_atomic(path, json.dumps(data).encode("utf-8"))
     except OSError as exc:  # the message by errno, never by exception class (threat-model: P8)
         directory = os.path.dirname(path) or "."
-        fix = _WRITE_FIXES.get(exc.errno or 0, "make it writable")
-        raise StateFileError(
-            f"cannot write {path}: {errno_meaning(exc)}; {fix.format(dir=directory)}, or set "
-            f"FLASHINFER_SM120_CACHE_DIR to another directory") from exc
-
-
-#: The fix for a failed state-file write, by errno (``{dir}``: the directory written).
-_WRITE_FIXES = {
-    errno.ENOSPC: "free space in {dir}",
-    errno.EDQUOT: "free space within your quota in {dir}",
-    errno.EROFS: "use a directory on a writable file system instead of {dir}",
-    errno.EACCES: "make {dir} writable for you",
-    errno.ENAMETOOLONG: "use a shorter path than {dir}",
-}
+        why = oserrors.describe(exc, directory, "set FLASHINFER_SM120_CACHE_DIR to another directory")
+        raise StateFileError(f"cannot write {path}: {why}") from exc
 
 
 def compute_once(lock_path: str, lookup: Callable[[], T | None], compute: Callable[[], T], *,

@@ -106,6 +106,16 @@ def test_compiler_values_property(places, value):
 
 # --------------------------------------------------------------------------- MAX_JOBS / FLASHINFER_NVCC_THREADS as FlashInfer reads them
 
+@pytest.mark.parametrize("raw,want", [("5", 5), ("²", None), ("0", None), ("lots", None), (None, None)])
+def test_build_and_the_pool_read_max_jobs_one_way(raw, want):
+    """The pool read MAX_JOBS with a grammar of its own; now ``build`` and the pool share
+    :func:`jobs.default_jobs`: the user's value as FlashInfer reads it, else the CPUs."""
+    from flashinfer_sm120.core.jitenv import jobs
+
+    n, why = jobs.default_jobs({} if raw is None else {"MAX_JOBS": raw})
+    assert n == (want or jobs.cpus()) and ("yours" in why) == (want is not None)
+
+
 def _flashinfer_reads_max_jobs(raw):
     """FlashInfer 0.7.4 ``flashinfer/jit/cpp_ext.py`` ``_get_num_workers``, as written there."""
     if raw is not None and raw.isdigit():

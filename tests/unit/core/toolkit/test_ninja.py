@@ -143,6 +143,21 @@ def test_a_planted_link_directory_is_not_adopted(fakes, tmp_path):
         ninja.link_dir(chosen)
 
 
+def test_what_a_killed_link_maker_left_is_swept(fakes):
+    """A process killed between making the link directory and renaming it into place left its
+    ``.tmp-*`` in the cache for good; the next maker sweeps it (the one rule of the atomic sweep)."""
+    from helpers import abandoned
+
+    chosen = ninja.choose()
+    parent = os.path.dirname(ninja.link_dir(chosen))
+    left = os.path.join(parent, ".tmp-killed")
+    os.mkdir(left)
+    abandoned(left)
+    shutil.rmtree(ninja.link_dir(chosen))  # the next export has one to make
+    ninja.link_dir(chosen)
+    assert not os.path.exists(left) and not [n for n in os.listdir(parent) if n.startswith(".tmp-")]
+
+
 def test_build_runs_exactly_the_chosen_ninja(fakes):
     from flashinfer_sm120.warmup import ninjacmd
 

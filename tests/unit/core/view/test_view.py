@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from helpers import TESTS
+from helpers import TESTS, abandoned
 from helpers.guards import hang_guard
 from helpers.toolkits import make_toolkit
 from flashinfer_sm120.core import view
@@ -423,6 +423,7 @@ def test_kill_9_during_a_build_leaves_nothing_behind(tmp_path, cache):
         view.linkable_home(inspect({str(root)!r}))
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    parent = cache / "cuda-home"
     for _ in range(2):  # two dead builders: the second removes what the first left
         child = subprocess.Popen([sys.executable, "-c", code], env=env)
         deadline = time.monotonic() + 60
@@ -432,23 +433,27 @@ def test_kill_9_during_a_build_leaves_nothing_behind(tmp_path, cache):
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
         flag.unlink()
-    parent = cache / "cuda-home"
+        abandoned(*(parent / n for n in tmp_dirs(parent)))  # past the grace a live builder has
     assert len(tmp_dirs(parent)) == 1 and not _views(cache)
     home = view.linkable_home(inspect(str(root)))  # the next builder cleans up
     assert home.is_view and not tmp_dirs(parent)
 
 
 def test_leftovers_are_cleaned_by_a_process_that_only_adopts(tmp_path, cache):
+    """Only what no live builder holds goes (threat-model: P3, P5): no guess from a pid."""
+    from flashinfer_sm120.safety.fs import tmpdirs
+
     tk = inspect(str(pip_like(tmp_path)))
     home = view.linkable_home(tk)
     parent = cache / "cuda-home"
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    (parent / f".tmp-{dead.pid}-abc").mkdir()  # its builder is gone
-    old = parent / f".tmp-{os.getppid()}-old"  # a live pid, but abandoned long ago
-    old.mkdir()
-    os.utime(old, (time.time() - view.STALE_TMP_S - 60,) * 2)
-    fresh = parent / f".tmp-{os.getppid()}-new"  # a live builder's, recent: kept
+    dead = parent / ".tmp-dead"  # its builder was killed long ago
+    dead.mkdir()
+    live = tmpdirs.make_private(".tmp-", str(parent))  # a live builder's, however old: kept
+    fresh = parent / ".tmp-fresh"  # not held yet, but younger than the grace: kept
     fresh.mkdir()
-    assert view.linkable_home(tk).path == home.path
-    assert tmp_dirs(parent) == [fresh.name]
+    abandoned(dead, live.path)
+    try:
+        assert view.linkable_home(tk).path == home.path
+        assert tmp_dirs(parent) == sorted([fresh.name, os.path.basename(live.path)])
+    finally:
+        live.close()

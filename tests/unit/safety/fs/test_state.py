@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import abandoned
 from helpers.toolkits import make_toolkit
 from flashinfer_sm120.safety.fs import statedir, statefiles
 from flashinfer_sm120.core.toolkit import inspect, memo
@@ -84,7 +85,23 @@ def test_cache_dir_under_a_replaceable_parent_is_refused(tmp_path, monkeypatch):
     os.chmod(parent, 0o777)  # anyone could rename 'mine' away and put their own there
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(parent / "mine"))
     assert statedir.cache_root() != str(parent / "mine")
-    assert any("above it is writable" in n for n in statedir.cache_root_notes())
+    assert any("could replace it" in n and f"{parent} is writable by other users" in n
+               for n in statedir.cache_root_notes())
+
+
+def test_cache_dir_writable_by_the_users_private_group_is_refused(tmp_path, monkeypatch):
+    """What we keep as ours is writable by no one else, group included (the strictest of the former
+    checks: the view's), even a user-private group the trust rule accepts for programs."""
+    from flashinfer_sm120.safety import ownership
+
+    d = tmp_path / "mine"
+    d.mkdir()
+    os.chmod(d, 0o770)
+    monkeypatch.setattr(ownership, "_private_gid", lambda: d.stat().st_gid)
+    assert ownership.trust_reason(str(d)) is None  # the trust rule takes it
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(d))
+    assert statedir.cache_root() != str(d)
+    assert any(str(d) in n and "writable by other users" in n for n in statedir.cache_root_notes())
 
 
 def test_home_unset_without_passwd_entry_creates_no_tilde_dir(tmp_path):
@@ -245,7 +262,7 @@ def test_stale_memo_temp_files_are_cleaned(tmp_path, memo_dir):
     fresh = memo_dir / ".tmp-nvcc-version.json.def456"
     old.write_text("{")
     fresh.write_text("{")
-    os.utime(old, (time.time() - 2 * memo.STALE_TEMP_S,) * 2)
+    abandoned(old)
     memo.store("/nowhere/nvcc", "12.8.93", None)
     assert not old.exists() and fresh.exists()  # a concurrent writer's file is left alone
 

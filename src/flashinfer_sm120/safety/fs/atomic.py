@@ -1,0 +1,119 @@
+"""Atomic writes, and the one sweep of what a killed process left behind.  Standard library only:
+``enable`` and ``disable`` use it with the rest of the package (and its dependencies) broken.
+
+``tempfile.mkdtemp``/``TemporaryDirectory`` and a write's temporary file are cleaned up in
+``finally``, which ``kill -9`` or the OOM killer never reach: a ``cache import`` killed while
+unpacking left its archive's files (up to the 32 GiB cap) in ``$TMPDIR/fi-sm120-import-*``, a build
+its jobserver FIFO, a view builder its half-built view, an ``enable`` its half-written ``.pth``, each
+run one more.  A temporary entry (a directory of
+:func:`flashinfer_sm120.safety.fs.tmpdirs.make_private`, or the temporary file of :func:`write_atomic`)
+is held (:func:`hold`: ``flock``) for as long as its maker uses it: the lock is the open file, released
+by the kernel when the process dies, in any PID namespace; :func:`sweep` removes those of this uid whose
+lock it can take.
+"""
+# threat-model: P5 (temporary entries have random names; only their creator removes them, or the next
+# process once the creator's lock is gone; final files are put in place atomically), P3 (never removed
+# on a guess from /proc or a pid)
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import stat
+import tempfile
+import time
+
+__all__ = ["GRACE_S", "hold", "sweep", "temp_prefix", "write_atomic"]
+
+#: An entry younger than this (seconds) is never swept: its maker may not have locked it yet
+#: (``mkdtemp``/``mkstemp`` and ``flock`` are two steps).
+GRACE_S = 60.0
+
+_SWEEP_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO never blocks a sweep
+
+
+def hold(fd: int) -> None:
+    """Mark the temporary entry open on ``fd`` as in use for as long as it stays open (:func:`sweep`
+    keeps it).  On a file system without ``flock`` it is kept by :data:`GRACE_S` only."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass
+
+
+def sweep(prefix: str, parent: str | None = None) -> None:
+    """Remove ``parent/prefix*`` directories and regular files of yours that nobody holds
+    (:func:`hold`) and that are older than :data:`GRACE_S` (their maker was killed).  A link is never
+    followed or removed, nor an entry of another uid.  Never raises."""
+    parent = parent or tempfile.gettempdir()
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(parent, name)
+        try:
+            fd = os.open(path, _SWEEP_FLAGS)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            kind = stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)
+            if st.st_uid != os.geteuid() or not kind or time.time() - st.st_mtime < GRACE_S:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its maker is alive
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(path, ignore_errors=True)
+            elif _same_file(path, st):
+                os.unlink(path)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+
+
+def _same_file(path: str, st: os.stat_result) -> bool:
+    """``path`` still names the file ``st`` describes (not one renamed over it meanwhile)."""
+    now = os.lstat(path)
+    return (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
+
+
+def temp_prefix(path: str) -> str:
+    """The name every temporary file of :func:`write_atomic` for ``path`` starts with (beside it)."""
+    return ".tmp-" + os.path.basename(path) + "."
+
+
+def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never half.
+    The one atomic writer of the package (threat-model: P5).
+
+    A temp file with a random name (:func:`temp_prefix`) is created with ``O_EXCL`` in the same
+    directory (so a name planted by another user is never opened), held while it is written
+    (:func:`hold`), given ``mode``, then renamed over ``path`` with :func:`os.replace`; on any failure
+    it is removed.  What a writer killed meanwhile left is swept first (:func:`sweep`).
+
+    Raises:
+        OSError: as the file system reports it (the caller words the message).
+    """
+    directory = os.path.dirname(path) or "."
+    sweep(temp_prefix(path), directory)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), dir=directory)
+    try:
+        hold(fd)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fchmod(fd, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    finally:
+        os.close(fd)
