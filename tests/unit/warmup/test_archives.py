@@ -14,7 +14,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers.child import cli
@@ -131,7 +131,6 @@ _GOOD = _tar_bytes([_file(f"{TOP}/meta.json", _meta([{"name": "m", "files": {
     "jit/m/m.so": "0" * 64}}])), _file(f"{TOP}/jit/m/m.so", b"so")])
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.integers(0, len(_GOOD) - 1), st.integers(0, 255)), max_size=12),
        st.integers(0, len(_GOOD)), st.booleans())
 def test_mutated_archives_give_only_our_error(tmp_path, flips, cut, gz):
@@ -174,7 +173,6 @@ def test_gzip_members_that_unpack_to_nothing_are_capped_on_the_compressed_bytes(
     src.write_bytes(empty * (cap // len(empty) + 1) + gzip.compress(_tar_bytes([_file(f"{TOP}/meta.json", _meta())])))
     with pytest.raises(cachemeta.CacheError, match="compressed data is more than"):
         cacheread.check_members(str(src), limits)
-
 
 
 def test_a_file_at_the_deepest_path_meta_json_lists_is_a_member_too(tmp_path):

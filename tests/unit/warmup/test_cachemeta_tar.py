@@ -168,11 +168,10 @@ def _valid_archive() -> bytes:
     return buf.getvalue()
 
 
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import given, strategies as st  # noqa: E402
 
 
 @given(st.lists(st.tuples(st.integers(0, 3071), st.integers(0, 255)), min_size=1, max_size=12), st.booleans())
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_mutated_headers_property(tmp_path, edits, gz):
     """Any bytes in the headers: our refusal or a successful check, never another exception."""
     data = bytearray(_valid_archive())

@@ -14,7 +14,7 @@ import json
 import sys
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from helpers.child import cli
 from helpers.host import needs_flashinfer
@@ -71,7 +71,6 @@ _WORDS = st.sampled_from(["-O3", "-DX=1", "-fPIC", "-Wall", "-lcuda", "-I/usr/in
 
 
 @given(st.lists(_WORDS, min_size=1, max_size=5).map(" ".join))
-@settings(max_examples=300, deadline=None)
 def test_compile_flag_property(flag):
     """Accepted flags hold only listed option words; every directory named is returned for checking."""
     try:
