@@ -444,12 +444,11 @@ def test_doctor_shows_a_module_name_found_on_disk_without_acting_on_it(clean_env
     """Regression: ``doctor`` listed the JIT modules FlashInfer would load with their directory names
     raw: a module directory named with escape sequences retitled the terminal.  threat-model: P8"""
     import glob
-    import sys
 
     from helpers.child import cli
 
     env = dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0")
-    cli(["doctor"], env, 300, python=sys.executable)
+    cli(["doctor"], env, 300)
     workspaces = [d for d in glob.glob(os.path.join(env["FLASHINFER_WORKSPACE_BASE"], ".cache", "flashinfer", "*",
                                                     "*", "nvcc*")) if os.path.isdir(d)]
     assert workspaces
@@ -457,5 +456,5 @@ def test_doctor_shows_a_module_name_found_on_disk_without_acting_on_it(clean_env
         evil = os.path.join(d, "cached_ops", "ev\x1b]2;PWN\x07il")
         os.makedirs(evil)
         open(os.path.join(evil, "ev\x1b]2;PWN\x07il.so"), "wb").close()
-    out = cli(["doctor", "--verbose"], env, 300, python=sys.executable).stdout
+    out = cli(["doctor", "--verbose"], env, 300).stdout
     assert "PWN" in out and "\x1b" not in out and "\x07" not in out, out[-2000:]

@@ -137,7 +137,7 @@ def test_doctor_shows_memory_jobs_and_the_launcher_verdict(tmp_path, clean_env):
                SCCACHE_DIR=str(tmp_path / "sc"))
     env.pop("MAX_JOBS", None)
     try:
-        proc = cli(["doctor", "--json"], env, 600, python=sys.executable)
+        proc = cli(["doctor", "--json"], env, 600)
     finally:
         subprocess.run([sccache, "--stop-server"], env=env, capture_output=True, timeout=60)
     b = json.loads(proc.stdout)["builds"]
