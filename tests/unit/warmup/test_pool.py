@@ -47,7 +47,7 @@ def test_never_more_steps_than_slots(tmp_path):
     """Three modules, two slots: at most two compile steps at any moment (a link may run beside
     them: it holds no compile slot).  Read from the steps' own start/end record, not by sampling
     /proc, which under load sees one module's step end and another's start as both running."""
-    jobs = [fake_job(tmp_path, f"m{i}", 3, sleep=0.3) for i in range(3)]
+    jobs = [fake_job(tmp_path, f"m{i}", 3, sleep=0.6) for i in range(3)]
     stats = {}
     res = pool.run_pool(jobs, 2, io.StringIO(), stats)
     assert all(r.status == "built" for r in res)
