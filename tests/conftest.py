@@ -12,10 +12,21 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from helpers import ROOT, TESTS, child, probing, prune, servers, views, warm
 from helpers.checkout import checkout_entries
 from helpers.host import REAL_NVCC13
+
+
+# Property tests: a small, reproducible run by default (the same examples every run, no database
+# written into the checkout, no health check that fails on a loaded machine); HYPOTHESIS_PROFILE=large
+# searches wider and anew each run.  Test files name no example counts of their own.
+_QUIET = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+settings.register_profile("default", max_examples=25, deadline=None, derandomize=True, database=None,
+                          suppress_health_check=_QUIET)
+settings.register_profile("large", max_examples=500, deadline=None, suppress_health_check=_QUIET)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def pytest_addoption(parser):

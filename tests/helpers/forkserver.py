@@ -65,28 +65,38 @@ class Client:
         self.env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         self.proc = subprocess.Popen([python, "-u", os.path.abspath(__file__)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=self.env, text=True, bufsize=1)
-        self.fd, self.buf = self.proc.stdout.fileno(), b""
         self.lock = threading.Lock()
+        self._buf = b""  # what was read from the server past the last whole line
+        self._next_id = 0
         ready = self._read(600)
         if ready.get("ready") is not True:
             raise RuntimeError(f"fork server did not start: {ready}")
         self.server_env = {k: v for k, v in self.env.items() if k != "PYTHONPATH"}
 
     def _read(self, timeout: float) -> dict:
-        """The server's next message. Lines are split here, from the raw pipe: a buffered
-        ``readline`` may take two messages at once, and ``select`` on the pipe would then wait
-        for the second although it has already arrived."""
+        """The server's next line.  Read from the descriptor, not through a buffered file: ``pid`` and
+        ``rc`` may arrive in one read, and ``select`` does not see a line already in a file's buffer
+        (a loaded machine then waited out the whole timeout for an answer it had)."""
         deadline = time.monotonic() + timeout
-        while b"\n" not in self.buf:
-            r, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            r, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
             if not r:
                 raise subprocess.TimeoutExpired("forkserver", timeout)
-            chunk = os.read(self.fd, 65536)
+            chunk = os.read(fd, 1 << 16)
             if not chunk:
                 raise RuntimeError("fork server exited")
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
         return json.loads(line)
+
+    def _answer(self, key: str, rid: int, timeout: float) -> dict:
+        """The answer ``key`` to request ``rid``; answers to an earlier, abandoned request are skipped."""
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self._read(max(0.0, deadline - time.monotonic()))
+            if msg.get("id") == rid and key in msg:
+                return msg
 
     def usable_for(self, env: dict) -> bool:
         return self.proc.poll() is None and fresh_env_needed(env, self.server_env) is None
@@ -95,18 +105,21 @@ class Client:
             args: list[str] = ()) -> subprocess.CompletedProcess:
         with self.lock, tempfile.TemporaryDirectory(prefix="forkserver-") as tmp:
             out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
-            req = {"code": code, "env": env, "cwd": cwd or os.getcwd(), "out": out, "err": err, "args": list(args)}
+            self._next_id += 1
+            rid = self._next_id
+            req = {"id": rid, "code": code, "env": env, "cwd": cwd or os.getcwd(), "out": out, "err": err,
+                   "args": list(args)}
             self.proc.stdin.write(json.dumps(req) + "\n")
             self.proc.stdin.flush()
-            pid = self._read(60)["pid"]
+            pid = self._answer("pid", rid, 600)["pid"]  # bounds against a hang, not speed goals
             try:
-                rc = self._read(timeout)["rc"]
+                rc = self._answer("rc", rid, timeout)["rc"]
             except subprocess.TimeoutExpired:
                 try:
                     os.kill(pid, signal.SIGKILL)  # as subprocess.run does on a timeout: the child only
-                except ProcessLookupError:  # it ended as the time ran out; the server reaped it
-                    pass
-                self._read(600)  # its exit status: the next request must not read it as its own
+                except ProcessLookupError:
+                    pass  # it ended meanwhile
+                self._answer("rc", rid, 600)
                 raise subprocess.TimeoutExpired([sys.executable, "-c", code, *args], timeout) from None
             with open(out, encoding="utf-8", errors="replace") as o, open(err, encoding="utf-8", errors="replace") as e:
                 return subprocess.CompletedProcess([sys.executable, "-c", code, *args], rc, o.read(), e.read())
@@ -223,10 +236,10 @@ def serve() -> None:
                 rc = _child(req)
             finally:
                 os._exit(rc)
-        print(json.dumps({"pid": pid}), flush=True)
+        print(json.dumps({"pid": pid, "id": req.get("id")}), flush=True)
         _, status = os.waitpid(pid, 0)
         rc = os.waitstatus_to_exitcode(status)
-        print(json.dumps({"rc": rc}), flush=True)
+        print(json.dumps({"rc": rc, "id": req.get("id")}), flush=True)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,15 @@ def hostile_toolkit(root: Path, body: str, *, header: str = "13.0") -> Path:
     return root
 
 
+def waits_for_lock(pid: int, path) -> bool:
+    """Whether process ``pid`` is blocked on a file lock of ``path``: a waiter line of ``/proc/locks``
+    (``1: -> FLOCK ADVISORY WRITE PID MAJ:MIN:INODE 0 EOF``), the lock's own record."""
+    st = os.stat(path)
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    with open("/proc/locks") as fh:
+        return any(w[1:2] == ["->"] and str(pid) in w and want in w for w in map(str.split, fh))
+
+
 def alive_with(token: str) -> list[int]:
     """Pids (not zombies) whose command line contains ``token``."""
     out = []

@@ -54,9 +54,12 @@ def fake_compiler_env(env: dict, tmp_path: Path) -> tuple[dict, Path]:
     return dict(env, FLASHINFER_NVCC_LAUNCHER=str(cc), CXX=str(cc), FAKE_CC_LOG=str(log), FAKE_GPU_CAPS=""), log
 
 
-def fake_job(root, name, n_src=2, fail=None, sleep=0.3):
+def fake_job(root, name, n_src=2, fail=None, sleep=0.3, hold=None):
     """A :class:`pool.Job` ``name`` under ``root``: ``n_src`` compile steps of ``sleep`` seconds each (the
-    one of source ``fail`` fails), then a link; every step appends to ``root/order.log``."""
+    one of source ``fail`` fails), then a link.  Every step appends to ``root/order.log``: a compile step
+    ``start SRC`` as it begins and ``end SRC`` just before it exits (so the log's order is a record of
+    which steps ran at once), a link ``link OUT``.  ``hold=(src, regex)``: the step compiling ``src``
+    also waits (up to 120 s) until a whole line of the log matches ``regex`` (grep -x; no ``$``: ninja's escape): a readiness signal, not a race."""
     from flashinfer_sm120.warmup import pool
 
     d = root / name
@@ -65,12 +68,15 @@ def fake_job(root, name, n_src=2, fail=None, sleep=0.3):
         (d / f"s{i}.cu").write_text("// src\n")
     nvcc = root / "fake_nvcc.sh"
     if not nvcc.exists():  # argv like nvcc's: ... -c SRC -o OBJ
-        nvcc.write_text('echo "start $2" >> "$(dirname "$0")/order.log"; sleep "$SLEEP"; src="$2"; if [ "$src" = "$FAIL" ]; then '
+        nvcc.write_text('log="$(dirname "$0")/order.log"; echo "start $2" >> "$log"; sleep "$SLEEP"; src="$2"; '
+                        'if [ "$src" = "$HOLD" ]; then i=0; until grep -qx -- "$UNTIL" "$log" || [ $i -ge 1200 ]; do '
+                        'sleep 0.1; i=$((i+1)); done; fi; echo "end $2" >> "$log"; if [ "$src" = "$FAIL" ]; then '
                         'echo "$src(3): error: identifier boom is undefined"; exit 2; fi; cp "$2" "$4"\n')
         (root / "fake_link.sh").write_text('echo "link $3" >> "$(dirname "$0")/order.log"; '
                                            'out="$3"; shift 3; cat "$@" > "$out"\n')
+    held, until = hold or ("", "")
     lines = ["ninja_required_version = 1.3", "rule cuda_compile",
-             f"  command = SLEEP={sleep} FAIL={d}/{fail} sh {nvcc} -c $in -o $out",
+             f"  command = SLEEP={sleep} FAIL={d}/{fail} HOLD='{d}/{held}' UNTIL='{until}' sh {nvcc} -c $in -o $out",
              "rule link", f"  command = sh {root}/fake_link.sh -shared -o $out $in", ""]
     objs = []
     for i in range(n_src):
@@ -81,3 +87,17 @@ def fake_job(root, name, n_src=2, fail=None, sleep=0.3):
     lines.append(f"default {d}/{name}.so")
     (d / "build.ninja").write_text("\n".join(lines) + "\n")
     return pool.Job(name, d, d / "build.ninja", root / f"{name}.lock")
+
+
+def most_at_once(log_lines: list[str]) -> int:
+    """The most compile steps that ran at once, from :func:`fake_job`'s log: a step writes ``start``
+    after its slot was taken and ``end`` before it exits (before its slot can be freed), so each
+    [start, end] lies inside the time the step held its slot, whatever the machine's load."""
+    now = most = 0
+    for line in log_lines:
+        if line.startswith("start "):
+            now += 1
+            most = max(most, now)
+        elif line.startswith("end "):
+            now -= 1
+    return most

@@ -161,10 +161,11 @@ def test_import_waits_for_flashinfers_module_lock(clean_env, tmp_path):
         env=clean_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == str(jit / "tmp")
     importer = _run(clean_env, src, 1 << 30)
-    for _ in range(300):  # the importer got as far as the lock, and no further
-        if any(d.name == "m" for d in jit.iterdir()):
-            break
-        time.sleep(0.02)
+    told = ""  # the importer got as far as the lock, and no further: it says so (modlock.take), then waits
+    while "m: waiting for another process building it" not in told:
+        line = importer.stderr.readline()
+        assert line, f"the importer never waited for the lock: {told[-2000:]}"
+        told += line
     assert importer.poll() is None and not (jit / "m" / "m.so").exists()
     holder.communicate("\n", timeout=60)
     res = _result(importer)

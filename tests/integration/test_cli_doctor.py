@@ -7,6 +7,7 @@ import pytest
 
 from helpers.child import cli
 from helpers.host import needs_flashinfer
+from helpers.reports import doctor_report
 from helpers.probing import NOBODY, created, home_env, needs_root, user_home
 from flashinfer_sm120.cli import doctor, main
 from flashinfer_sm120.cli.doctor_sections import WIDTH
@@ -103,25 +104,6 @@ def test_smoke_runs_the_smoke_steps_without_the_report(monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out)["smoke"]["failed"] == "compile"
 
 
-def _report(**over) -> dict:
-    """The report of a machine where everything fits (the shape of verify.report.collect)."""
-    tk = {"root": "/opt/cu13", "nvcc": "/opt/cu13/bin/nvcc", "sources": ["pip"], "nvcc_full": "13.0.88"}
-    r = {"flashinfer_sm120": "0.2.0", "python": "/venv/bin/python", "torch_version": "2.13.0", "torch_from": "/t",
-         "torch_cuda": "13.0", "flashinfer_installed": True, "flashinfer": "0.7.4",
-         "release": {"supported": True, "arch_rules": "r", "min_nvcc": None}, "gpu_source": "nvml",
-         "gpus": [{"index": 0, "name": "NVIDIA GeForce RTX 5090", "capability": "12.0"}],
-         "FLASHINFER_CUDA_ARCH_LIST": None, "cleaned": [],
-         "candidates": [dict(tk, state="chosen", why="first", header_version="13.0", version_from="nvcc")],
-         "resolution": {"choice": {"toolkit": tk, "targets": ["sm_120f"], "usable": []},
-                        "cuda_home": {"path": "/opt/cu13", "is_view": False, "added": [], "curand_include": "/i"},
-                        "arch_list_error": None},
-         "before": {"cuda_home": "/opt/cu13", "cuda_version": "13.0", "target_cuda_archs": ["sm_120f"]},
-         "after": {"status": {"mode": "patched", "steps": {}}, "jit_dir": "/j", "exported": {}},
-         "autoload": {}, "disabled": False}
-    r.update(over)
-    return r
-
-
 def test_a_new_check_is_one_line_and_its_warning_is_printed(monkeypatch):
     """How other checks add a doctor line: a function yielding typed findings, appended to CHECKS."""
     def jit_verbose(report):
@@ -129,7 +111,7 @@ def test_a_new_check_is_one_line_and_its_warning_is_printed(monkeypatch):
                       "unset FLASHINFER_JIT_VERBOSE")
 
     monkeypatch.setattr(diagnosis, "CHECKS", [*CHECKS, jit_verbose])
-    lines = doctor.render(_report())
+    lines = doctor.render(doctor_report())
     assert lines[0].startswith("OK: FlashInfer will build sm_120f with nvcc 13.0.88 at /opt/cu13")
     assert ("WARNING: FLASHINFER_JIT_VERBOSE=1 changes every build line. Fix: unset FLASHINFER_JIT_VERBOSE"
             in lines)
@@ -138,9 +120,9 @@ def test_a_new_check_is_one_line_and_its_warning_is_printed(monkeypatch):
         yield Finding(Level.PROBLEM, "x", "something fails", "do this")
 
     monkeypatch.setattr(diagnosis, "CHECKS", [*CHECKS, broken])
-    d = diagnose(_report())
+    d = diagnose(doctor_report())
     assert not d.ok and d.problems[0].code == "x"
-    assert doctor.render(_report())[0] == "PROBLEM: something fails. Fix: do this"
+    assert doctor.render(doctor_report())[0] == "PROBLEM: something fails. Fix: do this"
 
     def on_lines(report):
         yield Finding(Level.PROBLEM, "y", "no toolkit fits:\n  /opt/cuda: nvcc 12.8 is too old", "pip install nvidia-cuda-nvcc")
@@ -156,7 +138,7 @@ def test_a_raising_check_is_a_note_and_the_rest_still_run(monkeypatch):
         yield  # pragma: no cover
 
     monkeypatch.setattr(diagnosis, "CHECKS", [bad, *CHECKS])
-    d = diagnose(_report())
+    d = diagnose(doctor_report())
     assert d.ok and [f.code for f in d.findings] == ["check-error"]
 
 
@@ -168,7 +150,7 @@ def test_a_raising_check_is_a_note_and_the_rest_still_run(monkeypatch):
      "it targets nothing"),
 ])
 def test_flashinfer_alone_says_would_work_or_would_fail_because(over, works, why, tmp_path):
-    r = _report(**over)
+    r = doctor_report(**over)
     if "cuda_home" in r["before"]:  # a real nvcc file where FlashInfer alone looks
         (tmp_path / "bin").mkdir()
         (tmp_path / "bin" / "nvcc").write_text("")
@@ -184,7 +166,7 @@ def test_flashinfer_alone_says_would_work_or_would_fail_because(over, works, why
 def test_flashinfer_alone_with_a_refused_toolkit_would_fail_with_the_reason(tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "nvcc").write_text("")
-    r = _report(before={"cuda_home": str(tmp_path), "cuda_version": "12.8", "target_cuda_archs": ["sm_120a"]})
+    r = doctor_report(before={"cuda_home": str(tmp_path), "cuda_version": "12.8", "target_cuda_archs": ["sm_120a"]})
     r["candidates"].append({"root": str(tmp_path), "sources": ["CUDA_HOME"], "state": "rejected",
                             "why": "nvcc 12.8 cannot build sm_120f"})
     a = diagnosis.alone(r)
@@ -242,7 +224,7 @@ def test_a_build_line_variable_and_modules_warmed_with_other_values_are_warnings
     (jit / "sampling").mkdir(parents=True)
     assert buildline.record(jit / "sampling", buildline.snapshot({}, "0.7.4")) is None  # warmed with nothing set
     monkeypatch.setenv("FLASHINFER_JIT_VERBOSE", "1")
-    report = _with_build_line(_report(after={"status": {"mode": "patched", "steps": {}}, "jit_dir": str(jit),
+    report = _with_build_line(doctor_report(after={"status": {"mode": "patched", "steps": {}}, "jit_dir": str(jit),
                                              "exported": {}}))
     d = diagnose(report)
     assert d.ok and {"build-line-variable", "build-line-stale"} <= {f.code for f in d.findings}
@@ -252,7 +234,7 @@ def test_a_build_line_variable_and_modules_warmed_with_other_values_are_warnings
     assert "the warm cache will be rebuilt" in text
     assert "WARNING: 1 built module was built with other values of FLASHINFER_JIT_VERBOSE" in text
     monkeypatch.delenv("FLASHINFER_JIT_VERBOSE")
-    assert not {f.code for f in diagnose(_with_build_line(_report())).findings} & {"build-line-variable"}
+    assert not {f.code for f in diagnose(_with_build_line(doctor_report())).findings} & {"build-line-variable"}
 
 
 def test_a_toolkit_whose_version_file_disagrees_with_its_nvcc_is_a_warning_with_the_fix(tmp_path, cache_dir):
@@ -261,14 +243,14 @@ def test_a_toolkit_whose_version_file_disagrees_with_its_nvcc_is_a_warning_with_
     from helpers.toolkits import lying_toolkit
 
     lying = inspect(str(lying_toolkit(tmp_path / "cuda"))).to_dict()
-    chosen = _report()["candidates"][0]
-    report = _report(candidates=[chosen, dict(lying, state="rejected", why="nvcc 12.8")])
+    chosen = doctor_report()["candidates"][0]
+    report = doctor_report(candidates=[chosen, dict(lying, state="rejected", why="nvcc 12.8")])
     found = [f for f in diagnose(report).findings if f.code == "version-disagreement"]
     assert len(found) == 1 and found[0].level is Level.WARNING
     assert "says CUDA 13.0.88" in found[0].text and "12.8.93" in found[0].text and "reinstall" in found[0].fix
     screen = " ".join(_screen("\n".join(doctor.render(report))))
     assert "WARNING: " in screen and "says CUDA 13.0.88, but" in screen and "Fix: reinstall that toolkit" in screen
-    assert not [f for f in diagnose(_report()).findings if f.code == "version-disagreement"]
+    assert not [f for f in diagnose(doctor_report()).findings if f.code == "version-disagreement"]
 
 
 def test_sglangs_own_targets_are_a_note_on_the_default_screen(tmp_path, monkeypatch):
@@ -281,7 +263,7 @@ def test_sglangs_own_targets_are_a_note_on_the_default_screen(tmp_path, monkeypa
         monkeypatch.delenv(v, raising=False)
     monkeypatch.syspath_prepend(str(install_standins(tmp_path / "site", "sglang")))
     importlib.invalidate_caches()
-    base = _report()
+    base = doctor_report()
     base["resolution"]["choice"]["capabilities"] = ["12.0"]
     report = _with_build_line(base)
     notes = [f for f in diagnose(report).findings if f.code == "server-arch"]

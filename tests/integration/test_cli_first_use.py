@@ -32,7 +32,9 @@ def test_build_without_flashinfer_names_the_pip_fix(hiding):
 def test_doctor_without_torch_or_flashinfer_says_not_installed_and_fails(hiding):
     proc = cli(["doctor", "--timeout", "30"], hiding("flashinfer", "torch"), timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    verdict, versions = proc.stdout.splitlines()[:2]
+    lines = proc.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("Versions:"))
+    verdict, versions = " ".join(line.strip() for line in lines[:at]), lines[at]  # wrapped as the path's length decides
     assert verdict.startswith("PROBLEM: FlashInfer is not installed") and "pip install flashinfer-python" in verdict
     assert "torch not installed" in versions and "CPU build" not in versions
     assert "FlashInfer not installed" in versions

@@ -9,7 +9,7 @@ import os
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from flashinfer_sm120.cli import build_parser, main
@@ -58,7 +58,6 @@ def stubbed(monkeypatch, request):
     request.addfinalizer(statedir.forget_cache_root)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_every_command_line_with_json_prints_exactly_one_json_document(stubbed, data):
     # the stubs are the same for every input; the arch variable is restored below

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers.host import needs_flashinfer
@@ -138,7 +138,6 @@ def test_a_record_does_not_hold_once_cuda_homes_nvcc_is_replaced_or_removed(tmp_
     assert got.status is None and "(nvcc)" in got.why_not, got
 
 
-@settings(max_examples=60, deadline=None)
 @given(st.text(max_size=300))
 def test_arch_option_takes_a_value_or_refuses_it_with_a_bounded_message(value):
     """``--arch`` of status and doctor: build's grammar; anything else exits 2 with one bounded line

@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 from helpers.child import cli, run_py
+from helpers.guards import until
 from helpers.host import needs_flashinfer
 
 RECORD = """
@@ -88,8 +89,9 @@ def test_record_then_replay_gives_identical_ninja_files(clean_env, tmp_path, rea
 WRITER = """
 import os, sys, time
 from flashinfer_sm120.core.jitenv.record import append
-path, me, start = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-while time.time() < start:
+path, me, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+open(go + "." + str(me), "w").close()  # ready
+while not os.path.exists(go):
     time.sleep(0.001)
 for i in range(40):
     append(path, {"writer": me, "i": i, "pad": chr(65 + me) * (20000 + 97 * i)})
@@ -97,12 +99,11 @@ for i in range(40):
 
 
 def test_eight_processes_record_without_lost_or_torn_lines(tmp_path):
-    import time
-
-    path = tmp_path / "m.jsonl"
-    start = time.time() + 1.5
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(n), str(start)])
-             for n in range(8)]
+    path, go = tmp_path / "m.jsonl", tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(n), str(go)]) for n in range(8)]
+    # all write together once all are ready (however long their start-up takes under load)
+    until(lambda: all(p.poll() is not None or (tmp_path / f"go.{n}").exists() for n, p in enumerate(procs)), seconds=300)
+    go.touch()
     assert all(p.wait(timeout=120) == 0 for p in procs)
     lines = path.read_bytes().split(b"\n")
     assert lines[-1] == b""

@@ -12,10 +12,11 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
+from pathlib import Path
 
 import pytest
 
+from helpers.guards import until
 from helpers.host import needs_flashinfer
 from helpers.views import tmp_dirs
 
@@ -29,6 +30,7 @@ _RESOLVE = textwrap.dedent("""
     import json, os, sys, time
     sys.modules["torch"] = None  # torch_cuda_version() -> None: no 2 s torch import per child
     import flashinfer_sm120
+    open(sys.argv[1] + "." + sys.argv[2], "w").close()  # ready
     while not os.path.exists(sys.argv[1]):
         time.sleep(0.002)
     try:
@@ -42,6 +44,7 @@ _IMPORT = textwrap.dedent("""
     import json, os, sys, time
     import torch  # before the start line: the race is in patching, not in importing torch
     import flashinfer_sm120
+    open(sys.argv[1] + "." + sys.argv[2], "w").close()  # ready
     while not os.path.exists(sys.argv[1]):
         time.sleep(0.002)
     import flashinfer
@@ -55,9 +58,10 @@ _IMPORT = textwrap.dedent("""
 def _race(code: str, n: int, env: dict, workdir) -> list[dict]:
     workdir.mkdir()
     go = workdir / "go"
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(go)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(n)]
-    time.sleep(0.5)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(go), str(i)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(n)]
+    # all start together once all are ready (however long their start-up takes under load)
+    until(lambda: all(p.poll() is not None or Path(f"{go}.{i}").exists() for i, p in enumerate(procs)), seconds=300)
     go.write_text("")
     results = []
     for p in procs:

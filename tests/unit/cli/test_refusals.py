@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings, strategies as st
+from hypothesis import example, given, strategies as st
 
 from flashinfer_sm120 import cli
 from flashinfer_sm120.safety.formats import bounded
@@ -75,7 +75,6 @@ def test_paths_that_are_not_utf8_never_stop_a_report(clean_env, tmp_path):
                                  "--max-bytes", "--site-dir"]) | st.text(max_size=30), max_size=6),
        st.integers(0, 5), st.integers(1_000, 60_000), st.sampled_from(["x", "-", " ", "\udcff", "é", "'"]))
 @example(words=["--json"], pos=0, size=3900, char=" ")  # a bad choice just under the cut: printed whole twice
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_cli_refusals_property(capsys, words, pos, size, char):
     """Any argv with one long token anywhere: exit 2 with a bounded message, or a run (stubbed out)."""
     from flashinfer_sm120.cli import build, cache, doctor, enable, status
@@ -103,7 +102,6 @@ def test_cli_refusals_property(capsys, words, pos, size, char):
 
 
 @given(st.text(max_size=6000))
-@settings(max_examples=200, deadline=None)
 def test_bounded_property(text):
     from flashinfer_sm120.safety.formats.base import MAX_MESSAGE, MAX_WORD, printable
 

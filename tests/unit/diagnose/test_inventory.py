@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -135,7 +134,7 @@ def test_doctor_lists_the_prebuilt_packages_flashinfer_would_load_first(built, c
         (pkgs / name / "__init__.py").write_text(textwrap.dedent(body))
     env = dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0", FLASHINFER_DISABLE_VERSION_CHECK="1")
     env["PYTHONPATH"] = os.pathsep.join([str(pkgs), env["PYTHONPATH"]])
-    proc = cli(["doctor", "--json"], env, 600, python=sys.executable)
+    proc = cli(["doctor", "--json"], env, 600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     inv = report["inventory"]

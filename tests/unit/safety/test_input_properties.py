@@ -17,12 +17,10 @@ import tarfile
 import tracemalloc
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from flashinfer_sm120.errors import Sm120Error
 
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                       HealthCheck.too_slow])
 MSG_MAX = 4096
 MEM_MAX = 64 << 20
 TOP = "flashinfer-sm120-cache"
@@ -62,7 +60,6 @@ script_body = st.one_of(st.lists(shell_chars, max_size=60).map("".join), hostile
 
 
 @given(script_body)
-@FUZZ
 def test_shell_grammar_property(body):
     from flashinfer_sm120.safety import shell
 
@@ -82,7 +79,6 @@ def test_shell_grammar_property(body):
 
 @given(st.sampled_from(["#!/bin/sh", "#!/bin/sh -e", "#! /bin/sh", "#!/usr/bin/env sh", "#!sh", "#!/bin/sh -c",
                         "#!/bin/bash", "#!/nonexistent", "#!"]), script_body)
-@FUZZ
 def test_trace_property(tmp_path, head, body):
     """Any script: a Trace comes back (never an exception), its problem bounded; a script
     accepted runs only absolute programs that exist."""
@@ -106,7 +102,6 @@ def test_trace_property(tmp_path, head, body):
 # --------------------------------------------------------------------------- versions, arch lists, env
 
 @given(st.one_of(json_value, deep))
-@FUZZ
 def test_version_json_property(tmp_path, value):
     from flashinfer_sm120.core.toolkit import probe
 
@@ -118,7 +113,6 @@ def test_version_json_property(tmp_path, value):
 
 
 @given(st.one_of(hostile_text, st.integers(0, 200_000).map(lambda n: "x " * n)))
-@FUZZ
 def test_arch_list_property(value):
     from flashinfer_sm120.core.patch.resolve import arch_specs
 
@@ -127,7 +121,6 @@ def test_arch_list_property(value):
 
 
 @given(hostile_text)
-@FUZZ
 def test_cuda_home_value_property(value):
     from flashinfer_sm120.core.toolkit import sources
 
@@ -142,7 +135,6 @@ def test_cuda_home_value_property(value):
 # --------------------------------------------------------------------------- state files
 
 @given(st.one_of(json_value, deep, st.binary(max_size=300)))
-@FUZZ
 def test_memo_property(tmp_path, monkeypatch, value):
     from flashinfer_sm120.safety.fs import statedir
     from flashinfer_sm120.core.toolkit import memo
@@ -161,7 +153,6 @@ def test_memo_property(tmp_path, monkeypatch, value):
 
 
 @given(json_value)
-@FUZZ
 def test_view_meta_property(value):
     from flashinfer_sm120.core.view.meta import ViewMeta
 
@@ -180,7 +171,6 @@ entry_like = st.fixed_dictionaries({}, optional={
 
 
 @given(st.one_of(entry_like, json_value))
-@FUZZ
 def test_manifest_entry_property(obj):
     from flashinfer_sm120.errors import FormatError
     from flashinfer_sm120.core.jitenv import manifest
@@ -196,7 +186,6 @@ def test_manifest_entry_property(obj):
 
 @given(st.lists(st.one_of(entry_like.map(json.dumps), hostile_text, deep), max_size=5),
        st.binary(max_size=200))
-@FUZZ
 def test_manifest_file_property(tmp_path, lines, tail):
     from flashinfer_sm120.warmup import replay
 
@@ -219,7 +208,6 @@ member_kind = st.sampled_from([tarfile.REGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE
 
 
 @given(st.lists(st.tuples(member_name, member_kind, st.binary(max_size=64)), max_size=6), json_value)
-@FUZZ
 def test_cache_import_archive_property(tmp_path, members, meta_obj):
     """Any archive: only BuildError; nothing written outside the unpack dir; nothing at all
     when it is refused."""
@@ -277,7 +265,6 @@ def test_cache_import_archive_property(tmp_path, members, meta_obj):
 
 @given(st.sampled_from(["-j", "--timeout"]), st.one_of(hostile_text, st.integers().map(str),
                                                         st.floats().map(repr)))
-@FUZZ
 def test_cli_numbers_property(flag, value):
     from flashinfer_sm120 import cli
     from flashinfer_sm120.cli import build, doctor
@@ -304,7 +291,6 @@ def test_cli_numbers_property(flag, value):
 
 
 @given(st.binary(max_size=400), st.booleans())
-@FUZZ
 def test_ninja_deps_restamp_property(tmp_path, data, header):
     """Any .ninja_deps (it travels in exports): no exception, nothing written but the log itself."""
     import struct

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 
 from flashinfer_sm120.safety import proc
-from helpers.guards import hang_guard
+from helpers.guards import hang_guard, until
 from helpers.probing import alive_with, kill_all_with
 
 
@@ -32,8 +31,7 @@ def test_detached_child_holding_the_pipe_neither_hangs_nor_survives():
                      timeout=20)
         assert not r.timed_out, "waited for the pipe the detached children hold"
         assert r.returncode == 0 and r.output == b"done\n"
-        time.sleep(0.1)
-        assert alive_with(f"sleep {tok}") == []
+        assert until(lambda: alive_with(f"sleep {tok}") == []), alive_with(f"sleep {tok}")  # SIGKILL takes a moment
     finally:
         kill_all_with(tok)
 
@@ -43,8 +41,7 @@ def test_scrubbed_environment_in_same_session_is_still_killed():
     try:
         r = proc.run(["sh", "-c", f"env -i sleep {tok} & echo x"], timeout=10)
         assert r.returncode == 0
-        time.sleep(0.1)
-        assert alive_with(f"sleep {tok}") == []
+        assert until(lambda: alive_with(f"sleep {tok}") == []), alive_with(f"sleep {tok}")  # SIGKILL takes a moment
     finally:
         kill_all_with(tok)
 

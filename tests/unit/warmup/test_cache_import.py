@@ -23,7 +23,7 @@ import types
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers.child import cli
@@ -142,7 +142,6 @@ _GOOD = _tar_bytes([_file(f"{TOP}/meta.json", _meta([{"name": "m", "files": {
     "jit/m/m.so": "0" * 64}}])), _file(f"{TOP}/jit/m/m.so", b"so")])
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.integers(0, len(_GOOD) - 1), st.integers(0, 255)), max_size=12),
        st.integers(0, len(_GOOD)), st.booleans())
 def test_mutated_archives_give_only_our_error(tmp_path, flips, cut, gz):
@@ -374,7 +373,6 @@ def _valid_archive() -> bytes:
 
 
 @given(st.lists(st.tuples(st.integers(0, 3071), st.integers(0, 255)), min_size=1, max_size=12), st.booleans())
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_mutated_headers_property(tmp_path, edits, gz):
     """Any bytes in the headers: our refusal or a successful check, never another exception."""
     data = bytearray(_valid_archive())

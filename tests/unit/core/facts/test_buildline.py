@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from helpers.child import run_py
 from helpers.host import needs_flashinfer
@@ -198,7 +198,6 @@ _json_value = st.recursive(st.none() | st.booleans() | st.integers() | st.text(m
                                                                                       max_size=4), max_leaves=20)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.one_of(st.binary(max_size=300), _json_value.map(lambda v: json.dumps({"schema": 1, "build_vars": v}).encode()),
                  st.dictionaries(st.sampled_from([v.name for v in buildline.BUILD_VARS] + ["PATH"]),
                                  st.none() | st.text(max_size=5000), max_size=4).map(
@@ -215,7 +214,6 @@ def test_any_record_reads_as_a_snapshot_or_none(tmp_path, raw):
         assert buildline.changes(got, buildline.snapshot({})) is not None
 
 
-@settings(max_examples=60, deadline=None)
 @given(_json_value)
 def test_any_exported_build_vars_parse_or_refuse_with_our_error(value):
     from flashinfer_sm120.warmup import cache_export

@@ -137,7 +137,7 @@ def test_doctor_shows_memory_jobs_and_the_launcher_verdict(tmp_path, clean_env):
                SCCACHE_DIR=str(tmp_path / "sc"))
     env.pop("MAX_JOBS", None)
     try:
-        proc = cli(["doctor", "--json"], env, 600, python=sys.executable)
+        proc = cli(["doctor", "--json"], env, 600)
     finally:
         subprocess.run([sccache, "--stop-server"], env=env, capture_output=True, timeout=60)
     b = json.loads(proc.stdout)["builds"]
@@ -152,14 +152,13 @@ def test_doctor_shows_memory_jobs_and_the_launcher_verdict(tmp_path, clean_env):
     assert "FLASHINFER_NVCC_LAUNCHER" not in b["cache"].get("set", {})
 
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, strategies as st  # noqa: E402
 
 _json = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=20)),
                      lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(st.text(max_size=12), c, max_size=4)),
                      max_leaves=20)
 
 
-@settings(max_examples=150, deadline=None)
 @given(value=st.text(max_size=300), stats=_json)
 def test_requested_and_stats_take_anything(value, stats):
     kind, problem = toolchain.requested({toolchain.CACHE_ENV: value})

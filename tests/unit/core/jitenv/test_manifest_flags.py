@@ -14,7 +14,7 @@ import json
 import sys
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from helpers.child import cli
 from helpers.host import needs_flashinfer
@@ -72,7 +72,6 @@ _WORDS = st.sampled_from(["-O3", "-DX=1", "-fPIC", "-Wall", "-lcuda", "-I/usr/in
 
 
 @given(st.lists(_WORDS, min_size=1, max_size=5).map(" ".join))
-@settings(max_examples=300, deadline=None)
 def test_compile_flag_property(flag):
     """Accepted flags hold only listed option words; every directory named is returned for checking."""
     try:
@@ -108,4 +107,5 @@ def test_build_from_a_hostile_manifest_runs_nothing_it_names(clean_env, tmp_path
     assert "Traceback" not in out, out[-3000:]
     assert "'-ccbin=" in out and "not an option FlashInfer uses" in out, out[-3000:]  # line 1, named
     # line 2: the module is made by the local FlashInfer's generator, which names no such source
-    assert "cannot regenerate sampling" in out and "x.cu" in out and "is not one FlashInfer" in out, out[-3000:]
+    # (named as bounded messages name it: the path's start, and its length once it is long, as tmp_path may be)
+    assert f"cannot regenerate sampling: source {formats.shown(str(src))} is not one FlashInfer" in out, out[-3000:]

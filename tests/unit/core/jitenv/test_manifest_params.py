@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from flashinfer_sm120.safety import formats
 from flashinfer_sm120.safety.formats.params import parse_generator, parse_params
@@ -37,7 +37,6 @@ def _leaves(v):
                  st.fixed_dictionaries({"args": st.lists(json_value, max_size=5)},
                                        optional={"kwargs": st.dictionaries(st.text(max_size=10), json_value,
                                                                            max_size=3)})))
-@settings(max_examples=400, deadline=None)
 def test_parse_params_property(obj):
     """Only FormatError, a bounded message naming the source; what passes holds plain values only
     (no string that could be C++ or a path) and parses again to itself."""
@@ -56,7 +55,6 @@ def test_parse_params_property(obj):
     "flashinfer.jit.sampling:gen_sampling_module", "os:system", "flashinfer.jit:gen_x_module:y",
     "flashinfer.jit.attention.modules:gen_customize_batch_decode_module", "flashinfer.__main__:gen_a_module",
     "flashinfer.jit.core:gen_jit_spec", "flashinfer.jit.x:_gen_y_module", "builtins:eval"])))
-@settings(max_examples=300, deadline=None)
 def test_parse_generator_property(text):
     """Only FormatError, a bounded message; what passes is a gen_*_module name under flashinfer."""
     try:
@@ -90,7 +88,6 @@ _PLAIN = st.recursive(
 
 
 @given(st.lists(_PLAIN, max_size=6))
-@settings(max_examples=200, deadline=None)
 def test_recorded_arguments_come_back_as_the_same_values(args):
     """What recording writes for a generator's arguments parses and decodes to equal values and types."""
     try:
@@ -123,7 +120,6 @@ _BASE = {"format": 1, "name": "sampling", "flashinfer": "0.7.4", "targets": ["12
 @given(st.one_of(st.text(max_size=60), st.sampled_from(["flashinfer.jit.sampling:gen_sampling_module", "os:system"]),
                  json_value),
        st.one_of(json_value, st.fixed_dictionaries({"args": st.lists(json_value, max_size=4)})))
-@settings(max_examples=300, deadline=None)
 def test_manifest_entry_generator_property(generator, params):
     """A whole entry: only FormatError with a bounded message naming the line; what passes names a
     FlashInfer gen_*_module and plain parameters, and parses again to itself."""

@@ -260,12 +260,11 @@ def test_server_max_jobs_is_refreshed_before_a_build_and_removed_on_undo(monkeyp
     assert os.environ["MAX_JOBS"] == "7"
 
 
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import given, strategies as st  # noqa: E402
 
 _text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=300)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cgroup=_text, mountinfo=_text, meminfo=_text, limit=_text, current=_text, stat=_text)
 def test_read_memory_never_raises_on_any_file_contents(tmp_path_factory, cgroup, mountinfo, meminfo, limit,
                                                        current, stat):
@@ -284,7 +283,6 @@ def test_read_memory_never_raises_on_any_file_contents(tmp_path_factory, cgroup,
     assert len(view.describe()) < 2000 and all(len(n) < 600 for n in view.notes)
 
 
-@settings(max_examples=80, deadline=None)
 @given(max_jobs=_text, threads=_text, jobs_flag=st.one_of(st.none(), st.integers(-5, 10 ** 6)))
 def test_plan_takes_any_environment(max_jobs, threads, jobs_flag):
     view = memory.MemoryView(GIB, (memory.Bound("t", GIB, "t"),))

@@ -18,7 +18,7 @@ import sys
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import TESTS
@@ -304,7 +304,6 @@ def test_prune_removes_lease_files_left_without_their_view_unless_held(world):
     assert not (views / ".cuda-13.0.88-coming.lease").exists()
 
 
-@settings(max_examples=200, deadline=None)
 @given(st.text(st.characters(blacklist_characters="/\0", blacklist_categories=("Cs",)), min_size=1, max_size=200))
 def test_a_lease_file_lies_beside_its_directory_and_names_it_back(name):
     """Any directory name: its lease file is hidden, beside it, and maps back to it; names that

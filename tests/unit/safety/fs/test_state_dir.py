@@ -249,10 +249,9 @@ def test_flashinfer_builds_and_loads_a_module_under_a_non_ascii_path(real_nvcc13
         shutil.rmtree(base, ignore_errors=True)
 
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, strategies as st  # noqa: E402
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.text(min_size=1, max_size=300))
 def test_path_rule_property(text):
     """Any text: the checks never raise, accept exactly what the rule accepts, and a refusal names a
