@@ -25,7 +25,7 @@ def make_toolkit(root: Path, version: str = "12.8.93", header: str | None = None
         #!/bin/sh
         echo "nvcc: NVIDIA (R) Cuda compiler driver"
         echo "Cuda compilation tools, release {mm}, V{version}"
-        echo "Build cuda_{mm}.r{mm}/compiler.0_0"
+        echo "Build cuda_{mm}.r{mm}"
         """))
     inc = root / "include"
     inc.mkdir()
