@@ -161,8 +161,8 @@ def _refuse(script: str, what: str, fix: str = _FIX) -> Untrusted:
 
 def _words(body: str, script: str) -> list[tuple[int, str, bool]]:
     """``(line, word, redirected)`` for every word of a script body (the text after its ``#!``
-    line), quotes removed, comments left out; ``redirected``: the word follows ``<`` or ``>`` (a
-    file opened, never run).  Only the shell's quoting, comments and operators are read, no
+    line), quotes removed, comments left out; ``redirected``: the word follows ``>`` (a file
+    written, never run; one read with ``<`` is checked like any other).  Only the shell's quoting, comments and operators are read, no
     grammar.  Refused: a character of :data:`COMPUTES` where the shell computes with it (inside
     quotes too, where ``eval`` would read it again), an unclosed quote, a NUL."""
     out: list[tuple[int, str, bool]] = []
@@ -193,7 +193,7 @@ def _words(body: str, script: str) -> list[tuple[int, str, bool]]:
             if started:
                 out.append((start, "".join(word), redirect))
                 word, started, redirect = [], False, False
-            redirect = c in "<>" or (redirect and c not in ";\n")
+            redirect = (c == ">" and body[i - 1] != "<") or (redirect and c not in ";\n<")
         line += c == "\n"
         i += 1
     if quote:
@@ -214,6 +214,15 @@ def _paths(word: str) -> tuple[list[str], bool]:
         elif at > 0:
             relative = True
     return paths, relative
+
+
+def _via_proc(path: str, hops: int = 40) -> bool:
+    """Whether ``path`` leads through ``/proc`` (``/dev/fd/3``, ``/dev/stdin``): it names whatever
+    the running shell has open there, not what is on disk now."""
+    where = os.path.realpath(os.path.dirname(path))
+    if where == "/proc" or where.startswith("/proc/"):
+        return True
+    return hops > 0 and os.path.islink(path) and _via_proc(os.path.join(where, os.readlink(path)), hops - 1)
 
 
 def _on_path(name: str, dirs: list[str]) -> str | None:
@@ -316,6 +325,9 @@ class _Check:
                                 f"{os.path.dirname(found)} from PATH, or {_FIX}") from None
         target = None
         for p in paths:
+            if _via_proc(p):
+                raise _refuse(script, f"line {line} names {formats.shown(p, 200)}, which leads through /proc: "
+                                      f"what it names is decided when the script runs")
             if not os.path.lexists(p):
                 why = place_reason(p, sticky_ok=False)
                 if why:
