@@ -29,7 +29,9 @@ there is not taken on trust.
   - every absolute path among its words passes the rule (a script it names is
     followed the same way, at most :data:`MAX_WRAPPER_DEPTH` deep, loops
     refused), or, when absent, lies where no other user can create it; a word
-    holding a relative path (``./nvcc``) is refused;
+    holding a relative path (``./nvcc``) or a path through ``/proc``
+    (``/dev/fd/3``) is refused; a file it writes with ``>`` is not run, and not
+    checked;
   - every other word found on ``PATH`` passes the rule, and every ``PATH``
     entry is an absolute directory that passes it (what the script runs by name
     is found there);
@@ -159,6 +161,16 @@ def _refuse(script: str, what: str, fix: str = _FIX) -> Untrusted:
     return Untrusted(f"{script}: {what}, so what it runs cannot be checked; {_RULE}; {fix}")
 
 
+def _computes(c: str, nxt: str, quote: str, started: bool) -> bool:
+    """Whether the shell computes with ``c`` (followed by ``nxt``, inside ``quote``, in a word
+    already ``started``): see :data:`COMPUTES`."""
+    if c == "\0":
+        return True
+    if c not in COMPUTES or (quote and c in "()"):
+        return False
+    return not (c in "[]" and not quote and not started and nxt in ("", " ", "\t", "\n", ";", "&", "|"))
+
+
 def _words(body: str, script: str) -> list[tuple[int, str, bool]]:
     """``(line, word, redirected)`` for every word of a script body (the text after its ``#!``
     line), quotes removed, comments left out; ``redirected``: the word follows ``>`` (a file
@@ -174,8 +186,7 @@ def _words(body: str, script: str) -> list[tuple[int, str, bool]]:
             start, started = start if started else line, True
             word.append(c + nxt)
             i += 1
-        elif c == "\0" or (c in COMPUTES and not (quote and c in "()") and not (
-                c in "[]" and not quote and not started and nxt in ("", " ", "\t", "\n", ";", "&", "|"))):
+        elif _computes(c, nxt, quote, started):
             shown = c + nxt if c == "$" else c
             raise _refuse(script, f"line {line} holds {shown!r}, with which the shell computes the path of "
                                   f"what it runs when it runs")
@@ -266,6 +277,16 @@ class _Check:
             self.checked[real] = real
             return real
         head, _, rest = text.partition("\n")
+        arg = self.shebang(real, head, chain, body)
+        if not body:
+            return real
+        # '#!/bin/sh /opt/x/real-nvcc': the shell runs that script, not this body
+        final = self.checked[real] = self.follow(arg, chain) if arg else self.body(real, rest, chain)
+        return final
+
+    def shebang(self, real: str, head: str, chain: list[str], body: bool) -> str:
+        """Check the ``#!`` line ``head`` of the script ``real``; the absolute script path it hands
+        the shell, or ``""``."""
         interp, _, arg = head[2:].strip(" \t").replace("\t", " ").partition(" ")
         arg = arg.strip()
         if not interp.startswith("/"):
@@ -274,15 +295,17 @@ class _Check:
         if _read_script(shell_real) is not None:
             raise _refuse(real, f"its interpreter {interp} is itself a script (name the shell binary instead)")
         if not body:
-            return real
+            return ""
         if os.path.basename(shell_real) not in SHELLS:
             raise _refuse(real, f"its '#!' line runs {shell_real}, not a shell of {', '.join(sorted(SHELLS))}")
         if arg and not (arg.startswith("/") or (arg.startswith("-") and set(arg[1:]) <= SHELL_OPTIONS)):
             raise _refuse(real, f"its '#!' line passes {formats.shown(arg, 60)} to the shell (only an absolute "
                                 f"script path or options -{''.join(sorted(SHELL_OPTIONS))} can be checked)")
-        if arg.startswith("/"):  # '#!/bin/sh /opt/x/real-nvcc': the shell runs that script, not this body
-            final = self.checked[real] = self.follow(arg, chain)
-            return final
+        return arg if arg.startswith("/") else ""
+
+    def body(self, real: str, rest: str, chain: list[str]) -> str:
+        """Check every word of the body ``rest`` of the script ``real`` and the ``PATH`` it runs
+        under; the program it wraps (the first ``.../nvcc`` it names), else ``real``."""
         final = real
         for line, word, redirected in _words(rest, real):
             if redirected:
@@ -298,9 +321,8 @@ class _Check:
                     raise (exc if why.startswith(real) else Untrusted(f"{real}: line {line} names "
                                                                         f"{formats.shown(w, 200)}: {why}")) from None
                 if final == real and found and os.path.basename(w) == "nvcc" and w.startswith("/"):
-                    final = found  # the first nvcc it names is what it wraps
+                    final = found
         self.path_entries(real)
-        self.checked[real] = final
         return final
 
     def word(self, w: str, line: int, script: str, chain: list[str]) -> str | None:
