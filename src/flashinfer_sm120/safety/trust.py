@@ -15,29 +15,15 @@ there is not taken on trust.
 * every symlink hop (``$CUDA_HOME/bin/nvcc -> /usr/local/cuda-13.0/bin/nvcc``):
   the directory holding each link counts, not only the final file, so a
   ``CUDA_HOME`` owned by another user cannot borrow a trusted nvcc;
-* a script (``#!``, read whole up to :data:`MAX_SCRIPT_BYTES`, UTF-8) is used only
-  when every program it can run is one the rule can see, which is decided on its
-  words, with no grammar (:func:`_words`):
-
-  - its ``#!`` names by absolute path a shell binary of :data:`SHELLS` that passes
-    the rule and is not itself a script, with at most options of
-    :data:`SHELL_OPTIONS` or one absolute script path (followed) after it;
-  - it holds none of the characters with which the shell computes a path
-    (:data:`COMPUTES`: ``$(...)``, backquotes, ``$NAME``, globs, ``~``, escapes;
-    ``$@ $1 $? ...`` are fine), no assignment (``PATH=...``) and no word of
-    :data:`ASSIGNS` (``read PATH``, ``for PATH in``, ``unset PATH``, ``. file``);
-  - every absolute path among its words passes the rule (a script it names is
-    followed the same way, at most :data:`MAX_WRAPPER_DEPTH` deep, loops
-    refused), or, when absent, lies where no other user can create it; a word
-    holding a relative path (``./nvcc``) or a path through ``/proc``
-    (``/dev/fd/3``) is refused; a file it writes with ``>`` is not run, and not
-    checked;
-  - every other word found on ``PATH`` passes the rule, and every ``PATH``
-    entry is an absolute directory that passes it (what the script runs by name
-    is found there);
-  - no word names a program of :data:`READS_CODE` (a shell, Python, ``xargs``
-    ...): those run code this check cannot read, or a script named relative to
-    the working directory.
+* a script (``#!``, read whole up to :data:`MAX_SCRIPT_BYTES`, UTF-8) is judged on
+  its words, with no grammar (docs/safety.md section 2 has the table): its ``#!``
+  names a trusted shell binary of :data:`SHELLS`; it holds no character of
+  :data:`COMPUTES` where the shell computes with it, no assignment and no word of
+  :data:`ASSIGNS`; every absolute path it names passes the rule (scripts followed,
+  at most :data:`MAX_WRAPPER_DEPTH` deep) or lies where no other user can create
+  it; no word is a relative path, a path through ``/proc``, or a program of
+  :data:`READS_CODE`; every word found on ``PATH``, and every ``PATH`` entry,
+  passes the rule.  A file it writes with ``>`` is not run, and not checked.
 
 What nvcc itself runs (its host compiler, ``rm`` from ``PATH``) is checked apart from any
 wrapper, by :mod:`flashinfer_sm120.safety.compilers`.
