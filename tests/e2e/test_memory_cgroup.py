@@ -22,7 +22,7 @@ import pytest
 from helpers import cgroups as cgroup_util
 from helpers.child import cli
 from helpers.host import needs_flashinfer
-from helpers.toolkits import make_toolkit, script
+from helpers.toolkits import compiled, make_toolkit
 
 GIB, MIB = 1 << 30, 1 << 20
 
@@ -62,7 +62,7 @@ def fake_tools(tmp_path, clean_env):
     tk = make_toolkit(tmp_path / "tk", "13.0.88", curand=True)
     cgroup_util.install_fake_nvcc(tk)
     (tk / "include" / "cublasLt.h").write_text("/* fake: norm includes it */\n")
-    cxx = script(tmp_path / "fakecxx", cgroup_util.FAKE_CXX)
+    cxx = compiled(tmp_path / "fakecxx", cgroup_util.FAKE_CXX)
     env = dict(clean_env, CUDA_HOME=str(tk), CXX=str(cxx), FAKE_NVCC_MB="400", FAKE_NVCC_HOLD="0.5",
                FAKE_NVCC_LOG=str(tmp_path / "nvcc.log"), FLASHINFER_SM120_QUIET="1")
     env.pop("MAX_JOBS", None)

@@ -67,10 +67,20 @@ def install_fake_nvcc(toolkit) -> str:
     return str(nvcc)
 
 
-#: A fake host compiler / linker: writes the file named by -o.
-FAKE_CXX = """#!/bin/sh
-out=""; while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done
-echo linked > "$out"
+#: A fake host compiler / linker (C, see ``helpers.toolkits.compiled``): writes "linked" to the file
+#: named by the last -o.
+FAKE_CXX = r"""
+#include <stdio.h>
+#include <string.h>
+int main(int argc, char **argv) {
+    const char *out = 0;
+    FILE *f;
+    for (int i = 1; i + 1 < argc; i++) if (!strcmp(argv[i], "-o")) out = argv[i + 1];
+    if (!out || !(f = fopen(out, "w"))) return 1;
+    fputs("linked\n", f);
+    fclose(f);
+    return 0;
+}
 """
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from helpers.toolkits import make_toolkit
+from helpers.toolkits import compiled, make_toolkit
 
 #: Oldest nvcc release that accepts each sm_ number (a subset of arch.MIN_NVCC,
 #: written out again so the fake does not trust the code under test).
@@ -20,23 +21,36 @@ def logging_toolkit(root: Path, version: str, log: Path) -> Path:
     "Unsupported gpu architecture")."""
     mm = ".".join(version.split(".")[:2])
     have = tuple(int(x) for x in mm.split("."))
-    # a case arm per target this release cannot build (decided here: the wrapper grammar of
-    # issue 11 allows no command substitution, so the fake compares no versions at run time)
+    # the targets this release cannot build, decided here (the fake compares no versions at run time)
     refuse = [k for k, v in sorted(_MIN.items(), key=lambda kv: -len(kv[0]))
               if tuple(int(x) for x in v.split(".")) > have]
-    cases = "".join(f'    *compute_{k},*|*compute_{k})\n'
-                    f'      echo "nvcc fatal   : Unsupported gpu architecture in \'$a\'" >&2; exit 1 ;;\n'
-                    for k in refuse)
-    script = (
-        "#!/bin/sh\n"
-        'case "$*" in *--version*)\n'
-        '  echo "nvcc: NVIDIA (R) Cuda compiler driver"\n'
-        f'  echo "Cuda compilation tools, release {mm}, V{version}"\n'
-        "  exit 0 ;;\n"
-        "esac\n"
-        f'echo "$*" >> "{log}"\n'
-        'for a in "$@"; do\n'
-        '  case "$a" in\n' + cases + "  esac\n"
-        "done\n"
-        "exit 1\n")
-    return make_toolkit(root, version, nvcc_script=script)
+    c_source = (r"""
+#include <stdio.h>
+#include <string.h>
+static const char *refuse[] = {%s 0};
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) if (strstr(argv[i], "--version")) {
+        puts("nvcc: NVIDIA (R) Cuda compiler driver");
+        puts("Cuda compilation tools, release %s, V%s");
+        return 0;
+    }
+    FILE *f = fopen(%s, "a");
+    if (f) { for (int i = 1; i < argc; i++) fprintf(f, i > 1 ? " %%s" : "%%s", argv[i]); fputc('\n', f); fclose(f); }
+    for (int i = 1; i < argc; i++) for (const char **k = refuse; *k; k++) {
+        char want[64];
+        snprintf(want, sizeof want, "compute_%%s", *k);
+        const char *at = strstr(argv[i], want);
+        for (; at; at = strstr(at + 1, want)) {
+            char end = at[strlen(want)];
+            if (end == ',' || end == 0) {
+                fprintf(stderr, "nvcc fatal   : Unsupported gpu architecture in '%%s'\n", argv[i]);
+                return 1;
+            }
+        }
+    }
+    return 1;
+}
+""" % ("".join(json.dumps(k) + ", " for k in refuse), mm, version, json.dumps(str(log))))
+    root = make_toolkit(root, version)
+    compiled(root / "bin" / "nvcc", c_source)
+    return root

@@ -25,7 +25,7 @@ def make_toolkit(root: Path, version: str = "12.8.93", header: str | None = None
         #!/bin/sh
         echo "nvcc: NVIDIA (R) Cuda compiler driver"
         echo "Cuda compilation tools, release {mm}, V{version}"
-        echo "Build cuda_{mm}.r{mm}/compiler.0_0"
+        echo "Build cuda_{mm}.r{mm}"
         """))
     inc = root / "include"
     inc.mkdir()
@@ -52,3 +52,18 @@ def lying_toolkit(root, says="12.8.93", file_says="13.0.88", runs=None):
     make_toolkit(root, says, header=".".join(file_says.split(".")[:2]), nvcc_script=script, curand=True)
     (root / "version.json").write_text(json.dumps({"cuda_nvcc": {"version": file_says}}))
     return root
+
+
+def compiled(path: Path, c_source: str) -> Path:
+    """An executable ``path`` compiled from ``c_source`` (with /usr/bin/gcc): a test double that
+    decides at run time (reads its arguments or environment) cannot be a script, since a wrapper
+    script that computes a word is refused (docs/safety.md section 2)."""
+    import subprocess
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    src = path.parent / (path.name + ".c")
+    src.write_text(c_source)
+    if path.exists():
+        path.unlink()
+    subprocess.run(["/usr/bin/gcc", "-O1", "-o", str(path), str(src)], check=True, capture_output=True)
+    return path

@@ -6,16 +6,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers.toolkits import script
+from helpers.toolkits import compiled
 
-#: A fake nvcc launcher and host compiler: logs its arguments to ``$FAKE_CC_LOG`` and writes the
-#: ``-o`` file (and the ``-MF`` depfile).
-FAKE_CC = """#!/bin/sh
-echo "$@" >> "$FAKE_CC_LOG"
-out=""; dep=""; src=""
-while [ $# -gt 0 ]; do case "$1" in -o) out="$2"; shift;; -MF) dep="$2"; shift;; -c) src="$2"; shift;; esac; shift; done
-echo "object of $src" > "$out"
-if [ -n "$dep" ]; then echo "$out: $src" > "$dep"; fi
+#: A fake nvcc launcher and host compiler (C, see ``helpers.toolkits.compiled``): logs its arguments to
+#: ``$FAKE_CC_LOG`` and writes the ``-o`` file (and the ``-MF`` depfile).
+FAKE_CC = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+int main(int argc, char **argv) {
+    const char *log = getenv("FAKE_CC_LOG"), *out = 0, *dep = 0, *src = "";
+    FILE *f = log ? fopen(log, "a") : 0;
+    if (f) { for (int i = 1; i < argc; i++) fprintf(f, i > 1 ? " %s" : "%s", argv[i]); fputc('\n', f); fclose(f); }
+    for (int i = 1; i + 1 < argc; i++) {
+        if (!strcmp(argv[i], "-o")) out = argv[++i];
+        else if (!strcmp(argv[i], "-MF")) dep = argv[++i];
+        else if (!strcmp(argv[i], "-c")) src = argv[++i];
+    }
+    if (out && (f = fopen(out, "w"))) { fprintf(f, "object of %s\n", src); fclose(f); }
+    if (out && dep && (f = fopen(dep, "w"))) { fprintf(f, "%s: %s\n", out, src); fclose(f); }
+    return 0;
+}
 """
 
 #: Records two modules (silu activation, one decode) into ``FLASHINFER_SM120_RECORD`` without building.
@@ -49,7 +60,7 @@ print("@@" + json.dumps({"err": err}))
 def fake_compiler_env(env: dict, tmp_path: Path) -> tuple[dict, Path]:
     """``env`` with :data:`FAKE_CC` as nvcc launcher and host compiler and no GPU; returns it and
     the compiler's log."""
-    cc = script(tmp_path / "fakecc", FAKE_CC)
+    cc = compiled(tmp_path / "fakecc", FAKE_CC)
     log = tmp_path / "cc.log"
     return dict(env, FLASHINFER_NVCC_LAUNCHER=str(cc), CXX=str(cc), FAKE_CC_LOG=str(log), FAKE_GPU_CAPS=""), log
 

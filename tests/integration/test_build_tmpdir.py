@@ -16,9 +16,10 @@ from helpers.toolkits import make_toolkit
 pytestmark = needs_flashinfer
 
 #: An nvcc that answers ``--version`` and otherwise logs where its temporary variables point, then fails.
+#: (A script nvcc computes no word, so the variables are printed by printenv: TMPDIR TMP TEMP on one line.)
 _LOGGING_NVCC = """#!/bin/sh
-case "$*" in *--version*) echo "Cuda compilation tools, release 13.0, V13.0.88"; exit 0;; esac
-echo "TMPDIR=$TMPDIR TMP=$TMP TEMP=$TEMP" >> {log}
+[ "$1" = --version ] && echo "Cuda compilation tools, release 13.0, V13.0.88" && exit 0
+/usr/bin/printenv TMPDIR TMP TEMP | /usr/bin/paste -sd " " >> {log}
 exit 1
 """
 
@@ -40,8 +41,8 @@ def _private_dirs(log, shared) -> set[str]:
     """The directories nvcc was given, after checking every variable named one private directory."""
     seen = set()
     for line in log.read_text().splitlines():
-        values = {part.split("=", 1)[1] for part in line.split()}
-        assert len(values) == 1, line  # TMPDIR, TMP and TEMP alike
+        values = set(line.split())
+        assert len(line.split()) == 3 and len(values) == 1, line  # TMPDIR, TMP and TEMP alike
         (value,) = values
         assert os.path.dirname(value) == str(shared) and os.path.basename(value).startswith("fi-sm120-build-"), line
         seen.add(value)

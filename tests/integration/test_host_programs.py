@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from helpers.cgroups import install_fake_nvcc
 from helpers.child import cli, run_py
 from helpers.host import needs_flashinfer
 from helpers.toolkits import make_toolkit, script
@@ -19,6 +20,7 @@ def planted(clean_env, tmp_path):
     """A toolkit that fits, and a ``gcc`` in a directory everyone may write, first on PATH: running it
     leaves a mark."""
     tk = make_toolkit(tmp_path / "cuda-13.0", "13.0.88", curand=True)
+    install_fake_nvcc(tk)  # a binary, as a real nvcc is (a script is refused for the PATH entry itself)
     opened = tmp_path / "open"
     opened.mkdir()
     mark = tmp_path / "gcc-ran"

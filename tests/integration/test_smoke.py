@@ -39,7 +39,7 @@ def test_smoke_passes_with_the_pip_nvcc(clean_env, real_nvcc13):
 
 
 BROKEN_NVCC = """#!/bin/sh
-case "$*" in *--version*) echo "Cuda compilation tools, release 13.0, V13.0.88"; exit 0;; esac
+[ "$1" = --version ] && echo "Cuda compilation tools, release 13.0, V13.0.88" && exit 0
 """ + "".join(f"echo 'noise line {i} from a broken toolkit ........................'\n" for i in range(200)) + """echo "nvcc fatal   : this toolkit is broken on purpose" >&2
 exit 1
 """

@@ -126,7 +126,7 @@ def test_directory_export_links_are_refused_at_every_level(tmp_path):
             cache_import._plan(meta, root, {"jit": tmp_path / f"jit{i}", "generated": tmp_path / "gen"}, str(src))
 
 
-# ------------------------------------------------------------------ item 3: wrappers by allowlist
+# ------------------------------------------------------------------ item 3: what a wrapper names
 
 def _hidden_runs(tmp: Path, evil: Path) -> dict[str, str]:
     """Wrappers that run ``evil`` (an untrusted program) without naming it by absolute path."""
@@ -158,23 +158,32 @@ def _hidden_runs(tmp: Path, evil: Path) -> dict[str, str]:
     }
 
 
+#: The cases that reach ``evil`` only through a PATH entry another user can write (without it on PATH
+#: they run nothing untrusted: the name is not found, or found in a trusted directory).
+_BY_PATH = {"bare name", "exec env prog", "absolute env prog", "launcher with a bare name"}
+
+
 @pytest.mark.parametrize("case", sorted(_hidden_runs(Path("/e/nvcc"), Path("/e/nvcc"))))
-def test_a_wrapper_runs_only_literal_absolute_trusted_programs(tmp_path, case, monkeypatch):
-    """Issue 11, item 3."""
+def test_a_wrapper_runs_only_trusted_programs_it_names(tmp_path, case, monkeypatch):
+    """Issue 11, item 3: with the untrusted directory on PATH every case is refused; without it,
+    every case but those reaching it by PATH is refused all the same (by the path it names, or
+    because it computes a path, assigns a variable or runs a shell or interpreter)."""
     if not tmp_is_trusted(tmp_path):
         pytest.skip("the test's tmp dir does not pass the trust rule itself")
     from flashinfer_sm120.safety.trust import trace
 
     evil, _ = untrusted_nvcc(tmp_path)
     (evil.parent / "nvcc-real").symlink_to(evil)
-    monkeypatch.setenv("PATH", f"{evil.parent}:{os.environ['PATH']}")
     w = script(tmp_path / "bin" / "nvcc", _hidden_runs(tmp_path, evil)[case])
-    t = trace(str(w))
-    assert t.problem is not None, f"{case}: trusted although it can run {evil}"
-    assert len(t.problem) < 2000, t.problem
-    # either the wrapper is refused by the grammar (naming it, the line and the fix) or what it
-    # names is followed and refused for its owner or mode (naming that place)
-    assert (str(w) in t.problem and "CUDA_HOME=" in t.problem) or str(evil.parent) in t.problem, t.problem
+    for on_path in (True, False):
+        monkeypatch.setenv("PATH", f"{evil.parent}:{os.environ['PATH']}" if on_path else "/usr/bin:/bin")
+        t = trace(str(w))
+        if not on_path and case in _BY_PATH:
+            continue
+        assert t.problem is not None, f"{case}: trusted although it can run {evil}"
+        assert len(t.problem) < 2000, t.problem
+        # the wrapper is named with the fix, or the untrusted place it reaches is
+        assert (str(w) in t.problem and "CUDA_HOME=" in t.problem) or str(evil.parent) in t.problem, t.problem
 
 
 def test_inspect_as_root_never_runs_another_uids_program_found_on_path(tmp_path, cache_dir, monkeypatch):
@@ -235,18 +244,24 @@ def test_wrappers_really_shipped_are_accepted(tmp_path):
     deb = script(tmp_path / "usr/bin" / "nvcc", f'#!/bin/sh\n\nexec {real} "$@"\n')
     t = trace(str(deb))
     assert t.problem is None and t.target == str(real), t
-    # shapes built from the grammar's data: comments, set -e, tests, case, a launcher, redirections
+    # comments, set -e, tests, a launcher, options naming trusted paths, redirections
     shapes = [
-        f'#!/bin/sh\n# wrapper installed by the admin\nset -eu\nexec {real} "$@"  # trailing comment\n',
+        f'#!/bin/sh\n# wrapper (installed by the admin\'s script)\nset -eu\nexec {real} "$@"  # trailing comment\n',
         f'#!/bin/bash -e\nif [ -x {real} ]; then exec {real} "$@"; fi\necho "no nvcc" >&2\nexit 1\n',
-        f'#!/bin/sh\ncase "$1" in --version) exec {real} --version ;; *) exec {real} -ccbin /usr/bin/gcc "$@" ;; esac\n',
-        f'#!/bin/sh\nexec /usr/bin/nice {real} "$@" 2>&1\n',
-        f'#!/bin/sh\nflags="-O2"\nexec {real} $flags "$@"\n',
-        f'#!/bin/sh\nfor a in "$@"; do case "$a" in -G) echo "no -G" >&2; exit 2 ;; esac; done\nexec {real} "$@"\n',
+        f'#!/bin/sh\nexec /usr/bin/nice {real} -ccbin /usr/bin/gcc -I/usr/include "$@" 2>&1\n',
+        f'#!/bin/sh\n[ "$1" = --version ] && exec {real} --version\nexec {real} "$@" 2>>{tmp_path}/nvcc.log\n',
     ]
     for i, text in enumerate(shapes):
         t = trace(str(script(tmp_path / f"w{i}" / "nvcc", text)))
         assert t.problem is None and t.target == str(real), (text, t)
+    # shapes that compute a word or assign a variable: refused, naming the line, the word and the fix
+    refused = {f'#!/bin/sh\ncase "$1" in --version) exec {real} --version ;; esac\n': "line 2 holds ')'",
+               f'#!/bin/sh\nflags="-O2"\nexec {real} $flags "$@"\n': "line 3 holds '$f'",
+               f'#!/bin/sh\nflags="-O2"\nexec {real} "$@"\n': "line 2 holds 'flags=-O2'",
+               f'#!/bin/sh\nfor a in "$@"; do exec {real}; done\n': "line 2 holds 'for'"}
+    for i, (text, said) in enumerate(refused.items()):
+        t = trace(str(script(tmp_path / f"r{i}" / "nvcc", text)))
+        assert t.problem and said in t.problem and "CUDA_HOME=" in t.problem, t
 
 
 # ------------------------------------------------------------------ item 4: bounded messages

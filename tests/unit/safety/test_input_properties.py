@@ -51,7 +51,7 @@ def _bounded(fn, *args, **kwargs):
         assert peak < MEM_MAX, peak
 
 
-# --------------------------------------------------------------------------- shell grammar / trust
+# --------------------------------------------------------------------------- wrapper scripts / trust
 
 shell_chars = st.sampled_from(list("abc/$#'\"`\\;&|()<> \t\n*?[]{}=~-!0123456789") + ["exec ", "case ", " in ",
                                                                                          "esac", "if ", "then",
@@ -59,30 +59,13 @@ shell_chars = st.sampled_from(list("abc/$#'\"`\\;&|()<> \t\n*?[]{}=~-!0123456789
 script_body = st.one_of(st.lists(shell_chars, max_size=60).map("".join), hostile_text)
 
 
-@given(script_body)
-def test_shell_grammar_property(body):
-    from flashinfer_sm120.safety import shell
-
-    tracemalloc.start()
-    try:
-        cmds = shell.commands(body)
-    except shell.Refused as exc:
-        assert str(exc).startswith("line ") and len(str(exc)) < MSG_MAX
-    else:
-        for c in cmds:
-            assert c.words and all(isinstance(w.text, str) for w in c.words)
-    finally:
-        _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-        assert peak < MEM_MAX
-
-
 @given(st.sampled_from(["#!/bin/sh", "#!/bin/sh -e", "#! /bin/sh", "#!/usr/bin/env sh", "#!sh", "#!/bin/sh -c",
                         "#!/bin/bash", "#!/nonexistent", "#!"]), script_body)
 def test_trace_property(tmp_path, head, body):
     """Any script: a Trace comes back (never an exception), its problem bounded; a script
-    accepted runs only absolute programs that exist."""
-    from flashinfer_sm120.safety import shell
+    accepted computes no word when it runs (no command substitution, variable, glob, escape)."""
+    import re
+
     from flashinfer_sm120.safety.trust import trace
 
     p = tmp_path / "bin" / "nvcc"
@@ -91,12 +74,10 @@ def test_trace_property(tmp_path, head, body):
     p.chmod(0o755)
     t = _bounded(trace, str(p))
     assert not isinstance(t, Exception)
-    if t.problem is None:
-        for c in shell.commands(body):
-            w = c.words[0]
-            assert w.text in shell.BUILTINS or (w.literal and w.text.startswith("/") and os.path.exists(w.text))
+    if t.problem is None and "#" not in body:  # (a comment may hold anything)
+        assert not set(re.sub(r"\$[@*#?!$\-1-9]", "", body)) & set("`\\$~*?{}"), body
     else:
-        assert len(t.problem) < MSG_MAX
+        assert t.problem is None or len(t.problem) < MSG_MAX
 
 
 # --------------------------------------------------------------------------- versions, arch lists, env

