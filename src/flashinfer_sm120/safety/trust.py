@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from flashinfer_sm120.safety import formats
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.ownership import Untrusted, current_uid, file_ok, place_reason, resolve
+from flashinfer_sm120.safety.ownership import Untrusted, current_uid, file_ok, resolve, trust_reason
 
 __all__ = ["MAX_WRAPPER_DEPTH", "MAX_SCRIPT_BYTES", "SHELLS", "SHELL_OPTIONS", "LAUNCHERS", "OPAQUE",
            "READS_CODE", "COMPUTES", "ASSIGNS", "Trace", "trace", "check_executable", "follow_wrappers",
@@ -337,7 +337,7 @@ class _Check:
                 raise _refuse(script, f"line {line} names {formats.shown(p, 200)}, which leads through /proc: "
                                       f"what it names is decided when the script runs")
             if not os.path.lexists(p):
-                why = place_reason(p, sticky_ok=False)
+                why = trust_reason(p, sticky_ok=False)
                 if why:
                     raise _refuse(script, f"line {line} names {formats.shown(p, 200)}, which does not exist "
                                           f"where another user may create it ({why})")
@@ -359,7 +359,7 @@ class _Check:
             return
         for d in self.dirs:
             why = ("a relative entry: the working directory" if not d.startswith("/") else
-                   place_reason(d, sticky_ok=False))
+                   trust_reason(d, sticky_ok=False))
             if why:
                 raise _refuse(script, f"it runs programs by name, and PATH holds {formats.shown(d, 200)} "
                                       f"({why})", f"remove {formats.shown(d, 200)} from PATH, or {_FIX}")
