@@ -1,41 +1,17 @@
 """What vLLM and SGLang check and redirect at start-up, per release (data read from their code).
 
-Each row cites the files of the released wheel it was read from.  A newer release
-of a server is treated as its newest row (and said so); nothing here imports a
-server (that would initialise CUDA and run its own start-up code).  What an installed
+One row per server release; a newer release is treated as its newest row (and said so).  Nothing
+here imports a server (that would initialise CUDA and run its start-up code); what an installed
 server does in a given environment, by these rows, is asked in :mod:`.serverprobe`.
 
-vLLM 0.33.0 (``vllm/utils/flashinfer.py``)
-    ``has_flashinfer()`` (``functools.cache``): False unless ``find_spec("flashinfer")``,
-    and, unless ``has_flashinfer_cubin()`` (``VLLM_HAS_FLASHINFER_CUBIN=1`` or the
-    ``flashinfer_cubin`` package), both ``_flashinfer_nvcc_path()`` (``CUDA_HOME`` or
-    ``CUDA_PATH``, else ``dirname(dirname(which nvcc))``, else ``/usr/local/cuda``;
-    then ``shutil.which(<home>/bin/nvcc)``) and ``shutil.which("ninja")``.  It does
-    not move FlashInfer's cache.
-SGLang 0.5.23
-    ``sglang/__init__.py`` calls ``redirect_third_party_caches()``
-    (``sglang/srt/environ.py``): ``os.environ.setdefault`` of each
-    ``third_party_cache_defaults()`` item, among them ``FLASHINFER_WORKSPACE_BASE =
-    expanduser(SGLANG_CACHE_DIR)`` (default ``~/.cache/sglang``, read when
-    ``sglang.srt.environ`` is imported).  Its FlashInfer check is
-    ``is_flashinfer_available()`` (``sglang/srt/utils/common.py``):
-    ``SGLANG_IS_FLASHINFER_AVAILABLE`` (default true), ``find_spec("flashinfer")`` and
-    ``torch.cuda.is_available() and torch.version.cuda``: no nvcc, no ninja.  Its own
-    JIT kernels find nvcc with ``cuda_home()``
-    (``sglang/kernels/jit/utils/compile/toolchain.py``: ``CUDA_HOME`` or ``CUDA_PATH``,
-    else ``dirname(dirname(which nvcc))``, else ``/usr/local/cuda``) and pick their
-    target suffix from ``_jit_cuda_version()`` (``sglang/kernels/jit/utils/arch.py``:
-    the same lookup, ``<home>/bin/nvcc --version``, else ``torch.version.cuda``).
-    Its model processes choose FlashInfer's targets themselves: ``ModelRunner.load_model()``
-    (``sglang/srt/model_executor/model_runner.py``) calls ``set_cuda_arch()``
-    (``sglang/srt/utils/common.py``), which sets ``FLASHINFER_CUDA_ARCH_LIST=f"{major}.{minor}a"``
-    for a GPU of major >= 9 when ``is_flashinfer_available()``: ``12.0a`` on SM120.  That
-    process imported FlashInfer before (``model_runner`` -> ``configs/model_config`` ->
-    ``layers/quantization`` -> ``modelopt_quant``: ``from flashinfer import mm_fp4`` at module
-    level), so FlashInfer's JIT directory keeps the targets of import time (``120f``) and only
-    the ``-gencode`` of each later build follows ``12.0a``.  The function of the same name in
-    ``sglang/multimodal_gen/runtime/utils/common.py`` sets ``TORCH_CUDA_ARCH_LIST``, which
-    FlashInfer 0.7.2 does not read.
+Verified against vllm 0.33.0 (``vllm/utils/flashinfer.py``, ``vllm/envs.py``; it never moves
+FlashInfer's cache nor sets its arch list) and sglang 0.5.23 (``sglang/__init__.py``,
+``sglang/srt/environ.py``, ``sglang/srt/utils/common.py``).  SGLang's ``set_cuda_arch()`` runs in a
+model process that imported FlashInfer before (``model_runner`` -> ... -> ``modelopt_quant``: ``from
+flashinfer import mm_fp4``), so FlashInfer's JIT directory keeps the targets of import time (``120f``)
+and only the ``-gencode`` of each later build follows ``12.0a``.  The function of the same name in
+``sglang/multimodal_gen/runtime/utils/common.py`` sets ``TORCH_CUDA_ARCH_LIST``, which FlashInfer
+does not read.
 """
 
 from __future__ import annotations
@@ -51,17 +27,10 @@ __all__ = ["Fallback", "CacheRule", "ArchRule", "ServerRelease", "Installed", "S
 
 @dataclass(frozen=True)
 class Fallback:
-    """One way a server runs without FlashInfer's JIT, as that release spells it.
-
-    Attributes:
-        text: what to type (an environment variable or a command-line option).
-        what: what it changes.
-        default: the release's FlashInfer-backed default it turns off, with the file that
-            decides it.
-        markers: ``(file relative to the package, text)`` pairs that are in that release's
-            source where the option is defined; checked in the installed package by
-            :func:`fallbacks` (a missing one is said, not hidden).
-    """
+    """One way a server runs without FlashInfer's JIT: ``text`` to type, ``what`` it changes, the
+    FlashInfer-backed ``default`` it turns off (with its file), and ``markers``: ``(file relative to
+    the package, text)`` found in the release's source where the option is defined (checked in the
+    installed package by :func:`.serverprobe.fallbacks`)."""
 
     text: str
     what: str
@@ -83,17 +52,10 @@ class CacheRule:
 
 @dataclass(frozen=True)
 class ArchRule:
-    """A server choosing FlashInfer's targets itself, in its model processes.
-
-    Attributes:
-        variable: what it sets (``FLASHINFER_CUDA_ARCH_LIST``).
-        file: the file (relative to the package) that defines ``function``.
-        function: run once per process with the process's GPU, before the first JIT build.
-        caller: where the server calls it, and what FlashInfer has fixed by then.
-        min_major: the row's copy of the rule: ``f"{major}.{minor}{suffix}"`` for a GPU of
-            this major or newer (used when the installed source cannot be read).
-        suffix: see ``min_major``.
-    """
+    """A server choosing FlashInfer's targets in its model processes: ``function`` of ``file``
+    (relative to the package), called by ``caller`` with the process's GPU, sets ``variable``.  The
+    row's copy of the rule (used when the installed source cannot be read): ``<major>.<minor><suffix>``
+    for a GPU of major ``min_major`` or newer."""
 
     variable: str
     file: str
@@ -112,7 +74,7 @@ class ServerRelease:
     versions: SpecifierSet
     read_from: str
     flashinfer_check: str
-    needs_nvcc_and_ninja: bool
+    needs_nvcc_and_ninja: bool  # vLLM's has_flashinfer() asks for both
     nvcc_lookup: str
     cache_rule: CacheRule | None
     arch_rule: ArchRule | None
@@ -233,10 +195,7 @@ class Installed:
 
 
 def newest(key: str) -> ServerRelease:
-    """The newest row of server ``key`` (``vllm``, ``sglang``).
-
-    Raises:
-        KeyError: not a server this table knows."""
+    """The newest row of server ``key`` (``vllm``, ``sglang``); ``KeyError`` for another."""
     rows = [r for r in SERVERS if r.key == key]
     if not rows:
         raise KeyError(key)
