@@ -22,10 +22,7 @@ __all__ = ["vllm_has_flashinfer", "workspace_base", "jit_dir_for", "running", "r
 
 
 def vllm_has_flashinfer(env: dict[str, str]) -> tuple[bool, str]:
-    """``has_flashinfer()`` as vLLM 0.33.0 computes it in a process with environment ``env``.
-
-    Returns:
-        ``(value, why)``: why names the nvcc and ninja found, or what is missing."""
+    """``(has_flashinfer(), why)`` as vLLM 0.33.0 computes it in a process with environment ``env``."""
     if importlib.util.find_spec("flashinfer") is None:
         return False, "flashinfer is not installed"
     cubin = env.get("VLLM_HAS_FLASHINFER_CUBIN", "0")
@@ -125,14 +122,9 @@ def cache_clear() -> None:
 
 
 def workspace_base(key: str, env: dict[str, str]) -> tuple[str | None, str]:
-    """The ``FLASHINFER_WORKSPACE_BASE`` server ``key`` gives FlashInfer in a process with ``env``.
-
-    ``None`` means FlashInfer's own default (``FLASHINFER_WORKSPACE_BASE``, else the home
-    directory).  For SGLang the rule is run from the installed package when it is there,
-    else taken from the row.
-
-    Returns:
-        ``(base or None, how it was found)``."""
+    """``(base, how it was found)``: the ``FLASHINFER_WORKSPACE_BASE`` server ``key`` gives FlashInfer
+    in a process with ``env`` (``None``: FlashInfer's own default).  The rule is run from the installed
+    package when it is there, else taken from the row."""
     rule = servers.newest(key).cache_rule
     if rule is None:
         return None, f"{servers.newest(key).name} leaves FlashInfer's workspace as it is"
@@ -184,15 +176,11 @@ def running() -> str | None:
 
 
 def recorded() -> dict:
-    """What a manifest entry records about the server process it came from (for
-    ``build --from``): ``server`` and ``workspace_base``; ``{}`` outside a server."""
+    """What a manifest entry records about the server process it came from (``build --from``)."""
     key = running()
     if key is None:
         return {}
     return {"server": key, "workspace_base": os.environ.get("FLASHINFER_WORKSPACE_BASE")}
-
-
-# ----------------------------------------------------------------------------- fallbacks
 
 
 @functools.lru_cache(maxsize=8)
@@ -207,8 +195,7 @@ def _marker_found(pkg: str, rel: str, text: str) -> bool | None:
 
 def fallbacks(found: list[servers.Installed] | None = None
               ) -> list[tuple[servers.Installed, servers.Fallback, bool | None]]:
-    """Each installed server's fallbacks, with whether the installed source defines it
-    (``None``: could not tell)."""
+    """Each installed server's fallbacks, and whether its source defines it (``None``: could not tell)."""
     out = []
     for inst in servers.installed() if found is None else found:
         pkg = _package_dir(inst.release.key)
@@ -220,8 +207,7 @@ def fallbacks(found: list[servers.Installed] | None = None
 
 
 def fallback_text(found: list[servers.Installed] | None = None) -> str:
-    """One sentence for the guard's message, after its fix: the installed servers' own
-    ways to serve without FlashInfer's JIT ("" when no server is installed)."""
+    """The guard message's last sentence: the installed servers' own ways to serve without FlashInfer's JIT."""
     parts: dict[str, list[str]] = {}
     for inst, fb, ok in fallbacks(found):
         note = "" if ok is not False else " (not found in its source: check --help)"
@@ -230,9 +216,6 @@ def fallback_text(found: list[servers.Installed] | None = None) -> str:
         return ""
     return ("Until then, to serve without FlashInfer's JIT kernels: "
             + "; ".join(f"{label}: {' and '.join(items)}" for label, items in parts.items()))
-
-
-# ----------------------------------------------------------------------------- targets
 
 
 @dataclass(frozen=True)

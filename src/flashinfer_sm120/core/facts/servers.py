@@ -6,10 +6,11 @@ server does in a given environment, by these rows, is asked in :mod:`.serverprob
 
 Verified against vllm 0.33.0 (``vllm/utils/flashinfer.py``, ``vllm/envs.py``; it never moves
 FlashInfer's cache nor sets its arch list) and sglang 0.5.23 (``sglang/__init__.py``,
-``sglang/srt/environ.py``, ``sglang/srt/utils/common.py``).  SGLang's ``set_cuda_arch()`` runs in a
-model process that imported FlashInfer before (``model_runner`` -> ... -> ``modelopt_quant``: ``from
-flashinfer import mm_fp4``), so FlashInfer's JIT directory keeps the targets of import time (``120f``)
-and only the ``-gencode`` of each later build follows ``12.0a``.  The function of the same name in
+``sglang/srt/environ.py``, ``sglang/srt/utils/common.py``).  SGLang's ``set_cuda_arch()`` is called by
+``ModelRunner.load_model()`` (``sglang/srt/model_executor/model_runner.py``) in a process that imported
+FlashInfer before (``model_runner`` -> ... -> ``modelopt_quant``: ``from flashinfer import mm_fp4``),
+so FlashInfer's JIT directory keeps the targets of import time (``120f``) and only the ``-gencode`` of
+each later build follows ``12.0a``.  The function of the same name in
 ``sglang/multimodal_gen/runtime/utils/common.py`` sets ``TORCH_CUDA_ARCH_LIST``, which FlashInfer
 does not read.
 """
@@ -53,14 +54,13 @@ class CacheRule:
 @dataclass(frozen=True)
 class ArchRule:
     """A server choosing FlashInfer's targets in its model processes: ``function`` of ``file``
-    (relative to the package), called by ``caller`` with the process's GPU, sets ``variable``.  The
+    (relative to the package), called with the process's GPU, sets ``variable``.  The
     row's copy of the rule (used when the installed source cannot be read): ``<major>.<minor><suffix>``
     for a GPU of major ``min_major`` or newer."""
 
     variable: str
     file: str
     function: str
-    caller: str
     min_major: int
     suffix: str
 
@@ -72,7 +72,7 @@ class ServerRelease:
     key: str  # module and distribution name
     name: str
     versions: SpecifierSet
-    read_from: str
+    read_from: Version
     flashinfer_check: str
     needs_nvcc_and_ninja: bool  # vLLM's has_flashinfer() asks for both
     nvcc_lookup: str
@@ -83,7 +83,7 @@ class ServerRelease:
 
 SERVERS: tuple[ServerRelease, ...] = (
     ServerRelease(
-        key="vllm", name="vLLM", versions=SpecifierSet(">=0.33,<0.34"), read_from="0.33.0",
+        key="vllm", name="vLLM", versions=SpecifierSet(">=0.33,<0.34"), read_from=Version("0.33.0"),
         flashinfer_check=("has_flashinfer() (vllm/utils/flashinfer.py): flashinfer importable, and "
                           "flashinfer-cubin (or VLLM_HAS_FLASHINFER_CUBIN=1) or both an nvcc "
                           "(CUDA_HOME, CUDA_PATH, which nvcc, /usr/local/cuda) and ninja on PATH"),
@@ -122,7 +122,7 @@ SERVERS: tuple[ServerRelease, ...] = (
         ),
     ),
     ServerRelease(
-        key="sglang", name="SGLang", versions=SpecifierSet(">=0.5.23,<0.6"), read_from="0.5.23",
+        key="sglang", name="SGLang", versions=SpecifierSet(">=0.5.23,<0.6"), read_from=Version("0.5.23"),
         flashinfer_check=("is_flashinfer_available() (sglang/srt/utils/common.py): "
                           "SGLANG_IS_FLASHINFER_AVAILABLE, flashinfer importable, and "
                           "torch.cuda.is_available(); no nvcc or ninja check"),
@@ -133,10 +133,7 @@ SERVERS: tuple[ServerRelease, ...] = (
                              "srt/environ.py", "third_party_cache_defaults",
                              "sglang/__init__.py redirect_third_party_caches() -> sglang/srt/environ.py "
                              "third_party_cache_defaults(), os.environ.setdefault"),
-        arch_rule=ArchRule("FLASHINFER_CUDA_ARCH_LIST", "srt/utils/common.py", "set_cuda_arch",
-                           "ModelRunner.load_model() (sglang/srt/model_executor/model_runner.py), after the "
-                           "process imported FlashInfer (its JIT directory keeps the targets of import time)",
-                           9, "a"),
+        arch_rule=ArchRule("FLASHINFER_CUDA_ARCH_LIST", "srt/utils/common.py", "set_cuda_arch", 9, "a"),
         # Every FlashInfer-backed default of SGLang 0.5.23: sglang/srt/arg_groups/overrides.py
         # (_sampling_backend_default), model_override_base.py (the attention default),
         # fields/exec_.py (GEMM and MoE runner defaults "auto"), and is_flashinfer_available()
@@ -199,7 +196,7 @@ def newest(key: str) -> ServerRelease:
     rows = [r for r in SERVERS if r.key == key]
     if not rows:
         raise KeyError(key)
-    return max(rows, key=lambda r: Version(r.read_from))
+    return max(rows, key=lambda r: r.read_from)
 
 
 def _row(key: str, version: Version) -> tuple[ServerRelease, bool]:
