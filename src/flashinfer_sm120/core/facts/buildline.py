@@ -83,17 +83,13 @@ BUILD_VARS: tuple[BuildVar, ...] = (
 RECORD_NAME = "flashinfer-sm120-build.json"
 
 
-def _on(value: str | None) -> bool:
-    return value == "1"
-
-
 def effective(var: BuildVar, env: dict[str, str]) -> str | None:
     """``var`` as FlashInfer reads it in ``env``: ``None`` when it leaves the line as without it."""
     value = env.get(var.name)
     if var.overridden_by and env.get(var.overridden_by) is not None:
         return None  # the other variable decides
     if var.read is Read.ONE:
-        return "1" if _on(value) else None
+        return "1" if value == "1" else None
     if var.read is Read.FLAGS:
         return value.strip() or None if value else None
     if var.read is Read.THREADS:
@@ -142,8 +138,7 @@ def changes(built: dict, now: dict) -> list[Change]:
 
 
 def checked(values: object) -> dict | None:
-    """``values`` if it is a :func:`snapshot` (names of :data:`BUILD_VARS`, values strings of at
-    most 4096 characters or ``None``), else ``None``: read from files, never trusted."""
+    """``values`` if it is a :func:`snapshot` (read from files, never trusted), else ``None``."""
     names = {v.name for v in BUILD_VARS}
     if not isinstance(values, dict) or not all(
             k in names and (v is None or (isinstance(v, str) and len(v) <= 4096)) for k, v in values.items()):

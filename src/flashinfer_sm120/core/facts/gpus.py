@@ -66,10 +66,6 @@ def select_visible(gpus: list[GPU], cuda_visible_devices: str | None) -> list[GP
     return chosen
 
 
-class NVMLUnavailable(Exception):
-    """NVML cannot be loaded or initialised (internal: triggers the torch fallback)."""
-
-
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -78,11 +74,11 @@ def _nvml_devices() -> list[GPU]:
     try:
         import pynvml  # nvidia-ml-py
     except Exception as exc:  # not installed, or broken
-        raise NVMLUnavailable(f"pynvml not importable: {exc!r}") from exc
+        raise GPUQueryError(f"pynvml not importable: {exc!r}") from exc
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # no driver / no libnvidia-ml.so.1 in this container
-        raise NVMLUnavailable(f"nvmlInit failed: {exc}") from exc
+        raise GPUQueryError(f"nvmlInit failed: {exc}") from exc
     try:
         out = []
         for i in range(pynvml.nvmlDeviceGetCount()):
@@ -129,7 +125,7 @@ def query(*, torch_fallback: bool = True) -> GPUQuery:
     empty list with ``note`` saying why."""
     try:
         return GPUQuery(tuple(select_visible(_nvml_devices(), os.environ.get("CUDA_VISIBLE_DEVICES"))), "nvml")
-    except (NVMLUnavailable, GPUQueryError) as exc:
+    except GPUQueryError as exc:
         note = str(exc)
     except Exception as exc:  # a broken pynvml must not break the import of FlashInfer
         note = f"NVML raised {exc!r}"

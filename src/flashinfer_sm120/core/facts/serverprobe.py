@@ -42,9 +42,6 @@ def vllm_has_flashinfer(env: dict[str, str]) -> tuple[bool, str]:
     return True, f"nvcc {nvcc}, ninja {ninja}"
 
 
-# ----------------------------------------------------------------------------- cache redirection
-
-
 #: Runs ``function()`` of the installed server's file (``argv[1]``), the module executed on its own:
 #: standard library only, nothing else of the server imported.
 _ENVIRON_PROBE = r"""

@@ -28,13 +28,12 @@ __all__ = ["Fallback", "CacheRule", "ArchRule", "ServerRelease", "Installed", "S
 
 @dataclass(frozen=True)
 class Fallback:
-    """One way a server runs without FlashInfer's JIT: ``text`` to type, ``what`` it changes, the
-    FlashInfer-backed ``default`` it turns off (with its file), and ``markers``: ``(file relative to
-    the package, text)`` found in the release's source where the option is defined (checked in the
-    installed package by :func:`.serverprobe.fallbacks`)."""
+    """One way a server runs without FlashInfer's JIT: ``text`` to type, the FlashInfer-backed
+    ``default`` it turns off (with its file), and ``markers``: ``(file relative to the package, text)``
+    found in the release's source where the option is defined (checked in the installed package by
+    :func:`.serverprobe.fallbacks`)."""
 
     text: str
-    what: str
     default: str
     markers: tuple[tuple[str, str], ...]
 
@@ -91,34 +90,24 @@ SERVERS: tuple[ServerRelease, ...] = (
         nvcc_lookup="_flashinfer_nvcc_path() in vllm/utils/flashinfer.py",
         cache_rule=None,
         arch_rule=None,  # vllm 0.33.0 never sets FLASHINFER_CUDA_ARCH_LIST
-        # Every FlashInfer-backed default of vLLM 0.33.0, from vllm/envs.py (the variables whose
-        # default is True), vllm/platforms/cuda.py (_get_backend_priorities) and the MoE oracles.
-        # Not listed: the compilation pass fuse_allreduce_rms, auto-enabled only on SM90/SM100
-        # (vllm/config/vllm.py enable_allreduce_rms_fusion), never on SM12x.
+        # Every FlashInfer-backed default of vLLM 0.33.0 (vllm/envs.py, vllm/platforms/cuda.py, the MoE
+        # oracles); docs/servers.md says what each turns off, and which are left out and why.
         fallbacks=(
-            Fallback("VLLM_USE_FLASHINFER_SAMPLER=0", "top-k/top-p sampling without FlashInfer "
-                     "(vllm/v1/sample/ops/topk_topp_sampler.py flashinfer_sampler_supported)",
-                     "VLLM_USE_FLASHINFER_SAMPLER defaults to True (vllm/envs.py)",
+            Fallback("VLLM_USE_FLASHINFER_SAMPLER=0", "VLLM_USE_FLASHINFER_SAMPLER defaults to True (vllm/envs.py)",
                      (("envs.py", '"VLLM_USE_FLASHINFER_SAMPLER"'),)),
-            Fallback("--attention-backend TRITON_ATTN", "attention with vLLM's Triton kernels "
-                     "(AttentionBackendEnum.TRITON_ATTN, vllm/v1/attention/backends/registry.py)",
+            Fallback("--attention-backend TRITON_ATTN",
                      "FLASHINFER is in the automatic attention choice (vllm/platforms/cuda.py "
                      "_get_backend_priorities: first on SM100, after FLASH_ATTN on SM120)",
                      (("engine/arg_utils.py", '"--attention-backend"'),
                       ("v1/attention/backends/registry.py", "TRITON_ATTN = "))),
-            Fallback("VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER=0", "block-scaled FP8 linear layers without "
-                     "FlashInfer's GEMM (vllm/utils/flashinfer.py)",
+            Fallback("VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER=0",
                      "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER defaults to True (vllm/envs.py)",
                      (("envs.py", '"VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER"'),)),
-            Fallback("VLLM_ALLREDUCE_USE_FLASHINFER=0", "tensor-parallel all-reduce without FlashInfer's "
-                     "(vllm/distributed/device_communicators/cuda_communicator.py)",
-                     "VLLM_ALLREDUCE_USE_FLASHINFER defaults to True (vllm/envs.py)",
+            Fallback("VLLM_ALLREDUCE_USE_FLASHINFER=0", "VLLM_ALLREDUCE_USE_FLASHINFER defaults to True (vllm/envs.py)",
                      (("envs.py", '"VLLM_ALLREDUCE_USE_FLASHINFER"'),)),
-            Fallback("--moe-backend triton", "fused MoE with vLLM's Triton kernels",
-                     "--moe-backend auto can pick flashinfer_cutlass/flashinfer_trtllm "
+            Fallback("--moe-backend triton", "--moe-backend auto can pick flashinfer_cutlass/flashinfer_trtllm "
                      "(vllm/model_executor/layers/fused_moe/oracle/, vllm/config/kernel.py MoEBackend)",
-                     (("engine/arg_utils.py", '"--moe-backend"'),
-                      ("config/kernel.py", '"triton",'))),
+                     (("engine/arg_utils.py", '"--moe-backend"'), ("config/kernel.py", '"triton",'))),
         ),
     ),
     ServerRelease(
@@ -134,44 +123,30 @@ SERVERS: tuple[ServerRelease, ...] = (
                              "sglang/__init__.py redirect_third_party_caches() -> sglang/srt/environ.py "
                              "third_party_cache_defaults(), os.environ.setdefault"),
         arch_rule=ArchRule("FLASHINFER_CUDA_ARCH_LIST", "srt/utils/common.py", "set_cuda_arch", 9, "a"),
-        # Every FlashInfer-backed default of SGLang 0.5.23: sglang/srt/arg_groups/overrides.py
-        # (_sampling_backend_default), model_override_base.py (the attention default),
-        # fields/exec_.py (GEMM and MoE runner defaults "auto"), and is_flashinfer_available()
-        # (sglang/srt/utils/common.py), which all of them and set_cuda_arch() ask first.
-        # Not listed: FlashInfer all-reduce fusion, auto-enabled only on SM90/SM100
-        # (overrides.py), never on SM12x; --enforce-disable-flashinfer-allreduce-fusion turns it off.
+        # Every FlashInfer-backed default of SGLang 0.5.23, and is_flashinfer_available(), which all of
+        # them and set_cuda_arch() ask first; docs/servers.md says what each turns off, and what is left out.
         fallbacks=(
-            Fallback("--sampling-backend pytorch", "sampling without FlashInfer "
-                     "(SAMPLING_BACKEND_CHOICES, sglang/srt/arg_groups/choices.py)",
-                     "sampling_backend defaults to flashinfer when FlashInfer is available "
-                     "(sglang/srt/arg_groups/overrides.py _sampling_backend_default)",
-                     (("srt/server_args.py", '"--sampling-backend"'),
-                      ("srt/arg_groups/choices.py", '"pytorch"'))),
-            Fallback("--attention-backend triton", "attention with SGLang's Triton kernels "
-                     "(ATTENTION_BACKEND_CHOICES, sglang/srt/arg_groups/choices.py)",
-                     "attention_backend defaults to flashinfer for MHA models when FlashInfer is available, "
-                     "SM120 included (sglang/srt/arg_groups/model_override_base.py)",
+            Fallback("--sampling-backend pytorch", "sampling_backend defaults to flashinfer when FlashInfer is "
+                     "available (sglang/srt/arg_groups/overrides.py _sampling_backend_default)",
+                     (("srt/server_args.py", '"--sampling-backend"'), ("srt/arg_groups/choices.py", '"pytorch"'))),
+            Fallback("--attention-backend triton", "attention_backend defaults to flashinfer for MHA models when "
+                     "FlashInfer is available, SM120 included (sglang/srt/arg_groups/model_override_base.py)",
                      (("srt/arg_groups/fields/exec_.py", "attention_backend: "),
                       ("srt/arg_groups/choices.py", '"triton",'))),
-            Fallback("--fp4-gemm-backend marlin", "NVFP4 linear layers with the Marlin weight-only kernel",
-                     "fp4_gemm_runner_backend 'auto' picks flashinfer_cutlass on SM120 "
-                     "(sglang/srt/arg_groups/fields/exec_.py)",
+            Fallback("--fp4-gemm-backend marlin", "fp4_gemm_runner_backend 'auto' picks flashinfer_cutlass on "
+                     "SM120 (sglang/srt/arg_groups/fields/exec_.py)",
                      (("srt/arg_groups/fields/exec_.py", '"--fp4-gemm-backend"'),
                       ("srt/arg_groups/choices.py", '"marlin",'))),
-            Fallback("--fp8-gemm-backend triton", "block-scaled FP8 linear layers with Triton",
-                     "fp8_gemm_runner_backend 'auto' picks FlashInfer's CUTLASS MXFP8 GEMM on Blackwell "
-                     "other than SM100/SM103 (sglang/srt/arg_groups/fields/exec_.py)",
+            Fallback("--fp8-gemm-backend triton", "fp8_gemm_runner_backend 'auto' picks FlashInfer's CUTLASS MXFP8 "
+                     "GEMM on Blackwell other than SM100/SM103 (sglang/srt/arg_groups/fields/exec_.py)",
                      (("srt/arg_groups/fields/exec_.py", '"--fp8-gemm-backend"'),
                       ("srt/arg_groups/choices.py", '"triton",'))),
-            Fallback("--moe-runner-backend triton", "fused MoE with SGLang's Triton kernels",
-                     "moe_runner_backend 'auto' can pick a flashinfer_* runner "
+            Fallback("--moe-runner-backend triton", "moe_runner_backend 'auto' can pick a flashinfer_* runner "
                      "(sglang/srt/arg_groups/fields/exec_.py, MOE_RUNNER_BACKEND_CHOICES)",
                      (("srt/arg_groups/fields/exec_.py", "moe_runner_backend: "),
                       ("srt/arg_groups/choices.py", '"triton",'))),
-            Fallback("SGLANG_IS_FLASHINFER_AVAILABLE=false", "is_flashinfer_available() is False: no default "
-                     "picks FlashInfer, and set_cuda_arch() leaves FLASHINFER_CUDA_ARCH_LIST alone",
-                     "SGLANG_IS_FLASHINFER_AVAILABLE defaults to true (sglang/srt/utils/common.py "
-                     "is_flashinfer_available)",
+            Fallback("SGLANG_IS_FLASHINFER_AVAILABLE=false", "SGLANG_IS_FLASHINFER_AVAILABLE defaults to true "
+                     "(sglang/srt/utils/common.py is_flashinfer_available)",
                      (("srt/utils/common.py", '"SGLANG_IS_FLASHINFER_AVAILABLE"'),)),
         ),
     ),
