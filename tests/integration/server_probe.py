@@ -160,10 +160,10 @@ def own_targets(name: str) -> None:
     the installed source (and builds with `build --for NAME`)."""
     _server(name)
     import flashinfer  # noqa: F401  (imported before load_model, as in the server)
-    from flashinfer_sm120.core.facts import serverarch
+    from flashinfer_sm120.core.facts import serverprobe
 
     before = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")
-    ours = serverarch.server_arch(name, _gpu_caps(), dict(os.environ))
+    ours = serverprobe.server_arch(name, _gpu_caps(), dict(os.environ))
     after = _as_model_process(name)
     want = ours.value if ours is not None and ours.value is not None else before
     ok = after == want and (ours is None or ours.how.startswith("read from "))

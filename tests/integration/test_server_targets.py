@@ -15,7 +15,7 @@ from helpers.child import cli, run_py
 from helpers.host import needs_flashinfer
 from helpers.servers import install_standins
 
-from flashinfer_sm120.core.facts import serverarch, servers
+from flashinfer_sm120.core.facts import serverprobe, servers
 
 #: A model process of SGLang: import it (FlashInfer comes in with model_runner), load the model
 #: (set_cuda_arch), then FlashInfer's first JIT build writes its build.ninja.
@@ -77,22 +77,22 @@ def test_the_rule_is_run_from_the_installed_source(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(site))
     importlib.invalidate_caches()
     env = {"PATH": "/usr/bin:/bin"}
-    got = serverarch.server_arch("sglang", [(12, 0)], env)
+    got = serverprobe.server_arch("sglang", [(12, 0)], env)
     assert (got.value, got.targets) == ("12.0a", ("sm_120a",)) and got.how == f"read from {common} set_cuda_arch()"
-    assert serverarch.server_arch("sglang", [(12, 1)], env).targets == ("sm_121a",)
-    assert serverarch.server_arch("sglang", [(8, 9)], env).value == "8.9"  # no "a" below major 9
-    assert serverarch.server_arch("sglang", [(12, 0)], dict(env, SGLANG_IS_FLASHINFER_AVAILABLE="false")).value is None
+    assert serverprobe.server_arch("sglang", [(12, 1)], env).targets == ("sm_121a",)
+    assert serverprobe.server_arch("sglang", [(8, 9)], env).value == "8.9"  # no "a" below major 9
+    assert serverprobe.server_arch("sglang", [(12, 0)], dict(env, SGLANG_IS_FLASHINFER_AVAILABLE="false")).value is None
     # a later release that picks "f": the installed source decides, not our row
     common.write_text(common.read_text().replace("{'a' if capability[0] >= 9 else ''}",
                                                  "{'f' if capability[0] >= 9 else ''}"))
-    serverarch.cache_clear()
-    assert serverarch.server_arch("sglang", [(12, 0)], env).value == "12.0f"
-    assert serverarch.server_arch("vllm", [(12, 0)], env) is None  # vLLM leaves the arch list alone
+    serverprobe.cache_clear()
+    assert serverprobe.server_arch("sglang", [(12, 0)], env).value == "12.0f"
+    assert serverprobe.server_arch("vllm", [(12, 0)], env) is None  # vLLM leaves the arch list alone
 
 
 def test_without_sglang_the_rule_comes_from_the_row(monkeypatch):
-    monkeypatch.setattr(serverarch, "_package_dir", lambda key: None)
-    got = serverarch.server_arch("sglang", [(12, 0)], {})
+    monkeypatch.setattr(serverprobe, "_package_dir", lambda key: None)
+    got = serverprobe.server_arch("sglang", [(12, 0)], {})
     assert got.value == "12.0a" and "sglang is not installed" in got.how and got.how.startswith("as in SGLang 0.5.23")
     assert servers.newest("sglang").arch_rule.function == "set_cuda_arch"
 

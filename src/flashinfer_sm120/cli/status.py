@@ -59,12 +59,13 @@ def _no_targets(st: dict) -> str:
 def run_status(args: argparse.Namespace) -> int:
     apply_arch(args.arch)  # a bad value: UsageError, printed by cli.main (as JSON too with --json)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the line below says it
-    from flashinfer_sm120.core.facts.workspace import import_refused
+    from flashinfer_sm120.core.facts.refusals import import_refused
 
     refusal = import_refused()  # threat-model: P4: FlashInfer's import would write where it must not
     if refusal is not None:
         return _say(args, {"mode": "refused", "toolkit": None, "targets": [], "error": str(refusal)}, "check")
-    from flashinfer_sm120.core.facts.workspace import builds_refused, workspace_path
+    from flashinfer_sm120.core.facts.refusals import builds_refused
+    from flashinfer_sm120.core.facts.workspace import workspace_path
 
     refused = builds_refused(workspace_path()[0])  # what build and every JIT build would refuse by
     if refused is not None:
@@ -105,7 +106,7 @@ def _full(args: argparse.Namespace) -> int:
 
 def _failed(args: argparse.Namespace, shim, exc: BaseException) -> int:
     """Mode ``failed``: FlashInfer's import raised ``exc``; what we did before it, and why."""
-    from flashinfer_sm120.core.facts.workspace import import_failure
+    from flashinfer_sm120.core.facts.importfail import import_failure
 
     st = dict(shim.status())
     st["mode"], st["error"] = "failed", import_failure(exc, st)

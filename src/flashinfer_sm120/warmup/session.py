@@ -145,24 +145,24 @@ def apply_server_cache(for_server: str | None = None, entries=None, *, strict: b
 def apply_server_arch(server: str | None, sess: Session):
     """Set the arch list the way ``server``'s model processes set it, after FlashInfer's import
     and before the first module is generated, as they do (SGLang's ``set_cuda_arch()`` in
-    ``ModelRunner.load_model()``, :mod:`flashinfer_sm120.core.facts.serverarch`): the JIT directory keeps
+    ``ModelRunner.load_model()``, :mod:`flashinfer_sm120.core.facts.serverprobe`): the JIT directory keeps
     the targets of import, and every build line gets the server's own targets, so what is
     built here is byte for byte what the server writes and finds.
 
     Returns:
-        The :class:`~flashinfer_sm120.core.facts.serverarch.ArchChoice` applied, or ``None`` (no server,
+        The :class:`~flashinfer_sm120.core.facts.serverprobe.ArchChoice` applied, or ``None`` (no server,
         or one that leaves the arch list alone).
 
     Raises:
         BuildError: the targets are of GPUs of several capabilities: each of the server's
             processes keeps only its own GPU's, in one shared directory.
     """
-    from flashinfer_sm120.core.facts import serverarch
+    from flashinfer_sm120.core.facts import serverprobe
 
     if server is None:
         return None
     caps = list(dict.fromkeys((int(t.split(".")[0]), int(t.split(".")[1][0])) for t in sess.targets))
-    choice = serverarch.server_arch(server, caps, dict(os.environ))
+    choice = serverprobe.server_arch(server, caps, dict(os.environ))
     if choice is None or choice.value is None:
         return None
     if len(choice.targets) > 1:
@@ -181,14 +181,14 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     """
     set_arch(arch)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the summary is printed by the caller
-    from flashinfer_sm120.core.facts.workspace import import_refused
+    from flashinfer_sm120.core.facts.refusals import import_refused
 
     refusal = import_refused()  # threat-model: P4: FlashInfer's import would write where it must not
     if refusal is not None:
         raise BuildError(str(refusal))
     import flashinfer_sm120 as shim
 
-    from flashinfer_sm120.core.facts.workspace import import_failure
+    from flashinfer_sm120.core.facts.importfail import import_failure
 
     shim.install()
     try:
@@ -219,7 +219,7 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     from flashinfer.jit import core
 
     targets = sorted(f"{a}.{b}" for a, b in core.current_compilation_context.TARGET_CUDA_ARCHS)
-    from flashinfer_sm120.core.facts.workspace import builds_refused
+    from flashinfer_sm120.core.facts.refusals import builds_refused
 
     problem = builds_refused(str(jit_env.FLASHINFER_JIT_DIR))
     if problem:

@@ -1,50 +1,8 @@
 """Compute capability -> nvcc target rules: which target FlashInfer wants, and which nvcc builds it.
 
-A *target* here is what FlashInfer keeps in ``CompilationContext.TARGET_CUDA_ARCHS``:
-a ``(major, minor_str)`` pair such as ``(12, "0f")``, which FlashInfer turns into
-``-gencode=arch=compute_120f,code=sm_120f``.  Arch lists (``FLASHINFER_CUDA_ARCH_LIST``,
-``--arch``) are read in :mod:`.archlist`.
-
-Minimum nvcc per target (the release that first accepted the target):
-
-=========  ====  =====================================================================
-target     nvcc  source
-=========  ====  =====================================================================
-sm_75       10.0 CUDA 10.0 release notes (Turing)
-sm_80       11.0 CUDA 11.0 release notes (Ampere)
-sm_86       11.1 CUDA 11.1 release notes
-sm_87       11.4 CUDA 11.4 release notes (Orin)
-sm_89       11.8 CUDA 11.8 release notes (Ada)
-sm_90       11.8 CUDA 11.8 release notes (Hopper)
-sm_90a      12.0 CUDA 12.0 release notes (Hopper arch-specific ``a`` features)
-sm_100a     12.8 CUDA 12.8 release notes (Blackwell datacenter)
-sm_101a     12.8 CUDA 12.8 release notes; renamed sm_110 in CUDA 13.0
-sm_120a     12.8 CUDA 12.8 release notes (Blackwell consumer/workstation)
-sm_100f     12.9 CUDA 12.9 release notes (family-specific ``f`` suffix)
-sm_101f     12.9 CUDA 12.9 release notes; renamed sm_110f in CUDA 13.0
-sm_103a/f   12.9 CUDA 12.9 release notes
-sm_120f     12.9 CUDA 12.9 release notes
-sm_121a/f   12.9 CUDA 12.9 release notes (DGX Spark)
-sm_110a/f   13.0 CUDA 13.0 release notes (Thor, formerly sm_101)
-=========  ====  =====================================================================
-
-Release notes: https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/ and, per
-release, the CUDA Features Archive
-(https://docs.nvidia.com/cuda/cuda-features-archive/index.html): 12.8 "adds
-compiler support for SM 10.0, 10.1 and 12.0"; 12.9 "adds compiler target
-support for SM architecture 10.3 (sm_103, sm_103f, sm_103a) and 12.1 (sm_121)"
-and "introduces ... family-specific architectures"; 13.0 renames sm_101 to
-sm_110.
-
-CUDA 13.0 also removed offline compilation for targets below sm_75 (CUDA 13.0
-release notes, "Deprecated and Dropped Features"): :data:`DROPPED_IN`.
-
-The suffix FlashInfer wants for each capability mirrors
-``flashinfer/compilation_context.py`` of FlashInfer 0.7.4
-(``CompilationContext._normalize_cuda_arch``): SM 9.x -> ``a``; SM 12.0 -> ``0f``
-(``0a`` on a 12.8 toolkit); SM 12.x, x >= 1 -> ``xa`` so SM121 gets its own cubin
-(FlashInfer 0.6.12 change: SM120 code on SM121 can raise
-``cudaErrorIllegalInstruction``); SM >= 10 -> ``a``; older -> no suffix.
+A *target* is what FlashInfer keeps in ``CompilationContext.TARGET_CUDA_ARCHS``: a ``(major, minor_str)``
+pair such as ``(12, "0f")``, built as ``-gencode=arch=compute_120f,code=sm_120f``.  Arch lists are read
+in :mod:`.archlist`.
 """
 
 from __future__ import annotations
@@ -53,56 +11,34 @@ from packaging.version import InvalidVersion, Version
 
 from flashinfer_sm120.errors import Sm120Error
 
-__all__ = [
-    "ArchNotSupported",
-    "MIN_NVCC",
-    "MAX_NVCC_MAJOR",
-    "NEWEST_KNOWN_NVCC",
-    "RENAMED",
-    "dropped_in",
-    "target_key",
-    "candidate_targets",
-    "format_target",
-    "major_minor",
-    "min_nvcc_for",
-    "normalize",
-    "target_supported",
-]
+__all__ = ["ArchNotSupported", "MIN_NVCC", "NEWEST_KNOWN_NVCC", "RENAMED", "dropped_in", "target_key",
+           "candidate_targets", "format_target", "major_minor", "min_nvcc_for", "normalize", "target_supported"]
 
-#: Minimum nvcc release (``major.minor``) able to compile each target, keyed by
-#: the string nvcc uses after ``sm_`` (see the module docstring for sources).
-MIN_NVCC: dict[str, Version] = {
-    "75": Version("10.0"),
-    "80": Version("11.0"),
-    "86": Version("11.1"),
-    "87": Version("11.4"),
-    "89": Version("11.8"),
-    "90": Version("11.8"),
-    "90a": Version("12.0"),
-    "100a": Version("12.8"),
-    "101a": Version("12.8"),
-    "101f": Version("12.9"),
-    "120a": Version("12.8"),
-    "100f": Version("12.9"),
-    "103a": Version("12.9"),
-    "103f": Version("12.9"),
-    "120f": Version("12.9"),
-    "121a": Version("12.9"),
-    "121f": Version("12.9"),
-    "110a": Version("13.0"),
-    "110f": Version("13.0"),
+# The first nvcc release that accepts each target.  Verified against the CUDA toolkit release notes
+# and the CUDA Features Archive (https://docs.nvidia.com/cuda/cuda-features-archive/): 12.8 "adds
+# compiler support for SM 10.0, 10.1 and 12.0"; 12.9 adds sm_103 and sm_121 and the family-specific
+# ``f`` targets; 13.0 renames sm_101 to sm_110 (Thor) and drops offline compilation below sm_75.
+_FIRST_NVCC = {
+    "10.0": "75",  # Turing
+    "11.0": "80",  # Ampere
+    "11.1": "86",
+    "11.4": "87",  # Orin
+    "11.8": "89 90",  # Ada, Hopper
+    "12.0": "90a",
+    "12.8": "100a 101a 120a",
+    "12.9": "100f 101f 103a 103f 120f 121a 121f",  # 121: DGX Spark
+    "13.0": "110a 110f",
 }
 
-#: Targets that later nvcc releases dropped: the last nvcc major that accepts them.
-#: sm_101 was renamed sm_110 in CUDA 13.0; targets below sm_75 were removed in 13.0.
-MAX_NVCC_MAJOR: dict[str, int] = {"101a": 12, "101f": 12}
+#: Minimum nvcc ``major.minor`` per target, keyed by the string nvcc puts after ``sm_``.
+MIN_NVCC: dict[str, Version] = {t: Version(v) for v, ts in _FIRST_NVCC.items() for t in ts.split()}
 
-#: Targets CUDA renamed, old key -> new target (CUDA 13.0: sm_101 became sm_110).
+#: Targets CUDA 13.0 renamed (sm_101 became sm_110): old key -> new target.  nvcc 13 builds neither
+#: these nor any target below sm_75 (:func:`dropped_in`).
 RENAMED: dict[str, tuple[int, str]] = {"101a": (11, "0a"), "101f": (11, "0f")}
 
-#: The newest nvcc release this table knows of a new target for.  An explicit
-#: arch-list target missing from the table (a GPU newer than this release of
-#: flashinfer-sm120) is taken as given only by an nvcc at least this new.
+#: The newest nvcc that brought a target in :data:`MIN_NVCC`: an explicit arch-list target missing from
+#: it (a GPU newer than this release of flashinfer-sm120) is taken as given only by an nvcc this new.
 NEWEST_KNOWN_NVCC: Version = max(MIN_NVCC.values())
 
 
@@ -111,11 +47,7 @@ class ArchNotSupported(Sm120Error):
 
 
 def major_minor(text: str | None) -> Version | None:
-    """``major.minor`` of a version string (``"13.0.88"`` -> ``Version("13.0")``).
-
-    Returns:
-        ``None`` for ``None``, an empty string or anything PEP 440 cannot parse.
-    """
+    """``major.minor`` of a version string (``"13.0.88"`` -> ``13.0``); ``None`` when empty or unparsable."""
     if not text:
         return None
     try:
@@ -126,7 +58,7 @@ def major_minor(text: str | None) -> Version | None:
 
 
 def format_target(target: tuple[int, str]) -> str:
-    """Return ``sm_<major><minor>``, e.g. ``(12, "0f") -> "sm_120f"``."""
+    """``(12, "0f") -> "sm_120f"``."""
     return f"sm_{target[0]}{target[1]}"
 
 
@@ -135,99 +67,56 @@ def target_key(target: tuple[int, str]) -> str:
     return f"{target[0]}{target[1]}"
 
 
-_key = target_key
+def _sm_number(target: tuple[int, str]) -> int:
+    """``(12, "0f") -> 120``."""
+    return int(target[0]) * 10 + int(str(target[1])[0])
 
 
 def dropped_in(target: tuple[int, str]) -> int | None:
-    """The CUDA major whose nvcc no longer builds ``target`` (13 for sm_101a and
-    for targets below sm_75), or ``None`` when no release dropped it."""
-    key = target_key(target)
-    if key in MAX_NVCC_MAJOR:
-        return MAX_NVCC_MAJOR[key] + 1
-    if _sm_number(target) < 75:
-        return 13
-    return None
+    """The CUDA major whose nvcc no longer builds ``target`` (13 for sm_101a/f and below sm_75), else ``None``."""
+    return 13 if target_key(target) in RENAMED or _sm_number(target) < 75 else None
 
 
 def min_nvcc_for(target: tuple[int, str]) -> Version | None:
-    """Minimum nvcc ``major.minor`` that compiles ``target``.
-
-    Args:
-        target: ``(major, minor_str)`` such as ``(12, "1a")``.
-
-    Returns:
-        The :class:`packaging.version.Version` from :data:`MIN_NVCC`, or ``None``
-        when the target is not in the table (unknown future or pre-Turing target).
-    """
-    key = _key(target)
-    if key in MIN_NVCC:
-        return MIN_NVCC[key]
+    """Minimum nvcc that compiles ``target``; ``None`` for a target newer than :data:`MIN_NVCC`."""
     if _sm_number(target) < 75:
         return Version("9.0")  # pre-Turing: any toolkit this library can meet
-    return None
+    return MIN_NVCC.get(target_key(target))
 
 
 def target_supported(target: tuple[int, str], nvcc_version: Version, *, explicit: bool = False) -> bool:
-    """Whether nvcc ``nvcc_version`` can compile ``target``.
+    """Whether nvcc ``nvcc_version`` compiles ``target``.
 
-    Targets missing from :data:`MIN_NVCC` (newer than this table) are refused,
-    so the caller explains rather than letting nvcc fail later, unless
-    ``explicit`` (given with its suffix in ``FLASHINFER_CUDA_ARCH_LIST``: the
-    user's escape hatch until flashinfer-sm120 is upgraded) and the nvcc is at
-    least :data:`NEWEST_KNOWN_NVCC`.  Targets below sm_75 fail on nvcc 13+
-    (:func:`dropped_in`).
-    """
-    key = _key(target)
+    A target newer than the table is refused (the caller explains, rather than letting nvcc fail
+    later) unless ``explicit`` (given with its suffix in ``FLASHINFER_CUDA_ARCH_LIST``: the escape
+    hatch until flashinfer-sm120 is upgraded) and the nvcc is at least :data:`NEWEST_KNOWN_NVCC`."""
     need = min_nvcc_for(target)
     if need is None:
         return explicit and nvcc_version >= NEWEST_KNOWN_NVCC
-    if nvcc_version < need:
-        return False
-    if key in MAX_NVCC_MAJOR and nvcc_version.major > MAX_NVCC_MAJOR[key]:
-        return False
-    if _sm_number(target) < 75 and nvcc_version.major >= 13:
-        return False
-    return True
-
-
-def _sm_number(target: tuple[int, str]) -> int:
-    """``(12, "0f") -> 120``: the numeric part nvcc puts after ``sm_``."""
-    return int(target[0]) * 10 + int(str(target[1])[0])
+    dropped = dropped_in(target)
+    return nvcc_version >= need and (dropped is None or nvcc_version.major < dropped)
 
 
 def candidate_targets(major: int, minor: int) -> list[tuple[int, str]]:
     """FlashInfer's preferred target for a capability first, then fallbacks.
 
-    Mirrors ``CompilationContext._normalize_cuda_arch`` in FlashInfer 0.7.4
-    (``flashinfer/compilation_context.py``), with SM121 kept on ``121a`` as in
-    FlashInfer >= 0.6.12, and SM 11.0 (Thor) on ``110a``.
-
-    Args:
-        major: compute capability major, e.g. ``12``.
-        minor: compute capability minor, e.g. ``0``.
-
-    Returns:
-        A non-empty list of ``(major, minor_str)`` targets, best first.
-    """
-    if major == 9:
-        return [(major, f"{minor}a")]
+    Mirrors ``CompilationContext._normalize_cuda_arch`` of FlashInfer 0.7.4
+    (``flashinfer/compilation_context.py``): SM 9.x and >= 10 -> ``a``; SM 12.0 -> ``0f`` (``0a`` on
+    nvcc 12.8); SM 12.x, x >= 1 -> ``xa`` (FlashInfer >= 0.6.12: SM120 code on SM121 can raise
+    ``cudaErrorIllegalInstruction``); older -> no suffix."""
     if major == 12 and minor == 0:
         return [(12, "0f"), (12, "0a")]
-    if major >= 10:
+    if major >= 9:
         return [(major, f"{minor}a")]
     return [(major, str(minor))]
 
 
 def normalize(major: int, minor: int, nvcc_version: Version) -> tuple[int, str]:
-    """Best target for capability ``(major, minor)`` that ``nvcc_version`` builds.
-
-    Returns:
-        ``(major, minor_str)``, e.g. ``(12, "0f")`` on nvcc >= 12.9 and
-        ``(12, "0a")`` on 12.8.
+    """Best target for capability ``(major, minor)`` that ``nvcc_version`` builds, e.g. ``(12, "0f")``.
 
     Raises:
-        ArchNotSupported: no candidate target is buildable; the message names the
-            capability, the toolkit version, the version needed and the fix.
+        ArchNotSupported: none is buildable; the message names the capability, the toolkit, the
+            version needed and the fix.
     """
     options = candidate_targets(major, minor)
     for target in options:

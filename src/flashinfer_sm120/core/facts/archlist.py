@@ -4,6 +4,7 @@ target is chosen by :func:`flashinfer_sm120.core.facts.arch.normalize` unless it
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -13,21 +14,13 @@ from flashinfer_sm120.core.facts.arch import normalize
 from flashinfer_sm120.errors import Sm120Error
 from flashinfer_sm120.safety.formats import shown, some
 
-__all__ = [
-    "ArchListError",
-    "ArchSpec",
-    "MAX_ARCH_LIST_CHARS",
-    "export_arch_list",
-    "parse_arch_list",
-    "parse_arch_list_lenient",
-]
+__all__ = ["ArchListError", "ArchSpec", "MAX_ARCH_LIST_CHARS", "export_arch_list", "parse_arch_list",
+           "parse_arch_list_lenient"]
 
 
 class ArchListError(Sm120Error, ValueError):
-    """``FLASHINFER_CUDA_ARCH_LIST`` (or ``--arch``) could not be parsed.
-
-    The message names the offending value and shows the accepted form.
-    """
+    """``FLASHINFER_CUDA_ARCH_LIST`` (or ``--arch``) could not be parsed; the message names the value
+    and shows the accepted form."""
 
 
 _ARCH_RE = re.compile(r"^(?:sm_?|compute_?)?(\d+)\.?(\d)([af]?)$", re.IGNORECASE)
@@ -51,56 +44,31 @@ class ArchSpec:
 
 
 def parse_arch_list(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_LIST") -> list[ArchSpec]:
-    """Parse an arch list such as ``"12.0"``, ``"9.0a 12.0f"`` or ``"8.9,12.1"``.
+    """The entries of an arch list such as ``"12.0"``, ``"9.0a 12.0f"`` or ``"8.9,12.1"``, in order,
+    without repeats; ``source`` names it in messages.
 
-    FlashInfer itself accepts only space-separated ``major.minor[suffix]``
-    entries (``flashinfer/compilation_context.py``) and crashes its import with a
-    bare ``ValueError`` on anything else.  We accept the same form, plus commas or
-    semicolons as separators, the ``sm_120``/``120a`` spellings nvcc users type,
-    and PyTorch's ``+PTX`` suffix (dropped: FlashInfer builds cubins only).
-
-    Args:
-        value: the raw string.
-        source: what to call it in error messages (env var or CLI flag).
-
-    Returns:
-        The entries in order, duplicates removed.
+    FlashInfer 0.7.4 (``flashinfer/compilation_context.py``) accepts only space-separated
+    ``major.minor[suffix]`` entries and crashes its import with a bare ``ValueError`` on anything else;
+    this also takes commas or semicolons, the ``sm_120``/``120a`` spellings nvcc users type, and
+    PyTorch's ``+PTX`` suffix (dropped: FlashInfer builds cubins only).
 
     Raises:
-        ArchListError: an entry is not a compute capability; the message names
-            the entry and the whole value, and shows the accepted form.
+        ArchListError: an entry is not a compute capability.
     """
-    specs, errors = _parse(value, source)
+    specs, errors = parse_arch_list_lenient(value, source=source)
     if errors:
         raise ArchListError(errors[0])
     return specs
 
 
 def export_arch_list(value: str | None, *, source: str = "--arch") -> None:
-    """Read ``value`` (``--arch`` of every command) with :func:`parse_arch_list` and export it as
-    ``FLASHINFER_CUDA_ARCH_LIST`` (before FlashInfer loads); ``None`` leaves the variable alone.
-
-    Raises:
-        ArchListError: as :func:`parse_arch_list`; nothing is exported.
-    """
+    """Export ``value`` (``--arch`` of every command) as ``FLASHINFER_CUDA_ARCH_LIST`` before FlashInfer
+    loads; ``None`` leaves the variable alone.  Raises :class:`ArchListError` and exports nothing when
+    it does not parse."""
     if value is None:
         return
     specs = parse_arch_list(value, source=source)
-    import os
-
     os.environ["FLASHINFER_CUDA_ARCH_LIST"] = " ".join(f"{s.major}.{s.minor}{s.suffix or ''}" for s in specs)
-
-
-def parse_arch_list_lenient(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_LIST"
-                            ) -> tuple[list[ArchSpec], list[str]]:
-    """Like :func:`parse_arch_list`, but keeps the good entries.
-
-    Returns:
-        ``(specs, errors)``: the entries that parsed, and one message per entry
-        that did not (naming the entry, the whole value, and the accepted form).
-        Used at import time, where a typo must not break ``import flashinfer``.
-    """
-    return _parse(value, source)
 
 
 #: Longest arch list read (characters); a longer value is refused whole, with a
@@ -116,7 +84,10 @@ def _major_hint(entries: list[str]) -> str:
     return ""
 
 
-def _parse(value: str, source: str) -> tuple[list[ArchSpec], list[str]]:
+def parse_arch_list_lenient(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_LIST"
+                            ) -> tuple[list[ArchSpec], list[str]]:
+    """``(specs, errors)``: the entries that parsed, and one message per kind of fault.  Used at import
+    time, where a typo must not break ``import flashinfer``."""
     example = (f"Use compute capabilities separated by spaces, e.g. {source}='12.0' "
                f"(RTX 5090 / RTX PRO 6000), '12.1' (DGX Spark) or '9.0a 12.0f'")
     if not isinstance(value, str) or len(value) > MAX_ARCH_LIST_CHARS:

@@ -1,19 +1,10 @@
 """FlashInfer's environment variables that enter the build line (data read from its code).
 
-FlashInfer writes each module's compile and link commands into its ``build.ninja``; ninja
-rebuilds a module whose command changed.  So a warm cache serves a process only when these
-variables read the same there as in the build that warmed it: ``FLASHINFER_JIT_VERBOSE=1``,
-the first variable people set to watch a build, recompiles every module it touches (and
-unsetting it recompiles them again).
-
-Verified against flashinfer-python 0.7.2 and 0.7.4 (``flashinfer/jit/core.py``
-``gen_jit_spec``; ``flashinfer/jit/cpp_ext.py`` ``get_nvcc_parallelism_flags``,
-``build_cflags``, ``build_cuda_cflags``, ``generate_ninja_build_for_op``); older releases:
-flashinfer-python 0.6.7 reads the same variables except the two launchers, and reads
-``FLASHINFER_NVCC_THREADS`` unchecked into ``--threads=`` (``jit/core.py``).  Variables
-flashinfer-sm120 decides itself are not listed here: ``CUDA_HOME``/``CUDA_PATH`` (the
-toolkit choice), ``FLASHINFER_CUDA_ARCH_LIST`` (the targets, which also name the JIT
-directory) and ``FLASHINFER_WORKSPACE_BASE`` (the directory).
+FlashInfer writes each module's compile and link commands into its ``build.ninja``, and ninja rebuilds
+a module whose command changed: a warm cache serves a process only when these read the same there as
+in the build that warmed it (``FLASHINFER_JIT_VERBOSE=1``, set to watch a build, recompiles every
+module it touches).  Not listed: what flashinfer-sm120 decides itself (``CUDA_HOME``/``CUDA_PATH``,
+``FLASHINFER_CUDA_ARCH_LIST``, ``FLASHINFER_WORKSPACE_BASE``).
 """
 
 from __future__ import annotations
@@ -41,10 +32,9 @@ class Read(enum.Enum):
 
 @dataclass(frozen=True)
 class BuildVar:
-    """One variable: how FlashInfer reads it, what it changes in ``build.ninja``, and where.
-
-    ``default`` is the value that leaves the line as it is without the variable (``VALUE``
-    and ``THREADS``); ``overridden_by`` names a variable that decides instead when set."""
+    """One variable: how FlashInfer reads it, what it ``enters`` in ``build.ninja``, and ``where``.
+    ``default``: the value that leaves the line as without it; ``overridden_by``: a variable that
+    decides instead when set."""
 
     name: str
     read: Read
@@ -58,7 +48,9 @@ class BuildVar:
 _ALL = SpecifierSet(">=0.6.7")  # read in 0.6.7, 0.7.2 and 0.7.4; older releases not read
 _LAUNCHERS = SpecifierSet(">0.6.7")  # absent in 0.6.7, present in 0.7.2 and 0.7.4
 
-#: Every variable of FlashInfer's own that enters a module's build line.
+#: Every variable of FlashInfer's own that enters a module's build line.  Verified against
+#: flashinfer-python 0.6.7, 0.7.2 and 0.7.4 (``flashinfer/jit/core.py``, ``flashinfer/jit/cpp_ext.py``);
+#: 0.6.7 reads ``FLASHINFER_NVCC_THREADS`` unchecked into ``--threads=``.
 BUILD_VARS: tuple[BuildVar, ...] = (
     BuildVar("FLASHINFER_JIT_VERBOSE", Read.ONE, "debug flags (-O0 -g --device-debug -lineinfo) instead of -O3 "
              "on every compile line", "flashinfer/jit/core.py gen_jit_spec", _ALL,
@@ -91,17 +83,13 @@ BUILD_VARS: tuple[BuildVar, ...] = (
 RECORD_NAME = "flashinfer-sm120-build.json"
 
 
-def _on(value: str | None) -> bool:
-    return value == "1"
-
-
 def effective(var: BuildVar, env: dict[str, str]) -> str | None:
     """``var`` as FlashInfer reads it in ``env``: ``None`` when it leaves the line as without it."""
     value = env.get(var.name)
     if var.overridden_by and env.get(var.overridden_by) is not None:
         return None  # the other variable decides
     if var.read is Read.ONE:
-        return "1" if _on(value) else None
+        return "1" if value == "1" else None
     if var.read is Read.FLAGS:
         return value.strip() or None if value else None
     if var.read is Read.THREADS:
@@ -150,8 +138,7 @@ def changes(built: dict, now: dict) -> list[Change]:
 
 
 def checked(values: object) -> dict | None:
-    """``values`` if it is a :func:`snapshot` (names of :data:`BUILD_VARS`, values strings of at
-    most 4096 characters or ``None``), else ``None``: read from files, never trusted."""
+    """``values`` if it is a :func:`snapshot` (read from files, never trusted), else ``None``."""
     names = {v.name for v in BUILD_VARS}
     if not isinstance(values, dict) or not all(
             k in names and (v is None or (isinstance(v, str) and len(v) <= 4096)) for k, v in values.items()):
@@ -160,10 +147,8 @@ def checked(values: object) -> dict | None:
 
 
 def record(build_dir: Path, values: dict[str, str | None]) -> str | None:
-    """Leave ``values`` (a :func:`snapshot`) in a module directory ``build`` just built.
-
-    Returns:
-        ``None``, or why it could not be written (the module is built all the same)."""
+    """Leave ``values`` (a :func:`snapshot`) in a module directory ``build`` just built; returns why it
+    could not be written (the module is built all the same), else ``None``."""
     from flashinfer_sm120.safety.fs.statefiles import write_json_atomic
     from flashinfer_sm120.errors import Sm120Error
 

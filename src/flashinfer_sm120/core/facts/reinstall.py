@@ -1,10 +1,6 @@
-"""The fix for a broken install of flashinfer-sm120 itself, in one place.
-
-flashinfer-sm120 is installed from a checkout (it is not on PyPI), so "pip install
---force-reinstall flashinfer-sm120" would not work: the fix names the missing
-dependency when that is what broke, else the checkout pip recorded
-(``direct_url.json``, PEP 610).  Standard library only, and never raises: it runs
-when the rest of the package could not be imported.
+"""The fix for a broken install of flashinfer-sm120 itself: the missing dependency when that is what
+broke, else a reinstall from the checkout pip recorded (``direct_url.json``, PEP 610; the package is
+not on PyPI).  Standard library only, and never raises: it runs when the rest could not be imported.
 """
 
 from __future__ import annotations

@@ -1,35 +1,28 @@
 """What an installed server does in a process with a given environment, found without importing it:
-vLLM's ``has_flashinfer()``, the FlashInfer workspace SGLang sets (its rule run from its own source in
-a child), the JIT directory that gives, the server this process is, and which fallbacks its source defines.
-
-The rows these follow, per release, are :data:`flashinfer_sm120.core.facts.servers.SERVERS`.
+vLLM's ``has_flashinfer()``, the FlashInfer workspace and targets SGLang sets (its rules run from its
+own source in a child), the JIT directory that gives, the server this process is, and which
+fallbacks its source defines.  The rows these follow are :data:`.servers.SERVERS`.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 
 from flashinfer_sm120.core.facts import servers
 from flashinfer_sm120.core.toolkit.naive import flashinfer_naive_root
 
 __all__ = ["vllm_has_flashinfer", "workspace_base", "jit_dir_for", "running", "recorded", "fallbacks",
-           "fallback_text", "expanduser"]
-
-_ENVIRON_TIMEOUT_S = 30.0
-
-
-# ----------------------------------------------------------------------------- nvcc and ninja, as they look
+           "fallback_text", "expanduser", "ArchChoice", "cache_clear", "server_arch"]
 
 
 def vllm_has_flashinfer(env: dict[str, str]) -> tuple[bool, str]:
-    """``has_flashinfer()`` as vLLM 0.33.0 computes it in a process with environment ``env``.
-
-    Returns:
-        ``(value, why)``: why names the nvcc and ninja found, or what is missing."""
+    """``(has_flashinfer(), why)`` as vLLM 0.33.0 computes it in a process with environment ``env``."""
     if importlib.util.find_spec("flashinfer") is None:
         return False, "flashinfer is not installed"
     cubin = env.get("VLLM_HAS_FLASHINFER_CUBIN", "0")
@@ -49,15 +42,38 @@ def vllm_has_flashinfer(env: dict[str, str]) -> tuple[bool, str]:
     return True, f"nvcc {nvcc}, ninja {ninja}"
 
 
-# ----------------------------------------------------------------------------- cache redirection
-
-
-_SGLANG_PROBE = r"""
+#: Runs ``function()`` of the installed server's file (``argv[1]``), the module executed on its own:
+#: standard library only, nothing else of the server imported.
+_ENVIRON_PROBE = r"""
 import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("_flashinfer_sm120_server_environ", sys.argv[1])
 mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
 sys.stdout.write("\n@@" + json.dumps(getattr(mod, sys.argv[2])()))
+"""
+
+#: Runs only ``function`` of the file, once per GPU capability, with stand-ins for what it asks (the
+#: capability, ``os.environ``, and ``is_flashinfer_available()`` answering as sglang 0.5.23's does
+#: on a CUDA machine with FlashInfer: ``SGLANG_IS_FLASHINFER_AVAILABLE`` true or 1): prints the
+#: environment each call left.
+_ARCH_PROBE = r"""
+import ast, json, os, sys, types
+path, function, caps = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+tree = ast.parse(open(path, encoding="utf-8").read(), path)
+funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function]
+if not funcs:
+    raise SystemExit("no function %s in %s" % (function, path))
+out = []
+for major, minor in caps:
+    env = {}
+    fake_os = types.SimpleNamespace(environ=env, getenv=os.getenv, path=os.path)
+    cuda = types.SimpleNamespace(get_device_capability=lambda *a, _c=(major, minor): _c, is_available=lambda: True)
+    ns = {"os": fake_os, "torch": types.SimpleNamespace(cuda=cuda, version=types.SimpleNamespace(cuda="13.0", hip=None)),
+          "is_flashinfer_available": lambda: os.getenv("SGLANG_IS_FLASHINFER_AVAILABLE", "true").lower() in ("true", "1")}
+    exec(compile(ast.Module(body=funcs, type_ignores=[]), path, "exec"), ns)
+    ns[function]()
+    out.append(env)
+sys.stdout.write("\n@@" + json.dumps(out))
 """
 
 
@@ -72,19 +88,19 @@ def _package_dir(key: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=32)
-def _read_rule(path: str, function: str, variable: str, env_items: tuple) -> tuple[str | None, str]:
-    """Run ``function()`` of the installed server's file at ``path`` in a child (standard library
-    only, nothing else of the server imported), with the given environment."""
+def _run_rule(probe: str, path: str, function: str, env_items: tuple, *args: str) -> tuple[object, str]:
+    """``(what the probe printed, read as JSON, or None; how)``: run ``probe`` on the installed
+    server's file at ``path`` in a child with the given environment."""
     from flashinfer_sm120.safety import formats, proc
     from flashinfer_sm120.safety.ownership import trust_reason
 
-    problem = trust_reason(path, absent_ok=False)
+    problem = trust_reason(path, absent_ok=False)  # threat-model: P2 (run only what the trust rule admits)
     if problem:
         return None, f"not reading {path}: {problem}"
-    env = dict(env_items)
+    env = dict(env_items, FLASHINFER_SM120_DISABLE="1")
     env.pop("SGLANG_CUDA_COREDUMP", None)  # its import of sglang.srt.debug_utils would pull in the server
-    env["FLASHINFER_SM120_DISABLE"] = "1"
-    res = proc.run([sys.executable, "-I", "-c", _SGLANG_PROBE, path, function], timeout=_ENVIRON_TIMEOUT_S,
+    # threat-model: P6 (a deadline, an output cap, and the answer read as bounded JSON)
+    res = proc.run([sys.executable, "-I", "-c", probe, path, function, *args], timeout=30.0,
                    max_output=1 << 16, env=env)
     text = res.text()
     at = text.rfind("\n@@")
@@ -92,34 +108,37 @@ def _read_rule(path: str, function: str, variable: str, env_items: tuple) -> tup
         why = res.error or ("timed out" if res.timed_out else f"exit {res.returncode}")
         return None, f"{path} {function}() failed ({why}: {formats.shown(text.strip()[-300:], 300)})"
     try:
-        value = formats.field(formats.loads_json(text[at + 3:], f"{path} {function}()"), variable, str,
-                              f"{path} {function}()", max_len=4096)
+        return formats.loads_json(text[at + 3:], f"{path} {function}()"), f"read from {path} {function}()"
     except formats.FormatError as exc:
         return None, str(exc)
-    return value, f"read from {path} {function}()"
+
+
+def cache_clear() -> None:
+    """Forget the rules already run from installed servers' source (after that source changed)."""
+    _run_rule.cache_clear()
 
 
 def workspace_base(key: str, env: dict[str, str]) -> tuple[str | None, str]:
-    """The ``FLASHINFER_WORKSPACE_BASE`` server ``key`` gives FlashInfer in a process with ``env``.
-
-    ``None`` means FlashInfer's own default (``FLASHINFER_WORKSPACE_BASE``, else the home
-    directory).  For SGLang the rule is run from the installed package when it is there,
-    else taken from the row.
-
-    Returns:
-        ``(base or None, how it was found)``."""
+    """``(base, how it was found)``: the ``FLASHINFER_WORKSPACE_BASE`` server ``key`` gives FlashInfer
+    in a process with ``env`` (``None``: FlashInfer's own default).  The rule is run from the installed
+    package when it is there, else taken from the row."""
     rule = servers.newest(key).cache_rule
     if rule is None:
         return None, f"{servers.newest(key).name} leaves FlashInfer's workspace as it is"
     if rule.variable in env:
         return env[rule.variable], f"{rule.variable} is set, which {key}'s setdefault keeps"
+    from flashinfer_sm120.safety import formats
+
     pkg = _package_dir(key)
     why = f"{key} is not installed"
     if pkg is not None:
-        value, why = _read_rule(os.path.join(pkg, *rule.environ_file.split("/")), rule.function,
-                                rule.variable, tuple(sorted(env.items())))
-        if value is not None:
-            return value, why
+        path = os.path.join(pkg, *rule.environ_file.split("/"))
+        got, why = _run_rule(_ENVIRON_PROBE, path, rule.function, tuple(sorted(env.items())))
+        if got is not None:
+            try:
+                return formats.field(got, rule.variable, str, f"{path} {rule.function}()", max_len=4096), why
+            except formats.FormatError as exc:
+                why = str(exc)
     value = env.get(rule.from_variable)
     expanded = expanduser(value if value is not None else rule.default, env)
     return expanded, f"{rule.variable}={rule.from_variable} (default {rule.default}) as in {rule.source} ({why})"
@@ -154,15 +173,11 @@ def running() -> str | None:
 
 
 def recorded() -> dict:
-    """What a manifest entry records about the server process it came from (for
-    ``build --from``): ``server`` and ``workspace_base``; ``{}`` outside a server."""
+    """What a manifest entry records about the server process it came from (``build --from``)."""
     key = running()
     if key is None:
         return {}
     return {"server": key, "workspace_base": os.environ.get("FLASHINFER_WORKSPACE_BASE")}
-
-
-# ----------------------------------------------------------------------------- fallbacks
 
 
 @functools.lru_cache(maxsize=8)
@@ -177,8 +192,7 @@ def _marker_found(pkg: str, rel: str, text: str) -> bool | None:
 
 def fallbacks(found: list[servers.Installed] | None = None
               ) -> list[tuple[servers.Installed, servers.Fallback, bool | None]]:
-    """Each installed server's fallbacks, with whether the installed source defines it
-    (``None``: could not tell)."""
+    """Each installed server's fallbacks, and whether its source defines it (``None``: could not tell)."""
     out = []
     for inst in servers.installed() if found is None else found:
         pkg = _package_dir(inst.release.key)
@@ -190,8 +204,7 @@ def fallbacks(found: list[servers.Installed] | None = None
 
 
 def fallback_text(found: list[servers.Installed] | None = None) -> str:
-    """One sentence for the guard's message, after its fix: the installed servers' own
-    ways to serve without FlashInfer's JIT ("" when no server is installed)."""
+    """The guard message's last sentence: the installed servers' own ways to serve without FlashInfer's JIT."""
     parts: dict[str, list[str]] = {}
     for inst, fb, ok in fallbacks(found):
         note = "" if ok is not False else " (not found in its source: check --help)"
@@ -201,3 +214,55 @@ def fallback_text(found: list[servers.Installed] | None = None) -> str:
     return ("Until then, to serve without FlashInfer's JIT kernels: "
             + "; ".join(f"{label}: {' and '.join(items)}" for label, items in parts.items()))
 
+
+@dataclass(frozen=True)
+class ArchChoice:
+    """What a server's model process on GPUs of some capabilities sets ``variable`` to: ``value``
+    (``None``: nothing, e.g. an older GPU or FlashInfer switched off), ``targets`` in nvcc's names
+    (``sm_120a``), and ``how``: run from the installed source or taken from the row, and why."""
+
+    server: str
+    name: str
+    variable: str
+    value: str | None
+    targets: tuple[str, ...]
+    function: str
+    how: str
+
+
+def _env_per_gpu(got: object, caps: tuple) -> bool:
+    return isinstance(got, list) and len(got) == len(caps) and all(
+        isinstance(e, dict) and all(isinstance(v, str) and len(v) <= 4096 for v in e.values()) for e in got)
+
+
+def server_arch(key: str, capabilities: list[tuple[int, int]], env: dict[str, str]) -> ArchChoice | None:
+    """What server ``key``'s model process sets FlashInfer's arch list to on a GPU of each of
+    ``capabilities`` (``None``: the server has no such rule).  With GPUs of several capabilities each
+    process sets only its own GPU's: ``value`` is the first's, ``targets`` lists every one."""
+    from flashinfer_sm120.safety import formats
+
+    row = servers.newest(key)
+    rule = row.arch_rule
+    if rule is None:
+        return None
+    caps = tuple(dict.fromkeys((int(a), int(b)) for a, b in capabilities))
+    values: list[str | None] | None = None
+    pkg = _package_dir(key)
+    how = f"{key} is not installed"
+    if pkg is not None and caps:
+        path = os.path.join(pkg, *rule.file.split("/"))
+        got, how = _run_rule(_ARCH_PROBE, path, rule.function, tuple(sorted(env.items())),
+                             json.dumps([list(c) for c in caps]))
+        if got is not None and not _env_per_gpu(got, caps):
+            got, how = None, (f"{path} {rule.function}() gave {formats.shown(str(got), 200)}, not one "
+                              f"environment per GPU")
+        if got is not None:
+            values = [e.get(rule.variable) for e in got]
+    if values is None:
+        on = env.get("SGLANG_IS_FLASHINFER_AVAILABLE", "true").lower() in ("true", "1")
+        values = [f"{a}.{b}{rule.suffix}" if on and a >= rule.min_major else None for a, b in caps]
+        how = (f"as in {row.name} {row.read_from}: {rule.variable}=<major>.<minor>{rule.suffix} for major >= "
+               f"{rule.min_major} ({how})")
+    targets = tuple(dict.fromkeys("sm_" + v.replace(".", "") for v in values if v))
+    return ArchChoice(key, row.name, rule.variable, values[0] if values else None, targets,
+                      f"{row.name.lower()}/{rule.file} {rule.function}()", how)

@@ -1,41 +1,18 @@
 """What vLLM and SGLang check and redirect at start-up, per release (data read from their code).
 
-Each row cites the files of the released wheel it was read from.  A newer release
-of a server is treated as its newest row (and said so); nothing here imports a
-server (that would initialise CUDA and run its own start-up code).  What an installed
+One row per server release; a newer release is treated as its newest row (and said so).  Nothing
+here imports a server (that would initialise CUDA and run its start-up code); what an installed
 server does in a given environment, by these rows, is asked in :mod:`.serverprobe`.
 
-vLLM 0.33.0 (``vllm/utils/flashinfer.py``)
-    ``has_flashinfer()`` (``functools.cache``): False unless ``find_spec("flashinfer")``,
-    and, unless ``has_flashinfer_cubin()`` (``VLLM_HAS_FLASHINFER_CUBIN=1`` or the
-    ``flashinfer_cubin`` package), both ``_flashinfer_nvcc_path()`` (``CUDA_HOME`` or
-    ``CUDA_PATH``, else ``dirname(dirname(which nvcc))``, else ``/usr/local/cuda``;
-    then ``shutil.which(<home>/bin/nvcc)``) and ``shutil.which("ninja")``.  It does
-    not move FlashInfer's cache.
-SGLang 0.5.23
-    ``sglang/__init__.py`` calls ``redirect_third_party_caches()``
-    (``sglang/srt/environ.py``): ``os.environ.setdefault`` of each
-    ``third_party_cache_defaults()`` item, among them ``FLASHINFER_WORKSPACE_BASE =
-    expanduser(SGLANG_CACHE_DIR)`` (default ``~/.cache/sglang``, read when
-    ``sglang.srt.environ`` is imported).  Its FlashInfer check is
-    ``is_flashinfer_available()`` (``sglang/srt/utils/common.py``):
-    ``SGLANG_IS_FLASHINFER_AVAILABLE`` (default true), ``find_spec("flashinfer")`` and
-    ``torch.cuda.is_available() and torch.version.cuda``: no nvcc, no ninja.  Its own
-    JIT kernels find nvcc with ``cuda_home()``
-    (``sglang/kernels/jit/utils/compile/toolchain.py``: ``CUDA_HOME`` or ``CUDA_PATH``,
-    else ``dirname(dirname(which nvcc))``, else ``/usr/local/cuda``) and pick their
-    target suffix from ``_jit_cuda_version()`` (``sglang/kernels/jit/utils/arch.py``:
-    the same lookup, ``<home>/bin/nvcc --version``, else ``torch.version.cuda``).
-    Its model processes choose FlashInfer's targets themselves: ``ModelRunner.load_model()``
-    (``sglang/srt/model_executor/model_runner.py``) calls ``set_cuda_arch()``
-    (``sglang/srt/utils/common.py``), which sets ``FLASHINFER_CUDA_ARCH_LIST=f"{major}.{minor}a"``
-    for a GPU of major >= 9 when ``is_flashinfer_available()``: ``12.0a`` on SM120.  That
-    process imported FlashInfer before (``model_runner`` -> ``configs/model_config`` ->
-    ``layers/quantization`` -> ``modelopt_quant``: ``from flashinfer import mm_fp4`` at module
-    level), so FlashInfer's JIT directory keeps the targets of import time (``120f``) and only
-    the ``-gencode`` of each later build follows ``12.0a``.  The function of the same name in
-    ``sglang/multimodal_gen/runtime/utils/common.py`` sets ``TORCH_CUDA_ARCH_LIST``, which
-    FlashInfer 0.7.2 does not read.
+Verified against vllm 0.33.0 (``vllm/utils/flashinfer.py``, ``vllm/envs.py``; it never moves
+FlashInfer's cache nor sets its arch list) and sglang 0.5.23 (``sglang/__init__.py``,
+``sglang/srt/environ.py``, ``sglang/srt/utils/common.py``).  SGLang's ``set_cuda_arch()`` is called by
+``ModelRunner.load_model()`` (``sglang/srt/model_executor/model_runner.py``) in a process that imported
+FlashInfer before (``model_runner`` -> ... -> ``modelopt_quant``: ``from flashinfer import mm_fp4``),
+so FlashInfer's JIT directory keeps the targets of import time (``120f``) and only the ``-gencode`` of
+each later build follows ``12.0a``.  The function of the same name in
+``sglang/multimodal_gen/runtime/utils/common.py`` sets ``TORCH_CUDA_ARCH_LIST``, which FlashInfer
+does not read.
 """
 
 from __future__ import annotations
@@ -51,20 +28,12 @@ __all__ = ["Fallback", "CacheRule", "ArchRule", "ServerRelease", "Installed", "S
 
 @dataclass(frozen=True)
 class Fallback:
-    """One way a server runs without FlashInfer's JIT, as that release spells it.
-
-    Attributes:
-        text: what to type (an environment variable or a command-line option).
-        what: what it changes.
-        default: the release's FlashInfer-backed default it turns off, with the file that
-            decides it.
-        markers: ``(file relative to the package, text)`` pairs that are in that release's
-            source where the option is defined; checked in the installed package by
-            :func:`fallbacks` (a missing one is said, not hidden).
-    """
+    """One way a server runs without FlashInfer's JIT: ``text`` to type, the FlashInfer-backed
+    ``default`` it turns off (with its file), and ``markers``: ``(file relative to the package, text)``
+    found in the release's source where the option is defined (checked in the installed package by
+    :func:`.serverprobe.fallbacks`)."""
 
     text: str
-    what: str
     default: str
     markers: tuple[tuple[str, str], ...]
 
@@ -83,22 +52,14 @@ class CacheRule:
 
 @dataclass(frozen=True)
 class ArchRule:
-    """A server choosing FlashInfer's targets itself, in its model processes.
-
-    Attributes:
-        variable: what it sets (``FLASHINFER_CUDA_ARCH_LIST``).
-        file: the file (relative to the package) that defines ``function``.
-        function: run once per process with the process's GPU, before the first JIT build.
-        caller: where the server calls it, and what FlashInfer has fixed by then.
-        min_major: the row's copy of the rule: ``f"{major}.{minor}{suffix}"`` for a GPU of
-            this major or newer (used when the installed source cannot be read).
-        suffix: see ``min_major``.
-    """
+    """A server choosing FlashInfer's targets in its model processes: ``function`` of ``file``
+    (relative to the package), called with the process's GPU, sets ``variable``.  The
+    row's copy of the rule (used when the installed source cannot be read): ``<major>.<minor><suffix>``
+    for a GPU of major ``min_major`` or newer."""
 
     variable: str
     file: str
     function: str
-    caller: str
     min_major: int
     suffix: str
 
@@ -110,9 +71,9 @@ class ServerRelease:
     key: str  # module and distribution name
     name: str
     versions: SpecifierSet
-    read_from: str
+    read_from: Version
     flashinfer_check: str
-    needs_nvcc_and_ninja: bool
+    needs_nvcc_and_ninja: bool  # vLLM's has_flashinfer() asks for both
     nvcc_lookup: str
     cache_rule: CacheRule | None
     arch_rule: ArchRule | None
@@ -121,7 +82,7 @@ class ServerRelease:
 
 SERVERS: tuple[ServerRelease, ...] = (
     ServerRelease(
-        key="vllm", name="vLLM", versions=SpecifierSet(">=0.33,<0.34"), read_from="0.33.0",
+        key="vllm", name="vLLM", versions=SpecifierSet(">=0.33,<0.34"), read_from=Version("0.33.0"),
         flashinfer_check=("has_flashinfer() (vllm/utils/flashinfer.py): flashinfer importable, and "
                           "flashinfer-cubin (or VLLM_HAS_FLASHINFER_CUBIN=1) or both an nvcc "
                           "(CUDA_HOME, CUDA_PATH, which nvcc, /usr/local/cuda) and ninja on PATH"),
@@ -129,38 +90,28 @@ SERVERS: tuple[ServerRelease, ...] = (
         nvcc_lookup="_flashinfer_nvcc_path() in vllm/utils/flashinfer.py",
         cache_rule=None,
         arch_rule=None,  # vllm 0.33.0 never sets FLASHINFER_CUDA_ARCH_LIST
-        # Every FlashInfer-backed default of vLLM 0.33.0, from vllm/envs.py (the variables whose
-        # default is True), vllm/platforms/cuda.py (_get_backend_priorities) and the MoE oracles.
-        # Not listed: the compilation pass fuse_allreduce_rms, auto-enabled only on SM90/SM100
-        # (vllm/config/vllm.py enable_allreduce_rms_fusion), never on SM12x.
+        # Every FlashInfer-backed default of vLLM 0.33.0 (vllm/envs.py, vllm/platforms/cuda.py, the MoE
+        # oracles); docs/servers.md says what each turns off, and which are left out and why.
         fallbacks=(
-            Fallback("VLLM_USE_FLASHINFER_SAMPLER=0", "top-k/top-p sampling without FlashInfer "
-                     "(vllm/v1/sample/ops/topk_topp_sampler.py flashinfer_sampler_supported)",
-                     "VLLM_USE_FLASHINFER_SAMPLER defaults to True (vllm/envs.py)",
+            Fallback("VLLM_USE_FLASHINFER_SAMPLER=0", "VLLM_USE_FLASHINFER_SAMPLER defaults to True (vllm/envs.py)",
                      (("envs.py", '"VLLM_USE_FLASHINFER_SAMPLER"'),)),
-            Fallback("--attention-backend TRITON_ATTN", "attention with vLLM's Triton kernels "
-                     "(AttentionBackendEnum.TRITON_ATTN, vllm/v1/attention/backends/registry.py)",
+            Fallback("--attention-backend TRITON_ATTN",
                      "FLASHINFER is in the automatic attention choice (vllm/platforms/cuda.py "
                      "_get_backend_priorities: first on SM100, after FLASH_ATTN on SM120)",
                      (("engine/arg_utils.py", '"--attention-backend"'),
                       ("v1/attention/backends/registry.py", "TRITON_ATTN = "))),
-            Fallback("VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER=0", "block-scaled FP8 linear layers without "
-                     "FlashInfer's GEMM (vllm/utils/flashinfer.py)",
+            Fallback("VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER=0",
                      "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER defaults to True (vllm/envs.py)",
                      (("envs.py", '"VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER"'),)),
-            Fallback("VLLM_ALLREDUCE_USE_FLASHINFER=0", "tensor-parallel all-reduce without FlashInfer's "
-                     "(vllm/distributed/device_communicators/cuda_communicator.py)",
-                     "VLLM_ALLREDUCE_USE_FLASHINFER defaults to True (vllm/envs.py)",
+            Fallback("VLLM_ALLREDUCE_USE_FLASHINFER=0", "VLLM_ALLREDUCE_USE_FLASHINFER defaults to True (vllm/envs.py)",
                      (("envs.py", '"VLLM_ALLREDUCE_USE_FLASHINFER"'),)),
-            Fallback("--moe-backend triton", "fused MoE with vLLM's Triton kernels",
-                     "--moe-backend auto can pick flashinfer_cutlass/flashinfer_trtllm "
+            Fallback("--moe-backend triton", "--moe-backend auto can pick flashinfer_cutlass/flashinfer_trtllm "
                      "(vllm/model_executor/layers/fused_moe/oracle/, vllm/config/kernel.py MoEBackend)",
-                     (("engine/arg_utils.py", '"--moe-backend"'),
-                      ("config/kernel.py", '"triton",'))),
+                     (("engine/arg_utils.py", '"--moe-backend"'), ("config/kernel.py", '"triton",'))),
         ),
     ),
     ServerRelease(
-        key="sglang", name="SGLang", versions=SpecifierSet(">=0.5.23,<0.6"), read_from="0.5.23",
+        key="sglang", name="SGLang", versions=SpecifierSet(">=0.5.23,<0.6"), read_from=Version("0.5.23"),
         flashinfer_check=("is_flashinfer_available() (sglang/srt/utils/common.py): "
                           "SGLANG_IS_FLASHINFER_AVAILABLE, flashinfer importable, and "
                           "torch.cuda.is_available(); no nvcc or ninja check"),
@@ -171,48 +122,31 @@ SERVERS: tuple[ServerRelease, ...] = (
                              "srt/environ.py", "third_party_cache_defaults",
                              "sglang/__init__.py redirect_third_party_caches() -> sglang/srt/environ.py "
                              "third_party_cache_defaults(), os.environ.setdefault"),
-        arch_rule=ArchRule("FLASHINFER_CUDA_ARCH_LIST", "srt/utils/common.py", "set_cuda_arch",
-                           "ModelRunner.load_model() (sglang/srt/model_executor/model_runner.py), after the "
-                           "process imported FlashInfer (its JIT directory keeps the targets of import time)",
-                           9, "a"),
-        # Every FlashInfer-backed default of SGLang 0.5.23: sglang/srt/arg_groups/overrides.py
-        # (_sampling_backend_default), model_override_base.py (the attention default),
-        # fields/exec_.py (GEMM and MoE runner defaults "auto"), and is_flashinfer_available()
-        # (sglang/srt/utils/common.py), which all of them and set_cuda_arch() ask first.
-        # Not listed: FlashInfer all-reduce fusion, auto-enabled only on SM90/SM100
-        # (overrides.py), never on SM12x; --enforce-disable-flashinfer-allreduce-fusion turns it off.
+        arch_rule=ArchRule("FLASHINFER_CUDA_ARCH_LIST", "srt/utils/common.py", "set_cuda_arch", 9, "a"),
+        # Every FlashInfer-backed default of SGLang 0.5.23, and is_flashinfer_available(), which all of
+        # them and set_cuda_arch() ask first; docs/servers.md says what each turns off, and what is left out.
         fallbacks=(
-            Fallback("--sampling-backend pytorch", "sampling without FlashInfer "
-                     "(SAMPLING_BACKEND_CHOICES, sglang/srt/arg_groups/choices.py)",
-                     "sampling_backend defaults to flashinfer when FlashInfer is available "
-                     "(sglang/srt/arg_groups/overrides.py _sampling_backend_default)",
-                     (("srt/server_args.py", '"--sampling-backend"'),
-                      ("srt/arg_groups/choices.py", '"pytorch"'))),
-            Fallback("--attention-backend triton", "attention with SGLang's Triton kernels "
-                     "(ATTENTION_BACKEND_CHOICES, sglang/srt/arg_groups/choices.py)",
-                     "attention_backend defaults to flashinfer for MHA models when FlashInfer is available, "
-                     "SM120 included (sglang/srt/arg_groups/model_override_base.py)",
+            Fallback("--sampling-backend pytorch", "sampling_backend defaults to flashinfer when FlashInfer is "
+                     "available (sglang/srt/arg_groups/overrides.py _sampling_backend_default)",
+                     (("srt/server_args.py", '"--sampling-backend"'), ("srt/arg_groups/choices.py", '"pytorch"'))),
+            Fallback("--attention-backend triton", "attention_backend defaults to flashinfer for MHA models when "
+                     "FlashInfer is available, SM120 included (sglang/srt/arg_groups/model_override_base.py)",
                      (("srt/arg_groups/fields/exec_.py", "attention_backend: "),
                       ("srt/arg_groups/choices.py", '"triton",'))),
-            Fallback("--fp4-gemm-backend marlin", "NVFP4 linear layers with the Marlin weight-only kernel",
-                     "fp4_gemm_runner_backend 'auto' picks flashinfer_cutlass on SM120 "
-                     "(sglang/srt/arg_groups/fields/exec_.py)",
+            Fallback("--fp4-gemm-backend marlin", "fp4_gemm_runner_backend 'auto' picks flashinfer_cutlass on "
+                     "SM120 (sglang/srt/arg_groups/fields/exec_.py)",
                      (("srt/arg_groups/fields/exec_.py", '"--fp4-gemm-backend"'),
                       ("srt/arg_groups/choices.py", '"marlin",'))),
-            Fallback("--fp8-gemm-backend triton", "block-scaled FP8 linear layers with Triton",
-                     "fp8_gemm_runner_backend 'auto' picks FlashInfer's CUTLASS MXFP8 GEMM on Blackwell "
-                     "other than SM100/SM103 (sglang/srt/arg_groups/fields/exec_.py)",
+            Fallback("--fp8-gemm-backend triton", "fp8_gemm_runner_backend 'auto' picks FlashInfer's CUTLASS MXFP8 "
+                     "GEMM on Blackwell other than SM100/SM103 (sglang/srt/arg_groups/fields/exec_.py)",
                      (("srt/arg_groups/fields/exec_.py", '"--fp8-gemm-backend"'),
                       ("srt/arg_groups/choices.py", '"triton",'))),
-            Fallback("--moe-runner-backend triton", "fused MoE with SGLang's Triton kernels",
-                     "moe_runner_backend 'auto' can pick a flashinfer_* runner "
+            Fallback("--moe-runner-backend triton", "moe_runner_backend 'auto' can pick a flashinfer_* runner "
                      "(sglang/srt/arg_groups/fields/exec_.py, MOE_RUNNER_BACKEND_CHOICES)",
                      (("srt/arg_groups/fields/exec_.py", "moe_runner_backend: "),
                       ("srt/arg_groups/choices.py", '"triton",'))),
-            Fallback("SGLANG_IS_FLASHINFER_AVAILABLE=false", "is_flashinfer_available() is False: no default "
-                     "picks FlashInfer, and set_cuda_arch() leaves FLASHINFER_CUDA_ARCH_LIST alone",
-                     "SGLANG_IS_FLASHINFER_AVAILABLE defaults to true (sglang/srt/utils/common.py "
-                     "is_flashinfer_available)",
+            Fallback("SGLANG_IS_FLASHINFER_AVAILABLE=false", "SGLANG_IS_FLASHINFER_AVAILABLE defaults to true "
+                     "(sglang/srt/utils/common.py is_flashinfer_available)",
                      (("srt/utils/common.py", '"SGLANG_IS_FLASHINFER_AVAILABLE"'),)),
         ),
     ),
@@ -233,14 +167,11 @@ class Installed:
 
 
 def newest(key: str) -> ServerRelease:
-    """The newest row of server ``key`` (``vllm``, ``sglang``).
-
-    Raises:
-        KeyError: not a server this table knows."""
+    """The newest row of server ``key`` (``vllm``, ``sglang``); ``KeyError`` for another."""
     rows = [r for r in SERVERS if r.key == key]
     if not rows:
         raise KeyError(key)
-    return max(rows, key=lambda r: Version(r.read_from))
+    return max(rows, key=lambda r: r.read_from)
 
 
 def _row(key: str, version: Version) -> tuple[ServerRelease, bool]:

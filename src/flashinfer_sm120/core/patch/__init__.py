@@ -25,7 +25,7 @@ import wrapt
 
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.core.jitenv import environ
-from flashinfer_sm120.core.facts.workspace import workspace_problem as _workspace_problem
+from flashinfer_sm120.core.facts.importfail import workspace_problem as _workspace_problem
 from flashinfer_sm120.safety.envflag import env_flag
 from flashinfer_sm120.core.patch.alone import flashinfer_would_target
 from flashinfer_sm120.core.patch.resolve import Resolution, resolve
@@ -227,7 +227,7 @@ def _warn_jit_dir() -> None:
     jit_dir = getattr(env, "FLASHINFER_JIT_DIR", None)
     if jit_dir is None:
         return
-    from flashinfer_sm120.core.facts.workspace import jit_dir_refused
+    from flashinfer_sm120.core.facts.refusals import jit_dir_refused
 
     problem = jit_dir_refused(str(jit_dir))
     if problem:

@@ -194,7 +194,7 @@ def _check_toolkits(report: dict) -> Iterable[Finding]:
 def _check_build_line(report: dict) -> Iterable[Finding]:
     """FlashInfer variables that change every build line, modules warmed with other values
     (:mod:`flashinfer_sm120.core.facts.buildline`), and the targets each installed server sets itself
-    (:mod:`flashinfer_sm120.core.facts.serverarch`): the ``build_line`` section of the report."""
+    (:mod:`flashinfer_sm120.core.facts.serverprobe`): the ``build_line`` section of the report."""
     section = report.get("build_line") or {}
     for s in section.get("set") or ():
         value = s["value"] if len(s["value"]) <= 80 and s["value"].isprintable() else shown(s["value"], 80)

@@ -183,7 +183,7 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
     for c in report["candidates"]:
         c["state"], c["why"] = states.get(c["root"]) or (("rejected", c["problem"]) if c["problem"] else ("", ""))
     report["disabled"] = patch.env_flag("FLASHINFER_SM120_DISABLE")
-    from flashinfer_sm120.core.facts.workspace import import_refused
+    from flashinfer_sm120.core.facts.refusals import import_refused
 
     refusal = import_refused()  # threat-model: P4: either import of FlashInfer would write where it must not
     report["import_refused"] = dataclasses.asdict(refusal) if refusal else None
@@ -213,7 +213,7 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
 
         host = path_problem(os.environ)  # what every build would run by name, on the exported PATH
         report["after"]["host_program"] = dataclasses.asdict(host) if host else None
-        from flashinfer_sm120.core.facts.workspace import builds_refused
+        from flashinfer_sm120.core.facts.refusals import builds_refused
 
         report["after"]["builds_refused"] = builds_refused(str(jit_env.FLASHINFER_JIT_DIR))  # the gate's list
     except Exception as exc:
@@ -285,8 +285,8 @@ def servers_section(report: dict) -> dict:
 def build_line_section(report: dict) -> dict:
     """FlashInfer variables set here that change every build line (:mod:`flashinfer_sm120.core.facts.buildline`),
     the modules built with other values (per JIT directory known so far), and each installed server's
-    own targets for the GPUs of the choice (:mod:`flashinfer_sm120.core.facts.serverarch`)."""
-    from flashinfer_sm120.core.facts import buildline, serverarch, servers
+    own targets for the GPUs of the choice (:mod:`flashinfer_sm120.core.facts.serverprobe`)."""
+    from flashinfer_sm120.core.facts import buildline, serverprobe, servers
 
     env = dict(os.environ)
     version = report.get("flashinfer") if isinstance(report.get("flashinfer"), str) else None
@@ -304,7 +304,7 @@ def build_line_section(report: dict) -> dict:
             (((report.get("resolution") or {}).get("choice") or {}).get("capabilities") or ())]
     out["server_arch"] = []
     for inst in servers.installed():
-        choice = serverarch.server_arch(inst.release.key, caps, env) if caps else None
+        choice = serverprobe.server_arch(inst.release.key, caps, env) if caps else None
         if choice is not None:
             out["server_arch"].append({"name": choice.name, "variable": choice.variable, "value": choice.value,
                                        "targets": list(choice.targets), "function": choice.function,

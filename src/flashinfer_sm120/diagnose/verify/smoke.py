@@ -163,7 +163,7 @@ class _Run:
 
 
 def _choose() -> tuple[str, list[str], str]:
-    from flashinfer_sm120.core.facts.workspace import import_refused
+    from flashinfer_sm120.core.facts.refusals import import_refused
 
     refusal = import_refused()  # threat-model: P4: FlashInfer and its dependencies write where it must not
     if refusal is not None:

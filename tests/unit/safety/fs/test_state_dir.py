@@ -71,7 +71,7 @@ def test_status_as_root_with_a_users_home_does_not_let_flashinfer_create_its_cac
 
 @needs_root
 def test_the_workspace_check_names_the_foreign_tree_and_creates_nothing(shared_tmp, monkeypatch):
-    from flashinfer_sm120.core.facts.workspace import import_refused
+    from flashinfer_sm120.core.facts.refusals import import_refused
 
     home = user_home(shared_tmp)
     monkeypatch.setenv("HOME", str(home))
@@ -330,7 +330,7 @@ def test_a_link_another_uid_planted_as_the_root_is_not_followed(shared_tmp, monk
 def test_a_home_that_does_not_exist_is_not_created_for_a_cache(tmp_path, monkeypatch):
     """Round 5 (P50): root with ``HOME=/nonexistent`` made ``/nonexistent`` and a whole cache in it, and
     let FlashInfer's import make its own there."""
-    from flashinfer_sm120.core.facts.workspace import import_refused
+    from flashinfer_sm120.core.facts.refusals import import_refused
     from flashinfer_sm120.safety.fs import statedir
 
     home = tmp_path / "nonexistent"
@@ -356,7 +356,7 @@ def test_a_workspace_base_in_another_uids_directory_anyone_may_write_names_the_r
     """Round 6 (F2): the refusal said the owner's "own tools could not write it" (false for 0777) and
     offered "run as uid <the owner> (sudo -u)", i.e. run as the one who planted it."""
     from helpers.untrusted import give_away
-    from flashinfer_sm120.core.facts.workspace import import_refused
+    from flashinfer_sm120.core.facts.refusals import import_refused
 
     theirs = tmp_path / "theirs"
     theirs.mkdir()
