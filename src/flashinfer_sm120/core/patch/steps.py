@@ -1,32 +1,6 @@
-"""What is patched in each FlashInfer module, per state (driven by :mod:`flashinfer_sm120.core.facts.releases`).
-
-===============================  ===========================================  ==============
-module (hook)                    step                                         states
-===============================  ===========================================  ==============
-flashinfer.compilation_context   ``normalize``: ``_normalize_cuda_arch``       patched
-                                 -> our table under the chosen nvcc (only
-                                 releases that have it, 0.5.0+)
-                                 ``init``: ``CompilationContext.__init__``     patched
-                                 sets ``TARGET_CUDA_ARCHS`` from our targets
-flashinfer.jit.env               ``workspace``: ``_get_workspace_dir_name``    patched, noop
-                                 gets a per-toolkit last component
-flashinfer.jit.cpp_ext           ``toolkit``: ``get_cuda_path`` /              patched
-                                 ``get_cuda_version`` return the choice
-                                 ``nvcc_gate``: the release's guard points     all three
-                                 here (``generate_ninja_build_for_op``,
-                                 ``run_ninja``) refuse what nvcc cannot
-                                 build (guard: every build)
-flashinfer.jit.core              ``current_context``: refill                   patched
-                                 ``current_compilation_context`` in place
-                                 ``arch_check``: the guard point here          all three
-                                 (``check_cuda_arch``) raises our message
-                                 instead of "sm75 or higher"
-===============================  ===========================================  ==============
-
-A *required* step that cannot be applied (say, a renamed attribute) fails the
-whole patch, which is then rolled back; an optional one is reported as skipped
-in ``status()["steps"]`` and in the summary.
-"""
+"""What is patched in each FlashInfer module, per state: :data:`STEPS` (per release:
+:mod:`flashinfer_sm120.core.facts.releases`).  A required step that cannot be applied (a renamed
+attribute) fails the whole patch, which is rolled back; an optional one is reported as skipped."""
 
 from __future__ import annotations
 
@@ -68,17 +42,8 @@ _CACHES = {
 
 @dataclass(frozen=True)
 class Step:
-    """One patch step.
-
-    Attributes:
-        name: reported in ``status()["steps"]``.
-        apply: ``apply(module)``; returns ``None`` when applied, or a reason
-            string when this release needs nothing (``"not needed: ..."``); raises
-            on failure.
-        modes: the states it is applied in.
-        required: an exception fails (and rolls back) the whole patch; an optional
-            step's exception is reported as ``"skipped: ..."``.
-    """
+    """One patch step: ``apply(module)`` returns ``None`` when applied, or why this release needs
+    nothing; raises on failure (fails the patch when ``required``, else reported as skipped)."""
 
     name: str
     apply: Callable[[types.ModuleType], str | None]
@@ -267,6 +232,27 @@ def _wrap_function(mod: types.ModuleType, name: str, wrapper) -> None:
     _rebind(original, wrapped)
 
 
+def _wraps(*pairs):
+    """A step that wraps module functions: ``(name, wrapper)`` each."""
+    def apply(mod):
+        for name, wrapper in pairs:
+            _wrap_function(mod, name, wrapper)
+    return apply
+
+
+def _guard(wrapper):
+    """A step that wraps the module's JIT entry points named in the release's ``guard_points``."""
+    def apply(mod):
+        release = STATE.resolution.release
+        names = [attr for m, attr in release.guard_points if m == mod.__name__]
+        if not names:
+            return f"FlashInfer {release.version} lists no guard point in {mod.__name__}"
+        for name in names:
+            _wrap_function(mod, name, wrapper)
+        return None
+    return apply
+
+
 def _step_normalize(mod):
     if not STATE.resolution.release.has_normalizer:
         return f"FlashInfer {STATE.resolution.release.version} has no _normalize_cuda_arch (era inline-a)"
@@ -280,12 +266,6 @@ def _step_normalize(mod):
 def _step_init(mod):
     cls = mod.CompilationContext
     STATE.undo.set_attr(cls, "__init__", wrapt.FunctionWrapper(vars(cls)["__init__"], _init_wrapper))
-    return None
-
-
-def _step_workspace(mod):
-    _wrap_function(mod, "_get_workspace_dir_name", _workspace_wrapper)
-    return None
 
 
 def bound_cuda_version(mod) -> None:
@@ -294,36 +274,10 @@ def bound_cuda_version(mod) -> None:
     _wrap_function(mod, "get_cuda_version", _cuda_version_wrapper)
 
 
-def _step_toolkit(mod):
-    _wrap_function(mod, "get_cuda_path", _cuda_path_wrapper)
-    _wrap_function(mod, "get_cuda_version", _cuda_version_wrapper)
-    return None
-
-
-def _guard(mod, wrapper):
-    """Wrap ``mod``'s JIT entry points named in the release's ``guard_points`` with ``wrapper``."""
-    release = STATE.resolution.release
-    names = [attr for m, attr in release.guard_points if m == mod.__name__]
-    if not names:
-        return f"FlashInfer {release.version} lists no guard point in {mod.__name__}"
-    for name in names:
-        _wrap_function(mod, name, wrapper)
-    return None
-
-
-def _step_nvcc_gate(mod):
-    return _guard(mod, _nvcc_gate)
-
-
 def _step_current_context(mod):
     ctx = mod.current_compilation_context  # AttributeError: renamed -> the patch fails
     if not hasattr(ctx, "TARGET_CUDA_ARCHS"):
         raise AttributeError("current_compilation_context has no TARGET_CUDA_ARCHS")
-    return None
-
-
-def _step_arch_check(mod):
-    return _guard(mod, _arch_check)
 
 
 _P = frozenset({Mode.PATCHED})
@@ -332,13 +286,18 @@ _ALL = frozenset({Mode.PATCHED, Mode.GUARD, Mode.NOOP})
 
 #: Steps per hooked module, in order.
 STEPS: dict[str, list[Step]] = {
-    "flashinfer.compilation_context": [Step("normalize", _step_normalize, _P),
-                                       Step("init", _step_init, _P)],
-    "flashinfer.jit.env": [Step("workspace", _step_workspace, _PN, required=False)],
-    "flashinfer.jit.cpp_ext": [Step("toolkit", _step_toolkit, _ALL),
-                               Step("nvcc_gate", _step_nvcc_gate, _ALL)],
-    "flashinfer.jit.core": [Step("current_context", _step_current_context, _P),
-                            Step("arch_check", _step_arch_check, _ALL)],
+    "flashinfer.compilation_context": [
+        Step("normalize", _step_normalize, _P),  # _normalize_cuda_arch: our table (releases 0.5.0+)
+        Step("init", _step_init, _P)],  # __init__ sets TARGET_CUDA_ARCHS from our targets
+    "flashinfer.jit.env": [  # a per-toolkit last component of the JIT workspace
+        Step("workspace", _wraps(("_get_workspace_dir_name", _workspace_wrapper)), _PN, required=False)],
+    "flashinfer.jit.cpp_ext": [
+        Step("toolkit", _wraps(("get_cuda_path", _cuda_path_wrapper), ("get_cuda_version", _cuda_version_wrapper)),
+             _ALL),
+        Step("nvcc_gate", _guard(_nvcc_gate), _ALL)],  # refuse what nvcc cannot build (guard: every build)
+    "flashinfer.jit.core": [
+        Step("current_context", _step_current_context, _P),  # current_compilation_context refilled in place
+        Step("arch_check", _guard(_arch_check), _ALL)],  # check_cuda_arch raises our message, not "sm75"
 }
 
 

@@ -18,7 +18,7 @@ import filelock
 from flashinfer_sm120.safety.fs.pathpolicy import path_problem
 from flashinfer_sm120.safety.fs.statedir import cache_root
 from flashinfer_sm120.errors import FormatError, PlaceError, ViewError
-from flashinfer_sm120.safety.fs.atomic import sweep
+from flashinfer_sm120.safety.fs.atomic import sweep, write_atomic
 from flashinfer_sm120.safety.fs.tmpdirs import make_private
 from flashinfer_sm120.safety.ownership import mine_problem
 from flashinfer_sm120.safety.formats import safe_join
@@ -27,15 +27,14 @@ from flashinfer_sm120.core.toolkit import Toolkit
 from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
 from flashinfer_sm120.core.toolkit.sources import site_dirs as _site_dirs
 from flashinfer_sm120.core.view import stub as _stub
-from flashinfer_sm120.core.view.meta import META_NAME, STUB, VIEW_LAYOUT, CudaHome, ViewMeta, check_view, fingerprint
+from flashinfer_sm120.core.toolkit.memo import fingerprint
+from flashinfer_sm120.core.view.meta import META_NAME, STUB, VIEW_LAYOUT, CudaHome, ViewMeta, check_view
 
 logger = logging.getLogger("flashinfer_sm120")
 
 __all__ = ["LOCK_TIMEOUT_S", "MAX_VIEW_NAMES", "find_curand_include", "linkable_home", "views_dir"]
 
-#: Seconds a process waits for another to finish building a view (a build
-#: takes milliseconds; only the C-compiler fallback for the stub takes longer,
-#: at most :data:`flashinfer_sm120.core.view.stub.COMPILER_TIMEOUT_S` per compiler).
+#: Seconds a process waits for another to finish building a view (a build takes milliseconds).
 LOCK_TIMEOUT_S = 90.0
 #: Views are assembled in ``.tmp-*`` (:func:`flashinfer_sm120.safety.fs.tmpdirs.make_private`: held while
 #: their builder lives, swept by the next once it was killed).
@@ -139,12 +138,9 @@ def _assemble(tmp: str, toolkit: Toolkit, curand_inc: str | None) -> ViewMeta:
         sha = _stub.write_stub(stub, [toolkit.lib_dir] if toolkit.lib_dir else [], cuda_h)
         os.chmod(stub, 0o644)  # a compiler (the fallback) writes it with the umask's mode
         added.append(STUB)
-    meta = ViewMeta(VIEW_LAYOUT, root, toolkit.nvcc, toolkit.nvcc_full, fingerprint(toolkit.nvcc) or (),
+    meta = ViewMeta(VIEW_LAYOUT, root, toolkit.nvcc, toolkit.nvcc_full, fingerprint(toolkit.nvcc) or [],
                     curand_inc, tuple(added), sha, os.geteuid())
-    fd = os.open(os.path.join(tmp, META_NAME), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as fh:
-        os.fchmod(fh.fileno(), 0o644)
-        json.dump(meta.to_json(), fh, indent=1)
+    write_atomic(os.path.join(tmp, META_NAME), json.dumps(meta.to_json(), indent=1).encode(), mode=0o644)
     return meta
 
 
