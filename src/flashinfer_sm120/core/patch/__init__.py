@@ -1,16 +1,11 @@
 """Patch FlashInfer so its JIT builds use the chosen toolkit and the right targets.
 
-What is patched per module and per state: :mod:`flashinfer_sm120.core.patch.steps`;
-the states: :mod:`flashinfer_sm120.core.patch.state`; per release:
-:mod:`flashinfer_sm120.core.facts.releases`.
-
-Patches are applied through wrapt post-import hooks, so it works whether
-FlashInfer is imported before or after this package.  The toolkit choice is made
-outside the lock that guards patching; every change is recorded in the undo log
-and undone as a whole if any required step fails, so FlashInfer is never left
-half-patched.  When no toolkit fits, FlashInfer is *guarded*: importing it works,
-and its first JIT build raises :class:`~flashinfer_sm120.errors.ToolkitError`
-with the one message that names the GPUs, what was found and the fix.
+Through wrapt post-import hooks, so FlashInfer may be imported before or after this package.  The
+toolkit is chosen (:mod:`.resolve`) outside the lock that guards patching; the steps per module and
+release are :mod:`.steps`, the states :mod:`.state`.  Every change goes into the undo log and is
+undone as a whole if a required step fails: FlashInfer is never half-patched.  When no toolkit fits
+FlashInfer is *guarded*: its import works and its first JIT build raises the one
+:class:`~flashinfer_sm120.errors.ToolkitError` message.
 """
 
 from __future__ import annotations
@@ -37,8 +32,7 @@ from flashinfer_sm120.core.patch.summary_line import render, summary, targets_or
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["install", "revert", "status", "summary", "targets_origin", "resolve", "Resolution", "HOOKED_MODULES", "Mode",
-           "env_flag", "current_targets", "StatusDict", "record_status", "chosen_toolkit"]
+__all__ = ["install", "revert", "status", "summary", "targets_origin", "resolve", "record_status", "chosen_toolkit"]
 
 
 # --------------------------------------------------------------------------- deciding
@@ -98,8 +92,7 @@ def _already_correct(res: Resolution) -> bool:
 
 
 def _import_failed() -> str | None:
-    """Name of a patched module whose package import failed afterwards (FlashInfer
-    raised later in its own import, so Python dropped the package), else ``None``."""
+    """A patched module Python dropped since (FlashInfer raised later in its own import), else ``None``."""
     for name, mod in STATE.patched_modules.items():
         parts = name.split(".")
         for i in range(1, len(parts) + 1):
@@ -163,8 +156,7 @@ def _run_steps(pending: list[str], mode: Mode) -> None:
 
 
 def _loaded(name: str, just_imported: str | None) -> bool:
-    """Module ``name`` finished importing (a module still executing its body, e.g.
-    ``flashinfer.jit.core`` while it imports ``jit.env``, is not patched yet)."""
+    """Module ``name`` finished importing (``flashinfer.jit.core`` importing ``jit.env`` has not)."""
     mod = sys.modules.get(name)
     if mod is None:
         return False
@@ -221,8 +213,7 @@ def _apply_locked(just_imported: str | None = None) -> None:
 
 
 def _warn_jit_dir() -> None:
-    """FlashInfer writes its JIT directory unquoted into every build.ninja: say so at once when
-    it cannot carry it (its JIT builds would fail, or land in another directory)."""
+    """Say at once when FlashInfer's JIT directory cannot stand unquoted in its build.ninja files."""
     env = sys.modules.get("flashinfer.jit.env")
     jit_dir = getattr(env, "FLASHINFER_JIT_DIR", None)
     if jit_dir is None:
@@ -251,8 +242,7 @@ def _announce(mode: Mode, res: Resolution) -> None:
 
 
 def record_status(st: StatusDict | None = None) -> None:
-    """Keep ``st`` (default :func:`status`) where ``flashinfer-sm120 status`` reads it without importing
-    FlashInfer (:mod:`.laststatus`), for the inputs this process resolved from; never raises."""
+    """Keep ``st`` (default :func:`status`) for ``flashinfer-sm120 status`` (:mod:`.laststatus`); never raises."""
     try:
         with STATE.lock:
             inputs = STATE.inputs
@@ -263,7 +253,7 @@ def record_status(st: StatusDict | None = None) -> None:
 
 
 def _on_flashinfer_loaded(module: types.ModuleType) -> None:
-    """Post-import hook of the ``flashinfer`` package: its import completed, so the state is final."""
+    """Post-import hook of ``flashinfer`` itself: its import completed, so the state is final."""
     record_status()
 
 
@@ -281,16 +271,10 @@ def _on_import(module: types.ModuleType) -> None:
 
 
 def install() -> dict:
-    """Register the post-import hooks and patch whatever FlashInfer is loaded.
+    """Register the post-import hooks and patch whatever FlashInfer is loaded; returns :func:`status`.
 
-    Idempotent and thread-safe.  After a failure, a revert or a guard, an
-    explicit call resolves again, so installing a toolkit and calling
-    ``install()`` is enough; import hooks never retry on their own.  Never
-    raises: failures are logged and reported by :func:`status`.  Set
-    ``FLASHINFER_SM120_DISABLE=1`` to make it do nothing.
-
-    Returns:
-        :func:`status` after the call.
+    Idempotent, thread-safe, never raises.  After a failure, a revert or a guard an explicit call
+    resolves again (import hooks never retry).  ``FLASHINFER_SM120_DISABLE=1``: do nothing.
     """
     with STATE.lock:
         _check_import_health()
@@ -324,12 +308,8 @@ def install() -> dict:
 
 
 def revert() -> dict:
-    """Undo every patch, restore ``CUDA_HOME``, and recompute FlashInfer's derived
-    state with its own logic.  Later imports stay unpatched until :func:`install`.
-
-    Returns:
-        :func:`status` after the call.
-    """
+    """Undo every patch and export, recompute FlashInfer's derived state with its own logic; returns
+    :func:`status`.  Later imports stay unpatched until :func:`install`."""
     with STATE.lock:
         STATE.undo.rollback()
         try:  # an export made before patching (autoload of vllm/sglang, worker_setup) goes too
@@ -346,22 +326,14 @@ def revert() -> dict:
 
 
 def chosen_toolkit():
-    """The :class:`~flashinfer_sm120.core.toolkit.Toolkit` FlashInfer builds with, or ``None`` (nothing
-    resolved yet, or no toolkit fits): the typed form of ``status()["resolution"]["choice"]["toolkit"]``."""
+    """The :class:`~flashinfer_sm120.core.toolkit.Toolkit` FlashInfer builds with, or ``None``."""
     with STATE.lock:
         res = STATE.resolution
         return res.choice.toolkit if res is not None and getattr(res, "choice", None) is not None else None
 
 
 def status() -> StatusDict:
-    """Where patching stands.
-
-    Returns:
-        a :class:`~flashinfer_sm120.core.patch.state.StatusDict`, where mode is one of
-        ``idle`` (FlashInfer not imported yet), ``patched``, ``guard`` (no toolkit
-        fits: JIT builds raise our message), ``noop`` (FlashInfer already right),
-        ``failed``, ``reverted``, ``disabled``.
-    """
+    """Where patching stands (:class:`~flashinfer_sm120.core.patch.state.StatusDict`)."""
     with STATE.lock:
         _check_import_health()
         core = sys.modules.get("flashinfer.jit.core")

@@ -28,29 +28,16 @@ __all__ = ["Mode", "StepStatus", "StepResult", "UndoLog", "State", "STATE", "Sta
 
 
 class StatusDict(TypedDict):
-    """What :func:`flashinfer_sm120.status` returns.
+    """What :func:`flashinfer_sm120.status` returns."""
 
-    Attributes:
-        mode: a :class:`Mode` value (``idle``, ``patched``, ``guard``, ``noop``, ``failed``,
-            ``reverted``, ``disabled``).
-        error: why ``failed`` or ``guard``, else ``None``.
-        summary: the one line logged when FlashInfer was patched.
-        patched_modules: FlashInfer modules patched, by name.
-        steps: ``{step name: "applied" | "not needed: <why>" | "skipped: <why>"}``.
-        resolution: :meth:`flashinfer_sm120.core.patch.resolve.Resolution.to_dict`, or ``None``.
-        target_cuda_archs: FlashInfer's ``TARGET_CUDA_ARCHS`` as ``sm_120f`` strings, or ``None``
-            before it is loaded.
-        exported: the environment variables exported to this process and its children.
-    """
-
-    mode: str
-    error: str | None
-    summary: str
+    mode: str  # a Mode value
+    error: str | None  # why failed or guard
+    summary: str  # the one line logged when FlashInfer was patched
     patched_modules: list[str]
-    steps: dict[str, str]
-    resolution: dict | None
-    target_cuda_archs: list[str] | None
-    exported: dict[str, str]
+    steps: dict[str, str]  # StepResult.to_json() per step
+    resolution: dict | None  # Resolution.to_dict()
+    target_cuda_archs: list[str] | None  # FlashInfer's TARGET_CUDA_ARCHS ("sm_120f"), None before it loads
+    exported: dict[str, str]  # the variables exported to this process and its children
 
 
 class Mode(str, enum.Enum):
@@ -99,9 +86,6 @@ class UndoLog:
     def __init__(self) -> None:
         self._undo: list[tuple[str, Callable[[], None]]] = []
 
-    def __len__(self) -> int:
-        return len(self._undo)
-
     def add(self, what: str, undo: Callable[[], None]) -> None:
         """Record ``undo`` (no arguments, must not raise) for change ``what``."""
         self._undo.append((what, undo))
@@ -125,39 +109,26 @@ class UndoLog:
         self.add(f"{getattr(obj, '__name__', obj)}.{name}", undo)
 
     def rollback(self) -> list[str]:
-        """Undo everything, newest first; returns the errors (logged), normally ``[]``."""
-        errors = []
+        """Undo everything, newest first (a failed undo is logged)."""
         while self._undo:
             what, undo = self._undo.pop()
             try:
                 undo()
             except Exception as exc:  # pragma: no cover - undo of a setattr
-                errors.append(f"undo {what}: {exc!r}")
                 logger.error("flashinfer-sm120: undoing %s failed: %r", what, exc)
-        return errors
 
 
 @dataclass
 class State:
-    """Process-wide patch state (one instance, :data:`STATE`), guarded by ``lock``.
-
-    Attributes:
-        mode: see :class:`Mode`.
-        resolution: what was decided (:class:`~flashinfer_sm120.core.patch.resolve.Resolution`).
-        error: why ``failed`` / ``guard``, else ``None``.
-        undo: the undo log.
-        steps: ``{step name: StepResult}`` for the steps run.
-        patched_modules: the module objects patched, by name (to notice a failed import).
-        summary: the one line logged.
-    """
+    """Process-wide patch state (one instance, :data:`STATE`), guarded by ``lock``."""
 
     lock: threading.RLock = field(default_factory=threading.RLock)
     mode: Mode = Mode.IDLE
-    resolution: Any = None
+    resolution: Any = None  # a core.patch.resolve.Resolution
     error: str | None = None
     undo: UndoLog = field(default_factory=UndoLog)
     steps: dict[str, StepResult] = field(default_factory=dict)
-    patched_modules: dict[str, Any] = field(default_factory=dict)
+    patched_modules: dict[str, Any] = field(default_factory=dict)  # by name: to notice a failed import
     hooks_registered: bool = False
     exported: bool = False
     logged: set = field(default_factory=set)
