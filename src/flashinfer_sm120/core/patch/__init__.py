@@ -25,10 +25,10 @@ from flashinfer_sm120.safety.envflag import env_flag
 from flashinfer_sm120.core.patch.alone import flashinfer_would_target
 from flashinfer_sm120.core.patch.resolve import Resolution, resolve
 from flashinfer_sm120.core.patch import laststatus
-from flashinfer_sm120.core.patch.state import STATE, Mode, StatusDict, StepResult, StepStatus
+from flashinfer_sm120.core.patch.state import (STATE, Mode, StatusDict, StepResult, StepStatus, render, summary,
+                                               targets_origin)
 from flashinfer_sm120.core.patch import steps
 from flashinfer_sm120.core.patch.steps import HOOKED_MODULES, STEPS, current_targets, refresh_derived
-from flashinfer_sm120.core.patch.summary_line import render, summary, targets_origin
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -36,14 +36,6 @@ __all__ = ["install", "revert", "status", "summary", "targets_origin", "resolve"
 
 
 # --------------------------------------------------------------------------- deciding
-
-
-def _resolve_for_patch() -> Resolution | str:
-    """A Resolution (guard one when no toolkit fits), or the error text. Never raises."""
-    try:
-        return resolve(guard=True)
-    except Exception as exc:  # a view that cannot be built, a broken NVML ...
-        return str(exc) or repr(exc)
 
 
 def _ensure_resolution() -> None:
@@ -55,7 +47,10 @@ def _ensure_resolution() -> None:
         inputs = laststatus.inputs()  # before FlashInfer or our export changes the environment
     except Exception:  # pragma: no cover - stat calls only
         inputs = None
-    res = _resolve_for_patch()
+    try:
+        res: Resolution | str = resolve(guard=True)
+    except Exception as exc:  # a view that cannot be built, a broken NVML ...
+        res = str(exc) or repr(exc)
     with STATE.lock:
         if STATE.mode is not Mode.IDLE or STATE.resolution is not None:
             return
@@ -119,7 +114,7 @@ def _fail(error: str, *, report: bool = True) -> None:
 
 
 def _check_import_health() -> None:
-    if STATE.mode in (Mode.PATCHED, Mode.GUARD, Mode.NOOP) and STATE.patched_modules:
+    if STATE.mode.active and STATE.patched_modules:
         broken = _import_failed()
         if broken and STATE.mode is Mode.GUARD:  # FlashInfer kept its own toolkit: it fails alone too
             res = STATE.resolution
@@ -134,7 +129,6 @@ def _check_import_health() -> None:
         elif broken:
             _fail(f"importing FlashInfer failed after flashinfer-sm120 patched it ({broken} is no "
                   "longer loaded: FlashInfer raised during its own import)")
-
 
 
 def _run_steps(pending: list[str], mode: Mode) -> None:
@@ -194,15 +188,11 @@ def _apply_locked(just_imported: str | None = None) -> None:
         _run_steps(pending, mode)
         if mode is not Mode.GUARD:
             refresh_derived()
-        if mode is Mode.PATCHED and not STATE.exported and all(m in STATE.patched_modules for m in HOOKED_MODULES):
-            STATE.undo.add("environ.export", environ.export(
-                res.home.path, res.choice.toolkit.nvcc, res.choice.targets))
-            STATE.exported = True
-            _warn_jit_dir()
-        elif mode is Mode.NOOP and not STATE.exported and all(m in STATE.patched_modules for m in HOOKED_MODULES):
-            # FlashInfer's toolkit is right, but its builds still get the memory policy and the checks
-            STATE.undo.add("environ.export_builds", environ.export_builds(
-                res.home.path, res.choice.toolkit.nvcc, res.choice.targets))
+        if mode is not Mode.GUARD and not STATE.exported and all(m in STATE.patched_modules for m in HOOKED_MODULES):
+            # noop: FlashInfer's toolkit is right, but its builds still get the memory policy and the checks
+            export = environ.export if mode is Mode.PATCHED else environ.export_builds
+            STATE.undo.add(f"environ.{export.__name__}", export(res.home.path, res.choice.toolkit.nvcc,
+                                                                res.choice.targets))
             STATE.exported = True
             _warn_jit_dir()
     except Exception as exc:
@@ -231,12 +221,8 @@ def _announce(mode: Mode, res: Resolution) -> None:
         STATE.error = res.error
         logger.error("flashinfer-sm120: %s", STATE.summary)
         return
-    if mode is Mode.NOOP:
-        level = logging.WARNING if res.cleaned and not env_flag("FLASHINFER_SM120_QUIET") else logging.INFO
-        logger.log(level, "flashinfer-sm120: %s", STATE.summary)
-        return
-    # Changing the toolkit FlashInfer would have used is worth one visible line.
-    changed = res.naive_root != res.home.path or bool(res.cleaned)
+    # Changing the toolkit FlashInfer would have used, or reading a malformed CUDA_HOME, is worth one visible line.
+    changed = bool(res.cleaned) or (mode is Mode.PATCHED and res.naive_root != res.home.path)
     level = logging.WARNING if changed and not env_flag("FLASHINFER_SM120_QUIET") else logging.INFO
     logger.log(level, "flashinfer-sm120: %s", STATE.summary)
 
@@ -282,10 +268,8 @@ def install() -> dict:
             if STATE.mode is Mode.IDLE:
                 STATE.mode = Mode.DISABLED
             return status()
-        if STATE.mode is Mode.GUARD:  # retry: the user may have installed a toolkit
-            STATE.undo.rollback()
-            STATE.reset(Mode.IDLE)
-        if STATE.mode in (Mode.REVERTED, Mode.DISABLED, Mode.FAILED):
+        if STATE.mode in (Mode.GUARD, Mode.REVERTED, Mode.DISABLED, Mode.FAILED):  # a toolkit may be installed now
+            STATE.undo.rollback()  # the guard's wrappers; empty in the other modes
             STATE.reset(Mode.IDLE)
         if not STATE.hooks_registered:
             from flashinfer_sm120.core.facts.workspace import normalize_base

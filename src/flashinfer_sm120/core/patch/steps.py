@@ -22,7 +22,7 @@ from flashinfer_sm120.core.patch.state import STATE, Mode
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["Step", "STEPS", "HOOKED_MODULES", "current_targets", "workspace_tag", "refresh_derived"]
+__all__ = ["Step", "STEPS", "HOOKED_MODULES", "current_targets", "refresh_derived"]
 
 #: FlashInfer modules whose import triggers patching, in FlashInfer's import order.
 HOOKED_MODULES = (
@@ -59,23 +59,19 @@ def _version() -> Version:
 
 
 def current_targets() -> set[tuple[int, str]]:
-    """Targets for a new ``CompilationContext`` under the chosen toolkit.
-
-    ``FLASHINFER_CUDA_ARCH_LIST`` is re-read on every call (FlashInfer does too);
-    explicit suffixes are kept as given (the nvcc gate refuses those the toolkit
-    cannot build, before nvcc runs); garbled entries are logged once and dropped,
-    and with no usable entry the visible GPUs are used instead.
-    """
+    """Targets for a new ``CompilationContext`` under the chosen toolkit: ``FLASHINFER_CUDA_ARCH_LIST``
+    re-read at each call as FlashInfer does, suffixes kept as given (the nvcc gate refuses those the
+    toolkit cannot build), garbled entries logged once and dropped; no usable entry: the GPUs."""
     from flashinfer_sm120.core.patch.resolve import arch_specs
 
     res = STATE.resolution
     if res is None or res.choice is None:
         return set()
     version = res.choice.version
-    out: set[tuple[int, str]] = set()
     specs, message = arch_specs(os.environ.get("FLASHINFER_CUDA_ARCH_LIST"))
     if message:
         STATE.log_once(logging.ERROR, f"flashinfer-sm120: {message}")
+    out: set[tuple[int, str]] = set()
     if specs is not None:
         for spec in specs:
             try:
@@ -89,16 +85,6 @@ def current_targets() -> set[tuple[int, str]]:
         except _arch.ArchNotSupported as exc:
             STATE.log_once(logging.ERROR, f"flashinfer-sm120: {exc}")
     return out
-
-
-def workspace_tag() -> str:
-    """Last component of the JIT workspace for the chosen toolkit, e.g. ``nvcc13.0.88-1a2b3c4d``.
-
-    Fingerprints the real nvcc path, its full version and the headers' version,
-    so two toolkits never share a JIT directory and one toolkit always finds its
-    own modules again (FlashInfer keys its cache by release and arch only).
-    """
-    return tag_for(STATE.resolution.choice.toolkit)
 
 
 def guard_message() -> str:
@@ -157,7 +143,7 @@ def _workspace_wrapper(wrapped, instance, args, kwargs):
     path = wrapped(*args, **kwargs)
     if STATE.mode in (Mode.PATCHED, Mode.NOOP) and STATE.resolution is not None \
             and STATE.resolution.choice is not None:
-        return path / workspace_tag()
+        return path / tag_for(STATE.resolution.choice.toolkit)  # two toolkits never share a JIT dir
     return path
 
 
@@ -210,8 +196,8 @@ def _arch_check(wrapped, instance, args, kwargs):
 
 
 def _rebind(original, replacement) -> int:
-    """Point every loaded ``flashinfer`` module's name for ``original`` at
-    ``replacement`` (modules that did ``from .cpp_ext import get_cuda_version``)."""
+    """Point every loaded ``flashinfer`` module's name for ``original`` at ``replacement``
+    (modules that did ``from .cpp_ext import get_cuda_version``)."""
     n = 0
     for mod_name, mod in list(sys.modules.items()):
         if mod is None or not (mod_name == "flashinfer" or mod_name.startswith("flashinfer.")):
@@ -314,9 +300,8 @@ def _clear_caches() -> None:
 
 
 def refresh_derived() -> None:
-    """Recompute what FlashInfer derived at import from the (now current) class
-    and toolkit: caches, ``current_compilation_context.TARGET_CUDA_ARCHS`` (in
-    place) and the JIT workspace dirs.  Used after patching and after reverting."""
+    """Recompute what FlashInfer derived at import (caches, ``current_compilation_context.TARGET_CUDA_ARCHS``
+    in place, the JIT workspace dirs) from the now current class and toolkit: after patching and reverting."""
     _clear_caches()
     cc_mod = sys.modules.get("flashinfer.compilation_context")
     core = sys.modules.get("flashinfer.jit.core")
@@ -343,15 +328,13 @@ def refresh_derived() -> None:
 
 
 def _lease_workspace(ws: str) -> None:
-    """Lease the JIT workspace for this process (:mod:`flashinfer_sm120.safety.fs.lease`), then create it:
-    a ``cache prune`` that removed it while the lease was awaited leaves it to be made anew."""
+    """Lease the JIT workspace for this process, then create it (a ``cache prune`` may have removed it
+    while the lease was awaited)."""
     from flashinfer_sm120.safety.fs import lease
 
-    # threat-model: P4 -- nothing of ours inside a tree another uid owns (a shared
-    # FLASHINFER_WORKSPACE_BASE whose levels they made): no lease file, no workspace directory;
-    # the JIT-directory warning (_warn_jit_dir) says why and the fix.  A lease file they planted
-    # and held exclusively is then never waited on either.  Prune never removes an entry whose
-    # lease would lie in such a place (threat-model: P3, lease.place_problem).
+    # threat-model: P4 -- nothing of ours inside a tree another uid owns: no lease file (none of theirs
+    # waited on), no workspace directory; _warn_jit_dir says why.  P3: prune never removes an entry
+    # whose lease would lie in such a place (lease.place_problem).
     if lease.place_problem(ws):
         return
     try:

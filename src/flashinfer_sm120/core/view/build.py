@@ -289,18 +289,7 @@ def _build_locked(parent: str, base: str, toolkit: Toolkit, curand_inc: str | No
     try:
         os.chmod(tmp, 0o755)
         meta = _assemble(tmp, toolkit, curand_inc)
-        while True:
-            try:
-                os.rename(tmp, free)  # free does not exist, and only lock holders create views...
-                break
-            except OSError as exc:  # ...unless a builder without the lock (an older release) raced us
-                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                    raise
-                home, free = _adopt_existing(parent, base, toolkit, curand_inc)
-                if home is not None or free is None:
-                    if home is not None:
-                        return home
-                    raise ViewError(f"too many damaged CUDA_HOME views {os.path.join(parent, base)}*") from exc
+        os.rename(tmp, free)  # free does not exist, and only lock holders create views of this layout
     except OSError as exc:
         raise _io_error(exc, parent, "build the CUDA_HOME view") from exc
     finally:

@@ -138,17 +138,8 @@ def _walk_problem(path: str, meta: ViewMeta, roots: list[str]) -> str | None:
 
 
 def check_view(path: str, toolkit: Toolkit, curand_inc: str | None) -> tuple[CudaHome | None, str | None]:
-    """Decide whether the view at ``path`` may be adopted for ``toolkit``.
-
-    Args:
-        path: the view directory.
-        toolkit: the toolkit it must be a view of.
-        curand_inc: the curand include dir it must use (:func:`find_curand_include`).
-
-    Returns:
-        ``(CudaHome, None)`` when it may be adopted, else ``(None, reason)``
-        (``reason`` names the offending file).  Never raises for bad content.
-    """
+    """``(CudaHome, None)`` when the view at ``path`` may be adopted for ``toolkit`` and ``curand_inc``,
+    else ``(None, why)`` naming the offending file (threat-model: P2).  Never raises for bad content."""
     uid = os.geteuid()
     meta_path = os.path.join(path, META_NAME)
     try:
