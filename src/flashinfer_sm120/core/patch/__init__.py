@@ -257,10 +257,16 @@ def _on_import(module: types.ModuleType) -> None:
 
 
 def install() -> dict:
-    """Register the post-import hooks and patch whatever FlashInfer is loaded; returns :func:`status`.
+    """Register the post-import hooks and patch whatever FlashInfer is loaded.
 
-    Idempotent, thread-safe, never raises.  After a failure, a revert or a guard an explicit call
-    resolves again (import hooks never retry).  ``FLASHINFER_SM120_DISABLE=1``: do nothing.
+    Idempotent and thread-safe.  After a failure, a revert or a guard, an
+    explicit call resolves again, so installing a toolkit and calling
+    ``install()`` is enough; import hooks never retry on their own.  Never
+    raises: failures are logged and reported by :func:`status`.  Set
+    ``FLASHINFER_SM120_DISABLE=1`` to make it do nothing.
+
+    Returns:
+        :func:`status` after the call.
     """
     with STATE.lock:
         _check_import_health()
@@ -292,8 +298,12 @@ def install() -> dict:
 
 
 def revert() -> dict:
-    """Undo every patch and export, recompute FlashInfer's derived state with its own logic; returns
-    :func:`status`.  Later imports stay unpatched until :func:`install`."""
+    """Undo every patch, restore ``CUDA_HOME``, and recompute FlashInfer's derived
+    state with its own logic.  Later imports stay unpatched until :func:`install`.
+
+    Returns:
+        :func:`status` after the call.
+    """
     with STATE.lock:
         STATE.undo.rollback()
         try:  # an export made before patching (autoload of vllm/sglang, worker_setup) goes too
@@ -317,7 +327,14 @@ def chosen_toolkit():
 
 
 def status() -> StatusDict:
-    """Where patching stands (:class:`~flashinfer_sm120.core.patch.state.StatusDict`)."""
+    """Where patching stands.
+
+    Returns:
+        a :class:`~flashinfer_sm120.core.patch.state.StatusDict`, where mode is one of
+        ``idle`` (FlashInfer not imported yet), ``patched``, ``guard`` (no toolkit
+        fits: JIT builds raise our message), ``noop`` (FlashInfer already right),
+        ``failed``, ``reverted``, ``disabled``.
+    """
     with STATE.lock:
         _check_import_health()
         core = sys.modules.get("flashinfer.jit.core")

@@ -146,11 +146,18 @@ def cleaned_homes(env: dict[str, str]) -> tuple[str, ...]:
 
 def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | None = None,
             release: ReleaseInfo | None = None, guard: bool = False) -> Resolution:
-    """Find the GPUs, parse the arch list, choose a toolkit and a linkable home; nothing is patched.
+    """Find the GPUs, parse the arch list, choose a toolkit and a linkable home.
 
-    ``toolkits``: the candidates (``doctor`` passes every one; default
-    :func:`~flashinfer_sm120.core.toolkit.discover`, read lazily); ``release``: default the one loaded or
-    installed; ``guard``: no toolkit fits -> a Resolution with ``choice=None`` and ``error``, not a raise.
+    Pure with respect to FlashInfer: nothing is patched.
+
+    Args:
+        env: environment to read (default ``os.environ``).
+        toolkits: candidates to choose from (``doctor`` passes every one, read);
+            default :func:`~flashinfer_sm120.core.toolkit.discover`, read lazily up to
+            the chosen one.
+        release: the FlashInfer release (default: the one loaded or installed).
+        guard: return a Resolution with ``choice=None`` and ``error`` set instead
+            of raising when no toolkit fits.
 
     Raises:
         flashinfer_sm120.errors.ToolkitError: no toolkit fits (unless ``guard``).
