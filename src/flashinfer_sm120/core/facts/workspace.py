@@ -53,7 +53,8 @@ def workspace_path() -> tuple[str, str]:
 
 
 def tag_for(tk) -> str:
-    """The directory FlashInfer's JIT workspace gets for toolkit ``tk`` under flashinfer-sm120:
-    ``nvcc<version>-<hash of nvcc's real path and versions>``, so two toolkits never share one."""
+    """The directory FlashInfer's JIT workspace gets for toolkit ``tk`` under flashinfer-sm120
+    (``nvcc<version>-<hash of nvcc's path and versions>``): the patch names the current one with it
+    (the patch's ``_get_workspace_dir_name`` wrapper), ``cache prune`` checks old ones."""
     key = "\0".join((os.path.realpath(tk.nvcc), str(tk.nvcc_full), str(tk.header_version)))
     return f"nvcc{tk.nvcc_full or tk.nvcc_version}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"

@@ -1,16 +1,11 @@
 """Patch FlashInfer so its JIT builds use the chosen toolkit and the right targets.
 
-What is patched per module and per state: :mod:`flashinfer_sm120.core.patch.steps`;
-the states: :mod:`flashinfer_sm120.core.patch.state`; per release:
-:mod:`flashinfer_sm120.core.facts.releases`.
-
-Patches are applied through wrapt post-import hooks, so it works whether
-FlashInfer is imported before or after this package.  The toolkit choice is made
-outside the lock that guards patching; every change is recorded in the undo log
-and undone as a whole if any required step fails, so FlashInfer is never left
-half-patched.  When no toolkit fits, FlashInfer is *guarded*: importing it works,
-and its first JIT build raises :class:`~flashinfer_sm120.errors.ToolkitError`
-with the one message that names the GPUs, what was found and the fix.
+Through wrapt post-import hooks, so FlashInfer may be imported before or after this package.  The
+toolkit is chosen (:mod:`.resolve`) outside the lock that guards patching; the steps per module and
+release are :mod:`.steps`, the states :mod:`.state`.  Every change goes into the undo log and is
+undone as a whole if a required step fails: FlashInfer is never half-patched.  When no toolkit fits
+FlashInfer is *guarded*: its import works and its first JIT build raises the one
+:class:`~flashinfer_sm120.errors.ToolkitError` message.
 """
 
 from __future__ import annotations
@@ -30,26 +25,17 @@ from flashinfer_sm120.safety.envflag import env_flag
 from flashinfer_sm120.core.patch.alone import flashinfer_would_target
 from flashinfer_sm120.core.patch.resolve import Resolution, resolve
 from flashinfer_sm120.core.patch import laststatus
-from flashinfer_sm120.core.patch.state import STATE, Mode, StatusDict, StepResult, StepStatus
+from flashinfer_sm120.core.patch.state import (STATE, Mode, StatusDict, StepResult, StepStatus, render, summary,
+                                               targets_origin)
 from flashinfer_sm120.core.patch import steps
 from flashinfer_sm120.core.patch.steps import HOOKED_MODULES, STEPS, current_targets, refresh_derived
-from flashinfer_sm120.core.patch.summary_line import render, summary, targets_origin
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["install", "revert", "status", "summary", "targets_origin", "resolve", "Resolution", "HOOKED_MODULES", "Mode",
-           "env_flag", "current_targets", "StatusDict", "record_status", "chosen_toolkit"]
+__all__ = ["install", "revert", "status", "summary", "targets_origin", "resolve", "record_status", "chosen_toolkit"]
 
 
 # --------------------------------------------------------------------------- deciding
-
-
-def _resolve_for_patch() -> Resolution | str:
-    """A Resolution (guard one when no toolkit fits), or the error text. Never raises."""
-    try:
-        return resolve(guard=True)
-    except Exception as exc:  # a view that cannot be built, a broken NVML ...
-        return str(exc) or repr(exc)
 
 
 def _ensure_resolution() -> None:
@@ -61,7 +47,10 @@ def _ensure_resolution() -> None:
         inputs = laststatus.inputs()  # before FlashInfer or our export changes the environment
     except Exception:  # pragma: no cover - stat calls only
         inputs = None
-    res = _resolve_for_patch()
+    try:
+        res: Resolution | str = resolve(guard=True)
+    except Exception as exc:  # a view that cannot be built, a broken NVML ...
+        res = str(exc) or repr(exc)
     with STATE.lock:
         if STATE.mode is not Mode.IDLE or STATE.resolution is not None:
             return
@@ -98,8 +87,7 @@ def _already_correct(res: Resolution) -> bool:
 
 
 def _import_failed() -> str | None:
-    """Name of a patched module whose package import failed afterwards (FlashInfer
-    raised later in its own import, so Python dropped the package), else ``None``."""
+    """A patched module Python dropped since (FlashInfer raised later in its own import), else ``None``."""
     for name, mod in STATE.patched_modules.items():
         parts = name.split(".")
         for i in range(1, len(parts) + 1):
@@ -126,7 +114,7 @@ def _fail(error: str, *, report: bool = True) -> None:
 
 
 def _check_import_health() -> None:
-    if STATE.mode in (Mode.PATCHED, Mode.GUARD, Mode.NOOP) and STATE.patched_modules:
+    if STATE.mode.active and STATE.patched_modules:
         broken = _import_failed()
         if broken and STATE.mode is Mode.GUARD:  # FlashInfer kept its own toolkit: it fails alone too
             res = STATE.resolution
@@ -141,7 +129,6 @@ def _check_import_health() -> None:
         elif broken:
             _fail(f"importing FlashInfer failed after flashinfer-sm120 patched it ({broken} is no "
                   "longer loaded: FlashInfer raised during its own import)")
-
 
 
 def _run_steps(pending: list[str], mode: Mode) -> None:
@@ -163,8 +150,7 @@ def _run_steps(pending: list[str], mode: Mode) -> None:
 
 
 def _loaded(name: str, just_imported: str | None) -> bool:
-    """Module ``name`` finished importing (a module still executing its body, e.g.
-    ``flashinfer.jit.core`` while it imports ``jit.env``, is not patched yet)."""
+    """Module ``name`` finished importing (``flashinfer.jit.core`` importing ``jit.env`` has not)."""
     mod = sys.modules.get(name)
     if mod is None:
         return False
@@ -202,15 +188,11 @@ def _apply_locked(just_imported: str | None = None) -> None:
         _run_steps(pending, mode)
         if mode is not Mode.GUARD:
             refresh_derived()
-        if mode is Mode.PATCHED and not STATE.exported and all(m in STATE.patched_modules for m in HOOKED_MODULES):
-            STATE.undo.add("environ.export", environ.export(
-                res.home.path, res.choice.toolkit.nvcc, res.choice.targets))
-            STATE.exported = True
-            _warn_jit_dir()
-        elif mode is Mode.NOOP and not STATE.exported and all(m in STATE.patched_modules for m in HOOKED_MODULES):
-            # FlashInfer's toolkit is right, but its builds still get the memory policy and the checks
-            STATE.undo.add("environ.export_builds", environ.export_builds(
-                res.home.path, res.choice.toolkit.nvcc, res.choice.targets))
+        if mode is not Mode.GUARD and not STATE.exported and all(m in STATE.patched_modules for m in HOOKED_MODULES):
+            # noop: FlashInfer's toolkit is right, but its builds still get the memory policy and the checks
+            export = environ.export if mode is Mode.PATCHED else environ.export_builds
+            STATE.undo.add(f"environ.{export.__name__}", export(res.home.path, res.choice.toolkit.nvcc,
+                                                                res.choice.targets))
             STATE.exported = True
             _warn_jit_dir()
     except Exception as exc:
@@ -221,8 +203,7 @@ def _apply_locked(just_imported: str | None = None) -> None:
 
 
 def _warn_jit_dir() -> None:
-    """FlashInfer writes its JIT directory unquoted into every build.ninja: say so at once when
-    it cannot carry it (its JIT builds would fail, or land in another directory)."""
+    """Say at once when FlashInfer's JIT directory cannot stand unquoted in its build.ninja files."""
     env = sys.modules.get("flashinfer.jit.env")
     jit_dir = getattr(env, "FLASHINFER_JIT_DIR", None)
     if jit_dir is None:
@@ -240,19 +221,14 @@ def _announce(mode: Mode, res: Resolution) -> None:
         STATE.error = res.error
         logger.error("flashinfer-sm120: %s", STATE.summary)
         return
-    if mode is Mode.NOOP:
-        level = logging.WARNING if res.cleaned and not env_flag("FLASHINFER_SM120_QUIET") else logging.INFO
-        logger.log(level, "flashinfer-sm120: %s", STATE.summary)
-        return
-    # Changing the toolkit FlashInfer would have used is worth one visible line.
-    changed = res.naive_root != res.home.path or bool(res.cleaned)
+    # Changing the toolkit FlashInfer would have used, or reading a malformed CUDA_HOME, is worth one visible line.
+    changed = bool(res.cleaned) or (mode is Mode.PATCHED and res.naive_root != res.home.path)
     level = logging.WARNING if changed and not env_flag("FLASHINFER_SM120_QUIET") else logging.INFO
     logger.log(level, "flashinfer-sm120: %s", STATE.summary)
 
 
 def record_status(st: StatusDict | None = None) -> None:
-    """Keep ``st`` (default :func:`status`) where ``flashinfer-sm120 status`` reads it without importing
-    FlashInfer (:mod:`.laststatus`), for the inputs this process resolved from; never raises."""
+    """Keep ``st`` (default :func:`status`) for ``flashinfer-sm120 status`` (:mod:`.laststatus`); never raises."""
     try:
         with STATE.lock:
             inputs = STATE.inputs
@@ -263,7 +239,7 @@ def record_status(st: StatusDict | None = None) -> None:
 
 
 def _on_flashinfer_loaded(module: types.ModuleType) -> None:
-    """Post-import hook of the ``flashinfer`` package: its import completed, so the state is final."""
+    """Post-import hook of ``flashinfer`` itself: its import completed, so the state is final."""
     record_status()
 
 
@@ -298,10 +274,8 @@ def install() -> dict:
             if STATE.mode is Mode.IDLE:
                 STATE.mode = Mode.DISABLED
             return status()
-        if STATE.mode is Mode.GUARD:  # retry: the user may have installed a toolkit
-            STATE.undo.rollback()
-            STATE.reset(Mode.IDLE)
-        if STATE.mode in (Mode.REVERTED, Mode.DISABLED, Mode.FAILED):
+        if STATE.mode in (Mode.GUARD, Mode.REVERTED, Mode.DISABLED, Mode.FAILED):  # a toolkit may be installed now
+            STATE.undo.rollback()  # the guard's wrappers; empty in the other modes
             STATE.reset(Mode.IDLE)
         if not STATE.hooks_registered:
             from flashinfer_sm120.core.facts.workspace import normalize_base
@@ -346,8 +320,7 @@ def revert() -> dict:
 
 
 def chosen_toolkit():
-    """The :class:`~flashinfer_sm120.core.toolkit.Toolkit` FlashInfer builds with, or ``None`` (nothing
-    resolved yet, or no toolkit fits): the typed form of ``status()["resolution"]["choice"]["toolkit"]``."""
+    """The :class:`~flashinfer_sm120.core.toolkit.Toolkit` FlashInfer builds with, or ``None``."""
     with STATE.lock:
         res = STATE.resolution
         return res.choice.toolkit if res is not None and getattr(res, "choice", None) is not None else None

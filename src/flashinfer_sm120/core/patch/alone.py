@@ -1,20 +1,10 @@
-"""What this FlashInfer release would compute by itself with the chosen toolkit.
+"""What this FlashInfer release would compute by itself with the chosen toolkit (for ``noop``).
 
-Used to decide ``noop`` ("FlashInfer would already do this"): FlashInfer's own,
-unpatched ``CompilationContext.__init__`` (and ``_normalize_cuda_arch`` where the
-release has one) is run on a throw-away instance of a private subclass, with every
-way a release may reach ``flashinfer.jit.cpp_ext`` answered by a stand-in bound to
-the chosen nvcc version:
-
-* ``from flashinfer.jit.cpp_ext import is_cuda_version_at_least`` (0.5.0 - 0.7.4,
-  inside ``_normalize_cuda_arch``), ``from .jit.cpp_ext import ...``,
-  ``from flashinfer.jit import cpp_ext``, ``import flashinfer.jit.cpp_ext``;
-* a module-level name (``is_cuda_version_at_least``/``get_cuda_version``) in the
-  function's globals.
-
-Nothing global is touched: the copies get their own globals and builtins, and
-FlashInfer's ``logger`` in them is silenced (a failing normaliser is an answer
-here, not a warning for the user).
+FlashInfer's own ``CompilationContext.__init__`` (and ``_normalize_cuda_arch``) runs on a throw-away
+subclass instance, in copies whose globals and builtins answer every way a release reaches
+``flashinfer.jit.cpp_ext`` (``from flashinfer.jit.cpp_ext import is_cuda_version_at_least`` in
+0.5.0 - 0.7.4, relative and module imports, module-level names) with a stand-in bound to the chosen
+nvcc, and whose ``logger`` is silent.  Nothing global is touched.
 """
 
 from __future__ import annotations
@@ -88,22 +78,10 @@ def _unwrap(obj):
 
 def flashinfer_would_target(cls: type, version: Version, home: str | None,
                             originals: dict | None = None) -> set | None:
-    """``TARGET_CUDA_ARCHS`` this FlashInfer release computes itself under nvcc ``version``.
-
-    Reads ``FLASHINFER_CUDA_ARCH_LIST`` and ``torch.cuda`` exactly as the release
-    does (its own code runs).
-
-    Args:
-        cls: FlashInfer's ``CompilationContext`` (patched or not).
-        version: the chosen nvcc ``major.minor``.
-        home: the chosen ``CUDA_HOME``.
-        originals: ``{"__init__": f, "_normalize_cuda_arch": g}`` FlashInfer's own
-            functions when ``cls`` is already patched; default ``vars(cls)``.
-
-    Returns:
-        The set, or ``None`` when FlashInfer's code raised (e.g. on a garbled
-        arch list) or could not be copied.
-    """
+    """``TARGET_CUDA_ARCHS`` FlashInfer's ``cls`` (patched or not) computes itself under nvcc ``version``
+    and ``home``, reading ``FLASHINFER_CUDA_ARCH_LIST`` and ``torch.cuda`` as the release does, or
+    ``None`` when its code raised.  ``originals``: its own ``__init__``/``_normalize_cuda_arch`` when
+    ``cls`` is patched (default ``vars(cls)``)."""
     originals = originals or {}
     stub = _stub(version, home)
     init = _unwrap(originals.get("__init__") or vars(cls).get("__init__"))

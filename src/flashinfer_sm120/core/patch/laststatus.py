@@ -1,19 +1,11 @@
-"""The last status a process of this user reached, kept on disk, so that ``flashinfer-sm120 status``
-answers without importing torch or FlashInfer (seconds) when nothing it depends on changed.
+"""The last status a process of this user reached, kept in ``<cache_root>/last-status.json`` so that
+``flashinfer-sm120 status`` answers without importing torch or FlashInfer.
 
-File: ``<cache_root>/last-status.json`` (:mod:`flashinfer_sm120.safety.fs.statedir`)::
-
-    {"schema": 1, "inputs": {...}, "status": {mode, error, toolkit: {nvcc_full, root, nvcc, stat},
-                                              targets: [...], arch_list_error, flashinfer}}
-
-``inputs`` (:func:`inputs`) is everything the answer was computed from, read without running
-anything: this Python, our version, the environment variables the resolution reads, the
-modification times of every ``sys.path`` directory but the script's own (``pip install`` of FlashInfer, torch or a CUDA
-wheel adds or removes a ``.dist-info`` there), of ``/usr/local`` and ``$CONDA_PREFIX`` (where
-system toolkits are found), and the GPUs the driver lists.  A record is used only when its inputs
-equal this process's and the chosen nvcc's file is unchanged (:func:`load` says why not
-otherwise).  Written by the patch layer once FlashInfer's import completed (:func:`save`), only
-when it changed; never raises.
+A record is used only when its :func:`inputs` (everything the resolution reads, without running
+anything: this Python, our version, the variables, the mtimes of the ``sys.path`` directories,
+``/usr/local`` and ``$CONDA_PREFIX``, every nvcc in sight, the GPUs the driver lists) equal this
+process's, and the chosen nvcc is unchanged.  Written once FlashInfer's import completed, only when
+it changed; never raises.
 """
 
 from __future__ import annotations
@@ -40,7 +32,7 @@ _IGNORED = frozenset(("FLASHINFER_SM120_QUIET", "FLASHINFER_SM120_RUN_ID", "FLAS
 
 
 class LastStatus(TypedDict):
-    """What ``status`` prints, as recorded (``toolkit`` is ``None`` when no toolkit fits)."""
+    """What ``status`` prints (``toolkit``: ``None`` when none fits)."""
 
     mode: str
     error: str | None
@@ -73,8 +65,7 @@ def _listing(path: str) -> list[str] | None:
 
 
 def _entry(path: str) -> list | None:
-    """A cheap identity of ``path`` itself, a link not followed: its target and its inode, size and
-    mtime (a replaced or removed ``$CUDA_HOME/bin/nvcc`` link changes it)."""
+    """``path`` itself, a link not followed: its target, inode, size and mtime."""
     try:
         st = os.lstat(path)
         target = os.readlink(path) if os.path.islink(path) else None
@@ -84,8 +75,8 @@ def _entry(path: str) -> list | None:
 
 
 def _nvcc_entries(env: dict[str, str]) -> dict[str, list | None]:
-    """The nvcc each place FlashInfer and we look at names, as it stands (the record is keyed on them:
-    the chosen nvcc alone missed a ``$CUDA_HOME/bin/nvcc`` replaced by another release)."""
+    """The nvcc each place FlashInfer and we look at names (a ``$CUDA_HOME/bin/nvcc`` replaced by
+    another release changes the answer, though the chosen nvcc did not change)."""
     import shutil
 
     out = {var: _entry(os.path.join(env[var], "bin", "nvcc")) for var in ("CUDA_HOME", "CUDA_PATH") if env.get(var)}
@@ -97,7 +88,7 @@ def _nvcc_entries(env: dict[str, str]) -> dict[str, list | None]:
 
 
 def inputs(env: dict[str, str] | None = None) -> dict[str, Any]:
-    """What the resolution in this process reads, without running anything (see the module doc)."""
+    """What the resolution in this process reads (see the module doc)."""
     from flashinfer_sm120 import __version__
 
     env = dict(os.environ if env is None else env)
@@ -150,8 +141,7 @@ def from_status(st: dict) -> LastStatus:
 
 
 def save(status: LastStatus, recorded_inputs: dict[str, Any]) -> None:
-    """Record ``status`` for ``recorded_inputs`` (taken before FlashInfer changed the environment);
-    written only when it differs from the file's.  Never raises."""
+    """Record ``status`` for ``recorded_inputs`` (taken before FlashInfer changed the environment)."""
     try:
         from flashinfer_sm120.safety.fs.statefiles import read_json, write_json_atomic
         from flashinfer_sm120.core.toolkit.memo import fingerprint

@@ -37,46 +37,27 @@ class TargetsFrom(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Resolution:
-    """Everything decided before patching.
+    """Everything decided before patching."""
 
-    Attributes:
-        choice: the toolkit choice, or ``None`` when no toolkit fits (guard).
-        home: the ``CUDA_HOME`` handed to FlashInfer (maybe a view), or ``None``.
-        gpus: visible GPUs.
-        arch_list: ``FLASHINFER_CUDA_ARCH_LIST`` as read (cut to :data:`ARCH_LIST_SHOWN`
-            characters for messages when longer), or ``None``.
-        arch_list_error: why (part of) it was ignored, or ``None``.
-        naive_root: what FlashInfer's own ``get_cuda_path()`` would return.
-        explicit_home: ``CUDA_HOME`` (else ``CUDA_PATH``) as the user set it, or ``None``.
-        release: the FlashInfer release's row (:func:`flashinfer_sm120.core.facts.releases.release_info`).
-        gpu_query: where the GPUs were read (``nvml``, ``torch.cuda``, ``none``).
-        cleaned: one note per malformed ``CUDA_HOME``/``CUDA_PATH`` that was cleaned.
-        error: the :class:`ToolkitError` message when no toolkit fits, else ``None``.
-        fix: the error's fix line alone, else ``None``.
-        targets_from: :class:`TargetsFrom`.
-    """
-
-    choice: Choice | None
-    home: Any
+    choice: Choice | None  # None: no toolkit fits (guard)
+    home: Any  # the CUDA_HOME handed to FlashInfer (a core.view.CudaHome), or None
     gpus: tuple[GPU, ...]
-    arch_list: str | None
-    arch_list_error: str | None
-    naive_root: str | None
-    explicit_home: str | None = None
+    arch_list: str | None  # FLASHINFER_CUDA_ARCH_LIST, cut to ARCH_LIST_SHOWN characters
+    arch_list_error: str | None  # why (part of) it was ignored
+    naive_root: str | None  # what FlashInfer's own get_cuda_path() would return
+    explicit_home: str | None = None  # CUDA_HOME (else CUDA_PATH) as the user set it
     release: ReleaseInfo | None = None
     gpu_query: GPUQuery | None = None
-    cleaned: tuple[str, ...] = ()
-    error: str | None = None
-    fix: str | None = None
+    cleaned: tuple[str, ...] = ()  # a note per malformed CUDA_HOME/CUDA_PATH that was cleaned
+    error: str | None = None  # the ToolkitError message when no toolkit fits
+    fix: str | None = None  # its fix line alone
     targets_from: TargetsFrom = TargetsFrom.GPUS
 
     @property
     def guard(self) -> bool:
-        """No toolkit fits: FlashInfer is to be guarded."""
         return self.choice is None
 
     def to_dict(self) -> dict:
-        """JSON-ready form."""
         return {
             "choice": self.choice.to_dict() if self.choice else None,
             "cuda_home": self.home.to_dict() if self.home is not None else None,
@@ -110,11 +91,8 @@ def _for_messages(value: str | None) -> str | None:
 
 
 def arch_specs(value: str | None) -> tuple[list[archlist.ArchSpec] | None, str | None]:
-    """Parse ``FLASHINFER_CUDA_ARCH_LIST`` leniently: ``(specs or None, message)``.
-
-    Bad entries are dropped (the message names each one); when no entry is
-    usable, ``None`` is returned so the visible GPUs are targeted instead.
-    """
+    """Parse ``FLASHINFER_CUDA_ARCH_LIST`` leniently: ``(specs, message)``; bad entries are dropped (the
+    message names each), and with no usable entry ``specs`` is ``None``: the visible GPUs are targeted."""
     if value is None:
         return None, None
     specs, errors = archlist.parse_arch_list_lenient(value)
@@ -166,14 +144,6 @@ def cleaned_homes(env: dict[str, str]) -> tuple[str, ...]:
     return tuple(notes)
 
 
-def _choose(candidates: Sequence[Toolkit], specs, caps, torch_cuda, release: ReleaseInfo,
-            env: dict[str, str]) -> Choice:
-    """:func:`~flashinfer_sm120.core.toolkit.choose` with the release's minimum nvcc and the
-    other-major opt-in read from ``env``."""
-    return choose(candidates, specs, caps, torch_cuda, min_nvcc=release.min_nvcc,
-                  min_nvcc_why=release.min_nvcc_why, allow_other_major=other_major_allowed(env))
-
-
 def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | None = None,
             release: ReleaseInfo | None = None, guard: bool = False) -> Resolution:
     """Find the GPUs, parse the arch list, choose a toolkit and a linkable home.
@@ -207,7 +177,9 @@ def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | 
                   targets_from=TargetsFrom.GPUS if specs is None else TargetsFrom.ARCH_LIST)
     candidates = discover(env) if toolkits is None else toolkits
     try:
-        choice = _choose(candidates, specs, [g.capability for g in gpus], torch_cuda_version(), release, env)
+        choice = choose(candidates, specs, [g.capability for g in gpus], torch_cuda_version(),
+                        min_nvcc=release.min_nvcc, min_nvcc_why=release.min_nvcc_why,
+                        allow_other_major=other_major_allowed(env))
     except ToolkitError as exc:
         if not guard:
             raise

@@ -11,7 +11,8 @@ States (:class:`Mode`)::
     reverted/failed/disabled ──install()──> idle (resolve again)
 
 Every change made to FlashInfer or the process goes through :class:`UndoLog`, so
-``revert()`` and a failed step restore the exact previous bindings.
+``revert()`` and a failed step restore the exact previous bindings.  :func:`render` is the one
+line that says what changed, logged once when FlashInfer is patched and given by :func:`summary`.
 """
 
 from __future__ import annotations
@@ -22,35 +23,28 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypedDict
 
+from flashinfer_sm120.core.facts import arch as _arch
+from flashinfer_sm120.core.facts.workspace import tag_for
+from flashinfer_sm120.core.patch.resolve import Resolution, TargetsFrom
+from flashinfer_sm120.core.toolkit.model import RejectKind
+
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["Mode", "StepStatus", "StepResult", "UndoLog", "State", "STATE", "StatusDict"]
+__all__ = ["Mode", "StepStatus", "StepResult", "UndoLog", "State", "STATE", "StatusDict", "render", "summary",
+           "targets_origin", "describe", "targets_from_text"]
 
 
 class StatusDict(TypedDict):
-    """What :func:`flashinfer_sm120.status` returns.
+    """What :func:`flashinfer_sm120.status` returns."""
 
-    Attributes:
-        mode: a :class:`Mode` value (``idle``, ``patched``, ``guard``, ``noop``, ``failed``,
-            ``reverted``, ``disabled``).
-        error: why ``failed`` or ``guard``, else ``None``.
-        summary: the one line logged when FlashInfer was patched.
-        patched_modules: FlashInfer modules patched, by name.
-        steps: ``{step name: "applied" | "not needed: <why>" | "skipped: <why>"}``.
-        resolution: :meth:`flashinfer_sm120.core.patch.resolve.Resolution.to_dict`, or ``None``.
-        target_cuda_archs: FlashInfer's ``TARGET_CUDA_ARCHS`` as ``sm_120f`` strings, or ``None``
-            before it is loaded.
-        exported: the environment variables exported to this process and its children.
-    """
-
-    mode: str
-    error: str | None
-    summary: str
+    mode: str  # a Mode value
+    error: str | None  # why failed or guard
+    summary: str  # the one line logged when FlashInfer was patched
     patched_modules: list[str]
-    steps: dict[str, str]
-    resolution: dict | None
-    target_cuda_archs: list[str] | None
-    exported: dict[str, str]
+    steps: dict[str, str]  # StepResult.to_json() per step
+    resolution: dict | None  # Resolution.to_dict()
+    target_cuda_archs: list[str] | None  # FlashInfer's TARGET_CUDA_ARCHS ("sm_120f"), None before it loads
+    exported: dict[str, str]  # the variables exported to this process and its children
 
 
 class Mode(str, enum.Enum):
@@ -99,9 +93,6 @@ class UndoLog:
     def __init__(self) -> None:
         self._undo: list[tuple[str, Callable[[], None]]] = []
 
-    def __len__(self) -> int:
-        return len(self._undo)
-
     def add(self, what: str, undo: Callable[[], None]) -> None:
         """Record ``undo`` (no arguments, must not raise) for change ``what``."""
         self._undo.append((what, undo))
@@ -125,39 +116,26 @@ class UndoLog:
         self.add(f"{getattr(obj, '__name__', obj)}.{name}", undo)
 
     def rollback(self) -> list[str]:
-        """Undo everything, newest first; returns the errors (logged), normally ``[]``."""
-        errors = []
+        """Undo everything, newest first (a failed undo is logged)."""
         while self._undo:
             what, undo = self._undo.pop()
             try:
                 undo()
             except Exception as exc:  # pragma: no cover - undo of a setattr
-                errors.append(f"undo {what}: {exc!r}")
                 logger.error("flashinfer-sm120: undoing %s failed: %r", what, exc)
-        return errors
 
 
 @dataclass
 class State:
-    """Process-wide patch state (one instance, :data:`STATE`), guarded by ``lock``.
-
-    Attributes:
-        mode: see :class:`Mode`.
-        resolution: what was decided (:class:`~flashinfer_sm120.core.patch.resolve.Resolution`).
-        error: why ``failed`` / ``guard``, else ``None``.
-        undo: the undo log.
-        steps: ``{step name: StepResult}`` for the steps run.
-        patched_modules: the module objects patched, by name (to notice a failed import).
-        summary: the one line logged.
-    """
+    """Process-wide patch state (one instance, :data:`STATE`), guarded by ``lock``."""
 
     lock: threading.RLock = field(default_factory=threading.RLock)
     mode: Mode = Mode.IDLE
-    resolution: Any = None
+    resolution: Any = None  # a core.patch.resolve.Resolution
     error: str | None = None
     undo: UndoLog = field(default_factory=UndoLog)
     steps: dict[str, StepResult] = field(default_factory=dict)
-    patched_modules: dict[str, Any] = field(default_factory=dict)
+    patched_modules: dict[str, Any] = field(default_factory=dict)  # by name: to notice a failed import
     hooks_registered: bool = False
     exported: bool = False
     logged: set = field(default_factory=set)
@@ -183,3 +161,71 @@ class State:
 
 #: The one state of this process.
 STATE = State()
+
+
+# --------------------------------------------------------------------------- the summary line
+
+
+def _skipped() -> str:
+    skipped = [f"{k} ({v.why})" for k, v in STATE.steps.items() if v.status is StepStatus.SKIPPED]
+    return f"; steps skipped: {', '.join(skipped)}" if skipped else ""
+
+
+def describe(res: Resolution, targets_from: str | None = None) -> str:
+    """The summary's body: toolkit, view, targets, GPU source, what FlashInfer alone would use
+    (``targets_from``: where the caller's targets came from, e.g. ``from --arch 12.0``)."""
+    notes = "".join(f"; {n}" for n in res.cleaned)
+    if res.choice is None:
+        return (f"FlashInfer {res.release.version}; GPUs from {res.gpu_query.describe()}{notes}; "
+                f"{res.error}")
+    tk = res.choice.toolkit
+    targets = ", ".join(_arch.format_target(t) for t in res.choice.targets) or (
+        "none (no GPU visible, no FLASHINFER_CUDA_ARCH_LIST)" if res.arch_list is None
+        else f"none (FLASHINFER_CUDA_ARCH_LIST={res.arch_list!r} has no usable entry, no GPU visible)")
+    view = f" via view {res.home.path} (adds {', '.join(res.home.added)})" if res.home.is_view else ""
+    text = (f"nvcc {tk.nvcc_full} from {tk.root} [{', '.join(tk.sources)}]{view}; "
+            f"targets {targets} ({targets_from or targets_from_text(res)}); FlashInfer "
+            f"{res.release.version}; JIT workspace .../{tag_for(tk)}; "
+            f"FlashInfer alone would use CUDA_HOME={res.naive_root}{notes}")
+    for r in res.choice.rejected:  # say why the user's own setting lost
+        if {"CUDA_HOME", "CUDA_PATH"} & set(r.toolkit.sources) and r.kind is not RejectKind.USABLE:
+            given = r.toolkit.given_as or r.toolkit.root
+            text += f"; not {given}: {r.reason.removeprefix(given + ': ')}"
+    return text
+
+
+def targets_from_text(res: Resolution) -> str:
+    """Where the targets came from, in words: the arch list when it had usable entries, else the GPUs."""
+    if res.targets_from is TargetsFrom.ARCH_LIST:
+        return f"from FLASHINFER_CUDA_ARCH_LIST={res.arch_list!r}"
+    return f"GPUs from {res.gpu_query.describe()}"
+
+
+def render(mode: Mode, res: Resolution, targets_from: str | None = None) -> str:
+    """The one line for ``mode`` (see :func:`summary`)."""
+    if mode is Mode.GUARD:
+        return (f"guarding FlashInfer: no CUDA toolkit fits, so its first JIT build will "
+                f"raise this message: {describe(res, targets_from)}")
+    if mode is Mode.NOOP:
+        return (f"FlashInfer already resolves correctly ({describe(res, targets_from)}); not patching "
+                f"its toolkit or targets, only its JIT workspace and the checks before nvcc{_skipped()}")
+    return f"patched FlashInfer: {describe(res, targets_from)}{_skipped()}"
+
+
+def summary(targets_from: str | None = None) -> str:
+    """The summary line of where patching stands; ``targets_from`` names where the targets came
+    from when a caller set them (``build --arch`` exports them as ``FLASHINFER_CUDA_ARCH_LIST``)."""
+    with STATE.lock:
+        if targets_from and STATE.resolution is not None and STATE.mode in (Mode.PATCHED, Mode.NOOP, Mode.GUARD):
+            return render(STATE.mode, STATE.resolution, targets_from)
+        return STATE.summary
+
+
+def targets_origin(given: str | None = None) -> str | None:
+    """``given`` (the caller set the targets), else where the chosen targets came from in words,
+    else ``None`` (no toolkit chosen)."""
+    if given:
+        return given
+    with STATE.lock:
+        res = STATE.resolution
+        return targets_from_text(res) if res is not None and res.choice is not None else None

@@ -1,32 +1,6 @@
-"""What is patched in each FlashInfer module, per state (driven by :mod:`flashinfer_sm120.core.facts.releases`).
-
-===============================  ===========================================  ==============
-module (hook)                    step                                         states
-===============================  ===========================================  ==============
-flashinfer.compilation_context   ``normalize``: ``_normalize_cuda_arch``       patched
-                                 -> our table under the chosen nvcc (only
-                                 releases that have it, 0.5.0+)
-                                 ``init``: ``CompilationContext.__init__``     patched
-                                 sets ``TARGET_CUDA_ARCHS`` from our targets
-flashinfer.jit.env               ``workspace``: ``_get_workspace_dir_name``    patched, noop
-                                 gets a per-toolkit last component
-flashinfer.jit.cpp_ext           ``toolkit``: ``get_cuda_path`` /              patched
-                                 ``get_cuda_version`` return the choice
-                                 ``nvcc_gate``: the release's guard points     all three
-                                 here (``generate_ninja_build_for_op``,
-                                 ``run_ninja``) refuse what nvcc cannot
-                                 build (guard: every build)
-flashinfer.jit.core              ``current_context``: refill                   patched
-                                 ``current_compilation_context`` in place
-                                 ``arch_check``: the guard point here          all three
-                                 (``check_cuda_arch``) raises our message
-                                 instead of "sm75 or higher"
-===============================  ===========================================  ==============
-
-A *required* step that cannot be applied (say, a renamed attribute) fails the
-whole patch, which is then rolled back; an optional one is reported as skipped
-in ``status()["steps"]`` and in the summary.
-"""
+"""What is patched in each FlashInfer module, per state: :data:`STEPS` (per release:
+:mod:`flashinfer_sm120.core.facts.releases`).  A required step that cannot be applied (a renamed
+attribute) fails the whole patch, which is rolled back; an optional one is reported as skipped."""
 
 from __future__ import annotations
 
@@ -49,7 +23,7 @@ from flashinfer_sm120.core.patch.state import STATE, Mode
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["Step", "STEPS", "HOOKED_MODULES", "current_targets", "workspace_tag", "refresh_derived"]
+__all__ = ["Step", "STEPS", "HOOKED_MODULES", "current_targets", "refresh_derived"]
 
 #: FlashInfer modules whose import triggers patching, in FlashInfer's import order.
 HOOKED_MODULES = (
@@ -69,17 +43,8 @@ _CACHES = {
 
 @dataclass(frozen=True)
 class Step:
-    """One patch step.
-
-    Attributes:
-        name: reported in ``status()["steps"]``.
-        apply: ``apply(module)``; returns ``None`` when applied, or a reason
-            string when this release needs nothing (``"not needed: ..."``); raises
-            on failure.
-        modes: the states it is applied in.
-        required: an exception fails (and rolls back) the whole patch; an optional
-            step's exception is reported as ``"skipped: ..."``.
-    """
+    """One patch step: ``apply(module)`` returns ``None`` when applied, or why this release needs
+    nothing; raises on failure (fails the patch when ``required``, else reported as skipped)."""
 
     name: str
     apply: Callable[[types.ModuleType], str | None]
@@ -95,23 +60,19 @@ def _version() -> Version:
 
 
 def current_targets() -> set[tuple[int, str]]:
-    """Targets for a new ``CompilationContext`` under the chosen toolkit.
-
-    ``FLASHINFER_CUDA_ARCH_LIST`` is re-read on every call (FlashInfer does too);
-    explicit suffixes are kept as given (the nvcc gate refuses those the toolkit
-    cannot build, before nvcc runs); garbled entries are logged once and dropped,
-    and with no usable entry the visible GPUs are used instead.
-    """
+    """Targets for a new ``CompilationContext`` under the chosen toolkit: ``FLASHINFER_CUDA_ARCH_LIST``
+    re-read at each call as FlashInfer does, suffixes kept as given (the nvcc gate refuses those the
+    toolkit cannot build), garbled entries logged once and dropped; no usable entry: the GPUs."""
     from flashinfer_sm120.core.patch.resolve import arch_specs
 
     res = STATE.resolution
     if res is None or res.choice is None:
         return set()
     version = res.choice.version
-    out: set[tuple[int, str]] = set()
     specs, message = arch_specs(os.environ.get("FLASHINFER_CUDA_ARCH_LIST"))
     if message:
         STATE.log_once(logging.ERROR, f"flashinfer-sm120: {message}")
+    out: set[tuple[int, str]] = set()
     if specs is not None:
         for spec in specs:
             try:
@@ -125,16 +86,6 @@ def current_targets() -> set[tuple[int, str]]:
         except _arch.ArchNotSupported as exc:
             STATE.log_once(logging.ERROR, f"flashinfer-sm120: {exc}")
     return out
-
-
-def workspace_tag() -> str:
-    """Last component of the JIT workspace for the chosen toolkit, e.g. ``nvcc13.0.88-1a2b3c4d``.
-
-    Fingerprints the real nvcc path, its full version and the headers' version,
-    so two toolkits never share a JIT directory and one toolkit always finds its
-    own modules again (FlashInfer keys its cache by release and arch only).
-    """
-    return tag_for(STATE.resolution.choice.toolkit)
 
 
 def guard_message() -> str:
@@ -193,7 +144,7 @@ def _workspace_wrapper(wrapped, instance, args, kwargs):
     path = wrapped(*args, **kwargs)
     if STATE.mode in (Mode.PATCHED, Mode.NOOP) and STATE.resolution is not None \
             and STATE.resolution.choice is not None:
-        return path / workspace_tag()
+        return path / tag_for(STATE.resolution.choice.toolkit)  # two toolkits never share a JIT dir
     return path
 
 
@@ -246,8 +197,8 @@ def _arch_check(wrapped, instance, args, kwargs):
 
 
 def _rebind(original, replacement) -> int:
-    """Point every loaded ``flashinfer`` module's name for ``original`` at
-    ``replacement`` (modules that did ``from .cpp_ext import get_cuda_version``)."""
+    """Point every loaded ``flashinfer`` module's name for ``original`` at ``replacement``
+    (modules that did ``from .cpp_ext import get_cuda_version``)."""
     n = 0
     for mod_name, mod in list(sys.modules.items()):
         if mod is None or not (mod_name == "flashinfer" or mod_name.startswith("flashinfer.")):
@@ -268,6 +219,27 @@ def _wrap_function(mod: types.ModuleType, name: str, wrapper) -> None:
     _rebind(original, wrapped)
 
 
+def _wraps(*pairs):
+    """A step that wraps module functions: ``(name, wrapper)`` each."""
+    def apply(mod):
+        for name, wrapper in pairs:
+            _wrap_function(mod, name, wrapper)
+    return apply
+
+
+def _guard(wrapper):
+    """A step that wraps the module's JIT entry points named in the release's ``guard_points``."""
+    def apply(mod):
+        release = STATE.resolution.release
+        names = [attr for m, attr in release.guard_points if m == mod.__name__]
+        if not names:
+            return f"FlashInfer {release.version} lists no guard point in {mod.__name__}"
+        for name in names:
+            _wrap_function(mod, name, wrapper)
+        return None
+    return apply
+
+
 def _step_normalize(mod):
     if not STATE.resolution.release.has_normalizer:
         return f"FlashInfer {STATE.resolution.release.version} has no _normalize_cuda_arch (era inline-a)"
@@ -281,12 +253,6 @@ def _step_normalize(mod):
 def _step_init(mod):
     cls = mod.CompilationContext
     STATE.undo.set_attr(cls, "__init__", wrapt.FunctionWrapper(vars(cls)["__init__"], _init_wrapper))
-    return None
-
-
-def _step_workspace(mod):
-    _wrap_function(mod, "_get_workspace_dir_name", _workspace_wrapper)
-    return None
 
 
 def bound_cuda_version(mod) -> None:
@@ -295,36 +261,10 @@ def bound_cuda_version(mod) -> None:
     _wrap_function(mod, "get_cuda_version", _cuda_version_wrapper)
 
 
-def _step_toolkit(mod):
-    _wrap_function(mod, "get_cuda_path", _cuda_path_wrapper)
-    _wrap_function(mod, "get_cuda_version", _cuda_version_wrapper)
-    return None
-
-
-def _guard(mod, wrapper):
-    """Wrap ``mod``'s JIT entry points named in the release's ``guard_points`` with ``wrapper``."""
-    release = STATE.resolution.release
-    names = [attr for m, attr in release.guard_points if m == mod.__name__]
-    if not names:
-        return f"FlashInfer {release.version} lists no guard point in {mod.__name__}"
-    for name in names:
-        _wrap_function(mod, name, wrapper)
-    return None
-
-
-def _step_nvcc_gate(mod):
-    return _guard(mod, _nvcc_gate)
-
-
 def _step_current_context(mod):
     ctx = mod.current_compilation_context  # AttributeError: renamed -> the patch fails
     if not hasattr(ctx, "TARGET_CUDA_ARCHS"):
         raise AttributeError("current_compilation_context has no TARGET_CUDA_ARCHS")
-    return None
-
-
-def _step_arch_check(mod):
-    return _guard(mod, _arch_check)
 
 
 _P = frozenset({Mode.PATCHED})
@@ -333,13 +273,18 @@ _ALL = frozenset({Mode.PATCHED, Mode.GUARD, Mode.NOOP})
 
 #: Steps per hooked module, in order.
 STEPS: dict[str, list[Step]] = {
-    "flashinfer.compilation_context": [Step("normalize", _step_normalize, _P),
-                                       Step("init", _step_init, _P)],
-    "flashinfer.jit.env": [Step("workspace", _step_workspace, _PN, required=False)],
-    "flashinfer.jit.cpp_ext": [Step("toolkit", _step_toolkit, _ALL),
-                               Step("nvcc_gate", _step_nvcc_gate, _ALL)],
-    "flashinfer.jit.core": [Step("current_context", _step_current_context, _P),
-                            Step("arch_check", _step_arch_check, _ALL)],
+    "flashinfer.compilation_context": [
+        Step("normalize", _step_normalize, _P),  # _normalize_cuda_arch: our table (releases 0.5.0+)
+        Step("init", _step_init, _P)],  # __init__ sets TARGET_CUDA_ARCHS from our targets
+    "flashinfer.jit.env": [  # a per-toolkit last component of the JIT workspace
+        Step("workspace", _wraps(("_get_workspace_dir_name", _workspace_wrapper)), _PN, required=False)],
+    "flashinfer.jit.cpp_ext": [
+        Step("toolkit", _wraps(("get_cuda_path", _cuda_path_wrapper), ("get_cuda_version", _cuda_version_wrapper)),
+             _ALL),
+        Step("nvcc_gate", _guard(_nvcc_gate), _ALL)],  # refuse what nvcc cannot build (guard: every build)
+    "flashinfer.jit.core": [
+        Step("current_context", _step_current_context, _P),  # current_compilation_context refilled in place
+        Step("arch_check", _guard(_arch_check), _ALL)],  # check_cuda_arch raises our message, not "sm75"
 }
 
 
@@ -356,9 +301,8 @@ def _clear_caches() -> None:
 
 
 def refresh_derived() -> None:
-    """Recompute what FlashInfer derived at import from the (now current) class
-    and toolkit: caches, ``current_compilation_context.TARGET_CUDA_ARCHS`` (in
-    place) and the JIT workspace dirs.  Used after patching and after reverting."""
+    """Recompute what FlashInfer derived at import (caches, ``current_compilation_context.TARGET_CUDA_ARCHS``
+    in place, the JIT workspace dirs) from the now current class and toolkit: after patching and reverting."""
     _clear_caches()
     cc_mod = sys.modules.get("flashinfer.compilation_context")
     core = sys.modules.get("flashinfer.jit.core")
@@ -385,15 +329,13 @@ def refresh_derived() -> None:
 
 
 def _lease_workspace(ws: str) -> None:
-    """Lease the JIT workspace for this process (:mod:`flashinfer_sm120.safety.fs.lease`), then create it:
-    a ``cache prune`` that removed it while the lease was awaited leaves it to be made anew."""
+    """Lease the JIT workspace for this process, then create it (a ``cache prune`` may have removed it
+    while the lease was awaited)."""
     from flashinfer_sm120.safety.fs import lease
 
-    # threat-model: P4 -- nothing of ours inside a tree another uid owns (a shared
-    # FLASHINFER_WORKSPACE_BASE whose levels they made): no lease file, no workspace directory;
-    # the JIT-directory warning (_warn_jit_dir) says why and the fix.  A lease file they planted
-    # and held exclusively is then never waited on either.  Prune never removes an entry whose
-    # lease would lie in such a place (threat-model: P3, lease.place_problem).
+    # threat-model: P4 -- nothing of ours inside a tree another uid owns: no lease file (none of theirs
+    # waited on), no workspace directory; _warn_jit_dir says why.  P3: prune never removes an entry
+    # whose lease would lie in such a place (lease.place_problem).
     if lease.place_problem(ws):
         return
     try:

@@ -1,7 +1,4 @@
-"""Building views: under a file lock, in ``.tmp-*``, renamed to the first free name.
-
-See :mod:`flashinfer_sm120.core.view` for the rules; :func:`linkable_home` is the entry point.
-"""
+"""Building views (:func:`linkable_home`): under a file lock, in ``.tmp-*``, renamed to the first free name."""
 
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ import filelock
 from flashinfer_sm120.safety.fs.pathpolicy import path_problem
 from flashinfer_sm120.safety.fs.statedir import cache_root
 from flashinfer_sm120.errors import FormatError, PlaceError, ViewError
-from flashinfer_sm120.safety.fs.atomic import sweep
+from flashinfer_sm120.safety.fs.atomic import sweep, write_atomic
 from flashinfer_sm120.safety.fs.tmpdirs import make_private
 from flashinfer_sm120.safety.ownership import mine_problem
 from flashinfer_sm120.safety.formats import safe_join
@@ -27,27 +24,24 @@ from flashinfer_sm120.core.toolkit import Toolkit
 from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
 from flashinfer_sm120.core.toolkit.sources import site_dirs as _site_dirs
 from flashinfer_sm120.core.view import stub as _stub
-from flashinfer_sm120.core.view.meta import META_NAME, STUB, VIEW_LAYOUT, CudaHome, ViewMeta, check_view, fingerprint
+from flashinfer_sm120.core.toolkit.memo import fingerprint
+from flashinfer_sm120.core.view.meta import META_NAME, STUB, VIEW_LAYOUT, CudaHome, ViewMeta, check_view
 
 logger = logging.getLogger("flashinfer_sm120")
 
 __all__ = ["LOCK_TIMEOUT_S", "MAX_VIEW_NAMES", "find_curand_include", "linkable_home", "views_dir"]
 
-#: Seconds a process waits for another to finish building a view (a build
-#: takes milliseconds; only the C-compiler fallback for the stub takes longer,
-#: at most :data:`flashinfer_sm120.core.view.stub.COMPILER_TIMEOUT_S` per compiler).
+#: Seconds a process waits for another to finish building a view (a build takes milliseconds).
 LOCK_TIMEOUT_S = 90.0
-#: Views are assembled in ``.tmp-*`` (:func:`flashinfer_sm120.safety.fs.tmpdirs.make_private`: held while
-#: their builder lives, swept by the next once it was killed).
+#: Views are assembled in ``.tmp-*`` (:func:`flashinfer_sm120.safety.fs.tmpdirs.make_private`).
 _TMP_PREFIX = ".tmp-"
 #: Most views kept per toolkit (``name``, ``name.1`` ...) before asking for cleanup.
 MAX_VIEW_NAMES = 16
 
 
 def find_curand_include(toolkit: Toolkit) -> str | None:
-    """Directory holding ``curand.h``: the toolkit's own include dirs first, then
-    pip wheels (``nvidia/cu13/include``, ``nvidia/curand/include``) of the same
-    CUDA major, then ``/usr/include``.  ``None`` when there is none."""
+    """Directory holding ``curand.h``: the toolkit's include dirs, then pip wheels of the same CUDA
+    major (``nvidia/cu13/include``, ``nvidia/curand/include``), then ``/usr/include``; else ``None``."""
     dirs = list(toolkit.include_dirs)
     major = toolkit.nvcc_version.major if toolkit.nvcc_version else 13
     for sd in _site_dirs():
@@ -73,10 +67,8 @@ def _missing(root: str, curand_inc: str | None) -> list[str]:
 
 
 def _view_path(tmp: str, rel: str) -> str | None:
-    """``tmp/rel`` by :func:`flashinfer_sm120.safety.formats.safe_join` (every part a plain
-    name, no symlinked parent), or ``None`` for an entry whose name the grammar
-    refuses (whitespace, ``$``, ``:`` ...): it is left out of the view, which only
-    needs nvcc's own files."""
+    """``tmp/rel`` by :func:`flashinfer_sm120.safety.formats.safe_join`, or ``None`` for a name it
+    refuses (whitespace, ``$``, ``:``): left out of the view, which needs only nvcc's own files."""
     try:
         return str(safe_join(tmp, rel, "CUDA_HOME view"))
     except FormatError as exc:
@@ -139,17 +131,13 @@ def _assemble(tmp: str, toolkit: Toolkit, curand_inc: str | None) -> ViewMeta:
         sha = _stub.write_stub(stub, [toolkit.lib_dir] if toolkit.lib_dir else [], cuda_h)
         os.chmod(stub, 0o644)  # a compiler (the fallback) writes it with the umask's mode
         added.append(STUB)
-    meta = ViewMeta(VIEW_LAYOUT, root, toolkit.nvcc, toolkit.nvcc_full, fingerprint(toolkit.nvcc) or (),
+    meta = ViewMeta(VIEW_LAYOUT, root, toolkit.nvcc, toolkit.nvcc_full, fingerprint(toolkit.nvcc) or [],
                     curand_inc, tuple(added), sha, os.geteuid())
-    fd = os.open(os.path.join(tmp, META_NAME), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as fh:
-        os.fchmod(fh.fileno(), 0o644)
-        json.dump(meta.to_json(), fh, indent=1)
+    write_atomic(os.path.join(tmp, META_NAME), json.dumps(meta.to_json(), indent=1).encode(), mode=0o644)
     return meta
 
 
 def _io_error(exc: OSError, directory: str, doing: str) -> ViewError:
-    """A :class:`ViewError` for an OS error that names the directory and the fix."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         fix = (f"(the disk or your quota is full): free space in {directory} or set "
                f"FLASHINFER_SM120_CACHE_DIR to a directory with free space")
@@ -159,13 +147,8 @@ def _io_error(exc: OSError, directory: str, doing: str) -> ViewError:
 
 
 def views_dir() -> str:
-    """``<cache root>/cuda-home``, created ``0700``; it must be a directory you own
-    that others cannot write.
-
-    Raises:
-        ViewError: it cannot be created or is not safe (message names the fix).
-        flashinfer_sm120.errors.StateFileError: no usable cache root.
-    """
+    """``<cache root>/cuda-home``, created ``0700``: a directory you own that others cannot write,
+    else :class:`ViewError` naming the fix."""
     parent = os.path.join(cache_root(), "cuda-home")
     try:
         os.mkdir(parent, 0o700)
@@ -204,10 +187,8 @@ def _adopt_existing(parent: str, base: str, toolkit: Toolkit,
 
 def _link_new_headers(parent: str, path: str, toolkit: Toolkit) -> None:
     """Link headers the toolkit gained after the view was built (``pip install 'cuda-toolkit[cublas]'``
-    puts ``cublasLt.h`` into ``nvidia/cu13/include``), so that the printed fix works without a new
-    view, whose new ``cuda_home`` path would make ninja rebuild every module.  Only adds links into
-    the toolkit, which adoption accepts, and never changes what is there; problems are left to
-    nvcc's own message."""
+    adds ``cublasLt.h``): a new view's new ``cuda_home`` would make ninja rebuild every module.  Only
+    adds links into the toolkit, which adoption accepts; problems are left to nvcc's message."""
     inc = os.path.join(path, "include")
     try:
         have = set(os.listdir(inc))
@@ -230,22 +211,14 @@ def _lock(parent: str) -> filelock.BaseFileLock:
 
 
 def linkable_home(toolkit: Toolkit) -> CudaHome:
-    """A ``CUDA_HOME`` for ``toolkit`` that FlashInfer can compile and link against.
-
-    Returns the toolkit root itself when it already has ``lib64/libcudart.so``,
-    ``lib64/stubs/libcuda.so`` and ``curand.h`` and its path can stand unquoted in
-    FlashInfer's ``build.ninja`` (:func:`flashinfer_sm120.safety.fs.pathpolicy.path_problem`: no
-    whitespace, ``$``, ``:`` ...).  Otherwise an existing view that
-    passes :func:`check_view`, or, under the ``cuda-home/.lock`` file lock, a
-    new one built in ``.tmp-<pid>-*`` and renamed to the first free name.  Safe
-    with many processes at once: one builds, the others wait (at most
-    :data:`LOCK_TIMEOUT_S` seconds) and adopt the same view.
+    """A ``CUDA_HOME`` for ``toolkit`` that FlashInfer can compile and link against: its root when
+    complete and safe to write unquoted into ``build.ninja`` (:func:`~flashinfer_sm120.safety.fs.pathpolicy.path_problem`),
+    else an adoptable view, else a new one built under ``cuda-home/.lock`` (others wait at most
+    :data:`LOCK_TIMEOUT_S` and adopt it).  Leased before it is returned (P3).
 
     Raises:
-        ViewError: the cache directory is not writable or full, the toolkit has
-            no ``libcudart.so*``, the lock was not obtained in time, or too many
-            damaged views exist (each message names the path and the fix).
-        flashinfer_sm120.errors.StateFileError: no usable cache root.
+        ViewError: the cache directory is not writable or full, no ``libcudart.so*``, the lock
+            timed out, or too many damaged views (each message names the path and the fix).
     """
     curand_inc = find_curand_include(toolkit)
     unsafe = path_problem(toolkit.root, "the toolkit path")
@@ -279,9 +252,8 @@ def linkable_home(toolkit: Toolkit) -> CudaHome:
 
 
 def _leased(home: CudaHome, toolkit: Toolkit, curand_inc: str | None) -> bool:
-    """Lease ``home`` for this process, then check it again: a ``cache prune`` may have removed it
-    between the first check and the lease (it holds the lease while it removes).  ``False``: it is
-    gone or no longer adoptable now; build or adopt another under the builder lock."""
+    """Lease ``home``, then check it again (a ``cache prune`` may have removed it meanwhile);
+    ``False``: build or adopt another under the builder lock."""
     # threat-model: P3 -- check, then use, under the lease
     if not lease.hold(home.path):
         return False
@@ -317,18 +289,7 @@ def _build_locked(parent: str, base: str, toolkit: Toolkit, curand_inc: str | No
     try:
         os.chmod(tmp, 0o755)
         meta = _assemble(tmp, toolkit, curand_inc)
-        while True:
-            try:
-                os.rename(tmp, free)  # free does not exist, and only lock holders create views...
-                break
-            except OSError as exc:  # ...unless a builder without the lock (an older release) raced us
-                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                    raise
-                home, free = _adopt_existing(parent, base, toolkit, curand_inc)
-                if home is not None or free is None:
-                    if home is not None:
-                        return home
-                    raise ViewError(f"too many damaged CUDA_HOME views {os.path.join(parent, base)}*") from exc
+        os.rename(tmp, free)  # free does not exist, and only lock holders create views of this layout
     except OSError as exc:
         raise _io_error(exc, parent, "build the CUDA_HOME view") from exc
     finally:

@@ -8,19 +8,20 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from flashinfer_sm120.safety.fs.statefiles import read_json
 from flashinfer_sm120.safety.ownership import mine_problem
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats import field, parse_version, shown, some
 from flashinfer_sm120.core.toolkit import Toolkit
+from flashinfer_sm120.core.toolkit.memo import fingerprint
 
 __all__ = ["VIEW_LAYOUT", "META_NAME", "ADDED_ITEMS", "STUB", "DIRS", "REQUIRED", "CudaHome", "ViewMeta",
-           "check_view", "fingerprint"]
+           "check_view"]
 
 #: Bumped whenever the view layout or metadata changes, so old views are not reused.
-VIEW_LAYOUT = 2
+VIEW_LAYOUT = 3
 #: The metadata file in every view.
 META_NAME = "flashinfer_sm120_view.json"
 #: What a view may add to its toolkit.
@@ -35,17 +36,9 @@ REQUIRED = ("bin/nvcc", "include/cuda_runtime_api.h", "lib64/libcudart.so", STUB
 
 @dataclass(frozen=True)
 class CudaHome:
-    """What ``CUDA_HOME`` is set to for FlashInfer.
-
-    Attributes:
-        path: the directory FlashInfer gets as ``CUDA_HOME`` (absolute).
-        toolkit_root: the real toolkit behind it.
-        is_view: ``True`` when ``path`` is an assembled view of symlinks.
-        added: what the view supplies that the toolkit lacks, e.g.
-            ``("lib64/libcudart.so", "lib64/stubs/libcuda.so", "include/curand.h")``.
-        curand_include: where ``curand.h`` comes from, or ``None`` if nowhere
-            (FlashInfer's sampling module will then fail to compile).
-    """
+    """What ``CUDA_HOME`` is set to for FlashInfer: ``path``, the real toolkit behind it, whether it
+    is a view of symlinks, what the view adds (items of :data:`ADDED_ITEMS`) and where ``curand.h``
+    comes from (``None``: FlashInfer's sampling module will not compile)."""
 
     path: str
     toolkit_root: str
@@ -54,51 +47,35 @@ class CudaHome:
     curand_include: str | None
 
     def to_dict(self) -> dict:
-        """JSON-ready form."""
-        return {"path": self.path, "toolkit_root": self.toolkit_root, "is_view": self.is_view,
-                "added": list(self.added), "curand_include": self.curand_include}
+        return dict(asdict(self), added=list(self.added))
 
 
 @dataclass(frozen=True)
 class ViewMeta:
-    """The metadata of a view (``flashinfer_sm120_view.json``).
-
-    Attributes:
-        layout: :data:`VIEW_LAYOUT` when written.
-        toolkit: the real toolkit root the view's links point into.
-        nvcc: real path of that toolkit's nvcc.
-        nvcc_full: its full version, e.g. ``"13.0.88"``, or ``None``.
-        nvcc_fingerprint: ``(st_dev, st_ino, st_size, st_mtime_ns)`` of ``nvcc``.
-        curand_include: directory the ``curand*.h`` links point into, or ``None``.
-        added: what the view adds, a subset of :data:`ADDED_ITEMS`.
-        stub_sha256: SHA-256 of our ``lib64/stubs/libcuda.so``, or ``None``
-            when that entry is a link to the toolkit's own stub.
-        owner_uid: the uid that built it.
-    """
+    """A view's ``flashinfer_sm120_view.json``: the layout, toolkit root, its real nvcc, full version
+    and stat fingerprint (:func:`~flashinfer_sm120.core.toolkit.memo.fingerprint`), the curand include
+    dir, what the view adds, our stub's SHA-256 (``None``: a link to the toolkit's own), the builder's uid."""
 
     layout: int
     toolkit: str
     nvcc: str
     nvcc_full: str | None
-    nvcc_fingerprint: tuple[int, ...]
+    nvcc_fingerprint: list[int]
     curand_include: str | None
     added: tuple[str, ...]
     stub_sha256: str | None
     owner_uid: int
 
     def to_json(self) -> dict:
-        """The JSON object written to disk."""
-        return {"layout": self.layout, "toolkit": self.toolkit, "nvcc": self.nvcc, "nvcc_full": self.nvcc_full,
-                "nvcc_fingerprint": list(self.nvcc_fingerprint), "curand_include": self.curand_include,
-                "added": list(self.added), "stub_sha256": self.stub_sha256, "owner_uid": self.owner_uid}
+        return dict(asdict(self), added=list(self.added))
 
     @classmethod
     def from_json(cls, data: object, source: str = META_NAME) -> tuple[ViewMeta | None, str | None]:
-        """Validate a decoded metadata object (:mod:`flashinfer_sm120.safety.formats` typed
-        fields): ``(meta, None)`` or ``(None, what is wrong)``, the value quoted cut short."""
-        types = {"layout": int, "toolkit": str, "nvcc": str, "nvcc_full": (str, type(None)),
-                 "nvcc_fingerprint": list, "curand_include": (str, type(None)), "added": list,
-                 "stub_sha256": (str, type(None)), "owner_uid": int}
+        """Validate a decoded metadata object: ``(meta, None)`` or ``(None, what is wrong)``, the value
+        quoted cut short (:mod:`flashinfer_sm120.safety.formats` typed fields)."""
+        optional = (str, type(None))
+        types = {"layout": int, "toolkit": str, "nvcc": str, "nvcc_full": optional, "nvcc_fingerprint": list,
+                 "curand_include": optional, "added": list, "stub_sha256": optional, "owner_uid": int}
         try:
             if not isinstance(data, dict):
                 return None, f"is a JSON {type(data).__name__}, not an object"
@@ -106,24 +83,15 @@ class ViewMeta:
                 return None, f"has keys {some(sorted(map(str, data)), 12)}, expected {sorted(types)}"
             got = {k: field(data, k, kind, source, max_len=4096) for k, kind in types.items()}
             fp, added = got["nvcc_fingerprint"], got["added"]
-            if len(fp) != 4 or not all(isinstance(x, int) and not isinstance(x, bool) for x in fp):
-                return None, f"has nvcc_fingerprint={shown(fp, 60)}, expected 4 integers"
+            if len(fp) != 5 or not all(isinstance(x, int) and not isinstance(x, bool) for x in fp):
+                return None, f"has nvcc_fingerprint={shown(fp, 60)}, expected 5 integers"
             if not all(isinstance(a, str) and a in ADDED_ITEMS for a in added):
                 return None, f"has added={shown(added, 80)}, expected items of {list(ADDED_ITEMS)}"
             if got["nvcc_full"] is not None:
                 got["nvcc_full"] = str(parse_version(got["nvcc_full"], source))
         except FormatError as exc:
             return None, exc.problem
-        return cls(got["layout"], got["toolkit"], got["nvcc"], got["nvcc_full"], tuple(fp),
-                   got["curand_include"], tuple(added), got["stub_sha256"], got["owner_uid"]), None
-
-
-def fingerprint(path: str) -> tuple[int, ...] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        return cls(**dict(got, added=tuple(added))), None
 
 
 def _inside(path: str, roots: list[str]) -> bool:
@@ -170,17 +138,8 @@ def _walk_problem(path: str, meta: ViewMeta, roots: list[str]) -> str | None:
 
 
 def check_view(path: str, toolkit: Toolkit, curand_inc: str | None) -> tuple[CudaHome | None, str | None]:
-    """Decide whether the view at ``path`` may be adopted for ``toolkit``.
-
-    Args:
-        path: the view directory.
-        toolkit: the toolkit it must be a view of.
-        curand_inc: the curand include dir it must use (:func:`find_curand_include`).
-
-    Returns:
-        ``(CudaHome, None)`` when it may be adopted, else ``(None, reason)``
-        (``reason`` names the offending file).  Never raises for bad content.
-    """
+    """``(CudaHome, None)`` when the view at ``path`` may be adopted for ``toolkit`` and ``curand_inc``,
+    else ``(None, why)`` naming the offending file (threat-model: P2).  Never raises for bad content."""
     uid = os.geteuid()
     meta_path = os.path.join(path, META_NAME)
     try:

@@ -1,27 +1,12 @@
 """The ``libcuda.so`` link stub of a ``CUDA_HOME`` view, written without a C compiler.
 
 FlashInfer links every JIT module with ``-L$cuda_home/lib64/stubs -lcuda``
-(``flashinfer/jit/cpp_ext.py``, ``generate_ninja_build_for_op``, 0.6.7 - 0.7.4).
-The linker needs *some* ``libcuda.so`` whose ``SONAME`` is ``libcuda.so.1``: it
-records ``NEEDED libcuda.so.1`` and the driver's real library is loaded at run
-time, exactly as with NVIDIA's own ``lib64/stubs/libcuda.so``.  The CUDA 13 pip
-wheels ship no such stub.
-
-Rather than running a C compiler (whose ``CC`` may hold flags, a launcher such
-as ``ccache``, or name nothing), :func:`write_stub` writes the smallest valid
-ELF shared object itself: an ELF header copied in class, byte order, machine
-and flags from a real library of the toolkit (``libcudart.so.*``) or else from
-this Python interpreter, one ``PT_LOAD`` and one ``PT_DYNAMIC`` segment, and the
-sections GNU ld, gold and lld read from a shared library (``.hash``,
-``.dynsym``, ``.dynstr``, ``.dynamic`` with ``DT_SONAME``).  Like NVIDIA's stub
-it defines the driver API functions (names read from the toolkit's
-``cuda.h``), so that ``ld --as-needed`` keeps ``NEEDED libcuda.so.1`` for a
-module that calls e.g. ``cuTensorMapEncodeTiled``.
-Layout per the System V ABI, "Object Files" (ELF-64 Object File Format 1.5).
-
-Only when no 64-bit ELF reference exists (not on any platform CUDA supports) is
-a C compiler used: ``$CC`` (plain words under the rule of FlashInfer's compiler
-variables), then ``cc``, ``gcc`` and ``clang`` on ``PATH``.
+(``flashinfer/jit/cpp_ext.py``, ``generate_ninja_build_for_op``, 0.6.7 - 0.7.4); the CUDA 13 pip
+wheels ship no stub.  The linker needs a ``libcuda.so`` whose ``SONAME`` is ``libcuda.so.1`` and
+that defines the driver API (names from the toolkit's ``cuda.h``), or ``ld --as-needed`` drops
+``NEEDED libcuda.so.1``.  :func:`write_stub` writes the smallest such ELF64 shared object, its
+class, byte order, machine and flags copied from the toolkit's ``libcudart.so.*`` (else this
+Python): no ``$CC`` is ever run.  Layout per the System V ABI, "Object Files" (ELF-64 1.5).
 """
 
 from __future__ import annotations
@@ -29,22 +14,16 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import struct
 import sys
-import tempfile
 
 from flashinfer_sm120.safety import formats
 from flashinfer_sm120.errors import ViewError
-from flashinfer_sm120.safety.trust import check_executable
 
-__all__ = ["SONAME", "COMPILER_TIMEOUT_S", "driver_symbols", "elf_ident", "stub_bytes", "write_stub"]
+__all__ = ["SONAME", "driver_symbols", "elf_ident", "stub_bytes", "write_stub"]
 
 #: The ``SONAME`` of the driver library that ``-lcuda`` must record.
 SONAME = "libcuda.so.1"
-
-#: Seconds a fallback C compiler may take to build the stub.
-COMPILER_TIMEOUT_S = 60.0
 
 _EHDR = 64  # sizes of ELF64 structures (bytes)
 _PHDR = 56
@@ -58,8 +37,6 @@ def elf_ident(paths: list[str]) -> tuple[str, int, int] | None:
 
     Returns ``None`` when none of them is a readable ELF64 file.
     """
-    from flashinfer_sm120.safety import formats
-
     for path in paths:
         try:  # never a blocking open: a FIFO named libcudart.so.13 hung the view build
             head = formats.read_prefix(path, _EHDR)
@@ -98,18 +75,9 @@ _PER_THREAD_RE = re.compile(r"__CUDA_API_PT(DS|SZ)\((cu\w+)\)")
 
 
 def driver_symbols(cuda_h: str | None) -> list[str]:
-    """Every CUDA driver API function name that ``cuda.h`` may make code reference.
-
-    The names declared ``CUresult CUDAAPI cuX(...)``, the versioned names the
-    header's ``#define cuX cuX_v2`` lines map them to, and the per-thread
-    default stream variants (``__CUDA_API_PTDS(cuX)`` -> ``cuX_ptds``).  A
-    ``-lcuda`` stub must define what a module references, or ``ld
-    --as-needed`` (the default of Debian's and Ubuntu's GCC) drops
-    ``NEEDED libcuda.so.1`` and the module fails to load with ``undefined
-    symbol``.  Empty when ``cuda_h`` is ``None`` or unreadable.
-    """
-    from flashinfer_sm120.safety import formats
-
+    """Every driver API name ``cuda.h`` may make code reference: ``CUresult CUDAAPI cuX(...)``, the
+    ``#define cuX cuX_v2`` targets and the per-thread variants (``__CUDA_API_PTDS(cuX)`` -> ``cuX_ptds``).
+    Empty when ``cuda_h`` is ``None`` or unreadable."""
     if not cuda_h:
         return []
     try:
@@ -123,18 +91,9 @@ def driver_symbols(cuda_h: str | None) -> list[str]:
 
 def stub_bytes(order: str, machine: int, flags: int = 0, soname: str = SONAME,
                symbols: list[str] | tuple[str, ...] = ()) -> bytes:
-    """The bytes of an ELF64 link stub: ``DT_SONAME`` ``soname`` defining ``symbols``.
-
-    Args:
-        order: ``'<'`` (little-endian) or ``'>'`` (big-endian).
-        machine: ``e_machine`` (62 for x86-64, 183 for AArch64).
-        flags: ``e_flags`` (ABI flags, e.g. 2 for the ppc64le ELFv2 ABI).
-        soname: the ``SONAME`` to record.
-        symbols: global function names to define (all at one address in a tiny
-            ``.text``; the stub is only ever read by the linker, never loaded).
-
-    The result is deterministic, so a view can check its stub byte for byte.
-    """
+    """The bytes of an ELF64 link stub for ``order`` (``'<'``/``'>'``), ``machine`` (62 x86-64, 183
+    AArch64) and ``flags``: ``DT_SONAME`` ``soname``, ``symbols`` as global functions at one address
+    (only the linker reads it).  Deterministic, so a view can check its stub byte for byte."""
     names = [s.encode() for s in symbols]
     dynstr = b"\0" + soname.encode() + b"\0"
     name_off = []
@@ -204,90 +163,21 @@ def _reference_elfs(lib_dirs: list[str]) -> list[str]:
 
 
 def write_stub(dest: str, lib_dirs: list[str], cuda_h: str | None = None) -> str:
-    """Write the ``libcuda.so`` link stub at ``dest`` (a new file).
-
-    Args:
-        dest: the file to create (``<view>/lib64/stubs/libcuda.so``).
-        lib_dirs: directories whose ``libcudart.so*`` give the target machine.
-        cuda_h: the toolkit's ``cuda.h``, whose driver API names the stub defines
-            (see :func:`driver_symbols`).
-
-    Returns:
-        The SHA-256 (hex) of what was written, for the view's metadata.
+    """Create the stub at ``dest`` (a new file) for the machine of ``lib_dirs``' ``libcudart.so*``,
+    defining the names of ``cuda_h`` (:func:`driver_symbols`); returns its SHA-256 (hex) for the
+    view's metadata.
 
     Raises:
         OSError: ``dest`` cannot be written (disk full, ...).
-        ViewError: no ELF reference and no usable C compiler; the message
-            names ``CC`` and the fix.
+        ViewError: no 64-bit ELF to copy the machine from (no platform CUDA supports).
     """
     ident = elf_ident(_reference_elfs(lib_dirs))
-    symbols = driver_symbols(cuda_h)
-    if ident is not None:
-        data = stub_bytes(*ident, symbols=symbols)
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        return hashlib.sha256(data).hexdigest()
-    _compile_stub(dest, symbols)
-    with open(dest, "rb") as fh:
-        return hashlib.sha256(fh.read(1 << 20)).hexdigest()
-
-
-def _compilers() -> list[tuple[str, list[str], str | None]]:
-    """``(label, argv prefix, why not)`` to try: ``$CC``, then PATH.  ``$CC`` is held to the rule of
-    FlashInfer's compiler variables (:func:`flashinfer_sm120.safety.compilers.trust_problem`: plain
-    words; every program it runs, file or directory it names trusted; no option that picks programs,
-    such as ``-B/dir`` or ``-wrapper``), so ``CC='gcc -B/tmp/x'`` never runs ``/tmp/x/as``."""
-    from flashinfer_sm120.safety.compilers import program_of, trust_problem
-
-    out: list[tuple[str, list[str], str | None]] = []
-    cc = os.environ.get("CC", "").strip()
-    if cc:
-        path = os.environ.get("PATH")
-        problem = trust_problem(cc, path)
-        prog = program_of(cc, path)[0] if problem is None else None
-        out.append((f"CC={formats.shown(cc)}", [prog, *cc.split()[1:]] if prog else [], problem))
-    out += [(name, [name], None) for name in ("cc", "gcc", "clang")]
-    return out
-
-
-def _run(cmd: list[str]) -> tuple[int | None, str]:
-    """``(exit status or None, output head)`` of ``cmd``, through the package's bounded runner
-    (:mod:`flashinfer_sm120.safety.proc`): bounded in time and output, nothing left behind."""
-    from flashinfer_sm120.safety import proc
-
-    res = proc.run(cmd, timeout=COMPILER_TIMEOUT_S, max_output=16 << 10)
-    if res.timed_out:
-        return None, f"timed out after {COMPILER_TIMEOUT_S:.0f} s"
-    return res.returncode, res.error or res.text()[:400]
-
-
-def _compile_stub(dest: str, symbols: list[str]) -> None:
-    """Build the stub with a C compiler (fallback); raises :class:`ViewError` naming ``CC``."""
-    tried = []
-    with tempfile.TemporaryDirectory(prefix=".stub-", dir=os.path.dirname(dest)) as work:
-        src = os.path.join(work, "libcuda_stub.c")
-        with open(src, "w") as fh:
-            fh.write("/* link stub for -lcuda; the driver's libcuda.so.1 is used at run time */\n")
-            fh.writelines(f"void {name}(void) {{}}\n" for name in symbols)
-        for label, argv, problem in _compilers():
-            if problem:
-                tried.append(f"{label}: not run ({problem})")
-                continue
-            exe = shutil.which(argv[0]) if argv and argv[0] else None
-            if not exe:
-                tried.append(f"{label}: {argv[0] if argv else ''!s} not found")
-                continue
-            bad = check_executable(exe)
-            if bad:
-                tried.append(f"{label}: not run ({bad})")
-                continue
-            rc, out = _run([exe, *argv[1:], "-shared", "-nostdlib", f"-Wl,-soname,{SONAME}", "-o", dest, src])
-            if rc == 0 and os.path.isfile(dest):
-                return
-            tried.append(f"{label}: " + (f"exit {rc}: " if rc is not None else "") + out.strip())
-    raise ViewError(
-        "cannot build the libcuda.so link stub for FlashInfer's -lcuda: " + "; ".join(tried)
-        + ". Set CC to a working C compiler (e.g. CC=gcc; flags and launchers such as "
-          "CC='ccache gcc' are fine), or install the CUDA toolkit's own lib64/stubs/libcuda.so"
-    )
+    if ident is None:
+        raise ViewError("cannot write the libcuda.so link stub for FlashInfer's -lcuda: neither the toolkit's "
+                        "libcudart.so* nor this Python is a 64-bit ELF file. Fix: install the CUDA toolkit's "
+                        "own lib64/stubs/libcuda.so")
+    data = stub_bytes(*ident, symbols=driver_symbols(cuda_h))
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    return hashlib.sha256(data).hexdigest()

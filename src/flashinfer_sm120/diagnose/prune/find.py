@@ -127,7 +127,8 @@ def scan_views(views: str) -> list[Entry]:
 
 
 def _scan_view(e: os.DirEntry, ent: Entry) -> None:
-    from flashinfer_sm120.core.view.meta import META_NAME, STUB, VIEW_LAYOUT, ViewMeta, fingerprint
+    from flashinfer_sm120.core.toolkit.memo import fingerprint
+    from flashinfer_sm120.core.view.meta import META_NAME, STUB, VIEW_LAYOUT, ViewMeta
 
     if e.is_symlink() or not e.is_dir(follow_symlinks=False):
         ent.kept = "not a directory of ours (a symlink or a file): never followed or removed"

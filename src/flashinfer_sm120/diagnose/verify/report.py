@@ -141,6 +141,7 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
     from flashinfer_sm120.core.patch.resolve import cleaned_homes, flashinfer_version
     from flashinfer_sm120.core.facts.releases import release_info
     from flashinfer_sm120.core.toolkit.model import RejectKind
+    from flashinfer_sm120.safety.envflag import env_flag
 
     report: dict = {"flashinfer_sm120": __version__, "python": sys.executable,
                     "torch_version": _dist_version("torch")}
@@ -182,7 +183,7 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
         report["resolution_error"] = str(exc)
     for c in report["candidates"]:
         c["state"], c["why"] = states.get(c["root"]) or (("rejected", c["problem"]) if c["problem"] else ("", ""))
-    report["disabled"] = patch.env_flag("FLASHINFER_SM120_DISABLE")
+    report["disabled"] = env_flag("FLASHINFER_SM120_DISABLE")
     from flashinfer_sm120.core.facts.refusals import import_refused
 
     refusal = import_refused()  # threat-model: P4: either import of FlashInfer would write where it must not

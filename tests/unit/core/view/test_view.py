@@ -20,8 +20,8 @@ from helpers import TESTS, abandoned
 from helpers.guards import hang_guard
 from helpers.toolkits import make_toolkit
 from flashinfer_sm120.core import view
+from flashinfer_sm120.errors import ViewError
 from flashinfer_sm120.core.view import build as view_build
-from flashinfer_sm120.core.view import stub as linkstub
 from flashinfer_sm120.core.toolkit import inspect
 from helpers.views import can_unshare, dynamic_section, pip_like, tmp_dirs
 
@@ -85,13 +85,8 @@ def test_headers_installed_after_the_view_was_built_appear_in_it(tmp_path, cache
     assert view.linkable_home(inspect(str(root))).path == first.path  # still adoptable
 
 
-@pytest.mark.parametrize("fallback", [False, True])
-def test_view_built_under_a_group_writable_umask_is_adopted(tmp_path, cache, monkeypatch, fallback):
+def test_view_built_under_a_group_writable_umask_is_adopted(tmp_path, cache):
     """umask 002 (user private groups) must not make our own view fail its own check."""
-    if fallback:
-        if not shutil.which("gcc"):
-            pytest.skip("the compiler fallback needs gcc")
-        monkeypatch.setattr(linkstub, "elf_ident", lambda paths: None)
     tk = inspect(str(pip_like(tmp_path)))
     old = os.umask(0o002)
     try:
@@ -144,7 +139,7 @@ def test_toolkit_without_libcudart_names_the_right_fix(tmp_path, cache, pip):
     tk = inspect(str(root))
     if pip:
         tk = dataclasses.replace(tk, sources=("pip",))
-    with pytest.raises(view.ViewError) as exc:
+    with pytest.raises(ViewError) as exc:
         view.linkable_home(tk)
     msg = str(exc.value)
     assert f"toolkit {root} has no libcudart.so*" in msg
@@ -330,7 +325,7 @@ def test_disk_full_names_the_directory_and_the_variable(tmp_path, cache, monkeyp
         return real_symlink(src, dst, *a, **k)
 
     monkeypatch.setattr(os, "symlink", full)
-    with pytest.raises(view.ViewError) as exc:
+    with pytest.raises(ViewError) as exc:
         view.linkable_home(tk)
     msg = str(exc.value)
     parent = str(cache / "cuda-home")
@@ -361,7 +356,7 @@ def test_unusable_cache_dir_falls_back_with_a_named_warning(tmp_path, monkeypatc
 def test_unusable_view_directory_names_the_fix(tmp_path, cache):
     cache.mkdir(mode=0o700)
     (cache / "cuda-home").write_text("")  # a file where the view directory should be
-    with pytest.raises(view.ViewError) as exc:
+    with pytest.raises(ViewError) as exc:
         view.linkable_home(inspect(str(pip_like(tmp_path))))
     assert str(cache / "cuda-home") in str(exc.value) and "FLASHINFER_SM120_CACHE_DIR" in str(exc.value)
 
@@ -377,7 +372,8 @@ def test_real_enospc_and_read_only_in_a_private_mount_namespace(tmp_path):
     code = textwrap.dedent(f"""
         import json, os
         from flashinfer_sm120.core.toolkit import inspect
-        from flashinfer_sm120.core.view import linkable_home, ViewError
+        from flashinfer_sm120.core.view import linkable_home
+        from flashinfer_sm120.errors import ViewError
         out = {{}}
         for name, d in (("full", {str(full)!r}), ("ro", {str(ro)!r})):
             os.environ["FLASHINFER_SM120_CACHE_DIR"] = d

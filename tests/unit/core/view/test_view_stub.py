@@ -11,6 +11,7 @@ import pytest
 
 from helpers.toolkits import make_toolkit
 from flashinfer_sm120.core import view
+from flashinfer_sm120.errors import ViewError
 from flashinfer_sm120.core.toolkit import inspect
 from flashinfer_sm120.core.view import build as view_build
 from flashinfer_sm120.core.view import stub as linkstub
@@ -55,28 +56,11 @@ def test_toolkit_own_stub_is_linked_not_built(tmp_path, cache, monkeypatch):
     assert home.added == ("include/curand.h",)
 
 
-@pytest.mark.skipif(not shutil.which("gcc"), reason="the compiler fallback test needs gcc")
-def test_compiler_fallback_splits_cc_and_names_it_on_failure(tmp_path, cache, monkeypatch):
-    monkeypatch.setattr(linkstub, "elf_ident", lambda paths: None)  # force the fallback
-    root = pip_like(tmp_path)
-    (root / "include" / "cuda.h").write_text("CUresult CUDAAPI cuTensorMapEncodeTiled(void *m);\n")
-    tk = inspect(str(root))
-    monkeypatch.setenv("CC", "gcc -m64")
-    stub = os.path.join(view.linkable_home(tk).path, "lib64", "stubs", "libcuda.so")
-    assert "libcuda.so.1" in dynamic_section(stub)
-    if shutil.which("readelf"):
-        syms = subprocess.run(["readelf", "-W", "--dyn-syms", stub], capture_output=True, text=True).stdout
-        assert "cuTensorMapEncodeTiled" in syms
-    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "cache2"))
-    monkeypatch.setenv("CC", "/nonexistent/cc")  # falls back to cc/gcc on PATH
-    assert view.linkable_home(tk).is_view
-    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "cache3"))
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    with pytest.raises(view.ViewError) as exc:
-        view.linkable_home(tk)
-    msg = str(exc.value)
-    assert "CC='/nonexistent/cc'" in msg and "Set CC to a working C compiler" in msg
-    assert not tmp_dirs(tmp_path / "cache3" / "cuda-home")
+def test_no_elf_reference_names_the_fix(tmp_path, cache, monkeypatch):
+    monkeypatch.setattr(linkstub, "elf_ident", lambda paths: None)  # no platform CUDA supports
+    with pytest.raises(ViewError, match="own lib64/stubs/libcuda.so"):
+        view.linkable_home(inspect(str(pip_like(tmp_path))))
+    assert not tmp_dirs(tmp_path / "cache" / "cuda-home")
 
 
 @pytest.mark.skipif(not shutil.which("gcc"), reason="linking against the stub needs gcc")
