@@ -33,15 +33,8 @@ __all__ = ["BY_NAME", "ByName", "PathProblem", "TEMP_VARIABLES", "path_problem",
 
 @dataclasses.dataclass(frozen=True)
 class ByName:
-    """A program a JIT build runs by bare name, found on ``PATH``.
-
-    Attributes:
-        name: the name looked up.
-        role: what runs it, for messages.
-        unless: variables that, when set, make the build run another program instead
-            (``"-ccbin"``: a ``-ccbin`` in one of :data:`FLAG_VARIABLES`).
-        fix: how to point the build elsewhere.
-    """
+    """A program a JIT build runs by bare ``name`` (``role``: what runs it), unless one of the
+    variables ``unless`` is set (``"-ccbin"``: a ``-ccbin`` in :data:`FLAG_VARIABLES`); ``fix``."""
 
     name: str
     role: str
@@ -133,8 +126,8 @@ def _close_own() -> None:
 
 
 def build_tmp() -> str:
-    """This process's private build temporary directory (``mkdtemp`` in ``$TMPDIR``: mode 0700, random
-    name, locked while the process lives, removed at its exit), made on first use.
+    """This process's private build temporary directory (:func:`make_private` in ``$TMPDIR``, removed
+    at exit), made on first use.
 
     Raises:
         PlaceError: ``$TMPDIR`` is not a place of our own (the message names the fix).

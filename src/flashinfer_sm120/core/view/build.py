@@ -15,7 +15,7 @@ import stat
 
 import filelock
 
-from flashinfer_sm120.safety.fs.pathpolicy import path_problem
+from flashinfer_sm120.safety.formats.paths import path_problem
 from flashinfer_sm120.safety.fs.statedir import cache_root
 from flashinfer_sm120.errors import FormatError, PlaceError, ViewError
 from flashinfer_sm120.safety.fs.atomic import sweep
@@ -234,7 +234,7 @@ def linkable_home(toolkit: Toolkit) -> CudaHome:
 
     Returns the toolkit root itself when it already has ``lib64/libcudart.so``,
     ``lib64/stubs/libcuda.so`` and ``curand.h`` and its path can stand unquoted in
-    FlashInfer's ``build.ninja`` (:func:`flashinfer_sm120.safety.fs.pathpolicy.path_problem`: no
+    FlashInfer's ``build.ninja`` (:func:`flashinfer_sm120.safety.formats.paths.path_problem`: no
     whitespace, ``$``, ``:`` ...).  Otherwise an existing view that
     passes :func:`check_view`, or, under the ``cuda-home/.lock`` file lock, a
     new one built in ``.tmp-<pid>-*`` and renamed to the first free name.  Safe

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from typing import Any
 
 
 from flashinfer_sm120.safety.formats.base import _fail, _type_name
+from flashinfer_sm120.safety.formats.reads import _open_regular
 
 
 
@@ -66,14 +66,8 @@ def read_elf(path: str | os.PathLike) -> ElfInfo:
     import struct
 
     path = os.fspath(path)
+    fd, st = _open_regular(path, "")
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise _fail(path, f"cannot be opened ({exc.strerror or exc})", "") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _fail(path, "is not a regular file", "")
         size = st.st_size
         head = _pread(fd, 64, 0, size, "the ELF header", path) if size >= 64 else b""
         if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] not in (1, 2):

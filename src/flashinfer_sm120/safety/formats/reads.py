@@ -27,25 +27,11 @@ MAX_JSON_DEPTH = 32
 _DEPTH_TOKEN_RE = re.compile(r'"(?:[^"\\]+|\\.)*(?:"|\\?\Z)|[\[\]{}]', re.S)
 
 
-def read_bytes(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
-               owners: tuple[int, ...] | None = None) -> bytes:
-    """The whole of a regular file, refused past ``max_bytes`` while reading.
-
-    Args:
-        path: the file.
-        max_bytes: the cap; a larger file is refused without reading past the cap.
-        fix: what the message tells the user to do.
-        follow: ``False`` refuses a symlink at ``path`` (``O_NOFOLLOW``).
-        owners: uids allowed to own the file (``None``: anyone).
-
-    Raises:
-        FormatError: absent, not a regular file (a FIFO is never waited on),
-            wrong owner, unreadable, or too large; the message names the path.
-    """
-    path = os.fspath(path)
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    if not follow:
-        flags |= getattr(os, "O_NOFOLLOW", 0)
+def _open_regular(path: str, fix: str, follow: bool = True,
+                  owners: tuple[int, ...] | None = None) -> tuple[int, os.stat_result]:
+    """A blocking descriptor on the regular file ``path``, opened without blocking on a FIFO or device
+    (threat-model: P6); ``follow=False`` refuses a symlink; ``owners``: the uids allowed to own it."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
     except OSError as exc:
@@ -58,36 +44,6 @@ def read_bytes(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow
             raise _fail(path, "is not a regular file", fix)
         if owners is not None and st.st_uid not in owners:
             raise _fail(path, f"is owned by uid {st.st_uid}, not {' or '.join(map(str, owners))}", fix)
-        if st.st_size > max_bytes:
-            raise _fail(path, f"is {st.st_size} bytes, more than the {max_bytes}-byte cap", fix)
-        os.set_blocking(fd, True)
-        chunks, left = [], max_bytes + 1
-        while left > 0:
-            b = os.read(fd, min(left, 1 << 16))
-            if not b:
-                break
-            chunks.append(b)
-            left -= len(b)
-    except OSError as exc:
-        raise _fail(path, f"cannot be read ({exc.strerror or exc})", fix) from None
-    finally:
-        os.close(fd)
-    raw = b"".join(chunks)
-    if len(raw) > max_bytes:
-        raise _fail(path, f"is more than the {max_bytes}-byte cap", fix)
-    return raw
-
-
-def _open_regular(path: str, fix: str) -> int:
-    """A blocking descriptor on ``path``, opened without blocking on a FIFO or device and refused
-    unless it is a regular file (threat-model: P6)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise _fail(path, f"cannot be opened ({exc.strerror or exc})", fix) from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _fail(path, "is not a regular file", fix)
         os.set_blocking(fd, True)
     except OSError as exc:
         os.close(fd)
@@ -95,19 +51,11 @@ def _open_regular(path: str, fix: str) -> int:
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, st
 
 
-def read_prefix(path: str | os.PathLike, limit: int, *, fix: str = "") -> bytes:
-    """The first ``limit`` bytes of a regular file (for a header whose
-    ``#define`` sits near the top, a script's ``#!`` line), never blocking on a
-    FIFO or device.
-
-    Raises:
-        FormatError: absent, not a regular file, or unreadable.
-    """
-    path = os.fspath(path)
-    fd = _open_regular(path, fix)
+def _read_upto(fd: int, path: str, limit: int, fix: str) -> bytes:
+    """At most ``limit`` bytes from ``fd``, which is closed afterwards."""
     try:
         chunks, left = [], limit
         while left > 0:
@@ -121,6 +69,35 @@ def read_prefix(path: str | os.PathLike, limit: int, *, fix: str = "") -> bytes:
         raise _fail(path, f"cannot be read ({exc.strerror or exc})", fix) from None
     finally:
         os.close(fd)
+
+
+def read_bytes(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
+               owners: tuple[int, ...] | None = None) -> bytes:
+    """The whole of a regular file, refused past ``max_bytes`` while reading (never read past the cap).
+
+    Raises:
+        FormatError: absent, not a regular file (a FIFO is never waited on), a symlink when
+            ``follow=False``, not owned by one of ``owners``, unreadable, or too large.
+    """
+    path = os.fspath(path)
+    fd, st = _open_regular(path, fix, follow, owners)
+    if st.st_size > max_bytes:
+        os.close(fd)
+        raise _fail(path, f"is {st.st_size} bytes, more than the {max_bytes}-byte cap", fix)
+    raw = _read_upto(fd, path, max_bytes + 1, fix)
+    if len(raw) > max_bytes:
+        raise _fail(path, f"is more than the {max_bytes}-byte cap", fix)
+    return raw
+
+
+def read_prefix(path: str | os.PathLike, limit: int, *, fix: str = "") -> bytes:
+    """The first ``limit`` bytes of a regular file (a header's ``#define``, a script's ``#!`` line).
+
+    Raises:
+        FormatError: absent, not a regular file, or unreadable.
+    """
+    path = os.fspath(path)
+    return _read_upto(_open_regular(path, fix)[0], path, limit, fix)
 
 
 def read_text(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
@@ -147,7 +124,7 @@ def iter_lines(path: str | os.PathLike, *, max_line: int, max_lines: int, fix: s
         FormatError: as :func:`read_bytes`, or a cap was reached.
     """
     path = os.fspath(path)
-    fd = _open_regular(path, fix)
+    fd, _ = _open_regular(path, fix)
     try:
         with os.fdopen(fd, "rb", closefd=False) as fh:
             n = 0

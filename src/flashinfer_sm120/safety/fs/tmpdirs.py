@@ -37,8 +37,8 @@ class Private:
 
 
 def make_private(prefix: str, parent: str | None = None) -> Private:
-    """A new ``parent/prefix*`` directory (``mkdtemp``: mode 0700), locked while this process lives,
-    after sweeping what killed processes left under the same prefix.
+    """A new ``mkdtemp`` directory ``parent/prefix*``, locked while this process lives, after
+    sweeping what killed processes left under the prefix.
 
     Raises:
         PlaceError: ``parent`` (by default the temporary directory) is not a place of our own.
