@@ -1,35 +1,15 @@
-"""FlashInfer's own compiler variables, under our trust rule.
+"""FlashInfer's own compiler variables, under the trust rule (threat-model: P2).
 
-FlashInfer 0.7.x writes four environment variables into every ``build.ninja`` it
-generates (``flashinfer/jit/cpp_ext.py`` ``generate_ninja_build_for_op``, 0.7.4):
-
-``FLASHINFER_NVCC``
-    used instead of ``$cuda_home/bin/nvcc``: nvcc with the chosen toolkit's headers.
-``FLASHINFER_NVCC_LAUNCHER`` / ``FLASHINFER_CXX_LAUNCHER``
-    a command put before nvcc / the host compiler (``sccache``, ``ccache``).
-``CXX``
-    the host compiler and linker (default ``c++``).
-
-Every JIT build also runs nvcc's *host compiler*: ``-ccbin $CC`` when ``CC`` is set (FlashInfer's
-``build_cuda_cflags``), else ``NVCC_CCBIN``, else ``gcc`` from ``PATH`` (nvcc 13.0 ``--dryrun``), and
-a ``-ccbin`` in ``NVCC_PREPEND_FLAGS``/``NVCC_APPEND_FLAGS`` (read by nvcc itself) wins over all.
-Those variables, and FlashInfer's ``FLASHINFER_EXTRA_*FLAGS``, are held to the same rule: every
-program and every existing absolute file or directory their words name (``-ccbin gcc-12``,
-``-B/opt/x``, ``-Xcompiler=-fplugin=/x.so``) must pass it.  What a build runs by bare name when
-no variable says otherwise (:data:`BY_NAME`: ``gcc``, ``c++``, ``rm``) cannot be removed, so a
-build whose ``PATH`` finds one that fails the rule is refused (:func:`path_problem`).
-
-Every program they name is run by every JIT build, so each must pass the trust rule
-(:func:`flashinfer_sm120.safety.trust.check_executable`: owned by root or you,
-not writable by others, all the way, wrappers followed); one that does not is
-*refused*: removed from this process's environment (undone by ``revert()``) with a
-message naming the value, the reason and the fix.
-
-``FLASHINFER_NVCC`` must also be the chosen toolkit's nvcc.  It is a candidate
-like any other (the ``FLASHINFER_NVCC`` find step in
-:data:`flashinfer_sm120.core.toolkit.sources.FIND_STEPS` offers its toolkit first), so
-it is kept exactly when its toolkit was chosen; otherwise FlashInfer would compile
-with one toolkit's nvcc and another's headers, and it is refused.
+FlashInfer 0.7.x writes ``FLASHINFER_NVCC`` (instead of ``$cuda_home/bin/nvcc``),
+``FLASHINFER_NVCC_LAUNCHER``/``FLASHINFER_CXX_LAUNCHER`` (``sccache``, ``ccache``) and ``CXX`` (default
+``c++``) into every ``build.ninja`` (``flashinfer/jit/cpp_ext.py`` ``generate_ninja_build_for_op``,
+0.7.4).  nvcc's host compiler is ``-ccbin $CC`` when ``CC`` is set (``build_cuda_cflags``), else
+``NVCC_CCBIN``, else ``gcc`` from ``PATH`` (nvcc 13.0 ``--dryrun``); a ``-ccbin`` in
+``NVCC_PREPEND_FLAGS``/``NVCC_APPEND_FLAGS`` wins over all.  Every program and existing absolute path
+these variables, ``FLASHINFER_EXTRA_*FLAGS`` and gcc's own (:data:`DIR_VARIABLES`) name must pass the
+rule, or the variable is refused: removed from this process's environment with a message naming the
+value, the reason and the fix.  ``FLASHINFER_NVCC`` must also be the chosen toolkit's nvcc (its
+toolkit is a candidate like any other), or FlashInfer would mix one nvcc with another's headers.
 """
 
 from __future__ import annotations
@@ -72,14 +52,8 @@ _CCBIN = ("-ccbin", "--compiler-bindir")
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """What happens to one variable the user set.
-
-    Attributes:
-        var: the variable.
-        value: its value (cut for display).
-        keep: whether it stays in the environment.
-        note: one sentence for the log and ``doctor``: why kept, or why refused and the fix.
-    """
+    """What happens to the variable ``var`` (``value`` cut for display): ``keep`` it or not, and
+    ``note``, one sentence for the log and ``doctor``: why kept, or why refused and the fix."""
 
     var: str
     value: str
@@ -115,15 +89,12 @@ def _program(word: str, path: str | None) -> tuple[str | None, str | None]:
 
 
 def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str | None]:
-    """``(program, other files it runs or names, problem)`` of a command value as FlashInfer's
-    ninja line runs it (``cxx = $CXX``, then ``/bin/sh -c``).
-
-    The value must be plain words (:func:`flashinfer_sm120.safety.formats.parse_command_words`: no
-    syntax of ninja or the shell).  Its first word is found on ``path``; a launcher
-    (``env``, ``nice``, ``ccache``, ...; :func:`flashinfer_sm120.safety.trust.hands_on`) hands
-    on to its first non-option word, found the same way (a shell's must be an absolute path),
-    and so on; an interpreter whose program cannot be read here is refused.  Any other
-    existing absolute file among the words is listed too (it may be run)."""
+    """``(program, other files it runs or names, problem)`` of a command value as FlashInfer's ninja
+    line runs it (``cxx = $CXX``, then ``/bin/sh -c``): plain words only
+    (:func:`flashinfer_sm120.safety.formats.parse_command_words`); a launcher
+    (:func:`flashinfer_sm120.safety.trust.hands_on`) hands on to its first non-option word (a shell's
+    must be absolute); an interpreter whose program cannot be read here is refused; any existing
+    absolute file among the words is listed too (it may be run)."""
     from flashinfer_sm120.safety.trust import SHELL_OPTIONS, hands_on
 
     try:
@@ -260,13 +231,8 @@ def _same_program(a: str, b: str) -> bool:
 
 
 def check(env, chosen_nvcc: str, home: str) -> list[Verdict]:
-    """A verdict for each of :data:`VARIABLES` set in ``env``.
-
-    Args:
-        env: the environment (``os.environ``).
-        chosen_nvcc: the chosen toolkit's nvcc.
-        home: the ``CUDA_HOME`` FlashInfer builds with (named in messages).
-    """
+    """A verdict for each of :data:`VARIABLES` set in ``env``; ``home`` is the ``CUDA_HOME``
+    FlashInfer builds with (named in messages)."""
     out = []
     path = env.get("PATH")
     for var in VARIABLES:

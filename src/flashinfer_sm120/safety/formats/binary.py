@@ -21,16 +21,9 @@ _DT = {1: "needed", 14: "soname", 15: "rpath", 29: "runpath"}  # System V ABI, "
 
 
 class ElfInfo:
-    """What :func:`read_elf` read from a 64-bit ELF file (nothing else is kept).
-
-    Attributes:
-        path: the file.
-        osabi, abi_version: ``e_ident[EI_OSABI]``, ``e_ident[EI_ABIVERSION]``.
-        machine, flags: ``e_machine`` (62 x86-64, 183 AArch64, 190 CUDA), ``e_flags``.
-        sections: ``{name: (type, offset, size)}`` from the section header table.
-        needed: ``DT_NEEDED`` names, in order; soname: ``DT_SONAME`` or ``None``;
-        rpath: ``DT_RPATH`` and ``DT_RUNPATH`` entries, split at ``:``.
-    """
+    """What :func:`read_elf` read: ``e_ident`` OSABI and ABI version, ``e_machine`` (62 x86-64, 183
+    AArch64, 190 CUDA), ``e_flags``, ``{section: (type, offset, size)}``, ``DT_NEEDED`` in order,
+    ``DT_SONAME`` or ``None``, ``DT_RPATH`` and ``DT_RUNPATH`` entries split at ``:``."""
 
     __slots__ = ("path", "osabi", "abi_version", "machine", "flags", "sections", "needed", "soname", "rpath")
 

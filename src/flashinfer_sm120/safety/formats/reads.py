@@ -112,17 +112,9 @@ def read_text(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow:
 
 def iter_lines(path: str | os.PathLike, *, max_line: int, max_lines: int, fix: str = "",
                skip_long: bool = False) -> Iterator[tuple[int, bytes | None]]:
-    """``(line number, line without its newline)`` of a regular file, streamed:
-    a line longer than ``max_line`` bytes or more than ``max_lines`` lines are
-    refused when reached, never read whole (``/dev/zero``, a 1 GiB line).
-
-    Args:
-        skip_long: yield ``(n, None)`` for a line longer than ``max_line`` (read
-            past in ``max_line`` chunks, never held whole) instead of refusing.
-
-    Raises:
-        FormatError: as :func:`read_bytes`, or a cap was reached.
-    """
+    """``(line number, line without its newline)`` of a regular file, streamed: a line over
+    ``max_line`` bytes (``/dev/zero``) or a line past ``max_lines`` is refused when reached, never read
+    whole; with ``skip_long`` such a line is read past in chunks and yielded as ``(n, None)``."""
     path = os.fspath(path)
     fd, _ = _open_regular(path, fix)
     try:
@@ -170,12 +162,7 @@ def json_depth(text: str) -> int:
 
 
 def loads_json(data: str | bytes, source: str, *, max_depth: int = MAX_JSON_DEPTH, fix: str = "") -> Any:
-    """Parse JSON from an untrusted source.
-
-    Raises:
-        FormatError: not UTF-8, not JSON, ``NaN``/``Infinity``, or nested deeper
-            than ``max_depth``; the message names ``source`` and the fix.
-    """
+    """JSON from an untrusted ``source``: UTF-8, no ``NaN``/``Infinity``, at most ``max_depth`` deep."""
     if isinstance(data, (bytes, bytearray)):
         try:
             data = bytes(data).decode("utf-8")
@@ -199,20 +186,9 @@ def read_json_file(path: str | os.PathLike, max_bytes: int, *, fix: str = "", fo
 
 def field(obj: Any, key: str, kind: type | tuple[type, ...], source: str, *, fix: str = "",
           default: Any = ..., max_len: int | None = None) -> Any:
-    """``obj[key]`` checked to be of ``kind`` (``bool`` is not an ``int`` here).
-
-    Args:
-        obj: a parsed JSON object (anything else is refused).
-        key: the key.
-        kind: the type or types wanted.
-        source: the file or variable, for the message.
-        default: returned when the key is absent (omit to make the key required).
-        max_len: cap on the length of a string or list value.
-
-    Raises:
-        FormatError: ``obj`` is not an object, the key is missing (no default),
-            or its value has another type or is too long.
-    """
+    """``obj[key]`` of the parsed JSON object ``obj``, checked to be of ``kind`` (``bool`` is not an
+    ``int`` here, a number is finite) and at most ``max_len`` long; ``default`` when absent (omitted:
+    required).  A :class:`FormatError` names ``source``, the key and what it held."""
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if not isinstance(obj, dict):
         raise _fail(source, f"holds {_type_name(obj)} where an object was expected", fix)
@@ -234,11 +210,7 @@ def field(obj: Any, key: str, kind: type | tuple[type, ...], source: str, *, fix
 
 def string_list(value: Any, source: str, *, max_items: int = 4096, max_len: int = 1 << 16,
                 fix: str = "") -> list[str]:
-    """A JSON list of strings, each at most ``max_len`` characters and free of NUL.
-
-    Raises:
-        FormatError: not a list, too long, or an item that is not such a string.
-    """
+    """A JSON list of at most ``max_items`` strings, each at most ``max_len`` characters, no NUL."""
     if not isinstance(value, list):
         raise _fail(source, f"is {_type_name(value)}, not a list of strings", fix)
     if len(value) > max_items:
@@ -267,12 +239,7 @@ def check_text(value: Any, name: str, *, max_len: int = 4096, fix: str = "") -> 
 
 
 def env_text(name: str, env: dict[str, str] | None = None, *, max_len: int = 4096) -> str | None:
-    """``env[name]`` (default ``os.environ``), or ``None`` when unset.
-
-    Raises:
-        FormatError: longer than ``max_len`` or holding a NUL/control character
-            other than tab; the message names the variable and shows a cut value.
-    """
+    """``env[name]`` (default ``os.environ``) by :func:`check_text`, or ``None`` when unset."""
     value = (os.environ if env is None else env).get(name)
     if value is None:
         return None
