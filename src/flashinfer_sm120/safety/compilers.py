@@ -19,7 +19,6 @@ import os
 import re
 
 from flashinfer_sm120.safety import formats
-from flashinfer_sm120.safety.formats.flags import parse_compile_flag
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.ownership import trust_reason
 from flashinfer_sm120.safety.trust import trace
@@ -32,12 +31,10 @@ __all__ = ["DIR_VARIABLES", "FLAG_VARIABLES", "VARIABLES", "dirs_problem", "Verd
 FLAG_VARIABLES = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "FLASHINFER_EXTRA_CFLAGS",
                   "FLASHINFER_EXTRA_CUDAFLAGS", "FLASHINFER_EXTRA_LDFLAGS")
 
-#: gcc's own variables that choose where it finds programs (``cc1plus``, ``as``, ``ld``), libraries and
-#: headers (gcc 12 manual, "Environment Variables"): directory lists, ``GCC_EXEC_PREFIX`` a prefix.
-#: ``LD_RUN_PATH`` is what ``ld`` writes into a module as its RUNPATH when the link line names none
-#: (FlashInfer's names none): the directories a server then loads libraries from.
-#: ``LD_LIBRARY_PATH``/``LD_PRELOAD`` choose the libraries every program of a build loads (gcc's cc1plus
-#: loads libmpc, libisl, libgmp); ``DEPENDENCIES_OUTPUT``/``SUNPRO_DEPENDENCIES`` name a file gcc writes.
+#: Variables that choose where gcc finds programs, libraries and headers (gcc 12 manual, "Environment
+#: Variables"), what ``ld`` writes as a module's RUNPATH when FlashInfer's link line names none
+#: (``LD_RUN_PATH``), what every program of a build loads (``LD_LIBRARY_PATH``, ``LD_PRELOAD``: cc1plus
+#: loads libmpc, libisl, libgmp), and files gcc writes (``DEPENDENCIES_OUTPUT``, ``SUNPRO_DEPENDENCIES``).
 DIR_VARIABLES = ("GCC_EXEC_PREFIX", "COMPILER_PATH", "LIBRARY_PATH", "CPATH", "C_INCLUDE_PATH",
                  "CPLUS_INCLUDE_PATH", "LD_RUN_PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "DEPENDENCIES_OUTPUT",
                  "SUNPRO_DEPENDENCIES")
@@ -132,6 +129,8 @@ def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str
     if kind is None:  # the compiler's own options: those FlashInfer uses, never one that picks programs
         opts = [w for w in words[i + 1:] if w not in others]
         if opts:
+            from flashinfer_sm120.safety.formats.flags import parse_compile_flag  # only for a value with options
+
             try:  # (-B/dir, -wrapper, -fplugin=, -specs=, -Wl,... made g++ run or load another user's code)
                 _, dirs = parse_compile_flag(" ".join(opts), "the value")
             except FormatError as exc:

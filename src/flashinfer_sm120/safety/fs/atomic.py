@@ -29,8 +29,8 @@ _SWEEP_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a F
 
 
 def hold(fd: int) -> None:
-    """Mark the temporary entry open on ``fd`` as in use for as long as it stays open (:func:`sweep`
-    keeps it).  On a file system without ``flock`` it is kept by :data:`GRACE_S` only."""
+    """Mark the temporary entry open on ``fd`` in use while it stays open (without ``flock``, only
+    :data:`GRACE_S` keeps it)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -38,9 +38,8 @@ def hold(fd: int) -> None:
 
 
 def sweep(prefix: str, parent: str | None = None) -> None:
-    """Remove ``parent/prefix*`` directories and regular files of yours that nobody holds
-    (:func:`hold`) and that are older than :data:`GRACE_S` (their maker was killed).  A link is never
-    followed or removed, nor an entry of another uid.  Never raises."""
+    """Remove ``parent/prefix*`` directories and files of yours older than :data:`GRACE_S` that nobody
+    holds (their maker was killed); never a link nor another uid's entry.  Never raises."""
     parent = parent or tempfile.gettempdir()
     try:
         names = [n for n in os.listdir(parent) if n.startswith(prefix)]

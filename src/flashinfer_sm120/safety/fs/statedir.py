@@ -22,15 +22,8 @@ from flashinfer_sm120.safety.ownership import mine_problem, trust_reason
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = [
-    "cache_root",
-    "cache_root_notes",
-    "forget_cache_root",
-    "home_dir",
-    "listing_only",
-    "lists_only",
-    "foreign_tree_message",
-]
+__all__ = ["cache_root", "cache_root_notes", "forget_cache_root", "home_dir", "listing_only", "lists_only",
+           "foreign_tree_message"]
 
 _notes: list[str] = []
 #: Set by :func:`listing_only`: this process creates no directory or file of ours.
@@ -40,9 +33,8 @@ _root_cache: dict[tuple, str] = {}
 
 
 def forget_cache_root(*, notes: bool = False) -> None:
-    """Forget the cache root chosen in this process and a :func:`listing_only` declaration (the next
-    :func:`cache_root` chooses again: after the environment changed, in tests); with ``notes``, also
-    the notes about refused candidates (:func:`cache_root_notes`)."""
+    """Forget the cache root chosen and a :func:`listing_only` declaration (after the environment
+    changed, in tests); with ``notes``, also :func:`cache_root_notes`."""
     global _listing
     _root_cache.clear()
     _listing = False
@@ -104,8 +96,7 @@ def _os_problem(what: str, path: str, action: str, exc: OSError) -> str:
     return f"{what}={path!r} {action}: {why}"
 
 
-#: Bytes of path kept free below the cache root for what is written there
-#: (``cuda-home/<view>/lib64/stubs/libcuda.so``, temp names, lock files).
+#: Bytes of path kept free below the cache root (``cuda-home/<view>/lib64/stubs/libcuda.so``, temp names).
 ROOM_BYTES = 512
 
 
@@ -177,7 +168,7 @@ _HOME = "~/.cache/flashinfer-sm120"
 
 def _missing_home(what: str, path: str) -> str | None:
     """A home that does not exist is never created for a cache: ``HOME=/nonexistent`` is how Debian's
-    service accounts say they have none (root made ``/nonexistent`` and a whole cache in it)."""
+    service accounts say they have none.  P4"""
     home = home_dir()
     if what == _HOME and home is not None and not os.path.isdir(home):
         return (f"{what}={path!r} lies in the home directory {home!r}, which does not exist; a home is not "
