@@ -104,34 +104,20 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
         poller = select.poll()
         poller.register(r, select.POLLIN | select.POLLHUP | select.POLLERR)
         eof = False
-        while True:
-            exited = _exited(proc)
-            if eof and exited:
-                break
-            if exited:
-                # The program is gone; what it printed is in the pipe already.
-                # A descendant may still hold the pipe open: take what is there
-                # and stop, do not wait for an EOF that may never come.
-                size, eof, truncated = _drain(r, chunks, size, max_output)
-                break
+        while not _exited(proc):
             left = deadline - time.monotonic()
             if left <= 0:
                 timed_out = True
                 break
-            events = poller.poll(min(left, 0.05) * 1000)
-            if events:
+            if eof:  # output closed: wait for the exit, without reaping it (see _exited)
+                time.sleep(min(left, 0.005))
+            elif poller.poll(min(left, 0.05) * 1000):
                 size, eof, truncated = _drain(r, chunks, size, max_output)
                 if truncated:
                     break
-                if eof:
-                    # Output closed; wait for the exit, still under the deadline
-                    # (without reaping it: see _exited).
-                    while not _exited(proc):
-                        if time.monotonic() >= deadline:
-                            timed_out = True
-                            break
-                        time.sleep(0.005)
-                    break
+        else:
+            if not eof:  # gone; a descendant may hold the pipe open: take what is there, wait for no EOF
+                size, eof, truncated = _drain(r, chunks, size, max_output)
     finally:
         os.close(r)
         if not (leave_running and not timed_out and not truncated and _exited(proc)):
