@@ -50,12 +50,8 @@ def _cstr(table: bytes, offset: int) -> str:
 
 
 def read_elf(path: str | os.PathLike) -> ElfInfo:
-    """The header, section names and dynamic entries of a 64-bit ELF file (a ``.so``, a cubin),
-    read with ``pread`` at the offsets the file gives, every offset checked against its size.
-
-    Raises:
-        FormatError: not a regular file, not a 64-bit ELF, or a table outside the file.
-    """
+    """The header, section names and dynamic entries of a 64-bit ELF file (a ``.so``, a cubin), read
+    with ``pread``, every offset checked against the file's size (P6); else a :class:`FormatError`."""
     import struct
 
     path = os.fspath(path)
@@ -147,15 +143,9 @@ def _tool_text(text: Any, source: str, cap: int) -> list[str]:
 
 
 def parse_cuobjdump_list(text: Any, source: str) -> list[tuple[str, str]]:
-    """``cuobjdump --list-elf --list-ptx`` output as ``[("SASS", "sm_120"), ("PTX", "compute_120a")]``.
-
-    The target is read from the file name cuobjdump gives (``k.1.sm_120.cubin``;
-    a 120f cubin is listed as ``sm_120``: use :func:`parse_cuobjdump_headers` for the
-    suffix).  Lines of another form (``cuobjdump info : ...``) are skipped.
-
-    Raises:
-        FormatError: not text, larger than 4 MiB, or cuobjdump's usage text.
-    """
+    """``cuobjdump --list-elf --list-ptx`` output as ``[("SASS", "sm_120"), ("PTX", "compute_120a")]``,
+    read from the file names cuobjdump gives (``k.1.sm_120.cubin``: a 120f cubin is listed as
+    ``sm_120``, see :func:`parse_cuobjdump_headers`); a :class:`FormatError` past 4 MiB or for usage text."""
     out = []
     for line in _tool_text(text, source, 4 << 20):
         m = _CUOBJ_LIST_RE.match(line.strip())
@@ -168,12 +158,8 @@ def parse_cuobjdump_list(text: Any, source: str) -> list[tuple[str, str]]:
 
 
 def parse_cuobjdump_headers(text: Any, source: str) -> list[tuple[str, str]]:
-    """The fatbin headers ``cuobjdump FILE`` prints (``Fatbin elf code:`` ... ``arch = sm_120f``)
-    as ``[("SASS", "sm_120f"), ("PTX", "compute_120a")]``: exact targets, suffix included.
-
-    Raises:
-        FormatError: as :func:`parse_cuobjdump_list`.
-    """
+    """The fatbin headers ``cuobjdump FILE`` prints (``Fatbin elf code:`` ... ``arch = sm_120f``) as
+    ``[("SASS", "sm_120f"), ("PTX", "compute_120a")]``: exact targets, suffix included."""
     out, kind = [], None
     for line in _tool_text(text, source, 16 << 20):
         line = line.strip()
@@ -188,14 +174,9 @@ def parse_cuobjdump_headers(text: Any, source: str) -> list[tuple[str, str]]:
 
 
 def ninja_variables(text: Any, source: str, *, max_bytes: int = 4 << 20) -> dict[str, str]:
-    """Top-level ``name = value`` lines of a ``build.ninja`` (``$``-newline continuations
-    joined), e.g. ``cuda_home`` and ``common_cflags`` of FlashInfer's generated file
-    (``flashinfer/jit/cpp_ext.py`` ``generate_ninja_build_for_op``).  Rules, builds and
-    indented (scoped) variables are skipped; ``$`` escapes are left as written.
-
-    Raises:
-        FormatError: not text, or larger than ``max_bytes``.
-    """
+    """Top-level ``name = value`` lines of a ``build.ninja`` (``$``-newline continuations joined),
+    e.g. ``cuda_home`` of FlashInfer's (``flashinfer/jit/cpp_ext.py`` ``generate_ninja_build_for_op``);
+    rules, builds and indented variables skipped, ``$`` escapes left as written."""
     if not isinstance(text, str) or len(text) > max_bytes:
         raise _fail(source, "is not build.ninja text of a sane size", "")
     out: dict[str, str] = {}
@@ -207,11 +188,7 @@ def ninja_variables(text: Any, source: str, *, max_bytes: int = 4 << 20) -> dict
 
 
 def proc_maps_paths(text: Any, source: str) -> set[str]:
-    """The file paths mapped in a ``/proc/<pid>/maps`` text (`` (deleted)`` dropped).
-
-    Raises:
-        FormatError: not text or larger than 64 MiB.
-    """
+    """The file paths mapped in a ``/proc/<pid>/maps`` text of at most 64 MiB (`` (deleted)`` dropped)."""
     if not isinstance(text, str) or len(text) > 64 << 20:
         raise _fail(source, "is not /proc maps text of a sane size", "")
     out = set()

@@ -75,17 +75,9 @@ def jit_dir_problem(jit_dir: str) -> str | None:
 
 
 def safe_join(root: str | os.PathLike, rel: str | Iterable[str], source: str, *, fix: str = "") -> Path:
-    """``root/rel``, refused unless it stays under ``root``.
-
-    ``rel`` is a ``/``-separated string or a sequence of parts; every part must
-    be a name (:func:`parse_relpath`), so absolute parts and ``..`` cannot
-    occur; every part that already exists below ``root``, except the last, must
-    be a real directory (a symlinked parent is refused, it could lead anywhere).
-    The last part may exist; it is refused when it is a symlink.
-
-    Raises:
-        FormatError: naming ``source`` and the offending part.
-    """
+    """``root/rel``, refused (naming ``source`` and the part) unless it stays under ``root``: every
+    part of ``rel`` (``a/b`` or a sequence) a name (:func:`parse_relpath`: no absolute part or ``..``),
+    no existing part a symlink, every existing part but the last a directory."""
     parts = parse_relpath(rel if isinstance(rel, str) else "/".join(rel), source, fix=fix)
     base = Path(root)
     cur = base
@@ -105,13 +97,8 @@ def safe_join(root: str | os.PathLike, rel: str | Iterable[str], source: str, *,
 
 
 def make_private_dirs(path: str | os.PathLike, *, mode: int = 0o700) -> None:
-    """Create ``path`` and any missing parents with exactly ``mode`` (default
-    ``0700``), whatever the umask: each level created here is ``chmod``-ed
-    right after ``mkdir``.  Existing levels are left as they are.
-
-    Raises:
-        OSError: as :func:`os.mkdir`.
-    """
+    """Create ``path`` and its missing parents with exactly ``mode`` whatever the umask (each level
+    made here is ``chmod``-ed after ``mkdir``; existing ones are left).  Raises ``OSError``."""
     path = os.path.abspath(os.fspath(path))
     missing = []
     p = path

@@ -1,8 +1,5 @@
-"""Private temporary directories a killed process does not leave behind for good: made only in a
-place of our own (threat-model: P4), held while their maker lives and swept by the next maker after a
-kill (:mod:`flashinfer_sm120.safety.fs.atomic`).
-"""
-# threat-model: P5 (private temporary directories; only their creator's leftovers are swept)
+"""Private temporary directories, made only in a place of our own (P4), held while their maker
+lives and swept by the next maker after a kill (:mod:`flashinfer_sm120.safety.fs.atomic`, P5)."""
 
 from __future__ import annotations
 
