@@ -82,20 +82,19 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
     marker = uuid.uuid4().hex
     child_env = dict(os.environ if env is None else env)
     child_env[MARKER_VAR] = marker
+    r = -1
     try:
-        r, w = os.pipe()
-    except OSError as exc:  # EMFILE/ENFILE: no descriptor left in this process
-        return Result(None, b"", False, False, time.monotonic() - start,
-                      error=f"{argv[0]} could not be run: {exc.strerror or exc}", errno=exc.errno)
-    try:
-        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=w, stderr=w,
-                                env=child_env, cwd=cwd, close_fds=True, start_new_session=True)
+        r, w = os.pipe()  # EMFILE/ENFILE: no descriptor left in this process
+        try:
+            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=w, stderr=w,
+                                    env=child_env, cwd=cwd, close_fds=True, start_new_session=True)
+        finally:
+            os.close(w)
     except OSError as exc:
-        os.close(r)
-        os.close(w)
+        if r >= 0:
+            os.close(r)
         return Result(None, b"", False, False, time.monotonic() - start,
                       error=f"{argv[0]} could not be run: {exc.strerror or exc}", errno=exc.errno)
-    os.close(w)
     chunks: list[bytes] = []
     size = 0
     timed_out = truncated = False
