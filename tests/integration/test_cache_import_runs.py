@@ -178,7 +178,7 @@ def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
     whose modules are all refused (no manifest entry: nothing of it is installed) still created
     ``cached_ops/tmp/<name>.lock`` for every module it named, up to 10,000 names of its choosing
     (threat-model: P4, check then create)."""
-    from flashinfer_sm120.safety.fs.tmpdirs import private_dir
+    from flashinfer_sm120.safety.fs.tmpdirs import make_private
     from flashinfer_sm120.warmup import cache_export, cache_import, session
 
     names = ["evil_a", "evil_b"]
@@ -192,7 +192,7 @@ def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
     jit, gen = tmp_path / "ws" / "cached_ops", tmp_path / "ws" / "generated"
     sess = session.Session("0.7.4", "/usr/local/cuda", "13.0", ["12.0f"], jit, "")
     parsed = cache_import.check(str(src))
-    with private_dir("fi-sm120-test-") as tmp:
+    with make_private("fi-sm120-test-") as tmp:
         root = cache_import._unpack(str(src), Path(tmp), parsed, cache_export.Limits())
         report = cache_import._install_from(root, parsed, {"jit": jit, "generated": gen}, sess, False,
                                             cache_export.Limits(), str(src))

@@ -19,12 +19,12 @@ from helpers.host import needs_flashinfer
 SCRIPT = ROOT / "benchmarks" / "loaded_lines.py"
 
 #: Modules (or packages: every module under them) that import-time work does not run: ELF and tool
-#: output parsers, manifest grammars, argparse number types, the command layers (cache export/import,
+#: output parsers, manifest grammars and compiler-option forms, argparse number types, the command layers (cache export/import,
 #: build, doctor, prune), and what runs only when asked for: the recorder (FLASHINFER_SM120_RECORD)
 #: and the compiler cache (FLASHINFER_SM120_COMPILER_CACHE or FLASHINFER_NVCC_LAUNCHER).
 COMMAND_ONLY = (
     "flashinfer_sm120.safety.formats.binary", "flashinfer_sm120.safety.formats.params",
-    "flashinfer_sm120.safety.formats.cli", "flashinfer_sm120.core.jitenv.record",
+    "flashinfer_sm120.safety.formats.cli", "flashinfer_sm120.safety.formats.flags", "flashinfer_sm120.core.jitenv.record",
     "flashinfer_sm120.core.jitenv.manifest", "flashinfer_sm120.core.jitenv.generators",
     "flashinfer_sm120.core.jitenv.launcher",
     "flashinfer_sm120.warmup", "flashinfer_sm120.diagnose", "flashinfer_sm120.cli",

@@ -1,16 +1,9 @@
-"""What every JIT build runs by bare name, and where its compilers write: checked where ``PATH`` and
-``TMPDIR`` point (threat-model: P2).
-
-nvcc runs its host compiler ``gcc`` and ``rm`` by name, gcc its ``as`` and ``ld``, FlashInfer ``c++``
-when ``CXX`` is unset; nvcc and gcc write each compile's intermediate files into the temporary
-directory.  :func:`path_problem` is the first of those another uid could have chosen for us.
-
-Every build also gets a temporary directory of its own (:func:`build_env`, :func:`exported_build_tmp`):
-nvcc names its intermediate files ``tmpxft_<pid>_<n>-<k>_<name>`` and opens them with ``O_TRUNC`` and
-without ``O_EXCL`` (strace of nvcc 13.0), so in a shared ``/tmp`` another uid who plants symlinks under
-the names of the next pids gets a file of yours truncated and written (threat-model: P5).
+"""What every JIT build runs by bare name (:data:`BY_NAME`) and where its compilers write, checked
+where ``PATH`` and ``TMPDIR`` point (threat-model: P2); and each build's own temporary directory
+(P5): nvcc opens its ``tmpxft_<pid>_<n>-<k>_<name>`` files with ``O_TRUNC`` and without ``O_EXCL``
+(strace of nvcc 13.0), so in a shared ``/tmp`` another uid's planted symlinks would get a file of
+yours truncated and written.
 """
-# threat-model: P2 (nothing untrusted run: the programs a build runs by name, the files it writes between steps)
 
 from __future__ import annotations
 
@@ -33,15 +26,8 @@ __all__ = ["BY_NAME", "ByName", "PathProblem", "TEMP_VARIABLES", "path_problem",
 
 @dataclasses.dataclass(frozen=True)
 class ByName:
-    """A program a JIT build runs by bare name, found on ``PATH``.
-
-    Attributes:
-        name: the name looked up.
-        role: what runs it, for messages.
-        unless: variables that, when set, make the build run another program instead
-            (``"-ccbin"``: a ``-ccbin`` in one of :data:`FLAG_VARIABLES`).
-        fix: how to point the build elsewhere.
-    """
+    """A program a JIT build runs by bare ``name`` (``role``: what runs it), unless one of the
+    variables ``unless`` is set (``"-ccbin"``: a ``-ccbin`` in :data:`FLAG_VARIABLES`); ``fix``."""
 
     name: str
     role: str
@@ -75,17 +61,15 @@ class PathProblem:
         return f"{self.role} {self.program} ({self.found}) fails the trust rule: {self.why}. Fix: {self.fix}"
 
 
-#: Where nvcc, the host compiler and Python's ``tempfile`` write intermediate files (``.ii``, ``.ptx``,
-#: ``.cubin``, assembler input) between the steps of one compile: nvcc and gcc read ``TMPDIR`` first,
-#: gcc then ``TMP`` and ``TEMP``, Python ``TMPDIR``, ``TEMP``, ``TMP``; all fall back to ``/tmp``.
-#: Another uid who can rename entries there can swap a file between two steps (threat-model: P2).
+#: Where nvcc, gcc and Python's ``tempfile`` write intermediate files between the steps of a compile
+#: (nvcc and gcc read ``TMPDIR`` first, then ``TMP``, ``TEMP``; all fall back to ``/tmp``).
 TEMP_VARIABLES = ("TMPDIR", "TMP", "TEMP")
 
 
 def temp_problem(env) -> PathProblem | None:
-    """The first temporary directory of :data:`TEMP_VARIABLES` set in ``env`` (else ``/tmp``) that
-    is not a place of our own (:func:`~flashinfer_sm120.safety.ownership.trust_reason`: a level
-    another uid owns or may write, other than a root-owned sticky directory holding it)."""
+    """The first temporary directory of :data:`TEMP_VARIABLES` set in ``env`` that fails
+    :func:`~flashinfer_sm120.safety.ownership.trust_reason` (another uid could swap a file between
+    two steps of a compile)."""
     for var in TEMP_VARIABLES:
         value = env.get(var) or ""
         if not os.path.isabs(value):
@@ -133,8 +117,8 @@ def _close_own() -> None:
 
 
 def build_tmp() -> str:
-    """This process's private build temporary directory (``mkdtemp`` in ``$TMPDIR``: mode 0700, random
-    name, locked while the process lives, removed at its exit), made on first use.
+    """This process's private build temporary directory (:func:`make_private` in ``$TMPDIR``, removed
+    at exit), made on first use.
 
     Raises:
         PlaceError: ``$TMPDIR`` is not a place of our own (the message names the fix).
@@ -160,9 +144,8 @@ def build_env(env) -> dict:
 @contextlib.contextmanager
 def exported_build_tmp(environ=None) -> Iterator[str]:
     """Point :data:`TEMP_VARIABLES` of the process environment at :func:`build_tmp` while the block
-    runs (FlashInfer's own ``run_ninja`` passes no ``env``: its ninja inherits ``os.environ``).  Nested
-    and concurrent blocks share one setting; the last to leave restores each variable it set, unless
-    someone changed it meanwhile.  Python's ``tempfile`` keeps the directory it chose before."""
+    runs (FlashInfer's ``run_ninja`` passes no ``env``).  Nested and concurrent blocks share one
+    setting; the last to leave restores each variable nobody changed meanwhile."""
     environ = os.environ if environ is None else environ
     tempfile.gettempdir()  # chosen (and cached) from the user's setting, never from ours
     path = build_tmp()

@@ -1,35 +1,15 @@
-"""FlashInfer's own compiler variables, under our trust rule.
+"""FlashInfer's own compiler variables, under the trust rule (threat-model: P2).
 
-FlashInfer 0.7.x writes four environment variables into every ``build.ninja`` it
-generates (``flashinfer/jit/cpp_ext.py`` ``generate_ninja_build_for_op``, 0.7.4):
-
-``FLASHINFER_NVCC``
-    used instead of ``$cuda_home/bin/nvcc``: nvcc with the chosen toolkit's headers.
-``FLASHINFER_NVCC_LAUNCHER`` / ``FLASHINFER_CXX_LAUNCHER``
-    a command put before nvcc / the host compiler (``sccache``, ``ccache``).
-``CXX``
-    the host compiler and linker (default ``c++``).
-
-Every JIT build also runs nvcc's *host compiler*: ``-ccbin $CC`` when ``CC`` is set (FlashInfer's
-``build_cuda_cflags``), else ``NVCC_CCBIN``, else ``gcc`` from ``PATH`` (nvcc 13.0 ``--dryrun``), and
-a ``-ccbin`` in ``NVCC_PREPEND_FLAGS``/``NVCC_APPEND_FLAGS`` (read by nvcc itself) wins over all.
-Those variables, and FlashInfer's ``FLASHINFER_EXTRA_*FLAGS``, are held to the same rule: every
-program and every existing absolute file or directory their words name (``-ccbin gcc-12``,
-``-B/opt/x``, ``-Xcompiler=-fplugin=/x.so``) must pass it.  What a build runs by bare name when
-no variable says otherwise (:data:`BY_NAME`: ``gcc``, ``c++``, ``rm``) cannot be removed, so a
-build whose ``PATH`` finds one that fails the rule is refused (:func:`path_problem`).
-
-Every program they name is run by every JIT build, so each must pass the trust rule
-(:func:`flashinfer_sm120.safety.trust.check_executable`: owned by root or you,
-not writable by others, all the way, wrappers followed); one that does not is
-*refused*: removed from this process's environment (undone by ``revert()``) with a
-message naming the value, the reason and the fix.
-
-``FLASHINFER_NVCC`` must also be the chosen toolkit's nvcc.  It is a candidate
-like any other (the ``FLASHINFER_NVCC`` find step in
-:data:`flashinfer_sm120.core.toolkit.sources.FIND_STEPS` offers its toolkit first), so
-it is kept exactly when its toolkit was chosen; otherwise FlashInfer would compile
-with one toolkit's nvcc and another's headers, and it is refused.
+FlashInfer 0.7.x writes ``FLASHINFER_NVCC`` (instead of ``$cuda_home/bin/nvcc``),
+``FLASHINFER_NVCC_LAUNCHER``/``FLASHINFER_CXX_LAUNCHER`` (``sccache``, ``ccache``) and ``CXX`` (default
+``c++``) into every ``build.ninja`` (``flashinfer/jit/cpp_ext.py`` ``generate_ninja_build_for_op``,
+0.7.4).  nvcc's host compiler is ``-ccbin $CC`` when ``CC`` is set (``build_cuda_cflags``), else
+``NVCC_CCBIN``, else ``gcc`` from ``PATH`` (nvcc 13.0 ``--dryrun``); a ``-ccbin`` in
+``NVCC_PREPEND_FLAGS``/``NVCC_APPEND_FLAGS`` wins over all.  Every program and existing absolute path
+these variables, ``FLASHINFER_EXTRA_*FLAGS`` and gcc's own (:data:`DIR_VARIABLES`) name must pass the
+rule, or the variable is refused: removed from this process's environment with a message naming the
+value, the reason and the fix.  ``FLASHINFER_NVCC`` must also be the chosen toolkit's nvcc (its
+toolkit is a candidate like any other), or FlashInfer would mix one nvcc with another's headers.
 """
 
 from __future__ import annotations
@@ -39,7 +19,6 @@ import os
 import re
 
 from flashinfer_sm120.safety import formats
-from flashinfer_sm120.safety.formats.flags import parse_compile_flag
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.ownership import trust_reason
 from flashinfer_sm120.safety.trust import trace
@@ -52,12 +31,10 @@ __all__ = ["DIR_VARIABLES", "FLAG_VARIABLES", "VARIABLES", "dirs_problem", "Verd
 FLAG_VARIABLES = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "FLASHINFER_EXTRA_CFLAGS",
                   "FLASHINFER_EXTRA_CUDAFLAGS", "FLASHINFER_EXTRA_LDFLAGS")
 
-#: gcc's own variables that choose where it finds programs (``cc1plus``, ``as``, ``ld``), libraries and
-#: headers (gcc 12 manual, "Environment Variables"): directory lists, ``GCC_EXEC_PREFIX`` a prefix.
-#: ``LD_RUN_PATH`` is what ``ld`` writes into a module as its RUNPATH when the link line names none
-#: (FlashInfer's names none): the directories a server then loads libraries from.
-#: ``LD_LIBRARY_PATH``/``LD_PRELOAD`` choose the libraries every program of a build loads (gcc's cc1plus
-#: loads libmpc, libisl, libgmp); ``DEPENDENCIES_OUTPUT``/``SUNPRO_DEPENDENCIES`` name a file gcc writes.
+#: Variables that choose where gcc finds programs, libraries and headers (gcc 12 manual, "Environment
+#: Variables"), what ``ld`` writes as a module's RUNPATH when FlashInfer's link line names none
+#: (``LD_RUN_PATH``), what every program of a build loads (``LD_LIBRARY_PATH``, ``LD_PRELOAD``: cc1plus
+#: loads libmpc, libisl, libgmp), and files gcc writes (``DEPENDENCIES_OUTPUT``, ``SUNPRO_DEPENDENCIES``).
 DIR_VARIABLES = ("GCC_EXEC_PREFIX", "COMPILER_PATH", "LIBRARY_PATH", "CPATH", "C_INCLUDE_PATH",
                  "CPLUS_INCLUDE_PATH", "LD_RUN_PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "DEPENDENCIES_OUTPUT",
                  "SUNPRO_DEPENDENCIES")
@@ -72,14 +49,8 @@ _CCBIN = ("-ccbin", "--compiler-bindir")
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """What happens to one variable the user set.
-
-    Attributes:
-        var: the variable.
-        value: its value (cut for display).
-        keep: whether it stays in the environment.
-        note: one sentence for the log and ``doctor``: why kept, or why refused and the fix.
-    """
+    """What happens to the variable ``var`` (``value`` cut for display): ``keep`` it or not, and
+    ``note``, one sentence for the log and ``doctor``: why kept, or why refused and the fix."""
 
     var: str
     value: str
@@ -115,15 +86,12 @@ def _program(word: str, path: str | None) -> tuple[str | None, str | None]:
 
 
 def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str | None]:
-    """``(program, other files it runs or names, problem)`` of a command value as FlashInfer's
-    ninja line runs it (``cxx = $CXX``, then ``/bin/sh -c``).
-
-    The value must be plain words (:func:`flashinfer_sm120.safety.formats.parse_command_words`: no
-    syntax of ninja or the shell).  Its first word is found on ``path``; a launcher
-    (``env``, ``nice``, ``ccache``, ...; :func:`flashinfer_sm120.safety.trust.hands_on`) hands
-    on to its first non-option word, found the same way (a shell's must be an absolute path),
-    and so on; an interpreter whose program cannot be read here is refused.  Any other
-    existing absolute file among the words is listed too (it may be run)."""
+    """``(program, other files it runs or names, problem)`` of a command value as FlashInfer's ninja
+    line runs it (``cxx = $CXX``, then ``/bin/sh -c``): plain words only
+    (:func:`flashinfer_sm120.safety.formats.parse_command_words`); a launcher
+    (:func:`flashinfer_sm120.safety.trust.hands_on`) hands on to its first non-option word (a shell's
+    must be absolute); an interpreter whose program cannot be read here is refused; any existing
+    absolute file among the words is listed too (it may be run)."""
     from flashinfer_sm120.safety.trust import SHELL_OPTIONS, hands_on
 
     try:
@@ -161,6 +129,8 @@ def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str
     if kind is None:  # the compiler's own options: those FlashInfer uses, never one that picks programs
         opts = [w for w in words[i + 1:] if w not in others]
         if opts:
+            from flashinfer_sm120.safety.formats.flags import parse_compile_flag  # only for a value with options
+
             try:  # (-B/dir, -wrapper, -fplugin=, -specs=, -Wl,... made g++ run or load another user's code)
                 _, dirs = parse_compile_flag(" ".join(opts), "the value")
             except FormatError as exc:
@@ -260,13 +230,8 @@ def _same_program(a: str, b: str) -> bool:
 
 
 def check(env, chosen_nvcc: str, home: str) -> list[Verdict]:
-    """A verdict for each of :data:`VARIABLES` set in ``env``.
-
-    Args:
-        env: the environment (``os.environ``).
-        chosen_nvcc: the chosen toolkit's nvcc.
-        home: the ``CUDA_HOME`` FlashInfer builds with (named in messages).
-    """
+    """A verdict for each of :data:`VARIABLES` set in ``env``; ``home`` is the ``CUDA_HOME``
+    FlashInfer builds with (named in messages)."""
     out = []
     path = env.get("PATH")
     for var in VARIABLES:

@@ -1,13 +1,8 @@
-"""The ownership rule for what flashinfer-sm120 executes, adopts or builds in (OpenSSH
-``StrictModes`` applied to every step of a path): a file, and every directory in which any
-component of its path is looked up, must be owned by root or by the current uid and must not be
-writable by group or others (group-writable is fine when the group is the user's private group,
-see :func:`writable_by_others`).  A world-writable directory with the
-sticky bit (``/tmp``) is accepted only when root owns it *and* the entry looked up in it is
-owned by root or by you.  :func:`trust_reason` is the one check of a path by that rule (what a build
-runs, adopts, reads or creates in); :mod:`flashinfer_sm120.safety.trust` applies the same walk to programs
-and what their wrapper scripts run; :func:`mine_problem` is the rule for what we keep as our own
-(owned by this uid, writable by no one else)."""
+"""The ownership rule (OpenSSH ``StrictModes`` for every step of a path): a file, and every
+directory any component of its path is looked up in, must be owned by root or the current uid and
+not writable by others (:func:`writable_by_others`); a root-owned sticky directory (``/tmp``) may
+hold an entry of root or yours.  :func:`trust_reason` is the one check of a path a build runs,
+adopts, reads or creates in; :func:`mine_problem` the rule for what we keep as our own."""
 # threat-model: P2, P4 (the ownership rule: root or the user, not writable by others)
 
 from __future__ import annotations
@@ -27,10 +22,8 @@ MAX_LINKS = 40  # as Linux MAXSYMLINKS
 
 
 def _private_gid() -> int | None:
-    """The current user's private group (user-private-group scheme, the default
-    of Debian/Ubuntu ``useradd``: group named after the user, the user's primary
-    group, no other listed members), or ``None``.  Never for root.  Looked up
-    once per uid (passwd/group may be on LDAP)."""
+    """The current user's private group (Debian/Ubuntu ``useradd``: named after the user, its primary
+    group, no other members), or ``None``; never for root.  Cached per uid (passwd may be on LDAP)."""
     return _private_gid_of(os.geteuid())
 
 
@@ -57,12 +50,9 @@ def _private_gid_of(uid: int) -> int | None:
 
 
 def writable_by_others(st: os.stat_result) -> bool:
-    """Whether someone other than the owner can write the file or directory ``st``
-    describes: world-writable, or group-writable by a group that is not the
-    current user's private group (:func:`_private_gid`; under the umask ``002``
-    those user-private-group systems use, a user's own venv is group-writable
-    by a group that holds only that user).  The sticky bit is the caller's
-    business."""
+    """Whether someone other than the owner can write ``st``: world-writable, or group-writable by a
+    group other than the user's private group (under those systems' umask ``002`` a user's own venv is
+    group-writable).  The sticky bit is the caller's business."""
     if st.st_mode & stat.S_IWOTH:
         return True
     return bool(st.st_mode & stat.S_IWGRP) and st.st_gid != _private_gid()
@@ -96,8 +86,7 @@ def dir_ok(directory: str, entry: str | None, uid: int) -> None:
 
 
 def _open_fix(path: str, st: os.stat_result) -> str:
-    """The fix for a directory others may write: a shared sticky one such as ``/tmp`` is meant to be
-    (never 'chmod' it); any other can be closed."""
+    """The fix for a path others may write: never ``chmod`` a shared sticky one (``/tmp``) or a device."""
     if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):  # /dev/full, a FIFO: never chmod those
         return "it is a device or special file, not a place to write: use a path of your own"
     if st.st_mode & stat.S_ISVTX:
@@ -106,8 +95,7 @@ def _open_fix(path: str, st: os.stat_result) -> str:
 
 
 def resolve(path: str, uid: int) -> str:
-    """Resolve ``path`` component by component (like :func:`os.path.realpath`),
-    checking every directory in which a component is looked up."""
+    """:func:`os.path.realpath` of ``path``, checking every directory a component is looked up in."""
     if not os.path.isabs(path):
         path = os.path.abspath(path)
     todo = [c for c in path.split("/") if c]
@@ -147,11 +135,9 @@ def file_ok(real: str, uid: int) -> os.stat_result:
 
 
 def mine_problem(path: str, st: os.stat_result) -> str | None:
-    """Why an entry we made and keep (the cache root, a view and what is in it, our ninja directory)
-    is not ours, or ``None``: it must be owned by this uid (not even root's) and writable by no one
-    else, group included: we make these ``0700``/``0755``, so the user-private-group exception of
-    :func:`writable_by_others` does not apply (the strictest of the former variants; threat-model: P2).
-    A symbolic link's own mode does not count."""
+    """Why an entry we made and keep (the cache root, a view, our ninja directory) is not ours, or
+    ``None``: owned by this uid (not root) and writable by no one else, group included (we make these
+    ``0700``/``0755``: no private-group exception).  A link's own mode does not count.  P2"""
     uid = current_uid()
     if st.st_uid != uid:
         return f"{path} is owned by uid {st.st_uid}, not you (uid {uid})"
@@ -162,20 +148,11 @@ def mine_problem(path: str, st: os.stat_result) -> str | None:
 
 def trust_reason(path: str, *, absent_ok: bool = True, sticky_ok: bool = True) -> str | None:
     """Why ``path`` breaks the ownership rule, or ``None``: the one check of every path a build may
-    run, adopt, read or create in (threat-model: P2, P4).  Every directory in which a component of it
-    is looked up, links followed (:func:`resolve`), and the entry itself (:func:`file_ok`) must be
-    root's or yours and not writable by others.
+    run, adopt, read or create in (threat-model: P2, P4); the sentence names the path and the fix.
 
-    Args:
-        path: the path; a relative one is taken from the working directory.
-        absent_ok: a path that does not exist yet (one we will create) is checked at its deepest
-            existing level; ``False``: it must exist (a program, header or library we use).
-        sticky_ok: a root-owned sticky directory such as ``/tmp`` may hold the absent rest (others
-            cannot move what we create there); ``False`` for a path someone else may create first
-            (one a flag or variable names).
-
-    Returns:
-        ``None`` when trusted, else a sentence naming the offending path and the fix.
+    ``absent_ok``: a path we will create is checked at its deepest existing level (``False``: it must
+    exist).  ``sticky_ok``: a root-owned sticky directory (``/tmp``) may hold the absent rest;
+    ``False`` for a path someone else may create first (one a flag or variable names).
     """
     uid = current_uid()
     here = os.path.abspath(path)
@@ -196,8 +173,8 @@ def trust_reason(path: str, *, absent_ok: bool = True, sticky_ok: bool = True) -
 
 @dataclasses.dataclass(frozen=True)
 class PlaceProblem:
-    """Why a directory is not a place to write into: ``what`` (``"FlashInfer's JIT directory"``),
-    ``path``, the reason (:func:`trust_reason`), the fix alone, and what was to be done there."""
+    """Why the directory ``what`` (``"FlashInfer's JIT directory"``) at ``path`` is not a place to
+    write into: ``why`` (:func:`trust_reason`), ``fix``, and what was to be ``doing`` there."""
 
     what: str
     path: str
@@ -211,7 +188,7 @@ class PlaceProblem:
 
 def own_place_fix() -> str:
     """The fix for a workspace that is not ours: a directory of this uid's own (its passwd home, not
-    ``$HOME``: under ``sudo -E`` that is the user's, the very place refused), and ``sudo -H``."""
+    ``$HOME``, which under ``sudo -E`` is the place refused), and ``sudo -H``."""
     try:
         home = pwd.getpwuid(os.geteuid()).pw_dir
     except (KeyError, OSError):
@@ -224,15 +201,9 @@ def own_place_fix() -> str:
 
 
 def check_place(path: str, what: str, fix: str | None = None, *, doing: str = "build in") -> PlaceProblem | None:
-    """Check a directory we write into and run builds from (FlashInfer's JIT directory, absent
-    levels included) by :func:`trust_reason`.  Another user who can replace a level can swap
-    the ``build.ninja`` that ninja then runs, or the ``.so`` the server loads (``sudo`` keeping
-    another user's ``HOME``, a shared ``FLASHINFER_WORKSPACE_BASE``).
-
-    Returns:
-        ``None`` when trusted, else a :class:`PlaceProblem` (its text names ``what``, the offending
-        path and the fix: ``fix``, else :func:`own_place_fix`).
-    """
+    """:func:`trust_reason` of a directory we write into and build in (FlashInfer's JIT directory):
+    whoever can replace a level can swap the ``build.ninja`` ninja runs or the ``.so`` a server loads.
+    ``None``, else a :class:`PlaceProblem` whose fix is ``fix`` or :func:`own_place_fix`."""
     why = trust_reason(path)
     if why is None:
         return None

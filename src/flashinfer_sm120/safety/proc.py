@@ -1,27 +1,15 @@
-"""One bounded way to run a binary: every program flashinfer-sm120 executes
-(``nvcc --version``, the host C compiler for the ``libcuda.so`` stub, the
-unpatched-FlashInfer child of ``doctor``) goes through :func:`run`.
+"""The one bounded way to run a program (threat-model: P6): every program flashinfer-sm120 executes
+goes through :func:`run`.
 
-What it guarantees, whatever the program does:
-
-* **time**: one deadline covers the whole call.  A program that hangs, or that
-  exits after leaving a detached child (``setsid sleep 1000 &``) holding its
-  output pipe, costs at most ``timeout`` seconds: the pipe is polled, never
-  waited on without a timeout (the hang ``subprocess.communicate()`` has when an
-  orphan keeps the pipe open).
-* **memory**: output (stdout and stderr together) is kept up to ``max_output``
-  bytes; a program that prints more (``exec yes garbage``) is killed at once
-  and the result says ``truncated``.
-* **no process left behind**: the program runs in its own session with a
-  unique marker variable (:data:`MARKER_VAR`) in its environment.  When the
-  call ends, its process group is killed, then ``/proc`` is scanned for any
-  process of this uid that still carries the marker or sits in the program's
-  session (descendants that called ``setsid`` or double-forked), and those are
-  killed too, a few rounds so a forking program cannot outrun it.  A program
-  that scrubs its whole environment *and* leaves its session escapes the scan;
-  nothing short of a cgroup catches that, and none is available to a library.
-* stdin is ``/dev/null``; file descriptors other than 0-2 are closed.
+One deadline covers the whole call, the output pipe is polled, never waited on (a detached child such
+as ``setsid sleep 1000 &`` that keeps it open would hang ``communicate()``); output is capped and a
+program that prints more is killed at once.  The program runs in its own session with a unique
+:data:`MARKER_VAR`; at the end its process group is killed, then every process of this uid still
+carrying the marker or sitting in its session, a few rounds so a forking program cannot outrun it
+(a program that scrubs its environment *and* leaves its session escapes: only a cgroup would catch
+that).  stdin is ``/dev/null``; descriptors other than 0-2 are closed.
 """
+# threat-model: P6 (deadline, output cap, process-group kill)
 
 from __future__ import annotations
 
@@ -37,11 +25,10 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["MARKER_VAR", "DEFAULT_MAX_OUTPUT", "LOCAL_ERRNOS", "Result", "run", "marked_processes", "signals_as_exit",
+__all__ = ["MARKER_VAR", "DEFAULT_MAX_OUTPUT", "LOCAL_ERRNOS", "Result", "run", "signals_as_exit",
            "die_with_parent"]
 
-#: Environment variable set, with a per-call unique value, in every program run
-#: by :func:`run`, so that its escaped descendants can be found in ``/proc``.
+#: Set, with a per-call unique value, in every program :func:`run` starts: finds its escaped descendants.
 MARKER_VAR = "FLASHINFER_SM120_RUN_ID"
 
 #: Default cap on kept output, bytes.  ``nvcc --version`` prints ~250 bytes.
@@ -49,29 +36,17 @@ DEFAULT_MAX_OUTPUT = 64 << 10
 
 _KILL_ROUNDS = 5
 
-#: Errors of *this* process's resources, not of the program: a start that fails
-#: with one of these says nothing about the program (``fork`` refused under
-#: ``RLIMIT_NPROC``, no descriptor left under ``RLIMIT_NOFILE``, the system's file
-#: table or memory full, a signal).  Callers must not remember such a failure
-#: as the program's (see :attr:`Result.local`).
+#: Errors of *this* process's resources (``RLIMIT_NPROC``, ``RLIMIT_NOFILE``, memory, a signal), not
+#: the program's: callers must not remember such a failure as the program's (:attr:`Result.local`).
 LOCAL_ERRNOS = frozenset({errno.EAGAIN, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR,
                           errno.ENOBUFS, errno.E2BIG})  # E2BIG: this process's environment is too large; threat-model: P1
 
 
 @dataclass(frozen=True)
 class Result:
-    """What :func:`run` observed.
-
-    Attributes:
-        returncode: exit status (negative: killed by that signal); ``None`` when
-            the program could not be started.
-        output: stdout and stderr interleaved, at most ``max_output`` bytes.
-        timed_out: the deadline passed before the program exited.
-        truncated: the program printed more than ``max_output`` bytes and was killed.
-        seconds: wall time of the whole call, clean-up included.
-        error: why the program could not be started (``OSError`` text), else ``None``.
-        errno: the ``OSError`` number when it could not be started, else ``None``.
-    """
+    """What :func:`run` observed: ``returncode`` (negative: the signal; ``None``: not started, then
+    ``error`` and ``errno`` say why), ``output`` (stdout and stderr interleaved, capped), ``timed_out``,
+    ``truncated`` (printed past the cap and was killed), ``seconds`` (clean-up included)."""
 
     returncode: int | None
     output: bytes
@@ -83,8 +58,7 @@ class Result:
 
     @property
     def local(self) -> bool:
-        """The program could not be started for a reason of this process's
-        resources (:data:`LOCAL_ERRNOS`), not the program's own."""
+        """Not started for a reason of this process's resources (:data:`LOCAL_ERRNOS`)."""
         return self.errno in LOCAL_ERRNOS
 
     @property
@@ -99,45 +73,28 @@ class Result:
 
 def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OUTPUT,
         env: Mapping[str, str] | None = None, cwd: str | None = None, leave_running: bool = False) -> Result:
-    """Run ``argv`` with a hard deadline and bounded output; never raises for the
-    program's behaviour.
-
-    Args:
-        argv: program and arguments (no shell).
-        timeout: seconds for the whole call; the program and every descendant
-            still alive at the deadline are killed (``SIGKILL``).
-        max_output: bytes of combined stdout/stderr kept; printing more kills the
-            program (``truncated=True``).
-        env: environment (default ``os.environ``); :data:`MARKER_VAR` is added.
-        cwd: working directory.
-        leave_running: the program starts a daemon that must outlive it (``sccache
-            --start-server``): when the program exits by itself within the deadline and
-            the output cap, what it left running is left alone (its output pipe is not
-            waited on).  Past the deadline or the cap, everything is killed as usual.
-
-    Returns:
-        A :class:`Result`.  A program that cannot be started (absent, not
-        executable) gives ``returncode=None`` and ``error``.
-    """
+    """Run ``argv`` (no shell) within ``timeout`` seconds and ``max_output`` bytes of output; never
+    raises for the program's behaviour.  ``env`` defaults to ``os.environ`` (:data:`MARKER_VAR` added).
+    ``leave_running``: the program starts a daemon that must outlive it (``sccache --start-server``):
+    when it exits by itself within the deadline and the cap, what it left running is left alone."""
     start = time.monotonic()
     deadline = start + max(0.0, timeout)
     marker = uuid.uuid4().hex
     child_env = dict(os.environ if env is None else env)
     child_env[MARKER_VAR] = marker
+    r = -1
     try:
-        r, w = os.pipe()
-    except OSError as exc:  # EMFILE/ENFILE: no descriptor left in this process
-        return Result(None, b"", False, False, time.monotonic() - start,
-                      error=f"{argv[0]} could not be run: {exc.strerror or exc}", errno=exc.errno)
-    try:
-        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=w, stderr=w,
-                                env=child_env, cwd=cwd, close_fds=True, start_new_session=True)
+        r, w = os.pipe()  # EMFILE/ENFILE: no descriptor left in this process
+        try:
+            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=w, stderr=w,
+                                    env=child_env, cwd=cwd, close_fds=True, start_new_session=True)
+        finally:
+            os.close(w)
     except OSError as exc:
-        os.close(r)
-        os.close(w)
+        if r >= 0:
+            os.close(r)
         return Result(None, b"", False, False, time.monotonic() - start,
                       error=f"{argv[0]} could not be run: {exc.strerror or exc}", errno=exc.errno)
-    os.close(w)
     chunks: list[bytes] = []
     size = 0
     timed_out = truncated = False
@@ -146,34 +103,20 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
         poller = select.poll()
         poller.register(r, select.POLLIN | select.POLLHUP | select.POLLERR)
         eof = False
-        while True:
-            exited = _exited(proc)
-            if eof and exited:
-                break
-            if exited:
-                # The program is gone; what it printed is in the pipe already.
-                # A descendant may still hold the pipe open: take what is there
-                # and stop, do not wait for an EOF that may never come.
-                size, eof, truncated = _drain(r, chunks, size, max_output)
-                break
+        while not _exited(proc):
             left = deadline - time.monotonic()
             if left <= 0:
                 timed_out = True
                 break
-            events = poller.poll(min(left, 0.05) * 1000)
-            if events:
+            if eof:  # output closed: wait for the exit, without reaping it (see _exited)
+                time.sleep(min(left, 0.005))
+            elif poller.poll(min(left, 0.05) * 1000):
                 size, eof, truncated = _drain(r, chunks, size, max_output)
                 if truncated:
                     break
-                if eof:
-                    # Output closed; wait for the exit, still under the deadline
-                    # (without reaping it: see _exited).
-                    while not _exited(proc):
-                        if time.monotonic() >= deadline:
-                            timed_out = True
-                            break
-                        time.sleep(0.005)
-                    break
+        else:
+            if not eof:  # gone; a descendant may hold the pipe open: take what is there, wait for no EOF
+                size, eof, truncated = _drain(r, chunks, size, max_output)
     finally:
         os.close(r)
         if not (leave_running and not timed_out and not truncated and _exited(proc)):
@@ -187,10 +130,8 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
 
 
 def _exited(proc: subprocess.Popen) -> bool:
-    """Whether the program has exited, WITHOUT reaping it (``waitid`` with
-    ``WNOWAIT``): while it is an unreaped zombie its pid cannot be reused, so the
-    process group and session that :func:`_kill_all` signals afterwards are still
-    the program's own, never an unrelated process that got the same number."""
+    """Whether the program has exited, WITHOUT reaping it (``WNOWAIT``): an unreaped zombie's pid
+    cannot be reused, so the group and session :func:`_kill_all` signals are still the program's."""
     if proc.returncode is not None:
         return True
     waitid = getattr(os, "waitid", None)
@@ -223,9 +164,27 @@ def _drain(fd: int, chunks: list[bytes], size: int, cap: int) -> tuple[int, bool
             return size, False, True
 
 
-def marked_processes(marker: str, session: int | None = None) -> list[int]:
-    """Pids of this uid's processes whose environment has ``MARKER_VAR=marker``
-    or whose session id is ``session`` (Linux ``/proc``; empty elsewhere)."""
+def _kill_all(pid: int, marker: str) -> None:
+    """Kill the program's group, then every marked or same-session process."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    for _ in range(_KILL_ROUNDS):
+        pids = [p for p in _marked(marker, pid) if not _is_zombie(p)]
+        if not pids:
+            return
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.01)
+
+
+def _marked(marker: str, session: int) -> list[int]:
+    """Pids of this uid's processes whose environment has ``MARKER_VAR=marker`` or whose session id
+    is ``session`` (Linux ``/proc``; empty elsewhere)."""
     me = os.getpid()
     uid = os.geteuid()
     needle = f"{MARKER_VAR}={marker}".encode()
@@ -241,13 +200,12 @@ def marked_processes(marker: str, session: int | None = None) -> list[int]:
         try:
             if uid != 0 and os.stat(f"/proc/{name}").st_uid != uid:
                 continue
-            if session is not None:
-                try:
-                    if os.getsid(pid) == session:
-                        found.append(pid)
-                        continue
-                except OSError:
-                    pass
+            try:
+                if os.getsid(pid) == session:
+                    found.append(pid)
+                    continue
+            except OSError:
+                pass
             with open(f"/proc/{name}/environ", "rb") as fh:
                 data = fh.read(1 << 20)
         except OSError:
@@ -255,24 +213,6 @@ def marked_processes(marker: str, session: int | None = None) -> list[int]:
         if needle in data.split(b"\0"):
             found.append(pid)
     return found
-
-
-def _kill_all(pid: int, marker: str) -> None:
-    """Kill the program's group, then every marked or same-session process."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
-    for _ in range(_KILL_ROUNDS):
-        pids = [p for p in marked_processes(marker, session=pid) if not _is_zombie(p)]
-        if not pids:
-            return
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.01)
 
 
 def _is_zombie(pid: int) -> bool:
@@ -288,10 +228,9 @@ def _is_zombie(pid: int) -> bool:
 @contextlib.contextmanager
 def signals_as_exit():
     """Within it, SIGTERM and SIGHUP end the program like Ctrl-C (``SystemExit(128 + signal)``), so
-    ``finally`` clauses that stop child processes run: their default action ends Python at once
-    (``build``'s ninja and compilers went on building into the module's directory after FlashInfer's
-    per-module lock was released, beside the next build of it).  Only where the signal still has its default action and only in the main
-    thread (a program with its own handlers keeps them); the old action comes back afterwards."""
+    ``finally`` clauses that stop child processes run (by default Python ends at once, and ``build``'s
+    ninja went on building after FlashInfer's per-module lock was released: P5).  Only in the main
+    thread and where the signal still has its default action."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -328,8 +267,7 @@ _PR_SET_PDEATHSIG = 1
 
 def die_with_parent() -> None:
     """``preexec_fn`` for a long-lived child (``ninja``): Linux sends it ``SIGTERM`` when this process
-    dies, ``kill -9`` and the OOM killer included, so it stops its compilers instead of running on
-    orphaned beside the next build (ninja stops its subprocesses on SIGTERM).  The ``prctl`` is looked
-    up before any fork: the child runs one C call, nothing that takes a lock."""
+    dies (``kill -9`` included), so it stops its compilers instead of building on orphaned.  The
+    ``prctl`` is looked up before any fork: the child runs one C call, nothing that takes a lock."""
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)

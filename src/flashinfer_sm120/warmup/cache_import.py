@@ -36,7 +36,7 @@ from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.core.jitenv.manifest import CannotRegenerate, make_spec
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import formats, oserrors
-from flashinfer_sm120.safety.fs.tmpdirs import private_dir
+from flashinfer_sm120.safety.fs.tmpdirs import make_private
 from flashinfer_sm120.warmup import modlock, ninjacmd, ninjadeps, pool
 from flashinfer_sm120.warmup.cache_export import (FIX, MAX_META_BYTES, TOP, Budget, CacheError, Limits, Meta, Module,
                                                   file_sha256, member_rel, parse_meta, refused, umask)
@@ -365,7 +365,7 @@ def install(src: str, meta: Meta, sess: Session, *, force: bool = False, limits:
     if problem:
         raise CacheError(f"refusing {src}: {problem[0]}", "mismatch", problem[1])
     targets = {"jit": Path(jit_env.FLASHINFER_JIT_DIR), "generated": Path(jit_env.FLASHINFER_GEN_SRC_DIR)}
-    with private_dir("fi-sm120-import-") as tmp:  # swept by the next import if this one is killed
+    with make_private("fi-sm120-import-") as tmp:  # swept by the next import if this one is killed
         root = _unpack(src, Path(tmp), meta, limits)
         try:
             return _install_from(root, meta, targets, sess, force, limits, src)

@@ -87,7 +87,7 @@ def jit_dir_refused(jit_dir: str) -> str | PlaceProblem | None:
     """Why FlashInfer's JIT directory ``jit_dir`` is no place to build in, else ``None``: its path breaks
     the path rule, or a level of it, its lock level ``tmp`` included, fails the ownership rule
     (threat-model: P2, P4)."""
-    from flashinfer_sm120.safety.fs.pathpolicy import jit_dir_problem
+    from flashinfer_sm120.safety.formats.paths import jit_dir_problem
     from flashinfer_sm120.safety.ownership import check_place
 
     return jit_dir_problem(jit_dir) or check_place(os.path.join(jit_dir, "tmp"), "FlashInfer's JIT directory")

@@ -12,7 +12,7 @@ import stat
 
 import filelock
 
-from flashinfer_sm120.safety.fs.pathpolicy import path_problem
+from flashinfer_sm120.safety.formats.paths import path_problem
 from flashinfer_sm120.safety.fs.statedir import cache_root
 from flashinfer_sm120.errors import FormatError, PlaceError, ViewError
 from flashinfer_sm120.safety.fs.atomic import sweep, write_atomic
@@ -212,7 +212,7 @@ def _lock(parent: str) -> filelock.BaseFileLock:
 
 def linkable_home(toolkit: Toolkit) -> CudaHome:
     """A ``CUDA_HOME`` for ``toolkit`` that FlashInfer can compile and link against: its root when
-    complete and safe to write unquoted into ``build.ninja`` (:func:`~flashinfer_sm120.safety.fs.pathpolicy.path_problem`),
+    complete and safe to write unquoted into ``build.ninja`` (:func:`~flashinfer_sm120.safety.formats.paths.path_problem`),
     else an adoptable view, else a new one built under ``cuda-home/.lock`` (others wait at most
     :data:`LOCK_TIMEOUT_S` and adopt it).  Leased before it is returned (P3).
 

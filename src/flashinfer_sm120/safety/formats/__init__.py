@@ -1,37 +1,13 @@
-"""The input boundary: everything flashinfer-sm120 reads that someone else could
-have written enters here once and leaves as a typed value.
+"""The input boundary: everything flashinfer-sm120 reads that someone else could have written
+enters here once and leaves as a typed value (threat-model: P2, P6).  Reads are capped while reading
+and never wait on a FIFO; JSON depth is measured before parsing, ``NaN`` refused; one grammar per
+kind of value; paths we write are joined by :func:`safe_join` and created by
+:func:`make_private_dirs`; messages quote values cut by :func:`shown`.  Every refusal is a
+:class:`FormatError` naming the source, the value (cut) and the fix.
 
-Rules, by construction rather than by listing bad cases:
-
-* **bounded reads**: a size cap is enforced while reading (never "read, then
-  check"); line reads stream with a per-line and a line-count cap; a FIFO or
-  device is never opened for a blocking read;
-* **depth-bounded JSON**: nesting is measured before :func:`json.loads` runs,
-  so ``[[[[...`` ten thousand deep is refused with a message instead of a
-  ``RecursionError``; ``NaN``/``Infinity`` are refused;
-* **explicit types**: :func:`field` takes a key and the type wanted and says
-  which file, which key and what it held;
-* **one grammar per kind of value**: versions (:func:`parse_version`, parsed
-  once into :class:`~packaging.version.Version` and only formatted from it),
-  names (:data:`NAME_RE`: letters, digits, ``_``, ``.``, ``-``; no whitespace,
-  ``$``, ``:``, ``/``, NUL), relative paths made of such names;
-* **paths we write are checked where they are joined**: :func:`safe_join`
-  refuses absolute parts, ``..`` and symlinked parents under the root;
-  :func:`make_private_dirs` creates directories ``0700`` level by level,
-  whatever the umask;
-* **bounded messages**: :func:`shown` quotes at most :data:`MAX_SHOWN`
-  characters of a value and :func:`some` at most a few items of a list.
-
-Every refusal is a :class:`FormatError` (a :class:`~flashinfer_sm120.errors.Sm120Error`)
-naming the file or variable, the offending value (truncated) and the fix.
-
-Modules: :mod:`.base` (bounded messages), :mod:`.reads` (bounded reads, JSON, typed fields,
-checked text), :mod:`.grammar` (one grammar per kind of value), :mod:`.paths` (safe joins,
-private directories): what every process reads through, exported by this package.  The
-parsers only some callers need are imported from their module, so that ``import flashinfer``
-loads none it does not run: :mod:`.flags` (compile options), :mod:`.params` (a manifest's
-FlashInfer generator and its parameters), :mod:`.binary` (ELF headers and tool output),
-:mod:`.cli` (argparse number types).
+This package exports what every process reads through (:mod:`.base`, :mod:`.reads`, :mod:`.grammar`,
+:mod:`.paths`); parsers only commands need are imported from their module so ``import flashinfer``
+loads none: :mod:`.flags`, :mod:`.params`, :mod:`.binary`, :mod:`.cli`.
 """
 # threat-model: P2, P6 (outside input parsed once, at the edge, into typed values)
 

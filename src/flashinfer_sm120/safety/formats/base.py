@@ -7,9 +7,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-
 from flashinfer_sm120.errors import FormatError
-
 
 #: Characters of an offending value quoted in a message, at most.
 MAX_SHOWN = 80
@@ -49,18 +47,14 @@ def some(items: Iterable[Any], limit: int = 3) -> str:
     return ", ".join(out) + (f" and {extra} more" if extra else "")
 
 
-#: Characters a terminal acts on instead of showing them: C0 controls but newline and tab (ESC starts
-#: the sequences that retitle a window, clear the screen, rewrite what was printed; CR overwrites the
-#: line), DEL, C1 controls (one-byte CSI), and Unicode's bidirectional marks, embeddings, overrides
-#: and isolates, which reorder the text shown around them.
+#: Characters a terminal acts on instead of showing them: C0 controls but newline and tab (ESC
+#: sequences, CR), DEL, C1 controls, and Unicode's bidirectional marks, which reorder the text around them.
 _UNSHOWN_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def printable(text: str) -> str:
-    """``text`` with every character a terminal would act on (:data:`_UNSHOWN_RE`) written as its
-    escape (``\\x1b``, ``\\u202e``); newlines and tabs kept.  For the last step before a message
-    or a listing is printed: file names and values quoted whole come from others (an archive's
-    name, a directory in a shared cache).  threat-model: P8"""
+    """``text`` with every character a terminal would act on (:data:`_UNSHOWN_RE`) escaped
+    (``\\x1b``, ``\\u202e``): the last step before printing names others chose.  threat-model: P8"""
     return _UNSHOWN_RE.sub(lambda m: (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
                                       else f"\\u{ord(m.group()):04x}"), text)
 
@@ -72,11 +66,9 @@ MAX_MESSAGE = 4096
 
 
 def bounded(message: str, *, max_word: int = MAX_WORD, max_len: int = MAX_MESSAGE) -> str:
-    """``message`` with every run of non-blank characters over ``max_word`` cut to its first
-    :data:`MAX_SHOWN` characters (``...`` and its length added), then the whole cut to ``max_len``
-    the same way: for the last step before a message is printed, where parts of it were made by
-    code that quotes its input whole (argparse's ``invalid choice: '<value>'``, a list of
-    unrecognized arguments).  Characters a terminal acts on are escaped first (:func:`printable`)."""
+    """``message`` :func:`printable`, every non-blank run over ``max_word`` cut to :data:`MAX_SHOWN`
+    characters and the whole to ``max_len``: the last step before printing text made by code that
+    quotes its input whole (argparse's ``invalid choice: '<value>'``)."""
     message = printable(message)  # threat-model: P8
     if len(message) <= max_word and len(message) <= max_len:
         return message
@@ -99,8 +91,6 @@ _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "tru
 
 
 def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
     return _TYPE_NAMES.get(type(value), type(value).__name__)
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from typing import Any
 
 
 from flashinfer_sm120.safety.formats.base import _fail, _type_name
+from flashinfer_sm120.safety.formats.reads import _open_regular
 
 
 
@@ -21,16 +21,9 @@ _DT = {1: "needed", 14: "soname", 15: "rpath", 29: "runpath"}  # System V ABI, "
 
 
 class ElfInfo:
-    """What :func:`read_elf` read from a 64-bit ELF file (nothing else is kept).
-
-    Attributes:
-        path: the file.
-        osabi, abi_version: ``e_ident[EI_OSABI]``, ``e_ident[EI_ABIVERSION]``.
-        machine, flags: ``e_machine`` (62 x86-64, 183 AArch64, 190 CUDA), ``e_flags``.
-        sections: ``{name: (type, offset, size)}`` from the section header table.
-        needed: ``DT_NEEDED`` names, in order; soname: ``DT_SONAME`` or ``None``;
-        rpath: ``DT_RPATH`` and ``DT_RUNPATH`` entries, split at ``:``.
-    """
+    """What :func:`read_elf` read: ``e_ident`` OSABI and ABI version, ``e_machine`` (62 x86-64, 183
+    AArch64, 190 CUDA), ``e_flags``, ``{section: (type, offset, size)}``, ``DT_NEEDED`` in order,
+    ``DT_SONAME`` or ``None``, ``DT_RPATH`` and ``DT_RUNPATH`` entries split at ``:``."""
 
     __slots__ = ("path", "osabi", "abi_version", "machine", "flags", "sections", "needed", "soname", "rpath")
 
@@ -57,23 +50,13 @@ def _cstr(table: bytes, offset: int) -> str:
 
 
 def read_elf(path: str | os.PathLike) -> ElfInfo:
-    """The header, section names and dynamic entries of a 64-bit ELF file (a ``.so``, a cubin),
-    read with ``pread`` at the offsets the file gives, every offset checked against its size.
-
-    Raises:
-        FormatError: not a regular file, not a 64-bit ELF, or a table outside the file.
-    """
+    """The header, section names and dynamic entries of a 64-bit ELF file (a ``.so``, a cubin), read
+    with ``pread``, every offset checked against the file's size (P6); else a :class:`FormatError`."""
     import struct
 
     path = os.fspath(path)
+    fd, st = _open_regular(path, "")
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise _fail(path, f"cannot be opened ({exc.strerror or exc})", "") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _fail(path, "is not a regular file", "")
         size = st.st_size
         head = _pread(fd, 64, 0, size, "the ELF header", path) if size >= 64 else b""
         if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] not in (1, 2):
@@ -160,15 +143,9 @@ def _tool_text(text: Any, source: str, cap: int) -> list[str]:
 
 
 def parse_cuobjdump_list(text: Any, source: str) -> list[tuple[str, str]]:
-    """``cuobjdump --list-elf --list-ptx`` output as ``[("SASS", "sm_120"), ("PTX", "compute_120a")]``.
-
-    The target is read from the file name cuobjdump gives (``k.1.sm_120.cubin``;
-    a 120f cubin is listed as ``sm_120``: use :func:`parse_cuobjdump_headers` for the
-    suffix).  Lines of another form (``cuobjdump info : ...``) are skipped.
-
-    Raises:
-        FormatError: not text, larger than 4 MiB, or cuobjdump's usage text.
-    """
+    """``cuobjdump --list-elf --list-ptx`` output as ``[("SASS", "sm_120"), ("PTX", "compute_120a")]``,
+    read from the file names cuobjdump gives (``k.1.sm_120.cubin``: a 120f cubin is listed as
+    ``sm_120``, see :func:`parse_cuobjdump_headers`); a :class:`FormatError` past 4 MiB or for usage text."""
     out = []
     for line in _tool_text(text, source, 4 << 20):
         m = _CUOBJ_LIST_RE.match(line.strip())
@@ -181,12 +158,8 @@ def parse_cuobjdump_list(text: Any, source: str) -> list[tuple[str, str]]:
 
 
 def parse_cuobjdump_headers(text: Any, source: str) -> list[tuple[str, str]]:
-    """The fatbin headers ``cuobjdump FILE`` prints (``Fatbin elf code:`` ... ``arch = sm_120f``)
-    as ``[("SASS", "sm_120f"), ("PTX", "compute_120a")]``: exact targets, suffix included.
-
-    Raises:
-        FormatError: as :func:`parse_cuobjdump_list`.
-    """
+    """The fatbin headers ``cuobjdump FILE`` prints (``Fatbin elf code:`` ... ``arch = sm_120f``) as
+    ``[("SASS", "sm_120f"), ("PTX", "compute_120a")]``: exact targets, suffix included."""
     out, kind = [], None
     for line in _tool_text(text, source, 16 << 20):
         line = line.strip()
@@ -201,14 +174,9 @@ def parse_cuobjdump_headers(text: Any, source: str) -> list[tuple[str, str]]:
 
 
 def ninja_variables(text: Any, source: str, *, max_bytes: int = 4 << 20) -> dict[str, str]:
-    """Top-level ``name = value`` lines of a ``build.ninja`` (``$``-newline continuations
-    joined), e.g. ``cuda_home`` and ``common_cflags`` of FlashInfer's generated file
-    (``flashinfer/jit/cpp_ext.py`` ``generate_ninja_build_for_op``).  Rules, builds and
-    indented (scoped) variables are skipped; ``$`` escapes are left as written.
-
-    Raises:
-        FormatError: not text, or larger than ``max_bytes``.
-    """
+    """Top-level ``name = value`` lines of a ``build.ninja`` (``$``-newline continuations joined),
+    e.g. ``cuda_home`` of FlashInfer's (``flashinfer/jit/cpp_ext.py`` ``generate_ninja_build_for_op``);
+    rules, builds and indented variables skipped, ``$`` escapes left as written."""
     if not isinstance(text, str) or len(text) > max_bytes:
         raise _fail(source, "is not build.ninja text of a sane size", "")
     out: dict[str, str] = {}
@@ -220,11 +188,7 @@ def ninja_variables(text: Any, source: str, *, max_bytes: int = 4 << 20) -> dict
 
 
 def proc_maps_paths(text: Any, source: str) -> set[str]:
-    """The file paths mapped in a ``/proc/<pid>/maps`` text (`` (deleted)`` dropped).
-
-    Raises:
-        FormatError: not text or larger than 64 MiB.
-    """
+    """The file paths mapped in a ``/proc/<pid>/maps`` text of at most 64 MiB (`` (deleted)`` dropped)."""
     if not isinstance(text, str) or len(text) > 64 << 20:
         raise _fail(source, "is not /proc maps text of a sane size", "")
     out = set()

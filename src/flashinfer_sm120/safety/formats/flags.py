@@ -60,17 +60,11 @@ def _word_ok(word: str) -> bool:
 
 
 def parse_compile_flag(text: Any, source: str, *, fix: str = "") -> tuple[str, list[str]]:
-    """One manifest flag: ``(flag unchanged, [directories it names])``.
-
-    Every word must be an :data:`OPTION_FORMS` word, a :data:`PATH_OPTIONS` option with an absolute
-    or placeholder (``@FLASHINFER@/``, ``@GEN@/``, ``@JIT@/``) directory, or ``-Xcompiler``/
-    ``--compiler-options`` with a comma-separated list of such words.  The caller checks that each
-    directory returned is FlashInfer's or passes the trust rule.
-
-    Raises:
-        FormatError: any other word (``-ccbin=/x``, ``-Xcompiler=-fplugin=/x.so``, ``-MF /x``, ``-B/x``),
-            naming it, or characters :func:`~.grammar.parse_flag` refuses.
-    """
+    """One manifest flag: ``(flag unchanged, [directories it names])``.  Every word must be an
+    :data:`OPTION_FORMS` word, a :data:`PATH_OPTIONS` option with an absolute or placeholder
+    (``@FLASHINFER@/``, ``@GEN@/``, ``@JIT@/``) directory, or ``-Xcompiler`` with a comma-separated list
+    of such words; any other (``-ccbin=/x``, ``-Xcompiler=-fplugin=/x.so``, ``-MF /x``, ``-B/x``) is a
+    :class:`FormatError`.  The caller checks each directory returned by the trust rule."""
     parse_flag(text, source, fix=fix)
     words, dirs, i = text.split(), [], 0
     if not words:

@@ -12,28 +12,20 @@ from packaging.version import InvalidVersion, Version
 from flashinfer_sm120.safety.formats.base import _fail, _type_name, shown
 
 
-#: A name: a module, a variant, a file in a cache entry.  No whitespace, no
-#: ``$`` or ``:`` (ninja syntax), no ``/`` (paths are lists of names), no NUL; at most 255
-#: characters, Linux's NAME_MAX (FlashInfer's attention module names pass 200).
+#: A name (a module, a variant, a file in a cache entry): no whitespace, ``$``, ``:`` (ninja syntax),
+#: ``/`` or NUL; at most 255 characters, Linux's NAME_MAX (FlashInfer's attention module names pass 200).
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}")
 
-#: A file name in a relative path: a name that may also start with ``.``
-#: (``.ninja_log``, ``.ninja_deps``) but is never ``.`` or ``..``.
+#: A file name in a relative path: a name that may start with ``.`` (``.ninja_log``), never ``.``/``..``.
 FILE_NAME_RE = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.][A-Za-z0-9_.+-]{0,254}")
 
-#: A version as nvcc, ninja, FlashInfer or pip print it: ``13.0.88``, ``1.13.2``,
-#: ``0.7.2.post1``, ``2.14.0+cu130``.
+#: A version as nvcc, ninja, FlashInfer or pip print it: ``13.0.88``, ``0.7.2.post1``, ``2.14.0+cu130``.
 _VERSION_RE = re.compile(r"[0-9]{1,6}(?:\.[0-9]{1,9}){0,4}(?:(?:\.?(?:post|dev|rc|a|b)[0-9]{0,9})){0,2}"
                          r"(?:\+[A-Za-z0-9.]{1,32})?")
 
 
 def parse_version(text: Any, source: str, *, fix: str = "") -> Version:
-    """One version, e.g. ``13.0.88`` (surrounding whitespace dropped, nothing else).
-
-    Raises:
-        FormatError: not a string, or not of the version grammar (letters,
-            inner whitespace, control characters, more than 5 parts, ...).
-    """
+    """One version of :data:`_VERSION_RE`, e.g. ``13.0.88`` (surrounding whitespace dropped)."""
     if not isinstance(text, str):
         raise _fail(source, f"version {shown(text, 40)} is {_type_name(text)}, not a string", fix)
     t = text.strip()
@@ -46,11 +38,7 @@ def parse_version(text: Any, source: str, *, fix: str = "") -> Version:
 
 
 def parse_name(text: Any, source: str, *, fix: str = "") -> str:
-    """A name of :data:`NAME_RE` grammar, returned unchanged.
-
-    Raises:
-        FormatError: anything else (``.``/``..``, whitespace, ``$``, ``:``, ``/``, NUL, > 200 chars).
-    """
+    """A name of :data:`NAME_RE` grammar, returned unchanged."""
     if not isinstance(text, str) or not NAME_RE.fullmatch(text):
         raise _fail(source, f"{shown(text)} is not a name (letters, digits, '_', '.', '+', '-'; "
                             f"at most 200; not starting with '.' or '-')", fix)
@@ -58,11 +46,8 @@ def parse_name(text: Any, source: str, *, fix: str = "") -> str:
 
 
 def parse_relpath(text: Any, source: str, *, fix: str = "", max_parts: int = 16) -> tuple[str, ...]:
-    """A relative path ``a/b/c`` whose every part is a file name (:data:`FILE_NAME_RE`:
-    a name, or one starting with ``.`` such as ``.ninja_log``).
-
-    Absolute paths, empty parts (``a//b``), ``.`` and ``..`` are refused by the grammar.
-    """
+    """A relative path ``a/b/c`` whose every part is a :data:`FILE_NAME_RE` (so no absolute path,
+    empty part, ``.`` or ``..``)."""
     if not isinstance(text, str) or not text:
         raise _fail(source, f"{shown(text)} is not a relative path", fix)
     parts = tuple(text.split("/"))
@@ -79,13 +64,8 @@ _LEADING_VERSION_RE = re.compile(r"([0-9]{1,6}(?:\.[0-9]{1,9}){0,3})(?:$|[.+-][A
 
 
 def parse_leading_version(text: Any, source: str, *, fix: str = "") -> Version:
-    """The release at the start of a program's ``--version`` line: its first word's
-    dotted numeric part (``1.13.2.git.kitware.jobserver-pipe-1`` -> 1.13.2, as the
-    ``ninja`` wheel prints; ``1.11.1`` -> 1.11.1).
-
-    Raises:
-        FormatError: not a string, or its first word does not start with a release.
-    """
+    """The release at the start of a program's ``--version`` line: its first word's dotted numeric
+    part (``1.13.2.git.kitware.jobserver-pipe-1``, as the ``ninja`` wheel prints, is 1.13.2)."""
     if not isinstance(text, str):
         raise _fail(source, f"output {shown(text, 40)} is {_type_name(text)}, not text", fix)
     words = text[:4096].split(None, 1)
@@ -99,12 +79,8 @@ _NINJA_LOG_RE = re.compile(rb"# ninja log v([0-9]{1,4})")
 
 
 def parse_ninja_log_header(line: Any, source: str, *, fix: str = "") -> int:
-    """The format number of a ``.ninja_log`` from its first line, ``# ninja log v7``
-    (ninja ``src/build_log.cc``: ``kFileSignature = "# ninja log v%d\\n"``).
-
-    Raises:
-        FormatError: not bytes/str, or not that header exactly.
-    """
+    """The format number of a ``.ninja_log`` from its first line exactly, ``# ninja log v7``
+    (ninja ``src/build_log.cc``: ``kFileSignature = "# ninja log v%d\\n"``)."""
     if isinstance(line, str):
         line = line.encode("utf-8", "replace")
     m = _NINJA_LOG_RE.fullmatch(line.rstrip(b"\r\n")) if isinstance(line, (bytes, bytearray)) else None
@@ -114,22 +90,18 @@ def parse_ninja_log_header(line: Any, source: str, *, fix: str = "") -> int:
     return int(m.group(1))
 
 
-#: A compiler or linker flag as a manifest carries it (``-DENABLE_BF16``,
-#: ``-I@FLASHINFER@/data/include``, ``-gencode=arch=compute_120f,code=sm_120f``):
-#: no control character (a newline would start a new ``build.ninja`` line), no
-#: shell syntax (FlashInfer joins flags into a ``/bin/sh -c`` command unquoted:
-#: ``;``, ``|``, ``&``, quotes, ``$``, backquote, ``<``, ``>``, ``*`` are refused).
+#: A compiler or linker flag as a manifest carries it (``-I@FLASHINFER@/data/include``): no control
+#: character (a new ``build.ninja`` line), no shell syntax (FlashInfer joins flags into ``/bin/sh -c``
+#: unquoted).
 FLAG_RE = re.compile(r"[A-Za-z0-9_.,:=+/@%{}~ -]{1,4096}")
 
-#: A file path as a manifest carries it (``@FLASHINFER@/data/csrc/norm.cu``):
-#: the characters FlashInfer's unquoted ``build.ninja`` lines and ``/bin/sh`` carry
-#: (no whitespace, ``$``, ``:``, quotes).
+#: A file path as a manifest carries it (``@FLASHINFER@/data/csrc/norm.cu``): no whitespace, ``$``,
+#: ``:`` or quotes (FlashInfer's ``build.ninja`` lines and ``/bin/sh`` carry it unquoted).
 PATH_TEXT_RE = re.compile(r"[A-Za-z0-9_./+@%=,~-]{1,4096}")
 
-#: A word of a command FlashInfer writes into ``build.ninja`` from the environment (``CXX``,
-#: ``FLASHINFER_NVCC_LAUNCHER``: ``cxx = $CXX``, then ``/bin/sh -c``): characters neither ninja
-#: (``$``, newline) nor the shell (quotes, ``\``, backquote, ``;|&<>()``, globs, ``#``, ``!``,
-#: ``{}``, a leading ``~``) reads as syntax, so the words we check are the words that run.
+#: A word of a command FlashInfer writes into ``build.ninja`` from the environment (``cxx = $CXX``,
+#: then ``/bin/sh -c``): no character ninja or the shell reads as syntax (a leading ``~`` included),
+#: so the words we check are the words that run.
 COMMAND_WORD_RE = re.compile(r"[A-Za-z0-9_./+@%=,:-][A-Za-z0-9_./+@%=,:~-]{0,4095}")
 
 #: A target as manifests and ``--arch`` carry it: ``12.0``, ``12.0f``, ``9.0a``.
@@ -138,11 +110,7 @@ _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
 def parse_target(text: Any, source: str, *, fix: str = "") -> str:
-    """One target of the ``major.minor[a|f]`` grammar (``12.0f``), returned unchanged.
-
-    Raises:
-        FormatError: not a string of that grammar (``12.0`` as a number, ``sm_120``, spaces).
-    """
+    """One target of the ``major.minor[a|f]`` grammar (``12.0f``; not ``12.0`` as a number, ``sm_120``)."""
     if not isinstance(text, str) or not TARGET_RE.fullmatch(text):
         raise _fail(source, f"target {shown(text, 40)} is not of the form major.minor[a|f], e.g. '12.0' "
                             f"or '12.0f'", fix)
@@ -158,12 +126,7 @@ def parse_flag(text: Any, source: str, *, fix: str = "") -> str:
 
 
 def parse_command_words(text: Any, source: str, *, fix: str = "", max_words: int = 64) -> tuple[str, ...]:
-    """A command as blank-separated words of :data:`COMMAND_WORD_RE`, e.g. ``ccache g++ -O2``.
-
-    Raises:
-        FormatError: not a string, empty, more than ``max_words`` words, or a word holding
-            syntax of ninja or the shell (``$``, quotes, backquote, ``;``, ``|``, ``>``, ``*``, ...).
-    """
+    """A command of 1 to ``max_words`` blank-separated :data:`COMMAND_WORD_RE` words (``ccache g++ -O2``)."""
     if not isinstance(text, str):
         raise _fail(source, f"{shown(text, 40)} is {_type_name(text)}, not a command", fix)
     if any(ord(c) < 32 and c != "\t" for c in text[:1 << 16]):

@@ -1,18 +1,12 @@
-"""A FlashInfer generator and its parameters, as a manifest names them: data, never code.
+"""A FlashInfer generator and its parameters, as a manifest names them: data, never code (P2).
 
-A manifest entry says which ``gen_*_module`` function of the installed FlashInfer made a JIT
-module and with which arguments; the builder calls that function itself, so the sources compiled
-are what the local FlashInfer generates (docs/threat-model.md P2).  This grammar keeps both parts
-to plain values:
-
-* ``generator``: ``flashinfer.<module>:<name>``: the module a dotted name of lower-case words
-  under ``flashinfer`` (no ``__dunder__`` part), the name ``gen_..._module`` or ``_gen_..._module``
-  and never a ``customize`` one (those take C++ text: a variant declaration, a functor body);
-* ``params``: ``{"args": [...], "kwargs": {...}}`` whose values are ``null``, booleans, integers
-  within 2**53, finite numbers, short strings of name characters (``[A-Za-z0-9_.+-]``, the first a letter, digit or ``_``:
-  no blank, quote, ``#``, ``<``, ``/`` or brace, never ``..``, so no C++ and no path), a torch dtype as
-  ``{"dtype": "bfloat16"}``, a tuple as ``{"tuple": [...]}`` and lists, nested at most
-  :data:`PARAM_MAX_DEPTH` deep and :data:`PARAM_MAX_ITEMS` values in all.
+The builder calls the named ``gen_*_module`` of the installed FlashInfer itself, so what is compiled
+is what the local FlashInfer generates.  ``generator``: ``flashinfer.<module>:<name>``, a dotted
+module of lower-case words under ``flashinfer`` (no ``__dunder__``), a ``gen_..._module`` or
+``_gen_..._module`` name and never a ``customize`` one (those take C++ text).  ``params``: ``{"args":
+[...], "kwargs": {...}}`` of ``null``, booleans, integers within 2**53, finite numbers, short names
+(no blank, quote, brace, ``/`` or ``..``: no C++ and no path), ``{"dtype": "bfloat16"}``, ``{"tuple":
+[...]}`` and lists, at most :data:`PARAM_MAX_DEPTH` deep and :data:`PARAM_MAX_ITEMS` values.
 """
 
 from __future__ import annotations

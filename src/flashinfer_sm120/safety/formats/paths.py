@@ -1,6 +1,6 @@
 """Paths we write: joined under a root with the grammar of names, created private; and the one
 rule for the characters of a path FlashInfer's ``build.ninja`` and ``/bin/sh`` carry (cache root,
-``HOME``, JIT workspace: :func:`path_chars_problem`)."""
+``CUDA_HOME``, JIT workspace: :func:`path_problem`, :func:`jit_dir_problem`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 
 from flashinfer_sm120.safety.formats.grammar import parse_relpath
-from flashinfer_sm120.safety.formats.base import _fail
+from flashinfer_sm120.safety.formats.base import _fail, shown, some
 
 #: The ASCII characters besides letters and digits that a path may hold unquoted in FlashInfer's
 #: ``build.ninja`` (``cuda_home = <path>``, ``build <path>: ...``) and the ``/bin/sh -c`` lines ninja
@@ -42,18 +42,42 @@ def path_chars_problem(path: str) -> list[str] | None:
     return bad or None
 
 
+def path_problem(path: str, what: str) -> str | None:
+    """Why ``path`` cannot be used unquoted as a cache or ``CUDA_HOME`` path (``what`` names it in
+    the sentence, e.g. ``"$FLASHINFER_SM120_CACHE_DIR"``); ``None`` when usable."""
+    if not os.path.isabs(path):
+        return (f"{what}={shown(path)} is a relative path: builds and child processes run in other "
+                f"directories; set it to an absolute path")
+    bad = path_chars_problem(path)
+    if bad:
+        return (f"{what}={shown(path)} contains {some(bad, 8)}, which FlashInfer's generated build.ninja "
+                f"and the shell lines it runs do not quote (the compile would fail); set it to a path of "
+                f"{PATH_RULE}")
+    return None
+
+
+def jit_dir_problem(jit_dir: str) -> str | None:
+    """Why FlashInfer's JIT directory cannot be used: FlashInfer writes it unquoted into every
+    ``build.ninja`` (0.7.x ``generate_ninja_build_for_op``: ``build {obj}: ...``), where a space or
+    ``:`` breaks the line and ``$x`` is a ninja variable (the build lands in another directory)."""
+    fix = ("Fix: set FLASHINFER_WORKSPACE_BASE (or SGLANG_CACHE_DIR, which SGLang copies into it) to an "
+           f"absolute directory whose path has only {PATH_RULE}")
+    if not os.path.isabs(jit_dir):
+        return (f"FlashInfer's JIT directory {shown(jit_dir)} is a relative path: each working directory "
+                f"gets a JIT cache of its own. {fix}")
+    bad = path_chars_problem(jit_dir)
+    if not bad:
+        return None
+    return (f"FlashInfer's JIT directory {shown(jit_dir)} contains {some(bad, 8)}: FlashInfer writes it "
+            f"unquoted into every build.ninja, where a blank or ':' breaks the line, '$x' is a ninja "
+            f"variable and the shell reads its own syntax (the build would fail, or land in another "
+            f"directory). {fix}")
+
+
 def safe_join(root: str | os.PathLike, rel: str | Iterable[str], source: str, *, fix: str = "") -> Path:
-    """``root/rel``, refused unless it stays under ``root``.
-
-    ``rel`` is a ``/``-separated string or a sequence of parts; every part must
-    be a name (:func:`parse_relpath`), so absolute parts and ``..`` cannot
-    occur; every part that already exists below ``root``, except the last, must
-    be a real directory (a symlinked parent is refused, it could lead anywhere).
-    The last part may exist; it is refused when it is a symlink.
-
-    Raises:
-        FormatError: naming ``source`` and the offending part.
-    """
+    """``root/rel``, refused (naming ``source`` and the part) unless it stays under ``root``: every
+    part of ``rel`` (``a/b`` or a sequence) a name (:func:`parse_relpath`: no absolute part or ``..``),
+    no existing part a symlink, every existing part but the last a directory."""
     parts = parse_relpath(rel if isinstance(rel, str) else "/".join(rel), source, fix=fix)
     base = Path(root)
     cur = base
@@ -73,13 +97,8 @@ def safe_join(root: str | os.PathLike, rel: str | Iterable[str], source: str, *,
 
 
 def make_private_dirs(path: str | os.PathLike, *, mode: int = 0o700) -> None:
-    """Create ``path`` and any missing parents with exactly ``mode`` (default
-    ``0700``), whatever the umask: each level created here is ``chmod``-ed
-    right after ``mkdir``.  Existing levels are left as they are.
-
-    Raises:
-        OSError: as :func:`os.mkdir`.
-    """
+    """Create ``path`` and its missing parents with exactly ``mode`` whatever the umask (each level
+    made here is ``chmod``-ed after ``mkdir``; existing ones are left).  Raises ``OSError``."""
     path = os.path.abspath(os.fspath(path))
     missing = []
     p = path

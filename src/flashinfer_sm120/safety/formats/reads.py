@@ -27,25 +27,11 @@ MAX_JSON_DEPTH = 32
 _DEPTH_TOKEN_RE = re.compile(r'"(?:[^"\\]+|\\.)*(?:"|\\?\Z)|[\[\]{}]', re.S)
 
 
-def read_bytes(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
-               owners: tuple[int, ...] | None = None) -> bytes:
-    """The whole of a regular file, refused past ``max_bytes`` while reading.
-
-    Args:
-        path: the file.
-        max_bytes: the cap; a larger file is refused without reading past the cap.
-        fix: what the message tells the user to do.
-        follow: ``False`` refuses a symlink at ``path`` (``O_NOFOLLOW``).
-        owners: uids allowed to own the file (``None``: anyone).
-
-    Raises:
-        FormatError: absent, not a regular file (a FIFO is never waited on),
-            wrong owner, unreadable, or too large; the message names the path.
-    """
-    path = os.fspath(path)
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    if not follow:
-        flags |= getattr(os, "O_NOFOLLOW", 0)
+def _open_regular(path: str, fix: str, follow: bool = True,
+                  owners: tuple[int, ...] | None = None) -> tuple[int, os.stat_result]:
+    """A blocking descriptor on the regular file ``path``, opened without blocking on a FIFO or device
+    (threat-model: P6); ``follow=False`` refuses a symlink; ``owners``: the uids allowed to own it."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
     except OSError as exc:
@@ -58,36 +44,6 @@ def read_bytes(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow
             raise _fail(path, "is not a regular file", fix)
         if owners is not None and st.st_uid not in owners:
             raise _fail(path, f"is owned by uid {st.st_uid}, not {' or '.join(map(str, owners))}", fix)
-        if st.st_size > max_bytes:
-            raise _fail(path, f"is {st.st_size} bytes, more than the {max_bytes}-byte cap", fix)
-        os.set_blocking(fd, True)
-        chunks, left = [], max_bytes + 1
-        while left > 0:
-            b = os.read(fd, min(left, 1 << 16))
-            if not b:
-                break
-            chunks.append(b)
-            left -= len(b)
-    except OSError as exc:
-        raise _fail(path, f"cannot be read ({exc.strerror or exc})", fix) from None
-    finally:
-        os.close(fd)
-    raw = b"".join(chunks)
-    if len(raw) > max_bytes:
-        raise _fail(path, f"is more than the {max_bytes}-byte cap", fix)
-    return raw
-
-
-def _open_regular(path: str, fix: str) -> int:
-    """A blocking descriptor on ``path``, opened without blocking on a FIFO or device and refused
-    unless it is a regular file (threat-model: P6)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise _fail(path, f"cannot be opened ({exc.strerror or exc})", fix) from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _fail(path, "is not a regular file", fix)
         os.set_blocking(fd, True)
     except OSError as exc:
         os.close(fd)
@@ -95,19 +51,11 @@ def _open_regular(path: str, fix: str) -> int:
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, st
 
 
-def read_prefix(path: str | os.PathLike, limit: int, *, fix: str = "") -> bytes:
-    """The first ``limit`` bytes of a regular file (for a header whose
-    ``#define`` sits near the top, a script's ``#!`` line), never blocking on a
-    FIFO or device.
-
-    Raises:
-        FormatError: absent, not a regular file, or unreadable.
-    """
-    path = os.fspath(path)
-    fd = _open_regular(path, fix)
+def _read_upto(fd: int, path: str, limit: int, fix: str) -> bytes:
+    """At most ``limit`` bytes from ``fd``, which is closed afterwards."""
     try:
         chunks, left = [], limit
         while left > 0:
@@ -123,6 +71,35 @@ def read_prefix(path: str | os.PathLike, limit: int, *, fix: str = "") -> bytes:
         os.close(fd)
 
 
+def read_bytes(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
+               owners: tuple[int, ...] | None = None) -> bytes:
+    """The whole of a regular file, refused past ``max_bytes`` while reading (never read past the cap).
+
+    Raises:
+        FormatError: absent, not a regular file (a FIFO is never waited on), a symlink when
+            ``follow=False``, not owned by one of ``owners``, unreadable, or too large.
+    """
+    path = os.fspath(path)
+    fd, st = _open_regular(path, fix, follow, owners)
+    if st.st_size > max_bytes:
+        os.close(fd)
+        raise _fail(path, f"is {st.st_size} bytes, more than the {max_bytes}-byte cap", fix)
+    raw = _read_upto(fd, path, max_bytes + 1, fix)
+    if len(raw) > max_bytes:
+        raise _fail(path, f"is more than the {max_bytes}-byte cap", fix)
+    return raw
+
+
+def read_prefix(path: str | os.PathLike, limit: int, *, fix: str = "") -> bytes:
+    """The first ``limit`` bytes of a regular file (a header's ``#define``, a script's ``#!`` line).
+
+    Raises:
+        FormatError: absent, not a regular file, or unreadable.
+    """
+    path = os.fspath(path)
+    return _read_upto(_open_regular(path, fix)[0], path, limit, fix)
+
+
 def read_text(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
               owners: tuple[int, ...] | None = None) -> str:
     """:func:`read_bytes` decoded as UTF-8 (refused, not replaced, when it is not)."""
@@ -135,19 +112,11 @@ def read_text(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow:
 
 def iter_lines(path: str | os.PathLike, *, max_line: int, max_lines: int, fix: str = "",
                skip_long: bool = False) -> Iterator[tuple[int, bytes | None]]:
-    """``(line number, line without its newline)`` of a regular file, streamed:
-    a line longer than ``max_line`` bytes or more than ``max_lines`` lines are
-    refused when reached, never read whole (``/dev/zero``, a 1 GiB line).
-
-    Args:
-        skip_long: yield ``(n, None)`` for a line longer than ``max_line`` (read
-            past in ``max_line`` chunks, never held whole) instead of refusing.
-
-    Raises:
-        FormatError: as :func:`read_bytes`, or a cap was reached.
-    """
+    """``(line number, line without its newline)`` of a regular file, streamed: a line over
+    ``max_line`` bytes (``/dev/zero``) or a line past ``max_lines`` is refused when reached, never read
+    whole; with ``skip_long`` such a line is read past in chunks and yielded as ``(n, None)``."""
     path = os.fspath(path)
-    fd = _open_regular(path, fix)
+    fd, _ = _open_regular(path, fix)
     try:
         with os.fdopen(fd, "rb", closefd=False) as fh:
             n = 0
@@ -193,12 +162,7 @@ def json_depth(text: str) -> int:
 
 
 def loads_json(data: str | bytes, source: str, *, max_depth: int = MAX_JSON_DEPTH, fix: str = "") -> Any:
-    """Parse JSON from an untrusted source.
-
-    Raises:
-        FormatError: not UTF-8, not JSON, ``NaN``/``Infinity``, or nested deeper
-            than ``max_depth``; the message names ``source`` and the fix.
-    """
+    """JSON from an untrusted ``source``: UTF-8, no ``NaN``/``Infinity``, at most ``max_depth`` deep."""
     if isinstance(data, (bytes, bytearray)):
         try:
             data = bytes(data).decode("utf-8")
@@ -222,20 +186,9 @@ def read_json_file(path: str | os.PathLike, max_bytes: int, *, fix: str = "", fo
 
 def field(obj: Any, key: str, kind: type | tuple[type, ...], source: str, *, fix: str = "",
           default: Any = ..., max_len: int | None = None) -> Any:
-    """``obj[key]`` checked to be of ``kind`` (``bool`` is not an ``int`` here).
-
-    Args:
-        obj: a parsed JSON object (anything else is refused).
-        key: the key.
-        kind: the type or types wanted.
-        source: the file or variable, for the message.
-        default: returned when the key is absent (omit to make the key required).
-        max_len: cap on the length of a string or list value.
-
-    Raises:
-        FormatError: ``obj`` is not an object, the key is missing (no default),
-            or its value has another type or is too long.
-    """
+    """``obj[key]`` of the parsed JSON object ``obj``, checked to be of ``kind`` (``bool`` is not an
+    ``int`` here, a number is finite) and at most ``max_len`` long; ``default`` when absent (omitted:
+    required).  A :class:`FormatError` names ``source``, the key and what it held."""
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if not isinstance(obj, dict):
         raise _fail(source, f"holds {_type_name(obj)} where an object was expected", fix)
@@ -257,11 +210,7 @@ def field(obj: Any, key: str, kind: type | tuple[type, ...], source: str, *, fix
 
 def string_list(value: Any, source: str, *, max_items: int = 4096, max_len: int = 1 << 16,
                 fix: str = "") -> list[str]:
-    """A JSON list of strings, each at most ``max_len`` characters and free of NUL.
-
-    Raises:
-        FormatError: not a list, too long, or an item that is not such a string.
-    """
+    """A JSON list of at most ``max_items`` strings, each at most ``max_len`` characters, no NUL."""
     if not isinstance(value, list):
         raise _fail(source, f"is {_type_name(value)}, not a list of strings", fix)
     if len(value) > max_items:
@@ -290,12 +239,7 @@ def check_text(value: Any, name: str, *, max_len: int = 4096, fix: str = "") -> 
 
 
 def env_text(name: str, env: dict[str, str] | None = None, *, max_len: int = 4096) -> str | None:
-    """``env[name]`` (default ``os.environ``), or ``None`` when unset.
-
-    Raises:
-        FormatError: longer than ``max_len`` or holding a NUL/control character
-            other than tab; the message names the variable and shows a cut value.
-    """
+    """``env[name]`` (default ``os.environ``) by :func:`check_text`, or ``None`` when unset."""
     value = (os.environ if env is None else env).get(name)
     if value is None:
         return None

@@ -1,15 +1,10 @@
 """Atomic writes, and the one sweep of what a killed process left behind.  Standard library only:
 ``enable`` and ``disable`` use it with the rest of the package (and its dependencies) broken.
 
-``tempfile.mkdtemp``/``TemporaryDirectory`` and a write's temporary file are cleaned up in
-``finally``, which ``kill -9`` or the OOM killer never reach: a ``cache import`` killed while
-unpacking left its archive's files (up to the 32 GiB cap) in ``$TMPDIR/fi-sm120-import-*``, a build
-its jobserver FIFO, a view builder its half-built view, an ``enable`` its half-written ``.pth``, each
-run one more.  A temporary entry (a directory of
-:func:`flashinfer_sm120.safety.fs.tmpdirs.make_private`, or the temporary file of :func:`write_atomic`)
-is held (:func:`hold`: ``flock``) for as long as its maker uses it: the lock is the open file, released
-by the kernel when the process dies, in any PID namespace; :func:`sweep` removes those of this uid whose
-lock it can take.
+``finally`` never runs under ``kill -9`` or the OOM killer (a killed ``cache import`` left up to
+32 GiB in ``$TMPDIR``).  So a temporary entry (a :func:`flashinfer_sm120.safety.fs.tmpdirs.make_private`
+directory, a :func:`write_atomic` temporary file) is held with ``flock`` (:func:`hold`) while its maker
+lives; the kernel drops the lock when it dies, and :func:`sweep` removes what it can then lock.
 """
 # threat-model: P5 (temporary entries have random names; only their creator removes them, or the next
 # process once the creator's lock is gone; final files are put in place atomically), P3 (never removed
@@ -34,8 +29,8 @@ _SWEEP_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a F
 
 
 def hold(fd: int) -> None:
-    """Mark the temporary entry open on ``fd`` as in use for as long as it stays open (:func:`sweep`
-    keeps it).  On a file system without ``flock`` it is kept by :data:`GRACE_S` only."""
+    """Mark the temporary entry open on ``fd`` in use while it stays open (without ``flock``, only
+    :data:`GRACE_S` keeps it)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -43,9 +38,8 @@ def hold(fd: int) -> None:
 
 
 def sweep(prefix: str, parent: str | None = None) -> None:
-    """Remove ``parent/prefix*`` directories and regular files of yours that nobody holds
-    (:func:`hold`) and that are older than :data:`GRACE_S` (their maker was killed).  A link is never
-    followed or removed, nor an entry of another uid.  Never raises."""
+    """Remove ``parent/prefix*`` directories and files of yours older than :data:`GRACE_S` that nobody
+    holds (their maker was killed); never a link nor another uid's entry.  Never raises."""
     parent = parent or tempfile.gettempdir()
     try:
         names = [n for n in os.listdir(parent) if n.startswith(prefix)]
@@ -88,13 +82,9 @@ def temp_prefix(path: str) -> str:
 
 
 def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
-    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never half.
-    The one atomic writer of the package (threat-model: P5).
-
-    A temp file with a random name (:func:`temp_prefix`) is created with ``O_EXCL`` in the same
-    directory (so a name planted by another user is never opened), held while it is written
-    (:func:`hold`), given ``mode``, then renamed over ``path`` with :func:`os.replace`; on any failure
-    it is removed.  What a writer killed meanwhile left is swept first (:func:`sweep`).
+    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never half: the
+    one atomic writer (threat-model: P5).  A ``mkstemp`` file beside it (never a planted name), held
+    while written, given ``mode``, renamed over ``path``; removed on any failure.
 
     Raises:
         OSError: as the file system reports it (the caller words the message).

@@ -1,36 +1,17 @@
-"""Leases: a process that uses a ``CUDA_HOME`` view or a JIT workspace says so with a lock.
+"""Leases: a process that uses a ``CUDA_HOME`` view or a JIT workspace says so with a lock (threat-model: P3).
 
-A *lease* on a directory ``D`` is a shared :func:`fcntl.flock` on the file ``.<name of D>.lease``
-beside it (``cuda-home/.cuda-13.0.88-<key>.lease``, ``.../120f/.nvcc13.0.88-<tag>.lease``).  A
-process takes it where it chooses ``D`` (:func:`flashinfer_sm120.core.view.linkable_home`, the patch
-layer's :func:`~flashinfer_sm120.core.patch.steps.refresh_derived`) and keeps it until it exits; the
-kernel drops it then, whatever the way out (``kill -9`` included).  ``cache prune`` takes each
-lease *exclusively without waiting* (:func:`take_exclusive`) and keeps whatever it cannot take;
-it holds the exclusive lock while it removes ``D`` and unlinks the lease file before letting go.
+A lease on a directory ``D`` is a shared ``flock`` on ``.<name of D>.lease`` beside it, taken where
+the process chooses ``D`` and kept until it exits (the kernel drops it, ``kill -9`` included).
+``cache prune`` takes it exclusively without waiting (:func:`take_exclusive`), keeps what it cannot
+take, and unlinks the lease file before letting go.  A lock, not a look at ``/proc``: ``environ`` is
+the environment at ``exec`` and an idle server maps nothing of its view; a flock is a fact about the
+file, seen from every PID namespace and container sharing the volume.
 
-Why a lock and not a look at ``/proc``: ``/proc/<pid>/environ`` is the environment at ``exec``
-(the ``CUDA_HOME`` a patched process exports comes later) and an idle server maps nothing of its
-view, so an idle user looked unused; and ``/proc`` shows only the own PID namespace.  A flock is a
-fact about the file, seen from every process and PID namespace that opens it (and across
-containers sharing the volume on one host).
-
-Rules (``threat-model: P3``):
-
-* **Taking a lease** (:func:`hold`): open (create) the lease file, ``LOCK_SH``, then check the
-  path still names the locked file (prune unlinks it after a removal: a lock on an unlinked file
-  guards nothing, so it is taken again).  Only *then* does the caller check that ``D`` exists
-  (and rebuild it if not): check, then use, under the lease.  While prune holds the exclusive
-  lock a taker waits (polling, at most :data:`WAIT_S`), then finds ``D`` gone and rebuilds.
-* **Fork**: a flock belongs to the open file description, which a forked child shares: the child
-  holds the lease too, also after its parent exits.
-* **Exec**: the descriptor is ``O_CLOEXEC`` (non-inheritable, as every descriptor Python opens,
-  PEP 446), deliberately: a program the process runs (``nvcc``, ``ninja``, a daemon that outlives
-  it, such as a compiler-cache server) never holds a lease, so a lease never outlives every
-  Python that uses the view.  A new Python (a ``multiprocessing`` spawn worker, ``python -c``)
-  takes its own lease when it imports FlashInfer (the ``.pth`` autoload, or ``import
-  flashinfer_sm120``), through the ``CUDA_HOME`` it inherited, which leads back to the same view.
-* **Probing** (:func:`leased`) opens read-only and creates nothing (a listing prune creates no
-  file).
+* :func:`hold` locks, then checks the path still names the locked file (prune unlinks it); only then
+  does the caller check that ``D`` exists: check, then use, under the lease.
+* A forked child shares the lease; the descriptor is ``O_CLOEXEC``, so a program the process runs
+  (``nvcc``, a compiler-cache daemon) never holds one; a new Python takes its own on import.
+* :func:`leased` and :func:`lease_state` open read-only and create nothing.
 """
 
 from __future__ import annotations
@@ -77,14 +58,9 @@ def target_of(path: str) -> str | None:
 
 
 def place_problem(target: str) -> str | None:
-    """Why no lease on the directory ``target`` is taken or created (threat-model: P4), so ``cache
-    prune`` keeps such an entry (threat-model: P3); ``None`` when one may be.  The lease file's
-    directory (its deepest existing level) and every directory on the way must pass the rule of a
-    place we write into (:func:`flashinfer_sm120.safety.ownership.check_place`): owned by root or
-    this user, not writable by others, symlinks followed and their directories checked, so a level
-    another uid made or planted as a link (FlashInfer's import makes the missing levels of
-    ``FLASHINFER_WORKSPACE_BASE`` first, owned by this user, inside the other uid's tree) counts.
-    Creates nothing."""
+    """Why no lease on ``target`` is taken or created (P4), so ``cache prune`` keeps it (P3); ``None``
+    when one may be: the lease file's directory must pass
+    :func:`flashinfer_sm120.safety.ownership.check_place`.  Creates nothing."""
     from flashinfer_sm120.safety.ownership import check_place
 
     problem = check_place(os.path.dirname(lease_path(target)), "the directory of its lease")
@@ -107,14 +83,9 @@ def _would_block(exc: OSError) -> bool:
 
 # threat-model: P3
 def hold(target: str, wait_s: float = WAIT_S) -> bool:
-    """Take a shared lease on the directory ``target`` for the rest of this process (once per
-    process; forked children share it).  The caller checks that ``target`` exists *after* this
-    returns (a prune may have removed it while this waited).
-
-    Returns:
-        ``True`` when held; ``False`` when it cannot be: the directory beside it is gone or not
-        writable (nothing there for a prune to remove either), or a prune held it for ``wait_s``.
-    """
+    """Take a shared lease on ``target`` for the rest of this process; the caller checks that
+    ``target`` exists *after* this returns.  ``False`` when it cannot be had: the directory beside it
+    is gone or not writable, or a prune held it for ``wait_s``."""
     path = lease_path(target)
     with _lock:
         fd = _held.get(path)
@@ -165,9 +136,7 @@ def leased(target: str) -> bool:
 
 def lease_state(target: str) -> str | None:
     """``None`` when no process holds a lease on ``target``, else why it is treated as held, in words
-    for a listing: held by a running process, or cannot be told (a symlink, unreadable), which
-    keeps it too.  Read-only probe: creates nothing.  threat-model: P3, P8 (a
-    planted symlink was listed as "a running process holds its lease")"""
+    for a listing (a symlink or unreadable lease file keeps it too).  Creates nothing.  P3, P8"""
     path = lease_path(target)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -190,9 +159,9 @@ def lease_state(target: str) -> str | None:
 
 # threat-model: P3
 def take_exclusive(target: str) -> int | None:
-    """The lease on ``target`` taken exclusively without waiting, for removing it: the
-    descriptor, or ``None`` when a process holds it (or it cannot be opened): keep ``target``.
-    Creates the lease file when absent, so that a process starting now waits for the removal."""
+    """The lease on ``target`` taken exclusively without waiting, for removing it: the descriptor,
+    or ``None`` (held or unopenable: keep ``target``).  Creates the lease file, so a process starting
+    now waits for the removal."""
     path = lease_path(target)
     try:
         fd = os.open(path, _FLAGS, 0o600)

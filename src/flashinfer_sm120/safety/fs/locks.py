@@ -1,10 +1,7 @@
-"""Who holds a file lock: the processes ``/proc/locks`` names for one file (Linux).
-
-A lock file any local user can read can be ``flock``-ed by any of them (a shared lock needs no write
-permission): FlashInfer's per-module lock in a JIT directory is such a file.  A wait on it is told, and
-a holder of another uid is named and not waited for (threat-model: P6, A4).
+"""Who holds a file lock: the processes ``/proc/locks`` names for one file (Linux).  Any local user who
+can read FlashInfer's per-module lock file can ``flock`` it, so a wait on it is told and a holder of
+another uid is named, not waited for (threat-model: P6, A4).  Naming only: nothing is removed on it (P3).
 """
-# threat-model: P6 (no wait without end on another uid's process)
 
 from __future__ import annotations
 
@@ -16,15 +13,13 @@ from flashinfer_sm120.safety import formats
 
 __all__ = ["Holder", "parse_proc_locks", "holders", "PROC_LOCKS_MAX"]
 
-#: Bytes of ``/proc/locks`` read: a few thousand locks; a holder past them is not named (the wait
-#: is still told).
+#: Bytes of ``/proc/locks`` read: a few thousand locks (a holder past them is not named).
 PROC_LOCKS_MAX = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
 class Holder:
-    """A process holding a lock: ``pid`` as this PID namespace sees it, ``uid`` its owner
-    (``None`` when it is gone or cannot be seen)."""
+    """A lock's holder: ``pid`` in this PID namespace, ``uid`` (``None``: gone or not visible)."""
 
     pid: int
     uid: int | None
@@ -32,9 +27,8 @@ class Holder:
 
 def parse_proc_locks(text: str, dev: int, ino: int) -> list[int]:
     """The pids of the ``/proc/locks`` lines on the file ``(dev, ino)``: ``1: FLOCK ADVISORY WRITE
-    9174 fe:00:2146629 0 EOF`` (pid, then major:minor in hex and the inode in decimal; fs/locks.c
-    ``lock_get_status``).  A line of another form is skipped; a pid 0 (a holder in a PID namespace
-    this one cannot see) is dropped.  Never raises."""
+    9174 fe:00:2146629 0 EOF`` (Linux fs/locks.c ``lock_get_status``); other lines, waiters and pid 0
+    (another PID namespace) are skipped.  Never raises."""
     want = f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}"
     out = []
     for line in text.splitlines():
@@ -49,8 +43,7 @@ def parse_proc_locks(text: str, dev: int, ino: int) -> list[int]:
 
 
 def holders(path: str | os.PathLike) -> list[Holder]:
-    """The processes holding a lock on ``path``, with their owners; ``[]`` when none is seen,
-    the file is absent or ``/proc/locks`` cannot be read.  Never raises."""
+    """The processes holding a lock on ``path``; ``[]`` when none is seen or cannot be.  Never raises."""
     try:
         st = os.stat(path)
         text = formats.read_prefix("/proc/locks", PROC_LOCKS_MAX).decode("ascii", "replace")

@@ -1,18 +1,9 @@
-"""Where flashinfer-sm120 keeps state on disk (CUDA_HOME views, the nvcc memo): the per-uid
-cache root, chosen and created (check, then create: threat-model P4).  Reading and writing
-the files in it: :mod:`flashinfer_sm120.safety.fs.statefiles`; the path rule, :mod:`flashinfer_sm120.safety.fs.pathpolicy`; who may write, :mod:`flashinfer_sm120.safety.ownership`.
-
-The rules (issue "Keep the promise under production conditions"):
-
-* the cache root is per uid: it must be owned by the current uid and not be
-  writable by group or others; an absolute path made only of characters that
-  FlashInfer's unquoted ninja lines (``cuda_home = ...``) and ``/bin/sh`` carry
-  (:data:`flashinfer_sm120.safety.formats.PATH_RULE`); it is created only after the checks that would
-  refuse it, never inside a tree another uid owns, and never by a command that only lists;
-  a root that breaks a rule is refused with a message naming the variable and
-  the fix, and the next candidate is used;
-* directories it creates (``~/.cache`` included, when absent) are ``0700``
-  level by level whatever the umask (:func:`~flashinfer_sm120.safety.formats.make_private_dirs`).
+"""The per-uid cache root where flashinfer-sm120 keeps state (views, the nvcc memo), chosen and
+created by the rules of threat-model P2 and P4: owned by this uid and writable by no one else, an
+absolute path FlashInfer's unquoted ninja lines carry (:data:`flashinfer_sm120.safety.formats.PATH_RULE`),
+created ``0700`` level by level only after every check that would refuse it, never inside a tree
+another uid owns, never by a command that only lists.  A candidate that breaks a rule is refused with
+a message naming the variable and the fix, and the next one is used.
 """
 
 from __future__ import annotations
@@ -26,20 +17,13 @@ import tempfile
 from flashinfer_sm120.errors import StateFileError
 from flashinfer_sm120.safety import oserrors
 from flashinfer_sm120.safety.formats import bounded, deepest_existing, foreign_tree, make_private_dirs
+from flashinfer_sm120.safety.formats.paths import path_problem
 from flashinfer_sm120.safety.ownership import mine_problem, trust_reason
-from flashinfer_sm120.safety.fs.pathpolicy import path_problem
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = [
-    "cache_root",
-    "cache_root_notes",
-    "forget_cache_root",
-    "home_dir",
-    "listing_only",
-    "lists_only",
-    "foreign_tree_message",
-]
+__all__ = ["cache_root", "cache_root_notes", "forget_cache_root", "home_dir", "listing_only", "lists_only",
+           "foreign_tree_message"]
 
 _notes: list[str] = []
 #: Set by :func:`listing_only`: this process creates no directory or file of ours.
@@ -49,9 +33,8 @@ _root_cache: dict[tuple, str] = {}
 
 
 def forget_cache_root(*, notes: bool = False) -> None:
-    """Forget the cache root chosen in this process and a :func:`listing_only` declaration (the next
-    :func:`cache_root` chooses again: after the environment changed, in tests); with ``notes``, also
-    the notes about refused candidates (:func:`cache_root_notes`)."""
+    """Forget the cache root chosen and a :func:`listing_only` declaration (after the environment
+    changed, in tests); with ``notes``, also :func:`cache_root_notes`."""
     global _listing
     _root_cache.clear()
     _listing = False
@@ -60,11 +43,9 @@ def forget_cache_root(*, notes: bool = False) -> None:
 
 
 def _dir_problem(path: str, what: str, explicit: bool = True) -> str | None:
-    """Ownership/permission check of a cache directory, created (0700) when absent and every check
-    that would refuse it has passed (:func:`_creation_problem`).
-    A candidate the user did not name (``explicit=False``) must also be writable,
-    so that a read-only one falls through to the next; a named one that is not is
-    reported where the write fails, naming the variable."""
+    """Why the cache directory ``path`` may not be used, creating it (0700) when absent and every
+    check passed.  A candidate the user did not name (``explicit=False``) must also be writable, so
+    a read-only one falls through to the next."""
     uid = os.geteuid()
     try:
         st = os.lstat(path)
@@ -110,22 +91,18 @@ def _dir_problem(path: str, what: str, explicit: bool = True) -> str | None:
 
 
 def _os_problem(what: str, path: str, action: str, exc: OSError) -> str:
-    """``<what>=<path> <action>: <what the errno means>; <its fix>``, from the one table
-    :data:`flashinfer_sm120.safety.oserrors.BY_ERRNO` (threat-model: P8: by errno, never by exception
-    class)."""
+    """``<what>=<path> <action>: <why>; <fix>`` chosen by errno (threat-model: P8)."""
     why = oserrors.describe(exc, path, "set FLASHINFER_SM120_CACHE_DIR to a directory of your own")
     return f"{what}={path!r} {action}: {why}"
 
 
-#: Bytes of path kept free below the cache root for what is written there
-#: (``cuda-home/<view>/lib64/stubs/libcuda.so``, temp names, lock files).
+#: Bytes of path kept free below the cache root (``cuda-home/<view>/lib64/stubs/libcuda.so``, temp names).
 ROOM_BYTES = 512
 
 
 def _room_problem(path: str, what: str) -> str | None:
-    """Why ``path`` is too long to hold our files (``ENAMETOOLONG`` later, where no other candidate
-    could be tried): it and :data:`ROOM_BYTES` must fit in the file system's ``PATH_MAX``, and each
-    level in its ``NAME_MAX``.  So such a root falls through to the next candidate.  threat-model: P8"""
+    """Why ``path`` is too long to hold our files: it and :data:`ROOM_BYTES` must fit in ``PATH_MAX``,
+    each level in ``NAME_MAX``, so such a root falls through to the next candidate (P8)."""
     top = deepest_existing(path)
     try:
         path_max, name_max = os.pathconf(top, "PC_PATH_MAX"), os.pathconf(top, "PC_NAME_MAX")
@@ -140,8 +117,7 @@ def _room_problem(path: str, what: str) -> str | None:
 
 
 def foreign_tree_message(what: str, ft, variable: str = "FLASHINFER_SM120_CACHE_DIR") -> str:
-    """The sentence for a :class:`~flashinfer_sm120.safety.formats.ForeignTree`: what would be created
-    where, and the fix (``variable`` names where to point instead)."""
+    """The sentence for a :class:`~flashinfer_sm120.safety.formats.ForeignTree`, with the fix."""
     return (f"{what}={ft.path!r} does not exist, and it would be created inside {ft.top}, owned by uid "
             f"{ft.owner}, as uid {ft.uid}: that user's own tools could not write it (pip, FlashInfer "
             f"and others use ~/.cache). Run as uid {ft.owner} (sudo -u), keep your own home "
@@ -149,12 +125,9 @@ def foreign_tree_message(what: str, ft, variable: str = "FLASHINFER_SM120_CACHE_
 
 
 def _creation_problem(path: str, what: str) -> str | None:
-    """Why ``path`` (absent) must not be created by this process; ``None`` when it may.
-
-    The deepest existing level must be a directory, not inside a tree another uid owns, and it and
-    every level above it must pass the ownership rule (:func:`_place_problem`; a root-owned sticky
-    ``/tmp`` may hold it: what is created there is yours).  So root with a user's ``HOME`` (``sudo -E``) never makes a
-    root-owned ``~/.cache`` that the user's own tools then cannot write.  threat-model: P4"""
+    """Why ``path`` (absent) must not be created: its deepest existing level must be a directory,
+    not inside a tree another uid owns (``sudo -E`` must not make a root-owned ``~/.cache``), and pass
+    the ownership rule (:func:`_place_problem`).  threat-model: P4"""
     top = os.path.realpath(deepest_existing(path))
     try:
         st = os.stat(top)
@@ -170,10 +143,8 @@ def _creation_problem(path: str, what: str) -> str | None:
 
 
 def home_dir() -> str | None:
-    """``$HOME``, else the passwd entry's home, else ``None`` (never ``"~"``:
-    ``os.path.expanduser`` gives ``~`` back when HOME is unset and the uid has no
-    passwd entry, and ``~/.cache`` would then be created in the working directory;
-    an empty ``HOME`` would give ``/``)."""
+    """``$HOME``, else the passwd entry's home, else ``None``: never ``expanduser``'s ``"~"`` (a
+    ``~/.cache`` in the working directory) nor an empty ``HOME``'s ``/``."""
     home = os.environ.get("HOME")
     if home:
         return home
@@ -186,9 +157,8 @@ def home_dir() -> str | None:
 
 
 def _place_problem(path: str, what: str) -> str | None:
-    """Every level of ``path`` (links followed) by the ownership rule
-    (:func:`flashinfer_sm120.safety.ownership.trust_reason`): otherwise another user could rename the
-    root away and put their own in its place.  threat-model: P2, P4"""
+    """``path`` by :func:`flashinfer_sm120.safety.ownership.trust_reason`: otherwise another user could
+    rename the root away and put their own in its place.  threat-model: P2, P4"""
     why = trust_reason(path)
     return None if why is None else f"{what}={path!r} lies where another user could replace it: {why}"
 
@@ -198,7 +168,7 @@ _HOME = "~/.cache/flashinfer-sm120"
 
 def _missing_home(what: str, path: str) -> str | None:
     """A home that does not exist is never created for a cache: ``HOME=/nonexistent`` is how Debian's
-    service accounts say they have none (root made ``/nonexistent`` and a whole cache in it)."""
+    service accounts say they have none.  P4"""
     home = home_dir()
     if what == _HOME and home is not None and not os.path.isdir(home):
         return (f"{what}={path!r} lies in the home directory {home!r}, which does not exist; a home is not "
@@ -223,18 +193,10 @@ def _candidates() -> list[tuple[str, str]]:
 
 
 def cache_root() -> str:
-    """The per-uid directory for flashinfer-sm120's state, created ``0700`` if absent.
-
-    Candidates, first usable wins: ``$FLASHINFER_SM120_CACHE_DIR``,
-    ``$XDG_CACHE_HOME/flashinfer-sm120``, ``~/.cache/flashinfer-sm120``, then
-    ``$TMPDIR/flashinfer-sm120-<uid>``.  A candidate is refused (with a WARNING
-    naming the variable and the fix, also returned by :func:`cache_root_notes`)
-    when it is relative, holds characters FlashInfer's ninja lines cannot carry
-    (:data:`flashinfer_sm120.safety.formats.PATH_RULE`), is owned by another uid, is writable by group
-    or others, or sits below a directory another user could replace it in.
-
-    Returns:
-        An absolute path, symlinks resolved.
+    """The per-uid directory for flashinfer-sm120's state (absolute, symlinks resolved), created
+    ``0700`` if absent.  First usable of ``$FLASHINFER_SM120_CACHE_DIR``,
+    ``$XDG_CACHE_HOME/flashinfer-sm120``, ``~/.cache/flashinfer-sm120``, ``$TMPDIR/flashinfer-sm120-<uid>``;
+    each refused one is logged with its fix (and kept for :func:`cache_root_notes`).
 
     Raises:
         StateFileError: no candidate is usable (the message lists each reason).
@@ -265,9 +227,8 @@ def cache_root() -> str:
 
 
 def listing_only() -> None:
-    """Declare that this process only lists (``cache prune`` without ``--yes``): from now on :func:`cache_root` creates no directory (an absent root raises
-    :class:`StateFileError`, which every caller already takes as "no state to read or keep"), so
-    the nvcc memo is neither stored nor locked.  threat-model: P4"""
+    """Declare that this process only lists (``cache prune`` without ``--yes``): :func:`cache_root`
+    then creates nothing (an absent root raises :class:`StateFileError`).  threat-model: P4"""
     global _listing
     _listing = True
 

@@ -1,12 +1,6 @@
-"""flashinfer-sm120's state files (the nvcc memo, launcher probes, memory estimates, view
-metadata): read safely, written atomically, computed once by one process at a time.
-
-* writes are atomic (:func:`flashinfer_sm120.safety.fs.atomic.write_atomic`; threat-model: P5);
-* reads never follow a symlink (``O_NOFOLLOW``), never block on a FIFO
-  (``O_NONBLOCK`` + regular-file check), are capped in size, and accept only
-  files owned by the current uid (or root): :mod:`flashinfer_sm120.safety.formats` (threat-model: P6).
-
-Where they live is :func:`flashinfer_sm120.safety.fs.statedir.cache_root`.
+"""flashinfer-sm120's JSON state files (the nvcc memo, launcher probes, memory estimates, view
+metadata): read bounded, never through a link and only when this uid's or root's (P6), written
+atomically (P5), computed once by one process at a time.
 """
 
 from __future__ import annotations
@@ -28,25 +22,13 @@ T = TypeVar("T")
 
 __all__ = ["MAX_STATE_BYTES", "read_json", "write_json_atomic", "compute_once"]
 
-#: Largest state file read (bytes).  The memo holds one small entry per nvcc
-#: binary seen; anything larger is not ours and is rewritten.
+#: Largest state file read (bytes): anything larger is not ours and is rewritten.
 MAX_STATE_BYTES = 1 << 20
 
 
 def read_json(path: str, *, max_bytes: int = MAX_STATE_BYTES) -> tuple[Any, str | None]:
-    """Read a JSON state file without following symlinks or blocking
-    (:func:`flashinfer_sm120.safety.formats.read_json_file`: size cap while reading,
-    depth-bounded, ``NaN`` refused, owner checked).
-
-    Args:
-        path: the file.
-        max_bytes: size cap in bytes; a larger file is refused.
-
-    Returns:
-        ``(data, None)``, or ``(None, reason)`` when the file is absent, not a
-        regular file, not owned by the current uid or root, too large, or not
-        JSON.  ``reason`` is ``None`` too when the file simply does not exist.
-    """
+    """``(data, None)`` of a JSON state file (:func:`flashinfer_sm120.safety.formats.read_json_file`,
+    no symlink, owned by this uid or root); ``(None, None)`` when absent, ``(None, reason)`` when refused."""
     if not os.path.lexists(path):
         return None, None
     try:
@@ -56,11 +38,10 @@ def read_json(path: str, *, max_bytes: int = MAX_STATE_BYTES) -> tuple[Any, str 
 
 
 def write_json_atomic(path: str, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (:func:`flashinfer_sm120.safety.fs.atomic.write_atomic`, mode ``0600``).
+    """Write ``data`` as JSON to ``path`` atomically (mode ``0600``).
 
     Raises:
-        StateFileError: the directory is not writable or the disk is full; the
-            message names the directory and ``FLASHINFER_SM120_CACHE_DIR``.
+        StateFileError: naming the directory, the errno's meaning and ``FLASHINFER_SM120_CACHE_DIR``.
     """
     try:
         atomic.write_atomic(path, json.dumps(data).encode("utf-8"))
@@ -72,13 +53,9 @@ def write_json_atomic(path: str, data: Any) -> None:
 
 def compute_once(lock_path: str, lookup: Callable[[], T | None], compute: Callable[[], T], *,
                  timeout: float, what: str) -> T:
-    """``lookup()``'s answer, else ``compute()`` run by one process at a time.
-
-    Workers starting together wait on a file lock at ``lock_path`` for at most
-    ``timeout`` seconds, then look again (the first one has stored its answer);
-    when the lock cannot be had in time, or at all (a read-only or lock-less file
-    system), they compute themselves.  ``compute`` stores what should be remembered.
-    """
+    """``lookup()``'s answer, else ``compute()`` (which stores it) run by one process at a time:
+    workers wait on the file lock ``lock_path`` at most ``timeout`` seconds, then look again; without
+    the lock (timeout, read-only or lock-less file system) they compute themselves."""
     hit = lookup()
     if hit is not None:
         return hit

@@ -1,32 +1,34 @@
-"""Private temporary directories a killed process does not leave behind for good: made only in a
-place of our own (threat-model: P4), held while their maker lives and swept by the next maker after a
-kill (:mod:`flashinfer_sm120.safety.fs.atomic`).
-"""
-# threat-model: P5 (private temporary directories; only their creator's leftovers are swept)
+"""Private temporary directories, made only in a place of our own (P4), held while their maker
+lives and swept by the next maker after a kill (:mod:`flashinfer_sm120.safety.fs.atomic`, P5)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 
 from flashinfer_sm120.errors import PlaceError
 from flashinfer_sm120.safety import formats
 from flashinfer_sm120.safety.fs.atomic import hold, sweep
 from flashinfer_sm120.safety.ownership import trust_reason
 
-__all__ = ["Private", "private_dir", "make_private"]
+__all__ = ["Private", "make_private"]
 
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_DIRECTORY
 
 
 class Private:
-    """A locked temporary directory: ``path``; :meth:`close` removes it and drops the lock."""
+    """A locked temporary directory: ``path``; :meth:`close` (or leaving ``with``, which yields the
+    path) removes it and drops the lock."""
 
     def __init__(self, path: str, fd: int) -> None:
         self.path, self._fd = path, fd
+
+    def __enter__(self) -> str:
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
         if self._fd is None:
@@ -37,8 +39,8 @@ class Private:
 
 
 def make_private(prefix: str, parent: str | None = None) -> Private:
-    """A new ``parent/prefix*`` directory (``mkdtemp``: mode 0700), locked while this process lives,
-    after sweeping what killed processes left under the same prefix.
+    """A new ``mkdtemp`` directory ``parent/prefix*``, locked while this process lives, after
+    sweeping what killed processes left under the prefix.
 
     Raises:
         PlaceError: ``parent`` (by default the temporary directory) is not a place of our own.
@@ -53,13 +55,3 @@ def make_private(prefix: str, parent: str | None = None) -> Private:
     fd = os.open(path, _FLAGS)
     hold(fd)  # without flock, it is still removed on a normal exit
     return Private(path, fd)
-
-
-@contextlib.contextmanager
-def private_dir(prefix: str, parent: str | None = None) -> Iterator[str]:
-    """:func:`make_private` as a context manager yielding the path."""
-    d = make_private(prefix, parent)
-    try:
-        yield d.path
-    finally:
-        d.close()

@@ -185,7 +185,8 @@ def test_a_root_too_long_for_what_goes_below_it_falls_back(tmp_path, monkeypatch
 def test_a_home_with_non_ascii_letters_is_used(tmp_path, monkeypatch, name):
     """Regression: a HOME with a non-ASCII letter was refused for a reason (blank, ':', '$') that did
     not apply; FlashInfer builds under such a path (the slow test below compiles one)."""
-    from flashinfer_sm120.safety.fs import pathpolicy, statedir
+    from flashinfer_sm120.safety.fs import statedir
+    from flashinfer_sm120.safety.formats import paths
 
     home = tmp_path / name
     home.mkdir()
@@ -197,16 +198,16 @@ def test_a_home_with_non_ascii_letters_is_used(tmp_path, monkeypatch, name):
         assert statedir.cache_root() == str(home / ".cache" / "flashinfer-sm120")
     finally:
         statedir.forget_cache_root()
-    assert pathpolicy.jit_dir_problem(str(home / ".cache" / "flashinfer")) is None
+    assert paths.jit_dir_problem(str(home / ".cache" / "flashinfer")) is None
 
 
 @pytest.mark.parametrize("char", [" ", "\t", "\n", ":", "$", ";", "'", '"', "`", "\\", "*", "?", "[", "#", "{",
                                   "!", "&", "|", "<", "(", "\u00a0", "\u2028", "\udcff"])
 def test_the_path_rule_refuses_what_ninja_or_the_shell_reads_and_says_the_rule(char):
-    from flashinfer_sm120.safety.fs import pathpolicy
+    from flashinfer_sm120.safety.formats import paths
     from flashinfer_sm120.safety.formats import PATH_RULE
 
-    for problem in (pathpolicy.path_problem(f"/tmp/a{char}b", "HOME"), pathpolicy.jit_dir_problem(f"/tmp/a{char}b")):
+    for problem in (paths.path_problem(f"/tmp/a{char}b", "HOME"), paths.jit_dir_problem(f"/tmp/a{char}b")):
         assert problem and repr(char) in problem and PATH_RULE in problem
 
 
@@ -256,12 +257,12 @@ from hypothesis import given, strategies as st  # noqa: E402
 def test_path_rule_property(text):
     """Any text: the checks never raise, accept exactly what the rule accepts, and a refusal names a
     refused character and states the rule, bounded."""
-    from flashinfer_sm120.safety.fs import pathpolicy
+    from flashinfer_sm120.safety.formats import paths
     from flashinfer_sm120.safety.formats import PATH_RULE, path_chars_problem
 
     path = "/" + text
     bad = path_chars_problem(path)
-    for problem in (pathpolicy.path_problem(path, "HOME"), pathpolicy.jit_dir_problem(path)):
+    for problem in (paths.path_problem(path, "HOME"), paths.jit_dir_problem(path)):
         assert (problem is None) == (bad is None)
         if problem:
             assert PATH_RULE in problem and len(problem) < 2000
