@@ -10,15 +10,11 @@ __all__ = ["flashinfer_naive_root", "torch_cuda_version"]
 
 
 def flashinfer_naive_root(env: dict[str, str] | None = None, *, server: bool = False) -> str | None:
-    """The toolkit prefix FlashInfer's own ``get_cuda_path()`` would return, or with ``server`` the
-    one vLLM (0.33 ``_flashinfer_nvcc_path``) and SGLang (0.5.23 ``cuda_home``) derive for it.
-
-    Mirrors ``flashinfer/jit/cpp_ext.py`` (0.6.7 - 0.7.4): ``CUDA_HOME`` or
-    ``CUDA_PATH`` verbatim, else ``dirname(dirname(which nvcc))`` without resolving
-    links (so a wrapper at ``/usr/local/bin/nvcc`` gives ``/usr/local``), else
-    ``/usr/local/cuda`` when it exists, else ``None``.  The servers take an empty value as
-    unset and name ``/usr/local/cuda`` whether it exists or not.
-    """
+    """The prefix FlashInfer's ``get_cuda_path()`` returns (0.6.7 - 0.7.4 ``flashinfer/jit/cpp_ext.py``:
+    ``CUDA_HOME`` or ``CUDA_PATH`` verbatim, else ``dirname(dirname(which nvcc))`` with links unresolved,
+    so a wrapper at ``/usr/local/bin/nvcc`` gives ``/usr/local``, else ``/usr/local/cuda`` if it
+    exists), or with ``server`` the one vLLM (0.33 ``_flashinfer_nvcc_path``) and SGLang (0.5.23
+    ``cuda_home``) derive: an empty value counts as unset, ``/usr/local/cuda`` whether it exists or not."""
     env = dict(os.environ if env is None else env)
     home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
     if home if server else home is not None:
@@ -30,10 +26,7 @@ def flashinfer_naive_root(env: dict[str, str] | None = None, *, server: bool = F
 
 
 def torch_cuda_version() -> str | None:
-    """``torch.version.cuda`` (``"13.0"`` for cu130 wheels, ``None`` for CPU builds).
-
-    Imports torch if needed (FlashInfer does anyway); ``None`` if torch is absent.
-    """
+    """``torch.version.cuda`` (``None`` for a CPU build, or without torch)."""
     try:
         import torch
     except Exception:

@@ -55,7 +55,7 @@ from flashinfer_sm120.errors import ToolkitError
 from flashinfer_sm120.safety.envflag import env_flag
 from flashinfer_sm120.core.toolkit import fixes as _fixes
 from flashinfer_sm120.core.toolkit.model import Choice, RejectKind, Rejection, Toolkit
-from flashinfer_sm120.core.toolkit.candidates import Candidates
+from flashinfer_sm120.core.toolkit.sources import Candidates
 
 __all__ = ["choose", "unbuildable", "other_major_allowed", "ALLOW_OTHER_MAJOR_ENV"]
 
