@@ -42,7 +42,7 @@ from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.errors import Sm120Error, ToolkitError
-from flashinfer_sm120.core.toolkit.policy import unbuildable
+from flashinfer_sm120.core.toolkit.fixes import unbuildable
 from flashinfer_sm120.core.facts.workspace import builds_refused, tag_for
 from flashinfer_sm120.core.patch.state import STATE, Mode
 
