@@ -119,21 +119,25 @@ def store(nvcc: str, full: str | None, problem: str | None) -> None:
 
 
 def probe_once(nvcc: str, probe: Callable[[], tuple[str | None, str | None, bool]],
-               lock_timeout: float) -> tuple[str | None, str | None]:
-    """The memo's answer for ``nvcc``, else ``probe()`` (``(full, problem, remember)``) run by one
-    process at a time (:func:`~flashinfer_sm120.safety.fs.statefiles.compute_once`)."""
-    if lists_only():  # P4: a command that only lists writes no memo and no lock file
+               lock_timeout: float) -> tuple[str | None, str | None, bool]:
+    """``(full, problem, local)``: the memo's answer for ``nvcc``, else ``probe()``'s (``(full, problem,
+    remember)``) run by one process at a time (:func:`~flashinfer_sm120.safety.fs.statefiles.compute_once`).
+    ``local`` when this process's run failed for reasons of its own, which are not stored."""
+
+    def remembered() -> tuple[str | None, str | None, bool] | None:
         hit = lookup(nvcc)
-        return hit if hit is not None else probe()[:2]
+        return None if hit is None else (*hit, False)
 
-    def compute() -> tuple[str | None, str | None]:
+    def compute() -> tuple[str | None, str | None, bool]:
         full, problem, remember = probe()
-        if remember:
+        if remember and not lists_only():  # P4: a command that only lists writes no memo and no lock file
             store(nvcc, full, problem)
-        return full, problem
+        return full, problem, not remember
 
+    if lists_only():
+        return remembered() or compute()
     try:
         lock_path = memo_path() + ".lock"
     except StateFileError:
         return compute()
-    return compute_once(lock_path, lambda: lookup(nvcc), compute, timeout=lock_timeout, what=f"probing {nvcc}")
+    return compute_once(lock_path, remembered, compute, timeout=lock_timeout, what=f"probing {nvcc}")

@@ -137,7 +137,7 @@ def _inspect(path: str) -> tuple[Version | None, str | None]:
         except formats.FormatError as exc:
             return None, str(exc), True
 
-    full, problem = memo.probe_once(path, probe, NINJA_TIMEOUT_S + 5)
+    full, problem, _local = memo.probe_once(path, probe, NINJA_TIMEOUT_S + 5)
     return (Version(full) if full else None), (problem or (None if full else "its version cannot be read"))
 
 

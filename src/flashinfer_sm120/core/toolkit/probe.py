@@ -129,15 +129,7 @@ def nvcc_version(nvcc: str, timeout: float = NVCC_TIMEOUT_S) -> tuple[str | None
     memo (P6: bounded by :func:`~flashinfer_sm120.safety.proc.run`); ``local`` when the run failed for
     this process's own reasons (``EAGAIN``, ``E2BIG``), which say nothing of the binary and are not
     remembered.  The caller checks trust first."""
-    local: list[bool] = []
-
-    def probe() -> tuple[str | None, str | None, bool]:
-        full, problem, remember = _run_nvcc_version(nvcc, timeout)
-        local.append(not remember)
-        return full, problem, remember
-
-    full, problem = memo.probe_once(nvcc, probe, lock_timeout=timeout + 5.0)
-    return full, problem, any(local)
+    return memo.probe_once(nvcc, lambda: _run_nvcc_version(nvcc, timeout), lock_timeout=timeout + 5.0)
 
 
 def _run_nvcc_version(nvcc: str, timeout: float) -> tuple[str | None, str | None, bool]:

@@ -51,11 +51,6 @@ def clean_home(value: str) -> str:
     return v
 
 
-def cache_clear() -> None:
-    """Forget the site directories already listed (after ``site``'s settings changed)."""
-    _site_dirs.cache_clear()
-
-
 def site_dirs() -> list[str]:
     """Every site-packages directory of this interpreter, the user site only when
     :data:`site.ENABLE_USER_SITE` is true (not under ``python -s``); cached per ``sys.path``."""
@@ -78,6 +73,9 @@ def _site_dirs(path: tuple[str, ...], user_site: bool) -> tuple[str, ...]:
         dirs.append(user)
     dirs += [p for p in path if p.endswith(("site-packages", "dist-packages"))]
     return tuple(dict.fromkeys(d for d in dirs if d and (user_site or d != user)))
+
+
+cache_clear = _site_dirs.cache_clear  # after ``site``'s settings changed
 
 
 def _view_toolkit(path: str) -> str | None:
@@ -133,7 +131,6 @@ def _env_var(var: str) -> Callable[[Mapping[str, str]], list[Toolkit]]:
             return [_found(var, behind, f"${var}={val} (flashinfer-sm120 view of {behind})")]
         return [_found(var, home, f"${var}={val}")]
 
-    step.__name__ = f"from_{var.lower()}"
     return step
 
 
