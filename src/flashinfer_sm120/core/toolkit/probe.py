@@ -38,7 +38,6 @@ _RELEASE_RE = re.compile(r"release (\d+)\.(\d+), V(\d+\.\d+(?:\.\d+)?)")
 #: Blanks within the line only (``[ \t]``): ``^\s*`` crossed newlines and rescanned a header of blank
 #: lines from every line start (quadratic: seconds per 64 KiB).
 _CUDART_RE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+CUDART_VERSION[ \t]+([0-9]+)", re.MULTILINE)
-_VERSION_TXT_RE = re.compile(r"CUDA Version (\d+\.\d+(?:\.\d+)?)")
 _NVCC_DIST_RE = re.compile(r"^nvidia_cuda_nvcc(?:_cu\d+)?-(\d+(?:\.\d+)+)[^/]*\.dist-info$")
 _INCLUDES = ("include", "targets/x86_64-linux/include", "targets/sbsa-linux/include")
 _LIBS = ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib",
@@ -84,39 +83,30 @@ def _version_json(path: str) -> Version | None:
 
 
 def _version_from_files(root: str) -> tuple[Version, str] | None:
-    """(version, file) from ``version.json`` (CUDA >= 11.1), the nvcc wheel's ``dist-info`` (beside
-    ``site-packages/nvidia``, or ``<root>/dist-info``), or ``version.txt`` (before 11.1)."""
+    """(version, file) from ``version.json`` (installers of CUDA >= 11.1), else the nvcc wheel's
+    ``dist-info`` beside ``site-packages/nvidia`` when its ``RECORD`` lists ``<root>/bin/nvcc``."""
     vj = os.path.join(root, "version.json")
     ver = _version_json(vj)
     if ver is not None:
         return ver, vj
-    own = os.path.join(root, "dist-info")
-    for meta_dir in (own, os.path.dirname(os.path.dirname(root))):
-        try:
-            names = sorted(os.listdir(meta_dir), reverse=True)
-        except OSError:
-            continue
-        for name in names:
-            m = _NVCC_DIST_RE.match(name)
-            dist = os.path.join(meta_dir, name)
-            try:
-                if m and (meta_dir == own or _wheel_owns(dist, root)):
-                    return formats.parse_version(m.group(1), dist), dist
-            except FormatError:
-                continue
-    vt = os.path.join(root, "version.txt")
-    m = _VERSION_TXT_RE.search(_head(vt, 4096) or "")
+    site_dir = os.path.dirname(os.path.dirname(root))
     try:
-        return (formats.parse_version(m.group(1), vt), vt) if m else None
-    except FormatError:
+        names = sorted(os.listdir(site_dir), reverse=True)
+    except OSError:
         return None
+    for m in filter(None, map(_NVCC_DIST_RE.match, names)):
+        dist = os.path.join(site_dir, m.group(0))
+        try:
+            if _wheel_owns(dist, root):
+                return formats.parse_version(m.group(1), dist), dist
+        except FormatError:
+            continue
+    return None
 
 
 def _wheel_owns(dist_info: str, root: str) -> bool:
     """Whether the wheel's ``RECORD`` lists ``<root>/bin/nvcc`` (parsed by :mod:`importlib.metadata`)."""
     rel = pathlib.PurePosixPath(os.path.relpath(os.path.join(root, "bin", "nvcc"), os.path.dirname(dist_info)))
-    if not os.path.isfile(os.path.join(dist_info, "RECORD")):
-        return False
     try:
         files = importlib.metadata.PathDistribution(pathlib.Path(dist_info)).files or []
     except Exception:  # a malformed RECORD: not proof of ownership
