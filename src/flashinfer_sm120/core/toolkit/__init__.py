@@ -4,17 +4,16 @@ FlashInfer's own lookup (``flashinfer/jit/cpp_ext.py`` ``get_cuda_path``: ``CUDA
 ``dirname(dirname(which nvcc))``, ``/usr/local/cuda``) never looks at the pip nvcc in
 ``site-packages/nvidia/cu13``.  Here every candidate is gathered (:mod:`.sources`), its version is
 what its nvcc says (:mod:`.probe`, remembered per binary in :mod:`.memo`), and the first that builds
-the wanted targets in a fixed order wins (:mod:`.policy`, fix lines in :mod:`.fixes`).  :mod:`.naive`
-says what FlashInfer would find without us; :mod:`.ninja` finds the process's ninja.
+the wanted targets in a fixed order wins (:mod:`.policy`, fix lines in :mod:`.fixes`).  :mod:`.ninja`
+finds the process's ninja.
 """
 
 from __future__ import annotations
 
 from flashinfer_sm120.core.toolkit.model import Choice, RejectKind, Rejection, Toolkit, VersionDisagreement
-from flashinfer_sm120.core.toolkit.naive import flashinfer_naive_root, torch_cuda_version
-from flashinfer_sm120.core.toolkit.policy import choose
+from flashinfer_sm120.core.toolkit.policy import choose, torch_cuda_version
 from flashinfer_sm120.core.toolkit.probe import NVCC_TIMEOUT_S, inspect
-from flashinfer_sm120.core.toolkit.sources import FIND_STEPS, SOURCES, Candidates, discover
+from flashinfer_sm120.core.toolkit.sources import FIND_STEPS, SOURCES, Candidates, discover, flashinfer_naive_root
 from flashinfer_sm120.errors import ToolkitError
 
 __all__ = [

@@ -8,10 +8,9 @@ from dataclasses import asdict, dataclass
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
-from flashinfer_sm120.errors import ToolkitError
 from flashinfer_sm120.safety.formats import parse_version
 
-__all__ = ["Toolkit", "Choice", "RejectKind", "Rejection", "ToolkitError", "VersionDisagreement"]
+__all__ = ["Toolkit", "Choice", "RejectKind", "Rejection", "VersionDisagreement"]
 
 
 @dataclass(frozen=True)

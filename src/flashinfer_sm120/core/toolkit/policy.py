@@ -30,7 +30,7 @@ from flashinfer_sm120.core.toolkit.sources import Candidates
 from flashinfer_sm120.errors import ToolkitError
 from flashinfer_sm120.safety.envflag import env_flag
 
-__all__ = ["choose", "other_major_allowed"]
+__all__ = ["choose", "other_major_allowed", "torch_cuda_version"]
 
 _EXPLICIT_SOURCES = ("FLASHINFER_NVCC", "CUDA_HOME", "CUDA_PATH")
 _PREFERRED_MAJOR_FOR_CPU_TORCH = 13
@@ -41,6 +41,15 @@ _SEARCHED = ("CUDA_HOME, CUDA_PATH, pip (site-packages/nvidia/cu13), PATH, /usr/
 def other_major_allowed(env: Mapping[str, str] | None = None) -> bool:
     """Whether ``FLASHINFER_SM120_ALLOW_OTHER_CUDA_MAJOR`` is on in ``env`` (default ``os.environ``)."""
     return env_flag(ALLOW_OTHER_MAJOR_ENV, env)
+
+
+def torch_cuda_version() -> str | None:
+    """``torch.version.cuda`` (``None`` for a CPU build, or without torch)."""
+    try:
+        import torch
+    except Exception:
+        return None
+    return getattr(torch.version, "cuda", None)
 
 
 def _names(targets) -> str:

@@ -1,9 +1,6 @@
-"""Where CUDA toolkits are looked for, and the candidates found there.
-
-:data:`FIND_STEPS` is the search as data, one tuple of small steps (``env -> [Toolkit]``, each a
-placeholder with root, source and how it was given), as cuda-pathfinder arranges its own; its
-order is :func:`~.policy.choose`'s preference order.  :func:`discover` runs the steps, one
-candidate per real nvcc, each inspected only when first looked at.
+"""Where CUDA toolkits are looked for: :data:`FIND_STEPS`, the search as data (steps ``env ->
+[Toolkit placeholder]``, as cuda-pathfinder arranges its own), in :func:`~.policy.choose`'s
+preference order; :func:`discover` runs them.  :func:`flashinfer_naive_root` is FlashInfer's own rule.
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ from flashinfer_sm120.safety.trust import follow_wrappers
 logger = logging.getLogger("flashinfer_sm120")
 
 __all__ = ["FIND_STEPS", "SOURCES", "Candidates", "discover", "pathfinder_binary", "clean_home", "site_dirs",
-           "cache_clear"]
+           "cache_clear", "flashinfer_naive_root"]
 
 _PIP_PREFIX_RE = re.compile(r"cu1[3-9]")  # site-packages/nvidia/cu13: no pip wheel before 13 ships nvcc
 _VERSIONED_RE = re.compile(r"cuda-\d")
@@ -284,3 +281,19 @@ def discover(env: Mapping[str, str] | None = None, *, timeout: float = NVCC_TIME
             if tk.sources[0] not in have.sources:
                 merged[key] = replace(have, sources=have.sources + tk.sources)
     return Candidates(bad + list(merged.values()), timeout)
+
+
+def flashinfer_naive_root(env: Mapping[str, str] | None = None, *, server: bool = False) -> str | None:
+    """The prefix FlashInfer's ``get_cuda_path()`` returns (0.6.7 - 0.7.4 ``flashinfer/jit/cpp_ext.py``:
+    ``CUDA_HOME`` or ``CUDA_PATH`` verbatim, else ``dirname(dirname(which nvcc))`` with links unresolved,
+    so a wrapper at ``/usr/local/bin/nvcc`` gives ``/usr/local``, else ``/usr/local/cuda`` if it
+    exists), or with ``server`` the one vLLM (0.33 ``_flashinfer_nvcc_path``) and SGLang (0.5.23
+    ``cuda_home``) derive: an empty value counts as unset, ``/usr/local/cuda`` whether it exists or not."""
+    env = dict(os.environ if env is None else env)
+    home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
+    if home if server else home is not None:
+        return home
+    which = shutil.which("nvcc", path=env.get("PATH", os.defpath))
+    if which:
+        return os.path.dirname(os.path.dirname(which))
+    return "/usr/local/cuda" if server or os.path.exists("/usr/local/cuda") else None

@@ -255,7 +255,7 @@ def servers_section(report: dict) -> dict:
     finds, and the JIT directory it would use (:mod:`flashinfer_sm120.core.facts.serverprobe`)."""
     from flashinfer_sm120.core.facts import serverprobe, servers
     from flashinfer_sm120.core.facts.workspace import workspace_base
-    from flashinfer_sm120.core.toolkit.naive import flashinfer_naive_root
+    from flashinfer_sm120.core.toolkit.sources import flashinfer_naive_root
 
     after = report.get("after") or {}
     exported = bool(after.get("exported"))
