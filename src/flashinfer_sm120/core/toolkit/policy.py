@@ -1,18 +1,12 @@
-"""Choose one toolkit for the wanted targets, and say why the others lost (docs/toolkit.md, "The choice").
+"""Choose one toolkit for the wanted targets, and say why the others lost.
 
-A toolkit is acceptable when it has no ``problem``, its nvcc meets the FlashInfer release's minimum,
-it builds every target (P1: explicit arch-list suffixes are taken as given), and its CUDA major is
-torch's.  Passes run in order, the first with an acceptable toolkit wins, and within a pass the first
-in :data:`~.sources.SOURCES` order, so an explicit, working ``CUDA_HOME`` is kept:
-
-- torch built for CUDA X: preferred targets (``sm_120f``), then fallback (``sm_120a``), nvcc major X;
-  then both again with any major, only with ``FLASHINFER_SM120_ALLOW_OTHER_CUDA_MAJOR=1`` (two CUDA
-  runtimes in one process: the user's call, never ours).
-- CPU-only torch: preferred, then fallback, any major; a CUDA 13+ toolkit (the pip one this package
-  depends on) is preferred to a 12.x one later in the order unless that one was named explicitly.
-
-When nothing fits, :class:`ToolkitError` carries ONE message: the targets and GPUs, what is needed,
-each candidate with why it was rejected, and the one fix line (:mod:`.fixes`, also ``.fix``).
+Acceptable: no ``problem``, nvcc at least the FlashInfer release's minimum, every target buildable
+(P1; explicit arch-list suffixes taken as given), torch's CUDA major (another only with
+``FLASHINFER_SM120_ALLOW_OTHER_CUDA_MAJOR=1``: two CUDA runtimes in one process are the user's call).
+Passes (preferred targets, then fallback; docs/toolkit.md "The choice") run in order, and within a
+pass the first in :data:`~.sources.SOURCES` order wins, so an explicit, working ``CUDA_HOME`` is kept;
+with a CPU-only torch a CUDA 13+ toolkit is preferred to a 12.x one not named explicitly.  When
+nothing fits, :class:`ToolkitError` carries ONE message ending in the one fix line (:mod:`.fixes`).
 """
 
 from __future__ import annotations
@@ -132,8 +126,9 @@ def _rejection(toolkits, j, pick, verdict, why) -> Rejection:
     """Candidate ``j``'s loss to ``pick``; one after the pick that was never read stays unread."""
     chosen = toolkits[pick].root
     if j not in verdict:
-        if isinstance(toolkits, Candidates) and not toolkits.is_read(j):
-            return Rejection(toolkits.peek(j), RejectKind.NOT_EXAMINED, f"not examined: {chosen} comes first and works")
+        unread = toolkits.unread(j) if isinstance(toolkits, Candidates) else None
+        if unread is not None:
+            return Rejection(unread, RejectKind.NOT_EXAMINED, f"not examined: {chosen} comes first and works")
         verdict[j] = why(toolkits[j])
     if verdict[j] is not None:
         return Rejection(toolkits[j], RejectKind.NOT_CHOSEN if j > pick else RejectKind.UNUSABLE, verdict[j])

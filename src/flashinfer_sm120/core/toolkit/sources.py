@@ -256,12 +256,9 @@ class Candidates(Sequence):
             self._done[i] = f if f.problem else inspect(f.root, f.sources, f.given_as, timeout=self._timeout)
         return self._done[i]
 
-    def is_read(self, i: int) -> bool:
-        return i in self._done
-
-    def peek(self, i: int) -> Toolkit:
-        """The toolkit if inspected already, else its placeholder."""
-        return self._done.get(i, self._found[i])
+    def unread(self, i: int) -> Toolkit | None:
+        """Candidate ``i``'s placeholder while it has not been inspected, else ``None``."""
+        return None if i in self._done else self._found[i]
 
 
 def discover(env: Mapping[str, str] | None = None, *, timeout: float = NVCC_TIMEOUT_S) -> Candidates:
