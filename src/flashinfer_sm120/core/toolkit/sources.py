@@ -5,7 +5,6 @@ preference order; :func:`discover` runs them.  :func:`flashinfer_naive_root` is 
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import re
@@ -27,7 +26,7 @@ from flashinfer_sm120.safety.trust import follow_wrappers
 logger = logging.getLogger("flashinfer_sm120")
 
 __all__ = ["FIND_STEPS", "SOURCES", "Candidates", "discover", "pathfinder_binary", "clean_home", "site_dirs",
-           "cache_clear", "flashinfer_naive_root"]
+           "flashinfer_naive_root"]
 
 _PIP_PREFIX_RE = re.compile(r"cu1[3-9]")  # site-packages/nvidia/cu13: no pip wheel before 13 ships nvcc
 _VERSIONED_RE = re.compile(r"cuda-\d")
@@ -50,12 +49,7 @@ def clean_home(value: str) -> str:
 
 def site_dirs() -> list[str]:
     """Every site-packages directory of this interpreter, the user site only when
-    :data:`site.ENABLE_USER_SITE` is true (not under ``python -s``); cached per ``sys.path``."""
-    return list(_site_dirs(tuple(sys.path), bool(site.ENABLE_USER_SITE)))
-
-
-@functools.lru_cache(maxsize=8)
-def _site_dirs(path: tuple[str, ...], user_site: bool) -> tuple[str, ...]:
+    :data:`site.ENABLE_USER_SITE` is true (not under ``python -s``)."""
     dirs: list[str] = []
     user = None
     try:  # site may be disabled (python -S)
@@ -66,13 +60,10 @@ def _site_dirs(path: tuple[str, ...], user_site: bool) -> tuple[str, ...]:
         user = site.getusersitepackages()
     except Exception:
         pass
-    if user_site and user:
+    if site.ENABLE_USER_SITE and user:
         dirs.append(user)
-    dirs += [p for p in path if p.endswith(("site-packages", "dist-packages"))]
-    return tuple(dict.fromkeys(d for d in dirs if d and (user_site or d != user)))
-
-
-cache_clear = _site_dirs.cache_clear  # after ``site``'s settings changed
+    dirs += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    return list(dict.fromkeys(d for d in dirs if d and (site.ENABLE_USER_SITE or d != user)))
 
 
 def _view_toolkit(path: str) -> str | None:
