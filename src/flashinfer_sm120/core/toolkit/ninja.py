@@ -22,7 +22,13 @@ from typing import Callable
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from flashinfer_sm120.errors import Sm120Error
+from flashinfer_sm120.core.toolkit import memo
+from flashinfer_sm120.errors import PlaceError, Sm120Error
+from flashinfer_sm120.safety import formats, proc
+from flashinfer_sm120.safety.fs.statedir import cache_root
+from flashinfer_sm120.safety.fs.tmpdirs import make_private
+from flashinfer_sm120.safety.ownership import mine_problem
+from flashinfer_sm120.safety.trust import check_executable
 
 __all__ = ["NINJA_TIMEOUT_S", "LOG_FORMATS", "FIND_STEPS", "Ninja", "NinjaError", "log_format",
            "candidates", "choose", "on_path", "same_log", "export_dir", "link_dir", "log_format_of_dir",
@@ -119,10 +125,6 @@ FIND_STEPS: tuple[tuple[str, Callable[[str | None], list[tuple[str, str]]]], ...
 
 def _inspect(path: str) -> tuple[Version | None, str | None]:
     """``(version, problem)``: trust checked every time, the version remembered in :mod:`.memo`."""
-    from flashinfer_sm120.core.toolkit import memo
-    from flashinfer_sm120.safety import formats, proc
-    from flashinfer_sm120.safety.trust import check_executable
-
     problem = check_executable(path)
     if problem is not None:
         return None, problem
@@ -180,15 +182,9 @@ def link_dir(chosen: Ninja) -> str:
 
     Raises:
         NinjaError: it cannot be made, or something else is in its place."""
-    from flashinfer_sm120.errors import PlaceError
-    from flashinfer_sm120.safety.formats import make_private_dirs
-    from flashinfer_sm120.safety.fs.statedir import cache_root
-    from flashinfer_sm120.safety.fs.tmpdirs import make_private
-    from flashinfer_sm120.safety.ownership import mine_problem
-
     try:
         parent = os.path.join(cache_root(), "ninja")
-        make_private_dirs(parent)
+        formats.make_private_dirs(parent)
         st = os.lstat(parent)
     except (OSError, Sm120Error) as exc:
         raise NinjaError(f"cannot make a PATH entry for {chosen.path}: {exc}") from None
@@ -245,8 +241,6 @@ def export_dir(chosen: Ninja, env_path: str | None, shared: Callable[[str], str 
 
 def log_format_of_dir(build_dir: str) -> int | None:
     """The ``.ninja_log`` format in ``build_dir`` (its first line), or ``None``."""
-    from flashinfer_sm120.safety import formats
-
     log = os.path.join(build_dir, ".ninja_log")
     try:
         for _n, line in formats.iter_lines(log, max_line=64, max_lines=1):
@@ -269,7 +263,7 @@ def doctor_section(report: dict) -> dict:
     out["chosen"] = chosen.to_dict()
     out["conflicts"] = [n.to_dict() for n in found if n.problem is None and not same_log(n, chosen)]
     jit_dir = (report.get("after") or {}).get("jit_dir")
-    formats: dict[str, int] = {}
+    seen: dict[str, int] = {}
     try:
         names = sorted(os.listdir(jit_dir))[:512] if jit_dir else []
     except OSError:
@@ -277,7 +271,7 @@ def doctor_section(report: dict) -> dict:
     for name in names:
         fmt = log_format_of_dir(os.path.join(jit_dir, name))
         if fmt is not None:
-            formats[str(fmt)] = formats.get(str(fmt), 0) + 1
-    out.update(jit_dir=jit_dir, cache_log_formats=formats,
+            seen[str(fmt)] = seen.get(str(fmt), 0) + 1
+    out.update(jit_dir=jit_dir, cache_log_formats=seen,
                autoload=bool((report.get("autoload") or {}).get("pth")))
     return out
