@@ -68,7 +68,8 @@ def target_reason(t: tuple[int, str], v: Version) -> str:
 def torch_major_why(torch_cuda: str) -> str:
     """Why an nvcc must share torch's CUDA major."""
     tmm = _arch.major_minor(torch_cuda)
-    return f"the JIT module links the nvcc's libcudart major, and torch loads libcudart.so.{tmm.major if tmm else torch_cuda}"
+    major = tmm.major if tmm else torch_cuda
+    return f"the JIT module links the nvcc's libcudart major, and torch loads libcudart.so.{major}"
 
 
 def major_mismatch_reason(nvcc_version: Version, torch_cuda: str) -> str:
@@ -139,7 +140,8 @@ def choose_fix(wanted: Sequence[tuple[int, str]], torch_cuda: str | None, found:
     if unknown:
         return _upgrade_fix(unknown)
     tmm = _arch.major_minor(torch_cuda)
-    dropped = [t for t in wanted if _arch.dropped_in(t) is not None and (tmm is None or tmm.major >= _arch.dropped_in(t))]
+    dropped = [t for t in wanted
+               if _arch.dropped_in(t) is not None and (tmm is None or tmm.major >= _arch.dropped_in(t))]
     if dropped:
         return "; ".join(_drop_fix(t) for t in dropped)
     # an explicit target missing from the table needs what the escape hatch needs

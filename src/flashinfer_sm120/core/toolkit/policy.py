@@ -187,7 +187,8 @@ def _refusal(toolkits, reasons, arch_specs, capabilities, target_sets, explicit,
         needs.append(f"a CUDA {tmm.major}.x nvcc, torch's CUDA major: {_fixes.torch_major_why(torch_cuda)}"
                      + (f"; any major accepted ({ALLOW_OTHER_MAJOR_ENV} is set)" if allow_other_major else ""))
     found = [toolkits[i] for i in range(len(toolkits))]
-    lines = [f"  - {tk.label}: {reasons.get(i, '?')}" for i, tk in enumerate(found)] or [f"  (none: searched {_SEARCHED})"]
+    lines = [f"  - {tk.label}: {reasons.get(i, '?')}" for i, tk in enumerate(found)]
+    lines = lines or [f"  (none: searched {_SEARCHED})"]
     fix = _fixes.choose_fix(preferred, torch_cuda, found, min_nvcc=min_nvcc, explicit=explicit)
     message = "\n".join([head, "Needed: " + "; ".join(needs) + ".", "Found:", *lines, f"Fix: {fix}"])
     return ToolkitError(message, fix=fix)

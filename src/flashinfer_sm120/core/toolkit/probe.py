@@ -44,7 +44,8 @@ _LIBS = ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib",
          "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu")  # the last two: Debian's /usr
 
 _WORKING = "or set CUDA_HOME to a working toolkit"
-_NOT_NVCC = f"it is not a working nvcc: fix or remove it, {_WORKING} (not retried for {memo.FAILURE_MEMORY_S / 60:g} min)"
+_LATER = f"(not retried for {memo.FAILURE_MEMORY_S / 60:g} min)"
+_NOT_NVCC = f"it is not a working nvcc: fix or remove it, {_WORKING} {_LATER}"
 #: The fix for a candidate without a usable nvcc, by the source it came from.
 _NO_NVCC_FIX = {
     "CUDA_HOME": "unset CUDA_HOME or point it at a toolkit prefix (the directory above bin/nvcc)",
@@ -133,7 +134,7 @@ def _run_nvcc_version(nvcc: str, timeout: float) -> tuple[str | None, str | None
         return None, f"{res.error}; fix it {_WORKING}", True
     if res.timed_out:
         return None, (f"{nvcc} did not answer 'nvcc --version' within {timeout:g} s; it is hung or broken: "
-                      f"fix or remove it, {_WORKING} (not retried for {memo.FAILURE_MEMORY_S / 60:g} min)"), True
+                      f"fix or remove it, {_WORKING} {_LATER}"), True
     if res.truncated:
         return None, f"{nvcc} --version printed more than {NVCC_MAX_OUTPUT} bytes and was stopped; {_NOT_NVCC}", True
     out = res.text()
@@ -225,7 +226,8 @@ def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | No
                    f"CCCL stops with #error when they differ; install one consistent set: "
                    f"{consistent_set_fix(nv, pip)}")
     if nv and not incs and problem is None:
-        problem = f"{real_root}: no include/cuda_runtime_api.h; the toolkit is incomplete: {consistent_set_fix(nv, pip)}"
+        problem = (f"{real_root}: no include/cuda_runtime_api.h; the toolkit is incomplete: "
+                   f"{consistent_set_fix(nv, pip)}")
     return Toolkit(nvcc=nvcc, nvcc_version=nv, nvcc_full=full, version_from=source, problem=problem,
                    disagreement=disagreement, **base)
 
