@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from helpers.toolkits import make_toolkit, script
-from flashinfer_sm120.core.toolkit import inspect, trace
+from flashinfer_sm120.core.toolkit import inspect
+from flashinfer_sm120.safety.trust import trace
 from helpers.guards import hang_guard
 from helpers.probing import OTHER_UID, PY, as_uid, need_root
 

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from flashinfer_sm120.core.facts import servers
-from flashinfer_sm120.core.toolkit.naive import flashinfer_naive_root
+from flashinfer_sm120.core.toolkit.sources import flashinfer_naive_root
 
 __all__ = ["vllm_has_flashinfer", "workspace_base", "jit_dir_for", "running", "recorded", "fallbacks",
            "fallback_text", "expanduser", "ArchChoice", "cache_clear", "server_arch"]

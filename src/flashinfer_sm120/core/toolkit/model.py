@@ -3,28 +3,20 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
-from flashinfer_sm120.errors import ToolkitError
 from flashinfer_sm120.safety.formats import parse_version
 
-__all__ = ["Toolkit", "Choice", "RejectKind", "Rejection", "ToolkitError", "VersionDisagreement"]
+__all__ = ["Toolkit", "Choice", "RejectKind", "Rejection", "VersionDisagreement"]
 
 
 @dataclass(frozen=True)
 class VersionDisagreement:
-    """A toolkit whose version file and ``nvcc --version`` disagree; the binary's answer is the one
-    used (threat-model: P1: the binary, not a file beside it).
-
-    Attributes:
-        file: the file that gave ``file_version`` (``version.json``, a wheel's ``dist-info``...).
-        file_version: what the file says, e.g. ``"13.0.88"``.
-        nvcc: the binary that was asked.
-        nvcc_version: what ``nvcc --version`` printed, e.g. ``"12.8.93"``.
-    """
+    """A version file beside nvcc that says another version than ``nvcc --version``; the binary's
+    answer is the one used (P1), this is kept for ``doctor``."""
 
     file: str
     file_version: str
@@ -32,35 +24,20 @@ class VersionDisagreement:
     nvcc_version: str
 
     def to_dict(self) -> dict:
-        """JSON-ready form."""
-        return {"file": self.file, "file_version": self.file_version, "nvcc": self.nvcc,
-                "nvcc_version": self.nvcc_version}
+        return asdict(self)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Toolkit:
-    """One candidate CUDA toolkit (built by keywords only).
+    """One candidate toolkit: a find step's placeholder (root, sources, given_as, maybe a problem),
+    then what :func:`~.probe.inspect` read of it.
 
-    Attributes:
-        root: toolkit prefix (``<root>/bin/nvcc``), symlinks resolved.
-        nvcc: real path of the nvcc binary.
-        sources: where it was found, best first, e.g. ``("CUDA_HOME", "PATH")``.
-        nvcc_version: ``major.minor`` of nvcc, or ``None`` when unreadable.
-        nvcc_full: full version, e.g. ``"13.0.88"``: always the canonical form of
-            a parsed :class:`~packaging.version.Version` (``" 13.0.88\n"`` read
-            from a file becomes ``"13.0.88"``; anything that is not a version is
-            refused when the Toolkit is built), so it can stand in a directory
-            name or a ninja file.
-        header_version: ``major.minor`` from ``CUDART_VERSION`` in
-            ``cuda_runtime_api.h``, or ``None``.
-        version_from: which file (or ``"nvcc --version"``) gave ``nvcc_version``.
-        include_dirs: directories holding ``cuda_runtime_api.h``.
-        lib_dir: directory holding ``libcudart.so*``, or ``None``.
-        problem: why the toolkit is unusable in any case (missing nvcc, untrusted,
-            unreadable version, nvcc/header mismatch), or ``None``.
-        given_as: the path as the user or environment gave it (e.g. ``$CUDA_HOME``).
-        disagreement: set when a version file said another version than the binary (whose
-            answer ``nvcc_version``/``nvcc_full`` hold), for ``doctor``.
+    ``root`` is the prefix above ``bin/nvcc`` (links resolved once inspected), ``sources`` where it
+    was found (best first), ``nvcc_version`` its ``major.minor`` and ``nvcc_full`` the canonical
+    form of what ``nvcc --version`` said (safe in a directory or ninja file name), ``version_from``
+    the file (or ``"nvcc --version"``) that named it, ``header_version`` ``CUDART_VERSION`` of
+    ``cuda_runtime_api.h``, ``problem`` why it is unusable in any case, ``given_as`` the path as
+    the user or environment gave it.
     """
 
     root: str
@@ -82,26 +59,18 @@ class Toolkit:
 
     @property
     def label(self) -> str:
-        """Short human description: ``CUDA 13.0 at /path (pip)``."""
+        """``CUDA 13.0 at /path (pip)``."""
         ver = f"CUDA {self.nvcc_version}" if self.nvcc_version else "CUDA ?"
         return f"{ver} at {self.root} ({', '.join(self.sources)})"
 
     def to_dict(self) -> dict:
         """JSON-ready form (versions as strings)."""
-        return {
-            "root": self.root,
-            "nvcc": self.nvcc,
-            "sources": list(self.sources),
-            "nvcc_version": str(self.nvcc_version) if self.nvcc_version else None,
-            "nvcc_full": self.nvcc_full,
-            "header_version": str(self.header_version) if self.header_version else None,
-            "version_from": self.version_from,
-            "include_dirs": list(self.include_dirs),
-            "lib_dir": self.lib_dir,
-            "problem": self.problem,
-            "given_as": self.given_as,
-            "disagreement": self.disagreement.to_dict() if self.disagreement else None,
-        }
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out.update(sources=list(self.sources), include_dirs=list(self.include_dirs),
+                   disagreement=self.disagreement.to_dict() if self.disagreement else None)
+        for k in ("nvcc_version", "header_version"):
+            out[k] = str(out[k]) if out[k] else None
+        return out
 
 
 class RejectKind(str, enum.Enum):
@@ -130,21 +99,14 @@ class Rejection:
 
 @dataclass(frozen=True)
 class Choice:
-    """The outcome of :func:`choose`.
-
-    Attributes:
-        toolkit: the chosen toolkit.
-        targets: ``(major, minor_str)`` targets it will build, sorted.
-        capabilities: the compute capabilities those targets serve.
-        rejected: a :class:`Rejection` for every candidate not chosen.
-        reason: one sentence on why this toolkit won.
-        torch_cuda: ``torch.version.cuda`` (``None`` for a CPU build of torch).
-    """
+    """The outcome of :func:`~.policy.choose`: the toolkit, the ``(major, minor_str)`` targets it
+    builds, the capabilities they serve, every other candidate's rejection, why it won, and
+    ``torch.version.cuda`` (``None`` for a CPU build of torch)."""
 
     toolkit: Toolkit
     targets: tuple[tuple[int, str], ...]
     capabilities: tuple[tuple[int, int], ...]
-    rejected: tuple[Rejection, ...] = field(default_factory=tuple)
+    rejected: tuple[Rejection, ...] = ()
     reason: str = ""
     torch_cuda: str | None = None
 
@@ -155,7 +117,6 @@ class Choice:
         return self.toolkit.nvcc_version
 
     def to_dict(self) -> dict:
-        """JSON-ready form."""
         return {
             "toolkit": self.toolkit.to_dict(),
             "targets": [_arch.format_target(t) for t in self.targets],
@@ -165,4 +126,3 @@ class Choice:
             "reason": self.reason,
             "torch_cuda": self.torch_cuda,
         }
-

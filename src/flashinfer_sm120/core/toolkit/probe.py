@@ -1,55 +1,64 @@
-"""Read a toolkit's versions: ``nvcc --version`` (bounded, remembered per binary), checked against
-the version files beside it, and assemble a :class:`Toolkit`."""
+"""Read a toolkit's facts: its version is what ``nvcc --version`` says (a bounded run, remembered per
+binary in :mod:`.memo`; P1: the binary, not a file beside it), checked against the version files
+beside it; include and library directories pass the trust rule to be adopted."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
+import pathlib
 import re
 
 from packaging.version import Version
 
-from flashinfer_sm120.safety import formats, proc
 from flashinfer_sm120.core.facts.arch import major_minor
-from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.core.toolkit import memo
 from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
-from flashinfer_sm120.core.toolkit.memo import FAILURE_MEMORY_S
 from flashinfer_sm120.core.toolkit.model import Toolkit, VersionDisagreement
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety import formats, proc
 from flashinfer_sm120.safety.ownership import trust_reason
 from flashinfer_sm120.safety.trust import trace
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["NVCC_TIMEOUT_S", "FAILURE_MEMORY_S", "NVCC_MAX_OUTPUT", "inspect", "read_text", "major_minor",
-           "nvcc_version", "nvcc_answer"]
+__all__ = ["NVCC_TIMEOUT_S", "NVCC_MAX_OUTPUT", "inspect", "nvcc_version", "flashinfer_cuda_version"]
 
-
-#: Seconds to wait for ``nvcc --version`` (the fallback when no file gives the
-#: version).  A healthy nvcc answers in ~5 ms; 10 s covers a cold network FS.
+#: Seconds ``nvcc --version`` may take: a healthy nvcc answers in ~5 ms, 10 s covers a cold network FS.
 NVCC_TIMEOUT_S = 10.0
 
-_RELEASE_RE = re.compile(r"release (\d+)\.(\d+), V(\d+\.\d+(?:\.\d+)?)")
-#: Blanks within the line only (``[ \t]``, not ``\s``): ``^\s*`` crossed newlines, and a header of
-#: blank lines was rescanned from every line start (quadratic: seconds per 64 KiB).
-_CUDART_RE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+CUDART_VERSION[ \t]+([0-9]+)", re.MULTILINE)
-_VERSION_TXT_RE = re.compile(r"CUDA Version (\d+\.\d+(?:\.\d+)?)")
-_NVCC_DIST_RE = re.compile(r"^nvidia_cuda_nvcc(?:_cu\d+)?-(\d+(?:\.\d+)+)[^/]*\.dist-info$")
-
-
-#: Bytes of ``nvcc --version`` output kept; a real nvcc prints ~250.  More
-#: means it is not an nvcc (``exec yes garbage``): it is killed at the cap.
+#: Bytes of ``nvcc --version`` output kept; a real nvcc prints ~250, more is not an nvcc (P6).
 NVCC_MAX_OUTPUT = 16 << 10
 
-
-#: Largest ``version.json`` read (bytes); the installer's is about 3 KiB.
+#: Largest ``version.json`` read; the installer's is about 3 KiB.
 MAX_VERSION_FILE_BYTES = 256 << 10
 
+_RELEASE_RE = re.compile(r"release (\d+)\.(\d+), V(\d+\.\d+(?:\.\d+)?)")
+#: Blanks within the line only (``[ \t]``): ``^\s*`` crossed newlines and rescanned a header of blank
+#: lines from every line start (quadratic: seconds per 64 KiB).
+_CUDART_RE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+CUDART_VERSION[ \t]+([0-9]+)", re.MULTILINE)
+_NVCC_DIST_RE = re.compile(r"^nvidia_cuda_nvcc(?:_cu\d+)?-(\d+(?:\.\d+)+)[^/]*\.dist-info$")
+_INCLUDES = ("include", "targets/x86_64-linux/include", "targets/sbsa-linux/include")
+_LIBS = ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib",
+         "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu")  # the last two: Debian's /usr
 
-def read_text(path: str, limit: int = 1 << 20) -> str | None:
-    """First ``limit`` bytes of a regular file as text (undecodable bytes
-    replaced), or ``None``; never blocks on a FIFO or device
-    (:func:`flashinfer_sm120.safety.formats.read_prefix`)."""
+_WORKING = "or set CUDA_HOME to a working toolkit"
+_LATER = f"(not retried for {memo.FAILURE_MEMORY_S / 60:g} min)"
+_NOT_NVCC = f"it is not a working nvcc: fix or remove it, {_WORKING} {_LATER}"
+#: The fix for a candidate without a usable nvcc, by the source it came from.
+_NO_NVCC_FIX = {
+    "CUDA_HOME": "unset CUDA_HOME or point it at a toolkit prefix (the directory above bin/nvcc)",
+    "CUDA_PATH": "unset CUDA_PATH or point it at a toolkit prefix (the directory above bin/nvcc)",
+    "conda": "install nvcc into the conda environment (conda install cuda-nvcc) or deactivate it",
+    "PATH": ("the nvcc on PATH ({given}) does not sit in a toolkit's bin/ directory; put the toolkit's "
+             "bin/ directory on PATH instead, or remove {given} from PATH"),
+}
+_OTHER_FIX = "reinstall the toolkit, or set CUDA_HOME to a complete one"
+
+
+def _head(path: str, limit: int) -> str | None:
+    """The first ``limit`` bytes of a regular file as text, or ``None``; never blocks on a FIFO."""
     try:
         return formats.read_prefix(path, limit).decode("utf-8", "replace")
     except FormatError:
@@ -57,10 +66,8 @@ def read_text(path: str, limit: int = 1 << 20) -> str | None:
 
 
 def _version_json(path: str) -> Version | None:
-    """``cuda_nvcc.version`` (else ``cuda.version``) of an installer's ``version.json``,
-    parsed once (:func:`flashinfer_sm120.safety.formats.parse_version`); ``None`` when the
-    file is absent or unusable (too large, too deep, wrong types: logged, not raised,
-    so the next source is tried)."""
+    """``cuda_nvcc.version`` (else ``cuda.version``) of an installer's ``version.json``; ``None`` when
+    absent or unusable (logged, so the next source is tried)."""
     if not os.path.lexists(path):
         return None
     fix = "the next version source is used; reinstall the toolkit to repair it"
@@ -77,53 +84,30 @@ def _version_json(path: str) -> Version | None:
 
 
 def _version_from_files(root: str) -> tuple[Version, str] | None:
-    """(full nvcc version, file it came from), or None."""
-    # 1. version.json: installers of CUDA >= 11.1 write {"cuda_nvcc": {"version": ...}}
+    """(version, file) from ``version.json`` (installers of CUDA >= 11.1), else the nvcc wheel's
+    ``dist-info`` beside ``site-packages/nvidia`` when its ``RECORD`` lists ``<root>/bin/nvcc``."""
     vj = os.path.join(root, "version.json")
     ver = _version_json(vj)
     if ver is not None:
         return ver, vj
-    # 2. pip wheel metadata: site-packages/nvidia/cu13 -> site-packages/nvidia_cuda_nvcc-*.dist-info
-    #    (also <root>/dist-info/, the layout of toolkits assembled from those wheels)
-    for meta_dir in (os.path.join(root, "dist-info"), os.path.dirname(os.path.dirname(root))):
+    site_dir = os.path.dirname(os.path.dirname(root))
+    try:
+        names = sorted(os.listdir(site_dir), reverse=True)
+    except OSError:
+        return None
+    for m in filter(None, map(_NVCC_DIST_RE.match, names)):
+        dist = os.path.join(site_dir, m.group(0))
         try:
-            names = os.listdir(meta_dir)
-        except OSError:
+            if _wheel_owns(dist, root):
+                return formats.parse_version(m.group(1), dist), dist
+        except FormatError:
             continue
-        for name in sorted(names, reverse=True):
-            m = _NVCC_DIST_RE.match(name)
-            if not m:
-                continue
-            try:
-                ver = formats.parse_version(m.group(1), os.path.join(meta_dir, name))
-            except FormatError:
-                continue
-            if meta_dir != os.path.join(root, "dist-info") and not _wheel_owns(os.path.join(meta_dir, name), root):
-                continue
-            return ver, os.path.join(meta_dir, name)
-    # 3. version.txt: "CUDA Version 10.2.89" (toolkits before 11.1)
-    vt = os.path.join(root, "version.txt")
-    txt = read_text(vt, 4096)
-    if txt:
-        m = _VERSION_TXT_RE.search(txt)
-        if m:
-            try:
-                return formats.parse_version(m.group(1), vt), vt
-            except FormatError:
-                pass
     return None
 
 
 def _wheel_owns(dist_info: str, root: str) -> bool:
-    """Whether the nvcc wheel's ``RECORD`` lists ``<root>/bin/nvcc`` (read with
-    :mod:`importlib.metadata`, which parses ``RECORD`` as the wheel spec says)."""
-    import importlib.metadata
-    import pathlib
-
-    site_dir = os.path.dirname(dist_info)
-    rel = pathlib.PurePosixPath(os.path.relpath(os.path.join(root, "bin", "nvcc"), site_dir))
-    if not os.path.isfile(os.path.join(dist_info, "RECORD")):
-        return False
+    """Whether the wheel's ``RECORD`` lists ``<root>/bin/nvcc`` (parsed by :mod:`importlib.metadata`)."""
+    rel = pathlib.PurePosixPath(os.path.relpath(os.path.join(root, "bin", "nvcc"), os.path.dirname(dist_info)))
     try:
         files = importlib.metadata.PathDistribution(pathlib.Path(dist_info)).files or []
     except Exception:  # a malformed RECORD: not proof of ownership
@@ -131,119 +115,57 @@ def _wheel_owns(dist_info: str, root: str) -> bool:
     return any(pathlib.PurePosixPath(str(f)) == rel for f in files)
 
 
-def nvcc_version(nvcc: str, timeout: float = NVCC_TIMEOUT_S) -> tuple[str | None, str | None]:
-    """``nvcc --version`` of a binary, remembered per binary: ``(full, None)`` or ``(None, problem)``.
-
-    The answer is kept in the memo (:mod:`flashinfer_sm120.core.toolkit.memo`), keyed
-    by path and stat fingerprint; failures for :data:`FAILURE_MEMORY_S`.  One
-    process probes while the others wait on the memo's lock.  The run itself is
-    bounded by :func:`flashinfer_sm120.safety.proc.run`: ``timeout`` seconds for the
-    whole call, :data:`NVCC_MAX_OUTPUT` bytes of output, no descendant left.
-    The caller checks trust first (:func:`flashinfer_sm120.safety.trust.trace`).
-
-    Args:
-        nvcc: path of the nvcc binary.
-        timeout: seconds allowed for ``nvcc --version``.
-    """
-    full, problem, _local = nvcc_answer(nvcc, timeout)
-    return full, problem
-
-
-def nvcc_answer(nvcc: str, timeout: float = NVCC_TIMEOUT_S) -> tuple[str | None, str | None, bool]:
-    """:func:`nvcc_version` and whether a failure was this process's own (``local``: it could not
-    start a program at all, e.g. ``EAGAIN`` or ``E2BIG``), which says nothing about the binary."""
-    local: list[bool] = []
-
-    def probe() -> tuple[str | None, str | None, bool]:
-        full, problem, remember = _run_nvcc_version(nvcc, timeout)
-        local.append(not remember)
-        return full, problem, remember
-
-    full, problem = memo.probe_once(nvcc, probe, lock_timeout=timeout + 5.0)
-    return full, problem, any(local)
+def nvcc_version(nvcc: str, timeout: float = NVCC_TIMEOUT_S) -> tuple[str | None, str | None, bool]:
+    """``(full, problem, local)`` of ``nvcc --version``: one process probes while the others wait on the
+    memo (P6: bounded by :func:`~flashinfer_sm120.safety.proc.run`); ``local`` when the run failed for
+    this process's own reasons (``EAGAIN``, ``E2BIG``), which say nothing of the binary and are not
+    remembered.  The caller checks trust first."""
+    return memo.probe_once(nvcc, lambda: _run_nvcc_version(nvcc, timeout), lock_timeout=timeout + 5.0)
 
 
 def _run_nvcc_version(nvcc: str, timeout: float) -> tuple[str | None, str | None, bool]:
-    """``(full, problem, remember)``: ``remember`` is false when the run failed for
-    this process's own reasons (:attr:`flashinfer_sm120.safety.proc.Result.local`), which
-    say nothing about the binary and must not reject it for other processes."""
+    """``(full, problem, remember)`` of one bounded run."""
     res = proc.run([nvcc, "--version"], timeout=timeout, max_output=NVCC_MAX_OUTPUT)
-    later = f"(not retried for {FAILURE_MEMORY_S / 60:g} min)"
     if res.local:
         return None, (f"{res.error}: this process ran out of a resource of its own (processes, open "
                       f"files or memory), not a fault of {nvcc}; raise the limit (ulimit -u / -n) or "
                       f"free memory, then retry (not remembered)"), False
     if res.error:
-        return None, f"{res.error}; fix it or set CUDA_HOME to a working toolkit", True
+        return None, f"{res.error}; fix it {_WORKING}", True
     if res.timed_out:
-        return None, (f"{nvcc} did not answer 'nvcc --version' within {timeout:g} s; it is "
-                      f"hung or broken: fix or remove it, or set CUDA_HOME to a working toolkit {later}"), True
+        return None, (f"{nvcc} did not answer 'nvcc --version' within {timeout:g} s; it is hung or broken: "
+                      f"fix or remove it, {_WORKING} {_LATER}"), True
     if res.truncated:
-        return None, (f"{nvcc} --version printed more than {NVCC_MAX_OUTPUT} bytes and was stopped; "
-                      f"it is not a working nvcc: fix or remove it, or set CUDA_HOME to a working "
-                      f"toolkit {later}"), True
+        return None, f"{nvcc} --version printed more than {NVCC_MAX_OUTPUT} bytes and was stopped; {_NOT_NVCC}", True
     out = res.text()
     m = _RELEASE_RE.search(out)
-    full = None
-    if m:
-        try:
-            full = str(formats.parse_version(m.group(3), f"{nvcc} --version"))
-        except FormatError:
-            full = None
-    if full is None:
+    try:
+        return str(formats.parse_version(m.group(3), f"{nvcc} --version")), None, True
+    except (AttributeError, FormatError):  # no release line, or not a version
         lines = out.strip().splitlines()
         first = f"first line: {formats.shown(lines[0], 120)}" if lines else "no output"
-        return None, (f"{nvcc} --version printed no 'release X.Y, VX.Y.Z' line (exit "
-                      f"{res.returncode}, {first}); it is not a working nvcc: fix it or set "
-                      f"CUDA_HOME to a working toolkit"), True
-    return full, None, True
+        return None, (f"{nvcc} --version printed no 'release X.Y, VX.Y.Z' line (exit {res.returncode}, "
+                      f"{first}); it is not a working nvcc: fix it {_WORKING}"), True
 
 
 def _header_version(include_dirs: tuple[str, ...]) -> Version | None:
     for inc in include_dirs:
-        # CUDART_VERSION is defined near the top (line ~140 of a 600 KB header);
-        # 64 KiB keeps this read at a few microseconds.
-        txt = read_text(os.path.join(inc, "cuda_runtime_api.h"), 64 << 10)
-        if txt:
-            m = _CUDART_RE.search(txt)
-            if m:
-                n = int(m.group(1))  # e.g. 12080 -> 12.8, 13000 -> 13.0
-                return Version(f"{n // 1000}.{(n % 1000) // 10}")
+        # CUDART_VERSION sits near the top (line ~140 of a 600 KB header): 64 KiB is enough
+        m = _CUDART_RE.search(_head(os.path.join(inc, "cuda_runtime_api.h"), 64 << 10) or "")
+        if m:
+            n = int(m.group(1))  # 12080 -> 12.8, 13000 -> 13.0
+            return Version(f"{n // 1000}.{(n % 1000) // 10}")
     return None
-
-
-def _include_dirs(root: str) -> tuple[str, ...]:
-    found = []
-    for rel in ("include", "targets/x86_64-linux/include", "targets/sbsa-linux/include"):
-        d = os.path.join(root, rel)
-        if os.path.isfile(os.path.join(d, "cuda_runtime_api.h")):
-            found.append(d)
-    return tuple(found)
 
 
 def _lib_dir(root: str) -> str | None:
-    for rel in ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib",
-                "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu"):  # the last two: Debian's /usr
-        d = os.path.join(root, rel)
+    for rel in _LIBS:
         try:
-            if any(n.startswith("libcudart.so") for n in os.listdir(d)):
-                return d
+            if any(n.startswith("libcudart.so") for n in os.listdir(os.path.join(root, rel))):
+                return os.path.join(root, rel)
         except OSError:
             continue
     return None
-
-
-def _fix(sources: tuple[str, ...], given: str) -> str:
-    """The fix sentence for a candidate that has no usable nvcc, by where it came from."""
-    src = sources[0] if sources else "given"
-    if src in ("CUDA_HOME", "CUDA_PATH"):
-        return (f"unset {src} or point it at a toolkit prefix (the directory above bin/nvcc)")
-    if src == "conda":
-        return "install nvcc into the conda environment (conda install cuda-nvcc) or deactivate it"
-    if src == "PATH":
-        return (f"the nvcc on PATH ({given}) does not sit in a toolkit's bin/ directory; put the "
-                f"toolkit's bin/ directory on PATH instead, or remove {given} from PATH")
-    return "reinstall the toolkit, or set CUDA_HOME to a complete one"
 
 
 def _untrusted(kind: str, why: str) -> str:
@@ -254,74 +176,55 @@ def _untrusted(kind: str, why: str) -> str:
 
 def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | None = None,
             *, timeout: float = NVCC_TIMEOUT_S) -> Toolkit:
-    """Read one toolkit's facts from its files, its version confirmed by ``nvcc --version``.
+    """One toolkit's facts; ``problem`` says why it is unusable.
 
-    ``<root>/bin/nvcc`` is traced through links and wrapper scripts without
-    running it (:func:`flashinfer_sm120.safety.trust.trace`); anything
-    untrusted on the way, or a wrapper whose target cannot be told, makes the
-    toolkit unusable and nothing is run.  Include and library directories must
-    pass the same rule to be adopted.  The version is what ``nvcc --version`` says
-    (:func:`nvcc_version`: bounded, remembered per binary); ``version.json``, the pip
-    wheel's ``dist-info`` or ``version.txt`` (of ``root`` or of the toolkit the wrapper
-    leads to) is named as its source when it agrees, and a file that disagrees is
-    recorded in ``Toolkit.disagreement`` (the binary's answer is used).
-
-    Args:
-        root: toolkit prefix, e.g. ``/usr/local/cuda-12.8`` or ``/usr`` (Debian:
-            ``/usr/bin/nvcc`` wrapper, headers in ``/usr/include``).
-        sources: labels for where it was found (the first picks the fix advice).
-        given_as: the path as originally given, for messages.
-        timeout: seconds allowed for the ``nvcc --version`` fallback.
-
-    Returns:
-        A :class:`Toolkit`; ``problem`` says why it is unusable, if it is.
+    ``<root>/bin/nvcc`` is traced through links and wrapper scripts without running it
+    (:func:`~flashinfer_sm120.safety.trust.trace`): anything untrusted on the way, or include/lib
+    directories that fail the same rule, and nothing is run.  A version file that agrees with
+    ``nvcc --version`` is named as the source; one that disagrees is ``disagreement`` (P1).
+    ``sources[0]`` picks the fix advice; ``given_as`` names the path in messages.
     """
     given = given_as or root
     base = dict(sources=tuple(sources), given_as=given_as)
+    fix = _NO_NVCC_FIX.get(sources[0] if sources else "given", _OTHER_FIX).format(given=given)
     if not os.path.isdir(root):
-        return Toolkit(root=root, nvcc="", **base,
-                       problem=f"{given}: directory does not exist; {_fix(sources, given)}")
+        return Toolkit(root=root, **base, problem=f"{given}: directory does not exist; {fix}")
     real_root = os.path.realpath(root)
-    incs = _include_dirs(real_root)
+    incs = tuple(os.path.join(real_root, r) for r in _INCLUDES
+                 if os.path.isfile(os.path.join(real_root, r, "cuda_runtime_api.h")))
     lib = _lib_dir(real_root)
     hv = _header_version(incs)
     base.update(root=real_root, header_version=hv, include_dirs=incs, lib_dir=lib)
-    nvcc_link = os.path.join(root, "bin", "nvcc")
-    if not os.path.isfile(nvcc_link) or not os.access(nvcc_link, os.X_OK):
-        return Toolkit(nvcc="", **base, problem=f"{given}: no executable bin/nvcc; {_fix(sources, given)}")
-    tr = trace(nvcc_link)
+    link = os.path.join(root, "bin", "nvcc")
+    if not os.path.isfile(link) or not os.access(link, os.X_OK):
+        return Toolkit(**base, problem=f"{given}: no executable bin/nvcc; {fix}")
+    tr = trace(link)
     if tr.problem or not tr.target:
         return Toolkit(nvcc=tr.target or "", **base, problem=_untrusted("run", tr.problem or "?"))
+    nvcc = tr.target
     for d in incs + ((lib,) if lib else ()):
         why = trust_reason(d, absent_ok=False)
         if why:
-            return Toolkit(nvcc=tr.target, **base, problem=_untrusted("adopted", why))
-    nvcc = tr.target
+            return Toolkit(nvcc=nvcc, **base, problem=_untrusted("adopted", why))
     found = _version_from_files(real_root)
-    target_root = os.path.dirname(os.path.dirname(nvcc))
-    if not found and target_root != real_root:
-        found = _version_from_files(target_root)
-    # threat-model: P1: the binary decides; a file beside it only names the version when nvcc agrees
-    # (one run per binary: nvcc_version is remembered, keyed by the binary's fingerprint)
-    full, problem, local = nvcc_answer(nvcc, timeout)
+    if not found and os.path.dirname(os.path.dirname(nvcc)) != real_root:  # the toolkit a wrapper leads to
+        found = _version_from_files(os.path.dirname(os.path.dirname(nvcc)))
+    full, problem, local = nvcc_version(nvcc, timeout)  # P1: the binary decides
     source, disagreement = ("nvcc --version" if full else None), None
     if found and full:
-        version, file = found
-        if str(version) == full:  # formatted from the parsed Version, never the raw text
-            source = file
+        if str(found[0]) == full:  # formatted from the parsed Version, never the raw text
+            source = found[1]
         else:
-            disagreement = VersionDisagreement(file, str(version), nvcc, full)
+            disagreement = VersionDisagreement(found[1], str(found[0]), nvcc, full)
     elif found and local:  # this process cannot start programs (nor could FlashInfer): the file, for now
         logger.info("flashinfer-sm120: %s; using the version %s gives, unconfirmed", problem, found[1])
         full, problem, source = str(found[0]), None, found[1]
     nv = major_minor(full) if full else None
     pip = "pip" in sources or f"{os.sep}site-packages{os.sep}nvidia{os.sep}" in real_root + os.sep
     if nv and hv and nv != hv:
-        problem = (
-            f"nvcc {nv} with CUDA headers {hv} (CUDART_VERSION in "
-            f"{incs[0]}/cuda_runtime_api.h): CCCL stops with #error when they differ; "
-            f"install one consistent set: {consistent_set_fix(nv, pip)}"
-        )
+        problem = (f"nvcc {nv} with CUDA headers {hv} (CUDART_VERSION in {incs[0]}/cuda_runtime_api.h): "
+                   f"CCCL stops with #error when they differ; install one consistent set: "
+                   f"{consistent_set_fix(nv, pip)}")
     if nv and not incs and problem is None:
         problem = (f"{real_root}: no include/cuda_runtime_api.h; the toolkit is incomplete: "
                    f"{consistent_set_fix(nv, pip)}")
@@ -329,22 +232,18 @@ def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | No
                    disagreement=disagreement, **base)
 
 
-def flashinfer_cuda_version(cuda_path: str):
-    """FlashInfer's own ``get_cuda_version`` (``<cuda_path>/bin/nvcc --version`` as ``major.minor``, else
-    ``torch.version.cuda``; 0.7.x ``jit/cpp_ext.py``) for a process flashinfer-sm120 does not patch (guard,
-    noop), with the bounded, memoized run and the trust rule: FlashInfer's ``check_output`` has no
-    deadline, and an nvcc leaving a child that holds its output hung the import (threat-model: P6).
+def flashinfer_cuda_version(cuda_path: str) -> Version:
+    """FlashInfer's own ``get_cuda_version`` (0.7.x ``jit/cpp_ext.py``: ``<cuda_path>/bin/nvcc --version``
+    as ``major.minor``, else ``torch.version.cuda``) for a process left unpatched, through the trust
+    rule and the bounded, memoised run: FlashInfer's ``check_output`` has no deadline, and an nvcc
+    leaving a child that holds its output hung the import (P6).
 
     Raises:
         RuntimeError: as FlashInfer does, when neither answers.
     """
-    from packaging.version import Version
-
-    from flashinfer_sm120.safety.trust import trace
-
     nvcc = os.path.join(cuda_path, "bin", "nvcc")
     problem = trace(nvcc).problem
-    full, problem = (None, problem) if problem else nvcc_version(nvcc)
+    full, problem, _local = (None, problem, False) if problem else nvcc_version(nvcc)
     if full:
         return Version(".".join(full.split(".")[:2]))
     import torch
@@ -353,4 +252,3 @@ def flashinfer_cuda_version(cuda_path: str):
         raise RuntimeError(f"nvcc not usable ({problem}) and PyTorch is not built with CUDA support. "
                            f"Could not determine CUDA version.")
     return Version(torch.version.cuda)
-

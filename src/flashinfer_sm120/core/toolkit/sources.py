@@ -1,49 +1,40 @@
-"""Where CUDA toolkits are looked for, in order: :data:`FIND_STEPS`, one tuple
-of small find steps (each ``env -> candidates``), as cuda-pathfinder arranges
-its own search.  The order is the preference order of :func:`choose` among
-toolkits that pass; :mod:`.candidates` runs the steps and merges what they find."""
+"""Where CUDA toolkits are looked for: :data:`FIND_STEPS`, the search as data (steps ``env ->
+[Toolkit placeholder]``, as cuda-pathfinder arranges its own), in :func:`~.policy.choose`'s
+preference order; :func:`discover` runs them.  :func:`flashinfer_naive_root` is FlashInfer's own rule.
+"""
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import re
 import shutil
 import site
 import sys
-from collections.abc import Callable, Iterable, Mapping
-from typing import NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from packaging.version import Version
 
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.core.facts.arch import major_minor
+from flashinfer_sm120.core.toolkit.model import Toolkit
+from flashinfer_sm120.core.toolkit.probe import NVCC_TIMEOUT_S, inspect
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.core.toolkit.probe import major_minor
+from flashinfer_sm120.safety import formats
 from flashinfer_sm120.safety.trust import follow_wrappers
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["FIND_STEPS", "SOURCES", "Found", "pathfinder_binary", "clean_home", "site_dirs", "cache_clear"]
+__all__ = ["FIND_STEPS", "SOURCES", "Candidates", "discover", "pathfinder_binary", "clean_home", "site_dirs",
+           "flashinfer_naive_root"]
 
 _PIP_PREFIX_RE = re.compile(r"cu1[3-9]")  # site-packages/nvidia/cu13: no pip wheel before 13 ships nvcc
 _VERSIONED_RE = re.compile(r"cuda-\d")
+_NOT_IN_BIN = "is not in a toolkit's bin/ directory, so no toolkit prefix"
 
 
-class Found(NamedTuple):
-    """One place a find step points at.
-
-    Attributes:
-        source: the step's label (an entry of :data:`SOURCES`).
-        root: the toolkit prefix (``<root>/bin/nvcc``).
-        given_as: how the user or environment named it, for messages.
-        problem: set when the step already knows the place is unusable.
-    """
-
-    source: str
-    root: str
-    given_as: str
-    problem: str | None = None
+def _found(source: str, root: str, given: str, problem: str | None = None) -> Toolkit:
+    return Toolkit(root=root, sources=(source,), given_as=given, problem=problem)
 
 
 def clean_home(value: str) -> str:
@@ -56,66 +47,64 @@ def clean_home(value: str) -> str:
     return v
 
 
-def cache_clear() -> None:
-    """Forget the site directories already listed (after ``site``'s settings changed)."""
-    _site_dirs_for.cache_clear()
-
-
-@functools.lru_cache(maxsize=8)
-def _site_dirs_for(path_key: tuple[str, ...], user_site: bool) -> tuple[str, ...]:
-    return tuple(_site_dirs_uncached())
-
-
 def site_dirs() -> list[str]:
     """Every site-packages directory of this interpreter, the user site only when
-    :data:`site.ENABLE_USER_SITE` is true (not under ``python -s`` or
-    ``PYTHONNOUSERSITE``; cached per ``sys.path``)."""
-    return list(_site_dirs_for(tuple(sys.path), bool(site.ENABLE_USER_SITE)))
-
-
-def _site_dirs_uncached() -> list[str]:
+    :data:`site.ENABLE_USER_SITE` is true (not under ``python -s``)."""
     dirs: list[str] = []
-    getters: list[Callable[[], Iterable[str]]] = [lambda: site.getsitepackages()]
-    if site.ENABLE_USER_SITE:
-        getters.append(lambda: [site.getusersitepackages()])
-    getters.append(lambda: [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))])
     user = None
-    if not site.ENABLE_USER_SITE:
-        try:
-            user = site.getusersitepackages()
-        except Exception:
-            user = None
-    for getter in getters:
-        try:
-            for d in getter():
-                if d and d not in dirs and d != user:
-                    dirs.append(d)
-        except Exception:  # site may be disabled (python -S)
-            continue
-    return dirs
+    try:  # site may be disabled (python -S)
+        dirs += site.getsitepackages()
+    except Exception:
+        pass
+    try:
+        user = site.getusersitepackages()
+    except Exception:
+        pass
+    if site.ENABLE_USER_SITE and user:
+        dirs.append(user)
+    dirs += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    return list(dict.fromkeys(d for d in dirs if d and (site.ENABLE_USER_SITE or d != user)))
 
 
 def _view_toolkit(path: str) -> str | None:
-    """The real toolkit behind a flashinfer-sm120 ``CUDA_HOME`` view, else ``None``
-    (metadata read through :mod:`flashinfer_sm120.safety.formats`: bounded, depth-bounded;
-    anything unusable means "not a view", and the path is then inspected as given)."""
+    """The real toolkit behind a flashinfer-sm120 ``CUDA_HOME`` view, else ``None`` (bounded read;
+    anything unusable means "not a view", and the path is inspected as given)."""
     meta = os.path.join(path, "flashinfer_sm120_view.json")
     if not os.path.lexists(meta):
         return None
     try:
-        data = formats.read_json_file(meta, 64 << 10)
-        root = formats.field(data, "toolkit", str, meta, max_len=4096)
+        root = formats.field(formats.read_json_file(meta, 64 << 10), "toolkit", str, meta, max_len=4096)
     except FormatError as exc:
         logger.info("flashinfer-sm120: not reading %s as a view: %s", path, exc)
         return None
     return root if os.path.isabs(root) and os.path.isdir(root) else None
 
 
+def pathfinder_binary(name: str) -> str | None:
+    """cuda-pathfinder's answer for where NVIDIA's wheels put the CUDA tool ``name``, or ``None``.
+    Asked only when a wheel layout in its search holds it, so that its last resort (a subprocess
+    loading libcudart through ``LD_LIBRARY_PATH``) never runs here.  Not checked for trust."""
+    try:
+        dirs = list(site.getsitepackages()) + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
+    except Exception:
+        return None
+    if not any(os.access(os.path.join(d, "nvidia", sub, "bin", name), os.X_OK)
+               for d in dirs if d for sub in ("cu13", "cuda_nvcc")):
+        return None
+    try:
+        from cuda.pathfinder import find_nvidia_binary_utility
+
+        return find_nvidia_binary_utility(name)
+    except Exception as exc:  # its errors must not stop discovery
+        logger.debug("flashinfer-sm120: cuda-pathfinder failed: %s", exc)
+        return None
+
+
 # --------------------------------------------------------------------------- find steps
 
 
-def _env_var(var: str) -> Callable[[Mapping[str, str]], list[Found]]:
-    def step(env: Mapping[str, str]) -> list[Found]:
+def _env_var(var: str) -> Callable[[Mapping[str, str]], list[Toolkit]]:
+    def step(env: Mapping[str, str]) -> list[Toolkit]:
         val = env.get(var)
         if not val:
             return []
@@ -123,168 +112,176 @@ def _env_var(var: str) -> Callable[[Mapping[str, str]], list[Found]]:
             formats.check_text(val, f"${var}", fix=f"set {var} to the toolkit prefix (the directory above "
                                                   f"bin/nvcc) or unset it")
         except FormatError as exc:
-            return [Found(var, formats.shown(val), f"${var}", problem=str(exc))]
+            return [_found(var, formats.shown(val), f"${var}", str(exc))]
         home = clean_home(val)
         behind = _view_toolkit(home)
         if behind:  # exported by flashinfer-sm120 to this process's parent
-            return [Found(var, behind, f"${var}={val} (flashinfer-sm120 view of {behind})")]
-        return [Found(var, home, f"${var}={val}")]
+            return [_found(var, behind, f"${var}={val} (flashinfer-sm120 view of {behind})")]
+        return [_found(var, home, f"${var}={val}")]
 
-    step.__name__ = f"from_{var.lower()}"
-    step.__doc__ = f"``${var}`` (cleaned by :func:`clean_home`)."
     return step
 
 
-def pathfinder_binary(name: str) -> str | None:
-    """cuda-pathfinder's answer for where NVIDIA's wheels put the CUDA tool ``name`` (``nvcc``,
-    ``cuobjdump``: it knows the wheel layouts and the venv / user-site order), or ``None``.
-    Asked only when a wheel layout holds it, so that its own last resort (a subprocess
-    loading libcudart through ``LD_LIBRARY_PATH``) never runs here.  Not checked for trust:
-    callers apply their own rule to what it returns."""
-    if not _pathfinder_answers_from_wheels(name):
-        return None
-    try:
-        from cuda.pathfinder import find_nvidia_binary_utility
-    except Exception:
-        return None
-    try:
-        return find_nvidia_binary_utility(name)
-    except Exception as exc:  # its errors must not stop discovery
-        logger.debug("flashinfer-sm120: cuda-pathfinder failed: %s", exc)
-        return None
-
-
-def _pathfinder_answers_from_wheels(name: str) -> bool:
-    """Whether cuda-pathfinder's first step (the wheels in ``site.getsitepackages()``
-    and, if enabled, the user site) will find ``name``, so it never reaches its
-    subprocess fallback."""
-    dirs = []
-    try:
-        dirs += list(site.getsitepackages())
-        if site.ENABLE_USER_SITE:
-            dirs.append(site.getusersitepackages())
-    except Exception:
-        return False
-    return any(os.access(os.path.join(d, "nvidia", sub, "bin", name), os.X_OK)
-               for d in dirs if d for sub in ("cu13", "cuda_nvcc"))
-
-
-def from_pip(env: Mapping[str, str]) -> list[Found]:
-    """NVIDIA's pip wheels: ``site-packages/nvidia/cu13`` (and later ``cuNN``),
-    newest first, and the legacy ``nvidia/cuda_nvcc``; cuda-pathfinder's pick first."""
-    out: list[Found] = []
+def from_pip(env: Mapping[str, str]) -> list[Toolkit]:
+    """NVIDIA's wheels: ``site-packages/nvidia/cu13`` (and later ``cuNN``), newest first, and the
+    legacy ``nvidia/cuda_nvcc``; cuda-pathfinder's pick first."""
+    out: list[Toolkit] = []
     for sd in site_dirs():
         try:
             subs = os.listdir(os.path.join(sd, "nvidia"))
         except OSError:
             continue
         for name in sorted((n for n in subs if _PIP_PREFIX_RE.fullmatch(n)), reverse=True):
-            sub = os.path.join(sd, "nvidia", name)
-            out.append(Found("pip", sub, sub))
-        legacy = os.path.join(sd, "nvidia", "cuda_nvcc")  # cu12 wheels: no nvcc before 13
+            out.append(_found("pip", os.path.join(sd, "nvidia", name), os.path.join(sd, "nvidia", name)))
+        legacy = os.path.join(sd, "nvidia", "cuda_nvcc")
         if os.path.isfile(os.path.join(legacy, "bin", "nvcc")):
-            out.append(Found("pip", legacy, legacy))
-    if out:
-        picked = pathfinder_binary("nvcc")
-        if picked and os.path.basename(os.path.dirname(picked)) == "bin":
-            root = os.path.dirname(os.path.dirname(picked))
-            out = [Found("pip", root, root)] + [f for f in out if os.path.realpath(f.root) != root]
+            out.append(_found("pip", legacy, legacy))
+    picked = pathfinder_binary("nvcc") if out else None
+    if picked and os.path.basename(os.path.dirname(picked)) == "bin":
+        root = os.path.dirname(os.path.dirname(picked))
+        out = [_found("pip", root, root)] + [f for f in out if os.path.realpath(f.root) != root]
     return out
 
 
-def _has_headers(root: str) -> bool:
-    return os.path.isfile(os.path.join(root, "include", "cuda_runtime_api.h"))
+def _has_headers(root: str | None) -> bool:
+    return bool(root) and os.path.isfile(os.path.join(root, "include", "cuda_runtime_api.h"))
 
 
-def from_path(env: Mapping[str, str]) -> list[Found]:
-    """``nvcc`` on ``PATH``, links and wrapper scripts followed (read, not run).
+def _bin_parent(path: str) -> str | None:
+    """The prefix above the ``bin/`` directory holding ``path``, else ``None``."""
+    return os.path.dirname(os.path.dirname(path)) if os.path.basename(os.path.dirname(path)) == "bin" else None
 
-    The prefix is the directory above the ``bin/`` holding the real nvcc
-    (``/usr/local/bin/nvcc`` wrapping ``/usr/local/cuda-13.0/bin/nvcc`` gives
-    ``/usr/local/cuda-13.0``), except for the Debian layout: a
-    ``/usr/bin/nvcc`` wrapper around ``/usr/lib/nvidia-cuda-toolkit/bin/nvcc``
-    with the headers in ``/usr/include`` gives ``/usr``.  An nvcc that sits in
-    no ``bin/`` directory gives no prefix, and says so in PATH terms.
-    """
+
+def from_path(env: Mapping[str, str]) -> list[Toolkit]:
+    """``nvcc`` on ``PATH``, links and wrapper scripts followed (read, not run): the prefix above
+    the ``bin/`` of the real nvcc, except Debian's layout (``/usr/bin/nvcc`` wrapping
+    ``/usr/lib/nvidia-cuda-toolkit/bin/nvcc``, headers in ``/usr/include``), which gives ``/usr``."""
     which = shutil.which("nvcc", path=env.get("PATH", os.defpath))
     if not which:
         return []
     which = os.path.abspath(which)
     real = follow_wrappers(which) or os.path.realpath(which)
-    in_bin = os.path.basename(os.path.dirname(real)) == "bin"
-    lexical = os.path.dirname(os.path.dirname(which)) if os.path.basename(os.path.dirname(which)) == "bin" else None
-    real_root = os.path.dirname(os.path.dirname(real)) if in_bin else None
-    if real_root and (_has_headers(real_root) or not (lexical and _has_headers(lexical))):
-        return [Found("PATH", real_root, which)]
+    lexical, real_root = _bin_parent(which), _bin_parent(real)
+    if real_root and (_has_headers(real_root) or not _has_headers(lexical)):
+        return [_found("PATH", real_root, which)]
     if lexical and (_has_headers(lexical) or not real_root):
-        return [Found("PATH", lexical, which if real == which else f"{which} (runs {real})")]
-    return [Found("PATH", os.path.dirname(which), which, problem=(
-        f"the nvcc on PATH ({which}" + (f", which runs {real}" if real != which else "")
-        + ") is not in a toolkit's bin/ directory, so no toolkit prefix (include/, lib64/) follows "
-        "from it; put the toolkit's bin/ directory on PATH instead, or set CUDA_HOME to the toolkit "
-        "prefix"))]
+        return [_found("PATH", lexical, which if real == which else f"{which} (runs {real})")]
+    runs = f", which runs {real}" if real != which else ""
+    return [_found("PATH", os.path.dirname(which), which, (
+        f"the nvcc on PATH ({which}{runs}) {_NOT_IN_BIN} (include/, lib64/) follows from it; put the "
+        f"toolkit's bin/ directory on PATH instead, or set CUDA_HOME to the toolkit prefix"))]
 
 
-def from_flashinfer_nvcc(env: Mapping[str, str]) -> list[Found]:
-    """``$FLASHINFER_NVCC``: FlashInfer 0.7 compiles with it in place of
-    ``$cuda_home/bin/nvcc`` (``flashinfer/jit/cpp_ext.py``), so its own toolkit (the
-    prefix above the ``bin/`` of the nvcc it runs, wrappers followed) is offered
-    first; chosen only if it passes like any other, otherwise the variable is refused
-    (:mod:`flashinfer_sm120.safety.compilers`), never mixed with another toolkit's headers."""
+def from_flashinfer_nvcc(env: Mapping[str, str]) -> list[Toolkit]:
+    """``$FLASHINFER_NVCC``: FlashInfer 0.7 compiles with it in place of ``$cuda_home/bin/nvcc``
+    (``flashinfer/jit/cpp_ext.py``), so its own toolkit is offered first; chosen only if it
+    passes like any other, never mixed with another toolkit's headers (:mod:`~flashinfer_sm120.safety.compilers`)."""
     val = env.get("FLASHINFER_NVCC")
     if val is None:
         return []
     given = f"$FLASHINFER_NVCC={val[:200]}"
     words = val.split()
     if len(words) != 1 or not os.path.isabs(words[0]):
-        return [Found("FLASHINFER_NVCC", val[:200] or "(empty)", given, problem=(
+        return [_found("FLASHINFER_NVCC", val[:200] or "(empty)", given, (
             "FLASHINFER_NVCC must be the absolute path of one nvcc; put a launcher in "
             "FLASHINFER_NVCC_LAUNCHER instead"))]
     real = follow_wrappers(words[0]) or os.path.realpath(words[0])
-    if os.path.basename(os.path.dirname(real)) != "bin":
-        return [Found("FLASHINFER_NVCC", os.path.dirname(real), given, problem=(
-            f"the nvcc it runs ({real}) is not in a toolkit's bin/ directory, so no toolkit prefix "
-            "follows from it; set CUDA_HOME to the toolkit prefix instead"))]
-    root = os.path.dirname(os.path.dirname(real))
-    return [Found("FLASHINFER_NVCC", _view_toolkit(root) or root, given)]
+    root = _bin_parent(real)
+    if root is None:
+        return [_found("FLASHINFER_NVCC", os.path.dirname(real), given, (
+            f"the nvcc it runs ({real}) {_NOT_IN_BIN} follows from it; set CUDA_HOME to the toolkit "
+            "prefix instead"))]
+    return [_found("FLASHINFER_NVCC", _view_toolkit(root) or root, given)]
 
 
-def from_usr_local_cuda(env: Mapping[str, str]) -> list[Found]:
-    """``/usr/local/cuda`` (the installer's symlink), FlashInfer's last resort too."""
-    return [Found("/usr/local/cuda", "/usr/local/cuda", "/usr/local/cuda")]
-
-
-def from_usr_local_versioned(env: Mapping[str, str]) -> list[Found]:
+def from_usr_local_versioned(env: Mapping[str, str]) -> list[Toolkit]:
     """``/usr/local/cuda-X.Y``, newest first."""
     try:
-        versioned = [os.path.join("/usr/local", n) for n in os.listdir("/usr/local") if _VERSIONED_RE.match(n)]
+        names = [n for n in os.listdir("/usr/local") if _VERSIONED_RE.match(n)]
     except OSError:
         return []
-
-    def _vkey(p: str) -> Version:
-        return major_minor(p.rsplit("-", 1)[-1]) or Version("0")
-
-    return [Found("versioned", p, p) for p in sorted(versioned, key=_vkey, reverse=True)]
+    names.sort(key=lambda n: major_minor(n.rsplit("-", 1)[-1]) or Version("0"), reverse=True)
+    return [_found("versioned", f"/usr/local/{n}", f"/usr/local/{n}") for n in names]
 
 
-def from_conda(env: Mapping[str, str]) -> list[Found]:
-    """``$CONDA_PREFIX`` (conda's ``cuda-nvcc`` package installs ``bin/nvcc`` there)."""
+def from_conda(env: Mapping[str, str]) -> list[Toolkit]:
+    """``$CONDA_PREFIX`` (conda's ``cuda-nvcc`` installs ``bin/nvcc`` there)."""
     conda = env.get("CONDA_PREFIX")
-    return [Found("conda", conda, f"$CONDA_PREFIX={conda}")] if conda else []
+    return [_found("conda", conda, f"$CONDA_PREFIX={conda}")] if conda else []
 
 
-#: The search, in preference order: ``(label, step)``; each step maps an
-#: environment to the places it points at.
-FIND_STEPS: tuple[tuple[str, Callable[[Mapping[str, str]], list[Found]]], ...] = (
+#: The search, in preference order: ``(label, step)``.
+FIND_STEPS: tuple[tuple[str, Callable[[Mapping[str, str]], list[Toolkit]]], ...] = (
     ("FLASHINFER_NVCC", from_flashinfer_nvcc),
     ("CUDA_HOME", _env_var("CUDA_HOME")),
     ("CUDA_PATH", _env_var("CUDA_PATH")),
     ("pip", from_pip),
     ("PATH", from_path),
-    ("/usr/local/cuda", from_usr_local_cuda),
+    ("/usr/local/cuda", lambda env: [_found("/usr/local/cuda", "/usr/local/cuda", "/usr/local/cuda")]),
     ("versioned", from_usr_local_versioned),
     ("conda", from_conda),
 )
 
 #: Source labels, in the order a candidate is preferred when several pass.
 SOURCES = tuple(label for label, _ in FIND_STEPS)
+
+_NAMED = ("CUDA_HOME", "CUDA_PATH", "conda")  # a missing directory is reported, not skipped
+
+
+class Candidates(Sequence):
+    """Candidates in preference order, each inspected when first looked at: :func:`~.policy.choose`
+    stops at the first acceptable one, so start-up reads one or two toolkits, not all."""
+
+    def __init__(self, found: list[Toolkit], timeout: float) -> None:
+        self._found, self._timeout, self._done = found, timeout, {}
+
+    def __len__(self) -> int:
+        return len(self._found)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(len(self))[i]]
+        i = range(len(self))[i]
+        if i not in self._done:
+            f = self._found[i]
+            self._done[i] = f if f.problem else inspect(f.root, f.sources, f.given_as, timeout=self._timeout)
+        return self._done[i]
+
+    def unread(self, i: int) -> Toolkit | None:
+        """Candidate ``i``'s placeholder while it has not been inspected, else ``None``."""
+        return None if i in self._done else self._found[i]
+
+
+def discover(env: Mapping[str, str] | None = None, *, timeout: float = NVCC_TIMEOUT_S) -> Candidates:
+    """Every candidate of :data:`FIND_STEPS` for ``env`` (default ``os.environ``), one per real nvcc
+    (its sources merged), unusable ones included (``problem`` set) and first."""
+    env = dict(os.environ if env is None else env)
+    bad: list[Toolkit] = []
+    merged: dict[str, Toolkit] = {}
+    for _label, step in FIND_STEPS:
+        for tk in step(env):
+            if tk.problem or not os.path.isdir(tk.root):
+                if tk.problem or tk.sources[0] in _NAMED:
+                    bad.append(tk)
+                continue
+            key = os.path.realpath(os.path.join(tk.root, "bin", "nvcc"))  # wrappers: followed by inspect()
+            have = merged.setdefault(key, tk)
+            if tk.sources[0] not in have.sources:
+                merged[key] = replace(have, sources=have.sources + tk.sources)
+    return Candidates(bad + list(merged.values()), timeout)
+
+
+def flashinfer_naive_root(env: Mapping[str, str] | None = None, *, server: bool = False) -> str | None:
+    """The prefix FlashInfer's ``get_cuda_path()`` returns (0.6.7 - 0.7.4 ``flashinfer/jit/cpp_ext.py``:
+    ``CUDA_HOME`` or ``CUDA_PATH`` verbatim, else ``dirname(dirname(which nvcc))`` with links unresolved,
+    so a wrapper at ``/usr/local/bin/nvcc`` gives ``/usr/local``, else ``/usr/local/cuda`` if it
+    exists), or with ``server`` the one vLLM (0.33 ``_flashinfer_nvcc_path``) and SGLang (0.5.23
+    ``cuda_home``) derive: an empty value counts as unset, ``/usr/local/cuda`` whether it exists or not."""
+    env = dict(os.environ if env is None else env)
+    home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
+    if home if server else home is not None:
+        return home
+    which = shutil.which("nvcc", path=env.get("PATH", os.defpath))
+    if which:
+        return os.path.dirname(os.path.dirname(which))
+    return "/usr/local/cuda" if server or os.path.exists("/usr/local/cuda") else None

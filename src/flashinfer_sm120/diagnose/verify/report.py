@@ -60,7 +60,7 @@ def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
 
     FlashInfer alone runs ``<its CUDA home>/bin/nvcc --version`` at import (its
     own lookup, :func:`flashinfer_sm120.core.toolkit.flashinfer_naive_root`).  When
-    the trust policy refuses that nvcc (:func:`flashinfer_sm120.core.toolkit.trace`:
+    the trust policy refuses that nvcc (:func:`flashinfer_sm120.safety.trust.trace`:
     any link, wrapper or directory on the way owned or writable by another
     user), the child is not started: the result is ``{"error": "not run: ...",
     "skipped": reason}``.  Otherwise the child runs under
@@ -72,7 +72,8 @@ def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
         ``jit_dir``, or ``error`` (and ``skipped`` when not run).
     """
     from flashinfer_sm120.safety import proc
-    from flashinfer_sm120.core.toolkit import flashinfer_naive_root, trace
+    from flashinfer_sm120.core.toolkit import flashinfer_naive_root
+    from flashinfer_sm120.safety.trust import trace
 
     env = dict(os.environ, FLASHINFER_SM120_DISABLE="1")
     for k in ("CUDA_HOME",):  # what the user set, not what this process exported
@@ -255,7 +256,7 @@ def servers_section(report: dict) -> dict:
     finds, and the JIT directory it would use (:mod:`flashinfer_sm120.core.facts.serverprobe`)."""
     from flashinfer_sm120.core.facts import serverprobe, servers
     from flashinfer_sm120.core.facts.workspace import workspace_base
-    from flashinfer_sm120.core.toolkit.naive import flashinfer_naive_root
+    from flashinfer_sm120.core.toolkit.sources import flashinfer_naive_root
 
     after = report.get("after") or {}
     exported = bool(after.get("exported"))

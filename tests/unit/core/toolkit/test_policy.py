@@ -10,7 +10,8 @@ from flashinfer_sm120.core.facts import arch, archlist
 from flashinfer_sm120.core.toolkit import ToolkitError, choose, discover, inspect
 from flashinfer_sm120.core.toolkit import fixes
 from flashinfer_sm120.core.toolkit.model import RejectKind, Toolkit
-from flashinfer_sm120.core.toolkit.policy import ALLOW_OTHER_MAJOR_ENV, other_major_allowed, unbuildable
+from flashinfer_sm120.core.toolkit.fixes import ALLOW_OTHER_MAJOR_ENV, unbuildable
+from flashinfer_sm120.core.toolkit.policy import other_major_allowed
 
 
 @pytest.fixture(autouse=True)

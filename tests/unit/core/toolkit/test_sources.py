@@ -48,12 +48,10 @@ def test_user_site_only_when_enabled(tmp_path, monkeypatch):
     monkeypatch.setattr(site, "getsitepackages", lambda: [])
     monkeypatch.setattr(sources.sys, "path", [p for p in sources.sys.path if "site-packages" not in p])
     monkeypatch.setattr(sources, "pathfinder_binary", lambda name: None)
-    sources.cache_clear()
     monkeypatch.setattr(site, "ENABLE_USER_SITE", True)
     assert str(user_site / "nvidia" / "cu13") in [f.root for f in sources.from_pip({})]
     monkeypatch.setattr(site, "ENABLE_USER_SITE", False)  # python -s / PYTHONNOUSERSITE
     assert sources.from_pip({}) == []
-    sources.cache_clear()
 
 
 def test_pip_step_uses_cuda_pathfinder_first(tmp_path, monkeypatch):

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from flashinfer_sm120.safety import proc
+
 from helpers.host import wheels_dir
 
 from flashinfer_sm120.core.toolkit import probe
@@ -77,8 +79,8 @@ def test_a_view_of_the_aarch64_wheels_is_complete_and_its_stub_is_aarch64(tmp_pa
         asked.append(nvcc)
         return "13.0.88", None, False
 
-    monkeypatch.setattr(probe, "nvcc_version", must_not_run)
-    monkeypatch.setattr(probe, "nvcc_answer", answer_as_the_spark_would)  # P1: the binary's word, simulated
+    monkeypatch.setattr(probe, "nvcc_version", answer_as_the_spark_would)  # P1: the binary's word, simulated
+    monkeypatch.setattr(proc, "run", must_not_run)  # nothing else of the wheels runs either
     tk = probe.inspect(str(root), ("pip",))
     assert asked == [str(root / "bin" / "nvcc")] or [os.path.realpath(a) for a in asked] == [
         os.path.realpath(root / "bin" / "nvcc")]
