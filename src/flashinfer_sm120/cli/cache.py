@@ -144,10 +144,10 @@ def run_import(args: argparse.Namespace) -> int:
     doc.update(ok=not any(r["status"] in ("stale", "kept existing", "refused", "failed") for r in report),
                modules=[{k: v for k, v in r.items() if k not in ("kind", "fix")} for r in report])
     failed = next((r for r in report if r["status"] == "failed"), None)
-    if failed is not None:  # the modules before it stay installed, and are listed (round 5, P32)
+    if failed is not None:  # the modules before it stay installed, and are listed (P8)
         doc["error"] = {"kind": failed["kind"], "message": bounded(failed["why"]), "fix": bounded(failed["fix"])}
     stale = [r["module"] for r in report if r["status"] == "stale"]
-    if stale and failed is None:  # installed, but a server here would rebuild them (round 6, F4: error was null)
+    if stale and failed is None:  # installed, but a server here would rebuild them: say so (P8)
         doc["error"] = {"kind": "stale", "message": bounded(
             f"{plural(len(stale), 'module')} installed but would be rebuilt here: {', '.join(stale)} (each "
             f"module's why says the step)"), "fix": "build them here (flashinfer-sm120 build MODULE), or export from "
