@@ -12,6 +12,7 @@ import subprocess
 import sys
 import sysconfig
 
+import filelock
 import pytest
 
 
@@ -76,26 +77,33 @@ def release_dir(version: str) -> str | None:
         return None
     base = wheels_dir()
     target = os.path.join(base, version)
-    if not os.path.isdir(os.path.join(target, "flashinfer")):
-        wheels = os.path.join(base, "wheels")
-        # few retries and a short timeout: offline, skip in seconds rather than wait out pip's defaults
-        dl = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-build-isolation",
-                             "--retries", "1", "--timeout", "30", "-d", wheels, f"flashinfer-python=={version}"],
-                            capture_output=True, text=True, timeout=600)
-        if dl.returncode != 0:
-            pytest.skip(f"cannot download flashinfer-python=={version} into {wheels} (offline? set "
-                        f"FLASHINFER_SM120_TEST_WHEELS to a directory that has it): {dl.stderr.strip()[-300:]}")
-        whl = [w for w in os.listdir(wheels) if w.startswith(f"flashinfer_python-{version}-")]
-        if whl:
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
-                            "--target", target, os.path.join(wheels, whl[0])], check=True, capture_output=True)
-        else:  # sdist only (0.4.x): take its pure-Python package, build nothing
-            import tarfile
-
-            prefix = f"flashinfer_python-{version}/"
-            with tarfile.open(os.path.join(wheels, f"flashinfer_python-{version}.tar.gz")) as tar:
-                members = [m for m in tar.getmembers() if m.name.startswith(prefix + "flashinfer/")]
-                for m in members:
-                    m.name = m.name[len(prefix):]
-                tar.extractall(target, members=members, filter="data")
+    os.makedirs(base, exist_ok=True)
+    with filelock.FileLock(os.path.join(base, f".{version}.lock")):  # pytest -n: one worker downloads
+        if not os.path.isdir(os.path.join(target, "flashinfer")):
+            _fetch_release(version, base, target)
     return target
+
+
+def _fetch_release(version: str, base: str, target: str) -> None:
+    """Download FlashInfer ``version`` into ``base/wheels`` and unpack it at ``target``."""
+    wheels = os.path.join(base, "wheels")
+    # few retries and a short timeout: offline, skip in seconds rather than wait out pip's defaults
+    dl = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-build-isolation",
+                         "--retries", "1", "--timeout", "30", "-d", wheels, f"flashinfer-python=={version}"],
+                        capture_output=True, text=True, timeout=600)
+    if dl.returncode != 0:
+        pytest.skip(f"cannot download flashinfer-python=={version} into {wheels} (offline? set "
+                    f"FLASHINFER_SM120_TEST_WHEELS to a directory that has it): {dl.stderr.strip()[-300:]}")
+    whl = [w for w in os.listdir(wheels) if w.startswith(f"flashinfer_python-{version}-")]
+    if whl:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
+                        "--target", target, os.path.join(wheels, whl[0])], check=True, capture_output=True)
+    else:  # sdist only (0.4.x): take its pure-Python package, build nothing
+        import tarfile
+
+        prefix = f"flashinfer_python-{version}/"
+        with tarfile.open(os.path.join(wheels, f"flashinfer_python-{version}.tar.gz")) as tar:
+            members = [m for m in tar.getmembers() if m.name.startswith(prefix + "flashinfer/")]
+            for m in members:
+                m.name = m.name[len(prefix):]
+            tar.extractall(target, members=members, filter="data")
