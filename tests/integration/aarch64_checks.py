@@ -3,6 +3,7 @@
     python3 aarch64_checks.py doctor DOCTOR_JSON          # pip nvcc, AArch64, sm_121a, the view's libcudart
     python3 aarch64_checks.py build DOCTOR_JSON MODULE    # the module in the inventory with sm_121a, AArch64
     python3 aarch64_checks.py autoload                    # a 'spawn' worker imports flashinfer: status()
+    python3 aarch64_checks.py smoke SECONDS               # doctor --smoke's steps with a longer deadline
     python3 aarch64_checks.py seed AARCH64_JSON HOST_JSON # the fake 12.8 toolkit passed over, as on x86_64
 
 Each prints what it found and exits 1 with the reason on the first check that fails.
@@ -45,7 +46,7 @@ def doctor(report_path: str) -> None:
     if "/nvidia/cu13" not in root:
         fail(f"the chosen toolkit {root!r} is not the pip wheel's (site-packages/nvidia/cu13)")
     aarch64(os.path.join(root, "bin", "nvcc"), "chosen nvcc")
-    view = report.get("cuda_home") or ""
+    view = ((report.get("resolution") or {}).get("cuda_home") or {}).get("path") or ""
     lib = os.path.join(view, "lib64", "libcudart.so.13")
     if not os.path.exists(lib):
         fail(f"the view {view!r} has no lib64/libcudart.so.13")
@@ -54,19 +55,20 @@ def doctor(report_path: str) -> None:
 
 
 def build(report_path: str, module: str) -> None:
+    """Every module in the JIT directory (a new HOME: what ``build MODULE`` made) holds SASS sm_121a,
+    is an AArch64 ELF and records libcudart.so.13."""
     report = json.load(open(report_path))
-    text = json.dumps(report.get("inventory"), indent=1)
-    print(text[:4000])
-    found = [m for m in _modules(report.get("inventory")) if m.get("name", "").startswith(module)]
+    inventory = report.get("inventory") or {}
+    found = [m for place in inventory.get("places", []) if place.get("kind") == "jit" for m in _modules(place)]
+    print(json.dumps(found, indent=1)[:3000])
     if not found:
-        fail(f"no module {module!r} in doctor's inventory")
+        fail(f"nothing built by 'build {module}' in doctor's inventory")
     for m in found:
-        sass = m.get("sass") or m.get("targets") or []
-        if "sm_121a" not in sass:
-            fail(f"{m.get('name')}: SASS {sass}, expected sm_121a")
-        aarch64(m["path"], f"module {m.get('name')}")
+        if "sm_121a" not in m.get("sass", []):
+            fail(f"{m.get('name')}: SASS {m.get('sass')}, expected sm_121a ({m.get('note')})")
+        aarch64(m["path"], f"module {m.get('name')} (SASS {', '.join(m['sass'])})")
         needed = subprocess.run(["readelf", "-d", m["path"]], capture_output=True, text=True).stdout
-        print("  " + "\n  ".join(l.strip() for l in needed.splitlines() if "NEEDED" in l or "PATH" in l))
+        print("  " + "\n  ".join(line.strip() for line in needed.splitlines() if "NEEDED" in line or "PATH" in line))
         if "libcudart.so.13" not in needed:
             fail(f"{m['path']} does not record libcudart.so.13")
 
@@ -130,6 +132,17 @@ def seed(aarch64_json: str, host_json: str) -> None:
 FAKE = "/opt/fake-cuda-12.8"
 
 
+def smoke(seconds: str) -> None:
+    """The steps of ``doctor --smoke`` with ``seconds`` for all of them: emulated, its 30 s do not suffice."""
+    from flashinfer_sm120.cli.doctor_sections import smoke_lines
+    from flashinfer_sm120.diagnose.verify.smoke import run_smoke
+
+    result = run_smoke(float(seconds)).to_dict()
+    print("\n".join(smoke_lines(result)))
+    if not result["ok"]:
+        fail(f"the smoke check failed at step {result['failed']!r}")
+
+
 if __name__ == "__main__":
     what, *rest = sys.argv[1:]
-    {"doctor": doctor, "build": build, "autoload": autoload, "seed": seed}[what](*rest)
+    {"doctor": doctor, "build": build, "autoload": autoload, "seed": seed, "smoke": smoke}[what](*rest)

@@ -20,10 +20,11 @@
 #   doctor     `doctor --json --arch 12.1`: the chosen nvcc is the pip wheel's (nvidia/cu13) and an
 #              AArch64 binary, the targets are sm_121a, the view's lib64/libcudart.so.13 is AArch64
 #   smoke      `doctor --smoke --arch 12.1` exits 0 (compile, link, link check; load/run skipped)
+#   smoke-long the same steps with SMOKE_LONG_S (default 1200) for all of them instead of 30 s
 #   build      `build --arch 12.1 $MODULE` (FlashInfer's own build line), then doctor's inventory
 #              lists the module with sm_121a and `file` on its .so says ARM aarch64
-#   autoload   `enable`, then a multiprocessing 'spawn' worker imports flashinfer and reports
-#              flashinfer_sm120.status(): patched, sm_121a, the pip nvcc
+#   autoload   `enable`, then (FLASHINFER_CUDA_ARCH_LIST=12.1, no GPU) a multiprocessing 'spawn' worker
+#              imports flashinfer and reports flashinfer_sm120.status(): sm_121a, the pip nvcc
 #   seed       a fake system toolkit 12.8 (bin/nvcc printing release 12.8) first on PATH is passed
 #              over: `status --fresh --arch 12.1` keeps the pip nvcc, and its lines about the 12.8
 #              toolkit are the same as the host's (x86_64, HOST_PYTHON with this package) once the
@@ -86,7 +87,19 @@ make_root() {
 
 mount_root() {
     mount -t proc proc "$ROOTFS/proc"
-    mount --rbind /sys "$ROOTFS/sys"
+    # qemu-user passes the host's /sys through: x86_64 CPUs without the AArch64 ID registers, and torch's
+    # import then dies in oneDNN's CPU probe ("xbyak_aarch64 ... Can't open MIDR_EL1 sysfs entry", then
+    # SIGSEGV). The root gets a /sys of its own with what an arm64 kernel shows of the CPUs: the
+    # online/possible/present lists and each CPU's midr_el1 (GB10's Cortex-X925: part 0xd85).
+    mount -t tmpfs -o size=1m sysfs-standin "$ROOTFS/sys"
+    local cpu=$ROOTFS/sys/devices/system/cpu n i; n=$(nproc)
+    mkdir -p "$cpu"
+    for f in online possible present; do echo "0-$((n - 1))" > "$cpu/$f"; done
+    for ((i = 0; i < n; i++)); do
+        mkdir -p "$cpu/cpu$i/regs/identification"
+        echo 0x00000000410fd850 > "$cpu/cpu$i/regs/identification/midr_el1"
+        echo 0x0000000000000000 > "$cpu/cpu$i/regs/identification/revidr_el1"
+    done
     mount --rbind /dev "$ROOTFS/dev"
     mkdir -p "$ROOTFS/checkout"
     mount --bind "$CHECKOUT" "$ROOTFS/checkout" && mount -o remount,bind,ro "$ROOTFS/checkout"
@@ -118,8 +131,10 @@ install() {
         echo "venv: /opt/venv with $TORCH_SPEC"
         in_root "python3 -m venv /opt/venv && pip install '$TORCH_SPEC'" || die "torch install failed"
     fi
-    echo "venv: pip install /checkout (and nvidia-cuda-cuobjdump, for doctor's SASS inventory)"
-    in_root "pip install /checkout nvidia-cuda-cuobjdump && pip install --force-reinstall --no-deps /checkout" \
+    # cuobjdump for doctor's SASS inventory, the toolkit's release: the aarch64 13.5.37 wheel is tagged
+    # manylinux_2_17 but its cuobjdump needs GLIBC_2.38 (bookworm has 2.36)
+    echo "venv: pip install /checkout 'nvidia-cuda-cuobjdump==13.0.*'"
+    in_root "pip install /checkout 'nvidia-cuda-cuobjdump==13.0.*' && pip install --force-reinstall --no-deps /checkout" \
         || die "pip install /checkout failed"
 }
 
@@ -139,13 +154,16 @@ step() {
 check() {
     rm -rf "$ROOTFS/run-home" && mkdir -p "$ROOTFS/run-home"
     : > "$SUMMARY.tmp"
+    in_root "flashinfer-sm120 disable" >/dev/null 2>&1   # a re-run: the autoload step enables it again
     step status "flashinfer-sm120 status --arch 12.1 | tee /dev/stderr | grep -q sm_121a"
     step doctor "flashinfer-sm120 doctor --arch 12.1 && flashinfer-sm120 doctor --json --arch 12.1 > /tmp/doctor.json && python3 /checkout/tests/integration/aarch64_checks.py doctor /tmp/doctor.json"
     step smoke "flashinfer-sm120 doctor --smoke --arch 12.1"
+    # the same steps with SMOKE_LONG_S for all of them: emulated, doctor --smoke's 30 s run out in 'compile'
+    step smoke-long "FLASHINFER_CUDA_ARCH_LIST=12.1 python3 /checkout/tests/integration/aarch64_checks.py smoke ${SMOKE_LONG_S:-1200}"
     step build "flashinfer-sm120 build --arch 12.1 $MODULE && flashinfer-sm120 doctor --json --arch 12.1 > /tmp/doctor.json && python3 /checkout/tests/integration/aarch64_checks.py build /tmp/doctor.json $MODULE"
-    step autoload "flashinfer-sm120 enable && cd / && python3 /checkout/tests/integration/aarch64_checks.py autoload"
+    step autoload "flashinfer-sm120 enable && cd / && FLASHINFER_CUDA_ARCH_LIST=12.1 python3 /checkout/tests/integration/aarch64_checks.py autoload"
     seed
-    local v; v=$(in_root 'echo "uname -m: $(uname -m); $(python3 -V); torch $(python3 -c "import torch; print(torch.__version__, \"CUDA\", torch.version.cuda)"); flashinfer $(python3 -c "import importlib.metadata as m; print(m.version(\"flashinfer-python\"))"); flashinfer-sm120 $(python3 -c "import importlib.metadata as m; print(m.version(\"flashinfer-sm120\"))"); nvcc $(python3 -c "import nvidia.cu13, os; print(os.path.join(nvidia.cu13.__path__[0], \"bin/nvcc\"))" | xargs -I{} sh -c "{} --version" | grep -o "V[0-9.]*")"' 2>&1)
+    local v; v=$(in_root 'echo "uname -m: $(uname -m)"; flashinfer-sm120 --version' 2>&1)
     { echo "flashinfer-sm120 on aarch64 under qemu-user ($(qemu-aarch64-static --version | head -n1)), $(date -u '+%Y-%m-%d %H:%M UTC')"
       echo "host: $(uname -m), $(nproc) CPUs; root: Debian $SUITE arm64; --arch 12.1, module $MODULE"
       echo "$v"
@@ -179,10 +197,13 @@ case "$1" in --version) echo "nvcc: NVIDIA (R) Cuda compiler driver"; echo "Cuda
         && python3 /checkout/tests/integration/aarch64_checks.py seed /tmp/seed.json /tmp/seed-host.json"
 }
 
-host_setup
-[ "$PHASE" = check ] || make_root
-[ "$PHASE" = root ] && exit 0
-[ -f "$ROOTFS/.complete" ] || die "no arm64 root at $ROOTFS: run the 'root' phase first"
-mount_root
-case $PHASE in all|install) install ;; esac
-case $PHASE in all|check) check; exit $FAILED ;; esac
+main() {  # one function, read whole before it runs: editing this file during a run changes nothing
+    host_setup
+    [ "$PHASE" = check ] || make_root
+    [ "$PHASE" = root ] && return 0
+    [ -f "$ROOTFS/.complete" ] || die "no arm64 root at $ROOTFS: run the 'root' phase first"
+    mount_root
+    case $PHASE in all|install) install ;; esac
+    case $PHASE in all|check) check; return $FAILED ;; esac
+}
+main; exit $?
