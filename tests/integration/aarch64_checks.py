@@ -103,6 +103,8 @@ def autoload() -> None:
     text = json.dumps(got)
     if p.exitcode != 0:
         fail(f"the spawned worker exited {p.exitcode}")
+    if got.get("mode") != "patched":
+        fail(f"the worker's FlashInfer is {got.get('mode')!r}, not patched")
     if "sm_121a" not in text or "/nvidia/cu13" not in text:
         fail("the worker's status names no sm_121a or no pip nvcc (nvidia/cu13)")
 
