@@ -1,0 +1,150 @@
+"""The checks of tests/integration/aarch64_emulated.sh, run inside its arm64 root (not a pytest module).
+
+    python3 aarch64_checks.py doctor DOCTOR_JSON          # pip nvcc, AArch64, sm_121a, the view's libcudart
+    python3 aarch64_checks.py build DOCTOR_JSON MODULE    # the module in the inventory with sm_121a, AArch64
+    python3 aarch64_checks.py autoload                    # a 'spawn' worker imports flashinfer: status()
+    python3 aarch64_checks.py smoke SECONDS               # doctor --smoke's steps with a longer deadline
+    python3 aarch64_checks.py seed AARCH64_JSON HOST_JSON # the fake 12.8 toolkit passed over, as on x86_64
+
+Each prints what it found and exits 1 with the reason on the first check that fails.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+
+
+def fail(msg: str) -> None:
+    print(f"FAIL: {msg}")
+    sys.exit(1)
+
+
+def machine(path: str) -> str:
+    """`file -L` on ``path``: its description (``ELF 64-bit LSB ..., ARM aarch64, ...``)."""
+    return subprocess.run(["file", "-bL", path], capture_output=True, text=True).stdout.strip()
+
+
+def aarch64(path: str, what: str) -> None:
+    desc = machine(path)
+    print(f"{what}: {path}\n  file: {desc}")
+    if "ARM aarch64" not in desc:
+        fail(f"{what} {path} is not an AArch64 ELF: {desc}")
+
+
+def doctor(report_path: str) -> None:
+    report = json.load(open(report_path))
+    d = report["diagnosis"]
+    print(f"verdict ok={d['ok']} targets={d['targets']} nvcc={d['nvcc']} root={d['root']}")
+    if d["targets"] != ["sm_121a"]:
+        fail(f"targets {d['targets']}, expected ['sm_121a']")
+    root = d["root"] or ""
+    if "/nvidia/cu13" not in root:
+        fail(f"the chosen toolkit {root!r} is not the pip wheel's (site-packages/nvidia/cu13)")
+    aarch64(os.path.join(root, "bin", "nvcc"), "chosen nvcc")
+    view = ((report.get("resolution") or {}).get("cuda_home") or {}).get("path") or ""
+    lib = os.path.join(view, "lib64", "libcudart.so.13")
+    if not os.path.exists(lib):
+        fail(f"the view {view!r} has no lib64/libcudart.so.13")
+    print(f"view {view}: lib64/libcudart.so.13 -> {os.path.realpath(lib)}")
+    aarch64(lib, "the view's libcudart.so.13")
+
+
+def build(report_path: str, module: str) -> None:
+    """Every module in the JIT directory (a new HOME: what ``build MODULE`` made) holds SASS sm_121a,
+    is an AArch64 ELF and records libcudart.so.13."""
+    report = json.load(open(report_path))
+    inventory = report.get("inventory") or {}
+    found = [m for place in inventory.get("places", []) if place.get("kind") == "jit" for m in _modules(place)]
+    print(json.dumps(found, indent=1)[:3000])
+    if not found:
+        fail(f"nothing built by 'build {module}' in doctor's inventory")
+    for m in found:
+        if "sm_121a" not in m.get("sass", []):
+            fail(f"{m.get('name')}: SASS {m.get('sass')}, expected sm_121a ({m.get('note')})")
+        aarch64(m["path"], f"module {m.get('name')} (SASS {', '.join(m['sass'])})")
+        needed = subprocess.run(["readelf", "-d", m["path"]], capture_output=True, text=True).stdout
+        print("  " + "\n  ".join(line.strip() for line in needed.splitlines() if "NEEDED" in line or "PATH" in line))
+        if "libcudart.so.13" not in needed:
+            fail(f"{m['path']} does not record libcudart.so.13")
+
+
+def _modules(node):
+    """Every dict with a ``path`` ending ``.so`` under ``node`` (the inventory's modules)."""
+    if isinstance(node, dict):
+        if str(node.get("path", "")).endswith(".so"):
+            yield node
+        for v in node.values():
+            yield from _modules(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _modules(v)
+
+
+def _worker(q) -> None:
+    import flashinfer  # noqa: F401  (the autoload patches it on this import)
+    import flashinfer_sm120
+
+    q.put(json.loads(json.dumps(flashinfer_sm120.status(), default=str)))
+
+
+def autoload() -> None:
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_worker, args=(q,))
+    p.start()
+    got = q.get(timeout=600)
+    p.join(60)
+    print(json.dumps(got, indent=1))
+    text = json.dumps(got)
+    if p.exitcode != 0:
+        fail(f"the spawned worker exited {p.exitcode}")
+    if got.get("mode") != "patched":
+        fail(f"the worker's FlashInfer is {got.get('mode')!r}, not patched")
+    if "sm_121a" not in text or "/nvidia/cu13" not in text:
+        fail("the worker's status names no sm_121a or no pip nvcc (nvidia/cu13)")
+
+
+def seed(aarch64_json: str, host_json: str) -> None:
+    def passed_over(path):
+        """What status says of the fake 12.8 toolkit: its rejection and what FlashInfer alone would use,
+        with site-packages made equal (the venvs differ)."""
+        st = json.load(open(path))
+        res = st["resolution"]
+        out = [f"chosen: {res['choice']['toolkit']['root']}"]
+        out += [f"{r['kind']}: {r['toolkit']['given_as']}: {r['reason']}" for r in res["choice"]["rejected"]
+                if FAKE in r["toolkit"]["root"]]
+        out.append(f"FlashInfer alone would use CUDA_HOME={res['flashinfer_naive_cuda_home']}")
+        return [re.sub(r"/\S*/site-packages/", "<site-packages>/", line) for line in out]
+
+    arm, host = passed_over(aarch64_json), passed_over(host_json)
+    print("aarch64:\n  " + "\n  ".join(arm) + "\nx86_64 host:\n  " + "\n  ".join(host))
+    if "/nvidia/cu13" not in arm[0]:
+        fail("the aarch64 status did not keep the pip nvcc (nvidia/cu13)")
+    if len(arm) < 3:
+        fail(f"the aarch64 status does not name the fake toolkit {FAKE}")
+    if arm != host:
+        fail("what status says of the 12.8 toolkit differs between aarch64 and the x86_64 host")
+
+
+FAKE = "/opt/fake-cuda-12.8"
+
+
+def smoke(seconds: str) -> None:
+    """The steps of ``doctor --smoke`` with ``seconds`` for all of them: emulated, its 30 s do not suffice."""
+    from flashinfer_sm120.cli.doctor_sections import smoke_lines
+    from flashinfer_sm120.diagnose.verify.smoke import run_smoke
+
+    result = run_smoke(float(seconds)).to_dict()
+    print("\n".join(smoke_lines(result)))
+    if not result["ok"]:
+        fail(f"the smoke check failed at step {result['failed']!r}")
+
+
+if __name__ == "__main__":
+    what, *rest = sys.argv[1:]
+    {"doctor": doctor, "build": build, "autoload": autoload, "seed": seed, "smoke": smoke}[what](*rest)
