@@ -2,7 +2,7 @@
 per-family estimates it admits modules by, refined by the peaks it records.
 
 * **jobs**: ``-j``, else the user's ``MAX_JOBS`` as FlashInfer reads it, else the CPUs
-  (:func:`flashinfer_sm120.core.jitenv.jobs.default_jobs`); compiles are *admitted* only while
+  (:func:`default_jobs`); compiles are *admitted* only while
   their estimates fit in the budget, never fewer than one.
 * **threads**: the user's ``FLASHINFER_NVCC_THREADS``, else FlashInfer's 1; never chosen here
   (see :mod:`flashinfer_sm120.core.jitenv.jobs`).
@@ -19,13 +19,27 @@ import time
 
 from flashinfer_sm120.errors import StateFileError
 from flashinfer_sm120.safety import formats
-from flashinfer_sm120.core.jitenv.jobs import (FAMILIES, MARGIN, RECORDED_KEEP, Estimate, Family, default_jobs,
-                                               estimates_path, family_estimate, recorded, user_threads)
+from flashinfer_sm120.core.jitenv.jobs import (FAMILIES, MARGIN, RECORDED_KEEP, Estimate, Family, cpus,
+                                               estimates_path, family_estimate, flashinfer_max_jobs, raw_env,
+                                               recorded, user_threads)
 from flashinfer_sm120.core.jitenv.memory import MemoryView, fmt_bytes, read_memory
 
-__all__ = ["Plan", "plan", "family_of", "estimate", "record_peak"]
+__all__ = ["Plan", "plan", "default_jobs", "family_of", "estimate", "record_peak"]
 
 logger = logging.getLogger("flashinfer_sm120")
+
+
+def default_jobs(env=None) -> tuple[int, str]:
+    """``(compiles at once, why)`` when ``build -j`` is not given: the user's ``MAX_JOBS`` as FlashInfer
+    reads it, else the CPUs.  The one reader of ``MAX_JOBS`` for ``build`` and the pool."""
+    raw_jobs = raw_env("MAX_JOBS", env)
+    max_jobs = flashinfer_max_jobs(raw_jobs)[0]
+    if max_jobs:
+        return max_jobs, f"MAX_JOBS={raw_jobs}, yours"
+    why = "the CPUs this process may use"
+    if raw_jobs is not None:
+        why += f"; MAX_JOBS={formats.shown(raw_jobs, 20)} is not a positive number"
+    return cpus(), why
 
 
 def family_of(module: str) -> Family:

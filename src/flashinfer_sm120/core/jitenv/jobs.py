@@ -22,8 +22,8 @@ from flashinfer_sm120.errors import FormatError, StateFileError
 from flashinfer_sm120.core.jitenv.memory import MIB, MemoryView, fmt_bytes, read_memory
 
 __all__ = ["MARGIN", "RECORDED_KEEP", "RECORDED_MARGIN", "Family", "FAMILIES", "Estimate", "estimates_path",
-           "recorded", "family_estimate", "heaviest_estimate", "cpus", "flashinfer_max_jobs", "user_max_jobs",
-           "default_jobs", "user_threads", "server_max_jobs"]
+           "recorded", "family_estimate", "heaviest_estimate", "cpus", "raw_env", "flashinfer_max_jobs",
+           "user_threads", "server_max_jobs"]
 
 #: Share of the memory read that compiles leave free (other processes, page cache, estimate error).
 MARGIN = 0.15
@@ -134,7 +134,8 @@ def cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _raw(name: str, env) -> str | None:
+def raw_env(name: str, env) -> str | None:
+    """``name`` in ``env`` (default ``os.environ``) as text, or ``None``."""
     value = (os.environ if env is None else env).get(name)
     return value if value is None or isinstance(value, str) else str(value)
 
@@ -166,29 +167,11 @@ def flashinfer_max_jobs(raw: str | None) -> tuple[int | None, str | None]:
     return value, None
 
 
-def user_max_jobs(env=None) -> tuple[str | None, int | None]:
-    """``(raw MAX_JOBS, value FlashInfer uses)`` (``None`` when it cannot use it); ``(None, None)`` when unset."""
-    raw = _raw("MAX_JOBS", env)
-    return raw, flashinfer_max_jobs(raw)[0]
-
-
-def default_jobs(env=None) -> tuple[int, str]:
-    """``(compiles at once, why)`` when ``build -j`` is not given: the user's ``MAX_JOBS`` as FlashInfer
-    reads it, else the CPUs.  The one reader of ``MAX_JOBS`` for ``build`` and the pool."""
-    raw_jobs, max_jobs = user_max_jobs(env)
-    if max_jobs:
-        return max_jobs, f"MAX_JOBS={raw_jobs}, yours"
-    why = "the CPUs this process may use"
-    if raw_jobs is not None:
-        why += f"; MAX_JOBS={formats.shown(raw_jobs, 20)} is not a positive number"
-    return cpus(), why
-
-
 def user_threads(env=None) -> tuple[str | None, int | None]:
     """``(raw FLASHINFER_NVCC_THREADS, value FlashInfer uses)``, read as FlashInfer 0.7.x reads it
     (``get_nvcc_parallelism_flags``: ``int(value)``, which takes `` 2 ``, ``+4``, ``1_0`` and other
     scripts' digits; unparsable or below 1: it warns and uses 1); ``(None, None)`` when unset."""
-    raw = _raw("FLASHINFER_NVCC_THREADS", env)
+    raw = raw_env("FLASHINFER_NVCC_THREADS", env)
     if raw is None:
         return None, None
     try:
@@ -201,7 +184,7 @@ def user_threads(env=None) -> tuple[str | None, int | None]:
 def server_max_jobs(targets: int = 1, env=None, view: MemoryView | None = None) -> tuple[int | None, str]:
     """``(MAX_JOBS to export, why)`` for the server's run-time JIT; ``(None, why)`` when the user set a
     ``MAX_JOBS`` FlashInfer uses (theirs wins) or memory cannot be read."""
-    raw = _raw("MAX_JOBS", env)
+    raw = raw_env("MAX_JOBS", env)
     _value, problem = flashinfer_max_jobs(raw)
     if raw is not None and problem is None:
         return None, f"MAX_JOBS={formats.shown(raw, 20)} set by you: kept"
