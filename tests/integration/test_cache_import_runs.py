@@ -206,8 +206,7 @@ def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
 EMPTY_MODULES = r"""
 import json, os, sys
 from pathlib import Path
-from flashinfer_sm120.warmup import cache_import, session
-from flashinfer_sm120.core.jitenv import generators
+from flashinfer_sm120.warmup import cache_import, regenerate, session
 session.set_arch("12.0")
 sess = session.prepare("12.0")
 from flashinfer.jit import env as jit_env
@@ -216,7 +215,7 @@ gen = "flashinfer.jit.attention.modules:gen_batch_decode_module"
 entries, mods = [], []
 for hd in map(int, sys.argv[2:]):
     params = {"args": [bf, bf, bf, i32, hd, hd, 0, False, False], "kwargs": {}}
-    name = generators.call(gen, params).name
+    name = regenerate.call(gen, params).name
     entries.append({"format": 1, "name": name, "flashinfer": sess.flashinfer, "targets": ["12.0f"],
                     "regenerable": True, "generator": gen, "params": params})
     mods.append({"name": name, "files": {}})

@@ -1,8 +1,9 @@
 """Warm-up builds: compile FlashInfer JIT modules ahead of time into FlashInfer's JIT cache.
 
 - :mod:`.modules`   named modules and their variants (``build --list``)
-- :mod:`.replay`    ``build --from MANIFEST``
+- :mod:`.replay`    ``build --from MANIFEST``; :mod:`.regenerate` reading a manifest and remaking its specs
 - :mod:`.session`   set FlashInfer up for a build; build specs in one pool
+- :mod:`.plan`      jobs, threads and memory budget of a build; per-family estimates and recorded peaks
 - :mod:`.pool`      the job pool (admission by slots and memory); :mod:`.jobserver` the
   jobserver its ninjas share (ninja 1.13+); :mod:`.progress` its progress display;
   :mod:`.ninjacmd` one module's ninja as FlashInfer runs it
@@ -11,9 +12,9 @@
 - :mod:`.cache_import` ``cache import``: reading an export (archive or directory) and its one install step
 - :mod:`.ninjadeps` restamp outputs in a ninja deps log (used by cache import)
 
-What a build gets from the process (the memory budget, jobs and threads, the compiler cache, FlashInfer's
-compiler variables) and the manifests it replays are in :mod:`flashinfer_sm120.core.jitenv`; ``build``'s
-flags in :mod:`flashinfer_sm120.cli.buildopts`.
+What a build gets from the process (the memory read, MAX_JOBS and threads as FlashInfer reads them, the
+compiler cache, FlashInfer's compiler variables) and the manifest grammar and recorder are in
+:mod:`flashinfer_sm120.core.jitenv`; ``build``'s flags in :mod:`flashinfer_sm120.cli.buildopts`.
 
 Importing this package imports nothing from FlashInfer.
 """

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 
-from flashinfer_sm120.core.jitenv import estimates, jobs, launcher, memory, toolchain
+from flashinfer_sm120.core.jitenv import jobs, launcher, memory, toolchain
+from flashinfer_sm120.warmup.plan import plan as build_plan
 
 __all__ = ["doctor_section", "doctor_lines"]
 
@@ -18,14 +19,13 @@ def doctor_section(report: dict) -> dict:
     view = memory.read_memory()
     targets = len(((report.get("resolution") or {}).get("choice") or {}).get("targets") or []) or 1
     setup = toolchain.last()
-    known = estimates.recorded()
-    heaviest = estimates.heaviest_estimate()
-    plan = jobs.plan(heaviest, targets=targets, view=view,
+    known = jobs.recorded()
+    plan = build_plan(jobs.heaviest_estimate(), targets=targets, view=view,
                      env={k: v for k, v in os.environ.items()  # the user's, not what we exported
                           if not (setup and (k in setup.set or (k == "MAX_JOBS" and v == setup.max_jobs_value)))})
     out = {
         "memory": view.to_dict(),
-        "estimates": {f.name: estimates.family_estimate(f, known).__dict__ for f in estimates.FAMILIES[:-1]},
+        "estimates": {f.name: jobs.family_estimate(f, known).__dict__ for f in jobs.FAMILIES[:-1]},
         "plan": plan.to_dict(),
         "max_jobs": setup.max_jobs if setup else jobs.server_max_jobs(targets, view=view)[1],
         "compilers": list(setup.notes) if setup else [],

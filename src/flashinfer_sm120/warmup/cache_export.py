@@ -30,6 +30,7 @@ from flashinfer_sm120.core.jitenv import manifest
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import formats
 from flashinfer_sm120.warmup import modules as _modules
+from flashinfer_sm120.warmup.regenerate import make_spec
 from flashinfer_sm120.warmup import ninjacmd, pool, session
 from flashinfer_sm120.warmup.session import BuildError, Session
 
@@ -292,7 +293,7 @@ def export(entries: list[dict], sess: Session, out: str, *, limits: Limits = Lim
     mods = []
     gen_root = Path(jit_env.FLASHINFER_GEN_SRC_DIR)
     for entry in entries:
-        spec = manifest.make_spec(entry, sess.flashinfer)
+        spec = make_spec(entry, sess.flashinfer)
         if not spec.jit_library_path.exists() or ninjacmd.dry_run(pool.Job(spec.name, spec.build_dir, spec.ninja_path)):
             raise BuildError(f"{spec.name} is not built (or not up to date) for {' '.join(sess.targets)} here; "
                              "build it first (`flashinfer-sm120 build` with the same module names, or --from "

@@ -33,7 +33,7 @@ import zlib
 from pathlib import Path
 
 from flashinfer_sm120.core.facts import buildline
-from flashinfer_sm120.core.jitenv.manifest import CannotRegenerate, make_spec
+from flashinfer_sm120.warmup.regenerate import CannotRegenerate, make_spec
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import formats, oserrors
 from flashinfer_sm120.safety.fs.tmpdirs import make_private
@@ -568,7 +568,7 @@ def _place_problem(paths: dict[str, tuple[Path, Path]]) -> str | None:
 
 def _refusal(entry: dict | None, mod: Module, sess: Session, gen_root: Path) -> str | None:
     """Why the module cannot be imported, or None: its manifest entry must be made by this
-    FlashInfer's generator (:func:`~flashinfer_sm120.core.jitenv.manifest.make_spec`, which writes
+    FlashInfer's generator (:func:`~flashinfer_sm120.warmup.regenerate.make_spec`, which writes
     FlashInfer's own sources), and every generated source the export carries must be exactly what
     that wrote."""
     # threat-model: P2 (an export's source text is compared with the local generation, never compiled)

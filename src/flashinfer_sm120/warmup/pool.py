@@ -36,7 +36,7 @@ import threading
 import time
 from pathlib import Path
 
-from flashinfer_sm120.core.jitenv.jobs import default_jobs
+from flashinfer_sm120.warmup.plan import default_jobs
 from flashinfer_sm120.errors import PlaceError
 from flashinfer_sm120.safety.proc import die_with_parent, signals_as_exit
 from flashinfer_sm120.warmup import jobserver, modlock, progress
@@ -146,7 +146,7 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
     per-module lock for each module while it builds (another process building the
     same module is waited for, and said so).
 
-    :param max_jobs: parallel compile steps (default :func:`flashinfer_sm120.core.jitenv.jobs.default_jobs`).
+    :param max_jobs: parallel compile steps (default :func:`flashinfer_sm120.warmup.plan.default_jobs`).
     :param mem_budget: bytes the compile steps may use together (each job's ``mem`` per step);
         ``None``: not counted.
     :param stats: if given, filled with ``wall_s`` (seconds from the first step started to

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.core.jitenv.manifest import CannotRegenerate, make_spec, read
+from flashinfer_sm120.warmup.regenerate import CannotRegenerate, make_spec, read
 from flashinfer_sm120.warmup.session import BuildError
 
 __all__ = ["load", "arch_for", "regenerate"]

@@ -258,8 +258,8 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     """Write ninja files and build ``labelled`` ``(label, spec)`` pairs in one pool
     (``stats`` as for :func:`pool.run_pool`, plus ``plan``: the jobs/memory plan).
 
-    Each module is admitted by its memory estimate (:mod:`flashinfer_sm120.core.jitenv.memory`, per family; ``mem_per_compile``
-    overrides it) within the budget of :func:`flashinfer_sm120.core.jitenv.jobs.plan`; a module built without a compiler
+    Each module is admitted by its memory estimate (per family; ``mem_per_compile``
+    overrides it) within the budget of :func:`.plan.plan`; a module built without a compiler
     launcher has its peak RSS recorded to refine its family's estimate (with a launcher the
     compiles run in the launcher's server, out of ninja's sight).
 
@@ -269,19 +269,19 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
         gencode (raw ``compute_X,code`` pairs), binary (``SASS sm_X``/``PTX compute_X``) and
         peak_rss (bytes, when built without a launcher).
     """
-    from flashinfer_sm120.core.jitenv import jobs as _jobs
-    from flashinfer_sm120.core.jitenv import estimates
+    from flashinfer_sm120.core.jitenv.jobs import Estimate, recorded
+    from flashinfer_sm120.warmup import plan as _plan
 
     stream = stream or sys.stderr
     write_ninjas([s for _, s in labelled], stream)
     now_vars = buildline.snapshot(dict(os.environ), _flashinfer_version())
     before = {label: buildline.changes(rec, now_vars) for label, spec in labelled
               if (rec := buildline.recorded(spec.build_dir)) is not None}
-    known = estimates.recorded()
-    ests = {label: (estimates.Estimate(mem_per_compile, estimates.family_of(spec.name).name, "--mem-per-compile")
-                    if mem_per_compile else estimates.estimate(spec.name, known)) for label, spec in labelled}
-    heaviest = max(ests.values(), key=lambda e: e.bytes) if ests else estimates.estimate("other", known)
-    plan = _jobs.plan(heaviest, targets=targets, jobs=jobs, mem_limit=mem_limit, env=env)
+    known = recorded()
+    ests = {label: (Estimate(mem_per_compile, _plan.family_of(spec.name).name, "--mem-per-compile")
+                    if mem_per_compile else _plan.estimate(spec.name, known)) for label, spec in labelled}
+    heaviest = max(ests.values(), key=lambda e: e.bytes) if ests else _plan.estimate("other", known)
+    plan = _plan.plan(heaviest, targets=targets, jobs=jobs, mem_limit=mem_limit, env=env)
     factor = max(1, min(plan.threads, targets))
     job_list = [pool.Job(label, spec.build_dir, spec.ninja_path, spec.lock_path, ests[label].bytes * factor)
                 for label, spec in labelled]
@@ -295,7 +295,7 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     for (label, spec), res in zip(labelled, results):
         unrecorded = buildline.record(spec.build_dir, now_vars) if res.status != "failed" else None
         if res.status == "built" and res.peak_rss and not launcher:
-            estimates.record_peak(spec.name, res.peak_rss, factor)
+            _plan.record_peak(spec.name, res.peak_rss, factor)
         text = spec.ninja_path.read_text()
         so = spec.jit_library_path
         out.append({

@@ -1,38 +1,25 @@
-"""One toolkit for every JIT in the process: what is exported once FlashInfer is patched.
+"""One toolkit for every JIT in the process: what is exported once FlashInfer is patched (its own
+builds use the chosen toolkit through the patch, :mod:`flashinfer_sm120.core.patch`).
 
-Patching FlashInfer (:mod:`flashinfer_sm120.core.patch`) makes FlashInfer's own builds
-use the chosen toolkit.  The rest of the process and its children look for a
-toolkit on their own, each in its own way:
-
-``CUDA_HOME`` (and ``CUDA_PATH`` when it is set)
-    read by child processes (ninja, workers), by ``torch.utils.cpp_extension``
-    at its import (``_find_cuda_home``: ``CUDA_HOME`` or ``CUDA_PATH``, then
-    ``which nvcc``, then ``/usr/local/cuda``), by FlashInfer in children.
+``CUDA_HOME`` (and ``CUDA_PATH`` when set)
+    read by children (ninja, workers, FlashInfer there) and by ``torch.utils.cpp_extension`` at its
+    import (``_find_cuda_home``: ``CUDA_HOME`` or ``CUDA_PATH``, then ``which nvcc``, then ``/usr/local/cuda``).
 ``PATH`` (nvcc and ninja)
-    the nvcc that vLLM 0.33's ``has_flashinfer`` (``vllm/utils/flashinfer.py``) and
-    SGLang 0.5.23's JIT (``cuda_home()``, ``_jit_cuda_version()``) find when
-    ``CUDA_HOME``/``CUDA_PATH`` are unset (see :mod:`flashinfer_sm120.core.facts.servers`), and
-    that child processes see: the chosen nvcc's directory goes first, unless it
-    already resolves first or the directory is shared with other programs
-    (``/usr/bin``, a conda ``bin`` holding ``python``), which it would shadow.
-    FlashInfer runs ``ninja`` from ``PATH`` and vLLM 0.33's ``has_flashinfer`` needs
-    ``shutil.which("ninja")``: the chosen ninja (the wheel's, which lives in the
-    venv's ``bin`` next to ``python``) goes first too, through a directory holding
-    only a link to it when its own would shadow (:mod:`flashinfer_sm120.core.toolkit.ninja`).
+    the nvcc vLLM 0.33's ``has_flashinfer`` (``vllm/utils/flashinfer.py``) and SGLang 0.5.23's JIT
+    (``cuda_home()``, ``_jit_cuda_version()``) find without ``CUDA_HOME``/``CUDA_PATH``
+    (:mod:`flashinfer_sm120.core.facts.servers`): its directory goes first, unless it already resolves
+    first or the directory is shared (``/usr/bin``, a conda ``bin`` holding ``python``), which it would
+    shadow.  FlashInfer runs ``ninja`` from ``PATH`` and ``has_flashinfer`` needs ``shutil.which("ninja")``:
+    the chosen ninja goes first too, through a directory holding only a link to it where its own would
+    shadow (:mod:`flashinfer_sm120.core.toolkit.ninja`).
 ``torch.utils.cpp_extension.CUDA_HOME``
-    a module global computed once at import (torch 2.13 ``cpp_extension.py``:
-    ``CUDA_HOME = _find_cuda_home() if torch.cuda._is_compiled() ...``); every
-    later use (``_join_cuda_home``, ``include_paths``, ``library_paths``, Inductor's
-    libdevice lookup in ``torch/_inductor/runtime/compile_tasks.py``) reads that
-    global, so it is updated in place when the module was imported earlier and
-    torch is a CUDA build.
+    computed once at import (torch 2.13 ``cpp_extension.py``) and read by every later use
+    (``include_paths``, ``library_paths``, Inductor's libdevice lookup in
+    ``torch/_inductor/runtime/compile_tasks.py``): updated in place when already imported by a CUDA torch.
 Triton's ``ptxas``
-    pointed at the chosen toolkit's ptxas only when the one Triton bundles cannot build
-    the GPU's target and the user set none of Triton's variables (:mod:`.ptxas`).
+    only where the bundled one cannot build the GPU's target (:mod:`.ptxas`).
 
-Everything is undone by the callable :func:`export` returns (the patch layer
-keeps it in its undo log, run by ``revert()``).  :func:`exported` says what is
-exported now, for ``doctor``.
+The callable :func:`export` returns undoes all of it (the patch layer's undo log, run by ``revert()``).
 """
 
 from __future__ import annotations
@@ -58,9 +45,6 @@ SHARED_BIN_DIRS = ("/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local/bin", "
 
 _lock = threading.RLock()
 _current: dict | None = None  # {"key", "undo", "info", "steps"}
-
-
-# --------------------------------------------------------------------------- steps
 
 
 class _Steps:
@@ -186,11 +170,6 @@ def _export_cpp_extension(steps: _Steps, home: str) -> None:
     steps.info["torch.utils.cpp_extension.CUDA_HOME"] = f"{home} (was {old})"
 
 
-def _export_triton(steps: _Steps, bin_dir: str, sms: list[int]) -> None:
-    """Triton's ptxas, where the one it bundles cannot build a GPU's target (:func:`.ptxas.export`)."""
-    ptxas.export(steps, bin_dir, sms)
-
-
 def _export_builds(steps: _Steps, home: str, nvcc: str, targets) -> None:
     """FlashInfer's compiler variables checked, ``MAX_JOBS`` from the memory policy, the
     compiler cache when asked for: decided in :mod:`flashinfer_sm120.core.jitenv.toolchain`."""
@@ -210,30 +189,14 @@ def _export_builds(steps: _Steps, home: str, nvcc: str, targets) -> None:
     steps.info["builds"] = setup.to_dict()
 
 
-# --------------------------------------------------------------------------- API
-
-
 def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable[[], None]:
-    """Export the chosen toolkit to the rest of the process and its children.
+    """Export the chosen toolkit (``home``: the ``CUDA_HOME`` FlashInfer builds with; ``nvcc``: the chosen
+    nvcc; ``targets``: FlashInfer's ``(major, minor_str)`` targets) to the rest of the process and its
+    children; returns the undo (idempotent; a value someone else changed since is left alone).
 
-    Called by the patch layer in the ``patched`` state only, once FlashInfer's
-    patch steps succeeded (and by the autoload after ``import vllm``/``sglang``,
-    see :mod:`flashinfer_sm120.core.autoload`).  A second call with the same arguments
-    changes nothing and returns the same undo; with other arguments, the previous
-    export is undone first.  Never raises for one step failing: that step is
-    logged and skipped.
-
-    Args:
-        home: the ``CUDA_HOME`` FlashInfer builds with (an absolute path; maybe a view).
-        nvcc: the chosen nvcc (the toolkit's own or ``<home>/bin/nvcc``); the
-            directory put on ``PATH``, where ``ptxas`` is also taken from, is
-            ``<home>/bin`` when that holds the same nvcc (a view), else nvcc's own.
-        targets: FlashInfer's ``(major, minor_str)`` targets, e.g. ``[(12, "0f")]``;
-            their SMs decide the Triton rule.
-
-    Returns:
-        A callable that undoes all of it (idempotent; a value someone else changed
-        since is left alone).
+    Called by the patch layer once FlashInfer is patched, and by the autoload after ``import
+    vllm``/``sglang``.  The same arguments again change nothing; others undo the previous export
+    first.  A step that fails is logged and skipped, never raised.
     """
     targets = tuple(sorted({(int(a), str(b)) for a, b in targets}))
     key = (home, nvcc, targets)
@@ -251,13 +214,15 @@ def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable
             steps.info["CUDA_PATH"] = home
         sms = [a * 10 + int(b[0]) for a, b in targets]
         bin_dir = _bin_dir(home, nvcc)
-        for step, args in ((_export_ninja, ()), (_export_path, (bin_dir,)), (_export_cpp_extension, (home,)),
-                           (_export_triton, (bin_dir, sms)), (_export_builds, (home, nvcc, targets))):
+        for name, step, args in (("ninja", _export_ninja, ()), ("path", _export_path, (bin_dir,)),
+                                 ("cpp_extension", _export_cpp_extension, (home,)),
+                                 ("triton", ptxas.export, (bin_dir, sms)),
+                                 ("builds", _export_builds, (home, nvcc, targets))):
             try:
                 step(steps, *args)
             except Exception as exc:
-                steps.info[step.__name__.removeprefix("_export_")] = f"failed: {exc!r}"
-                logger.warning("flashinfer-sm120: exporting the toolkit: %s failed: %r", step.__name__, exc)
+                steps.info[name] = f"failed: {exc!r}"
+                logger.warning("flashinfer-sm120: exporting the toolkit: %s failed: %r", name, exc)
         record: dict = {"key": key, "info": steps.info}
 
         def undo() -> None:
@@ -294,12 +259,9 @@ def reset() -> None:
 
 
 def exported() -> dict:
-    """What is exported now (``{}`` when nothing is), for ``doctor``.
-
-    Keys: ``cuda_home``, ``nvcc``, ``targets``, ``PATH``, ``CUDA_PATH`` (when it
-    was set), ``torch.utils.cpp_extension.CUDA_HOME``, ``triton`` (each a
-    sentence), and ``which_nvcc`` (``shutil.which("nvcc")`` now).
-    """
+    """What is exported now (``{}`` when nothing is), for ``doctor``: ``cuda_home``, ``nvcc``, ``targets``,
+    a sentence per step (``PATH``, ``ninja``, ``CUDA_PATH``, ``torch.utils.cpp_extension.CUDA_HOME``,
+    ``triton``, ``builds``), and ``which_nvcc``/``which_ninja`` now."""
     with _lock:
         if _current is None:
             return {}

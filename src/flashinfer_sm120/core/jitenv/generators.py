@@ -1,32 +1,26 @@
-"""Which FlashInfer generator made a JIT module, with which arguments, and calling it again.
+"""Which FlashInfer generator made a JIT module, and with which arguments.
 
 FlashInfer makes every JIT module with a ``gen_*_module`` function of typed parameters (0.7.4
 ``flashinfer/jit/attention/modules.py`` ``gen_batch_decode_module(dtype_q, ..., head_dim_qk, ...)``,
 ``flashinfer/jit/sampling.py`` ``gen_sampling_module()``): it renders its templates into
 ``FLASHINFER_GEN_SRC_DIR`` (``write_if_different``) and returns a ``JitSpec``.  Recording
 (:func:`capture`, called as each ``JitSpecNvcc`` is made) notes the outermost such function on the
-call stack and the values of its parameters; replay (:func:`call`) looks the function up in the
-installed FlashInfer (:func:`lookup`: only ``gen_*_module`` functions that FlashInfer defines) and
-calls it with those values, so FlashInfer writes the sources itself and nothing a manifest carries
-is compiled (docs/threat-model.md P2).
+call stack and the values of its parameters; replay (:mod:`flashinfer_sm120.warmup.regenerate`) calls
+it again, so FlashInfer writes the sources itself (docs/threat-model.md P2).
 """
 
 from __future__ import annotations
 
 import dis
-import importlib
-import importlib.util
 import inspect
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
-from flashinfer_sm120.safety import formats
 from flashinfer_sm120.safety.formats.params import PARAM_MAX_DEPTH, parse_generator, parse_params
 from flashinfer_sm120.errors import FormatError, Sm120Error
 
-__all__ = ["ORIGIN", "NotData", "capture", "encode_value", "lookup", "call", "legacy_generator"]
+__all__ = ["ORIGIN", "NotData", "capture", "encode_value"]
 
 #: Attribute of a ``JitSpecNvcc`` that holds ``{"generator", "params"}`` or why there is none.
 ORIGIN = "_flashinfer_sm120_origin"
@@ -106,72 +100,3 @@ def encode_value(value: Any, depth: int = 0) -> Any:
     if type(value) is list:
         return [encode_value(v, depth + 1) for v in value]
     raise NotData(f"an argument is a {type(value).__name__}, not a plain value")
-
-
-def _decode(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    if isinstance(value, dict) and "tuple" in value:
-        return tuple(_decode(v) for v in value["tuple"])
-    if isinstance(value, dict):
-        import torch
-
-        dtype = getattr(torch, value["dtype"], None)
-        if not isinstance(dtype, torch.dtype):
-            raise FormatError(f"{formats.shown(value['dtype'])} is not a dtype of this torch")
-        return dtype
-    return value
-
-
-def lookup(generator: str):
-    """The function ``generator`` (``flashinfer.x.y:gen_z_module``) names, from the installed
-    FlashInfer only: its module must be a file of the installed ``flashinfer`` package and the
-    function a Python function FlashInfer defines under that very name.
-
-    :raises FormatError: it names anything else (the message says what)."""
-    # threat-model: P2 (no dotted path from a file is ever resolved outside FlashInfer's gen_*_module family)
-    module, name = parse_generator(generator, "manifest 'generator'")
-    import flashinfer
-
-    root = Path(flashinfer.__file__).resolve().parent
-    try:
-        found = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        found = None
-    origin = Path(found.origin).resolve() if found is not None and found.origin else None
-    if origin is None or root not in origin.parents:
-        raise FormatError(f"the installed FlashInfer has no module {module}")
-    fn = getattr(importlib.import_module(module), name, None)
-    inner = inspect.unwrap(fn) if callable(fn) else None
-    if not (inspect.isfunction(inner) and inner.__name__ == name
-            and (inner.__module__ == "flashinfer" or str(inner.__module__).startswith("flashinfer."))):
-        raise FormatError(f"the installed FlashInfer's {module} defines no function {name}")
-    return fn
-
-
-def call(generator: str, params: dict):
-    """Call ``generator`` with ``params`` (as :func:`flashinfer_sm120.safety.formats.params.parse_params` returns
-    them): FlashInfer renders its sources and returns the spec.
-
-    :raises FormatError: the generator is not FlashInfer's, or a dtype this torch lacks.
-    :raises Exception: whatever FlashInfer's generator raises for these values."""
-    fn = lookup(generator)
-    args = [_decode(v) for v in params.get("args", [])]
-    kwargs = {k: _decode(v) for k, v in params.get("kwargs", {}).items()}
-    return fn(*args, **kwargs)
-
-
-def legacy_generator(name: str) -> str | None:
-    """For an entry recorded before generators were recorded: ``flashinfer.jit.<name>:gen_<name>_module``
-    where the installed FlashInfer has it and it takes no required argument (``sampling``, ``norm``,
-    ``rope``, ``page`` on 0.7.4); else ``None``."""
-    if not re.fullmatch(r"[a-z][a-z0-9_]{0,60}", name):
-        return None
-    generator = f"flashinfer.jit.{name}:gen_{name}_module"
-    try:
-        fn = lookup(generator)
-        required = [p for p in inspect.signature(fn).parameters.values()
-                    if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    except (FormatError, ImportError, ValueError, TypeError):
-        return None
-    return None if required else generator

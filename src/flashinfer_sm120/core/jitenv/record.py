@@ -1,25 +1,13 @@
-"""Record every JIT module FlashInfer builds or loads in this process into a manifest.
+"""Record every JIT module FlashInfer builds or loads in this process into a manifest
+(``FLASHINFER_SM120_RECORD=/path/manifest.jsonl``; ``build --from`` rebuilds them elsewhere).
 
-Switched on by ``FLASHINFER_SM120_RECORD=/path/manifest.jsonl`` (and off by
-``FLASHINFER_SM120_DISABLE=1``).  On a GPU box, run the server once with it set;
-``flashinfer-sm120 build --from /path/manifest.jsonl`` then rebuilds exactly those
-modules elsewhere (no GPU needed).
-
-Hooks (FlashInfer 0.7.4 ``flashinfer/jit/core.py``): ``JitSpec.build_and_load`` (the
-path every ``get_*_module`` takes), ``JitSpecNvcc.build`` and ``JitSpecNvcc.load``
-(direct callers) and ``build_jit_specs`` (FlashInfer's batch build), wrapped on the
-classes with wrapt once ``flashinfer.jit.core`` is imported, so names bound
-elsewhere see them too.  Each module is written once per process.
-
-What is written is data (docs/threat-model.md P2): the FlashInfer ``gen_*_module`` function
-that made the spec and its arguments (``JitSpecNvcc.__init__`` is wrapped too, and
-:func:`.generators.capture` reads them off the call stack as the spec is made), never source
-text, paths or flags; ``build --from`` calls that generator of its own FlashInfer again.
-
-Appends from many worker processes at once cannot tear or interleave: each entry
-is one line written by one ``write()`` on an ``O_APPEND`` descriptor, under a
-``filelock`` lock on ``MANIFEST.lock`` (a lock that cannot be taken within 10 s
-skips the entry and says so once; a server never waits on it).
+Hooks (FlashInfer 0.7.4 ``flashinfer/jit/core.py``): ``JitSpec.build_and_load`` (the path every
+``get_*_module`` takes), ``JitSpecNvcc.build``/``load`` (direct callers) and ``build_jit_specs`` (the
+batch build), wrapped on the classes with wrapt once ``flashinfer.jit.core`` is imported, so names bound
+elsewhere see them too.  What is written is data (P2): the ``gen_*_module`` function that made the spec
+and its arguments (``JitSpecNvcc.__init__`` is wrapped too: :func:`.generators.capture`), never source
+text, paths or flags.  Each entry is one ``write()`` on an ``O_APPEND`` descriptor under a ``filelock``
+lock, so appends from many workers never tear; a lock not taken within 10 s skips the entry, said once.
 """
 
 from __future__ import annotations
@@ -142,8 +130,7 @@ def _why(exc: BaseException) -> str:
 
 
 def append(path: str, entry: dict) -> None:
-    """Append ``entry`` as one JSON line to ``path``: one ``write()`` on an ``O_APPEND``
-    descriptor under ``path + '.lock'`` (filelock).  Creates the file (mode 0644).
+    """Append ``entry`` as one JSON line to ``path`` (made mode 0644) under ``path + '.lock'``.
 
     :raises PlaceError: its directory is another uid's to change.
     :raises OSError: the file cannot be written.

@@ -1,12 +1,9 @@
-"""What FlashInfer's JIT builds get besides the toolkit, decided once FlashInfer is patched:
-its compiler variables checked (:mod:`flashinfer_sm120.safety.compilers`), ``MAX_JOBS`` from the memory policy
-(:mod:`.jobs`), and the compiler cache when asked for (:data:`CACHE_ENV`, or ``build --compiler-cache``;
-:mod:`.launcher` finds, probes and remembers it, and is loaded only then).
+"""What FlashInfer's JIT builds get besides the toolkit: its compiler variables checked
+(:mod:`flashinfer_sm120.safety.compilers`), ``MAX_JOBS`` from the memory (:mod:`.jobs`), and the compiler
+cache when asked for (:data:`CACHE_ENV` or ``build --compiler-cache``; :mod:`.launcher`, loaded only then).
 
-:func:`configure` decides and returns what to set and remove; the caller
-(:func:`flashinfer_sm120.core.jitenv.environ.export`) applies it through its undo log, so
-``revert()`` restores the user's environment.  :func:`last` keeps the outcome for
-``doctor`` and ``build``.
+:func:`configure` decides what to set and remove; :func:`flashinfer_sm120.core.jitenv.environ.export`
+applies it through its undo log, so ``revert()`` restores the user's environment.
 """
 
 from __future__ import annotations
@@ -15,6 +12,8 @@ import dataclasses
 import logging
 import os
 import threading
+
+from packaging.version import Version
 
 from flashinfer_sm120.safety import formats
 from flashinfer_sm120.safety import compilers
@@ -38,19 +37,10 @@ CACHE_KINDS = ("sccache",)
 
 @dataclasses.dataclass
 class Setup:
-    """The outcome.
-
-    Attributes:
-        set: variables to set.
-        pop: variables to remove (refused).
-        max_jobs_value: ``MAX_JOBS`` to export (the memory policy), or ``None``.
-        notes: one sentence per decision, for ``doctor``.
-        warnings: sentences to log at WARNING (refusals).
-        refused: one ``{"variable", "value", "why"}`` per compiler variable of the user's that was
-            refused and removed (so ``build --json`` says what it built without).
-        cache: the compiler cache: ``{"requested", "launcher", "verdict", "basedirs", "refused"}``.
-        max_jobs: the sentence on ``MAX_JOBS``.
-    """
+    """What :func:`configure` decided: variables to ``set`` and to ``pop`` (refused), a sentence per decision
+    (``notes``, for ``doctor``) and per refusal (``warnings``), the user's compiler variables ``refused``
+    (``{"variable", "value", "why"}``, for ``build --json``), the compiler ``cache`` (``requested``,
+    ``launcher``, ``verdict``, ``basedirs``, ``refused``), and ``MAX_JOBS`` (sentence and value)."""
 
     set: dict = dataclasses.field(default_factory=dict)
     pop: list = dataclasses.field(default_factory=list)
@@ -105,14 +95,9 @@ def _target_code(targets) -> str:
 
 
 def configure(home: str, nvcc: str, targets, env=None) -> Setup:
-    """Decide (see the module docstring); runs the launcher probe when one is in play.  Never raises.
-
-    Args:
-        home: the ``CUDA_HOME`` FlashInfer builds with.
-        nvcc: the chosen toolkit's nvcc (real path).
-        targets: FlashInfer's ``(major, minor_str)`` targets.
-        env: the environment to read (default ``os.environ``); nothing is changed here.
-    """
+    """Decide for ``home`` (the ``CUDA_HOME`` FlashInfer builds with), ``nvcc`` and FlashInfer's
+    ``targets``, reading ``env`` (default ``os.environ``) and changing nothing; runs the launcher
+    probe when one is in play.  Never raises."""
     global _last
     env = os.environ if env is None else env
     out = Setup()
@@ -173,7 +158,7 @@ def _cache(out: Setup, home: str, nvcc: str, targets, env) -> None:
     fi_nvcc = os.path.join(home, "bin", "nvcc")
     if env.get("FLASHINFER_NVCC") and "FLASHINFER_NVCC" not in out.pop:
         fi_nvcc = env["FLASHINFER_NVCC"]
-    static_stub = nvcc_version is None or nvcc_version >= _v("12.8")  # FlashInfer's rule (cpp_ext.py)
+    static_stub = nvcc_version is None or nvcc_version >= Version("12.8")  # FlashInfer's rule (cpp_ext.py)
     target = _target_code(targets)
     if user:
         prog, others, _problem = compilers.program_of(user, env.get("PATH"))
@@ -234,12 +219,6 @@ def _cache(out: Setup, home: str, nvcc: str, targets, env) -> None:
         out.set["FLASHINFER_CXX_LAUNCHER"] = path
     out.notes.append(f"compiler cache: sccache {v.launcher_version or '?'} at {path} compiles with nvcc "
                      f"{nvcc_full or '?'} ({'remembered' if v.remembered else f'probed in {v.seconds} s'})")
-
-
-def _v(text: str):
-    from packaging.version import Version
-
-    return Version(text)
 
 
 def own_max_jobs(value: str) -> None:

@@ -106,10 +106,11 @@ def test_compiler_values_property(places, value):
 @pytest.mark.parametrize("raw,want", [("5", 5), ("²", None), ("0", None), ("lots", None), (None, None)])
 def test_build_and_the_pool_read_max_jobs_one_way(raw, want):
     """The pool read MAX_JOBS with a grammar of its own; now ``build`` and the pool share
-    :func:`jobs.default_jobs`: the user's value as FlashInfer reads it, else the CPUs."""
+    :func:`plan.default_jobs`: the user's value as FlashInfer reads it, else the CPUs."""
     from flashinfer_sm120.core.jitenv import jobs
+    from flashinfer_sm120.warmup import plan
 
-    n, why = jobs.default_jobs({} if raw is None else {"MAX_JOBS": raw})
+    n, why = plan.default_jobs({} if raw is None else {"MAX_JOBS": raw})
     assert n == (want or jobs.cpus()) and ("yours" in why) == (want is not None)
 
 
@@ -156,10 +157,10 @@ def test_nvcc_threads_are_read_as_flashinfer_reads_them(raw, fi):
     """``get_nvcc_parallelism_flags``: ``int(value)``, else 1; below 1: 1.  The memory estimate
     multiplies by it, so reading ``1_0`` as 1 under-counted memory tenfold."""
     from flashinfer_sm120.core.jitenv import jobs
-    from flashinfer_sm120.core.jitenv.estimates import Estimate
+    from flashinfer_sm120.warmup.plan import plan
 
     assert jobs.user_threads({"FLASHINFER_NVCC_THREADS": raw})[1] == fi
-    p = jobs.plan(Estimate(100, "x", "test"), targets=16, jobs=1, mem_limit=1 << 30,
+    p = plan(jobs.Estimate(100, "x", "test"), targets=16, jobs=1, mem_limit=1 << 30,
                   env={"FLASHINFER_NVCC_THREADS": raw})
     assert p.threads == fi and p.per_compile == 100 * fi
     assert ("yours" in p.threads_from) == (fi > 1 or raw.strip() == "1")

@@ -32,16 +32,17 @@ def _plant(path: str, data: bytes) -> None:
 
 @given(data=raw)
 def test_estimates_file_property(cache_dir, data):
-    from flashinfer_sm120.core.jitenv import estimates
+    from flashinfer_sm120.core.jitenv import jobs
+    from flashinfer_sm120.warmup import plan
 
-    path = estimates.estimates_path()
+    path = jobs.estimates_path()
     _plant(path, data)
-    got = estimates.recorded()
+    got = jobs.recorded()
     assert all(isinstance(k, str) and v and all(type(p) is int and p > 0 for p in v) for k, v in got.items())
-    est = estimates.estimate("sampling")
+    est = plan.estimate("sampling")
     assert type(est.bytes) is int and est.bytes > 0
-    estimates.record_peak("sampling", 1 << 30)
-    assert (1 << 30) in estimates.recorded()["sampling"]
+    plan.record_peak("sampling", 1 << 30)
+    assert (1 << 30) in jobs.recorded()["sampling"]
 
 
 @given(data=raw)

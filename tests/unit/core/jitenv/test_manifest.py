@@ -99,19 +99,19 @@ def test_an_honest_manifest_is_built_from_its_parameters(clean_env, tmp_path, re
 
 CHECK = """
 import json, sys, helpers.fakegpu, flashinfer_sm120, flashinfer
-from flashinfer_sm120.core.jitenv import manifest, generators
+from flashinfer_sm120.warmup import regenerate
 from flashinfer_sm120.errors import FormatError
 entries = json.loads(sys.argv[1])
 out = {}
 for label, entry in entries.items():
     try:
-        spec = manifest.make_spec(entry, flashinfer.__version__)
+        spec = regenerate.make_spec(entry, flashinfer.__version__)
         out[label] = "ok " + spec.name
-    except manifest.CannotRegenerate as exc:
+    except regenerate.CannotRegenerate as exc:
         out[label] = "refused " + str(exc)
 for label, generator in json.loads(sys.argv[2]).items():
     try:
-        generators.lookup(generator)
+        regenerate.lookup(generator)
         out[label] = "found"
     except FormatError as exc:
         out[label] = "refused " + str(exc)

@@ -12,6 +12,7 @@ from flashinfer_sm120.safety import formats
 from flashinfer_sm120.safety.formats.params import parse_generator, parse_params
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.core.jitenv import generators
+from flashinfer_sm120.warmup import regenerate
 
 _TOKEN = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63})?")
 
@@ -98,7 +99,7 @@ def test_recorded_arguments_come_back_as_the_same_values(args):
         parsed = parse_params(json.loads(json.dumps({"args": encoded})), "m")
     except FormatError:
         return  # too deep or too many: recording marks such an entry not regenerable
-    back = [generators._decode(v) for v in parsed["args"]]
+    back = [regenerate._decode(v) for v in parsed["args"]]
     assert back == args and [type(b) for b in back] == [type(a) for a in args]
 
 

@@ -9,8 +9,8 @@ import types
 
 import pytest
 
-from flashinfer_sm120.core.jitenv import estimates, jobs, memory
-from flashinfer_sm120.warmup import jobserver, ninjacmd, pool
+from flashinfer_sm120.core.jitenv import jobs, memory
+from flashinfer_sm120.warmup import jobserver, ninjacmd, plan, pool
 
 MIB, GIB = 1 << 20, 1 << 30
 
@@ -128,14 +128,14 @@ def test_gb10_subtracts_what_the_gpu_side_holds_discrete_gpus_do_not(tmp_path):
 
 def test_plan_jobs_threads_and_who_wins(tmp_path):
     view = memory.MemoryView(int(GIB / 0.85) + 10, (memory.Bound("test", int(GIB / 0.85) + 10, "x"),))
-    est = estimates.Estimate(400 * MIB, "light", "test")
-    p = jobs.plan(est, env={}, view=view, jobs=8)
+    est = jobs.Estimate(400 * MIB, "light", "test")
+    p = plan.plan(est, env={}, view=view, jobs=8)
     assert (p.jobs, p.fits, p.at_once, p.threads) == (8, 2, 2, 1)
     assert "at most 2 of these at once by memory" in " ".join(p.lines())
-    p = jobs.plan(est, targets=3, env={"FLASHINFER_NVCC_THREADS": "4", "MAX_JOBS": "6"}, view=view)
+    p = plan.plan(est, targets=3, env={"FLASHINFER_NVCC_THREADS": "4", "MAX_JOBS": "6"}, view=view)
     assert p.jobs == 6 and "yours" in p.jobs_from and p.threads == 4 and p.per_compile == 3 * 400 * MIB
     assert p.at_once == 1  # never below one, even when one compile does not fit
-    p = jobs.plan(est, env={"FLASHINFER_NVCC_THREADS": "x", "MAX_JOBS": "lots"}, view=view)
+    p = plan.plan(est, env={"FLASHINFER_NVCC_THREADS": "x", "MAX_JOBS": "lots"}, view=view)
     assert p.threads == 1 and "not >= 1" in p.threads_from and "not a positive number" in p.jobs_from
     value, why = jobs.server_max_jobs(env={"MAX_JOBS": "3"}, view=view)
     assert value is None and "set by you" in why
@@ -146,17 +146,17 @@ def test_recorded_peaks_refine_the_family_estimate(tmp_path, monkeypatch):
     from flashinfer_sm120.safety.fs import statedir
 
     statedir.forget_cache_root()
-    assert estimates.estimate("sampling").source.startswith("default")
-    estimates.record_peak("sampling", 900 * MIB)
-    estimates.record_peak("sampling", 1000 * MIB, threads_factor=2)  # 500 MiB per target
-    e = estimates.estimate("sampling")
+    assert plan.estimate("sampling").source.startswith("default")
+    plan.record_peak("sampling", 900 * MIB)
+    plan.record_peak("sampling", 1000 * MIB, threads_factor=2)  # 500 MiB per target
+    e = plan.estimate("sampling")
     assert e.family == "sampling" and e.bytes == int(900 * MIB * 1.15) and e.source.startswith("recorded")
-    assert estimates.estimate("batch_decode_with_kv_cache_dtype_q_bf16").family == "attention"
-    assert estimates.estimate("fp4_gemm_cutlass_sm120").bytes == 8192 * MIB
-    path = estimates.estimates_path()
+    assert plan.estimate("batch_decode_with_kv_cache_dtype_q_bf16").family == "attention"
+    assert plan.estimate("fp4_gemm_cutlass_sm120").bytes == 8192 * MIB
+    path = jobs.estimates_path()
     with open(path, "w") as fh:
         fh.write('{"schema": 1, "families": {"sampling": {"peaks": [-5, "x", true]}}}')
-    assert estimates.estimate("sampling").source.startswith("default")  # malformed: dropped
+    assert plan.estimate("sampling").source.startswith("default")  # malformed: dropped
     statedir.forget_cache_root()
 
 
@@ -287,16 +287,16 @@ def test_read_memory_never_raises_on_any_file_contents(tmp_path_factory, cgroup,
 def test_plan_takes_any_environment(max_jobs, threads, jobs_flag):
     view = memory.MemoryView(GIB, (memory.Bound("t", GIB, "t"),))
     env = {"MAX_JOBS": max_jobs, "FLASHINFER_NVCC_THREADS": threads}
-    p = jobs.plan(estimates.Estimate(100 * MIB, "light", "t"), env=env, view=view, jobs=jobs_flag)
+    p = plan.plan(jobs.Estimate(100 * MIB, "light", "t"), env=env, view=view, jobs=jobs_flag)
     assert p.jobs >= 1 and p.threads >= 1 and p.at_once >= 1
     assert all(len(line) < 1200 for line in p.lines())
 
 
 def test_the_estimate_reads_without_nested_brackets():
     """The build plan's memory line read ``1.2 GiB each (default for sampling (measured 1039 MiB))``."""
-    for fam in estimates.FAMILIES:
+    for fam in jobs.FAMILIES:
         for rec in ({}, {fam.name: [700 << 20, 900 << 20]}):
-            src = estimates.family_estimate(fam, rec).source
+            src = jobs.family_estimate(fam, rec).source
             depth = max_depth = 0
             for ch in f"({src})":
                 depth += {"(": 1, ")": -1}.get(ch, 0)

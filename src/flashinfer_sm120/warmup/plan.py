@@ -1,0 +1,135 @@
+"""``build``'s plan: compiles at once and nvcc threads within the memory budget, and the
+per-family estimates it admits modules by, refined by the peaks it records.
+
+* **jobs**: ``-j``, else the user's ``MAX_JOBS`` as FlashInfer reads it, else the CPUs
+  (:func:`default_jobs`); compiles are *admitted* only while
+  their estimates fit in the budget, never fewer than one.
+* **threads**: the user's ``FLASHINFER_NVCC_THREADS``, else FlashInfer's 1; never chosen here
+  (see :mod:`flashinfer_sm120.core.jitenv.jobs`).
+* **budget**: ``--mem-limit``, else what this process may use less
+  :data:`~flashinfer_sm120.core.jitenv.jobs.MARGIN`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import time
+
+from flashinfer_sm120.errors import StateFileError
+from flashinfer_sm120.safety import formats
+from flashinfer_sm120.core.jitenv.jobs import (FAMILIES, MARGIN, RECORDED_KEEP, Estimate, Family, cpus,
+                                               estimates_path, family_estimate, flashinfer_max_jobs, raw_env,
+                                               recorded, user_threads)
+from flashinfer_sm120.core.jitenv.memory import MemoryView, fmt_bytes, read_memory
+
+__all__ = ["Plan", "plan", "default_jobs", "family_of", "estimate", "record_peak"]
+
+logger = logging.getLogger("flashinfer_sm120")
+
+
+def default_jobs(env=None) -> tuple[int, str]:
+    """``(compiles at once, why)`` when ``build -j`` is not given: the user's ``MAX_JOBS`` as FlashInfer
+    reads it, else the CPUs.  The one reader of ``MAX_JOBS`` for ``build`` and the pool."""
+    raw_jobs = raw_env("MAX_JOBS", env)
+    max_jobs = flashinfer_max_jobs(raw_jobs)[0]
+    if max_jobs:
+        return max_jobs, f"MAX_JOBS={raw_jobs}, yours"
+    why = "the CPUs this process may use"
+    if raw_jobs is not None:
+        why += f"; MAX_JOBS={formats.shown(raw_jobs, 20)} is not a positive number"
+    return cpus(), why
+
+
+def family_of(module: str) -> Family:
+    """The family of FlashInfer module ``module`` (``sampling``, ``fp4_gemm_cutlass_sm120``)."""
+    return next((fam for fam in FAMILIES if re.search(fam.pattern, module)), FAMILIES[-1])
+
+
+def estimate(module: str, known: dict[str, list[int]] | None = None) -> Estimate:
+    """Peak memory of one compile process of ``module`` (``--threads 1``): its family's estimate."""
+    return family_estimate(family_of(module), recorded() if known is None else known)
+
+
+def record_peak(module: str, peak_bytes: int, threads_factor: int = 1) -> None:
+    """Remember that one compile of ``module`` peaked at ``peak_bytes`` (divided by ``threads_factor``,
+    the targets nvcc compiled at once).  Never raises: a file that cannot be written only costs
+    accuracy later (logged at INFO)."""
+    if peak_bytes <= 0:
+        return
+    fam = family_of(module).name
+    per = int(peak_bytes / max(1, threads_factor))
+    try:
+        from flashinfer_sm120.safety.fs.statefiles import write_json_atomic
+
+        data = recorded()
+        data[fam] = (data.get(fam, []) + [per])[-RECORDED_KEEP:]
+        write_json_atomic(estimates_path(), {"schema": 1, "at": time.time(),
+                                             "families": {k: {"peaks": v} for k, v in sorted(data.items())}})
+    except StateFileError as exc:
+        logger.info("flashinfer-sm120: compile memory not recorded: %s", exc)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The plan, with where each number came from (for ``build`` and ``doctor``): ``per_compile`` is one
+    compile's bytes (estimate x targets compiled at once); ``budget`` and ``fits`` (compiles of that
+    size that fit, at least 1) are ``None`` when memory is unknown."""
+
+    jobs: int
+    jobs_from: str
+    threads: int
+    threads_from: str
+    per_compile: int
+    estimate_from: str
+    budget: int | None
+    budget_from: str
+    fits: int | None
+
+    @property
+    def at_once(self) -> int:
+        """Compiles of this size run at once: the jobs, or fewer when memory says so."""
+        return self.jobs if self.fits is None else max(1, min(self.jobs, self.fits))
+
+    def lines(self) -> list[str]:
+        mem = (f"{fmt_bytes(self.budget)} for compiles ({self.budget_from}), "
+               f"{fmt_bytes(self.per_compile)} each ({self.estimate_from})") if self.budget is not None \
+            else f"unknown ({self.budget_from})"
+        return [f"memory: {mem}",
+                f"jobs: {self.jobs} ({self.jobs_from})"
+                + (f"; at most {self.at_once} of these at once by memory" if self.at_once < self.jobs else ""),
+                f"nvcc threads: {self.threads} ({self.threads_from})"]
+
+    def to_dict(self) -> dict:
+        return dict(dataclasses.asdict(self), at_once=self.at_once)
+
+
+def plan(est: Estimate, *, targets: int = 1, jobs: int | None = None, mem_limit: int | None = None,
+         env=None, view: MemoryView | None = None) -> Plan:
+    """The jobs, threads and memory budget for compiles of estimate ``est`` (``targets``: gencode
+    targets per compile; ``jobs``: ``build -j``; ``mem_limit``: ``--mem-limit``; ``view``: memory
+    already read; ``env``: default ``os.environ``)."""
+    n_jobs, jobs_from = (jobs, "-j") if jobs is not None and jobs > 0 else default_jobs(env)
+    raw_threads, threads = user_threads(env)
+    if raw_threads is None:
+        threads, threads_from = 1, ("FlashInfer's default; not changed here: --threads is part of the "
+                                    "compile line ninja records, so the server would rebuild")
+    elif threads > 1 or raw_threads.strip() == "1":
+        threads_from = f"FLASHINFER_NVCC_THREADS={formats.shown(raw_threads, 20)}, yours (FlashInfer reads {threads})"
+    else:
+        threads_from = f"FLASHINFER_NVCC_THREADS={formats.shown(raw_threads, 20)} is not >= 1: FlashInfer uses 1"
+    factor = max(1, min(threads, targets))
+    per = est.bytes * factor
+    est_from = est.source + (f", x{factor} targets compiled at once" if factor > 1 else "")
+    if mem_limit is not None:
+        budget, budget_from = mem_limit, "--mem-limit"
+    else:
+        view = view or read_memory()
+        if view.available is None:
+            budget, budget_from = None, view.describe()
+        else:
+            budget = int(view.available * (1 - MARGIN))
+            budget_from = f"{fmt_bytes(view.available)} available less {MARGIN:.0%}: {view.source}"
+    fits = None if budget is None else max(1, budget // max(1, per))
+    return Plan(n_jobs, jobs_from, threads, threads_from, per, est_from, budget, budget_from, fits)
