@@ -1,9 +1,9 @@
-"""Fifth attack round: what a long environment value makes the import and the commands print.
+"""What a long environment value makes the import and the commands print: bounded (P6, P8).
 
-Failed before its fix: ``FLASHINFER_SM120_CACHE_DIR`` of 100,000 characters came back whole in the
-warning every ``import flashinfer`` printed, and in ``status``, ``doctor``, ``build`` and ``cache
-prune`` (100 KB each): the cache root's reasons and the package's log records quoted it whole.
-Every record of the ``flashinfer_sm120`` logger is now bounded, and so are the cache root's reasons.
+Unbounded, a ``FLASHINFER_SM120_CACHE_DIR`` of 100,000 characters would come back whole in the
+warning every ``import flashinfer`` prints, and in ``status``, ``doctor``, ``build`` and ``cache
+prune`` (100 KB each), since the cache root's reasons and the package's log records quote it.
+Every record of the ``flashinfer_sm120`` logger is bounded, and so are the cache root's reasons.
 """
 
 from __future__ import annotations

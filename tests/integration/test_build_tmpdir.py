@@ -51,7 +51,7 @@ def _private_dirs(log, shared) -> set[str]:
 
 
 def test_flashinfers_own_jit_build_gives_nvcc_a_private_temporary_directory(logged):
-    """Round 4: FlashInfer's run_ninja passed the shared TMPDIR on; the variables are restored after."""
+    """FlashInfer's run_ninja gives nvcc a private TMPDIR, not the shared one; the variables are restored after (P5)."""
     env, log, shared = logged
     code = ("import helpers.fakegpu, json, os, flashinfer_sm120\n"
             "from flashinfer.jit.sampling import gen_sampling_module\n"

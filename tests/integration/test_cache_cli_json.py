@@ -32,7 +32,7 @@ def _failure(proc, where: str, kind: str) -> dict:
     assert set(doc["error"]) == {"kind", "message", "fix"} and doc["error"]["kind"] == kind, doc
     assert doc["error"]["message"] and len(doc["error"]["message"]) < 5000
     assert doc["error"]["message"] in proc.stderr  # and said to a person on stderr
-    assert doc["error"]["fix"], doc  # round 4 (X2): a module or usage error gave "fix": ""
+    assert doc["error"]["fix"], doc  # P8: a module or usage error names its fix too, never "fix": ""
     return doc
 
 
@@ -48,7 +48,7 @@ def test_import_failures_are_one_document_each(env, tmp_path):
     assert "bzip2" in doc["error"]["message"]
     missing = tmp_path / "no-such-export"
     doc = _failure(cli(["cache", "import", str(missing), "--json"], env), "src", "archive")
-    assert str(missing) in doc["error"]["message"] and doc["error"]["fix"], doc  # round 3 (third): "fix": ""
+    assert str(missing) in doc["error"]["message"] and doc["error"]["fix"], doc  # P8: never "fix": ""
     good = make_export(tmp_path / "exp", {"jit/m/m.so": b"so"})
     doc = _failure(cli(["cache", "import", str(good), "--arch", "sm_999x", "--json"], env), "src", "arch")
     assert "sm_999x" in doc["error"]["message"]
@@ -68,4 +68,4 @@ def test_export_failures_are_one_document_each(env, tmp_path):
     (tmp_path / "taken").write_text("")
     doc = _failure(cli(["cache", "export", str(tmp_path / "taken"), "--all", "--json"], env), "out", "exists")
     assert "already exists" in doc["error"]["message"]
-    assert doc["error"]["fix"] == "choose a new path (an export never overwrites)"  # round 3 (third): "fix": ""
+    assert doc["error"]["fix"] == "choose a new path (an export never overwrites)"  # P8: never "fix": ""

@@ -96,7 +96,7 @@ def test_free_space_is_checked_for_both_forms_before_anything_is_written(clean_e
     res = _result(_run(dict(clean_env, FLASHINFER_WORKSPACE_BASE=str(ws)), src, 1 << 30,
                        prefix=("unshare", "-m", "sh", "-c", code, "sh")))
     assert res.get("kind") == "space" and "free" in res["error"], res
-    assert "FLASHINFER_WORKSPACE_BASE must be the same" in res["error"], res  # round 5 (P31): not "set it elsewhere"
+    assert "FLASHINFER_WORKSPACE_BASE must be the same" in res["error"], res  # P8: the real fix, not "set it elsewhere"
 
 
 def _race(env, src, tmp_path, rounds=3):
@@ -244,8 +244,9 @@ def test_an_honest_entry_that_carries_no_library_is_refused_before_anything_is_m
 
 
 def test_a_module_that_fails_to_install_is_left_as_it_was_and_the_ones_before_are_reported(clean_env, tmp_path):
-    """Round 5 (P32): a disk that filled up while a module was being settled failed the whole import
-    with ``modules: []`` while every file of the module stayed installed."""
+    """A disk that fills up while a module is being settled leaves that module as it was and reports the
+    ones installed before it, not a failed import with ``modules: []`` while every file of the module stays
+    installed (P5, P8)."""
     src = make_export(tmp_path / "exp", {"jit/a/a.so": b"first", "jit/b/b.so": b"second", "jit/b/b.o": b"obj"},
                       name=None)
     env = dict(clean_env)

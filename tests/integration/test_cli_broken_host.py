@@ -1,10 +1,10 @@
-"""Fifth attack round, the command line in a broken host: a dependency of FlashInfer missing,
-standard descriptors closed.
+"""The command line in a broken host: a dependency of FlashInfer missing, standard descriptors
+closed (P8).
 
-Failed before their fixes: ``status`` and ``status --json`` ended in a ``ModuleNotFoundError``
-traceback when torch (or another of FlashInfer's dependencies) could not be imported, and
-``build`` said only ``importing FlashInfer failed: ModuleNotFoundError(...)``; every command run
-with stdout closed (``>&-``) ended in ``AttributeError: 'NoneType' object has no attribute 'flush'``.
+``status`` and ``status --json`` end in no ``ModuleNotFoundError`` traceback when torch (or another
+of FlashInfer's dependencies) cannot be imported, and ``build`` says more than ``importing FlashInfer
+failed: ModuleNotFoundError(...)``; no command run with stdout closed (``>&-``) ends in
+``AttributeError: 'NoneType' object has no attribute 'flush'``.
 """
 
 from __future__ import annotations

@@ -291,9 +291,9 @@ def test_doctor_as_root_with_a_users_home_refuses_to_import_flashinfer_there(sha
 
 @needs_root
 def test_root_with_a_users_home_whose_cache_exists_imports_nothing_there(shared_tmp):
-    """Round 5 (P48, P49): with the user's ``~/.cache/flashinfer/<version>/<arch>`` already there,
-    ``doctor`` and ``build`` as root (``sudo -E``) imported FlashInfer, which left a root-owned
-    ``flashinfer_jit.log`` in it; and the refusal's fix offered the user's home as "a directory of your own"."""
+    """With the user's ``~/.cache/flashinfer/<version>/<arch>`` already there, ``doctor`` and ``build`` as
+    root (``sudo -E``) do not import FlashInfer, which would leave a root-owned ``flashinfer_jit.log`` in it;
+    and the refusal's fix never offers the user's home as "a directory of your own" (P4, P8)."""
     import os
     import pwd
 

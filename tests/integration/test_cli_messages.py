@@ -1,9 +1,9 @@
-"""What the second new-user walk-through found (2026-12-01), each kept as a test: fixes that
-named ``pip install flashinfer-sm120`` (not on PyPI), a traceback for a missing dependency,
+"""What a new user is told, each case held by a test (P8): never a fix that names
+``pip install flashinfer-sm120`` (not on PyPI), a traceback for a missing dependency,
 ``status --json`` printing text, an unwritable home with no fix, a set-but-bad arch list
-reported as unset, hints for ``--arch 12`` and mistyped modules, a launcher called "sccache
+reported as unset, no hint for ``--arch 12`` or a mistyped module, a launcher called "sccache
 None", two different fixes for one mixed pip toolkit, a broken ninja reported per module, a
-malformed ``CUDA_HOME`` said twice, and ``doctor`` silent about modules built for other targets."""
+malformed ``CUDA_HOME`` said twice, or ``doctor`` silent about modules built for other targets."""
 
 import json
 import os
@@ -109,7 +109,7 @@ def test_an_unwritable_home_names_flashinfer_workspace_base(clean_env, tmp_path,
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
     assert "Traceback" not in out, out[-3000:]
-    # refused before FlashInfer's import, which would fail on it (round 5: a missing home is not created)
+    # refused before FlashInfer's import, which would fail on it (P4: a missing home is not created)
     assert "Fix: set FLASHINFER_WORKSPACE_BASE to a directory of your own" in out and str(home) in out, out[-2000:]
     assert "Please report" not in out
     if args[0] == "status":

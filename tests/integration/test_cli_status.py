@@ -115,8 +115,8 @@ def test_a_record_from_other_inputs_is_not_used(tmp_path, monkeypatch):
 
 
 def test_a_record_does_not_hold_once_cuda_homes_nvcc_is_replaced_or_removed(tmp_path, monkeypatch):
-    """Round 3 (second fresh attack): ``$CUDA_HOME/bin/nvcc`` (a link to pip's nvcc) replaced by a 12.8 binary,
-    then removed: ``status`` still said "patched: nvcc 13.5.37", exit 0, from the record."""
+    """Once ``$CUDA_HOME/bin/nvcc`` (a link to pip's nvcc) is replaced by a 12.8 binary, then removed,
+    ``status`` no longer says "patched: nvcc 13.5.37", exit 0, from the record: the binary answers (P1)."""
     real = tmp_path / "pip-nvcc"
     real.write_text("#!/bin/sh\n")
     (tmp_path / "tk" / "bin").mkdir(parents=True)
@@ -197,8 +197,8 @@ def test_python_and_python3_and_python_m_share_the_record(clean_env, tmp_path):
 
 @pytest.mark.parametrize("case", ["planted gcc on PATH", "workspace link of another uid", "space in the home"])
 def test_status_says_refused_when_every_build_would_be(clean_env, tmp_path, case):
-    """Round 3 (fresh attack): ``status --fresh`` said ``patched``, exit 0, while ``build`` and every JIT
-    build refused (a planted gcc on PATH, a workspace base that is another uid's link, a HOME with a space)."""
+    """``status --fresh`` says refused, not ``patched`` with exit 0, when ``build`` and every JIT build
+    would refuse (a planted gcc on PATH, a workspace base that is another uid's link, a HOME with a space) (P8)."""
     from helpers.probing import need_root, reachable_dir
 
     env = dict(clean_env)

@@ -49,7 +49,7 @@ def test_build_for_an_unknown_gpu_prints_the_fix_once(clean_env, real_nvcc13):
 
 
 def test_enable_refuses_a_directory_python_reads_no_pth_in(tmp_path, clean_env):
-    """Round 4: ``enable --site-dir /etc`` wrote a .pth there (any existing directory was taken)."""
+    """``enable --site-dir /etc`` writes no .pth there: a site directory is required, not any existing one (P4)."""
     plain = tmp_path / "etc"
     plain.mkdir()
     proc = cli(["enable", "--site-dir", str(plain)], clean_env, 120, python=sys.executable)

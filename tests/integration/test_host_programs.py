@@ -32,7 +32,7 @@ def planted(clean_env, tmp_path):
 
 
 def test_flashinfer_jit_build_is_refused_before_nvcc_runs(planted):
-    """Round 3: nvcc ran a gcc planted early on PATH as the host compiler of every build."""
+    """A gcc planted early on PATH is never nvcc's host compiler (P2)."""
     env, gcc, mark = planted
     code = ("import helpers.fakegpu, json, flashinfer_sm120\n"
             "from flashinfer.jit.sampling import gen_sampling_module\n"
@@ -67,8 +67,8 @@ def test_build_and_doctor_refuse_it(planted):
 
 
 def test_build_refuses_a_temporary_directory_another_uid_may_change(clean_env, tmp_path):
-    """Round 3: ``build`` made its jobserver FIFO in a TMPDIR everyone may write, where nvcc also
-    writes its intermediate files."""
+    """``build`` makes no jobserver FIFO in a TMPDIR everyone may write, where nvcc would also
+    write its intermediate files (P4, P5)."""
     tk = make_toolkit(tmp_path / "cuda-13.0", "13.0.88", curand=True)
     theirs = tmp_path / "theirs"
     theirs.mkdir()
@@ -82,7 +82,7 @@ def test_build_refuses_a_temporary_directory_another_uid_may_change(clean_env, t
 
 
 def test_build_json_names_a_compiler_setting_it_refused_and_built_without(clean_env, tmp_path):
-    """Round 5 (P62): a refused CXX was only a stderr line; ``--json`` said ok with no word of it."""
+    """A refused CXX is named in the ``--json`` document too, not only in a stderr line beside an ok (P8)."""
     tk = make_toolkit(tmp_path / "cuda-13.0", "13.0.88", curand=True)
     opened = tmp_path / "open"
     opened.mkdir()

@@ -1,9 +1,9 @@
-"""Fourth attack round, where FlashInfer builds: a JIT directory another user can change is refused.
+"""Where FlashInfer builds: a JIT directory another user can change is refused (P2, P4).
 
-Failed before its fix: ``build`` (and ``cache import``) wrote ``build.ninja`` files and ran ninja in a
-JIT directory under a directory another user owns or everyone may write (``sudo`` keeping another
-user's ``HOME``; a shared ``FLASHINFER_WORKSPACE_BASE``), where that user could replace a level and
-swap the ``build.ninja`` ninja runs or the ``.so`` the server loads.
+``build`` (and ``cache import``) write no ``build.ninja`` file and run no ninja in a JIT directory
+under a directory another user owns or everyone may write (``sudo`` keeping another user's ``HOME``;
+a shared ``FLASHINFER_WORKSPACE_BASE``), where that user could replace a level and swap the
+``build.ninja`` ninja runs or the ``.so`` the server loads.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ except Exception as e:
 
 
 def test_a_module_in_a_jit_directory_others_can_change_is_neither_built_nor_loaded(clean_env, tmp_path):
-    """Round 3 (second fresh attack): with FLASHINFER_WORKSPACE_BASE in a tree another uid made (mode 777),
-    the import only warned: FlashInfer found the .so they planted up to date and loaded it."""
+    """With FLASHINFER_WORKSPACE_BASE in a tree another uid made (mode 777), a warning is not enough:
+    FlashInfer would find the .so they planted up to date and load it, so it is neither built nor loaded (P2)."""
     from helpers.child import run_py
     from helpers.toolkits import make_toolkit
 

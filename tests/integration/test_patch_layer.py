@@ -198,7 +198,7 @@ def test_doctor_shows_gpu_source_guard_cleaned_home_and_release(clean_env, tmp_p
 def test_guard_when_flashinfer_alone_cannot_import_says_so_with_the_fix(clean_env, tmp_path):
     """A CPU torch and no nvcc anywhere: FlashInfer's own import needs an nvcc for SM 12.x
     targets, so it raises with or without flashinfer-sm120.  The message must say that and
-    give the guard's fix, not ask for a bug report (found by a new user's walk-through)."""
+    give the guard's fix, not ask for a bug report (P8)."""
     import shutil
     import subprocess
     import sys

@@ -1,10 +1,10 @@
-"""Fifth attack round: what is said (and done) after FlashInfer's import failed for its workspace.
+"""What is said (and done) after FlashInfer's import failed for its workspace (P4, P8).
 
-Failed before its fix: ``workspace_problem`` (then in ``servers``) found out by ``os.makedirs``; with no home
-directory (``HOME`` unset and a uid without a passwd entry: a container run with ``--user 12345``)
-``~`` stayed ``~``, so ``import flashinfer`` made ``./~/.cache/flashinfer`` in the working directory,
-and the message said "please report" instead of the fix (FlashInfer 0.7.4 reads ``Path.home()``
-even when ``FLASHINFER_WORKSPACE_BASE`` is set: the fix is ``HOME``).
+``workspace_problem`` finds out by checking, not by ``os.makedirs``: with no home directory
+(``HOME`` unset and a uid without a passwd entry: a container run with ``--user 12345``) ``~``
+stays ``~``, so ``import flashinfer`` would make ``./~/.cache/flashinfer`` in the working directory;
+the message gives the fix, not "please report" (FlashInfer 0.7.4 reads ``Path.home()`` even when
+``FLASHINFER_WORKSPACE_BASE`` is set: the fix is ``HOME``).
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def test_import_as_a_uid_without_home_makes_no_tilde_directory(request):
 
 @needs_flashinfer
 def test_a_home_where_nothing_can_be_made_is_named_with_its_fix(clean_env):
-    """Round 4 (C1): with ``HOME=/proc`` the JSON error said only ``FileNotFoundError(2, 'No such file or
-    directory')``: the repr of an OSError drops its path, and root "may write" /proc by ``access()``."""
+    """With ``HOME=/proc`` the JSON error names the home and its fix, not only ``FileNotFoundError(2, 'No such
+    file or directory')``: the repr of an OSError drops its path, and root "may write" /proc by ``access()`` (P8)."""
     from helpers.child import cli
 
     env = {k: v for k, v in clean_env.items() if k != "FLASHINFER_WORKSPACE_BASE"}

@@ -1,7 +1,7 @@
-"""Fifth attack round: ``enable``/``disable`` killed between writing and renaming.
+"""``enable``/``disable`` killed between writing and renaming (P5).
 
-Failed before its fix: ``enable`` killed with ``kill -9`` (or by the OOM killer) after writing its
-temporary file left it in site-packages for good; no later ``enable`` or ``disable`` removed it.
+An ``enable`` killed with ``kill -9`` (or by the OOM killer) after writing its temporary file
+must not leave it in site-packages for good: a later ``enable`` or ``disable`` removes it.
 Its temporary files are the atomic writer's, swept by the one rule of
 :func:`flashinfer_sm120.safety.fs.atomic.sweep`.
 """

@@ -1,7 +1,7 @@
-"""Fourth attack round, the ``.pth``: lines someone added to it are never lost.
+"""The ``.pth``: lines someone added to it are never lost (P5).
 
-Failed before its fix: ``disable`` deleted ``flashinfer_sm120_autoload.pth`` whole and ``enable``
-overwrote it, losing lines a user (or another tool) had added to it.
+``disable`` does not delete ``flashinfer_sm120_autoload.pth`` whole, nor ``enable`` overwrite it:
+either would lose lines a user (or another tool) had added to it.
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ def test_a_pth_of_ours_alone_is_removed(site_packages):
     assert (site_packages / "__pycache__").is_dir()  # enable compiled the hook, as pip does
     assert main(["disable", "--site-dir", str(site_packages)]) == 0
     assert not (site_packages / autoload.PTH_NAME).exists()
-    assert os.listdir(site_packages) == []  # its __pycache__ too (round 3: /etc/__pycache__ was left)
+    assert os.listdir(site_packages) == []  # its __pycache__ too (no /etc/__pycache__ left behind)
 
 
 def test_files_of_our_names_whose_content_is_not_ours_are_never_removed_or_overwritten(site_packages, capsys):
-    """Round 3: ``disable`` removed any ``flashinfer_sm120_autoload.py`` and a .pth over 64 KiB of your own lines."""
+    """``disable`` removes neither a ``flashinfer_sm120_autoload.py`` of your own nor a .pth over 64 KiB
+    of your own lines (P5)."""
     hook, pth = site_packages / autoload.HOOK_FILE, site_packages / autoload.PTH_NAME
     mine = "# my own module of that name\nVALUE = 1\n"
     big = "".join(f"import os  # line {i}\n" for i in range(4000)).encode()  # 88 KiB, all lines yours
@@ -100,8 +101,8 @@ def test_a_hook_any_earlier_version_wrote_is_still_removed(site_packages, capsys
 
 
 def test_an_edited_hook_is_kept_by_disable_and_replaced_by_enable_only_with_force(site_packages, capsys):
-    """Round 4: the content rule took any file starting with our first line as ours: ``enable``
-    overwrote an edited hook module, ``disable`` removed it."""
+    """A file starting with our first line is not ours by that alone: ``enable`` does not overwrite an
+    edited hook module without ``--force``, ``disable`` does not remove it (P5)."""
     hook = site_packages / autoload.HOOK_FILE
     assert main(["enable", "--site-dir", str(site_packages)]) == 0
     edited = hook.read_text() + "print('my local tweak')\n"
@@ -116,8 +117,8 @@ def test_an_edited_hook_is_kept_by_disable_and_replaced_by_enable_only_with_forc
 
 
 def test_enable_user_as_root_with_a_users_home_creates_nothing_there(tmp_path, monkeypatch, capsys):
-    """Round 3 (second fresh attack): ``sudo -E flashinfer-sm120 enable --user`` made a root-owned
-    ``~/.local/lib/python3.X/site-packages`` chain in the user's home; their own ``disable`` then failed."""
+    """``sudo -E flashinfer-sm120 enable --user`` makes no root-owned ``~/.local/lib/python3.X/site-packages``
+    chain in the user's home, which their own ``disable`` could not then change (P4)."""
     import site
 
     import pytest
@@ -138,8 +139,8 @@ def test_enable_user_as_root_with_a_users_home_creates_nothing_there(tmp_path, m
 
 
 def test_disable_as_root_keeps_another_uids_copies_of_our_files(tmp_path, capsys):
-    """Round 3 (third fresh attack): ``disable --site-dir`` on a sticky shared directory removed exact copies of
-    our files that another uid had put there (root may remove anything in it)."""
+    """``disable --site-dir`` on a sticky shared directory keeps exact copies of our files that another uid
+    put there, although root may remove anything in it (P5)."""
     if os.geteuid() != 0:
         import pytest
 

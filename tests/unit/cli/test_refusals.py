@@ -1,8 +1,8 @@
-"""Fourth attack round, the command line: what a refusal prints is bounded, whatever was typed.
+"""The command line: what a refusal prints is bounded, whatever was typed (P6, P8).
 
-Failed before its fix: argparse's ``invalid choice: '<value>'``, the list of unrecognized
-arguments and ``unknown module(s)`` quoted the input whole (a 100,000-character argument came back
-as 100 KB on stderr; 20,000 short ones as a list of all of them).
+Unbounded, argparse's ``invalid choice: '<value>'``, the list of unrecognized arguments and
+``unknown module(s)`` would quote the input whole (a 100,000-character argument back as 100 KB on
+stderr; 20,000 short ones as a list of all of them).
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def test_output_to_a_full_disk_is_a_message(clean_env, tmp_path, argv):
 
 
 def test_too_many_arguments_with_json_is_one_document(capsys):
-    """Round 3 (second fresh attack): ``build --json`` with more than 4096 arguments printed nothing on stdout."""
+    """``build --json`` with more than 4096 arguments prints one JSON document on stdout, not nothing (P8)."""
     import json
 
     from flashinfer_sm120.cli import MAX_ARGS, main
@@ -166,7 +166,7 @@ def test_too_many_arguments_with_json_is_one_document(capsys):
 
 @pytest.mark.parametrize("option", ["--mem-limit", "--max-bytes"])
 def test_a_value_starting_with_a_dash_is_named_with_how_to_give_it(option, capsys):
-    """Round 5 (P04): ``--mem-limit -5G`` said only "expected one argument", naming no value."""
+    """``--mem-limit -5G`` names the value and how to give it, not only "expected one argument" (P8)."""
     argv = (["build", "--arch", "12.0", option, "-5G", "sampling"] if option == "--mem-limit"
             else ["cache", "import", option, "-5G", "/nonexistent"])
     with pytest.raises(SystemExit) as exited:  # argparse's own exit, as for every refused command line

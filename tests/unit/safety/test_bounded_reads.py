@@ -1,5 +1,6 @@
-"""Third attack round: faults found with kinds of input nobody had listed (see the report in
-CHANGELOG's Security/Fixed entries).  Each test failed before its fix.  Fast: no compile.
+"""Kinds of input nobody had listed: unterminated JSON strings, FIFOs where files belong, headers of
+blank lines, programs that print without end, ``enable`` and ``disable`` at once.  Each is read
+bounded or refused at once (P6) and leaves nothing half made (P5).  Fast: no compile.
 """
 
 from __future__ import annotations

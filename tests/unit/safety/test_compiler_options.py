@@ -1,10 +1,10 @@
-"""Fourth attack round, compiler variables: options that make the compiler run other programs.
+"""Compiler variables: options that make the compiler run other programs (P2).
 
-Failed before its fix: ``CXX``, ``FLASHINFER_*_LAUNCHER`` and ``FLASHINFER_NVCC`` were
-checked word by word for the programs they run and the files they name, but not for the compiler's
-own options: ``CXX='g++ -B/tmp/x/'`` (g++ runs ``cc1plus``, ``as`` and ``ld`` from ``/tmp/x``),
-``-wrapper /tmp/x/w,x``, ``-fplugin=/tmp/x/p.so``, ``-specs=/tmp/x/s`` and ``-Wl,--plugin`` were kept,
-so every JIT build ran or loaded code from a directory anyone may write.
+``CXX``, ``FLASHINFER_*_LAUNCHER`` and ``FLASHINFER_NVCC`` are checked not only word by word for
+the programs they run and the files they name, but for the compiler's own options too:
+``CXX='g++ -B/tmp/x/'`` (g++ runs ``cc1plus``, ``as`` and ``ld`` from ``/tmp/x``),
+``-wrapper /tmp/x/w,x``, ``-fplugin=/tmp/x/p.so``, ``-specs=/tmp/x/s`` and ``-Wl,--plugin`` kept
+would make every JIT build run or load code from a directory anyone may write.
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def _open_dir(tmp_path, name="open"):
 
 
 def test_host_compiler_variables_are_held_to_the_trust_rule(tmp_path):
-    """Round 3: nvcc ran the host compiler named by CC, NVCC_CCBIN or -ccbin in NVCC_*_FLAGS unchecked."""
+    """The host compiler named by CC, NVCC_CCBIN or -ccbin in NVCC_*_FLAGS is held to the trust rule (P2)."""
     tk = make_toolkit(tmp_path / "tk", "13.0.88")
     nvcc = str(tk / "bin" / "nvcc")
     opened = _open_dir(tmp_path)
@@ -139,7 +139,7 @@ def test_host_compiler_variables_are_held_to_the_trust_rule(tmp_path):
 
 
 def test_programs_run_by_name_are_checked_where_path_finds_them(tmp_path):
-    """Round 3: a gcc planted early on PATH was nvcc's host compiler in every build."""
+    """A gcc planted early on PATH is never nvcc's host compiler (P2)."""
     opened = _open_dir(tmp_path)
     script(opened / "gcc")
     env = {"PATH": f"{opened}:/usr/bin:/bin"}
@@ -166,7 +166,7 @@ def test_programs_run_by_name_are_checked_where_path_finds_them(tmp_path):
 @pytest.mark.parametrize("var", buildenv.TEMP_VARIABLES)
 @pytest.mark.parametrize("how", ["world-writable", "another user's"])
 def test_a_temporary_directory_another_uid_may_change_stops_builds(tmp_path, var, how):
-    """Round 3: a build made its jobserver FIFO, and nvcc its intermediate files, in a TMPDIR another uid could change."""
+    """No build makes its jobserver FIFO, nor nvcc its intermediate files, in a TMPDIR another uid can change (P5)."""
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     make_unsafe(theirs, how)
@@ -192,8 +192,8 @@ def test_a_temporary_directory_of_ours_or_roots_sticky_one_is_a_place_to_build(t
 
 
 def test_a_path_a_flag_names_that_another_user_may_create_first_is_refused(tmp_path):
-    """Round 3 (fresh attack): ``FLASHINFER_EXTRA_LDFLAGS=-Wl,-rpath=/tmp/shared-libs``, absent, passed;
-    another uid then made it and the module the server loaded ran their libcudart.so.13."""
+    """``FLASHINFER_EXTRA_LDFLAGS=-Wl,-rpath=/tmp/shared-libs`` is refused even while absent: another uid
+    could make it later and the module the server loads would run their libcudart.so.13 (P2)."""
     tk = make_toolkit(tmp_path / "tk", "13.0.88")
     nvcc = str(tk / "bin" / "nvcc")
     sticky = tmp_path / "sticky"  # like /tmp
@@ -214,14 +214,14 @@ def test_a_path_a_flag_names_that_another_user_may_create_first_is_refused(tmp_p
 
 
 def test_gcc_variables_and_every_way_a_flag_names_a_path_are_held_to_the_trust_rule(tmp_path):
-    """Round 3 (second fresh attack): GCC_EXEC_PREFIX (and COMPILER_PATH, CPATH ...) in another uid's directory,
-    ``-Xcompiler @/rsp`` (a response file holding -B/theirs/) and joined forms like ``-isystem/x`` passed, and
-    gcc ran their cc1plus."""
+    """GCC_EXEC_PREFIX (and COMPILER_PATH, CPATH ...) in another uid's directory, ``-Xcompiler @/rsp`` (a
+    response file holding -B/theirs/) and joined forms like ``-isystem/x`` are held to the trust rule, so gcc
+    never runs their cc1plus (P2)."""
     tk = make_toolkit(tmp_path / "tk", "13.0.88")
     nvcc = str(tk / "bin" / "nvcc")
     opened = _open_dir(tmp_path)
     (opened / "rsp").write_text(f"-B{opened}/\n")
-    for var in compilers.DIR_VARIABLES:  # round 3 (fourth): LD_LIBRARY_PATH, DEPENDENCIES_OUTPUT too
+    for var in compilers.DIR_VARIABLES:  # LD_LIBRARY_PATH, DEPENDENCIES_OUTPUT too
         value = {"GCC_EXEC_PREFIX": f"{opened}/", "DEPENDENCIES_OUTPUT": f"{opened}/d.d target",
                  "SUNPRO_DEPENDENCIES": f"{opened}/d.d", "LD_PRELOAD": f"{opened}/x.so"}.get(var, f"/usr/include:{opened}")
         (v,) = compilers.check({"PATH": "/usr/bin:/bin", var: value}, nvcc, str(tk))
@@ -239,7 +239,7 @@ def test_gcc_variables_and_every_way_a_flag_names_a_path_are_held_to_the_trust_r
 
 @pytest.mark.parametrize("name", ["as", "ld"])
 def test_the_assembler_and_linker_gcc_runs_by_name_are_checked(tmp_path, name):
-    """Round 3 (second fresh attack): gcc ran the ``as`` and ``ld`` another uid put first on PATH."""
+    """gcc never runs the ``as`` and ``ld`` another uid puts first on PATH (P2)."""
     opened = _open_dir(tmp_path)
     script(opened / name)
     problem = buildenv.path_problem({"PATH": f"{opened}:/usr/bin:/bin", "NVCC_CCBIN": "/usr/bin/g++",

@@ -65,7 +65,7 @@ def test_endless_output_is_capped_and_stopped():
 def test_group_is_killed_before_the_program_is_reaped(monkeypatch):
     """The program's pid must still be held (an unreaped zombie) when its process
     group is signalled, so the number cannot have been reused by an unrelated
-    process in between (found by the attack round)."""
+    process in between (P6)."""
     import os as _os
 
     from flashinfer_sm120.safety import proc as _proc

@@ -243,7 +243,8 @@ def test_private_group_needs_a_named_single_user_group(monkeypatch):
 
 
 def test_a_shared_sticky_directory_is_never_told_to_chmod(tmp_path):
-    """Round 3 (fresh attack): a record file in /tmp was refused with "run 'chmod go-w /tmp'"."""
+    """A record file in /tmp (shared, sticky) is refused with "a directory of your own", never with
+    "run 'chmod go-w /tmp'" (P8)."""
     from flashinfer_sm120.safety.ownership import check_place, trust_reason
 
     sticky = tmp_path / "tmp"
@@ -256,7 +257,7 @@ def test_a_shared_sticky_directory_is_never_told_to_chmod(tmp_path):
         assert problem and "chmod" not in problem and "a directory of your own" in problem, problem
     problem = trust_reason(str(opened))
     assert problem and f"chmod go-w {opened}" in problem, problem
-    problem = trust_reason("/dev/full")  # round 3 (second): "run 'chmod go-w /dev/full'"
+    problem = trust_reason("/dev/full")  # P8: never "run 'chmod go-w /dev/full'"
     assert problem and "chmod" not in problem and "special file" in problem, problem
 
 

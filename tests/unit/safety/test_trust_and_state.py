@@ -1,5 +1,6 @@
-"""Faults found by attacking the promise (see notes/attack-report.md): each case
-failed before its fix.  Fast: no FlashInfer import, no compile."""
+"""A wrapper cannot hide an untrusted nvcc and is never run to find it (P2); state files of any
+shape or date are read bounded, as data (P6); a dangling, empty or read-only cache or site directory
+is refused or passed over, never widened (P4).  Fast: no FlashInfer import, no compile."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
-"""Fifth attack round: the reinstall fix read from pip's ``direct_url.json`` (PEP 610).
+"""The reinstall fix read from pip's ``direct_url.json`` (PEP 610): a command that is safe to
+paste (P8), read bounded (P6).
 
-Failed before its fix: a checkout under a path with a blank (``/home/me/My Projects/x``) gave the
-fix ``pip install --force-reinstall /home/me/My Projects/x`` (two arguments), a path with ``;``
-gave a command that runs a second command when pasted; ``file://server/share/x`` was shown as
-``/share/x`` (another machine's path); a ``direct_url.json`` that is a FIFO hung the message (and
-the ``import flashinfer_sm120`` that printed it), a huge one was read whole.
+A checkout under a path with a blank (``/home/me/My Projects/x``) must not give the fix
+``pip install --force-reinstall /home/me/My Projects/x`` (two arguments), nor a path with ``;``
+a command that runs a second command when pasted; ``file://server/share/x`` is not shown as
+``/share/x`` (another machine's path); a ``direct_url.json`` that is a FIFO must not hang the message
+(nor the ``import flashinfer_sm120`` that prints it), and a huge one is not read whole.
 """
 
 from __future__ import annotations

@@ -105,9 +105,9 @@ def _detaching_nvcc(root, prefix: str) -> str:
 
 
 def test_flashinfers_own_version_question_is_bounded_for_a_toolkit_we_do_not_patch(tmp_path):
-    """Round 3 (third fresh attack): for a CUDA_HOME we do not patch (guard), FlashInfer's own ``get_cuda_version``
-    ran ``nvcc --version`` with no deadline; a compiled nvcc leaving a ``setsid`` child that holds stdout hung
-    ``status --fresh`` until killed.  Guard and noop now answer it through the bounded, memoized run."""
+    """For a CUDA_HOME we do not patch (guard), FlashInfer's own ``get_cuda_version`` would run ``nvcc --version``
+    with no deadline, and a compiled nvcc leaving a ``setsid`` child that holds stdout would hang ``status --fresh``
+    until killed.  Guard and noop answer it through the bounded, memoized run (P6)."""
     import shutil
 
     from packaging.version import Version
@@ -130,9 +130,9 @@ def test_flashinfers_own_version_question_is_bounded_for_a_toolkit_we_do_not_pat
 
 @needs_flashinfer
 def test_status_is_bounded_when_flashinfer_is_left_unpatched_and_its_nvcc_detaches(tmp_path, clean_env):
-    """Round 3 (fourth fresh attack): with a CUDA_HOME flashinfer-sm120 refuses (no libcudart: ``failed``),
-    FlashInfer's own import ran ``nvcc --version`` unbounded and ``status --fresh`` hung on an nvcc whose
-    detached grandchild held stdout."""
+    """With a CUDA_HOME flashinfer-sm120 refuses (no libcudart: ``failed``), FlashInfer's own import runs
+    ``nvcc --version`` bounded too, and ``status --fresh`` does not hang on an nvcc whose detached grandchild
+    holds stdout (P6)."""
     import shutil
 
     if not shutil.which("cc") or not (REAL := __import__("pathlib").Path("/usr/local/cuda-13.0")).is_dir():

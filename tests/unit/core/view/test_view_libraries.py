@@ -1,9 +1,9 @@
-"""Fourth attack round, toolkit layouts: the libraries a JIT link opens must be regular files.
+"""Toolkit layouts: the libraries a JIT link opens must be regular files (P1, P6).
 
-Failed before its fix: a toolkit whose ``lib64/libcudart.so*`` or ``lib64/stubs/libcuda.so`` was a FIFO,
-a device or a symlink loop passed (``os.path.exists`` is true for a FIFO), was used as ``CUDA_HOME`` or
-linked into a view, and ``import flashinfer`` said "patched": the first JIT link then hung in ``ld``
-opening the FIFO (or failed on the loop), under load, instead of a refusal naming the file at import.
+A toolkit whose ``lib64/libcudart.so*`` or ``lib64/stubs/libcuda.so`` is a FIFO, a device or a
+symlink loop (``os.path.exists`` is true for a FIFO) is neither used as ``CUDA_HOME`` nor linked into
+a view with ``import flashinfer`` saying "patched": the first JIT link would hang in ``ld`` opening
+the FIFO (or fail on the loop), under load, where a refusal at import names the file.
 """
 
 from __future__ import annotations

@@ -347,8 +347,8 @@ def test_no_lease_or_workspace_is_created_in_a_tree_another_uid_owns(tmp_path, m
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another uid")
 def test_no_lease_below_levels_flashinfer_made_inside_another_uids_tree(tmp_path):
-    """Round 3: FlashInfer's import makes the missing workspace levels first (owned by this user) inside
-    the other uid's FLASHINFER_WORKSPACE_BASE; the check looked only at that deepest level."""
+    """FlashInfer's import makes the missing workspace levels first (owned by this user) inside the other
+    uid's FLASHINFER_WORKSPACE_BASE, so the check looks at every level, not only the deepest (P4)."""
     from flashinfer_sm120.core.patch import steps
     from flashinfer_sm120.safety.fs import lease
 
@@ -366,8 +366,8 @@ def test_no_lease_below_levels_flashinfer_made_inside_another_uids_tree(tmp_path
 
 
 def test_no_lease_through_a_planted_link_level(tmp_path):
-    """Round 3: a level of the workspace path that another user could plant as a link (in a directory
-    everyone may write) was followed, and the lease file created where it pointed."""
+    """A level of the workspace path that another user could plant as a link (in a directory everyone may
+    write) is not followed: no lease file is created where it points (P2, P4)."""
     from flashinfer_sm120.core.patch import steps
     from flashinfer_sm120.safety.fs import lease
 

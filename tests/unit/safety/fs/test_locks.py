@@ -30,7 +30,8 @@ def test_any_text_gives_only_positive_pids_and_never_raises(text, dev, ino):
 
 
 def test_a_lock_another_uid_holds_through_a_read_only_open_is_named():
-    """Round 3: another uid flocked FlashInfer's module lock (readable by all) and ``build`` waited without end."""
+    """A module lock another uid flocks (it is readable by all) is named; ``build`` never waits on it without end
+    (P6, P8)."""
     with reachable_dir() as d:
         path = d / "sampling.lock"
         path.write_text("")

@@ -295,8 +295,8 @@ def test_a_failed_state_write_says_what_its_errno_means(tmp_path, monkeypatch, e
 
 @needs_root
 def test_a_link_another_uid_planted_as_the_root_is_not_followed(shared_tmp, monkeypatch):
-    """Round 3: uid B's symlink at uid A's per-uid fallback in /tmp, pointing at a directory of A's,
-    was followed: A's files there were overwritten."""
+    """uid B's symlink at uid A's per-uid fallback in /tmp, pointing at a directory of A's, is not
+    followed: A's files there are never overwritten (P2, P5)."""
     from flashinfer_sm120.safety.fs import statedir
 
     sticky = shared_tmp / "tmp"
@@ -329,8 +329,8 @@ def test_a_link_another_uid_planted_as_the_root_is_not_followed(shared_tmp, monk
 
 
 def test_a_home_that_does_not_exist_is_not_created_for_a_cache(tmp_path, monkeypatch):
-    """Round 5 (P50): root with ``HOME=/nonexistent`` made ``/nonexistent`` and a whole cache in it, and
-    let FlashInfer's import make its own there."""
+    """Root with ``HOME=/nonexistent`` makes neither ``/nonexistent`` nor a cache in it, and FlashInfer's
+    import is refused rather than let make its own there (P4)."""
     from flashinfer_sm120.core.facts.refusals import import_refused
     from flashinfer_sm120.safety.fs import statedir
 
@@ -354,8 +354,8 @@ def test_a_home_that_does_not_exist_is_not_created_for_a_cache(tmp_path, monkeyp
 
 
 def test_a_workspace_base_in_another_uids_directory_anyone_may_write_names_the_real_reason(tmp_path, monkeypatch):
-    """Round 6 (F2): the refusal said the owner's "own tools could not write it" (false for 0777) and
-    offered "run as uid <the owner> (sudo -u)", i.e. run as the one who planted it."""
+    """The refusal names the real reason, not that the owner's "own tools could not write it" (false for
+    0777), and never offers "run as uid <the owner> (sudo -u)", i.e. run as the one who planted it (P8)."""
     from helpers.untrusted import give_away
     from flashinfer_sm120.core.facts.refusals import import_refused
 

@@ -1,8 +1,8 @@
-"""Fourth attack round, ``kill -9``: temporary directories of a killed process are swept by the next one.
+"""``kill -9``: temporary directories of a killed process are swept by the next one (P5, P6).
 
-Failed before its fix: ``cache import`` unpacked into ``TemporaryDirectory`` and the build pool made its
-jobserver FIFO in ``mkdtemp``; ``kill -9`` or the OOM killer skip the clean-up, so each killed run left
-its directory in ``$TMPDIR`` for good (an import: up to its 32 GiB cap of unpacked files).
+``cache import`` unpacks into a temporary directory and the build pool makes its jobserver FIFO in one;
+``kill -9`` or the OOM killer skip the clean-up, so without the sweep each killed run would leave its
+directory in ``$TMPDIR`` for good (an import: up to its 32 GiB cap of unpacked files).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def test_temporary_files_follow_the_same_rule(tmpdir_env):
 
 @pytest.mark.parametrize("how", ["world-writable", "another user's"])
 def test_nothing_is_made_in_a_temporary_directory_another_uid_may_change(tmpdir_env, how):
-    """Round 3: a build made its jobserver FIFO in a TMPDIR another uid could change (not sticky)."""
+    """A build makes no jobserver FIFO in a TMPDIR another uid can change (not sticky) (P4, P5)."""
     theirs = tmpdir_env / "theirs"
     theirs.mkdir()
     os.environ["TMPDIR"] = str(theirs)
