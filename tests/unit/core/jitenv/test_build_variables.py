@@ -1,5 +1,5 @@
-"""Third attack round, hostile environment values: FlashInfer's compiler variables, MAX_JOBS and
-FLASHINFER_NVCC_THREADS as FlashInfer reads them, PATH shapes.  Each test failed before its fix."""
+"""Hostile environment values (S2): FlashInfer's compiler variables, MAX_JOBS and
+FLASHINFER_NVCC_THREADS as FlashInfer reads them, PATH shapes (P2, P8)."""
 
 from __future__ import annotations
 

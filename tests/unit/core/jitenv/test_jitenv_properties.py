@@ -1,4 +1,4 @@
-"""Third attack round: Hypothesis properties for readers that had none: the compile-memory
+"""Hypothesis properties of the readers of S2 input (P6): the compile-memory
 estimates file, the launcher-probe memo, MAX_JOBS/FLASHINFER_NVCC_THREADS as FlashInfer reads
 them, and the ninja log header of a JIT directory.  Property: whatever the bytes or value, no
 exception escapes, a malformed entry is dropped (never used), and what is kept has the right type."""

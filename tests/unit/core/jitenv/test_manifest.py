@@ -185,7 +185,7 @@ def test_generators_come_only_from_flashinfer(clean_env, real_nvcc13):
         "spec maker": "flashinfer.jit.core:gen_jit_spec"})
     assert got["other name"].startswith("refused") and "makes 'sampling'" in got["other name"]
     assert got["refused values"].startswith("refused") and "refused the recorded parameters" in got["refused values"]
-    assert "KeyError: " in got["refused values"] and "FLASHINFER_SM120_RECORD" in got["refused values"]  # round 6 (F3)
+    assert "KeyError: " in got["refused values"] and "FLASHINFER_SM120_RECORD" in got["refused values"]  # P8: the error and the fix
     assert got["code as a value"].startswith("refused") and "never source text" in got["code as a value"]
     assert got["customize"].startswith("refused") and "customize" in got["customize"]
     assert got["os.system"].startswith("refused") and "not a module of FlashInfer" in got["os.system"]
@@ -240,7 +240,7 @@ def test_an_export_module_without_a_manifest_entry_is_refused(tmp_path):
 
 @needs_flashinfer
 def test_a_manifest_whose_regenerable_entries_all_fail_is_not_ok(clean_env, tmp_path):
-    """Round 3 (fresh attack): an entry of another FlashInfer release gave ``ok: true``, ``modules: []``, exit 0."""
+    """An entry of another FlashInfer release is a failure, not ``ok: true`` with ``modules: []`` and exit 0 (P8)."""
     entry = {"format": 1, "name": "sampling", "flashinfer": "0.6.0", "targets": ["12.0f"], "toolchain": "nvcc",
              "regenerable": True, "generator": "flashinfer.jit.sampling:gen_sampling_module",
              "params": {"args": [], "kwargs": {}}}

@@ -1,10 +1,10 @@
-"""Fourth attack round, manifests: a manifest's flags and paths can never run, load or write anything.
+"""A manifest's flags and paths can never run, load or write anything (P2).
 
-Failed before its fix: flags were checked for characters only, so a manifest line with
+Checking flags for characters only is not enough: a manifest line with
 ``"extra_cuda_cflags": [..., "-ccbin=/x/cc"]`` made ``build --from`` run ``/x/cc`` as nvcc's host
 compiler (the same for ``-Xcompiler=-fplugin=/x.so``, ``-Wl,--plugin``, ``-B``, ``-specs=``, and ``-MF``
 /``-odir`` writing anywhere), and a source or ``-I`` directory of another user was compiled into a
-module the server loads.  Since issue 19 the sources are FlashInfer's own (the generator is called
+module the server loads.  The sources are FlashInfer's own (the generator is called
 again), and a source an old entry lists must be one that generator names.
 """
 

@@ -1,6 +1,6 @@
-"""Fourth attack round, recording: ``FLASHINFER_SM120_RECORD`` never writes outside its manifest.
+"""Recording: ``FLASHINFER_SM120_RECORD`` never writes outside its manifest (P4, P5).
 
-Failed before its fix: the manifest was opened with a plain ``O_CREAT | O_APPEND``, so a symlink of
+Opened with a plain ``O_CREAT | O_APPEND``, a symlink of
 that name (planted in a shared directory) made every JIT module load append a JSON line to the file
 it pointed at, say ``~/.bashrc``; a directory on the way that another user could replace did the same.
 """
@@ -36,7 +36,7 @@ def test_a_manifest_in_a_directory_others_can_write_is_refused(tmp_path):
     with pytest.raises(PlaceError) as info:
         record.append(str(shared / "m.jsonl"), ENTRY)
     assert "writable by other users" in str(info.value) and "FLASHINFER_SM120_RECORD" in str(info.value)
-    # round 5 (P47): it said "not safe to build in" and, in the warning, "Fix:" twice
+    # the words fit a manifest (not "safe to build in"), and the fix is said once (P8)
     assert "not safe to write in" in str(info.value) and str(info.value).count("Fix:") == 1
     assert not (shared / "m.jsonl").exists()
 
@@ -58,8 +58,8 @@ def test_a_manifest_of_your_own_is_appended(tmp_path):
 
 
 def test_a_record_path_whose_lock_cannot_be_made_fails_at_once_in_words(tmp_path):
-    """Round 3 (second fresh attack): FLASHINFER_SM120_RECORD=/proc/self/fd/1 stalled each build 10 s, then
-    warned with ``Timeout('...1.lock')``; other refusals showed ``OSError(6, ...)``."""
+    """FLASHINFER_SM120_RECORD=/proc/self/fd/1 is refused at once in words (P6, P8), not after a 10 s stall
+    per build with ``Timeout('...1.lock')`` or an ``OSError(6, ...)``."""
     with pytest.raises(OSError) as err:
         record.append("/proc/self/fd/1", {"x": 1})
     assert err.value.errno is not None and "Timeout" not in repr(err.value)
