@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os as _os
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = ["install", "revert", "status", "resolve", "__version__"]
 
