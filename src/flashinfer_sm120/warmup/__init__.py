@@ -3,8 +3,8 @@
 - :mod:`.modules`   named modules and their variants (``build --list``)
 - :mod:`.replay`    ``build --from MANIFEST``
 - :mod:`.session`   set FlashInfer up for a build; build specs in one pool
-- :mod:`.pool`      the job pool, the one scheduler (admission by slots and memory); :mod:`.progress`
-  its progress display; :mod:`.ninjacmd` one module's ninja as FlashInfer runs it
+- :mod:`.pool`      the job pool, the one scheduler (admission by slots and memory), and its
+  progress display; :mod:`.ninjacmd` one module's ninja as FlashInfer runs it
 - :mod:`.buildreport` doctor's "Builds"
 - :mod:`.cache_export` what an export is (meta.json, caps) and ``cache export``
 - :mod:`.cache_import` ``cache import``: reading an export (archive or directory) and its one install step

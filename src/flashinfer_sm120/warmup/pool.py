@@ -40,7 +40,7 @@ from pathlib import Path
 from flashinfer_sm120.core.jitenv.jobs import default_jobs
 from flashinfer_sm120.safety.formats import plural
 from flashinfer_sm120.safety.proc import die_with_parent, signals_as_exit
-from flashinfer_sm120.warmup import modlock, progress
+from flashinfer_sm120.warmup import modlock
 from flashinfer_sm120.warmup.ninjacmd import STATUS_RE, children, command, dry_run, ninja_env, step_name
 
 __all__ = ["Job", "Result", "run_pool"]
@@ -124,6 +124,43 @@ class _Running:
         return min(self.slots, len(kids) - linking + left)
 
 
+class _Display:
+    """One line per finished or failed step, and a status line: rewritten on a terminal, a
+    heartbeat line every 30 s otherwise."""
+
+    def __init__(self, stream, total: int) -> None:
+        self.stream, self.total, self.done = stream, total, 0
+        self.tty = hasattr(stream, "isatty") and stream.isatty()
+        self.t0 = self.last_beat = time.monotonic()
+        self.status = ""
+
+    def _line(self, text: str) -> str:
+        return f"[{self.done}/{self.total}] {text}  ({time.monotonic() - self.t0:.0f} s)"
+
+    def event(self, text: str) -> None:
+        self.stream.write(("\r\x1b[K" if self.tty else "") + self._line(text) + "\n")
+        self._status_line()
+
+    def now(self, compiling: list[str]) -> None:
+        self.status = ("compiling now: " + ", ".join(compiling)) if compiling else "waiting"
+        if self.tty:
+            self._status_line()
+        elif time.monotonic() - self.last_beat >= 30:
+            self.last_beat = time.monotonic()
+            self.stream.write(self._line(self.status) + "\n")
+            self.stream.flush()
+
+    def _status_line(self) -> None:
+        if self.tty and self.status:
+            self.stream.write("\r\x1b[K" + self._line(self.status))
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
 class _Nothing:
     def release(self) -> None:
         pass
@@ -175,7 +212,7 @@ def _run_pool(jobs: list[Job], max_jobs: int | None, stream, mem_budget: int | N
         stream.write(f"to build: {plural(len(pending), 'module')}, {plural(total, 'compile/link step')}, "
                      f"-j {slots_total}: " + ", ".join(f"{j.label} ({n})" for j, n in pending) + "\n")
     stream.flush()
-    display = progress.Display(stream, total)
+    display = _Display(stream, total)
     events: queue.Queue = queue.Queue()
     running: dict[str, _Running] = {}
     locks: dict[str, object] = {}
@@ -274,7 +311,7 @@ def _fits(job: Job, mem_left: int | None, nothing_runs: bool) -> int:
     return max(1 if nothing_runs else 0, mem_left // job.mem)
 
 
-def _drain(events: queue.Queue, running: dict, results: dict, display: progress.Display, locks: dict,
+def _drain(events: queue.Queue, running: dict, results: dict, display: _Display, locks: dict,
            timeout: float) -> None:
     """Handle ninja's output for up to ``timeout`` seconds, returning early once a step
     finished or a module ended (a slot may be free)."""
@@ -313,7 +350,7 @@ def _drain(events: queue.Queue, running: dict, results: dict, display: progress.
             del r.lines[:200]
 
 
-def _confirm(r: _Running, display: progress.Display) -> None:
+def _confirm(r: _Running, display: _Display) -> None:
     if r.pending is not None:
         display.done += 1
         what = step_name(r.pending)
@@ -322,7 +359,7 @@ def _confirm(r: _Running, display: progress.Display) -> None:
         r.pending = None
 
 
-def _finish(r: _Running, running: dict, results: dict, display: progress.Display, locks: dict) -> None:
+def _finish(r: _Running, running: dict, results: dict, display: _Display, locks: dict) -> None:
     rc = r.proc.wait()
     label = r.job.label
     if rc == 0:
