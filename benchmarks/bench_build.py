@@ -104,11 +104,31 @@ def schedule_bound(compiles: list[float], links: list[float], jobs: int) -> floa
     return lb + (min(links) if links else 0.0)
 
 
-def where_time_goes(rep: dict, stats_timeline: dict, jobs: int) -> dict:
-    """From the pooled run's ``.ninja_log`` files and the pool's timeline (ninja start/end)."""
+def ninja_starts(build_dirs: dict[str, Path]) -> dict[str, float]:
+    """When each module's ninja began, in seconds after the first one: its ``.ninja_log`` was last
+    written as its last step ended (the pool keeps no timeline of its own)."""
+    abs_t0 = {}
+    for label, d in build_dirs.items():
+        log = _ninja_log(d)
+        if log:
+            abs_t0[label] = (d / ".ninja_log").stat().st_mtime - max(e for _, e, _ in log)
+    first = min(abs_t0.values(), default=0.0)
+    return {label: t - first for label, t in abs_t0.items()}
+
+
+def occupancy(build_dirs: list[Path], jobs: int, wall: float) -> float | None:
+    """Step-seconds run / (slots x wall), from the ``.ninja_log`` files: how well the pool kept its
+    slots busy."""
+    busy = sum(e - s for d in build_dirs for s, e, _ in _ninja_log(d))
+    return round(min(1.0, busy / (jobs * wall)), 3) if wall > 0 else None
+
+
+def where_time_goes(rep: dict, jobs: int) -> dict:
+    """From the pooled run's ``.ninja_log`` files (each module's ninja start/end)."""
     steps, startup, link_s = [], {}, 0.0
+    starts = ninja_starts({m["module"]: Path(m["library"]).parent for m in rep["modules"]})
     for m in rep["modules"]:
-        t0 = (stats_timeline.get(m["module"]) or [0.0])[0]
+        t0 = starts.get(m["module"], 0.0)
         log = _ninja_log(Path(m["library"]).parent)
         if log:
             startup[m["module"]] = round(min(s for s, _, _ in log), 3)
@@ -135,8 +155,9 @@ def _pooled(mods, arch, jobs) -> tuple[float, float, dict]:
     with tempfile.TemporaryDirectory() as ws:
         wall, _, rep = _build(mods, arch, jobs, ws)
         assert all(r["status"] == "built" for r in rep["modules"]), rep
-        detail = where_time_goes(rep, rep.get("pool_timeline") or {}, jobs)
-    return wall, rep["pool_occupancy"], detail
+        detail = where_time_goes(rep, jobs)
+        occ = occupancy([Path(m["library"]).parent for m in rep["modules"]], jobs, wall)
+    return wall, occ, detail
 
 
 def real(args) -> None:
@@ -193,20 +214,21 @@ def synthetic(args) -> None:
                 lines += [f"build {d}/m{i}.so: link {' '.join(objs)}", f"default {d}/m{i}.so", ""]
                 (d / "build.ninja").write_text("\n".join(lines))
                 jobs_list.append(pool.Job(f"m{i}", d, d / "build.ninja"))
-            stats: dict = {}
             t0 = time.monotonic()
-            res = pool.run_pool(jobs_list, args.jobs, io.StringIO(), stats)
+            res = pool.run_pool(jobs_list, args.jobs, io.StringIO())
             total = time.monotonic() - t0
             assert all(x.status == "built" for x in res), res
             ideal = math.ceil(args.n * args.steps / args.jobs) * args.compile_s + args.link_s
             startup = [min(s for s, _, _ in _ninja_log(j.build_dir)) for j in jobs_list]
-            out.append({"pool_wall_s": stats["wall_s"], "with_dry_runs_s": round(total, 2), "ideal_s": round(ideal, 2),
-                        "pool_vs_ideal": round(stats["wall_s"] / ideal, 3),
-                        "handover_s": stats.get("handovers"), "ninja_startup_ms": [round(s * 1000) for s in startup]})
+            starts = ninja_starts({j.label: j.build_dir for j in jobs_list})
+            wall = max(starts[j.label] + max(e for _, e, _ in _ninja_log(j.build_dir)) for j in jobs_list)
+            out.append({"pool_wall_s": round(wall, 2), "with_dry_runs_s": round(total, 2), "ideal_s": round(ideal, 2),
+                        "pool_vs_ideal": round(wall / ideal, 3), "ninja_starts_s": {k: round(v, 3) for k, v in starts.items()},
+                        "ninja_startup_ms": [round(s * 1000) for s in startup]})
     print(json.dumps({"synthetic": vars(args), "rounds": out}))
     for i, r in enumerate(out, 1):
         print(f"round {i}: pool {r['pool_wall_s']} s (with the up-to-date checks {r['with_dry_runs_s']} s), ideal "
-              f"{r['ideal_s']} s, pool/ideal {r['pool_vs_ideal']}; hand-overs {r['handover_s']} s; "
+              f"{r['ideal_s']} s, pool/ideal {r['pool_vs_ideal']}; ninjas started at {r['ninja_starts_s']} s; "
               f"ninja start-up {r['ninja_startup_ms']} ms")
 
 

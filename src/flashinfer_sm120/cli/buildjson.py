@@ -8,8 +8,8 @@ __all__ = ["FIELDS", "document", "failure"]
 
 #: Every key of the document, in order; ``ok`` is true exactly when ``error`` is ``null``.
 FIELDS = ("ok", "error", "cuda_home", "cuda_version", "flashinfer", "target_cuda_archs", "jit_dir",
-          "server", "server_arch", "targets_from", "pool_wall_s", "pool_occupancy", "modules", "plan",
-          "pool_timeline", "compiler_cache", "cannot_regenerate", "refused_settings")
+          "server", "server_arch", "targets_from", "pool_wall_s", "modules", "plan", "compiler_cache",
+          "cannot_regenerate", "refused_settings")
 
 
 def document(error: str | None = None, **values) -> dict:

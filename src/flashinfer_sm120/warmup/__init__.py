@@ -4,9 +4,8 @@
 - :mod:`.replay`    ``build --from MANIFEST``; :mod:`.regenerate` reading a manifest and remaking its specs
 - :mod:`.session`   set FlashInfer up for a build; build specs in one pool
 - :mod:`.plan`      jobs, threads and memory budget of a build; per-family estimates and recorded peaks
-- :mod:`.pool`      the job pool (admission by slots and memory); :mod:`.jobserver` the
-  jobserver its ninjas share (ninja 1.13+); :mod:`.progress` its progress display;
-  :mod:`.ninjacmd` one module's ninja as FlashInfer runs it
+- :mod:`.pool`      the job pool, the one scheduler (admission by slots and memory), and its
+  progress display; :mod:`.ninjacmd` one module's ninja as FlashInfer runs it
 - :mod:`.buildreport` doctor's "Builds"
 - :mod:`.cache_export` what an export is (meta.json, caps) and ``cache export``
 - :mod:`.cache_import` ``cache import``: reading an export (archive or directory) and its one install step

@@ -9,20 +9,20 @@ output with no log entry as dirty ("command line not found in log"), so a module
 built by the pooled file is compiled again by the first server that loads it.
 
 So each module is built by its own ninja in its own directory (exactly the
-command FlashInfer runs), and this pool shares ``jobs`` slots among them: a module
-gets ``-j`` = the slots free when it starts, and as its remaining steps drop below
-its ``-j`` (counted from the processes ninja has running), the spare slots go to
-the next module.  At no time do more than ``jobs`` compile steps run.
+command FlashInfer runs), and this pool is the one scheduler of ``jobs`` slots: a
+module gets ``-j`` = the slots free when it starts, and as its remaining steps drop
+below its ``-j`` (counted from the processes ninja has running), the spare slots go
+to the next module.  At no time do more than ``jobs`` compile steps run.
 
-Memory: a job may carry ``mem``, the bytes one of its compile steps takes
-(:mod:`flashinfer_sm120.core.jitenv.memory`); with a ``mem_budget``, a module is started (and given slots)
-only while its steps fit in what the running modules leave, so a few heavy
-modules and many light ones share the budget; when nothing runs, one module
-always starts, whatever its estimate.  Each module's peak RSS (the largest
-process ninja ran, from ``wait4``) comes back in :attr:`Result.peak_rss`.
+Memory: a job may carry ``mem``, the bytes one of its compile steps takes; with a
+``mem_budget``, a module is started (and given slots) only while its steps fit in
+what the running modules leave; when nothing runs, one module always starts,
+whatever its estimate.  Each module's peak RSS (the largest process ninja ran, from
+``wait4``) comes back in :attr:`Result.peak_rss`.
 
-Hand-over: the scheduler wakes as soon as ninja reports a finished step or
-exits, not on a timer, so a freed slot goes to the next module at once.
+The scheduler wakes as soon as ninja reports a finished step or exits, not on a
+timer, so a freed slot goes to the next module at once.  Each ninja runs in its own
+process group, which the pool stops on any exit (P6).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -37,17 +38,16 @@ import time
 from pathlib import Path
 
 from flashinfer_sm120.warmup.plan import default_jobs
-from flashinfer_sm120.errors import PlaceError
-from flashinfer_sm120.safety.proc import die_with_parent, signals_as_exit
-from flashinfer_sm120.warmup import jobserver, modlock, progress
-from flashinfer_sm120.warmup import ninjacmd
-from flashinfer_sm120.warmup.ninjacmd import STATUS_RE, children, command, dry_run, ninja_env, step_name
 from flashinfer_sm120.safety.formats import plural
+from flashinfer_sm120.safety.proc import die_with_parent, signals_as_exit
+from flashinfer_sm120.warmup import modlock
+from flashinfer_sm120.warmup.ninjacmd import STATUS_RE, children, command, dry_run, ninja_env, step_name
 
 __all__ = ["Job", "Result", "run_pool"]
 
 _LINE_MAX = 1 << 16  # characters of one line of ninja's output kept (the rest of it dropped)
 _FAILED_MAX = 2000  # lines of a failure's output kept
+_STOP_S = 10  # seconds ninjas get to stop their compilers on SIGTERM before SIGKILL
 
 
 @dataclasses.dataclass
@@ -76,8 +76,7 @@ class Result:
 
 
 class _Running:
-    def __init__(self, job: Job, steps: int, slots: int | None, events: queue.Queue,
-                 env: dict | None = None) -> None:
+    def __init__(self, job: Job, steps: int, slots: int, events: queue.Queue) -> None:
         self.job, self.steps, self.slots = job, steps, slots
         self.finished = 0  # ninja's own count of finished steps (%f), failed ones included
         self.pending_since = 0.0
@@ -87,10 +86,9 @@ class _Running:
         self.failed: list[str] = []
         self.in_failure = False
         self.peak_rss: int | None = None
-        self.lent = False  # jobserver mode: its token was lent to others while it links
-        extra = () if slots is None else ("-j", str(slots))  # None: a jobserver client, no -j
-        self.proc = subprocess.Popen(command(job, *extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env=dict(ninja_env(), **(env or {})), errors="replace",
+        self.proc = subprocess.Popen(command(job, "-j", str(slots)), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, env=ninja_env(), errors="replace",
+                                     start_new_session=True,  # its own group: stopped whole on exit (P6)
                                      preexec_fn=die_with_parent)  # no orphan ninja after a kill -9
         self.thread = threading.Thread(target=self._read, args=(events,), daemon=True)
         self.thread.start()
@@ -126,9 +124,41 @@ class _Running:
         return min(self.slots, len(kids) - linking + left)
 
 
-def _try_lock(job: Job):
-    """FlashInfer's per-module lock (:func:`modlock.try_take`), or None if busy."""
-    return _Nothing() if job.lock_path is None else modlock.try_take(job.lock_path)
+class _Display:
+    """One line per finished or failed step, and a status line: rewritten on a terminal, a
+    heartbeat line every 30 s otherwise."""
+
+    def __init__(self, stream, total: int) -> None:
+        self.stream, self.total, self.done = stream, total, 0
+        self.tty = hasattr(stream, "isatty") and stream.isatty()
+        self.t0 = self.last_beat = time.monotonic()
+        self.status = ""
+
+    def _line(self, text: str) -> str:
+        return f"[{self.done}/{self.total}] {text}  ({time.monotonic() - self.t0:.0f} s)"
+
+    def event(self, text: str) -> None:
+        self.stream.write(("\r\x1b[K" if self.tty else "") + self._line(text) + "\n")
+        self._status_line()
+
+    def now(self, compiling: list[str]) -> None:
+        self.status = ("compiling now: " + ", ".join(compiling)) if compiling else "waiting"
+        if self.tty:
+            self._status_line()
+        elif time.monotonic() - self.last_beat >= 30:
+            self.last_beat = time.monotonic()
+            self.stream.write(self._line(self.status) + "\n")
+            self.stream.flush()
+
+    def _status_line(self) -> None:
+        if self.tty and self.status:
+            self.stream.write("\r\x1b[K" + self._line(self.status))
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
 
 
 class _Nothing:
@@ -136,7 +166,7 @@ class _Nothing:
         pass
 
 
-def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: dict | None = None,
+def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None,
              mem_budget: int | None = None) -> list[Result]:
     """Build ``jobs`` sharing ``max_jobs`` compile slots; print progress on ``stream``.
 
@@ -149,26 +179,17 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, stats: d
     :param max_jobs: parallel compile steps (default :func:`flashinfer_sm120.warmup.plan.default_jobs`).
     :param mem_budget: bytes the compile steps may use together (each job's ``mem`` per step);
         ``None``: not counted.
-    :param stats: if given, filled with ``wall_s`` (seconds from the first step started to
-        the last finished) and ``occupancy`` (step-seconds run / (slots x wall_s), 0..1, sampled
-        every 0.5 s from the processes ninja runs): how well the pool kept its slots busy,
-        whatever else the machine is doing; ``max_at_once`` (most steps seen running
-        together), ``handovers`` (seconds from noticing a finished step to starting the next
-        module's ninja, one value per such start) and ``timeline`` (label: [ninja started,
-        ended], seconds from the pool's start).
     :returns: one :class:`Result` per job, in the order given.
     :raises RuntimeError: ninja is missing.
     """
     with signals_as_exit():  # SIGTERM/SIGHUP run the clean-up below, as Ctrl-C does
-        return _run_pool(jobs, max_jobs, stream, stats, mem_budget)
+        return _run_pool(jobs, max_jobs, stream or sys.stderr, mem_budget)
 
 
-def _run_pool(jobs: list[Job], max_jobs: int | None, stream, stats: dict | None,
-              mem_budget: int | None) -> list[Result]:
-    stream = stream or sys.stderr
+def _run_pool(jobs: list[Job], max_jobs: int | None, stream, mem_budget: int | None) -> list[Result]:
     slots_total = max_jobs or default_jobs()[0]
     results: dict[str, Result] = {}
-    todo: list[tuple[Job, int]] = []
+    pending: list[tuple[Job, int]] = []
     for job in jobs:
         try:
             steps = dry_run(job)
@@ -177,132 +198,109 @@ def _run_pool(jobs: list[Job], max_jobs: int | None, stream, stats: dict | None,
             stream.write(f"FAILED {job.label}: {exc}\n")
             continue
         if steps:
-            todo.append((job, len(steps)))
+            pending.append((job, len(steps)))
         else:
             results[job.label] = Result(job.label, "up to date")
             stream.write(f"up to date: {job.label} (already in FlashInfer's JIT cache)\n")
-    # Most steps first (longest-processing-time order): ninja takes a freed jobserver token only
-    # between its own steps, so a many-step module started last would run its steps one by one
-    # while the slot another module freed stays idle (benchmarks/bench_build.py, three activation
-    # modules then 'page' on -j 2: pool/ideal 1.39 in the order given, 1.07 most steps first).
-    # Stable: modules of equal size keep the order given.
-    todo.sort(key=lambda t: -t[1])
-    total = sum(n for _, n in todo)
-    if todo:
-        stream.write(f"to build: {plural(len(todo), 'module')}, {plural(total, 'compile/link step')}, -j {slots_total}: "
-                     + ", ".join(f"{j.label} ({n})" for j, n in todo) + "\n")
+    # Most steps first (longest-processing-time order): a many-step module started last would run
+    # its steps on the few slots left while the others finish (benchmarks/bench_build.py, three
+    # activation modules then 'page' on -j 2: pool/ideal 1.39 in the order given, 1.07 most steps
+    # first).  Stable: modules of equal size keep the order given.
+    pending.sort(key=lambda t: -t[1])
+    total = sum(n for _, n in pending)
+    if pending:
+        stream.write(f"to build: {plural(len(pending), 'module')}, {plural(total, 'compile/link step')}, "
+                     f"-j {slots_total}: " + ", ".join(f"{j.label} ({n})" for j, n in pending) + "\n")
     stream.flush()
-    display = progress.Display(stream, total)
+    display = _Display(stream, total)
     events: queue.Queue = queue.Queue()
     running: dict[str, _Running] = {}
     locks: dict[str, object] = {}
     waiting_said: set[str] = set()
-    pending = list(todo)
-    t_start, last, busy_s = time.monotonic(), time.monotonic(), 0.0
-    max_at_once, handovers, freed_at = 0, [], None
-    js = None
-    if todo and jobserver.supports(ninjacmd.ninja_binary()) and (mem_budget is None or slots_total * max(
-            (j.mem for j, _ in todo), default=0) <= mem_budget):
-        try:
-            js = jobserver.Jobserver(slots_total)  # memory never binds at full parallelism: slots are the only limit
-        except (OSError, PlaceError):  # no FIFO: ninja's own -j per module
-            js = None
-    timeline: dict[str, tuple[float, float]] = {}  # label -> (ninja started, ninja ended)
     try:
         while pending or running:
-            committed = {lbl: r.committed() for lbl, r in running.items()} if js is None else {}
+            committed = {lbl: r.committed() for lbl, r in running.items()}
             free = slots_total - sum(committed.values())
-            mem_left = None if mem_budget is None or js is not None else mem_budget - sum(
+            mem_left = None if mem_budget is None else mem_budget - sum(
                 committed[lbl] * r.job.mem for lbl, r in running.items())
             for item in list(pending):
-                if js is None and free < 1:
+                if free < 1:
                     break
                 job, n = item
                 fit = _fits(job, mem_left, nothing_runs=not running)
-                if js is None and fit < 1:
+                if fit < 1:
                     continue  # a lighter module further on may fit
-                if js is not None and not js.take(nothing_runs=not running):
-                    break
-                lock = _try_lock(job)
-                if lock is None and (other := modlock.foreign_holder(job.lock_path)) is not None:
-                    pending.remove(item)  # not waited for: another uid can hold it off for ever
-                    display.total -= n
-                    results[job.label] = Result(job.label, "failed", error=modlock.refusal(job.lock_path, job.label, other))
-                    display.event(f"FAILED {job.label}: {results[job.label].error}")
-                    if js is not None:
-                        js.give()
+                if not _start(item, pending, running, results, locks, waiting_said, display, events,
+                              give := max(1, min(free, max(1, n - 1), fit))):  # n - 1: the link runs last
                     continue
-                if lock is None:
-                    if js is not None:
-                        js.give()
-                    if job.label not in waiting_said:
-                        waiting_said.add(job.label)
-                        display.event(f"{job.label}: waiting for another process building it "
-                                      f"(lock {job.lock_path})")
-                    continue
-                pending.remove(item)
-                locks[job.label] = lock
-                if job.label in waiting_said:  # the other process may have built it meanwhile
-                    left = dry_run(job)
-                    if not left:
-                        display.total -= n
-                        results[job.label] = Result(job.label, "up to date")
-                        display.event(f"up to date: {job.label} (built by another process meanwhile)")
-                        lock.release()
-                        if js is not None:
-                            js.give()
-                        continue
-                give = max(1, min(free, max(1, n - 1), fit))  # n - 1: the link runs after the compiles
-                running[job.label] = (_Running(job, n, None, events, js.env()) if js is not None
-                                      else _Running(job, n, give, events))
-                if freed_at is not None:
-                    handovers.append(round(time.monotonic() - freed_at, 3))
-                    freed_at = None
                 free -= give
                 if mem_left is not None:
                     mem_left -= give * job.mem
-            freed_at = None  # only a start right after a freed slot counts as a hand-over
-            before = dict(running)
-            if _drain(events, running, results, display, locks, timeout=0.5):
-                freed_at = time.monotonic()
-            for lbl in set(before) - set(running):
-                timeline[lbl] = (before[lbl].t0, time.monotonic())
-                if js is not None and not before[lbl].lent:
-                    js.give()  # the finished ninja's own slot
-            if js is not None:  # a module that only links holds no compile slot: lend its token
-                for r in running.values():
-                    if not r.lent and r.finished >= r.steps - 1 and any(
-                            step_name(k).startswith("link ") for k in children(r.proc.pid)):
-                        js.give()
-                        r.lent = True
+            _drain(events, running, results, display, locks, timeout=0.5)
             for r in running.values():  # ninja prints FAILED right after the status line
                 if r.pending is not None and time.monotonic() - r.pending_since > 0.3:
                     _confirm(r, display)
-            now_running = [f"{lbl}/{step_name(c)}" for lbl, r in running.items() for c in children(r.proc.pid)]
-            max_at_once = max(max_at_once, len(now_running))
-            busy_s += len(now_running) * (time.monotonic() - last)
-            last = time.monotonic()
-            display.now(now_running)
-    finally:  # interrupted: ninja stops its compilers on SIGTERM; SIGKILL only if it does not
-        for r in running.values():
-            r.proc.terminate()
-            try:
-                r.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                r.proc.kill()
-                r.proc.wait()
-        for lock in locks.values():
-            lock.release()
-        if js is not None:
-            js.close()
+            display.now([f"{lbl}/{step_name(c)}" for lbl, r in running.items() for c in children(r.proc.pid)])
+    finally:
         display.close()
-    if stats is not None:
-        wall = time.monotonic() - t_start
-        stats.update(wall_s=round(wall, 2), max_at_once=max_at_once, handovers=handovers, jobserver=js is not None,
-                     timeline={lbl: [round(t0 - t_start, 3), round(t1 - t_start, 3)]
-                               for lbl, (t0, t1) in timeline.items()},
-                     occupancy=round(min(1.0, busy_s / (slots_total * wall)), 3) if todo and wall > 0 else None)
+        _stop(running.values(), locks.values())
     return [results[j.label] for j in jobs]
+
+
+def _start(item, pending, running, results, locks, waiting_said, display, events, slots: int) -> bool:
+    """Start ``item``'s ninja under FlashInfer's per-module lock; whether it started."""
+    job, n = item
+    lock = _Nothing() if job.lock_path is None else modlock.try_take(job.lock_path)
+    if lock is None and (other := modlock.foreign_holder(job.lock_path)) is not None:
+        pending.remove(item)  # not waited for: another uid can hold it off for ever
+        display.total -= n
+        results[job.label] = Result(job.label, "failed", error=modlock.refusal(job.lock_path, job.label, other))
+        display.event(f"FAILED {job.label}: {results[job.label].error}")
+        return False
+    if lock is None:
+        if job.label not in waiting_said:
+            waiting_said.add(job.label)
+            display.event(f"{job.label}: waiting for another process building it (lock {job.lock_path})")
+        return False
+    pending.remove(item)
+    if job.label in waiting_said and not dry_run(job):  # the other process built it meanwhile
+        lock.release()
+        display.total -= n
+        results[job.label] = Result(job.label, "up to date")
+        display.event(f"up to date: {job.label} (built by another process meanwhile)")
+        return False
+    locks[job.label] = lock
+    running[job.label] = _Running(job, n, slots, events)
+    return True
+
+
+def _stop(running, locks) -> None:
+    """Stop every ninja's process group (SIGTERM: ninja stops its compilers; SIGKILL after
+    ``_STOP_S`` for all of them together), then release the locks (P6).  A second SIGTERM or
+    SIGHUP waits until this is done: it must not cut the clean-up short."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
+    try:
+        for r in running:
+            _killpg(r.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + _STOP_S
+        for r in running:
+            try:
+                r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _killpg(r.proc.pid, signal.SIGKILL)  # what is left of its group: compilers ninja left behind
+            r.proc.wait()
+        for lock in locks:
+            lock.release()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone
 
 
 def _fits(job: Job, mem_left: int | None, nothing_runs: bool) -> int:
@@ -313,10 +311,10 @@ def _fits(job: Job, mem_left: int | None, nothing_runs: bool) -> int:
     return max(1 if nothing_runs else 0, mem_left // job.mem)
 
 
-def _drain(events: queue.Queue, running: dict, results: dict, display: progress.Display, locks: dict,
-           timeout: float) -> bool:
+def _drain(events: queue.Queue, running: dict, results: dict, display: _Display, locks: dict,
+           timeout: float) -> None:
     """Handle ninja's output for up to ``timeout`` seconds, returning early once a step
-    finished or a module ended (a slot may be free); returns whether one did."""
+    finished or a module ended (a slot may be free)."""
     deadline = time.monotonic() + timeout
     freed = False
     while True:
@@ -324,7 +322,7 @@ def _drain(events: queue.Queue, running: dict, results: dict, display: progress.
             wait = 0.0 if freed else max(0.0, deadline - time.monotonic())
             r, line = events.get(timeout=wait) if wait > 0 else events.get_nowait()
         except queue.Empty:
-            return freed
+            return
         label = r.job.label
         if line is None:
             _finish(r, running, results, display, locks)
@@ -352,7 +350,7 @@ def _drain(events: queue.Queue, running: dict, results: dict, display: progress.
             del r.lines[:200]
 
 
-def _confirm(r: _Running, display: progress.Display) -> None:
+def _confirm(r: _Running, display: _Display) -> None:
     if r.pending is not None:
         display.done += 1
         what = step_name(r.pending)
@@ -361,7 +359,7 @@ def _confirm(r: _Running, display: progress.Display) -> None:
         r.pending = None
 
 
-def _finish(r: _Running, running: dict, results: dict, display: progress.Display, locks: dict) -> None:
+def _finish(r: _Running, running: dict, results: dict, display: _Display, locks: dict) -> None:
     rc = r.proc.wait()
     label = r.job.label
     if rc == 0:

@@ -256,7 +256,7 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
                 stats: dict | None = None, *, targets: int = 1, mem_limit: int | None = None,
                 mem_per_compile: int | None = None, env=None) -> list[dict]:
     """Write ninja files and build ``labelled`` ``(label, spec)`` pairs in one pool
-    (``stats`` as for :func:`pool.run_pool`, plus ``plan``: the jobs/memory plan).
+    (``stats`` gets ``plan``: the jobs/memory plan).
 
     Each module is admitted by its memory estimate (per family; ``mem_per_compile``
     overrides it) within the budget of :func:`.plan.plan`; a module built without a compiler
@@ -289,7 +289,7 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
         stats["plan"] = plan.to_dict()
     for line in plan.lines():
         stream.write(f"flashinfer-sm120: {line}\n")
-    results = pool.run_pool(job_list, plan.jobs, stream, stats, mem_budget=plan.budget)
+    results = pool.run_pool(job_list, plan.jobs, stream, mem_budget=plan.budget)
     launcher = os.environ.get("FLASHINFER_NVCC_LAUNCHER")
     out = []
     for (label, spec), res in zip(labelled, results):

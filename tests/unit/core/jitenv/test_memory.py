@@ -10,7 +10,7 @@ import types
 import pytest
 
 from flashinfer_sm120.core.jitenv import jobs, memory
-from flashinfer_sm120.warmup import jobserver, ninjacmd, plan, pool
+from flashinfer_sm120.warmup import ninjacmd, plan, pool
 
 MIB, GIB = 1 << 20, 1 << 30
 
@@ -186,13 +186,11 @@ def _peak_mb(log):
 def test_pool_admits_by_memory_heavy_and_light_share_the_budget(tmp_path):
     mods = [_module(tmp_path, "heavy1", 700, 1.0), _module(tmp_path, "heavy2", 700, 1.0)]
     mods += [_module(tmp_path, f"light{i}", 100, 0.4) for i in range(4)]
-    stats = {}
-    res = pool.run_pool(mods, 8, io.StringIO(), stats, mem_budget=1000 * MIB)
+    res = pool.run_pool(mods, 8, io.StringIO(), mem_budget=1000 * MIB)
     assert {r.status for r in res} == {"built"}
     assert _peak_mb(tmp_path / "steps.log") <= 1000  # never more than the budget at once
     log = (tmp_path / "steps.log").read_text().splitlines()
     assert log.index("start 100") < log.index("end 700")  # light ones ran beside a heavy one
-    assert stats["max_at_once"] >= 2 and len(stats["handovers"]) >= 1, stats
 
 
 def test_pool_starts_one_module_larger_than_the_budget(tmp_path):
@@ -216,10 +214,9 @@ def _ninjas():
 
 @pytest.mark.parametrize("ninja", _ninjas())
 def test_multi_step_modules_grow_into_freed_slots(tmp_path, monkeypatch, ninja):
-    """Ninja 1.13+ shares one jobserver (a module grows when another frees a slot); older
-    ninjas get a fixed -j each.  Either way: never more compiles than slots, all built."""
+    """Whatever the ninja release: never more compiles than slots, all built, and FlashInfer's
+    own ninja run finds nothing left to do."""
     monkeypatch.setattr(ninjacmd, "ninja_binary", lambda: ninja)
-    jobserver.cache_clear()
     log = tmp_path / "steps.log"
     mods = []
     for i in range(3):
@@ -233,12 +230,9 @@ def test_multi_step_modules_grow_into_freed_slots(tmp_path, monkeypatch, ninja):
         lines.append(f"build {d}/m.so: link {d}/s0.o {d}/s1.o {d}/s2.o")
         (d / "build.ninja").write_text("\n".join(lines) + "\n")
         mods.append(pool.Job(f"m{i}", d, d / "build.ninja"))
-    stats = {}
-    res = pool.run_pool(mods, 2, io.StringIO(), stats)
+    res = pool.run_pool(mods, 2, io.StringIO())
     assert {r.status for r in res} == {"built"}
     assert _peak_mb(log) <= 2  # compile steps at once, at most the slots
-    out = subprocess.run([ninja, "--version"], capture_output=True, text=True).stdout
-    assert stats["jobserver"] == (tuple(int(x) for x in out.split(".")[:2]) >= (1, 13))
     for d in mods:  # FlashInfer's own ninja run finds nothing to do
         again = subprocess.run([ninja, "-C", str(d.build_dir), "-f", str(d.ninja_path)], capture_output=True, text=True)
         assert "no work to do" in again.stdout

@@ -1,6 +1,6 @@
 """``kill -9``: temporary directories of a killed process are swept by the next one (P5, P6).
 
-``cache import`` unpacks into a temporary directory and the build pool makes its jobserver FIFO in one;
+``cache import`` unpacks into a temporary directory and a build makes its scratch directory in one;
 ``kill -9`` or the OOM killer skip the clean-up, so without the sweep each killed run would leave its
 directory in ``$TMPDIR`` for good (an import: up to its 32 GiB cap of unpacked files).
 """
@@ -19,13 +19,11 @@ from helpers import abandoned
 from helpers.untrusted import give_away, make_unsafe
 from flashinfer_sm120.errors import PlaceError
 from flashinfer_sm120.safety.fs import atomic, tmpdirs
-from flashinfer_sm120.warmup import jobserver
 
 KILLED = """
 import os, signal, sys
-from flashinfer_sm120.warmup import jobserver
-js = jobserver.Jobserver(2)
-print(js.dir, flush=True)
+from flashinfer_sm120.safety.fs import tmpdirs
+print(tmpdirs.make_private("flashinfer-sm120-killed-").path, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -44,8 +42,7 @@ def test_what_a_killed_build_left_is_swept_by_the_next(tmpdir_env):
     left = proc.stdout.strip()
     assert os.path.isdir(left) and left.startswith(str(tmpdir_env))
     abandoned(left)  # older than the grace a maker has to lock its directory
-    js = jobserver.Jobserver(2)
-    js.close()
+    tmpdirs.make_private("flashinfer-sm120-killed-").close()
     assert not os.path.exists(left)
     assert not os.listdir(tmpdir_env)
 
@@ -97,14 +94,12 @@ def test_temporary_files_follow_the_same_rule(tmpdir_env):
 
 @pytest.mark.parametrize("how", ["world-writable", "another user's"])
 def test_nothing_is_made_in_a_temporary_directory_another_uid_may_change(tmpdir_env, how):
-    """A build makes no jobserver FIFO in a TMPDIR another uid can change (not sticky) (P4, P5)."""
+    """A build makes no scratch files in a TMPDIR another uid can change (not sticky) (P4, P5)."""
     theirs = tmpdir_env / "theirs"
     theirs.mkdir()
     os.environ["TMPDIR"] = str(theirs)
     make_unsafe(theirs, how)
     with pytest.raises(PlaceError) as err:
-        jobserver.Jobserver(2)
-    assert str(theirs) in str(err.value) and "Fix: set TMPDIR" in str(err.value)
-    with pytest.raises(PlaceError):
         tmpdirs.make_private("x-")
+    assert str(theirs) in str(err.value) and "Fix: set TMPDIR" in str(err.value)
     assert os.listdir(theirs) == []
