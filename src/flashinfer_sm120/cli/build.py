@@ -120,7 +120,7 @@ def _build(args: argparse.Namespace) -> dict:
     if cache:
         print(cache["line"], file=sys.stderr)
     # an entry recorded as regenerable that this FlashInfer could not regenerate, or a refused line, is
-    # not built either (round 3: ok true, modules [] for such a manifest); one recorded as not
+    # not built either, and not ok (P8); one recorded as not
     # regenerable (a cute_dsl module) is named in cannot_regenerate only
     regenerable = {e.get("name") for e in entries if e.get("regenerable")}
     failed = (not_generated + [n for n, _ in skipped if n in regenerable]
@@ -137,7 +137,7 @@ def _build(args: argparse.Namespace) -> dict:
         targets_from=sess.targets_from, pool_wall_s=stats.get("wall_s"),
         modules=results, plan=stats.get("plan"), compiler_cache=cache,
         cannot_regenerate=[{"name": n, "why": w} for n, w in skipped],
-        refused_settings=list(buildopts.setup_of(sess).refused))  # built without these (round 5, P62)
+        refused_settings=list(buildopts.setup_of(sess).refused))  # built without these (P2, P8)
 
 
 def _cache_line(report: dict | None) -> dict | None:
