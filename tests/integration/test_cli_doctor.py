@@ -128,7 +128,7 @@ def test_a_new_check_is_one_line_and_its_warning_is_printed(monkeypatch):
         yield Finding(Level.PROBLEM, "y", "no toolkit fits:\n  /opt/cuda: nvcc 12.8 is too old", "pip install nvidia-cuda-nvcc")
 
     monkeypatch.setattr(diagnosis, "CHECKS", [on_lines])
-    assert doctor.render(_report())[0] == ("PROBLEM: no toolkit fits: /opt/cuda: nvcc 12.8 is too old. "
+    assert doctor.render(doctor_report())[0] == ("PROBLEM: no toolkit fits: /opt/cuda: nvcc 12.8 is too old. "
                                            "Fix: pip install nvidia-cuda-nvcc")
 
 
@@ -179,8 +179,8 @@ def test_long_paths_are_never_cut_and_the_verdict_is_one_whole_line():
     deep = "/" + "/".join(["a-checkout-with-a-long-name"] * 7)  # 196 characters
     root = f"{deep}/.venv/lib/python3.11/site-packages/nvidia/cu13"
     tk = {"root": root, "nvcc": f"{root}/bin/nvcc", "sources": ["pip"], "nvcc_full": "13.5.37"}
-    base = _report()
-    r = _report(candidates=[dict(base["candidates"][0], **tk)],
+    base = doctor_report()
+    r = doctor_report(candidates=[dict(base["candidates"][0], **tk)],
                 resolution=dict(base["resolution"], choice=dict(base["resolution"]["choice"], toolkit=tk)),
                 after=dict(base["after"], jit_dir=f"{deep}/cache/0.7.4/120f/nvcc13.5.37/cached_ops"),
                 before={"error": "ModuleNotFoundError(\"No module named 'flashinfer'\")"})
@@ -190,7 +190,7 @@ def test_long_paths_are_never_cut_and_the_verdict_is_one_whole_line():
     assert root in words and r["after"]["jit_dir"] in words
     assert "(ModuleNotFoundError(\"No" in words and "'flashinfer'\"))" in words
     python = f"{deep}/.venv/bin/python"
-    r = _report(flashinfer_installed=False, flashinfer=None, python=python)
+    r = doctor_report(flashinfer_installed=False, flashinfer=None, python=python)
     lines = _screen("\n".join(doctor.render(r)))
     assert lines[0] == f"PROBLEM: FlashInfer is not installed for {python}. Fix: pip install flashinfer-python"
 
