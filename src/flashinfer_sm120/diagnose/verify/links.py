@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import os
 
-from flashinfer_sm120.safety import formats
-from flashinfer_sm120.safety.formats.binary import proc_maps_paths, read_elf
+from flashinfer_sm120.safety.formats.binary import read_elf
 
-__all__ = ["static_problems", "cuda_libraries", "runtime_problems", "parse_maps"]
+__all__ = ["static_problems", "cuda_libraries", "runtime_problems"]
 
 def static_problems(path: str, *, view: str | None = None, cuda_major: int | None = None) -> tuple[dict, list[str]]:
     """``(facts, problems)`` of the module at ``path``: ``facts`` has ``needed``, ``rpath``,
@@ -71,7 +70,3 @@ def runtime_problems(before: set[str], after: set[str], *, view: str | None = No
         problems.append(f"the module loaded {a['libcudart']} while torch had {b['libcudart']}")
     return facts, problems
 
-
-def parse_maps(text: str, source: str = "/proc/self/maps") -> set[str]:
-    """Mapped file paths (through :func:`flashinfer_sm120.safety.formats.binary.proc_maps_paths`)."""
-    return proc_maps_paths(text, source)

@@ -270,7 +270,8 @@ def _torch_major() -> int | None:
 
 def _load(so: str, home: str, run: _Run, state: dict) -> str:
     from flashinfer_sm120.safety import proc
-    from flashinfer_sm120.diagnose.verify.links import parse_maps, runtime_problems
+    from flashinfer_sm120.diagnose.verify.links import runtime_problems
+    from flashinfer_sm120.safety.formats.binary import proc_maps_paths
 
     res = proc.run([sys.executable, "-c", _CHILD, so], timeout=run.left(), max_output=16 << 20)
     line = next((ln for ln in reversed(res.text().splitlines()) if ln.startswith("@@")), None)
@@ -280,8 +281,8 @@ def _load(so: str, home: str, run: _Run, state: dict) -> str:
     out = formats.loads_json(line[2:], "the smoke child's result")
     if not formats.field(out, "loaded", bool, "the smoke child's result", default=False):
         raise _Failed(f"loading the .so failed: {out.get('error')}")
-    facts, problems = runtime_problems(parse_maps(str(out.get("before", ""))), parse_maps(str(out.get("after", ""))),
-                                       view=home if _is_view(home) else None)
+    maps = [proc_maps_paths(str(out.get(k, "")), "/proc/self/maps") for k in ("before", "after")]
+    facts, problems = runtime_problems(*maps, view=home if _is_view(home) else None)
     if problems:
         raise _Failed("; ".join(problems))
     state["child"] = out
