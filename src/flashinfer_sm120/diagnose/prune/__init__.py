@@ -8,7 +8,7 @@ threat-model: P3 -- in use is what a process's lease says (:mod:`flashinfer_sm12
 takes it exclusively without waiting and keeps what it cannot take; a builder's lock held and ``/proc``
 (a second opinion) can only keep.  P2/P4 -- another uid's entry, a symlink, anything not under its root by
 its real path is kept.  Removal renames the directory aside, checks again, then deletes it without
-following links (:mod:`.tree`).
+following links (:mod:`flashinfer_sm120.diagnose.tree`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from flashinfer_sm120.safety import formats
 from flashinfer_sm120.safety.formats.binary import ninja_variables
 from flashinfer_sm120.safety.fs.statedir import cache_root, home_dir
 from flashinfer_sm120.core.facts.workspace import tag_for
-from flashinfer_sm120.diagnose.prune.tree import walk_tree
+from flashinfer_sm120.diagnose.tree import walk_tree
 
 __all__ = ["Entry", "DAY", "size_of", "fi_roots", "views_dir", "times", "scan_views", "workspaces", "scan_jit"]
 

@@ -11,7 +11,7 @@ import uuid
 from flashinfer_sm120.safety import formats
 from flashinfer_sm120.safety.formats.binary import proc_maps_paths
 from flashinfer_sm120.diagnose.prune.find import Entry
-from flashinfer_sm120.diagnose.prune.tree import remove_tree, walk_tree
+from flashinfer_sm120.diagnose.tree import remove_tree, walk_tree
 
 __all__ = ["under", "held_paths", "holder", "lock_free", "take_locks", "current_locks", "remove_entry",
            "remove_empty_parents", "sweep_leases"]

@@ -19,6 +19,7 @@ import sys
 
 from flashinfer_sm120.safety import formats
 from flashinfer_sm120.safety.formats.binary import cuda_elf_sm, parse_cuobjdump_headers, parse_cuobjdump_list, read_elf
+from flashinfer_sm120.diagnose.tree import walk_tree
 from flashinfer_sm120.diagnose.verify import targets as _targets
 
 __all__ = ["MODULE_CAP", "CUBIN_CAP", "find_cuobjdump", "module_targets", "check_module", "jit_modules",
@@ -176,7 +177,7 @@ def cubin_summary(cubin_dir: str, gpus: list[tuple[str, tuple[int, int]]]) -> di
     """Counts of cubins per SM under ``cubin_dir`` and whether any runs on each GPU."""
     counts: dict[str, int] = {}
     n = unreadable = 0
-    for root, dirs, files in os.walk(cubin_dir):  # os.walk follows no directory links
+    for root, dirs, files in walk_tree(cubin_dir):  # any depth (threat-model: P6), no link entered
         for f in files:
             if not f.endswith(".cubin"):
                 continue
