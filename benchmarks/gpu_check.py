@@ -417,6 +417,7 @@ def _sass_and_link(rep: Report, libs: list[str], home: str, targets: list[str], 
 
 def _gpu_runs(rep: Report, env: dict, home: str, jit_dir: str) -> None:
     from flashinfer_sm120.diagnose.verify import links
+    from flashinfer_sm120.safety.formats.binary import proc_maps_paths
 
     me = [sys.executable, os.path.abspath(__file__), "--child"]
     before = _snapshot(jit_dir)
@@ -438,9 +439,9 @@ def _gpu_runs(rep: Report, env: dict, home: str, jit_dir: str) -> None:
                                                                                           "expected"))
         rep.check(name, "pass" if c.get("pass") else "fail", detail, c.get("seconds"),
                   **{k: v for k, v in c.items() if k in ("counts", "expected", "max_abs_err")})
-    facts, problems = links.runtime_problems(links.parse_maps(cold.get("maps_before", "")),
-                                             links.parse_maps(cold.get("maps_after", "")), view=home)
-    loaded = sorted(p for p in links.parse_maps(cold.get("maps_after", "")) if p.startswith(os.path.realpath(jit_dir)))
+    before, after = (proc_maps_paths(cold.get(k, ""), "/proc/self/maps") for k in ("maps_before", "maps_after"))
+    facts, problems = links.runtime_problems(before, after, view=home)
+    loaded = sorted(p for p in after if p.startswith(os.path.realpath(jit_dir)))
     rep.check("runtime link", "fail" if problems else "pass", "; ".join(problems) or
               f"libcuda {', '.join(facts['libcuda'])}; libcudart {', '.join(facts['libcudart'])}", None,
               modules_loaded=loaded, compiled_at_first_call=compiled)

@@ -208,7 +208,7 @@ def _print_human(summary: dict) -> None:
     origin = f" ({summary['targets_from']})" if summary.get("targets_from") else ""
     print(f"nvcc: {summary['cuda_home']}/bin/nvcc (CUDA {summary['cuda_version']}); "
           f"targets {', '.join(summary['target_cuda_archs'])}{origin}")
-    from flashinfer_sm120.diagnose.prune import human
+    from flashinfer_sm120.cli.doctor_sections import human
 
     libs = [r["library"] for r in summary["modules"] if r.get("library")]
     where = os.path.dirname(os.path.dirname(libs[0])) if libs else None

@@ -199,7 +199,7 @@ def run_prune(args: argparse.Namespace) -> int:
 
 def _print_prune(report: dict, yes: bool) -> None:
     from flashinfer_sm120.safety.formats import printable
-    from flashinfer_sm120.diagnose.prune import human
+    from flashinfer_sm120.cli.doctor_sections import human
 
     # threat-model: P8 -- paths are names found on disk (in a shared workspace base others name
     # directories) and reasons quote them: a terminal shows them, never acts on them

@@ -167,7 +167,7 @@ def _with(r: dict) -> str:
 
 
 def _deploy(r: dict) -> list[str]:
-    from flashinfer_sm120.diagnose.prune import human
+    from flashinfer_sm120.cli.doctor_sections import human
 
     auto = r.get("autoload") or {}
     lines = [f"Autoload: enabled ({', '.join(auto['pth'])})" if auto.get("pth")
@@ -208,7 +208,6 @@ def _verbose(r: dict, d) -> list[str]:
     from flashinfer_sm120.cli import doctor_sections as sections
     from flashinfer_sm120.cli.enable import autoload_lines
     from flashinfer_sm120.core.jitenv import environ
-    from flashinfer_sm120.diagnose import prune
     from flashinfer_sm120.warmup import buildreport
 
     out = [_verdict(d)] + [ln for f in d.findings[1 if d.problems else 0:] for ln in wrap(_finding(f))]
@@ -266,7 +265,7 @@ def _verbose(r: dict, d) -> list[str]:
     out += [f"  {line}" for line in environ.describe(a.get("exported", {}))]
     for key, lines in (("ninja", sections.ninja_lines), ("servers", sections.servers_lines),
                        ("build_line", sections.build_line_lines), ("inventory", sections.inventory_lines),
-                       ("caches", prune.doctor_lines), ("builds", buildreport.doctor_lines)):
+                       ("caches", sections.caches_lines), ("builds", buildreport.doctor_lines)):
         section = r.get(key)
         if section is None:  # not collected (a report written by hand)
             continue

@@ -8,10 +8,10 @@ import os
 import textwrap
 
 from flashinfer_sm120.core.facts import buildline
-from flashinfer_sm120.diagnose.prune import human
 from flashinfer_sm120.safety.formats import plural, shown
 
-__all__ = ["WIDTH", "wrap", "ninja_lines", "servers_lines", "build_line_lines", "inventory_lines", "smoke_lines"]
+__all__ = ["WIDTH", "wrap", "ninja_lines", "servers_lines", "build_line_lines", "inventory_lines", "smoke_lines",
+           "human", "caches_lines"]
 
 #: Characters per line of the default report.  Text wraps at spaces only: a path, command or fix
 #: is never cut; one longer than this gets a line of its own (copied whole).
@@ -176,4 +176,26 @@ def smoke_lines(result: dict) -> list[str]:
         lines.append(f"  {s['name']:<10}  {s['status']:<7}  {s['seconds']:>5.1f} s  {s['detail']}")
         if s["output"]:
             lines += ["      " + ln for ln in s["output"].splitlines()]
+    return lines
+
+
+def human(n: int) -> str:
+    """``1.5 GiB``."""
+    v = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if v < 1024 or unit == "TiB":
+            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
+        v /= 1024
+    return f"{n} B"
+
+
+def caches_lines(section: dict) -> list[str]:
+    """:func:`flashinfer_sm120.diagnose.prune.doctor_section` as printed."""
+    lines = ["\nCaches:"]
+    for r in section["roots"]:
+        if r["path"]:
+            lines.append(f"  {r['what']}: {r['path']} ({human(r['bytes'])})")
+    if section["stale"]:
+        lines.append(f"  {plural(section['stale'], 'stale entry', 'stale entries')}, {human(section['stale_bytes'])}: "
+                     f"'flashinfer-sm120 cache prune' lists them, '... --yes' removes them")
     return lines

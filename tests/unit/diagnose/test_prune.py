@@ -177,7 +177,9 @@ def test_doctor_section_shows_the_size_of_both_caches(caches):
     paths = {r["what"]: r["path"] for r in section["roots"]}
     assert paths == {"flashinfer-sm120": str(caches["ours"]), "FlashInfer": str(caches["fi_root"])}
     assert section["stale"] == 5 and section["stale_bytes"] > 0
-    text = "\n".join(pr.doctor_lines(section))
+    from flashinfer_sm120.cli.doctor_sections import caches_lines
+
+    text = "\n".join(caches_lines(section))
     assert "5 stale entries" in text and "cache prune" in text
 
 

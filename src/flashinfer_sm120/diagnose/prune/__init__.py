@@ -1,36 +1,14 @@
-"""``flashinfer-sm120 cache prune``: what in the two caches is no longer used, and removing it.
+"""``flashinfer-sm120 cache prune``: which views and JIT workspaces are stale, and removing them.
 
-The two cache roots:
+Roots: ours (``cache_root()/cuda-home``), FlashInfer's (``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer``,
+``flashinfer/jit/env.py`` 0.7.4) and SGLang's (it sets ``FLASHINFER_WORKSPACE_BASE`` to ``$SGLANG_CACHE_DIR``,
+``sglang/srt/environ.py`` 0.5.23).  Why an entry may go: :mod:`.find`.
 
-* ours, :func:`flashinfer_sm120.safety.fs.statedir.cache_root`: ``cuda-home/<view>`` directories;
-* FlashInfer's, ``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer`` (else ``~/.cache/flashinfer``;
-  ``flashinfer/jit/env.py`` 0.7.4 ``FLASHINFER_CACHE_DIR``), and SGLang's, which sets
-  ``FLASHINFER_WORKSPACE_BASE`` to ``$SGLANG_CACHE_DIR`` (``~/.cache/sglang``) unless set
-  (``sglang/srt/environ.py`` ``third_party_cache_defaults``, SGLang 0.5.23).  JIT
-  workspaces are the directories holding ``cached_ops`` (``<version>/<arch>[/<nvcc tag>]``).
-
-What is stale (listed with the reason; removed with ``--yes``):
-
-* a view whose toolkit is gone (its nvcc no longer exists) or changed (nvcc replaced,
-  the curand headers gone), of an older layout, or whose metadata is damaged: no process
-  adopts such a view again (:func:`flashinfer_sm120.core.view.check_view`);
-* a JIT workspace whose toolkit is gone (the ``cuda_home`` its ``build.ninja`` names has no
-  ``bin/nvcc``) or changed (the nvcc tag no longer matches that toolkit), or whose
-  FlashInfer release is no longer installed where it was built from (the
-  ``.../flashinfer/data/include`` its ``build.ninja`` names is gone or holds another release);
-* with ``--older-than DAYS``, also anything not used for that long (last use: the newest
-  access or change of a module's ``.so``, or of a view's link stub).
-
-Never removed (``threat-model: P3``): what a running process uses.  Each process that uses a
-view or a JIT workspace holds its lease (:mod:`flashinfer_sm120.safety.fs.lease`); an entry whose lease
-cannot be taken exclusively without waiting is kept, and the lease is held while the entry goes.
-Also kept: a builder's lock held (``cuda-home/.lock`` as :mod:`flashinfer_sm120.core.view.build` takes
-it, FlashInfer's per-module ``cached_ops/tmp/<module>.lock``, ``flashinfer/jit/core.py``
-``JitSpec.lock_path``), and, as a second opinion from ``/proc`` that can only keep, never remove,
-a file mapped, a working directory, or a ``CUDA_HOME`` at exec of a process of this user; another user's
-directory, a symlink, anything not under a root by its real path.  Removal renames the
-directory to a hidden name beside it, then deletes it with :func:`shutil.rmtree`, which
-does not follow symlinks (and is used only where it is safe against symlink races).
+threat-model: P3 -- in use is what a process's lease says (:mod:`flashinfer_sm120.safety.fs.lease`): removal
+takes it exclusively without waiting and keeps what it cannot take; a builder's lock held and ``/proc``
+(a second opinion) can only keep.  P2/P4 -- another uid's entry, a symlink, anything not under its root by
+its real path is kept.  Removal renames the directory aside, checks again, then deletes it without
+following links (:mod:`flashinfer_sm120.diagnose.tree`).
 """
 
 from __future__ import annotations
@@ -43,9 +21,8 @@ from flashinfer_sm120.diagnose.prune.find import DAY, Entry, fi_roots, scan_jit,
 from flashinfer_sm120.safety.fs import lease
 from flashinfer_sm120.diagnose.prune.hold import (current_locks, held_paths, holder, lock_free, remove_empty_parents, remove_entry,
                    sweep_leases, take_locks, under)
-from flashinfer_sm120.safety.formats import plural
 
-__all__ = ["Entry", "fi_roots", "scan", "remove", "held_paths", "doctor_section", "doctor_lines", "size_of", "human"]
+__all__ = ["Entry", "fi_roots", "scan", "remove", "held_paths", "doctor_section", "size_of"]
 
 
 def scan(older_than_days: float | None = None, *, now: float | None = None) -> dict:
@@ -88,7 +65,7 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
             e.kept = "not under the cache root by its real path (a symlink on the way): never removed"
         elif (leased := lease.lease_state(e.path)):  # threat-model: P3 -- the lease is the answer; /proc only adds
             e.kept = leased
-        elif (held_by := holder(e, held)):
+        elif (held_by := holder(e.remove, held)):
             e.kept = held_by if held is None else f"in use: {held_by}"
         else:
             busy = [lk for lk in (e.locks if e.kind == "jit" else [view_lock]) if lk and not lock_free(lk)]
@@ -157,25 +134,3 @@ def doctor_section(report: dict) -> dict:
     """``doctor``'s ``caches`` section: the size of both caches and what ``cache prune`` would remove."""
     res = scan()
     return {"roots": res["roots"], "stale": res["stale"], "stale_bytes": res["stale_bytes"]}
-
-
-def human(n: int) -> str:
-    """``1.5 GiB``."""
-    v = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if v < 1024 or unit == "TiB":
-            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
-        v /= 1024
-    return f"{n} B"
-
-
-def doctor_lines(section: dict) -> list[str]:
-    """The ``caches`` section as ``doctor`` prints it."""
-    lines = ["\nCaches:"]
-    for r in section["roots"]:
-        if r["path"]:
-            lines.append(f"  {r['what']}: {r['path']} ({human(r['bytes'])})")
-    if section["stale"]:
-        lines.append(f"  {plural(section['stale'], 'stale entry', 'stale entries')}, {human(section['stale_bytes'])}: "
-                     f"'flashinfer-sm120 cache prune' lists them, '... --yes' removes them")
-    return lines

@@ -1,5 +1,6 @@
-"""Finding the views and JIT workspaces in the cache roots, and why each may go (see
-:mod:`flashinfer_sm120.diagnose.prune`).  Nothing here writes or takes a lock."""
+"""Finding the views and JIT workspaces in the cache roots, and why each may go: a view no process
+adopts again (:func:`flashinfer_sm120.core.view.check_view`), a workspace whose toolkit or FlashInfer
+release is gone or changed, or with ``--older-than`` anything unused that long.  Writes nothing."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from flashinfer_sm120.safety import formats
 from flashinfer_sm120.safety.formats.binary import ninja_variables
 from flashinfer_sm120.safety.fs.statedir import cache_root, home_dir
 from flashinfer_sm120.core.facts.workspace import tag_for
+from flashinfer_sm120.diagnose.tree import walk_tree
 
-__all__ = ["Entry", "DAY", "size_of", "home", "fi_roots", "views_dir", "times", "scan_views", "workspaces", "scan_jit"]
+__all__ = ["Entry", "DAY", "size_of", "fi_roots", "views_dir", "times", "scan_views", "workspaces", "scan_jit"]
 
 _TAG_RE = re.compile(r"^nvcc[0-9][0-9.]*-[0-9a-f]{8}$")
 _FI_INCLUDE_RE = re.compile(r"-isystem (\S+/flashinfer)/data/include(?:\s|$)")
@@ -40,10 +42,8 @@ class Entry:
 
 def size_of(path: str) -> int:
     """Bytes on disk under ``path`` (blocks, links not followed)."""
-    from flashinfer_sm120.diagnose.prune.tree import walk_tree
-
     total = 0
-    for root, dirs, files in walk_tree(path):  # os.walk recursed per level before Python 3.12
+    for root, dirs, files in walk_tree(path):
         for n in dirs + files:
             try:
                 total += os.lstat(os.path.join(root, n)).st_blocks * 512
@@ -56,11 +56,6 @@ def size_of(path: str) -> int:
     return total
 
 
-def home() -> str:
-    """``$HOME``, else the passwd entry's home (:func:`flashinfer_sm120.safety.fs.statedir.home_dir`), else ``/``."""
-    return home_dir() or "/"
-
-
 def fi_roots() -> list[str]:
     """FlashInfer's cache roots that exist, real paths, without repeats; a root reached through a level
     another uid owns or may change (a link planted in a shared workspace base) is not one: prune would
@@ -70,7 +65,7 @@ def fi_roots() -> list[str]:
 
     base = workspace_base()[0]
     sg = (os.environ.get("SGLANG_CACHE_DIR")
-          or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(home(), ".cache"), "sglang"))
+          or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(home_dir() or "/", ".cache"), "sglang"))
     out = []
     for r in (os.path.join(base, ".cache", "flashinfer"), os.path.join(sg, ".cache", "flashinfer")):
         if os.path.isdir(r) and os.path.realpath(r) not in out and trust_reason(r) is None:
@@ -96,7 +91,6 @@ def times(paths) -> float | None:
         t = max(st.st_atime, st.st_mtime)
         best = t if best is None else max(best, t)
     return best
-
 
 
 # ----------------------------------------------------------------------------- views
@@ -156,32 +150,27 @@ def _scan_view(e: os.DirEntry, ent: Entry) -> None:
 
 def workspaces(root: str, depth: int = 5) -> list[str]:
     """Directories under ``root`` that hold ``cached_ops`` (links not followed)."""
-    found, todo = [], [(root, 0)]
-    while todo:
-        d, level = todo.pop()
-        try:
-            entries = list(os.scandir(d))
-        except OSError:
-            continue
-        for e in entries:
-            if not e.is_dir(follow_symlinks=False) or e.name in ("generated", "tmp"):
-                continue
-            if e.name == "cached_ops":
-                if d != root:
-                    found.append(d)
-            elif level < depth:
-                todo.append((e.path, level + 1))
+    found, base = [], root.rstrip(os.sep).count(os.sep)
+    for d, dirs, _files in walk_tree(root):
+        if "cached_ops" in dirs and d != root:
+            found.append(d)
+        level = d.rstrip(os.sep).count(os.sep) - base
+        dirs[:] = [n for n in dirs if n not in ("cached_ops", "generated", "tmp")] if level < depth else []
     return sorted(found)
 
 
-def installed_flashinfer(pkg: str) -> str | None:
-    """Version of the FlashInfer distribution installed in ``pkg``'s site directory."""
+def _flashinfer_at(site: str | None):
+    """The release of flashinfer-python installed in ``site`` (``None``: this interpreter's), parsed;
+    ``(text, version)``, each ``None`` when absent or unreadable."""
     import importlib.metadata as md
 
-    for dist in md.distributions(path=[os.path.dirname(pkg)]):
-        if (dist.metadata.get("Name") or "").lower().replace("_", "-") == "flashinfer-python":
-            return dist.version
-    return None
+    dists = md.distributions(path=[site]) if site else md.distributions()
+    text = next((d.version for d in dists
+                 if (d.metadata.get("Name") or "").lower().replace("_", "-") == "flashinfer-python"), None)
+    try:
+        return text, formats.parse_version(text, "the installed FlashInfer's metadata") if text else None
+    except formats.FormatError:
+        return text, None
 
 
 def workspace_reason(ws: str, ops: str, rel: list[str], ent: Entry) -> str | None:
@@ -201,8 +190,8 @@ def workspace_reason(ws: str, ops: str, rel: list[str], ent: Entry) -> str | Non
         except formats.FormatError:
             pass
     if ninja_vars is None:
-        here = current_flashinfer()
-        if version and (here is None or version_of(here) != version):
+        here, parsed = _flashinfer_at(None)
+        if version and parsed != version:
             return f"no module built, and FlashInfer {version} is not installed here ({here or 'none'})"
         return None
     home = ninja_vars.get("cuda_home") or ""
@@ -212,8 +201,8 @@ def workspace_reason(ws: str, ops: str, rel: list[str], ent: Entry) -> str | Non
         pkg = m.group(1)
         if not os.path.isdir(pkg):
             return f"the FlashInfer that built it is gone ({pkg})"
-        now = installed_flashinfer(pkg)
-        if version and now and version_of(now) != version:
+        now, parsed = _flashinfer_at(os.path.dirname(pkg))
+        if version and now and parsed != version:
             return f"FlashInfer {version} is no longer installed ({pkg} now holds {now})"
     if home and not os.path.isfile(os.path.join(home, "bin", "nvcc")):
         return f"its toolkit is gone ({home}/bin/nvcc no longer exists)"
@@ -226,22 +215,6 @@ def workspace_reason(ws: str, ops: str, rel: list[str], ent: Entry) -> str | Non
         if tk.nvcc and tag_for(tk) != tag:
             return f"its toolkit changed ({tag} was built by an nvcc that is now {tag_for(tk)})"
     return None
-
-
-def version_of(text: str):
-    try:
-        return formats.parse_version(text, "the installed FlashInfer's metadata")
-    except formats.FormatError:
-        return None
-
-
-def current_flashinfer() -> str | None:
-    import importlib.metadata as md
-
-    try:
-        return md.version("flashinfer-python")
-    except md.PackageNotFoundError:
-        return None
 
 
 def scan_jit(root: str) -> list[Entry]:

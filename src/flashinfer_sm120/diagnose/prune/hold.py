@@ -11,7 +11,7 @@ import uuid
 from flashinfer_sm120.safety import formats
 from flashinfer_sm120.safety.formats.binary import proc_maps_paths
 from flashinfer_sm120.diagnose.prune.find import Entry
-from flashinfer_sm120.diagnose.prune.tree import remove_tree, walk_tree
+from flashinfer_sm120.diagnose.tree import remove_tree, walk_tree
 
 __all__ = ["under", "held_paths", "holder", "lock_free", "take_locks", "current_locks", "remove_entry",
            "remove_empty_parents", "sweep_leases"]
@@ -39,14 +39,10 @@ BLIND = ("cannot tell which processes use it: /proc does not show this process (
 
 
 def held_paths() -> dict[str, int] | None:
-    """The second opinion (it can keep an entry, never remove one: the lease decides, see
-    :mod:`flashinfer_sm120.safety.fs.lease`; ``environ`` is the environment at exec, so a ``CUDA_HOME``
-    exported later is not here, and an idle process maps nothing of its view).
-
-    ``{path: pid}`` of files mapped, working directories and ``CUDA_HOME``/``CUDA_PATH``
-    of this user's other processes (``/proc``; every process's when run as root); ``None`` when
-    ``/proc`` does not list this very process (not mounted, or another PID namespace's): then
-    nobody's use can be seen, and nothing may be called unused (it was: an empty answer)."""
+    """The second opinion, which can keep an entry, never remove one (threat-model: P3; the lease
+    decides): ``{path: pid}`` of files mapped, working directories and ``CUDA_HOME``/``CUDA_PATH`` at
+    exec of this user's other processes (every process's as root); ``None`` when ``/proc`` does not
+    list this very process (another PID namespace): then nothing may be called unused."""
     out: dict[str, int] = {}
     me, uid = os.getpid(), os.geteuid()
     try:
@@ -75,10 +71,11 @@ def held_paths() -> dict[str, int] | None:
     return out
 
 
-def holder(ent: Entry, held: dict[str, int] | None) -> str | None:
+def holder(paths: list[str], held: dict[str, int] | None) -> str | None:
+    """Which process of ``held`` (:func:`held_paths`) uses something under one of ``paths``."""
     if held is None:
         return BLIND
-    for target in ent.remove:
+    for target in paths:
         real = os.path.realpath(target)
         for p, pid in held.items():
             if p == real or p.startswith(real + "/"):
@@ -87,8 +84,7 @@ def holder(ent: Entry, held: dict[str, int] | None) -> str | None:
 
 
 def lock_free(path: str) -> bool:
-    """Whether nobody holds ``path``'s flock: probed on a read-only descriptor, so nothing is
-    created, truncated or changed."""
+    """Whether nobody holds ``path``'s flock (a read-only probe: creates nothing)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:  # no lock: nobody holds it
@@ -124,8 +120,7 @@ def take_locks(paths: list[str]):
 
 
 def current_locks(e: Entry) -> list[str]:
-    """The module locks of a JIT workspace *now* (``cached_ops/tmp/*.lock``): a module first
-    built after the scan has a lock the scan did not see."""
+    """The module locks of a JIT workspace *now*: a module first built after the scan has one too."""
     if e.kind != "jit":
         return []
     tmp = os.path.join(e.path, "cached_ops", "tmp")
@@ -137,28 +132,20 @@ def current_locks(e: Entry) -> list[str]:
 
 
 def _busy(moved: str, own: frozenset[str]) -> str | None:
-    """Why ``moved`` (a directory just renamed away) must go back: a lock under it that someone
-    else holds (``own``: names of the locks this process holds), or a process working in it or
-    mapping a file of it (``/proc`` paths follow a rename)."""
+    """Why ``moved`` (just renamed away) must go back: a module lock under it another holds (``own``:
+    those this process holds), or a process using it (``/proc`` paths follow a rename)."""
     for dirpath, dirs, files in walk_tree(moved):
         if os.path.basename(dirpath) == "tmp":
             for n in files:
                 if n.endswith(".lock") and n not in own and not lock_free(os.path.join(dirpath, n)):
                     return f"a running process holds {n} (building or loading that module)"
             dirs[:] = []
-    held = held_paths()
-    if held is None:
-        return BLIND
-    for p, pid in held.items():
-        if p == moved or p.startswith(moved + "/"):
-            return f"process {pid} uses {p}"
-    return None
+    return holder([moved], held_paths())
 
 
 def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
-    """Remove ``e``: each directory is renamed to a hidden name beside it, checked again (a
-    build may have started since the scan: a module lock taken, a process working in it), put
-    back when in use, else deleted.  ``own``: names of the module locks this process holds."""
+    """Remove ``e``: each directory is renamed aside, checked again (a build may have started since
+    the scan), put back when in use, else deleted.  ``own``: names of the module locks held here."""
     gone = 0
     for target in e.remove:
         if not os.path.lexists(target):  # another prune (or the user) removed it since the scan
@@ -183,7 +170,7 @@ def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
                            f"({exc.strerror or exc}); left there")
             return
         try:
-            remove_tree(hidden)  # shutil.rmtree recursed per level before Python 3.13
+            remove_tree(hidden)
         except OSError as exc:
             e.error = f"{hidden}: {exc.strerror or exc}"
             return
@@ -194,8 +181,8 @@ def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
 
 
 def sweep_leases(directory: str) -> None:
-    """Remove the lease files in ``directory`` whose directory is gone and that nobody holds (a
-    process that found its view removed while it waited leaves one behind)."""
+    """Remove the lease files in ``directory`` whose directory is gone and that nobody holds (left by
+    a process that found its view removed while it waited)."""
     from flashinfer_sm120.safety.fs import lease
 
     try:
@@ -212,8 +199,7 @@ def sweep_leases(directory: str) -> None:
 
 
 def remove_empty_parents(e: Entry) -> None:
-    """Remove the directories above a removed entry that are empty now, up to its root (after its
-    lease file went: a lease file of another entry keeps its directory)."""
+    """Remove the directories above a removed entry that are empty now, up to its root."""
     parent = os.path.dirname(e.remove[0])
     while parent != e.root and under(e.root, parent):
         try:

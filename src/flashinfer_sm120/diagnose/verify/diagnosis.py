@@ -1,13 +1,7 @@
-"""``doctor``'s conclusions, as data: a verdict, what FlashInfer alone would do, and findings.
-
-Read from the report of :func:`flashinfer_sm120.diagnose.verify.report.collect` (and its sections); only
-:mod:`flashinfer_sm120.cli.doctor` turns them into lines.  Branch on :class:`Level` and
-:attr:`Finding.code`, never on the text.
-
-To add a warning: write ``def _check_x(report) -> Iterable[Finding]`` here (or in the domain module
-the fact belongs to) and add it to :data:`CHECKS`; one line.  A finding of level
-:attr:`Level.PROBLEM` makes the verdict PROBLEM (and ``doctor`` exit 1); the first problem is the
-verdict line.
+"""``doctor``'s conclusions, as data: a verdict, what FlashInfer alone would do, and findings, judged
+from :func:`flashinfer_sm120.diagnose.verify.report.collect`'s report; :mod:`flashinfer_sm120.cli.doctor`
+renders them.  Branch on :class:`Level` and :attr:`Finding.code`, never on the text.  A check is one
+entry of :data:`CHECKS`; a PROBLEM makes the verdict PROBLEM (``doctor`` exits 1).
 """
 
 from __future__ import annotations
@@ -31,14 +25,8 @@ class Level(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Finding:
-    """One thing ``doctor`` found.
-
-    Attributes:
-        level: see :class:`Level`.
-        code: a stable name (``no-targets``, ``guard``...) for scripts and tests.
-        text: what is wrong, one sentence, no trailing period.
-        fix: what to do, or ``None``.
-    """
+    """One thing ``doctor`` found: ``code`` a stable name for scripts, ``text`` one sentence without a
+    trailing period, ``fix`` what to do."""
 
     level: Level
     code: str

@@ -1,25 +1,12 @@
 """What FlashInfer will load, and whether the visible GPUs can run it.
 
-Places, in the order FlashInfer 0.7.4 looks (``flashinfer/jit/core.py``
-``JitSpec.try_load``/``build_and_load``, ``flashinfer/jit/env.py``):
-
-1. ``flashinfer-jit-cache`` (and ``flashinfer/data/aot``): an AOT module found there is
-   loaded *instead of* JIT-building one.  0.7.4 reads the package's providers
-   (``FLASHINFER_AOT_PROVIDERS``, each with ``jit_cache_dir``, ``modules`` and the
-   ``cuda_architectures`` it declares); older releases one ``FLASHINFER_AOT_DIR``.
-2. ``flashinfer-cubin``: prebuilt cubins (``FLASHINFER_CUBIN_DIR``: the variable, else the
-   package when its version matches, else ``<cache>/cubins``), for kernels such as
-   trtllm-gen that are not JIT-built.
-3. the JIT directory (``FLASHINFER_JIT_DIR``, per toolkit with flashinfer-sm120).
-
-The directories are taken from FlashInfer's own module state (``flashinfer.jit.env``),
-so they are exactly what it computed, version checks included.  For each module the
-SASS and PTX targets in its fatbin come from ``cuobjdump --list-elf --list-ptx`` and
-its fatbin headers (``cuobjdump FILE``: ``arch = sm_120f``) when a trusted cuobjdump is
-found (the chosen toolkit's, the pip ``nvidia-cuda-cuobjdump`` wheel's, then ``PATH``);
-without one, the ELF section headers say whether there is device code at all, and the
-targets are reported as unknown.  Cubins are summarised by the SM number in their ELF
-header (:func:`flashinfer_sm120.safety.formats.binary.cuda_elf_sm`).
+In the order FlashInfer 0.7.4 looks (``flashinfer/jit/core.py`` ``JitSpec.try_load``, ``jit/env.py``):
+``flashinfer-jit-cache`` (and ``flashinfer/data/aot``), whose AOT module is loaded *instead of* a JIT
+build (0.7.4: ``FLASHINFER_AOT_PROVIDERS``; older: ``FLASHINFER_AOT_DIR``); ``flashinfer-cubin``
+(``FLASHINFER_CUBIN_DIR``) for kernels that are not JIT-built; then the JIT directory.  The
+directories come from FlashInfer's own ``flashinfer.jit.env``.  A module's SASS/PTX targets come from
+a trusted ``cuobjdump`` (``--list-elf --list-ptx``, and its headers for the a/f suffix); without one,
+the ELF sections say only whether there is device code.  Cubins are summarised by their ELF header's SM.
 """
 
 from __future__ import annotations
@@ -32,6 +19,7 @@ import sys
 
 from flashinfer_sm120.safety import formats
 from flashinfer_sm120.safety.formats.binary import cuda_elf_sm, parse_cuobjdump_headers, parse_cuobjdump_list, read_elf
+from flashinfer_sm120.diagnose.tree import walk_tree
 from flashinfer_sm120.diagnose.verify import targets as _targets
 
 __all__ = ["MODULE_CAP", "CUBIN_CAP", "find_cuobjdump", "module_targets", "check_module", "jit_modules",
@@ -189,7 +177,7 @@ def cubin_summary(cubin_dir: str, gpus: list[tuple[str, tuple[int, int]]]) -> di
     """Counts of cubins per SM under ``cubin_dir`` and whether any runs on each GPU."""
     counts: dict[str, int] = {}
     n = unreadable = 0
-    for root, dirs, files in os.walk(cubin_dir):  # os.walk follows no directory links
+    for root, dirs, files in walk_tree(cubin_dir):  # any depth (threat-model: P6), no link entered
         for f in files:
             if not f.endswith(".cubin"):
                 continue

@@ -1,26 +1,17 @@
 """What a built module is linked against, and what it loaded at run time.
 
-FlashInfer links every JIT module with ``-L$cuda_home/lib64 -L$cuda_home/lib64/stubs
--lcudart -lcuda`` (``flashinfer/jit/cpp_ext.py`` ``generate_ninja_build_for_op``,
-0.6.7 - 0.7.4).  The ``libcuda.so`` there is a link stub (NVIDIA's, or the view's:
-:mod:`flashinfer_sm120.core.view.stub`); what must load at run time is the driver's
-``libcuda.so.1`` and the one ``libcudart`` torch already loaded.  So, from the file
-(:func:`static_problems`): no unversioned ``NEEDED libcuda.so`` (a stub without
-``SONAME``), no ``RPATH``/``RUNPATH`` into a ``stubs`` directory or a view (the stub would
-be loaded instead of the driver), and a ``libcudart.so.<major>`` of torch's CUDA major;
-and from ``/proc/self/maps`` after loading (:func:`runtime_problems`): ``libcuda.so.1``
-mapped from outside any stub directory and the view, one ``libcudart`` only, the one
-mapped before the module was loaded when torch had one.
+FlashInfer links every JIT module with ``-L$cuda_home/lib64/stubs -lcudart -lcuda``
+(``flashinfer/jit/cpp_ext.py`` ``generate_ninja_build_for_op``, 0.6.7 - 0.7.4): the ``libcuda.so``
+there is a link stub; what must load is the driver's ``libcuda.so.1`` and torch's one ``libcudart``.
 """
 
 from __future__ import annotations
 
 import os
 
-from flashinfer_sm120.safety import formats
-from flashinfer_sm120.safety.formats.binary import proc_maps_paths, read_elf
+from flashinfer_sm120.safety.formats.binary import read_elf
 
-__all__ = ["static_problems", "cuda_libraries", "runtime_problems", "parse_maps"]
+__all__ = ["static_problems", "cuda_libraries", "runtime_problems"]
 
 def static_problems(path: str, *, view: str | None = None, cuda_major: int | None = None) -> tuple[dict, list[str]]:
     """``(facts, problems)`` of the module at ``path``: ``facts`` has ``needed``, ``rpath``,
@@ -79,7 +70,3 @@ def runtime_problems(before: set[str], after: set[str], *, view: str | None = No
         problems.append(f"the module loaded {a['libcudart']} while torch had {b['libcudart']}")
     return facts, problems
 
-
-def parse_maps(text: str, source: str = "/proc/self/maps") -> set[str]:
-    """Mapped file paths (through :func:`flashinfer_sm120.safety.formats.binary.proc_maps_paths`)."""
-    return proc_maps_paths(text, source)

@@ -56,21 +56,9 @@ os._exit(0)
 
 
 def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
-    """What unpatched FlashInfer computes, from a child process with the shim off.
-
-    FlashInfer alone runs ``<its CUDA home>/bin/nvcc --version`` at import (its
-    own lookup, :func:`flashinfer_sm120.core.toolkit.flashinfer_naive_root`).  When
-    the trust policy refuses that nvcc (:func:`flashinfer_sm120.safety.trust.trace`:
-    any link, wrapper or directory on the way owned or writable by another
-    user), the child is not started: the result is ``{"error": "not run: ...",
-    "skipped": reason}``.  Otherwise the child runs under
-    :func:`flashinfer_sm120.safety.proc.run` (``timeout`` + 60 s for the whole call,
-    output capped, FlashInfer's hung nvcc and anything it detached killed).
-
-    Returns:
-        A dict with ``cuda_home``, ``cuda_version``, ``target_cuda_archs`` and
-        ``jit_dir``, or ``error`` (and ``skipped`` when not run).
-    """
+    """What unpatched FlashInfer computes (``cuda_home``, ``cuda_version``, ``target_cuda_archs``,
+    ``jit_dir``, or ``error``), from a child with the shim off.  FlashInfer alone runs its nvcc at
+    import: when the trust policy refuses a program it would run, no child starts (``skipped``)."""
     from flashinfer_sm120.safety import proc
     from flashinfer_sm120.core.toolkit import flashinfer_naive_root
     from flashinfer_sm120.safety.trust import trace

@@ -1,26 +1,11 @@
-"""``flashinfer-sm120 doctor --smoke``: build a tiny kernel exactly as FlashInfer builds its
-modules, and run it when a GPU is visible; a clear pass/fail naming the failing step.
+"""``flashinfer-sm120 doctor --smoke``: a tiny kernel built exactly as FlashInfer builds its modules,
+and run when a GPU is visible; pass/fail naming the failing step (:data:`STEPS`, one deadline).
 
-Steps (each gets what is left of one deadline, :data:`SMOKE_TIMEOUT_S` by default):
-
-``toolkit``
-    the choice of :mod:`flashinfer_sm120.core.patch` (FlashInfer patched, targets known).
-``generate``
-    FlashInfer's own ``gen_jit_spec`` (its nvcc and C++ flags) and
-    ``generate_ninja_build_for_op`` (``flashinfer/jit/core.py``, ``flashinfer/jit/cpp_ext.py``,
-    0.7.4): the ``build.ninja`` a FlashInfer module gets, with ``cuda_home``, the
-    ``-gencode`` of the chosen targets and ``-L$cuda_home/lib64/stubs -lcudart -lcuda``;
-    only its output directory is moved to a private scratch directory.
-``compile``, ``link``
-    the ninja the export gives FlashInfer's ``run_ninja`` (:mod:`flashinfer_sm120.core.toolkit.ninja`), object
-    first, then the ``.so``.
-``link check``
-    the ``.so``'s ``NEEDED``/``RPATH`` (:func:`flashinfer_sm120.diagnose.verify.links.static_problems`)
-    and, with a cuobjdump, SASS for every chosen target.
-``load``, ``run``
-    only when a GPU is visible: a child Python imports torch, initialises CUDA, loads the
-    ``.so`` with :mod:`ctypes` (it must get the driver's ``libcuda.so.1`` and torch's
-    ``libcudart``) and runs the kernel on 4096 floats, checking every result.
+``generate`` uses FlashInfer's own ``gen_jit_spec`` and ``generate_ninja_build_for_op``
+(``flashinfer/jit/core.py``, ``cpp_ext.py``, 0.7.4), only the output directory moved to a private
+scratch directory; ``compile``/``link`` run the ninja the export gives FlashInfer's ``run_ninja``;
+``link check`` reads ``NEEDED``/``RPATH`` and, with a cuobjdump, SASS per target; ``load``/``run`` (GPU
+only) load the ``.so`` in a child with :mod:`ctypes` after torch and check 4096 results.
 """
 
 from __future__ import annotations
@@ -285,7 +270,8 @@ def _torch_major() -> int | None:
 
 def _load(so: str, home: str, run: _Run, state: dict) -> str:
     from flashinfer_sm120.safety import proc
-    from flashinfer_sm120.diagnose.verify.links import parse_maps, runtime_problems
+    from flashinfer_sm120.diagnose.verify.links import runtime_problems
+    from flashinfer_sm120.safety.formats.binary import proc_maps_paths
 
     res = proc.run([sys.executable, "-c", _CHILD, so], timeout=run.left(), max_output=16 << 20)
     line = next((ln for ln in reversed(res.text().splitlines()) if ln.startswith("@@")), None)
@@ -295,8 +281,8 @@ def _load(so: str, home: str, run: _Run, state: dict) -> str:
     out = formats.loads_json(line[2:], "the smoke child's result")
     if not formats.field(out, "loaded", bool, "the smoke child's result", default=False):
         raise _Failed(f"loading the .so failed: {out.get('error')}")
-    facts, problems = runtime_problems(parse_maps(str(out.get("before", ""))), parse_maps(str(out.get("after", ""))),
-                                       view=home if _is_view(home) else None)
+    maps = [proc_maps_paths(str(out.get(k, "")), "/proc/self/maps") for k in ("before", "after")]
+    facts, problems = runtime_problems(*maps, view=home if _is_view(home) else None)
     if problems:
         raise _Failed("; ".join(problems))
     state["child"] = out

@@ -1,30 +1,11 @@
-"""Which compiled code runs on which GPU: the rules as data, nothing read from outside.
+"""Which compiled code runs on which GPU, as data.
 
-SASS (``sm_XY``, cubins) is machine code for one compute capability family:
-
-=========  ===========================================================  ==============
-target     runs on                                                      verdict
-=========  ===========================================================  ==============
-sm_XYa     exactly compute capability X.Y ("arch-specific")             ``exact``
-sm_XYf     X.Z with Z >= Y, same major ("family-specific")              ``exact`` if Z == Y,
-sm_XY      X.Z with Z >= Y, same major                                  else ``compatible``
-=========  ===========================================================  ==============
-
-PTX (``compute_XY``) is compiled by the driver at load time (``jit``): ``compute_XYa``
-only for X.Y, ``compute_XYf`` for the same major from X.Y on, plain ``compute_XY`` for
-every later GPU.
-
-Sources: FlashInfer 0.7.4 ``flashinfer/jit/_cuda_architecture.py``
-(``cuda_binary_target_compatibility_score``: "Architecture-specific ``a`` targets
-require an exact compute capability. Unsuffixed and family-specific ``f`` targets are
-forward compatible within their compute-capability major"), the CUDA C++ Programming
-Guide ("Binary Compatibility", "PTX Compatibility") and the CUDA 12.9 release notes
-(family-specific targets).
-
-``compatible`` code for SM 12.1 built for SM 12.0 is legal, but FlashInfer builds
-``sm_121a`` for SM121 since 0.6.12 because SM120 code there has raised
-``cudaErrorIllegalInstruction`` and given wrong results (FlashInfer issue 3294):
-:func:`caution` says so.
+SASS ``sm_XYa`` runs only on X.Y; ``sm_XYf`` and ``sm_XY`` on X.Z with Z >= Y (``exact`` when Z == Y,
+else ``compatible``).  PTX (``jit``): ``compute_XYa`` only X.Y, ``compute_XYf`` the same major from X.Y
+on, ``compute_XY`` every later GPU.  Sources: FlashInfer 0.7.4 ``jit/_cuda_architecture.py``
+(``cuda_binary_target_compatibility_score``), the CUDA C++ Programming Guide, CUDA 12.9 release notes.
+SM 12.1 running SM 12.0 code is legal, but FlashInfer builds ``sm_121a`` since 0.6.12 because such
+code gave wrong results there (FlashInfer issue 3294): :func:`caution`.
 """
 
 from __future__ import annotations

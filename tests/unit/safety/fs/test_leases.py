@@ -246,7 +246,7 @@ def test_a_chooser_that_finds_the_view_being_removed_waits_then_builds_it_anew(w
     import threading
 
     from flashinfer_sm120.safety.fs import lease, statedir
-    from flashinfer_sm120.diagnose.prune.tree import remove_tree
+    from flashinfer_sm120.diagnose.tree import remove_tree
     from flashinfer_sm120.core.toolkit import inspect
     from flashinfer_sm120.core.view import linkable_home
 

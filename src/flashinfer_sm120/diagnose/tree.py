@@ -1,10 +1,7 @@
-"""Walking and removing directory trees of any depth.
-
-``os.walk`` (before Python 3.12) and ``shutil.rmtree`` (before 3.13) recurse once per directory
-level, so a JIT directory holding a tree 1,000 levels deep (a runaway build script, or anyone who
-can write there) ended ``cache prune`` in a ``RecursionError`` traceback and ``doctor`` with "caches:
-could not be checked".  These keep an explicit stack instead; neither follows a symlink.
-"""
+"""Walking and removing directory trees of any depth (threat-model: P6): ``os.walk`` (before Python
+3.12) and ``shutil.rmtree`` (before 3.13) recurse per level, so a tree 1,000 levels deep in a JIT
+directory ended ``cache prune`` in a ``RecursionError``.  These keep an explicit stack and follow no
+symlink."""
 
 from __future__ import annotations
 
@@ -18,9 +15,8 @@ _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLL
 
 
 def walk_tree(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
-    """``(dirpath, dirnames, filenames)`` like ``os.walk(top)`` (top-down: clearing ``dirnames``
-    prunes), without recursion; symlinks are listed as files, never entered; unreadable or
-    too-long paths are skipped."""
+    """``os.walk(top)`` without recursion (clearing ``dirnames`` prunes); symlinks are listed as
+    files, never entered; unreadable paths are skipped."""
     stack = [top]
     while stack:
         path = stack.pop()
@@ -39,16 +35,10 @@ def walk_tree(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
 
 
 def remove_tree(path: str) -> None:
-    """Remove the directory ``path`` and all under it, whatever its depth.
-
-    Every step is relative to an open directory descriptor and every directory is entered with
-    ``O_NOFOLLOW``, so no symlink is followed (a link is unlinked, never entered), as with
-    ``shutil.rmtree``'s safe variant; one descriptor is open at a time (a level is left through
-    ``..`` and its directory found again by inode), so depth costs neither stack nor descriptors.
-
-    Raises:
-        OSError: as the file system reports it; what was removed so far stays removed.
-    """
+    """Remove the directory ``path`` and all under it, whatever its depth, like ``shutil.rmtree``'s
+    safe variant: each step relative to a descriptor, each directory entered with ``O_NOFOLLOW``; one
+    descriptor open at a time (a level is left through ``..`` and found again by inode).  Raises
+    OSError; what was removed stays removed."""
     parent = os.open(os.path.dirname(path) or ".", _DIR_FLAGS & ~getattr(os, "O_NOFOLLOW", 0))
     fd = None
     try:
