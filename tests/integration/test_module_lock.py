@@ -13,7 +13,8 @@ pytestmark = needs_flashinfer
 
 
 def test_build_names_another_uids_holder_of_a_module_lock_instead_of_waiting(clean_env, tmp_path):
-    """Round 3: ``build`` waited silently, without end, on a module lock another uid held."""
+    """``build`` names another uid holding a module lock and stops, instead of waiting silently
+    without end (P8)."""
     tk = make_toolkit(tmp_path / "cuda-13.0", "13.0.88", curand=True)
     with reachable_dir() as base:
         env = dict(clean_env, CUDA_HOME=str(tk), FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0",

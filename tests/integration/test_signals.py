@@ -1,10 +1,10 @@
-"""Fourth attack round, signals: a ``build`` stopped by SIGTERM or SIGHUP (``kill``, ``systemctl stop``
-of a unit that signals only the main process, a closed terminal) leaves nothing running.
+"""Signals: a ``build`` stopped by SIGTERM or SIGHUP (``kill``, ``systemctl stop`` of a unit that
+signals only the main process, a closed terminal) leaves nothing running (P5, P6).
 
-Failed before its fix: the pool's clean-up ran on Ctrl-C only; SIGTERM's default action ended Python
-at once, so ninja and its compilers went on building into the module's directory, with FlashInfer's
-per-module lock already released: the next ``build`` (or the server's JIT) ran a second ninja on the
-same directory beside them.
+The pool's clean-up must run on every such signal, not on Ctrl-C only: were SIGTERM's default action
+to end Python at once, ninja and its compilers would go on building into the module's directory with
+FlashInfer's per-module lock already released, and the next ``build`` (or the server's JIT) would run
+a second ninja on the same directory beside them.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def test_ctrl_c_cleans_up_and_prints_no_traceback():
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_command_with_json_stopped_by_a_signal_prints_its_one_document(sig):
-    """Round 3 (second fresh attack): ``build --json`` stopped by SIGTERM or Ctrl-C printed nothing on stdout."""
+    """``build --json`` stopped by SIGTERM or Ctrl-C still prints its one JSON document on stdout (P8)."""
     code = ("import json, os, signal, sys, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "from flashinfer_sm120 import cli\nfrom flashinfer_sm120.cli import status\n"
             f"def run(args):\n    os.kill(os.getpid(), {int(sig)})\n    time.sleep(60)\n    return 0\n"

@@ -213,8 +213,8 @@ def test_an_entry_whose_lease_would_lie_in_another_uids_directory_is_never_remov
 
 
 def test_a_root_reached_through_another_uids_link_in_a_shared_base_is_not_pruned(tmp_path, monkeypatch):
-    """Round 3 (fourth fresh attack): in a shared FLASHINFER_WORKSPACE_BASE (1777), another uid's link
-    ``.cache/flashinfer`` into the victim's home made ``prune --yes`` remove directories outside the tree."""
+    """In a shared FLASHINFER_WORKSPACE_BASE (1777), another uid's link ``.cache/flashinfer`` into the
+    victim's home is not followed: ``prune --yes`` removes no directory outside the tree (P2, P3)."""
     if os.geteuid() != 0:
         pytest.skip("needs root to own a link as another uid")
     from flashinfer_sm120.diagnose.prune import find

@@ -1,8 +1,8 @@
-"""Fourth attack round, ``cache prune`` and ``doctor`` on deep trees.
+"""``cache prune`` and ``doctor`` on deep trees stay bounded and tell what they did (P6, P8).
 
-Failed before its fix: ``os.walk`` (Python < 3.12) and ``shutil.rmtree`` (< 3.13) recurse once per
-directory level, so a JIT directory holding a tree 1,500 levels deep ended ``cache prune`` in a
-``RecursionError`` traceback (and ``doctor`` said "caches: could not be checked").
+``os.walk`` (Python < 3.12) and ``shutil.rmtree`` (< 3.13) recurse once per directory level, so a
+JIT directory holding a tree 1,500 levels deep must not end ``cache prune`` in a ``RecursionError``
+traceback (nor make ``doctor`` say "caches: could not be checked").
 """
 
 from __future__ import annotations

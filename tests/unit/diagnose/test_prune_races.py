@@ -1,5 +1,5 @@
-"""Third attack round, ``cache prune``: races with builds that start after the scan, a view a
-kept workspace builds with, and directories it cannot read.  Each test failed before its fix."""
+"""``cache prune`` removes nothing in use (P3): races with builds that start after the scan, a view a
+kept workspace builds with, and directories it cannot read."""
 
 from __future__ import annotations
 

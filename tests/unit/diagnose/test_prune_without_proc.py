@@ -1,9 +1,9 @@
-"""Fifth attack round: ``cache prune`` where ``/proc`` cannot show who uses a cache entry.
+"""``cache prune`` where ``/proc`` cannot show who uses a cache entry removes nothing in use (P3).
 
-Failed before its fix: with no ``/proc`` (a sandbox, a container without it) or a ``/proc`` of
-another PID namespace (prune run from a sidecar container sharing the cache volume, not the
-server's processes), the in-use check found nobody and ``cache prune --yes`` removed views and JIT
-workspaces that running servers use: an empty answer counted as "nobody".
+With no ``/proc`` (a sandbox, a container without it) or a ``/proc`` of another PID namespace (prune
+run from a sidecar container sharing the cache volume, not the server's processes), an in-use check
+would find nobody; ``cache prune --yes`` must still keep views and JIT workspaces that running
+servers use: an empty answer never counts as "nobody".
 """
 
 from __future__ import annotations

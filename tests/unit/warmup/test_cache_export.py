@@ -82,7 +82,7 @@ def test_both_export_forms_refuse_a_directory_another_user_controls(tmp_path, na
     out = theirs / name
     with pytest.raises(BuildError, match="not safe to export into") as err:
         cache_export.export([], _session(), str(out))
-    assert err.value.fix == "export to a new path in a directory of your own"  # round 5 (P29): JSON fix ""
+    assert err.value.fix == "export to a new path in a directory of your own"  # P8: the JSON fix is never empty
     assert str(err.value).count("Fix:") == 1
     assert not out.exists() and [p.name for p in theirs.iterdir()] == []
 

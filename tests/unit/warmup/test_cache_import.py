@@ -211,8 +211,9 @@ def test_a_fingerprint_with_more_targets_than_a_manifest_entry_is_refused_naming
 
 
 def test_a_python_without_tarfile_filters_refuses_archives_with_the_fix(tmp_path, monkeypatch):
-    """Round 6 (F1): on Python 3.11.2 (Debian 12) ``cache import ARCHIVE`` crashed with ``TypeError:
-    extract() got an unexpected keyword argument 'filter'`` and printed no JSON."""
+    """On a Python without tarfile filters (3.11.2, Debian 12) ``cache import ARCHIVE`` refuses with
+    the fix instead of crashing with ``TypeError: extract() got an unexpected keyword argument
+    'filter'`` and printing no JSON (P8)."""
     from helpers.exports import as_archive, make_export
     src = as_archive(make_export(tmp_path / "exp", {"jit/m/m.so": b"so"}), tmp_path / "exp.tar.gz")
     meta = cache_import.check(str(src), cache_export.Limits())
@@ -424,8 +425,8 @@ def test_a_module_that_carries_no_library_is_refused_before_flashinfer_generates
 
 
 def test_a_stale_import_names_the_path_absent_here(tmp_path):
-    """Round 6 (F4): an import made stale by another Python's include directory was cut at 300
-    characters before the flag that differs, naming neither the value nor a fix."""
+    """An import made stale by another Python's include directory names the path absent here, even
+    past 300 characters of flags, rather than a message cut before the flag that differs (P8)."""
     here = tmp_path / "include"
     here.mkdir()
     gone = "/opt/other-python/include/python3.11"

@@ -34,7 +34,8 @@ def test_a_wait_for_our_own_holder_is_told_and_ends_when_it_lets_go(tmp_path):
 
 
 def test_a_lock_held_by_another_uid_is_refused_at_once():
-    """Round 3: ``build`` waited without end and without a word on a module lock another uid held."""
+    """A module lock another uid holds is refused at once, with a word, instead of waited on without
+    end (P8)."""
     said: list[str] = []
     with reachable_dir() as d:
         path = modlock.lock_path(d, "sampling")

@@ -1,7 +1,7 @@
-"""Fifth attack round: ninja's output as the build pool reads it.
+"""Ninja's output as the build pool reads it is bounded input (P6).
 
-Failed before its fix: ninja passes the compilers' output through, and a line of theirs shaped like
-a status line (``[<5000 digits>/1] x``) ended ``build`` in a ``ValueError`` traceback from ``int()``
+Ninja passes the compilers' output through, so a line of theirs shaped like a status line
+(``[<5000 digits>/1] x``) must not end ``build`` in a ``ValueError`` traceback from ``int()``
 (Python's 4300-digit limit for integer strings).
 """
 

@@ -111,8 +111,8 @@ def _with_sleep(value: str) -> list[int]:
 
 
 def test_a_killed_build_leaves_no_ninja_or_compiler_running(tmp_path):
-    """Round 3 (fresh attack): after ``kill -9`` of ``build``, its ninja and compilers ran on, orphaned,
-    and compiled the same module beside the next build."""
+    """After ``kill -9`` of ``build``, its ninja and compilers do not run on, orphaned, compiling the
+    same module beside the next build (P5, P6)."""
     import signal
     import sys
 
