@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
+
 from helpers.prune import listing, prune
 
 from flashinfer_sm120.diagnose.tree import remove_tree, walk_tree
@@ -34,24 +36,36 @@ def _deep(top, depth=DEPTH) -> None:
         os.close(fd)
 
 
-def test_prune_sizes_and_removes_a_tree_deeper_than_the_recursion_limit(caches):
+@pytest.fixture
+def deep():
+    """:func:`_deep`, and every tree it made removed at the end, pass or fail: pytest's own clean-up of
+    old tmp dirs uses ``shutil.rmtree``, which this depth breaks before Python 3.13, so a tree left
+    behind would end a later test run in a RecursionError."""
+    made = []
+
+    def make(top) -> None:
+        made.append(os.path.join(str(top), "a"))
+        _deep(str(top))
+
+    yield make
+    for path in made:
+        if os.path.lexists(path):
+            remove_tree(path)
+
+
+def test_prune_sizes_and_removes_a_tree_deeper_than_the_recursion_limit(caches, deep):
     c = caches
     stale, current = c["ws"]["release gone"], c["ws"]["current"]
-    _deep(str(stale / "cached_ops" / "sampling"))
-    _deep(str(current / "cached_ops" / "sampling"))
-    try:
-        got = listing(c)
-        assert got[str(stale)]["reason"] and got[str(current)]["reason"] is None
-        proc = prune(c, "--yes")
-        out = proc.stdout + proc.stderr
-        assert "Traceback" not in out and proc.returncode == 0, out[-3000:]
-        assert not stale.exists()
-        assert (current / "cached_ops" / "sampling" / "a").is_dir()  # kept whole
-        assert os.path.isdir("/etc")  # the link at the bottom was unlinked, not followed
-    finally:  # pytest's own clean-up of old tmp dirs uses shutil.rmtree, which this depth breaks
-        for top in (stale, current):
-            if (top / "cached_ops" / "sampling" / "a").exists():
-                remove_tree(str(top / "cached_ops" / "sampling" / "a"))
+    deep(stale / "cached_ops" / "sampling")
+    deep(current / "cached_ops" / "sampling")
+    got = listing(c)
+    assert got[str(stale)]["reason"] and got[str(current)]["reason"] is None
+    proc = prune(c, "--yes")
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out and proc.returncode == 0, out[-3000:]
+    assert not stale.exists()
+    assert (current / "cached_ops" / "sampling" / "a").is_dir()  # kept whole
+    assert os.path.isdir("/etc")  # the link at the bottom was unlinked, not followed
 
 
 def test_remove_tree_follows_no_link_and_walk_tree_enters_none(tmp_path):
@@ -91,11 +105,11 @@ def test_an_entry_another_prune_removed_first_is_not_a_failure(caches):
         assert e.removed and "another process" in e.reason, (e.kind, e.removed, e.kept, e.remove)
 
 
-def test_doctor_counts_cubins_beside_a_tree_deeper_than_the_recursion_limit(tmp_path):
+def test_doctor_counts_cubins_beside_a_tree_deeper_than_the_recursion_limit(tmp_path, deep):
     """``cubin_summary`` walked ``FLASHINFER_CUBIN_DIR`` with ``os.walk``: a RecursionError on Python < 3.12."""
     from flashinfer_sm120.diagnose.verify import inventory
 
     (tmp_path / "x.cubin").write_bytes(b"not an ELF file")
-    _deep(str(tmp_path))
+    deep(tmp_path)
     summary = inventory.cubin_summary(str(tmp_path), [("GPU 0 (12.0)", (12, 0))])
     assert summary["cubins"] == 1 and summary["unreadable"] == 1
