@@ -67,7 +67,8 @@ def test_export_by_name_imports_on_an_empty_workspace_without_compiling(built):
 @slow
 @pytest.mark.parametrize("form", ["dir", "x.tar.gz"])
 def test_export_obeys_max_bytes_in_both_forms(built, form):
-    """Regression: a directory export bypassed --max-bytes (120 MiB of sparse files past a 64M cap)."""
+    """`cache export` obeys --max-bytes in both forms, a directory as an archive: a module padded with 120 MiB
+    of sparse files against a 64M cap is a limit error and nothing is written (P6, P7)."""
     env, _log, name, tmp = built
     so = next(Path(env["FLASHINFER_WORKSPACE_BASE"]).rglob(f"{name}/{name}.so"))
     with open(so.parent / "padding.bin", "wb") as fh:  # exported with the module's files

@@ -75,7 +75,8 @@ def _result(proc, timeout=300) -> dict:
 
 @pytest.mark.parametrize("form", ["directory", "archive"])
 def test_max_bytes_holds_for_both_forms_before_anything_is_written(clean_env, tmp_path, form):
-    """Regression: a directory export bypassed --max-bytes (120 MiB of sparse files written past a 64M cap)."""
+    """--max-bytes holds for a directory export as for an archive: 120 MiB of sparse files against a 64M cap
+    is refused before anything is written (P6, P7)."""
     src = make_export(tmp_path / "exp", {"jit/m/m.so": 60 << 20, "jit/m/a.o": 60 << 20})
     if form == "archive":
         src = as_archive(src, tmp_path / "exp.tar.gz")
@@ -112,8 +113,9 @@ def _race(env, src, tmp_path, rounds=3):
 
 @pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 def test_importers_in_separate_pid_namespaces_both_succeed(clean_env, tmp_path):
-    """Regression: part files were named `.{name}.import-{pid}` and unlinked in `finally` by whoever
-    failed; two containers (both pid 1) importing one export into a shared JIT dir both failed."""
+    """Two containers (both pid 1) importing one export into a shared JIT dir both succeed: part files must
+    not be named by pid (`.{name}.import-{pid}` collides across pid namespaces), and only their creator
+    removes them, never whichever importer failed (P5)."""
     files = {f"jit/m/p{i}.o": os.urandom(1 << 20) * 8 for i in range(4)}
     files["jit/m/m.so"] = os.urandom(1 << 20) * 8
     src = make_export(tmp_path / "exp", files)
@@ -132,8 +134,8 @@ def test_importers_in_separate_pid_namespaces_both_succeed(clean_env, tmp_path):
 
 @pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 def test_a_kill_9_leftover_part_file_does_not_fail_the_next_import(clean_env, tmp_path):
-    """Regression: a part file left by a killed importer (pid 1 in its container) made the next one fail
-    with EEXIST; it is not this importer's file, so it is left alone."""
+    """A part file left by a killed importer (pid 1 in its container) must not make the next import fail
+    with EEXIST; it is not this importer's file, so it is left alone (P5)."""
     src = make_export(tmp_path / "exp", {"jit/m/m.so": b"module"})
     probe = _result(_run(clean_env, tmp_path / "none", 1))  # where the JIT dir is
     jit = Path(probe["jit_dir"]) / "m"
@@ -174,10 +176,10 @@ def test_import_waits_for_flashinfers_module_lock(clean_env, tmp_path):
 
 @pytest.mark.parametrize("form", ["directory", "archive"])
 def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
-    """Regression: FlashInfer's per-module lock was taken before the refusal was decided, so an export
-    whose modules are all refused (no manifest entry: nothing of it is installed) still created
-    ``cached_ops/tmp/<name>.lock`` for every module it named, up to 10,000 names of its choosing
-    (threat-model: P4, check then create)."""
+    """An export whose modules are all refused (no manifest entry: nothing of it is installed) creates nothing
+    in the JIT dir: FlashInfer's per-module lock is taken only once the refusal is decided, so no
+    ``cached_ops/tmp/<name>.lock`` is made for any of up to 10,000 names of the export's choosing
+    (P4, check then create)."""
     from flashinfer_sm120.safety.fs.tmpdirs import make_private
     from flashinfer_sm120.warmup import cache_export, cache_import, session
 
@@ -230,9 +232,9 @@ print("@@" + json.dumps({"report": report, "jit": sorted(os.listdir(jit)) if jit
 
 
 def test_an_honest_entry_that_carries_no_library_is_refused_before_anything_is_made(clean_env, tmp_path):
-    """Regression: an export whose modules carry no file (honest manifest entries, up to 10,000 of
-    them) was 'installed': each made a module directory with FlashInfer's build.ninja in the JIT dir and
-    ran ninja twice, then was reported stale; nothing of the export was installed.  threat-model: P4, P6"""
+    """An export whose modules carry no file (honest manifest entries, up to 10,000 of them) is refused before
+    anything is made: it must not be 'installed' by making a module directory with FlashInfer's
+    build.ninja in the JIT dir and running ninja twice per module, only to be reported stale (P4, P6)."""
     proc = subprocess.run([sys.executable, "-c", EMPTY_MODULES, str(tmp_path / "exp"), "64", "96"], env=clean_env,
                           capture_output=True, text=True, timeout=300)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("@@")]

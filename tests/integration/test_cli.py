@@ -175,9 +175,9 @@ def test_plural():
     ["doctor", "--json", "--bogus"],
 ])
 def test_a_usage_error_with_json_still_prints_one_json_document(argv, capsys):
-    """Regression: a value argparse refuses (``--older-than nan``, ``--max-bytes zz``, an unknown
-    option) ended ``--json`` commands with the usage on stderr and nothing on stdout; a script parsing
-    stdout got no document.  threat-model: P8 (exactly one JSON document for every outcome)"""
+    """A value argparse refuses (``--older-than nan``, ``--max-bytes zz``, an unknown option) still ends a
+    ``--json`` command with exactly one JSON document on stdout and the usage on stderr: a script parsing
+    stdout must never be left with no document (P8)."""
     from flashinfer_sm120.cli import main
 
     try:

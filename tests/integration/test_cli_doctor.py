@@ -215,7 +215,8 @@ def _with_build_line(report: dict) -> dict:
 
 def test_a_build_line_variable_and_modules_warmed_with_other_values_are_warnings_on_the_default_screen(
         monkeypatch, tmp_path):
-    """Regression: FLASHINFER_JIT_VERBOSE=1 and the modules it makes rebuild were shown under --verbose only."""
+    """A build-line variable set (FLASHINFER_JIT_VERBOSE=1) and the modules it makes rebuild are warnings on
+    doctor's default screen, not shown under --verbose only (P8)."""
     from flashinfer_sm120.core.facts import buildline
 
     for v in buildline.BUILD_VARS:
@@ -238,7 +239,8 @@ def test_a_build_line_variable_and_modules_warmed_with_other_values_are_warnings
 
 
 def test_a_toolkit_whose_version_file_disagrees_with_its_nvcc_is_a_warning_with_the_fix(tmp_path, cache_dir):
-    """Regression: Toolkit.disagreement was in doctor --json only."""
+    """A toolkit whose version.json disagrees with its nvcc is a warning with the fix on doctor's screen, not
+    in ``doctor --json`` only (P1)."""
     from flashinfer_sm120.core.toolkit import inspect
     from helpers.toolkits import lying_toolkit
 
@@ -274,8 +276,9 @@ def test_sglangs_own_targets_are_a_note_on_the_default_screen(tmp_path, monkeypa
 
 @needs_root
 def test_doctor_as_root_with_a_users_home_refuses_to_import_flashinfer_there(shared_tmp):
-    """Regression: doctor imported FlashInfer (twice: itself and the FlashInfer-alone child), which
-    made a root-owned ~/.cache/flashinfer in the user's home under sudo -E; status already asked first."""
+    """doctor as root with a user's HOME (sudo -E) refuses to import FlashInfer there, itself or in the
+    FlashInfer-alone child, so no root-owned ~/.cache/flashinfer is made in that home; it asks first, as
+    status does, and says the fix (P4)."""
     home = user_home(shared_tmp)
     env = home_env(home, shared_tmp / "tmp")
     env.pop("FLASHINFER_WORKSPACE_BASE", None)

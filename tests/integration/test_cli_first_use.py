@@ -41,9 +41,9 @@ def test_doctor_without_torch_or_flashinfer_says_not_installed_and_fails(hiding)
 
 
 def test_doctor_from_a_venv_at_a_long_path_keeps_the_verdict_and_its_fix_on_line_1(hiding, tmp_path):
-    """Regression: with the checkout at a long path the verdict wrapped at 120 columns and line 1 lost
-    its fix.  The venv here is this one, seen from a 170-character directory (as ``python -m venv``
-    makes it: ``pyvenv.cfg`` next to ``bin``), with a cache directory as long."""
+    """With the checkout at a long path, line 1 of doctor's verdict keeps its fix: the verdict must not wrap at
+    120 columns and lose it.  The venv here is this one, seen from a 170-character directory (as ``python -m
+    venv`` makes it: ``pyvenv.cfg`` next to ``bin``), with a cache directory as long (P8)."""
     import shutil
     import sys
 

@@ -87,7 +87,8 @@ def test_every_command_line_with_json_prints_exactly_one_json_document(stubbed, 
     (["status", "--json", "--nope"], "error"),
 ])
 def test_a_refused_command_line_with_json_is_the_commands_failure_document(stubbed, argv, field):
-    """Regression: argparse's usage errors printed on stderr only, and stdout had no JSON."""
+    """A command line argparse refuses, given --json, prints the command's failure document on stdout, not
+    the usage on stderr only (P8)."""
     rc, out, err = _run(argv)
     doc = json.loads(out)
     assert rc == 2 and doc[field], doc
@@ -96,7 +97,7 @@ def test_a_refused_command_line_with_json_is_the_commands_failure_document(stubb
 
 
 def test_build_list_json_is_a_document_of_the_modules():
-    """Regression: build --list --json printed the text list."""
+    """``build --list --json`` prints a JSON document of the modules, not the text list (P8)."""
     from flashinfer_sm120.warmup.modules import NAMES
 
     rc, out, _ = _run(["build", "--list", "--json"])

@@ -25,8 +25,9 @@ def _result(proc):
 
 @needs_flashinfer
 def test_an_empty_workspace_base_writes_nothing_into_the_working_directory(tmp_path, clean_env):
-    """Regression: FLASHINFER_WORKSPACE_BASE= made FlashInfer's Path("") the working directory, and a
-    .cache/flashinfer and flashinfer_jit.log were written into the checkout."""
+    """An empty FLASHINFER_WORKSPACE_BASE= writes nothing into the working directory: FlashInfer's Path("")
+    must not make it the base, with .cache/flashinfer and flashinfer_jit.log written into the checkout; the
+    workspace is under HOME (P4)."""
     cwd, home = tmp_path / "cwd", tmp_path / "home"
     cwd.mkdir()
     home.mkdir()

@@ -130,8 +130,8 @@ def test_json_names_where_the_targets_came_from(clean_env, real_nvcc13):
 
 @needs_root
 def test_build_as_root_with_a_users_home_refuses_before_importing_flashinfer(shared_tmp):
-    """Regression: build imported FlashInfer, which made a root-owned ~/.cache/flashinfer in the user's
-    home under sudo -E (status already checked first)."""
+    """build as root with a user's HOME (sudo -E) refuses before importing FlashInfer, so no root-owned
+    ~/.cache/flashinfer is made in that home; it checks first, as status does, and says the fix (P4)."""
     home = user_home(shared_tmp)
     env = home_env(home, shared_tmp / "tmp")
     env.pop("FLASHINFER_WORKSPACE_BASE", None)

@@ -51,7 +51,8 @@ def _run(tmp_path, trigger, extra_path=()):
 
 @pytest.mark.parametrize("trigger", ["wrapt", "filelock", "packaging"])
 def test_a_trigger_the_package_imports_itself_runs_once(tmp_path, trigger):
-    """Regression: a trigger that flashinfer_sm120 imports (wrapt, filelock, packaging) was executed twice."""
+    """A trigger that flashinfer_sm120 imports itself (wrapt, filelock, packaging) is executed once, never
+    twice (P1)."""
     got, proc = _run(tmp_path, trigger)
     assert got["loaded"], proc.stderr  # the trigger did load flashinfer_sm120
     assert got["twice"] == {}, got

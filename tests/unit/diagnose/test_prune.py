@@ -184,9 +184,9 @@ def test_doctor_section_shows_the_size_of_both_caches(caches):
 
 
 def test_a_lease_file_that_cannot_be_told_keeps_the_entry_and_says_so(caches):
-    """Regression: a workspace whose lease file was a symlink (planted, or left by a tool) was kept,
-    as it must be, but listed as "in use: a running process holds its lease": no process did, and
-    the fix (remove the link) was not said.  threat-model: P3 (kept), P8 (told, not guessed)"""
+    """A workspace whose lease file is a symlink (planted, or left by a tool) is kept, and listed as such with
+    the fix (remove the link), never as "in use: a running process holds its lease" when no process does
+    (P3 kept, P8 told, not guessed)."""
     from flashinfer_sm120.safety.fs import lease
 
     c = caches

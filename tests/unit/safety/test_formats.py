@@ -416,10 +416,10 @@ def test_parse_command_words():
 @pytest.mark.parametrize("name", ["evil\x1b]2;pwned\x07\x1b[2J.tar", "x\r\x9b31m.tar", "a\u202egpj.tar", "a\x7fb"])
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])
 def test_a_refusal_never_carries_what_a_terminal_would_act_on(tmp_path, capsys, name, json_flag):
-    """Regression: a refusal quoting an archive's name printed it raw: a file named with escape
-    sequences (``cache import downloads/*.tar``) retitled the terminal, cleared the screen or, with a
-    bidirectional override, showed another name.  Escaped on stderr and in the JSON document; newlines
-    and tabs of multi-line messages kept.  threat-model: P8"""
+    """A refusal quoting an archive's name never carries what a terminal would act on: a file named with
+    escape sequences (``cache import downloads/*.tar``) must not retitle the terminal, clear the screen or,
+    with a bidirectional override, show another name.  Escaped on stderr and in the JSON document; newlines
+    and tabs of multi-line messages kept (P8)."""
     import io
     import re
     import tarfile
@@ -443,8 +443,8 @@ def test_a_refusal_never_carries_what_a_terminal_would_act_on(tmp_path, capsys, 
 
 @pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 def test_doctor_shows_a_module_name_found_on_disk_without_acting_on_it(clean_env, tmp_path):
-    """Regression: ``doctor`` listed the JIT modules FlashInfer would load with their directory names
-    raw: a module directory named with escape sequences retitled the terminal.  threat-model: P8"""
+    """``doctor`` lists the JIT modules FlashInfer would load with their directory names escaped: a module
+    directory named with escape sequences must not retitle the terminal (P8)."""
     import glob
 
     from helpers.child import cli

@@ -58,8 +58,9 @@ def _file(name, data=b"x", pax=None):
 
 
 def test_the_450MB_bzip2_bomb_named_tar_is_refused_by_its_magic_bytes(clean_env, tmp_path):
-    """Regression: a 430-byte bzip2 ``cache.tar`` declaring 450 MB of zeros kept `cache import` busy
-    past 120 s (stream mode accepted any compression, and skipping bzip2 data is quadratic)."""
+    """A 430-byte bzip2 ``cache.tar`` declaring 450 MB of zeros is refused by its magic bytes: stream mode
+    must not accept any compression, since skipping bzip2 data is quadratic and would keep `cache import`
+    busy past 120 s (P6)."""
     src = tmp_path / "cache.tar"
     src.write_bytes(BOMB.read_bytes())
     proc = cli(["cache", "import", str(src), "--json"], dict(clean_env, FAKE_GPU_CAPS=""), timeout=60)
@@ -170,10 +171,10 @@ def test_mutated_archives_give_only_our_error(tmp_path, flips, cut, gz):
 
 
 def test_gzip_members_that_unpack_to_nothing_are_capped_on_the_compressed_bytes(tmp_path, monkeypatch):
-    """Regression: a .tar.gz of many empty gzip members before the real one (gzip reads concatenated
-    members as one stream) was read whole inside one read of the decompressor: no byte came out, so
-    neither the unpacked-bytes cap nor the time cap (checked between reads) ever saw it; 40 MB of
-    them took 8 s a pass and the file's size was capped by nothing.  threat-model: P6"""
+    """Empty gzip members before the real one in a .tar.gz (gzip reads concatenated members as one stream)
+    are capped on the compressed bytes: one read of the decompressor can take them all with no byte
+    out, so neither the unpacked-bytes cap nor the time cap (checked between reads) sees them; uncapped,
+    40 MB of them take 8 s a pass and the file's size is bounded by nothing (P6)."""
     monkeypatch.setattr(cache_export, "MAX_META_BYTES", 4096)
     limits = cache_export.Limits(max_total=4096, max_members=4)
     empty = gzip.compress(b"", mtime=0)
@@ -186,8 +187,8 @@ def test_gzip_members_that_unpack_to_nothing_are_capped_on_the_compressed_bytes(
 
 
 def test_a_file_at_the_deepest_path_meta_json_lists_is_a_member_too(tmp_path):
-    """Regression: meta.json lists paths of up to 16 parts, and a member is the top folder and such
-    a path: the deepest listed file was refused as a member, "not a plain relative path"."""
+    """A file at the deepest path meta.json may list (16 parts under the top folder) is a member, not "not a
+    plain relative path" (P6)."""
     rel = "generated/" + "/".join(["d"] * 14) + "/f.cu"
     assert len(rel.split("/")) == 16
     src = tmp_path / "x.tar"
@@ -198,9 +199,9 @@ def test_a_file_at_the_deepest_path_meta_json_lists_is_a_member_too(tmp_path):
 
 
 def test_a_fingerprint_with_more_targets_than_a_manifest_entry_is_refused_naming_the_archive(tmp_path):
-    """Regression: meta.json's fingerprint could list 4096 targets: `cache import` printed them all
-    ("using the archive's targets ...", 21 kB on one line), then refused a "--arch" 21529 characters
-    long that the user never gave.  Now the archive is refused, naming its field."""
+    """A meta.json fingerprint listing more targets than a manifest entry may (4096) is refused naming the
+    archive's field: `cache import` must not print them all ("using the archive's targets ...", 21 kB on
+    one line), nor refuse a "--arch" 21529 characters long that the user never gave (P6, P8)."""
     obj = json.loads(_meta())
     obj["fingerprint"]["targets"] = ["12.0"] * 4096
     src = tmp_path / "x.tar"

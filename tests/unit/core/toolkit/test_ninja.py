@@ -202,9 +202,9 @@ def test_real_debian_and_wheel_ninjas_rebuild_each_others_work(tmp_path, capsys,
     b"\x08\x00\x00\x00/x.o\xff\xff\xff\xff" + b"\x08\x00\x00\x80" + bytes(8) + b"\x08\x00\x00\x00/y.o\xfe\xff\xff\xff",
 ])
 def test_a_malformed_deps_record_in_an_imported_ninja_deps_is_left_alone(tmp_path, record):
-    """Regression: ``.ninja_deps`` travels in a `cache import` export; a deps record shorter than its
-    output id and mtime made restamp raise ``struct.error`` (a traceback out of `cache import`), or
-    write the mtime over the next record.  Such a log is not one ninja wrote: left untouched."""
+    """A ``.ninja_deps`` that travels in a `cache import` export with a deps record shorter than its output
+    id and mtime is not one ninja wrote, so restamp leaves it untouched: it must not raise ``struct.error``
+    (a traceback out of `cache import`) nor write the mtime over the next record (P6)."""
     import struct
 
     from flashinfer_sm120.warmup import ninjadeps

@@ -12,7 +12,8 @@ from helpers.toolkits import lying_toolkit, make_toolkit
 
 
 def test_a_version_file_that_disagrees_with_nvcc_is_a_finding(tmp_path, cache_dir):
-    """Regression: version.json saying 13.0.88 beside an nvcc 12.8 was believed."""
+    """A version.json saying 13.0.88 beside an nvcc 12.8 is a finding, not believed: the version is nvcc's
+    (P1)."""
     from flashinfer_sm120.core.toolkit import VersionDisagreement, inspect
 
     runs = tmp_path / "runs"
@@ -57,7 +58,8 @@ print("@@" + json.dumps({"jit": str(env.FLASHINFER_JIT_DIR), "mode": st["mode"],
 
 @needs_flashinfer
 def test_a_lying_version_file_neither_passes_as_correct_nor_names_the_workspace(tmp_path, clean_env):
-    """Regression: reported 'already resolves correctly' and tagged the workspace nvcc13.0.88."""
+    """A lying version file neither passes as 'already resolves correctly' nor tags the workspace
+    nvcc13.0.88 (P1)."""
     root = lying_toolkit(tmp_path / "cuda", says="12.8.93", file_says="12.8.93")
     (root / "version.json").write_text(json.dumps({"cuda_nvcc": {"version": "13.0.88"}}))
     (root / "include" / "cuda_runtime_api.h").write_text("#define CUDART_VERSION 12080\n")

@@ -321,11 +321,10 @@ def test_a_lease_file_lies_beside_its_directory_and_names_it_back(name):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another uid")
 def test_no_lease_or_workspace_is_created_in_a_tree_another_uid_owns(tmp_path, monkeypatch):
-    """Regression: with ``FLASHINFER_WORKSPACE_BASE`` in a shared place where another uid had made the
-    ``.cache/flashinfer/<version>/<arch>`` levels (mode 777), importing FlashInfer warned that the JIT
-    directory "is not safe to build in" and then created the lease file and the workspace directory
-    in that uid's tree anyway (threat-model: P4); a lease file they planted and held exclusively also
-    made every import wait 90 s."""
+    """With ``FLASHINFER_WORKSPACE_BASE`` in a shared place where another uid made the
+    ``.cache/flashinfer/<version>/<arch>`` levels (mode 777), importing FlashInfer creates no lease file and
+    no workspace directory in that uid's tree, besides warning that the JIT directory "is not safe to build
+    in"; a lease file they planted and hold exclusively must not make every import wait 90 s (P4)."""
     from flashinfer_sm120.core.patch import steps
     from flashinfer_sm120.safety.fs import lease
 

@@ -20,7 +20,8 @@ from helpers.probing import NOBODY, created, home_env, needs_root, user_home
 
 @needs_root
 def test_root_with_a_users_home_creates_nothing_there(shared_tmp, monkeypatch):
-    """Regression: sudo -E made a root-owned 0700 ~/.cache (the user's pip then got EACCES)."""
+    """Root with a user's HOME (sudo -E) creates nothing there: no root-owned 0700 ~/.cache that would give
+    the user's pip EACCES (P4)."""
     from flashinfer_sm120.safety.fs import statedir
 
     home = user_home(shared_tmp)
@@ -44,7 +45,8 @@ def test_root_with_a_users_home_creates_nothing_there(shared_tmp, monkeypatch):
 @needs_root
 @pytest.mark.parametrize("args", [["cache", "prune"], ["status"], ["doctor"]])
 def test_a_command_as_root_with_a_users_home_creates_nothing_there(shared_tmp, args):
-    """Regression: `cache prune` (a listing) as root with HOME of another uid created ~/.cache."""
+    """A command as root with HOME of another uid creates nothing there; `cache prune`, a listing, creates
+    neither ~/.cache nor the fallback directory (P4)."""
     home = user_home(shared_tmp)
     env = home_env(home, shared_tmp / "tmp", FLASHINFER_WORKSPACE_BASE=str(shared_tmp / "ws"))
     proc = cli(args, env, timeout=300)
@@ -117,7 +119,8 @@ def test_a_user_creates_the_root_in_their_own_home_private(shared_tmp):
 
 
 def test_a_name_too_long_falls_back_to_the_next_candidate(tmp_path, monkeypatch):
-    """Regression: ENAMETOOLONG said 'set a writable directory' and did not fall back."""
+    """A cache directory whose name is too long (ENAMETOOLONG) falls back to the next candidate, with a note
+    naming the variable and the fix (a shorter path), not 'set a writable directory' (P8)."""
     from flashinfer_sm120.safety.fs import statedir
 
     long_dir = tmp_path / ("x" * 300)
@@ -160,8 +163,8 @@ def test_an_unwritable_candidate_falls_through_with_its_errno_meaning(tmp_path, 
 
 
 def test_a_root_too_long_for_what_goes_below_it_falls_back(tmp_path, monkeypatch):
-    """Regression: a cache root near PATH_MAX was taken, and the files below it then failed with
-    ENAMETOOLONG ('set a writable directory') where no other candidate was tried."""
+    """A cache root near PATH_MAX, too long for the files that go below it, is not taken: the next candidate
+    is tried, rather than every file below failing with ENAMETOOLONG ('set a writable directory') (P8)."""
     from flashinfer_sm120.safety.fs import statedir
 
     deep = str(tmp_path)
@@ -183,8 +186,8 @@ def test_a_root_too_long_for_what_goes_below_it_falls_back(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("name", ["ü-home", "домашний", "用户", "café+x"])
 def test_a_home_with_non_ascii_letters_is_used(tmp_path, monkeypatch, name):
-    """Regression: a HOME with a non-ASCII letter was refused for a reason (blank, ':', '$') that did
-    not apply; FlashInfer builds under such a path (the slow test below compiles one)."""
+    """A HOME with non-ASCII letters is used: it must not be refused for a reason (blank, ':', '$') that does
+    not apply; FlashInfer builds under such a path (the slow test below compiles one) (P8)."""
     from flashinfer_sm120.safety.fs import statedir
     from flashinfer_sm120.safety.formats import paths
 
@@ -278,7 +281,7 @@ def test_path_rule_property(text):
     (errno.ENAMETOOLONG, "longer than the file system allows", "shorter path"),
 ])
 def test_a_failed_state_write_says_what_its_errno_means(tmp_path, monkeypatch, err, meaning, fix):
-    """Regression: every failed write said 'free space' whatever the errno."""
+    """A failed state write says what its errno means, with its fix; 'free space' only for ENOSPC (P8)."""
     from flashinfer_sm120.safety.fs import atomic, statefiles
     from flashinfer_sm120.errors import StateFileError
 
