@@ -236,3 +236,13 @@ def test_guard_when_flashinfer_alone_cannot_import_says_so_with_the_fix(clean_en
     assert out["mode"] == "failed"
     assert "fails the same way without flashinfer-sm120" in out["error"] and "Fix: pip install" in out["error"]
     assert "Please report" not in proc.stderr, proc.stderr[-2000:]
+
+
+@needs_flashinfer
+def test_no_targets_at_import_names_the_fix(clean_env, real_nvcc13):
+    """No GPU and no arch list: the import-time line says what to set (P1: the message names the fix)."""
+    env = dict(clean_env, FAKE_GPU_CAPS="", FAKE_TORCH_CUDA="13.0")
+    out, proc = run_py("import helpers.fakegpu\n" + STATE + "import flashinfer\nreport()\n", env)
+    assert out["targets"] == [], proc.stderr
+    assert "none (no GPU visible, no FLASHINFER_CUDA_ARCH_LIST; Fix: set e.g. FLASHINFER_CUDA_ARCH_LIST=12.0" \
+        in out["summary"]
