@@ -83,13 +83,12 @@ def test_each_toolkit_gets_its_own_jit_dir(clean_env, real_nvcc13):
     if not os.path.isfile("/usr/local/cuda-13.0/bin/nvcc") or "/usr/local/cuda-13.0" == real_nvcc13:
         pytest.skip("needs two CUDA 13 toolkits: pip nvcc and /usr/local/cuda-13.0")
     env = dict(clean_env, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0")
-    code = "import helpers.fakegpu\n" + STATE + """
+    code = "import helpers.fakegpu\n" + STATE + f"PIP = {real_nvcc13!r}\n" + """
 import flashinfer, flashinfer.jit.env as e
 dirs, prebuilt = [], []
-for home in (None, "/usr/local/cuda-13.0", None, "/usr/local/cuda-13.0"):
+for home in (PIP, "/usr/local/cuda-13.0", PIP, "/usr/local/cuda-13.0"):
     s.revert()
-    if home: os.environ["CUDA_HOME"] = home
-    else: os.environ.pop("CUDA_HOME", None)
+    os.environ["CUDA_HOME"] = home
     st = s.install()
     dirs.append([str(e.FLASHINFER_JIT_DIR), st["resolution"]["choice"]["toolkit"]["root"]])
     prebuilt.append([str(e.FLASHINFER_CUBIN_DIR), str(e.FLASHINFER_AOT_DIR)])
@@ -246,3 +245,18 @@ def test_no_targets_at_import_names_the_fix(clean_env, real_nvcc13):
     assert out["targets"] == [], proc.stderr
     assert "none (no GPU visible, no FLASHINFER_CUDA_ARCH_LIST; Fix: set e.g. FLASHINFER_CUDA_ARCH_LIST=12.0" \
         in out["summary"]
+
+
+@needs_flashinfer
+@pytest.mark.parametrize("own_version, kept", [("13.0.88", True), ("12.8.93", False)])
+def test_flashinfer_own_toolkit_kept_quietly_or_replaced_with_a_warning(clean_env, tmp_path, real_nvcc13,
+                                                                          own_version, kept):
+    """A CPU torch and FlashInfer's own nvcc on PATH: a CUDA 13 one builds sm_120f, so it is kept and
+    nothing is printed (docs/using.md); a 12.x one is replaced and the change is said (P1)."""
+    tk = make_toolkit(tmp_path / f"cuda-{own_version}", own_version, curand=True)
+    env = dict(clean_env, FAKE_GPU_CAPS="12.0", PATH=f"{tk}/bin:{os.environ['PATH']}")
+    env.pop("FAKE_TORCH_CUDA", None)
+    out, proc = run_py("import helpers.fakegpu\n" + STATE + "import flashinfer\nreport()\n", env)
+    assert out["mode"] in ("patched", "noop"), proc.stderr
+    assert (f"from {tk} [PATH" in out["summary"]) is kept, out["summary"]
+    assert ("flashinfer-sm120:" in proc.stderr) is not kept, proc.stderr

@@ -222,7 +222,7 @@ def _announce(mode: Mode, res: Resolution) -> None:
         logger.error("flashinfer-sm120: %s", STATE.summary)
         return
     # Changing the toolkit FlashInfer would have used, or reading a malformed CUDA_HOME, is worth one visible line.
-    changed = bool(res.cleaned) or (mode is Mode.PATCHED and res.naive_root != res.home.path)
+    changed = bool(res.cleaned) or (mode is Mode.PATCHED and res.naive_root != res.home.path and not res.own)
     level = logging.WARNING if changed and not env_flag("FLASHINFER_SM120_QUIET") else logging.INFO
     logger.log(level, "flashinfer-sm120: %s", STATE.summary)
 
