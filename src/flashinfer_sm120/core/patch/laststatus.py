@@ -1,11 +1,13 @@
-"""The last status a process of this user reached, kept in ``<cache_root>/last-status.json`` so that
-``flashinfer-sm120 status`` answers without importing torch or FlashInfer.
+"""The last statuses processes of this user reached, kept in ``<cache_root>/last-status.json`` so
+that ``flashinfer-sm120 status`` answers without importing torch or FlashInfer.
 
-A record is used only when its :func:`inputs` (everything the resolution reads, without running
-anything: this Python, our version, the variables, the mtimes of the ``sys.path`` directories,
-``/usr/local`` and ``$CONDA_PREFIX``, every nvcc in sight, the GPUs the driver lists) equal this
-process's, and the chosen nvcc is unchanged.  Written once FlashInfer's import completed, only when
-it changed; never raises.
+The file holds up to :data:`KEEP` records, newest first, one per set of :func:`inputs` (everything
+the resolution reads, without running anything: this Python, our version, the variables, the mtimes
+of the ``sys.path`` directories, ``/usr/local`` and ``$CONDA_PREFIX``, every nvcc in sight, the GPUs
+the driver lists), so ``status`` and ``status --arch 12.0`` each keep their answer.  A record is used
+only when its inputs equal this process's and the chosen nvcc is unchanged; otherwise :func:`load`
+names, in words, what changed since the closest one.  Written once FlashInfer's import completed,
+only when it changed; never raises.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from typing import Any, TypedDict
 
 __all__ = ["SCHEMA", "FILE", "LastStatus", "Loaded", "from_status", "inputs", "load", "save", "path"]
 
-SCHEMA = 1
+SCHEMA = 2
 FILE = "last-status.json"
+#: Records kept (one per set of inputs: targets, environments).
+KEEP = 8
 
 #: Environment variables the resolution reads besides every ``FLASHINFER_*`` one.
 _ENV = ("CUDA_HOME", "CUDA_PATH", "PATH", "CONDA_PREFIX", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
@@ -77,12 +81,10 @@ def _entry(path: str) -> list | None:
 def _nvcc_entries(env: dict[str, str]) -> dict[str, list | None]:
     """The nvcc each place FlashInfer and we look at names (a ``$CUDA_HOME/bin/nvcc`` replaced by
     another release changes the answer, though the chosen nvcc did not change)."""
-    import shutil
-
     out = {var: _entry(os.path.join(env[var], "bin", "nvcc")) for var in ("CUDA_HOME", "CUDA_PATH") if env.get(var)}
     if env.get("FLASHINFER_NVCC"):
         out["FLASHINFER_NVCC"] = _entry(env["FLASHINFER_NVCC"])
-    on_path = shutil.which("nvcc", path=env.get("PATH") or os.defpath)
+    on_path = _which_nvcc(env)
     out["PATH"] = _entry(on_path) if on_path else None
     return out
 
@@ -149,9 +151,11 @@ def save(status: LastStatus, recorded_inputs: dict[str, Any]) -> None:
         st = dict(status)
         if st.get("toolkit"):
             st["toolkit"] = dict(st["toolkit"], stat=fingerprint(st["toolkit"]["nvcc"]))
-        data = {"schema": SCHEMA, "inputs": recorded_inputs, "status": st}
         where = path()
         old, _ = read_json(where)
+        records = _records(old)
+        data = {"schema": SCHEMA, "records": [{"inputs": recorded_inputs, "status": st}]
+                + [r for r in records if r["inputs"] != recorded_inputs][:KEEP - 1]}
         if old != data:
             write_json_atomic(where, data)
     except Exception:  # a read-only HOME, a full disk: status takes the slow path
@@ -170,14 +174,65 @@ def load(env: dict[str, str] | None = None) -> Loaded:
     if problem or data is None:
         return Loaded(None, problem or "nothing recorded yet (FlashInfer was not imported with "
                             "flashinfer-sm120 under these settings)")
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("status"), dict):
+    records = _records(data)
+    if not records:
         return Loaded(None, "the record is of another format")
     now = inputs(env)
-    if data.get("inputs") != now:
-        changed = sorted(k for k in now if (data.get("inputs") or {}).get(k) != now[k])
-        return Loaded(None, f"what the record was made from changed ({', '.join(changed)})")
-    st = data["status"]
+    match = next((r for r in records if r["inputs"] == now), None)
+    if match is None:
+        closest = min(records, key=lambda r: len(_changes(r["inputs"], now, env)))
+        return Loaded(None, "what the record was made from changed: "
+                      + "; ".join(_changes(closest["inputs"], now, env)))
+    st = match["status"]
     tk = st.get("toolkit")
     if tk and fingerprint(tk.get("nvcc", "")) != tk.get("stat"):
         return Loaded(None, f"{tk.get('nvcc')} changed since it was recorded")
     return Loaded(st)  # type: ignore[arg-type]
+
+
+def _records(data: Any) -> list[dict]:
+    """The well-formed records of a file's ``data`` (none from another schema)."""
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("records"), list):
+        return []
+    return [r for r in data["records"] if isinstance(r, dict) and isinstance(r.get("inputs"), dict)
+            and isinstance(r.get("status"), dict)]
+
+
+def _changes(old: dict, new: dict, env: dict[str, str] | None) -> list[str]:
+    """What differs between two :func:`inputs`, each in words a user can act on (P8)."""
+    from flashinfer_sm120.safety.formats import shown
+
+    env = dict(os.environ if env is None else env)
+    out: list[str] = []
+    for var in sorted(set(old.get("env") or {}) | set(new["env"])):
+        was, now = (old.get("env") or {}).get(var), new["env"].get(var)
+        if was != now:
+            out.append(f"{var} was unset, now {shown(now)}" if was is None else
+                       f"{var} is now unset (was {shown(was)})" if now is None else
+                       f"{var} changed from {shown(was)} to {shown(now)}")
+    for place in sorted(set(old.get("nvcc") or {}) | set(new["nvcc"])):
+        if (old.get("nvcc") or {}).get(place) != new["nvcc"].get(place):
+            where = (_which_nvcc(env) if place == "PATH" else env.get(place, ""))
+            if place in ("CUDA_HOME", "CUDA_PATH") and where:
+                where = os.path.join(where, "bin", "nvcc")
+            out.append(f"the nvcc found through {place} ({shown(where or 'none now')}) was replaced, added or removed")
+    dirs = sorted(d for d in set(old.get("mtimes") or {}) | set(new["mtimes"])
+                  if (old.get("mtimes") or {}).get(d) != new["mtimes"].get(d))
+    if dirs:
+        out.append(f"{shown(dirs[0])} changed (a package installed or removed)"
+                   + (f", and {len(dirs) - 1} more directories" if len(dirs) > 1 else ""))
+    words = {"python": lambda: f"another Python ({shown(new['python'][0])})",
+             "version": lambda: f"flashinfer-sm120 is now {new['version']} (was {shown(old.get('version'))})",
+             "other_env": lambda: "an environment variable not named above changed (values are not recorded)",
+             "usr_local_cuda": lambda: f"/usr/local/cuda now points to {shown(new['usr_local_cuda'])} "
+                                       f"(was {shown(old.get('usr_local_cuda'))})",
+             "gpus": lambda: "the GPUs the driver lists changed"}
+    out += [say() for key, say in words.items() if old.get(key) != new.get(key)]
+    return out
+
+
+def _which_nvcc(env: dict[str, str]) -> str | None:
+    """The nvcc on ``env``'s ``PATH``."""
+    import shutil
+
+    return shutil.which("nvcc", path=env.get("PATH") or os.defpath)
