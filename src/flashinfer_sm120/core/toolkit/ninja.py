@@ -24,7 +24,7 @@ from packaging.version import Version
 
 from flashinfer_sm120.core.toolkit import memo
 from flashinfer_sm120.errors import PlaceError, Sm120Error
-from flashinfer_sm120.safety import formats, proc
+from flashinfer_sm120.safety import formats
 from flashinfer_sm120.safety.fs.statedir import cache_root
 from flashinfer_sm120.safety.fs.tmpdirs import make_private
 from flashinfer_sm120.safety.ownership import mine_problem
@@ -129,7 +129,9 @@ def _inspect(path: str) -> tuple[Version | None, str | None]:
     if problem is not None:
         return None, problem
 
-    def probe() -> tuple[str | None, str | None, bool]:
+    def probe() -> tuple[str | None, str | None, bool]:  # a memo miss only
+        from flashinfer_sm120.safety import proc
+
         res = proc.run([path, "--version"], timeout=NINJA_TIMEOUT_S, max_output=4096)
         if not res.ok:
             why = res.error or ("timed out" if res.timed_out else f"exit {res.returncode}")
