@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from helpers.host import needs_flashinfer
 from helpers.toolkits import script
 from flashinfer_sm120.cli import main, status
-from flashinfer_sm120.core.patch import laststatus
+from flashinfer_sm120.core.patch import lastcheck, laststatus
 
 #: ``status`` in a new interpreter (not the fork server, which has torch loaded already), reporting
 #: which of torch and FlashInfer it imported.
@@ -108,21 +108,21 @@ def test_a_record_from_other_inputs_is_not_used(tmp_path, monkeypatch):
     rec = laststatus.LastStatus(mode="patched", error=None, toolkit=None, targets=["sm_120f"], arch_list_error=None,
                                 flashinfer="0.7.4")
     laststatus.save(rec, laststatus.inputs())
-    assert laststatus.load().status == dict(rec)
+    assert lastcheck.load().status == dict(rec)
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.1")
-    got = laststatus.load()
+    got = lastcheck.load()
     assert got.status is None and "FLASHINFER_CUDA_ARCH_LIST changed from '12.0' to '12.1'" in got.why_not
     other = dict(rec, targets=["sm_121a"])
     laststatus.save(other, laststatus.inputs())  # a second target set: both records are kept
-    assert laststatus.load().status == dict(other)
+    assert lastcheck.load().status == dict(other)
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.0")
-    assert laststatus.load().status == dict(rec)
+    assert lastcheck.load().status == dict(rec)
     monkeypatch.delenv("FLASHINFER_CUDA_ARCH_LIST")
-    got = laststatus.load()
+    got = lastcheck.load()
     assert got.status is None and "FLASHINFER_CUDA_ARCH_LIST is now unset (was '12.1')" in got.why_not  # the newest
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.0")
     monkeypatch.setenv("SOME_OTHER_SETTING", "1")  # any variable: hashed, never written out
-    got = laststatus.load()
+    got = lastcheck.load()
     assert got.status is None and "an environment variable not named above changed" in got.why_not
     assert "SOME_OTHER_SETTING" not in (tmp_path / "c" / laststatus.FILE).read_text()
 
@@ -140,14 +140,14 @@ def test_a_record_does_not_hold_once_cuda_homes_nvcc_is_replaced_or_removed(tmp_
     rec = laststatus.LastStatus(mode="patched", error=None, toolkit=None, targets=["sm_120f"], arch_list_error=None,
                                 flashinfer="0.7.4")
     laststatus.save(rec, laststatus.inputs())
-    assert laststatus.load().status == dict(rec)
+    assert lastcheck.load().status == dict(rec)
     nvcc.unlink()
     (tmp_path / "old-nvcc").write_text("#!/bin/sh\n")
     nvcc.symlink_to(tmp_path / "old-nvcc")
-    got = laststatus.load()
+    got = lastcheck.load()
     assert got.status is None and f"the nvcc found through CUDA_HOME ('{nvcc}') was replaced" in got.why_not, got
     nvcc.unlink()
-    got = laststatus.load()
+    got = lastcheck.load()
     assert got.status is None and "the nvcc found through CUDA_HOME" in got.why_not, got
 
 

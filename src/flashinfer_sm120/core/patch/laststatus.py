@@ -5,8 +5,8 @@ The file holds up to :data:`KEEP` records, newest first, one per set of :func:`i
 the resolution reads, without running anything: this Python, our version, the variables, the mtimes
 of the ``sys.path`` directories, ``/usr/local`` and ``$CONDA_PREFIX``, every nvcc in sight, the GPUs
 the driver lists), so ``status`` and ``status --arch 12.0`` each keep their answer.  A record is used
-only when its inputs equal this process's and the chosen nvcc is unchanged; otherwise :func:`load`
-names, in words, what changed since the closest one.  Written once FlashInfer's import completed,
+only when its inputs equal this process's and the chosen nvcc is unchanged; otherwise
+:func:`flashinfer_sm120.core.patch.lastcheck.load` names, in words, what changed since the closest one.  Written once FlashInfer's import completed,
 only when it changed; never raises.
 """
 
@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from typing import Any, TypedDict
 
-__all__ = ["SCHEMA", "FILE", "LastStatus", "Loaded", "from_status", "inputs", "load", "save", "path"]
+__all__ = ["SCHEMA", "FILE", "KEEP", "LastStatus", "from_status", "inputs", "records", "save", "path", "which_nvcc"]
 
 SCHEMA = 2
 FILE = "last-status.json"
@@ -44,14 +43,6 @@ class LastStatus(TypedDict):
     targets: list[str]
     arch_list_error: str | None
     flashinfer: str | None
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """The result of :func:`load`: the record, or ``None`` and why it cannot be used."""
-
-    status: LastStatus | None
-    why_not: str | None = None
 
 
 def _mtime(path: str) -> int | None:
@@ -84,7 +75,7 @@ def _nvcc_entries(env: dict[str, str]) -> dict[str, list | None]:
     out = {var: _entry(os.path.join(env[var], "bin", "nvcc")) for var in ("CUDA_HOME", "CUDA_PATH") if env.get(var)}
     if env.get("FLASHINFER_NVCC"):
         out["FLASHINFER_NVCC"] = _entry(env["FLASHINFER_NVCC"])
-    on_path = _which_nvcc(env)
+    on_path = which_nvcc(env)
     out["PATH"] = _entry(on_path) if on_path else None
     return out
 
@@ -153,44 +144,15 @@ def save(status: LastStatus, recorded_inputs: dict[str, Any]) -> None:
             st["toolkit"] = dict(st["toolkit"], stat=fingerprint(st["toolkit"]["nvcc"]))
         where = path()
         old, _ = read_json(where)
-        records = _records(old)
-        data = {"schema": SCHEMA, "records": [{"inputs": recorded_inputs, "status": st}]
-                + [r for r in records if r["inputs"] != recorded_inputs][:KEEP - 1]}
+        kept = [r for r in records(old) if r["inputs"] != recorded_inputs][:KEEP - 1]
+        data = {"schema": SCHEMA, "records": [{"inputs": recorded_inputs, "status": st}] + kept}
         if old != data:
             write_json_atomic(where, data)
     except Exception:  # a read-only HOME, a full disk: status takes the slow path
         pass
 
 
-def load(env: dict[str, str] | None = None) -> Loaded:
-    """The recorded status when it still holds for this process's inputs, else why not."""
-    try:
-        from flashinfer_sm120.safety.fs.statefiles import read_json
-        from flashinfer_sm120.core.toolkit.memo import fingerprint
-
-        data, problem = read_json(path())
-    except Exception as exc:
-        return Loaded(None, f"the record cannot be read ({exc})")
-    if problem or data is None:
-        return Loaded(None, problem or "nothing recorded yet (FlashInfer was not imported with "
-                            "flashinfer-sm120 under these settings)")
-    records = _records(data)
-    if not records:
-        return Loaded(None, "the record is of another format")
-    now = inputs(env)
-    match = next((r for r in records if r["inputs"] == now), None)
-    if match is None:
-        closest = min(records, key=lambda r: len(_changes(r["inputs"], now, env)))
-        return Loaded(None, "what the record was made from changed: "
-                      + "; ".join(_changes(closest["inputs"], now, env)))
-    st = match["status"]
-    tk = st.get("toolkit")
-    if tk and fingerprint(tk.get("nvcc", "")) != tk.get("stat"):
-        return Loaded(None, f"{tk.get('nvcc')} changed since it was recorded")
-    return Loaded(st)  # type: ignore[arg-type]
-
-
-def _records(data: Any) -> list[dict]:
+def records(data: Any) -> list[dict]:
     """The well-formed records of a file's ``data`` (none from another schema)."""
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("records"), list):
         return []
@@ -198,40 +160,7 @@ def _records(data: Any) -> list[dict]:
             and isinstance(r.get("status"), dict)]
 
 
-def _changes(old: dict, new: dict, env: dict[str, str] | None) -> list[str]:
-    """What differs between two :func:`inputs`, each in words a user can act on (P8)."""
-    from flashinfer_sm120.safety.formats import shown
-
-    env = dict(os.environ if env is None else env)
-    out: list[str] = []
-    for var in sorted(set(old.get("env") or {}) | set(new["env"])):
-        was, now = (old.get("env") or {}).get(var), new["env"].get(var)
-        if was != now:
-            out.append(f"{var} was unset, now {shown(now)}" if was is None else
-                       f"{var} is now unset (was {shown(was)})" if now is None else
-                       f"{var} changed from {shown(was)} to {shown(now)}")
-    for place in sorted(set(old.get("nvcc") or {}) | set(new["nvcc"])):
-        if (old.get("nvcc") or {}).get(place) != new["nvcc"].get(place):
-            where = (_which_nvcc(env) if place == "PATH" else env.get(place, ""))
-            if place in ("CUDA_HOME", "CUDA_PATH") and where:
-                where = os.path.join(where, "bin", "nvcc")
-            out.append(f"the nvcc found through {place} ({shown(where or 'none now')}) was replaced, added or removed")
-    dirs = sorted(d for d in set(old.get("mtimes") or {}) | set(new["mtimes"])
-                  if (old.get("mtimes") or {}).get(d) != new["mtimes"].get(d))
-    if dirs:
-        out.append(f"{shown(dirs[0])} changed (a package installed or removed)"
-                   + (f", and {len(dirs) - 1} more directories" if len(dirs) > 1 else ""))
-    words = {"python": lambda: f"another Python ({shown(new['python'][0])})",
-             "version": lambda: f"flashinfer-sm120 is now {new['version']} (was {shown(old.get('version'))})",
-             "other_env": lambda: "an environment variable not named above changed (values are not recorded)",
-             "usr_local_cuda": lambda: f"/usr/local/cuda now points to {shown(new['usr_local_cuda'])} "
-                                       f"(was {shown(old.get('usr_local_cuda'))})",
-             "gpus": lambda: "the GPUs the driver lists changed"}
-    out += [say() for key, say in words.items() if old.get(key) != new.get(key)]
-    return out
-
-
-def _which_nvcc(env: dict[str, str]) -> str | None:
+def which_nvcc(env: dict[str, str]) -> str | None:
     """The nvcc on ``env``'s ``PATH``."""
     import shutil
 
