@@ -260,3 +260,15 @@ def test_flashinfer_own_toolkit_kept_quietly_or_replaced_with_a_warning(clean_en
     assert out["mode"] in ("patched", "noop"), proc.stderr
     assert (f"from {tk} [PATH" in out["summary"]) is kept, out["summary"]
     assert ("flashinfer-sm120:" in proc.stderr) is not kept, proc.stderr
+
+
+@needs_flashinfer
+def test_flashinfer_nvcc_still_wins_over_the_nvcc_on_path(clean_env, tmp_path, real_nvcc13):
+    """FLASHINFER_NVCC is FlashInfer 0.7's own nvcc and first in the search: a working nvcc on PATH
+    (what get_cuda_path() would give) does not take its place."""
+    tk = make_toolkit(tmp_path / "cuda-13.0.88", "13.0.88", curand=True)
+    env = dict(clean_env, FAKE_GPU_CAPS="12.0", PATH=f"{tk}/bin:{os.environ['PATH']}",
+               FLASHINFER_NVCC=os.path.join(real_nvcc13, "bin", "nvcc"))
+    out, proc = run_py("import helpers.fakegpu\n" + STATE + "import flashinfer\nreport()\n", env)
+    assert out["mode"] in ("patched", "noop"), proc.stderr
+    assert "[FLASHINFER_NVCC" in out["summary"] and f"from {tk} " not in out["summary"], out["summary"]

@@ -148,7 +148,8 @@ def cleaned_homes(env: dict[str, str]) -> tuple[str, ...]:
 
 def own_nvcc(naive_root: str | None) -> str | None:
     """The real path of the nvcc FlashInfer alone runs (``$naive_root/bin/nvcc``, wrapper scripts and
-    links followed, read, not run), else ``None``."""
+    links followed, read, not run), else ``None``.  Not asked when ``FLASHINFER_NVCC`` is set: that
+    one is FlashInfer 0.7's own and comes first in the search anyway."""
     if not naive_root:
         return None
     nvcc = os.path.join(naive_root, "bin", "nvcc")
@@ -190,7 +191,8 @@ def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | 
     try:
         choice = choose(candidates, specs, [g.capability for g in gpus], torch_cuda_version(),
                         min_nvcc=release.min_nvcc, min_nvcc_why=release.min_nvcc_why,
-                        allow_other_major=other_major_allowed(env), own=(own := own_nvcc(common["naive_root"])))
+                        allow_other_major=other_major_allowed(env),
+                        own=(own := None if "FLASHINFER_NVCC" in env else own_nvcc(common["naive_root"])))
     except ToolkitError as exc:
         if not guard:
             raise
