@@ -2,15 +2,22 @@
 ``sys.modules`` after ``import flashinfer``, the figure people read before they let our ``.pth`` into
 their serving environment (goal: <= 3,000 lines).
 
-Each measure runs in a fresh child of this interpreter, with its environment as is (and this
-checkout's ``src`` first on ``PYTHONPATH``):
+Each measure runs in fresh children of this interpreter, with its environment as is (and this
+checkout's ``src`` first on ``PYTHONPATH``), twice, with a new ``FLASHINFER_SM120_CACHE_DIR``:
+
+``first``
+    the first process: the cache is empty, so nvcc and ninja are run for their versions and the
+    ``CUDA_HOME`` view is built;
+``later``
+    every later process with the same settings: both versions remembered, the view adopted.
+
+and two ways:
 
 ``import``
     ``import flashinfer_sm120; import flashinfer`` (the patch applied);
 ``autoload``
     the ``.pth`` path: the hook (``core/autoload_hook.py``) is loaded and armed as ``enable`` arms
-    it, then ``import flashinfer`` fires it (``core/autoload.triggered``).  Printed only when it
-    differs from ``import``.
+    it, then ``import flashinfer`` fires it (``core/autoload.triggered``).
 
 A module's lines are those of its file.  ``--arch 12.0`` exports ``FLASHINFER_CUDA_ARCH_LIST`` to
 the children, so that a target exists (and FlashInfer is patched) without a GPU.
@@ -25,6 +32,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +66,10 @@ MEASURES = {
 }
 
 
+#: How each run is printed.
+WHEN = {"later": "later processes", "first": "first process (empty cache)"}
+
+
 def measure(code: str, env: dict) -> dict:
     """``{"mode": patch mode, "modules": {name: lines}}`` of one fresh child running ``code``."""
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
@@ -77,16 +89,20 @@ def main(argv: list[str] | None = None) -> int:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     if args.arch:
         env["FLASHINFER_CUDA_ARCH_LIST"] = args.arch
-    results = {name: measure(code, env) for name, code in MEASURES.items()}
-    for name, res in results.items():
-        mods = res["modules"]
-        if name != "import" and mods == results["import"]["modules"]:
-            print(f"{name}: same modules as import")
-            continue
-        print(f"{name}: {sum(mods.values())} lines in {len(mods)} modules (patch mode: {res['mode']})")
-        if args.list:
-            for mod, lines in sorted(mods.items(), key=lambda kv: (-kv[1], kv[0])):
-                print(f"  {lines:6d}  {mod}")
+    results: dict = {}
+    for name, code in MEASURES.items():
+        with tempfile.TemporaryDirectory(prefix="loaded-lines-") as cache:
+            child_env = dict(env, FLASHINFER_SM120_CACHE_DIR=cache)
+            results[name] = {when: measure(code, child_env) for when in ("first", "later")}
+    for name, runs in results.items():
+        for when in ("later", "first"):
+            res = runs[when]
+            mods = res["modules"]
+            print(f"{name}, {WHEN[when]}: {sum(mods.values())} lines in {len(mods)} modules "
+                  f"(patch mode: {res['mode']})")
+            if args.list:
+                for mod, lines in sorted(mods.items(), key=lambda kv: (-kv[1], kv[0])):
+                    print(f"  {lines:6d}  {mod}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return 0

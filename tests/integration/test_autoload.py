@@ -1,4 +1,4 @@
-"""The ``.pth`` autoload: lazy, silent when uninstalled, never fatal; enable/disable.
+"""The ``.pth`` autoload: lazy, one line when broken or uninstalled, never fatal; enable/disable.
 
 Children start from real venvs whose site-packages hold the ``.pth`` (so it is
 processed by ``site`` at start-up, as in production), or call
@@ -90,14 +90,20 @@ def test_trigger_loads_the_package_once_and_leaves(pth_in, tmp_path):
     assert before is False and loaded_before_flashinfer_body is True and by == "flashinfer" and left == 0
 
 
-def test_after_uninstall_nothing_is_printed(pth_in, tmp_path):
-    py, _ = pth_in
+def test_after_uninstall_the_trigger_says_once_what_to_do(pth_in, tmp_path):
+    """The package gone, the hook left: a server must not die later on an unexplained error (P1, P8)."""
+    py, site_dir = pth_in
     fake_package(tmp_path, "flashinfer", "VALUE = 42\n")
     env = env_without("FLASHINFER_SM120_DISABLE", "FLASHINFER_SM120_AUTOLOAD_TRIGGERS", PYTHONPATH=str(tmp_path))
-    for code in ("pass", "import flashinfer; print(flashinfer.VALUE)"):
-        proc = run(py, code, env)
-        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    assert proc.stdout.strip() == "42"
+    proc = run(py, "pass", env)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr  # nothing before a trigger
+    proc = run(py, "import flashinfer; import flashinfer; print(flashinfer.VALUE)", env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "42", proc.stderr
+    assert proc.stderr.count("flashinfer-sm120:") == 1, proc.stderr
+    assert "pip install flashinfer-sm120" in proc.stderr and str(site_dir / PTH_NAME) in proc.stderr
+    assert "FLASHINFER_SM120_DISABLE=1" in proc.stderr
+    proc = run(py, "import flashinfer", dict(env, FLASHINFER_SM120_DISABLE="1"))
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
 @pytest.mark.parametrize("body", ["raise SystemExit(3)", "raise ImportError('boom')", "import no_such_dependency_x"])

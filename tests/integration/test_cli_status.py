@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from helpers.host import needs_flashinfer
 from helpers.toolkits import script
 from flashinfer_sm120.cli import main, status
-from flashinfer_sm120.core.patch import laststatus
+from flashinfer_sm120.core.patch import lastcheck, laststatus
 
 #: ``status`` in a new interpreter (not the fork server, which has torch loaded already), reporting
 #: which of torch and FlashInfer it imported.
@@ -45,8 +45,12 @@ def test_a_second_status_reads_the_record_without_importing_torch_or_flashinfer(
     assert st_["source"] == "record" and st_["targets"] == ["sm_120f"] and st_["mode"] in ("patched", "noop")
     # another input (the targets): the record does not hold, and says why
     other, line3, loaded3 = _status(env, "--arch", "12.1")
-    assert "what the record was made from changed (env)" in other.stderr and loaded3 == "['flashinfer', 'torch']"
-    assert line3.rstrip().endswith("; targets sm_121a")
+    assert "FLASHINFER_CUDA_ARCH_LIST changed from '12.0' to '12.1'" in other.stderr, other.stderr
+    assert loaded3 == "['flashinfer', 'torch']" and line3.rstrip().endswith("; targets sm_121a")
+    # each target set keeps its answer: alternating them reads the records (issue 29 item 3)
+    for arch, target in (("12.0", "sm_120f"), ("12.1", "sm_121a")):
+        proc, line4, loaded4 = _status(env, "--arch", arch)
+        assert loaded4 == "[]" and line4.rstrip().endswith(f"; targets {target}"), proc.stderr
     fresh, _, loaded4 = _status(env, "--arch", "12.1", "--fresh")
     assert fresh.returncode == 0 and loaded4 == "['flashinfer', 'torch']"
 
@@ -63,7 +67,8 @@ def test_a_package_installed_since_invalidates_the_record(clean_env, real_nvcc13
     assert _status(env, "--arch", "12.0")[2] == "[]"
     (site / "newpkg-1.0.dist-info").mkdir()
     proc, _, loaded = _status(env, "--arch", "12.0")
-    assert "(mtimes)" in proc.stderr and loaded == "['flashinfer', 'torch']"
+    assert f"'{site}' changed (a package installed or removed)" in proc.stderr, proc.stderr
+    assert loaded == "['flashinfer', 'torch']"
 
 
 @needs_flashinfer
@@ -103,14 +108,22 @@ def test_a_record_from_other_inputs_is_not_used(tmp_path, monkeypatch):
     rec = laststatus.LastStatus(mode="patched", error=None, toolkit=None, targets=["sm_120f"], arch_list_error=None,
                                 flashinfer="0.7.4")
     laststatus.save(rec, laststatus.inputs())
-    assert laststatus.load().status == dict(rec)
+    assert lastcheck.load().status == dict(rec)
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.1")
-    got = laststatus.load()
-    assert got.status is None and "(env)" in got.why_not
+    got = lastcheck.load()
+    assert got.status is None and "FLASHINFER_CUDA_ARCH_LIST changed from '12.0' to '12.1'" in got.why_not
+    other = dict(rec, targets=["sm_121a"])
+    laststatus.save(other, laststatus.inputs())  # a second target set: both records are kept
+    assert lastcheck.load().status == dict(other)
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.0")
+    assert lastcheck.load().status == dict(rec)
+    monkeypatch.delenv("FLASHINFER_CUDA_ARCH_LIST")
+    got = lastcheck.load()
+    assert got.status is None and "FLASHINFER_CUDA_ARCH_LIST is now unset (was '12.1')" in got.why_not  # the newest
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.0")
     monkeypatch.setenv("SOME_OTHER_SETTING", "1")  # any variable: hashed, never written out
-    got = laststatus.load()
-    assert got.status is None and "(other_env)" in got.why_not
+    got = lastcheck.load()
+    assert got.status is None and "an environment variable not named above changed" in got.why_not
     assert "SOME_OTHER_SETTING" not in (tmp_path / "c" / laststatus.FILE).read_text()
 
 
@@ -127,15 +140,15 @@ def test_a_record_does_not_hold_once_cuda_homes_nvcc_is_replaced_or_removed(tmp_
     rec = laststatus.LastStatus(mode="patched", error=None, toolkit=None, targets=["sm_120f"], arch_list_error=None,
                                 flashinfer="0.7.4")
     laststatus.save(rec, laststatus.inputs())
-    assert laststatus.load().status == dict(rec)
+    assert lastcheck.load().status == dict(rec)
     nvcc.unlink()
     (tmp_path / "old-nvcc").write_text("#!/bin/sh\n")
     nvcc.symlink_to(tmp_path / "old-nvcc")
-    got = laststatus.load()
-    assert got.status is None and "(nvcc)" in got.why_not, got
+    got = lastcheck.load()
+    assert got.status is None and f"the nvcc found through CUDA_HOME ('{nvcc}') was replaced" in got.why_not, got
     nvcc.unlink()
-    got = laststatus.load()
-    assert got.status is None and "(nvcc)" in got.why_not, got
+    got = lastcheck.load()
+    assert got.status is None and "the nvcc found through CUDA_HOME" in got.why_not, got
 
 
 @given(st.text(max_size=300))

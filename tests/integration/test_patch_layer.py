@@ -83,13 +83,12 @@ def test_each_toolkit_gets_its_own_jit_dir(clean_env, real_nvcc13):
     if not os.path.isfile("/usr/local/cuda-13.0/bin/nvcc") or "/usr/local/cuda-13.0" == real_nvcc13:
         pytest.skip("needs two CUDA 13 toolkits: pip nvcc and /usr/local/cuda-13.0")
     env = dict(clean_env, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0")
-    code = "import helpers.fakegpu\n" + STATE + """
+    code = "import helpers.fakegpu\n" + STATE + f"PIP = {real_nvcc13!r}\n" + """
 import flashinfer, flashinfer.jit.env as e
 dirs, prebuilt = [], []
-for home in (None, "/usr/local/cuda-13.0", None, "/usr/local/cuda-13.0"):
+for home in (PIP, "/usr/local/cuda-13.0", PIP, "/usr/local/cuda-13.0"):
     s.revert()
-    if home: os.environ["CUDA_HOME"] = home
-    else: os.environ.pop("CUDA_HOME", None)
+    os.environ["CUDA_HOME"] = home
     st = s.install()
     dirs.append([str(e.FLASHINFER_JIT_DIR), st["resolution"]["choice"]["toolkit"]["root"]])
     prebuilt.append([str(e.FLASHINFER_CUBIN_DIR), str(e.FLASHINFER_AOT_DIR)])
@@ -236,3 +235,40 @@ def test_guard_when_flashinfer_alone_cannot_import_says_so_with_the_fix(clean_en
     assert out["mode"] == "failed"
     assert "fails the same way without flashinfer-sm120" in out["error"] and "Fix: pip install" in out["error"]
     assert "Please report" not in proc.stderr, proc.stderr[-2000:]
+
+
+@needs_flashinfer
+def test_no_targets_at_import_names_the_fix(clean_env, real_nvcc13):
+    """No GPU and no arch list: the import-time line says what to set (P1: the message names the fix)."""
+    env = dict(clean_env, FAKE_GPU_CAPS="", FAKE_TORCH_CUDA="13.0")
+    out, proc = run_py("import helpers.fakegpu\n" + STATE + "import flashinfer\nreport()\n", env)
+    assert out["targets"] == [], proc.stderr
+    assert "none (no GPU visible, no FLASHINFER_CUDA_ARCH_LIST; Fix: set e.g. FLASHINFER_CUDA_ARCH_LIST=12.0" \
+        in out["summary"]
+
+
+@needs_flashinfer
+@pytest.mark.parametrize("own_version, kept", [("13.0.88", True), ("12.8.93", False)])
+def test_flashinfer_own_toolkit_kept_quietly_or_replaced_with_a_warning(clean_env, tmp_path, real_nvcc13,
+                                                                          own_version, kept):
+    """A CPU torch and FlashInfer's own nvcc on PATH: a CUDA 13 one builds sm_120f, so it is kept and
+    nothing is printed (docs/using.md); a 12.x one is replaced and the change is said (P1)."""
+    tk = make_toolkit(tmp_path / f"cuda-{own_version}", own_version, curand=True)
+    env = dict(clean_env, FAKE_GPU_CAPS="12.0", PATH=f"{tk}/bin:{os.environ['PATH']}")
+    env.pop("FAKE_TORCH_CUDA", None)
+    out, proc = run_py("import helpers.fakegpu\n" + STATE + "import flashinfer\nreport()\n", env)
+    assert out["mode"] in ("patched", "noop"), proc.stderr
+    assert (f"from {tk} [PATH" in out["summary"]) is kept, out["summary"]
+    assert ("flashinfer-sm120:" in proc.stderr) is not kept, proc.stderr
+
+
+@needs_flashinfer
+def test_flashinfer_nvcc_still_wins_over_the_nvcc_on_path(clean_env, tmp_path, real_nvcc13):
+    """FLASHINFER_NVCC is FlashInfer 0.7's own nvcc and first in the search: a working nvcc on PATH
+    (what get_cuda_path() would give) does not take its place."""
+    tk = make_toolkit(tmp_path / "cuda-13.0.88", "13.0.88", curand=True)
+    env = dict(clean_env, FAKE_GPU_CAPS="12.0", PATH=f"{tk}/bin:{os.environ['PATH']}",
+               FLASHINFER_NVCC=os.path.join(real_nvcc13, "bin", "nvcc"))
+    out, proc = run_py("import helpers.fakegpu\n" + STATE + "import flashinfer\nreport()\n", env)
+    assert out["mode"] in ("patched", "noop"), proc.stderr
+    assert "[FLASHINFER_NVCC" in out["summary"] and f"from {tk} " not in out["summary"], out["summary"]

@@ -25,7 +25,7 @@ def wrap(text: str, indent: str = "  ") -> list[str]:
 
 
 def ninja_lines(section: dict) -> list[str]:
-    """:func:`flashinfer_sm120.core.toolkit.ninja.doctor_section` as printed."""
+    """:func:`flashinfer_sm120.diagnose.verify.report.ninja_section` as printed."""
     if "chosen" not in section:
         return [f"Ninja: none usable: {section.get('error')}"]
     c = section["chosen"]

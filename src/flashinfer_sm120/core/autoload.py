@@ -18,9 +18,9 @@ that never touches FlashInfer never load the package, wrapt, logging or asyncio.
 
 Failure rules of the hook (it must never stop an interpreter):
 
-* the package is gone (``pip uninstall`` leaves both files): silent;
-* the package raises anything at import, ``SystemExit`` included: one line on
-  stderr naming the ``.pth`` to remove, and the import of the trigger goes on;
+* the package is gone (``pip uninstall`` leaves both files) or raises anything at
+  import, ``SystemExit`` included: one line on stderr naming the fix and the ``.pth``
+  to remove, and the import of the trigger goes on;
 * ``FLASHINFER_SM120_DISABLE=1`` at start-up: no finder is installed at all.
 
 Triggers (decided here, documented in docs/servers.md):

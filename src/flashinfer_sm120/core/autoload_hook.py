@@ -14,9 +14,9 @@ FlashInfer; every other import costs one string split and a set lookup.  A trigg
 that ``flashinfer_sm120`` imports itself (``wrapt``, ``filelock``, ``packaging``) is
 then already loaded, and that module is what the import returns: nothing runs twice.
 
-It never stops an interpreter: with flashinfer-sm120 uninstalled it does nothing
-and prints nothing; if the package fails to import (anything, ``SystemExit``
-included) it prints one line naming the fix, and the import goes on.
+It never stops an interpreter: if the package is not importable (uninstalled or
+moved with this file left behind) or fails to import (anything, ``SystemExit``
+included), it prints one line naming the fix, and the import goes on.
 ``flashinfer-sm120 disable`` removes both files.
 """
 
@@ -56,9 +56,10 @@ class FlashInferSm120Autoload:
         except KeyboardInterrupt:
             raise
         except ModuleNotFoundError as exc:
-            if exc.name not in ("flashinfer_sm120", "flashinfer_sm120.core.autoload"):
+            if exc.name in ("flashinfer_sm120", "flashinfer_sm120.core.autoload"):
+                self.say_missing()  # threat-model: P1: an unpatched server must not fail later unexplained
+            else:
                 self.say(exc)
-            # else: the package was uninstalled and this file left behind: stay silent
         except BaseException as exc:
             self.say(exc)
         done = sys.modules.get(name)
@@ -80,6 +81,14 @@ class FlashInferSm120Autoload:
             sys.stderr.write("flashinfer-sm120: autoload failed (%r); FlashInfer is not patched. Fix: "
                              "reinstall flashinfer-sm120 from its checkout (pip install --force-reinstall "
                              "/path/to/flashinfer-sm120), or remove %s\n" % (exc, self.pth))
+        except BaseException:
+            pass
+
+    def say_missing(self):
+        try:
+            sys.stderr.write("flashinfer-sm120: autoload could not load the package (flashinfer_sm120 is not "
+                             "importable); FlashInfer is not patched. Fix: pip install flashinfer-sm120, or "
+                             "remove %s (FLASHINFER_SM120_DISABLE=1 silences this)\n" % self.pth)
         except BaseException:
             pass
 

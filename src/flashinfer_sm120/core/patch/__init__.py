@@ -20,9 +20,7 @@ import wrapt
 
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.core.jitenv import environ
-from flashinfer_sm120.core.facts.importfail import workspace_problem as _workspace_problem
 from flashinfer_sm120.safety.envflag import env_flag
-from flashinfer_sm120.core.patch.alone import flashinfer_would_target
 from flashinfer_sm120.core.patch.resolve import Resolution, resolve
 from flashinfer_sm120.core.patch import laststatus
 from flashinfer_sm120.core.patch.state import (STATE, Mode, StatusDict, StepResult, StepStatus, render, summary,
@@ -79,6 +77,8 @@ def _already_correct(res: Resolution) -> bool:
         return False
     if os.path.realpath(res.naive_root) != os.path.realpath(res.home.path):
         return False
+    from flashinfer_sm120.core.patch.alone import flashinfer_would_target
+
     alone = flashinfer_would_target(cc_mod.CompilationContext, res.choice.version, res.home.path)
     return alone is not None and alone == set(res.choice.targets)
 
@@ -114,21 +114,24 @@ def _fail(error: str, *, report: bool = True) -> None:
 
 
 def _check_import_health() -> None:
-    if STATE.mode.active and STATE.patched_modules:
-        broken = _import_failed()
-        if broken and STATE.mode is Mode.GUARD:  # FlashInfer kept its own toolkit: it fails alone too
-            res = STATE.resolution
-            fix = getattr(res, "fix", "") or ""
-            _fail(f"importing FlashInfer failed ({broken} raised during its own import). No CUDA toolkit "
-                  "fits, so FlashInfer kept its own toolkit lookup, which fails the same way without "
-                  "flashinfer-sm120 (with a CPU build of torch FlashInfer needs an nvcc at import)"
-                  + (f". Fix: {fix}" if fix else ""), report=False)
-        elif broken and (problem := _workspace_problem()):
-            _fail(f"importing FlashInfer failed ({broken} raised during its own import): {problem}",
-                  report=False)
-        elif broken:
-            _fail(f"importing FlashInfer failed after flashinfer-sm120 patched it ({broken} is no "
-                  "longer loaded: FlashInfer raised during its own import)")
+    if not (STATE.mode.active and STATE.patched_modules):
+        return
+    broken = _import_failed()
+    if broken is None:
+        return
+    from flashinfer_sm120.core.facts.importfail import workspace_problem  # a failed import only
+
+    if STATE.mode is Mode.GUARD:  # FlashInfer kept its own toolkit: it fails alone too
+        fix = getattr(STATE.resolution, "fix", "") or ""
+        _fail(f"importing FlashInfer failed ({broken} raised during its own import). No CUDA toolkit "
+              "fits, so FlashInfer kept its own toolkit lookup, which fails the same way without "
+              "flashinfer-sm120 (with a CPU build of torch FlashInfer needs an nvcc at import)"
+              + (f". Fix: {fix}" if fix else ""), report=False)
+    elif problem := workspace_problem():
+        _fail(f"importing FlashInfer failed ({broken} raised during its own import): {problem}", report=False)
+    else:
+        _fail(f"importing FlashInfer failed after flashinfer-sm120 patched it ({broken} is no "
+              "longer loaded: FlashInfer raised during its own import)")
 
 
 def _run_steps(pending: list[str], mode: Mode) -> None:
@@ -222,7 +225,7 @@ def _announce(mode: Mode, res: Resolution) -> None:
         logger.error("flashinfer-sm120: %s", STATE.summary)
         return
     # Changing the toolkit FlashInfer would have used, or reading a malformed CUDA_HOME, is worth one visible line.
-    changed = bool(res.cleaned) or (mode is Mode.PATCHED and res.naive_root != res.home.path)
+    changed = bool(res.cleaned) or (mode is Mode.PATCHED and res.naive_root != res.home.path and not res.own)
     level = logging.WARNING if changed and not env_flag("FLASHINFER_SM120_QUIET") else logging.INFO
     logger.log(level, "flashinfer-sm120: %s", STATE.summary)
 

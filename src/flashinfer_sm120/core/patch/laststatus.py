@@ -1,24 +1,27 @@
-"""The last status a process of this user reached, kept in ``<cache_root>/last-status.json`` so that
-``flashinfer-sm120 status`` answers without importing torch or FlashInfer.
+"""The last statuses processes of this user reached, kept in ``<cache_root>/last-status.json`` so
+that ``flashinfer-sm120 status`` answers without importing torch or FlashInfer.
 
-A record is used only when its :func:`inputs` (everything the resolution reads, without running
-anything: this Python, our version, the variables, the mtimes of the ``sys.path`` directories,
-``/usr/local`` and ``$CONDA_PREFIX``, every nvcc in sight, the GPUs the driver lists) equal this
-process's, and the chosen nvcc is unchanged.  Written once FlashInfer's import completed, only when
-it changed; never raises.
+The file holds up to :data:`KEEP` records, newest first, one per set of :func:`inputs` (everything
+the resolution reads, without running anything: this Python, our version, the variables, the mtimes
+of the ``sys.path`` directories, ``/usr/local`` and ``$CONDA_PREFIX``, every nvcc in sight, the GPUs
+the driver lists), so ``status`` and ``status --arch 12.0`` each keep their answer.  A record is used
+only when its inputs equal this process's and the chosen nvcc is unchanged; otherwise
+:func:`flashinfer_sm120.core.patch.lastcheck.load` names, in words, what changed since the closest one.  Written once FlashInfer's import completed,
+only when it changed; never raises.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from typing import Any, TypedDict
 
-__all__ = ["SCHEMA", "FILE", "LastStatus", "Loaded", "from_status", "inputs", "load", "save", "path"]
+__all__ = ["SCHEMA", "FILE", "KEEP", "LastStatus", "from_status", "inputs", "records", "save", "path", "which_nvcc"]
 
-SCHEMA = 1
+SCHEMA = 2
 FILE = "last-status.json"
+#: Records kept (one per set of inputs: targets, environments).
+KEEP = 8
 
 #: Environment variables the resolution reads besides every ``FLASHINFER_*`` one.
 _ENV = ("CUDA_HOME", "CUDA_PATH", "PATH", "CONDA_PREFIX", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
@@ -40,14 +43,6 @@ class LastStatus(TypedDict):
     targets: list[str]
     arch_list_error: str | None
     flashinfer: str | None
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """The result of :func:`load`: the record, or ``None`` and why it cannot be used."""
-
-    status: LastStatus | None
-    why_not: str | None = None
 
 
 def _mtime(path: str) -> int | None:
@@ -77,12 +72,10 @@ def _entry(path: str) -> list | None:
 def _nvcc_entries(env: dict[str, str]) -> dict[str, list | None]:
     """The nvcc each place FlashInfer and we look at names (a ``$CUDA_HOME/bin/nvcc`` replaced by
     another release changes the answer, though the chosen nvcc did not change)."""
-    import shutil
-
     out = {var: _entry(os.path.join(env[var], "bin", "nvcc")) for var in ("CUDA_HOME", "CUDA_PATH") if env.get(var)}
     if env.get("FLASHINFER_NVCC"):
         out["FLASHINFER_NVCC"] = _entry(env["FLASHINFER_NVCC"])
-    on_path = shutil.which("nvcc", path=env.get("PATH") or os.defpath)
+    on_path = which_nvcc(env)
     out["PATH"] = _entry(on_path) if on_path else None
     return out
 
@@ -149,35 +142,26 @@ def save(status: LastStatus, recorded_inputs: dict[str, Any]) -> None:
         st = dict(status)
         if st.get("toolkit"):
             st["toolkit"] = dict(st["toolkit"], stat=fingerprint(st["toolkit"]["nvcc"]))
-        data = {"schema": SCHEMA, "inputs": recorded_inputs, "status": st}
         where = path()
         old, _ = read_json(where)
+        kept = [r for r in records(old) if r["inputs"] != recorded_inputs][:KEEP - 1]
+        data = {"schema": SCHEMA, "records": [{"inputs": recorded_inputs, "status": st}] + kept}
         if old != data:
             write_json_atomic(where, data)
     except Exception:  # a read-only HOME, a full disk: status takes the slow path
         pass
 
 
-def load(env: dict[str, str] | None = None) -> Loaded:
-    """The recorded status when it still holds for this process's inputs, else why not."""
-    try:
-        from flashinfer_sm120.safety.fs.statefiles import read_json
-        from flashinfer_sm120.core.toolkit.memo import fingerprint
+def records(data: Any) -> list[dict]:
+    """The well-formed records of a file's ``data`` (none from another schema)."""
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("records"), list):
+        return []
+    return [r for r in data["records"] if isinstance(r, dict) and isinstance(r.get("inputs"), dict)
+            and isinstance(r.get("status"), dict)]
 
-        data, problem = read_json(path())
-    except Exception as exc:
-        return Loaded(None, f"the record cannot be read ({exc})")
-    if problem or data is None:
-        return Loaded(None, problem or "nothing recorded yet (FlashInfer was not imported with "
-                            "flashinfer-sm120 under these settings)")
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("status"), dict):
-        return Loaded(None, "the record is of another format")
-    now = inputs(env)
-    if data.get("inputs") != now:
-        changed = sorted(k for k in now if (data.get("inputs") or {}).get(k) != now[k])
-        return Loaded(None, f"what the record was made from changed ({', '.join(changed)})")
-    st = data["status"]
-    tk = st.get("toolkit")
-    if tk and fingerprint(tk.get("nvcc", "")) != tk.get("stat"):
-        return Loaded(None, f"{tk.get('nvcc')} changed since it was recorded")
-    return Loaded(st)  # type: ignore[arg-type]
+
+def which_nvcc(env: dict[str, str]) -> str | None:
+    """The nvcc on ``env``'s ``PATH``."""
+    import shutil
+
+    return shutil.which("nvcc", path=env.get("PATH") or os.defpath)

@@ -20,12 +20,13 @@ from flashinfer_sm120.core.facts.releases import ReleaseInfo, release_info
 from flashinfer_sm120.core.toolkit import Choice, Toolkit, choose, discover, flashinfer_naive_root, torch_cuda_version
 from flashinfer_sm120.core.toolkit.policy import other_major_allowed
 from flashinfer_sm120.core.toolkit.sources import clean_home
+from flashinfer_sm120.safety.trust import follow_wrappers
 
 from flashinfer_sm120.core.view import linkable_home
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["Resolution", "TargetsFrom", "resolve", "arch_specs", "flashinfer_version", "cleaned_homes"]
+__all__ = ["Resolution", "TargetsFrom", "resolve", "arch_specs", "flashinfer_version", "cleaned_homes", "own_nvcc"]
 
 
 class TargetsFrom(str, enum.Enum):
@@ -52,6 +53,7 @@ class Resolution:
     error: str | None = None  # the ToolkitError message when no toolkit fits
     fix: str | None = None  # its fix line alone
     targets_from: TargetsFrom = TargetsFrom.GPUS
+    own: bool = False  # the chosen nvcc is the one FlashInfer alone runs: nothing to announce
 
     @property
     def guard(self) -> bool:
@@ -144,6 +146,16 @@ def cleaned_homes(env: dict[str, str]) -> tuple[str, ...]:
     return tuple(notes)
 
 
+def own_nvcc(naive_root: str | None) -> str | None:
+    """The real path of the nvcc FlashInfer alone runs (``$naive_root/bin/nvcc``, wrapper scripts and
+    links followed, read, not run), else ``None``.  Not asked when ``FLASHINFER_NVCC`` is set: that
+    one is FlashInfer 0.7's own and comes first in the search anyway."""
+    if not naive_root:
+        return None
+    nvcc = os.path.join(naive_root, "bin", "nvcc")
+    return os.path.realpath(follow_wrappers(nvcc) or nvcc) if os.path.isfile(nvcc) else None
+
+
 def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | None = None,
             release: ReleaseInfo | None = None, guard: bool = False) -> Resolution:
     """Find the GPUs, parse the arch list, choose a toolkit and a linkable home.
@@ -179,10 +191,11 @@ def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | 
     try:
         choice = choose(candidates, specs, [g.capability for g in gpus], torch_cuda_version(),
                         min_nvcc=release.min_nvcc, min_nvcc_why=release.min_nvcc_why,
-                        allow_other_major=other_major_allowed(env))
+                        allow_other_major=other_major_allowed(env),
+                        own=(own := None if "FLASHINFER_NVCC" in env else own_nvcc(common["naive_root"])))
     except ToolkitError as exc:
         if not guard:
             raise
         return Resolution(None, None, error=str(exc), fix=getattr(exc, "fix", None), **common)
     home = linkable_home(choice.toolkit)
-    return Resolution(choice, home, **common)
+    return Resolution(choice, home, own=own == os.path.realpath(choice.toolkit.nvcc), **common)

@@ -171,6 +171,10 @@ def _skipped() -> str:
     return f"; steps skipped: {', '.join(skipped)}" if skipped else ""
 
 
+#: What to do when nothing can be built (P1: the message names the fix).
+NO_TARGETS_FIX = "set e.g. FLASHINFER_CUDA_ARCH_LIST=12.0 (RTX 5090 / RTX PRO 6000) or 12.1 (DGX Spark)"
+
+
 def describe(res: Resolution, targets_from: str | None = None) -> str:
     """The summary's body: toolkit, view, targets, GPU source, what FlashInfer alone would use
     (``targets_from``: where the caller's targets came from, e.g. ``from --arch 12.0``)."""
@@ -180,8 +184,9 @@ def describe(res: Resolution, targets_from: str | None = None) -> str:
                 f"{res.error}")
     tk = res.choice.toolkit
     targets = ", ".join(_arch.format_target(t) for t in res.choice.targets) or (
-        "none (no GPU visible, no FLASHINFER_CUDA_ARCH_LIST)" if res.arch_list is None
-        else f"none (FLASHINFER_CUDA_ARCH_LIST={res.arch_list!r} has no usable entry, no GPU visible)")
+        ("none (no GPU visible, no FLASHINFER_CUDA_ARCH_LIST" if res.arch_list is None
+         else f"none (FLASHINFER_CUDA_ARCH_LIST={res.arch_list!r} has no usable entry, no GPU visible")
+        + f"; Fix: {NO_TARGETS_FIX})")
     view = f" via view {res.home.path} (adds {', '.join(res.home.added)})" if res.home.is_view else ""
     text = (f"nvcc {tk.nvcc_full} from {tk.root} [{', '.join(tk.sources)}]{view}; "
             f"targets {targets} ({targets_from or targets_from_text(res)}); FlashInfer "

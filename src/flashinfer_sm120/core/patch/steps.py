@@ -19,7 +19,7 @@ from flashinfer_sm120.errors import Sm120Error, ToolkitError
 from flashinfer_sm120.core.toolkit.fixes import unbuildable
 from flashinfer_sm120.core.facts.refusals import builds_refused
 from flashinfer_sm120.core.facts.workspace import tag_for
-from flashinfer_sm120.core.patch.state import STATE, Mode
+from flashinfer_sm120.core.patch.state import NO_TARGETS_FIX, STATE, Mode
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -189,8 +189,7 @@ def _arch_check(wrapped, instance, args, kwargs):
             "flashinfer-sm120: no target architecture to build for: "
             + (f"no GPU visible ({res.gpu_query.describe() if res and res.gpu_query else 'unknown'})"
                if res is not None and not res.gpus else "no usable target")
-            + " and FLASHINFER_CUDA_ARCH_LIST names none. Fix: set e.g. FLASHINFER_CUDA_ARCH_LIST=12.0 "
-            "(RTX 5090 / RTX PRO 6000) or 12.1 (DGX Spark)") from exc
+            + f" and FLASHINFER_CUDA_ARCH_LIST names none. Fix: {NO_TARGETS_FIX}") from exc
 
 
 # --------------------------------------------------------------------------- steps

@@ -24,15 +24,14 @@ from packaging.version import Version
 
 from flashinfer_sm120.core.toolkit import memo
 from flashinfer_sm120.errors import PlaceError, Sm120Error
-from flashinfer_sm120.safety import formats, proc
+from flashinfer_sm120.safety import formats
 from flashinfer_sm120.safety.fs.statedir import cache_root
 from flashinfer_sm120.safety.fs.tmpdirs import make_private
 from flashinfer_sm120.safety.ownership import mine_problem
 from flashinfer_sm120.safety.trust import check_executable
 
 __all__ = ["NINJA_TIMEOUT_S", "LOG_FORMATS", "FIND_STEPS", "Ninja", "NinjaError", "log_format",
-           "candidates", "choose", "on_path", "same_log", "export_dir", "link_dir", "log_format_of_dir",
-           "doctor_section"]
+           "candidates", "choose", "on_path", "same_log", "export_dir", "link_dir"]
 
 #: Seconds ``ninja --version`` may take (it prints one line at once).
 NINJA_TIMEOUT_S = 10.0
@@ -129,7 +128,9 @@ def _inspect(path: str) -> tuple[Version | None, str | None]:
     if problem is not None:
         return None, problem
 
-    def probe() -> tuple[str | None, str | None, bool]:
+    def probe() -> tuple[str | None, str | None, bool]:  # a memo miss only
+        from flashinfer_sm120.safety import proc
+
         res = proc.run([path, "--version"], timeout=NINJA_TIMEOUT_S, max_output=4096)
         if not res.ok:
             why = res.error or ("timed out" if res.timed_out else f"exit {res.returncode}")
@@ -237,41 +238,3 @@ def export_dir(chosen: Ninja, env_path: str | None, shared: Callable[[str], str 
         return own, f"{own} first (ninja {chosen.version}; was: 'which ninja' -> {now})"
     d = link_dir(chosen)
     return d, f"{d} first, a link to {chosen.describe()} ({shared(own)}; was: 'which ninja' -> {now})"
-
-
-def log_format_of_dir(build_dir: str) -> int | None:
-    """The ``.ninja_log`` format in ``build_dir`` (its first line), or ``None``."""
-    log = os.path.join(build_dir, ".ninja_log")
-    try:
-        for _n, line in formats.iter_lines(log, max_line=64, max_lines=1):
-            return formats.parse_ninja_log_header(line, log)
-    except formats.FormatError:
-        pass
-    return None
-
-
-def doctor_section(report: dict) -> dict:
-    """``doctor``'s ninja part: the chosen one, every reachable one, those of another log format, and
-    the log formats of the modules (at most 512) in this process's JIT dir."""
-    found = candidates()
-    out: dict = {"candidates": [n.to_dict() for n in found], "which_ninja": on_path()}
-    try:
-        chosen = choose(found=found)
-    except NinjaError as exc:
-        out["error"] = str(exc)
-        return out
-    out["chosen"] = chosen.to_dict()
-    out["conflicts"] = [n.to_dict() for n in found if n.problem is None and not same_log(n, chosen)]
-    jit_dir = (report.get("after") or {}).get("jit_dir")
-    seen: dict[str, int] = {}
-    try:
-        names = sorted(os.listdir(jit_dir))[:512] if jit_dir else []
-    except OSError:
-        names = []
-    for name in names:
-        fmt = log_format_of_dir(os.path.join(jit_dir, name))
-        if fmt is not None:
-            seen[str(fmt)] = seen.get(str(fmt), 0) + 1
-    out.update(jit_dir=jit_dir, cache_log_formats=seen,
-               autoload=bool((report.get("autoload") or {}).get("pth")))
-    return out

@@ -5,12 +5,15 @@ Acceptable: no ``problem``, nvcc at least the FlashInfer release's minimum, ever
 ``FLASHINFER_SM120_ALLOW_OTHER_CUDA_MAJOR=1``: two CUDA runtimes in one process are the user's call).
 Passes (preferred targets, then fallback; docs/toolkit.md "The choice") run in order, and within a
 pass the first in :data:`~.sources.SOURCES` order wins, so an explicit, working ``CUDA_HOME`` is kept;
-with a CPU-only torch a CUDA 13+ toolkit is preferred to a 12.x one not named explicitly.  When
+with a CPU-only torch a CUDA 13+ toolkit is preferred to a 12.x one not named explicitly.  Before all
+of that, FlashInfer's own toolkit (``own``: the nvcc its lookup runs) is kept when it is acceptable for
+the first pass and is no 12.x under a CPU-only torch: what already works is not replaced.  When
 nothing fits, :class:`ToolkitError` carries ONE message ending in the one fix line (:mod:`.fixes`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 from packaging.version import Version
@@ -52,12 +55,14 @@ def _names(targets) -> str:
 
 def choose(toolkits: Sequence[Toolkit], arch_specs: list[archlist.ArchSpec] | None,
            capabilities: list[tuple[int, int]], torch_cuda: str | None, *, min_nvcc: Version | None = None,
-           min_nvcc_why: str | None = None, allow_other_major: bool | None = None) -> Choice:
+           min_nvcc_why: str | None = None, allow_other_major: bool | None = None,
+           own: str | None = None) -> Choice:
     """Pick the toolkit that builds the best targets for ``arch_specs`` (parsed
     ``FLASHINFER_CUDA_ARCH_LIST``), else the visible GPUs' ``capabilities``, with ``torch_cuda``
     (``torch.version.cuda``).  ``toolkits`` from :func:`~.sources.discover` are read lazily, up to
     the chosen one.  ``min_nvcc``/``min_nvcc_why``: the FlashInfer release's own minimum nvcc and what
-    needs it.  ``allow_other_major`` defaults to :func:`other_major_allowed`.
+    needs it.  ``allow_other_major`` defaults to :func:`other_major_allowed`.  ``own``: the real path
+    of the nvcc FlashInfer alone would run (kept when acceptable, see the module docstring).
 
     Raises:
         ToolkitError: nothing passes (see the module docstring).
@@ -77,6 +82,13 @@ def choose(toolkits: Sequence[Toolkit], arch_specs: list[archlist.ArchSpec] | No
             target_sets.append(wanted)
     tmm = _arch.major_minor(torch_cuda)
     majors = [None] if tmm is None else [tmm.major] + ([None] if allow_other_major else [])
+    kept = _own(toolkits, own)
+    if kept is not None:
+        tk = toolkits[kept]
+        if (_why_not(tk, target_sets[0], explicit, torch_cuda, majors[0], min_nvcc, min_nvcc_why) is None
+                and (tmm is not None or tk.nvcc_version.major >= _PREFERRED_MAJOR_FOR_CPU_TORCH)):
+            return _choice(toolkits, kept, {kept: None}, None, caps, fixed, target_sets[0], target_sets[0],
+                           torch_cuda, own=True)
     first_reasons: dict[int, str] = {}
     for major in majors:
         for wanted in target_sets:
@@ -104,6 +116,17 @@ def choose(toolkits: Sequence[Toolkit], arch_specs: list[archlist.ArchSpec] | No
                    min_nvcc, min_nvcc_why, allow_other_major)
 
 
+def _own(toolkits: Sequence[Toolkit], own: str | None) -> int | None:
+    """The index of the candidate whose nvcc is ``own`` (found without inspecting the others)."""
+    if not own:
+        return None
+    for i in range(len(toolkits)):
+        tk = (toolkits.unread(i) if isinstance(toolkits, Candidates) else None) or toolkits[i]
+        if not tk.problem and os.path.realpath(os.path.join(tk.root, "bin", "nvcc")) == own:
+            return i
+    return None
+
+
 def _why_not(tk: Toolkit, targets, explicit, torch_cuda, major, min_nvcc, min_nvcc_why) -> str | None:
     """Every reason ``tk`` is not acceptable, joined; ``None`` when it is."""
     if tk.problem:
@@ -127,6 +150,9 @@ def _rejection(toolkits, j, pick, verdict, why) -> Rejection:
     chosen = toolkits[pick].root
     if j not in verdict:
         unread = toolkits.unread(j) if isinstance(toolkits, Candidates) else None
+        if why is None:  # FlashInfer's own toolkit was kept
+            return Rejection(unread or toolkits[j], RejectKind.NOT_EXAMINED,
+                             f"not examined: FlashInfer's own toolkit {chosen} works")
         if unread is not None:
             return Rejection(unread, RejectKind.NOT_EXAMINED, f"not examined: {chosen} comes first and works")
         verdict[j] = why(toolkits[j])
@@ -138,12 +164,14 @@ def _rejection(toolkits, j, pick, verdict, why) -> Rejection:
     return Rejection(toolkits[j], RejectKind.USABLE, f"usable, but {chosen} comes first")
 
 
-def _choice(toolkits, pick, verdict, why, caps, fixed, wanted, preferred, torch_cuda) -> Choice:
+def _choice(toolkits, pick, verdict, why, caps, fixed, wanted, preferred, torch_cuda, own=False) -> Choice:
     tk = toolkits[pick]
     v = tk.nvcc_version
     targets = tuple(sorted({fixed[c] if c in fixed else _arch.normalize(*c, v) for c in caps}))
     rejected = tuple(_rejection(toolkits, j, pick, verdict, why) for j in range(len(toolkits)) if j != pick)
-    reason = f"first acceptable toolkit in order ({tk.sources[0]}) for {_names(targets) or 'no GPU targets'}"
+    reason = (f"FlashInfer's own toolkit ({tk.sources[0]}), kept: it builds {_names(targets) or 'no GPU targets'}"
+              if own else
+              f"first acceptable toolkit in order ({tk.sources[0]}) for {_names(targets) or 'no GPU targets'}")
     if wanted != preferred:
         reason += f"; no toolkit could build the preferred targets {_names(preferred)}"
     tmm = _arch.major_minor(torch_cuda)

@@ -17,7 +17,7 @@ from flashinfer_sm120.core.toolkit import memo
 from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
 from flashinfer_sm120.core.toolkit.model import Toolkit, VersionDisagreement
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety import formats, proc
+from flashinfer_sm120.safety import formats
 from flashinfer_sm120.safety.ownership import trust_reason
 from flashinfer_sm120.safety.trust import trace
 
@@ -124,7 +124,10 @@ def nvcc_version(nvcc: str, timeout: float = NVCC_TIMEOUT_S) -> tuple[str | None
 
 
 def _run_nvcc_version(nvcc: str, timeout: float) -> tuple[str | None, str | None, bool]:
-    """``(full, problem, remember)`` of one bounded run."""
+    """``(full, problem, remember)`` of one bounded run (only on a memo miss: :mod:`~flashinfer_sm120.safety.proc`
+    is not loaded by a process whose nvcc is remembered)."""
+    from flashinfer_sm120.safety import proc
+
     res = proc.run([nvcc, "--version"], timeout=timeout, max_output=NVCC_MAX_OUTPUT)
     if res.local:
         return None, (f"{res.error}: this process ran out of a resource of its own (processes, open "

@@ -23,7 +23,6 @@ from flashinfer_sm120.safety.fs import lease
 from flashinfer_sm120.core.toolkit import Toolkit
 from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
 from flashinfer_sm120.core.toolkit.sources import site_dirs as _site_dirs
-from flashinfer_sm120.core.view import stub as _stub
 from flashinfer_sm120.core.toolkit.memo import fingerprint
 from flashinfer_sm120.core.view.meta import META_NAME, STUB, VIEW_LAYOUT, CudaHome, ViewMeta, check_view
 
@@ -128,7 +127,9 @@ def _assemble(tmp: str, toolkit: Toolkit, curand_inc: str | None) -> ViewMeta:
     else:
         cuda_h = next((os.path.join(d, "cuda.h") for d in toolkit.include_dirs
                        if os.path.isfile(os.path.join(d, "cuda.h"))), None)
-        sha = _stub.write_stub(stub, [toolkit.lib_dir] if toolkit.lib_dir else [], cuda_h)
+        from flashinfer_sm120.core.view.stub import write_stub  # building a view only
+
+        sha = write_stub(stub, [toolkit.lib_dir] if toolkit.lib_dir else [], cuda_h)
         os.chmod(stub, 0o644)  # a compiler (the fallback) writes it with the umask's mode
         added.append(STUB)
     meta = ViewMeta(VIEW_LAYOUT, root, toolkit.nvcc, toolkit.nvcc_full, fingerprint(toolkit.nvcc) or [],

@@ -15,9 +15,9 @@ from typing import Callable, Sequence
 
 from flashinfer_sm120 import __version__
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats import loads_json
+from flashinfer_sm120.safety.formats import iter_lines, loads_json, parse_ninja_log_header
 
-__all__ = ["ALONE_TIMEOUT_S", "Section", "collect", "servers_section", "build_line_section"]
+__all__ = ["ALONE_TIMEOUT_S", "Section", "collect", "ninja_section", "log_format_of_dir", "servers_section", "build_line_section"]
 
 #: A further section of the report: its key and ``collector(report) -> dict`` (JSON-able).
 Section = tuple[str, Callable[[dict], dict]]
@@ -102,19 +102,58 @@ def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
 _ORIGINAL_ENV = {k: v for k, v in os.environ.items() if k in ("CUDA_HOME", "CUDA_PATH")}
 
 
+def ninja_section(report: dict) -> dict:
+    """``doctor``'s ninja part: the chosen one, every reachable one, those of another log format, and
+    the log formats of the modules (at most 512) in this process's JIT dir."""
+    from flashinfer_sm120.core.toolkit import ninja
+
+    found = ninja.candidates()
+    out: dict = {"candidates": [n.to_dict() for n in found], "which_ninja": ninja.on_path()}
+    try:
+        chosen = ninja.choose(found=found)
+    except ninja.NinjaError as exc:
+        out["error"] = str(exc)
+        return out
+    out["chosen"] = chosen.to_dict()
+    out["conflicts"] = [n.to_dict() for n in found if n.problem is None and not ninja.same_log(n, chosen)]
+    jit_dir = (report.get("after") or {}).get("jit_dir")
+    seen: dict[str, int] = {}
+    try:
+        names = sorted(os.listdir(jit_dir))[:512] if jit_dir else []
+    except OSError:
+        names = []
+    for name in names:
+        fmt = log_format_of_dir(os.path.join(jit_dir, name))
+        if fmt is not None:
+            seen[str(fmt)] = seen.get(str(fmt), 0) + 1
+    out.update(jit_dir=jit_dir, cache_log_formats=seen,
+               autoload=bool((report.get("autoload") or {}).get("pth")))
+    return out
+
+
+def log_format_of_dir(build_dir: str) -> int | None:
+    """The ``.ninja_log`` format in ``build_dir`` (its first line), or ``None``."""
+    log = os.path.join(build_dir, ".ninja_log")
+    try:
+        for _n, line in iter_lines(log, max_line=64, max_lines=1):
+            return parse_ninja_log_header(line, log)
+    except FormatError:
+        pass
+    return None
+
+
 def collect(timeout: float = ALONE_TIMEOUT_S, *, say: Callable[[str], None] | None = None,
             server_cache: dict | None = None, arch: str | None = None, extra: Sequence[Section] = ()) -> dict:
     """Everything ``doctor`` reports, JSON-able (judged by :mod:`.diagnosis`); never prints (``say`` gets
     a progress note before the slow part).  ``server_cache``: how the caller moved FlashInfer's cache
     as the installed server would (SGLang), done before this is called, for the report; ``arch``: the
     ``--arch`` given; ``extra``: sections of layers this one does not import, run last."""
-    from flashinfer_sm120.core.toolkit import ninja
     from flashinfer_sm120.diagnose import prune
     from flashinfer_sm120.diagnose.verify import inventory
 
     report = _collect(timeout, say, server_cache)
     report["arch_option"] = arch
-    for key, collector in (("ninja", ninja.doctor_section), ("servers", servers_section),
+    for key, collector in (("ninja", ninja_section), ("servers", servers_section),
                            ("build_line", build_line_section), ("inventory", inventory.doctor_section),
                            ("caches", prune.doctor_section), *extra):  # in order: each reads those before it
         try:

@@ -84,9 +84,9 @@ def test_max_jobs_and_threads_property(text):
 
 @given(st.binary(max_size=120))
 def test_ninja_log_format_of_a_directory_property(tmp_path_factory, data):
-    from flashinfer_sm120.core.toolkit import ninja
+    from flashinfer_sm120.diagnose.verify.report import log_format_of_dir
 
     d = tmp_path_factory.mktemp("m")
     (d / ".ninja_log").write_bytes(data)
-    got = ninja.log_format_of_dir(str(d))
+    got = log_format_of_dir(str(d))
     assert got is None or (type(got) is int and data.startswith(b"# ninja log v"))

@@ -18,6 +18,7 @@ import subprocess
 import pytest
 
 from flashinfer_sm120.cli.doctor_sections import ninja_lines
+from flashinfer_sm120.diagnose.verify.report import log_format_of_dir, ninja_section
 from packaging.version import Version
 
 from helpers.toolkits import make_toolkit
@@ -58,7 +59,7 @@ def test_the_wheel_next_to_flashinfer_is_chosen_over_the_first_on_path(fakes):
 
 
 def test_doctor_warns_about_a_second_ninja_with_another_log_format_and_says_the_fix(fakes):
-    section = ninja.doctor_section({"after": {}})
+    section = ninja_section({"after": {}})
     assert section["chosen"]["path"] == fakes["wheel"]
     assert fakes["debian"] in [c["path"] for c in section["conflicts"]]
     text = "\n".join(ninja_lines(section))
@@ -75,7 +76,7 @@ def test_doctor_counts_modules_a_ninja_of_another_log_format_built(fakes, tmp_pa
     for name, header in (("norm", "# ninja log v5\n"), ("sampling", "# ninja log v7\n"), ("rope", "garbage\n")):
         (jit / name).mkdir(parents=True)
         (jit / name / ".ninja_log").write_text(header + "0\t1\t0\tx.o\tabc\n")
-    section = ninja.doctor_section({"after": {"jit_dir": str(jit)}})
+    section = ninja_section({"after": {"jit_dir": str(jit)}})
     assert section["cache_log_formats"] == {"5": 1, "7": 1}
     assert any("1 module in" in line and ".ninja_log v5" in line for line in ninja_lines(section))
 
@@ -186,11 +187,11 @@ def test_real_debian_and_wheel_ninjas_rebuild_each_others_work(tmp_path, capsys,
 
     assert ninja.choose(found=found).path == wheel  # the wheel next to FlashInfer, though /usr/bin is first
     subprocess.run([wheel, "-C", str(tmp_path)], check=True, capture_output=True, timeout=60)
-    assert ninja.log_format_of_dir(str(tmp_path)) == real[wheel].log_format
+    assert log_format_of_dir(str(tmp_path)) == real[wheel].log_format
     assert "no work to do" in dry(wheel)
     assert "no work to do" not in dry(debian)  # Debian's ninja would run cp again: the cache is lost
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # a service's PATH: Debian's ninja first
-    section = ninja.doctor_section({"after": {}})
+    section = ninja_section({"after": {}})
     assert section["chosen"]["path"] == wheel and debian in {c["path"] for c in section["conflicts"]}
 
 

@@ -254,6 +254,29 @@ def test_cpu_torch_prefers_cuda13_but_keeps_explicit_cuda_home():
 
 # --------------------------------------------------------------------------- unbuildable
 
+def test_flashinfer_own_toolkit_is_kept_when_it_builds_every_target_and_fits_torch():
+    """What FlashInfer alone gets right is not replaced (issue 29 item 7; P1 still holds: it must pass)."""
+    own = fake("13.0.88", "PATH")
+    for torch_cuda in (None, "13.0"):
+        ch = choose([fake("13.5.1", "pip"), own], None, [(12, 0)], torch_cuda, own=own.nvcc)
+        assert ch.toolkit is own and ch.targets == ((12, "0f"),), ch.reason
+        assert ch.reason.startswith("FlashInfer's own toolkit (PATH), kept")
+        ch = choose([fake("13.5.1", "pip"), own], None, [(12, 0)], torch_cuda)  # not FlashInfer's: order wins
+        assert ch.toolkit.sources == ("pip",)
+
+
+@pytest.mark.parametrize("own_version, caps, torch_cuda", [
+    ("12.8.93", [(12, 0)], None),     # CPU torch: a 12.x is not kept over CUDA 13 (no sm_120f)
+    ("12.8.93", [(12, 1)], "12.8"),   # cannot build sm_121 at all
+    ("13.0.88", [(12, 0)], "12.8"),   # not torch's CUDA major
+])
+def test_flashinfer_own_toolkit_is_replaced_when_it_falls_short(own_version, caps, torch_cuda):
+    own = fake(own_version, "PATH")
+    others = [fake("13.5.1", "pip"), fake("12.9.41", "versioned")]
+    ch = choose([*others, own], None, caps, torch_cuda, own=own.nvcc)
+    assert ch.toolkit is not own and not ch.reason.startswith("FlashInfer's own"), ch.reason
+
+
 def test_unbuildable_refuses_120f_on_128_with_the_fallback_as_fix():
     (msg,) = unbuildable([(12, "0f")], Version("12.8"))
     assert "sm_120f cannot be built by nvcc 12.8 (sm_120f needs nvcc >= 12.9)" in msg
