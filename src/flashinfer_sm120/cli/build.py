@@ -114,7 +114,7 @@ def _build(args: argparse.Namespace) -> dict:
         t0 = time.monotonic()
         results = session.build_specs(labelled, args.jobs, sys.stderr, stats, targets=len(sess.targets),
                                       mem_limit=args.mem_limit, mem_per_compile=args.mem_per_compile,
-                                      env=user_env)
+                                      env=user_env, step_timeout=args.step_timeout * 60)
         stats["wall_s"] = round(time.monotonic() - t0, 2)
     cache = None if args.ninja_only else _cache_line(buildopts.cache_report(before))
     if cache:
@@ -236,6 +236,7 @@ def add_parser(sub) -> None:
     """Register ``build`` on an argparse subparsers object."""
     # what may fail to import comes before sub.add_parser: a broken install fails here, not half-registered
     servers = session_choices()
+    from flashinfer_sm120.warmup.pool import STEP_TIMEOUT_S
     from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV as ENV
     b = sub.add_parser("build", help="JIT-build FlashInfer modules into FlashInfer's JIT cache",
                        description="Build named modules (see --list) or a recorded manifest (--from) "
@@ -256,6 +257,9 @@ def add_parser(sub) -> None:
     b.add_argument("--dtype", help="attention q/o dtype(s), e.g. bf16,fp16 (default bf16)")
     b.add_argument("--kv-dtype", help="KV-cache dtype(s), e.g. fp8_e4m3 (default: --dtype)")
     b.add_argument("--act", help="activation(s) for 'activation', e.g. silu,gelu_tanh (default silu)")
+    b.add_argument("--step-timeout", type=cli_int("--step-timeout", 1, 10080), default=STEP_TIMEOUT_S // 60,
+                   metavar="MINUTES", help="stop a compile or link step that runs longer (with what it "
+                   "started), and fail its module (default %(default)s)")
     b.add_argument("--ninja-only", action="store_true",
                    help="write FlashInfer's build.ninja files, compile nothing")
     b.add_argument("--json", action="store_true", help="print the result as JSON on stdout (one document, "

@@ -254,7 +254,8 @@ def write_ninjas(specs: list, stream=None) -> None:
 
 def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=None,
                 stats: dict | None = None, *, targets: int = 1, mem_limit: int | None = None,
-                mem_per_compile: int | None = None, env=None) -> list[dict]:
+                mem_per_compile: int | None = None, env=None,
+                step_timeout: float = pool.STEP_TIMEOUT_S) -> list[dict]:
     """Write ninja files and build ``labelled`` ``(label, spec)`` pairs in one pool
     (``stats`` gets ``plan``: the jobs/memory plan).
 
@@ -287,9 +288,8 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
                 for label, spec in labelled]
     if stats is not None:
         stats["plan"] = plan.to_dict()
-    for line in plan.lines():
-        stream.write(f"flashinfer-sm120: {line}\n")
-    results = pool.run_pool(job_list, plan.jobs, stream, mem_budget=plan.budget)
+    results = pool.run_pool(job_list, plan.jobs, stream, mem_budget=plan.budget, intro=tuple(plan.lines()),
+                            step_timeout=step_timeout)
     launcher = os.environ.get("FLASHINFER_NVCC_LAUNCHER")
     out = []
     for (label, spec), res in zip(labelled, results):
