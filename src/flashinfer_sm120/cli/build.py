@@ -64,6 +64,8 @@ def _build(args: argparse.Namespace) -> dict:
                                kv_dtypes=args.kv_dtype, acts=args.act) if args.modules else []
     entries, problems = replay.load(args.manifest) if args.manifest else ([], [])
     arch = replay.arch_for(entries, args.arch) if args.manifest else args.arch
+    if arch is None and session.no_gpu_no_arch():  # before FlashInfer's import: it takes seconds
+        raise _Stop(session.NO_TARGETS)
     for note in arch_notes(args.arch):
         print(f"flashinfer-sm120: {note}", file=sys.stderr)
     session.set_arch(arch)

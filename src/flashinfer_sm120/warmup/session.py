@@ -52,6 +52,24 @@ class Session:
                 "build_vars": buildline.snapshot(dict(os.environ), self.flashinfer)}
 
 
+NO_TARGETS = ("no target architectures: no GPU is visible and no --arch was given; "
+              "pass e.g. --arch 12.0 (RTX 5090 / RTX PRO 6000) or --arch 12.1 (DGX Spark)")
+
+
+def no_gpu_no_arch() -> bool:
+    """No arch list is set and no GPU can give one, known without importing torch or FlashInfer
+    (seconds): NVML counted none, or failed where no NVIDIA device node exists (a container
+    without libnvidia-ml still has ``/dev/nvidia0``, and torch may see its GPU)."""
+    import glob
+
+    from flashinfer_sm120.core.facts import gpus
+
+    if os.environ.get("FLASHINFER_CUDA_ARCH_LIST"):
+        return False
+    found = gpus.query(torch_fallback=False)
+    return not found.gpus and (found.source == "nvml" or not glob.glob("/dev/nvidia[0-9]*"))
+
+
 def set_arch(value: str | None) -> None:
     """:func:`flashinfer_sm120.core.facts.archlist.export_arch_list`, its error as :class:`BuildError` (a build cannot start).
 
@@ -214,8 +232,7 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     if st["mode"] not in ("patched", "noop"):
         raise BuildError(f"FlashInfer could not be set up ({st['mode']}): {st['error']}")
     if not st["target_cuda_archs"]:
-        raise BuildError("no target architectures: no GPU is visible and no --arch was given; "
-                         "pass e.g. --arch 12.0 (RTX 5090 / RTX PRO 6000) or --arch 12.1 (DGX Spark)")
+        raise BuildError(NO_TARGETS)
     from flashinfer.jit import core
 
     targets = sorted(f"{a}.{b}" for a, b in core.current_compilation_context.TARGET_CUDA_ARCHS)
