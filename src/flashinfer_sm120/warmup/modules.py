@@ -24,6 +24,7 @@ import dataclasses
 import difflib
 import importlib
 import inspect
+import re
 import sys
 import threading
 from typing import Any, Callable
@@ -31,7 +32,8 @@ from typing import Any, Callable
 from flashinfer_sm120.errors import Sm120Error
 from flashinfer_sm120.safety.formats import some
 
-__all__ = ["ModuleError", "Variant", "NAMES", "DTYPES", "ACTIVATIONS", "describe_all", "expand", "EXTRA_HEADERS", "missing_headers"]
+__all__ = ["ModuleError", "Variant", "NAMES", "DTYPES", "ACTIVATIONS", "describe_all", "expand", "EXTRA_HEADERS",
+           "missing_headers", "label", "user_name"]
 
 
 class ModuleError(Sm120Error, ValueError):
@@ -73,19 +75,21 @@ DECODE = Getter("flashinfer.decode", "get_batch_decode_module", "decode", uri="g
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """One concrete JIT module to generate: a label, what it is, and the getter call that loads it."""
+    """One concrete JIT module to generate: its name (:func:`label`), what it is, and the getter
+    call that loads it."""
 
     label: str
     what: str
-    module: str
-    generator: str
-    #: ``torch -> dict`` of the URI function's parameters by name (``uri`` set), else
+    getter: Getter
+    #: ``torch -> dict`` of the URI function's parameters by name (``getter.uri`` set), else
     #: ``torch -> tuple`` of the getter's positional arguments
     make_args: Callable[[Any], Any]
-    uri: str | None = None
-    fallback: tuple[str, str] | None = None
     #: CUDA library headers beyond nvcc, cudart and curand that its sources include.
     headers: tuple[str, ...] = ()
+
+    @property
+    def generator(self) -> str:
+        return self.getter.name
 
     def spec(self):
         """The ``JitSpec`` the getter builds first for these arguments (FlashInfer must be patched first).
@@ -95,23 +99,24 @@ class Variant:
         """
         import torch
 
-        mod = importlib.import_module(self.module)
+        g = self.getter
+        mod = importlib.import_module(g.module)
         values = self.make_args(torch)
-        if self.uri:
-            uri_fn = getattr(mod, self.uri, None)
+        if g.uri:
+            uri_fn = getattr(mod, g.uri, None)
             if uri_fn is None:
-                raise ModuleError(f"{_release()} has no {self.module}.{self.uri}, so build cannot tell the "
-                                  f"arguments of {self.generator} for {self.label}; record the module with "
+                raise ModuleError(f"{_release()} has no {g.module}.{g.uri}, so build cannot tell the "
+                                  f"arguments of {g.name} for {self.label}; record the module with "
                                   "FLASHINFER_SM120_RECORD and build --from it")
             args = _args_for(uri_fn, values, self)
         else:
             args = tuple(values)
-        getter = getattr(mod, self.generator, None)
+        getter = getattr(mod, g.name, None)
         if getter is not None:
             return _first_load(getter, args, self)
-        if self.fallback is not None:
-            return getattr(importlib.import_module(self.fallback[0]), self.fallback[1])(*args)
-        raise ModuleError(f"{_release()} has no {self.module}.{self.generator}, so build cannot tell which "
+        if g.fallback is not None:
+            return getattr(importlib.import_module(g.fallback[0]), g.fallback[1])(*args)
+        raise ModuleError(f"{_release()} has no {g.module}.{g.name}, so build cannot tell which "
                           f"JIT module its API loads for {self.label}; record one with "
                           "FLASHINFER_SM120_RECORD and build --from it")
 
@@ -308,17 +313,15 @@ def expand(names: list[str], *, head_dims: str | None = None, dtypes: str | None
                             out.append(_attention(g, dt, kv or dt, hd, n.headers))
             elif n.activation:
                 for a in act_list:
-                    out.append(Variant(f"activation-{a}", f"{a}_and_mul", g.module, g.name,
-                                       lambda torch, a=a: (a,), headers=n.headers))
+                    out.append(Variant(label(f"activation-{a}"), f"{a}_and_mul", g, lambda torch, a=a: (a,),
+                                       n.headers))
             else:
-                out.append(Variant(g.label, n.what.split(" (")[0], g.module, g.name, lambda torch: (),
-                                   fallback=g.fallback, headers=n.headers))
+                out.append(Variant(label(g.label), n.what.split(" (")[0], g, lambda torch: (), n.headers))
     seen: set[str] = set()
     return [v for v in out if not (v.label in seen or seen.add(v.label))]
 
 
 def _attention(g: Getter, dt: str, kv: str, hd: int, headers: tuple[str, ...] = ()) -> Variant:
-    label = f"{g.label}-{dt}" + (f"-kv{kv}" if kv != dt else "") + f"-hd{hd}"
     what = (f"{g.name}: q/o {dt}, kv {kv}, int32 indices, head_dim {hd}, no RoPE in kernel, "
             "no sliding window, no logits soft cap" + (", FA2 backend" if g is PREFILL else ""))
 
@@ -332,7 +335,45 @@ def _attention(g: Getter, dt: str, kv: str, hd: int, headers: tuple[str, ...] = 
                 "head_dim_qk": hd, "head_dim_vo": hd, "pos_encoding_mode": 0, "use_sliding_window": False,
                 "use_logits_soft_cap": False, "use_fp16_qk_reduction": False}
 
-    return Variant(label, what, g.module, g.name, make_args, uri=g.uri, headers=headers)
+    return Variant(label(g.label, dt, kv, hd), what, g, make_args, headers)
+
+
+def label(kind: str, dtype: str | None = None, kv_dtype: str | None = None, head_dim: int | None = None) -> str:
+    """The name ``build`` gives a module, the one people read: ``sampling``, ``activation-silu``,
+    ``decode-bf16-hd128``, ``prefill-bf16-kvfp8_e4m3-hd128`` (``kind``: a getter's label, or
+    ``activation-<act>``; the dtypes are ``--dtype`` spellings)."""
+    if head_dim is None:
+        return kind
+    return f"{kind}-{dtype}" + (f"-kv{kv_dtype}" if kv_dtype != dtype else "") + f"-hd{head_dim}"
+
+
+#: FlashInfer's spelling of the ``--dtype`` values in module names (``filename_safe_dtype_map``,
+#: flashinfer/jit/utils.py, 0.4.0 - 0.7.4).
+_URI_DTYPES = {"f16": "fp16", "bf16": "bf16", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2"}
+#: ``get_batch_decode_uri``/``get_batch_prefill_uri`` (flashinfer/jit/attention/modules.py 0.4.0 - 0.7.4)
+#: with what ``build`` passes: int32 indices, equal head dims, no RoPE, window or cap; prefill adds
+#: ``f16qk_False`` and, from 0.7.4, ``_kv_stride_equal``.
+_ATTENTION_URI = re.compile(r"batch_(decode|prefill)_with_kv_cache_dtype_q_([a-z0-9]+)_dtype_kv_([a-z0-9]+)_"
+                            r"dtype_o_([a-z0-9]+)_dtype_idx_i32_head_dim_qk_([0-9]{1,4})_head_dim_vo_\5_posenc_0_"
+                            r"use_swa_False_use_logits_cap_False(_f16qk_False(?:_kv_stride_equal)?)?")
+
+
+def user_name(flashinfer_name: str) -> str:
+    """:func:`label` of the FlashInfer module named ``flashinfer_name`` (its URI, the directory
+    under ``cached_ops``), when ``build`` makes that module; else ``flashinfer_name`` itself.
+    Never imports FlashInfer."""
+    m = _ATTENTION_URI.fullmatch(flashinfer_name)
+    if m:
+        kind, q, kv, o, hd, prefill_tail = m.groups()
+        dt, kvd = _URI_DTYPES.get(q), _URI_DTYPES.get(kv)
+        o_built = "bf16" if dt and dt.startswith("fp8") else q  # as _attention's make_args
+        if dt and kvd and o == o_built and (prefill_tail is not None) == (kind == "prefill"):
+            return label(kind, dt, kvd, int(hd))
+        return flashinfer_name
+    act = flashinfer_name.removesuffix("_and_mul")
+    if act != flashinfer_name:
+        return label(f"activation-{act}") if act in ACTIVATIONS else flashinfer_name
+    return flashinfer_name  # sampling, norm, rope, page: FlashInfer's names are build's
 
 
 def missing_headers(variants: list[Variant], include_dirs: list[str], cuda_release: str,
