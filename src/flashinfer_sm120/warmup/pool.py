@@ -14,11 +14,9 @@ module gets ``-j`` = the slots free when it starts, and as its remaining steps d
 below its ``-j`` (counted from the processes ninja has running), the spare slots go
 to the next module.  At no time do more than ``jobs`` compile steps run.
 
-Memory: a job may carry ``mem``, the bytes one of its compile steps takes; with a
-``mem_budget``, a module is started (and given slots) only while its steps fit in
-what the running modules leave; when nothing runs, one module always starts,
-whatever its estimate.  Each module's peak RSS (the largest process ninja ran, from
-``wait4``) comes back in :attr:`Result.peak_rss`.
+Memory: with a ``mem_budget``, a module is started (and given slots) only while its
+steps (``Job.mem`` each) fit in what the running modules leave; when nothing runs, one
+module always starts, whatever its estimate.
 
 Every step ninja runs is watched (P6): one whose process exited is done, and what it
 left running (holding its output open, so ninja would wait for ever) is killed with its
@@ -77,7 +75,6 @@ class Result:
     label: str
     status: str
     seconds: float = 0.0
-    steps: int = 0
     error: str | None = None
     peak_rss: int | None = None
 
@@ -313,7 +310,7 @@ def _stop(running, locks) -> None:
         for r in running:
             while not _proc.exited(r.proc) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            _proc.kill_all(r.proc.pid, r.marker)
+            _proc.kill_all(r.proc.pid if r.proc.returncode is None else None, r.marker)  # reaped: its pid is free
             r.proc.wait()
         for lock in locks:
             lock.release()
@@ -384,16 +381,14 @@ def _finish(r: _Running, running: dict, results: dict, display: _Display, locks:
     label = r.job.label
     if rc == 0:
         _confirm(r, display)
-        results[label] = Result(label, "built", round(time.monotonic() - r.t0, 1), r.steps,
-                                peak_rss=r.peak_rss)
+        results[label] = Result(label, "built", round(time.monotonic() - r.t0, 1), peak_rss=r.peak_rss)
         display.event(f"done: {label}")
     else:
         err_lines = [x for x in r.failed if x.strip()] or r.lines[-40:]
         errors = [x for x in err_lines if "error" in x.lower()]
         text = "\n".join([f"{name}: stopped after {step_timeout:g} s, the deadline of one step (build "
                           "--step-timeout MINUTES)" for name in r.timed_out] + (errors or err_lines)[:30])
-        results[label] = Result(label, "failed", round(time.monotonic() - r.t0, 1), r.steps, text,
-                                r.peak_rss)
+        results[label] = Result(label, "failed", round(time.monotonic() - r.t0, 1), text, r.peak_rss)
         display.event(f"failed: {label} (ninja exit {rc}):\n    " + text.replace("\n", "\n    "))
     running.pop(label, None)
     lock = locks.pop(label, None)

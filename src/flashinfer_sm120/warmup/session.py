@@ -111,27 +111,18 @@ def _server_for(for_server: str | None, entries, strict: bool) -> tuple[str | No
 
 
 def apply_server_cache(for_server: str | None = None, entries=None, *, strict: bool = True) -> dict:
-    """Point FlashInfer's workspace where the serving stack will look, before FlashInfer is imported.
+    """Point FlashInfer's workspace where the serving stack will look, before FlashInfer is imported:
+    SGLang sets ``FLASHINFER_WORKSPACE_BASE`` from ``SGLANG_CACHE_DIR`` at import unless it is set
+    (:mod:`flashinfer_sm120.core.facts.servers`), and a build without that rule would land where the
+    server does not look.  The server is ``for_server`` (``build --for``), else the one the manifest
+    ``entries`` name, else the one installed here; ``strict``: raise when it cannot be decided
+    (``build``) rather than leave it (``doctor``).
 
-    SGLang sets ``FLASHINFER_WORKSPACE_BASE`` from ``SGLANG_CACHE_DIR`` at import unless it is
-    set (:mod:`flashinfer_sm120.core.facts.servers`); a warm-up build without that rule would land in
-    ``~/.cache/flashinfer`` and the server would compile everything again.  The server is
-    ``for_server`` (``build --for``), else the one the manifest ``entries`` were recorded
-    under, else the one installed here.  The rule is run from the installed SGLang when it is
-    there (else taken from :data:`flashinfer_sm120.core.facts.servers.SERVERS`).
+    Returns ``{"server", "why", "base", "how", "before", "changed"}`` (``before``: the variable's value,
+    ``None`` when unset).
 
-    Args:
-        for_server: ``vllm``, ``sglang`` or ``None`` (decide as above).
-        entries: manifest entries (``build --from``), which may name their ``server``.
-        strict: raise when it cannot be decided (``build``) rather than leave it (``doctor``).
-
-    Returns:
-        ``{"server", "why", "base", "how", "before", "changed"}`` (``before``: the value the
-        variable had, ``None`` when unset).
-
-    Raises:
-        BuildError: ``strict`` and two servers with different directories could apply, or the
-            server's rule gives a base FlashInfer cannot use (empty or relative).
+    :raises BuildError: ``strict`` and two servers with different directories could apply, or the
+        server's rule gives a base FlashInfer cannot use (relative).
     """
     from flashinfer_sm120.core.facts import serverprobe, servers
 
@@ -161,19 +152,14 @@ def apply_server_cache(for_server: str | None = None, entries=None, *, strict: b
 
 
 def apply_server_arch(server: str | None, sess: Session):
-    """Set the arch list the way ``server``'s model processes set it, after FlashInfer's import
-    and before the first module is generated, as they do (SGLang's ``set_cuda_arch()`` in
-    ``ModelRunner.load_model()``, :mod:`flashinfer_sm120.core.facts.serverprobe`): the JIT directory keeps
-    the targets of import, and every build line gets the server's own targets, so what is
-    built here is byte for byte what the server writes and finds.
+    """Set the arch list the way ``server``'s model processes set it, after FlashInfer's import and
+    before the first module is generated, as they do (SGLang's ``set_cuda_arch()`` in
+    ``ModelRunner.load_model()``, :mod:`flashinfer_sm120.core.facts.serverprobe`), so what is built here
+    is byte for byte what the server writes and finds.  Returns the
+    :class:`~flashinfer_sm120.core.facts.serverprobe.ArchChoice` applied, or ``None``.
 
-    Returns:
-        The :class:`~flashinfer_sm120.core.facts.serverprobe.ArchChoice` applied, or ``None`` (no server,
-        or one that leaves the arch list alone).
-
-    Raises:
-        BuildError: the targets are of GPUs of several capabilities: each of the server's
-            processes keeps only its own GPU's, in one shared directory.
+    :raises BuildError: the targets are of several capabilities: each of the server's processes keeps
+        only its own GPU's, in one shared directory.
     """
     from flashinfer_sm120.core.facts import serverprobe
 
@@ -250,11 +236,9 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
 
 def write_ninjas(specs: list, stream=None) -> None:
     """FlashInfer's own ``write_ninja`` for each spec, under its per-module lock (as
-    ``build_jit_specs`` does), so the file is byte for byte what the server writes; a wait for the
-    lock is told on ``stream`` (stderr).
+    ``build_jit_specs`` does), so the file is byte for byte what the server writes.
 
-    Raises:
-        PlaceError: another uid's process holds a module's lock (:func:`modlock.take`).
+    :raises PlaceError: another uid's process holds a module's lock (:func:`modlock.take`).
     """
     from flashinfer_sm120.warmup import modlock
 
@@ -273,19 +257,14 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
                 stats: dict | None = None, *, targets: int = 1, mem_limit: int | None = None,
                 mem_per_compile: int | None = None, env=None,
                 step_timeout: float = pool.STEP_TIMEOUT_S) -> list[dict]:
-    """Write ninja files and build ``labelled`` ``(label, spec)`` pairs in one pool
-    (``stats`` gets ``plan``: the jobs/memory plan).
-
-    Each module is admitted by its memory estimate (per family; ``mem_per_compile``
-    overrides it) within the budget of :func:`.plan.plan`; a module built without a compiler
-    launcher has its peak RSS recorded to refine its family's estimate (with a launcher the
-    compiles run in the launcher's server, out of ninja's sight).
+    """Write ninja files and build ``labelled`` ``(label, spec)`` pairs in one pool (``stats`` gets
+    ``plan``), each module admitted by its family's memory estimate (or ``mem_per_compile``) within
+    the budget of :func:`.plan.plan`.  A module built without a compiler launcher has its peak RSS
+    recorded (with one, the compiles run in the launcher's server, out of ninja's sight).
 
     :param env: the user's environment for the plan (``MAX_JOBS``, ``FLASHINFER_NVCC_THREADS``),
         read before this process exported its own ``MAX_JOBS``.
-    :returns: one dict per module: label, name, status, library, bytes, seconds, error,
-        gencode (raw ``compute_X,code`` pairs), binary (``SASS sm_X``/``PTX compute_X``) and
-        peak_rss (bytes, when built without a launcher).
+    :returns: one dict per module, the ``modules`` of ``build --json``.
     """
     from flashinfer_sm120.core.jitenv.jobs import Estimate, recorded
     from flashinfer_sm120.warmup import plan as _plan
