@@ -1,21 +1,16 @@
-"""Named FlashInfer JIT modules that ``flashinfer-sm120 build`` knows, with their variants.
+"""Named FlashInfer JIT modules that ``flashinfer-sm120 build`` knows, with their variants and names.
 
-A name stands for FlashInfer's public API (a wrapper class or function), and builds
-exactly the JIT module(s) that API loads on its first call, for the installed
-release: each :class:`Variant` calls the module *getter* that API calls (for example
-``flashinfer.prefill.get_batch_prefill_module``, which both batch-prefill wrappers
-call from ``plan``) with the wrapper's arguments, and takes the ``JitSpec`` whose
-``build_and_load`` the getter reaches first, without building or loading it.  So
-the URI and ``build.ninja`` are FlashInfer's own: on 0.7.4 the FA2 prefill module
-ends in ``_kv_stride_equal`` (``flashinfer/prefill.py`` ``get_batch_prefill_module``
-builds ``_gen_batch_prefill_primary_module``; ``flashinfer/jit/attention/modules.py``
-``_BATCH_PREFILL_MODULE_URI_SUFFIX``), on 0.4.0 - 0.6.x it has no suffix.
+A name stands for FlashInfer's public API and builds exactly the JIT module(s) that API loads on its
+first call, for the installed release: each :class:`Variant` calls the module *getter* that API calls
+(``flashinfer.prefill.get_batch_prefill_module``, called by both batch-prefill wrappers' ``plan``) with
+the wrapper's arguments and takes the ``JitSpec`` whose ``build_and_load`` the getter reaches first,
+without building it.  So the URI and ``build.ninja`` are FlashInfer's own (on 0.7.4 the FA2 prefill
+module ends in ``_kv_stride_equal``: ``flashinfer/jit/attention/modules.py``
+``_BATCH_PREFILL_MODULE_URI_SUFFIX``; on 0.4.0 - 0.6.x it has no suffix).
 
-The getter's arguments are matched by name against the signature of the URI function
-the getter calls (``get_batch_prefill_uri(backend, *args)``, ``get_batch_decode_uri(*args)``
-in every release from 0.4.0 to 0.7.4); parameters build does not set take the
-release's default.  Attention modules expand into one variant per head dim and dtype
-chosen on the command line (``--head-dim 64,128 --dtype bf16``).
+The getter's arguments are matched by name against the signature of its URI function
+(``get_batch_prefill_uri(backend, *args)``, ``get_batch_decode_uri(*args)`` in 0.4.0 - 0.7.4);
+parameters build does not set take the release's default.
 """
 
 from __future__ import annotations
@@ -24,6 +19,7 @@ import dataclasses
 import difflib
 import importlib
 import inspect
+import itertools
 import re
 import sys
 import threading
@@ -48,19 +44,11 @@ ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
 @dataclasses.dataclass(frozen=True)
 class Getter:
-    """A FlashInfer module getter that a public API calls on first use (data, no logic).
-
-    Attributes:
-        module: where the getter lives, e.g. ``flashinfer.prefill``.
-        name: the getter, e.g. ``get_batch_prefill_module``.
-        uri: the URI function the getter passes its arguments to, looked up in
-            ``module`` (its signature names the arguments), or ``None`` for getters
-            that take none or a fixed few.
-        fallback: ``(module, generator)`` to call with the same arguments where a
-            release does not define the getter (0.6.7 defines ``get_norm_module`` only
-            when ``FLASHINFER_USE_CUDA_NORM=1`` or CuTe DSL is missing).
-        label: the label prefix of its variants.
-    """
+    """A FlashInfer module getter (``name`` in ``module``) that a public API calls on first use;
+    ``label``: its variants' name prefix; ``uri``: the URI function in ``module`` whose signature
+    names the attention arguments (``None``: no such arguments); ``fallback``: ``(module,
+    generator)`` where a release lacks the getter (0.6.7 defines ``get_norm_module`` only when
+    ``FLASHINFER_USE_CUDA_NORM=1`` or CuTe DSL is missing)."""
 
     module: str
     name: str
@@ -71,6 +59,7 @@ class Getter:
 
 PREFILL = Getter("flashinfer.prefill", "get_batch_prefill_module", "prefill", uri="get_batch_prefill_uri")
 DECODE = Getter("flashinfer.decode", "get_batch_decode_module", "decode", uri="get_batch_decode_uri")
+ACTIVATION = Getter("flashinfer.activation", "get_act_and_mul_module", "activation")  # one variant per --act
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,8 +185,6 @@ def _first_load(getter: Callable, args: tuple, variant: Variant):
 class _Named:
     what: str
     getters: tuple[Getter, ...]
-    attention: bool = False
-    activation: bool = False
     #: CUDA library headers beyond nvcc, cudart and curand that its sources include.
     headers: tuple[str, ...] = ()
 
@@ -225,19 +212,18 @@ NAMES: dict[str, _Named] = {
     "rope": _Named("rotary position embedding, Llama 3.1 RoPE (flashinfer.rope)",
                    (Getter("flashinfer.rope", "get_rope_module", "rope"),)),
     "activation": _Named("fused act-and-mul, e.g. silu_and_mul for SwiGLU MLPs (flashinfer.activation); --act",
-                         (Getter("flashinfer.activation", "get_act_and_mul_module", "activation"),),
-                         activation=True),
+                         (ACTIVATION,)),
     "page": _Named("append to a paged KV cache (flashinfer.page.append_paged_kv_cache)",
                    (Getter("flashinfer.page", "get_page_module", "page"),)),
     "decode": _Named("batch decode attention on a paged KV cache: BatchDecodeWithPagedKVCacheWrapper loads "
                      "decode-* (CUDA cores, its default) or, with use_tensor_cores=True (vLLM always; SGLang "
                      "with an fp8 KV cache or 4+ query heads per KV head), the FA2 prefill module prefill-*; "
                      "builds both; "
-                     "--head-dim, --dtype, --kv-dtype", (DECODE, PREFILL), attention=True),
+                     "--head-dim, --dtype, --kv-dtype", (DECODE, PREFILL)),
     "prefill": _Named("batch prefill attention, FA2 backend: BatchPrefillWithPagedKVCacheWrapper and "
                       "BatchPrefillWithRaggedKVCacheWrapper both load prefill-* (on FlashInfer 0.7.4 the "
                       "..._kv_stride_equal module; paged K and V caches with different strides load a second "
-                      "one lazily, not built); --head-dim, --dtype, --kv-dtype", (PREFILL,), attention=True),
+                      "one lazily, not built); --head-dim, --dtype, --kv-dtype", (PREFILL,)),
 }
 
 #: Head dims of the common model families: 64 (GPT-2-size, some Phi), 128 (Llama 2/3,
@@ -270,17 +256,10 @@ def _dtype(value: str, flag: str) -> str:
 
 def expand(names: list[str], *, head_dims: str | None = None, dtypes: str | None = None,
            kv_dtypes: str | None = None, acts: str | None = None) -> list[Variant]:
-    """Turn module names and variant flags into concrete variants, in order, without duplicates.
+    """Module names (of :data:`NAMES`, or ``all``) and the values of ``--head-dim``, ``--dtype``,
+    ``--kv-dtype`` and ``--act`` as concrete variants, in order, each module once (``decode
+    prefill`` share one).  Nothing here imports FlashInfer.
 
-    A name whose API loads several modules (``decode``: CUDA-core and tensor-core decode)
-    gives one variant each; two names that load the same module (``decode prefill``)
-    give it once.  Nothing here imports FlashInfer.
-
-    :param names: module names from :data:`NAMES`, or ``all``.
-    :param head_dims: ``--head-dim`` value, comma separated ints (default ``128``).
-    :param dtypes: ``--dtype`` value for q/o (default ``bf16``); keys of :data:`DTYPES`.
-    :param kv_dtypes: ``--kv-dtype`` value (default: the same as ``--dtype``).
-    :param acts: ``--act`` value (default ``silu``); :data:`ACTIVATIONS`.
     :raises ModuleError: unknown name, head dim or dtype (the message lists the valid ones).
     """
     if "all" in names:
@@ -306,12 +285,9 @@ def expand(names: list[str], *, head_dims: str | None = None, dtypes: str | None
     for name in names:
         n = NAMES[name]
         for g in n.getters:
-            if n.attention:
-                for dt in dts:
-                    for kv in kvs:
-                        for hd in hds:
-                            out.append(_attention(g, dt, kv or dt, hd, n.headers))
-            elif n.activation:
+            if g.uri:  # attention: one variant per dtype, KV dtype and head dim
+                out += [_attention(g, dt, kv or dt, hd, n.headers) for dt, kv, hd in itertools.product(dts, kvs, hds)]
+            elif g is ACTIVATION:
                 for a in act_list:
                     out.append(Variant(label(f"activation-{a}"), f"{a}_and_mul", g, lambda torch, a=a: (a,),
                                        n.headers))
@@ -378,13 +354,9 @@ def user_name(flashinfer_name: str) -> str:
 
 def missing_headers(variants: list[Variant], include_dirs: list[str], cuda_release: str,
                     pip_toolkit: bool, toolkit_root: str) -> list[str]:
-    """One message per header some variants need that none of ``include_dirs`` holds, naming the fix.
-
-    :param include_dirs: where nvcc will look (``$CUDA_HOME/include`` first).
-    :param cuda_release: the chosen nvcc's ``major.minor``, so the fix installs a matching set.
-    :param pip_toolkit: the chosen nvcc comes from pip wheels (the fix is then a pip install).
-    :param toolkit_root: the chosen toolkit, named in the message.
-    """
+    """One message per header some variants need that none of ``include_dirs`` (where nvcc looks)
+    holds, naming the fix for the toolkit at ``toolkit_root`` (``cuda_release``: its ``major.minor``;
+    ``pip_toolkit``: from pip wheels, so the fix is a pip install)."""
     import os
 
     out: dict[str, list[str]] = {}
