@@ -17,10 +17,7 @@ from flashinfer_sm120.warmup import modules as _modules
 from flashinfer_sm120.cli import buildjson
 from flashinfer_sm120.cli.common import err as _err
 
-__all__ = ["MODULES", "run_build", "add_parser"]
-
-#: Module names ``build`` knows (see ``build --list``).
-MODULES = _modules.NAMES
+__all__ = ["run_build", "add_parser"]
 
 
 class _Stop(Sm120Error):
@@ -158,12 +155,6 @@ def _cache_line(report: dict | None) -> dict | None:
     return {"hits": report["hits"], "misses": report["misses"], "location": report["location"], "line": line}
 
 
-def session_choices() -> tuple[str, ...]:
-    from flashinfer_sm120.warmup.session import SERVER_CHOICES
-
-    return SERVER_CHOICES
-
-
 def _sm(target: str) -> str:
     return "sm_" + target.replace(".", "")
 
@@ -237,13 +228,13 @@ def _print_human(summary: dict) -> None:
 def add_parser(sub) -> None:
     """Register ``build`` on an argparse subparsers object."""
     # what may fail to import comes before sub.add_parser: a broken install fails here, not half-registered
-    servers = session_choices()
     from flashinfer_sm120.warmup.pool import STEP_TIMEOUT_S
+    from flashinfer_sm120.warmup.session import SERVER_CHOICES as servers
     from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV as ENV
     b = sub.add_parser("build", help="JIT-build FlashInfer modules into FlashInfer's JIT cache",
                        description="Build named modules (see --list) or a recorded manifest (--from) "
                        "in one job pool.")
-    b.add_argument("modules", nargs="*", metavar="MODULE", help=f"one of: {', '.join(MODULES)}, all")
+    b.add_argument("modules", nargs="*", metavar="MODULE", help=f"one of: {', '.join(_modules.NAMES)}, all")
     b.add_argument("--list", action="store_true", help="list the modules and their variant flags")
     b.add_argument("--from", dest="manifest", metavar="MANIFEST",
                    help="build the modules recorded in MANIFEST (FLASHINFER_SM120_RECORD=MANIFEST)")
