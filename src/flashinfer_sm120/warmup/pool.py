@@ -27,6 +27,7 @@ started is killed (:func:`flashinfer_sm120.safety.proc.kill_all`).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import queue
@@ -85,14 +86,14 @@ class _Running:
         self.finished = 0  # ninja's own count of finished steps (%f), failed ones included
         self.pending_since = 0.0
         self.t0 = time.monotonic()
-        self.lines: list[str] = []
+        self.lines: collections.deque[str] = collections.deque(maxlen=40)  # the last lines, for a failure
         self.pending: str | None = None  # last status line, not yet known to have succeeded
         self.failed: list[str] = []
         self.in_failure = False
         self.peak_rss: int | None = None
         self.seen: dict[int, list] = {}  # step pid -> [its file, first seen, SIGTERM sent at]
         self.running: list = []  # steps running at the last watch()
-        self.timed_out: list[str] = []
+        self.timed_out: list[str] = []  # what was stopped at its deadline, for the error
         self.marker = uuid.uuid4().hex  # finds what ninja started, wherever it went (P6)
         self.proc = subprocess.Popen(command(job, "-j", str(slots)), stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, errors="replace",
@@ -134,7 +135,8 @@ class _Running:
                 continue
             if now - seen[1] > step_timeout and seen[2] is None:
                 seen[2] = now
-                self.timed_out.append(seen[0])
+                self.timed_out.append(f"{seen[0]}: stopped after {step_timeout:g} s, the deadline of one step "
+                                      "(build --step-timeout MINUTES)")
                 _proc.signal_group(st.pid, signal.SIGTERM)
             elif seen[2] is not None and now - seen[2] > _STOP_S:
                 _proc.signal_group(st.pid, signal.SIGKILL)
@@ -259,7 +261,7 @@ def _run_pool(jobs, max_jobs, stream, mem_budget, intro, step_timeout, beat_s) -
                 free -= give
                 if mem_left is not None:
                     mem_left -= give * job.mem
-            _drain(events, running, results, display, locks, step_timeout, timeout=0.5)
+            _drain(events, running, results, display, locks, timeout=0.5)
             now = time.monotonic()
             for r in running.values():
                 if r.pending is not None and now - r.pending_since > 0.3:
@@ -327,7 +329,7 @@ def _fits(job: Job, mem_left: int | None, nothing_runs: bool) -> int:
 
 
 def _drain(events: queue.Queue, running: dict, results: dict, display: _Display, locks: dict,
-           step_timeout: float, timeout: float) -> None:
+           timeout: float) -> None:
     """Handle ninja's output for up to ``timeout`` seconds, returning early once a step
     finished or a module ended (a slot may be free)."""
     deadline = time.monotonic() + timeout
@@ -340,7 +342,7 @@ def _drain(events: queue.Queue, running: dict, results: dict, display: _Display,
             return
         label = r.job.label
         if line is None:
-            _finish(r, running, results, display, locks, step_timeout)
+            _finish(r, running, results, display, locks)
             freed = True
             continue
         r.lines.append(line)
@@ -361,8 +363,6 @@ def _drain(events: queue.Queue, running: dict, results: dict, display: _Display,
             display.event(f"FAILED {label}: {what}")
         elif r.in_failure and len(r.failed) < _FAILED_MAX:
             r.failed.append(line)
-        if len(r.lines) > 400:
-            del r.lines[:200]
 
 
 def _confirm(r: _Running, display: _Display) -> None:
@@ -374,8 +374,7 @@ def _confirm(r: _Running, display: _Display) -> None:
         r.pending = None
 
 
-def _finish(r: _Running, running: dict, results: dict, display: _Display, locks: dict,
-            step_timeout: float) -> None:
+def _finish(r: _Running, running: dict, results: dict, display: _Display, locks: dict) -> None:
     rc = r.proc.wait()
     _proc.kill_all(None, r.marker)  # nothing ninja started outlives it (P6)
     label = r.job.label
@@ -384,10 +383,9 @@ def _finish(r: _Running, running: dict, results: dict, display: _Display, locks:
         results[label] = Result(label, "built", round(time.monotonic() - r.t0, 1), peak_rss=r.peak_rss)
         display.event(f"done: {label}")
     else:
-        err_lines = [x for x in r.failed if x.strip()] or r.lines[-40:]
+        err_lines = [x for x in r.failed if x.strip()] or list(r.lines)
         errors = [x for x in err_lines if "error" in x.lower()]
-        text = "\n".join([f"{name}: stopped after {step_timeout:g} s, the deadline of one step (build "
-                          "--step-timeout MINUTES)" for name in r.timed_out] + (errors or err_lines)[:30])
+        text = "\n".join(r.timed_out + (errors or err_lines)[:30])
         results[label] = Result(label, "failed", round(time.monotonic() - r.t0, 1), text, r.peak_rss)
         display.event(f"failed: {label} (ninja exit {rc}):\n    " + text.replace("\n", "\n    "))
     running.pop(label, None)
