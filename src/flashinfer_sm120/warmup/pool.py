@@ -39,7 +39,6 @@ import time
 import uuid
 from pathlib import Path
 
-from flashinfer_sm120.warmup.plan import default_jobs
 from flashinfer_sm120.safety import proc as _proc
 from flashinfer_sm120.safety.formats import plural
 from flashinfer_sm120.warmup import modlock
@@ -189,7 +188,7 @@ class _Nothing:
         pass
 
 
-def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, mem_budget: int | None = None,
+def run_pool(jobs: list[Job], max_jobs: int, stream=None, mem_budget: int | None = None,
              *, intro: tuple[str, ...] = (), step_timeout: float = STEP_TIMEOUT_S,
              beat_s: float = BEAT_S) -> list[Result]:
     """Build ``jobs`` sharing ``max_jobs`` compile slots; print progress on ``stream``.
@@ -199,7 +198,7 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, mem_budg
     compiler's error in :attr:`Result.error`.  Takes FlashInfer's per-module lock for each module
     while it builds (another process building the same module is waited for, and said so).
 
-    :param max_jobs: parallel compile steps (default :func:`flashinfer_sm120.warmup.plan.default_jobs`).
+    :param max_jobs: parallel compile steps (the plan's jobs, :func:`flashinfer_sm120.warmup.plan.plan`).
     :param mem_budget: bytes the compile steps may use together (each job's ``mem`` per step);
         ``None``: not counted.
     :param intro: lines printed before the build, only when something is to be built.
@@ -212,7 +211,6 @@ def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None, mem_budg
 
 
 def _run_pool(jobs, max_jobs, stream, mem_budget, intro, step_timeout, beat_s) -> list[Result]:
-    slots_total = max_jobs or default_jobs()[0]
     results: dict[str, Result] = {}
     pending: list[tuple[Job, int]] = []
     for job in jobs:
@@ -235,7 +233,7 @@ def _run_pool(jobs, max_jobs, stream, mem_budget, intro, step_timeout, beat_s) -
     if pending:
         stream.write("".join(f"flashinfer-sm120: {line}\n" for line in intro))
         stream.write(f"to build: {plural(len(pending), 'module')}, {plural(total, 'compile/link step')}, "
-                     f"-j {slots_total}: " + ", ".join(f"{j.label} ({n})" for j, n in pending) + "\n")
+                     f"-j {max_jobs}: " + ", ".join(f"{j.label} ({n})" for j, n in pending) + "\n")
     stream.flush()
     display = _Display(stream, total, beat_s)
     events: queue.Queue = queue.Queue()
@@ -245,7 +243,7 @@ def _run_pool(jobs, max_jobs, stream, mem_budget, intro, step_timeout, beat_s) -
     try:
         while pending or running:
             committed = {lbl: r.committed() for lbl, r in running.items()}
-            free = slots_total - sum(committed.values())
+            free = max_jobs - sum(committed.values())
             mem_left = None if mem_budget is None else mem_budget - sum(
                 committed[lbl] * r.job.mem for lbl, r in running.items())
             for item in list(pending):
