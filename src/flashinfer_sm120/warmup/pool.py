@@ -49,8 +49,8 @@ __all__ = ["Job", "Result", "run_pool", "STEP_TIMEOUT_S"]
 _LINE_MAX = 1 << 16  # characters of one line of ninja's output kept (the rest of it dropped)
 _FAILED_MAX = 2000  # lines of a failure's output kept
 _STOP_S = 10  # seconds a stopped step or ninja gets after SIGTERM before SIGKILL
-#: Default deadline of one compile step (``build --step-timeout``): a sampling.cu compile takes
-#: about 2 CPU-minutes, up to 15 minutes of wall time on 2 loaded cores; 4x that.
+#: Default deadline of one compile step (``build --step-timeout``): a wide margin over the longest
+#: compile (sampling.cu: minutes, more on two loaded cores).
 STEP_TIMEOUT_S = 3600
 BEAT_S = 30  # seconds between progress lines
 
