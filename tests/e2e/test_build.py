@@ -168,7 +168,7 @@ def test_shim_builds_real_sampling_kernels_for_sm120f(sampling_build):
     again = cli(["build", "sampling", "--json", "-j", "2"], env, 600, fakegpu=True, python=sys.executable)
     assert again.returncode == 0, again.stderr[-3000:]
     assert [m["status"] for m in json.loads(again.stdout)["modules"]] == ["up to date"]
-    assert again.stderr.count("up to date: sampling") == 1 and "to build" not in again.stderr
+    assert "up to date" not in again.stderr and "to build" not in again.stderr  # said once, in the report
     cuobjdump = shutil.which("cuobjdump", path=os.path.join(home, "bin") + os.pathsep + os.environ["PATH"])
     if cuobjdump:
         elf = subprocess.run([cuobjdump, "--list-elf", so], capture_output=True, text=True).stdout

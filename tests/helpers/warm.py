@@ -65,12 +65,13 @@ def fake_compiler_env(env: dict, tmp_path: Path) -> tuple[dict, Path]:
     return dict(env, FLASHINFER_NVCC_LAUNCHER=str(cc), CXX=str(cc), FAKE_CC_LOG=str(log), FAKE_GPU_CAPS=""), log
 
 
-def fake_job(root, name, n_src=2, fail=None, sleep=0.3, hold=None):
+def fake_job(root, name, n_src=2, fail=None, sleep=0.3, hold=None, after=""):
     """A :class:`pool.Job` ``name`` under ``root``: ``n_src`` compile steps of ``sleep`` seconds each (the
     one of source ``fail`` fails), then a link.  Every step appends to ``root/order.log``: a compile step
     ``start SRC`` as it begins and ``end SRC`` just before it exits (so the log's order is a record of
     which steps ran at once), a link ``link OUT``.  ``hold=(src, regex)``: the step compiling ``src``
-    also waits (up to 120 s) until a whole line of the log matches ``regex`` (grep -x; no ``$``: ninja's escape): a readiness signal, not a race."""
+    also waits (up to 120 s) until a whole line of the log matches ``regex`` (grep -x; no ``$``: ninja's escape): a readiness signal, not a race.
+    ``after``: shell text appended to each compile step's command (``; ...`` or ``&& ...``)."""
     from flashinfer_sm120.warmup import pool
 
     d = root / name
@@ -87,7 +88,7 @@ def fake_job(root, name, n_src=2, fail=None, sleep=0.3, hold=None):
                                            'out="$3"; shift 3; cat "$@" > "$out"\n')
     held, until = hold or ("", "")
     lines = ["ninja_required_version = 1.3", "rule cuda_compile",
-             f"  command = SLEEP={sleep} FAIL={d}/{fail} HOLD='{d}/{held}' UNTIL='{until}' sh {nvcc} -c $in -o $out",
+             f"  command = SLEEP={sleep} FAIL={d}/{fail} HOLD='{d}/{held}' UNTIL='{until}' sh {nvcc} -c $in -o $out{after}",
              "rule link", f"  command = sh {root}/fake_link.sh -shared -o $out $in", ""]
     objs = []
     for i in range(n_src):

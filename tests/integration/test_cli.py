@@ -191,3 +191,21 @@ def test_a_usage_error_with_json_still_prints_one_json_document(argv, capsys):
     text = json.dumps(doc)
     assert "error" in err and ("nan" in text or "zz" in text or "out of range" in text or "abc" in text
                                or "--bogus" in text), doc
+
+
+def test_build_without_gpu_or_arch_asks_before_importing_torch(clean_env, tmp_path):
+    """On a GPU-less machine ``build sampling`` asks for --arch from cheap facts (NVML, device nodes),
+    before torch or FlashInfer is imported; 0.3.0 imported both first (5.5 s)."""
+    import glob
+
+    from flashinfer_sm120.core.facts import gpus
+
+    if gpus.query(torch_fallback=False).gpus or glob.glob("/dev/nvidia[0-9]*"):
+        pytest.skip("this machine has a GPU")
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise SystemExit('torch was imported')\n")
+    env = {k: v for k, v in clean_env.items() if k != "FLASHINFER_CUDA_ARCH_LIST"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(tmp_path), clean_env.get("PYTHONPATH"))))
+    proc = cli(["build", "sampling"], env, python=sys.executable)
+    assert "torch was imported" not in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "--arch 12.0" in proc.stderr, proc.stderr

@@ -22,11 +22,11 @@ from flashinfer_sm120.cli import enable
 from flashinfer_sm120.cli.version import VersionAction
 
 try:
-    from flashinfer_sm120.cli.build import MODULES
+    from flashinfer_sm120.warmup.modules import NAMES as _MODULES
 except Exception:  # a broken install: 'disable' must still work
-    MODULES = {}
+    _MODULES = {}
 
-__all__ = ["main", "MODULES"]
+__all__ = ["main"]
 
 
 def _broken_parser(sub, name: str, exc: BaseException) -> None:
@@ -309,7 +309,7 @@ def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
             args.modules += names
             extras = []
         else:  # a mistyped option among them: only the option is unrecognized, not a module name
-            args.modules += [x for x in names if x in MODULES or x == "all"]
+            args.modules += [x for x in names if x in _MODULES or x == "all"]
             extras = [x for x in extras if x not in args.modules]
     if extras:  # the subcommand's own usage, and the option that was probably meant
         _chosen(parser, args).error(_unknown(_chosen(parser, args), extras))

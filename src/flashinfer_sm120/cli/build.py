@@ -17,10 +17,7 @@ from flashinfer_sm120.warmup import modules as _modules
 from flashinfer_sm120.cli import buildjson
 from flashinfer_sm120.cli.common import err as _err
 
-__all__ = ["MODULES", "run_build", "add_parser"]
-
-#: Module names ``build`` knows (see ``build --list``).
-MODULES = _modules.NAMES
+__all__ = ["run_build", "add_parser"]
 
 
 class _Stop(Sm120Error):
@@ -64,6 +61,8 @@ def _build(args: argparse.Namespace) -> dict:
                                kv_dtypes=args.kv_dtype, acts=args.act) if args.modules else []
     entries, problems = replay.load(args.manifest) if args.manifest else ([], [])
     arch = replay.arch_for(entries, args.arch) if args.manifest else args.arch
+    if arch is None and session.no_gpu_no_arch():  # before FlashInfer's import: it takes seconds
+        raise _Stop(session.NO_TARGETS)
     for note in arch_notes(args.arch):
         print(f"flashinfer-sm120: {note}", file=sys.stderr)
     session.set_arch(arch)
@@ -114,7 +113,7 @@ def _build(args: argparse.Namespace) -> dict:
         t0 = time.monotonic()
         results = session.build_specs(labelled, args.jobs, sys.stderr, stats, targets=len(sess.targets),
                                       mem_limit=args.mem_limit, mem_per_compile=args.mem_per_compile,
-                                      env=user_env)
+                                      env=user_env, step_timeout=args.step_timeout * 60)
         stats["wall_s"] = round(time.monotonic() - t0, 2)
     cache = None if args.ninja_only else _cache_line(buildopts.cache_report(before))
     if cache:
@@ -154,12 +153,6 @@ def _cache_line(report: dict | None) -> dict | None:
                      "launcher is part of the compile line ninja records, so a server without it compiles "
                      "them again")
     return {"hits": report["hits"], "misses": report["misses"], "location": report["location"], "line": line}
-
-
-def session_choices() -> tuple[str, ...]:
-    from flashinfer_sm120.warmup.session import SERVER_CHOICES
-
-    return SERVER_CHOICES
 
 
 def _sm(target: str) -> str:
@@ -235,12 +228,13 @@ def _print_human(summary: dict) -> None:
 def add_parser(sub) -> None:
     """Register ``build`` on an argparse subparsers object."""
     # what may fail to import comes before sub.add_parser: a broken install fails here, not half-registered
-    servers = session_choices()
+    from flashinfer_sm120.warmup.pool import STEP_TIMEOUT_S
+    from flashinfer_sm120.warmup.session import SERVER_CHOICES as servers
     from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV as ENV
     b = sub.add_parser("build", help="JIT-build FlashInfer modules into FlashInfer's JIT cache",
                        description="Build named modules (see --list) or a recorded manifest (--from) "
                        "in one job pool.")
-    b.add_argument("modules", nargs="*", metavar="MODULE", help=f"one of: {', '.join(MODULES)}, all")
+    b.add_argument("modules", nargs="*", metavar="MODULE", help=f"one of: {', '.join(_modules.NAMES)}, all")
     b.add_argument("--list", action="store_true", help="list the modules and their variant flags")
     b.add_argument("--from", dest="manifest", metavar="MANIFEST",
                    help="build the modules recorded in MANIFEST (FLASHINFER_SM120_RECORD=MANIFEST)")
@@ -256,6 +250,9 @@ def add_parser(sub) -> None:
     b.add_argument("--dtype", help="attention q/o dtype(s), e.g. bf16,fp16 (default bf16)")
     b.add_argument("--kv-dtype", help="KV-cache dtype(s), e.g. fp8_e4m3 (default: --dtype)")
     b.add_argument("--act", help="activation(s) for 'activation', e.g. silu,gelu_tanh (default silu)")
+    b.add_argument("--step-timeout", type=cli_int("--step-timeout", 1, 10080), default=STEP_TIMEOUT_S // 60,
+                   metavar="MINUTES", help="stop a compile or link step that runs longer (with what it "
+                   "started), and fail its module (default %(default)s)")
     b.add_argument("--ninja-only", action="store_true",
                    help="write FlashInfer's build.ninja files, compile nothing")
     b.add_argument("--json", action="store_true", help="print the result as JSON on stdout (one document, "

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = ["MARKER_VAR", "DEFAULT_MAX_OUTPUT", "LOCAL_ERRNOS", "Result", "run", "signals_as_exit",
-           "die_with_parent"]
+           "die_with_parent", "exited", "kill_all", "signal_group"]
 
 #: Set, with a per-call unique value, in every program :func:`run` starts: finds its escaped descendants.
 MARKER_VAR = "FLASHINFER_SM120_RUN_ID"
@@ -103,12 +103,12 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
         poller = select.poll()
         poller.register(r, select.POLLIN | select.POLLHUP | select.POLLERR)
         eof = False
-        while not _exited(proc):
+        while not exited(proc):
             left = deadline - time.monotonic()
             if left <= 0:
                 timed_out = True
                 break
-            if eof:  # output closed: wait for the exit, without reaping it (see _exited)
+            if eof:  # output closed: wait for the exit, without reaping it (see exited)
                 time.sleep(min(left, 0.005))
             elif poller.poll(min(left, 0.05) * 1000):
                 size, eof, truncated = _drain(r, chunks, size, max_output)
@@ -119,8 +119,8 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
                 size, eof, truncated = _drain(r, chunks, size, max_output)
     finally:
         os.close(r)
-        if not (leave_running and not timed_out and not truncated and _exited(proc)):
-            _kill_all(proc.pid, marker)
+        if not (leave_running and not timed_out and not truncated and exited(proc)):
+            kill_all(proc.pid, marker)
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:  # unkillable (D state): leave it, do not hang
@@ -129,9 +129,9 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
     return Result(proc.returncode, out, timed_out, truncated, time.monotonic() - start)
 
 
-def _exited(proc: subprocess.Popen) -> bool:
+def exited(proc: subprocess.Popen) -> bool:
     """Whether the program has exited, WITHOUT reaping it (``WNOWAIT``): an unreaped zombie's pid
-    cannot be reused, so the group and session :func:`_kill_all` signals are still the program's."""
+    cannot be reused, so the group and session :func:`kill_all` signals are still the program's."""
     if proc.returncode is not None:
         return True
     waitid = getattr(os, "waitid", None)
@@ -164,12 +164,19 @@ def _drain(fd: int, chunks: list[bytes], size: int, cap: int) -> tuple[int, bool
             return size, False, True
 
 
-def _kill_all(pid: int, marker: str) -> None:
-    """Kill the program's group, then every marked or same-session process."""
+def signal_group(pgid: int, sig: int) -> None:
+    """``killpg``, where a group already gone is no error."""
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(pgid, sig)
     except OSError:
         pass
+
+
+def kill_all(pid: int | None, marker: str) -> None:
+    """SIGKILL the group and session that program ``pid`` leads (``None``: it is reaped, its pid may
+    be another's now), then every process carrying ``MARKER_VAR=marker``, a few rounds (P6)."""
+    if pid is not None:
+        signal_group(pid, signal.SIGKILL)
     for _ in range(_KILL_ROUNDS):
         pids = [p for p in _marked(marker, pid) if not _is_zombie(p)]
         if not pids:
@@ -182,7 +189,7 @@ def _kill_all(pid: int, marker: str) -> None:
         time.sleep(0.01)
 
 
-def _marked(marker: str, session: int) -> list[int]:
+def _marked(marker: str, session: int | None) -> list[int]:
     """Pids of this uid's processes whose environment has ``MARKER_VAR=marker`` or whose session id
     is ``session`` (Linux ``/proc``; empty elsewhere)."""
     me = os.getpid()

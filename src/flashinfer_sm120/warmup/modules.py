@@ -1,21 +1,16 @@
-"""Named FlashInfer JIT modules that ``flashinfer-sm120 build`` knows, with their variants.
+"""Named FlashInfer JIT modules that ``flashinfer-sm120 build`` knows, with their variants and names.
 
-A name stands for FlashInfer's public API (a wrapper class or function), and builds
-exactly the JIT module(s) that API loads on its first call, for the installed
-release: each :class:`Variant` calls the module *getter* that API calls (for example
-``flashinfer.prefill.get_batch_prefill_module``, which both batch-prefill wrappers
-call from ``plan``) with the wrapper's arguments, and takes the ``JitSpec`` whose
-``build_and_load`` the getter reaches first, without building or loading it.  So
-the URI and ``build.ninja`` are FlashInfer's own: on 0.7.4 the FA2 prefill module
-ends in ``_kv_stride_equal`` (``flashinfer/prefill.py`` ``get_batch_prefill_module``
-builds ``_gen_batch_prefill_primary_module``; ``flashinfer/jit/attention/modules.py``
-``_BATCH_PREFILL_MODULE_URI_SUFFIX``), on 0.4.0 - 0.6.x it has no suffix.
+A name stands for FlashInfer's public API and builds exactly the JIT module(s) that API loads on its
+first call, for the installed release: each :class:`Variant` calls the module *getter* that API calls
+(``flashinfer.prefill.get_batch_prefill_module``, called by both batch-prefill wrappers' ``plan``) with
+the wrapper's arguments and takes the ``JitSpec`` whose ``build_and_load`` the getter reaches first,
+without building it.  So the URI and ``build.ninja`` are FlashInfer's own (on 0.7.4 the FA2 prefill
+module ends in ``_kv_stride_equal``: ``flashinfer/jit/attention/modules.py``
+``_BATCH_PREFILL_MODULE_URI_SUFFIX``; on 0.4.0 - 0.6.x it has no suffix).
 
-The getter's arguments are matched by name against the signature of the URI function
-the getter calls (``get_batch_prefill_uri(backend, *args)``, ``get_batch_decode_uri(*args)``
-in every release from 0.4.0 to 0.7.4); parameters build does not set take the
-release's default.  Attention modules expand into one variant per head dim and dtype
-chosen on the command line (``--head-dim 64,128 --dtype bf16``).
+The getter's arguments are matched by name against the signature of its URI function
+(``get_batch_prefill_uri(backend, *args)``, ``get_batch_decode_uri(*args)`` in 0.4.0 - 0.7.4);
+parameters build does not set take the release's default.
 """
 
 from __future__ import annotations
@@ -24,6 +19,8 @@ import dataclasses
 import difflib
 import importlib
 import inspect
+import itertools
+import re
 import sys
 import threading
 from typing import Any, Callable
@@ -31,7 +28,8 @@ from typing import Any, Callable
 from flashinfer_sm120.errors import Sm120Error
 from flashinfer_sm120.safety.formats import some
 
-__all__ = ["ModuleError", "Variant", "NAMES", "DTYPES", "ACTIVATIONS", "describe_all", "expand", "EXTRA_HEADERS", "missing_headers"]
+__all__ = ["ModuleError", "Variant", "NAMES", "DTYPES", "ACTIVATIONS", "describe_all", "expand", "EXTRA_HEADERS",
+           "missing_headers", "label", "user_name"]
 
 
 class ModuleError(Sm120Error, ValueError):
@@ -46,19 +44,11 @@ ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
 @dataclasses.dataclass(frozen=True)
 class Getter:
-    """A FlashInfer module getter that a public API calls on first use (data, no logic).
-
-    Attributes:
-        module: where the getter lives, e.g. ``flashinfer.prefill``.
-        name: the getter, e.g. ``get_batch_prefill_module``.
-        uri: the URI function the getter passes its arguments to, looked up in
-            ``module`` (its signature names the arguments), or ``None`` for getters
-            that take none or a fixed few.
-        fallback: ``(module, generator)`` to call with the same arguments where a
-            release does not define the getter (0.6.7 defines ``get_norm_module`` only
-            when ``FLASHINFER_USE_CUDA_NORM=1`` or CuTe DSL is missing).
-        label: the label prefix of its variants.
-    """
+    """A FlashInfer module getter (``name`` in ``module``) that a public API calls on first use;
+    ``label``: its variants' name prefix; ``uri``: the URI function in ``module`` whose signature
+    names the attention arguments (``None``: no such arguments); ``fallback``: ``(module,
+    generator)`` where a release lacks the getter (0.6.7 defines ``get_norm_module`` only when
+    ``FLASHINFER_USE_CUDA_NORM=1`` or CuTe DSL is missing)."""
 
     module: str
     name: str
@@ -69,23 +59,26 @@ class Getter:
 
 PREFILL = Getter("flashinfer.prefill", "get_batch_prefill_module", "prefill", uri="get_batch_prefill_uri")
 DECODE = Getter("flashinfer.decode", "get_batch_decode_module", "decode", uri="get_batch_decode_uri")
+ACTIVATION = Getter("flashinfer.activation", "get_act_and_mul_module", "activation")  # one variant per --act
 
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """One concrete JIT module to generate: a label, what it is, and the getter call that loads it."""
+    """One concrete JIT module to generate: its name (:func:`label`), what it is, and the getter
+    call that loads it."""
 
     label: str
     what: str
-    module: str
-    generator: str
-    #: ``torch -> dict`` of the URI function's parameters by name (``uri`` set), else
+    getter: Getter
+    #: ``torch -> dict`` of the URI function's parameters by name (``getter.uri`` set), else
     #: ``torch -> tuple`` of the getter's positional arguments
     make_args: Callable[[Any], Any]
-    uri: str | None = None
-    fallback: tuple[str, str] | None = None
     #: CUDA library headers beyond nvcc, cudart and curand that its sources include.
     headers: tuple[str, ...] = ()
+
+    @property
+    def generator(self) -> str:
+        return self.getter.name
 
     def spec(self):
         """The ``JitSpec`` the getter builds first for these arguments (FlashInfer must be patched first).
@@ -95,23 +88,24 @@ class Variant:
         """
         import torch
 
-        mod = importlib.import_module(self.module)
+        g = self.getter
+        mod = importlib.import_module(g.module)
         values = self.make_args(torch)
-        if self.uri:
-            uri_fn = getattr(mod, self.uri, None)
+        if g.uri:
+            uri_fn = getattr(mod, g.uri, None)
             if uri_fn is None:
-                raise ModuleError(f"{_release()} has no {self.module}.{self.uri}, so build cannot tell the "
-                                  f"arguments of {self.generator} for {self.label}; record the module with "
+                raise ModuleError(f"{_release()} has no {g.module}.{g.uri}, so build cannot tell the "
+                                  f"arguments of {g.name} for {self.label}; record the module with "
                                   "FLASHINFER_SM120_RECORD and build --from it")
             args = _args_for(uri_fn, values, self)
         else:
             args = tuple(values)
-        getter = getattr(mod, self.generator, None)
+        getter = getattr(mod, g.name, None)
         if getter is not None:
             return _first_load(getter, args, self)
-        if self.fallback is not None:
-            return getattr(importlib.import_module(self.fallback[0]), self.fallback[1])(*args)
-        raise ModuleError(f"{_release()} has no {self.module}.{self.generator}, so build cannot tell which "
+        if g.fallback is not None:
+            return getattr(importlib.import_module(g.fallback[0]), g.fallback[1])(*args)
+        raise ModuleError(f"{_release()} has no {g.module}.{g.name}, so build cannot tell which "
                           f"JIT module its API loads for {self.label}; record one with "
                           "FLASHINFER_SM120_RECORD and build --from it")
 
@@ -191,8 +185,6 @@ def _first_load(getter: Callable, args: tuple, variant: Variant):
 class _Named:
     what: str
     getters: tuple[Getter, ...]
-    attention: bool = False
-    activation: bool = False
     #: CUDA library headers beyond nvcc, cudart and curand that its sources include.
     headers: tuple[str, ...] = ()
 
@@ -220,19 +212,18 @@ NAMES: dict[str, _Named] = {
     "rope": _Named("rotary position embedding, Llama 3.1 RoPE (flashinfer.rope)",
                    (Getter("flashinfer.rope", "get_rope_module", "rope"),)),
     "activation": _Named("fused act-and-mul, e.g. silu_and_mul for SwiGLU MLPs (flashinfer.activation); --act",
-                         (Getter("flashinfer.activation", "get_act_and_mul_module", "activation"),),
-                         activation=True),
+                         (ACTIVATION,)),
     "page": _Named("append to a paged KV cache (flashinfer.page.append_paged_kv_cache)",
                    (Getter("flashinfer.page", "get_page_module", "page"),)),
     "decode": _Named("batch decode attention on a paged KV cache: BatchDecodeWithPagedKVCacheWrapper loads "
                      "decode-* (CUDA cores, its default) or, with use_tensor_cores=True (vLLM always; SGLang "
                      "with an fp8 KV cache or 4+ query heads per KV head), the FA2 prefill module prefill-*; "
                      "builds both; "
-                     "--head-dim, --dtype, --kv-dtype", (DECODE, PREFILL), attention=True),
+                     "--head-dim, --dtype, --kv-dtype", (DECODE, PREFILL)),
     "prefill": _Named("batch prefill attention, FA2 backend: BatchPrefillWithPagedKVCacheWrapper and "
                       "BatchPrefillWithRaggedKVCacheWrapper both load prefill-* (on FlashInfer 0.7.4 the "
                       "..._kv_stride_equal module; paged K and V caches with different strides load a second "
-                      "one lazily, not built); --head-dim, --dtype, --kv-dtype", (PREFILL,), attention=True),
+                      "one lazily, not built); --head-dim, --dtype, --kv-dtype", (PREFILL,)),
 }
 
 #: Head dims of the common model families: 64 (GPT-2-size, some Phi), 128 (Llama 2/3,
@@ -265,17 +256,10 @@ def _dtype(value: str, flag: str) -> str:
 
 def expand(names: list[str], *, head_dims: str | None = None, dtypes: str | None = None,
            kv_dtypes: str | None = None, acts: str | None = None) -> list[Variant]:
-    """Turn module names and variant flags into concrete variants, in order, without duplicates.
+    """Module names (of :data:`NAMES`, or ``all``) and the values of ``--head-dim``, ``--dtype``,
+    ``--kv-dtype`` and ``--act`` as concrete variants, in order, each module once (``decode
+    prefill`` share one).  Nothing here imports FlashInfer.
 
-    A name whose API loads several modules (``decode``: CUDA-core and tensor-core decode)
-    gives one variant each; two names that load the same module (``decode prefill``)
-    give it once.  Nothing here imports FlashInfer.
-
-    :param names: module names from :data:`NAMES`, or ``all``.
-    :param head_dims: ``--head-dim`` value, comma separated ints (default ``128``).
-    :param dtypes: ``--dtype`` value for q/o (default ``bf16``); keys of :data:`DTYPES`.
-    :param kv_dtypes: ``--kv-dtype`` value (default: the same as ``--dtype``).
-    :param acts: ``--act`` value (default ``silu``); :data:`ACTIVATIONS`.
     :raises ModuleError: unknown name, head dim or dtype (the message lists the valid ones).
     """
     if "all" in names:
@@ -301,24 +285,19 @@ def expand(names: list[str], *, head_dims: str | None = None, dtypes: str | None
     for name in names:
         n = NAMES[name]
         for g in n.getters:
-            if n.attention:
-                for dt in dts:
-                    for kv in kvs:
-                        for hd in hds:
-                            out.append(_attention(g, dt, kv or dt, hd, n.headers))
-            elif n.activation:
+            if g.uri:  # attention: one variant per dtype, KV dtype and head dim
+                out += [_attention(g, dt, kv or dt, hd, n.headers) for dt, kv, hd in itertools.product(dts, kvs, hds)]
+            elif g is ACTIVATION:
                 for a in act_list:
-                    out.append(Variant(f"activation-{a}", f"{a}_and_mul", g.module, g.name,
-                                       lambda torch, a=a: (a,), headers=n.headers))
+                    out.append(Variant(label(f"activation-{a}"), f"{a}_and_mul", g, lambda torch, a=a: (a,),
+                                       n.headers))
             else:
-                out.append(Variant(g.label, n.what.split(" (")[0], g.module, g.name, lambda torch: (),
-                                   fallback=g.fallback, headers=n.headers))
+                out.append(Variant(label(g.label), n.what.split(" (")[0], g, lambda torch: (), n.headers))
     seen: set[str] = set()
     return [v for v in out if not (v.label in seen or seen.add(v.label))]
 
 
 def _attention(g: Getter, dt: str, kv: str, hd: int, headers: tuple[str, ...] = ()) -> Variant:
-    label = f"{g.label}-{dt}" + (f"-kv{kv}" if kv != dt else "") + f"-hd{hd}"
     what = (f"{g.name}: q/o {dt}, kv {kv}, int32 indices, head_dim {hd}, no RoPE in kernel, "
             "no sliding window, no logits soft cap" + (", FA2 backend" if g is PREFILL else ""))
 
@@ -332,18 +311,52 @@ def _attention(g: Getter, dt: str, kv: str, hd: int, headers: tuple[str, ...] = 
                 "head_dim_qk": hd, "head_dim_vo": hd, "pos_encoding_mode": 0, "use_sliding_window": False,
                 "use_logits_soft_cap": False, "use_fp16_qk_reduction": False}
 
-    return Variant(label, what, g.module, g.name, make_args, uri=g.uri, headers=headers)
+    return Variant(label(g.label, dt, kv, hd), what, g, make_args, headers)
+
+
+def label(kind: str, dtype: str | None = None, kv_dtype: str | None = None, head_dim: int | None = None) -> str:
+    """The name ``build`` gives a module, the one people read: ``sampling``, ``activation-silu``,
+    ``decode-bf16-hd128``, ``prefill-bf16-kvfp8_e4m3-hd128`` (``kind``: a getter's label, or
+    ``activation-<act>``; the dtypes are ``--dtype`` spellings)."""
+    if head_dim is None:
+        return kind
+    return f"{kind}-{dtype}" + (f"-kv{kv_dtype}" if kv_dtype != dtype else "") + f"-hd{head_dim}"
+
+
+#: FlashInfer's spelling of the ``--dtype`` values in module names (``filename_safe_dtype_map``,
+#: flashinfer/jit/utils.py, 0.4.0 - 0.7.4).
+_URI_DTYPES = {"f16": "fp16", "bf16": "bf16", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2"}
+#: ``get_batch_decode_uri``/``get_batch_prefill_uri`` (flashinfer/jit/attention/modules.py 0.4.0 - 0.7.4)
+#: with what ``build`` passes: int32 indices, equal head dims, no RoPE, window or cap; prefill adds
+#: ``f16qk_False`` and, from 0.7.4, ``_kv_stride_equal``.
+_ATTENTION_URI = re.compile(r"batch_(decode|prefill)_with_kv_cache_dtype_q_([a-z0-9]+)_dtype_kv_([a-z0-9]+)_"
+                            r"dtype_o_([a-z0-9]+)_dtype_idx_i32_head_dim_qk_([0-9]{1,4})_head_dim_vo_\5_posenc_0_"
+                            r"use_swa_False_use_logits_cap_False(_f16qk_False(?:_kv_stride_equal)?)?")
+
+
+def user_name(flashinfer_name: str) -> str:
+    """:func:`label` of the FlashInfer module named ``flashinfer_name`` (its URI, the directory
+    under ``cached_ops``), when ``build`` makes that module; else ``flashinfer_name`` itself.
+    Never imports FlashInfer."""
+    m = _ATTENTION_URI.fullmatch(flashinfer_name)
+    if m:
+        kind, q, kv, o, hd, prefill_tail = m.groups()
+        dt, kvd = _URI_DTYPES.get(q), _URI_DTYPES.get(kv)
+        o_built = "bf16" if dt and dt.startswith("fp8") else q  # as _attention's make_args
+        if dt and kvd and o == o_built and (prefill_tail is not None) == (kind == "prefill"):
+            return label(kind, dt, kvd, int(hd))
+        return flashinfer_name
+    act = flashinfer_name.removesuffix("_and_mul")
+    if act != flashinfer_name:
+        return label(f"activation-{act}") if act in ACTIVATIONS else flashinfer_name
+    return flashinfer_name  # sampling, norm, rope, page: FlashInfer's names are build's
 
 
 def missing_headers(variants: list[Variant], include_dirs: list[str], cuda_release: str,
                     pip_toolkit: bool, toolkit_root: str) -> list[str]:
-    """One message per header some variants need that none of ``include_dirs`` holds, naming the fix.
-
-    :param include_dirs: where nvcc will look (``$CUDA_HOME/include`` first).
-    :param cuda_release: the chosen nvcc's ``major.minor``, so the fix installs a matching set.
-    :param pip_toolkit: the chosen nvcc comes from pip wheels (the fix is then a pip install).
-    :param toolkit_root: the chosen toolkit, named in the message.
-    """
+    """One message per header some variants need that none of ``include_dirs`` (where nvcc looks)
+    holds, naming the fix for the toolkit at ``toolkit_root`` (``cuda_release``: its ``major.minor``;
+    ``pip_toolkit``: from pip wheels, so the fix is a pip install)."""
     import os
 
     out: dict[str, list[str]] = {}

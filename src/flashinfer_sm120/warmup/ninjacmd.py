@@ -1,14 +1,15 @@
 """One module's ninja, as FlashInfer runs it: the binary (the one the server will run), its
 command line and environment, a dry run (what it would still do), what the module's binary
-holds by its ``-gencode`` flags, and what its running steps are (from ``/proc``).  A *job* is
+holds by its ``-gencode`` flags, and which steps it runs (from ``/proc``).  A *job* is
 anything with ``label``, ``build_dir`` and ``ninja_path`` (:class:`.pool.Job`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 
-__all__ = ["STATUS_RE", "ninja_binary", "command", "ninja_env", "dry_run", "gencode_summary", "children",
+__all__ = ["STATUS_RE", "ninja_binary", "command", "ninja_env", "dry_run", "gencode_summary", "Step", "steps",
            "step_name"]
 
 #: A ninja status line under ``NINJA_STATUS="[%f/%t] "``: finished, total, the step.  At most 9 ASCII
@@ -72,28 +73,36 @@ def gencode_summary(ninja_text: str) -> list[str]:
     return sorted(set(out))
 
 
-def children(pid: int) -> list[str]:
-    """Command lines of the direct children of ``pid`` (Linux /proc; empty elsewhere)."""
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """A process ninja started for a step: ``exited`` (a zombie ninja has not reaped: ninja reaps a
+    step only at EOF on its output, which a leftover child of the step can hold open for ever)."""
+
+    pid: int
+    command: str
+    exited: bool
+
+
+def steps(pid: int) -> list[Step]:
+    """The direct children of ``pid`` (Linux /proc; empty elsewhere); ``command`` is the one ninja
+    runs as ``/bin/sh -c COMMAND`` (empty once exited)."""
     out = []
     try:
         names = os.listdir("/proc")
     except OSError:
         return out
-    for name in names:
-        if not name.isdigit():
-            continue
+    for name in filter(str.isdigit, names):
         try:
             with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid != pid:
+                fields = f.read().decode(errors="replace").rsplit(")", 1)[1].split()
+            if int(fields[1]) != pid:
                 continue
             with open(f"/proc/{name}/cmdline", "rb") as f:
                 argv = f.read().decode(errors="replace").split("\0")
-            # ninja runs each step as ``/bin/sh -c COMMAND``: report COMMAND
-            out.append(argv[2] if len(argv) > 2 and argv[1] == "-c" else " ".join(argv))
         except (OSError, ValueError, IndexError):
             continue
+        command = argv[2] if len(argv) > 2 and argv[1] == "-c" else " ".join(argv).strip()
+        out.append(Step(int(name), command, fields[0] in ("Z", "X")))
     return out
 
 

@@ -14,19 +14,20 @@ module gets ``-j`` = the slots free when it starts, and as its remaining steps d
 below its ``-j`` (counted from the processes ninja has running), the spare slots go
 to the next module.  At no time do more than ``jobs`` compile steps run.
 
-Memory: a job may carry ``mem``, the bytes one of its compile steps takes; with a
-``mem_budget``, a module is started (and given slots) only while its steps fit in
-what the running modules leave; when nothing runs, one module always starts,
-whatever its estimate.  Each module's peak RSS (the largest process ninja ran, from
-``wait4``) comes back in :attr:`Result.peak_rss`.
+Memory: with a ``mem_budget``, a module is started (and given slots) only while its
+steps (``Job.mem`` each) fit in what the running modules leave; when nothing runs, one
+module always starts, whatever its estimate.
 
-The scheduler wakes as soon as ninja reports a finished step or exits, not on a
-timer, so a freed slot goes to the next module at once.  Each ninja runs in its own
-process group, which the pool stops on any exit (P6).
+Every step ninja runs is watched (P6): one whose process exited is done, and what it
+left running (holding its output open, so ninja would wait for ever) is killed with its
+process group; one past ``step_timeout`` is stopped (its group: SIGTERM, SIGKILL after
+``_STOP_S``).  On any exit, each ninja gets SIGTERM and, after ``_STOP_S``, everything it
+started is killed (:func:`flashinfer_sm120.safety.proc.kill_all`).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import queue
@@ -35,19 +36,23 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
-from flashinfer_sm120.warmup.plan import default_jobs
+from flashinfer_sm120.safety import proc as _proc
 from flashinfer_sm120.safety.formats import plural
-from flashinfer_sm120.safety.proc import die_with_parent, signals_as_exit
 from flashinfer_sm120.warmup import modlock
-from flashinfer_sm120.warmup.ninjacmd import STATUS_RE, children, command, dry_run, ninja_env, step_name
+from flashinfer_sm120.warmup.ninjacmd import STATUS_RE, command, dry_run, ninja_env, step_name, steps
 
-__all__ = ["Job", "Result", "run_pool"]
+__all__ = ["Job", "Result", "run_pool", "STEP_TIMEOUT_S"]
 
 _LINE_MAX = 1 << 16  # characters of one line of ninja's output kept (the rest of it dropped)
 _FAILED_MAX = 2000  # lines of a failure's output kept
-_STOP_S = 10  # seconds ninjas get to stop their compilers on SIGTERM before SIGKILL
+_STOP_S = 10  # seconds a stopped step or ninja gets after SIGTERM before SIGKILL
+#: Default deadline of one compile step (``build --step-timeout``): a wide margin over the longest
+#: compile (sampling.cu: minutes, more on two loaded cores).
+STEP_TIMEOUT_S = 3600
+BEAT_S = 30  # seconds between progress lines
 
 
 @dataclasses.dataclass
@@ -70,7 +75,6 @@ class Result:
     label: str
     status: str
     seconds: float = 0.0
-    steps: int = 0
     error: str | None = None
     peak_rss: int | None = None
 
@@ -81,15 +85,20 @@ class _Running:
         self.finished = 0  # ninja's own count of finished steps (%f), failed ones included
         self.pending_since = 0.0
         self.t0 = time.monotonic()
-        self.lines: list[str] = []
+        self.lines: collections.deque[str] = collections.deque(maxlen=40)  # the last lines, for a failure
         self.pending: str | None = None  # last status line, not yet known to have succeeded
         self.failed: list[str] = []
         self.in_failure = False
         self.peak_rss: int | None = None
+        self.seen: dict[int, list] = {}  # step pid -> [its file, first seen, SIGTERM sent at]
+        self.running: list = []  # steps running at the last watch()
+        self.timed_out: list[str] = []  # what was stopped at its deadline, for the error
+        self.marker = uuid.uuid4().hex  # finds what ninja started, wherever it went (P6)
         self.proc = subprocess.Popen(command(job, "-j", str(slots)), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env=ninja_env(), errors="replace",
-                                     start_new_session=True,  # its own group: stopped whole on exit (P6)
-                                     preexec_fn=die_with_parent)  # no orphan ninja after a kill -9
+                                     stderr=subprocess.STDOUT, text=True, errors="replace",
+                                     env=dict(ninja_env(), **{_proc.MARKER_VAR: self.marker}),
+                                     start_new_session=True,  # its own session: killed whole on exit (P6)
+                                     preexec_fn=_proc.die_with_parent)  # no orphan ninja after a kill -9
         self.thread = threading.Thread(target=self._read, args=(events,), daemon=True)
         self.thread.start()
 
@@ -111,54 +120,67 @@ class _Running:
             pass  # reaped already (interrupted) or not Linux: Popen.wait() has the status
         events.put((self, None))
 
+    def watch(self, now: float, step_timeout: float) -> None:
+        """Find the steps ninja runs; kill what an exited step left behind, stop a step past
+        ``step_timeout`` (P6)."""
+        self.running = []
+        if self.proc.returncode is None and _proc.exited(self.proc):  # but something holds its output
+            _proc.kill_all(self.proc.pid, self.marker)
+        found = steps(self.proc.pid)
+        for st in found:
+            seen = self.seen.setdefault(st.pid, [step_name(st.command), now, None])
+            if st.exited:  # done: what still holds its output open is a leftover
+                _proc.signal_group(st.pid, signal.SIGKILL)  # ninja puts each step in its own group
+                continue
+            if now - seen[1] > step_timeout and seen[2] is None:
+                seen[2] = now
+                self.timed_out.append(f"{seen[0]}: stopped after {step_timeout:g} s, the deadline of one step "
+                                      "(build --step-timeout MINUTES)")
+                _proc.signal_group(st.pid, signal.SIGTERM)
+            elif seen[2] is not None and now - seen[2] > _STOP_S:
+                _proc.signal_group(st.pid, signal.SIGKILL)
+            self.running.append((seen[0], now - seen[1]))
+        self.seen = {st.pid: self.seen[st.pid] for st in found}
+
     def committed(self) -> int:
         """Compile slots this module can still use: its running compile steps plus those not
         started, less the final link (it runs only after all the others).  A running link
         holds no compile slot: it is short and light, and the next module's compile starts
         beside it rather than after it."""
-        kids = children(self.proc.pid)
-        linking = sum(1 for k in kids if step_name(k).startswith("link "))
-        left = max(0, self.steps - self.finished - len(kids))
+        linking = sum(1 for name, _ in self.running if name.startswith("link "))
+        left = max(0, self.steps - self.finished - len(self.running))
         if left and not linking:
             left -= 1  # the link has not started: it is among the steps left
-        return min(self.slots, len(kids) - linking + left)
+        return min(self.slots, len(self.running) - linking + left)
 
 
 class _Display:
-    """One line per finished or failed step, and a status line: rewritten on a terminal, a
-    heartbeat line every 30 s otherwise."""
+    """One line per finished or failed step, and every ``beat_s`` a line naming the steps that run,
+    for how long, and what is left."""
 
-    def __init__(self, stream, total: int) -> None:
-        self.stream, self.total, self.done = stream, total, 0
-        self.tty = hasattr(stream, "isatty") and stream.isatty()
+    def __init__(self, stream, total: int, beat_s: float) -> None:
+        self.stream, self.total, self.done, self.beat_s = stream, total, 0, beat_s
         self.t0 = self.last_beat = time.monotonic()
-        self.status = ""
-
-    def _line(self, text: str) -> str:
-        return f"[{self.done}/{self.total}] {text}  ({time.monotonic() - self.t0:.0f} s)"
 
     def event(self, text: str) -> None:
-        self.stream.write(("\r\x1b[K" if self.tty else "") + self._line(text) + "\n")
-        self._status_line()
-
-    def now(self, compiling: list[str]) -> None:
-        self.status = ("compiling now: " + ", ".join(compiling)) if compiling else "waiting"
-        if self.tty:
-            self._status_line()
-        elif time.monotonic() - self.last_beat >= 30:
-            self.last_beat = time.monotonic()
-            self.stream.write(self._line(self.status) + "\n")
-            self.stream.flush()
-
-    def _status_line(self) -> None:
-        if self.tty and self.status:
-            self.stream.write("\r\x1b[K" + self._line(self.status))
+        self.stream.write(f"[{self.done}/{self.total}] {text}  ({time.monotonic() - self.t0:.0f} s)\n")
         self.stream.flush()
 
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
+    def beat(self, running: list[tuple[str, float]]) -> None:
+        now = time.monotonic()
+        if now - self.last_beat < self.beat_s:
+            return
+        self.last_beat = now
+        left = self.total - self.done
+        pace = (f", about {_duration(left * (now - self.t0) / self.done)} at the pace so far" if self.done
+                else ", no step finished yet")
+        shown = ", ".join(f"{name} ({_duration(s)})" for name, s in running) or "none (waiting)"
+        self.event(f"running: {shown}; left: {plural(left, 'step')}{pace}")
+
+
+def _duration(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m} min {s} s" if m else f"{s} s"
 
 
 class _Nothing:
@@ -166,42 +188,42 @@ class _Nothing:
         pass
 
 
-def run_pool(jobs: list[Job], max_jobs: int | None = None, stream=None,
-             mem_budget: int | None = None) -> list[Result]:
+def run_pool(jobs: list[Job], max_jobs: int, stream=None, mem_budget: int | None = None,
+             *, intro: tuple[str, ...] = (), step_timeout: float = STEP_TIMEOUT_S,
+             beat_s: float = BEAT_S) -> list[Result]:
     """Build ``jobs`` sharing ``max_jobs`` compile slots; print progress on ``stream``.
 
-    Up-to-date modules are reported once as such (checked with ``ninja -n`` first);
-    a step is reported as compiled only after ninja showed it did not fail; a failed
-    module carries the compiler's error in :attr:`Result.error`.  Takes FlashInfer's
-    per-module lock for each module while it builds (another process building the
-    same module is waited for, and said so).
+    Up-to-date modules (``ninja -n`` finds nothing to do) are left to the caller's report; a step
+    is reported as compiled only after ninja showed it did not fail; a failed module carries the
+    compiler's error in :attr:`Result.error`.  Takes FlashInfer's per-module lock for each module
+    while it builds (another process building the same module is waited for, and said so).
 
-    :param max_jobs: parallel compile steps (default :func:`flashinfer_sm120.warmup.plan.default_jobs`).
+    :param max_jobs: parallel compile steps (the plan's jobs, :func:`flashinfer_sm120.warmup.plan.plan`).
     :param mem_budget: bytes the compile steps may use together (each job's ``mem`` per step);
         ``None``: not counted.
+    :param intro: lines printed before the build, only when something is to be built.
+    :param step_timeout: seconds one step may run (``build --step-timeout``).
+    :param beat_s: seconds between progress lines.
     :returns: one :class:`Result` per job, in the order given.
-    :raises RuntimeError: ninja is missing.
     """
-    with signals_as_exit():  # SIGTERM/SIGHUP run the clean-up below, as Ctrl-C does
-        return _run_pool(jobs, max_jobs, stream or sys.stderr, mem_budget)
+    with _proc.signals_as_exit():  # SIGTERM/SIGHUP run the clean-up below, as Ctrl-C does
+        return _run_pool(jobs, max_jobs, stream or sys.stderr, mem_budget, intro, step_timeout, beat_s)
 
 
-def _run_pool(jobs: list[Job], max_jobs: int | None, stream, mem_budget: int | None) -> list[Result]:
-    slots_total = max_jobs or default_jobs()[0]
+def _run_pool(jobs, max_jobs, stream, mem_budget, intro, step_timeout, beat_s) -> list[Result]:
     results: dict[str, Result] = {}
     pending: list[tuple[Job, int]] = []
     for job in jobs:
         try:
-            steps = dry_run(job)
+            n = len(dry_run(job))
         except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
             results[job.label] = Result(job.label, "failed", error=str(exc))
             stream.write(f"FAILED {job.label}: {exc}\n")
             continue
-        if steps:
-            pending.append((job, len(steps)))
+        if n:
+            pending.append((job, n))
         else:
             results[job.label] = Result(job.label, "up to date")
-            stream.write(f"up to date: {job.label} (already in FlashInfer's JIT cache)\n")
     # Most steps first (longest-processing-time order): a many-step module started last would run
     # its steps on the few slots left while the others finish (benchmarks/bench_build.py, three
     # activation modules then 'page' on -j 2: pool/ideal 1.39 in the order given, 1.07 most steps
@@ -209,10 +231,11 @@ def _run_pool(jobs: list[Job], max_jobs: int | None, stream, mem_budget: int | N
     pending.sort(key=lambda t: -t[1])
     total = sum(n for _, n in pending)
     if pending:
+        stream.write("".join(f"flashinfer-sm120: {line}\n" for line in intro))
         stream.write(f"to build: {plural(len(pending), 'module')}, {plural(total, 'compile/link step')}, "
-                     f"-j {slots_total}: " + ", ".join(f"{j.label} ({n})" for j, n in pending) + "\n")
+                     f"-j {max_jobs}: " + ", ".join(f"{j.label} ({n})" for j, n in pending) + "\n")
     stream.flush()
-    display = _Display(stream, total)
+    display = _Display(stream, total, beat_s)
     events: queue.Queue = queue.Queue()
     running: dict[str, _Running] = {}
     locks: dict[str, object] = {}
@@ -220,7 +243,7 @@ def _run_pool(jobs: list[Job], max_jobs: int | None, stream, mem_budget: int | N
     try:
         while pending or running:
             committed = {lbl: r.committed() for lbl, r in running.items()}
-            free = slots_total - sum(committed.values())
+            free = max_jobs - sum(committed.values())
             mem_left = None if mem_budget is None else mem_budget - sum(
                 committed[lbl] * r.job.mem for lbl, r in running.items())
             for item in list(pending):
@@ -237,12 +260,13 @@ def _run_pool(jobs: list[Job], max_jobs: int | None, stream, mem_budget: int | N
                 if mem_left is not None:
                     mem_left -= give * job.mem
             _drain(events, running, results, display, locks, timeout=0.5)
-            for r in running.values():  # ninja prints FAILED right after the status line
-                if r.pending is not None and time.monotonic() - r.pending_since > 0.3:
-                    _confirm(r, display)
-            display.now([f"{lbl}/{step_name(c)}" for lbl, r in running.items() for c in children(r.proc.pid)])
+            now = time.monotonic()
+            for r in running.values():
+                if r.pending is not None and now - r.pending_since > 0.3:
+                    _confirm(r, display)  # ninja prints FAILED right after the status line
+                r.watch(now, step_timeout)
+            display.beat([(f"{lbl}/{name}", s) for lbl, r in running.items() for name, s in r.running])
     finally:
-        display.close()
         _stop(running.values(), locks.values())
     return [results[j.label] for j in jobs]
 
@@ -275,32 +299,23 @@ def _start(item, pending, running, results, locks, waiting_said, display, events
 
 
 def _stop(running, locks) -> None:
-    """Stop every ninja's process group (SIGTERM: ninja stops its compilers; SIGKILL after
-    ``_STOP_S`` for all of them together), then release the locks (P6).  A second SIGTERM or
-    SIGHUP waits until this is done: it must not cut the clean-up short."""
+    """SIGTERM every ninja (it stops its steps), then after ``_STOP_S`` kill everything each one
+    started, however it ignores signals or leaves its group (P6); then release the locks.  A second
+    SIGTERM or SIGHUP waits until this is done: it must not cut the clean-up short."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
     try:
         for r in running:
-            _killpg(r.proc.pid, signal.SIGTERM)
+            _proc.signal_group(r.proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + _STOP_S
         for r in running:
-            try:
-                r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            _killpg(r.proc.pid, signal.SIGKILL)  # what is left of its group: compilers ninja left behind
+            while not _proc.exited(r.proc) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            _proc.kill_all(r.proc.pid if r.proc.returncode is None else None, r.marker)  # reaped: its pid is free
             r.proc.wait()
         for lock in locks:
             lock.release()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is gone
 
 
 def _fits(job: Job, mem_left: int | None, nothing_runs: bool) -> int:
@@ -346,8 +361,6 @@ def _drain(events: queue.Queue, running: dict, results: dict, display: _Display,
             display.event(f"FAILED {label}: {what}")
         elif r.in_failure and len(r.failed) < _FAILED_MAX:
             r.failed.append(line)
-        if len(r.lines) > 400:
-            del r.lines[:200]
 
 
 def _confirm(r: _Running, display: _Display) -> None:
@@ -361,18 +374,17 @@ def _confirm(r: _Running, display: _Display) -> None:
 
 def _finish(r: _Running, running: dict, results: dict, display: _Display, locks: dict) -> None:
     rc = r.proc.wait()
+    _proc.kill_all(None, r.marker)  # nothing ninja started outlives it (P6)
     label = r.job.label
     if rc == 0:
         _confirm(r, display)
-        results[label] = Result(label, "built", round(time.monotonic() - r.t0, 1), r.steps,
-                                peak_rss=r.peak_rss)
+        results[label] = Result(label, "built", round(time.monotonic() - r.t0, 1), peak_rss=r.peak_rss)
         display.event(f"done: {label}")
     else:
-        err_lines = [x for x in r.failed if x.strip()] or r.lines[-40:]
+        err_lines = [x for x in r.failed if x.strip()] or list(r.lines)
         errors = [x for x in err_lines if "error" in x.lower()]
-        text = "\n".join((errors or err_lines)[:30])
-        results[label] = Result(label, "failed", round(time.monotonic() - r.t0, 1), r.steps, text,
-                                r.peak_rss)
+        text = "\n".join(r.timed_out + (errors or err_lines)[:30])
+        results[label] = Result(label, "failed", round(time.monotonic() - r.t0, 1), text, r.peak_rss)
         display.event(f"failed: {label} (ninja exit {rc}):\n    " + text.replace("\n", "\n    "))
     running.pop(label, None)
     lock = locks.pop(label, None)

@@ -52,6 +52,24 @@ class Session:
                 "build_vars": buildline.snapshot(dict(os.environ), self.flashinfer)}
 
 
+NO_TARGETS = ("no target architectures: no GPU is visible and no --arch was given; "
+              "pass e.g. --arch 12.0 (RTX 5090 / RTX PRO 6000) or --arch 12.1 (DGX Spark)")
+
+
+def no_gpu_no_arch() -> bool:
+    """No arch list is set and no GPU can give one, known without importing torch or FlashInfer
+    (seconds): NVML counted none, or failed where no NVIDIA device node exists (a container
+    without libnvidia-ml still has ``/dev/nvidia0``, and torch may see its GPU)."""
+    import glob
+
+    from flashinfer_sm120.core.facts import gpus
+
+    if os.environ.get("FLASHINFER_CUDA_ARCH_LIST"):
+        return False
+    found = gpus.query(torch_fallback=False)
+    return not found.gpus and (found.source == "nvml" or not glob.glob("/dev/nvidia[0-9]*"))
+
+
 def set_arch(value: str | None) -> None:
     """:func:`flashinfer_sm120.core.facts.archlist.export_arch_list`, its error as :class:`BuildError` (a build cannot start).
 
@@ -93,27 +111,18 @@ def _server_for(for_server: str | None, entries, strict: bool) -> tuple[str | No
 
 
 def apply_server_cache(for_server: str | None = None, entries=None, *, strict: bool = True) -> dict:
-    """Point FlashInfer's workspace where the serving stack will look, before FlashInfer is imported.
+    """Point FlashInfer's workspace where the serving stack will look, before FlashInfer is imported:
+    SGLang sets ``FLASHINFER_WORKSPACE_BASE`` from ``SGLANG_CACHE_DIR`` at import unless it is set
+    (:mod:`flashinfer_sm120.core.facts.servers`), and a build without that rule would land where the
+    server does not look.  The server is ``for_server`` (``build --for``), else the one the manifest
+    ``entries`` name, else the one installed here; ``strict``: raise when it cannot be decided
+    (``build``) rather than leave it (``doctor``).
 
-    SGLang sets ``FLASHINFER_WORKSPACE_BASE`` from ``SGLANG_CACHE_DIR`` at import unless it is
-    set (:mod:`flashinfer_sm120.core.facts.servers`); a warm-up build without that rule would land in
-    ``~/.cache/flashinfer`` and the server would compile everything again.  The server is
-    ``for_server`` (``build --for``), else the one the manifest ``entries`` were recorded
-    under, else the one installed here.  The rule is run from the installed SGLang when it is
-    there (else taken from :data:`flashinfer_sm120.core.facts.servers.SERVERS`).
+    Returns ``{"server", "why", "base", "how", "before", "changed"}`` (``before``: the variable's value,
+    ``None`` when unset).
 
-    Args:
-        for_server: ``vllm``, ``sglang`` or ``None`` (decide as above).
-        entries: manifest entries (``build --from``), which may name their ``server``.
-        strict: raise when it cannot be decided (``build``) rather than leave it (``doctor``).
-
-    Returns:
-        ``{"server", "why", "base", "how", "before", "changed"}`` (``before``: the value the
-        variable had, ``None`` when unset).
-
-    Raises:
-        BuildError: ``strict`` and two servers with different directories could apply, or the
-            server's rule gives a base FlashInfer cannot use (empty or relative).
+    :raises BuildError: ``strict`` and two servers with different directories could apply, or the
+        server's rule gives a base FlashInfer cannot use (relative).
     """
     from flashinfer_sm120.core.facts import serverprobe, servers
 
@@ -143,19 +152,14 @@ def apply_server_cache(for_server: str | None = None, entries=None, *, strict: b
 
 
 def apply_server_arch(server: str | None, sess: Session):
-    """Set the arch list the way ``server``'s model processes set it, after FlashInfer's import
-    and before the first module is generated, as they do (SGLang's ``set_cuda_arch()`` in
-    ``ModelRunner.load_model()``, :mod:`flashinfer_sm120.core.facts.serverprobe`): the JIT directory keeps
-    the targets of import, and every build line gets the server's own targets, so what is
-    built here is byte for byte what the server writes and finds.
+    """Set the arch list the way ``server``'s model processes set it, after FlashInfer's import and
+    before the first module is generated, as they do (SGLang's ``set_cuda_arch()`` in
+    ``ModelRunner.load_model()``, :mod:`flashinfer_sm120.core.facts.serverprobe`), so what is built here
+    is byte for byte what the server writes and finds.  Returns the
+    :class:`~flashinfer_sm120.core.facts.serverprobe.ArchChoice` applied, or ``None``.
 
-    Returns:
-        The :class:`~flashinfer_sm120.core.facts.serverprobe.ArchChoice` applied, or ``None`` (no server,
-        or one that leaves the arch list alone).
-
-    Raises:
-        BuildError: the targets are of GPUs of several capabilities: each of the server's
-            processes keeps only its own GPU's, in one shared directory.
+    :raises BuildError: the targets are of several capabilities: each of the server's processes keeps
+        only its own GPU's, in one shared directory.
     """
     from flashinfer_sm120.core.facts import serverprobe
 
@@ -214,8 +218,7 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     if st["mode"] not in ("patched", "noop"):
         raise BuildError(f"FlashInfer could not be set up ({st['mode']}): {st['error']}")
     if not st["target_cuda_archs"]:
-        raise BuildError("no target architectures: no GPU is visible and no --arch was given; "
-                         "pass e.g. --arch 12.0 (RTX 5090 / RTX PRO 6000) or --arch 12.1 (DGX Spark)")
+        raise BuildError(NO_TARGETS)
     from flashinfer.jit import core
 
     targets = sorted(f"{a}.{b}" for a, b in core.current_compilation_context.TARGET_CUDA_ARCHS)
@@ -233,11 +236,9 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
 
 def write_ninjas(specs: list, stream=None) -> None:
     """FlashInfer's own ``write_ninja`` for each spec, under its per-module lock (as
-    ``build_jit_specs`` does), so the file is byte for byte what the server writes; a wait for the
-    lock is told on ``stream`` (stderr).
+    ``build_jit_specs`` does), so the file is byte for byte what the server writes.
 
-    Raises:
-        PlaceError: another uid's process holds a module's lock (:func:`modlock.take`).
+    :raises PlaceError: another uid's process holds a module's lock (:func:`modlock.take`).
     """
     from flashinfer_sm120.warmup import modlock
 
@@ -254,20 +255,16 @@ def write_ninjas(specs: list, stream=None) -> None:
 
 def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=None,
                 stats: dict | None = None, *, targets: int = 1, mem_limit: int | None = None,
-                mem_per_compile: int | None = None, env=None) -> list[dict]:
-    """Write ninja files and build ``labelled`` ``(label, spec)`` pairs in one pool
-    (``stats`` gets ``plan``: the jobs/memory plan).
-
-    Each module is admitted by its memory estimate (per family; ``mem_per_compile``
-    overrides it) within the budget of :func:`.plan.plan`; a module built without a compiler
-    launcher has its peak RSS recorded to refine its family's estimate (with a launcher the
-    compiles run in the launcher's server, out of ninja's sight).
+                mem_per_compile: int | None = None, env=None,
+                step_timeout: float = pool.STEP_TIMEOUT_S) -> list[dict]:
+    """Write ninja files and build ``labelled`` ``(label, spec)`` pairs in one pool (``stats`` gets
+    ``plan``), each module admitted by its family's memory estimate (or ``mem_per_compile``) within
+    the budget of :func:`.plan.plan`.  A module built without a compiler launcher has its peak RSS
+    recorded (with one, the compiles run in the launcher's server, out of ninja's sight).
 
     :param env: the user's environment for the plan (``MAX_JOBS``, ``FLASHINFER_NVCC_THREADS``),
         read before this process exported its own ``MAX_JOBS``.
-    :returns: one dict per module: label, name, status, library, bytes, seconds, error,
-        gencode (raw ``compute_X,code`` pairs), binary (``SASS sm_X``/``PTX compute_X``) and
-        peak_rss (bytes, when built without a launcher).
+    :returns: one dict per module, the ``modules`` of ``build --json``.
     """
     from flashinfer_sm120.core.jitenv.jobs import Estimate, recorded
     from flashinfer_sm120.warmup import plan as _plan
@@ -287,9 +284,8 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
                 for label, spec in labelled]
     if stats is not None:
         stats["plan"] = plan.to_dict()
-    for line in plan.lines():
-        stream.write(f"flashinfer-sm120: {line}\n")
-    results = pool.run_pool(job_list, plan.jobs, stream, mem_budget=plan.budget)
+    results = pool.run_pool(job_list, plan.jobs, stream, mem_budget=plan.budget, intro=tuple(plan.lines()),
+                            step_timeout=step_timeout)
     launcher = os.environ.get("FLASHINFER_NVCC_LAUNCHER")
     out = []
     for (label, spec), res in zip(labelled, results):

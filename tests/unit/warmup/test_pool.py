@@ -15,9 +15,10 @@ from helpers.warm import fake_job, most_at_once
 def test_builds_reports_and_second_run_is_up_to_date_once(tmp_path):
     jobs = [fake_job(tmp_path, "a", 3), fake_job(tmp_path, "b", 2)]
     out = io.StringIO()
-    res = pool.run_pool(jobs, 2, out)
+    res = pool.run_pool(jobs, 2, out, intro=("jobs: 2",))
     assert [r.status for r in res] == ["built", "built"], out.getvalue()
     text = out.getvalue()
+    assert text.startswith("flashinfer-sm120: jobs: 2\n")
     assert "to build: 2 modules, 7 compile/link steps, -j 2" in text
     assert "a: compiled s0.cu" in text and "b: linked b.so" in text and "[7/7]" in text
     # FlashInfer's own run (ninja in the module dir) finds nothing to do
@@ -26,9 +27,9 @@ def test_builds_reports_and_second_run_is_up_to_date_once(tmp_path):
                               capture_output=True, text=True)
         assert "no work to do" in proc.stdout
     out = io.StringIO()
-    res = pool.run_pool(jobs, 2, out)
+    res = pool.run_pool(jobs, 2, out, intro=("jobs: 2",))
     assert [r.status for r in res] == ["up to date", "up to date"]
-    assert out.getvalue().count("up to date: a") == 1 and "to build" not in out.getvalue()
+    assert out.getvalue() == ""  # nothing to build: the caller's report says "up to date" once
 
 
 def test_failure_is_never_reported_as_compiled(tmp_path):
@@ -144,3 +145,114 @@ def _zombie(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def _group_alive(pgid: int) -> list[int]:
+    """Pids of processes of group ``pgid`` that are not zombies (/proc)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(pid))
+    return out
+
+
+def _stubborn(tmp_path, name: str) -> str:
+    """A script that starts a child ignoring TERM, INT and HUP (its group id written to ``name``.pgid),
+    which keeps the step's output pipe open; returns the path."""
+    script = tmp_path / f"{name}.sh"
+    script.write_text(f"(trap '' TERM INT HUP; cut -d' ' -f5 /proc/self/stat > {tmp_path}/{name}.pgid; "
+                      "exec sleep 297.27) &\n")
+    return str(script)
+
+
+def test_a_step_that_exited_is_done_and_its_leftovers_are_killed(tmp_path):
+    """An nvcc that exits 0 but leaves a child holding its output open and ignoring SIGTERM: the step is
+    done when the process ninja started exits (not at EOF on its pipe), and that child's group is killed
+    (P6).  On 0.3.0 this build never ended."""
+    job = fake_job(tmp_path, "m", 1, sleep=0, after=f" && sh {_stubborn(tmp_path, 'left')}")
+    t0 = time.monotonic()
+    res = pool.run_pool([job], 1, io.StringIO())
+    assert time.monotonic() - t0 < 60
+    assert res[0].status == "built", res[0].error
+    pgid = int((tmp_path / "left.pgid").read_text())
+    for _ in range(100):
+        if not _group_alive(pgid):
+            break
+        time.sleep(0.05)
+    assert not _group_alive(pgid)
+
+
+def test_a_step_past_its_deadline_is_killed_with_its_group_and_named(tmp_path, monkeypatch):
+    """A compile step that hangs ignoring SIGTERM is stopped at its deadline: SIGKILL to its group after
+    the grace period, the module fails naming the file and the deadline (P6)."""
+    monkeypatch.setattr(pool, "_STOP_S", 1)
+    job = fake_job(tmp_path, "m", 1, sleep=0, after=f" && sh {_stubborn(tmp_path, 'hang')} && sleep 297.28")
+    t0 = time.monotonic()
+    res = pool.run_pool([job], 1, io.StringIO(), step_timeout=2)
+    assert time.monotonic() - t0 < 60
+    assert res[0].status == "failed"
+    assert "s0.cu" in res[0].error and "2 s" in res[0].error, res[0].error
+    pgid = int((tmp_path / "hang.pgid").read_text())
+    for _ in range(100):
+        if not _group_alive(pgid):
+            break
+        time.sleep(0.05)
+    assert not _group_alive(pgid)
+
+
+INTERRUPTED_POOL = """
+import io, sys
+sys.path.insert(0, "tests")
+from pathlib import Path
+from flashinfer_sm120.warmup import pool
+pool._STOP_S = 1
+d = Path(sys.argv[1])
+try:
+    pool.run_pool([pool.Job("m", d, d / "build.ninja")], 1, io.StringIO())
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_ctrl_c_kills_steps_that_ignore_term_int_and_hup(tmp_path):
+    """After SIGINT, a compile step ignoring TERM, INT and HUP is killed with its group (SIGKILL after
+    the grace period) before ``build`` exits (P6); 0.3.0 left it running."""
+    import signal
+    import sys
+
+    job = fake_job(tmp_path, "m", 1, sleep=0, after=f" && sh {_stubborn(tmp_path, 'int')} && sleep 297.29")
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_POOL, str(job.build_dir)],
+                            stdout=subprocess.PIPE, text=True)
+    pgid_file = tmp_path / "int.pgid"
+    try:
+        for _ in range(600):
+            if pgid_file.exists() and pgid_file.read_text().strip():
+                break
+            time.sleep(0.05)
+        pgid = int(pgid_file.read_text())
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "interrupted" in out
+    left = _group_alive(pgid)
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, "left running after Ctrl-C"
+
+
+def test_progress_line_names_running_steps_elapsed_and_what_is_left(tmp_path):
+    """Every ``beat_s`` seconds (30 in ``build``) a line says which steps run (whole file names), for how
+    long, and what is left; 0.3.0 said only 'compiling now' on a terminal.  The interval is injected."""
+    job = fake_job(tmp_path, "m", 2, sleep=1.5)
+    out = io.StringIO()
+    res = pool.run_pool([job], 1, out, beat_s=0.2)
+    assert res[0].status == "built"
+    text = out.getvalue()
+    assert "running: m/s0.cu (" in text, text
+    assert "left: " in text and "3 steps" in text, text
