@@ -230,8 +230,10 @@ def test_a_build_line_variable_and_modules_warmed_with_other_values_are_warnings
     d = diagnose(report)
     assert d.ok and {"build-line-variable", "build-line-stale"} <= {f.code for f in d.findings}
     lines = _screen("\n".join(doctor.render(report)))
-    text = " ".join(lines)
+    text = " ".join(" ".join(lines).split())
     assert "WARNING: FLASHINFER_JIT_VERBOSE=1 changes every build line" in text
+    assert ("debug flags -O0 -g --device-debug -lineinfo --ptxas-options=-v -DCUTLASS_DEBUG_TRACE_LEVEL=2 on every "
+            "CUDA compile line (-O0 -g on C++ lines), dropping -DNDEBUG -O3") in text  # FlashInfer 0.7.4's whole list
     assert "the warm cache will be rebuilt" in text
     assert "WARNING: 1 built module was built with other values of FLASHINFER_JIT_VERBOSE" in text
     monkeypatch.delenv("FLASHINFER_JIT_VERBOSE")
@@ -331,3 +333,19 @@ def test_the_servers_section_says_which_jit_directory_the_report_used():
     assert not any("this report" in ln for ln in servers_lines({"servers": [server], "applied": {}, "autoload": True}))
     moved = dict(differ, server="sglang", why="sglang is installed here", base="/s", how="SGLANG_CACHE_DIR", changed=True)
     assert "sglang's FLASHINFER_WORKSPACE_BASE=/s" in servers_lines({"servers": [server], "applied": moved})[1]
+
+
+@pytest.mark.parametrize("autoload", [False, True])
+def test_a_second_ninja_gets_advice_that_fits_whether_the_autoload_is_enabled(autoload):
+    """With the autoload enabled, the ninja warning still said to run 'flashinfer-sm120 enable', on the line
+    after 'Autoload: enabled'."""
+    conflict = {"path": "/usr/bin/ninja", "version": "1.11.1", "log_format": 5}
+    ninja = {"chosen": {"path": "/venv/bin/ninja", "version": "1.13.2", "log_format": 7},
+             "conflicts": [conflict], "autoload": autoload}
+    auto = {"pth": ["/venv/site/flashinfer_sm120_autoload.pth"]} if autoload else {}
+    text = " ".join("\n".join(_screen("\n".join(doctor.render(doctor_report(ninja=ninja, autoload=auto))))).split())
+    assert "WARNING: /usr/bin/ninja (ninja 1.11.1, .ninja_log v5) is reachable too" in text
+    assert ("'flashinfer-sm120 enable'" in text) is not autoload, text
+    if autoload:
+        assert "Autoload: enabled" in text and "the autoload puts it first on PATH" in text
+        assert "remove the other ninja (e.g. apt-get remove ninja-build) or put /venv/bin first on its PATH" in text

@@ -39,20 +39,6 @@ def ninja_lines(section: dict) -> list[str]:
     elif not which:
         lines.append("  which ninja in this shell: none (a server process gets the one above on PATH once "
                      "flashinfer-sm120 exports its toolkit)")
-    for n in section.get("conflicts") or []:
-        other = f".ninja_log v{n['log_format']}" if n["log_format"] else "another .ninja_log format"
-        head = (f"  WARNING: {n['path']} (ninja {n['version']}, {other}) is reachable too, and each of the two "
-                f"rebuilds every module the other built. ")
-        if section.get("autoload"):
-            lines.append(head + f"Servers of this environment run {c['path']} (the autoload puts it first on "
-                         f"PATH); a process without the autoload (another environment's server, a shell) runs "
-                         f"whichever is first on its PATH. Fix, if one does: remove the other ninja (e.g. "
-                         f"apt-get remove ninja-build) or put {os.path.dirname(c['path'])} first on its PATH")
-        else:
-            lines.append(head + f"A server started from this environment runs whichever is first on its PATH. "
-                         f"Fix: 'flashinfer-sm120 enable' (every server process then runs {c['path']}, which "
-                         f"'flashinfer-sm120 build' runs), or remove the other ninja (e.g. apt-get remove "
-                         f"ninja-build)")
     stale = {k: v for k, v in (section.get("cache_log_formats") or {}).items() if str(k) != str(c["log_format"])}
     if stale and c["log_format"]:
         lines.append(f"  WARNING: {plural(sum(stale.values()), 'module')} in {section.get('jit_dir')} were built by a ninja "

@@ -150,11 +150,8 @@ def _check_sections(report: dict) -> Iterable[Finding]:
     ninja = report.get("ninja") or {}
     if "error" in ninja and "candidates" in ninja:
         yield Finding(Level.PROBLEM, "no-ninja", str(ninja["error"]))
-    chosen = ninja.get("chosen") or {}
     for n in ninja.get("conflicts") or ():
-        yield Finding(Level.WARNING, "ninja-conflict", f"{n['path']} (ninja {n['version']}) is reachable too and "
-                      f"rebuilds every module {chosen.get('path')} built, and the other way round",
-                      "remove one, or 'flashinfer-sm120 enable' so every server runs the same one")
+        yield _ninja_conflict(n, (ninja.get("chosen") or {}).get("path") or "?", bool(ninja.get("autoload")))
     inv = report.get("inventory") or {}
     if inv.get("problems"):
         yield Finding(Level.WARNING, "unrunnable-modules", f"{plural(inv['problems'], 'built module holds', 'built modules hold')} no code a GPU "
@@ -165,6 +162,22 @@ def _check_sections(report: dict) -> Iterable[Finding]:
     smoke = report.get("smoke")
     if smoke and not smoke.get("ok"):
         yield Finding(Level.PROBLEM, "smoke-failed", f"the smoke check failed at step '{smoke.get('failed')}'")
+
+
+def _ninja_conflict(n: dict, chosen: str, autoload: bool) -> Finding:
+    """Two ninjas of different ``.ninja_log`` formats: each rebuilds every module the other built; the
+    fix depends on whether the autoload already puts ``chosen`` first on every server's PATH."""
+    log = f".ninja_log v{n['log_format']}" if n.get("log_format") else "another .ninja_log format"
+    head = f"{n['path']} (ninja {n['version']}, {log}) is reachable too and rebuilds every module {chosen} built, "
+    remove = "remove the other ninja (e.g. apt-get remove ninja-build)"
+    if autoload:
+        return Finding(Level.WARNING, "ninja-conflict", head + f"and the other way round; servers of this "
+                       f"environment run {chosen} (the autoload puts it first on PATH), a process without the "
+                       f"autoload (another environment's server, a shell) whichever is first on its PATH",
+                       f"if one does, {remove} or put {os.path.dirname(chosen)} first on its PATH")
+    return Finding(Level.WARNING, "ninja-conflict", head + "and the other way round; a server started from this "
+                   "environment runs whichever is first on its PATH", f"'flashinfer-sm120 enable' (every server "
+                   f"process then runs {chosen}, which 'flashinfer-sm120 build' runs), or {remove}")
 
 
 def _check_toolkits(report: dict) -> Iterable[Finding]:
