@@ -101,7 +101,7 @@ def _check_installed(report: dict) -> Iterable[Finding]:
 
 def _check_choice(report: dict) -> Iterable[Finding]:
     if report.get("guard"):
-        yield Finding(Level.PROBLEM, "guard", "no CUDA toolkit found here can build for these GPUs; FlashInfer's "
+        yield Finding(Level.PROBLEM, "guard", "no CUDA toolkit found here can build for these targets; FlashInfer's "
                       "JIT builds will raise the full message (doctor --verbose shows it)", report.get("fix"))
     elif "resolution" not in report and report.get("resolution_error"):
         yield Finding(Level.PROBLEM, "resolution-failed", str(report["resolution_error"]))
@@ -248,7 +248,7 @@ def alone(report: dict) -> Alone:
         if os.path.realpath(c.get("root") or "") == real and c.get("state") == "rejected":
             return Alone(False, f"it would use {home} (nvcc {version}): {c.get('why')}", home, version, targets)
     if report.get("guard"):
-        return Alone(False, f"it would use {home} (nvcc {version}), which cannot build for these GPUs", home,
+        return Alone(False, f"it would use {home} (nvcc {version}), which cannot build for these targets", home,
                      version, targets)
     ours = tuple(_choice(report).get("targets") or ())
     if ours and set(targets) != set(ours):
