@@ -16,6 +16,7 @@ import sys
 from flashinfer_sm120.safety.formats import plural, printable, shown
 from flashinfer_sm120.safety.formats.cli import cli_float
 from flashinfer_sm120.diagnose.verify.report import ALONE_TIMEOUT_S, collect
+from flashinfer_sm120.diagnose.verify.smoke import SMOKE_TIMEOUT_S
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
 from flashinfer_sm120.cli.doctor_sections import wrap
 
@@ -36,7 +37,9 @@ def run_doctor(args: argparse.Namespace) -> int:
         return _smoke_only(args)
     from flashinfer_sm120.diagnose.verify.diagnosis import diagnose
 
-    say = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
+    # the verdict is the first line anyone reads: a progress note only on a terminal, erased before it
+    tty = not args.json and sys.stderr.isatty()
+    say = (lambda m: print(m, end="", file=sys.stderr, flush=True)) if tty else None
     try:  # the installed server's cache redirection (SGLang), before FlashInfer is imported
         from flashinfer_sm120.warmup.session import apply_server_cache
 
@@ -45,8 +48,10 @@ def run_doctor(args: argparse.Namespace) -> int:
         server_cache = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     from flashinfer_sm120.warmup import buildreport
 
-    report = collect(args.timeout, say=say, server_cache=server_cache, arch=args.arch,
+    report = collect(args.timeout or ALONE_TIMEOUT_S, say=say, server_cache=server_cache, arch=args.arch,
                      extra=(("builds", buildreport.doctor_section),))
+    if tty:
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
     diagnosis = diagnose(report)
     report["diagnosis"] = diagnosis.to_dict()
     if args.json:
@@ -69,7 +74,7 @@ def _smoke_only(args: argparse.Namespace) -> int:
     from flashinfer_sm120.diagnose.verify import smoke
     from flashinfer_sm120.cli.doctor_sections import smoke_lines
 
-    result = smoke.run_smoke().to_dict()
+    result = smoke.run_smoke(args.timeout or smoke.SMOKE_TIMEOUT_S).to_dict()
     if args.json:
         print(json.dumps({"smoke": result, "ok": result["ok"]}, indent=2, default=str))
         return 0 if result["ok"] else 1
@@ -154,7 +159,7 @@ def _alone(d) -> str:
             f"FlashInfer alone: would work, {a.why}" if a.works else f"FlashInfer alone: would fail because {a.why}")
 
 
-def _with(r: dict) -> str:
+def _with(r: dict, d) -> str:
     a = r.get("after") or {}
     st = a.get("status") or {}
     if r.get("import_refused"):
@@ -163,6 +168,8 @@ def _with(r: dict) -> str:
         return "With flashinfer-sm120: guard (FlashInfer imports; its JIT builds raise the fix above)"
     if "error" in a:
         return f"With flashinfer-sm120: {st.get('mode')}; FlashInfer's import failed"
+    if not d.targets:  # FlashInfer names the JIT dir after the targets (.../0.7.4/120f/...): none yet
+        return f"With flashinfer-sm120: {st.get('mode')}; no JIT dir: it is named after the targets, and there are none"
     return f"With flashinfer-sm120: {st.get('mode')}; JIT dir {a.get('jit_dir')}"
 
 
@@ -188,7 +195,7 @@ def _short(r: dict, d) -> list[str]:
     """The default report: the verdict, then one screen (:data:`SHORT_LINES`); findings whole, as many
     as fit, then a pointer to the rest."""
     facts = [_versions(r), _gpus(r)] + ([f"Targets: {', '.join(d.targets)} ({_targets_from(r)})"] if d.targets else [])
-    facts += _toolkit(r) + [_alone(d), _with(r)] + _deploy(r)
+    facts += _toolkit(r) + [_alone(d), _with(r, d)] + _deploy(r)
     lines = [_verdict(d)] + [ln for text in facts for ln in wrap(text)]
     tail = wrap("More: flashinfer-sm120 doctor --verbose (every toolkit, the patch, exports, servers, modules), or --json")
     blocks = [wrap(_finding(f)) for f in d.findings[1 if d.problems else 0:]]
@@ -250,7 +257,7 @@ def _verbose(r: dict, d) -> list[str]:
           f"TARGET_CUDA_ARCHS={b.get('target_cuda_archs')}")
     a = r["after"]
     st = a["status"]
-    p(_with(r))
+    p(_with(r, d))
     if st["mode"] not in ("guard",) and "error" not in a:
         p(f"  CUDA_HOME={a.get('cuda_home')}  CUDA {a.get('cuda_version')}  TARGET_CUDA_ARCHS={st.get('target_cuda_archs')}")
     elif "error" in a:
@@ -297,12 +304,12 @@ def add_parser(sub) -> None:
     d.add_argument("--verbose", "-v", action="store_true",
                    help="print every toolkit, patch step, exported variable, server and built module")
     d.add_argument("--arch", help=ARCH_HELP)
-    d.add_argument("--timeout", type=cli_float("--timeout", 0.1, 3600.0), default=ALONE_TIMEOUT_S,
-                   metavar="SECONDS",
-                   help="how long unpatched FlashInfer may take in its child process "
-                        f"(it runs nvcc without a timeout; default {ALONE_TIMEOUT_S:g})")
+    d.add_argument("--timeout", type=cli_float("--timeout", 0.1, 3600.0), metavar="SECONDS",
+                   help="how long unpatched FlashInfer may take in its child process (it runs nvcc without a "
+                        f"timeout; default {ALONE_TIMEOUT_S:g}); with --smoke, the whole smoke check "
+                        f"(default {SMOKE_TIMEOUT_S:g})")
     d.add_argument("--smoke", action="store_true",
                    help="instead of the report, compile and link a tiny kernel with the chosen toolkit and "
-                        "FlashInfer's own flags, and run it when a GPU is visible (under 30 s; exit 1 naming "
-                        "the failing step)")
+                        "FlashInfer's own flags, and run it when a GPU is visible (within --timeout; exit 1 "
+                        "naming the failing step)")
     d.set_defaults(func=run_doctor)

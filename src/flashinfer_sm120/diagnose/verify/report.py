@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from flashinfer_sm120 import __version__
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats import loads_json
+from flashinfer_sm120.safety.formats import loads_json, shown
 
 __all__ = ["ALONE_TIMEOUT_S", "Section", "collect", "servers_section", "build_line_section"]
 
@@ -25,6 +25,8 @@ Section = tuple[str, Callable[[dict], dict]]
 #: Seconds ``doctor`` lets unpatched FlashInfer run in its child process.  FlashInfer
 #: runs ``nvcc --version`` without a timeout, so a hung nvcc would hang it forever.
 ALONE_TIMEOUT_S = 60.0
+#: Bytes of output the FlashInfer-alone child may print (its report is a few hundred).
+_ALONE_MAX_OUTPUT = 1 << 20
 
 _ALONE = r"""
 import json, os, sys, threading
@@ -86,13 +88,22 @@ def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
                    f"not running it")
             return {"error": f"not run: {why}", "skipped": why}
     res = proc.run([sys.executable, "-c", _ALONE, str(timeout)], timeout=timeout + 60,
-                   max_output=1 << 20, env=env)
+                   max_output=_ALONE_MAX_OUTPUT, env=env)
     text = res.text()
     m = re.search(r"@@(\{.*\})\s*$", text)
     if not m:
-        what = ("timed out" if res.timed_out else f"exit {res.returncode}") + (
-            f", {res.error}" if res.error else "")
-        return {"error": f"{what}: {text.strip()[-400:]}"}
+        last = f"; its last output: {shown(text.strip()[-80:], 80)}" if text.strip() else ""
+        nvcc = os.path.join(naive, "bin", "nvcc") if naive else None
+        look = (f"run '{nvcc} --version' and 'python -c \"import flashinfer\"' by hand to see which"
+                if nvcc else "run 'python -c \"import flashinfer\"' by hand to see why")
+        if res.truncated:
+            what = (f"the child was killed after printing more than {_ALONE_MAX_OUTPUT >> 20} MiB (FlashInfer's "
+                    f"import or the nvcc it runs floods its output); {look}, and fix or remove that toolkit")
+        elif res.timed_out:
+            what = f"the child was killed after {timeout + 60:g} s; {look}"
+        else:
+            what = f"the child exited with status {res.returncode}{f' ({res.error})' if res.error else ''}; {look}"
+        return {"error": what + last}
     try:  # the child's report, read like any other outside input
         return loads_json(m.group(1), "the FlashInfer-alone child's report")
     except FormatError as exc:
