@@ -20,7 +20,7 @@ from flashinfer_sm120.diagnose.verify.smoke import SMOKE_TIMEOUT_S
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
 from flashinfer_sm120.cli.doctor_sections import wrap
 
-__all__ = ["EXIT_CODES", "SHORT_LINES", "run_doctor", "render", "add_parser"]
+__all__ = ["EXIT_CODES", "SHORT_LINES", "run_doctor", "render", "smoke_lines", "add_parser"]
 
 #: Exit status -> meaning (``doctor --help`` and docs/cli.md).
 EXIT_CODES = {0: "OK: FlashInfer will build (warnings may follow)",
@@ -72,24 +72,30 @@ def render(report: dict, *, verbose: bool = False) -> list[str]:
 def _smoke_only(args: argparse.Namespace) -> int:
     """``doctor --smoke``: the smoke steps alone (the full report is ``doctor`` without it)."""
     from flashinfer_sm120.diagnose.verify import smoke
-    from flashinfer_sm120.cli.doctor_sections import smoke_lines
 
     result = smoke.run_smoke(args.timeout or smoke.SMOKE_TIMEOUT_S).to_dict()
     if args.json:
         print(json.dumps({"smoke": result, "ok": result["ok"]}, indent=2, default=str))
-        return 0 if result["ok"] else 1
-    targets = " ".join(result["targets"]) or "no targets"
+    else:
+        for line in smoke_lines(result):
+            print(printable(line))
+    return 0 if result["ok"] else 1
+
+
+def smoke_lines(result: dict) -> list[str]:
+    """A :meth:`~flashinfer_sm120.diagnose.verify.smoke.SmokeResult.to_dict` as printed: the verdict
+    (the failing step and the fix), then each step with the end of a failing step's output."""
     if result["ok"]:
-        print(printable(f"OK: a tiny kernel built for {targets} with FlashInfer's own build line and the "
-                        f"chosen toolkit ({result['cuda_home']}) in {result['seconds']:g} s"))
+        lines = [f"OK: a tiny kernel built for {' '.join(result['targets']) or 'no targets'} with FlashInfer's own "
+                 f"build line and the chosen toolkit ({result['cuda_home']}) in {result['seconds']:g} s"]
     else:
         step = next((s for s in result["steps"] if s["name"] == result["failed"]), {})
-        print(printable(_one_line(f"PROBLEM: the smoke check failed at step '{result['failed']}': "
-                                  f"{step.get('detail', '')}")))
-        print("  Fix: see the step's output below; 'flashinfer-sm120 doctor' gives the full report")
-    for line in smoke_lines(result)[1:]:
-        print(printable(line))
-    return 0 if result["ok"] else 1
+        lines = [_one_line(f"PROBLEM: the smoke check failed at step '{result['failed']}': {step.get('detail', '')}"),
+                 "  Fix: see the step's output below; 'flashinfer-sm120 doctor' gives the full report"]
+    for s in result["steps"]:
+        lines.append(f"  {s['name']:<10}  {s['status']:<7}  {s['seconds']:>5.1f} s  {s['detail']}")
+        lines += ["      " + ln for ln in s["output"].splitlines()]
+    return lines
 
 
 # --------------------------------------------------------------------------- rendering

@@ -159,9 +159,6 @@ def _check_sections(report: dict) -> Iterable[Finding]:
     for key in ("ninja", "servers", "inventory", "caches", "builds"):
         if "error" in (report.get(key) or {}) and not (key == "ninja" and "candidates" in report[key]):
             yield Finding(Level.NOTE, "section-error", f"{key} could not be checked ({report[key]['error']})")
-    smoke = report.get("smoke")
-    if smoke and not smoke.get("ok"):
-        yield Finding(Level.PROBLEM, "smoke-failed", f"the smoke check failed at step '{smoke.get('failed')}'")
 
 
 def _ninja_conflict(n: dict, chosen: str, autoload: bool) -> Finding:
@@ -200,7 +197,7 @@ def _check_build_line(report: dict) -> Iterable[Finding]:
     for s in section.get("set") or ():
         value = s["value"] if len(s["value"]) <= 80 and s["value"].isprintable() else shown(s["value"], 80)
         yield Finding(Level.WARNING, "build-line-variable", f"{s['name']}={value} changes every "
-                      f"build line ({s['enters']}): the warm cache will be rebuilt",
+                      f"build line ({s['enters']}; {s['where']}): the warm cache will be rebuilt",
                       f"unset {s['name']}, or warm the cache with it set (flashinfer-sm120 build)")
     stale = section.get("stale") or {}
     if stale:
