@@ -113,7 +113,7 @@ def parse_arch_list_lenient(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_L
                             ) -> tuple[list[ArchSpec], list[str]]:
     """``(specs, errors)``: the entries that parsed, and one message per kind of fault.  Used at import
     time, where a typo must not break ``import flashinfer``."""
-    example = ("Accepted forms: '12.0' (RTX 5090 / RTX PRO 6000), '12.1' (DGX Spark), a list such as "
+    example = ("Accepted forms, e.g. '12.0' (RTX 5090 / RTX PRO 6000), '12.1' (DGX Spark), a list such as "
                "'12.0,12.1' or '12.0 12.1', and '12.0f', '9.0a' or 'sm_120'")
     if not isinstance(value, str) or len(value) > MAX_ARCH_LIST_CHARS:
         size = len(value) if isinstance(value, str) else 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable
 from flashinfer_sm120.safety.formats import plural, shown
 
@@ -33,10 +33,6 @@ class Finding:
     text: str
     fix: str | None = None
 
-    def to_dict(self) -> dict:
-        """JSON-ready form."""
-        return {"level": self.level.value, "code": self.code, "text": self.text, "fix": self.fix}
-
 
 @dataclass(frozen=True)
 class Alone:
@@ -48,11 +44,6 @@ class Alone:
     cuda_version: str | None = None
     targets: tuple[str, ...] = ()
     has_nvcc: bool = True  # an nvcc in its CUDA_HOME (else its CUDA version is torch's)
-
-    def to_dict(self) -> dict:
-        """JSON-ready form."""
-        return {"works": self.works, "why": self.why, "cuda_home": self.cuda_home,
-                "cuda_version": self.cuda_version, "targets": list(self.targets)}
 
 
 @dataclass(frozen=True)
@@ -74,9 +65,10 @@ class Diagnosis:
         return not self.problems
 
     def to_dict(self) -> dict:
-        """JSON-ready form."""
-        return {"ok": self.ok, "targets": list(self.targets), "nvcc": self.nvcc, "root": self.root,
-                "alone": self.alone.to_dict(), "findings": [f.to_dict() for f in self.findings]}
+        """JSON-ready form (a level is its string: :class:`Level` is a ``str``)."""
+        out = asdict(self)
+        del out["problems"]  # the findings whose level is problem
+        return dict(out, ok=self.ok)
 
 
 def _choice(report: dict) -> dict:
