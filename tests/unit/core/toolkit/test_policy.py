@@ -182,7 +182,6 @@ def test_a_target_given_by_arch_is_named_as_typed_with_the_flag_in_the_error_and
         monkeypatch, typed, read, fix):
     """doctor --arch 5.0 and --arch 99 blamed FLASHINFER_CUDA_ARCH_LIST, which the user never set."""
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "")  # restored after the test
-    monkeypatch.setattr(archlist, "_option", None)
     archlist.export_arch_list(typed)
     with pytest.raises(ToolkitError) as exc:
         choose([fake("13.0.88", "pip")], archlist.parse_arch_list(read), [], "13.0")
