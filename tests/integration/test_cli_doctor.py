@@ -2,6 +2,7 @@
 default (everything under --verbose and --json), typed findings, --arch, --smoke on its own."""
 
 import json
+import logging
 
 import pytest
 
@@ -359,19 +360,23 @@ def _doctor_in_process(monkeypatch, capsys, *argv, tty=False, report=None):
     def collect(timeout, *, say=None, **_):
         if say is not None:
             say(f"(asking unpatched FlashInfer in a child process, up to {timeout:g} s ...)")
+        logged.append(logging.getLogger("flashinfer_sm120").isEnabledFor(logging.ERROR))  # the guard's line
         return report or doctor_report()
+
+    logged: list[bool] = []
 
     monkeypatch.setenv("FLASHINFER_SM120_QUIET", "")  # doctor sets it for its own process: restored after
     monkeypatch.setattr(doctor, "collect", collect)
     monkeypatch.setattr("sys.stderr.isatty", lambda: tty)
     rc = main(["doctor", *argv])
     out, err = capsys.readouterr()
+    assert logged == [False] and logging.getLogger("flashinfer_sm120").isEnabledFor(logging.ERROR)
     return rc, out, err
 
 
 def test_the_verdict_comes_first_and_the_last_line_ends_with_a_newline(monkeypatch, capsys):
-    """doctor's progress note on stderr came before the verdict (2>&1, a log file): it is shown on a
-    terminal only, and erased before the report."""
+    """doctor's progress note and the guard's log line on stderr came before the verdict (2>&1, a log
+    file): the note is shown on a terminal only, and erased before the report; the report says the rest."""
     rc, out, err = _doctor_in_process(monkeypatch, capsys, "--arch", "12.0")
     assert rc == 0 and out.startswith("OK: FlashInfer will build") and out.endswith("\n") and err == ""
     rc, out, err = _doctor_in_process(monkeypatch, capsys, "--arch", "12.0", "--timeout", "7", tty=True)

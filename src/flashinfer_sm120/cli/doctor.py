@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import sys
@@ -48,8 +49,14 @@ def run_doctor(args: argparse.Namespace) -> int:
         server_cache = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     from flashinfer_sm120.warmup import buildreport
 
-    report = collect(args.timeout or ALONE_TIMEOUT_S, say=say, server_cache=server_cache, arch=args.arch,
-                     extra=(("builds", buildreport.doctor_section),))
+    log = logging.getLogger("flashinfer_sm120")
+    level = log.level
+    log.setLevel(logging.CRITICAL)  # the report says what its log lines would (the guard's message is line 1)
+    try:
+        report = collect(args.timeout or ALONE_TIMEOUT_S, say=say, server_cache=server_cache, arch=args.arch,
+                         extra=(("builds", buildreport.doctor_section),))
+    finally:
+        log.setLevel(level)
     if tty:
         print("\r\033[K", end="", file=sys.stderr, flush=True)
     diagnosis = diagnose(report)
