@@ -66,11 +66,8 @@ def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
     from flashinfer_sm120.safety.trust import trace
 
     env = dict(os.environ, FLASHINFER_SM120_DISABLE="1")
-    for k in ("CUDA_HOME",):  # what the user set, not what this process exported
-        if k in _ORIGINAL_ENV:
-            env[k] = _ORIGINAL_ENV[k]
-        else:
-            env.pop(k, None)
+    env.pop("CUDA_HOME", None)  # what the user set, not what this process exported
+    env.update({k: v for k, v in _ORIGINAL_ENV.items() if k == "CUDA_HOME"})
     naive = flashinfer_naive_root(env)
     runs = []
     if not (env.get("CUDA_HOME") or env.get("CUDA_PATH")):
