@@ -73,6 +73,15 @@ def clean_env(tmp_path):
     return env
 
 
+@pytest.fixture(autouse=True)
+def _no_arch_option(monkeypatch):
+    """An in-process command's ``--arch`` is remembered for its messages (``archlist.named``): never
+    into the next test, which may set the same FLASHINFER_CUDA_ARCH_LIST itself."""
+    from flashinfer_sm120.core.facts import archlist
+
+    monkeypatch.setattr(archlist, "_option", None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _nothing_written_into_the_checkout():
     """The suite writes only into temporary directories: an entry the checkout did not have

@@ -136,7 +136,7 @@ FAKE = "/opt/fake-cuda-12.8"
 
 def smoke(seconds: str) -> None:
     """The steps of ``doctor --smoke`` with ``seconds`` for all of them: emulated, its 30 s do not suffice."""
-    from flashinfer_sm120.cli.doctor_sections import smoke_lines
+    from flashinfer_sm120.cli.doctor import smoke_lines
     from flashinfer_sm120.diagnose.verify.smoke import run_smoke
 
     result = run_smoke(float(seconds)).to_dict()

@@ -2,6 +2,7 @@
 default (everything under --verbose and --json), typed findings, --arch, --smoke on its own."""
 
 import json
+import logging
 
 import pytest
 
@@ -84,8 +85,9 @@ def test_smoke_runs_the_smoke_steps_without_the_report(monkeypatch, capsys):
         calls["collect"] += 1
         raise AssertionError("the full report was collected")
 
-    def run_smoke(*a, **k):
+    def run_smoke(timeout, *a, **k):
         calls["smoke"] += 1
+        calls["timeout"] = timeout
         return smoke.SmokeResult(True, [smoke.Step("toolkit", "passed", 0.0, "nvcc 13.0")], None, 1.5,
                                  "/opt/cuda", ["sm_120f"])
 
@@ -96,7 +98,9 @@ def test_smoke_runs_the_smoke_steps_without_the_report(monkeypatch, capsys):
     monkeypatch.setattr(smoke, "run_smoke", run_smoke)
     assert main(["doctor", "--smoke", "--arch", "12.0"]) == 0
     out = capsys.readouterr().out
-    assert calls == {"collect": 0, "smoke": 1}
+    assert calls == {"collect": 0, "smoke": 1, "timeout": 30.0}
+    assert main(["doctor", "--smoke", "--arch", "12.0", "--timeout", "90"]) == 0 and calls["timeout"] == 90.0
+    capsys.readouterr()
     assert out.startswith("OK: a tiny kernel built for sm_120f") and "toolkit" in out
     monkeypatch.setattr(smoke, "run_smoke", lambda *a, **k: smoke.SmokeResult(
         False, [smoke.Step("compile", "failed", 0.2, "compile failed (exit 1)", "nvcc fatal")], "compile", 0.3))
@@ -230,8 +234,10 @@ def test_a_build_line_variable_and_modules_warmed_with_other_values_are_warnings
     d = diagnose(report)
     assert d.ok and {"build-line-variable", "build-line-stale"} <= {f.code for f in d.findings}
     lines = _screen("\n".join(doctor.render(report)))
-    text = " ".join(lines)
+    text = " ".join(" ".join(lines).split())
     assert "WARNING: FLASHINFER_JIT_VERBOSE=1 changes every build line" in text
+    assert ("debug flags -O0 -g --device-debug -lineinfo --ptxas-options=-v -DCUTLASS_DEBUG_TRACE_LEVEL=2 on every "
+            "CUDA compile line (-O0 -g on C++ lines), dropping -DNDEBUG -O3") in text  # FlashInfer 0.7.4's whole list
     assert "the warm cache will be rebuilt" in text
     assert "WARNING: 1 built module was built with other values of FLASHINFER_JIT_VERBOSE" in text
     monkeypatch.delenv("FLASHINFER_JIT_VERBOSE")
@@ -331,3 +337,72 @@ def test_the_servers_section_says_which_jit_directory_the_report_used():
     assert not any("this report" in ln for ln in servers_lines({"servers": [server], "applied": {}, "autoload": True}))
     moved = dict(differ, server="sglang", why="sglang is installed here", base="/s", how="SGLANG_CACHE_DIR", changed=True)
     assert "sglang's FLASHINFER_WORKSPACE_BASE=/s" in servers_lines({"servers": [server], "applied": moved})[1]
+
+
+@pytest.mark.parametrize("autoload", [False, True])
+def test_a_second_ninja_gets_advice_that_fits_whether_the_autoload_is_enabled(autoload):
+    """With the autoload enabled, the ninja warning still said to run 'flashinfer-sm120 enable', on the line
+    after 'Autoload: enabled'."""
+    conflict = {"path": "/usr/bin/ninja", "version": "1.11.1", "log_format": 5}
+    ninja = {"chosen": {"path": "/venv/bin/ninja", "version": "1.13.2", "log_format": 7},
+             "conflicts": [conflict], "autoload": autoload}
+    auto = {"pth": ["/venv/site/flashinfer_sm120_autoload.pth"]} if autoload else {}
+    text = " ".join("\n".join(_screen("\n".join(doctor.render(doctor_report(ninja=ninja, autoload=auto))))).split())
+    assert "WARNING: /usr/bin/ninja (ninja 1.11.1, .ninja_log v5) is reachable too" in text
+    assert ("'flashinfer-sm120 enable'" in text) is not autoload, text
+    if autoload:
+        assert "Autoload: enabled" in text and "the autoload puts it first on PATH" in text
+        assert "remove the other ninja (e.g. apt-get remove ninja-build) or put /venv/bin first on its PATH" in text
+
+
+def _doctor_in_process(monkeypatch, capsys, *argv, tty=False, report=None):
+    """``main(["doctor", ...])`` on a report built by hand: (exit status, stdout, stderr)."""
+    def collect(timeout, *, say=None, **_):
+        if say is not None:
+            say(f"(asking unpatched FlashInfer in a child process, up to {timeout:g} s ...)")
+        logged.append(logging.getLogger("flashinfer_sm120").isEnabledFor(logging.ERROR))  # the guard's line
+        return report or doctor_report()
+
+    logged: list[bool] = []
+
+    monkeypatch.setenv("FLASHINFER_SM120_QUIET", "")  # doctor sets it for its own process: restored after
+    monkeypatch.setattr(doctor, "collect", collect)
+    monkeypatch.setattr("sys.stderr.isatty", lambda: tty)
+    rc = main(["doctor", *argv])
+    out, err = capsys.readouterr()
+    assert logged == [False] and logging.getLogger("flashinfer_sm120").isEnabledFor(logging.ERROR)
+    return rc, out, err
+
+
+def test_the_verdict_comes_first_and_the_last_line_ends_with_a_newline(monkeypatch, capsys):
+    """doctor's progress note and the guard's log line on stderr came before the verdict (2>&1, a log
+    file): the note is shown on a terminal only, and erased before the report; the report says the rest."""
+    rc, out, err = _doctor_in_process(monkeypatch, capsys, "--arch", "12.0")
+    assert rc == 0 and out.startswith("OK: FlashInfer will build") and out.endswith("\n") and err == ""
+    rc, out, err = _doctor_in_process(monkeypatch, capsys, "--arch", "12.0", "--timeout", "7", tty=True)
+    assert err == "(asking unpatched FlashInfer in a child process, up to 7 s ...)\r\x1b[K"
+
+
+def test_without_targets_doctor_says_there_is_no_jit_dir_and_why(monkeypatch, capsys):
+    """Without --arch, doctor showed a JIT dir without the targets' part (120f), which no build uses."""
+    report = doctor_report()
+    report["resolution"]["choice"]["targets"] = []
+    report["after"]["jit_dir"] = "/ws/.cache/flashinfer/0.7.4/nvcc13.0.88-abcd/cached_ops"
+    lines = _screen("\n".join(doctor.render(report)))
+    assert "With flashinfer-sm120: patched; no JIT dir: it is named after the targets, and there are none" in lines
+    assert "nvcc13.0.88-abcd" not in "\n".join(lines)
+
+
+def test_flashinfer_alone_killed_for_flooding_says_so_and_the_fix(monkeypatch, tmp_path):
+    """An nvcc flooding its output made the FlashInfer-alone line 'exit -9: ' and nothing else."""
+    from helpers.toolkits import make_toolkit
+    from flashinfer_sm120.diagnose.verify import report
+    from flashinfer_sm120.safety import proc
+
+    root = make_toolkit(tmp_path / "cuda", "13.0.88")
+    monkeypatch.setattr(report, "_ORIGINAL_ENV", {"CUDA_HOME": str(root)})
+    monkeypatch.setattr(proc, "run", lambda *a, **k: proc.Result(-9, b"\x00" * 100 + b"x" * 1000, False, True, 1.0))
+    before = report._flashinfer_alone(5)
+    why = diagnosis.alone(doctor_report(before=before)).why
+    assert "killed after printing more than 1 MiB" in why and f"run '{root}/bin/nvcc --version'" in why, why
+    assert "fix or remove that toolkit" in why and "exit -9" not in why

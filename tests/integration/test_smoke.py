@@ -62,10 +62,10 @@ def test_a_broken_toolkit_fails_naming_the_step_with_its_output(clean_env, tmp_p
     assert len(failed["output"]) < 2200  # truncated: the end, where compilers put the error
     assert all(step[n]["status"] == "skipped" and "compile failed" in step[n]["detail"]
                for n in ("link", "link check", "load", "run"))
-    from flashinfer_sm120.cli.doctor_sections import smoke_lines
+    from flashinfer_sm120.cli.doctor import smoke_lines
 
     human = "\n".join(smoke_lines(smoke))  # what doctor prints for it
-    assert "FAILED at step 'compile'" in human and "broken on purpose" in human
+    assert human.startswith("PROBLEM: the smoke check failed at step 'compile'") and "broken on purpose" in human
 
 
 def test_no_usable_ninja_fails_the_compile_step_with_the_fix(clean_env, tmp_path, real_nvcc13):

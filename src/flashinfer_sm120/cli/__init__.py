@@ -292,7 +292,8 @@ def _main(argv: list[str] | None) -> int:
         if json_wanted:
             document = _selected(parser, argv).get_default("json_failure")
             _print_failure_json(document, str(exc), exc.kind, exc.fix)
-        return err(f"{exc}; {exc.fix}" if exc.fix else str(exc))
+        sep = " Fix: " if str(exc).endswith((".", "?")) else "; "  # a message of sentences gets a sentence
+        return err(f"{exc}{sep}{exc.fix}" if exc.fix else str(exc))
 
 
 def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:

@@ -38,4 +38,4 @@ def apply_arch(value: str | None) -> None:
     try:
         export_arch_list(value)
     except ArchListError as exc:
-        raise UsageError(str(exc), fix="give compute capabilities, e.g. --arch 12.0") from None
+        raise UsageError(str(exc), fix="e.g. --arch 12.0") from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import sys
@@ -16,10 +17,11 @@ import sys
 from flashinfer_sm120.safety.formats import plural, printable, shown
 from flashinfer_sm120.safety.formats.cli import cli_float
 from flashinfer_sm120.diagnose.verify.report import ALONE_TIMEOUT_S, collect
+from flashinfer_sm120.diagnose.verify.smoke import SMOKE_TIMEOUT_S
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
 from flashinfer_sm120.cli.doctor_sections import wrap
 
-__all__ = ["EXIT_CODES", "SHORT_LINES", "run_doctor", "render", "add_parser"]
+__all__ = ["EXIT_CODES", "SHORT_LINES", "run_doctor", "render", "smoke_lines", "add_parser"]
 
 #: Exit status -> meaning (``doctor --help`` and docs/cli.md).
 EXIT_CODES = {0: "OK: FlashInfer will build (warnings may follow)",
@@ -36,7 +38,9 @@ def run_doctor(args: argparse.Namespace) -> int:
         return _smoke_only(args)
     from flashinfer_sm120.diagnose.verify.diagnosis import diagnose
 
-    say = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
+    # the verdict is the first line anyone reads: a progress note only on a terminal, erased before it
+    tty = not args.json and sys.stderr.isatty()
+    say = (lambda m: print(m, end="", file=sys.stderr, flush=True)) if tty else None
     try:  # the installed server's cache redirection (SGLang), before FlashInfer is imported
         from flashinfer_sm120.warmup.session import apply_server_cache
 
@@ -45,8 +49,16 @@ def run_doctor(args: argparse.Namespace) -> int:
         server_cache = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     from flashinfer_sm120.warmup import buildreport
 
-    report = collect(args.timeout, say=say, server_cache=server_cache, arch=args.arch,
-                     extra=(("builds", buildreport.doctor_section),))
+    log = logging.getLogger("flashinfer_sm120")
+    level = log.level
+    log.setLevel(logging.CRITICAL)  # the report says what its log lines would (the guard's message is line 1)
+    try:
+        report = collect(args.timeout or ALONE_TIMEOUT_S, say=say, server_cache=server_cache, arch=args.arch,
+                         extra=(("builds", buildreport.doctor_section),))
+    finally:
+        log.setLevel(level)
+    if tty:
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
     diagnosis = diagnose(report)
     report["diagnosis"] = diagnosis.to_dict()
     if args.json:
@@ -67,24 +79,30 @@ def render(report: dict, *, verbose: bool = False) -> list[str]:
 def _smoke_only(args: argparse.Namespace) -> int:
     """``doctor --smoke``: the smoke steps alone (the full report is ``doctor`` without it)."""
     from flashinfer_sm120.diagnose.verify import smoke
-    from flashinfer_sm120.cli.doctor_sections import smoke_lines
 
-    result = smoke.run_smoke().to_dict()
+    result = smoke.run_smoke(args.timeout or smoke.SMOKE_TIMEOUT_S).to_dict()
     if args.json:
         print(json.dumps({"smoke": result, "ok": result["ok"]}, indent=2, default=str))
-        return 0 if result["ok"] else 1
-    targets = " ".join(result["targets"]) or "no targets"
+    else:
+        for line in smoke_lines(result):
+            print(printable(line))
+    return 0 if result["ok"] else 1
+
+
+def smoke_lines(result: dict) -> list[str]:
+    """A :meth:`~flashinfer_sm120.diagnose.verify.smoke.SmokeResult.to_dict` as printed: the verdict
+    (the failing step and the fix), then each step with the end of a failing step's output."""
     if result["ok"]:
-        print(printable(f"OK: a tiny kernel built for {targets} with FlashInfer's own build line and the "
-                        f"chosen toolkit ({result['cuda_home']}) in {result['seconds']:g} s"))
+        lines = [f"OK: a tiny kernel built for {' '.join(result['targets']) or 'no targets'} with FlashInfer's own "
+                 f"build line and the chosen toolkit ({result['cuda_home']}) in {result['seconds']:g} s"]
     else:
         step = next((s for s in result["steps"] if s["name"] == result["failed"]), {})
-        print(printable(_one_line(f"PROBLEM: the smoke check failed at step '{result['failed']}': "
-                                  f"{step.get('detail', '')}")))
-        print("  Fix: see the step's output below; 'flashinfer-sm120 doctor' gives the full report")
-    for line in smoke_lines(result)[1:]:
-        print(printable(line))
-    return 0 if result["ok"] else 1
+        lines = [_one_line(f"PROBLEM: the smoke check failed at step '{result['failed']}': {step.get('detail', '')}"),
+                 "  Fix: see the step's output below; 'flashinfer-sm120 doctor' gives the full report"]
+    for s in result["steps"]:
+        lines.append(f"  {s['name']:<10}  {s['status']:<7}  {s['seconds']:>5.1f} s  {s['detail']}")
+        lines += ["      " + ln for ln in s["output"].splitlines()]
+    return lines
 
 
 # --------------------------------------------------------------------------- rendering
@@ -154,7 +172,7 @@ def _alone(d) -> str:
             f"FlashInfer alone: would work, {a.why}" if a.works else f"FlashInfer alone: would fail because {a.why}")
 
 
-def _with(r: dict) -> str:
+def _with(r: dict, d) -> str:
     a = r.get("after") or {}
     st = a.get("status") or {}
     if r.get("import_refused"):
@@ -163,6 +181,8 @@ def _with(r: dict) -> str:
         return "With flashinfer-sm120: guard (FlashInfer imports; its JIT builds raise the fix above)"
     if "error" in a:
         return f"With flashinfer-sm120: {st.get('mode')}; FlashInfer's import failed"
+    if not d.targets:  # FlashInfer names the JIT dir after the targets (.../0.7.4/120f/...): none yet
+        return f"With flashinfer-sm120: {st.get('mode')}; no JIT dir: it is named after the targets, and there are none"
     return f"With flashinfer-sm120: {st.get('mode')}; JIT dir {a.get('jit_dir')}"
 
 
@@ -188,7 +208,7 @@ def _short(r: dict, d) -> list[str]:
     """The default report: the verdict, then one screen (:data:`SHORT_LINES`); findings whole, as many
     as fit, then a pointer to the rest."""
     facts = [_versions(r), _gpus(r)] + ([f"Targets: {', '.join(d.targets)} ({_targets_from(r)})"] if d.targets else [])
-    facts += _toolkit(r) + [_alone(d), _with(r)] + _deploy(r)
+    facts += _toolkit(r) + [_alone(d), _with(r, d)] + _deploy(r)
     lines = [_verdict(d)] + [ln for text in facts for ln in wrap(text)]
     tail = wrap("More: flashinfer-sm120 doctor --verbose (every toolkit, the patch, exports, servers, modules), or --json")
     blocks = [wrap(_finding(f)) for f in d.findings[1 if d.problems else 0:]]
@@ -250,7 +270,7 @@ def _verbose(r: dict, d) -> list[str]:
           f"TARGET_CUDA_ARCHS={b.get('target_cuda_archs')}")
     a = r["after"]
     st = a["status"]
-    p(_with(r))
+    p(_with(r, d))
     if st["mode"] not in ("guard",) and "error" not in a:
         p(f"  CUDA_HOME={a.get('cuda_home')}  CUDA {a.get('cuda_version')}  TARGET_CUDA_ARCHS={st.get('target_cuda_archs')}")
     elif "error" in a:
@@ -297,12 +317,12 @@ def add_parser(sub) -> None:
     d.add_argument("--verbose", "-v", action="store_true",
                    help="print every toolkit, patch step, exported variable, server and built module")
     d.add_argument("--arch", help=ARCH_HELP)
-    d.add_argument("--timeout", type=cli_float("--timeout", 0.1, 3600.0), default=ALONE_TIMEOUT_S,
-                   metavar="SECONDS",
-                   help="how long unpatched FlashInfer may take in its child process "
-                        f"(it runs nvcc without a timeout; default {ALONE_TIMEOUT_S:g})")
+    d.add_argument("--timeout", type=cli_float("--timeout", 0.1, 3600.0), metavar="SECONDS",
+                   help="how long unpatched FlashInfer may take in its child process (it runs nvcc without a "
+                        f"timeout; default {ALONE_TIMEOUT_S:g}); with --smoke, the whole smoke check "
+                        f"(default {SMOKE_TIMEOUT_S:g})")
     d.add_argument("--smoke", action="store_true",
                    help="instead of the report, compile and link a tiny kernel with the chosen toolkit and "
-                        "FlashInfer's own flags, and run it when a GPU is visible (under 30 s; exit 1 naming "
-                        "the failing step)")
+                        "FlashInfer's own flags, and run it when a GPU is visible (within --timeout; exit 1 "
+                        "naming the failing step)")
     d.set_defaults(func=run_doctor)

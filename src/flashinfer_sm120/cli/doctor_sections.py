@@ -1,17 +1,16 @@
 """How ``doctor`` prints: the one rule for long lines (:func:`wrap`), and the ``--verbose`` lines of
 the sections :func:`flashinfer_sm120.diagnose.verify.report.collect` gathers (ninja, servers, build
-line, inventory) and of :class:`flashinfer_sm120.diagnose.verify.smoke.SmokeResult`."""
+line, inventory)."""
 
 from __future__ import annotations
 
 import os
 import textwrap
 
-from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.safety.formats import plural, shown
 
-__all__ = ["WIDTH", "wrap", "ninja_lines", "servers_lines", "build_line_lines", "inventory_lines", "smoke_lines",
-           "human", "caches_lines"]
+__all__ = ["WIDTH", "wrap", "ninja_lines", "servers_lines", "build_line_lines", "inventory_lines", "human",
+           "caches_lines"]
 
 #: Characters per line of the default report.  Text wraps at spaces only: a path, command or fix
 #: is never cut; one longer than this gets a line of its own (copied whole).
@@ -39,20 +38,6 @@ def ninja_lines(section: dict) -> list[str]:
     elif not which:
         lines.append("  which ninja in this shell: none (a server process gets the one above on PATH once "
                      "flashinfer-sm120 exports its toolkit)")
-    for n in section.get("conflicts") or []:
-        other = f".ninja_log v{n['log_format']}" if n["log_format"] else "another .ninja_log format"
-        head = (f"  WARNING: {n['path']} (ninja {n['version']}, {other}) is reachable too, and each of the two "
-                f"rebuilds every module the other built. ")
-        if section.get("autoload"):
-            lines.append(head + f"Servers of this environment run {c['path']} (the autoload puts it first on "
-                         f"PATH); a process without the autoload (another environment's server, a shell) runs "
-                         f"whichever is first on its PATH. Fix, if one does: remove the other ninja (e.g. "
-                         f"apt-get remove ninja-build) or put {os.path.dirname(c['path'])} first on its PATH")
-        else:
-            lines.append(head + f"A server started from this environment runs whichever is first on its PATH. "
-                         f"Fix: 'flashinfer-sm120 enable' (every server process then runs {c['path']}, which "
-                         f"'flashinfer-sm120 build' runs), or remove the other ninja (e.g. apt-get remove "
-                         f"ninja-build)")
     stale = {k: v for k, v in (section.get("cache_log_formats") or {}).items() if str(k) != str(c["log_format"])}
     if stale and c["log_format"]:
         lines.append(f"  WARNING: {plural(sum(stale.values()), 'module')} in {section.get('jit_dir')} were built by a ninja "
@@ -98,18 +83,11 @@ def servers_lines(section: dict) -> list[str]:
     return lines
 
 
-#: What each kind of build-line variable does to the line, as printed.
-_EFFECT = {buildline.Read.FLAGS: "is added to every build line", buildline.Read.THREADS: "changes every CUDA build line",
-           buildline.Read.PRESENT: "changes every CUDA build line"}
-
-
 def build_line_lines(section: dict) -> list[str]:
-    """:func:`flashinfer_sm120.diagnose.verify.report.build_line_section` as printed."""
+    """:func:`flashinfer_sm120.diagnose.verify.report.build_line_section` as printed: each module built
+    with other values, and the servers that leave the targets alone (the variables set and the targets
+    a server sets are findings, printed first)."""
     lines = ["\nBuild line (what makes a warm module rebuild):"]
-    for s in section.get("set") or ():
-        effect = _EFFECT.get(buildline.Read[s["read"]], "changes every build line")
-        value = s["value"] if len(s["value"]) <= 200 and s["value"].isprintable() else shown(s["value"], 200)
-        lines.append(f"  {s['name']}={value} {effect}: the warm cache will be rebuilt ({s['enters']}; {s['where']})")
     if not section.get("set"):
         lines.append("  no FlashInfer variable that changes the build line is set")
     stale = section.get("stale") or {}
@@ -119,11 +97,7 @@ def build_line_lines(section: dict) -> list[str]:
     if len(stale) > 20:
         lines.append(f"  ... and {len(stale) - 20} more modules built with other values")
     for a in section.get("server_arch") or ():
-        if a["value"]:
-            lines.append(f"  {a['name']} will build for {', '.join(a['targets'])} (its {a['function']} sets "
-                         f"{a['variable']}={a['value']}; {a['how']}): 'flashinfer-sm120 build --for "
-                         f"{a['name'].lower()}' warms that")
-        else:
+        if not a["value"]:
             lines.append(f"  {a['name']} leaves {a['variable']} as it is here ({a['function']}; {a['how']})")
     return lines
 
@@ -164,18 +138,6 @@ def inventory_lines(section: dict) -> list[str]:
             lines.append(f"    ... and {plural(place['not_inspected'], 'more module')} not inspected")
     if section["problems"]:
         lines.append(f"  {plural(section['problems'], 'module holds', 'modules hold')} no code a GPU here can run: see PROBLEM above")
-    return lines
-
-
-def smoke_lines(result: dict) -> list[str]:
-    """A :meth:`flashinfer_sm120.diagnose.verify.smoke.SmokeResult.to_dict` as ``doctor --smoke`` prints it."""
-    verdict = "PASSED" if result["ok"] else f"FAILED at step '{result['failed']}'"
-    lines = [f"\nSmoke check (a tiny kernel built with FlashInfer's own build line for "
-             f"{' '.join(result['targets']) or 'no targets'}): {verdict} in {result['seconds']:g} s"]
-    for s in result["steps"]:
-        lines.append(f"  {s['name']:<10}  {s['status']:<7}  {s['seconds']:>5.1f} s  {s['detail']}")
-        if s["output"]:
-            lines += ["      " + ln for ln in s["output"].splitlines()]
     return lines
 
 

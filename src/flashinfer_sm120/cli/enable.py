@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import fcntl
 import os
+import shlex
 import site
 import sys
 import sysconfig
@@ -200,12 +201,12 @@ def _enable(args: argparse.Namespace) -> int:
     except OSError as exc:
         hint = "use a virtual environment you own" if args.user else "try --user, or a virtual environment you own"
         return _err(f"cannot write {writing}: {exc.strerror or exc}; {hint}")
+    undo = "flashinfer-sm120 disable" + (f" --site-dir {shlex.quote(target_dir)}" if args.site_dir else "")
     done = (f"wrote {target} and {HOOK_FILE} next to it (readable, standard library only)" if changed
             else f"already enabled: {target} and {HOOK_FILE} next to it are up to date (nothing written)")
     print(f"{done}\n"
           f"  {who} {'now loads' if changed else 'loads'} flashinfer_sm120 when it first imports {', '.join(TRIGGERS)};\n"
-          f"  other processes pay nothing. Undo: 'flashinfer-sm120 disable' (or delete that file); "
-          f"skip once: FLASHINFER_SM120_DISABLE=1.")
+          f"  other processes pay nothing. Undo: '{undo}' removes both files; skip once: FLASHINFER_SM120_DISABLE=1.")
     return 0
 
 

@@ -38,7 +38,7 @@ def status_line(st: dict) -> str:
     a :class:`~flashinfer_sm120.core.patch.laststatus.LastStatus`."""
     mode, tk = st.get("mode"), st.get("toolkit")
     if mode in _OK and tk:
-        targets = ", ".join(st.get("targets") or []) or _no_targets(st)
+        targets = ", ".join(st.get("targets") or []) or f"none, nothing can be built ({_no_targets(st)})"
         return f"{mode}: nvcc {tk.get('nvcc_full')} at {tk.get('root')}; targets {targets}"
     if mode == "guard":
         return ("guard: no CUDA toolkit fits, FlashInfer's JIT builds will raise the fix "
@@ -49,11 +49,9 @@ def status_line(st: dict) -> str:
 
 
 def _no_targets(st: dict) -> str:
-    """Why there are no targets (nothing can be built): a bad arch list, or nothing at all."""
-    if st.get("arch_list_error"):
-        return f"none, nothing can be built ({st['arch_list_error']})"
-    return ("none, nothing can be built (no GPU visible and no FLASHINFER_CUDA_ARCH_LIST): "
-            "e.g. flashinfer-sm120 status --arch 12.0")
+    """Why there are no targets: a bad arch list, or no GPU and no list (with the fix)."""
+    return st.get("arch_list_error") or ("no GPU visible and no FLASHINFER_CUDA_ARCH_LIST; fix: "
+                                         "flashinfer-sm120 status --arch 12.0")
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -126,10 +124,11 @@ def _say(args: argparse.Namespace, st: dict, source: str, full: dict | None = No
     if args.json:
         out = dict(full or st, source=source)
         out.setdefault("targets", st.get("targets"))
-        out.setdefault("toolkit", st.get("toolkit"))
+        tk = out.get("toolkit", st.get("toolkit"))  # without the record's fingerprint of nvcc ("stat")
+        out["toolkit"] = {k: v for k, v in tk.items() if k != "stat"} if isinstance(tk, dict) else tk
         out["ok"] = exit_code(st) == 0  # threat-model: P8: the document says what the exit status says
         if not out["ok"] and not out.get("error") and st.get("toolkit"):
-            out["error"] = f"no targets: {_no_targets(st)}"
+            out["error"] = f"no targets, so nothing can be built: {_no_targets(st)}"
         print(json.dumps(out, indent=2, default=str))
     else:
         print(printable(status_line(st)))  # threat-model: P8: a record file's text is shown, never acted on

@@ -35,3 +35,15 @@ def test_a_huge_file_in_place_of_ours_is_not_read_to_compare_it(tmp_path, monkey
     monkeypatch.setattr(builtins, "open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
     assert sitefiles.holds(str(big), "import flashinfer_sm120_autoload\n") is False
     assert opened == []
+
+
+def test_enables_undo_is_one_command_that_removes_both_files(site_packages, capsys):
+    """The undo said 'or delete that file', naming one of the two files enable wrote."""
+    import shlex
+
+    assert main(["enable", "--site-dir", str(site_packages)]) == 0
+    out = capsys.readouterr().out
+    undo = f"flashinfer-sm120 disable --site-dir {shlex.quote(str(site_packages))}"
+    assert f"Undo: '{undo}' removes both files;" in out and "delete that file" not in out
+    assert main(shlex.split(undo)[1:]) == 0
+    assert not [p for p in site_packages.iterdir() if p.name != "__pycache__"]

@@ -14,3 +14,20 @@ def test_a_record_with_escape_sequences_is_shown_not_acted_on(capsys):
     status._say(argparse.Namespace(json=False), st, "record")
     out = capsys.readouterr().out
     assert "PWNED" in out and "EVIL" in out and "\x1b" not in out and "\x07" not in out
+
+
+def test_json_from_a_record_has_no_unlabeled_fingerprint_and_says_why_nothing_builds(capsys):
+    """``status --json`` showed the record's ``"stat": [65024, ...]`` and said ``no targets: none``."""
+    import json
+
+    tk = {"nvcc_full": "13.0.88", "root": "/tk", "nvcc": "/tk/bin/nvcc", "stat": [65024, 2533605, 1, 2, 3]}
+    st = {"mode": "patched", "error": None, "toolkit": tk, "targets": [], "arch_list_error": None}
+    assert status._say(argparse.Namespace(json=True), st, "record") == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["toolkit"] == {"nvcc_full": "13.0.88", "root": "/tk", "nvcc": "/tk/bin/nvcc"}
+    assert doc["error"] == ("no targets, so nothing can be built: no GPU visible and no FLASHINFER_CUDA_ARCH_LIST; "
+                            "fix: flashinfer-sm120 status --arch 12.0"), doc
+    status._say(argparse.Namespace(json=False), st, "record")
+    assert capsys.readouterr().out == ("patched: nvcc 13.0.88 at /tk; targets none, nothing can be built (no GPU "
+                                       "visible and no FLASHINFER_CUDA_ARCH_LIST; fix: flashinfer-sm120 status "
+                                       "--arch 12.0)\n")

@@ -14,8 +14,8 @@ from flashinfer_sm120.core.facts.arch import normalize
 from flashinfer_sm120.errors import Sm120Error
 from flashinfer_sm120.safety.formats import shown, some
 
-__all__ = ["ArchListError", "ArchSpec", "MAX_ARCH_LIST_CHARS", "export_arch_list", "parse_arch_list",
-           "parse_arch_list_lenient"]
+__all__ = ["ArchListError", "ArchSpec", "MAX_ARCH_LIST_CHARS", "export_arch_list", "named", "assigned",
+           "parse_arch_list", "parse_arch_list_lenient"]
 
 
 class ArchListError(Sm120Error, ValueError):
@@ -61,14 +61,39 @@ def parse_arch_list(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_LIST") ->
     return specs
 
 
-def export_arch_list(value: str | None, *, source: str = "--arch") -> None:
+#: ``(as typed, as exported)`` by :func:`export_arch_list`: messages then name the ``--arch`` the user
+#: typed, not the variable it was passed on as.
+_option: tuple[str, str] | None = None
+
+
+def export_arch_list(value: str | None) -> None:
     """Export ``value`` (``--arch`` of every command) as ``FLASHINFER_CUDA_ARCH_LIST`` before FlashInfer
     loads; ``None`` leaves the variable alone.  Raises :class:`ArchListError` and exports nothing when
     it does not parse."""
+    global _option
     if value is None:
         return
-    specs = parse_arch_list(value, source=source)
-    os.environ["FLASHINFER_CUDA_ARCH_LIST"] = " ".join(f"{s.major}.{s.minor}{s.suffix or ''}" for s in specs)
+    specs = parse_arch_list(value, source="--arch")
+    listed = " ".join(f"{s.major}.{s.minor}{s.suffix or ''}" for s in specs)
+    os.environ["FLASHINFER_CUDA_ARCH_LIST"], _option = listed, (value, listed)
+
+
+def named(listed: str | None = None) -> str:
+    """How a message names the arch list (``listed``: its entries as read): ``--arch '99', read as 9.9``
+    while the variable holds what this command's ``--arch`` exported, else
+    ``FLASHINFER_CUDA_ARCH_LIST='9.9'``; without ``listed``, the bare name (``--arch``)."""
+    if _option is not None and os.environ.get("FLASHINFER_CUDA_ARCH_LIST") == _option[1]:
+        typed = shown(_option[0], 80)
+        if listed is None:
+            return "--arch"
+        return f"--arch {typed}" + (f", read as {listed}" if _option[0].strip() != listed else "")
+    return "FLASHINFER_CUDA_ARCH_LIST" if listed is None else f"FLASHINFER_CUDA_ARCH_LIST='{listed}'"
+
+
+def assigned(entries: str) -> str:
+    """How a fix writes an arch list: ``--arch 9.9a`` for a command given ``--arch``, else
+    ``FLASHINFER_CUDA_ARCH_LIST='9.9a'``."""
+    return f"--arch {entries}" if named() == "--arch" else f"FLASHINFER_CUDA_ARCH_LIST='{entries}'"
 
 
 #: Longest arch list read (characters); a longer value is refused whole, with a
@@ -88,8 +113,8 @@ def parse_arch_list_lenient(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_L
                             ) -> tuple[list[ArchSpec], list[str]]:
     """``(specs, errors)``: the entries that parsed, and one message per kind of fault.  Used at import
     time, where a typo must not break ``import flashinfer``."""
-    example = (f"Use compute capabilities separated by spaces, e.g. {source}='12.0' "
-               f"(RTX 5090 / RTX PRO 6000), '12.1' (DGX Spark) or '9.0a 12.0f'")
+    example = ("Accepted forms, e.g. '12.0' (RTX 5090 / RTX PRO 6000), '12.1' (DGX Spark), a list such as "
+               "'12.0,12.1' or '12.0 12.1', and '12.0f', '9.0a' or 'sm_120'")
     if not isinstance(value, str) or len(value) > MAX_ARCH_LIST_CHARS:
         size = len(value) if isinstance(value, str) else 0
         return [], [f"{source} is {size} characters long, more than {MAX_ARCH_LIST_CHARS} "
@@ -121,16 +146,18 @@ def parse_arch_list_lenient(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_L
     errors: list[str] = []
     # One message per kind of fault, quoting at most a few entries and a cut value:
     # a long list of junk must not print the whole value once per entry.
+    typed = f"{source}={shown(value)}" + (f" (read as {len(entries)} entries, {some(entries)})"
+                                          if len(entries) > 1 else "")
+    meant = f" Did you mean '{value.strip().replace(',', '.')}'?" if re.fullmatch(r"\s*\d+,\d\s*", value) else ""
     if bad:
         errors.append(
-            f"{source}={shown(value)}: {'entry' if len(bad) == 1 else 'entries'} {some(bad)} "
-            f"{'is' if len(bad) == 1 else 'are'} not a compute capability. Use 'major.minor' with an "
-            f"optional a/f suffix. {example}.{_major_hint(bad)}"
+            f"{typed}: {'entry' if len(bad) == 1 else 'entries'} {some(bad)} "
+            f"{'is' if len(bad) == 1 else 'are'} not a compute capability. {example}.{meant or _major_hint(bad)}"
         )
     if unknown:
         errors.append(
-            f"{source}={shown(value)}: {'entry' if len(unknown) == 1 else 'entries'} {some(unknown)} "
+            f"{typed}: {'entry' if len(unknown) == 1 else 'entries'} {some(unknown)} "
             f"{'is' if len(unknown) == 1 else 'are'} not a known compute capability (major 3..20, "
-            f"minor 0..9), e.g. '12.0'.{_major_hint(unknown)}"
+            f"minor 0..9), e.g. '12.0'.{meant or _major_hint(unknown)}"
         )
     return out, errors

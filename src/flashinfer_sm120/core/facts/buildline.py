@@ -16,8 +16,8 @@ from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
-__all__ = ["Read", "BuildVar", "BUILD_VARS", "RECORD_NAME", "Setting", "Change", "effective", "snapshot",
-           "settings", "changes", "checked", "record", "recorded", "stale"]
+__all__ = ["Read", "BuildVar", "BUILD_VARS", "DEBUG_BUILD", "RECORD_NAME", "Setting", "Change", "effective",
+           "snapshot", "settings", "changes", "checked", "record", "recorded", "stale"]
 
 
 class Read(enum.Enum):
@@ -48,15 +48,19 @@ class BuildVar:
 _ALL = SpecifierSet(">=0.6.7")  # read in 0.6.7, 0.7.2 and 0.7.4; older releases not read
 _LAUNCHERS = SpecifierSet(">0.6.7")  # absent in 0.6.7, present in 0.7.2 and 0.7.4
 
+#: What FlashInfer's debug build (``FLASHINFER_JIT_DEBUG=1``, else ``FLASHINFER_JIT_VERBOSE=1``) does to the
+#: lines (``gen_jit_spec``, flashinfer/jit/core.py, read in 0.7.4).
+DEBUG_BUILD = ("debug flags -O0 -g --device-debug -lineinfo --ptxas-options=-v -DCUTLASS_DEBUG_TRACE_LEVEL=2 on "
+               "every CUDA compile line (-O0 -g on C++ lines), dropping -DNDEBUG -O3")
+
 #: Every variable of FlashInfer's own that enters a module's build line.  Verified against
 #: flashinfer-python 0.6.7, 0.7.2 and 0.7.4 (``flashinfer/jit/core.py``, ``flashinfer/jit/cpp_ext.py``);
 #: 0.6.7 reads ``FLASHINFER_NVCC_THREADS`` unchecked into ``--threads=``.
 BUILD_VARS: tuple[BuildVar, ...] = (
-    BuildVar("FLASHINFER_JIT_VERBOSE", Read.ONE, "debug flags (-O0 -g --device-debug -lineinfo) instead of -O3 "
-             "on every compile line", "flashinfer/jit/core.py gen_jit_spec", _ALL,
+    BuildVar("FLASHINFER_JIT_VERBOSE", Read.ONE, DEBUG_BUILD, "flashinfer/jit/core.py gen_jit_spec", _ALL,
              overridden_by="FLASHINFER_JIT_DEBUG"),
-    BuildVar("FLASHINFER_JIT_DEBUG", Read.ONE, "debug flags on every compile line (wins over "
-             "FLASHINFER_JIT_VERBOSE when set)", "flashinfer/jit/core.py gen_jit_spec", _ALL),
+    BuildVar("FLASHINFER_JIT_DEBUG", Read.ONE, f"{DEBUG_BUILD} (wins over FLASHINFER_JIT_VERBOSE when set)",
+             "flashinfer/jit/core.py gen_jit_spec", _ALL),
     BuildVar("FLASHINFER_JIT_LINEINFO", Read.ONE, "-lineinfo on every CUDA compile line",
              "flashinfer/jit/core.py gen_jit_spec", _ALL),
     BuildVar("FLASHINFER_NVCC_THREADS", Read.THREADS, "nvcc --threads=N on every CUDA compile line",

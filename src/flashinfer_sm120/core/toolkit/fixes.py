@@ -14,6 +14,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
+from flashinfer_sm120.core.facts.archlist import assigned, named
 from flashinfer_sm120.core.toolkit.model import Toolkit
 
 __all__ = ["PIP_TOOLKIT", "ALLOW_OTHER_MAJOR_ENV", "toolkit_fix", "choose_fix", "consistent_set_fix",
@@ -42,16 +43,16 @@ def _upgrade_fix(targets: Iterable[tuple[int, str]]) -> str:
     names = ", ".join(_arch.format_target(t) for t in targets)
     hatch = " ".join(_entry(t) if t[1][-1:] in ("a", "f") else f"{_entry(t)}a" for t in targets)
     return (f"upgrade flashinfer-sm120 (this release's target table does not know {names}); "
-            f"until then, if `nvcc --list-gpu-arch` lists it, FLASHINFER_CUDA_ARCH_LIST='{hatch}' "
+            f"until then, if `nvcc --list-gpu-arch` lists it, {assigned(hatch)} "
             f"with an nvcc >= {_arch.NEWEST_KNOWN_NVCC} builds it as given")
 
 
 def _drop_fix(t: tuple[int, str]) -> str:
     gone, repl = _arch.dropped_in(t), _arch.RENAMED.get(_arch.target_key(t))
     if repl:
-        return (f"write '{_entry(repl)}' instead of '{_entry(t)}' in FLASHINFER_CUDA_ARCH_LIST "
+        return (f"write '{_entry(repl)}' instead of '{_entry(t)}' in {named()} "
                 f"(CUDA {gone}.0 renamed {_arch.format_target(t)} to {_arch.format_target(repl)})")
-    return (f"remove '{_entry(t)}' from FLASHINFER_CUDA_ARCH_LIST (CUDA {gone}.0 dropped "
+    return (f"remove '{_entry(t)}' from {named()} (CUDA {gone}.0 dropped "
             f"{_arch.format_target(t)}), or use a CUDA {gone - 1} build of torch and toolkit")
 
 

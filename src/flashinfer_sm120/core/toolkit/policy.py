@@ -180,7 +180,7 @@ def _choice(toolkits, pick, verdict, why, caps, fixed, wanted, preferred, torch_
                    f"{ALLOW_OTHER_MAJOR_ENV} is set: {_fixes.torch_major_why(torch_cuda)}")
     unknown = [t for t in targets if _arch.min_nvcc_for(t) is None]
     if unknown:
-        reason += f"; {_names(unknown)} not in flashinfer-sm120's table, used as given in FLASHINFER_CUDA_ARCH_LIST"
+        reason += f"; {_names(unknown)} not in flashinfer-sm120's table, used as given in {archlist.named()}"
     return Choice(tk, targets, tuple(caps), rejected, reason, torch_cuda)
 
 
@@ -191,7 +191,7 @@ def _refusal(toolkits, reasons, arch_specs, capabilities, target_sets, explicit,
     gpus = ", ".join(f"{a}.{b}" for a, b in dict.fromkeys(capabilities))
     if arch_specs is not None:
         listed = " ".join(f"{s.major}.{s.minor}{s.suffix or ''}" for s in arch_specs)
-        where = f" (FLASHINFER_CUDA_ARCH_LIST='{listed}'" + (f"; GPUs: compute capability {gpus})" if gpus else ")")
+        where = f" ({archlist.named(listed)}" + (f"; GPUs: compute capability {gpus})" if gpus else ")")
     else:
         where = f" for the GPUs (compute capability {gpus})" if gpus else ""
     torch_txt = f"torch built for CUDA {torch_cuda}" if torch_cuda else "a CPU-only torch"

@@ -212,16 +212,15 @@ def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | No
     found = _version_from_files(real_root)
     if not found and os.path.dirname(os.path.dirname(nvcc)) != real_root:  # the toolkit a wrapper leads to
         found = _version_from_files(os.path.dirname(os.path.dirname(nvcc)))
-    full, problem, local = nvcc_version(nvcc, timeout)  # P1: the binary decides
+    # P1: the binary decides; when it cannot be run (even for this process's own reasons) the
+    # toolkit is refused with that message, never given the version of a file beside it
+    full, problem, _local = nvcc_version(nvcc, timeout)
     source, disagreement = ("nvcc --version" if full else None), None
     if found and full:
         if str(found[0]) == full:  # formatted from the parsed Version, never the raw text
             source = found[1]
         else:
             disagreement = VersionDisagreement(found[1], str(found[0]), nvcc, full)
-    elif found and local:  # this process cannot start programs (nor could FlashInfer): the file, for now
-        logger.info("flashinfer-sm120: %s; using the version %s gives, unconfirmed", problem, found[1])
-        full, problem, source = str(found[0]), None, found[1]
     nv = major_minor(full) if full else None
     pip = "pip" in sources or f"{os.sep}site-packages{os.sep}nvidia{os.sep}" in real_root + os.sep
     if nv and hv and nv != hv:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable
 from flashinfer_sm120.safety.formats import plural, shown
 
@@ -33,10 +33,6 @@ class Finding:
     text: str
     fix: str | None = None
 
-    def to_dict(self) -> dict:
-        """JSON-ready form."""
-        return {"level": self.level.value, "code": self.code, "text": self.text, "fix": self.fix}
-
 
 @dataclass(frozen=True)
 class Alone:
@@ -48,11 +44,6 @@ class Alone:
     cuda_version: str | None = None
     targets: tuple[str, ...] = ()
     has_nvcc: bool = True  # an nvcc in its CUDA_HOME (else its CUDA version is torch's)
-
-    def to_dict(self) -> dict:
-        """JSON-ready form."""
-        return {"works": self.works, "why": self.why, "cuda_home": self.cuda_home,
-                "cuda_version": self.cuda_version, "targets": list(self.targets)}
 
 
 @dataclass(frozen=True)
@@ -74,9 +65,10 @@ class Diagnosis:
         return not self.problems
 
     def to_dict(self) -> dict:
-        """JSON-ready form."""
-        return {"ok": self.ok, "targets": list(self.targets), "nvcc": self.nvcc, "root": self.root,
-                "alone": self.alone.to_dict(), "findings": [f.to_dict() for f in self.findings]}
+        """JSON-ready form (a level is its string: :class:`Level` is a ``str``)."""
+        out = asdict(self)
+        del out["problems"]  # the findings whose level is problem
+        return dict(out, ok=self.ok)
 
 
 def _choice(report: dict) -> dict:
@@ -101,7 +93,7 @@ def _check_installed(report: dict) -> Iterable[Finding]:
 
 def _check_choice(report: dict) -> Iterable[Finding]:
     if report.get("guard"):
-        yield Finding(Level.PROBLEM, "guard", "no CUDA toolkit found here can build for these GPUs; FlashInfer's "
+        yield Finding(Level.PROBLEM, "guard", "no CUDA toolkit found here can build for these targets; FlashInfer's "
                       "JIT builds will raise the full message (doctor --verbose shows it)", report.get("fix"))
     elif "resolution" not in report and report.get("resolution_error"):
         yield Finding(Level.PROBLEM, "resolution-failed", str(report["resolution_error"]))
@@ -150,11 +142,8 @@ def _check_sections(report: dict) -> Iterable[Finding]:
     ninja = report.get("ninja") or {}
     if "error" in ninja and "candidates" in ninja:
         yield Finding(Level.PROBLEM, "no-ninja", str(ninja["error"]))
-    chosen = ninja.get("chosen") or {}
     for n in ninja.get("conflicts") or ():
-        yield Finding(Level.WARNING, "ninja-conflict", f"{n['path']} (ninja {n['version']}) is reachable too and "
-                      f"rebuilds every module {chosen.get('path')} built, and the other way round",
-                      "remove one, or 'flashinfer-sm120 enable' so every server runs the same one")
+        yield _ninja_conflict(n, (ninja.get("chosen") or {}).get("path") or "?", bool(ninja.get("autoload")))
     inv = report.get("inventory") or {}
     if inv.get("problems"):
         yield Finding(Level.WARNING, "unrunnable-modules", f"{plural(inv['problems'], 'built module holds', 'built modules hold')} no code a GPU "
@@ -162,9 +151,22 @@ def _check_sections(report: dict) -> Iterable[Finding]:
     for key in ("ninja", "servers", "inventory", "caches", "builds"):
         if "error" in (report.get(key) or {}) and not (key == "ninja" and "candidates" in report[key]):
             yield Finding(Level.NOTE, "section-error", f"{key} could not be checked ({report[key]['error']})")
-    smoke = report.get("smoke")
-    if smoke and not smoke.get("ok"):
-        yield Finding(Level.PROBLEM, "smoke-failed", f"the smoke check failed at step '{smoke.get('failed')}'")
+
+
+def _ninja_conflict(n: dict, chosen: str, autoload: bool) -> Finding:
+    """Two ninjas of different ``.ninja_log`` formats: each rebuilds every module the other built; the
+    fix depends on whether the autoload already puts ``chosen`` first on every server's PATH."""
+    log = f".ninja_log v{n['log_format']}" if n.get("log_format") else "another .ninja_log format"
+    head = f"{n['path']} (ninja {n['version']}, {log}) is reachable too and rebuilds every module {chosen} built, "
+    remove = "remove the other ninja (e.g. apt-get remove ninja-build)"
+    if autoload:
+        return Finding(Level.WARNING, "ninja-conflict", head + f"and the other way round; servers of this "
+                       f"environment run {chosen} (the autoload puts it first on PATH), a process without the "
+                       f"autoload (another environment's server, a shell) whichever is first on its PATH",
+                       f"if one does, {remove} or put {os.path.dirname(chosen)} first on its PATH")
+    return Finding(Level.WARNING, "ninja-conflict", head + "and the other way round; a server started from this "
+                   "environment runs whichever is first on its PATH", f"'flashinfer-sm120 enable' (every server "
+                   f"process then runs {chosen}, which 'flashinfer-sm120 build' runs), or {remove}")
 
 
 def _check_toolkits(report: dict) -> Iterable[Finding]:
@@ -187,7 +189,7 @@ def _check_build_line(report: dict) -> Iterable[Finding]:
     for s in section.get("set") or ():
         value = s["value"] if len(s["value"]) <= 80 and s["value"].isprintable() else shown(s["value"], 80)
         yield Finding(Level.WARNING, "build-line-variable", f"{s['name']}={value} changes every "
-                      f"build line ({s['enters']}): the warm cache will be rebuilt",
+                      f"build line ({s['enters']}; {s['where']}): the warm cache will be rebuilt",
                       f"unset {s['name']}, or warm the cache with it set (flashinfer-sm120 build)")
     stale = section.get("stale") or {}
     if stale:
@@ -235,7 +237,7 @@ def alone(report: dict) -> Alone:
         if os.path.realpath(c.get("root") or "") == real and c.get("state") == "rejected":
             return Alone(False, f"it would use {home} (nvcc {version}): {c.get('why')}", home, version, targets)
     if report.get("guard"):
-        return Alone(False, f"it would use {home} (nvcc {version}), which cannot build for these GPUs", home,
+        return Alone(False, f"it would use {home} (nvcc {version}), which cannot build for these targets", home,
                      version, targets)
     ours = tuple(_choice(report).get("targets") or ())
     if ours and set(targets) != set(ours):

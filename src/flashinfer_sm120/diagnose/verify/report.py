@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from flashinfer_sm120 import __version__
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats import iter_lines, loads_json, parse_ninja_log_header
+from flashinfer_sm120.safety.formats import iter_lines, loads_json, parse_ninja_log_header, shown
 
 __all__ = ["ALONE_TIMEOUT_S", "Section", "collect", "ninja_section", "log_format_of_dir", "servers_section", "build_line_section"]
 
@@ -25,6 +25,8 @@ Section = tuple[str, Callable[[dict], dict]]
 #: Seconds ``doctor`` lets unpatched FlashInfer run in its child process.  FlashInfer
 #: runs ``nvcc --version`` without a timeout, so a hung nvcc would hang it forever.
 ALONE_TIMEOUT_S = 60.0
+#: Bytes of output the FlashInfer-alone child may print (its report is a few hundred).
+_ALONE_MAX_OUTPUT = 1 << 20
 
 _ALONE = r"""
 import json, os, sys, threading
@@ -64,11 +66,8 @@ def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
     from flashinfer_sm120.safety.trust import trace
 
     env = dict(os.environ, FLASHINFER_SM120_DISABLE="1")
-    for k in ("CUDA_HOME",):  # what the user set, not what this process exported
-        if k in _ORIGINAL_ENV:
-            env[k] = _ORIGINAL_ENV[k]
-        else:
-            env.pop(k, None)
+    env.pop("CUDA_HOME", None)  # what the user set, not what this process exported
+    env.update({k: v for k, v in _ORIGINAL_ENV.items() if k == "CUDA_HOME"})
     naive = flashinfer_naive_root(env)
     runs = []
     if not (env.get("CUDA_HOME") or env.get("CUDA_PATH")):
@@ -86,13 +85,22 @@ def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
                    f"not running it")
             return {"error": f"not run: {why}", "skipped": why}
     res = proc.run([sys.executable, "-c", _ALONE, str(timeout)], timeout=timeout + 60,
-                   max_output=1 << 20, env=env)
+                   max_output=_ALONE_MAX_OUTPUT, env=env)
     text = res.text()
     m = re.search(r"@@(\{.*\})\s*$", text)
     if not m:
-        what = ("timed out" if res.timed_out else f"exit {res.returncode}") + (
-            f", {res.error}" if res.error else "")
-        return {"error": f"{what}: {text.strip()[-400:]}"}
+        last = f"; its last output: {shown(text.strip()[-80:], 80)}" if text.strip() else ""
+        nvcc = os.path.join(naive, "bin", "nvcc") if naive else None
+        look = (f"run '{nvcc} --version' and 'python -c \"import flashinfer\"' by hand to see which"
+                if nvcc else "run 'python -c \"import flashinfer\"' by hand to see why")
+        if res.truncated:
+            what = (f"the child was killed after printing more than {_ALONE_MAX_OUTPUT >> 20} MiB (FlashInfer's "
+                    f"import or the nvcc it runs floods its output); {look}, and fix or remove that toolkit")
+        elif res.timed_out:
+            what = f"the child was killed after {timeout + 60:g} s; {look}"
+        else:
+            what = f"the child exited with status {res.returncode}{f' ({res.error})' if res.error else ''}; {look}"
+        return {"error": what + last}
     try:  # the child's report, read like any other outside input
         return loads_json(m.group(1), "the FlashInfer-alone child's report")
     except FormatError as exc:

@@ -163,9 +163,12 @@ def test_a_record_that_is_not_ours_is_ignored(tmp_path):
 def test_doctor_warns_for_jit_verbose(monkeypatch):
     monkeypatch.setenv("FLASHINFER_JIT_VERBOSE", "1")
     monkeypatch.setattr("flashinfer_sm120.core.facts.servers.installed", lambda: [])
-    lines = build_line_lines(build_line_section({}))
-    assert any(line.startswith("  FLASHINFER_JIT_VERBOSE=1 changes every build line: the warm cache will be rebuilt")
-               for line in lines), lines
+    from flashinfer_sm120.diagnose.verify.diagnosis import diagnose
+
+    findings = diagnose({"build_line": build_line_section({})}).findings
+    (warning,) = [f for f in findings if f.code == "build-line-variable"]
+    assert warning.text.startswith("FLASHINFER_JIT_VERBOSE=1 changes every build line (debug flags -O0 -g ")
+    assert warning.text.endswith("flashinfer/jit/core.py gen_jit_spec): the warm cache will be rebuilt")
     monkeypatch.setenv("FLASHINFER_JIT_VERBOSE", "0")
     for v in buildline.BUILD_VARS:
         monkeypatch.delenv(v.name, raising=False)

@@ -18,6 +18,7 @@ import subprocess
 import pytest
 
 from flashinfer_sm120.cli.doctor_sections import ninja_lines
+from flashinfer_sm120.diagnose.verify.diagnosis import diagnose
 from flashinfer_sm120.diagnose.verify.report import log_format_of_dir, ninja_section
 from packaging.version import Version
 
@@ -64,11 +65,15 @@ def test_doctor_warns_about_a_second_ninja_with_another_log_format_and_says_the_
     assert fakes["debian"] in [c["path"] for c in section["conflicts"]]
     text = "\n".join(ninja_lines(section))
     assert f"{fakes['wheel']} (ninja 1.13.2, .ninja_log v7" in text
-    assert f"WARNING: {fakes['debian']} (ninja 1.11.1, .ninja_log v5) is reachable too" in text
-    assert "Fix: 'flashinfer-sm120 enable'" in text and "apt-get remove ninja-build" in text
-    section["autoload"] = True
-    assert "the autoload puts it first on PATH" in "\n".join(ninja_lines(section))
     assert f"which ninja in this shell: {fakes['debian']}" in text
+    def warning():
+        (one,) = [f for f in diagnose({"ninja": section}).findings if f.text.startswith(fakes["debian"])]
+        return one
+
+    assert warning().text.startswith(f"{fakes['debian']} (ninja 1.11.1, .ninja_log v5) is reachable too")
+    assert "'flashinfer-sm120 enable'" in warning().fix and "apt-get remove ninja-build" in warning().fix
+    section["autoload"] = True
+    assert "the autoload puts it first on PATH" in warning().text and "enable" not in warning().fix
 
 
 def test_doctor_counts_modules_a_ninja_of_another_log_format_built(fakes, tmp_path):

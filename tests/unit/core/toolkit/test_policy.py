@@ -174,6 +174,34 @@ def test_unknown_future_gpu_says_upgrade_not_an_installed_pip_toolkit():
         assert "FLASHINFER_CUDA_ARCH_LIST='15.0a'" in exc.value.fix
 
 
+@pytest.mark.parametrize("typed, read, fix", [
+    ("5.0", "5.0", "remove '5.0' from --arch (CUDA 13.0 dropped sm_50)"),
+    ("99", "9.9", "if `nvcc --list-gpu-arch` lists it, --arch 9.9a with an nvcc"),
+])
+def test_a_target_given_by_arch_is_named_as_typed_with_the_flag_in_the_error_and_the_fix(
+        monkeypatch, typed, read, fix):
+    """doctor --arch 5.0 and --arch 99 blamed FLASHINFER_CUDA_ARCH_LIST, which the user never set."""
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "")  # restored after the test
+    archlist.export_arch_list(typed)
+    with pytest.raises(ToolkitError) as exc:
+        choose([fake("13.0.88", "pip")], archlist.parse_arch_list(read), [], "13.0")
+    assert fix in exc.value.fix and "FLASHINFER_CUDA_ARCH_LIST" not in str(exc.value), str(exc.value)
+    assert f"(--arch '{typed}'" in str(exc.value) and (typed == read or f"read as {read}" in str(exc.value))
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", read + " 12.0")  # a server's own variable: named as such
+    with pytest.raises(ToolkitError) as exc:
+        choose([fake("13.0.88", "pip")], archlist.parse_arch_list(read), [], "13.0")
+    assert "FLASHINFER_CUDA_ARCH_LIST" in exc.value.fix and "--arch" not in str(exc.value)
+
+
+def test_a_decimal_comma_in_arch_says_what_was_typed_and_the_accepted_forms():
+    """--arch 12,0 blamed only '0'."""
+    with pytest.raises(archlist.ArchListError) as exc:
+        archlist.parse_arch_list("12,0", source="--arch")
+    msg = str(exc.value)
+    assert msg.startswith("--arch='12,0' (read as 2 entries, '12', '0')") and "Did you mean '12.0'?" in msg
+    assert "'12.0,12.1' or '12.0 12.1'" in msg
+
+
 def test_installed_pip_fix_is_never_printed():
     broken = fake("13.0.88", "pip", problem="nvcc 13.0 with CUDA headers 13.5")
     with pytest.raises(ToolkitError) as exc:

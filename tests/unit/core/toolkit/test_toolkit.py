@@ -27,6 +27,29 @@ def test_version_json_is_named_as_the_source_once_nvcc_agrees(tmp_path):
     assert marker.exists() and tk.disagreement is None
 
 
+def test_the_version_is_what_nvcc_says_never_a_file_beside_it(tmp_path, monkeypatch):
+    """threat-model P1: nvcc printing 13.5 beside a version.json saying 11.8 is 13.5, labelled as nvcc's;
+    when nvcc cannot be run for this process's own reasons (EAGAIN after a forking nvcc used the
+    process limit), the toolkit is refused, never given the file's version labelled as the file's."""
+    import errno
+
+    from flashinfer_sm120.safety import proc
+
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "c"))
+    root = make_toolkit(tmp_path / "cuda-x", "13.5.37", curand=True)
+    (root / "version.json").write_text(json.dumps({"cuda_nvcc": {"version": "11.8.89"}}))
+    tk = inspect(str(root))
+    assert tk.nvcc_full == "13.5.37" and tk.version_from == "nvcc --version" and tk.problem is None
+    assert tk.disagreement.file_version == "11.8.89" and tk.disagreement.nvcc_version == "13.5.37"
+    liar = make_toolkit(tmp_path / "cuda-y", "11.8.89", header="13.5", curand=True)
+    (liar / "version.json").write_text(json.dumps({"cuda_nvcc": {"version": "13.5.37"}}))
+    monkeypatch.setattr(proc, "run", lambda *a, **k: proc.Result(None, b"", False, False, 0.0,
+                                                                  "fork failed", errno.EAGAIN))
+    tk = inspect(str(liar))
+    assert tk.nvcc_full is None and tk.version_from is None, tk
+    assert "ran out of a resource of its own" in tk.problem and "retry" in tk.problem
+
+
 def test_version_from_pip_dist_info(tmp_path):
     site_dir = tmp_path / "site-packages"
     root = make_toolkit(site_dir / "nvidia" / "cu13", "13.0.88", lib64=False)
