@@ -60,9 +60,9 @@ print("@@" + json.dumps(out))
 
 
 
-def _run(env, *args, prefix=()):
+def _run(env, *args, prefix=(), preexec_fn=None):
     return subprocess.Popen([*prefix, sys.executable, "-c", INSTALL, *map(str, args)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
 
 
 def _result(proc, timeout=300) -> dict:
@@ -98,6 +98,24 @@ def test_free_space_is_checked_for_both_forms_before_anything_is_written(clean_e
                        prefix=("unshare", "-m", "sh", "-c", code, "sh")))
     assert res.get("kind") == "space" and "free" in res["error"], res
     assert "FLASHINFER_WORKSPACE_BASE must be the same" in res["error"], res  # P8: the real fix, not "set it elsewhere"
+
+
+@pytest.mark.parametrize("form", ["directory", "archive"])
+def test_a_file_over_the_file_size_limit_is_refused_naming_the_export_and_the_limit(clean_env, tmp_path, form):
+    """Under `ulimit -f` a module file larger than the limit was refused naming only the unpack directory,
+    with "set TMPDIR to another directory", which cannot help with a file-size limit (P8)."""
+    import resource
+
+    src = make_export(tmp_path / "exp", {"jit/m/m.so": 2 << 20})
+    if form == "archive":
+        src = as_archive(src, tmp_path / "exp.tar.gz")
+    limit = 1 << 20
+    res = _result(_run(clean_env, src, 1 << 30,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))))
+    assert res.get("kind") == "limit", res
+    assert str(src) in res["error"] and "RLIMIT_FSIZE" in res["error"] and str(limit) in res["error"], res
+    assert "ulimit -f" in res["error"] and "TMPDIR" not in res["error"], res
+    assert not (Path(res["jit_dir"]) / "m").exists()
 
 
 def _race(env, src, tmp_path, rounds=3):
@@ -282,14 +300,14 @@ def test_export_then_import_on_a_fresh_machine_is_up_to_date(warmed):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "exported 2 modules" in proc.stdout
     again = cli(["cache", "export", "--from", str(manifest), str(out)], env, fakegpu=True)
-    assert again.returncode == 2 and "already exists" in again.stderr  # never overwritten
+    assert again.returncode == 1 and "already exists" in again.stderr  # never overwritten
 
     shutil.rmtree(env["FLASHINFER_WORKSPACE_BASE"])  # a fresh machine with the same layout
     target = env
     proc = cli(["cache", "import", str(out), "--json"], target, fakegpu=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert {m["status"] for m in json.loads(proc.stdout)["modules"]} == {"installed"}
-    assert "using the archive's targets 12.0f" in proc.stderr
+    assert "using the archive's targets sm_120f" in proc.stderr
     before = log.read_text()
     res, _ = run_py(LOAD_AGAIN, dict(target, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0"))
     assert "Ninja build failed" not in (res["err"] or "")
@@ -308,11 +326,11 @@ def test_export_then_import_on_a_fresh_machine_is_up_to_date(warmed):
 
     # another toolkit view (another cache dir) or other targets: refused, naming the mismatch and fix
     proc = cli(["cache", "import", str(out)], dict(target, FLASHINFER_SM120_CACHE_DIR=str(tmp / "other")), fakegpu=True)
-    assert proc.returncode == 2 and "cuda_home" in proc.stderr and "FLASHINFER_SM120_CACHE_DIR" in proc.stderr
+    assert proc.returncode == 1 and "cuda_home" in proc.stderr and "FLASHINFER_SM120_CACHE_DIR" in proc.stderr
     proc = cli(["cache", "import", str(out)], dict(target, FLASHINFER_WORKSPACE_BASE=str(tmp / "ws2")), fakegpu=True)
-    assert proc.returncode == 2 and "jit_dir" in proc.stderr and "FLASHINFER_WORKSPACE_BASE" in proc.stderr
+    assert proc.returncode == 1 and "jit_dir" in proc.stderr and "FLASHINFER_WORKSPACE_BASE" in proc.stderr
     proc = cli(["cache", "import", str(out), "--arch", "12.1"], target, fakegpu=True)
-    assert proc.returncode == 2 and "targets" in proc.stderr and "12.0f" in proc.stderr
+    assert proc.returncode == 1 and "targets" in proc.stderr and "sm_120f" in proc.stderr
 
 
 def _tar(path, members):
@@ -344,6 +362,6 @@ def test_unsafe_archives_are_refused(clean_env, tmp_path, real_nvcc13):
         path = tmp_path / f"{name}.tar"
         _tar(path, members)
         proc = cli(["cache", "import", str(path)], env, fakegpu=True)
-        assert proc.returncode == 2, (name, proc.stdout, proc.stderr)
+        assert proc.returncode == 1, (name, proc.stdout, proc.stderr)
         assert "refusing the whole archive" in proc.stderr, (name, proc.stderr)
     assert not (tmp_path / "escaped").exists() and not os.path.exists("/tmp/escaped-abs")

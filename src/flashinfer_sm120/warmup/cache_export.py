@@ -35,8 +35,8 @@ from flashinfer_sm120.warmup import ninjacmd, pool, session
 from flashinfer_sm120.warmup.session import BuildError, Session
 
 __all__ = ["TOP", "FORMAT", "MAX_META_BYTES", "FIX", "CacheError", "Limits", "Module", "Meta", "Budget",
-           "parse_meta", "refused", "member_rel", "file_sha256", "umask", "built_entries", "refuse_existing",
-           "export"]
+           "parse_meta", "refused", "member_rel", "file_sha256", "umask", "built_entries", "check_out",
+           "nvcc_targets", "built_targets", "ARCHIVES", "export"]
 
 TOP = "flashinfer-sm120-cache"
 FORMAT = 1
@@ -82,11 +82,13 @@ class Limits:
 
 @dataclasses.dataclass(frozen=True)
 class Module:
-    """One module of an export: its name and ``{relative path: sha256}``; every
-    jit/ path is under ``jit/<name>/``, every other under ``generated/``."""
+    """One module of an export: FlashInfer's name, ``{relative path: sha256}`` (every jit/ path under
+    ``jit/<name>/``, every other under ``generated/``) and the name ``build`` gives it (``decode-bf16-hd128``;
+    FlashInfer's where none was recorded: a manifest's module, an export of 0.3.0 or before)."""
 
     name: str
     files: dict[str, str]
+    label: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +151,8 @@ def parse_meta(obj: Any, source: str) -> Meta:
                     if seen.setdefault(prefix, kind) != kind:
                         raise CacheError(f"{source}: {formats.shown(prefix)} is both a file and a directory; {FIX}",
                                          "archive", FIX)
-            mods.append(Module(name, files))
+            label = f(m, "label", str, f"{source} module {name}", default=name, fix=FIX)  # build's name; 0.3.1+
+            mods.append(Module(name, files, formats.parse_name(label, f"{source} module {name} label", fix=FIX)))
         entries = [manifest.parse_entry(e, f"{source} manifest entry {i + 1}")
                    for i, e in enumerate(f(obj, "manifest", list, source, default=[], fix=FIX, max_len=10_000))]
     except FormatError as exc:
@@ -179,9 +182,20 @@ class Budget:
     def take(self, n: int, src: object) -> None:
         self.left -= n
         if self.left < 0:
-            raise CacheError(f"{formats.shown(str(src), 300)}: the export's files add up to more than the "
-                             f"{self.limits.max_total}-byte cap (--max-bytes)",
-                             "archive", "pass a larger --max-bytes if you trust this export")
+            raise over_cap(formats.shown(str(src), 300), "the export's files add up to more", self.limits,
+                           per_file=False)
+
+
+def over_cap(src: str, what: str, limits: Limits, *, per_file: bool) -> CacheError:
+    """The refusal of ``src`` for ``what`` (``member m is N bytes``) over the cap that refused it:
+    ``--max-bytes`` (the files' total; the fix says how to raise it), or the per-file cap, which no
+    option changes.  threat-model: P6, P8"""
+    if per_file:
+        return CacheError(f"{src}: {what}, over the per-file cap of {limits.max_file} bytes (which no "
+                          f"option changes); refusing the whole export; {FIX}", "archive", FIX)
+    fix = "pass a larger --max-bytes if you trust this export"
+    return CacheError(f"{src}: {what} than the {limits.max_total}-byte cap of --max-bytes (default 32G); "
+                      f"refusing the whole export; {fix}", "archive", fix)
 
 
 def file_sha256(path: Path) -> str:
@@ -228,18 +242,18 @@ def _capturing():
 
 def built_entries(names: list[str], everything: bool, arch: str | None, *, head_dims=None, dtypes=None,
                   kv_dtypes=None, acts=None):
-    """``(entries, skipped, session)`` for modules built here by the names ``build`` takes, so an
+    """``(entries, skipped, session, labels)`` for modules built here by the names ``build`` takes, so an
     export needs no recorded manifest: a manifest entry (:func:`~flashinfer_sm120.core.jitenv.manifest.encode`
     of FlashInfer's own spec) per variant of ``names`` (every name ``build`` knows when ``everything``,
-    keeping those built here), and ``(name, why)`` for what cannot be exported.
+    keeping those built here), ``(name, why)`` for what cannot be exported, and ``{FlashInfer's name:
+    build's}`` (``decode-bf16-hd128``), the names said to the user.
 
     :raises ModuleError: an unknown name or variant flag.
     :raises BuildError: FlashInfer cannot be set up, or ``everything`` finds nothing built."""
     variants = _modules.expand(["all"] if everything else names, head_dims=head_dims, dtypes=dtypes,
                                kv_dtypes=kv_dtypes, acts=acts)
-    session.apply_server_cache()  # the JIT dir the server installed here uses (SGLang's)
-    sess = session.prepare(arch)
-    entries, skipped, seen = [], [], set()
+    sess = session.prepare(arch)  # the caller pointed the workspace at the server's (apply_server_cache)
+    entries, skipped, labels = [], [], {}
     with _capturing():
         for v in variants:
             try:
@@ -254,33 +268,68 @@ def built_entries(names: list[str], everything: bool, arch: str | None, *, head_
                 skipped.append((spec.name, entry.get("why", "")))
                 continue
             entries.append(entry)
-            seen.add(spec.name)
+            labels[spec.name] = v.label
     if everything:
         for d in sorted(sess.jit_dir.iterdir()) if sess.jit_dir.is_dir() else ():
-            if d.is_dir() and d.name not in seen and (d / f"{d.name}.so").exists():
+            if d.is_dir() and d.name not in labels and (d / f"{d.name}.so").exists():
                 skipped.append((d.name, "built with parameters `build` does not name; record a manifest "
                                         "(FLASHINFER_SM120_RECORD) and export with --from"))
         if not entries:
             raise BuildError(f"nothing `build` can name is built in {sess.jit_dir} for "
-                             f"{' '.join(sess.targets)}; build it first (`flashinfer-sm120 build "
+                             f"{nvcc_targets(sess.targets)}; build it first (`flashinfer-sm120 build "
                              f"--arch ... MODULE`) or give the same --head-dim/--dtype as the build")
-    return entries, skipped, sess
+    return entries, skipped, sess, labels
 
 
-def refuse_existing(out: str) -> None:
-    """Refuse ``out`` unless it is absent or an empty directory: an export never overwrites.
+def nvcc_targets(targets: list[str]) -> str:
+    """Targets as nvcc and ``build`` spell them for the user: ``['12.0f', '12.1f']`` -> ``sm_120f sm_121f``."""
+    return " ".join("sm_" + t.replace(".", "") for t in targets)
 
-    :raises CacheError: kind ``exists``."""
+
+def built_targets() -> dict[str, int]:
+    """``{target set: modules built}`` in this machine's FlashInfer JIT workspace (FlashInfer's
+    ``<workspace>/<release>/<targets>/`` directories, ``120f_121f``, each holding a JIT dir per toolkit
+    under flashinfer-sm120), target sets as ``--arch`` takes them (``sm_120f sm_121f``); read only,
+    nothing imported: what an export without ``--arch`` on a machine without a GPU exports."""
+    from flashinfer_sm120.core.facts.workspace import workspace_path
+    from flashinfer_sm120.core.patch.resolve import flashinfer_version
+
+    root = Path(workspace_path()[0]) / (flashinfer_version() or "none")
+    out = {}
+    for key in sorted(os.listdir(root)) if root.is_dir() else ():
+        built = {so.parent.name for pattern in ("*/cached_ops/*/*.so", "cached_ops/*/*.so")
+                 for so in (root / key).glob(pattern) if so.stem == so.parent.name}
+        if built:
+            out[" ".join("sm_" + k for k in key.split("_"))] = len(built)
+    return out
+
+
+#: Archive names `cache export` writes; any other archive-looking name is refused, never made a directory.
+ARCHIVES = (".tar", ".tar.gz", ".tgz")
+_NOT_WRITTEN = (".zip", ".gz", ".xz", ".txz", ".bz2", ".tbz", ".tbz2", ".zst", ".tzst", ".lz4", ".lzma", ".7z", ".rar",
+                ".z")
+
+
+def check_out(out: str) -> None:
+    """Refuse ``out`` unless it is absent or an empty directory (an export never overwrites), and
+    unless its name is a directory's or an archive's that `cache export` writes (:data:`ARCHIVES`).
+
+    :raises CacheError: kind ``exists``, or ``usage`` for a name ending like another archive."""
+    name = out.lower()
+    if not name.endswith(ARCHIVES) and name.endswith(_NOT_WRITTEN):
+        fix = f"name the archive {', '.join(ARCHIVES[:-1])} or {ARCHIVES[-1]}, or give a directory"
+        raise CacheError(f"{out} names an archive `cache export` cannot write; {fix}", "usage", fix)
     if os.path.lexists(out) and not (os.path.isdir(out) and not os.listdir(out)):
         fix = "choose a new path (an export never overwrites)"
         raise CacheError(f"{out} already exists; {fix}", "exists", fix)
 
 
-def export(entries: list[dict], sess: Session, out: str, *, limits: Limits = Limits()) -> list[str]:
+def export(entries: list[dict], sess: Session, out: str, *, labels: dict[str, str] | None = None,
+           limits: Limits = Limits()) -> list[tuple[str, str]]:
     """Write the JIT cache entries of ``entries`` (built on this machine) to ``out``, a directory or an
     archive, with the same caps and free-space check for both (threat-model: P6, P7).
 
-    :returns: the module names written.
+    :returns: ``(build's name, FlashInfer's)`` of each module written (``labels``: build's names).
     :raises BuildError: a module is not built or not up to date here, ``out`` exists and is not an
         empty directory (never overwritten), is in a place another user controls, the files are over
         ``limits`` or do not fit on ``out``'s disk."""
@@ -288,21 +337,24 @@ def export(entries: list[dict], sess: Session, out: str, *, limits: Limits = Lim
 
     from flashinfer_sm120.safety.ownership import check_place
 
-    refuse_existing(out)
+    check_out(out)
+    labels = labels or {}
     files: list[tuple[str, Path]] = []
     mods = []
     gen_root = Path(jit_env.FLASHINFER_GEN_SRC_DIR)
     for entry in entries:
         spec = make_spec(entry, sess.flashinfer)
         if not spec.jit_library_path.exists() or ninjacmd.dry_run(pool.Job(spec.name, spec.build_dir, spec.ninja_path)):
-            raise BuildError(f"{spec.name} is not built (or not up to date) for {' '.join(sess.targets)} here; "
+            raise BuildError(f"{labels.get(spec.name, spec.name)} is not built (or not up to date) for "
+                             f"{nvcc_targets(sess.targets)} here; "
                              "build it first (`flashinfer-sm120 build` with the same module names, or --from "
                              "MANIFEST)")
         mine = [(f"jit/{spec.name}/{f.name}", f) for f in sorted(spec.build_dir.iterdir())
                 if f.is_file() and not f.is_symlink() and not f.name.endswith((".lock", ".ninja_lock"))]
         mine += [("generated/" + p[len("@GEN@/"):], gen_root / p[len("@GEN@/"):]) for p in entry.get("generated") or {}]
         files += mine
-        mods.append({"name": spec.name, "files": {rel: file_sha256(f) for rel, f in mine}})
+        mods.append({"name": spec.name, "label": labels.get(spec.name, spec.name),
+                     "files": {rel: file_sha256(f) for rel, f in mine}})
     blob = json.dumps({"format": FORMAT, "fingerprint": sess.fingerprint(), "modules": mods, "manifest": entries,
                        "created": time.time()}, indent=1).encode()
     # threat-model: P7 (what export writes, import accepts: checked by the import's own grammar first)
@@ -312,7 +364,7 @@ def export(entries: list[dict], sess: Session, out: str, *, limits: Limits = Lim
     _check_space(out, len(blob) + sum(os.lstat(f).st_size for _, f in files), limits)
     # threat-model: P4, P7: both forms go where another user can neither write nor replace what we put
     # (an archive there could be swapped for one carrying their .so; a planted link could redirect writes)
-    archive = out.endswith((".tar", ".tar.gz", ".tgz"))
+    archive = out.lower().endswith(ARCHIVES)
     problem = check_place(os.path.dirname(os.path.abspath(out)) if archive else out,
                           "the export's directory" if archive else "the export directory",
                           "export to a new path in a directory of your own", doing="export into")
@@ -322,7 +374,7 @@ def export(entries: list[dict], sess: Session, out: str, *, limits: Limits = Lim
         _write_archive(out, blob, files)
     else:
         _write_directory(out, blob, files, Budget(limits))
-    return [m["name"] for m in mods]
+    return [(m["label"], m["name"]) for m in mods]
 
 
 def _check_space(out: str, total: int, limits: Limits) -> None:
@@ -382,7 +434,7 @@ def _write_archive(out: str, blob: bytes, files: list[tuple[str, Path]]) -> None
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(out)}.", suffix=".partial",
                                dir=os.path.dirname(os.path.abspath(out)))
     try:
-        with os.fdopen(fd, "wb") as fh, tarfile.open(fileobj=fh, mode="w:gz" if out.endswith("gz") else "w") as tar:
+        with os.fdopen(fd, "wb") as fh, tarfile.open(fileobj=fh, mode="w:gz" if out.lower().endswith("gz") else "w") as tar:
             info = tarfile.TarInfo(f"{TOP}/meta.json")
             info.size, info.mtime, info.mode = len(blob), int(time.time()), 0o644
             tar.addfile(info, io.BytesIO(blob))

@@ -19,272 +19,123 @@ be rebuilt, reporting the truth per module.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import hashlib
 import os
 import platform
+import resource
 import shutil
 import stat
 import sys
 import tarfile
 import tempfile
 import time
-import zlib
 from pathlib import Path
 
 from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.warmup.regenerate import CannotRegenerate, make_spec
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import formats, oserrors
+from flashinfer_sm120.safety.formats.tar import TarReader
 from flashinfer_sm120.safety.fs.tmpdirs import make_private
 from flashinfer_sm120.warmup import modlock, ninjacmd, ninjadeps, pool
 from flashinfer_sm120.warmup.cache_export import (FIX, MAX_META_BYTES, TOP, Budget, CacheError, Limits, Meta, Module,
-                                                  file_sha256, member_rel, parse_meta, refused, umask)
+                                                  file_sha256, member_rel, nvcc_targets, over_cap, parse_meta, refused,
+                                                  umask)
 from flashinfer_sm120.warmup.session import BuildError, Session
 
-__all__ = ["compression", "check", "install"]
-
-#: Largest pax or GNU long-name header accepted, bytes.  ``tarfile`` reads such a header's declared
-#: size into one bytes object (a 4 GiB header is 4 MiB gzipped) and, before CPython 3.11.10/3.12.6
-#: (CVE-2024-6232), scans it quadratically; ours hold a path of at most a few hundred characters.
-MAX_EXTENDED_HEADER = 16 << 10
-
-_EXTENDED = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
-             tarfile.GNUTYPE_LONGLINK)
-
-
-class _Refused(Exception):
-    """A header :class:`_BoundedTarInfo` refuses.  Not a ``tarfile.HeaderError``: ``TarFile.next``
-    reads an invalid header after the first as the end of the archive, and this must stop it."""
-
-
-class _BoundedTarInfo(tarfile.TarInfo):
-    """``tarfile``'s header reader with the shapes an export never has refused before they are read:
-    an extended header over :data:`MAX_EXTENDED_HEADER`, and sparse members in each of GNU's forms
-    (old-style ``S``, pax 0.0/0.1/1.0), whose maps ``tarfile`` parses with bare ``int()`` and
-    unbounded lists.  (The ``_proc_*`` hooks are the subclassing points ``TarInfo._proc_member``
-    documents; ``tests/unit/warmup/test_cache_import.py`` checks they still exist.)"""
-
-    def _proc_member(self, tarfile_):
-        if self.type in _EXTENDED and self.size > MAX_EXTENDED_HEADER:
-            raise _Refused(f"an extended header of {self.size} bytes, more than {MAX_EXTENDED_HEADER}")
-        if self.type == tarfile.GNUTYPE_SPARSE:
-            raise _Refused("a sparse member (exports hold regular files only)")
-        return super()._proc_member(tarfile_)
-
-    def _proc_gnusparse_00(self, *_args):
-        raise _Refused("a sparse member (exports hold regular files only)")
-
-    _proc_gnusparse_01 = _proc_gnusparse_10 = _proc_gnusparse_00
-
-
-#: What ``tarfile`` raises from a hostile header besides its own errors (``int()`` of pax numbers,
-#: ``.decode("utf-8")`` of ``hdrcharset``, indexing a short block at the end).
-_HEADER_ERRORS = (_Refused, ValueError, IndexError, OverflowError)
-
-
-#: An archive's first bytes -> its compression (magic numbers).  `cache export` writes ``tar`` and
-#: ``gzip`` only; the others are named in the refusal.
-_MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"),
-          (b"\x5d\x00\x00", "lzma"), (b"PK\x03\x04", "zip"))
-_WRITTEN = ("tar", "gzip")
-
-
-def compression(head: bytes) -> str:
-    """What the first 512 bytes of a file say it is: ``tar`` (a POSIX/GNU header's ``ustar``
-    magic), ``gzip``, ``bzip2``, ``xz``, ``zstd``, ``lzma``, ``zip`` or ``unknown``; never the
-    file's name.  threat-model: P6"""
-    for magic, name in _MAGIC:
-        if head.startswith(magic):
-            return name
-    return "tar" if head[257:262] == b"ustar" else "unknown"
-
-
-class _Bounded:
-    """A reader that counts the bytes actually read from the decompressor (or the file) and the
-    time spent, and refuses past :meth:`Limits.max_stream` or ``max_seconds``: headers cannot
-    declare their way past the caps, and a small bomb is refused when it has produced the cap,
-    not after.  threat-model: P6"""
-
-    def __init__(self, raw, src: str, limits: Limits) -> None:
-        self.raw, self.src, self.file = raw, src, None
-        self.cap, self.left = limits.max_stream(), limits.max_stream()
-        self.seconds = limits.max_seconds
-        self.deadline = time.monotonic() + limits.max_seconds
-
-    def read(self, n: int = -1) -> bytes:
-        want = (1 << 20) if n is None or n < 0 else n
-        data = self.raw.read(min(want, self.left + 1))
-        self.left -= len(data)
-        if self.left < 0:
-            raise refused(self.src, f"it unpacks to more than {self.cap} bytes (the files' cap from cache "
-                                  f"import --max-bytes, meta.json and headers)")
-        if time.monotonic() > self.deadline:
-            raise refused(self.src, f"reading it took more than {self.seconds:g} s")
-        return data
-
-    def close(self) -> None:
-        self.raw.close()
-        if self.file is not None:  # under a decompressor, which leaves the file it was given open
-            self.file.close()
-
-
-class _Compressed:
-    """The compressed file under the gzip decompressor, read within a cap of its own and the pass's
-    deadline: a gzip file may be thousands of members that decompress to nothing (``gzip`` reads
-    concatenated members as one stream), which :class:`_Bounded` never sees, since one read of
-    the decompressor walks all of them before it returns a byte; 40 MB of empty members took
-    8 s a pass, and the size of the file was bounded by nothing.  The cap is what a gzip of
-    :meth:`Limits.max_stream` bytes can be (deflate's stored blocks add 5 bytes per 64 KiB, a
-    member header 10 and a trailer 8).  threat-model: P6"""
-
-    def __init__(self, raw, bounded: _Bounded) -> None:
-        self.raw, self.bounded = raw, bounded
-        self.cap = bounded.cap + bounded.cap // 1000 + (1 << 20)
-        self.left = self.cap
-
-    def read(self, n: int = -1) -> bytes:
-        want = (1 << 20) if n is None or n < 0 else n
-        data = self.raw.read(min(want, self.left + 1))
-        self.left -= len(data)
-        if self.left < 0:
-            raise refused(self.bounded.src, f"its compressed data is more than {self.cap} bytes, more than a gzip "
-                                          f"of what it may unpack to")
-        if time.monotonic() > self.bounded.deadline:
-            raise refused(self.bounded.src, f"reading it took more than {self.bounded.seconds:g} s")
-        return data
-
-    def close(self) -> None:
-        self.raw.close()
-
-
-def _open_tar(src: str, limits: Limits):
-    """``(tar, file)``: the archive streamed (headers seen one at a time, nothing held) from a
-    regular file, opened without blocking (a FIFO given as the export hung ``cache import``),
-    accepted only when its first bytes say tar or gzip (what `cache export` writes), and read
-    through :class:`_Bounded`."""
-    try:
-        fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except (OSError, ValueError) as exc:
-        raise CacheError(f"cannot read {formats.shown(src, 200)}: {getattr(exc, 'strerror', None) or exc}; "
-                         f"{FIX}", "archive", FIX) from None
-    fh = os.fdopen(fd, "rb")
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CacheError(f"{formats.shown(src, 200)} is neither a directory nor a regular file; {FIX}", "archive", FIX)
-        os.set_blocking(fd, True)
-        kind = compression(os.pread(fd, 512, 0))
-        if kind not in _WRITTEN:  # threat-model: P6 (only what we write; bzip2 bombs grew quadratically)
-            fix = ("unpack it and give the directory, or recompress it with gzip; better: give the file "
-                   "`flashinfer-sm120 cache export` wrote (.tar or .tar.gz)")
-            raise CacheError(f"{formats.shown(src, 200)} is {kind} data ({'compressed ' if kind != 'unknown' else ''}"
-                             f"by its first bytes, whatever its name), not a tar or gzip-compressed tar; {fix}",
-                             "archive", fix)
-        stream = _Bounded(fh, src, limits)
-        if kind == "gzip":  # threat-model: P6 (the compressed bytes and the time under the decompressor)
-            stream.raw, stream.file = gzip.GzipFile(fileobj=_Compressed(fh, stream), mode="rb"), fh
-        return tarfile.open(fileobj=stream, mode="r|", tarinfo=_BoundedTarInfo), stream
-    except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
-        fh.close()
-        raise CacheError(f"cannot read {src}: {formats.shown(str(exc), 200)}; {FIX}", "archive", FIX) from None
-    except (BuildError, FormatError):
-        fh.close()
-        raise
-    except _HEADER_ERRORS as exc:  # opening reads the first member's header
-        fh.close()
-        raise _malformed(src, exc) from None
-    except BaseException:
-        fh.close()
-        raise
-
-
-def _malformed(src: str, exc: BaseException) -> BuildError:
-    return refused(src, f"a member header is malformed ({formats.shown(str(exc) or type(exc).__name__, 120)})")
+__all__ = ["check", "install", "precheck"]
 
 
 def _walk(src: str, limits: Limits, meta: Meta | None = None, into: Path | None = None) -> Meta:
-    """The one pass over the archive ``src`` that checks it: each member on its header before its data
+    """The one pass over the archive ``src`` that checks it (:class:`~flashinfer_sm120.safety.formats.tar.TarReader`
+    within :meth:`Limits.max_stream` and ``max_seconds``): each member on its header before its data
     is read (a plain relative path under TOP/, ``meta.json`` first, a regular file or a directory, within
-    the member-count, per-file and total caps) and listed in meta.json; the whole pass within the
-    decompressed-bytes and time caps.  meta.json is read from the first member unless ``meta`` is
-    given; with ``into``, each listed file is extracted there with tarfile's ``data`` filter (PEP 706)
-    once its header passed and the free space was checked.  threat-model: P6, P7
+    the member-count, per-file and total caps) and listed in meta.json.  meta.json is read from the
+    first member unless ``meta`` is given; with ``into``, each listed file is extracted there once its
+    header passed and the free space was checked.  threat-model: P6, P7
 
     :returns: the parsed meta.json (``meta`` when given)."""
     count = total = 0
     files: set[str] = set()
     dirs: set[str] = set()
-    tar, fh = _open_tar(src, limits)
     try:
-        with tar:
-            try:
-                for m in tar:
-                    count += 1
-                    if count > limits.max_members:
-                        raise refused(src, f"it has more than {limits.max_members} members")
-                    rel = member_rel(m.name, src)
-                    if count == 1 and rel != "meta.json":
-                        raise refused(src, f"its first member is {formats.shown(m.name)}, not {TOP}/meta.json")
-                    if not (m.isfile() or m.isdir()):
-                        raise refused(src, f"member {formats.shown(m.name)} is a link or device")
-                    if m.isfile() and m.size > limits.max_file:
-                        raise refused(src, f"member {formats.shown(m.name)} is {m.size} bytes, more than the "
-                                         f"{limits.max_file}-byte cap (cache import --max-bytes)")
-                    if count == 1:  # meta.json: within MAX_META_BYTES, not the files' total
-                        meta = meta or _meta_member(src, tar, m)
-                        files = {rel for mod in meta.modules for rel in mod.files}
-                        dirs = {"/".join(r.split("/")[:i]) for r in files for i in range(1, r.count("/") + 1)}
-                        continue
-                    total += m.size if m.isfile() else 0
-                    if total > limits.max_total:
-                        raise refused(src, f"its files add up to more than the {limits.max_total}-byte cap "
-                                         f"(cache import --max-bytes)")
-                    if m.isdir():
-                        if rel and rel not in dirs:
-                            raise refused(src, f"directory {formats.shown(m.name)} is not part of any module in "
-                                               "meta.json")
-                    elif rel not in files:
-                        raise refused(src, f"member {formats.shown(m.name)} is not listed in meta.json")
-                    elif into is not None:
-                        _extract(src, tar, m, into)
-            finally:
-                fh.close()
-        if meta is None:
-            raise refused(src, f"it has no members (no {TOP}/meta.json)")
-        return meta
-    except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
-        raise CacheError(f"cannot read {src}: {formats.shown(str(exc), 200)}; {FIX}", "archive", FIX) from None
-    except (BuildError, FormatError):  # ours (FormatError is a ValueError too)
-        raise
-    except _HEADER_ERRORS as exc:
-        raise _malformed(src, exc) from None
+        with TarReader(src, max_bytes=limits.max_stream(), max_seconds=limits.max_seconds, fix=FIX,
+                       cap="the files' cap of cache import --max-bytes, plus meta.json and headers") as tar:
+            for m in tar:
+                count += 1
+                if count > limits.max_members:
+                    raise refused(src, f"it has more than {limits.max_members} members")
+                rel = member_rel(m.name, src)
+                if count == 1 and rel != "meta.json":
+                    raise refused(src, f"its first member is {formats.shown(m.name)}, not {TOP}/meta.json")
+                if not (m.isfile() or m.isdir()):
+                    raise refused(src, f"member {formats.shown(m.name)} is a link or device")
+                if m.isfile() and m.size > limits.max_file:
+                    raise over_cap(src, f"member {formats.shown(m.name)} is {m.size} bytes", limits, per_file=True)
+                if count == 1:  # meta.json: within MAX_META_BYTES, not the files' total
+                    meta = meta or _meta_member(src, tar, m)
+                    files = {rel for mod in meta.modules for rel in mod.files}
+                    dirs = {"/".join(r.split("/")[:i]) for r in files for i in range(1, r.count("/") + 1)}
+                    continue
+                total += m.size if m.isfile() else 0
+                if total > limits.max_total:
+                    raise over_cap(src, "its files add up to more", limits, per_file=False)
+                if m.isdir():
+                    if rel and rel not in dirs:
+                        raise refused(src, f"directory {formats.shown(m.name)} is not part of any module in meta.json")
+                elif rel not in files:
+                    raise refused(src, f"member {formats.shown(m.name)} is not listed in meta.json")
+                elif into is not None:
+                    _extract(src, tar, m, into)
+    except FormatError as exc:  # the reader's refusals
+        raise CacheError(str(exc), "archive", exc.fix or FIX) from None
+    if meta is None:
+        raise refused(src, f"it has no members (no {TOP}/meta.json)")
+    return meta
 
 
-def _meta_member(src: str, tar: tarfile.TarFile, m: tarfile.TarInfo) -> Meta:
+def _meta_member(src: str, tar: TarReader, m: tarfile.TarInfo) -> Meta:
     name = f"{src}: {TOP}/meta.json"
     if not m.isfile():
         raise CacheError(f"{src} has no {TOP}/meta.json; {FIX}", "archive", FIX)
     if m.size > MAX_META_BYTES:
         raise CacheError(f"{name} is {m.size} bytes, more than {MAX_META_BYTES}; {FIX}", "archive", FIX)
-    raw = tar.extractfile(m).read(m.size)  # type: ignore[union-attr]  (size checked above)
     try:
-        return parse_meta(formats.loads_json(raw, name, fix=FIX), name)
+        return parse_meta(formats.loads_json(tar.read(m), name, fix=FIX), name)
     except FormatError as exc:
         raise CacheError(str(exc), "archive", exc.fix or FIX) from None
 
 
-def _extract(src: str, tar: tarfile.TarFile, m: tarfile.TarInfo, into: Path) -> None:
+def file_size_limit() -> int | None:
+    """This process's limit on the size of a file it writes (``ulimit -f``, RLIMIT_FSIZE), or None."""
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def _too_large(src: str, what: str, size: int) -> CacheError | None:
+    """The refusal of writing ``what`` (``size`` bytes, from the export ``src``) past this process's
+    file-size limit, which no other directory avoids (writing it fails with EFBIG).  threat-model: P6, P8"""
+    limit = file_size_limit()
+    if limit is None or size <= limit:
+        return None
+    fix = f"raise the limit (`ulimit -f unlimited`, or above {size} bytes) in the shell that runs cache import"
+    return CacheError(f"{src}: {what} is {size} bytes, more than this process's file-size limit of {limit} bytes "
+                      f"(ulimit -f, RLIMIT_FSIZE); {fix}", "limit", fix)
+
+
+def _extract(src: str, tar: TarReader, m: tarfile.TarInfo, into: Path) -> None:
+    problem = _too_large(src, formats.shown(m.name), m.size)
+    if problem:
+        raise problem
     free = shutil.disk_usage(into).free
     if m.size > free:  # threat-model: P6
         fix = "free space there or set TMPDIR to a larger disk"
         raise CacheError(f"{src}: {m.name} needs {m.size} bytes and {into} has {free} free; {fix}", "space", fix)
     try:
-        tar.extract(m, into, filter="data")  # threat-model: P6 (PEP 706 data filter)
+        tar.extract(m, into)  # threat-model: P6 (PEP 706 data filter)
     except OSError as exc:
-        raise os_error(exc, into, "set TMPDIR to another directory") from None
-    except tarfile.TarError as exc:
-        raise CacheError(f"cannot unpack {m.name} from {src}: {formats.shown(str(exc), 200)}; {FIX}",
-                         "archive", FIX) from None
+        p = oserrors.describe(exc, into, "set TMPDIR to another directory")
+        raise CacheError(f"{src}: unpacking {formats.shown(m.name)}: {p.message}; {p.fix}", p.kind, p.fix) from None
 
 
 def _top(src: str) -> Path:
@@ -326,27 +177,53 @@ def _unpack(src: str, into: Path, meta: Meta, limits: Limits) -> Path:
     return into / TOP
 
 
+#: What must be the same on both machines (FlashInfer writes it into each build.ninja), with the fix.
+_SAME = {
+    "flashinfer": "install the same flashinfer-python on both machines (the JIT cache is keyed by its version)",
+    "targets": "export for this machine's targets (`flashinfer-sm120 build --from M --arch ...` then "
+               "`cache export --arch ...`), or pass the archive's targets with --arch here",
+    "cuda_version": "use the same nvcc release on both machines (e.g. the same cuda-toolkit pip pin)",
+    "cuda_home": "FlashInfer writes CUDA_HOME into each build.ninja, so a different path recompiles "
+                 "everything: give both machines the same toolkit path and FLASHINFER_SM120_CACHE_DIR",
+    "jit_dir": "FlashInfer writes its JIT dir into each build.ninja: use the same FLASHINFER_WORKSPACE_BASE "
+               "(default: $HOME) on both machines",
+}
+
+
+def _said(key: str, value) -> str:
+    return repr(nvcc_targets(value)) if key == "targets" and isinstance(value, list) else repr(value)
+
+
 def _mismatch(theirs: dict, ours: dict) -> tuple[str, str] | None:
-    fixes = {
-        "flashinfer": "install the same flashinfer-python on both machines (the JIT cache is keyed by its version)",
-        "targets": "export for this machine's targets (`flashinfer-sm120 build --from M --arch ...` then "
-                   "`cache export --arch ...`), or pass the archive's targets with --arch here",
-        "cuda_version": "use the same nvcc release on both machines (e.g. the same cuda-toolkit pip pin)",
-        "cuda_home": "FlashInfer writes CUDA_HOME into each build.ninja, so a different path recompiles "
-                     "everything: give both machines the same toolkit path and FLASHINFER_SM120_CACHE_DIR",
-        "jit_dir": "FlashInfer writes its JIT dir into each build.ninja: use the same FLASHINFER_WORKSPACE_BASE "
-                   "(default: $HOME) on both machines",
-    }
-    for k, fix in fixes.items():
-        if theirs.get(k) != ours.get(k):
-            return f"archive has {k} {theirs.get(k)!r}, this machine {ours.get(k)!r}: {fix}", fix
-    changed = buildline.changes(theirs["build_vars"], ours.get("build_vars") or {}) if "build_vars" in theirs else []
+    """The first of :data:`_SAME` (of those ``ours`` has) that differs, as ``(message, fix)``; then
+    FlashInfer's build-line variables."""
+    for k, fix in _SAME.items():
+        if k in ours and theirs.get(k) != ours[k]:
+            return f"archive has {k} {_said(k, theirs.get(k))}, this machine {_said(k, ours[k])}: {fix}", fix
+    changed = buildline.changes(theirs["build_vars"], ours["build_vars"] or {}) if "build_vars" in theirs and "build_vars" in ours else []
     if changed:
         said = "; ".join(f"{c.name}={c.built or '(unset)'} there, {c.now or '(unset)'} here" for c in changed)
         fix = "set them here as there, or build here"
         return (f"the archive was built with other FlashInfer build-line variables ({said}): they change every "
                 f"build line, so every module would be rebuilt; {fix}", fix)
     return None
+
+
+def precheck(src: str, meta: Meta) -> None:
+    """Refuse what can be told before FlashInfer is set up here, which creates its workspace, its log and
+    a lease (threat-model: P4): another FlashInfer release, a JIT dir outside this machine's workspace.
+
+    :raises CacheError: kind ``mismatch``, naming both values and the fix."""
+    from flashinfer_sm120.core.facts.workspace import workspace_path
+    from flashinfer_sm120.core.patch.resolve import flashinfer_version
+
+    ours = {"flashinfer": flashinfer_version()}
+    root = os.path.join(workspace_path()[0], str(ours["flashinfer"]))
+    if not str(meta.fingerprint["jit_dir"]).startswith(root + os.sep):
+        ours["jit_dir"] = os.path.join(root, "...")
+    problem = _mismatch(meta.fingerprint, ours)
+    if problem:
+        raise CacheError(f"refusing {src}: {problem[0]}", "mismatch", problem[1])
 
 
 def install(src: str, meta: Meta, sess: Session, *, force: bool = False, limits: Limits = Limits()) -> list[dict]:
@@ -416,17 +293,17 @@ def _check_space(plan: list[tuple[Module, dict[str, tuple[Path, Path]]]], limits
         raise CacheError(f"{src}: it has {count} files, more than {limits.max_members}; refusing the whole "
                          f"export; {FIX}", "archive", FIX)
     total, need = 0, {}
-    larger = "pass a larger --max-bytes if you trust this export"
     for _, paths in plan:
         for s_path, dest in paths.values():
             size = os.lstat(s_path).st_size
             if size > limits.max_file:
-                raise CacheError(f"{s_path} is {size} bytes, more than the {limits.max_file}-byte cap "
-                                 f"(cache import --max-bytes); refusing the whole export", "archive", larger)
+                raise over_cap(src, f"{s_path} is {size} bytes", limits, per_file=True)
             total += size
             if total > limits.max_total:
-                raise CacheError(f"{src}: its files add up to more than the {limits.max_total}-byte cap "
-                                 f"(cache import --max-bytes); refusing the whole export", "archive", larger)
+                raise over_cap(src, "its files add up to more", limits, per_file=False)
+            problem = _too_large(src, str(dest), size)
+            if problem:
+                raise problem
             root = formats.deepest_existing(str(dest))
             need[root] = need.get(root, 0) + size
     for root, n in need.items():
@@ -453,7 +330,7 @@ def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Sessio
         # which FlashInfer does outside this lock too; the copy and settle below run under it.)
         why = _place_problem(paths) or _refusal(entries.get(mod.name), mod, sess, targets["generated"])
         if why:  # before any file of it is installed
-            report.append({"module": mod.name, "status": "refused", "why": why})
+            report.append({"module": mod.label, "name": mod.name, "status": "refused", "why": why})
             continue
         made: list[Path] = []  # what this import wrote of the module that was not there before
         try:
@@ -471,7 +348,8 @@ def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Sessio
                     raise
         except OSError as exc:  # a full disk, a permission: said for this module; the ones before stay installed
             err = os_error(exc, exc.filename or targets["jit"])
-            report.append({"module": mod.name, "status": "failed", "why": str(err), "kind": err.kind, "fix": err.fix})
+            report.append({"module": mod.label, "name": mod.name, "status": "failed", "why": str(err), "kind": err.kind,
+                           "fix": err.fix})
             break
         report.append(r)
     return report
@@ -498,7 +376,7 @@ def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: boo
     differing = [str(content[rel]) for rel, h in here.items() if h != mod.files[rel]]
     present = len(here) == len(content) and not differing
     if differing and not force:  # threat-model: P5 (an existing different file is kept unless --force)
-        return {"module": mod.name, "status": "kept existing",
+        return {"module": mod.label, "name": mod.name, "status": "kept existing",
                 "why": f"a different {differing[0]} is already here; pass --force to replace it"}
     if not present:
         for rel, (s_path, d) in paths.items():
@@ -512,7 +390,8 @@ def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: boo
             _copy_verified(s_path, d, mod.files[rel], limits, budget)
             if new:
                 made.append(d)
-    return {"module": mod.name, "status": "already present" if present else "installed", "replaced": differing}
+    return {"module": mod.label, "name": mod.name, "status": "already present" if present else "installed",
+            "replaced": differing}
 
 
 def _copy_verified(src: Path, dest: Path, sha: str, limits: Limits, budget: Budget) -> None:
@@ -533,9 +412,7 @@ def _copy_verified(src: Path, dest: Path, sha: str, limits: Limits, budget: Budg
                 for block in iter(lambda: os.read(fd, 1 << 20), b""):
                     size += len(block)
                     if size > limits.max_file:
-                        raise CacheError(f"{src} is more than the {limits.max_file}-byte cap (cache import "
-                                         f"--max-bytes)", "archive", "pass a larger --max-bytes if you trust "
-                                         "this export")
+                        raise over_cap(str(src), "it grew while read", limits, per_file=True)
                     budget.take(len(block), src)
                     h.update(block)
                     fo.write(block)

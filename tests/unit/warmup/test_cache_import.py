@@ -65,7 +65,7 @@ def test_the_450MB_bzip2_bomb_named_tar_is_refused_by_its_magic_bytes(clean_env,
     src.write_bytes(BOMB.read_bytes())
     proc = cli(["cache", "import", str(src), "--json"], dict(clean_env, FAKE_GPU_CAPS=""), timeout=60)
     doc = json.loads(proc.stdout)
-    assert proc.returncode == 2 and doc["ok"] is False
+    assert proc.returncode == 1 and doc["ok"] is False
     assert doc["error"]["kind"] == "archive"
     assert "bzip2" in doc["error"]["message"] and str(src) in doc["error"]["message"]
     assert "gzip" in doc["error"]["fix"]
@@ -434,3 +434,14 @@ def test_a_stale_import_names_the_path_absent_here(tmp_path):
     cmd = f"nvcc {'-DX ' * 200}-I{here} -isystem {gone} -c a.cu -o a.o"
     assert gone in cache_import._absent_here(cmd) and str(here) not in cache_import._absent_here(cmd)
     assert cache_import._absent_here(f"nvcc -I{here} -c a.cu") == ""
+
+
+def test_a_member_over_the_per_file_cap_names_that_cap_not_max_bytes(tmp_path):
+    """A 30,000 MiB member is refused on its header, naming the per-file cap that refused it; it blamed
+    "the 8589934592-byte cap (cache import --max-bytes)", while --max-bytes (default 32G) had not (P8)."""
+    meta = _meta([{"name": "m", "files": {"jit/m/m.so": "0" * 64}}])
+    src = _write(tmp_path, _member(data=meta) + _header(f"{TOP}/jit/m/m.so", 30_000 << 20, b"0"), gz=False)
+    msg = _refused(src)
+    assert "per-file cap of 8589934592 bytes" in msg and "--max-bytes" not in msg, msg
+    with pytest.raises(BuildError, match=r"more than the 1048576-byte cap of --max-bytes"):
+        cache_import.check(src, cache_export.Limits(max_total=1 << 20, max_file=1 << 40))
