@@ -65,7 +65,7 @@ def _failed(args, doc: dict, kind: str, exc: BaseException) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from flashinfer_sm120.warmup import cache_export, session
+    from flashinfer_sm120.warmup import cache_export, cache_format, session
 
     doc = _doc(out=args.out)
     if args.manifest and (args.modules or args.all):
@@ -104,7 +104,7 @@ def run_export(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
-    print(f"exported {plural(len(names), 'module')} for {cache_export.nvcc_targets(sess.targets)} (FlashInfer "
+    print(f"exported {plural(len(names), 'module')} for {cache_format.nvcc_targets(sess.targets)} (FlashInfer "
           f"{sess.flashinfer}, CUDA {sess.cuda_version} at {sess.cuda_home}) to {args.out}")
     for label, _ in names:
         print(f"  {label}")
@@ -142,7 +142,7 @@ def _gpu_visible() -> bool:
 
 
 def _limits(args):
-    from flashinfer_sm120.warmup.cache_export import Limits
+    from flashinfer_sm120.warmup.cache_format import Limits
 
     return Limits(max_total=args.max_bytes) if args.max_bytes else Limits()
 
@@ -160,13 +160,13 @@ def _manifest_entries(args):
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from flashinfer_sm120.warmup import cache_import, session
+    from flashinfer_sm120.warmup import cache_format, cache_import, session
 
     doc = _doc(src=args.src)
     limits = _limits(args)
     stage = "archive"
     try:
-        meta = cache_import.check(args.src, limits)  # before anything is imported or unpacked
+        meta = cache_format.check(args.src, limits)  # before anything is imported or unpacked
         arch = args.arch
         if arch is None:
             arch = _archive_targets(meta)
@@ -207,9 +207,9 @@ def run_import(args: argparse.Namespace) -> int:
 def _archive_targets(meta) -> str | None:
     """The archive's targets when no GPU is visible (a GPU-less build stage), else None
     (FlashInfer's targets then come from the GPUs, and the import checks they match)."""
-    from flashinfer_sm120.warmup.cache_export import nvcc_targets
+    from flashinfer_sm120.warmup.cache_format import nvcc_targets
 
-    targets = meta.fingerprint["targets"]  # checked by cache_export.parse_meta: major.minor[a|f] each
+    targets = meta.fingerprint["targets"]  # checked by cache_format.parse_meta: major.minor[a|f] each
     if targets and not _gpu_visible():
         print(bounded(f"flashinfer-sm120: no GPU visible; using the archive's targets {nvcc_targets(targets)}"),
               file=sys.stderr)

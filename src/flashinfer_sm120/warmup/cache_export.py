@@ -1,20 +1,12 @@
-"""What a cache export is, and writing one (``cache export``): FlashInfer's JIT cache entries of modules
-built here, with a ``meta.json`` that the import's grammar (:func:`parse_meta`) accepts.
-:mod:`.cache_import` reads an export and installs it.
-
-Layout (a new directory, or a ``.tar``/``.tar.gz``/``.tgz`` archive)::
-
-    flashinfer-sm120-cache/meta.json          fingerprint, manifest entries, sha256 of every file
-    flashinfer-sm120-cache/jit/NAME/...       FlashInfer's module dir: objects, .so, build.ninja, ninja log/deps
-    flashinfer-sm120-cache/generated/...      sources FlashInfer generated for the module
+"""Writing a cache export (``cache export``): FlashInfer's JIT cache entries of modules built here,
+with a ``meta.json`` checked first by the grammar the import reads it with
+(:func:`~.cache_format.parse_meta`).  The layout: :mod:`.cache_format`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
-import hashlib
 import io
 import json
 import os
@@ -23,199 +15,17 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
-from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.core.jitenv import manifest
-from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import formats
 from flashinfer_sm120.warmup import modules as _modules
+from flashinfer_sm120.warmup.cache_format import (FORMAT, TOP, Budget, CacheError, Limits, file_sha256, member_rel,
+                                                  nvcc_targets, parse_meta, too_large, umask)
 from flashinfer_sm120.warmup.regenerate import make_spec
 from flashinfer_sm120.warmup import ninjacmd, pool, session
 from flashinfer_sm120.warmup.session import BuildError, Session
 
-__all__ = ["TOP", "FORMAT", "MAX_META_BYTES", "FIX", "CacheError", "Limits", "Module", "Meta", "Budget",
-           "parse_meta", "refused", "member_rel", "file_sha256", "umask", "built_entries", "check_out",
-           "nvcc_targets", "built_targets", "ARCHIVES", "export"]
-
-TOP = "flashinfer-sm120-cache"
-FORMAT = 1
-#: Most parts of a path meta.json lists (``generated/a/b/...``); a member adds the top folder.
-_MAX_PARTS = 16
-#: Largest meta.json read (bytes): it carries manifest entries with their generated sources.
-MAX_META_BYTES = 64 << 20
-FIX = "give the path `flashinfer-sm120 cache export` wrote"
-_FINGERPRINT = {"flashinfer": str, "targets": list, "cuda_version": str, "cuda_home": str, "jit_dir": str}
-
-
-class CacheError(BuildError):
-    """A refused export or import.  ``kind`` says what kind of refusal (``archive``: the export
-    itself is not what `cache export` writes; ``mismatch``: it was made for another machine;
-    ``space``, ``permission``, ``path``, ``exists``...: :data:`flashinfer_sm120.safety.oserrors.BY_ERRNO`),
-    ``fix`` the fix alone (also at the end of the message).  threat-model: P8"""
-
-    def __init__(self, message: str, kind: str = "archive", fix: str = "") -> None:
-        super().__init__(message)
-        self.kind, self.fix = kind, fix
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.kind, self.fix))
-
-
-@dataclasses.dataclass(frozen=True)
-class Limits:
-    """Caps on what an export writes and an import reads and writes (``--max-bytes``), the same for an
-    archive and a directory (threat-model: P6, P7): files, bytes and members counted on headers and
-    sizes before anything is written, and on the bytes actually read while copying; ``max_seconds``
-    bounds each pass over an archive."""
-
-    max_total: int = 32 << 30
-    max_file: int = 8 << 30
-    max_members: int = 100_000
-    max_seconds: float = 600.0
-
-    def max_stream(self) -> int:
-        """Most bytes one pass may read out of an archive's decompressor: the files, meta.json,
-        and a header and padding per member (threat-model: P6)."""
-        return self.max_total + MAX_META_BYTES + (self.max_members + 2) * 3 * 512
-
-
-@dataclasses.dataclass(frozen=True)
-class Module:
-    """One module of an export: FlashInfer's name, ``{relative path: sha256}`` (every jit/ path under
-    ``jit/<name>/``, every other under ``generated/``) and the name ``build`` gives it (``decode-bf16-hd128``;
-    FlashInfer's where none was recorded: a manifest's module, an export of 0.3.0 or before)."""
-
-    name: str
-    files: dict[str, str]
-    label: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class Meta:
-    """An export's ``meta.json``, every field checked (:func:`parse_meta`)."""
-
-    format: int
-    fingerprint: dict[str, Any]
-    modules: tuple[Module, ...]
-    manifest: tuple[dict, ...]
-
-
-def refused(src: str, what: str) -> CacheError:
-    """The refusal of the whole export ``src`` for ``what``, with the fix."""
-    return CacheError(f"{src}: {what}; refusing the whole archive; {FIX}", "archive", FIX)
-
-
-def parse_meta(obj: Any, source: str) -> Meta:
-    """Check a decoded ``meta.json`` field by field (:mod:`flashinfer_sm120.safety.formats`).
-
-    :raises CacheError: the first field that is not of its grammar, named with a cut value; module
-        names are names, file paths relative paths of names under ``jit/<module>/`` or ``generated/``,
-        no path is both a file and a directory, every digest is SHA-256, manifest entries parse
-        (:func:`~flashinfer_sm120.core.jitenv.manifest.parse_entry`)."""
-    f = formats.field
-    try:
-        fmt = f(obj, "format", int, source, fix=FIX)
-        if fmt != FORMAT:
-            raise CacheError(f"{source} is export format {fmt}; this version reads {FORMAT}", "archive",
-                             f"export it again with this flashinfer-sm120 (format {FORMAT})")
-        fp_obj = f(obj, "fingerprint", dict, source, fix=FIX)
-        # threat-model: P6, P8 -- as many targets as a manifest entry may carry: more would be printed
-        # whole ("using the archive's targets ...") and refused as a too-long "--arch" never given
-        fp = {k: f(fp_obj, k, kind, f"{source} 'fingerprint'", fix=FIX,
-                   max_len=manifest._MAX_TARGETS if k == "targets" else 4096)
-              for k, kind in _FINGERPRINT.items()}
-        fp["targets"] = [formats.parse_target(t, f"{source} 'fingerprint'", fix=FIX) for t in fp["targets"]]
-        if "build_vars" in fp_obj:  # since flashinfer-sm120 0.2.x; older exports lack it
-            fp["build_vars"] = buildline.checked(fp_obj["build_vars"])
-            if fp["build_vars"] is None:
-                raise CacheError(f"{source}: 'fingerprint' 'build_vars' is not a set of FlashInfer's build-line "
-                                 f"variables; {FIX}", "archive", FIX)
-        mods, seen, names = [], {}, set()
-        for m in f(obj, "modules", list, source, fix=FIX, max_len=10_000):
-            name = formats.parse_name(f(m, "name", str, f"{source} module", fix=FIX), f"{source} module", fix=FIX)
-            if name in names:
-                raise CacheError(f"{source}: module {name} is listed twice; {FIX}", "archive", FIX)
-            names.add(name)
-            files = {}
-            for rel, sha in f(m, "files", dict, f"{source} module {name}", fix=FIX, max_len=100_000).items():
-                parts = formats.parse_relpath(rel, f"{source} module {name}", fix=FIX, max_parts=_MAX_PARTS)
-                if not ((parts[0] == "jit" and len(parts) > 2 and parts[1] == name)
-                        or (parts[0] == "generated" and len(parts) > 1)):
-                    raise CacheError(f"{source}: module {name} names {formats.shown(rel)}, outside jit/{name}/ "
-                                     f"and generated/; {FIX}", "archive", FIX)
-                files[rel] = formats.parse_sha256(sha, f"{source} module {name} {rel}", fix=FIX)
-                for i in range(1, len(parts) + 1):  # a path cannot be a file and a directory at once
-                    prefix = "/".join(parts[:i])
-                    kind = "file" if i == len(parts) else "dir"
-                    if seen.setdefault(prefix, kind) != kind:
-                        raise CacheError(f"{source}: {formats.shown(prefix)} is both a file and a directory; {FIX}",
-                                         "archive", FIX)
-            label = f(m, "label", str, f"{source} module {name}", default=name, fix=FIX)  # build's name; 0.3.1+
-            mods.append(Module(name, files, formats.parse_name(label, f"{source} module {name} label", fix=FIX)))
-        entries = [manifest.parse_entry(e, f"{source} manifest entry {i + 1}")
-                   for i, e in enumerate(f(obj, "manifest", list, source, default=[], fix=FIX, max_len=10_000))]
-    except FormatError as exc:
-        raise CacheError(str(exc), "archive", exc.fix or FIX) from None
-    return Meta(fmt, fp, tuple(mods), tuple(entries))
-
-
-def member_rel(name: str, src: str) -> str:
-    """``name`` (an archive member) relative to the top folder, refusing anything that could land
-    outside it: every part must be a name (no ``..``, no absolute part, no empty part, no backslash)."""
-    try:  # one more part than meta.json's paths may have: the top folder
-        parts = formats.parse_relpath(name, f"{src}: archive member", max_parts=_MAX_PARTS + 1)
-    except FormatError as exc:
-        raise refused(src, f"member {formats.shown(name)} is not a plain relative path ({exc})") from None
-    if parts[0] != TOP:
-        raise refused(src, f"member {formats.shown(name)} is outside {TOP}/")
-    return "/".join(parts[1:])
-
-
-class Budget:
-    """The bytes an export or import may still copy (``--max-bytes``), counted on the bytes actually
-    read, not on sizes a header or ``stat`` declared (a file may grow while read).  threat-model: P6"""
-
-    def __init__(self, limits: Limits) -> None:
-        self.limits, self.left = limits, limits.max_total
-
-    def take(self, n: int, src: object) -> None:
-        self.left -= n
-        if self.left < 0:
-            raise over_cap(formats.shown(str(src), 300), "the export's files add up to more", self.limits,
-                           per_file=False)
-
-
-def over_cap(src: str, what: str, limits: Limits, *, per_file: bool) -> CacheError:
-    """The refusal of ``src`` for ``what`` (``member m is N bytes``) over the cap that refused it:
-    ``--max-bytes`` (the files' total; the fix says how to raise it), or the per-file cap, which no
-    option changes.  threat-model: P6, P8"""
-    if per_file:
-        return CacheError(f"{src}: {what}, over the per-file cap of {limits.max_file} bytes (which no "
-                          f"option changes); refusing the whole export; {FIX}", "archive", FIX)
-    fix = "pass a larger --max-bytes if you trust this export"
-    return CacheError(f"{src}: {what} than the {limits.max_total}-byte cap of --max-bytes (default 32G); "
-                      f"refusing the whole export; {fix}", "archive", fix)
-
-
-def file_sha256(path: Path) -> str:
-    """The SHA-256 of the file at ``path``, as meta.json records each file of an export."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def umask() -> int:
-    """This process's umask, read without changing it (``/proc/self/status``); ``077`` if unknown."""
-    try:
-        for line in formats.read_text("/proc/self/status", 1 << 16).splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8) & 0o777
-    except (FormatError, ValueError, IndexError):
-        pass
-    return 0o077
+__all__ = ["built_entries", "built_targets", "ARCHIVES", "check_out", "export"]
 
 
 @contextlib.contextmanager
@@ -279,11 +89,6 @@ def built_entries(names: list[str], everything: bool, arch: str | None, *, head_
                              f"{nvcc_targets(sess.targets)}; build it first (`flashinfer-sm120 build "
                              f"--arch ... MODULE`) or give the same --head-dim/--dtype as the build")
     return entries, skipped, sess, labels
-
-
-def nvcc_targets(targets: list[str]) -> str:
-    """Targets as nvcc and ``build`` spell them for the user: ``['12.0f', '12.1f']`` -> ``sm_120f sm_121f``."""
-    return " ".join("sm_" + t.replace(".", "") for t in targets)
 
 
 def built_targets() -> dict[str, int]:
@@ -361,10 +166,15 @@ def export(entries: list[dict], sess: Session, out: str, *, labels: dict[str, st
     parse_meta(json.loads(blob), "the export's meta.json")
     for rel, _ in files:
         member_rel(f"{TOP}/{rel}", out)
-    _check_space(out, len(blob) + sum(os.lstat(f).st_size for _, f in files), limits)
+    sizes = [os.lstat(f).st_size for _, f in files]
+    _check_space(out, len(blob) + sum(sizes), limits)
     # threat-model: P4, P7: both forms go where another user can neither write nor replace what we put
     # (an archive there could be swapped for one carrying their .so; a planted link could redirect writes)
     archive = out.lower().endswith(ARCHIVES)
+    too_big = too_large(out, "the archive", len(blob) + sum(sizes)) if archive else \
+        too_large(out, "its largest file", max(sizes, default=0))  # threat-model: P6 (ulimit -f)
+    if too_big:
+        raise too_big
     problem = check_place(os.path.dirname(os.path.abspath(out)) if archive else out,
                           "the export's directory" if archive else "the export directory",
                           "export to a new path in a directory of your own", doing="export into")

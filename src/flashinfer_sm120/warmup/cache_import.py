@@ -1,11 +1,9 @@
-"""Read a cache export as untrusted input and install it on this machine (``cache import``).
+"""Install a cache export on this machine (``cache import``).
 
-An archive is read one member header at a time within :class:`~.cache_export.Limits` (:func:`_walk`, the
-one pass that checks it) and unpacked into a private directory; a directory export is read in place.
-From there one install step does the rest for both forms (threat-model: P7): caps and free space
+An export, checked and unpacked by :mod:`.cache_format` (an archive into a private directory, a directory
+read in place), goes through one install step for both forms (threat-model: P7): caps and free space
 checked on every file before anything is written, then module by module under FlashInfer's own lock,
-copies into random-named temporary files verified against meta.json.  What an export is:
-:mod:`.cache_export`.
+copies into random-named temporary files verified against meta.json.
 
 A JIT cache entry is only reusable where FlashInfer would write the same ``build.ninja`` (ninja
 recompiles when a command line changes): the same FlashInfer release (it keys the cache directory,
@@ -21,12 +19,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import platform
-import resource
 import shutil
 import stat
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -35,146 +30,13 @@ from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.warmup.regenerate import CannotRegenerate, make_spec
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import formats, oserrors
-from flashinfer_sm120.safety.formats.tar import TarReader
 from flashinfer_sm120.safety.fs.tmpdirs import make_private
 from flashinfer_sm120.warmup import modlock, ninjacmd, ninjadeps, pool
-from flashinfer_sm120.warmup.cache_export import (FIX, MAX_META_BYTES, TOP, Budget, CacheError, Limits, Meta, Module,
-                                                  file_sha256, member_rel, nvcc_targets, over_cap, parse_meta, refused,
-                                                  umask)
-from flashinfer_sm120.warmup.session import BuildError, Session
+from flashinfer_sm120.warmup.cache_format import (FIX, Budget, CacheError, Limits, Meta, Module, file_sha256,
+                                                  nvcc_targets, over_cap, too_large, umask, unpack)
+from flashinfer_sm120.warmup.session import Session
 
-__all__ = ["check", "install", "precheck"]
-
-
-def _walk(src: str, limits: Limits, meta: Meta | None = None, into: Path | None = None) -> Meta:
-    """The one pass over the archive ``src`` that checks it (:class:`~flashinfer_sm120.safety.formats.tar.TarReader`
-    within :meth:`Limits.max_stream` and ``max_seconds``): each member on its header before its data
-    is read (a plain relative path under TOP/, ``meta.json`` first, a regular file or a directory, within
-    the member-count, per-file and total caps) and listed in meta.json.  meta.json is read from the
-    first member unless ``meta`` is given; with ``into``, each listed file is extracted there once its
-    header passed and the free space was checked.  threat-model: P6, P7
-
-    :returns: the parsed meta.json (``meta`` when given)."""
-    count = total = 0
-    files: set[str] = set()
-    dirs: set[str] = set()
-    try:
-        with TarReader(src, max_bytes=limits.max_stream(), max_seconds=limits.max_seconds, fix=FIX,
-                       cap="the files' cap of cache import --max-bytes, plus meta.json and headers") as tar:
-            for m in tar:
-                count += 1
-                if count > limits.max_members:
-                    raise refused(src, f"it has more than {limits.max_members} members")
-                rel = member_rel(m.name, src)
-                if count == 1 and rel != "meta.json":
-                    raise refused(src, f"its first member is {formats.shown(m.name)}, not {TOP}/meta.json")
-                if not (m.isfile() or m.isdir()):
-                    raise refused(src, f"member {formats.shown(m.name)} is a link or device")
-                if m.isfile() and m.size > limits.max_file:
-                    raise over_cap(src, f"member {formats.shown(m.name)} is {m.size} bytes", limits, per_file=True)
-                if count == 1:  # meta.json: within MAX_META_BYTES, not the files' total
-                    meta = meta or _meta_member(src, tar, m)
-                    files = {rel for mod in meta.modules for rel in mod.files}
-                    dirs = {"/".join(r.split("/")[:i]) for r in files for i in range(1, r.count("/") + 1)}
-                    continue
-                total += m.size if m.isfile() else 0
-                if total > limits.max_total:
-                    raise over_cap(src, "its files add up to more", limits, per_file=False)
-                if m.isdir():
-                    if rel and rel not in dirs:
-                        raise refused(src, f"directory {formats.shown(m.name)} is not part of any module in meta.json")
-                elif rel not in files:
-                    raise refused(src, f"member {formats.shown(m.name)} is not listed in meta.json")
-                elif into is not None:
-                    _extract(src, tar, m, into)
-    except FormatError as exc:  # the reader's refusals
-        raise CacheError(str(exc), "archive", exc.fix or FIX) from None
-    if meta is None:
-        raise refused(src, f"it has no members (no {TOP}/meta.json)")
-    return meta
-
-
-def _meta_member(src: str, tar: TarReader, m: tarfile.TarInfo) -> Meta:
-    name = f"{src}: {TOP}/meta.json"
-    if not m.isfile():
-        raise CacheError(f"{src} has no {TOP}/meta.json; {FIX}", "archive", FIX)
-    if m.size > MAX_META_BYTES:
-        raise CacheError(f"{name} is {m.size} bytes, more than {MAX_META_BYTES}; {FIX}", "archive", FIX)
-    try:
-        return parse_meta(formats.loads_json(tar.read(m), name, fix=FIX), name)
-    except FormatError as exc:
-        raise CacheError(str(exc), "archive", exc.fix or FIX) from None
-
-
-def file_size_limit() -> int | None:
-    """This process's limit on the size of a file it writes (``ulimit -f``, RLIMIT_FSIZE), or None."""
-    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    return None if soft == resource.RLIM_INFINITY else soft
-
-
-def _too_large(src: str, what: str, size: int) -> CacheError | None:
-    """The refusal of writing ``what`` (``size`` bytes, from the export ``src``) past this process's
-    file-size limit, which no other directory avoids (writing it fails with EFBIG).  threat-model: P6, P8"""
-    limit = file_size_limit()
-    if limit is None or size <= limit:
-        return None
-    fix = f"raise the limit (`ulimit -f unlimited`, or above {size} bytes) in the shell that runs cache import"
-    return CacheError(f"{src}: {what} is {size} bytes, more than this process's file-size limit of {limit} bytes "
-                      f"(ulimit -f, RLIMIT_FSIZE); {fix}", "limit", fix)
-
-
-def _extract(src: str, tar: TarReader, m: tarfile.TarInfo, into: Path) -> None:
-    problem = _too_large(src, formats.shown(m.name), m.size)
-    if problem:
-        raise problem
-    free = shutil.disk_usage(into).free
-    if m.size > free:  # threat-model: P6
-        fix = "free space there or set TMPDIR to a larger disk"
-        raise CacheError(f"{src}: {m.name} needs {m.size} bytes and {into} has {free} free; {fix}", "space", fix)
-    try:
-        tar.extract(m, into)  # threat-model: P6 (PEP 706 data filter)
-    except OSError as exc:
-        p = oserrors.describe(exc, into, "set TMPDIR to another directory")
-        raise CacheError(f"{src}: unpacking {formats.shown(m.name)}: {p.message}; {p.fix}", p.kind, p.fix) from None
-
-
-def _top(src: str) -> Path:
-    root = Path(src) / TOP
-    if os.path.islink(root) or not root.is_dir():
-        raise CacheError(f"{src} has no {TOP}/ folder (or it is a symlink); {FIX}", "archive", FIX)
-    return root
-
-
-def check(src: str, limits: Limits = Limits()) -> Meta:
-    """Check an export without writing anything and return its meta.json: an archive whole, in one pass
-    (:func:`_walk`); a directory's top folder and meta.json (read bounded, no link followed), its files
-    one by one when installed.
-
-    :raises CacheError: the first unsafe member, an unreadable export, or a bad meta.json."""
-    if not os.path.isdir(src):
-        return _walk(src, limits)
-    name = f"{src}/{TOP}/meta.json"
-    try:
-        raw = formats.read_bytes(formats.safe_join(_top(src), "meta.json", src, fix=FIX), MAX_META_BYTES,
-                                 follow=False, fix=FIX)
-        return parse_meta(formats.loads_json(raw, name, fix=FIX), name)
-    except FormatError as exc:
-        raise CacheError(str(exc), "archive", exc.fix or FIX) from None
-
-
-def _unpack(src: str, into: Path, meta: Meta, limits: Limits) -> Path:
-    """The folder to read the export's files from: ``src/TOP`` for a directory export (read in place;
-    each file is opened without following links, see :func:`_copy_verified`), else the archive's
-    listed files, unpacked below ``into`` by :func:`_walk`."""
-    if os.path.isdir(src):
-        return _top(src)
-    if not hasattr(tarfile, "data_filter"):  # PEP 706 came in 3.10.12, 3.11.4, 3.12 (Debian 12: 3.11.2)
-        fix = ("use a Python with tarfile's extraction filters (3.10.12+, 3.11.4+, 3.12+), or export a "
-               "directory (cache export OUT, OUT not ending in .tar...) and import that")
-        raise CacheError(f"cannot unpack {src}: this Python {platform.python_version()} has no tarfile extraction "
-                         f"filters, and archives are unpacked only with the 'data' filter", "python", fix)
-    _walk(src, limits, meta, into)
-    return into / TOP
+__all__ = ["precheck", "install"]
 
 
 #: What must be the same on both machines (FlashInfer writes it into each build.ninja), with the fix.
@@ -243,7 +105,7 @@ def install(src: str, meta: Meta, sess: Session, *, force: bool = False, limits:
         raise CacheError(f"refusing {src}: {problem[0]}", "mismatch", problem[1])
     targets = {"jit": Path(jit_env.FLASHINFER_JIT_DIR), "generated": Path(jit_env.FLASHINFER_GEN_SRC_DIR)}
     with make_private("fi-sm120-import-") as tmp:  # swept by the next import if this one is killed
-        root = _unpack(src, Path(tmp), meta, limits)
+        root = unpack(src, Path(tmp), meta, limits)
         try:
             return _install_from(root, meta, targets, sess, force, limits, src)
         except OSError as exc:  # threat-model: P8 (the words come from the errno)
@@ -301,7 +163,7 @@ def _check_space(plan: list[tuple[Module, dict[str, tuple[Path, Path]]]], limits
             total += size
             if total > limits.max_total:
                 raise over_cap(src, "its files add up to more", limits, per_file=False)
-            problem = _too_large(src, str(dest), size)
+            problem = too_large(src, str(dest), size)
             if problem:
                 raise problem
             root = formats.deepest_existing(str(dest))

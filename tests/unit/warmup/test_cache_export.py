@@ -14,7 +14,7 @@ from helpers.untrusted import make_unsafe
 
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import formats
-from flashinfer_sm120.warmup import cache_export
+from flashinfer_sm120.warmup import cache_export, cache_format
 from flashinfer_sm120.warmup.session import BuildError
 
 # FlashInfer 0.7.4's FA2 prefill module (185 characters) and one of its objects (227), as `build` makes them.
@@ -28,8 +28,8 @@ def test_a_module_name_as_long_as_flashinfers_is_a_member_and_a_meta_json_name()
     modules' object files (227 characters) were over a 200-character name rule."""
     assert len(OBJECT) > 200
     rel = f"jit/{PREFILL}/{OBJECT}"
-    assert cache_export.member_rel(f"{cache_export.TOP}/{rel}", "x.tar") == rel
-    meta = cache_export.parse_meta({"format": cache_export.FORMAT, "manifest": [], "fingerprint": {
+    assert cache_format.member_rel(f"{cache_format.TOP}/{rel}", "x.tar") == rel
+    meta = cache_format.parse_meta({"format": cache_format.FORMAT, "manifest": [], "fingerprint": {
         "flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/c", "jit_dir": "/j"},
                                  "modules": [{"name": PREFILL, "files": {rel: "0" * 64}}]}, "meta.json")
     assert meta.modules[0].name == PREFILL
@@ -49,7 +49,7 @@ def test_a_directory_export_that_fails_leaves_nothing_behind(tmp_path):
     out = tmp_path / "export"
     files = [("jit/m/good.so", good), ("jit/m/gone.so", tmp_path / "gone.so")]  # the second cannot be read
     with pytest.raises(FileNotFoundError):
-        cache_export._write_directory(str(out), b"{}", files, cache_export.Budget(cache_export.Limits()))
+        cache_export._write_directory(str(out), b"{}", files, cache_format.Budget(cache_format.Limits()))
     assert sorted(os.listdir(tmp_path)) == ["good.so"]
 
 
@@ -60,8 +60,8 @@ def test_a_directory_export_is_put_in_place_whole(tmp_path):
     out.mkdir()  # an empty directory of yours is taken
     blob = json.dumps({"format": 1}).encode()
     cache_export._write_directory(str(out), blob, [("jit/m/good.so", good)],
-                                  cache_export.Budget(cache_export.Limits()))
-    top = out / cache_export.TOP
+                                  cache_format.Budget(cache_format.Limits()))
+    top = out / cache_format.TOP
     assert (top / "jit" / "m" / "good.so").read_bytes() == b"x" * 100 and (top / "meta.json").read_bytes() == blob
     assert sorted(os.listdir(tmp_path)) == ["export", "good.so"]
 

@@ -28,10 +28,10 @@ from hypothesis import strategies as st
 
 from helpers.child import cli
 from helpers.untrusted import give_away
-from flashinfer_sm120.warmup import cache_export, cache_import
+from flashinfer_sm120.warmup import cache_export, cache_format, cache_import
 from flashinfer_sm120.warmup.session import BuildError
 
-TOP = cache_export.TOP
+TOP = cache_format.TOP
 BOMB = Path(__file__).resolve().parents[2] / "data" / "bzip2-bomb-450MB.tar"
 
 
@@ -78,8 +78,8 @@ def test_compressions_export_never_writes_are_refused_whatever_the_name(tmp_path
     for name in ("x.tar", "x.tar.gz", "x.tgz"):
         src = tmp_path / name
         src.write_bytes(compress(body))
-        with pytest.raises(cache_export.CacheError) as info:
-            cache_import.check(str(src))
+        with pytest.raises(cache_format.CacheError) as info:
+            cache_format.check(str(src))
         assert info.value.kind == "archive" and f"is {kind} data" in str(info.value)
 
 
@@ -88,21 +88,21 @@ def test_gzip_and_plain_tar_are_read_whatever_the_name(tmp_path):
     for name, data in (("a.tar.gz", body), ("b.tar", gzip.compress(body))):  # name and content disagree
         src = tmp_path / name
         src.write_bytes(data)
-        assert cache_import.check(str(src)).fingerprint["flashinfer"] == "0.7.4"
+        assert cache_format.check(str(src)).fingerprint["flashinfer"] == "0.7.4"
 
 
 def test_meta_json_must_be_the_first_member(tmp_path):
     src = tmp_path / "x.tar"
     src.write_bytes(_tar_bytes([_file(f"{TOP}/generated/a.cu"), _file(f"{TOP}/meta.json", _meta())]))
-    with pytest.raises(cache_export.CacheError, match="first member is .*generated/a.cu'?, not .*meta.json"):
-        cache_import.check(str(src))
+    with pytest.raises(cache_format.CacheError, match="first member is .*generated/a.cu'?, not .*meta.json"):
+        cache_format.check(str(src))
 
 
 def test_decompressed_bytes_are_counted_not_declared(tmp_path, monkeypatch):
     """Pax headers are data the member headers do not declare: the pass is capped on what the
     decompressor produced."""
-    monkeypatch.setattr(cache_export, "MAX_META_BYTES", 4096)
-    limits = cache_export.Limits(max_total=1, max_members=10)
+    monkeypatch.setattr(cache_format, "MAX_META_BYTES", 4096)
+    limits = cache_format.Limits(max_total=1, max_members=10)
     pax = {"comment": "z" * 15_000}
     listed = [{"name": "m", "files": {f"generated/d{i}/a.cu": "0" * 64 for i in range(8)}}]
     members = [_file(f"{TOP}/meta.json", _meta(listed))]
@@ -112,15 +112,15 @@ def test_decompressed_bytes_are_counted_not_declared(tmp_path, monkeypatch):
         members.append((info, None))
     src = tmp_path / "x.tar.gz"
     src.write_bytes(gzip.compress(_tar_bytes(members)))
-    with pytest.raises(cache_export.CacheError, match="unpacks to more than"):
-        cache_import.check(str(src), limits)
+    with pytest.raises(cache_format.CacheError, match="unpacks to more than"):
+        cache_format.check(str(src), limits)
 
 
 def test_each_pass_has_a_time_cap(tmp_path):
     src = tmp_path / "x.tar"
     src.write_bytes(_tar_bytes([_file(f"{TOP}/meta.json", _meta())]))
-    with pytest.raises(cache_export.CacheError, match="took more than"):
-        cache_import.check(str(src), cache_export.Limits(max_seconds=-1))
+    with pytest.raises(cache_format.CacheError, match="took more than"):
+        cache_format.check(str(src), cache_format.Limits(max_seconds=-1))
 
 
 def test_a_gzip_member_over_the_cap_is_refused_on_its_header(tmp_path):
@@ -135,8 +135,8 @@ def test_a_gzip_member_over_the_cap_is_refused_on_its_header(tmp_path):
         tar.addfile(big, io.BytesIO(bytes(big.size)))
     src = tmp_path / "x.tar.gz"
     src.write_bytes(buf.getvalue())
-    with pytest.raises(cache_export.CacheError, match="cap"):
-        cache_import.check(str(src), cache_export.Limits(max_total=1 << 20, max_file=1 << 30))
+    with pytest.raises(cache_format.CacheError, match="cap"):
+        cache_format.check(str(src), cache_format.Limits(max_total=1 << 20, max_file=1 << 30))
 
 
 _GOOD = _tar_bytes([_file(f"{TOP}/meta.json", _meta([{"name": "m", "files": {
@@ -158,10 +158,10 @@ def test_mutated_archives_give_only_our_error(tmp_path, flips, cut, gz):
     src.write_bytes(gzip.compress(data) if gz else data)
     into = box / "into"
     into.mkdir(exist_ok=True)
-    limits = cache_export.Limits(max_total=1 << 20, max_file=1 << 20, max_members=50, max_seconds=30)
+    limits = cache_format.Limits(max_total=1 << 20, max_file=1 << 20, max_members=50, max_seconds=30)
     try:
-        meta = cache_import.check(str(src), limits)
-        cache_import._unpack(str(src), into, meta, limits)
+        meta = cache_format.check(str(src), limits)
+        cache_format.unpack(str(src), into, meta, limits)
     except BuildError as exc:
         assert len(str(exc)) < 2000
     assert {p.name for p in box.iterdir()} <= {"x.tar", "into"}
@@ -175,14 +175,14 @@ def test_gzip_members_that_unpack_to_nothing_are_capped_on_the_compressed_bytes(
     are capped on the compressed bytes: one read of the decompressor can take them all with no byte
     out, so neither the unpacked-bytes cap nor the time cap (checked between reads) sees them; uncapped,
     40 MB of them take 8 s a pass and the file's size is bounded by nothing (P6)."""
-    monkeypatch.setattr(cache_export, "MAX_META_BYTES", 4096)
-    limits = cache_export.Limits(max_total=4096, max_members=4)
+    monkeypatch.setattr(cache_format, "MAX_META_BYTES", 4096)
+    limits = cache_format.Limits(max_total=4096, max_members=4)
     empty = gzip.compress(b"", mtime=0)
     cap = limits.max_stream() + limits.max_stream() // 1000 + (1 << 20)
     src = tmp_path / "x.tar.gz"
     src.write_bytes(empty * (cap // len(empty) + 1) + gzip.compress(_tar_bytes([_file(f"{TOP}/meta.json", _meta())])))
-    with pytest.raises(cache_export.CacheError, match="compressed data is more than"):
-        cache_import.check(str(src), limits)
+    with pytest.raises(cache_format.CacheError, match="compressed data is more than"):
+        cache_format.check(str(src), limits)
 
 
 
@@ -194,7 +194,7 @@ def test_a_file_at_the_deepest_path_meta_json_lists_is_a_member_too(tmp_path):
     src = tmp_path / "x.tar"
     src.write_bytes(_tar_bytes([_file(f"{TOP}/meta.json", _meta([{"name": "m", "files": {rel: "0" * 64}}])),
                                 _file(f"{TOP}/{rel}", b"x")]))
-    meta = cache_import.check(str(src))
+    meta = cache_format.check(str(src))
     assert [m.name for m in meta.modules] == ["m"]
 
 
@@ -207,7 +207,7 @@ def test_a_fingerprint_with_more_targets_than_a_manifest_entry_is_refused_naming
     src = tmp_path / "x.tar"
     src.write_bytes(_tar_bytes([_file(f"{TOP}/meta.json", json.dumps(obj).encode())]))
     with pytest.raises(BuildError, match="'fingerprint'.*'targets' is longer than") as exc:
-        cache_import.check(str(src))
+        cache_format.check(str(src))
     assert "--arch" not in str(exc.value) and len(str(exc.value)) < 1000
 
 
@@ -217,11 +217,11 @@ def test_a_python_without_tarfile_filters_refuses_archives_with_the_fix(tmp_path
     'filter'`` and printing no JSON (P8)."""
     from helpers.exports import as_archive, make_export
     src = as_archive(make_export(tmp_path / "exp", {"jit/m/m.so": b"so"}), tmp_path / "exp.tar.gz")
-    meta = cache_import.check(str(src), cache_export.Limits())
+    meta = cache_format.check(str(src), cache_format.Limits())
     monkeypatch.delattr(tarfile, "data_filter")
     (tmp_path / "into").mkdir()
-    with pytest.raises(cache_export.CacheError) as err:
-        cache_import._unpack(str(src), tmp_path / "into", meta, cache_export.Limits())
+    with pytest.raises(cache_format.CacheError) as err:
+        cache_format.unpack(str(src), tmp_path / "into", meta, cache_format.Limits())
     assert err.value.kind == "python" and "3.11.4" in err.value.fix and str(src) in str(err.value)
     assert os.listdir(tmp_path / "into") == []  # nothing unpacked
 
@@ -281,7 +281,7 @@ def _write(tmp_path, body: bytes, gz: bool = True) -> str:
 
 def _refused(src: str) -> str:
     with pytest.raises(BuildError) as info:
-        cache_import.check(src)
+        cache_format.check(src)
     msg = str(info.value)
     assert src in msg and len(msg) < 1000, msg
     return msg
@@ -333,8 +333,8 @@ def test_a_pax_header_of_digits_is_refused_without_a_quadratic_scan(tmp_path):
     """CPython before 3.11.10/3.12.6 (CVE-2024-6232) scans ``\\d+ hdrcharset=`` from every offset of
     the pax header: 1 MiB of digits took hours.  A child process, so a hang is a failure, not a hang."""
     src = _write(tmp_path, _pax(b"1" * (1 << 20)) + _member())
-    code = ("import sys\nfrom flashinfer_sm120.warmup import cache_import\nfrom flashinfer_sm120.warmup.session "
-            "import BuildError\ntry:\n    cache_import.check(sys.argv[1])\nexcept BuildError as e:\n"
+    code = ("import sys\nfrom flashinfer_sm120.warmup import cache_format, cache_import\nfrom flashinfer_sm120.warmup.session "
+            "import BuildError\ntry:\n    cache_format.check(sys.argv[1])\nexcept BuildError as e:\n"
             "    print('REFUSED', e)\n")
     proc = subprocess.run([sys.executable, "-c", code, src], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "REFUSED" in proc.stdout, proc.stderr[-2000:]
@@ -351,7 +351,7 @@ def test_an_ordinary_archive_still_reads(tmp_path):
             info.pax_headers = {"comment": "x" * 300}
             tar.addfile(info, io.BytesIO(meta))
         src = _write(tmp_path, buf.getvalue(), gz)
-        assert cache_import.check(src, cache_export.Limits()).modules == ()
+        assert cache_format.check(src, cache_format.Limits()).modules == ()
 
 
 def test_the_tarfile_hooks_the_bounded_reader_overrides_still_exist():
@@ -388,7 +388,7 @@ def test_mutated_headers_property(tmp_path, edits, gz):
             data[off + 148:off + 156] = b"%06o\0 " % sum(block)
     src = _write(tmp_path, bytes(data), gz)
     try:
-        cache_import.check(src)
+        cache_format.check(src)
     except BuildError as exc:
         assert len(str(exc)) < 2000
 
@@ -420,7 +420,7 @@ def test_a_module_that_carries_no_library_is_refused_before_flashinfer_generates
         raise AssertionError("FlashInfer's generator ran for a module that is refused anyway")
 
     monkeypatch.setattr(cache_import, "make_spec", must_not_generate)
-    mod = cache_export.Module("sampling", {"jit/sampling/sampling_kernel.cuda.o": "0" * 64})
+    mod = cache_format.Module("sampling", {"jit/sampling/sampling_kernel.cuda.o": "0" * 64})
     why = cache_import._refusal({"name": "sampling"}, mod, _session(), tmp_path)
     assert why and "carries no library" in why
 
@@ -444,4 +444,4 @@ def test_a_member_over_the_per_file_cap_names_that_cap_not_max_bytes(tmp_path):
     msg = _refused(src)
     assert "per-file cap of 8589934592 bytes" in msg and "--max-bytes" not in msg, msg
     with pytest.raises(BuildError, match=r"more than the 1048576-byte cap of --max-bytes"):
-        cache_import.check(src, cache_export.Limits(max_total=1 << 20, max_file=1 << 40))
+        cache_format.check(src, cache_format.Limits(max_total=1 << 20, max_file=1 << 40))
