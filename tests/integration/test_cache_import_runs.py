@@ -9,7 +9,6 @@ silently.  Compiles with a fake nvcc (ninja files are real)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from helpers.child import cli, run_py
-from helpers.exports import TOP, as_archive, make_export, sha
+from helpers.exports import TOP, as_archive, make_export, sha, tar_bytes, tar_member
 from helpers.host import needs_flashinfer
 from helpers.warm import LOAD_AGAIN
 
@@ -333,34 +332,21 @@ def test_export_then_import_on_a_fresh_machine_is_up_to_date(warmed):
     assert proc.returncode == 1 and "targets" in proc.stderr and "sm_120f" in proc.stderr
 
 
-def _tar(path, members):
-    with tarfile.open(path, "w") as tar:
-        for info, data in members:
-            tar.addfile(info, io.BytesIO(data) if data is not None else None)
-
-
 def test_unsafe_archives_are_refused(clean_env, tmp_path, real_nvcc13):
     # a meta.json of the right form: the member after it is what is refused
     meta = json.dumps({"format": 1, "fingerprint": {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0",
                                                     "cuda_home": "/c", "jit_dir": "/j"}, "modules": []}).encode()
 
-    def member(name, data=b"x", kind=tarfile.REGTYPE, link=""):
-        info = tarfile.TarInfo(name)
-        info.type, info.linkname = kind, link
-        info.size = len(data) if kind == tarfile.REGTYPE else 0
-        return info, (data if kind == tarfile.REGTYPE else None)
-
     cases = {
-        "dotdot": [member("flashinfer-sm120-cache/meta.json", meta),
-                   member("flashinfer-sm120-cache/../../escaped")],
-        "absolute": [member("flashinfer-sm120-cache/meta.json", meta), member("/tmp/escaped-abs")],
-        "symlink": [member("flashinfer-sm120-cache/meta.json", meta),
-                    member("flashinfer-sm120-cache/jit/x/link", kind=tarfile.SYMTYPE, link="/etc/passwd")],
+        "dotdot": [tar_member(f"{TOP}/meta.json", meta), tar_member(f"{TOP}/../../escaped")],
+        "absolute": [tar_member(f"{TOP}/meta.json", meta), tar_member("/tmp/escaped-abs")],
+        "symlink": [tar_member(f"{TOP}/meta.json", meta),
+                    tar_member(f"{TOP}/jit/x/link", kind=tarfile.SYMTYPE, link="/etc/passwd")],
     }
     env = dict(clean_env, FAKE_GPU_CAPS="")
     for name, members in cases.items():
         path = tmp_path / f"{name}.tar"
-        _tar(path, members)
+        path.write_bytes(tar_bytes(members))
         proc = cli(["cache", "import", str(path)], env, fakegpu=True)
         assert proc.returncode == 1, (name, proc.stdout, proc.stderr)
         assert "refusing the whole archive" in proc.stderr, (name, proc.stderr)
