@@ -18,6 +18,7 @@ from pathlib import Path
 
 from flashinfer_sm120.core.jitenv import manifest
 from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.warmup import modules as _modules
 from flashinfer_sm120.warmup.cache_format import (FORMAT, TOP, Budget, CacheError, Limits, file_sha256, member_rel,
                                                   nvcc_targets, parse_meta, too_large, umask)
@@ -238,23 +239,17 @@ def _write_directory(out: str, blob: bytes, files: list[tuple[str, Path]], budge
 
 
 def _write_archive(out: str, blob: bytes, files: list[tuple[str, Path]]) -> None:
-    """The archive, written to a new private file beside ``out`` (``mkstemp``: a random name, nothing of
-    that name opened, followed or truncated), then linked to ``out``, which fails rather than replace
-    anything that appeared there meanwhile.  threat-model: P5"""
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(out)}.", suffix=".partial",
-                               dir=os.path.dirname(os.path.abspath(out)))
-    try:
-        with os.fdopen(fd, "wb") as fh, tarfile.open(fileobj=fh, mode="w:gz" if out.lower().endswith("gz") else "w") as tar:
+    """The archive, by the one atomic writer (a ``mkstemp`` file beside ``out``, linked to it: nothing
+    that appeared there meanwhile is replaced, nothing of that name opened or followed).  threat-model: P5"""
+    def write(fh) -> None:
+        with tarfile.open(fileobj=fh, mode="w:gz" if out.lower().endswith("gz") else "w") as tar:
             info = tarfile.TarInfo(f"{TOP}/meta.json")
             info.size, info.mtime, info.mode = len(blob), int(time.time()), 0o644
             tar.addfile(info, io.BytesIO(blob))
             for rel, f in files:
                 tar.add(str(f), arcname=f"{TOP}/{rel}", recursive=False)
-        os.chmod(tmp, 0o666 & ~umask())  # as a plain open() would have made it
-        try:
-            os.link(tmp, out)
-        except FileExistsError:
-            raise _appeared(out) from None
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+
+    try:
+        write_atomic(os.path.abspath(out), write, mode=0o666 & ~umask(), replace=False)  # as open() would make it
+    except FileExistsError:
+        raise _appeared(out) from None

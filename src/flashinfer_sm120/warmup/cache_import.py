@@ -22,7 +22,6 @@ import os
 import shutil
 import stat
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.warmup.regenerate import CannotRegenerate, make_spec
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import formats, oserrors
+from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.safety.fs.tmpdirs import make_private
 from flashinfer_sm120.warmup import modlock, ninjacmd, ninjadeps, pool
 from flashinfer_sm120.warmup.cache_format import (FIX, Budget, CacheError, Limits, Meta, Module, file_sha256,
@@ -257,36 +257,28 @@ def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: boo
 
 
 def _copy_verified(src: Path, dest: Path, sha: str, limits: Limits, budget: Budget) -> None:
-    """Copy ``src`` (opened without following a link, a regular file only) into a new temporary file
-    beside ``dest`` (``mkstemp``: a random name, created here), hashing and counting while copying;
-    rename it over ``dest`` only if the digest is ``sha``.  Only the file made here is ever removed.
+    """Copy ``src`` (opened without following a link, a regular file only) to ``dest`` by the one atomic
+    writer, hashing and counting while copying: put in place only if the digest is ``sha``.
     threat-model: P5, P6"""
     fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def copy(fo) -> None:
+        h, size = hashlib.sha256(), 0
+        for block in iter(lambda: os.read(fd, 1 << 20), b""):
+            size += len(block)
+            if size > limits.max_file:
+                raise over_cap(str(src), "it grew while read", limits, per_file=True)
+            budget.take(len(block), src)
+            h.update(block)
+            fo.write(block)
+        if h.hexdigest() != sha:
+            raise CacheError(f"{src}: its checksum does not match meta.json; {FIX}", "archive", FIX)
+
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise CacheError(f"{src} is not a regular file; {FIX}", "archive", FIX)
         os.set_blocking(fd, True)
-        out, part = tempfile.mkstemp(prefix=f".{dest.name[:64]}.", suffix=".import", dir=dest.parent)
-        mine = True  # this process made ``part``: it alone removes it
-        try:
-            h, size = hashlib.sha256(), 0
-            with os.fdopen(out, "wb") as fo:
-                for block in iter(lambda: os.read(fd, 1 << 20), b""):
-                    size += len(block)
-                    if size > limits.max_file:
-                        raise over_cap(str(src), "it grew while read", limits, per_file=True)
-                    budget.take(len(block), src)
-                    h.update(block)
-                    fo.write(block)
-            if h.hexdigest() != sha:
-                raise CacheError(f"{src}: its checksum does not match meta.json; {FIX}", "archive", FIX)
-            os.chmod(part, 0o644 & ~umask())  # as a plain open() would have made it
-            os.replace(part, dest)
-            mine = False
-        finally:
-            if mine:
-                with contextlib.suppress(OSError):
-                    os.unlink(part)
+        write_atomic(str(dest), copy, mode=0o644 & ~umask())  # as a plain open() would have made it
     finally:
         os.close(fd)
 
