@@ -149,7 +149,7 @@ def parse_meta(obj: Any, source: str) -> Meta:
                     if seen.setdefault(prefix, kind) != kind:
                         raise CacheError(f"{source}: {formats.shown(prefix)} is both a file and a directory; {FIX}",
                                          "archive", FIX)
-            label = f(m, "label", str, f"{source} module {name}", default=name, fix=FIX)  # build's name; 0.3.1+
+            label = f(m, "label", str, f"{source} module {name}", default=name, fix=FIX)  # build's name; none in exports of 0.3.0
             mods.append(Module(name, files, formats.parse_name(label, f"{source} module {name} label", fix=FIX)))
         entries = [manifest.parse_entry(e, f"{source} manifest entry {i + 1}")
                    for i, e in enumerate(f(obj, "manifest", list, source, default=[], fix=FIX, max_len=10_000))]

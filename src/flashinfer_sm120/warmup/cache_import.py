@@ -73,17 +73,25 @@ def _mismatch(theirs: dict, ours: dict) -> tuple[str, str] | None:
 
 def precheck(src: str, meta: Meta) -> None:
     """Refuse what can be told before FlashInfer is set up here, which creates its workspace, its log and
-    a lease (threat-model: P4): another FlashInfer release, a JIT dir outside this machine's workspace.
+    a lease (threat-model: P4): another FlashInfer release (by the installed distribution's release
+    number: its metadata may spell a local build otherwise), a JIT dir outside this machine's workspace.
 
     :raises CacheError: kind ``mismatch``, naming both values and the fix."""
+    from packaging.version import InvalidVersion, Version
+
     from flashinfer_sm120.core.facts.workspace import workspace_path
     from flashinfer_sm120.core.patch.resolve import flashinfer_version
 
-    ours = {"flashinfer": flashinfer_version()}
-    root = os.path.join(workspace_path()[0], str(ours["flashinfer"]))
-    if not str(meta.fingerprint["jit_dir"]).startswith(root + os.sep):
+    ours, theirs = {}, meta.fingerprint
+    try:
+        if Version(theirs["flashinfer"]).release != Version(flashinfer_version() or "0").release:
+            ours["flashinfer"] = flashinfer_version()
+    except InvalidVersion:
+        pass  # told after set-up, by the whole fingerprint
+    root = workspace_path()[0]
+    if not str(theirs["jit_dir"]).startswith(root.rstrip(os.sep) + os.sep):
         ours["jit_dir"] = os.path.join(root, "...")
-    problem = _mismatch(meta.fingerprint, ours)
+    problem = _mismatch(theirs, ours)
     if problem:
         raise CacheError(f"refusing {src}: {problem[0]}", "mismatch", problem[1])
 
@@ -192,7 +200,7 @@ def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Sessio
         # which FlashInfer does outside this lock too; the copy and settle below run under it.)
         why = _place_problem(paths) or _refusal(entries.get(mod.name), mod, sess, targets["generated"])
         if why:  # before any file of it is installed
-            report.append({"module": mod.label, "name": mod.name, "status": "refused", "why": why})
+            report.append({"module": mod.label or mod.name, "name": mod.name, "status": "refused", "why": why})
             continue
         made: list[Path] = []  # what this import wrote of the module that was not there before
         try:
@@ -210,7 +218,7 @@ def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Sessio
                     raise
         except OSError as exc:  # a full disk, a permission: said for this module; the ones before stay installed
             err = os_error(exc, exc.filename or targets["jit"])
-            report.append({"module": mod.label, "name": mod.name, "status": "failed", "why": str(err), "kind": err.kind,
+            report.append({"module": mod.label or mod.name, "name": mod.name, "status": "failed", "why": str(err), "kind": err.kind,
                            "fix": err.fix})
             break
         report.append(r)
@@ -238,7 +246,7 @@ def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: boo
     differing = [str(content[rel]) for rel, h in here.items() if h != mod.files[rel]]
     present = len(here) == len(content) and not differing
     if differing and not force:  # threat-model: P5 (an existing different file is kept unless --force)
-        return {"module": mod.label, "name": mod.name, "status": "kept existing",
+        return {"module": mod.label or mod.name, "name": mod.name, "status": "kept existing",
                 "why": f"a different {differing[0]} is already here; pass --force to replace it"}
     if not present:
         for rel, (s_path, d) in paths.items():
@@ -252,7 +260,7 @@ def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: boo
             _copy_verified(s_path, d, mod.files[rel], limits, budget)
             if new:
                 made.append(d)
-    return {"module": mod.label, "name": mod.name, "status": "already present" if present else "installed",
+    return {"module": mod.label or mod.name, "name": mod.name, "status": "already present" if present else "installed",
             "replaced": differing}
 
 

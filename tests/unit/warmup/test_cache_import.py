@@ -250,3 +250,22 @@ def test_a_member_over_the_per_file_cap_names_that_cap_not_max_bytes(tmp_path):
     assert "per-file cap of 8589934592 bytes" in msg and "--max-bytes" not in msg, msg
     with pytest.raises(BuildError, match=r"more than the 1048576-byte cap of --max-bytes"):
         cache_format.check(str(src), cache_format.Limits(max_total=1 << 20, max_file=1 << 40))
+
+
+def test_the_checks_before_flashinfer_is_set_up_refuse_another_release_or_workspace_only(tmp_path, monkeypatch):
+    """What `cache import` can tell before FlashInfer's set-up creates files (P4): another FlashInfer
+    release or a JIT dir outside this workspace is refused; a local build of the same release is not."""
+    from flashinfer_sm120.core.patch.resolve import flashinfer_version
+
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path))
+    here = f"{tmp_path}/.cache/flashinfer/0.7.4/120f/nvcc13.0-x/cached_ops"
+    fp = {"flashinfer": flashinfer_version(), "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/c"}
+    cache_import.precheck("x.tar", cache_format.Meta(1, dict(fp, jit_dir=here), (), ()))
+    cache_import.precheck("x.tar", cache_format.Meta(1, dict(fp, flashinfer=f"{fp['flashinfer']}+local",
+                                                             jit_dir=here), (), ()))
+    for other, says in ((dict(fp, flashinfer="0.6.0", jit_dir=here), "flashinfer"),
+                        (dict(fp, jit_dir="/elsewhere/.cache/flashinfer/0.7.4/120f/x/cached_ops"), "jit_dir")):
+        with pytest.raises(cache_format.CacheError, match=f"archive has {says} ") as err:
+            cache_import.precheck("x.tar", cache_format.Meta(1, other, (), ()))
+        assert err.value.kind == "mismatch" and err.value.fix
+    assert list(tmp_path.iterdir()) == []
