@@ -67,6 +67,8 @@ def test_export_failures_are_one_document_each(env, tmp_path):
     assert "sm_999x" in doc["error"]["message"]
     doc = _failure(cli(["cache", "export", out, "--json"], env), "out", "usage", 2)
     assert "--all" in doc["error"]["message"]
+    doc = _failure(cli(["cache", "export", out, "sampling", "--json"], env), "out", "usage", 2)  # no GPU, no build
+    assert "nothing is built here" in doc["error"]["message"] and "--arch" in doc["error"]["fix"], doc
     (tmp_path / "taken").write_text("")
     doc = _failure(cli(["cache", "export", str(tmp_path / "taken"), "--all", "--json"], env), "out", "exists")
     assert "already exists" in doc["error"]["message"]

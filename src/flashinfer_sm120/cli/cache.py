@@ -83,8 +83,9 @@ def run_export(args: argparse.Namespace) -> int:
             entries, skipped, sess = _manifest_entries(args)
             labels = {}
         else:
-            stage = "arch"
+            stage = "setup"
             session.apply_server_cache()  # the JIT dir the server installed here uses (SGLang's)
+            stage = "arch"
             arch = args.arch or _built_arch()
             session.set_arch(arch)
             stage = "module"
@@ -115,21 +116,24 @@ def _built_arch() -> str | None:
     """Without --arch and without a GPU (the machine that just ran `build --arch`): the one target set
     modules are built for here, told on stderr; None with a GPU (FlashInfer's targets come from it).
 
-    :raises UsageError: modules are built here for several target sets (each is listed)."""
+    :raises UsageError: nothing is built here, or modules are built for several target sets (listed)."""
     from flashinfer_sm120.errors import UsageError
     from flashinfer_sm120.warmup.cache_export import built_targets
 
     if _gpu_visible():
         return None
     built = built_targets()
+    if not built:
+        raise UsageError("no GPU is visible, no --arch was given, and nothing is built here to export",
+                         "build first (flashinfer-sm120 build --arch 12.0 MODULE), or pass --arch with the targets "
+                         "the modules were built for")
     if len(built) > 1:
         sets = "; ".join(f"{t} ({plural(n, 'module')})" for t, n in built.items())
         fix = f"pass --arch with the targets to export, e.g. --arch {next(iter(built)).split()[0]}"
         raise UsageError(f"no GPU is visible and modules are built here for several target sets: {sets}", fix)
-    for targets in built:
-        print(f"flashinfer-sm120: no GPU visible; exporting what is built here for {targets}", file=sys.stderr)
-        return targets
-    return None
+    (targets,) = built
+    print(f"flashinfer-sm120: no GPU visible; exporting what is built here for {targets}", file=sys.stderr)
+    return targets
 
 
 def _gpu_visible() -> bool:
