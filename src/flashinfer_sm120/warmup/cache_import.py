@@ -117,7 +117,7 @@ def install(src: str, meta: Meta, sess: Session, *, force: bool = False, limits:
         try:
             return _install_from(root, meta, targets, sess, force, limits, src)
         except OSError as exc:  # threat-model: P8 (the words come from the errno)
-            raise os_error(exc, exc.filename or targets["jit"]) from None
+            raise _os_error(exc, exc.filename or targets["jit"]) from None
 
 
 def _plan(meta: Meta, root: Path, targets: dict[str, Path], src: str) -> list[tuple[Module, dict[str, tuple[Path, Path]]]]:
@@ -146,10 +146,10 @@ _ELSEWHERE = ("mount a larger disk at that path (an import goes into the JIT dir
               "for: FLASHINFER_WORKSPACE_BASE must be the same on both machines)")
 
 
-def os_error(exc: OSError, path: object, elsewhere: str = _ELSEWHERE) -> CacheError:
+def _os_error(exc: OSError, path: object) -> CacheError:
     """``exc`` as a :class:`CacheError` whose words come from its errno
     (:data:`flashinfer_sm120.safety.oserrors.BY_ERRNO`).  threat-model: P8"""
-    p = oserrors.describe(exc, path, elsewhere)
+    p = oserrors.describe(exc, path, _ELSEWHERE)
     return CacheError(f"{p.message}; {p.fix}", p.kind, p.fix)
 
 
@@ -179,7 +179,7 @@ def _check_space(plan: list[tuple[Module, dict[str, tuple[Path, Path]]]], limits
     for root, n in need.items():
         free = shutil.disk_usage(root).free
         if n > free:
-            fix = f"free space on the disk of {root}, or {_ELSEWHERE}"  # one wording with os_error
+            fix = f"free space on the disk of {root}, or {_ELSEWHERE}"  # one wording with _os_error
             raise CacheError(f"{src} needs {n} bytes in {root} and that disk has {free} free; {fix}", "space", fix)
 
 
@@ -217,7 +217,7 @@ def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Sessio
                     _undo(made)  # a failed module is left as it was, never half installed
                     raise
         except OSError as exc:  # a full disk, a permission: said for this module; the ones before stay installed
-            err = os_error(exc, exc.filename or targets["jit"])
+            err = _os_error(exc, exc.filename or targets["jit"])
             report.append({"module": mod.label or mod.name, "name": mod.name, "status": "failed", "why": str(err), "kind": err.kind,
                            "fix": err.fix})
             break
