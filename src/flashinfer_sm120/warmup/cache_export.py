@@ -76,7 +76,7 @@ def built_entries(names: list[str], everything: bool, arch: str | None, *, head_
                 continue  # --all: only what is built here
             entry = manifest.encode(spec, sess.flashinfer, sess.targets)
             if not entry.get("regenerable"):
-                skipped.append((spec.name, entry.get("why", "")))
+                skipped.append((v.label, entry.get("why", "")))
                 continue
             entries.append(entry)
             labels[spec.name] = v.label
