@@ -9,6 +9,8 @@ import os
 import types
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from helpers.untrusted import make_unsafe
 
@@ -91,3 +93,21 @@ def test_an_export_into_a_directory_of_your_own_is_written(tmp_path):
     out = tmp_path / "mine" / "out.tar.gz"
     out.parent.mkdir()
     assert cache_export.export([], _session(), str(out)) == [] and out.is_file()
+
+
+@given(st.text(alphabet=st.characters(blacklist_characters="/\0"), min_size=1, max_size=200),
+       st.sampled_from(["", ".tar", ".tar.gz", ".TGZ", ".tar.xz", ".zip", ".gz", ".7z"]))
+def test_the_output_name_check_property(tmp_path, stem, suffix):
+    """Any output name: accepted (a new directory, or an archive name export writes), or our refusal with a
+    bounded message and a fix; an archive name export writes is never refused for its name, and the check
+    creates nothing (P4, P8)."""
+    out = str(tmp_path / (stem + suffix))
+    before = sorted(os.listdir(tmp_path))
+    try:
+        cache_export.check_out(out)
+    except cache_format.CacheError as exc:
+        assert exc.kind in ("usage", "exists") and exc.fix and len(str(exc)) < 2000
+        assert exc.kind == "exists" or not out.lower().endswith(cache_export.ARCHIVES)
+    else:
+        assert out.lower().endswith(cache_export.ARCHIVES) or suffix not in (".tar.xz", ".zip", ".gz", ".7z")
+    assert sorted(os.listdir(tmp_path)) == before
