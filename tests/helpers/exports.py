@@ -1,9 +1,12 @@
 """Fake `cache export` output: a directory export of one module (:func:`make_export`) and the same as an
-archive (:func:`as_archive`), with the layout and ``meta.json`` that ``cache import`` reads."""
+archive (:func:`as_archive`), with the layout and ``meta.json`` that ``cache import`` reads; and the one
+set of tar builders the tests use, well-formed (:func:`tar_bytes`) or hand-made (:func:`tar_header`)."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import json
 import tarfile
 from pathlib import Path
@@ -54,3 +57,63 @@ def as_archive(export: Path, out: Path) -> Path:
             if p.is_file() and p.name != "meta.json":
                 tar.add(p, f"{TOP}/{p.relative_to(export / TOP)}")
     return out
+
+
+# ---------------------------------------------------------------- tar archives, well-formed or hand-made
+
+
+def tar_member(name: str, data: bytes | None = b"x", *, kind=tarfile.REGTYPE, link: str = "",
+               pax: dict | None = None) -> tuple[tarfile.TarInfo, bytes | None]:
+    """One member for :func:`tar_bytes`: a regular file of ``data``, or a directory/link (``kind``)."""
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    info.size = len(data or b"") if kind == tarfile.REGTYPE else 0
+    if pax:
+        info.pax_headers = pax
+    return info, (data if kind == tarfile.REGTYPE else None)
+
+
+def tar_bytes(members, *, gz: bool = False) -> bytes:
+    """A pax-format tar of ``members`` (:func:`tar_member`), gzip-compressed with ``gz``."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return gzip.compress(buf.getvalue(), compresslevel=1) if gz else buf.getvalue()
+
+
+def tar_header(name: str, size: int, kind: bytes = b"0", *, raw_tail: bytes = b"") -> bytes:
+    """One hand-made ustar header block (checksum filled in) declaring ``size`` bytes, no data;
+    ``raw_tail`` overwrites bytes 345.. (old GNU sparse fields live there)."""
+    b = bytearray(512)
+    b[0:len(name)] = name.encode()
+    b[100:108] = b"0000644\0"
+    b[108:116] = b"0000000\0"
+    b[116:124] = b"0000000\0"
+    b[124:136] = b"%011o\0" % size
+    b[136:148] = b"00000000000\0"
+    b[148:156] = b" " * 8
+    b[156:157] = kind
+    b[257:265] = b"ustar  \0" if kind == b"S" else b"ustar\x0000"
+    if raw_tail:
+        b[345:345 + len(raw_tail)] = raw_tail
+    b[148:156] = b"%06o\0 " % sum(b)
+    return bytes(b)
+
+
+def tar_file(name: str = f"{TOP}/meta.json", data: bytes = b"{}") -> bytes:
+    """A hand-made regular member: :func:`tar_header` and ``data`` padded to a block."""
+    return tar_header(name, len(data)) + data + b"\0" * (-len(data) % 512)
+
+
+def pax_header(records: bytes) -> bytes:
+    """A hand-made pax extended header holding ``records`` (:func:`pax_record`)."""
+    return tar_header("././@PaxHeader", len(records), b"x") + records + b"\0" * (-len(records) % 512)
+
+
+def pax_record(key: bytes, value: bytes) -> bytes:
+    body = b" " + key + b"=" + value + b"\n"
+    n = len(body) + 1
+    while len(str(n).encode()) + len(body) != n:
+        n += 1
+    return str(n).encode() + body

@@ -26,9 +26,11 @@ def _one_doc(proc, where: str) -> dict:
     return doc
 
 
-def _failure(proc, where: str, kind: str) -> dict:
+def _failure(proc, where: str, kind: str, code: int = 1) -> dict:
+    """The one failure document of ``kind``; exit status 2 for the command line's (usage, arch), else 1
+    (docs/reference/cli.md)."""
     doc = _one_doc(proc, where)
-    assert proc.returncode == 2 and doc["ok"] is False and doc["modules"] == []
+    assert proc.returncode == code and doc["ok"] is False and doc["modules"] == [], (proc.returncode, doc)
     assert set(doc["error"]) == {"kind", "message", "fix"} and doc["error"]["kind"] == kind, doc
     assert doc["error"]["message"] and len(doc["error"]["message"]) < 5000
     assert doc["error"]["message"] in proc.stderr  # and said to a person on stderr
@@ -50,7 +52,7 @@ def test_import_failures_are_one_document_each(env, tmp_path):
     doc = _failure(cli(["cache", "import", str(missing), "--json"], env), "src", "archive")
     assert str(missing) in doc["error"]["message"] and doc["error"]["fix"], doc  # P8: never "fix": ""
     good = make_export(tmp_path / "exp", {"jit/m/m.so": b"so"})
-    doc = _failure(cli(["cache", "import", str(good), "--arch", "sm_999x", "--json"], env), "src", "arch")
+    doc = _failure(cli(["cache", "import", str(good), "--arch", "sm_999x", "--json"], env), "src", "arch", 2)
     assert "sm_999x" in doc["error"]["message"]
 
 
@@ -61,11 +63,32 @@ def test_export_failures_are_one_document_each(env, tmp_path):
     assert "none.jsonl" in doc["error"]["message"]
     doc = _failure(cli(["cache", "export", out, "no_such_module", "--arch", "12.0", "--json"], env), "out", "module")
     assert "no_such_module" in doc["error"]["message"]
-    doc = _failure(cli(["cache", "export", out, "sampling", "--arch", "sm_999x", "--json"], env), "out", "arch")
+    doc = _failure(cli(["cache", "export", out, "sampling", "--arch", "sm_999x", "--json"], env), "out", "arch", 2)
     assert "sm_999x" in doc["error"]["message"]
-    doc = _failure(cli(["cache", "export", out, "--json"], env), "out", "usage")
+    doc = _failure(cli(["cache", "export", out, "--json"], env), "out", "usage", 2)
     assert "--all" in doc["error"]["message"]
+    doc = _failure(cli(["cache", "export", out, "sampling", "--json"], env), "out", "usage", 2)  # no GPU, no build
+    assert "nothing is built here" in doc["error"]["message"] and "--arch" in doc["error"]["fix"], doc
     (tmp_path / "taken").write_text("")
     doc = _failure(cli(["cache", "export", str(tmp_path / "taken"), "--all", "--json"], env), "out", "exists")
     assert "already exists" in doc["error"]["message"]
     assert doc["error"]["fix"] == "choose a new path (an export never overwrites)"  # P8: never "fix": ""
+
+
+@pytest.mark.parametrize("name", ["out.tar.xz", "out.zip", "OUT.TBZ2"])
+def test_an_archive_name_export_cannot_write_is_refused_naming_those_it_can(env, tmp_path, name):
+    """`cache export OUT.tar.xz` exited 0 and wrote a directory named OUT.tar.xz (P8)."""
+    out = tmp_path / name
+    doc = _failure(cli(["cache", "export", str(out), "sampling", "--arch", "12.0", "--json"], env), "out", "usage", 2)
+    assert str(out) in doc["error"]["message"] and ".tar, .tar.gz or .tgz" in doc["error"]["fix"], doc
+    assert not out.exists() and not (tmp_path / "ws").exists()
+
+
+def test_a_refused_import_creates_nothing_and_exits_1(env, tmp_path):
+    """An export made with another workspace, imported into an empty one, was refused with the fix but left
+    FlashInfer's workspace, a lease and flashinfer_jit.log behind (P4: nothing is created before the checks
+    that would refuse it), and exited 2 where docs/warmup.md says 1."""
+    src = make_export(tmp_path / "exp", {"jit/m/m.so": b"so"})  # made with jit_dir /nowhere
+    doc = _failure(cli(["cache", "import", str(src), "--json"], env), "src", "mismatch")
+    assert "jit_dir" in doc["error"]["message"] and "FLASHINFER_WORKSPACE_BASE" in doc["error"]["fix"], doc
+    assert not (tmp_path / "ws").exists(), sorted(str(p) for p in (tmp_path / "ws").rglob("*"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -43,12 +44,13 @@ def test_export_by_name_imports_on_an_empty_workspace_without_compiling(built):
     proc = cli(["cache", "export", str(out), "activation", "--arch", "12.0", "--json"], env, fakegpu=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
-    assert doc["ok"] and doc["error"] is None and doc["modules"] == [{"module": name, "status": "exported"}]
+    assert doc["ok"] and doc["error"] is None
+    assert doc["modules"] == [{"module": "activation-silu", "name": name, "status": "exported"}], doc
 
     every = tmp / "all"
     proc = cli(["cache", "export", str(every), "--all", "--arch", "12.0", "--json"], env, fakegpu=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [m["module"] for m in json.loads(proc.stdout)["modules"] if m["status"] == "exported"] == [name]
+    assert [m["name"] for m in json.loads(proc.stdout)["modules"] if m["status"] == "exported"] == [name]
 
     ws = Path(env["FLASHINFER_WORKSPACE_BASE"])
     ws.rename(tmp / "ws-built")  # another box: the same paths, nothing built
@@ -65,6 +67,40 @@ def test_export_by_name_imports_on_an_empty_workspace_without_compiling(built):
 
 
 @slow
+def test_the_readmes_export_works_as_written_on_the_machine_that_built(clean_env, tmp_path, real_nvcc13):
+    """The README's `cache export OUT sampling decode`, run where the main job (`build --arch 12.0 sampling
+    decode`) just built them, without a GPU, exited 2 with "no target architectures"; it exports the one
+    target set built here (several: listed, with --arch asked for), and says build's names and nvcc's
+    target spelling (`decode-bf16-hd128`, `sm_120f`), as `build` does, in export and import (P8)."""
+    env, log = fake_compiler_env(clean_env, tmp_path)
+    proc = cli(["build", "--arch", "12.0", "sampling", "decode", "-j", "2"], env, fakegpu=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "fi-cache.tar.gz"
+    proc = cli(["cache", "export", str(out), "sampling", "decode"], env, fakegpu=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "exporting what is built here for sm_120f" in proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("exported 3 modules for sm_120f "), proc.stdout
+    assert sorted(lines[1:]) == ["  decode-bf16-hd128", "  prefill-bf16-hd128", "  sampling"], proc.stdout
+
+    ws = Path(env["FLASHINFER_WORKSPACE_BASE"])
+    ws.rename(tmp_path / "ws-built")  # another box: the same paths, nothing built
+    proc = cli(["cache", "import", str(out)], env, fakegpu=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "using the archive's targets sm_120f" in proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["installed decode-bf16-hd128", "installed prefill-bf16-hd128",
+                                                "installed sampling"], proc.stdout
+
+    proc = cli(["build", "--arch", "12.1", "sampling", "-j", "2"], env, fakegpu=True)  # a second target set
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = cli(["cache", "export", str(tmp_path / "again"), "sampling", "--json"], env, fakegpu=True)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 2 and doc["error"]["kind"] == "usage", doc
+    assert re.search(r"sm_120f \(3 modules\); sm_121[af] \(1 module\)", doc["error"]["message"]), doc
+    assert "--arch" in doc["error"]["fix"] and not (tmp_path / "again").exists()
+
+
+@slow
 @pytest.mark.parametrize("form", ["dir", "x.tar.gz"])
 def test_export_obeys_max_bytes_in_both_forms(built, form):
     """`cache export` obeys --max-bytes in both forms, a directory as an archive: a module padded with 120 MiB
@@ -76,7 +112,7 @@ def test_export_obeys_max_bytes_in_both_forms(built, form):
     out = tmp / form
     proc = cli(["cache", "export", str(out), "activation", "--arch", "12.0", "--max-bytes", "64M", "--json"], env, fakegpu=True)
     doc = json.loads(proc.stdout)
-    assert proc.returncode == 2 and doc["error"]["kind"] == "limit", doc
+    assert proc.returncode == 1 and doc["error"]["kind"] == "limit", doc
     assert str(64 << 20) in doc["error"]["message"]
     assert not out.exists()
 
@@ -88,7 +124,7 @@ def test_an_export_directory_another_user_controls_is_refused(warmed, how):
     out.mkdir()
     make_unsafe(out, how)
     proc = cli(["cache", "export", "--from", str(manifest), str(out)], env, fakegpu=True)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "export directory" in proc.stderr and str(out) in proc.stderr
     assert os.listdir(out) == []
 

@@ -9,7 +9,6 @@ silently.  Compiles with a fake nvcc (ninja files are real)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from helpers.child import cli, run_py
-from helpers.exports import TOP, as_archive, make_export, sha
+from helpers.exports import TOP, as_archive, make_export, sha, tar_bytes, tar_member
 from helpers.host import needs_flashinfer
 from helpers.warm import LOAD_AGAIN
 
@@ -36,7 +35,7 @@ pytestmark = needs_flashinfer
 INSTALL = r"""
 import json, os, sys, time
 from pathlib import Path
-from flashinfer_sm120.warmup import cache_export, cache_import, session
+from flashinfer_sm120.warmup import cache_format, cache_import, session
 from flashinfer.jit import env as jit_env
 src, max_total = sys.argv[1], int(sys.argv[2])
 go = sys.argv[3] if len(sys.argv) > 3 else None
@@ -44,7 +43,7 @@ cache_import._settle = lambda entry, sess: {}
 cache_import._refusal = lambda *a: None  # entries and sources: the export-then-import test below and safety section 4
 out = {"jit_dir": str(jit_env.FLASHINFER_JIT_DIR), "pid": os.getpid()}
 try:
-    meta = cache_import.check(src)
+    meta = cache_format.check(src)
     fp = meta.fingerprint
     sess = session.Session(fp["flashinfer"], fp["cuda_home"], fp["cuda_version"], fp["targets"],
                            Path(fp["jit_dir"]), "")
@@ -52,7 +51,7 @@ try:
         Path(go + "." + sys.argv[4]).touch()
         while not os.path.exists(go):
             time.sleep(0.005)
-    out["report"] = cache_import.install(src, meta, sess, limits=cache_export.Limits(max_total=max_total))
+    out["report"] = cache_import.install(src, meta, sess, limits=cache_format.Limits(max_total=max_total))
 except session.BuildError as exc:
     out.update(error=str(exc), kind=getattr(exc, "kind", None))
 print("@@" + json.dumps(out))
@@ -60,9 +59,9 @@ print("@@" + json.dumps(out))
 
 
 
-def _run(env, *args, prefix=()):
+def _run(env, *args, prefix=(), preexec_fn=None):
     return subprocess.Popen([*prefix, sys.executable, "-c", INSTALL, *map(str, args)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
 
 
 def _result(proc, timeout=300) -> dict:
@@ -98,6 +97,24 @@ def test_free_space_is_checked_for_both_forms_before_anything_is_written(clean_e
                        prefix=("unshare", "-m", "sh", "-c", code, "sh")))
     assert res.get("kind") == "space" and "free" in res["error"], res
     assert "FLASHINFER_WORKSPACE_BASE must be the same" in res["error"], res  # P8: the real fix, not "set it elsewhere"
+
+
+@pytest.mark.parametrize("form", ["directory", "archive"])
+def test_a_file_over_the_file_size_limit_is_refused_naming_the_export_and_the_limit(clean_env, tmp_path, form):
+    """Under `ulimit -f` a module file larger than the limit was refused naming only the unpack directory,
+    with "set TMPDIR to another directory", which cannot help with a file-size limit (P8)."""
+    import resource
+
+    src = make_export(tmp_path / "exp", {"jit/m/m.so": 2 << 20})
+    if form == "archive":
+        src = as_archive(src, tmp_path / "exp.tar.gz")
+    limit = 1 << 20
+    res = _result(_run(clean_env, src, 1 << 30,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))))
+    assert res.get("kind") == "limit", res
+    assert str(src) in res["error"] and "RLIMIT_FSIZE" in res["error"] and str(limit) in res["error"], res
+    assert "ulimit -f" in res["error"] and "TMPDIR" not in res["error"], res
+    assert not (Path(res["jit_dir"]) / "m").exists()
 
 
 def _race(env, src, tmp_path, rounds=3):
@@ -181,7 +198,7 @@ def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
     ``cached_ops/tmp/<name>.lock`` is made for any of up to 10,000 names of the export's choosing
     (P4, check then create)."""
     from flashinfer_sm120.safety.fs.tmpdirs import make_private
-    from flashinfer_sm120.warmup import cache_export, cache_import, session
+    from flashinfer_sm120.warmup import cache_format, cache_import, session
 
     names = ["evil_a", "evil_b"]
     src = make_export(tmp_path / "exp", {f"jit/{n}/x.so": b"E" for n in names}, name="evil_a")
@@ -193,11 +210,11 @@ def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
         src = as_archive(src, tmp_path / "exp.tar.gz")
     jit, gen = tmp_path / "ws" / "cached_ops", tmp_path / "ws" / "generated"
     sess = session.Session("0.7.4", "/usr/local/cuda", "13.0", ["12.0f"], jit, "")
-    parsed = cache_import.check(str(src))
+    parsed = cache_format.check(str(src))
     with make_private("fi-sm120-test-") as tmp:
-        root = cache_import._unpack(str(src), Path(tmp), parsed, cache_export.Limits())
+        root = cache_format.unpack(str(src), Path(tmp), parsed, cache_format.Limits())
         report = cache_import._install_from(root, parsed, {"jit": jit, "generated": gen}, sess, False,
-                                            cache_export.Limits(), str(src))
+                                            cache_format.Limits(), str(src))
     assert [r["status"] for r in report] == ["refused", "refused"], report
     assert not (tmp_path / "ws").exists(), sorted(str(p) for p in (tmp_path / "ws").rglob("*"))
 
@@ -208,7 +225,7 @@ def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
 EMPTY_MODULES = r"""
 import json, os, sys
 from pathlib import Path
-from flashinfer_sm120.warmup import cache_import, regenerate, session
+from flashinfer_sm120.warmup import cache_format, cache_import, regenerate, session
 session.set_arch("12.0")
 sess = session.prepare("12.0")
 from flashinfer.jit import env as jit_env
@@ -226,7 +243,7 @@ top.mkdir(parents=True)
 (top / "meta.json").write_text(json.dumps({"format": 1, "fingerprint": sess.fingerprint(), "modules": mods,
                                             "manifest": entries}))
 jit = Path(jit_env.FLASHINFER_JIT_DIR)
-report = cache_import.install(sys.argv[1], cache_import.check(sys.argv[1]), sess)
+report = cache_import.install(sys.argv[1], cache_format.check(sys.argv[1]), sess)
 print("@@" + json.dumps({"report": report, "jit": sorted(os.listdir(jit)) if jit.exists() else []}))
 """
 
@@ -282,14 +299,14 @@ def test_export_then_import_on_a_fresh_machine_is_up_to_date(warmed):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "exported 2 modules" in proc.stdout
     again = cli(["cache", "export", "--from", str(manifest), str(out)], env, fakegpu=True)
-    assert again.returncode == 2 and "already exists" in again.stderr  # never overwritten
+    assert again.returncode == 1 and "already exists" in again.stderr  # never overwritten
 
     shutil.rmtree(env["FLASHINFER_WORKSPACE_BASE"])  # a fresh machine with the same layout
     target = env
     proc = cli(["cache", "import", str(out), "--json"], target, fakegpu=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert {m["status"] for m in json.loads(proc.stdout)["modules"]} == {"installed"}
-    assert "using the archive's targets 12.0f" in proc.stderr
+    assert "using the archive's targets sm_120f" in proc.stderr
     before = log.read_text()
     res, _ = run_py(LOAD_AGAIN, dict(target, FAKE_GPU_CAPS="12.0", FAKE_TORCH_CUDA="13.0"))
     assert "Ninja build failed" not in (res["err"] or "")
@@ -308,17 +325,11 @@ def test_export_then_import_on_a_fresh_machine_is_up_to_date(warmed):
 
     # another toolkit view (another cache dir) or other targets: refused, naming the mismatch and fix
     proc = cli(["cache", "import", str(out)], dict(target, FLASHINFER_SM120_CACHE_DIR=str(tmp / "other")), fakegpu=True)
-    assert proc.returncode == 2 and "cuda_home" in proc.stderr and "FLASHINFER_SM120_CACHE_DIR" in proc.stderr
+    assert proc.returncode == 1 and "cuda_home" in proc.stderr and "FLASHINFER_SM120_CACHE_DIR" in proc.stderr
     proc = cli(["cache", "import", str(out)], dict(target, FLASHINFER_WORKSPACE_BASE=str(tmp / "ws2")), fakegpu=True)
-    assert proc.returncode == 2 and "jit_dir" in proc.stderr and "FLASHINFER_WORKSPACE_BASE" in proc.stderr
+    assert proc.returncode == 1 and "jit_dir" in proc.stderr and "FLASHINFER_WORKSPACE_BASE" in proc.stderr
     proc = cli(["cache", "import", str(out), "--arch", "12.1"], target, fakegpu=True)
-    assert proc.returncode == 2 and "targets" in proc.stderr and "12.0f" in proc.stderr
-
-
-def _tar(path, members):
-    with tarfile.open(path, "w") as tar:
-        for info, data in members:
-            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    assert proc.returncode == 1 and "targets" in proc.stderr and "sm_120f" in proc.stderr
 
 
 def test_unsafe_archives_are_refused(clean_env, tmp_path, real_nvcc13):
@@ -326,24 +337,17 @@ def test_unsafe_archives_are_refused(clean_env, tmp_path, real_nvcc13):
     meta = json.dumps({"format": 1, "fingerprint": {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0",
                                                     "cuda_home": "/c", "jit_dir": "/j"}, "modules": []}).encode()
 
-    def member(name, data=b"x", kind=tarfile.REGTYPE, link=""):
-        info = tarfile.TarInfo(name)
-        info.type, info.linkname = kind, link
-        info.size = len(data) if kind == tarfile.REGTYPE else 0
-        return info, (data if kind == tarfile.REGTYPE else None)
-
     cases = {
-        "dotdot": [member("flashinfer-sm120-cache/meta.json", meta),
-                   member("flashinfer-sm120-cache/../../escaped")],
-        "absolute": [member("flashinfer-sm120-cache/meta.json", meta), member("/tmp/escaped-abs")],
-        "symlink": [member("flashinfer-sm120-cache/meta.json", meta),
-                    member("flashinfer-sm120-cache/jit/x/link", kind=tarfile.SYMTYPE, link="/etc/passwd")],
+        "dotdot": [tar_member(f"{TOP}/meta.json", meta), tar_member(f"{TOP}/../../escaped")],
+        "absolute": [tar_member(f"{TOP}/meta.json", meta), tar_member("/tmp/escaped-abs")],
+        "symlink": [tar_member(f"{TOP}/meta.json", meta),
+                    tar_member(f"{TOP}/jit/x/link", kind=tarfile.SYMTYPE, link="/etc/passwd")],
     }
     env = dict(clean_env, FAKE_GPU_CAPS="")
     for name, members in cases.items():
         path = tmp_path / f"{name}.tar"
-        _tar(path, members)
+        path.write_bytes(tar_bytes(members))
         proc = cli(["cache", "import", str(path)], env, fakegpu=True)
-        assert proc.returncode == 2, (name, proc.stdout, proc.stderr)
+        assert proc.returncode == 1, (name, proc.stdout, proc.stderr)
         assert "refusing the whole archive" in proc.stderr, (name, proc.stderr)
     assert not (tmp_path / "escaped").exists() and not os.path.exists("/tmp/escaped-abs")

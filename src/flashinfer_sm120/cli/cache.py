@@ -41,9 +41,14 @@ _STAGE_FIX = {
 }
 
 
+#: Kinds of failure that are the command line's: exit status 2 (as argparse's); any other refusal or
+#: failure is 1, as `doctor` and `status` exit (docs/reference/cli.md).
+_USAGE = ("usage", "arch")
+
+
 def _failed(args, doc: dict, kind: str, exc: BaseException) -> int:
     """Report ``exc`` (kind from the exception when it carries one, else the stage that failed): on
-    stderr always, and as the one JSON document with ``--json``."""
+    stderr always, and as the one JSON document with ``--json``; the exit status (:data:`_USAGE`)."""
     if isinstance(exc, OSError):
         from flashinfer_sm120.safety.oserrors import describe
 
@@ -55,11 +60,12 @@ def _failed(args, doc: dict, kind: str, exc: BaseException) -> int:
     doc.update(ok=False, error={"kind": kind, "message": bounded(message), "fix": bounded(fix)})
     if args.json:
         print(json.dumps(doc, indent=2))
-    return _err(message)
+    _err(message)
+    return 2 if kind in _USAGE else 1
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from flashinfer_sm120.warmup import cache_export, session
+    from flashinfer_sm120.warmup import cache_export, cache_format, session
 
     doc = _doc(out=args.out)
     if args.manifest and (args.modules or args.all):
@@ -71,23 +77,27 @@ def run_export(args: argparse.Namespace) -> int:
             "here that `build` can name), or --from MANIFEST"))
     stage = "exists"
     try:
-        cache_export.refuse_existing(args.out)  # threat-model: P4 (before FlashInfer is set up)
+        cache_export.check_out(args.out)  # threat-model: P4 (before FlashInfer is set up)
         stage = "manifest" if args.manifest else "module"
         if args.manifest:
             entries, skipped, sess = _manifest_entries(args)
+            labels = {}
         else:
+            stage = "setup"
+            session.apply_server_cache()  # the JIT dir the server installed here uses (SGLang's)
             stage = "arch"
-            session.set_arch(args.arch)
+            arch = args.arch or _built_arch()
+            session.set_arch(arch)
             stage = "module"
-            entries, skipped, sess = cache_export.built_entries(
-                args.modules, args.all, args.arch, head_dims=args.head_dim, dtypes=args.dtype,
+            entries, skipped, sess, labels = cache_export.built_entries(
+                args.modules, args.all, arch, head_dims=args.head_dim, dtypes=args.dtype,
                 kv_dtypes=args.kv_dtype, acts=args.act)
         doc["fingerprint"] = sess.fingerprint()
         stage = "export"
-        names = cache_export.export(entries, sess, args.out, limits=_limits(args))
+        names = cache_export.export(entries, sess, args.out, labels=labels, limits=_limits(args))
     except (Sm120Error, OSError) as exc:  # BuildError, ModuleError, FormatError...: one document each
         return _failed(args, doc, stage, exc)
-    doc["modules"] = ([{"module": n, "status": "exported"} for n in names]
+    doc["modules"] = ([{"module": label, "name": n, "status": "exported"} for label, n in names]
                       + [{"module": n, "status": "not exported", "why": why} for n, why in skipped])
     doc.update(ok=True)
     for n, why in skipped:
@@ -95,15 +105,48 @@ def run_export(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
-    print(f"exported {plural(len(names), 'module')} for {' '.join(sess.targets)} (FlashInfer {sess.flashinfer}, "
-          f"CUDA {sess.cuda_version} at {sess.cuda_home}) to {args.out}")
-    for n in names:
-        print(f"  {n}")
+    print(f"exported {plural(len(names), 'module')} for {cache_format.nvcc_targets(sess.targets)} (FlashInfer "
+          f"{sess.flashinfer}, CUDA {sess.cuda_version} at {sess.cuda_home}) to {args.out}")
+    for label, _ in names:
+        print(f"  {label}")
     return 0
 
 
+def _built_arch() -> str | None:
+    """Without --arch and without a GPU (the machine that just ran `build --arch`): the one target set
+    modules are built for here, told on stderr; None with a GPU (FlashInfer's targets come from it).
+
+    :raises UsageError: nothing is built here, or modules are built for several target sets (listed)."""
+    from flashinfer_sm120.errors import UsageError
+    from flashinfer_sm120.warmup.cache_export import built_targets
+
+    if _gpu_visible():
+        return None
+    built = built_targets()
+    if not built:
+        raise UsageError("no GPU is visible, no --arch was given, and nothing is built here to export",
+                         "build first (flashinfer-sm120 build --arch 12.0 MODULE), or pass --arch with the targets "
+                         "the modules were built for")
+    if len(built) > 1:
+        sets = "; ".join(f"{t} ({plural(n, 'module')})" for t, n in built.items())
+        fix = f"pass --arch with the targets to export, e.g. --arch {next(iter(built)).split()[0]}"
+        raise UsageError(f"no GPU is visible and modules are built here for several target sets: {sets}", fix)
+    (targets,) = built
+    print(f"flashinfer-sm120: no GPU visible; exporting what is built here for {targets}", file=sys.stderr)
+    return targets
+
+
+def _gpu_visible() -> bool:
+    try:
+        from flashinfer_sm120.core.facts import gpus
+
+        return bool(gpus.visible_gpus())
+    except Exception:  # no NVML, no driver: treat as no GPU
+        return False
+
+
 def _limits(args):
-    from flashinfer_sm120.warmup.cache_export import Limits
+    from flashinfer_sm120.warmup.cache_format import Limits
 
     return Limits(max_total=args.max_bytes) if args.max_bytes else Limits()
 
@@ -121,13 +164,13 @@ def _manifest_entries(args):
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from flashinfer_sm120.warmup import cache_import, session
+    from flashinfer_sm120.warmup import cache_format, cache_import, session
 
     doc = _doc(src=args.src)
     limits = _limits(args)
     stage = "archive"
     try:
-        meta = cache_import.check(args.src, limits)  # before anything is imported or unpacked
+        meta = cache_format.check(args.src, limits)  # before anything is imported or unpacked
         arch = args.arch
         if arch is None:
             arch = _archive_targets(meta)
@@ -135,6 +178,7 @@ def run_import(args: argparse.Namespace) -> int:
         session.set_arch(arch)
         stage = "setup"
         session.apply_server_cache()  # install where the server installed here will look (SGLang's dir)
+        cache_import.precheck(args.src, meta)  # threat-model: P4 (before FlashInfer's set-up creates files)
         sess = session.prepare(arch)
         doc["fingerprint"] = sess.fingerprint()
         stage = "install"
@@ -160,23 +204,18 @@ def run_import(args: argparse.Namespace) -> int:
             rep = f" (replaced {', '.join(r['replaced'])})" if r.get("replaced") else ""
             print(f"{r['status']} {r['module']}{why}{rep}")
     if failed is not None:
-        return _err(failed["why"])
+        _err(failed["why"])
     return 0 if doc["ok"] else 1
 
 
 def _archive_targets(meta) -> str | None:
     """The archive's targets when no GPU is visible (a GPU-less build stage), else None
     (FlashInfer's targets then come from the GPUs, and the import checks they match)."""
-    try:
-        from flashinfer_sm120.core.facts import gpus
+    from flashinfer_sm120.warmup.cache_format import nvcc_targets
 
-        if gpus.visible_gpus():
-            return None
-    except Exception:  # no NVML, no driver: treat as no GPU
-        pass
-    targets = meta.fingerprint["targets"]  # checked by cache_export.parse_meta: major.minor[a|f] each
-    if targets:
-        print(bounded(f"flashinfer-sm120: no GPU visible; using the archive's targets {' '.join(targets)}"),
+    targets = meta.fingerprint["targets"]  # checked by cache_format.parse_meta: major.minor[a|f] each
+    if targets and not _gpu_visible():
+        print(bounded(f"flashinfer-sm120: no GPU visible; using the archive's targets {nvcc_targets(targets)}"),
               file=sys.stderr)
         return " ".join(targets)
     return None
@@ -238,15 +277,18 @@ def add_parsers(sub) -> None:
     e = cs.add_parser("export", help="write modules built here (by name, --all, or a manifest's) to a "
                       "directory or archive", description="Write FlashInfer JIT modules built in this "
                       "workspace to a new directory or archive that `cache import` installs on a machine "
-                      "with the same FlashInfer, toolkit path and targets, without compiling.")
-    e.add_argument("out", help="new directory, or an archive path ending .tar, .tar.gz or .tgz")
+                      "with the same FlashInfer, toolkit path and targets, without compiling. Exit status 0: "
+                      "exported; 1: refused or failed (the message says why and the fix); 2: bad usage.")
+    e.add_argument("out", help="new directory, or an archive path ending .tar, .tar.gz or .tgz (other "
+                   "archive names are refused)")
     e.add_argument("modules", nargs="*", metavar="MODULE",
                    help="modules as named for `flashinfer-sm120 build` (see build --list)")
     e.add_argument("--all", action="store_true", help="every module built here that `build` can name "
                    "(with the variant flags below)")
     e.add_argument("--from", dest="manifest", metavar="MANIFEST",
                    help="the modules of a manifest recorded with FLASHINFER_SM120_RECORD (built here)")
-    e.add_argument("--arch", help="targets, as for build (default: the manifest's, else the GPUs present)")
+    e.add_argument("--arch", help="targets, as for build (default: the manifest's, else the GPUs present, "
+                   "else the one target set the modules are built for here)")
     e.add_argument("--head-dim", help="attention head dims the modules were built with (as for build)")
     e.add_argument("--dtype", help="attention q/o dtype(s) (as for build)")
     e.add_argument("--kv-dtype", help="KV-cache dtype(s) (as for build)")
@@ -255,9 +297,12 @@ def add_parsers(sub) -> None:
                    help="refuse to write more than SIZE (e.g. 8G; default 32G)")
     e.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     e.set_defaults(func=run_export, json_failure=_failure)
-    i = cs.add_parser("import", help="install an exported JIT cache into FlashInfer's JIT cache here")
+    i = cs.add_parser("import", help="install an exported JIT cache into FlashInfer's JIT cache here",
+                      description="Install an export written by `cache export` into FlashInfer's JIT cache here. "
+                      "Exit status 0: every module installed or already present; 1: refused, failed, or a "
+                      "module not installed (each says why and the fix); 2: bad usage.")
     i.add_argument("src", help="directory or archive written by 'cache export'")
-    i.add_argument("--arch", help="targets (default: the GPUs present)")
+    i.add_argument("--arch", help="targets (default: the GPUs present, else the archive's)")
     i.add_argument("--force", action="store_true", help="replace existing entries that differ")
     i.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     i.add_argument("--max-bytes", type=cli_size("--max-bytes", 1 << 20), metavar="SIZE",

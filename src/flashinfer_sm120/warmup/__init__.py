@@ -7,8 +7,9 @@
 - :mod:`.pool`      the job pool, the one scheduler (admission by slots and memory), and its
   progress display; :mod:`.ninjacmd` one module's ninja as FlashInfer runs it
 - :mod:`.buildreport` doctor's "Builds"
-- :mod:`.cache_export` what an export is (meta.json, caps) and ``cache export``
-- :mod:`.cache_import` ``cache import``: reading an export (archive or directory) and its one install step
+- :mod:`.cache_format` what an export is (layout, meta.json, caps) and reading one as untrusted input
+- :mod:`.cache_export` ``cache export``
+- :mod:`.cache_import` ``cache import``: its one install step (archive or directory)
 - :mod:`.ninjadeps` restamp outputs in a ninja deps log (used by cache import)
 
 What a build gets from the process (the memory read, MAX_JOBS and threads as FlashInfer reads them, the

@@ -1,11 +1,9 @@
-"""Read a cache export as untrusted input and install it on this machine (``cache import``).
+"""Install a cache export on this machine (``cache import``).
 
-An archive is read one member header at a time within :class:`~.cache_export.Limits` (:func:`_walk`, the
-one pass that checks it) and unpacked into a private directory; a directory export is read in place.
-From there one install step does the rest for both forms (threat-model: P7): caps and free space
+An export, checked and unpacked by :mod:`.cache_format` (an archive into a private directory, a directory
+read in place), goes through one install step for both forms (threat-model: P7): caps and free space
 checked on every file before anything is written, then module by module under FlashInfer's own lock,
-copies into random-named temporary files verified against meta.json.  What an export is:
-:mod:`.cache_export`.
+copies into random-named temporary files verified against meta.json.
 
 A JIT cache entry is only reusable where FlashInfer would write the same ``build.ninja`` (ninja
 recompiles when a command line changes): the same FlashInfer release (it keys the cache directory,
@@ -19,334 +17,83 @@ be rebuilt, reporting the truth per module.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import hashlib
 import os
-import platform
 import shutil
 import stat
 import sys
-import tarfile
-import tempfile
 import time
-import zlib
 from pathlib import Path
 
 from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.warmup.regenerate import CannotRegenerate, make_spec
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import formats, oserrors
+from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.safety.fs.tmpdirs import make_private
 from flashinfer_sm120.warmup import modlock, ninjacmd, ninjadeps, pool
-from flashinfer_sm120.warmup.cache_export import (FIX, MAX_META_BYTES, TOP, Budget, CacheError, Limits, Meta, Module,
-                                                  file_sha256, member_rel, parse_meta, refused, umask)
-from flashinfer_sm120.warmup.session import BuildError, Session
+from flashinfer_sm120.warmup.cache_format import (FIX, Budget, CacheError, Limits, Meta, Module, file_sha256,
+                                                  nvcc_targets, over_cap, too_large, umask, unpack)
+from flashinfer_sm120.warmup.session import Session
 
-__all__ = ["compression", "check", "install"]
-
-#: Largest pax or GNU long-name header accepted, bytes.  ``tarfile`` reads such a header's declared
-#: size into one bytes object (a 4 GiB header is 4 MiB gzipped) and, before CPython 3.11.10/3.12.6
-#: (CVE-2024-6232), scans it quadratically; ours hold a path of at most a few hundred characters.
-MAX_EXTENDED_HEADER = 16 << 10
-
-_EXTENDED = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
-             tarfile.GNUTYPE_LONGLINK)
+__all__ = ["precheck", "install"]
 
 
-class _Refused(Exception):
-    """A header :class:`_BoundedTarInfo` refuses.  Not a ``tarfile.HeaderError``: ``TarFile.next``
-    reads an invalid header after the first as the end of the archive, and this must stop it."""
+#: What must be the same on both machines (FlashInfer writes it into each build.ninja), with the fix.
+_SAME = {
+    "flashinfer": "install the same flashinfer-python on both machines (the JIT cache is keyed by its version)",
+    "targets": "export for this machine's targets (`flashinfer-sm120 build --from M --arch ...` then "
+               "`cache export --arch ...`), or pass the archive's targets with --arch here",
+    "cuda_version": "use the same nvcc release on both machines (e.g. the same cuda-toolkit pip pin)",
+    "cuda_home": "FlashInfer writes CUDA_HOME into each build.ninja, so a different path recompiles "
+                 "everything: give both machines the same toolkit path and FLASHINFER_SM120_CACHE_DIR",
+    "jit_dir": "FlashInfer writes its JIT dir into each build.ninja: use the same FLASHINFER_WORKSPACE_BASE "
+               "(default: $HOME) on both machines",
+}
 
 
-class _BoundedTarInfo(tarfile.TarInfo):
-    """``tarfile``'s header reader with the shapes an export never has refused before they are read:
-    an extended header over :data:`MAX_EXTENDED_HEADER`, and sparse members in each of GNU's forms
-    (old-style ``S``, pax 0.0/0.1/1.0), whose maps ``tarfile`` parses with bare ``int()`` and
-    unbounded lists.  (The ``_proc_*`` hooks are the subclassing points ``TarInfo._proc_member``
-    documents; ``tests/unit/warmup/test_cache_import.py`` checks they still exist.)"""
-
-    def _proc_member(self, tarfile_):
-        if self.type in _EXTENDED and self.size > MAX_EXTENDED_HEADER:
-            raise _Refused(f"an extended header of {self.size} bytes, more than {MAX_EXTENDED_HEADER}")
-        if self.type == tarfile.GNUTYPE_SPARSE:
-            raise _Refused("a sparse member (exports hold regular files only)")
-        return super()._proc_member(tarfile_)
-
-    def _proc_gnusparse_00(self, *_args):
-        raise _Refused("a sparse member (exports hold regular files only)")
-
-    _proc_gnusparse_01 = _proc_gnusparse_10 = _proc_gnusparse_00
-
-
-#: What ``tarfile`` raises from a hostile header besides its own errors (``int()`` of pax numbers,
-#: ``.decode("utf-8")`` of ``hdrcharset``, indexing a short block at the end).
-_HEADER_ERRORS = (_Refused, ValueError, IndexError, OverflowError)
-
-
-#: An archive's first bytes -> its compression (magic numbers).  `cache export` writes ``tar`` and
-#: ``gzip`` only; the others are named in the refusal.
-_MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"),
-          (b"\x5d\x00\x00", "lzma"), (b"PK\x03\x04", "zip"))
-_WRITTEN = ("tar", "gzip")
-
-
-def compression(head: bytes) -> str:
-    """What the first 512 bytes of a file say it is: ``tar`` (a POSIX/GNU header's ``ustar``
-    magic), ``gzip``, ``bzip2``, ``xz``, ``zstd``, ``lzma``, ``zip`` or ``unknown``; never the
-    file's name.  threat-model: P6"""
-    for magic, name in _MAGIC:
-        if head.startswith(magic):
-            return name
-    return "tar" if head[257:262] == b"ustar" else "unknown"
-
-
-class _Bounded:
-    """A reader that counts the bytes actually read from the decompressor (or the file) and the
-    time spent, and refuses past :meth:`Limits.max_stream` or ``max_seconds``: headers cannot
-    declare their way past the caps, and a small bomb is refused when it has produced the cap,
-    not after.  threat-model: P6"""
-
-    def __init__(self, raw, src: str, limits: Limits) -> None:
-        self.raw, self.src, self.file = raw, src, None
-        self.cap, self.left = limits.max_stream(), limits.max_stream()
-        self.seconds = limits.max_seconds
-        self.deadline = time.monotonic() + limits.max_seconds
-
-    def read(self, n: int = -1) -> bytes:
-        want = (1 << 20) if n is None or n < 0 else n
-        data = self.raw.read(min(want, self.left + 1))
-        self.left -= len(data)
-        if self.left < 0:
-            raise refused(self.src, f"it unpacks to more than {self.cap} bytes (the files' cap from cache "
-                                  f"import --max-bytes, meta.json and headers)")
-        if time.monotonic() > self.deadline:
-            raise refused(self.src, f"reading it took more than {self.seconds:g} s")
-        return data
-
-    def close(self) -> None:
-        self.raw.close()
-        if self.file is not None:  # under a decompressor, which leaves the file it was given open
-            self.file.close()
-
-
-class _Compressed:
-    """The compressed file under the gzip decompressor, read within a cap of its own and the pass's
-    deadline: a gzip file may be thousands of members that decompress to nothing (``gzip`` reads
-    concatenated members as one stream), which :class:`_Bounded` never sees, since one read of
-    the decompressor walks all of them before it returns a byte; 40 MB of empty members took
-    8 s a pass, and the size of the file was bounded by nothing.  The cap is what a gzip of
-    :meth:`Limits.max_stream` bytes can be (deflate's stored blocks add 5 bytes per 64 KiB, a
-    member header 10 and a trailer 8).  threat-model: P6"""
-
-    def __init__(self, raw, bounded: _Bounded) -> None:
-        self.raw, self.bounded = raw, bounded
-        self.cap = bounded.cap + bounded.cap // 1000 + (1 << 20)
-        self.left = self.cap
-
-    def read(self, n: int = -1) -> bytes:
-        want = (1 << 20) if n is None or n < 0 else n
-        data = self.raw.read(min(want, self.left + 1))
-        self.left -= len(data)
-        if self.left < 0:
-            raise refused(self.bounded.src, f"its compressed data is more than {self.cap} bytes, more than a gzip "
-                                          f"of what it may unpack to")
-        if time.monotonic() > self.bounded.deadline:
-            raise refused(self.bounded.src, f"reading it took more than {self.bounded.seconds:g} s")
-        return data
-
-    def close(self) -> None:
-        self.raw.close()
-
-
-def _open_tar(src: str, limits: Limits):
-    """``(tar, file)``: the archive streamed (headers seen one at a time, nothing held) from a
-    regular file, opened without blocking (a FIFO given as the export hung ``cache import``),
-    accepted only when its first bytes say tar or gzip (what `cache export` writes), and read
-    through :class:`_Bounded`."""
-    try:
-        fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except (OSError, ValueError) as exc:
-        raise CacheError(f"cannot read {formats.shown(src, 200)}: {getattr(exc, 'strerror', None) or exc}; "
-                         f"{FIX}", "archive", FIX) from None
-    fh = os.fdopen(fd, "rb")
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CacheError(f"{formats.shown(src, 200)} is neither a directory nor a regular file; {FIX}", "archive", FIX)
-        os.set_blocking(fd, True)
-        kind = compression(os.pread(fd, 512, 0))
-        if kind not in _WRITTEN:  # threat-model: P6 (only what we write; bzip2 bombs grew quadratically)
-            fix = ("unpack it and give the directory, or recompress it with gzip; better: give the file "
-                   "`flashinfer-sm120 cache export` wrote (.tar or .tar.gz)")
-            raise CacheError(f"{formats.shown(src, 200)} is {kind} data ({'compressed ' if kind != 'unknown' else ''}"
-                             f"by its first bytes, whatever its name), not a tar or gzip-compressed tar; {fix}",
-                             "archive", fix)
-        stream = _Bounded(fh, src, limits)
-        if kind == "gzip":  # threat-model: P6 (the compressed bytes and the time under the decompressor)
-            stream.raw, stream.file = gzip.GzipFile(fileobj=_Compressed(fh, stream), mode="rb"), fh
-        return tarfile.open(fileobj=stream, mode="r|", tarinfo=_BoundedTarInfo), stream
-    except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
-        fh.close()
-        raise CacheError(f"cannot read {src}: {formats.shown(str(exc), 200)}; {FIX}", "archive", FIX) from None
-    except (BuildError, FormatError):
-        fh.close()
-        raise
-    except _HEADER_ERRORS as exc:  # opening reads the first member's header
-        fh.close()
-        raise _malformed(src, exc) from None
-    except BaseException:
-        fh.close()
-        raise
-
-
-def _malformed(src: str, exc: BaseException) -> BuildError:
-    return refused(src, f"a member header is malformed ({formats.shown(str(exc) or type(exc).__name__, 120)})")
-
-
-def _walk(src: str, limits: Limits, meta: Meta | None = None, into: Path | None = None) -> Meta:
-    """The one pass over the archive ``src`` that checks it: each member on its header before its data
-    is read (a plain relative path under TOP/, ``meta.json`` first, a regular file or a directory, within
-    the member-count, per-file and total caps) and listed in meta.json; the whole pass within the
-    decompressed-bytes and time caps.  meta.json is read from the first member unless ``meta`` is
-    given; with ``into``, each listed file is extracted there with tarfile's ``data`` filter (PEP 706)
-    once its header passed and the free space was checked.  threat-model: P6, P7
-
-    :returns: the parsed meta.json (``meta`` when given)."""
-    count = total = 0
-    files: set[str] = set()
-    dirs: set[str] = set()
-    tar, fh = _open_tar(src, limits)
-    try:
-        with tar:
-            try:
-                for m in tar:
-                    count += 1
-                    if count > limits.max_members:
-                        raise refused(src, f"it has more than {limits.max_members} members")
-                    rel = member_rel(m.name, src)
-                    if count == 1 and rel != "meta.json":
-                        raise refused(src, f"its first member is {formats.shown(m.name)}, not {TOP}/meta.json")
-                    if not (m.isfile() or m.isdir()):
-                        raise refused(src, f"member {formats.shown(m.name)} is a link or device")
-                    if m.isfile() and m.size > limits.max_file:
-                        raise refused(src, f"member {formats.shown(m.name)} is {m.size} bytes, more than the "
-                                         f"{limits.max_file}-byte cap (cache import --max-bytes)")
-                    if count == 1:  # meta.json: within MAX_META_BYTES, not the files' total
-                        meta = meta or _meta_member(src, tar, m)
-                        files = {rel for mod in meta.modules for rel in mod.files}
-                        dirs = {"/".join(r.split("/")[:i]) for r in files for i in range(1, r.count("/") + 1)}
-                        continue
-                    total += m.size if m.isfile() else 0
-                    if total > limits.max_total:
-                        raise refused(src, f"its files add up to more than the {limits.max_total}-byte cap "
-                                         f"(cache import --max-bytes)")
-                    if m.isdir():
-                        if rel and rel not in dirs:
-                            raise refused(src, f"directory {formats.shown(m.name)} is not part of any module in "
-                                               "meta.json")
-                    elif rel not in files:
-                        raise refused(src, f"member {formats.shown(m.name)} is not listed in meta.json")
-                    elif into is not None:
-                        _extract(src, tar, m, into)
-            finally:
-                fh.close()
-        if meta is None:
-            raise refused(src, f"it has no members (no {TOP}/meta.json)")
-        return meta
-    except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
-        raise CacheError(f"cannot read {src}: {formats.shown(str(exc), 200)}; {FIX}", "archive", FIX) from None
-    except (BuildError, FormatError):  # ours (FormatError is a ValueError too)
-        raise
-    except _HEADER_ERRORS as exc:
-        raise _malformed(src, exc) from None
-
-
-def _meta_member(src: str, tar: tarfile.TarFile, m: tarfile.TarInfo) -> Meta:
-    name = f"{src}: {TOP}/meta.json"
-    if not m.isfile():
-        raise CacheError(f"{src} has no {TOP}/meta.json; {FIX}", "archive", FIX)
-    if m.size > MAX_META_BYTES:
-        raise CacheError(f"{name} is {m.size} bytes, more than {MAX_META_BYTES}; {FIX}", "archive", FIX)
-    raw = tar.extractfile(m).read(m.size)  # type: ignore[union-attr]  (size checked above)
-    try:
-        return parse_meta(formats.loads_json(raw, name, fix=FIX), name)
-    except FormatError as exc:
-        raise CacheError(str(exc), "archive", exc.fix or FIX) from None
-
-
-def _extract(src: str, tar: tarfile.TarFile, m: tarfile.TarInfo, into: Path) -> None:
-    free = shutil.disk_usage(into).free
-    if m.size > free:  # threat-model: P6
-        fix = "free space there or set TMPDIR to a larger disk"
-        raise CacheError(f"{src}: {m.name} needs {m.size} bytes and {into} has {free} free; {fix}", "space", fix)
-    try:
-        tar.extract(m, into, filter="data")  # threat-model: P6 (PEP 706 data filter)
-    except OSError as exc:
-        raise os_error(exc, into, "set TMPDIR to another directory") from None
-    except tarfile.TarError as exc:
-        raise CacheError(f"cannot unpack {m.name} from {src}: {formats.shown(str(exc), 200)}; {FIX}",
-                         "archive", FIX) from None
-
-
-def _top(src: str) -> Path:
-    root = Path(src) / TOP
-    if os.path.islink(root) or not root.is_dir():
-        raise CacheError(f"{src} has no {TOP}/ folder (or it is a symlink); {FIX}", "archive", FIX)
-    return root
-
-
-def check(src: str, limits: Limits = Limits()) -> Meta:
-    """Check an export without writing anything and return its meta.json: an archive whole, in one pass
-    (:func:`_walk`); a directory's top folder and meta.json (read bounded, no link followed), its files
-    one by one when installed.
-
-    :raises CacheError: the first unsafe member, an unreadable export, or a bad meta.json."""
-    if not os.path.isdir(src):
-        return _walk(src, limits)
-    name = f"{src}/{TOP}/meta.json"
-    try:
-        raw = formats.read_bytes(formats.safe_join(_top(src), "meta.json", src, fix=FIX), MAX_META_BYTES,
-                                 follow=False, fix=FIX)
-        return parse_meta(formats.loads_json(raw, name, fix=FIX), name)
-    except FormatError as exc:
-        raise CacheError(str(exc), "archive", exc.fix or FIX) from None
-
-
-def _unpack(src: str, into: Path, meta: Meta, limits: Limits) -> Path:
-    """The folder to read the export's files from: ``src/TOP`` for a directory export (read in place;
-    each file is opened without following links, see :func:`_copy_verified`), else the archive's
-    listed files, unpacked below ``into`` by :func:`_walk`."""
-    if os.path.isdir(src):
-        return _top(src)
-    if not hasattr(tarfile, "data_filter"):  # PEP 706 came in 3.10.12, 3.11.4, 3.12 (Debian 12: 3.11.2)
-        fix = ("use a Python with tarfile's extraction filters (3.10.12+, 3.11.4+, 3.12+), or export a "
-               "directory (cache export OUT, OUT not ending in .tar...) and import that")
-        raise CacheError(f"cannot unpack {src}: this Python {platform.python_version()} has no tarfile extraction "
-                         f"filters, and archives are unpacked only with the 'data' filter", "python", fix)
-    _walk(src, limits, meta, into)
-    return into / TOP
+def _said(key: str, value) -> str:
+    return repr(nvcc_targets(value)) if key == "targets" and isinstance(value, list) else repr(value)
 
 
 def _mismatch(theirs: dict, ours: dict) -> tuple[str, str] | None:
-    fixes = {
-        "flashinfer": "install the same flashinfer-python on both machines (the JIT cache is keyed by its version)",
-        "targets": "export for this machine's targets (`flashinfer-sm120 build --from M --arch ...` then "
-                   "`cache export --arch ...`), or pass the archive's targets with --arch here",
-        "cuda_version": "use the same nvcc release on both machines (e.g. the same cuda-toolkit pip pin)",
-        "cuda_home": "FlashInfer writes CUDA_HOME into each build.ninja, so a different path recompiles "
-                     "everything: give both machines the same toolkit path and FLASHINFER_SM120_CACHE_DIR",
-        "jit_dir": "FlashInfer writes its JIT dir into each build.ninja: use the same FLASHINFER_WORKSPACE_BASE "
-                   "(default: $HOME) on both machines",
-    }
-    for k, fix in fixes.items():
-        if theirs.get(k) != ours.get(k):
-            return f"archive has {k} {theirs.get(k)!r}, this machine {ours.get(k)!r}: {fix}", fix
-    changed = buildline.changes(theirs["build_vars"], ours.get("build_vars") or {}) if "build_vars" in theirs else []
+    """The first of :data:`_SAME` (of those ``ours`` has) that differs, as ``(message, fix)``; then
+    FlashInfer's build-line variables."""
+    for k, fix in _SAME.items():
+        if k in ours and theirs.get(k) != ours[k]:
+            return f"archive has {k} {_said(k, theirs.get(k))}, this machine {_said(k, ours[k])}: {fix}", fix
+    changed = buildline.changes(theirs["build_vars"], ours["build_vars"] or {}) if "build_vars" in theirs and "build_vars" in ours else []
     if changed:
         said = "; ".join(f"{c.name}={c.built or '(unset)'} there, {c.now or '(unset)'} here" for c in changed)
         fix = "set them here as there, or build here"
         return (f"the archive was built with other FlashInfer build-line variables ({said}): they change every "
                 f"build line, so every module would be rebuilt; {fix}", fix)
     return None
+
+
+def precheck(src: str, meta: Meta) -> None:
+    """Refuse what can be told before FlashInfer is set up here, which creates its workspace, its log and
+    a lease (threat-model: P4): another FlashInfer release (by the installed distribution's release
+    number: its metadata may spell a local build otherwise), a JIT dir outside this machine's workspace.
+
+    :raises CacheError: kind ``mismatch``, naming both values and the fix."""
+    from packaging.version import InvalidVersion, Version
+
+    from flashinfer_sm120.core.facts.workspace import workspace_path
+    from flashinfer_sm120.core.patch.resolve import flashinfer_version
+
+    ours, theirs = {}, meta.fingerprint
+    try:
+        if Version(theirs["flashinfer"]).release != Version(flashinfer_version() or "0").release:
+            ours["flashinfer"] = flashinfer_version()
+    except InvalidVersion:
+        pass  # told after set-up, by the whole fingerprint
+    root = workspace_path()[0]
+    if not str(theirs["jit_dir"]).startswith(root.rstrip(os.sep) + os.sep):
+        ours["jit_dir"] = os.path.join(root, "...")
+    problem = _mismatch(theirs, ours)
+    if problem:
+        raise CacheError(f"refusing {src}: {problem[0]}", "mismatch", problem[1])
 
 
 def install(src: str, meta: Meta, sess: Session, *, force: bool = False, limits: Limits = Limits()) -> list[dict]:
@@ -366,11 +113,11 @@ def install(src: str, meta: Meta, sess: Session, *, force: bool = False, limits:
         raise CacheError(f"refusing {src}: {problem[0]}", "mismatch", problem[1])
     targets = {"jit": Path(jit_env.FLASHINFER_JIT_DIR), "generated": Path(jit_env.FLASHINFER_GEN_SRC_DIR)}
     with make_private("fi-sm120-import-") as tmp:  # swept by the next import if this one is killed
-        root = _unpack(src, Path(tmp), meta, limits)
+        root = unpack(src, Path(tmp), meta, limits)
         try:
             return _install_from(root, meta, targets, sess, force, limits, src)
         except OSError as exc:  # threat-model: P8 (the words come from the errno)
-            raise os_error(exc, exc.filename or targets["jit"]) from None
+            raise _os_error(exc, exc.filename or targets["jit"]) from None
 
 
 def _plan(meta: Meta, root: Path, targets: dict[str, Path], src: str) -> list[tuple[Module, dict[str, tuple[Path, Path]]]]:
@@ -399,10 +146,10 @@ _ELSEWHERE = ("mount a larger disk at that path (an import goes into the JIT dir
               "for: FLASHINFER_WORKSPACE_BASE must be the same on both machines)")
 
 
-def os_error(exc: OSError, path: object, elsewhere: str = _ELSEWHERE) -> CacheError:
+def _os_error(exc: OSError, path: object) -> CacheError:
     """``exc`` as a :class:`CacheError` whose words come from its errno
     (:data:`flashinfer_sm120.safety.oserrors.BY_ERRNO`).  threat-model: P8"""
-    p = oserrors.describe(exc, path, elsewhere)
+    p = oserrors.describe(exc, path, _ELSEWHERE)
     return CacheError(f"{p.message}; {p.fix}", p.kind, p.fix)
 
 
@@ -416,23 +163,23 @@ def _check_space(plan: list[tuple[Module, dict[str, tuple[Path, Path]]]], limits
         raise CacheError(f"{src}: it has {count} files, more than {limits.max_members}; refusing the whole "
                          f"export; {FIX}", "archive", FIX)
     total, need = 0, {}
-    larger = "pass a larger --max-bytes if you trust this export"
     for _, paths in plan:
         for s_path, dest in paths.values():
             size = os.lstat(s_path).st_size
             if size > limits.max_file:
-                raise CacheError(f"{s_path} is {size} bytes, more than the {limits.max_file}-byte cap "
-                                 f"(cache import --max-bytes); refusing the whole export", "archive", larger)
+                raise over_cap(src, f"{s_path} is {size} bytes", limits, per_file=True)
             total += size
             if total > limits.max_total:
-                raise CacheError(f"{src}: its files add up to more than the {limits.max_total}-byte cap "
-                                 f"(cache import --max-bytes); refusing the whole export", "archive", larger)
+                raise over_cap(src, "its files add up to more", limits, per_file=False)
+            problem = too_large(src, str(dest), size)
+            if problem:
+                raise problem
             root = formats.deepest_existing(str(dest))
             need[root] = need.get(root, 0) + size
     for root, n in need.items():
         free = shutil.disk_usage(root).free
         if n > free:
-            fix = f"free space on the disk of {root}, or {_ELSEWHERE}"  # one wording with os_error
+            fix = f"free space on the disk of {root}, or {_ELSEWHERE}"  # one wording with _os_error
             raise CacheError(f"{src} needs {n} bytes in {root} and that disk has {free} free; {fix}", "space", fix)
 
 
@@ -453,7 +200,7 @@ def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Sessio
         # which FlashInfer does outside this lock too; the copy and settle below run under it.)
         why = _place_problem(paths) or _refusal(entries.get(mod.name), mod, sess, targets["generated"])
         if why:  # before any file of it is installed
-            report.append({"module": mod.name, "status": "refused", "why": why})
+            report.append({"module": mod.label or mod.name, "name": mod.name, "status": "refused", "why": why})
             continue
         made: list[Path] = []  # what this import wrote of the module that was not there before
         try:
@@ -470,8 +217,9 @@ def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Sessio
                     _undo(made)  # a failed module is left as it was, never half installed
                     raise
         except OSError as exc:  # a full disk, a permission: said for this module; the ones before stay installed
-            err = os_error(exc, exc.filename or targets["jit"])
-            report.append({"module": mod.name, "status": "failed", "why": str(err), "kind": err.kind, "fix": err.fix})
+            err = _os_error(exc, exc.filename or targets["jit"])
+            report.append({"module": mod.label or mod.name, "name": mod.name, "status": "failed", "why": str(err), "kind": err.kind,
+                           "fix": err.fix})
             break
         report.append(r)
     return report
@@ -498,7 +246,7 @@ def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: boo
     differing = [str(content[rel]) for rel, h in here.items() if h != mod.files[rel]]
     present = len(here) == len(content) and not differing
     if differing and not force:  # threat-model: P5 (an existing different file is kept unless --force)
-        return {"module": mod.name, "status": "kept existing",
+        return {"module": mod.label or mod.name, "name": mod.name, "status": "kept existing",
                 "why": f"a different {differing[0]} is already here; pass --force to replace it"}
     if not present:
         for rel, (s_path, d) in paths.items():
@@ -512,42 +260,33 @@ def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: boo
             _copy_verified(s_path, d, mod.files[rel], limits, budget)
             if new:
                 made.append(d)
-    return {"module": mod.name, "status": "already present" if present else "installed", "replaced": differing}
+    return {"module": mod.label or mod.name, "name": mod.name, "status": "already present" if present else "installed",
+            "replaced": differing}
 
 
 def _copy_verified(src: Path, dest: Path, sha: str, limits: Limits, budget: Budget) -> None:
-    """Copy ``src`` (opened without following a link, a regular file only) into a new temporary file
-    beside ``dest`` (``mkstemp``: a random name, created here), hashing and counting while copying;
-    rename it over ``dest`` only if the digest is ``sha``.  Only the file made here is ever removed.
+    """Copy ``src`` (opened without following a link, a regular file only) to ``dest`` by the one atomic
+    writer, hashing and counting while copying: put in place only if the digest is ``sha``.
     threat-model: P5, P6"""
     fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def copy(fo) -> None:
+        h, size = hashlib.sha256(), 0
+        for block in iter(lambda: os.read(fd, 1 << 20), b""):
+            size += len(block)
+            if size > limits.max_file:
+                raise over_cap(str(src), "it grew while read", limits, per_file=True)
+            budget.take(len(block), src)
+            h.update(block)
+            fo.write(block)
+        if h.hexdigest() != sha:
+            raise CacheError(f"{src}: its checksum does not match meta.json; {FIX}", "archive", FIX)
+
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise CacheError(f"{src} is not a regular file; {FIX}", "archive", FIX)
         os.set_blocking(fd, True)
-        out, part = tempfile.mkstemp(prefix=f".{dest.name[:64]}.", suffix=".import", dir=dest.parent)
-        mine = True  # this process made ``part``: it alone removes it
-        try:
-            h, size = hashlib.sha256(), 0
-            with os.fdopen(out, "wb") as fo:
-                for block in iter(lambda: os.read(fd, 1 << 20), b""):
-                    size += len(block)
-                    if size > limits.max_file:
-                        raise CacheError(f"{src} is more than the {limits.max_file}-byte cap (cache import "
-                                         f"--max-bytes)", "archive", "pass a larger --max-bytes if you trust "
-                                         "this export")
-                    budget.take(len(block), src)
-                    h.update(block)
-                    fo.write(block)
-            if h.hexdigest() != sha:
-                raise CacheError(f"{src}: its checksum does not match meta.json; {FIX}", "archive", FIX)
-            os.chmod(part, 0o644 & ~umask())  # as a plain open() would have made it
-            os.replace(part, dest)
-            mine = False
-        finally:
-            if mine:
-                with contextlib.suppress(OSError):
-                    os.unlink(part)
+        write_atomic(str(dest), copy, mode=0o644 & ~umask())  # as a plain open() would have made it
     finally:
         os.close(fd)
 

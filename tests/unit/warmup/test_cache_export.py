@@ -9,12 +9,14 @@ import os
 import types
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from helpers.untrusted import make_unsafe
 
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import formats
-from flashinfer_sm120.warmup import cache_export
+from flashinfer_sm120.warmup import cache_export, cache_format
 from flashinfer_sm120.warmup.session import BuildError
 
 # FlashInfer 0.7.4's FA2 prefill module (185 characters) and one of its objects (227), as `build` makes them.
@@ -28,8 +30,8 @@ def test_a_module_name_as_long_as_flashinfers_is_a_member_and_a_meta_json_name()
     modules' object files (227 characters) were over a 200-character name rule."""
     assert len(OBJECT) > 200
     rel = f"jit/{PREFILL}/{OBJECT}"
-    assert cache_export.member_rel(f"{cache_export.TOP}/{rel}", "x.tar") == rel
-    meta = cache_export.parse_meta({"format": cache_export.FORMAT, "manifest": [], "fingerprint": {
+    assert cache_format.member_rel(f"{cache_format.TOP}/{rel}", "x.tar") == rel
+    meta = cache_format.parse_meta({"format": cache_format.FORMAT, "manifest": [], "fingerprint": {
         "flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/c", "jit_dir": "/j"},
                                  "modules": [{"name": PREFILL, "files": {rel: "0" * 64}}]}, "meta.json")
     assert meta.modules[0].name == PREFILL
@@ -49,7 +51,7 @@ def test_a_directory_export_that_fails_leaves_nothing_behind(tmp_path):
     out = tmp_path / "export"
     files = [("jit/m/good.so", good), ("jit/m/gone.so", tmp_path / "gone.so")]  # the second cannot be read
     with pytest.raises(FileNotFoundError):
-        cache_export._write_directory(str(out), b"{}", files, cache_export.Budget(cache_export.Limits()))
+        cache_export._write_directory(str(out), b"{}", files, cache_format.Budget(cache_format.Limits()))
     assert sorted(os.listdir(tmp_path)) == ["good.so"]
 
 
@@ -60,8 +62,8 @@ def test_a_directory_export_is_put_in_place_whole(tmp_path):
     out.mkdir()  # an empty directory of yours is taken
     blob = json.dumps({"format": 1}).encode()
     cache_export._write_directory(str(out), blob, [("jit/m/good.so", good)],
-                                  cache_export.Budget(cache_export.Limits()))
-    top = out / cache_export.TOP
+                                  cache_format.Budget(cache_format.Limits()))
+    top = out / cache_format.TOP
     assert (top / "jit" / "m" / "good.so").read_bytes() == b"x" * 100 and (top / "meta.json").read_bytes() == blob
     assert sorted(os.listdir(tmp_path)) == ["export", "good.so"]
 
@@ -91,3 +93,21 @@ def test_an_export_into_a_directory_of_your_own_is_written(tmp_path):
     out = tmp_path / "mine" / "out.tar.gz"
     out.parent.mkdir()
     assert cache_export.export([], _session(), str(out)) == [] and out.is_file()
+
+
+@given(st.text(alphabet=st.characters(blacklist_characters="/\0"), min_size=1, max_size=200),
+       st.sampled_from(["", ".tar", ".tar.gz", ".TGZ", ".tar.xz", ".zip", ".gz", ".7z"]))
+def test_the_output_name_check_property(tmp_path, stem, suffix):
+    """Any output name: accepted (a new directory, or an archive name export writes), or our refusal with a
+    bounded message and a fix; an archive name export writes is never refused for its name, and the check
+    creates nothing (P4, P8)."""
+    out = str(tmp_path / (stem + suffix))
+    before = sorted(os.listdir(tmp_path))
+    try:
+        cache_export.check_out(out)
+    except cache_format.CacheError as exc:
+        assert exc.kind in ("usage", "exists") and exc.fix and len(str(exc)) < 2000
+        assert exc.kind == "exists" or not out.lower().endswith(cache_export.ARCHIVES)
+    else:
+        assert out.lower().endswith(cache_export.ARCHIVES) or suffix not in (".tar.xz", ".zip", ".gz", ".7z")
+    assert sorted(os.listdir(tmp_path)) == before

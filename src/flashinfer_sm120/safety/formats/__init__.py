@@ -7,7 +7,7 @@ kind of value; paths we write are joined by :func:`safe_join` and created by
 
 This package exports what every process reads through (:mod:`.base`, :mod:`.reads`, :mod:`.grammar`,
 :mod:`.paths`); parsers only commands need are imported from their module so ``import flashinfer``
-loads none: :mod:`.flags`, :mod:`.params`, :mod:`.binary`, :mod:`.cli`.
+loads none: :mod:`.flags`, :mod:`.params`, :mod:`.binary`, :mod:`.cli`, :mod:`.tar`.
 """
 # threat-model: P2, P6 (outside input parsed once, at the edge, into typed values)
 

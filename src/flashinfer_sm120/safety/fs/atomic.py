@@ -18,6 +18,7 @@ import shutil
 import stat
 import tempfile
 import time
+from typing import BinaryIO, Callable
 
 __all__ = ["GRACE_S", "hold", "sweep", "temp_prefix", "write_atomic"]
 
@@ -78,27 +79,34 @@ def _same_file(path: str, st: os.stat_result) -> bool:
 
 def temp_prefix(path: str) -> str:
     """The name every temporary file of :func:`write_atomic` for ``path`` starts with (beside it)."""
-    return ".tmp-" + os.path.basename(path) + "."
+    return ".tmp-" + os.path.basename(path)[:200] + "."  # with mkstemp's 8 characters, a name Linux takes
 
 
-def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
+def write_atomic(path: str, data: bytes | Callable[[BinaryIO], None], *, mode: int = 0o600,
+                 replace: bool = True) -> None:
     """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never half: the
     one atomic writer (threat-model: P5).  A ``mkstemp`` file beside it (never a planted name), held
-    while written, given ``mode``, renamed over ``path``; removed on any failure.
+    while written, given ``mode``, renamed over ``path`` (``replace=False``: linked to it, so that it
+    fails with ``FileExistsError`` rather than replace anything there); removed on any failure.
+    ``data`` is the bytes, or a function that streams them into the open file (raising leaves nothing:
+    a copy checked while it is written).
 
     Raises:
-        OSError: as the file system reports it (the caller words the message).
+        OSError: as the file system reports it (the caller words the message); what ``data`` raises.
     """
     directory = os.path.dirname(path) or "."
     sweep(temp_prefix(path), directory)
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), dir=directory)
     try:
         hold(fd)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        with os.fdopen(os.dup(fd), "wb") as fh:
+            data(fh) if callable(data) else fh.write(data)
         os.fchmod(fd, mode)
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+            os.unlink(tmp)
     except BaseException:
         try:
             os.unlink(tmp)

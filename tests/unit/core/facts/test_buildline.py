@@ -177,22 +177,22 @@ def test_doctor_warns_for_jit_verbose(monkeypatch):
 
 
 def test_a_cache_export_carries_the_values_and_an_import_with_other_values_says_so():
-    from flashinfer_sm120.warmup import cache_export, cache_import
+    from flashinfer_sm120.warmup import cache_format, cache_import
     from flashinfer_sm120.warmup.session import BuildError
 
     fp = {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/c", "jit_dir": "/j"}
     there = dict(fp, build_vars=buildline.snapshot({"FLASHINFER_JIT_VERBOSE": "1"}))
-    meta = cache_export.parse_meta({"format": 1, "fingerprint": there, "modules": [], "manifest": []}, "meta.json")
+    meta = cache_format.parse_meta({"format": 1, "fingerprint": there, "modules": [], "manifest": []}, "meta.json")
     assert meta.fingerprint["build_vars"]["FLASHINFER_JIT_VERBOSE"] == "1"
     here = dict(fp, build_vars=buildline.snapshot({}))
     msg, fix = cache_import._mismatch(meta.fingerprint, here)
     assert fix and msg.startswith("the archive was built with other FlashInfer build-line variables "
                           "(FLASHINFER_JIT_VERBOSE=1 there, (unset) here)")
     assert cache_import._mismatch(meta.fingerprint, dict(fp, build_vars=there["build_vars"])) is None
-    older = cache_export.parse_meta({"format": 1, "fingerprint": fp, "modules": [], "manifest": []}, "meta.json")
+    older = cache_format.parse_meta({"format": 1, "fingerprint": fp, "modules": [], "manifest": []}, "meta.json")
     assert cache_import._mismatch(older.fingerprint, here) is None  # an export from before: nothing to compare
     with pytest.raises(BuildError, match="'build_vars' is not a set of FlashInfer's build-line variables"):
-        cache_export.parse_meta({"format": 1, "fingerprint": dict(fp, build_vars={"LD_PRELOAD": "x"}), "modules": [],
+        cache_format.parse_meta({"format": 1, "fingerprint": dict(fp, build_vars={"LD_PRELOAD": "x"}), "modules": [],
                               "manifest": []}, "meta.json")
 
 
@@ -219,13 +219,13 @@ def test_any_record_reads_as_a_snapshot_or_none(tmp_path, raw):
 
 @given(_json_value)
 def test_any_exported_build_vars_parse_or_refuse_with_our_error(value):
-    from flashinfer_sm120.warmup import cache_export
+    from flashinfer_sm120.warmup import cache_format
     from flashinfer_sm120.warmup.session import BuildError
 
     fp = {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/c", "jit_dir": "/j",
           "build_vars": value}
     try:
-        meta = cache_export.parse_meta({"format": 1, "fingerprint": fp, "modules": [], "manifest": []}, "meta.json")
+        meta = cache_format.parse_meta({"format": 1, "fingerprint": fp, "modules": [], "manifest": []}, "meta.json")
     except BuildError as exc:
         assert len(str(exc)) < 1000 and "build_vars" in str(exc)
     else:

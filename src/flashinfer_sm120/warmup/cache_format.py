@@ -1,0 +1,351 @@
+"""What a cache export is, and reading one as untrusted input.
+
+Layout (a new directory, or a ``.tar``/``.tar.gz``/``.tgz`` archive)::
+
+    flashinfer-sm120-cache/meta.json          fingerprint, modules (FlashInfer's and build's names), sha256 of every file
+    flashinfer-sm120-cache/jit/NAME/...       FlashInfer's module dir: objects, .so, build.ninja, ninja log/deps
+    flashinfer-sm120-cache/generated/...      sources FlashInfer generated for the module
+
+:func:`parse_meta` is the grammar of ``meta.json`` (an export is checked with it before it is written);
+:func:`check` reads an export without writing anything: an archive in one pass of
+:class:`~flashinfer_sm120.safety.formats.tar.TarReader` within :class:`Limits` (:func:`_walk`), a
+directory's meta.json; :func:`unpack` gives the folder the one install step (:mod:`.cache_import`)
+reads from, and :mod:`.cache_export` writes.  threat-model: P6, P7
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import platform
+import resource
+import shutil
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from flashinfer_sm120.core.facts import buildline
+from flashinfer_sm120.core.jitenv import manifest
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety import formats, oserrors
+from flashinfer_sm120.safety.formats.tar import TarReader
+from flashinfer_sm120.warmup.session import BuildError
+
+__all__ = ["TOP", "FORMAT", "MAX_META_BYTES", "FIX", "CacheError", "Limits", "Module", "Meta", "Budget",
+           "parse_meta", "refused", "member_rel", "over_cap", "file_sha256", "umask", "nvcc_targets",
+           "too_large", "check", "unpack"]
+
+TOP = "flashinfer-sm120-cache"
+FORMAT = 1
+#: Most parts of a path meta.json lists (``generated/a/b/...``); a member adds the top folder.
+_MAX_PARTS = 16
+#: Largest meta.json read (bytes): it carries manifest entries with their generated sources.
+MAX_META_BYTES = 64 << 20
+FIX = "give the path `flashinfer-sm120 cache export` wrote"
+_FINGERPRINT = {"flashinfer": str, "targets": list, "cuda_version": str, "cuda_home": str, "jit_dir": str}
+
+
+class CacheError(BuildError):
+    """A refused export or import.  ``kind`` says what kind of refusal (``archive``: the export
+    itself is not what `cache export` writes; ``mismatch``: it was made for another machine;
+    ``space``, ``permission``, ``path``, ``exists``...: :data:`flashinfer_sm120.safety.oserrors.BY_ERRNO`),
+    ``fix`` the fix alone (also at the end of the message).  threat-model: P8"""
+
+    def __init__(self, message: str, kind: str = "archive", fix: str = "") -> None:
+        super().__init__(message)
+        self.kind, self.fix = kind, fix
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.kind, self.fix))
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Caps on what an export writes and an import reads and writes (``--max-bytes``), the same for an
+    archive and a directory (threat-model: P6, P7): files, bytes and members counted on headers and
+    sizes before anything is written, and on the bytes actually read while copying; ``max_seconds``
+    bounds each pass over an archive."""
+
+    max_total: int = 32 << 30
+    max_file: int = 8 << 30
+    max_members: int = 100_000
+    max_seconds: float = 600.0
+
+    def max_stream(self) -> int:
+        """Most bytes one pass may read out of an archive's decompressor: the files, meta.json,
+        and a header and padding per member (threat-model: P6)."""
+        return self.max_total + MAX_META_BYTES + (self.max_members + 2) * 3 * 512
+
+
+@dataclasses.dataclass(frozen=True)
+class Module:
+    """One module of an export: FlashInfer's name, ``{relative path: sha256}`` (every jit/ path under
+    ``jit/<name>/``, every other under ``generated/``) and the name ``build`` gives it (``decode-bf16-hd128``;
+    FlashInfer's where none was recorded: a manifest's module, an export of 0.3.0 or before)."""
+
+    name: str
+    files: dict[str, str]
+    label: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Meta:
+    """An export's ``meta.json``, every field checked (:func:`parse_meta`)."""
+
+    format: int
+    fingerprint: dict[str, Any]
+    modules: tuple[Module, ...]
+    manifest: tuple[dict, ...]
+
+
+def refused(src: str, what: str) -> CacheError:
+    """The refusal of the whole export ``src`` for ``what``, with the fix."""
+    return CacheError(f"{src}: {what}; refusing the whole archive; {FIX}", "archive", FIX)
+
+
+def parse_meta(obj: Any, source: str) -> Meta:
+    """Check a decoded ``meta.json`` field by field (:mod:`flashinfer_sm120.safety.formats`).
+
+    :raises CacheError: the first field that is not of its grammar, named with a cut value; module
+        names are names, file paths relative paths of names under ``jit/<module>/`` or ``generated/``,
+        no path is both a file and a directory, every digest is SHA-256, manifest entries parse
+        (:func:`~flashinfer_sm120.core.jitenv.manifest.parse_entry`)."""
+    f = formats.field
+    try:
+        fmt = f(obj, "format", int, source, fix=FIX)
+        if fmt != FORMAT:
+            raise CacheError(f"{source} is export format {fmt}; this version reads {FORMAT}", "archive",
+                             f"export it again with this flashinfer-sm120 (format {FORMAT})")
+        fp_obj = f(obj, "fingerprint", dict, source, fix=FIX)
+        # threat-model: P6, P8 -- as many targets as a manifest entry may carry: more would be printed
+        # whole ("using the archive's targets ...") and refused as a too-long "--arch" never given
+        fp = {k: f(fp_obj, k, kind, f"{source} 'fingerprint'", fix=FIX,
+                   max_len=manifest._MAX_TARGETS if k == "targets" else 4096)
+              for k, kind in _FINGERPRINT.items()}
+        fp["targets"] = [formats.parse_target(t, f"{source} 'fingerprint'", fix=FIX) for t in fp["targets"]]
+        if "build_vars" in fp_obj:  # since flashinfer-sm120 0.2.x; older exports lack it
+            fp["build_vars"] = buildline.checked(fp_obj["build_vars"])
+            if fp["build_vars"] is None:
+                raise CacheError(f"{source}: 'fingerprint' 'build_vars' is not a set of FlashInfer's build-line "
+                                 f"variables; {FIX}", "archive", FIX)
+        mods, seen, names = [], {}, set()
+        for m in f(obj, "modules", list, source, fix=FIX, max_len=10_000):
+            name = formats.parse_name(f(m, "name", str, f"{source} module", fix=FIX), f"{source} module", fix=FIX)
+            if name in names:
+                raise CacheError(f"{source}: module {name} is listed twice; {FIX}", "archive", FIX)
+            names.add(name)
+            files = {}
+            for rel, sha in f(m, "files", dict, f"{source} module {name}", fix=FIX, max_len=100_000).items():
+                parts = formats.parse_relpath(rel, f"{source} module {name}", fix=FIX, max_parts=_MAX_PARTS)
+                if not ((parts[0] == "jit" and len(parts) > 2 and parts[1] == name)
+                        or (parts[0] == "generated" and len(parts) > 1)):
+                    raise CacheError(f"{source}: module {name} names {formats.shown(rel)}, outside jit/{name}/ "
+                                     f"and generated/; {FIX}", "archive", FIX)
+                files[rel] = formats.parse_sha256(sha, f"{source} module {name} {rel}", fix=FIX)
+                for i in range(1, len(parts) + 1):  # a path cannot be a file and a directory at once
+                    prefix = "/".join(parts[:i])
+                    kind = "file" if i == len(parts) else "dir"
+                    if seen.setdefault(prefix, kind) != kind:
+                        raise CacheError(f"{source}: {formats.shown(prefix)} is both a file and a directory; {FIX}",
+                                         "archive", FIX)
+            label = f(m, "label", str, f"{source} module {name}", default=name, fix=FIX)  # build's name; none in exports of 0.3.0
+            mods.append(Module(name, files, formats.parse_name(label, f"{source} module {name} label", fix=FIX)))
+        entries = [manifest.parse_entry(e, f"{source} manifest entry {i + 1}")
+                   for i, e in enumerate(f(obj, "manifest", list, source, default=[], fix=FIX, max_len=10_000))]
+    except FormatError as exc:
+        raise CacheError(str(exc), "archive", exc.fix or FIX) from None
+    return Meta(fmt, fp, tuple(mods), tuple(entries))
+
+
+def member_rel(name: str, src: str) -> str:
+    """``name`` (an archive member) relative to the top folder, refusing anything that could land
+    outside it: every part must be a name (no ``..``, no absolute part, no empty part, no backslash)."""
+    try:  # one more part than meta.json's paths may have: the top folder
+        parts = formats.parse_relpath(name, f"{src}: archive member", max_parts=_MAX_PARTS + 1)
+    except FormatError as exc:
+        raise refused(src, f"member {formats.shown(name)} is not a plain relative path ({exc})") from None
+    if parts[0] != TOP:
+        raise refused(src, f"member {formats.shown(name)} is outside {TOP}/")
+    return "/".join(parts[1:])
+
+
+class Budget:
+    """The bytes an export or import may still copy (``--max-bytes``), counted on the bytes actually
+    read, not on sizes a header or ``stat`` declared (a file may grow while read).  threat-model: P6"""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits, self.left = limits, limits.max_total
+
+    def take(self, n: int, src: object) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise over_cap(formats.shown(str(src), 300), "the export's files add up to more", self.limits,
+                           per_file=False)
+
+
+def over_cap(src: str, what: str, limits: Limits, *, per_file: bool) -> CacheError:
+    """The refusal of ``src`` for ``what`` (``member m is N bytes``) over the cap that refused it:
+    ``--max-bytes`` (the files' total; the fix says how to raise it), or the per-file cap, which no
+    option changes.  threat-model: P6, P8"""
+    if per_file:
+        return CacheError(f"{src}: {what}, over the per-file cap of {limits.max_file} bytes (which no "
+                          f"option changes); refusing the whole export; {FIX}", "archive", FIX)
+    fix = "pass a larger --max-bytes if you trust this export"
+    return CacheError(f"{src}: {what} than the {limits.max_total}-byte cap of --max-bytes (default 32G); "
+                      f"refusing the whole export; {fix}", "archive", fix)
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of the file at ``path``, as meta.json records each file of an export."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def umask() -> int:
+    """This process's umask, read without changing it (``/proc/self/status``); ``077`` if unknown."""
+    try:
+        for line in formats.read_text("/proc/self/status", 1 << 16).splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8) & 0o777
+    except (FormatError, ValueError, IndexError):
+        pass
+    return 0o077
+
+
+def nvcc_targets(targets: list[str]) -> str:
+    """Targets as nvcc and ``build`` spell them for the user: ``['12.0f', '12.1f']`` -> ``sm_120f sm_121f``."""
+    return " ".join("sm_" + t.replace(".", "") for t in targets)
+
+def _walk(src: str, limits: Limits, meta: Meta | None = None, into: Path | None = None) -> Meta:
+    """The one pass over the archive ``src`` that checks it (:class:`~flashinfer_sm120.safety.formats.tar.TarReader`
+    within :meth:`Limits.max_stream` and ``max_seconds``): each member on its header before its data
+    is read (a plain relative path under TOP/, ``meta.json`` first, a regular file or a directory, within
+    the member-count, per-file and total caps) and listed in meta.json.  meta.json is read from the
+    first member unless ``meta`` is given; with ``into``, each listed file is extracted there once its
+    header passed and the free space was checked.  threat-model: P6, P7
+
+    :returns: the parsed meta.json (``meta`` when given)."""
+    count = total = 0
+    files: set[str] = set()
+    dirs: set[str] = set()
+    try:
+        with TarReader(src, max_bytes=limits.max_stream(), max_seconds=limits.max_seconds, fix=FIX,
+                       cap="the files' cap of cache import --max-bytes, plus meta.json and headers") as tar:
+            for m in tar:
+                count += 1
+                if count > limits.max_members:
+                    raise refused(src, f"it has more than {limits.max_members} members")
+                rel = member_rel(m.name, src)
+                if count == 1 and rel != "meta.json":
+                    raise refused(src, f"its first member is {formats.shown(m.name)}, not {TOP}/meta.json")
+                if not (m.isfile() or m.isdir()):
+                    raise refused(src, f"member {formats.shown(m.name)} is a link or device")
+                if m.isfile() and m.size > limits.max_file:
+                    raise over_cap(src, f"member {formats.shown(m.name)} is {m.size} bytes", limits, per_file=True)
+                if count == 1:  # meta.json: within MAX_META_BYTES, not the files' total
+                    meta = meta or _meta_member(src, tar, m)
+                    files = {rel for mod in meta.modules for rel in mod.files}
+                    dirs = {"/".join(r.split("/")[:i]) for r in files for i in range(1, r.count("/") + 1)}
+                    continue
+                total += m.size if m.isfile() else 0
+                if total > limits.max_total:
+                    raise over_cap(src, "its files add up to more", limits, per_file=False)
+                if m.isdir():
+                    if rel and rel not in dirs:
+                        raise refused(src, f"directory {formats.shown(m.name)} is not part of any module in meta.json")
+                elif rel not in files:
+                    raise refused(src, f"member {formats.shown(m.name)} is not listed in meta.json")
+                elif into is not None:
+                    _extract(src, tar, m, into)
+    except FormatError as exc:  # the reader's refusals
+        raise CacheError(str(exc), "archive", exc.fix or FIX) from None
+    if meta is None:
+        raise refused(src, f"it has no members (no {TOP}/meta.json)")
+    return meta
+
+
+def _meta_member(src: str, tar: TarReader, m: tarfile.TarInfo) -> Meta:
+    name = f"{src}: {TOP}/meta.json"
+    if not m.isfile():
+        raise CacheError(f"{src} has no {TOP}/meta.json; {FIX}", "archive", FIX)
+    if m.size > MAX_META_BYTES:
+        raise CacheError(f"{name} is {m.size} bytes, more than {MAX_META_BYTES}; {FIX}", "archive", FIX)
+    try:
+        return parse_meta(formats.loads_json(tar.read(m), name, fix=FIX), name)
+    except FormatError as exc:
+        raise CacheError(str(exc), "archive", exc.fix or FIX) from None
+
+
+def _file_size_limit() -> int | None:
+    """This process's limit on the size of a file it writes (``ulimit -f``, RLIMIT_FSIZE), or None."""
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def too_large(src: str, what: str, size: int) -> CacheError | None:
+    """The refusal of writing ``what`` (``size`` bytes, from the export ``src``) past this process's
+    file-size limit, which no other directory avoids (writing it fails with EFBIG).  threat-model: P6, P8"""
+    limit = _file_size_limit()
+    if limit is None or size <= limit:
+        return None
+    fix = f"raise the limit (`ulimit -f unlimited`, or above {size} bytes) in the shell that runs the command"
+    return CacheError(f"{src}: {what} is {size} bytes, more than this process's file-size limit of {limit} bytes "
+                      f"(ulimit -f, RLIMIT_FSIZE); {fix}", "limit", fix)
+
+
+def _extract(src: str, tar: TarReader, m: tarfile.TarInfo, into: Path) -> None:
+    problem = too_large(src, formats.shown(m.name), m.size)
+    if problem:
+        raise problem
+    free = shutil.disk_usage(into).free
+    if m.size > free:  # threat-model: P6
+        fix = "free space there or set TMPDIR to a larger disk"
+        raise CacheError(f"{src}: {m.name} needs {m.size} bytes and {into} has {free} free; {fix}", "space", fix)
+    try:
+        tar.extract(m, into)  # threat-model: P6 (PEP 706 data filter)
+    except OSError as exc:
+        p = oserrors.describe(exc, into, "set TMPDIR to another directory")
+        raise CacheError(f"{src}: unpacking {formats.shown(m.name)}: {p.message}; {p.fix}", p.kind, p.fix) from None
+
+
+def _top(src: str) -> Path:
+    root = Path(src) / TOP
+    if os.path.islink(root) or not root.is_dir():
+        raise CacheError(f"{src} has no {TOP}/ folder (or it is a symlink); {FIX}", "archive", FIX)
+    return root
+
+
+def check(src: str, limits: Limits = Limits()) -> Meta:
+    """Check an export without writing anything and return its meta.json: an archive whole, in one pass
+    (:func:`_walk`); a directory's top folder and meta.json (read bounded, no link followed), its files
+    one by one when installed.
+
+    :raises CacheError: the first unsafe member, an unreadable export, or a bad meta.json."""
+    if not os.path.isdir(src):
+        return _walk(src, limits)
+    name = f"{src}/{TOP}/meta.json"
+    try:
+        raw = formats.read_bytes(formats.safe_join(_top(src), "meta.json", src, fix=FIX), MAX_META_BYTES,
+                                 follow=False, fix=FIX)
+        return parse_meta(formats.loads_json(raw, name, fix=FIX), name)
+    except FormatError as exc:
+        raise CacheError(str(exc), "archive", exc.fix or FIX) from None
+
+
+def unpack(src: str, into: Path, meta: Meta, limits: Limits) -> Path:
+    """The folder to read the export's files from: ``src/TOP`` for a directory export (read in place;
+    each file is opened without following links, see :func:`_copy_verified`), else the archive's
+    listed files, unpacked below ``into`` by :func:`_walk`."""
+    if os.path.isdir(src):
+        return _top(src)
+    if not hasattr(tarfile, "data_filter"):  # PEP 706 came in 3.10.12, 3.11.4, 3.12 (Debian 12: 3.11.2)
+        fix = ("use a Python with tarfile's extraction filters (3.10.12+, 3.11.4+, 3.12+), or export a "
+               "directory (cache export OUT, OUT not ending in .tar...) and import that")
+        raise CacheError(f"cannot unpack {src}: this Python {platform.python_version()} has no tarfile extraction "
+                         f"filters, and archives are unpacked only with the 'data' filter", "python", fix)
+    _walk(src, limits, meta, into)
+    return into / TOP
