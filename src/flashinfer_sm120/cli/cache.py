@@ -81,7 +81,6 @@ def run_export(args: argparse.Namespace) -> int:
         stage = "manifest" if args.manifest else "module"
         if args.manifest:
             entries, skipped, sess = _manifest_entries(args)
-            labels = {}
         else:
             stage = "setup"
             session.apply_server_cache()  # the JIT dir the server installed here uses (SGLang's)
@@ -89,12 +88,12 @@ def run_export(args: argparse.Namespace) -> int:
             arch = args.arch or _built_arch()
             session.set_arch(arch)
             stage = "module"
-            entries, skipped, sess, labels = cache_export.built_entries(
+            entries, skipped, sess = cache_export.built_entries(
                 args.modules, args.all, arch, head_dims=args.head_dim, dtypes=args.dtype,
                 kv_dtypes=args.kv_dtype, acts=args.act)
         doc["fingerprint"] = sess.fingerprint()
         stage = "export"
-        names = cache_export.export(entries, sess, args.out, labels=labels, limits=_limits(args))
+        names = cache_export.export(entries, sess, args.out, limits=_limits(args))
     except (Sm120Error, OSError) as exc:  # BuildError, ModuleError, FormatError...: one document each
         return _failed(args, doc, stage, exc)
     doc["modules"] = ([{"module": label, "name": n, "status": "exported"} for label, n in names]

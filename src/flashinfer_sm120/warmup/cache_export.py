@@ -53,18 +53,17 @@ def _capturing():
 
 def built_entries(names: list[str], everything: bool, arch: str | None, *, head_dims=None, dtypes=None,
                   kv_dtypes=None, acts=None):
-    """``(entries, skipped, session, labels)`` for modules built here by the names ``build`` takes, so an
+    """``(entries, skipped, session)`` for modules built here by the names ``build`` takes, so an
     export needs no recorded manifest: a manifest entry (:func:`~flashinfer_sm120.core.jitenv.manifest.encode`
     of FlashInfer's own spec) per variant of ``names`` (every name ``build`` knows when ``everything``,
-    keeping those built here), ``(name, why)`` for what cannot be exported, and ``{FlashInfer's name:
-    build's}`` (``decode-bf16-hd128``), the names said to the user.
+    keeping those built here) and ``(name, why)`` for what cannot be exported.
 
     :raises ModuleError: an unknown name or variant flag.
     :raises BuildError: FlashInfer cannot be set up, or ``everything`` finds nothing built."""
     variants = _modules.expand(["all"] if everything else names, head_dims=head_dims, dtypes=dtypes,
                                kv_dtypes=kv_dtypes, acts=acts)
     sess = session.prepare(arch)  # the caller pointed the workspace at the server's (apply_server_cache)
-    entries, skipped, labels = [], [], {}
+    entries, skipped, exported = [], [], set()
     with _capturing():
         for v in variants:
             try:
@@ -79,17 +78,17 @@ def built_entries(names: list[str], everything: bool, arch: str | None, *, head_
                 skipped.append((v.label, entry.get("why", "")))
                 continue
             entries.append(entry)
-            labels[spec.name] = v.label
+            exported.add(spec.name)
     if everything:
         for d in sorted(sess.jit_dir.iterdir()) if sess.jit_dir.is_dir() else ():
-            if d.is_dir() and d.name not in labels and (d / f"{d.name}.so").exists():
+            if d.is_dir() and d.name not in exported and (d / f"{d.name}.so").exists():
                 skipped.append((d.name, "built with parameters `build` does not name; record a manifest "
                                         "(FLASHINFER_SM120_RECORD) and export with --from"))
         if not entries:
             raise BuildError(f"nothing `build` can name is built in {sess.jit_dir} for "
                              f"{nvcc_targets(sess.targets)}; build it first (`flashinfer-sm120 build "
                              f"--arch ... MODULE`) or give the same --head-dim/--dtype as the build")
-    return entries, skipped, sess, labels
+    return entries, skipped, sess
 
 
 def built_targets() -> dict[str, int]:
@@ -130,12 +129,12 @@ def check_out(out: str) -> None:
         raise CacheError(f"{out} already exists; {fix}", "exists", fix)
 
 
-def export(entries: list[dict], sess: Session, out: str, *, labels: dict[str, str] | None = None,
+def export(entries: list[dict], sess: Session, out: str, *,
            limits: Limits = Limits()) -> list[tuple[str, str]]:
     """Write the JIT cache entries of ``entries`` (built on this machine) to ``out``, a directory or an
     archive, with the same caps and free-space check for both (threat-model: P6, P7).
 
-    :returns: ``(build's name, FlashInfer's)`` of each module written (``labels``: build's names).
+    :returns: ``(build's name, FlashInfer's)`` of each module written (:func:`~flashinfer_sm120.warmup.modules.user_name`).
     :raises BuildError: a module is not built or not up to date here, ``out`` exists and is not an
         empty directory (never overwritten), is in a place another user controls, the files are over
         ``limits`` or do not fit on ``out``'s disk."""
@@ -144,14 +143,13 @@ def export(entries: list[dict], sess: Session, out: str, *, labels: dict[str, st
     from flashinfer_sm120.safety.ownership import check_place
 
     check_out(out)
-    labels = labels or {}
     files: list[tuple[str, Path]] = []
     mods = []
     gen_root = Path(jit_env.FLASHINFER_GEN_SRC_DIR)
     for entry in entries:
         spec = make_spec(entry, sess.flashinfer)
         if not spec.jit_library_path.exists() or ninjacmd.dry_run(pool.Job(spec.name, spec.build_dir, spec.ninja_path)):
-            raise BuildError(f"{labels.get(spec.name, spec.name)} is not built (or not up to date) for "
+            raise BuildError(f"{_modules.user_name(spec.name)} is not built (or not up to date) for "
                              f"{nvcc_targets(sess.targets)} here; "
                              "build it first (`flashinfer-sm120 build` with the same module names, or --from "
                              "MANIFEST)")
@@ -159,8 +157,7 @@ def export(entries: list[dict], sess: Session, out: str, *, labels: dict[str, st
                 if f.is_file() and not f.is_symlink() and not f.name.endswith((".lock", ".ninja_lock"))]
         mine += [("generated/" + p[len("@GEN@/"):], gen_root / p[len("@GEN@/"):]) for p in entry.get("generated") or {}]
         files += mine
-        mods.append({"name": spec.name, "label": labels.get(spec.name, spec.name),
-                     "files": {rel: file_sha256(f) for rel, f in mine}})
+        mods.append({"name": spec.name, "files": {rel: file_sha256(f) for rel, f in mine}})
     blob = json.dumps({"format": FORMAT, "fingerprint": sess.fingerprint(), "modules": mods, "manifest": entries,
                        "created": time.time()}, indent=1).encode()
     # threat-model: P7 (what export writes, import accepts: checked by the import's own grammar first)
@@ -185,7 +182,7 @@ def export(entries: list[dict], sess: Session, out: str, *, labels: dict[str, st
         _write_archive(out, blob, files)
     else:
         _write_directory(out, blob, files, Budget(limits))
-    return [(m["label"], m["name"]) for m in mods]
+    return [(_modules.user_name(m["name"]), m["name"]) for m in mods]
 
 
 def _check_space(out: str, total: int, limits: Limits) -> None:

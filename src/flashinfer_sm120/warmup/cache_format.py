@@ -30,6 +30,7 @@ from flashinfer_sm120.core.jitenv import manifest
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import formats, oserrors
 from flashinfer_sm120.safety.formats.tar import TarReader
+from flashinfer_sm120.warmup.modules import user_name
 from flashinfer_sm120.warmup.session import BuildError
 
 __all__ = ["TOP", "FORMAT", "MAX_META_BYTES", "FIX", "CacheError", "Limits", "Module", "Meta", "Budget",
@@ -81,12 +82,15 @@ class Limits:
 @dataclasses.dataclass(frozen=True)
 class Module:
     """One module of an export: FlashInfer's name, ``{relative path: sha256}`` (every jit/ path under
-    ``jit/<name>/``, every other under ``generated/``) and the name ``build`` gives it (``decode-bf16-hd128``;
-    FlashInfer's where none was recorded: a manifest's module, an export of 0.3.0 or before)."""
+    ``jit/<name>/``, every other under ``generated/``)."""
 
     name: str
     files: dict[str, str]
-    label: str = ""
+
+    @property
+    def label(self) -> str:
+        """The name ``build`` gives this module (``decode-bf16-hd128``), else FlashInfer's."""
+        return user_name(self.name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,8 +153,7 @@ def parse_meta(obj: Any, source: str) -> Meta:
                     if seen.setdefault(prefix, kind) != kind:
                         raise CacheError(f"{source}: {formats.shown(prefix)} is both a file and a directory; {FIX}",
                                          "archive", FIX)
-            label = f(m, "label", str, f"{source} module {name}", default=name, fix=FIX)  # build's name; none in exports of 0.3.0
-            mods.append(Module(name, files, formats.parse_name(label, f"{source} module {name} label", fix=FIX)))
+            mods.append(Module(name, files))
         entries = [manifest.parse_entry(e, f"{source} manifest entry {i + 1}")
                    for i, e in enumerate(f(obj, "manifest", list, source, default=[], fix=FIX, max_len=10_000))]
     except FormatError as exc:

@@ -200,7 +200,7 @@ def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Sessio
         # which FlashInfer does outside this lock too; the copy and settle below run under it.)
         why = _place_problem(paths) or _refusal(entries.get(mod.name), mod, sess, targets["generated"])
         if why:  # before any file of it is installed
-            report.append({"module": mod.label or mod.name, "name": mod.name, "status": "refused", "why": why})
+            report.append({"module": mod.label, "name": mod.name, "status": "refused", "why": why})
             continue
         made: list[Path] = []  # what this import wrote of the module that was not there before
         try:
@@ -218,7 +218,7 @@ def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Sessio
                     raise
         except OSError as exc:  # a full disk, a permission: said for this module; the ones before stay installed
             err = _os_error(exc, exc.filename or targets["jit"])
-            report.append({"module": mod.label or mod.name, "name": mod.name, "status": "failed", "why": str(err), "kind": err.kind,
+            report.append({"module": mod.label, "name": mod.name, "status": "failed", "why": str(err), "kind": err.kind,
                            "fix": err.fix})
             break
         report.append(r)
@@ -246,7 +246,7 @@ def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: boo
     differing = [str(content[rel]) for rel, h in here.items() if h != mod.files[rel]]
     present = len(here) == len(content) and not differing
     if differing and not force:  # threat-model: P5 (an existing different file is kept unless --force)
-        return {"module": mod.label or mod.name, "name": mod.name, "status": "kept existing",
+        return {"module": mod.label, "name": mod.name, "status": "kept existing",
                 "why": f"a different {differing[0]} is already here; pass --force to replace it"}
     if not present:
         for rel, (s_path, d) in paths.items():
@@ -260,7 +260,7 @@ def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: boo
             _copy_verified(s_path, d, mod.files[rel], limits, budget)
             if new:
                 made.append(d)
-    return {"module": mod.label or mod.name, "name": mod.name, "status": "already present" if present else "installed",
+    return {"module": mod.label, "name": mod.name, "status": "already present" if present else "installed",
             "replaced": differing}
 
 
