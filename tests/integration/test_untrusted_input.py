@@ -278,6 +278,8 @@ try:
     err = None
 except OSError as exc:  # E2BIG from FlashInfer's own ptxas probe: Linux starts no program with such an env
     err = exc.errno
+except ValueError:  # no nvcc can start to be checked (E2BIG), so FlashInfer is left alone and parses the junk itself
+    err = "ValueError"
 print("@@", flashinfer_sm120.status()["mode"], err, flush=True)
 """
 
@@ -297,7 +299,10 @@ def test_import_with_a_huge_arch_list_under_1gb_returns_with_a_short_message(cle
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(proc.stderr) < 64 << 10, f"{len(proc.stderr)} bytes on stderr"
     mode, err = proc.stdout.split(b"@@")[-1].split()
-    assert (mode, err) == (b"patched", b"None") or err == b"7", proc.stdout  # 7: E2BIG, see above
+    # 7: E2BIG, see above; in-process nothing can be run, so the toolkit is refused (P1) and FlashInfer's own
+    # parse of the list raises, as it does without flashinfer-sm120
+    assert (mode, err) == (b"patched", b"None") or err == b"7" or (how, mode, err) == (
+        "in-process", b"failed", b"ValueError"), proc.stdout
     size = 1 << 20 if how == "in-process" else 120 << 10
     assert f"FLASHINFER_CUDA_ARCH_LIST is {size} characters long".encode() in proc.stderr
 

@@ -433,7 +433,7 @@ def test_a_refusal_never_carries_what_a_terminal_would_act_on(tmp_path, capsys, 
         tar.addfile(info, io.BytesIO(b"x"))
     src = tmp_path / name
     src.write_bytes(buf.getvalue())
-    assert main(["cache", "import", str(src), *json_flag]) == 2
+    assert main(["cache", "import", str(src), *json_flag]) == 1  # a refused archive: exit 1 (docs/reference/cli.md)
     out, err = capsys.readouterr()
     acted_on = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
     shown = err + (json.loads(out)["error"]["message"] if json_flag else out)

@@ -51,7 +51,12 @@ def load(env: dict[str, str] | None = None) -> Loaded:
 
 def _changes(old: dict, new: dict, env: dict[str, str] | None) -> list[str]:
     """What differs between two :func:`~.laststatus.inputs`, each in words a user can act on (P8)."""
-    from flashinfer_sm120.safety.formats import shown
+    import functools
+
+    from flashinfer_sm120.safety.formats.base import MAX_WORD
+    from flashinfer_sm120.safety.formats.base import shown as _shown
+
+    shown = functools.partial(_shown, limit=MAX_WORD)  # paths whole, as people copy them; still bounded
 
     env = dict(os.environ if env is None else env)
     out: list[str] = []

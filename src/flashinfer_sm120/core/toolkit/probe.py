@@ -4,6 +4,7 @@ beside it; include and library directories pass the trust rule to be adopted."""
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
 import logging
 import os
@@ -129,6 +130,9 @@ def _run_nvcc_version(nvcc: str, timeout: float) -> tuple[str | None, str | None
     from flashinfer_sm120.safety import proc
 
     res = proc.run([nvcc, "--version"], timeout=timeout, max_output=NVCC_MAX_OUTPUT)
+    if res.errno == errno.E2BIG:
+        return None, (f"{res.error}: this process's environment is too large for any program to start, "
+                      f"not a fault of {nvcc}; shorten or unset the longest variable, then retry (not remembered)"), False
     if res.local:
         return None, (f"{res.error}: this process ran out of a resource of its own (processes, open "
                       f"files or memory), not a fault of {nvcc}; raise the limit (ulimit -u / -n) or "

@@ -220,7 +220,7 @@ def test_cache_import_refuses_an_export_whose_manifest_carries_other_source(warm
     shutil.rmtree(env["FLASHINFER_WORKSPACE_BASE"])  # a fresh machine
     proc = cli(["cache", "import", str(out), "--json"], env, fakegpu=True)
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    report = {m["module"]: m for m in json.loads(proc.stdout)["modules"]}
+    report = {m["name"]: m for m in json.loads(proc.stdout)["modules"]}  # "module" is build's name
     assert report[decode["name"]]["status"] == "refused", report
     assert "differs from what FlashInfer" in report[decode["name"]]["why"]
     assert report[act["name"]]["status"] == "refused", report
