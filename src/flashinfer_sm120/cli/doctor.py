@@ -43,10 +43,11 @@ def run_doctor(args: argparse.Namespace) -> int:
         server_cache = apply_server_cache(strict=False)
     except Exception as exc:
         server_cache = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    from flashinfer_sm120.core.facts import precompiled
     from flashinfer_sm120.warmup import buildreport
 
     report = collect(args.timeout, say=say, server_cache=server_cache, arch=args.arch,
-                     extra=(("builds", buildreport.doctor_section),))
+                     extra=(("builds", buildreport.doctor_section), ("precompiled", precompiled.doctor_section)))
     diagnosis = diagnose(report)
     report["diagnosis"] = diagnosis.to_dict()
     if args.json:
@@ -207,6 +208,7 @@ def _verbose(r: dict, d) -> list[str]:
     """Everything: the verdict and findings, then each part in full."""
     from flashinfer_sm120.cli import doctor_sections as sections
     from flashinfer_sm120.cli.enable import autoload_lines
+    from flashinfer_sm120.core.facts import precompiled
     from flashinfer_sm120.core.jitenv import environ
     from flashinfer_sm120.warmup import buildreport
 
@@ -265,7 +267,8 @@ def _verbose(r: dict, d) -> list[str]:
     out += [f"  {line}" for line in environ.describe(a.get("exported", {}))]
     for key, lines in (("ninja", sections.ninja_lines), ("servers", sections.servers_lines),
                        ("build_line", sections.build_line_lines), ("inventory", sections.inventory_lines),
-                       ("caches", sections.caches_lines), ("builds", buildreport.doctor_lines)):
+                       ("caches", sections.caches_lines), ("builds", buildreport.doctor_lines),
+                       ("precompiled", precompiled.doctor_lines)):
         section = r.get(key)
         if section is None:  # not collected (a report written by hand)
             continue
