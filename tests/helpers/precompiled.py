@@ -15,7 +15,7 @@ def install_provider(site: Path, modules: list[str], *, archs=("sm120f",), versi
     ``version`` declaring ``archs`` and shipping an (empty) ``.so`` for each of ``modules``; returns ``site``."""
     site.mkdir(parents=True, exist_ok=True)
     if not (site / "flashinfer_jit_cache").exists():
-        shutil.copytree(STANDINS / "flashinfer_jit_cache", site / "flashinfer_jit_cache",
+        shutil.copytree(STANDINS / "precompiled" / "flashinfer_jit_cache", site / "flashinfer_jit_cache",
                         ignore=shutil.ignore_patterns("__pycache__"))
     for old in [*site.glob("flashinfer_jit_cache-*.dist-info"), *site.glob(f"flashinfer_jit_cache_{tag}-*.dist-info")]:
         shutil.rmtree(old)

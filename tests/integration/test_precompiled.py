@@ -2,7 +2,8 @@
 leaves to them, and FlashInfer's own minimal provider selection under the seed (P1, P7).
 
 The provider is a stand-in installed as a dist-info with entry_points.txt in a temp site directory
-(tests/helpers/precompiled.py); the shim package is tests/standins/flashinfer_jit_cache."""
+(tests/helpers/precompiled.py); the shim package is tests/standins/precompiled/flashinfer_jit_cache,
+off the stand-ins' import path (FlashInfer imports it wherever it is importable)."""
 
 import importlib
 import json
