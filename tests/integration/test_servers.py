@@ -187,11 +187,12 @@ def test_sglangs_own_jit_finds_the_exported_nvcc(server_env, real_nvcc13):
         from sglang.srt.utils.common import is_flashinfer_available
         res = __import__("flashinfer_sm120").resolve()
         print("@@" + json.dumps(dict(home=cuda_home(), ver=_jit_cuda_version(), chosen=res.home.path,
-                                     nvcc=str(res.choice.toolkit.nvcc_version), fi=is_flashinfer_available())))
+                                     nvcc=str(res.choice.toolkit.nvcc_version), fi=is_flashinfer_available(),
+                                     cuda=__import__("torch").cuda.is_available() and __import__("torch").version.cuda is not None)))
     """, env)
     assert out["home"] == out["chosen"], proc.stderr[-2000:]
     assert ".".join(map(str, out["ver"])) == ".".join(out["nvcc"].split(".")[:2])  # the nvcc's, not torch's
-    assert out["fi"] is False  # no GPU here: SGLang's check is torch.cuda.is_available()
+    assert out["fi"] is out["cuda"]  # SGLang's is_cuda(): a CUDA torch seeing a GPU (False with a CPU torch)
 
 
 def test_docs_say_what_the_servers_check_from_their_code():
