@@ -10,7 +10,7 @@ from helpers import TESTS
 from helpers.toolkits import script
 
 STANDINS = TESTS / "standins"
-DIST_INFO = {"vllm": "vllm-0.33.0.dist-info", "sglang": "sglang-0.5.23.dist-info"}
+DIST_INFO = {"vllm": "vllm-0.34.0.dist-info", "sglang": "sglang-0.5.23.dist-info"}
 
 
 def install_standins(site_dir: Path, *names: str) -> Path:

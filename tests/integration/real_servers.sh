@@ -6,7 +6,7 @@
 #   tests/integration/real_servers.sh install    # only create the venvs
 #   tests/integration/real_servers.sh check      # only the checks (venvs must exist)
 #
-# For each of vLLM (VLLM_SPEC, default vllm==0.33.0) and SGLang (SGLANG_SPEC, default
+# For each of vLLM (VLLM_SPEC, default vllm==0.34.0; FLASHINFER_SUBSTITUTE below) and SGLang (SGLANG_SPEC, default
 # sglang==0.5.23): a venv with the server from the registry plus this checkout, the .pth autoload
 # enabled, then, with the system toolkits hidden (unshare -m --propagation private: tmpfs over
 # /usr/local/cuda*, an empty non-executable file over /usr/local/bin/nvcc) and the venv's bin
@@ -30,8 +30,8 @@
 #   fallbacks         the guard's serving fallbacks (VLLM_USE_FLASHINFER_SAMPLER=0 ...) are
 #                     defined in the installed server's source; vLLM: every vllm/envs.py
 #                     FLASHINFER variable that defaults to True has one
-#   doctor            `flashinfer-sm120 doctor` names the ninja, the server's JIT dir and
-#                     vLLM's has_flashinfer()
+#   doctor            `flashinfer-sm120 doctor --verbose` names the ninja, the server's JIT dir
+#                     and vLLM's has_flashinfer()
 # 8 checks per server, 16 in all. Results: $WORK/summary.txt (PASS/FAIL per check, versions,
 # date); exit status 1 on any FAIL.
 # Needs root (unshare -m) and network access to the package index.
@@ -40,7 +40,9 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=${WORK:-/tmp/flashinfer-sm120-real-servers}
 PYTHON=${PYTHON:-python3}
-VLLM_SPEC=${VLLM_SPEC:-vllm==0.33.0}
+VLLM_SPEC=${VLLM_SPEC:-vllm==0.34.0}
+# vLLM 0.34.0 pins flashinfer-python==0.7.3, which this index does not serve: OLD=NEW, empty for none
+FLASHINFER_SUBSTITUTE=${FLASHINFER_SUBSTITUTE-0.7.3=0.7.4}
 SGLANG_SPEC=${SGLANG_SPEC:-sglang==0.5.23}
 SERVERS=${SERVERS:-vllm sglang}
 MODULE=${MODULE:-activation}
@@ -62,7 +64,35 @@ install_server() {
     fi
     echo "== $name: installing $(spec_of "$name") into $venv ($(date -u +%H:%M:%S))"
     "$PYTHON" -m venv "$venv"
-    nice -n 10 "$venv/bin/pip" install -q "$(spec_of "$name")"
+    local spec sub note="$WORK/$name-install-note.txt"
+    spec=$(spec_of "$name")
+    sub=$( [ "$name" = vllm ] && echo "$FLASHINFER_SUBSTITUTE" || true)
+    if [ -n "$sub" ]; then
+        # The server pins a FlashInfer this index does not serve: install the server without its
+        # dependencies, then its own requirements (from the wheel's METADATA, extras left out)
+        # with flashinfer-python==${sub#*=} in place of ==${sub%%=*}.
+        mkdir -p "$WORK/wheels"
+        nice -n 10 "$venv/bin/pip" download -q --no-deps -d "$WORK/wheels" "$spec"
+        "$venv/bin/python" - "$WORK/wheels" "$spec" "$sub" > "$WORK/$name-requirements.txt" <<'PY'
+import email, pathlib, sys, zipfile
+wheels, spec, sub = sys.argv[1:]
+name, version = spec.split("==")
+old, new = sub.split("=")
+whl = next(pathlib.Path(wheels).glob(f"{name}-{version}-*.whl"))
+with zipfile.ZipFile(whl) as z:
+    meta = email.message_from_bytes(z.read(f"{name}-{version}.dist-info/METADATA"))
+for req in meta.get_all("Requires-Dist"):
+    if "extra ==" not in req:
+        print(req.replace(f"flashinfer-python=={old}", f"flashinfer-python=={new}"))
+PY
+        grep -q "flashinfer-python==${sub#*=}" "$WORK/$name-requirements.txt"
+        nice -n 10 "$venv/bin/pip" install -q -r "$WORK/$name-requirements.txt"
+        nice -n 10 "$venv/bin/pip" install -q --no-deps "$spec"
+        echo "# $name: $spec installed with --no-deps, then its requirements with flashinfer-python==${sub#*=} in place of its pin ==${sub%%=*} (not served by this index)" > "$note"
+    else
+        nice -n 10 "$venv/bin/pip" install -q "$spec"
+        : > "$note"
+    fi
     # this checkout, editable: the checks run the code as it is now
     nice -n 10 "$venv/bin/pip" install -q -e "$ROOT"
     "$venv/bin/flashinfer-sm120" enable
@@ -97,6 +127,7 @@ check_server() {
     : > "$log"
     rm -rf "${WORK:?}/home-$name"   # a fresh HOME: empty JIT cache, no CUDA_HOME view yet
     echo "== $name: checks (log: $log)"
+    cat "$WORK/$name-install-note.txt" >> "$SUMMARY" 2>/dev/null || true
     "$py" "$ROOT/tests/integration/server_probe.py" versions "$name" >> "$SUMMARY"
 
     # has_flashinfer: off with the shim disabled, on with it (no system toolkit, no system ninja)
@@ -126,8 +157,8 @@ check_server() {
     echo "warm: $out" >> "$log"
     case "$out" in PASS*) result "$name" warm PASS "${out#PASS }" ;; *) result "$name" warm FAIL "$out" ;; esac
 
-    # doctor names the ninja, the server's JIT dir and (vLLM) has_flashinfer
-    hidden "$name" "$venv/bin/flashinfer-sm120" doctor --timeout 60 > "$WORK/$name-doctor.txt" 2>&1 || true
+    # doctor --verbose names the ninja, the server's JIT dir and (vLLM) has_flashinfer (plain doctor: one screen)
+    hidden "$name" "$venv/bin/flashinfer-sm120" doctor --verbose --timeout 60 > "$WORK/$name-doctor.txt" 2>&1 || true
     if grep -q "^Ninja" "$WORK/$name-doctor.txt" && grep -qi "JIT dir" "$WORK/$name-doctor.txt" \
         && { [ "$name" != vllm ] || grep -q "has_flashinfer" "$WORK/$name-doctor.txt"; }; then
         result "$name" doctor PASS "$(grep -m1 '^Ninja' "$WORK/$name-doctor.txt")"

@@ -39,7 +39,8 @@ def test_doctor_json_reports_candidates_choice_and_before_after(clean_env, tmp_p
     r = json.loads(proc.stdout)
     by_root = {c["root"]: c for c in r["candidates"]}
     assert by_root[str(fake)]["state"] == "rejected"
-    assert by_root[str(fake)]["why"].startswith("nvcc 12.8 cannot build sm_120f")
+    # with a CUDA torch the reasons start with its CUDA major (13 vs this 12.8): the arch reason is there too
+    assert "nvcc 12.8 cannot build sm_120f" in by_root[str(fake)]["why"]
     chosen = [c for c in r["candidates"] if c["state"] == "chosen"]
     assert len(chosen) == 1 and chosen[0]["nvcc_version"].startswith("13.")
     assert r["resolution"]["choice"]["targets"] == ["sm_120f"]

@@ -164,6 +164,10 @@ def test_missing_header_message_names_the_wheel_of_the_nvcc_release(tmp_path):
 def test_build_norm_without_cublas_fails_before_compiling(clean_env, tmp_path):
     """A toolkit without cuBLAS headers (what a CPU torch leaves): refused before any ninja file
     is written or nvcc runs, with the fix; the real compile would stop on the #include minutes in."""
+    import torch
+
+    if torch.version.cuda is not None:  # its CUDA wheels (cuBLAS included) are chosen over CUDA_HOME
+        pytest.skip(f"the premise is a CPU torch; this one is built for CUDA {torch.version.cuda}")
     fake = make_toolkit(tmp_path / "cuda-13.0", "13.0.88", curand=True,
                         nvcc_script="#!/bin/sh\necho \"$@\" >> \"$(dirname \"$0\")/ran\"\n"
                                     "echo 'Cuda compilation tools, release 13.0, V13.0.88'\n",

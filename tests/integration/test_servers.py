@@ -1,5 +1,5 @@
 """What vLLM and SGLang need at start-up, against stand-ins written from their released code
-(tests/standins: vLLM 0.33.0, SGLang 0.5.23; the real packages: tests/integration/real_servers.sh).
+(tests/standins: vLLM 0.34.0, SGLang 0.5.23; the real packages: tests/integration/real_servers.sh).
 
 Issue 12: 1 (vLLM's has_flashinfer needs ninja on PATH), 3 (SGLang moves FlashInfer's cache:
 build, build --from and doctor follow), 4 (what SGLang checks, from its code), 5 (doctor
@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import sys
 
 import pytest
@@ -186,11 +187,12 @@ def test_sglangs_own_jit_finds_the_exported_nvcc(server_env, real_nvcc13):
         from sglang.srt.utils.common import is_flashinfer_available
         res = __import__("flashinfer_sm120").resolve()
         print("@@" + json.dumps(dict(home=cuda_home(), ver=_jit_cuda_version(), chosen=res.home.path,
-                                     nvcc=str(res.choice.toolkit.nvcc_version), fi=is_flashinfer_available())))
+                                     nvcc=str(res.choice.toolkit.nvcc_version), fi=is_flashinfer_available(),
+                                     cuda=__import__("torch").cuda.is_available() and __import__("torch").version.cuda is not None)))
     """, env)
     assert out["home"] == out["chosen"], proc.stderr[-2000:]
     assert ".".join(map(str, out["ver"])) == ".".join(out["nvcc"].split(".")[:2])  # the nvcc's, not torch's
-    assert out["fi"] is False  # no GPU here: SGLang's check is torch.cuda.is_available()
+    assert out["fi"] is out["cuda"]  # SGLang's is_cuda(): a CUDA torch seeing a GPU (False with a CPU torch)
 
 
 def test_docs_say_what_the_servers_check_from_their_code():
@@ -231,7 +233,7 @@ def test_the_guard_adds_the_installed_servers_own_ways_around_after_the_fix(clea
     for text in ("VLLM_USE_FLASHINFER_SAMPLER=0", "--attention-backend TRITON_ATTN", "--sampling-backend pytorch",
                  "--attention-backend triton"):
         assert msg.index(text) > fix, (text, msg)
-    assert "vLLM 0.33.0: " in msg and "SGLang 0.5.23: " in msg
+    assert "vLLM 0.34.0: " in msg and "SGLang 0.5.23: " in msg
 
 
 def test_a_fallback_the_installed_source_lacks_is_said(tmp_path, monkeypatch):
@@ -257,7 +259,7 @@ def test_doctor_names_the_ninja_each_servers_check_and_jit_dir(server_env, tmp_p
     text = proc.stdout
     assert "Ninja (FlashInfer's JIT builds and 'flashinfer-sm120 build' run it): " in text, proc.stderr[-3000:]
     assert f"{wheel_ninja()} (ninja " in text
-    assert "vLLM 0.33.0: has_flashinfer()" in text and "SGLang 0.5.23: is_flashinfer_available()" in text
+    assert "vLLM 0.34.0: has_flashinfer()" in text and "SGLang 0.5.23: is_flashinfer_available()" in text
     assert "has_flashinfer() without flashinfer-sm120: False (no nvcc at /usr/local/cuda/bin/nvcc and no ninja" in text \
         or "has_flashinfer() without flashinfer-sm120: False (no ninja on PATH)" in text
     assert "has_flashinfer() once flashinfer-sm120 exports its toolkit: True" in text
@@ -304,8 +306,8 @@ def test_doctor_without_a_toolkit_says_the_cuda_version_is_torchs_and_refused_en
 
 
 def test_the_fallbacks_are_every_flashinfer_default_of_the_stand_ins(tmp_path, monkeypatch):
-    """Each fallback is defined in the stand-ins' source (written from vLLM 0.33.0 and SGLang 0.5.23),
-    and every vllm/envs.py variable that turns a FlashInfer path on by default has one."""
+    """Each fallback is defined in the stand-ins' source (written from vLLM 0.34.0 and SGLang 0.5.23),
+    and every vllm/envs.py variable that defaults to on has one, or is named as tuning only."""
     site = install_standins(tmp_path / "site", "vllm", "sglang")
     monkeypatch.syspath_prepend(str(site))
     importlib.invalidate_caches()
@@ -319,8 +321,29 @@ def test_the_fallbacks_are_every_flashinfer_default_of_the_stand_ins(tmp_path, m
     envs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(envs)
     on = sorted(k for k, get in envs.environment_variables.items() if "FLASHINFER" in k and get() is True)
-    assert on == ["VLLM_ALLREDUCE_USE_FLASHINFER", "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", "VLLM_USE_FLASHINFER_SAMPLER"]
-    texts = [fb.text for fb in servers.newest("vllm").fallbacks]
-    assert [k for k in on if f"{k}=0" not in texts] == []
+    assert on == ["VLLM_ALLREDUCE_USE_FLASHINFER", "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER",
+                  "VLLM_FLASHINFER_CUTEDSL_MOE_LOCALIZE_MEMSET_OVERLAP", "VLLM_USE_FLASHINFER_SAMPLER"]
+    vllm = servers.newest("vllm")
+    assert vllm.uncovered(on) == []
+    # 0.34.0's MEMSET_OVERLAP is covered as tuning only, not by a "=0" fallback (turning it off serves
+    # with FlashInfer all the same); a new on-by-default variable is neither
+    assert "VLLM_FLASHINFER_CUTEDSL_MOE_LOCALIZE_MEMSET_OVERLAP=0" not in [fb.text for fb in vllm.fallbacks]
+    assert vllm.uncovered(on + ["VLLM_USE_FLASHINFER_SOMETHING_NEW"]) == ["VLLM_USE_FLASHINFER_SOMETHING_NEW"]
     sg = servers.newest("sglang").fallbacks
     assert all(fb.default and "sglang/srt/" in fb.default for fb in sg)  # each names the file that decides it
+
+
+def test_the_vllm_row_covers_0_33_and_0_34_and_assumes_newer(tmp_path, monkeypatch):
+    """vLLM 0.33.0 and 0.34.0 have the same has_flashinfer() (vllm/utils/flashinfer.py): one row, read
+    from 0.34.0; 0.35 is checked as 0.34.0 and says so (P7)."""
+    site = install_standins(tmp_path / "site", "vllm")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    assert [i.label() for i in servers.installed()] == ["vLLM 0.34.0"]
+    for version, label in (("0.33.0", "vLLM 0.33.0"), ("0.35.0", "vLLM 0.35.0; checks as read from 0.34.0")):
+        for old in site.glob("vllm-*.dist-info"):
+            shutil.rmtree(old)
+        (site / f"vllm-{version}.dist-info").mkdir()
+        (site / f"vllm-{version}.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+        importlib.invalidate_caches()
+        assert [i.label() for i in servers.installed()] == [label]

@@ -268,7 +268,11 @@ def test_wrappers_really_shipped_are_accepted(tmp_path):
 
 _ARCH_CHILD = r"""
 import os, resource, sys
-resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+import torch
+# 1 GB in all with a CPU torch; a CUDA torch maps more than that by itself: 1 GB beyond what it maps
+vm = int(next(ln for ln in open("/proc/self/status") if ln.startswith("VmSize:")).split()[1]) << 10
+limit = 1 << 30 if torch.version.cuda is None else vm + (1 << 30)
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 if sys.argv[1] == "in-process":
     os.environ["FLASHINFER_CUDA_ARCH_LIST"] = "x " * (1 << 19)   # 1 MiB of junk: more than execve carries
 import helpers.fakegpu, flashinfer_sm120

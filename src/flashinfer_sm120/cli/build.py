@@ -104,6 +104,7 @@ def _build(args: argparse.Namespace) -> dict:
         if e.get("targets") and sorted(e["targets"]) != sess.targets and e.get("regenerable"):
             print(f"note: {e['name']} was recorded for {' '.join(e['targets'])}, building for "
                   f"{' '.join(sess.targets)}", file=sys.stderr)
+    labelled, shipped = _not_shipped(labelled, sess)
     stats: dict = {}
     if args.ninja_only:
         session.write_ninjas([s for _, s in labelled])
@@ -115,6 +116,7 @@ def _build(args: argparse.Namespace) -> dict:
                                       mem_limit=args.mem_limit, mem_per_compile=args.mem_per_compile,
                                       env=user_env, step_timeout=args.step_timeout * 60)
         stats["wall_s"] = round(time.monotonic() - t0, 2)
+    results = shipped + results  # each said on stderr as not built, and why
     cache = None if args.ninja_only else _cache_line(buildopts.cache_report(before))
     if cache:
         print(cache["line"], file=sys.stderr)
@@ -137,6 +139,28 @@ def _build(args: argparse.Namespace) -> dict:
         modules=results, plan=stats.get("plan"), compiler_cache=cache,
         cannot_regenerate=[{"name": n, "why": w} for n, w in skipped],
         refused_settings=list(buildopts.setup_of(sess).refused))  # built without these (P2, P8)
+
+
+def _not_shipped(labelled: list, sess) -> tuple[list, list[dict]]:
+    """``labelled`` less the modules a matching jit-cache provider ships for the targets (FlashInfer
+    loads those instead of a JIT build), and a result for each of those, said on stderr."""
+    from flashinfer_sm120.core.facts import precompiled
+
+    pc = precompiled.read()
+    if not pc.providers:
+        return labelled, []
+    targets = [precompiled.tag(t) for t in sess.targets]
+    keep, shipped = [], []
+    for label, spec in labelled:
+        p = pc.shipped_by(spec.name, targets)
+        if p is None:
+            keep.append((label, spec))
+            continue
+        print(f"flashinfer-sm120: {label}: not built: {p.distribution} {p.version} ships {spec.name} for "
+              f"{', '.join(targets)} (FlashInfer loads it instead of a JIT build)", file=sys.stderr)
+        shipped.append({"module": label, "name": spec.name, "status": "shipped",
+                        "provider": f"{p.distribution} {p.version}"})
+    return keep, shipped
 
 
 def _cache_line(report: dict | None) -> dict | None:
@@ -208,6 +232,8 @@ def _print_human(summary: dict) -> None:
     for r in summary["modules"]:
         if r["status"] == "ninja written":
             print(f"ninja written {r['module']}: {r['ninja']}")
+        elif r["status"] == "shipped":
+            print(f"shipped {r['module']}: not built, {r['provider']} has it for these targets")
         elif r["status"] == "failed":
             print(f"FAILED {r['module']}:\n    " + (r["error"] or "").replace("\n", "\n    "))
         else:  # the directory once, below: each path holds FlashInfer's long module name twice

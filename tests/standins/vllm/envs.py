@@ -1,4 +1,5 @@
-# Stand-in written from vLLM 0.33.0 vllm/envs.py: the variables flashinfer-sm120 relies on and
+# Stand-in written from vLLM 0.34.0 vllm/envs.py (wheel vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl;
+# 0.33.0 has the same minus the two LOCALIZE variables): the variables flashinfer-sm120 relies on and
 # every FlashInfer variable whose default is True, read lazily through a module __getattr__ as the
 # real module does (the False-default VLLM_USE_FLASHINFER_MOE_INT4 stays: it is no default).
 import os
@@ -15,6 +16,12 @@ environment_variables = {
     "VLLM_USE_FLASHINFER_MOE_INT4": lambda: bool(int(os.getenv("VLLM_USE_FLASHINFER_MOE_INT4", "0"))),
     # FlashInfer all-reduce (vllm/distributed/device_communicators/cuda_communicator.py)
     "VLLM_ALLREDUCE_USE_FLASHINFER": lambda: bool(int(os.getenv("VLLM_ALLREDUCE_USE_FLASHINFER", "1"))),
+    # New in 0.34.0, read only with VLLM_USE_LOCALITY_DOMAINS=1 (default 0), by FlashInfer's CuteDSL NVFP4 MoE
+    "VLLM_USE_LOCALITY_DOMAINS": lambda: bool(int(os.getenv("VLLM_USE_LOCALITY_DOMAINS", "0"))),
+    "VLLM_FLASHINFER_CUTEDSL_MOE_LOCALIZE_MEMSET_OVERLAP": lambda: bool(
+        int(os.getenv("VLLM_FLASHINFER_CUTEDSL_MOE_LOCALIZE_MEMSET_OVERLAP", "1"))),
+    "VLLM_FLASHINFER_CUTEDSL_MOE_LOCALIZE_FREE_FULL_WEIGHTS": lambda: bool(
+        int(os.getenv("VLLM_FLASHINFER_CUTEDSL_MOE_LOCALIZE_FREE_FULL_WEIGHTS", "0"))),
 }
 
 

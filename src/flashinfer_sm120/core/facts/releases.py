@@ -70,7 +70,9 @@ _SM121A = _NORMALIZE + "SM 12.0 -> 120f, SM 12.x -> 12xa, RuntimeError below nvc
 _OLD_WS, _NEW_WS = "~/.cache/flashinfer/<arch>", "~/.cache/flashinfer/<version>/<arch>"
 
 #: ``(releases, row)``: first match wins.  Verified against the wheels on PyPI (0.4.x: the sdist)
-#: of 0.4.0, 0.5.0, 0.6.7, 0.6.8, 0.6.18, 0.7.1 and 0.7.4: ``flashinfer/compilation_context.py``
+#: of 0.4.0, 0.5.0, 0.6.7, 0.6.8, 0.6.18, 0.7.1, 0.7.2.post1 and 0.7.4 (0.7.3, vLLM 0.34.0's pin, is not
+#: on the index here; 0.7.2.post1 and 0.7.4 have the same compilation_context.py and every entry point
+#: of ``_GUARD`` and the patch steps): ``flashinfer/compilation_context.py``
 #: (the arch rules), ``flashinfer/jit/core.py`` (the flags) and ``flashinfer/jit/env.py``
 #: ``_get_workspace_dir_name()`` (the workspace, from ``TARGET_CUDA_ARCHS``).  Every release looks
 #: up prebuilt cubins and AOT modules in ``jit/env.py`` apart from the workspace, so a per-toolkit

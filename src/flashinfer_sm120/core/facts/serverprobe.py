@@ -22,7 +22,7 @@ __all__ = ["vllm_has_flashinfer", "workspace_base", "jit_dir_for", "running", "r
 
 
 def vllm_has_flashinfer(env: dict[str, str]) -> tuple[bool, str]:
-    """``(has_flashinfer(), why)`` as vLLM 0.33.0 computes it in a process with environment ``env``."""
+    """``(has_flashinfer(), why)`` as vLLM 0.33.0 and 0.34.0 compute it in a process with environment ``env``."""
     if importlib.util.find_spec("flashinfer") is None:
         return False, "flashinfer is not installed"
     cubin = env.get("VLLM_HAS_FLASHINFER_CUBIN", "0")

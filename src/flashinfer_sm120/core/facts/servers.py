@@ -4,8 +4,8 @@ One row per server release; a newer release is treated as its newest row (and sa
 here imports a server (that would initialise CUDA and run its start-up code); what an installed
 server does in a given environment, by these rows, is asked in :mod:`.serverprobe`.
 
-Verified against vllm 0.33.0 (``vllm/utils/flashinfer.py``, ``vllm/envs.py``; it never moves
-FlashInfer's cache nor sets its arch list) and sglang 0.5.23 (``sglang/__init__.py``,
+Verified against vllm 0.33.0 and 0.34.0 (``vllm/utils/flashinfer.py``, ``vllm/envs.py``: the same
+``has_flashinfer()``; neither moves FlashInfer's cache nor sets its arch list) and sglang 0.5.23 (``sglang/__init__.py``,
 ``sglang/srt/environ.py``, ``sglang/srt/utils/common.py``).  SGLang's ``set_cuda_arch()`` is called by
 ``ModelRunner.load_model()`` (``sglang/srt/model_executor/model_runner.py``) in a process that imported
 FlashInfer before (``model_runner`` -> ... -> ``modelopt_quant``: ``from flashinfer import mm_fp4``),
@@ -78,19 +78,29 @@ class ServerRelease:
     cache_rule: CacheRule | None
     arch_rule: ArchRule | None
     fallbacks: tuple[Fallback, ...]
+    #: ``(variable, why)``: FLASHINFER variables that default to on but only tune a FlashInfer path
+    #: that another option switches on, so turning them off is no fallback
+    tuning_only: tuple[tuple[str, str], ...] = ()
+
+    def uncovered(self, on_by_default: list[str]) -> list[str]:
+        """Of the server's FLASHINFER variables that default to on, those with neither a ``<name>=0``
+        fallback nor a :attr:`tuning_only` entry (each needs one of the two)."""
+        covered = {fb.text for fb in self.fallbacks}
+        tuning = {name for name, _ in self.tuning_only}
+        return [k for k in on_by_default if f"{k}=0" not in covered and k not in tuning]
 
 
 SERVERS: tuple[ServerRelease, ...] = (
     ServerRelease(
-        key="vllm", name="vLLM", versions=SpecifierSet(">=0.33,<0.34"), read_from=Version("0.33.0"),
+        key="vllm", name="vLLM", versions=SpecifierSet(">=0.33,<0.35"), read_from=Version("0.34.0"),
         flashinfer_check=("has_flashinfer() (vllm/utils/flashinfer.py): flashinfer importable, and "
                           "flashinfer-cubin (or VLLM_HAS_FLASHINFER_CUBIN=1) or both an nvcc "
                           "(CUDA_HOME, CUDA_PATH, which nvcc, /usr/local/cuda) and ninja on PATH"),
         needs_nvcc_and_ninja=True,
         nvcc_lookup="_flashinfer_nvcc_path() in vllm/utils/flashinfer.py",
         cache_rule=None,
-        arch_rule=None,  # vllm 0.33.0 never sets FLASHINFER_CUDA_ARCH_LIST
-        # Every FlashInfer-backed default of vLLM 0.33.0 (vllm/envs.py, vllm/platforms/cuda.py, the MoE
+        arch_rule=None,  # vllm 0.33.0 and 0.34.0 never set FLASHINFER_CUDA_ARCH_LIST
+        # Every FlashInfer-backed default of vLLM 0.33.0 and 0.34.0 (vllm/envs.py, vllm/platforms/cuda.py, the MoE
         # oracles); docs/servers.md says what each turns off, and which are left out and why.
         fallbacks=(
             Fallback("VLLM_USE_FLASHINFER_SAMPLER=0", "VLLM_USE_FLASHINFER_SAMPLER defaults to True (vllm/envs.py)",
@@ -108,6 +118,11 @@ SERVERS: tuple[ServerRelease, ...] = (
             Fallback("--moe-backend triton", "--moe-backend auto can pick flashinfer_cutlass/flashinfer_trtllm "
                      "(vllm/model_executor/layers/fused_moe/oracle/, vllm/config/kernel.py MoEBackend)",
                      (("engine/arg_utils.py", '"--moe-backend"'), ("config/kernel.py", '"triton",'))),
+        ),
+        tuning_only=(
+            ("VLLM_FLASHINFER_CUTEDSL_MOE_LOCALIZE_MEMSET_OVERLAP",
+             "0.34.0 vllm/envs.py: acts only with VLLM_USE_LOCALITY_DOMAINS=1 (default 0) on FlashInfer's "
+             "CuteDSL NVFP4 MoE, which --moe-backend chooses"),
         ),
     ),
     ServerRelease(

@@ -1,6 +1,7 @@
-# Stand-in written from vLLM 0.33.0 vllm/utils/flashinfer.py (PyPI wheel
-# vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl): has_flashinfer() and what it calls, without
-# vLLM's logger, torch or platform imports.
+# Stand-in written from vLLM 0.34.0 vllm/utils/flashinfer.py (PyPI wheel
+# vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl; has_flashinfer() and has_flashinfer_cubin() are
+# unchanged from 0.33.0): has_flashinfer() and what it calls, without vLLM's logger, torch or
+# platform imports.
 import functools
 import importlib.util
 import os
