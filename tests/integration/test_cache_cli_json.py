@@ -69,6 +69,9 @@ def test_export_failures_are_one_document_each(env, tmp_path):
     assert "--all" in doc["error"]["message"]
     doc = _failure(cli(["cache", "export", out, "sampling", "--json"], env), "out", "usage", 2)  # no GPU, no build
     assert "nothing is built here" in doc["error"]["message"] and "--arch" in doc["error"]["fix"], doc
+    doc = _failure(cli(["cache", "export", out, "sampling", "--arch", "12.0", "--json"], env), "out", "export")
+    msg = doc["error"]["message"]  # not built for this toolkit: which targets, nvcc and workspace were looked in
+    assert "sampling is not built" in msg and "sm_120f with nvcc 13." in msg and "/cached_ops" in msg, msg
     (tmp_path / "taken").write_text("")
     doc = _failure(cli(["cache", "export", str(tmp_path / "taken"), "--all", "--json"], env), "out", "exists")
     assert "already exists" in doc["error"]["message"]

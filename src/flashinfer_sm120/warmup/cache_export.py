@@ -150,9 +150,9 @@ def export(entries: list[dict], sess: Session, out: str, *,
         spec = make_spec(entry, sess.flashinfer)
         if not spec.jit_library_path.exists() or ninjacmd.dry_run(pool.Job(spec.name, spec.build_dir, spec.ninja_path)):
             raise BuildError(f"{_modules.user_name(spec.name)} is not built (or not up to date) for "
-                             f"{nvcc_targets(sess.targets)} here; "
+                             f"{nvcc_targets(sess.targets)} with nvcc {sess.cuda_version} in {sess.jit_dir}; "
                              "build it first (`flashinfer-sm120 build` with the same module names, or --from "
-                             "MANIFEST)")
+                             "MANIFEST), with the same CUDA_HOME/PATH as that build if it was made with another nvcc")
         mine = [(f"jit/{spec.name}/{f.name}", f) for f in sorted(spec.build_dir.iterdir())
                 if f.is_file() and not f.is_symlink() and not f.name.endswith((".lock", ".ninja_lock"))]
         mine += [("generated/" + p[len("@GEN@/"):], gen_root / p[len("@GEN@/"):]) for p in entry.get("generated") or {}]
