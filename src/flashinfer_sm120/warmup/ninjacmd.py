@@ -84,8 +84,8 @@ class Step:
 
 
 def steps(pid: int) -> list[Step]:
-    """The direct children of ``pid`` (Linux /proc; empty elsewhere); ``command`` is the one ninja
-    runs as ``/bin/sh -c COMMAND`` (empty once exited)."""
+    """The direct children of ``pid`` (Linux /proc; empty elsewhere) that are steps: ``command`` is the one
+    ninja runs as ``/bin/sh -c COMMAND`` (empty once exited); a child not yet exec'd is not listed."""
     out = []
     try:
         names = os.listdir("/proc")
@@ -101,8 +101,14 @@ def steps(pid: int) -> list[Step]:
                 argv = f.read().decode(errors="replace").split("\0")
         except (OSError, ValueError, IndexError):
             continue
-        command = argv[2] if len(argv) > 2 and argv[1] == "-c" else " ".join(argv).strip()
-        out.append(Step(int(name), command, fields[0] in ("Z", "X")))
+        exited = fields[0] in ("Z", "X")
+        if len(argv) > 2 and argv[1] == "-c":
+            command = argv[2]
+        elif exited:
+            command = ""
+        else:  # forked by ninja, not yet /bin/sh -c: its argv is still ninja's own
+            continue
+        out.append(Step(int(name), command, exited))
     return out
 
 

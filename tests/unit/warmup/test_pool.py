@@ -256,3 +256,26 @@ def test_progress_line_names_running_steps_elapsed_and_what_is_left(tmp_path):
     text = out.getvalue()
     assert "running: m/s0.cu (" in text, text
     assert "left: " in text and "3 steps" in text, text
+
+
+def test_only_children_running_a_step_are_steps():
+    """ninja forks, then execs ``/bin/sh -c COMMAND``: a child seen before the exec still carries
+    ninja's own argv and once showed as ``module//path/ninja -C …`` in the running line.  Only
+    ``sh -c`` children are steps, named by their command."""
+    from flashinfer_sm120.warmup.ninjacmd import steps
+
+    plain = subprocess.Popen(["sleep", "297.31"])
+    step = subprocess.Popen(["/bin/sh", "-c", "sleep 297.32; nvcc -c /x/sampling.cu -o /x/sampling.cuda.o"])
+    try:
+        for _ in range(600):  # until the shell has exec'd
+            found = {st.pid: st for st in steps(os.getpid())}
+            if step.pid in found and found[step.pid].command:
+                break
+            time.sleep(0.05)
+        assert plain.pid not in found
+        assert found[step.pid].command.startswith("sleep 297.32;")
+    finally:
+        plain.kill()
+        step.kill()
+        plain.wait()
+        step.wait()
