@@ -63,7 +63,7 @@ def test_doctor_without_targets_says_problem_and_the_fix_and_exits_1(clean_env, 
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
     lines = _screen(proc.stdout)
     assert lines[0].startswith("PROBLEM: no targets: no GPU visible and no FLASHINFER_CUDA_ARCH_LIST")
-    assert "Fix: doctor --arch 12.0" in " ".join(lines[:3])
+    assert "Fix: flashinfer-sm120 doctor --arch 12.0" in " ".join(lines[:3])
     verbose = cli(["doctor", "--verbose", "--timeout", "60"], clean_env)
     assert verbose.returncode == 1 and verbose.stdout.splitlines()[0] == lines[0]
     assert len(verbose.stdout.splitlines()) > len(lines) and "CUDA toolkits found (preference order):" in verbose.stdout

@@ -278,8 +278,8 @@ def add_parsers(sub) -> None:
                       "workspace to a new directory or archive that `cache import` installs on a machine "
                       "with the same FlashInfer, toolkit path and targets, without compiling. Exit status 0: "
                       "exported; 1: refused or failed (the message says why and the fix); 2: bad usage.")
-    e.add_argument("out", help="new directory, or an archive path ending .tar, .tar.gz or .tgz (other "
-                   "archive names are refused)")
+    e.add_argument("out", help="new directory, or an archive path ending .tar, .tar.gz or .tgz (another "
+                   "archive name is bad usage, exit 2)")
     e.add_argument("modules", nargs="*", metavar="MODULE",
                    help="modules as named for `flashinfer-sm120 build` (see build --list)")
     e.add_argument("--all", action="store_true", help="every module built here that `build` can name "

@@ -101,10 +101,10 @@ def _check_choice(report: dict) -> Iterable[Finding]:
         res = report["resolution"]
         if res.get("arch_list_error"):
             yield Finding(Level.PROBLEM, "no-targets", f"no targets: {res['arch_list_error']}",
-                          "give compute capabilities, e.g. doctor --arch 12.0")
+                          "give compute capabilities, e.g. flashinfer-sm120 doctor --arch 12.0")
         else:
             yield Finding(Level.PROBLEM, "no-targets", "no targets: no GPU visible and no FLASHINFER_CUDA_ARCH_LIST, "
-                          "so nothing can be built", "doctor --arch 12.0 (build --arch for the image; "
+                          "so nothing can be built", "flashinfer-sm120 doctor --arch 12.0 (build --arch for the image; "
                           "FLASHINFER_CUDA_ARCH_LIST=12.0 for a server)")
     if "resolution" in report:
         res = report["resolution"]
