@@ -233,3 +233,19 @@ def test_a_root_reached_through_another_uids_link_in_a_shared_base_is_not_pruned
     assert str(mine) not in find.fi_roots()
     os.lchown(link, 0, 0)  # the same link, root's: followed as before
     assert str(mine) in find.fi_roots()
+
+
+def test_a_view_of_another_layout_is_named_so_not_damaged(caches):
+    """A view an earlier flashinfer-sm120 wrote (layout 2: a shorter nvcc_fingerprint) is listed as
+    another version's, not as "damaged": upgrading is not damage (docs/using.md, cache prune)."""
+    import json
+
+    from flashinfer_sm120.core.view.meta import META_NAME, STUB
+
+    old = Path(caches["gone_view"]).parent / "cuda-13.0.88-0123456789ab"
+    (old / STUB).parent.mkdir(parents=True)
+    (old / STUB).write_bytes(b"\x7fELF" + b"\0" * 100)
+    (old / META_NAME).write_text(json.dumps({"layout": 2, "toolkit": "/none", "nvcc": "/none/bin/nvcc",
+                                             "nvcc_fingerprint": [1, 2, 3]}))
+    reason = listing(caches)[str(old)]["reason"]
+    assert "layout 2 of another flashinfer-sm120 version" in reason and "damaged" not in reason, reason

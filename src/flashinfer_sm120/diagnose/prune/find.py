@@ -129,14 +129,15 @@ def _scan_view(e: os.DirEntry, ent: Entry) -> None:
         return
     ent.last_used = times([os.path.join(e.path, STUB), e.path])
     try:
-        meta, problem = ViewMeta.from_json(formats.read_json_file(os.path.join(e.path, META_NAME), 64 << 10,
-                                                                  follow=False))
+        raw = formats.read_json_file(os.path.join(e.path, META_NAME), 64 << 10, follow=False)
+        meta, problem = ViewMeta.from_json(raw)
     except formats.FormatError as exc:
-        meta, problem = None, str(exc)
-    if meta is None:
+        raw, meta, problem = None, None, str(exc)
+    layout = raw.get("layout") if isinstance(raw, dict) else None
+    if type(layout) is int and layout != VIEW_LAYOUT:  # its other fields are another version's: not damage
+        ent.reason = f"layout {layout} of another flashinfer-sm120 version: never adopted again"
+    elif meta is None:
         ent.reason = f"damaged ({problem}): never adopted again"
-    elif meta.layout != VIEW_LAYOUT:
-        ent.reason = f"layout {meta.layout} of an older flashinfer-sm120: never adopted again"
     elif not os.path.isfile(meta.nvcc):
         ent.reason = f"its toolkit is gone ({meta.nvcc} no longer exists)"
     elif fingerprint(meta.nvcc) != meta.nvcc_fingerprint:
