@@ -206,8 +206,11 @@ def test_a_step_past_its_deadline_is_killed_with_its_group_and_named(tmp_path, m
 
 
 INTERRUPTED_POOL = """
-import faulthandler, io, sys
+import faulthandler, io, signal, sys
 faulthandler.dump_traceback_later(200, exit=True)  # a hang shows where it waits, before the test's bound
+# Ctrl-C as at a terminal: a runner started in the background by a non-interactive shell passes
+# SIGINT down ignored (POSIX), and Python then keeps it ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, "tests")
 from pathlib import Path
 from flashinfer_sm120.warmup import pool
