@@ -3,6 +3,7 @@ up-to-date said once), per-module ninja logs that FlashInfer's own ninja run acc
 
 import io
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -270,7 +271,8 @@ def test_only_children_running_a_step_are_steps():
     from flashinfer_sm120.warmup.ninjacmd import steps
 
     plain = subprocess.Popen(["sleep", "297.31"])
-    step = subprocess.Popen(["/bin/sh", "-c", "sleep 297.32; nvcc -c /x/sampling.cu -o /x/sampling.cuda.o"])
+    step = subprocess.Popen(["/bin/sh", "-c", "sleep 297.32; nvcc -c /x/sampling.cu -o /x/sampling.cuda.o"],
+                            start_new_session=True)  # its group is killed at the end: no sleep left behind
     try:
         for _ in range(600):  # until the shell has exec'd
             found = {st.pid: st for st in steps(os.getpid())}
@@ -281,6 +283,6 @@ def test_only_children_running_a_step_are_steps():
         assert found[step.pid].command.startswith("sleep 297.32;")
     finally:
         plain.kill()
-        step.kill()
+        os.killpg(step.pid, signal.SIGKILL)
         plain.wait()
         step.wait()
