@@ -10,6 +10,7 @@ import re
 import sys
 import time
 
+from flashinfer_sm120.core.facts.arch import nvcc_spelling
 from flashinfer_sm120.errors import Sm120Error
 from flashinfer_sm120.safety.formats import shown
 from flashinfer_sm120.safety.formats.cli import cli_int, cli_size
@@ -77,7 +78,7 @@ def _build(args: argparse.Namespace) -> dict:
     if own:
         print(f"flashinfer-sm120: {own.name} will build for {', '.join(own.targets)} (its {own.function} sets "
               f"{own.variable}={own.value} after FlashInfer's import; {own.how}): building that, as it will "
-              f"request it, in the JIT directory of {', '.join(_sm(t) for t in sess.targets)}", file=sys.stderr)
+              f"request it, in the JIT directory of {', '.join(nvcc_spelling(t) for t in sess.targets)}", file=sys.stderr)
     missing = _missing_headers(variants, sess) if not args.ninja_only else []
     if missing:  # before anything compiles: nvcc would stop on the #include minutes later
         raise _Stop("; ".join(missing))
@@ -132,7 +133,7 @@ def _build(args: argparse.Namespace) -> dict:
         f"{len(problems)} manifest line(s) refused (above)" if problems else None))) or None
     return buildjson.document(
         error, cuda_home=sess.cuda_home, cuda_version=sess.cuda_version, flashinfer=sess.flashinfer,
-        target_cuda_archs=[_sm(t) for t in sess.targets], jit_dir=str(sess.jit_dir), server=served,
+        target_cuda_archs=[nvcc_spelling(t) for t in sess.targets], jit_dir=str(sess.jit_dir), server=served,
         server_arch=own and {"variable": own.variable, "value": own.value, "targets": list(own.targets),
                              "function": own.function, "how": own.how},
         targets_from=sess.targets_from, pool_wall_s=stats.get("wall_s"),
@@ -177,10 +178,6 @@ def _cache_line(report: dict | None) -> dict | None:
                      "launcher is part of the compile line ninja records, so a server without it compiles "
                      "them again")
     return {"hits": report["hits"], "misses": report["misses"], "location": report["location"], "line": line}
-
-
-def _sm(target: str) -> str:
-    return "sm_" + target.replace(".", "")
 
 
 def arch_notes(value: str | None) -> list[str]:

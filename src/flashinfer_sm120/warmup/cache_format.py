@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from flashinfer_sm120.core.facts import buildline
+from flashinfer_sm120.core.facts.arch import nvcc_spelling
 from flashinfer_sm120.core.jitenv import manifest
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import formats, oserrors
@@ -221,7 +222,7 @@ def umask() -> int:
 
 def nvcc_targets(targets: list[str]) -> str:
     """Targets as nvcc and ``build`` spell them for the user: ``['12.0f', '12.1f']`` -> ``sm_120f sm_121f``."""
-    return " ".join("sm_" + t.replace(".", "") for t in targets)
+    return " ".join(nvcc_spelling(t) for t in targets)
 
 def _walk(src: str, limits: Limits, meta: Meta | None = None, into: Path | None = None) -> Meta:
     """The one pass over the archive ``src`` that checks it (:class:`~flashinfer_sm120.safety.formats.tar.TarReader`

@@ -11,7 +11,7 @@ from packaging.version import InvalidVersion, Version
 
 from flashinfer_sm120.errors import Sm120Error
 
-__all__ = ["ArchNotSupported", "MIN_NVCC", "NEWEST_KNOWN_NVCC", "RENAMED", "dropped_in", "target_key",
+__all__ = ["ArchNotSupported", "MIN_NVCC", "NEWEST_KNOWN_NVCC", "RENAMED", "dropped_in", "nvcc_spelling", "target_key",
            "candidate_targets", "format_target", "major_minor", "min_nvcc_for", "normalize", "target_supported"]
 
 # The first nvcc release that accepts each target.  Verified against the CUDA toolkit release notes
@@ -60,6 +60,11 @@ def major_minor(text: str | None) -> Version | None:
 def format_target(target: tuple[int, str]) -> str:
     """``(12, "0f") -> "sm_120f"``."""
     return f"sm_{target[0]}{target[1]}"
+
+
+def nvcc_spelling(target: str) -> str:
+    """A target as FlashInfer lists it, as nvcc and every message spell it: ``"12.0f" -> "sm_120f"``."""
+    return "sm_" + target.replace(".", "")
 
 
 def target_key(target: tuple[int, str]) -> str:

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from flashinfer_sm120.core.facts import servers
+from flashinfer_sm120.core.facts.arch import nvcc_spelling
 from flashinfer_sm120.core.toolkit.sources import flashinfer_naive_root
 
 __all__ = ["vllm_has_flashinfer", "workspace_base", "jit_dir_for", "running", "recorded", "fallbacks",
@@ -263,6 +264,6 @@ def server_arch(key: str, capabilities: list[tuple[int, int]], env: dict[str, st
         values = [f"{a}.{b}{rule.suffix}" if on and a >= rule.min_major else None for a, b in caps]
         how = (f"as in {row.name} {row.read_from}: {rule.variable}=<major>.<minor>{rule.suffix} for major >= "
                f"{rule.min_major} ({how})")
-    targets = tuple(dict.fromkeys("sm_" + v.replace(".", "") for v in values if v))
+    targets = tuple(dict.fromkeys(nvcc_spelling(v) for v in values if v))
     return ArchChoice(key, row.name, rule.variable, values[0] if values else None, targets,
                       f"{row.name.lower()}/{rule.file} {rule.function}()", how)
