@@ -129,8 +129,6 @@ class _Running:
         found = steps(self.proc.pid)
         for st in found:
             seen = self.seen.setdefault(st.pid, [step_name(st.command), now, None])
-            if st.command:
-                seen[0] = step_name(st.command)
             if st.exited:  # done: what still holds its output open is a leftover
                 _proc.signal_group(st.pid, signal.SIGKILL)  # ninja puts each step in its own group
                 continue
