@@ -290,12 +290,12 @@ def _run(argv: list[str], env: dict, timeout: float) -> tuple[int | None, str, s
 
 
 def _child_result(text: str, what: str) -> dict:
-    from flashinfer_sm120.safety import formats
+    from flashinfer_sm120.safety.formats.reads import loads_json
 
     line = next((ln for ln in reversed(text.splitlines()) if ln.startswith("@@")), None)
     if line is None:
         raise RuntimeError(f"{what} printed no result")
-    return formats.loads_json(line[2:], what, max_depth=8)
+    return loads_json(line[2:], what, max_depth=8)
 
 
 def _snapshot(jit_dir: str) -> dict:
@@ -367,9 +367,9 @@ def _build(rep: Report, args, env: dict) -> dict | None:
     rc, out, err = _run(argv, env, min(rep.left() - (150 if rep.data["cuda_available"] else 0), 420))
     secs = round(time.monotonic() - t, 1)
     try:
-        from flashinfer_sm120.safety import formats
+        from flashinfer_sm120.safety.formats.reads import loads_json
 
-        built = formats.loads_json(out, "flashinfer-sm120 build --json")
+        built = loads_json(out, "flashinfer-sm120 build --json")
     except Exception:
         built = None
     if rc != 0 or not isinstance(built, dict):

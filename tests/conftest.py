@@ -173,8 +173,8 @@ def caches(tmp_path, monkeypatch):
     """Our cache with a current and a stale view, FlashInfer's cache with current and stale workspaces."""
     from flashinfer_sm120.safety.fs import lease
     from flashinfer_sm120.core.facts.workspace import tag_for
-    from flashinfer_sm120.core.toolkit import inspect
-    from flashinfer_sm120.core.view import linkable_home
+    from flashinfer_sm120.core.toolkit.probe import inspect
+    from flashinfer_sm120.core.view.build import linkable_home
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASHINFER", "CUDA_", "SGLANG"))}
     env.update(HOME=str(tmp_path / "home"), FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "ours"),

@@ -26,14 +26,14 @@ __all__ = ["install", "revert", "status", "resolve", "__version__"]
 
 class _BoundedRecords(logging.Filter):
     """Every record of the ``flashinfer_sm120`` logger is cut to a bounded size
-    (:func:`flashinfer_sm120.safety.formats.bounded`: a run of over 1024 non-blank characters to its first
+    (:func:`flashinfer_sm120.safety.formats.base.bounded`: a run of over 1024 non-blank characters to its first
     80 and its length): messages quote environment values and paths, and a 100,000-character
     ``FLASHINFER_SM120_CACHE_DIR`` came back whole in the warning every ``import flashinfer`` printed.
     Never raises, never drops a record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
-            from flashinfer_sm120.safety.formats import bounded
+            from flashinfer_sm120.safety.formats.base import bounded
 
             msg = record.getMessage()
             cut = bounded(msg, max_len=16384)

@@ -160,7 +160,7 @@ def test_version_names_flashinfer_torch_and_the_chosen_nvcc(capsys, monkeypatch,
 
 
 def test_plural():
-    from flashinfer_sm120.safety.formats import plural
+    from flashinfer_sm120.safety.formats.base import plural
 
     assert [plural(1, "entry"), plural(2, "entry"), plural(0, "module"), plural(2, "day"),
             plural(1, "stale entry", "stale entries"), plural(3, "stale entry", "stale entries")] == [

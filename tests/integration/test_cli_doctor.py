@@ -247,7 +247,7 @@ def test_a_build_line_variable_and_modules_warmed_with_other_values_are_warnings
 def test_a_toolkit_whose_version_file_disagrees_with_its_nvcc_is_a_warning_with_the_fix(tmp_path, cache_dir):
     """A toolkit whose version.json disagrees with its nvcc is a warning with the fix on doctor's screen, not
     in ``doctor --json`` only (P1)."""
-    from flashinfer_sm120.core.toolkit import inspect
+    from flashinfer_sm120.core.toolkit.probe import inspect
     from helpers.toolkits import lying_toolkit
 
     lying = inspect(str(lying_toolkit(tmp_path / "cuda"))).to_dict()

@@ -421,7 +421,7 @@ def test_deep_version_json_falls_back_to_nvcc_version(tmp_path, cache_dir):
 
 def test_deep_view_json_in_cuda_home_is_not_a_view(tmp_path, cache_dir):
     """Issue 11, item 6."""
-    from flashinfer_sm120.core.toolkit import discover
+    from flashinfer_sm120.core.toolkit.sources import discover
 
     root = make_toolkit(tmp_path / "cuda", "13.0.88")
     (root / "flashinfer_sm120_view.json").write_text('{"toolkit": ' + DEEP + "}")

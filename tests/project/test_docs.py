@@ -144,7 +144,7 @@ _FIND_STEP_WORDS = {"FLASHINFER_NVCC": "`FLASHINFER_NVCC`", "CUDA_HOME": "`CUDA_
 
 
 def test_toolkit_page_lists_the_find_steps_in_the_code_s_order():
-    from flashinfer_sm120.core.toolkit import FIND_STEPS
+    from flashinfer_sm120.core.toolkit.sources import FIND_STEPS
 
     page = _page("toolkit.md")
     steps = page.split("## Where toolkits are looked for", 1)[1].split("Details that matter", 1)[0]

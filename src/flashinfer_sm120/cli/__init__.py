@@ -77,7 +77,7 @@ class _Parser(argparse.ArgumentParser):
         for opt in (e.group(1).split("/") if e else ()):  # `--mem-limit -5G`: argparse reads -5G as an option
             at = self.argv.index(opt) if opt in self.argv else -1
             if 0 <= at < len(self.argv) - 1 and self.argv[at + 1].startswith("-"):
-                from flashinfer_sm120.safety.formats import shown
+                from flashinfer_sm120.safety.formats.base import shown
 
                 value = self.argv[at + 1]
                 message += (f"; the value {shown(value, 80)} starts with '-' and was read as an option: "
@@ -85,7 +85,7 @@ class _Parser(argparse.ArgumentParser):
                 break
         m = re.match(r"argument [^:]+: invalid choice: '([^']*)' \(choose from (.*)\)$", message)
         if m:  # argparse quotes the bad choice whole: shown cut, as every value we name
-            from flashinfer_sm120.safety.formats import shown
+            from flashinfer_sm120.safety.formats.base import shown
 
             message = message.replace(f"'{m.group(1)}'", shown(m.group(1), 80), 1)
         if m and "maybe you meant" not in message:

@@ -10,7 +10,7 @@ import json
 import sys
 
 from flashinfer_sm120.errors import Sm120Error
-from flashinfer_sm120.safety.formats import plural
+from flashinfer_sm120.safety.formats.base import plural
 from flashinfer_sm120.safety.formats.cli import cli_float, cli_size
 from flashinfer_sm120.cli.common import bounded
 from flashinfer_sm120.cli.common import err as _err
@@ -236,7 +236,7 @@ def run_prune(args: argparse.Namespace) -> int:
 
 
 def _print_prune(report: dict, yes: bool) -> None:
-    from flashinfer_sm120.safety.formats import printable
+    from flashinfer_sm120.safety.formats.base import printable
     from flashinfer_sm120.cli.doctor_sections import human
 
     # threat-model: P8 -- paths are names found on disk (in a shared workspace base others name

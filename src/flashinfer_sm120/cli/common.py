@@ -8,7 +8,7 @@ __all__ = ["err", "bounded", "apply_arch", "ARCH_HELP"]
 
 
 def bounded(msg: str) -> str:
-    """``msg`` with long runs of input cut (:func:`flashinfer_sm120.safety.formats.bounded`).  ``enable`` and
+    """``msg`` with long runs of input cut (:func:`flashinfer_sm120.safety.formats.base.bounded`).  ``enable`` and
     ``disable`` must work with the rest of the package broken, so a failed import cuts plainly."""
     try:
         from flashinfer_sm120.safety.formats.base import bounded as cut

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import textwrap
 
-from flashinfer_sm120.safety.formats import plural, shown
+from flashinfer_sm120.safety.formats.base import plural, shown
 
 __all__ = ["WIDTH", "wrap", "ninja_lines", "servers_lines", "build_line_lines", "inventory_lines", "human",
            "caches_lines"]

@@ -12,7 +12,7 @@ import os
 import sys
 
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
-from flashinfer_sm120.safety.formats import printable
+from flashinfer_sm120.safety.formats.base import printable
 
 __all__ = ["add_parser", "run_status", "status_line", "exit_code", "EXIT_CODES"]
 

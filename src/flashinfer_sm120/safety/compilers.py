@@ -18,7 +18,7 @@ import dataclasses
 import os
 import re
 
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats import base, grammar, reads
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.ownership import trust_reason
 from flashinfer_sm120.safety.trust import trace
@@ -69,18 +69,18 @@ def which(name: str, path: str | None) -> tuple[str | None, str | None]:
         cand = os.path.join(d, name)
         if os.path.isfile(cand) and os.access(cand, os.X_OK):
             if relative:
-                return None, (f"names {formats.shown(name, 60)}, and PATH holds the relative entry "
-                              f"{formats.shown(relative, 40)} before {d}: ninja runs FlashInfer's compile lines "
+                return None, (f"names {base.shown(name, 60)}, and PATH holds the relative entry "
+                              f"{base.shown(relative, 40)} before {d}: ninja runs FlashInfer's compile lines "
                               f"in each module's build directory, where that entry names another place")
             return cand, None
-    return None, f"names {formats.shown(name, 60)}, which is not on PATH"
+    return None, f"names {base.shown(name, 60)}, which is not on PATH"
 
 
 def _program(word: str, path: str | None) -> tuple[str | None, str | None]:
     if os.path.isabs(word):
         return word, None
     if "/" in word:
-        return None, (f"names {formats.shown(word, 60)}, a relative path: ninja runs it from each module's "
+        return None, (f"names {base.shown(word, 60)}, a relative path: ninja runs it from each module's "
                       f"build directory, not from here")
     return which(word, path)
 
@@ -88,14 +88,14 @@ def _program(word: str, path: str | None) -> tuple[str | None, str | None]:
 def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str | None]:
     """``(program, other files it runs or names, problem)`` of a command value as FlashInfer's ninja
     line runs it (``cxx = $CXX``, then ``/bin/sh -c``): plain words only
-    (:func:`flashinfer_sm120.safety.formats.parse_command_words`); a launcher
+    (:func:`flashinfer_sm120.safety.formats.grammar.parse_command_words`); a launcher
     (:func:`flashinfer_sm120.safety.trust.hands_on`) hands on to its first non-option word (a shell's
     must be absolute); an interpreter whose program cannot be read here is refused; any existing
     absolute file among the words is listed too (it may be run)."""
     from flashinfer_sm120.safety.trust import SHELL_OPTIONS, hands_on
 
     try:
-        words = formats.parse_command_words(value, "the value")
+        words = grammar.parse_command_words(value, "the value")
     except FormatError as exc:
         return None, [], _what_is_wrong(exc)
     if "=" in words[0] and not words[0].startswith("/"):
@@ -122,7 +122,7 @@ def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str
                 return None, [], f"runs the shell {found} on the words FlashInfer appends"
             break  # a launcher of the compiler FlashInfer puts after it
         if kind == "shell" and not words[j].startswith("/"):
-            return None, [], (f"runs the shell {found} on {formats.shown(words[j], 60)}, which is not an "
+            return None, [], (f"runs the shell {found} on {base.shown(words[j], 60)}, which is not an "
                               f"absolute path")
         i = j
     others = [w for w in words if w.startswith("/") and os.path.isfile(w) and w not in programs]
@@ -206,7 +206,7 @@ def _named_path_problem(p: str) -> str | None:
     """Why the absolute path ``p`` a value names may not reach a build: existing, it fails the trust
     rule; absent, it lies where another user may create it first (and so decide what it holds)."""
     why = trust_reason(p, sticky_ok=False)  # an existing path is checked whole
-    return why if why is None or os.path.lexists(p) else (f"names {formats.shown(p, 200)}, which does not exist yet where another "
+    return why if why is None or os.path.lexists(p) else (f"names {base.shown(p, 200)}, which does not exist yet where another "
                                      f"user may create it ({why})")
 
 
@@ -218,7 +218,7 @@ def flags_problem(value: str, path: str | None) -> str | None:
         prog, problem = _ccbin_program(cc, path)
         problem = problem or trace(prog).problem
         if problem:
-            return f"its -ccbin {formats.shown(cc, 60)}: {problem}"
+            return f"its -ccbin {base.shown(cc, 60)}: {problem}"
     return next(filter(None, (_named_path_problem(p) for p in _named_paths(words))), None)
 
 
@@ -236,7 +236,7 @@ def check(env, chosen_nvcc: str, home: str) -> list[Verdict]:
     path = env.get("PATH")
     for var in VARIABLES:
         try:
-            value = formats.env_text(var, env, max_len=4096)
+            value = reads.env_text(var, env, max_len=4096)
         except FormatError as exc:
             out.append(Verdict(var, "(unreadable)", False, f"{exc}; not used"))
             continue
@@ -247,7 +247,7 @@ def check(env, chosen_nvcc: str, home: str) -> list[Verdict]:
                                "compiler, so its link rule '$cxx $in ...' would run the first object file. "
                                "Fix: unset CXX (FlashInfer then uses c++) or set it to a compiler"))
             continue
-        shown = formats.shown(value, 120)
+        shown = base.shown(value, 120)
         if var == "FLASHINFER_NVCC":
             out.append(_check_nvcc(value, shown, chosen_nvcc, home, path))
             continue

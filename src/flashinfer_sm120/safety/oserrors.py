@@ -53,7 +53,7 @@ class OsProblem:
 def describe(exc: OSError, path: object = None, elsewhere: str = "choose another directory") -> OsProblem:
     """``exc`` as an :class:`OsProblem` from :data:`BY_ERRNO`; ``path`` defaults to the
     exception's own filename."""
-    from flashinfer_sm120.safety.formats import shown
+    from flashinfer_sm120.safety.formats.base import shown
 
     where = shown(str(path if path is not None else (exc.filename or "the file")), 300)
     kind, what, fix = BY_ERRNO.get(exc.errno or 0, _OTHER)

@@ -13,7 +13,7 @@ import os
 import pwd
 import stat
 
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.base import shown
 
 __all__ = ["MAX_LINKS", "writable_by_others", "Untrusted", "current_uid", "dir_ok", "resolve", "file_ok",
            "trust_reason", "mine_problem", "check_place", "PlaceProblem", "own_place_fix", "cache_clear"]
@@ -167,7 +167,7 @@ def trust_reason(path: str, *, absent_ok: bool = True, sticky_ok: bool = True) -
     except Untrusted as exc:
         return str(exc)
     except OSError as exc:
-        return f"cannot check {formats.shown(exc.filename or path, 200)}: {exc.strerror or exc}"
+        return f"cannot check {shown(exc.filename or path, 200)}: {exc.strerror or exc}"
     return None
 
 
@@ -183,7 +183,7 @@ class PlaceProblem:
     doing: str = "build in"
 
     def __str__(self) -> str:
-        return f"{self.what} {formats.shown(self.path, 200)} is not safe to {self.doing}: {self.why}. Fix: {self.fix}"
+        return f"{self.what} {shown(self.path, 200)} is not safe to {self.doing}: {self.why}. Fix: {self.fix}"
 
 
 def own_place_fix() -> str:

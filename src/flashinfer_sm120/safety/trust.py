@@ -37,7 +37,7 @@ import re
 import stat
 from dataclasses import dataclass
 
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats import base, reads
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.ownership import Untrusted, current_uid, file_ok, resolve, trust_reason
 
@@ -130,9 +130,9 @@ def _read_script(real: str) -> str | None:
     larger than :data:`MAX_SCRIPT_BYTES` (a line past what was read could run
     anything) or not UTF-8 text."""
     try:
-        if not formats.read_prefix(real, 2).startswith(b"#!"):
+        if not reads.read_prefix(real, 2).startswith(b"#!"):
             return None
-        raw = formats.read_bytes(real, MAX_SCRIPT_BYTES)
+        raw = reads.read_bytes(real, MAX_SCRIPT_BYTES)
     except FormatError as exc:
         raise Untrusted(f"{exc}; a script is read whole to check what it runs, so it is too large to "
                          f"check; {_FIX}") from None
@@ -276,7 +276,7 @@ class _Check:
         interp, _, arg = head[2:].strip(" \t").replace("\t", " ").partition(" ")
         arg = arg.strip()
         if not interp.startswith("/"):
-            raise _refuse(real, f"its '#!' line names {formats.shown(interp, 60)}, not an absolute path")
+            raise _refuse(real, f"its '#!' line names {base.shown(interp, 60)}, not an absolute path")
         shell_real = self.follow(interp, chain, body=False)
         if _read_script(shell_real) is not None:
             raise _refuse(real, f"its interpreter {interp} is itself a script (name the shell binary instead)")
@@ -285,7 +285,7 @@ class _Check:
         if os.path.basename(shell_real) not in SHELLS:
             raise _refuse(real, f"its '#!' line runs {shell_real}, not a shell of {', '.join(sorted(SHELLS))}")
         if arg and not (arg.startswith("/") or (arg.startswith("-") and set(arg[1:]) <= SHELL_OPTIONS)):
-            raise _refuse(real, f"its '#!' line passes {formats.shown(arg, 60)} to the shell (only an absolute "
+            raise _refuse(real, f"its '#!' line passes {base.shown(arg, 60)} to the shell (only an absolute "
                                 f"script path or options -{''.join(sorted(SHELL_OPTIONS))} can be checked)")
         return arg if arg.startswith("/") else ""
 
@@ -297,7 +297,7 @@ class _Check:
             if redirected:
                 continue
             if _paths(word)[1]:
-                raise _refuse(real, f"line {line} holds {formats.shown(word, 60)}, a relative path: what it "
+                raise _refuse(real, f"line {line} holds {base.shown(word, 60)}, a relative path: what it "
                                     f"names depends on the working directory")
             for w in filter(None, re.split(r"[\s;&|<>()]+", word)):  # as 'eval' would read it again
                 try:
@@ -305,7 +305,7 @@ class _Check:
                 except Untrusted as exc:
                     why = str(exc) if "CUDA_HOME" in str(exc) else f"{exc}; or {_FIX}"
                     raise (exc if why.startswith(real) else Untrusted(f"{real}: line {line} names "
-                                                                        f"{formats.shown(w, 200)}: {why}")) from None
+                                                                        f"{base.shown(w, 200)}: {why}")) from None
                 if final == real and found and os.path.basename(w) == "nvcc" and w.startswith("/"):
                     final = found
         self.path_entries(real)
@@ -314,7 +314,7 @@ class _Check:
     def word(self, w: str, line: int, script: str, chain: list[str]) -> str | None:
         """Check one word of a script; the final target of the program it names, if any."""
         if w in ASSIGNS or _ASSIGNMENT.match(w):
-            raise _refuse(script, f"line {line} holds {formats.shown(w, 60)}, which sets or unsets a variable "
+            raise _refuse(script, f"line {line} holds {base.shown(w, 60)}, which sets or unsets a variable "
                                   f"or runs a file found on PATH or in the working directory")
         paths = _paths(w)[0]  # (a relative path was refused with the whole word)
         if not paths and not w.startswith(("-", "$")):
@@ -324,7 +324,7 @@ class _Check:
             if found is None:
                 return None
             if _base(os.path.realpath(found)) in READS_CODE:
-                raise _refuse(script, f"line {line} runs {formats.shown(w, 60)} ({found}), which runs code the "
+                raise _refuse(script, f"line {line} runs {base.shown(w, 60)} ({found}), which runs code the "
                                       f"script does not hold")
             try:
                 return self.follow(found, chain)
@@ -334,19 +334,19 @@ class _Check:
         target = None
         for p in paths:
             if _via_proc(p):
-                raise _refuse(script, f"line {line} names {formats.shown(p, 200)}, which leads through /proc: "
+                raise _refuse(script, f"line {line} names {base.shown(p, 200)}, which leads through /proc: "
                                       f"what it names is decided when the script runs")
             if not os.path.lexists(p):
                 why = trust_reason(p, sticky_ok=False)
                 if why:
-                    raise _refuse(script, f"line {line} names {formats.shown(p, 200)}, which does not exist "
+                    raise _refuse(script, f"line {line} names {base.shown(p, 200)}, which does not exist "
                                           f"where another user may create it ({why})")
             elif os.path.isdir(p):
                 file_ok(resolve(p, self.uid), self.uid)
             elif not os.path.isfile(p):  # /dev/null: the directories on the way
                 resolve(p, self.uid)
             elif _base(os.path.realpath(p)) in READS_CODE:
-                raise _refuse(script, f"line {line} runs {formats.shown(p, 60)}, which runs code the script "
+                raise _refuse(script, f"line {line} runs {base.shown(p, 60)}, which runs code the script "
                                       f"does not hold")
             else:
                 target = target or self.follow(p, chain)
@@ -361,8 +361,8 @@ class _Check:
             why = ("a relative entry: the working directory" if not d.startswith("/") else
                    trust_reason(d, sticky_ok=False))
             if why:
-                raise _refuse(script, f"it runs programs by name, and PATH holds {formats.shown(d, 200)} "
-                                      f"({why})", f"remove {formats.shown(d, 200)} from PATH, or {_FIX}")
+                raise _refuse(script, f"it runs programs by name, and PATH holds {base.shown(d, 200)} "
+                                      f"({why})", f"remove {base.shown(d, 200)} from PATH, or {_FIX}")
         self.path_ok = True
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from flashinfer_sm120.core.jitenv import manifest
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.paths import deepest_existing, make_private_dirs, safe_join
 from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.warmup import modules as _modules
 from flashinfer_sm120.warmup.cache_format import (FORMAT, TOP, Budget, CacheError, Limits, file_sha256, member_rel,
@@ -192,7 +192,7 @@ def _check_space(out: str, total: int, limits: Limits) -> None:
         fix = "pass a larger --max-bytes, or export fewer modules"
         raise CacheError(f"the export to {out} would be {total} bytes, more than the {limits.max_total}-byte "
                          f"cap (--max-bytes); {fix}", "limit", fix)
-    where = formats.deepest_existing(out)
+    where = deepest_existing(out)
     free = shutil.disk_usage(where).free
     if total > free:
         fix = f"free space on the disk of {where}, or export to another disk"
@@ -211,10 +211,10 @@ def _write_directory(out: str, blob: bytes, files: list[tuple[str, Path]], budge
                            dir=os.path.dirname(os.path.abspath(out)))
     try:
         root = Path(tmp) / TOP
-        formats.make_private_dirs(root)
+        make_private_dirs(root)
         for rel, f in [*files, ("meta.json", None)]:
-            dest = formats.safe_join(root, rel, out)
-            formats.make_private_dirs(dest.parent)
+            dest = safe_join(root, rel, out)
+            make_private_dirs(dest.parent)
             # O_EXCL | O_NOFOLLOW: nothing there is followed or replaced
             fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             with os.fdopen(fd, "wb") as fh, (open(f, "rb") if f else io.BytesIO(blob)) as src:

@@ -29,7 +29,11 @@ from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.core.facts.arch import nvcc_spelling
 from flashinfer_sm120.core.jitenv import manifest
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety import formats, oserrors
+from flashinfer_sm120.safety import oserrors
+from flashinfer_sm120.safety.formats.reads import field, loads_json, read_bytes, read_text
+from flashinfer_sm120.safety.formats.grammar import parse_name, parse_relpath, parse_sha256, parse_target
+from flashinfer_sm120.safety.formats.paths import safe_join
+from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.tar import TarReader
 from flashinfer_sm120.warmup.modules import user_name
 from flashinfer_sm120.warmup.session import BuildError
@@ -116,7 +120,7 @@ def parse_meta(obj: Any, source: str) -> Meta:
         names are names, file paths relative paths of names under ``jit/<module>/`` or ``generated/``,
         no path is both a file and a directory, every digest is SHA-256, manifest entries parse
         (:func:`~flashinfer_sm120.core.jitenv.manifest.parse_entry`)."""
-    f = formats.field
+    f = field
     try:
         fmt = f(obj, "format", int, source, fix=FIX)
         if fmt != FORMAT:
@@ -128,7 +132,7 @@ def parse_meta(obj: Any, source: str) -> Meta:
         fp = {k: f(fp_obj, k, kind, f"{source} 'fingerprint'", fix=FIX,
                    max_len=manifest._MAX_TARGETS if k == "targets" else 4096)
               for k, kind in _FINGERPRINT.items()}
-        fp["targets"] = [formats.parse_target(t, f"{source} 'fingerprint'", fix=FIX) for t in fp["targets"]]
+        fp["targets"] = [parse_target(t, f"{source} 'fingerprint'", fix=FIX) for t in fp["targets"]]
         if "build_vars" in fp_obj:  # since flashinfer-sm120 0.2.x; older exports lack it
             fp["build_vars"] = buildline.checked(fp_obj["build_vars"])
             if fp["build_vars"] is None:
@@ -136,23 +140,23 @@ def parse_meta(obj: Any, source: str) -> Meta:
                                  f"variables; {FIX}", "archive", FIX)
         mods, seen, names = [], {}, set()
         for m in f(obj, "modules", list, source, fix=FIX, max_len=10_000):
-            name = formats.parse_name(f(m, "name", str, f"{source} module", fix=FIX), f"{source} module", fix=FIX)
+            name = parse_name(f(m, "name", str, f"{source} module", fix=FIX), f"{source} module", fix=FIX)
             if name in names:
                 raise CacheError(f"{source}: module {name} is listed twice; {FIX}", "archive", FIX)
             names.add(name)
             files = {}
             for rel, sha in f(m, "files", dict, f"{source} module {name}", fix=FIX, max_len=100_000).items():
-                parts = formats.parse_relpath(rel, f"{source} module {name}", fix=FIX, max_parts=_MAX_PARTS)
+                parts = parse_relpath(rel, f"{source} module {name}", fix=FIX, max_parts=_MAX_PARTS)
                 if not ((parts[0] == "jit" and len(parts) > 2 and parts[1] == name)
                         or (parts[0] == "generated" and len(parts) > 1)):
-                    raise CacheError(f"{source}: module {name} names {formats.shown(rel)}, outside jit/{name}/ "
+                    raise CacheError(f"{source}: module {name} names {shown(rel)}, outside jit/{name}/ "
                                      f"and generated/; {FIX}", "archive", FIX)
-                files[rel] = formats.parse_sha256(sha, f"{source} module {name} {rel}", fix=FIX)
+                files[rel] = parse_sha256(sha, f"{source} module {name} {rel}", fix=FIX)
                 for i in range(1, len(parts) + 1):  # a path cannot be a file and a directory at once
                     prefix = "/".join(parts[:i])
                     kind = "file" if i == len(parts) else "dir"
                     if seen.setdefault(prefix, kind) != kind:
-                        raise CacheError(f"{source}: {formats.shown(prefix)} is both a file and a directory; {FIX}",
+                        raise CacheError(f"{source}: {shown(prefix)} is both a file and a directory; {FIX}",
                                          "archive", FIX)
             mods.append(Module(name, files))
         entries = [manifest.parse_entry(e, f"{source} manifest entry {i + 1}")
@@ -166,11 +170,11 @@ def member_rel(name: str, src: str) -> str:
     """``name`` (an archive member) relative to the top folder, refusing anything that could land
     outside it: every part must be a name (no ``..``, no absolute part, no empty part, no backslash)."""
     try:  # one more part than meta.json's paths may have: the top folder
-        parts = formats.parse_relpath(name, f"{src}: archive member", max_parts=_MAX_PARTS + 1)
+        parts = parse_relpath(name, f"{src}: archive member", max_parts=_MAX_PARTS + 1)
     except FormatError as exc:
-        raise refused(src, f"member {formats.shown(name)} is not a plain relative path ({exc})") from None
+        raise refused(src, f"member {shown(name)} is not a plain relative path ({exc})") from None
     if parts[0] != TOP:
-        raise refused(src, f"member {formats.shown(name)} is outside {TOP}/")
+        raise refused(src, f"member {shown(name)} is outside {TOP}/")
     return "/".join(parts[1:])
 
 
@@ -184,7 +188,7 @@ class Budget:
     def take(self, n: int, src: object) -> None:
         self.left -= n
         if self.left < 0:
-            raise over_cap(formats.shown(str(src), 300), "the export's files add up to more", self.limits,
+            raise over_cap(shown(str(src), 300), "the export's files add up to more", self.limits,
                            per_file=False)
 
 
@@ -212,7 +216,7 @@ def file_sha256(path: Path) -> str:
 def umask() -> int:
     """This process's umask, read without changing it (``/proc/self/status``); ``077`` if unknown."""
     try:
-        for line in formats.read_text("/proc/self/status", 1 << 16).splitlines():
+        for line in read_text("/proc/self/status", 1 << 16).splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8) & 0o777
     except (FormatError, ValueError, IndexError):
@@ -245,11 +249,11 @@ def _walk(src: str, limits: Limits, meta: Meta | None = None, into: Path | None 
                     raise refused(src, f"it has more than {limits.max_members} members")
                 rel = member_rel(m.name, src)
                 if count == 1 and rel != "meta.json":
-                    raise refused(src, f"its first member is {formats.shown(m.name)}, not {TOP}/meta.json")
+                    raise refused(src, f"its first member is {shown(m.name)}, not {TOP}/meta.json")
                 if not (m.isfile() or m.isdir()):
-                    raise refused(src, f"member {formats.shown(m.name)} is a link or device")
+                    raise refused(src, f"member {shown(m.name)} is a link or device")
                 if m.isfile() and m.size > limits.max_file:
-                    raise over_cap(src, f"member {formats.shown(m.name)} is {m.size} bytes", limits, per_file=True)
+                    raise over_cap(src, f"member {shown(m.name)} is {m.size} bytes", limits, per_file=True)
                 if count == 1:  # meta.json: within MAX_META_BYTES, not the files' total
                     meta = meta or _meta_member(src, tar, m)
                     files = {rel for mod in meta.modules for rel in mod.files}
@@ -260,9 +264,9 @@ def _walk(src: str, limits: Limits, meta: Meta | None = None, into: Path | None 
                     raise over_cap(src, "its files add up to more", limits, per_file=False)
                 if m.isdir():
                     if rel and rel not in dirs:
-                        raise refused(src, f"directory {formats.shown(m.name)} is not part of any module in meta.json")
+                        raise refused(src, f"directory {shown(m.name)} is not part of any module in meta.json")
                 elif rel not in files:
-                    raise refused(src, f"member {formats.shown(m.name)} is not listed in meta.json")
+                    raise refused(src, f"member {shown(m.name)} is not listed in meta.json")
                 elif into is not None:
                     _extract(src, tar, m, into)
     except FormatError as exc:  # the reader's refusals
@@ -279,7 +283,7 @@ def _meta_member(src: str, tar: TarReader, m: tarfile.TarInfo) -> Meta:
     if m.size > MAX_META_BYTES:
         raise CacheError(f"{name} is {m.size} bytes, more than {MAX_META_BYTES}; {FIX}", "archive", FIX)
     try:
-        return parse_meta(formats.loads_json(tar.read(m), name, fix=FIX), name)
+        return parse_meta(loads_json(tar.read(m), name, fix=FIX), name)
     except FormatError as exc:
         raise CacheError(str(exc), "archive", exc.fix or FIX) from None
 
@@ -302,7 +306,7 @@ def too_large(src: str, what: str, size: int) -> CacheError | None:
 
 
 def _extract(src: str, tar: TarReader, m: tarfile.TarInfo, into: Path) -> None:
-    problem = too_large(src, formats.shown(m.name), m.size)
+    problem = too_large(src, shown(m.name), m.size)
     if problem:
         raise problem
     free = shutil.disk_usage(into).free
@@ -313,7 +317,7 @@ def _extract(src: str, tar: TarReader, m: tarfile.TarInfo, into: Path) -> None:
         tar.extract(m, into)  # threat-model: P6 (PEP 706 data filter)
     except OSError as exc:
         p = oserrors.describe(exc, into, "set TMPDIR to another directory")
-        raise CacheError(f"{src}: unpacking {formats.shown(m.name)}: {p.message}; {p.fix}", p.kind, p.fix) from None
+        raise CacheError(f"{src}: unpacking {shown(m.name)}: {p.message}; {p.fix}", p.kind, p.fix) from None
 
 
 def _top(src: str) -> Path:
@@ -333,9 +337,9 @@ def check(src: str, limits: Limits = Limits()) -> Meta:
         return _walk(src, limits)
     name = f"{src}/{TOP}/meta.json"
     try:
-        raw = formats.read_bytes(formats.safe_join(_top(src), "meta.json", src, fix=FIX), MAX_META_BYTES,
+        raw = read_bytes(safe_join(_top(src), "meta.json", src, fix=FIX), MAX_META_BYTES,
                                  follow=False, fix=FIX)
-        return parse_meta(formats.loads_json(raw, name, fix=FIX), name)
+        return parse_meta(loads_json(raw, name, fix=FIX), name)
     except FormatError as exc:
         raise CacheError(str(exc), "archive", exc.fix or FIX) from None
 

@@ -28,7 +28,9 @@ from pathlib import Path
 from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.warmup.regenerate import CannotRegenerate, make_spec
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety import formats, oserrors
+from flashinfer_sm120.safety import oserrors
+from flashinfer_sm120.safety.formats.paths import deepest_existing, make_private_dirs, safe_join
+from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.safety.fs.tmpdirs import make_private
 from flashinfer_sm120.warmup import modlock, ninjacmd, ninjadeps, pool
@@ -122,7 +124,7 @@ def install(src: str, meta: Meta, sess: Session, *, force: bool = False, limits:
 
 def _plan(meta: Meta, root: Path, targets: dict[str, Path], src: str) -> list[tuple[Module, dict[str, tuple[Path, Path]]]]:
     """For each module, ``{rel: (file in the export, destination)}``; every destination by
-    :func:`flashinfer_sm120.safety.formats.safe_join` under its target root, every source by the same
+    :func:`flashinfer_sm120.safety.formats.paths.safe_join` under its target root, every source by the same
     under the export (no link followed)."""
     out = []
     for mod in meta.modules:
@@ -130,8 +132,8 @@ def _plan(meta: Meta, root: Path, targets: dict[str, Path], src: str) -> list[tu
         for rel in mod.files:
             kind, rest = rel.split("/", 1)
             try:
-                paths[rel] = (formats.safe_join(root, rel, src, fix=FIX),
-                              formats.safe_join(targets[kind], rest, f"{src}: meta.json", fix=FIX))
+                paths[rel] = (safe_join(root, rel, src, fix=FIX),
+                              safe_join(targets[kind], rest, f"{src}: meta.json", fix=FIX))
             except FormatError as exc:
                 raise CacheError(str(exc), "archive", FIX) from None
             if not paths[rel][0].is_file() or paths[rel][0].is_symlink():
@@ -174,7 +176,7 @@ def _check_space(plan: list[tuple[Module, dict[str, tuple[Path, Path]]]], limits
             problem = too_large(src, str(dest), size)
             if problem:
                 raise problem
-            root = formats.deepest_existing(str(dest))
+            root = deepest_existing(str(dest))
             need[root] = need.get(root, 0) + size
     for root, n in need.items():
         free = shutil.disk_usage(root).free
@@ -205,7 +207,7 @@ def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Sessio
         made: list[Path] = []  # what this import wrote of the module that was not there before
         try:
             lock = modlock.lock_path(targets["jit"], mod.name)
-            formats.make_private_dirs(lock.parent)  # 0700 if absent
+            make_private_dirs(lock.parent)  # 0700 if absent
             # threat-model: P5 -- FlashInfer's own per-module lock: a server building it and we take turns
             with modlock.held(lock, mod.name, lambda line: print(f"flashinfer-sm120: {line}", file=sys.stderr,
                                                                  flush=True)):
@@ -251,7 +253,7 @@ def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: boo
     if not present:
         for rel, (s_path, d) in paths.items():
             missing = [p for p in (d.parent, *d.parent.parents) if not os.path.lexists(p)]
-            formats.make_private_dirs(d.parent)
+            make_private_dirs(d.parent)
             made.extend(reversed(missing))  # outermost first: undone deepest first
             if d.is_dir() and not d.is_symlink():
                 raise CacheError(f"{src}: {rel} would replace the directory {d}; remove it first", "exists",
@@ -326,13 +328,13 @@ def _refusal(entry: dict | None, mod: Module, sess: Session, gen_root: Path) -> 
     if library not in mod.files:
         # threat-model: P4, P6 -- an entry without its library installs nothing: it only made a module
         # directory with FlashInfer's build.ninja and ran ninja twice, each of up to 10,000 entries
-        return (f"the export carries no {formats.shown(library, 200)}, the module's library, so there is "
+        return (f"the export carries no {shown(library, 200)}, the module's library, so there is "
                 "nothing to install; export it again with `flashinfer-sm120 cache export` after building it")
     for rel, sha in mod.files.items():
         if rel.startswith("generated/"):
             local = gen_root / rel[len("generated/"):]
             if not local.is_file() or local.is_symlink() or file_sha256(local) != sha:
-                return (f"{formats.shown(rel)} differs from what FlashInfer {sess.flashinfer} generates for "
+                return (f"{shown(rel)} differs from what FlashInfer {sess.flashinfer} generates for "
                         "the module, so the export carries source of its own; export it again with "
                         "`flashinfer-sm120 cache export`")
     return None
@@ -365,7 +367,7 @@ def _settle(entry: dict | None, sess: Session) -> dict:
     left = ninjacmd.dry_run(job)
     if left:
         return {"status": "stale", "why": f"ninja would run its steps again here{_absent_here(left[0])}: "
-                                          f"{formats.shown(left[0], 600)}"}
+                                          f"{shown(left[0], 600)}"}
     return {}
 
 
@@ -375,5 +377,5 @@ def _absent_here(command: str) -> str:
     for token in command.split():
         path = token[2:] if token.startswith(("-I", "-L")) else token.split("=", 1)[-1]
         if path.startswith("/") and not os.path.exists(path):
-            return f" (it names {formats.shown(path, 200)}, absent here: the export was made with other paths)"
+            return f" (it names {shown(path, 200)}, absent here: the export was made with other paths)"
     return ""

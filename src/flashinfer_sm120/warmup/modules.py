@@ -26,7 +26,7 @@ import threading
 from typing import Any, Callable
 
 from flashinfer_sm120.errors import Sm120Error
-from flashinfer_sm120.safety.formats import some
+from flashinfer_sm120.safety.formats.base import some
 
 __all__ = ["ModuleError", "Variant", "NAMES", "DTYPES", "ACTIVATIONS", "describe_all", "expand", "EXTRA_HEADERS",
            "missing_headers", "label", "user_name"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import struct
 
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.reads import read_bytes
 from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.errors import FormatError
 
@@ -35,8 +35,8 @@ def restamp(path: str, mtimes_ns: dict[str, int]) -> int:
     """
     if not os.path.lexists(path):
         return 0
-    try:  # bounded, never through a link, never a FIFO (formats.read_bytes)
-        data = bytearray(formats.read_bytes(path, MAX_DEPS_BYTES, follow=False))
+    try:  # bounded, never through a link, never a FIFO (read_bytes)
+        data = bytearray(read_bytes(path, MAX_DEPS_BYTES, follow=False))
     except FormatError:
         return 0
     if not data.startswith(_HEADER) or len(data) < 16 or struct.unpack_from("<i", data, 12)[0] != 4:

@@ -18,7 +18,7 @@ import re
 import time
 
 from flashinfer_sm120.errors import StateFileError
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.core.jitenv.jobs import (FAMILIES, MARGIN, RECORDED_KEEP, Estimate, Family, cpus,
                                                estimates_path, family_estimate, flashinfer_max_jobs, raw_env,
                                                recorded, user_threads)
@@ -38,7 +38,7 @@ def default_jobs(env=None) -> tuple[int, str]:
         return max_jobs, f"MAX_JOBS={raw_jobs}, yours"
     why = "the CPUs this process may use"
     if raw_jobs is not None:
-        why += f"; MAX_JOBS={formats.shown(raw_jobs, 20)} is not a positive number"
+        why += f"; MAX_JOBS={shown(raw_jobs, 20)} is not a positive number"
     return cpus(), why
 
 
@@ -116,9 +116,9 @@ def plan(est: Estimate, *, targets: int = 1, jobs: int | None = None, mem_limit:
         threads, threads_from = 1, ("FlashInfer's default; not changed here: --threads is part of the "
                                     "compile line ninja records, so the server would rebuild")
     elif threads > 1 or raw_threads.strip() == "1":
-        threads_from = f"FLASHINFER_NVCC_THREADS={formats.shown(raw_threads, 20)}, yours (FlashInfer reads {threads})"
+        threads_from = f"FLASHINFER_NVCC_THREADS={shown(raw_threads, 20)}, yours (FlashInfer reads {threads})"
     else:
-        threads_from = f"FLASHINFER_NVCC_THREADS={formats.shown(raw_threads, 20)} is not >= 1: FlashInfer uses 1"
+        threads_from = f"FLASHINFER_NVCC_THREADS={shown(raw_threads, 20)} is not >= 1: FlashInfer uses 1"
     factor = max(1, min(threads, targets))
     per = est.bytes * factor
     est_from = est.source + (f", x{factor} targets compiled at once" if factor > 1 else "")

@@ -40,7 +40,7 @@ import uuid
 from pathlib import Path
 
 from flashinfer_sm120.safety import proc as _proc
-from flashinfer_sm120.safety.formats import plural
+from flashinfer_sm120.safety.formats.base import plural
 from flashinfer_sm120.warmup import modlock
 from flashinfer_sm120.warmup.ninjacmd import STATUS_RE, command, dry_run, ninja_env, step_name, steps
 

@@ -19,7 +19,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.reads import iter_lines, loads_json
+from flashinfer_sm120.safety.formats.paths import safe_join
+from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.params import parse_generator
 from flashinfer_sm120.errors import FormatError, Sm120Error
 from flashinfer_sm120.core.jitenv.manifest import parse_entry
@@ -65,12 +67,12 @@ def _to_portable(value: Any, roots) -> Any:
 
 
 def _safe_generated_path(portable: str, roots: dict[str, str]) -> Path:
-    """Where a generated file is: :func:`flashinfer_sm120.safety.formats.safe_join` under
+    """Where a generated file is: :func:`flashinfer_sm120.safety.formats.paths.safe_join` under
     FlashInfer's generated-source dir (no absolute part, no ``..``, no symlinked parent)."""
     if not portable.startswith("@GEN@/"):
-        raise CannotRegenerate(f"generated file {formats.shown(portable)} is outside FlashInfer's generated dir")
+        raise CannotRegenerate(f"generated file {shown(portable)} is outside FlashInfer's generated dir")
     try:
-        return formats.safe_join(roots["@GEN@"], portable[len("@GEN@/"):], "manifest 'generated'")
+        return safe_join(roots["@GEN@"], portable[len("@GEN@/"):], "manifest 'generated'")
     except FormatError as exc:
         raise CannotRegenerate(str(exc)) from None
 
@@ -90,16 +92,16 @@ def _check_carried(entry: dict, spec, flashinfer_version: str) -> None:
             with open(path, "rb", opener=lambda p, fl: os.open(p, fl | os.O_NOFOLLOW | os.O_NONBLOCK)) as f:
                 have = f.read(len(want) + 1)
         except OSError:
-            raise CannotRegenerate(f"generated file {formats.shown(portable)} is not one FlashInfer "
+            raise CannotRegenerate(f"generated file {shown(portable)} is not one FlashInfer "
                                    f"{flashinfer_version} generates for the recorded parameters; record the "
                                    "manifest again with FLASHINFER_SM120_RECORD") from None
         if have != want:
-            raise CannotRegenerate(f"generated file {formats.shown(portable)} {why}")
+            raise CannotRegenerate(f"generated file {shown(portable)} {why}")
     if "spec" in entry:
         local = set(_to_portable([str(p) for p in spec.sources], _roots()))
         other = [p for p in entry["spec"]["sources"] if p not in local]
         if other:
-            raise CannotRegenerate(f"source {formats.shown(other[0])} is not one FlashInfer {flashinfer_version} "
+            raise CannotRegenerate(f"source {shown(other[0])} is not one FlashInfer {flashinfer_version} "
                                    f"generates for {entry['name']}; record the manifest again with "
                                    "FLASHINFER_SM120_RECORD")
 
@@ -135,12 +137,12 @@ def make_spec(entry: dict, flashinfer_version: str):
         raise CannotRegenerate(str(exc)) from None
     except Exception as exc:  # FlashInfer's own refusal of these values (an assert, a KeyError)
         raise CannotRegenerate(f"FlashInfer {flashinfer_version}'s {generator} refused the recorded parameters "
-                               f"({type(exc).__name__}: {formats.shown(str(exc), 200)}); record the manifest again "
+                               f"({type(exc).__name__}: {shown(str(exc), 200)}); record the manifest again "
                                f"with FLASHINFER_SM120_RECORD from a server that built the module, or build it by "
                                f"name (flashinfer-sm120 build --list)") from None
     if getattr(spec, "name", None) != name or not hasattr(spec, "sources"):
         raise CannotRegenerate(f"FlashInfer {flashinfer_version}'s {generator} makes "
-                               f"{formats.shown(getattr(spec, 'name', spec))} from the recorded parameters, "
+                               f"{shown(getattr(spec, 'name', spec))} from the recorded parameters, "
                                f"not the nvcc module {name}; record the manifest again")
     _check_carried(entry, spec, flashinfer_version)
     return spec
@@ -149,7 +151,7 @@ def make_spec(entry: dict, flashinfer_version: str):
 def read(path: str) -> tuple[list[dict], list[str]]:
     """Entries of a manifest file, first occurrence of each :func:`key` kept, in order.
 
-    Lines are streamed (:func:`flashinfer_sm120.safety.formats.iter_lines`): a line over
+    Lines are streamed (:func:`flashinfer_sm120.safety.formats.reads.iter_lines`): a line over
     :data:`MAX_LINE_BYTES` is skipped without being held whole; every entry goes
     through :func:`parse_entry`.
 
@@ -162,7 +164,7 @@ def read(path: str) -> tuple[list[dict], list[str]]:
         raise FileNotFoundError(2, "No such file or directory", path)
     entries, problems, seen = [], [], set()
     fix = f"record the manifest again with FLASHINFER_SM120_RECORD={path}"
-    for no, raw in formats.iter_lines(path, max_line=MAX_LINE_BYTES, max_lines=MAX_LINES, fix=fix,
+    for no, raw in iter_lines(path, max_line=MAX_LINE_BYTES, max_lines=MAX_LINES, fix=fix,
                                       skip_long=True):
         where = f"{path}:{no}"
         if raw is None:
@@ -171,7 +173,7 @@ def read(path: str) -> tuple[list[dict], list[str]]:
         if not raw.strip():
             continue
         try:
-            entry = parse_entry(formats.loads_json(raw, where), where)
+            entry = parse_entry(loads_json(raw, where), where)
         except FormatError as exc:
             problems.append(f"{exc}, skipped")
             continue
@@ -191,7 +193,7 @@ def _decode(value: Any) -> Any:
 
         dtype = getattr(torch, value["dtype"], None)
         if not isinstance(dtype, torch.dtype):
-            raise FormatError(f"{formats.shown(value['dtype'])} is not a dtype of this torch")
+            raise FormatError(f"{shown(value['dtype'])} is not a dtype of this torch")
         return dtype
     return value
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import example, given, strategies as st
 
 from flashinfer_sm120 import cli
-from flashinfer_sm120.safety.formats import bounded
+from flashinfer_sm120.safety.formats.base import bounded
 
 BIG = "x" * 100_000
 #: Generous bound on what one refusal prints (usage lines included).

@@ -11,7 +11,7 @@ from helpers.child import run_py
 from helpers.host import needs_flashinfer
 from helpers.toolkits import make_toolkit, script
 from helpers.untrusted import give_away, make_unsafe
-from flashinfer_sm120.core.toolkit import discover
+from flashinfer_sm120.core.toolkit.sources import discover
 from flashinfer_sm120.safety import buildenv, compilers
 
 

@@ -12,7 +12,7 @@ import os
 import pytest
 from hypothesis import given, strategies as st
 
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats import base, grammar, paths, reads
 from flashinfer_sm120.safety.formats import binary
 from flashinfer_sm120.safety.formats.cli import cli_float, cli_int, cli_size
 from flashinfer_sm120.errors import FormatError, Sm120Error
@@ -34,19 +34,19 @@ def test_format_error_is_ours():
 @pytest.mark.parametrize("text,want", [("13.0.88", "13.0.88"), (" 13.0.88\n", "13.0.88"), ("1.13.2", "1.13.2"),
                                        ("0.7.2.post1", "0.7.2.post1"), ("2.14.0+cu130", "2.14.0+cu130")])
 def test_versions_are_parsed_once_and_formatted_from_the_value(text, want):
-    assert str(formats.parse_version(text, "version.json")) == want
+    assert str(grammar.parse_version(text, "version.json")) == want
 
 
 @pytest.mark.parametrize("text", ["13.0 .88", "13.0.88\nbuild x: phony", "v13", "", "13..0", "1" * 50, None, 13.0])
 def test_bad_versions_are_refused_naming_the_source(text):
     with pytest.raises(FormatError, match="version.json"):
-        formats.parse_version(text, "version.json")
+        grammar.parse_version(text, "version.json")
 
 
 @given(hostile_text)
 def test_parse_version_property(text):
     try:
-        v = formats.parse_version(text, "src")
+        v = grammar.parse_version(text, "src")
     except FormatError as exc:
         assert len(str(exc)) < MSG_MAX
     else:
@@ -56,23 +56,23 @@ def test_parse_version_property(text):
 @pytest.mark.parametrize("name", ["norm\nbuild x: phony", "a b$c:d", "..", ".", "", "a/b", "a\x00", "-x"])
 def test_names_refuse_ninja_and_path_syntax(name):
     with pytest.raises(FormatError):
-        formats.parse_name(name, "manifest line 1")
+        grammar.parse_name(name, "manifest line 1")
 
 
 def test_json_depth_is_refused_not_a_recursion_error():
     deep = "[" * 10000 + "]" * 10000
     with pytest.raises(FormatError, match="nested 10000 deep"):
-        formats.loads_json(deep, "version.json")
-    assert formats.loads_json('{"a": "[[[[[[[[["}', "x") == {"a": "[[[[[[[[["}
+        reads.loads_json(deep, "version.json")
+    assert reads.loads_json('{"a": "[[[[[[[[["}', "x") == {"a": "[[[[[[[[["}
     with pytest.raises(FormatError):
-        formats.loads_json("NaN", "x")
+        reads.loads_json("NaN", "x")
 
 
 @given(st.one_of(st.binary(max_size=400), hostile_text,
                  st.integers(1, 3000).map(lambda n: "{\"a\":" * n + "1" + "}" * n)))
 def test_loads_json_property(data):
     try:
-        formats.loads_json(data, "f.json")
+        reads.loads_json(data, "f.json")
     except FormatError as exc:
         assert len(str(exc)) < MSG_MAX
 
@@ -81,17 +81,17 @@ def test_read_bytes_caps_while_reading(tmp_path):
     f = tmp_path / "big"
     f.write_bytes(b"x" * 5000)
     with pytest.raises(FormatError, match="5000 bytes"):
-        formats.read_bytes(f, 1000)
+        reads.read_bytes(f, 1000)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     with pytest.raises(FormatError, match="not a regular file"):
-        formats.read_bytes(fifo, 1000)
+        reads.read_bytes(fifo, 1000)
     with pytest.raises(FormatError, match="not a regular file"):
-        formats.read_bytes("/dev/zero", 1000)
+        reads.read_bytes("/dev/zero", 1000)
     link = tmp_path / "link"
     link.symlink_to(f)
     with pytest.raises(FormatError, match="symlink"):
-        formats.read_bytes(link, 10000, follow=False)
+        reads.read_bytes(link, 10000, follow=False)
 
 
 def test_iter_lines_refuses_a_long_line_without_reading_it(tmp_path):
@@ -99,21 +99,21 @@ def test_iter_lines_refuses_a_long_line_without_reading_it(tmp_path):
     f.write_bytes(b"short\n" + b"y" * 100000 + b"\nnext\n")
     got = []
     with pytest.raises(FormatError, match="line 2 is longer than 1000"):
-        for n, line in formats.iter_lines(f, max_line=1000, max_lines=10):
+        for n, line in reads.iter_lines(f, max_line=1000, max_lines=10):
             got.append(line)
     assert got == [b"short"]
     with pytest.raises(FormatError):
-        list(formats.iter_lines("/dev/zero", max_line=1000, max_lines=10))
+        list(reads.iter_lines("/dev/zero", max_line=1000, max_lines=10))
 
 
 def test_field_types_are_explicit():
     src = "meta.json"
-    assert formats.field({"a": 1}, "a", int, src) == 1
+    assert reads.field({"a": 1}, "a", int, src) == 1
     for obj, key, kind in [({"a": True}, "a", int), ({"a": "1"}, "a", int), ([], "a", int), ({}, "a", str),
                            ({"a": float("nan")}, "a", float), ({"a": "x" * 10}, "a", str)]:
         with pytest.raises(FormatError, match="meta.json"):
-            formats.field(obj, key, kind, src, max_len=5)
-    assert formats.field({}, "a", str, src, default=None) is None
+            reads.field(obj, key, kind, src, max_len=5)
+    assert reads.field({}, "a", str, src, default=None) is None
 
 
 def test_safe_join_refuses_escapes_and_symlinked_parents(tmp_path):
@@ -121,11 +121,11 @@ def test_safe_join_refuses_escapes_and_symlinked_parents(tmp_path):
     root.mkdir()
     for rel in ["/tmp/x/victim", "jit//tmp/x/victim", "../x", "a/../../x", "", "a/./b"]:
         with pytest.raises(FormatError):
-            formats.safe_join(root, rel, "meta.json")
+            paths.safe_join(root, rel, "meta.json")
     (root / "norm").symlink_to("/etc")
     with pytest.raises(FormatError, match="symlink"):
-        formats.safe_join(root, "norm/hostname", "meta.json")
-    assert formats.safe_join(root, "jit/norm/x.so", "m") == root / "jit" / "norm" / "x.so"
+        paths.safe_join(root, "norm/hostname", "meta.json")
+    assert paths.safe_join(root, "jit/norm/x.so", "m") == root / "jit" / "norm" / "x.so"
 
 
 @given(st.lists(hostile_text, min_size=1, max_size=4))
@@ -133,7 +133,7 @@ def test_safe_join_property(tmp_path, parts):
     root = tmp_path / "r"
     root.mkdir(exist_ok=True)
     try:
-        p = formats.safe_join(root, "/".join(parts), "src")
+        p = paths.safe_join(root, "/".join(parts), "src")
     except FormatError as exc:
         assert len(str(exc)) < MSG_MAX
     else:
@@ -144,7 +144,7 @@ def test_safe_join_property(tmp_path, parts):
 def test_make_private_dirs_ignores_the_umask(tmp_path):
     old = os.umask(0)
     try:
-        formats.make_private_dirs(tmp_path / "a" / "b" / "c")
+        paths.make_private_dirs(tmp_path / "a" / "b" / "c")
     finally:
         os.umask(old)
     for p in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "c"):
@@ -153,10 +153,10 @@ def test_make_private_dirs_ignores_the_umask(tmp_path):
 
 def test_messages_quote_a_bounded_value():
     big = "x " * 500000
-    assert len(formats.shown(big)) < 200
-    assert "and 997 more" in formats.some(range(1000))
+    assert len(base.shown(big)) < 200
+    assert "and 997 more" in base.some(range(1000))
     with pytest.raises(FormatError) as exc:
-        formats.env_text("V", {"V": big})
+        reads.env_text("V", {"V": big})
     assert len(str(exc.value)) < 300
 
 
@@ -274,10 +274,10 @@ def test_cuobjdump_listings_give_targets():
                                      ("12.0 ", False), (12.0, False), ("1 2 . 0 f", False), ("", False)])
 def test_parse_target(text, ok):
     if ok:
-        assert formats.parse_target(text, "m") == text
+        assert grammar.parse_target(text, "m") == text
     else:
         with pytest.raises(FormatError, match="major.minor"):
-            formats.parse_target(text, "m")
+            grammar.parse_target(text, "m")
 
 
 @pytest.mark.parametrize("flag,ok", [("-DENABLE_BF16", True), ("-gencode=arch=compute_120f,code=sm_120f", True),
@@ -286,44 +286,44 @@ def test_parse_target(text, ok):
                                      ("-D'x'", False), ("", False), (["-O3"], False)])
 def test_parse_flag(flag, ok):
     if ok:
-        assert formats.parse_flag(flag, "m") == flag
+        assert grammar.parse_flag(flag, "m") == flag
     else:
         with pytest.raises(FormatError, match="flag"):
-            formats.parse_flag(flag, "m")
+            grammar.parse_flag(flag, "m")
 
 
 @pytest.mark.parametrize("path,ok", [("@FLASHINFER@/data/csrc/norm.cu", True), ("/abs/x.cu", True),
                                      ("a b.cu", False), ("a:b", False), ("a/../b", False), ("$x", False)])
 def test_parse_path_text(path, ok):
     if ok:
-        assert formats.parse_path_text(path, "m") == path
+        assert grammar.parse_path_text(path, "m") == path
     else:
         with pytest.raises(FormatError, match="not a plain path"):
-            formats.parse_path_text(path, "m")
+            grammar.parse_path_text(path, "m")
 
 
 def test_sha256_lists_and_text_checks():
-    assert formats.parse_sha256("a" * 64, "m") == "a" * 64
+    assert grammar.parse_sha256("a" * 64, "m") == "a" * 64
     for bad in ("A" * 64, "a" * 63, 5, None):
         with pytest.raises(FormatError):
-            formats.parse_sha256(bad, "m")
-    assert formats.string_list(["a", "b"], "m") == ["a", "b"]
+            grammar.parse_sha256(bad, "m")
+    assert reads.string_list(["a", "b"], "m") == ["a", "b"]
     for bad in ("ab", [1], ["a\0"], ["x"] * 5000):
         with pytest.raises(FormatError):
-            formats.string_list(bad, "m")
+            reads.string_list(bad, "m")
     with pytest.raises(FormatError, match="V is 100000 characters long"):
-        formats.check_text("x" * 100000, "V")
+        reads.check_text("x" * 100000, "V")
 
 
 def test_read_prefix_and_skipping_long_lines(tmp_path):
     f = tmp_path / "h"
     f.write_bytes(b"#define X 1\n" + b"y" * 100000)
-    assert formats.read_prefix(f, 12) == b"#define X 1\n"
+    assert reads.read_prefix(f, 12) == b"#define X 1\n"
     with pytest.raises(FormatError, match="not a regular file"):
-        formats.read_prefix("/dev/zero", 10)
+        reads.read_prefix("/dev/zero", 10)
     m = tmp_path / "m"
     m.write_bytes(b"a\n" + b"z" * 50000 + b"\nb\n")
-    assert list(formats.iter_lines(m, max_line=100, max_lines=10, skip_long=True)) == [(1, b"a"), (2, None),
+    assert list(reads.iter_lines(m, max_line=100, max_lines=10, skip_long=True)) == [(1, b"a"), (2, None),
                                                                                        (3, b"b")]
 
 
@@ -354,19 +354,19 @@ def test_proc_maps_paths():
 @pytest.mark.parametrize("text,want", [("1.13.2.git.kitware.jobserver-pipe-1\n", "1.13.2"), ("1.11.1\n", "1.11.1"),
                                        ("1.12.0-rc1", "1.12.0"), ("1.10.2 extra words", "1.10.2")])
 def test_leading_version_of_a_programs_version_line(text, want):
-    assert str(formats.parse_leading_version(text, "'ninja --version'")) == want
+    assert str(grammar.parse_leading_version(text, "'ninja --version'")) == want
 
 
 @pytest.mark.parametrize("text", ["", "ninja 1.13", "x1.13", "1..2", None, b"1.13.2", "1.2.3.4.5"])
 def test_no_leading_version_is_refused_naming_the_source(text):
     with pytest.raises(FormatError, match="ninja --version"):
-        formats.parse_leading_version(text, "'ninja --version'")
+        grammar.parse_leading_version(text, "'ninja --version'")
 
 
 @given(hostile_text)
 def test_parse_leading_version_property(text):
     try:
-        v = formats.parse_leading_version(text, "src")
+        v = grammar.parse_leading_version(text, "src")
     except FormatError as exc:
         assert len(str(exc)) < MSG_MAX
     else:
@@ -375,19 +375,19 @@ def test_parse_leading_version_property(text):
 
 @pytest.mark.parametrize("line,want", [(b"# ninja log v5", 5), (b"# ninja log v7\n", 7), ("# ninja log v6", 6)])
 def test_ninja_log_header(line, want):
-    assert formats.parse_ninja_log_header(line, ".ninja_log") == want
+    assert grammar.parse_ninja_log_header(line, ".ninja_log") == want
 
 
 @pytest.mark.parametrize("line", [b"# ninja log v", b"# ninja log v7 x", b"ninja log v7", b"", b"# ninja log v12345", None, 7])
 def test_bad_ninja_log_headers_are_refused(line):
     with pytest.raises(FormatError, match=".ninja_log"):
-        formats.parse_ninja_log_header(line, ".ninja_log")
+        grammar.parse_ninja_log_header(line, ".ninja_log")
 
 
 @given(st.one_of(hostile_text, st.binary(max_size=300)))
 def test_parse_ninja_log_header_property(line):
     try:
-        n = formats.parse_ninja_log_header(line, "src")
+        n = grammar.parse_ninja_log_header(line, "src")
     except FormatError as exc:
         assert len(str(exc)) < MSG_MAX
     else:
@@ -396,7 +396,7 @@ def test_parse_ninja_log_header_property(line):
 
 @given(hostile_text)
 def test_new_grammars_property(text):
-    for parse in (formats.parse_target, formats.parse_flag, formats.parse_path_text, formats.parse_sha256):
+    for parse in (grammar.parse_target, grammar.parse_flag, grammar.parse_path_text, grammar.parse_sha256):
         try:
             out = parse(text, "src")
         except FormatError as exc:
@@ -406,10 +406,10 @@ def test_new_grammars_property(text):
 
 
 def test_parse_command_words():
-    assert formats.parse_command_words("ccache  g++ -O2", "CXX") == ("ccache", "g++", "-O2")
+    assert grammar.parse_command_words("ccache  g++ -O2", "CXX") == ("ccache", "g++", "-O2")
     for bad in ["", "  ", "c++ $in", "c++ `id`", "c++;x", "a 'b'", "~/bin/cc", "c++ *", 12, "a\nb"]:
-        with pytest.raises(formats.FormatError) as exc:
-            formats.parse_command_words(bad, "CXX")
+        with pytest.raises(FormatError) as exc:
+            grammar.parse_command_words(bad, "CXX")
         assert "CXX" in str(exc.value)
 
 
@@ -438,7 +438,7 @@ def test_a_refusal_never_carries_what_a_terminal_would_act_on(tmp_path, capsys, 
     acted_on = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
     shown = err + (json.loads(out)["error"]["message"] if json_flag else out)
     assert "first member" in err and not acted_on.search(shown), shown
-    assert formats.bounded("line one\n\tline two") == "line one\n\tline two"
+    assert base.bounded("line one\n\tline two") == "line one\n\tline two"
 
 
 @pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers.toolkits import make_toolkit, script
-from flashinfer_sm120.core.toolkit import inspect
+from flashinfer_sm120.core.toolkit.probe import inspect
 from flashinfer_sm120.safety.trust import trace
 from helpers.guards import hang_guard
 from helpers.probing import OTHER_UID, PY, as_uid, need_root
@@ -111,7 +111,7 @@ def shared_area():
 
 CHILD = r"""
 import json, sys
-from flashinfer_sm120.core.toolkit import inspect
+from flashinfer_sm120.core.toolkit.probe import inspect
 tk = inspect(sys.argv[1], ("CUDA_HOME",))
 print("@@" + json.dumps({"problem": tk.problem, "version": str(tk.nvcc_version)}))
 """
@@ -182,15 +182,15 @@ def test_any_absolute_command_a_wrapper_runs_is_checked(tmp_path):
 def test_many_references_are_checked_once_each(tmp_path, monkeypatch):
     from collections import Counter
 
-    from flashinfer_sm120.safety import formats
+    from flashinfer_sm120.safety.formats import reads as reads_module
 
     real = make_toolkit(tmp_path / "real", "13.0.88")
     level = [real / "bin" / "nvcc"]
     for i in range(6):  # 10 wrappers per level, each naming all 10 of the level below: 10**6 paths
         body = "#!/bin/sh\n" + "".join(f'[ -x {p} ] && exec {p} "$@"\n' for p in level)
         level = [script(tmp_path / f"w{i}-{j}" / "bin" / "nvcc", body) for j in range(10)]
-    reads, read_bytes = Counter(), formats.read_bytes
-    monkeypatch.setattr(formats, "read_bytes", lambda path, *a, **k: reads.update([path]) or read_bytes(path, *a, **k))
+    reads, read_bytes = Counter(), reads_module.read_bytes
+    monkeypatch.setattr(reads_module, "read_bytes", lambda path, *a, **k: reads.update([path]) or read_bytes(path, *a, **k))
     with hang_guard(120):
         tr = trace(str(level[0]))
     assert tr.problem is None and tr.target == str(real / "bin" / "nvcc")

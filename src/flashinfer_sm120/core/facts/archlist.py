@@ -12,7 +12,7 @@ from packaging.version import Version
 
 from flashinfer_sm120.core.facts.arch import normalize
 from flashinfer_sm120.errors import Sm120Error
-from flashinfer_sm120.safety.formats import shown, some
+from flashinfer_sm120.safety.formats.base import shown, some
 
 __all__ = ["ArchListError", "ArchSpec", "MAX_ARCH_LIST_CHARS", "export_arch_list", "named", "assigned",
            "parse_arch_list", "parse_arch_list_lenient"]

@@ -166,13 +166,14 @@ def record(build_dir: Path, values: dict[str, str | None]) -> str | None:
 
 def recorded(build_dir: Path) -> dict | None:
     """The snapshot recorded with a module (``None``: none, or not one of ours)."""
-    from flashinfer_sm120.safety import formats
+    from flashinfer_sm120.errors import FormatError
+    from flashinfer_sm120.safety.formats.reads import field, read_json_file
 
     try:
         # threat-model: P6 (S2: a record may come from a cache import; bounded, then checked field by field)
-        data = formats.read_json_file(str(Path(build_dir) / RECORD_NAME), 1 << 16)
-        values = formats.field(data, "build_vars", dict, RECORD_NAME)
-    except (formats.FormatError, OSError):
+        data = read_json_file(str(Path(build_dir) / RECORD_NAME), 1 << 16)
+        values = field(data, "build_vars", dict, RECORD_NAME)
+    except (FormatError, OSError):
         return None
     return checked(values)
 

@@ -9,7 +9,7 @@ import stat
 import sys
 
 from flashinfer_sm120.core.facts.workspace import workspace_path
-from flashinfer_sm120.safety.formats import shown
+from flashinfer_sm120.safety.formats.base import shown
 
 __all__ = ["import_failure", "workspace_problem"]
 

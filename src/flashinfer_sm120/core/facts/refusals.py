@@ -8,7 +8,8 @@ import os
 from typing import TYPE_CHECKING
 
 from flashinfer_sm120.core.facts.workspace import WSB, workspace_path
-from flashinfer_sm120.safety.formats import foreign_tree, shown
+from flashinfer_sm120.safety.formats.paths import foreign_tree
+from flashinfer_sm120.safety.formats.base import shown
 
 if TYPE_CHECKING:
     from flashinfer_sm120.safety.ownership import PlaceProblem

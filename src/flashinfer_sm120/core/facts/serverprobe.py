@@ -92,7 +92,10 @@ def _package_dir(key: str) -> str | None:
 def _run_rule(probe: str, path: str, function: str, env_items: tuple, *args: str) -> tuple[object, str]:
     """``(what the probe printed, read as JSON, or None; how)``: run ``probe`` on the installed
     server's file at ``path`` in a child with the given environment."""
-    from flashinfer_sm120.safety import formats, proc
+    from flashinfer_sm120.safety import proc
+    from flashinfer_sm120.errors import FormatError
+    from flashinfer_sm120.safety.formats.reads import field, loads_json, read_text
+    from flashinfer_sm120.safety.formats.base import shown
     from flashinfer_sm120.safety.ownership import trust_reason
 
     problem = trust_reason(path, absent_ok=False)  # threat-model: P2 (run only what the trust rule admits)
@@ -107,10 +110,10 @@ def _run_rule(probe: str, path: str, function: str, env_items: tuple, *args: str
     at = text.rfind("\n@@")
     if not res.ok or at < 0:
         why = res.error or ("timed out" if res.timed_out else f"exit {res.returncode}")
-        return None, f"{path} {function}() failed ({why}: {formats.shown(text.strip()[-300:], 300)})"
+        return None, f"{path} {function}() failed ({why}: {shown(text.strip()[-300:], 300)})"
     try:
-        return formats.loads_json(text[at + 3:], f"{path} {function}()"), f"read from {path} {function}()"
-    except formats.FormatError as exc:
+        return loads_json(text[at + 3:], f"{path} {function}()"), f"read from {path} {function}()"
+    except FormatError as exc:
         return None, str(exc)
 
 
@@ -128,7 +131,9 @@ def workspace_base(key: str, env: dict[str, str]) -> tuple[str | None, str]:
         return None, f"{servers.newest(key).name} leaves FlashInfer's workspace as it is"
     if rule.variable in env:
         return env[rule.variable], f"{rule.variable} is set, which {key}'s setdefault keeps"
-    from flashinfer_sm120.safety import formats
+    from flashinfer_sm120.errors import FormatError
+    from flashinfer_sm120.safety.formats.reads import field, loads_json, read_text
+    from flashinfer_sm120.safety.formats.base import shown
 
     pkg = _package_dir(key)
     why = f"{key} is not installed"
@@ -137,8 +142,8 @@ def workspace_base(key: str, env: dict[str, str]) -> tuple[str | None, str]:
         got, why = _run_rule(_ENVIRON_PROBE, path, rule.function, tuple(sorted(env.items())))
         if got is not None:
             try:
-                return formats.field(got, rule.variable, str, f"{path} {rule.function}()", max_len=4096), why
-            except formats.FormatError as exc:
+                return field(got, rule.variable, str, f"{path} {rule.function}()", max_len=4096), why
+            except FormatError as exc:
                 why = str(exc)
     value = env.get(rule.from_variable)
     expanded = expanduser(value if value is not None else rule.default, env)
@@ -183,11 +188,13 @@ def recorded() -> dict:
 
 @functools.lru_cache(maxsize=8)
 def _marker_found(pkg: str, rel: str, text: str) -> bool | None:
-    from flashinfer_sm120.safety import formats
+    from flashinfer_sm120.errors import FormatError
+    from flashinfer_sm120.safety.formats.reads import field, loads_json, read_text
+    from flashinfer_sm120.safety.formats.base import shown
 
     try:
-        return text in formats.read_text(os.path.join(pkg, *rel.split("/")), 8 << 20)
-    except formats.FormatError:
+        return text in read_text(os.path.join(pkg, *rel.split("/")), 8 << 20)
+    except FormatError:
         return None
 
 
@@ -240,7 +247,9 @@ def server_arch(key: str, capabilities: list[tuple[int, int]], env: dict[str, st
     """What server ``key``'s model process sets FlashInfer's arch list to on a GPU of each of
     ``capabilities`` (``None``: the server has no such rule).  With GPUs of several capabilities each
     process sets only its own GPU's: ``value`` is the first's, ``targets`` lists every one."""
-    from flashinfer_sm120.safety import formats
+    from flashinfer_sm120.errors import FormatError
+    from flashinfer_sm120.safety.formats.reads import field, loads_json, read_text
+    from flashinfer_sm120.safety.formats.base import shown
 
     row = servers.newest(key)
     rule = row.arch_rule
@@ -255,7 +264,7 @@ def server_arch(key: str, capabilities: list[tuple[int, int]], env: dict[str, st
         got, how = _run_rule(_ARCH_PROBE, path, rule.function, tuple(sorted(env.items())),
                              json.dumps([list(c) for c in caps]))
         if got is not None and not _env_per_gpu(got, caps):
-            got, how = None, (f"{path} {rule.function}() gave {formats.shown(str(got), 200)}, not one "
+            got, how = None, (f"{path} {rule.function}() gave {shown(str(got), 200)}, not one "
                               f"environment per GPU")
         if got is not None:
             values = [e.get(rule.variable) for e in got]

@@ -198,7 +198,8 @@ def _row(key: str, version: Version) -> tuple[ServerRelease, bool]:
 
 def installed() -> list[Installed]:
     """The servers of :data:`SERVERS` installed in this environment (package metadata only)."""
-    from flashinfer_sm120.safety.formats import FormatError, parse_version
+    from flashinfer_sm120.errors import FormatError
+    from flashinfer_sm120.safety.formats.grammar import parse_version
 
     out = []
     for key in dict.fromkeys(r.key for r in SERVERS):

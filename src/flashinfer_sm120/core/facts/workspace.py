@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-from flashinfer_sm120.safety.formats import shown
+from flashinfer_sm120.safety.formats.base import shown
 
 __all__ = ["WSB", "normalize_base", "workspace_base", "workspace_path", "tag_for"]
 

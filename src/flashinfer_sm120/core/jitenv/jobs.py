@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.reads import read_json_file
+from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.errors import FormatError, StateFileError
 from flashinfer_sm120.core.jitenv.memory import MIB, MemoryView, fmt_bytes, read_memory
 
@@ -92,7 +93,7 @@ def estimates_path() -> str:
 def recorded() -> dict[str, list[int]]:
     """``{family: [peak bytes, ...]}`` recorded here; anything malformed is dropped."""
     try:
-        data = formats.read_json_file(estimates_path(), _ESTIMATES_MAX_BYTES, follow=False,
+        data = read_json_file(estimates_path(), _ESTIMATES_MAX_BYTES, follow=False,
                                       owners=(0, os.geteuid()))
     except (FormatError, StateFileError):
         return {}
@@ -152,17 +153,17 @@ def flashinfer_max_jobs(raw: str | None) -> tuple[int | None, str | None]:
     fix = ("Fix: set MAX_JOBS to a whole number such as 4 (ASCII digits only), or unset it to let "
            "flashinfer-sm120 choose from the memory")
     if not raw.isdigit():
-        return None, (f"MAX_JOBS={formats.shown(raw, 20)} is ignored by FlashInfer (not all digits), so its JIT "
+        return None, (f"MAX_JOBS={shown(raw, 20)} is ignored by FlashInfer (not all digits), so its JIT "
                       f"builds would run ninja's default of CPUs + 2 jobs whatever the memory. {fix}")
     try:
         value = int(raw) if len(raw) <= _MAX_DIGITS else None
     except ValueError:
         value = None
     if value is None:
-        return None, (f"MAX_JOBS={formats.shown(raw, 20)} makes every FlashInfer JIT build raise ValueError "
+        return None, (f"MAX_JOBS={shown(raw, 20)} makes every FlashInfer JIT build raise ValueError "
                       f"(FlashInfer's isdigit() accepts it, int() does not). {fix}")
     if value > _NINJA_J_MAX:
-        return None, (f"MAX_JOBS={formats.shown(raw, 20)} is above {_NINJA_J_MAX}: ninja 1.11 stops with "
+        return None, (f"MAX_JOBS={shown(raw, 20)} is above {_NINJA_J_MAX}: ninja 1.11 stops with "
                       f"'invalid -j parameter'. {fix}")
     return value, None
 
@@ -187,7 +188,7 @@ def server_max_jobs(targets: int = 1, env=None, view: MemoryView | None = None) 
     raw = raw_env("MAX_JOBS", env)
     _value, problem = flashinfer_max_jobs(raw)
     if raw is not None and problem is None:
-        return None, f"MAX_JOBS={formats.shown(raw, 20)} set by you: kept"
+        return None, f"MAX_JOBS={shown(raw, 20)} set by you: kept"
     refused = f"{problem} Instead: " if problem else ""
     view = view or read_memory()
     if view.available is None:

@@ -22,7 +22,9 @@ import logging
 import os
 import time
 
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.reads import field, loads_json
+from flashinfer_sm120.safety.formats.grammar import parse_version
+from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.fs.statefiles import compute_once, read_json, write_json_atomic
 from flashinfer_sm120.errors import FormatError, PlaceError, StateFileError
 from flashinfer_sm120.safety.fs.tmpdirs import make_private
@@ -92,7 +94,7 @@ def tool_version(path: str) -> str | None:
 
     try:
         out = run([path, "--version"], timeout=20, max_output=4096).text().split()
-        return str(formats.parse_version(out[1], f"{path} --version")) if len(out) >= 2 else None
+        return str(parse_version(out[1], f"{path} --version")) if len(out) >= 2 else None
     except Exception:
         return None
 
@@ -144,7 +146,7 @@ def stats(launcher: str, env=None, timeout: float = 60.0) -> dict | None:
     if not res.ok or line is None:
         return None
     try:
-        data = formats.loads_json(line, f"{launcher} --show-stats")
+        data = loads_json(line, f"{launcher} --show-stats")
     except FormatError:
         return None
     return data if isinstance(data, dict) else None
@@ -222,7 +224,7 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
     tail = " | ".join(ln.strip() for ln in res.text().strip().splitlines()[-3:] if ln.strip())
     why = (f"{name} {lver or '(version unknown)'} ({launcher}) cannot compile with nvcc "
            f"{nvcc_version or '?'} ({nvcc}): the probe compile ({_gencode(target)}) {what}"
-           f"{'' if made else ', no object written'}" + (f" ({formats.shown(tail, 200)})" if tail else "")
+           f"{'' if made else ', no object written'}" + (f" ({shown(tail, 200)})" if tail else "")
            + f". Fix: build with a CUDA toolkit this {name} supports (sccache 0.16 works with nvcc 13.0; "
            f"nvcc 13.3+ breaks its --dryrun parsing, sccache PR 2722), e.g. CUDA_HOME=/usr/local/cuda-13.0 "
            f"or pip install 'cuda-toolkit[nvcc,cccl,curand]==13.0.*'; or a {name} release that supports nvcc "
@@ -249,10 +251,10 @@ def _lookup(key: str, path: str) -> Verdict | None:
     if not isinstance(e, dict):
         return None
     try:
-        fields = {k: formats.field(e, k, (str, type(None)), path, default=None, max_len=4096)
+        fields = {k: field(e, k, (str, type(None)), path, default=None, max_len=4096)
                   for k in ("launcher", "launcher_version", "nvcc", "nvcc_version", "why")}
-        ok = formats.field(e, "ok", bool, path)
-        at = formats.field(e, "at", (int, float), path)
+        ok = field(e, "ok", bool, path)
+        at = field(e, "at", (int, float), path)
     except FormatError:
         return None
     if not ok and not (0 <= time.time() - at <= FAILURE_MEMORY_S):

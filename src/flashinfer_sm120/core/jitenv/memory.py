@@ -21,7 +21,7 @@ import os
 import re
 from typing import Any
 
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.reads import iter_lines, read_text
 from flashinfer_sm120.errors import FormatError
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -86,7 +86,7 @@ class MemoryView:
 
 def _read_small(path: str) -> str | None:
     try:
-        return formats.read_text(path, _SMALL_FILE)
+        return read_text(path, _SMALL_FILE)
     except FormatError:
         return None
 
@@ -113,7 +113,7 @@ def _own_cgroups(proc_root: str) -> list[tuple[str, str]]:
     """``(version, path)`` of this process's cgroups (v2, and v1's memory controller), from ``/proc/self/cgroup``."""
     out = []
     try:
-        lines = list(formats.iter_lines(os.path.join(proc_root, "self", "cgroup"), max_line=4096, max_lines=256))
+        lines = list(iter_lines(os.path.join(proc_root, "self", "cgroup"), max_line=4096, max_lines=256))
     except FormatError:
         return out
     for _, raw in lines:
@@ -133,7 +133,7 @@ def _mounts(proc_root: str) -> list[tuple[str, str, str]]:
     (proc(5): ``id parent dev root point opts ... - fstype src super``)."""
     out = []
     try:
-        lines = list(formats.iter_lines(os.path.join(proc_root, "self", "mountinfo"), max_line=8192,
+        lines = list(iter_lines(os.path.join(proc_root, "self", "mountinfo"), max_line=8192,
                                         max_lines=20000))
     except FormatError:
         return out
@@ -219,7 +219,7 @@ def _cgroup_bounds(proc_root: str, notes: list[str]) -> list[Bound]:
 def _meminfo(proc_root: str) -> dict[str, int]:
     out: dict[str, int] = {}
     try:
-        for _, raw in formats.iter_lines(os.path.join(proc_root, "meminfo"), max_line=256,
+        for _, raw in iter_lines(os.path.join(proc_root, "meminfo"), max_line=256,
                                          max_lines=_MEMINFO_LINES):
             k, _, rest = raw.decode("ascii", "replace").partition(":")
             words = rest.split()

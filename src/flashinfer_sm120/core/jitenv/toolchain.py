@@ -15,7 +15,8 @@ import threading
 
 from packaging.version import Version
 
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.reads import env_text
+from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety import compilers
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.core.jitenv import jobs
@@ -75,7 +76,7 @@ def requested(env=None) -> tuple[str | None, str | None]:
     """``(kind, problem)``: ``("sccache", None)`` when the cache is asked for, ``(None, None)``
     when not, ``(None, why)`` for a value we do not know (the message names the fix)."""
     try:
-        raw = formats.env_text(CACHE_ENV, env, max_len=64)
+        raw = env_text(CACHE_ENV, env, max_len=64)
     except FormatError as exc:
         return None, str(exc)
     value = (raw or "").strip().lower()
@@ -83,7 +84,7 @@ def requested(env=None) -> tuple[str | None, str | None]:
         return None, None
     if value in CACHE_KINDS:
         return value, None
-    return None, (f"{CACHE_ENV}={formats.shown(raw, 40)} is not a compiler cache flashinfer-sm120 knows; "
+    return None, (f"{CACHE_ENV}={shown(raw, 40)} is not a compiler cache flashinfer-sm120 knows; "
                   f"set it to {' or '.join(CACHE_KINDS)}, or unset it")
 
 
@@ -180,7 +181,7 @@ def _cache(out: Setup, home: str, nvcc: str, targets, env) -> None:
     port = env.get("SCCACHE_SERVER_PORT")
     if port is not None and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
         out.cache["refused"] = (f"{CACHE_ENV}=sccache: not used: SCCACHE_SERVER_PORT="
-                                f"{formats.shown(port, 20)} is not a port from 1 to 65535 (sccache would start "
+                                f"{shown(port, 20)} is not a port from 1 to 65535 (sccache would start "
                                 f"a server no client reaches). Fix: set it to a free port such as 4226, or unset it")
         out.warnings.append(out.cache["refused"])
         return

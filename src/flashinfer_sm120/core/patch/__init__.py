@@ -323,7 +323,7 @@ def revert() -> dict:
 
 
 def chosen_toolkit():
-    """The :class:`~flashinfer_sm120.core.toolkit.Toolkit` FlashInfer builds with, or ``None``."""
+    """The :class:`~flashinfer_sm120.core.toolkit.model.Toolkit` FlashInfer builds with, or ``None``."""
     with STATE.lock:
         res = STATE.resolution
         return res.choice.toolkit if res is not None and getattr(res, "choice", None) is not None else None

@@ -17,12 +17,14 @@ from flashinfer_sm120.core.facts import archlist
 from flashinfer_sm120.errors import ToolkitError
 from flashinfer_sm120.core.facts.gpus import GPU, GPUQuery, query
 from flashinfer_sm120.core.facts.releases import ReleaseInfo, release_info
-from flashinfer_sm120.core.toolkit import Choice, Toolkit, choose, discover, flashinfer_naive_root, torch_cuda_version
+from flashinfer_sm120.core.toolkit.model import Choice, Toolkit
+from flashinfer_sm120.core.toolkit.policy import choose, torch_cuda_version
+from flashinfer_sm120.core.toolkit.sources import discover, flashinfer_naive_root
 from flashinfer_sm120.core.toolkit.policy import other_major_allowed
 from flashinfer_sm120.core.toolkit.sources import clean_home
 from flashinfer_sm120.safety.trust import follow_wrappers
 
-from flashinfer_sm120.core.view import linkable_home
+from flashinfer_sm120.core.view.build import linkable_home
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -165,7 +167,7 @@ def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | 
     Args:
         env: environment to read (default ``os.environ``).
         toolkits: candidates to choose from (``doctor`` passes every one, read);
-            default :func:`~flashinfer_sm120.core.toolkit.discover`, read lazily up to
+            default :func:`~flashinfer_sm120.core.toolkit.sources.discover`, read lazily up to
             the chosen one.
         release: the FlashInfer release (default: the one loaded or installed).
         guard: return a Resolution with ``choice=None`` and ``error`` set instead

@@ -7,17 +7,3 @@ what its nvcc says (:mod:`.probe`, remembered per binary in :mod:`.memo`), and t
 the wanted targets in a fixed order wins (:mod:`.policy`, fix lines in :mod:`.fixes`).  :mod:`.ninja`
 finds the process's ninja.
 """
-
-from __future__ import annotations
-
-from flashinfer_sm120.core.toolkit.model import Choice, RejectKind, Rejection, Toolkit, VersionDisagreement
-from flashinfer_sm120.core.toolkit.policy import choose, torch_cuda_version
-from flashinfer_sm120.core.toolkit.probe import NVCC_TIMEOUT_S, inspect
-from flashinfer_sm120.core.toolkit.sources import FIND_STEPS, SOURCES, Candidates, discover, flashinfer_naive_root
-from flashinfer_sm120.errors import ToolkitError
-
-__all__ = [
-    "NVCC_TIMEOUT_S", "SOURCES", "FIND_STEPS", "Toolkit", "Choice", "RejectKind", "Rejection", "ToolkitError",
-    "VersionDisagreement", "Candidates", "discover", "choose", "inspect", "flashinfer_naive_root",
-    "torch_cuda_version",
-]

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from flashinfer_sm120.errors import FormatError, StateFileError
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.grammar import parse_version
 from flashinfer_sm120.safety.fs.statedir import cache_root, lists_only
 from flashinfer_sm120.safety.fs.statefiles import compute_once, read_json, write_json_atomic
 
@@ -59,7 +59,7 @@ def _valid(e: object) -> bool:
         return False
     full, problem, at, fp = e.get("full"), e.get("problem"), e.get("at"), e.get("stat")
     try:
-        if full is not None and not (isinstance(full, str) and str(formats.parse_version(full, "memo")) == full):
+        if full is not None and not (isinstance(full, str) and str(parse_version(full, "memo")) == full):
             return False
         if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
             return False
@@ -107,7 +107,7 @@ def store(nvcc: str, full: str | None, problem: str | None) -> None:
     """Remember an answer (atomic rewrite, at most :data:`MAX_ENTRIES`); a memo that cannot be
     written only costs time later, so the reason is logged at INFO."""
     if full is not None:  # only the canonical form of a version is ever written
-        full = str(formats.parse_version(full, "nvcc --version"))
+        full = str(parse_version(full, "nvcc --version"))
     try:
         path = memo_path()
         entries = _load(path)

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
-from flashinfer_sm120.safety.formats import parse_version
+from flashinfer_sm120.safety.formats.grammar import parse_version
 
 __all__ = ["Toolkit", "Choice", "RejectKind", "Rejection", "VersionDisagreement"]
 

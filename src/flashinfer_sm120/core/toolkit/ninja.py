@@ -24,7 +24,9 @@ from packaging.version import Version
 
 from flashinfer_sm120.core.toolkit import memo
 from flashinfer_sm120.errors import PlaceError, Sm120Error
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.formats.paths import make_private_dirs
+from flashinfer_sm120.safety.formats.grammar import parse_leading_version
 from flashinfer_sm120.safety.fs.statedir import cache_root
 from flashinfer_sm120.safety.fs.tmpdirs import make_private
 from flashinfer_sm120.safety.ownership import mine_problem
@@ -136,8 +138,8 @@ def _inspect(path: str) -> tuple[Version | None, str | None]:
             why = res.error or ("timed out" if res.timed_out else f"exit {res.returncode}")
             return None, f"'{path} --version' failed ({why})", not res.local
         try:
-            return str(formats.parse_leading_version(res.text(), f"'{path} --version'")), None, True
-        except formats.FormatError as exc:
+            return str(parse_leading_version(res.text(), f"'{path} --version'")), None, True
+        except FormatError as exc:
             return None, str(exc), True
 
     full, problem, _local = memo.probe_once(path, probe, NINJA_TIMEOUT_S + 5)
@@ -185,7 +187,7 @@ def link_dir(chosen: Ninja) -> str:
         NinjaError: it cannot be made, or something else is in its place."""
     try:
         parent = os.path.join(cache_root(), "ninja")
-        formats.make_private_dirs(parent)
+        make_private_dirs(parent)
         st = os.lstat(parent)
     except (OSError, Sm120Error) as exc:
         raise NinjaError(f"cannot make a PATH entry for {chosen.path}: {exc}") from None

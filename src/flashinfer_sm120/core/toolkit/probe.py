@@ -18,7 +18,9 @@ from flashinfer_sm120.core.toolkit import memo
 from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
 from flashinfer_sm120.core.toolkit.model import Toolkit, VersionDisagreement
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.reads import field, read_json_file, read_prefix
+from flashinfer_sm120.safety.formats.grammar import parse_version
+from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.ownership import trust_reason
 from flashinfer_sm120.safety.trust import trace
 
@@ -61,7 +63,7 @@ _OTHER_FIX = "reinstall the toolkit, or set CUDA_HOME to a complete one"
 def _head(path: str, limit: int) -> str | None:
     """The first ``limit`` bytes of a regular file as text, or ``None``; never blocks on a FIFO."""
     try:
-        return formats.read_prefix(path, limit).decode("utf-8", "replace")
+        return read_prefix(path, limit).decode("utf-8", "replace")
     except FormatError:
         return None
 
@@ -73,11 +75,11 @@ def _version_json(path: str) -> Version | None:
         return None
     fix = "the next version source is used; reinstall the toolkit to repair it"
     try:
-        data = formats.read_json_file(path, MAX_VERSION_FILE_BYTES, fix=fix)
+        data = read_json_file(path, MAX_VERSION_FILE_BYTES, fix=fix)
         for key in ("cuda_nvcc", "cuda"):
-            part = formats.field(data, key, dict, path, default=None, fix=fix)
+            part = field(data, key, dict, path, default=None, fix=fix)
             if part is not None and "version" in part:
-                return formats.parse_version(formats.field(part, "version", str, f"{path} {key}", fix=fix),
+                return parse_version(field(part, "version", str, f"{path} {key}", fix=fix),
                                              f"{path} {key}.version", fix=fix)
     except FormatError as exc:
         logger.info("flashinfer-sm120: %s", exc)
@@ -100,7 +102,7 @@ def _version_from_files(root: str) -> tuple[Version, str] | None:
         dist = os.path.join(site_dir, m.group(0))
         try:
             if _wheel_owns(dist, root):
-                return formats.parse_version(m.group(1), dist), dist
+                return parse_version(m.group(1), dist), dist
         except FormatError:
             continue
     return None
@@ -147,10 +149,10 @@ def _run_nvcc_version(nvcc: str, timeout: float) -> tuple[str | None, str | None
     out = res.text()
     m = _RELEASE_RE.search(out)
     try:
-        return str(formats.parse_version(m.group(3), f"{nvcc} --version")), None, True
+        return str(parse_version(m.group(3), f"{nvcc} --version")), None, True
     except (AttributeError, FormatError):  # no release line, or not a version
         lines = out.strip().splitlines()
-        first = f"first line: {formats.shown(lines[0], 120)}" if lines else "no output"
+        first = f"first line: {shown(lines[0], 120)}" if lines else "no output"
         return None, (f"{nvcc} --version printed no 'release X.Y, VX.Y.Z' line (exit {res.returncode}, "
                       f"{first}); it is not a working nvcc: fix it {_WORKING}"), True
 

@@ -20,7 +20,8 @@ from flashinfer_sm120.core.facts.arch import major_minor
 from flashinfer_sm120.core.toolkit.model import Toolkit
 from flashinfer_sm120.core.toolkit.probe import NVCC_TIMEOUT_S, inspect
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.reads import check_text, field, read_json_file
+from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.trust import follow_wrappers
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -73,7 +74,7 @@ def _view_toolkit(path: str) -> str | None:
     if not os.path.lexists(meta):
         return None
     try:
-        root = formats.field(formats.read_json_file(meta, 64 << 10), "toolkit", str, meta, max_len=4096)
+        root = field(read_json_file(meta, 64 << 10), "toolkit", str, meta, max_len=4096)
     except FormatError as exc:
         logger.info("flashinfer-sm120: not reading %s as a view: %s", path, exc)
         return None
@@ -109,10 +110,10 @@ def _env_var(var: str) -> Callable[[Mapping[str, str]], list[Toolkit]]:
         if not val:
             return []
         try:
-            formats.check_text(val, f"${var}", fix=f"set {var} to the toolkit prefix (the directory above "
+            check_text(val, f"${var}", fix=f"set {var} to the toolkit prefix (the directory above "
                                                   f"bin/nvcc) or unset it")
         except FormatError as exc:
-            return [_found(var, formats.shown(val), f"${var}", str(exc))]
+            return [_found(var, shown(val), f"${var}", str(exc))]
         home = clean_home(val)
         behind = _view_toolkit(home)
         if behind:  # exported by flashinfer-sm120 to this process's parent

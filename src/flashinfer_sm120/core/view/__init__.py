@@ -14,11 +14,3 @@ dir or the view, and the stub is byte for byte the one recorded; else the next n
 views are never changed or deleted once made; one builder at a time (``cuda-home/.lock``), and a
 lease held while a process uses one.
 """
-
-from __future__ import annotations
-
-from flashinfer_sm120.core.view.build import LOCK_TIMEOUT_S, MAX_VIEW_NAMES, find_curand_include, linkable_home, views_dir
-from flashinfer_sm120.core.view.meta import META_NAME, VIEW_LAYOUT, CudaHome, ViewMeta, check_view
-
-__all__ = ["VIEW_LAYOUT", "META_NAME", "LOCK_TIMEOUT_S", "MAX_VIEW_NAMES", "CudaHome", "ViewMeta", "check_view",
-           "find_curand_include", "linkable_home", "views_dir"]

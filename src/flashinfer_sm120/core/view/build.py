@@ -18,9 +18,9 @@ from flashinfer_sm120.errors import FormatError, PlaceError, ViewError
 from flashinfer_sm120.safety.fs.atomic import sweep, write_atomic
 from flashinfer_sm120.safety.fs.tmpdirs import make_private
 from flashinfer_sm120.safety.ownership import mine_problem
-from flashinfer_sm120.safety.formats import safe_join
+from flashinfer_sm120.safety.formats.paths import safe_join
 from flashinfer_sm120.safety.fs import lease
-from flashinfer_sm120.core.toolkit import Toolkit
+from flashinfer_sm120.core.toolkit.model import Toolkit
 from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
 from flashinfer_sm120.core.toolkit.sources import site_dirs as _site_dirs
 from flashinfer_sm120.core.toolkit.memo import fingerprint
@@ -66,7 +66,7 @@ def _missing(root: str, curand_inc: str | None) -> list[str]:
 
 
 def _view_path(tmp: str, rel: str) -> str | None:
-    """``tmp/rel`` by :func:`flashinfer_sm120.safety.formats.safe_join`, or ``None`` for a name it
+    """``tmp/rel`` by :func:`flashinfer_sm120.safety.formats.paths.safe_join`, or ``None`` for a name it
     refuses (whitespace, ``$``, ``:``): left out of the view, which needs only nvcc's own files."""
     try:
         return str(safe_join(tmp, rel, "CUDA_HOME view"))

@@ -13,8 +13,10 @@ from dataclasses import asdict, dataclass
 from flashinfer_sm120.safety.fs.statefiles import read_json
 from flashinfer_sm120.safety.ownership import mine_problem
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats import field, parse_version, shown, some
-from flashinfer_sm120.core.toolkit import Toolkit
+from flashinfer_sm120.safety.formats.reads import field
+from flashinfer_sm120.safety.formats.grammar import parse_version
+from flashinfer_sm120.safety.formats.base import shown, some
+from flashinfer_sm120.core.toolkit.model import Toolkit
 from flashinfer_sm120.core.toolkit.memo import fingerprint
 
 __all__ = ["VIEW_LAYOUT", "META_NAME", "ADDED_ITEMS", "STUB", "DIRS", "REQUIRED", "CudaHome", "ViewMeta",

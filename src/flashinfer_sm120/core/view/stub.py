@@ -17,7 +17,8 @@ import re
 import struct
 import sys
 
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.formats.reads import read_prefix
 from flashinfer_sm120.errors import ViewError
 
 __all__ = ["SONAME", "driver_symbols", "elf_ident", "stub_bytes", "write_stub"]
@@ -39,8 +40,8 @@ def elf_ident(paths: list[str]) -> tuple[str, int, int] | None:
     """
     for path in paths:
         try:  # never a blocking open: a FIFO named libcudart.so.13 hung the view build
-            head = formats.read_prefix(path, _EHDR)
-        except formats.FormatError:
+            head = read_prefix(path, _EHDR)
+        except FormatError:
             continue
         if len(head) < _EHDR or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] not in (1, 2):
             continue
@@ -81,8 +82,8 @@ def driver_symbols(cuda_h: str | None) -> list[str]:
     if not cuda_h:
         return []
     try:
-        text = formats.read_prefix(cuda_h, 16 << 20).decode("utf-8", "replace")
-    except formats.FormatError:
+        text = read_prefix(cuda_h, 16 << 20).decode("utf-8", "replace")
+    except FormatError:
         return []
     names = set(_API_RE.findall(text)) | set(_VERSIONED_RE.findall(text))
     names |= {f"{n}_pt{kind.lower()}" for kind, n in _PER_THREAD_RE.findall(text)}

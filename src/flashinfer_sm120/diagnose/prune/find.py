@@ -1,5 +1,5 @@
 """Finding the views and JIT workspaces in the cache roots, and why each may go: a view no process
-adopts again (:func:`flashinfer_sm120.core.view.check_view`), a workspace whose toolkit or FlashInfer
+adopts again (:func:`flashinfer_sm120.core.view.meta.check_view`), a workspace whose toolkit or FlashInfer
 release is gone or changed, or with ``--older-than`` anything unused that long.  Writes nothing."""
 
 from __future__ import annotations
@@ -8,7 +8,9 @@ import dataclasses
 import os
 import re
 
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.formats.grammar import parse_version
+from flashinfer_sm120.safety.formats.reads import read_json_file, read_text
 from flashinfer_sm120.safety.formats.binary import ninja_variables
 from flashinfer_sm120.safety.fs.statedir import cache_root, home_dir
 from flashinfer_sm120.core.facts.workspace import tag_for
@@ -129,9 +131,9 @@ def _scan_view(e: os.DirEntry, ent: Entry) -> None:
         return
     ent.last_used = times([os.path.join(e.path, STUB), e.path])
     try:
-        raw = formats.read_json_file(os.path.join(e.path, META_NAME), 64 << 10, follow=False)
+        raw = read_json_file(os.path.join(e.path, META_NAME), 64 << 10, follow=False)
         meta, problem = ViewMeta.from_json(raw)
-    except formats.FormatError as exc:
+    except FormatError as exc:
         raw, meta, problem = None, None, str(exc)
     layout = raw.get("layout") if isinstance(raw, dict) else None
     if type(layout) is int and layout != VIEW_LAYOUT:  # its other fields are another version's: not damage
@@ -169,8 +171,8 @@ def _flashinfer_at(site: str | None):
     text = next((d.version for d in dists
                  if (d.metadata.get("Name") or "").lower().replace("_", "-") == "flashinfer-python"), None)
     try:
-        return text, formats.parse_version(text, "the installed FlashInfer's metadata") if text else None
-    except formats.FormatError:
+        return text, parse_version(text, "the installed FlashInfer's metadata") if text else None
+    except FormatError:
         return text, None
 
 
@@ -180,15 +182,15 @@ def workspace_reason(ws: str, ops: str, rel: list[str], ent: Entry) -> str | Non
         f = os.path.join(e.path, "build.ninja")
         if e.name != "tmp" and e.is_dir(follow_symlinks=False) and os.path.isfile(f):
             try:
-                ninja_vars = ninja_variables(formats.read_text(f, 4 << 20, follow=False), f)
+                ninja_vars = ninja_variables(read_text(f, 4 << 20, follow=False), f)
                 break
-            except formats.FormatError:
+            except FormatError:
                 continue
     version = None
     if "." in rel[0]:  # a release (0.7.4); arch directories (90a, 120f) of older layouts have no dot
         try:
-            version = formats.parse_version(rel[0], ws)
-        except formats.FormatError:
+            version = parse_version(rel[0], ws)
+        except FormatError:
             pass
     if ninja_vars is None:
         here, parsed = _flashinfer_at(None)
@@ -209,7 +211,7 @@ def workspace_reason(ws: str, ops: str, rel: list[str], ent: Entry) -> str | Non
         return f"its toolkit is gone ({home}/bin/nvcc no longer exists)"
     tag = rel[-1]
     if home and _TAG_RE.match(tag):
-        from flashinfer_sm120.core.toolkit import inspect
+        from flashinfer_sm120.core.toolkit.probe import inspect
 
         real = os.path.realpath(os.path.join(home, "bin", "nvcc"))
         tk = inspect(os.path.dirname(os.path.dirname(real)))

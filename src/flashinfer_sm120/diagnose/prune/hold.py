@@ -8,7 +8,8 @@ import os
 import stat
 import uuid
 
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.formats.reads import read_bytes, read_text
 from flashinfer_sm120.safety.formats.binary import proc_maps_paths
 from flashinfer_sm120.diagnose.prune.find import Entry
 from flashinfer_sm120.diagnose.tree import remove_tree, walk_tree
@@ -58,11 +59,11 @@ def held_paths() -> dict[str, int] | None:
         try:
             if uid != 0 and os.stat(base).st_uid != uid:
                 continue
-            for p in proc_maps_paths(formats.read_text(f"{base}/maps", 64 << 20), f"{base}/maps"):
+            for p in proc_maps_paths(read_text(f"{base}/maps", 64 << 20), f"{base}/maps"):
                 out.setdefault(p, pid)
             out.setdefault(os.readlink(f"{base}/cwd"), pid)
-            env = formats.read_bytes(f"{base}/environ", 1 << 20).split(b"\0")
-        except (OSError, formats.FormatError):
+            env = read_bytes(f"{base}/environ", 1 << 20).split(b"\0")
+        except (OSError, FormatError):
             continue
         for item in env:
             k, _, v = item.partition(b"=")

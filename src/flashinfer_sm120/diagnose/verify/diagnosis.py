@@ -10,7 +10,7 @@ import enum
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable
-from flashinfer_sm120.safety.formats import plural, shown
+from flashinfer_sm120.safety.formats.base import plural, shown
 
 __all__ = ["Level", "Finding", "Alone", "Diagnosis", "CHECKS", "diagnose", "alone"]
 

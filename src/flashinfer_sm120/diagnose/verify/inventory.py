@@ -17,7 +17,8 @@ import shutil
 import stat
 import sys
 
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.binary import cuda_elf_sm, parse_cuobjdump_headers, parse_cuobjdump_list, read_elf
 from flashinfer_sm120.diagnose.tree import walk_tree
 from flashinfer_sm120.diagnose.verify import targets as _targets
@@ -67,7 +68,7 @@ def module_targets(path: str, cuobjdump: str | None) -> dict:
         try:
             entries = parse_cuobjdump_list(listed.output, f"{cuobjdump} --list-elf {path}")
             exact = parse_cuobjdump_headers(heads.output, f"{cuobjdump} {path}") if heads.ok else []
-        except formats.FormatError as exc:
+        except FormatError as exc:
             entries, exact, note = [], [], str(exc)
         if listed.ok or entries:
             use = exact if exact and len(exact) == len(entries) else entries
@@ -76,10 +77,10 @@ def module_targets(path: str, cuobjdump: str | None) -> dict:
             return {"sass": sass, "ptx": ptx, "known": True,
                     "note": None if sass or ptx else "no device code (cuobjdump lists no ELF or PTX)"}
         note = note or (f"cuobjdump failed (exit {listed.returncode}): "
-                        + formats.shown(listed.error or listed.text().strip()[-300:], 300))
+                        + shown(listed.error or listed.text().strip()[-300:], 300))
     try:
         info = read_elf(path)
-    except formats.FormatError as exc:
+    except FormatError as exc:
         return {"sass": [], "ptx": [], "known": False, "note": str(exc)}
     fatbin = info.sections.get(".nv_fatbin")
     why = note or "no cuobjdump found (pip install nvidia-cuda-cuobjdump)"
@@ -186,7 +187,7 @@ def cubin_summary(cubin_dir: str, gpus: list[tuple[str, tuple[int, int]]]) -> di
                 break
             try:
                 sm = cuda_elf_sm(read_elf(os.path.join(root, f)))
-            except formats.FormatError:
+            except FormatError:
                 sm = None
             if sm is None:
                 unreadable += 1

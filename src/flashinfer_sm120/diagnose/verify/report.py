@@ -15,7 +15,9 @@ from typing import Callable, Sequence
 
 from flashinfer_sm120 import __version__
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats import iter_lines, loads_json, parse_ninja_log_header, shown
+from flashinfer_sm120.safety.formats.reads import iter_lines, loads_json
+from flashinfer_sm120.safety.formats.grammar import parse_ninja_log_header
+from flashinfer_sm120.safety.formats.base import shown
 
 __all__ = ["ALONE_TIMEOUT_S", "Section", "collect", "ninja_section", "log_format_of_dir", "servers_section", "build_line_section"]
 
@@ -62,7 +64,7 @@ def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
     ``jit_dir``, or ``error``), from a child with the shim off.  FlashInfer alone runs its nvcc at
     import: when the trust policy refuses a program it would run, no child starts (``skipped``)."""
     from flashinfer_sm120.safety import proc
-    from flashinfer_sm120.core.toolkit import flashinfer_naive_root
+    from flashinfer_sm120.core.toolkit.sources import flashinfer_naive_root
     from flashinfer_sm120.safety.trust import trace
 
     env = dict(os.environ, FLASHINFER_SM120_DISABLE="1")
@@ -172,7 +174,9 @@ def collect(timeout: float = ALONE_TIMEOUT_S, *, say: Callable[[str], None] | No
 
 
 def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: dict | None) -> dict:
-    from flashinfer_sm120.core import patch, toolkit
+    from flashinfer_sm120.core import patch
+    from flashinfer_sm120.core.toolkit.policy import torch_cuda_version
+    from flashinfer_sm120.core.toolkit.sources import discover
     from flashinfer_sm120.core.facts.gpus import query
     from flashinfer_sm120.core.patch.resolve import cleaned_homes, flashinfer_version
     from flashinfer_sm120.core.facts.releases import release_info
@@ -189,7 +193,7 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
     report["flashinfer"] = flashinfer_version() if report["flashinfer_installed"] else None
     release = release_info(report["flashinfer"])
     report["release"] = release.to_dict()
-    report["torch_cuda"] = toolkit.torch_cuda_version()  # imports torch: the GPU fallback may use it
+    report["torch_cuda"] = torch_cuda_version()  # imports torch: the GPU fallback may use it
     gq = query()
     report["gpu_source"] = gq.describe()
     report["gpus"] = [
@@ -200,7 +204,7 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
     report["FLASHINFER_CUDA_ARCH_LIST"] = arch_list if arch_list is None or len(arch_list) <= 4096 else (
         arch_list[:200] + f"... ({len(arch_list)} characters)")
     report["cleaned"] = list(cleaned_homes(dict(os.environ, **_ORIGINAL_ENV)))
-    candidates = list(toolkit.discover())  # every one read, once
+    candidates = list(discover())  # every one read, once
     report["candidates"] = [tk.to_dict() for tk in candidates]
     states: dict[str, tuple[str, str]] = {}  # root -> (chosen | usable | rejected, why)
     try:

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.reads import field, loads_json
 
 __all__ = ["SMOKE_TIMEOUT_S", "STEPS", "Step", "SmokeResult", "run_smoke"]
 
@@ -260,7 +260,7 @@ def _is_view(home: str) -> bool:
 
 def _torch_major() -> int | None:
     try:
-        from flashinfer_sm120.core.toolkit import torch_cuda_version
+        from flashinfer_sm120.core.toolkit.policy import torch_cuda_version
 
         v = torch_cuda_version()
         return int(v.split(".")[0]) if v else None
@@ -278,8 +278,8 @@ def _load(so: str, home: str, run: _Run, state: dict) -> str:
     if line is None:
         raise _Failed(f"the child process printed no result ({'timed out' if res.timed_out else res.returncode})",
                       res.text())
-    out = formats.loads_json(line[2:], "the smoke child's result")
-    if not formats.field(out, "loaded", bool, "the smoke child's result", default=False):
+    out = loads_json(line[2:], "the smoke child's result")
+    if not field(out, "loaded", bool, "the smoke child's result", default=False):
         raise _Failed(f"loading the .so failed: {out.get('error')}")
     maps = [proc_maps_paths(str(out.get(k, "")), "/proc/self/maps") for k in ("before", "after")]
     facts, problems = runtime_problems(*maps, view=home if _is_view(home) else None)
@@ -292,14 +292,14 @@ def _load(so: str, home: str, run: _Run, state: dict) -> str:
 def _ran(state: dict) -> str:
     out = state["child"]
     src = "the smoke child's result"
-    rc = formats.field(out, "rc", int, src, default=None)
+    rc = field(out, "rc", int, src, default=None)
     if out.get("error") or rc is None:
         raise _Failed(f"calling the kernel failed: {out.get('error')}")
-    wrong = formats.field(out, "wrong", int, src, default=-1)
+    wrong = field(out, "wrong", int, src, default=-1)
     if rc != 0 or wrong != 0:
         raise _Failed(f"the kernel ran with cudaError {rc} and {wrong} wrong results of 4096 "
                       f"(cudaError 209 is cudaErrorNoKernelImageForDevice: no code for this GPU)")
-    driver = formats.field(out, "driver", int, src, default=0)
+    driver = field(out, "driver", int, src, default=0)
     return f"4096 results right; driver API version {driver // 1000}.{driver % 1000 // 10}"
 
 

@@ -9,7 +9,7 @@ import dataclasses
 import os
 
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.reads import read_prefix
 
 __all__ = ["Holder", "parse_proc_locks", "holders", "PROC_LOCKS_MAX"]
 
@@ -46,7 +46,7 @@ def holders(path: str | os.PathLike) -> list[Holder]:
     """The processes holding a lock on ``path``; ``[]`` when none is seen or cannot be.  Never raises."""
     try:
         st = os.stat(path)
-        text = formats.read_prefix("/proc/locks", PROC_LOCKS_MAX).decode("ascii", "replace")
+        text = read_prefix("/proc/locks", PROC_LOCKS_MAX).decode("ascii", "replace")
     except (OSError, FormatError):
         return []
     out = []

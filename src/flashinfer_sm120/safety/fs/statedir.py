@@ -1,6 +1,6 @@
 """The per-uid cache root where flashinfer-sm120 keeps state (views, the nvcc memo), chosen and
 created by the rules of threat-model P2 and P4: owned by this uid and writable by no one else, an
-absolute path FlashInfer's unquoted ninja lines carry (:data:`flashinfer_sm120.safety.formats.PATH_RULE`),
+absolute path FlashInfer's unquoted ninja lines carry (:data:`flashinfer_sm120.safety.formats.paths.PATH_RULE`),
 created ``0700`` level by level only after every check that would refuse it, never inside a tree
 another uid owns, never by a command that only lists.  A candidate that breaks a rule is refused with
 a message naming the variable and the fix, and the next one is used.
@@ -16,7 +16,8 @@ import tempfile
 
 from flashinfer_sm120.errors import StateFileError
 from flashinfer_sm120.safety import oserrors
-from flashinfer_sm120.safety.formats import bounded, deepest_existing, foreign_tree, make_private_dirs
+from flashinfer_sm120.safety.formats.base import bounded
+from flashinfer_sm120.safety.formats.paths import deepest_existing, foreign_tree, make_private_dirs
 from flashinfer_sm120.safety.formats.paths import path_problem
 from flashinfer_sm120.safety.ownership import mine_problem, trust_reason
 
@@ -117,7 +118,7 @@ def _room_problem(path: str, what: str) -> str | None:
 
 
 def foreign_tree_message(what: str, ft, variable: str = "FLASHINFER_SM120_CACHE_DIR") -> str:
-    """The sentence for a :class:`~flashinfer_sm120.safety.formats.ForeignTree`, with the fix."""
+    """The sentence for a :class:`~flashinfer_sm120.safety.formats.paths.ForeignTree`, with the fix."""
     return (f"{what}={ft.path!r} does not exist, and it would be created inside {ft.top}, owned by uid "
             f"{ft.owner}, as uid {ft.uid}: that user's own tools could not write it (pip, FlashInfer "
             f"and others use ~/.cache). Run as uid {ft.owner} (sudo -u), keep your own home "

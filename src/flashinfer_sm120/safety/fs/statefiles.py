@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from flashinfer_sm120.errors import FormatError, StateFileError
 from flashinfer_sm120.safety import oserrors
-from flashinfer_sm120.safety.formats import read_json_file
+from flashinfer_sm120.safety.formats.reads import read_json_file
 from flashinfer_sm120.safety.fs import atomic
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -27,7 +27,7 @@ MAX_STATE_BYTES = 1 << 20
 
 
 def read_json(path: str, *, max_bytes: int = MAX_STATE_BYTES) -> tuple[Any, str | None]:
-    """``(data, None)`` of a JSON state file (:func:`flashinfer_sm120.safety.formats.read_json_file`,
+    """``(data, None)`` of a JSON state file (:func:`flashinfer_sm120.safety.formats.reads.read_json_file`,
     no symlink, owned by this uid or root); ``(None, None)`` when absent, ``(None, reason)`` when refused."""
     if not os.path.lexists(path):
         return None, None

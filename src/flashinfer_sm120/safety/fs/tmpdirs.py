@@ -8,7 +8,7 @@ import shutil
 import tempfile
 
 from flashinfer_sm120.errors import PlaceError
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.fs.atomic import hold, sweep
 from flashinfer_sm120.safety.ownership import trust_reason
 
@@ -48,7 +48,7 @@ def make_private(prefix: str, parent: str | None = None) -> Private:
     parent = parent or tempfile.gettempdir()
     why = trust_reason(os.path.join(parent, prefix))  # check, then create (threat-model: P4)
     if why:
-        raise PlaceError(f"will not make a temporary directory in {formats.shown(parent, 200)}: {why}. Fix: set "
+        raise PlaceError(f"will not make a temporary directory in {shown(parent, 200)}: {why}. Fix: set "
                          f"TMPDIR to a directory of your own (mkdir -m 700 ~/tmp; TMPDIR=~/tmp) or unset it")
     sweep(prefix, parent)
     path = tempfile.mkdtemp(prefix=prefix, dir=parent)

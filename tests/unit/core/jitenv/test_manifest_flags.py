@@ -19,7 +19,7 @@ from hypothesis import given, strategies as st
 from helpers.child import cli
 from helpers.host import needs_flashinfer
 from helpers.toolkits import script
-from flashinfer_sm120.safety import formats
+from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.flags import parse_compile_flag
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.core.jitenv import manifest
@@ -108,4 +108,4 @@ def test_build_from_a_hostile_manifest_runs_nothing_it_names(clean_env, tmp_path
     assert "'-ccbin=" in out and "not an option FlashInfer uses" in out, out[-3000:]  # line 1, named
     # line 2: the module is made by the local FlashInfer's generator, which names no such source
     # (named as bounded messages name it: the path's start, and its length once it is long, as tmp_path may be)
-    assert f"cannot regenerate sampling: source {formats.shown(str(src))} is not one FlashInfer" in out, out[-3000:]
+    assert f"cannot regenerate sampling: source {shown(str(src))} is not one FlashInfer" in out, out[-3000:]

@@ -8,7 +8,6 @@ import re
 import pytest
 from hypothesis import given, strategies as st
 
-from flashinfer_sm120.safety import formats
 from flashinfer_sm120.safety.formats.params import parse_generator, parse_params
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.core.jitenv import generators

@@ -7,7 +7,10 @@ from packaging.version import Version
 
 from helpers.toolkits import make_toolkit
 from flashinfer_sm120.core.facts import arch, archlist
-from flashinfer_sm120.core.toolkit import ToolkitError, choose, discover, inspect
+from flashinfer_sm120.errors import ToolkitError
+from flashinfer_sm120.core.toolkit.policy import choose
+from flashinfer_sm120.core.toolkit.sources import discover
+from flashinfer_sm120.core.toolkit.probe import inspect
 from flashinfer_sm120.core.toolkit import fixes
 from flashinfer_sm120.core.toolkit.model import RejectKind, Toolkit
 from flashinfer_sm120.core.toolkit.fixes import ALLOW_OTHER_MAJOR_ENV, unbuildable

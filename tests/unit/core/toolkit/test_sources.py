@@ -10,7 +10,8 @@ import site
 import pytest
 
 from helpers.toolkits import make_toolkit, script
-from flashinfer_sm120.core.toolkit import FIND_STEPS, SOURCES, discover, sources
+from flashinfer_sm120.core.toolkit.sources import FIND_STEPS, SOURCES, discover
+from flashinfer_sm120.core.toolkit import sources
 from helpers.probing import PY, in_namespace, unshare_ok
 
 
@@ -86,7 +87,9 @@ chmod 755 /usr/bin/nvcc /usr/lib/nvidia-cuda-toolkit/bin/nvcc
 echo '#define CUDART_VERSION 12040' > /usr/include/cuda_runtime_api.h
 "$PY" - <<'EOF2'
 import json
-from flashinfer_sm120.core.toolkit import discover, choose, ToolkitError
+from flashinfer_sm120.core.toolkit.sources import discover
+from flashinfer_sm120.core.toolkit.policy import choose
+from flashinfer_sm120.errors import ToolkitError
 tks = [t for t in discover({"PATH": "/usr/bin"}) if "PATH" in t.sources]
 tk = tks[0]
 try:
@@ -116,7 +119,7 @@ def test_debian_layout_is_recognised_and_rejected_for_its_version(tmp_path):
 
 
 def test_dist_info_must_own_this_nvcc(tmp_path):
-    from flashinfer_sm120.core.toolkit import inspect
+    from flashinfer_sm120.core.toolkit.probe import inspect
 
     site_dir = tmp_path / "site-packages"
     root = make_toolkit(site_dir / "nvidia" / "cu13", "13.0.88", lib64=False)
@@ -149,7 +152,7 @@ def test_cuda_pathfinder_never_reaches_its_subprocess_fallback(tmp_path, monkeyp
 
 
 def test_inconsistent_system_toolkit_is_not_told_to_pip_install_a_12x_set(tmp_path):
-    from flashinfer_sm120.core.toolkit import inspect
+    from flashinfer_sm120.core.toolkit.probe import inspect
 
     sys_tk = inspect(str(make_toolkit(tmp_path / "cuda-12.8", "12.8.93", header="12.9")))
     assert "nvcc 12.8 with CUDA headers 12.9" in sys_tk.problem

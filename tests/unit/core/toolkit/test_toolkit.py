@@ -6,8 +6,9 @@ from packaging.version import Version
 
 from helpers.guards import until
 from helpers.toolkits import make_toolkit, script
-from flashinfer_sm120.core import toolkit
-from flashinfer_sm120.core.toolkit import discover, inspect
+from flashinfer_sm120.core.toolkit.sources import flashinfer_naive_root
+from flashinfer_sm120.core.toolkit.sources import discover
+from flashinfer_sm120.core.toolkit.probe import inspect
 
 
 def test_version_from_nvcc_fallback(tmp_path):
@@ -154,7 +155,7 @@ def test_wrapper_script_on_path_resolves_to_toolkit(tmp_path):
         (tk,) = [t for t in discover(env) if "PATH" in t.sources]
         assert tk.root == str(real) and tk.nvcc_version == Version("13.0")
         # FlashInfer's own rule would take dirname(dirname(which nvcc)):
-        assert toolkit.flashinfer_naive_root(env) == str(d.parent)
+        assert flashinfer_naive_root(env) == str(d.parent)
 
 
 def test_same_nvcc_from_two_sources_is_one_candidate(tmp_path):

@@ -14,7 +14,8 @@ from helpers.toolkits import lying_toolkit, make_toolkit
 def test_a_version_file_that_disagrees_with_nvcc_is_a_finding(tmp_path, cache_dir):
     """A version.json saying 13.0.88 beside an nvcc 12.8 is a finding, not believed: the version is nvcc's
     (P1)."""
-    from flashinfer_sm120.core.toolkit import VersionDisagreement, inspect
+    from flashinfer_sm120.core.toolkit.model import VersionDisagreement
+    from flashinfer_sm120.core.toolkit.probe import inspect
 
     runs = tmp_path / "runs"
     root = lying_toolkit(tmp_path / "cuda", runs=runs)
@@ -29,7 +30,7 @@ def test_a_version_file_that_disagrees_with_nvcc_is_a_finding(tmp_path, cache_di
 
 
 def test_a_version_file_that_agrees_names_the_source_and_nvcc_runs_once(tmp_path, cache_dir):
-    from flashinfer_sm120.core.toolkit import inspect
+    from flashinfer_sm120.core.toolkit.probe import inspect
 
     runs = tmp_path / "runs"
     root = lying_toolkit(tmp_path / "cuda", says="13.0.88", file_says="13.0.88", runs=runs)
@@ -41,7 +42,7 @@ def test_a_version_file_that_agrees_names_the_source_and_nvcc_runs_once(tmp_path
 
 
 def test_an_nvcc_that_cannot_say_its_version_is_refused_whatever_the_file_says(tmp_path, cache_dir):
-    from flashinfer_sm120.core.toolkit import inspect
+    from flashinfer_sm120.core.toolkit.probe import inspect
 
     root = make_toolkit(tmp_path / "cuda", "13.0.88", nvcc_script="#!/bin/sh\nexit 3\n", version_json=True)
     tk = inspect(str(root))
@@ -74,7 +75,8 @@ def test_a_process_that_cannot_start_programs_refuses_the_toolkit_for_now_unreme
     """E2BIG (1 MiB of environment: Linux starts no program) is this process's fault, not the binary's:
     the toolkit is refused for now, naming the environment as the cause, never given its version file's
     version (P1: only the binary's answer counts), and nothing is remembered against it."""
-    from flashinfer_sm120.core.toolkit import inspect, memo
+    from flashinfer_sm120.core.toolkit.probe import inspect
+    from flashinfer_sm120.core.toolkit import memo
 
     runs = tmp_path / "runs"
     root = lying_toolkit(tmp_path / "cuda", says="13.0.88", file_says="13.0.88", runs=runs)
@@ -91,7 +93,7 @@ def test_a_listing_process_asks_nvcc_but_writes_no_memo_and_no_lock(tmp_path, ca
     """`cache prune` without --yes inspects toolkits (is a workspace's toolkit still the same?):
     it reads the memo, and writes nothing (threat-model P4)."""
     from flashinfer_sm120.safety.fs import statedir
-    from flashinfer_sm120.core.toolkit import inspect
+    from flashinfer_sm120.core.toolkit.probe import inspect
 
     cache_dir.mkdir(mode=0o700)
     statedir.listing_only()  # undone by cache_dir's statedir.forget_cache_root()

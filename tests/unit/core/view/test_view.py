@@ -19,10 +19,11 @@ import pytest
 from helpers import TESTS, abandoned
 from helpers.guards import hang_guard
 from helpers.toolkits import make_toolkit
-from flashinfer_sm120.core import view
+from flashinfer_sm120.core.view.meta import META_NAME, check_view
+from flashinfer_sm120.core.view.build import linkable_home
 from flashinfer_sm120.errors import ViewError
 from flashinfer_sm120.core.view import build as view_build
-from flashinfer_sm120.core.toolkit import inspect
+from flashinfer_sm120.core.toolkit.probe import inspect
 from helpers.views import can_unshare, dynamic_section, pip_like, tmp_dirs
 
 
@@ -41,7 +42,7 @@ def _views(cache):
 
 def test_view_makes_pip_prefix_linkable(tmp_path, cache):
     root = pip_like(tmp_path)
-    home = view.linkable_home(inspect(str(root)))
+    home = linkable_home(inspect(str(root)))
     assert home.is_view and home.path.startswith(str(cache)) and os.path.isabs(home.path)
     v = home.path
     assert os.path.realpath(os.path.join(v, "bin", "nvcc")) == str(root / "bin" / "nvcc")
@@ -58,16 +59,16 @@ def test_view_makes_pip_prefix_linkable(tmp_path, cache):
 
 def test_view_is_reused_and_a_damaged_one_is_replaced_under_a_new_name(tmp_path, cache):
     tk = inspect(str(pip_like(tmp_path)))
-    first = view.linkable_home(tk)
+    first = linkable_home(tk)
     stub = os.path.join(first.path, "lib64", "stubs", "libcuda.so")
     mtime = os.stat(stub).st_mtime_ns
-    assert view.linkable_home(tk).path == first.path
+    assert linkable_home(tk).path == first.path
     assert os.stat(stub).st_mtime_ns == mtime  # not rebuilt
     os.unlink(stub)  # damage it: a process may still be using it, so it is left alone
-    again = view.linkable_home(tk)
+    again = linkable_home(tk)
     assert again.path == first.path + ".1" and os.path.isfile(os.path.join(again.path, "lib64/stubs/libcuda.so"))
     assert os.path.isdir(first.path) and not os.path.lexists(stub)
-    assert view.linkable_home(tk).path == again.path
+    assert linkable_home(tk).path == again.path
     assert not tmp_dirs(cache / "cuda-home")
 
 
@@ -76,13 +77,13 @@ def test_headers_installed_after_the_view_was_built_appear_in_it(tmp_path, cache
     toolkit; the same view (same cuda_home, so no ninja rebuild) must then carry it."""
     root = pip_like(tmp_path)
     tk = inspect(str(root))
-    first = view.linkable_home(tk)
+    first = linkable_home(tk)
     assert not os.path.lexists(os.path.join(first.path, "include", "cublasLt.h"))
     (root / "include" / "cublasLt.h").write_text("/* cuBLASLt */\n")
-    again = view.linkable_home(inspect(str(root)))
+    again = linkable_home(inspect(str(root)))
     assert again.path == first.path
     assert os.path.realpath(os.path.join(again.path, "include", "cublasLt.h")) == str(root / "include" / "cublasLt.h")
-    assert view.linkable_home(inspect(str(root))).path == first.path  # still adoptable
+    assert linkable_home(inspect(str(root))).path == first.path  # still adoptable
 
 
 def test_view_built_under_a_group_writable_umask_is_adopted(tmp_path, cache):
@@ -90,9 +91,9 @@ def test_view_built_under_a_group_writable_umask_is_adopted(tmp_path, cache):
     tk = inspect(str(pip_like(tmp_path)))
     old = os.umask(0o002)
     try:
-        first = view.linkable_home(tk)
-        assert view.check_view(first.path, tk, first.curand_include)[1] is None
-        assert view.linkable_home(tk).path == first.path
+        first = linkable_home(tk)
+        assert check_view(first.path, tk, first.curand_include)[1] is None
+        assert linkable_home(tk).path == first.path
     finally:
         os.umask(old)
 
@@ -101,18 +102,18 @@ def test_toolkit_path_ninja_cannot_carry_gets_a_view(tmp_path, cache):
     """FlashInfer writes ``cuda_home = <path>`` unquoted into build.ninja: a complete toolkit
     under a path with a space is handed over through a view with a safe path."""
     root = make_toolkit(tmp_path / "my cuda" / "cuda-12.9", "12.9.41", curand=True)
-    home = view.linkable_home(inspect(str(root)))
+    home = linkable_home(inspect(str(root)))
     assert home.is_view and home.path.startswith(str(cache)) and " " not in home.path
     assert home.added == ()
     assert os.path.realpath(os.path.join(home.path, "bin", "nvcc")) == str(root / "bin" / "nvcc")
     assert os.path.realpath(os.path.join(home.path, "lib64", "stubs", "libcuda.so")) == \
         str(root / "lib64" / "stubs" / "libcuda.so")
-    assert view.linkable_home(inspect(str(root))).path == home.path
+    assert linkable_home(inspect(str(root))).path == home.path
 
 
 def test_complete_toolkit_needs_no_view(tmp_path, cache):
     root = make_toolkit(tmp_path / "cuda-12.9", "12.9.41", curand=True)
-    home = view.linkable_home(inspect(str(root)))
+    home = linkable_home(inspect(str(root)))
     assert not home.is_view and home.path == str(root) and not (cache / "cuda-home").exists()
 
 
@@ -124,10 +125,10 @@ def test_curand_taken_from_pip_when_toolkit_lacks_it(tmp_path, cache, monkeypatc
     (inc / "curand.h").write_text("/* pip curand */\n")
     (inc / "curand_kernel.h").write_text("/* pip curand */\n")
     monkeypatch.setattr(view_build, "_site_dirs", lambda: [str(site_dir)])
-    home = view.linkable_home(inspect(str(root)))
+    home = linkable_home(inspect(str(root)))
     assert home.is_view and home.curand_include == str(inc) and "include/curand.h" in home.added
     assert os.path.realpath(os.path.join(home.path, "include", "curand_kernel.h")) == str(inc / "curand_kernel.h")
-    assert view.linkable_home(inspect(str(root))).path == home.path  # its links pass the check
+    assert linkable_home(inspect(str(root))).path == home.path  # its links pass the check
 
 
 @pytest.mark.parametrize("pip", [True, False])
@@ -140,7 +141,7 @@ def test_toolkit_without_libcudart_names_the_right_fix(tmp_path, cache, pip):
     if pip:
         tk = dataclasses.replace(tk, sources=("pip",))
     with pytest.raises(ViewError) as exc:
-        view.linkable_home(tk)
+        linkable_home(tk)
     msg = str(exc.value)
     assert f"toolkit {root} has no libcudart.so*" in msg
     assert ("cuda-toolkit[nvcc,cccl,curand]==13.0.*" in msg) == pip and ("reinstall CUDA 12.8" in msg) != pip
@@ -181,9 +182,9 @@ def _tamper_cases(tmp_path):
         os.chmod(v, 0o775)
 
     def meta_other_toolkit(v):
-        meta = json.load(open(os.path.join(v, view.META_NAME)))
+        meta = json.load(open(os.path.join(v, META_NAME)))
         meta["toolkit"] = os.path.dirname(evil_bin)
-        with open(os.path.join(v, view.META_NAME), "w") as fh:
+        with open(os.path.join(v, META_NAME), "w") as fh:
             json.dump(meta, fh)
 
     cases = [repoint_bin, relative_escape, real_bin_dir, include_link, new_stub, group_writable,
@@ -196,7 +197,7 @@ def _tamper_cases(tmp_path):
             os.lchown(os.path.join(v, "bin"), 12345, 12345)
 
         def other_uid_meta(v):
-            os.chown(os.path.join(v, view.META_NAME), 12345, 12345)
+            os.chown(os.path.join(v, META_NAME), 12345, 12345)
 
         cases += [other_uid_dir, other_uid_link, other_uid_meta]
     return cases
@@ -204,12 +205,12 @@ def _tamper_cases(tmp_path):
 
 def test_altered_or_foreign_view_is_never_adopted(tmp_path, cache, caplog):
     tk = inspect(str(pip_like(tmp_path)))
-    good = view.linkable_home(tk)
+    good = linkable_home(tk)
     for n, tamper in enumerate(_tamper_cases(tmp_path), start=1):
-        tamper(view.linkable_home(tk).path)  # the view current processes would adopt
+        tamper(linkable_home(tk).path)  # the view current processes would adopt
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="flashinfer_sm120"):
-            home = view.linkable_home(tk)
+            home = linkable_home(tk)
         assert home.path == f"{good.path}.{n}", tamper.__name__
         assert os.path.realpath(os.path.join(home.path, "bin", "nvcc")) == tk.nvcc, tamper.__name__
         assert "not adopting CUDA_HOME view" in caplog.text, tamper.__name__
@@ -217,11 +218,11 @@ def test_altered_or_foreign_view_is_never_adopted(tmp_path, cache, caplog):
 
 def test_check_view_names_the_reason(tmp_path, cache):
     tk = inspect(str(pip_like(tmp_path)))
-    home = view.linkable_home(tk)
-    assert view.check_view(home.path, tk, home.curand_include)[0] == home
+    home = linkable_home(tk)
+    assert check_view(home.path, tk, home.curand_include)[0] == home
     os.unlink(os.path.join(home.path, "bin"))
     os.symlink("/usr/bin", os.path.join(home.path, "bin"))
-    adopted, why = view.check_view(home.path, tk, home.curand_include)
+    adopted, why = check_view(home.path, tk, home.curand_include)
     assert adopted is None and "bin points to /usr/bin, outside the toolkit" in why
 
 
@@ -240,7 +241,7 @@ def test_second_uid_never_adopts_a_view_planted_by_another(tmp_path):
         acache, bcache = Path(base) / "acache", Path(base) / "bcache"
         os.environ["FLASHINFER_SM120_CACHE_DIR"] = str(acache)
         try:  # A builds a view with our code, then repoints bin like the attacker in the issue
-            built = view.linkable_home(inspect(str(root))).path
+            built = linkable_home(inspect(str(root))).path
         finally:
             del os.environ["FLASHINFER_SM120_CACHE_DIR"]
         os.unlink(os.path.join(built, "bin"))
@@ -255,8 +256,8 @@ def test_second_uid_never_adopts_a_view_planted_by_another(tmp_path):
                    PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
         code = textwrap.dedent(f"""
             import json, os
-            from flashinfer_sm120.core.toolkit import inspect
-            from flashinfer_sm120.core.view import linkable_home
+            from flashinfer_sm120.core.toolkit.probe import inspect
+            from flashinfer_sm120.core.view.build import linkable_home
             h = linkable_home(inspect({str(root)!r}))
             print("@@" + json.dumps([h.path, os.path.realpath(os.path.join(h.path, "bin", "nvcc"))]))
         """)
@@ -281,8 +282,8 @@ def test_second_uid_never_adopts_a_view_planted_by_another(tmp_path):
 ])
 def test_wrong_typed_metadata_is_not_adopted_and_named(tmp_path, cache, caplog, content):
     tk = inspect(str(pip_like(tmp_path)))
-    first = view.linkable_home(tk)
-    meta_path = os.path.join(first.path, view.META_NAME)
+    first = linkable_home(tk)
+    meta_path = os.path.join(first.path, META_NAME)
     if isinstance(content, dict):
         meta = json.load(open(meta_path))
         meta.update(content)
@@ -290,7 +291,7 @@ def test_wrong_typed_metadata_is_not_adopted_and_named(tmp_path, cache, caplog, 
     with open(meta_path, "w", encoding="latin-1") as fh:
         fh.write(content)
     with caplog.at_level(logging.INFO, logger="flashinfer_sm120"):
-        home = view.linkable_home(tk)
+        home = linkable_home(tk)
     assert home.path == first.path + ".1"
     assert set(home.added) == {"lib64/libcudart.so", "lib64/stubs/libcuda.so"}
     assert meta_path in caplog.text
@@ -298,16 +299,16 @@ def test_wrong_typed_metadata_is_not_adopted_and_named(tmp_path, cache, caplog, 
 
 def test_metadata_that_is_a_fifo_symlink_or_huge_is_not_adopted(tmp_path, cache):
     tk = inspect(str(pip_like(tmp_path)))
-    paths = [view.linkable_home(tk).path]
+    paths = [linkable_home(tk).path]
     for make in (lambda p: os.mkfifo(p), lambda p: os.symlink("/etc/hostname", p),
                  lambda p: open(p, "w").write(" " * (1 << 20))):
-        meta_path = os.path.join(paths[-1], view.META_NAME)
+        meta_path = os.path.join(paths[-1], META_NAME)
         keep = open(meta_path).read()
         os.unlink(meta_path)
         make(meta_path)
         with hang_guard(60):  # a FIFO opened for reading waits for a writer forever
-            paths.append(view.linkable_home(tk).path)
-        assert paths[-1] != paths[-2] and json.load(open(os.path.join(paths[-1], view.META_NAME))) != keep
+            paths.append(linkable_home(tk).path)
+        assert paths[-1] != paths[-2] and json.load(open(os.path.join(paths[-1], META_NAME))) != keep
 
 
 # --------------------------------------------------------------------------- disk full / not writable
@@ -326,13 +327,13 @@ def test_disk_full_names_the_directory_and_the_variable(tmp_path, cache, monkeyp
 
     monkeypatch.setattr(os, "symlink", full)
     with pytest.raises(ViewError) as exc:
-        view.linkable_home(tk)
+        linkable_home(tk)
     msg = str(exc.value)
     parent = str(cache / "cuda-home")
     assert f"in {parent}:" in msg and "full" in msg and "FLASHINFER_SM120_CACHE_DIR" in msg
     assert not tmp_dirs(parent) and not _views(cache)
     monkeypatch.setattr(os, "symlink", real_symlink)
-    assert view.linkable_home(tk).is_view  # space freed: it works
+    assert linkable_home(tk).is_view  # space freed: it works
 
 
 def test_unusable_cache_dir_falls_back_with_a_named_warning(tmp_path, monkeypatch):
@@ -346,7 +347,7 @@ def test_unusable_cache_dir_falls_back_with_a_named_warning(tmp_path, monkeypatc
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(bad))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     try:
-        home = view.linkable_home(inspect(str(pip_like(tmp_path))))
+        home = linkable_home(inspect(str(pip_like(tmp_path))))
         assert home.path.startswith(str(tmp_path / "xdg"))
         assert any("FLASHINFER_SM120_CACHE_DIR" in n and str(bad) in n for n in statedir.cache_root_notes())
     finally:
@@ -357,7 +358,7 @@ def test_unusable_view_directory_names_the_fix(tmp_path, cache):
     cache.mkdir(mode=0o700)
     (cache / "cuda-home").write_text("")  # a file where the view directory should be
     with pytest.raises(ViewError) as exc:
-        view.linkable_home(inspect(str(pip_like(tmp_path))))
+        linkable_home(inspect(str(pip_like(tmp_path))))
     assert str(cache / "cuda-home") in str(exc.value) and "FLASHINFER_SM120_CACHE_DIR" in str(exc.value)
 
 
@@ -371,8 +372,8 @@ def test_real_enospc_and_read_only_in_a_private_mount_namespace(tmp_path):
     ro.mkdir()
     code = textwrap.dedent(f"""
         import json, os
-        from flashinfer_sm120.core.toolkit import inspect
-        from flashinfer_sm120.core.view import linkable_home
+        from flashinfer_sm120.core.toolkit.probe import inspect
+        from flashinfer_sm120.core.view.build import linkable_home
         from flashinfer_sm120.errors import ViewError
         out = {{}}
         for name, d in (("full", {str(full)!r}), ("ro", {str(ro)!r})):
@@ -407,8 +408,9 @@ def test_kill_9_during_a_build_leaves_nothing_behind(tmp_path, cache):
     flag = tmp_path / "building"
     code = textwrap.dedent(f"""
         import os, time
-        from flashinfer_sm120.core import view
-        from flashinfer_sm120.core.toolkit import inspect
+        from flashinfer_sm120.core.view.meta import META_NAME, check_view
+        from flashinfer_sm120.core.view.build import linkable_home
+        from flashinfer_sm120.core.toolkit.probe import inspect
         from flashinfer_sm120.core.view import build
         real = build._assemble
         def slow(tmp, *a):
@@ -416,7 +418,7 @@ def test_kill_9_during_a_build_leaves_nothing_behind(tmp_path, cache):
             open({str(flag)!r}, "w").close()
             time.sleep(600)
         build._assemble = slow
-        view.linkable_home(inspect({str(root)!r}))
+        linkable_home(inspect({str(root)!r}))
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
     parent = cache / "cuda-home"
@@ -431,7 +433,7 @@ def test_kill_9_during_a_build_leaves_nothing_behind(tmp_path, cache):
         flag.unlink()
         abandoned(*(parent / n for n in tmp_dirs(parent)))  # past the grace a live builder has
     assert len(tmp_dirs(parent)) == 1 and not _views(cache)
-    home = view.linkable_home(inspect(str(root)))  # the next builder cleans up
+    home = linkable_home(inspect(str(root)))  # the next builder cleans up
     assert home.is_view and not tmp_dirs(parent)
 
 
@@ -440,7 +442,7 @@ def test_leftovers_are_cleaned_by_a_process_that_only_adopts(tmp_path, cache):
     from flashinfer_sm120.safety.fs import tmpdirs
 
     tk = inspect(str(pip_like(tmp_path)))
-    home = view.linkable_home(tk)
+    home = linkable_home(tk)
     parent = cache / "cuda-home"
     dead = parent / ".tmp-dead"  # its builder was killed long ago
     dead.mkdir()
@@ -449,7 +451,7 @@ def test_leftovers_are_cleaned_by_a_process_that_only_adopts(tmp_path, cache):
     fresh.mkdir()
     abandoned(dead, live.path)
     try:
-        assert view.linkable_home(tk).path == home.path
+        assert linkable_home(tk).path == home.path
         assert tmp_dirs(parent) == sorted([fresh.name, os.path.basename(live.path)])
     finally:
         live.close()

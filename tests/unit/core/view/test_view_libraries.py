@@ -13,9 +13,9 @@ import os
 import pytest
 
 from helpers.toolkits import make_toolkit
-from flashinfer_sm120.core import view
+from flashinfer_sm120.core.view.build import linkable_home
 from flashinfer_sm120.errors import ViewError
-from flashinfer_sm120.core.toolkit import inspect
+from flashinfer_sm120.core.toolkit.probe import inspect
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def test_a_library_that_is_not_a_regular_file_is_never_handed_to_the_linker(tmp_
     root = make_toolkit(tmp_path / "tk", "13.0.88", curand=True)
     LAYOUTS[layout](root / "lib64")
     try:
-        home = view.linkable_home(inspect(str(root)))
+        home = linkable_home(inspect(str(root)))
     except ViewError as exc:
         assert str(root) in str(exc) and "regular file" in str(exc), exc
         return
@@ -65,4 +65,4 @@ def test_a_library_that_is_not_a_regular_file_is_never_handed_to_the_linker(tmp_
 
 def test_an_ordinary_toolkit_is_still_used_as_it_is(tmp_path, cache):
     root = make_toolkit(tmp_path / "tk", "13.0.88", curand=True)
-    assert view.linkable_home(inspect(str(root))).path == str(root)
+    assert linkable_home(inspect(str(root))).path == str(root)

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from helpers.toolkits import make_toolkit
-from flashinfer_sm120.core import view
+from flashinfer_sm120.core.view.build import linkable_home
 from flashinfer_sm120.errors import ViewError
-from flashinfer_sm120.core.toolkit import inspect
+from flashinfer_sm120.core.toolkit.probe import inspect
 from flashinfer_sm120.core.view import build as view_build
 from flashinfer_sm120.core.view import stub as linkstub
 from helpers.views import dynamic_section, pip_like, tmp_dirs
@@ -34,7 +34,7 @@ def test_stub_needs_no_c_compiler(tmp_path, cache, monkeypatch, cc):
         monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no cc/gcc anywhere
     else:
         monkeypatch.setenv("CC", cc)
-    home = view.linkable_home(inspect(str(pip_like(tmp_path))))
+    home = linkable_home(inspect(str(pip_like(tmp_path))))
     stub = os.path.join(home.path, "lib64", "stubs", "libcuda.so")
     with open(stub, "rb") as fh:
         head = fh.read(20)
@@ -51,7 +51,7 @@ def test_toolkit_own_stub_is_linked_not_built(tmp_path, cache, monkeypatch):
     (site_dir / "curand.h").write_text("")
     monkeypatch.setattr(view_build, "_site_dirs", lambda: [str(tmp_path / "site")])
     monkeypatch.setattr(linkstub, "write_stub", lambda *a: pytest.fail("stub built although the toolkit has one"))
-    home = view.linkable_home(inspect(str(root)))
+    home = linkable_home(inspect(str(root)))
     assert os.path.realpath(os.path.join(home.path, "lib64/stubs/libcuda.so")) == str(root / "lib64/stubs/libcuda.so")
     assert home.added == ("include/curand.h",)
 
@@ -59,7 +59,7 @@ def test_toolkit_own_stub_is_linked_not_built(tmp_path, cache, monkeypatch):
 def test_no_elf_reference_names_the_fix(tmp_path, cache, monkeypatch):
     monkeypatch.setattr(linkstub, "elf_ident", lambda paths: None)  # no platform CUDA supports
     with pytest.raises(ViewError, match="own lib64/stubs/libcuda.so"):
-        view.linkable_home(inspect(str(pip_like(tmp_path))))
+        linkable_home(inspect(str(pip_like(tmp_path))))
     assert not tmp_dirs(tmp_path / "cache" / "cuda-home")
 
 
@@ -98,7 +98,7 @@ def test_real_nvcc_and_flashinfer_link_rule_against_the_view(tmp_path, cache, re
     (``$cxx $in -shared -L$cuda_home/lib64 -L$cuda_home/lib64/stubs -lcudart -lcuda``,
     flashinfer/jit/cpp_ext.py) links against our stub, and the module loads (RTLD_NOW)
     against a stand-in driver ``libcuda.so.1`` and calls into it."""
-    home = view.linkable_home(inspect(real_nvcc13)).path
+    home = linkable_home(inspect(real_nvcc13)).path
     src = tmp_path / "m.cu"
     src.write_text('#include <cuda.h>\nextern "C" int f(){ CUtensorMap m; '
                    'return (int)cuTensorMapEncodeTiled(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1, 0, 0, 0, 0, 0, '

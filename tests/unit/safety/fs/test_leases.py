@@ -247,8 +247,8 @@ def test_a_chooser_that_finds_the_view_being_removed_waits_then_builds_it_anew(w
 
     from flashinfer_sm120.safety.fs import lease, statedir
     from flashinfer_sm120.diagnose.tree import remove_tree
-    from flashinfer_sm120.core.toolkit import inspect
-    from flashinfer_sm120.core.view import linkable_home
+    from flashinfer_sm120.core.toolkit.probe import inspect
+    from flashinfer_sm120.core.view.build import linkable_home
 
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", world["env"]["FLASHINFER_SM120_CACHE_DIR"])
     statedir.forget_cache_root()

@@ -18,7 +18,8 @@ import pytest
 from helpers import abandoned
 from helpers.toolkits import make_toolkit
 from flashinfer_sm120.safety.fs import statedir, statefiles
-from flashinfer_sm120.core.toolkit import inspect, memo
+from flashinfer_sm120.core.toolkit.probe import inspect
+from flashinfer_sm120.core.toolkit import memo
 from helpers.probing import OTHER_UID, PY, as_uid, need_root
 
 
@@ -39,7 +40,7 @@ def test_cache_path_ninja_cannot_carry_is_refused_and_named(tmp_path, monkeypatc
     root = statedir.cache_root()
     assert char not in root and root == str(tmp_path / "home" / ".cache" / "flashinfer-sm120")
     (note,) = statedir.cache_root_notes()
-    from flashinfer_sm120.safety.formats import PATH_RULE
+    from flashinfer_sm120.safety.formats.paths import PATH_RULE
 
     assert "FLASHINFER_SM120_CACHE_DIR" in note and repr(char) in note and PATH_RULE in note
     assert not (tmp_path / name).exists()
@@ -245,7 +246,7 @@ def test_memo_size_is_capped(tmp_path, memo_dir):
 def test_concurrent_workers_probe_a_hung_nvcc_once(tmp_path, memo_dir):
     count = tmp_path / "runs"
     root = make_toolkit(tmp_path / "cuda-hang", nvcc_script=f"#!/bin/sh\necho x >> {count}\n/usr/bin/sleep 30\n")
-    code = ("import sys, json; from flashinfer_sm120.core.toolkit import inspect; "
+    code = ("import sys, json; from flashinfer_sm120.core.toolkit.probe import inspect; "
             "tk = inspect(sys.argv[1], timeout=2.0); print('@@' + json.dumps(tk.problem))")
     env = dict(os.environ, FLASHINFER_SM120_CACHE_DIR=str(memo_dir))
     procs = [subprocess.Popen([sys.executable, "-c", code, str(root)], env=env, stdout=subprocess.PIPE,

@@ -208,14 +208,14 @@ def test_a_home_with_non_ascii_letters_is_used(tmp_path, monkeypatch, name):
                                   "!", "&", "|", "<", "(", "\u00a0", "\u2028", "\udcff"])
 def test_the_path_rule_refuses_what_ninja_or_the_shell_reads_and_says_the_rule(char):
     from flashinfer_sm120.safety.formats import paths
-    from flashinfer_sm120.safety.formats import PATH_RULE
+    from flashinfer_sm120.safety.formats.paths import PATH_RULE
 
     for problem in (paths.path_problem(f"/tmp/a{char}b", "HOME"), paths.jit_dir_problem(f"/tmp/a{char}b")):
         assert problem and repr(char) in problem and PATH_RULE in problem
 
 
 def test_docs_state_the_rule_the_code_applies():
-    from flashinfer_sm120.safety.formats import PATH_RULE
+    from flashinfer_sm120.safety.formats.paths import PATH_RULE
 
     safety = (Path(__file__).resolve().parents[4] / "docs" / "safety.md").read_text()
     assert PATH_RULE in " ".join(safety.split()), "docs/safety.md must quote formats.PATH_RULE word for word"
@@ -261,7 +261,7 @@ def test_path_rule_property(text):
     """Any text: the checks never raise, accept exactly what the rule accepts, and a refusal names a
     refused character and states the rule, bounded."""
     from flashinfer_sm120.safety.formats import paths
-    from flashinfer_sm120.safety.formats import PATH_RULE, path_chars_problem
+    from flashinfer_sm120.safety.formats.paths import PATH_RULE, path_chars_problem
 
     path = "/" + text
     bad = path_chars_problem(path)
