@@ -75,11 +75,11 @@ def clean_env(tmp_path):
 
 @pytest.fixture(autouse=True)
 def _no_arch_option(monkeypatch):
-    """An in-process command's ``--arch`` is remembered for its messages (``archlist.named``): never
+    """An in-process command's ``--arch`` is remembered for its messages (``arch.named``): never
     into the next test, which may set the same FLASHINFER_CUDA_ARCH_LIST itself."""
-    from flashinfer_sm120.core.facts import archlist
+    from flashinfer_sm120.core.facts import arch
 
-    monkeypatch.setattr(archlist, "_option", None)
+    monkeypatch.setattr(arch, "_option", None)
 
 
 @pytest.fixture(scope="session", autouse=True)

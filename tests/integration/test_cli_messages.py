@@ -14,12 +14,12 @@ from helpers.child import cli
 from helpers.host import needs_flashinfer
 from packaging.version import Version
 
-from flashinfer_sm120.core.facts import archlist, importfail, reinstall
+from flashinfer_sm120.core.facts import arch, importfail, reinstall
 from flashinfer_sm120.cli import main
 from flashinfer_sm120.cli.doctor_sections import inventory_lines
 from flashinfer_sm120.cli.status import status_line
 from flashinfer_sm120.core.patch.laststatus import from_status
-from flashinfer_sm120.core.facts.archlist import ArchListError
+from flashinfer_sm120.core.facts.arch import ArchListError
 from flashinfer_sm120.core.toolkit import fixes, ninja
 from flashinfer_sm120.core.toolkit.model import Toolkit
 from flashinfer_sm120.diagnose.verify import inventory
@@ -132,7 +132,7 @@ def test_status_says_a_set_but_unusable_arch_list_is_unusable():
 @pytest.mark.parametrize("value, meant", [("12", "12.0"), ("9", "9.0"), ("10", "10.0")])
 def test_a_bare_major_gets_did_you_mean(value, meant):
     with pytest.raises(ArchListError, match=f"Did you mean '{meant}'"):
-        archlist.parse_arch_list(value, source="--arch")
+        arch.parse_arch_list(value, source="--arch")
 
 
 def test_a_mistyped_module_gets_did_you_mean():

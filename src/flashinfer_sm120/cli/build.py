@@ -185,13 +185,13 @@ def arch_notes(value: str | None) -> list[str]:
     ``--arch 120`` -> ``'120' read as 12.0``; bad entries are left to :func:`session.set_arch`."""
     if not value:
         return []
-    from flashinfer_sm120.core.facts import archlist
+    from flashinfer_sm120.core.facts.arch import ArchListError, parse_arch_list
 
     notes = []
     for entry in (e for e in re.split(r"[\s,;]+", value.strip()) if e):
         try:
-            (spec,) = archlist.parse_arch_list(entry, source="--arch")
-        except (archlist.ArchListError, ValueError):
+            (spec,) = parse_arch_list(entry, source="--arch")
+        except (ArchListError, ValueError):
             continue
         canon = f"{spec.major}.{spec.minor}{spec.suffix or ''}"
         if entry != canon:

@@ -28,11 +28,11 @@ ARCH_HELP = ("compute capabilities to check for, e.g. '12.0' or '12.0 12.1' (the
 
 
 def apply_arch(value: str | None) -> None:
-    """``--arch`` of ``doctor`` and ``status``: :func:`flashinfer_sm120.core.facts.archlist.export_arch_list` (the one
+    """``--arch`` of ``doctor`` and ``status``: :func:`flashinfer_sm120.core.facts.arch.export_arch_list` (the one
     reading, build's grammar, exported as ``FLASHINFER_CUDA_ARCH_LIST`` before anything resolves).
 
     :raises UsageError: the value is not an arch list (the message names it and the accepted form)."""
-    from flashinfer_sm120.core.facts.archlist import ArchListError, export_arch_list
+    from flashinfer_sm120.core.facts.arch import ArchListError, export_arch_list
     from flashinfer_sm120.errors import UsageError
 
     try:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flashinfer_sm120.core.facts import archlist
+from flashinfer_sm120.core.facts.arch import ArchListError, export_arch_list
 from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.errors import Sm120Error
 from flashinfer_sm120.warmup import ninjacmd, pool
@@ -71,12 +71,12 @@ def no_gpu_no_arch() -> bool:
 
 
 def set_arch(value: str | None) -> None:
-    """:func:`flashinfer_sm120.core.facts.archlist.export_arch_list`, its error as :class:`BuildError` (a build cannot start).
+    """:func:`flashinfer_sm120.core.facts.arch.export_arch_list`, its error as :class:`BuildError` (a build cannot start).
 
     :raises BuildError: the value is not an arch list (message from :mod:`flashinfer_sm120.core.facts.arch`)."""
     try:
-        archlist.export_arch_list(value)
-    except archlist.ArchListError as exc:
+        export_arch_list(value)
+    except ArchListError as exc:
         raise BuildError(str(exc)) from None
 
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from flashinfer_sm120.core.facts import servers
 from flashinfer_sm120.core.facts.arch import nvcc_spelling
 from flashinfer_sm120.core.toolkit.sources import flashinfer_naive_root
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.formats.base import shown
 
 __all__ = ["vllm_has_flashinfer", "workspace_base", "jit_dir_for", "running", "recorded", "fallbacks",
            "fallback_text", "expanduser", "ArchChoice", "cache_clear", "server_arch"]
@@ -93,9 +95,7 @@ def _run_rule(probe: str, path: str, function: str, env_items: tuple, *args: str
     """``(what the probe printed, read as JSON, or None; how)``: run ``probe`` on the installed
     server's file at ``path`` in a child with the given environment."""
     from flashinfer_sm120.safety import proc
-    from flashinfer_sm120.errors import FormatError
-    from flashinfer_sm120.safety.formats.reads import field, loads_json, read_text
-    from flashinfer_sm120.safety.formats.base import shown
+    from flashinfer_sm120.safety.formats.reads import loads_json
     from flashinfer_sm120.safety.ownership import trust_reason
 
     problem = trust_reason(path, absent_ok=False)  # threat-model: P2 (run only what the trust rule admits)
@@ -131,9 +131,7 @@ def workspace_base(key: str, env: dict[str, str]) -> tuple[str | None, str]:
         return None, f"{servers.newest(key).name} leaves FlashInfer's workspace as it is"
     if rule.variable in env:
         return env[rule.variable], f"{rule.variable} is set, which {key}'s setdefault keeps"
-    from flashinfer_sm120.errors import FormatError
-    from flashinfer_sm120.safety.formats.reads import field, loads_json, read_text
-    from flashinfer_sm120.safety.formats.base import shown
+    from flashinfer_sm120.safety.formats.reads import field
 
     pkg = _package_dir(key)
     why = f"{key} is not installed"
@@ -188,9 +186,7 @@ def recorded() -> dict:
 
 @functools.lru_cache(maxsize=8)
 def _marker_found(pkg: str, rel: str, text: str) -> bool | None:
-    from flashinfer_sm120.errors import FormatError
-    from flashinfer_sm120.safety.formats.reads import field, loads_json, read_text
-    from flashinfer_sm120.safety.formats.base import shown
+    from flashinfer_sm120.safety.formats.reads import read_text
 
     try:
         return text in read_text(os.path.join(pkg, *rel.split("/")), 8 << 20)
@@ -247,10 +243,6 @@ def server_arch(key: str, capabilities: list[tuple[int, int]], env: dict[str, st
     """What server ``key``'s model process sets FlashInfer's arch list to on a GPU of each of
     ``capabilities`` (``None``: the server has no such rule).  With GPUs of several capabilities each
     process sets only its own GPU's: ``value`` is the first's, ``targets`` lists every one."""
-    from flashinfer_sm120.errors import FormatError
-    from flashinfer_sm120.safety.formats.reads import field, loads_json, read_text
-    from flashinfer_sm120.safety.formats.base import shown
-
     row = servers.newest(key)
     rule = row.arch_rule
     if rule is None:

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from flashinfer_sm120.core.facts import archlist
+from flashinfer_sm120.core.facts.arch import ArchSpec, parse_arch_list_lenient
 from flashinfer_sm120.errors import ToolkitError
 from flashinfer_sm120.core.facts.gpus import GPU, GPUQuery, query
 from flashinfer_sm120.core.facts.releases import ReleaseInfo, release_info
@@ -94,12 +94,12 @@ def _for_messages(value: str | None) -> str | None:
     return f"{value[:ARCH_LIST_SHOWN]}... ({len(value)} characters)"
 
 
-def arch_specs(value: str | None) -> tuple[list[archlist.ArchSpec] | None, str | None]:
+def arch_specs(value: str | None) -> tuple[list[ArchSpec] | None, str | None]:
     """Parse ``FLASHINFER_CUDA_ARCH_LIST`` leniently: ``(specs, message)``; bad entries are dropped (the
     message names each), and with no usable entry ``specs`` is ``None``: the visible GPUs are targeted."""
     if value is None:
         return None, None
-    specs, errors = archlist.parse_arch_list_lenient(value)
+    specs, errors = parse_arch_list_lenient(value)
     if not errors:
         return specs, None
     if specs:

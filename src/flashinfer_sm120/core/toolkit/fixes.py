@@ -14,7 +14,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
-from flashinfer_sm120.core.facts.archlist import assigned, named
+from flashinfer_sm120.core.facts.arch import assigned, named
 from flashinfer_sm120.core.toolkit.model import Toolkit
 
 __all__ = ["PIP_TOOLKIT", "ALLOW_OTHER_MAJOR_ENV", "toolkit_fix", "choose_fix", "consistent_set_fix",

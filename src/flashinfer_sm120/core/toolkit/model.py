@@ -15,8 +15,7 @@ __all__ = ["Toolkit", "Choice", "RejectKind", "Rejection", "VersionDisagreement"
 
 @dataclass(frozen=True)
 class VersionDisagreement:
-    """A version file beside nvcc that says another version than ``nvcc --version``; the binary's
-    answer is the one used (P1), this is kept for ``doctor``."""
+    """A version file beside nvcc that disagrees with ``nvcc --version``: kept for ``doctor``, never used (P1)."""
 
     file: str
     file_version: str
@@ -29,15 +28,11 @@ class VersionDisagreement:
 
 @dataclass(frozen=True, kw_only=True)
 class Toolkit:
-    """One candidate toolkit: a find step's placeholder (root, sources, given_as, maybe a problem),
-    then what :func:`~.probe.inspect` read of it.
+    """One candidate: a find step's placeholder, then what :func:`~.probe.inspect` read of it.
 
-    ``root`` is the prefix above ``bin/nvcc`` (links resolved once inspected), ``sources`` where it
-    was found (best first), ``nvcc_version`` its ``major.minor`` and ``nvcc_full`` the canonical
-    form of what ``nvcc --version`` said (safe in a directory or ninja file name), ``version_from``
-    the file (or ``"nvcc --version"``) that named it, ``header_version`` ``CUDART_VERSION`` of
-    ``cuda_runtime_api.h``, ``problem`` why it is unusable in any case, ``given_as`` the path as
-    the user or environment gave it.
+    ``root`` is the prefix above ``bin/nvcc``, ``sources`` where it was found (best first),
+    ``nvcc_full`` the canonical form of ``nvcc --version`` (safe in a file name), ``header_version``
+    ``CUDART_VERSION`` of its headers, ``problem`` why it is unusable, ``given_as`` the path as given.
     """
 
     root: str
@@ -59,12 +54,10 @@ class Toolkit:
 
     @property
     def label(self) -> str:
-        """``CUDA 13.0 at /path (pip)``."""
         ver = f"CUDA {self.nvcc_version}" if self.nvcc_version else "CUDA ?"
         return f"{ver} at {self.root} ({', '.join(self.sources)})"
 
     def to_dict(self) -> dict:
-        """JSON-ready form (versions as strings)."""
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out.update(sources=list(self.sources), include_dirs=list(self.include_dirs),
                    disagreement=self.disagreement.to_dict() if self.disagreement else None)
@@ -74,8 +67,7 @@ class Toolkit:
 
 
 class RejectKind(str, enum.Enum):
-    """Why a candidate lost: unusable (examined before the pick), not chosen (unusable, after it),
-    usable (another came first or is preferred), or not examined (the pick came first)."""
+    """Why a candidate lost: unusable before the pick, not chosen (unusable) after it, usable, or not examined."""
 
     UNUSABLE = "unusable"
     NOT_CHOSEN = "not chosen"
@@ -85,7 +77,7 @@ class RejectKind(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Rejection:
-    """One candidate not chosen: its :class:`RejectKind` and the reason in words."""
+    """One candidate not chosen, and why."""
 
     toolkit: Toolkit
     kind: RejectKind
@@ -93,15 +85,13 @@ class Rejection:
 
     @property
     def reason(self) -> str:
-        """The reason as reported (``not chosen (<why>)`` after the pick)."""
         return f"not chosen ({self.why})" if self.kind is RejectKind.NOT_CHOSEN else self.why
 
 
 @dataclass(frozen=True)
 class Choice:
-    """The outcome of :func:`~.policy.choose`: the toolkit, the ``(major, minor_str)`` targets it
-    builds, the capabilities they serve, every other candidate's rejection, why it won, and
-    ``torch.version.cuda`` (``None`` for a CPU build of torch)."""
+    """The outcome of :func:`~.policy.choose`: the toolkit, the targets it builds, the capabilities they
+    serve, every other candidate's rejection, why it won, and ``torch.version.cuda``."""
 
     toolkit: Toolkit
     targets: tuple[tuple[int, str], ...]
@@ -112,7 +102,6 @@ class Choice:
 
     @property
     def version(self) -> Version:
-        """nvcc ``major.minor`` of the chosen toolkit."""
         assert self.toolkit.nvcc_version is not None
         return self.toolkit.nvcc_version
 

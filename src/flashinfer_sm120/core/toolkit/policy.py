@@ -19,7 +19,6 @@ from collections.abc import Mapping, Sequence
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
-from flashinfer_sm120.core.facts import archlist
 from flashinfer_sm120.core.toolkit import fixes as _fixes
 from flashinfer_sm120.core.toolkit.fixes import ALLOW_OTHER_MAJOR_ENV
 from flashinfer_sm120.core.toolkit.model import Choice, RejectKind, Rejection, Toolkit
@@ -53,7 +52,7 @@ def _names(targets) -> str:
     return ", ".join(_arch.format_target(t) for t in targets)
 
 
-def choose(toolkits: Sequence[Toolkit], arch_specs: list[archlist.ArchSpec] | None,
+def choose(toolkits: Sequence[Toolkit], arch_specs: list[_arch.ArchSpec] | None,
            capabilities: list[tuple[int, int]], torch_cuda: str | None, *, min_nvcc: Version | None = None,
            min_nvcc_why: str | None = None, allow_other_major: bool | None = None,
            own: str | None = None) -> Choice:
@@ -180,7 +179,7 @@ def _choice(toolkits, pick, verdict, why, caps, fixed, wanted, preferred, torch_
                    f"{ALLOW_OTHER_MAJOR_ENV} is set: {_fixes.torch_major_why(torch_cuda)}")
     unknown = [t for t in targets if _arch.min_nvcc_for(t) is None]
     if unknown:
-        reason += f"; {_names(unknown)} not in flashinfer-sm120's table, used as given in {archlist.named()}"
+        reason += f"; {_names(unknown)} not in flashinfer-sm120's table, used as given in {_arch.named()}"
     return Choice(tk, targets, tuple(caps), rejected, reason, torch_cuda)
 
 
@@ -191,7 +190,7 @@ def _refusal(toolkits, reasons, arch_specs, capabilities, target_sets, explicit,
     gpus = ", ".join(f"{a}.{b}" for a, b in dict.fromkeys(capabilities))
     if arch_specs is not None:
         listed = " ".join(f"{s.major}.{s.minor}{s.suffix or ''}" for s in arch_specs)
-        where = f" ({archlist.named(listed)}" + (f"; GPUs: compute capability {gpus})" if gpus else ")")
+        where = f" ({_arch.named(listed)}" + (f"; GPUs: compute capability {gpus})" if gpus else ")")
     else:
         where = f" for the GPUs (compute capability {gpus})" if gpus else ""
     torch_txt = f"torch built for CUDA {torch_cuda}" if torch_cuda else "a CPU-only torch"

@@ -1,7 +1,7 @@
 import pytest
 from packaging.version import Version
 
-from flashinfer_sm120.core.facts import arch, archlist
+from flashinfer_sm120.core.facts import arch
 
 
 @pytest.mark.parametrize(
@@ -66,15 +66,15 @@ def test_min_nvcc_table_matches_field_facts():
     ],
 )
 def test_parse_arch_list(value, expected):
-    got = [(s.major, s.minor, s.suffix) for s in archlist.parse_arch_list(value)]
+    got = [(s.major, s.minor, s.suffix) for s in arch.parse_arch_list(value)]
     assert got == expected
 
 
 @pytest.mark.parametrize("value, bad", [("12.x", "12.x"), ("blackwell", "blackwell"), ("", None),
                                         ("12.0 hopper", "hopper"), ("99.0", "99.0"), ("12..0", "12..0")])
 def test_parse_arch_list_garbled_names_value_and_fix(value, bad):
-    with pytest.raises(archlist.ArchListError) as exc:
-        archlist.parse_arch_list(value)
+    with pytest.raises(arch.ArchListError) as exc:
+        arch.parse_arch_list(value)
     msg = str(exc.value)
     assert "FLASHINFER_CUDA_ARCH_LIST=" + repr(value) in msg
     if bad:
@@ -83,9 +83,9 @@ def test_parse_arch_list_garbled_names_value_and_fix(value, bad):
 
 
 def test_explicit_suffix_kept_as_given():
-    (spec,) = archlist.parse_arch_list("12.0a")
+    (spec,) = arch.parse_arch_list("12.0a")
     assert spec.target(Version("13.0")) == (12, "0a")
-    (spec,) = archlist.parse_arch_list("12.0")
+    (spec,) = arch.parse_arch_list("12.0")
     assert spec.target(Version("13.0")) == (12, "0f")
 
 
@@ -95,7 +95,7 @@ def test_family_targets_known():
 
 
 def test_lenient_parse_keeps_good_entries():
-    specs, errors = archlist.parse_arch_list_lenient("12.0 garbage 12.1")
+    specs, errors = arch.parse_arch_list_lenient("12.0 garbage 12.1")
     assert [(s.major, s.minor) for s in specs] == [(12, 0), (12, 1)]
     assert len(errors) == 1 and "'garbage'" in errors[0]
 
@@ -108,7 +108,7 @@ def test_unknown_capability_message_says_upgrade():
 
 def test_a_non_ascii_digit_entry_is_refused_with_a_message_not_an_exception():
     """Hypothesis found that '²' (str.isdigit() true, int() fails) crashed the 'did you mean' hint."""
-    from flashinfer_sm120.core.facts import archlist as arch_mod
+    from flashinfer_sm120.core.facts import arch as arch_mod
 
     specs, errors = arch_mod.parse_arch_list_lenient("² 12.0")
     assert [s for s in specs] and errors and "²" in errors[0]

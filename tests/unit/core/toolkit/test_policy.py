@@ -6,7 +6,7 @@ import pytest
 from packaging.version import Version
 
 from helpers.toolkits import make_toolkit
-from flashinfer_sm120.core.facts import arch, archlist
+from flashinfer_sm120.core.facts import arch
 from flashinfer_sm120.errors import ToolkitError
 from flashinfer_sm120.core.toolkit.policy import choose
 from flashinfer_sm120.core.toolkit.sources import discover
@@ -171,7 +171,7 @@ def test_cu12_torch_with_a_target_only_cuda13_builds_says_use_cu13_torch():
 def test_unknown_future_gpu_says_upgrade_not_an_installed_pip_toolkit():
     for torch_cuda in (None, "13.0"):
         with pytest.raises(ToolkitError) as exc:
-            choose([fake("13.0.88", "pip")], archlist.parse_arch_list("15.0"), [], torch_cuda)
+            choose([fake("13.0.88", "pip")], arch.parse_arch_list("15.0"), [], torch_cuda)
         assert str(exc.value).splitlines()[-1].startswith("Fix: upgrade flashinfer-sm120")
         assert exc.value.fix.startswith("upgrade flashinfer-sm120")
         assert "FLASHINFER_CUDA_ARCH_LIST='15.0a'" in exc.value.fix
@@ -185,21 +185,21 @@ def test_a_target_given_by_arch_is_named_as_typed_with_the_flag_in_the_error_and
         monkeypatch, typed, read, fix):
     """doctor --arch 5.0 and --arch 99 blamed FLASHINFER_CUDA_ARCH_LIST, which the user never set."""
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "")  # restored after the test
-    archlist.export_arch_list(typed)
+    arch.export_arch_list(typed)
     with pytest.raises(ToolkitError) as exc:
-        choose([fake("13.0.88", "pip")], archlist.parse_arch_list(read), [], "13.0")
+        choose([fake("13.0.88", "pip")], arch.parse_arch_list(read), [], "13.0")
     assert fix in exc.value.fix and "FLASHINFER_CUDA_ARCH_LIST" not in str(exc.value), str(exc.value)
     assert f"(--arch '{typed}'" in str(exc.value) and (typed == read or f"read as {read}" in str(exc.value))
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", read + " 12.0")  # a server's own variable: named as such
     with pytest.raises(ToolkitError) as exc:
-        choose([fake("13.0.88", "pip")], archlist.parse_arch_list(read), [], "13.0")
+        choose([fake("13.0.88", "pip")], arch.parse_arch_list(read), [], "13.0")
     assert "FLASHINFER_CUDA_ARCH_LIST" in exc.value.fix and "--arch" not in str(exc.value)
 
 
 def test_a_decimal_comma_in_arch_says_what_was_typed_and_the_accepted_forms():
     """--arch 12,0 blamed only '0'."""
-    with pytest.raises(archlist.ArchListError) as exc:
-        archlist.parse_arch_list("12,0", source="--arch")
+    with pytest.raises(arch.ArchListError) as exc:
+        arch.parse_arch_list("12,0", source="--arch")
     msg = str(exc.value)
     assert msg.startswith("--arch='12,0' (read as 2 entries, '12', '0')") and "Did you mean '12.0'?" in msg
     assert "'12.0,12.1' or '12.0 12.1'" in msg
@@ -241,7 +241,7 @@ def test_toolkit_error_carries_fix_and_survives_pickling():
 
 def test_arch_list_is_named_in_the_refusal():
     with pytest.raises(ToolkitError) as exc:
-        choose([fake("12.8.93", "CUDA_HOME")], archlist.parse_arch_list("12.0f"), [(12, 0)], "12.8")
+        choose([fake("12.8.93", "CUDA_HOME")], arch.parse_arch_list("12.0f"), [(12, 0)], "12.8")
     msg = str(exc.value)
     assert "FLASHINFER_CUDA_ARCH_LIST='12.0f'" in msg and "GPUs: compute capability 12.0" in msg
     assert "nvcc 12.8 cannot build sm_120f (nvcc >= 12.9)" in msg
@@ -329,21 +329,21 @@ def test_unbuildable_dropped_renamed_and_unknown_targets():
 
 
 def test_explicit_unknown_target_is_the_escape_hatch():
-    ch = choose([fake("13.5.1", "pip")], archlist.parse_arch_list("15.0a"), [], "13.0")
+    ch = choose([fake("13.5.1", "pip")], arch.parse_arch_list("15.0a"), [], "13.0")
     assert ch.targets == ((15, "0a"),) and "used as given in FLASHINFER_CUDA_ARCH_LIST" in ch.reason
     with pytest.raises(ToolkitError) as exc:
-        choose([fake("12.9.41", "CUDA_HOME")], archlist.parse_arch_list("15.0a"), [], "12.9")
+        choose([fake("12.9.41", "CUDA_HOME")], arch.parse_arch_list("15.0a"), [], "12.9")
     assert exc.value.fix.startswith("upgrade flashinfer-sm120")
     # a newer nvcc exists but is of another major than torch: the hatch needs a CUDA 13 torch
     with pytest.raises(ToolkitError) as exc:
-        choose([fake("13.0.88", "pip")], archlist.parse_arch_list("15.0a"), [], "12.9")
+        choose([fake("13.0.88", "pip")], arch.parse_arch_list("15.0a"), [], "12.9")
     assert exc.value.fix.startswith("use a torch built for CUDA 13")
 
 
 # --------------------------------------------------------------------------- moved from test_toolkit.py (real files)
 
 def _specs(value):
-    return archlist.parse_arch_list(value)
+    return arch.parse_arch_list(value)
 
 
 def test_choice_prefers_toolkit_that_builds_120f_over_cuda_home_128(tmp_path):
