@@ -54,7 +54,7 @@ class ArchNotSupported(Sm120Error):
 
 
 def major_minor(text: str | None) -> Version | None:
-    """``major.minor`` of a version string (``"13.0.88"`` -> ``13.0``); ``None`` when empty or unparsable."""
+    """``"13.0.88"`` -> ``13.0``; ``None`` when empty or unparsable."""
     if not text:
         return None
     try:
@@ -80,7 +80,6 @@ def target_key(target: tuple[int, str]) -> str:
 
 
 def _sm_number(target: tuple[int, str]) -> int:
-    """``(12, "0f") -> 120``."""
     return int(target[0]) * 10 + int(str(target[1])[0])
 
 
@@ -97,11 +96,8 @@ def min_nvcc_for(target: tuple[int, str]) -> Version | None:
 
 
 def target_supported(target: tuple[int, str], nvcc_version: Version, *, explicit: bool = False) -> bool:
-    """Whether nvcc ``nvcc_version`` compiles ``target``.
-
-    A target newer than the table is refused (the caller explains, rather than letting nvcc fail
-    later) unless ``explicit`` (given with its suffix in ``FLASHINFER_CUDA_ARCH_LIST``: the escape
-    hatch until flashinfer-sm120 is upgraded) and the nvcc is at least :data:`NEWEST_KNOWN_NVCC`."""
+    """Whether nvcc ``nvcc_version`` compiles ``target``; one newer than the table only when ``explicit``
+    (suffixed in the arch list) and the nvcc is at least :data:`NEWEST_KNOWN_NVCC`."""
     need = min_nvcc_for(target)
     if need is None:
         return explicit and nvcc_version >= NEWEST_KNOWN_NVCC
@@ -110,12 +106,9 @@ def target_supported(target: tuple[int, str], nvcc_version: Version, *, explicit
 
 
 def candidate_targets(major: int, minor: int) -> list[tuple[int, str]]:
-    """FlashInfer's preferred target for a capability first, then fallbacks.
-
-    Mirrors ``CompilationContext._normalize_cuda_arch`` of FlashInfer 0.7.4
-    (``flashinfer/compilation_context.py``): SM 9.x and >= 10 -> ``a``; SM 12.0 -> ``0f`` (``0a`` on
-    nvcc 12.8); SM 12.x, x >= 1 -> ``xa`` (FlashInfer >= 0.6.12: SM120 code on SM121 can raise
-    ``cudaErrorIllegalInstruction``); older -> no suffix."""
+    """FlashInfer's preferred target for a capability, then fallbacks (0.7.4 ``compilation_context.py``
+    ``_normalize_cuda_arch``: SM 12.0 -> ``0f``, else ``0a``; SM 9+ -> ``a``; SM 12.1 gets its own
+    ``1a``, since SM120 code on SM121 can raise ``cudaErrorIllegalInstruction``)."""
     if major == 12 and minor == 0:
         return [(12, "0f"), (12, "0a")]
     if major >= 9:
@@ -124,12 +117,7 @@ def candidate_targets(major: int, minor: int) -> list[tuple[int, str]]:
 
 
 def normalize(major: int, minor: int, nvcc_version: Version) -> tuple[int, str]:
-    """Best target for capability ``(major, minor)`` that ``nvcc_version`` builds, e.g. ``(12, "0f")``.
-
-    Raises:
-        ArchNotSupported: none is buildable; the message names the capability, the toolkit, the
-            version needed and the fix.
-    """
+    """Best target for ``(major, minor)`` that ``nvcc_version`` builds; else :class:`ArchNotSupported` with the fix."""
     options = candidate_targets(major, minor)
     for target in options:
         if target_supported(target, nvcc_version):
@@ -169,25 +157,16 @@ class ArchSpec:
     suffix: str | None  # "a", "f", "" (explicitly plain) or None (let normalize pick)
 
     def target(self, nvcc_version: Version) -> tuple[int, str]:
-        """The ``(major, minor_str)`` target; explicit suffixes are kept as given,
-        as FlashInfer does for ``FLASHINFER_CUDA_ARCH_LIST=12.0f``."""
+        """The target; an explicit suffix is kept, as FlashInfer does."""
         if self.suffix:
             return (self.major, f"{self.minor}{self.suffix}")
         return normalize(self.major, self.minor, nvcc_version)
 
 
 def parse_arch_list(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_LIST") -> list[ArchSpec]:
-    """The entries of an arch list such as ``"12.0"``, ``"9.0a 12.0f"`` or ``"8.9,12.1"``, in order,
-    without repeats; ``source`` names it in messages.
-
-    FlashInfer 0.7.4 (``flashinfer/compilation_context.py``) accepts only space-separated
-    ``major.minor[suffix]`` entries and crashes its import with a bare ``ValueError`` on anything else;
-    this also takes commas or semicolons, the ``sm_120``/``120a`` spellings nvcc users type, and
-    PyTorch's ``+PTX`` suffix (dropped: FlashInfer builds cubins only).
-
-    Raises:
-        ArchListError: an entry is not a compute capability.
-    """
+    """The entries of an arch list (``"12.0"``, ``"9.0a 12.0f"``, ``"8.9,12.1"``, ``sm_120``, ``8.6+PTX``),
+    in order, without repeats; :class:`ArchListError` for a bad entry.  FlashInfer 0.7.4 takes only
+    space-separated ``major.minor[suffix]`` and crashes its import with a bare ``ValueError`` otherwise."""
     specs, errors = parse_arch_list_lenient(value, source=source)
     if errors:
         raise ArchListError(errors[0])
@@ -200,9 +179,8 @@ _option: tuple[str, str] | None = None
 
 
 def export_arch_list(value: str | None) -> None:
-    """Export ``value`` (``--arch`` of every command) as ``FLASHINFER_CUDA_ARCH_LIST`` before FlashInfer
-    loads; ``None`` leaves the variable alone.  Raises :class:`ArchListError` and exports nothing when
-    it does not parse."""
+    """Export ``--arch`` as ``FLASHINFER_CUDA_ARCH_LIST`` before FlashInfer loads (``None``: leave it);
+    :class:`ArchListError` and nothing exported when it does not parse."""
     global _option
     if value is None:
         return
@@ -244,8 +222,8 @@ def _major_hint(entries: list[str]) -> str:
 
 def parse_arch_list_lenient(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_LIST"
                             ) -> tuple[list[ArchSpec], list[str]]:
-    """``(specs, errors)``: the entries that parsed, and one message per kind of fault.  Used at import
-    time, where a typo must not break ``import flashinfer``."""
+    """``(specs, errors)``: the entries that parsed, and one message per kind of fault (a typo must not
+    break ``import flashinfer``)."""
     example = ("Accepted forms, e.g. '12.0' (RTX 5090 / RTX PRO 6000), '12.1' (DGX Spark), a list such as "
                "'12.0,12.1' or '12.0 12.1', and '12.0f', '9.0a' or 'sm_120'")
     if not isinstance(value, str) or len(value) > MAX_ARCH_LIST_CHARS:

@@ -32,9 +32,8 @@ class Read(enum.Enum):
 
 @dataclass(frozen=True)
 class BuildVar:
-    """One variable: how FlashInfer reads it, what it ``enters`` in ``build.ninja``, and ``where``.
-    ``default``: the value that leaves the line as without it; ``overridden_by``: a variable that
-    decides instead when set."""
+    """One variable: how FlashInfer reads it, what it ``enters`` in ``build.ninja`` and ``where``; ``default``
+    leaves the line as without it; ``overridden_by`` decides instead when set."""
 
     name: str
     read: Read
@@ -88,7 +87,7 @@ RECORD_NAME = "flashinfer-sm120-build.json"
 
 
 def effective(var: BuildVar, env: dict[str, str]) -> str | None:
-    """``var`` as FlashInfer reads it in ``env``: ``None`` when it leaves the line as without it."""
+    """``var`` as FlashInfer reads it in ``env``; ``None`` when it leaves the line unchanged."""
     value = env.get(var.name)
     if var.overridden_by and env.get(var.overridden_by) is not None:
         return None  # the other variable decides
@@ -137,7 +136,6 @@ class Change:
 
 
 def changes(built: dict, now: dict) -> list[Change]:
-    """What differs between two :func:`snapshot` results (a name missing from one reads as unset)."""
     return [Change(k, built.get(k), now.get(k)) for k in sorted(set(built) | set(now)) if built.get(k) != now.get(k)]
 
 
@@ -151,8 +149,7 @@ def checked(values: object) -> dict | None:
 
 
 def record(build_dir: Path, values: dict[str, str | None]) -> str | None:
-    """Leave ``values`` (a :func:`snapshot`) in a module directory ``build`` just built; returns why it
-    could not be written (the module is built all the same), else ``None``."""
+    """Leave ``values`` (a :func:`snapshot`) in a module directory just built; returns why it could not."""
     from flashinfer_sm120.safety.fs.statefiles import write_json_atomic
     from flashinfer_sm120.errors import Sm120Error
 
@@ -165,7 +162,6 @@ def record(build_dir: Path, values: dict[str, str | None]) -> str | None:
 
 
 def recorded(build_dir: Path) -> dict | None:
-    """The snapshot recorded with a module (``None``: none, or not one of ours)."""
     from flashinfer_sm120.errors import FormatError
     from flashinfer_sm120.safety.formats.reads import field, read_json_file
 

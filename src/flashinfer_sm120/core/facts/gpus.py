@@ -1,11 +1,5 @@
-"""GPU compute capabilities: NVML first, else what FlashInfer itself reads.
-
-``torch.cuda.get_device_capability`` (what FlashInfer uses) initialises CUDA in the calling process,
-which breaks a later ``fork()`` of inference workers; NVML (``nvidia-ml-py``) reads the same facts from
-the driver without the CUDA runtime, so it is asked first.  Where NVML is unavailable or fails, the
-capabilities come from ``torch.cuda`` as FlashInfer 0.7.4 reads them in ``CompilationContext.__init__``
-(``flashinfer/compilation_context.py``), but only when torch is already imported: FlashInfer imports it
-and builds a ``CompilationContext`` at import, so this costs nothing FlashInfer would not do a moment later.
+"""GPU compute capabilities: NVML first (no CUDA context, so a later ``fork()`` still works), else
+``torch.cuda`` as FlashInfer 0.7.4's ``CompilationContext.__init__`` reads them, once torch is imported.
 """
 
 from __future__ import annotations
@@ -30,11 +24,8 @@ class GPU:
 
 
 def select_visible(gpus: list[GPU], cuda_visible_devices: str | None) -> list[GPU]:
-    """The GPUs ``CUDA_VISIBLE_DEVICES`` leaves visible, in its order, without repeats.
-
-    As the CUDA C Programming Guide, "CUDA Environment Variables", says: comma-separated indices or
-    ``GPU-``/``MIG-`` UUIDs (prefixes allowed); parsing stops at the first invalid entry; empty hides
-    every GPU.  Indices are matched in NVML (PCI bus) order: only the set of capabilities matters."""
+    """The GPUs ``CUDA_VISIBLE_DEVICES`` leaves visible, in its order, without repeats (CUDA C Programming
+    Guide, "CUDA Environment Variables": indices or UUID prefixes, up to the first invalid entry)."""
     if cuda_visible_devices is None:
         return list(gpus)
     chosen: list[GPU] = []
@@ -110,8 +101,7 @@ class GPUQuery:
 
 
 def _torch_devices() -> list[GPU] | None:
-    """Capabilities as FlashInfer reads them, or ``None`` when torch is not imported yet (importing it
-    here would cost seconds)."""
+    """Capabilities as FlashInfer reads them, or ``None`` before torch is imported (that costs seconds)."""
     cuda = getattr(sys.modules.get("torch"), "cuda", None)
     if cuda is None:
         return None
@@ -120,9 +110,8 @@ def _torch_devices() -> list[GPU] | None:
 
 
 def query(*, torch_fallback: bool = True) -> GPUQuery:
-    """Visible GPUs, NVML first (with ``CUDA_VISIBLE_DEVICES`` applied), else ``torch.cuda`` when
-    ``torch_fallback`` (torch applies the variable itself).  Never raises: every failure ends in an
-    empty list with ``note`` saying why."""
+    """Visible GPUs, NVML first, else ``torch.cuda`` when ``torch_fallback``.  Never raises: a failure
+    gives an empty list and a ``note``."""
     try:
         return GPUQuery(tuple(select_visible(_nvml_devices(), os.environ.get("CUDA_VISIBLE_DEVICES"))), "nvml")
     except GPUQueryError as exc:
@@ -141,5 +130,4 @@ def query(*, torch_fallback: bool = True) -> GPUQuery:
 
 
 def visible_gpus() -> list[GPU]:
-    """GPUs this process can use (see :func:`query`); ``[]`` when neither source sees one."""
     return list(query().gpus)

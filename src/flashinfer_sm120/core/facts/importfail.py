@@ -15,12 +15,9 @@ __all__ = ["import_failure", "workspace_problem"]
 
 
 def workspace_problem(failed: OSError | None = None) -> str | None:
-    """Why FlashInfer cannot create its JIT workspace at import (with or without flashinfer-sm120), else
-    ``None``.  Nothing is created: the deepest existing level must be a directory this process may
-    write (``os.makedirs`` here once made ``./~/.cache/flashinfer`` for a uid without a home).
-    FlashInfer 0.7.4 calls ``Path.home()`` even when ``FLASHINFER_WORKSPACE_BASE`` is set, so no home
-    is a problem of its own.  ``failed``, the error the import raised, decides where the walk cannot
-    (root "may write" ``/proc`` by ``access()``)."""
+    """Why FlashInfer cannot create its JIT workspace at import, else ``None``; creates nothing (P4).
+    FlashInfer 0.7.4 calls ``Path.home()`` even with ``FLASHINFER_WORKSPACE_BASE`` set.  ``failed``,
+    the import's error, decides where ``access()`` cannot (root "may write" ``/proc``)."""
     try:
         pathlib.Path.home()
     except (RuntimeError, KeyError, OSError):  # '~' cannot be expanded
@@ -59,8 +56,7 @@ def workspace_problem(failed: OSError | None = None) -> str | None:
 
 
 def import_failure(exc: BaseException, st: dict) -> str:
-    """``importing FlashInfer failed: <exc>``, ending with the fix where one is known: no toolkit fits
-    (FlashInfer's own lookup, kept under the guard, raised), a missing module, or its workspace."""
+    """``importing FlashInfer failed: <exc>``, with the fix where known: no toolkit, a missing module, the workspace."""
     shown_exc = f"{type(exc).__name__}: {exc}" if isinstance(exc, OSError) and exc.filename else repr(exc)
     msg = f"importing FlashInfer failed: {shown_exc[:2000]}"  # an OSError's repr drops its path (str: repr of it)
     fix = ((st.get("resolution") or {}).get("fix")) if isinstance(st.get("resolution"), dict) else None

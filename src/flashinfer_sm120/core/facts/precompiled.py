@@ -1,16 +1,11 @@
-"""FlashInfer's precompiled kernels installed here, from package metadata (commands only: ``doctor``
-and ``build`` import this; ``import flashinfer`` never does).
+"""FlashInfer's precompiled kernels installed here, from package metadata (``doctor`` and ``build`` only).
 
-FlashInfer 0.7.x (``flashinfer/jit/env.py`` ``_get_aot_providers``, 0.7.4) loads a module from a
-jit-cache provider instead of JIT-building it: the ``flashinfer_jit_cache`` package, whose version must
-be FlashInfer's (a ``+cuXYZ`` local part allowed), finds the entry points of group
-:data:`GROUP`; each returns ``schema_version`` 1, ``distribution``, ``version`` (equal to the
-package's, else ignored), ``jit_cache_dir``, ``cuda_architectures`` and ``modules``; a module is taken
-from ``<jit_cache_dir>/<name>/<name>.so`` when one of the provider's targets runs on each target
-(``jit/_cuda_architecture.py`` ``cuda_binary_target_compatibility_score``).  ``flashinfer-cubin`` is
-used only at FlashInfer's exact version (``_check_cubin_version``).  ``FLASHINFER_DISABLE_VERSION_CHECK``
-turns both checks off.  ``python -m flashinfer install-jit-cache-wheel`` / ``download-kernels``
-install them.
+FlashInfer 0.7.4 (``jit/env.py`` ``_get_aot_providers``) loads a module from a jit-cache provider
+instead of building it: ``flashinfer_jit_cache`` (FlashInfer's version, ``+cuXYZ`` allowed) finds the
+entry points of :data:`GROUP`, each declaring schema 1, its version (the package's), ``jit_cache_dir``,
+``cuda_architectures`` and ``modules``; a module is taken when a declared target runs on each target
+(``jit/_cuda_architecture.py``).  ``flashinfer-cubin`` is used only at FlashInfer's exact version;
+``FLASHINFER_DISABLE_VERSION_CHECK`` turns both checks off.
 """
 
 from __future__ import annotations
@@ -34,8 +29,7 @@ def tag(target: str) -> str:
 
 
 def runs_on(binary: str, target: str) -> bool:
-    """Whether code for ``binary`` (``sm120f``) runs for ``target`` (``sm120a``), by FlashInfer 0.7.4's rule:
-    an ``a`` target needs the same major.minor, others the same major and a minor not above it."""
+    """Whether code for ``binary`` (``sm120f``) runs for ``target`` (``sm120a``), by FlashInfer 0.7.4's rule."""
     b, t = _ARCH.fullmatch(binary), _ARCH.fullmatch(target)
     if b is None or t is None:
         return False
@@ -57,8 +51,7 @@ class Provider:
     error: str | None = None
 
     def ships(self, module: str, targets: list[str]) -> bool:
-        """The provider has ``module``'s ``.so`` with code for every one of ``targets`` (``sm120f``)."""
-        return (module in self.modules and bool(targets)
+            return (module in self.modules and bool(targets)
                 and all(any(runs_on(a, t) for a in self.cuda_architectures) for t in targets)
                 and os.path.isfile(os.path.join(self.jit_cache_dir, module, f"{module}.so")))
 
@@ -117,7 +110,7 @@ class Precompiled:
 
 
 def read() -> Precompiled:
-    """What is installed in this environment (entry points and package metadata; FlashInfer not imported)."""
+    """What is installed here (entry points and metadata; FlashInfer not imported)."""
     eps = importlib.metadata.entry_points(group=GROUP)
     # FlashInfer asks the providers only through an importable flashinfer_jit_cache (has_flashinfer_jit_cache)
     shim = _version("flashinfer-jit-cache") if importlib.util.find_spec("flashinfer_jit_cache") else None
@@ -127,8 +120,8 @@ def read() -> Precompiled:
 
 
 def doctor_section(report: dict) -> dict:
-    """``doctor``'s precompiled section: packages, their match, and the JIT directory's modules (the ones
-    the server has used) split into shipped by a provider for the targets and still JIT-built."""
+    """``doctor``'s precompiled section: packages, their match, and the JIT directory's modules split into
+    shipped by a provider for the targets and still JIT-built."""
     pc = read()
     targets = [tag(t) for t in ((report.get("resolution") or {}).get("choice") or {}).get("targets") or []]
     jit_dir = (report.get("after") or {}).get("jit_dir")
@@ -149,7 +142,6 @@ def doctor_section(report: dict) -> dict:
 
 
 def doctor_lines(section: dict) -> list[str]:
-    """The section as printed by ``doctor --verbose``."""
     lines = [f"\nPrecompiled kernels (flashinfer-python {section.get('flashinfer')}; targets "
              f"{', '.join(section.get('targets') or []) or '-'}):"]
     if not section.get("packages"):

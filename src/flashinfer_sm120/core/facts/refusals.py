@@ -39,12 +39,9 @@ def _others_may_write(path: str) -> bool:
 
 
 def import_refused(env=None) -> ImportRefusal | None:
-    """Why ``status``, ``build``, ``cache`` or ``doctor`` must not import FlashInfer here, else ``None``
-    (threat-model: P4).  The import makes its JIT cache (:func:`.workspace.workspace_path`) and opens a
-    log in it, and its dependencies write into the temporary directory, so it is refused when it would
-    create the home directory itself (``HOME=/nonexistent``), create the cache inside another uid's
-    tree (``sudo -E``), write into a level that is not ours, or use a temporary directory another uid
-    may change."""
+    """Why our commands must not import FlashInfer here, else ``None`` (P4): the import would create the
+    home directory, or its cache in another uid's tree (``sudo -E``) or a place not ours, or write
+    into a temporary directory another uid may change."""
     from flashinfer_sm120.safety.buildenv import temp_problem
     from flashinfer_sm120.safety.ownership import own_place_fix, trust_reason
 
@@ -75,9 +72,8 @@ def import_refused(env=None) -> ImportRefusal | None:
 
 
 def builds_refused(jit_dir: str, env=None) -> str | None:
-    """Why every JIT build in ``jit_dir`` would be refused before nvcc runs, else ``None``: the directory
-    (:func:`jit_dir_refused`), or a program every build runs by name, or the temporary directory, fails
-    the trust rule.  The one list ``build`` refuses by and ``status`` reports (threat-model: P2, P8)."""
+    """Why every JIT build in ``jit_dir`` would be refused before nvcc runs, else ``None``: the one list
+    ``build`` refuses by and ``status`` reports (P2, P8)."""
     from flashinfer_sm120.safety.buildenv import path_problem
 
     problem = jit_dir_refused(jit_dir) or path_problem(os.environ if env is None else env)
@@ -85,9 +81,7 @@ def builds_refused(jit_dir: str, env=None) -> str | None:
 
 
 def jit_dir_refused(jit_dir: str) -> str | PlaceProblem | None:
-    """Why FlashInfer's JIT directory ``jit_dir`` is no place to build in, else ``None``: its path breaks
-    the path rule, or a level of it, its lock level ``tmp`` included, fails the ownership rule
-    (threat-model: P2, P4)."""
+    """Why ``jit_dir`` is no place to build in (path rule, or ownership of a level, ``tmp`` included; P2, P4)."""
     from flashinfer_sm120.safety.formats.paths import jit_dir_problem
     from flashinfer_sm120.safety.ownership import check_place
 

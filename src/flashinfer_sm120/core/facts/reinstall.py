@@ -22,10 +22,8 @@ DEPENDENCIES = {
 
 
 def source() -> str:
-    """Where this install came from, for ``pip install --force-reinstall <it>``: the local
-    checkout pip recorded (quoted for a shell: a checkout under ``My Projects`` is two words
-    otherwise), else a placeholder.  ``direct_url.json`` is read only when it is a small regular
-    file, and only a ``file:`` URL of this host counts (``file://server/x`` is not ``/x`` here)."""
+    """The checkout pip recorded (shell-quoted), else a placeholder; ``direct_url.json`` is read only as a
+    small regular file, and only a ``file:`` URL of this host counts (P6)."""
     try:
         import os
         import shlex

@@ -23,12 +23,8 @@ TESTED_UP_TO = Version("0.7.4")
 
 @dataclass(frozen=True)
 class ReleaseInfo:
-    """What one FlashInfer release needs and how it is patched.
-
-    ``reason`` says why it is not supported (with the fix); ``era`` names its arch rules
-    (``"unsupported"``/``"unknown"`` outside the table); ``min_nvcc`` is the minimum nvcc for the
-    release's own build flags (``min_nvcc_why``: the flag and file); ``guard_points`` are the
-    ``(module, attribute)`` JIT entry points guarded when no toolkit fits."""
+    """What one FlashInfer release needs and how it is patched: ``reason`` why it is unsupported, ``era`` its
+    arch rules, ``min_nvcc`` for its own build flags, ``guard_points`` the JIT entry points guarded."""
 
     version: Version | None
     supported: bool
@@ -42,7 +38,6 @@ class ReleaseInfo:
     guard_points: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict:
-        """JSON-ready form."""
         return {
             "version": str(self.version) if self.version else None,
             "supported": self.supported,
@@ -96,10 +91,7 @@ RELEASES: tuple[tuple[SpecifierSet, dict], ...] = (
 
 
 def release_info(version: str | None) -> ReleaseInfo:
-    """The :data:`RELEASES` row of FlashInfer ``version`` (``None``: not installed).
-
-    Unsupported, unparsable or absent releases get ``supported=False`` and a ``reason``; releases
-    newer than :data:`TESTED_UP_TO` use the newest row.  Never raises."""
+    """The :data:`RELEASES` row of FlashInfer ``version`` (``None``: not installed); never raises."""
     if version is None:
         return ReleaseInfo(None, False, "FlashInfer is not installed", "unknown")
     try:

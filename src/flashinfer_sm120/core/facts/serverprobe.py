@@ -1,7 +1,6 @@
-"""What an installed server does in a process with a given environment, found without importing it:
-vLLM's ``has_flashinfer()``, the FlashInfer workspace and targets SGLang sets (its rules run from its
-own source in a child), the JIT directory that gives, the server this process is, and which
-fallbacks its source defines.  The rows these follow are :data:`.servers.SERVERS`.
+"""What an installed server (:data:`.servers.SERVERS`) does in a given environment, found without importing
+it: vLLM's ``has_flashinfer()``, the workspace and targets SGLang sets (its rules run from its source
+in a child), and which fallbacks its source defines.
 """
 
 from __future__ import annotations
@@ -92,8 +91,7 @@ def _package_dir(key: str) -> str | None:
 
 @functools.lru_cache(maxsize=32)
 def _run_rule(probe: str, path: str, function: str, env_items: tuple, *args: str) -> tuple[object, str]:
-    """``(what the probe printed, read as JSON, or None; how)``: run ``probe`` on the installed
-    server's file at ``path`` in a child with the given environment."""
+    """``(JSON the probe printed or None, how)``: ``probe`` run on the server's file ``path`` in a child (P2, P6)."""
     from flashinfer_sm120.safety import proc
     from flashinfer_sm120.safety.formats.reads import loads_json
     from flashinfer_sm120.safety.ownership import trust_reason
@@ -118,14 +116,12 @@ def _run_rule(probe: str, path: str, function: str, env_items: tuple, *args: str
 
 
 def cache_clear() -> None:
-    """Forget the rules already run from installed servers' source (after that source changed)."""
     _run_rule.cache_clear()
 
 
 def workspace_base(key: str, env: dict[str, str]) -> tuple[str | None, str]:
-    """``(base, how it was found)``: the ``FLASHINFER_WORKSPACE_BASE`` server ``key`` gives FlashInfer
-    in a process with ``env`` (``None``: FlashInfer's own default).  The rule is run from the installed
-    package when it is there, else taken from the row."""
+    """``(base, how)``: the ``FLASHINFER_WORKSPACE_BASE`` server ``key`` sets with ``env`` (``None``: FlashInfer's
+    default), by its installed source, else by the row."""
     rule = servers.newest(key).cache_rule
     if rule is None:
         return None, f"{servers.newest(key).name} leaves FlashInfer's workspace as it is"
@@ -149,15 +145,13 @@ def workspace_base(key: str, env: dict[str, str]) -> tuple[str | None, str]:
 
 
 def expanduser(text: str, env: dict[str, str]) -> str:
-    """``os.path.expanduser`` with ``HOME`` taken from ``env`` (as the server process would)."""
     if (text == "~" or text.startswith("~/")) and env.get("HOME"):
         return (env["HOME"].rstrip("/") or "/") + text[1:] if text != "~" else env["HOME"]
     return os.path.expanduser(text)
 
 
 def jit_dir_for(base: str | None, jit_dir: str | None, this_base: str) -> str | None:
-    """``jit_dir`` (FlashInfer's, computed under workspace base ``this_base``) as it is under
-    ``base`` (FlashInfer 0.7.x ``flashinfer/jit/env.py``: ``<base>/.cache/flashinfer/...``)."""
+    """FlashInfer's ``jit_dir`` (under ``this_base``) as it is under ``base`` (0.7.x ``jit/env.py``)."""
     if jit_dir is None:
         return None
     if base is None:
@@ -169,7 +163,6 @@ def jit_dir_for(base: str | None, jit_dir: str | None, this_base: str) -> str | 
 
 
 def running() -> str | None:
-    """The server whose process this is (its package is imported), or ``None``."""
     for key in ("sglang", "vllm"):  # SGLang may import vLLM's kernels, not the reverse
         if key in sys.modules:
             return key
@@ -196,7 +189,7 @@ def _marker_found(pkg: str, rel: str, text: str) -> bool | None:
 
 def fallbacks(found: list[servers.Installed] | None = None
               ) -> list[tuple[servers.Installed, servers.Fallback, bool | None]]:
-    """Each installed server's fallbacks, and whether its source defines it (``None``: could not tell)."""
+    """Each installed server's fallbacks, and whether its source defines it (``None``: cannot tell)."""
     out = []
     for inst in servers.installed() if found is None else found:
         pkg = _package_dir(inst.release.key)
@@ -221,9 +214,8 @@ def fallback_text(found: list[servers.Installed] | None = None) -> str:
 
 @dataclass(frozen=True)
 class ArchChoice:
-    """What a server's model process on GPUs of some capabilities sets ``variable`` to: ``value``
-    (``None``: nothing, e.g. an older GPU or FlashInfer switched off), ``targets`` in nvcc's names
-    (``sm_120a``), and ``how``: run from the installed source or taken from the row, and why."""
+    """What a server's model process sets ``variable`` to (``None``: nothing), its ``targets`` in nvcc's
+    names, and ``how`` that was found."""
 
     server: str
     name: str
@@ -240,9 +232,8 @@ def _env_per_gpu(got: object, caps: tuple) -> bool:
 
 
 def server_arch(key: str, capabilities: list[tuple[int, int]], env: dict[str, str]) -> ArchChoice | None:
-    """What server ``key``'s model process sets FlashInfer's arch list to on a GPU of each of
-    ``capabilities`` (``None``: the server has no such rule).  With GPUs of several capabilities each
-    process sets only its own GPU's: ``value`` is the first's, ``targets`` lists every one."""
+    """What server ``key``'s model process sets FlashInfer's arch list to on each of ``capabilities``
+    (``None``: no such rule); ``value`` is the first GPU's, ``targets`` lists every one."""
     row = servers.newest(key)
     rule = row.arch_rule
     if rule is None:

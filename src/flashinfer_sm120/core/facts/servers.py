@@ -1,8 +1,5 @@
-"""What vLLM and SGLang check and redirect at start-up, per release (data read from their code).
-
-One row per server release; a newer release is treated as its newest row (and said so).  Nothing
-here imports a server (that would initialise CUDA and run its start-up code); what an installed
-server does in a given environment, by these rows, is asked in :mod:`.serverprobe`.
+"""What vLLM and SGLang check and redirect at start-up, per release (data read from their code; a newer
+release is treated as its newest row, and said so).  Nothing here imports a server.
 
 Verified against vllm 0.33.0 and 0.34.0 (``vllm/utils/flashinfer.py``, ``vllm/envs.py``: the same
 ``has_flashinfer()``; neither moves FlashInfer's cache nor sets its arch list) and sglang 0.5.23 (``sglang/__init__.py``,
@@ -28,10 +25,8 @@ __all__ = ["Fallback", "CacheRule", "ArchRule", "ServerRelease", "Installed", "S
 
 @dataclass(frozen=True)
 class Fallback:
-    """One way a server runs without FlashInfer's JIT: ``text`` to type, the FlashInfer-backed
-    ``default`` it turns off (with its file), and ``markers``: ``(file relative to the package, text)``
-    found in the release's source where the option is defined (checked in the installed package by
-    :func:`.serverprobe.fallbacks`)."""
+    """One way a server runs without FlashInfer's JIT: ``text`` to type, the ``default`` it turns off, and
+    ``markers`` (``(file in the package, text)`` where its source defines the option)."""
 
     text: str
     default: str
@@ -52,10 +47,8 @@ class CacheRule:
 
 @dataclass(frozen=True)
 class ArchRule:
-    """A server choosing FlashInfer's targets in its model processes: ``function`` of ``file``
-    (relative to the package), called with the process's GPU, sets ``variable``.  The
-    row's copy of the rule (used when the installed source cannot be read): ``<major>.<minor><suffix>``
-    for a GPU of major ``min_major`` or newer."""
+    """A server's ``function`` of ``file`` setting ``variable`` (FlashInfer's targets) for the process's GPU;
+    when the source cannot be read, ``<major>.<minor><suffix>`` for a GPU of major ``min_major`` or newer."""
 
     variable: str
     file: str
@@ -83,8 +76,7 @@ class ServerRelease:
     tuning_only: tuple[tuple[str, str], ...] = ()
 
     def uncovered(self, on_by_default: list[str]) -> list[str]:
-        """Of the server's FLASHINFER variables that default to on, those with neither a ``<name>=0``
-        fallback nor a :attr:`tuning_only` entry (each needs one of the two)."""
+        """The on-by-default FLASHINFER variables with neither a ``<name>=0`` fallback nor a :attr:`tuning_only` entry."""
         covered = {fb.text for fb in self.fallbacks}
         tuning = {name for name, _ in self.tuning_only}
         return [k for k in on_by_default if f"{k}=0" not in covered and k not in tuning]
@@ -170,7 +162,7 @@ SERVERS: tuple[ServerRelease, ...] = (
 
 @dataclass(frozen=True)
 class Installed:
-    """A server installed here: its row, version, and whether the row was read from it."""
+    """A server installed here, its row, and whether the row was read from another version."""
 
     release: ServerRelease
     version: Version
@@ -182,7 +174,6 @@ class Installed:
 
 
 def newest(key: str) -> ServerRelease:
-    """The newest row of server ``key`` (``vllm``, ``sglang``); ``KeyError`` for another."""
     rows = [r for r in SERVERS if r.key == key]
     if not rows:
         raise KeyError(key)
@@ -197,7 +188,6 @@ def _row(key: str, version: Version) -> tuple[ServerRelease, bool]:
 
 
 def installed() -> list[Installed]:
-    """The servers of :data:`SERVERS` installed in this environment (package metadata only)."""
     from flashinfer_sm120.errors import FormatError
     from flashinfer_sm120.safety.formats.grammar import parse_version
 

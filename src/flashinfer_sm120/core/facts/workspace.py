@@ -18,10 +18,8 @@ WSB = "FLASHINFER_WORKSPACE_BASE"
 
 
 def normalize_base() -> str | None:
-    """Make ``FLASHINFER_WORKSPACE_BASE=`` (set but empty) mean unset before FlashInfer reads it
-    (threat-model: P4): FlashInfer takes ``os.getenv(WSB, home)``, gets ``""``, and ``Path("")`` is the
-    working directory, so its cache and ``flashinfer_jit.log`` were written wherever the process ran.
-    Called by :func:`flashinfer_sm120.install`.  Returns a warning for a relative value, else ``None``."""
+    """Make ``FLASHINFER_WORKSPACE_BASE=`` mean unset before FlashInfer reads it (P4: ``Path("")`` is the
+    working directory); returns a warning for a relative value, else ``None``."""
     value = os.environ.get(WSB)
     if value is not None and not value.strip():
         del os.environ[WSB]
@@ -34,9 +32,8 @@ def normalize_base() -> str | None:
 
 
 def workspace_base(env=None) -> tuple[str, str]:
-    """``(base, where from)`` in ``env`` (default ``os.environ``), the one reader of the variable:
-    ``$FLASHINFER_WORKSPACE_BASE`` (blank is unset), else ``HOME`` of ``env``, else the passwd entry's,
-    else ``/`` (never a relative ``~``)."""
+    """``(base, where from)``, the one reader of the variable: ``$FLASHINFER_WORKSPACE_BASE`` (blank is
+    unset), else ``HOME``, else the passwd entry's, else ``/``."""
     from flashinfer_sm120.safety.fs.statedir import home_dir
 
     env = os.environ if env is None else env
@@ -47,14 +44,11 @@ def workspace_base(env=None) -> tuple[str, str]:
 
 
 def workspace_path() -> tuple[str, str]:
-    """``(<workspace base>/.cache/flashinfer, where from)``: FlashInfer's JIT cache."""
     base, how = workspace_base()
     return os.path.join(base, ".cache", "flashinfer"), how
 
 
 def tag_for(tk) -> str:
-    """The directory FlashInfer's JIT workspace gets for toolkit ``tk`` under flashinfer-sm120
-    (``nvcc<version>-<hash of nvcc's path and versions>``): the patch names the current one with it
-    (the patch's ``_get_workspace_dir_name`` wrapper), ``cache prune`` checks old ones."""
+    """The JIT workspace directory of toolkit ``tk``: ``nvcc<version>-<hash of nvcc's path and versions>``."""
     key = "\0".join((os.path.realpath(tk.nvcc), str(tk.nvcc_full), str(tk.header_version)))
     return f"nvcc{tk.nvcc_full or tk.nvcc_version}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"

@@ -1,9 +1,7 @@
-"""Every fix line and refusal reason about toolkits and targets, from one place.
+"""Every fix line and refusal reason about toolkits and targets (docs/toolkit.md "When nothing fits").
 
-Which fix is right depends on torch's CUDA major, since a JIT module links the ``libcudart`` of
-the nvcc's major while torch has loaded its own: the table is in docs/toolkit.md ("When nothing
-fits").  No pip wheel before CUDA 13.0 ships nvcc, so a 12.x fix is never a pip one, and a pip
-fix that is already installed (a clean pip toolkit of that release was found) is never printed.
+The fix follows torch's CUDA major (a JIT module links the nvcc's ``libcudart``); no pip wheel before
+CUDA 13.0 ships nvcc, and a pip fix already installed is never printed.
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ def _entry(t: tuple[int, str]) -> str:
 
 
 def _upgrade_fix(targets: Iterable[tuple[int, str]]) -> str:
-    """Targets missing from the table (a GPU newer than this release): upgrade; until then the
-    explicit-suffix arch list is the escape hatch."""
+    """Targets missing from the table: upgrade; until then an explicit-suffix arch list."""
     targets = list(targets)
     names = ", ".join(_arch.format_target(t) for t in targets)
     hatch = " ".join(_entry(t) if t[1][-1:] in ("a", "f") else f"{_entry(t)}a" for t in targets)
@@ -57,7 +54,6 @@ def _drop_fix(t: tuple[int, str]) -> str:
 
 
 def target_reason(t: tuple[int, str], v: Version) -> str:
-    """Why nvcc ``v`` cannot build ``t``, as a candidate's rejection names it."""
     gone, need = _arch.dropped_in(t), _arch.min_nvcc_for(t)
     if gone is not None and v.major >= gone:
         return f"{_arch.format_target(t)} (dropped in CUDA {gone}.0)"
@@ -67,7 +63,6 @@ def target_reason(t: tuple[int, str], v: Version) -> str:
 
 
 def torch_major_why(torch_cuda: str) -> str:
-    """Why an nvcc must share torch's CUDA major."""
     tmm = _arch.major_minor(torch_cuda)
     major = tmm.major if tmm else torch_cuda
     return f"the JIT module links the nvcc's libcudart major, and torch loads libcudart.so.{major}"
@@ -83,8 +78,7 @@ def min_nvcc_reason(nvcc_version: Version, min_nvcc: Version, why: str | None) -
 
 
 def consistent_set_fix(nvcc_version: Version, pip: bool) -> str:
-    """A toolkit whose parts disagree (nvcc vs headers) or lack ``libcudart``: the pip set of the same
-    release for a pip 13+ toolkit, else a reinstall of that system toolkit, never a pip 12.x set."""
+    """A toolkit whose parts disagree or lack ``libcudart``: the same release's pip set (13+), else a reinstall."""
     v = Version(f"{nvcc_version.major}.{nvcc_version.minor}")
     if pip and v >= FIRST_PIP_NVCC:
         return _pip(f"=={v}.*")
@@ -93,7 +87,6 @@ def consistent_set_fix(nvcc_version: Version, pip: bool) -> str:
 
 
 def _pip_or_repair(spec: str, found: Sequence[Toolkit], need: Version | None) -> str:
-    """``pip install <spec>``, unless a pip toolkit it would install is there already: then repair that."""
     have = next((tk for tk in found if "pip" in tk.sources and tk.nvcc_version is not None
                  and SpecifierSet(spec).contains(Version(f"{tk.nvcc_version}.0"), prereleases=True)), None)
     if have is None:
@@ -111,8 +104,7 @@ def _pip_or_repair(spec: str, found: Sequence[Toolkit], need: Version | None) ->
 
 
 def toolkit_fix(need: Version | None, torch_cuda: str | None, found: Sequence[Toolkit] = ()) -> str:
-    """The one fix line that installs a toolkit with nvcc >= ``need`` for ``torch.version.cuda``,
-    never a pip toolkit already among ``found``."""
+    """The fix that installs nvcc >= ``need`` for ``torch.version.cuda``, never a pip toolkit in ``found``."""
     tmm = _arch.major_minor(torch_cuda)
     if tmm is None:  # CPU torch: any major; pip 13.x is the one that installs with pip
         lo = max(need, FIRST_PIP_NVCC) if need is not None else FIRST_PIP_NVCC
@@ -133,8 +125,7 @@ def toolkit_fix(need: Version | None, torch_cuda: str | None, found: Sequence[To
 
 def choose_fix(wanted: Sequence[tuple[int, str]], torch_cuda: str | None, found: Sequence[Toolkit],
                *, min_nvcc: Version | None = None, explicit: Iterable[tuple[int, str]] = ()) -> str:
-    """The fix line when no toolkit fits: targets unknown to this release (upgrade), then explicit
-    targets torch's CUDA major dropped (change the arch list), then the toolkit to install."""
+    """The fix when nothing fits: upgrade for unknown targets, else change dropped ones, else install a toolkit."""
     explicit = set(explicit)
     unknown = [t for t in wanted if _arch.min_nvcc_for(t) is None and (t not in explicit or not any(
         tk.nvcc_version and _arch.target_supported(t, tk.nvcc_version, explicit=True) for tk in found))]
@@ -152,9 +143,7 @@ def choose_fix(wanted: Sequence[tuple[int, str]], torch_cuda: str | None, found:
 
 
 def unbuildable(targets: Iterable[tuple[int, str]], nvcc_version: Version) -> list[str]:
-    """One message (with its fix) per explicit ``FLASHINFER_CUDA_ARCH_LIST`` target nvcc
-    ``nvcc_version`` cannot build, checked before nvcc runs; a suffixed target missing from the
-    table is taken as given by an nvcc >= :data:`~flashinfer_sm120.core.facts.arch.NEWEST_KNOWN_NVCC`."""
+    """One message with its fix per explicit arch-list target nvcc ``nvcc_version`` cannot build (P1)."""
     return [m for t in dict.fromkeys(targets) if (m := _unbuildable(t, nvcc_version))]
 
 

@@ -1,12 +1,9 @@
-"""The on-disk memo of ``--version`` answers (nvcc, ninja), one entry per binary, so that a server's
-workers starting together probe once.
+"""The on-disk memo of ``--version`` answers (nvcc, ninja), so that a server's workers probe once.
 
 ``<cache_root>/nvcc-version.json`` = ``{"schema": 2, "entries": {path: {"stat": [dev, ino, size,
 mtime_ns, ctime_ns], "full": "12.8.93" | null, "problem": null | "why", "at": time}}}``.  An entry
-holds while the binary's stat is unchanged; a failure for :data:`FAILURE_MEMORY_S` (one dated in the
-future or not a finite time expires).  Only the binary's failures are stored, never this process's
-own (``EAGAIN``, ``EMFILE``).  Anything not of this shape is dropped (named at INFO) and rewritten by
-the one atomic writer; a listing command writes nothing (P4).
+holds while the binary's stat is unchanged, a failure for :data:`FAILURE_MEMORY_S`; only the binary's
+failures are stored.  Anything else is dropped and rewritten; a listing command writes nothing (P4).
 """
 
 from __future__ import annotations
@@ -39,7 +36,6 @@ _MAX_PROBLEM_CHARS = 4096  # a stored reason longer than this is not ours
 
 
 def memo_path() -> str:
-    """``<cache_root>/nvcc-version.json``; raises :class:`StateFileError` without a usable cache root."""
     return os.path.join(cache_root(), "nvcc-version.json")
 
 
@@ -53,8 +49,7 @@ def fingerprint(path: str) -> list[int] | None:
 
 
 def _valid(e: object) -> bool:
-    """An entry of our shape: a canonical version xor a bounded reason, an int stat, a finite time
-    (NaN never expires; an int past float range makes ``now - at`` raise)."""
+    """An entry of our shape: a canonical version xor a bounded reason, an int stat, a finite time (P6)."""
     if not isinstance(e, dict):
         return False
     full, problem, at, fp = e.get("full"), e.get("problem"), e.get("at"), e.get("stat")
@@ -71,7 +66,6 @@ def _valid(e: object) -> bool:
 
 
 def _load(path: str) -> dict[str, dict]:
-    """The valid entries of the memo file; anything else is dropped with an INFO line."""
     data, why = read_json(path, max_bytes=MAX_MEMO_BYTES)
     if data is None and why is None:
         return {}
@@ -89,8 +83,7 @@ def _load(path: str) -> dict[str, dict]:
 
 
 def lookup(nvcc: str, *, now: float | None = None) -> tuple[str | None, str | None] | None:
-    """The remembered ``(full, problem)`` for ``nvcc``; ``None`` when there is none, the binary
-    changed, the memo is unusable, or a failure expired."""
+    """The remembered ``(full, problem)`` for ``nvcc``, unless absent, changed, unusable or expired."""
     try:
         entry = _load(memo_path()).get(nvcc)
     except StateFileError:
@@ -104,8 +97,7 @@ def lookup(nvcc: str, *, now: float | None = None) -> tuple[str | None, str | No
 
 
 def store(nvcc: str, full: str | None, problem: str | None) -> None:
-    """Remember an answer (atomic rewrite, at most :data:`MAX_ENTRIES`); a memo that cannot be
-    written only costs time later, so the reason is logged at INFO."""
+    """Remember an answer (atomic rewrite, at most :data:`MAX_ENTRIES`); failing only costs time later."""
     if full is not None:  # only the canonical form of a version is ever written
         full = str(parse_version(full, "nvcc --version"))
     try:
@@ -120,9 +112,8 @@ def store(nvcc: str, full: str | None, problem: str | None) -> None:
 
 def probe_once(nvcc: str, probe: Callable[[], tuple[str | None, str | None, bool]],
                lock_timeout: float) -> tuple[str | None, str | None, bool]:
-    """``(full, problem, local)``: the memo's answer for ``nvcc``, else ``probe()``'s (``(full, problem,
-    remember)``) run by one process at a time (:func:`~flashinfer_sm120.safety.fs.statefiles.compute_once`).
-    ``local`` when this process's run failed for reasons of its own, which are not stored."""
+    """``(full, problem, local)``: the memo's answer, else ``probe()``'s ``(full, problem, remember)`` run by
+    one process at a time; ``local`` when it failed for this process's own reasons (not stored)."""
 
     def remembered() -> tuple[str | None, str | None, bool] | None:
         hit = lookup(nvcc)

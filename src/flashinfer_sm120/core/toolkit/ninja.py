@@ -1,12 +1,9 @@
 """The ninja of the process: the one FlashInfer's ``run_ninja`` runs, ``build`` runs, and servers check.
 
-FlashInfer runs ``ninja`` from ``PATH`` (0.7.x ``flashinfer/jit/cpp_ext.py`` ``run_ninja``, read at
-each build) and vLLM 0.33 disables FlashInfer when ``shutil.which("ninja")`` finds none
-(``vllm/utils/flashinfer.py`` ``has_flashinfer``), but the ``ninja`` wheel (a dependency of
-flashinfer-python) installs into the venv's ``bin``, off ``PATH`` when a service runs
-``/opt/venv/bin/vllm`` unactivated.  Two ninja releases do not share a JIT cache (:data:`LOG_FORMATS`),
-so one is chosen (:func:`choose`: the wheel first, then ``PATH``; trusted like any binary we run),
-the export puts it first on ``PATH`` (:func:`export_dir`), and ``doctor`` warns about another.
+FlashInfer 0.7.x runs ``ninja`` from ``PATH`` (``jit/cpp_ext.py`` ``run_ninja``) and vLLM 0.33's
+``has_flashinfer`` needs one there, but the ``ninja`` wheel installs into the venv's ``bin``, off
+``PATH`` for an unactivated ``/opt/venv/bin/vllm``.  Two ninja releases do not share a JIT cache
+(:data:`LOG_FORMATS`), so one is chosen (the wheel first, then ``PATH``) and exported first on ``PATH``.
 """
 
 from __future__ import annotations
@@ -50,18 +47,16 @@ LOG_FORMATS: tuple[tuple[SpecifierSet, int], ...] = (
 
 
 class NinjaError(Sm120Error):
-    """No usable ninja, or its ``PATH`` entry cannot be made; the message names the fix."""
+    """No usable ninja, or its ``PATH`` entry cannot be made."""
 
 
 def log_format(version: Version | None) -> int | None:
-    """The ``.ninja_log`` format ninja ``version`` writes, or ``None`` (unknown)."""
     return next((fmt for spec, fmt in LOG_FORMATS if version and spec.contains(version, prereleases=True)), None)
 
 
 @dataclass(frozen=True)
 class Ninja:
-    """One ninja binary: where found (run as given), its real path, how it was found (best first),
-    what ``ninja --version`` printed, and why it is not used."""
+    """One ninja: where found (run as given), its real path, sources (best first), version, why unusable."""
 
     path: str
     real: str
@@ -85,7 +80,7 @@ class Ninja:
 
 
 def same_log(a: Ninja, b: Ninja) -> bool:
-    """Whether a cache one of them built is up to date for the other (same ``.ninja_log`` format)."""
+    """Whether a cache one built is up to date for the other (same ``.ninja_log`` format)."""
     if a.log_format is not None and b.log_format is not None:
         return a.log_format == b.log_format
     if a.version is None or b.version is None:
@@ -94,8 +89,8 @@ def same_log(a: Ninja, b: Ninja) -> bool:
 
 
 def _wheel(env_path: str | None) -> list[tuple[str, str]]:
-    """The ``ninja`` distribution's binary, from its ``RECORD``: ``bin/ninja`` (1.13 wheels), else
-    ``ninja/data/bin/ninja`` (older wheels, whose ``bin/ninja`` is a Python wrapper)."""
+    """The ``ninja`` wheel's binary from its ``RECORD``: ``bin/ninja`` (1.13), else ``ninja/data/bin/ninja``
+    (older wheels, whose ``bin/ninja`` is a Python wrapper)."""
     try:
         dist = importlib.metadata.distribution("ninja")
     except importlib.metadata.PackageNotFoundError:
@@ -106,8 +101,7 @@ def _wheel(env_path: str | None) -> list[tuple[str, str]]:
 
 
 def _absolute_entries(env_path: str | None) -> list[str]:
-    """``PATH``'s absolute directories: ``run_ninja`` runs with ``cwd=`` the module's build directory,
-    where ``.`` or a relative entry names another place than here."""
+    """``PATH``'s absolute directories (``run_ninja`` runs in the module's build directory)."""
     path = os.environ.get("PATH", os.defpath) if env_path is None else env_path
     return [d for d in path.split(os.pathsep) if d and os.path.isabs(d)]
 
@@ -125,7 +119,6 @@ FIND_STEPS: tuple[tuple[str, Callable[[str | None], list[tuple[str, str]]]], ...
 
 
 def _inspect(path: str) -> tuple[Version | None, str | None]:
-    """``(version, problem)``: trust checked every time, the version remembered in :mod:`.memo`."""
     problem = check_executable(path)
     if problem is not None:
         return None, problem
@@ -147,8 +140,7 @@ def _inspect(path: str) -> tuple[Version | None, str | None]:
 
 
 def candidates(env_path: str | None = None) -> list[Ninja]:
-    """Every ninja reachable with ``PATH`` = ``env_path`` (default ``$PATH``), in :data:`FIND_STEPS`
-    order, one per real path."""
+    """Every ninja reachable with ``PATH`` = ``env_path``, in :data:`FIND_STEPS` order, one per real path."""
     by_real: dict[str, tuple[str, list[str]]] = {}
     for _name, finder in FIND_STEPS:
         for path, source in finder(env_path):
@@ -159,10 +151,7 @@ def candidates(env_path: str | None = None) -> list[Ninja]:
 
 
 def choose(env_path: str | None = None, found: list[Ninja] | None = None) -> Ninja:
-    """The first usable of :func:`candidates`: what FlashInfer runs once exported, and ``build`` runs.
-
-    Raises:
-        NinjaError: none is usable; the message lists each and says the fix."""
+    """The first usable of :func:`candidates`; :class:`NinjaError` lists each when none is."""
     found = candidates(env_path) if found is None else found
     for n in found:
         if n.problem is None:
@@ -180,11 +169,8 @@ def on_path(env_path: str | None = None) -> str | None:
 
 
 def link_dir(chosen: Ninja) -> str:
-    """``<cache root>/ninja/<hash>``, a ``0700`` directory holding only ``ninja`` -> ``chosen.real``,
-    made once (a private temp directory renamed into place, so concurrent workers agree).
-
-    Raises:
-        NinjaError: it cannot be made, or something else is in its place."""
+    """``<cache root>/ninja/<hash>``, a ``0700`` directory holding only ``ninja`` -> ``chosen.real``, made
+    once by renaming a private temp directory into place (P5); else :class:`NinjaError`."""
     try:
         parent = os.path.join(cache_root(), "ninja")
         make_private_dirs(parent)
@@ -226,12 +212,8 @@ def link_dir(chosen: Ninja) -> str:
 
 
 def export_dir(chosen: Ninja, env_path: str | None, shared: Callable[[str], str | None]) -> tuple[str | None, str]:
-    """The directory to put first on ``PATH`` so that ``ninja`` runs ``chosen`` (``None`` when it does
-    already), and a note: its own directory when that shadows no other program (``shared(dir)`` is
-    ``None``), else :func:`link_dir` (the wheel's binary sits next to the venv's ``python``).
-
-    Raises:
-        NinjaError: a link directory was needed and cannot be made."""
+    """The directory to put first on ``PATH`` so that ``ninja`` runs ``chosen`` (``None``: it does), and a
+    note: its own directory when that shadows nothing (``shared(dir)`` is ``None``), else :func:`link_dir`."""
     now = on_path(env_path)
     if now and os.path.realpath(now) == chosen.real:
         return None, f"unchanged: 'which ninja' is already {chosen.describe()}"

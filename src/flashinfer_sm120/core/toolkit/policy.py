@@ -1,14 +1,9 @@
-"""Choose one toolkit for the wanted targets, and say why the others lost.
+"""Choose one toolkit for the wanted targets, and say why the others lost (docs/toolkit.md "The choice").
 
-Acceptable: no ``problem``, nvcc at least the FlashInfer release's minimum, every target buildable
-(P1; explicit arch-list suffixes taken as given), torch's CUDA major (another only with
-``FLASHINFER_SM120_ALLOW_OTHER_CUDA_MAJOR=1``: two CUDA runtimes in one process are the user's call).
-Passes (preferred targets, then fallback; docs/toolkit.md "The choice") run in order, and within a
-pass the first in :data:`~.sources.SOURCES` order wins, so an explicit, working ``CUDA_HOME`` is kept;
-with a CPU-only torch a CUDA 13+ toolkit is preferred to a 12.x one not named explicitly.  Before all
-of that, FlashInfer's own toolkit (``own``: the nvcc its lookup runs) is kept when it is acceptable for
-the first pass and is no 12.x under a CPU-only torch: what already works is not replaced.  When
-nothing fits, :class:`ToolkitError` carries ONE message ending in the one fix line (:mod:`.fixes`).
+Acceptable (P1): no ``problem``, nvcc at least the release's minimum, every target buildable, torch's
+CUDA major (another only with ``FLASHINFER_SM120_ALLOW_OTHER_CUDA_MAJOR=1``).  FlashInfer's own
+toolkit is kept when acceptable; else passes run in order and the first acceptable candidate wins.
+When nothing fits, :class:`ToolkitError` carries one message ending in one fix line (:mod:`.fixes`).
 """
 
 from __future__ import annotations
@@ -35,12 +30,10 @@ _SEARCHED = ("CUDA_HOME, CUDA_PATH, pip (site-packages/nvidia/cu13), PATH, /usr/
 
 
 def other_major_allowed(env: Mapping[str, str] | None = None) -> bool:
-    """Whether ``FLASHINFER_SM120_ALLOW_OTHER_CUDA_MAJOR`` is on in ``env`` (default ``os.environ``)."""
     return env_flag(ALLOW_OTHER_MAJOR_ENV, env)
 
 
 def torch_cuda_version() -> str | None:
-    """``torch.version.cuda`` (``None`` for a CPU build, or without torch)."""
     try:
         import torch
     except Exception:
@@ -56,16 +49,9 @@ def choose(toolkits: Sequence[Toolkit], arch_specs: list[_arch.ArchSpec] | None,
            capabilities: list[tuple[int, int]], torch_cuda: str | None, *, min_nvcc: Version | None = None,
            min_nvcc_why: str | None = None, allow_other_major: bool | None = None,
            own: str | None = None) -> Choice:
-    """Pick the toolkit that builds the best targets for ``arch_specs`` (parsed
-    ``FLASHINFER_CUDA_ARCH_LIST``), else the visible GPUs' ``capabilities``, with ``torch_cuda``
-    (``torch.version.cuda``).  ``toolkits`` from :func:`~.sources.discover` are read lazily, up to
-    the chosen one.  ``min_nvcc``/``min_nvcc_why``: the FlashInfer release's own minimum nvcc and what
-    needs it.  ``allow_other_major`` defaults to :func:`other_major_allowed`.  ``own``: the real path
-    of the nvcc FlashInfer alone would run (kept when acceptable, see the module docstring).
-
-    Raises:
-        ToolkitError: nothing passes (see the module docstring).
-    """
+    """The toolkit that builds the best targets for ``arch_specs`` (else the GPUs' ``capabilities``)
+    with ``torch_cuda``; ``toolkits`` are read lazily up to the pick; ``own``: the real path of the
+    nvcc FlashInfer alone would run.  Raises :class:`ToolkitError` when nothing passes."""
     if allow_other_major is None:
         allow_other_major = other_major_allowed()
     if arch_specs is not None:
@@ -116,7 +102,6 @@ def choose(toolkits: Sequence[Toolkit], arch_specs: list[_arch.ArchSpec] | None,
 
 
 def _own(toolkits: Sequence[Toolkit], own: str | None) -> int | None:
-    """The index of the candidate whose nvcc is ``own`` (found without inspecting the others)."""
     if not own:
         return None
     for i in range(len(toolkits)):
@@ -127,7 +112,6 @@ def _own(toolkits: Sequence[Toolkit], own: str | None) -> int | None:
 
 
 def _why_not(tk: Toolkit, targets, explicit, torch_cuda, major, min_nvcc, min_nvcc_why) -> str | None:
-    """Every reason ``tk`` is not acceptable, joined; ``None`` when it is."""
     if tk.problem:
         return tk.problem
     v = tk.nvcc_version
@@ -145,7 +129,6 @@ def _why_not(tk: Toolkit, targets, explicit, torch_cuda, major, min_nvcc, min_nv
 
 
 def _rejection(toolkits, j, pick, verdict, why) -> Rejection:
-    """Candidate ``j``'s loss to ``pick``; one after the pick that was never read stays unread."""
     chosen = toolkits[pick].root
     if j not in verdict:
         unread = toolkits.unread(j) if isinstance(toolkits, Candidates) else None
@@ -185,7 +168,6 @@ def _choice(toolkits, pick, verdict, why, caps, fixed, wanted, preferred, torch_
 
 def _refusal(toolkits, reasons, arch_specs, capabilities, target_sets, explicit, torch_cuda,
              min_nvcc, min_nvcc_why, allow_other_major) -> ToolkitError:
-    """The one error when no pass finds a toolkit."""
     preferred, fallback = target_sets[0], target_sets[-1]
     gpus = ", ".join(f"{a}.{b}" for a, b in dict.fromkeys(capabilities))
     if arch_specs is not None:

@@ -1,6 +1,5 @@
-"""Read a toolkit's facts: its version is what ``nvcc --version`` says (a bounded run, remembered per
-binary in :mod:`.memo`; P1: the binary, not a file beside it), checked against the version files
-beside it; include and library directories pass the trust rule to be adopted."""
+"""Read a toolkit's facts: its version is what its binary says (P1; a bounded run remembered in
+:mod:`.memo`), its include and library directories pass the trust rule (P2)."""
 
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ logger = logging.getLogger("flashinfer_sm120")
 
 __all__ = ["NVCC_TIMEOUT_S", "NVCC_MAX_OUTPUT", "inspect", "nvcc_version", "flashinfer_cuda_version"]
 
-#: Seconds ``nvcc --version`` may take: a healthy nvcc answers in ~5 ms, 10 s covers a cold network FS.
+#: Seconds ``nvcc --version`` may take (a healthy one answers in ~5 ms; 10 s covers a cold network FS).
 NVCC_TIMEOUT_S = 10.0
 
 #: Bytes of ``nvcc --version`` output kept; a real nvcc prints ~250, more is not an nvcc (P6).
@@ -38,8 +37,7 @@ NVCC_MAX_OUTPUT = 16 << 10
 MAX_VERSION_FILE_BYTES = 256 << 10
 
 _RELEASE_RE = re.compile(r"release (\d+)\.(\d+), V(\d+\.\d+(?:\.\d+)?)")
-#: Blanks within the line only (``[ \t]``): ``^\s*`` crossed newlines and rescanned a header of blank
-#: lines from every line start (quadratic: seconds per 64 KiB).
+#: Blanks within the line only: ``\s`` crossed newlines (quadratic on a header of blank lines, P6).
 _CUDART_RE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+CUDART_VERSION[ \t]+([0-9]+)", re.MULTILINE)
 _NVCC_DIST_RE = re.compile(r"^nvidia_cuda_nvcc(?:_cu\d+)?-(\d+(?:\.\d+)+)[^/]*\.dist-info$")
 _INCLUDES = ("include", "targets/x86_64-linux/include", "targets/sbsa-linux/include")
@@ -61,7 +59,6 @@ _OTHER_FIX = "reinstall the toolkit, or set CUDA_HOME to a complete one"
 
 
 def _head(path: str, limit: int) -> str | None:
-    """The first ``limit`` bytes of a regular file as text, or ``None``; never blocks on a FIFO."""
     try:
         return read_prefix(path, limit).decode("utf-8", "replace")
     except FormatError:
@@ -69,8 +66,7 @@ def _head(path: str, limit: int) -> str | None:
 
 
 def _version_json(path: str) -> Version | None:
-    """``cuda_nvcc.version`` (else ``cuda.version``) of an installer's ``version.json``; ``None`` when
-    absent or unusable (logged, so the next source is tried)."""
+    """``cuda_nvcc.version`` (else ``cuda.version``) of ``version.json``; ``None`` when absent or unusable."""
     if not os.path.lexists(path):
         return None
     fix = "the next version source is used; reinstall the toolkit to repair it"
@@ -87,8 +83,7 @@ def _version_json(path: str) -> Version | None:
 
 
 def _version_from_files(root: str) -> tuple[Version, str] | None:
-    """(version, file) from ``version.json`` (installers of CUDA >= 11.1), else the nvcc wheel's
-    ``dist-info`` beside ``site-packages/nvidia`` when its ``RECORD`` lists ``<root>/bin/nvcc``."""
+    """(version, file) from ``version.json``, else the nvcc wheel's ``dist-info`` whose ``RECORD`` lists ``<root>/bin/nvcc``."""
     vj = os.path.join(root, "version.json")
     ver = _version_json(vj)
     if ver is not None:
@@ -109,7 +104,6 @@ def _version_from_files(root: str) -> tuple[Version, str] | None:
 
 
 def _wheel_owns(dist_info: str, root: str) -> bool:
-    """Whether the wheel's ``RECORD`` lists ``<root>/bin/nvcc`` (parsed by :mod:`importlib.metadata`)."""
     rel = pathlib.PurePosixPath(os.path.relpath(os.path.join(root, "bin", "nvcc"), os.path.dirname(dist_info)))
     try:
         files = importlib.metadata.PathDistribution(pathlib.Path(dist_info)).files or []
@@ -119,16 +113,13 @@ def _wheel_owns(dist_info: str, root: str) -> bool:
 
 
 def nvcc_version(nvcc: str, timeout: float = NVCC_TIMEOUT_S) -> tuple[str | None, str | None, bool]:
-    """``(full, problem, local)`` of ``nvcc --version``: one process probes while the others wait on the
-    memo (P6: bounded by :func:`~flashinfer_sm120.safety.proc.run`); ``local`` when the run failed for
-    this process's own reasons (``EAGAIN``, ``E2BIG``), which say nothing of the binary and are not
-    remembered.  The caller checks trust first."""
+    """``(full, problem, local)`` of ``nvcc --version``, probed by one process while others wait on the
+    memo (P6); ``local``: failed for this process's own reasons (not remembered).  Trust is checked first."""
     return memo.probe_once(nvcc, lambda: _run_nvcc_version(nvcc, timeout), lock_timeout=timeout + 5.0)
 
 
 def _run_nvcc_version(nvcc: str, timeout: float) -> tuple[str | None, str | None, bool]:
-    """``(full, problem, remember)`` of one bounded run (only on a memo miss: :mod:`~flashinfer_sm120.safety.proc`
-    is not loaded by a process whose nvcc is remembered)."""
+    """``(full, problem, remember)`` of one bounded run (a memo miss only: safety.proc loads only then)."""
     from flashinfer_sm120.safety import proc
 
     res = proc.run([nvcc, "--version"], timeout=timeout, max_output=NVCC_MAX_OUTPUT)
@@ -185,14 +176,9 @@ def _untrusted(kind: str, why: str) -> str:
 
 def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | None = None,
             *, timeout: float = NVCC_TIMEOUT_S) -> Toolkit:
-    """One toolkit's facts; ``problem`` says why it is unusable.
-
-    ``<root>/bin/nvcc`` is traced through links and wrapper scripts without running it
-    (:func:`~flashinfer_sm120.safety.trust.trace`): anything untrusted on the way, or include/lib
-    directories that fail the same rule, and nothing is run.  A version file that agrees with
-    ``nvcc --version`` is named as the source; one that disagrees is ``disagreement`` (P1).
-    ``sources[0]`` picks the fix advice; ``given_as`` names the path in messages.
-    """
+    """One toolkit's facts; ``problem`` says why it is unusable.  ``bin/nvcc`` is traced through links and
+    wrappers without running it, and nothing runs when anything on the way, or an include/lib
+    directory, fails the trust rule (P2).  ``sources[0]`` picks the fix, ``given_as`` names the path."""
     given = given_as or root
     base = dict(sources=tuple(sources), given_as=given_as)
     fix = _NO_NVCC_FIX.get(sources[0] if sources else "given", _OTHER_FIX).format(given=given)
@@ -241,14 +227,9 @@ def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | No
 
 
 def flashinfer_cuda_version(cuda_path: str) -> Version:
-    """FlashInfer's own ``get_cuda_version`` (0.7.x ``jit/cpp_ext.py``: ``<cuda_path>/bin/nvcc --version``
-    as ``major.minor``, else ``torch.version.cuda``) for a process left unpatched, through the trust
-    rule and the bounded, memoised run: FlashInfer's ``check_output`` has no deadline, and an nvcc
-    leaving a child that holds its output hung the import (P6).
-
-    Raises:
-        RuntimeError: as FlashInfer does, when neither answers.
-    """
+    """FlashInfer's ``get_cuda_version`` (0.7.x ``jit/cpp_ext.py``) for an unpatched process, through the
+    trust rule and the bounded run: FlashInfer's ``check_output`` has no deadline (P6).  Raises
+    ``RuntimeError`` as FlashInfer does when neither nvcc nor torch answers."""
     nvcc = os.path.join(cuda_path, "bin", "nvcc")
     problem = trace(nvcc).problem
     full, problem, _local = (None, problem, False) if problem else nvcc_version(nvcc)

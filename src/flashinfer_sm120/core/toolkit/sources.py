@@ -1,7 +1,5 @@
-"""Where CUDA toolkits are looked for: :data:`FIND_STEPS`, the search as data (steps ``env ->
-[Toolkit placeholder]``, as cuda-pathfinder arranges its own), in :func:`~.policy.choose`'s
-preference order; :func:`discover` runs them.  :func:`flashinfer_naive_root` is FlashInfer's own rule.
-"""
+"""Where CUDA toolkits are looked for: :data:`FIND_STEPS` (``env -> [placeholder]``, in preference
+order, as cuda-pathfinder arranges its own search), run by :func:`discover`."""
 
 from __future__ import annotations
 
@@ -39,8 +37,7 @@ def _found(source: str, root: str, given: str, problem: str | None = None) -> To
 
 
 def clean_home(value: str) -> str:
-    """``CUDA_HOME`` as people write it: ``:/opt/cuda`` (from ``$X:$CUDA_HOME``),
-    a trailing ``/bin`` or ``/bin/nvcc``, or a trailing slash."""
+    """``CUDA_HOME`` without what people add: a leading ``:``, a trailing ``/bin``, ``/bin/nvcc`` or ``/``."""
     v = value.strip().strip(os.pathsep).split(os.pathsep)[0].rstrip("/") or value
     for tail in ("/bin/nvcc", "/bin"):
         if v.endswith(tail):
@@ -49,8 +46,7 @@ def clean_home(value: str) -> str:
 
 
 def site_dirs() -> list[str]:
-    """Every site-packages directory of this interpreter, the user site only when
-    :data:`site.ENABLE_USER_SITE` is true (not under ``python -s``)."""
+    """Every site-packages directory, the user site only when Python reads it (not under ``python -s``)."""
     dirs: list[str] = []
     user = None
     try:  # site may be disabled (python -S)
@@ -68,8 +64,7 @@ def site_dirs() -> list[str]:
 
 
 def _view_toolkit(path: str) -> str | None:
-    """The real toolkit behind a flashinfer-sm120 ``CUDA_HOME`` view, else ``None`` (bounded read;
-    anything unusable means "not a view", and the path is inspected as given)."""
+    """The real toolkit behind a flashinfer-sm120 view, else ``None`` (then the path is inspected as given)."""
     meta = os.path.join(path, "flashinfer_sm120_view.json")
     if not os.path.lexists(meta):
         return None
@@ -82,9 +77,8 @@ def _view_toolkit(path: str) -> str | None:
 
 
 def pathfinder_binary(name: str) -> str | None:
-    """cuda-pathfinder's answer for where NVIDIA's wheels put the CUDA tool ``name``, or ``None``.
-    Asked only when a wheel layout in its search holds it, so that its last resort (a subprocess
-    loading libcudart through ``LD_LIBRARY_PATH``) never runs here.  Not checked for trust."""
+    """cuda-pathfinder's path of the wheel tool ``name``, or ``None``; asked only when a wheel holds it,
+    so its last resort (a subprocess loading libcudart) never runs.  Not checked for trust."""
     try:
         dirs = list(site.getsitepackages()) + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
     except Exception:
@@ -99,9 +93,6 @@ def pathfinder_binary(name: str) -> str | None:
     except Exception as exc:  # its errors must not stop discovery
         logger.debug("flashinfer-sm120: cuda-pathfinder failed: %s", exc)
         return None
-
-
-# --------------------------------------------------------------------------- find steps
 
 
 def _env_var(var: str) -> Callable[[Mapping[str, str]], list[Toolkit]]:
@@ -124,8 +115,7 @@ def _env_var(var: str) -> Callable[[Mapping[str, str]], list[Toolkit]]:
 
 
 def from_pip(env: Mapping[str, str]) -> list[Toolkit]:
-    """NVIDIA's wheels: ``site-packages/nvidia/cu13`` (and later ``cuNN``), newest first, and the
-    legacy ``nvidia/cuda_nvcc``; cuda-pathfinder's pick first."""
+    """NVIDIA's wheels: ``nvidia/cu13`` (and later), newest first, and ``nvidia/cuda_nvcc``; cuda-pathfinder's pick first."""
     out: list[Toolkit] = []
     for sd in site_dirs():
         try:
@@ -149,14 +139,12 @@ def _has_headers(root: str | None) -> bool:
 
 
 def _bin_parent(path: str) -> str | None:
-    """The prefix above the ``bin/`` directory holding ``path``, else ``None``."""
     return os.path.dirname(os.path.dirname(path)) if os.path.basename(os.path.dirname(path)) == "bin" else None
 
 
 def from_path(env: Mapping[str, str]) -> list[Toolkit]:
-    """``nvcc`` on ``PATH``, links and wrapper scripts followed (read, not run): the prefix above
-    the ``bin/`` of the real nvcc, except Debian's layout (``/usr/bin/nvcc`` wrapping
-    ``/usr/lib/nvidia-cuda-toolkit/bin/nvcc``, headers in ``/usr/include``), which gives ``/usr``."""
+    """``nvcc`` on ``PATH``, wrappers followed (read, not run): the prefix above the real nvcc's ``bin/``,
+    or ``/usr`` for Debian's ``/usr/bin/nvcc`` wrapper (headers in ``/usr/include``)."""
     which = shutil.which("nvcc", path=env.get("PATH", os.defpath))
     if not which:
         return []
@@ -174,9 +162,8 @@ def from_path(env: Mapping[str, str]) -> list[Toolkit]:
 
 
 def from_flashinfer_nvcc(env: Mapping[str, str]) -> list[Toolkit]:
-    """``$FLASHINFER_NVCC``: FlashInfer 0.7 compiles with it in place of ``$cuda_home/bin/nvcc``
-    (``flashinfer/jit/cpp_ext.py``), so its own toolkit is offered first; chosen only if it
-    passes like any other, never mixed with another toolkit's headers (:mod:`~flashinfer_sm120.safety.compilers`)."""
+    """``$FLASHINFER_NVCC`` (FlashInfer 0.7 ``jit/cpp_ext.py`` compiles with it): its toolkit first, chosen
+    only if it passes, never mixed with another's headers."""
     val = env.get("FLASHINFER_NVCC")
     if val is None:
         return []
@@ -196,7 +183,6 @@ def from_flashinfer_nvcc(env: Mapping[str, str]) -> list[Toolkit]:
 
 
 def from_usr_local_versioned(env: Mapping[str, str]) -> list[Toolkit]:
-    """``/usr/local/cuda-X.Y``, newest first."""
     try:
         names = [n for n in os.listdir("/usr/local") if _VERSIONED_RE.match(n)]
     except OSError:
@@ -206,7 +192,6 @@ def from_usr_local_versioned(env: Mapping[str, str]) -> list[Toolkit]:
 
 
 def from_conda(env: Mapping[str, str]) -> list[Toolkit]:
-    """``$CONDA_PREFIX`` (conda's ``cuda-nvcc`` installs ``bin/nvcc`` there)."""
     conda = env.get("CONDA_PREFIX")
     return [_found("conda", conda, f"$CONDA_PREFIX={conda}")] if conda else []
 
@@ -230,8 +215,7 @@ _NAMED = ("CUDA_HOME", "CUDA_PATH", "conda")  # a missing directory is reported,
 
 
 class Candidates(Sequence):
-    """Candidates in preference order, each inspected when first looked at: :func:`~.policy.choose`
-    stops at the first acceptable one, so start-up reads one or two toolkits, not all."""
+    """Candidates, each inspected when first looked at: start-up reads one or two toolkits, not all."""
 
     def __init__(self, found: list[Toolkit], timeout: float) -> None:
         self._found, self._timeout, self._done = found, timeout, {}
@@ -254,8 +238,7 @@ class Candidates(Sequence):
 
 
 def discover(env: Mapping[str, str] | None = None, *, timeout: float = NVCC_TIMEOUT_S) -> Candidates:
-    """Every candidate of :data:`FIND_STEPS` for ``env`` (default ``os.environ``), one per real nvcc
-    (its sources merged), unusable ones included (``problem`` set) and first."""
+    """Every candidate of :data:`FIND_STEPS` for ``env``, one per real nvcc (sources merged), unusable ones first."""
     env = dict(os.environ if env is None else env)
     bad: list[Toolkit] = []
     merged: dict[str, Toolkit] = {}
@@ -273,11 +256,10 @@ def discover(env: Mapping[str, str] | None = None, *, timeout: float = NVCC_TIME
 
 
 def flashinfer_naive_root(env: Mapping[str, str] | None = None, *, server: bool = False) -> str | None:
-    """The prefix FlashInfer's ``get_cuda_path()`` returns (0.6.7 - 0.7.4 ``flashinfer/jit/cpp_ext.py``:
-    ``CUDA_HOME`` or ``CUDA_PATH`` verbatim, else ``dirname(dirname(which nvcc))`` with links unresolved,
-    so a wrapper at ``/usr/local/bin/nvcc`` gives ``/usr/local``, else ``/usr/local/cuda`` if it
-    exists), or with ``server`` the one vLLM (0.33 ``_flashinfer_nvcc_path``) and SGLang (0.5.23
-    ``cuda_home``) derive: an empty value counts as unset, ``/usr/local/cuda`` whether it exists or not."""
+    """The prefix FlashInfer's ``get_cuda_path()`` returns (0.6.7 - 0.7.4 ``jit/cpp_ext.py``: ``CUDA_HOME``
+    or ``CUDA_PATH`` verbatim, else above ``which nvcc``, links unresolved, else an existing
+    ``/usr/local/cuda``); with ``server``, vLLM 0.33's and SGLang 0.5.23's: empty is unset, and
+    ``/usr/local/cuda`` whether it exists or not."""
     env = dict(os.environ if env is None else env)
     home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
     if home if server else home is not None:

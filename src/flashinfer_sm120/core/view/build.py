@@ -1,4 +1,4 @@
-"""Building views (:func:`linkable_home`): under a file lock, in ``.tmp-*``, renamed to the first free name."""
+"""Building views (:func:`linkable_home`): under a file lock, in ``.tmp-*``, renamed to the first free name (P5)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from flashinfer_sm120.core.toolkit.model import Toolkit
 from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
 from flashinfer_sm120.core.toolkit.sources import site_dirs as _site_dirs
 from flashinfer_sm120.core.toolkit.memo import fingerprint
-from flashinfer_sm120.core.view.meta import META_NAME, STUB, VIEW_LAYOUT, CudaHome, ViewMeta, check_view
+from flashinfer_sm120.core.view.meta import ADDED_ITEMS, META_NAME, STUB, VIEW_LAYOUT, CudaHome, ViewMeta, check_view
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -39,8 +39,7 @@ MAX_VIEW_NAMES = 16
 
 
 def find_curand_include(toolkit: Toolkit) -> str | None:
-    """Directory holding ``curand.h``: the toolkit's include dirs, then pip wheels of the same CUDA
-    major (``nvidia/cu13/include``, ``nvidia/curand/include``), then ``/usr/include``; else ``None``."""
+    """Directory holding ``curand.h``: the toolkit's, the same major's pip wheels', ``/usr/include``'s, or ``None``."""
     dirs = list(toolkit.include_dirs)
     major = toolkit.nvcc_version.major if toolkit.nvcc_version else 13
     for sd in _site_dirs():
@@ -54,20 +53,13 @@ def find_curand_include(toolkit: Toolkit) -> str | None:
 
 
 def _missing(root: str, curand_inc: str | None) -> list[str]:
-    miss = []
-    # regular files only, links followed: ld blocks opening a FIFO (os.path.exists is true for one)
-    if not os.path.isfile(os.path.join(root, "lib64", "libcudart.so")):
-        miss.append("lib64/libcudart.so")
-    if not os.path.isfile(os.path.join(root, "lib64", "stubs", "libcuda.so")):
-        miss.append("lib64/stubs/libcuda.so")
-    if curand_inc and not os.path.isfile(os.path.join(root, "include", "curand.h")):
-        miss.append("include/curand.h")
-    return miss
+    """What a view would add to ``root``; regular files only (ld blocks opening a FIFO)."""
+    return [rel for rel in ADDED_ITEMS if (curand_inc or rel != "include/curand.h")
+            and not os.path.isfile(os.path.join(root, rel))]
 
 
 def _view_path(tmp: str, rel: str) -> str | None:
-    """``tmp/rel`` by :func:`flashinfer_sm120.safety.formats.paths.safe_join`, or ``None`` for a name it
-    refuses (whitespace, ``$``, ``:``): left out of the view, which needs only nvcc's own files."""
+    """``tmp/rel``, or ``None`` for a name ``safe_join`` refuses (left out: the view needs only nvcc's files)."""
     try:
         return str(safe_join(tmp, rel, "CUDA_HOME view"))
     except FormatError as exc:
@@ -148,8 +140,7 @@ def _io_error(exc: OSError, directory: str, doing: str) -> ViewError:
 
 
 def views_dir() -> str:
-    """``<cache root>/cuda-home``, created ``0700``: a directory you own that others cannot write,
-    else :class:`ViewError` naming the fix."""
+    """``<cache root>/cuda-home``, created ``0700``, yours and not writable by others, else :class:`ViewError`."""
     parent = os.path.join(cache_root(), "cuda-home")
     try:
         os.mkdir(parent, 0o700)
@@ -187,9 +178,8 @@ def _adopt_existing(parent: str, base: str, toolkit: Toolkit,
 
 
 def _link_new_headers(parent: str, path: str, toolkit: Toolkit) -> None:
-    """Link headers the toolkit gained after the view was built (``pip install 'cuda-toolkit[cublas]'``
-    adds ``cublasLt.h``): a new view's new ``cuda_home`` would make ninja rebuild every module.  Only
-    adds links into the toolkit, which adoption accepts; problems are left to nvcc's message."""
+    """Link headers the toolkit gained since (``cuda-toolkit[cublas]``): a new view would make ninja rebuild
+    every module.  Only adds links into the toolkit, which adoption accepts."""
     inc = os.path.join(path, "include")
     try:
         have = set(os.listdir(inc))
@@ -212,15 +202,9 @@ def _lock(parent: str) -> filelock.BaseFileLock:
 
 
 def linkable_home(toolkit: Toolkit) -> CudaHome:
-    """A ``CUDA_HOME`` for ``toolkit`` that FlashInfer can compile and link against: its root when
-    complete and safe to write unquoted into ``build.ninja`` (:func:`~flashinfer_sm120.safety.formats.paths.path_problem`),
-    else an adoptable view, else a new one built under ``cuda-home/.lock`` (others wait at most
-    :data:`LOCK_TIMEOUT_S` and adopt it).  Leased before it is returned (P3).
-
-    Raises:
-        ViewError: the cache directory is not writable or full, no ``libcudart.so*``, the lock
-            timed out, or too many damaged views (each message names the path and the fix).
-    """
+    """A ``CUDA_HOME`` FlashInfer can compile and link against: the toolkit's root when complete and safe
+    unquoted in ``build.ninja``, else an adoptable view, else a new one built under ``cuda-home/.lock``.
+    A view is leased before it is returned (P3).  Raises :class:`ViewError` naming the path and the fix."""
     curand_inc = find_curand_include(toolkit)
     unsafe = path_problem(toolkit.root, "the toolkit path")
     if not _missing(toolkit.root, curand_inc) and unsafe is None:
@@ -253,9 +237,7 @@ def linkable_home(toolkit: Toolkit) -> CudaHome:
 
 
 def _leased(home: CudaHome, toolkit: Toolkit, curand_inc: str | None) -> bool:
-    """Lease ``home``, then check it again (a ``cache prune`` may have removed it meanwhile);
-    ``False``: build or adopt another under the builder lock."""
-    # threat-model: P3 -- check, then use, under the lease
+    """Lease ``home``, then check it again (a prune may have removed it); ``False``: build under the lock (P3)."""
     if not lease.hold(home.path):
         return False
     again, why = check_view(home.path, toolkit, curand_inc)

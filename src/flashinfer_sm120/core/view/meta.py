@@ -38,9 +38,8 @@ REQUIRED = ("bin/nvcc", "include/cuda_runtime_api.h", "lib64/libcudart.so", STUB
 
 @dataclass(frozen=True)
 class CudaHome:
-    """What ``CUDA_HOME`` is set to for FlashInfer: ``path``, the real toolkit behind it, whether it
-    is a view of symlinks, what the view adds (items of :data:`ADDED_ITEMS`) and where ``curand.h``
-    comes from (``None``: FlashInfer's sampling module will not compile)."""
+    """``CUDA_HOME`` for FlashInfer: ``path``, the toolkit behind it, whether it is a view, what the view
+    adds, and where ``curand.h`` comes from (``None``: FlashInfer's sampling module will not compile)."""
 
     path: str
     toolkit_root: str
@@ -54,9 +53,8 @@ class CudaHome:
 
 @dataclass(frozen=True)
 class ViewMeta:
-    """A view's ``flashinfer_sm120_view.json``: the layout, toolkit root, its real nvcc, full version
-    and stat fingerprint (:func:`~flashinfer_sm120.core.toolkit.memo.fingerprint`), the curand include
-    dir, what the view adds, our stub's SHA-256 (``None``: a link to the toolkit's own), the builder's uid."""
+    """A view's ``flashinfer_sm120_view.json``: what it was built for, what it adds, our stub's SHA-256
+    (``None``: a link to the toolkit's own) and the builder's uid."""
 
     layout: int
     toolkit: str
@@ -73,8 +71,7 @@ class ViewMeta:
 
     @classmethod
     def from_json(cls, data: object, source: str = META_NAME) -> tuple[ViewMeta | None, str | None]:
-        """Validate a decoded metadata object: ``(meta, None)`` or ``(None, what is wrong)``, the value
-        quoted cut short (:mod:`flashinfer_sm120.safety.formats` typed fields)."""
+        """``(meta, None)`` or ``(None, what is wrong)`` for decoded metadata (S2: typed, bounded fields)."""
         optional = (str, type(None))
         types = {"layout": int, "toolkit": str, "nvcc": str, "nvcc_full": optional, "nvcc_fingerprint": list,
                  "curand_include": optional, "added": list, "stub_sha256": optional, "owner_uid": int}
@@ -101,7 +98,6 @@ def _inside(path: str, roots: list[str]) -> bool:
 
 
 def _walk_problem(path: str, meta: ViewMeta, roots: list[str]) -> str | None:
-    """Ownership, entry kinds and link targets of every entry of the view."""
     files = {META_NAME} | ({STUB} if meta.stub_sha256 else set())
     for rel_dir in DIRS:
         d = os.path.join(path, rel_dir) if rel_dir else path

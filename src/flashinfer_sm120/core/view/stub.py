@@ -34,10 +34,7 @@ _DYN = 16
 
 
 def elf_ident(paths: list[str]) -> tuple[str, int, int] | None:
-    """``(byte order '<' or '>', e_machine, e_flags)`` of the first 64-bit ELF in ``paths``.
-
-    Returns ``None`` when none of them is a readable ELF64 file.
-    """
+    """``(byte order '<' or '>', e_machine, e_flags)`` of the first 64-bit ELF in ``paths``, or ``None``."""
     for path in paths:
         try:  # never a blocking open: a FIFO named libcudart.so.13 hung the view build
             head = read_prefix(path, _EHDR)
@@ -57,7 +54,6 @@ def _align(n: int, a: int = 8) -> int:
 
 
 def _elf_hash(name: bytes) -> int:
-    """The System V ABI ``elf_hash`` of a symbol name (for ``.hash``)."""
     h = 0
     for c in name:
         h = ((h << 4) + c) & 0xFFFFFFFF
@@ -69,16 +65,14 @@ def _elf_hash(name: bytes) -> int:
 
 
 _API_RE = re.compile(r"\bCUDAAPI\s+(cu[A-Za-z]\w*)\s*\(")
-#: Blanks within the line only: ``\s`` crossed newlines, and a ``cuda.h`` of blank lines was
-#: rescanned from every line start (quadratic: a 16 MiB one hung the view build).
+#: Blanks within the line only: ``\s`` crossed newlines (quadratic on a ``cuda.h`` of blank lines, P6).
 _VERSIONED_RE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+cu\w+[ \t]+(cu\w+)[ \t]*$", re.MULTILINE)
 _PER_THREAD_RE = re.compile(r"__CUDA_API_PT(DS|SZ)\((cu\w+)\)")
 
 
 def driver_symbols(cuda_h: str | None) -> list[str]:
-    """Every driver API name ``cuda.h`` may make code reference: ``CUresult CUDAAPI cuX(...)``, the
-    ``#define cuX cuX_v2`` targets and the per-thread variants (``__CUDA_API_PTDS(cuX)`` -> ``cuX_ptds``).
-    Empty when ``cuda_h`` is ``None`` or unreadable."""
+    """Every driver API name ``cuda.h`` may make code reference: ``CUDAAPI cuX(``, ``#define cuX cuX_v2``
+    targets and per-thread variants (``cuX_ptds``); empty when ``cuda_h`` is absent or unreadable."""
     if not cuda_h:
         return []
     try:
@@ -92,9 +86,8 @@ def driver_symbols(cuda_h: str | None) -> list[str]:
 
 def stub_bytes(order: str, machine: int, flags: int = 0, soname: str = SONAME,
                symbols: list[str] | tuple[str, ...] = ()) -> bytes:
-    """The bytes of an ELF64 link stub for ``order`` (``'<'``/``'>'``), ``machine`` (62 x86-64, 183
-    AArch64) and ``flags``: ``DT_SONAME`` ``soname``, ``symbols`` as global functions at one address
-    (only the linker reads it).  Deterministic, so a view can check its stub byte for byte."""
+    """An ELF64 link stub: ``DT_SONAME`` ``soname``, ``symbols`` as global functions at one address (only
+    the linker reads it).  Deterministic, so a view can check its stub byte for byte (P2)."""
     names = [s.encode() for s in symbols]
     dynstr = b"\0" + soname.encode() + b"\0"
     name_off = []
@@ -164,14 +157,8 @@ def _reference_elfs(lib_dirs: list[str]) -> list[str]:
 
 
 def write_stub(dest: str, lib_dirs: list[str], cuda_h: str | None = None) -> str:
-    """Create the stub at ``dest`` (a new file) for the machine of ``lib_dirs``' ``libcudart.so*``,
-    defining the names of ``cuda_h`` (:func:`driver_symbols`); returns its SHA-256 (hex) for the
-    view's metadata.
-
-    Raises:
-        OSError: ``dest`` cannot be written (disk full, ...).
-        ViewError: no 64-bit ELF to copy the machine from (no platform CUDA supports).
-    """
+    """Create the stub at ``dest`` (a new file) for the machine of ``lib_dirs``' ``libcudart.so*``; returns
+    its SHA-256.  Raises ``OSError``, or :class:`ViewError` without a 64-bit ELF to copy the machine from."""
     ident = elf_ident(_reference_elfs(lib_dirs))
     if ident is None:
         raise ViewError("cannot write the libcuda.so link stub for FlashInfer's -lcuda: neither the toolkit's "
