@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from flashinfer_sm120.errors import GPUQueryError
 
-__all__ = ["GPU", "GPUQueryError", "visible_gpus", "select_visible", "query", "GPUQuery"]
+__all__ = ["GPU", "visible_gpus", "select_visible", "query", "GPUQuery"]
 
 
 @dataclass(frozen=True)
