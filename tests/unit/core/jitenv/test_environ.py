@@ -77,6 +77,27 @@ def test_export_sets_home_and_path_and_undo_restores_them(env, tmp_path):
     assert dict(os.environ) == before
 
 
+def test_max_jobs_waits_for_the_first_build_and_undo_removes_it(env, tmp_path, monkeypatch):
+    """MAX_JOBS (read by FlashInfer only in run_ninja) is set by prepare_builds, which the build gate
+    calls, not by the export at import; a second call changes nothing, and the undo removes it."""
+    monkeypatch.delenv("MAX_JOBS", raising=False)
+    home = toolkit(tmp_path / "cuda-13.0")
+    before = dict(os.environ)
+    undo = environ.export(str(home), str(home / "bin" / "nvcc"), [(12, "0f")])
+    try:
+        assert "MAX_JOBS" not in os.environ
+        environ.prepare_builds()
+        jobs = os.environ["MAX_JOBS"]
+        assert jobs.isdigit() and "MAX_JOBS=" in environ.exported()["builds"]["max_jobs"]
+        environ.prepare_builds()
+        assert os.environ["MAX_JOBS"] == jobs
+    finally:
+        undo()
+    assert dict(os.environ) == before
+    environ.prepare_builds()  # after the undo: nothing left to prepare
+    assert "MAX_JOBS" not in os.environ
+
+
 def test_a_view_home_puts_its_own_bin_on_path(env, tmp_path):
     real = toolkit(tmp_path / "pip" / "nvidia" / "cu13")
     view = tmp_path / "cache" / "cuda-home" / "cuda-13.0.88-abc"
