@@ -45,7 +45,7 @@ SHARED_BIN_DIRS = ("/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local/bin", "
 
 _lock = threading.RLock()
 _current: dict | None = None  # {"key", "undo", "info"}
-_pending: dict = {}  # what prepare_builds finishes: the export's steps, its toolchain Setup, (home, nvcc, targets)
+_pending: dict = {}  # what prepare_builds finishes: the export's steps, the compiler verdicts, (home, nvcc, targets)
 
 
 class _Steps:
@@ -175,18 +175,22 @@ def _export_cpp_extension(steps: _Steps, home: str) -> None:
 
 
 def _check_compilers(steps: _Steps, home: str, nvcc: str, targets) -> None:
-    """FlashInfer's compiler variables checked now (P2, :func:`.toolchain.check_compilers`); ``MAX_JOBS``
-    and the compiler cache wait for the first JIT build (:func:`prepare_builds`)."""
-    from flashinfer_sm120.core.jitenv import toolchain
+    """FlashInfer's compiler variables checked now, the refused ones removed (P2: FlashInfer 0.7.4 runs
+    ``CC`` while it generates a spec, ``jit/fused_moe.py`` ``host_compiler_is_gcc()`` on aarch64);
+    ``MAX_JOBS`` and the compiler cache wait for the first JIT build (:func:`prepare_builds`)."""
+    from flashinfer_sm120.safety import compilers
 
-    setup = toolchain.check_compilers(home, nvcc)
-    for name in setup.pop:
-        steps.pop_env(name)
-    for line in setup.warnings:
-        logger.warning("flashinfer-sm120: %s", line)
-    steps.info["builds"] = setup.to_dict()
+    try:
+        verdicts = compilers.check(os.environ, nvcc, home)
+    except Exception as exc:  # said in the notes (toolchain.from_verdicts)
+        verdicts = exc
+    for v in [] if isinstance(verdicts, Exception) else verdicts:
+        if not v.keep:
+            steps.pop_env(v.var)
+            logger.warning("flashinfer-sm120: %s", v.note)
+    steps.info["builds"] = "compiler variables checked; MAX_JOBS and the compiler cache at the first JIT build"
     with _lock:
-        _pending.update(steps=steps, setup=setup, args=(home, nvcc, targets))
+        _pending.update(steps=steps, verdicts=verdicts, args=(home, nvcc, targets))
 
 
 def prepare_builds() -> None:
@@ -194,14 +198,16 @@ def prepare_builds() -> None:
     the memory and the compiler cache (:func:`.toolchain.plan_builds`), joined to the export's undo.  Later
     calls do nothing; never raises."""
     with _lock:  # held while planning: a second builder waits for MAX_JOBS
-        steps, setup, args = _pending.pop("steps", None), _pending.pop("setup", None), _pending.pop("args", None)
+        steps, verdicts, args = (_pending.pop(k, None) for k in ("steps", "verdicts", "args"))
         if steps is None:
             return
         try:
             from flashinfer_sm120.core.jitenv import toolchain
 
+            setup = toolchain.from_verdicts(verdicts)
+            said = set(setup.warnings)  # at import
             toolchain.plan_builds(setup, *args)
-            for name in setup.pop:  # those checked at import are gone already: nothing to undo twice
+            for name in setup.pop:  # those refused at import are gone already: nothing to undo twice
                 steps.pop_env(name)
             for name, value in setup.set.items():
                 steps.set_env(name, value)
@@ -209,8 +215,9 @@ def prepare_builds() -> None:
                 os.environ["MAX_JOBS"] = setup.max_jobs_value
                 toolchain.own_max_jobs(setup.max_jobs_value)
                 steps.env_undo.append(toolchain.release_max_jobs)
-            for line in setup.warnings[len(steps.info["builds"]["warnings"]):]:
-                logger.warning("flashinfer-sm120: %s", line)
+            for line in setup.warnings:
+                if line not in said:
+                    logger.warning("flashinfer-sm120: %s", line)
             steps.info["builds"] = setup.to_dict()
         except Exception as exc:
             steps.info["builds"] = f"failed: {exc!r}"

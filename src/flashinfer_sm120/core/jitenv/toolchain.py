@@ -2,8 +2,8 @@
 (:mod:`flashinfer_sm120.safety.compilers`), ``MAX_JOBS`` from the memory (:mod:`.jobs`), and the compiler
 cache when asked for (:data:`CACHE_ENV` or ``build --compiler-cache``; :mod:`.launcher`, loaded only then).
 
-:func:`check_compilers` (at import) and :func:`plan_builds` (at the first JIT build) decide what to set
-and remove; :mod:`flashinfer_sm120.core.jitenv.environ` applies it through its undo log, so ``revert()``
+:func:`from_verdicts` (the compiler variables, checked at import) and :func:`plan_builds` (at the first
+JIT build) decide what to set and remove; :mod:`flashinfer_sm120.core.jitenv.environ` applies it through its undo log, so ``revert()``
 restores the user's environment.
 """
 
@@ -22,7 +22,7 @@ from flashinfer_sm120.safety import compilers
 from flashinfer_sm120.errors import FormatError
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["CACHE_ENV", "CACHE_KINDS", "Setup", "configure", "check_compilers", "plan_builds", "last", "own_max_jobs", "refresh_max_jobs", "release_max_jobs",
+__all__ = ["CACHE_ENV", "CACHE_KINDS", "Setup", "configure", "from_verdicts", "plan_builds", "last", "own_max_jobs", "refresh_max_jobs", "release_max_jobs",
            "requested", "request_from_flag", "asked_by"]
 
 _lock = threading.Lock()
@@ -96,30 +96,31 @@ def _target_code(targets) -> str:
 
 def configure(home: str, nvcc: str, targets, env=None) -> Setup:
     """Decide for ``home`` (the ``CUDA_HOME`` FlashInfer builds with), ``nvcc`` and FlashInfer's
-    ``targets``, reading ``env`` (default ``os.environ``) and changing nothing: :func:`check_compilers`
-    then :func:`plan_builds`.  Never raises."""
-    out = check_compilers(home, nvcc, env)
+    ``targets``, reading ``env`` (default ``os.environ``) and changing nothing: the compiler variables
+    checked, then :func:`plan_builds`.  Never raises."""
+    env = os.environ if env is None else env
+    try:
+        verdicts = compilers.check(env, nvcc, home)
+    except Exception as exc:  # a check that fails must not stop patching: said in the notes
+        verdicts = exc
+    out = from_verdicts(verdicts)
     plan_builds(out, home, nvcc, targets, env)
     return out
 
 
-def check_compilers(home: str, nvcc: str, env=None) -> Setup:
-    """The user's compiler variables checked (P2): at import, since FlashInfer runs ``CC`` while it
-    generates a spec (0.7.4 ``jit/fused_moe.py`` ``host_compiler_is_gcc()`` on aarch64), before any build."""
-    global _last
-    env = os.environ if env is None else env
+def from_verdicts(verdicts) -> Setup:
+    """A :class:`Setup` from :func:`flashinfer_sm120.safety.compilers.check`'s verdicts (or the exception
+    it raised): the refused variables to pop, each said (P2)."""
     out = Setup()
-    try:
-        for v in compilers.check(env, nvcc, home):
-            out.notes.append(v.note)
-            if not v.keep:
-                out.pop.append(v.var)
-                out.warnings.append(v.note)
-                out.refused.append({"variable": v.var, "value": v.value, "why": v.note})
-    except Exception as exc:  # a check that fails must not stop patching: say so
-        out.notes.append(f"compiler variables not checked: {exc!r}"[:300])
-    with _lock:
-        _last = out
+    if isinstance(verdicts, Exception):
+        out.notes.append(f"compiler variables not checked: {verdicts!r}"[:300])
+        return out
+    for v in verdicts:
+        out.notes.append(v.note)
+        if not v.keep:
+            out.pop.append(v.var)
+            out.warnings.append(v.note)
+            out.refused.append({"variable": v.var, "value": v.value, "why": v.note})
     return out
 
 
