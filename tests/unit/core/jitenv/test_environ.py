@@ -259,6 +259,29 @@ def test_patched_process_exports_one_toolkit_and_revert_undoes_it(clean_env, tmp
     assert after == dict(cpp=first["cpp"], path=first["path"], home=str(fake), triton=None, exported={})
 
 
+GATE = """
+import json, os
+from pathlib import Path
+import flashinfer_sm120, flashinfer.jit.cpp_ext as cpp_ext
+at_import = os.environ.get("MAX_JOBS")
+try:  # the patched run_ninja: the gate sets up the build, then FlashInfer's own fails on a missing ninja file
+    cpp_ext.run_ninja(Path(os.environ["WORK"]), Path("missing.ninja"), False)
+except Exception:
+    pass
+print("@@" + json.dumps({"mode": flashinfer_sm120.status()["mode"], "at_import": at_import,
+                         "at_build": os.environ.get("MAX_JOBS")}))
+"""
+
+
+@needs_flashinfer
+def test_max_jobs_is_set_by_the_build_gate_before_flashinfer_runs_ninja(clean_env, tmp_path, real_nvcc13):
+    env = dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0", WORK=str(tmp_path / "work"))
+    env.pop("MAX_JOBS", None)
+    out, proc = run_py(GATE, env)
+    assert out["mode"] == "patched", proc.stderr
+    assert out["at_import"] is None and out["at_build"] and out["at_build"].isdigit(), out
+
+
 @needs_flashinfer
 def test_nothing_exported_when_disabled(clean_env, tmp_path):
     fake = make_toolkit(tmp_path / "cuda-12.8")
