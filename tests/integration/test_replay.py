@@ -98,3 +98,17 @@ def test_a_record_others_could_write_is_not_replayed(env, how):
     later, proc = run_py(CHILD, env)
     assert later["discovered"], f"a record {how.replace('_', ' ')} was replayed (P2)"
     assert later["resolution"] == first["resolution"], proc.stderr
+
+
+@needs_flashinfer
+def test_a_toolkit_others_can_now_write_is_not_replayed(env, real_nvcc13, tmp_path):
+    """The same inputs (no nvcc or variable changed), but the chosen toolkit's directory became writable
+    by others: the trust rule is applied again, not remembered (P2)."""
+    env = dict(env, CUDA_HOME=linked_toolkit(real_nvcc13, tmp_path / "tk"))
+    first, proc = run_py(CHILD, env)
+    assert first["mode"] == "patched" and first["resolution"]["choice"]["toolkit"]["root"] == env["CUDA_HOME"], \
+        proc.stderr
+    os.chmod(env["CUDA_HOME"], 0o777)
+    later, proc = run_py(CHILD, env)
+    assert later["discovered"], "a toolkit others can write was replayed (P2)"
+    assert later["resolution"]["choice"]["toolkit"]["root"] != env["CUDA_HOME"], proc.stderr

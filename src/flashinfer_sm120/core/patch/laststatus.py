@@ -160,14 +160,15 @@ def save(status: LastStatus, recorded_inputs: dict[str, Any], res=None) -> None:
 def replay(now: dict[str, Any]):
     """The :class:`~.resolve.Resolution` recorded for inputs equal to ``now``, else ``None`` (the caller
     resolves afresh: P1).  The file is read only when this uid owns it and no one else can write it
-    (P2), through the bounded reader (P6); its nvcc must be unchanged and pass the trust rule again
-    (P2), its view is leased (P3) and checked again as adoption checks it (P2)."""
+    (P2), through the bounded reader (P6); its nvcc must be unchanged, and it and the toolkit's
+    directories pass the trust rule again (P2); its view is leased (P3) and checked as adoption checks it."""
     try:
         from flashinfer_sm120.core.facts.releases import release_info
         from flashinfer_sm120.core.patch.resolve import Resolution, flashinfer_version
         from flashinfer_sm120.core.toolkit.memo import fingerprint
         from flashinfer_sm120.safety.formats.reads import read_json_file
         from flashinfer_sm120.safety.fs.statefiles import MAX_STATE_BYTES
+        from flashinfer_sm120.safety.ownership import trust_reason
         from flashinfer_sm120.safety.trust import check_executable
 
         where, uid = path(), os.geteuid()
@@ -181,7 +182,9 @@ def replay(now: dict[str, Any]):
         d = rec["resolution"]
         res = Resolution.from_dict(d, release_info(flashinfer_version()), d["own"] is True)
         tk = res.choice.toolkit
-        if fingerprint(tk.nvcc) != d["nvcc_stat"] or check_executable(tk.nvcc) is not None:
+        dirs = [tk.root, *tk.include_dirs, tk.lib_dir, res.home.curand_include]
+        if fingerprint(tk.nvcc) != d["nvcc_stat"] or check_executable(tk.nvcc) is not None \
+                or any(trust_reason(p, absent_ok=False) for p in dirs if p):
             return None
         if res.home.is_view:
             from flashinfer_sm120.core.view.meta import check_view
