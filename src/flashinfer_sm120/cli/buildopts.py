@@ -31,8 +31,9 @@ def apply(compiler_cache: str | None) -> dict:
 def setup_of(sess):
     """The toolchain set-up of this process (:class:`flashinfer_sm120.core.jitenv.toolchain.Setup`); made here when
     FlashInfer's hooks made none (a FlashInfer that is not patched exports nothing)."""
-    from flashinfer_sm120.core.jitenv import toolchain
+    from flashinfer_sm120.core.jitenv import environ, toolchain
 
+    environ.prepare_builds()  # what the patch leaves to the first JIT build, done now
     setup = toolchain.last()
     if setup is not None:
         return setup

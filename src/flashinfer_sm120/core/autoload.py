@@ -1,44 +1,15 @@
 """The ``.pth`` autoload: load flashinfer_sm120 only when a module that needs it is imported.
 
-``flashinfer-sm120 enable`` writes two files into a site-packages directory:
-:data:`HOOK_FILE`, a copy of :mod:`flashinfer_sm120.core.autoload_hook` (readable
-source, standard library only), and :data:`PTH_NAME`, whose one line
-(:data:`PTH_LINE`) imports that module and calls its ``install()``.  ``site.py``
-executes a ``.pth`` line that starts with ``import`` at every interpreter start
-(Python docs, "site — Site-specific configuration hook"), so it must cost nothing
-and break nothing: ``install()`` imports nothing (``os`` and ``sys`` are already
-loaded by ``site``) and puts one finder at the front of ``sys.meta_path`` (PEP 451
-``find_spec`` protocol).  On the first import of a module in :data:`TRIGGERS` (or
-a submodule of one), the finder disarms and removes itself, imports
-``flashinfer_sm120`` (which registers the FlashInfer patch hooks), calls
-:func:`triggered`, and hands the import on to the remaining finders.  Any other
-import pays one ``str.partition`` and a set lookup; pip, linters and every tool
-that never touches FlashInfer never load the package, wrapt, logging or asyncio.
-``flashinfer-sm120 disable`` removes both files (and the module's ``.pyc``).
+``enable`` writes :data:`HOOK_FILE` (a copy of :mod:`.autoload_hook`, standard library only) and
+:data:`PTH_NAME`, whose one line (:data:`PTH_LINE`) arms the hook at every interpreter start; the first
+import of a :data:`TRIGGERS` module loads the package and calls :func:`triggered`.  ``disable`` removes
+both files.  Failure rules and triggers: :mod:`.autoload_hook` and docs/servers.md.
 
-Failure rules of the hook (it must never stop an interpreter):
-
-* the package is gone (``pip uninstall`` leaves both files) or raises anything at
-  import, ``SystemExit`` included: one line on stderr naming the fix and the ``.pth``
-  to remove, and the import of the trigger goes on;
-* ``FLASHINFER_SM120_DISABLE=1`` at start-up: no finder is installed at all.
-
-Triggers (decided here, documented in docs/servers.md):
-
-``flashinfer``
-    the module being patched.
-``vllm``, ``sglang``
-    servers that look for nvcc and ninja *before* they import FlashInfer (vLLM
-    0.33 ``vllm/utils/flashinfer.py`` ``has_flashinfer()``: nvcc and ``which
-    ninja``; SGLang 0.5.23's own JIT: ``cuda_home()``, ``_jit_cuda_version()``;
-    see :mod:`flashinfer_sm120.core.facts.servers`).
-    For these, once the server package itself has been imported, the chosen
-    toolkit is resolved and exported (``CUDA_HOME``, ``PATH`` with nvcc and ninja; see
-    :mod:`flashinfer_sm120.core.jitenv.environ`) without importing FlashInfer, which would
-    initialise CUDA in the server's parent process.
-
-``FLASHINFER_SM120_AUTOLOAD_TRIGGERS`` (comma or space separated top-level
-module names) replaces the default triggers at start-up.
+``vllm`` and ``sglang`` look for nvcc and ninja *before* they import FlashInfer (vLLM 0.33
+``vllm/utils/flashinfer.py`` ``has_flashinfer()``; SGLang 0.5.23 ``cuda_home()``,
+``_jit_cuda_version()``): once the server package is imported, the chosen toolkit is exported
+(:mod:`flashinfer_sm120.core.jitenv.environ`) without importing FlashInfer, which would initialise
+CUDA in the server's parent process.
 """
 
 from __future__ import annotations

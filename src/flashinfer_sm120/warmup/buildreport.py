@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from flashinfer_sm120.core.jitenv import jobs, launcher, memory, toolchain
+from flashinfer_sm120.core.jitenv import environ, jobs, launcher, memory, toolchain
 from flashinfer_sm120.warmup.plan import plan as build_plan
 
 __all__ = ["doctor_section", "doctor_lines"]
@@ -18,6 +18,7 @@ def doctor_section(report: dict) -> dict:
     """JSON-able facts (``report`` is the rest of doctor's report, for the targets)."""
     view = memory.read_memory()
     targets = len(((report.get("resolution") or {}).get("choice") or {}).get("targets") or []) or 1
+    environ.prepare_builds()  # what the patch leaves to the first JIT build: shown as a build gets it
     setup = toolchain.last()
     known = jobs.recorded()
     plan = build_plan(jobs.heaviest_estimate(), targets=targets, view=view,

@@ -60,11 +60,14 @@ import flashinfer_sm120
 flashinfer_sm120.install()
 import flashinfer.jit.core
 st = flashinfer_sm120.status()
+at_import = os.environ.get("MAX_JOBS")
+from flashinfer_sm120.core.jitenv import environ
+environ.prepare_builds()  # what the build gate runs before FlashInfer's first JIT build
 now = {k: os.environ.get(k) for k in ("FLASHINFER_NVCC", "CXX", "FLASHINFER_NVCC_LAUNCHER", "MAX_JOBS")}
 flashinfer_sm120.revert()
 after = {k: os.environ.get(k) for k in ("FLASHINFER_NVCC", "CXX", "FLASHINFER_NVCC_LAUNCHER", "MAX_JOBS")}
 print("@@" + json.dumps({"mode": st["mode"], "root": st["resolution"]["choice"]["toolkit"]["root"],
-                         "now": now, "after": after, "log": buf.getvalue()}))
+                         "at_import": at_import, "now": now, "after": after, "log": buf.getvalue()}))
 """
 
 
@@ -90,6 +93,7 @@ def test_refused_variables_leave_the_process_and_come_back_on_revert(tmp_path, c
     env.pop("MAX_JOBS")
     res, proc = run_py(CHILD, env)
     assert res["root"] == str(a) and res["now"]["FLASHINFER_NVCC"] == str(a / "bin" / "nvcc"), res
+    assert res["at_import"] is None  # the memory policy waits for the first build
     assert res["now"]["MAX_JOBS"] and res["after"]["MAX_JOBS"] is None  # exported, then undone
 
 

@@ -44,7 +44,8 @@ __all__ = ["export", "export_builds", "exported", "describe", "reset", "SHARED_B
 SHARED_BIN_DIRS = ("/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin")
 
 _lock = threading.RLock()
-_current: dict | None = None  # {"key", "undo", "info", "steps"}
+_current: dict | None = None  # {"key", "undo", "info"}
+_pending: dict = {}  # what prepare_builds finishes: the export's steps, the compiler verdicts, (home, nvcc, targets)
 
 
 class _Steps:
@@ -75,6 +76,9 @@ class _Steps:
             self.env_undo.append(lambda: os.environ.setdefault(name, old))
 
     def undo(self) -> None:
+        with _lock:
+            if _pending.get("steps") is self:  # undone before its first build: nothing left to prepare
+                _pending.clear()
         for fn in reversed(self.env_undo):
             _guarded(fn)
         for fn in reversed(self.late_undo):
@@ -170,23 +174,54 @@ def _export_cpp_extension(steps: _Steps, home: str) -> None:
     steps.info["torch.utils.cpp_extension.CUDA_HOME"] = f"{home} (was {old})"
 
 
-def _export_builds(steps: _Steps, home: str, nvcc: str, targets) -> None:
-    """FlashInfer's compiler variables checked, ``MAX_JOBS`` from the memory policy, the
-    compiler cache when asked for: decided in :mod:`flashinfer_sm120.core.jitenv.toolchain`."""
-    from flashinfer_sm120.core.jitenv import toolchain
+def _check_compilers(steps: _Steps, home: str, nvcc: str, targets) -> None:
+    """FlashInfer's compiler variables checked now, the refused ones removed (P2: FlashInfer 0.7.4 runs
+    ``CC`` while it generates a spec, ``jit/fused_moe.py`` ``host_compiler_is_gcc()`` on aarch64);
+    ``MAX_JOBS`` and the compiler cache wait for the first JIT build (:func:`prepare_builds`)."""
+    from flashinfer_sm120.safety import compilers
 
-    setup = toolchain.configure(home, nvcc, targets)
-    for name in setup.pop:
-        steps.pop_env(name)
-    for name, value in setup.set.items():
-        steps.set_env(name, value)
-    if setup.max_jobs_value is not None:  # ours to refresh before each build, and to remove on undo
-        os.environ["MAX_JOBS"] = setup.max_jobs_value
-        toolchain.own_max_jobs(setup.max_jobs_value)
-        steps.env_undo.append(toolchain.release_max_jobs)
-    for line in setup.warnings:
-        logger.warning("flashinfer-sm120: %s", line)
-    steps.info["builds"] = setup.to_dict()
+    try:
+        verdicts = compilers.check(os.environ, nvcc, home)
+    except Exception as exc:  # said in the notes (toolchain.from_verdicts)
+        verdicts = exc
+    for v in [] if isinstance(verdicts, Exception) else verdicts:
+        if not v.keep:
+            steps.pop_env(v.var)
+            logger.warning("flashinfer-sm120: %s", v.note)
+    steps.info["builds"] = "compiler variables checked; MAX_JOBS and the compiler cache at the first JIT build"
+    with _lock:
+        _pending.update(steps=steps, verdicts=verdicts, args=(home, nvcc, targets))
+
+
+def prepare_builds() -> None:
+    """Right before FlashInfer's first JIT build of the process (the patch's build gate): ``MAX_JOBS`` from
+    the memory and the compiler cache (:func:`.toolchain.plan_builds`), joined to the export's undo.  Later
+    calls do nothing; never raises."""
+    with _lock:  # held while planning: a second builder waits for MAX_JOBS
+        steps, verdicts, args = (_pending.pop(k, None) for k in ("steps", "verdicts", "args"))
+        if steps is None:
+            return
+        try:
+            from flashinfer_sm120.core.jitenv import toolchain
+
+            setup = toolchain.from_verdicts(verdicts)
+            said = set(setup.warnings)  # at import
+            toolchain.plan_builds(setup, *args)
+            for name in setup.pop:  # those refused at import are gone already: nothing to undo twice
+                steps.pop_env(name)
+            for name, value in setup.set.items():
+                steps.set_env(name, value)
+            if setup.max_jobs_value is not None:  # ours to refresh before each build, and to remove on undo
+                os.environ["MAX_JOBS"] = setup.max_jobs_value
+                toolchain.own_max_jobs(setup.max_jobs_value)
+                steps.env_undo.append(toolchain.release_max_jobs)
+            for line in setup.warnings:
+                if line not in said:
+                    logger.warning("flashinfer-sm120: %s", line)
+            steps.info["builds"] = setup.to_dict()
+        except Exception as exc:
+            steps.info["builds"] = f"failed: {exc!r}"
+            logger.warning("flashinfer-sm120: setting up JIT builds failed: %r", exc)
 
 
 def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable[[], None]:
@@ -217,7 +252,7 @@ def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable
         for name, step, args in (("ninja", _export_ninja, ()), ("path", _export_path, (bin_dir,)),
                                  ("cpp_extension", _export_cpp_extension, (home,)),
                                  ("triton", ptxas.export, (bin_dir, sms)),
-                                 ("builds", _export_builds, (home, nvcc, targets))):
+                                 ("builds", _check_compilers, (home, nvcc, targets))):
             try:
                 step(steps, *args)
             except Exception as exc:
@@ -239,11 +274,11 @@ def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable
 
 
 def export_builds(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable[[], None]:
-    """Only what FlashInfer's JIT builds get (compiler variables checked, ``MAX_JOBS``, the
-    compiler cache), for a FlashInfer that needs no patching (``noop``).  Returns the undo."""
+    """Only what FlashInfer's JIT builds get (compiler variables checked now, ``MAX_JOBS`` and the compiler
+    cache at the first build), for a FlashInfer that needs no patching (``noop``).  Returns the undo."""
     steps = _Steps()
     try:
-        _export_builds(steps, home, nvcc, tuple(targets))
+        _check_compilers(steps, home, nvcc, tuple(targets))
     except Exception as exc:
         logger.warning("flashinfer-sm120: setting up JIT builds failed: %r", exc)
     return steps.undo

@@ -2,8 +2,9 @@
 (:mod:`flashinfer_sm120.safety.compilers`), ``MAX_JOBS`` from the memory (:mod:`.jobs`), and the compiler
 cache when asked for (:data:`CACHE_ENV` or ``build --compiler-cache``; :mod:`.launcher`, loaded only then).
 
-:func:`configure` decides what to set and remove; :func:`flashinfer_sm120.core.jitenv.environ.export`
-applies it through its undo log, so ``revert()`` restores the user's environment.
+:func:`from_verdicts` (the compiler variables, checked at import) and :func:`plan_builds` (at the first
+JIT build) decide what to set and remove; :mod:`flashinfer_sm120.core.jitenv.environ` applies it through its undo log, so ``revert()``
+restores the user's environment.
 """
 
 from __future__ import annotations
@@ -19,11 +20,9 @@ from flashinfer_sm120.safety.formats.reads import env_text
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety import compilers
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.core.jitenv import jobs
-
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["CACHE_ENV", "CACHE_KINDS", "Setup", "configure", "last", "own_max_jobs", "refresh_max_jobs", "release_max_jobs",
+__all__ = ["CACHE_ENV", "CACHE_KINDS", "Setup", "configure", "from_verdicts", "plan_builds", "last", "own_max_jobs", "refresh_max_jobs", "release_max_jobs",
            "requested", "request_from_flag", "asked_by"]
 
 _lock = threading.Lock()
@@ -97,21 +96,43 @@ def _target_code(targets) -> str:
 
 def configure(home: str, nvcc: str, targets, env=None) -> Setup:
     """Decide for ``home`` (the ``CUDA_HOME`` FlashInfer builds with), ``nvcc`` and FlashInfer's
-    ``targets``, reading ``env`` (default ``os.environ``) and changing nothing; runs the launcher
-    probe when one is in play.  Never raises."""
+    ``targets``, reading ``env`` (default ``os.environ``) and changing nothing: the compiler variables
+    checked, then :func:`plan_builds`.  Never raises."""
+    env = os.environ if env is None else env
+    try:
+        verdicts = compilers.check(env, nvcc, home)
+    except Exception as exc:  # a check that fails must not stop patching: said in the notes
+        verdicts = exc
+    out = from_verdicts(verdicts)
+    plan_builds(out, home, nvcc, targets, env)
+    return out
+
+
+def from_verdicts(verdicts) -> Setup:
+    """A :class:`Setup` from :func:`flashinfer_sm120.safety.compilers.check`'s verdicts (or the exception
+    it raised): the refused variables to pop, each said (P2)."""
+    out = Setup()
+    if isinstance(verdicts, Exception):
+        out.notes.append(f"compiler variables not checked: {verdicts!r}"[:300])
+        return out
+    for v in verdicts:
+        out.notes.append(v.note)
+        if not v.keep:
+            out.pop.append(v.var)
+            out.warnings.append(v.note)
+            out.refused.append({"variable": v.var, "value": v.value, "why": v.note})
+    return out
+
+
+def plan_builds(out: Setup, home: str, nvcc: str, targets, env=None) -> None:
+    """``MAX_JOBS`` from the memory and the compiler cache, added to ``out``: before the first JIT
+    build, since FlashInfer 0.6/0.7 reads ``MAX_JOBS`` and the launchers only in ``run_ninja`` and
+    ``generate_ninja_build_for_op`` (``jit/cpp_ext.py``).  Runs the launcher probe when one is in play."""
+    from flashinfer_sm120.core.jitenv import jobs
+
     global _last
     env = os.environ if env is None else env
-    out = Setup()
     targets = list(targets)
-    try:
-        for v in compilers.check(env, nvcc, home):
-            out.notes.append(v.note)
-            if not v.keep:
-                out.pop.append(v.var)
-                out.warnings.append(v.note)
-                out.refused.append({"variable": v.var, "value": v.value, "why": v.note})
-    except Exception as exc:  # a check that fails must not stop patching: say so
-        out.notes.append(f"compiler variables not checked: {exc!r}"[:300])
     try:
         _user, problem = jobs.flashinfer_max_jobs(env.get("MAX_JOBS"))
         if problem:  # FlashInfer would crash on it or ignore it: ours instead (undone by revert())
@@ -132,7 +153,6 @@ def configure(home: str, nvcc: str, targets, env=None) -> Setup:
         out.warnings.append(out.cache["refused"])
     with _lock:
         _last = out
-    return out
 
 
 def _nvcc_versions(nvcc: str):
@@ -245,6 +265,8 @@ def refresh_max_jobs() -> None:
             mine = _jobs["value"]
             if mine is None or os.environ.get("MAX_JOBS") != mine:
                 return
+            from flashinfer_sm120.core.jitenv import jobs
+
             env = {k: v for k, v in os.environ.items() if k != "MAX_JOBS"}
             value, why = jobs.server_max_jobs(_jobs["targets"], env)
             if value is not None and str(value) != mine:

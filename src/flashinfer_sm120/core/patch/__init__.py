@@ -45,8 +45,8 @@ def _ensure_resolution() -> None:
         inputs = laststatus.inputs()  # before FlashInfer or our export changes the environment
     except Exception:  # pragma: no cover - stat calls only
         inputs = None
-    try:
-        res: Resolution | str = resolve(guard=True)
+    try:  # a later process with the same inputs replays the recorded decision; any change resolves afresh
+        res: Resolution | str = (inputs is not None and laststatus.replay(inputs)) or resolve(guard=True)
     except Exception as exc:  # a view that cannot be built, a broken NVML ...
         res = str(exc) or repr(exc)
     with STATE.lock:
@@ -235,8 +235,9 @@ def record_status(st: StatusDict | None = None) -> None:
     try:
         with STATE.lock:
             inputs = STATE.inputs
+            res = STATE.resolution
         if inputs is not None:
-            laststatus.save(laststatus.from_status(st or status()), inputs)
+            laststatus.save(laststatus.from_status(st or status()), inputs, res)
     except Exception as exc:  # pragma: no cover - save never raises
         logger.debug("flashinfer-sm120: status not recorded: %r", exc)
 

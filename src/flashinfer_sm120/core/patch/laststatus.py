@@ -13,10 +13,11 @@ only when it changed; never raises.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from typing import Any, TypedDict
 
-__all__ = ["SCHEMA", "FILE", "KEEP", "LastStatus", "from_status", "inputs", "records", "save", "path", "which_nvcc"]
+__all__ = ["SCHEMA", "FILE", "KEEP", "LastStatus", "from_status", "inputs", "records", "replay", "save", "path", "which_nvcc"]
 
 SCHEMA = 2
 FILE = "last-status.json"
@@ -133,8 +134,9 @@ def from_status(st: dict) -> LastStatus:
                       flashinfer=(res.get("release") or {}).get("version"))
 
 
-def save(status: LastStatus, recorded_inputs: dict[str, Any]) -> None:
-    """Record ``status`` for ``recorded_inputs`` (taken before FlashInfer changed the environment)."""
+def save(status: LastStatus, recorded_inputs: dict[str, Any], res=None) -> None:
+    """Record ``status`` for ``recorded_inputs`` (taken before FlashInfer changed the environment), with
+    the resolution ``res`` of a patched or noop process for :func:`replay`."""
     try:
         from flashinfer_sm120.safety.fs.statefiles import read_json, write_json_atomic
         from flashinfer_sm120.core.toolkit.memo import fingerprint
@@ -142,14 +144,60 @@ def save(status: LastStatus, recorded_inputs: dict[str, Any]) -> None:
         st = dict(status)
         if st.get("toolkit"):
             st["toolkit"] = dict(st["toolkit"], stat=fingerprint(st["toolkit"]["nvcc"]))
+        record = {"inputs": recorded_inputs, "status": st}
+        if res is not None and res.choice is not None and status["mode"] in ("patched", "noop"):
+            record["resolution"] = dict(res.to_dict(), own=res.own, nvcc_stat=fingerprint(res.choice.toolkit.nvcc))
         where = path()
         old, _ = read_json(where)
         kept = [r for r in records(old) if r["inputs"] != recorded_inputs][:KEEP - 1]
-        data = {"schema": SCHEMA, "records": [{"inputs": recorded_inputs, "status": st}] + kept}
+        data = {"schema": SCHEMA, "records": [record] + kept}
         if old != data:
             write_json_atomic(where, data)
     except Exception:  # a read-only HOME, a full disk: status takes the slow path
         pass
+
+
+def replay(now: dict[str, Any]):
+    """The :class:`~.resolve.Resolution` recorded for inputs equal to ``now``, else ``None`` (the caller
+    resolves afresh: P1).  The file is read only when this uid owns it and no one else can write it
+    (P2), through the bounded reader (P6); its nvcc must be unchanged, and it and the toolkit's
+    directories pass the trust rule again (P2); its view is leased (P3) and checked as adoption checks it."""
+    try:
+        from flashinfer_sm120.core.facts.releases import release_info
+        from flashinfer_sm120.core.patch.resolve import Resolution, flashinfer_version
+        from flashinfer_sm120.core.toolkit.memo import fingerprint
+        from flashinfer_sm120.safety.formats.reads import read_json_file
+        from flashinfer_sm120.safety.fs.statefiles import MAX_STATE_BYTES
+        from flashinfer_sm120.safety.ownership import trust_reason
+        from flashinfer_sm120.safety.trust import check_executable
+
+        where, uid = path(), os.geteuid()
+        st = os.lstat(where)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or st.st_mode & 0o022:
+            return None
+        data = read_json_file(where, MAX_STATE_BYTES, follow=False, owners=(uid,))
+        rec = next((r for r in records(data) if r["inputs"] == now and r.get("resolution")), None)
+        if rec is None:
+            return None
+        d = rec["resolution"]
+        res = Resolution.from_dict(d, release_info(flashinfer_version()), d["own"] is True)
+        tk = res.choice.toolkit
+        dirs = [tk.root, *tk.include_dirs, tk.lib_dir, res.home.curand_include]
+        if fingerprint(tk.nvcc) != d["nvcc_stat"] or check_executable(tk.nvcc) is not None \
+                or any(trust_reason(p, absent_ok=False) for p in dirs if p):
+            return None
+        if res.home.is_view:
+            from flashinfer_sm120.core.view.meta import check_view
+            from flashinfer_sm120.safety.fs import lease
+
+            if not lease.hold(res.home.path):
+                return None
+            if check_view(res.home.path, tk, res.home.curand_include)[0] is None:
+                lease.release(res.home.path)
+                return None
+        return res
+    except Exception:  # no record, another shape, a read refused: resolve afresh
+        return None
 
 
 def records(data: Any) -> list[dict]:

@@ -15,16 +15,10 @@ from typing import Any, Sequence
 
 from flashinfer_sm120.core.facts.arch import ArchSpec, parse_arch_list_lenient
 from flashinfer_sm120.errors import ToolkitError
-from flashinfer_sm120.core.facts.gpus import GPU, GPUQuery, query
+from flashinfer_sm120.core.facts.gpus import GPU, GPUQuery
 from flashinfer_sm120.core.facts.releases import ReleaseInfo, release_info
-from flashinfer_sm120.core.toolkit.model import Choice, Toolkit
-from flashinfer_sm120.core.toolkit.policy import choose, torch_cuda_version
-from flashinfer_sm120.core.toolkit.sources import discover, flashinfer_naive_root
-from flashinfer_sm120.core.toolkit.policy import other_major_allowed
-from flashinfer_sm120.core.toolkit.sources import clean_home
-from flashinfer_sm120.safety.trust import follow_wrappers
-
-from flashinfer_sm120.core.view.build import linkable_home
+from flashinfer_sm120.core.toolkit.model import Choice, Rejection, RejectKind, Toolkit
+from flashinfer_sm120.core.view.meta import CudaHome
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -82,6 +76,35 @@ class Resolution:
             "fix": self.fix,
         }
 
+    @classmethod
+    def from_dict(cls, d: dict, release: ReleaseInfo | None, own: bool) -> Resolution:
+        """The resolution :meth:`to_dict` gave, for a replayed record (:func:`.laststatus.replay`); raises
+        on a malformed one (the caller resolves afresh)."""
+        c = d["choice"]
+
+        def rejection(r: dict) -> Rejection:
+            kind = RejectKind(r["kind"])
+            why = r["reason"][len("not chosen ("):-1] if kind is RejectKind.NOT_CHOSEN else r["reason"]
+            return Rejection(Toolkit.from_dict(r["toolkit"]), kind, why)
+
+        choice = Choice(Toolkit.from_dict(c["toolkit"]), tuple(_arch_target(t) for t in c["targets"]),
+                        tuple(tuple(map(int, cap.split("."))) for cap in c["capabilities"]),
+                        tuple(rejection(r) for r in c["rejected"]), c["reason"], c["torch_cuda"])
+        gpus = tuple(GPU(g["index"], g["name"], g["uuid"], tuple(map(int, g["capability"].split("."))))
+                     for g in d["gpus"])
+        source, _, note = d["gpu_source"].partition(" (NVML: ")
+        return cls(choice, CudaHome(**dict(d["cuda_home"], added=tuple(d["cuda_home"]["added"]))), gpus,
+                   d["arch_list"], d["arch_list_error"], d["flashinfer_naive_cuda_home"],
+                   explicit_home=d["explicit_cuda_home"], release=release,
+                   gpu_query=GPUQuery(gpus, source, note[:-1] or None), cleaned=tuple(d["cleaned"]),
+                   targets_from=TargetsFrom(d["targets_from"]), own=own)
+
+
+def _arch_target(text: str) -> tuple[int, str]:
+    """``(12, "0f")`` for ``sm_120f`` (:func:`~flashinfer_sm120.core.facts.arch.format_target`'s inverse)."""
+    digits = text.removeprefix("sm_").rstrip("abcdefghijklmnopqrstuvwxyz")
+    return int(digits[:-1]), text[len("sm_") + len(digits) - 1:]
+
 
 #: Characters of ``FLASHINFER_CUDA_ARCH_LIST`` kept in :attr:`Resolution.arch_list`,
 #: which only messages and ``doctor`` read (the parse sees the whole value).
@@ -138,6 +161,8 @@ def cleaned_homes(env: dict[str, str]) -> tuple[str, ...]:
         val = env.get(var)
         if not val:
             continue
+        from flashinfer_sm120.core.toolkit.sources import clean_home
+
         try:
             cleaned = clean_home(val)
         except Exception:  # pragma: no cover - clean_home is pure string work
@@ -154,6 +179,8 @@ def own_nvcc(naive_root: str | None) -> str | None:
     one is FlashInfer 0.7's own and comes first in the search anyway."""
     if not naive_root:
         return None
+    from flashinfer_sm120.safety.trust import follow_wrappers
+
     nvcc = os.path.join(naive_root, "bin", "nvcc")
     return os.path.realpath(follow_wrappers(nvcc) or nvcc) if os.path.isfile(nvcc) else None
 
@@ -177,6 +204,11 @@ def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | 
         flashinfer_sm120.errors.ToolkitError: no toolkit fits (unless ``guard``).
         flashinfer_sm120.errors.ViewError: the view could not be built.
     """
+    from flashinfer_sm120.core.facts.gpus import query
+    from flashinfer_sm120.core.toolkit.policy import choose, other_major_allowed, torch_cuda_version
+    from flashinfer_sm120.core.toolkit.sources import discover, flashinfer_naive_root
+    from flashinfer_sm120.core.view.build import linkable_home
+
     env = dict(os.environ if env is None else env)
     if release is None:
         release = release_info(flashinfer_version())

@@ -16,7 +16,6 @@ from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.errors import Sm120Error, ToolkitError
-from flashinfer_sm120.core.toolkit.fixes import unbuildable
 from flashinfer_sm120.core.facts.refusals import builds_refused
 from flashinfer_sm120.core.facts.workspace import tag_for
 from flashinfer_sm120.core.patch.state import NO_TARGETS_FIX, STATE, Mode
@@ -152,8 +151,10 @@ def _nvcc_gate(wrapped, instance, args, kwargs):
     if STATE.mode is Mode.GUARD:
         raise ToolkitError(guard_message())
     if STATE.mode in (Mode.PATCHED, Mode.NOOP):
+        from flashinfer_sm120.core.jitenv.environ import prepare_builds
         from flashinfer_sm120.core.jitenv.toolchain import refresh_max_jobs
 
+        prepare_builds()  # the first build: MAX_JOBS and the compiler cache, before FlashInfer reads them
         refresh_max_jobs()  # the memory left now, not at import: the model may have loaded since
         from flashinfer.jit import env as jit_env
 
@@ -162,6 +163,8 @@ def _nvcc_gate(wrapped, instance, args, kwargs):
         problem = builds_refused(str(jit_env.FLASHINFER_JIT_DIR))
         if problem:
             raise ToolkitError(f"flashinfer-sm120 stopped this FlashInfer JIT build before nvcc ran: {problem}")
+        from flashinfer_sm120.core.toolkit.fixes import unbuildable
+
         bad = unbuildable(current_targets(), _version())
         if bad:
             tk = STATE.resolution.choice.toolkit

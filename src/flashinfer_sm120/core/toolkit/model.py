@@ -65,6 +65,14 @@ class Toolkit:
             out[k] = str(out[k]) if out[k] else None
         return out
 
+    @classmethod
+    def from_dict(cls, d: dict) -> Toolkit:
+        """The toolkit :meth:`to_dict` gave (a replayed record); raises on a malformed one."""
+        dis = d["disagreement"]
+        return cls(**dict(d, sources=tuple(d["sources"]), include_dirs=tuple(d["include_dirs"]),
+                          disagreement=VersionDisagreement(**dis) if dis else None,
+                          **{k: Version(d[k]) if d[k] else None for k in ("nvcc_version", "header_version")}))
+
 
 class RejectKind(str, enum.Enum):
     """Why a candidate lost: unusable before the pick, not chosen (unusable) after it, usable, or not examined."""

@@ -77,6 +77,27 @@ def test_export_sets_home_and_path_and_undo_restores_them(env, tmp_path):
     assert dict(os.environ) == before
 
 
+def test_max_jobs_waits_for_the_first_build_and_undo_removes_it(env, tmp_path, monkeypatch):
+    """MAX_JOBS (read by FlashInfer only in run_ninja) is set by prepare_builds, which the build gate
+    calls, not by the export at import; a second call changes nothing, and the undo removes it."""
+    monkeypatch.delenv("MAX_JOBS", raising=False)
+    home = toolkit(tmp_path / "cuda-13.0")
+    before = dict(os.environ)
+    undo = environ.export(str(home), str(home / "bin" / "nvcc"), [(12, "0f")])
+    try:
+        assert "MAX_JOBS" not in os.environ
+        environ.prepare_builds()
+        jobs = os.environ["MAX_JOBS"]
+        assert jobs.isdigit() and "MAX_JOBS=" in environ.exported()["builds"]["max_jobs"]
+        environ.prepare_builds()
+        assert os.environ["MAX_JOBS"] == jobs
+    finally:
+        undo()
+    assert dict(os.environ) == before
+    environ.prepare_builds()  # after the undo: nothing left to prepare
+    assert "MAX_JOBS" not in os.environ
+
+
 def test_a_view_home_puts_its_own_bin_on_path(env, tmp_path):
     real = toolkit(tmp_path / "pip" / "nvidia" / "cu13")
     view = tmp_path / "cache" / "cuda-home" / "cuda-13.0.88-abc"
@@ -236,6 +257,29 @@ def test_patched_process_exports_one_toolkit_and_revert_undoes_it(clean_env, tmp
     assert now["triton"] == os.path.join(home, "bin", "ptxas")  # sm_121a on a bundled 12.8 ptxas
     assert now["exported"]["cuda_home"] == home and now["exported"]["targets"] == ["sm_121a"]
     assert after == dict(cpp=first["cpp"], path=first["path"], home=str(fake), triton=None, exported={})
+
+
+GATE = """
+import json, os
+from pathlib import Path
+import flashinfer_sm120, flashinfer.jit.cpp_ext as cpp_ext
+at_import = os.environ.get("MAX_JOBS")
+try:  # the patched run_ninja: the gate sets up the build, then FlashInfer's own fails on a missing ninja file
+    cpp_ext.run_ninja(Path(os.environ["WORK"]), Path("missing.ninja"), False)
+except Exception:
+    pass
+print("@@" + json.dumps({"mode": flashinfer_sm120.status()["mode"], "at_import": at_import,
+                         "at_build": os.environ.get("MAX_JOBS")}))
+"""
+
+
+@needs_flashinfer
+def test_max_jobs_is_set_by_the_build_gate_before_flashinfer_runs_ninja(clean_env, tmp_path, real_nvcc13):
+    env = dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0", WORK=str(tmp_path / "work"))
+    env.pop("MAX_JOBS", None)
+    out, proc = run_py(GATE, env)
+    assert out["mode"] == "patched", proc.stderr
+    assert out["at_import"] is None and out["at_build"] and out["at_build"].isdigit(), out
 
 
 @needs_flashinfer

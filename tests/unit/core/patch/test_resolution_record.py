@@ -1,0 +1,46 @@
+"""A recorded resolution comes back as it was (Resolution.from_dict, the replay of core/patch/laststatus),
+and a malformed record raises, so the caller resolves afresh (P1)."""
+
+import pytest
+from packaging.version import Version
+
+from flashinfer_sm120.core.facts.gpus import GPU, GPUQuery
+from flashinfer_sm120.core.facts.releases import release_info
+from flashinfer_sm120.core.patch.resolve import Resolution, TargetsFrom
+from flashinfer_sm120.core.toolkit.model import Choice, RejectKind, Rejection, Toolkit, VersionDisagreement
+from flashinfer_sm120.core.view.meta import CudaHome
+
+
+def tk(root, version="13.0.88", **kw):
+    return Toolkit(root=root, nvcc=f"{root}/bin/nvcc", sources=("pip", "PATH"), nvcc_version=Version(version[:4]),
+                   nvcc_full=version, header_version=Version("13.0"), include_dirs=(f"{root}/include",), **kw)
+
+
+def resolution():
+    gpus = (GPU(0, "RTX 5090", "GPU-1", (12, 0)), GPU(1, "GB10", "GPU-2", (12, 1)))
+    old = tk("/opt/cuda-12.8", "12.8.93", given_as="/opt/cuda-12.8/", problem="too old",
+             disagreement=VersionDisagreement("/opt/cuda-12.8/version.json", "12.9.0", "nvcc", "12.8.93"))
+    rejected = (Rejection(old, RejectKind.UNUSABLE, "cannot build sm_120f"),
+                Rejection(tk("/usr/local/cuda-13.1", "13.1.80"), RejectKind.NOT_CHOSEN, "torch is CUDA 13.0"),
+                Rejection(tk("/usr/local/cuda-13.2", "13.2.10"), RejectKind.USABLE, "another came first"))
+    choice = Choice(tk("/venv/nvidia/cu13"), ((12, "0f"), (12, "1f")), ((12, 0), (12, 1)), rejected,
+                    "pip first", "13.0")
+    home = CudaHome("/cache/cuda-home/cuda-13.0.88-abc", "/venv/nvidia/cu13", True, ("include/curand.h",), "/inc")
+    return Resolution(choice, home, gpus, "12.0 12.1 garbled", "garbled is not a target", "/usr/local/cuda",
+                      explicit_home="/opt/cuda-12.8/", release=release_info("0.7.4"),
+                      gpu_query=GPUQuery(gpus, "torch.cuda", "nvmlInit failed: (x)"), cleaned=("CUDA_HOME ...",),
+                      targets_from=TargetsFrom.ARCH_LIST, own=True)
+
+
+def test_a_recorded_resolution_comes_back_as_it_was():
+    res = resolution()
+    back = Resolution.from_dict(res.to_dict(), res.release, res.own)
+    assert back == res
+    assert back.to_dict() == res.to_dict()
+
+
+def test_a_malformed_record_raises():
+    d = resolution().to_dict()
+    d["choice"]["targets"] = ["sm_x"]
+    with pytest.raises(Exception):
+        Resolution.from_dict(d, None, False)
