@@ -13,9 +13,9 @@ import threading
 from collections.abc import Iterator
 
 from flashinfer_sm120.safety.fs.tmpdirs import Private, make_private
-from flashinfer_sm120.safety.compilers import FLAG_VARIABLES, ccbin_values, which
+from flashinfer_sm120.safety.compilers import FLAG_VARIABLES, ccbin_values
 from flashinfer_sm120.safety.ownership import trust_reason
-from flashinfer_sm120.safety.trust import trace
+from flashinfer_sm120.safety.trust import trace, which
 
 __all__ = ["BY_NAME", "ByName", "PathProblem", "TEMP_VARIABLES", "path_problem", "temp_problem",
            "BUILD_TMP_PREFIX", "build_tmp", "build_env", "exported_build_tmp"]

@@ -13,10 +13,10 @@ import re
 from flashinfer_sm120.safety.formats import base, grammar, reads
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.ownership import trust_reason
-from flashinfer_sm120.safety.trust import trace
+from flashinfer_sm120.safety.trust import trace, which
 
 __all__ = ["DIR_VARIABLES", "FLAG_VARIABLES", "VARIABLES", "Verdict", "check", "program_of", "trust_problem",
-           "ccbin_values", "which"]
+           "ccbin_values"]
 
 #: Variables whose words are options for nvcc or the host compiler: nvcc reads the first two itself,
 #: FlashInfer appends the others to its compile and link lines.
@@ -45,23 +45,6 @@ class Verdict:
     value: str
     keep: bool
     note: str
-
-
-def which(name: str, path: str | None) -> tuple[str | None, str | None]:
-    """``(program, problem)``: ``name`` as ``/bin/sh`` finds it on ``path`` from a module's build directory."""
-    relative = None
-    for d in (path if path is not None else os.defpath).split(os.pathsep):
-        if not d or not os.path.isabs(d):
-            relative = relative or (d or "(empty)")
-            continue
-        cand = os.path.join(d, name)
-        if os.path.isfile(cand) and os.access(cand, os.X_OK):
-            if relative:
-                return None, (f"names {base.shown(name, 60)}, and PATH holds the relative entry "
-                              f"{base.shown(relative, 40)} before {d}: ninja runs FlashInfer's compile lines "
-                              f"in each module's build directory, where that entry names another place")
-            return cand, None
-    return None, f"names {base.shown(name, 60)}, which is not on PATH"
 
 
 def _program(word: str, path: str | None) -> tuple[str | None, str | None]:

@@ -15,7 +15,7 @@ from flashinfer_sm120.safety.formats import base, reads
 from flashinfer_sm120.safety.ownership import Untrusted, current_uid, file_ok, resolve, trust_reason
 
 __all__ = ["MAX_WRAPPER_DEPTH", "MAX_SCRIPT_BYTES", "SHELLS", "SHELL_OPTIONS", "LAUNCHERS", "OPAQUE",
-           "Trace", "trace", "check_executable", "follow_wrappers", "hands_on"]
+           "Trace", "trace", "check_executable", "follow_wrappers", "hands_on", "which"]
 
 MAX_WRAPPER_DEPTH = 8
 #: A script is read whole (a line past what was read could run anything); a larger one is refused.
@@ -138,12 +138,21 @@ def _via_proc(path: str, hops: int = 40) -> bool:
     return hops > 0 and os.path.islink(path) and _via_proc(os.path.join(where, os.readlink(path)), hops - 1)
 
 
-def _on_path(name: str, dirs: list[str]) -> str | None:
-    for d in dirs:
-        p = os.path.join(d, name)
-        if os.path.isfile(p) and os.access(p, os.X_OK):
-            return p
-    return None
+def which(name: str, path: str | None) -> tuple[str | None, str | None]:
+    """``(program, problem)``: ``name`` as ``/bin/sh`` finds it on ``path`` from a module's build directory."""
+    relative = None
+    for d in (path if path is not None else os.defpath).split(os.pathsep):
+        if not d or not os.path.isabs(d):
+            relative = relative or (d or "(empty)")
+            continue
+        cand = os.path.join(d, name)
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            if relative:
+                return None, (f"names {base.shown(name, 60)}, and PATH holds the relative entry "
+                              f"{base.shown(relative, 40)} before {d}: ninja runs FlashInfer's compile lines "
+                              f"in each module's build directory, where that entry names another place")
+            return cand, None
+    return None, f"names {base.shown(name, 60)}, which is not on PATH"
 
 
 class _Check:
@@ -230,7 +239,7 @@ class _Check:
                                   f"names depends on the working directory")
         if not paths and not w.startswith(("-", "$")):
             if w not in self.found:
-                self.found[w] = _on_path(w, [d for d in self.dirs if d.startswith("/")])
+                self.found[w] = which(w, os.pathsep.join(d for d in self.dirs if d.startswith("/")))[0]
             found = self.found[w]
             if found is None:
                 return None
