@@ -13,7 +13,7 @@ import re
 from flashinfer_sm120.safety.formats import base, grammar, reads
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.ownership import trust_reason
-from flashinfer_sm120.safety.trust import trace, which
+from flashinfer_sm120.safety.trust import named_paths, trace, which
 
 __all__ = ["DIR_VARIABLES", "FLAG_VARIABLES", "VARIABLES", "Verdict", "check", "program_of", "trust_problem",
            "ccbin_values"]
@@ -142,21 +142,6 @@ def ccbin_values(words: list[str]) -> list[str]:
     return out
 
 
-def _named_paths(words: list[str]) -> list[str]:
-    """Absolute paths the option words name: ``/x``, ``-isystem/x``, ``-x=/y``, ``-Wl,/z``, ``@/rsp``
-    (a response file gcc and nvcc read more options from)."""
-    out = []
-    for w in words:
-        for part in re.split(r"[=,]", w):
-            if part.startswith("/"):
-                out.append(part)
-            elif part.startswith("@") and part[1:].startswith("/"):
-                out.append(part[1:])
-            elif part.startswith("-") and "/" in part:
-                out.append(part[part.index("/"):])
-    return out
-
-
 def _dirs_problem(var: str, value: str) -> str | None:
     """Why gcc's variable ``var`` (:data:`DIR_VARIABLES`) may not reach a build, or ``None``."""
     if var == "GCC_EXEC_PREFIX":
@@ -185,7 +170,7 @@ def _flags_problem(value: str, path: str | None) -> str | None:
         problem = problem or trace(prog).problem
         if problem:
             return f"its -ccbin {base.shown(cc, 60)}: {problem}"
-    return next(filter(None, (_named_path_problem(p) for p in _named_paths(words))), None)
+    return next(filter(None, (_named_path_problem(p) for w in words for p in named_paths(w)[0])), None)
 
 
 def _same_program(a: str, b: str) -> bool:

@@ -15,7 +15,7 @@ from flashinfer_sm120.safety.formats import base, reads
 from flashinfer_sm120.safety.ownership import Untrusted, current_uid, file_ok, resolve, trust_reason
 
 __all__ = ["MAX_WRAPPER_DEPTH", "MAX_SCRIPT_BYTES", "SHELLS", "SHELL_OPTIONS", "LAUNCHERS", "OPAQUE",
-           "Trace", "trace", "check_executable", "follow_wrappers", "hands_on", "which"]
+           "Trace", "trace", "check_executable", "follow_wrappers", "hands_on", "named_paths", "which"]
 
 MAX_WRAPPER_DEPTH = 8
 #: A script is read whole (a line past what was read could run anything); a larger one is refused.
@@ -117,11 +117,13 @@ def _words(body: str, script: str) -> list[tuple[int, str]]:
             for w in re.split(r"[\s;&|<>]+", _WRITES.sub(" ", re.sub("['\"]", "", text))) if w]
 
 
-def _paths(word: str) -> tuple[list[str], bool]:
-    """The absolute paths in ``word`` (at its start or after ``=``, ``:`` or ``,``; the first ``/``
-    of an option such as ``-I/opt/x``), and whether it holds a relative path (any other ``/``)."""
+def named_paths(word: str) -> tuple[list[str], bool]:
+    """The absolute paths an option or script word names (``/x``, ``-I/x``, ``-x=/y``, ``-Wl,/z``,
+    ``A:/b``, ``@/rsp``: a response file gcc and nvcc read more options from), and whether it holds a
+    relative path (any other ``/``)."""
     paths, relative = [], False
     for part in re.split("[=:,]", word):
+        part = part[1:] if part.startswith("@/") else part
         at = part.find("/")
         if at == 0 or (at > 0 and part.startswith("-")):
             paths.append(part[at:])
@@ -233,7 +235,7 @@ class _Check:
         if w in _ASSIGNS or _ASSIGNMENT.match(w):
             raise _refuse(script, f"line {line} holds {base.shown(w, 60)}, which sets or unsets a variable "
                                   f"or runs a file found on PATH or in the working directory")
-        paths, relative = _paths(w)
+        paths, relative = named_paths(w)
         if relative:
             raise _refuse(script, f"line {line} holds {base.shown(w, 60)}, a relative path: what it "
                                   f"names depends on the working directory")
@@ -322,7 +324,7 @@ def follow_wrappers(path: str) -> str | None:
             words = _words(text.partition("\n")[2], real) if text is not None else []
         except Untrusted:
             return real
-        nxt = next((p for _, w in words for p in _paths(w)[0] if os.path.basename(p) == "nvcc"
+        nxt = next((p for _, w in words for p in named_paths(w)[0] if os.path.basename(p) == "nvcc"
                     and os.path.realpath(p) != real and os.path.isfile(p)), None)
         if nxt is None:
             return real
