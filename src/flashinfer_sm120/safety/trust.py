@@ -76,10 +76,6 @@ class Trace:
     files: tuple[str, ...]
     problem: str | None
 
-    @property
-    def trusted(self) -> bool:
-        return self.problem is None
-
 
 def _read_script(real: str) -> str | None:
     """The text of ``real`` when it is a ``#!`` script, else ``None``; too large or not UTF-8: refused."""
