@@ -1,14 +1,6 @@
-"""Compiler and linker flags a manifest may carry: an allowlist of options, not of characters.
-
-A manifest (``build --from``, ``cache export --from``) may come from another machine or person, and
-its flags go to nvcc and the host compiler.  Characters alone (:data:`FLAG_RE`) kept shell
-syntax out, but not options that run or write something: ``-ccbin=/x/cc`` ran ``/x/cc`` as the host
-compiler, ``-Xcompiler=-fplugin=/x.so`` and ``-Wl,-plugin`` load code, ``-B`` and ``-specs=`` choose the
-programs gcc runs, ``-MF``/``-o``/``-odir`` write anywhere.  So each word must be one of the option
-forms FlashInfer itself uses (read from FlashInfer 0.7.4 ``flashinfer/jit/*.py``: defines, language
-standard, optimisation, warnings, ``-gencode``, nvcc's math and code-generation switches, libraries
-by name), and a path an option names (``-I``, ``-isystem``, ``-L``) is returned for the caller to
-check where it points (:func:`parse_compile_flag`).
+"""Compiler and linker flags a manifest or compiler variable may carry: an allowlist of the option
+forms FlashInfer 0.7.4 itself uses (``flashinfer/jit/*.py``), not of characters: ``-ccbin=/x/cc``,
+``-Xcompiler=-fplugin=/x.so``, ``-B``, ``-specs=``, ``-MF`` run, load or write something.
 """
 # threat-model: P2 (compiler options as listed forms: none that names a program, plugin or output)
 
