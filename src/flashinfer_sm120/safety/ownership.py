@@ -13,7 +13,7 @@ import stat
 
 from flashinfer_sm120.safety.formats.base import shown
 
-__all__ = ["MAX_LINKS", "writable_by_others", "Untrusted", "current_uid", "dir_ok", "resolve", "file_ok",
+__all__ = ["MAX_LINKS", "writable_by_others", "Untrusted", "current_uid", "resolve", "file_ok",
            "trust_reason", "mine_problem", "check_place", "PlaceProblem", "own_place_fix", "cache_clear"]
 
 MAX_LINKS = 40  # as Linux MAXSYMLINKS
@@ -63,25 +63,6 @@ def current_uid() -> int:
     return os.geteuid() if hasattr(os, "geteuid") else 0
 
 
-def dir_ok(directory: str, entry: str | None, uid: int) -> None:
-    st = os.stat(directory)
-    if st.st_uid not in (0, uid):
-        raise Untrusted(f"{directory} is owned by uid {st.st_uid}, not root or you (uid {uid})")
-    if writable_by_others(st):
-        if st.st_mode & stat.S_ISVTX and st.st_uid == 0 and entry is not None:
-            try:
-                owner = os.lstat(entry).st_uid
-            except OSError:
-                owner = -1
-            if owner in (0, uid):  # the sticky bit stops others replacing it
-                return
-            raise Untrusted(
-                f"{entry} is owned by uid {owner} in {directory}, a directory everyone can write "
-                f"(mode {stat.filemode(st.st_mode)}); only entries of root or you are trusted there: "
-                f"use a path outside {directory}, or one of your own in it")
-        raise Untrusted(f"{directory} is writable by other users (mode {stat.filemode(st.st_mode)}); {_open_fix(directory, st)}")
-
-
 def _open_fix(path: str, st: os.stat_result) -> str:
     """The fix for a path others may write: never ``chmod`` a shared sticky one (``/tmp``) or a device."""
     if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):  # /dev/full, a FIFO: never chmod those
@@ -98,7 +79,7 @@ def resolve(path: str, uid: int) -> str:
     todo = [c for c in path.split("/") if c]
     cur = "/"
     links = 0
-    dir_ok("/", None, uid)
+    file_ok("/", uid)
     while todo:
         c = todo.pop(0)
         if c == ".":
@@ -107,7 +88,7 @@ def resolve(path: str, uid: int) -> str:
             cur = os.path.dirname(cur)
             continue
         nxt = os.path.join(cur, c)
-        dir_ok(cur, nxt, uid)
+        file_ok(cur, uid, nxt)
         st = os.lstat(nxt)
         if stat.S_ISLNK(st.st_mode):
             links += 1
@@ -122,13 +103,26 @@ def resolve(path: str, uid: int) -> str:
     return cur
 
 
-def file_ok(real: str, uid: int) -> os.stat_result:
-    st = os.stat(real)
+def file_ok(path: str, uid: int, entry: str | None = None) -> os.stat_result:
+    """``path``'s stat when it is owned by root or ``uid`` and not writable by others, else
+    :class:`Untrusted`; a root-owned sticky directory passes for the ``entry`` looked up in it when
+    root or ``uid`` owns that entry (the sticky bit stops others replacing it)."""
+    st = os.stat(path)
     if st.st_uid not in (0, uid):
-        raise Untrusted(f"{real} is owned by uid {st.st_uid}, not root or you (uid {uid})")
-    if writable_by_others(st):
-        raise Untrusted(f"{real} is writable by other users (mode {stat.filemode(st.st_mode)}); {_open_fix(real, st)}")
-    return st
+        raise Untrusted(f"{path} is owned by uid {st.st_uid}, not root or you (uid {uid})")
+    if not writable_by_others(st):
+        return st
+    if st.st_mode & stat.S_ISVTX and st.st_uid == 0 and entry is not None:
+        try:
+            owner = os.lstat(entry).st_uid
+        except OSError:
+            owner = -1
+        if owner in (0, uid):
+            return st
+        raise Untrusted(f"{entry} is owned by uid {owner} in {path}, a directory everyone can write "
+                        f"(mode {stat.filemode(st.st_mode)}); only entries of root or you are trusted there: "
+                        f"use a path outside {path}, or one of your own in it")
+    raise Untrusted(f"{path} is writable by other users (mode {stat.filemode(st.st_mode)}); {_open_fix(path, st)}")
 
 
 def mine_problem(path: str, st: os.stat_result) -> str | None:
