@@ -70,6 +70,24 @@ def _would_block(exc: OSError) -> bool:
     return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
 
 
+def _try_lock(path: str, how: int) -> tuple[int | None, bool]:
+    """``(descriptor, False)`` of ``path`` opened (created) and locked ``how`` without waiting, still named
+    by ``path``; else ``(None, busy)``: ``busy`` when another holds it or replaced it meanwhile."""
+    try:
+        fd = os.open(path, _FLAGS, 0o600)
+    except OSError:
+        return None, False
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        return None, _would_block(exc)
+    if _same_file(fd, path):
+        return fd, False
+    os.close(fd)  # locked a file prune unlinked meanwhile: take the new one
+    return None, True
+
+
 # threat-model: P3
 def hold(target: str, wait_s: float = WAIT_S) -> bool:
     """Take a shared lease on ``target`` for the rest of this process (the caller checks ``target``
@@ -84,22 +102,13 @@ def hold(target: str, wait_s: float = WAIT_S) -> bool:
             del _held[path]
         deadline = time.monotonic() + wait_s
         while True:
-            try:
-                fd = os.open(path, _FLAGS, 0o600)
-            except OSError:
-                return False
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except OSError as exc:
-                os.close(fd)
-                if not _would_block(exc) or time.monotonic() >= deadline:
-                    return False
-                time.sleep(_POLL_S)  # a prune is removing it: wait, then take it anew
-                continue
-            if _same_file(fd, path):
+            fd, busy = _try_lock(path, fcntl.LOCK_SH)
+            if fd is not None:
                 _held[path] = fd
                 return True
-            os.close(fd)  # locked a file prune unlinked meanwhile: take the new one
+            if not busy or time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_S)  # a prune is removing it: wait, then take it anew
 
 
 def held(target: str) -> bool:
@@ -149,20 +158,7 @@ def lease_state(target: str) -> str | None:
 def take_exclusive(target: str) -> int | None:
     """The lease on ``target`` taken exclusively without waiting, to remove it: the descriptor, or
     ``None`` (keep ``target``).  A process starting meanwhile waits for the removal."""
-    path = lease_path(target)
-    try:
-        fd = os.open(path, _FLAGS, 0o600)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    if not _same_file(fd, path):
-        os.close(fd)
-        return None
-    return fd
+    return _try_lock(lease_path(target), fcntl.LOCK_EX)[0]
 
 
 def end_exclusive(target: str, fd: int, removed: bool) -> None:
