@@ -13,7 +13,7 @@ import re
 from flashinfer_sm120.safety.formats import base, grammar, reads
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.ownership import trust_reason
-from flashinfer_sm120.safety.trust import named_paths, trace, which
+from flashinfer_sm120.safety.trust import SHELL_OPTIONS, hands_on, named_paths, trace, which
 
 __all__ = ["DIR_VARIABLES", "FLAG_VARIABLES", "VARIABLES", "Verdict", "check", "program_of", "trust_problem",
            "ccbin_values"]
@@ -60,8 +60,6 @@ def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str
     """``(program, other files it runs or names, problem)`` of a command value as FlashInfer's ninja
     line runs it (``cxx = $CXX``, then ``/bin/sh -c``): plain words; a launcher hands on to its first
     non-option word; an interpreter is refused; the compiler's options must be option forms."""
-    from flashinfer_sm120.safety.trust import SHELL_OPTIONS, hands_on
-
     try:
         words = grammar.parse_command_words(value, "the value")
     except FormatError as exc:
