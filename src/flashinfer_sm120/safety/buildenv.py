@@ -1,9 +1,6 @@
-"""What every JIT build runs by bare name (:data:`BY_NAME`) and where its compilers write, checked
-where ``PATH`` and ``TMPDIR`` point (threat-model: P2); and each build's own temporary directory
-(P5): nvcc opens its ``tmpxft_<pid>_<n>-<k>_<name>`` files with ``O_TRUNC`` and without ``O_EXCL``
-(strace of nvcc 13.0), so in a shared ``/tmp`` another uid's planted symlinks would get a file of
-yours truncated and written.
-"""
+"""What every JIT build runs by bare name and where its compilers write, checked where ``PATH`` and
+``TMPDIR`` point (threat-model: P2); and each build's own temporary directory (P5): nvcc 13.0 opens its
+``tmpxft_<pid>_<n>-<k>_<name>`` files with ``O_TRUNC`` and without ``O_EXCL`` (strace)."""
 
 from __future__ import annotations
 
@@ -16,9 +13,9 @@ import threading
 from collections.abc import Iterator
 
 from flashinfer_sm120.safety.fs.tmpdirs import Private, make_private
-from flashinfer_sm120.safety.compilers import FLAG_VARIABLES, ccbin_values, which
+from flashinfer_sm120.safety.compilers import FLAG_VARIABLES, ccbin_values
 from flashinfer_sm120.safety.ownership import trust_reason
-from flashinfer_sm120.safety.trust import trace
+from flashinfer_sm120.safety.trust import trace, which
 
 __all__ = ["BY_NAME", "ByName", "PathProblem", "TEMP_VARIABLES", "path_problem", "temp_problem",
            "BUILD_TMP_PREFIX", "build_tmp", "build_env", "exported_build_tmp"]
@@ -26,8 +23,8 @@ __all__ = ["BY_NAME", "ByName", "PathProblem", "TEMP_VARIABLES", "path_problem",
 
 @dataclasses.dataclass(frozen=True)
 class ByName:
-    """A program a JIT build runs by bare ``name`` (``role``: what runs it), unless one of the
-    variables ``unless`` is set (``"-ccbin"``: a ``-ccbin`` in :data:`FLAG_VARIABLES`); ``fix``."""
+    """A program a build runs by bare ``name`` (``role``) unless a variable of ``unless`` is set
+    (``"-ccbin"``: a ``-ccbin`` in :data:`FLAG_VARIABLES`); ``fix``."""
 
     name: str
     role: str
@@ -49,7 +46,7 @@ BY_NAME: tuple[ByName, ...] = (
 
 @dataclasses.dataclass(frozen=True)
 class PathProblem:
-    """A program of :data:`BY_NAME` that a build would run and that fails the trust rule."""
+    """A program or directory a build would use that fails the trust rule."""
 
     program: str
     role: str
@@ -61,15 +58,13 @@ class PathProblem:
         return f"{self.role} {self.program} ({self.found}) fails the trust rule: {self.why}. Fix: {self.fix}"
 
 
-#: Where nvcc, gcc and Python's ``tempfile`` write intermediate files between the steps of a compile
-#: (nvcc and gcc read ``TMPDIR`` first, then ``TMP``, ``TEMP``; all fall back to ``/tmp``).
+#: Where nvcc, gcc and Python's ``tempfile`` write intermediate files, in the order they read them.
 TEMP_VARIABLES = ("TMPDIR", "TMP", "TEMP")
 
 
 def temp_problem(env) -> PathProblem | None:
-    """The first temporary directory of :data:`TEMP_VARIABLES` set in ``env`` that fails
-    :func:`~flashinfer_sm120.safety.ownership.trust_reason` (another uid could swap a file between
-    two steps of a compile)."""
+    """The first directory of :data:`TEMP_VARIABLES` set in ``env`` that fails the trust rule (another
+    uid could swap a file between two steps of a compile)."""
     for var in TEMP_VARIABLES:
         value = env.get(var) or ""
         if not os.path.isabs(value):
@@ -83,10 +78,8 @@ def temp_problem(env) -> PathProblem | None:
 
 
 def path_problem(env) -> PathProblem | None:
-    """Why a JIT build may not run with ``env``: the first program of :data:`BY_NAME` that no variable
-    replaces and that ``PATH`` finds failing the trust rule, else a temporary directory that is not
-    ours (:func:`temp_problem`); ``None`` when none.  A name ``PATH`` does not find is the build's
-    own error."""
+    """Why a JIT build may not run with ``env``: the first program of :data:`BY_NAME` no variable
+    replaces that ``PATH`` finds failing the trust rule, else :func:`temp_problem`; ``None`` when none."""
     # relative entries name the module's build directory, which the JIT directory's own check covers
     path = os.pathsep.join(d for d in (env.get("PATH") or os.defpath).split(os.pathsep) if os.path.isabs(d))
     flags = " ".join(env.get(v) or "" for v in FLAG_VARIABLES[:2]).split()
@@ -102,8 +95,7 @@ def path_problem(env) -> PathProblem | None:
 
 
 # threat-model: P5 (never clobber: a compiler's predictable temporary names only in a directory of ours)
-#: The prefix of a process's build temporary directory under ``$TMPDIR`` (a killed process's is swept
-#: by the next, :func:`flashinfer_sm120.safety.fs.atomic.sweep`).
+#: The prefix of a process's build temporary directory under ``$TMPDIR``.
 BUILD_TMP_PREFIX = "fi-sm120-build-"
 _BUILD: dict[int, Private] = {}  # pid -> its directory: a forked child makes its own
 _LOCK = threading.Lock()
@@ -117,12 +109,8 @@ def _close_own() -> None:
 
 
 def build_tmp() -> str:
-    """This process's private build temporary directory (:func:`make_private` in ``$TMPDIR``, removed
-    at exit), made on first use.
-
-    Raises:
-        PlaceError: ``$TMPDIR`` is not a place of our own (the message names the fix).
-    """
+    """This process's private build temporary directory, made on first use and removed at exit.
+    Raises :class:`PlaceError` when ``$TMPDIR`` is not a place of our own."""
     pid = os.getpid()
     with _LOCK:
         d = _BUILD.get(pid)
@@ -135,17 +123,15 @@ def build_tmp() -> str:
 
 
 def build_env(env) -> dict:
-    """A copy of ``env`` whose :data:`TEMP_VARIABLES` all name :func:`build_tmp`: what a compiler
-    this package starts (``build``'s ninjas, ``doctor --smoke``, the launcher probe) runs with."""
+    """A copy of ``env`` whose :data:`TEMP_VARIABLES` name :func:`build_tmp`, for a compiler we start."""
     path = build_tmp()
     return dict(env, **{var: path for var in TEMP_VARIABLES})
 
 
 @contextlib.contextmanager
 def exported_build_tmp(environ=None) -> Iterator[str]:
-    """Point :data:`TEMP_VARIABLES` of the process environment at :func:`build_tmp` while the block
-    runs (FlashInfer's ``run_ninja`` passes no ``env``).  Nested and concurrent blocks share one
-    setting; the last to leave restores each variable nobody changed meanwhile."""
+    """Point :data:`TEMP_VARIABLES` of the process at :func:`build_tmp` while the block runs (FlashInfer's
+    ``run_ninja`` passes no ``env``); the last block to leave restores what nobody changed meanwhile."""
     environ = os.environ if environ is None else environ
     tempfile.gettempdir()  # chosen (and cached) from the user's setting, never from ours
     path = build_tmp()

@@ -1,16 +1,8 @@
-"""FlashInfer's own compiler variables, under the trust rule (threat-model: P2).
-
-FlashInfer 0.7.x writes ``FLASHINFER_NVCC`` (instead of ``$cuda_home/bin/nvcc``),
-``FLASHINFER_NVCC_LAUNCHER``/``FLASHINFER_CXX_LAUNCHER`` (``sccache``, ``ccache``) and ``CXX`` (default
-``c++``) into every ``build.ninja`` (``flashinfer/jit/cpp_ext.py`` ``generate_ninja_build_for_op``,
-0.7.4).  nvcc's host compiler is ``-ccbin $CC`` when ``CC`` is set (``build_cuda_cflags``), else
-``NVCC_CCBIN``, else ``gcc`` from ``PATH`` (nvcc 13.0 ``--dryrun``); a ``-ccbin`` in
-``NVCC_PREPEND_FLAGS``/``NVCC_APPEND_FLAGS`` wins over all.  Every program and existing absolute path
-these variables, ``FLASHINFER_EXTRA_*FLAGS`` and gcc's own (:data:`DIR_VARIABLES`) name must pass the
-rule, or the variable is refused: removed from this process's environment with a message naming the
-value, the reason and the fix.  ``FLASHINFER_NVCC`` must also be the chosen toolkit's nvcc (its
-toolkit is a candidate like any other), or FlashInfer would mix one nvcc with another's headers.
-"""
+"""FlashInfer's compiler variables, held to the trust rule (threat-model: P2).  FlashInfer 0.7.4 writes
+``FLASHINFER_NVCC``, its launchers and ``CXX`` (default ``c++``) into every ``build.ninja``
+(``flashinfer/jit/cpp_ext.py``); nvcc's host compiler is ``-ccbin $CC``, else ``NVCC_CCBIN``, else
+``gcc`` from ``PATH`` (nvcc 13.0 ``--dryrun``), and a ``-ccbin`` in ``NVCC_*_FLAGS`` wins over all.
+A variable naming anything that fails the rule is refused (docs/safety.md section 6)."""
 
 from __future__ import annotations
 
@@ -21,20 +13,18 @@ import re
 from flashinfer_sm120.safety.formats import base, grammar, reads
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.ownership import trust_reason
-from flashinfer_sm120.safety.trust import trace
+from flashinfer_sm120.safety.trust import SHELL_OPTIONS, hands_on, named_paths, trace, which
 
-__all__ = ["DIR_VARIABLES", "FLAG_VARIABLES", "VARIABLES", "dirs_problem", "Verdict", "check", "program_of",
-           "trust_problem", "flags_problem", "ccbin_values", "which"]
+__all__ = ["DIR_VARIABLES", "FLAG_VARIABLES", "VARIABLES", "Verdict", "check", "program_of", "trust_problem",
+           "ccbin_values"]
 
 #: Variables whose words are options for nvcc or the host compiler: nvcc reads the first two itself,
 #: FlashInfer appends the others to its compile and link lines.
 FLAG_VARIABLES = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "FLASHINFER_EXTRA_CFLAGS",
                   "FLASHINFER_EXTRA_CUDAFLAGS", "FLASHINFER_EXTRA_LDFLAGS")
 
-#: Variables that choose where gcc finds programs, libraries and headers (gcc 12 manual, "Environment
-#: Variables"), what ``ld`` writes as a module's RUNPATH when FlashInfer's link line names none
-#: (``LD_RUN_PATH``), what every program of a build loads (``LD_LIBRARY_PATH``, ``LD_PRELOAD``: cc1plus
-#: loads libmpc, libisl, libgmp), and files gcc writes (``DEPENDENCIES_OUTPUT``, ``SUNPRO_DEPENDENCIES``).
+#: Where gcc finds programs, libraries and headers (gcc 12 manual, "Environment Variables"), the RUNPATH
+#: ``ld`` writes, what every program of a build loads (cc1plus loads libmpc, libisl, libgmp) and files gcc writes.
 DIR_VARIABLES = ("GCC_EXEC_PREFIX", "COMPILER_PATH", "LIBRARY_PATH", "CPATH", "C_INCLUDE_PATH",
                  "CPLUS_INCLUDE_PATH", "LD_RUN_PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "DEPENDENCIES_OUTPUT",
                  "SUNPRO_DEPENDENCIES")
@@ -49,31 +39,12 @@ _CCBIN = ("-ccbin", "--compiler-bindir")
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """What happens to the variable ``var`` (``value`` cut for display): ``keep`` it or not, and
-    ``note``, one sentence for the log and ``doctor``: why kept, or why refused and the fix."""
+    """Whether to ``keep`` the variable ``var`` (``value`` cut for display), and ``note``: why, and the fix."""
 
     var: str
     value: str
     keep: bool
     note: str
-
-
-def which(name: str, path: str | None) -> tuple[str | None, str | None]:
-    """``(program, problem)``: ``name`` as ``/bin/sh`` finds it on ``path`` from ninja's working
-    directory (a module's build directory), absolute directories only."""
-    relative = None
-    for d in (path if path is not None else os.defpath).split(os.pathsep):
-        if not d or not os.path.isabs(d):
-            relative = relative or (d or "(empty)")
-            continue
-        cand = os.path.join(d, name)
-        if os.path.isfile(cand) and os.access(cand, os.X_OK):
-            if relative:
-                return None, (f"names {base.shown(name, 60)}, and PATH holds the relative entry "
-                              f"{base.shown(relative, 40)} before {d}: ninja runs FlashInfer's compile lines "
-                              f"in each module's build directory, where that entry names another place")
-            return cand, None
-    return None, f"names {base.shown(name, 60)}, which is not on PATH"
 
 
 def _program(word: str, path: str | None) -> tuple[str | None, str | None]:
@@ -87,13 +58,8 @@ def _program(word: str, path: str | None) -> tuple[str | None, str | None]:
 
 def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str | None]:
     """``(program, other files it runs or names, problem)`` of a command value as FlashInfer's ninja
-    line runs it (``cxx = $CXX``, then ``/bin/sh -c``): plain words only
-    (:func:`flashinfer_sm120.safety.formats.grammar.parse_command_words`); a launcher
-    (:func:`flashinfer_sm120.safety.trust.hands_on`) hands on to its first non-option word (a shell's
-    must be absolute); an interpreter whose program cannot be read here is refused; any existing
-    absolute file among the words is listed too (it may be run)."""
-    from flashinfer_sm120.safety.trust import SHELL_OPTIONS, hands_on
-
+    line runs it (``cxx = $CXX``, then ``/bin/sh -c``): plain words; a launcher hands on to its first
+    non-option word; an interpreter is refused; the compiler's options must be option forms."""
     try:
         words = grammar.parse_command_words(value, "the value")
     except FormatError as exc:
@@ -140,13 +106,12 @@ def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str
 
 
 def _what_is_wrong(exc: FormatError) -> str:
-    """A refusal of the value's words, without the source the parser was told (the caller names the variable)."""
+    """A refusal of the value's words (the caller names the variable)."""
     return f"{exc.problem}; {exc.fix}" if exc.fix else exc.problem
 
 
 def trust_problem(value: str, path: str | None) -> str | None:
-    """Why the command ``value`` (found on ``path``) may not run: a problem of :func:`program_of`, or
-    the first program, file or directory it names that fails the trust rule; ``None`` when it may."""
+    """Why the command ``value`` (found on ``path``) may not run, or ``None``."""
     prog, others, problem = program_of(value, path)
     if problem:
         return problem
@@ -175,24 +140,8 @@ def ccbin_values(words: list[str]) -> list[str]:
     return out
 
 
-def _named_paths(words: list[str]) -> list[str]:
-    """Absolute paths the option words name: ``/x``, ``-B/x``, ``-isystem/x`` (an option joined to its
-    path), ``-x=/y``, ``-Wl,/z``, ``@/rsp`` (a response file gcc and nvcc read more options from)."""
-    out = []
-    for w in words:
-        for part in re.split(r"[=,]", w):
-            if part.startswith("/"):
-                out.append(part)
-            elif part.startswith("@") and part[1:].startswith("/"):
-                out.append(part[1:])
-            elif part.startswith("-") and "/" in part:
-                out.append(part[part.index("/"):])
-    return out
-
-
-def dirs_problem(var: str, value: str) -> str | None:
-    """Why gcc's variable ``var`` (:data:`DIR_VARIABLES`) may not reach a build: a directory it names
-    that fails the trust rule, or that does not exist yet where another user may create it."""
+def _dirs_problem(var: str, value: str) -> str | None:
+    """Why gcc's variable ``var`` (:data:`DIR_VARIABLES`) may not reach a build, or ``None``."""
     if var == "GCC_EXEC_PREFIX":
         entries = [os.path.dirname(value)]
     elif var in ("DEPENDENCIES_OUTPUT", "SUNPRO_DEPENDENCIES"):  # "FILE [TARGET]": where gcc writes
@@ -203,23 +152,23 @@ def dirs_problem(var: str, value: str) -> str | None:
 
 
 def _named_path_problem(p: str) -> str | None:
-    """Why the absolute path ``p`` a value names may not reach a build: existing, it fails the trust
-    rule; absent, it lies where another user may create it first (and so decide what it holds)."""
-    why = trust_reason(p, sticky_ok=False)  # an existing path is checked whole
-    return why if why is None or os.path.lexists(p) else (f"names {base.shown(p, 200)}, which does not exist yet where another "
-                                     f"user may create it ({why})")
+    """Why the absolute path ``p`` a value names may not reach a build: it fails the trust rule, or,
+    absent, lies where another user may create it first (and so decide what it holds)."""
+    why = trust_reason(p, sticky_ok=False)
+    if why is None or os.path.lexists(p):
+        return why
+    return f"names {base.shown(p, 200)}, which does not exist yet where another user may create it ({why})"
 
 
-def flags_problem(value: str, path: str | None) -> str | None:
-    """Why the option words ``value`` may not go to a build: a ``-ccbin`` program, or an existing
-    absolute file or directory they name, that fails the trust rule; ``None`` when they may."""
+def _flags_problem(value: str, path: str | None) -> str | None:
+    """Why the option words ``value`` may not go to a build, or ``None``."""
     words = value.split()
     for cc in ccbin_values(words):
         prog, problem = _ccbin_program(cc, path)
         problem = problem or trace(prog).problem
         if problem:
             return f"its -ccbin {base.shown(cc, 60)}: {problem}"
-    return next(filter(None, (_named_path_problem(p) for p in _named_paths(words))), None)
+    return next(filter(None, (_named_path_problem(p) for w in words for p in named_paths(w)[0])), None)
 
 
 def _same_program(a: str, b: str) -> bool:
@@ -230,8 +179,7 @@ def _same_program(a: str, b: str) -> bool:
 
 
 def check(env, chosen_nvcc: str, home: str) -> list[Verdict]:
-    """A verdict for each of :data:`VARIABLES` set in ``env``; ``home`` is the ``CUDA_HOME``
-    FlashInfer builds with (named in messages)."""
+    """A verdict for each of :data:`VARIABLES` set in ``env``; ``home``: FlashInfer's ``CUDA_HOME``."""
     out = []
     path = env.get("PATH")
     for var in VARIABLES:
@@ -252,9 +200,9 @@ def check(env, chosen_nvcc: str, home: str) -> list[Verdict]:
             out.append(_check_nvcc(value, shown, chosen_nvcc, home, path))
             continue
         if var in FLAG_VARIABLES:
-            problem = flags_problem(value, path)
+            problem = _flags_problem(value, path)
         elif var in DIR_VARIABLES:
-            problem = dirs_problem(var, value)
+            problem = _dirs_problem(var, value)
         elif var == "NVCC_CCBIN":
             prog, problem = _ccbin_program(value.strip(), path)
             problem = problem or trace(prog).problem

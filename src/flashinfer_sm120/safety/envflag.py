@@ -1,8 +1,5 @@
-"""Boolean environment variables, read one way everywhere in the package.
-
-(The ``.pth`` hook, :mod:`flashinfer_sm120.core.autoload_hook`, keeps its own copy of the
-rule: it runs before this package may be importable; tests/integration/test_autoload.py checks the two agree.)
-"""
+"""Boolean environment variables, read one way everywhere (the ``.pth`` hook keeps its own copy, which
+tests/integration/test_autoload.py checks agrees)."""
 
 from __future__ import annotations
 
@@ -16,7 +13,6 @@ FALSE_VALUES = ("", "0", "false", "no", "off")
 
 
 def env_flag(name: str, env: Mapping[str, str] | None = None) -> bool:
-    """Whether boolean variable ``name`` is on in ``env`` (default ``os.environ``):
-    anything but unset, empty, ``0``, ``false``, ``no`` or ``off``."""
+    """Whether boolean variable ``name`` is on in ``env`` (default ``os.environ``)."""
     env = os.environ if env is None else env
     return env.get(name, "").strip().lower() not in FALSE_VALUES

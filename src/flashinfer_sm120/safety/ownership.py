@@ -1,8 +1,6 @@
-"""The ownership rule (OpenSSH ``StrictModes`` for every step of a path): a file, and every
-directory any component of its path is looked up in, must be owned by root or the current uid and
-not writable by others (:func:`writable_by_others`); a root-owned sticky directory (``/tmp``) may
-hold an entry of root or yours.  :func:`trust_reason` is the one check of a path a build runs,
-adopts, reads or creates in; :func:`mine_problem` the rule for what we keep as our own."""
+"""The trust rule (OpenSSH ``StrictModes`` for every level of a path, docs/safety.md section 1):
+:func:`trust_reason` is the one check of a path a build runs, adopts, reads or creates in;
+:func:`mine_problem` the rule for what we keep as our own."""
 # threat-model: P2, P4 (the ownership rule: root or the user, not writable by others)
 
 from __future__ import annotations
@@ -15,15 +13,15 @@ import stat
 
 from flashinfer_sm120.safety.formats.base import shown
 
-__all__ = ["MAX_LINKS", "writable_by_others", "Untrusted", "current_uid", "dir_ok", "resolve", "file_ok",
+__all__ = ["MAX_LINKS", "writable_by_others", "Untrusted", "current_uid", "resolve", "file_ok",
            "trust_reason", "mine_problem", "check_place", "PlaceProblem", "own_place_fix", "cache_clear"]
 
 MAX_LINKS = 40  # as Linux MAXSYMLINKS
 
 
 def _private_gid() -> int | None:
-    """The current user's private group (Debian/Ubuntu ``useradd``: named after the user, its primary
-    group, no other members), or ``None``; never for root.  Cached per uid (passwd may be on LDAP)."""
+    """The user's private group (Debian/Ubuntu ``useradd``: named after the user, its primary group,
+    no other members), or ``None``; never root's.  Cached per uid (passwd may be on LDAP)."""
     return _private_gid_of(os.geteuid())
 
 
@@ -51,8 +49,7 @@ def _private_gid_of(uid: int) -> int | None:
 
 def writable_by_others(st: os.stat_result) -> bool:
     """Whether someone other than the owner can write ``st``: world-writable, or group-writable by a
-    group other than the user's private group (under those systems' umask ``002`` a user's own venv is
-    group-writable).  The sticky bit is the caller's business."""
+    group other than the user's private group (umask ``002`` makes a user's own venv group-writable)."""
     if st.st_mode & stat.S_IWOTH:
         return True
     return bool(st.st_mode & stat.S_IWGRP) and st.st_gid != _private_gid()
@@ -64,25 +61,6 @@ class Untrusted(Exception):
 
 def current_uid() -> int:
     return os.geteuid() if hasattr(os, "geteuid") else 0
-
-
-def dir_ok(directory: str, entry: str | None, uid: int) -> None:
-    st = os.stat(directory)
-    if st.st_uid not in (0, uid):
-        raise Untrusted(f"{directory} is owned by uid {st.st_uid}, not root or you (uid {uid})")
-    if writable_by_others(st):
-        if st.st_mode & stat.S_ISVTX and st.st_uid == 0 and entry is not None:
-            try:
-                owner = os.lstat(entry).st_uid
-            except OSError:
-                owner = -1
-            if owner in (0, uid):  # the sticky bit stops others replacing it
-                return
-            raise Untrusted(
-                f"{entry} is owned by uid {owner} in {directory}, a directory everyone can write "
-                f"(mode {stat.filemode(st.st_mode)}); only entries of root or you are trusted there: "
-                f"use a path outside {directory}, or one of your own in it")
-        raise Untrusted(f"{directory} is writable by other users (mode {stat.filemode(st.st_mode)}); {_open_fix(directory, st)}")
 
 
 def _open_fix(path: str, st: os.stat_result) -> str:
@@ -101,7 +79,7 @@ def resolve(path: str, uid: int) -> str:
     todo = [c for c in path.split("/") if c]
     cur = "/"
     links = 0
-    dir_ok("/", None, uid)
+    file_ok("/", uid)
     while todo:
         c = todo.pop(0)
         if c == ".":
@@ -110,7 +88,7 @@ def resolve(path: str, uid: int) -> str:
             cur = os.path.dirname(cur)
             continue
         nxt = os.path.join(cur, c)
-        dir_ok(cur, nxt, uid)
+        file_ok(cur, uid, nxt)
         st = os.lstat(nxt)
         if stat.S_ISLNK(st.st_mode):
             links += 1
@@ -125,19 +103,31 @@ def resolve(path: str, uid: int) -> str:
     return cur
 
 
-def file_ok(real: str, uid: int) -> os.stat_result:
-    st = os.stat(real)
+def file_ok(path: str, uid: int, entry: str | None = None) -> os.stat_result:
+    """``path``'s stat when it is owned by root or ``uid`` and not writable by others, else
+    :class:`Untrusted`; a root-owned sticky directory passes for the ``entry`` looked up in it when
+    root or ``uid`` owns that entry (the sticky bit stops others replacing it)."""
+    st = os.stat(path)
     if st.st_uid not in (0, uid):
-        raise Untrusted(f"{real} is owned by uid {st.st_uid}, not root or you (uid {uid})")
-    if writable_by_others(st):
-        raise Untrusted(f"{real} is writable by other users (mode {stat.filemode(st.st_mode)}); {_open_fix(real, st)}")
-    return st
+        raise Untrusted(f"{path} is owned by uid {st.st_uid}, not root or you (uid {uid})")
+    if not writable_by_others(st):
+        return st
+    if st.st_mode & stat.S_ISVTX and st.st_uid == 0 and entry is not None:
+        try:
+            owner = os.lstat(entry).st_uid
+        except OSError:
+            owner = -1
+        if owner in (0, uid):
+            return st
+        raise Untrusted(f"{entry} is owned by uid {owner} in {path}, a directory everyone can write "
+                        f"(mode {stat.filemode(st.st_mode)}); only entries of root or you are trusted there: "
+                        f"use a path outside {path}, or one of your own in it")
+    raise Untrusted(f"{path} is writable by other users (mode {stat.filemode(st.st_mode)}); {_open_fix(path, st)}")
 
 
 def mine_problem(path: str, st: os.stat_result) -> str | None:
-    """Why an entry we made and keep (the cache root, a view, our ninja directory) is not ours, or
-    ``None``: owned by this uid (not root) and writable by no one else, group included (we make these
-    ``0700``/``0755``: no private-group exception).  A link's own mode does not count.  P2"""
+    """Why an entry we made and keep (the cache root, a view) is not ours alone, or ``None``: owned by
+    this uid and writable by no one else, group included (a link's own mode does not count).  P2"""
     uid = current_uid()
     if st.st_uid != uid:
         return f"{path} is owned by uid {st.st_uid}, not you (uid {uid})"
@@ -147,13 +137,9 @@ def mine_problem(path: str, st: os.stat_result) -> str | None:
 
 
 def trust_reason(path: str, *, absent_ok: bool = True, sticky_ok: bool = True) -> str | None:
-    """Why ``path`` breaks the ownership rule, or ``None``: the one check of every path a build may
-    run, adopt, read or create in (threat-model: P2, P4); the sentence names the path and the fix.
-
-    ``absent_ok``: a path we will create is checked at its deepest existing level (``False``: it must
-    exist).  ``sticky_ok``: a root-owned sticky directory (``/tmp``) may hold the absent rest;
-    ``False`` for a path someone else may create first (one a flag or variable names).
-    """
+    """Why ``path`` breaks the trust rule, naming it and the fix, or ``None`` (threat-model: P2, P4).
+    ``absent_ok``: checked at its deepest existing level; ``sticky_ok``: a root-owned sticky directory
+    (``/tmp``) may hold the absent rest (``False`` for a path someone else may create first)."""
     uid = current_uid()
     here = os.path.abspath(path)
     while absent_ok and not os.path.lexists(here) and os.path.dirname(here) != here:
@@ -173,8 +159,7 @@ def trust_reason(path: str, *, absent_ok: bool = True, sticky_ok: bool = True) -
 
 @dataclasses.dataclass(frozen=True)
 class PlaceProblem:
-    """Why the directory ``what`` (``"FlashInfer's JIT directory"``) at ``path`` is not a place to
-    write into: ``why`` (:func:`trust_reason`), ``fix``, and what was to be ``doing`` there."""
+    """Why the directory ``what`` at ``path`` is not a place to write into: ``why``, ``fix``, ``doing``."""
 
     what: str
     path: str
@@ -187,8 +172,8 @@ class PlaceProblem:
 
 
 def own_place_fix() -> str:
-    """The fix for a workspace that is not ours: a directory of this uid's own (its passwd home, not
-    ``$HOME``, which under ``sudo -E`` is the place refused), and ``sudo -H``."""
+    """The fix for a workspace that is not ours: this uid's passwd home (not ``$HOME``, the place refused
+    under ``sudo -E``), and ``sudo -H``."""
     try:
         home = pwd.getpwuid(os.geteuid()).pw_dir
     except (KeyError, OSError):
@@ -201,9 +186,8 @@ def own_place_fix() -> str:
 
 
 def check_place(path: str, what: str, fix: str | None = None, *, doing: str = "build in") -> PlaceProblem | None:
-    """:func:`trust_reason` of a directory we write into and build in (FlashInfer's JIT directory):
-    whoever can replace a level can swap the ``build.ninja`` ninja runs or the ``.so`` a server loads.
-    ``None``, else a :class:`PlaceProblem` whose fix is ``fix`` or :func:`own_place_fix`."""
+    """:func:`trust_reason` of a directory we write and build in (whoever can replace a level can swap
+    the ``build.ninja`` ninja runs), as a :class:`PlaceProblem` (fix: ``fix`` or :func:`own_place_fix`)."""
     why = trust_reason(path)
     if why is None:
         return None

@@ -1,14 +1,7 @@
-"""The one bounded way to run a program (threat-model: P6): every program flashinfer-sm120 executes
-goes through :func:`run`.
-
-One deadline covers the whole call, the output pipe is polled, never waited on (a detached child such
-as ``setsid sleep 1000 &`` that keeps it open would hang ``communicate()``); output is capped and a
-program that prints more is killed at once.  The program runs in its own session with a unique
-:data:`MARKER_VAR`; at the end its process group is killed, then every process of this uid still
-carrying the marker or sitting in its session, a few rounds so a forking program cannot outrun it
-(a program that scrubs its environment *and* leaves its session escapes: only a cgroup would catch
-that).  stdin is ``/dev/null``; descriptors other than 0-2 are closed.
-"""
+"""The one bounded way to run a program (threat-model: P6, docs/safety.md section 8): one deadline,
+the output pipe polled (a detached child holding it open would hang ``communicate()``) and capped, and
+at the end every process of its group, its session or carrying its :data:`MARKER_VAR` killed (one that
+scrubs its environment *and* leaves its session escapes: only a cgroup would catch that)."""
 # threat-model: P6 (deadline, output cap, process-group kill)
 
 from __future__ import annotations
@@ -31,22 +24,20 @@ __all__ = ["MARKER_VAR", "DEFAULT_MAX_OUTPUT", "LOCAL_ERRNOS", "Result", "run", 
 #: Set, with a per-call unique value, in every program :func:`run` starts: finds its escaped descendants.
 MARKER_VAR = "FLASHINFER_SM120_RUN_ID"
 
-#: Default cap on kept output, bytes.  ``nvcc --version`` prints ~250 bytes.
+#: Default cap on kept output, bytes (``nvcc --version`` prints ~250).
 DEFAULT_MAX_OUTPUT = 64 << 10
 
 _KILL_ROUNDS = 5
 
-#: Errors of *this* process's resources (``RLIMIT_NPROC``, ``RLIMIT_NOFILE``, memory, a signal), not
-#: the program's: callers must not remember such a failure as the program's (:attr:`Result.local`).
+#: Errors of *this* process's resources, not the program's: never remembered as the program's failure.
 LOCAL_ERRNOS = frozenset({errno.EAGAIN, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR,
                           errno.ENOBUFS, errno.E2BIG})  # E2BIG: this process's environment is too large; threat-model: P1
 
 
 @dataclass(frozen=True)
 class Result:
-    """What :func:`run` observed: ``returncode`` (negative: the signal; ``None``: not started, then
-    ``error`` and ``errno`` say why), ``output`` (stdout and stderr interleaved, capped), ``timed_out``,
-    ``truncated`` (printed past the cap and was killed), ``seconds`` (clean-up included)."""
+    """What :func:`run` observed: ``returncode`` (negative: the signal; ``None``: not started, see
+    ``error``/``errno``), ``output`` (stdout and stderr, capped), ``timed_out``, ``truncated``, ``seconds``."""
 
     returncode: int | None
     output: bytes
@@ -58,25 +49,21 @@ class Result:
 
     @property
     def local(self) -> bool:
-        """Not started for a reason of this process's resources (:data:`LOCAL_ERRNOS`)."""
         return self.errno in LOCAL_ERRNOS
 
     @property
     def ok(self) -> bool:
-        """Exited by itself with status 0, within the deadline and the output cap."""
         return self.returncode == 0 and not self.timed_out and not self.truncated
 
     def text(self) -> str:
-        """``output`` decoded as UTF-8 (undecodable bytes replaced)."""
         return self.output.decode("utf-8", "replace")
 
 
 def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OUTPUT,
         env: Mapping[str, str] | None = None, cwd: str | None = None, leave_running: bool = False) -> Result:
-    """Run ``argv`` (no shell) within ``timeout`` seconds and ``max_output`` bytes of output; never
-    raises for the program's behaviour.  ``env`` defaults to ``os.environ`` (:data:`MARKER_VAR` added).
-    ``leave_running``: the program starts a daemon that must outlive it (``sccache --start-server``):
-    when it exits by itself within the deadline and the cap, what it left running is left alone."""
+    """Run ``argv`` (no shell, stdin ``/dev/null``) within ``timeout`` seconds and ``max_output`` bytes;
+    never raises for the program's behaviour.  ``leave_running``: a daemon it starts may outlive it
+    (``sccache --start-server``) when it exits by itself within the bounds."""
     start = time.monotonic()
     deadline = start + max(0.0, timeout)
     marker = uuid.uuid4().hex
@@ -130,8 +117,8 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
 
 
 def exited(proc: subprocess.Popen) -> bool:
-    """Whether the program has exited, WITHOUT reaping it (``WNOWAIT``): an unreaped zombie's pid
-    cannot be reused, so the group and session :func:`kill_all` signals are still the program's."""
+    """Whether the program has exited, without reaping it: an unreaped zombie's pid cannot be reused, so
+    the group and session :func:`kill_all` signals are still the program's."""
     if proc.returncode is not None:
         return True
     waitid = getattr(os, "waitid", None)
@@ -173,8 +160,8 @@ def signal_group(pgid: int, sig: int) -> None:
 
 
 def kill_all(pid: int | None, marker: str) -> None:
-    """SIGKILL the group and session that program ``pid`` leads (``None``: it is reaped, its pid may
-    be another's now), then every process carrying ``MARKER_VAR=marker``, a few rounds (P6)."""
+    """SIGKILL the group and session program ``pid`` leads (``None``: reaped), then every process
+    carrying ``MARKER_VAR=marker``, a few rounds so a forking program cannot outrun it (P6)."""
     if pid is not None:
         signal_group(pid, signal.SIGKILL)
     for _ in range(_KILL_ROUNDS):
@@ -190,8 +177,7 @@ def kill_all(pid: int | None, marker: str) -> None:
 
 
 def _marked(marker: str, session: int | None) -> list[int]:
-    """Pids of this uid's processes whose environment has ``MARKER_VAR=marker`` or whose session id
-    is ``session`` (Linux ``/proc``; empty elsewhere)."""
+    """Pids of this uid's processes carrying ``MARKER_VAR=marker`` or in ``session`` (Linux ``/proc``)."""
     me = os.getpid()
     uid = os.geteuid()
     needle = f"{MARKER_VAR}={marker}".encode()
@@ -234,10 +220,8 @@ def _is_zombie(pid: int) -> bool:
 
 @contextlib.contextmanager
 def signals_as_exit():
-    """Within it, SIGTERM and SIGHUP end the program like Ctrl-C (``SystemExit(128 + signal)``), so
-    ``finally`` clauses that stop child processes run (by default Python ends at once, and ``build``'s
-    ninja went on building after FlashInfer's per-module lock was released: P5).  Only in the main
-    thread and where the signal still has its default action."""
+    """Within it, SIGTERM and SIGHUP end the program like Ctrl-C (``SystemExit(128 + signal)``), so the
+    ``finally`` clauses that stop child processes run (P5); main thread, default actions only."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -273,8 +257,7 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
-    """``preexec_fn`` for a long-lived child (``ninja``): Linux sends it ``SIGTERM`` when this process
-    dies (``kill -9`` included), so it stops its compilers instead of building on orphaned.  The
-    ``prctl`` is looked up before any fork: the child runs one C call, nothing that takes a lock."""
+    """``preexec_fn`` for ``ninja``: Linux sends it ``SIGTERM`` when this process dies (``kill -9``
+    included), so it stops its compilers.  One C call looked up before the fork: no lock in the child."""
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -1,33 +1,6 @@
-"""Who may own what flashinfer-sm120 executes or adopts.
-
-The rule (OpenSSH ``StrictModes`` applied to every step of a path): a file we
-execute, and every directory in which any component of its path is looked up,
-must be owned by root or by the current uid and must not be writable by group
-or others (group-writable is fine when the group is the user's private group,
-see :func:`flashinfer_sm120.safety.ownership.writable_by_others`).  A world-writable
-directory with the sticky bit (``/tmp``) is accepted only when root owns it
-*and* the entry looked up in it is owned by root or by you: the sticky bit
-stops others from renaming or replacing those entries; another user's entry
-there is not taken on trust.
-
-"What we execute" is followed all the way, without running anything:
-
-* every symlink hop (``$CUDA_HOME/bin/nvcc -> /usr/local/cuda-13.0/bin/nvcc``):
-  the directory holding each link counts, not only the final file, so a
-  ``CUDA_HOME`` owned by another user cannot borrow a trusted nvcc;
-* a script (``#!``, read whole up to :data:`MAX_SCRIPT_BYTES`, UTF-8) is judged on
-  its words, with no grammar (docs/safety.md section 2 has the table): its ``#!``
-  names a trusted shell binary of :data:`SHELLS`; it holds no character of
-  :data:`COMPUTES` where the shell computes with it, no assignment and no word of
-  :data:`ASSIGNS`; every absolute path it names passes the rule (scripts followed,
-  at most :data:`MAX_WRAPPER_DEPTH` deep) or lies where no other user can create
-  it; no word is a relative path, a path through ``/proc``, or a program of
-  :data:`READS_CODE`; every word found on ``PATH``, and every ``PATH`` entry,
-  passes the rule.  A file it writes with ``>`` is not run, and not checked.
-
-What nvcc itself runs (its host compiler, ``rm`` from ``PATH``) is checked apart from any
-wrapper, by :mod:`flashinfer_sm120.safety.compilers`.
-"""
+"""The trust rule applied to what runs (threat-model: P2): a program, every symlink hop and directory
+of its path, and for a ``#!`` script (read, never run) its shell and every program and path its words
+name, as docs/safety.md section 2 lists.  What nvcc runs itself is :mod:`.buildenv`'s."""
 # threat-model: P2 (nothing run or adopted unless every level of its path is trusted)
 
 from __future__ import annotations
@@ -37,47 +10,40 @@ import re
 import stat
 from dataclasses import dataclass
 
-from flashinfer_sm120.safety.formats import base, reads
 from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.formats import base, reads
 from flashinfer_sm120.safety.ownership import Untrusted, current_uid, file_ok, resolve, trust_reason
 
 __all__ = ["MAX_WRAPPER_DEPTH", "MAX_SCRIPT_BYTES", "SHELLS", "SHELL_OPTIONS", "LAUNCHERS", "OPAQUE",
-           "READS_CODE", "COMPUTES", "ASSIGNS", "Trace", "trace", "check_executable", "follow_wrappers",
-           "hands_on"]
+           "Trace", "trace", "check_executable", "follow_wrappers", "hands_on", "named_paths", "which"]
 
-#: Wrapper scripts followed at most this deep (``/usr/bin/nvcc`` ->
-#: ``/usr/lib/nvidia-cuda-toolkit/bin/nvcc`` is one level).
 MAX_WRAPPER_DEPTH = 8
-#: A wrapper script is read whole to find what it runs; one larger than this
-#: (bytes) is refused: a line past what was read could run anything.
+#: A script is read whole (a line past what was read could run anything); a larger one is refused.
 MAX_SCRIPT_BYTES = 256 << 10
 
 #: Shells a ``#!`` line may name (by the real file's name: ``/bin/sh`` -> ``dash``).
 SHELLS = frozenset({"sh", "dash", "bash"})
-#: Option letters a ``#!`` line may give the shell (``#!/bin/sh -e``): errexit,
-#: noglob, nounset, verbose, xtrace.  ``-c``, ``-s``, ``-i``, ``-l`` are not here.
+#: Options a ``#!`` line may give the shell: errexit, noglob, nounset, verbose, xtrace.
 SHELL_OPTIONS = frozenset("efuvx")
-#: Programs that run the program named by their first non-option argument (a build variable's
-#: command, :mod:`.compilers`).
+#: Programs that run the program named by their first non-option argument.
 LAUNCHERS = frozenset({"env", "nice", "nohup", "stdbuf", "setsid", "ccache", "sccache", "time", "timeout",
                        "taskset", "ionice", "chrt", "flock", "xargs", "sudo", "doas", "runuser",
                        "strace", "ltrace", "valgrind", "unshare", "chroot", "nsenter", "busybox"})
 #: Interpreters whose programs cannot be read here.
 OPAQUE = frozenset({"python", "python2", "python3", "perl", "ruby", "node", "lua", "php", "tclsh", "awk",
                     "gawk", "mawk", "nawk", "sed", "find", "make", "ninja", "su", "script", "watch"})
-#: Programs a wrapper script may not name: they run code it does not hold (a script named relative to
-#: the working directory, a program built from their input).
-READS_CODE = SHELLS | OPAQUE | {"xargs", "parallel"}
-#: Characters with which the shell computes a word when it runs (a command substitution, a variable,
-#: a glob, ``~``, an escape, a brace expansion); ``(`` and ``)`` (subshells, functions) count only
-#: outside quotes, ``[`` and ``]`` only inside a word (alone they are the ``test`` builtin).
-COMPUTES = frozenset("`\\$~*?{}[]()")
-#: Parameters a script may expand (``$@``, ``$1``, ``$?`` ...): its arguments and the shell's status.
-_PARAMS = frozenset("@*#?!$-123456789")
-#: Builtins that run a file found on ``PATH`` or in the working directory (``.``, ``source``), or
-#: set or unset a variable named by a word (``read PATH``, ``for PATH in``, ``unset PATH``).
-ASSIGNS = frozenset({".", "source", "read", "mapfile", "readarray", "getopts", "printf", "declare",
-                     "typeset", "local", "for", "select", "unset"})
+#: Programs a script may not name: they run code it does not hold.
+_READS_CODE = SHELLS | OPAQUE | {"xargs", "parallel"}
+#: Where the shell computes a word when it runs: a substitution, a variable (but the parameters
+#: ``$@ $1 $?``...), a glob, ``~``, an escape, braces, a ``[ ]`` that is not ``test``, and outside
+#: quotes ``( )`` (subshells, functions, ``case`` patterns).
+_COMPUTES = re.compile(r"[\0`\\~*?{}]|\$(?![@*#?!$\-1-9])|(?<=[^\s;&|])[\[\]]|[\[\]](?=[^\s;&|])")
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+#: A file a script writes (``2>>/x/log``): not run, not checked; one read with ``<`` or ``<>`` is.
+_WRITES = re.compile(r"(?<![0-9])[0-9]*(?<!<)>[>|&]?\s*[^\s;&|<>]*")
+#: Builtins that run a file found on ``PATH`` or set or unset a variable a word names.
+_ASSIGNS = frozenset({".", "source", "read", "mapfile", "readarray", "getopts", "printf", "declare",
+                      "typeset", "local", "for", "select", "unset"})
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 _FIX = ("set CUDA_HOME=<the real toolkit prefix> (the directory above the real bin/nvcc) instead of "
         "this wrapper, or replace the wrapper with a symlink")
@@ -92,10 +58,8 @@ def _base(path: str) -> str:
 
 
 def hands_on(path: str) -> str | None:
-    """What the program at ``path`` (its real file's name) does with its first non-option
-    argument: ``"shell"`` (runs it as a script), ``"launcher"`` (runs it as a program,
-    :data:`LAUNCHERS`), ``"opaque"`` (an interpreter whose program cannot be read here,
-    :data:`OPAQUE`), else ``None``."""
+    """What the program at ``path`` does with its first non-option argument: ``"shell"`` (runs it as a
+    script), ``"launcher"`` (runs it), ``"opaque"`` (an interpreter), else ``None``."""
     name = _base(os.path.realpath(path))
     return ("opaque" if name in OPAQUE else "shell" if name in SHELLS else "launcher" if name in LAUNCHERS
             else None)
@@ -103,110 +67,61 @@ def hands_on(path: str) -> str | None:
 
 @dataclass(frozen=True)
 class Trace:
-    """Everything that running ``path`` would execute, as far as can be read.
-
-    Attributes:
-        path: the path as given.
-        target: real path of the program that finally runs (wrappers and links
-            followed), or ``None`` when it cannot be told.
-        files: real paths of every file checked on the way (wrappers,
-            interpreters, what they name, the target), in order.
-        problem: why it must not be run (untrusted owner or mode, a wrapper loop,
-            a computed path, missing file), or ``None`` when trusted.
-    """
+    """What running ``path`` would execute: ``target``, the real path of the program that finally runs
+    (``None`` when untold), ``files``, every real path checked on the way, and ``problem``, why it must
+    not run (``None``: trusted)."""
 
     path: str
     target: str | None
     files: tuple[str, ...]
     problem: str | None
 
-    @property
-    def trusted(self) -> bool:
-        return self.problem is None
-
 
 def _read_script(real: str) -> str | None:
-    """The text of ``real`` when it is a ``#!`` script, else ``None``; refused when
-    larger than :data:`MAX_SCRIPT_BYTES` (a line past what was read could run
-    anything) or not UTF-8 text."""
+    """The text of ``real`` when it is a ``#!`` script, else ``None``; too large or not UTF-8: refused."""
     try:
         if not reads.read_prefix(real, 2).startswith(b"#!"):
             return None
         raw = reads.read_bytes(real, MAX_SCRIPT_BYTES)
     except FormatError as exc:
         raise Untrusted(f"{exc}; a script is read whole to check what it runs, so it is too large to "
-                         f"check; {_FIX}") from None
+                        f"check; {_FIX}") from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise Untrusted(f"{real} is a script that is not UTF-8 text, so what it runs cannot be checked; "
-                         f"{_FIX}") from None
+                        f"{_FIX}") from None
 
 
 def _refuse(script: str, what: str, fix: str = _FIX) -> Untrusted:
     return Untrusted(f"{script}: {what}, so what it runs cannot be checked; {_RULE}; {fix}")
 
 
-def _computes(c: str, nxt: str, quote: str, started: bool) -> bool:
-    """Whether the shell computes with ``c`` (followed by ``nxt``, inside ``quote``, in a word
-    already ``started``): see :data:`COMPUTES`."""
-    if c == "\0":
-        return True
-    if c not in COMPUTES or (quote and c in "()"):
-        return False
-    return not (c in "[]" and not quote and not started and nxt in ("", " ", "\t", "\n", ";", "&", "|"))
-
-
-def _words(body: str, script: str) -> list[tuple[int, str, bool]]:
-    """``(line, word, redirected)`` for every word of a script body (the text after its ``#!``
-    line), quotes removed, comments left out; ``redirected``: the word follows ``>`` (a file
-    written, never run; one read with ``<`` is checked like any other).  Only the shell's quoting, comments and operators are read, no
-    grammar.  Refused: a character of :data:`COMPUTES` where the shell computes with it (inside
-    quotes too, where ``eval`` would read it again), an unclosed quote, a NUL."""
-    out: list[tuple[int, str, bool]] = []
-    word: list[str] = []
-    line, start, quote, started, redirect, i = 2, 2, "", False, False, 0
-    while i < len(body):
-        c, nxt = body[i], body[i + 1:i + 2]
-        if c == "$" and nxt and nxt in _PARAMS:
-            start, started = start if started else line, True
-            word.append(c + nxt)
-            i += 1
-        elif _computes(c, nxt, quote, started):
-            shown = c + nxt if c == "$" else c
+def _words(body: str, script: str) -> list[tuple[int, str]]:
+    """``(line, word)`` for every word of a script body (after its ``#!`` line), with no grammar: whole
+    comment lines and written files left out, quotes removed and the rest split at blanks and
+    operators, as ``eval`` would read it again.  Refused: a character of :data:`_COMPUTES`."""
+    lines = list(enumerate(body.split("\n"), start=2))
+    for line, text in lines:
+        m = None if text.lstrip().startswith("#") else (_COMPUTES.search(text)
+                                                         or re.search("[()]", _QUOTED.sub("", text)))
+        if m:
+            shown = text[m.start():m.start() + 2] if m.group() == "$" else m.group()
             raise _refuse(script, f"line {line} holds {shown!r}, with which the shell computes the path of "
                                   f"what it runs when it runs")
-        elif quote:
-            quote = "" if c == quote else quote
-            word.append(c if quote else "")
-        elif c in "'\"" or c not in " \t\n;&|<>#" or (c == "#" and started):
-            start = start if started else line
-            quote = c if c in "'\"" else ""
-            word.append("" if quote else c)
-            started = True
-        elif c == "#":  # a comment runs to the end of the line
-            i = (body.find("\n", i) % (len(body) + 1)) - 1  # at the newline, or past the end
-        else:
-            if started:
-                out.append((start, "".join(word), redirect))
-                word, started, redirect = [], False, False
-            redirect = (c == ">" and body[i - 1] != "<") or (redirect and c not in ";\n<")
-        line += c == "\n"
-        i += 1
-    if quote:
-        raise _refuse(script, f"a {quote} quote opened by line {line} is not closed")
-    if started:
-        out.append((start, "".join(word), redirect))
-    return out
+    return [(line, w) for line, text in lines if not text.lstrip().startswith("#")
+            for w in re.split(r"[\s;&|<>]+", _WRITES.sub(" ", re.sub("['\"]", "", text))) if w]
 
 
-def _paths(word: str) -> tuple[list[str], bool]:
-    """The absolute paths in ``word`` (at its start or after ``=``, ``:`` or ``,``; the first ``/``
-    of an option such as ``-I/opt/x``), and whether it holds a relative path (any other ``/``)."""
+def named_paths(word: str) -> tuple[list[str], bool]:
+    """The absolute paths an option or script word names (``/x``, ``-I/x``, ``-x=/y``, ``-Wl,/z``,
+    ``A:/b``, ``@/rsp``: a response file gcc and nvcc read more options from), and whether it holds a
+    relative path (any other ``/``)."""
     paths, relative = [], False
     for part in re.split("[=:,]", word):
+        part = part[1:] if part.startswith("@/") else part
         at = part.find("/")
-        if at == 0 or (at > 0 and part.startswith("-") and " " not in part):
+        if at == 0 or (at > 0 and part.startswith("-")):
             paths.append(part[at:])
         elif at > 0:
             relative = True
@@ -214,25 +129,32 @@ def _paths(word: str) -> tuple[list[str], bool]:
 
 
 def _via_proc(path: str, hops: int = 40) -> bool:
-    """Whether ``path`` leads through ``/proc`` (``/dev/fd/3``, ``/dev/stdin``): it names whatever
-    the running shell has open there, not what is on disk now."""
+    """Whether ``path`` leads through ``/proc`` (``/dev/fd/3``): it names what the shell has open."""
     where = os.path.realpath(os.path.dirname(path))
     if where == "/proc" or where.startswith("/proc/"):
         return True
     return hops > 0 and os.path.islink(path) and _via_proc(os.path.join(where, os.readlink(path)), hops - 1)
 
 
-def _on_path(name: str, dirs: list[str]) -> str | None:
-    for d in dirs:
-        p = os.path.join(d, name)
-        if os.path.isfile(p) and os.access(p, os.X_OK):
-            return p
-    return None
+def which(name: str, path: str | None) -> tuple[str | None, str | None]:
+    """``(program, problem)``: ``name`` as ``/bin/sh`` finds it on ``path`` from a module's build directory."""
+    relative = None
+    for d in (path if path is not None else os.defpath).split(os.pathsep):
+        if not d or not os.path.isabs(d):
+            relative = relative or (d or "(empty)")
+            continue
+        cand = os.path.join(d, name)
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            if relative:
+                return None, (f"names {base.shown(name, 60)}, and PATH holds the relative entry "
+                              f"{base.shown(relative, 40)} before {d}: ninja runs FlashInfer's compile lines "
+                              f"in each module's build directory, where that entry names another place")
+            return cand, None
+    return None, f"names {base.shown(name, 60)}, which is not on PATH"
 
 
 class _Check:
-    """One :func:`trace`: what was checked so far, so that a script naming the same programs many
-    times is read once per program."""
+    """One :func:`trace`: what was checked so far, so each program is read once."""
 
     def __init__(self, uid: int) -> None:
         self.uid = uid
@@ -250,10 +172,10 @@ class _Check:
             raise Untrusted(f"{real} is not a regular file")
         if real in chain:
             raise Untrusted("wrapper loop: " + " -> ".join(chain + [real]) + "; it would never finish; "
-                             "set CUDA_HOME to the real toolkit prefix instead")
+                            "set CUDA_HOME to the real toolkit prefix instead")
         if len(chain) >= MAX_WRAPPER_DEPTH:
             raise Untrusted(f"wrappers nested more than {MAX_WRAPPER_DEPTH} deep at {real}; "
-                             "set CUDA_HOME to the real toolkit prefix instead")
+                            "set CUDA_HOME to the real toolkit prefix instead")
         if real in self.checked and body:
             return self.checked[real]
         chain = chain + [real]
@@ -271,8 +193,7 @@ class _Check:
         return final
 
     def shebang(self, real: str, head: str, chain: list[str], body: bool) -> str:
-        """Check the ``#!`` line ``head`` of the script ``real``; the absolute script path it hands
-        the shell, or ``""``."""
+        """Check the ``#!`` line of ``real``; the absolute script path it hands the shell, or ``""``."""
         interp, _, arg = head[2:].strip(" \t").replace("\t", " ").partition(" ")
         arg = arg.strip()
         if not interp.startswith("/"):
@@ -290,40 +211,37 @@ class _Check:
         return arg if arg.startswith("/") else ""
 
     def body(self, real: str, rest: str, chain: list[str]) -> str:
-        """Check every word of the body ``rest`` of the script ``real`` and the ``PATH`` it runs
-        under; the program it wraps (the first ``.../nvcc`` it names), else ``real``."""
+        """Check every word of the script ``real`` and the ``PATH`` it runs under; the program it
+        wraps (the first ``.../nvcc`` it names), else ``real``."""
         final = real
-        for line, word, redirected in _words(rest, real):
-            if redirected:
-                continue
-            if _paths(word)[1]:
-                raise _refuse(real, f"line {line} holds {base.shown(word, 60)}, a relative path: what it "
-                                    f"names depends on the working directory")
-            for w in filter(None, re.split(r"[\s;&|<>()]+", word)):  # as 'eval' would read it again
-                try:
-                    found = self.word(w, line, real, chain)
-                except Untrusted as exc:
-                    why = str(exc) if "CUDA_HOME" in str(exc) else f"{exc}; or {_FIX}"
-                    raise (exc if why.startswith(real) else Untrusted(f"{real}: line {line} names "
-                                                                        f"{base.shown(w, 200)}: {why}")) from None
-                if final == real and found and os.path.basename(w) == "nvcc" and w.startswith("/"):
-                    final = found
+        for line, w in _words(rest, real):
+            try:
+                found = self.word(w, line, real, chain)
+            except Untrusted as exc:
+                why = str(exc) if "CUDA_HOME" in str(exc) else f"{exc}; or {_FIX}"
+                raise (exc if why.startswith(real) else Untrusted(f"{real}: line {line} names "
+                                                                  f"{base.shown(w, 200)}: {why}")) from None
+            if final == real and found and os.path.basename(w) == "nvcc" and w.startswith("/"):
+                final = found
         self.path_entries(real)
         return final
 
     def word(self, w: str, line: int, script: str, chain: list[str]) -> str | None:
         """Check one word of a script; the final target of the program it names, if any."""
-        if w in ASSIGNS or _ASSIGNMENT.match(w):
+        if w in _ASSIGNS or _ASSIGNMENT.match(w):
             raise _refuse(script, f"line {line} holds {base.shown(w, 60)}, which sets or unsets a variable "
                                   f"or runs a file found on PATH or in the working directory")
-        paths = _paths(w)[0]  # (a relative path was refused with the whole word)
+        paths, relative = named_paths(w)
+        if relative:
+            raise _refuse(script, f"line {line} holds {base.shown(w, 60)}, a relative path: what it "
+                                  f"names depends on the working directory")
         if not paths and not w.startswith(("-", "$")):
             if w not in self.found:
-                self.found[w] = _on_path(w, [d for d in self.dirs if d.startswith("/")])
+                self.found[w] = which(w, os.pathsep.join(d for d in self.dirs if d.startswith("/")))[0]
             found = self.found[w]
             if found is None:
                 return None
-            if _base(os.path.realpath(found)) in READS_CODE:
+            if _base(os.path.realpath(found)) in _READS_CODE:
                 raise _refuse(script, f"line {line} runs {base.shown(w, 60)} ({found}), which runs code the "
                                       f"script does not hold")
             try:
@@ -345,7 +263,7 @@ class _Check:
                 file_ok(resolve(p, self.uid), self.uid)
             elif not os.path.isfile(p):  # /dev/null: the directories on the way
                 resolve(p, self.uid)
-            elif _base(os.path.realpath(p)) in READS_CODE:
+            elif _base(os.path.realpath(p)) in _READS_CODE:
                 raise _refuse(script, f"line {line} runs {base.shown(p, 60)}, which runs code the script "
                                       f"does not hold")
             else:
@@ -353,8 +271,7 @@ class _Check:
         return target
 
     def path_entries(self, script: str) -> None:
-        """Every ``PATH`` entry: an absolute directory that passes the rule (what a script runs by
-        name is found there)."""
+        """Every ``PATH`` entry: an absolute directory that passes the rule."""
         if self.path_ok:
             return
         for d in self.dirs:
@@ -367,21 +284,9 @@ class _Check:
 
 
 def trace(path: str, *, body: bool = True) -> Trace:
-    """Follow ``path`` through links and wrapper scripts, checking trust at every step.
-
-    Nothing is executed: scripts are read as text (see the module docstring for
-    what a script must meet).
-
-    Args:
-        path: the program, e.g. ``$CUDA_HOME/bin/nvcc``.
-        body: ``False`` checks only the file, its links and its ``#!``
-            interpreter, not what a script's body runs: for a program we run
-            for its own sake (``which``), not as a wrapper of nvcc.
-
-    Returns:
-        A :class:`Trace`; ``problem`` is set when anything on the way is
-        untrusted or cannot be told.
-    """
+    """Follow ``path`` (``$CUDA_HOME/bin/nvcc``) through links and wrapper scripts, checking the trust
+    rule at every step; nothing is run.  ``body=False`` checks only the file, its links and its ``#!``
+    interpreter: for a program run for its own sake (``which``), not as a wrapper of nvcc."""
     check = _Check(current_uid())
     try:
         target = check.follow(path, [], body=body)
@@ -398,9 +303,9 @@ def check_executable(path: str) -> str | None:
 
 
 def follow_wrappers(path: str) -> str | None:
-    """Real path of the program ``path`` finally runs: the first absolute ``.../nvcc`` each
-    wrapper names, read as :func:`trace` reads it but with no trust verdict (used to place a
-    ``PATH`` nvcc); ``None`` if absent."""
+    """Real path of the program ``path`` finally runs (the first absolute ``.../nvcc`` each wrapper
+    names), read as :func:`trace` reads it but with no trust verdict, to place a ``PATH`` nvcc;
+    ``None`` if absent."""
     seen: list[str] = []
     cur = path
     for _ in range(MAX_WRAPPER_DEPTH + 1):
@@ -415,8 +320,8 @@ def follow_wrappers(path: str) -> str | None:
             words = _words(text.partition("\n")[2], real) if text is not None else []
         except Untrusted:
             return real
-        nxt = next((w for _, word, _ in words for w in _paths(word)[0] if os.path.basename(w) == "nvcc"
-                    and os.path.realpath(w) != real and os.path.isfile(w)), None)
+        nxt = next((p for _, w in words for p in named_paths(w)[0] if os.path.basename(p) == "nvcc"
+                    and os.path.realpath(p) != real and os.path.isfile(p)), None)
         if nxt is None:
             return real
         cur = nxt

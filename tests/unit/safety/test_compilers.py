@@ -231,7 +231,8 @@ def test_gcc_variables_and_every_way_a_flag_names_a_path_are_held_to_the_trust_r
         (v,) = compilers.check({"PATH": "/usr/bin:/bin", var: value}, nvcc, str(tk))
         assert not v.keep and "writable by other users" in v.note and f"from {var}" in v.note, (var, v.note)
     for words in (f"-Xcompiler @{opened}/rsp", f"-isystem{opened}", f"-iquote{opened}", f"-imacros{opened}/m.h",
-                  f"-idirafter{opened}", f"-iprefix{opened}/", f"-Xcompiler=-include{opened}/x.h"):
+                  f"-idirafter{opened}", f"-iprefix{opened}/", f"-Xcompiler=-include{opened}/x.h",
+                  f"-Wl,-rpath=/usr/lib:{opened}"):  # each directory of a ':' list
         (v,) = compilers.check({"PATH": "/usr/bin:/bin", "NVCC_APPEND_FLAGS": words}, nvcc, str(tk))
         assert not v.keep and str(opened) in v.note, (words, v.note)
     mine = tmp_path / "mine"

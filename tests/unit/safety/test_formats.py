@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from flashinfer_sm120.safety.formats import base, grammar, paths, reads
-from flashinfer_sm120.safety.formats import binary
+from flashinfer_sm120.safety.formats import binary, flags
 from flashinfer_sm120.safety.formats.cli import cli_float, cli_int, cli_size
 from flashinfer_sm120.errors import FormatError, Sm120Error
 
@@ -286,10 +286,10 @@ def test_parse_target(text, ok):
                                      ("-D'x'", False), ("", False), (["-O3"], False)])
 def test_parse_flag(flag, ok):
     if ok:
-        assert grammar.parse_flag(flag, "m") == flag
+        assert flags.parse_flag(flag, "m") == flag
     else:
         with pytest.raises(FormatError, match="flag"):
-            grammar.parse_flag(flag, "m")
+            flags.parse_flag(flag, "m")
 
 
 @pytest.mark.parametrize("path,ok", [("@FLASHINFER@/data/csrc/norm.cu", True), ("/abs/x.cu", True),
@@ -375,19 +375,19 @@ def test_parse_leading_version_property(text):
 
 @pytest.mark.parametrize("line,want", [(b"# ninja log v5", 5), (b"# ninja log v7\n", 7), ("# ninja log v6", 6)])
 def test_ninja_log_header(line, want):
-    assert grammar.parse_ninja_log_header(line, ".ninja_log") == want
+    assert binary.parse_ninja_log_header(line, ".ninja_log") == want
 
 
 @pytest.mark.parametrize("line", [b"# ninja log v", b"# ninja log v7 x", b"ninja log v7", b"", b"# ninja log v12345", None, 7])
 def test_bad_ninja_log_headers_are_refused(line):
     with pytest.raises(FormatError, match=".ninja_log"):
-        grammar.parse_ninja_log_header(line, ".ninja_log")
+        binary.parse_ninja_log_header(line, ".ninja_log")
 
 
 @given(st.one_of(hostile_text, st.binary(max_size=300)))
 def test_parse_ninja_log_header_property(line):
     try:
-        n = grammar.parse_ninja_log_header(line, "src")
+        n = binary.parse_ninja_log_header(line, "src")
     except FormatError as exc:
         assert len(str(exc)) < MSG_MAX
     else:
@@ -396,7 +396,7 @@ def test_parse_ninja_log_header_property(line):
 
 @given(hostile_text)
 def test_new_grammars_property(text):
-    for parse in (grammar.parse_target, grammar.parse_flag, grammar.parse_path_text, grammar.parse_sha256):
+    for parse in (grammar.parse_target, flags.parse_flag, grammar.parse_path_text, grammar.parse_sha256):
         try:
             out = parse(text, "src")
         except FormatError as exc:

@@ -279,3 +279,20 @@ def test_what_a_wrapper_reads_or_reaches_by_proc_or_path_is_checked(tmp_path, mo
     monkeypatch.setenv("PATH", "/usr/bin::/bin")
     tr = trace(str(w))
     assert tr.problem and "PATH holds ''" in tr.problem and "the working directory" in tr.problem, tr
+
+
+def test_a_response_file_a_wrapper_names_is_checked_where_it_lies(tmp_path):
+    """``@/file`` (options nvcc reads from a file) is the path it names: refused in a directory others
+    can write, accepted in a trusted one (P2)."""
+    real = make_toolkit(tmp_path / "real", "13.0.88") / "bin" / "nvcc"
+    ww = tmp_path / "ww"
+    ww.mkdir()
+    (ww / "rsp").write_text("-O2\n")
+    ww.chmod(0o777)
+    tr = trace(str(script(tmp_path / "w1" / "nvcc", f'#!/bin/sh\nexec {real} @{ww}/rsp "$@"\n')))
+    assert tr.problem and str(ww) in tr.problem, tr
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o755)
+    (mine / "rsp").write_text("-O2\n")
+    tr = trace(str(script(tmp_path / "w2" / "nvcc", f'#!/bin/sh\nexec {real} @{mine}/rsp "$@"\n')))
+    assert tr.problem is None and tr.target == str(real), tr

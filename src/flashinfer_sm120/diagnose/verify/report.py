@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 from flashinfer_sm120 import __version__
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.reads import iter_lines, loads_json
-from flashinfer_sm120.safety.formats.grammar import parse_ninja_log_header
+from flashinfer_sm120.safety.formats.binary import parse_ninja_log_header
 from flashinfer_sm120.safety.formats.base import shown
 
 __all__ = ["ALONE_TIMEOUT_S", "Section", "collect", "ninja_section", "log_format_of_dir", "servers_section", "build_line_section"]

@@ -1,5 +1,6 @@
 """Read by the checks of what was built (flashinfer_sm120.diagnose.verify) and by ``cache prune``: a
-module's ELF headers, cuobjdump's listings, FlashInfer's build.ninja variables, /proc maps."""
+module's ELF headers, cuobjdump's listings, FlashInfer's build.ninja variables, a ninja log's header,
+/proc maps."""
 # threat-model: P6 (binary headers read with bounds)
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import re
 from typing import Any
 
 
-from flashinfer_sm120.safety.formats.base import _fail, _type_name
+from flashinfer_sm120.safety.formats.base import _fail, _type_name, shown
 from flashinfer_sm120.safety.formats.reads import _open_regular
 
 
@@ -197,3 +198,18 @@ def proc_maps_paths(text: Any, source: str) -> set[str]:
         if len(parts) == 6 and parts[5].startswith("/"):
             out.add(parts[5].removesuffix(" (deleted)"))
     return out
+
+
+_NINJA_LOG_RE = re.compile(rb"# ninja log v([0-9]{1,4})")
+
+
+def parse_ninja_log_header(line: Any, source: str, *, fix: str = "") -> int:
+    """The format number of a ``.ninja_log`` from its first line exactly, ``# ninja log v7``
+    (ninja ``src/build_log.cc``: ``kFileSignature = "# ninja log v%d\\n"``)."""
+    if isinstance(line, str):
+        line = line.encode("utf-8", "replace")
+    m = _NINJA_LOG_RE.fullmatch(line.rstrip(b"\r\n")) if isinstance(line, (bytes, bytearray)) else None
+    if not m:
+        raise _fail(source, f"first line {shown(line, 40)} is not a ninja log header such as '# ninja log v7'",
+                    fix)
+    return int(m.group(1))

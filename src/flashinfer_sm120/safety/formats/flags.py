@@ -1,14 +1,6 @@
-"""Compiler and linker flags a manifest may carry: an allowlist of options, not of characters.
-
-A manifest (``build --from``, ``cache export --from``) may come from another machine or person, and
-its flags go to nvcc and the host compiler.  Characters alone (:data:`~.grammar.FLAG_RE`) kept shell
-syntax out, but not options that run or write something: ``-ccbin=/x/cc`` ran ``/x/cc`` as the host
-compiler, ``-Xcompiler=-fplugin=/x.so`` and ``-Wl,-plugin`` load code, ``-B`` and ``-specs=`` choose the
-programs gcc runs, ``-MF``/``-o``/``-odir`` write anywhere.  So each word must be one of the option
-forms FlashInfer itself uses (read from FlashInfer 0.7.4 ``flashinfer/jit/*.py``: defines, language
-standard, optimisation, warnings, ``-gencode``, nvcc's math and code-generation switches, libraries
-by name), and a path an option names (``-I``, ``-isystem``, ``-L``) is returned for the caller to
-check where it points (:func:`parse_compile_flag`).
+"""Compiler and linker flags a manifest or compiler variable may carry: an allowlist of the option
+forms FlashInfer 0.7.4 itself uses (``flashinfer/jit/*.py``), not of characters: ``-ccbin=/x/cc``,
+``-Xcompiler=-fplugin=/x.so``, ``-B``, ``-specs=``, ``-MF`` run, load or write something.
 """
 # threat-model: P2 (compiler options as listed forms: none that names a program, plugin or output)
 
@@ -18,9 +10,13 @@ import re
 from typing import Any
 
 from flashinfer_sm120.safety.formats.base import _fail, shown
-from flashinfer_sm120.safety.formats.grammar import parse_flag
+from flashinfer_sm120.safety.formats.grammar import _match
 
-__all__ = ["OPTION_FORMS", "PATH_OPTIONS", "parse_compile_flag"]
+__all__ = ["FLAG_RE", "OPTION_FORMS", "PATH_OPTIONS", "parse_flag", "parse_compile_flag"]
+
+#: The characters of a flag: no control character (a new ``build.ninja`` line), no shell syntax
+#: (FlashInfer joins flags into ``/bin/sh -c`` unquoted).
+FLAG_RE = re.compile(r"[A-Za-z0-9_.,:=+/@%{}~ -]{1,4096}")
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _ARCH = r"[0-9]{2,3}[af]?"
@@ -53,6 +49,13 @@ PATH_OPTIONS: tuple[str, ...] = ("-isystem", "-I", "-L")
 #: each item must itself be an accepted word.
 _HOST = ("-Xcompiler", "--compiler-options")
 _PATH_RE = re.compile(r"(?:/|@(?:FLASHINFER|GEN|JIT)@/)[A-Za-z0-9_./+@%=,~-]{0,4095}")
+
+
+def parse_flag(text: Any, source: str, *, fix: str = "") -> str:
+    """One flag of the :data:`FLAG_RE` grammar, returned unchanged."""
+    return _match(FLAG_RE, text, source, f"flag {shown(text, 60)} is not a plain compiler flag (letters, "
+                                         f"digits, '_.,:=+/@%{{}}~-' and spaces; no newline, quote, '$', ';', "
+                                         f"'|', '&')", fix)
 
 
 def _word_ok(word: str) -> bool:

@@ -1,5 +1,5 @@
-"""One grammar per kind of value: versions, names, relative paths, targets, flags,
-path text, digests, a program's leading version, a ninja log header."""
+"""One grammar per kind of value every process reads: versions, names, relative paths, targets, path
+text, digests, command words.  (Manifest flags: :mod:`.flags`; tool output: :mod:`.binary`.)"""
 # threat-model: P2, P6 (one grammar per field of outside input)
 
 from __future__ import annotations
@@ -24,6 +24,13 @@ _VERSION_RE = re.compile(r"[0-9]{1,6}(?:\.[0-9]{1,9}){0,4}(?:(?:\.?(?:post|dev|r
                          r"(?:\+[A-Za-z0-9.]{1,32})?")
 
 
+def _match(regex: re.Pattern, text: Any, source: str, problem: str, fix: str) -> str:
+    """``text`` when it is a string ``regex`` matches whole, else a :class:`FormatError` with ``problem``."""
+    if not isinstance(text, str) or not regex.fullmatch(text):
+        raise _fail(source, problem, fix)
+    return text
+
+
 def parse_version(text: Any, source: str, *, fix: str = "") -> Version:
     """One version of :data:`_VERSION_RE`, e.g. ``13.0.88`` (surrounding whitespace dropped)."""
     if not isinstance(text, str):
@@ -39,10 +46,8 @@ def parse_version(text: Any, source: str, *, fix: str = "") -> Version:
 
 def parse_name(text: Any, source: str, *, fix: str = "") -> str:
     """A name of :data:`NAME_RE` grammar, returned unchanged."""
-    if not isinstance(text, str) or not NAME_RE.fullmatch(text):
-        raise _fail(source, f"{shown(text)} is not a name (letters, digits, '_', '.', '+', '-'; "
-                            f"at most 200; not starting with '.' or '-')", fix)
-    return text
+    return _match(NAME_RE, text, source, f"{shown(text)} is not a name (letters, digits, '_', '.', '+', "
+                                         f"'-'; at most 200; not starting with '.' or '-')", fix)
 
 
 def parse_relpath(text: Any, source: str, *, fix: str = "", max_parts: int = 16) -> tuple[str, ...]:
@@ -75,26 +80,6 @@ def parse_leading_version(text: Any, source: str, *, fix: str = "") -> Version:
     return Version(m.group(1))
 
 
-_NINJA_LOG_RE = re.compile(rb"# ninja log v([0-9]{1,4})")
-
-
-def parse_ninja_log_header(line: Any, source: str, *, fix: str = "") -> int:
-    """The format number of a ``.ninja_log`` from its first line exactly, ``# ninja log v7``
-    (ninja ``src/build_log.cc``: ``kFileSignature = "# ninja log v%d\\n"``)."""
-    if isinstance(line, str):
-        line = line.encode("utf-8", "replace")
-    m = _NINJA_LOG_RE.fullmatch(line.rstrip(b"\r\n")) if isinstance(line, (bytes, bytearray)) else None
-    if not m:
-        raise _fail(source, f"first line {shown(line, 40)} is not a ninja log header such as '# ninja log v7'",
-                    fix)
-    return int(m.group(1))
-
-
-#: A compiler or linker flag as a manifest carries it (``-I@FLASHINFER@/data/include``): no control
-#: character (a new ``build.ninja`` line), no shell syntax (FlashInfer joins flags into ``/bin/sh -c``
-#: unquoted).
-FLAG_RE = re.compile(r"[A-Za-z0-9_.,:=+/@%{}~ -]{1,4096}")
-
 #: A file path as a manifest carries it (``@FLASHINFER@/data/csrc/norm.cu``): no whitespace, ``$``,
 #: ``:`` or quotes (FlashInfer's ``build.ninja`` lines and ``/bin/sh`` carry it unquoted).
 PATH_TEXT_RE = re.compile(r"[A-Za-z0-9_./+@%=,~-]{1,4096}")
@@ -111,18 +96,8 @@ _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 def parse_target(text: Any, source: str, *, fix: str = "") -> str:
     """One target of the ``major.minor[a|f]`` grammar (``12.0f``; not ``12.0`` as a number, ``sm_120``)."""
-    if not isinstance(text, str) or not TARGET_RE.fullmatch(text):
-        raise _fail(source, f"target {shown(text, 40)} is not of the form major.minor[a|f], e.g. '12.0' "
-                            f"or '12.0f'", fix)
-    return text
-
-
-def parse_flag(text: Any, source: str, *, fix: str = "") -> str:
-    """One flag of the :data:`FLAG_RE` grammar, returned unchanged."""
-    if not isinstance(text, str) or not FLAG_RE.fullmatch(text):
-        raise _fail(source, f"flag {shown(text, 60)} is not a plain compiler flag (letters, digits, "
-                            f"'_.,:=+/@%{{}}~-' and spaces; no newline, quote, '$', ';', '|', '&')", fix)
-    return text
+    return _match(TARGET_RE, text, source, f"target {shown(text, 40)} is not of the form major.minor[a|f], "
+                                           f"e.g. '12.0' or '12.0f'", fix)
 
 
 def parse_command_words(text: Any, source: str, *, fix: str = "", max_words: int = 64) -> tuple[str, ...]:
@@ -152,6 +127,4 @@ def parse_path_text(text: Any, source: str, *, fix: str = "") -> str:
 
 def parse_sha256(text: Any, source: str, *, fix: str = "") -> str:
     """A SHA-256 digest as 64 lower-case hex digits."""
-    if not isinstance(text, str) or not _SHA256_RE.fullmatch(text):
-        raise _fail(source, f"{shown(text, 40)} is not a SHA-256 digest (64 hex digits)", fix)
-    return text
+    return _match(_SHA256_RE, text, source, f"{shown(text, 40)} is not a SHA-256 digest (64 hex digits)", fix)

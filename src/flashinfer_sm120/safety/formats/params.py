@@ -1,12 +1,5 @@
-"""A FlashInfer generator and its parameters, as a manifest names them: data, never code (P2).
-
-The builder calls the named ``gen_*_module`` of the installed FlashInfer itself, so what is compiled
-is what the local FlashInfer generates.  ``generator``: ``flashinfer.<module>:<name>``, a dotted
-module of lower-case words under ``flashinfer`` (no ``__dunder__``), a ``gen_..._module`` or
-``_gen_..._module`` name and never a ``customize`` one (those take C++ text).  ``params``: ``{"args":
-[...], "kwargs": {...}}`` of ``null``, booleans, integers within 2**53, finite numbers, short names
-(no blank, quote, brace, ``/`` or ``..``: no C++ and no path), ``{"dtype": "bfloat16"}``, ``{"tuple":
-[...]}`` and lists, at most :data:`PARAM_MAX_DEPTH` deep and :data:`PARAM_MAX_ITEMS` values.
+"""A FlashInfer generator and its parameters, as a manifest names them (docs/safety.md section 4):
+data, never code (P2); the local FlashInfer's ``gen_*_module`` makes what is compiled.
 """
 
 from __future__ import annotations

@@ -14,16 +14,12 @@ from pathlib import Path
 from flashinfer_sm120.safety.formats.grammar import parse_relpath
 from flashinfer_sm120.safety.formats.base import _fail, shown, some
 
-#: The ASCII characters besides letters and digits that a path may hold unquoted in FlashInfer's
-#: ``build.ninja`` (``cuda_home = <path>``, ``build <path>: ...``) and the ``/bin/sh -c`` lines ninja
-#: runs: none is syntax of ninja (``$``, ``:``, blanks, newline) or of the shell (quotes, ``\``,
-#: backquote, ``;&|<>()``, globs ``*?[``, ``#``, ``{}``, ``!``).
+#: The ASCII characters besides letters and digits a path may hold unquoted in FlashInfer's
+#: ``build.ninja`` and the ``/bin/sh -c`` lines ninja runs: syntax to neither.
 PATH_ASCII_EXTRA = "_./+@%=,~-"
 
-#: The rule :func:`path_chars_problem` applies, in words, for messages and docs/safety.md.
-#: Non-ASCII letters and symbols are accepted: they are bytes >= 0x80 in UTF-8, syntax to neither
-#: ninja nor the shell, and FlashInfer 0.7.4 builds and loads a module under such a path with nvcc
-#: 13.0 (tests/unit/safety/fs/test_state_dir.py).
+#: The path rule in words (messages, docs/safety.md).  Non-ASCII is accepted: FlashInfer 0.7.4 builds
+#: and loads a module under such a path with nvcc 13.0 (tests/unit/safety/fs/test_state_dir.py).
 PATH_RULE = (f"letters (of any alphabet), digits, '{PATH_ASCII_EXTRA}' and other printable non-ASCII "
              f"characters; no blank, no control character, none of $ : ; & | < > ( ) ' \" \\ ` * ? [ ] "
              f"# {{ }} ! (ninja or /bin/sh syntax)")
@@ -36,15 +32,13 @@ def _plain_char(c: str) -> bool:
 
 
 def path_chars_problem(path: str) -> list[str] | None:
-    """The characters of ``path`` that break the path rule (:data:`PATH_RULE`), sorted, or
-    ``None`` when every character is plain.  threat-model: P8 (the rule said is the rule applied)"""
+    """The characters of ``path`` that break :data:`PATH_RULE`, sorted, or ``None``.  P8"""
     bad = sorted({c for c in path if not _plain_char(c)})
     return bad or None
 
 
 def path_problem(path: str, what: str) -> str | None:
-    """Why ``path`` cannot be used unquoted as a cache or ``CUDA_HOME`` path (``what`` names it in
-    the sentence, e.g. ``"$FLASHINFER_SM120_CACHE_DIR"``); ``None`` when usable."""
+    """Why ``path`` (named ``what``) cannot be used unquoted as a cache or ``CUDA_HOME`` path, or ``None``."""
     if not os.path.isabs(path):
         return (f"{what}={shown(path)} is a relative path: builds and child processes run in other "
                 f"directories; set it to an absolute path")
@@ -57,9 +51,8 @@ def path_problem(path: str, what: str) -> str | None:
 
 
 def jit_dir_problem(jit_dir: str) -> str | None:
-    """Why FlashInfer's JIT directory cannot be used: FlashInfer writes it unquoted into every
-    ``build.ninja`` (0.7.x ``generate_ninja_build_for_op``: ``build {obj}: ...``), where a space or
-    ``:`` breaks the line and ``$x`` is a ninja variable (the build lands in another directory)."""
+    """Why FlashInfer's JIT directory cannot be used: FlashInfer 0.7.x writes it unquoted into every
+    ``build.ninja`` (``generate_ninja_build_for_op``)."""
     fix = ("Fix: set FLASHINFER_WORKSPACE_BASE (or SGLANG_CACHE_DIR, which SGLang copies into it) to an "
            f"absolute directory whose path has only {PATH_RULE}")
     if not os.path.isabs(jit_dir):
@@ -75,9 +68,8 @@ def jit_dir_problem(jit_dir: str) -> str | None:
 
 
 def safe_join(root: str | os.PathLike, rel: str | Iterable[str], source: str, *, fix: str = "") -> Path:
-    """``root/rel``, refused (naming ``source`` and the part) unless it stays under ``root``: every
-    part of ``rel`` (``a/b`` or a sequence) a name (:func:`parse_relpath`: no absolute part or ``..``),
-    no existing part a symlink, every existing part but the last a directory."""
+    """``root/rel``, refused unless it stays under ``root``: every part of ``rel`` a name (no absolute
+    part or ``..``), no existing part a symlink, every existing part but the last a directory."""
     parts = parse_relpath(rel if isinstance(rel, str) else "/".join(rel), source, fix=fix)
     base = Path(root)
     cur = base
@@ -97,8 +89,7 @@ def safe_join(root: str | os.PathLike, rel: str | Iterable[str], source: str, *,
 
 
 def make_private_dirs(path: str | os.PathLike, *, mode: int = 0o700) -> None:
-    """Create ``path`` and its missing parents with exactly ``mode`` whatever the umask (each level
-    made here is ``chmod``-ed after ``mkdir``; existing ones are left).  Raises ``OSError``."""
+    """Create ``path`` and its missing parents with exactly ``mode`` whatever the umask.  Raises ``OSError``."""
     path = os.path.abspath(os.fspath(path))
     missing = []
     p = path
@@ -136,9 +127,8 @@ def deepest_existing(path: str) -> str:
 
 
 def foreign_tree(path: str) -> ForeignTree | None:
-    """A :class:`ForeignTree` when ``path`` is absent and its deepest existing level (links
-    resolved) belongs to a uid that is neither this process's nor root; else ``None``.
-    Nothing is created.  threat-model: P4 (nothing is created inside a tree another uid owns)"""
+    """A :class:`ForeignTree` when ``path`` is absent and its deepest existing level (links resolved)
+    is neither this uid's nor root's; creates nothing.  threat-model: P4"""
     if os.path.lexists(path):
         return None
     top = os.path.realpath(deepest_existing(path))

@@ -21,9 +21,8 @@ from flashinfer_sm120.safety.formats.base import _TYPE_NAMES, _fail, _type_name,
 #: Deepest JSON nesting accepted; everything we write is at most 4 deep.
 MAX_JSON_DEPTH = 32
 
-#: One token of the depth scan: a string (its closing quote optional, so an unterminated one
-#: ends the scan instead of being retried from every later quote, which was quadratic) or a
-#: bracket.  Each alternative starts with a different character: one pass, no backtracking.
+#: One token of the depth scan: a string (its closing quote optional: an unterminated one ends the
+#: scan rather than being retried from every later quote) or a bracket; one pass, no backtracking.
 _DEPTH_TOKEN_RE = re.compile(r'"(?:[^"\\]+|\\.)*(?:"|\\?\Z)|[\[\]{}]', re.S)
 
 
@@ -73,12 +72,8 @@ def _read_upto(fd: int, path: str, limit: int, fix: str) -> bytes:
 
 def read_bytes(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
                owners: tuple[int, ...] | None = None) -> bytes:
-    """The whole of a regular file, refused past ``max_bytes`` while reading (never read past the cap).
-
-    Raises:
-        FormatError: absent, not a regular file (a FIFO is never waited on), a symlink when
-            ``follow=False``, not owned by one of ``owners``, unreadable, or too large.
-    """
+    """The whole of a regular file (a FIFO is never waited on), refused past ``max_bytes`` while
+    reading, as a symlink when ``follow=False``, or when not owned by one of ``owners``."""
     path = os.fspath(path)
     fd, st = _open_regular(path, fix, follow, owners)
     if st.st_size > max_bytes:
@@ -91,11 +86,7 @@ def read_bytes(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow
 
 
 def read_prefix(path: str | os.PathLike, limit: int, *, fix: str = "") -> bytes:
-    """The first ``limit`` bytes of a regular file (a header's ``#define``, a script's ``#!`` line).
-
-    Raises:
-        FormatError: absent, not a regular file, or unreadable.
-    """
+    """The first ``limit`` bytes of a regular file (a header's ``#define``, a script's ``#!`` line)."""
     path = os.fspath(path)
     return _read_upto(_open_regular(path, fix)[0], path, limit, fix)
 
@@ -223,9 +214,8 @@ def string_list(value: Any, source: str, *, max_items: int = 4096, max_len: int 
 
 
 def check_text(value: Any, name: str, *, max_len: int = 4096, fix: str = "") -> str:
-    """``value`` if it is a string of at most ``max_len`` characters with no
-    NUL or control character other than tab, else a :class:`FormatError`
-    naming ``name`` and showing a cut value (never the whole of it)."""
+    """``value`` if it is a string of at most ``max_len`` characters without control characters but
+    tab, else a :class:`FormatError` naming ``name`` and showing the value cut."""
     fix = fix or "set it to a short plain value or unset it"
     if not isinstance(value, str):
         raise _fail(name, f"is {_type_name(value)}, not text", fix)

@@ -1,10 +1,6 @@
-"""Atomic writes, and the one sweep of what a killed process left behind.  Standard library only:
-``enable`` and ``disable`` use it with the rest of the package (and its dependencies) broken.
-
-``finally`` never runs under ``kill -9`` or the OOM killer (a killed ``cache import`` left up to
-32 GiB in ``$TMPDIR``).  So a temporary entry (a :func:`flashinfer_sm120.safety.fs.tmpdirs.make_private`
-directory, a :func:`write_atomic` temporary file) is held with ``flock`` (:func:`hold`) while its maker
-lives; the kernel drops the lock when it dies, and :func:`sweep` removes what it can then lock.
+"""The one atomic writer, and the one sweep of what a killed process left (standard library only:
+``enable``/``disable`` use it with the package broken).  ``finally`` never runs under ``kill -9``, so
+a temporary entry is ``flock``-ed while its maker lives and :func:`sweep` removes what it can then lock.
 """
 # threat-model: P5 (temporary entries have random names; only their creator removes them, or the next
 # process once the creator's lock is gone; final files are put in place atomically), P3 (never removed
@@ -39,8 +35,8 @@ def hold(fd: int) -> None:
 
 
 def sweep(prefix: str, parent: str | None = None) -> None:
-    """Remove ``parent/prefix*`` directories and files of yours older than :data:`GRACE_S` that nobody
-    holds (their maker was killed); never a link nor another uid's entry.  Never raises."""
+    """Remove ``parent/prefix*`` entries of yours older than :data:`GRACE_S` that nobody holds; never a
+    link nor another uid's entry.  Never raises."""
     parent = parent or tempfile.gettempdir()
     try:
         names = [n for n in os.listdir(parent) if n.startswith(prefix)]
@@ -84,16 +80,10 @@ def temp_prefix(path: str) -> str:
 
 def write_atomic(path: str, data: bytes | Callable[[BinaryIO], None], *, mode: int = 0o600,
                  replace: bool = True) -> None:
-    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never half: the
-    one atomic writer (threat-model: P5).  A ``mkstemp`` file beside it (never a planted name), held
-    while written, given ``mode``, renamed over ``path`` (``replace=False``: linked to it, so that it
-    fails with ``FileExistsError`` rather than replace anything there); removed on any failure.
-    ``data`` is the bytes, or a function that streams them into the open file (raising leaves nothing:
-    a copy checked while it is written).
-
-    Raises:
-        OSError: as the file system reports it (the caller words the message); what ``data`` raises.
-    """
+    """Write ``data`` (bytes, or a function streaming them into the open file) to ``path`` so a reader
+    sees the old file or the new one, never half (P5): a ``mkstemp`` file beside it, held, given
+    ``mode``, renamed over ``path`` (``replace=False``: linked, so ``FileExistsError`` rather than
+    replace); removed on any failure.  Raises ``OSError`` (the caller words it) and what ``data`` raises."""
     directory = os.path.dirname(path) or "."
     sweep(temp_prefix(path), directory)
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), dir=directory)

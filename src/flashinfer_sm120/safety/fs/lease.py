@@ -1,17 +1,8 @@
-"""Leases: a process that uses a ``CUDA_HOME`` view or a JIT workspace says so with a lock (threat-model: P3).
-
-A lease on a directory ``D`` is a shared ``flock`` on ``.<name of D>.lease`` beside it, taken where
-the process chooses ``D`` and kept until it exits (the kernel drops it, ``kill -9`` included).
-``cache prune`` takes it exclusively without waiting (:func:`take_exclusive`), keeps what it cannot
-take, and unlinks the lease file before letting go.  A lock, not a look at ``/proc``: ``environ`` is
-the environment at ``exec`` and an idle server maps nothing of its view; a flock is a fact about the
-file, seen from every PID namespace and container sharing the volume.
-
-* :func:`hold` locks, then checks the path still names the locked file (prune unlinks it); only then
-  does the caller check that ``D`` exists: check, then use, under the lease.
-* A forked child shares the lease; the descriptor is ``O_CLOEXEC``, so a program the process runs
-  (``nvcc``, a compiler-cache daemon) never holds one; a new Python takes its own on import.
-* :func:`leased` and :func:`lease_state` open read-only and create nothing.
+"""Leases (threat-model: P3, docs/safety.md section 10): a process that uses a ``CUDA_HOME`` view or a
+JIT workspace ``D`` holds a shared ``flock`` on ``.<name of D>.lease`` beside it until it exits;
+``cache prune`` takes it exclusively without waiting and keeps what it cannot take.  A lock, not a
+look at ``/proc``: a flock is a fact about the file, seen from every PID namespace sharing the volume.
+The descriptor is ``O_CLOEXEC``: a forked child shares the lease, a program the process runs does not.
 """
 
 from __future__ import annotations
@@ -43,8 +34,7 @@ os.register_at_fork(after_in_child=_after_fork)
 
 
 def lease_path(target: str) -> str:
-    """The lease file of the directory ``target``: ``.<name>.lease`` beside it
-    (:func:`target_of` is the inverse)."""
+    """The lease file of the directory ``target``: ``.<name>.lease`` beside it."""
     target = os.path.abspath(target).rstrip("/")
     return os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.lease")
 
@@ -58,9 +48,8 @@ def target_of(path: str) -> str | None:
 
 
 def place_problem(target: str) -> str | None:
-    """Why no lease on ``target`` is taken or created (P4), so ``cache prune`` keeps it (P3); ``None``
-    when one may be: the lease file's directory must pass
-    :func:`flashinfer_sm120.safety.ownership.check_place`.  Creates nothing."""
+    """Why no lease on ``target`` may be made (its directory fails the trust rule: P4), so ``cache
+    prune`` keeps it (P3); ``None`` when one may.  Creates nothing."""
     from flashinfer_sm120.safety.ownership import check_place
 
     problem = check_place(os.path.dirname(lease_path(target)), "the directory of its lease")
@@ -81,11 +70,28 @@ def _would_block(exc: OSError) -> bool:
     return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
 
 
+def _try_lock(path: str, how: int) -> tuple[int | None, bool]:
+    """``(descriptor, False)`` of ``path`` opened (created) and locked ``how`` without waiting, still named
+    by ``path``; else ``(None, busy)``: ``busy`` when another holds it or replaced it meanwhile."""
+    try:
+        fd = os.open(path, _FLAGS, 0o600)
+    except OSError:
+        return None, False
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        return None, _would_block(exc)
+    if _same_file(fd, path):
+        return fd, False
+    os.close(fd)  # locked a file prune unlinked meanwhile: take the new one
+    return None, True
+
+
 # threat-model: P3
 def hold(target: str, wait_s: float = WAIT_S) -> bool:
-    """Take a shared lease on ``target`` for the rest of this process; the caller checks that
-    ``target`` exists *after* this returns.  ``False`` when it cannot be had: the directory beside it
-    is gone or not writable, or a prune held it for ``wait_s``."""
+    """Take a shared lease on ``target`` for the rest of this process (the caller checks ``target``
+    exists *after*: check, then use); ``False`` when it cannot be had within ``wait_s``."""
     path = lease_path(target)
     with _lock:
         fd = _held.get(path)
@@ -96,22 +102,13 @@ def hold(target: str, wait_s: float = WAIT_S) -> bool:
             del _held[path]
         deadline = time.monotonic() + wait_s
         while True:
-            try:
-                fd = os.open(path, _FLAGS, 0o600)
-            except OSError:
-                return False
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except OSError as exc:
-                os.close(fd)
-                if not _would_block(exc) or time.monotonic() >= deadline:
-                    return False
-                time.sleep(_POLL_S)  # a prune is removing it: wait, then take it anew
-                continue
-            if _same_file(fd, path):
+            fd, busy = _try_lock(path, fcntl.LOCK_SH)
+            if fd is not None:
                 _held[path] = fd
                 return True
-            os.close(fd)  # locked a file prune unlinked meanwhile: take the new one
+            if not busy or time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_S)  # a prune is removing it: wait, then take it anew
 
 
 def held(target: str) -> bool:
@@ -121,8 +118,8 @@ def held(target: str) -> bool:
 
 
 def release(target: str) -> None:
-    """Give this process's lease on ``target`` back (it chose a directory it will not use).
-    Closed, not unlocked: ``LOCK_UN`` would drop the lock of a forked child sharing it too."""
+    """Give this process's lease on ``target`` back; closed, not unlocked (``LOCK_UN`` would drop a
+    forked child's too)."""
     with _lock:
         fd = _held.pop(lease_path(target), None)
     if fd is not None:
@@ -135,8 +132,8 @@ def leased(target: str) -> bool:
 
 
 def lease_state(target: str) -> str | None:
-    """``None`` when no process holds a lease on ``target``, else why it is treated as held, in words
-    for a listing (a symlink or unreadable lease file keeps it too).  Creates nothing.  P3, P8"""
+    """``None`` when no process holds a lease on ``target``, else why it is treated as held (a symlink
+    or unreadable lease file keeps it too).  Creates nothing.  P3, P8"""
     path = lease_path(target)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -159,28 +156,14 @@ def lease_state(target: str) -> str | None:
 
 # threat-model: P3
 def take_exclusive(target: str) -> int | None:
-    """The lease on ``target`` taken exclusively without waiting, for removing it: the descriptor,
-    or ``None`` (held or unopenable: keep ``target``).  Creates the lease file, so a process starting
-    now waits for the removal."""
-    path = lease_path(target)
-    try:
-        fd = os.open(path, _FLAGS, 0o600)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    if not _same_file(fd, path):
-        os.close(fd)
-        return None
-    return fd
+    """The lease on ``target`` taken exclusively without waiting, to remove it: the descriptor, or
+    ``None`` (keep ``target``).  A process starting meanwhile waits for the removal."""
+    return _try_lock(lease_path(target), fcntl.LOCK_EX)[0]
 
 
 def end_exclusive(target: str, fd: int, removed: bool) -> None:
-    """Let go of :func:`take_exclusive`'s lock; when ``target`` was removed, unlink its lease file
-    first (still locked: a process waiting on it then finds the path gone and starts anew)."""
+    """Let go of :func:`take_exclusive`'s lock; when ``target`` was removed, unlink its lease file first
+    (a process waiting on it then finds the path gone and starts anew)."""
     try:
         if removed and _same_file(fd, lease_path(target)):
             try:

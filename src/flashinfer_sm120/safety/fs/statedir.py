@@ -1,10 +1,6 @@
-"""The per-uid cache root where flashinfer-sm120 keeps state (views, the nvcc memo), chosen and
-created by the rules of threat-model P2 and P4: owned by this uid and writable by no one else, an
-absolute path FlashInfer's unquoted ninja lines carry (:data:`flashinfer_sm120.safety.formats.paths.PATH_RULE`),
-created ``0700`` level by level only after every check that would refuse it, never inside a tree
-another uid owns, never by a command that only lists.  A candidate that breaks a rule is refused with
-a message naming the variable and the fix, and the next one is used.
-"""
+"""The per-uid cache root (views, the nvcc memo), chosen and created by threat-model P2 and P4 as
+docs/safety.md section 9 says; a candidate that breaks a rule is refused, named with its fix, and the
+next one is used."""
 
 from __future__ import annotations
 
@@ -34,8 +30,7 @@ _root_cache: dict[tuple, str] = {}
 
 
 def forget_cache_root(*, notes: bool = False) -> None:
-    """Forget the cache root chosen and a :func:`listing_only` declaration (after the environment
-    changed, in tests); with ``notes``, also :func:`cache_root_notes`."""
+    """Forget the cache root chosen and :func:`listing_only` (the environment changed); ``notes`` too."""
     global _listing
     _root_cache.clear()
     _listing = False
@@ -44,9 +39,8 @@ def forget_cache_root(*, notes: bool = False) -> None:
 
 
 def _dir_problem(path: str, what: str, explicit: bool = True) -> str | None:
-    """Why the cache directory ``path`` may not be used, creating it (0700) when absent and every
-    check passed.  A candidate the user did not name (``explicit=False``) must also be writable, so
-    a read-only one falls through to the next."""
+    """Why the cache directory ``path`` may not be used, creating it (0700) when absent and every check
+    passed; one the user did not name (``explicit=False``) must be writable, else the next is tried."""
     uid = os.geteuid()
     try:
         st = os.lstat(path)
@@ -102,8 +96,8 @@ ROOM_BYTES = 512
 
 
 def _room_problem(path: str, what: str) -> str | None:
-    """Why ``path`` is too long to hold our files: it and :data:`ROOM_BYTES` must fit in ``PATH_MAX``,
-    each level in ``NAME_MAX``, so such a root falls through to the next candidate (P8)."""
+    """Why ``path`` is too long to hold our files (it and :data:`ROOM_BYTES` within ``PATH_MAX``, each
+    level within ``NAME_MAX``), so it falls through to the next candidate (P8)."""
     top = deepest_existing(path)
     try:
         path_max, name_max = os.pathconf(top, "PC_PATH_MAX"), os.pathconf(top, "PC_NAME_MAX")
@@ -126,9 +120,8 @@ def foreign_tree_message(what: str, ft, variable: str = "FLASHINFER_SM120_CACHE_
 
 
 def _creation_problem(path: str, what: str) -> str | None:
-    """Why ``path`` (absent) must not be created: its deepest existing level must be a directory,
-    not inside a tree another uid owns (``sudo -E`` must not make a root-owned ``~/.cache``), and pass
-    the ownership rule (:func:`_place_problem`).  threat-model: P4"""
+    """Why the absent ``path`` must not be created: its deepest existing level is no directory, lies in
+    a tree another uid owns (``sudo -E``), or fails the trust rule.  threat-model: P4"""
     top = os.path.realpath(deepest_existing(path))
     try:
         st = os.stat(top)
@@ -158,8 +151,7 @@ def home_dir() -> str | None:
 
 
 def _place_problem(path: str, what: str) -> str | None:
-    """``path`` by :func:`flashinfer_sm120.safety.ownership.trust_reason`: otherwise another user could
-    rename the root away and put their own in its place.  threat-model: P2, P4"""
+    """:func:`trust_reason`: else another user could put their own root in its place.  P2, P4"""
     why = trust_reason(path)
     return None if why is None else f"{what}={path!r} lies where another user could replace it: {why}"
 
@@ -168,8 +160,8 @@ _HOME = "~/.cache/flashinfer-sm120"
 
 
 def _missing_home(what: str, path: str) -> str | None:
-    """A home that does not exist is never created for a cache: ``HOME=/nonexistent`` is how Debian's
-    service accounts say they have none.  P4"""
+    """A home that does not exist is never created for a cache (``HOME=/nonexistent``: Debian's service
+    accounts have none).  P4"""
     home = home_dir()
     if what == _HOME and home is not None and not os.path.isdir(home):
         return (f"{what}={path!r} lies in the home directory {home!r}, which does not exist; a home is not "
@@ -194,14 +186,9 @@ def _candidates() -> list[tuple[str, str]]:
 
 
 def cache_root() -> str:
-    """The per-uid directory for flashinfer-sm120's state (absolute, symlinks resolved), created
-    ``0700`` if absent.  First usable of ``$FLASHINFER_SM120_CACHE_DIR``,
-    ``$XDG_CACHE_HOME/flashinfer-sm120``, ``~/.cache/flashinfer-sm120``, ``$TMPDIR/flashinfer-sm120-<uid>``;
-    each refused one is logged with its fix (and kept for :func:`cache_root_notes`).
-
-    Raises:
-        StateFileError: no candidate is usable (the message lists each reason).
-    """
+    """The per-uid state directory (absolute, links resolved, created ``0700`` if absent): the first
+    usable candidate; each refused one is logged with its fix (:func:`cache_root_notes`).  Raises
+    :class:`StateFileError` listing every reason when none is usable."""
     key = tuple(os.environ.get(k) for k in ("FLASHINFER_SM120_CACHE_DIR", "XDG_CACHE_HOME", "HOME",
                                              "TMPDIR")) + (os.geteuid(),)
     hit = _root_cache.get(key)
@@ -228,8 +215,7 @@ def cache_root() -> str:
 
 
 def listing_only() -> None:
-    """Declare that this process only lists (``cache prune`` without ``--yes``): :func:`cache_root`
-    then creates nothing (an absent root raises :class:`StateFileError`).  threat-model: P4"""
+    """Declare that this process only lists: :func:`cache_root` then creates nothing.  P4"""
     global _listing
     _listing = True
 

@@ -38,11 +38,7 @@ def read_json(path: str, *, max_bytes: int = MAX_STATE_BYTES) -> tuple[Any, str 
 
 
 def write_json_atomic(path: str, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (mode ``0600``).
-
-    Raises:
-        StateFileError: naming the directory, the errno's meaning and ``FLASHINFER_SM120_CACHE_DIR``.
-    """
+    """Write ``data`` as JSON to ``path`` atomically (mode ``0600``); :class:`StateFileError` by errno."""
     try:
         atomic.write_atomic(path, json.dumps(data).encode("utf-8"))
     except OSError as exc:  # the message by errno, never by exception class (threat-model: P8)

@@ -39,12 +39,8 @@ class Private:
 
 
 def make_private(prefix: str, parent: str | None = None) -> Private:
-    """A new ``mkdtemp`` directory ``parent/prefix*``, locked while this process lives, after
-    sweeping what killed processes left under the prefix.
-
-    Raises:
-        PlaceError: ``parent`` (by default the temporary directory) is not a place of our own.
-    """
+    """A new ``mkdtemp`` directory ``parent/prefix*``, locked while this process lives, after sweeping what
+    killed processes left; :class:`PlaceError` when ``parent`` is not a place of our own."""
     parent = parent or tempfile.gettempdir()
     why = trust_reason(os.path.join(parent, prefix))  # check, then create (threat-model: P4)
     if why:
