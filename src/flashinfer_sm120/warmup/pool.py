@@ -1,28 +1,12 @@
-"""One job pool for many FlashInfer JIT modules, with one truthful progress display.
+"""One job pool for many FlashInfer JIT modules, each built by its own ninja in its own directory.
 
-Why not one ninja over all modules (FlashInfer's ``build_jit_specs`` writes a
-top-level file of ``subninja`` lines and runs ninja in the JIT dir): ninja keeps
-its ``.ninja_log``/``.ninja_deps`` in the directory it runs in, and FlashInfer's
-run-time ``JitSpecNvcc.build`` runs ninja in each module's own directory
-(flashinfer/jit/core.py, ``run_ninja(self.build_dir, ...)``).  Ninja treats an
-output with no log entry as dirty ("command line not found in log"), so a module
-built by the pooled file is compiled again by the first server that loads it.
-
-So each module is built by its own ninja in its own directory (exactly the
-command FlashInfer runs), and this pool is the one scheduler of ``jobs`` slots: a
-module gets ``-j`` = the slots free when it starts, and as its remaining steps drop
-below its ``-j`` (counted from the processes ninja has running), the spare slots go
-to the next module.  At no time do more than ``jobs`` compile steps run.
-
-Memory: with a ``mem_budget``, a module is started (and given slots) only while its
-steps (``Job.mem`` each) fit in what the running modules leave; when nothing runs, one
-module always starts, whatever its estimate.
-
-Every step ninja runs is watched (P6): one whose process exited is done, and what it
-left running (holding its output open, so ninja would wait for ever) is killed with its
-process group; one past ``step_timeout`` is stopped (its group: SIGTERM, SIGKILL after
-``_STOP_S``).  On any exit, each ninja gets SIGTERM and, after ``_STOP_S``, everything it
-started is killed (:func:`flashinfer_sm120.safety.proc.kill_all`).
+Not one ninja over all modules (FlashInfer's ``build_jit_specs``): ninja keeps its logs in the directory
+it runs in, FlashInfer's ``JitSpecNvcc.build`` runs ninja in each module's directory
+(flashinfer/jit/core.py ``run_ninja(self.build_dir, ...)``), and an output with no log entry there is
+dirty, so the first server would compile the module again.  The pool is the one scheduler of ``jobs``
+compile slots (and, with a ``mem_budget``, of memory): a module gets ``-j`` = the slots free when it
+starts, and the slots its remaining steps no longer need go to the next.  Every step is watched and
+every ninja stopped with what it started (threat-model: P6).
 """
 
 from __future__ import annotations
@@ -44,8 +28,6 @@ from flashinfer_sm120.safety.formats.base import plural
 from flashinfer_sm120.warmup import modlock
 from flashinfer_sm120.warmup.ninjacmd import STATUS_RE, command, dry_run, ninja_env, step_name, steps
 
-__all__ = ["Job", "Result", "run_pool", "STEP_TIMEOUT_S"]
-
 _LINE_MAX = 1 << 16  # characters of one line of ninja's output kept (the rest of it dropped)
 _FAILED_MAX = 2000  # lines of a failure's output kept
 _STOP_S = 10  # seconds a stopped step or ninja gets after SIGTERM before SIGKILL
@@ -57,8 +39,7 @@ BEAT_S = 30  # seconds between progress lines
 
 @dataclasses.dataclass
 class Job:
-    """One module to build: ``label`` for people, its ninja file, FlashInfer's lock file, and
-    ``mem``, the bytes one of its compile steps takes (0: not counted)."""
+    """One module to build; ``mem``: the bytes one of its compile steps takes (0: not counted)."""
 
     label: str
     build_dir: Path
@@ -69,8 +50,7 @@ class Job:
 
 @dataclasses.dataclass
 class Result:
-    """Outcome of one module: ``status`` is ``built``, ``up to date`` or ``failed``;
-    ``peak_rss``: bytes of the largest process its build ran (Linux ``wait4``), when built."""
+    """``status``: ``built``, ``up to date`` or ``failed``; ``peak_rss``: of its largest process (``wait4``)."""
 
     label: str
     status: str
@@ -143,10 +123,8 @@ class _Running:
         self.seen = {st.pid: self.seen[st.pid] for st in found}
 
     def committed(self) -> int:
-        """Compile slots this module can still use: its running compile steps plus those not
-        started, less the final link (it runs only after all the others).  A running link
-        holds no compile slot: it is short and light, and the next module's compile starts
-        beside it rather than after it."""
+        """Compile slots this module can still use: running and unstarted compile steps; the link runs
+        last and holds no slot (it is short and light: the next module's compile starts beside it)."""
         linking = sum(1 for name, _ in self.running if name.startswith("link "))
         left = max(0, self.steps - self.finished - len(self.running))
         if left and not linking:
@@ -155,8 +133,7 @@ class _Running:
 
 
 class _Display:
-    """One line per finished or failed step, and every ``beat_s`` a line naming the steps that run,
-    for how long, and what is left."""
+    """A line per finished or failed step; every ``beat_s`` the steps that run and what is left."""
 
     def __init__(self, stream, total: int, beat_s: float) -> None:
         self.stream, self.total, self.done, self.beat_s = stream, total, 0, beat_s
@@ -191,21 +168,9 @@ class _Nothing:
 def run_pool(jobs: list[Job], max_jobs: int, stream=None, mem_budget: int | None = None,
              *, intro: tuple[str, ...] = (), step_timeout: float = STEP_TIMEOUT_S,
              beat_s: float = BEAT_S) -> list[Result]:
-    """Build ``jobs`` sharing ``max_jobs`` compile slots; print progress on ``stream``.
-
-    Up-to-date modules (``ninja -n`` finds nothing to do) are left to the caller's report; a step
-    is reported as compiled only after ninja showed it did not fail; a failed module carries the
-    compiler's error in :attr:`Result.error`.  Takes FlashInfer's per-module lock for each module
-    while it builds (another process building the same module is waited for, and said so).
-
-    :param max_jobs: parallel compile steps (the plan's jobs, :func:`flashinfer_sm120.warmup.plan.plan`).
-    :param mem_budget: bytes the compile steps may use together (each job's ``mem`` per step);
-        ``None``: not counted.
-    :param intro: lines printed before the build, only when something is to be built.
-    :param step_timeout: seconds one step may run (``build --step-timeout``).
-    :param beat_s: seconds between progress lines.
-    :returns: one :class:`Result` per job, in the order given.
-    """
+    """Build ``jobs`` sharing ``max_jobs`` compile slots and ``mem_budget`` bytes (``None``: not counted),
+    each under FlashInfer's per-module lock, progress on ``stream`` (``intro`` first, when something is
+    to build); one :class:`Result` per job, in order."""
     with _proc.signals_as_exit():  # SIGTERM/SIGHUP run the clean-up below, as Ctrl-C does
         return _run_pool(jobs, max_jobs, stream or sys.stderr, mem_budget, intro, step_timeout, beat_s)
 
@@ -299,9 +264,8 @@ def _start(item, pending, running, results, locks, waiting_said, display, events
 
 
 def _stop(running, locks) -> None:
-    """SIGTERM every ninja (it stops its steps), then after ``_STOP_S`` kill everything each one
-    started, however it ignores signals or leaves its group (P6); then release the locks.  A second
-    SIGTERM or SIGHUP waits until this is done: it must not cut the clean-up short."""
+    """SIGTERM every ninja, after ``_STOP_S`` kill everything each started (P6), release the locks; a
+    second signal waits until this is done."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
     try:
         for r in running:
@@ -319,8 +283,7 @@ def _stop(running, locks) -> None:
 
 
 def _fits(job: Job, mem_left: int | None, nothing_runs: bool) -> int:
-    """Compile steps of ``job`` that fit in ``mem_left`` bytes (no limit: a large number);
-    at least one when nothing runs, so a module larger than the budget still builds."""
+    """Compile steps of ``job`` that fit in ``mem_left``; at least one when nothing runs."""
     if mem_left is None or job.mem <= 0:
         return 1 << 30
     return max(1 if nothing_runs else 0, mem_left // job.mem)
@@ -328,8 +291,7 @@ def _fits(job: Job, mem_left: int | None, nothing_runs: bool) -> int:
 
 def _drain(events: queue.Queue, running: dict, results: dict, display: _Display, locks: dict,
            timeout: float) -> None:
-    """Handle ninja's output for up to ``timeout`` seconds, returning early once a step
-    finished or a module ended (a slot may be free)."""
+    """Handle ninja's output for up to ``timeout`` s, returning once a slot may be free."""
     deadline = time.monotonic() + timeout
     freed = False
     while True:
