@@ -12,13 +12,10 @@ import time
 
 from flashinfer_sm120.core.facts.arch import nvcc_spelling
 from flashinfer_sm120.errors import Sm120Error
-from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.cli import cli_int, cli_size
 from flashinfer_sm120.warmup import modules as _modules
 from flashinfer_sm120.cli import buildjson
 from flashinfer_sm120.cli.common import err as _err
-
-__all__ = ["run_build", "add_parser"]
 
 
 class _Stop(Sm120Error):
@@ -48,9 +45,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> dict:
-    """Set up, build, and return the ``build --json`` document.
-
-    :raises Sm120Error: the build cannot start (the message names the fix)."""
+    """Set up, build, and return the ``build --json`` document; :raises Sm120Error: it cannot start."""
     from flashinfer_sm120.cli import buildopts
     from flashinfer_sm120.warmup import ninjacmd, replay, session
 
@@ -69,7 +64,7 @@ def _build(args: argparse.Namespace) -> dict:
     session.set_arch(arch)
     served = session.apply_server_cache(args.for_server, entries)
     # --arch reaches FlashInfer as FLASHINFER_CUDA_ARCH_LIST: the summary names what the user typed
-    sess = session.prepare(arch, _targets_origin(args.arch, arch))
+    sess = session.prepare(arch, f"from --arch {args.arch}" if args.arch else "from the manifest" if arch else None)
     own = session.apply_server_arch(served["server"], sess)  # the server's model processes' own targets
     print(f"flashinfer-sm120: {sess.summary}", file=sys.stderr)
     if served["server"]:
@@ -118,7 +113,7 @@ def _build(args: argparse.Namespace) -> dict:
                                       env=user_env, step_timeout=args.step_timeout * 60)
         stats["wall_s"] = round(time.monotonic() - t0, 2)
     results = shipped + results  # each said on stderr as not built, and why
-    cache = None if args.ninja_only else _cache_line(buildopts.cache_report(before))
+    cache = None if args.ninja_only else buildopts.cache_report(before)
     if cache:
         print(cache["line"], file=sys.stderr)
     # an entry recorded as regenerable that this FlashInfer could not regenerate, or a refused line, is
@@ -143,8 +138,7 @@ def _build(args: argparse.Namespace) -> dict:
 
 
 def _not_shipped(labelled: list, sess) -> tuple[list, list[dict]]:
-    """``labelled`` less the modules a matching jit-cache provider ships for the targets (FlashInfer
-    loads those instead of a JIT build), and a result for each of those, said on stderr."""
+    """``labelled`` less what a matching jit-cache provider ships (FlashInfer loads that), and their results."""
     from flashinfer_sm120.core.facts import precompiled
 
     pc = precompiled.read()
@@ -164,25 +158,8 @@ def _not_shipped(labelled: list, sess) -> tuple[list, list[dict]]:
     return keep, shipped
 
 
-def _cache_line(report: dict | None) -> dict | None:
-    """:func:`buildopts.cache_report` with the line printed for people."""
-    if report is None:
-        return None
-    if report["hits"] is None:
-        line = "compiler cache: sccache did not report its stats"
-    else:
-        line = (f"compiler cache: {report['hits']} hits, {report['misses']} misses in this build "
-                f"(sccache {report['version']}, {shown(report['location'], 120)})")
-        if report["flag_only"]:
-            line += (f"\nnote: set {report['env']}=sccache for the servers that load these modules too: the "
-                     "launcher is part of the compile line ninja records, so a server without it compiles "
-                     "them again")
-    return {"hits": report["hits"], "misses": report["misses"], "location": report["location"], "line": line}
-
-
 def arch_notes(value: str | None) -> list[str]:
-    """How ``--arch`` was read, for entries not already written as ``major.minor[a|f]``:
-    ``--arch 120`` -> ``'120' read as 12.0``; bad entries are left to :func:`session.set_arch`."""
+    """How ``--arch`` entries not written as ``major.minor[a|f]`` were read (``'120' read as 12.0``)."""
     if not value:
         return []
     from flashinfer_sm120.core.facts import archlist
@@ -200,17 +177,8 @@ def arch_notes(value: str | None) -> list[str]:
     return notes
 
 
-def _targets_origin(given: str | None, used: str | None) -> str | None:
-    """``from --arch X`` or ``from the manifest``, when the CLI chose the targets."""
-    if given:
-        return f"from --arch {given}"
-    if used:
-        return "from the manifest"
-    return None
-
-
 def _missing_headers(variants: list, sess) -> list[str]:
-    """:func:`modules.missing_headers` for the chosen toolkit (where nvcc looks, and whether it is pip's)."""
+    """:func:`modules.missing_headers` for the chosen toolkit."""
     tk = sess.toolkit  # typed: the Toolkit the patch chose (None: noop, FlashInfer's own was right)
     dirs = [os.path.join(sess.cuda_home, "include"), *(tk.include_dirs if tk else ()), "/usr/include"]
     release = ".".join(str(sess.cuda_version).split(".")[:2])
@@ -280,15 +248,10 @@ def add_parser(sub) -> None:
                    help="write FlashInfer's build.ninja files, compile nothing")
     b.add_argument("--json", action="store_true", help="print the result as JSON on stdout (one document, "
                    "whatever the outcome: 'ok' and 'error' say how it ended)")
-    _compile_options(b, ENV)
     b.set_defaults(func=run_build, json_failure=buildjson.failure)
-
-
-def _compile_options(b: argparse.ArgumentParser, env_name: str) -> None:
-    """``--compiler-cache`` (``env_name`` is its variable), ``--mem-limit`` and ``--mem-per-compile``."""
     b.add_argument("--compiler-cache", choices=("sccache", "none"),
                    help="compile through a shared compile cache (sccache; its backend is sccache's own "
-                        f"SCCACHE_* configuration); default: ${env_name}, else none")
+                        f"SCCACHE_* configuration); default: ${ENV}, else none")
     b.add_argument("--mem-limit", type=cli_size("--mem-limit", 64 << 20), metavar="SIZE",
                    help="memory the compiles may use together, e.g. 8G (default: what this process "
                         "may use, from cgroups and /proc/meminfo, less 15%%)")

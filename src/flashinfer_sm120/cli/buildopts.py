@@ -1,22 +1,19 @@
-"""``build``'s compiler cache: act on ``--compiler-cache`` before FlashInfer is set up
-(:func:`apply`), say whether a requested cache was refused (:func:`refused`), and count
-the hits and misses of this build (:func:`cache_stats`, :func:`cache_report`).
-The flags themselves are registered in :mod:`flashinfer_sm120.cli.build`."""
+"""``build``'s compiler cache: act on ``--compiler-cache`` before FlashInfer is set up (:func:`apply`),
+say whether a requested cache was refused (:func:`refused`), and count this build's hits and misses
+(:func:`cache_stats` before, :func:`cache_report` after)."""
 
 from __future__ import annotations
 
 import os
 
 from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV as _ENV
+from flashinfer_sm120.safety.formats.base import shown
 
 _flag_only = {"on": False}  # --compiler-cache sccache given, the variable not set for the servers
 
-__all__ = ["apply", "refused", "cache_stats", "cache_report"]
-
 
 def apply(compiler_cache: str | None) -> dict:
-    """Act on ``--compiler-cache`` (``sccache``, ``none`` or ``None``) before FlashInfer is set up;
-    returns the user's environment as it was (for the jobs plan: ``MAX_JOBS`` the user set, not ours)."""
+    """Act on ``--compiler-cache``; the user's environment as it was (the plan reads their ``MAX_JOBS``)."""
     user_env = dict(os.environ)
     _flag_only["on"] = bool(compiler_cache == "sccache" and not user_env.get(_ENV))
     if compiler_cache:
@@ -29,8 +26,7 @@ def apply(compiler_cache: str | None) -> dict:
 
 
 def setup_of(sess):
-    """The toolchain set-up of this process (:class:`flashinfer_sm120.core.jitenv.toolchain.Setup`); made here when
-    FlashInfer's hooks made none (a FlashInfer that is not patched exports nothing)."""
+    """This process's toolchain ``Setup``, made here when FlashInfer's hooks made none (not patched)."""
     from flashinfer_sm120.core.jitenv import toolchain
 
     setup = toolchain.last()
@@ -52,9 +48,7 @@ def refused(sess=None) -> str | None:
     kind, problem = toolchain.requested()
     if problem:
         return problem
-    if setup is None:
-        return None
-    if setup.cache.get("refused") and (kind or os.environ.get("FLASHINFER_NVCC_LAUNCHER") is None):
+    if setup is not None and setup.cache.get("refused") and (kind or os.environ.get("FLASHINFER_NVCC_LAUNCHER") is None):
         return setup.cache["refused"]
     return None
 
@@ -70,18 +64,23 @@ def cache_stats() -> dict | None:
 
 
 def cache_report(before: dict | None) -> dict | None:
-    """Hits and misses of the launcher's server since ``before`` (other builds sharing the
-    server count too; ``None`` when sccache did not report them), where it keeps its cache, its
-    version, and whether only the flag asked for it (the servers would compile again);
-    ``None`` without a launcher."""
+    """``build --json``'s ``compiler_cache``: hits and misses of the launcher's server since ``before``
+    (other builds sharing it count too; ``None`` when sccache did not say), where it keeps its cache,
+    and the ``line`` printed for people; ``None`` without a launcher."""
     from flashinfer_sm120.core.jitenv import launcher
 
     if before is None:
         return None
-    after = cache_stats()
-    b, a = launcher.hits_misses(before), launcher.hits_misses(after)
-    out = {"hits": None, "misses": None, "location": (after or {}).get("cache_location") or "?",
-           "version": (after or {}).get("version", "?"), "flag_only": _flag_only["on"], "env": _ENV}
-    if a is not None:
-        out.update(hits=a[0] - (b or (0, 0))[0], misses=a[1] - (b or (0, 0))[1])
-    return out
+    after = cache_stats() or {}
+    b, a = launcher.hits_misses(before) or (0, 0), launcher.hits_misses(after)
+    location = after.get("cache_location") or "?"
+    if a is None:
+        return {"hits": None, "misses": None, "location": location,
+                "line": "compiler cache: sccache did not report its stats"}
+    hits, misses = a[0] - b[0], a[1] - b[1]
+    line = (f"compiler cache: {hits} hits, {misses} misses in this build (sccache {after.get('version', '?')}, "
+            f"{shown(location, 120)})")
+    if _flag_only["on"]:
+        line += (f"\nnote: set {_ENV}=sccache for the servers that load these modules too: the launcher is part "
+                 "of the compile line ninja records, so a server without it compiles them again")
+    return {"hits": hits, "misses": misses, "location": location, "line": line}

@@ -231,11 +231,12 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     memory estimate; the ``modules`` of ``build --json``.  ``env``: the user's, before we exported
     ``MAX_JOBS``.  A peak RSS is recorded only without a launcher (it compiles out of ninja's sight)."""
     from flashinfer_sm120.core.jitenv.jobs import Estimate, recorded
+    from flashinfer_sm120.core.patch.resolve import flashinfer_version
     from flashinfer_sm120.warmup import plan as _plan
 
     stream = stream or sys.stderr
     write_ninjas([s for _, s in labelled], stream)
-    now_vars = buildline.snapshot(dict(os.environ), _flashinfer_version())
+    now_vars = buildline.snapshot(dict(os.environ), flashinfer_version())
     before = {label: buildline.changes(rec, now_vars) for label, spec in labelled
               if (rec := buildline.recorded(spec.build_dir)) is not None}
     known = recorded()
@@ -269,11 +270,3 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
         })
     return out
 
-
-def _flashinfer_version() -> str | None:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("flashinfer-python")
-    except importlib.metadata.PackageNotFoundError:
-        return None
