@@ -1,5 +1,6 @@
-"""``flashinfer-sm120 build``: JIT-build FlashInfer modules into FlashInfer's JIT cache now,
-by name (``build sampling decode --head-dim 128``) or as recorded (``build --from MANIFEST``)."""
+"""``flashinfer-sm120 build``: JIT-build FlashInfer modules into FlashInfer's JIT cache now, by name
+(``build sampling decode --head-dim 128``) or as recorded (``build --from MANIFEST``); its flags,
+the compiler cache they ask for, and its output (the JSON document: :mod:`.buildjson`)."""
 
 from __future__ import annotations
 
@@ -46,13 +47,12 @@ def run_build(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> dict:
     """Set up, build, and return the ``build --json`` document; :raises Sm120Error: it cannot start."""
-    from flashinfer_sm120.cli import buildopts
     from flashinfer_sm120.warmup import ninjacmd, replay, session
 
     if not args.modules and not args.manifest:
         raise _Stop("name the modules to build (see `flashinfer-sm120 build --list`) or give "
                     "--from MANIFEST (recorded with FLASHINFER_SM120_RECORD)")
-    user_env = buildopts.apply(args.compiler_cache)  # the user's env before anything is exported
+    user_env = _apply_cache_flag(args.compiler_cache)  # the user's env before anything is exported
     variants = _modules.expand(args.modules, head_dims=args.head_dim, dtypes=args.dtype,
                                kv_dtypes=args.kv_dtype, acts=args.act) if args.modules else []
     entries, problems = replay.load(args.manifest) if args.manifest else ([], [])
@@ -77,12 +77,12 @@ def _build(args: argparse.Namespace) -> dict:
     missing = _missing_headers(variants, sess) if not args.ninja_only else []
     if missing:  # before anything compiles: nvcc would stop on the #include minutes later
         raise _Stop("; ".join(missing))
-    refused = buildopts.refused(sess)
+    refused = _cache_refused(sess)
     if refused:
         raise _Stop(refused)
     if not args.ninja_only:  # before anything is generated: the same refusal for every module
         ninjacmd.ninja_binary()
-    before = buildopts.cache_stats()
+    before = _cache_stats()
     for p in problems:
         print(f"flashinfer-sm120: manifest: {p}", file=sys.stderr)
     labelled, not_generated = [], []
@@ -113,7 +113,7 @@ def _build(args: argparse.Namespace) -> dict:
                                       env=user_env, step_timeout=args.step_timeout * 60)
         stats["wall_s"] = round(time.monotonic() - t0, 2)
     results = shipped + results  # each said on stderr as not built, and why
-    cache = None if args.ninja_only else buildopts.cache_report(before)
+    cache = None if args.ninja_only else _cache_report(before)
     if cache:
         print(cache["line"], file=sys.stderr)
     # an entry recorded as regenerable that this FlashInfer could not regenerate, or a refused line, is
@@ -134,7 +134,7 @@ def _build(args: argparse.Namespace) -> dict:
         targets_from=sess.targets_from, pool_wall_s=stats.get("wall_s"),
         modules=results, plan=stats.get("plan"), compiler_cache=cache,
         cannot_regenerate=[{"name": n, "why": w} for n, w in skipped],
-        refused_settings=list(buildopts.setup_of(sess).refused))  # built without these (P2, P8)
+        refused_settings=list(_setup_of(sess).refused))  # built without these (P2, P8)
 
 
 def _not_shipped(labelled: list, sess) -> tuple[list, list[dict]]:
@@ -214,6 +214,89 @@ def _print_human(summary: dict) -> None:
             print(f"note: {r['module']}: its build-line variables were not recorded: {r['build_vars_unrecorded']}")
     for s in summary["cannot_regenerate"]:
         print(f"cannot regenerate {s['name']}: {s['why']}")
+
+
+#: ``--compiler-cache sccache`` given while the variable is not set for the servers
+_flag_only = {"on": False}
+
+
+def _apply_cache_flag(compiler_cache: str | None) -> dict:
+    """Act on ``--compiler-cache`` before FlashInfer is set up; the user's environment as it was (the
+    plan reads their ``MAX_JOBS``)."""
+    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
+
+    user_env = dict(os.environ)
+    _flag_only["on"] = bool(compiler_cache == "sccache" and not user_env.get(CACHE_ENV))
+    if compiler_cache:
+        os.environ[CACHE_ENV] = "off" if compiler_cache == "none" else compiler_cache
+        if compiler_cache == "sccache":
+            from flashinfer_sm120.core.jitenv import toolchain
+
+            toolchain.request_from_flag("--compiler-cache sccache")
+    return user_env
+
+
+def _setup_of(sess):
+    """This process's toolchain ``Setup``, made here when FlashInfer's hooks made none (not patched)."""
+    from flashinfer_sm120.core.jitenv import toolchain
+
+    setup = toolchain.last()
+    if setup is not None:
+        return setup
+    targets = [(int(t.split(".")[0]), t.split(".")[1]) for t in sess.targets if "." in t]
+    setup = toolchain.configure(sess.cuda_home, os.path.join(sess.cuda_home, "bin", "nvcc"), targets)
+    for name in setup.pop:
+        os.environ.pop(name, None)
+    os.environ.update(setup.set)
+    return setup
+
+
+def _cache_refused(sess=None) -> str | None:
+    """The refusal of a compiler cache that was asked for (flag or variable), else ``None``."""
+    from flashinfer_sm120.core.jitenv import toolchain
+
+    setup = _setup_of(sess) if sess is not None else toolchain.last()
+    kind, problem = toolchain.requested()
+    if problem:
+        return problem
+    if setup is not None and setup.cache.get("refused") and (kind or os.environ.get("FLASHINFER_NVCC_LAUNCHER") is None):
+        return setup.cache["refused"]
+    return None
+
+
+def _cache_stats() -> dict | None:
+    """sccache's stats now, when FlashInfer's nvcc launcher is an sccache; else ``None``."""
+    from flashinfer_sm120.core.jitenv import launcher
+
+    path = os.environ.get("FLASHINFER_NVCC_LAUNCHER")
+    if not path or not os.path.basename(path.split()[0]).startswith("sccache"):
+        return None
+    return launcher.stats(path.split()[0]) or {}
+
+
+def _cache_report(before: dict | None) -> dict | None:
+    """``build --json``'s ``compiler_cache``: hits and misses of the launcher's server since ``before``
+    (other builds sharing it count too; ``None`` when sccache did not say), where it keeps its cache,
+    and the ``line`` printed for people; ``None`` without a launcher."""
+    from flashinfer_sm120.core.jitenv import launcher
+    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
+    from flashinfer_sm120.safety.formats.base import shown
+
+    if before is None:
+        return None
+    after = _cache_stats() or {}
+    b, a = launcher.hits_misses(before) or (0, 0), launcher.hits_misses(after)
+    location = after.get("cache_location") or "?"
+    if a is None:
+        return {"hits": None, "misses": None, "location": location,
+                "line": "compiler cache: sccache did not report its stats"}
+    hits, misses = a[0] - b[0], a[1] - b[1]
+    line = (f"compiler cache: {hits} hits, {misses} misses in this build (sccache {after.get('version', '?')}, "
+            f"{shown(location, 120)})")
+    if _flag_only["on"]:
+        line += (f"\nnote: set {CACHE_ENV}=sccache for the servers that load these modules too: the launcher is part "
+                 "of the compile line ninja records, so a server without it compiles them again")
+    return {"hits": hits, "misses": misses, "location": location, "line": line}
 
 
 def add_parser(sub) -> None:
