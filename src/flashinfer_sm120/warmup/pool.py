@@ -74,6 +74,7 @@ class _Running:
         self.running: list = []  # steps running at the last watch()
         self.timed_out: list[str] = []  # what was stopped at its deadline, for the error
         self.marker = uuid.uuid4().hex  # finds what ninja started, wherever it went (P6)
+        self.lock = _Nothing()  # FlashInfer's lock on the module, released when it ends
         self.proc = subprocess.Popen(command(job, "-j", str(slots)), stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, errors="replace",
                                      env=dict(ninja_env(), **{_proc.MARKER_VAR: self.marker}),
@@ -171,7 +172,7 @@ def run_pool(jobs: list[Job], max_jobs: int, stream=None, mem_budget: int | None
     """Build ``jobs`` sharing ``max_jobs`` compile slots and ``mem_budget`` bytes (``None``: not counted),
     each under FlashInfer's per-module lock, progress on ``stream`` (``intro`` first, when something is
     to build); one :class:`Result` per job, in order."""
-    with _proc.signals_as_exit():  # SIGTERM/SIGHUP run the clean-up below, as Ctrl-C does
+    with _proc.signals_as_exit():  # SIGTERM/SIGHUP run the clean-up, as Ctrl-C does
         return _run_pool(jobs, max_jobs, stream or sys.stderr, mem_budget, intro, step_timeout, beat_s)
 
 
@@ -200,86 +201,155 @@ def _run_pool(jobs, max_jobs, stream, mem_budget, intro, step_timeout, beat_s) -
         stream.write(f"to build: {plural(len(pending), 'module')}, {plural(total, 'compile/link step')}, "
                      f"-j {max_jobs}: " + ", ".join(f"{j.label} ({n})" for j, n in pending) + "\n")
     stream.flush()
-    display = _Display(stream, total, beat_s)
-    events: queue.Queue = queue.Queue()
-    running: dict[str, _Running] = {}
-    locks: dict[str, object] = {}
-    waiting_said: set[str] = set()
+    pool = _Pool(pending, results, _Display(stream, total, beat_s))
     try:
-        while pending or running:
-            committed = {lbl: r.committed() for lbl, r in running.items()}
-            free = max_jobs - sum(committed.values())
-            mem_left = None if mem_budget is None else mem_budget - sum(
-                committed[lbl] * r.job.mem for lbl, r in running.items())
-            for item in list(pending):
-                if free < 1:
-                    break
-                job, n = item
-                fit = _fits(job, mem_left, nothing_runs=not running)
-                if fit < 1:
-                    continue  # a lighter module further on may fit
-                if not _start(item, pending, running, results, locks, waiting_said, display, events,
-                              give := max(1, min(free, max(1, n - 1), fit))):  # n - 1: the link runs last
-                    continue
-                free -= give
-                if mem_left is not None:
-                    mem_left -= give * job.mem
-            _drain(events, running, results, display, locks, timeout=0.5)
-            now = time.monotonic()
-            for r in running.values():
-                if r.pending is not None and now - r.pending_since > 0.3:
-                    _confirm(r, display)  # ninja prints FAILED right after the status line
-                r.watch(now, step_timeout)
-            display.beat([(f"{lbl}/{name}", s) for lbl, r in running.items() for name, s in r.running])
+        pool.run(max_jobs, mem_budget, step_timeout)
     finally:
-        _stop(running.values(), locks.values())
+        pool.stop()
     return [results[j.label] for j in jobs]
 
 
-def _start(item, pending, running, results, locks, waiting_said, display, events, slots: int) -> bool:
-    """Start ``item``'s ninja under FlashInfer's per-module lock; whether it started."""
-    job, n = item
-    lock = _Nothing() if job.lock_path is None else modlock.try_take(job.lock_path)
-    if lock is None and (other := modlock.foreign_holder(job.lock_path)) is not None:
-        pending.remove(item)  # not waited for: another uid can hold it off for ever
-        display.total -= n
-        results[job.label] = Result(job.label, "failed", error=modlock.refusal(job.lock_path, job.label, other))
-        display.event(f"FAILED {job.label}: {results[job.label].error}")
-        return False
-    if lock is None:
-        if job.label not in waiting_said:
-            waiting_said.add(job.label)
-            display.event(f"{job.label}: waiting for another process building it (lock {job.lock_path})")
-        return False
-    pending.remove(item)
-    if job.label in waiting_said and not dry_run(job):  # the other process built it meanwhile
-        lock.release()
-        display.total -= n
-        results[job.label] = Result(job.label, "up to date")
-        display.event(f"up to date: {job.label} (built by another process meanwhile)")
-        return False
-    locks[job.label] = lock
-    running[job.label] = _Running(job, n, slots, events)
-    return True
+class _Pool:
+    """The one scheduler: starts modules while compile slots and memory are free, reads their ninja's
+    output, and ends each (its lock released)."""
 
+    def __init__(self, pending: list[tuple[Job, int]], results: dict[str, Result], display: _Display) -> None:
+        self.pending, self.results, self.display = pending, results, display
+        self.events: queue.Queue = queue.Queue()
+        self.running: dict[str, _Running] = {}
+        self.waiting_said: set[str] = set()
 
-def _stop(running, locks) -> None:
-    """SIGTERM every ninja, after ``_STOP_S`` kill everything each started (P6), release the locks; a
-    second signal waits until this is done."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
-    try:
-        for r in running:
-            _proc.signal_group(r.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + _STOP_S
-        for r in running:
-            while not _proc.exited(r.proc) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            _proc.kill_all(r.proc.pid if r.proc.returncode is None else None, r.marker)  # reaped: its pid is free
-            r.proc.wait()
-        for lock in locks:
+    def run(self, max_jobs: int, mem_budget: int | None, step_timeout: float) -> None:
+        while self.pending or self.running:
+            committed = {lbl: r.committed() for lbl, r in self.running.items()}
+            free = max_jobs - sum(committed.values())
+            mem_left = None if mem_budget is None else mem_budget - sum(
+                committed[lbl] * r.job.mem for lbl, r in self.running.items())
+            for item in list(self.pending):
+                if free < 1:
+                    break
+                job, n = item
+                fit = _fits(job, mem_left, nothing_runs=not self.running)
+                if fit < 1:
+                    continue  # a lighter module further on may fit
+                give = max(1, min(free, max(1, n - 1), fit))  # n - 1: the link runs last
+                if self.start(item, give):
+                    free -= give
+                    if mem_left is not None:
+                        mem_left -= give * job.mem
+            self.drain(timeout=0.5)
+            now = time.monotonic()
+            for r in self.running.values():
+                if r.pending is not None and now - r.pending_since > 0.3:
+                    self.confirm(r)  # ninja prints FAILED right after the status line
+                r.watch(now, step_timeout)
+            self.display.beat([(f"{lbl}/{name}", s) for lbl, r in self.running.items() for name, s in r.running])
+
+    def skip(self, item: tuple[Job, int], result: Result, said: str) -> None:
+        self.pending.remove(item)
+        self.display.total -= item[1]
+        self.results[result.label] = result
+        self.display.event(said)
+
+    def start(self, item: tuple[Job, int], slots: int) -> bool:
+        """Start ``item``'s ninja under FlashInfer's per-module lock; whether it started."""
+        job, n = item
+        lock = _Nothing() if job.lock_path is None else modlock.try_take(job.lock_path)
+        if lock is None and (other := modlock.foreign_holder(job.lock_path)) is not None:
+            why = modlock.refusal(job.lock_path, job.label, other)  # not waited for: it can hold it for ever
+            self.skip(item, Result(job.label, "failed", error=why), f"FAILED {job.label}: {why}")
+            return False
+        if lock is None:
+            if job.label not in self.waiting_said:
+                self.waiting_said.add(job.label)
+                self.display.event(f"{job.label}: waiting for another process building it (lock {job.lock_path})")
+            return False
+        if job.label in self.waiting_said and not dry_run(job):  # the other process built it meanwhile
             lock.release()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            self.skip(item, Result(job.label, "up to date"),
+                      f"up to date: {job.label} (built by another process meanwhile)")
+            return False
+        self.pending.remove(item)
+        self.running[job.label] = _Running(job, n, slots, self.events)
+        self.running[job.label].lock = lock
+        return True
+
+    def stop(self) -> None:
+        """SIGTERM every ninja, after ``_STOP_S`` kill everything each started (P6), release the locks; a
+        second signal waits until this is done."""
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
+        try:
+            for r in self.running.values():
+                _proc.signal_group(r.proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + _STOP_S
+            for r in self.running.values():
+                while not _proc.exited(r.proc) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                _proc.kill_all(r.proc.pid if r.proc.returncode is None else None, r.marker)  # reaped: its pid is free
+                r.proc.wait()
+            for r in self.running.values():
+                r.lock.release()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def drain(self, timeout: float) -> None:
+        """Handle ninja's output for up to ``timeout`` s, returning once a slot may be free."""
+        deadline = time.monotonic() + timeout
+        freed = False
+        while True:
+            try:
+                wait = 0.0 if freed else max(0.0, deadline - time.monotonic())
+                r, line = self.events.get(timeout=wait) if wait > 0 else self.events.get_nowait()
+            except queue.Empty:
+                return
+            if line is None:
+                self.finish(r)
+                freed = True
+                continue
+            r.lines.append(line)
+            m = STATUS_RE.match(line)
+            if m or line.startswith("ninja: build stopped"):
+                self.confirm(r)
+                r.in_failure = False
+                if m:
+                    r.pending, r.pending_since = m.group(3), time.monotonic()
+                    r.finished = max(r.finished, int(m.group(1)))
+                    freed = True
+            elif line.startswith("FAILED: "):
+                what = step_name(r.pending or line)
+                r.pending = None
+                r.in_failure = True
+                r.failed.append(f"{what}:")
+                self.display.done += 1
+                self.display.event(f"FAILED {r.job.label}: {what}")
+            elif r.in_failure and len(r.failed) < _FAILED_MAX:
+                r.failed.append(line)
+
+    def confirm(self, r: _Running) -> None:
+        """Say the step ninja last announced finished: no FAILED line followed it."""
+        if r.pending is not None:
+            self.display.done += 1
+            what = step_name(r.pending)
+            verb = "linked" if what.startswith("link ") else "compiled"
+            self.display.event(f"{r.job.label}: {verb} {what.removeprefix('link ')}")
+            r.pending = None
+
+    def finish(self, r: _Running) -> None:
+        rc = r.proc.wait()
+        _proc.kill_all(None, r.marker)  # nothing ninja started outlives it (P6)
+        label = r.job.label
+        if rc == 0:
+            self.confirm(r)
+            self.results[label] = Result(label, "built", round(time.monotonic() - r.t0, 1), peak_rss=r.peak_rss)
+            self.display.event(f"done: {label}")
+        else:
+            err_lines = [x for x in r.failed if x.strip()] or list(r.lines)
+            errors = [x for x in err_lines if "error" in x.lower()]
+            text = "\n".join(r.timed_out + (errors or err_lines)[:30])
+            self.results[label] = Result(label, "failed", round(time.monotonic() - r.t0, 1), text, r.peak_rss)
+            self.display.event(f"failed: {label} (ninja exit {rc}):\n    " + text.replace("\n", "\n    "))
+        del self.running[label]
+        r.lock.release()
 
 
 def _fits(job: Job, mem_left: int | None, nothing_runs: bool) -> int:
@@ -287,68 +357,3 @@ def _fits(job: Job, mem_left: int | None, nothing_runs: bool) -> int:
     if mem_left is None or job.mem <= 0:
         return 1 << 30
     return max(1 if nothing_runs else 0, mem_left // job.mem)
-
-
-def _drain(events: queue.Queue, running: dict, results: dict, display: _Display, locks: dict,
-           timeout: float) -> None:
-    """Handle ninja's output for up to ``timeout`` s, returning once a slot may be free."""
-    deadline = time.monotonic() + timeout
-    freed = False
-    while True:
-        try:
-            wait = 0.0 if freed else max(0.0, deadline - time.monotonic())
-            r, line = events.get(timeout=wait) if wait > 0 else events.get_nowait()
-        except queue.Empty:
-            return
-        label = r.job.label
-        if line is None:
-            _finish(r, running, results, display, locks)
-            freed = True
-            continue
-        r.lines.append(line)
-        m = STATUS_RE.match(line)
-        if m or line.startswith("ninja: build stopped"):
-            _confirm(r, display)
-            r.in_failure = False
-            if m:
-                r.pending, r.pending_since = m.group(3), time.monotonic()
-                r.finished = max(r.finished, int(m.group(1)))
-                freed = True
-        elif line.startswith("FAILED: "):
-            what = step_name(r.pending or line)
-            r.pending = None
-            r.in_failure = True
-            r.failed.append(f"{what}:")
-            display.done += 1
-            display.event(f"FAILED {label}: {what}")
-        elif r.in_failure and len(r.failed) < _FAILED_MAX:
-            r.failed.append(line)
-
-
-def _confirm(r: _Running, display: _Display) -> None:
-    if r.pending is not None:
-        display.done += 1
-        what = step_name(r.pending)
-        verb = "linked" if what.startswith("link ") else "compiled"
-        display.event(f"{r.job.label}: {verb} {what.removeprefix('link ')}")
-        r.pending = None
-
-
-def _finish(r: _Running, running: dict, results: dict, display: _Display, locks: dict) -> None:
-    rc = r.proc.wait()
-    _proc.kill_all(None, r.marker)  # nothing ninja started outlives it (P6)
-    label = r.job.label
-    if rc == 0:
-        _confirm(r, display)
-        results[label] = Result(label, "built", round(time.monotonic() - r.t0, 1), peak_rss=r.peak_rss)
-        display.event(f"done: {label}")
-    else:
-        err_lines = [x for x in r.failed if x.strip()] or list(r.lines)
-        errors = [x for x in err_lines if "error" in x.lower()]
-        text = "\n".join(r.timed_out + (errors or err_lines)[:30])
-        results[label] = Result(label, "failed", round(time.monotonic() - r.t0, 1), text, r.peak_rss)
-        display.event(f"failed: {label} (ninja exit {rc}):\n    " + text.replace("\n", "\n    "))
-    running.pop(label, None)
-    lock = locks.pop(label, None)
-    if lock is not None:
-        lock.release()
