@@ -269,9 +269,14 @@ class _Pool:
             self.skip(item, Result(job.label, "up to date"),
                       f"up to date: {job.label} (built by another process meanwhile)")
             return False
+        try:
+            r = _Running(job, n, slots, self.events)
+        except BaseException:  # ninja could not start: the lock is not left held
+            lock.release()
+            raise
+        r.lock = lock
         self.pending.remove(item)
-        self.running[job.label] = _Running(job, n, slots, self.events)
-        self.running[job.label].lock = lock
+        self.running[job.label] = r
         return True
 
     def stop(self) -> None:
