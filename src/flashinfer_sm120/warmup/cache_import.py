@@ -171,10 +171,8 @@ def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Sessio
     budget = Budget(limits)
     report = []
     for mod, paths in plan:
-        # threat-model: P4 -- the refusal is decided before the module's lock is taken: taking it
-        # creates cached_ops/tmp/<name>.lock, and a refused module (a name of the export's choosing)
-        # must leave nothing in the JIT dir.  (The generation it compares with is FlashInfer's own,
-        # which FlashInfer does outside this lock too; the copy and settle below run under it.)
+        # threat-model: P4 -- decided before the lock is taken, which creates cached_ops/tmp/<name>.lock:
+        # a refused module (a name of the export's choosing) leaves nothing in the JIT dir
         why = _place_problem(paths) or _refusal(entries.get(mod.name), mod, sess, targets["generated"])
         if why:  # before any file of it is installed
             report.append({"module": mod.label, "name": mod.name, "status": "refused", "why": why})
@@ -380,10 +378,8 @@ def restamp(path: str, mtimes_ns: dict[str, int]) -> int:
         if body + size > len(data):
             break  # a truncated last record: ninja ignores it too
         if size % 4 or size < (12 if is_deps else 8):
-            # threat-model: P6 -- not a record ninja writes (a deps record holds its output id and an
-            # 8-byte mtime, a path record a padded path and a checksum, both whole 4-byte words): the
-            # log travels in exports, and such a record raised struct.error or had the mtime written
-            # over the next record.  The whole log is left untouched.
+            # threat-model: P6 -- not a record ninja writes (whole 4-byte words, room for an id and an
+            # mtime or a path and a checksum): the log comes from an export, so it is left untouched
             return 0
         if is_deps:
             (out_id,) = struct.unpack_from("<i", data, body)

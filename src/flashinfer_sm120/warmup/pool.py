@@ -140,6 +140,11 @@ class _Display:
         self.stream, self.total, self.done, self.beat_s = stream, total, 0, beat_s
         self.t0 = self.last_beat = time.monotonic()
 
+    def step(self, text: str) -> None:
+        """A step finished (or failed): counted, then said."""
+        self.done += 1
+        self.event(text)
+
     def event(self, text: str) -> None:
         self.stream.write(f"[{self.done}/{self.total}] {text}  ({time.monotonic() - self.t0:.0f} s)\n")
         self.stream.flush()
@@ -325,18 +330,16 @@ class _Pool:
                 r.pending = None
                 r.in_failure = True
                 r.failed.append(f"{what}:")
-                self.display.done += 1
-                self.display.event(f"FAILED {r.job.label}: {what}")
+                self.display.step(f"FAILED {r.job.label}: {what}")
             elif r.in_failure and len(r.failed) < _FAILED_MAX:
                 r.failed.append(line)
 
     def confirm(self, r: _Running) -> None:
         """Say the step ninja last announced finished: no FAILED line followed it."""
         if r.pending is not None:
-            self.display.done += 1
             what = step_name(r.pending)
             verb = "linked" if what.startswith("link ") else "compiled"
-            self.display.event(f"{r.job.label}: {verb} {what.removeprefix('link ')}")
+            self.display.step(f"{r.job.label}: {verb} {what.removeprefix('link ')}")
             r.pending = None
 
     def finish(self, r: _Running) -> None:
