@@ -225,7 +225,7 @@ def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
 EMPTY_MODULES = r"""
 import json, os, sys
 from pathlib import Path
-from flashinfer_sm120.warmup import cache_format, cache_import, regenerate, session
+from flashinfer_sm120.warmup import cache_format, cache_import, replay, session
 session.set_arch("12.0")
 sess = session.prepare("12.0")
 from flashinfer.jit import env as jit_env
@@ -234,7 +234,7 @@ gen = "flashinfer.jit.attention.modules:gen_batch_decode_module"
 entries, mods = [], []
 for hd in map(int, sys.argv[2:]):
     params = {"args": [bf, bf, bf, i32, hd, hd, 0, False, False], "kwargs": {}}
-    name = regenerate.call(gen, params).name
+    name = replay.call(gen, params).name
     entries.append({"format": 1, "name": name, "flashinfer": sess.flashinfer, "targets": ["12.0f"],
                     "regenerable": True, "generator": gen, "params": params})
     mods.append({"name": name, "files": {}})

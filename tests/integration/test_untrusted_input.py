@@ -683,10 +683,10 @@ def test_a_huge_manifest_line_is_skipped_without_being_read_whole(tmp_path):
 
 def test_make_spec_refuses_an_entry_that_would_write_ninja_syntax():
     """Issue 11, item 11."""
-    from flashinfer_sm120.warmup import regenerate
+    from flashinfer_sm120.warmup import replay
 
-    with pytest.raises(regenerate.CannotRegenerate, match="not a name"):
-        regenerate.make_spec(_entry(name="norm\nbuild x: phony", regenerable=True), "0.7.4")
+    with pytest.raises(replay.CannotRegenerate, match="not a name"):
+        replay.make_spec(_entry(name="norm\nbuild x: phony", regenerable=True), "0.7.4")
 
 
 # ------------------------------------------------------------------ item 12: directories we create

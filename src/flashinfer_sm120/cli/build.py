@@ -1,5 +1,6 @@
-"""``flashinfer-sm120 build``: JIT-build FlashInfer modules into FlashInfer's JIT cache now,
-by name (``build sampling decode --head-dim 128``) or as recorded (``build --from MANIFEST``)."""
+"""``flashinfer-sm120 build``: JIT-build FlashInfer modules into FlashInfer's JIT cache now, by name
+(``build sampling decode --head-dim 128``) or as recorded (``build --from MANIFEST``); its flags,
+the compiler cache they ask for, and its output (the JSON document: :mod:`.buildjson`)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,10 @@ import time
 
 from flashinfer_sm120.core.facts.arch import nvcc_spelling
 from flashinfer_sm120.errors import Sm120Error
-from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.cli import cli_int, cli_size
 from flashinfer_sm120.warmup import modules as _modules
 from flashinfer_sm120.cli import buildjson
 from flashinfer_sm120.cli.common import err as _err
-
-__all__ = ["run_build", "add_parser"]
 
 
 class _Stop(Sm120Error):
@@ -48,16 +46,13 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> dict:
-    """Set up, build, and return the ``build --json`` document.
-
-    :raises Sm120Error: the build cannot start (the message names the fix)."""
-    from flashinfer_sm120.cli import buildopts
+    """Set up, build, and return the ``build --json`` document; :raises Sm120Error: it cannot start."""
     from flashinfer_sm120.warmup import ninjacmd, replay, session
 
     if not args.modules and not args.manifest:
         raise _Stop("name the modules to build (see `flashinfer-sm120 build --list`) or give "
                     "--from MANIFEST (recorded with FLASHINFER_SM120_RECORD)")
-    user_env = buildopts.apply(args.compiler_cache)  # the user's env before anything is exported
+    user_env = _apply_cache_flag(args.compiler_cache)  # the user's env before anything is exported
     variants = _modules.expand(args.modules, head_dims=args.head_dim, dtypes=args.dtype,
                                kv_dtypes=args.kv_dtype, acts=args.act) if args.modules else []
     entries, problems = replay.load(args.manifest) if args.manifest else ([], [])
@@ -69,7 +64,7 @@ def _build(args: argparse.Namespace) -> dict:
     session.set_arch(arch)
     served = session.apply_server_cache(args.for_server, entries)
     # --arch reaches FlashInfer as FLASHINFER_CUDA_ARCH_LIST: the summary names what the user typed
-    sess = session.prepare(arch, _targets_origin(args.arch, arch))
+    sess = session.prepare(arch, f"from --arch {args.arch}" if args.arch else "from the manifest" if arch else None)
     own = session.apply_server_arch(served["server"], sess)  # the server's model processes' own targets
     print(f"flashinfer-sm120: {sess.summary}", file=sys.stderr)
     if served["server"]:
@@ -82,12 +77,12 @@ def _build(args: argparse.Namespace) -> dict:
     missing = _missing_headers(variants, sess) if not args.ninja_only else []
     if missing:  # before anything compiles: nvcc would stop on the #include minutes later
         raise _Stop("; ".join(missing))
-    refused = buildopts.refused(sess)
+    refused = _cache_refused(sess)
     if refused:
         raise _Stop(refused)
     if not args.ninja_only:  # before anything is generated: the same refusal for every module
         ninjacmd.ninja_binary()
-    before = buildopts.cache_stats()
+    before = _cache_stats()
     for p in problems:
         print(f"flashinfer-sm120: manifest: {p}", file=sys.stderr)
     labelled, not_generated = [], []
@@ -118,7 +113,7 @@ def _build(args: argparse.Namespace) -> dict:
                                       env=user_env, step_timeout=args.step_timeout * 60)
         stats["wall_s"] = round(time.monotonic() - t0, 2)
     results = shipped + results  # each said on stderr as not built, and why
-    cache = None if args.ninja_only else _cache_line(buildopts.cache_report(before))
+    cache = None if args.ninja_only else _cache_report(before)
     if cache:
         print(cache["line"], file=sys.stderr)
     # an entry recorded as regenerable that this FlashInfer could not regenerate, or a refused line, is
@@ -139,12 +134,11 @@ def _build(args: argparse.Namespace) -> dict:
         targets_from=sess.targets_from, pool_wall_s=stats.get("wall_s"),
         modules=results, plan=stats.get("plan"), compiler_cache=cache,
         cannot_regenerate=[{"name": n, "why": w} for n, w in skipped],
-        refused_settings=list(buildopts.setup_of(sess).refused))  # built without these (P2, P8)
+        refused_settings=list(_setup_of(sess).refused))  # built without these (P2, P8)
 
 
 def _not_shipped(labelled: list, sess) -> tuple[list, list[dict]]:
-    """``labelled`` less the modules a matching jit-cache provider ships for the targets (FlashInfer
-    loads those instead of a JIT build), and a result for each of those, said on stderr."""
+    """``labelled`` less what a matching jit-cache provider ships (FlashInfer loads that), and their results."""
     from flashinfer_sm120.core.facts import precompiled
 
     pc = precompiled.read()
@@ -164,25 +158,8 @@ def _not_shipped(labelled: list, sess) -> tuple[list, list[dict]]:
     return keep, shipped
 
 
-def _cache_line(report: dict | None) -> dict | None:
-    """:func:`buildopts.cache_report` with the line printed for people."""
-    if report is None:
-        return None
-    if report["hits"] is None:
-        line = "compiler cache: sccache did not report its stats"
-    else:
-        line = (f"compiler cache: {report['hits']} hits, {report['misses']} misses in this build "
-                f"(sccache {report['version']}, {shown(report['location'], 120)})")
-        if report["flag_only"]:
-            line += (f"\nnote: set {report['env']}=sccache for the servers that load these modules too: the "
-                     "launcher is part of the compile line ninja records, so a server without it compiles "
-                     "them again")
-    return {"hits": report["hits"], "misses": report["misses"], "location": report["location"], "line": line}
-
-
 def arch_notes(value: str | None) -> list[str]:
-    """How ``--arch`` was read, for entries not already written as ``major.minor[a|f]``:
-    ``--arch 120`` -> ``'120' read as 12.0``; bad entries are left to :func:`session.set_arch`."""
+    """How ``--arch`` entries not written as ``major.minor[a|f]`` were read (``'120' read as 12.0``)."""
     if not value:
         return []
     from flashinfer_sm120.core.facts.arch import ArchListError, parse_arch_list
@@ -200,17 +177,8 @@ def arch_notes(value: str | None) -> list[str]:
     return notes
 
 
-def _targets_origin(given: str | None, used: str | None) -> str | None:
-    """``from --arch X`` or ``from the manifest``, when the CLI chose the targets."""
-    if given:
-        return f"from --arch {given}"
-    if used:
-        return "from the manifest"
-    return None
-
-
 def _missing_headers(variants: list, sess) -> list[str]:
-    """:func:`modules.missing_headers` for the chosen toolkit (where nvcc looks, and whether it is pip's)."""
+    """:func:`modules.missing_headers` for the chosen toolkit."""
     tk = sess.toolkit  # typed: the Toolkit the patch chose (None: noop, FlashInfer's own was right)
     dirs = [os.path.join(sess.cuda_home, "include"), *(tk.include_dirs if tk else ()), "/usr/include"]
     release = ".".join(str(sess.cuda_version).split(".")[:2])
@@ -248,6 +216,90 @@ def _print_human(summary: dict) -> None:
         print(f"cannot regenerate {s['name']}: {s['why']}")
 
 
+#: ``--compiler-cache sccache`` given while the variable is not set for the servers
+_flag_only = {"on": False}
+
+
+def _apply_cache_flag(compiler_cache: str | None) -> dict:
+    """Act on ``--compiler-cache`` before FlashInfer is set up; the user's environment as it was (the
+    plan reads their ``MAX_JOBS``)."""
+    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
+
+    user_env = dict(os.environ)
+    _flag_only["on"] = bool(compiler_cache == "sccache" and not user_env.get(CACHE_ENV))
+    if compiler_cache:
+        os.environ[CACHE_ENV] = "off" if compiler_cache == "none" else compiler_cache
+        if compiler_cache == "sccache":
+            from flashinfer_sm120.core.jitenv import toolchain
+
+            toolchain.request_from_flag("--compiler-cache sccache")
+    return user_env
+
+
+def _setup_of(sess):
+    """This process's toolchain ``Setup``, made here when FlashInfer's hooks made none (not patched)."""
+    from flashinfer_sm120.core.jitenv import environ, toolchain
+
+    environ.prepare_builds()  # what the patch leaves to the first JIT build, done now
+    setup = toolchain.last()
+    if setup is not None:
+        return setup
+    targets = [(int(t.split(".")[0]), t.split(".")[1]) for t in sess.targets if "." in t]
+    setup = toolchain.configure(sess.cuda_home, os.path.join(sess.cuda_home, "bin", "nvcc"), targets)
+    for name in setup.pop:
+        os.environ.pop(name, None)
+    os.environ.update(setup.set)
+    return setup
+
+
+def _cache_refused(sess=None) -> str | None:
+    """The refusal of a compiler cache that was asked for (flag or variable), else ``None``."""
+    from flashinfer_sm120.core.jitenv import toolchain
+
+    setup = _setup_of(sess) if sess is not None else toolchain.last()
+    kind, problem = toolchain.requested()
+    if problem:
+        return problem
+    if setup is not None and setup.cache.get("refused") and (kind or os.environ.get("FLASHINFER_NVCC_LAUNCHER") is None):
+        return setup.cache["refused"]
+    return None
+
+
+def _cache_stats() -> dict | None:
+    """sccache's stats now, when FlashInfer's nvcc launcher is an sccache; else ``None``."""
+    from flashinfer_sm120.core.jitenv import launcher
+
+    path = os.environ.get("FLASHINFER_NVCC_LAUNCHER")
+    if not path or not os.path.basename(path.split()[0]).startswith("sccache"):
+        return None
+    return launcher.stats(path.split()[0]) or {}
+
+
+def _cache_report(before: dict | None) -> dict | None:
+    """``build --json``'s ``compiler_cache``: hits and misses of the launcher's server since ``before``
+    (other builds sharing it count too; ``None`` when sccache did not say), where it keeps its cache,
+    and the ``line`` printed for people; ``None`` without a launcher."""
+    from flashinfer_sm120.core.jitenv import launcher
+    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
+    from flashinfer_sm120.safety.formats.base import shown
+
+    if before is None:
+        return None
+    after = _cache_stats() or {}
+    b, a = launcher.hits_misses(before) or (0, 0), launcher.hits_misses(after)
+    location = after.get("cache_location") or "?"
+    if a is None:
+        return {"hits": None, "misses": None, "location": location,
+                "line": "compiler cache: sccache did not report its stats"}
+    hits, misses = a[0] - b[0], a[1] - b[1]
+    line = (f"compiler cache: {hits} hits, {misses} misses in this build (sccache {after.get('version', '?')}, "
+            f"{shown(location, 120)})")
+    if _flag_only["on"]:
+        line += (f"\nnote: set {CACHE_ENV}=sccache for the servers that load these modules too: the launcher is part "
+                 "of the compile line ninja records, so a server without it compiles them again")
+    return {"hits": hits, "misses": misses, "location": location, "line": line}
+
+
 def add_parser(sub) -> None:
     """Register ``build`` on an argparse subparsers object."""
     # what may fail to import comes before sub.add_parser: a broken install fails here, not half-registered
@@ -280,15 +332,10 @@ def add_parser(sub) -> None:
                    help="write FlashInfer's build.ninja files, compile nothing")
     b.add_argument("--json", action="store_true", help="print the result as JSON on stdout (one document, "
                    "whatever the outcome: 'ok' and 'error' say how it ended)")
-    _compile_options(b, ENV)
     b.set_defaults(func=run_build, json_failure=buildjson.failure)
-
-
-def _compile_options(b: argparse.ArgumentParser, env_name: str) -> None:
-    """``--compiler-cache`` (``env_name`` is its variable), ``--mem-limit`` and ``--mem-per-compile``."""
     b.add_argument("--compiler-cache", choices=("sccache", "none"),
                    help="compile through a shared compile cache (sccache; its backend is sccache's own "
-                        f"SCCACHE_* configuration); default: ${env_name}, else none")
+                        f"SCCACHE_* configuration); default: ${ENV}, else none")
     b.add_argument("--mem-limit", type=cli_size("--mem-limit", 64 << 20), metavar="SIZE",
                    help="memory the compiles may use together, e.g. 8G (default: what this process "
                         "may use, from cgroups and /proc/meminfo, less 15%%)")

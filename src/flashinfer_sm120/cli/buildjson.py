@@ -4,8 +4,6 @@ Imports nothing from the package: it must print even when the rest of the instal
 
 from __future__ import annotations
 
-__all__ = ["FIELDS", "document", "failure"]
-
 #: Every key of the document, in order; ``ok`` is true exactly when ``error`` is ``null``.
 FIELDS = ("ok", "error", "cuda_home", "cuda_version", "flashinfer", "target_cuda_archs", "jit_dir",
           "server", "server_arch", "targets_from", "pool_wall_s", "modules", "plan", "compiler_cache",

@@ -15,13 +15,9 @@ from flashinfer_sm120.safety.formats.cli import cli_float, cli_size
 from flashinfer_sm120.cli.common import bounded
 from flashinfer_sm120.cli.common import err as _err
 
-__all__ = ["add_parsers", "run_export", "run_import", "run_prune"]
-
 
 def _doc(**fields) -> dict:
-    """The one JSON document `cache export --json` and `cache import --json` print, for every outcome:
-    the same fields each time (``ok``, ``error`` {kind, message, fix} or null, ``modules``,
-    ``fingerprint``, ``out``/``src``).  threat-model: P8"""
+    """The one JSON document `cache export/import --json` print, the same fields for every outcome.  P8"""
     return {"ok": False, "error": None, "modules": [], "fingerprint": None, **fields}
 
 
@@ -41,14 +37,12 @@ _STAGE_FIX = {
 }
 
 
-#: Kinds of failure that are the command line's: exit status 2 (as argparse's); any other refusal or
-#: failure is 1, as `doctor` and `status` exit (docs/reference/cli.md).
+#: Kinds of failure that are the command line's: exit status 2 (as argparse's); any other is 1.
 _USAGE = ("usage", "arch")
 
 
 def _failed(args, doc: dict, kind: str, exc: BaseException) -> int:
-    """Report ``exc`` (kind from the exception when it carries one, else the stage that failed): on
-    stderr always, and as the one JSON document with ``--json``; the exit status (:data:`_USAGE`)."""
+    """Report ``exc`` (its kind, else the stage's) on stderr and with ``--json``; the exit status."""
     if isinstance(exc, OSError):
         from flashinfer_sm120.safety.oserrors import describe
 
@@ -112,10 +106,8 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def _built_arch() -> str | None:
-    """Without --arch and without a GPU (the machine that just ran `build --arch`): the one target set
-    modules are built for here, told on stderr; None with a GPU (FlashInfer's targets come from it).
-
-    :raises UsageError: nothing is built here, or modules are built for several target sets (listed)."""
+    """Without --arch and a GPU: the one target set modules are built for here (``UsageError`` if none or
+    several); None with a GPU (FlashInfer's targets come from it)."""
     from flashinfer_sm120.errors import UsageError
     from flashinfer_sm120.warmup.cache_export import built_targets
 
@@ -208,8 +200,7 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def _archive_targets(meta) -> str | None:
-    """The archive's targets when no GPU is visible (a GPU-less build stage), else None
-    (FlashInfer's targets then come from the GPUs, and the import checks they match)."""
+    """The archive's targets when no GPU is visible, else None (the GPUs', checked to match)."""
     from flashinfer_sm120.warmup.cache_format import nvcc_targets
 
     targets = meta.fingerprint["targets"]  # checked by cache_format.parse_meta: major.minor[a|f] each

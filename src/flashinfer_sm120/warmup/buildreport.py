@@ -1,8 +1,4 @@
-"""``doctor``'s "Builds" section: the memory seen, the estimates, the jobs and threads chosen,
-FlashInfer's compiler variables, and the compiler cache with its verdict and hit counts.
-
-Registered in :data:`flashinfer_sm120.cli.doctor.SECTIONS`.
-"""
+"""``doctor``'s "Builds" section: memory, estimates, jobs and threads, compiler variables and cache."""
 
 from __future__ import annotations
 
@@ -10,8 +6,6 @@ import os
 
 from flashinfer_sm120.core.jitenv import environ, jobs, launcher, memory, toolchain
 from flashinfer_sm120.warmup.plan import plan as build_plan
-
-__all__ = ["doctor_section", "doctor_lines"]
 
 
 def doctor_section(report: dict) -> dict:

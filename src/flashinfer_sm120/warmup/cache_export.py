@@ -1,6 +1,5 @@
-"""Writing a cache export (``cache export``): FlashInfer's JIT cache entries of modules built here,
-with a ``meta.json`` checked first by the grammar the import reads it with
-(:func:`~.cache_format.parse_meta`).  The layout: :mod:`.cache_format`.
+"""``cache export``: FlashInfer's JIT cache entries of modules built here, with a ``meta.json`` checked
+first by the grammar the import reads it with (threat-model: P7).  The layout: :mod:`.cache_format`.
 """
 
 from __future__ import annotations
@@ -22,17 +21,14 @@ from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.warmup import modules as _modules
 from flashinfer_sm120.warmup.cache_format import (FORMAT, TOP, Budget, CacheError, Limits, file_sha256, member_rel,
                                                   nvcc_targets, parse_meta, too_large, umask)
-from flashinfer_sm120.warmup.regenerate import make_spec
+from flashinfer_sm120.warmup.replay import make_spec
 from flashinfer_sm120.warmup import ninjacmd, pool, session
 from flashinfer_sm120.warmup.session import BuildError, Session
-
-__all__ = ["built_entries", "built_targets", "ARCHIVES", "check_out", "export"]
 
 
 @contextlib.contextmanager
 def _capturing():
-    """While active, every ``JitSpecNvcc`` made notes the FlashInfer generator and parameters that
-    made it, as ``FLASHINFER_SM120_RECORD`` does (:mod:`flashinfer_sm120.core.jitenv.record`)."""
+    """While active, every ``JitSpecNvcc`` made notes its generator and parameters, as the recorder does."""
     from flashinfer.jit import core
 
     from flashinfer_sm120.core.jitenv.generators import capture
@@ -53,13 +49,8 @@ def _capturing():
 
 def built_entries(names: list[str], everything: bool, arch: str | None, *, head_dims=None, dtypes=None,
                   kv_dtypes=None, acts=None):
-    """``(entries, skipped, session)`` for modules built here by the names ``build`` takes, so an
-    export needs no recorded manifest: a manifest entry (:func:`~flashinfer_sm120.core.jitenv.manifest.encode`
-    of FlashInfer's own spec) per variant of ``names`` (every name ``build`` knows when ``everything``,
-    keeping those built here) and ``(name, why)`` for what cannot be exported.
-
-    :raises ModuleError: an unknown name or variant flag.
-    :raises BuildError: FlashInfer cannot be set up, or ``everything`` finds nothing built."""
+    """``(entries, skipped, session)``: a manifest entry per variant of ``names`` built here (``everything``:
+    every name ``build`` knows), so an export needs no recorded manifest; ``(name, why)`` for the rest."""
     variants = _modules.expand(["all"] if everything else names, head_dims=head_dims, dtypes=dtypes,
                                kv_dtypes=kv_dtypes, acts=acts)
     sess = session.prepare(arch)  # the caller pointed the workspace at the server's (apply_server_cache)
@@ -92,10 +83,8 @@ def built_entries(names: list[str], everything: bool, arch: str | None, *, head_
 
 
 def built_targets() -> dict[str, int]:
-    """``{target set: modules built}`` in this machine's FlashInfer JIT workspace (FlashInfer's
-    ``<workspace>/<release>/<targets>/`` directories, ``120f_121f``, each holding a JIT dir per toolkit
-    under flashinfer-sm120), target sets as ``--arch`` takes them (``sm_120f sm_121f``); read only,
-    nothing imported: what an export without ``--arch`` on a machine without a GPU exports."""
+    """``{target set ("sm_120f sm_121f"): modules built}`` in FlashInfer's ``<workspace>/<release>/<targets>/``
+    directories, read without importing anything (an export without ``--arch`` and without a GPU)."""
     from flashinfer_sm120.core.facts.workspace import workspace_path
     from flashinfer_sm120.core.patch.resolve import flashinfer_version
 
@@ -116,10 +105,8 @@ _NOT_WRITTEN = (".zip", ".gz", ".xz", ".txz", ".bz2", ".tbz", ".tbz2", ".zst", "
 
 
 def check_out(out: str) -> None:
-    """Refuse ``out`` unless it is absent or an empty directory (an export never overwrites), and
-    unless its name is a directory's or an archive's that `cache export` writes (:data:`ARCHIVES`).
-
-    :raises CacheError: kind ``exists``, or ``usage`` for a name ending like another archive."""
+    """Refuse ``out`` unless it is absent or an empty directory (P5), and named as a directory or one of
+    :data:`ARCHIVES` (``usage`` for another archive name)."""
     name = out.lower()
     if not name.endswith(ARCHIVES) and name.endswith(_NOT_WRITTEN):
         fix = f"name the archive {', '.join(ARCHIVES[:-1])} or {ARCHIVES[-1]}, or give a directory"
@@ -131,13 +118,8 @@ def check_out(out: str) -> None:
 
 def export(entries: list[dict], sess: Session, out: str, *,
            limits: Limits = Limits()) -> list[tuple[str, str]]:
-    """Write the JIT cache entries of ``entries`` (built on this machine) to ``out``, a directory or an
-    archive, with the same caps and free-space check for both (threat-model: P6, P7).
-
-    :returns: ``(build's name, FlashInfer's)`` of each module written (:func:`~flashinfer_sm120.warmup.modules.user_name`).
-    :raises BuildError: a module is not built or not up to date here, ``out`` exists and is not an
-        empty directory (never overwritten), is in a place another user controls, the files are over
-        ``limits`` or do not fit on ``out``'s disk."""
+    """Write the JIT cache entries of ``entries`` (built here) to ``out``, a directory or an archive, with
+    the same checks and caps for both (P4-P7); ``(build's name, FlashInfer's)`` of each module written."""
     from flashinfer.jit import env as jit_env
 
     from flashinfer_sm120.safety.ownership import check_place
@@ -186,8 +168,7 @@ def export(entries: list[dict], sess: Session, out: str, *,
 
 
 def _check_space(out: str, total: int, limits: Limits) -> None:
-    """Refuse an export of ``total`` bytes (``lstat`` sizes: a sparse file is written at its full length)
-    over ``--max-bytes`` or the free space where it goes, before anything is written.  threat-model: P6, P7"""
+    """Refuse ``total`` bytes (``lstat`` sizes) over ``--max-bytes`` or the free space, before writing.  P6"""
     if total > limits.max_total:
         fix = "pass a larger --max-bytes, or export fewer modules"
         raise CacheError(f"the export to {out} would be {total} bytes, more than the {limits.max_total}-byte "
@@ -204,9 +185,8 @@ def _appeared(out: str) -> BuildError:
 
 
 def _write_directory(out: str, blob: bytes, files: list[tuple[str, Path]], budget: Budget) -> None:
-    """The export written into a new private directory beside ``out``, renamed to ``out`` when whole
-    (onto nothing, or onto the empty directory that was there): a failed export leaves nothing
-    behind, and only its creator removes the directory.  threat-model: P4, P5"""
+    """Write into a new private directory beside ``out``, renamed onto it when whole (onto nothing or an
+    empty directory): a failed export leaves nothing behind.  P4, P5"""
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.", suffix=".partial",
                            dir=os.path.dirname(os.path.abspath(out)))
     try:
@@ -236,8 +216,7 @@ def _write_directory(out: str, blob: bytes, files: list[tuple[str, Path]], budge
 
 
 def _write_archive(out: str, blob: bytes, files: list[tuple[str, Path]]) -> None:
-    """The archive, by the one atomic writer (a ``mkstemp`` file beside ``out``, linked to it: nothing
-    that appeared there meanwhile is replaced, nothing of that name opened or followed).  threat-model: P5"""
+    """The archive, by the one atomic writer (nothing that appeared at ``out`` meanwhile is replaced).  P5"""
     def write(fh) -> None:
         with tarfile.open(fileobj=fh, mode="w:gz" if out.lower().endswith("gz") else "w") as tar:
             info = tarfile.TarInfo(f"{TOP}/meta.json")

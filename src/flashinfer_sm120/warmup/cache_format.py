@@ -1,16 +1,11 @@
-"""What a cache export is, and reading one as untrusted input.
+"""What a cache export is, and reading one as untrusted input (threat-model: P6, P7)::
 
-Layout (a new directory, or a ``.tar``/``.tar.gz``/``.tgz`` archive)::
-
-    flashinfer-sm120-cache/meta.json          fingerprint, modules (FlashInfer's and build's names), sha256 of every file
+    flashinfer-sm120-cache/meta.json          fingerprint, modules (FlashInfer's names), sha256 of every file
     flashinfer-sm120-cache/jit/NAME/...       FlashInfer's module dir: objects, .so, build.ninja, ninja log/deps
     flashinfer-sm120-cache/generated/...      sources FlashInfer generated for the module
 
-:func:`parse_meta` is the grammar of ``meta.json`` (an export is checked with it before it is written);
-:func:`check` reads an export without writing anything: an archive in one pass of
-:class:`~flashinfer_sm120.safety.formats.tar.TarReader` within :class:`Limits` (:func:`_walk`), a
-directory's meta.json; :func:`unpack` gives the folder the one install step (:mod:`.cache_import`)
-reads from, and :mod:`.cache_export` writes.  threat-model: P6, P7
+A new directory, or a ``.tar``/``.tar.gz``/``.tgz`` archive; :func:`parse_meta` is meta.json's grammar
+(an export is checked with it before it is written), :func:`check` reads an export without writing.
 """
 
 from __future__ import annotations
@@ -38,10 +33,6 @@ from flashinfer_sm120.safety.formats.tar import TarReader
 from flashinfer_sm120.warmup.modules import user_name
 from flashinfer_sm120.warmup.session import BuildError
 
-__all__ = ["TOP", "FORMAT", "MAX_META_BYTES", "FIX", "CacheError", "Limits", "Module", "Meta", "Budget",
-           "parse_meta", "refused", "member_rel", "over_cap", "file_sha256", "umask", "nvcc_targets",
-           "too_large", "check", "unpack"]
-
 TOP = "flashinfer-sm120-cache"
 FORMAT = 1
 #: Most parts of a path meta.json lists (``generated/a/b/...``); a member adds the top folder.
@@ -53,10 +44,8 @@ _FINGERPRINT = {"flashinfer": str, "targets": list, "cuda_version": str, "cuda_h
 
 
 class CacheError(BuildError):
-    """A refused export or import.  ``kind`` says what kind of refusal (``archive``: the export
-    itself is not what `cache export` writes; ``mismatch``: it was made for another machine;
-    ``space``, ``permission``, ``path``, ``exists``...: :data:`flashinfer_sm120.safety.oserrors.BY_ERRNO`),
-    ``fix`` the fix alone (also at the end of the message).  threat-model: P8"""
+    """A refused export or import: ``kind`` (``archive``: not what `cache export` writes; ``mismatch``:
+    made for another machine; else :data:`~flashinfer_sm120.safety.oserrors.BY_ERRNO`'s), ``fix``.  P8"""
 
     def __init__(self, message: str, kind: str = "archive", fix: str = "") -> None:
         super().__init__(message)
@@ -68,10 +57,8 @@ class CacheError(BuildError):
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """Caps on what an export writes and an import reads and writes (``--max-bytes``), the same for an
-    archive and a directory (threat-model: P6, P7): files, bytes and members counted on headers and
-    sizes before anything is written, and on the bytes actually read while copying; ``max_seconds``
-    bounds each pass over an archive."""
+    """Caps of an export and an import, the same for an archive and a directory (P6, P7): counted on
+    headers and sizes before anything is written, and on the bytes read while copying."""
 
     max_total: int = 32 << 30
     max_file: int = 8 << 30
@@ -79,22 +66,19 @@ class Limits:
     max_seconds: float = 600.0
 
     def max_stream(self) -> int:
-        """Most bytes one pass may read out of an archive's decompressor: the files, meta.json,
-        and a header and padding per member (threat-model: P6)."""
+        """Most bytes one pass may read out of an archive's decompressor (P6)."""
         return self.max_total + MAX_META_BYTES + (self.max_members + 2) * 3 * 512
 
 
 @dataclasses.dataclass(frozen=True)
 class Module:
-    """One module of an export: FlashInfer's name, ``{relative path: sha256}`` (every jit/ path under
-    ``jit/<name>/``, every other under ``generated/``)."""
+    """One module of an export: FlashInfer's name, ``{path under jit/<name>/ or generated/: sha256}``."""
 
     name: str
     files: dict[str, str]
 
     @property
     def label(self) -> str:
-        """The name ``build`` gives this module (``decode-bf16-hd128``), else FlashInfer's."""
         return user_name(self.name)
 
 
@@ -114,12 +98,7 @@ def refused(src: str, what: str) -> CacheError:
 
 
 def parse_meta(obj: Any, source: str) -> Meta:
-    """Check a decoded ``meta.json`` field by field (:mod:`flashinfer_sm120.safety.formats`).
-
-    :raises CacheError: the first field that is not of its grammar, named with a cut value; module
-        names are names, file paths relative paths of names under ``jit/<module>/`` or ``generated/``,
-        no path is both a file and a directory, every digest is SHA-256, manifest entries parse
-        (:func:`~flashinfer_sm120.core.jitenv.manifest.parse_entry`)."""
+    """Check a decoded ``meta.json`` field by field; :raises CacheError: the first field off its grammar."""
     f = field
     try:
         fmt = f(obj, "format", int, source, fix=FIX)
@@ -167,8 +146,7 @@ def parse_meta(obj: Any, source: str) -> Meta:
 
 
 def member_rel(name: str, src: str) -> str:
-    """``name`` (an archive member) relative to the top folder, refusing anything that could land
-    outside it: every part must be a name (no ``..``, no absolute part, no empty part, no backslash)."""
+    """Archive member ``name`` relative to the top folder; every part a name (nothing can land outside)."""
     try:  # one more part than meta.json's paths may have: the top folder
         parts = parse_relpath(name, f"{src}: archive member", max_parts=_MAX_PARTS + 1)
     except FormatError as exc:
@@ -179,8 +157,7 @@ def member_rel(name: str, src: str) -> str:
 
 
 class Budget:
-    """The bytes an export or import may still copy (``--max-bytes``), counted on the bytes actually
-    read, not on sizes a header or ``stat`` declared (a file may grow while read).  threat-model: P6"""
+    """Bytes an export or import may still copy (``--max-bytes``), counted on what is read (P6)."""
 
     def __init__(self, limits: Limits) -> None:
         self.limits, self.left = limits, limits.max_total
@@ -193,9 +170,7 @@ class Budget:
 
 
 def over_cap(src: str, what: str, limits: Limits, *, per_file: bool) -> CacheError:
-    """The refusal of ``src`` for ``what`` (``member m is N bytes``) over the cap that refused it:
-    ``--max-bytes`` (the files' total; the fix says how to raise it), or the per-file cap, which no
-    option changes.  threat-model: P6, P8"""
+    """The refusal of ``src`` for ``what`` over ``--max-bytes`` or the per-file cap.  P6, P8"""
     if per_file:
         return CacheError(f"{src}: {what}, over the per-file cap of {limits.max_file} bytes (which no "
                           f"option changes); refusing the whole export; {FIX}", "archive", FIX)
@@ -205,7 +180,6 @@ def over_cap(src: str, what: str, limits: Limits, *, per_file: bool) -> CacheErr
 
 
 def file_sha256(path: Path) -> str:
-    """The SHA-256 of the file at ``path``, as meta.json records each file of an export."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -225,18 +199,13 @@ def umask() -> int:
 
 
 def nvcc_targets(targets: list[str]) -> str:
-    """Targets as nvcc and ``build`` spell them for the user: ``['12.0f', '12.1f']`` -> ``sm_120f sm_121f``."""
+    """``['12.0f', '12.1f']`` -> ``sm_120f sm_121f``."""
     return " ".join(nvcc_spelling(t) for t in targets)
 
 def _walk(src: str, limits: Limits, meta: Meta | None = None, into: Path | None = None) -> Meta:
-    """The one pass over the archive ``src`` that checks it (:class:`~flashinfer_sm120.safety.formats.tar.TarReader`
-    within :meth:`Limits.max_stream` and ``max_seconds``): each member on its header before its data
-    is read (a plain relative path under TOP/, ``meta.json`` first, a regular file or a directory, within
-    the member-count, per-file and total caps) and listed in meta.json.  meta.json is read from the
-    first member unless ``meta`` is given; with ``into``, each listed file is extracted there once its
-    header passed and the free space was checked.  threat-model: P6, P7
-
-    :returns: the parsed meta.json (``meta`` when given)."""
+    """The one bounded pass over the archive ``src``: each member checked on its header before its data
+    is read, against the caps and meta.json (read from the first member unless given); with ``into``,
+    each listed file is extracted there.  Returns the meta.json.  P6, P7"""
     count = total = 0
     files: set[str] = set()
     dirs: set[str] = set()
@@ -289,14 +258,12 @@ def _meta_member(src: str, tar: TarReader, m: tarfile.TarInfo) -> Meta:
 
 
 def _file_size_limit() -> int | None:
-    """This process's limit on the size of a file it writes (``ulimit -f``, RLIMIT_FSIZE), or None."""
     soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     return None if soft == resource.RLIM_INFINITY else soft
 
 
 def too_large(src: str, what: str, size: int) -> CacheError | None:
-    """The refusal of writing ``what`` (``size`` bytes, from the export ``src``) past this process's
-    file-size limit, which no other directory avoids (writing it fails with EFBIG).  threat-model: P6, P8"""
+    """The refusal of writing ``what`` (``size`` bytes) past this process's ``ulimit -f``, or None.  P6, P8"""
     limit = _file_size_limit()
     if limit is None or size <= limit:
         return None
@@ -328,11 +295,8 @@ def _top(src: str) -> Path:
 
 
 def check(src: str, limits: Limits = Limits()) -> Meta:
-    """Check an export without writing anything and return its meta.json: an archive whole, in one pass
-    (:func:`_walk`); a directory's top folder and meta.json (read bounded, no link followed), its files
-    one by one when installed.
-
-    :raises CacheError: the first unsafe member, an unreadable export, or a bad meta.json."""
+    """The meta.json of an export, checked without writing: an archive whole (:func:`_walk`), a
+    directory's meta.json (its files are checked one by one when installed)."""
     if not os.path.isdir(src):
         return _walk(src, limits)
     name = f"{src}/{TOP}/meta.json"
@@ -345,9 +309,8 @@ def check(src: str, limits: Limits = Limits()) -> Meta:
 
 
 def unpack(src: str, into: Path, meta: Meta, limits: Limits) -> Path:
-    """The folder to read the export's files from: ``src/TOP`` for a directory export (read in place;
-    each file is opened without following links, see :func:`_copy_verified`), else the archive's
-    listed files, unpacked below ``into`` by :func:`_walk`."""
+    """The folder to read the export's files from: ``src/TOP`` of a directory, else the archive's
+    files unpacked below ``into``."""
     if os.path.isdir(src):
         return _top(src)
     if not hasattr(tarfile, "data_filter"):  # PEP 706 came in 3.10.12, 3.11.4, 3.12 (Debian 12: 3.11.2)

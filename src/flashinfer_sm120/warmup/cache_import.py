@@ -1,17 +1,11 @@
-"""Install a cache export on this machine (``cache import``).
+"""``cache import``: install a cache export on this machine, an archive or a directory through one
+install step (threat-model: P7): caps and free space checked on every file before anything is
+written, then module by module under FlashInfer's own lock, copies verified against meta.json.
 
-An export, checked and unpacked by :mod:`.cache_format` (an archive into a private directory, a directory
-read in place), goes through one install step for both forms (threat-model: P7): caps and free space
-checked on every file before anything is written, then module by module under FlashInfer's own lock,
-copies into random-named temporary files verified against meta.json.
-
-A JIT cache entry is only reusable where FlashInfer would write the same ``build.ninja`` (ninja
-recompiles when a command line changes): the same FlashInfer release (it keys the cache directory,
-flashinfer/jit/env.py), the same targets (the directory name and ``-gencode`` flags) and the same
-toolkit (``cuda_home`` and the nvcc release are written into the file, flashinfer/jit/cpp_ext.py).
-Import checks these first and refuses with the mismatch and the fix; it then regenerates each
-module's ``build.ninja`` with this machine's FlashInfer, and asks ninja (``-n``) whether anything would
-be rebuilt, reporting the truth per module.
+An entry is reusable only where FlashInfer writes the same ``build.ninja`` (ninja recompiles when a
+command line changes): the same FlashInfer release, targets, nvcc release, ``CUDA_HOME`` and JIT dir
+(flashinfer/jit/env.py, cpp_ext.py).  Those are checked first; each module's ``build.ninja`` is then
+written by this FlashInfer and ``ninja -n`` says whether anything would be rebuilt.
 """
 
 from __future__ import annotations
@@ -21,25 +15,24 @@ import hashlib
 import os
 import shutil
 import stat
+import struct
 import sys
 import time
 from pathlib import Path
 
 from flashinfer_sm120.core.facts import buildline
-from flashinfer_sm120.warmup.regenerate import CannotRegenerate, make_spec
+from flashinfer_sm120.warmup.replay import CannotRegenerate, make_spec
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import oserrors
-from flashinfer_sm120.safety.formats.paths import deepest_existing, make_private_dirs, safe_join
 from flashinfer_sm120.safety.formats.base import shown
+from flashinfer_sm120.safety.formats.paths import deepest_existing, make_private_dirs, safe_join
+from flashinfer_sm120.safety.formats.reads import read_bytes
 from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.safety.fs.tmpdirs import make_private
-from flashinfer_sm120.warmup import modlock, ninjacmd, ninjadeps, pool
+from flashinfer_sm120.warmup import modlock, ninjacmd, pool
 from flashinfer_sm120.warmup.cache_format import (FIX, Budget, CacheError, Limits, Meta, Module, file_sha256,
                                                   nvcc_targets, over_cap, too_large, umask, unpack)
 from flashinfer_sm120.warmup.session import Session
-
-__all__ = ["precheck", "install"]
-
 
 #: What must be the same on both machines (FlashInfer writes it into each build.ninja), with the fix.
 _SAME = {
@@ -59,8 +52,7 @@ def _said(key: str, value) -> str:
 
 
 def _mismatch(theirs: dict, ours: dict) -> tuple[str, str] | None:
-    """The first of :data:`_SAME` (of those ``ours`` has) that differs, as ``(message, fix)``; then
-    FlashInfer's build-line variables."""
+    """``(message, fix)`` for the first of :data:`_SAME` (that ``ours`` has), then build-line variable, that differs."""
     for k, fix in _SAME.items():
         if k in ours and theirs.get(k) != ours[k]:
             return f"archive has {k} {_said(k, theirs.get(k))}, this machine {_said(k, ours[k])}: {fix}", fix
@@ -74,11 +66,8 @@ def _mismatch(theirs: dict, ours: dict) -> tuple[str, str] | None:
 
 
 def precheck(src: str, meta: Meta) -> None:
-    """Refuse what can be told before FlashInfer is set up here, which creates its workspace, its log and
-    a lease (threat-model: P4): another FlashInfer release (by the installed distribution's release
-    number: its metadata may spell a local build otherwise), a JIT dir outside this machine's workspace.
-
-    :raises CacheError: kind ``mismatch``, naming both values and the fix."""
+    """Refuse, before FlashInfer's set-up creates files (P4), another FlashInfer release (by release
+    number: metadata may spell a local build otherwise) or a JIT dir outside this workspace."""
     from packaging.version import InvalidVersion, Version
 
     from flashinfer_sm120.core.facts.workspace import workspace_path
@@ -99,15 +88,9 @@ def precheck(src: str, meta: Meta) -> None:
 
 
 def install(src: str, meta: Meta, sess: Session, *, force: bool = False, limits: Limits = Limits()) -> list[dict]:
-    """Install the export ``src``, whose meta.json :func:`check` returned, into this machine's FlashInfer
-    JIT cache.
-
-    Each module is reported with ``status``: ``installed``, ``already present``, ``kept existing`` (a
-    different entry is here; ``force`` replaces it), ``refused``, ``failed`` or ``stale`` (installed,
-    but ninja would rebuild it here; ``why`` says which command).
-
-    :raises CacheError: an unsafe archive member, a file whose checksum does not match meta.json, a
-        fingerprint mismatch (the message names it and the fix), or a full disk."""
+    """Install the export ``src`` (``meta`` from :func:`check`) into FlashInfer's JIT cache here; one
+    report per module, ``status`` ``installed``, ``already present``, ``kept existing``, ``refused``,
+    ``failed`` or ``stale`` (ninja would rebuild it here)."""
     from flashinfer.jit import env as jit_env
 
     problem = _mismatch(meta.fingerprint, sess.fingerprint())
@@ -123,9 +106,7 @@ def install(src: str, meta: Meta, sess: Session, *, force: bool = False, limits:
 
 
 def _plan(meta: Meta, root: Path, targets: dict[str, Path], src: str) -> list[tuple[Module, dict[str, tuple[Path, Path]]]]:
-    """For each module, ``{rel: (file in the export, destination)}``; every destination by
-    :func:`flashinfer_sm120.safety.formats.paths.safe_join` under its target root, every source by the same
-    under the export (no link followed)."""
+    """For each module, ``{rel: (file in the export, destination)}``, both by ``safe_join`` (no link followed)."""
     out = []
     for mod in meta.modules:
         paths = {}
@@ -142,24 +123,20 @@ def _plan(meta: Meta, root: Path, targets: dict[str, Path], src: str) -> list[tu
     return out
 
 
-#: Where else an import could go: nowhere by a variable (it must land in the JIT directory the export was
-#: made for, same FLASHINFER_WORKSPACE_BASE), so the fix is a larger disk at that path.
+#: An import must land in the JIT directory the export was made for: the fix for space is a larger disk.
 _ELSEWHERE = ("mount a larger disk at that path (an import goes into the JIT directory the export was made "
               "for: FLASHINFER_WORKSPACE_BASE must be the same on both machines)")
 
 
 def _os_error(exc: OSError, path: object) -> CacheError:
-    """``exc`` as a :class:`CacheError` whose words come from its errno
-    (:data:`flashinfer_sm120.safety.oserrors.BY_ERRNO`).  threat-model: P8"""
+    """``exc`` as a :class:`CacheError` whose words come from its errno.  P8"""
     p = oserrors.describe(exc, path, _ELSEWHERE)
     return CacheError(f"{p.message}; {p.fix}", p.kind, p.fix)
 
 
 def _check_space(plan: list[tuple[Module, dict[str, tuple[Path, Path]]]], limits: Limits, src: str) -> None:
-    """Refuse before anything is written when the export's files are more than the member or byte caps,
-    one is more than the per-file cap, or they do not fit in the free space of the disk they go to.
-    Sizes are ``lstat`` sizes (a sparse file counts at its full length, as it is copied).
-    threat-model: P6, P7"""
+    """Refuse, before anything is written, files over the caps, ``ulimit -f`` or the free space where they
+    go (``lstat`` sizes: a sparse file is copied at its full length).  P6, P7"""
     count = sum(len(paths) for _, paths in plan)
     if count > limits.max_members:
         raise CacheError(f"{src}: it has {count} files, more than {limits.max_members}; refusing the whole "
@@ -187,19 +164,15 @@ def _check_space(plan: list[tuple[Module, dict[str, tuple[Path, Path]]]], limits
 
 def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Session, force: bool,
                   limits: Limits, src: str) -> list[dict]:
-    """The one install step for an archive (unpacked to ``root``) and a directory export (``root`` in
-    it): caps and free space checked on every file before anything is written, then module by module
-    under FlashInfer's per-module lock: copied and verified, then settled.  threat-model: P5, P6, P7"""
+    """The one install step for an archive (unpacked to ``root``) and a directory (``root`` in it).  P5-P7"""
     entries = {e["name"]: e for e in meta.manifest}
     plan = _plan(meta, root, targets, src)
     _check_space(plan, limits, src)
     budget = Budget(limits)
     report = []
     for mod, paths in plan:
-        # threat-model: P4 -- the refusal is decided before the module's lock is taken: taking it
-        # creates cached_ops/tmp/<name>.lock, and a refused module (a name of the export's choosing)
-        # must leave nothing in the JIT dir.  (The generation it compares with is FlashInfer's own,
-        # which FlashInfer does outside this lock too; the copy and settle below run under it.)
+        # threat-model: P4 -- decided before the lock is taken, which creates cached_ops/tmp/<name>.lock:
+        # a refused module (a name of the export's choosing) leaves nothing in the JIT dir
         why = _place_problem(paths) or _refusal(entries.get(mod.name), mod, sess, targets["generated"])
         if why:  # before any file of it is installed
             report.append({"module": mod.label, "name": mod.name, "status": "refused", "why": why})
@@ -267,9 +240,8 @@ def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: boo
 
 
 def _copy_verified(src: Path, dest: Path, sha: str, limits: Limits, budget: Budget) -> None:
-    """Copy ``src`` (opened without following a link, a regular file only) to ``dest`` by the one atomic
-    writer, hashing and counting while copying: put in place only if the digest is ``sha``.
-    threat-model: P5, P6"""
+    """Copy the regular file ``src`` (no link followed) to ``dest`` by the one atomic writer, in place only
+    if its digest is ``sha``.  P5, P6"""
     fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
 
     def copy(fo) -> None:
@@ -294,9 +266,8 @@ def _copy_verified(src: Path, dest: Path, sha: str, limits: Limits, budget: Budg
 
 
 def _place_problem(paths: dict[str, tuple[Path, Path]]) -> str | None:
-    """Why a module's files cannot be written where they go, or None: every directory they go into
-    must be root's or yours and not writable by others (a module directory another user left in a
-    shared workspace would let them swap the .so a server loads).  threat-model: P2, P4"""
+    """Why a module's files cannot go where they go (a directory another user controls could swap the .so
+    a server loads), or None.  P2, P4"""
     from flashinfer_sm120.safety.ownership import check_place
 
     for d in sorted({str(dest.parent) for _, dest in paths.values()}):
@@ -308,10 +279,8 @@ def _place_problem(paths: dict[str, tuple[Path, Path]]) -> str | None:
 
 
 def _refusal(entry: dict | None, mod: Module, sess: Session, gen_root: Path) -> str | None:
-    """Why the module cannot be imported, or None: its manifest entry must be made by this
-    FlashInfer's generator (:func:`~flashinfer_sm120.warmup.regenerate.make_spec`, which writes
-    FlashInfer's own sources), and every generated source the export carries must be exactly what
-    that wrote."""
+    """Why the module cannot be imported, or None: this FlashInfer's generator must make its entry, and
+    every generated source the export carries must be exactly what that wrote."""
     # threat-model: P2 (an export's source text is compared with the local generation, never compiled)
     if entry is None:
         return ("meta.json has no manifest entry for it, so this FlashInfer cannot make its sources; export "
@@ -341,15 +310,13 @@ def _refusal(entry: dict | None, mod: Module, sess: Session, gen_root: Path) -> 
 
 
 def _settle(entry: dict | None, sess: Session) -> dict:
-    """Under the module's lock (held by :func:`_install_from`): regenerate the module's build.ninja with
-    this FlashInfer, make the imported outputs newer than this machine's inputs (objects before the
-    library), record that in ninja's log (``ninja -t restat``), and ask ninja whether it would rebuild."""
+    """Under the module's lock: write its build.ninja with this FlashInfer, make the outputs newer than
+    this machine's inputs, tell ninja's logs, and ask ninja whether it would rebuild."""
     if entry is None:
         return {"status": "stale", "why": "meta.json has no manifest entry for it"}
     spec = make_spec(entry, sess.flashinfer)
     spec.write_ninja()  # FlashInfer's own; the caller holds the module's lock (spec.lock_path)
-    # Make the imported outputs newer than this machine's inputs (its pip install may be
-    # later than the export): objects first, the library last; then tell ninja's logs.
+    # this machine's pip install may be later than the export: objects first, the library last
     now = time.time_ns()
     outs = sorted(p for p in spec.build_dir.iterdir() if p.suffix == ".o")
     if spec.jit_library_path.exists():
@@ -360,7 +327,7 @@ def _settle(entry: dict | None, sess: Session) -> dict:
         os.utime(p, ns=(ns, ns))
         stamps[str(p.resolve())] = os.stat(p).st_mtime_ns
     job = pool.Job(spec.name, spec.build_dir, spec.ninja_path)
-    ninjadeps.restamp(str(spec.build_dir / ".ninja_deps"), stamps)
+    restamp(str(spec.build_dir / ".ninja_deps"), stamps)
     from flashinfer_sm120.safety import proc
 
     proc.run(ninjacmd.command(job, "-t", "restat"), timeout=120, max_output=1 << 20)
@@ -372,10 +339,57 @@ def _settle(entry: dict | None, sess: Session) -> dict:
 
 
 def _absent_here(command: str) -> str:
-    """Why a command ninja would rerun differs here, when a path it names does not exist on this machine
-    (another Python's include directory, another toolkit): `` (it names X, absent here)``; else ``""``."""
+    """`` (it names X, absent here)`` when a path ``command`` names does not exist here, else ``""``."""
     for token in command.split():
         path = token[2:] if token.startswith(("-I", "-L")) else token.split("=", 1)[-1]
         if path.startswith("/") and not os.path.exists(path):
             return f" (it names {shown(path, 200)}, absent here: the export was made with other paths)"
     return ""
+
+
+#: Largest deps log rewritten (bytes); a module's is a few hundred KiB.
+MAX_DEPS_BYTES = 256 << 20
+
+
+def restamp(path: str, mtimes_ns: dict[str, int]) -> int:
+    """Set the mtime ninja's deps log (``.ninja_deps`` v4) records for each output in ``mtimes_ns``
+    (absolute path -> ns); how many records changed.  A log that is missing, of another version, a
+    link, not a regular file or over :data:`MAX_DEPS_BYTES` is left untouched (0).
+
+    Ninja treats an output whose recorded mtime differs from the file's as dirty (src/graph.cc
+    ``ImplicitDepLoader::LoadDeps``).  Layout (src/deps_log.cc): ``"# ninjadeps\\n"``, int32 version, then
+    records of a uint32 size (high bit: deps record) and a payload: a path record is the NUL-padded
+    path and a uint32 checksum; a deps record is int32 output id, the mtime as two uint32 (low, high)
+    and int32 input ids."""
+    if not os.path.lexists(path):
+        return 0
+    try:  # bounded, never through a link, never a FIFO (read_bytes)
+        data = bytearray(read_bytes(path, MAX_DEPS_BYTES, follow=False))
+    except FormatError:
+        return 0
+    if not data.startswith(b"# ninjadeps\n") or len(data) < 16 or struct.unpack_from("<i", data, 12)[0] != 4:
+        return 0
+    ids: list[str] = []
+    pos, changed = 16, 0
+    while pos + 4 <= len(data):
+        (size,) = struct.unpack_from("<I", data, pos)
+        is_deps, size = bool(size & 0x80000000), size & 0x7FFFFFFF
+        body = pos + 4
+        if body + size > len(data):
+            break  # a truncated last record: ninja ignores it too
+        if size % 4 or size < (12 if is_deps else 8):
+            # threat-model: P6 -- not a record ninja writes (whole 4-byte words, room for an id and an
+            # mtime or a path and a checksum): the log comes from an export, so it is left untouched
+            return 0
+        if is_deps:
+            (out_id,) = struct.unpack_from("<i", data, body)
+            if 0 <= out_id < len(ids) and ids[out_id] in mtimes_ns:
+                ns = mtimes_ns[ids[out_id]]
+                struct.pack_into("<II", data, body + 4, ns & 0xFFFFFFFF, (ns >> 32) & 0xFFFFFFFF)
+                changed += 1
+        else:
+            ids.append(bytes(data[body:body + size - 4]).rstrip(b"\0").decode(errors="surrogateescape"))
+        pos = body + size
+    if changed:
+        write_atomic(path, data, mode=0o644)
+    return changed

@@ -1,16 +1,10 @@
-"""Named FlashInfer JIT modules that ``flashinfer-sm120 build`` knows, with their variants and names.
+"""The module names ``flashinfer-sm120 build`` knows, as data, with their variants.
 
-A name stands for FlashInfer's public API and builds exactly the JIT module(s) that API loads on its
-first call, for the installed release: each :class:`Variant` calls the module *getter* that API calls
-(``flashinfer.prefill.get_batch_prefill_module``, called by both batch-prefill wrappers' ``plan``) with
-the wrapper's arguments and takes the ``JitSpec`` whose ``build_and_load`` the getter reaches first,
-without building it.  So the URI and ``build.ninja`` are FlashInfer's own (on 0.7.4 the FA2 prefill
-module ends in ``_kv_stride_equal``: ``flashinfer/jit/attention/modules.py``
-``_BATCH_PREFILL_MODULE_URI_SUFFIX``; on 0.4.0 - 0.6.x it has no suffix).
-
-The getter's arguments are matched by name against the signature of its URI function
-(``get_batch_prefill_uri(backend, *args)``, ``get_batch_decode_uri(*args)`` in 0.4.0 - 0.7.4);
-parameters build does not set take the release's default.
+A name stands for a FlashInfer API and builds the JIT module(s) it loads on its first call, for the
+installed release: each :class:`Variant` calls the *getter* that API calls with the wrapper's arguments
+(matched by name against the signature of its URI function, ``get_batch_prefill_uri(backend, *args)``,
+0.4.0 - 0.7.4) and takes the spec the getter reaches ``build_and_load`` with, without building it.  So
+the URI and ``build.ninja`` are FlashInfer's own (0.7.4's FA2 prefill URI ends in ``_kv_stride_equal``).
 """
 
 from __future__ import annotations
@@ -28,9 +22,6 @@ from typing import Any, Callable
 from flashinfer_sm120.errors import Sm120Error
 from flashinfer_sm120.safety.formats.base import some
 
-__all__ = ["ModuleError", "Variant", "NAMES", "DTYPES", "ACTIVATIONS", "describe_all", "expand", "EXTRA_HEADERS",
-           "missing_headers", "label", "user_name"]
-
 
 class ModuleError(Sm120Error, ValueError):
     """A module name or variant flag ``build`` does not know; the message names the fix."""
@@ -44,11 +35,9 @@ ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
 @dataclasses.dataclass(frozen=True)
 class Getter:
-    """A FlashInfer module getter (``name`` in ``module``) that a public API calls on first use;
-    ``label``: its variants' name prefix; ``uri``: the URI function in ``module`` whose signature
-    names the attention arguments (``None``: no such arguments); ``fallback``: ``(module,
-    generator)`` where a release lacks the getter (0.6.7 defines ``get_norm_module`` only when
-    ``FLASHINFER_USE_CUDA_NORM=1`` or CuTe DSL is missing)."""
+    """A getter a public API calls on first use; ``uri``: the URI function naming its attention arguments;
+    ``fallback``: ``(module, generator)`` where a release lacks the getter (0.6.7 defines
+    ``get_norm_module`` only with ``FLASHINFER_USE_CUDA_NORM=1`` or without CuTe DSL)."""
 
     module: str
     name: str
@@ -64,16 +53,13 @@ ACTIVATION = Getter("flashinfer.activation", "get_act_and_mul_module", "activati
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """One concrete JIT module to generate: its name (:func:`label`), what it is, and the getter
-    call that loads it."""
+    """One concrete JIT module: its :func:`label`, what it is, and the getter call that loads it."""
 
     label: str
     what: str
     getter: Getter
-    #: ``torch -> dict`` of the URI function's parameters by name (``getter.uri`` set), else
-    #: ``torch -> tuple`` of the getter's positional arguments
+    #: ``torch -> dict`` of the URI function's parameters (``getter.uri`` set), else the getter's arguments
     make_args: Callable[[Any], Any]
-    #: CUDA library headers beyond nvcc, cudart and curand that its sources include.
     headers: tuple[str, ...] = ()
 
     @property
@@ -81,11 +67,7 @@ class Variant:
         return self.getter.name
 
     def spec(self):
-        """The ``JitSpec`` the getter builds first for these arguments (FlashInfer must be patched first).
-
-        :raises ModuleError: the release lacks the getter (and a fallback), its URI function
-            takes a parameter build cannot fill, or the getter loads no JIT module.
-        """
+        """The ``JitSpec`` the getter builds first (FlashInfer patched); :raises ModuleError: none here."""
         import torch
 
         g = self.getter
@@ -111,14 +93,12 @@ class Variant:
 
 
 def _release() -> str:
-    """``FlashInfer X.Y.Z`` for messages; never imports FlashInfer (``spec()`` runs after it is)."""
     version = getattr(sys.modules.get("flashinfer"), "__version__", None)
     return f"FlashInfer {version}" if isinstance(version, str) else "this FlashInfer"
 
 
 def _args_for(uri_fn: Callable, values: dict, variant: Variant) -> tuple:
-    """The getter's positional arguments: ``uri_fn``'s parameters in order, each from
-    ``values`` by name, else its default; stops at ``*args``/keyword-only parameters."""
+    """``uri_fn``'s positional parameters in order, each from ``values`` by name, else its default."""
     out = []
     for p in inspect.signature(uri_fn).parameters.values():
         if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
@@ -147,8 +127,8 @@ _CAPTURE_LOCK = threading.Lock()
 
 
 def _first_load(getter: Callable, args: tuple, variant: Variant):
-    """Run ``getter``'s body (past any ``functools.cache``) until it calls ``build_and_load``;
-    return that spec.  Only this thread is intercepted, and only for the call."""
+    """The spec ``getter``'s body (past any ``functools.cache``) calls ``build_and_load`` on first; only this
+    thread is intercepted, only for the call."""
     import flashinfer.jit.core as core
 
     body = inspect.unwrap(getter)
@@ -256,12 +236,8 @@ def _dtype(value: str, flag: str) -> str:
 
 def expand(names: list[str], *, head_dims: str | None = None, dtypes: str | None = None,
            kv_dtypes: str | None = None, acts: str | None = None) -> list[Variant]:
-    """Module names (of :data:`NAMES`, or ``all``) and the values of ``--head-dim``, ``--dtype``,
-    ``--kv-dtype`` and ``--act`` as concrete variants, in order, each module once (``decode
-    prefill`` share one).  Nothing here imports FlashInfer.
-
-    :raises ModuleError: unknown name, head dim or dtype (the message lists the valid ones).
-    """
+    """Module names (or ``all``) and the variant flags as variants, in order, each module once (``decode
+    prefill`` share one); imports nothing of FlashInfer.  :raises ModuleError: naming the valid values."""
     if "all" in names:
         names = list(NAMES) + [n for n in names if n not in NAMES and n != "all"]
     unknown = [n for n in names if n not in NAMES]
@@ -315,9 +291,8 @@ def _attention(g: Getter, dt: str, kv: str, hd: int, headers: tuple[str, ...] = 
 
 
 def label(kind: str, dtype: str | None = None, kv_dtype: str | None = None, head_dim: int | None = None) -> str:
-    """The name ``build`` gives a module, the one people read: ``sampling``, ``activation-silu``,
-    ``decode-bf16-hd128``, ``prefill-bf16-kvfp8_e4m3-hd128`` (``kind``: a getter's label, or
-    ``activation-<act>``; the dtypes are ``--dtype`` spellings)."""
+    """The name ``build`` gives a module: ``sampling``, ``activation-silu``, ``decode-bf16-hd128``,
+    ``prefill-bf16-kvfp8_e4m3-hd128``."""
     if head_dim is None:
         return kind
     return f"{kind}-{dtype}" + (f"-kv{kv_dtype}" if kv_dtype != dtype else "") + f"-hd{head_dim}"
@@ -335,9 +310,7 @@ _ATTENTION_URI = re.compile(r"batch_(decode|prefill)_with_kv_cache_dtype_q_([a-z
 
 
 def user_name(flashinfer_name: str) -> str:
-    """:func:`label` of the FlashInfer module named ``flashinfer_name`` (its URI, the directory
-    under ``cached_ops``), when ``build`` makes that module; else ``flashinfer_name`` itself.
-    Never imports FlashInfer."""
+    """:func:`label` of the FlashInfer module ``flashinfer_name`` when ``build`` makes it, else the name itself."""
     m = _ATTENTION_URI.fullmatch(flashinfer_name)
     if m:
         kind, q, kv, o, hd, prefill_tail = m.groups()
@@ -354,9 +327,8 @@ def user_name(flashinfer_name: str) -> str:
 
 def missing_headers(variants: list[Variant], include_dirs: list[str], cuda_release: str,
                     pip_toolkit: bool, toolkit_root: str) -> list[str]:
-    """One message per header some variants need that none of ``include_dirs`` (where nvcc looks)
-    holds, naming the fix for the toolkit at ``toolkit_root`` (``cuda_release``: its ``major.minor``;
-    ``pip_toolkit``: from pip wheels, so the fix is a pip install)."""
+    """One message per header some variants need that none of ``include_dirs`` holds, with the fix for the
+    toolkit at ``toolkit_root`` (a pip install when ``pip_toolkit``)."""
     import os
 
     out: dict[str, list[str]] = {}
@@ -378,7 +350,6 @@ def missing_headers(variants: list[Variant], include_dirs: list[str], cuda_relea
 
 
 def describe_all() -> str:
-    """The text of ``build --list``: each module, what it is, and its variant flags."""
     lines = ["Modules (flashinfer-sm120 build NAME ...; 'all' builds every one). Each builds the JIT "
              "module(s) the named FlashInfer API loads on its first call, for the installed release:"]
     width = max(map(len, NAMES))

@@ -1,6 +1,5 @@
-"""One module's ninja, as FlashInfer runs it: the binary (the one the server will run), its
-command line and environment, a dry run (what it would still do), what the module's binary
-holds by its ``-gencode`` flags, and which steps it runs (from ``/proc``).  A *job* is
+"""One module's ninja as FlashInfer runs it: its binary, command line and environment, a dry run,
+what its ``-gencode`` flags put in the binary, and the steps it runs (``/proc``).  A *job* is
 anything with ``label``, ``build_dir`` and ``ninja_path`` (:class:`.pool.Job`)."""
 
 from __future__ import annotations
@@ -8,9 +7,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-
-__all__ = ["STATUS_RE", "ninja_binary", "command", "ninja_env", "dry_run", "gencode_summary", "Step", "steps",
-           "step_name"]
 
 #: A ninja status line under ``NINJA_STATUS="[%f/%t] "``: finished, total, the step.  At most 9 ASCII
 #: digits: ninja passes the compilers' output through, and ``int()`` refuses over 4300 digits.
@@ -20,12 +16,8 @@ _DRY_RUN_MAX = 16 << 20  # ninja -n of a FlashInfer module: a few KB per step
 
 
 def ninja_binary() -> str:
-    """The ninja the server will run (:func:`flashinfer_sm120.core.toolkit.ninja.choose`: the
-    ``ninja`` wheel next to FlashInfer first, trusted like any binary), which the export puts
-    first on ``PATH`` for FlashInfer's ``run_ninja``: a cache built by another ninja release
-    (another ``.ninja_log`` format) would be rebuilt by the server.
-
-    :raises flashinfer_sm120.core.toolkit.ninja.NinjaError: no usable ninja (the message names the fix)."""
+    """The ninja the server will run (another release's ``.ninja_log`` would make it rebuild); :raises
+    NinjaError: none usable."""
     from flashinfer_sm120.core.toolkit import ninja
 
     return ninja.choose().path
@@ -36,20 +28,14 @@ def command(job, *extra: str) -> list[str]:
 
 
 def ninja_env() -> dict:
-    """The process environment with ninja's status format and a temporary directory of this
-    process's own (:func:`flashinfer_sm120.safety.buildenv.build_env`: nvcc's temporary names are
-    predictable).
-
-    :raises flashinfer_sm120.errors.PlaceError: ``$TMPDIR`` is another uid's to change."""
+    """The environment with ninja's status format and a private temporary directory (P5)."""
     from flashinfer_sm120.safety.buildenv import build_env
 
     return build_env(dict(os.environ, NINJA_STATUS="[%f/%t] "))
 
 
 def dry_run(job) -> list[str]:
-    """Commands ninja would run for ``job`` now (empty: up to date).  Runs ``ninja -n``.
-
-    :raises flashinfer_sm120.core.toolkit.ninja.NinjaError: ninja itself failed (bad build file)."""
+    """Commands ``ninja -n`` says it would run for ``job`` (empty: up to date); :raises NinjaError."""
     from flashinfer_sm120.safety import proc
     from flashinfer_sm120.core.toolkit.ninja import NinjaError
 
@@ -62,9 +48,8 @@ def dry_run(job) -> list[str]:
 
 
 def gencode_summary(ninja_text: str) -> list[str]:
-    """What the module's binary holds, per ``-gencode``: ``SASS sm_120f`` for ``code=sm_*``
-    (machine code), ``PTX compute_120f`` only for ``code=compute_*`` (embedded PTX).
-    Source: nvcc documentation, "--generate-code" (code=sm_XY is a cubin, code=compute_XY is PTX)."""
+    """What the binary holds per ``-gencode``: ``SASS sm_120f`` for ``code=sm_*``, ``PTX compute_120f``
+    for ``code=compute_*`` (nvcc documentation, "--generate-code")."""
     out = []
     for arch, codes in sorted(set(re.findall(r"-gencode=arch=(compute_\w+),code=\[?([\w,]+)\]?", ninja_text))):
         for code in codes.split(","):
@@ -75,8 +60,7 @@ def gencode_summary(ninja_text: str) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """A process ninja started for a step: ``exited`` (a zombie ninja has not reaped: ninja reaps a
-    step only at EOF on its output, which a leftover child of the step can hold open for ever)."""
+    """A step's process; ``exited``: a zombie (ninja reaps only at EOF, which a leftover child can hold off)."""
 
     pid: int
     command: str
@@ -84,8 +68,7 @@ class Step:
 
 
 def steps(pid: int) -> list[Step]:
-    """The direct children of ``pid`` (Linux /proc; empty elsewhere) that are steps: ``command`` is the one
-    ninja runs as ``/bin/sh -c COMMAND`` (empty once exited); a child not yet exec'd is not listed."""
+    """Children of ``pid`` running ``/bin/sh -c COMMAND`` (or exited), from Linux ``/proc``."""
     out = []
     try:
         names = os.listdir("/proc")

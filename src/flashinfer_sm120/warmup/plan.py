@@ -1,13 +1,6 @@
-"""``build``'s plan: compiles at once and nvcc threads within the memory budget, and the
-per-family estimates it admits modules by, refined by the peaks it records.
-
-* **jobs**: ``-j``, else the user's ``MAX_JOBS`` as FlashInfer reads it, else the CPUs
-  (:func:`default_jobs`); compiles are *admitted* only while
-  their estimates fit in the budget, never fewer than one.
-* **threads**: the user's ``FLASHINFER_NVCC_THREADS``, else FlashInfer's 1; never chosen here
-  (see :mod:`flashinfer_sm120.core.jitenv.jobs`).
-* **budget**: ``--mem-limit``, else what this process may use less
-  :data:`~flashinfer_sm120.core.jitenv.jobs.MARGIN`.
+"""``build``'s plan: compiles at once (``-j``, else ``MAX_JOBS`` as FlashInfer reads it, else the CPUs)
+and nvcc threads (the user's, never chosen here) within a memory budget (``--mem-limit``, else what
+this process may use less a margin), and the per-family estimates compiles are admitted by.
 """
 
 from __future__ import annotations
@@ -24,14 +17,11 @@ from flashinfer_sm120.core.jitenv.jobs import (FAMILIES, MARGIN, RECORDED_KEEP, 
                                                recorded, user_threads)
 from flashinfer_sm120.core.jitenv.memory import MemoryView, fmt_bytes, read_memory
 
-__all__ = ["Plan", "plan", "default_jobs", "family_of", "estimate", "record_peak"]
-
 logger = logging.getLogger("flashinfer_sm120")
 
 
 def default_jobs(env=None) -> tuple[int, str]:
-    """``(compiles at once, why)`` when ``build -j`` is not given: the user's ``MAX_JOBS`` as FlashInfer
-    reads it, else the CPUs.  The one reader of ``MAX_JOBS`` for ``build`` and the pool."""
+    """``(compiles at once, why)`` without ``-j``: the user's ``MAX_JOBS`` as FlashInfer reads it, else the CPUs."""
     raw_jobs = raw_env("MAX_JOBS", env)
     max_jobs = flashinfer_max_jobs(raw_jobs)[0]
     if max_jobs:
@@ -43,19 +33,16 @@ def default_jobs(env=None) -> tuple[int, str]:
 
 
 def family_of(module: str) -> Family:
-    """The family of FlashInfer module ``module`` (``sampling``, ``fp4_gemm_cutlass_sm120``)."""
     return next((fam for fam in FAMILIES if re.search(fam.pattern, module)), FAMILIES[-1])
 
 
 def estimate(module: str, known: dict[str, list[int]] | None = None) -> Estimate:
-    """Peak memory of one compile process of ``module`` (``--threads 1``): its family's estimate."""
+    """Peak memory of one compile of ``module`` (``--threads 1``): its family's estimate."""
     return family_estimate(family_of(module), recorded() if known is None else known)
 
 
 def record_peak(module: str, peak_bytes: int, threads_factor: int = 1) -> None:
-    """Remember that one compile of ``module`` peaked at ``peak_bytes`` (divided by ``threads_factor``,
-    the targets nvcc compiled at once).  Never raises: a file that cannot be written only costs
-    accuracy later (logged at INFO)."""
+    """Remember one compile's peak (``peak_bytes`` / ``threads_factor``); a write that fails is logged only."""
     if peak_bytes <= 0:
         return
     fam = family_of(module).name
@@ -73,9 +60,7 @@ def record_peak(module: str, peak_bytes: int, threads_factor: int = 1) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The plan, with where each number came from (for ``build`` and ``doctor``): ``per_compile`` is one
-    compile's bytes (estimate x targets compiled at once); ``budget`` and ``fits`` (compiles of that
-    size that fit, at least 1) are ``None`` when memory is unknown."""
+    """The plan with where each number came from; ``budget`` and ``fits`` are ``None`` when memory is unknown."""
 
     jobs: int
     jobs_from: str
@@ -89,7 +74,6 @@ class Plan:
 
     @property
     def at_once(self) -> int:
-        """Compiles of this size run at once: the jobs, or fewer when memory says so."""
         return self.jobs if self.fits is None else max(1, min(self.jobs, self.fits))
 
     def lines(self) -> list[str]:
@@ -107,9 +91,7 @@ class Plan:
 
 def plan(est: Estimate, *, targets: int = 1, jobs: int | None = None, mem_limit: int | None = None,
          env=None, view: MemoryView | None = None) -> Plan:
-    """The jobs, threads and memory budget for compiles of estimate ``est`` (``targets``: gencode
-    targets per compile; ``jobs``: ``build -j``; ``mem_limit``: ``--mem-limit``; ``view``: memory
-    already read; ``env``: default ``os.environ``)."""
+    """The plan for compiles of estimate ``est`` (``targets`` per compile; ``env``: default ``os.environ``)."""
     n_jobs, jobs_from = (jobs, "-j") if jobs is not None and jobs > 0 else default_jobs(env)
     raw_threads, threads = user_threads(env)
     if raw_threads is None:

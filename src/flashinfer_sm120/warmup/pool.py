@@ -1,28 +1,12 @@
-"""One job pool for many FlashInfer JIT modules, with one truthful progress display.
+"""One job pool for many FlashInfer JIT modules, each built by its own ninja in its own directory.
 
-Why not one ninja over all modules (FlashInfer's ``build_jit_specs`` writes a
-top-level file of ``subninja`` lines and runs ninja in the JIT dir): ninja keeps
-its ``.ninja_log``/``.ninja_deps`` in the directory it runs in, and FlashInfer's
-run-time ``JitSpecNvcc.build`` runs ninja in each module's own directory
-(flashinfer/jit/core.py, ``run_ninja(self.build_dir, ...)``).  Ninja treats an
-output with no log entry as dirty ("command line not found in log"), so a module
-built by the pooled file is compiled again by the first server that loads it.
-
-So each module is built by its own ninja in its own directory (exactly the
-command FlashInfer runs), and this pool is the one scheduler of ``jobs`` slots: a
-module gets ``-j`` = the slots free when it starts, and as its remaining steps drop
-below its ``-j`` (counted from the processes ninja has running), the spare slots go
-to the next module.  At no time do more than ``jobs`` compile steps run.
-
-Memory: with a ``mem_budget``, a module is started (and given slots) only while its
-steps (``Job.mem`` each) fit in what the running modules leave; when nothing runs, one
-module always starts, whatever its estimate.
-
-Every step ninja runs is watched (P6): one whose process exited is done, and what it
-left running (holding its output open, so ninja would wait for ever) is killed with its
-process group; one past ``step_timeout`` is stopped (its group: SIGTERM, SIGKILL after
-``_STOP_S``).  On any exit, each ninja gets SIGTERM and, after ``_STOP_S``, everything it
-started is killed (:func:`flashinfer_sm120.safety.proc.kill_all`).
+Not one ninja over all modules (FlashInfer's ``build_jit_specs``): ninja keeps its logs in the directory
+it runs in, FlashInfer's ``JitSpecNvcc.build`` runs ninja in each module's directory
+(flashinfer/jit/core.py ``run_ninja(self.build_dir, ...)``), and an output with no log entry there is
+dirty, so the first server would compile the module again.  The pool is the one scheduler of ``jobs``
+compile slots (and, with a ``mem_budget``, of memory): a module gets ``-j`` = the slots free when it
+starts, and the slots its remaining steps no longer need go to the next.  Every step is watched and
+every ninja stopped with what it started (threat-model: P6).
 """
 
 from __future__ import annotations
@@ -44,8 +28,6 @@ from flashinfer_sm120.safety.formats.base import plural
 from flashinfer_sm120.warmup import modlock
 from flashinfer_sm120.warmup.ninjacmd import STATUS_RE, command, dry_run, ninja_env, step_name, steps
 
-__all__ = ["Job", "Result", "run_pool", "STEP_TIMEOUT_S"]
-
 _LINE_MAX = 1 << 16  # characters of one line of ninja's output kept (the rest of it dropped)
 _FAILED_MAX = 2000  # lines of a failure's output kept
 _STOP_S = 10  # seconds a stopped step or ninja gets after SIGTERM before SIGKILL
@@ -57,8 +39,7 @@ BEAT_S = 30  # seconds between progress lines
 
 @dataclasses.dataclass
 class Job:
-    """One module to build: ``label`` for people, its ninja file, FlashInfer's lock file, and
-    ``mem``, the bytes one of its compile steps takes (0: not counted)."""
+    """One module to build; ``mem``: the bytes one of its compile steps takes (0: not counted)."""
 
     label: str
     build_dir: Path
@@ -69,8 +50,7 @@ class Job:
 
 @dataclasses.dataclass
 class Result:
-    """Outcome of one module: ``status`` is ``built``, ``up to date`` or ``failed``;
-    ``peak_rss``: bytes of the largest process its build ran (Linux ``wait4``), when built."""
+    """``status``: ``built``, ``up to date`` or ``failed``; ``peak_rss``: of its largest process (``wait4``)."""
 
     label: str
     status: str
@@ -94,6 +74,7 @@ class _Running:
         self.running: list = []  # steps running at the last watch()
         self.timed_out: list[str] = []  # what was stopped at its deadline, for the error
         self.marker = uuid.uuid4().hex  # finds what ninja started, wherever it went (P6)
+        self.lock = _Nothing()  # FlashInfer's lock on the module, released when it ends
         self.proc = subprocess.Popen(command(job, "-j", str(slots)), stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, errors="replace",
                                      env=dict(ninja_env(), **{_proc.MARKER_VAR: self.marker}),
@@ -143,10 +124,8 @@ class _Running:
         self.seen = {st.pid: self.seen[st.pid] for st in found}
 
     def committed(self) -> int:
-        """Compile slots this module can still use: its running compile steps plus those not
-        started, less the final link (it runs only after all the others).  A running link
-        holds no compile slot: it is short and light, and the next module's compile starts
-        beside it rather than after it."""
+        """Compile slots this module can still use: running and unstarted compile steps; the link runs
+        last and holds no slot (it is short and light: the next module's compile starts beside it)."""
         linking = sum(1 for name, _ in self.running if name.startswith("link "))
         left = max(0, self.steps - self.finished - len(self.running))
         if left and not linking:
@@ -155,12 +134,16 @@ class _Running:
 
 
 class _Display:
-    """One line per finished or failed step, and every ``beat_s`` a line naming the steps that run,
-    for how long, and what is left."""
+    """A line per finished or failed step; every ``beat_s`` the steps that run and what is left."""
 
     def __init__(self, stream, total: int, beat_s: float) -> None:
         self.stream, self.total, self.done, self.beat_s = stream, total, 0, beat_s
         self.t0 = self.last_beat = time.monotonic()
+
+    def step(self, text: str) -> None:
+        """A step finished (or failed): counted, then said."""
+        self.done += 1
+        self.event(text)
 
     def event(self, text: str) -> None:
         self.stream.write(f"[{self.done}/{self.total}] {text}  ({time.monotonic() - self.t0:.0f} s)\n")
@@ -191,22 +174,10 @@ class _Nothing:
 def run_pool(jobs: list[Job], max_jobs: int, stream=None, mem_budget: int | None = None,
              *, intro: tuple[str, ...] = (), step_timeout: float = STEP_TIMEOUT_S,
              beat_s: float = BEAT_S) -> list[Result]:
-    """Build ``jobs`` sharing ``max_jobs`` compile slots; print progress on ``stream``.
-
-    Up-to-date modules (``ninja -n`` finds nothing to do) are left to the caller's report; a step
-    is reported as compiled only after ninja showed it did not fail; a failed module carries the
-    compiler's error in :attr:`Result.error`.  Takes FlashInfer's per-module lock for each module
-    while it builds (another process building the same module is waited for, and said so).
-
-    :param max_jobs: parallel compile steps (the plan's jobs, :func:`flashinfer_sm120.warmup.plan.plan`).
-    :param mem_budget: bytes the compile steps may use together (each job's ``mem`` per step);
-        ``None``: not counted.
-    :param intro: lines printed before the build, only when something is to be built.
-    :param step_timeout: seconds one step may run (``build --step-timeout``).
-    :param beat_s: seconds between progress lines.
-    :returns: one :class:`Result` per job, in the order given.
-    """
-    with _proc.signals_as_exit():  # SIGTERM/SIGHUP run the clean-up below, as Ctrl-C does
+    """Build ``jobs`` sharing ``max_jobs`` compile slots and ``mem_budget`` bytes (``None``: not counted),
+    each under FlashInfer's per-module lock, progress on ``stream`` (``intro`` first, when something is
+    to build); one :class:`Result` per job, in order."""
+    with _proc.signals_as_exit():  # SIGTERM/SIGHUP run the clean-up, as Ctrl-C does
         return _run_pool(jobs, max_jobs, stream or sys.stderr, mem_budget, intro, step_timeout, beat_s)
 
 
@@ -235,158 +206,162 @@ def _run_pool(jobs, max_jobs, stream, mem_budget, intro, step_timeout, beat_s) -
         stream.write(f"to build: {plural(len(pending), 'module')}, {plural(total, 'compile/link step')}, "
                      f"-j {max_jobs}: " + ", ".join(f"{j.label} ({n})" for j, n in pending) + "\n")
     stream.flush()
-    display = _Display(stream, total, beat_s)
-    events: queue.Queue = queue.Queue()
-    running: dict[str, _Running] = {}
-    locks: dict[str, object] = {}
-    waiting_said: set[str] = set()
+    pool = _Pool(pending, results, _Display(stream, total, beat_s))
     try:
-        while pending or running:
-            committed = {lbl: r.committed() for lbl, r in running.items()}
-            free = max_jobs - sum(committed.values())
-            mem_left = None if mem_budget is None else mem_budget - sum(
-                committed[lbl] * r.job.mem for lbl, r in running.items())
-            for item in list(pending):
-                if free < 1:
-                    break
-                job, n = item
-                fit = _fits(job, mem_left, nothing_runs=not running)
-                if fit < 1:
-                    continue  # a lighter module further on may fit
-                if not _start(item, pending, running, results, locks, waiting_said, display, events,
-                              give := max(1, min(free, max(1, n - 1), fit))):  # n - 1: the link runs last
-                    continue
-                free -= give
-                if mem_left is not None:
-                    mem_left -= give * job.mem
-            _drain(events, running, results, display, locks, timeout=0.5)
-            now = time.monotonic()
-            for r in running.values():
-                if r.pending is not None and now - r.pending_since > 0.3:
-                    _confirm(r, display)  # ninja prints FAILED right after the status line
-                r.watch(now, step_timeout)
-            display.beat([(f"{lbl}/{name}", s) for lbl, r in running.items() for name, s in r.running])
+        pool.run(max_jobs, mem_budget, step_timeout)
     finally:
-        _stop(running.values(), locks.values())
+        pool.stop()
     return [results[j.label] for j in jobs]
 
 
-def _start(item, pending, running, results, locks, waiting_said, display, events, slots: int) -> bool:
-    """Start ``item``'s ninja under FlashInfer's per-module lock; whether it started."""
-    job, n = item
-    lock = _Nothing() if job.lock_path is None else modlock.try_take(job.lock_path)
-    if lock is None and (other := modlock.foreign_holder(job.lock_path)) is not None:
-        pending.remove(item)  # not waited for: another uid can hold it off for ever
-        display.total -= n
-        results[job.label] = Result(job.label, "failed", error=modlock.refusal(job.lock_path, job.label, other))
-        display.event(f"FAILED {job.label}: {results[job.label].error}")
-        return False
-    if lock is None:
-        if job.label not in waiting_said:
-            waiting_said.add(job.label)
-            display.event(f"{job.label}: waiting for another process building it (lock {job.lock_path})")
-        return False
-    pending.remove(item)
-    if job.label in waiting_said and not dry_run(job):  # the other process built it meanwhile
-        lock.release()
-        display.total -= n
-        results[job.label] = Result(job.label, "up to date")
-        display.event(f"up to date: {job.label} (built by another process meanwhile)")
-        return False
-    locks[job.label] = lock
-    running[job.label] = _Running(job, n, slots, events)
-    return True
+class _Pool:
+    """The one scheduler: starts modules while compile slots and memory are free, reads their ninja's
+    output, and ends each (its lock released)."""
 
+    def __init__(self, pending: list[tuple[Job, int]], results: dict[str, Result], display: _Display) -> None:
+        self.pending, self.results, self.display = pending, results, display
+        self.events: queue.Queue = queue.Queue()
+        self.running: dict[str, _Running] = {}
+        self.waiting_said: set[str] = set()
 
-def _stop(running, locks) -> None:
-    """SIGTERM every ninja (it stops its steps), then after ``_STOP_S`` kill everything each one
-    started, however it ignores signals or leaves its group (P6); then release the locks.  A second
-    SIGTERM or SIGHUP waits until this is done: it must not cut the clean-up short."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
-    try:
-        for r in running:
-            _proc.signal_group(r.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + _STOP_S
-        for r in running:
-            while not _proc.exited(r.proc) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            _proc.kill_all(r.proc.pid if r.proc.returncode is None else None, r.marker)  # reaped: its pid is free
-            r.proc.wait()
-        for lock in locks:
+    def run(self, max_jobs: int, mem_budget: int | None, step_timeout: float) -> None:
+        while self.pending or self.running:
+            committed = {lbl: r.committed() for lbl, r in self.running.items()}
+            free = max_jobs - sum(committed.values())
+            mem_left = None if mem_budget is None else mem_budget - sum(
+                committed[lbl] * r.job.mem for lbl, r in self.running.items())
+            for item in list(self.pending):
+                if free < 1:
+                    break
+                job, n = item
+                fit = _fits(job, mem_left, nothing_runs=not self.running)
+                if fit < 1:
+                    continue  # a lighter module further on may fit
+                give = max(1, min(free, max(1, n - 1), fit))  # n - 1: the link runs last
+                if self.start(item, give):
+                    free -= give
+                    if mem_left is not None:
+                        mem_left -= give * job.mem
+            self.drain(timeout=0.5)
+            now = time.monotonic()
+            for r in self.running.values():
+                if r.pending is not None and now - r.pending_since > 0.3:
+                    self.confirm(r)  # ninja prints FAILED right after the status line
+                r.watch(now, step_timeout)
+            self.display.beat([(f"{lbl}/{name}", s) for lbl, r in self.running.items() for name, s in r.running])
+
+    def skip(self, item: tuple[Job, int], result: Result, said: str) -> None:
+        self.pending.remove(item)
+        self.display.total -= item[1]
+        self.results[result.label] = result
+        self.display.event(said)
+
+    def start(self, item: tuple[Job, int], slots: int) -> bool:
+        """Start ``item``'s ninja under FlashInfer's per-module lock; whether it started."""
+        job, n = item
+        lock = _Nothing() if job.lock_path is None else modlock.try_take(job.lock_path)
+        if lock is None and (other := modlock.foreign_holder(job.lock_path)) is not None:
+            why = modlock.refusal(job.lock_path, job.label, other)  # not waited for: it can hold it for ever
+            self.skip(item, Result(job.label, "failed", error=why), f"FAILED {job.label}: {why}")
+            return False
+        if lock is None:
+            if job.label not in self.waiting_said:
+                self.waiting_said.add(job.label)
+                self.display.event(f"{job.label}: waiting for another process building it (lock {job.lock_path})")
+            return False
+        if job.label in self.waiting_said and not dry_run(job):  # the other process built it meanwhile
             lock.release()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            self.skip(item, Result(job.label, "up to date"),
+                      f"up to date: {job.label} (built by another process meanwhile)")
+            return False
+        try:
+            r = _Running(job, n, slots, self.events)
+        except BaseException:  # ninja could not start: the lock is not left held
+            lock.release()
+            raise
+        r.lock = lock
+        self.pending.remove(item)
+        self.running[job.label] = r
+        return True
+
+    def stop(self) -> None:
+        """SIGTERM every ninja, after ``_STOP_S`` kill everything each started (P6), release the locks; a
+        second signal waits until this is done."""
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
+        try:
+            for r in self.running.values():
+                _proc.signal_group(r.proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + _STOP_S
+            for r in self.running.values():
+                while not _proc.exited(r.proc) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                _proc.kill_all(r.proc.pid if r.proc.returncode is None else None, r.marker)  # reaped: its pid is free
+                r.proc.wait()
+            for r in self.running.values():
+                r.lock.release()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def drain(self, timeout: float) -> None:
+        """Handle ninja's output for up to ``timeout`` s, returning once a slot may be free."""
+        deadline = time.monotonic() + timeout
+        freed = False
+        while True:
+            try:
+                wait = 0.0 if freed else max(0.0, deadline - time.monotonic())
+                r, line = self.events.get(timeout=wait) if wait > 0 else self.events.get_nowait()
+            except queue.Empty:
+                return
+            if line is None:
+                self.finish(r)
+                freed = True
+                continue
+            r.lines.append(line)
+            m = STATUS_RE.match(line)
+            if m or line.startswith("ninja: build stopped"):
+                self.confirm(r)
+                r.in_failure = False
+                if m:
+                    r.pending, r.pending_since = m.group(3), time.monotonic()
+                    r.finished = max(r.finished, int(m.group(1)))
+                    freed = True
+            elif line.startswith("FAILED: "):
+                what = step_name(r.pending or line)
+                r.pending = None
+                r.in_failure = True
+                r.failed.append(f"{what}:")
+                self.display.step(f"FAILED {r.job.label}: {what}")
+            elif r.in_failure and len(r.failed) < _FAILED_MAX:
+                r.failed.append(line)
+
+    def confirm(self, r: _Running) -> None:
+        """Say the step ninja last announced finished: no FAILED line followed it."""
+        if r.pending is not None:
+            what = step_name(r.pending)
+            verb = "linked" if what.startswith("link ") else "compiled"
+            self.display.step(f"{r.job.label}: {verb} {what.removeprefix('link ')}")
+            r.pending = None
+
+    def finish(self, r: _Running) -> None:
+        rc = r.proc.wait()
+        _proc.kill_all(None, r.marker)  # nothing ninja started outlives it (P6)
+        label = r.job.label
+        if rc == 0:
+            self.confirm(r)
+            self.results[label] = Result(label, "built", round(time.monotonic() - r.t0, 1), peak_rss=r.peak_rss)
+            self.display.event(f"done: {label}")
+        else:
+            err_lines = [x for x in r.failed if x.strip()] or list(r.lines)
+            errors = [x for x in err_lines if "error" in x.lower()]
+            text = "\n".join(r.timed_out + (errors or err_lines)[:30])
+            self.results[label] = Result(label, "failed", round(time.monotonic() - r.t0, 1), text, r.peak_rss)
+            self.display.event(f"failed: {label} (ninja exit {rc}):\n    " + text.replace("\n", "\n    "))
+        del self.running[label]
+        r.lock.release()
 
 
 def _fits(job: Job, mem_left: int | None, nothing_runs: bool) -> int:
-    """Compile steps of ``job`` that fit in ``mem_left`` bytes (no limit: a large number);
-    at least one when nothing runs, so a module larger than the budget still builds."""
+    """Compile steps of ``job`` that fit in ``mem_left``; at least one when nothing runs."""
     if mem_left is None or job.mem <= 0:
         return 1 << 30
     return max(1 if nothing_runs else 0, mem_left // job.mem)
-
-
-def _drain(events: queue.Queue, running: dict, results: dict, display: _Display, locks: dict,
-           timeout: float) -> None:
-    """Handle ninja's output for up to ``timeout`` seconds, returning early once a step
-    finished or a module ended (a slot may be free)."""
-    deadline = time.monotonic() + timeout
-    freed = False
-    while True:
-        try:
-            wait = 0.0 if freed else max(0.0, deadline - time.monotonic())
-            r, line = events.get(timeout=wait) if wait > 0 else events.get_nowait()
-        except queue.Empty:
-            return
-        label = r.job.label
-        if line is None:
-            _finish(r, running, results, display, locks)
-            freed = True
-            continue
-        r.lines.append(line)
-        m = STATUS_RE.match(line)
-        if m or line.startswith("ninja: build stopped"):
-            _confirm(r, display)
-            r.in_failure = False
-            if m:
-                r.pending, r.pending_since = m.group(3), time.monotonic()
-                r.finished = max(r.finished, int(m.group(1)))
-                freed = True
-        elif line.startswith("FAILED: "):
-            what = step_name(r.pending or line)
-            r.pending = None
-            r.in_failure = True
-            r.failed.append(f"{what}:")
-            display.done += 1
-            display.event(f"FAILED {label}: {what}")
-        elif r.in_failure and len(r.failed) < _FAILED_MAX:
-            r.failed.append(line)
-
-
-def _confirm(r: _Running, display: _Display) -> None:
-    if r.pending is not None:
-        display.done += 1
-        what = step_name(r.pending)
-        verb = "linked" if what.startswith("link ") else "compiled"
-        display.event(f"{r.job.label}: {verb} {what.removeprefix('link ')}")
-        r.pending = None
-
-
-def _finish(r: _Running, running: dict, results: dict, display: _Display, locks: dict) -> None:
-    rc = r.proc.wait()
-    _proc.kill_all(None, r.marker)  # nothing ninja started outlives it (P6)
-    label = r.job.label
-    if rc == 0:
-        _confirm(r, display)
-        results[label] = Result(label, "built", round(time.monotonic() - r.t0, 1), peak_rss=r.peak_rss)
-        display.event(f"done: {label}")
-    else:
-        err_lines = [x for x in r.failed if x.strip()] or list(r.lines)
-        errors = [x for x in err_lines if "error" in x.lower()]
-        text = "\n".join(r.timed_out + (errors or err_lines)[:30])
-        results[label] = Result(label, "failed", round(time.monotonic() - r.t0, 1), text, r.peak_rss)
-        display.event(f"failed: {label} (ninja exit {rc}):\n    " + text.replace("\n", "\n    "))
-    running.pop(label, None)
-    lock = locks.pop(label, None)
-    if lock is not None:
-        lock.release()

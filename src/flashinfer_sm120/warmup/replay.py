@@ -1,20 +1,67 @@
-"""Turn a recorded manifest back into FlashInfer specs on this machine (no GPU needed)."""
+"""``build --from MANIFEST``: read a recorded manifest and remake each entry's spec by calling the
+generator it names in the local FlashInfer, which writes its own sources.  threat-model: P2
+
+The grammar of an entry and its recorder are in :mod:`flashinfer_sm120.core.jitenv` (they run in the
+server).  An entry recorded before generators were recorded is remade from the one parameterless
+generator its name names (``sampling``, ``norm``, ``rope``, ``page``); text or sources an entry
+carries must equal what that generator produces here, or the entry is refused.
+"""
 
 from __future__ import annotations
 
-from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.warmup.regenerate import CannotRegenerate, make_spec, read
+import importlib
+import importlib.util
+import inspect
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from flashinfer_sm120.core.jitenv.manifest import parse_entry
+from flashinfer_sm120.errors import FormatError, Sm120Error
+from flashinfer_sm120.safety.formats.base import shown
+from flashinfer_sm120.safety.formats.params import parse_generator
+from flashinfer_sm120.safety.formats.paths import safe_join
+from flashinfer_sm120.safety.formats.reads import iter_lines, loads_json
 from flashinfer_sm120.warmup.session import BuildError
 
-__all__ = ["load", "arch_for", "regenerate"]
+#: Largest manifest line accepted (bytes); generated sources are bounded well below.
+MAX_LINE_BYTES = 8 << 20
+#: Most lines read from one manifest (one per module and worker process).
+MAX_LINES = 100_000
+
+
+class CannotRegenerate(Sm120Error):
+    """This FlashInfer cannot regenerate a manifest entry; the message says why."""
 
 
 def load(path: str) -> tuple[list[dict], list[str]]:
-    """Entries of the manifest at ``path`` (duplicates from many workers dropped) and problems.
+    """Entries of the manifest at ``path``, the first of each (FlashInfer, name, targets) kept in
+    order (many workers record one module), and the problems: one per line skipped, and why.
+    Lines are streamed and bounded (threat-model: P6).
 
-    :raises BuildError: the file cannot be read or holds no entry."""
+    :raises BuildError: the file cannot be read, is not a regular file, is too long or holds no entry."""
+    fix = f"record the manifest again with FLASHINFER_SM120_RECORD={path}"
+    entries, problems, seen = [], [], set()
     try:
-        entries, problems = read(path)
+        if not os.path.lexists(path):
+            raise FileNotFoundError(2, "No such file or directory", path)
+        for no, raw in iter_lines(path, max_line=MAX_LINE_BYTES, max_lines=MAX_LINES, fix=fix, skip_long=True):
+            where = f"{path}:{no}"
+            if raw is None:
+                problems.append(f"{where}: line longer than {MAX_LINE_BYTES} bytes, skipped")
+                continue
+            if not raw.strip():
+                continue
+            try:
+                entry = parse_entry(loads_json(raw, where), where)
+            except FormatError as exc:
+                problems.append(f"{exc}, skipped")
+                continue
+            key = (entry.get("flashinfer"), entry.get("name"), tuple(entry.get("targets") or ()))
+            if key not in seen:
+                seen.add(key)
+                entries.append(entry)
     except OSError as exc:
         raise BuildError(f"cannot read manifest {path}: {exc.strerror or exc}; record one with "
                          f"FLASHINFER_SM120_RECORD={path} on the machine that runs the model") from None
@@ -56,3 +103,158 @@ def regenerate(entries: list[dict], flashinfer_version: str) -> tuple[list[tuple
         except Exception as exc:  # a malformed entry is reported, not fatal
             skipped.append((name, f"malformed entry ({exc!r})"))
     return specs, skipped
+
+
+def make_spec(entry: dict, flashinfer_version: str):
+    """The ``JitSpecNvcc`` the local FlashInfer's generator makes for ``entry`` (it writes its own sources).
+
+    :raises CannotRegenerate: another FlashInfer release, no generator this FlashInfer has, parameters
+        it refuses, a module of another name, carried text or sources that differ, a malformed entry."""
+    try:
+        entry = parse_entry(entry, "manifest entry")
+    except FormatError as exc:
+        raise CannotRegenerate(str(exc)) from None
+    name = entry["name"]
+    if not entry.get("regenerable"):
+        raise CannotRegenerate(entry.get("why") or "recorded as not regenerable")
+    if entry.get("flashinfer") != flashinfer_version:
+        raise CannotRegenerate(f"recorded with FlashInfer {entry.get('flashinfer')}, this is "
+                               f"{flashinfer_version}; record again with {flashinfer_version}")
+    generator = entry.get("generator") or _legacy_generator(name)
+    if generator is None:
+        raise CannotRegenerate("recorded without the FlashInfer generator and parameters that make it (an older "
+                               "flashinfer-sm120), so its sources cannot be made here; record the manifest again "
+                               "with FLASHINFER_SM120_RECORD, or build it by name (flashinfer-sm120 build --list)")
+    try:
+        spec = call(generator, entry.get("params") or {})
+    except FormatError as exc:
+        raise CannotRegenerate(str(exc)) from None
+    except Exception as exc:  # FlashInfer's own refusal of these values (an assert, a KeyError)
+        raise CannotRegenerate(f"FlashInfer {flashinfer_version}'s {generator} refused the recorded parameters "
+                               f"({type(exc).__name__}: {shown(str(exc), 200)}); record the manifest again "
+                               f"with FLASHINFER_SM120_RECORD from a server that built the module, or build it by "
+                               f"name (flashinfer-sm120 build --list)") from None
+    if getattr(spec, "name", None) != name or not hasattr(spec, "sources"):
+        raise CannotRegenerate(f"FlashInfer {flashinfer_version}'s {generator} makes "
+                               f"{shown(getattr(spec, 'name', spec))} from the recorded parameters, "
+                               f"not the nvcc module {name}; record the manifest again")
+    _check_carried(entry, spec, flashinfer_version)
+    return spec
+
+
+def _roots() -> list[tuple[str, str]]:
+    """``(token, path)`` of FlashInfer's directories as an old entry spelled them, longest path first."""
+    from flashinfer.jit import env as jit_env
+
+    pkg = Path(jit_env.__file__).resolve().parents[1]
+    pairs = [("@GEN@", jit_env.FLASHINFER_GEN_SRC_DIR), ("@JIT@", jit_env.FLASHINFER_JIT_DIR), ("@FLASHINFER@", pkg)]
+    out = [(token, form) for token, path in pairs for form in {str(path), str(Path(path).resolve())}]
+    return sorted(out, key=lambda x: -len(x[1]))
+
+
+def _to_portable(value: str, roots) -> str:
+    for token, root in roots:
+        if value == root or value.startswith(root + os.sep):
+            return token + value[len(root):]
+        if root + os.sep in value:  # a flag such as -I/path
+            return value.replace(root, token)
+    return value
+
+
+def _check_carried(entry: dict, spec, flashinfer_version: str) -> None:
+    """Text and sources an entry carries must be what FlashInfer just generated for its parameters.
+
+    :raises CannotRegenerate: naming the first file that differs or that FlashInfer does not make."""
+    # threat-model: P2 (carried source text is compared, never written or compiled)
+    gen_root = dict(_roots()[::-1])["@GEN@"]  # the unresolved form wins (FlashInfer's own)
+    again = "record the manifest again with FLASHINFER_SM120_RECORD"
+    for portable, text in (entry.get("generated") or {}).items():
+        if not portable.startswith("@GEN@/"):
+            raise CannotRegenerate(f"generated file {shown(portable)} is outside FlashInfer's generated dir")
+        try:
+            path = safe_join(gen_root, portable[len("@GEN@/"):], "manifest 'generated'")
+        except FormatError as exc:
+            raise CannotRegenerate(str(exc)) from None
+        want = text.encode()
+        try:
+            with open(path, "rb", opener=lambda p, fl: os.open(p, fl | os.O_NOFOLLOW | os.O_NONBLOCK)) as f:
+                have = f.read(len(want) + 1)
+        except OSError:
+            raise CannotRegenerate(f"generated file {shown(portable)} is not one FlashInfer {flashinfer_version} "
+                                   f"generates for the recorded parameters; {again}") from None
+        if have != want:
+            raise CannotRegenerate(f"generated file {shown(portable)} differs from what FlashInfer "
+                                   f"{flashinfer_version} generates for the recorded parameters, so the manifest "
+                                   f"carries source of its own; {again}")
+    if "spec" in entry:
+        roots = _roots()
+        local = {_to_portable(str(p), roots) for p in spec.sources}
+        other = [p for p in entry["spec"]["sources"] if p not in local]
+        if other:
+            raise CannotRegenerate(f"source {shown(other[0])} is not one FlashInfer {flashinfer_version} "
+                                   f"generates for {entry['name']}; {again}")
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if isinstance(value, dict) and "tuple" in value:
+        return tuple(_decode(v) for v in value["tuple"])
+    if isinstance(value, dict):
+        import torch
+
+        dtype = getattr(torch, value["dtype"], None)
+        if not isinstance(dtype, torch.dtype):
+            raise FormatError(f"{shown(value['dtype'])} is not a dtype of this torch")
+        return dtype
+    return value
+
+
+def lookup(generator: str):
+    """The function ``generator`` (``flashinfer.x.y:gen_z_module``) names: a Python function the
+    installed ``flashinfer`` package defines under that name, in one of its files.
+
+    :raises FormatError: it names anything else (the message says what)."""
+    # threat-model: P2 (no dotted path from a file is ever resolved outside FlashInfer's gen_*_module family)
+    module, name = parse_generator(generator, "manifest 'generator'")
+    import flashinfer
+
+    root = Path(flashinfer.__file__).resolve().parent
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    origin = Path(found.origin).resolve() if found is not None and found.origin else None
+    if origin is None or root not in origin.parents:
+        raise FormatError(f"the installed FlashInfer has no module {module}")
+    fn = getattr(importlib.import_module(module), name, None)
+    inner = inspect.unwrap(fn) if callable(fn) else None
+    if not (inspect.isfunction(inner) and inner.__name__ == name
+            and (inner.__module__ == "flashinfer" or str(inner.__module__).startswith("flashinfer."))):
+        raise FormatError(f"the installed FlashInfer's {module} defines no function {name}")
+    return fn
+
+
+def call(generator: str, params: dict):
+    """Call FlashInfer's ``generator`` with ``params`` (as :func:`~flashinfer_sm120.safety.formats.params.parse_params`
+    returns them): it renders its sources and returns the spec.
+
+    :raises FormatError: the generator is not FlashInfer's, or a dtype this torch lacks."""
+    fn = lookup(generator)
+    args = [_decode(v) for v in params.get("args", [])]
+    kwargs = {k: _decode(v) for k, v in params.get("kwargs", {}).items()}
+    return fn(*args, **kwargs)
+
+
+def _legacy_generator(name: str) -> str | None:
+    """``flashinfer.jit.<name>:gen_<name>_module`` when the installed FlashInfer has it and it takes no
+    required argument (``sampling``, ``norm``, ``rope``, ``page`` on 0.7.4); else ``None``."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,60}", name):
+        return None
+    generator = f"flashinfer.jit.{name}:gen_{name}_module"
+    try:
+        required = [p for p in inspect.signature(lookup(generator)).parameters.values()
+                    if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    except (FormatError, ImportError, ValueError, TypeError):
+        return None
+    return None if required else generator

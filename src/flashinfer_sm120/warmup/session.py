@@ -17,9 +17,6 @@ from flashinfer_sm120.warmup import ninjacmd, pool
 if TYPE_CHECKING:
     from flashinfer_sm120.core.toolkit.model import Toolkit
 
-__all__ = ["BuildError", "Session", "SERVER_CHOICES", "apply_server_cache", "apply_server_arch", "prepare",
-           "write_ninjas", "build_specs"]
-
 #: ``build --for`` values: the servers whose JIT directory a warm-up build can target.
 SERVER_CHOICES = ("vllm", "sglang")
 
@@ -44,9 +41,7 @@ class Session:
     toolkit: Toolkit | None = None  # the one the patch chose (patch.chosen_toolkit); None: FlashInfer's own
 
     def fingerprint(self) -> dict:
-        """What a JIT cache entry depends on besides its sources: FlashInfer release,
-        targets, nvcc release, the CUDA_HOME and JIT dir paths written into build.ninja, and
-        FlashInfer's variables that enter the build line (:mod:`flashinfer_sm120.core.facts.buildline`)."""
+        """What a JIT cache entry depends on besides its sources (all written into build.ninja)."""
         return {"flashinfer": self.flashinfer, "targets": self.targets,
                 "cuda_version": self.cuda_version, "cuda_home": self.cuda_home, "jit_dir": str(self.jit_dir),
                 "build_vars": buildline.snapshot(dict(os.environ), self.flashinfer)}
@@ -57,9 +52,8 @@ NO_TARGETS = ("no target architectures: no GPU is visible and no --arch was give
 
 
 def no_gpu_no_arch() -> bool:
-    """No arch list is set and no GPU can give one, known without importing torch or FlashInfer
-    (seconds): NVML counted none, or failed where no NVIDIA device node exists (a container
-    without libnvidia-ml still has ``/dev/nvidia0``, and torch may see its GPU)."""
+    """No arch list is set and no GPU can give one, known without importing torch or FlashInfer: NVML
+    counted none, or failed where no ``/dev/nvidia*`` exists (torch may see a GPU NVML cannot)."""
     import glob
 
     from flashinfer_sm120.core.facts import gpus
@@ -71,9 +65,7 @@ def no_gpu_no_arch() -> bool:
 
 
 def set_arch(value: str | None) -> None:
-    """:func:`flashinfer_sm120.core.facts.arch.export_arch_list`, its error as :class:`BuildError` (a build cannot start).
-
-    :raises BuildError: the value is not an arch list (message from :mod:`flashinfer_sm120.core.facts.arch`)."""
+    """Export ``--arch`` as FlashInfer's arch list; :raises BuildError: it is not one."""
     try:
         export_arch_list(value)
     except ArchListError as exc:
@@ -111,19 +103,10 @@ def _server_for(for_server: str | None, entries, strict: bool) -> tuple[str | No
 
 
 def apply_server_cache(for_server: str | None = None, entries=None, *, strict: bool = True) -> dict:
-    """Point FlashInfer's workspace where the serving stack will look, before FlashInfer is imported:
-    SGLang sets ``FLASHINFER_WORKSPACE_BASE`` from ``SGLANG_CACHE_DIR`` at import unless it is set
-    (:mod:`flashinfer_sm120.core.facts.servers`), and a build without that rule would land where the
-    server does not look.  The server is ``for_server`` (``build --for``), else the one the manifest
-    ``entries`` name, else the one installed here; ``strict``: raise when it cannot be decided
-    (``build``) rather than leave it (``doctor``).
-
-    Returns ``{"server", "why", "base", "how", "before", "changed"}`` (``before``: the variable's value,
-    ``None`` when unset).
-
-    :raises BuildError: ``strict`` and two servers with different directories could apply, or the
-        server's rule gives a base FlashInfer cannot use (relative).
-    """
+    """Point FlashInfer's workspace where the server will look, before FlashInfer is imported (SGLang sets
+    ``FLASHINFER_WORKSPACE_BASE`` from ``SGLANG_CACHE_DIR``): the server is ``for_server``, else the
+    manifest's, else the one installed here; ``strict`` (``build``, not ``doctor``) raises when that
+    cannot be decided.  Returns ``{"server", "why", "base", "how", "before", "changed"}``."""
     from flashinfer_sm120.core.facts import serverprobe, servers
 
     before = os.environ.get(_WSB)
@@ -152,15 +135,9 @@ def apply_server_cache(for_server: str | None = None, entries=None, *, strict: b
 
 
 def apply_server_arch(server: str | None, sess: Session):
-    """Set the arch list the way ``server``'s model processes set it, after FlashInfer's import and
-    before the first module is generated, as they do (SGLang's ``set_cuda_arch()`` in
-    ``ModelRunner.load_model()``, :mod:`flashinfer_sm120.core.facts.serverprobe`), so what is built here
-    is byte for byte what the server writes and finds.  Returns the
-    :class:`~flashinfer_sm120.core.facts.serverprobe.ArchChoice` applied, or ``None``.
-
-    :raises BuildError: the targets are of several capabilities: each of the server's processes keeps
-        only its own GPU's, in one shared directory.
-    """
+    """Set the arch list as ``server``'s model processes do after FlashInfer's import (SGLang's
+    ``set_cuda_arch()`` in ``ModelRunner.load_model()``), so what is built here is what the server
+    finds; the ``ArchChoice`` applied, or ``None``."""
     from flashinfer_sm120.core.facts import serverprobe
 
     if server is None:
@@ -178,11 +155,8 @@ def apply_server_arch(server: str | None, sess: Session):
 
 
 def prepare(arch: str | None, targets_from: str | None = None) -> Session:
-    """Patch and import FlashInfer for ``arch`` (``--arch``; default: the GPUs present);
-    ``targets_from`` names where ``arch`` came from (``from --arch 12.0``) in the summary.
-
-    :raises BuildError: bad ``--arch``, shim disabled, FlashInfer unusable, or no targets.
-    """
+    """Patch and import FlashInfer for ``arch`` (default: the GPUs present); ``targets_from``
+    (``from --arch 12.0``) goes into the summary.  :raises BuildError: naming the fix."""
     set_arch(arch)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the summary is printed by the caller
     from flashinfer_sm120.core.facts.refusals import import_refused
@@ -235,11 +209,7 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
 
 
 def write_ninjas(specs: list, stream=None) -> None:
-    """FlashInfer's own ``write_ninja`` for each spec, under its per-module lock (as
-    ``build_jit_specs`` does), so the file is byte for byte what the server writes.
-
-    :raises PlaceError: another uid's process holds a module's lock (:func:`modlock.take`).
-    """
+    """FlashInfer's own ``write_ninja`` for each spec, under its per-module lock (as ``build_jit_specs``)."""
     from flashinfer_sm120.warmup import modlock
 
     stream = stream or sys.stderr
@@ -257,21 +227,16 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
                 stats: dict | None = None, *, targets: int = 1, mem_limit: int | None = None,
                 mem_per_compile: int | None = None, env=None,
                 step_timeout: float = pool.STEP_TIMEOUT_S) -> list[dict]:
-    """Write ninja files and build ``labelled`` ``(label, spec)`` pairs in one pool (``stats`` gets
-    ``plan``), each module admitted by its family's memory estimate (or ``mem_per_compile``) within
-    the budget of :func:`.plan.plan`.  A module built without a compiler launcher has its peak RSS
-    recorded (with one, the compiles run in the launcher's server, out of ninja's sight).
-
-    :param env: the user's environment for the plan (``MAX_JOBS``, ``FLASHINFER_NVCC_THREADS``),
-        read before this process exported its own ``MAX_JOBS``.
-    :returns: one dict per module, the ``modules`` of ``build --json``.
-    """
+    """Write ninja files and build ``(label, spec)`` pairs in one pool, each admitted by its family's
+    memory estimate; the ``modules`` of ``build --json``.  ``env``: the user's, before we exported
+    ``MAX_JOBS``.  A peak RSS is recorded only without a launcher (it compiles out of ninja's sight)."""
     from flashinfer_sm120.core.jitenv.jobs import Estimate, recorded
+    from flashinfer_sm120.core.patch.resolve import flashinfer_version
     from flashinfer_sm120.warmup import plan as _plan
 
     stream = stream or sys.stderr
     write_ninjas([s for _, s in labelled], stream)
-    now_vars = buildline.snapshot(dict(os.environ), _flashinfer_version())
+    now_vars = buildline.snapshot(dict(os.environ), flashinfer_version())
     before = {label: buildline.changes(rec, now_vars) for label, spec in labelled
               if (rec := buildline.recorded(spec.build_dir)) is not None}
     known = recorded()
@@ -305,12 +270,3 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
         })
     return out
 
-
-def _flashinfer_version() -> str | None:
-    """The FlashInfer release built with (its package metadata; nothing is imported)."""
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("flashinfer-python")
-    except importlib.metadata.PackageNotFoundError:
-        return None

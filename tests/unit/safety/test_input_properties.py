@@ -276,11 +276,11 @@ def test_ninja_deps_restamp_property(tmp_path, data, header):
     """Any .ninja_deps (it travels in exports): no exception, nothing written but the log itself."""
     import struct
 
-    from flashinfer_sm120.warmup import ninjadeps
+    from flashinfer_sm120.warmup import cache_import
 
     d = tmp_path / "deps"
     d.mkdir(exist_ok=True)
     p = d / ".ninja_deps"
     p.write_bytes((b"# ninjadeps\n" + struct.pack("<i", 4) if header else b"") + data)
-    n = _bounded(ninjadeps.restamp, str(p), {"/x.o": 1})
+    n = _bounded(cache_import.restamp, str(p), {"/x.o": 1})
     assert isinstance(n, int) and os.listdir(d) == [".ninja_deps"]

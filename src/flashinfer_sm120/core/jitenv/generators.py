@@ -5,7 +5,7 @@ FlashInfer makes every JIT module with a ``gen_*_module`` function of typed para
 ``flashinfer/jit/sampling.py`` ``gen_sampling_module()``): it renders its templates into
 ``FLASHINFER_GEN_SRC_DIR`` (``write_if_different``) and returns a ``JitSpec``.  Recording
 (:func:`capture`, called as each ``JitSpecNvcc`` is made) notes the outermost such function on the
-call stack and the values of its parameters; replay (:mod:`flashinfer_sm120.warmup.regenerate`) calls
+call stack and the values of its parameters; replay (:mod:`flashinfer_sm120.warmup.replay`) calls
 it again, so FlashInfer writes the sources itself (docs/threat-model.md P2).
 """
 

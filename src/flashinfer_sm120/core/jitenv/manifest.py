@@ -7,7 +7,7 @@ FlashInfer generator that made it with its parameters (``"generator":
 it names modules and parameters, never source text (docs/threat-model.md P2).  Entries written before
 generators were recorded carry the spec's fields (``spec``: sources and flags with
 ``@FLASHINFER@``/``@GEN@``/``@JIT@`` placeholders) and the generated text (``generated``), checked here
-and only ever compared (:mod:`flashinfer_sm120.warmup.regenerate`).
+and only ever compared (:mod:`flashinfer_sm120.warmup.replay`).
 """
 
 from __future__ import annotations

@@ -99,19 +99,19 @@ def test_an_honest_manifest_is_built_from_its_parameters(clean_env, tmp_path, re
 
 CHECK = """
 import json, sys, helpers.fakegpu, flashinfer_sm120, flashinfer
-from flashinfer_sm120.warmup import cache_format, regenerate
+from flashinfer_sm120.warmup import cache_format, replay
 from flashinfer_sm120.errors import FormatError
 entries = json.loads(sys.argv[1])
 out = {}
 for label, entry in entries.items():
     try:
-        spec = regenerate.make_spec(entry, flashinfer.__version__)
+        spec = replay.make_spec(entry, flashinfer.__version__)
         out[label] = "ok " + spec.name
-    except regenerate.CannotRegenerate as exc:
+    except replay.CannotRegenerate as exc:
         out[label] = "refused " + str(exc)
 for label, generator in json.loads(sys.argv[2]).items():
     try:
-        regenerate.lookup(generator)
+        replay.lookup(generator)
         out[label] = "found"
     except FormatError as exc:
         out[label] = "refused " + str(exc)

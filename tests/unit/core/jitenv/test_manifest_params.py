@@ -11,7 +11,7 @@ from hypothesis import given, strategies as st
 from flashinfer_sm120.safety.formats.params import parse_generator, parse_params
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.core.jitenv import generators
-from flashinfer_sm120.warmup import regenerate
+from flashinfer_sm120.warmup import replay
 
 _TOKEN = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63})?")
 
@@ -98,7 +98,7 @@ def test_recorded_arguments_come_back_as_the_same_values(args):
         parsed = parse_params(json.loads(json.dumps({"args": encoded})), "m")
     except FormatError:
         return  # too deep or too many: recording marks such an entry not regenerable
-    back = [regenerate._decode(v) for v in parsed["args"]]
+    back = [replay._decode(v) for v in parsed["args"]]
     assert back == args and [type(b) for b in back] == [type(a) for a in args]
 
 

@@ -213,10 +213,10 @@ def test_a_malformed_deps_record_in_an_imported_ninja_deps_is_left_alone(tmp_pat
     (a traceback out of `cache import`) nor write the mtime over the next record (P6)."""
     import struct
 
-    from flashinfer_sm120.warmup import ninjadeps
+    from flashinfer_sm120.warmup import cache_import
 
     p = tmp_path / ".ninja_deps"
     data = b"# ninjadeps\n" + struct.pack("<i", 4) + record
     p.write_bytes(data)
-    assert ninjadeps.restamp(str(p), {"/x.o": 1 << 40}) == 0
+    assert cache_import.restamp(str(p), {"/x.o": 1 << 40}) == 0
     assert p.read_bytes() == data
