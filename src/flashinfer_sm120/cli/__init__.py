@@ -47,15 +47,13 @@ def _broken_parser(sub, name: str, exc: BaseException) -> None:
 
 
 def failure_document(message: str, kind: str, fix: str) -> dict:
-    """The ``--json`` failure of a command that set no ``json_failure`` of its own (``doctor``):
-    ``ok`` false and ``error`` {kind, message, fix}."""
+    """The ``--json`` failure of a command that set no ``json_failure`` of its own (``doctor``)."""
     return {"ok": False, "error": {"kind": kind, "message": message, "fix": fix}}
 
 
 def _print_failure_json(document, message: str, kind: str, fix: str) -> None:
-    """``--json`` promises one JSON document on stdout, whatever went wrong (threat-model: P8):
-    ``document(message, kind, fix)``, the command's own shape (its ``json_failure`` default),
-    else :func:`failure_document`."""
+    """``--json`` prints one JSON document whatever went wrong (threat-model: P8): the command's own
+    shape (its ``json_failure`` default), else :func:`failure_document`."""
     import json
 
     from flashinfer_sm120.cli.common import bounded
@@ -64,9 +62,8 @@ def _print_failure_json(document, message: str, kind: str, fix: str) -> None:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, plus a close-match hint for a mistyped subcommand or choice where argparse
-    has none of its own (``suggest_on_error`` is new in Python 3.14); with ``json_errors`` set
-    (``--json`` on the command line) an error raises :class:`~flashinfer_sm120.errors.UsageError`,
+    """argparse, plus a close-match hint for a mistyped choice (``suggest_on_error`` is new in Python 3.14);
+    with ``json_errors`` (``--json`` given) an error raises :class:`~flashinfer_sm120.errors.UsageError`,
     which :func:`main` prints as the command's JSON document, instead of exiting."""
 
     json_errors = False
@@ -117,53 +114,34 @@ def build_parser() -> argparse.ArgumentParser:
         except Exception as exc:
             _broken_parser(sub, name, exc)
     enable.add_parsers(sub)
-    _describe(parser)
     for p in _parsers(parser):
         # Python 3.14+: "maybe you meant" for mistyped subcommands and choices; an attribute,
         # not the keyword, so older releases ignore it (argparse docs, suggest_on_error).
         p.suggest_on_error = True
+        for action in _subparsers(p):  # every --help opens with a description: its one-line help by default
+            for choice in action._choices_actions:
+                sp = action.choices[choice.dest]
+                if not sp.description and choice.help:
+                    sp.description = choice.help[0].upper() + choice.help[1:] + "."
     return parser
 
 
-def _describe(parser: argparse.ArgumentParser) -> None:
-    """Every subcommand's ``--help`` opens with a description: its one-line help where it set none."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            helps = {a.dest: a.help for a in action._choices_actions}
-            for name, p in action.choices.items():
-                if not p.description and helps.get(name):
-                    p.description = helps[name][0].upper() + helps[name][1:] + "."
-                _describe(p)
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse._SubParsersAction]:
+    return [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
 
 
 def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     """``parser`` and every subparser under it."""
-    out = [parser]
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for p in dict.fromkeys(action.choices.values()):
-                out += _parsers(p)
-    return out
-
-
-def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
-    """The innermost subparser the command line selected (``cache export`` -> its parser)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            name = getattr(args, action.dest, None)
-            if name in action.choices:
-                return _chosen(action.choices[name], args)
-    return parser
+    return [parser] + [q for a in _subparsers(parser) for p in dict.fromkeys(a.choices.values()) for q in _parsers(p)]
 
 
 def _selected(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
-    """The innermost subparser ``argv`` names, read from the words alone (for a command line argparse
-    refused, so that no namespace exists): ``cache import x --max-bytes foo`` -> ``cache import``."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for i, word in enumerate(argv):
-                if word in action.choices:
-                    return _selected(action.choices[word], argv[i + 1:])
+    """The innermost subparser ``argv`` names, read from the words (argparse may have refused it):
+    ``cache import x --max-bytes foo`` -> ``cache import``."""
+    for action in _subparsers(parser):
+        for i, word in enumerate(argv):
+            if word in action.choices:
+                return _selected(action.choices[word], argv[i + 1:])
     return parser
 
 
@@ -179,14 +157,12 @@ def _unknown(parser: argparse.ArgumentParser, extras: list[str]) -> str:
     return f"unrecognized arguments: {' '.join(extras)}" + "".join(f"; {h}" for h in hints)
 
 
-#: Most command-line arguments taken: argparse's parse time grows with the square of their number,
-#: and no command needs more than a few dozen.
+#: Most command-line arguments taken: argparse's parse time grows with their number squared (P6).
 MAX_ARGS = 4096
 
 
 def _safe_streams() -> None:
-    """Never fail on printing: a path from the environment or the disk may hold bytes that are not
-    UTF-8 (lone surrogates after ``os.fsdecode``); they are written as ``\\udcff``, as Python's stderr does."""
+    """Never fail on printing a path that is not UTF-8 (lone surrogates): ``\\udcff``, as Python's stderr does."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
@@ -195,8 +171,8 @@ def _safe_streams() -> None:
 
 
 def _open_std_fds() -> None:
-    """Descriptors 0-2 closed at start (``doctor >&- 2>&-``, a daemon's unit) are opened on ``/dev/null``,
-    so that ``sys.stdout`` exists and no file the command opens takes descriptor 1 or 2."""
+    """Descriptors 0-2 closed at start (``doctor >&- 2>&-``) are opened on ``/dev/null``, so that no file
+    the command opens takes descriptor 1 or 2."""
     for fd, mode, name in ((0, os.O_RDONLY, "stdin"), (1, os.O_WRONLY, "stdout"), (2, os.O_WRONLY, "stderr")):
         try:
             os.fstat(fd)
@@ -216,10 +192,8 @@ def _open_std_fds() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``flashinfer-sm120`` command; returns the exit status.
-
-    A reader that stops early (``flashinfer-sm120 doctor | head``) ends the command quietly with
-    exit status 141 (128 + SIGPIPE, as a shell reports it), not a ``BrokenPipeError`` traceback."""
+    """Entry point of the ``flashinfer-sm120`` command; returns the exit status (141, as a shell reports
+    SIGPIPE, when the reader stops early: ``doctor | head``)."""
     _open_std_fds()
     try:
         rc = _main(argv)
@@ -242,11 +216,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _from_printing(exc: OSError) -> bool:
-    """Whether ``exc`` came from writing the command's output: raised by a C call (``print``,
-    ``sys.stdout.write``/``flush``) made directly in this CLI package, which writes no files of
-    its own outside ``enable`` (which reports its own errors); the state and cache writes of the
-    commands live in other packages.  (A failed write drops Python's buffer, so stdout cannot
-    simply be flushed again to tell.)"""
+    """Whether ``exc`` came from writing the command's output: raised by a C call made directly in this
+    package, which writes no files of its own (``enable`` reports its own errors)."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
@@ -254,20 +225,11 @@ def _from_printing(exc: OSError) -> bool:
 
 
 def _quiet_stdout() -> None:
-    """Point stdout at /dev/null, so that the flush at interpreter exit does not fail again
-    (Python's docs, ``signal``, "Note on SIGPIPE")."""
+    """Point stdout at /dev/null, so that the flush at exit does not fail again (``signal`` docs, SIGPIPE)."""
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (OSError, ValueError):
         pass
-
-
-def lists_only(args: argparse.Namespace) -> bool:
-    """Whether the command only lists (``cache prune`` without ``--yes``): it then creates no
-    directory or file of flashinfer-sm120's.  (``status`` and ``doctor`` import FlashInfer with the
-    patch, as a server does, views included: they create what that import creates, under the same
-    checks.)"""
-    return args.cmd == "cache" and getattr(args, "cache_cmd", None) == "prune" and not getattr(args, "yes", False)
 
 
 def _main(argv: list[str] | None) -> int:
@@ -313,10 +275,13 @@ def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
             args.modules += [x for x in names if x in _MODULES or x == "all"]
             extras = [x for x in extras if x not in args.modules]
     if extras:  # the subcommand's own usage, and the option that was probably meant
-        _chosen(parser, args).error(_unknown(_chosen(parser, args), extras))
+        chosen = _selected(parser, argv)
+        chosen.error(_unknown(chosen, extras))
     from flashinfer_sm120.safety.proc import signals_as_exit
 
-    if lists_only(args):  # threat-model: P4 (a command that only lists creates nothing)
+    # threat-model: P4: a command that only lists (cache prune without --yes) creates nothing; status and
+    # doctor import FlashInfer as a server does and create what that import creates, under the same checks
+    if args.cmd == "cache" and getattr(args, "cache_cmd", None) == "prune" and not getattr(args, "yes", False):
         from flashinfer_sm120.safety.fs.statedir import listing_only
 
         listing_only()
