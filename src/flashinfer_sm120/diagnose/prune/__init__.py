@@ -14,7 +14,6 @@ following links (:mod:`flashinfer_sm120.diagnose.tree`).
 from __future__ import annotations
 
 import os
-import shutil
 import time
 
 from flashinfer_sm120.diagnose.prune.find import DAY, Entry, fi_roots, scan_jit, scan_views, size_of, views_dir
@@ -80,11 +79,6 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
 
 def remove(report: dict) -> dict:
     """Remove every stale entry of a :func:`scan` report not kept, under the builders' locks."""
-    if not getattr(shutil.rmtree, "avoids_symlink_attacks", False):
-        for e in report["entries"]:
-            if e.reason and not e.kept:
-                e.kept, e.error = "not removed", "shutil.rmtree is not safe against symlink races on this platform"
-        return report
     views = [e for e in report["entries"] if e.kind == "view" and e.reason and not e.kept]
     view_locks = take_locks([os.path.join(os.path.dirname(views[0].path), ".lock")]) if views else []
     if views and view_locks is None:

@@ -232,7 +232,7 @@ def _ninja(args: list[str], run: _Run, what: str) -> str:
 
 def _link_check(so: str, home: str, targets: list[str]) -> str:
     from flashinfer_sm120.diagnose.verify.inventory import find_cuobjdump, module_targets
-    from flashinfer_sm120.diagnose.verify.links import static_problems
+    from flashinfer_sm120.diagnose.verify.rules import static_problems
 
     facts, problems = static_problems(so, view=home if _is_view(home) else None, cuda_major=_torch_major())
     if problems:
@@ -268,7 +268,7 @@ def _torch_major() -> int | None:
 
 def _load(so: str, home: str, run: _Run, state: dict) -> str:
     from flashinfer_sm120.safety import proc
-    from flashinfer_sm120.diagnose.verify.links import runtime_problems
+    from flashinfer_sm120.diagnose.verify.rules import runtime_problems
     from flashinfer_sm120.safety.formats.binary import proc_maps_paths
 
     res = proc.run([sys.executable, "-c", _CHILD, so], timeout=run.left(), max_output=16 << 20)
