@@ -11,6 +11,7 @@ import argparse
 import difflib
 import errno
 import importlib
+import json
 import os
 import re
 import signal
@@ -19,6 +20,7 @@ import sys
 from flashinfer_sm120 import __version__
 from flashinfer_sm120.core.facts.reinstall import fix_for
 from flashinfer_sm120.cli import enable
+from flashinfer_sm120.cli.common import bounded, err
 from flashinfer_sm120.cli.version import VersionAction
 
 try:
@@ -31,8 +33,6 @@ __all__ = ["main"]
 
 def _broken_parser(sub, name: str, exc: BaseException) -> None:
     def fail(args) -> int:
-        from flashinfer_sm120.cli.common import err
-
         msg = f"'{name}' is unavailable: this install is broken ({exc!r})"
         if "--json" in args.rest:  # build's document imports nothing: it prints even now
             document = None
@@ -54,10 +54,6 @@ def failure_document(message: str, kind: str, fix: str) -> dict:
 def _print_failure_json(document, message: str, kind: str, fix: str) -> None:
     """``--json`` prints one JSON document whatever went wrong (threat-model: P8): the command's own
     shape (its ``json_failure`` default), else :func:`failure_document`."""
-    import json
-
-    from flashinfer_sm120.cli.common import bounded
-
     print(json.dumps((document or failure_document)(bounded(message), kind, bounded(fix or "")), indent=2))
 
 
@@ -90,8 +86,6 @@ class _Parser(argparse.ArgumentParser):
             close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
             if close:
                 message += f"; did you mean {close[0]!r}?"
-        from flashinfer_sm120.cli.common import bounded
-
         if self.json_errors:
             from flashinfer_sm120.errors import UsageError
 
@@ -209,8 +203,6 @@ def main(argv: list[str] | None = None) -> int:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO) or not _from_printing(exc):
             raise
         _quiet_stdout()
-        from flashinfer_sm120.cli.common import err
-
         return err(f"cannot write the output ({exc.strerror}): free space where stdout goes, or send it "
                    f"elsewhere")
 
@@ -249,8 +241,6 @@ def _main(argv: list[str] | None) -> int:
                              "give long lists of modules as a manifest (build --from MANIFEST)")
         return _parsed(parser, argv)
     except UsageError as exc:
-        from flashinfer_sm120.cli.common import err
-
         if json_wanted:
             document = _selected(parser, argv).get_default("json_failure")
             _print_failure_json(document, str(exc), exc.kind, exc.fix)
@@ -298,8 +288,6 @@ def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     except ImportError as exc:  # a dependency missing or broken: one line with the fix, no traceback
         if (getattr(exc, "name", None) or "").partition(".")[0] in ("flashinfer", "torch"):
             raise
-        from flashinfer_sm120.cli.common import err
-
         msg = f"this install is broken ({exc!r})"
         if getattr(args, "json", False):
             _print_failure_json(getattr(args, "json_failure", None), msg, "broken-install", fix_for(exc))
