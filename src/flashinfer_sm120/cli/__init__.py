@@ -126,7 +126,11 @@ def _subparsers(parser: argparse.ArgumentParser) -> list[argparse._SubParsersAct
 
 def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     """``parser`` and every subparser under it."""
-    return [parser] + [q for a in _subparsers(parser) for p in dict.fromkeys(a.choices.values()) for q in _parsers(p)]
+    out = [parser]
+    for action in _subparsers(parser):
+        for p in dict.fromkeys(action.choices.values()):
+            out += _parsers(p)
+    return out
 
 
 def _selected(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
