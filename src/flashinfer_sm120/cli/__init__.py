@@ -21,7 +21,6 @@ from flashinfer_sm120 import __version__
 from flashinfer_sm120.core.facts.reinstall import fix_for
 from flashinfer_sm120.cli import enable
 from flashinfer_sm120.cli.common import bounded, err
-from flashinfer_sm120.cli.version import VersionAction
 
 try:
     from flashinfer_sm120.warmup.modules import NAMES as _MODULES
@@ -93,11 +92,83 @@ class _Parser(argparse.ArgumentParser):
         super().error(bounded(message))  # argparse quotes a bad choice or argument whole
 
 
+# ----------------------------------------------------------------------------- --version: this package, Python,
+# FlashInfer, torch and its CUDA, and the nvcc that would be chosen; each part read on its own, so a missing or
+# broken one is named and the rest still prints
+
+
+def _dist(name: str) -> str | None:
+    import importlib.metadata as md
+
+    try:
+        return md.version(name)
+    except Exception:
+        return None
+
+
+def _torch_cuda() -> str:
+    """torch's CUDA, read from ``torch/version.py`` (importing torch takes seconds)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+        where = list(spec.submodule_search_locations or ()) if spec else []
+        text = open(os.path.join(where[0], "version.py"), encoding="utf-8").read() if where else ""
+    except (OSError, ImportError, ValueError, IndexError):
+        return "CUDA unknown"
+    m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    return f"CUDA {m.group(1)}" if m else "CPU build"
+
+
+def _nvcc() -> str:
+    """The nvcc flashinfer-sm120 chooses: from the last recorded status when it still holds, else resolved."""
+    try:
+        from flashinfer_sm120.core.patch.lastcheck import load
+
+        got = load()
+        tk = (got.status or {}).get("toolkit") if got.status else None
+        if tk:
+            return f"nvcc {tk['nvcc_full']} at {tk['root']} (chosen)"
+        from flashinfer_sm120.core.patch import resolve
+
+        res = resolve(guard=True)
+        if res.choice is None:
+            return f"nvcc: none fits ({res.fix or 'flashinfer-sm120 doctor'})"
+        return f"nvcc {res.choice.toolkit.nvcc_full} at {res.choice.toolkit.root} (chosen)"
+    except Exception as exc:
+        return f"nvcc: unknown ({type(exc).__name__}: {exc})"[:300]
+
+
+def version_lines() -> list[str]:
+    """One line per component; never raises."""
+    from flashinfer_sm120 import __version__
+
+    lines = [f"flashinfer-sm120 {__version__} ({os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})",
+             f"Python {sys.version.split()[0]} ({sys.executable})"]
+    fi = _dist("flashinfer-python")
+    lines.append(f"FlashInfer {fi}" if fi else "FlashInfer: not installed (pip install flashinfer-python)")
+    torch = _dist("torch")
+    lines.append(f"torch {torch} ({_torch_cuda()})" if torch else "torch: not installed")
+    lines.append(_nvcc())
+    return lines
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print :func:`version_lines` and exit 0."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print("\n".join(version_lines()))
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``flashinfer-sm120`` parser with every subcommand (the docs' CLI reference is made from it)."""
     parser = _Parser(prog="flashinfer-sm120", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action=VersionAction,
+    parser.add_argument("--version", action=_VersionAction,
                         help=f"print the versions of flashinfer-sm120 ({__version__}), Python, FlashInfer, torch "
                              f"and its CUDA, and the nvcc that would be chosen, then exit")
     sub = parser.add_subparsers(dest="cmd", required=False, metavar="command")
