@@ -384,7 +384,7 @@ def _build(rep: Report, args, env: dict) -> dict | None:
 
 
 def _sass_and_link(rep: Report, libs: list[str], home: str, targets: list[str], caps: list[tuple[int, int]]) -> None:
-    from flashinfer_sm120.diagnose.verify import inventory, links, targets as tg
+    from flashinfer_sm120.diagnose.verify import inventory, rules
 
     cuobjdump = inventory.find_cuobjdump(home)
     t = time.monotonic()
@@ -395,7 +395,7 @@ def _sass_and_link(rep: Report, libs: list[str], home: str, targets: list[str], 
         if not found["known"]:
             continue
         miss = [x for x in targets if x not in found["sass"]]
-        miss += [f"{c[0]}.{c[1]}" for c in caps if tg.best(found["sass"], c)[0] != "exact"]
+        miss += [f"{c[0]}.{c[1]}" for c in caps if rules.best(found["sass"], c)[0] != "exact"]
         if miss:
             bad.append(f"{os.path.basename(lib)} lacks SASS for {', '.join(miss)}")
     if cuobjdump is None:
@@ -408,7 +408,7 @@ def _sass_and_link(rep: Report, libs: list[str], home: str, targets: list[str], 
     view = home if os.path.isfile(os.path.join(home, "flashinfer_sm120_view.json")) else None
     needed, problems = {}, []
     for lib in libs:
-        facts, p = links.static_problems(lib, view=view, cuda_major=major)
+        facts, p = rules.static_problems(lib, view=view, cuda_major=major)
         needed[os.path.basename(lib)] = facts["needed"]
         problems += p
     rep.check("link", "fail" if problems else "pass", "; ".join(problems) or
@@ -416,7 +416,7 @@ def _sass_and_link(rep: Report, libs: list[str], home: str, targets: list[str], 
 
 
 def _gpu_runs(rep: Report, env: dict, home: str, jit_dir: str) -> None:
-    from flashinfer_sm120.diagnose.verify import links
+    from flashinfer_sm120.diagnose.verify import rules
     from flashinfer_sm120.safety.formats.binary import proc_maps_paths
 
     me = [sys.executable, os.path.abspath(__file__), "--child"]
@@ -440,7 +440,7 @@ def _gpu_runs(rep: Report, env: dict, home: str, jit_dir: str) -> None:
         rep.check(name, "pass" if c.get("pass") else "fail", detail, c.get("seconds"),
                   **{k: v for k, v in c.items() if k in ("counts", "expected", "max_abs_err")})
     before, after = (proc_maps_paths(cold.get(k, ""), "/proc/self/maps") for k in ("maps_before", "maps_after"))
-    facts, problems = links.runtime_problems(before, after, view=home)
+    facts, problems = rules.runtime_problems(before, after, view=home)
     loaded = sorted(p for p in after if p.startswith(os.path.realpath(jit_dir)))
     rep.check("runtime link", "fail" if problems else "pass", "; ".join(problems) or
               f"libcuda {', '.join(facts['libcuda'])}; libcudart {', '.join(facts['libcudart'])}", None,

@@ -239,7 +239,7 @@ def test_doctor_names_a_pth_left_without_its_module(tmp_path):
     assert autoload._current(str(d))
     (d / HOOK_FILE).unlink()
     assert not autoload._current(str(d))
-    from flashinfer_sm120.cli.enable import autoload_lines
+    from flashinfer_sm120.cli.doctor_sections import autoload_lines
 
     lines = autoload_lines({"pth": [str(d / PTH_NAME)], "outdated": [str(d / PTH_NAME)],
                                    "triggers": ["flashinfer"]}, "python")

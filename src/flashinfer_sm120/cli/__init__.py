@@ -11,6 +11,7 @@ import argparse
 import difflib
 import errno
 import importlib
+import json
 import os
 import re
 import signal
@@ -19,7 +20,7 @@ import sys
 from flashinfer_sm120 import __version__
 from flashinfer_sm120.core.facts.reinstall import fix_for
 from flashinfer_sm120.cli import enable
-from flashinfer_sm120.cli.version import VersionAction
+from flashinfer_sm120.cli.common import bounded, err
 
 try:
     from flashinfer_sm120.warmup.modules import NAMES as _MODULES
@@ -31,8 +32,6 @@ __all__ = ["main"]
 
 def _broken_parser(sub, name: str, exc: BaseException) -> None:
     def fail(args) -> int:
-        from flashinfer_sm120.cli.common import err
-
         msg = f"'{name}' is unavailable: this install is broken ({exc!r})"
         if "--json" in args.rest:  # build's document imports nothing: it prints even now
             document = None
@@ -47,26 +46,19 @@ def _broken_parser(sub, name: str, exc: BaseException) -> None:
 
 
 def failure_document(message: str, kind: str, fix: str) -> dict:
-    """The ``--json`` failure of a command that set no ``json_failure`` of its own (``doctor``):
-    ``ok`` false and ``error`` {kind, message, fix}."""
+    """The ``--json`` failure of a command that set no ``json_failure`` of its own (``doctor``)."""
     return {"ok": False, "error": {"kind": kind, "message": message, "fix": fix}}
 
 
 def _print_failure_json(document, message: str, kind: str, fix: str) -> None:
-    """``--json`` promises one JSON document on stdout, whatever went wrong (threat-model: P8):
-    ``document(message, kind, fix)``, the command's own shape (its ``json_failure`` default),
-    else :func:`failure_document`."""
-    import json
-
-    from flashinfer_sm120.cli.common import bounded
-
+    """``--json`` prints one JSON document whatever went wrong (threat-model: P8): the command's own
+    shape (its ``json_failure`` default), else :func:`failure_document`."""
     print(json.dumps((document or failure_document)(bounded(message), kind, bounded(fix or "")), indent=2))
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, plus a close-match hint for a mistyped subcommand or choice where argparse
-    has none of its own (``suggest_on_error`` is new in Python 3.14); with ``json_errors`` set
-    (``--json`` on the command line) an error raises :class:`~flashinfer_sm120.errors.UsageError`,
+    """argparse, plus a close-match hint for a mistyped choice (``suggest_on_error`` is new in Python 3.14);
+    with ``json_errors`` (``--json`` given) an error raises :class:`~flashinfer_sm120.errors.UsageError`,
     which :func:`main` prints as the command's JSON document, instead of exiting."""
 
     json_errors = False
@@ -93,8 +85,6 @@ class _Parser(argparse.ArgumentParser):
             close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
             if close:
                 message += f"; did you mean {close[0]!r}?"
-        from flashinfer_sm120.cli.common import bounded
-
         if self.json_errors:
             from flashinfer_sm120.errors import UsageError
 
@@ -102,11 +92,83 @@ class _Parser(argparse.ArgumentParser):
         super().error(bounded(message))  # argparse quotes a bad choice or argument whole
 
 
+# ----------------------------------------------------------------------------- --version: this package, Python,
+# FlashInfer, torch and its CUDA, and the nvcc that would be chosen; each part read on its own, so a missing or
+# broken one is named and the rest still prints
+
+
+def _dist(name: str) -> str | None:
+    import importlib.metadata as md
+
+    try:
+        return md.version(name)
+    except Exception:
+        return None
+
+
+def _torch_cuda() -> str:
+    """torch's CUDA, read from ``torch/version.py`` (importing torch takes seconds)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+        where = list(spec.submodule_search_locations or ()) if spec else []
+        text = open(os.path.join(where[0], "version.py"), encoding="utf-8").read() if where else ""
+    except (OSError, ImportError, ValueError, IndexError):
+        return "CUDA unknown"
+    m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    return f"CUDA {m.group(1)}" if m else "CPU build"
+
+
+def _nvcc() -> str:
+    """The nvcc flashinfer-sm120 chooses: from the last recorded status when it still holds, else resolved."""
+    try:
+        from flashinfer_sm120.core.patch.lastcheck import load
+
+        got = load()
+        tk = (got.status or {}).get("toolkit") if got.status else None
+        if tk:
+            return f"nvcc {tk['nvcc_full']} at {tk['root']} (chosen)"
+        from flashinfer_sm120.core.patch import resolve
+
+        res = resolve(guard=True)
+        if res.choice is None:
+            return f"nvcc: none fits ({res.fix or 'flashinfer-sm120 doctor'})"
+        return f"nvcc {res.choice.toolkit.nvcc_full} at {res.choice.toolkit.root} (chosen)"
+    except Exception as exc:
+        return f"nvcc: unknown ({type(exc).__name__}: {exc})"[:300]
+
+
+def version_lines() -> list[str]:
+    """One line per component; never raises."""
+    from flashinfer_sm120 import __version__
+
+    lines = [f"flashinfer-sm120 {__version__} ({os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})",
+             f"Python {sys.version.split()[0]} ({sys.executable})"]
+    fi = _dist("flashinfer-python")
+    lines.append(f"FlashInfer {fi}" if fi else "FlashInfer: not installed (pip install flashinfer-python)")
+    torch = _dist("torch")
+    lines.append(f"torch {torch} ({_torch_cuda()})" if torch else "torch: not installed")
+    lines.append(_nvcc())
+    return lines
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print :func:`version_lines` and exit 0."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print("\n".join(version_lines()))
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``flashinfer-sm120`` parser with every subcommand (the docs' CLI reference is made from it)."""
     parser = _Parser(prog="flashinfer-sm120", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action=VersionAction,
+    parser.add_argument("--version", action=_VersionAction,
                         help=f"print the versions of flashinfer-sm120 ({__version__}), Python, FlashInfer, torch "
                              f"and its CUDA, and the nvcc that would be chosen, then exit")
     sub = parser.add_subparsers(dest="cmd", required=False, metavar="command")
@@ -117,53 +179,38 @@ def build_parser() -> argparse.ArgumentParser:
         except Exception as exc:
             _broken_parser(sub, name, exc)
     enable.add_parsers(sub)
-    _describe(parser)
     for p in _parsers(parser):
         # Python 3.14+: "maybe you meant" for mistyped subcommands and choices; an attribute,
         # not the keyword, so older releases ignore it (argparse docs, suggest_on_error).
         p.suggest_on_error = True
+        for action in _subparsers(p):  # every --help opens with a description: its one-line help by default
+            for choice in action._choices_actions:
+                sp = action.choices[choice.dest]
+                if not sp.description and choice.help:
+                    sp.description = choice.help[0].upper() + choice.help[1:] + "."
     return parser
 
 
-def _describe(parser: argparse.ArgumentParser) -> None:
-    """Every subcommand's ``--help`` opens with a description: its one-line help where it set none."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            helps = {a.dest: a.help for a in action._choices_actions}
-            for name, p in action.choices.items():
-                if not p.description and helps.get(name):
-                    p.description = helps[name][0].upper() + helps[name][1:] + "."
-                _describe(p)
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse._SubParsersAction]:
+    return [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
 
 
 def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     """``parser`` and every subparser under it."""
     out = [parser]
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for p in dict.fromkeys(action.choices.values()):
-                out += _parsers(p)
+    for action in _subparsers(parser):
+        for p in dict.fromkeys(action.choices.values()):
+            out += _parsers(p)
     return out
 
 
-def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
-    """The innermost subparser the command line selected (``cache export`` -> its parser)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            name = getattr(args, action.dest, None)
-            if name in action.choices:
-                return _chosen(action.choices[name], args)
-    return parser
-
-
 def _selected(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
-    """The innermost subparser ``argv`` names, read from the words alone (for a command line argparse
-    refused, so that no namespace exists): ``cache import x --max-bytes foo`` -> ``cache import``."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for i, word in enumerate(argv):
-                if word in action.choices:
-                    return _selected(action.choices[word], argv[i + 1:])
+    """The innermost subparser ``argv`` names, read from the words (argparse may have refused it):
+    ``cache import x --max-bytes foo`` -> ``cache import``."""
+    for action in _subparsers(parser):
+        for i, word in enumerate(argv):
+            if word in action.choices:
+                return _selected(action.choices[word], argv[i + 1:])
     return parser
 
 
@@ -179,14 +226,12 @@ def _unknown(parser: argparse.ArgumentParser, extras: list[str]) -> str:
     return f"unrecognized arguments: {' '.join(extras)}" + "".join(f"; {h}" for h in hints)
 
 
-#: Most command-line arguments taken: argparse's parse time grows with the square of their number,
-#: and no command needs more than a few dozen.
+#: Most command-line arguments taken: argparse's parse time grows with their number squared (P6).
 MAX_ARGS = 4096
 
 
 def _safe_streams() -> None:
-    """Never fail on printing: a path from the environment or the disk may hold bytes that are not
-    UTF-8 (lone surrogates after ``os.fsdecode``); they are written as ``\\udcff``, as Python's stderr does."""
+    """Never fail on printing a path that is not UTF-8 (lone surrogates): ``\\udcff``, as Python's stderr does."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
@@ -195,8 +240,8 @@ def _safe_streams() -> None:
 
 
 def _open_std_fds() -> None:
-    """Descriptors 0-2 closed at start (``doctor >&- 2>&-``, a daemon's unit) are opened on ``/dev/null``,
-    so that ``sys.stdout`` exists and no file the command opens takes descriptor 1 or 2."""
+    """Descriptors 0-2 closed at start (``doctor >&- 2>&-``) are opened on ``/dev/null``, so that no file
+    the command opens takes descriptor 1 or 2."""
     for fd, mode, name in ((0, os.O_RDONLY, "stdin"), (1, os.O_WRONLY, "stdout"), (2, os.O_WRONLY, "stderr")):
         try:
             os.fstat(fd)
@@ -216,10 +261,8 @@ def _open_std_fds() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``flashinfer-sm120`` command; returns the exit status.
-
-    A reader that stops early (``flashinfer-sm120 doctor | head``) ends the command quietly with
-    exit status 141 (128 + SIGPIPE, as a shell reports it), not a ``BrokenPipeError`` traceback."""
+    """Entry point of the ``flashinfer-sm120`` command; returns the exit status (141, as a shell reports
+    SIGPIPE, when the reader stops early: ``doctor | head``)."""
     _open_std_fds()
     try:
         rc = _main(argv)
@@ -235,18 +278,13 @@ def main(argv: list[str] | None = None) -> int:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO) or not _from_printing(exc):
             raise
         _quiet_stdout()
-        from flashinfer_sm120.cli.common import err
-
         return err(f"cannot write the output ({exc.strerror}): free space where stdout goes, or send it "
                    f"elsewhere")
 
 
 def _from_printing(exc: OSError) -> bool:
-    """Whether ``exc`` came from writing the command's output: raised by a C call (``print``,
-    ``sys.stdout.write``/``flush``) made directly in this CLI package, which writes no files of
-    its own outside ``enable`` (which reports its own errors); the state and cache writes of the
-    commands live in other packages.  (A failed write drops Python's buffer, so stdout cannot
-    simply be flushed again to tell.)"""
+    """Whether ``exc`` came from writing the command's output: raised by a C call made directly in this
+    package, which writes no files of its own (``enable`` reports its own errors)."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
@@ -254,20 +292,11 @@ def _from_printing(exc: OSError) -> bool:
 
 
 def _quiet_stdout() -> None:
-    """Point stdout at /dev/null, so that the flush at interpreter exit does not fail again
-    (Python's docs, ``signal``, "Note on SIGPIPE")."""
+    """Point stdout at /dev/null, so that the flush at exit does not fail again (``signal`` docs, SIGPIPE)."""
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (OSError, ValueError):
         pass
-
-
-def lists_only(args: argparse.Namespace) -> bool:
-    """Whether the command only lists (``cache prune`` without ``--yes``): it then creates no
-    directory or file of flashinfer-sm120's.  (``status`` and ``doctor`` import FlashInfer with the
-    patch, as a server does, views included: they create what that import creates, under the same
-    checks.)"""
-    return args.cmd == "cache" and getattr(args, "cache_cmd", None) == "prune" and not getattr(args, "yes", False)
 
 
 def _main(argv: list[str] | None) -> int:
@@ -287,8 +316,6 @@ def _main(argv: list[str] | None) -> int:
                              "give long lists of modules as a manifest (build --from MANIFEST)")
         return _parsed(parser, argv)
     except UsageError as exc:
-        from flashinfer_sm120.cli.common import err
-
         if json_wanted:
             document = _selected(parser, argv).get_default("json_failure")
             _print_failure_json(document, str(exc), exc.kind, exc.fix)
@@ -313,10 +340,13 @@ def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
             args.modules += [x for x in names if x in _MODULES or x == "all"]
             extras = [x for x in extras if x not in args.modules]
     if extras:  # the subcommand's own usage, and the option that was probably meant
-        _chosen(parser, args).error(_unknown(_chosen(parser, args), extras))
+        chosen = _selected(parser, argv)
+        chosen.error(_unknown(chosen, extras))
     from flashinfer_sm120.safety.proc import signals_as_exit
 
-    if lists_only(args):  # threat-model: P4 (a command that only lists creates nothing)
+    # threat-model: P4: a command that only lists (cache prune without --yes) creates nothing; status and
+    # doctor import FlashInfer as a server does and create what that import creates, under the same checks
+    if args.cmd == "cache" and getattr(args, "cache_cmd", None) == "prune" and not getattr(args, "yes", False):
         from flashinfer_sm120.safety.fs.statedir import listing_only
 
         listing_only()
@@ -333,8 +363,6 @@ def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     except ImportError as exc:  # a dependency missing or broken: one line with the fix, no traceback
         if (getattr(exc, "name", None) or "").partition(".")[0] in ("flashinfer", "torch"):
             raise
-        from flashinfer_sm120.cli.common import err
-
         msg = f"this install is broken ({exc!r})"
         if getattr(args, "json", False):
             _print_failure_json(getattr(args, "json_failure", None), msg, "broken-install", fix_for(exc))

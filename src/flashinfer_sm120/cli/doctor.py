@@ -1,9 +1,6 @@
-"""``flashinfer-sm120 doctor``: a verdict first, then one screen of facts; ``--verbose`` for everything.
-
-The report is collected by :func:`flashinfer_sm120.diagnose.verify.report.collect`, judged by
-:func:`flashinfer_sm120.diagnose.verify.diagnosis.diagnose` (typed findings), and turned into
-sentences only here and in :mod:`.doctor_sections`.  The first line is the verdict, whole (never
-wrapped or cut, whatever the paths in it); the other lines wrap at spaces (:func:`.doctor_sections.wrap`)."""
+"""``flashinfer-sm120 doctor``: the verdict, whole, on the first line, then one screen of facts wrapped at
+spaces; ``--verbose`` for everything.  Collected by :mod:`flashinfer_sm120.diagnose.verify.report`, judged by
+:mod:`~flashinfer_sm120.diagnose.verify.diagnosis`; turned into sentences only here and in :mod:`.doctor_sections`."""
 
 from __future__ import annotations
 
@@ -19,6 +16,7 @@ from flashinfer_sm120.safety.formats.cli import cli_float
 from flashinfer_sm120.diagnose.verify.report import ALONE_TIMEOUT_S, collect
 from flashinfer_sm120.diagnose.verify.smoke import SMOKE_TIMEOUT_S
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
+from flashinfer_sm120.cli import doctor_sections as sections
 from flashinfer_sm120.cli.doctor_sections import wrap
 
 __all__ = ["EXIT_CODES", "SHORT_LINES", "run_doctor", "render", "smoke_lines", "add_parser"]
@@ -65,16 +63,16 @@ def run_doctor(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
-        for line in (_verbose if args.verbose else _short)(report, diagnosis):
+        for line in render(report, verbose=args.verbose, diagnosis=diagnosis):
             print(printable(line))  # threat-model: P8: names found on disk are shown, never acted on
     return 0 if diagnosis.ok else 1
 
 
-def render(report: dict, *, verbose: bool = False) -> list[str]:
+def render(report: dict, *, verbose: bool = False, diagnosis=None) -> list[str]:
     """The report as printed: one screen, or everything with ``verbose``."""
     from flashinfer_sm120.diagnose.verify.diagnosis import diagnose
 
-    return (_verbose if verbose else _short)(report, diagnose(report))
+    return (_verbose if verbose else _short)(report, diagnosis or diagnose(report))
 
 
 def _smoke_only(args: argparse.Namespace) -> int:
@@ -91,8 +89,7 @@ def _smoke_only(args: argparse.Namespace) -> int:
 
 
 def smoke_lines(result: dict) -> list[str]:
-    """A :meth:`~flashinfer_sm120.diagnose.verify.smoke.SmokeResult.to_dict` as printed: the verdict
-    (the failing step and the fix), then each step with the end of a failing step's output."""
+    """A smoke result (``SmokeResult.to_dict``) as printed: the verdict, then each step with its output."""
     if result["ok"]:
         lines = [f"OK: a tiny kernel built for {' '.join(result['targets']) or 'no targets'} with FlashInfer's own "
                  f"build line and the chosen toolkit ({result['cuda_home']}) in {result['seconds']:g} s"]
@@ -188,8 +185,6 @@ def _with(r: dict, d) -> str:
 
 
 def _deploy(r: dict) -> list[str]:
-    from flashinfer_sm120.cli.doctor_sections import human
-
     auto = r.get("autoload") or {}
     lines = [f"Autoload: enabled ({', '.join(auto['pth'])})" if auto.get("pth")
              else "Autoload: not enabled ('flashinfer-sm120 enable' patches every vLLM/SGLang process)"]
@@ -198,7 +193,7 @@ def _deploy(r: dict) -> list[str]:
         lines.append(f"Ninja: {ninja['path']} (ninja {ninja['version']})")
     roots = [c for c in (r.get("caches") or {}).get("roots") or () if c.get("path")]
     if roots:
-        lines.append("Caches: " + ", ".join(f"{c['what']} {human(c['bytes'])}" for c in roots))
+        lines.append("Caches: " + ", ".join(f"{c['what']} {sections.human(c['bytes'])}" for c in roots))
     servers = (r.get("servers") or {}).get("servers")
     if servers is not None:
         lines.append("Servers: " + (", ".join(s["label"] for s in servers) or "neither vLLM nor SGLang installed"))
@@ -206,8 +201,7 @@ def _deploy(r: dict) -> list[str]:
 
 
 def _short(r: dict, d) -> list[str]:
-    """The default report: the verdict, then one screen (:data:`SHORT_LINES`); findings whole, as many
-    as fit, then a pointer to the rest."""
+    """The verdict, then one screen (:data:`SHORT_LINES`): findings whole, as many as fit, then a pointer."""
     facts = [_versions(r), _gpus(r)] + ([f"Targets: {', '.join(d.targets)} ({_targets_from(r)})"] if d.targets else [])
     facts += _toolkit(r) + [_alone(d), _with(r, d)] + _deploy(r)
     lines = [_verdict(d)] + [ln for text in facts for ln in wrap(text)]
@@ -226,8 +220,6 @@ def _short(r: dict, d) -> list[str]:
 
 def _verbose(r: dict, d) -> list[str]:
     """Everything: the verdict and findings, then each part in full."""
-    from flashinfer_sm120.cli import doctor_sections as sections
-    from flashinfer_sm120.cli.enable import autoload_lines
     from flashinfer_sm120.core.facts import precompiled
     from flashinfer_sm120.core.jitenv import environ
     from flashinfer_sm120.warmup import buildreport
@@ -282,7 +274,7 @@ def _verbose(r: dict, d) -> list[str]:
             p(f"  step {name}: {how}")
     if st.get("error") and st["mode"] != "guard":
         p(f"  patch error: {st['error']}")
-    out += autoload_lines(r.get("autoload"), r["python"])  # deploy: the autoload and what the process exports
+    out += sections.autoload_lines(r.get("autoload"), r["python"])  # deploy: the autoload and what the process exports
     p("Exported to this process and its children:")
     out += [f"  {line}" for line in environ.describe(a.get("exported", {}))]
     for key, lines in (("ninja", sections.ninja_lines), ("servers", sections.servers_lines),
@@ -300,9 +292,8 @@ def _verbose(r: dict, d) -> list[str]:
 
 
 def _alone_cuda(b: dict, alone, torch_cuda) -> str:
-    """FlashInfer alone's CUDA version, saying when it is torch's fallback, not an nvcc
-    (``get_cuda_version``, flashinfer/jit/cpp_ext.py 0.7.x: ``nvcc --version``, and on
-    ``FileNotFoundError`` ``torch.version.cuda``)."""
+    """FlashInfer alone's CUDA version, saying when it is torch's, not an nvcc's (``get_cuda_version``,
+    flashinfer/jit/cpp_ext.py 0.7.x: ``torch.version.cuda`` when ``nvcc --version`` is not found)."""
     if not alone.has_nvcc:
         return (f"no nvcc (CUDA version would come from torch: {b.get('cuda_version') or torch_cuda})"
                 if b.get("cuda_version") else f"no nvcc ({b.get('cuda_version_error')})")

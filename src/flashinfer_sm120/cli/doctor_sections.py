@@ -1,6 +1,5 @@
-"""How ``doctor`` prints: the one rule for long lines (:func:`wrap`), and the ``--verbose`` lines of
-the sections :func:`flashinfer_sm120.diagnose.verify.report.collect` gathers (ninja, servers, build
-line, inventory)."""
+"""How ``doctor`` prints: the one rule for long lines (:func:`wrap`), and one renderer per section of
+:func:`flashinfer_sm120.diagnose.verify.report.collect` for ``--verbose``."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import textwrap
 from flashinfer_sm120.safety.formats.base import plural, shown
 
 __all__ = ["WIDTH", "wrap", "ninja_lines", "servers_lines", "build_line_lines", "inventory_lines", "human",
-           "caches_lines"]
+           "caches_lines", "autoload_lines"]
 
 #: Characters per line of the default report.  Text wraps at spaces only: a path, command or fix
 #: is never cut; one longer than this gets a line of its own (copied whole).
@@ -161,3 +160,18 @@ def caches_lines(section: dict) -> list[str]:
         lines.append(f"  {plural(section['stale'], 'stale entry', 'stale entries')}, {human(section['stale_bytes'])}: "
                      f"'flashinfer-sm120 cache prune' lists them, '... --yes' removes them")
     return lines
+
+
+def autoload_lines(report: dict | None, python: str) -> list[str]:
+    """:func:`flashinfer_sm120.core.autoload.doctor_report` as printed."""
+    from flashinfer_sm120.core.autoload import HOOK_FILE
+
+    report = report or {}
+    if report.get("pth"):
+        return [f"Autoload: {', '.join(report['pth'])}: every process of {python} is patched when it first "
+                f"imports {', '.join(report['triggers'])}"
+                + (" (but FLASHINFER_SM120_DISABLE is set)" if report.get("disabled") else "")] + [
+            f"  {p} was not written by this release, or its module {HOOK_FILE} is missing: run "
+            f"'flashinfer-sm120 enable' again" for p in report.get("outdated") or ()]
+    return [f"Autoload: not enabled for {python} ('flashinfer-sm120 enable' to patch every worker)"]
+

@@ -1,51 +1,31 @@
-"""``flashinfer-sm120 enable|disable``: the ``.pth`` autoload (see :mod:`flashinfer_sm120.core.autoload`).
-
-This module must work with the rest of the package broken (a module file
-missing, a dependency gone): ``disable`` is how a user gets rid of the ``.pth``,
-so it imports nothing from the package but :mod:`flashinfer_sm120.core.autoload`,
-:mod:`flashinfer_sm120.safety.envflag`, :mod:`flashinfer_sm120.safety.fs.atomic` (standard library only),
-:mod:`.common` and :mod:`.sitefiles`.
-"""
+"""``flashinfer-sm120 enable|disable``: the ``.pth`` autoload (:mod:`flashinfer_sm120.core.autoload`), and what
+they count as theirs in a site directory (threat-model: P5: a file not ours, or ours edited, is never overwritten
+or removed without ``--force``).  ``disable`` must work with the rest of the package broken: this module imports
+only :mod:`~flashinfer_sm120.core.autoload`, :mod:`~flashinfer_sm120.safety.fs.atomic` and :mod:`.common`."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import fcntl
+import hashlib
 import os
 import shlex
 import site
+import stat
 import sys
 import sysconfig
 
-from flashinfer_sm120.core.autoload import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS, pth_files
-from flashinfer_sm120.cli import sitefiles
+from flashinfer_sm120.core.autoload import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS, hook_source, pth_files
 from flashinfer_sm120.cli.common import err as _err
 from flashinfer_sm120.safety.fs.atomic import sweep, temp_prefix, write_atomic
 
-__all__ = ["add_parsers", "user_site_problem", "autoload_lines"]
-
-
-def autoload_lines(report: dict | None, python: str) -> list[str]:
-    """:func:`flashinfer_sm120.core.autoload.doctor_report` as ``doctor`` prints it."""
-    report = report or {}
-    if report.get("pth"):
-        return [f"Autoload: {', '.join(report['pth'])}: every process of {python} is patched when it first "
-                f"imports {', '.join(report['triggers'])}"
-                + (" (but FLASHINFER_SM120_DISABLE is set)" if report.get("disabled") else "")] + [
-            f"  {p} was not written by this release, or its module {HOOK_FILE} is missing: run "
-            f"'flashinfer-sm120 enable' again" for p in report.get("outdated") or ()]
-    return [f"Autoload: not enabled for {python} ('flashinfer-sm120 enable' to patch every worker)"]
+__all__ = ["add_parsers", "user_site_problem", "holds", "OURS_MAX"]
 
 
 def user_site_problem() -> str | None:
-    """Why this interpreter does not read the user site-packages, or ``None`` if it does.
-
-    A virtual environment never reads it (``sys.prefix != sys.base_prefix``; PEP 405,
-    ``site.ENABLE_USER_SITE`` is False there unless ``include-system-site-packages``
-    is set, and even then only for the base interpreter's user site); ``python -s``,
-    ``PYTHONNOUSERSITE`` or a setuid interpreter disable it too (``site`` docs).
-    """
+    """Why this interpreter does not read the user site-packages (a virtual environment, PEP 405; ``python -s``,
+    ``PYTHONNOUSERSITE`` or a setuid interpreter: ``site`` docs), or ``None`` if it does."""
     if sys.prefix != sys.base_prefix and not site.ENABLE_USER_SITE:
         return (f"{sys.executable} runs in a virtual environment ({sys.prefix}), which does not "
                 f"read the user site-packages (site.ENABLE_USER_SITE is False)")
@@ -56,6 +36,88 @@ def user_site_problem() -> str | None:
     return None
 
 
+def site_dirs() -> list[str]:
+    """This interpreter's site directories (``site.getsitepackages()`` and the user site)."""
+    dirs = []
+    for get in (lambda: site.getsitepackages(), lambda: [site.getusersitepackages()]):
+        with contextlib.suppress(Exception):  # some embedded/virtualenv builds lack them
+            dirs += get()
+    return [d for d in dirs if isinstance(d, str) and d]
+
+
+def is_site_dir(path: str) -> bool:
+    """Whether Python would read a ``.pth`` in ``path``: a ``site-packages``, ``dist-packages`` or :func:`site_dirs`."""
+    real = os.path.realpath(path)
+    return (os.path.basename(real) in ("site-packages", "dist-packages")
+            or any(os.path.realpath(d) == real for d in site_dirs()))
+
+
+#: Bytes of a ``.pth`` or hook file read to tell whether it is ours; a larger one is not.
+OURS_MAX = 256 << 10
+#: sha256 of every hook module an earlier ``enable`` wrote (each version of ``core/autoload_hook.py`` and
+#: ``autoload_hook.py`` in git history): ours, like this release's text; an edited one is not (P5).
+EARLIER_HOOKS = frozenset({
+    "35d742125b1af207aad488705b3c11f2eb5bb094bab3d729497ec8444b671f98",
+    "45e281f5fd4316591bc3f53af06f56e5ba715f82384bab847932349e0508dc50",
+    "4c537de241a3fda926506e0b24e98719a271ea04a4fde04423e47173b603de85",
+    "56c8aa5b873a20433f71ca9fe111a35bacb3c02da2586b6f96545c1371be5ddc",
+    "a65f03fe63a9ba83467a7aef2adeaa432e4b7771be55514efa59f471738fd8bc",
+    "a254c261a295ca56899d29d448023b9b8eaeb7c7be2d202612fbaa091de31d4e",
+})
+
+
+def read_text(path: str) -> str | None:
+    """The text of the regular file ``path`` (no link followed, no FIFO waited on), or ``None`` when it is not
+    one, is over :data:`OURS_MAX` bytes or is not UTF-8."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = b""
+        while len(raw) <= OURS_MAX and (chunk := os.read(fd, OURS_MAX + 1 - len(raw))):
+            raw += chunk
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return raw.decode("utf-8") if len(raw) <= OURS_MAX else None
+    except UnicodeDecodeError:
+        return None
+
+
+def is_our_hook(path: str) -> bool:
+    """Whether ``path`` is a hook module ``enable`` wrote, unedited (this release's or an earlier one's)."""
+    text = read_text(path)
+    return text is not None and (text == hook_source()
+                                 or hashlib.sha256(text.encode("utf-8")).hexdigest() in EARLIER_HOOKS)
+
+
+def other_lines(pth: str) -> tuple[list[str], bool]:
+    """``(lines of the .pth that are not ours, whether one of ours is there)``: ours name ``flashinfer_sm120``;
+    the others are kept.  One :func:`read_text` refuses is not ours: ``([], False)``."""
+    text = read_text(pth)
+    if text is None:
+        return [], False
+    lines = [ln if ln.endswith("\n") else ln + "\n" for ln in text.splitlines(keepends=True)]
+    ours = [ln for ln in lines if "flashinfer_sm120" in ln]  # this release's line, or an older release's
+    return [ln for ln in lines if ln.strip() and ln not in ours], bool(ours)
+
+
+def holds(path: str, text: str) -> bool:
+    """Whether ``path`` is a regular file (not a link, mode 0644 as written) that already holds exactly ``text``."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    # threat-model: P6: the size is compared first, and read_text reads at most OURS_MAX bytes
+    return (stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o644 and st.st_size == len(text.encode())
+            and read_text(path) == text)
+
+
 def _purelib() -> str:
     return sysconfig.get_paths()["purelib"]
 
@@ -63,49 +125,32 @@ def _purelib() -> str:
 def _targets_for_disable(site_dir: str | None) -> list[str]:
     if site_dir:
         return [site_dir]
-    dirs = [_purelib()]
-    try:
-        dirs += site.getsitepackages()
-    except Exception:  # some embedded/virtualenv builds lack it
-        pass
-    try:
-        dirs.append(site.getusersitepackages())
-    except Exception:
-        pass
-    out: list[str] = []
-    for d in dirs:
-        if d and os.path.realpath(d) not in {os.path.realpath(x) for x in out}:
-            out.append(d)
-    return out
+    out: dict[str, str] = {}
+    for d in [_purelib(), *site_dirs()]:
+        out.setdefault(os.path.realpath(d), d)
+    return list(out.values())
 
 
 def _sweep_tmp(site_dir: str) -> None:
-    """What an ``enable``/``disable`` killed between writing and renaming left (``kill -9``, the OOM
-    killer): the one sweep, :func:`flashinfer_sm120.safety.fs.atomic.sweep`."""
+    """What an ``enable``/``disable`` killed between writing and renaming left (the one sweep, P5)."""
     for name in (HOOK_FILE, PTH_NAME):
         sweep(temp_prefix(os.path.join(site_dir, name)), site_dir)
 
 
 @contextlib.contextmanager
 def _site_lock(site_dir: str):
-    """Serialise ``enable`` and ``disable`` on one site directory (``flock`` on the directory
-    itself: no lock file is left there), so that the two files come and go together: a
-    ``disable`` between ``enable``'s two writes left a ``.pth`` without its module, and every
-    interpreter then printed a traceback at start-up.  Where the directory cannot be locked
-    (absent, another file system's rules), the operation goes on unlocked.  Yields whether the
-    lock is held."""
+    """Serialise ``enable`` and ``disable`` on one site directory (``flock`` on the directory: no lock file),
+    so that the ``.pth`` never exists without its module (every interpreter would print a traceback at start).
+    Where the directory cannot be locked, the operation goes on unlocked."""
     try:
         fd = os.open(site_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
     except OSError:
-        yield False
+        yield
         return
     try:
-        try:
+        with contextlib.suppress(OSError):
             fcntl.flock(fd, fcntl.LOCK_EX)
-            locked = True
-        except OSError:
-            locked = False
-        yield locked
+        yield
     finally:
         os.close(fd)  # releases the lock
 
@@ -128,10 +173,10 @@ def _enable(args: argparse.Namespace) -> int:
         if not os.path.isdir(target_dir):  # a typo must not create a directory nobody reads
             return _err(f"--site-dir {args.site_dir!r} is not an existing directory; give a site "
                         f"directory that exists, or leave --site-dir out for {_purelib()}")
-        if not sitefiles.is_site_dir(target_dir):  # a .pth anywhere else is never read: /etc took one silently
+        if not is_site_dir(target_dir):  # a .pth anywhere else is never read: /etc took one silently
             return _err(f"--site-dir {args.site_dir!r} is not a site directory: Python reads .pth files only "
                         f"in directories named site-packages or dist-packages and in this interpreter's own "
-                        f"({', '.join(sitefiles.site_dirs()) or 'none'}); give one of those, or leave --site-dir out "
+                        f"({', '.join(site_dirs()) or 'none'}); give one of those, or leave --site-dir out "
                         f"for {_purelib()}")
         who = f"processes of {py} (or another Python) that read {target_dir} as a site directory"
     elif args.user:
@@ -161,14 +206,14 @@ def _enable(args: argparse.Namespace) -> int:
             path = os.path.join(target_dir, name)
             if not os.path.lexists(path):
                 continue
-            is_text = sitefiles.read_text(path) is not None  # read once: up to OURS_MAX bytes
-            if sitefiles.is_our_hook(path) if name == HOOK_FILE else is_text:
+            is_text = read_text(path) is not None  # read once: up to OURS_MAX bytes
+            if is_our_hook(path) if name == HOOK_FILE else is_text:
                 continue
             editable = name == HOOK_FILE and is_text  # a module you edited: --force replaces it
             if args.force and editable:
                 continue  # yours to replace: asked for by name
             return _err(f"{path} exists and is not what 'flashinfer-sm120 enable' wrote (another module, one "
-                        f"edited since, or not a UTF-8 text file of at most {sitefiles.OURS_MAX >> 10} KiB); nothing "
+                        f"edited since, or not a UTF-8 text file of at most {OURS_MAX >> 10} KiB); nothing "
                         f"written. Fix: move it away"
                         + (", or pass --force to replace a module you edited" if editable else ""))
     else:  # threat-model: P4 -- its missing levels are not made inside a tree another uid owns
@@ -191,8 +236,8 @@ def _enable(args: argparse.Namespace) -> int:
             for name, text in pth_files().items():  # the module first, then the .pth that imports it
                 writing = os.path.join(target_dir, name)
                 if name == PTH_NAME:  # lines you added to it are kept
-                    text += "".join(sitefiles.other_lines(writing)[0])
-                if sitefiles.holds(writing, text):  # already what this release writes: leave it (and say so)
+                    text += "".join(other_lines(writing)[0])
+                if holds(writing, text):  # already what this release writes: leave it (and say so)
                     continue
                 write_atomic(writing, text.encode("utf-8"), mode=0o644)  # readable by every user of it
                 changed = True
@@ -220,7 +265,7 @@ def _disable(args: argparse.Namespace) -> int:
             _sweep_tmp(d)
             # the .pth first: an interpreter starting meanwhile must not import a missing module
             hook = os.path.join(d, HOOK_FILE)
-            hook_ours = not os.path.lexists(hook) or sitefiles.is_our_hook(hook)
+            hook_ours = not os.path.lexists(hook) or is_our_hook(hook)
             for target in [os.path.join(d, PTH_NAME), hook] + (_pycs(d) if hook_ours else []):
                 if not os.path.lexists(target):
                     continue
@@ -229,7 +274,7 @@ def _disable(args: argparse.Namespace) -> int:
                     left.append(f"{target} (owned by uid {owner})")
                     continue
                 try:
-                    kept, ours = sitefiles.other_lines(target) if target.endswith(PTH_NAME) else ([], target != hook or hook_ours)
+                    kept, ours = other_lines(target) if target.endswith(PTH_NAME) else ([], target != hook or hook_ours)
                     if not ours:  # threat-model: A2 -- only what enable wrote is removed
                         left.append(f"{target} (its content is not ours)")
                         continue
@@ -257,14 +302,12 @@ def _disable(args: argparse.Namespace) -> int:
 
 
 def _precompile(path: str) -> None:
-    """Cache the module's bytecode now, as pip does for installed files, so that interpreters
-    that may not write into this directory (a root-owned site dir) do not compile it at each start."""
+    """Cache the module's bytecode now, as pip does, so that interpreters that may not write here do not
+    compile it at each start (an unwritable ``__pycache__``: they do)."""
     import py_compile
 
-    try:
+    with contextlib.suppress(OSError, py_compile.PyCompileError):
         py_compile.compile(path, doraise=True)
-    except (OSError, py_compile.PyCompileError):  # an unwritable __pycache__: they compile it then
-        pass
 
 
 def _pycs(site_dir: str) -> list[str]:

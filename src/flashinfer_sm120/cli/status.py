@@ -1,8 +1,6 @@
-"""``flashinfer-sm120 status``: one line, the mode, the toolkit FlashInfer builds with, and the targets.
-
-Read from what the last resolution under the same settings recorded
-(:mod:`flashinfer_sm120.core.patch.laststatus`: no torch, no FlashInfer import) when that still holds,
-else by importing FlashInfer with the patch (seconds), which records it for the next call."""
+"""``flashinfer-sm120 status``: one line, the mode, the toolkit FlashInfer builds with, and the targets; read
+from the last record (:mod:`flashinfer_sm120.core.patch.laststatus`: no torch, no FlashInfer import) when it
+still holds, else by importing FlashInfer with the patch (seconds), which records it for the next call."""
 
 from __future__ import annotations
 
@@ -81,37 +79,26 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def _full(args: argparse.Namespace) -> int:
-    """Import FlashInfer with the patch and ask :func:`flashinfer_sm120.status`."""
+    """Import FlashInfer with the patch and ask :func:`flashinfer_sm120.status` (recorded for the next call)."""
     import flashinfer_sm120 as shim
 
     try:
         import flashinfer.jit.core  # noqa: F401  (patching happens on this import)
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").partition(".")[0] == "flashinfer":
+    except Exception as exc:  # FlashInfer's own import failed: say why, and what we did before it
+        from flashinfer_sm120.core.facts.importfail import import_failure
+        from flashinfer_sm120.core.facts.reinstall import DEPENDENCIES
+
+        top = (getattr(exc, "name", None) or "").partition(".")[0] if isinstance(exc, ModuleNotFoundError) else ""
+        if top == "flashinfer":
             st = {"mode": "not installed", "error": f"FlashInfer is not installed for {sys.executable}: "
                   f"pip install flashinfer-python"}
             return _say(args, st, "import", st)
-        from flashinfer_sm120.core.facts.reinstall import DEPENDENCIES
-
-        if (exc.name or "").partition(".")[0] in DEPENDENCIES:  # ours: the CLI names the fix
+        if top in DEPENDENCIES:  # ours: the CLI names the fix; one of FlashInfer's (torch, numpy) is a status
             raise
-        return _failed(args, shim, exc)  # one of FlashInfer's (torch, numpy): still a status
-    except Exception as exc:  # FlashInfer's own import failed: say why, and what we did before it
-        return _failed(args, shim, exc)
-    full = shim.status()
-    return _recorded(args, full)
-
-
-def _failed(args: argparse.Namespace, shim, exc: BaseException) -> int:
-    """Mode ``failed``: FlashInfer's import raised ``exc``; what we did before it, and why."""
-    from flashinfer_sm120.core.facts.importfail import import_failure
-
-    st = dict(shim.status())
-    st["mode"], st["error"] = "failed", import_failure(exc, st)
-    return _recorded(args, st)
-
-
-def _recorded(args: argparse.Namespace, full: dict) -> int:
+        full = dict(shim.status())
+        full["mode"], full["error"] = "failed", import_failure(exc, full)
+    else:
+        full = shim.status()
     from flashinfer_sm120.core.patch import record_status
     from flashinfer_sm120.core.patch.laststatus import from_status
 

@@ -9,7 +9,7 @@ import pytest
 
 from helpers.untrusted import make_unsafe
 
-from flashinfer_sm120.cli import main, sitefiles
+from flashinfer_sm120.cli import enable, main
 
 
 @pytest.mark.parametrize("how", ["world-writable", "another user's"])
@@ -33,7 +33,7 @@ def test_a_huge_file_in_place_of_ours_is_not_read_to_compare_it(tmp_path, monkey
     opened = []
     real_open = builtins.open
     monkeypatch.setattr(builtins, "open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
-    assert sitefiles.holds(str(big), "import flashinfer_sm120_autoload\n") is False
+    assert enable.holds(str(big), "import flashinfer_sm120_autoload\n") is False
     assert opened == []
 
 

@@ -14,7 +14,7 @@ import pytest
 from helpers.child import cli
 from helpers.host import needs_flashinfer
 from flashinfer_sm120.cli.doctor_sections import inventory_lines
-from flashinfer_sm120.diagnose.verify import inventory, targets
+from flashinfer_sm120.diagnose.verify import inventory, rules
 
 pytestmark = [pytest.mark.slow, pytest.mark.nvcc]
 
@@ -102,7 +102,7 @@ def test_cubins_are_counted_by_the_sm_in_their_elf_header(built):
     summary = inventory.cubin_summary(built["cubins"], [("GPU 0 (12.0)", (12, 0))])
     assert summary["by_sm"] == {"sm_100": 1} and summary["runs"] == {"GPU 0 (12.0)": False}
     assert "FLASHINFER_CUBIN_DIR" in summary["note"]
-    assert targets.runs("sm_100", (10, 3)) == "compatible"
+    assert rules.runs("sm_100", (10, 3)) == "compatible"
 
 
 FAKE_JIT_CACHE = '''

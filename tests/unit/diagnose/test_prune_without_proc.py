@@ -17,14 +17,14 @@ import pytest
 from helpers.child import cli
 from helpers.prune import listing
 
-from flashinfer_sm120.diagnose.prune import hold
+from flashinfer_sm120.diagnose import prune
 
 
 def test_a_proc_without_this_process_means_blind_not_unused(monkeypatch):
-    assert hold.held_paths() is not None  # this process is visible here
+    assert prune.held_paths() is not None  # this process is visible here
     monkeypatch.setattr(os, "getpid", lambda: 2**22 + 7)  # as from another PID namespace
-    assert hold.held_paths() is None
-    assert hold.holder(object(), None) == hold.BLIND  # type: ignore[arg-type]
+    assert prune.held_paths() is None
+    assert prune.holder(object(), None) == prune.BLIND  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root for a private /proc")
@@ -48,7 +48,7 @@ def test_a_lock_that_cannot_be_opened_is_not_free(tmp_path, monkeypatch):
 
     lock = tmp_path / "m.lock"
     lock.write_text("")
-    assert hold.lock_free(str(lock)) and hold.lock_free(str(tmp_path / "absent.lock"))
+    assert prune.lock_free(str(lock)) and prune.lock_free(str(tmp_path / "absent.lock"))
     real = os.open
 
     def no_fds(path, *a, **k):
@@ -57,4 +57,4 @@ def test_a_lock_that_cannot_be_opened_is_not_free(tmp_path, monkeypatch):
         return real(path, *a, **k)
 
     monkeypatch.setattr(os, "open", no_fds)
-    assert not hold.lock_free(str(lock))
+    assert not prune.lock_free(str(lock))

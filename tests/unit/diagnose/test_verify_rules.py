@@ -1,5 +1,5 @@
 """The rules behind the checks of what was built: which code runs on which GPU
-(flashinfer_sm120.diagnose.verify.targets) and what a module must be linked against (verify.links)."""
+and what a module must be linked against (flashinfer_sm120.diagnose.verify.rules)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from flashinfer_sm120.diagnose.verify import links, targets
+from flashinfer_sm120.diagnose.verify import rules
 from flashinfer_sm120.core.view.stub import stub_bytes
 
 
@@ -24,15 +24,15 @@ from flashinfer_sm120.core.view.stub import stub_bytes
     ("nonsense", (12, 0), None),
 ])
 def test_which_code_runs_where(target, cap, want):
-    assert targets.runs(target, cap) == want
+    assert rules.runs(target, cap) == want
 
 
 def test_best_prefers_exact_sass_and_cautions_on_sm12x_family_code():
-    assert targets.best(["compute_120", "sm_120f", "sm_121a"], (12, 1)) == ("exact", "sm_121a")
-    assert targets.best(["compute_120", "sm_120f"], (12, 1)) == ("compatible", "sm_120f")
-    assert targets.best(["sm_100a"], (12, 0)) == (None, None)
-    assert "3294" in targets.caution("compatible", "sm_120f", (12, 1))
-    assert targets.caution("compatible", "sm_80", (8, 6)) is None and targets.caution("exact", "sm_120f", (12, 0)) is None
+    assert rules.best(["compute_120", "sm_120f", "sm_121a"], (12, 1)) == ("exact", "sm_121a")
+    assert rules.best(["compute_120", "sm_120f"], (12, 1)) == ("compatible", "sm_120f")
+    assert rules.best(["sm_100a"], (12, 0)) == (None, None)
+    assert "3294" in rules.caution("compatible", "sm_120f", (12, 1))
+    assert rules.caution("compatible", "sm_80", (8, 6)) is None and rules.caution("exact", "sm_120f", (12, 0)) is None
 
 
 @pytest.fixture
@@ -57,31 +57,31 @@ def test_static_link_rules(tmp_path, cc):
     lib64 = stubs.parent
     (lib64 / "libcudart.so").write_bytes(stub_bytes("<", 62, soname="libcudart.so.13", symbols=["cudaFree"]))
     good = _lib(cc, tmp_path, "good.so", f"-L{lib64}", f"-L{stubs}", "-lcudart", "-lcuda")
-    facts, problems = links.static_problems(good, view=str(tmp_path / "view"), cuda_major=13)
+    facts, problems = rules.static_problems(good, view=str(tmp_path / "view"), cuda_major=13)
     assert problems == [] and {"libcuda.so.1", "libcudart.so.13"} <= set(facts["needed"])
-    _, problems = links.static_problems(good, cuda_major=12)
+    _, problems = rules.static_problems(good, cuda_major=12)
     assert len(problems) == 1 and "libcudart.so.13" in problems[0] and "CUDA 12" in problems[0]
     rpath = _lib(cc, tmp_path, "rpath.so", f"-L{lib64}", f"-L{stubs}", "-lcudart", "-lcuda", f"-Wl,-rpath,{stubs}")
-    _, problems = links.static_problems(rpath, view=str(tmp_path / "view"))
+    _, problems = rules.static_problems(rpath, view=str(tmp_path / "view"))
     assert len(problems) == 1 and "RPATH" in problems[0] and str(stubs) in problems[0]
     nosoname = tmp_path / "plain"
     nosoname.mkdir()
     (nosoname / "c.c").write_text("int cuInit(unsigned x) { return 0; }\n")
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(nosoname / "libcuda.so"), str(nosoname / "c.c")], check=True)
     bare = _lib(cc, tmp_path, "bare.so", f"-L{lib64}", f"-L{nosoname}", "-lcudart", "-lcuda")
-    _, problems = links.static_problems(bare)
+    _, problems = rules.static_problems(bare)
     assert any("NEEDED libcuda.so (no version)" in p for p in problems)
 
 
 def test_runtime_link_rules():
     torch_rt = "/venv/nvidia/cu13/lib/libcudart.so.13"
     before = {"/usr/lib/x86_64-linux-gnu/libcuda.so.1", torch_rt, "/usr/lib/libc.so.6"}
-    facts, problems = links.runtime_problems(before, before | {"/cache/jit/sampling.so"}, view="/cache/view")
+    facts, problems = rules.runtime_problems(before, before | {"/cache/jit/sampling.so"}, view="/cache/view")
     assert problems == [] and facts["libcuda"] == ["/usr/lib/x86_64-linux-gnu/libcuda.so.1"]
-    _, problems = links.runtime_problems(before, before | {"/cache/view/lib64/stubs/libcuda.so"}, view="/cache/view")
+    _, problems = rules.runtime_problems(before, before | {"/cache/view/lib64/stubs/libcuda.so"}, view="/cache/view")
     assert any("link stub" in p for p in problems)
-    _, problems = links.runtime_problems(before, before | {"/opt/cuda-12/lib64/libcudart.so.12"})
+    _, problems = rules.runtime_problems(before, before | {"/opt/cuda-12/lib64/libcudart.so.12"})
     assert any("two CUDA runtimes" in p for p in problems)
-    _, problems = links.runtime_problems(set(), {torch_rt})
+    _, problems = rules.runtime_problems(set(), {torch_rt})
     assert problems == ["libcuda.so.1 is not loaded: no NVIDIA driver library was found at run time"]
     assert not os.path.exists("/cache/view")  # nothing above touched the file system

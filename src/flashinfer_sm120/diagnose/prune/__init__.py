@@ -8,21 +8,26 @@ threat-model: P3 -- in use is what a process's lease says (:mod:`flashinfer_sm12
 takes it exclusively without waiting and keeps what it cannot take; a builder's lock held and ``/proc``
 (a second opinion) can only keep.  P2/P4 -- another uid's entry, a symlink, anything not under its root by
 its real path is kept.  Removal renames the directory aside, checks again, then deletes it without
-following links (:mod:`flashinfer_sm120.diagnose.tree`).
+following links (:mod:`flashinfer_sm120.diagnose.tree`).  Who holds what, and removing safely, are below.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
-import shutil
+import stat
 import time
+import uuid
 
-from flashinfer_sm120.diagnose.prune.find import DAY, Entry, fi_roots, scan_jit, scan_views, size_of, views_dir
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.formats.reads import read_bytes, read_text
+from flashinfer_sm120.safety.formats.binary import proc_maps_paths
 from flashinfer_sm120.safety.fs import lease
-from flashinfer_sm120.diagnose.prune.hold import (current_locks, held_paths, holder, lock_free, remove_empty_parents, remove_entry,
-                   sweep_leases, take_locks, under)
+from flashinfer_sm120.diagnose.prune.find import DAY, Entry, fi_roots, scan_jit, scan_views, size_of, views_dir
+from flashinfer_sm120.diagnose.tree import remove_tree, walk_tree
 
-__all__ = ["Entry", "fi_roots", "scan", "remove", "held_paths", "doctor_section", "size_of"]
+__all__ = ["Entry", "fi_roots", "scan", "remove", "held_paths", "holder", "lock_free", "doctor_section", "size_of"]
 
 
 def scan(older_than_days: float | None = None, *, now: float | None = None) -> dict:
@@ -80,11 +85,6 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
 
 def remove(report: dict) -> dict:
     """Remove every stale entry of a :func:`scan` report not kept, under the builders' locks."""
-    if not getattr(shutil.rmtree, "avoids_symlink_attacks", False):
-        for e in report["entries"]:
-            if e.reason and not e.kept:
-                e.kept, e.error = "not removed", "shutil.rmtree is not safe against symlink races on this platform"
-        return report
     views = [e for e in report["entries"] if e.kind == "view" and e.reason and not e.kept]
     view_locks = take_locks([os.path.join(os.path.dirname(views[0].path), ".lock")]) if views else []
     if views and view_locks is None:
@@ -125,6 +125,199 @@ def remove(report: dict) -> dict:
         for lk in view_locks or []:
             lk.release()
     return report
+
+
+# ----------------------------------------------------------------------------- who holds what
+
+
+def under(root: str, path: str) -> bool:
+    """``path`` is below ``root`` by its real path and no component between is a symlink."""
+    rel = os.path.relpath(path, root)
+    if rel.startswith("..") or rel == ".":
+        return False
+    cur = root
+    for part in rel.split(os.sep):
+        cur = os.path.join(cur, part)
+        try:
+            if stat.S_ISLNK(os.lstat(cur).st_mode):
+                return False
+        except OSError:
+            return False
+    return os.path.realpath(path) == os.path.join(os.path.realpath(root), rel)
+
+
+#: Why nothing may be removed when ``/proc`` cannot show who uses what.
+BLIND = ("cannot tell which processes use it: /proc does not show this process (no /proc mounted, or "
+         "another PID namespace, such as a sidecar container); run cache prune where the servers run")
+
+
+def held_paths() -> dict[str, int] | None:
+    """The second opinion, which can keep an entry, never remove one (threat-model: P3; the lease
+    decides): ``{path: pid}`` of files mapped, working directories and ``CUDA_HOME``/``CUDA_PATH`` at
+    exec of this user's other processes (every process's as root); ``None`` when ``/proc`` does not
+    list this very process (another PID namespace): then nothing may be called unused."""
+    out: dict[str, int] = {}
+    me, uid = os.getpid(), os.geteuid()
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    if me not in pids:
+        return None
+    for pid in pids:
+        if pid == me:
+            continue
+        base = f"/proc/{pid}"
+        try:
+            if uid != 0 and os.stat(base).st_uid != uid:
+                continue
+            for p in proc_maps_paths(read_text(f"{base}/maps", 64 << 20), f"{base}/maps"):
+                out.setdefault(p, pid)
+            out.setdefault(os.readlink(f"{base}/cwd"), pid)
+            env = read_bytes(f"{base}/environ", 1 << 20).split(b"\0")
+        except (OSError, FormatError):
+            continue
+        for item in env:
+            k, _, v = item.partition(b"=")
+            if k in (b"CUDA_HOME", b"CUDA_PATH") and v.startswith(b"/"):
+                out.setdefault(os.path.realpath(v.decode("utf-8", "replace")), pid)
+    return out
+
+
+def holder(paths: list[str], held: dict[str, int] | None) -> str | None:
+    """Which process of ``held`` (:func:`held_paths`) uses something under one of ``paths``."""
+    if held is None:
+        return BLIND
+    for target in paths:
+        real = os.path.realpath(target)
+        for p, pid in held.items():
+            if p == real or p.startswith(real + "/"):
+                return f"process {pid} uses {p}"
+    return None
+
+
+def lock_free(path: str) -> bool:
+    """Whether nobody holds ``path``'s flock (a read-only probe: creates nothing)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:  # no lock: nobody holds it
+        return True
+    except OSError:  # cannot tell (no descriptor left, a link, unreadable): not free
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        return True
+    finally:
+        os.close(fd)
+
+
+def take_locks(paths: list[str]):
+    import filelock
+
+    held = []
+    try:
+        for p in paths:
+            lk = filelock.FileLock(p, timeout=0, mode=0o600)
+            lk.acquire()
+            held.append(lk)
+    except (filelock.Timeout, OSError):
+        for lk in held:
+            lk.release()
+        return None
+    return held
+
+
+def current_locks(e: Entry) -> list[str]:
+    """The module locks of a JIT workspace *now*: a module first built after the scan has one too."""
+    if e.kind != "jit":
+        return []
+    tmp = os.path.join(e.path, "cached_ops", "tmp")
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        names = []
+    return sorted(set(e.locks) | {os.path.join(tmp, n) for n in names if n.endswith(".lock")})
+
+
+def _busy(moved: str, own: frozenset[str]) -> str | None:
+    """Why ``moved`` (just renamed away) must go back: a module lock under it another holds (``own``:
+    those this process holds), or a process using it (``/proc`` paths follow a rename)."""
+    for dirpath, dirs, files in walk_tree(moved):
+        if os.path.basename(dirpath) == "tmp":
+            for n in files:
+                if n.endswith(".lock") and n not in own and not lock_free(os.path.join(dirpath, n)):
+                    return f"a running process holds {n} (building or loading that module)"
+            dirs[:] = []
+    return holder([moved], held_paths())
+
+
+def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
+    """Remove ``e``: each directory is renamed aside, checked again (a build may have started since
+    the scan), put back when in use, else deleted.  ``own``: names of the module locks held here."""
+    gone = 0
+    for target in e.remove:
+        if not os.path.lexists(target):  # another prune (or the user) removed it since the scan
+            gone += 1
+            continue
+        if not under(e.root, target) or not stat.S_ISDIR(os.lstat(target).st_mode):
+            e.error = f"{target} changed since the scan; left alone"
+            return
+        hidden = os.path.join(os.path.dirname(target), f".flashinfer-sm120-prune-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        try:
+            os.rename(target, hidden)
+        except OSError as exc:
+            e.error = f"{target}: {exc.strerror or exc}"
+            return
+        busy = _busy(hidden, own)
+        if busy:
+            try:
+                os.rename(hidden, target)
+                e.kept = f"in use: {busy}"
+            except OSError as exc:
+                e.error = (f"{target} came into use ({busy}) and could not be put back from {hidden} "
+                           f"({exc.strerror or exc}); left there")
+            return
+        try:
+            remove_tree(hidden)
+        except OSError as exc:
+            e.error = f"{hidden}: {exc.strerror or exc}"
+            return
+    if gone == len(e.remove):
+        e.bytes = 0  # freed by whoever removed it
+        e.reason = f"{e.reason}; another process removed it first"
+    e.removed = True
+
+
+def sweep_leases(directory: str) -> None:
+    """Remove the lease files in ``directory`` whose directory is gone and that nobody holds (left by
+    a process that found its view removed while it waited)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for n in names:
+        target = lease.target_of(os.path.join(directory, n))
+        if target is None or os.path.lexists(target):
+            continue
+        fd = lease.take_exclusive(target)  # threat-model: P3 -- a holder keeps it
+        if fd is not None:
+            lease.end_exclusive(target, fd, removed=not os.path.lexists(target))
+
+
+def remove_empty_parents(e: Entry) -> None:
+    """Remove the directories above a removed entry that are empty now, up to its root."""
+    parent = os.path.dirname(e.remove[0])
+    while parent != e.root and under(e.root, parent):
+        try:
+            os.rmdir(parent)  # only when empty
+        except OSError:
+            break
+        parent = os.path.dirname(parent)
 
 
 # ----------------------------------------------------------------------------- doctor

@@ -84,15 +84,15 @@ def views_dir() -> str | None:
 
 
 def times(paths) -> float | None:
-    best = None
+    """The latest access or change of any of ``paths`` (``None``: none exists)."""
+    found = []
     for p in paths:
         try:
             st = os.lstat(p)
         except OSError:
             continue
-        t = max(st.st_atime, st.st_mtime)
-        best = t if best is None else max(best, t)
-    return best
+        found.append(max(st.st_atime, st.st_mtime))
+    return max(found, default=None)
 
 
 # ----------------------------------------------------------------------------- views

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
 from flashinfer_sm120.safety.formats.base import plural, shown
 
@@ -55,10 +55,10 @@ class Diagnosis:
     targets: tuple[str, ...] = ()
     nvcc: str | None = None
     root: str | None = None
-    problems: tuple[Finding, ...] = field(init=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "problems", tuple(f for f in self.findings if f.level is Level.PROBLEM))
+    @property
+    def problems(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.level is Level.PROBLEM)
 
     @property
     def ok(self) -> bool:
@@ -66,9 +66,7 @@ class Diagnosis:
 
     def to_dict(self) -> dict:
         """JSON-ready form (a level is its string: :class:`Level` is a ``str``)."""
-        out = asdict(self)
-        del out["problems"]  # the findings whose level is problem
-        return dict(out, ok=self.ok)
+        return dict(asdict(self), ok=self.ok)
 
 
 def _choice(report: dict) -> dict:

@@ -21,7 +21,7 @@ from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.binary import cuda_elf_sm, parse_cuobjdump_headers, parse_cuobjdump_list, read_elf
 from flashinfer_sm120.diagnose.tree import walk_tree
-from flashinfer_sm120.diagnose.verify import targets as _targets
+from flashinfer_sm120.diagnose.verify import rules
 
 __all__ = ["MODULE_CAP", "CUBIN_CAP", "find_cuobjdump", "module_targets", "check_module", "jit_modules",
            "prebuilt_places", "cubin_summary", "inventory", "gpus_to_check", "doctor_section"]
@@ -103,11 +103,11 @@ def check_module(name: str, path: str, gpus: list[tuple[str, tuple[int, int]]], 
         return out  # unknown, or host code only: nothing to hold against it
     missing = []
     for label, cap in gpus:
-        verdict, target = _targets.best(found["sass"] + found["ptx"], cap)
+        verdict, target = rules.best(found["sass"] + found["ptx"], cap)
         out["runs"][label] = {"verdict": verdict, "target": target}
         if verdict is None:
             missing.append(label)
-        out["caution"] = out["caution"] or _targets.caution(verdict, target, cap)
+        out["caution"] = out["caution"] or rules.caution(verdict, target, cap)
     if missing:
         held = ", ".join(found["sass"] + found["ptx"])
         out["problem"] = f"no code {' or '.join(missing)} can run (it holds {held}). Fix: {fix}"
@@ -195,7 +195,7 @@ def cubin_summary(cubin_dir: str, gpus: list[tuple[str, tuple[int, int]]]) -> di
                 counts[f"sm_{sm}"] = counts.get(f"sm_{sm}", 0) + 1
         if n > CUBIN_CAP:
             break
-    runs = {label: any(_targets.runs(t, cap) for t in counts) for label, cap in gpus}
+    runs = {label: any(rules.runs(t, cap) for t in counts) for label, cap in gpus}
     note = None
     if counts and not any(runs.values()):
         note = ("none of these cubins runs on the visible GPUs; FlashInfer uses them only for kernels of "
@@ -217,7 +217,7 @@ def gpus_to_check(gpus: list[dict], targets: list[str]) -> tuple[list[tuple[str,
         out.append((f"GPU {g.get('index', '?')} ({major}.{minor})", (major, minor)))
     if out:
         return out, "the visible GPUs"
-    stand_ins = [(f"{t} (no GPU visible)", c) for t in targets if (c := _targets.capability_of(t))]
+    stand_ins = [(f"{t} (no GPU visible)", c) for t in targets if (c := rules.capability_of(t))]
     return stand_ins, "the chosen targets (no GPU visible)"
 
 

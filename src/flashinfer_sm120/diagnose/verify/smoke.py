@@ -138,12 +138,10 @@ class _Run:
         t0 = time.monotonic()
         try:
             detail = fn()
-        except _Failed as exc:
-            self.steps.append(Step(name, "failed", round(time.monotonic() - t0, 2), exc.detail, _tail(exc.output)))
-            raise
-        except Exception as exc:  # anything else FlashInfer or the OS raises: the step failed
-            self.steps.append(Step(name, "failed", round(time.monotonic() - t0, 2), f"{type(exc).__name__}: {exc}"[:2000]))
-            raise _Failed(str(exc)) from None
+        except Exception as exc:  # anything FlashInfer or the OS raises: the step failed
+            failed = exc if isinstance(exc, _Failed) else _Failed(f"{type(exc).__name__}: {exc}"[:2000])
+            self.steps.append(Step(name, "failed", round(time.monotonic() - t0, 2), failed.detail, _tail(failed.output)))
+            raise failed from None
         self.steps.append(Step(name, "passed", round(time.monotonic() - t0, 2), detail or ""))
 
 
@@ -234,7 +232,7 @@ def _ninja(args: list[str], run: _Run, what: str) -> str:
 
 def _link_check(so: str, home: str, targets: list[str]) -> str:
     from flashinfer_sm120.diagnose.verify.inventory import find_cuobjdump, module_targets
-    from flashinfer_sm120.diagnose.verify.links import static_problems
+    from flashinfer_sm120.diagnose.verify.rules import static_problems
 
     facts, problems = static_problems(so, view=home if _is_view(home) else None, cuda_major=_torch_major())
     if problems:
@@ -270,7 +268,7 @@ def _torch_major() -> int | None:
 
 def _load(so: str, home: str, run: _Run, state: dict) -> str:
     from flashinfer_sm120.safety import proc
-    from flashinfer_sm120.diagnose.verify.links import runtime_problems
+    from flashinfer_sm120.diagnose.verify.rules import runtime_problems
     from flashinfer_sm120.safety.formats.binary import proc_maps_paths
 
     res = proc.run([sys.executable, "-c", _CHILD, so], timeout=run.left(), max_output=16 << 20)
@@ -312,26 +310,19 @@ def _gpu_visible() -> bool:
         return False
 
 
-def run_smoke(timeout: float = SMOKE_TIMEOUT_S, *, keep: str | None = None, gpu: bool | None = None) -> SmokeResult:
-    """Run the smoke check.  Never raises: a failure is a failed step.
-
-    Args:
-        timeout: seconds for everything.
-        keep: a directory to build in and keep (default: a private scratch directory
-            under the cache root, removed afterwards).
-        gpu: run the kernel (default: when NVML sees a GPU).
-    """
+def run_smoke(timeout: float = SMOKE_TIMEOUT_S) -> SmokeResult:
+    """Run the smoke check within ``timeout`` seconds, in a private scratch directory (locked while it
+    runs: one killed mid-compile is swept by the next); the kernel runs when NVML sees a GPU.  Never
+    raises: a failure is a failed step."""
     run = _Run(timeout)
     home, targets = None, []
-    work = scratch = None
+    scratch = None
     try:
         from flashinfer_sm120.safety.fs.statedir import cache_root
         from flashinfer_sm120.safety.fs.tmpdirs import make_private
 
-        if not keep:  # locked while we live: a smoke test killed mid-compile is swept by the next
-            scratch = make_private("smoke-", cache_root())
-        work = keep or scratch.path
-        os.makedirs(work, exist_ok=True)
+        scratch = make_private("smoke-", cache_root())
+        work = scratch.path
         state: dict = {}
 
         def choose():
@@ -344,7 +335,7 @@ def run_smoke(timeout: float = SMOKE_TIMEOUT_S, *, keep: str | None = None, gpu:
         run.step("compile", lambda: _ninja(["-C", work, "-f", state["ninja"], state["obj"]], run, "compile"))
         run.step("link", lambda: _ninja(["-C", work, "-f", state["ninja"]], run, "link"))
         run.step("link check", lambda: _link_check(state["so"], home, targets))
-        if gpu if gpu is not None else _gpu_visible():
+        if _gpu_visible():
             run.step("load", lambda: _load(state["so"], home, run, state))
             run.step("run", lambda: _ran(state))
     except _Failed:
