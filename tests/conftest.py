@@ -82,6 +82,18 @@ def _no_arch_option(monkeypatch):
     monkeypatch.setattr(arch, "_option", None)
 
 
+@pytest.fixture(autouse=True)
+def _environ_restored():
+    """Each test leaves ``os.environ`` as it found it: an in-process command that imports FlashInfer
+    patches this process and exports ``CUDA_HOME``, ``PATH`` and Triton's ptxas, which every later
+    test's children would inherit (a test then passed or failed by the order it ran in)."""
+    saved = dict(os.environ)
+    yield
+    if dict(os.environ) != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _nothing_written_into_the_checkout():
     """The suite writes only into temporary directories: an entry the checkout did not have
