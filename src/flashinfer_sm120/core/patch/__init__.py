@@ -45,10 +45,16 @@ def _ensure_resolution() -> None:
         inputs = laststatus.inputs()  # before FlashInfer or our export changes the environment
     except Exception:  # pragma: no cover - stat calls only
         inputs = None
-    try:  # a later process with the same inputs replays the recorded decision; any change resolves afresh
-        res: Resolution | str = (inputs is not None and laststatus.replay(inputs)) or resolve(guard=True)
+    with STATE.lock:
+        first, STATE.resolved = not STATE.resolved, True
+    try:  # a later process's first resolution with the same inputs replays the recorded decision
+        res: Resolution | str = (first and inputs is not None and laststatus.replay(inputs)) or resolve(guard=True)
     except Exception as exc:  # a view that cannot be built, a broken NVML ...
         res = str(exc) or repr(exc)
+        if isinstance(exc, ImportError) and (exc.name or "").partition(".")[0] not in ("flashinfer", "torch"):
+            from flashinfer_sm120.core.facts.reinstall import fix_for  # one of our dependencies is missing (P8)
+
+            res = f"{res}; Fix: {fix_for(exc)}"
     with STATE.lock:
         if STATE.mode is not Mode.IDLE or STATE.resolution is not None:
             return

@@ -141,6 +141,7 @@ class State:
     logged: set = field(default_factory=set)
     summary: str = ""
     inputs: dict | None = None  # what the resolution read (laststatus.inputs), taken before it
+    resolved: bool = False  # a resolution was made in this process: install() after revert() resolves afresh
 
     def log_once(self, level: int, msg: str) -> None:
         """Log ``msg`` once per process."""
