@@ -159,13 +159,14 @@ def signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def kill_all(pid: int | None, marker: str) -> None:
+def kill_all(pid: int | None, marker: str, *, spare_session: int | None = None) -> None:
     """SIGKILL the group and session program ``pid`` leads (``None``: reaped), then every process
-    carrying ``MARKER_VAR=marker``, a few rounds so a forking program cannot outrun it (P6)."""
+    carrying ``MARKER_VAR=marker`` outside ``spare_session``, a few rounds so a forking program cannot
+    outrun it (P6)."""
     if pid is not None:
         signal_group(pid, signal.SIGKILL)
     for _ in range(_KILL_ROUNDS):
-        pids = [p for p in _marked(marker, pid) if not _is_zombie(p)]
+        pids = [p for p in _marked(marker, pid) if not _is_zombie(p) and (spare_session is None or _sid(p) != spare_session)]
         if not pids:
             return
         for p in pids:
@@ -206,6 +207,13 @@ def _marked(marker: str, session: int | None) -> list[int]:
         if needle in data.split(b"\0"):
             found.append(pid)
     return found
+
+
+def _sid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
 
 
 def _is_zombie(pid: int) -> bool:

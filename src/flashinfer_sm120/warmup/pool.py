@@ -70,7 +70,7 @@ class _Running:
         self.failed: list[str] = []
         self.in_failure = False
         self.peak_rss: int | None = None
-        self.seen: dict[int, list] = {}  # step pid -> [its file, first seen, SIGTERM sent at]
+        self.seen: dict[int, list] = {}  # step pid -> [its file, first seen, SIGTERM sent at, seen exited at]
         self.running: list = []  # steps running at the last watch()
         self.timed_out: list[str] = []  # what was stopped at its deadline, for the error
         self.marker = uuid.uuid4().hex  # finds what ninja started, wherever it went (P6)
@@ -109,9 +109,13 @@ class _Running:
             _proc.kill_all(self.proc.pid, self.marker)
         found = steps(self.proc.pid)
         for st in found:
-            seen = self.seen.setdefault(st.pid, [step_name(st.command), now, None])
+            seen = self.seen.setdefault(st.pid, [step_name(st.command), now, None, None])
             if st.exited:  # done: what still holds its output open is a leftover
                 _proc.signal_group(st.pid, signal.SIGKILL)  # ninja puts each step in its own group
+                if seen[3] is None:
+                    seen[3] = now
+                elif now - seen[3] > _STOP_S:  # still held: by a process that left ninja's session (P6)
+                    _proc.kill_all(None, self.marker, spare_session=self.proc.pid)
                 continue
             if now - seen[1] > step_timeout and seen[2] is None:
                 seen[2] = now

@@ -193,6 +193,27 @@ def test_a_step_that_exited_is_done_and_its_leftovers_are_killed(tmp_path):
     assert _group_gone(pgid)
 
 
+def test_a_leftover_that_left_ninjas_session_is_killed_too(tmp_path, monkeypatch):
+    """An nvcc whose child calls setsid() and keeps the step's output open: killing the step's group
+    misses it and ninja waits on the pipe for ever; once the step has exited for the grace period every
+    process carrying the build's marker outside ninja's session is killed (P6)."""
+    monkeypatch.setattr(pool, "_STOP_S", 1)
+    escape = tmp_path / "escape.sh"
+    escape.write_text(f"setsid sh -c 'trap \"\" TERM INT HUP; echo $$ > {tmp_path}/escaped.pid; exec sleep 297.29' &\n"
+                      f"while [ ! -s {tmp_path}/escaped.pid ]; do sleep 0.05; done\n")
+    job = fake_job(tmp_path, "m", 1, sleep=0, after=f" && sh {escape}")
+    t0 = time.monotonic()
+    res = pool.run_pool([job], 1, io.StringIO())
+    assert time.monotonic() - t0 < 250  # the leftover sleeps 297 s: returning before it ends is the fix
+    assert res[0].status == "built", res[0].error
+    pid = int((tmp_path / "escaped.pid").read_text())
+    for _ in range(600):
+        if not os.path.exists(f"/proc/{pid}") or _group_alive(pid) == []:
+            break
+        time.sleep(0.05)
+    assert _group_alive(pid) == []
+
+
 def test_a_step_past_its_deadline_is_killed_with_its_group_and_named(tmp_path, monkeypatch):
     """A compile step that hangs ignoring SIGTERM is stopped at its deadline: SIGKILL to its group after
     the grace period, the module fails naming the file and the deadline (P6)."""
