@@ -136,6 +136,16 @@ def test_disable_works_with_the_package_broken(tmp_path, missing):
     assert not (site_dir / PTH_NAME).exists() and "removed" in proc.stdout
 
 
+def test_disable_works_with_a_dependency_missing(tmp_path, hiding):
+    site_dir = tmp_path / "site-packages"
+    site_dir.mkdir()
+    env = env_without("FLASHINFER_SM120_DISABLE")
+    assert cli(["enable", "--site-dir", str(site_dir)], env, python=sys.executable).returncode == 0
+    proc = cli(["disable", "--site-dir", str(site_dir)], dict(hiding("filelock", "wrapt")), python=sys.executable)
+    assert proc.returncode == 0, proc.stderr
+    assert not (site_dir / PTH_NAME).exists() and "removed" in proc.stdout
+
+
 def test_disable_removes_the_old_eager_pth(tmp_path):
     site_dir = tmp_path / "site-packages"
     site_dir.mkdir()

@@ -353,7 +353,7 @@ def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         listing_only()
     try:
         with signals_as_exit():  # 'kill' or a closed terminal stops what the command started, as Ctrl-C does
-            for name in DEPENDENCIES:  # one missing is one line with its fix, whichever command would need it (P8)
+            for name in DEPENDENCIES if args.cmd != "disable" else ():  # one missing is one line with its fix (P8)
                 if importlib.util.find_spec(name) is None:
                     raise ModuleNotFoundError(f"No module named {name!r}", name=name)
             return args.func(args)

@@ -337,6 +337,6 @@ def add_parsers(sub) -> None:
     e.set_defaults(func=_enable)
     dis = sub.add_parser("disable", help="remove the files written by 'enable' (works with the package broken)",
                          description="Remove the .pth file and module written by 'enable' (lines you added to "
-                         "the .pth are kept). Works with the rest of the package broken.")
+                         "the .pth are kept). Works with a dependency or another module of the package missing or broken.")
     dis.add_argument("--site-dir", help="remove it from this directory only")
     dis.set_defaults(func=_disable)

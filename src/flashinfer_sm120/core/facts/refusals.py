@@ -47,6 +47,10 @@ def import_refused(env=None) -> ImportRefusal | None:
 
     path, how = workspace_path()
     home = os.path.dirname(os.path.dirname(path))
+    if how == "the home directory" and os.environ.get("HOME") == "":
+        return ImportRefusal("workspace-no-home", f"HOME is set but empty, so FlashInfer would keep its JIT cache in "
+                             f"{shown(path, 200)}, at the root of the file system",
+                             f"set HOME to your home directory, or {WSB} to a directory of your own")
     if how == "the home directory" and not os.path.isdir(home):
         return ImportRefusal("workspace-no-home", f"its JIT cache {shown(path, 200)} lies in the home directory "
                              f"{shown(home, 200)}, which does not exist, and FlashInfer's import would create it",

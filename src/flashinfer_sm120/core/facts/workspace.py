@@ -33,14 +33,17 @@ def normalize_base() -> str | None:
 
 def workspace_base(env=None) -> tuple[str, str]:
     """``(base, where from)``, the one reader of the variable: ``$FLASHINFER_WORKSPACE_BASE`` (blank is
-    unset), else ``HOME``, else the passwd entry's, else ``/``."""
+    unset), else ``Path.home()`` as FlashInfer reads it: ``HOME`` (an empty one is ``/``), else the
+    passwd entry's."""
     from flashinfer_sm120.safety.fs.statedir import home_dir
 
     env = os.environ if env is None else env
     value = env.get(WSB) or ""
     if value.strip():
         return value, WSB
-    return env.get("HOME") or home_dir() or "/", "the home directory"
+    if "HOME" in env:
+        return env["HOME"].rstrip("/") or "/", "the home directory"
+    return home_dir() or "/", "the home directory"
 
 
 def workspace_path() -> tuple[str, str]:

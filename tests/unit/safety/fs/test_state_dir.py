@@ -371,3 +371,23 @@ def test_a_workspace_base_in_another_uids_directory_anyone_may_write_names_the_r
     assert refusal is not None and refusal.code == "workspace-not-ours", refusal
     assert "owned by uid 4321" in refusal.text and "could not write" not in refusal.text, refusal
     assert "sudo -u" not in refusal.fix, refusal
+
+
+def test_an_empty_home_is_read_as_flashinfer_reads_it_and_refused(tmp_path, monkeypatch, clean_env):
+    """``HOME=`` is ``/`` to FlashInfer (``Path.home()``): our commands name that JIT directory, refuse to
+    import FlashInfer (P4: it would make ``/.cache/flashinfer``) and say the fix; nothing appears at ``/``."""
+    from flashinfer_sm120.core.facts.refusals import import_refused
+    from flashinfer_sm120.core.facts.workspace import workspace_path
+
+    monkeypatch.setenv("HOME", "")
+    monkeypatch.delenv("FLASHINFER_WORKSPACE_BASE", raising=False)
+    assert workspace_path()[0] == "/.cache/flashinfer"
+    refusal = import_refused()
+    assert refusal is not None and refusal.code == "workspace-no-home" and "HOME" in refusal.fix
+    existed = os.path.exists("/.cache")
+    env = dict(clean_env, HOME="", FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"), FLASHINFER_CUDA_ARCH_LIST="12.0")
+    env.pop("FLASHINFER_WORKSPACE_BASE", None)
+    proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "status", "--fresh"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "HOME is set but empty" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert os.path.exists("/.cache") == existed
