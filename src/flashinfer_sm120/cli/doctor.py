@@ -30,6 +30,9 @@ SHORT_LINES = 25
 
 
 def run_doctor(args: argparse.Namespace) -> int:
+    from flashinfer_sm120.core.facts.reinstall import require_dependencies
+
+    require_dependencies()  # a missing one: cli.main prints it with its fix (as JSON too with --json)
     apply_arch(args.arch)  # a bad value: UsageError, printed by cli.main (as JSON too with --json)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the report says what the log line would
     if args.smoke:
