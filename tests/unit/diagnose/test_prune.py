@@ -249,3 +249,19 @@ def test_a_view_of_another_layout_is_named_so_not_damaged(caches):
                                              "nvcc_fingerprint": [1, 2, 3]}))
     reason = listing(caches)[str(old)]["reason"]
     assert "layout 2 of another flashinfer-sm120 version" in reason and "damaged" not in reason, reason
+
+
+def test_only_directories_named_as_views_are_removed_from_the_views_directory(caches):
+    """``cuda-home/`` may hold what someone else put there: only a name ``view/build.py`` gives a view
+    (``cuda-<version>-<key>[.N]``) is ever a damaged view; anything else is listed as kept (P3, A2)."""
+    parent = Path(caches["gone_view"]).parent
+    mine = parent / "myfiles"
+    mine.mkdir()
+    (mine / "x").write_text("mine")
+    damaged = parent / "cuda-13.0.88-0123456789ab.1"
+    damaged.mkdir()
+    (damaged / "junk").write_text("no meta")
+    got = listing(caches, "--yes")
+    assert "not named as a view" in got[str(mine)]["kept"], got[str(mine)]
+    assert "damaged" in got[str(damaged)]["reason"]
+    assert (mine / "x").read_text() == "mine" and not damaged.exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 from dataclasses import asdict, dataclass
 
@@ -26,6 +27,8 @@ __all__ = ["VIEW_LAYOUT", "META_NAME", "ADDED_ITEMS", "STUB", "DIRS", "REQUIRED"
 VIEW_LAYOUT = 3
 #: The metadata file in every view.
 META_NAME = "flashinfer_sm120_view.json"
+#: The names build.py gives views (``cuda-<nvcc version>-<key>[.N]``): ``cache prune`` removes nothing else.
+VIEW_NAME_RE = re.compile(r"cuda-[0-9A-Za-z.+]+-[0-9a-f]{8,64}(\.[0-9]{1,3})?")
 #: What a view may add to its toolkit.
 ADDED_ITEMS = ("lib64/libcudart.so", "lib64/stubs/libcuda.so", "include/curand.h")
 #: Where the ``libcuda.so`` link stub lives in a view (FlashInfer's ``-L$cuda_home/lib64/stubs``).

@@ -124,10 +124,13 @@ def scan_views(views: str) -> list[Entry]:
 
 def _scan_view(e: os.DirEntry, ent: Entry) -> None:
     from flashinfer_sm120.core.toolkit.memo import fingerprint
-    from flashinfer_sm120.core.view.meta import META_NAME, STUB, VIEW_LAYOUT, ViewMeta
+    from flashinfer_sm120.core.view.meta import META_NAME, STUB, VIEW_LAYOUT, VIEW_NAME_RE, ViewMeta
 
     if e.is_symlink() or not e.is_dir(follow_symlinks=False):
         ent.kept = "not a directory of ours (a symlink or a file): never followed or removed"
+        return
+    if not VIEW_NAME_RE.fullmatch(e.name):
+        ent.kept = "not named as a view of ours: never removed"
         return
     ent.last_used = times([os.path.join(e.path, STUB), e.path])
     try:
