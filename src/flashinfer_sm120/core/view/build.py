@@ -249,7 +249,12 @@ def _leased(home: CudaHome, toolkit: Toolkit, curand_inc: str | None) -> bool:
 
 
 def _lease_problem(path: str) -> str:
-    return (f"cannot take the lease {lease.lease_path(path)} on the CUDA_HOME view {path} (a 'cache prune' "
+    lp = lease.lease_path(path)
+    if os.path.islink(lp):  # opened with O_NOFOLLOW: a link there is refused, whatever it names (P2)
+        return (f"cannot take the lease {lp} on the CUDA_HOME view {path}: it is a symbolic link, which is never "
+                f"followed; without the lease a prune could remove the view while this process uses it. Fix: "
+                f"remove the link {lp}")
+    return (f"cannot take the lease {lp} on the CUDA_HOME view {path} (a 'cache prune' "
             f"held it for {lease.WAIT_S:.0f} s, or the file cannot be created there): without it a prune "
             f"could remove the view while this process uses it. Fix: let the prune finish, or set "
             f"FLASHINFER_SM120_CACHE_DIR to a directory of your own")

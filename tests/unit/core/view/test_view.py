@@ -455,3 +455,22 @@ def test_leftovers_are_cleaned_by_a_process_that_only_adopts(tmp_path, cache):
         assert tmp_dirs(parent) == sorted([fresh.name, os.path.basename(live.path)])
     finally:
         live.close()
+
+
+def test_a_lease_file_replaced_by_a_link_is_refused_naming_the_link(tmp_path, cache):
+    """The lease is opened without following links (P2); when a link stands there the message says so and
+    names what to remove, not a prune that never ran (P8)."""
+    from flashinfer_sm120.safety.fs import lease
+
+    tk = inspect(str(pip_like(tmp_path)))
+    home = linkable_home(tk)
+    lease.release(home.path)
+    lp = lease.lease_path(home.path)
+    os.unlink(lp)
+    victim = tmp_path / "victim"
+    victim.write_text("kept")
+    os.symlink(victim, lp)
+    with pytest.raises(ViewError) as info:
+        linkable_home(tk)
+    assert "symbolic link" in str(info.value) and f"remove the link {lp}" in str(info.value), info.value
+    assert victim.read_text() == "kept"
