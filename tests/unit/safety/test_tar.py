@@ -158,3 +158,12 @@ def test_mutated_headers_property(tmp_path, edits, gz):
     for p in into.rglob("*"):
         assert p.resolve().is_relative_to(into.resolve())
     os.unlink(src)
+
+
+@pytest.mark.parametrize("second", ["a/b.txt", "./a/b.txt"])
+def test_a_member_named_twice_is_refused_naming_it(tmp_path, second):
+    """A second member of one name would replace what the first one's checks passed: refused, naming the
+    member (its message named a file in a temporary directory already removed)."""
+    src = _write(tmp_path, tar_bytes([tar_member("a/b.txt", b"first"), tar_member(second, b"second")]), gz=False)
+    with pytest.raises(FormatError, match=r"holds the member 'a/b.txt' twice"):
+        _pass(src, tmp_path / "out")

@@ -149,7 +149,12 @@ class TarReader:
 
     def __iter__(self) -> Iterator[tarfile.TarInfo]:
         members = iter(self.tar)
+        seen: set[str] = set()
         while (m := self._reading(lambda: next(members, None))) is not None:
+            name = m.name.removeprefix("./").rstrip("/")
+            if name in seen:  # a later member would replace what an earlier one's checks passed (P7)
+                raise self.refused(f"holds the member {shown(name)} twice")
+            seen.add(name)
             yield m  # the caller's own errors pass through unchanged
 
     def read(self, m: tarfile.TarInfo) -> bytes:
