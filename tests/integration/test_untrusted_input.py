@@ -299,7 +299,7 @@ def test_import_with_a_huge_arch_list_under_1gb_returns_with_a_short_message(cle
     env = dict(clean_env, FAKE_GPU_CAPS="12.0")
     if how == "environment":
         env["FLASHINFER_CUDA_ARCH_LIST"] = "x " * (60 << 10)
-    proc = subprocess.run([sys.executable, "-c", _ARCH_CHILD, how], env=env, capture_output=True, timeout=30)
+    proc = subprocess.run([sys.executable, "-c", _ARCH_CHILD, how], env=env, capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(proc.stderr) < 64 << 10, f"{len(proc.stderr)} bytes on stderr"
     mode, err = proc.stdout.split(b"@@")[-1].split()

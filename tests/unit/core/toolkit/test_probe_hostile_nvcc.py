@@ -14,8 +14,12 @@ import pytest
 from helpers.host import needs_flashinfer
 from helpers.probing import alive_with, hostile_toolkit, kill_all_with
 
-#: Each case waits out the real 10 s bound on `nvcc --version` (or a 30 s guard): slow by design.
+#: Each case waits out the real 10 s bound on `nvcc --version`: slow by design.
 pytestmark = pytest.mark.slow
+#: The guard that tells "bounded" from "hung": the hostile nvcc sleeps for about ten days, so a guard
+#: this far above the 10 s bound fails only on a real hang, never because the machine is loaded (an
+#: import of torch and FlashInfer took over 20 s on 2 cores beside other work).
+GUARD_S = 300
 
 CHILD = r"""
 import json, resource
@@ -43,11 +47,11 @@ def test_import_bounded_with_hostile_nvcc(tmp_path, clean_env, case):
     token = str(900000 + uuid.uuid4().int % 99999)
     root = hostile_toolkit(tmp_path / f"cuda-{case}", CASES[case].format(token=token))
     env = dict(clean_env, CUDA_HOME=str(root), FAKE_GPU_CAPS="12.0")
-    try:  # the hard bound: within 30 s, or a failure
+    try:  # bounded: it returns while the hostile nvcc would still run
         proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
-                              timeout=30)
+                              timeout=GUARD_S)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"import with the {case} nvcc did not return within 30 s")
+        pytest.fail(f"import with the {case} nvcc did not return within {GUARD_S} s")
     finally:
         left = alive_with(token)
         kill_all_with(token)
@@ -68,7 +72,7 @@ def test_second_worker_does_not_rerun_a_hung_nvcc(tmp_path, clean_env):
     try:
         for _ in range(2):
             proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
-                                  timeout=30)
+                                  timeout=GUARD_S)
             assert "@@" in proc.stdout, proc.stderr[-3000:]
     finally:
         left = alive_with(token)
