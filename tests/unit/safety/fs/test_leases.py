@@ -213,9 +213,13 @@ def test_workers_starting_while_prune_runs_all_end_with_an_existing_cuda_home(wo
     p, first = start(env)
     stop(p)  # a view exists, leased by nobody: every prune below may remove it
     for _ in range(3):
+        # one process pruning back to back (a new interpreter per prune spent most of this test's CPU
+        # on start-up, not on racing the workers)
         pruning = subprocess.Popen(
-            ["sh", "-c", f'while [ ! -e "$STOP" ]; do "{sys.executable}" -m flashinfer_sm120 cache prune '
-                         '--older-than 0 --yes >/dev/null 2>&1; done'],
+            [sys.executable, "-c", "import contextlib, io, os, sys\nfrom flashinfer_sm120.cli import main\n"
+             "while not os.path.exists(os.environ['STOP']):\n"
+             "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+             "        main(['cache', 'prune', '--older-than', '0', '--yes'])\n"],
             env=dict(env, STOP=str(world["tmp"] / "stop")))
         workers = []
         procs = [subprocess.Popen([sys.executable, "-c", LIVE.replace("{extra}", "")], env=env,
