@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from helpers.host import needs_flashinfer
 from helpers.toolkits import script
 from flashinfer_sm120.cli import main, status
-from flashinfer_sm120.core.patch import lastcheck, laststatus
+from flashinfer_sm120.cli import lastcheck
+from flashinfer_sm120.core.patch import laststatus
 
 #: ``status`` in a new interpreter (not the fork server, which has torch loaded already), reporting
 #: which of torch and FlashInfer it imported.

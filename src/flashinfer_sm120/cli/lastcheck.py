@@ -1,5 +1,5 @@
-"""Whether a record :mod:`.laststatus` kept still holds for this process (``status`` and ``version`` read it),
-and when none does, what changed, in words (P8)."""
+"""Whether a record :mod:`~flashinfer_sm120.core.patch.laststatus` kept still holds for this process (for
+``status`` and ``version``), and when none does, what changed, in words (P8)."""
 
 from __future__ import annotations
 
