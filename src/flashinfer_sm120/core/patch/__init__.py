@@ -19,7 +19,7 @@ from flashinfer_sm120.core.patch.resolve import Resolution, resolve
 from flashinfer_sm120.core.patch import laststatus
 from flashinfer_sm120.core.patch.state import STATE, Mode, StatusDict, StepResult, render, summary, targets_origin
 from flashinfer_sm120.core.patch import steps
-from flashinfer_sm120.core.patch.steps import HOOKED_MODULES, STEPS, current_targets, refresh_derived
+from flashinfer_sm120.core.patch.steps import HOOKED_MODULES, STEPS, refresh_derived
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -69,9 +69,8 @@ def _ensure_resolution() -> None:
 def _already_correct(res: Resolution) -> bool:
     """FlashInfer alone would use the same toolkit and the same targets."""
     cc_mod = sys.modules.get("flashinfer.compilation_context")
-    if cc_mod is None or res.arch_list_error or res.naive_root is None:
-        return False
-    if os.path.realpath(res.naive_root) != os.path.realpath(res.home.path):
+    if cc_mod is None or res.arch_list_error or res.naive_root is None \
+            or os.path.realpath(res.naive_root) != os.path.realpath(res.home.path):
         return False
     from flashinfer_sm120.core.patch.alone import flashinfer_would_target
 
@@ -216,17 +215,11 @@ def record_status(st: StatusDict | None = None) -> None:
     """Keep ``st`` (default :func:`status`) for ``flashinfer-sm120 status`` (:mod:`.laststatus`); never raises."""
     try:
         with STATE.lock:
-            inputs = STATE.inputs
-            res = STATE.resolution
+            inputs, res = STATE.inputs, STATE.resolution
         if inputs is not None:
             laststatus.save(laststatus.from_status(st or status()), inputs, res)
     except Exception as exc:  # pragma: no cover - save never raises
         logger.debug("flashinfer-sm120: status not recorded: %r", exc)
-
-
-def _on_flashinfer_loaded(module: types.ModuleType) -> None:
-    """Post-import hook of ``flashinfer`` itself: its import completed, so the state is final."""
-    record_status()
 
 
 def _on_import(module: types.ModuleType) -> None:
@@ -266,7 +259,7 @@ def install() -> dict:
                 logger.warning("flashinfer-sm120: %s", relative)
             for name in HOOKED_MODULES:
                 wrapt.register_post_import_hook(_on_import, name)
-            wrapt.register_post_import_hook(_on_flashinfer_loaded, "flashinfer")
+            wrapt.register_post_import_hook(lambda _: record_status(), "flashinfer")  # its import completed
             STATE.hooks_registered = True
         loaded = any(m in sys.modules for m in HOOKED_MODULES)
     if loaded:
