@@ -235,8 +235,9 @@ def _on_import(module: types.ModuleType) -> None:
 def install() -> dict:
     """Register the post-import hooks and patch whatever FlashInfer is loaded.
 
-    Idempotent and thread-safe.  After a failure, a revert or a guard, an explicit call resolves again (import
-    hooks never retry on their own).  Never raises: failures are logged and reported by :func:`status`.
+    Idempotent and thread-safe.  After a failure, a revert or a guard, an explicit call resolves again, so
+    installing a toolkit and calling ``install()`` is enough (import hooks never retry on their own).  Never
+    raises: failures are logged and reported by :func:`status`.
     ``FLASHINFER_SM120_DISABLE=1`` makes it do nothing.
 
     Returns:
