@@ -7,7 +7,6 @@ import os
 from dataclasses import dataclass
 
 from flashinfer_sm120.core.patch import laststatus
-from flashinfer_sm120.core.patch.laststatus import LastStatus
 
 __all__ = ["Loaded", "load"]
 
@@ -16,7 +15,7 @@ __all__ = ["Loaded", "load"]
 class Loaded:
     """The record, or ``None`` and why it cannot be used."""
 
-    status: LastStatus | None
+    status: dict | None  # laststatus.from_status
     why_not: str | None = None
 
 

@@ -281,10 +281,7 @@ def revert() -> dict:
     """
     with STATE.lock:
         STATE.undo.rollback()
-        try:  # an export made before patching (autoload of vllm/sglang, worker_setup) goes too
-            environ.reset()
-        except Exception as exc:  # pragma: no cover
-            logger.error("flashinfer-sm120: undoing the toolkit export failed: %r", exc)
+        environ.reset()  # an export made before patching (autoload of vllm/sglang, worker_setup) goes too
         STATE.reset(Mode.REVERTED)
         try:
             refresh_derived()
@@ -298,7 +295,7 @@ def chosen_toolkit():
     """The :class:`~flashinfer_sm120.core.toolkit.model.Toolkit` FlashInfer builds with, or ``None``."""
     with STATE.lock:
         res = STATE.resolution
-        return res.choice.toolkit if res is not None and getattr(res, "choice", None) is not None else None
+        return res.choice.toolkit if res is not None and res.choice is not None else None
 
 
 def status() -> StatusDict:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, TypedDict
+from typing import Any, Callable
 
 from flashinfer_sm120.errors import Sm120Error
 
-__all__ = ["SCHEMA", "FILE", "KEEP", "LastStatus", "from_status", "inputs", "load", "replay", "save", "path", "which_nvcc"]
+__all__ = ["SCHEMA", "FILE", "KEEP", "from_status", "inputs", "load", "replay", "save", "path", "which_nvcc"]
 
 SCHEMA = 2
 FILE = "last-status.json"
@@ -27,17 +27,6 @@ _IGNORED = frozenset(("FLASHINFER_SM120_QUIET", "FLASHINFER_SM120_RUN_ID", "FLAS
                       "SHLVL", "_", "COLUMNS", "LINES", "PS1", "PS2", "PROMPT_COMMAND", "TERM", "COLORTERM",
                       "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", "DISPLAY", "TMUX_PANE",
                       "WINDOWID", "HISTFILE", "LS_COLORS", "LESSOPEN", "MAIL", "LOGNAME", "XDG_SESSION_ID"))
-
-
-class LastStatus(TypedDict):
-    """What ``status`` prints (``toolkit``: ``None`` when none fits)."""
-
-    mode: str
-    error: str | None
-    toolkit: dict | None
-    targets: list[str]
-    arch_list_error: str | None
-    flashinfer: str | None
 
 
 def _or_none(read: Callable[[], Any]) -> Any:
@@ -105,22 +94,22 @@ def path() -> str:
     return os.path.join(cache_root(), FILE)
 
 
-def from_status(st: dict) -> LastStatus:
-    """The part of :func:`flashinfer_sm120.status` that ``status`` prints."""
+def from_status(st: dict) -> dict:
+    """What ``status`` prints of :func:`flashinfer_sm120.status`: ``mode``, ``error``, ``toolkit`` (``None``
+    when none fits), ``targets``, ``arch_list_error``, ``flashinfer``."""
     res = st.get("resolution") or {}
     choice = res.get("choice") or {}
     tk = choice.get("toolkit") or None
     targets = st.get("target_cuda_archs")
     if targets is None:  # FlashInfer not loaded: the chosen ones
         targets = list(choice.get("targets") or ())
-    return LastStatus(mode=str(st.get("mode")), error=st.get("error"),
-                      toolkit={"nvcc_full": tk.get("nvcc_full"), "root": tk.get("root"), "nvcc": tk.get("nvcc")}
-                      if tk else None,
-                      targets=list(targets), arch_list_error=res.get("arch_list_error"),
-                      flashinfer=(res.get("release") or {}).get("version"))
+    return dict(mode=str(st.get("mode")), error=st.get("error"),
+                toolkit={"nvcc_full": tk.get("nvcc_full"), "root": tk.get("root"), "nvcc": tk.get("nvcc")} if tk else None,
+                targets=list(targets), arch_list_error=res.get("arch_list_error"),
+                flashinfer=(res.get("release") or {}).get("version"))
 
 
-def save(status: LastStatus, recorded_inputs: dict[str, Any], res=None) -> None:
+def save(status: dict, recorded_inputs: dict[str, Any], res=None) -> None:
     """Record ``status`` for ``recorded_inputs`` (taken before FlashInfer changed the environment), with
     the resolution ``res`` of a patched or noop process for :func:`replay`."""
     try:
