@@ -31,7 +31,7 @@ COMMAND_ONLY = (
     "flashinfer_sm120.core.jitenv.manifest", "flashinfer_sm120.core.jitenv.generators",
     "flashinfer_sm120.core.jitenv.launcher",
     "flashinfer_sm120.warmup", "flashinfer_sm120.diagnose", "flashinfer_sm120.cli",
-    "flashinfer_sm120.__main__", "flashinfer_sm120.core.patch.lastcheck",
+    "flashinfer_sm120.__main__",
 )
 #: Loaded by a first process only (an empty cache: nvcc and ninja are run, the view is built), or when
 #: something failed: a later process with the same settings replays the recorded decision (laststatus.replay).

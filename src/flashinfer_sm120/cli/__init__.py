@@ -123,7 +123,7 @@ def _torch_cuda() -> str:
 def _nvcc() -> str:
     """The nvcc flashinfer-sm120 chooses: from the last recorded status when it still holds, else resolved."""
     try:
-        from flashinfer_sm120.core.patch.lastcheck import load
+        from flashinfer_sm120.cli.lastcheck import load
 
         got = load()
         tk = (got.status or {}).get("toolkit") if got.status else None

@@ -163,8 +163,8 @@ def caches_lines(section: dict) -> list[str]:
 
 
 def autoload_lines(report: dict | None, python: str) -> list[str]:
-    """:func:`flashinfer_sm120.core.autoload.doctor_report` as printed."""
-    from flashinfer_sm120.core.autoload import HOOK_FILE
+    """:func:`flashinfer_sm120.diagnose.autoload.doctor_report` as printed."""
+    from flashinfer_sm120.core.autoload_hook import HOOK_FILE
 
     report = report or {}
     if report.get("pth"):

@@ -1,7 +1,7 @@
-"""``flashinfer-sm120 enable|disable``: the ``.pth`` autoload (:mod:`flashinfer_sm120.core.autoload`), and what
+"""``flashinfer-sm120 enable|disable``: the ``.pth`` autoload (:mod:`flashinfer_sm120.diagnose.autoload`), and what
 they count as theirs in a site directory (threat-model: P5: a file not ours, or ours edited, is never overwritten
 or removed without ``--force``).  ``disable`` must work with the rest of the package broken: this module imports
-only :mod:`~flashinfer_sm120.core.autoload`, :mod:`~flashinfer_sm120.safety.fs.atomic` and :mod:`.common`."""
+only :mod:`~flashinfer_sm120.diagnose.autoload`, :mod:`~flashinfer_sm120.safety.fs.atomic` and :mod:`.common`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import stat
 import sys
 import sysconfig
 
-from flashinfer_sm120.core.autoload import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS, hook_source, pth_files
+from flashinfer_sm120.core.autoload_hook import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS
+from flashinfer_sm120.diagnose.autoload import hook_source, pth_files
 from flashinfer_sm120.cli.common import err as _err
 from flashinfer_sm120.safety.fs.atomic import sweep, temp_prefix, write_atomic
 
@@ -61,6 +62,7 @@ EARLIER_HOOKS = frozenset({
     "45e281f5fd4316591bc3f53af06f56e5ba715f82384bab847932349e0508dc50",
     "4c537de241a3fda926506e0b24e98719a271ea04a4fde04423e47173b603de85",
     "56c8aa5b873a20433f71ca9fe111a35bacb3c02da2586b6f96545c1371be5ddc",
+    "99d47cdaf2e379a97e179a27d84b89228c52745e775b932c0fc330b8ce3f8b69",
     "a65f03fe63a9ba83467a7aef2adeaa432e4b7771be55514efa59f471738fd8bc",
     "a254c261a295ca56899d29d448023b9b8eaeb7c7be2d202612fbaa091de31d4e",
 })

@@ -222,7 +222,7 @@ def test_enable_and_disable_at_once_never_leave_a_pth_without_its_module(tmp_pat
     "Error processing line 1 of ...pth" with a traceback at start-up."""
     import argparse
 
-    from flashinfer_sm120.core.autoload import HOOK_FILE, PTH_NAME
+    from flashinfer_sm120.core.autoload_hook import HOOK_FILE, PTH_NAME
     from flashinfer_sm120.cli import enable
 
     site_dir = tmp_path / "site-packages"

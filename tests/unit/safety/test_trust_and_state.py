@@ -140,7 +140,7 @@ def test_an_empty_site_dir_is_refused_not_widened(tmp_path, monkeypatch, capsys,
     """``--site-dir "$DIR"`` with DIR unset used to write into (or remove from) the whole
     environment's site-packages instead of refusing."""
     from flashinfer_sm120 import cli
-    from flashinfer_sm120.core.autoload import PTH_NAME
+    from flashinfer_sm120.core.autoload_hook import PTH_NAME
     from flashinfer_sm120.cli import enable
 
     env_site = tmp_path / "env-site"

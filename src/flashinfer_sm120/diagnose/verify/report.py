@@ -232,9 +232,9 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
         why = str(refusal)
         report["before"] = {"error": f"not run: {why}", "skipped": why}
         report["after"] = {"status": patch.status(), "error": why}
-        from flashinfer_sm120.core import autoload
+        from flashinfer_sm120.diagnose.autoload import doctor_report
 
-        report["autoload"] = autoload.doctor_report()
+        report["autoload"] = doctor_report()
         return report
     if say is not None:
         say(f"(asking unpatched FlashInfer in a child process, up to {timeout:g} s ...)")
@@ -259,9 +259,9 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
         report["after"]["builds_refused"] = builds_refused(str(jit_env.FLASHINFER_JIT_DIR))  # the gate's list
     except Exception as exc:
         report["after"] = {"status": patch.status(), "error": repr(exc)}
-    from flashinfer_sm120.core import autoload  # deploy: is the .pth installed for this interpreter?
+    from flashinfer_sm120.diagnose.autoload import doctor_report  # deploy: is the .pth installed here?
 
-    report["autoload"] = autoload.doctor_report()
+    report["autoload"] = doctor_report()
     return report
 
 
