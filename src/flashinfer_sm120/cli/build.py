@@ -47,7 +47,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> dict:
     """Set up, build, and return the ``build --json`` document; :raises Sm120Error: it cannot start."""
-    from flashinfer_sm120.warmup import ninjacmd, replay, session
+    from flashinfer_sm120.warmup import plan, pool, replay, session
 
     if not args.modules and not args.manifest:
         raise _Stop("name the modules to build (see `flashinfer-sm120 build --list`) or give "
@@ -81,7 +81,7 @@ def _build(args: argparse.Namespace) -> dict:
     if refused:
         raise _Stop(refused)
     if not args.ninja_only:  # before anything is generated: the same refusal for every module
-        ninjacmd.ninja_binary()
+        pool.ninja_binary()
     before = _cache_stats()
     for p in problems:
         print(f"flashinfer-sm120: manifest: {p}", file=sys.stderr)
@@ -103,12 +103,12 @@ def _build(args: argparse.Namespace) -> dict:
     labelled, shipped = _not_shipped(labelled, sess)
     stats: dict = {}
     if args.ninja_only:
-        session.write_ninjas([s for _, s in labelled])
+        plan.write_ninjas([s for _, s in labelled])
         results = [{"module": label, "name": s.name, "status": "ninja written", "ninja": str(s.ninja_path)}
                    for label, s in labelled]
     else:
         t0 = time.monotonic()
-        results = session.build_specs(labelled, args.jobs, sys.stderr, stats, targets=len(sess.targets),
+        results = plan.build_specs(labelled, args.jobs, sys.stderr, stats, targets=len(sess.targets),
                                       mem_limit=args.mem_limit, mem_per_compile=args.mem_per_compile,
                                       env=user_env, step_timeout=args.step_timeout * 60)
         stats["wall_s"] = round(time.monotonic() - t0, 2)
