@@ -80,7 +80,7 @@ def test_max_bytes_holds_for_both_forms_before_anything_is_written(clean_env, tm
     if form == "archive":
         src = as_archive(src, tmp_path / "exp.tar.gz")
     res = _result(_run(clean_env, src, 64 << 20))
-    assert res.get("kind") == "archive" and "64" in res["error"] and "--max-bytes" in res["error"], res
+    assert res.get("kind") == "limit" and "64" in res["error"] and "--max-bytes" in res["error"], res
     assert not (Path(res["jit_dir"]) / "m").exists()
 
 
