@@ -43,7 +43,7 @@ cache_import._settle = lambda entry, sess: {}
 cache_import._refusal = lambda *a: None  # entries and sources: the export-then-import test below and safety section 4
 out = {"jit_dir": str(jit_env.FLASHINFER_JIT_DIR), "pid": os.getpid()}
 try:
-    meta = cache.check(src)
+    meta = cache_import.check(src)
     fp = meta.fingerprint
     sess = session.Session(fp["flashinfer"], fp["cuda_home"], fp["cuda_version"], fp["targets"],
                            Path(fp["jit_dir"]), "")
@@ -210,9 +210,9 @@ def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
         src = as_archive(src, tmp_path / "exp.tar.gz")
     jit, gen = tmp_path / "ws" / "cached_ops", tmp_path / "ws" / "generated"
     sess = session.Session("0.7.4", "/usr/local/cuda", "13.0", ["12.0f"], jit, "")
-    parsed = cache.check(str(src))
+    parsed = cache_import.check(str(src))
     with make_private("fi-sm120-test-") as tmp:
-        root = cache.unpack(str(src), Path(tmp), parsed, cache.Limits())
+        root = cache_import.unpack(str(src), Path(tmp), parsed, cache.Limits())
         report = cache_import._install_from(root, parsed, {"jit": jit, "generated": gen}, sess, False,
                                             cache.Limits(), str(src))
     assert [r["status"] for r in report] == ["refused", "refused"], report
@@ -243,7 +243,7 @@ top.mkdir(parents=True)
 (top / "meta.json").write_text(json.dumps({"format": 1, "fingerprint": sess.fingerprint(), "modules": mods,
                                             "manifest": entries}))
 jit = Path(jit_env.FLASHINFER_JIT_DIR)
-report = cache_import.install(sys.argv[1], cache.check(sys.argv[1]), sess)
+report = cache_import.install(sys.argv[1], cache_import.check(sys.argv[1]), sess)
 print("@@" + json.dumps({"report": report, "jit": sorted(os.listdir(jit)) if jit.exists() else []}))
 """
 

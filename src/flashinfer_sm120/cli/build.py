@@ -19,10 +19,6 @@ from flashinfer_sm120.cli import buildjson
 from flashinfer_sm120.cli.common import err as _err
 
 
-class _Stop(Sm120Error):
-    """``build`` stops before compiling anything; the message names the fix."""
-
-
 def run_build(args: argparse.Namespace) -> int:
     if args.list:  # with --json, a document too (threat-model: P8)
         if args.json:
@@ -48,9 +44,10 @@ def run_build(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> dict:
     """Set up, build, and return the ``build --json`` document; :raises Sm120Error: it cannot start."""
     from flashinfer_sm120.warmup import plan, pool, replay, session
+    from flashinfer_sm120.warmup.session import BuildError
 
     if not args.modules and not args.manifest:
-        raise _Stop("name the modules to build (see `flashinfer-sm120 build --list`) or give "
+        raise BuildError("name the modules to build (see `flashinfer-sm120 build --list`) or give "
                     "--from MANIFEST (recorded with FLASHINFER_SM120_RECORD)")
     user_env = _apply_cache_flag(args.compiler_cache)  # the user's env before anything is exported
     variants = _modules.expand(args.modules, head_dims=args.head_dim, dtypes=args.dtype,
@@ -58,7 +55,7 @@ def _build(args: argparse.Namespace) -> dict:
     entries, problems = replay.load(args.manifest) if args.manifest else ([], [])
     arch = replay.arch_for(entries, args.arch) if args.manifest else args.arch
     if arch is None and session.no_gpu_no_arch():  # before FlashInfer's import: it takes seconds
-        raise _Stop(session.NO_TARGETS)
+        raise BuildError(session.NO_TARGETS)
     for note in arch_notes(args.arch):
         print(f"flashinfer-sm120: {note}", file=sys.stderr)
     session.set_arch(arch)
@@ -74,27 +71,23 @@ def _build(args: argparse.Namespace) -> dict:
         print(f"flashinfer-sm120: {own.name} will build for {', '.join(own.targets)} (its {own.function} sets "
               f"{own.variable}={own.value} after FlashInfer's import; {own.how}): building that, as it will "
               f"request it, in the JIT directory of {', '.join(nvcc_spelling(t) for t in sess.targets)}", file=sys.stderr)
-    missing = _missing_headers(variants, sess) if not args.ninja_only else []
+    tk = sess.toolkit  # the Toolkit the patch chose (None: noop, FlashInfer's own was right)
+    missing = [] if args.ninja_only else _modules.missing_headers(
+        variants, [os.path.join(sess.cuda_home, "include"), *(tk.include_dirs if tk else ()), "/usr/include"],
+        ".".join(str(sess.cuda_version).split(".")[:2]), tk is not None and "pip" in tk.sources,
+        tk.root if tk else sess.cuda_home)
     if missing:  # before anything compiles: nvcc would stop on the #include minutes later
-        raise _Stop("; ".join(missing))
+        raise BuildError("; ".join(missing))
     refused = _cache_refused(sess)
     if refused:
-        raise _Stop(refused)
+        raise BuildError(refused)
     if not args.ninja_only:  # before anything is generated: the same refusal for every module
         pool.ninja_binary()
-    before = _cache_stats()
+    before = plan.sccache_stats()
     for p in problems:
         print(f"flashinfer-sm120: manifest: {p}", file=sys.stderr)
-    labelled, not_generated = [], []
-    for v in variants:
-        try:
-            labelled.append((v.label, v.spec()))
-        except Exception as exc:  # FlashInfer refuses this combination: say so, build the rest
-            not_generated.append(v.label)
-            print(f"cannot generate {v.label}: FlashInfer's {v.generator} raised {exc!r}", file=sys.stderr)
-    regenerated, skipped = replay.regenerate(entries, sess.flashinfer)
-    labelled += regenerated
-    for name, why in skipped:
+    labelled, not_made = replay.specs(variants, entries, sess.flashinfer)
+    for name, why in not_made:
         print(f"cannot regenerate {name}: {why}", file=sys.stderr)
     for e in entries:
         if e.get("targets") and sorted(e["targets"]) != sess.targets and e.get("regenerable"):
@@ -116,15 +109,14 @@ def _build(args: argparse.Namespace) -> dict:
     cache = None if args.ninja_only else _cache_report(before)
     if cache:
         print(cache["line"], file=sys.stderr)
-    # an entry recorded as regenerable that this FlashInfer could not regenerate, or a refused line, is
-    # not built either, and not ok (P8); one recorded as not
-    # regenerable (a cute_dsl module) is named in cannot_regenerate only
-    regenerable = {e.get("name") for e in entries if e.get("regenerable")}
-    failed = (not_generated + [n for n, _ in skipped if n in regenerable]
+    # a module named or recorded as regenerable that cannot be made here, or a refused line, is not built
+    # either, and not ok (P8); one recorded as not regenerable (a cute_dsl module) is named in cannot_regenerate only
+    unmade = {e.get("name") for e in entries if not e.get("regenerable")}
+    failed = ([n for n, _ in not_made if n not in unmade]
               + [r["module"] for r in results if r["status"] == "failed"])
     error = "; ".join(filter(None, (
         f"{len(failed)} module(s) not built: {', '.join(failed)}"
-        + (" (cannot_regenerate says why, and the fix)" if skipped else "") if failed else None,
+        + (" (cannot_regenerate says why, and the fix)" if not_made else "") if failed else None,
         f"{len(problems)} manifest line(s) refused (above)" if problems else None))) or None
     return buildjson.document(
         error, cuda_home=sess.cuda_home, cuda_version=sess.cuda_version, flashinfer=sess.flashinfer,
@@ -133,7 +125,7 @@ def _build(args: argparse.Namespace) -> dict:
                              "function": own.function, "how": own.how},
         targets_from=sess.targets_from, pool_wall_s=stats.get("wall_s"),
         modules=results, plan=stats.get("plan"), compiler_cache=cache,
-        cannot_regenerate=[{"name": n, "why": w} for n, w in skipped],
+        cannot_regenerate=[{"name": n, "why": w} for n, w in not_made],
         refused_settings=list(_setup_of(sess).refused))  # built without these (P2, P8)
 
 
@@ -175,15 +167,6 @@ def arch_notes(value: str | None) -> list[str]:
             dropped = " (+PTX dropped: FlashInfer builds machine code only)" if entry.upper().endswith("+PTX") else ""
             notes.append(f"--arch {entry!r} read as {canon} (compute capability {spec.major}.{spec.minor}){dropped}")
     return notes
-
-
-def _missing_headers(variants: list, sess) -> list[str]:
-    """:func:`modules.missing_headers` for the chosen toolkit."""
-    tk = sess.toolkit  # typed: the Toolkit the patch chose (None: noop, FlashInfer's own was right)
-    dirs = [os.path.join(sess.cuda_home, "include"), *(tk.include_dirs if tk else ()), "/usr/include"]
-    release = ".".join(str(sess.cuda_version).split(".")[:2])
-    return _modules.missing_headers(variants, dirs, release, tk is not None and "pip" in tk.sources,
-                                    tk.root if tk else sess.cuda_home)
 
 
 def _print_human(summary: dict) -> None:
@@ -265,16 +248,6 @@ def _cache_refused(sess=None) -> str | None:
     return None
 
 
-def _cache_stats() -> dict | None:
-    """sccache's stats now, when FlashInfer's nvcc launcher is an sccache; else ``None``."""
-    from flashinfer_sm120.core.jitenv import launcher
-
-    path = os.environ.get("FLASHINFER_NVCC_LAUNCHER")
-    if not path or not os.path.basename(path.split()[0]).startswith("sccache"):
-        return None
-    return launcher.stats(path.split()[0]) or {}
-
-
 def _cache_report(before: dict | None) -> dict | None:
     """``build --json``'s ``compiler_cache``: hits and misses of the launcher's server since ``before``
     (other builds sharing it count too; ``None`` when sccache did not say), where it keeps its cache,
@@ -282,10 +255,11 @@ def _cache_report(before: dict | None) -> dict | None:
     from flashinfer_sm120.core.jitenv import launcher
     from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
     from flashinfer_sm120.safety.formats.base import shown
+    from flashinfer_sm120.warmup import plan
 
     if before is None:
         return None
-    after = _cache_stats() or {}
+    after = plan.sccache_stats() or {}
     b, a = launcher.hits_misses(before) or (0, 0), launcher.hits_misses(after)
     location = after.get("cache_location") or "?"
     if a is None:

@@ -155,13 +155,13 @@ def _manifest_entries(args):
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from flashinfer_sm120.warmup import cache, cache_import, session
+    from flashinfer_sm120.warmup import cache_import, session
 
     doc = _doc(src=args.src)
     limits = _limits(args)
     stage = "archive"
     try:
-        meta = cache.check(args.src, limits)  # before anything is imported or unpacked
+        meta = cache_import.check(args.src, limits)  # before anything is imported or unpacked
         arch = args.arch
         if arch is None:
             arch = _archive_targets(meta)

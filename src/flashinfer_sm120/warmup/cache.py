@@ -11,7 +11,6 @@ import hashlib
 import io
 import json
 import os
-import platform
 import resource
 import shutil
 import stat
@@ -25,12 +24,10 @@ from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.core.facts.arch import nvcc_spelling
 from flashinfer_sm120.core.jitenv import manifest
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety import oserrors
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.grammar import parse_name, parse_relpath, parse_sha256, parse_target
 from flashinfer_sm120.safety.formats.paths import deepest_existing, make_private_dirs, safe_join
-from flashinfer_sm120.safety.formats.reads import field, loads_json, read_bytes, read_text
-from flashinfer_sm120.safety.formats.tar import TarReader
+from flashinfer_sm120.safety.formats.reads import field, read_text
 from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.warmup import modules as _modules
 from flashinfer_sm120.warmup.pool import Job, dry_run
@@ -273,98 +270,6 @@ def umask() -> int:
 def nvcc_targets(targets: list[str]) -> str:
     """``['12.0f', '12.1f']`` -> ``sm_120f sm_121f``."""
     return " ".join(nvcc_spelling(t) for t in targets)
-
-
-def _walk(src: str, limits: Limits, meta: Meta | None = None, into: Path | None = None) -> Meta:
-    """The one bounded pass over the archive ``src``: each member checked on its header against the caps
-    and meta.json (its first member, unless given) before its data is read; with ``into``, each listed
-    file is extracted there.  P6, P7"""
-    count = total = 0
-    files: set[str] = set()
-    dirs: set[str] = set()
-    with format_errors(), TarReader(src, max_bytes=limits.max_stream(), max_seconds=limits.max_seconds, fix=FIX,
-                                    cap="the files' cap of cache import --max-bytes, plus meta.json and headers") as tar:
-        for m in tar:
-            count += 1
-            if count > limits.max_members:
-                raise refused(src, f"it has more than {limits.max_members} members")
-            rel = member_rel(m.name, src)
-            if count == 1 and rel != "meta.json":
-                raise refused(src, f"its first member is {shown(m.name)}, not {TOP}/meta.json")
-            if not (m.isfile() or m.isdir()):
-                raise refused(src, f"member {shown(m.name)} is a link or device")
-            if m.isfile() and m.size > limits.max_file:
-                raise over_cap(src, f"member {shown(m.name)} is {m.size} bytes", limits, per_file=True)
-            if count == 1:  # meta.json: within MAX_META_BYTES, not the files' total
-                if not m.isfile():
-                    raise CacheError(f"{src} has no {TOP}/meta.json; {FIX}")
-                if m.size > MAX_META_BYTES:
-                    raise CacheError(f"{src}: {TOP}/meta.json is {m.size} bytes, more than {MAX_META_BYTES}; {FIX}")
-                name = f"{src}: {TOP}/meta.json"
-                meta = meta or parse_meta(loads_json(tar.read(m), name, fix=FIX), name)
-                files = {rel for mod in meta.modules for rel in mod.files}
-                dirs = {"/".join(r.split("/")[:i]) for r in files for i in range(1, r.count("/") + 1)}
-                continue
-            total += m.size if m.isfile() else 0
-            if total > limits.max_total:
-                raise over_cap(src, "its files add up to more", limits, per_file=False)
-            if m.isdir():
-                if rel and rel not in dirs:
-                    raise refused(src, f"directory {shown(m.name)} is not part of any module in meta.json")
-            elif rel not in files:
-                raise refused(src, f"member {shown(m.name)} is not listed in meta.json")
-            elif into is not None:
-                _extract(src, tar, m, into)
-    if meta is None:
-        raise refused(src, f"it has no members (no {TOP}/meta.json)")
-    return meta
-
-
-def _extract(src: str, tar: TarReader, m: tarfile.TarInfo, into: Path) -> None:
-    problem = too_large(src, shown(m.name), m.size)
-    if problem:
-        raise problem
-    free = shutil.disk_usage(into).free
-    if m.size > free:  # threat-model: P6
-        fix = "free space there or set TMPDIR to a larger disk"
-        raise CacheError(f"{src}: {m.name} needs {m.size} bytes and {into} has {free} free; {fix}", "space", fix)
-    try:
-        tar.extract(m, into)  # threat-model: P6 (PEP 706 data filter)
-    except OSError as exc:
-        p = oserrors.describe(exc, into, "set TMPDIR to another directory")
-        raise CacheError(f"{src}: unpacking {shown(m.name)}: {p.message}; {p.fix}", p.kind, p.fix) from None
-
-
-def _top(src: str) -> Path:
-    root = Path(src) / TOP
-    if os.path.islink(root) or not root.is_dir():
-        raise CacheError(f"{src} has no {TOP}/ folder (or it is a symlink); {FIX}")
-    return root
-
-
-def check(src: str, limits: Limits = Limits()) -> Meta:
-    """The meta.json of an export, checked without writing: an archive whole, a directory's meta.json (its
-    files are checked one by one when installed)."""
-    if not os.path.isdir(src):
-        return _walk(src, limits)
-    name = f"{src}/{TOP}/meta.json"
-    with format_errors():
-        raw = read_bytes(safe_join(_top(src), "meta.json", src, fix=FIX), MAX_META_BYTES, follow=False, fix=FIX)
-        return parse_meta(loads_json(raw, name, fix=FIX), name)
-
-
-def unpack(src: str, into: Path, meta: Meta, limits: Limits) -> Path:
-    """The folder to read the export's files from: ``src/TOP`` of a directory, else the archive unpacked
-    below ``into``."""
-    if os.path.isdir(src):
-        return _top(src)
-    if not hasattr(tarfile, "data_filter"):  # PEP 706 came in 3.10.12, 3.11.4, 3.12 (Debian 12: 3.11.2)
-        fix = ("use a Python with tarfile's extraction filters (3.10.12+, 3.11.4+, 3.12+), or export a "
-               "directory (cache export OUT, OUT not ending in .tar...) and import that")
-        raise CacheError(f"cannot unpack {src}: this Python {platform.python_version()} has no tarfile extraction "
-                         f"filters, and archives are unpacked only with the 'data' filter", "python", fix)
-    _walk(src, limits, meta, into)
-    return into / TOP
 
 
 @contextlib.contextmanager

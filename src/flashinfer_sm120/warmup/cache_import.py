@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
+import shutil
 import struct
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -16,14 +19,108 @@ from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import oserrors
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.paths import make_private_dirs, safe_join
-from flashinfer_sm120.safety.formats.reads import read_bytes
+from flashinfer_sm120.safety.formats.reads import loads_json, read_bytes
+from flashinfer_sm120.safety.formats.tar import TarReader
 from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.safety.fs.tmpdirs import make_private
 from flashinfer_sm120.warmup import pool
-from flashinfer_sm120.warmup.cache import (FIX, Budget, CacheError, Limits, Meta, Module, check_sizes, copy_file,
-                                           file_sha256, format_errors, nvcc_targets, unpack)
+from flashinfer_sm120.warmup.cache import (FIX, MAX_META_BYTES, TOP, Budget, CacheError, Limits, Meta, Module,
+                                           check_sizes, copy_file, file_sha256, format_errors, member_rel,
+                                           nvcc_targets, over_cap, parse_meta, refused, too_large)
 from flashinfer_sm120.warmup.replay import CannotRegenerate, make_spec
 from flashinfer_sm120.warmup.session import Session
+
+def _walk(src: str, limits: Limits, meta: Meta | None = None, into: Path | None = None) -> Meta:
+    """The one bounded pass over the archive ``src``: each member checked on its header against the caps
+    and meta.json (its first member, unless given) before its data is read; with ``into``, each listed
+    file is extracted there.  P6, P7"""
+    count = total = 0
+    files: set[str] = set()
+    dirs: set[str] = set()
+    with format_errors(), TarReader(src, max_bytes=limits.max_stream(), max_seconds=limits.max_seconds, fix=FIX,
+                                    cap="the files' cap of cache import --max-bytes, plus meta.json and headers") as tar:
+        for m in tar:
+            count += 1
+            if count > limits.max_members:
+                raise refused(src, f"it has more than {limits.max_members} members")
+            rel = member_rel(m.name, src)
+            if count == 1 and rel != "meta.json":
+                raise refused(src, f"its first member is {shown(m.name)}, not {TOP}/meta.json")
+            if not (m.isfile() or m.isdir()):
+                raise refused(src, f"member {shown(m.name)} is a link or device")
+            if m.isfile() and m.size > limits.max_file:
+                raise over_cap(src, f"member {shown(m.name)} is {m.size} bytes", limits, per_file=True)
+            if count == 1:  # meta.json: within MAX_META_BYTES, not the files' total
+                if not m.isfile():
+                    raise CacheError(f"{src} has no {TOP}/meta.json; {FIX}")
+                if m.size > MAX_META_BYTES:
+                    raise CacheError(f"{src}: {TOP}/meta.json is {m.size} bytes, more than {MAX_META_BYTES}; {FIX}")
+                name = f"{src}: {TOP}/meta.json"
+                meta = meta or parse_meta(loads_json(tar.read(m), name, fix=FIX), name)
+                files = {rel for mod in meta.modules for rel in mod.files}
+                dirs = {"/".join(r.split("/")[:i]) for r in files for i in range(1, r.count("/") + 1)}
+                continue
+            total += m.size if m.isfile() else 0
+            if total > limits.max_total:
+                raise over_cap(src, "its files add up to more", limits, per_file=False)
+            if m.isdir():
+                if rel and rel not in dirs:
+                    raise refused(src, f"directory {shown(m.name)} is not part of any module in meta.json")
+            elif rel not in files:
+                raise refused(src, f"member {shown(m.name)} is not listed in meta.json")
+            elif into is not None:
+                _extract(src, tar, m, into)
+    if meta is None:
+        raise refused(src, f"it has no members (no {TOP}/meta.json)")
+    return meta
+
+
+def _extract(src: str, tar: TarReader, m: tarfile.TarInfo, into: Path) -> None:
+    problem = too_large(src, shown(m.name), m.size)
+    if problem:
+        raise problem
+    free = shutil.disk_usage(into).free
+    if m.size > free:  # threat-model: P6
+        fix = "free space there or set TMPDIR to a larger disk"
+        raise CacheError(f"{src}: {m.name} needs {m.size} bytes and {into} has {free} free; {fix}", "space", fix)
+    try:
+        tar.extract(m, into)  # threat-model: P6 (PEP 706 data filter)
+    except OSError as exc:
+        p = oserrors.describe(exc, into, "set TMPDIR to another directory")
+        raise CacheError(f"{src}: unpacking {shown(m.name)}: {p.message}; {p.fix}", p.kind, p.fix) from None
+
+
+def _top(src: str) -> Path:
+    root = Path(src) / TOP
+    if os.path.islink(root) or not root.is_dir():
+        raise CacheError(f"{src} has no {TOP}/ folder (or it is a symlink); {FIX}")
+    return root
+
+
+def check(src: str, limits: Limits = Limits()) -> Meta:
+    """The meta.json of an export, checked without writing: an archive whole, a directory's meta.json (its
+    files are checked one by one when installed)."""
+    if not os.path.isdir(src):
+        return _walk(src, limits)
+    name = f"{src}/{TOP}/meta.json"
+    with format_errors():
+        raw = read_bytes(safe_join(_top(src), "meta.json", src, fix=FIX), MAX_META_BYTES, follow=False, fix=FIX)
+        return parse_meta(loads_json(raw, name, fix=FIX), name)
+
+
+def unpack(src: str, into: Path, meta: Meta, limits: Limits) -> Path:
+    """The folder to read the export's files from: ``src/TOP`` of a directory, else the archive unpacked
+    below ``into``."""
+    if os.path.isdir(src):
+        return _top(src)
+    if not hasattr(tarfile, "data_filter"):  # PEP 706 came in 3.10.12, 3.11.4, 3.12 (Debian 12: 3.11.2)
+        fix = ("use a Python with tarfile's extraction filters (3.10.12+, 3.11.4+, 3.12+), or export a "
+               "directory (cache export OUT, OUT not ending in .tar...) and import that")
+        raise CacheError(f"cannot unpack {src}: this Python {platform.python_version()} has no tarfile extraction "
+                         f"filters, and archives are unpacked only with the 'data' filter", "python", fix)
+    _walk(src, limits, meta, into)
+    return into / TOP
+
 
 #: What must be the same on both machines (FlashInfer writes it into each build.ninja), with the fix.
 _SAME = {

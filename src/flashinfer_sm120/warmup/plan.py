@@ -197,14 +197,21 @@ def doctor_section(report: dict) -> dict:
         "compilers": list(setup.notes) if setup else [],
         "cache": dict(setup.cache) if setup else {},
     }
-    path = os.environ.get("FLASHINFER_NVCC_LAUNCHER", "").split()
-    if path and os.path.basename(path[0]).startswith("sccache"):
-        data = launcher.stats(path[0])
+    data = sccache_stats()
+    if data is not None:
         hm = launcher.hits_misses(data)
         out["cache"]["stats"] = None if hm is None else {
-            "hits": hm[0], "misses": hm[1], "location": (data or {}).get("cache_location"),
-            "basedirs": (data or {}).get("basedirs"), "version": (data or {}).get("version")}
+            "hits": hm[0], "misses": hm[1], "location": data.get("cache_location"),
+            "basedirs": data.get("basedirs"), "version": data.get("version")}
     return out
+
+
+def sccache_stats() -> dict | None:
+    """sccache's stats now, when FlashInfer's nvcc launcher is an sccache; else ``None``."""
+    path = os.environ.get("FLASHINFER_NVCC_LAUNCHER", "").split()
+    if not path or not os.path.basename(path[0]).startswith("sccache"):
+        return None
+    return launcher.stats(path[0]) or {}
 
 
 def doctor_lines(section: dict) -> list[str]:

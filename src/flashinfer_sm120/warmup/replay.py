@@ -91,18 +91,24 @@ def arch_for(entries: list[dict], arch: str | None) -> str | None:
     return " ".join(sets[0])
 
 
-def regenerate(entries: list[dict], flashinfer_version: str) -> tuple[list[tuple[str, object]], list[tuple[str, str]]]:
-    """Specs for the entries this FlashInfer can regenerate, and ``(name, why)`` for the others."""
-    specs, skipped = [], []
+def specs(variants: list, entries: list[dict], flashinfer_version: str) -> tuple[list[tuple[str, object]], list[tuple[str, str]]]:
+    """``(label, spec)`` for named variants and recorded entries alike (one path into the plan), and
+    ``(name, why)`` for each that this FlashInfer cannot make."""
+    made, not_made = [], []
+    for v in variants:
+        try:
+            made.append((v.label, v.spec()))
+        except Exception as exc:  # FlashInfer refuses this combination: said, the rest is built
+            not_made.append((v.label, f"FlashInfer's {v.generator} raised {exc!r}"))
     for entry in entries:
         name = str(entry.get("name"))
         try:
-            specs.append((name, make_spec(entry, flashinfer_version)))
+            made.append((name, make_spec(entry, flashinfer_version)))
         except CannotRegenerate as exc:
-            skipped.append((name, str(exc)))
+            not_made.append((name, str(exc)))
         except Exception as exc:  # a malformed entry is reported, not fatal
-            skipped.append((name, f"malformed entry ({exc!r})"))
-    return specs, skipped
+            not_made.append((name, f"malformed entry ({exc!r})"))
+    return made, not_made
 
 
 def make_spec(entry: dict, flashinfer_version: str):

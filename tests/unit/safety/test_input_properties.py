@@ -223,8 +223,8 @@ def test_cache_import_archive_property(tmp_path, members, meta_obj):
     before = set(os.listdir(tmp_path))
 
     def run():
-        meta_ = cache.check(str(src))
-        root = cache.unpack(str(src), into, meta_, cache.Limits())
+        meta_ = cache_import.check(str(src))
+        root = cache_import.unpack(str(src), into, meta_, cache.Limits())
         return cache_import._plan(meta_, root, {"jit": box / "jit", "generated": box / "gen"}, str(src))
 
     got = _bounded(run)

@@ -57,7 +57,7 @@ def test_compressions_export_never_writes_are_refused_whatever_the_name(tmp_path
         src = tmp_path / name
         src.write_bytes(compress(body))
         with pytest.raises(cache.CacheError) as info:
-            cache.check(str(src))
+            cache_import.check(str(src))
         assert info.value.kind == "archive" and f"is {kind} data" in str(info.value)
 
 
@@ -66,14 +66,14 @@ def test_gzip_and_plain_tar_are_read_whatever_the_name(tmp_path):
     for name, data in (("a.tar.gz", body), ("b.tar", gzip.compress(body))):  # name and content disagree
         src = tmp_path / name
         src.write_bytes(data)
-        assert cache.check(str(src)).fingerprint["flashinfer"] == "0.7.4"
+        assert cache_import.check(str(src)).fingerprint["flashinfer"] == "0.7.4"
 
 
 def test_meta_json_must_be_the_first_member(tmp_path):
     src = tmp_path / "x.tar"
     src.write_bytes(tar_bytes([tar_member(f"{TOP}/generated/a.cu"), tar_member(f"{TOP}/meta.json", _meta())]))
     with pytest.raises(cache.CacheError, match="first member is .*generated/a.cu'?, not .*meta.json"):
-        cache.check(str(src))
+        cache_import.check(str(src))
 
 
 def test_decompressed_bytes_are_counted_not_declared(tmp_path, monkeypatch):
@@ -89,14 +89,14 @@ def test_decompressed_bytes_are_counted_not_declared(tmp_path, monkeypatch):
     src = tmp_path / "x.tar.gz"
     src.write_bytes(tar_bytes(members, gz=True))
     with pytest.raises(cache.CacheError, match="unpacks to more than"):
-        cache.check(str(src), limits)
+        cache_import.check(str(src), limits)
 
 
 def test_each_pass_has_a_time_cap(tmp_path):
     src = tmp_path / "x.tar"
     src.write_bytes(tar_bytes([tar_member(f"{TOP}/meta.json", _meta())]))
     with pytest.raises(cache.CacheError, match="took more than"):
-        cache.check(str(src), cache.Limits(max_seconds=-1))
+        cache_import.check(str(src), cache.Limits(max_seconds=-1))
 
 
 def test_a_gzip_member_over_the_cap_is_refused_on_its_header(tmp_path):
@@ -105,7 +105,7 @@ def test_a_gzip_member_over_the_cap_is_refused_on_its_header(tmp_path):
     src.write_bytes(tar_bytes([tar_member(f"{TOP}/meta.json", _meta()),
                                tar_member(f"{TOP}/jit/m/m.so", bytes(50 << 20))], gz=True))
     with pytest.raises(cache.CacheError, match="cap"):
-        cache.check(str(src), cache.Limits(max_total=1 << 20, max_file=1 << 30))
+        cache_import.check(str(src), cache.Limits(max_total=1 << 20, max_file=1 << 30))
 
 
 _GOOD = tar_bytes([tar_member(f"{TOP}/meta.json", _meta([{"name": "m", "files": {
@@ -129,8 +129,8 @@ def test_mutated_archives_give_only_our_error(tmp_path, flips, cut, gz):
     into.mkdir(exist_ok=True)
     limits = cache.Limits(max_total=1 << 20, max_file=1 << 20, max_members=50, max_seconds=30)
     try:
-        meta = cache.check(str(src), limits)
-        cache.unpack(str(src), into, meta, limits)
+        meta = cache_import.check(str(src), limits)
+        cache_import.unpack(str(src), into, meta, limits)
     except BuildError as exc:
         assert len(str(exc)) < 2000
     assert {p.name for p in box.iterdir()} <= {"x.tar", "into"}
@@ -151,7 +151,7 @@ def test_gzip_members_that_unpack_to_nothing_are_capped_on_the_compressed_bytes(
     src = tmp_path / "x.tar.gz"
     src.write_bytes(empty * (cap // len(empty) + 1) + gzip.compress(tar_bytes([tar_member(f"{TOP}/meta.json", _meta())])))
     with pytest.raises(cache.CacheError, match="compressed data is more than"):
-        cache.check(str(src), limits)
+        cache_import.check(str(src), limits)
 
 
 
@@ -163,7 +163,7 @@ def test_a_file_at_the_deepest_path_meta_json_lists_is_a_member_too(tmp_path):
     src = tmp_path / "x.tar"
     src.write_bytes(tar_bytes([tar_member(f"{TOP}/meta.json", _meta([{"name": "m", "files": {rel: "0" * 64}}])),
                                 tar_member(f"{TOP}/{rel}", b"x")]))
-    meta = cache.check(str(src))
+    meta = cache_import.check(str(src))
     assert [m.name for m in meta.modules] == ["m"]
 
 
@@ -176,7 +176,7 @@ def test_a_fingerprint_with_more_targets_than_a_manifest_entry_is_refused_naming
     src = tmp_path / "x.tar"
     src.write_bytes(tar_bytes([tar_member(f"{TOP}/meta.json", json.dumps(obj).encode())]))
     with pytest.raises(BuildError, match="'fingerprint'.*'targets' is longer than") as exc:
-        cache.check(str(src))
+        cache_import.check(str(src))
     assert "--arch" not in str(exc.value) and len(str(exc.value)) < 1000
 
 
@@ -186,11 +186,11 @@ def test_a_python_without_tarfile_filters_refuses_archives_with_the_fix(tmp_path
     'filter'`` and printing no JSON (P8)."""
     from helpers.exports import as_archive, make_export
     src = as_archive(make_export(tmp_path / "exp", {"jit/m/m.so": b"so"}), tmp_path / "exp.tar.gz")
-    meta = cache.check(str(src), cache.Limits())
+    meta = cache_import.check(str(src), cache.Limits())
     monkeypatch.delattr(tarfile, "data_filter")
     (tmp_path / "into").mkdir()
     with pytest.raises(cache.CacheError) as err:
-        cache.unpack(str(src), tmp_path / "into", meta, cache.Limits())
+        cache_import.unpack(str(src), tmp_path / "into", meta, cache.Limits())
     assert err.value.kind == "python" and "3.11.4" in err.value.fix and str(src) in str(err.value)
     assert os.listdir(tmp_path / "into") == []  # nothing unpacked
 
@@ -245,11 +245,11 @@ def test_a_member_over_the_per_file_cap_names_that_cap_not_max_bytes(tmp_path):
     src = tmp_path / "x.tar"
     src.write_bytes(tar_file(data=meta) + tar_header(f"{TOP}/jit/m/m.so", 30_000 << 20))
     with pytest.raises(BuildError) as err:
-        cache.check(str(src))
+        cache_import.check(str(src))
     msg = str(err.value)
     assert "per-file cap of 8589934592 bytes" in msg and "--max-bytes" not in msg, msg
     with pytest.raises(BuildError, match=r"more than the 1048576-byte cap of --max-bytes"):
-        cache.check(str(src), cache.Limits(max_total=1 << 20, max_file=1 << 40))
+        cache_import.check(str(src), cache.Limits(max_total=1 << 20, max_file=1 << 40))
 
 
 def test_the_checks_before_flashinfer_is_set_up_refuse_another_release_or_workspace_only(tmp_path, monkeypatch):
