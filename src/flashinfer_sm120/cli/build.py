@@ -43,12 +43,13 @@ def run_build(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> dict:
     """Set up, build, and return the ``build --json`` document; :raises Sm120Error: it cannot start."""
+    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
     from flashinfer_sm120.warmup import plan, pool, replay, session
     from flashinfer_sm120.warmup.session import BuildError
 
     if not args.modules and not args.manifest:
         raise BuildError("name the modules to build (see `flashinfer-sm120 build --list`) or give "
-                    "--from MANIFEST (recorded with FLASHINFER_SM120_RECORD)")
+                         "--from MANIFEST (recorded with FLASHINFER_SM120_RECORD)")
     user_env = _apply_cache_flag(args.compiler_cache)  # the user's env before anything is exported
     variants = _modules.expand(args.modules, head_dims=args.head_dim, dtypes=args.dtype,
                                kv_dtypes=args.kv_dtype, acts=args.act) if args.modules else []
@@ -106,7 +107,8 @@ def _build(args: argparse.Namespace) -> dict:
                                       env=user_env, step_timeout=args.step_timeout * 60)
         stats["wall_s"] = round(time.monotonic() - t0, 2)
     results = shipped + results  # each said on stderr as not built, and why
-    cache = None if args.ninja_only else _cache_report(before)
+    flag_only = args.compiler_cache == "sccache" and not user_env.get(CACHE_ENV)
+    cache = None if args.ninja_only else _cache_report(before, flag_only)
     if cache:
         print(cache["line"], file=sys.stderr)
     # a module named or recorded as regenerable that cannot be made here, or a refused line, is not built
@@ -199,17 +201,12 @@ def _print_human(summary: dict) -> None:
         print(f"cannot regenerate {s['name']}: {s['why']}")
 
 
-#: ``--compiler-cache sccache`` given while the variable is not set for the servers
-_flag_only = {"on": False}
-
-
 def _apply_cache_flag(compiler_cache: str | None) -> dict:
     """Act on ``--compiler-cache`` before FlashInfer is set up; the user's environment as it was (the
     plan reads their ``MAX_JOBS``)."""
     from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
 
     user_env = dict(os.environ)
-    _flag_only["on"] = bool(compiler_cache == "sccache" and not user_env.get(CACHE_ENV))
     if compiler_cache:
         os.environ[CACHE_ENV] = "off" if compiler_cache == "none" else compiler_cache
         if compiler_cache == "sccache":
@@ -235,11 +232,11 @@ def _setup_of(sess):
     return setup
 
 
-def _cache_refused(sess=None) -> str | None:
+def _cache_refused(sess) -> str | None:
     """The refusal of a compiler cache that was asked for (flag or variable), else ``None``."""
     from flashinfer_sm120.core.jitenv import toolchain
 
-    setup = _setup_of(sess) if sess is not None else toolchain.last()
+    setup = _setup_of(sess)
     kind, problem = toolchain.requested()
     if problem:
         return problem
@@ -248,10 +245,9 @@ def _cache_refused(sess=None) -> str | None:
     return None
 
 
-def _cache_report(before: dict | None) -> dict | None:
-    """``build --json``'s ``compiler_cache``: hits and misses of the launcher's server since ``before``
-    (other builds sharing it count too; ``None`` when sccache did not say), where it keeps its cache,
-    and the ``line`` printed for people; ``None`` without a launcher."""
+def _cache_report(before: dict | None, flag_only: bool) -> dict | None:
+    """``build --json``'s ``compiler_cache``: the sccache server's hits and misses since ``before`` (other builds
+    sharing it count too), where it keeps its cache, and the ``line`` said; ``None`` without a launcher."""
     from flashinfer_sm120.core.jitenv import launcher
     from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
     from flashinfer_sm120.safety.formats.base import shown
@@ -268,7 +264,7 @@ def _cache_report(before: dict | None) -> dict | None:
     hits, misses = a[0] - b[0], a[1] - b[1]
     line = (f"compiler cache: {hits} hits, {misses} misses in this build (sccache {after.get('version', '?')}, "
             f"{shown(location, 120)})")
-    if _flag_only["on"]:
+    if flag_only:  # --compiler-cache sccache while the variable is not set for the servers
         line += (f"\nnote: set {CACHE_ENV}=sccache for the servers that load these modules too: the launcher is part "
                  "of the compile line ninja records, so a server without it compiles them again")
     return {"hits": hits, "misses": misses, "location": location, "line": line}

@@ -315,20 +315,16 @@ def _refusal(entry: dict | None, mod: Module, sess: Session, gen_root: Path) -> 
     if entry is None:
         return ("meta.json has no manifest entry for it, so this FlashInfer cannot make its sources; export "
                 "it again with `flashinfer-sm120 cache export`")
-    if not any(rel.startswith(f"jit/{mod.name}/") and rel.endswith(".so") for rel in mod.files):
-        # threat-model: P4, P6 -- decided before FlashInfer's generator writes any source for it
-        return ("the export carries no library for it, so there is nothing to install; export it again "
-                "with `flashinfer-sm120 cache export` after building it")
+    library = f"jit/{mod.name}/{mod.name}.so"  # FlashInfer's jit_library_path (0.4 - 0.7.x)
+    if library not in mod.files:
+        # threat-model: P4, P6 -- decided before FlashInfer's generator writes any source for it: an entry
+        # without its library would only make a module directory, a build.ninja and two ninja runs
+        return (f"the export carries no library for it ({shown(library, 200)}), so there is nothing to "
+                "install; export it again with `flashinfer-sm120 cache export` after building it")
     try:
-        spec = make_spec(entry, sess.flashinfer)
+        make_spec(entry, sess.flashinfer)
     except CannotRegenerate as exc:
         return str(exc)
-    library = f"jit/{mod.name}/{spec.jit_library_path.name}"
-    if library not in mod.files:
-        # threat-model: P4, P6 -- an entry without its library installs nothing: it only made a module
-        # directory with FlashInfer's build.ninja and ran ninja twice, each of up to 10,000 entries
-        return (f"the export carries no {shown(library, 200)}, the module's library, so there is "
-                "nothing to install; export it again with `flashinfer-sm120 cache export` after building it")
     for rel, sha in mod.files.items():
         if rel.startswith("generated/"):
             local = gen_root / rel[len("generated/"):]
