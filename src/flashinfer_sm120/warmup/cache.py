@@ -31,7 +31,7 @@ from flashinfer_sm120.safety.formats.reads import field, read_text
 from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.warmup import modules as _modules
 from flashinfer_sm120.warmup.pool import Job, dry_run
-from flashinfer_sm120.warmup.replay import make_spec
+from flashinfer_sm120.warmup.replay import make_spec, specs
 from flashinfer_sm120.warmup.session import BuildError, Session, prepare
 
 TOP = "flashinfer-sm120-cache"
@@ -300,22 +300,18 @@ def built_entries(names: list[str], everything: bool, arch: str | None, *, head_
     variants = _modules.expand(["all"] if everything else names, head_dims=head_dims, dtypes=dtypes,
                                kv_dtypes=kv_dtypes, acts=acts)
     sess = prepare(arch)  # the caller pointed the workspace at the server's (apply_server_cache)
-    entries, skipped, exported = [], [], set()
+    entries, exported = [], set()
     with _capturing():
-        for v in variants:
-            try:
-                spec = v.spec()
-            except Exception as exc:  # FlashInfer refuses this combination here
-                skipped.append((v.label, f"FlashInfer's {v.generator} raised {exc!r}"))
-                continue
-            if everything and not spec.jit_library_path.exists():
-                continue  # --all: only what is built here
-            entry = manifest.encode(spec, sess.flashinfer, sess.targets)
-            if not entry.get("regenerable"):
-                skipped.append((v.label, entry.get("why", "")))
-                continue
-            entries.append(entry)
-            exported.add(spec.name)
+        made, skipped = specs(variants, [], sess.flashinfer)
+    for label, spec in made:
+        if everything and not spec.jit_library_path.exists():
+            continue  # --all: only what is built here
+        entry = manifest.encode(spec, sess.flashinfer, sess.targets)
+        if not entry.get("regenerable"):
+            skipped.append((label, entry.get("why", "")))
+            continue
+        entries.append(entry)
+        exported.add(spec.name)
     if everything:
         for d in sorted(sess.jit_dir.iterdir()) if sess.jit_dir.is_dir() else ():
             if d.is_dir() and d.name not in exported and (d / f"{d.name}.so").exists():

@@ -90,8 +90,7 @@ def held(path: str | os.PathLike, label: str, say: Callable[[str], None]) -> Ite
 
 
 def ninja_binary() -> str:
-    """The ninja the server will run (another release's ``.ninja_log`` would make it rebuild); :raises
-    NinjaError: none usable."""
+    """The ninja the server will run (another release's ``.ninja_log`` would make it rebuild); :raises NinjaError."""
     from flashinfer_sm120.core.toolkit import ninja
 
     return ninja.choose().path
@@ -121,8 +120,7 @@ def dry_run(job) -> list[str]:
 
 
 def gencode_summary(ninja_text: str) -> list[str]:
-    """What the binary holds per ``-gencode``: ``SASS sm_120f`` for ``code=sm_*``, ``PTX compute_120f``
-    for ``code=compute_*`` (nvcc documentation, "--generate-code")."""
+    """``SASS sm_120f`` per ``-gencode ...code=sm_*``, ``PTX compute_120f`` per ``code=compute_*`` (nvcc's --generate-code)."""
     out = set()
     for _arch, codes in re.findall(r"-gencode=arch=(compute_\w+),code=\[?([\w,]+)\]?", ninja_text):
         out.update(f"{'SASS' if code.startswith('sm_') else 'PTX'} {code}" for code in codes.split(","))
@@ -237,8 +235,7 @@ class _Running:
         events.put((self, None))
 
     def watch(self, now: float, step_timeout: float) -> None:
-        """Find the steps ninja runs; kill what an exited step left behind, stop a step past
-        ``step_timeout`` (P6)."""
+        """Find the steps ninja runs; kill what an exited step left behind, stop one past ``step_timeout`` (P6)."""
         self.running = []
         if self.proc.returncode is None and _proc.exited(self.proc):  # but something holds its output
             _proc.kill_all(self.proc.pid, self.marker)
@@ -263,8 +260,7 @@ class _Running:
         self.seen = {st.pid: self.seen[st.pid] for st in found}
 
     def committed(self) -> int:
-        """Compile slots this module can still use: running and unstarted compile steps; the link runs
-        last and holds no slot (it is short and light: the next module's compile starts beside it)."""
+        """Compile slots this module can still use; the link runs last and holds none (short and light)."""
         linking = sum(1 for name, _ in self.running if name.startswith("link "))
         left = max(0, self.steps - self.finished - len(self.running))
         if left and not linking:
@@ -313,9 +309,8 @@ class _Nothing:
 def run_pool(jobs: list[Job], max_jobs: int, stream=None, mem_budget: int | None = None,
              *, intro: tuple[str, ...] = (), step_timeout: float = STEP_TIMEOUT_S,
              beat_s: float = BEAT_S) -> list[Result]:
-    """Build ``jobs`` sharing ``max_jobs`` compile slots and ``mem_budget`` bytes (``None``: not counted),
-    each under FlashInfer's per-module lock, progress on ``stream`` (``intro`` first, when something is
-    to build); one :class:`Result` per job, in order."""
+    """Build ``jobs`` sharing ``max_jobs`` compile slots and ``mem_budget`` bytes (``None``: not counted), each
+    under FlashInfer's per-module lock, progress on ``stream``; one :class:`Result` per job, in order."""
     with _proc.signals_as_exit():  # SIGTERM/SIGHUP run the clean-up, as Ctrl-C does
         return _run_pool(jobs, max_jobs, stream or sys.stderr, mem_budget, intro, step_timeout, beat_s)
 
@@ -351,8 +346,7 @@ def _run_pool(jobs, max_jobs, stream, mem_budget, intro, step_timeout, beat_s) -
 
 
 class _Pool:
-    """The one scheduler: starts modules while compile slots and memory are free, reads their ninja's
-    output, and ends each (its lock released)."""
+    """Starts modules while compile slots and memory are free, reads their ninja's output, ends each."""
 
     def __init__(self, pending: list[tuple[Job, int]], results: dict[str, Result], display: _Display) -> None:
         self.pending, self.results, self.display = pending, results, display
@@ -421,8 +415,7 @@ class _Pool:
         return True
 
     def stop(self) -> None:
-        """SIGTERM every ninja, after ``_STOP_S`` kill everything each started (P6), release the locks; a
-        second signal waits until this is done."""
+        """SIGTERM every ninja, after ``_STOP_S`` kill all each started (P6), release the locks; signals wait."""
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
         try:
             for r in self.running.values():
