@@ -23,7 +23,7 @@ from flashinfer_sm120.core.facts.arch import ArchListError
 from flashinfer_sm120.core.toolkit import fixes, ninja
 from flashinfer_sm120.core.toolkit.model import Toolkit
 from flashinfer_sm120.diagnose.verify import inventory
-from flashinfer_sm120.warmup import buildreport, modules
+from flashinfer_sm120.warmup import modules, plan
 
 
 # --------------------------------------------------------------------------- the reinstall fix
@@ -147,7 +147,7 @@ def test_a_mistyped_module_gets_did_you_mean():
 
 def test_a_launcher_that_is_not_sccache_is_not_called_sccache_none():
     section = {"cache": {"launcher": "/usr/bin/env", "verdict": {"ok": True, "nvcc_version": "13.0.88"}}}
-    (line,) = [x for x in buildreport.doctor_lines(section) if "compiler cache:" in x]
+    (line,) = [x for x in plan.doctor_lines(section) if "compiler cache:" in x]
     assert "None" not in line and "sccache" not in line, line
 
 

@@ -49,14 +49,14 @@ def run_doctor(args: argparse.Namespace) -> int:
     except Exception as exc:
         server_cache = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     from flashinfer_sm120.core.facts import precompiled
-    from flashinfer_sm120.warmup import buildreport
+    from flashinfer_sm120.warmup import plan
 
     log = logging.getLogger("flashinfer_sm120")
     level = log.level
     log.setLevel(logging.CRITICAL)  # the report says what its log lines would (the guard's message is line 1)
     try:
         report = collect(args.timeout or ALONE_TIMEOUT_S, say=say, server_cache=server_cache, arch=args.arch,
-                         extra=(("builds", buildreport.doctor_section), ("precompiled", precompiled.doctor_section)))
+                         extra=(("builds", plan.doctor_section), ("precompiled", precompiled.doctor_section)))
     finally:
         log.setLevel(level)
     if tty:
@@ -225,7 +225,7 @@ def _verbose(r: dict, d) -> list[str]:
     """Everything: the verdict and findings, then each part in full."""
     from flashinfer_sm120.core.facts import precompiled
     from flashinfer_sm120.core.jitenv import environ
-    from flashinfer_sm120.warmup import buildreport
+    from flashinfer_sm120.warmup import plan
 
     out = [_verdict(d)] + [ln for f in d.findings[1 if d.problems else 0:] for ln in wrap(_finding(f))]
     p = out.append
@@ -282,7 +282,7 @@ def _verbose(r: dict, d) -> list[str]:
     out += [f"  {line}" for line in environ.describe(a.get("exported", {}))]
     for key, lines in (("ninja", sections.ninja_lines), ("servers", sections.servers_lines),
                        ("build_line", sections.build_line_lines), ("inventory", sections.inventory_lines),
-                       ("caches", sections.caches_lines), ("builds", buildreport.doctor_lines),
+                       ("caches", sections.caches_lines), ("builds", plan.doctor_lines),
                        ("precompiled", precompiled.doctor_lines)):
         section = r.get(key)
         if section is None:  # not collected (a report written by hand)

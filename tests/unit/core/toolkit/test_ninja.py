@@ -165,10 +165,10 @@ def test_what_a_killed_link_maker_left_is_swept(fakes):
 
 
 def test_build_runs_exactly_the_chosen_ninja(fakes):
-    from flashinfer_sm120.warmup import ninjacmd
+    from flashinfer_sm120.warmup import pool
 
     assert shutil.which("ninja") == fakes["debian"]
-    assert ninjacmd.ninja_binary() == fakes["wheel"]
+    assert pool.ninja_binary() == fakes["wheel"]
 
 
 def test_real_debian_and_wheel_ninjas_rebuild_each_others_work(tmp_path, capsys, monkeypatch):
