@@ -25,8 +25,7 @@ DAY = 86400.0
 
 @dataclasses.dataclass
 class Entry:
-    """One view or JIT workspace: ``reason`` says why it may go (``None``: current),
-    ``kept`` why it stays although it may go."""
+    """One view or JIT workspace: ``reason`` why it may go (``None``: current), ``kept`` why it stays anyway."""
 
     kind: str
     path: str
@@ -59,9 +58,7 @@ def size_of(path: str) -> int:
 
 
 def fi_roots() -> list[str]:
-    """FlashInfer's cache roots that exist, real paths, without repeats; a root reached through a level
-    another uid owns or may change (a link planted in a shared workspace base) is not one: prune would
-    remove wherever it points (threat-model: P2, A2)."""
+    """FlashInfer's and SGLang's cache roots that exist and pass the trust rule, real paths (threat-model: P2, A2)."""
     from flashinfer_sm120.core.facts.workspace import workspace_base
     from flashinfer_sm120.safety.ownership import trust_reason
 
@@ -166,8 +163,7 @@ def workspaces(root: str, depth: int = 5) -> list[str]:
 
 
 def _flashinfer_at(site: str | None):
-    """The release of flashinfer-python installed in ``site`` (``None``: this interpreter's), parsed;
-    ``(text, version)``, each ``None`` when absent or unreadable."""
+    """``(text, parsed)`` of flashinfer-python's version in ``site`` (``None``: this interpreter's), each maybe ``None``."""
     import importlib.metadata as md
 
     dists = md.distributions(path=[site]) if site else md.distributions()
