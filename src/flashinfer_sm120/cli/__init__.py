@@ -20,7 +20,8 @@ import sys
 from flashinfer_sm120 import __version__
 from flashinfer_sm120.core.facts.reinstall import fix_for
 from flashinfer_sm120.cli import enable
-from flashinfer_sm120.cli.common import bounded, err
+from flashinfer_sm120.safety.formats.base import bounded
+from flashinfer_sm120.cli.common import err
 
 try:
     from flashinfer_sm120.warmup.modules import NAMES as _MODULES
@@ -51,15 +52,12 @@ def failure_document(message: str, kind: str, fix: str) -> dict:
 
 
 def _print_failure_json(document, message: str, kind: str, fix: str) -> None:
-    """``--json`` prints one JSON document whatever went wrong (threat-model: P8): the command's own
-    shape (its ``json_failure`` default), else :func:`failure_document`."""
+    """One JSON document whatever went wrong (threat-model: P8): the command's ``json_failure``, else the generic one."""
     print(json.dumps((document or failure_document)(bounded(message), kind, bounded(fix or "")), indent=2))
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, plus a close-match hint for a mistyped choice (``suggest_on_error`` is new in Python 3.14);
-    with ``json_errors`` (``--json`` given) an error raises :class:`~flashinfer_sm120.errors.UsageError`,
-    which :func:`main` prints as the command's JSON document, instead of exiting."""
+    """argparse with close-match hints; with ``json_errors`` an error raises ``UsageError`` (printed as JSON, P8)."""
 
     json_errors = False
     argv: list[str] = []  # the command line being parsed (set by main), to name a value argparse took for an option
@@ -205,8 +203,7 @@ def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
 
 
 def _selected(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
-    """The innermost subparser ``argv`` names, read from the words (argparse may have refused it):
-    ``cache import x --max-bytes foo`` -> ``cache import``."""
+    """The innermost subparser ``argv`` names, read from the words (argparse may have refused it)."""
     for action in _subparsers(parser):
         for i, word in enumerate(argv):
             if word in action.choices:
@@ -240,8 +237,7 @@ def _safe_streams() -> None:
 
 
 def _open_std_fds() -> None:
-    """Descriptors 0-2 closed at start (``doctor >&- 2>&-``) are opened on ``/dev/null``, so that no file
-    the command opens takes descriptor 1 or 2."""
+    """Open descriptors 0-2 closed at start on ``/dev/null``, so that no file the command opens takes 1 or 2."""
     for fd, mode, name in ((0, os.O_RDONLY, "stdin"), (1, os.O_WRONLY, "stdout"), (2, os.O_WRONLY, "stderr")):
         try:
             os.fstat(fd)
@@ -261,8 +257,7 @@ def _open_std_fds() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``flashinfer-sm120`` command; returns the exit status (141, as a shell reports
-    SIGPIPE, when the reader stops early: ``doctor | head``)."""
+    """Entry point of ``flashinfer-sm120``: the exit status (141 when the reader stops early, as for SIGPIPE)."""
     _open_std_fds()
     try:
         rc = _main(argv)
@@ -283,8 +278,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _from_printing(exc: OSError) -> bool:
-    """Whether ``exc`` came from writing the command's output: raised by a C call made directly in this
-    package, which writes no files of its own (``enable`` reports its own errors)."""
+    """Whether ``exc`` came from printing: raised directly in this package, which writes no files of its own."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next

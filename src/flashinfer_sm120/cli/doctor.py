@@ -295,8 +295,7 @@ def _verbose(r: dict, d) -> list[str]:
 
 
 def _alone_cuda(b: dict, alone, torch_cuda) -> str:
-    """FlashInfer alone's CUDA version, saying when it is torch's, not an nvcc's (``get_cuda_version``,
-    flashinfer/jit/cpp_ext.py 0.7.x: ``torch.version.cuda`` when ``nvcc --version`` is not found)."""
+    """FlashInfer alone's CUDA version, torch's when it finds no nvcc (``get_cuda_version``, cpp_ext.py 0.7.x)."""
     if not alone.has_nvcc:
         return (f"no nvcc (CUDA version would come from torch: {b.get('cuda_version') or torch_cuda})"
                 if b.get("cuda_version") else f"no nvcc ({b.get('cuda_version_error')})")

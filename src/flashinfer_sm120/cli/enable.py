@@ -1,7 +1,6 @@
-"""``flashinfer-sm120 enable|disable``: the ``.pth`` autoload (:mod:`flashinfer_sm120.core.autoload`), and what
-they count as theirs in a site directory (threat-model: P5: a file not ours, or ours edited, is never overwritten
-or removed without ``--force``).  ``disable`` must work with the rest of the package broken: this module imports
-only :mod:`~flashinfer_sm120.core.autoload`, :mod:`~flashinfer_sm120.safety.fs.atomic` and :mod:`.common`."""
+"""``enable|disable``: the ``.pth`` autoload (:mod:`flashinfer_sm120.core.autoload`); a file not ours, or ours edited,
+is never overwritten or removed without ``--force`` (P5).  ``disable`` works with the rest of the package broken:
+this module imports only ``core.autoload``, ``safety.fs.atomic``, ``safety.formats.reads`` and ``.common``."""
 
 from __future__ import annotations
 
@@ -18,14 +17,15 @@ import sysconfig
 
 from flashinfer_sm120.core.autoload import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS, hook_source, pth_files
 from flashinfer_sm120.cli.common import err as _err
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.formats import reads
 from flashinfer_sm120.safety.fs.atomic import sweep, temp_prefix, write_atomic
 
 __all__ = ["add_parsers", "user_site_problem", "holds", "OURS_MAX"]
 
 
 def user_site_problem() -> str | None:
-    """Why this interpreter does not read the user site-packages (a virtual environment, PEP 405; ``python -s``,
-    ``PYTHONNOUSERSITE`` or a setuid interpreter: ``site`` docs), or ``None`` if it does."""
+    """Why this interpreter does not read the user site-packages (a venv, PEP 405; ``python -s``), or ``None``."""
     if sys.prefix != sys.base_prefix and not site.ENABLE_USER_SITE:
         return (f"{sys.executable} runs in a virtual environment ({sys.prefix}), which does not "
                 f"read the user site-packages (site.ENABLE_USER_SITE is False)")
@@ -67,25 +67,10 @@ EARLIER_HOOKS = frozenset({
 
 
 def read_text(path: str) -> str | None:
-    """The text of the regular file ``path`` (no link followed, no FIFO waited on), or ``None`` when it is not
-    one, is over :data:`OURS_MAX` bytes or is not UTF-8."""
+    """The UTF-8 text of the regular file ``path`` (no link followed, at most :data:`OURS_MAX` bytes), else ``None``."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        raw = b""
-        while len(raw) <= OURS_MAX and (chunk := os.read(fd, OURS_MAX + 1 - len(raw))):
-            raw += chunk
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    try:
-        return raw.decode("utf-8") if len(raw) <= OURS_MAX else None
-    except UnicodeDecodeError:
+        return reads.read_text(path, OURS_MAX, follow=False)
+    except FormatError:
         return None
 
 
@@ -97,8 +82,7 @@ def is_our_hook(path: str) -> bool:
 
 
 def other_lines(pth: str) -> tuple[list[str], bool]:
-    """``(lines of the .pth that are not ours, whether one of ours is there)``: ours name ``flashinfer_sm120``;
-    the others are kept.  One :func:`read_text` refuses is not ours: ``([], False)``."""
+    """``(lines of the .pth not ours, whether one of ours is there)``; ours name ``flashinfer_sm120``."""
     text = read_text(pth)
     if text is None:
         return [], False
@@ -139,9 +123,7 @@ def _sweep_tmp(site_dir: str) -> None:
 
 @contextlib.contextmanager
 def _site_lock(site_dir: str):
-    """Serialise ``enable`` and ``disable`` on one site directory (``flock`` on the directory: no lock file),
-    so that the ``.pth`` never exists without its module (every interpreter would print a traceback at start).
-    Where the directory cannot be locked, the operation goes on unlocked."""
+    """Serialise ``enable``/``disable`` on one site directory (``flock`` on it), so no ``.pth`` lacks its module."""
     try:
         fd = os.open(site_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
     except OSError:
@@ -302,8 +284,7 @@ def _disable(args: argparse.Namespace) -> int:
 
 
 def _precompile(path: str) -> None:
-    """Cache the module's bytecode now, as pip does, so that interpreters that may not write here do not
-    compile it at each start (an unwritable ``__pycache__``: they do)."""
+    """Cache the module's bytecode now, as pip does (interpreters that may not write here compile it each start)."""
     import py_compile
 
     with contextlib.suppress(OSError, py_compile.PyCompileError):

@@ -32,8 +32,7 @@ def exit_code(st: dict) -> int:
 
 
 def status_line(st: dict) -> str:
-    """``<mode>: nvcc <release> at <toolkit>; targets <sm_...>`` (or why there is no toolkit), from
-    a :class:`~flashinfer_sm120.core.patch.laststatus.LastStatus`."""
+    """``<mode>: nvcc <release> at <toolkit>; targets <sm_...>``, or why there is no toolkit."""
     mode, tk = st.get("mode"), st.get("toolkit")
     if mode in _OK and tk:
         targets = ", ".join(st.get("targets") or []) or f"none, nothing can be built ({_no_targets(st)})"

@@ -1,7 +1,6 @@
-"""What ``flashinfer-sm120 doctor`` reports, as data: the GPUs, every toolkit found, the choice,
-FlashInfer with and without the patch, then the further sections (ninja, servers, build line,
-inventory, caches; the CLI adds warmup's builds).  Nothing here prints; :mod:`.diagnosis` turns
-the report into a verdict and typed findings, and :mod:`flashinfer_sm120.cli.doctor` renders both."""
+"""What ``doctor`` reports, as JSON-able data: the GPUs, every toolkit, the choice, FlashInfer with and without
+the patch, then the further sections.  Nothing here prints: :mod:`.diagnosis` judges it and
+:mod:`flashinfer_sm120.cli.doctor` renders both."""
 
 from __future__ import annotations
 
@@ -60,9 +59,7 @@ os._exit(0)
 
 
 def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
-    """What unpatched FlashInfer computes (``cuda_home``, ``cuda_version``, ``target_cuda_archs``,
-    ``jit_dir``, or ``error``), from a child with the shim off.  FlashInfer alone runs its nvcc at
-    import: when the trust policy refuses a program it would run, no child starts (``skipped``)."""
+    """What unpatched FlashInfer computes, from a child with the shim off; none starts when it would run a refused program (P2)."""
     from flashinfer_sm120.safety import proc
     from flashinfer_sm120.core.toolkit.sources import flashinfer_naive_root
     from flashinfer_sm120.safety.trust import trace
@@ -113,8 +110,7 @@ _ORIGINAL_ENV = {k: v for k, v in os.environ.items() if k in ("CUDA_HOME", "CUDA
 
 
 def ninja_section(report: dict) -> dict:
-    """``doctor``'s ninja part: the chosen one, every reachable one, those of another log format, and
-    the log formats of the modules (at most 512) in this process's JIT dir."""
+    """The chosen ninja, every reachable one, those of another log format, and the JIT dir's log formats."""
     from flashinfer_sm120.core.toolkit import ninja
 
     found = ninja.candidates()
@@ -154,10 +150,7 @@ def log_format_of_dir(build_dir: str) -> int | None:
 
 def collect(timeout: float = ALONE_TIMEOUT_S, *, say: Callable[[str], None] | None = None,
             server_cache: dict | None = None, arch: str | None = None, extra: Sequence[Section] = ()) -> dict:
-    """Everything ``doctor`` reports, JSON-able (judged by :mod:`.diagnosis`); never prints (``say`` gets
-    a progress note before the slow part).  ``server_cache``: how the caller moved FlashInfer's cache
-    as the installed server would (SGLang), done before this is called, for the report; ``arch``: the
-    ``--arch`` given; ``extra``: sections of layers this one does not import, run last."""
+    """Everything ``doctor`` reports; ``extra``: sections of layers above this one, run last."""
     from flashinfer_sm120.diagnose import prune
     from flashinfer_sm120.diagnose.verify import inventory
 
@@ -290,9 +283,7 @@ def _dist_version(name: str) -> str | None:
 
 
 def servers_section(report: dict) -> dict:
-    """Per installed vLLM/SGLang (:mod:`flashinfer_sm120.core.facts.servers`): its FlashInfer check
-    now (vLLM: ``has_flashinfer()`` without and with the exported toolkit), the nvcc its lookup
-    finds, and the JIT directory it would use (:mod:`flashinfer_sm120.core.facts.serverprobe`)."""
+    """Per installed vLLM/SGLang: its FlashInfer check, the nvcc its lookup finds and its JIT directory."""
     from flashinfer_sm120.core.facts import serverprobe, servers
     from flashinfer_sm120.core.facts.workspace import workspace_base
     from flashinfer_sm120.core.toolkit.sources import flashinfer_naive_root
@@ -324,9 +315,7 @@ def servers_section(report: dict) -> dict:
 
 
 def build_line_section(report: dict) -> dict:
-    """FlashInfer variables set here that change every build line (:mod:`flashinfer_sm120.core.facts.buildline`),
-    the modules built with other values (per JIT directory known so far), and each installed server's
-    own targets for the GPUs of the choice (:mod:`flashinfer_sm120.core.facts.serverprobe`)."""
+    """Variables that change every build line, modules built with other values, and each server's own targets."""
     from flashinfer_sm120.core.facts import buildline, serverprobe, servers
 
     env = dict(os.environ)

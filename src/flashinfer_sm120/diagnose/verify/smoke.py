@@ -1,12 +1,6 @@
-"""``flashinfer-sm120 doctor --smoke``: a tiny kernel built exactly as FlashInfer builds its modules,
-and run when a GPU is visible; pass/fail naming the failing step (:data:`STEPS`, one deadline).
-
-``generate`` uses FlashInfer's own ``gen_jit_spec`` and ``generate_ninja_build_for_op``
-(``flashinfer/jit/core.py``, ``cpp_ext.py``, 0.7.4), only the output directory moved to a private
-scratch directory; ``compile``/``link`` run the ninja the export gives FlashInfer's ``run_ninja``;
-``link check`` reads ``NEEDED``/``RPATH`` and, with a cuobjdump, SASS per target; ``load``/``run`` (GPU
-only) load the ``.so`` in a child with :mod:`ctypes` after torch and check 4096 results.
-"""
+"""``doctor --smoke``: a tiny kernel built with FlashInfer's own ``gen_jit_spec`` and ``generate_ninja_build_for_op``
+(0.7.4) in a private scratch directory, checked, and run when a GPU is visible; the result names the failing
+step (:data:`STEPS`, one deadline)."""
 
 from __future__ import annotations
 
@@ -177,8 +171,7 @@ def _choose() -> tuple[str, list[str], str]:
 
 
 def _generate(state: dict, work: str) -> str:
-    """Write the source and FlashInfer's build.ninja for it into ``work``; ``state`` gets the paths
-    of the ninja file, the object and the ``.so``."""
+    """Write the source and FlashInfer's build.ninja into ``work``; ``state`` gets the ninja, object and ``.so`` paths."""
     import re
     from pathlib import Path
 
@@ -207,8 +200,7 @@ def _generate(state: dict, work: str) -> str:
 
 
 def _ninja(args: list[str], run: _Run, what: str) -> str:
-    """Run the ninja the server will run (:func:`flashinfer_sm120.core.toolkit.ninja.choose`: the
-    export puts it first on ``PATH`` for FlashInfer's ``run_ninja``), trusted like any binary."""
+    """Run the ninja FlashInfer's ``run_ninja`` will run (:func:`flashinfer_sm120.core.toolkit.ninja.choose`)."""
     from flashinfer_sm120.safety import proc
     from flashinfer_sm120.core.toolkit import ninja as _ninjas
 
@@ -311,9 +303,7 @@ def _gpu_visible() -> bool:
 
 
 def run_smoke(timeout: float = SMOKE_TIMEOUT_S) -> SmokeResult:
-    """Run the smoke check within ``timeout`` seconds, in a private scratch directory (locked while it
-    runs: one killed mid-compile is swept by the next); the kernel runs when NVML sees a GPU.  Never
-    raises: a failure is a failed step."""
+    """The smoke check within ``timeout`` seconds; never raises: a failure is a failed step."""
     run = _Run(timeout)
     home, targets = None, []
     scratch = None
