@@ -20,7 +20,7 @@ import sys
 from flashinfer_sm120 import __version__
 from flashinfer_sm120.core.facts.reinstall import fix_for
 from flashinfer_sm120.cli import enable
-from flashinfer_sm120.safety.formats.base import bounded
+from flashinfer_sm120.safety.formats.base import bounded, shown
 from flashinfer_sm120.cli.common import err
 
 try:
@@ -67,16 +67,12 @@ class _Parser(argparse.ArgumentParser):
         for opt in (e.group(1).split("/") if e else ()):  # `--mem-limit -5G`: argparse reads -5G as an option
             at = self.argv.index(opt) if opt in self.argv else -1
             if 0 <= at < len(self.argv) - 1 and self.argv[at + 1].startswith("-"):
-                from flashinfer_sm120.safety.formats.base import shown
-
                 value = self.argv[at + 1]
                 message += (f"; the value {shown(value, 80)} starts with '-' and was read as an option: "
                             f"join it, as {opt}={shown(value, 80)[1:-1]}")
                 break
         m = re.match(r"argument [^:]+: invalid choice: '([^']*)' \(choose from (.*)\)$", message)
         if m:  # argparse quotes the bad choice whole: shown cut, as every value we name
-            from flashinfer_sm120.safety.formats.base import shown
-
             message = message.replace(f"'{m.group(1)}'", shown(m.group(1), 80), 1)
         if m and "maybe you meant" not in message:
             choices = [c.strip().strip("'") for c in m.group(2).split(",")]
@@ -93,15 +89,6 @@ class _Parser(argparse.ArgumentParser):
 # ----------------------------------------------------------------------------- --version: this package, Python,
 # FlashInfer, torch and its CUDA, and the nvcc that would be chosen; each part read on its own, so a missing or
 # broken one is named and the rest still prints
-
-
-def _dist(name: str) -> str | None:
-    import importlib.metadata as md
-
-    try:
-        return md.version(name)
-    except Exception:
-        return None
 
 
 def _torch_cuda() -> str:
@@ -139,34 +126,23 @@ def _nvcc() -> str:
 
 def version_lines() -> list[str]:
     """One line per component; never raises."""
-    from flashinfer_sm120 import __version__
+    from flashinfer_sm120.diagnose.verify.report import dist_version
 
     lines = [f"flashinfer-sm120 {__version__} ({os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})",
              f"Python {sys.version.split()[0]} ({sys.executable})"]
-    fi = _dist("flashinfer-python")
+    fi = dist_version("flashinfer-python")
     lines.append(f"FlashInfer {fi}" if fi else "FlashInfer: not installed (pip install flashinfer-python)")
-    torch = _dist("torch")
+    torch = dist_version("torch")
     lines.append(f"torch {torch} ({_torch_cuda()})" if torch else "torch: not installed")
     lines.append(_nvcc())
     return lines
-
-
-class _VersionAction(argparse.Action):
-    """``--version``: print :func:`version_lines` and exit 0."""
-
-    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
-        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print("\n".join(version_lines()))
-        parser.exit(0)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``flashinfer-sm120`` parser with every subcommand (the docs' CLI reference is made from it)."""
     parser = _Parser(prog="flashinfer-sm120", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action=_VersionAction,
+    parser.add_argument("--version", action="store_true",
                         help=f"print the versions of flashinfer-sm120 ({__version__}), Python, FlashInfer, torch "
                              f"and its CUDA, and the nvcc that would be chosen, then exit")
     sub = parser.add_subparsers(dest="cmd", required=False, metavar="command")
@@ -319,7 +295,10 @@ def _main(argv: list[str] | None) -> int:
 
 def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     args, extras = parser.parse_known_args(argv)
-    if getattr(args, "cmd", None) is None and not extras:
+    if args.version and args.cmd is None:
+        print("\n".join(version_lines()))
+        return 0
+    if args.cmd is None and not extras:
         # a bare call: the help, as git and docker print it, with argparse's status for "no command run"
         parser.print_help()
         return 2

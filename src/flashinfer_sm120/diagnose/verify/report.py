@@ -18,7 +18,7 @@ from flashinfer_sm120.safety.formats.reads import iter_lines, loads_json
 from flashinfer_sm120.safety.formats.binary import parse_ninja_log_header
 from flashinfer_sm120.safety.formats.base import shown
 
-__all__ = ["ALONE_TIMEOUT_S", "Section", "collect", "ninja_section", "log_format_of_dir", "servers_section", "build_line_section"]
+__all__ = ["ALONE_TIMEOUT_S", "dist_version", "Section", "collect", "ninja_section", "log_format_of_dir", "servers_section", "build_line_section"]
 
 #: A further section of the report: its key and ``collector(report) -> dict`` (JSON-able).
 Section = tuple[str, Callable[[dict], dict]]
@@ -148,17 +148,12 @@ def log_format_of_dir(build_dir: str) -> int | None:
     return None
 
 
-def collect(timeout: float = ALONE_TIMEOUT_S, *, say: Callable[[str], None] | None = None,
-            server_cache: dict | None = None, arch: str | None = None, extra: Sequence[Section] = ()) -> dict:
-    """Everything ``doctor`` reports; ``extra``: sections of layers above this one, run last."""
-    from flashinfer_sm120.diagnose import prune
-    from flashinfer_sm120.diagnose.verify import inventory
-
+def collect(timeout: float = ALONE_TIMEOUT_S, *, sections: Sequence[Section] = (),
+            say: Callable[[str], None] | None = None, server_cache: dict | None = None, arch: str | None = None) -> dict:
+    """Everything ``doctor`` reports: the core part, then ``sections`` in order (each reads those before it)."""
     report = _collect(timeout, say, server_cache)
     report["arch_option"] = arch
-    for key, collector in (("ninja", ninja_section), ("servers", servers_section),
-                           ("build_line", build_line_section), ("inventory", inventory.doctor_section),
-                           ("caches", prune.doctor_section), *extra):  # in order: each reads those before it
+    for key, collector in sections:
         try:
             report[key] = collector(report)
         except Exception as exc:  # one broken section never hides the rest
@@ -177,7 +172,7 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
     from flashinfer_sm120.safety.envflag import env_flag
 
     report: dict = {"flashinfer_sm120": __version__, "python": sys.executable,
-                    "torch_version": _dist_version("torch")}
+                    "torch_version": dist_version("torch")}
     report["original_env"] = dict(_ORIGINAL_ENV, **{k: os.environ[k] for k in ("PATH", "FLASHINFER_WORKSPACE_BASE")
                                                     if k in os.environ})
     report["server_cache"] = server_cache
@@ -269,7 +264,7 @@ def _installed(name: str) -> str | None:
     return (spec.origin or name) if spec is not None else None
 
 
-def _dist_version(name: str) -> str | None:
+def dist_version(name: str) -> str | None:
     """The installed distribution's version, read from its metadata (nothing imported)."""
     import importlib.metadata as md
 
