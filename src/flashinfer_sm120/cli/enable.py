@@ -175,39 +175,32 @@ def _enable(args: argparse.Namespace) -> int:
         who = f"every process of {py} and of any virtual environment created from it with --system-site-packages"
         if sys.prefix != sys.base_prefix:
             who = f"every process of {py} (virtual environment {sys.prefix})"
+    from flashinfer_sm120.safety.formats.paths import foreign_tree
+    from flashinfer_sm120.safety.fs.statedir import foreign_tree_message
     from flashinfer_sm120.safety.ownership import trust_reason
 
-    if os.path.isdir(target_dir):  # threat-model: P4: nothing of root's or yours is written into a tree
-
-        why = trust_reason(target_dir)
-        if why:
-            return _err(f"the site directory {target_dir} is not safe to write into: {why}. Fix: enable in a site "
-                        f"directory that is root's or yours and that others cannot write (leave --site-dir out "
-                        f"for this interpreter's)")
-        for name in (HOOK_FILE, PTH_NAME):  # threat-model: P5 -- a file of that name that is not ours stays
-            path = os.path.join(target_dir, name)
-            if not os.path.lexists(path):
-                continue
-            is_text = read_text(path) is not None  # read once: up to OURS_MAX bytes
-            if is_our_hook(path) if name == HOOK_FILE else is_text:
-                continue
-            editable = name == HOOK_FILE and is_text  # a module you edited: --force replaces it
-            if args.force and editable:
-                continue  # yours to replace: asked for by name
-            return _err(f"{path} exists and is not what 'flashinfer-sm120 enable' wrote (another module, one "
-                        f"edited since, or not a UTF-8 text file of at most {OURS_MAX >> 10} KiB); nothing "
-                        f"written. Fix: move it away"
-                        + (", or pass --force to replace a module you edited" if editable else ""))
-    else:  # threat-model: P4 -- its missing levels are not made inside a tree another uid owns
-        from flashinfer_sm120.safety.formats.paths import foreign_tree
-        from flashinfer_sm120.safety.fs.statedir import foreign_tree_message
-
-        foreign = foreign_tree(target_dir)
-        if foreign is not None:
-            return _err(foreign_tree_message("the site directory", foreign, "--site-dir"))
-        why = trust_reason(target_dir)
-        if why:
-            return _err(f"the site directory {target_dir} would be created where it is not safe: {why}")
+    foreign = foreign_tree(target_dir)  # threat-model: P4 -- no missing level made inside a tree another uid owns
+    if foreign is not None:
+        return _err(foreign_tree_message("the site directory", foreign, "--site-dir"))
+    why = trust_reason(target_dir)  # threat-model: P4 -- written only into a tree of root's or yours
+    if why:
+        return _err(f"the site directory {target_dir} is not safe to write into: {why}. Fix: enable in a site "
+                    f"directory that is root's or yours and that others cannot write (leave --site-dir out "
+                    f"for this interpreter's)")
+    for name in (HOOK_FILE, PTH_NAME):  # threat-model: P5 -- a file of that name that is not ours stays
+        path = os.path.join(target_dir, name)
+        if not os.path.lexists(path):
+            continue
+        is_text = read_text(path) is not None  # read once: up to OURS_MAX bytes
+        if is_our_hook(path) if name == HOOK_FILE else is_text:
+            continue
+        editable = name == HOOK_FILE and is_text  # a module you edited: --force replaces it
+        if args.force and editable:
+            continue  # yours to replace: asked for by name
+        return _err(f"{path} exists and is not what 'flashinfer-sm120 enable' wrote (another module, one "
+                    f"edited since, or not a UTF-8 text file of at most {OURS_MAX >> 10} KiB); nothing "
+                    f"written. Fix: move it away"
+                    + (", or pass --force to replace a module you edited" if editable else ""))
     target = os.path.join(target_dir, PTH_NAME)
     writing = target_dir
     changed = False
