@@ -8,7 +8,6 @@ import glob
 import os
 import shutil
 import stat
-import sys
 
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import shown
@@ -126,16 +125,11 @@ def jit_modules(jit_dir: str) -> list[tuple[str, str]]:
 
 def prebuilt_places() -> list[dict]:
     """The prebuilt directories FlashInfer would load from first, as its ``jit.env`` computed them."""
-    env = sys.modules.get("flashinfer.jit.env")
-    if env is None:
-        try:
-            import flashinfer.jit.env as env  # type: ignore[no-redef]
-        except Exception:
-            return []
     try:
+        import flashinfer.jit.env as env
         from flashinfer import __version__ as fi_version
     except Exception:
-        fi_version = "?"
+        return []
     places: list[dict] = []
     for p in getattr(env, "FLASHINFER_AOT_PROVIDERS", ()) or ():
         places.append({"kind": "flashinfer-jit-cache", "label": f"{p.distribution} {p.version}",

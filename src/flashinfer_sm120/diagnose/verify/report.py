@@ -162,7 +162,8 @@ def collect(timeout: float = ALONE_TIMEOUT_S, *, sections: Sequence[Section] = (
 
 
 def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: dict | None) -> dict:
-    from flashinfer_sm120.core import patch
+    from flashinfer_sm120.core import autoload, patch
+    from flashinfer_sm120.core.facts.refusals import import_refused
     from flashinfer_sm120.core.toolkit.policy import torch_cuda_version
     from flashinfer_sm120.core.toolkit.sources import discover
     from flashinfer_sm120.core.facts.gpus import query
@@ -212,45 +213,42 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
     for c in report["candidates"]:
         c["state"], c["why"] = states.get(c["root"]) or (("rejected", c["problem"]) if c["problem"] else ("", ""))
     report["disabled"] = env_flag("FLASHINFER_SM120_DISABLE")
-    from flashinfer_sm120.core.facts.refusals import import_refused
-
     refusal = import_refused()  # threat-model: P4: either import of FlashInfer would write where it must not
     report["import_refused"] = dataclasses.asdict(refusal) if refusal else None
     if refusal is not None:
-        why = str(refusal)
-        report["before"] = {"error": f"not run: {why}", "skipped": why}
-        report["after"] = {"status": patch.status(), "error": why}
-        from flashinfer_sm120.core import autoload
+        report["before"] = {"error": f"not run: {refusal}", "skipped": str(refusal)}
+        report["after"] = {"status": patch.status(), "error": str(refusal)}
+    else:
+        if say is not None:
+            say(f"(asking unpatched FlashInfer in a child process, up to {timeout:g} s ...)")
+        report["before"] = _flashinfer_alone(timeout)
+        report["after"] = _with_shim()
+    report["autoload"] = autoload.doctor_report()  # deploy: is the .pth installed for this interpreter?
+    return report
 
-        report["autoload"] = autoload.doctor_report()
-        return report
-    if say is not None:
-        say(f"(asking unpatched FlashInfer in a child process, up to {timeout:g} s ...)")
-    report["before"] = _flashinfer_alone(timeout)
+
+def _with_shim() -> dict:
+    """What FlashInfer computes once imported here, with flashinfer-sm120's hooks, and what every build would refuse."""
+    from flashinfer_sm120.core import patch
+    from flashinfer_sm120.core.facts.refusals import builds_refused
+    from flashinfer_sm120.core.jitenv import environ
+    from flashinfer_sm120.safety.buildenv import path_problem
+
     try:
         import flashinfer.jit.core  # noqa: F401  (triggers the hooks)
         import flashinfer.jit.env as jit_env
         import flashinfer.jit.cpp_ext as cx
 
-        report["after"] = {"status": patch.status(), "jit_dir": str(jit_env.FLASHINFER_JIT_DIR)}
-        if report["after"]["status"]["mode"] != "guard":  # guarded: FlashInfer's own nvcc, not run here
-            report["after"].update(cuda_home=cx.get_cuda_path(), cuda_version=str(cx.get_cuda_version()))
-        from flashinfer_sm120.core.jitenv import environ  # what the rest of the process and its children get
-
-        report["after"]["exported"] = environ.exported()
-        from flashinfer_sm120.safety.buildenv import path_problem
-
+        after = {"status": patch.status(), "jit_dir": str(jit_env.FLASHINFER_JIT_DIR)}
+        if after["status"]["mode"] != "guard":  # guarded: FlashInfer's own nvcc, not run here
+            after.update(cuda_home=cx.get_cuda_path(), cuda_version=str(cx.get_cuda_version()))
+        after["exported"] = environ.exported()  # what the rest of the process and its children get
         host = path_problem(os.environ)  # what every build would run by name, on the exported PATH
-        report["after"]["host_program"] = dataclasses.asdict(host) if host else None
-        from flashinfer_sm120.core.facts.refusals import builds_refused
-
-        report["after"]["builds_refused"] = builds_refused(str(jit_env.FLASHINFER_JIT_DIR))  # the gate's list
+        after["host_program"] = dataclasses.asdict(host) if host else None
+        after["builds_refused"] = builds_refused(after["jit_dir"])  # the gate's list
+        return after
     except Exception as exc:
-        report["after"] = {"status": patch.status(), "error": repr(exc)}
-    from flashinfer_sm120.core import autoload  # deploy: is the .pth installed for this interpreter?
-
-    report["autoload"] = autoload.doctor_report()
-    return report
+        return {"status": patch.status(), "error": repr(exc)}
 
 
 def _installed(name: str) -> str | None:
