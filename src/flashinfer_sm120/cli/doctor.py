@@ -5,6 +5,7 @@ spaces; ``--verbose`` for everything.  Collected by :mod:`flashinfer_sm120.diagn
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -224,13 +225,9 @@ def _short(r: dict, d) -> list[str]:
     tail = wrap("More: flashinfer-sm120 doctor --verbose (every toolkit, the patch, exports, servers, modules), or --json")
     blocks = [wrap(_finding(f)) for f in d.findings[1 if d.problems else 0:]]
     room = SHORT_LINES - len(lines) - len(tail)
-    if sum(map(len, blocks)) > room:
-        shown_ = []
-        for block in blocks:
-            if sum(map(len, shown_)) + len(block) > room - 1:
-                break
-            shown_.append(block)
-        blocks = shown_ + [[f"... {plural(len(blocks) - len(shown_), 'more finding')}: --verbose"]]
+    if sum(map(len, blocks)) > room:  # as many whole findings as fit, then one line saying how many more
+        fit = sum(1 for total in itertools.accumulate(map(len, blocks)) if total <= room - 1)
+        blocks = blocks[:fit] + [[f"... {plural(len(blocks) - fit, 'more finding')}: --verbose"]]
     return lines + [ln for block in blocks for ln in block] + tail
 
 

@@ -176,11 +176,12 @@ def _enable(args: argparse.Namespace) -> int:
         if sys.prefix != sys.base_prefix:
             who = f"every process of {py} (virtual environment {sys.prefix})"
     from flashinfer_sm120.safety.formats.paths import foreign_tree
-    from flashinfer_sm120.safety.fs.statedir import foreign_tree_message
     from flashinfer_sm120.safety.ownership import trust_reason
 
     foreign = foreign_tree(target_dir)  # threat-model: P4 -- no missing level made inside a tree another uid owns
     if foreign is not None:
+        from flashinfer_sm120.safety.fs.statedir import foreign_tree_message
+
         return _err(foreign_tree_message("the site directory", foreign, "--site-dir"))
     why = trust_reason(target_dir)  # threat-model: P4 -- written only into a tree of root's or yours
     if why:
