@@ -76,22 +76,24 @@ def test_yes_removes_what_is_stale_and_nothing_else(caches):
 
 
 
-def test_a_held_view_lock_keeps_the_views(caches):
+def test_a_held_lock_keeps_the_directory(caches):
     c = caches
     stale = c["ws"]["toolkit changed"]
+    module_lock = hold(str(stale / "cached_ops" / "tmp" / "sampling.lock"))  # FlashInfer's JitSpec.lock_path
     view_lock = hold(os.path.join(os.path.dirname(c["gone_view"]), ".lock"))  # view/build.py's lock
     try:
         dry = listing(c)
-        assert "holds" in dry[c["gone_view"]]["kept"]
+        assert "holds" in dry[str(stale)]["kept"] and "holds" in dry[c["gone_view"]]["kept"]
         proc = prune(c, "--yes")
         assert proc.returncode == 0, proc.stderr
-        assert os.path.isdir(c["gone_view"])
-        assert not stale.exists()  # the JIT workspaces still go: a lease, not a module lock, keeps them (P3)
+        assert stale.is_dir() and os.path.isdir(c["gone_view"])
+        assert not c["ws"]["toolkit gone"].exists()  # others still go
     finally:
-        view_lock.kill()
-        view_lock.wait()
+        for p in (module_lock, view_lock):
+            p.kill()
+            p.wait()
     assert prune(c, "--yes").returncode == 0
-    assert not os.path.exists(c["gone_view"])
+    assert not stale.exists() and not os.path.exists(c["gone_view"])
 
 
 def test_a_process_holding_the_lease_keeps_the_directory(caches):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.prune import hold_lease
+from helpers.prune import hold, hold_lease
 
 OLD_DAYS = 100
 
@@ -47,6 +47,17 @@ def _scan_then(c, act):
             held.kill()
             held.wait()
     return stale
+
+
+def test_a_build_that_takes_its_lock_after_the_scan_keeps_its_workspace(caches):
+    """FlashInfer holds ``cached_ops/tmp/<module>.lock`` while it builds and loads a module; a module
+    first built after the scan had a lock the scan never saw, and ``--yes`` removed the workspace
+    under the build."""
+    c = caches
+    ws = _current_aged(c)
+    stale = _scan_then(c, lambda: hold(str(ws / "cached_ops" / "tmp" / "new_module.lock")))
+    assert str(ws) in stale  # it was stale at the scan
+    assert ws.is_dir() and (ws / "cached_ops" / "sampling" / "sampling.so").is_file()
 
 
 def test_a_process_that_takes_the_lease_after_the_scan_keeps_it(caches):

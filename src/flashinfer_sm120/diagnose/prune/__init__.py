@@ -13,7 +13,7 @@ import uuid
 
 from flashinfer_sm120.safety.fs import lease
 from flashinfer_sm120.diagnose.prune.find import DAY, Entry, fi_roots, scan_jit, scan_views, size_of, views_dir
-from flashinfer_sm120.diagnose.tree import remove_tree
+from flashinfer_sm120.diagnose.tree import remove_tree, walk_tree
 
 __all__ = ["Entry", "fi_roots", "scan", "remove", "lock_free", "doctor_section", "size_of"]
 
@@ -57,8 +57,10 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
             e.kept = "not under the cache root by its real path (a symlink on the way): never removed"
         elif (leased := lease.lease_state(e.path)):  # threat-model: P3 -- the lease is the answer
             e.kept = leased
-        elif e.kind == "view" and not lock_free(view_lock):
-            e.kept = f"a running process holds {view_lock} (building a view)"
+        else:
+            busy = [lk for lk in (e.locks if e.kind == "jit" else [view_lock]) if lk and not lock_free(lk)]
+            if busy:
+                e.kept = f"a running process holds {busy[0]} (building or loading it)"
     for r in roots:
         r["bytes"] = size_of(r["path"]) if r["path"] else 0
     stale = [e for e in entries if e.reason and not e.kept]
@@ -67,16 +69,19 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
 
 
 def remove(report: dict) -> dict:
-    """Remove every stale entry of a :func:`scan` report not kept, each under its lease taken exclusively."""
+    """Remove every stale entry of a :func:`scan` report not kept, under the builders' locks."""
     views = [e for e in report["entries"] if e.kind == "view" and e.reason and not e.kept]
-    view_lock = _take_lock(os.path.join(os.path.dirname(views[0].path), ".lock")) if views else None
-    if views and view_lock is None:  # the view builder leases a view before it lets go of this lock
+    view_locks = take_locks([os.path.join(os.path.dirname(views[0].path), ".lock")]) if views else []
+    if views and view_locks is None:
         for e in views:
             e.kept = "a running process holds the CUDA_HOME view lock (building a view)"
     try:
         for e in report["entries"]:
             if not e.reason or e.kept:
                 continue
+            # a lock whose directory is gone (another prune removed the workspace) is not taken:
+            # taking it would create the directories again
+            paths = [p for p in current_locks(e) if os.path.isdir(os.path.dirname(p))]
             # threat-model: P3 -- the lease taken exclusively, without waiting, and held while the
             # entry goes: a process starting now waits, then finds it gone and builds anew
             # (a parent gone: another prune removed it, and remove_entry says so)
@@ -85,18 +90,29 @@ def remove(report: dict) -> dict:
                 e.kept = f"in use: a running process holds its lease ({lease.lease_path(e.path)})"
                 continue
             try:
-                remove_entry(e)
+                locks = take_locks(paths) if e.kind == "jit" else []
+                if locks is None:
+                    e.kept = "a running process took a module lock meanwhile"
+                    continue
+                try:
+                    remove_entry(e, frozenset(os.path.basename(p) for p in paths))
+                finally:
+                    for lk in locks:
+                        lk.release()
             finally:
                 if fd >= 0:
                     lease.end_exclusive(e.path, fd, e.removed)
             if e.removed:
                 remove_empty_parents(e)
-        if view_lock is not None and (vdir := views_dir()):
+        if view_locks is not None and (vdir := views_dir()):
             sweep_leases(vdir)
     finally:
-        if view_lock is not None:
-            view_lock.release()
+        for lk in view_locks or []:
+            lk.release()
     return report
+
+
+# ----------------------------------------------------------------------------- who holds what
 
 
 def under(root: str, path: str) -> bool:
@@ -135,20 +151,47 @@ def lock_free(path: str) -> bool:
         os.close(fd)
 
 
-def _take_lock(path: str):
-    """The builder's lock at ``path``, taken without waiting, or ``None``."""
+def take_locks(paths: list[str]):
     import filelock
 
-    lk = filelock.FileLock(path, timeout=0, mode=0o600)
+    held = []
     try:
-        lk.acquire()
+        for p in paths:
+            lk = filelock.FileLock(p, timeout=0, mode=0o600)
+            lk.acquire()
+            held.append(lk)
     except (filelock.Timeout, OSError):
+        for lk in held:
+            lk.release()
         return None
-    return lk
+    return held
 
 
-def remove_entry(e: Entry) -> None:
-    """Remove ``e``: each directory renamed aside (gone at once for a process that finds it), then deleted."""
+def current_locks(e: Entry) -> list[str]:
+    """The module locks of a JIT workspace *now*: a module first built after the scan has one too."""
+    if e.kind != "jit":
+        return []
+    tmp = os.path.join(e.path, "cached_ops", "tmp")
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        names = []
+    return sorted(set(e.locks) | {os.path.join(tmp, n) for n in names if n.endswith(".lock")})
+
+
+def _busy(moved: str, own: frozenset[str]) -> str | None:
+    """Why ``moved`` (just renamed away) must go back: a module lock under it taken since the scan (not in ``own``)."""
+    for dirpath, dirs, files in walk_tree(moved):
+        if os.path.basename(dirpath) == "tmp":
+            for n in files:
+                if n.endswith(".lock") and n not in own and not lock_free(os.path.join(dirpath, n)):
+                    return f"a running process holds {n} (building or loading that module)"
+            dirs[:] = []
+    return None
+
+
+def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
+    """Remove ``e``: each directory renamed aside, checked again, put back when in use, else deleted."""
     gone = 0
     for target in e.remove:
         if not os.path.lexists(target):  # another prune (or the user) removed it since the scan
@@ -162,6 +205,15 @@ def remove_entry(e: Entry) -> None:
             os.rename(target, hidden)
         except OSError as exc:
             e.error = f"{target}: {exc.strerror or exc}"
+            return
+        busy = _busy(hidden, own)
+        if busy:
+            try:
+                os.rename(hidden, target)
+                e.kept = f"in use: {busy}"
+            except OSError as exc:
+                e.error = (f"{target} came into use ({busy}) and could not be put back from {hidden} "
+                           f"({exc.strerror or exc}); left there")
             return
         try:
             remove_tree(hidden)

@@ -36,6 +36,7 @@ class Entry:
     last_used: float | None = None
     reason: str | None = None
     kept: str | None = None
+    locks: list[str] = dataclasses.field(default_factory=list)
     cuda_home: str | None = None
     removed: bool = False
     error: str | None = None
@@ -232,5 +233,6 @@ def _scan_workspace(ent: Entry) -> None:
             locks = [os.path.join(e.path, n) for n in os.listdir(e.path) if n.endswith(".lock")]
         elif e.is_dir(follow_symlinks=False):
             sos.append(os.path.join(e.path, f"{e.name}.so"))
+    ent.locks = locks
     ent.last_used = times(sos + locks) or times([ops])
     ent.reason = workspace_reason(ws, ops, os.path.relpath(ws, ent.root).split(os.sep), ent)
