@@ -83,9 +83,7 @@ def servers_lines(section: dict) -> list[str]:
 
 
 def build_line_lines(section: dict) -> list[str]:
-    """:func:`flashinfer_sm120.diagnose.verify.report.build_line_section` as printed: each module built
-    with other values, and the servers that leave the targets alone (the variables set and the targets
-    a server sets are findings, printed first)."""
+    """:func:`flashinfer_sm120.diagnose.verify.report.build_line_section` as printed (the rest are findings)."""
     lines = ["\nBuild line (what makes a warm module rebuild):"]
     if not section.get("set"):
         lines.append("  no FlashInfer variable that changes the build line is set")

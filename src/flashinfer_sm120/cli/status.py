@@ -32,8 +32,7 @@ def exit_code(st: dict) -> int:
 
 
 def status_line(st: dict) -> str:
-    """``<mode>: nvcc <release> at <toolkit>; targets <sm_...>`` (or why there is no toolkit), from
-    a :func:`~flashinfer_sm120.core.patch.laststatus.from_status` dict."""
+    """``<mode>: nvcc <release> at <toolkit>; targets <sm_...>``, or why there is no toolkit."""
     mode, tk = st.get("mode"), st.get("toolkit")
     if mode in _OK and tk:
         targets = ", ".join(st.get("targets") or []) or f"none, nothing can be built ({_no_targets(st)})"
@@ -68,7 +67,7 @@ def run_status(args: argparse.Namespace) -> int:
         return _say(args, {"mode": "refused", "toolkit": None, "targets": [], "error": "FlashInfer was not "
                            f"imported: every JIT build here would be refused: {refused}"}, "check")
     if not args.fresh:
-        from flashinfer_sm120.cli.lastcheck import load
+        from flashinfer_sm120.core.patch.lastcheck import load
 
         got = load()
         if got.status is not None:
