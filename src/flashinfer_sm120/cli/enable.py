@@ -217,7 +217,7 @@ def _enable(args: argparse.Namespace) -> int:
                         f"written. Fix: move it away"
                         + (", or pass --force to replace a module you edited" if editable else ""))
     else:  # threat-model: P4 -- its missing levels are not made inside a tree another uid owns
-        from flashinfer_sm120.safety.formats.paths import foreign_tree
+        from flashinfer_sm120.safety.formats.grammar import foreign_tree
         from flashinfer_sm120.safety.fs.statedir import foreign_tree_message
 
         foreign = foreign_tree(target_dir)

@@ -1,6 +1,6 @@
 """The trust rule applied to what runs (threat-model: P2): a program, every symlink hop and directory
 of its path, and for a ``#!`` script (read, never run) its shell and every program and path its words
-name, as docs/safety.md section 2 lists.  What nvcc runs itself is :mod:`.buildenv`'s."""
+name, as docs/safety.md section 2 lists.  What nvcc runs itself is :mod:`.compilers`'s."""
 # threat-model: P2 (nothing run or adopted unless every level of its path is trusted)
 
 from __future__ import annotations

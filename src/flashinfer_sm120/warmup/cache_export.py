@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from flashinfer_sm120.core.jitenv import manifest
-from flashinfer_sm120.safety.formats.paths import deepest_existing, make_private_dirs, safe_join
+from flashinfer_sm120.safety.formats.grammar import deepest_existing, make_private_dirs, safe_join
 from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.warmup import modules as _modules
 from flashinfer_sm120.warmup.cache_format import (FORMAT, TOP, Budget, CacheError, Limits, file_sha256, member_rel,

@@ -25,10 +25,10 @@ from flashinfer_sm120.warmup.replay import CannotRegenerate, make_spec
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import oserrors
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.formats.paths import deepest_existing, make_private_dirs, safe_join
+from flashinfer_sm120.safety.formats.grammar import deepest_existing, make_private_dirs, safe_join
 from flashinfer_sm120.safety.formats.reads import read_bytes
 from flashinfer_sm120.safety.fs.atomic import write_atomic
-from flashinfer_sm120.safety.fs.tmpdirs import make_private
+from flashinfer_sm120.safety.fs.atomic import make_private
 from flashinfer_sm120.warmup import modlock, ninjacmd, pool
 from flashinfer_sm120.warmup.cache_format import (FIX, Budget, CacheError, Limits, Meta, Module, file_sha256,
                                                   nvcc_targets, over_cap, too_large, umask, unpack)

@@ -17,7 +17,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout  # a dependency (and FlashInfer's)
 
 from flashinfer_sm120.errors import PlaceError
-from flashinfer_sm120.safety.fs.locks import Holder, holders
+from flashinfer_sm120.safety.fs.lease import Holder, holders
 
 #: Seconds between two "still waiting" lines while another process of this user builds the module.
 SAY_EVERY_S = 60.0

@@ -29,7 +29,7 @@ def command(job, *extra: str) -> list[str]:
 
 def ninja_env() -> dict:
     """The environment with ninja's status format and a private temporary directory (P5)."""
-    from flashinfer_sm120.safety.buildenv import build_env
+    from flashinfer_sm120.safety.fs.atomic import build_env
 
     return build_env(dict(os.environ, NINJA_STATUS="[%f/%t] "))
 

@@ -24,7 +24,7 @@ class Loaded:
 def load(env: dict[str, str] | None = None) -> Loaded:
     """The recorded status when it still holds for this process's inputs, else why not."""
     try:
-        from flashinfer_sm120.safety.fs.statefiles import read_json
+        from flashinfer_sm120.safety.fs.atomic import read_json
         from flashinfer_sm120.core.toolkit.memo import fingerprint
 
         data, problem = read_json(laststatus.path())

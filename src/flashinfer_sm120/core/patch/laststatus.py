@@ -138,7 +138,7 @@ def save(status: LastStatus, recorded_inputs: dict[str, Any], res=None) -> None:
     """Record ``status`` for ``recorded_inputs`` (taken before FlashInfer changed the environment), with
     the resolution ``res`` of a patched or noop process for :func:`replay`."""
     try:
-        from flashinfer_sm120.safety.fs.statefiles import read_json, write_json_atomic
+        from flashinfer_sm120.safety.fs.atomic import read_json, write_json_atomic
         from flashinfer_sm120.core.toolkit.memo import fingerprint
 
         st = dict(status)
@@ -167,7 +167,7 @@ def replay(now: dict[str, Any]):
         from flashinfer_sm120.core.patch.resolve import Resolution, flashinfer_version
         from flashinfer_sm120.core.toolkit.memo import fingerprint
         from flashinfer_sm120.safety.formats.reads import read_json_file
-        from flashinfer_sm120.safety.fs.statefiles import MAX_STATE_BYTES
+        from flashinfer_sm120.safety.fs.atomic import MAX_STATE_BYTES
         from flashinfer_sm120.safety.ownership import trust_reason
         from flashinfer_sm120.safety.trust import check_executable
 

@@ -250,7 +250,7 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
         from flashinfer_sm120.core.jitenv import environ  # what the rest of the process and its children get
 
         report["after"]["exported"] = environ.exported()
-        from flashinfer_sm120.safety.buildenv import path_problem
+        from flashinfer_sm120.safety.compilers import path_problem
 
         host = path_problem(os.environ)  # what every build would run by name, on the exported PATH
         report["after"]["host_program"] = dataclasses.asdict(host) if host else None

@@ -1,20 +1,21 @@
-"""Leases (threat-model: P3, docs/safety.md section 10): a process that uses a ``CUDA_HOME`` view or a
-JIT workspace ``D`` holds a shared ``flock`` on ``.<name of D>.lease`` beside it until it exits;
-``cache prune`` takes it exclusively without waiting and keeps what it cannot take.  A lock, not a
-look at ``/proc``: a flock is a fact about the file, seen from every PID namespace sharing the volume.
-The descriptor is ``O_CLOEXEC``: a forked child shares the lease, a program the process runs does not.
-"""
+"""Leases (threat-model: P3, docs/safety.md section 10): a shared ``flock`` on ``.<name>.lease`` beside a view
+or JIT workspace, held for the process's lifetime (``O_CLOEXEC``: a forked child shares it, a program run does
+not); prune takes it exclusively without waiting.  And who holds a lock, from ``/proc/locks`` (P6, naming only)."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import os
 import threading
 import time
 
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.formats.reads import read_prefix
+
 __all__ = ["WAIT_S", "lease_path", "target_of", "hold", "held", "release", "leased", "lease_state", "take_exclusive",
-           "end_exclusive", "place_problem"]
+           "end_exclusive", "place_problem", "Holder", "parse_proc_locks", "holders", "PROC_LOCKS_MAX"]
 
 #: Seconds :func:`hold` waits while a prune holds the lease exclusively (it removes one directory).
 WAIT_S = 90.0
@@ -90,8 +91,8 @@ def _try_lock(path: str, how: int) -> tuple[int | None, bool]:
 
 # threat-model: P3
 def hold(target: str, wait_s: float = WAIT_S) -> bool:
-    """Take a shared lease on ``target`` for the rest of this process (the caller checks ``target``
-    exists *after*: check, then use); ``False`` when it cannot be had within ``wait_s``."""
+    """Take a shared lease on ``target`` for the rest of this process (the caller checks ``target`` after it:
+    check, then use); ``False`` when it cannot be had within ``wait_s``."""
     path = lease_path(target)
     with _lock:
         fd = _held.get(path)
@@ -172,3 +173,49 @@ def end_exclusive(target: str, fd: int, removed: bool) -> None:
                 pass
     finally:
         os.close(fd)
+
+
+#: Bytes of ``/proc/locks`` read: a few thousand locks (a holder past them is not named).
+PROC_LOCKS_MAX = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """A lock's holder: ``pid`` in this PID namespace, ``uid`` (``None``: gone or not visible)."""
+
+    pid: int
+    uid: int | None
+
+
+def parse_proc_locks(text: str, dev: int, ino: int) -> list[int]:
+    """The pids holding a lock on the file ``(dev, ino)`` in ``/proc/locks`` text, ``1: FLOCK ADVISORY WRITE
+    9174 fe:00:2146629 0 EOF`` (Linux fs/locks.c ``lock_get_status``); waiters and pid 0 skipped."""
+    want = f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}"
+    out = []
+    for line in text.splitlines():
+        words = line.split()
+        if "->" in words[1:2]:  # a waiter ("1: -> FLOCK ..."), not a holder
+            continue
+        for i, w in enumerate(words[:-1]):
+            if words[i + 1] == want and w.isascii() and w.isdigit() and 0 < int(w) < 1 << 32:
+                out.append(int(w))
+                break
+    return out
+
+
+def holders(path: str | os.PathLike) -> list[Holder]:
+    """The processes holding a lock on ``path`` (any local user may ``flock`` a file they can read: P6);
+    ``[]`` when none is seen or cannot be.  Never raises."""
+    try:
+        st = os.stat(path)
+        text = read_prefix("/proc/locks", PROC_LOCKS_MAX).decode("ascii", "replace")
+    except (OSError, FormatError):
+        return []
+    out = []
+    for pid in parse_proc_locks(text, st.st_dev, st.st_ino):
+        try:
+            uid: int | None = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            uid = None
+        out.append(Holder(pid, uid))
+    return out

@@ -13,8 +13,8 @@ import tempfile
 from flashinfer_sm120.errors import StateFileError
 from flashinfer_sm120.safety import oserrors
 from flashinfer_sm120.safety.formats.base import bounded
-from flashinfer_sm120.safety.formats.paths import deepest_existing, foreign_tree, make_private_dirs
-from flashinfer_sm120.safety.formats.paths import path_problem
+from flashinfer_sm120.safety.formats.grammar import deepest_existing, foreign_tree, make_private_dirs
+from flashinfer_sm120.safety.formats.grammar import path_problem
 from flashinfer_sm120.safety.ownership import mine_problem, trust_reason
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -112,7 +112,7 @@ def _room_problem(path: str, what: str) -> str | None:
 
 
 def foreign_tree_message(what: str, ft, variable: str = "FLASHINFER_SM120_CACHE_DIR") -> str:
-    """The sentence for a :class:`~flashinfer_sm120.safety.formats.paths.ForeignTree`, with the fix."""
+    """The sentence for a :class:`~flashinfer_sm120.safety.formats.grammar.ForeignTree`, with the fix."""
     return (f"{what}={ft.path!r} does not exist, and it would be created inside {ft.top}, owned by uid "
             f"{ft.owner}, as uid {ft.uid}: that user's own tools could not write it (pip, FlashInfer "
             f"and others use ~/.cache). Run as uid {ft.owner} (sudo -u), keep your own home "
