@@ -1,7 +1,7 @@
 """``flashinfer-sm120 enable|disable``: the ``.pth`` autoload (:mod:`flashinfer_sm120.core.autoload`), and what
 they count as theirs in a site directory (threat-model: P5: a file not ours, or ours edited, is never overwritten
 or removed without ``--force``).  ``disable`` must work with the rest of the package broken: this module imports
-only :mod:`~flashinfer_sm120.core.autoload`, :mod:`~flashinfer_sm120.safety.fs.atomic` and :mod:`.common`."""
+only :mod:`~flashinfer_sm120.core.autoload`, :mod:`.common` and safety's :mod:`~flashinfer_sm120.safety.fs.atomic` and reads."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import sysconfig
 
 from flashinfer_sm120.core.autoload import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS, hook_source, pth_files
 from flashinfer_sm120.cli.common import err as _err
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.formats import reads
 from flashinfer_sm120.safety.fs.atomic import sweep, temp_prefix, write_atomic
 
 __all__ = ["add_parsers", "user_site_problem", "holds", "OURS_MAX"]
@@ -67,25 +69,10 @@ EARLIER_HOOKS = frozenset({
 
 
 def read_text(path: str) -> str | None:
-    """The text of the regular file ``path`` (no link followed, no FIFO waited on), or ``None`` when it is not
-    one, is over :data:`OURS_MAX` bytes or is not UTF-8."""
+    """The UTF-8 text of the regular file ``path`` (no link followed) of at most :data:`OURS_MAX` bytes, else ``None``."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        raw = b""
-        while len(raw) <= OURS_MAX and (chunk := os.read(fd, OURS_MAX + 1 - len(raw))):
-            raw += chunk
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    try:
-        return raw.decode("utf-8") if len(raw) <= OURS_MAX else None
-    except UnicodeDecodeError:
+        return reads.read_text(path, OURS_MAX, follow=False)
+    except FormatError:
         return None
 
 

@@ -1,7 +1,6 @@
-"""What a JIT build runs and where it writes, held to the trust rule (threat-model: P2): one table of the
-variables that choose it, and the programs it runs by bare name.  FlashInfer 0.7.4 writes ``FLASHINFER_NVCC``,
-its launchers and ``CXX`` (default ``c++``) into every ``build.ninja`` (``flashinfer/jit/cpp_ext.py``); nvcc's
-host compiler is ``-ccbin $CC``, else ``NVCC_CCBIN``, else ``gcc`` from ``PATH`` (nvcc 13.0 ``--dryrun``)."""
+"""What a JIT build runs, held to the trust rule (threat-model: P2): one table of the variables that choose it
+(FlashInfer 0.7.4 ``jit/cpp_ext.py`` writes ``FLASHINFER_NVCC``, its launchers and ``CXX`` into ``build.ninja``; nvcc
+13.0 runs ``-ccbin $CC``, else ``NVCC_CCBIN``, else ``gcc``), and the programs it runs by bare name."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import re
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats import base, grammar, reads
 from flashinfer_sm120.safety.fs.atomic import TEMP_VARIABLES
-from flashinfer_sm120.safety.ownership import trust_reason
+from flashinfer_sm120.safety.ownership import named_path_problem, trust_reason
 from flashinfer_sm120.safety.trust import SHELL_OPTIONS, hands_on, named_paths, trace, which
 
 __all__ = ["DIR_VARIABLES", "FLAG_VARIABLES", "VARIABLES", "BY_NAME", "Verdict", "PathProblem",
@@ -96,9 +95,7 @@ def _program(word: str, path: str | None) -> tuple[str | None, str | None]:
 
 
 def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str | None]:
-    """``(program, other files it runs or names, problem)`` of a command value as FlashInfer's ninja
-    line runs it (``cxx = $CXX``, then ``/bin/sh -c``): plain words; a launcher hands on to its first
-    non-option word; an interpreter is refused; the compiler's options must be option forms."""
+    """``(program, other files it runs or names, problem)`` of a command value as ninja runs it (``/bin/sh -c``)."""
     try:
         words = grammar.parse_command_words(value, "the value")
     except FormatError as exc:
@@ -188,16 +185,7 @@ def _dirs_problem(value: str, var: str) -> str | None:
         entries = [os.path.dirname(value.split()[0])] if value.split() else []
     else:  # LD_PRELOAD takes spaces too
         entries = re.split(r"[:\s]" if var == "LD_PRELOAD" else re.escape(os.pathsep), value)
-    return next(filter(None, (_named_path_problem(d) for d in entries if os.path.isabs(d))), None)
-
-
-def _named_path_problem(p: str) -> str | None:
-    """Why the absolute path ``p`` a value names may not reach a build: it fails the trust rule, or,
-    absent, lies where another user may create it first (and so decide what it holds)."""
-    why = trust_reason(p, sticky_ok=False)
-    if why is None or os.path.lexists(p):
-        return why
-    return f"names {base.shown(p, 200)}, which does not exist yet where another user may create it ({why})"
+    return next(filter(None, (named_path_problem(d) for d in entries if os.path.isabs(d))), None)
 
 
 def _flags_problem(value: str, path: str | None) -> str | None:
@@ -207,7 +195,7 @@ def _flags_problem(value: str, path: str | None) -> str | None:
         problem = _ccbin_problem(cc, path)
         if problem:
             return f"its -ccbin {base.shown(cc, 60)}: {problem}"
-    return next(filter(None, (_named_path_problem(p) for w in words for p in named_paths(w)[0])), None)
+    return next(filter(None, (named_path_problem(p) for w in words for p in named_paths(w)[0])), None)
 
 
 def _same_program(a: str, b: str) -> bool:
@@ -271,8 +259,7 @@ def _check_nvcc(value: str, shown: str, chosen_nvcc: str, home: str, path: str |
 
 
 def temp_problem(env) -> PathProblem | None:
-    """The first directory of :data:`TEMP_VARIABLES` set in ``env`` that fails the trust rule (another
-    uid could swap a file between two steps of a compile)."""
+    """The first of :data:`TEMP_VARIABLES` in ``env`` failing the trust rule (others could swap a compile's files)."""
     for var in TEMP_VARIABLES:
         value = env.get(var) or ""
         if not os.path.isabs(value):
@@ -286,8 +273,7 @@ def temp_problem(env) -> PathProblem | None:
 
 
 def path_problem(env) -> PathProblem | None:
-    """Why a JIT build may not run with ``env``: the first program of :data:`BY_NAME` no variable replaces
-    that ``PATH`` finds failing the trust rule, else :func:`temp_problem`; ``None`` when none."""
+    """Why a build may not run with ``env``: an untrusted :data:`BY_NAME` program, else :func:`temp_problem`."""
     # relative entries name the module's build directory, which the JIT directory's own check covers
     path = os.pathsep.join(d for d in (env.get("PATH") or os.defpath).split(os.pathsep) if os.path.isabs(d))
     flags = " ".join(env.get(v) or "" for v in FLAG_VARIABLES[:2]).split()

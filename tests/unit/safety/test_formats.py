@@ -317,9 +317,9 @@ def test_sha256_lists_and_text_checks():
 def test_read_prefix_and_skipping_long_lines(tmp_path):
     f = tmp_path / "h"
     f.write_bytes(b"#define X 1\n" + b"y" * 100000)
-    assert reads.read_prefix(f, 12) == b"#define X 1\n"
+    assert reads.read_bytes(f, 12, prefix=True) == b"#define X 1\n"
     with pytest.raises(FormatError, match="not a regular file"):
-        reads.read_prefix("/dev/zero", 10)
+        reads.read_bytes("/dev/zero", 10, prefix=True)
     m = tmp_path / "m"
     m.write_bytes(b"a\n" + b"z" * 50000 + b"\nb\n")
     assert list(reads.iter_lines(m, max_line=100, max_lines=10, skip_long=True)) == [(1, b"a"), (2, None),

@@ -12,7 +12,7 @@ import threading
 import time
 
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats.reads import read_prefix
+from flashinfer_sm120.safety.formats.reads import read_bytes
 
 __all__ = ["WAIT_S", "lease_path", "target_of", "hold", "held", "release", "leased", "lease_state", "take_exclusive",
            "end_exclusive", "place_problem", "Holder", "parse_proc_locks", "holders", "PROC_LOCKS_MAX"]
@@ -208,7 +208,7 @@ def holders(path: str | os.PathLike) -> list[Holder]:
     ``[]`` when none is seen or cannot be.  Never raises."""
     try:
         st = os.stat(path)
-        text = read_prefix("/proc/locks", PROC_LOCKS_MAX).decode("ascii", "replace")
+        text = read_bytes("/proc/locks", PROC_LOCKS_MAX, prefix=True).decode("ascii", "replace")
     except (OSError, FormatError):
         return []
     out = []
