@@ -45,8 +45,7 @@ _LEADING_VERSION_RE = re.compile(r"([0-9]{1,6}(?:\.[0-9]{1,9}){0,3})(?:$|[.+-][A
 
 
 def parse(kind: str, text: Any, source: str, *, fix: str = "") -> str:
-    """``text`` unchanged when it is a string of :data:`GRAMMAR`'s ``kind`` (a path: without ``..``), else a
-    :class:`FormatError` naming ``source`` and the value, cut short."""
+    """``text`` when it is a string of :data:`GRAMMAR`'s ``kind`` (a path: no ``..``), else a :class:`FormatError`."""
     regex, what = GRAMMAR[kind]
     if not isinstance(text, str) or not regex.fullmatch(text) or (kind == "path" and "/../" in f"/{text}/"):
         raise _fail(source, f"{shown(text, 60)} is not {what}", fix)
@@ -65,8 +64,7 @@ def parse_version(text: Any, source: str, *, fix: str = "") -> Version:
 
 
 def parse_leading_version(text: Any, source: str, *, fix: str = "") -> Version:
-    """The release at the start of a ``--version`` line: its first word's dotted numeric part
-    (``1.13.2.git.kitware.jobserver-pipe-1``, as the ``ninja`` wheel prints, is 1.13.2)."""
+    """The release a ``--version`` line starts with (the ``ninja`` wheel's ``1.13.2.git.kitware...`` is 1.13.2)."""
     words = text[:4096].split(None, 1) if isinstance(text, str) else []
     m = _LEADING_VERSION_RE.match(words[0]) if words else None
     if not m:
@@ -75,8 +73,7 @@ def parse_leading_version(text: Any, source: str, *, fix: str = "") -> Version:
 
 
 def parse_relpath(text: Any, source: str, *, fix: str = "", max_parts: int = 16) -> tuple[str, ...]:
-    """A relative path ``a/b/c`` of at most ``max_parts`` parts, each a ``file`` of :data:`GRAMMAR` (so no
-    absolute path, empty part, ``.`` or ``..``)."""
+    """A relative path ``a/b/c`` of at most ``max_parts`` ``file`` names (no ``/x``, empty part, ``.``, ``..``)."""
     parts = tuple(text.split("/")) if isinstance(text, str) and text else ()
     if not parts or len(parts) > max_parts or not all(GRAMMAR["file"][0].fullmatch(p) for p in parts):
         raise _fail(source, f"{shown(text)} is not a relative path of at most {max_parts} names", fix)
@@ -137,8 +134,7 @@ def path_problem(path: str, what: str) -> str | None:
 
 
 def jit_dir_problem(jit_dir: str) -> str | None:
-    """Why FlashInfer's JIT directory cannot be used: FlashInfer 0.7.x writes it unquoted into every
-    ``build.ninja`` (``generate_ninja_build_for_op``)."""
+    """Why the JIT directory cannot be used: FlashInfer 0.7.x writes it unquoted into every ``build.ninja``."""
     fix = ("Fix: set FLASHINFER_WORKSPACE_BASE (or SGLANG_CACHE_DIR, which SGLang copies into it) to an "
            f"absolute directory whose path has only {PATH_RULE}")
     if not os.path.isabs(jit_dir):
@@ -154,8 +150,7 @@ def jit_dir_problem(jit_dir: str) -> str | None:
 
 
 def safe_join(root: str | os.PathLike, rel: str | Iterable[str], source: str, *, fix: str = "") -> Path:
-    """``root/rel``, refused unless it stays under ``root``: every part of ``rel`` a name (no absolute
-    part or ``..``), no existing part a symlink, every existing part but the last a directory."""
+    """``root/rel``, refused unless it stays under ``root``: names only, no existing link, directories on the way."""
     parts = parse_relpath(rel if isinstance(rel, str) else "/".join(rel), source, fix=fix)
     cur = Path(root)
     for i, part in enumerate(parts):
@@ -199,8 +194,7 @@ def make_private_dirs(path: str | os.PathLike, *, mode: int = 0o700) -> None:
 
 @dataclass(frozen=True)
 class ForeignTree:
-    """Creating ``path`` would put a directory of ``uid`` inside ``top``, which ``owner`` owns:
-    root with a user's ``HOME`` (``sudo -E``) would leave a ``~/.cache`` the user cannot write."""
+    """Creating ``path`` would put ``uid``'s directory inside ``top``, which ``owner`` owns (``sudo -E``)."""
 
     path: str
     top: str
@@ -209,8 +203,7 @@ class ForeignTree:
 
 
 def foreign_tree(path: str) -> ForeignTree | None:
-    """A :class:`ForeignTree` when ``path`` is absent and its deepest existing level (links resolved)
-    is neither this uid's nor root's; creates nothing.  threat-model: P4"""
+    """A :class:`ForeignTree` when the absent ``path`` would be made in another uid's tree; creates nothing (P4)."""
     if os.path.lexists(path):
         return None
     top = os.path.realpath(deepest_existing(path))

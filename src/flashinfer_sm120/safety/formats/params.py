@@ -32,9 +32,7 @@ _DTYPE_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 
 def parse_generator(text: Any, source: str, *, fix: str = "") -> tuple[str, str]:
-    """``(module, name)`` of a generator written ``flashinfer.jit.sampling:gen_sampling_module``.
-
-    :raises FormatError: naming ``source`` and the value (cut short)."""
+    """``(module, name)`` of a generator written ``flashinfer.jit.sampling:gen_sampling_module`` (P2)."""
     # threat-model: P2 (a generator is named from a fixed family, never by an arbitrary dotted path)
     if not isinstance(text, str) or text.count(":") != 1:
         raise _fail(source, f"generator {shown(text)} is not 'flashinfer.<module>:gen_<name>_module'", fix)
@@ -48,9 +46,7 @@ def parse_generator(text: Any, source: str, *, fix: str = "") -> tuple[str, str]
 
 
 def parse_params(obj: Any, source: str, *, fix: str = "") -> dict:
-    """``{"args": [...], "kwargs": {...}}`` checked value by value (see the module docstring).
-
-    :raises FormatError: naming ``source``, where in the parameters, and the value (cut short)."""
+    """``{"args": [...], "kwargs": {...}}`` checked value by value: plain values, never text or paths (P2)."""
     # threat-model: P2 (parameters are plain values: no text that could be C++ or a path)
     if not isinstance(obj, dict) or set(obj) - {"args", "kwargs"}:
         raise _fail(source, f"params {shown(obj)} is not an object of 'args' and 'kwargs'", fix)
@@ -144,11 +140,7 @@ def _word_ok(word: str) -> bool:
 
 
 def parse_compile_flag(text: Any, source: str, *, fix: str = "") -> tuple[str, list[str]]:
-    """One manifest flag: ``(flag unchanged, [directories it names])``.  Every word must be an
-    :data:`OPTION_FORMS` word, a :data:`PATH_OPTIONS` option with an absolute or placeholder
-    (``@FLASHINFER@/``, ``@GEN@/``, ``@JIT@/``) directory, or ``-Xcompiler`` with a comma-separated list
-    of such words; any other (``-ccbin=/x``, ``-Xcompiler=-fplugin=/x.so``, ``-MF /x``, ``-B/x``) is a
-    :class:`FormatError`.  The caller checks each directory returned by the trust rule."""
+    """``(flag, [directories it names])`` when every word is an :data:`OPTION_FORMS` word, a ``-I`` of a path, or ``-Xcompiler``."""
     parse("flag", text, source, fix=fix)
     words, dirs, i = text.split(), [], 0
     if not words:
@@ -202,8 +194,7 @@ def cli_int(flag: str, lo: int = 1, hi: int = 1024):
 
 
 def cli_float(flag: str, lo: float, hi: float):
-    """An argparse ``type=`` for a finite number in ``[lo, hi]`` (``nan``, ``inf``,
-    ``1e999`` and negatives refused), naming ``flag``."""
+    """An argparse ``type=`` for a finite number in ``[lo, hi]``, naming ``flag``."""
     def convert(text: str) -> float:
         return _number(flag, text, float, lo, hi, "a number")
     convert.__name__ = flag

@@ -28,8 +28,7 @@ _DEPTH_TOKEN_RE = re.compile(r'"(?:[^"\\]+|\\.)*(?:"|\\?\Z)|[\[\]{}]', re.S)
 
 def _open_regular(path: str, fix: str, follow: bool = True,
                   owners: tuple[int, ...] | None = None) -> tuple[int, os.stat_result]:
-    """A blocking descriptor on the regular file ``path``, opened without waiting on a FIFO or device (P6);
-    ``follow=False`` refuses a symlink; ``owners``: the uids allowed to own it."""
+    """A blocking fd on the regular file ``path``, opened without waiting on a FIFO (P6), owned by ``owners``."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
@@ -54,8 +53,7 @@ def _open_regular(path: str, fix: str, follow: bool = True,
 
 def read_bytes(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
                owners: tuple[int, ...] | None = None, prefix: bool = False) -> bytes:
-    """The whole of a regular file by :func:`_open_regular`, refused past ``max_bytes`` while reading;
-    ``prefix``: only its first ``max_bytes`` (a header's ``#define``, a script's ``#!`` line)."""
+    """The whole of a regular file, refused past ``max_bytes`` while reading (``prefix``: its first bytes only)."""
     path = os.fspath(path)
     fd, st = _open_regular(path, fix, follow, owners)
     chunks, left = [], max_bytes + (0 if prefix else 1)
@@ -89,8 +87,7 @@ def read_text(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow:
 
 def iter_lines(path: str | os.PathLike, *, max_line: int, max_lines: int, fix: str = "",
                skip_long: bool = False) -> Iterator[tuple[int, bytes | None]]:
-    """``(number, line without its newline)`` of a regular file, streamed: a line over ``max_line`` bytes
-    (``/dev/zero``) or past ``max_lines`` is refused, never read whole; ``skip_long``: yielded as ``(n, None)``."""
+    """``(number, line)`` of a regular file, streamed; a line over ``max_line`` is refused (``skip_long``: ``None``)."""
     path = os.fspath(path)
     fd, _ = _open_regular(path, fix)
     try:
@@ -161,8 +158,7 @@ def read_json_file(path: str | os.PathLike, max_bytes: int, *, fix: str = "", fo
 
 def field(obj: Any, key: str, kind: type | tuple[type, ...], source: str, *, fix: str = "",
           default: Any = ..., max_len: int | None = None) -> Any:
-    """``obj[key]`` checked to be of ``kind`` (``bool`` is no ``int``, a number is finite), at most ``max_len``
-    long; ``default`` when absent (omitted: required).  A :class:`FormatError` names the key and its value."""
+    """``obj[key]`` of ``kind`` (``bool`` is no ``int``, numbers finite), at most ``max_len``; ``default`` when absent."""
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if not isinstance(obj, dict):
         raise _fail(source, f"holds {_type_name(obj)} where an object was expected", fix)

@@ -51,8 +51,7 @@ def hold(fd: int) -> None:
 
 
 def sweep(prefix: str, parent: str | None = None) -> None:
-    """Remove ``parent/prefix*`` entries of yours older than :data:`GRACE_S` that nobody holds; never a
-    link nor another uid's entry.  Never raises."""
+    """Remove ``parent/prefix*`` entries of yours older than :data:`GRACE_S` nobody holds (no link); never raises."""
     parent = parent or tempfile.gettempdir()
     try:
         names = [n for n in os.listdir(parent) if n.startswith(prefix)]
@@ -92,9 +91,7 @@ def temp_prefix(path: str) -> str:
 
 def write_atomic(path: str, data: bytes | Callable[[BinaryIO], None], *, mode: int = 0o600,
                  replace: bool = True) -> None:
-    """Write ``data`` (bytes, or a function streaming them into the open file) to ``path`` so a reader
-    sees the old file or the new one, never half: a held ``mkstemp`` file beside it, given ``mode``, renamed
-    over ``path`` (``replace=False``: linked, so ``FileExistsError``); removed on any failure.  P5"""
+    """Write ``data`` (bytes, or a writer of the open file) to ``path`` by a held ``mkstemp`` file renamed over it (P5)."""
     directory = os.path.dirname(path) or "."
     sweep(temp_prefix(path), directory)
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), dir=directory)
@@ -105,7 +102,7 @@ def write_atomic(path: str, data: bytes | Callable[[BinaryIO], None], *, mode: i
         os.fchmod(fd, mode)
         if replace:
             os.replace(tmp, path)
-        else:
+        else:  # FileExistsError rather than replace
             os.link(tmp, path)
             os.unlink(tmp)
     except BaseException:
@@ -139,8 +136,7 @@ class Private:
 
 
 def make_private(prefix: str, parent: str | None = None) -> Private:
-    """A new ``mkdtemp`` directory ``parent/prefix*``, locked while this process lives, after sweeping what
-    killed processes left; :class:`PlaceError` when ``parent`` is not a place of our own (P4)."""
+    """A new locked ``mkdtemp`` directory ``parent/prefix*`` (:class:`PlaceError` unless ``parent`` is ours: P4)."""
     parent = parent or tempfile.gettempdir()
     why = trust_reason(os.path.join(parent, prefix))
     if why:
@@ -154,8 +150,7 @@ def make_private(prefix: str, parent: str | None = None) -> Private:
 
 
 def read_json(path: str, *, max_bytes: int = MAX_STATE_BYTES) -> tuple[Any, str | None]:
-    """``(data, None)`` of a JSON state file (bounded, no symlink, owned by this uid or root: P6);
-    ``(None, None)`` when absent, ``(None, reason)`` when refused."""
+    """``(data, None)`` of a JSON state file of yours or root's (P6), ``(None, None)`` absent, ``(None, why)``."""
     if not os.path.lexists(path):
         return None, None
     try:
@@ -176,8 +171,7 @@ def write_json_atomic(path: str, data: Any) -> None:
 
 def compute_once(lock_path: str, lookup: Callable[[], T | None], compute: Callable[[], T], *,
                  timeout: float, what: str) -> T:
-    """``lookup()``'s answer, else ``compute()`` (which stores it) run by one process at a time: workers
-    wait on the file lock ``lock_path`` at most ``timeout`` seconds, then compute themselves."""
+    """``lookup()``, else ``compute()`` run by one process at a time under ``lock_path`` (at most ``timeout`` s)."""
     hit = lookup()
     if hit is not None:
         return hit
@@ -222,8 +216,7 @@ def _close_own() -> None:
 
 
 def build_tmp() -> str:
-    """This process's private build temporary directory, made on first use and removed at exit.
-    Raises :class:`PlaceError` when ``$TMPDIR`` is not a place of our own."""
+    """This process's private build temporary directory, made on first use, removed at exit (:class:`PlaceError`)."""
     pid = os.getpid()
     with _LOCK:
         d = _BUILD.get(pid)
@@ -242,8 +235,7 @@ def build_env(env) -> dict:
 
 @contextlib.contextmanager
 def exported_build_tmp(environ=None) -> Iterator[str]:
-    """Point :data:`TEMP_VARIABLES` of the process at :func:`build_tmp` while the block runs (FlashInfer's
-    ``run_ninja`` passes no ``env``); the last block to leave restores what nobody changed meanwhile."""
+    """Point :data:`TEMP_VARIABLES` at :func:`build_tmp` in the block (FlashInfer's ``run_ninja`` passes no ``env``)."""
     environ = os.environ if environ is None else environ
     tempfile.gettempdir()  # chosen (and cached) from the user's setting, never from ours
     path = build_tmp()

@@ -49,8 +49,7 @@ def target_of(path: str) -> str | None:
 
 
 def place_problem(target: str) -> str | None:
-    """Why no lease on ``target`` may be made (its directory fails the trust rule: P4), so ``cache
-    prune`` keeps it (P3); ``None`` when one may.  Creates nothing."""
+    """Why no lease on ``target`` may be made (its directory is not ours: P4), so prune keeps it (P3); creates nothing."""
     from flashinfer_sm120.safety.ownership import check_place
 
     problem = check_place(os.path.dirname(lease_path(target)), "the directory of its lease")
@@ -72,8 +71,7 @@ def _would_block(exc: OSError) -> bool:
 
 
 def _try_lock(path: str, how: int) -> tuple[int | None, bool]:
-    """``(descriptor, False)`` of ``path`` opened (created) and locked ``how`` without waiting, still named
-    by ``path``; else ``(None, busy)``: ``busy`` when another holds it or replaced it meanwhile."""
+    """``(fd, False)`` of ``path`` created and locked ``how`` without waiting, else ``(None, busy)``."""
     try:
         fd = os.open(path, _FLAGS, 0o600)
     except OSError:
@@ -91,8 +89,7 @@ def _try_lock(path: str, how: int) -> tuple[int | None, bool]:
 
 # threat-model: P3
 def hold(target: str, wait_s: float = WAIT_S) -> bool:
-    """Take a shared lease on ``target`` for the rest of this process (the caller checks ``target`` after it:
-    check, then use); ``False`` when it cannot be had within ``wait_s``."""
+    """Take a shared lease on ``target`` for this process's lifetime; ``False`` when not had within ``wait_s``."""
     path = lease_path(target)
     with _lock:
         fd = _held.get(path)
@@ -119,8 +116,7 @@ def held(target: str) -> bool:
 
 
 def release(target: str) -> None:
-    """Give this process's lease on ``target`` back; closed, not unlocked (``LOCK_UN`` would drop a
-    forked child's too)."""
+    """Give this process's lease on ``target`` back: closed, not unlocked (``LOCK_UN`` drops a forked child's too)."""
     with _lock:
         fd = _held.pop(lease_path(target), None)
     if fd is not None:
@@ -133,8 +129,7 @@ def leased(target: str) -> bool:
 
 
 def lease_state(target: str) -> str | None:
-    """``None`` when no process holds a lease on ``target``, else why it is treated as held (a symlink
-    or unreadable lease file keeps it too).  Creates nothing.  P3, P8"""
+    """``None`` when nobody holds a lease on ``target``, else why it counts as held (P3, P8); creates nothing."""
     path = lease_path(target)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -157,14 +152,12 @@ def lease_state(target: str) -> str | None:
 
 # threat-model: P3
 def take_exclusive(target: str) -> int | None:
-    """The lease on ``target`` taken exclusively without waiting, to remove it: the descriptor, or
-    ``None`` (keep ``target``).  A process starting meanwhile waits for the removal."""
+    """The lease on ``target`` taken exclusively without waiting, to remove it: the descriptor, or ``None``."""
     return _try_lock(lease_path(target), fcntl.LOCK_EX)[0]
 
 
 def end_exclusive(target: str, fd: int, removed: bool) -> None:
-    """Let go of :func:`take_exclusive`'s lock; when ``target`` was removed, unlink its lease file first
-    (a process waiting on it then finds the path gone and starts anew)."""
+    """Let go of :func:`take_exclusive`'s lock, first unlinking the lease file of a removed ``target``."""
     try:
         if removed and _same_file(fd, lease_path(target)):
             try:
@@ -188,8 +181,7 @@ class Holder:
 
 
 def parse_proc_locks(text: str, dev: int, ino: int) -> list[int]:
-    """The pids holding a lock on the file ``(dev, ino)`` in ``/proc/locks`` text, ``1: FLOCK ADVISORY WRITE
-    9174 fe:00:2146629 0 EOF`` (Linux fs/locks.c ``lock_get_status``); waiters and pid 0 skipped."""
+    """The pids holding a lock on ``(dev, ino)`` in ``/proc/locks`` (Linux fs/locks.c ``lock_get_status``)."""
     want = f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}"
     out = []
     for line in text.splitlines():
@@ -204,8 +196,7 @@ def parse_proc_locks(text: str, dev: int, ino: int) -> list[int]:
 
 
 def holders(path: str | os.PathLike) -> list[Holder]:
-    """The processes holding a lock on ``path`` (any local user may ``flock`` a file they can read: P6);
-    ``[]`` when none is seen or cannot be.  Never raises."""
+    """The processes holding a lock on ``path`` (anyone who can read a file may ``flock`` it: P6); never raises."""
     try:
         st = os.stat(path)
         text = read_bytes("/proc/locks", PROC_LOCKS_MAX, prefix=True).decode("ascii", "replace")
