@@ -267,6 +267,6 @@ def test_the_hook_and_the_package_agree_on_names_and_triggers():
               for t in n.targets if isinstance(t, ast.Name)}
     assert (values["PTH_NAME"], values["MODULE_NAME"], values["TRIGGERS"]) == (
         autoload.PTH_NAME, autoload.MODULE_NAME, autoload.TRIGGERS)
-    from flashinfer_sm120.safety.envflag import FALSE_VALUES
+    from flashinfer_sm120.safety.formats.reads import FALSE_VALUES
 
     assert values["_OFF"] == FALSE_VALUES  # the hook reads FLASHINFER_SM120_DISABLE as the package does

@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from flashinfer_sm120.safety.envflag import env_flag
+from flashinfer_sm120.safety.formats.reads import env_flag
 
 # The hook (autoload_hook.py) is a standalone program that ``enable`` copies into site-packages; it
 # is never imported from here (it imports this module when it fires), so it keeps its own copy of

@@ -181,7 +181,7 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
     from flashinfer_sm120.core.patch.resolve import cleaned_homes, flashinfer_version
     from flashinfer_sm120.core.facts.releases import release_info
     from flashinfer_sm120.core.toolkit.model import RejectKind
-    from flashinfer_sm120.safety.envflag import env_flag
+    from flashinfer_sm120.safety.formats.reads import env_flag
 
     report: dict = {"flashinfer_sm120": __version__, "python": sys.executable,
                     "torch_version": _dist_version("torch")}

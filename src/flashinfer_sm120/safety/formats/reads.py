@@ -10,7 +10,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 
@@ -212,3 +212,14 @@ def env_text(name: str, env: dict[str, str] | None = None, *, max_len: int = 409
     if value is None:
         return None
     return check_text(value, name, max_len=max_len)
+
+
+#: Values of a boolean environment variable that mean "off" (case-insensitive, stripped; the ``.pth`` hook
+#: keeps its own copy, which tests/integration/test_autoload.py checks agrees).
+FALSE_VALUES = ("", "0", "false", "no", "off")
+
+
+def env_flag(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether boolean variable ``name`` is on in ``env`` (default ``os.environ``)."""
+    env = os.environ if env is None else env
+    return env.get(name, "").strip().lower() not in FALSE_VALUES
