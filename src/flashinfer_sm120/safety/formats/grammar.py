@@ -120,33 +120,23 @@ def path_chars_problem(path: str) -> list[str] | None:
     return bad or None
 
 
-def path_problem(path: str, what: str) -> str | None:
-    """Why ``path`` (named ``what``) cannot be used unquoted as a cache or ``CUDA_HOME`` path, or ``None``."""
+def path_problem(path: str, what: str, fix: str = f"set it to an absolute path of {PATH_RULE}") -> str | None:
+    """Why ``path`` (named ``what``) cannot be written unquoted into ``build.ninja`` and its shell lines, or ``None``."""
     if not os.path.isabs(path):
         return (f"{what}={shown(path)} is a relative path: builds and child processes run in other "
-                f"directories; set it to an absolute path")
+                f"directories. Fix: {fix}")
     bad = path_chars_problem(path)
     if bad:
-        return (f"{what}={shown(path)} contains {some(bad, 8)}, which FlashInfer's generated build.ninja "
-                f"and the shell lines it runs do not quote (the compile would fail); set it to a path of "
-                f"{PATH_RULE}")
+        return (f"{what}={shown(path)} contains {some(bad, 8)}, which FlashInfer writes unquoted into its "
+                f"build.ninja and the shell lines ninja runs, where a blank or ':' breaks the line and '$x' is a "
+                f"variable (the build would fail, or land in another directory). Fix: {fix}")
     return None
 
 
 def jit_dir_problem(jit_dir: str) -> str | None:
     """Why the JIT directory cannot be used: FlashInfer 0.7.x writes it unquoted into every ``build.ninja``."""
-    fix = ("Fix: set FLASHINFER_WORKSPACE_BASE (or SGLANG_CACHE_DIR, which SGLang copies into it) to an "
-           f"absolute directory whose path has only {PATH_RULE}")
-    if not os.path.isabs(jit_dir):
-        return (f"FlashInfer's JIT directory {shown(jit_dir)} is a relative path: each working directory "
-                f"gets a JIT cache of its own. {fix}")
-    bad = path_chars_problem(jit_dir)
-    if not bad:
-        return None
-    return (f"FlashInfer's JIT directory {shown(jit_dir)} contains {some(bad, 8)}: FlashInfer writes it "
-            f"unquoted into every build.ninja, where a blank or ':' breaks the line, '$x' is a ninja "
-            f"variable and the shell reads its own syntax (the build would fail, or land in another "
-            f"directory). {fix}")
+    return path_problem(jit_dir, "FlashInfer's JIT directory", "set FLASHINFER_WORKSPACE_BASE (or SGLANG_CACHE_DIR, "
+                        f"which SGLang copies into it) to an absolute directory whose path has only {PATH_RULE}")
 
 
 def safe_join(root: str | os.PathLike, rel: str | Iterable[str], source: str, *, fix: str = "") -> Path:
