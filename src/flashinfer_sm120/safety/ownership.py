@@ -1,7 +1,6 @@
-"""The trust rule (OpenSSH ``StrictModes`` for every level of a path, docs/safety.md section 1):
-:func:`trust_reason` is the one check of a path a build runs, adopts, reads or creates in;
-:func:`mine_problem` the rule for what we keep as our own."""
-# threat-model: P2, P4 (the ownership rule: root or the user, not writable by others)
+"""The trust rule (threat-model: P2, P4; OpenSSH ``StrictModes`` for every level of a path, docs/safety.md section 1):
+:func:`trust_reason` is the one check of a path a build runs, adopts, reads or creates in; :func:`mine_problem` the
+rule for what we keep as our own."""
 
 from __future__ import annotations
 

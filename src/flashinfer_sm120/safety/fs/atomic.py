@@ -175,27 +175,20 @@ def compute_once(lock_path: str, lookup: Callable[[], T | None], compute: Callab
     hit = lookup()
     if hit is not None:
         return hit
-    lock = None
     try:
         import filelock
 
         lock = filelock.FileLock(lock_path, timeout=timeout)
         lock.acquire()
-    except Exception as exc:  # Timeout, OSError (a read-only or lock-less file system)
+    except Exception as exc:  # Timeout, OSError (a read-only or lock-less file system): compute here
         logger.debug("flashinfer-sm120: %s without the lock %s (%s)", what, lock_path, exc)
-        lock = None
-    try:
-        if lock is not None:
-            hit = lookup()
-            if hit is not None:
-                return hit
         return compute()
+    try:
+        hit = lookup()
+        return hit if hit is not None else compute()
     finally:
-        if lock is not None:
-            try:
-                lock.release()
-            except Exception:
-                pass
+        with contextlib.suppress(Exception):
+            lock.release()
 
 
 # threat-model: P5 (never clobber: nvcc 13.0 opens its predictable ``tmpxft_<pid>_<n>-<k>_<name>`` files

@@ -1,6 +1,5 @@
-"""The per-uid cache root (views, the nvcc memo), chosen and created by threat-model P2 and P4 as
-docs/safety.md section 9 says; a candidate that breaks a rule is refused, named with its fix, and the
-next one is used."""
+"""The per-uid cache root (views, the nvcc memo), chosen and created by threat-model P2 and P4 (docs/safety.md
+section 9): a candidate that breaks a rule is refused, named with its fix, and the next one is used."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ import tempfile
 from flashinfer_sm120.errors import StateFileError
 from flashinfer_sm120.safety import oserrors
 from flashinfer_sm120.safety.formats.base import bounded
-from flashinfer_sm120.safety.formats.grammar import deepest_existing, foreign_tree, make_private_dirs
-from flashinfer_sm120.safety.formats.grammar import path_problem
+from flashinfer_sm120.safety.formats.grammar import deepest_existing, foreign_tree, make_private_dirs, path_problem
 from flashinfer_sm120.safety.ownership import mine_problem, trust_reason
 
 logger = logging.getLogger("flashinfer_sm120")
