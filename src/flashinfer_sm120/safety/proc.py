@@ -11,7 +11,6 @@ import os
 import select
 import signal
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -200,9 +199,6 @@ def _marked(marker: str, session: int | None, spare: int | None) -> list[int]:
 @contextlib.contextmanager
 def signals_as_exit():
     """Within it, SIGTERM and SIGHUP end the program like Ctrl-C, so ``finally`` clauses stop child processes (P5)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def stop(signum, _frame):
         raise SystemExit(128 + signum)
@@ -212,7 +208,7 @@ def signals_as_exit():
         try:
             if signal.getsignal(sig) is signal.SIG_DFL:
                 old[sig] = signal.signal(sig, stop)
-        except (ValueError, OSError):
+        except (ValueError, OSError):  # not the main thread: signals stay as they are
             pass
     try:
         yield
