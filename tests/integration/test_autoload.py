@@ -259,6 +259,6 @@ def test_doctor_names_a_pth_left_without_its_module(tmp_path):
 def test_the_hook_reads_disable_as_the_package_does():
     """The hook is a standalone copy (standard library only): its own reading of FLASHINFER_SM120_DISABLE."""
     from flashinfer_sm120.core import autoload_hook
-    from flashinfer_sm120.safety.envflag import FALSE_VALUES
+    from flashinfer_sm120.safety.formats.reads import FALSE_VALUES
 
     assert autoload_hook._OFF == FALSE_VALUES

@@ -197,7 +197,7 @@ def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
     in the JIT dir: FlashInfer's per-module lock is taken only once the refusal is decided, so no
     ``cached_ops/tmp/<name>.lock`` is made for any of up to 10,000 names of the export's choosing
     (P4, check then create)."""
-    from flashinfer_sm120.safety.fs.tmpdirs import make_private
+    from flashinfer_sm120.safety.fs.atomic import make_private
     from flashinfer_sm120.warmup import cache, cache_import, session
 
     names = ["evil_a", "evil_b"]

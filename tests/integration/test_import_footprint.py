@@ -27,7 +27,7 @@ SCRIPT = ROOT / "benchmarks" / "loaded_lines.py"
 COMMAND_ONLY = (
     "flashinfer_sm120.core.jitenv.jobs", "flashinfer_sm120.core.jitenv.memory",
     "flashinfer_sm120.safety.formats.binary", "flashinfer_sm120.safety.formats.params",
-    "flashinfer_sm120.safety.formats.cli", "flashinfer_sm120.safety.formats.flags", "flashinfer_sm120.core.jitenv.record",
+    "flashinfer_sm120.core.jitenv.record",
     "flashinfer_sm120.core.jitenv.manifest", "flashinfer_sm120.core.jitenv.generators",
     "flashinfer_sm120.core.jitenv.launcher",
     "flashinfer_sm120.warmup", "flashinfer_sm120.diagnose", "flashinfer_sm120.cli",

@@ -13,7 +13,7 @@ import time
 
 from flashinfer_sm120.core.facts.arch import nvcc_spelling
 from flashinfer_sm120.errors import Sm120Error
-from flashinfer_sm120.safety.formats.cli import cli_int, cli_size
+from flashinfer_sm120.safety.formats.params import cli_int, cli_size
 from flashinfer_sm120.warmup import modules as _modules
 from flashinfer_sm120.cli import buildjson
 from flashinfer_sm120.cli.common import err as _err

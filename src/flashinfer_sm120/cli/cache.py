@@ -11,7 +11,7 @@ import sys
 
 from flashinfer_sm120.errors import Sm120Error
 from flashinfer_sm120.safety.formats.base import plural
-from flashinfer_sm120.safety.formats.cli import cli_float, cli_size
+from flashinfer_sm120.safety.formats.params import cli_float, cli_size
 from flashinfer_sm120.safety.formats.base import bounded
 from flashinfer_sm120.cli.common import err as _err
 

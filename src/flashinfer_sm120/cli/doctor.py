@@ -13,7 +13,7 @@ import re
 import sys
 
 from flashinfer_sm120.safety.formats.base import plural, printable, shown
-from flashinfer_sm120.safety.formats.cli import cli_float
+from flashinfer_sm120.safety.formats.params import cli_float
 from flashinfer_sm120.diagnose.verify.report import ALONE_TIMEOUT_S, collect
 from flashinfer_sm120.diagnose.verify.smoke import SMOKE_TIMEOUT_S
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch

@@ -178,7 +178,7 @@ def _enable(args: argparse.Namespace) -> int:
         who = f"every process of {py} and of any virtual environment created from it with --system-site-packages"
         if sys.prefix != sys.base_prefix:
             who = f"every process of {py} (virtual environment {sys.prefix})"
-    from flashinfer_sm120.safety.formats.paths import foreign_tree
+    from flashinfer_sm120.safety.formats.grammar import foreign_tree
     from flashinfer_sm120.safety.ownership import trust_reason
 
     foreign = foreign_tree(target_dir)  # threat-model: P4 -- no missing level made inside a tree another uid owns

@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 
-from flashinfer_sm120.safety.envflag import env_flag
+from flashinfer_sm120.safety.formats.reads import env_flag
 
 __all__ = ["EXPORT_EARLY", "triggered", "worker_setup", "state"]
 

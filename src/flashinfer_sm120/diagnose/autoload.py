@@ -52,7 +52,7 @@ def doctor_report() -> dict:
     release's ``enable``, or missing their module), ``triggers``, ``disabled``, and this process's
     ``triggered_by`` and ``early_export``."""
     from flashinfer_sm120.core.autoload import state
-    from flashinfer_sm120.safety.envflag import env_flag
+    from flashinfer_sm120.safety.formats.reads import env_flag
 
     found = enabled_in()
     return {"pth": found, "outdated": [p for p in found if not current(os.path.dirname(p))],

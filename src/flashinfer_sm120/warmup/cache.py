@@ -25,8 +25,8 @@ from flashinfer_sm120.core.facts.arch import nvcc_spelling
 from flashinfer_sm120.core.jitenv import manifest
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.formats.grammar import parse_name, parse_relpath, parse_sha256, parse_target
-from flashinfer_sm120.safety.formats.paths import deepest_existing, make_private_dirs, safe_join
+from flashinfer_sm120.safety.formats.grammar import parse, parse_relpath
+from flashinfer_sm120.safety.formats.grammar import deepest_existing, make_private_dirs, safe_join
 from flashinfer_sm120.safety.formats.reads import field, read_text
 from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.warmup import modules as _modules
@@ -119,7 +119,7 @@ def parse_meta(obj: Any, source: str) -> Meta:
         fp = {k: f(fp_obj, k, kind, f"{source} 'fingerprint'", fix=FIX,
                    max_len=manifest._MAX_TARGETS if k == "targets" else 4096)
               for k, kind in _FINGERPRINT.items()}
-        fp["targets"] = [parse_target(t, f"{source} 'fingerprint'", fix=FIX) for t in fp["targets"]]
+        fp["targets"] = [parse("target", t, f"{source} 'fingerprint'", fix=FIX) for t in fp["targets"]]
         if "build_vars" in fp_obj:  # since flashinfer-sm120 0.2.x; older exports lack it
             fp["build_vars"] = buildline.checked(fp_obj["build_vars"])
             if fp["build_vars"] is None:
@@ -127,7 +127,7 @@ def parse_meta(obj: Any, source: str) -> Meta:
                                  f"variables; {FIX}")
         mods, seen, names = [], {}, set()
         for m in f(obj, "modules", list, source, fix=FIX, max_len=10_000):
-            name = parse_name(f(m, "name", str, f"{source} module", fix=FIX), f"{source} module", fix=FIX)
+            name = parse("name", f(m, "name", str, f"{source} module", fix=FIX), f"{source} module", fix=FIX)
             if name in names:
                 raise CacheError(f"{source}: module {name} is listed twice; {FIX}")
             names.add(name)
@@ -138,7 +138,7 @@ def parse_meta(obj: Any, source: str) -> Meta:
                         or (parts[0] == "generated" and len(parts) > 1)):
                     raise CacheError(f"{source}: module {name} names {shown(rel)}, outside jit/{name}/ "
                                      f"and generated/; {FIX}")
-                files[rel] = parse_sha256(sha, f"{source} module {name} {rel}", fix=FIX)
+                files[rel] = parse("sha256", sha, f"{source} module {name} {rel}", fix=FIX)
                 for i in range(1, len(parts) + 1):  # a path cannot be a file and a directory at once
                     prefix = "/".join(parts[:i])
                     kind = "file" if i == len(parts) else "dir"

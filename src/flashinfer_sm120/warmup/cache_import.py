@@ -18,11 +18,11 @@ from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import oserrors
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.formats.paths import make_private_dirs, safe_join
+from flashinfer_sm120.safety.formats.grammar import make_private_dirs, safe_join
 from flashinfer_sm120.safety.formats.reads import loads_json, read_bytes
 from flashinfer_sm120.safety.formats.tar import TarReader
 from flashinfer_sm120.safety.fs.atomic import write_atomic
-from flashinfer_sm120.safety.fs.tmpdirs import make_private
+from flashinfer_sm120.safety.fs.atomic import make_private
 from flashinfer_sm120.warmup import pool
 from flashinfer_sm120.warmup.cache import (FIX, MAX_META_BYTES, TOP, Budget, CacheError, Limits, Meta, Module,
                                            check_sizes, copy_file, file_sha256, format_errors, member_rel,

@@ -51,7 +51,7 @@ def record_peak(module: str, peak_bytes: int, threads_factor: int = 1) -> None:
     fam = family_of(module).name
     per = int(peak_bytes / max(1, threads_factor))
     try:
-        from flashinfer_sm120.safety.fs.statefiles import write_json_atomic
+        from flashinfer_sm120.safety.fs.atomic import write_json_atomic
 
         data = recorded()
         data[fam] = (data.get(fam, []) + [per])[-RECORDED_KEEP:]

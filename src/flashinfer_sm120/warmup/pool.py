@@ -24,7 +24,7 @@ from filelock import FileLock, Timeout  # a dependency (and FlashInfer's)
 from flashinfer_sm120.errors import PlaceError
 from flashinfer_sm120.safety import proc as _proc
 from flashinfer_sm120.safety.formats.base import plural
-from flashinfer_sm120.safety.fs.locks import holders
+from flashinfer_sm120.safety.fs.lease import holders
 
 _LINE_MAX = 1 << 16  # characters of one line of ninja's output kept (the rest of it dropped)
 _FAILED_MAX = 2000  # lines of a failure's output kept
@@ -102,7 +102,7 @@ def command(job, *extra: str) -> list[str]:
 
 def ninja_env() -> dict:
     """The environment with ninja's status format and a private temporary directory (P5)."""
-    from flashinfer_sm120.safety.buildenv import build_env
+    from flashinfer_sm120.safety.fs.atomic import build_env
 
     return build_env(dict(os.environ, NINJA_STATUS="[%f/%t] "))
 

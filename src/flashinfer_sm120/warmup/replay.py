@@ -16,7 +16,7 @@ from flashinfer_sm120.core.jitenv.manifest import parse_entry
 from flashinfer_sm120.errors import FormatError, Sm120Error
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.params import parse_generator
-from flashinfer_sm120.safety.formats.paths import safe_join
+from flashinfer_sm120.safety.formats.grammar import safe_join
 from flashinfer_sm120.safety.formats.reads import iter_lines, loads_json
 from flashinfer_sm120.warmup.session import BuildError
 

@@ -86,13 +86,13 @@ def test_ordinary_wrappers_are_still_followed(tmp_path):
 
 def test_deeply_nested_state_file_is_ignored_not_raised(cache_dir):
     """A corrupt memo ('[[[[...') must be ignored and rewritten, not raise RecursionError."""
-    from flashinfer_sm120.safety.fs import statefiles
+    from flashinfer_sm120.safety.fs import atomic
     from flashinfer_sm120.core.toolkit import memo
 
     path = memo.memo_path()
     with open(path, "w") as fh:
         fh.write("[" * 100_000 + "]" * 100_000)
-    data, why = statefiles.read_json(path)
+    data, why = atomic.read_json(path)
     assert data is None and "nested" in why
     assert memo.lookup("/bin/sh") is None
     memo.store("/bin/sh", "13.0.88", None)

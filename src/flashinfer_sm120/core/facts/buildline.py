@@ -150,7 +150,7 @@ def checked(values: object) -> dict | None:
 
 def record(build_dir: Path, values: dict[str, str | None]) -> str | None:
     """Leave ``values`` (a :func:`snapshot`) in a module directory just built; returns why it could not."""
-    from flashinfer_sm120.safety.fs.statefiles import write_json_atomic
+    from flashinfer_sm120.safety.fs.atomic import write_json_atomic
     from flashinfer_sm120.errors import Sm120Error
 
     try:

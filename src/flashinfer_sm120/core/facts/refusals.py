@@ -8,7 +8,7 @@ import os
 from typing import TYPE_CHECKING
 
 from flashinfer_sm120.core.facts.workspace import WSB, workspace_path
-from flashinfer_sm120.safety.formats.paths import foreign_tree
+from flashinfer_sm120.safety.formats.grammar import foreign_tree
 from flashinfer_sm120.safety.formats.base import shown
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def import_refused(env=None) -> ImportRefusal | None:
     """Why our commands must not import FlashInfer here, else ``None`` (P4): the import would create the
     home directory, or its cache in another uid's tree (``sudo -E``) or a place not ours, or write
     into a temporary directory another uid may change."""
-    from flashinfer_sm120.safety.buildenv import temp_problem
+    from flashinfer_sm120.safety.compilers import temp_problem
     from flashinfer_sm120.safety.ownership import own_place_fix, trust_reason
 
     path, how = workspace_path()
@@ -78,7 +78,7 @@ def import_refused(env=None) -> ImportRefusal | None:
 def builds_refused(jit_dir: str, env=None) -> str | None:
     """Why every JIT build in ``jit_dir`` would be refused before nvcc runs, else ``None``: the one list
     ``build`` refuses by and ``status`` reports (P2, P8)."""
-    from flashinfer_sm120.safety.buildenv import path_problem
+    from flashinfer_sm120.safety.compilers import path_problem
 
     problem = jit_dir_refused(jit_dir) or path_problem(os.environ if env is None else env)
     return str(problem) if problem else None
@@ -86,7 +86,7 @@ def builds_refused(jit_dir: str, env=None) -> str | None:
 
 def jit_dir_refused(jit_dir: str) -> str | PlaceProblem | None:
     """Why ``jit_dir`` is no place to build in (path rule, or ownership of a level, ``tmp`` included; P2, P4)."""
-    from flashinfer_sm120.safety.formats.paths import jit_dir_problem
+    from flashinfer_sm120.safety.formats.grammar import jit_dir_problem
     from flashinfer_sm120.safety.ownership import check_place
 
     return jit_dir_problem(jit_dir) or check_place(os.path.join(jit_dir, "tmp"), "FlashInfer's JIT directory")

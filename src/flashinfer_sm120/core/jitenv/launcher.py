@@ -25,9 +25,9 @@ import time
 from flashinfer_sm120.safety.formats.reads import field, loads_json
 from flashinfer_sm120.safety.formats.grammar import parse_version
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.fs.statefiles import compute_once, read_json, write_json_atomic
+from flashinfer_sm120.safety.fs.atomic import compute_once, read_json, write_json_atomic
 from flashinfer_sm120.errors import FormatError, PlaceError, StateFileError
-from flashinfer_sm120.safety.fs.tmpdirs import make_private
+from flashinfer_sm120.safety.fs.atomic import make_private
 from flashinfer_sm120.core.toolkit.memo import fingerprint
 from flashinfer_sm120.safety.trust import check_executable
 
@@ -210,7 +210,7 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
                "-isystem", os.path.join(home, "include"), "--compiler-options=-fPIC", "--expt-relaxed-constexpr"]
         cmd += ["-static-global-template-stub=false"] if static_stub else []
         cmd += [_gencode(target), "-std=c++17", "-c", src, "-o", obj]
-        from flashinfer_sm120.safety.buildenv import build_env
+        from flashinfer_sm120.safety.fs.atomic import build_env
 
         res = run(cmd, timeout=timeout, max_output=64 << 10, env=build_env(os.environ if env is None else env))
         made = os.path.isfile(obj) and os.path.getsize(obj) > 0

@@ -15,15 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from flashinfer_sm120.safety.formats.reads import field, string_list
-from flashinfer_sm120.safety.formats.grammar import (
-    parse_name,
-    parse_path_text,
-    parse_relpath,
-    parse_target,
-    parse_version,
-)
+from flashinfer_sm120.safety.formats.grammar import parse, parse_relpath, parse_version
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.formats.flags import parse_compile_flag
+from flashinfer_sm120.safety.formats.params import parse_compile_flag
 from flashinfer_sm120.safety.formats.params import parse_generator, parse_params
 from flashinfer_sm120.errors import FormatError
 
@@ -43,12 +37,10 @@ def parse_entry(obj: Any, source: str) -> dict:
     and parameters (:func:`~flashinfer_sm120.safety.formats.params.parse_params`), or, recorded before
     those were, carries a ``spec``.
 
-    Names are :func:`~flashinfer_sm120.safety.formats.grammar.parse_name` (no whitespace, ``$``,
-    ``:``, ``/``, NUL: they become ``build.ninja`` paths), targets
-    :func:`~flashinfer_sm120.safety.formats.grammar.parse_target`, flags
-    :func:`~flashinfer_sm120.safety.formats.flags.parse_compile_flag` (options FlashInfer uses, never one that
-    names a program, plugin or output file), paths
-    :func:`~flashinfer_sm120.safety.formats.grammar.parse_path_text`, generated files
+    Names, targets and paths are of :data:`~flashinfer_sm120.safety.formats.grammar.GRAMMAR` (a name has no
+    whitespace, ``$``, ``:``, ``/``, NUL: it becomes a ``build.ninja`` path), flags
+    :func:`~flashinfer_sm120.safety.formats.params.parse_compile_flag` (options FlashInfer uses, never one that
+    names a program, plugin or output file), generated files
     ``@GEN@/`` plus a relative path of names.
 
     Raises:
@@ -62,12 +54,12 @@ def parse_entry(obj: Any, source: str) -> dict:
     if fmt != FORMAT:
         raise FormatError(f"{source}: entry format {fmt} is not {FORMAT}; {fix} with this release")
     out: dict[str, Any] = {"format": fmt}
-    out["name"] = parse_name(f(obj, "name", str, source, fix=fix), f"{source} 'name'", fix=fix)
+    out["name"] = parse("name", f(obj, "name", str, source, fix=fix), f"{source} 'name'", fix=fix)
     out["flashinfer"] = str(parse_version(f(obj, "flashinfer", str, source, fix=fix),
                                                   f"{source} 'flashinfer'", fix=fix))
     targets = f(obj, "targets", list, source, fix=fix, max_len=_MAX_TARGETS)
-    out["targets"] = [parse_target(t, f"{source} 'targets'", fix=fix) for t in targets]
-    out["toolchain"] = parse_name(f(obj, "toolchain", str, source, default="unknown", fix=fix),
+    out["targets"] = [parse("target", t, f"{source} 'targets'", fix=fix) for t in targets]
+    out["toolchain"] = parse("name", f(obj, "toolchain", str, source, default="unknown", fix=fix),
                                           f"{source} 'toolchain'", fix=fix)
     out["regenerable"] = f(obj, "regenerable", bool, source, default=False, fix=fix)
     why = f(obj, "why", str, source, default=None, fix=fix, max_len=1000)
@@ -78,10 +70,10 @@ def parse_entry(obj: Any, source: str) -> dict:
         out["pid"] = pid
     server = f(obj, "server", str, source, default=None, fix=fix)  # serverprobe.recorded(): the process it came from
     if server is not None:
-        out["server"] = parse_name(server, f"{source} 'server'", fix=fix)
+        out["server"] = parse("name", server, f"{source} 'server'", fix=fix)
     base = f(obj, "workspace_base", (str, type(None)), source, default=None, fix=fix)
     if base is not None:
-        out["workspace_base"] = parse_path_text(base, f"{source} 'workspace_base'", fix=fix)
+        out["workspace_base"] = parse("path", base, f"{source} 'workspace_base'", fix=fix)
     if not out["regenerable"]:
         return out
     generator = f(obj, "generator", (str, type(None)), source, default=None, fix=fix)
@@ -103,14 +95,14 @@ def _parse_legacy_spec(spec: dict, spec_src: str, fix: str) -> dict:
     what the local generator makes (:func:`make_spec`), never used to build."""
     f = field
     sources = string_list(f(spec, "sources", list, spec_src, fix=fix), f"{spec_src} 'sources'", fix=fix)
-    clean: dict[str, Any] = {"sources": [parse_path_text(p, f"{spec_src} 'sources'", fix=fix)
+    clean: dict[str, Any] = {"sources": [parse("path", p, f"{spec_src} 'sources'", fix=fix)
                                          for p in sources]}
     for k in _FLAG_LISTS:
         v = f(spec, k, (list, type(None)), spec_src, default=None, fix=fix)
         clean[k] = None if v is None else [parse_compile_flag(x, f"{spec_src} {k!r}", fix=fix)[0] for x in v]
     inc = f(spec, "extra_include_dirs", (list, type(None)), spec_src, default=None, fix=fix)
     clean["extra_include_dirs"] = None if inc is None else [
-        parse_path_text(x, f"{spec_src} 'extra_include_dirs'", fix=fix) for x in inc]
+        parse("path", x, f"{spec_src} 'extra_include_dirs'", fix=fix) for x in inc]
     clean["needs_device_linking"] = f(spec, "needs_device_linking", bool, spec_src, default=False, fix=fix)
     pairs = f(spec, "extra_cuda_cflags_by_source", (list, type(None)), spec_src, default=[], fix=fix) or []
     clean["extra_cuda_cflags_by_source"] = []
@@ -119,7 +111,7 @@ def _parse_legacy_spec(spec: dict, spec_src: str, fix: str) -> dict:
             raise FormatError(f"{spec_src}: 'extra_cuda_cflags_by_source' item {shown(pair, 60)} is "
                               f"not [source, [flags]]; {fix}")
         clean["extra_cuda_cflags_by_source"].append(
-            [parse_path_text(pair[0], f"{spec_src} 'extra_cuda_cflags_by_source'", fix=fix),
+            [parse("path", pair[0], f"{spec_src} 'extra_cuda_cflags_by_source'", fix=fix),
              [parse_compile_flag(x, f"{spec_src} 'extra_cuda_cflags_by_source'", fix=fix)[0]
               for x in pair[1]]])
     return clean

@@ -19,7 +19,7 @@ import stat
 import threading
 
 from flashinfer_sm120.errors import PlaceError
-from flashinfer_sm120.safety.envflag import env_flag
+from flashinfer_sm120.safety.formats.reads import env_flag
 
 __all__ = ["ENV", "install_if_enabled", "append"]
 

@@ -14,7 +14,7 @@ import wrapt
 
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.core.jitenv import environ
-from flashinfer_sm120.safety.envflag import env_flag
+from flashinfer_sm120.safety.formats.reads import env_flag
 from flashinfer_sm120.core.patch.resolve import Resolution, resolve
 from flashinfer_sm120.core.patch import laststatus
 from flashinfer_sm120.core.patch.state import STATE, Mode, StatusDict, StepResult, render, summary, targets_origin

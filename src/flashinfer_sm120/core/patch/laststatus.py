@@ -113,7 +113,7 @@ def save(status: dict, recorded_inputs: dict[str, Any], res=None) -> None:
     """Record ``status`` for ``recorded_inputs`` (taken before FlashInfer changed the environment), with
     the resolution ``res`` of a patched or noop process for :func:`replay`."""
     try:
-        from flashinfer_sm120.safety.fs.statefiles import write_json_atomic
+        from flashinfer_sm120.safety.fs.atomic import write_json_atomic
         from flashinfer_sm120.core.toolkit.memo import fingerprint
 
         st = dict(status)
@@ -134,7 +134,7 @@ def load() -> tuple[list[dict], str | None]:
     """The file's well-formed records, or ``[]`` and why none: read only when this uid owns it and no one else
     can write it (P2), through the bounded reader (P6)."""
     from flashinfer_sm120.safety.formats.reads import read_json_file
-    from flashinfer_sm120.safety.fs.statefiles import MAX_STATE_BYTES
+    from flashinfer_sm120.safety.fs.atomic import MAX_STATE_BYTES
 
     try:
         where, uid = path(), os.geteuid()

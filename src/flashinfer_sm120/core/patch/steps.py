@@ -159,7 +159,7 @@ def _nvcc_gate(wrapped, instance, args, kwargs):
                        f"the chosen nvcc {tk.nvcc_full} at {tk.root} cannot build: " + " ".join(bad))
         if problem:
             raise ToolkitError(f"flashinfer-sm120 stopped this FlashInfer JIT build before nvcc ran: {problem}")
-        from flashinfer_sm120.safety.buildenv import exported_build_tmp
+        from flashinfer_sm120.safety.fs.atomic import exported_build_tmp
 
         with exported_build_tmp():  # run_ninja passes no env: its nvcc's predictable temp names in a dir of ours
             return wrapped(*args, **kwargs)

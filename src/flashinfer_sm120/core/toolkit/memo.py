@@ -17,7 +17,7 @@ from collections.abc import Callable
 from flashinfer_sm120.errors import FormatError, StateFileError
 from flashinfer_sm120.safety.formats.grammar import parse_version
 from flashinfer_sm120.safety.fs.statedir import cache_root, lists_only
-from flashinfer_sm120.safety.fs.statefiles import compute_once, read_json, write_json_atomic
+from flashinfer_sm120.safety.fs.atomic import compute_once, read_json, write_json_atomic
 
 logger = logging.getLogger("flashinfer_sm120")
 

@@ -22,10 +22,10 @@ from packaging.version import Version
 from flashinfer_sm120.core.toolkit import memo
 from flashinfer_sm120.errors import PlaceError, Sm120Error
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats.paths import make_private_dirs
+from flashinfer_sm120.safety.formats.grammar import make_private_dirs
 from flashinfer_sm120.safety.formats.grammar import parse_leading_version
 from flashinfer_sm120.safety.fs.statedir import cache_root
-from flashinfer_sm120.safety.fs.tmpdirs import make_private
+from flashinfer_sm120.safety.fs.atomic import make_private
 from flashinfer_sm120.safety.ownership import mine_problem
 from flashinfer_sm120.safety.trust import check_executable
 

@@ -19,7 +19,7 @@ from flashinfer_sm120.core.toolkit.fixes import ALLOW_OTHER_MAJOR_ENV
 from flashinfer_sm120.core.toolkit.model import Choice, RejectKind, Rejection, Toolkit
 from flashinfer_sm120.core.toolkit.sources import Candidates
 from flashinfer_sm120.errors import ToolkitError
-from flashinfer_sm120.safety.envflag import env_flag
+from flashinfer_sm120.safety.formats.reads import env_flag
 
 __all__ = ["choose", "other_major_allowed", "torch_cuda_version"]
 

@@ -17,7 +17,7 @@ from flashinfer_sm120.core.toolkit import memo
 from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
 from flashinfer_sm120.core.toolkit.model import Toolkit, VersionDisagreement
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats.reads import field, read_json_file, read_prefix
+from flashinfer_sm120.safety.formats.reads import field, read_bytes, read_json_file
 from flashinfer_sm120.safety.formats.grammar import parse_version
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.ownership import trust_reason
@@ -60,7 +60,7 @@ _OTHER_FIX = "reinstall the toolkit, or set CUDA_HOME to a complete one"
 
 def _head(path: str, limit: int) -> str | None:
     try:
-        return read_prefix(path, limit).decode("utf-8", "replace")
+        return read_bytes(path, limit, prefix=True).decode("utf-8", "replace")
     except FormatError:
         return None
 

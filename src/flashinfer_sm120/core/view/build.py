@@ -12,13 +12,13 @@ import stat
 
 import filelock
 
-from flashinfer_sm120.safety.formats.paths import path_problem
+from flashinfer_sm120.safety.formats.grammar import path_problem
 from flashinfer_sm120.safety.fs.statedir import cache_root
 from flashinfer_sm120.errors import FormatError, PlaceError, ViewError
 from flashinfer_sm120.safety.fs.atomic import sweep, write_atomic
-from flashinfer_sm120.safety.fs.tmpdirs import make_private
+from flashinfer_sm120.safety.fs.atomic import make_private
 from flashinfer_sm120.safety.ownership import mine_problem
-from flashinfer_sm120.safety.formats.paths import safe_join
+from flashinfer_sm120.safety.formats.grammar import safe_join
 from flashinfer_sm120.safety.fs import lease
 from flashinfer_sm120.core.toolkit.model import Toolkit
 from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
@@ -32,7 +32,7 @@ __all__ = ["LOCK_TIMEOUT_S", "MAX_VIEW_NAMES", "find_curand_include", "linkable_
 
 #: Seconds a process waits for another to finish building a view (a build takes milliseconds).
 LOCK_TIMEOUT_S = 90.0
-#: Views are assembled in ``.tmp-*`` (:func:`flashinfer_sm120.safety.fs.tmpdirs.make_private`).
+#: Views are assembled in ``.tmp-*`` (:func:`flashinfer_sm120.safety.fs.atomic.make_private`).
 _TMP_PREFIX = ".tmp-"
 #: Most views kept per toolkit (``name``, ``name.1`` ...) before asking for cleanup.
 MAX_VIEW_NAMES = 16

@@ -11,7 +11,7 @@ import re
 import stat
 from dataclasses import asdict, dataclass
 
-from flashinfer_sm120.safety.fs.statefiles import read_json
+from flashinfer_sm120.safety.fs.atomic import read_json
 from flashinfer_sm120.safety.ownership import mine_problem
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.reads import field

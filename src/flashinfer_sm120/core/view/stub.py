@@ -18,7 +18,7 @@ import struct
 import sys
 
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats.reads import read_prefix
+from flashinfer_sm120.safety.formats.reads import read_bytes
 from flashinfer_sm120.errors import ViewError
 
 __all__ = ["SONAME", "driver_symbols", "elf_ident", "stub_bytes", "write_stub"]
@@ -37,7 +37,7 @@ def elf_ident(paths: list[str]) -> tuple[str, int, int] | None:
     """``(byte order '<' or '>', e_machine, e_flags)`` of the first 64-bit ELF in ``paths``, or ``None``."""
     for path in paths:
         try:  # never a blocking open: a FIFO named libcudart.so.13 hung the view build
-            head = read_prefix(path, _EHDR)
+            head = read_bytes(path, _EHDR, prefix=True)
         except FormatError:
             continue
         if len(head) < _EHDR or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] not in (1, 2):
@@ -76,7 +76,7 @@ def driver_symbols(cuda_h: str | None) -> list[str]:
     if not cuda_h:
         return []
     try:
-        text = read_prefix(cuda_h, 16 << 20).decode("utf-8", "replace")
+        text = read_bytes(cuda_h, 16 << 20, prefix=True).decode("utf-8", "replace")
     except FormatError:
         return []
     names = set(_API_RE.findall(text)) | set(_VERSIONED_RE.findall(text))

@@ -171,7 +171,7 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
     from flashinfer_sm120.core.patch.resolve import cleaned_homes, flashinfer_version
     from flashinfer_sm120.core.facts.releases import release_info
     from flashinfer_sm120.core.toolkit.model import RejectKind
-    from flashinfer_sm120.safety.envflag import env_flag
+    from flashinfer_sm120.safety.formats.reads import env_flag
 
     report: dict = {"flashinfer_sm120": __version__, "python": sys.executable,
                     "torch_version": dist_version("torch")}
@@ -233,7 +233,7 @@ def _with_shim() -> dict:
     from flashinfer_sm120.core import patch
     from flashinfer_sm120.core.facts.refusals import builds_refused
     from flashinfer_sm120.core.jitenv import environ
-    from flashinfer_sm120.safety.buildenv import path_problem
+    from flashinfer_sm120.safety.compilers import path_problem
 
     try:
         import flashinfer.jit.core  # noqa: F401  (triggers the hooks)

@@ -136,7 +136,7 @@ def _choose() -> tuple[str, list[str], str]:
         raise _Failed("no targets: no GPU is visible and FLASHINFER_CUDA_ARCH_LIST is not set; set it to the "
                       "GPUs this machine will run, e.g. FLASHINFER_CUDA_ARCH_LIST=12.0 (RTX 5090 / RTX PRO 6000) "
                       "or 12.1 (DGX Spark)")
-    from flashinfer_sm120.safety.buildenv import path_problem
+    from flashinfer_sm120.safety.compilers import path_problem
 
     problem = path_problem(os.environ)
     if problem:
@@ -185,7 +185,7 @@ def _ninja(args: list[str], left, what: str) -> str:
     except _ninjas.NinjaError as exc:
         raise _Failed(str(exc)) from None
     from flashinfer_sm120.errors import PlaceError
-    from flashinfer_sm120.safety.buildenv import build_env
+    from flashinfer_sm120.safety.fs.atomic import build_env
 
     try:
         env = build_env(os.environ)  # nvcc's temporary names are predictable: a directory of ours
@@ -303,7 +303,7 @@ def run_smoke(timeout: float = SMOKE_TIMEOUT_S) -> SmokeResult:
     scratch = None
     try:
         from flashinfer_sm120.safety.fs.statedir import cache_root
-        from flashinfer_sm120.safety.fs.tmpdirs import make_private
+        from flashinfer_sm120.safety.fs.atomic import make_private
 
         scratch = make_private("smoke-", cache_root())  # locked while it runs: a killed one is swept by the next
         work = scratch.path

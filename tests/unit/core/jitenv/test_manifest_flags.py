@@ -20,7 +20,7 @@ from helpers.child import cli
 from helpers.host import needs_flashinfer
 from helpers.toolkits import script
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.formats.flags import parse_compile_flag
+from flashinfer_sm120.safety.formats.params import parse_compile_flag
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.core.jitenv import manifest
 
