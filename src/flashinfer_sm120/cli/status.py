@@ -67,7 +67,7 @@ def run_status(args: argparse.Namespace) -> int:
         return _say(args, {"mode": "refused", "toolkit": None, "targets": [], "error": "FlashInfer was not "
                            f"imported: every JIT build here would be refused: {refused}"}, "check")
     if not args.fresh:
-        from flashinfer_sm120.core.patch.lastcheck import load
+        from flashinfer_sm120.cli.lastcheck import load
 
         got = load()
         if got.status is not None:
