@@ -1,5 +1,5 @@
-"""Why FlashInfer's own import failed, and the fix: no toolkit fits, a missing dependency of FlashInfer,
-or a JIT workspace it cannot make (asked only after the import failed)."""
+"""Why FlashInfer's own import failed, and the fix: no toolkit fits, a missing dependency of FlashInfer, or a
+JIT workspace it cannot make (asked only after the import failed)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,10 @@ import sys
 from flashinfer_sm120.core.facts.workspace import workspace_path
 from flashinfer_sm120.safety.formats.base import shown
 
-__all__ = ["import_failure", "workspace_problem"]
-
 
 def workspace_problem(failed: OSError | None = None) -> str | None:
-    """Why FlashInfer cannot create its JIT workspace at import, else ``None``; creates nothing (P4).
-    FlashInfer 0.7.4 calls ``Path.home()`` even with ``FLASHINFER_WORKSPACE_BASE`` set.  ``failed``,
-    the import's error, decides where ``access()`` cannot (root "may write" ``/proc``)."""
+    """Why FlashInfer cannot create its JIT workspace at import; creates nothing (P4).  ``failed``, the import's
+    error, decides where ``access()`` cannot (root "may write" ``/proc``)."""
     try:
         pathlib.Path.home()
     except (RuntimeError, KeyError, OSError):  # '~' cannot be expanded

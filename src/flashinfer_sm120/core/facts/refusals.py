@@ -1,5 +1,4 @@
-"""Where a command of ours must not import FlashInfer or build with it (threat-model: P2, P4, P8).
-Creates nothing."""
+"""Where a command of ours must not import FlashInfer or build with it, and the fix (P2, P4, P8); creates nothing."""
 
 from __future__ import annotations
 
@@ -13,8 +12,6 @@ from flashinfer_sm120.safety.formats.base import shown
 
 if TYPE_CHECKING:
     from flashinfer_sm120.safety.ownership import PlaceProblem
-
-__all__ = ["ImportRefusal", "import_refused", "builds_refused", "jit_dir_refused"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,9 +36,8 @@ def _others_may_write(path: str) -> bool:
 
 
 def import_refused(env=None) -> ImportRefusal | None:
-    """Why our commands must not import FlashInfer here, else ``None`` (P4): the import would create the
-    home directory, or its cache in another uid's tree (``sudo -E``) or a place not ours, or write
-    into a temporary directory another uid may change."""
+    """Why our commands must not import FlashInfer here (P4): it would create the home directory, its cache
+    in another uid's tree (``sudo -E``) or a place not ours, or write into a temporary directory not ours."""
     from flashinfer_sm120.safety.buildenv import temp_problem
     from flashinfer_sm120.safety.ownership import own_place_fix, trust_reason
 
@@ -76,8 +72,8 @@ def import_refused(env=None) -> ImportRefusal | None:
 
 
 def builds_refused(jit_dir: str, env=None) -> str | None:
-    """Why every JIT build in ``jit_dir`` would be refused before nvcc runs, else ``None``: the one list
-    ``build`` refuses by and ``status`` reports (P2, P8)."""
+    """Why every JIT build in ``jit_dir`` would be refused before nvcc runs: what ``build`` refuses by and
+    ``status`` reports (P2, P8)."""
     from flashinfer_sm120.safety.buildenv import path_problem
 
     problem = jit_dir_refused(jit_dir) or path_problem(os.environ if env is None else env)

@@ -1,9 +1,6 @@
-"""Where FlashInfer keeps its JIT workspace, and the directory each toolkit gets in it.
-
-Verified against FlashInfer 0.7.4 ``flashinfer/jit/env.py``: at import it computes
-``$FLASHINFER_WORKSPACE_BASE`` (else ``Path.home()``, evaluated either way) ``/.cache/flashinfer`` and
-creates it.  Nothing here creates anything.
-"""
+"""Where FlashInfer keeps its JIT workspace (0.7.4 ``jit/env.py``: ``$FLASHINFER_WORKSPACE_BASE``, else
+``Path.home()``, evaluated either way, ``/.cache/flashinfer``, created at import), and each toolkit's directory
+in it.  Nothing here creates anything."""
 
 from __future__ import annotations
 
@@ -11,8 +8,6 @@ import hashlib
 import os
 
 from flashinfer_sm120.safety.formats.base import shown
-
-__all__ = ["WSB", "normalize_base", "workspace_base", "workspace_path", "tag_for"]
 
 WSB = "FLASHINFER_WORKSPACE_BASE"
 
@@ -32,9 +27,8 @@ def normalize_base() -> str | None:
 
 
 def workspace_base(env=None) -> tuple[str, str]:
-    """``(base, where from)``, the one reader of the variable: ``$FLASHINFER_WORKSPACE_BASE`` (blank is
-    unset), else ``Path.home()`` as FlashInfer reads it: ``HOME`` (an empty one is ``/``), else the
-    passwd entry's."""
+    """``(base, where from)``, the one reader of the variable (blank is unset), else ``Path.home()`` as
+    FlashInfer reads it: ``HOME`` (an empty one is ``/``), else the passwd entry's."""
     from flashinfer_sm120.safety.fs.statedir import home_dir
 
     env = os.environ if env is None else env
@@ -52,6 +46,6 @@ def workspace_path() -> tuple[str, str]:
 
 
 def tag_for(tk) -> str:
-    """The JIT workspace directory of toolkit ``tk``: ``nvcc<version>-<hash of nvcc's path and versions>``."""
+    """Toolkit ``tk``'s JIT workspace directory: ``nvcc<version>-<hash of nvcc's path and versions>``."""
     key = "\0".join((os.path.realpath(tk.nvcc), str(tk.nvcc_full), str(tk.header_version)))
     return f"nvcc{tk.nvcc_full or tk.nvcc_version}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
