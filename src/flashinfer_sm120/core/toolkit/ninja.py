@@ -1,5 +1,5 @@
 """The process's ninja: the one FlashInfer's ``run_ninja`` runs from ``PATH`` (0.7.x ``jit/cpp_ext.py``) and
-vLLM 0.33's ``has_flashinfer`` needs there, found like nvcc (steps as data, version by :func:`.probe.version_of`):
+vLLM 0.33's ``has_flashinfer`` needs there, found like nvcc (steps as data, version by :func:`.memo.version_of`):
 the wheel first (off ``PATH`` for an unactivated venv), then ``PATH``, and exported first on ``PATH``."""
 
 from __future__ import annotations
@@ -150,8 +150,8 @@ def on_path(env_path: str | None = None) -> str | None:
 
 
 def link_dir(chosen: Ninja) -> str:
-    """``<cache root>/ninja/<hash>``, a ``0700`` directory holding only ``ninja`` -> ``chosen.real``, made
-    once by renaming a private temp directory into place (P5); else :class:`NinjaError`."""
+    """``<cache root>/ninja/<hash>``, a ``0700`` directory holding only ``ninja`` -> ``chosen.real``, renamed into
+    place from a private temp directory (P5); else :class:`NinjaError`."""
     try:
         parent = os.path.join(cache_root(), "ninja")
         make_private_dirs(parent)
@@ -193,8 +193,8 @@ def link_dir(chosen: Ninja) -> str:
 
 
 def export_dir(chosen: Ninja, env_path: str | None, shared: Callable[[str], str | None]) -> tuple[str | None, str]:
-    """The directory to put first on ``PATH`` so that ``ninja`` runs ``chosen`` (``None``: it does), and a
-    note: its own directory when that shadows nothing (``shared(dir)`` is ``None``), else :func:`link_dir`."""
+    """The directory to put first on ``PATH`` so that ``ninja`` runs ``chosen`` (``None``: it does), and a note:
+    its own when that shadows nothing (``shared(dir)`` is ``None``), else :func:`link_dir`."""
     now = on_path(env_path)
     if now and os.path.realpath(now) == chosen.real:
         return None, f"unchanged: 'which ninja' is already {chosen.describe()}"

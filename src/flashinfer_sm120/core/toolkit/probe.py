@@ -81,7 +81,7 @@ def _version_json(path: str) -> Version | None:
 
 
 def _version_from_files(root: str) -> tuple[Version, str] | None:
-    """(version, file) from ``version.json``, else the nvcc wheel's ``dist-info`` whose ``RECORD`` lists ``<root>/bin/nvcc``."""
+    """(version, file) from ``version.json``, else the nvcc wheel's ``dist-info`` whose ``RECORD`` lists its nvcc."""
     vj = os.path.join(root, "version.json")
     ver = _version_json(vj)
     if ver is not None:
@@ -138,9 +138,8 @@ def _untrusted(kind: str, why: str) -> str:
 
 def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | None = None,
             *, timeout: float = NVCC_TIMEOUT_S) -> Toolkit:
-    """One toolkit's facts; ``problem`` says why it is unusable.  ``bin/nvcc`` is traced through links and
-    wrappers without running it, and nothing runs when anything on the way, or an include/lib
-    directory, fails the trust rule (P2).  ``sources[0]`` picks the fix, ``given_as`` names the path."""
+    """One toolkit's facts, ``problem`` why it is unusable; ``bin/nvcc`` is traced through links and wrappers and
+    nothing runs when anything on the way, or an include/lib directory, fails the trust rule (P2)."""
     given = given_as or root
     base = dict(sources=tuple(sources), given_as=given_as)
     fix = _NO_NVCC_FIX.get(sources[0] if sources else "given", _OTHER_FIX).format(given=given)
@@ -189,9 +188,8 @@ def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | No
 
 
 def flashinfer_cuda_version(cuda_path: str) -> Version:
-    """FlashInfer's ``get_cuda_version`` (0.7.x ``jit/cpp_ext.py``) for an unpatched process, through the
-    trust rule and the bounded run: FlashInfer's ``check_output`` has no deadline (P6).  Raises
-    ``RuntimeError`` as FlashInfer does when neither nvcc nor torch answers."""
+    """FlashInfer's ``get_cuda_version`` (0.7.x ``jit/cpp_ext.py``, whose ``check_output`` has no deadline) through
+    the trust rule and the bounded run (P6); ``RuntimeError`` as FlashInfer's when neither nvcc nor torch answers."""
     nvcc = os.path.join(cuda_path, "bin", "nvcc")
     problem = trace(nvcc).problem
     full, problem = (None, problem) if problem else nvcc_version(nvcc)
