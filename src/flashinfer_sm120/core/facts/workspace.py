@@ -1,13 +1,17 @@
 """Where FlashInfer keeps its JIT workspace (0.7.4 ``jit/env.py``: ``$FLASHINFER_WORKSPACE_BASE``, else
-``Path.home()``, evaluated either way, ``/.cache/flashinfer``, created at import), and each toolkit's directory
-in it.  Nothing here creates anything."""
+``Path.home()``, evaluated either way, ``/.cache/flashinfer``, created at import), each toolkit's directory in it,
+and why a build there would be refused.  Nothing here creates anything."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+from typing import TYPE_CHECKING
 
 from flashinfer_sm120.safety.formats.base import shown
+
+if TYPE_CHECKING:
+    from flashinfer_sm120.safety.ownership import PlaceProblem
 
 WSB = "FLASHINFER_WORKSPACE_BASE"
 
@@ -49,3 +53,20 @@ def tag_for(tk) -> str:
     """Toolkit ``tk``'s JIT workspace directory: ``nvcc<version>-<hash of nvcc's path and versions>``."""
     key = "\0".join((os.path.realpath(tk.nvcc), str(tk.nvcc_full), str(tk.header_version)))
     return f"nvcc{tk.nvcc_full or tk.nvcc_version}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+
+
+def builds_refused(jit_dir: str, env=None) -> str | None:
+    """Why every JIT build in ``jit_dir`` would be refused before nvcc runs: what ``build`` refuses by and
+    ``status`` reports (P2, P8)."""
+    from flashinfer_sm120.safety.buildenv import path_problem
+
+    problem = jit_dir_refused(jit_dir) or path_problem(os.environ if env is None else env)
+    return str(problem) if problem else None
+
+
+def jit_dir_refused(jit_dir: str) -> str | PlaceProblem | None:
+    """Why ``jit_dir`` is no place to build in (path rule, or ownership of a level, ``tmp`` included; P2, P4)."""
+    from flashinfer_sm120.safety.formats.paths import jit_dir_problem
+    from flashinfer_sm120.safety.ownership import check_place
+
+    return jit_dir_problem(jit_dir) or check_place(os.path.join(jit_dir, "tmp"), "FlashInfer's JIT directory")

@@ -16,7 +16,7 @@ from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.errors import Sm120Error, ToolkitError
-from flashinfer_sm120.core.facts.refusals import builds_refused
+from flashinfer_sm120.core.facts.workspace import builds_refused
 from flashinfer_sm120.core.facts.workspace import tag_for
 from flashinfer_sm120.core.patch.state import NO_TARGETS_FIX, STATE, Mode
 

@@ -254,7 +254,7 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
 
         host = path_problem(os.environ)  # what every build would run by name, on the exported PATH
         report["after"]["host_program"] = dataclasses.asdict(host) if host else None
-        from flashinfer_sm120.core.facts.refusals import builds_refused
+        from flashinfer_sm120.core.facts.workspace import builds_refused
 
         report["after"]["builds_refused"] = builds_refused(str(jit_env.FLASHINFER_JIT_DIR))  # the gate's list
     except Exception as exc:
