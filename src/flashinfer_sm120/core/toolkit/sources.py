@@ -218,9 +218,7 @@ class Candidates(Sequence):
     def __len__(self) -> int:
         return len(self._found)
 
-    def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
-            return [self[j] for j in range(len(self))[i]]
+    def __getitem__(self, i: int) -> Toolkit:  # type: ignore[override]
         i = range(len(self))[i]
         if i not in self._done:
             f = self._found[i]
