@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-__all__ = ["Sm120Error", "UsageError", "ToolkitError", "ViewError", "GPUQueryError", "PlaceError", "StateFileError",
-           "FormatError"]
+
+__all__ = ["Sm120Error", "UsageError", "ToolkitError", "ViewError", "PlaceError", "StateFileError", "FormatError"]
 
 
 class Sm120Error(RuntimeError):
@@ -31,9 +31,6 @@ class ToolkitError(Sm120Error):
 class ViewError(Sm120Error):
     """The ``CUDA_HOME`` view could not be assembled; the message names the path and the fix."""
 
-
-class GPUQueryError(Sm120Error):
-    """NVML was present but answered with an error (driver/library mismatch...)."""
 
 
 class PlaceError(Sm120Error):

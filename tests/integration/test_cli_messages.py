@@ -14,7 +14,7 @@ from helpers.child import cli
 from helpers.host import needs_flashinfer
 from packaging.version import Version
 
-from flashinfer_sm120.core.facts import arch, importfail, reinstall
+from flashinfer_sm120.core.facts import arch, refusals, reinstall
 from flashinfer_sm120.cli import main
 from flashinfer_sm120.cli.doctor_sections import inventory_lines
 from flashinfer_sm120.cli.status import status_line
@@ -170,10 +170,10 @@ def test_a_broken_ninja_says_reinstall_and_build_stops_once(clean_env, tmp_path)
 
 
 def test_an_import_failure_under_the_guard_ends_with_the_fix():
-    msg = importfail.import_failure(RuntimeError("nvcc not found"),
+    msg = refusals.import_failure(RuntimeError("nvcc not found"),
                                  {"mode": "guard", "resolution": {"fix": "pip install 'cuda-toolkit[nvcc]'"}})
     assert msg.endswith("Fix: pip install 'cuda-toolkit[nvcc]'")
-    assert importfail.import_failure(ValueError("x"), {"mode": "patched"}) == "importing FlashInfer failed: ValueError('x')"
+    assert refusals.import_failure(ValueError("x"), {"mode": "patched"}) == "importing FlashInfer failed: ValueError('x')"
 
 
 # --------------------------------------------------------------------------- doctor: other targets

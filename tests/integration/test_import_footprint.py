@@ -35,7 +35,7 @@ COMMAND_ONLY = (
 )
 #: Loaded by a first process only (an empty cache: nvcc and ninja are run, the view is built), or when
 #: something failed: a later process with the same settings replays the recorded decision (laststatus.replay).
-FIRST_ONLY = ("flashinfer_sm120.safety.proc", "flashinfer_sm120.core.view.stub", "flashinfer_sm120.core.facts.importfail",
+FIRST_ONLY = ("flashinfer_sm120.safety.proc", "flashinfer_sm120.core.view.stub", "flashinfer_sm120.core.facts.refusals",
               "flashinfer_sm120.core.view.build", "flashinfer_sm120.core.toolkit.sources",
               "flashinfer_sm120.core.toolkit.policy", "flashinfer_sm120.core.toolkit.probe")
 

@@ -59,7 +59,7 @@ def run_status(args: argparse.Namespace) -> int:
     refusal = import_refused()  # threat-model: P4: FlashInfer's import would write where it must not
     if refusal is not None:
         return _say(args, {"mode": "refused", "toolkit": None, "targets": [], "error": str(refusal)}, "check")
-    from flashinfer_sm120.core.facts.refusals import builds_refused
+    from flashinfer_sm120.core.facts.workspace import builds_refused
     from flashinfer_sm120.core.facts.workspace import workspace_path
 
     refused = builds_refused(workspace_path()[0])  # what build and every JIT build would refuse by
@@ -84,7 +84,7 @@ def _full(args: argparse.Namespace) -> int:
     try:
         import flashinfer.jit.core  # noqa: F401  (patching happens on this import)
     except Exception as exc:  # FlashInfer's own import failed: say why, and what we did before it
-        from flashinfer_sm120.core.facts.importfail import import_failure
+        from flashinfer_sm120.core.facts.refusals import import_failure
         from flashinfer_sm120.core.facts.reinstall import DEPENDENCIES
 
         top = (getattr(exc, "name", None) or "").partition(".")[0] if isinstance(exc, ModuleNotFoundError) else ""

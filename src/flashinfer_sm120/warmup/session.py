@@ -164,7 +164,7 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
         raise BuildError(str(refusal))
     import flashinfer_sm120 as shim
 
-    from flashinfer_sm120.core.facts.importfail import import_failure
+    from flashinfer_sm120.core.facts.refusals import import_failure
 
     shim.install()
     try:
@@ -194,7 +194,7 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     from flashinfer.jit import core
 
     targets = sorted(f"{a}.{b}" for a, b in core.current_compilation_context.TARGET_CUDA_ARCHS)
-    from flashinfer_sm120.core.facts.refusals import builds_refused
+    from flashinfer_sm120.core.facts.workspace import builds_refused
 
     problem = builds_refused(str(jit_env.FLASHINFER_JIT_DIR))
     if problem:

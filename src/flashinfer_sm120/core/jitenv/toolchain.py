@@ -160,7 +160,7 @@ def _nvcc_versions(nvcc: str):
     from flashinfer_sm120.core.facts.arch import major_minor
     from flashinfer_sm120.core.toolkit.probe import nvcc_version
 
-    full, _problem, _local = nvcc_version(nvcc)
+    full, _problem = nvcc_version(nvcc)
     return full, major_minor(full) if full else None
 
 

@@ -108,7 +108,7 @@ def _check_import_health() -> None:
     broken = _import_failed()
     if broken is None:
         return
-    from flashinfer_sm120.core.facts.importfail import workspace_problem  # a failed import only
+    from flashinfer_sm120.core.facts.refusals import workspace_problem  # a failed import only
 
     if STATE.mode is Mode.GUARD:  # FlashInfer kept its own toolkit: it fails alone too
         fix = getattr(STATE.resolution, "fix", "") or ""
@@ -192,7 +192,7 @@ def _warn_jit_dir() -> None:
     jit_dir = getattr(env, "FLASHINFER_JIT_DIR", None)
     if jit_dir is None:
         return
-    from flashinfer_sm120.core.facts.refusals import jit_dir_refused
+    from flashinfer_sm120.core.facts.workspace import jit_dir_refused
 
     problem = jit_dir_refused(str(jit_dir))
     if problem:

@@ -15,6 +15,7 @@ from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.errors import Sm120Error, ToolkitError
+from flashinfer_sm120.core.facts.workspace import builds_refused
 from flashinfer_sm120.core.facts.workspace import tag_for
 from flashinfer_sm120.core.patch.state import NO_TARGETS_FIX, STATE, Mode
 
@@ -145,7 +146,6 @@ def _nvcc_gate(wrapped, instance, args, kwargs):
         refresh_max_jobs()  # the memory left now, not at import: the model may have loaded since
         from flashinfer.jit import env as jit_env
 
-        from flashinfer_sm120.core.facts.refusals import builds_refused
 
         # the one list build and status refuse by: a JIT directory another uid can change (whose .so
         # FlashInfer would load after this "build" found it up to date), a program run by name, TMPDIR

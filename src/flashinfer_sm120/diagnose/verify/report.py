@@ -231,7 +231,7 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
 def _with_shim() -> dict:
     """What FlashInfer computes once imported here, with flashinfer-sm120's hooks, and what every build would refuse."""
     from flashinfer_sm120.core import patch
-    from flashinfer_sm120.core.facts.refusals import builds_refused
+    from flashinfer_sm120.core.facts.workspace import builds_refused
     from flashinfer_sm120.core.jitenv import environ
     from flashinfer_sm120.safety.compilers import path_problem
 

@@ -124,7 +124,7 @@ def test_curand_taken_from_pip_when_toolkit_lacks_it(tmp_path, cache, monkeypatc
     inc.mkdir(parents=True)
     (inc / "curand.h").write_text("/* pip curand */\n")
     (inc / "curand_kernel.h").write_text("/* pip curand */\n")
-    monkeypatch.setattr(view_build, "_site_dirs", lambda: [str(site_dir)])
+    monkeypatch.setattr(view_build, "site_dirs", lambda: [str(site_dir)])
     home = linkable_home(inspect(str(root)))
     assert home.is_view and home.curand_include == str(inc) and "include/curand.h" in home.added
     assert os.path.realpath(os.path.join(home.path, "include", "curand_kernel.h")) == str(inc / "curand_kernel.h")
