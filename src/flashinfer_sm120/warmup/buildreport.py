@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from flashinfer_sm120.core.jitenv import environ, jobs, launcher, memory, toolchain
+from flashinfer_sm120.core.jitenv import launcher, memory, toolchain
 from flashinfer_sm120.warmup.plan import plan as build_plan
 
 
@@ -12,17 +12,17 @@ def doctor_section(report: dict) -> dict:
     """JSON-able facts (``report`` is the rest of doctor's report, for the targets)."""
     view = memory.read_memory()
     targets = len(((report.get("resolution") or {}).get("choice") or {}).get("targets") or []) or 1
-    environ.prepare_builds()  # what the patch leaves to the first JIT build: shown as a build gets it
+    toolchain.prepare_builds()  # what the patch leaves to the first JIT build: shown as a build gets it
     setup = toolchain.last()
-    known = jobs.recorded()
-    plan = build_plan(jobs.heaviest_estimate(), targets=targets, view=view,
+    known = memory.recorded()
+    plan = build_plan(memory.heaviest_estimate(), targets=targets, view=view,
                      env={k: v for k, v in os.environ.items()  # the user's, not what we exported
                           if not (setup and (k in setup.set or (k == "MAX_JOBS" and v == setup.max_jobs_value)))})
     out = {
         "memory": view.to_dict(),
-        "estimates": {f.name: jobs.family_estimate(f, known).__dict__ for f in jobs.FAMILIES[:-1]},
+        "estimates": {f.name: memory.family_estimate(f, known).__dict__ for f in memory.FAMILIES[:-1]},
         "plan": plan.to_dict(),
-        "max_jobs": setup.max_jobs if setup else jobs.server_max_jobs(targets, view=view)[1],
+        "max_jobs": setup.max_jobs if setup else memory.server_max_jobs(targets, view=view)[1],
         "compilers": list(setup.notes) if setup else [],
         "cache": dict(setup.cache) if setup else {},
     }

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from flashinfer_sm120.core.jitenv import manifest
+from flashinfer_sm120.core.jitenv import record
 from flashinfer_sm120.safety.formats.paths import deepest_existing, make_private_dirs, safe_join
 from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.warmup import modules as _modules
@@ -64,7 +64,7 @@ def built_entries(names: list[str], everything: bool, arch: str | None, *, head_
                 continue
             if everything and not spec.jit_library_path.exists():
                 continue  # --all: only what is built here
-            entry = manifest.encode(spec, sess.flashinfer, sess.targets)
+            entry = record.encode(spec, sess.flashinfer, sess.targets)
             if not entry.get("regenerable"):
                 skipped.append((v.label, entry.get("why", "")))
                 continue

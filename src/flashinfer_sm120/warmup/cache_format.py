@@ -22,7 +22,7 @@ from typing import Any
 
 from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.core.facts.arch import nvcc_spelling
-from flashinfer_sm120.core.jitenv import manifest
+from flashinfer_sm120.core.jitenv import record
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import oserrors
 from flashinfer_sm120.safety.formats.reads import field, loads_json, read_bytes, read_text
@@ -109,7 +109,7 @@ def parse_meta(obj: Any, source: str) -> Meta:
         # threat-model: P6, P8 -- as many targets as a manifest entry may carry: more would be printed
         # whole ("using the archive's targets ...") and refused as a too-long "--arch" never given
         fp = {k: f(fp_obj, k, kind, f"{source} 'fingerprint'", fix=FIX,
-                   max_len=manifest._MAX_TARGETS if k == "targets" else 4096)
+                   max_len=record.MAX_TARGETS if k == "targets" else 4096)
               for k, kind in _FINGERPRINT.items()}
         fp["targets"] = [parse_target(t, f"{source} 'fingerprint'", fix=FIX) for t in fp["targets"]]
         if "build_vars" in fp_obj:  # since flashinfer-sm120 0.2.x; older exports lack it
@@ -138,7 +138,7 @@ def parse_meta(obj: Any, source: str) -> Meta:
                         raise CacheError(f"{source}: {shown(prefix)} is both a file and a directory; {FIX}",
                                          "archive", FIX)
             mods.append(Module(name, files))
-        entries = [manifest.parse_entry(e, f"{source} manifest entry {i + 1}")
+        entries = [record.parse_entry(e, f"{source} manifest entry {i + 1}")
                    for i, e in enumerate(f(obj, "manifest", list, source, default=[], fix=FIX, max_len=10_000))]
     except FormatError as exc:
         raise CacheError(str(exc), "archive", exc.fix or FIX) from None

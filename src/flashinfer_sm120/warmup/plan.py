@@ -12,20 +12,18 @@ import time
 
 from flashinfer_sm120.errors import StateFileError
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.core.jitenv.jobs import (FAMILIES, MARGIN, RECORDED_KEEP, Estimate, Family, cpus,
-                                               estimates_path, family_estimate, flashinfer_max_jobs, raw_env,
-                                               recorded, user_threads)
-from flashinfer_sm120.core.jitenv.memory import MemoryView, fmt_bytes, read_memory
+from flashinfer_sm120.core.jitenv.memory import (FAMILIES, RECORDED_KEEP, Estimate, Family, MemoryView, budget,
+                                                 cpus, estimates_path, family_estimate, fmt_bytes, max_jobs,
+                                                 recorded, user_threads)
 
 logger = logging.getLogger("flashinfer_sm120")
 
 
 def default_jobs(env=None) -> tuple[int, str]:
     """``(compiles at once, why)`` without ``-j``: the user's ``MAX_JOBS`` as FlashInfer reads it, else the CPUs."""
-    raw_jobs = raw_env("MAX_JOBS", env)
-    max_jobs = flashinfer_max_jobs(raw_jobs)[0]
-    if max_jobs:
-        return max_jobs, f"MAX_JOBS={raw_jobs}, yours"
+    raw_jobs, value, _problem = max_jobs(env)
+    if value:
+        return value, f"MAX_JOBS={raw_jobs}, yours"
     why = "the CPUs this process may use"
     if raw_jobs is not None:
         why += f"; MAX_JOBS={shown(raw_jobs, 20)} is not a positive number"
@@ -101,17 +99,5 @@ def plan(est: Estimate, *, targets: int = 1, jobs: int | None = None, mem_limit:
         threads_from = f"FLASHINFER_NVCC_THREADS={shown(raw_threads, 20)}, yours (FlashInfer reads {threads})"
     else:
         threads_from = f"FLASHINFER_NVCC_THREADS={shown(raw_threads, 20)} is not >= 1: FlashInfer uses 1"
-    factor = max(1, min(threads, targets))
-    per = est.bytes * factor
-    est_from = est.source + (f", x{factor} targets compiled at once" if factor > 1 else "")
-    if mem_limit is not None:
-        budget, budget_from = mem_limit, "--mem-limit"
-    else:
-        view = view or read_memory()
-        if view.available is None:
-            budget, budget_from = None, view.describe()
-        else:
-            budget = int(view.available * (1 - MARGIN))
-            budget_from = f"{fmt_bytes(view.available)} available less {MARGIN:.0%}: {view.source}"
-    fits = None if budget is None else max(1, budget // max(1, per))
-    return Plan(n_jobs, jobs_from, threads, threads_from, per, est_from, budget, budget_from, fits)
+    b = budget(est, targets, env, view, mem_limit)
+    return Plan(n_jobs, jobs_from, threads, threads_from, b.per, b.per_from, b.budget, b.budget_from, b.fits)

@@ -230,7 +230,7 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     """Write ninja files and build ``(label, spec)`` pairs in one pool, each admitted by its family's
     memory estimate; the ``modules`` of ``build --json``.  ``env``: the user's, before we exported
     ``MAX_JOBS``.  A peak RSS is recorded only without a launcher (it compiles out of ninja's sight)."""
-    from flashinfer_sm120.core.jitenv.jobs import Estimate, recorded
+    from flashinfer_sm120.core.jitenv.memory import Estimate, recorded
     from flashinfer_sm120.core.patch.resolve import flashinfer_version
     from flashinfer_sm120.warmup import plan as _plan
 

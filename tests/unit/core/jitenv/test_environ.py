@@ -14,7 +14,8 @@ import pytest
 from helpers.child import run_py
 from helpers.host import needs_flashinfer
 from helpers.toolkits import make_toolkit, script
-from flashinfer_sm120.core.jitenv import environ
+from flashinfer_sm120.core.jitenv import environ, toolchain
+from flashinfer_sm120.cli.doctor_sections import exported_lines
 
 
 def tool(path, release):
@@ -69,7 +70,7 @@ def test_export_sets_home_and_path_and_undo_restores_them(env, tmp_path):
         assert info["cuda_home"] == str(home) and info["which_nvcc"] == nvcc and info["targets"] == ["sm_120f"]
         assert environ.export(str(home), nvcc, [(12, "0f")]) is undo  # idempotent
         assert os.environ["PATH"].count(f"{home}/bin") == 1
-        assert any("which nvcc" in line for line in environ.describe())
+        assert any("which nvcc" in line for line in exported_lines(environ.exported()))
     finally:
         undo()
     assert dict(os.environ) == before
@@ -86,15 +87,15 @@ def test_max_jobs_waits_for_the_first_build_and_undo_removes_it(env, tmp_path, m
     undo = environ.export(str(home), str(home / "bin" / "nvcc"), [(12, "0f")])
     try:
         assert "MAX_JOBS" not in os.environ
-        environ.prepare_builds()
+        toolchain.prepare_builds()
         jobs = os.environ["MAX_JOBS"]
         assert jobs.isdigit() and "MAX_JOBS=" in environ.exported()["builds"]["max_jobs"]
-        environ.prepare_builds()
+        toolchain.prepare_builds()
         assert os.environ["MAX_JOBS"] == jobs
     finally:
         undo()
     assert dict(os.environ) == before
-    environ.prepare_builds()  # after the undo: nothing left to prepare
+    toolchain.prepare_builds()  # after the undo: nothing left to prepare
     assert "MAX_JOBS" not in os.environ
 
 

@@ -123,12 +123,12 @@ _BASE = {"format": 1, "name": "sampling", "flashinfer": "0.7.4", "targets": ["12
 def test_manifest_entry_generator_property(generator, params):
     """A whole entry: only FormatError with a bounded message naming the line; what passes names a
     FlashInfer gen_*_module and plain parameters, and parses again to itself."""
-    from flashinfer_sm120.core.jitenv import manifest
+    from flashinfer_sm120.core.jitenv import record
 
     try:
-        got = manifest.parse_entry(dict(_BASE, generator=generator, params=params), "m.jsonl:7")
+        got = record.parse_entry(dict(_BASE, generator=generator, params=params), "m.jsonl:7")
     except FormatError as exc:
         assert str(exc).startswith("m.jsonl:7") and len(str(exc)) < 600
         return
     assert got["generator"].startswith("flashinfer") and got["generator"].endswith("_module")
-    assert manifest.parse_entry(got, "again") == got
+    assert record.parse_entry(got, "again") == got

@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from flashinfer_sm120.core.jitenv import jobs, memory
+from flashinfer_sm120.core.jitenv import memory
 from flashinfer_sm120.warmup import ninjacmd, plan, pool
 
 MIB, GIB = 1 << 20, 1 << 30
@@ -128,7 +128,7 @@ def test_gb10_subtracts_what_the_gpu_side_holds_discrete_gpus_do_not(tmp_path):
 
 def test_plan_jobs_threads_and_who_wins(tmp_path):
     view = memory.MemoryView(int(GIB / 0.85) + 10, (memory.Bound("test", int(GIB / 0.85) + 10, "x"),))
-    est = jobs.Estimate(400 * MIB, "light", "test")
+    est = memory.Estimate(400 * MIB, "light", "test")
     p = plan.plan(est, env={}, view=view, jobs=8)
     assert (p.jobs, p.fits, p.at_once, p.threads) == (8, 2, 2, 1)
     assert "at most 2 of these at once by memory" in " ".join(p.lines())
@@ -137,7 +137,7 @@ def test_plan_jobs_threads_and_who_wins(tmp_path):
     assert p.at_once == 1  # never below one, even when one compile does not fit
     p = plan.plan(est, env={"FLASHINFER_NVCC_THREADS": "x", "MAX_JOBS": "lots"}, view=view)
     assert p.threads == 1 and "not >= 1" in p.threads_from and "not a positive number" in p.jobs_from
-    value, why = jobs.server_max_jobs(env={"MAX_JOBS": "3"}, view=view)
+    value, why = memory.server_max_jobs(env={"MAX_JOBS": "3"}, view=view)
     assert value is None and "set by you" in why
 
 
@@ -153,7 +153,7 @@ def test_recorded_peaks_refine_the_family_estimate(tmp_path, monkeypatch):
     assert e.family == "sampling" and e.bytes == int(900 * MIB * 1.15) and e.source.startswith("recorded")
     assert plan.estimate("batch_decode_with_kv_cache_dtype_q_bf16").family == "attention"
     assert plan.estimate("fp4_gemm_cutlass_sm120").bytes == 8192 * MIB
-    path = jobs.estimates_path()
+    path = memory.estimates_path()
     with open(path, "w") as fh:
         fh.write('{"schema": 1, "families": {"sampling": {"peaks": [-5, "x", true]}}}')
     assert plan.estimate("sampling").source.startswith("default")  # malformed: dropped
@@ -243,7 +243,7 @@ def test_server_max_jobs_is_refreshed_before_a_build_and_removed_on_undo(monkeyp
 
     monkeypatch.setenv("MAX_JOBS", "5")
     toolchain.own_max_jobs("5")
-    monkeypatch.setattr(jobs, "server_max_jobs", lambda targets, env: (1, "MAX_JOBS=1 exported: the model loaded"))
+    monkeypatch.setattr(memory, "server_max_jobs", lambda targets, env: (1, "MAX_JOBS=1 exported: the model loaded"))
     toolchain.refresh_max_jobs()  # right before FlashInfer's run_ninja (patch/steps.py _nvcc_gate)
     assert os.environ["MAX_JOBS"] == "1"
     toolchain.release_max_jobs()
@@ -281,16 +281,16 @@ def test_read_memory_never_raises_on_any_file_contents(tmp_path_factory, cgroup,
 def test_plan_takes_any_environment(max_jobs, threads, jobs_flag):
     view = memory.MemoryView(GIB, (memory.Bound("t", GIB, "t"),))
     env = {"MAX_JOBS": max_jobs, "FLASHINFER_NVCC_THREADS": threads}
-    p = plan.plan(jobs.Estimate(100 * MIB, "light", "t"), env=env, view=view, jobs=jobs_flag)
+    p = plan.plan(memory.Estimate(100 * MIB, "light", "t"), env=env, view=view, jobs=jobs_flag)
     assert p.jobs >= 1 and p.threads >= 1 and p.at_once >= 1
     assert all(len(line) < 1200 for line in p.lines())
 
 
 def test_the_estimate_reads_without_nested_brackets():
     """The build plan's memory line read ``1.2 GiB each (default for sampling (measured 1039 MiB))``."""
-    for fam in jobs.FAMILIES:
+    for fam in memory.FAMILIES:
         for rec in ({}, {fam.name: [700 << 20, 900 << 20]}):
-            src = jobs.family_estimate(fam, rec).source
+            src = memory.family_estimate(fam, rec).source
             depth = max_depth = 0
             for ch in f"({src})":
                 depth += {"(": 1, ")": -1}.get(ch, 0)
