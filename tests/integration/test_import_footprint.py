@@ -25,10 +25,9 @@ SCRIPT = ROOT / "benchmarks" / "loaded_lines.py"
 #: and the compiler cache (FLASHINFER_SM120_COMPILER_CACHE or FLASHINFER_NVCC_LAUNCHER); the memory policy
 #: behind MAX_JOBS runs at the first JIT build (jitenv.toolchain.prepare_builds).
 COMMAND_ONLY = (
-    "flashinfer_sm120.core.jitenv.jobs", "flashinfer_sm120.core.jitenv.memory",
+    "flashinfer_sm120.core.jitenv.memory",
     "flashinfer_sm120.safety.formats.binary", "flashinfer_sm120.safety.formats.params",
     "flashinfer_sm120.safety.formats.cli", "flashinfer_sm120.safety.formats.flags", "flashinfer_sm120.core.jitenv.record",
-    "flashinfer_sm120.core.jitenv.generators",
     "flashinfer_sm120.core.jitenv.launcher",
     "flashinfer_sm120.warmup", "flashinfer_sm120.diagnose", "flashinfer_sm120.cli",
     "flashinfer_sm120.__main__", "flashinfer_sm120.core.patch.lastcheck",

@@ -31,7 +31,7 @@ def _capturing():
     """While active, every ``JitSpecNvcc`` made notes its generator and parameters, as the recorder does."""
     from flashinfer.jit import core
 
-    from flashinfer_sm120.core.jitenv.generators import capture
+    from flashinfer_sm120.core.jitenv.record import capture
 
     cls = core.JitSpecNvcc
     original = cls.__dict__["__init__"]

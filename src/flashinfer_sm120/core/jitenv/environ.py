@@ -87,8 +87,7 @@ def _shared_dir(bin_dir: str) -> str | None:
 
 
 def _export_path(steps: _Steps, bin_dir: str) -> None:
-    """The nvcc vLLM 0.33's ``has_flashinfer`` and SGLang 0.5.23's JIT find without ``CUDA_HOME``
-    (:mod:`flashinfer_sm120.core.facts.servers`): its directory first, unless it shadows others."""
+    """nvcc's directory first on ``PATH`` unless it shadows others (vLLM 0.33 and SGLang 0.5.23 look there: facts.servers)."""
     found = shutil.which("nvcc", path=os.environ.get("PATH", os.defpath))
     if found and os.path.realpath(found) == os.path.realpath(os.path.join(bin_dir, "nvcc")):
         steps.info["PATH"] = f"unchanged: nvcc on PATH is already the chosen one ({found})"
@@ -118,8 +117,7 @@ def _export_ninja(steps: _Steps) -> None:
 
 
 def _export_cpp_extension(steps: _Steps, home: str) -> None:
-    """``torch.utils.cpp_extension.CUDA_HOME`` is computed once at its import (torch 2.13) and read by every later
-    use (``include_paths``, Inductor's libdevice lookup): updated in place when already imported by a CUDA torch."""
+    """``torch.utils.cpp_extension.CUDA_HOME``, computed once at its import (torch 2.13), updated in place."""
     key = "torch.utils.cpp_extension.CUDA_HOME"
     mod, torch = sys.modules.get("torch.utils.cpp_extension"), sys.modules.get("torch")
     if mod is None:
@@ -145,8 +143,8 @@ def _export_cpp_extension(steps: _Steps, home: str) -> None:
 
 
 def tool_release(path: str, pattern: bytes = rb"release (\d+\.\d+)", *, body: bool = True) -> Version | None:
-    """The version ``<path> --version`` prints (``pattern``'s group), or ``None``; runs only a trusted file (P2:
-    ``body=False`` leaves a script's body to the caller), bounded (P6); remembered by path, size and mtime."""
+    """What ``<path> --version`` prints (``pattern``'s group), or ``None``: trusted (P2; ``body=False``: a script's
+    body checked by the caller), bounded (P6), remembered per path, size and mtime."""
     try:
         st = os.stat(path)
     except OSError:
@@ -167,9 +165,8 @@ def tool_release(path: str, pattern: bytes = rb"release (\d+\.\d+)", *, body: bo
 
 
 def _export_triton(steps: _Steps, bin_dir: str, sms: list[int]) -> None:
-    """Triton assembles with its wheel's ptxas unless ``TRITON_PTXAS*_PATH`` is set (read at each use:
-    ``triton/knobs.py``); Triton 3.5.0's ptxas 12.8 rejects ``sm_121a`` (triton-lang/triton#8539): only there, and
-    only when the user set none, the chosen toolkit's ptxas is exported."""
+    """The chosen ptxas as ``TRITON_PTXAS*_PATH`` (``triton/knobs.py``) where the wheel's cannot build a target
+    (Triton 3.5.0's ptxas 12.8 rejects ``sm_121a``: triton-lang/triton#8539) and the user set none."""
     import importlib.util
 
     try:
@@ -177,9 +174,9 @@ def _export_triton(steps: _Steps, bin_dir: str, sms: list[int]) -> None:
     except (ImportError, ValueError):
         spec = None
     roots = list(spec.submodule_search_locations or ()) if spec else []
-    triton_bin = next((d for d in (os.path.join(roots[0], *sub) for sub in (("backends", "nvidia", "bin"),
-                                                                            ("third_party", "cuda", "bin")))
-                       if os.path.isdir(d)), None) if roots else None  # 3.x, 2.x
+    dirs = [os.path.join(roots[0], *sub) for sub in (("backends", "nvidia", "bin"), ("third_party", "cuda", "bin"))
+            if roots]  # Triton 3.x, 2.x
+    triton_bin = next((d for d in dirs if os.path.isdir(d)), None)
     user = sorted(v for v in os.environ if v.startswith("TRITON_PTXAS") and v.endswith("_PATH"))
     if triton_bin is None or user:
         steps.info["triton"] = f"unchanged: {', '.join(user)} set by you" if triton_bin else "not installed"
@@ -211,8 +208,7 @@ def _export_triton(steps: _Steps, bin_dir: str, sms: list[int]) -> None:
 
 
 def _check_compilers(steps: _Steps, home: str, nvcc: str, targets) -> None:
-    """FlashInfer's compiler variables checked now, the refused ones removed (P2: FlashInfer 0.7.4 runs ``CC``
-    while it generates a spec, ``jit/fused_moe.py`` ``host_compiler_is_gcc()`` on aarch64)."""
+    """Refused compiler variables removed now (P2: 0.7.4 runs ``CC`` making a spec: ``host_compiler_is_gcc()``)."""
     from flashinfer_sm120.safety import compilers
 
     try:
@@ -231,15 +227,14 @@ def _check_compilers(steps: _Steps, home: str, nvcc: str, targets) -> None:
 def take_pending() -> tuple | None:
     """``(steps, verdicts, (home, nvcc, targets))`` the export left to the first JIT build, once."""
     with _lock:
-        pending = tuple(_pending.pop(k) for k in ("steps", "verdicts", "args")) if _pending else None
+        pending = (_pending["steps"], _pending["verdicts"], _pending["args"]) if _pending else None
         _pending.clear()
-        return pending
+    return pending
 
 
 def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable[[], None]:
-    """Export the chosen toolkit (``home``: the ``CUDA_HOME`` FlashInfer builds with; ``targets``: FlashInfer's
-    ``(major, minor_str)``) to the process and its children; returns the idempotent undo.  The same arguments again
-    change nothing; others undo the previous export first.  A step that fails is logged, never raised."""
+    """Export the chosen toolkit to the process and its children; returns the idempotent undo.  The same arguments
+    again change nothing; others undo the previous export first; a step that fails is logged, never raised."""
     targets = tuple(sorted({(int(a), str(b)) for a, b in targets}))
     key = (home, nvcc, targets)
     global _current
@@ -299,11 +294,7 @@ def reset() -> None:
 
 
 def exported() -> dict:
-    """What is exported now (``{}`` when nothing is), for ``doctor``: ``cuda_home``, ``nvcc``, ``targets``, a
-    sentence per step (``PATH``, ``ninja``, ``CUDA_PATH``, ``torch.utils.cpp_extension.CUDA_HOME``, ``triton``,
-    ``builds``), and ``which_nvcc``/``which_ninja`` now."""
+    """What is exported now (``{}``: nothing), for ``doctor``: the toolkit, a sentence per step, ``which`` nvcc and ninja."""
     with _lock:
-        if _current is None:
-            return {}
-        out = dict(_current["info"])
-    return dict(out, which_nvcc=shutil.which("nvcc"), which_ninja=shutil.which("ninja"))
+        info = dict(_current["info"]) if _current else {}
+    return dict(info, which_nvcc=shutil.which("nvcc"), which_ninja=shutil.which("ninja")) if info else {}

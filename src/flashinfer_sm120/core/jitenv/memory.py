@@ -79,8 +79,7 @@ class MemoryView:
 
 
 def _number(path: str, *keys: str) -> int | None:
-    """A cgroup number file's integer (``None`` for ``max``, anything else, unreadable); with ``keys``: the first
-    of them in a ``memory.stat``, else 0.  Bounded, never blocking (P6)."""
+    """A cgroup file's integer (``None``: ``max``, unreadable); with ``keys``: the first in a ``memory.stat``, else 0."""
     try:
         text = read_text(path, 64 << 10)
     except FormatError:
@@ -99,14 +98,14 @@ def _lines(path: str, max_line: int, max_lines: int) -> list[str]:
 
 
 def _cgroup_dirs(proc_root: str) -> list[tuple[str, list[str]]]:
-    """``(version, [our cgroup's directory, its parents up to the mount point])`` per hierarchy accounting our
-    memory, from ``/proc/self/cgroup`` and ``/proc/self/mountinfo`` (proc(5))."""
+    """``(version, [our cgroup's directory, its parents up to the mount point])`` per hierarchy accounting memory."""
     mounts = []
     for line in _lines(os.path.join(proc_root, "self", "mountinfo"), 8192, 20000):
         fields = line.split(" ")
         sep = fields.index("-") if "-" in fields else -1
         if sep < 5 or len(fields) < sep + 3:
             continue
+        # proc(5): id parent dev root point opts ... - fstype src super; space, tab, newline, backslash escaped \040
         root, point = (re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), f) for f in fields[3:5])
         fstype, super_opts = fields[sep + 1], fields[sep + 3] if len(fields) > sep + 3 else ""
         if fstype == "cgroup2" or (fstype == "cgroup" and "memory" in super_opts.split(",")):
@@ -137,7 +136,7 @@ def _cgroup_dirs(proc_root: str) -> list[tuple[str, list[str]]]:
 
 
 def _cgroup_bounds(proc_root: str, notes: list[str]) -> list[Bound]:
-    """The lowest of ``limit - (usage - reclaimable cache)`` over each hierarchy's chain (the kubelet's count)."""
+    """Per hierarchy, the lowest ``limit - (usage - inactive file cache)`` up the chain (as the kubelet counts)."""
     bounds = []
     for version, chain in _cgroup_dirs(proc_root):
         limit_file, used_file, cache_keys = _FILES[version]
@@ -244,8 +243,7 @@ def read_memory(*, proc_root: str = "/proc", gpu: bool = True, nvml: Any = None)
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """Modules alike in what one compile takes: ``pattern`` is ``re.search``-ed in the module name; ``default_mib``
-    is one compile's peak (``--threads 1``, one target) until one is recorded here; ``source``: where it comes from."""
+    """Modules alike in what one compile takes (``pattern`` searched in the name; peak until one is recorded)."""
 
     name: str
     pattern: str
@@ -280,7 +278,7 @@ class Estimate:
 
 
 def estimates_path() -> str:
-    """``<cache root>/compile-memory.json``.  :raises StateFileError: no usable cache root."""
+    """``<cache root>/compile-memory.json`` (:raises StateFileError: no usable cache root)."""
     from flashinfer_sm120.safety.fs.statedir import cache_root
 
     return os.path.join(cache_root(), "compile-memory.json")
@@ -366,7 +364,7 @@ def user_threads(env=None) -> tuple[str | None, int | None]:
 
 @dataclasses.dataclass(frozen=True)
 class Budget:
-    """Compiles that fit: ``budget`` bytes for compiles (``None``: memory unknown), ``per`` bytes each, and why."""
+    """``budget`` bytes for compiles (``None``: memory unknown), ``per`` bytes each, and where each comes from."""
 
     budget: int | None
     budget_from: str
@@ -380,9 +378,8 @@ class Budget:
 
 def budget(est: Estimate, targets: int = 1, env=None, view: MemoryView | None = None,
            mem_limit: int | None = None) -> Budget:
-    """The one budget computation (``build``'s plan and the server's ``MAX_JOBS``): ``mem_limit``, else what this
-    process may use less :data:`MARGIN`; per compile ``est`` times the targets nvcc compiles at once
-    (``min(threads, targets)``)."""
+    """The one budget computation, of ``build``'s plan and the server's ``MAX_JOBS``: ``mem_limit`` or the memory less
+    :data:`MARGIN`; per compile ``est`` times the targets nvcc compiles at once, ``min(threads, targets)``."""
     factor = max(1, min(user_threads(env)[1] or 1, targets))
     per_from = est.source + (f", x{factor} targets compiled at once" if factor > 1 else "")
     if mem_limit is not None:

@@ -1,14 +1,18 @@
-"""The manifest: ``FLASHINFER_SM120_RECORD=/path/manifest.jsonl`` records every JIT module this process builds
-or loads as data (the FlashInfer generator and its parameters, never source text: P2); :func:`parse_entry` is
-the one grammar of an entry, for replay (``build --from``) and cache exports alike.
+"""The manifest: ``FLASHINFER_SM120_RECORD=/path/manifest.jsonl`` records every JIT module this process builds or
+loads as data: the FlashInfer ``gen_*_module`` that made it and its arguments, never source text (P2), so replay
+(``build --from``) calls it again; :func:`parse_entry` is the one grammar of an entry, for replay and cache exports.
 """
 
 from __future__ import annotations
 
+import dis
+import inspect
 import json
 import logging
 import os
+import re
 import stat
+import sys
 import threading
 from typing import Any
 
@@ -17,7 +21,8 @@ from flashinfer_sm120.safety.envflag import env_flag
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.reads import field, string_list
 
-__all__ = ["ENV", "FORMAT", "MAX_TARGETS", "install_if_enabled", "append", "encode", "parse_entry"]
+__all__ = ["ENV", "FORMAT", "MAX_TARGETS", "ORIGIN", "install_if_enabled", "capture", "encode_value", "append", "encode",
+           "parse_entry"]
 
 ENV = "FLASHINFER_SM120_RECORD"
 FORMAT = 1
@@ -26,6 +31,10 @@ _MAX_GENERATED_BYTES = 4 << 20
 _FLAG_LISTS = ("extra_cflags", "extra_cuda_cflags", "extra_ldflags")
 _LOCK_TIMEOUT_S = 10.0
 _FIX = "record the manifest again with FLASHINFER_SM120_RECORD"
+#: Attribute of a ``JitSpecNvcc`` that holds ``{"generator", "params"}`` or why there is none.
+ORIGIN = "_flashinfer_sm120_origin"
+_GEN_RE = re.compile(r"_?gen_[a-z0-9_]+_module")
+_STORES = {"STORE_FAST", "DELETE_FAST", "STORE_DEREF", "DELETE_DEREF", "STORE_NAME", "DELETE_NAME"}
 logger = logging.getLogger("flashinfer_sm120")
 _state = {"installed": False, "seen": set(), "warned": False}
 _mutex = threading.Lock()
@@ -52,32 +61,93 @@ def _on_core_import(core) -> None:
 
         # threat-model: P2 (the generator and its parameters are recorded, so replay never needs source text)
         wrapt.wrap_function_wrapper(core.JitSpecNvcc, "__init__", _init_wrapper)
-        wrapt.wrap_function_wrapper(core.JitSpec, "build_and_load", _spec_wrapper)
-        wrapt.wrap_function_wrapper(core.JitSpecNvcc, "build", _spec_wrapper)
-        wrapt.wrap_function_wrapper(core.JitSpecNvcc, "load", _spec_wrapper)
-        wrapt.wrap_function_wrapper(core, "build_jit_specs", _batch_wrapper)
+        wrapt.wrap_function_wrapper(core.JitSpec, "build_and_load", _record_wrapper)
+        wrapt.wrap_function_wrapper(core.JitSpecNvcc, "build", _record_wrapper)
+        wrapt.wrap_function_wrapper(core.JitSpecNvcc, "load", _record_wrapper)
+        wrapt.wrap_function_wrapper(core, "build_jit_specs", _record_wrapper)
     except Exception as exc:
         logger.warning("flashinfer-sm120: cannot record JIT modules: %r", exc)
 
 
 def _init_wrapper(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
-    from flashinfer_sm120.core.jitenv.generators import capture
-
     capture(instance)
     return result
 
 
-def _spec_wrapper(wrapped, instance, args, kwargs):
-    _record(instance)
-    return wrapped(*args, **kwargs)
-
-
-def _batch_wrapper(wrapped, instance, args, kwargs):
-    specs = args[0] if args else kwargs.get("specs", ())
-    for spec in list(specs or ()):
+def _record_wrapper(wrapped, instance, args, kwargs):
+    """A spec's method records its instance; ``build_jit_specs(specs)`` (a function: no instance) each spec."""
+    specs = [instance] if instance is not None else (args[0] if args else kwargs.get("specs")) or ()
+    for spec in list(specs):
         _record(spec)
     return wrapped(*args, **kwargs)
+
+
+def capture(spec) -> None:
+    """Note on ``spec`` the outermost FlashInfer ``gen_*_module`` call on the stack (0.7.4 ``gen_batch_decode_module(
+    dtype_q, ...)``) and its arguments, or why they cannot be carried.  Never raises."""
+    try:
+        frame, outermost = sys._getframe(1), None
+        while frame is not None:
+            module, name = frame.f_globals.get("__name__") or "", frame.f_code.co_name
+            if (module == "flashinfer" or module.startswith("flashinfer.")) and _GEN_RE.fullmatch(name) \
+                    and "customize" not in name:
+                outermost = frame
+            frame = frame.f_back
+        origin: Any = "no FlashInfer gen_*_module function made it" if outermost is None else _origin(outermost)
+    except Exception as exc:  # recording never breaks a build
+        origin = f"its generator's arguments could not be read ({type(exc).__name__})"
+    try:
+        object.__setattr__(spec, ORIGIN, origin)
+    except Exception:
+        pass
+
+
+def _origin(frame) -> dict | str:
+    from flashinfer_sm120.safety.formats.params import parse_generator, parse_params
+
+    code = frame.f_code
+    where = f"{frame.f_globals.get('__name__')}:{code.co_name}"
+    fn = frame.f_globals.get(code.co_name)
+    if fn is None or getattr(inspect.unwrap(fn), "__code__", None) is not code:
+        return f"{where} is not reachable by its name in its module"
+    n = code.co_argcount + code.co_kwonlyargcount
+    positional, kwonly = code.co_varnames[:code.co_argcount], code.co_varnames[code.co_argcount:n]
+    varargs = code.co_varnames[n] if code.co_flags & inspect.CO_VARARGS else None
+    varkw = code.co_varnames[n + (varargs is not None)] if code.co_flags & inspect.CO_VARKEYWORDS else None
+    params = {*positional, *kwonly, *(p for p in (varargs, varkw) if p)}
+    changed = sorted({i.argval for i in dis.get_instructions(code) if i.opname in _STORES and i.argval in params})
+    if changed:  # the frame holds the new value, not the argument
+        return f"{where} assigns to its parameter {changed[0]!r}, so its arguments cannot be read back"
+    values = frame.f_locals
+    try:
+        args = [encode_value(values[p]) for p in positional] + [encode_value(v) for v in values.get(varargs, ())]
+        kwargs = {k: encode_value(values[k]) for k in kwonly}
+        kwargs.update({k: encode_value(v) for k, v in (values.get(varkw) or {}).items()})
+        out = {"generator": where, "params": {"args": args, "kwargs": kwargs}}
+        parse_generator(out["generator"], where)
+        parse_params(out["params"], where)
+    except FormatError as exc:
+        return f"{where}: {exc}"
+    return out
+
+
+def encode_value(value: Any, depth: int = 0) -> Any:
+    """A generator argument as plain JSON (:mod:`flashinfer_sm120.safety.formats.params`); :raises FormatError: another
+    type (enums too: their text form is not their value)."""
+    from flashinfer_sm120.safety.formats.params import PARAM_MAX_DEPTH
+
+    if depth > PARAM_MAX_DEPTH:
+        raise FormatError("an argument nests too deep")
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if type(value).__name__ == "dtype" and type(value).__module__ == "torch":
+        return {"dtype": str(value).split(".", 1)[-1]}
+    if type(value) is tuple:
+        return {"tuple": [encode_value(v, depth + 1) for v in value]}
+    if type(value) is list:
+        return [encode_value(v, depth + 1) for v in value]
+    raise FormatError(f"an argument is a {type(value).__name__}, not a plain value")
 
 
 def _record(spec) -> None:
@@ -122,12 +192,9 @@ def _why(exc: BaseException) -> str:
 
 
 def append(path: str, entry: dict) -> None:
-    """Append ``entry`` as one JSON line to ``path`` (one ``write()`` under ``path + '.lock'``, so workers never tear).
+    """Append ``entry`` as one JSON line to ``path``, one ``write()`` under ``path + '.lock'`` (workers never tear).
 
-    :raises PlaceError: its directory is another uid's to change.
-    :raises OSError: the file cannot be written.
-    :raises filelock.Timeout: the lock stayed taken for 10 s.
-    """
+    :raises PlaceError, OSError, filelock.Timeout: its directory is another uid's to change; not writable; locked."""
     from filelock import FileLock
 
     from flashinfer_sm120.safety.ownership import check_place
@@ -160,10 +227,7 @@ def append(path: str, entry: dict) -> None:
 
 
 def encode(spec, flashinfer_version: str, targets: list[str]) -> dict:
-    """The entry for a FlashInfer ``JitSpec``: its generator and parameters (:func:`.generators.capture`);
-    one this cannot carry gets ``"regenerable": false`` and ``"why"``."""
-    from flashinfer_sm120.core.jitenv.generators import ORIGIN
-
+    """The entry for a ``JitSpec`` (generator and parameters from :func:`capture`), else ``regenerable: false``, ``why``."""
     entry: dict[str, Any] = {"format": FORMAT, "flashinfer": flashinfer_version, "name": spec.name,
                              "targets": sorted(targets), "toolchain": getattr(spec, "toolchain", "unknown")}
     origin = getattr(spec, ORIGIN, None)
@@ -179,9 +243,8 @@ def encode(spec, flashinfer_version: str, targets: list[str]) -> dict:
 
 
 def parse_entry(obj: Any, source: str) -> dict:
-    """One manifest entry checked field by field against :mod:`flashinfer_sm120.safety.formats` (names, targets,
-    generator and parameters; an entry recorded before generators were carries a ``spec`` and ``generated``
-    text, only ever compared), as a new dict.  :raises FormatError: naming ``source``, the key and the value."""
+    """One entry checked field by field against :mod:`flashinfer_sm120.safety.formats`, as a new dict (one recorded
+    before 0.3.0 carries ``spec`` and ``generated`` text, only ever compared).  :raises FormatError: names the key."""
     from flashinfer_sm120.safety.formats.grammar import parse_name, parse_path_text, parse_target, parse_version
     from flashinfer_sm120.safety.formats.params import parse_generator, parse_params
 
@@ -221,7 +284,7 @@ def parse_entry(obj: Any, source: str) -> dict:
 
 
 def _parse_legacy_spec(spec: dict, src: str) -> dict:
-    """The ``spec`` of an entry recorded before generators were: checked, compared by replay, never built from."""
+    """The ``spec`` of an entry recorded before 0.3.0: checked, compared by replay, never built from."""
     from flashinfer_sm120.safety.formats.flags import parse_compile_flag
     from flashinfer_sm120.safety.formats.grammar import parse_path_text
 
@@ -251,7 +314,7 @@ def _parse_legacy_spec(spec: dict, src: str) -> dict:
 
 
 def _parse_generated(obj: dict, source: str, out: dict) -> None:
-    """``generated``: text an old entry carries per generated file, kept only to be compared."""
+    """``generated``: the text an entry recorded before 0.3.0 carries per generated file, only to be compared."""
     from flashinfer_sm120.safety.formats.grammar import parse_relpath
 
     generated = field(obj, "generated", (dict, type(None)), source, default={}, fix=_FIX) or {}

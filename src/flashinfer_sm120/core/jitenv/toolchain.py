@@ -27,9 +27,8 @@ _state: dict = {"last": None, "flag": None, "jobs": None, "targets": 1}  # jobs:
 
 @dataclasses.dataclass
 class Setup:
-    """What was decided: variables to ``set`` and ``pop`` (refused), a sentence per decision (``notes``, for
-    ``doctor``) and per refusal (``warnings``), the compiler variables ``refused`` (for ``build --json``), the
-    compiler ``cache`` (``requested``, ``launcher``, ``verdict``, ``basedirs``, ``refused``), and ``MAX_JOBS``."""
+    """Variables to ``set`` and ``pop``, a sentence per decision and per refusal, the compiler variables ``refused``
+    (``build --json``), the compiler ``cache`` (``requested``, ``launcher``, ``verdict``, ``basedirs``, ``refused``)."""
 
     set: dict = dataclasses.field(default_factory=dict)
     pop: list = dataclasses.field(default_factory=list)
@@ -45,7 +44,7 @@ class Setup:
 
 
 def request_from_flag(flag_text: str | None) -> None:
-    """This process asked for the cache with ``build --compiler-cache sccache``: messages name the flag."""
+    """Messages name the flag (``build --compiler-cache sccache``) instead of :data:`CACHE_ENV`."""
     _state["flag"] = flag_text
 
 
@@ -57,8 +56,7 @@ def asked_by() -> tuple[str, str, bool]:
 
 
 def requested(env=None) -> tuple[str | None, str | None]:
-    """``(kind, problem)``: ``("sccache", None)`` when the cache is asked for, ``(None, None)`` when not,
-    ``(None, why)`` for a value we do not know (the message names the fix)."""
+    """``(kind, problem)``: ``("sccache", None)``, ``(None, None)`` when not asked for, ``(None, why and the fix)``."""
     try:
         raw = env_text(CACHE_ENV, env, max_len=64)
     except FormatError as exc:
@@ -72,9 +70,8 @@ def requested(env=None) -> tuple[str | None, str | None]:
 
 
 def configure(home: str, nvcc: str, targets, env=None, verdicts=None) -> Setup:
-    """Decide for ``home`` (the ``CUDA_HOME`` FlashInfer builds with), ``nvcc`` and FlashInfer's ``targets``,
-    reading ``env`` (default ``os.environ``) and changing nothing; ``verdicts``: the compiler variables'
-    (:func:`flashinfer_sm120.safety.compilers.check`, or what it raised) when already checked.  Never raises."""
+    """Decide for ``home``, ``nvcc`` and FlashInfer's ``targets`` from ``env``, changing nothing; ``verdicts``: those
+    of :func:`flashinfer_sm120.safety.compilers.check` (or what it raised) when already checked.  Never raises."""
     env = os.environ if env is None else env
     if verdicts is None:
         from flashinfer_sm120.safety import compilers
@@ -96,15 +93,12 @@ def configure(home: str, nvcc: str, targets, env=None, verdicts=None) -> Setup:
     try:  # FlashInfer 0.6/0.7 reads MAX_JOBS and the launchers only in run_ninja (jit/cpp_ext.py)
         from flashinfer_sm120.core.jitenv import memory
 
-        problem = memory.max_jobs(env)[2]
-        if problem:  # FlashInfer would crash on it or ignore it: ours instead (undone by revert())
-            out.pop.append("MAX_JOBS")
-        value, out.max_jobs = memory.server_max_jobs(len(targets) or 1, env)
-        if problem:
-            out.warnings.append(out.max_jobs)
         _state["targets"] = len(targets) or 1
-        if value is not None:
-            out.max_jobs_value = str(value)
+        value, out.max_jobs = memory.server_max_jobs(_state["targets"], env)
+        out.max_jobs_value = None if value is None else str(value)
+        if memory.max_jobs(env)[2]:  # FlashInfer would crash on it or ignore it: ours instead (undone by revert())
+            out.pop.append("MAX_JOBS")
+            out.warnings.append(out.max_jobs)
     except Exception as exc:
         out.max_jobs = f"MAX_JOBS not exported: {exc!r}"[:300]
     try:
@@ -126,8 +120,8 @@ def configure(home: str, nvcc: str, targets, env=None, verdicts=None) -> Setup:
 
 
 def prepare_builds() -> None:
-    """Right before FlashInfer's first JIT build of the process (the patch's build gate): :func:`configure`
-    with the verdicts of the export, applied through its undo log.  Later calls do nothing; never raises."""
+    """At FlashInfer's first JIT build (the patch's build gate): :func:`configure` with the export's verdicts, applied
+    through its undo log.  Later calls do nothing; never raises."""
     from flashinfer_sm120.core.jitenv import environ
 
     with _lock:  # held while deciding: a second builder waits for MAX_JOBS
@@ -155,7 +149,7 @@ def prepare_builds() -> None:
 
 
 def own_max_jobs(value: str) -> None:
-    """Export ``MAX_JOBS=value`` as ours: :func:`refresh_max_jobs` may update it, :func:`release_max_jobs` remove it."""
+    """Export ``MAX_JOBS=value`` as ours, for :func:`refresh_max_jobs` and :func:`release_max_jobs`."""
     with _lock:
         os.environ["MAX_JOBS"] = _state["jobs"] = value
 
@@ -169,8 +163,8 @@ def release_max_jobs() -> None:
 
 
 def refresh_max_jobs() -> None:
-    """Right before FlashInfer runs ninja: ``MAX_JOBS`` again from the memory left now (a server loads its model
-    and KV cache after importing FlashInfer), if it is still ours.  Never raises."""
+    """Before each ninja run: our ``MAX_JOBS`` again from the memory left now (a server loads its model after
+    importing FlashInfer).  Never raises."""
     try:
         with _lock:
             mine = _state["jobs"]
