@@ -45,24 +45,23 @@ class _Steps:
         self.late_undo: list[Callable[[], None]] = []
         self.info: dict = {}
 
-    def set_env(self, name: str, value: str) -> None:
+    def set_env(self, name: str, value: str | None) -> None:
+        """``name=value`` (``None``: removed); undone unless changed since (then it is someone else's)."""
         old = os.environ.get(name)
-        os.environ[name] = value
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
         def undo() -> None:
-            if os.environ.get(name) != value:
-                return  # changed by someone since: theirs now, leave it
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old
+            if os.environ.get(name) == value:
+                if old is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = old
 
-        self.env_undo.append(undo)
-
-    def pop_env(self, name: str) -> None:
-        old = os.environ.pop(name, None)
-        if old is not None:
-            self.env_undo.append(lambda: os.environ.setdefault(name, old))
+        if old != value:
+            self.env_undo.append(undo)
 
     def prepend_path(self, d: str) -> None:
         self.set_env("PATH", d + os.pathsep + os.environ.get("PATH", os.defpath))
@@ -217,7 +216,7 @@ def _check_compilers(steps: _Steps, home: str, nvcc: str, targets) -> None:
         verdicts = exc
     for v in [] if isinstance(verdicts, Exception) else verdicts:
         if not v.keep:
-            steps.pop_env(v.var)
+            steps.set_env(v.var, None)
             logger.warning("flashinfer-sm120: %s", v.note)
     steps.info["builds"] = "compiler variables checked; MAX_JOBS and the compiler cache at the first JIT build"
     with _lock:

@@ -60,22 +60,20 @@ class MemoryView:
     notes: tuple[str, ...] = ()
 
     @property
-    def source(self) -> str:
-        low = self.lowest()
-        return low.source if low else "unknown"
-
     def lowest(self) -> Bound | None:
-        return min(self.bounds, key=lambda b: b.available) if self.bounds else None
+        return min(self.bounds, key=lambda b: b.available, default=None)
+
+    @property
+    def source(self) -> str:
+        return self.lowest.source if self.lowest else "unknown"
 
     def describe(self) -> str:
-        low = self.lowest()
-        if low is None:
+        if self.lowest is None:
             return "unknown (" + ("; ".join(self.notes) or "nothing readable") + ")"
-        return f"{fmt_bytes(low.available)} ({low.source}: {low.detail})"
+        return f"{fmt_bytes(self.lowest.available)} ({self.source}: {self.lowest.detail})"
 
     def to_dict(self) -> dict:
-        return {"available": self.available, "source": self.source,
-                "bounds": [dataclasses.asdict(b) for b in self.bounds], "notes": list(self.notes)}
+        return dict(dataclasses.asdict(self), source=self.source)
 
 
 def _number(path: str, *keys: str) -> int | None:
@@ -97,8 +95,9 @@ def _lines(path: str, max_line: int, max_lines: int) -> list[str]:
         return []
 
 
-def _cgroup_dirs(proc_root: str) -> list[tuple[str, list[str]]]:
-    """``(version, [our cgroup's directory, its parents up to the mount point])`` per hierarchy accounting memory."""
+def _cgroup_bounds(proc_root: str, notes: list[str]) -> list[Bound]:
+    """Per hierarchy accounting our memory, the lowest ``limit - (usage - inactive file cache)`` from our cgroup up to
+    the mount point (a parent's limit binds its children; the cache as the kubelet counts it)."""
     mounts = []
     for line in _lines(os.path.join(proc_root, "self", "mountinfo"), 8192, 20000):
         fields = line.split(" ")
@@ -110,37 +109,24 @@ def _cgroup_dirs(proc_root: str) -> list[tuple[str, list[str]]]:
         fstype, super_opts = fields[sep + 1], fields[sep + 3] if len(fields) > sep + 3 else ""
         if fstype == "cgroup2" or (fstype == "cgroup" and "memory" in super_opts.split(",")):
             mounts.append(("2" if fstype == "cgroup2" else "1", root, point))
-    out = []
+    bounds = []
     for line in _lines(os.path.join(proc_root, "self", "cgroup"), 4096, 256):
         parts = line.split(":", 2)
         if len(parts) != 3 or not (parts[:2] == ["0", ""] or "memory" in parts[1].split(",")):
             continue
-        version, path = "2" if parts[:2] == ["0", ""] else "1", parts[2]
+        version, path, chain = "2" if parts[:2] == ["0", ""] else "1", parts[2], None
         for v, root, point in mounts:
-            if v != version:
-                continue
-            rel = path
-            if root != "/" and (path == root or path.startswith(root.rstrip("/") + "/")):
-                rel = path[len(root.rstrip("/")):]
-            elif root != "/":
-                rel = "/"  # a cgroup namespace: our cgroup is the mount's root
-            rel = rel.strip("/")
-            if rel and any(p in ("", ".", "..") for p in rel.split("/")):
-                continue
-            chain = [os.path.join(point, rel) if rel else point]
-            while chain[-1] != point and len(chain) <= 64:
-                chain.append(os.path.dirname(chain[-1]))
-            out.append((version, chain))
-            break
-    return out
-
-
-def _cgroup_bounds(proc_root: str, notes: list[str]) -> list[Bound]:
-    """Per hierarchy, the lowest ``limit - (usage - inactive file cache)`` up the chain (as the kubelet counts)."""
-    bounds = []
-    for version, chain in _cgroup_dirs(proc_root):
+            base = root.rstrip("/")  # our path outside the mount's root: a cgroup namespace, whose root we are
+            rel = (path[len(base):] if (path + "/").startswith(base + "/") else "").strip("/")
+            if v == version and not (rel and any(p in ("", ".", "..") for p in rel.split("/"))):
+                chain = [os.path.join(point, rel) if rel else point]
+                while chain[-1] != point and len(chain) <= 64:
+                    chain.append(os.path.dirname(chain[-1]))
+                break
+        if chain is None:
+            continue
         limit_file, used_file, cache_keys = _FILES[version]
-        best: Bound | None = None
+        found = []
         for d in chain:
             limit = _number(os.path.join(d, limit_file))
             if limit is None or (version == "1" and limit >= _V1_UNLIMITED):
@@ -148,14 +134,12 @@ def _cgroup_bounds(proc_root: str, notes: list[str]) -> list[Bound]:
             used = _number(os.path.join(d, used_file))
             cache = _number(os.path.join(d, "memory.stat"), *cache_keys)
             working = max(0, (used or 0) - min(cache, used or 0))
-            b = Bound(f"cgroup v{version} {d}", max(0, limit - working),
-                      f"{limit_file} {fmt_bytes(limit)}, {used_file} {fmt_bytes(used)} "
-                      f"of which {fmt_bytes(cache)} reclaimable cache")
-            if best is None or b.available < best.available:
-                best = b
-        if best is not None:
-            bounds.append(best)
-        elif chain:
+            found.append(Bound(f"cgroup v{version} {d}", max(0, limit - working),
+                               f"{limit_file} {fmt_bytes(limit)}, {used_file} {fmt_bytes(used)} "
+                               f"of which {fmt_bytes(cache)} reclaimable cache"))
+        if found:
+            bounds.append(min(found, key=lambda b: b.available))
+        else:
             has = os.path.exists(os.path.join(chain[0], limit_file))
             notes.append(f"cgroup v{version} {chain[0]}: " + ("no memory limit" if has else "no memory controller"))
     return bounds

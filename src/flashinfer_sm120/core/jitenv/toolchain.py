@@ -16,13 +16,13 @@ from flashinfer_sm120.safety.formats.reads import env_text
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["CACHE_ENV", "Setup", "configure", "prepare_builds", "last", "own_max_jobs", "refresh_max_jobs",
-           "release_max_jobs", "requested", "request_from_flag", "asked_by"]
+__all__ = ["CACHE_ENV", "Setup", "configure", "prepare_builds", "last", "refresh_max_jobs", "requested",
+           "request_from_flag", "asked_by"]
 
 #: The compiler cache's opt-in variable; its one value besides off is ``sccache``.
 CACHE_ENV = "FLASHINFER_SM120_COMPILER_CACHE"
 _lock = threading.RLock()
-_state: dict = {"last": None, "flag": None, "jobs": None, "targets": 1}  # jobs: the MAX_JOBS we exported and own
+_state: dict = {"last": None, "flag": None, "jobs": None, "targets": 1, "steps": None}  # jobs: our MAX_JOBS
 
 
 @dataclasses.dataclass
@@ -133,12 +133,13 @@ def prepare_builds() -> None:
             setup = configure(home, nvcc, targets, verdicts=verdicts)
             said = {v.note for v in verdicts if not v.keep} if not isinstance(verdicts, Exception) else set()
             for name in setup.pop:  # those refused at import are gone already: nothing to undo twice
-                steps.pop_env(name)
+                steps.set_env(name, None)
             for name, value in setup.set.items():
                 steps.set_env(name, value)
-            if setup.max_jobs_value is not None:  # ours to refresh before each build, and to remove on undo
-                own_max_jobs(setup.max_jobs_value)
-                steps.env_undo.append(release_max_jobs)
+            if setup.max_jobs_value is not None:  # ours to refresh before each build (refresh_max_jobs)
+                steps.set_env("MAX_JOBS", setup.max_jobs_value)
+                _state.update(jobs=setup.max_jobs_value, steps=steps)
+                steps.env_undo.append(lambda: _state.update(jobs=None))
             for line in setup.warnings:
                 if line not in said:
                     logger.warning("flashinfer-sm120: %s", line)
@@ -146,20 +147,6 @@ def prepare_builds() -> None:
         except Exception as exc:
             steps.info["builds"] = f"failed: {exc!r}"
             logger.warning("flashinfer-sm120: setting up JIT builds failed: %r", exc)
-
-
-def own_max_jobs(value: str) -> None:
-    """Export ``MAX_JOBS=value`` as ours, for :func:`refresh_max_jobs` and :func:`release_max_jobs`."""
-    with _lock:
-        os.environ["MAX_JOBS"] = _state["jobs"] = value
-
-
-def release_max_jobs() -> None:
-    """Undo: remove ``MAX_JOBS`` if it is still the value we exported."""
-    with _lock:
-        if _state["jobs"] is not None and os.environ.get("MAX_JOBS") == _state["jobs"]:
-            os.environ.pop("MAX_JOBS", None)
-        _state["jobs"] = None
 
 
 def refresh_max_jobs() -> None:
@@ -175,7 +162,8 @@ def refresh_max_jobs() -> None:
             env = {k: v for k, v in os.environ.items() if k != "MAX_JOBS"}
             value, why = memory.server_max_jobs(_state["targets"], env)
             if value is not None and str(value) != mine:
-                os.environ["MAX_JOBS"] = _state["jobs"] = str(value)
+                _state["steps"].set_env("MAX_JOBS", str(value))  # undone in turn: back to ours, then to theirs
+                _state["jobs"] = str(value)
                 logger.info("flashinfer-sm120: %s (memory left now)", why)
     except Exception as exc:  # pragma: no cover - a failed refresh keeps the earlier value
         logger.debug("flashinfer-sm120: MAX_JOBS not refreshed: %r", exc)

@@ -78,9 +78,12 @@ def test_export_sets_home_and_path_and_undo_restores_them(env, tmp_path):
     assert dict(os.environ) == before
 
 
-def test_max_jobs_waits_for_the_first_build_and_undo_removes_it(env, tmp_path, monkeypatch):
+def test_max_jobs_waits_for_the_first_build_is_refreshed_and_undo_removes_it(env, tmp_path, monkeypatch):
     """MAX_JOBS (read by FlashInfer only in run_ninja) is set by prepare_builds, which the build gate
-    calls, not by the export at import; a second call changes nothing, and the undo removes it."""
+    calls, not by the export at import; a second call changes nothing; refresh_max_jobs (the gate, before
+    each build) takes the memory left now while it is ours; the undo removes it, a user's is never touched."""
+    from flashinfer_sm120.core.jitenv import memory
+
     monkeypatch.delenv("MAX_JOBS", raising=False)
     home = toolkit(tmp_path / "cuda-13.0")
     before = dict(os.environ)
@@ -92,11 +95,17 @@ def test_max_jobs_waits_for_the_first_build_and_undo_removes_it(env, tmp_path, m
         assert jobs.isdigit() and "MAX_JOBS=" in environ.exported()["builds"]["max_jobs"]
         toolchain.prepare_builds()
         assert os.environ["MAX_JOBS"] == jobs
+        monkeypatch.setattr(memory, "server_max_jobs", lambda targets, env: (int(jobs) + 1, "the model loaded"))
+        toolchain.refresh_max_jobs()
+        assert os.environ["MAX_JOBS"] == str(int(jobs) + 1)
     finally:
         undo()
     assert dict(os.environ) == before
     toolchain.prepare_builds()  # after the undo: nothing left to prepare
     assert "MAX_JOBS" not in os.environ
+    monkeypatch.setenv("MAX_JOBS", str(int(jobs) + 1))  # the user's now, though equal to ours before: never touched
+    toolchain.refresh_max_jobs()
+    assert os.environ["MAX_JOBS"] == str(int(jobs) + 1)
 
 
 def test_a_view_home_puts_its_own_bin_on_path(env, tmp_path):

@@ -56,7 +56,7 @@ def test_v2_limit_minus_working_set_lowest_level_wins(tmp_path):
         "/kubepods": {"memory.max": f"{64 * GIB}\n", "memory.current": f"{2 * GIB}\n"},
     })
     view = memory.read_memory(proc_root=proc, gpu=False)
-    low = view.lowest()
+    low = view.lowest
     assert low.source.startswith("cgroup v2") and low.source.endswith("kubepods/pod1")
     assert view.available == 1 * GIB - (600 - 200) * MIB  # reclaimable cache is not counted as used
     assert {b.source for b in view.bounds} == {low.source, "MemAvailable"}
@@ -113,7 +113,7 @@ def test_gb10_subtracts_what_the_gpu_side_holds_discrete_gpus_do_not(tmp_path):
     gb10 = _fake_nvml([("NVIDIA GB10", (12, 1), None, [70 * GIB, 10 * GIB])])
     view = memory.read_memory(proc_root=proc, nvml=gb10)
     assert view.source == "unified-memory GPU" and view.available == 40 * GIB
-    assert "2 GPU process" in view.lowest().detail
+    assert "2 GPU process" in view.lowest.detail
     rtx = _fake_nvml([("NVIDIA GeForce RTX 5090", (12, 0), 20 * GIB, [])])
     assert memory.read_memory(proc_root=proc, nvml=rtx).source == "MemAvailable"
     unknown = _fake_nvml([("NVIDIA GB10", (12, 1), None, [None])])
@@ -236,22 +236,6 @@ def test_multi_step_modules_grow_into_freed_slots(tmp_path, monkeypatch, ninja):
     for d in mods:  # FlashInfer's own ninja run finds nothing to do
         again = subprocess.run([ninja, "-C", str(d.build_dir), "-f", str(d.ninja_path)], capture_output=True, text=True)
         assert "no work to do" in again.stdout
-
-
-def test_server_max_jobs_is_refreshed_before_a_build_and_removed_on_undo(monkeypatch):
-    from flashinfer_sm120.core.jitenv import toolchain
-
-    monkeypatch.setenv("MAX_JOBS", "5")
-    toolchain.own_max_jobs("5")
-    monkeypatch.setattr(memory, "server_max_jobs", lambda targets, env: (1, "MAX_JOBS=1 exported: the model loaded"))
-    toolchain.refresh_max_jobs()  # right before FlashInfer's run_ninja (patch/steps.py _nvcc_gate)
-    assert os.environ["MAX_JOBS"] == "1"
-    toolchain.release_max_jobs()
-    assert "MAX_JOBS" not in os.environ
-    monkeypatch.setenv("MAX_JOBS", "7")  # the user's: never touched
-    toolchain.refresh_max_jobs()
-    toolchain.release_max_jobs()
-    assert os.environ["MAX_JOBS"] == "7"
 
 
 from hypothesis import given, strategies as st  # noqa: E402
