@@ -5,6 +5,7 @@ an object (sccache 0.16.0 caches nvcc 13.0.88; with 13.5.37 it exits 254: its ``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -40,7 +41,6 @@ int flashinfer_sm120_probe_host() { return 0; }
 
 def configure(out, home: str, nvcc: str, targets, env) -> None:
     """The compiler cache of a :class:`.toolchain.Setup`: the user's ``FLASHINFER_NVCC_LAUNCHER``, else sccache, probed."""
-    from flashinfer_sm120.core.facts.arch import major_minor
     from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV, asked_by
     from flashinfer_sm120.core.toolkit.probe import nvcc_version
     from flashinfer_sm120.safety.compilers import program_of
@@ -49,8 +49,6 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
     nvcc_full = nvcc_version(nvcc)[0]
     fi_nvcc = env.get("FLASHINFER_NVCC") if "FLASHINFER_NVCC" not in out.pop else None
     fi_nvcc = fi_nvcc or os.path.join(home, "bin", "nvcc")
-    mm = major_minor(nvcc_full)
-    static_stub = mm is None or mm.release >= (12, 8)  # FlashInfer's rule (cpp_ext.py)
     target = next((f"{int(a)}{b}" for a, b in targets), "80")  # 120f; 80 when none is known (nvcc 11+ builds it)
     user = env.get("FLASHINFER_NVCC_LAUNCHER") if "FLASHINFER_NVCC_LAUNCHER" not in out.pop else None
     if user:
@@ -61,7 +59,7 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
         if prog is None or len(user.split()) != 1:
             out.cache["verdict"] = {"ok": None, "why": "a launcher of more than one word is not probed"}
             return
-        v = probe_once(prog, fi_nvcc, home, target, nvcc_full, static_stub=static_stub)
+        v = probe_once(prog, fi_nvcc, home, target, nvcc_full)
         out.cache["verdict"] = v.to_dict()
         if not v.ok:
             out.pop.append("FLASHINFER_NVCC_LAUNCHER")
@@ -88,7 +86,7 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
             out.notes.append(f"the sccache server already running (port {port or '4226'}) was started without "
                              f"SCCACHE_BASEDIRS={out.set['SCCACHE_BASEDIRS']}; nodes with other paths will miss its "
                              f"entries until it is restarted ('{path} --stop-server')")
-        v = probe_once(path, fi_nvcc, home, target, nvcc_full, static_stub=static_stub)
+        v = probe_once(path, fi_nvcc, home, target, nvcc_full)
         out.cache["verdict"] = v.to_dict()
         why = v.why
     if why:
@@ -152,10 +150,8 @@ def basedirs(env=None) -> list[str]:
     from flashinfer_sm120.safety.fs.statedir import cache_root
 
     cands = [workspace_base(env)[0]]
-    try:
+    with contextlib.suppress(StateFileError):
         cands.append(cache_root())
-    except StateFileError:
-        pass
     out: list[str] = []
     for p in cands:
         if p and os.path.isabs(p) and ":" not in p and os.path.isdir(p) and os.path.realpath(p) not in out:
@@ -220,10 +216,11 @@ class Verdict:
 
 
 def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *,
-          static_stub: bool = True, timeout: float = PROBE_TIMEOUT_S, env=None) -> Verdict:
+          timeout: float = PROBE_TIMEOUT_S, env=None) -> Verdict:
     """Compile :data:`PROBE_SOURCE` through ``launcher`` with FlashInfer's flags for ``target`` (``120f``).
 
     :raises PlaceError: the temporary directory is another uid's to change (nothing is compiled)."""
+    from flashinfer_sm120.core.facts.arch import major_minor
     from flashinfer_sm120.safety.buildenv import build_env
     from flashinfer_sm120.safety.fs.tmpdirs import make_private
 
@@ -238,7 +235,8 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
             fh.write(PROBE_SOURCE)
         cmd = [launcher, nvcc, "--generate-dependencies-with-compile", "-MF", obj + ".d",
                "-isystem", os.path.join(home, "include"), "--compiler-options=-fPIC", "--expt-relaxed-constexpr"]
-        cmd += ["-static-global-template-stub=false"] if static_stub else []
+        mm = major_minor(nvcc_version)  # FlashInfer passes it from nvcc 12.8 (jit/cpp_ext.py)
+        cmd += ["-static-global-template-stub=false"] if mm is None or mm.release >= (12, 8) else []
         cmd += [gencode, "-std=c++17", "-c", src, "-o", obj]
         res = run(cmd, timeout=timeout, max_output=64 << 10, env=build_env(os.environ if env is None else env))
         made = os.path.isfile(obj) and os.path.getsize(obj) > 0
@@ -296,18 +294,18 @@ def _store(key: str, v: Verdict, path: str) -> None:
 
 
 def probe_once(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *,
-               static_stub: bool = True, lock_timeout: float = PROBE_TIMEOUT_S + 30) -> Verdict:
+               lock_timeout: float = PROBE_TIMEOUT_S + 30) -> Verdict:
     """The remembered verdict per (launcher, nvcc, target) fingerprint, else :func:`probe`, one process at a time."""
     try:
         try:
             path = _memo_path()
         except StateFileError:
-            return probe(launcher, nvcc, home, target, nvcc_version, static_stub=static_stub)
+            return probe(launcher, nvcc, home, target, nvcc_version)
         key = hashlib.sha256("\0".join([os.path.realpath(launcher), str(fingerprint(launcher)), os.path.realpath(nvcc),
                                         str(fingerprint(nvcc)), target]).encode()).hexdigest()[:32]
 
         def compute() -> Verdict:
-            v = probe(launcher, nvcc, home, target, nvcc_version, static_stub=static_stub)
+            v = probe(launcher, nvcc, home, target, nvcc_version)
             try:
                 _store(key, v, path)
             except StateFileError as exc:

@@ -5,6 +5,7 @@ unified-memory GPUs), what one compile of each module family takes, and ``MAX_JO
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -146,15 +147,12 @@ def _cgroup_bounds(proc_root: str, notes: list[str]) -> list[Bound]:
 
 
 def _gpu_held(nvml: Any) -> tuple[int | None, str] | None:
-    """What the GPU side of a unified-memory GPU (GB10, 12.1) holds per NVML: ``(bytes, how)``, ``(None, why)``,
-    or ``None`` without NVML or such a GPU.  GB10 drivers answer "Not Supported" to
-    ``nvmlDeviceGetMemoryInfo``: then the GPU processes' ``usedGpuMemory``."""
-    if nvml is None:
-        try:
-            import pynvml as nvml  # nvidia-ml-py
-        except Exception as exc:
-            return None, f"pynvml not importable ({type(exc).__name__})"
+    """What the GPU side of a unified-memory GPU (GB10, 12.1) holds per NVML: ``(bytes, how)``, ``(None, why)``, or
+    ``None`` without NVML or such a GPU.  GB10 drivers answer "Not Supported" to ``nvmlDeviceGetMemoryInfo``: then
+    the GPU processes' ``usedGpuMemory``."""
     try:
+        if nvml is None:
+            import pynvml as nvml  # nvidia-ml-py, a dependency
         nvml.nvmlInit()
     except Exception:
         return None
@@ -166,20 +164,16 @@ def _gpu_held(nvml: Any) -> tuple[int | None, str] | None:
             name = name.decode() if isinstance(name, bytes) else str(name)
             if not (tuple(nvml.nvmlDeviceGetCudaComputeCapability(h)) == (12, 1) or "GB10" in name.upper()):
                 continue
-            try:
+            info, procs = None, []
+            with contextlib.suppress(Exception):
                 info = nvml.nvmlDeviceGetMemoryInfo(h)
-            except Exception:
-                info = None
             if info is not None and getattr(info, "total", 0):
                 held += int(info.used)
                 how.append(f"{name}: {fmt_bytes(int(info.used))} used (nvmlDeviceGetMemoryInfo)")
                 continue
-            procs = []
             for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-                try:
+                with contextlib.suppress(Exception):
                     procs += list(getattr(nvml, getter)(h))
-                except Exception:
-                    pass
             used = [getattr(p, "usedGpuMemory", None) for p in procs]
             known = [int(u) for u in used if isinstance(u, int) and u >= 0]
             if len(known) != len(used):
@@ -190,10 +184,8 @@ def _gpu_held(nvml: Any) -> tuple[int | None, str] | None:
     except Exception as exc:
         return None, f"NVML failed ({exc})"[:200]
     finally:
-        try:
+        with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def read_memory(*, proc_root: str = "/proc", gpu: bool = True, nvml: Any = None) -> MemoryView:

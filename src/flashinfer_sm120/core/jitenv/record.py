@@ -5,6 +5,7 @@ loads as data: the FlashInfer ``gen_*_module`` that made it and its arguments, n
 
 from __future__ import annotations
 
+import contextlib
 import dis
 import inspect
 import json
@@ -97,10 +98,8 @@ def capture(spec) -> None:
         origin: Any = "no FlashInfer gen_*_module function made it" if outermost is None else _origin(outermost)
     except Exception as exc:  # recording never breaks a build
         origin = f"its generator's arguments could not be read ({type(exc).__name__})"
-    try:
+    with contextlib.suppress(Exception):
         object.__setattr__(spec, ORIGIN, origin)
-    except Exception:
-        pass
 
 
 def _origin(frame) -> dict | str:
