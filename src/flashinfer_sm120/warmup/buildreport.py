@@ -20,7 +20,7 @@ def doctor_section(report: dict) -> dict:
                           if not (setup and (k in setup.set or (k == "MAX_JOBS" and v == setup.max_jobs_value)))})
     out = {
         "memory": view.to_dict(),
-        "estimates": {f.name: memory.family_estimate(f, known).__dict__ for f in memory.FAMILIES[:-1]},
+        "estimates": {f.name: memory.family_estimate(f, known)._asdict() for f in memory.FAMILIES[:-1]},
         "plan": plan.to_dict(),
         "max_jobs": setup.max_jobs if setup else memory.server_max_jobs(targets, view=view)[1],
         "compilers": list(setup.notes) if setup else [],

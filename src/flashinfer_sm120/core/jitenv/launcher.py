@@ -60,7 +60,7 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
             out.cache["verdict"] = {"ok": None, "why": "a launcher of more than one word is not probed"}
             return
         v = probe_once(prog, fi_nvcc, home, target, nvcc_full)
-        out.cache["verdict"] = v.to_dict()
+        out.cache["verdict"] = dataclasses.asdict(v)
         if not v.ok:
             out.pop.append("FLASHINFER_NVCC_LAUNCHER")
             out.cache["refused"] = v.why
@@ -87,7 +87,7 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
                              f"SCCACHE_BASEDIRS={out.set['SCCACHE_BASEDIRS']}; nodes with other paths will miss its "
                              f"entries until it is restarted ('{path} --stop-server')")
         v = probe_once(path, fi_nvcc, home, target, nvcc_full)
-        out.cache["verdict"] = v.to_dict()
+        out.cache["verdict"] = dataclasses.asdict(v)
         why = v.why
     if why:
         how, uncached, by_flag = asked_by()
@@ -211,9 +211,6 @@ class Verdict:
     seconds: float = 0.0
     remembered: bool = False
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
 
 def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *,
           timeout: float = PROBE_TIMEOUT_S, env=None) -> Verdict:
@@ -287,7 +284,7 @@ def _lookup(key: str, path: str) -> Verdict | None:
 
 def _store(key: str, v: Verdict, path: str) -> None:
     entries = {k: e for k, e in _entries(path).items() if isinstance(e, dict) and isinstance(e.get("at"), (int, float))}
-    entries[key] = dict(v.to_dict(), at=time.time())
+    entries[key] = dict(dataclasses.asdict(v), at=time.time())
     entries[key].pop("remembered")
     keep = sorted(entries, key=lambda k: entries[k]["at"], reverse=True)[:_MEMO_MAX_ENTRIES]
     write_json_atomic(path, {"schema": 1, "entries": {k: entries[k] for k in keep}})

@@ -5,6 +5,7 @@ unified-memory GPUs), what one compile of each module family takes, and ``MAX_JO
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import os
@@ -217,16 +218,11 @@ def read_memory(*, proc_root: str = "/proc", gpu: bool = True, nvml: Any = None)
     return MemoryView(min((b.available for b in bounds), default=None), tuple(bounds), tuple(notes))
 
 
-@dataclasses.dataclass(frozen=True)
-class Family:
-    """Modules alike in what one compile takes (``pattern`` searched in the name; peak until one is recorded)."""
-
-    name: str
-    pattern: str
-    default_mib: int
-    source: str
-
-
+#: Modules alike in what one compile takes: ``pattern`` is searched in the name; ``default_mib`` one compile's peak
+#: (``--threads 1``, one target) until one is recorded here; ``source`` where it comes from.
+Family = collections.namedtuple("Family", "name pattern default_mib source")
+#: What one compile process of a module takes: bytes, its family, and where the figure comes from.
+Estimate = collections.namedtuple("Estimate", "bytes family source")
 #: First match wins; the last entry matches everything.  Measured here (``ru_maxrss`` of one module build:
 #: nvcc 13.0.88, sm_120f, ``--threads 1``) with a margin, or for heavy CUTLASS families FlashInfer's AOT
 #: baseline (``scripts/jit_cache_build_common.sh``: 8 GB per job) and issue 3634 (3-8 GiB per nvcc).
@@ -242,15 +238,6 @@ FAMILIES: tuple[Family, ...] = (
            "measured 402 MiB for silu_and_mul"),
     Family("other", r"", 4096, "not measured: a middle value"),
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Estimate:
-    """What one compile process of a module takes: bytes, its family, and where the figure comes from."""
-
-    bytes: int
-    family: str
-    source: str
 
 
 def estimates_path() -> str:

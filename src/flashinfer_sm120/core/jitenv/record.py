@@ -297,11 +297,9 @@ def _parse_legacy_spec(spec: dict, src: str) -> dict:
 
     sources = string_list(f(spec, "sources", list, src, fix=fix), f"{src} 'sources'", fix=fix)
     clean: dict[str, Any] = {"sources": paths(sources, "sources")}
-    for k in _FLAG_LISTS:
+    for k in (*_FLAG_LISTS, "extra_include_dirs"):
         v = f(spec, k, (list, type(None)), src, default=None, fix=fix)
-        clean[k] = None if v is None else flags(v, k)
-    inc = f(spec, "extra_include_dirs", (list, type(None)), src, default=None, fix=fix)
-    clean["extra_include_dirs"] = None if inc is None else paths(inc, "extra_include_dirs")
+        clean[k] = None if v is None else paths(v, k) if k == "extra_include_dirs" else flags(v, k)
     clean["needs_device_linking"] = f(spec, "needs_device_linking", bool, src, default=False, fix=fix)
     key = "extra_cuda_cflags_by_source"
     clean[key] = []

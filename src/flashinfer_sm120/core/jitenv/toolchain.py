@@ -39,9 +39,6 @@ class Setup:
     max_jobs: str = ""
     max_jobs_value: str | None = None
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
 
 def request_from_flag(flag_text: str | None) -> None:
     """Messages name the flag (``build --compiler-cache sccache``) instead of :data:`CACHE_ENV`."""
@@ -83,7 +80,8 @@ def configure(home: str, nvcc: str, targets, env=None, verdicts=None) -> Setup:
     out = Setup()
     if isinstance(verdicts, Exception):
         out.notes.append(f"compiler variables not checked: {verdicts!r}"[:300])
-    for v in [] if isinstance(verdicts, Exception) else verdicts:
+        verdicts = []
+    for v in verdicts:
         out.notes.append(v.note)
         if not v.keep:  # P2
             out.pop.append(v.var)
@@ -131,7 +129,7 @@ def prepare_builds() -> None:
         steps, verdicts, (home, nvcc, targets) = pending
         try:
             setup = configure(home, nvcc, targets, verdicts=verdicts)
-            said = {v.note for v in verdicts if not v.keep} if not isinstance(verdicts, Exception) else set()
+            said = {r["why"] for r in setup.refused}  # at import, by the export
             for name in setup.pop:  # those refused at import are gone already: nothing to undo twice
                 steps.set_env(name, None)
             for name, value in setup.set.items():
@@ -143,7 +141,7 @@ def prepare_builds() -> None:
             for line in setup.warnings:
                 if line not in said:
                     logger.warning("flashinfer-sm120: %s", line)
-            steps.info["builds"] = setup.to_dict()
+            steps.info["builds"] = dataclasses.asdict(setup)
         except Exception as exc:
             steps.info["builds"] = f"failed: {exc!r}"
             logger.warning("flashinfer-sm120: setting up JIT builds failed: %r", exc)
