@@ -33,7 +33,7 @@ TRITON_PTXAS = (("ptxas-thor", lambda sm: sm == 110), ("ptxas-blackwell", lambda
 
 _lock = threading.RLock()
 _current: dict | None = None  # {"key", "undo", "info"}
-_pending: dict = {}  # what the first JIT build finishes: {"steps", "verdicts", "args": (home, nvcc, targets)}
+_pending: list = []  # what the first JIT build finishes: [(steps, verdicts, (home, nvcc, targets))]
 _release_memo: dict[tuple, Version | None] = {}
 
 
@@ -68,7 +68,7 @@ class _Steps:
 
     def undo(self) -> None:
         with _lock:
-            if _pending.get("steps") is self:  # undone before its first build: nothing left to prepare
+            if _pending and _pending[0][0] is self:  # undone before its first build: nothing left to prepare
                 _pending.clear()
         for fn in reversed(self.late_undo + self.env_undo):
             try:
@@ -220,15 +220,13 @@ def _check_compilers(steps: _Steps, home: str, nvcc: str, targets) -> None:
             logger.warning("flashinfer-sm120: %s", v.note)
     steps.info["builds"] = "compiler variables checked; MAX_JOBS and the compiler cache at the first JIT build"
     with _lock:
-        _pending.update(steps=steps, verdicts=verdicts, args=(home, nvcc, targets))
+        _pending[:] = [(steps, verdicts, (home, nvcc, targets))]
 
 
 def take_pending() -> tuple | None:
     """``(steps, verdicts, (home, nvcc, targets))`` the export left to the first JIT build, once."""
     with _lock:
-        pending = (_pending["steps"], _pending["verdicts"], _pending["args"]) if _pending else None
-        _pending.clear()
-    return pending
+        return _pending.pop() if _pending else None
 
 
 def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable[[], None]:

@@ -275,11 +275,10 @@ def _lookup(key: str, path: str) -> Verdict | None:
         ok, at = field(e, "ok", bool, path), field(e, "at", (int, float), path)
     except FormatError:
         return None
-    if (not ok and not (0 <= time.time() - at <= FAILURE_MEMORY_S)) or text["launcher"] is None \
-            or text["nvcc"] is None or (not ok and not text["why"]):
+    expired = not ok and not 0 <= time.time() - at <= FAILURE_MEMORY_S
+    if expired or None in (text["launcher"], text["nvcc"]) or (not ok and not text["why"]):
         return None
-    return Verdict(ok, text["launcher"], text["launcher_version"], text["nvcc"], text["nvcc_version"], text["why"],
-                   0.0, True)
+    return Verdict(ok, **text, remembered=True)
 
 
 def _store(key: str, v: Verdict, path: str) -> None:
