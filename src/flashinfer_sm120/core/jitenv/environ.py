@@ -291,7 +291,9 @@ def reset() -> None:
 
 
 def exported() -> dict:
-    """What is exported now (``{}``: nothing), for ``doctor``: the toolkit, a sentence per step, ``which`` nvcc and ninja."""
+    """What is exported now (``{}`` when nothing is), for ``doctor``: ``cuda_home``, ``nvcc``, ``targets``,
+    a sentence per step (``PATH``, ``ninja``, ``CUDA_PATH``, ``torch.utils.cpp_extension.CUDA_HOME``,
+    ``triton``, ``builds``), and ``which_nvcc``/``which_ninja`` now."""
     with _lock:
         info = dict(_current["info"]) if _current else {}
     return dict(info, which_nvcc=shutil.which("nvcc"), which_ninja=shutil.which("ninja")) if info else {}
