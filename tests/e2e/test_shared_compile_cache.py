@@ -91,7 +91,8 @@ def _node(tmp_path, name, clean_env, cuda, endpoint, sccache):
         ws.rename(tmp_path / f"ws-before-{name}")
     env.update(HOME=str(home), FLASHINFER_WORKSPACE_BASE=str(ws), CUDA_HOME=cuda,
                SCCACHE_REDIS_ENDPOINT=endpoint, SCCACHE_SERVER_PORT=str(_free_port()),
-               SCCACHE_DIR=str(tmp_path / name / "sccache"), SCCACHE_IDLE_TIMEOUT="300")
+               SCCACHE_DIR=str(tmp_path / name / "sccache"),
+               SCCACHE_IDLE_TIMEOUT="0")  # no idle exit: a compile slower than the timeout (a loaded host) reset the stats
     env.pop("XDG_CACHE_HOME", None)
     t0 = time.monotonic()
     try:

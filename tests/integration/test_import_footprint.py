@@ -23,12 +23,11 @@ SCRIPT = ROOT / "benchmarks" / "loaded_lines.py"
 #: output parsers, manifest grammars and compiler-option forms, argparse number types, the command layers (cache export/import,
 #: build, doctor, prune), and what runs only when asked for: the recorder (FLASHINFER_SM120_RECORD)
 #: and the compiler cache (FLASHINFER_SM120_COMPILER_CACHE or FLASHINFER_NVCC_LAUNCHER); the memory policy
-#: behind MAX_JOBS runs at the first JIT build (jitenv.environ.prepare_builds).
+#: behind MAX_JOBS runs at the first JIT build (jitenv.toolchain.prepare_builds).
 COMMAND_ONLY = (
-    "flashinfer_sm120.core.jitenv.jobs", "flashinfer_sm120.core.jitenv.memory",
+    "flashinfer_sm120.core.jitenv.memory",
     "flashinfer_sm120.safety.formats.binary", "flashinfer_sm120.safety.formats.params",
     "flashinfer_sm120.core.jitenv.record",
-    "flashinfer_sm120.core.jitenv.manifest", "flashinfer_sm120.core.jitenv.generators",
     "flashinfer_sm120.core.jitenv.launcher",
     "flashinfer_sm120.warmup", "flashinfer_sm120.diagnose", "flashinfer_sm120.cli",
     "flashinfer_sm120.__main__",

@@ -218,9 +218,9 @@ def _apply_cache_flag(compiler_cache: str | None) -> dict:
 
 def _setup_of(sess):
     """This process's toolchain ``Setup``, made here when FlashInfer's hooks made none (not patched)."""
-    from flashinfer_sm120.core.jitenv import environ, toolchain
+    from flashinfer_sm120.core.jitenv import toolchain
 
-    environ.prepare_builds()  # what the patch leaves to the first JIT build, done now
+    toolchain.prepare_builds()  # what the patch leaves to the first JIT build, done now
     setup = toolchain.last()
     if setup is not None:
         return setup

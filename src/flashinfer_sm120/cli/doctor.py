@@ -233,7 +233,6 @@ def _short(r: dict, d) -> list[str]:
 
 def _verbose(r: dict, d) -> list[str]:
     """Everything: the verdict and findings, then each part in full."""
-    from flashinfer_sm120.core.jitenv import environ
 
     out = [_verdict(d)] + [ln for f in d.findings[1 if d.problems else 0:] for ln in wrap(_finding(f))]
     p = out.append
@@ -287,7 +286,7 @@ def _verbose(r: dict, d) -> list[str]:
         p(f"  patch error: {st['error']}")
     out += sections.autoload_lines(r.get("autoload"), r["python"])  # deploy: the autoload and what the process exports
     p("Exported to this process and its children:")
-    out += [f"  {line}" for line in environ.describe(a.get("exported", {}))]
+    out += [f"  {line}" for line in sections.exported_lines(a.get("exported", {}))]
     for key, _, lines in _sections():
         section = r.get(key)
         if section is None:  # not collected (a report written by hand)

@@ -22,6 +22,20 @@ def wrap(text: str, indent: str = "  ") -> list[str]:
                          break_on_hyphens=False) or [text]
 
 
+def exported_lines(info: dict) -> list[str]:
+    """:func:`flashinfer_sm120.core.jitenv.environ.exported` as printed, one line per item."""
+    if not info:
+        return ["nothing exported (FlashInfer not patched in this process)"]
+    lines = [f"CUDA_HOME={info['cuda_home']}"]
+    for k in ("CUDA_PATH", "PATH", "ninja", "torch.utils.cpp_extension.CUDA_HOME", "triton"):
+        if k in info:
+            lines.append(f"{k}: {info[k]}")
+    lines.append(f"which nvcc: {info.get('which_nvcc')}")
+    if "which_ninja" in info:
+        lines.append(f"which ninja: {info['which_ninja']}")
+    return lines
+
+
 def ninja_lines(section: dict) -> list[str]:
     """:func:`flashinfer_sm120.diagnose.verify.report.ninja_section` as printed."""
     if "chosen" not in section:

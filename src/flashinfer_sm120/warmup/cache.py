@@ -22,7 +22,7 @@ from typing import Any
 
 from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.core.facts.arch import nvcc_spelling
-from flashinfer_sm120.core.jitenv import manifest
+from flashinfer_sm120.core.jitenv import record
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.grammar import parse, parse_relpath
@@ -117,7 +117,7 @@ def parse_meta(obj: Any, source: str) -> Meta:
         # threat-model: P6, P8 -- as many targets as a manifest entry may carry: more would be printed
         # whole ("using the archive's targets ...") and refused as a too-long "--arch" never given
         fp = {k: f(fp_obj, k, kind, f"{source} 'fingerprint'", fix=FIX,
-                   max_len=manifest._MAX_TARGETS if k == "targets" else 4096)
+                   max_len=record.MAX_TARGETS if k == "targets" else 4096)
               for k, kind in _FINGERPRINT.items()}
         fp["targets"] = [parse("target", t, f"{source} 'fingerprint'", fix=FIX) for t in fp["targets"]]
         if "build_vars" in fp_obj:  # since flashinfer-sm120 0.2.x; older exports lack it
@@ -145,7 +145,7 @@ def parse_meta(obj: Any, source: str) -> Meta:
                     if seen.setdefault(prefix, kind) != kind:
                         raise CacheError(f"{source}: {shown(prefix)} is both a file and a directory; {FIX}")
             mods.append(Module(name, files))
-        entries = [manifest.parse_entry(e, f"{source} manifest entry {i + 1}")
+        entries = [record.parse_entry(e, f"{source} manifest entry {i + 1}")
                    for i, e in enumerate(f(obj, "manifest", list, source, default=[], fix=FIX, max_len=10_000))]
     return Meta(fmt, fp, tuple(mods), tuple(entries))
 
@@ -277,7 +277,7 @@ def _capturing():
     """While active, every ``JitSpecNvcc`` made notes its generator and parameters, as the recorder does."""
     from flashinfer.jit import core
 
-    from flashinfer_sm120.core.jitenv.generators import capture
+    from flashinfer_sm120.core.jitenv.record import capture
 
     cls = core.JitSpecNvcc
     original = cls.__dict__["__init__"]
@@ -306,7 +306,7 @@ def built_entries(names: list[str], everything: bool, arch: str | None, *, head_
     for label, spec in made:
         if everything and not spec.jit_library_path.exists():
             continue  # --all: only what is built here
-        entry = manifest.encode(spec, sess.flashinfer, sess.targets)
+        entry = record.encode(spec, sess.flashinfer, sess.targets)
         if not entry.get("regenerable"):
             skipped.append((label, entry.get("why", "")))
             continue

@@ -11,11 +11,11 @@ import sys
 import time
 
 from flashinfer_sm120.core.facts import buildline
-from flashinfer_sm120.core.jitenv import environ, launcher, toolchain
-from flashinfer_sm120.core.jitenv.jobs import (FAMILIES, MARGIN, RECORDED_KEEP, Estimate, Family, cpus,
-                                               estimates_path, family_estimate, flashinfer_max_jobs, raw_env,
-                                               heaviest_estimate, recorded, server_max_jobs, user_threads)
-from flashinfer_sm120.core.jitenv.memory import MemoryView, fmt_bytes, read_memory
+from flashinfer_sm120.core.jitenv import launcher, toolchain
+from flashinfer_sm120.core.jitenv.memory import (FAMILIES, RECORDED_KEEP, Estimate, Family, MemoryView, budget,
+                                                 cpus, estimates_path, family_estimate, fmt_bytes,
+                                                 heaviest_estimate, max_jobs, read_memory, recorded,
+                                                 server_max_jobs, user_threads)
 from flashinfer_sm120.errors import StateFileError
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.warmup import pool
@@ -25,10 +25,9 @@ logger = logging.getLogger("flashinfer_sm120")
 
 def default_jobs(env=None) -> tuple[int, str]:
     """``(compiles at once, why)`` without ``-j``: the user's ``MAX_JOBS`` as FlashInfer reads it, else the CPUs."""
-    raw_jobs = raw_env("MAX_JOBS", env)
-    max_jobs = flashinfer_max_jobs(raw_jobs)[0]
-    if max_jobs:
-        return max_jobs, f"MAX_JOBS={raw_jobs}, yours"
+    raw_jobs, value, _problem = max_jobs(env)
+    if value:
+        return value, f"MAX_JOBS={raw_jobs}, yours"
     why = "the CPUs this process may use"
     if raw_jobs is not None:
         why += f"; MAX_JOBS={shown(raw_jobs, 20)} is not a positive number"
@@ -104,20 +103,8 @@ def plan(est: Estimate, *, targets: int = 1, jobs: int | None = None, mem_limit:
         threads_from = f"FLASHINFER_NVCC_THREADS={shown(raw_threads, 20)}, yours (FlashInfer reads {threads})"
     else:
         threads_from = f"FLASHINFER_NVCC_THREADS={shown(raw_threads, 20)} is not >= 1: FlashInfer uses 1"
-    factor = max(1, min(threads, targets))
-    per = est.bytes * factor
-    est_from = est.source + (f", x{factor} targets compiled at once" if factor > 1 else "")
-    if mem_limit is not None:
-        budget, budget_from = mem_limit, "--mem-limit"
-    else:
-        view = view or read_memory()
-        if view.available is None:
-            budget, budget_from = None, view.describe()
-        else:
-            budget = int(view.available * (1 - MARGIN))
-            budget_from = f"{fmt_bytes(view.available)} available less {MARGIN:.0%}: {view.source}"
-    fits = None if budget is None else max(1, budget // max(1, per))
-    return Plan(n_jobs, jobs_from, threads, threads_from, per, est_from, budget, budget_from, fits)
+    b = budget(est, targets, env, view, mem_limit)
+    return Plan(n_jobs, jobs_from, threads, threads_from, b.per, b.per_from, b.budget, b.budget_from, b.fits)
 
 
 def write_ninjas(specs: list, stream=None) -> None:
@@ -183,7 +170,7 @@ def doctor_section(report: dict) -> dict:
     """JSON-able facts (``report`` is the rest of doctor's report, for the targets)."""
     view = read_memory()
     targets = len(((report.get("resolution") or {}).get("choice") or {}).get("targets") or []) or 1
-    environ.prepare_builds()  # what the patch leaves to the first JIT build: shown as a build gets it
+    toolchain.prepare_builds()  # what the patch leaves to the first JIT build: shown as a build gets it
     setup = toolchain.last()
     known = recorded()
     the_plan = plan(heaviest_estimate(), targets=targets, view=view,
@@ -191,7 +178,7 @@ def doctor_section(report: dict) -> dict:
                           if not (setup and (k in setup.set or (k == "MAX_JOBS" and v == setup.max_jobs_value)))})
     out = {
         "memory": view.to_dict(),
-        "estimates": {f.name: family_estimate(f, known).__dict__ for f in FAMILIES[:-1]},
+        "estimates": {f.name: family_estimate(f, known)._asdict() for f in FAMILIES[:-1]},
         "plan": the_plan.to_dict(),
         "max_jobs": setup.max_jobs if setup else server_max_jobs(targets, view=view)[1],
         "compilers": list(setup.notes) if setup else [],

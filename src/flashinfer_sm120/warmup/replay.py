@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from flashinfer_sm120.core.jitenv.manifest import parse_entry
+from flashinfer_sm120.core.jitenv.record import parse_entry
 from flashinfer_sm120.errors import FormatError, Sm120Error
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.params import parse_generator

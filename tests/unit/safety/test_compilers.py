@@ -61,8 +61,8 @@ flashinfer_sm120.install()
 import flashinfer.jit.core
 st = flashinfer_sm120.status()
 at_import = os.environ.get("MAX_JOBS")
-from flashinfer_sm120.core.jitenv import environ
-environ.prepare_builds()  # what the build gate runs before FlashInfer's first JIT build
+from flashinfer_sm120.core.jitenv import toolchain
+toolchain.prepare_builds()  # what the build gate runs before FlashInfer's first JIT build
 now = {k: os.environ.get(k) for k in ("FLASHINFER_NVCC", "CXX", "FLASHINFER_NVCC_LAUNCHER", "MAX_JOBS")}
 flashinfer_sm120.revert()
 after = {k: os.environ.get(k) for k in ("FLASHINFER_NVCC", "CXX", "FLASHINFER_NVCC_LAUNCHER", "MAX_JOBS")}

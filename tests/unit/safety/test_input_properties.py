@@ -154,10 +154,10 @@ entry_like = st.fixed_dictionaries({}, optional={
 @given(st.one_of(entry_like, json_value))
 def test_manifest_entry_property(obj):
     from flashinfer_sm120.errors import FormatError
-    from flashinfer_sm120.core.jitenv import manifest
+    from flashinfer_sm120.core.jitenv import record
 
     try:
-        out = manifest.parse_entry(obj, "m.jsonl:1")
+        out = record.parse_entry(obj, "m.jsonl:1")
     except FormatError as exc:
         assert len(str(exc)) < MSG_MAX
     else:

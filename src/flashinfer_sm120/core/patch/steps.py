@@ -139,8 +139,7 @@ def _nvcc_gate(wrapped, instance, args, kwargs):
     if STATE.mode is Mode.GUARD:
         raise ToolkitError(guard_message())
     if STATE.mode in (Mode.PATCHED, Mode.NOOP):
-        from flashinfer_sm120.core.jitenv.environ import prepare_builds
-        from flashinfer_sm120.core.jitenv.toolchain import refresh_max_jobs
+        from flashinfer_sm120.core.jitenv.toolchain import prepare_builds, refresh_max_jobs
 
         prepare_builds()  # the first build: MAX_JOBS and the compiler cache, before FlashInfer reads them
         refresh_max_jobs()  # the memory left now, not at import: the model may have loaded since
