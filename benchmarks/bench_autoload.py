@@ -32,7 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from flashinfer_sm120.core.autoload import HOOK_FILE, PTH_LINE, PTH_NAME, hook_source  # noqa: E402
+from flashinfer_sm120.core.autoload_hook import HOOK_FILE, PTH_LINE, PTH_NAME  # noqa: E402
+from flashinfer_sm120.diagnose.autoload import hook_source  # noqa: E402
 
 OLD_LINE = (  # the 0.1.0 line: eager import at every start
     "import os, sys; exec(\"if os.environ.get('FLASHINFER_SM120_DISABLE', '').strip().lower()"

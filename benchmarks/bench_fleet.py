@@ -159,7 +159,7 @@ def memory_policy(args) -> dict:
 
 def main() -> None:
     sys.path.insert(0, str(ROOT / "src"))
-    from flashinfer_sm120.safety.formats.cli import cli_size
+    from flashinfer_sm120.safety.formats.params import cli_size
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--module", default="sampling")

@@ -1,18 +1,6 @@
-"""flashinfer-sm120: make FlashInfer's JIT kernels build on Blackwell (SM120/SM121)
-and wherever FlashInfer's CUDA toolkit and architecture detection goes wrong.
-
-``import flashinfer_sm120`` registers import hooks; when FlashInfer is imported
-(before or after), it is patched to use the right nvcc (pip CUDA 13 nvcc or a
-system toolkit) and the right ``TARGET_CUDA_ARCHS``.  Importing never raises,
-not even when a dependency (wrapt, packaging, nvidia-ml-py) is missing or
-broken: problems are logged to the ``flashinfer_sm120`` logger and shown by
-``flashinfer-sm120 doctor``.  Set ``FLASHINFER_SM120_DISABLE=1`` to turn it off.
-
-When it changes the toolkit FlashInfer would have used, it says so once per
-process as a WARNING on the ``flashinfer_sm120`` logger (printed to stderr when
-the application configured no logging); ``FLASHINFER_SM120_QUIET=1`` makes that
-line INFO.
-"""
+"""flashinfer-sm120: make FlashInfer's JIT kernels build on Blackwell (SM120/SM121) with the right nvcc and
+targets.  ``import flashinfer_sm120`` registers import hooks that patch FlashInfer whenever it is imported;
+importing never raises (problems go to the ``flashinfer_sm120`` logger and ``doctor``).  docs/using.md."""
 
 from __future__ import annotations
 
@@ -25,11 +13,8 @@ __all__ = ["install", "revert", "status", "resolve", "__version__"]
 
 
 class _BoundedRecords(logging.Filter):
-    """Every record of the ``flashinfer_sm120`` logger is cut to a bounded size
-    (:func:`flashinfer_sm120.safety.formats.base.bounded`: a run of over 1024 non-blank characters to its first
-    80 and its length): messages quote environment values and paths, and a 100,000-character
-    ``FLASHINFER_SM120_CACHE_DIR`` came back whole in the warning every ``import flashinfer`` printed.
-    Never raises, never drops a record."""
+    """Cuts every record of our logger with :func:`~flashinfer_sm120.safety.formats.base.bounded` (P6: messages
+    quote environment values and paths of any size); never raises, never drops a record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
@@ -56,18 +41,14 @@ except Exception as _exc:  # a missing or broken dependency: log once, do nothin
     _missing = getattr(_exc, "name", None) or type(_exc).__name__
     _LOAD_ERROR = (f"flashinfer-sm120 cannot load ({_missing!s}: {_exc}); FlashInfer is left alone. "
                    f"Fix: {_fix_for(_exc)}")
-    logging.getLogger("flashinfer_sm120").error("%s", _LOAD_ERROR)
+    _LOGGER.error("%s", _LOAD_ERROR)
 
     def status() -> dict:  # type: ignore[misc]
         """Where patching stands: ``failed``, with the load error."""
         return {"mode": "failed", "error": _LOAD_ERROR, "summary": _LOAD_ERROR, "patched_modules": [],
                 "steps": {}, "resolution": None, "target_cuda_archs": None, "exported": {}}
 
-    def install() -> dict:  # type: ignore[misc]
-        """Does nothing (the package could not load); returns :func:`status`."""
-        return status()
-
-    revert = install
+    install = revert = status  # type: ignore[assignment]
 
     def resolve(*args, **kwargs):  # type: ignore[misc]
         """Raises :class:`~flashinfer_sm120.errors.Sm120Error` with the load error."""
@@ -77,15 +58,14 @@ except Exception as _exc:  # a missing or broken dependency: log once, do nothin
 else:
     try:
         install()
-    except Exception as _exc:  # pragma: no cover - install() already guards; belt and braces
-        logging.getLogger("flashinfer_sm120").error("flashinfer-sm120: install failed: %r", _exc)
+    except Exception as _exc:  # pragma: no cover - install() guards itself; importing must never raise
+        _LOGGER.error("flashinfer-sm120: install failed: %r", _exc)
 
-# warm-up builds: record JIT modules when FLASHINFER_SM120_RECORD is set (never raises); a process
-# that does not record never loads the recorder
+# record JIT modules when FLASHINFER_SM120_RECORD is set; a process that does not record never loads the recorder
 if _os.environ.get("FLASHINFER_SM120_RECORD", "").strip():
     try:
         from flashinfer_sm120.core.jitenv.record import install_if_enabled as _record_if_enabled
 
         _record_if_enabled()
-    except Exception as _exc:  # pragma: no cover - belt and braces
-        logging.getLogger("flashinfer_sm120").error("flashinfer-sm120: recorder failed: %r", _exc)
+    except Exception as _exc:  # pragma: no cover - install_if_enabled never raises
+        _LOGGER.error("flashinfer-sm120: recorder failed: %r", _exc)

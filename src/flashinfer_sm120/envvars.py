@@ -1,10 +1,5 @@
-"""Every ``FLASHINFER_SM120_*`` environment variable, as data.
-
-This table is the reference: the docs' variable table is generated from it and a
-test checks that every ``FLASHINFER_SM120_*`` name used in the source is listed
-here (and every name here is used).  Reading a variable still happens where it
-is used; this module only describes them and imports nothing.
-"""
+"""Every ``FLASHINFER_SM120_*`` environment variable, as data (imports nothing): the docs' table is
+generated from it, and a test checks that every name the source uses is listed here and vice versa."""
 
 from __future__ import annotations
 
@@ -15,15 +10,7 @@ __all__ = ["EnvVar", "VARIABLES", "by_name"]
 
 @dataclass(frozen=True)
 class EnvVar:
-    """One variable.
-
-    Attributes:
-        name: the variable.
-        default: what applies when it is unset, in words.
-        effect: what it does, one or two sentences for the reference table.
-        audience: ``user`` (set it), ``internal`` (set by us for child processes: do not set),
-            or ``tests`` (read by the test suite only).
-    """
+    """One variable; ``audience``: ``user``, ``internal`` (set by us for children) or ``tests``."""
 
     name: str
     default: str

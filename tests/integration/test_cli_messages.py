@@ -14,7 +14,7 @@ from helpers.child import cli
 from helpers.host import needs_flashinfer
 from packaging.version import Version
 
-from flashinfer_sm120.core.facts import arch, importfail, reinstall
+from flashinfer_sm120.core.facts import arch, refusals, reinstall
 from flashinfer_sm120.cli import main
 from flashinfer_sm120.cli.doctor_sections import inventory_lines
 from flashinfer_sm120.cli.status import status_line
@@ -23,7 +23,7 @@ from flashinfer_sm120.core.facts.arch import ArchListError
 from flashinfer_sm120.core.toolkit import fixes, ninja
 from flashinfer_sm120.core.toolkit.model import Toolkit
 from flashinfer_sm120.diagnose.verify import inventory
-from flashinfer_sm120.warmup import buildreport, modules
+from flashinfer_sm120.warmup import modules, plan
 
 
 # --------------------------------------------------------------------------- the reinstall fix
@@ -147,7 +147,7 @@ def test_a_mistyped_module_gets_did_you_mean():
 
 def test_a_launcher_that_is_not_sccache_is_not_called_sccache_none():
     section = {"cache": {"launcher": "/usr/bin/env", "verdict": {"ok": True, "nvcc_version": "13.0.88"}}}
-    (line,) = [x for x in buildreport.doctor_lines(section) if "compiler cache:" in x]
+    (line,) = [x for x in plan.doctor_lines(section) if "compiler cache:" in x]
     assert "None" not in line and "sccache" not in line, line
 
 
@@ -170,10 +170,10 @@ def test_a_broken_ninja_says_reinstall_and_build_stops_once(clean_env, tmp_path)
 
 
 def test_an_import_failure_under_the_guard_ends_with_the_fix():
-    msg = importfail.import_failure(RuntimeError("nvcc not found"),
+    msg = refusals.import_failure(RuntimeError("nvcc not found"),
                                  {"mode": "guard", "resolution": {"fix": "pip install 'cuda-toolkit[nvcc]'"}})
     assert msg.endswith("Fix: pip install 'cuda-toolkit[nvcc]'")
-    assert importfail.import_failure(ValueError("x"), {"mode": "patched"}) == "importing FlashInfer failed: ValueError('x')"
+    assert refusals.import_failure(ValueError("x"), {"mode": "patched"}) == "importing FlashInfer failed: ValueError('x')"
 
 
 # --------------------------------------------------------------------------- doctor: other targets

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from helpers.host import needs_flashinfer
 from helpers.toolkits import script
 from flashinfer_sm120.cli import main, status
-from flashinfer_sm120.core.patch import lastcheck, laststatus
+from flashinfer_sm120.cli import lastcheck
+from flashinfer_sm120.core.patch import laststatus
 
 #: ``status`` in a new interpreter (not the fork server, which has torch loaded already), reporting
 #: which of torch and FlashInfer it imported.
@@ -105,7 +106,7 @@ def test_help_documents_the_exit_codes(capsys):
 def test_a_record_from_other_inputs_is_not_used(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "c"))
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.0")
-    rec = laststatus.LastStatus(mode="patched", error=None, toolkit=None, targets=["sm_120f"], arch_list_error=None,
+    rec = dict(mode="patched", error=None, toolkit=None, targets=["sm_120f"], arch_list_error=None,
                                 flashinfer="0.7.4")
     laststatus.save(rec, laststatus.inputs())
     assert lastcheck.load().status == dict(rec)
@@ -137,7 +138,7 @@ def test_a_record_does_not_hold_once_cuda_homes_nvcc_is_replaced_or_removed(tmp_
     nvcc.symlink_to(real)
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "c"))
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "tk"))
-    rec = laststatus.LastStatus(mode="patched", error=None, toolkit=None, targets=["sm_120f"], arch_list_error=None,
+    rec = dict(mode="patched", error=None, toolkit=None, targets=["sm_120f"], arch_list_error=None,
                                 flashinfer="0.7.4")
     laststatus.save(rec, laststatus.inputs())
     assert lastcheck.load().status == dict(rec)

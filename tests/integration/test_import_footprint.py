@@ -23,19 +23,18 @@ SCRIPT = ROOT / "benchmarks" / "loaded_lines.py"
 #: output parsers, manifest grammars and compiler-option forms, argparse number types, the command layers (cache export/import,
 #: build, doctor, prune), and what runs only when asked for: the recorder (FLASHINFER_SM120_RECORD)
 #: and the compiler cache (FLASHINFER_SM120_COMPILER_CACHE or FLASHINFER_NVCC_LAUNCHER); the memory policy
-#: behind MAX_JOBS runs at the first JIT build (jitenv.environ.prepare_builds).
+#: behind MAX_JOBS runs at the first JIT build (jitenv.toolchain.prepare_builds).
 COMMAND_ONLY = (
-    "flashinfer_sm120.core.jitenv.jobs", "flashinfer_sm120.core.jitenv.memory",
+    "flashinfer_sm120.core.jitenv.memory",
     "flashinfer_sm120.safety.formats.binary", "flashinfer_sm120.safety.formats.params",
-    "flashinfer_sm120.safety.formats.cli", "flashinfer_sm120.safety.formats.flags", "flashinfer_sm120.core.jitenv.record",
-    "flashinfer_sm120.core.jitenv.manifest", "flashinfer_sm120.core.jitenv.generators",
+    "flashinfer_sm120.core.jitenv.record",
     "flashinfer_sm120.core.jitenv.launcher",
     "flashinfer_sm120.warmup", "flashinfer_sm120.diagnose", "flashinfer_sm120.cli",
-    "flashinfer_sm120.__main__", "flashinfer_sm120.core.patch.lastcheck",
+    "flashinfer_sm120.__main__",
 )
 #: Loaded by a first process only (an empty cache: nvcc and ninja are run, the view is built), or when
 #: something failed: a later process with the same settings replays the recorded decision (laststatus.replay).
-FIRST_ONLY = ("flashinfer_sm120.safety.proc", "flashinfer_sm120.core.view.stub", "flashinfer_sm120.core.facts.importfail",
+FIRST_ONLY = ("flashinfer_sm120.safety.proc", "flashinfer_sm120.core.view.stub", "flashinfer_sm120.core.facts.refusals",
               "flashinfer_sm120.core.view.build", "flashinfer_sm120.core.toolkit.sources",
               "flashinfer_sm120.core.toolkit.policy", "flashinfer_sm120.core.toolkit.probe")
 

@@ -113,7 +113,7 @@ def test_import_warns_when_flashinfer_jit_directory_breaks_its_ninja_files(clean
 def test_the_patch_warning_and_build_check_the_jit_directory_one_way(tmp_path, how):
     """The patch's warning checked FlashInfer's JIT directory itself, ``build`` also its lock level
     ``tmp``; both now ask :func:`jit_dir_refused`, which checks both (the stricter)."""
-    from flashinfer_sm120.core.facts.refusals import builds_refused, jit_dir_refused
+    from flashinfer_sm120.core.facts.workspace import builds_refused, jit_dir_refused
 
     jit = tmp_path / "jit"
     (jit / "tmp").mkdir(parents=True)

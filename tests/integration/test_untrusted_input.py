@@ -48,7 +48,7 @@ def machine(tmp_path_factory):
     env.update(FLASHINFER_WORKSPACE_BASE=str(base / "ws"), FLASHINFER_SM120_CACHE_DIR=str(base / "cache"),
                FAKE_GPU_CAPS="", PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                              env.get("PYTHONPATH", "")]))
-    code = ("import json, helpers.fakegpu\nfrom flashinfer_sm120.warmup import cache_format, session\n"
+    code = ("import json, helpers.fakegpu\nfrom flashinfer_sm120.warmup import cache, session\n"
             "print('@@' + json.dumps(session.prepare('12.0f').fingerprint()))")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     line = [l for l in proc.stdout.splitlines() if l.startswith("@@")]
@@ -110,7 +110,7 @@ def test_directory_export_with_a_symlink_is_refused(machine, tmp_path):
 
 def test_directory_export_links_are_refused_at_every_level(tmp_path):
     """Issue 11, item 2."""
-    from flashinfer_sm120.warmup import cache_format, cache_import, session
+    from flashinfer_sm120.warmup import cache, cache_import, session
 
     fp = {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/x", "jit_dir": "/y"}
     other = tmp_path / "elsewhere"
@@ -120,8 +120,8 @@ def test_directory_export_links_are_refused_at_every_level(tmp_path):
                                {"jit": other}]):
         src = _export_dir(tmp_path / f"e{i}", fp, [{"name": "norm", "files": {"jit/norm/x": _sha(b"data")}}],
                           links)
-        meta = cache_format.check(str(src))
-        root = cache_format.unpack(str(src), tmp_path, meta, cache_format.Limits())
+        meta = cache_import.check(str(src))
+        root = cache_import.unpack(str(src), tmp_path, meta, cache.Limits())
         with pytest.raises(session.BuildError, match="symlink"):
             cache_import._plan(meta, root, {"jit": tmp_path / f"jit{i}", "generated": tmp_path / "gen"}, str(src))
 
@@ -431,7 +431,7 @@ def test_deep_view_json_in_cuda_home_is_not_a_view(tmp_path, cache_dir):
 
 def test_deep_manifest_line_and_meta_json_are_reported(tmp_path):
     """Issue 11, item 6."""
-    from flashinfer_sm120.warmup import cache_format, replay, session
+    from flashinfer_sm120.warmup import cache_import, replay, session
 
     m = tmp_path / "m.jsonl"
     m.write_text(DEEP + "\n")
@@ -441,7 +441,7 @@ def test_deep_manifest_line_and_meta_json_are_reported(tmp_path):
     (src / TOP).mkdir(parents=True)
     (src / TOP / "meta.json").write_text(DEEP)
     with pytest.raises(session.BuildError, match="nested 10000 deep"):
-        cache_format.check(str(src))
+        cache_import.check(str(src))
 
 
 # ------------------------------------------------------------------ item 7: versions parsed once, formatted from Version
@@ -540,7 +540,7 @@ FP = {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda
 @pytest.mark.parametrize("as_archive", [False, True])
 def test_malformed_meta_json_is_refused_with_a_message(tmp_path, case, as_archive):
     """Issue 11, item 9."""
-    from flashinfer_sm120.warmup import cache_format, session
+    from flashinfer_sm120.warmup import cache_import, session
 
     meta = _meta_variants(FP)[case]
     blob = (meta if isinstance(meta, str) else json.dumps(meta)).encode()
@@ -555,7 +555,7 @@ def test_malformed_meta_json_is_refused_with_a_message(tmp_path, case, as_archiv
         (src / TOP).mkdir(parents=True)
         (src / TOP / "meta.json").write_bytes(blob)
     with pytest.raises(session.BuildError) as exc:
-        cache_format.check(str(src))
+        cache_import.check(str(src))
     assert len(str(exc.value)) < 1000 and str(src) in str(exc.value)
 
 
@@ -585,37 +585,37 @@ def _bomb(path: Path, meta_files: dict, size: int) -> None:
 
 def test_a_gzip_bomb_is_refused_before_anything_is_written(tmp_path):
     """Issue 11, item 9."""
-    from flashinfer_sm120.warmup import cache_format, session
+    from flashinfer_sm120.warmup import cache, cache_import, session
 
     size = 64 << 20
     unlisted = tmp_path / "unlisted.tgz"
     _bomb(unlisted, {"jit/norm/a.so": "0" * 64}, size)
     assert unlisted.stat().st_size < 1 << 20
     with pytest.raises(session.BuildError, match="not listed in meta.json"):
-        cache_format.check(str(unlisted))
+        cache_import.check(str(unlisted))
     listed = tmp_path / "listed.tgz"
     _bomb(listed, {"jit/norm/big.so": "0" * 64}, size)
-    limits = cache_format.Limits(max_total=16 << 20, max_file=16 << 20)
+    limits = cache.Limits(max_total=16 << 20, max_file=16 << 20)
     into = tmp_path / "into"
     into.mkdir()
     with pytest.raises(session.BuildError, match="cap"):
-        cache_format.check(str(listed), limits)
-    meta = cache_format.check(str(listed))  # the default caps: the one below refuses it while unpacking
+        cache_import.check(str(listed), limits)
+    meta = cache_import.check(str(listed))  # the default caps: the one below refuses it while unpacking
     with pytest.raises(session.BuildError, match="cap"):
-        cache_format.unpack(str(listed), into, meta, limits)
+        cache_import.unpack(str(listed), into, meta, limits)
     assert not any(p.is_file() for p in into.rglob("*")), "bytes were written before the check"
 
 
 def test_a_full_disk_during_cache_import_is_a_message_not_a_traceback(tmp_path, monkeypatch):
     """Issue 11, item 9."""
-    from flashinfer_sm120.warmup import cache_format, session
+    from flashinfer_sm120.warmup import cache, cache_import, session
 
     listed = tmp_path / "listed.tgz"
     _bomb(listed, {"jit/norm/big.so": "0" * 64}, 1 << 20)
-    meta = cache_format.check(str(listed))
-    monkeypatch.setattr(cache_format.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1 << 30, 1 << 30, 4096))
+    meta = cache_import.check(str(listed))
+    monkeypatch.setattr(cache_import.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1 << 30, 1 << 30, 4096))
     with pytest.raises(session.BuildError, match="free space"):
-        cache_format.unpack(str(listed), tmp_path, meta, cache_format.Limits())
+        cache_import.unpack(str(listed), tmp_path, meta, cache.Limits())
 
 
 # ------------------------------------------------------------------ items 10, 11, 13: manifests
@@ -661,7 +661,7 @@ def test_build_from_a_bad_manifest_is_a_message(tmp_path, clean_env):
 _LONG_LINE_CHILD = r"""
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (768 << 20, 768 << 20))
-from flashinfer_sm120.warmup import cache_format, replay
+from flashinfer_sm120.warmup import cache, replay
 try:
     entries, problems = replay.load(sys.argv[1])
     print("@@", [e["name"] for e in entries], problems)

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from flashinfer_sm120.core.facts import importfail
+from flashinfer_sm120.core.facts import refusals
 from helpers.host import needs_flashinfer
 
 
@@ -31,17 +31,17 @@ def test_no_home_is_named_and_nothing_is_created(monkeypatch, tmp_path):
     monkeypatch.delenv("FLASHINFER_WORKSPACE_BASE", raising=False)
     monkeypatch.setattr(pwd, "getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
     monkeypatch.chdir(tmp_path)
-    msg = importfail.workspace_problem()
+    msg = refusals.workspace_problem()
     assert msg and "Fix: HOME=" in msg and "no passwd entry" in msg, msg
     assert _tree(tmp_path) == []
 
 
 def test_the_workspace_is_checked_not_made(monkeypatch, tmp_path):
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "a" / "b"))
-    assert importfail.workspace_problem() is None and _tree(tmp_path) == []  # creatable: no problem, nothing made
+    assert refusals.workspace_problem() is None and _tree(tmp_path) == []  # creatable: no problem, nothing made
     (tmp_path / "file").write_text("x")
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "file" / "sub"))
-    msg = importfail.workspace_problem()
+    msg = refusals.workspace_problem()
     assert msg and "not a directory" in msg.lower() and "FLASHINFER_WORKSPACE_BASE=" in msg, msg
     assert _tree(tmp_path) == ["file"]
 

@@ -20,7 +20,8 @@ import sys
 from flashinfer_sm120 import __version__
 from flashinfer_sm120.core.facts.reinstall import fix_for
 from flashinfer_sm120.cli import enable
-from flashinfer_sm120.cli.common import bounded, err
+from flashinfer_sm120.safety.formats.base import bounded, shown
+from flashinfer_sm120.cli.common import err
 
 try:
     from flashinfer_sm120.warmup.modules import NAMES as _MODULES
@@ -51,15 +52,12 @@ def failure_document(message: str, kind: str, fix: str) -> dict:
 
 
 def _print_failure_json(document, message: str, kind: str, fix: str) -> None:
-    """``--json`` prints one JSON document whatever went wrong (threat-model: P8): the command's own
-    shape (its ``json_failure`` default), else :func:`failure_document`."""
+    """One JSON document whatever went wrong (threat-model: P8): the command's ``json_failure``, else the generic one."""
     print(json.dumps((document or failure_document)(bounded(message), kind, bounded(fix or "")), indent=2))
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, plus a close-match hint for a mistyped choice (``suggest_on_error`` is new in Python 3.14);
-    with ``json_errors`` (``--json`` given) an error raises :class:`~flashinfer_sm120.errors.UsageError`,
-    which :func:`main` prints as the command's JSON document, instead of exiting."""
+    """argparse with close-match hints; with ``json_errors`` an error raises ``UsageError`` (printed as JSON, P8)."""
 
     json_errors = False
     argv: list[str] = []  # the command line being parsed (set by main), to name a value argparse took for an option
@@ -69,16 +67,12 @@ class _Parser(argparse.ArgumentParser):
         for opt in (e.group(1).split("/") if e else ()):  # `--mem-limit -5G`: argparse reads -5G as an option
             at = self.argv.index(opt) if opt in self.argv else -1
             if 0 <= at < len(self.argv) - 1 and self.argv[at + 1].startswith("-"):
-                from flashinfer_sm120.safety.formats.base import shown
-
                 value = self.argv[at + 1]
                 message += (f"; the value {shown(value, 80)} starts with '-' and was read as an option: "
                             f"join it, as {opt}={shown(value, 80)[1:-1]}")
                 break
         m = re.match(r"argument [^:]+: invalid choice: '([^']*)' \(choose from (.*)\)$", message)
         if m:  # argparse quotes the bad choice whole: shown cut, as every value we name
-            from flashinfer_sm120.safety.formats.base import shown
-
             message = message.replace(f"'{m.group(1)}'", shown(m.group(1), 80), 1)
         if m and "maybe you meant" not in message:
             choices = [c.strip().strip("'") for c in m.group(2).split(",")]
@@ -95,15 +89,6 @@ class _Parser(argparse.ArgumentParser):
 # ----------------------------------------------------------------------------- --version: this package, Python,
 # FlashInfer, torch and its CUDA, and the nvcc that would be chosen; each part read on its own, so a missing or
 # broken one is named and the rest still prints
-
-
-def _dist(name: str) -> str | None:
-    import importlib.metadata as md
-
-    try:
-        return md.version(name)
-    except Exception:
-        return None
 
 
 def _torch_cuda() -> str:
@@ -123,7 +108,7 @@ def _torch_cuda() -> str:
 def _nvcc() -> str:
     """The nvcc flashinfer-sm120 chooses: from the last recorded status when it still holds, else resolved."""
     try:
-        from flashinfer_sm120.core.patch.lastcheck import load
+        from flashinfer_sm120.cli.lastcheck import load
 
         got = load()
         tk = (got.status or {}).get("toolkit") if got.status else None
@@ -141,34 +126,23 @@ def _nvcc() -> str:
 
 def version_lines() -> list[str]:
     """One line per component; never raises."""
-    from flashinfer_sm120 import __version__
+    from flashinfer_sm120.diagnose.verify.report import dist_version
 
     lines = [f"flashinfer-sm120 {__version__} ({os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})",
              f"Python {sys.version.split()[0]} ({sys.executable})"]
-    fi = _dist("flashinfer-python")
+    fi = dist_version("flashinfer-python")
     lines.append(f"FlashInfer {fi}" if fi else "FlashInfer: not installed (pip install flashinfer-python)")
-    torch = _dist("torch")
+    torch = dist_version("torch")
     lines.append(f"torch {torch} ({_torch_cuda()})" if torch else "torch: not installed")
     lines.append(_nvcc())
     return lines
-
-
-class _VersionAction(argparse.Action):
-    """``--version``: print :func:`version_lines` and exit 0."""
-
-    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
-        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print("\n".join(version_lines()))
-        parser.exit(0)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``flashinfer-sm120`` parser with every subcommand (the docs' CLI reference is made from it)."""
     parser = _Parser(prog="flashinfer-sm120", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action=_VersionAction,
+    parser.add_argument("--version", action="store_true",
                         help=f"print the versions of flashinfer-sm120 ({__version__}), Python, FlashInfer, torch "
                              f"and its CUDA, and the nvcc that would be chosen, then exit")
     sub = parser.add_subparsers(dest="cmd", required=False, metavar="command")
@@ -205,8 +179,7 @@ def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
 
 
 def _selected(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
-    """The innermost subparser ``argv`` names, read from the words (argparse may have refused it):
-    ``cache import x --max-bytes foo`` -> ``cache import``."""
+    """The innermost subparser ``argv`` names, read from the words (argparse may have refused it)."""
     for action in _subparsers(parser):
         for i, word in enumerate(argv):
             if word in action.choices:
@@ -240,8 +213,7 @@ def _safe_streams() -> None:
 
 
 def _open_std_fds() -> None:
-    """Descriptors 0-2 closed at start (``doctor >&- 2>&-``) are opened on ``/dev/null``, so that no file
-    the command opens takes descriptor 1 or 2."""
+    """Open descriptors 0-2 closed at start on ``/dev/null``, so that no file the command opens takes 1 or 2."""
     for fd, mode, name in ((0, os.O_RDONLY, "stdin"), (1, os.O_WRONLY, "stdout"), (2, os.O_WRONLY, "stderr")):
         try:
             os.fstat(fd)
@@ -261,8 +233,7 @@ def _open_std_fds() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``flashinfer-sm120`` command; returns the exit status (141, as a shell reports
-    SIGPIPE, when the reader stops early: ``doctor | head``)."""
+    """Entry point of ``flashinfer-sm120``: the exit status (141 when the reader stops early, as for SIGPIPE)."""
     _open_std_fds()
     try:
         rc = _main(argv)
@@ -283,8 +254,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _from_printing(exc: OSError) -> bool:
-    """Whether ``exc`` came from writing the command's output: raised by a C call made directly in this
-    package, which writes no files of its own (``enable`` reports its own errors)."""
+    """Whether ``exc`` came from printing: raised directly in this package, which writes no files of its own."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
@@ -325,7 +295,10 @@ def _main(argv: list[str] | None) -> int:
 
 def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     args, extras = parser.parse_known_args(argv)
-    if getattr(args, "cmd", None) is None and not extras:
+    if args.version and args.cmd is None:
+        print("\n".join(version_lines()))
+        return 0
+    if args.cmd is None and not extras:
         # a bare call: the help, as git and docker print it, with argparse's status for "no command run"
         parser.print_help()
         return 2

@@ -13,14 +13,10 @@ import time
 
 from flashinfer_sm120.core.facts.arch import nvcc_spelling
 from flashinfer_sm120.errors import Sm120Error
-from flashinfer_sm120.safety.formats.cli import cli_int, cli_size
+from flashinfer_sm120.safety.formats.params import cli_int, cli_size
 from flashinfer_sm120.warmup import modules as _modules
 from flashinfer_sm120.cli import buildjson
 from flashinfer_sm120.cli.common import err as _err
-
-
-class _Stop(Sm120Error):
-    """``build`` stops before compiling anything; the message names the fix."""
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -47,18 +43,20 @@ def run_build(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> dict:
     """Set up, build, and return the ``build --json`` document; :raises Sm120Error: it cannot start."""
-    from flashinfer_sm120.warmup import ninjacmd, replay, session
+    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
+    from flashinfer_sm120.warmup import plan, pool, replay, session
+    from flashinfer_sm120.warmup.session import BuildError
 
     if not args.modules and not args.manifest:
-        raise _Stop("name the modules to build (see `flashinfer-sm120 build --list`) or give "
-                    "--from MANIFEST (recorded with FLASHINFER_SM120_RECORD)")
+        raise BuildError("name the modules to build (see `flashinfer-sm120 build --list`) or give "
+                         "--from MANIFEST (recorded with FLASHINFER_SM120_RECORD)")
     user_env = _apply_cache_flag(args.compiler_cache)  # the user's env before anything is exported
     variants = _modules.expand(args.modules, head_dims=args.head_dim, dtypes=args.dtype,
                                kv_dtypes=args.kv_dtype, acts=args.act) if args.modules else []
     entries, problems = replay.load(args.manifest) if args.manifest else ([], [])
     arch = replay.arch_for(entries, args.arch) if args.manifest else args.arch
     if arch is None and session.no_gpu_no_arch():  # before FlashInfer's import: it takes seconds
-        raise _Stop(session.NO_TARGETS)
+        raise BuildError(session.NO_TARGETS)
     for note in arch_notes(args.arch):
         print(f"flashinfer-sm120: {note}", file=sys.stderr)
     session.set_arch(arch)
@@ -74,27 +72,23 @@ def _build(args: argparse.Namespace) -> dict:
         print(f"flashinfer-sm120: {own.name} will build for {', '.join(own.targets)} (its {own.function} sets "
               f"{own.variable}={own.value} after FlashInfer's import; {own.how}): building that, as it will "
               f"request it, in the JIT directory of {', '.join(nvcc_spelling(t) for t in sess.targets)}", file=sys.stderr)
-    missing = _missing_headers(variants, sess) if not args.ninja_only else []
+    tk = sess.toolkit  # the Toolkit the patch chose (None: noop, FlashInfer's own was right)
+    missing = [] if args.ninja_only else _modules.missing_headers(
+        variants, [os.path.join(sess.cuda_home, "include"), *(tk.include_dirs if tk else ()), "/usr/include"],
+        ".".join(str(sess.cuda_version).split(".")[:2]), tk is not None and "pip" in tk.sources,
+        tk.root if tk else sess.cuda_home)
     if missing:  # before anything compiles: nvcc would stop on the #include minutes later
-        raise _Stop("; ".join(missing))
+        raise BuildError("; ".join(missing))
     refused = _cache_refused(sess)
     if refused:
-        raise _Stop(refused)
+        raise BuildError(refused)
     if not args.ninja_only:  # before anything is generated: the same refusal for every module
-        ninjacmd.ninja_binary()
-    before = _cache_stats()
+        pool.ninja_binary()
+    before = plan.sccache_stats()
     for p in problems:
         print(f"flashinfer-sm120: manifest: {p}", file=sys.stderr)
-    labelled, not_generated = [], []
-    for v in variants:
-        try:
-            labelled.append((v.label, v.spec()))
-        except Exception as exc:  # FlashInfer refuses this combination: say so, build the rest
-            not_generated.append(v.label)
-            print(f"cannot generate {v.label}: FlashInfer's {v.generator} raised {exc!r}", file=sys.stderr)
-    regenerated, skipped = replay.regenerate(entries, sess.flashinfer)
-    labelled += regenerated
-    for name, why in skipped:
+    labelled, not_made = replay.specs(variants, entries, sess.flashinfer)
+    for name, why in not_made:
         print(f"cannot regenerate {name}: {why}", file=sys.stderr)
     for e in entries:
         if e.get("targets") and sorted(e["targets"]) != sess.targets and e.get("regenerable"):
@@ -103,28 +97,28 @@ def _build(args: argparse.Namespace) -> dict:
     labelled, shipped = _not_shipped(labelled, sess)
     stats: dict = {}
     if args.ninja_only:
-        session.write_ninjas([s for _, s in labelled])
+        plan.write_ninjas([s for _, s in labelled])
         results = [{"module": label, "name": s.name, "status": "ninja written", "ninja": str(s.ninja_path)}
                    for label, s in labelled]
     else:
         t0 = time.monotonic()
-        results = session.build_specs(labelled, args.jobs, sys.stderr, stats, targets=len(sess.targets),
+        results = plan.build_specs(labelled, args.jobs, sys.stderr, stats, targets=len(sess.targets),
                                       mem_limit=args.mem_limit, mem_per_compile=args.mem_per_compile,
                                       env=user_env, step_timeout=args.step_timeout * 60)
         stats["wall_s"] = round(time.monotonic() - t0, 2)
     results = shipped + results  # each said on stderr as not built, and why
-    cache = None if args.ninja_only else _cache_report(before)
+    flag_only = args.compiler_cache == "sccache" and not user_env.get(CACHE_ENV)
+    cache = None if args.ninja_only else _cache_report(before, flag_only)
     if cache:
         print(cache["line"], file=sys.stderr)
-    # an entry recorded as regenerable that this FlashInfer could not regenerate, or a refused line, is
-    # not built either, and not ok (P8); one recorded as not
-    # regenerable (a cute_dsl module) is named in cannot_regenerate only
-    regenerable = {e.get("name") for e in entries if e.get("regenerable")}
-    failed = (not_generated + [n for n, _ in skipped if n in regenerable]
+    # a module named or recorded as regenerable that cannot be made here, or a refused line, is not built
+    # either, and not ok (P8); one recorded as not regenerable (a cute_dsl module) is named in cannot_regenerate only
+    unmade = {e.get("name") for e in entries if not e.get("regenerable")}
+    failed = ([n for n, _ in not_made if n not in unmade]
               + [r["module"] for r in results if r["status"] == "failed"])
     error = "; ".join(filter(None, (
         f"{len(failed)} module(s) not built: {', '.join(failed)}"
-        + (" (cannot_regenerate says why, and the fix)" if skipped else "") if failed else None,
+        + (" (cannot_regenerate says why, and the fix)" if not_made else "") if failed else None,
         f"{len(problems)} manifest line(s) refused (above)" if problems else None))) or None
     return buildjson.document(
         error, cuda_home=sess.cuda_home, cuda_version=sess.cuda_version, flashinfer=sess.flashinfer,
@@ -133,7 +127,7 @@ def _build(args: argparse.Namespace) -> dict:
                              "function": own.function, "how": own.how},
         targets_from=sess.targets_from, pool_wall_s=stats.get("wall_s"),
         modules=results, plan=stats.get("plan"), compiler_cache=cache,
-        cannot_regenerate=[{"name": n, "why": w} for n, w in skipped],
+        cannot_regenerate=[{"name": n, "why": w} for n, w in not_made],
         refused_settings=list(_setup_of(sess).refused))  # built without these (P2, P8)
 
 
@@ -177,15 +171,6 @@ def arch_notes(value: str | None) -> list[str]:
     return notes
 
 
-def _missing_headers(variants: list, sess) -> list[str]:
-    """:func:`modules.missing_headers` for the chosen toolkit."""
-    tk = sess.toolkit  # typed: the Toolkit the patch chose (None: noop, FlashInfer's own was right)
-    dirs = [os.path.join(sess.cuda_home, "include"), *(tk.include_dirs if tk else ()), "/usr/include"]
-    release = ".".join(str(sess.cuda_version).split(".")[:2])
-    return _modules.missing_headers(variants, dirs, release, tk is not None and "pip" in tk.sources,
-                                    tk.root if tk else sess.cuda_home)
-
-
 def _print_human(summary: dict) -> None:
     origin = f" ({summary['targets_from']})" if summary.get("targets_from") else ""
     print(f"nvcc: {summary['cuda_home']}/bin/nvcc (CUDA {summary['cuda_version']}); "
@@ -216,17 +201,12 @@ def _print_human(summary: dict) -> None:
         print(f"cannot regenerate {s['name']}: {s['why']}")
 
 
-#: ``--compiler-cache sccache`` given while the variable is not set for the servers
-_flag_only = {"on": False}
-
-
 def _apply_cache_flag(compiler_cache: str | None) -> dict:
     """Act on ``--compiler-cache`` before FlashInfer is set up; the user's environment as it was (the
     plan reads their ``MAX_JOBS``)."""
     from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
 
     user_env = dict(os.environ)
-    _flag_only["on"] = bool(compiler_cache == "sccache" and not user_env.get(CACHE_ENV))
     if compiler_cache:
         os.environ[CACHE_ENV] = "off" if compiler_cache == "none" else compiler_cache
         if compiler_cache == "sccache":
@@ -238,9 +218,9 @@ def _apply_cache_flag(compiler_cache: str | None) -> dict:
 
 def _setup_of(sess):
     """This process's toolchain ``Setup``, made here when FlashInfer's hooks made none (not patched)."""
-    from flashinfer_sm120.core.jitenv import environ, toolchain
+    from flashinfer_sm120.core.jitenv import toolchain
 
-    environ.prepare_builds()  # what the patch leaves to the first JIT build, done now
+    toolchain.prepare_builds()  # what the patch leaves to the first JIT build, done now
     setup = toolchain.last()
     if setup is not None:
         return setup
@@ -252,11 +232,11 @@ def _setup_of(sess):
     return setup
 
 
-def _cache_refused(sess=None) -> str | None:
+def _cache_refused(sess) -> str | None:
     """The refusal of a compiler cache that was asked for (flag or variable), else ``None``."""
     from flashinfer_sm120.core.jitenv import toolchain
 
-    setup = _setup_of(sess) if sess is not None else toolchain.last()
+    setup = _setup_of(sess)
     kind, problem = toolchain.requested()
     if problem:
         return problem
@@ -265,27 +245,17 @@ def _cache_refused(sess=None) -> str | None:
     return None
 
 
-def _cache_stats() -> dict | None:
-    """sccache's stats now, when FlashInfer's nvcc launcher is an sccache; else ``None``."""
-    from flashinfer_sm120.core.jitenv import launcher
-
-    path = os.environ.get("FLASHINFER_NVCC_LAUNCHER")
-    if not path or not os.path.basename(path.split()[0]).startswith("sccache"):
-        return None
-    return launcher.stats(path.split()[0]) or {}
-
-
-def _cache_report(before: dict | None) -> dict | None:
-    """``build --json``'s ``compiler_cache``: hits and misses of the launcher's server since ``before``
-    (other builds sharing it count too; ``None`` when sccache did not say), where it keeps its cache,
-    and the ``line`` printed for people; ``None`` without a launcher."""
+def _cache_report(before: dict | None, flag_only: bool) -> dict | None:
+    """``build --json``'s ``compiler_cache``: the sccache server's hits and misses since ``before`` (other builds
+    sharing it count too), where it keeps its cache, and the ``line`` said; ``None`` without a launcher."""
     from flashinfer_sm120.core.jitenv import launcher
     from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
     from flashinfer_sm120.safety.formats.base import shown
+    from flashinfer_sm120.warmup import plan
 
     if before is None:
         return None
-    after = _cache_stats() or {}
+    after = plan.sccache_stats() or {}
     b, a = launcher.hits_misses(before) or (0, 0), launcher.hits_misses(after)
     location = after.get("cache_location") or "?"
     if a is None:
@@ -294,7 +264,7 @@ def _cache_report(before: dict | None) -> dict | None:
     hits, misses = a[0] - b[0], a[1] - b[1]
     line = (f"compiler cache: {hits} hits, {misses} misses in this build (sccache {after.get('version', '?')}, "
             f"{shown(location, 120)})")
-    if _flag_only["on"]:
+    if flag_only:  # --compiler-cache sccache while the variable is not set for the servers
         line += (f"\nnote: set {CACHE_ENV}=sccache for the servers that load these modules too: the launcher is part "
                  "of the compile line ninja records, so a server without it compiles them again")
     return {"hits": hits, "misses": misses, "location": location, "line": line}

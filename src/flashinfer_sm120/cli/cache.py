@@ -11,8 +11,8 @@ import sys
 
 from flashinfer_sm120.errors import Sm120Error
 from flashinfer_sm120.safety.formats.base import plural
-from flashinfer_sm120.safety.formats.cli import cli_float, cli_size
-from flashinfer_sm120.cli.common import bounded
+from flashinfer_sm120.safety.formats.params import cli_float, cli_size
+from flashinfer_sm120.safety.formats.base import bounded
 from flashinfer_sm120.cli.common import err as _err
 
 
@@ -59,7 +59,7 @@ def _failed(args, doc: dict, kind: str, exc: BaseException) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from flashinfer_sm120.warmup import cache_export, cache_format, session
+    from flashinfer_sm120.warmup import cache, session
 
     doc = _doc(out=args.out)
     if args.manifest and (args.modules or args.all):
@@ -71,7 +71,7 @@ def run_export(args: argparse.Namespace) -> int:
             "here that `build` can name), or --from MANIFEST"))
     stage = "exists"
     try:
-        cache_export.check_out(args.out)  # threat-model: P4 (before FlashInfer is set up)
+        cache.check_out(args.out)  # threat-model: P4 (before FlashInfer is set up)
         stage = "manifest" if args.manifest else "module"
         if args.manifest:
             entries, skipped, sess = _manifest_entries(args)
@@ -82,12 +82,12 @@ def run_export(args: argparse.Namespace) -> int:
             arch = args.arch or _built_arch()
             session.set_arch(arch)
             stage = "module"
-            entries, skipped, sess = cache_export.built_entries(
+            entries, skipped, sess = cache.built_entries(
                 args.modules, args.all, arch, head_dims=args.head_dim, dtypes=args.dtype,
                 kv_dtypes=args.kv_dtype, acts=args.act)
         doc["fingerprint"] = sess.fingerprint()
         stage = "export"
-        names = cache_export.export(entries, sess, args.out, limits=_limits(args))
+        names = cache.export(entries, sess, args.out, limits=_limits(args))
     except (Sm120Error, OSError) as exc:  # BuildError, ModuleError, FormatError...: one document each
         return _failed(args, doc, stage, exc)
     doc["modules"] = ([{"module": label, "name": n, "status": "exported"} for label, n in names]
@@ -98,7 +98,7 @@ def run_export(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
-    print(f"exported {plural(len(names), 'module')} for {cache_format.nvcc_targets(sess.targets)} (FlashInfer "
+    print(f"exported {plural(len(names), 'module')} for {cache.nvcc_targets(sess.targets)} (FlashInfer "
           f"{sess.flashinfer}, CUDA {sess.cuda_version} at {sess.cuda_home}) to {args.out}")
     for label, _ in names:
         print(f"  {label}")
@@ -109,7 +109,7 @@ def _built_arch() -> str | None:
     """Without --arch and a GPU: the one target set modules are built for here (``UsageError`` if none or
     several); None with a GPU (FlashInfer's targets come from it)."""
     from flashinfer_sm120.errors import UsageError
-    from flashinfer_sm120.warmup.cache_export import built_targets
+    from flashinfer_sm120.warmup.cache import built_targets
 
     if _gpu_visible():
         return None
@@ -137,7 +137,7 @@ def _gpu_visible() -> bool:
 
 
 def _limits(args):
-    from flashinfer_sm120.warmup.cache_format import Limits
+    from flashinfer_sm120.warmup.cache import Limits
 
     return Limits(max_total=args.max_bytes) if args.max_bytes else Limits()
 
@@ -155,13 +155,13 @@ def _manifest_entries(args):
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from flashinfer_sm120.warmup import cache_format, cache_import, session
+    from flashinfer_sm120.warmup import cache_import, session
 
     doc = _doc(src=args.src)
     limits = _limits(args)
     stage = "archive"
     try:
-        meta = cache_format.check(args.src, limits)  # before anything is imported or unpacked
+        meta = cache_import.check(args.src, limits)  # before anything is imported or unpacked
         arch = args.arch
         if arch is None:
             arch = _archive_targets(meta)
@@ -201,9 +201,9 @@ def run_import(args: argparse.Namespace) -> int:
 
 def _archive_targets(meta) -> str | None:
     """The archive's targets when no GPU is visible, else None (the GPUs', checked to match)."""
-    from flashinfer_sm120.warmup.cache_format import nvcc_targets
+    from flashinfer_sm120.warmup.cache import nvcc_targets
 
-    targets = meta.fingerprint["targets"]  # checked by cache_format.parse_meta: major.minor[a|f] each
+    targets = meta.fingerprint["targets"]  # checked by cache.parse_meta: major.minor[a|f] each
     if targets and not _gpu_visible():
         print(bounded(f"flashinfer-sm120: no GPU visible; using the archive's targets {nvcc_targets(targets)}"),
               file=sys.stderr)

@@ -4,17 +4,9 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["err", "bounded", "apply_arch", "ARCH_HELP"]
+from flashinfer_sm120.safety.formats.base import bounded
 
-
-def bounded(msg: str) -> str:
-    """``msg`` with long runs of input cut (:func:`flashinfer_sm120.safety.formats.base.bounded`).  ``enable`` and
-    ``disable`` must work with the rest of the package broken, so a failed import cuts plainly."""
-    try:
-        from flashinfer_sm120.safety.formats.base import bounded as cut
-    except Exception:  # a broken install: 'disable' still reports
-        return msg if len(msg) <= 4096 else msg[:4096] + "..."
-    return cut(msg)
+__all__ = ["err", "apply_arch", "ARCH_HELP"]
 
 
 def err(msg: str) -> int:
@@ -28,10 +20,7 @@ ARCH_HELP = ("compute capabilities to check for, e.g. '12.0' or '12.0 12.1' (the
 
 
 def apply_arch(value: str | None) -> None:
-    """``--arch`` of ``doctor`` and ``status``: :func:`flashinfer_sm120.core.facts.arch.export_arch_list` (the one
-    reading, build's grammar, exported as ``FLASHINFER_CUDA_ARCH_LIST`` before anything resolves).
-
-    :raises UsageError: the value is not an arch list (the message names it and the accepted form)."""
+    """``--arch`` of ``doctor`` and ``status``, exported before anything resolves; ``UsageError`` when it is bad."""
     from flashinfer_sm120.core.facts.arch import ArchListError, export_arch_list
     from flashinfer_sm120.errors import UsageError
 

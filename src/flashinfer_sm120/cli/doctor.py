@@ -5,6 +5,7 @@ spaces; ``--verbose`` for everything.  Collected by :mod:`flashinfer_sm120.diagn
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -12,7 +13,7 @@ import re
 import sys
 
 from flashinfer_sm120.safety.formats.base import plural, printable, shown
-from flashinfer_sm120.safety.formats.cli import cli_float
+from flashinfer_sm120.safety.formats.params import cli_float
 from flashinfer_sm120.diagnose.verify.report import ALONE_TIMEOUT_S, collect
 from flashinfer_sm120.diagnose.verify.smoke import SMOKE_TIMEOUT_S
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
@@ -48,15 +49,12 @@ def run_doctor(args: argparse.Namespace) -> int:
         server_cache = apply_server_cache(strict=False)
     except Exception as exc:
         server_cache = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-    from flashinfer_sm120.core.facts import precompiled
-    from flashinfer_sm120.warmup import buildreport
-
     log = logging.getLogger("flashinfer_sm120")
     level = log.level
     log.setLevel(logging.CRITICAL)  # the report says what its log lines would (the guard's message is line 1)
     try:
-        report = collect(args.timeout or ALONE_TIMEOUT_S, say=say, server_cache=server_cache, arch=args.arch,
-                         extra=(("builds", buildreport.doctor_section), ("precompiled", precompiled.doctor_section)))
+        report = collect(args.timeout or ALONE_TIMEOUT_S, sections=[(key, collect_) for key, collect_, _ in _sections()],
+                         say=say, server_cache=server_cache, arch=args.arch)
     finally:
         log.setLevel(level)
     if tty:
@@ -69,6 +67,22 @@ def run_doctor(args: argparse.Namespace) -> int:
         for line in render(report, verbose=args.verbose, diagnosis=diagnosis):
             print(printable(line))  # threat-model: P8: names found on disk are shown, never acted on
     return 0 if diagnosis.ok else 1
+
+
+def _sections() -> tuple:
+    """The report's further sections, in order: ``(key, collector, --verbose renderer)``."""
+    from flashinfer_sm120.core.facts import precompiled
+    from flashinfer_sm120.diagnose import prune
+    from flashinfer_sm120.diagnose.verify import inventory, report
+    from flashinfer_sm120.warmup import plan
+
+    return (("ninja", report.ninja_section, sections.ninja_lines),
+            ("servers", report.servers_section, sections.servers_lines),
+            ("build_line", report.build_line_section, sections.build_line_lines),
+            ("inventory", inventory.doctor_section, sections.inventory_lines),
+            ("caches", prune.doctor_section, sections.caches_lines),
+            ("builds", plan.doctor_section, plan.doctor_lines),
+            ("precompiled", precompiled.doctor_section, precompiled.doctor_lines))
 
 
 def render(report: dict, *, verbose: bool = False, diagnosis=None) -> list[str]:
@@ -211,21 +225,14 @@ def _short(r: dict, d) -> list[str]:
     tail = wrap("More: flashinfer-sm120 doctor --verbose (every toolkit, the patch, exports, servers, modules), or --json")
     blocks = [wrap(_finding(f)) for f in d.findings[1 if d.problems else 0:]]
     room = SHORT_LINES - len(lines) - len(tail)
-    if sum(map(len, blocks)) > room:
-        shown_ = []
-        for block in blocks:
-            if sum(map(len, shown_)) + len(block) > room - 1:
-                break
-            shown_.append(block)
-        blocks = shown_ + [[f"... {plural(len(blocks) - len(shown_), 'more finding')}: --verbose"]]
+    if sum(map(len, blocks)) > room:  # as many whole findings as fit, then one line saying how many more
+        fit = sum(1 for total in itertools.accumulate(map(len, blocks)) if total <= room - 1)
+        blocks = blocks[:fit] + [[f"... {plural(len(blocks) - fit, 'more finding')}: --verbose"]]
     return lines + [ln for block in blocks for ln in block] + tail
 
 
 def _verbose(r: dict, d) -> list[str]:
     """Everything: the verdict and findings, then each part in full."""
-    from flashinfer_sm120.core.facts import precompiled
-    from flashinfer_sm120.core.jitenv import environ
-    from flashinfer_sm120.warmup import buildreport
 
     out = [_verdict(d)] + [ln for f in d.findings[1 if d.problems else 0:] for ln in wrap(_finding(f))]
     p = out.append
@@ -279,11 +286,8 @@ def _verbose(r: dict, d) -> list[str]:
         p(f"  patch error: {st['error']}")
     out += sections.autoload_lines(r.get("autoload"), r["python"])  # deploy: the autoload and what the process exports
     p("Exported to this process and its children:")
-    out += [f"  {line}" for line in environ.describe(a.get("exported", {}))]
-    for key, lines in (("ninja", sections.ninja_lines), ("servers", sections.servers_lines),
-                       ("build_line", sections.build_line_lines), ("inventory", sections.inventory_lines),
-                       ("caches", sections.caches_lines), ("builds", buildreport.doctor_lines),
-                       ("precompiled", precompiled.doctor_lines)):
+    out += [f"  {line}" for line in sections.exported_lines(a.get("exported", {}))]
+    for key, _, lines in _sections():
         section = r.get(key)
         if section is None:  # not collected (a report written by hand)
             continue
@@ -295,8 +299,7 @@ def _verbose(r: dict, d) -> list[str]:
 
 
 def _alone_cuda(b: dict, alone, torch_cuda) -> str:
-    """FlashInfer alone's CUDA version, saying when it is torch's, not an nvcc's (``get_cuda_version``,
-    flashinfer/jit/cpp_ext.py 0.7.x: ``torch.version.cuda`` when ``nvcc --version`` is not found)."""
+    """FlashInfer alone's CUDA version, torch's when it finds no nvcc (``get_cuda_version``, cpp_ext.py 0.7.x)."""
     if not alone.has_nvcc:
         return (f"no nvcc (CUDA version would come from torch: {b.get('cuda_version') or torch_cuda})"
                 if b.get("cuda_version") else f"no nvcc ({b.get('cuda_version_error')})")

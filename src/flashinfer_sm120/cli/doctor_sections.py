@@ -22,6 +22,20 @@ def wrap(text: str, indent: str = "  ") -> list[str]:
                          break_on_hyphens=False) or [text]
 
 
+def exported_lines(info: dict) -> list[str]:
+    """:func:`flashinfer_sm120.core.jitenv.environ.exported` as printed, one line per item."""
+    if not info:
+        return ["nothing exported (FlashInfer not patched in this process)"]
+    lines = [f"CUDA_HOME={info['cuda_home']}"]
+    for k in ("CUDA_PATH", "PATH", "ninja", "torch.utils.cpp_extension.CUDA_HOME", "triton"):
+        if k in info:
+            lines.append(f"{k}: {info[k]}")
+    lines.append(f"which nvcc: {info.get('which_nvcc')}")
+    if "which_ninja" in info:
+        lines.append(f"which ninja: {info['which_ninja']}")
+    return lines
+
+
 def ninja_lines(section: dict) -> list[str]:
     """:func:`flashinfer_sm120.diagnose.verify.report.ninja_section` as printed."""
     if "chosen" not in section:
@@ -83,9 +97,7 @@ def servers_lines(section: dict) -> list[str]:
 
 
 def build_line_lines(section: dict) -> list[str]:
-    """:func:`flashinfer_sm120.diagnose.verify.report.build_line_section` as printed: each module built
-    with other values, and the servers that leave the targets alone (the variables set and the targets
-    a server sets are findings, printed first)."""
+    """:func:`flashinfer_sm120.diagnose.verify.report.build_line_section` as printed (the rest are findings)."""
     lines = ["\nBuild line (what makes a warm module rebuild):"]
     if not section.get("set"):
         lines.append("  no FlashInfer variable that changes the build line is set")
@@ -163,8 +175,8 @@ def caches_lines(section: dict) -> list[str]:
 
 
 def autoload_lines(report: dict | None, python: str) -> list[str]:
-    """:func:`flashinfer_sm120.core.autoload.doctor_report` as printed."""
-    from flashinfer_sm120.core.autoload import HOOK_FILE
+    """:func:`flashinfer_sm120.diagnose.autoload.doctor_report` as printed."""
+    from flashinfer_sm120.core.autoload_hook import HOOK_FILE
 
     report = report or {}
     if report.get("pth"):

@@ -1,7 +1,7 @@
-"""``flashinfer-sm120 enable|disable``: the ``.pth`` autoload (:mod:`flashinfer_sm120.core.autoload`), and what
-they count as theirs in a site directory (threat-model: P5: a file not ours, or ours edited, is never overwritten
-or removed without ``--force``).  ``disable`` must work with the rest of the package broken: this module imports
-only :mod:`~flashinfer_sm120.core.autoload`, :mod:`~flashinfer_sm120.safety.fs.atomic` and :mod:`.common`."""
+"""``enable|disable``: the ``.pth`` autoload (:mod:`flashinfer_sm120.diagnose.autoload`); a file not ours, or ours
+edited, is never overwritten or removed without ``--force`` (P5).  ``disable`` works with the rest of the package
+broken: this module imports only ``core.autoload_hook``, ``diagnose.autoload``, ``safety.fs.atomic``,
+``safety.formats.reads`` and ``.common``."""
 
 from __future__ import annotations
 
@@ -16,16 +16,18 @@ import stat
 import sys
 import sysconfig
 
-from flashinfer_sm120.core.autoload import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS, hook_source, pth_files
+from flashinfer_sm120.core.autoload_hook import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS
+from flashinfer_sm120.diagnose.autoload import hook_source, pth_files
 from flashinfer_sm120.cli.common import err as _err
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.formats import reads
 from flashinfer_sm120.safety.fs.atomic import sweep, temp_prefix, write_atomic
 
 __all__ = ["add_parsers", "user_site_problem", "holds", "OURS_MAX"]
 
 
 def user_site_problem() -> str | None:
-    """Why this interpreter does not read the user site-packages (a virtual environment, PEP 405; ``python -s``,
-    ``PYTHONNOUSERSITE`` or a setuid interpreter: ``site`` docs), or ``None`` if it does."""
+    """Why this interpreter does not read the user site-packages (a venv, PEP 405; ``python -s``), or ``None``."""
     if sys.prefix != sys.base_prefix and not site.ENABLE_USER_SITE:
         return (f"{sys.executable} runs in a virtual environment ({sys.prefix}), which does not "
                 f"read the user site-packages (site.ENABLE_USER_SITE is False)")
@@ -61,31 +63,17 @@ EARLIER_HOOKS = frozenset({
     "45e281f5fd4316591bc3f53af06f56e5ba715f82384bab847932349e0508dc50",
     "4c537de241a3fda926506e0b24e98719a271ea04a4fde04423e47173b603de85",
     "56c8aa5b873a20433f71ca9fe111a35bacb3c02da2586b6f96545c1371be5ddc",
+    "99d47cdaf2e379a97e179a27d84b89228c52745e775b932c0fc330b8ce3f8b69",
     "a65f03fe63a9ba83467a7aef2adeaa432e4b7771be55514efa59f471738fd8bc",
     "a254c261a295ca56899d29d448023b9b8eaeb7c7be2d202612fbaa091de31d4e",
 })
 
 
 def read_text(path: str) -> str | None:
-    """The text of the regular file ``path`` (no link followed, no FIFO waited on), or ``None`` when it is not
-    one, is over :data:`OURS_MAX` bytes or is not UTF-8."""
+    """The UTF-8 text of the regular file ``path`` (no link followed, at most :data:`OURS_MAX` bytes), else ``None``."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        raw = b""
-        while len(raw) <= OURS_MAX and (chunk := os.read(fd, OURS_MAX + 1 - len(raw))):
-            raw += chunk
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    try:
-        return raw.decode("utf-8") if len(raw) <= OURS_MAX else None
-    except UnicodeDecodeError:
+        return reads.read_text(path, OURS_MAX, follow=False)
+    except FormatError:
         return None
 
 
@@ -97,8 +85,7 @@ def is_our_hook(path: str) -> bool:
 
 
 def other_lines(pth: str) -> tuple[list[str], bool]:
-    """``(lines of the .pth that are not ours, whether one of ours is there)``: ours name ``flashinfer_sm120``;
-    the others are kept.  One :func:`read_text` refuses is not ours: ``([], False)``."""
+    """``(lines of the .pth not ours, whether one of ours is there)``; ours name ``flashinfer_sm120``."""
     text = read_text(pth)
     if text is None:
         return [], False
@@ -139,9 +126,7 @@ def _sweep_tmp(site_dir: str) -> None:
 
 @contextlib.contextmanager
 def _site_lock(site_dir: str):
-    """Serialise ``enable`` and ``disable`` on one site directory (``flock`` on the directory: no lock file),
-    so that the ``.pth`` never exists without its module (every interpreter would print a traceback at start).
-    Where the directory cannot be locked, the operation goes on unlocked."""
+    """Serialise ``enable``/``disable`` on one site directory (``flock`` on it), so no ``.pth`` lacks its module."""
     try:
         fd = os.open(site_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
     except OSError:
@@ -193,39 +178,33 @@ def _enable(args: argparse.Namespace) -> int:
         who = f"every process of {py} and of any virtual environment created from it with --system-site-packages"
         if sys.prefix != sys.base_prefix:
             who = f"every process of {py} (virtual environment {sys.prefix})"
+    from flashinfer_sm120.safety.formats.grammar import foreign_tree
     from flashinfer_sm120.safety.ownership import trust_reason
 
-    if os.path.isdir(target_dir):  # threat-model: P4: nothing of root's or yours is written into a tree
-
-        why = trust_reason(target_dir)
-        if why:
-            return _err(f"the site directory {target_dir} is not safe to write into: {why}. Fix: enable in a site "
-                        f"directory that is root's or yours and that others cannot write (leave --site-dir out "
-                        f"for this interpreter's)")
-        for name in (HOOK_FILE, PTH_NAME):  # threat-model: P5 -- a file of that name that is not ours stays
-            path = os.path.join(target_dir, name)
-            if not os.path.lexists(path):
-                continue
-            is_text = read_text(path) is not None  # read once: up to OURS_MAX bytes
-            if is_our_hook(path) if name == HOOK_FILE else is_text:
-                continue
-            editable = name == HOOK_FILE and is_text  # a module you edited: --force replaces it
-            if args.force and editable:
-                continue  # yours to replace: asked for by name
-            return _err(f"{path} exists and is not what 'flashinfer-sm120 enable' wrote (another module, one "
-                        f"edited since, or not a UTF-8 text file of at most {OURS_MAX >> 10} KiB); nothing "
-                        f"written. Fix: move it away"
-                        + (", or pass --force to replace a module you edited" if editable else ""))
-    else:  # threat-model: P4 -- its missing levels are not made inside a tree another uid owns
-        from flashinfer_sm120.safety.formats.paths import foreign_tree
+    foreign = foreign_tree(target_dir)  # threat-model: P4 -- no missing level made inside a tree another uid owns
+    if foreign is not None:
         from flashinfer_sm120.safety.fs.statedir import foreign_tree_message
 
-        foreign = foreign_tree(target_dir)
-        if foreign is not None:
-            return _err(foreign_tree_message("the site directory", foreign, "--site-dir"))
-        why = trust_reason(target_dir)
-        if why:
-            return _err(f"the site directory {target_dir} would be created where it is not safe: {why}")
+        return _err(foreign_tree_message("the site directory", foreign, "--site-dir"))
+    why = trust_reason(target_dir)  # threat-model: P4 -- written only into a tree of root's or yours
+    if why:
+        return _err(f"the site directory {target_dir} is not safe to write into: {why}. Fix: enable in a site "
+                    f"directory that is root's or yours and that others cannot write (leave --site-dir out "
+                    f"for this interpreter's)")
+    for name in (HOOK_FILE, PTH_NAME):  # threat-model: P5 -- a file of that name that is not ours stays
+        path = os.path.join(target_dir, name)
+        if not os.path.lexists(path):
+            continue
+        is_text = read_text(path) is not None  # read once: up to OURS_MAX bytes
+        if is_our_hook(path) if name == HOOK_FILE else is_text:
+            continue
+        editable = name == HOOK_FILE and is_text  # a module you edited: --force replaces it
+        if args.force and editable:
+            continue  # yours to replace: asked for by name
+        return _err(f"{path} exists and is not what 'flashinfer-sm120 enable' wrote (another module, one "
+                    f"edited since, or not a UTF-8 text file of at most {OURS_MAX >> 10} KiB); nothing "
+                    f"written. Fix: move it away"
+                    + (", or pass --force to replace a module you edited" if editable else ""))
     target = os.path.join(target_dir, PTH_NAME)
     writing = target_dir
     changed = False
@@ -302,8 +281,7 @@ def _disable(args: argparse.Namespace) -> int:
 
 
 def _precompile(path: str) -> None:
-    """Cache the module's bytecode now, as pip does, so that interpreters that may not write here do not
-    compile it at each start (an unwritable ``__pycache__``: they do)."""
+    """Cache the module's bytecode now, as pip does (interpreters that may not write here compile it each start)."""
     import py_compile
 
     with contextlib.suppress(OSError, py_compile.PyCompileError):

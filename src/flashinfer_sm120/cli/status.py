@@ -32,8 +32,7 @@ def exit_code(st: dict) -> int:
 
 
 def status_line(st: dict) -> str:
-    """``<mode>: nvcc <release> at <toolkit>; targets <sm_...>`` (or why there is no toolkit), from
-    a :class:`~flashinfer_sm120.core.patch.laststatus.LastStatus`."""
+    """``<mode>: nvcc <release> at <toolkit>; targets <sm_...>``, or why there is no toolkit."""
     mode, tk = st.get("mode"), st.get("toolkit")
     if mode in _OK and tk:
         targets = ", ".join(st.get("targets") or []) or f"none, nothing can be built ({_no_targets(st)})"
@@ -60,7 +59,7 @@ def run_status(args: argparse.Namespace) -> int:
     refusal = import_refused()  # threat-model: P4: FlashInfer's import would write where it must not
     if refusal is not None:
         return _say(args, {"mode": "refused", "toolkit": None, "targets": [], "error": str(refusal)}, "check")
-    from flashinfer_sm120.core.facts.refusals import builds_refused
+    from flashinfer_sm120.core.facts.workspace import builds_refused
     from flashinfer_sm120.core.facts.workspace import workspace_path
 
     refused = builds_refused(workspace_path()[0])  # what build and every JIT build would refuse by
@@ -68,7 +67,7 @@ def run_status(args: argparse.Namespace) -> int:
         return _say(args, {"mode": "refused", "toolkit": None, "targets": [], "error": "FlashInfer was not "
                            f"imported: every JIT build here would be refused: {refused}"}, "check")
     if not args.fresh:
-        from flashinfer_sm120.core.patch.lastcheck import load
+        from flashinfer_sm120.cli.lastcheck import load
 
         got = load()
         if got.status is not None:
@@ -85,7 +84,7 @@ def _full(args: argparse.Namespace) -> int:
     try:
         import flashinfer.jit.core  # noqa: F401  (patching happens on this import)
     except Exception as exc:  # FlashInfer's own import failed: say why, and what we did before it
-        from flashinfer_sm120.core.facts.importfail import import_failure
+        from flashinfer_sm120.core.facts.refusals import import_failure
         from flashinfer_sm120.core.facts.reinstall import DEPENDENCIES
 
         top = (getattr(exc, "name", None) or "").partition(".")[0] if isinstance(exc, ModuleNotFoundError) else ""

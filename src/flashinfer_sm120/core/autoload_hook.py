@@ -1,32 +1,18 @@
-"""Start-up hook of the flashinfer-sm120 autoload (standard library only).
-
-``flashinfer-sm120 enable`` copies this file, unchanged, next to
-``flashinfer_sm120_autoload.pth`` in a site-packages directory, as the
-top-level module ``flashinfer_sm120_autoload``; the ``.pth`` holds one line::
-
-    import flashinfer_sm120_autoload; flashinfer_sm120_autoload.install()
-
-``site`` runs that line at every interpreter start.  :func:`install` puts one
-finder at the front of ``sys.meta_path`` and imports nothing.  The first import
-of a trigger module (``flashinfer``, ``vllm``, ``sglang``, or a submodule) makes
-the finder leave ``sys.meta_path`` and import ``flashinfer_sm120``, which patches
-FlashInfer; every other import costs one string split and a set lookup.  A trigger
-that ``flashinfer_sm120`` imports itself (``wrapt``, ``filelock``, ``packaging``) is
-then already loaded, and that module is what the import returns: nothing runs twice.
-
-It never stops an interpreter: if the package is not importable (uninstalled or
-moved with this file left behind) or fails to import (anything, ``SystemExit``
-included), it prints one line naming the fix, and the import goes on.
-``flashinfer-sm120 disable`` removes both files.
+"""Start-up hook of the flashinfer-sm120 autoload (standard library only), copied unchanged by ``enable`` next to
+its ``.pth`` as the module ``flashinfer_sm120_autoload``.  :func:`install` puts one finder first on
+``sys.meta_path``; the first import of a trigger (``flashinfer``, ``vllm``, ``sglang``) makes it leave and import
+``flashinfer_sm120``.  It never stops an interpreter: a missing or failing package is one line naming the fix.
 """
 
 import os
 import sys
 
-#: The ``.pth`` file ``enable`` writes next to this module.
+#: The ``.pth`` file ``enable`` writes next to this module, and its one line.
 PTH_NAME = "flashinfer_sm120_autoload.pth"
-#: This module's name in site-packages (the ``.pth`` imports it).
+#: This module's name in site-packages (the ``.pth`` imports it), and its file.
 MODULE_NAME = "flashinfer_sm120_autoload"
+HOOK_FILE = MODULE_NAME + ".py"
+PTH_LINE = f"import {MODULE_NAME}; {MODULE_NAME}.install()\n"
 #: Top-level modules whose first import loads flashinfer_sm120.
 TRIGGERS = ("flashinfer", "vllm", "sglang")
 #: Values of FLASHINFER_SM120_DISABLE that mean "enabled".
@@ -55,11 +41,6 @@ class FlashInferSm120Autoload:
             flashinfer_sm120.core.autoload.triggered(name, self.pth)
         except KeyboardInterrupt:
             raise
-        except ModuleNotFoundError as exc:
-            if exc.name in ("flashinfer_sm120", "flashinfer_sm120.core.autoload"):
-                self.say_missing()  # threat-model: P1: an unpatched server must not fail later unexplained
-            else:
-                self.say(exc)
         except BaseException as exc:
             self.say(exc)
         done = sys.modules.get(name)
@@ -77,18 +58,18 @@ class FlashInferSm120Autoload:
         return None
 
     def say(self, exc):
+        """One line naming the fix (P1: an unpatched server must not fail later unexplained)."""
+        missing = isinstance(exc, ModuleNotFoundError) and exc.name in ("flashinfer_sm120",
+                                                                        "flashinfer_sm120.core.autoload")
         try:
-            sys.stderr.write("flashinfer-sm120: autoload failed (%r); FlashInfer is not patched. Fix: "
-                             "reinstall flashinfer-sm120 from its checkout (pip install --force-reinstall "
-                             "/path/to/flashinfer-sm120), or remove %s\n" % (exc, self.pth))
-        except BaseException:
-            pass
-
-    def say_missing(self):
-        try:
-            sys.stderr.write("flashinfer-sm120: autoload could not load the package (flashinfer_sm120 is not "
-                             "importable); FlashInfer is not patched. Fix: pip install flashinfer-sm120, or "
-                             "remove %s (FLASHINFER_SM120_DISABLE=1 silences this)\n" % self.pth)
+            if missing:
+                sys.stderr.write("flashinfer-sm120: autoload could not load the package (flashinfer_sm120 is not "
+                                 "importable); FlashInfer is not patched. Fix: pip install flashinfer-sm120, or "
+                                 "remove %s (FLASHINFER_SM120_DISABLE=1 silences this)\n" % self.pth)
+            else:
+                sys.stderr.write("flashinfer-sm120: autoload failed (%r); FlashInfer is not patched. Fix: "
+                                 "reinstall flashinfer-sm120 from its checkout (pip install --force-reinstall "
+                                 "/path/to/flashinfer-sm120), or remove %s\n" % (exc, self.pth))
         except BaseException:
             pass
 

@@ -1,7 +1,5 @@
-"""Walking and removing directory trees of any depth (threat-model: P6): ``os.walk`` (before Python
-3.12) and ``shutil.rmtree`` (before 3.13) recurse per level, so a tree 1,000 levels deep in a JIT
-directory ended ``cache prune`` in a ``RecursionError``.  These keep an explicit stack and follow no
-symlink."""
+"""Walking and removing trees of any depth, following no symlink (threat-model: P6): ``os.walk`` (before
+Python 3.12) and ``shutil.rmtree`` (before 3.13) recurse per level, a ``RecursionError`` on a deep tree."""
 
 from __future__ import annotations
 
@@ -15,8 +13,7 @@ _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLL
 
 
 def walk_tree(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
-    """``os.walk(top)`` without recursion (clearing ``dirnames`` prunes); symlinks are listed as
-    files, never entered; unreadable paths are skipped."""
+    """``os.walk(top)`` without recursion (clearing ``dirnames`` prunes); links are files, unreadable paths skipped."""
     stack = [top]
     while stack:
         path = stack.pop()
@@ -35,10 +32,7 @@ def walk_tree(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
 
 
 def remove_tree(path: str) -> None:
-    """Remove the directory ``path`` and all under it, whatever its depth, like ``shutil.rmtree``'s
-    safe variant: each step relative to a descriptor, each directory entered with ``O_NOFOLLOW``; one
-    descriptor open at a time (a level is left through ``..`` and found again by inode).  Raises
-    OSError; what was removed stays removed."""
+    """``shutil.rmtree``'s fd-relative variant for any depth, one descriptor open at a time (up via ``..``, by inode)."""
     parent = os.open(os.path.dirname(path) or ".", _DIR_FLAGS & ~getattr(os, "O_NOFOLLOW", 0))
     fd = None
     try:

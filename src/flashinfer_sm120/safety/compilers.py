@@ -1,8 +1,6 @@
-"""FlashInfer's compiler variables, held to the trust rule (threat-model: P2).  FlashInfer 0.7.4 writes
-``FLASHINFER_NVCC``, its launchers and ``CXX`` (default ``c++``) into every ``build.ninja``
-(``flashinfer/jit/cpp_ext.py``); nvcc's host compiler is ``-ccbin $CC``, else ``NVCC_CCBIN``, else
-``gcc`` from ``PATH`` (nvcc 13.0 ``--dryrun``), and a ``-ccbin`` in ``NVCC_*_FLAGS`` wins over all.
-A variable naming anything that fails the rule is refused (docs/safety.md section 6)."""
+"""What a JIT build runs, held to the trust rule (threat-model: P2): one table of the variables that choose it
+(FlashInfer 0.7.4 ``jit/cpp_ext.py`` writes ``FLASHINFER_NVCC``, its launchers and ``CXX`` into ``build.ninja``; nvcc
+13.0 runs ``-ccbin $CC``, else ``NVCC_CCBIN``, else ``gcc``), and the programs it runs by bare name."""
 
 from __future__ import annotations
 
@@ -10,13 +8,14 @@ import dataclasses
 import os
 import re
 
-from flashinfer_sm120.safety.formats import base, grammar, reads
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.ownership import trust_reason
+from flashinfer_sm120.safety.formats import base, grammar, reads
+from flashinfer_sm120.safety.fs.atomic import TEMP_VARIABLES
+from flashinfer_sm120.safety.ownership import named_path_problem, trust_reason
 from flashinfer_sm120.safety.trust import SHELL_OPTIONS, hands_on, named_paths, trace, which
 
-__all__ = ["DIR_VARIABLES", "FLAG_VARIABLES", "VARIABLES", "Verdict", "check", "program_of", "trust_problem",
-           "ccbin_values"]
+__all__ = ["DIR_VARIABLES", "FLAG_VARIABLES", "VARIABLES", "BY_NAME", "Verdict", "PathProblem",
+           "check", "program_of", "trust_problem", "ccbin_values", "path_problem", "temp_problem"]
 
 #: Variables whose words are options for nvcc or the host compiler: nvcc reads the first two itself,
 #: FlashInfer appends the others to its compile and link lines.
@@ -29,9 +28,34 @@ DIR_VARIABLES = ("GCC_EXEC_PREFIX", "COMPILER_PATH", "LIBRARY_PATH", "CPATH", "C
                  "CPLUS_INCLUDE_PATH", "LD_RUN_PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "DEPENDENCIES_OUTPUT",
                  "SUNPRO_DEPENDENCIES")
 
-#: The variables that choose what a JIT build runs, in the order they are checked.
-VARIABLES = ("FLASHINFER_NVCC", "FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_CXX_LAUNCHER", "CXX", "CC", "NVCC_CCBIN",
-             *FLAG_VARIABLES, *DIR_VARIABLES)
+_PROGRAM_FIX = "point {var} at a program owned by root or you and not writable by others, or unset it"
+#: kind -> (what a variable of that kind chooses, the fix when it is refused).
+_KINDS = {
+    "launcher": ("a compiler launcher FlashInfer would run", _PROGRAM_FIX),
+    "cxx": ("the host compiler and linker FlashInfer would run", _PROGRAM_FIX),
+    "cc": ("nvcc's host compiler, -ccbin $CC", _PROGRAM_FIX),
+    "ccbin": ("nvcc's host compiler", _PROGRAM_FIX),
+    "flags": ("options", "drop the option naming it from {var}, or point it at files owned by root or you and "
+                         "not writable by others"),
+    "dirs": ("where gcc finds programs, libraries or headers", "drop that directory from {var}, or unset it"),
+}
+
+#: The variables that choose what a JIT build runs, in the order they are checked, and their kind.
+VARIABLES: dict[str, str] = {"FLASHINFER_NVCC": "nvcc", "FLASHINFER_NVCC_LAUNCHER": "launcher",
+                             "FLASHINFER_CXX_LAUNCHER": "launcher", "CXX": "cxx", "CC": "cc", "NVCC_CCBIN": "ccbin",
+                             **dict.fromkeys(FLAG_VARIABLES, "flags"), **dict.fromkeys(DIR_VARIABLES, "dirs")}
+
+#: What every JIT build runs by bare name unless a variable replaces it (``-ccbin``: one in the first two
+#: :data:`FLAG_VARIABLES`): (name, role, replaced by, fix); nvcc 13.0 ``--dryrun``, FlashInfer 0.7.4 ``cpp_ext.py``.
+BY_NAME: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
+    ("gcc", "nvcc's host compiler", ("CC", "NVCC_CCBIN", "-ccbin"),
+     ", or set NVCC_CCBIN to a trusted host compiler (e.g. NVCC_CCBIN=/usr/bin/g++)"),
+    ("c++", "FlashInfer's C++ compiler and linker (CXX unset)", ("CXX",),
+     ", or set CXX to a trusted compiler (e.g. CXX=/usr/bin/c++)"),
+    ("rm", "nvcc's clean-up of its temporary files", (), ""),
+    ("as", "gcc's assembler", (), ""),
+    ("ld", "gcc's linker", (), ""),
+)
 
 #: nvcc's option that names the host compiler (a program, or a directory holding ``gcc``).
 _CCBIN = ("-ccbin", "--compiler-bindir")
@@ -47,6 +71,20 @@ class Verdict:
     note: str
 
 
+@dataclasses.dataclass(frozen=True)
+class PathProblem:
+    """A program or directory a build would use that fails the trust rule."""
+
+    program: str
+    role: str
+    why: str
+    fix: str
+    found: str = "found on PATH"
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.program} ({self.found}) fails the trust rule: {self.why}. Fix: {self.fix}"
+
+
 def _program(word: str, path: str | None) -> tuple[str | None, str | None]:
     if os.path.isabs(word):
         return word, None
@@ -57,9 +95,7 @@ def _program(word: str, path: str | None) -> tuple[str | None, str | None]:
 
 
 def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str | None]:
-    """``(program, other files it runs or names, problem)`` of a command value as FlashInfer's ninja
-    line runs it (``cxx = $CXX``, then ``/bin/sh -c``): plain words; a launcher hands on to its first
-    non-option word; an interpreter is refused; the compiler's options must be option forms."""
+    """``(program, other files it runs or names, problem)`` of a command value as ninja runs it (``/bin/sh -c``)."""
     try:
         words = grammar.parse_command_words(value, "the value")
     except FormatError as exc:
@@ -95,7 +131,7 @@ def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str
     if kind is None:  # the compiler's own options: those FlashInfer uses, never one that picks programs
         opts = [w for w in words[i + 1:] if w not in others]
         if opts:
-            from flashinfer_sm120.safety.formats.flags import parse_compile_flag  # only for a value with options
+            from flashinfer_sm120.safety.formats.params import parse_compile_flag  # only for a value with options
 
             try:  # (-B/dir, -wrapper, -fplugin=, -specs=, -Wl,... made g++ run or load another user's code)
                 _, dirs = parse_compile_flag(" ".join(opts), "the value")
@@ -122,11 +158,12 @@ def trust_problem(value: str, path: str | None) -> str | None:
     return None
 
 
-def _ccbin_program(value: str, path: str | None) -> tuple[str | None, str | None]:
-    """``(program, problem)`` nvcc runs for ``-ccbin value``: a directory means its ``gcc``."""
+def _ccbin_problem(value: str, path: str | None) -> str | None:
+    """Why nvcc may not run the host compiler ``-ccbin value`` (a directory means its ``gcc``), or ``None``."""
     if os.path.isabs(value) and os.path.isdir(value):
-        return os.path.join(value, "gcc"), None
-    return _program(value, path)
+        return trace(os.path.join(value, "gcc")).problem
+    prog, problem = _program(value, path)
+    return problem or trace(prog).problem
 
 
 def ccbin_values(words: list[str]) -> list[str]:
@@ -140,7 +177,7 @@ def ccbin_values(words: list[str]) -> list[str]:
     return out
 
 
-def _dirs_problem(var: str, value: str) -> str | None:
+def _dirs_problem(value: str, var: str) -> str | None:
     """Why gcc's variable ``var`` (:data:`DIR_VARIABLES`) may not reach a build, or ``None``."""
     if var == "GCC_EXEC_PREFIX":
         entries = [os.path.dirname(value)]
@@ -148,27 +185,17 @@ def _dirs_problem(var: str, value: str) -> str | None:
         entries = [os.path.dirname(value.split()[0])] if value.split() else []
     else:  # LD_PRELOAD takes spaces too
         entries = re.split(r"[:\s]" if var == "LD_PRELOAD" else re.escape(os.pathsep), value)
-    return next(filter(None, (_named_path_problem(d) for d in entries if os.path.isabs(d))), None)
-
-
-def _named_path_problem(p: str) -> str | None:
-    """Why the absolute path ``p`` a value names may not reach a build: it fails the trust rule, or,
-    absent, lies where another user may create it first (and so decide what it holds)."""
-    why = trust_reason(p, sticky_ok=False)
-    if why is None or os.path.lexists(p):
-        return why
-    return f"names {base.shown(p, 200)}, which does not exist yet where another user may create it ({why})"
+    return next(filter(None, (named_path_problem(d) for d in entries if os.path.isabs(d))), None)
 
 
 def _flags_problem(value: str, path: str | None) -> str | None:
     """Why the option words ``value`` may not go to a build, or ``None``."""
     words = value.split()
     for cc in ccbin_values(words):
-        prog, problem = _ccbin_program(cc, path)
-        problem = problem or trace(prog).problem
+        problem = _ccbin_problem(cc, path)
         if problem:
             return f"its -ccbin {base.shown(cc, 60)}: {problem}"
-    return next(filter(None, (_named_path_problem(p) for w in words for p in named_paths(w)[0])), None)
+    return next(filter(None, (named_path_problem(p) for w in words for p in named_paths(w)[0])), None)
 
 
 def _same_program(a: str, b: str) -> bool:
@@ -182,43 +209,29 @@ def check(env, chosen_nvcc: str, home: str) -> list[Verdict]:
     """A verdict for each of :data:`VARIABLES` set in ``env``; ``home``: FlashInfer's ``CUDA_HOME``."""
     out = []
     path = env.get("PATH")
-    for var in VARIABLES:
+    for var, kind in VARIABLES.items():
         try:
             value = reads.env_text(var, env, max_len=4096)
         except FormatError as exc:
             out.append(Verdict(var, "(unreadable)", False, f"{exc}; not used"))
             continue
-        if value is None or (value == "" and var not in ("FLASHINFER_NVCC", "CXX")):
+        if value is None or (value == "" and kind not in ("nvcc", "cxx")):
             continue  # an empty launcher is FlashInfer's own default
-        if value == "" and var == "CXX":  # FlashInfer: os.environ.get("CXX", "c++"), so "" is no compiler
+        if value == "" and kind == "cxx":  # FlashInfer: os.environ.get("CXX", "c++"), so "" is no compiler
             out.append(Verdict(var, "''", False, "CXX='' (set but empty) is refused: FlashInfer uses it as the "
                                "compiler, so its link rule '$cxx $in ...' would run the first object file. "
                                "Fix: unset CXX (FlashInfer then uses c++) or set it to a compiler"))
             continue
         shown = base.shown(value, 120)
-        if var == "FLASHINFER_NVCC":
+        if kind == "nvcc":
             out.append(_check_nvcc(value, shown, chosen_nvcc, home, path))
             continue
-        if var in FLAG_VARIABLES:
-            problem = _flags_problem(value, path)
-        elif var in DIR_VARIABLES:
-            problem = _dirs_problem(var, value)
-        elif var == "NVCC_CCBIN":
-            prog, problem = _ccbin_program(value.strip(), path)
-            problem = problem or trace(prog).problem
-        else:
-            problem = trust_problem(value, path)
+        problem = (_flags_problem(value, path) if kind == "flags" else _dirs_problem(value, var) if kind == "dirs"
+                   else _ccbin_problem(value.strip(), path) if kind == "ccbin" else trust_problem(value, path))
         if problem:
-            what = {"CXX": "the host compiler and linker FlashInfer would run",
-                    "CC": "nvcc's host compiler, -ccbin $CC", "NVCC_CCBIN": "nvcc's host compiler"}.get(
-                var, "options" if var in FLAG_VARIABLES else "where gcc finds programs, libraries or headers"
-                if var in DIR_VARIABLES else "a compiler launcher FlashInfer would run")
-            fix = (f"drop the option naming it from {var}, or point it at files owned by root or you and "
-                   f"not writable by others" if var in FLAG_VARIABLES else
-                   f"drop that directory from {var}, or unset it" if var in DIR_VARIABLES else
-                   f"point {var} at a program owned by root or you and not writable by others, or unset it")
+            what, fix = _KINDS[kind]
             out.append(Verdict(var, shown, False, f"{var}={shown} ({what}, in every JIT build) is refused: "
-                                                  f"{problem}. Fix: {fix}"))
+                                                  f"{problem}. Fix: {fix.format(var=var)}"))
         else:
             out.append(Verdict(var, shown, True, f"{var}={shown}: trusted, used as set"))
     return out
@@ -243,3 +256,32 @@ def _check_nvcc(value: str, shown: str, chosen_nvcc: str, home: str, path: str |
                    f"would compile with it against the headers of {home}. Its toolkit was a candidate and "
                    f"was not chosen (see 'flashinfer-sm120 doctor' for why). Fix: unset {var}, or set "
                    f"CUDA_HOME to the toolkit it belongs to if that toolkit can build your GPUs' targets")
+
+
+def temp_problem(env) -> PathProblem | None:
+    """The first of :data:`TEMP_VARIABLES` in ``env`` failing the trust rule (others could swap a compile's files)."""
+    for var in TEMP_VARIABLES:
+        value = env.get(var) or ""
+        if not os.path.isabs(value):
+            continue  # unset or relative: nvcc and gcc then use /tmp
+        why = trust_reason(os.path.join(value, "flashinfer-sm120"))  # what a compile makes in it
+        if why:
+            return PathProblem(value, "the temporary directory", why,
+                               f"set {var} to a directory of your own (mkdir -m 700 ~/tmp; {var}=~/tmp) or unset it",
+                               f"{var}, where nvcc and the host compiler write intermediate files")
+    return None
+
+
+def path_problem(env) -> PathProblem | None:
+    """Why a build may not run with ``env``: an untrusted :data:`BY_NAME` program, else :func:`temp_problem`."""
+    # relative entries name the module's build directory, which the JIT directory's own check covers
+    path = os.pathsep.join(d for d in (env.get("PATH") or os.defpath).split(os.pathsep) if os.path.isabs(d))
+    flags = " ".join(env.get(v) or "" for v in FLAG_VARIABLES[:2]).split()
+    for name, role, unless, fix in BY_NAME:
+        if any((u == "-ccbin" and ccbin_values(flags)) or (u != "-ccbin" and env.get(u)) for u in unless):
+            continue
+        found, _ = which(name, path)
+        problem = trace(found).problem if found else None
+        if problem:
+            return PathProblem(found, role, problem, f"take {os.path.dirname(found)} off PATH{fix}")
+    return temp_problem(env)

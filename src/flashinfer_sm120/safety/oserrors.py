@@ -1,8 +1,5 @@
-"""What an ``OSError`` means for the user, chosen by its ``errno`` (never by exception class or
-message text): one table, :data:`BY_ERRNO`, that every command and state file uses.
-
-threat-model: P8 (messages are chosen by errno and name the value and the fix).
-"""
+"""What an ``OSError`` means for the user, chosen by its ``errno`` (never by exception class or message text):
+one table, :data:`BY_ERRNO`, for every command and state file (threat-model: P8)."""
 
 from __future__ import annotations
 
@@ -39,8 +36,7 @@ _OTHER = ("io", "{path}: {strerror}", "{elsewhere}")
 
 @dataclasses.dataclass(frozen=True)
 class OsProblem:
-    """An ``OSError`` put into words: ``kind`` (``space``, ``permission``, ``path``, ``missing``,
-    ``exists``, ``limit``, ``io``), ``message`` naming the path, and ``fix``."""
+    """An ``OSError`` in words: ``kind`` (``space``, ``permission``, ``path``, ``missing``, ``exists``...)."""
 
     kind: str
     message: str
@@ -51,8 +47,7 @@ class OsProblem:
 
 
 def describe(exc: OSError, path: object = None, elsewhere: str = "choose another directory") -> OsProblem:
-    """``exc`` as an :class:`OsProblem` from :data:`BY_ERRNO`; ``path`` defaults to the
-    exception's own filename."""
+    """``exc`` as an :class:`OsProblem` from :data:`BY_ERRNO`; ``path`` defaults to the exception's filename."""
     from flashinfer_sm120.safety.formats.base import shown
 
     where = shown(str(path if path is not None else (exc.filename or "the file")), 300)

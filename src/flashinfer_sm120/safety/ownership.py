@@ -1,7 +1,6 @@
-"""The trust rule (OpenSSH ``StrictModes`` for every level of a path, docs/safety.md section 1):
-:func:`trust_reason` is the one check of a path a build runs, adopts, reads or creates in;
-:func:`mine_problem` the rule for what we keep as our own."""
-# threat-model: P2, P4 (the ownership rule: root or the user, not writable by others)
+"""The trust rule (threat-model: P2, P4; OpenSSH ``StrictModes`` for every level of a path, docs/safety.md section 1):
+:func:`trust_reason` is the one check of a path a build runs, adopts, reads or creates in; :func:`mine_problem` the
+rule for what we keep as our own."""
 
 from __future__ import annotations
 
@@ -14,20 +13,14 @@ import stat
 from flashinfer_sm120.safety.formats.base import shown
 
 __all__ = ["MAX_LINKS", "writable_by_others", "Untrusted", "current_uid", "resolve", "file_ok",
-           "trust_reason", "mine_problem", "check_place", "PlaceProblem", "own_place_fix", "cache_clear"]
+           "trust_reason", "named_path_problem", "mine_problem", "check_place", "PlaceProblem", "own_place_fix"]
 
 MAX_LINKS = 40  # as Linux MAXSYMLINKS
 
 
 def _private_gid() -> int | None:
-    """The user's private group (Debian/Ubuntu ``useradd``: named after the user, its primary group,
-    no other members), or ``None``; never root's.  Cached per uid (passwd may be on LDAP)."""
+    """The user's private group (Debian ``useradd``: the user's name, no other member), or ``None``; never root's."""
     return _private_gid_of(os.geteuid())
-
-
-def cache_clear() -> None:
-    """Forget the private groups already looked up (after passwd or group changed)."""
-    _private_gid_of.cache_clear()
 
 
 @functools.lru_cache(maxsize=4)
@@ -36,7 +29,6 @@ def _private_gid_of(uid: int) -> int | None:
         return None
     try:
         import grp
-        import pwd
 
         user = pwd.getpwuid(uid)
         group = grp.getgrgid(user.pw_gid)
@@ -48,8 +40,7 @@ def _private_gid_of(uid: int) -> int | None:
 
 
 def writable_by_others(st: os.stat_result) -> bool:
-    """Whether someone other than the owner can write ``st``: world-writable, or group-writable by a
-    group other than the user's private group (umask ``002`` makes a user's own venv group-writable)."""
+    """Whether another than the owner can write ``st`` (a group but the user's private group counts: umask ``002``)."""
     if st.st_mode & stat.S_IWOTH:
         return True
     return bool(st.st_mode & stat.S_IWGRP) and st.st_gid != _private_gid()
@@ -104,15 +95,13 @@ def resolve(path: str, uid: int) -> str:
 
 
 def file_ok(path: str, uid: int, entry: str | None = None) -> os.stat_result:
-    """``path``'s stat when it is owned by root or ``uid`` and not writable by others, else
-    :class:`Untrusted`; a root-owned sticky directory passes for the ``entry`` looked up in it when
-    root or ``uid`` owns that entry (the sticky bit stops others replacing it)."""
+    """``path``'s stat when root or ``uid`` owns it, not writable by others (P2), else :class:`Untrusted`."""
     st = os.stat(path)
     if st.st_uid not in (0, uid):
         raise Untrusted(f"{path} is owned by uid {st.st_uid}, not root or you (uid {uid})")
     if not writable_by_others(st):
         return st
-    if st.st_mode & stat.S_ISVTX and st.st_uid == 0 and entry is not None:
+    if st.st_mode & stat.S_ISVTX and st.st_uid == 0 and entry is not None:  # /tmp: others cannot replace ours
         try:
             owner = os.lstat(entry).st_uid
         except OSError:
@@ -126,8 +115,7 @@ def file_ok(path: str, uid: int, entry: str | None = None) -> os.stat_result:
 
 
 def mine_problem(path: str, st: os.stat_result) -> str | None:
-    """Why an entry we made and keep (the cache root, a view) is not ours alone, or ``None``: owned by
-    this uid and writable by no one else, group included (a link's own mode does not count).  P2"""
+    """Why an entry we keep (the cache root, a view) is not ours alone, group included, or ``None`` (P2)."""
     uid = current_uid()
     if st.st_uid != uid:
         return f"{path} is owned by uid {st.st_uid}, not you (uid {uid})"
@@ -137,9 +125,7 @@ def mine_problem(path: str, st: os.stat_result) -> str | None:
 
 
 def trust_reason(path: str, *, absent_ok: bool = True, sticky_ok: bool = True) -> str | None:
-    """Why ``path`` breaks the trust rule, naming it and the fix, or ``None`` (threat-model: P2, P4).
-    ``absent_ok``: checked at its deepest existing level; ``sticky_ok``: a root-owned sticky directory
-    (``/tmp``) may hold the absent rest (``False`` for a path someone else may create first)."""
+    """Why ``path`` breaks the trust rule, or ``None`` (P2, P4); ``sticky_ok``: ``/tmp`` may hold an absent rest."""
     uid = current_uid()
     here = os.path.abspath(path)
     while absent_ok and not os.path.lexists(here) and os.path.dirname(here) != here:
@@ -157,6 +143,14 @@ def trust_reason(path: str, *, absent_ok: bool = True, sticky_ok: bool = True) -
     return None
 
 
+def named_path_problem(path: str) -> str | None:
+    """Why a path a value or script names may not reach a build: untrusted, or absent where others may create it."""
+    why = trust_reason(path, sticky_ok=False)
+    if why is None or os.path.lexists(path):
+        return why
+    return f"names {shown(path, 200)}, which does not exist yet where another user may create it ({why})"
+
+
 @dataclasses.dataclass(frozen=True)
 class PlaceProblem:
     """Why the directory ``what`` at ``path`` is not a place to write into: ``why``, ``fix``, ``doing``."""
@@ -172,8 +166,7 @@ class PlaceProblem:
 
 
 def own_place_fix() -> str:
-    """The fix for a workspace that is not ours: this uid's passwd home (not ``$HOME``, the place refused
-    under ``sudo -E``), and ``sudo -H``."""
+    """The fix for a workspace not ours: this uid's passwd home (not ``$HOME``, under ``sudo -E``), ``sudo -H``."""
     try:
         home = pwd.getpwuid(os.geteuid()).pw_dir
     except (KeyError, OSError):
@@ -186,8 +179,7 @@ def own_place_fix() -> str:
 
 
 def check_place(path: str, what: str, fix: str | None = None, *, doing: str = "build in") -> PlaceProblem | None:
-    """:func:`trust_reason` of a directory we write and build in (whoever can replace a level can swap
-    the ``build.ninja`` ninja runs), as a :class:`PlaceProblem` (fix: ``fix`` or :func:`own_place_fix`)."""
+    """A :class:`PlaceProblem` when a directory we build in fails :func:`trust_reason`."""
     why = trust_reason(path)
     if why is None:
         return None

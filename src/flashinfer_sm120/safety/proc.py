@@ -1,7 +1,6 @@
-"""The one bounded way to run a program (threat-model: P6, docs/safety.md section 8): one deadline,
-the output pipe polled (a detached child holding it open would hang ``communicate()``) and capped, and
-at the end every process of its group, its session or carrying its :data:`MARKER_VAR` killed (one that
-scrubs its environment *and* leaves its session escapes: only a cgroup would catch that)."""
+"""The one bounded way to run a program (threat-model: P6, docs/safety.md section 8): one deadline, output
+polled and capped, and at the end every process of its group, its session or carrying :data:`MARKER_VAR` killed
+(a detached child holding the pipe would hang ``communicate()``)."""
 # threat-model: P6 (deadline, output cap, process-group kill)
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import os
 import select
 import signal
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -36,8 +34,7 @@ LOCAL_ERRNOS = frozenset({errno.EAGAIN, errno.EMFILE, errno.ENFILE, errno.ENOMEM
 
 @dataclass(frozen=True)
 class Result:
-    """What :func:`run` observed: ``returncode`` (negative: the signal; ``None``: not started, see
-    ``error``/``errno``), ``output`` (stdout and stderr, capped), ``timed_out``, ``truncated``, ``seconds``."""
+    """What :func:`run` saw: ``returncode`` (negative: a signal; ``None``: not started, see ``error``)."""
 
     returncode: int | None
     output: bytes
@@ -61,9 +58,7 @@ class Result:
 
 def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OUTPUT,
         env: Mapping[str, str] | None = None, cwd: str | None = None, leave_running: bool = False) -> Result:
-    """Run ``argv`` (no shell, stdin ``/dev/null``) within ``timeout`` seconds and ``max_output`` bytes;
-    never raises for the program's behaviour.  ``leave_running``: a daemon it starts may outlive it
-    (``sccache --start-server``) when it exits by itself within the bounds."""
+    """Run ``argv`` (no shell, stdin ``/dev/null``) within ``timeout`` and ``max_output``; never raises."""
     start = time.monotonic()
     deadline = start + max(0.0, timeout)
     marker = uuid.uuid4().hex
@@ -117,18 +112,13 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
 
 
 def exited(proc: subprocess.Popen) -> bool:
-    """Whether the program has exited, without reaping it: an unreaped zombie's pid cannot be reused, so
-    the group and session :func:`kill_all` signals are still the program's."""
+    """Whether the program exited, without reaping it: the group :func:`kill_all` signals is still the program's."""
     if proc.returncode is not None:
         return True
-    waitid = getattr(os, "waitid", None)
-    if waitid is None:  # not Linux/BSD: fall back to reaping
-        return proc.poll() is not None
     try:
-        info = waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
         return proc.poll() is not None
-    return info is not None
 
 
 def _drain(fd: int, chunks: list[bytes], size: int, cap: int) -> tuple[int, bool, bool]:
@@ -160,13 +150,11 @@ def signal_group(pgid: int, sig: int) -> None:
 
 
 def kill_all(pid: int | None, marker: str, *, spare_session: int | None = None) -> None:
-    """SIGKILL the group and session program ``pid`` leads (``None``: reaped), then every process
-    carrying ``MARKER_VAR=marker`` outside ``spare_session``, a few rounds so a forking program cannot
-    outrun it (P6)."""
+    """SIGKILL ``pid``'s group, then every process carrying ``MARKER_VAR=marker`` outside ``spare_session``."""
     if pid is not None:
         signal_group(pid, signal.SIGKILL)
-    for _ in range(_KILL_ROUNDS):
-        pids = [p for p in _marked(marker, pid) if not _is_zombie(p) and (spare_session is None or _sid(p) != spare_session)]
+    for _ in range(_KILL_ROUNDS):  # a few rounds, so a forking program cannot outrun it (P6)
+        pids = _marked(marker, pid, spare_session)
         if not pids:
             return
         for p in pids:
@@ -177,10 +165,8 @@ def kill_all(pid: int | None, marker: str, *, spare_session: int | None = None) 
         time.sleep(0.01)
 
 
-def _marked(marker: str, session: int | None) -> list[int]:
-    """Pids of this uid's processes carrying ``MARKER_VAR=marker`` or in ``session`` (Linux ``/proc``)."""
-    me = os.getpid()
-    uid = os.geteuid()
+def _marked(marker: str, session: int | None, spare: int | None) -> list[int]:
+    """Pids of this uid's live processes in ``session`` or carrying ``MARKER_VAR=marker``, but in ``spare``."""
     needle = f"{MARKER_VAR}={marker}".encode()
     found: list[int] = []
     try:
@@ -188,51 +174,31 @@ def _marked(marker: str, session: int | None) -> list[int]:
     except OSError:
         return found
     for name in names:
-        if not name.isdigit() or int(name) == me:
+        if not name.isdigit() or int(name) == os.getpid():
             continue
-        pid = int(name)
         try:
-            if uid != 0 and os.stat(f"/proc/{name}").st_uid != uid:
+            if os.geteuid() != 0 and os.stat(f"/proc/{name}").st_uid != os.geteuid():
                 continue
-            try:
-                if os.getsid(pid) == session:
-                    found.append(pid)
-                    continue
-            except OSError:
-                pass
+            with open(f"/proc/{name}/stat", "rb") as fh:  # "pid (comm) S ...": the state follows the last ')'
+                state = fh.read()
+            sid = os.getsid(int(name))
+            if state[state.rfind(b")") + 2:][:1] in (b"Z", b"X") or (spare is not None and sid == spare):
+                continue
+            if sid == session:
+                found.append(int(name))
+                continue
             with open(f"/proc/{name}/environ", "rb") as fh:
                 data = fh.read(1 << 20)
         except OSError:
             continue
         if needle in data.split(b"\0"):
-            found.append(pid)
+            found.append(int(name))
     return found
-
-
-def _sid(pid: int) -> int | None:
-    try:
-        return os.getsid(pid)
-    except OSError:
-        return None
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return True
-    # "pid (comm) S ...": the state follows the last ')'
-    return stat[stat.rfind(b")") + 2: stat.rfind(b")") + 3] in (b"Z", b"X")
 
 
 @contextlib.contextmanager
 def signals_as_exit():
-    """Within it, SIGTERM and SIGHUP end the program like Ctrl-C (``SystemExit(128 + signal)``), so the
-    ``finally`` clauses that stop child processes run (P5); main thread, default actions only."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    """Within it, SIGTERM and SIGHUP end the program like Ctrl-C, so ``finally`` clauses stop child processes (P5)."""
 
     def stop(signum, _frame):
         raise SystemExit(128 + signum)
@@ -242,7 +208,7 @@ def signals_as_exit():
         try:
             if signal.getsignal(sig) is signal.SIG_DFL:
                 old[sig] = signal.signal(sig, stop)
-        except (ValueError, OSError):
+        except (ValueError, OSError):  # not the main thread: signals stay as they are
             pass
     try:
         yield
@@ -265,7 +231,6 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
-    """``preexec_fn`` for ``ninja``: Linux sends it ``SIGTERM`` when this process dies (``kill -9``
-    included), so it stops its compilers.  One C call looked up before the fork: no lock in the child."""
+    """``preexec_fn`` for ``ninja``: SIGTERM when this process dies, ``kill -9`` included (P6)."""
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -1,7 +1,6 @@
-"""The trust rule applied to what runs (threat-model: P2): a program, every symlink hop and directory
-of its path, and for a ``#!`` script (read, never run) its shell and every program and path its words
-name, as docs/safety.md section 2 lists.  What nvcc runs itself is :mod:`.buildenv`'s."""
-# threat-model: P2 (nothing run or adopted unless every level of its path is trusted)
+"""The trust rule applied to what runs (threat-model: P2): a program, every link and directory of its path,
+and for a ``#!`` script (read, never run) its shell and every program and path its words name (docs/safety.md
+section 2).  What nvcc runs itself is :mod:`.compilers`'s."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from dataclasses import dataclass
 
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats import base, reads
-from flashinfer_sm120.safety.ownership import Untrusted, current_uid, file_ok, resolve, trust_reason
+from flashinfer_sm120.safety.ownership import Untrusted, current_uid, file_ok, named_path_problem, resolve, trust_reason
 
 __all__ = ["MAX_WRAPPER_DEPTH", "MAX_SCRIPT_BYTES", "SHELLS", "SHELL_OPTIONS", "LAUNCHERS", "OPAQUE",
            "Trace", "trace", "check_executable", "follow_wrappers", "hands_on", "named_paths", "which"]
@@ -58,8 +57,7 @@ def _base(path: str) -> str:
 
 
 def hands_on(path: str) -> str | None:
-    """What the program at ``path`` does with its first non-option argument: ``"shell"`` (runs it as a
-    script), ``"launcher"`` (runs it), ``"opaque"`` (an interpreter), else ``None``."""
+    """What ``path`` does with its first non-option argument: ``shell``, ``launcher``, ``opaque`` or ``None``."""
     name = _base(os.path.realpath(path))
     return ("opaque" if name in OPAQUE else "shell" if name in SHELLS else "launcher" if name in LAUNCHERS
             else None)
@@ -67,9 +65,7 @@ def hands_on(path: str) -> str | None:
 
 @dataclass(frozen=True)
 class Trace:
-    """What running ``path`` would execute: ``target``, the real path of the program that finally runs
-    (``None`` when untold), ``files``, every real path checked on the way, and ``problem``, why it must
-    not run (``None``: trusted)."""
+    """What running ``path`` would run: ``target`` (real path; ``None``: untold), ``files`` checked, ``problem``."""
 
     path: str
     target: str | None
@@ -80,7 +76,7 @@ class Trace:
 def _read_script(real: str) -> str | None:
     """The text of ``real`` when it is a ``#!`` script, else ``None``; too large or not UTF-8: refused."""
     try:
-        if not reads.read_prefix(real, 2).startswith(b"#!"):
+        if not reads.read_bytes(real, 2, prefix=True).startswith(b"#!"):
             return None
         raw = reads.read_bytes(real, MAX_SCRIPT_BYTES)
     except FormatError as exc:
@@ -98,9 +94,7 @@ def _refuse(script: str, what: str, fix: str = _FIX) -> Untrusted:
 
 
 def _words(body: str, script: str) -> list[tuple[int, str]]:
-    """``(line, word)`` for every word of a script body (after its ``#!`` line), with no grammar: whole
-    comment lines and written files left out, quotes removed and the rest split at blanks and
-    operators, as ``eval`` would read it again.  Refused: a character of :data:`_COMPUTES`."""
+    """``(line, word)`` of a script body as ``eval`` reads it again; a :data:`_COMPUTES` character is refused."""
     lines = list(enumerate(body.split("\n"), start=2))
     for line, text in lines:
         m = None if text.lstrip().startswith("#") else (_COMPUTES.search(text)
@@ -114,9 +108,7 @@ def _words(body: str, script: str) -> list[tuple[int, str]]:
 
 
 def named_paths(word: str) -> tuple[list[str], bool]:
-    """The absolute paths an option or script word names (``/x``, ``-I/x``, ``-x=/y``, ``-Wl,/z``,
-    ``A:/b``, ``@/rsp``: a response file gcc and nvcc read more options from), and whether it holds a
-    relative path (any other ``/``)."""
+    """The absolute paths a word names (``-I/x``, ``-Wl,/z``, ``A:/b``, ``@/rsp``), and whether it holds a relative one."""
     paths, relative = [], False
     for part in re.split("[=:,]", word):
         part = part[1:] if part.startswith("@/") else part
@@ -211,8 +203,7 @@ class _Check:
         return arg if arg.startswith("/") else ""
 
     def body(self, real: str, rest: str, chain: list[str]) -> str:
-        """Check every word of the script ``real`` and the ``PATH`` it runs under; the program it
-        wraps (the first ``.../nvcc`` it names), else ``real``."""
+        """Check a script's words and ``PATH``; the program it wraps (its first ``.../nvcc``), else ``real``."""
         final = real
         for line, w in _words(rest, real):
             try:
@@ -255,10 +246,9 @@ class _Check:
                 raise _refuse(script, f"line {line} names {base.shown(p, 200)}, which leads through /proc: "
                                       f"what it names is decided when the script runs")
             if not os.path.lexists(p):
-                why = trust_reason(p, sticky_ok=False)
+                why = named_path_problem(p)
                 if why:
-                    raise _refuse(script, f"line {line} names {base.shown(p, 200)}, which does not exist "
-                                          f"where another user may create it ({why})")
+                    raise _refuse(script, f"line {line} {why}")
             elif os.path.isdir(p):
                 file_ok(resolve(p, self.uid), self.uid)
             elif not os.path.isfile(p):  # /dev/null: the directories on the way
@@ -284,9 +274,7 @@ class _Check:
 
 
 def trace(path: str, *, body: bool = True) -> Trace:
-    """Follow ``path`` (``$CUDA_HOME/bin/nvcc``) through links and wrapper scripts, checking the trust
-    rule at every step; nothing is run.  ``body=False`` checks only the file, its links and its ``#!``
-    interpreter: for a program run for its own sake (``which``), not as a wrapper of nvcc."""
+    """Follow ``path`` through links and wrapper scripts by the trust rule, running nothing (``body=False``: no body)."""
     check = _Check(current_uid())
     try:
         target = check.follow(path, [], body=body)
@@ -303,9 +291,7 @@ def check_executable(path: str) -> str | None:
 
 
 def follow_wrappers(path: str) -> str | None:
-    """Real path of the program ``path`` finally runs (the first absolute ``.../nvcc`` each wrapper
-    names), read as :func:`trace` reads it but with no trust verdict, to place a ``PATH`` nvcc;
-    ``None`` if absent."""
+    """Real path of what ``path`` finally runs (each wrapper's first ``.../nvcc``), with no verdict."""
     seen: list[str] = []
     cur = path
     for _ in range(MAX_WRAPPER_DEPTH + 1):

@@ -1,8 +1,3 @@
-"""Warm-up builds (CLI only): compile FlashInfer JIT modules ahead of time into FlashInfer's JIT cache.
-
-:mod:`.modules` named modules and their variants; :mod:`.replay` ``build --from MANIFEST``;
-:mod:`.session` FlashInfer set up for a build; :mod:`.plan` jobs and memory; :mod:`.pool` the one
-scheduler and :mod:`.ninjacmd` one module's ninja; :mod:`.cache_format`, :mod:`.cache_export`,
-:mod:`.cache_import` what an export is, writing and installing one.  Importing this package imports
-nothing from FlashInfer.
-"""
+"""Warm-up builds (CLI only): :mod:`.modules` and :mod:`.replay` make specs, :mod:`.session` sets FlashInfer up,
+:mod:`.plan` builds them through :mod:`.pool`, the one scheduler; :mod:`.cache` and :mod:`.cache_import` move
+the result.  Importing this package imports nothing from FlashInfer."""

@@ -1,38 +1,126 @@
-"""``cache import``: install a cache export on this machine, an archive or a directory through one
-install step (threat-model: P7): caps and free space checked on every file before anything is
-written, then module by module under FlashInfer's own lock, copies verified against meta.json.
-
-An entry is reusable only where FlashInfer writes the same ``build.ninja`` (ninja recompiles when a
-command line changes): the same FlashInfer release, targets, nvcc release, ``CUDA_HOME`` and JIT dir
-(flashinfer/jit/env.py, cpp_ext.py).  Those are checked first; each module's ``build.ninja`` is then
-written by this FlashInfer and ``ninja -n`` says whether anything would be rebuilt.
-"""
+"""``cache import``: an archive or a directory through one install step (threat-model: P7), reusable only
+where FlashInfer writes the same ``build.ninja`` (flashinfer/jit/env.py, cpp_ext.py): checked first, then
+``ninja -n`` says whether anything would be rebuilt."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
+import platform
 import shutil
-import stat
 import struct
 import sys
+import tarfile
 import time
 from pathlib import Path
 
 from flashinfer_sm120.core.facts import buildline
-from flashinfer_sm120.warmup.replay import CannotRegenerate, make_spec
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import oserrors
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.formats.paths import deepest_existing, make_private_dirs, safe_join
-from flashinfer_sm120.safety.formats.reads import read_bytes
+from flashinfer_sm120.safety.formats.grammar import make_private_dirs, safe_join
+from flashinfer_sm120.safety.formats.reads import loads_json, read_bytes
+from flashinfer_sm120.safety.formats.tar import TarReader
 from flashinfer_sm120.safety.fs.atomic import write_atomic
-from flashinfer_sm120.safety.fs.tmpdirs import make_private
-from flashinfer_sm120.warmup import modlock, ninjacmd, pool
-from flashinfer_sm120.warmup.cache_format import (FIX, Budget, CacheError, Limits, Meta, Module, file_sha256,
-                                                  nvcc_targets, over_cap, too_large, umask, unpack)
+from flashinfer_sm120.safety.fs.atomic import make_private
+from flashinfer_sm120.warmup import pool
+from flashinfer_sm120.warmup.cache import (FIX, MAX_META_BYTES, TOP, Budget, CacheError, Limits, Meta, Module,
+                                           check_sizes, copy_file, file_sha256, format_errors, member_rel,
+                                           nvcc_targets, over_cap, parse_meta, refused, too_large)
+from flashinfer_sm120.warmup.replay import CannotRegenerate, make_spec
 from flashinfer_sm120.warmup.session import Session
+
+def _walk(src: str, limits: Limits, meta: Meta | None = None, into: Path | None = None) -> Meta:
+    """The one bounded pass over the archive ``src``: each member checked on its header against the caps
+    and meta.json (its first member, unless given) before its data is read; with ``into``, each listed
+    file is extracted there.  P6, P7"""
+    count = total = 0
+    files: set[str] = set()
+    dirs: set[str] = set()
+    with format_errors(), TarReader(src, max_bytes=limits.max_stream(), max_seconds=limits.max_seconds, fix=FIX,
+                                    cap="the files' cap of cache import --max-bytes, plus meta.json and headers") as tar:
+        for m in tar:
+            count += 1
+            if count > limits.max_members:
+                raise refused(src, f"it has more than {limits.max_members} members")
+            rel = member_rel(m.name, src)
+            if count == 1 and rel != "meta.json":
+                raise refused(src, f"its first member is {shown(m.name)}, not {TOP}/meta.json")
+            if not (m.isfile() or m.isdir()):
+                raise refused(src, f"member {shown(m.name)} is a link or device")
+            if m.isfile() and m.size > limits.max_file:
+                raise over_cap(src, f"member {shown(m.name)} is {m.size} bytes", limits, per_file=True)
+            if count == 1:  # meta.json: within MAX_META_BYTES, not the files' total
+                if not m.isfile():
+                    raise CacheError(f"{src} has no {TOP}/meta.json; {FIX}")
+                if m.size > MAX_META_BYTES:
+                    raise CacheError(f"{src}: {TOP}/meta.json is {m.size} bytes, more than {MAX_META_BYTES}; {FIX}")
+                name = f"{src}: {TOP}/meta.json"
+                meta = meta or parse_meta(loads_json(tar.read(m), name, fix=FIX), name)
+                files = {rel for mod in meta.modules for rel in mod.files}
+                dirs = {"/".join(r.split("/")[:i]) for r in files for i in range(1, r.count("/") + 1)}
+                continue
+            total += m.size if m.isfile() else 0
+            if total > limits.max_total:
+                raise over_cap(src, "its files add up to more", limits, per_file=False)
+            if m.isdir():
+                if rel and rel not in dirs:
+                    raise refused(src, f"directory {shown(m.name)} is not part of any module in meta.json")
+            elif rel not in files:
+                raise refused(src, f"member {shown(m.name)} is not listed in meta.json")
+            elif into is not None:
+                _extract(src, tar, m, into)
+    if meta is None:
+        raise refused(src, f"it has no members (no {TOP}/meta.json)")
+    return meta
+
+
+def _extract(src: str, tar: TarReader, m: tarfile.TarInfo, into: Path) -> None:
+    problem = too_large(src, shown(m.name), m.size)
+    if problem:
+        raise problem
+    free = shutil.disk_usage(into).free
+    if m.size > free:  # threat-model: P6
+        fix = "free space there or set TMPDIR to a larger disk"
+        raise CacheError(f"{src}: {m.name} needs {m.size} bytes and {into} has {free} free; {fix}", "space", fix)
+    try:
+        tar.extract(m, into)  # threat-model: P6 (PEP 706 data filter)
+    except OSError as exc:
+        p = oserrors.describe(exc, into, "set TMPDIR to another directory")
+        raise CacheError(f"{src}: unpacking {shown(m.name)}: {p.message}; {p.fix}", p.kind, p.fix) from None
+
+
+def _top(src: str) -> Path:
+    root = Path(src) / TOP
+    if os.path.islink(root) or not root.is_dir():
+        raise CacheError(f"{src} has no {TOP}/ folder (or it is a symlink); {FIX}")
+    return root
+
+
+def check(src: str, limits: Limits = Limits()) -> Meta:
+    """The meta.json of an export, checked without writing: an archive whole, a directory's meta.json (its
+    files are checked one by one when installed)."""
+    if not os.path.isdir(src):
+        return _walk(src, limits)
+    name = f"{src}/{TOP}/meta.json"
+    with format_errors():
+        raw = read_bytes(safe_join(_top(src), "meta.json", src, fix=FIX), MAX_META_BYTES, follow=False, fix=FIX)
+        return parse_meta(loads_json(raw, name, fix=FIX), name)
+
+
+def unpack(src: str, into: Path, meta: Meta, limits: Limits) -> Path:
+    """The folder to read the export's files from: ``src/TOP`` of a directory, else the archive unpacked
+    below ``into``."""
+    if os.path.isdir(src):
+        return _top(src)
+    if not hasattr(tarfile, "data_filter"):  # PEP 706 came in 3.10.12, 3.11.4, 3.12 (Debian 12: 3.11.2)
+        fix = ("use a Python with tarfile's extraction filters (3.10.12+, 3.11.4+, 3.12+), or export a "
+               "directory (cache export OUT, OUT not ending in .tar...) and import that")
+        raise CacheError(f"cannot unpack {src}: this Python {platform.python_version()} has no tarfile extraction "
+                         f"filters, and archives are unpacked only with the 'data' filter", "python", fix)
+    _walk(src, limits, meta, into)
+    return into / TOP
+
 
 #: What must be the same on both machines (FlashInfer writes it into each build.ninja), with the fix.
 _SAME = {
@@ -51,18 +139,19 @@ def _said(key: str, value) -> str:
     return repr(nvcc_targets(value)) if key == "targets" and isinstance(value, list) else repr(value)
 
 
-def _mismatch(theirs: dict, ours: dict) -> tuple[str, str] | None:
-    """``(message, fix)`` for the first of :data:`_SAME` (that ``ours`` has), then build-line variable, that differs."""
+def _mismatch(src: str, theirs: dict, ours: dict) -> None:
+    """Refuse the first of :data:`_SAME` (that ``ours`` has), then build-line variable, that differs."""
     for k, fix in _SAME.items():
         if k in ours and theirs.get(k) != ours[k]:
-            return f"archive has {k} {_said(k, theirs.get(k))}, this machine {_said(k, ours[k])}: {fix}", fix
+            raise CacheError(f"refusing {src}: archive has {k} {_said(k, theirs.get(k))}, this machine "
+                             f"{_said(k, ours[k])}: {fix}", "mismatch", fix)
     changed = buildline.changes(theirs["build_vars"], ours["build_vars"] or {}) if "build_vars" in theirs and "build_vars" in ours else []
     if changed:
         said = "; ".join(f"{c.name}={c.built or '(unset)'} there, {c.now or '(unset)'} here" for c in changed)
         fix = "set them here as there, or build here"
-        return (f"the archive was built with other FlashInfer build-line variables ({said}): they change every "
-                f"build line, so every module would be rebuilt; {fix}", fix)
-    return None
+        raise CacheError(f"refusing {src}: the archive was built with other FlashInfer build-line variables "
+                         f"({said}): they change every build line, so every module would be rebuilt; {fix}",
+                         "mismatch", fix)
 
 
 def precheck(src: str, meta: Meta) -> None:
@@ -82,9 +171,7 @@ def precheck(src: str, meta: Meta) -> None:
     root = workspace_path()[0]
     if not str(theirs["jit_dir"]).startswith(root.rstrip(os.sep) + os.sep):
         ours["jit_dir"] = os.path.join(root, "...")
-    problem = _mismatch(theirs, ours)
-    if problem:
-        raise CacheError(f"refusing {src}: {problem[0]}", "mismatch", problem[1])
+    _mismatch(src, theirs, ours)
 
 
 def install(src: str, meta: Meta, sess: Session, *, force: bool = False, limits: Limits = Limits()) -> list[dict]:
@@ -93,9 +180,7 @@ def install(src: str, meta: Meta, sess: Session, *, force: bool = False, limits:
     ``failed`` or ``stale`` (ninja would rebuild it here)."""
     from flashinfer.jit import env as jit_env
 
-    problem = _mismatch(meta.fingerprint, sess.fingerprint())
-    if problem:
-        raise CacheError(f"refusing {src}: {problem[0]}", "mismatch", problem[1])
+    _mismatch(src, meta.fingerprint, sess.fingerprint())
     targets = {"jit": Path(jit_env.FLASHINFER_JIT_DIR), "generated": Path(jit_env.FLASHINFER_GEN_SRC_DIR)}
     with make_private("fi-sm120-import-") as tmp:  # swept by the next import if this one is killed
         root = unpack(src, Path(tmp), meta, limits)
@@ -112,13 +197,11 @@ def _plan(meta: Meta, root: Path, targets: dict[str, Path], src: str) -> list[tu
         paths = {}
         for rel in mod.files:
             kind, rest = rel.split("/", 1)
-            try:
+            with format_errors():
                 paths[rel] = (safe_join(root, rel, src, fix=FIX),
                               safe_join(targets[kind], rest, f"{src}: meta.json", fix=FIX))
-            except FormatError as exc:
-                raise CacheError(str(exc), "archive", FIX) from None
             if not paths[rel][0].is_file() or paths[rel][0].is_symlink():
-                raise CacheError(f"{src}: {rel} is missing or not a regular file; {FIX}", "archive", FIX)
+                raise CacheError(f"{src}: {rel} is missing or not a regular file; {FIX}")
         out.append((mod, paths))
     return out
 
@@ -134,40 +217,13 @@ def _os_error(exc: OSError, path: object) -> CacheError:
     return CacheError(f"{p.message}; {p.fix}", p.kind, p.fix)
 
 
-def _check_space(plan: list[tuple[Module, dict[str, tuple[Path, Path]]]], limits: Limits, src: str) -> None:
-    """Refuse, before anything is written, files over the caps, ``ulimit -f`` or the free space where they
-    go (``lstat`` sizes: a sparse file is copied at its full length).  P6, P7"""
-    count = sum(len(paths) for _, paths in plan)
-    if count > limits.max_members:
-        raise CacheError(f"{src}: it has {count} files, more than {limits.max_members}; refusing the whole "
-                         f"export; {FIX}", "archive", FIX)
-    total, need = 0, {}
-    for _, paths in plan:
-        for s_path, dest in paths.values():
-            size = os.lstat(s_path).st_size
-            if size > limits.max_file:
-                raise over_cap(src, f"{s_path} is {size} bytes", limits, per_file=True)
-            total += size
-            if total > limits.max_total:
-                raise over_cap(src, "its files add up to more", limits, per_file=False)
-            problem = too_large(src, str(dest), size)
-            if problem:
-                raise problem
-            root = deepest_existing(str(dest))
-            need[root] = need.get(root, 0) + size
-    for root, n in need.items():
-        free = shutil.disk_usage(root).free
-        if n > free:
-            fix = f"free space on the disk of {root}, or {_ELSEWHERE}"  # one wording with _os_error
-            raise CacheError(f"{src} needs {n} bytes in {root} and that disk has {free} free; {fix}", "space", fix)
-
-
 def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Session, force: bool,
                   limits: Limits, src: str) -> list[dict]:
     """The one install step for an archive (unpacked to ``root``) and a directory (``root`` in it).  P5-P7"""
     entries = {e["name"]: e for e in meta.manifest}
     plan = _plan(meta, root, targets, src)
-    _check_space(plan, limits, src)
+    check_sizes(src, [(str(d), os.lstat(s_path).st_size) for _, paths in plan for s_path, d in paths.values()],
+                limits, _ELSEWHERE)
     budget = Budget(limits)
     report = []
     for mod, paths in plan:
@@ -179,13 +235,13 @@ def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Sessio
             continue
         made: list[Path] = []  # what this import wrote of the module that was not there before
         try:
-            lock = modlock.lock_path(targets["jit"], mod.name)
+            lock = pool.lock_path(targets["jit"], mod.name)
             make_private_dirs(lock.parent)  # 0700 if absent
             # threat-model: P5 -- FlashInfer's own per-module lock: a server building it and we take turns
-            with modlock.held(lock, mod.name, lambda line: print(f"flashinfer-sm120: {line}", file=sys.stderr,
+            with pool.held(lock, mod.name, lambda line: print(f"flashinfer-sm120: {line}", file=sys.stderr,
                                                                  flush=True)):
                 try:
-                    r = _install_module(mod, paths, force, limits, budget, src, made)
+                    r = _install_module(mod, paths, force, budget, src, made)
                     if r["status"] in ("installed", "already present"):
                         r.update(_settle(entries.get(mod.name), sess))
                 except BaseException:
@@ -213,8 +269,8 @@ def _undo(made: list[Path]) -> None:
 _NINJA_OWN = ("/build.ninja", "/.ninja_log", "/.ninja_deps")
 
 
-def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: bool, limits: Limits,
-                    budget: Budget, src: str, made: list[Path]) -> dict:
+def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: bool, budget: Budget, src: str,
+                    made: list[Path]) -> dict:
     # build.ninja and ninja's logs are rewritten here by design (see _settle)
     content = {rel: d for rel, (_, d) in paths.items() if not rel.endswith(_NINJA_OWN)}
     here = {rel: file_sha256(d) for rel, d in content.items() if d.is_file()}  # each file hashed once
@@ -232,37 +288,11 @@ def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: boo
                 raise CacheError(f"{src}: {rel} would replace the directory {d}; remove it first", "exists",
                                  f"remove {d} first")
             new = not os.path.lexists(d)
-            _copy_verified(s_path, d, mod.files[rel], limits, budget)
+            copy_file(s_path, d, budget, mod.files[rel])
             if new:
                 made.append(d)
     return {"module": mod.label, "name": mod.name, "status": "already present" if present else "installed",
             "replaced": differing}
-
-
-def _copy_verified(src: Path, dest: Path, sha: str, limits: Limits, budget: Budget) -> None:
-    """Copy the regular file ``src`` (no link followed) to ``dest`` by the one atomic writer, in place only
-    if its digest is ``sha``.  P5, P6"""
-    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-
-    def copy(fo) -> None:
-        h, size = hashlib.sha256(), 0
-        for block in iter(lambda: os.read(fd, 1 << 20), b""):
-            size += len(block)
-            if size > limits.max_file:
-                raise over_cap(str(src), "it grew while read", limits, per_file=True)
-            budget.take(len(block), src)
-            h.update(block)
-            fo.write(block)
-        if h.hexdigest() != sha:
-            raise CacheError(f"{src}: its checksum does not match meta.json; {FIX}", "archive", FIX)
-
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CacheError(f"{src} is not a regular file; {FIX}", "archive", FIX)
-        os.set_blocking(fd, True)
-        write_atomic(str(dest), copy, mode=0o644 & ~umask())  # as a plain open() would have made it
-    finally:
-        os.close(fd)
 
 
 def _place_problem(paths: dict[str, tuple[Path, Path]]) -> str | None:
@@ -285,20 +315,16 @@ def _refusal(entry: dict | None, mod: Module, sess: Session, gen_root: Path) -> 
     if entry is None:
         return ("meta.json has no manifest entry for it, so this FlashInfer cannot make its sources; export "
                 "it again with `flashinfer-sm120 cache export`")
-    if not any(rel.startswith(f"jit/{mod.name}/") and rel.endswith(".so") for rel in mod.files):
-        # threat-model: P4, P6 -- decided before FlashInfer's generator writes any source for it
-        return ("the export carries no library for it, so there is nothing to install; export it again "
-                "with `flashinfer-sm120 cache export` after building it")
+    library = f"jit/{mod.name}/{mod.name}.so"  # FlashInfer's jit_library_path (0.4 - 0.7.x)
+    if library not in mod.files:
+        # threat-model: P4, P6 -- decided before FlashInfer's generator writes any source for it: an entry
+        # without its library would only make a module directory, a build.ninja and two ninja runs
+        return (f"the export carries no library for it ({shown(library, 200)}), so there is nothing to "
+                "install; export it again with `flashinfer-sm120 cache export` after building it")
     try:
-        spec = make_spec(entry, sess.flashinfer)
+        make_spec(entry, sess.flashinfer)
     except CannotRegenerate as exc:
         return str(exc)
-    library = f"jit/{mod.name}/{spec.jit_library_path.name}"
-    if library not in mod.files:
-        # threat-model: P4, P6 -- an entry without its library installs nothing: it only made a module
-        # directory with FlashInfer's build.ninja and ran ninja twice, each of up to 10,000 entries
-        return (f"the export carries no {shown(library, 200)}, the module's library, so there is "
-                "nothing to install; export it again with `flashinfer-sm120 cache export` after building it")
     for rel, sha in mod.files.items():
         if rel.startswith("generated/"):
             local = gen_root / rel[len("generated/"):]
@@ -330,8 +356,8 @@ def _settle(entry: dict | None, sess: Session) -> dict:
     restamp(str(spec.build_dir / ".ninja_deps"), stamps)
     from flashinfer_sm120.safety import proc
 
-    proc.run(ninjacmd.command(job, "-t", "restat"), timeout=120, max_output=1 << 20)
-    left = ninjacmd.dry_run(job)
+    proc.run(pool.command(job, "-t", "restat"), timeout=120, max_output=1 << 20)
+    left = pool.dry_run(job)
     if left:
         return {"status": "stale", "why": f"ninja would run its steps again here{_absent_here(left[0])}: "
                                           f"{shown(left[0], 600)}"}
@@ -339,7 +365,6 @@ def _settle(entry: dict | None, sess: Session) -> dict:
 
 
 def _absent_here(command: str) -> str:
-    """`` (it names X, absent here)`` when a path ``command`` names does not exist here, else ``""``."""
     for token in command.split():
         path = token[2:] if token.startswith(("-I", "-L")) else token.split("=", 1)[-1]
         if path.startswith("/") and not os.path.exists(path):
@@ -352,15 +377,10 @@ MAX_DEPS_BYTES = 256 << 20
 
 
 def restamp(path: str, mtimes_ns: dict[str, int]) -> int:
-    """Set the mtime ninja's deps log (``.ninja_deps`` v4) records for each output in ``mtimes_ns``
-    (absolute path -> ns); how many records changed.  A log that is missing, of another version, a
-    link, not a regular file or over :data:`MAX_DEPS_BYTES` is left untouched (0).
-
-    Ninja treats an output whose recorded mtime differs from the file's as dirty (src/graph.cc
-    ``ImplicitDepLoader::LoadDeps``).  Layout (src/deps_log.cc): ``"# ninjadeps\\n"``, int32 version, then
-    records of a uint32 size (high bit: deps record) and a payload: a path record is the NUL-padded
-    path and a uint32 checksum; a deps record is int32 output id, the mtime as two uint32 (low, high)
-    and int32 input ids."""
+    """Set the mtime ninja's deps log (``.ninja_deps`` v4) records for each output in ``mtimes_ns`` (absolute
+    path -> ns), which ninja compares (src/graph.cc ``LoadDeps``); how many records changed (0: a log not
+    read: missing, another version, a link, over :data:`MAX_DEPS_BYTES`).  Records (src/deps_log.cc): uint32
+    size (high bit: deps), then a NUL-padded path and checksum, or output id, mtime (low, high), input ids."""
     if not os.path.lexists(path):
         return 0
     try:  # bounded, never through a link, never a FIFO (read_bytes)

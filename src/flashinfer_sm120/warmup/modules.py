@@ -1,11 +1,6 @@
-"""The module names ``flashinfer-sm120 build`` knows, as data, with their variants.
-
-A name stands for a FlashInfer API and builds the JIT module(s) it loads on its first call, for the
-installed release: each :class:`Variant` calls the *getter* that API calls with the wrapper's arguments
-(matched by name against the signature of its URI function, ``get_batch_prefill_uri(backend, *args)``,
-0.4.0 - 0.7.4) and takes the spec the getter reaches ``build_and_load`` with, without building it.  So
-the URI and ``build.ninja`` are FlashInfer's own (0.7.4's FA2 prefill URI ends in ``_kv_stride_equal``).
-"""
+"""The module names ``flashinfer-sm120 build`` knows, as data: each :class:`Variant` calls the getter its
+FlashInfer API calls on first use (arguments matched by name against its URI function, 0.4.0 - 0.7.4) and
+takes the spec it reaches ``build_and_load`` with, so the URI and ``build.ninja`` are FlashInfer's own."""
 
 from __future__ import annotations
 
@@ -36,8 +31,8 @@ ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 @dataclasses.dataclass(frozen=True)
 class Getter:
     """A getter a public API calls on first use; ``uri``: the URI function naming its attention arguments;
-    ``fallback``: ``(module, generator)`` where a release lacks the getter (0.6.7 defines
-    ``get_norm_module`` only with ``FLASHINFER_USE_CUDA_NORM=1`` or without CuTe DSL)."""
+    ``fallback``: ``(module, generator)`` where a release lacks it (0.6.7: ``get_norm_module`` only with
+    ``FLASHINFER_USE_CUDA_NORM=1`` or without CuTe DSL)."""
 
     module: str
     name: str
@@ -53,12 +48,12 @@ ACTIVATION = Getter("flashinfer.activation", "get_act_and_mul_module", "activati
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """One concrete JIT module: its :func:`label`, what it is, and the getter call that loads it."""
+    """One JIT module: its :func:`label`, what it is, the getter and ``make_args(torch)`` (the URI function's
+    parameters by name when ``getter.uri`` is set, else the getter's arguments)."""
 
     label: str
     what: str
     getter: Getter
-    #: ``torch -> dict`` of the URI function's parameters (``getter.uri`` set), else the getter's arguments
     make_args: Callable[[Any], Any]
     headers: tuple[str, ...] = ()
 
@@ -76,9 +71,8 @@ class Variant:
         if g.uri:
             uri_fn = getattr(mod, g.uri, None)
             if uri_fn is None:
-                raise ModuleError(f"{_release()} has no {g.module}.{g.uri}, so build cannot tell the "
-                                  f"arguments of {g.name} for {self.label}; record the module with "
-                                  "FLASHINFER_SM120_RECORD and build --from it")
+                raise ModuleError(f"{_release()} has no {g.module}.{g.uri}, so build cannot tell the arguments of "
+                                  f"{g.name} for {self.label}; {_RECORD}")
             args = _args_for(uri_fn, values, self)
         else:
             args = tuple(values)
@@ -87,9 +81,11 @@ class Variant:
             return _first_load(getter, args, self)
         if g.fallback is not None:
             return getattr(importlib.import_module(g.fallback[0]), g.fallback[1])(*args)
-        raise ModuleError(f"{_release()} has no {g.module}.{g.name}, so build cannot tell which "
-                          f"JIT module its API loads for {self.label}; record one with "
-                          "FLASHINFER_SM120_RECORD and build --from it")
+        raise ModuleError(f"{_release()} has no {g.module}.{g.name}, so build cannot tell which JIT module its "
+                          f"API loads for {self.label}; {_RECORD}")
+
+
+_RECORD = "record the module with FLASHINFER_SM120_RECORD and build --from it"
 
 
 def _release() -> str:
@@ -109,14 +105,12 @@ def _args_for(uri_fn: Callable, values: dict, variant: Variant) -> tuple:
             out.append(p.default)
         else:
             raise ModuleError(f"{_release()}'s {uri_fn.__name__} takes {p.name!r}, which build does not set, "
-                              f"so it cannot make {variant.label}; record the module with "
-                              "FLASHINFER_SM120_RECORD and build --from it")
+                              f"so it cannot make {variant.label}; {_RECORD}")
     return tuple(out)
 
 
 class _Loaded(BaseException):
-    """Raised in place of ``JitSpec.build_and_load`` to hand back the spec (a BaseException,
-    so a getter's ``except Exception`` fallback cannot swallow it)."""
+    """Raised in place of ``JitSpec.build_and_load`` with the spec (a getter's ``except Exception`` lets it by)."""
 
     def __init__(self, spec):
         super().__init__(getattr(spec, "name", "?"))
@@ -127,8 +121,7 @@ _CAPTURE_LOCK = threading.Lock()
 
 
 def _first_load(getter: Callable, args: tuple, variant: Variant):
-    """The spec ``getter``'s body (past any ``functools.cache``) calls ``build_and_load`` on first; only this
-    thread is intercepted, only for the call."""
+    """The spec ``getter``'s body (past any ``functools.cache``) calls ``build_and_load`` on first (this thread only)."""
     import flashinfer.jit.core as core
 
     body = inspect.unwrap(getter)

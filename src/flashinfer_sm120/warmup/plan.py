@@ -1,31 +1,33 @@
-"""``build``'s plan: compiles at once (``-j``, else ``MAX_JOBS`` as FlashInfer reads it, else the CPUs)
-and nvcc threads (the user's, never chosen here) within a memory budget (``--mem-limit``, else what
-this process may use less a margin), and the per-family estimates compiles are admitted by.
-"""
+"""``build``'s plan (compiles at once, nvcc threads, a memory budget, per-family estimates), the build of
+named or replayed specs through it in one pool, and doctor's "Builds" section of the same plan."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
+import sys
 import time
 
+from flashinfer_sm120.core.facts import buildline
+from flashinfer_sm120.core.jitenv import launcher, toolchain
+from flashinfer_sm120.core.jitenv.memory import (FAMILIES, RECORDED_KEEP, Estimate, Family, MemoryView, budget,
+                                                 cpus, estimates_path, family_estimate, fmt_bytes,
+                                                 heaviest_estimate, max_jobs, read_memory, recorded,
+                                                 server_max_jobs, user_threads)
 from flashinfer_sm120.errors import StateFileError
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.core.jitenv.jobs import (FAMILIES, MARGIN, RECORDED_KEEP, Estimate, Family, cpus,
-                                               estimates_path, family_estimate, flashinfer_max_jobs, raw_env,
-                                               recorded, user_threads)
-from flashinfer_sm120.core.jitenv.memory import MemoryView, fmt_bytes, read_memory
+from flashinfer_sm120.warmup import pool
 
 logger = logging.getLogger("flashinfer_sm120")
 
 
 def default_jobs(env=None) -> tuple[int, str]:
     """``(compiles at once, why)`` without ``-j``: the user's ``MAX_JOBS`` as FlashInfer reads it, else the CPUs."""
-    raw_jobs = raw_env("MAX_JOBS", env)
-    max_jobs = flashinfer_max_jobs(raw_jobs)[0]
-    if max_jobs:
-        return max_jobs, f"MAX_JOBS={raw_jobs}, yours"
+    raw_jobs, value, _problem = max_jobs(env)
+    if value:
+        return value, f"MAX_JOBS={raw_jobs}, yours"
     why = "the CPUs this process may use"
     if raw_jobs is not None:
         why += f"; MAX_JOBS={shown(raw_jobs, 20)} is not a positive number"
@@ -48,7 +50,7 @@ def record_peak(module: str, peak_bytes: int, threads_factor: int = 1) -> None:
     fam = family_of(module).name
     per = int(peak_bytes / max(1, threads_factor))
     try:
-        from flashinfer_sm120.safety.fs.statefiles import write_json_atomic
+        from flashinfer_sm120.safety.fs.atomic import write_json_atomic
 
         data = recorded()
         data[fam] = (data.get(fam, []) + [per])[-RECORDED_KEEP:]
@@ -101,17 +103,145 @@ def plan(est: Estimate, *, targets: int = 1, jobs: int | None = None, mem_limit:
         threads_from = f"FLASHINFER_NVCC_THREADS={shown(raw_threads, 20)}, yours (FlashInfer reads {threads})"
     else:
         threads_from = f"FLASHINFER_NVCC_THREADS={shown(raw_threads, 20)} is not >= 1: FlashInfer uses 1"
-    factor = max(1, min(threads, targets))
-    per = est.bytes * factor
-    est_from = est.source + (f", x{factor} targets compiled at once" if factor > 1 else "")
-    if mem_limit is not None:
-        budget, budget_from = mem_limit, "--mem-limit"
+    b = budget(est, targets, env, view, mem_limit)
+    return Plan(n_jobs, jobs_from, threads, threads_from, b.per, b.per_from, b.budget, b.budget_from, b.fits)
+
+
+def write_ninjas(specs: list, stream=None) -> None:
+    """FlashInfer's own ``write_ninja`` for each spec, under its per-module lock (as ``build_jit_specs``)."""
+    stream = stream or sys.stderr
+
+    def say(line: str) -> None:
+        stream.write(f"flashinfer-sm120: {line}\n")
+        stream.flush()
+
+    for spec in specs:
+        with pool.held(spec.lock_path, spec.name, say):
+            spec.write_ninja()
+
+
+def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=None,
+                stats: dict | None = None, *, targets: int = 1, mem_limit: int | None = None,
+                mem_per_compile: int | None = None, env=None,
+                step_timeout: float = pool.STEP_TIMEOUT_S) -> list[dict]:
+    """Write ninja files and build ``(label, spec)`` pairs in one pool, each admitted by its family's
+    memory estimate; the ``modules`` of ``build --json``.  ``env``: the user's, before we exported
+    ``MAX_JOBS``.  A peak RSS is recorded only without a launcher (it compiles out of ninja's sight)."""
+    from flashinfer_sm120.core.patch.resolve import flashinfer_version
+
+    stream = stream or sys.stderr
+    write_ninjas([s for _, s in labelled], stream)
+    now_vars = buildline.snapshot(dict(os.environ), flashinfer_version())
+    before = {label: buildline.changes(rec, now_vars) for label, spec in labelled
+              if (rec := buildline.recorded(spec.build_dir)) is not None}
+    known = recorded()
+    ests = {label: (Estimate(mem_per_compile, family_of(spec.name).name, "--mem-per-compile")
+                    if mem_per_compile else estimate(spec.name, known)) for label, spec in labelled}
+    heaviest = max(ests.values(), key=lambda e: e.bytes) if ests else estimate("other", known)
+    the_plan = plan(heaviest, targets=targets, jobs=jobs, mem_limit=mem_limit, env=env)
+    factor = max(1, min(the_plan.threads, targets))
+    job_list = [pool.Job(label, spec.build_dir, spec.ninja_path, spec.lock_path, ests[label].bytes * factor)
+                for label, spec in labelled]
+    if stats is not None:
+        stats["plan"] = the_plan.to_dict()
+    results = pool.run_pool(job_list, the_plan.jobs, stream, mem_budget=the_plan.budget, intro=tuple(the_plan.lines()),
+                            step_timeout=step_timeout)
+    via_launcher = os.environ.get("FLASHINFER_NVCC_LAUNCHER")
+    out = []
+    for (label, spec), res in zip(labelled, results):
+        unrecorded = buildline.record(spec.build_dir, now_vars) if res.status != "failed" else None
+        if res.status == "built" and res.peak_rss and not via_launcher:
+            record_peak(spec.name, res.peak_rss, factor)
+        text = spec.ninja_path.read_text()
+        so = spec.jit_library_path
+        out.append({
+            "module": label, "name": spec.name, "status": res.status, "library": str(so),
+            "bytes": so.stat().st_size if so.exists() and res.status != "failed" else None,
+            "seconds": res.seconds, "error": res.error, "peak_rss": res.peak_rss,
+            "gencode": sorted({f"{a},{c}" for a, c in re.findall(r"-gencode=arch=(compute_\w+),code=(\w+)", text)}),
+            "binary": pool.gencode_summary(text),
+            "build_vars": now_vars, "build_vars_before": [c.__dict__ for c in before.get(label) or ()],
+            "build_vars_unrecorded": unrecorded,
+        })
+    return out
+
+
+def doctor_section(report: dict) -> dict:
+    """JSON-able facts (``report`` is the rest of doctor's report, for the targets)."""
+    view = read_memory()
+    targets = len(((report.get("resolution") or {}).get("choice") or {}).get("targets") or []) or 1
+    toolchain.prepare_builds()  # what the patch leaves to the first JIT build: shown as a build gets it
+    setup = toolchain.last()
+    known = recorded()
+    the_plan = plan(heaviest_estimate(), targets=targets, view=view,
+                     env={k: v for k, v in os.environ.items()  # the user's, not what we exported
+                          if not (setup and (k in setup.set or (k == "MAX_JOBS" and v == setup.max_jobs_value)))})
+    out = {
+        "memory": view.to_dict(),
+        "estimates": {f.name: family_estimate(f, known)._asdict() for f in FAMILIES[:-1]},
+        "plan": the_plan.to_dict(),
+        "max_jobs": setup.max_jobs if setup else server_max_jobs(targets, view=view)[1],
+        "compilers": list(setup.notes) if setup else [],
+        "cache": dict(setup.cache) if setup else {},
+    }
+    data = sccache_stats()
+    if data is not None:
+        hm = launcher.hits_misses(data)
+        out["cache"]["stats"] = None if hm is None else {
+            "hits": hm[0], "misses": hm[1], "location": data.get("cache_location"),
+            "basedirs": data.get("basedirs"), "version": data.get("version")}
+    return out
+
+
+def sccache_stats() -> dict | None:
+    """sccache's stats now, when FlashInfer's nvcc launcher is an sccache; else ``None``."""
+    path = os.environ.get("FLASHINFER_NVCC_LAUNCHER", "").split()
+    if not path or not os.path.basename(path[0]).startswith("sccache"):
+        return None
+    return launcher.stats(path[0]) or {}
+
+
+def doctor_lines(section: dict) -> list[str]:
+    mem = section.get("memory") or {}
+    lines = ["\nBuilds (memory policy, compilers, compiler cache):"]
+    bounds = mem.get("bounds") or []
+    low = min(bounds, key=lambda b: b["available"]) if bounds else None
+    lines.append(f"  memory this process may use: {fmt_bytes(mem.get('available'))}"
+                 + (f" (lowest: {low['source']})" if low else ""))
+    for b in bounds:
+        lines.append(f"    {b['source']}: {fmt_bytes(b['available'])} ({b['detail']})")
+    for n in mem.get("notes") or []:
+        lines.append(f"    note: {n}")
+    for fam, est in (section.get("estimates") or {}).items():
+        lines.append(f"  per compile, {fam}: {fmt_bytes(est['bytes'])} ({est['source']})")
+    plan = section.get("plan") or {}
+    if plan:
+        lines.append(f"  build (heaviest family): -j {plan['jobs']} ({plan['jobs_from']}), at most "
+                     f"{plan['at_once']} at once by memory; nvcc --threads {plan['threads']} ({plan['threads_from']})")
+    lines.append(f"  server JIT: {section.get('max_jobs')}")
+    for n in section.get("compilers") or []:
+        lines.append(f"  {n}")
+    cache = section.get("cache") or {}
+    if cache.get("requested") or cache.get("launcher"):
+        v = cache.get("verdict") or {}
+        verdict = ("works" if v.get("ok") else "REFUSED" if v.get("ok") is False else "not probed")
+        lines.append(f"  compiler cache: {cache.get('launcher') or cache.get('requested')}: {verdict}"
+                     + (f" ({_launcher_name(v)} with nvcc {v.get('nvcc_version')}, "
+                        f"{'remembered' if v.get('remembered') else 'probed now'})" if v.get("ok") else ""))
+        if cache.get("refused"):
+            lines.append(f"    {cache['refused']}")
+        if cache.get("basedirs"):
+            lines.append(f"    SCCACHE_BASEDIRS={cache['basedirs']}")
+        st = cache.get("stats")
+        if st:
+            lines.append(f"    sccache --show-stats: {st['hits']} hits, {st['misses']} misses; "
+                         f"{st.get('location')}; server basedirs {st.get('basedirs')}")
     else:
-        view = view or read_memory()
-        if view.available is None:
-            budget, budget_from = None, view.describe()
-        else:
-            budget = int(view.available * (1 - MARGIN))
-            budget_from = f"{fmt_bytes(view.available)} available less {MARGIN:.0%}: {view.source}"
-    fits = None if budget is None else max(1, budget // max(1, per))
-    return Plan(n_jobs, jobs_from, threads, threads_from, per, est_from, budget, budget_from, fits)
+        lines.append(f"  compiler cache: off (set {toolchain.CACHE_ENV}=sccache to share compiles between nodes)")
+    return lines
+
+
+def _launcher_name(verdict: dict) -> str:
+    """``sccache 0.16.0`` when the launcher said its release, else ``a launcher`` (e.g. ``env``)."""
+    version = verdict.get("launcher_version")
+    return f"sccache {version}" if version else "a launcher of unknown release"

@@ -1,32 +1,30 @@
-"""One job pool for many FlashInfer JIT modules, each built by its own ninja in its own directory.
-
-Not one ninja over all modules (FlashInfer's ``build_jit_specs``): ninja keeps its logs in the directory
-it runs in, FlashInfer's ``JitSpecNvcc.build`` runs ninja in each module's directory
-(flashinfer/jit/core.py ``run_ninja(self.build_dir, ...)``), and an output with no log entry there is
-dirty, so the first server would compile the module again.  The pool is the one scheduler of ``jobs``
-compile slots (and, with a ``mem_budget``, of memory): a module gets ``-j`` = the slots free when it
-starts, and the slots its remaining steps no longer need go to the next.  Every step is watched and
-every ninja stopped with what it started (threat-model: P6).
-"""
+"""The one scheduler of warm-up builds: ``jobs`` compile slots (and, with a ``mem_budget``, memory) shared by
+many modules, each built by its own ninja in its own directory under FlashInfer's per-module lock, every step
+watched and every ninja stopped with what it started (threat-model: P5, P6)."""
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from filelock import FileLock, Timeout  # a dependency (and FlashInfer's)
+
+from flashinfer_sm120.errors import PlaceError
 from flashinfer_sm120.safety import proc as _proc
 from flashinfer_sm120.safety.formats.base import plural
-from flashinfer_sm120.warmup import modlock
-from flashinfer_sm120.warmup.ninjacmd import STATUS_RE, command, dry_run, ninja_env, step_name, steps
+from flashinfer_sm120.safety.fs.lease import holders
 
 _LINE_MAX = 1 << 16  # characters of one line of ninja's output kept (the rest of it dropped)
 _FAILED_MAX = 2000  # lines of a failure's output kept
@@ -35,6 +33,141 @@ _STOP_S = 10  # seconds a stopped step or ninja gets after SIGTERM before SIGKIL
 #: compile (sampling.cu: minutes, more on two loaded cores).
 STEP_TIMEOUT_S = 3600
 BEAT_S = 30  # seconds between progress lines
+SAY_EVERY_S = 60.0  # seconds between two "still waiting" lines for a module's lock
+#: A ninja status line under ``NINJA_STATUS="[%f/%t] "``: finished, total, the step.  At most 9 ASCII
+#: digits: ninja passes the compilers' output through, and ``int()`` refuses over 4300 digits.
+STATUS_RE = re.compile(r"^\[([0-9]{1,9})/([0-9]{1,9})\] (.*)$")
+_DRY_RUN_MAX = 16 << 20  # ninja -n of a FlashInfer module: a few KB per step
+
+
+def lock_path(jit_dir: str | os.PathLike, name: str) -> Path:
+    """FlashInfer 0.4 - 0.7.x's per-module lock (flashinfer/jit/core.py): servers, build and import take turns (P5)."""
+    return Path(jit_dir) / "tmp" / f"{name}.lock"
+
+
+def try_take(path: str | os.PathLike, label: str = "") -> FileLock | None:
+    """The lock at ``path`` if free now, else None; :raises PlaceError: another uid holds it (it could hold
+    it for ever, so it is not waited for, P6)."""
+    lock = FileLock(str(path), thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+        return lock
+    except Timeout:
+        pass
+    me = os.geteuid()
+    h = next((h for h in holders(path) if h.uid is not None and h.uid != me), None)
+    if h is not None:
+        raise PlaceError(f"{label}: FlashInfer's lock {path} is held by pid {h.pid} of uid {h.uid}, not you; it "
+                         f"can hold your build off for as long as it likes, so it is not waited for. Fix: build in "
+                         f"a JIT directory others cannot enter (mkdir -m 700 ~/fi-jit; "
+                         f"FLASHINFER_WORKSPACE_BASE=~/fi-jit), or ask uid {h.uid} to end pid {h.pid}")
+    return None
+
+
+def take(path: str | os.PathLike, label: str, say: Callable[[str], None], *,
+         every: float = SAY_EVERY_S, poll: float = 0.5) -> FileLock:
+    """The lock at ``path``, waited for while this user's processes hold it (told to ``say`` every ``every``
+    s); :raises PlaceError: another uid holds it."""
+    t0, said = time.monotonic(), None
+    while (lock := try_take(path, label)) is None:
+        now = time.monotonic()
+        if said is None or now - said >= every:
+            said = now
+            pids = ", ".join(str(x.pid) for x in holders(path)) or "not visible here"
+            say(f"{label}: waiting for another process building it (FlashInfer's lock {path}, held by "
+                f"pid {pids}){f'; {round(now - t0)} s so far' if now > t0 + 1 else ''}")
+        time.sleep(poll)
+    return lock
+
+
+@contextlib.contextmanager
+def held(path: str | os.PathLike, label: str, say: Callable[[str], None]) -> Iterator[None]:
+    lock = take(path, label, say)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def ninja_binary() -> str:
+    """The ninja the server will run (another release's ``.ninja_log`` would make it rebuild); :raises NinjaError."""
+    from flashinfer_sm120.core.toolkit import ninja
+
+    return ninja.choose().path
+
+
+def command(job, *extra: str) -> list[str]:
+    return [ninja_binary(), "-C", str(job.build_dir.resolve()), "-f", str(job.ninja_path.resolve()), *extra]
+
+
+def ninja_env() -> dict:
+    """The environment with ninja's status format and a private temporary directory (P5)."""
+    from flashinfer_sm120.safety.fs.atomic import build_env
+
+    return build_env(dict(os.environ, NINJA_STATUS="[%f/%t] "))
+
+
+def dry_run(job) -> list[str]:
+    """Commands ``ninja -n`` says it would run for ``job`` (empty: up to date); :raises NinjaError."""
+    from flashinfer_sm120.core.toolkit.ninja import NinjaError
+
+    res = _proc.run(command(job, "-n"), timeout=120, max_output=_DRY_RUN_MAX, env=ninja_env())
+    if not res.ok:
+        why = ("timed out" if res.timed_out else f"printed more than {_DRY_RUN_MAX} bytes" if res.truncated
+               else res.error or f"exit {res.returncode}")
+        raise NinjaError(f"ninja -n failed for {job.label} ({why}): {res.text()[-2000:]}")
+    return [m.group(3) for m in map(STATUS_RE.match, res.text().splitlines()) if m]
+
+
+def gencode_summary(ninja_text: str) -> list[str]:
+    """``SASS sm_120f`` per ``-gencode ...code=sm_*``, ``PTX compute_120f`` per ``code=compute_*`` (nvcc's --generate-code)."""
+    out = set()
+    for _arch, codes in re.findall(r"-gencode=arch=(compute_\w+),code=\[?([\w,]+)\]?", ninja_text):
+        out.update(f"{'SASS' if code.startswith('sm_') else 'PTX'} {code}" for code in codes.split(","))
+    return sorted(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """A step's process; ``exited``: a zombie (ninja reaps only at EOF, which a leftover child can hold off)."""
+
+    pid: int
+    command: str
+    exited: bool
+
+
+def steps(pid: int) -> list[Step]:
+    """Children of ``pid`` running ``/bin/sh -c COMMAND`` (or exited), from Linux ``/proc``."""
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in filter(str.isdigit, names):
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().decode(errors="replace").rsplit(")", 1)[1].split()
+            if int(fields[1]) != pid:
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        exited = fields[0] in ("Z", "X")
+        if len(argv) > 2 and argv[1] == "-c":
+            out.append(Step(int(name), argv[2], exited))
+        elif exited:  # else forked by ninja, not yet /bin/sh -c: its argv is still ninja's own
+            out.append(Step(int(name), "", exited))
+    return out
+
+
+def step_name(command: str) -> str:
+    """``sampling.cu`` for a compile step, ``link x.so`` for a link, else the command's start."""
+    m = re.search(r" -c (\S+)", command)
+    if m:
+        return os.path.basename(m.group(1))
+    so = re.search(r"-o (\S+\.so)\b", command)
+    return f"link {os.path.basename(so.group(1))}" if so else command[:60]
 
 
 @dataclasses.dataclass
@@ -102,8 +235,7 @@ class _Running:
         events.put((self, None))
 
     def watch(self, now: float, step_timeout: float) -> None:
-        """Find the steps ninja runs; kill what an exited step left behind, stop a step past
-        ``step_timeout`` (P6)."""
+        """Find the steps ninja runs; kill what an exited step left behind, stop one past ``step_timeout`` (P6)."""
         self.running = []
         if self.proc.returncode is None and _proc.exited(self.proc):  # but something holds its output
             _proc.kill_all(self.proc.pid, self.marker)
@@ -128,8 +260,7 @@ class _Running:
         self.seen = {st.pid: self.seen[st.pid] for st in found}
 
     def committed(self) -> int:
-        """Compile slots this module can still use: running and unstarted compile steps; the link runs
-        last and holds no slot (it is short and light: the next module's compile starts beside it)."""
+        """Compile slots this module can still use; the link runs last and holds none (short and light)."""
         linking = sum(1 for name, _ in self.running if name.startswith("link "))
         left = max(0, self.steps - self.finished - len(self.running))
         if left and not linking:
@@ -178,9 +309,8 @@ class _Nothing:
 def run_pool(jobs: list[Job], max_jobs: int, stream=None, mem_budget: int | None = None,
              *, intro: tuple[str, ...] = (), step_timeout: float = STEP_TIMEOUT_S,
              beat_s: float = BEAT_S) -> list[Result]:
-    """Build ``jobs`` sharing ``max_jobs`` compile slots and ``mem_budget`` bytes (``None``: not counted),
-    each under FlashInfer's per-module lock, progress on ``stream`` (``intro`` first, when something is
-    to build); one :class:`Result` per job, in order."""
+    """Build ``jobs`` sharing ``max_jobs`` compile slots and ``mem_budget`` bytes (``None``: not counted), each
+    under FlashInfer's per-module lock, progress on ``stream``; one :class:`Result` per job, in order."""
     with _proc.signals_as_exit():  # SIGTERM/SIGHUP run the clean-up, as Ctrl-C does
         return _run_pool(jobs, max_jobs, stream or sys.stderr, mem_budget, intro, step_timeout, beat_s)
 
@@ -199,10 +329,7 @@ def _run_pool(jobs, max_jobs, stream, mem_budget, intro, step_timeout, beat_s) -
             pending.append((job, n))
         else:
             results[job.label] = Result(job.label, "up to date")
-    # Most steps first (longest-processing-time order): a many-step module started last would run
-    # its steps on the few slots left while the others finish (benchmarks/bench_build.py, three
-    # activation modules then 'page' on -j 2: pool/ideal 1.39 in the order given, 1.07 most steps
-    # first).  Stable: modules of equal size keep the order given.
+    # most steps first (longest-processing-time order, stable; measured by benchmarks/bench_build.py)
     pending.sort(key=lambda t: -t[1])
     total = sum(n for _, n in pending)
     if pending:
@@ -219,8 +346,7 @@ def _run_pool(jobs, max_jobs, stream, mem_budget, intro, step_timeout, beat_s) -
 
 
 class _Pool:
-    """The one scheduler: starts modules while compile slots and memory are free, reads their ninja's
-    output, and ends each (its lock released)."""
+    """Starts modules while compile slots and memory are free, reads their ninja's output, ends each."""
 
     def __init__(self, pending: list[tuple[Job, int]], results: dict[str, Result], display: _Display) -> None:
         self.pending, self.results, self.display = pending, results, display
@@ -263,10 +389,10 @@ class _Pool:
     def start(self, item: tuple[Job, int], slots: int) -> bool:
         """Start ``item``'s ninja under FlashInfer's per-module lock; whether it started."""
         job, n = item
-        lock = _Nothing() if job.lock_path is None else modlock.try_take(job.lock_path)
-        if lock is None and (other := modlock.foreign_holder(job.lock_path)) is not None:
-            why = modlock.refusal(job.lock_path, job.label, other)  # not waited for: it can hold it for ever
-            self.skip(item, Result(job.label, "failed", error=why), f"FAILED {job.label}: {why}")
+        try:
+            lock = _Nothing() if job.lock_path is None else try_take(job.lock_path, job.label)
+        except PlaceError as exc:
+            self.skip(item, Result(job.label, "failed", error=str(exc)), f"FAILED {job.label}: {exc}")
             return False
         if lock is None:
             if job.label not in self.waiting_said:
@@ -289,8 +415,7 @@ class _Pool:
         return True
 
     def stop(self) -> None:
-        """SIGTERM every ninja, after ``_STOP_S`` kill everything each started (P6), release the locks; a
-        second signal waits until this is done."""
+        """SIGTERM every ninja, after ``_STOP_S`` kill all each started (P6), release the locks; signals wait."""
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
         try:
             for r in self.running.values():

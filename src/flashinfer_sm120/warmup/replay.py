@@ -1,11 +1,6 @@
-"""``build --from MANIFEST``: read a recorded manifest and remake each entry's spec by calling the
-generator it names in the local FlashInfer, which writes its own sources.  threat-model: P2
-
-The grammar of an entry and its recorder are in :mod:`flashinfer_sm120.core.jitenv` (they run in the
-server).  An entry recorded before generators were recorded is remade from the one parameterless
-generator its name names (``sampling``, ``norm``, ``rope``, ``page``); text or sources an entry
-carries must equal what that generator produces here, or the entry is refused.
-"""
+"""``build --from MANIFEST``: each recorded entry's spec remade by the generator it names in the local
+FlashInfer, which writes its own sources; text an entry carries must equal what that generates (P2).
+The entry's grammar and its recorder are in :mod:`flashinfer_sm120.core.jitenv` (they run in the server)."""
 
 from __future__ import annotations
 
@@ -17,11 +12,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from flashinfer_sm120.core.jitenv.manifest import parse_entry
+from flashinfer_sm120.core.jitenv.record import parse_entry
 from flashinfer_sm120.errors import FormatError, Sm120Error
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.params import parse_generator
-from flashinfer_sm120.safety.formats.paths import safe_join
+from flashinfer_sm120.safety.formats.grammar import safe_join
 from flashinfer_sm120.safety.formats.reads import iter_lines, loads_json
 from flashinfer_sm120.warmup.session import BuildError
 
@@ -36,11 +31,8 @@ class CannotRegenerate(Sm120Error):
 
 
 def load(path: str) -> tuple[list[dict], list[str]]:
-    """Entries of the manifest at ``path``, the first of each (FlashInfer, name, targets) kept in
-    order (many workers record one module), and the problems: one per line skipped, and why.
-    Lines are streamed and bounded (threat-model: P6).
-
-    :raises BuildError: the file cannot be read, is not a regular file, is too long or holds no entry."""
+    """The first entry of each (FlashInfer, name, targets) in ``path`` (many workers record one module) and a
+    problem per line skipped, streamed and bounded (P6); :raises BuildError: unreadable or no entry."""
     fix = f"record the manifest again with FLASHINFER_SM120_RECORD={path}"
     entries, problems, seen = [], [], set()
     try:
@@ -76,9 +68,7 @@ def load(path: str) -> tuple[list[dict], list[str]]:
 
 
 def arch_for(entries: list[dict], arch: str | None) -> str | None:
-    """``--arch`` if given, else the targets the manifest was recorded with.
-
-    :raises BuildError: entries were recorded for different target sets and no ``--arch``."""
+    """``--arch`` if given, else the manifest's one target set; :raises BuildError: it has several."""
     if arch is not None:
         return arch
     sets = sorted({tuple(e.get("targets") or ()) for e in entries if e.get("targets")})
@@ -91,25 +81,29 @@ def arch_for(entries: list[dict], arch: str | None) -> str | None:
     return " ".join(sets[0])
 
 
-def regenerate(entries: list[dict], flashinfer_version: str) -> tuple[list[tuple[str, object]], list[tuple[str, str]]]:
-    """Specs for the entries this FlashInfer can regenerate, and ``(name, why)`` for the others."""
-    specs, skipped = [], []
+def specs(variants: list, entries: list[dict], flashinfer_version: str) -> tuple[list[tuple[str, object]], list[tuple[str, str]]]:
+    """``(label, spec)`` for named variants and recorded entries alike (one path into the plan), and
+    ``(name, why)`` for each that this FlashInfer cannot make."""
+    made, not_made = [], []
+    for v in variants:
+        try:
+            made.append((v.label, v.spec()))
+        except Exception as exc:  # FlashInfer refuses this combination: said, the rest is built
+            not_made.append((v.label, f"FlashInfer's {v.generator} raised {exc!r}"))
     for entry in entries:
         name = str(entry.get("name"))
         try:
-            specs.append((name, make_spec(entry, flashinfer_version)))
+            made.append((name, make_spec(entry, flashinfer_version)))
         except CannotRegenerate as exc:
-            skipped.append((name, str(exc)))
+            not_made.append((name, str(exc)))
         except Exception as exc:  # a malformed entry is reported, not fatal
-            skipped.append((name, f"malformed entry ({exc!r})"))
-    return specs, skipped
+            not_made.append((name, f"malformed entry ({exc!r})"))
+    return made, not_made
 
 
 def make_spec(entry: dict, flashinfer_version: str):
-    """The ``JitSpecNvcc`` the local FlashInfer's generator makes for ``entry`` (it writes its own sources).
-
-    :raises CannotRegenerate: another FlashInfer release, no generator this FlashInfer has, parameters
-        it refuses, a module of another name, carried text or sources that differ, a malformed entry."""
+    """The ``JitSpecNvcc`` the local FlashInfer's generator makes for ``entry`` (it writes its own sources);
+    :raises CannotRegenerate: naming why (release, generator, parameters, name, carried text)."""
     try:
         entry = parse_entry(entry, "manifest entry")
     except FormatError as exc:
@@ -162,9 +156,7 @@ def _to_portable(value: str, roots) -> str:
 
 
 def _check_carried(entry: dict, spec, flashinfer_version: str) -> None:
-    """Text and sources an entry carries must be what FlashInfer just generated for its parameters.
-
-    :raises CannotRegenerate: naming the first file that differs or that FlashInfer does not make."""
+    """:raises CannotRegenerate: a text or source the entry carries is not what FlashInfer just generated."""
     # threat-model: P2 (carried source text is compared, never written or compiled)
     gen_root = dict(_roots()[::-1])["@GEN@"]  # the unresolved form wins (FlashInfer's own)
     again = "record the manifest again with FLASHINFER_SM120_RECORD"
@@ -211,10 +203,8 @@ def _decode(value: Any) -> Any:
 
 
 def lookup(generator: str):
-    """The function ``generator`` (``flashinfer.x.y:gen_z_module``) names: a Python function the
-    installed ``flashinfer`` package defines under that name, in one of its files.
-
-    :raises FormatError: it names anything else (the message says what)."""
+    """The function ``generator`` (``flashinfer.x.y:gen_z_module``) names, defined by the installed
+    ``flashinfer`` package in one of its files; :raises FormatError: it names anything else."""
     # threat-model: P2 (no dotted path from a file is ever resolved outside FlashInfer's gen_*_module family)
     module, name = parse_generator(generator, "manifest 'generator'")
     import flashinfer
@@ -236,10 +226,7 @@ def lookup(generator: str):
 
 
 def call(generator: str, params: dict):
-    """Call FlashInfer's ``generator`` with ``params`` (as :func:`~flashinfer_sm120.safety.formats.params.parse_params`
-    returns them): it renders its sources and returns the spec.
-
-    :raises FormatError: the generator is not FlashInfer's, or a dtype this torch lacks."""
+    """FlashInfer's ``generator`` called with parsed ``params`` (it renders its sources); :raises FormatError."""
     fn = lookup(generator)
     args = [_decode(v) for v in params.get("args", [])]
     kwargs = {k: _decode(v) for k, v in params.get("kwargs", {}).items()}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,7 +11,6 @@ from typing import TYPE_CHECKING
 from flashinfer_sm120.core.facts.arch import ArchListError, export_arch_list
 from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.errors import Sm120Error
-from flashinfer_sm120.warmup import ninjacmd, pool
 
 if TYPE_CHECKING:
     from flashinfer_sm120.core.toolkit.model import Toolkit
@@ -166,7 +164,7 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
         raise BuildError(str(refusal))
     import flashinfer_sm120 as shim
 
-    from flashinfer_sm120.core.facts.importfail import import_failure
+    from flashinfer_sm120.core.facts.refusals import import_failure
 
     shim.install()
     try:
@@ -196,7 +194,7 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     from flashinfer.jit import core
 
     targets = sorted(f"{a}.{b}" for a, b in core.current_compilation_context.TARGET_CUDA_ARCHS)
-    from flashinfer_sm120.core.facts.refusals import builds_refused
+    from flashinfer_sm120.core.facts.workspace import builds_refused
 
     problem = builds_refused(str(jit_env.FLASHINFER_JIT_DIR))
     if problem:
@@ -206,67 +204,3 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     return Session(str(fi_version), cx.get_cuda_path(), str(cx.get_cuda_version()), targets,
                    Path(jit_env.FLASHINFER_JIT_DIR), summary(targets_from), targets_origin(targets_from),
                    chosen_toolkit())
-
-
-def write_ninjas(specs: list, stream=None) -> None:
-    """FlashInfer's own ``write_ninja`` for each spec, under its per-module lock (as ``build_jit_specs``)."""
-    from flashinfer_sm120.warmup import modlock
-
-    stream = stream or sys.stderr
-
-    def say(line: str) -> None:
-        stream.write(f"flashinfer-sm120: {line}\n")
-        stream.flush()
-
-    for spec in specs:
-        with modlock.held(spec.lock_path, spec.name, say):
-            spec.write_ninja()
-
-
-def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=None,
-                stats: dict | None = None, *, targets: int = 1, mem_limit: int | None = None,
-                mem_per_compile: int | None = None, env=None,
-                step_timeout: float = pool.STEP_TIMEOUT_S) -> list[dict]:
-    """Write ninja files and build ``(label, spec)`` pairs in one pool, each admitted by its family's
-    memory estimate; the ``modules`` of ``build --json``.  ``env``: the user's, before we exported
-    ``MAX_JOBS``.  A peak RSS is recorded only without a launcher (it compiles out of ninja's sight)."""
-    from flashinfer_sm120.core.jitenv.jobs import Estimate, recorded
-    from flashinfer_sm120.core.patch.resolve import flashinfer_version
-    from flashinfer_sm120.warmup import plan as _plan
-
-    stream = stream or sys.stderr
-    write_ninjas([s for _, s in labelled], stream)
-    now_vars = buildline.snapshot(dict(os.environ), flashinfer_version())
-    before = {label: buildline.changes(rec, now_vars) for label, spec in labelled
-              if (rec := buildline.recorded(spec.build_dir)) is not None}
-    known = recorded()
-    ests = {label: (Estimate(mem_per_compile, _plan.family_of(spec.name).name, "--mem-per-compile")
-                    if mem_per_compile else _plan.estimate(spec.name, known)) for label, spec in labelled}
-    heaviest = max(ests.values(), key=lambda e: e.bytes) if ests else _plan.estimate("other", known)
-    plan = _plan.plan(heaviest, targets=targets, jobs=jobs, mem_limit=mem_limit, env=env)
-    factor = max(1, min(plan.threads, targets))
-    job_list = [pool.Job(label, spec.build_dir, spec.ninja_path, spec.lock_path, ests[label].bytes * factor)
-                for label, spec in labelled]
-    if stats is not None:
-        stats["plan"] = plan.to_dict()
-    results = pool.run_pool(job_list, plan.jobs, stream, mem_budget=plan.budget, intro=tuple(plan.lines()),
-                            step_timeout=step_timeout)
-    launcher = os.environ.get("FLASHINFER_NVCC_LAUNCHER")
-    out = []
-    for (label, spec), res in zip(labelled, results):
-        unrecorded = buildline.record(spec.build_dir, now_vars) if res.status != "failed" else None
-        if res.status == "built" and res.peak_rss and not launcher:
-            _plan.record_peak(spec.name, res.peak_rss, factor)
-        text = spec.ninja_path.read_text()
-        so = spec.jit_library_path
-        out.append({
-            "module": label, "name": spec.name, "status": res.status, "library": str(so),
-            "bytes": so.stat().st_size if so.exists() and res.status != "failed" else None,
-            "seconds": res.seconds, "error": res.error, "peak_rss": res.peak_rss,
-            "gencode": sorted({f"{a},{c}" for a, c in re.findall(r"-gencode=arch=(compute_\w+),code=(\w+)", text)}),
-            "binary": ninjacmd.gencode_summary(text),
-            "build_vars": now_vars, "build_vars_before": [c.__dict__ for c in before.get(label) or ()],
-            "build_vars_unrecorded": unrecorded,
-        })
-    return out
-

@@ -17,7 +17,7 @@ import pytest
 from helpers import abandoned
 from helpers.untrusted import give_away
 from flashinfer_sm120.cli import main
-from flashinfer_sm120.core.autoload import PTH_NAME
+from flashinfer_sm120.core.autoload_hook import PTH_NAME
 from flashinfer_sm120.safety.fs.atomic import temp_prefix
 
 KILLED = ("import os, sys\n"

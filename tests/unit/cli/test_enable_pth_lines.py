@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from flashinfer_sm120.core import autoload
+from flashinfer_sm120.core import autoload_hook as autoload
+from flashinfer_sm120.diagnose.autoload import hook_source, pth_files
 from flashinfer_sm120.cli import main
 
 
@@ -112,7 +113,7 @@ def test_an_edited_hook_is_kept_by_disable_and_replaced_by_enable_only_with_forc
     assert main(["enable", "--site-dir", str(site_packages)]) != 0
     assert hook.read_text() == edited and "--force" in capsys.readouterr().err
     assert main(["enable", "--force", "--site-dir", str(site_packages)]) == 0
-    assert hook.read_text() == autoload.hook_source()
+    assert hook.read_text() == hook_source()
     capsys.readouterr()
 
 
@@ -148,7 +149,7 @@ def test_disable_as_root_keeps_another_uids_copies_of_our_files(tmp_path, capsys
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o1777)
-    for name, text in autoload.pth_files().items():  # exact copies of what enable writes, theirs
+    for name, text in pth_files().items():  # exact copies of what enable writes, theirs
         (shared / name).write_text(text)
         os.chown(shared / name, 4321, 4321)
     capsys.readouterr()

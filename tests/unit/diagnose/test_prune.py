@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.prune import hold, listing, prune, workspace
+from helpers.prune import hold, hold_lease, listing, prune, workspace
 
 UID = os.geteuid()
 
@@ -96,19 +96,39 @@ def test_a_held_lock_keeps_the_directory(caches):
     assert not stale.exists() and not os.path.exists(c["gone_view"])
 
 
-def test_a_process_working_in_a_directory_keeps_it(caches):
+def test_a_process_holding_the_lease_keeps_the_directory(caches):
+    """threat-model: P3 -- the lease is the one rule for "in use" (``/proc`` is not consulted)."""
     c = caches
     stale = c["ws"]["release gone"]
-    p = subprocess.Popen([sys.executable, "-c", "import time; print('ok', flush=True); time.sleep(120)"],
-                         cwd=stale / "cached_ops" / "sampling", stdout=subprocess.PIPE, text=True)
+    p = hold_lease(str(stale))
     try:
-        assert p.stdout.readline().strip() == "ok"
         got = listing(c, "--yes")
-        assert got[str(stale)]["kept"] == f"in use: process {p.pid} uses {stale / 'cached_ops' / 'sampling'}"
+        assert got[str(stale)]["kept"].startswith("in use: a running process holds its lease")
         assert stale.is_dir()
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_lock_that_cannot_be_opened_is_not_free(tmp_path, monkeypatch):
+    """``lock_free`` answered "free" for any ``open`` error: with no descriptor left (``EMFILE``)
+    prune saw every builder's lock as free."""
+    import errno
+
+    from flashinfer_sm120.diagnose import prune as pr
+
+    lock = tmp_path / "m.lock"
+    lock.write_text("")
+    assert pr.lock_free(str(lock)) and pr.lock_free(str(tmp_path / "absent.lock"))
+    real = os.open
+
+    def no_fds(path, *a, **k):
+        if str(path) == str(lock):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(os, "open", no_fds)
+    assert not pr.lock_free(str(lock))
 
 
 def test_nothing_outside_the_roots_is_touched_even_through_symlinks(caches):

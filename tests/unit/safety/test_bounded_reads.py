@@ -134,8 +134,8 @@ elif kind == "start":
 elif kind == "running":  # a module's ninja, streamed line by line while it builds
     import queue, time
     from pathlib import Path
-    from flashinfer_sm120.warmup import ninjacmd, pool
-    ninjacmd.ninja_binary = lambda: prog
+    from flashinfer_sm120.warmup import pool
+    pool.ninja_binary = lambda: prog
     events = queue.Queue()
     r = pool._Running(pool.Job("m", Path(sys.argv[3]), Path(sys.argv[3]) / "build.ninja"), 1, 1, events)
     longest, t0 = 0, time.monotonic()
@@ -151,10 +151,10 @@ elif kind == "running":  # a module's ninja, streamed line by line while it buil
     out = longest
 else:
     from pathlib import Path
-    from flashinfer_sm120.warmup import ninjacmd, pool
-    ninjacmd.ninja_binary = lambda: prog
+    from flashinfer_sm120.warmup import pool
+    pool.ninja_binary = lambda: prog
     try:
-        out = ninjacmd.dry_run(pool.Job("m", Path(sys.argv[3]), Path(sys.argv[3]) / "build.ninja"))
+        out = pool.dry_run(pool.Job("m", Path(sys.argv[3]), Path(sys.argv[3]) / "build.ninja"))
     except RuntimeError as exc:
         out = "refused: " + str(exc)[:200]
 print("@@" + json.dumps(out))
@@ -222,7 +222,7 @@ def test_enable_and_disable_at_once_never_leave_a_pth_without_its_module(tmp_pat
     "Error processing line 1 of ...pth" with a traceback at start-up."""
     import argparse
 
-    from flashinfer_sm120.core.autoload import HOOK_FILE, PTH_NAME
+    from flashinfer_sm120.core.autoload_hook import HOOK_FILE, PTH_NAME
     from flashinfer_sm120.cli import enable
 
     site_dir = tmp_path / "site-packages"

@@ -12,7 +12,7 @@ from helpers.host import needs_flashinfer
 from helpers.toolkits import make_toolkit, script
 from helpers.untrusted import give_away, make_unsafe
 from flashinfer_sm120.core.toolkit.sources import discover
-from flashinfer_sm120.safety import buildenv, compilers
+from flashinfer_sm120.safety import compilers
 
 
 def test_flashinfer_nvcc_is_a_candidate_first(tmp_path):
@@ -61,8 +61,8 @@ flashinfer_sm120.install()
 import flashinfer.jit.core
 st = flashinfer_sm120.status()
 at_import = os.environ.get("MAX_JOBS")
-from flashinfer_sm120.core.jitenv import environ
-environ.prepare_builds()  # what the build gate runs before FlashInfer's first JIT build
+from flashinfer_sm120.core.jitenv import toolchain
+toolchain.prepare_builds()  # what the build gate runs before FlashInfer's first JIT build
 now = {k: os.environ.get(k) for k in ("FLASHINFER_NVCC", "CXX", "FLASHINFER_NVCC_LAUNCHER", "MAX_JOBS")}
 flashinfer_sm120.revert()
 after = {k: os.environ.get(k) for k in ("FLASHINFER_NVCC", "CXX", "FLASHINFER_NVCC_LAUNCHER", "MAX_JOBS")}
@@ -147,34 +147,34 @@ def test_programs_run_by_name_are_checked_where_path_finds_them(tmp_path):
     opened = _open_dir(tmp_path)
     script(opened / "gcc")
     env = {"PATH": f"{opened}:/usr/bin:/bin"}
-    problem = buildenv.path_problem(env)
+    problem = compilers.path_problem(env)
     assert problem.program == f"{opened}/gcc" and problem.role == "nvcc's host compiler"
     assert "NVCC_CCBIN" in problem.fix and str(opened) in problem.fix and "writable by other users" in problem.why
     assert str(problem).endswith(f"Fix: {problem.fix}")
     # a variable that names the host compiler instead makes PATH's gcc not run
     for name, value in (("NVCC_CCBIN", "/usr/bin/g++"), ("CC", "gcc"), ("NVCC_APPEND_FLAGS", "-ccbin=g++")):
-        assert buildenv.path_problem(dict(env, **{name: value})) is None, name
+        assert compilers.path_problem(dict(env, **{name: value})) is None, name
     script(opened / "c++")
-    problem = buildenv.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++"))
+    problem = compilers.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++"))
     assert problem.program == f"{opened}/c++" and "CXX" in problem.fix
-    assert buildenv.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++", CXX="/usr/bin/c++")) is None
+    assert compilers.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++", CXX="/usr/bin/c++")) is None
     script(opened / "rm")  # nvcc cleans up with rm from PATH: no variable replaces it
-    problem = buildenv.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++", CXX="/usr/bin/c++"))
+    problem = compilers.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++", CXX="/usr/bin/c++"))
     assert problem.program == f"{opened}/rm"
-    assert buildenv.path_problem({"PATH": "/usr/bin:/bin"}) is None
+    assert compilers.path_problem({"PATH": "/usr/bin:/bin"}) is None
     # a relative or empty PATH entry names the module's build directory, which FlashInfer's own JIT
     # directory check covers: a trailing ':' must not stop every build
-    assert buildenv.path_problem({"PATH": f".::/usr/bin:/bin:{opened}"}) is None
+    assert compilers.path_problem({"PATH": f".::/usr/bin:/bin:{opened}"}) is None
 
 
-@pytest.mark.parametrize("var", buildenv.TEMP_VARIABLES)
+@pytest.mark.parametrize("var", compilers.TEMP_VARIABLES)
 @pytest.mark.parametrize("how", ["world-writable", "another user's"])
 def test_a_temporary_directory_another_uid_may_change_stops_builds(tmp_path, var, how):
     """No build makes its jobserver FIFO, nor nvcc its intermediate files, in a TMPDIR another uid can change (P5)."""
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     make_unsafe(theirs, how)
-    problem = buildenv.path_problem({"PATH": "/usr/bin:/bin", var: str(theirs)})
+    problem = compilers.path_problem({"PATH": "/usr/bin:/bin", var: str(theirs)})
     assert problem is not None and problem.program == str(theirs), problem
     assert var in problem.found and var in problem.fix and str(theirs) in str(problem)
     assert ("writable by other users" if how == "world-writable" else "owned by uid 4321") in problem.why
@@ -187,12 +187,12 @@ def test_a_temporary_directory_of_ours_or_roots_sticky_one_is_a_place_to_build(t
     sticky.mkdir()
     sticky.chmod(0o1777)
     for value in (str(mine), str(sticky), str(mine / "not-yet"), "relative/dir", ""):
-        assert buildenv.path_problem({"PATH": "/usr/bin:/bin", "TMPDIR": value}) is None, value
+        assert compilers.path_problem({"PATH": "/usr/bin:/bin", "TMPDIR": value}) is None, value
     if os.geteuid() != 0:  # a sticky directory another uid owns is theirs to change
         return
-    assert buildenv.temp_problem({"TMPDIR": str(sticky)}) is None
+    assert compilers.temp_problem({"TMPDIR": str(sticky)}) is None
     give_away(sticky)
-    assert buildenv.temp_problem({"TMPDIR": str(sticky)}) is not None
+    assert compilers.temp_problem({"TMPDIR": str(sticky)}) is not None
 
 
 def test_a_path_a_flag_names_that_another_user_may_create_first_is_refused(tmp_path):
@@ -247,6 +247,6 @@ def test_the_assembler_and_linker_gcc_runs_by_name_are_checked(tmp_path, name):
     """gcc never runs the ``as`` and ``ld`` another uid puts first on PATH (P2)."""
     opened = _open_dir(tmp_path)
     script(opened / name)
-    problem = buildenv.path_problem({"PATH": f"{opened}:/usr/bin:/bin", "NVCC_CCBIN": "/usr/bin/g++",
+    problem = compilers.path_problem({"PATH": f"{opened}:/usr/bin:/bin", "NVCC_CCBIN": "/usr/bin/g++",
                                       "CXX": "/usr/bin/c++"})
     assert problem is not None and problem.program == f"{opened}/{name}", problem

@@ -12,9 +12,8 @@ import os
 import pytest
 from hypothesis import given, strategies as st
 
-from flashinfer_sm120.safety.formats import base, grammar, paths, reads
-from flashinfer_sm120.safety.formats import binary, flags
-from flashinfer_sm120.safety.formats.cli import cli_float, cli_int, cli_size
+from flashinfer_sm120.safety.formats import base, binary, grammar, reads
+from flashinfer_sm120.safety.formats.params import cli_float, cli_int, cli_size
 from flashinfer_sm120.errors import FormatError, Sm120Error
 
 MSG_MAX = 1024
@@ -56,7 +55,7 @@ def test_parse_version_property(text):
 @pytest.mark.parametrize("name", ["norm\nbuild x: phony", "a b$c:d", "..", ".", "", "a/b", "a\x00", "-x"])
 def test_names_refuse_ninja_and_path_syntax(name):
     with pytest.raises(FormatError):
-        grammar.parse_name(name, "manifest line 1")
+        grammar.parse("name", name, "manifest line 1")
 
 
 def test_json_depth_is_refused_not_a_recursion_error():
@@ -121,11 +120,11 @@ def test_safe_join_refuses_escapes_and_symlinked_parents(tmp_path):
     root.mkdir()
     for rel in ["/tmp/x/victim", "jit//tmp/x/victim", "../x", "a/../../x", "", "a/./b"]:
         with pytest.raises(FormatError):
-            paths.safe_join(root, rel, "meta.json")
+            grammar.safe_join(root, rel, "meta.json")
     (root / "norm").symlink_to("/etc")
     with pytest.raises(FormatError, match="symlink"):
-        paths.safe_join(root, "norm/hostname", "meta.json")
-    assert paths.safe_join(root, "jit/norm/x.so", "m") == root / "jit" / "norm" / "x.so"
+        grammar.safe_join(root, "norm/hostname", "meta.json")
+    assert grammar.safe_join(root, "jit/norm/x.so", "m") == root / "jit" / "norm" / "x.so"
 
 
 @given(st.lists(hostile_text, min_size=1, max_size=4))
@@ -133,7 +132,7 @@ def test_safe_join_property(tmp_path, parts):
     root = tmp_path / "r"
     root.mkdir(exist_ok=True)
     try:
-        p = paths.safe_join(root, "/".join(parts), "src")
+        p = grammar.safe_join(root, "/".join(parts), "src")
     except FormatError as exc:
         assert len(str(exc)) < MSG_MAX
     else:
@@ -144,7 +143,7 @@ def test_safe_join_property(tmp_path, parts):
 def test_make_private_dirs_ignores_the_umask(tmp_path):
     old = os.umask(0)
     try:
-        paths.make_private_dirs(tmp_path / "a" / "b" / "c")
+        grammar.make_private_dirs(tmp_path / "a" / "b" / "c")
     finally:
         os.umask(old)
     for p in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "c"):
@@ -274,10 +273,10 @@ def test_cuobjdump_listings_give_targets():
                                      ("12.0 ", False), (12.0, False), ("1 2 . 0 f", False), ("", False)])
 def test_parse_target(text, ok):
     if ok:
-        assert grammar.parse_target(text, "m") == text
+        assert grammar.parse("target", text, "m") == text
     else:
         with pytest.raises(FormatError, match="major.minor"):
-            grammar.parse_target(text, "m")
+            grammar.parse("target", text, "m")
 
 
 @pytest.mark.parametrize("flag,ok", [("-DENABLE_BF16", True), ("-gencode=arch=compute_120f,code=sm_120f", True),
@@ -286,27 +285,27 @@ def test_parse_target(text, ok):
                                      ("-D'x'", False), ("", False), (["-O3"], False)])
 def test_parse_flag(flag, ok):
     if ok:
-        assert flags.parse_flag(flag, "m") == flag
+        assert grammar.parse("flag", flag, "m") == flag
     else:
         with pytest.raises(FormatError, match="flag"):
-            flags.parse_flag(flag, "m")
+            grammar.parse("flag", flag, "m")
 
 
 @pytest.mark.parametrize("path,ok", [("@FLASHINFER@/data/csrc/norm.cu", True), ("/abs/x.cu", True),
                                      ("a b.cu", False), ("a:b", False), ("a/../b", False), ("$x", False)])
 def test_parse_path_text(path, ok):
     if ok:
-        assert grammar.parse_path_text(path, "m") == path
+        assert grammar.parse("path", path, "m") == path
     else:
         with pytest.raises(FormatError, match="not a plain path"):
-            grammar.parse_path_text(path, "m")
+            grammar.parse("path", path, "m")
 
 
 def test_sha256_lists_and_text_checks():
-    assert grammar.parse_sha256("a" * 64, "m") == "a" * 64
+    assert grammar.parse("sha256", "a" * 64, "m") == "a" * 64
     for bad in ("A" * 64, "a" * 63, 5, None):
         with pytest.raises(FormatError):
-            grammar.parse_sha256(bad, "m")
+            grammar.parse("sha256", bad, "m")
     assert reads.string_list(["a", "b"], "m") == ["a", "b"]
     for bad in ("ab", [1], ["a\0"], ["x"] * 5000):
         with pytest.raises(FormatError):
@@ -318,9 +317,9 @@ def test_sha256_lists_and_text_checks():
 def test_read_prefix_and_skipping_long_lines(tmp_path):
     f = tmp_path / "h"
     f.write_bytes(b"#define X 1\n" + b"y" * 100000)
-    assert reads.read_prefix(f, 12) == b"#define X 1\n"
+    assert reads.read_bytes(f, 12, prefix=True) == b"#define X 1\n"
     with pytest.raises(FormatError, match="not a regular file"):
-        reads.read_prefix("/dev/zero", 10)
+        reads.read_bytes("/dev/zero", 10, prefix=True)
     m = tmp_path / "m"
     m.write_bytes(b"a\n" + b"z" * 50000 + b"\nb\n")
     assert list(reads.iter_lines(m, max_line=100, max_lines=10, skip_long=True)) == [(1, b"a"), (2, None),
@@ -396,9 +395,9 @@ def test_parse_ninja_log_header_property(line):
 
 @given(hostile_text)
 def test_new_grammars_property(text):
-    for parse in (grammar.parse_target, flags.parse_flag, grammar.parse_path_text, grammar.parse_sha256):
+    for kind in ("target", "flag", "path", "sha256"):
         try:
-            out = parse(text, "src")
+            out = grammar.parse(kind, text, "src")
         except FormatError as exc:
             assert len(str(exc)) < MSG_MAX
         else:

@@ -154,10 +154,10 @@ entry_like = st.fixed_dictionaries({}, optional={
 @given(st.one_of(entry_like, json_value))
 def test_manifest_entry_property(obj):
     from flashinfer_sm120.errors import FormatError
-    from flashinfer_sm120.core.jitenv import manifest
+    from flashinfer_sm120.core.jitenv import record
 
     try:
-        out = manifest.parse_entry(obj, "m.jsonl:1")
+        out = record.parse_entry(obj, "m.jsonl:1")
     except FormatError as exc:
         assert len(str(exc)) < MSG_MAX
     else:
@@ -194,7 +194,7 @@ def test_cache_import_archive_property(tmp_path, members, meta_obj):
     when it is refused."""
     import hashlib
 
-    from flashinfer_sm120.warmup import cache_format, cache_import
+    from flashinfer_sm120.warmup import cache, cache_import
 
     src = tmp_path / "a.tar"
     files = {n[len(TOP) + 1:]: hashlib.sha256(d).hexdigest() for n, k, d in members
@@ -223,8 +223,8 @@ def test_cache_import_archive_property(tmp_path, members, meta_obj):
     before = set(os.listdir(tmp_path))
 
     def run():
-        meta_ = cache_format.check(str(src))
-        root = cache_format.unpack(str(src), into, meta_, cache_format.Limits())
+        meta_ = cache_import.check(str(src))
+        root = cache_import.unpack(str(src), into, meta_, cache.Limits())
         return cache_import._plan(meta_, root, {"jit": box / "jit", "generated": box / "gen"}, str(src))
 
     got = _bounded(run)

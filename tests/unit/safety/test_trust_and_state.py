@@ -86,13 +86,13 @@ def test_ordinary_wrappers_are_still_followed(tmp_path):
 
 def test_deeply_nested_state_file_is_ignored_not_raised(cache_dir):
     """A corrupt memo ('[[[[...') must be ignored and rewritten, not raise RecursionError."""
-    from flashinfer_sm120.safety.fs import statefiles
+    from flashinfer_sm120.safety.fs import atomic
     from flashinfer_sm120.core.toolkit import memo
 
     path = memo.memo_path()
     with open(path, "w") as fh:
         fh.write("[" * 100_000 + "]" * 100_000)
-    data, why = statefiles.read_json(path)
+    data, why = atomic.read_json(path)
     assert data is None and "nested" in why
     assert memo.lookup("/bin/sh") is None
     memo.store("/bin/sh", "13.0.88", None)
@@ -140,7 +140,7 @@ def test_an_empty_site_dir_is_refused_not_widened(tmp_path, monkeypatch, capsys,
     """``--site-dir "$DIR"`` with DIR unset used to write into (or remove from) the whole
     environment's site-packages instead of refusing."""
     from flashinfer_sm120 import cli
-    from flashinfer_sm120.core.autoload import PTH_NAME
+    from flashinfer_sm120.core.autoload_hook import PTH_NAME
     from flashinfer_sm120.cli import enable
 
     env_site = tmp_path / "env-site"

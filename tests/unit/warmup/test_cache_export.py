@@ -16,7 +16,7 @@ from helpers.untrusted import make_unsafe
 
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.grammar import parse_relpath
-from flashinfer_sm120.warmup import cache_export, cache_format
+from flashinfer_sm120.warmup import cache
 from flashinfer_sm120.warmup.session import BuildError
 
 # FlashInfer 0.7.4's FA2 prefill module (185 characters) and one of its objects (227), as `build` makes them.
@@ -30,8 +30,8 @@ def test_a_module_name_as_long_as_flashinfers_is_a_member_and_a_meta_json_name()
     modules' object files (227 characters) were over a 200-character name rule."""
     assert len(OBJECT) > 200
     rel = f"jit/{PREFILL}/{OBJECT}"
-    assert cache_format.member_rel(f"{cache_format.TOP}/{rel}", "x.tar") == rel
-    meta = cache_format.parse_meta({"format": cache_format.FORMAT, "manifest": [], "fingerprint": {
+    assert cache.member_rel(f"{cache.TOP}/{rel}", "x.tar") == rel
+    meta = cache.parse_meta({"format": cache.FORMAT, "manifest": [], "fingerprint": {
         "flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/c", "jit_dir": "/j"},
                                  "modules": [{"name": PREFILL, "files": {rel: "0" * 64}}]}, "meta.json")
     assert meta.modules[0].name == PREFILL
@@ -51,7 +51,7 @@ def test_a_directory_export_that_fails_leaves_nothing_behind(tmp_path):
     out = tmp_path / "export"
     files = [("jit/m/good.so", good), ("jit/m/gone.so", tmp_path / "gone.so")]  # the second cannot be read
     with pytest.raises(FileNotFoundError):
-        cache_export._write_directory(str(out), b"{}", files, cache_format.Budget(cache_format.Limits()))
+        cache._write_directory(str(out), b"{}", files, cache.Budget(cache.Limits()))
     assert sorted(os.listdir(tmp_path)) == ["good.so"]
 
 
@@ -61,9 +61,9 @@ def test_a_directory_export_is_put_in_place_whole(tmp_path):
     out = tmp_path / "export"
     out.mkdir()  # an empty directory of yours is taken
     blob = json.dumps({"format": 1}).encode()
-    cache_export._write_directory(str(out), blob, [("jit/m/good.so", good)],
-                                  cache_format.Budget(cache_format.Limits()))
-    top = out / cache_format.TOP
+    cache._write_directory(str(out), blob, [("jit/m/good.so", good)],
+                                  cache.Budget(cache.Limits()))
+    top = out / cache.TOP
     assert (top / "jit" / "m" / "good.so").read_bytes() == b"x" * 100 and (top / "meta.json").read_bytes() == blob
     assert sorted(os.listdir(tmp_path)) == ["export", "good.so"]
 
@@ -83,7 +83,7 @@ def test_both_export_forms_refuse_a_directory_another_user_controls(tmp_path, na
     make_unsafe(theirs, how)
     out = theirs / name
     with pytest.raises(BuildError, match="not safe to export into") as err:
-        cache_export.export([], _session(), str(out))
+        cache.export([], _session(), str(out))
     assert err.value.fix == "export to a new path in a directory of your own"  # P8: the JSON fix is never empty
     assert str(err.value).count("Fix:") == 1
     assert not out.exists() and [p.name for p in theirs.iterdir()] == []
@@ -92,7 +92,7 @@ def test_both_export_forms_refuse_a_directory_another_user_controls(tmp_path, na
 def test_an_export_into_a_directory_of_your_own_is_written(tmp_path):
     out = tmp_path / "mine" / "out.tar.gz"
     out.parent.mkdir()
-    assert cache_export.export([], _session(), str(out)) == [] and out.is_file()
+    assert cache.export([], _session(), str(out)) == [] and out.is_file()
 
 
 @given(st.text(alphabet=st.characters(blacklist_characters="/\0"), min_size=1, max_size=200),
@@ -104,10 +104,10 @@ def test_the_output_name_check_property(tmp_path, stem, suffix):
     out = str(tmp_path / (stem + suffix))
     before = sorted(os.listdir(tmp_path))
     try:
-        cache_export.check_out(out)
-    except cache_format.CacheError as exc:
+        cache.check_out(out)
+    except cache.CacheError as exc:
         assert exc.kind in ("usage", "exists") and exc.fix and len(str(exc)) < 2000
-        assert exc.kind == "exists" or not out.lower().endswith(cache_export.ARCHIVES)
+        assert exc.kind == "exists" or not out.lower().endswith(cache.ARCHIVES)
     else:
-        assert out.lower().endswith(cache_export.ARCHIVES) or suffix not in (".tar.xz", ".zip", ".gz", ".7z")
+        assert out.lower().endswith(cache.ARCHIVES) or suffix not in (".tar.xz", ".zip", ".gz", ".7z")
     assert sorted(os.listdir(tmp_path)) == before

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from helpers.child import cli
 from helpers.exports import TOP, tar_bytes, tar_file, tar_header, tar_member
 from helpers.untrusted import give_away
-from flashinfer_sm120.warmup import cache_format, cache_import
+from flashinfer_sm120.warmup import cache, cache_import
 from flashinfer_sm120.warmup.session import BuildError
 
 BOMB = Path(__file__).resolve().parents[2] / "data" / "bzip2-bomb-450MB.tar"
@@ -56,8 +56,8 @@ def test_compressions_export_never_writes_are_refused_whatever_the_name(tmp_path
     for name in ("x.tar", "x.tar.gz", "x.tgz"):
         src = tmp_path / name
         src.write_bytes(compress(body))
-        with pytest.raises(cache_format.CacheError) as info:
-            cache_format.check(str(src))
+        with pytest.raises(cache.CacheError) as info:
+            cache_import.check(str(src))
         assert info.value.kind == "archive" and f"is {kind} data" in str(info.value)
 
 
@@ -66,21 +66,21 @@ def test_gzip_and_plain_tar_are_read_whatever_the_name(tmp_path):
     for name, data in (("a.tar.gz", body), ("b.tar", gzip.compress(body))):  # name and content disagree
         src = tmp_path / name
         src.write_bytes(data)
-        assert cache_format.check(str(src)).fingerprint["flashinfer"] == "0.7.4"
+        assert cache_import.check(str(src)).fingerprint["flashinfer"] == "0.7.4"
 
 
 def test_meta_json_must_be_the_first_member(tmp_path):
     src = tmp_path / "x.tar"
     src.write_bytes(tar_bytes([tar_member(f"{TOP}/generated/a.cu"), tar_member(f"{TOP}/meta.json", _meta())]))
-    with pytest.raises(cache_format.CacheError, match="first member is .*generated/a.cu'?, not .*meta.json"):
-        cache_format.check(str(src))
+    with pytest.raises(cache.CacheError, match="first member is .*generated/a.cu'?, not .*meta.json"):
+        cache_import.check(str(src))
 
 
 def test_decompressed_bytes_are_counted_not_declared(tmp_path, monkeypatch):
     """Pax headers are data the member headers do not declare: the pass is capped on what the
     decompressor produced."""
-    monkeypatch.setattr(cache_format, "MAX_META_BYTES", 4096)
-    limits = cache_format.Limits(max_total=1, max_members=10)
+    monkeypatch.setattr(cache, "MAX_META_BYTES", 4096)
+    limits = cache.Limits(max_total=1, max_members=10)
     pax = {"comment": "z" * 15_000}
     listed = [{"name": "m", "files": {f"generated/d{i}/a.cu": "0" * 64 for i in range(8)}}]
     members = [tar_member(f"{TOP}/meta.json", _meta(listed))]
@@ -88,15 +88,15 @@ def test_decompressed_bytes_are_counted_not_declared(tmp_path, monkeypatch):
         members.append(tar_member(f"{TOP}/generated/d{i}", kind=tarfile.DIRTYPE, pax=pax))
     src = tmp_path / "x.tar.gz"
     src.write_bytes(tar_bytes(members, gz=True))
-    with pytest.raises(cache_format.CacheError, match="unpacks to more than"):
-        cache_format.check(str(src), limits)
+    with pytest.raises(cache.CacheError, match="unpacks to more than"):
+        cache_import.check(str(src), limits)
 
 
 def test_each_pass_has_a_time_cap(tmp_path):
     src = tmp_path / "x.tar"
     src.write_bytes(tar_bytes([tar_member(f"{TOP}/meta.json", _meta())]))
-    with pytest.raises(cache_format.CacheError, match="took more than"):
-        cache_format.check(str(src), cache_format.Limits(max_seconds=-1))
+    with pytest.raises(cache.CacheError, match="took more than"):
+        cache_import.check(str(src), cache.Limits(max_seconds=-1))
 
 
 def test_a_gzip_member_over_the_cap_is_refused_on_its_header(tmp_path):
@@ -104,8 +104,8 @@ def test_a_gzip_member_over_the_cap_is_refused_on_its_header(tmp_path):
     src = tmp_path / "x.tar.gz"
     src.write_bytes(tar_bytes([tar_member(f"{TOP}/meta.json", _meta()),
                                tar_member(f"{TOP}/jit/m/m.so", bytes(50 << 20))], gz=True))
-    with pytest.raises(cache_format.CacheError, match="cap"):
-        cache_format.check(str(src), cache_format.Limits(max_total=1 << 20, max_file=1 << 30))
+    with pytest.raises(cache.CacheError, match="cap"):
+        cache_import.check(str(src), cache.Limits(max_total=1 << 20, max_file=1 << 30))
 
 
 _GOOD = tar_bytes([tar_member(f"{TOP}/meta.json", _meta([{"name": "m", "files": {
@@ -127,10 +127,10 @@ def test_mutated_archives_give_only_our_error(tmp_path, flips, cut, gz):
     src.write_bytes(gzip.compress(data) if gz else data)
     into = box / "into"
     into.mkdir(exist_ok=True)
-    limits = cache_format.Limits(max_total=1 << 20, max_file=1 << 20, max_members=50, max_seconds=30)
+    limits = cache.Limits(max_total=1 << 20, max_file=1 << 20, max_members=50, max_seconds=30)
     try:
-        meta = cache_format.check(str(src), limits)
-        cache_format.unpack(str(src), into, meta, limits)
+        meta = cache_import.check(str(src), limits)
+        cache_import.unpack(str(src), into, meta, limits)
     except BuildError as exc:
         assert len(str(exc)) < 2000
     assert {p.name for p in box.iterdir()} <= {"x.tar", "into"}
@@ -144,14 +144,14 @@ def test_gzip_members_that_unpack_to_nothing_are_capped_on_the_compressed_bytes(
     are capped on the compressed bytes: one read of the decompressor can take them all with no byte
     out, so neither the unpacked-bytes cap nor the time cap (checked between reads) sees them; uncapped,
     40 MB of them take 8 s a pass and the file's size is bounded by nothing (P6)."""
-    monkeypatch.setattr(cache_format, "MAX_META_BYTES", 4096)
-    limits = cache_format.Limits(max_total=4096, max_members=4)
+    monkeypatch.setattr(cache, "MAX_META_BYTES", 4096)
+    limits = cache.Limits(max_total=4096, max_members=4)
     empty = gzip.compress(b"", mtime=0)
     cap = limits.max_stream() + limits.max_stream() // 1000 + (1 << 20)
     src = tmp_path / "x.tar.gz"
     src.write_bytes(empty * (cap // len(empty) + 1) + gzip.compress(tar_bytes([tar_member(f"{TOP}/meta.json", _meta())])))
-    with pytest.raises(cache_format.CacheError, match="compressed data is more than"):
-        cache_format.check(str(src), limits)
+    with pytest.raises(cache.CacheError, match="compressed data is more than"):
+        cache_import.check(str(src), limits)
 
 
 
@@ -163,7 +163,7 @@ def test_a_file_at_the_deepest_path_meta_json_lists_is_a_member_too(tmp_path):
     src = tmp_path / "x.tar"
     src.write_bytes(tar_bytes([tar_member(f"{TOP}/meta.json", _meta([{"name": "m", "files": {rel: "0" * 64}}])),
                                 tar_member(f"{TOP}/{rel}", b"x")]))
-    meta = cache_format.check(str(src))
+    meta = cache_import.check(str(src))
     assert [m.name for m in meta.modules] == ["m"]
 
 
@@ -176,7 +176,7 @@ def test_a_fingerprint_with_more_targets_than_a_manifest_entry_is_refused_naming
     src = tmp_path / "x.tar"
     src.write_bytes(tar_bytes([tar_member(f"{TOP}/meta.json", json.dumps(obj).encode())]))
     with pytest.raises(BuildError, match="'fingerprint'.*'targets' is longer than") as exc:
-        cache_format.check(str(src))
+        cache_import.check(str(src))
     assert "--arch" not in str(exc.value) and len(str(exc.value)) < 1000
 
 
@@ -186,11 +186,11 @@ def test_a_python_without_tarfile_filters_refuses_archives_with_the_fix(tmp_path
     'filter'`` and printing no JSON (P8)."""
     from helpers.exports import as_archive, make_export
     src = as_archive(make_export(tmp_path / "exp", {"jit/m/m.so": b"so"}), tmp_path / "exp.tar.gz")
-    meta = cache_format.check(str(src), cache_format.Limits())
+    meta = cache_import.check(str(src), cache.Limits())
     monkeypatch.delattr(tarfile, "data_filter")
     (tmp_path / "into").mkdir()
-    with pytest.raises(cache_format.CacheError) as err:
-        cache_format.unpack(str(src), tmp_path / "into", meta, cache_format.Limits())
+    with pytest.raises(cache.CacheError) as err:
+        cache_import.unpack(str(src), tmp_path / "into", meta, cache.Limits())
     assert err.value.kind == "python" and "3.11.4" in err.value.fix and str(src) in str(err.value)
     assert os.listdir(tmp_path / "into") == []  # nothing unpacked
 
@@ -222,7 +222,7 @@ def test_a_module_that_carries_no_library_is_refused_before_flashinfer_generates
         raise AssertionError("FlashInfer's generator ran for a module that is refused anyway")
 
     monkeypatch.setattr(cache_import, "make_spec", must_not_generate)
-    mod = cache_format.Module("sampling", {"jit/sampling/sampling_kernel.cuda.o": "0" * 64})
+    mod = cache.Module("sampling", {"jit/sampling/sampling_kernel.cuda.o": "0" * 64})
     why = cache_import._refusal({"name": "sampling"}, mod, _session(), tmp_path)
     assert why and "carries no library" in why
 
@@ -245,11 +245,11 @@ def test_a_member_over_the_per_file_cap_names_that_cap_not_max_bytes(tmp_path):
     src = tmp_path / "x.tar"
     src.write_bytes(tar_file(data=meta) + tar_header(f"{TOP}/jit/m/m.so", 30_000 << 20))
     with pytest.raises(BuildError) as err:
-        cache_format.check(str(src))
+        cache_import.check(str(src))
     msg = str(err.value)
     assert "per-file cap of 8589934592 bytes" in msg and "--max-bytes" not in msg, msg
     with pytest.raises(BuildError, match=r"more than the 1048576-byte cap of --max-bytes"):
-        cache_format.check(str(src), cache_format.Limits(max_total=1 << 20, max_file=1 << 40))
+        cache_import.check(str(src), cache.Limits(max_total=1 << 20, max_file=1 << 40))
 
 
 def test_the_checks_before_flashinfer_is_set_up_refuse_another_release_or_workspace_only(tmp_path, monkeypatch):
@@ -260,12 +260,12 @@ def test_the_checks_before_flashinfer_is_set_up_refuse_another_release_or_worksp
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path))
     here = f"{tmp_path}/.cache/flashinfer/0.7.4/120f/nvcc13.0-x/cached_ops"
     fp = {"flashinfer": flashinfer_version(), "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/c"}
-    cache_import.precheck("x.tar", cache_format.Meta(1, dict(fp, jit_dir=here), (), ()))
-    cache_import.precheck("x.tar", cache_format.Meta(1, dict(fp, flashinfer=f"{fp['flashinfer']}+local",
+    cache_import.precheck("x.tar", cache.Meta(1, dict(fp, jit_dir=here), (), ()))
+    cache_import.precheck("x.tar", cache.Meta(1, dict(fp, flashinfer=f"{fp['flashinfer']}+local",
                                                              jit_dir=here), (), ()))
     for other, says in ((dict(fp, flashinfer="0.6.0", jit_dir=here), "flashinfer"),
                         (dict(fp, jit_dir="/elsewhere/.cache/flashinfer/0.7.4/120f/x/cached_ops"), "jit_dir")):
-        with pytest.raises(cache_format.CacheError, match=f"archive has {says} ") as err:
-            cache_import.precheck("x.tar", cache_format.Meta(1, other, (), ()))
+        with pytest.raises(cache.CacheError, match=f"archive has {says} ") as err:
+            cache_import.precheck("x.tar", cache.Meta(1, other, (), ()))
         assert err.value.kind == "mismatch" and err.value.fix
     assert list(tmp_path.iterdir()) == []

@@ -8,7 +8,7 @@ import subprocess
 import threading
 import time
 
-from flashinfer_sm120.warmup import ninjacmd, pool
+from flashinfer_sm120.warmup import pool
 from helpers.warm import fake_job, most_at_once
 
 
@@ -60,7 +60,7 @@ def test_never_more_steps_than_slots(tmp_path):
 def test_gencode_summary_says_sass_or_ptx():
     text = ("-gencode=arch=compute_120f,code=sm_120f -gencode=arch=compute_90a,code=sm_90a "
             "-gencode=arch=compute_121a,code=compute_121a")
-    assert ninjacmd.gencode_summary(text) == ["PTX compute_121a", "SASS sm_120f", "SASS sm_90a"]
+    assert pool.gencode_summary(text) == ["PTX compute_121a", "SASS sm_120f", "SASS sm_90a"]
 
 
 def test_spare_slot_goes_to_the_next_module(tmp_path):
@@ -284,7 +284,7 @@ def test_only_children_running_a_step_are_steps():
     """ninja forks, then execs ``/bin/sh -c COMMAND``: a child seen before the exec still carries
     ninja's own argv and once showed as ``module//path/ninja -C …`` in the running line.  Only
     ``sh -c`` children are steps, named by their command."""
-    from flashinfer_sm120.warmup.ninjacmd import steps
+    from flashinfer_sm120.warmup.pool import steps
 
     plain = subprocess.Popen(["sleep", "297.31"])
     step = subprocess.Popen(["/bin/sh", "-c", "sleep 297.32; nvcc -c /x/sampling.cu -o /x/sampling.cuda.o"],

@@ -1,11 +1,6 @@
-"""FlashInfer's environment variables that enter the build line (data read from its code).
-
-FlashInfer writes each module's compile and link commands into its ``build.ninja``, and ninja rebuilds
-a module whose command changed: a warm cache serves a process only when these read the same there as
-in the build that warmed it (``FLASHINFER_JIT_VERBOSE=1``, set to watch a build, recompiles every
-module it touches).  Not listed: what flashinfer-sm120 decides itself (``CUDA_HOME``/``CUDA_PATH``,
-``FLASHINFER_CUDA_ARCH_LIST``, ``FLASHINFER_WORKSPACE_BASE``).
-"""
+"""FlashInfer's environment variables that enter a module's ``build.ninja`` lines (data read from its code): ninja
+rebuilds a module whose line changed, so a warm cache serves a process only when these read the same as in the
+build that warmed it.  What flashinfer-sm120 decides itself (``CUDA_HOME``, the arch list, the workspace) is not listed."""
 
 from __future__ import annotations
 
@@ -15,9 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
-
-__all__ = ["Read", "BuildVar", "BUILD_VARS", "DEBUG_BUILD", "RECORD_NAME", "Setting", "Change", "effective",
-           "snapshot", "settings", "changes", "checked", "record", "recorded", "stale"]
 
 
 class Read(enum.Enum):
@@ -150,7 +142,7 @@ def checked(values: object) -> dict | None:
 
 def record(build_dir: Path, values: dict[str, str | None]) -> str | None:
     """Leave ``values`` (a :func:`snapshot`) in a module directory just built; returns why it could not."""
-    from flashinfer_sm120.safety.fs.statefiles import write_json_atomic
+    from flashinfer_sm120.safety.fs.atomic import write_json_atomic
     from flashinfer_sm120.errors import Sm120Error
 
     try:

@@ -1,16 +1,11 @@
 """GPU compute capabilities: NVML first (no CUDA context, so a later ``fork()`` still works), else
-``torch.cuda`` as FlashInfer 0.7.4's ``CompilationContext.__init__`` reads them, once torch is imported.
-"""
+``torch.cuda`` as FlashInfer 0.7.4's ``CompilationContext.__init__`` reads them, once torch is imported."""
 
 from __future__ import annotations
 
 import os
 import sys
 from dataclasses import dataclass
-
-from flashinfer_sm120.errors import GPUQueryError
-
-__all__ = ["GPU", "visible_gpus", "select_visible", "query", "GPUQuery"]
 
 
 @dataclass(frozen=True)
@@ -29,62 +24,23 @@ def select_visible(gpus: list[GPU], cuda_visible_devices: str | None) -> list[GP
     if cuda_visible_devices is None:
         return list(gpus)
     chosen: list[GPU] = []
-    for raw in cuda_visible_devices.split(","):
-        entry = raw.strip()
-        match: GPU | None = None
+    for entry in (e.strip() for e in cuda_visible_devices.split(",")):
+        up = entry.upper()
         if entry.isdigit() or (entry.startswith("-") and entry[1:].isdigit()):
-            idx = int(entry)
-            if 0 <= idx < len(gpus):
-                match = gpus[idx]
-        elif entry.upper().startswith("GPU-"):
-            hits = [g for g in gpus if g.uuid.upper().startswith(entry.upper())]
-            if len(hits) == 1:
-                match = hits[0]
-        elif entry.upper().startswith("MIG-"):
-            # Old form MIG-GPU-<parent uuid>/<gi>/<ci> names the parent GPU.  The new form
-            # MIG-<instance uuid> does not, so every GPU is kept: a superset of targets builds a
-            # little more but never misses the GPU in use.
-            parent = entry[4:].split("/")[0].upper()
+            hits = [gpus[int(entry)]] if 0 <= int(entry) < len(gpus) else []
+        elif up.startswith("GPU-"):
+            hits = [g for g in gpus if g.uuid.upper().startswith(up)]
+        elif up.startswith("MIG-"):
+            # MIG-GPU-<parent uuid>/<gi>/<ci> names its GPU; MIG-<instance uuid> does not, so all are kept
+            parent = up[4:].split("/")[0]
             hits = [g for g in gpus if g.uuid.upper().startswith(parent)] if parent.startswith("GPU-") else []
-            for g in hits if len(hits) == 1 else gpus:
-                if g not in chosen:
-                    chosen.append(g)
-            continue
-        if match is None:
+            hits = hits if len(hits) == 1 else list(gpus)
+        else:
+            hits = []
+        if len(hits) != 1 and not up.startswith("MIG-"):
             break  # CUDA ignores this entry and every one after it
-        if match not in chosen:
-            chosen.append(match)
+        chosen += [g for g in hits if g not in chosen]
     return chosen
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _nvml_devices() -> list[GPU]:
-    try:
-        import pynvml  # nvidia-ml-py
-    except Exception as exc:  # not installed, or broken
-        raise GPUQueryError(f"pynvml not importable: {exc!r}") from exc
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # no driver / no libnvidia-ml.so.1 in this container
-        raise GPUQueryError(f"nvmlInit failed: {exc}") from exc
-    try:
-        out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            out.append(GPU(i, _text(pynvml.nvmlDeviceGetName(h)), _text(pynvml.nvmlDeviceGetUUID(h)),
-                           (int(major), int(minor))))
-        return out
-    except pynvml.NVMLError as exc:
-        raise GPUQueryError(f"NVML failed while listing GPUs: {exc}") from exc
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # pragma: no cover - shutdown errors are not actionable
-            pass
 
 
 @dataclass(frozen=True)
@@ -96,37 +52,54 @@ class GPUQuery:
     note: str | None = None
 
     def describe(self) -> str:
-        """One line for logs and ``doctor``, e.g. ``"torch.cuda (NVML: nvmlInit failed: ...)"``."""
+        """``"torch.cuda (NVML: nvmlInit failed: ...)"``."""
         return self.source + (f" (NVML: {self.note})" if self.note else "")
 
 
-def _torch_devices() -> list[GPU] | None:
-    """Capabilities as FlashInfer reads them, or ``None`` before torch is imported (that costs seconds)."""
-    cuda = getattr(sys.modules.get("torch"), "cuda", None)
-    if cuda is None:
-        return None
-    return [GPU(i, f"cuda:{i} (from torch.cuda)", "", tuple(int(x) for x in cuda.get_device_capability(i)))
-            for i in range(int(cuda.device_count()))]
+def _nvml_devices() -> list[GPU]:
+    """NVML's GPUs, or ``RuntimeError`` naming the step that failed (the note of :func:`query`)."""
+    try:
+        import pynvml  # nvidia-ml-py
+    except Exception as exc:
+        raise RuntimeError(f"pynvml not importable: {exc!r}") from exc
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # no driver / no libnvidia-ml.so.1 in this container
+        raise RuntimeError(f"nvmlInit failed: {exc}") from exc
+    try:
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name, uuid = (x.decode() if isinstance(x, bytes) else str(x)
+                          for x in (pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetUUID(h)))
+            out.append(GPU(i, name, uuid, tuple(map(int, pynvml.nvmlDeviceGetCudaComputeCapability(h)))))
+        return out
+    except pynvml.NVMLError as exc:
+        raise RuntimeError(f"NVML failed while listing GPUs: {exc}") from exc
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # pragma: no cover - shutdown errors are not actionable
+            pass
 
 
 def query(*, torch_fallback: bool = True) -> GPUQuery:
-    """Visible GPUs, NVML first, else ``torch.cuda`` when ``torch_fallback``.  Never raises: a failure
-    gives an empty list and a ``note``."""
+    """Visible GPUs, NVML first, else ``torch.cuda`` once torch is imported (importing it costs seconds);
+    never raises: a failure gives an empty list and a ``note``."""
     try:
         return GPUQuery(tuple(select_visible(_nvml_devices(), os.environ.get("CUDA_VISIBLE_DEVICES"))), "nvml")
-    except GPUQueryError as exc:
+    except RuntimeError as exc:
         note = str(exc)
     except Exception as exc:  # a broken pynvml must not break the import of FlashInfer
         note = f"NVML raised {exc!r}"
-    devices = None
-    if torch_fallback:
-        try:
-            devices = _torch_devices()
-        except Exception as exc:
-            note += f"; torch.cuda failed too: {exc!r}"
-    if devices is None:
+    cuda = getattr(sys.modules.get("torch"), "cuda", None) if torch_fallback else None
+    if cuda is None:
         return GPUQuery((), "none", note)
-    return GPUQuery(tuple(devices), "torch.cuda", note)
+    try:
+        return GPUQuery(tuple(GPU(i, f"cuda:{i} (from torch.cuda)", "", tuple(map(int, cuda.get_device_capability(i))))
+                              for i in range(int(cuda.device_count()))), "torch.cuda", note)
+    except Exception as exc:
+        return GPUQuery((), "none", f"{note}; torch.cuda failed too: {exc!r}")
 
 
 def visible_gpus() -> list[GPU]:

@@ -1,12 +1,6 @@
-"""FlashInfer's precompiled kernels installed here, from package metadata (``doctor`` and ``build`` only).
-
-FlashInfer 0.7.4 (``jit/env.py`` ``_get_aot_providers``) loads a module from a jit-cache provider
-instead of building it: ``flashinfer_jit_cache`` (FlashInfer's version, ``+cuXYZ`` allowed) finds the
-entry points of :data:`GROUP`, each declaring schema 1, its version (the package's), ``jit_cache_dir``,
-``cuda_architectures`` and ``modules``; a module is taken when a declared target runs on each target
-(``jit/_cuda_architecture.py``).  ``flashinfer-cubin`` is used only at FlashInfer's exact version;
-``FLASHINFER_DISABLE_VERSION_CHECK`` turns both checks off.
-"""
+"""FlashInfer's precompiled kernels installed here, from package metadata (``doctor`` and ``build`` only).  FlashInfer
+0.7.4 (``jit/env.py`` ``_get_aot_providers``) loads a module from a provider of :data:`GROUP` (through
+``flashinfer_jit_cache`` at its version, ``+cuXYZ`` allowed), ``flashinfer-cubin`` only at its exact version."""
 
 from __future__ import annotations
 
@@ -16,8 +10,6 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-__all__ = ["GROUP", "Provider", "Precompiled", "read", "runs_on", "tag", "doctor_section", "doctor_lines"]
 
 GROUP = "flashinfer.jit_cache.providers"
 _ARCH = re.compile(r"sm([0-9]{1,2})([0-9])([af]?)")
@@ -40,7 +32,7 @@ def runs_on(binary: str, target: str) -> bool:
 
 @dataclass(frozen=True)
 class Provider:
-    """One entry point of :data:`GROUP`: what it declares, or ``error`` when it could not be read."""
+    """One entry point of :data:`GROUP`: what it declares (schema 1), or ``error`` when it could not be read."""
 
     entry_point: str
     distribution: str = "?"
@@ -86,7 +78,8 @@ class Precompiled:
     checks_off: bool = False  # FLASHINFER_DISABLE_VERSION_CHECK
 
     def mismatch(self, what: str, version: str | None) -> str | None:
-        """Why FlashInfer ignores package ``what`` at ``version`` (``None``: it uses it)."""
+        """Why FlashInfer ignores package ``what`` at ``version`` (``None``: it uses it; ``FLASHINFER_DISABLE_VERSION_CHECK``
+        turns the checks off)."""
         if version is None or self.checks_off or self.flashinfer is None:
             return None
         if what == "flashinfer-cubin":

@@ -1,20 +1,17 @@
-"""Where a command of ours must not import FlashInfer or build with it (threat-model: P2, P4, P8).
-Creates nothing."""
+"""Why a command of ours must not import FlashInfer here, or why FlashInfer's own import failed, each with the
+fix (P4, P8); creates nothing."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING
+import pathlib
+import stat
+import sys
 
 from flashinfer_sm120.core.facts.workspace import WSB, workspace_path
-from flashinfer_sm120.safety.formats.paths import foreign_tree
+from flashinfer_sm120.safety.formats.grammar import foreign_tree
 from flashinfer_sm120.safety.formats.base import shown
-
-if TYPE_CHECKING:
-    from flashinfer_sm120.safety.ownership import PlaceProblem
-
-__all__ = ["ImportRefusal", "import_refused", "builds_refused", "jit_dir_refused"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +36,9 @@ def _others_may_write(path: str) -> bool:
 
 
 def import_refused(env=None) -> ImportRefusal | None:
-    """Why our commands must not import FlashInfer here, else ``None`` (P4): the import would create the
-    home directory, or its cache in another uid's tree (``sudo -E``) or a place not ours, or write
-    into a temporary directory another uid may change."""
-    from flashinfer_sm120.safety.buildenv import temp_problem
+    """Why our commands must not import FlashInfer here (P4): it would create the home directory, its cache
+    in another uid's tree (``sudo -E``) or a place not ours, or write into a temporary directory not ours."""
+    from flashinfer_sm120.safety.compilers import temp_problem
     from flashinfer_sm120.safety.ownership import own_place_fix, trust_reason
 
     path, how = workspace_path()
@@ -75,18 +71,61 @@ def import_refused(env=None) -> ImportRefusal | None:
     return None
 
 
-def builds_refused(jit_dir: str, env=None) -> str | None:
-    """Why every JIT build in ``jit_dir`` would be refused before nvcc runs, else ``None``: the one list
-    ``build`` refuses by and ``status`` reports (P2, P8)."""
-    from flashinfer_sm120.safety.buildenv import path_problem
+def workspace_problem(failed: OSError | None = None) -> str | None:
+    """Why FlashInfer cannot create its JIT workspace at import; creates nothing (P4).  ``failed``, the import's
+    error, decides where ``access()`` cannot (root "may write" ``/proc``)."""
+    try:
+        pathlib.Path.home()
+    except (RuntimeError, KeyError, OSError):  # '~' cannot be expanded
+        return (f"FlashInfer needs a home directory at import (it reads Path.home() even when "
+                f"FLASHINFER_WORKSPACE_BASE is set), and this process has none (HOME is unset and uid "
+                f"{os.getuid()} has no passwd entry); FlashInfer fails the same way without "
+                f"flashinfer-sm120. Fix: HOME=<a directory you can write> (and FLASHINFER_WORKSPACE_BASE "
+                f"to keep the JIT cache elsewhere)")
+    path, how = workspace_path()
+    here, why = path, None
+    while True:
+        try:
+            st = os.stat(here)
+        except FileNotFoundError:
+            parent = os.path.dirname(here.rstrip("/")) or "."
+            if parent == here:
+                break
+            here = parent
+            continue
+        except OSError as exc:
+            why = exc.strerror
+            break
+        if not stat.S_ISDIR(st.st_mode):
+            why = f"{shown(here, 200)} is not a directory"
+        elif not os.access(here, os.W_OK | os.X_OK):
+            why = f"{shown(here, 200)} is not writable"
+        break
+    name = getattr(failed, "filename", None)
+    if why is None and isinstance(name, str) and (path == name or path.startswith(name.rstrip("/") + "/")):
+        why = f"{shown(name, 200)}: {failed.strerror or failed}"
+    if why is None:
+        return None
+    return (f"FlashInfer keeps its JIT cache in {shown(path, 200)} (from {how}), which cannot be "
+            f"created ({why}); FlashInfer fails the same way without flashinfer-sm120. "
+            f"Fix: FLASHINFER_WORKSPACE_BASE=<a directory you can write>")
 
-    problem = jit_dir_refused(jit_dir) or path_problem(os.environ if env is None else env)
-    return str(problem) if problem else None
 
-
-def jit_dir_refused(jit_dir: str) -> str | PlaceProblem | None:
-    """Why ``jit_dir`` is no place to build in (path rule, or ownership of a level, ``tmp`` included; P2, P4)."""
-    from flashinfer_sm120.safety.formats.paths import jit_dir_problem
-    from flashinfer_sm120.safety.ownership import check_place
-
-    return jit_dir_problem(jit_dir) or check_place(os.path.join(jit_dir, "tmp"), "FlashInfer's JIT directory")
+def import_failure(exc: BaseException, st: dict) -> str:
+    """``importing FlashInfer failed: <exc>``, with the fix where known: no toolkit, a missing module, the workspace."""
+    shown_exc = f"{type(exc).__name__}: {exc}" if isinstance(exc, OSError) and exc.filename else repr(exc)
+    msg = f"importing FlashInfer failed: {shown_exc[:2000]}"  # an OSError's repr drops its path (str: repr of it)
+    fix = ((st.get("resolution") or {}).get("fix")) if isinstance(st.get("resolution"), dict) else None
+    if st.get("mode") == "guard" or (st.get("mode") == "failed" and fix):
+        return (f"{msg}. No CUDA toolkit fits, so FlashInfer kept its own toolkit lookup, which raised "
+                f"this{f'. Fix: {fix}' if fix else ' (see the message above)'}")
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if isinstance(missing, str) and missing:  # one of FlashInfer's dependencies (torch, numpy)
+        top = missing.partition(".")[0]
+        how = f"pip install {top}, or the package that provides it" if top.isidentifier() and len(top) < 80 else \
+            "the package that provides it"
+        return (f"{msg}. FlashInfer needs the module {shown(top, 80)}, which this Python "
+                f"({shown(sys.executable, 200)}) cannot import. Fix: install it there ({how})")
+    problem = workspace_problem(exc if isinstance(exc, OSError) else None) \
+        if isinstance(exc, (OSError, RuntimeError, KeyError)) else None
+    return f"{msg}. {problem}" if problem else msg

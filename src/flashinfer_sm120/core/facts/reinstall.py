@@ -1,15 +1,11 @@
-"""The fix for a broken install of flashinfer-sm120 itself: the missing dependency when that is what
-broke, else a reinstall from the checkout pip recorded (``direct_url.json``, PEP 610; the package is
-not on PyPI).  Standard library only, and never raises: it runs when the rest could not be imported.
-"""
+"""The fix for a broken install of flashinfer-sm120: the missing dependency, else a reinstall from the checkout
+pip recorded (``direct_url.json``, PEP 610).  Standard library only, never raises: it runs when the rest cannot."""
 
 from __future__ import annotations
 
 import json
 import urllib.parse
 import urllib.request
-
-__all__ = ["DEPENDENCIES", "fix_for", "require_dependencies", "source"]
 
 #: Top-level module -> the distribution that brings it (pyproject.toml's dependencies).
 DEPENDENCIES = {
@@ -22,8 +18,7 @@ DEPENDENCIES = {
 
 
 def require_dependencies() -> None:
-    """Raise ``ModuleNotFoundError`` for the first dependency that is not installed (``doctor`` says so
-    first, with :func:`fix_for`, instead of one section after another failing on it; P8)."""
+    """``ModuleNotFoundError`` for the first dependency not installed (``doctor`` says so first; P8)."""
     import importlib.util
 
     for name in DEPENDENCIES:
@@ -32,8 +27,8 @@ def require_dependencies() -> None:
 
 
 def source() -> str:
-    """The checkout pip recorded (shell-quoted), else a placeholder; ``direct_url.json`` is read only as a
-    small regular file, and only a ``file:`` URL of this host counts (P6)."""
+    """The checkout pip recorded (shell-quoted), else a placeholder; only a small regular ``direct_url.json``
+    naming a ``file:`` URL of this host counts (P6)."""
     try:
         import os
         import shlex

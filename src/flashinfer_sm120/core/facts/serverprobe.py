@@ -1,7 +1,6 @@
-"""What an installed server (:data:`.servers.SERVERS`) does in a given environment, found without importing
-it: vLLM's ``has_flashinfer()``, the workspace and targets SGLang sets (its rules run from its source
-in a child), and which fallbacks its source defines.
-"""
+"""What an installed server (:data:`.servers.SERVERS`) does in a given environment, found without importing it:
+vLLM's ``has_flashinfer()``, the workspace and targets SGLang sets (its own functions run from its source in a
+bounded child, else its row), and which fallbacks its source defines."""
 
 from __future__ import annotations
 
@@ -18,9 +17,6 @@ from flashinfer_sm120.core.facts.arch import nvcc_spelling
 from flashinfer_sm120.core.toolkit.sources import flashinfer_naive_root
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import shown
-
-__all__ = ["vllm_has_flashinfer", "workspace_base", "jit_dir_for", "running", "recorded", "fallbacks",
-           "fallback_text", "expanduser", "ArchChoice", "cache_clear", "server_arch"]
 
 
 def vllm_has_flashinfer(env: dict[str, str]) -> tuple[bool, str]:
@@ -44,8 +40,7 @@ def vllm_has_flashinfer(env: dict[str, str]) -> tuple[bool, str]:
     return True, f"nvcc {nvcc}, ninja {ninja}"
 
 
-#: Runs ``function()`` of the installed server's file (``argv[1]``), the module executed on its own:
-#: standard library only, nothing else of the server imported.
+#: Runs ``function()`` of the server's file ``argv[1]``, executed on its own (nothing else of the server imported).
 _ENVIRON_PROBE = r"""
 import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("_flashinfer_sm120_server_environ", sys.argv[1])
@@ -54,10 +49,8 @@ spec.loader.exec_module(mod)
 sys.stdout.write("\n@@" + json.dumps(getattr(mod, sys.argv[2])()))
 """
 
-#: Runs only ``function`` of the file, once per GPU capability, with stand-ins for what it asks (the
-#: capability, ``os.environ``, and ``is_flashinfer_available()`` answering as sglang 0.5.23's does
-#: on a CUDA machine with FlashInfer: ``SGLANG_IS_FLASHINFER_AVAILABLE`` true or 1): prints the
-#: environment each call left.
+#: Runs only ``function`` of the file once per GPU capability, with stand-ins for what it asks (sglang 0.5.23's
+#: ``is_flashinfer_available()`` on a CUDA machine): prints the environment each call left.
 _ARCH_PROBE = r"""
 import ast, json, os, sys, types
 path, function, caps = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
@@ -121,7 +114,7 @@ def cache_clear() -> None:
 
 def workspace_base(key: str, env: dict[str, str]) -> tuple[str | None, str]:
     """``(base, how)``: the ``FLASHINFER_WORKSPACE_BASE`` server ``key`` sets with ``env`` (``None``: FlashInfer's
-    default), by its installed source, else by the row."""
+    default), by its installed source, else by its row."""
     rule = servers.newest(key).cache_rule
     if rule is None:
         return None, f"{servers.newest(key).name} leaves FlashInfer's workspace as it is"
@@ -232,8 +225,8 @@ def _env_per_gpu(got: object, caps: tuple) -> bool:
 
 
 def server_arch(key: str, capabilities: list[tuple[int, int]], env: dict[str, str]) -> ArchChoice | None:
-    """What server ``key``'s model process sets FlashInfer's arch list to on each of ``capabilities``
-    (``None``: no such rule); ``value`` is the first GPU's, ``targets`` lists every one."""
+    """What server ``key``'s model process sets FlashInfer's arch list to on ``capabilities`` (``None``: no such
+    rule); ``value`` is the first GPU's, ``targets`` every one's."""
     row = servers.newest(key)
     rule = row.arch_rule
     if rule is None:

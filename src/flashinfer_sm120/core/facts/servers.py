@@ -1,15 +1,5 @@
-"""What vLLM and SGLang check and redirect at start-up, per release (data read from their code; a newer
-release is treated as its newest row, and said so).  Nothing here imports a server.
-
-Verified against vllm 0.33.0 and 0.34.0 (``vllm/utils/flashinfer.py``, ``vllm/envs.py``: the same
-``has_flashinfer()``; neither moves FlashInfer's cache nor sets its arch list) and sglang 0.5.23 (``sglang/__init__.py``,
-``sglang/srt/environ.py``, ``sglang/srt/utils/common.py``).  SGLang's ``set_cuda_arch()`` is called by
-``ModelRunner.load_model()`` (``sglang/srt/model_executor/model_runner.py``) in a process that imported
-FlashInfer before (``model_runner`` -> ... -> ``modelopt_quant``: ``from flashinfer import mm_fp4``),
-so FlashInfer's JIT directory keeps the targets of import time (``120f``) and only the ``-gencode`` of
-each later build follows ``12.0a``.  The function of the same name in
-``sglang/multimodal_gen/runtime/utils/common.py`` sets ``TORCH_CUDA_ARCH_LIST``, which FlashInfer
-does not read.
+"""What vLLM and SGLang check and redirect at start-up, per release (data read from vllm 0.33.0 and 0.34.0,
+sglang 0.5.23; a newer release is treated as its newest row, and said so).  Nothing here imports a server.
 """
 
 from __future__ import annotations
@@ -20,13 +10,11 @@ from dataclasses import dataclass
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-__all__ = ["Fallback", "CacheRule", "ArchRule", "ServerRelease", "Installed", "SERVERS", "installed", "newest"]
-
 
 @dataclass(frozen=True)
 class Fallback:
-    """One way a server runs without FlashInfer's JIT: ``text`` to type, the ``default`` it turns off, and
-    ``markers`` (``(file in the package, text)`` where its source defines the option)."""
+    """A way to serve without FlashInfer's JIT: ``text`` to type, the ``default`` it turns off, and ``markers``
+    (``(file in the package, text)``) that show its source defines the option."""
 
     text: str
     default: str
@@ -47,8 +35,10 @@ class CacheRule:
 
 @dataclass(frozen=True)
 class ArchRule:
-    """A server's ``function`` of ``file`` setting ``variable`` (FlashInfer's targets) for the process's GPU;
-    when the source cannot be read, ``<major>.<minor><suffix>`` for a GPU of major ``min_major`` or newer."""
+    """A server's ``function`` of ``file`` setting ``variable`` for the GPU; when its source cannot be run,
+    ``<major>.<minor><suffix>`` for a GPU of major ``min_major`` or newer.  SGLang 0.5.23 calls ``set_cuda_arch()``
+    in ``ModelRunner.load_model()`` after FlashInfer was imported: its JIT directory keeps the import-time targets
+    (``120f``) and only each later build's ``-gencode`` follows ``12.0a``."""
 
     variable: str
     file: str
@@ -71,12 +61,11 @@ class ServerRelease:
     cache_rule: CacheRule | None
     arch_rule: ArchRule | None
     fallbacks: tuple[Fallback, ...]
-    #: ``(variable, why)``: FLASHINFER variables that default to on but only tune a FlashInfer path
-    #: that another option switches on, so turning them off is no fallback
+    #: ``(variable, why)``: on-by-default variables that only tune a path another option switches on
     tuning_only: tuple[tuple[str, str], ...] = ()
 
     def uncovered(self, on_by_default: list[str]) -> list[str]:
-        """The on-by-default FLASHINFER variables with neither a ``<name>=0`` fallback nor a :attr:`tuning_only` entry."""
+        """The on-by-default FLASHINFER variables with neither a ``<name>=0`` fallback nor a ``tuning_only`` entry."""
         covered = {fb.text for fb in self.fallbacks}
         tuning = {name for name, _ in self.tuning_only}
         return [k for k in on_by_default if f"{k}=0" not in covered and k not in tuning]

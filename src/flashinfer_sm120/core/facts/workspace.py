@@ -1,18 +1,17 @@
-"""Where FlashInfer keeps its JIT workspace, and the directory each toolkit gets in it.
-
-Verified against FlashInfer 0.7.4 ``flashinfer/jit/env.py``: at import it computes
-``$FLASHINFER_WORKSPACE_BASE`` (else ``Path.home()``, evaluated either way) ``/.cache/flashinfer`` and
-creates it.  Nothing here creates anything.
-"""
+"""Where FlashInfer keeps its JIT workspace (0.7.4 ``jit/env.py``: ``$FLASHINFER_WORKSPACE_BASE``, else
+``Path.home()``, evaluated either way, ``/.cache/flashinfer``, created at import), each toolkit's directory in it,
+and why a build there would be refused.  Nothing here creates anything."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+from typing import TYPE_CHECKING
 
 from flashinfer_sm120.safety.formats.base import shown
 
-__all__ = ["WSB", "normalize_base", "workspace_base", "workspace_path", "tag_for"]
+if TYPE_CHECKING:
+    from flashinfer_sm120.safety.ownership import PlaceProblem
 
 WSB = "FLASHINFER_WORKSPACE_BASE"
 
@@ -32,9 +31,8 @@ def normalize_base() -> str | None:
 
 
 def workspace_base(env=None) -> tuple[str, str]:
-    """``(base, where from)``, the one reader of the variable: ``$FLASHINFER_WORKSPACE_BASE`` (blank is
-    unset), else ``Path.home()`` as FlashInfer reads it: ``HOME`` (an empty one is ``/``), else the
-    passwd entry's."""
+    """``(base, where from)``, the one reader of the variable (blank is unset), else ``Path.home()`` as
+    FlashInfer reads it: ``HOME`` (an empty one is ``/``), else the passwd entry's."""
     from flashinfer_sm120.safety.fs.statedir import home_dir
 
     env = os.environ if env is None else env
@@ -52,6 +50,23 @@ def workspace_path() -> tuple[str, str]:
 
 
 def tag_for(tk) -> str:
-    """The JIT workspace directory of toolkit ``tk``: ``nvcc<version>-<hash of nvcc's path and versions>``."""
+    """Toolkit ``tk``'s JIT workspace directory: ``nvcc<version>-<hash of nvcc's path and versions>``."""
     key = "\0".join((os.path.realpath(tk.nvcc), str(tk.nvcc_full), str(tk.header_version)))
     return f"nvcc{tk.nvcc_full or tk.nvcc_version}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+
+
+def builds_refused(jit_dir: str, env=None) -> str | None:
+    """Why every JIT build in ``jit_dir`` would be refused before nvcc runs: what ``build`` refuses by and
+    ``status`` reports (P2, P8)."""
+    from flashinfer_sm120.safety.compilers import path_problem
+
+    problem = jit_dir_refused(jit_dir) or path_problem(os.environ if env is None else env)
+    return str(problem) if problem else None
+
+
+def jit_dir_refused(jit_dir: str) -> str | PlaceProblem | None:
+    """Why ``jit_dir`` is no place to build in (path rule, or ownership of a level, ``tmp`` included; P2, P4)."""
+    from flashinfer_sm120.safety.formats.grammar import jit_dir_problem
+    from flashinfer_sm120.safety.ownership import check_place
+
+    return jit_dir_problem(jit_dir) or check_place(os.path.join(jit_dir, "tmp"), "FlashInfer's JIT directory")

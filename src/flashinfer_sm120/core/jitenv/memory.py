@@ -1,50 +1,47 @@
-"""How much memory this process may use: every bound that applies, the lowest wins.
-
-* cgroup v2: ``memory.max`` less the working set (``memory.current`` less ``inactive_file``, the
-  page cache the kernel reclaims first, as the kubelet counts it), at every level from this
-  process's cgroup up to the mount root (a parent's limit binds its children too);
-* cgroup v1: the same from ``memory.limit_in_bytes``, ``memory.usage_in_bytes``, ``total_inactive_file``;
-* ``/proc/meminfo`` ``MemAvailable``;
-* unified-memory GPUs (GB10, compute capability 12.1: CPU and GPU share one memory): ``MemTotal``
-  less what the GPU side holds per NVML (``nvmlDeviceGetMemoryInfo``, else the GPU processes'
-  ``usedGpuMemory``: GB10 drivers answer "Not Supported" to the first).  Not ``MemAvailable`` less
-  the GPU's share: the driver's pages may already be out of ``MemAvailable``.
-
-Files are read through :mod:`flashinfer_sm120.safety.formats` (bounded, never blocking: P6).
+"""The memory budget of JIT compiles: what this process may use (cgroup v1/v2 at every level, ``MemAvailable``,
+unified-memory GPUs), what one compile of each module family takes, and ``MAX_JOBS`` and
+``FLASHINFER_NVCC_THREADS`` read exactly as FlashInfer reads them; :func:`budget` is the one computation.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
-import logging
 import os
 import re
 from typing import Any
 
-from flashinfer_sm120.safety.formats.reads import iter_lines, read_text
-from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.errors import FormatError, StateFileError
+from flashinfer_sm120.safety.formats.base import shown
+from flashinfer_sm120.safety.formats.reads import iter_lines, read_json_file, read_text
 
-logger = logging.getLogger("flashinfer_sm120")
-
-__all__ = ["Bound", "MemoryView", "read_memory", "fmt_bytes", "MIB", "GIB"]
+__all__ = ["MIB", "GIB", "MARGIN", "RECORDED_KEEP", "RECORDED_MARGIN", "FAMILIES", "Bound", "MemoryView", "Family",
+           "Estimate", "Budget", "fmt_bytes", "read_memory", "estimates_path", "recorded", "family_estimate",
+           "heaviest_estimate", "cpus", "max_jobs", "user_threads", "budget", "server_max_jobs"]
 
 MIB = 1 << 20
 GIB = 1 << 30
-
-#: A cgroup v1 limit at or above this is "no limit" (the kernel shows PAGE_COUNTER_MAX pages).
-_V1_UNLIMITED = 1 << 60
-_SMALL_FILE = 64 << 10
+#: Share of the memory read that compiles leave free (other processes, page cache, estimate error).
+MARGIN = 0.15
+#: Peaks kept per family; the estimate is the largest of them plus :data:`RECORDED_MARGIN`.
+RECORDED_KEEP = 8
+#: Added to a recorded peak: ``ru_maxrss`` is per process, and nvcc runs one tool (cicc, ptxas, gcc) at a time.
+RECORDED_MARGIN = 0.15
+_V1_UNLIMITED = 1 << 60  # a cgroup v1 limit this high is "no limit" (PAGE_COUNTER_MAX pages)
 _DIGITS = re.compile(r"[0-9]{1,20}")  # ASCII only: str.isdigit() accepts '²', which int() refuses
-_MEMINFO_LINES = 400
+_NINJA_J_MAX = 2**31 - 1  # ninja 1.11 stops with "invalid -j parameter" above
+_MAX_DIGITS = 64  # int() of a longer string of digits is refused here, not computed
+#: Per cgroup version: the limit file, the usage file, the reclaimable-cache keys of ``memory.stat``.
+_FILES = {"2": ("memory.max", "memory.current", ("inactive_file",)),
+          "1": ("memory.limit_in_bytes", "memory.usage_in_bytes", ("total_inactive_file", "inactive_file"))}
 
 
 def fmt_bytes(n: int | None) -> str:
     """``1.5 GiB``, ``300 MiB``; ``?`` for ``None``."""
     if n is None:
         return "?"
-    if abs(n) >= GIB:
-        return f"{n / GIB:.1f} GiB"
-    return f"{n / MIB:.0f} MiB"
+    return f"{n / GIB:.1f} GiB" if abs(n) >= GIB else f"{n / MIB:.0f} MiB"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,254 +55,318 @@ class Bound:
 
 @dataclasses.dataclass(frozen=True)
 class MemoryView:
-    """Every bound read; ``available`` is the lowest (``None`` when none could be read); ``notes`` say
-    what could not be read, and why."""
+    """Every bound read; ``available`` is the lowest (``None`` when none could be read); ``notes``: what could not be."""
 
     available: int | None
     bounds: tuple[Bound, ...]
     notes: tuple[str, ...] = ()
 
     @property
-    def source(self) -> str:
-        low = self.lowest()
-        return low.source if low else "unknown"
-
     def lowest(self) -> Bound | None:
-        return min(self.bounds, key=lambda b: b.available) if self.bounds else None
+        return min(self.bounds, key=lambda b: b.available, default=None)
+
+    @property
+    def source(self) -> str:
+        return self.lowest.source if self.lowest else "unknown"
 
     def describe(self) -> str:
-        low = self.lowest()
-        if low is None:
+        if self.lowest is None:
             return "unknown (" + ("; ".join(self.notes) or "nothing readable") + ")"
-        return f"{fmt_bytes(low.available)} ({low.source}: {low.detail})"
+        return f"{fmt_bytes(self.lowest.available)} ({self.source}: {self.lowest.detail})"
 
     def to_dict(self) -> dict:
-        return {"available": self.available, "source": self.source,
-                "bounds": [dataclasses.asdict(b) for b in self.bounds], "notes": list(self.notes)}
+        return dict(dataclasses.asdict(self), source=self.source)
 
 
-def _read_small(path: str) -> str | None:
+def _number(path: str, *keys: str) -> int | None:
+    """A cgroup file's integer (``None``: ``max``, unreadable); with ``keys``: the first in a ``memory.stat``, else 0."""
     try:
-        return read_text(path, _SMALL_FILE)
+        text = read_text(path, 64 << 10)
     except FormatError:
-        return None
+        text = ""
+    if not keys:
+        return int(text.strip()) if _DIGITS.fullmatch(text.strip()) else None
+    found = dict(line.partition(" ")[::2] for line in text.splitlines()[:200])
+    return next((int(found[k].strip()) for k in keys if _DIGITS.fullmatch(found.get(k, "").strip())), 0)
 
 
-def _int_value(text: str | None) -> int | None:
-    """A cgroup number file's integer; ``None`` for ``max`` and anything else."""
-    t = (text or "").strip()
-    return int(t) if _DIGITS.fullmatch(t) else None
-
-
-def _stat_value(text: str | None, *keys: str) -> int:
-    """The first of ``keys`` in a ``memory.stat`` text, else 0."""
-    if not text:
-        return 0
-    found: dict[str, int] = {}
-    for line in text.splitlines()[:200]:
-        k, _, v = line.partition(" ")
-        if k in keys and _DIGITS.fullmatch(v.strip()):
-            found[k] = int(v.strip())
-    return next((found[k] for k in keys if k in found), 0)
-
-
-def _own_cgroups(proc_root: str) -> list[tuple[str, str]]:
-    """``(version, path)`` of this process's cgroups (v2, and v1's memory controller), from ``/proc/self/cgroup``."""
-    out = []
+def _lines(path: str, max_line: int, max_lines: int) -> list[str]:
     try:
-        lines = list(iter_lines(os.path.join(proc_root, "self", "cgroup"), max_line=4096, max_lines=256))
+        return [raw.decode("utf-8", "replace") for _, raw in iter_lines(path, max_line=max_line, max_lines=max_lines)]
     except FormatError:
-        return out
-    for _, raw in lines:
-        parts = raw.decode("utf-8", "replace").split(":", 2)
-        if len(parts) != 3:
-            continue
-        hid, controllers, path = parts
-        if hid == "0" and controllers == "":
-            out.append(("2", path))
-        elif "memory" in controllers.split(","):
-            out.append(("1", path))
-    return out
-
-
-def _mounts(proc_root: str) -> list[tuple[str, str, str]]:
-    """``(version, mount root, mount point)`` of cgroup mounts holding memory, from ``/proc/self/mountinfo``
-    (proc(5): ``id parent dev root point opts ... - fstype src super``)."""
-    out = []
-    try:
-        lines = list(iter_lines(os.path.join(proc_root, "self", "mountinfo"), max_line=8192,
-                                        max_lines=20000))
-    except FormatError:
-        return out
-    for _, raw in lines:
-        fields = raw.decode("utf-8", "replace").split(" ")
-        if "-" not in fields:
-            continue
-        sep = fields.index("-")
-        if sep < 5 or len(fields) < sep + 3:
-            continue
-        root, point = _unescape(fields[3]), _unescape(fields[4])
-        fstype, super_opts = fields[sep + 1], fields[sep + 3] if len(fields) > sep + 3 else ""
-        if fstype == "cgroup2":
-            out.append(("2", root, point))
-        elif fstype == "cgroup" and "memory" in super_opts.split(","):
-            out.append(("1", root, point))
-    return out
-
-
-def _unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as octal (``\\040``)."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def _cgroup_dirs(proc_root: str) -> list[tuple[str, list[str]]]:
-    """``(version, [directory, its parents up to the mount point])`` per hierarchy accounting our memory."""
-    out = []
-    mounts = _mounts(proc_root)
-    for version, path in _own_cgroups(proc_root):
-        for v, root, point in mounts:
-            if v != version:
-                continue
-            rel = path
-            if root != "/" and (path == root or path.startswith(root.rstrip("/") + "/")):
-                rel = path[len(root.rstrip("/")):]
-            elif root != "/":
-                rel = "/"  # a cgroup namespace: our cgroup is the mount's root
-            rel = rel.strip("/")
-            if any(p in ("", ".", "..") for p in rel.split("/")) and rel:
-                continue
-            leaf = os.path.join(point, rel) if rel else point
-            chain, cur = [], leaf
-            while True:
-                chain.append(cur)
-                if cur == point or len(chain) > 64:
-                    break
-                cur = os.path.dirname(cur)
-            out.append((version, chain))
-            break
-    return out
-
-
-#: Per cgroup version: the limit file, the usage file, the reclaimable-cache keys of ``memory.stat``.
-_FILES = {"2": ("memory.max", "memory.current", ("inactive_file",)),
-          "1": ("memory.limit_in_bytes", "memory.usage_in_bytes", ("total_inactive_file", "inactive_file"))}
+        return []
 
 
 def _cgroup_bounds(proc_root: str, notes: list[str]) -> list[Bound]:
+    """Per hierarchy accounting our memory, the lowest ``limit - (usage - inactive file cache)`` from our cgroup up to
+    the mount point (a parent's limit binds its children; the cache as the kubelet counts it)."""
+    mounts = []
+    for line in _lines(os.path.join(proc_root, "self", "mountinfo"), 8192, 20000):
+        fields = line.split(" ")
+        sep = fields.index("-") if "-" in fields else -1
+        if sep < 5 or len(fields) < sep + 3:
+            continue
+        # proc(5): id parent dev root point opts ... - fstype src super; space, tab, newline, backslash escaped \040
+        root, point = (re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), f) for f in fields[3:5])
+        fstype, super_opts = fields[sep + 1], fields[sep + 3] if len(fields) > sep + 3 else ""
+        if fstype == "cgroup2" or (fstype == "cgroup" and "memory" in super_opts.split(",")):
+            mounts.append(("2" if fstype == "cgroup2" else "1", root, point))
     bounds = []
-    for version, chain in _cgroup_dirs(proc_root):
+    for line in _lines(os.path.join(proc_root, "self", "cgroup"), 4096, 256):
+        parts = line.split(":", 2)
+        if len(parts) != 3 or not (parts[:2] == ["0", ""] or "memory" in parts[1].split(",")):
+            continue
+        version, path, chain = "2" if parts[:2] == ["0", ""] else "1", parts[2], None
+        for v, root, point in mounts:
+            base = root.rstrip("/")  # our path outside the mount's root: a cgroup namespace, whose root we are
+            rel = (path[len(base):] if (path + "/").startswith(base + "/") else "").strip("/")
+            if v == version and not (rel and any(p in ("", ".", "..") for p in rel.split("/"))):
+                chain = [os.path.join(point, rel) if rel else point]
+                while chain[-1] != point and len(chain) <= 64:
+                    chain.append(os.path.dirname(chain[-1]))
+                break
+        if chain is None:
+            continue
         limit_file, used_file, cache_keys = _FILES[version]
-        best: Bound | None = None
+        found = []
         for d in chain:
-            limit = _int_value(_read_small(os.path.join(d, limit_file)))
+            limit = _number(os.path.join(d, limit_file))
             if limit is None or (version == "1" and limit >= _V1_UNLIMITED):
                 continue
-            used = _int_value(_read_small(os.path.join(d, used_file)))
-            cache = _stat_value(_read_small(os.path.join(d, "memory.stat")), *cache_keys)
+            used = _number(os.path.join(d, used_file))
+            cache = _number(os.path.join(d, "memory.stat"), *cache_keys)
             working = max(0, (used or 0) - min(cache, used or 0))
-            b = Bound(f"cgroup v{version} {d}", max(0, limit - working),
-                      f"{limit_file} {fmt_bytes(limit)}, {used_file} {fmt_bytes(used)} "
-                      f"of which {fmt_bytes(cache)} reclaimable cache")
-            if best is None or b.available < best.available:
-                best = b
-        if best is not None:
-            bounds.append(best)
-        elif chain:
+            found.append(Bound(f"cgroup v{version} {d}", max(0, limit - working),
+                               f"{limit_file} {fmt_bytes(limit)}, {used_file} {fmt_bytes(used)} "
+                               f"of which {fmt_bytes(cache)} reclaimable cache"))
+        if found:
+            bounds.append(min(found, key=lambda b: b.available))
+        else:
             has = os.path.exists(os.path.join(chain[0], limit_file))
             notes.append(f"cgroup v{version} {chain[0]}: " + ("no memory limit" if has else "no memory controller"))
     return bounds
 
 
-def _meminfo(proc_root: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-    try:
-        for _, raw in iter_lines(os.path.join(proc_root, "meminfo"), max_line=256,
-                                         max_lines=_MEMINFO_LINES):
-            k, _, rest = raw.decode("ascii", "replace").partition(":")
-            words = rest.split()
-            if words and _DIGITS.fullmatch(words[0]):
-                out[k.strip()] = int(words[0]) * (1024 if words[1:2] == ["kB"] else 1)
-    except FormatError:
-        pass
-    return out
-
-
 def _gpu_held(nvml: Any) -> tuple[int | None, str] | None:
-    """What the GPU side of a unified-memory GPU holds, per NVML: ``(bytes, how)``,
-    ``(None, why)`` when it cannot tell, ``None`` without NVML or a unified-memory GPU."""
-    if nvml is None:
-        try:
-            import pynvml as nvml  # nvidia-ml-py
-        except Exception as exc:
-            return None, f"pynvml not importable ({type(exc).__name__})"
+    """What the GPU side of a unified-memory GPU (GB10, 12.1) holds per NVML: ``(bytes, how)``, ``(None, why)``, or
+    ``None`` without NVML or such a GPU.  GB10 drivers answer "Not Supported" to ``nvmlDeviceGetMemoryInfo``: then
+    the GPU processes' ``usedGpuMemory``."""
     try:
+        if nvml is None:
+            import pynvml as nvml  # nvidia-ml-py, a dependency
         nvml.nvmlInit()
     except Exception:
         return None
     try:
-        held, unified, how = 0, [], []
+        held, how = 0, []
         for i in range(int(nvml.nvmlDeviceGetCount())):
             h = nvml.nvmlDeviceGetHandleByIndex(i)
             name = nvml.nvmlDeviceGetName(h)
             name = name.decode() if isinstance(name, bytes) else str(name)
-            cap = tuple(nvml.nvmlDeviceGetCudaComputeCapability(h))
-            try:
-                info = nvml.nvmlDeviceGetMemoryInfo(h)
-            except Exception:
-                info = None
-            if not (cap == (12, 1) or "GB10" in name.upper()):
+            if not (tuple(nvml.nvmlDeviceGetCudaComputeCapability(h)) == (12, 1) or "GB10" in name.upper()):
                 continue
-            unified.append(name)
+            info, procs = None, []
+            with contextlib.suppress(Exception):
+                info = nvml.nvmlDeviceGetMemoryInfo(h)
             if info is not None and getattr(info, "total", 0):
                 held += int(info.used)
                 how.append(f"{name}: {fmt_bytes(int(info.used))} used (nvmlDeviceGetMemoryInfo)")
                 continue
-            procs = []
             for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-                try:
+                with contextlib.suppress(Exception):
                     procs += list(getattr(nvml, getter)(h))
-                except Exception:
-                    pass
             used = [getattr(p, "usedGpuMemory", None) for p in procs]
             known = [int(u) for u in used if isinstance(u, int) and u >= 0]
             if len(known) != len(used):
                 return None, f"{name}: NVML reports no memory use for some GPU processes"
             held += sum(known)
             how.append(f"{name}: {fmt_bytes(sum(known))} held by {len(known)} GPU process(es)")
-        if not unified:
-            return None
-        return held, "; ".join(how)
+        return (held, "; ".join(how)) if how else None
     except Exception as exc:
         return None, f"NVML failed ({exc})"[:200]
     finally:
-        try:
+        with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def read_memory(*, proc_root: str = "/proc", gpu: bool = True, nvml: Any = None) -> MemoryView:
-    """Memory this process may still use.  Never raises.  ``proc_root`` and ``nvml`` (a module used
-    instead of ``pynvml``) are for tests; ``gpu=False`` skips unified-memory GPUs."""
+    """Memory this process may still use: the lowest bound.  Never raises.  ``proc_root`` and ``nvml`` (instead
+    of ``pynvml``) are for tests; ``gpu=False`` skips unified-memory GPUs (MemTotal less what the GPU holds)."""
     notes: list[str] = []
     bounds: list[Bound] = []
     try:
         bounds += _cgroup_bounds(proc_root, notes)
     except Exception as exc:  # a strange cgroup tree must not stop a build
         notes.append(f"cgroups unreadable: {exc!r}"[:200])
-    info = _meminfo(proc_root)
+    info = {}
+    for line in _lines(os.path.join(proc_root, "meminfo"), 256, 400):
+        k, _, rest = line.partition(":")
+        words = rest.split()
+        if words and _DIGITS.fullmatch(words[0]):
+            info[k.strip()] = int(words[0]) * (1024 if words[1:2] == ["kB"] else 1)
     if "MemAvailable" in info:
         bounds.append(Bound("MemAvailable", info["MemAvailable"],
                             f"/proc/meminfo MemAvailable of MemTotal {fmt_bytes(info.get('MemTotal'))}"))
     else:
         notes.append("no MemAvailable in /proc/meminfo")
-    if gpu and "MemTotal" in info:
-        gpu_side = _gpu_held(nvml)  # None: no NVML, or no unified-memory GPU: nothing to subtract
-        held, how = gpu_side or (0, "")
-        if gpu_side is not None and held is None:
-            notes.append(f"unified-memory GPU: cannot tell what the GPU side holds ({how})")
-        elif gpu_side is not None:
-            bounds.append(Bound("unified-memory GPU", max(0, info["MemTotal"] - held),
-                                f"MemTotal {fmt_bytes(info['MemTotal'])} less {how}"))
-    low = min((b.available for b in bounds), default=None)
-    return MemoryView(low, tuple(bounds), tuple(notes))
+    gpu_side = _gpu_held(nvml) if gpu and "MemTotal" in info else None
+    if gpu_side is not None and gpu_side[0] is None:
+        notes.append(f"unified-memory GPU: cannot tell what the GPU side holds ({gpu_side[1]})")
+    elif gpu_side is not None:
+        bounds.append(Bound("unified-memory GPU", max(0, info["MemTotal"] - gpu_side[0]),
+                            f"MemTotal {fmt_bytes(info['MemTotal'])} less {gpu_side[1]}"))
+    return MemoryView(min((b.available for b in bounds), default=None), tuple(bounds), tuple(notes))
+
+
+#: Modules alike in what one compile takes: ``pattern`` is searched in the name; ``default_mib`` one compile's peak
+#: (``--threads 1``, one target) until one is recorded here; ``source`` where it comes from.
+Family = collections.namedtuple("Family", "name pattern default_mib source")
+#: What one compile process of a module takes: bytes, its family, and where the figure comes from.
+Estimate = collections.namedtuple("Estimate", "bytes family source")
+#: First match wins; the last entry matches everything.  Measured here (``ru_maxrss`` of one module build:
+#: nvcc 13.0.88, sm_120f, ``--threads 1``) with a margin, or for heavy CUTLASS families FlashInfer's AOT
+#: baseline (``scripts/jit_cache_build_common.sh``: 8 GB per job) and issue 3634 (3-8 GiB per nvcc).
+FAMILIES: tuple[Family, ...] = (
+    Family("cutlass_gemm", r"gemm|bmm|cutlass|fp4|fp8|mxfp|nvfp|tgv|groupwise", 8192,
+           "FlashInfer scripts/jit_cache_build_common.sh: 8 GB per job; issue 3634: 3-8 GiB per nvcc"),
+    Family("fused_moe", r"moe", 8192,
+           "FlashInfer scripts/jit_cache_build_common.sh: 8 GB per job; issue 3634: fused_moe_120"),
+    Family("attention", r"decode|prefill|attention|mla|pod|fmha|xqa|cascade|sparse", 1024,
+           "measured 475 MiB for batch_decode hd128 bf16; prefill not measured: x2"),
+    Family("sampling", r"sampling", 1280, "measured 1039 MiB"),
+    Family("light", r"norm|rope|page|and_mul|act|quantiz|cat|topk|logits", 512,
+           "measured 402 MiB for silu_and_mul"),
+    Family("other", r"", 4096, "not measured: a middle value"),
+)
+
+
+def estimates_path() -> str:
+    """``<cache root>/compile-memory.json`` (:raises StateFileError: no usable cache root)."""
+    from flashinfer_sm120.safety.fs.statedir import cache_root
+
+    return os.path.join(cache_root(), "compile-memory.json")
+
+
+def recorded() -> dict[str, list[int]]:
+    """``{family: [peak bytes, ...]}`` recorded here by ``build``; anything malformed is dropped."""
+    try:
+        data = read_json_file(estimates_path(), 256 << 10, follow=False, owners=(0, os.geteuid()))
+    except (FormatError, StateFileError):
+        return {}
+    fams = data.get("families") if isinstance(data, dict) and data.get("schema") == 1 else None
+    known = {f.name for f in FAMILIES}
+    out: dict[str, list[int]] = {}
+    for name, entry in fams.items() if isinstance(fams, dict) else ():
+        peaks = entry.get("peaks") if isinstance(entry, dict) else None
+        good = [p for p in peaks if type(p) is int and 0 < p < (1 << 45)] if isinstance(peaks, list) else []
+        if name in known and good:
+            out[name] = good[-RECORDED_KEEP:]
+    return out
+
+
+def family_estimate(fam: Family, recorded: dict[str, list[int]]) -> Estimate:
+    peaks = recorded.get(fam.name)
+    if peaks:
+        return Estimate(int(max(peaks) * (1 + RECORDED_MARGIN)), fam.name,
+                        f"recorded: {fam.name} peaked at {fmt_bytes(max(peaks))} here, the largest of the last "
+                        f"{len(peaks)}, +{RECORDED_MARGIN:.0%}")
+    return Estimate(fam.default_mib * MIB, fam.name, f"default for {fam.name}, {fam.source}")
+
+
+def heaviest_estimate() -> Estimate:
+    """The largest estimate over the known families: which module a server builds next is not known."""
+    known = recorded()
+    return max((family_estimate(f, known) for f in FAMILIES[:-1]), key=lambda e: e.bytes)
+
+
+def cpus() -> int:
+    """CPUs this process may run on (``sched_getaffinity``)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def max_jobs(env=None) -> tuple[str | None, int | None, str | None]:
+    """``(raw MAX_JOBS, -j FlashInfer passes to ninja, problem)``, read as FlashInfer 0.7.x does
+    (``jit/cpp_ext.py`` ``_get_num_workers``: ``isdigit()``, then ``int()``; 0 is "no limit").  ``problem``: it
+    ignores the value (not all digits), crashes on it (``'²'.isdigit()``), or ninja 1.11 stops on it."""
+    raw = (os.environ if env is None else env).get("MAX_JOBS")
+    if raw is None:
+        return None, None, None
+    fix = ("Fix: set MAX_JOBS to a whole number such as 4 (ASCII digits only), or unset it to let "
+           "flashinfer-sm120 choose from the memory")
+    if not raw.isdigit():
+        return raw, None, (f"MAX_JOBS={shown(raw, 20)} is ignored by FlashInfer (not all digits), so its JIT "
+                           f"builds would run ninja's default of CPUs + 2 jobs whatever the memory. {fix}")
+    try:
+        value = int(raw) if len(raw) <= _MAX_DIGITS else None
+    except ValueError:
+        value = None
+    if value is None:
+        return raw, None, (f"MAX_JOBS={shown(raw, 20)} makes every FlashInfer JIT build raise ValueError "
+                           f"(FlashInfer's isdigit() accepts it, int() does not). {fix}")
+    if value > _NINJA_J_MAX:
+        return raw, None, (f"MAX_JOBS={shown(raw, 20)} is above {_NINJA_J_MAX}: ninja 1.11 stops with "
+                           f"'invalid -j parameter'. {fix}")
+    return raw, value, None
+
+
+def user_threads(env=None) -> tuple[str | None, int | None]:
+    """``(raw FLASHINFER_NVCC_THREADS, value FlashInfer uses)``, read as 0.7.x ``get_nvcc_parallelism_flags`` does
+    (``int(value)``: `` 2 ``, ``+4``, ``1_0``, other scripts' digits; else, or below 1: 1); ``(None, None)`` unset."""
+    raw = (os.environ if env is None else env).get("FLASHINFER_NVCC_THREADS")
+    if raw is None:
+        return None, None
+    try:
+        value = int(raw) if len(raw) <= _MAX_DIGITS else 1
+    except ValueError:
+        value = 1
+    return raw, max(1, value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """``budget`` bytes for compiles (``None``: memory unknown), ``per`` bytes each, and where each comes from."""
+
+    budget: int | None
+    budget_from: str
+    per: int
+    per_from: str
+
+    @property
+    def fits(self) -> int | None:
+        return None if self.budget is None else max(1, self.budget // max(1, self.per))
+
+
+def budget(est: Estimate, targets: int = 1, env=None, view: MemoryView | None = None,
+           mem_limit: int | None = None) -> Budget:
+    """The one budget computation, of ``build``'s plan and the server's ``MAX_JOBS``: ``mem_limit`` or the memory less
+    :data:`MARGIN`; per compile ``est`` times the targets nvcc compiles at once, ``min(threads, targets)``."""
+    factor = max(1, min(user_threads(env)[1] or 1, targets))
+    per_from = est.source + (f", x{factor} targets compiled at once" if factor > 1 else "")
+    if mem_limit is not None:
+        return Budget(mem_limit, "--mem-limit", est.bytes * factor, per_from)
+    view = view or read_memory()
+    if view.available is None:
+        return Budget(None, view.describe(), est.bytes * factor, per_from)
+    return Budget(int(view.available * (1 - MARGIN)),
+                  f"{fmt_bytes(view.available)} available less {MARGIN:.0%}: {view.source}",
+                  est.bytes * factor, per_from)
+
+
+def server_max_jobs(targets: int = 1, env=None, view: MemoryView | None = None) -> tuple[int | None, str]:
+    """``(MAX_JOBS to export, why)`` for the server's run-time JIT: compiles of the heaviest family that fit, at
+    most the CPUs; ``(None, why)`` when the user's ``MAX_JOBS`` works in FlashInfer (theirs wins) or memory is
+    unknown.  ``FLASHINFER_NVCC_THREADS`` is never chosen: ``--threads=N`` is on the line ninja records."""
+    raw, _value, problem = max_jobs(env)
+    if raw is not None and problem is None:
+        return None, f"MAX_JOBS={shown(raw, 20)} set by you: kept"
+    refused = f"{problem} Instead: " if problem else ""
+    b = budget(heaviest_estimate(), targets, env, view)
+    if b.budget is None:
+        return None, refused + f"MAX_JOBS not exported: memory unknown ({b.budget_from}), ninja's default applies"
+    value = max(1, min(cpus(), b.fits))
+    return value, refused + (f"MAX_JOBS={value} exported: {fmt_bytes(b.budget)} for compiles ({b.budget_from}), "
+                             f"{fmt_bytes(b.per)} per compile of the heaviest family ({b.per_from}), "
+                             f"at most {cpus()} CPUs")

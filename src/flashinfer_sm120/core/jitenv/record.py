@@ -1,30 +1,41 @@
-"""Record every JIT module FlashInfer builds or loads in this process into a manifest
-(``FLASHINFER_SM120_RECORD=/path/manifest.jsonl``; ``build --from`` rebuilds them elsewhere).
-
-Hooks (FlashInfer 0.7.4 ``flashinfer/jit/core.py``): ``JitSpec.build_and_load`` (the path every
-``get_*_module`` takes), ``JitSpecNvcc.build``/``load`` (direct callers) and ``build_jit_specs`` (the
-batch build), wrapped on the classes with wrapt once ``flashinfer.jit.core`` is imported, so names bound
-elsewhere see them too.  What is written is data (P2): the ``gen_*_module`` function that made the spec
-and its arguments (``JitSpecNvcc.__init__`` is wrapped too: :func:`.generators.capture`), never source
-text, paths or flags.  Each entry is one ``write()`` on an ``O_APPEND`` descriptor under a ``filelock``
-lock, so appends from many workers never tear; a lock not taken within 10 s skips the entry, said once.
+"""The manifest: ``FLASHINFER_SM120_RECORD=/path/manifest.jsonl`` records every JIT module this process builds or
+loads as data: the FlashInfer ``gen_*_module`` that made it and its arguments, never source text (P2), so replay
+(``build --from``) calls it again; :func:`parse_entry` is the one grammar of an entry, for replay and cache exports.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dis
+import inspect
 import json
 import logging
 import os
+import re
 import stat
+import sys
 import threading
+from typing import Any
 
-from flashinfer_sm120.errors import PlaceError
-from flashinfer_sm120.safety.envflag import env_flag
+from flashinfer_sm120.errors import FormatError, PlaceError
+from flashinfer_sm120.safety.formats.reads import env_flag
+from flashinfer_sm120.safety.formats.base import shown
+from flashinfer_sm120.safety.formats.reads import field, string_list
 
-__all__ = ["ENV", "install_if_enabled", "append"]
+__all__ = ["ENV", "FORMAT", "MAX_TARGETS", "ORIGIN", "install_if_enabled", "capture", "encode_value", "append", "encode",
+           "parse_entry"]
 
 ENV = "FLASHINFER_SM120_RECORD"
+FORMAT = 1
+MAX_TARGETS = 32
+_MAX_GENERATED_BYTES = 4 << 20
+_FLAG_LISTS = ("extra_cflags", "extra_cuda_cflags", "extra_ldflags")
 _LOCK_TIMEOUT_S = 10.0
+_FIX = "record the manifest again with FLASHINFER_SM120_RECORD"
+#: Attribute of a ``JitSpecNvcc`` that holds ``{"generator", "params"}`` or why there is none.
+ORIGIN = "_flashinfer_sm120_origin"
+_GEN_RE = re.compile(r"_?gen_[a-z0-9_]+_module")
+_STORES = {"STORE_FAST", "DELETE_FAST", "STORE_DEREF", "DELETE_DEREF", "STORE_NAME", "DELETE_NAME"}
 logger = logging.getLogger("flashinfer_sm120")
 _state = {"installed": False, "seen": set(), "warned": False}
 _mutex = threading.Lock()
@@ -41,48 +52,101 @@ def install_if_enabled() -> None:
         wrapt.register_post_import_hook(_on_core_import, "flashinfer.jit.core")
         _state["installed"] = True
     except Exception as exc:  # never break the host
-        logger.warning("flashinfer-sm120: cannot record JIT modules (%s=%s): %r", ENV,
-                       os.environ.get(ENV), exc)
+        logger.warning("flashinfer-sm120: cannot record JIT modules (%s=%s): %r", ENV, os.environ.get(ENV), exc)
 
 
 def _on_core_import(core) -> None:
+    """Wrap, on FlashInfer 0.7.4's classes (``flashinfer/jit/core.py``), every path a module is built or loaded by."""
     try:
         import wrapt
 
         # threat-model: P2 (the generator and its parameters are recorded, so replay never needs source text)
         wrapt.wrap_function_wrapper(core.JitSpecNvcc, "__init__", _init_wrapper)
-        wrapt.wrap_function_wrapper(core.JitSpec, "build_and_load", _spec_wrapper)
-        wrapt.wrap_function_wrapper(core.JitSpecNvcc, "build", _spec_wrapper)
-        wrapt.wrap_function_wrapper(core.JitSpecNvcc, "load", _spec_wrapper)
-        wrapt.wrap_function_wrapper(core, "build_jit_specs", _batch_wrapper)
+        wrapt.wrap_function_wrapper(core.JitSpec, "build_and_load", _record_wrapper)
+        wrapt.wrap_function_wrapper(core.JitSpecNvcc, "build", _record_wrapper)
+        wrapt.wrap_function_wrapper(core.JitSpecNvcc, "load", _record_wrapper)
+        wrapt.wrap_function_wrapper(core, "build_jit_specs", _record_wrapper)
     except Exception as exc:
         logger.warning("flashinfer-sm120: cannot record JIT modules: %r", exc)
 
 
 def _init_wrapper(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
-    from flashinfer_sm120.core.jitenv.generators import capture
-
     capture(instance)
     return result
 
 
-def _spec_wrapper(wrapped, instance, args, kwargs):
-    _record(instance)
-    return wrapped(*args, **kwargs)
-
-
-def _batch_wrapper(wrapped, instance, args, kwargs):
-    specs = args[0] if args else kwargs.get("specs", ())
-    for spec in list(specs or ()):
+def _record_wrapper(wrapped, instance, args, kwargs):
+    """A spec's method records its instance; ``build_jit_specs(specs)`` (a function: no instance) each spec."""
+    specs = [instance] if instance is not None else (args[0] if args else kwargs.get("specs")) or ()
+    for spec in list(specs):
         _record(spec)
     return wrapped(*args, **kwargs)
 
 
-def _targets() -> list[str]:
-    from flashinfer.jit import core
+def capture(spec) -> None:
+    """Note on ``spec`` the outermost FlashInfer ``gen_*_module`` call on the stack (0.7.4 ``gen_batch_decode_module(
+    dtype_q, ...)``) and its arguments, or why they cannot be carried.  Never raises."""
+    try:
+        frame, outermost = sys._getframe(1), None
+        while frame is not None:
+            module, name = frame.f_globals.get("__name__") or "", frame.f_code.co_name
+            if (module == "flashinfer" or module.startswith("flashinfer.")) and _GEN_RE.fullmatch(name) \
+                    and "customize" not in name:
+                outermost = frame
+            frame = frame.f_back
+        origin: Any = "no FlashInfer gen_*_module function made it" if outermost is None else _origin(outermost)
+    except Exception as exc:  # recording never breaks a build
+        origin = f"its generator's arguments could not be read ({type(exc).__name__})"
+    with contextlib.suppress(Exception):
+        object.__setattr__(spec, ORIGIN, origin)
 
-    return sorted(f"{major}.{minor}" for major, minor in core.current_compilation_context.TARGET_CUDA_ARCHS)
+
+def _origin(frame) -> dict | str:
+    from flashinfer_sm120.safety.formats.params import parse_generator, parse_params
+
+    code = frame.f_code
+    where = f"{frame.f_globals.get('__name__')}:{code.co_name}"
+    fn = frame.f_globals.get(code.co_name)
+    if fn is None or getattr(inspect.unwrap(fn), "__code__", None) is not code:
+        return f"{where} is not reachable by its name in its module"
+    n = code.co_argcount + code.co_kwonlyargcount
+    positional, kwonly = code.co_varnames[:code.co_argcount], code.co_varnames[code.co_argcount:n]
+    varargs = code.co_varnames[n] if code.co_flags & inspect.CO_VARARGS else None
+    varkw = code.co_varnames[n + (varargs is not None)] if code.co_flags & inspect.CO_VARKEYWORDS else None
+    params = {*positional, *kwonly, *(p for p in (varargs, varkw) if p)}
+    changed = sorted({i.argval for i in dis.get_instructions(code) if i.opname in _STORES and i.argval in params})
+    if changed:  # the frame holds the new value, not the argument
+        return f"{where} assigns to its parameter {changed[0]!r}, so its arguments cannot be read back"
+    values = frame.f_locals
+    try:
+        args = [encode_value(values[p]) for p in positional] + [encode_value(v) for v in values.get(varargs, ())]
+        kwargs = {k: encode_value(values[k]) for k in kwonly}
+        kwargs.update({k: encode_value(v) for k, v in (values.get(varkw) or {}).items()})
+        out = {"generator": where, "params": {"args": args, "kwargs": kwargs}}
+        parse_generator(out["generator"], where)
+        parse_params(out["params"], where)
+    except FormatError as exc:
+        return f"{where}: {exc}"
+    return out
+
+
+def encode_value(value: Any, depth: int = 0) -> Any:
+    """A generator argument as plain JSON (:mod:`flashinfer_sm120.safety.formats.params`); :raises FormatError: another
+    type (enums too: their text form is not their value)."""
+    from flashinfer_sm120.safety.formats.params import PARAM_MAX_DEPTH
+
+    if depth > PARAM_MAX_DEPTH:
+        raise FormatError("an argument nests too deep")
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if type(value).__name__ == "dtype" and type(value).__module__ == "torch":
+        return {"dtype": str(value).split(".", 1)[-1]}
+    if type(value) is tuple:
+        return {"tuple": [encode_value(v, depth + 1) for v in value]}
+    if type(value) is list:
+        return [encode_value(v, depth + 1) for v in value]
+    raise FormatError(f"an argument is a {type(value).__name__}, not a plain value")
 
 
 def _record(spec) -> None:
@@ -90,21 +154,18 @@ def _record(spec) -> None:
         path = os.environ.get(ENV, "").strip()
         if not path or spec is None:
             return
-        targets = _targets()
-        k = (getattr(spec, "name", None), tuple(targets))
-        with _mutex:
-            if k in _state["seen"]:
-                return
-            _state["seen"].add(k)
         from flashinfer import __version__ as fi_version
+        from flashinfer.jit import core
 
-        from flashinfer_sm120.core.jitenv.manifest import encode, parse_entry
+        targets = sorted(f"{a}.{b}" for a, b in core.current_compilation_context.TARGET_CUDA_ARCHS)
+        with _mutex:
+            key = (getattr(spec, "name", None), tuple(targets))
+            if key in _state["seen"]:
+                return
+            _state["seen"].add(key)
+        from flashinfer_sm120.core.facts.serverprobe import recorded  # the server and its workspace, for build --from
 
-        entry = encode(spec, str(fi_version), targets)
-        entry["pid"] = os.getpid()
-        from flashinfer_sm120.core.facts.serverprobe import recorded  # the server process and its FlashInfer workspace, for build --from
-
-        entry.update(recorded())
+        entry = dict(encode(spec, str(fi_version), targets), pid=os.getpid(), **recorded())
         parse_entry(entry, f"{ENV}={path}")  # never write a line that replay would refuse
         append(path, entry)
     except Exception as exc:  # recording must never break a build
@@ -117,7 +178,7 @@ def _record(spec) -> None:
 
 
 def _why(exc: BaseException) -> str:
-    """What went wrong, in words (threat-model: P8: by errno and kind, never an exception's repr)."""
+    """What went wrong, in words (P8: by errno and kind, never an exception's repr)."""
     from filelock import Timeout
 
     from flashinfer_sm120.safety import oserrors
@@ -130,26 +191,21 @@ def _why(exc: BaseException) -> str:
 
 
 def append(path: str, entry: dict) -> None:
-    """Append ``entry`` as one JSON line to ``path`` (made mode 0644) under ``path + '.lock'``.
+    """Append ``entry`` as one JSON line to ``path``, one ``write()`` under ``path + '.lock'`` (workers never tear).
 
-    :raises PlaceError: its directory is another uid's to change.
-    :raises OSError: the file cannot be written.
-    :raises filelock.Timeout: the lock stayed taken for 10 s.
-    """
+    :raises PlaceError, OSError, filelock.Timeout: its directory is another uid's to change; not writable; locked."""
     from filelock import FileLock
 
     from flashinfer_sm120.safety.ownership import check_place
 
     line = (json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n").encode()
-    # where another user can replace the manifest (a link to one of your files) or a directory on
-    # the way, an append would write outside it: the directory must pass the trust rule, the file
-    # must be yours and is never reached through a symlink
+    # P2, P5: where another user can replace the manifest or a directory on the way, an append would
+    # write outside it; the file must be yours and is never reached through a symlink
     problem = check_place(os.path.dirname(os.path.abspath(path)), f"the directory of {ENV}",
                           f"set {ENV} to a file in a directory of your own, or unset it", doing="write in")
     if problem:
         raise PlaceError(str(problem))
-    # a lock file that cannot be made (/proc/self/fd, a read-only place) fails now, not after filelock's
-    # retries for the lock's 10 s
+    # a lock file that cannot be made (/proc/self/fd, a read-only place) fails now, not after 10 s of retries
     os.close(os.open(path + ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644))
     with FileLock(path + ".lock", timeout=_LOCK_TIMEOUT_S, thread_local=False):
         # non-blocking open: a FIFO without a reader must not hang FlashInfer's build_and_load
@@ -164,7 +220,113 @@ def append(path: str, entry: dict) -> None:
             os.set_blocking(fd, True)
             view = memoryview(line)
             while view:  # a short write (disk full, signal) continues, still under the lock
-                n = os.write(fd, view)
-                view = view[n:]
+                view = view[os.write(fd, view):]
         finally:
             os.close(fd)
+
+
+def encode(spec, flashinfer_version: str, targets: list[str]) -> dict:
+    """The entry for a ``JitSpec`` (generator and parameters from :func:`capture`), else ``regenerable: false``, ``why``."""
+    entry: dict[str, Any] = {"format": FORMAT, "flashinfer": flashinfer_version, "name": spec.name,
+                             "targets": sorted(targets), "toolchain": getattr(spec, "toolchain", "unknown")}
+    origin = getattr(spec, ORIGIN, None)
+    if entry["toolchain"] != "nvcc" or not hasattr(spec, "sources"):
+        why = f"toolchain {entry['toolchain']!r} is not built by nvcc/ninja"
+    elif getattr(spec, "embedded_cubin_factory", None) is not None:
+        why = "it embeds cubins made by a Python callback at build time"
+    elif not isinstance(origin, dict):
+        why = origin or "it was made before recording started, so its FlashInfer generator and parameters are unknown"
+    else:
+        return dict(entry, **origin, regenerable=True)
+    return dict(entry, regenerable=False, why=why)
+
+
+def parse_entry(obj: Any, source: str) -> dict:
+    """One entry checked field by field against :mod:`flashinfer_sm120.safety.formats`, as a new dict (one recorded
+    before 0.3.0 carries ``spec`` and ``generated`` text, only ever compared).  :raises FormatError: names the key."""
+    from functools import partial
+
+    from flashinfer_sm120.safety.formats.grammar import parse, parse_version
+    from flashinfer_sm120.safety.formats.params import parse_generator, parse_params
+
+    f, fix = field, _FIX
+    if not isinstance(obj, dict):
+        raise FormatError(f"{source}: holds {type(obj).__name__}, not a JSON object; {fix}")
+    fmt = f(obj, "format", int, source, fix=fix)
+    if fmt != FORMAT:
+        raise FormatError(f"{source}: entry format {fmt} is not {FORMAT}; {fix} with this release")
+    out: dict[str, Any] = {"format": fmt}
+    out["name"] = parse("name", f(obj, "name", str, source, fix=fix), f"{source} 'name'", fix=fix)
+    out["flashinfer"] = str(parse_version(f(obj, "flashinfer", str, source, fix=fix), f"{source} 'flashinfer'", fix=fix))
+    targets = f(obj, "targets", list, source, fix=fix, max_len=MAX_TARGETS)
+    out["targets"] = [parse("target", t, f"{source} 'targets'", fix=fix) for t in targets]
+    out["toolchain"] = parse("name", f(obj, "toolchain", str, source, default="unknown", fix=fix),
+                                  f"{source} 'toolchain'", fix=fix)
+    out["regenerable"] = f(obj, "regenerable", bool, source, default=False, fix=fix)
+    for key, kind, check in (("why", str, None), ("pid", int, None), ("server", str, partial(parse, "name")),
+                             ("workspace_base", (str, type(None)), partial(parse, "path"))):
+        value = f(obj, key, kind, source, default=None, fix=fix, max_len=1000 if key == "why" else None)
+        if value is not None:
+            out[key] = check(value, f"{source} {key!r}", fix=fix) if check else value
+    if not out["regenerable"]:
+        return out
+    generator = f(obj, "generator", (str, type(None)), source, default=None, fix=fix)
+    if generator is not None:  # threat-model: P2 (a generator and plain parameters, never code)
+        out["generator"] = ":".join(parse_generator(generator, f"{source} 'generator'", fix=fix))
+        params = f(obj, "params", (dict, type(None)), source, default=None, fix=fix) or {}
+        out["params"] = parse_params(params, f"{source} 'params'", fix=fix)
+    spec = f(obj, "spec", (dict, type(None)), source, default=None, fix=fix)
+    if spec is None and generator is None:
+        raise FormatError(f"{source}: a regenerable entry names no 'generator'; {fix}")
+    if spec is not None:
+        out["spec"] = _parse_legacy_spec(spec, f"{source} 'spec'")
+    _parse_generated(obj, source, out)
+    return out
+
+
+def _parse_legacy_spec(spec: dict, src: str) -> dict:
+    """The ``spec`` of an entry recorded before 0.3.0: checked, compared by replay, never built from."""
+    from flashinfer_sm120.safety.formats.grammar import parse
+    from flashinfer_sm120.safety.formats.params import parse_compile_flag
+
+    f, fix = field, _FIX
+
+    def flags(values: list, key: str) -> list:
+        return [parse_compile_flag(x, f"{src} {key!r}", fix=fix)[0] for x in values]
+
+    def paths(values: list, key: str) -> list:
+        return [parse("path", p, f"{src} {key!r}", fix=fix) for p in values]
+
+    sources = string_list(f(spec, "sources", list, src, fix=fix), f"{src} 'sources'", fix=fix)
+    clean: dict[str, Any] = {"sources": paths(sources, "sources")}
+    for k in (*_FLAG_LISTS, "extra_include_dirs"):
+        v = f(spec, k, (list, type(None)), src, default=None, fix=fix)
+        clean[k] = None if v is None else paths(v, k) if k == "extra_include_dirs" else flags(v, k)
+    clean["needs_device_linking"] = f(spec, "needs_device_linking", bool, src, default=False, fix=fix)
+    key = "extra_cuda_cflags_by_source"
+    clean[key] = []
+    for pair in f(spec, key, (list, type(None)), src, default=[], fix=fix) or []:
+        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], list)):
+            raise FormatError(f"{src}: {key!r} item {shown(pair, 60)} is not [source, [flags]]; {fix}")
+        clean[key].append([paths([pair[0]], key)[0], flags(pair[1], key)])
+    return clean
+
+
+def _parse_generated(obj: dict, source: str, out: dict) -> None:
+    """``generated``: the text an entry recorded before 0.3.0 carries per generated file, only to be compared."""
+    from flashinfer_sm120.safety.formats.grammar import parse_relpath
+
+    generated = field(obj, "generated", (dict, type(None)), source, default={}, fix=_FIX) or {}
+    size = 0
+    out["generated"] = {}
+    for portable, text in generated.items():
+        if not (isinstance(portable, str) and portable.startswith("@GEN@/")):
+            raise FormatError(f"{source}: generated file {shown(portable, 60)} is not under @GEN@/; {_FIX}")
+        parse_relpath(portable[len("@GEN@/"):], f"{source} 'generated'", fix=_FIX)
+        if not isinstance(text, str):
+            raise FormatError(f"{source}: generated file {shown(portable, 60)} holds "
+                              f"{type(text).__name__}, not text; {_FIX}")
+        size += len(text)
+        if size > _MAX_GENERATED_BYTES:
+            raise FormatError(f"{source}: generated sources exceed {_MAX_GENERATED_BYTES >> 20} MiB; {_FIX}")
+        out["generated"][portable] = text

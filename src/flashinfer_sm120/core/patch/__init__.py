@@ -1,12 +1,6 @@
-"""Patch FlashInfer so its JIT builds use the chosen toolkit and the right targets.
-
-Through wrapt post-import hooks, so FlashInfer may be imported before or after this package.  The
-toolkit is chosen (:mod:`.resolve`) outside the lock that guards patching; the steps per module and
-release are :mod:`.steps`, the states :mod:`.state`.  Every change goes into the undo log and is
-undone as a whole if a required step fails: FlashInfer is never half-patched.  When no toolkit fits
-FlashInfer is *guarded*: its import works and its first JIT build raises the one
-:class:`~flashinfer_sm120.errors.ToolkitError` message.
-"""
+"""Patch FlashInfer, through wrapt post-import hooks (FlashInfer may be imported before or after), so that its
+JIT builds use the chosen toolkit and targets.  Every change goes into the undo log and is undone as a whole if
+a required step fails; when no toolkit fits FlashInfer is guarded: its first JIT build raises the one message."""
 
 from __future__ import annotations
 
@@ -20,20 +14,16 @@ import wrapt
 
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.core.jitenv import environ
-from flashinfer_sm120.safety.envflag import env_flag
+from flashinfer_sm120.safety.formats.reads import env_flag
 from flashinfer_sm120.core.patch.resolve import Resolution, resolve
 from flashinfer_sm120.core.patch import laststatus
-from flashinfer_sm120.core.patch.state import (STATE, Mode, StatusDict, StepResult, StepStatus, render, summary,
-                                               targets_origin)
+from flashinfer_sm120.core.patch.state import STATE, Mode, StatusDict, StepResult, render, summary, targets_origin
 from flashinfer_sm120.core.patch import steps
-from flashinfer_sm120.core.patch.steps import HOOKED_MODULES, STEPS, current_targets, refresh_derived
+from flashinfer_sm120.core.patch.steps import HOOKED_MODULES, STEPS, refresh_derived
 
 logger = logging.getLogger("flashinfer_sm120")
 
 __all__ = ["install", "revert", "status", "summary", "targets_origin", "resolve", "record_status", "chosen_toolkit"]
-
-
-# --------------------------------------------------------------------------- deciding
 
 
 def _ensure_resolution() -> None:
@@ -79,17 +69,13 @@ def _ensure_resolution() -> None:
 def _already_correct(res: Resolution) -> bool:
     """FlashInfer alone would use the same toolkit and the same targets."""
     cc_mod = sys.modules.get("flashinfer.compilation_context")
-    if cc_mod is None or res.arch_list_error or res.naive_root is None:
-        return False
-    if os.path.realpath(res.naive_root) != os.path.realpath(res.home.path):
+    if cc_mod is None or res.arch_list_error or res.naive_root is None \
+            or os.path.realpath(res.naive_root) != os.path.realpath(res.home.path):
         return False
     from flashinfer_sm120.core.patch.alone import flashinfer_would_target
 
     alone = flashinfer_would_target(cc_mod.CompilationContext, res.choice.version, res.home.path)
     return alone is not None and alone == set(res.choice.targets)
-
-
-# --------------------------------------------------------------------------- applying
 
 
 def _import_failed() -> str | None:
@@ -106,11 +92,8 @@ def _import_failed() -> str | None:
 
 def _fail(error: str, *, report: bool = True) -> None:
     STATE.undo.rollback()
-    STATE.mode = Mode.FAILED
-    STATE.error = error
-    STATE.steps = {}
-    STATE.patched_modules = {}
-    STATE.exported = False
+    STATE.mode, STATE.error = Mode.FAILED, error
+    STATE.steps, STATE.patched_modules, STATE.exported = {}, {}, False
     try:
         refresh_derived()
     except Exception as exc:  # pragma: no cover
@@ -125,7 +108,7 @@ def _check_import_health() -> None:
     broken = _import_failed()
     if broken is None:
         return
-    from flashinfer_sm120.core.facts.importfail import workspace_problem  # a failed import only
+    from flashinfer_sm120.core.facts.refusals import workspace_problem  # a failed import only
 
     if STATE.mode is Mode.GUARD:  # FlashInfer kept its own toolkit: it fails alone too
         fix = getattr(STATE.resolution, "fix", "") or ""
@@ -151,10 +134,9 @@ def _run_steps(pending: list[str], mode: Mode) -> None:
             except Exception as exc:
                 if step.required:
                     raise RuntimeError(f"step {step.name} on {name}: {exc!r}") from exc
-                STATE.steps[step.name] = StepResult(StepStatus.SKIPPED, repr(exc))
+                STATE.steps[step.name] = StepResult("skipped", repr(exc))
                 continue
-            STATE.steps[step.name] = (StepResult(StepStatus.NOT_NEEDED, not_needed) if not_needed
-                                      else StepResult(StepStatus.APPLIED))
+            STATE.steps[step.name] = StepResult("not needed", not_needed) if not_needed else StepResult("applied")
         STATE.patched_modules[name] = mod
 
 
@@ -184,15 +166,8 @@ def _apply_locked(just_imported: str | None = None) -> None:
         return
     first = STATE.mode is Mode.IDLE
     if first:
-        if res.guard:
-            mode = Mode.GUARD
-        elif _already_correct(res):
-            mode = Mode.NOOP
-        else:
-            mode = Mode.PATCHED
-    else:
-        mode = STATE.mode
-    STATE.mode = mode
+        STATE.mode = Mode.GUARD if res.guard else Mode.NOOP if _already_correct(res) else Mode.PATCHED
+    mode = STATE.mode
     try:
         _run_steps(pending, mode)
         if mode is not Mode.GUARD:
@@ -217,7 +192,7 @@ def _warn_jit_dir() -> None:
     jit_dir = getattr(env, "FLASHINFER_JIT_DIR", None)
     if jit_dir is None:
         return
-    from flashinfer_sm120.core.facts.refusals import jit_dir_refused
+    from flashinfer_sm120.core.facts.workspace import jit_dir_refused
 
     problem = jit_dir_refused(str(jit_dir))
     if problem:
@@ -240,17 +215,11 @@ def record_status(st: StatusDict | None = None) -> None:
     """Keep ``st`` (default :func:`status`) for ``flashinfer-sm120 status`` (:mod:`.laststatus`); never raises."""
     try:
         with STATE.lock:
-            inputs = STATE.inputs
-            res = STATE.resolution
+            inputs, res = STATE.inputs, STATE.resolution
         if inputs is not None:
             laststatus.save(laststatus.from_status(st or status()), inputs, res)
     except Exception as exc:  # pragma: no cover - save never raises
         logger.debug("flashinfer-sm120: status not recorded: %r", exc)
-
-
-def _on_flashinfer_loaded(module: types.ModuleType) -> None:
-    """Post-import hook of ``flashinfer`` itself: its import completed, so the state is final."""
-    record_status()
 
 
 def _on_import(module: types.ModuleType) -> None:
@@ -263,17 +232,13 @@ def _on_import(module: types.ModuleType) -> None:
         logger.error("flashinfer-sm120: internal error, FlashInfer left unpatched: %r", exc)
 
 
-# --------------------------------------------------------------------------- public API
-
-
 def install() -> dict:
     """Register the post-import hooks and patch whatever FlashInfer is loaded.
 
-    Idempotent and thread-safe.  After a failure, a revert or a guard, an
-    explicit call resolves again, so installing a toolkit and calling
-    ``install()`` is enough; import hooks never retry on their own.  Never
-    raises: failures are logged and reported by :func:`status`.  Set
-    ``FLASHINFER_SM120_DISABLE=1`` to make it do nothing.
+    Idempotent and thread-safe.  After a failure, a revert or a guard, an explicit call resolves again, so
+    installing a toolkit and calling ``install()`` is enough (import hooks never retry on their own).  Never
+    raises: failures are logged and reported by :func:`status`.
+    ``FLASHINFER_SM120_DISABLE=1`` makes it do nothing.
 
     Returns:
         :func:`status` after the call.
@@ -295,7 +260,7 @@ def install() -> dict:
                 logger.warning("flashinfer-sm120: %s", relative)
             for name in HOOKED_MODULES:
                 wrapt.register_post_import_hook(_on_import, name)
-            wrapt.register_post_import_hook(_on_flashinfer_loaded, "flashinfer")
+            wrapt.register_post_import_hook(lambda _: record_status(), "flashinfer")  # its import completed
             STATE.hooks_registered = True
         loaded = any(m in sys.modules for m in HOOKED_MODULES)
     if loaded:
@@ -308,18 +273,15 @@ def install() -> dict:
 
 
 def revert() -> dict:
-    """Undo every patch, restore ``CUDA_HOME``, and recompute FlashInfer's derived
-    state with its own logic.  Later imports stay unpatched until :func:`install`.
+    """Undo every patch, restore ``CUDA_HOME``, and recompute FlashInfer's derived state with its own logic.
+    Later imports stay unpatched until :func:`install`.
 
     Returns:
         :func:`status` after the call.
     """
     with STATE.lock:
         STATE.undo.rollback()
-        try:  # an export made before patching (autoload of vllm/sglang, worker_setup) goes too
-            environ.reset()
-        except Exception as exc:  # pragma: no cover
-            logger.error("flashinfer-sm120: undoing the toolkit export failed: %r", exc)
+        environ.reset()  # an export made before patching (autoload of vllm/sglang, worker_setup) goes too
         STATE.reset(Mode.REVERTED)
         try:
             refresh_derived()
@@ -333,17 +295,16 @@ def chosen_toolkit():
     """The :class:`~flashinfer_sm120.core.toolkit.model.Toolkit` FlashInfer builds with, or ``None``."""
     with STATE.lock:
         res = STATE.resolution
-        return res.choice.toolkit if res is not None and getattr(res, "choice", None) is not None else None
+        return res.choice.toolkit if res is not None and res.choice is not None else None
 
 
 def status() -> StatusDict:
     """Where patching stands.
 
     Returns:
-        a :class:`~flashinfer_sm120.core.patch.state.StatusDict`, where mode is one of
-        ``idle`` (FlashInfer not imported yet), ``patched``, ``guard`` (no toolkit
-        fits: JIT builds raise our message), ``noop`` (FlashInfer already right),
-        ``failed``, ``reverted``, ``disabled``.
+        a :class:`~flashinfer_sm120.core.patch.state.StatusDict`, where mode is one of ``idle`` (FlashInfer not
+        imported yet), ``patched``, ``guard`` (no toolkit fits: JIT builds raise our message), ``noop``
+        (FlashInfer already right), ``failed``, ``reverted``, ``disabled``.
     """
     with STATE.lock:
         _check_import_health()

@@ -1,10 +1,6 @@
-"""What this FlashInfer release would compute by itself with the chosen toolkit (for ``noop``).
-
-FlashInfer's own ``CompilationContext.__init__`` (and ``_normalize_cuda_arch``) runs on a throw-away
-subclass instance, in copies whose globals and builtins answer every way a release reaches
-``flashinfer.jit.cpp_ext`` (``from flashinfer.jit.cpp_ext import is_cuda_version_at_least`` in
-0.5.0 - 0.7.4, relative and module imports, module-level names) with a stand-in bound to the chosen
-nvcc, and whose ``logger`` is silent.  Nothing global is touched.
+"""What this FlashInfer release would compute by itself with the chosen toolkit (for ``noop``): its own
+``CompilationContext.__init__`` runs on a throw-away subclass, in copies whose globals and imports answer every
+way 0.5.0 - 0.7.4 reach ``flashinfer.jit.cpp_ext`` with a stand-in bound to the chosen nvcc.  Nothing global changes.
 """
 
 from __future__ import annotations
@@ -78,10 +74,8 @@ def _unwrap(obj):
 
 def flashinfer_would_target(cls: type, version: Version, home: str | None,
                             originals: dict | None = None) -> set | None:
-    """``TARGET_CUDA_ARCHS`` FlashInfer's ``cls`` (patched or not) computes itself under nvcc ``version``
-    and ``home``, reading ``FLASHINFER_CUDA_ARCH_LIST`` and ``torch.cuda`` as the release does, or
-    ``None`` when its code raised.  ``originals``: its own ``__init__``/``_normalize_cuda_arch`` when
-    ``cls`` is patched (default ``vars(cls)``)."""
+    """``TARGET_CUDA_ARCHS`` FlashInfer's ``cls`` computes itself under nvcc ``version`` and ``home``, or ``None``
+    when its code raised; ``originals``: its own ``__init__``/``_normalize_cuda_arch`` (default ``vars(cls)``)."""
     originals = originals or {}
     stub = _stub(version, home)
     init = _unwrap(originals.get("__init__") or vars(cls).get("__init__"))
@@ -92,8 +86,6 @@ def flashinfer_would_target(cls: type, version: Version, home: str | None,
     if norm is not None:
         attrs["_normalize_cuda_arch"] = staticmethod(_copy(norm, stub))
     try:
-        probe_cls = type("_Sm120Probe", (cls,), attrs)
-        obj = probe_cls()
-        return set(obj.TARGET_CUDA_ARCHS)
+        return set(type("_Sm120Probe", (cls,), attrs)().TARGET_CUDA_ARCHS)
     except Exception:
         return None

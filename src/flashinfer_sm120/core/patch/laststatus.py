@@ -1,23 +1,17 @@
-"""The last statuses processes of this user reached, kept in ``<cache_root>/last-status.json`` so
-that ``flashinfer-sm120 status`` answers without importing torch or FlashInfer.
-
-The file holds up to :data:`KEEP` records, newest first, one per set of :func:`inputs` (everything
-the resolution reads, without running anything: this Python, our version, the variables, the mtimes
-of the ``sys.path`` directories, ``/usr/local`` and ``$CONDA_PREFIX``, every nvcc in sight, the GPUs
-the driver lists), so ``status`` and ``status --arch 12.0`` each keep their answer.  A record is used
-only when its inputs equal this process's and the chosen nvcc is unchanged; otherwise
-:func:`flashinfer_sm120.core.patch.lastcheck.load` names, in words, what changed since the closest one.  Written once FlashInfer's import completed,
-only when it changed; never raises.
+"""The last statuses this user's processes reached, in ``<cache_root>/last-status.json`` (up to :data:`KEEP`
+records, newest first, one per set of :func:`inputs`: everything the resolution reads, without running
+anything), so that ``status`` answers and a later process resolves without probing again (:func:`replay`).
 """
 
 from __future__ import annotations
 
 import os
-import stat
 import sys
-from typing import Any, TypedDict
+from typing import Any, Callable
 
-__all__ = ["SCHEMA", "FILE", "KEEP", "LastStatus", "from_status", "inputs", "records", "replay", "save", "path", "which_nvcc"]
+from flashinfer_sm120.errors import Sm120Error
+
+__all__ = ["SCHEMA", "FILE", "KEEP", "from_status", "inputs", "load", "replay", "save", "path", "which_nvcc"]
 
 SCHEMA = 2
 FILE = "last-status.json"
@@ -35,27 +29,9 @@ _IGNORED = frozenset(("FLASHINFER_SM120_QUIET", "FLASHINFER_SM120_RUN_ID", "FLAS
                       "WINDOWID", "HISTFILE", "LS_COLORS", "LESSOPEN", "MAIL", "LOGNAME", "XDG_SESSION_ID"))
 
 
-class LastStatus(TypedDict):
-    """What ``status`` prints (``toolkit``: ``None`` when none fits)."""
-
-    mode: str
-    error: str | None
-    toolkit: dict | None
-    targets: list[str]
-    arch_list_error: str | None
-    flashinfer: str | None
-
-
-def _mtime(path: str) -> int | None:
+def _or_none(read: Callable[[], Any]) -> Any:
     try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return None
-
-
-def _listing(path: str) -> list[str] | None:
-    try:
-        return sorted(os.listdir(path))
+        return read()
     except OSError:
         return None
 
@@ -82,12 +58,13 @@ def _nvcc_entries(env: dict[str, str]) -> dict[str, list | None]:
 
 
 def inputs(env: dict[str, str] | None = None) -> dict[str, Any]:
-    """What the resolution in this process reads (see the module doc)."""
+    """What the resolution reads: this Python, our version, the variables, the mtimes of the ``sys.path``
+    directories, ``/usr/local`` and ``$CONDA_PREFIX``, every nvcc in sight, the GPUs the driver lists."""
+    import hashlib
+
     from flashinfer_sm120 import __version__
 
     env = dict(os.environ if env is None else env)
-    import hashlib
-
     names = sorted(k for k in env if k.startswith("FLASHINFER_") and k not in _IGNORED)
     rest = sorted((k, v) for k, v in env.items() if k not in _IGNORED and k not in _ENV and k not in names)
     # sys.path[0] is the script's directory or the working directory (python -m), unless -P/PYTHONSAFEPATH:
@@ -96,19 +73,17 @@ def inputs(env: dict[str, str] | None = None) -> dict[str, Any]:
     search = sys.path if sys.flags.safe_path else sys.path[1:]
     dirs = [p for p in dict.fromkeys(search) if p and os.path.isdir(p)]
     dirs += ["/usr/local"] + ([env["CONDA_PREFIX"]] if env.get("CONDA_PREFIX") else [])
-    try:
-        cuda_link = os.readlink("/usr/local/cuda")
-    except OSError:
-        cuda_link = None
+    dev = _or_none(lambda: os.listdir("/dev")) or []
     return {
         "python": [os.path.realpath(sys.executable), sys.prefix],  # bin/python and bin/python3 alike
         "version": __version__,
         "env": {k: env.get(k) for k in (*_ENV, *names)},
         "other_env": hashlib.sha256(repr(rest).encode("utf-8", "surrogateescape")).hexdigest(),
-        "mtimes": {d: _mtime(d) for d in dirs},
-        "usr_local_cuda": cuda_link,
+        "mtimes": {d: _or_none(lambda d=d: os.stat(d).st_mtime_ns) for d in dirs},
+        "usr_local_cuda": _or_none(lambda: os.readlink("/usr/local/cuda")),
         "nvcc": _nvcc_entries(env),
-        "gpus": [_listing("/proc/driver/nvidia/gpus"), [n for n in (_listing("/dev") or []) if n.startswith("nvidia")]],
+        "gpus": [_or_none(lambda: sorted(os.listdir("/proc/driver/nvidia/gpus"))),
+                 sorted(n for n in dev if n.startswith("nvidia"))],
     }
 
 
@@ -119,26 +94,26 @@ def path() -> str:
     return os.path.join(cache_root(), FILE)
 
 
-def from_status(st: dict) -> LastStatus:
-    """The part of :func:`flashinfer_sm120.status` that ``status`` prints."""
+def from_status(st: dict) -> dict:
+    """What ``status`` prints of :func:`flashinfer_sm120.status`: ``mode``, ``error``, ``toolkit`` (``None``
+    when none fits), ``targets``, ``arch_list_error``, ``flashinfer``."""
     res = st.get("resolution") or {}
     choice = res.get("choice") or {}
     tk = choice.get("toolkit") or None
     targets = st.get("target_cuda_archs")
     if targets is None:  # FlashInfer not loaded: the chosen ones
         targets = list(choice.get("targets") or ())
-    return LastStatus(mode=str(st.get("mode")), error=st.get("error"),
-                      toolkit={"nvcc_full": tk.get("nvcc_full"), "root": tk.get("root"), "nvcc": tk.get("nvcc")}
-                      if tk else None,
-                      targets=list(targets), arch_list_error=res.get("arch_list_error"),
-                      flashinfer=(res.get("release") or {}).get("version"))
+    return dict(mode=str(st.get("mode")), error=st.get("error"),
+                toolkit={"nvcc_full": tk.get("nvcc_full"), "root": tk.get("root"), "nvcc": tk.get("nvcc")} if tk else None,
+                targets=list(targets), arch_list_error=res.get("arch_list_error"),
+                flashinfer=(res.get("release") or {}).get("version"))
 
 
-def save(status: LastStatus, recorded_inputs: dict[str, Any], res=None) -> None:
+def save(status: dict, recorded_inputs: dict[str, Any], res=None) -> None:
     """Record ``status`` for ``recorded_inputs`` (taken before FlashInfer changed the environment), with
     the resolution ``res`` of a patched or noop process for :func:`replay`."""
     try:
-        from flashinfer_sm120.safety.fs.statefiles import read_json, write_json_atomic
+        from flashinfer_sm120.safety.fs.atomic import write_json_atomic
         from flashinfer_sm120.core.toolkit.memo import fingerprint
 
         st = dict(status)
@@ -147,36 +122,47 @@ def save(status: LastStatus, recorded_inputs: dict[str, Any], res=None) -> None:
         record = {"inputs": recorded_inputs, "status": st}
         if res is not None and res.choice is not None and status["mode"] in ("patched", "noop"):
             record["resolution"] = dict(res.to_dict(), own=res.own, nvcc_stat=fingerprint(res.choice.toolkit.nvcc))
-        where = path()
-        old, _ = read_json(where)
-        kept = [r for r in records(old) if r["inputs"] != recorded_inputs][:KEEP - 1]
-        data = {"schema": SCHEMA, "records": [record] + kept}
-        if old != data:
-            write_json_atomic(where, data)
+        old = load()[0]
+        kept = [r for r in old if r["inputs"] != recorded_inputs][:KEEP - 1]
+        if old != [record] + kept:
+            write_json_atomic(path(), {"schema": SCHEMA, "records": [record] + kept})
     except Exception:  # a read-only HOME, a full disk: status takes the slow path
         pass
 
 
+def load() -> tuple[list[dict], str | None]:
+    """The file's well-formed records, or ``[]`` and why none: read only when this uid owns it and no one else
+    can write it (P2), through the bounded reader (P6)."""
+    from flashinfer_sm120.safety.formats.reads import read_json_file
+    from flashinfer_sm120.safety.fs.atomic import MAX_STATE_BYTES
+
+    try:
+        where, uid = path(), os.geteuid()
+        if not os.path.lexists(where):
+            return [], "nothing recorded yet (FlashInfer was not imported with flashinfer-sm120 under these settings)"
+        if os.lstat(where).st_mode & 0o022:
+            return [], f"{where} is writable by others; remove it"
+        data = read_json_file(where, MAX_STATE_BYTES, follow=False, owners=(uid,))
+    except (OSError, Sm120Error) as exc:  # FormatError, StateFileError
+        return [], f"the record cannot be read ({exc})"
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("records"), list):
+        return [], "the record is of another format"
+    return [r for r in data["records"] if isinstance(r, dict) and isinstance(r.get("inputs"), dict)
+            and isinstance(r.get("status"), dict)], None
+
+
 def replay(now: dict[str, Any]):
     """The :class:`~.resolve.Resolution` recorded for inputs equal to ``now``, else ``None`` (the caller
-    resolves afresh: P1).  The file is read only when this uid owns it and no one else can write it
-    (P2), through the bounded reader (P6); its nvcc must be unchanged, and it and the toolkit's
-    directories pass the trust rule again (P2); its view is leased (P3) and checked as adoption checks it."""
+    resolves afresh: P1).  Its nvcc must be unchanged, and it and the toolkit's directories pass the trust
+    rule again (P2); its view is leased (P3) and checked as adoption checks it."""
     try:
         from flashinfer_sm120.core.facts.releases import release_info
         from flashinfer_sm120.core.patch.resolve import Resolution, flashinfer_version
         from flashinfer_sm120.core.toolkit.memo import fingerprint
-        from flashinfer_sm120.safety.formats.reads import read_json_file
-        from flashinfer_sm120.safety.fs.statefiles import MAX_STATE_BYTES
         from flashinfer_sm120.safety.ownership import trust_reason
         from flashinfer_sm120.safety.trust import check_executable
 
-        where, uid = path(), os.geteuid()
-        st = os.lstat(where)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or st.st_mode & 0o022:
-            return None
-        data = read_json_file(where, MAX_STATE_BYTES, follow=False, owners=(uid,))
-        rec = next((r for r in records(data) if r["inputs"] == now and r.get("resolution")), None)
+        rec = next((r for r in load()[0] if r["inputs"] == now and r.get("resolution")), None)
         if rec is None:
             return None
         d = rec["resolution"]
@@ -196,16 +182,8 @@ def replay(now: dict[str, Any]):
                 lease.release(res.home.path)
                 return None
         return res
-    except Exception:  # no record, another shape, a read refused: resolve afresh
+    except Exception:  # another shape, a read refused: resolve afresh
         return None
-
-
-def records(data: Any) -> list[dict]:
-    """The well-formed records of a file's ``data`` (none from another schema)."""
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("records"), list):
-        return []
-    return [r for r in data["records"] if isinstance(r, dict) and isinstance(r.get("inputs"), dict)
-            and isinstance(r.get("status"), dict)]
 
 
 def which_nvcc(env: dict[str, str]) -> str | None:

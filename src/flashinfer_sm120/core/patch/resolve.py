@@ -1,13 +1,10 @@
-"""Decide, before touching FlashInfer: the release, the GPUs, the arch list, the toolkit.
-
-Pure with respect to FlashInfer (nothing is patched here), and run outside the
-lock that guards patching.
-"""
+"""Decide, before touching FlashInfer (nothing is patched here; run outside the patch lock): the release,
+the GPUs, the arch list, the toolkit and its linkable home."""
 
 from __future__ import annotations
 
 import enum
-import logging
+import importlib.metadata
 import os
 import sys
 from dataclasses import dataclass
@@ -19,8 +16,6 @@ from flashinfer_sm120.core.facts.gpus import GPU, GPUQuery
 from flashinfer_sm120.core.facts.releases import ReleaseInfo, release_info
 from flashinfer_sm120.core.toolkit.model import Choice, Rejection, RejectKind, Toolkit
 from flashinfer_sm120.core.view.meta import CudaHome
-
-logger = logging.getLogger("flashinfer_sm120")
 
 __all__ = ["Resolution", "TargetsFrom", "resolve", "arch_specs", "flashinfer_version", "cleaned_homes", "own_nvcc"]
 
@@ -55,7 +50,7 @@ class Resolution:
     def guard(self) -> bool:
         return self.choice is None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict:  # status()["resolution"], and the record laststatus.replay reads back
         return {
             "choice": self.choice.to_dict() if self.choice else None,
             "cuda_home": self.home.to_dict() if self.home is not None else None,
@@ -78,8 +73,7 @@ class Resolution:
 
     @classmethod
     def from_dict(cls, d: dict, release: ReleaseInfo | None, own: bool) -> Resolution:
-        """The resolution :meth:`to_dict` gave, for a replayed record (:func:`.laststatus.replay`); raises
-        on a malformed one (the caller resolves afresh)."""
+        """The resolution :meth:`to_dict` gave; raises on a malformed one (the caller resolves afresh)."""
         c = d["choice"]
 
         def rejection(r: dict) -> Rejection:
@@ -106,8 +100,7 @@ def _arch_target(text: str) -> tuple[int, str]:
     return int(digits[:-1]), text[len("sm_") + len(digits) - 1:]
 
 
-#: Characters of ``FLASHINFER_CUDA_ARCH_LIST`` kept in :attr:`Resolution.arch_list`,
-#: which only messages and ``doctor`` read (the parse sees the whole value).
+#: Characters of ``FLASHINFER_CUDA_ARCH_LIST`` kept in :attr:`Resolution.arch_list` (messages; the parse sees all).
 ARCH_LIST_SHOWN = 200
 
 
@@ -132,51 +125,40 @@ def arch_specs(value: str | None) -> tuple[list[ArchSpec] | None, str | None]:
 
 
 def flashinfer_version() -> str | None:
-    """The FlashInfer release in this process (``flashinfer/version.py``, present in
-    0.4.0 - 0.7.4), else the installed distribution's version, else ``None``."""
-    mod = sys.modules.get("flashinfer.version")
-    if mod is None and "flashinfer" in sys.modules:
-        try:
-            import importlib
+    """The FlashInfer release in this process (``flashinfer/version.py``, 0.4.0 - 0.7.4), else the installed
+    distribution's version, else ``None``."""
+    import importlib
 
-            mod = importlib.import_module("flashinfer.version")
-        except Exception:
-            mod = None
-    ver = getattr(mod, "__version__", None)
+    try:
+        ver = importlib.import_module("flashinfer.version").__version__ if "flashinfer" in sys.modules else None
+    except Exception:
+        ver = None
     if isinstance(ver, str) and not ver.startswith("0.0.0"):
         return ver
     try:
-        import importlib.metadata as md
-
-        return md.version("flashinfer-python")
+        return importlib.metadata.version("flashinfer-python")
     except Exception:
         return None
 
 
 def cleaned_homes(env: dict[str, str]) -> tuple[str, ...]:
-    """A note for each ``CUDA_HOME``/``CUDA_PATH`` that :func:`~flashinfer_sm120.core.toolkit.sources.clean_home`
-    had to change (``:/usr/local/cuda-13.0``, ``/usr/local/cuda-13.0/bin``), naming the fix."""
+    """A note naming the fix for each ``CUDA_HOME``/``CUDA_PATH`` that ``sources.clean_home`` had to change
+    (``:/usr/local/cuda-13.0``, ``/usr/local/cuda-13.0/bin``)."""
+    from flashinfer_sm120.core.toolkit.sources import clean_home
+
     notes = []
     for var in ("CUDA_HOME", "CUDA_PATH"):
         val = env.get(var)
-        if not val:
-            continue
-        from flashinfer_sm120.core.toolkit.sources import clean_home
-
-        try:
-            cleaned = clean_home(val)
-        except Exception:  # pragma: no cover - clean_home is pure string work
-            continue
-        if cleaned != val and cleaned.rstrip("/") != val.rstrip("/"):
+        cleaned = clean_home(val) if val else None
+        if cleaned is not None and cleaned.rstrip("/") != val.rstrip("/"):
             notes.append(f"{var}={val!r} is malformed; read it as {cleaned!r}. "
                          f"Fix: export {var}={cleaned}")
     return tuple(notes)
 
 
 def own_nvcc(naive_root: str | None) -> str | None:
-    """The real path of the nvcc FlashInfer alone runs (``$naive_root/bin/nvcc``, wrapper scripts and
-    links followed, read, not run), else ``None``.  Not asked when ``FLASHINFER_NVCC`` is set: that
-    one is FlashInfer 0.7's own and comes first in the search anyway."""
+    """The real path of the nvcc FlashInfer alone runs (``$naive_root/bin/nvcc``, wrappers and links followed,
+    read, not run), else ``None``."""
     if not naive_root:
         return None
     from flashinfer_sm120.safety.trust import follow_wrappers
@@ -187,18 +169,13 @@ def own_nvcc(naive_root: str | None) -> str | None:
 
 def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | None = None,
             release: ReleaseInfo | None = None, guard: bool = False) -> Resolution:
-    """Find the GPUs, parse the arch list, choose a toolkit and a linkable home.
-
-    Pure with respect to FlashInfer: nothing is patched.
+    """Find the GPUs, parse the arch list, choose a toolkit and a linkable home; nothing is patched.
 
     Args:
         env: environment to read (default ``os.environ``).
-        toolkits: candidates to choose from (``doctor`` passes every one, read);
-            default :func:`~flashinfer_sm120.core.toolkit.sources.discover`, read lazily up to
-            the chosen one.
+        toolkits: candidates (``doctor`` passes every one); default ``sources.discover``, read lazily.
         release: the FlashInfer release (default: the one loaded or installed).
-        guard: return a Resolution with ``choice=None`` and ``error`` set instead
-            of raising when no toolkit fits.
+        guard: return a Resolution with ``choice=None`` and ``error`` set instead of raising when no toolkit fits.
 
     Raises:
         flashinfer_sm120.errors.ToolkitError: no toolkit fits (unless ``guard``).

@@ -1,19 +1,6 @@
-"""The patch state machine and its undo log, in one place.
-
-States (:class:`Mode`)::
-
-    idle ──FlashInfer imported──> patched   a toolkit fits: FlashInfer uses it
-                              ├─> guard     no toolkit fits: JIT builds raise our message
-                              ├─> noop      FlashInfer alone is already right
-                              └─> failed    a patch step raised, or the release is
-                                            unsupported: every change undone
-    any ──revert()──> reverted;  FLASHINFER_SM120_DISABLE ──> disabled
-    reverted/failed/disabled ──install()──> idle (resolve again)
-
-Every change made to FlashInfer or the process goes through :class:`UndoLog`, so
-``revert()`` and a failed step restore the exact previous bindings.  :func:`render` is the one
-line that says what changed, logged once when FlashInfer is patched and given by :func:`summary`.
-"""
+"""The patch state of the process (:data:`STATE`: mode, resolution, undo log) and its one summary line.
+Modes: idle -> patched | guard | noop | failed when FlashInfer is imported; revert() -> reverted;
+FLASHINFER_SM120_DISABLE -> disabled; install() after reverted/failed/disabled/guard resolves again."""
 
 from __future__ import annotations
 
@@ -30,8 +17,8 @@ from flashinfer_sm120.core.toolkit.model import RejectKind
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["Mode", "StepStatus", "StepResult", "UndoLog", "State", "STATE", "StatusDict", "render", "summary",
-           "targets_origin", "describe", "targets_from_text"]
+__all__ = ["Mode", "StepResult", "UndoLog", "State", "STATE", "StatusDict", "render", "summary", "targets_origin",
+           "describe", "targets_from_text", "NO_TARGETS_FIX"]
 
 
 class StatusDict(TypedDict):
@@ -58,7 +45,7 @@ class Mode(str, enum.Enum):
     REVERTED = "reverted"
     DISABLED = "disabled"
 
-    def __str__(self) -> str:  # "patched", not "Mode.PATCHED"
+    def __str__(self) -> str:
         return self.value
 
     @property
@@ -67,55 +54,40 @@ class Mode(str, enum.Enum):
         return self in (Mode.PATCHED, Mode.GUARD, Mode.NOOP)
 
 
-class StepStatus(str, enum.Enum):
-    """What one patch step did (the value starts what :func:`status` reports for it)."""
-
-    APPLIED = "applied"
-    NOT_NEEDED = "not needed"
-    SKIPPED = "skipped"
-
-
 @dataclass(frozen=True)
 class StepResult:
-    """One step's outcome: its :class:`StepStatus` and, unless applied, why."""
+    """One step's outcome: ``applied``, ``not needed`` or ``skipped``, and unless applied, why."""
 
-    status: StepStatus
+    status: str
     why: str | None = None
 
     def to_json(self) -> str:
-        """``applied``, ``not needed: <why>`` or ``skipped: <why>`` (the ``status()["steps"]`` values)."""
-        return self.status.value if self.why is None else f"{self.status.value}: {self.why}"
+        return self.status if self.why is None else f"{self.status}: {self.why}"
 
 
 class UndoLog:
-    """Changes in the order made, each with the callable that undoes it."""
+    """Changes in the order made, each with the callable (no arguments, never raising) that undoes it."""
 
     def __init__(self) -> None:
         self._undo: list[tuple[str, Callable[[], None]]] = []
 
     def add(self, what: str, undo: Callable[[], None]) -> None:
-        """Record ``undo`` (no arguments, must not raise) for change ``what``."""
         self._undo.append((what, undo))
 
     def set_attr(self, obj: Any, name: str, value: Any) -> None:
         """``setattr(obj, name, value)``, recording how to restore the exact previous binding."""
-        d = vars(obj)
-        had = name in d
-        old = d.get(name)
+        had, old = name in vars(obj), vars(obj).get(name)
         setattr(obj, name, value)
 
         def undo() -> None:
             if had:
                 setattr(obj, name, old)
-            else:
-                try:
-                    delattr(obj, name)
-                except AttributeError:
-                    pass
+            elif name in vars(obj):
+                delattr(obj, name)
 
         self.add(f"{getattr(obj, '__name__', obj)}.{name}", undo)
 
-    def rollback(self) -> list[str]:
+    def rollback(self) -> None:
         """Undo everything, newest first (a failed undo is logged)."""
         while self._undo:
             what, undo = self._undo.pop()
@@ -131,7 +103,7 @@ class State:
 
     lock: threading.RLock = field(default_factory=threading.RLock)
     mode: Mode = Mode.IDLE
-    resolution: Any = None  # a core.patch.resolve.Resolution
+    resolution: Any = None  # a Resolution
     error: str | None = None
     undo: UndoLog = field(default_factory=UndoLog)
     steps: dict[str, StepResult] = field(default_factory=dict)
@@ -144,45 +116,28 @@ class State:
     resolved: bool = False  # a resolution was made in this process: install() after revert() resolves afresh
 
     def log_once(self, level: int, msg: str) -> None:
-        """Log ``msg`` once per process."""
         if msg not in self.logged:
             self.logged.add(msg)
             logger.log(level, msg)
 
     def reset(self, mode: Mode) -> None:
         """Forget the resolution and the steps; switch to ``mode`` (the undo log must be empty)."""
-        self.mode = mode
-        self.resolution = None
-        self.error = None
-        self.steps = {}
-        self.patched_modules = {}
-        self.exported = False
-        self.inputs = None
+        self.mode, self.resolution, self.error, self.inputs = mode, None, None, None
+        self.steps, self.patched_modules, self.exported = {}, {}, False
 
 
-#: The one state of this process.
 STATE = State()
-
-
-# --------------------------------------------------------------------------- the summary line
-
-
-def _skipped() -> str:
-    skipped = [f"{k} ({v.why})" for k, v in STATE.steps.items() if v.status is StepStatus.SKIPPED]
-    return f"; steps skipped: {', '.join(skipped)}" if skipped else ""
-
 
 #: What to do when nothing can be built (P1: the message names the fix).
 NO_TARGETS_FIX = "set e.g. FLASHINFER_CUDA_ARCH_LIST=12.0 (RTX 5090 / RTX PRO 6000) or 12.1 (DGX Spark)"
 
 
 def describe(res: Resolution, targets_from: str | None = None) -> str:
-    """The summary's body: toolkit, view, targets, GPU source, what FlashInfer alone would use
-    (``targets_from``: where the caller's targets came from, e.g. ``from --arch 12.0``)."""
+    """The summary's body: toolkit, view, targets and where they came from (``targets_from`` when the
+    caller set them, e.g. ``from --arch 12.0``), what FlashInfer alone would use."""
     notes = "".join(f"; {n}" for n in res.cleaned)
     if res.choice is None:
-        return (f"FlashInfer {res.release.version}; GPUs from {res.gpu_query.describe()}{notes}; "
-                f"{res.error}")
+        return f"FlashInfer {res.release.version}; GPUs from {res.gpu_query.describe()}{notes}; {res.error}"
     tk = res.choice.toolkit
     targets = ", ".join(_arch.format_target(t) for t in res.choice.targets) or (
         ("none (no GPU visible, no FLASHINFER_CUDA_ARCH_LIST" if res.arch_list is None
@@ -208,19 +163,21 @@ def targets_from_text(res: Resolution) -> str:
 
 
 def render(mode: Mode, res: Resolution, targets_from: str | None = None) -> str:
-    """The one line for ``mode`` (see :func:`summary`)."""
+    """The one line for ``mode``: logged once when FlashInfer is patched, and :func:`summary`."""
     if mode is Mode.GUARD:
-        return (f"guarding FlashInfer: no CUDA toolkit fits, so its first JIT build will "
-                f"raise this message: {describe(res, targets_from)}")
+        return f"guarding FlashInfer: no CUDA toolkit fits, so its first JIT build will raise this message: " \
+               f"{describe(res, targets_from)}"
+    skipped = ", ".join(f"{k} ({v.why})" for k, v in STATE.steps.items() if v.status == "skipped")
+    skipped = f"; steps skipped: {skipped}" if skipped else ""
     if mode is Mode.NOOP:
         return (f"FlashInfer already resolves correctly ({describe(res, targets_from)}); not patching "
-                f"its toolkit or targets, only its JIT workspace and the checks before nvcc{_skipped()}")
-    return f"patched FlashInfer: {describe(res, targets_from)}{_skipped()}"
+                f"its toolkit or targets, only its JIT workspace and the checks before nvcc{skipped}")
+    return f"patched FlashInfer: {describe(res, targets_from)}{skipped}"
 
 
 def summary(targets_from: str | None = None) -> str:
-    """The summary line of where patching stands; ``targets_from`` names where the targets came
-    from when a caller set them (``build --arch`` exports them as ``FLASHINFER_CUDA_ARCH_LIST``)."""
+    """Where patching stands in one line; ``targets_from`` names where the targets came from when a caller
+    set them (``build --arch`` exports them as ``FLASHINFER_CUDA_ARCH_LIST``)."""
     with STATE.lock:
         if targets_from and STATE.resolution is not None and STATE.mode in (Mode.PATCHED, Mode.NOOP, Mode.GUARD):
             return render(STATE.mode, STATE.resolution, targets_from)
@@ -228,8 +185,7 @@ def summary(targets_from: str | None = None) -> str:
 
 
 def targets_origin(given: str | None = None) -> str | None:
-    """``given`` (the caller set the targets), else where the chosen targets came from in words,
-    else ``None`` (no toolkit chosen)."""
+    """``given``, else where the chosen targets came from in words, else ``None`` (no toolkit chosen)."""
     if given:
         return given
     with STATE.lock:

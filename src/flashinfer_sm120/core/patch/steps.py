@@ -1,6 +1,5 @@
-"""What is patched in each FlashInfer module, per state: :data:`STEPS` (per release:
-:mod:`flashinfer_sm120.core.facts.releases`).  A required step that cannot be applied (a renamed
-attribute) fails the whole patch, which is rolled back; an optional one is reported as skipped."""
+"""What is patched in each FlashInfer module, per mode (:data:`STEPS`; per release: ``facts.releases``).  A
+required step that cannot be applied (a renamed attribute) fails the whole patch; an optional one is skipped."""
 
 from __future__ import annotations
 
@@ -16,13 +15,13 @@ from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.errors import Sm120Error, ToolkitError
-from flashinfer_sm120.core.facts.refusals import builds_refused
+from flashinfer_sm120.core.facts.workspace import builds_refused
 from flashinfer_sm120.core.facts.workspace import tag_for
 from flashinfer_sm120.core.patch.state import NO_TARGETS_FIX, STATE, Mode
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["Step", "STEPS", "HOOKED_MODULES", "current_targets", "refresh_derived"]
+__all__ = ["Step", "STEPS", "HOOKED_MODULES", "current_targets", "refresh_derived", "bound_cuda_version"]
 
 #: FlashInfer modules whose import triggers patching, in FlashInfer's import order.
 HOOKED_MODULES = (
@@ -42,8 +41,7 @@ _CACHES = {
 
 @dataclass(frozen=True)
 class Step:
-    """One patch step: ``apply(module)`` returns ``None`` when applied, or why this release needs
-    nothing; raises on failure (fails the patch when ``required``, else reported as skipped)."""
+    """``apply(module)`` returns ``None`` when applied, or why this release needs nothing; raises on failure."""
 
     name: str
     apply: Callable[[types.ModuleType], str | None]
@@ -51,17 +49,13 @@ class Step:
     required: bool = True
 
 
-# --------------------------------------------------------------------------- targets
-
-
 def _version() -> Version:
     return STATE.resolution.choice.version
 
 
 def current_targets() -> set[tuple[int, str]]:
-    """Targets for a new ``CompilationContext`` under the chosen toolkit: ``FLASHINFER_CUDA_ARCH_LIST``
-    re-read at each call as FlashInfer does, suffixes kept as given (the nvcc gate refuses those the
-    toolkit cannot build), garbled entries logged once and dropped; no usable entry: the GPUs."""
+    """Targets for a new ``CompilationContext``: ``FLASHINFER_CUDA_ARCH_LIST`` re-read at each call as FlashInfer
+    does (bad entries logged once and dropped; the nvcc gate refuses what nvcc cannot build), else the GPUs."""
     from flashinfer_sm120.core.patch.resolve import arch_specs
 
     res = STATE.resolution
@@ -71,17 +65,14 @@ def current_targets() -> set[tuple[int, str]]:
     specs, message = arch_specs(os.environ.get("FLASHINFER_CUDA_ARCH_LIST"))
     if message:
         STATE.log_once(logging.ERROR, f"flashinfer-sm120: {message}")
-    out: set[tuple[int, str]] = set()
     if specs is not None:
-        for spec in specs:
-            try:
-                out.add(spec.target(version))
-            except _arch.ArchNotSupported as exc:
-                STATE.log_once(logging.ERROR, f"flashinfer-sm120: {exc}")
-        return out
-    for major, minor in dict.fromkeys(g.capability for g in res.gpus):
+        wanted = [lambda s=s: s.target(version) for s in specs]
+    else:
+        wanted = [lambda c=c: _arch.normalize(*c, version) for c in dict.fromkeys(g.capability for g in res.gpus)]
+    out: set[tuple[int, str]] = set()
+    for target in wanted:
         try:
-            out.add(_arch.normalize(major, minor, version))
+            out.add(target())
         except _arch.ArchNotSupported as exc:
             STATE.log_once(logging.ERROR, f"flashinfer-sm120: {exc}")
     return out
@@ -99,9 +90,6 @@ def guard_message() -> str:
     except Exception:  # pragma: no cover - never let the message itself fail
         more = ""
     return f"{text}\n{more}" if more else text
-
-
-# --------------------------------------------------------------------------- wrappers
 
 
 def _normalize_wrapper(wrapped, instance, args, kwargs):
@@ -151,28 +139,26 @@ def _nvcc_gate(wrapped, instance, args, kwargs):
     if STATE.mode is Mode.GUARD:
         raise ToolkitError(guard_message())
     if STATE.mode in (Mode.PATCHED, Mode.NOOP):
-        from flashinfer_sm120.core.jitenv.environ import prepare_builds
-        from flashinfer_sm120.core.jitenv.toolchain import refresh_max_jobs
+        from flashinfer_sm120.core.jitenv.toolchain import prepare_builds, refresh_max_jobs
 
         prepare_builds()  # the first build: MAX_JOBS and the compiler cache, before FlashInfer reads them
         refresh_max_jobs()  # the memory left now, not at import: the model may have loaded since
         from flashinfer.jit import env as jit_env
 
+
         # the one list build and status refuse by: a JIT directory another uid can change (whose .so
         # FlashInfer would load after this "build" found it up to date), a program run by name, TMPDIR
         problem = builds_refused(str(jit_env.FLASHINFER_JIT_DIR))
-        if problem:
-            raise ToolkitError(f"flashinfer-sm120 stopped this FlashInfer JIT build before nvcc ran: {problem}")
         from flashinfer_sm120.core.toolkit.fixes import unbuildable
 
-        bad = unbuildable(current_targets(), _version())
+        bad = None if problem else unbuildable(current_targets(), _version())
         if bad:
             tk = STATE.resolution.choice.toolkit
-            raise ToolkitError(
-                f"flashinfer-sm120 stopped this FlashInfer JIT build before nvcc ran: "
-                f"FLASHINFER_CUDA_ARCH_LIST={os.environ.get('FLASHINFER_CUDA_ARCH_LIST')!r} asks for "
-                f"targets the chosen nvcc {tk.nvcc_full} at {tk.root} cannot build: " + " ".join(bad))
-        from flashinfer_sm120.safety.buildenv import exported_build_tmp
+            problem = (f"FLASHINFER_CUDA_ARCH_LIST={os.environ.get('FLASHINFER_CUDA_ARCH_LIST')!r} asks for targets "
+                       f"the chosen nvcc {tk.nvcc_full} at {tk.root} cannot build: " + " ".join(bad))
+        if problem:
+            raise ToolkitError(f"flashinfer-sm120 stopped this FlashInfer JIT build before nvcc ran: {problem}")
+        from flashinfer_sm120.safety.fs.atomic import exported_build_tmp
 
         with exported_build_tmp():  # run_ninja passes no env: its nvcc's predictable temp names in a dir of ours
             return wrapped(*args, **kwargs)
@@ -195,21 +181,14 @@ def _arch_check(wrapped, instance, args, kwargs):
             + f" and FLASHINFER_CUDA_ARCH_LIST names none. Fix: {NO_TARGETS_FIX}") from exc
 
 
-# --------------------------------------------------------------------------- steps
-
-
-def _rebind(original, replacement) -> int:
+def _rebind(original, replacement) -> None:
     """Point every loaded ``flashinfer`` module's name for ``original`` at ``replacement``
     (modules that did ``from .cpp_ext import get_cuda_version``)."""
-    n = 0
     for mod_name, mod in list(sys.modules.items()):
-        if mod is None or not (mod_name == "flashinfer" or mod_name.startswith("flashinfer.")):
-            continue
-        for attr, val in list(vars(mod).items()):
-            if val is original:
-                STATE.undo.set_attr(mod, attr, replacement)
-                n += 1
-    return n
+        if mod is not None and (mod_name == "flashinfer" or mod_name.startswith("flashinfer.")):
+            for attr, val in list(vars(mod).items()):
+                if val is original:
+                    STATE.undo.set_attr(mod, attr, replacement)
 
 
 def _wrap_function(mod: types.ModuleType, name: str, wrapper) -> None:
@@ -258,8 +237,7 @@ def _step_init(mod):
 
 
 def bound_cuda_version(mod) -> None:
-    """FlashInfer's ``get_cuda_version`` answered with a deadline (:func:`_cuda_version_wrapper`), for a
-    process left unpatched (``failed``): the one wrapper kept then, so its import cannot hang on an nvcc."""
+    """FlashInfer's ``get_cuda_version`` with a deadline (P6), the one wrapper kept in a ``failed`` process."""
     _wrap_function(mod, "get_cuda_version", _cuda_version_wrapper)
 
 
@@ -290,22 +268,14 @@ STEPS: dict[str, list[Step]] = {
 }
 
 
-# --------------------------------------------------------------------------- derived state
-
-
-def _clear_caches() -> None:
-    for mod_name, names in _CACHES.items():
-        mod = sys.modules.get(mod_name)
-        for name in names:
-            clear = getattr(getattr(mod, name, None), "cache_clear", None)
-            if clear is not None:
-                clear()
-
-
 def refresh_derived() -> None:
     """Recompute what FlashInfer derived at import (caches, ``current_compilation_context.TARGET_CUDA_ARCHS``
     in place, the JIT workspace dirs) from the now current class and toolkit: after patching and reverting."""
-    _clear_caches()
+    for mod_name, names in _CACHES.items():
+        for name in names:
+            clear = getattr(getattr(sys.modules.get(mod_name), name, None), "cache_clear", None)
+            if clear is not None:
+                clear()
     cc_mod = sys.modules.get("flashinfer.compilation_context")
     core = sys.modules.get("flashinfer.jit.core")
     env = sys.modules.get("flashinfer.jit.env")
@@ -331,13 +301,10 @@ def refresh_derived() -> None:
 
 
 def _lease_workspace(ws: str) -> None:
-    """Lease the JIT workspace for this process, then create it (a ``cache prune`` may have removed it
-    while the lease was awaited)."""
+    """Lease the JIT workspace for this process (P3), then create it (a ``cache prune`` may have removed it
+    while the lease was awaited); nothing in a tree another uid owns (P4; _warn_jit_dir says why)."""
     from flashinfer_sm120.safety.fs import lease
 
-    # threat-model: P4 -- nothing of ours inside a tree another uid owns: no lease file (none of theirs
-    # waited on), no workspace directory; _warn_jit_dir says why.  P3: prune never removes an entry
-    # whose lease would lie in such a place (lease.place_problem).
     if lease.place_problem(ws):
         return
     try:

@@ -1,8 +1,6 @@
-"""Every fix line and refusal reason about toolkits and targets (docs/toolkit.md "When nothing fits").
-
-The fix follows torch's CUDA major (a JIT module links the nvcc's ``libcudart``); no pip wheel before
-CUDA 13.0 ships nvcc, and a pip fix already installed is never printed.
-"""
+"""Every fix line and refusal reason about toolkits and targets (docs/toolkit.md "When nothing fits"): the fix
+follows torch's CUDA major (a JIT module links the nvcc's ``libcudart``); no pip wheel before CUDA 13.0 ships
+nvcc, and a pip fix already installed is never printed."""
 
 from __future__ import annotations
 
@@ -14,9 +12,6 @@ from packaging.version import Version
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.core.facts.arch import assigned, named
 from flashinfer_sm120.core.toolkit.model import Toolkit
-
-__all__ = ["PIP_TOOLKIT", "ALLOW_OTHER_MAJOR_ENV", "toolkit_fix", "choose_fix", "consistent_set_fix",
-           "target_reason", "major_mismatch_reason", "min_nvcc_reason", "torch_major_why", "unbuildable"]
 
 #: The pip distribution that installs one consistent CUDA 13 set into ``site-packages/nvidia/cu13``.
 PIP_TOOLKIT = "cuda-toolkit[nvcc,cccl,curand]"

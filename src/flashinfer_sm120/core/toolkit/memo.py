@@ -1,13 +1,10 @@
-"""The on-disk memo of ``--version`` answers (nvcc, ninja), so that a server's workers probe once.
-
-``<cache_root>/nvcc-version.json`` = ``{"schema": 2, "entries": {path: {"stat": [dev, ino, size,
-mtime_ns, ctime_ns], "full": "12.8.93" | null, "problem": null | "why", "at": time}}}``.  An entry
-holds while the binary's stat is unchanged, a failure for :data:`FAILURE_MEMORY_S`; only the binary's
-failures are stored.  Anything else is dropped and rewritten; a listing command writes nothing (P4).
-"""
+"""The memo of ``--version`` answers (nvcc, ninja): one bounded run per binary (P6), remembered in
+``<cache root>/nvcc-version.json`` while the binary's :func:`fingerprint` is unchanged (a failure for
+:data:`FAILURE_MEMORY_S`); a listing command writes nothing (P4)."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -15,24 +12,25 @@ import time
 from collections.abc import Callable
 
 from flashinfer_sm120.errors import FormatError, StateFileError
+from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.grammar import parse_version
 from flashinfer_sm120.safety.fs.statedir import cache_root, lists_only
-from flashinfer_sm120.safety.fs.statefiles import compute_once, read_json, write_json_atomic
+from flashinfer_sm120.safety.fs.atomic import compute_once, read_json, write_json_atomic
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["SCHEMA", "FAILURE_MEMORY_S", "MAX_ENTRIES", "MAX_MEMO_BYTES", "memo_path", "fingerprint",
-           "lookup", "store", "probe_once"]
-
+#: ``{"schema": 2, "entries": {path: {"stat": fingerprint, "full": "12.8.93" | null, "problem": null | "why",
+#: "at": time}}}``; anything else is dropped and rewritten.
 SCHEMA = 2
 #: Seconds a failed probe (hung, garbage) is remembered, so each worker does not wait the timeout again.
 FAILURE_MEMORY_S = 600.0
-#: Entries kept (oldest dropped beyond).
 MAX_ENTRIES = 64
 #: Largest memo file read, bytes (64 entries take ~20 KiB).
 MAX_MEMO_BYTES = 256 << 10
+#: Bytes of ``--version`` output kept; a real nvcc prints ~250, more is not an nvcc (P6).
+MAX_OUTPUT = 16 << 10
 _FUTURE_SLACK_S = 60.0  # clock skew tolerated before an entry counts as "from the future"
-_MAX_PROBLEM_CHARS = 4096  # a stored reason longer than this is not ours
+_LATER = f"(not retried for {FAILURE_MEMORY_S / 60:g} min)"
 
 
 def memo_path() -> str:
@@ -40,7 +38,8 @@ def memo_path() -> str:
 
 
 def fingerprint(path: str) -> list[int] | None:
-    """``[dev, ino, size, mtime_ns, ctime_ns]`` of ``path`` (links followed), or ``None``."""
+    """``[dev, ino, size, mtime_ns, ctime_ns]`` of ``path`` (links followed), or ``None``: the one rule for
+    "the same binary" (the memo, views, launchers, workspaces)."""
     try:
         st = os.stat(path)
     except OSError:
@@ -56,13 +55,13 @@ def _valid(e: object) -> bool:
     try:
         if full is not None and not (isinstance(full, str) and str(parse_version(full, "memo")) == full):
             return False
-        if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+        if type(at) not in (int, float) or not math.isfinite(at):
             return False
     except (FormatError, OverflowError):
         return False
     return (isinstance(fp, list) and len(fp) == 5 and all(type(x) is int for x in fp)
             and (full is None) != (problem is None)
-            and (problem is None or (isinstance(problem, str) and len(problem) <= _MAX_PROBLEM_CHARS)))
+            and (problem is None or (isinstance(problem, str) and len(problem) <= 4096)))
 
 
 def _load(path: str) -> dict[str, dict]:
@@ -75,20 +74,19 @@ def _load(path: str) -> dict[str, dict]:
                     why or f"not schema {SCHEMA}")
         return {}
     good = {k: v for k, v in entries.items() if isinstance(k, str) and _valid(v)}
-    dropped = len(entries) - len(good)
-    if dropped:
-        logger.info("flashinfer-sm120: dropped %d malformed entr%s from the nvcc memo %s", dropped,
-                    "y" if dropped == 1 else "ies", path)
+    if len(good) < len(entries):
+        logger.info("flashinfer-sm120: dropped %d malformed entries from the nvcc memo %s",
+                    len(entries) - len(good), path)
     return good
 
 
-def lookup(nvcc: str, *, now: float | None = None) -> tuple[str | None, str | None] | None:
-    """The remembered ``(full, problem)`` for ``nvcc``, unless absent, changed, unusable or expired."""
+def lookup(path: str, *, now: float | None = None) -> tuple[str | None, str | None] | None:
+    """The remembered ``(full, problem)`` for ``path``, unless absent, changed, unusable or expired."""
     try:
-        entry = _load(memo_path()).get(nvcc)
+        entry = _load(memo_path()).get(path)
     except StateFileError:
         return None
-    if entry is None or entry["stat"] != fingerprint(nvcc):
+    if entry is None or entry["stat"] != fingerprint(path):
         return None
     age = (time.time() if now is None else now) - entry["at"]
     if entry["problem"] is not None and not -_FUTURE_SLACK_S <= age <= FAILURE_MEMORY_S:
@@ -96,39 +94,72 @@ def lookup(nvcc: str, *, now: float | None = None) -> tuple[str | None, str | No
     return entry["full"], entry["problem"]
 
 
-def store(nvcc: str, full: str | None, problem: str | None) -> None:
+def store(path: str, full: str | None, problem: str | None) -> None:
     """Remember an answer (atomic rewrite, at most :data:`MAX_ENTRIES`); failing only costs time later."""
     if full is not None:  # only the canonical form of a version is ever written
-        full = str(parse_version(full, "nvcc --version"))
+        full = str(parse_version(full, "--version"))
     try:
-        path = memo_path()
-        entries = _load(path)
-        entries[nvcc] = {"stat": fingerprint(nvcc) or [0] * 5, "full": full, "problem": problem, "at": time.time()}
+        memo = memo_path()
+        entries = _load(memo)
+        entries[path] = {"stat": fingerprint(path) or [0] * 5, "full": full, "problem": problem, "at": time.time()}
         keep = sorted(entries, key=lambda k: entries[k]["at"], reverse=True)[:MAX_ENTRIES]
-        write_json_atomic(path, {"schema": SCHEMA, "entries": {k: entries[k] for k in keep}})
+        write_json_atomic(memo, {"schema": SCHEMA, "entries": {k: entries[k] for k in keep}})
     except StateFileError as exc:
         logger.info("flashinfer-sm120: nvcc memo not saved: %s", exc)
 
 
-def probe_once(nvcc: str, probe: Callable[[], tuple[str | None, str | None, bool]],
-               lock_timeout: float) -> tuple[str | None, str | None, bool]:
-    """``(full, problem, local)``: the memo's answer, else ``probe()``'s ``(full, problem, remember)`` run by
-    one process at a time; ``local`` when it failed for this process's own reasons (not stored)."""
+def version_of(path: str, parse: Callable[[str], str], *, name: str, fix: str, timeout: float,
+               max_output: int = MAX_OUTPUT) -> tuple[str | None, str | None]:
+    """``(full, problem)`` of ``path --version`` (``parse(output)`` gives the version), run by one process
+    at a time while others wait on the memo; a failure for this process's own reasons is not remembered."""
 
     def remembered() -> tuple[str | None, str | None, bool] | None:
-        hit = lookup(nvcc)
-        return None if hit is None else (*hit, False)
+        hit = lookup(path)
+        return None if hit is None else (*hit, True)
 
     def compute() -> tuple[str | None, str | None, bool]:
-        full, problem, remember = probe()
+        full, problem, remember = _run_version(path, parse, name, fix, timeout, max_output)
         if remember and not lists_only():  # P4: a command that only lists writes no memo and no lock file
-            store(nvcc, full, problem)
-        return full, problem, not remember
+            store(path, full, problem)
+        return full, problem, remember
 
     if lists_only():
-        return remembered() or compute()
+        full, problem, _ = remembered() or compute()
+        return full, problem
     try:
         lock_path = memo_path() + ".lock"
     except StateFileError:
-        return compute()
-    return compute_once(lock_path, remembered, compute, timeout=lock_timeout, what=f"probing {nvcc}")
+        return compute()[:2]
+    return compute_once(lock_path, remembered, compute, timeout=timeout + 5.0, what=f"probing {path}")[:2]
+
+
+def _run_version(path: str, parse: Callable[[str], str], name: str, fix: str, timeout: float,
+                 max_output: int) -> tuple[str | None, str | None, bool]:
+    """``(full, problem, remember)`` of one bounded run (a memo miss only: safety.proc loads only then)."""
+    from flashinfer_sm120.safety import proc
+
+    res = proc.run([path, "--version"], timeout=timeout, max_output=max_output)
+    if res.errno == errno.E2BIG:
+        return None, (f"{res.error}: this process's environment is too large for any program to start, "
+                      f"not a fault of {path}; shorten or unset the longest variable, then retry (not remembered)"), False
+    if res.local:
+        return None, (f"{res.error}: this process ran out of a resource of its own (processes, open "
+                      f"files or memory), not a fault of {path}; raise the limit (ulimit -u / -n) or "
+                      f"free memory, then retry (not remembered)"), False
+    if res.error:
+        return None, f"{res.error}; fix it {fix}", True
+    if res.timed_out:
+        return None, (f"{path} did not answer '{name} --version' within {timeout:g} s; it is hung or broken: "
+                      f"fix or remove it, {fix} {_LATER}"), True
+    if res.truncated:
+        return None, (f"{path} --version printed more than {max_output} bytes and was stopped; it is not a "
+                      f"working {name}: fix or remove it, {fix} {_LATER}"), True
+    out = res.text()
+    try:
+        return parse(out), None, True
+    except (AttributeError, FormatError) as exc:  # no version line, or not a version
+        lines = out.strip().splitlines()
+        first = f"first line: {shown(lines[0], 120)}" if lines else "no output"
+        what = "no 'release X.Y, VX.Y.Z' line" if name == "nvcc" else f"no version ({exc})"
+        return None, (f"{path} --version printed {what} (exit {res.returncode}, {first}); it is not a "
+                      f"working {name}: fix it {fix}"), True

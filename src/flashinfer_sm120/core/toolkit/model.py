@@ -10,8 +10,6 @@ from packaging.version import Version
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.safety.formats.grammar import parse_version
 
-__all__ = ["Toolkit", "Choice", "RejectKind", "Rejection", "VersionDisagreement"]
-
 
 @dataclass(frozen=True)
 class VersionDisagreement:
@@ -28,12 +26,8 @@ class VersionDisagreement:
 
 @dataclass(frozen=True, kw_only=True)
 class Toolkit:
-    """One candidate: a find step's placeholder, then what :func:`~.probe.inspect` read of it.
-
-    ``root`` is the prefix above ``bin/nvcc``, ``sources`` where it was found (best first),
-    ``nvcc_full`` the canonical form of ``nvcc --version`` (safe in a file name), ``header_version``
-    ``CUDART_VERSION`` of its headers, ``problem`` why it is unusable, ``given_as`` the path as given.
-    """
+    """One candidate: a find step's placeholder, then what :func:`~.probe.inspect` read: ``root`` above ``bin/nvcc``,
+    ``sources`` best first, ``nvcc_full`` canonical (safe in a file name), ``problem`` why it is unusable."""
 
     root: str
     nvcc: str = ""
@@ -98,8 +92,8 @@ class Rejection:
 
 @dataclass(frozen=True)
 class Choice:
-    """The outcome of :func:`~.policy.choose`: the toolkit, the targets it builds, the capabilities they
-    serve, every other candidate's rejection, why it won, and ``torch.version.cuda``."""
+    """The outcome of :func:`~.policy.choose`: the toolkit, its targets and their capabilities, every other
+    candidate's rejection, why it won, and ``torch.version.cuda``."""
 
     toolkit: Toolkit
     targets: tuple[tuple[int, str], ...]

@@ -1,10 +1,6 @@
-"""The ninja of the process: the one FlashInfer's ``run_ninja`` runs, ``build`` runs, and servers check.
-
-FlashInfer 0.7.x runs ``ninja`` from ``PATH`` (``jit/cpp_ext.py`` ``run_ninja``) and vLLM 0.33's
-``has_flashinfer`` needs one there, but the ``ninja`` wheel installs into the venv's ``bin``, off
-``PATH`` for an unactivated ``/opt/venv/bin/vllm``.  Two ninja releases do not share a JIT cache
-(:data:`LOG_FORMATS`), so one is chosen (the wheel first, then ``PATH``) and exported first on ``PATH``.
-"""
+"""The process's ninja: the one FlashInfer's ``run_ninja`` runs from ``PATH`` (0.7.x ``jit/cpp_ext.py``) and
+vLLM 0.33's ``has_flashinfer`` needs there, found like nvcc (steps as data, version by :func:`.memo.version_of`):
+the wheel first (off ``PATH`` for an unactivated venv), then ``PATH``, and exported first on ``PATH``."""
 
 from __future__ import annotations
 
@@ -19,18 +15,13 @@ from typing import Callable
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from flashinfer_sm120.core.toolkit import memo
+from flashinfer_sm120.core.toolkit.memo import version_of
 from flashinfer_sm120.errors import PlaceError, Sm120Error
-from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats.paths import make_private_dirs
-from flashinfer_sm120.safety.formats.grammar import parse_leading_version
+from flashinfer_sm120.safety.formats.grammar import make_private_dirs, parse_leading_version
 from flashinfer_sm120.safety.fs.statedir import cache_root
-from flashinfer_sm120.safety.fs.tmpdirs import make_private
+from flashinfer_sm120.safety.fs.atomic import make_private
 from flashinfer_sm120.safety.ownership import mine_problem
 from flashinfer_sm120.safety.trust import check_executable
-
-__all__ = ["NINJA_TIMEOUT_S", "LOG_FORMATS", "FIND_STEPS", "Ninja", "NinjaError", "log_format",
-           "candidates", "choose", "on_path", "same_log", "export_dir", "link_dir"]
 
 #: Seconds ``ninja --version`` may take (it prints one line at once).
 NINJA_TIMEOUT_S = 10.0
@@ -120,23 +111,12 @@ FIND_STEPS: tuple[tuple[str, Callable[[str | None], list[tuple[str, str]]]], ...
 
 def _inspect(path: str) -> tuple[Version | None, str | None]:
     problem = check_executable(path)
-    if problem is not None:
-        return None, problem
-
-    def probe() -> tuple[str | None, str | None, bool]:  # a memo miss only
-        from flashinfer_sm120.safety import proc
-
-        res = proc.run([path, "--version"], timeout=NINJA_TIMEOUT_S, max_output=4096)
-        if not res.ok:
-            why = res.error or ("timed out" if res.timed_out else f"exit {res.returncode}")
-            return None, f"'{path} --version' failed ({why})", not res.local
-        try:
-            return str(parse_leading_version(res.text(), f"'{path} --version'")), None, True
-        except FormatError as exc:
-            return None, str(exc), True
-
-    full, problem, _local = memo.probe_once(path, probe, NINJA_TIMEOUT_S + 5)
-    return (Version(full) if full else None), (problem or (None if full else "its version cannot be read"))
+    if problem is None:
+        full, problem = version_of(path, lambda out: str(parse_leading_version(out, f"'{path} --version'")),
+                                   name="ninja", fix="or pip install --force-reinstall ninja",
+                                   timeout=NINJA_TIMEOUT_S, max_output=4096)
+        return (Version(full) if full else None), problem
+    return None, problem
 
 
 def candidates(env_path: str | None = None) -> list[Ninja]:
@@ -169,8 +149,8 @@ def on_path(env_path: str | None = None) -> str | None:
 
 
 def link_dir(chosen: Ninja) -> str:
-    """``<cache root>/ninja/<hash>``, a ``0700`` directory holding only ``ninja`` -> ``chosen.real``, made
-    once by renaming a private temp directory into place (P5); else :class:`NinjaError`."""
+    """``<cache root>/ninja/<hash>``, a ``0700`` directory holding only ``ninja`` -> ``chosen.real``, renamed into
+    place from a private temp directory (P5); else :class:`NinjaError`."""
     try:
         parent = os.path.join(cache_root(), "ninja")
         make_private_dirs(parent)
@@ -212,8 +192,8 @@ def link_dir(chosen: Ninja) -> str:
 
 
 def export_dir(chosen: Ninja, env_path: str | None, shared: Callable[[str], str | None]) -> tuple[str | None, str]:
-    """The directory to put first on ``PATH`` so that ``ninja`` runs ``chosen`` (``None``: it does), and a
-    note: its own directory when that shadows nothing (``shared(dir)`` is ``None``), else :func:`link_dir`."""
+    """The directory to put first on ``PATH`` so that ``ninja`` runs ``chosen`` (``None``: it does), and a note:
+    its own when that shadows nothing (``shared(dir)`` is ``None``), else :func:`link_dir`."""
     now = on_path(env_path)
     if now and os.path.realpath(now) == chosen.real:
         return None, f"unchanged: 'which ninja' is already {chosen.describe()}"

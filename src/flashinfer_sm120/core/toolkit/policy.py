@@ -1,10 +1,6 @@
-"""Choose one toolkit for the wanted targets, and say why the others lost (docs/toolkit.md "The choice").
-
-Acceptable (P1): no ``problem``, nvcc at least the release's minimum, every target buildable, torch's
-CUDA major (another only with ``FLASHINFER_SM120_ALLOW_OTHER_CUDA_MAJOR=1``).  FlashInfer's own
-toolkit is kept when acceptable; else passes run in order and the first acceptable candidate wins.
-When nothing fits, :class:`ToolkitError` carries one message ending in one fix line (:mod:`.fixes`).
-"""
+"""Choose one toolkit and say why the others lost (docs/toolkit.md "The choice"): acceptable (P1) is no
+``problem``, nvcc at least the release's minimum, every target buildable, torch's CUDA major; FlashInfer's own
+is kept when acceptable, else the first acceptable in order wins, else one :class:`ToolkitError` with one fix."""
 
 from __future__ import annotations
 
@@ -19,9 +15,7 @@ from flashinfer_sm120.core.toolkit.fixes import ALLOW_OTHER_MAJOR_ENV
 from flashinfer_sm120.core.toolkit.model import Choice, RejectKind, Rejection, Toolkit
 from flashinfer_sm120.core.toolkit.sources import Candidates
 from flashinfer_sm120.errors import ToolkitError
-from flashinfer_sm120.safety.envflag import env_flag
-
-__all__ = ["choose", "other_major_allowed", "torch_cuda_version"]
+from flashinfer_sm120.safety.formats.reads import env_flag
 
 _EXPLICIT_SOURCES = ("FLASHINFER_NVCC", "CUDA_HOME", "CUDA_PATH")
 _PREFERRED_MAJOR_FOR_CPU_TORCH = 13
@@ -49,9 +43,8 @@ def choose(toolkits: Sequence[Toolkit], arch_specs: list[_arch.ArchSpec] | None,
            capabilities: list[tuple[int, int]], torch_cuda: str | None, *, min_nvcc: Version | None = None,
            min_nvcc_why: str | None = None, allow_other_major: bool | None = None,
            own: str | None = None) -> Choice:
-    """The toolkit that builds the best targets for ``arch_specs`` (else the GPUs' ``capabilities``)
-    with ``torch_cuda``; ``toolkits`` are read lazily up to the pick; ``own``: the real path of the
-    nvcc FlashInfer alone would run.  Raises :class:`ToolkitError` when nothing passes."""
+    """The toolkit that builds the best targets for ``arch_specs`` (else the GPUs' ``capabilities``) with
+    ``torch_cuda``, ``toolkits`` read lazily up to the pick; ``own``: the real nvcc FlashInfer alone would run."""
     if allow_other_major is None:
         allow_other_major = other_major_allowed()
     if arch_specs is not None:

@@ -1,9 +1,8 @@
-"""Read a toolkit's facts: its version is what its binary says (P1; a bounded run remembered in
-:mod:`.memo`), its include and library directories pass the trust rule (P2)."""
+"""Read a toolkit's facts: its version is what its nvcc says (P1; :func:`.memo.version_of`), its include and
+library directories pass the trust rule (P2)."""
 
 from __future__ import annotations
 
-import errno
 import importlib.metadata
 import logging
 import os
@@ -13,29 +12,21 @@ import re
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts.arch import major_minor
-from flashinfer_sm120.core.toolkit import memo
 from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
+from flashinfer_sm120.core.toolkit.memo import version_of
 from flashinfer_sm120.core.toolkit.model import Toolkit, VersionDisagreement
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats.reads import field, read_json_file, read_prefix
 from flashinfer_sm120.safety.formats.grammar import parse_version
-from flashinfer_sm120.safety.formats.base import shown
+from flashinfer_sm120.safety.formats.reads import field, read_bytes, read_json_file
 from flashinfer_sm120.safety.ownership import trust_reason
 from flashinfer_sm120.safety.trust import trace
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["NVCC_TIMEOUT_S", "NVCC_MAX_OUTPUT", "inspect", "nvcc_version", "flashinfer_cuda_version"]
-
 #: Seconds ``nvcc --version`` may take (a healthy one answers in ~5 ms; 10 s covers a cold network FS).
 NVCC_TIMEOUT_S = 10.0
-
-#: Bytes of ``nvcc --version`` output kept; a real nvcc prints ~250, more is not an nvcc (P6).
-NVCC_MAX_OUTPUT = 16 << 10
-
 #: Largest ``version.json`` read; the installer's is about 3 KiB.
 MAX_VERSION_FILE_BYTES = 256 << 10
-
 _RELEASE_RE = re.compile(r"release (\d+)\.(\d+), V(\d+\.\d+(?:\.\d+)?)")
 #: Blanks within the line only: ``\s`` crossed newlines (quadratic on a header of blank lines, P6).
 _CUDART_RE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+CUDART_VERSION[ \t]+([0-9]+)", re.MULTILINE)
@@ -45,8 +36,6 @@ _LIBS = ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib",
          "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu")  # the last two: Debian's /usr
 
 _WORKING = "or set CUDA_HOME to a working toolkit"
-_LATER = f"(not retried for {memo.FAILURE_MEMORY_S / 60:g} min)"
-_NOT_NVCC = f"it is not a working nvcc: fix or remove it, {_WORKING} {_LATER}"
 #: The fix for a candidate without a usable nvcc, by the source it came from.
 _NO_NVCC_FIX = {
     "CUDA_HOME": "unset CUDA_HOME or point it at a toolkit prefix (the directory above bin/nvcc)",
@@ -58,9 +47,18 @@ _NO_NVCC_FIX = {
 _OTHER_FIX = "reinstall the toolkit, or set CUDA_HOME to a complete one"
 
 
+def _nvcc_release(out: str) -> str:
+    return str(parse_version(_RELEASE_RE.search(out).group(3), "nvcc --version"))
+
+
+def nvcc_version(nvcc: str, timeout: float = NVCC_TIMEOUT_S) -> tuple[str | None, str | None]:
+    """``(full, problem)`` of ``nvcc --version`` (:func:`version_of`); trust is checked by the caller."""
+    return version_of(nvcc, _nvcc_release, name="nvcc", fix=_WORKING, timeout=timeout)
+
+
 def _head(path: str, limit: int) -> str | None:
     try:
-        return read_prefix(path, limit).decode("utf-8", "replace")
+        return read_bytes(path, limit, prefix=True).decode("utf-8", "replace")
     except FormatError:
         return None
 
@@ -83,7 +81,7 @@ def _version_json(path: str) -> Version | None:
 
 
 def _version_from_files(root: str) -> tuple[Version, str] | None:
-    """(version, file) from ``version.json``, else the nvcc wheel's ``dist-info`` whose ``RECORD`` lists ``<root>/bin/nvcc``."""
+    """(version, file) from ``version.json``, else the nvcc wheel's ``dist-info`` whose ``RECORD`` lists its nvcc."""
     vj = os.path.join(root, "version.json")
     ver = _version_json(vj)
     if ver is not None:
@@ -110,42 +108,6 @@ def _wheel_owns(dist_info: str, root: str) -> bool:
     except Exception:  # a malformed RECORD: not proof of ownership
         return False
     return any(pathlib.PurePosixPath(str(f)) == rel for f in files)
-
-
-def nvcc_version(nvcc: str, timeout: float = NVCC_TIMEOUT_S) -> tuple[str | None, str | None, bool]:
-    """``(full, problem, local)`` of ``nvcc --version``, probed by one process while others wait on the
-    memo (P6); ``local``: failed for this process's own reasons (not remembered).  Trust is checked first."""
-    return memo.probe_once(nvcc, lambda: _run_nvcc_version(nvcc, timeout), lock_timeout=timeout + 5.0)
-
-
-def _run_nvcc_version(nvcc: str, timeout: float) -> tuple[str | None, str | None, bool]:
-    """``(full, problem, remember)`` of one bounded run (a memo miss only: safety.proc loads only then)."""
-    from flashinfer_sm120.safety import proc
-
-    res = proc.run([nvcc, "--version"], timeout=timeout, max_output=NVCC_MAX_OUTPUT)
-    if res.errno == errno.E2BIG:
-        return None, (f"{res.error}: this process's environment is too large for any program to start, "
-                      f"not a fault of {nvcc}; shorten or unset the longest variable, then retry (not remembered)"), False
-    if res.local:
-        return None, (f"{res.error}: this process ran out of a resource of its own (processes, open "
-                      f"files or memory), not a fault of {nvcc}; raise the limit (ulimit -u / -n) or "
-                      f"free memory, then retry (not remembered)"), False
-    if res.error:
-        return None, f"{res.error}; fix it {_WORKING}", True
-    if res.timed_out:
-        return None, (f"{nvcc} did not answer 'nvcc --version' within {timeout:g} s; it is hung or broken: "
-                      f"fix or remove it, {_WORKING} {_LATER}"), True
-    if res.truncated:
-        return None, f"{nvcc} --version printed more than {NVCC_MAX_OUTPUT} bytes and was stopped; {_NOT_NVCC}", True
-    out = res.text()
-    m = _RELEASE_RE.search(out)
-    try:
-        return str(parse_version(m.group(3), f"{nvcc} --version")), None, True
-    except (AttributeError, FormatError):  # no release line, or not a version
-        lines = out.strip().splitlines()
-        first = f"first line: {shown(lines[0], 120)}" if lines else "no output"
-        return None, (f"{nvcc} --version printed no 'release X.Y, VX.Y.Z' line (exit {res.returncode}, "
-                      f"{first}); it is not a working nvcc: fix it {_WORKING}"), True
 
 
 def _header_version(include_dirs: tuple[str, ...]) -> Version | None:
@@ -176,9 +138,8 @@ def _untrusted(kind: str, why: str) -> str:
 
 def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | None = None,
             *, timeout: float = NVCC_TIMEOUT_S) -> Toolkit:
-    """One toolkit's facts; ``problem`` says why it is unusable.  ``bin/nvcc`` is traced through links and
-    wrappers without running it, and nothing runs when anything on the way, or an include/lib
-    directory, fails the trust rule (P2).  ``sources[0]`` picks the fix, ``given_as`` names the path."""
+    """One toolkit's facts, ``problem`` why it is unusable; ``bin/nvcc`` is traced through links and wrappers and
+    nothing runs when anything on the way, or an include/lib directory, fails the trust rule (P2)."""
     given = given_as or root
     base = dict(sources=tuple(sources), given_as=given_as)
     fix = _NO_NVCC_FIX.get(sources[0] if sources else "given", _OTHER_FIX).format(given=given)
@@ -206,7 +167,7 @@ def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | No
         found = _version_from_files(os.path.dirname(os.path.dirname(nvcc)))
     # P1: the binary decides; when it cannot be run (even for this process's own reasons) the
     # toolkit is refused with that message, never given the version of a file beside it
-    full, problem, _local = nvcc_version(nvcc, timeout)
+    full, problem = nvcc_version(nvcc, timeout)
     source, disagreement = ("nvcc --version" if full else None), None
     if found and full:
         if str(found[0]) == full:  # formatted from the parsed Version, never the raw text
@@ -227,12 +188,11 @@ def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | No
 
 
 def flashinfer_cuda_version(cuda_path: str) -> Version:
-    """FlashInfer's ``get_cuda_version`` (0.7.x ``jit/cpp_ext.py``) for an unpatched process, through the
-    trust rule and the bounded run: FlashInfer's ``check_output`` has no deadline (P6).  Raises
-    ``RuntimeError`` as FlashInfer does when neither nvcc nor torch answers."""
+    """FlashInfer's ``get_cuda_version`` (0.7.x ``jit/cpp_ext.py``, whose ``check_output`` has no deadline) through
+    the trust rule and the bounded run (P6); ``RuntimeError`` as FlashInfer's when neither nvcc nor torch answers."""
     nvcc = os.path.join(cuda_path, "bin", "nvcc")
     problem = trace(nvcc).problem
-    full, problem, _local = (None, problem, False) if problem else nvcc_version(nvcc)
+    full, problem = (None, problem) if problem else nvcc_version(nvcc)
     if full:
         return Version(".".join(full.split(".")[:2]))
     import torch

@@ -1,8 +1,9 @@
-"""Where CUDA toolkits are looked for: :data:`FIND_STEPS` (``env -> [placeholder]``, in preference
-order, as cuda-pathfinder arranges its own search), run by :func:`discover`."""
+"""Where CUDA toolkits are looked for: :data:`FIND_STEPS` (``env -> [placeholder]``, in preference order, as
+cuda-pathfinder arranges its own search), run by :func:`discover`."""
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import re
@@ -18,17 +19,13 @@ from flashinfer_sm120.core.facts.arch import major_minor
 from flashinfer_sm120.core.toolkit.model import Toolkit
 from flashinfer_sm120.core.toolkit.probe import NVCC_TIMEOUT_S, inspect
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats.reads import check_text, field, read_json_file
 from flashinfer_sm120.safety.formats.base import shown
+from flashinfer_sm120.safety.formats.reads import check_text, field, read_json_file
 from flashinfer_sm120.safety.trust import follow_wrappers
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["FIND_STEPS", "SOURCES", "Candidates", "discover", "pathfinder_binary", "clean_home", "site_dirs",
-           "flashinfer_naive_root"]
-
 _PIP_PREFIX_RE = re.compile(r"cu1[3-9]")  # site-packages/nvidia/cu13: no pip wheel before 13 ships nvcc
-_VERSIONED_RE = re.compile(r"cuda-\d")
 _NOT_IN_BIN = "is not in a toolkit's bin/ directory, so no toolkit prefix"
 
 
@@ -95,21 +92,23 @@ def pathfinder_binary(name: str) -> str | None:
         return None
 
 
-def _env_var(var: str) -> Callable[[Mapping[str, str]], list[Toolkit]]:
+def _env_prefix(var: str, label: str | None = None) -> Callable[[Mapping[str, str]], list[Toolkit]]:
+    """The step for a variable naming a toolkit prefix (what people add to it cleaned; a view's toolkit behind it)."""
+    label = label or var
+
     def step(env: Mapping[str, str]) -> list[Toolkit]:
         val = env.get(var)
         if not val:
             return []
         try:
-            check_text(val, f"${var}", fix=f"set {var} to the toolkit prefix (the directory above "
-                                                  f"bin/nvcc) or unset it")
+            check_text(val, f"${var}", fix=f"set {var} to the toolkit prefix (the directory above bin/nvcc) or unset it")
         except FormatError as exc:
-            return [_found(var, shown(val), f"${var}", str(exc))]
+            return [_found(label, shown(val), f"${var}", str(exc))]
         home = clean_home(val)
         behind = _view_toolkit(home)
         if behind:  # exported by flashinfer-sm120 to this process's parent
-            return [_found(var, behind, f"${var}={val} (flashinfer-sm120 view of {behind})")]
-        return [_found(var, home, f"${var}={val}")]
+            return [_found(label, behind, f"${var}={val} (flashinfer-sm120 view of {behind})")]
+        return [_found(label, home, f"${var}={val}")]
 
     return step
 
@@ -122,11 +121,10 @@ def from_pip(env: Mapping[str, str]) -> list[Toolkit]:
             subs = os.listdir(os.path.join(sd, "nvidia"))
         except OSError:
             continue
-        for name in sorted((n for n in subs if _PIP_PREFIX_RE.fullmatch(n)), reverse=True):
-            out.append(_found("pip", os.path.join(sd, "nvidia", name), os.path.join(sd, "nvidia", name)))
+        roots = [os.path.join(sd, "nvidia", n) for n in sorted(filter(_PIP_PREFIX_RE.fullmatch, subs), reverse=True)]
         legacy = os.path.join(sd, "nvidia", "cuda_nvcc")
-        if os.path.isfile(os.path.join(legacy, "bin", "nvcc")):
-            out.append(_found("pip", legacy, legacy))
+        roots += [legacy] if os.path.isfile(os.path.join(legacy, "bin", "nvcc")) else []
+        out += [_found("pip", r, r) for r in roots]
     picked = pathfinder_binary("nvcc") if out else None
     if picked and os.path.basename(os.path.dirname(picked)) == "bin":
         root = os.path.dirname(os.path.dirname(picked))
@@ -182,30 +180,27 @@ def from_flashinfer_nvcc(env: Mapping[str, str]) -> list[Toolkit]:
     return [_found("FLASHINFER_NVCC", _view_toolkit(root) or root, given)]
 
 
-def from_usr_local_versioned(env: Mapping[str, str]) -> list[Toolkit]:
-    try:
-        names = [n for n in os.listdir("/usr/local") if _VERSIONED_RE.match(n)]
-    except OSError:
-        return []
-    names.sort(key=lambda n: major_minor(n.rsplit("-", 1)[-1]) or Version("0"), reverse=True)
-    return [_found("versioned", f"/usr/local/{n}", f"/usr/local/{n}") for n in names]
+def _usr_local(label: str, pattern: str) -> Callable[[Mapping[str, str]], list[Toolkit]]:
+    """The step for ``/usr/local/<pattern>`` directories, newest version first."""
 
+    def step(env: Mapping[str, str]) -> list[Toolkit]:
+        found = glob.glob(os.path.join("/usr/local", pattern))
+        found.sort(key=lambda p: major_minor(p.rsplit("-", 1)[-1]) or Version("0"), reverse=True)
+        return [_found(label, p, p) for p in found]
 
-def from_conda(env: Mapping[str, str]) -> list[Toolkit]:
-    conda = env.get("CONDA_PREFIX")
-    return [_found("conda", conda, f"$CONDA_PREFIX={conda}")] if conda else []
+    return step
 
 
 #: The search, in preference order: ``(label, step)``.
 FIND_STEPS: tuple[tuple[str, Callable[[Mapping[str, str]], list[Toolkit]]], ...] = (
     ("FLASHINFER_NVCC", from_flashinfer_nvcc),
-    ("CUDA_HOME", _env_var("CUDA_HOME")),
-    ("CUDA_PATH", _env_var("CUDA_PATH")),
+    ("CUDA_HOME", _env_prefix("CUDA_HOME")),
+    ("CUDA_PATH", _env_prefix("CUDA_PATH")),
     ("pip", from_pip),
     ("PATH", from_path),
     ("/usr/local/cuda", lambda env: [_found("/usr/local/cuda", "/usr/local/cuda", "/usr/local/cuda")]),
-    ("versioned", from_usr_local_versioned),
-    ("conda", from_conda),
+    ("versioned", _usr_local("versioned", "cuda-[0-9]*")),
+    ("conda", _env_prefix("CONDA_PREFIX", "conda")),
 )
 
 #: Source labels, in the order a candidate is preferred when several pass.
@@ -223,9 +218,7 @@ class Candidates(Sequence):
     def __len__(self) -> int:
         return len(self._found)
 
-    def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
-            return [self[j] for j in range(len(self))[i]]
+    def __getitem__(self, i: int) -> Toolkit:  # type: ignore[override]
         i = range(len(self))[i]
         if i not in self._done:
             f = self._found[i]

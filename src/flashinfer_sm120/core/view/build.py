@@ -1,4 +1,5 @@
-"""Building views (:func:`linkable_home`): under a file lock, in ``.tmp-*``, renamed to the first free name (P5)."""
+"""Building views (:func:`linkable_home`): under ``cuda-home/.lock``, in a private ``.tmp-*``, renamed to the first
+free name (P5), at ``<cache root>/cuda-home/cuda-<nvcc version>-<key>[.N]``."""
 
 from __future__ import annotations
 
@@ -12,27 +13,25 @@ import stat
 
 import filelock
 
-from flashinfer_sm120.safety.formats.paths import path_problem
+from flashinfer_sm120.safety.formats.grammar import path_problem, safe_join
 from flashinfer_sm120.safety.fs.statedir import cache_root
+from flashinfer_sm120.safety.fs.atomic import make_private
+from flashinfer_sm120.safety.ownership import mine_problem
+from flashinfer_sm120.safety.fs import lease
+from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
+from flashinfer_sm120.core.toolkit.memo import fingerprint
+from flashinfer_sm120.core.toolkit.model import Toolkit
+from flashinfer_sm120.core.toolkit.sources import site_dirs
+from flashinfer_sm120.core.view.meta import (ADDED_ITEMS, DIRS, META_NAME, STUB, VIEW_LAYOUT, CudaHome, ViewMeta,
+                                             check_view)
 from flashinfer_sm120.errors import FormatError, PlaceError, ViewError
 from flashinfer_sm120.safety.fs.atomic import sweep, write_atomic
-from flashinfer_sm120.safety.fs.tmpdirs import make_private
-from flashinfer_sm120.safety.ownership import mine_problem
-from flashinfer_sm120.safety.formats.paths import safe_join
-from flashinfer_sm120.safety.fs import lease
-from flashinfer_sm120.core.toolkit.model import Toolkit
-from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
-from flashinfer_sm120.core.toolkit.sources import site_dirs as _site_dirs
-from flashinfer_sm120.core.toolkit.memo import fingerprint
-from flashinfer_sm120.core.view.meta import ADDED_ITEMS, META_NAME, STUB, VIEW_LAYOUT, CudaHome, ViewMeta, check_view
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["LOCK_TIMEOUT_S", "MAX_VIEW_NAMES", "find_curand_include", "linkable_home", "views_dir"]
-
 #: Seconds a process waits for another to finish building a view (a build takes milliseconds).
 LOCK_TIMEOUT_S = 90.0
-#: Views are assembled in ``.tmp-*`` (:func:`flashinfer_sm120.safety.fs.tmpdirs.make_private`).
+#: Views are assembled in ``.tmp-*`` (:func:`flashinfer_sm120.safety.fs.atomic.make_private`).
 _TMP_PREFIX = ".tmp-"
 #: Most views kept per toolkit (``name``, ``name.1`` ...) before asking for cleanup.
 MAX_VIEW_NAMES = 16
@@ -42,7 +41,7 @@ def find_curand_include(toolkit: Toolkit) -> str | None:
     """Directory holding ``curand.h``: the toolkit's, the same major's pip wheels', ``/usr/include``'s, or ``None``."""
     dirs = list(toolkit.include_dirs)
     major = toolkit.nvcc_version.major if toolkit.nvcc_version else 13
-    for sd in _site_dirs():
+    for sd in site_dirs():
         dirs += [os.path.join(sd, "nvidia", f"cu{major}", "include"),
                  os.path.join(sd, "nvidia", "curand", "include")]
     dirs.append("/usr/include")
@@ -52,14 +51,8 @@ def find_curand_include(toolkit: Toolkit) -> str | None:
     return None
 
 
-def _missing(root: str, curand_inc: str | None) -> list[str]:
-    """What a view would add to ``root``; regular files only (ld blocks opening a FIFO)."""
-    return [rel for rel in ADDED_ITEMS if (curand_inc or rel != "include/curand.h")
-            and not os.path.isfile(os.path.join(root, rel))]
-
-
 def _view_path(tmp: str, rel: str) -> str | None:
-    """``tmp/rel``, or ``None`` for a name ``safe_join`` refuses (left out: the view needs only nvcc's files)."""
+    """``tmp/rel``, or ``None`` for a name ``safe_join`` refuses (left out: the view needs only nvcc's)."""
     try:
         return str(safe_join(tmp, rel, "CUDA_HOME view"))
     except FormatError as exc:
@@ -67,36 +60,28 @@ def _view_path(tmp: str, rel: str) -> str | None:
         return None
 
 
-def _link_entries(src_dir: str, dst_dir: str) -> None:
-    for name in sorted(os.listdir(src_dir)):
+def _link_entries(src_dir: str, dst_dir: str, names: list[str] | None = None) -> None:
+    for name in sorted(os.listdir(src_dir) if names is None else names):
         dst = _view_path(dst_dir, name)
         if dst is not None and not os.path.lexists(dst):
             os.symlink(os.path.join(src_dir, name), dst)
 
 
 def _assemble(tmp: str, toolkit: Toolkit, curand_inc: str | None) -> ViewMeta:
-    """Fill the new directory ``tmp`` with the view of ``toolkit``; write its metadata last."""
+    """Fill the new directory ``tmp`` with the view of ``toolkit`` (real :data:`DIRS`, links into the toolkit
+    and what it lacks), its metadata last."""
     root = toolkit.root
     added: list[str] = []
-    for name in sorted(os.listdir(root)):
-        dst = _view_path(tmp, name)
-        if dst is not None and name not in ("include", "lib64", "lib", META_NAME):
-            os.symlink(os.path.join(root, name), dst)
-    inc = os.path.join(tmp, "include")
-    os.mkdir(inc, 0o755)
+    inc, lib64 = os.path.join(tmp, "include"), os.path.join(tmp, "lib64")
+    for rel in DIRS[1:]:
+        os.mkdir(os.path.join(tmp, rel))
+        os.chmod(os.path.join(tmp, rel), 0o755)  # whatever the umask (002 is common)
+    _link_entries(root, tmp, [n for n in os.listdir(root) if n not in ("include", "lib64", "lib", META_NAME)])
     for d in toolkit.include_dirs:
         _link_entries(d, inc)
     if curand_inc and not os.path.lexists(os.path.join(inc, "curand.h")):
-        for path in sorted(glob.glob(os.path.join(curand_inc, "curand*.h"))):
-            dst = _view_path(inc, os.path.basename(path))
-            if dst is not None:
-                os.symlink(path, dst)
+        _link_entries(curand_inc, inc, [os.path.basename(p) for p in glob.glob(os.path.join(curand_inc, "curand*.h"))])
         added.append("include/curand.h")
-    lib64 = os.path.join(tmp, "lib64")
-    for d in (inc, lib64, os.path.join(lib64, "stubs")):  # whatever the umask (002 is common)
-        if not os.path.isdir(d):
-            os.mkdir(d)
-        os.chmod(d, 0o755)
     if toolkit.lib_dir:
         _link_entries(toolkit.lib_dir, lib64)
     cudart = os.path.join(lib64, "libcudart.so")
@@ -160,14 +145,10 @@ def views_dir() -> str:
     return parent
 
 
-def _names(parent: str, base: str) -> list[str]:
-    return [os.path.join(parent, base if i == 0 else f"{base}.{i}") for i in range(MAX_VIEW_NAMES)]
-
-
 def _adopt_existing(parent: str, base: str, toolkit: Toolkit,
                     curand_inc: str | None) -> tuple[CudaHome | None, str | None]:
     """First adoptable view among ``base``, ``base.1`` ...; else ``(None, first free name)``."""
-    for path in _names(parent, base):
+    for path in (os.path.join(parent, f"{base}.{i}" if i else base) for i in range(MAX_VIEW_NAMES)):
         if not os.path.lexists(path):
             return None, path
         home, why = check_view(path, toolkit, curand_inc)
@@ -202,12 +183,14 @@ def _lock(parent: str) -> filelock.BaseFileLock:
 
 
 def linkable_home(toolkit: Toolkit) -> CudaHome:
-    """A ``CUDA_HOME`` FlashInfer can compile and link against: the toolkit's root when complete and safe
-    unquoted in ``build.ninja``, else an adoptable view, else a new one built under ``cuda-home/.lock``.
-    A view is leased before it is returned (P3).  Raises :class:`ViewError` naming the path and the fix."""
+    """A ``CUDA_HOME`` FlashInfer can compile and link with: the toolkit's root when complete (regular files:
+    ld blocks on a FIFO) and safe unquoted in ``build.ninja``, else an adoptable view, else a new one; a view
+    is leased before it is returned (P3).  Raises :class:`ViewError` naming the path and the fix."""
     curand_inc = find_curand_include(toolkit)
     unsafe = path_problem(toolkit.root, "the toolkit path")
-    if not _missing(toolkit.root, curand_inc) and unsafe is None:
+    missing = [rel for rel in ADDED_ITEMS if (curand_inc or rel != "include/curand.h")
+               and not os.path.isfile(os.path.join(toolkit.root, rel))]
+    if not missing and unsafe is None:
         return CudaHome(toolkit.root, toolkit.root, False, (), curand_inc)
     if unsafe:  # FlashInfer writes cuda_home unquoted into build.ninja: hand it a view instead
         logger.info("flashinfer-sm120: %s; using a CUDA_HOME view under the cache directory instead", unsafe)

@@ -1,13 +1,6 @@
-"""The ``libcuda.so`` link stub of a ``CUDA_HOME`` view, written without a C compiler.
-
-FlashInfer links every JIT module with ``-L$cuda_home/lib64/stubs -lcuda``
-(``flashinfer/jit/cpp_ext.py``, ``generate_ninja_build_for_op``, 0.6.7 - 0.7.4); the CUDA 13 pip
-wheels ship no stub.  The linker needs a ``libcuda.so`` whose ``SONAME`` is ``libcuda.so.1`` and
-that defines the driver API (names from the toolkit's ``cuda.h``), or ``ld --as-needed`` drops
-``NEEDED libcuda.so.1``.  :func:`write_stub` writes the smallest such ELF64 shared object, its
-class, byte order, machine and flags copied from the toolkit's ``libcudart.so.*`` (else this
-Python): no ``$CC`` is ever run.  Layout per the System V ABI, "Object Files" (ELF-64 1.5).
-"""
+"""The ``libcuda.so`` link stub of a view, written without a C compiler: FlashInfer (0.6.7 - 0.7.4 ``jit/cpp_ext.py``)
+links with ``-L$cuda_home/lib64/stubs -lcuda`` and the CUDA 13 wheels ship no stub.  The smallest ELF64 shared
+object with ``SONAME libcuda.so.1`` and the driver API of ``cuda.h`` (System V ABI, ELF-64 1.5)."""
 
 from __future__ import annotations
 
@@ -17,11 +10,8 @@ import re
 import struct
 import sys
 
-from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats.reads import read_prefix
-from flashinfer_sm120.errors import ViewError
-
-__all__ = ["SONAME", "driver_symbols", "elf_ident", "stub_bytes", "write_stub"]
+from flashinfer_sm120.errors import FormatError, ViewError
+from flashinfer_sm120.safety.formats.reads import read_bytes
 
 #: The ``SONAME`` of the driver library that ``-lcuda`` must record.
 SONAME = "libcuda.so.1"
@@ -37,7 +27,7 @@ def elf_ident(paths: list[str]) -> tuple[str, int, int] | None:
     """``(byte order '<' or '>', e_machine, e_flags)`` of the first 64-bit ELF in ``paths``, or ``None``."""
     for path in paths:
         try:  # never a blocking open: a FIFO named libcudart.so.13 hung the view build
-            head = read_prefix(path, _EHDR)
+            head = read_bytes(path, _EHDR, prefix=True)
         except FormatError:
             continue
         if len(head) < _EHDR or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] not in (1, 2):
@@ -71,12 +61,12 @@ _PER_THREAD_RE = re.compile(r"__CUDA_API_PT(DS|SZ)\((cu\w+)\)")
 
 
 def driver_symbols(cuda_h: str | None) -> list[str]:
-    """Every driver API name ``cuda.h`` may make code reference: ``CUDAAPI cuX(``, ``#define cuX cuX_v2``
-    targets and per-thread variants (``cuX_ptds``); empty when ``cuda_h`` is absent or unreadable."""
+    """Every driver API name ``cuda.h`` may make code reference (``CUDAAPI cuX(``, ``#define cuX cuX_v2``, ``_ptds``),
+    without which ``ld --as-needed`` drops ``NEEDED libcuda.so.1``; empty when it is absent or unreadable."""
     if not cuda_h:
         return []
     try:
-        text = read_prefix(cuda_h, 16 << 20).decode("utf-8", "replace")
+        text = read_bytes(cuda_h, 16 << 20, prefix=True).decode("utf-8", "replace")
     except FormatError:
         return []
     names = set(_API_RE.findall(text)) | set(_VERSIONED_RE.findall(text))
@@ -157,8 +147,8 @@ def _reference_elfs(lib_dirs: list[str]) -> list[str]:
 
 
 def write_stub(dest: str, lib_dirs: list[str], cuda_h: str | None = None) -> str:
-    """Create the stub at ``dest`` (a new file) for the machine of ``lib_dirs``' ``libcudart.so*``; returns
-    its SHA-256.  Raises ``OSError``, or :class:`ViewError` without a 64-bit ELF to copy the machine from."""
+    """Create the stub at ``dest`` (a new file) for the class, byte order, machine and flags of ``lib_dirs``'
+    ``libcudart.so*`` (else this Python; no ``$CC`` is run); returns its SHA-256.  Raises ``OSError``, ``ViewError``."""
     ident = elf_ident(_reference_elfs(lib_dirs))
     if ident is None:
         raise ViewError("cannot write the libcuda.so link stub for FlashInfer's -lcuda: neither the toolkit's "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import stat
 
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.grammar import parse_version
@@ -25,8 +26,7 @@ DAY = 86400.0
 
 @dataclasses.dataclass
 class Entry:
-    """One view or JIT workspace: ``reason`` says why it may go (``None``: current),
-    ``kept`` why it stays although it may go."""
+    """One view or JIT workspace: ``reason`` why it may go (``None``: current), ``kept`` why it stays anyway."""
 
     kind: str
     path: str
@@ -59,9 +59,7 @@ def size_of(path: str) -> int:
 
 
 def fi_roots() -> list[str]:
-    """FlashInfer's cache roots that exist, real paths, without repeats; a root reached through a level
-    another uid owns or may change (a link planted in a shared workspace base) is not one: prune would
-    remove wherever it points (threat-model: P2, A2)."""
+    """FlashInfer's and SGLang's cache roots that exist and pass the trust rule, real paths (threat-model: P2, A2)."""
     from flashinfer_sm120.core.facts.workspace import workspace_base
     from flashinfer_sm120.safety.ownership import trust_reason
 
@@ -98,43 +96,40 @@ def times(paths) -> float | None:
 # ----------------------------------------------------------------------------- views
 
 
-def _unreadable(ent: Entry, exc: OSError) -> Entry:
-    """``ent`` kept: it cannot be read (another user's, or removed meanwhile by another prune)."""
-    ent.kept = f"cannot be read ({exc.strerror or exc}): never removed"
-    return ent
-
-
-def scan_views(views: str) -> list[Entry]:
+def _entries(kind: str, root: str, paths: list[str], fill) -> list[Entry]:
+    """One :class:`Entry` per path, ``fill(ent)`` says why it may go; one it cannot read is kept."""
     out = []
-    try:
-        found = sorted(os.scandir(views), key=lambda e: e.name)
-    except OSError:
-        return out
-    for e in found:
-        if e.name.startswith("."):
-            continue  # the lock and builders' .tmp-* directories (the builder cleans those)
-        ent = Entry("view", e.path, views, [e.path])
-        out.append(ent)
+    for path in paths:
+        ent = Entry(kind, path, root, [path])
         try:
-            _scan_view(e, ent)
-        except OSError as exc:
-            _unreadable(ent, exc)
+            fill(ent)
+        except OSError as exc:  # another user's, or removed meanwhile by another prune
+            ent.kept = f"cannot be read ({exc.strerror or exc}): never removed"
+        out.append(ent)
     return out
 
 
-def _scan_view(e: os.DirEntry, ent: Entry) -> None:
+def scan_views(views: str) -> list[Entry]:
+    try:
+        names = sorted(n for n in os.listdir(views) if not n.startswith("."))  # not the lock, nor builders' .tmp-*
+    except OSError:
+        return []
+    return _entries("view", views, [os.path.join(views, n) for n in names], _scan_view)
+
+
+def _scan_view(ent: Entry) -> None:
     from flashinfer_sm120.core.toolkit.memo import fingerprint
     from flashinfer_sm120.core.view.meta import META_NAME, STUB, VIEW_LAYOUT, VIEW_NAME_RE, ViewMeta
 
-    if e.is_symlink() or not e.is_dir(follow_symlinks=False):
+    if not stat.S_ISDIR(os.lstat(ent.path).st_mode):
         ent.kept = "not a directory of ours (a symlink or a file): never followed or removed"
         return
-    if not VIEW_NAME_RE.fullmatch(e.name):
+    if not VIEW_NAME_RE.fullmatch(os.path.basename(ent.path)):
         ent.kept = "not named as a view of ours: never removed"
         return
-    ent.last_used = times([os.path.join(e.path, STUB), e.path])
+    ent.last_used = times([os.path.join(ent.path, STUB), ent.path])
     try:
-        raw = read_json_file(os.path.join(e.path, META_NAME), 64 << 10, follow=False)
+        raw = read_json_file(os.path.join(ent.path, META_NAME), 64 << 10, follow=False)
         meta, problem = ViewMeta.from_json(raw)
     except FormatError as exc:
         raw, meta, problem = None, None, str(exc)
@@ -166,8 +161,7 @@ def workspaces(root: str, depth: int = 5) -> list[str]:
 
 
 def _flashinfer_at(site: str | None):
-    """The release of flashinfer-python installed in ``site`` (``None``: this interpreter's), parsed;
-    ``(text, version)``, each ``None`` when absent or unreadable."""
+    """``(text, parsed)`` of flashinfer-python's version in ``site`` (``None``: this interpreter's), each maybe ``None``."""
     import importlib.metadata as md
 
     dists = md.distributions(path=[site]) if site else md.distributions()
@@ -224,30 +218,21 @@ def workspace_reason(ws: str, ops: str, rel: list[str], ent: Entry) -> str | Non
 
 
 def scan_jit(root: str) -> list[Entry]:
-    out = []
-    for ws in workspaces(root):
-        try:
-            out.append(_scan_workspace(root, ws))
-        except OSError as exc:  # another user's, or removed meanwhile by another prune
-            out.append(_unreadable(Entry("jit", ws, root, [ws]), exc))
-    return out
+    return _entries("jit", root, workspaces(root), _scan_workspace)
 
 
-def _scan_workspace(root: str, ws: str) -> Entry:
+def _scan_workspace(ent: Entry) -> None:
+    ws = ent.path
     ops = os.path.join(ws, "cached_ops")
     names = set(os.listdir(ws))
-    remove = [ws] if names <= {"cached_ops", "generated"} else [
-        os.path.join(ws, n) for n in ("cached_ops", "generated") if n in names]
-    ent = Entry("jit", ws, root, remove)
+    if not names <= {"cached_ops", "generated"}:
+        ent.remove = [os.path.join(ws, n) for n in ("cached_ops", "generated") if n in names]
     sos, locks = [], []
     for e in os.scandir(ops):
         if e.name == "tmp" and e.is_dir(follow_symlinks=False):
-            locks = sorted(os.path.join(e.path, n) for n in os.listdir(e.path) if n.endswith(".lock"))
+            locks = [os.path.join(e.path, n) for n in os.listdir(e.path) if n.endswith(".lock")]
         elif e.is_dir(follow_symlinks=False):
             sos.append(os.path.join(e.path, f"{e.name}.so"))
     ent.locks = locks
     ent.last_used = times(sos + locks) or times([ops])
-    ent.reason = workspace_reason(ws, ops, os.path.relpath(ws, root).split(os.sep), ent)
-    return ent
-
-
+    ent.reason = workspace_reason(ws, ops, os.path.relpath(ws, ent.root).split(os.sep), ent)

@@ -1,8 +1,6 @@
-"""``doctor``'s conclusions, as data: a verdict, what FlashInfer alone would do, and findings, judged
-from :func:`flashinfer_sm120.diagnose.verify.report.collect`'s report; :mod:`flashinfer_sm120.cli.doctor`
-renders them.  Branch on :class:`Level` and :attr:`Finding.code`, never on the text.  A check is one
-entry of :data:`CHECKS`; a PROBLEM makes the verdict PROBLEM (``doctor`` exits 1).
-"""
+"""``doctor``'s conclusions as data, judged from :func:`~flashinfer_sm120.diagnose.verify.report.collect`'s report:
+a verdict, what FlashInfer alone would do, and findings (branch on :class:`Level` and ``code``, never on text).
+A check is one entry of :data:`CHECKS`; a PROBLEM makes the verdict PROBLEM."""
 
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ class Level(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Finding:
-    """One thing ``doctor`` found: ``code`` a stable name for scripts, ``text`` one sentence without a
-    trailing period, ``fix`` what to do."""
+    """One thing ``doctor`` found: ``code`` for scripts, ``text`` one sentence without its period, ``fix``."""
 
     level: Level
     code: str
@@ -74,8 +71,7 @@ def _choice(report: dict) -> dict:
 
 
 def _check_workspace(report: dict) -> Iterable[Finding]:
-    """FlashInfer was not imported on purpose (``report["import_refused"]``: root with another user's
-    ``HOME`` under ``sudo -E``, a temporary directory not ours).  threat-model: P4"""
+    """FlashInfer was not imported on purpose (``sudo -E``, a temporary directory not ours).  threat-model: P4"""
     refused = report.get("import_refused")
     if refused:
         yield Finding(Level.PROBLEM, refused["code"], f"FlashInfer was not imported: {refused['text']}", refused["fix"])
@@ -152,8 +148,7 @@ def _check_sections(report: dict) -> Iterable[Finding]:
 
 
 def _ninja_conflict(n: dict, chosen: str, autoload: bool) -> Finding:
-    """Two ninjas of different ``.ninja_log`` formats: each rebuilds every module the other built; the
-    fix depends on whether the autoload already puts ``chosen`` first on every server's PATH."""
+    """Two ninjas of different ``.ninja_log`` formats rebuild each other's modules; the fix depends on the autoload."""
     log = f".ninja_log v{n['log_format']}" if n.get("log_format") else "another .ninja_log format"
     head = f"{n['path']} (ninja {n['version']}, {log}) is reachable too and rebuilds every module {chosen} built, "
     remove = "remove the other ninja (e.g. apt-get remove ninja-build)"
@@ -168,8 +163,7 @@ def _ninja_conflict(n: dict, chosen: str, autoload: bool) -> Finding:
 
 
 def _check_toolkits(report: dict) -> Iterable[Finding]:
-    """A toolkit whose version file disagrees with its nvcc (``Toolkit.disagreement``): the binary's
-    answer is used (threat-model: P1), but the install is mixed."""
+    """A toolkit whose version file disagrees with its nvcc: the binary's answer is used (P1), the install is mixed."""
     for c in report.get("candidates") or ():
         d = c.get("disagreement")
         if d:
@@ -180,9 +174,7 @@ def _check_toolkits(report: dict) -> Iterable[Finding]:
 
 
 def _check_build_line(report: dict) -> Iterable[Finding]:
-    """FlashInfer variables that change every build line, modules warmed with other values
-    (:mod:`flashinfer_sm120.core.facts.buildline`), and the targets each installed server sets itself
-    (:mod:`flashinfer_sm120.core.facts.serverprobe`): the ``build_line`` section of the report."""
+    """The ``build_line`` section: variables set, modules warmed with other values, targets a server sets."""
     section = report.get("build_line") or {}
     for s in section.get("set") or ():
         value = s["value"] if len(s["value"]) <= 80 and s["value"].isprintable() else shown(s["value"], 80)

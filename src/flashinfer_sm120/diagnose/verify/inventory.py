@@ -1,13 +1,6 @@
-"""What FlashInfer will load, and whether the visible GPUs can run it.
-
-In the order FlashInfer 0.7.4 looks (``flashinfer/jit/core.py`` ``JitSpec.try_load``, ``jit/env.py``):
-``flashinfer-jit-cache`` (and ``flashinfer/data/aot``), whose AOT module is loaded *instead of* a JIT
-build (0.7.4: ``FLASHINFER_AOT_PROVIDERS``; older: ``FLASHINFER_AOT_DIR``); ``flashinfer-cubin``
-(``FLASHINFER_CUBIN_DIR``) for kernels that are not JIT-built; then the JIT directory.  The
-directories come from FlashInfer's own ``flashinfer.jit.env``.  A module's SASS/PTX targets come from
-a trusted ``cuobjdump`` (``--list-elf --list-ptx``, and its headers for the a/f suffix); without one,
-the ELF sections say only whether there is device code.  Cubins are summarised by their ELF header's SM.
-"""
+"""What FlashInfer will load, in the order 0.7.4 looks (``JitSpec.try_load``: ``FLASHINFER_AOT_PROVIDERS``, then
+``FLASHINFER_CUBIN_DIR``, then the JIT directory, read from ``flashinfer.jit.env``), and whether the GPUs here can
+run it: targets from a trusted ``cuobjdump``, else only whether there is device code; cubins by ELF header SM."""
 
 from __future__ import annotations
 
@@ -15,7 +8,6 @@ import glob
 import os
 import shutil
 import stat
-import sys
 
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import shown
@@ -35,9 +27,7 @@ _TOOL_OUTPUT = 4 << 20
 
 
 def find_cuobjdump(cuda_home: str | None = None) -> str | None:
-    """A trusted ``cuobjdump``: the chosen toolkit's, cuda-pathfinder's pick among NVIDIA's wheels,
-    the wheels on ``sys.path`` it does not search (``nvidia/cu13/bin``, the cu12
-    ``nvidia/cuda_cuobjdump/bin``), then ``PATH``; ``None`` when there is none."""
+    """A trusted ``cuobjdump``: the toolkit's, cuda-pathfinder's, the NVIDIA wheels' on ``sys.path``, then ``PATH``."""
     from flashinfer_sm120.core.toolkit.sources import pathfinder_binary, site_dirs
     from flashinfer_sm120.safety.trust import check_executable
 
@@ -135,16 +125,11 @@ def jit_modules(jit_dir: str) -> list[tuple[str, str]]:
 
 def prebuilt_places() -> list[dict]:
     """The prebuilt directories FlashInfer would load from first, as its ``jit.env`` computed them."""
-    env = sys.modules.get("flashinfer.jit.env")
-    if env is None:
-        try:
-            import flashinfer.jit.env as env  # type: ignore[no-redef]
-        except Exception:
-            return []
     try:
+        import flashinfer.jit.env as env
         from flashinfer import __version__ as fi_version
     except Exception:
-        fi_version = "?"
+        return []
     places: list[dict] = []
     for p in getattr(env, "FLASHINFER_AOT_PROVIDERS", ()) or ():
         places.append({"kind": "flashinfer-jit-cache", "label": f"{p.distribution} {p.version}",
@@ -222,9 +207,7 @@ def gpus_to_check(gpus: list[dict], targets: list[str]) -> tuple[list[tuple[str,
 
 
 def other_targets(jit_dir: str, limit: int = 64) -> dict[str, int]:
-    """Modules built with the same toolkit for other targets: FlashInfer's JIT directory is
-    ``<workspace>/<release>/[<targets>/]<nvcc tag>/cached_ops``, so the siblings of the targets
-    part (a machine without a GPU has none) hold them; ``{targets part: module count}``."""
+    """``{targets part: module count}`` of the siblings of ``<release>/[<targets>/]<nvcc tag>/cached_ops``."""
     tag_dir = os.path.dirname(jit_dir)
     tag, leaf, out = os.path.basename(tag_dir), os.path.basename(jit_dir), {}
     for root in dict.fromkeys((os.path.dirname(tag_dir), os.path.dirname(os.path.dirname(tag_dir)))):

@@ -1,7 +1,6 @@
-"""What ``flashinfer-sm120 doctor`` reports, as data: the GPUs, every toolkit found, the choice,
-FlashInfer with and without the patch, then the further sections (ninja, servers, build line,
-inventory, caches; the CLI adds warmup's builds).  Nothing here prints; :mod:`.diagnosis` turns
-the report into a verdict and typed findings, and :mod:`flashinfer_sm120.cli.doctor` renders both."""
+"""What ``doctor`` reports, as JSON-able data: the GPUs, every toolkit, the choice, FlashInfer with and without
+the patch, then the further sections.  Nothing here prints: :mod:`.diagnosis` judges it and
+:mod:`flashinfer_sm120.cli.doctor` renders both."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ from flashinfer_sm120.safety.formats.reads import iter_lines, loads_json
 from flashinfer_sm120.safety.formats.binary import parse_ninja_log_header
 from flashinfer_sm120.safety.formats.base import shown
 
-__all__ = ["ALONE_TIMEOUT_S", "Section", "collect", "ninja_section", "log_format_of_dir", "servers_section", "build_line_section"]
+__all__ = ["ALONE_TIMEOUT_S", "dist_version", "Section", "collect", "ninja_section", "log_format_of_dir", "servers_section", "build_line_section"]
 
 #: A further section of the report: its key and ``collector(report) -> dict`` (JSON-able).
 Section = tuple[str, Callable[[dict], dict]]
@@ -60,9 +59,7 @@ os._exit(0)
 
 
 def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
-    """What unpatched FlashInfer computes (``cuda_home``, ``cuda_version``, ``target_cuda_archs``,
-    ``jit_dir``, or ``error``), from a child with the shim off.  FlashInfer alone runs its nvcc at
-    import: when the trust policy refuses a program it would run, no child starts (``skipped``)."""
+    """What unpatched FlashInfer computes, from a child with the shim off; none starts when it would run a refused program (P2)."""
     from flashinfer_sm120.safety import proc
     from flashinfer_sm120.core.toolkit.sources import flashinfer_naive_root
     from flashinfer_sm120.safety.trust import trace
@@ -113,8 +110,7 @@ _ORIGINAL_ENV = {k: v for k, v in os.environ.items() if k in ("CUDA_HOME", "CUDA
 
 
 def ninja_section(report: dict) -> dict:
-    """``doctor``'s ninja part: the chosen one, every reachable one, those of another log format, and
-    the log formats of the modules (at most 512) in this process's JIT dir."""
+    """The chosen ninja, every reachable one, those of another log format, and the JIT dir's log formats."""
     from flashinfer_sm120.core.toolkit import ninja
 
     found = ninja.candidates()
@@ -152,20 +148,12 @@ def log_format_of_dir(build_dir: str) -> int | None:
     return None
 
 
-def collect(timeout: float = ALONE_TIMEOUT_S, *, say: Callable[[str], None] | None = None,
-            server_cache: dict | None = None, arch: str | None = None, extra: Sequence[Section] = ()) -> dict:
-    """Everything ``doctor`` reports, JSON-able (judged by :mod:`.diagnosis`); never prints (``say`` gets
-    a progress note before the slow part).  ``server_cache``: how the caller moved FlashInfer's cache
-    as the installed server would (SGLang), done before this is called, for the report; ``arch``: the
-    ``--arch`` given; ``extra``: sections of layers this one does not import, run last."""
-    from flashinfer_sm120.diagnose import prune
-    from flashinfer_sm120.diagnose.verify import inventory
-
+def collect(timeout: float = ALONE_TIMEOUT_S, *, sections: Sequence[Section] = (),
+            say: Callable[[str], None] | None = None, server_cache: dict | None = None, arch: str | None = None) -> dict:
+    """Everything ``doctor`` reports: the core part, then ``sections`` in order (each reads those before it)."""
     report = _collect(timeout, say, server_cache)
     report["arch_option"] = arch
-    for key, collector in (("ninja", ninja_section), ("servers", servers_section),
-                           ("build_line", build_line_section), ("inventory", inventory.doctor_section),
-                           ("caches", prune.doctor_section), *extra):  # in order: each reads those before it
+    for key, collector in sections:
         try:
             report[key] = collector(report)
         except Exception as exc:  # one broken section never hides the rest
@@ -175,16 +163,18 @@ def collect(timeout: float = ALONE_TIMEOUT_S, *, say: Callable[[str], None] | No
 
 def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: dict | None) -> dict:
     from flashinfer_sm120.core import patch
+    from flashinfer_sm120.diagnose import autoload
+    from flashinfer_sm120.core.facts.refusals import import_refused
     from flashinfer_sm120.core.toolkit.policy import torch_cuda_version
     from flashinfer_sm120.core.toolkit.sources import discover
     from flashinfer_sm120.core.facts.gpus import query
     from flashinfer_sm120.core.patch.resolve import cleaned_homes, flashinfer_version
     from flashinfer_sm120.core.facts.releases import release_info
     from flashinfer_sm120.core.toolkit.model import RejectKind
-    from flashinfer_sm120.safety.envflag import env_flag
+    from flashinfer_sm120.safety.formats.reads import env_flag
 
     report: dict = {"flashinfer_sm120": __version__, "python": sys.executable,
-                    "torch_version": _dist_version("torch")}
+                    "torch_version": dist_version("torch")}
     report["original_env"] = dict(_ORIGINAL_ENV, **{k: os.environ[k] for k in ("PATH", "FLASHINFER_WORKSPACE_BASE")
                                                     if k in os.environ})
     report["server_cache"] = server_cache
@@ -224,45 +214,42 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
     for c in report["candidates"]:
         c["state"], c["why"] = states.get(c["root"]) or (("rejected", c["problem"]) if c["problem"] else ("", ""))
     report["disabled"] = env_flag("FLASHINFER_SM120_DISABLE")
-    from flashinfer_sm120.core.facts.refusals import import_refused
-
     refusal = import_refused()  # threat-model: P4: either import of FlashInfer would write where it must not
     report["import_refused"] = dataclasses.asdict(refusal) if refusal else None
     if refusal is not None:
-        why = str(refusal)
-        report["before"] = {"error": f"not run: {why}", "skipped": why}
-        report["after"] = {"status": patch.status(), "error": why}
-        from flashinfer_sm120.core import autoload
+        report["before"] = {"error": f"not run: {refusal}", "skipped": str(refusal)}
+        report["after"] = {"status": patch.status(), "error": str(refusal)}
+    else:
+        if say is not None:
+            say(f"(asking unpatched FlashInfer in a child process, up to {timeout:g} s ...)")
+        report["before"] = _flashinfer_alone(timeout)
+        report["after"] = _with_shim()
+    report["autoload"] = autoload.doctor_report()  # deploy: is the .pth installed for this interpreter?
+    return report
 
-        report["autoload"] = autoload.doctor_report()
-        return report
-    if say is not None:
-        say(f"(asking unpatched FlashInfer in a child process, up to {timeout:g} s ...)")
-    report["before"] = _flashinfer_alone(timeout)
+
+def _with_shim() -> dict:
+    """What FlashInfer computes once imported here, with flashinfer-sm120's hooks, and what every build would refuse."""
+    from flashinfer_sm120.core import patch
+    from flashinfer_sm120.core.facts.workspace import builds_refused
+    from flashinfer_sm120.core.jitenv import environ
+    from flashinfer_sm120.safety.compilers import path_problem
+
     try:
         import flashinfer.jit.core  # noqa: F401  (triggers the hooks)
         import flashinfer.jit.env as jit_env
         import flashinfer.jit.cpp_ext as cx
 
-        report["after"] = {"status": patch.status(), "jit_dir": str(jit_env.FLASHINFER_JIT_DIR)}
-        if report["after"]["status"]["mode"] != "guard":  # guarded: FlashInfer's own nvcc, not run here
-            report["after"].update(cuda_home=cx.get_cuda_path(), cuda_version=str(cx.get_cuda_version()))
-        from flashinfer_sm120.core.jitenv import environ  # what the rest of the process and its children get
-
-        report["after"]["exported"] = environ.exported()
-        from flashinfer_sm120.safety.buildenv import path_problem
-
+        after = {"status": patch.status(), "jit_dir": str(jit_env.FLASHINFER_JIT_DIR)}
+        if after["status"]["mode"] != "guard":  # guarded: FlashInfer's own nvcc, not run here
+            after.update(cuda_home=cx.get_cuda_path(), cuda_version=str(cx.get_cuda_version()))
+        after["exported"] = environ.exported()  # what the rest of the process and its children get
         host = path_problem(os.environ)  # what every build would run by name, on the exported PATH
-        report["after"]["host_program"] = dataclasses.asdict(host) if host else None
-        from flashinfer_sm120.core.facts.refusals import builds_refused
-
-        report["after"]["builds_refused"] = builds_refused(str(jit_env.FLASHINFER_JIT_DIR))  # the gate's list
+        after["host_program"] = dataclasses.asdict(host) if host else None
+        after["builds_refused"] = builds_refused(after["jit_dir"])  # the gate's list
+        return after
     except Exception as exc:
-        report["after"] = {"status": patch.status(), "error": repr(exc)}
-    from flashinfer_sm120.core import autoload  # deploy: is the .pth installed for this interpreter?
-
-    report["autoload"] = autoload.doctor_report()
-    return report
+        return {"status": patch.status(), "error": repr(exc)}
 
 
 def _installed(name: str) -> str | None:
@@ -276,7 +263,7 @@ def _installed(name: str) -> str | None:
     return (spec.origin or name) if spec is not None else None
 
 
-def _dist_version(name: str) -> str | None:
+def dist_version(name: str) -> str | None:
     """The installed distribution's version, read from its metadata (nothing imported)."""
     import importlib.metadata as md
 
@@ -290,9 +277,7 @@ def _dist_version(name: str) -> str | None:
 
 
 def servers_section(report: dict) -> dict:
-    """Per installed vLLM/SGLang (:mod:`flashinfer_sm120.core.facts.servers`): its FlashInfer check
-    now (vLLM: ``has_flashinfer()`` without and with the exported toolkit), the nvcc its lookup
-    finds, and the JIT directory it would use (:mod:`flashinfer_sm120.core.facts.serverprobe`)."""
+    """Per installed vLLM/SGLang: its FlashInfer check, the nvcc its lookup finds and its JIT directory."""
     from flashinfer_sm120.core.facts import serverprobe, servers
     from flashinfer_sm120.core.facts.workspace import workspace_base
     from flashinfer_sm120.core.toolkit.sources import flashinfer_naive_root
@@ -324,9 +309,7 @@ def servers_section(report: dict) -> dict:
 
 
 def build_line_section(report: dict) -> dict:
-    """FlashInfer variables set here that change every build line (:mod:`flashinfer_sm120.core.facts.buildline`),
-    the modules built with other values (per JIT directory known so far), and each installed server's
-    own targets for the GPUs of the choice (:mod:`flashinfer_sm120.core.facts.serverprobe`)."""
+    """Variables that change every build line, modules built with other values, and each server's own targets."""
     from flashinfer_sm120.core.facts import buildline, serverprobe, servers
 
     env = dict(os.environ)

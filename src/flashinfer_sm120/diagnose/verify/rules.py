@@ -1,17 +1,6 @@
-"""What a built module needs to run here, as rules: which compiled code runs on which GPU, and what it must
-be linked against.
-
-SASS ``sm_XYa`` runs only on X.Y; ``sm_XYf`` and ``sm_XY`` on X.Z with Z >= Y (``exact`` when Z == Y,
-else ``compatible``).  PTX (``jit``): ``compute_XYa`` only X.Y, ``compute_XYf`` the same major from X.Y
-on, ``compute_XY`` every later GPU.  Sources: FlashInfer 0.7.4 ``jit/_cuda_architecture.py``
-(``cuda_binary_target_compatibility_score``), the CUDA C++ Programming Guide, CUDA 12.9 release notes.
-SM 12.1 running SM 12.0 code is legal, but FlashInfer builds ``sm_121a`` since 0.6.12 because such
-code gave wrong results there (FlashInfer issue 3294): :func:`caution`.
-
-FlashInfer links every JIT module with ``-L$cuda_home/lib64/stubs -lcudart -lcuda``
-(``flashinfer/jit/cpp_ext.py`` ``generate_ninja_build_for_op``, 0.6.7 - 0.7.4): the ``libcuda.so``
-there is a link stub; what must load is the driver's ``libcuda.so.1`` and torch's one ``libcudart``.
-"""
+"""Which compiled code runs on which GPU (FlashInfer 0.7.4 ``jit/_cuda_architecture.py``, CUDA 12.9 notes), and
+what a module must be linked against: FlashInfer links ``-L$cuda_home/lib64/stubs -lcudart -lcuda``
+(``cpp_ext.py`` 0.6.7 - 0.7.4), so the driver's ``libcuda.so.1`` and torch's one ``libcudart`` must load."""
 
 from __future__ import annotations
 
@@ -44,8 +33,7 @@ def capability_of(target: str) -> tuple[int, int] | None:
 
 
 def runs(target: str, capability: tuple[int, int]) -> str | None:
-    """How code for ``target`` runs on a GPU of ``capability``: ``exact``, ``compatible``,
-    ``jit`` (PTX compiled by the driver) or ``None`` (it cannot run there)."""
+    """``exact``/``compatible``/``jit`` (PTX)/``None``: ``*_XYa`` only on X.Y, ``sm_XY[f]``, ``compute_XYf`` on X.Z>=Y."""
     p = parse_target(target)
     if p is None:
         return None
@@ -74,7 +62,7 @@ def best(targets: list[str] | tuple[str, ...], capability: tuple[int, int]) -> t
 
 
 def caution(verdict: str | None, target: str | None, capability: tuple[int, int]) -> str | None:
-    """A warning for legal but risky code: SM 12.x code built for an earlier minor."""
+    """A warning for legal but risky code: SM 12.x code of an earlier minor (FlashInfer builds ``sm_121a`` since 0.6.12, issue 3294)."""
     if verdict == "compatible" and target and capability[0] == 12:
         return (f"runs {target} code on compute capability {capability[0]}.{capability[1]} by binary "
                 f"compatibility; FlashInfer builds sm_{capability[0]}{capability[1]}a for it because such code "
@@ -83,8 +71,7 @@ def caution(verdict: str | None, target: str | None, capability: tuple[int, int]
 
 
 def static_problems(path: str, *, view: str | None = None, cuda_major: int | None = None) -> tuple[dict, list[str]]:
-    """``(facts, problems)`` of the module at ``path``: ``facts`` has ``needed``, ``rpath``,
-    ``soname``; each problem is a sentence with the fix."""
+    """``(facts, problems)`` of the module at ``path``: ``needed``, ``rpath``, ``soname``; each problem with its fix."""
     info = read_elf(path)
     facts = {"needed": list(info.needed), "rpath": list(info.rpath), "soname": info.soname}
     problems = []

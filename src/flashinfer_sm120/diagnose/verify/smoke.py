@@ -1,12 +1,6 @@
-"""``flashinfer-sm120 doctor --smoke``: a tiny kernel built exactly as FlashInfer builds its modules,
-and run when a GPU is visible; pass/fail naming the failing step (:data:`STEPS`, one deadline).
-
-``generate`` uses FlashInfer's own ``gen_jit_spec`` and ``generate_ninja_build_for_op``
-(``flashinfer/jit/core.py``, ``cpp_ext.py``, 0.7.4), only the output directory moved to a private
-scratch directory; ``compile``/``link`` run the ninja the export gives FlashInfer's ``run_ninja``;
-``link check`` reads ``NEEDED``/``RPATH`` and, with a cuobjdump, SASS per target; ``load``/``run`` (GPU
-only) load the ``.so`` in a child with :mod:`ctypes` after torch and check 4096 results.
-"""
+"""``doctor --smoke``: a tiny kernel built with FlashInfer's own ``gen_jit_spec`` and ``generate_ninja_build_for_op``
+(0.7.4) in a private scratch directory, checked, and run when a GPU is visible; the result names the failing
+step (:data:`STEPS`, one deadline)."""
 
 from __future__ import annotations
 
@@ -121,30 +115,6 @@ def _tail(text: str, keep: int = OUTPUT_KEPT) -> str:
     return text if len(text) <= keep else f"... ({len(text) - keep} characters cut)\n" + text[-keep:]
 
 
-class _Run:
-    def __init__(self, timeout: float) -> None:
-        self.start = time.monotonic()
-        self.deadline = self.start + timeout
-        self.timeout = timeout
-        self.steps: list[Step] = []
-
-    def left(self) -> float:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise _Failed(f"the smoke check's {self.timeout:g} s were used up before this step")
-        return left
-
-    def step(self, name: str, fn):
-        t0 = time.monotonic()
-        try:
-            detail = fn()
-        except Exception as exc:  # anything FlashInfer or the OS raises: the step failed
-            failed = exc if isinstance(exc, _Failed) else _Failed(f"{type(exc).__name__}: {exc}"[:2000])
-            self.steps.append(Step(name, "failed", round(time.monotonic() - t0, 2), failed.detail, _tail(failed.output)))
-            raise failed from None
-        self.steps.append(Step(name, "passed", round(time.monotonic() - t0, 2), detail or ""))
-
-
 def _choose() -> tuple[str, list[str], str]:
     from flashinfer_sm120.core.facts.refusals import import_refused
 
@@ -166,7 +136,7 @@ def _choose() -> tuple[str, list[str], str]:
         raise _Failed("no targets: no GPU is visible and FLASHINFER_CUDA_ARCH_LIST is not set; set it to the "
                       "GPUs this machine will run, e.g. FLASHINFER_CUDA_ARCH_LIST=12.0 (RTX 5090 / RTX PRO 6000) "
                       "or 12.1 (DGX Spark)")
-    from flashinfer_sm120.safety.buildenv import path_problem
+    from flashinfer_sm120.safety.compilers import path_problem
 
     problem = path_problem(os.environ)
     if problem:
@@ -177,8 +147,7 @@ def _choose() -> tuple[str, list[str], str]:
 
 
 def _generate(state: dict, work: str) -> str:
-    """Write the source and FlashInfer's build.ninja for it into ``work``; ``state`` gets the paths
-    of the ninja file, the object and the ``.so``."""
+    """Write the source and FlashInfer's build.ninja into ``work``; ``state`` gets the ninja, object and ``.so`` paths."""
     import re
     from pathlib import Path
 
@@ -206,9 +175,8 @@ def _generate(state: dict, work: str) -> str:
     return f"FlashInfer's build.ninja: {' '.join(gencode) or 'no -gencode'}; links -lcudart -lcuda"
 
 
-def _ninja(args: list[str], run: _Run, what: str) -> str:
-    """Run the ninja the server will run (:func:`flashinfer_sm120.core.toolkit.ninja.choose`: the
-    export puts it first on ``PATH`` for FlashInfer's ``run_ninja``), trusted like any binary."""
+def _ninja(args: list[str], left, what: str) -> str:
+    """Run the ninja FlashInfer's ``run_ninja`` will run (:func:`flashinfer_sm120.core.toolkit.ninja.choose`)."""
     from flashinfer_sm120.safety import proc
     from flashinfer_sm120.core.toolkit import ninja as _ninjas
 
@@ -217,13 +185,13 @@ def _ninja(args: list[str], run: _Run, what: str) -> str:
     except _ninjas.NinjaError as exc:
         raise _Failed(str(exc)) from None
     from flashinfer_sm120.errors import PlaceError
-    from flashinfer_sm120.safety.buildenv import build_env
+    from flashinfer_sm120.safety.fs.atomic import build_env
 
     try:
         env = build_env(os.environ)  # nvcc's temporary names are predictable: a directory of ours
     except PlaceError as exc:
         raise _Failed(str(exc)) from None
-    res = proc.run([ninja, *args], timeout=run.left(), max_output=1 << 20, env=env)
+    res = proc.run([ninja, *args], timeout=left(), max_output=1 << 20, env=env)
     if not res.ok:
         why = ("timed out" if res.timed_out else res.error or f"exit {res.returncode}")
         raise _Failed(f"{what} failed ({why})", res.text())
@@ -266,12 +234,12 @@ def _torch_major() -> int | None:
         return None
 
 
-def _load(so: str, home: str, run: _Run, state: dict) -> str:
+def _load(so: str, home: str, left, state: dict) -> str:
     from flashinfer_sm120.safety import proc
     from flashinfer_sm120.diagnose.verify.rules import runtime_problems
     from flashinfer_sm120.safety.formats.binary import proc_maps_paths
 
-    res = proc.run([sys.executable, "-c", _CHILD, so], timeout=run.left(), max_output=16 << 20)
+    res = proc.run([sys.executable, "-c", _CHILD, so], timeout=left(), max_output=16 << 20)
     line = next((ln for ln in reversed(res.text().splitlines()) if ln.startswith("@@")), None)
     if line is None:
         raise _Failed(f"the child process printed no result ({'timed out' if res.timed_out else res.returncode})",
@@ -311,44 +279,53 @@ def _gpu_visible() -> bool:
 
 
 def run_smoke(timeout: float = SMOKE_TIMEOUT_S) -> SmokeResult:
-    """Run the smoke check within ``timeout`` seconds, in a private scratch directory (locked while it
-    runs: one killed mid-compile is swept by the next); the kernel runs when NVML sees a GPU.  Never
-    raises: a failure is a failed step."""
-    run = _Run(timeout)
-    home, targets = None, []
+    """The smoke check within ``timeout`` seconds; never raises: a failure is a failed step."""
+    start = time.monotonic()
+    steps: list[Step] = []
+    st: dict = {"home": None, "targets": []}
+
+    def left() -> float:
+        if time.monotonic() >= start + timeout:
+            raise _Failed(f"the smoke check's {timeout:g} s were used up before this step")
+        return start + timeout - time.monotonic()
+
+    def choose() -> str:
+        st["home"], st["targets"], detail = _choose()
+        return detail
+
+    table = [("toolkit", choose),
+             ("generate", lambda: _generate(st, work)),
+             ("compile", lambda: _ninja(["-C", work, "-f", st["ninja"], st["obj"]], left, "compile")),
+             ("link", lambda: _ninja(["-C", work, "-f", st["ninja"]], left, "link")),
+             ("link check", lambda: _link_check(st["so"], st["home"], st["targets"])),
+             ("load", lambda: _load(st["so"], st["home"], left, st)),
+             ("run", lambda: _ran(st))]
     scratch = None
     try:
         from flashinfer_sm120.safety.fs.statedir import cache_root
-        from flashinfer_sm120.safety.fs.tmpdirs import make_private
+        from flashinfer_sm120.safety.fs.atomic import make_private
 
-        scratch = make_private("smoke-", cache_root())
+        scratch = make_private("smoke-", cache_root())  # locked while it runs: a killed one is swept by the next
         work = scratch.path
-        state: dict = {}
-
-        def choose():
-            nonlocal home, targets
-            home, targets, detail = _choose()
-            return detail
-
-        run.step("toolkit", choose)
-        run.step("generate", lambda: _generate(state, work))
-        run.step("compile", lambda: _ninja(["-C", work, "-f", state["ninja"], state["obj"]], run, "compile"))
-        run.step("link", lambda: _ninja(["-C", work, "-f", state["ninja"]], run, "link"))
-        run.step("link check", lambda: _link_check(state["so"], home, targets))
-        if _gpu_visible():
-            run.step("load", lambda: _load(state["so"], home, run, state))
-            run.step("run", lambda: _ran(state))
-    except _Failed:
-        pass
+        for name, fn in table[:5] + (table[5:] if _gpu_visible() else []):
+            t0 = time.monotonic()
+            try:
+                steps.append(Step(name, "passed", 0.0, fn() or ""))
+            except Exception as exc:  # anything FlashInfer or the OS raises: the step failed
+                failed = exc if isinstance(exc, _Failed) else _Failed(f"{type(exc).__name__}: {exc}"[:2000])
+                steps.append(Step(name, "failed", 0.0, failed.detail, _tail(failed.output)))
+                break
+            finally:
+                steps[-1].seconds = round(time.monotonic() - t0, 2)
     except Exception as exc:  # the scratch directory itself (no cache root): name it as a step
-        run.steps.append(Step("toolkit", "failed", 0.0, f"{type(exc).__name__}: {exc}"[:2000]))
+        steps.append(Step("toolkit", "failed", 0.0, f"{type(exc).__name__}: {exc}"[:2000]))
     finally:
         if scratch is not None:
             scratch.close()
-    done = {s.name for s in run.steps}
-    failed = next((s.name for s in run.steps if s.status == "failed"), None)
+    done = {s.name for s in steps}
+    failed = next((s.name for s in steps if s.status == "failed"), None)
     for name in STEPS:
         if name not in done:
             why = (f"not run: {failed} failed" if failed else "no GPU visible (compile and link checked only)")
-            run.steps.append(Step(name, "skipped", 0.0, why))
-    return SmokeResult(failed is None, run.steps, failed, round(time.monotonic() - run.start, 2), home, targets)
+            steps.append(Step(name, "skipped", 0.0, why))
+    return SmokeResult(failed is None, steps, failed, round(time.monotonic() - start, 2), st["home"], st["targets"])

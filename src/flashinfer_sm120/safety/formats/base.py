@@ -14,8 +14,7 @@ MAX_SHOWN = 80
 
 
 def shown(value: Any, limit: int = MAX_SHOWN) -> str:
-    """``repr(value)`` cut to ``limit`` characters (``...`` and the full length
-    added when cut), so a message never carries a megabyte of input."""
+    """``repr(value)`` cut to ``limit`` characters (``...`` and the full length added), so a message stays small."""
     if isinstance(value, (bytes, bytearray)):
         text = repr(bytes(value[: limit + 1]))
         size = len(value)
@@ -53,8 +52,7 @@ _UNSHOWN_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\
 
 
 def printable(text: str) -> str:
-    """``text`` with every character a terminal would act on (:data:`_UNSHOWN_RE`) escaped
-    (``\\x1b``, ``\\u202e``): the last step before printing names others chose.  threat-model: P8"""
+    """``text`` with every character a terminal acts on (:data:`_UNSHOWN_RE`) escaped (P8)."""
     return _UNSHOWN_RE.sub(lambda m: (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
                                       else f"\\u{ord(m.group()):04x}"), text)
 
@@ -66,9 +64,7 @@ MAX_MESSAGE = 4096
 
 
 def bounded(message: str, *, max_word: int = MAX_WORD, max_len: int = MAX_MESSAGE) -> str:
-    """``message`` :func:`printable`, every non-blank run over ``max_word`` cut to :data:`MAX_SHOWN`
-    characters and the whole to ``max_len``: the last step before printing text made by code that
-    quotes its input whole (argparse's ``invalid choice: '<value>'``)."""
+    """``message`` :func:`printable`, each run over ``max_word`` and the whole over ``max_len`` cut (argparse's text)."""
     message = printable(message)  # threat-model: P8
     if len(message) <= max_word and len(message) <= max_len:
         return message

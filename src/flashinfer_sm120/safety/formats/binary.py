@@ -1,19 +1,15 @@
-"""Read by the checks of what was built (flashinfer_sm120.diagnose.verify) and by ``cache prune``: a
-module's ELF headers, cuobjdump's listings, FlashInfer's build.ninja variables, a ninja log's header,
-/proc maps."""
-# threat-model: P6 (binary headers read with bounds)
+"""What the checks of a build (diagnose.verify) and ``cache prune`` read, with bounds (threat-model: P6): a module's
+ELF headers, cuobjdump's listings, FlashInfer's build.ninja variables, a ninja log's header, /proc maps."""
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 from typing import Any
 
-
 from flashinfer_sm120.safety.formats.base import _fail, _type_name, shown
 from flashinfer_sm120.safety.formats.reads import _open_regular
-
-
 
 _ELF_SECTION_CAP = 1 << 16   # section headers read at most
 _ELF_STRTAB_CAP = 8 << 20    # bytes of a string table read at most
@@ -21,16 +17,8 @@ _ELF_DYN_CAP = 1 << 14       # dynamic entries read at most
 _DT = {1: "needed", 14: "soname", 15: "rpath", 29: "runpath"}  # System V ABI, "Dynamic Section"
 
 
-class ElfInfo:
-    """What :func:`read_elf` read: ``e_ident`` OSABI and ABI version, ``e_machine`` (62 x86-64, 183
-    AArch64, 190 CUDA), ``e_flags``, ``{section: (type, offset, size)}``, ``DT_NEEDED`` in order,
-    ``DT_SONAME`` or ``None``, ``DT_RPATH`` and ``DT_RUNPATH`` entries split at ``:``."""
-
-    __slots__ = ("path", "osabi", "abi_version", "machine", "flags", "sections", "needed", "soname", "rpath")
-
-    def __init__(self, path, osabi, abi_version, machine, flags, sections, needed, soname, rpath):
-        self.path, self.osabi, self.abi_version, self.machine, self.flags = path, osabi, abi_version, machine, flags
-        self.sections, self.needed, self.soname, self.rpath = sections, needed, soname, rpath
+#: What :func:`read_elf` read: OSABI, ABI version, ``e_machine`` (190: CUDA), flags, sections, dynamic entries.
+ElfInfo = collections.namedtuple("ElfInfo", "path osabi abi_version machine flags sections needed soname rpath")
 
 
 def _pread(fd: int, size: int, offset: int, file_size: int, what: str, path: str) -> bytes:
@@ -51,8 +39,7 @@ def _cstr(table: bytes, offset: int) -> str:
 
 
 def read_elf(path: str | os.PathLike) -> ElfInfo:
-    """The header, section names and dynamic entries of a 64-bit ELF file (a ``.so``, a cubin), read
-    with ``pread``, every offset checked against the file's size (P6); else a :class:`FormatError`."""
+    """The header, sections and dynamic entries of a 64-bit ELF file, every offset checked (P6)."""
     import struct
 
     path = os.fspath(path)
@@ -112,14 +99,7 @@ def read_elf(path: str | os.PathLike) -> ElfInfo:
 
 
 def cuda_elf_sm(info: ElfInfo) -> int | None:
-    """The SM number (``120``) of a CUDA cubin's ELF header, or ``None`` for another ELF.
-
-    LLVM ``llvm/include/llvm/BinaryFormat/ELF.h`` (``EF_CUDA_SM``, ``EF_CUDA_SM_MASK``,
-    ``EF_CUDA_SM_OFFSET``) and ``ELFObjectFileBase::getNVPTXCPUName``: ABI version 7 keeps
-    it in the low byte of ``e_flags``, later ones in bits 8-15.  The ``a``/``f`` suffix is
-    not in ``e_flags`` (measured: sm_120, sm_120a and sm_120f cubins of nvcc 13.5 carry
-    the same flags), so it is never guessed from here.
-    """
+    """The SM (``120``) of a cubin's ``e_flags`` (LLVM ``BinaryFormat/ELF.h`` ``EF_CUDA_SM``; no ``a``/``f``)."""
     if info.machine != 190:  # EM_CUDA
         return None
     sm = info.flags & 0xFF if info.abi_version <= 7 else (info.flags >> 8) & 0xFF
@@ -144,9 +124,7 @@ def _tool_text(text: Any, source: str, cap: int) -> list[str]:
 
 
 def parse_cuobjdump_list(text: Any, source: str) -> list[tuple[str, str]]:
-    """``cuobjdump --list-elf --list-ptx`` output as ``[("SASS", "sm_120"), ("PTX", "compute_120a")]``,
-    read from the file names cuobjdump gives (``k.1.sm_120.cubin``: a 120f cubin is listed as
-    ``sm_120``, see :func:`parse_cuobjdump_headers`); a :class:`FormatError` past 4 MiB or for usage text."""
+    """``cuobjdump --list-elf --list-ptx`` output as ``[("SASS", "sm_120"), ("PTX", "compute_120a")]``."""
     out = []
     for line in _tool_text(text, source, 4 << 20):
         m = _CUOBJ_LIST_RE.match(line.strip())
@@ -159,8 +137,7 @@ def parse_cuobjdump_list(text: Any, source: str) -> list[tuple[str, str]]:
 
 
 def parse_cuobjdump_headers(text: Any, source: str) -> list[tuple[str, str]]:
-    """The fatbin headers ``cuobjdump FILE`` prints (``Fatbin elf code:`` ... ``arch = sm_120f``) as
-    ``[("SASS", "sm_120f"), ("PTX", "compute_120a")]``: exact targets, suffix included."""
+    """The fatbin headers ``cuobjdump FILE`` prints, as exact targets (``sm_120f``), suffix included."""
     out, kind = [], None
     for line in _tool_text(text, source, 16 << 20):
         line = line.strip()
@@ -175,9 +152,7 @@ def parse_cuobjdump_headers(text: Any, source: str) -> list[tuple[str, str]]:
 
 
 def ninja_variables(text: Any, source: str, *, max_bytes: int = 4 << 20) -> dict[str, str]:
-    """Top-level ``name = value`` lines of a ``build.ninja`` (``$``-newline continuations joined),
-    e.g. ``cuda_home`` of FlashInfer's (``flashinfer/jit/cpp_ext.py`` ``generate_ninja_build_for_op``);
-    rules, builds and indented variables skipped, ``$`` escapes left as written."""
+    """Top-level ``name = value`` lines of a ``build.ninja`` (FlashInfer's ``cuda_home``), ``$`` continuations joined."""
     if not isinstance(text, str) or len(text) > max_bytes:
         raise _fail(source, "is not build.ninja text of a sane size", "")
     out: dict[str, str] = {}
@@ -204,8 +179,7 @@ _NINJA_LOG_RE = re.compile(rb"# ninja log v([0-9]{1,4})")
 
 
 def parse_ninja_log_header(line: Any, source: str, *, fix: str = "") -> int:
-    """The format number of a ``.ninja_log`` from its first line exactly, ``# ninja log v7``
-    (ninja ``src/build_log.cc``: ``kFileSignature = "# ninja log v%d\\n"``)."""
+    """The format of a ``.ninja_log`` from its first line, ``# ninja log v7`` (ninja ``src/build_log.cc``)."""
     if isinstance(line, str):
         line = line.encode("utf-8", "replace")
     m = _NINJA_LOG_RE.fullmatch(line.rstrip(b"\r\n")) if isinstance(line, (bytes, bytearray)) else None

@@ -1,107 +1,87 @@
-"""One grammar per kind of value every process reads: versions, names, relative paths, targets, path
-text, digests, command words.  (Manifest flags: :mod:`.flags`; tool output: :mod:`.binary`.)"""
-# threat-model: P2, P6 (one grammar per field of outside input)
+"""The grammar of every value read from outside, as data (:data:`GRAMMAR`, one :func:`parse`), versions, relative
+paths, and the one rule for a path FlashInfer's ``build.ninja`` and ``/bin/sh`` carry unquoted; paths we write."""
+# threat-model: P2, P6 (one grammar per field of outside input), P4 (paths we create)
 
 from __future__ import annotations
 
+import os
 import re
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from flashinfer_sm120.safety.formats.base import _fail, _type_name, shown
+from flashinfer_sm120.safety.formats.base import _fail, _type_name, shown, some
 
-
-#: A name (a module, a variant, a file in a cache entry): no whitespace, ``$``, ``:`` (ninja syntax),
-#: ``/`` or NUL; at most 255 characters, Linux's NAME_MAX (FlashInfer's attention module names pass 200).
-NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}")
-
-#: A file name in a relative path: a name that may start with ``.`` (``.ninja_log``), never ``.``/``..``.
-FILE_NAME_RE = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.][A-Za-z0-9_.+-]{0,254}")
+#: kind -> (the pattern a value must match whole, what such a value is, in a refusal).
+GRAMMAR: dict[str, tuple[re.Pattern, str]] = {
+    # no whitespace, '$', ':' (ninja syntax), '/' or NUL; at most Linux's NAME_MAX (attention modules pass 200)
+    "name": (re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}"),
+             "a name (letters, digits, '_', '.', '+', '-'; at most 255; not starting with '.' or '-')"),
+    # a part of a relative path: may start with '.' (.ninja_log), never '.' or '..'
+    "file": (re.compile(r"(?!\.\.?$)[A-Za-z0-9_.][A-Za-z0-9_.+-]{0,254}"), "a file name"),
+    # as manifests and --arch carry it (not 12.0 as a number, not sm_120)
+    "target": (re.compile(r"[0-9]{1,2}\.[0-9][af]?"), "a target of the form major.minor[a|f], e.g. '12.0' or '12.0f'"),
+    "sha256": (re.compile(r"[0-9a-f]{64}"), "a SHA-256 digest (64 hex digits)"),
+    # a file path as a manifest carries it (@FLASHINFER@/data/csrc/norm.cu): build.ninja and /bin/sh carry it unquoted
+    "path": (re.compile(r"[A-Za-z0-9_./+@%=,~-]{1,4096}"),
+             "a plain path (letters, digits, '_./+@%=,~-'; no whitespace, '$', ':', '..')"),
+    # a word of a command FlashInfer writes into build.ninja from the environment (cxx = $CXX, then /bin/sh -c):
+    # nothing ninja or the shell reads as syntax, a leading '~' included, so the words checked are the words run
+    "word": (re.compile(r"[A-Za-z0-9_./+@%=,:-][A-Za-z0-9_./+@%=,:~-]{0,4095}"),
+             "a plain word (only letters, digits and '_./+@%=,:~-': others are ninja or shell syntax)"),
+    # a compiler flag: no control character (a new build.ninja line), no shell syntax (joined into /bin/sh -c)
+    "flag": (re.compile(r"[A-Za-z0-9_.,:=+/@%{}~ -]{1,4096}"),
+             "a plain compiler flag (letters, digits, '_.,:=+/@%{}~-' and spaces; no newline, quote, '$', ';', '|', '&')"),
+}
 
 #: A version as nvcc, ninja, FlashInfer or pip print it: ``13.0.88``, ``0.7.2.post1``, ``2.14.0+cu130``.
 _VERSION_RE = re.compile(r"[0-9]{1,6}(?:\.[0-9]{1,9}){0,4}(?:(?:\.?(?:post|dev|rc|a|b)[0-9]{0,9})){0,2}"
                          r"(?:\+[A-Za-z0-9.]{1,32})?")
+_LEADING_VERSION_RE = re.compile(r"([0-9]{1,6}(?:\.[0-9]{1,9}){0,3})(?:$|[.+-][A-Za-z])")
 
 
-def _match(regex: re.Pattern, text: Any, source: str, problem: str, fix: str) -> str:
-    """``text`` when it is a string ``regex`` matches whole, else a :class:`FormatError` with ``problem``."""
-    if not isinstance(text, str) or not regex.fullmatch(text):
-        raise _fail(source, problem, fix)
+def parse(kind: str, text: Any, source: str, *, fix: str = "") -> str:
+    """``text`` when it is a string of :data:`GRAMMAR`'s ``kind`` (a path: no ``..``), else a :class:`FormatError`."""
+    regex, what = GRAMMAR[kind]
+    if not isinstance(text, str) or not regex.fullmatch(text) or (kind == "path" and "/../" in f"/{text}/"):
+        raise _fail(source, f"{shown(text, 60)} is not {what}", fix)
     return text
 
 
 def parse_version(text: Any, source: str, *, fix: str = "") -> Version:
     """One version of :data:`_VERSION_RE`, e.g. ``13.0.88`` (surrounding whitespace dropped)."""
-    if not isinstance(text, str):
-        raise _fail(source, f"version {shown(text, 40)} is {_type_name(text)}, not a string", fix)
-    t = text.strip()
-    if not _VERSION_RE.fullmatch(t):
-        raise _fail(source, f"{shown(text)} is not a version such as 13.0.88", fix)
+    t = text.strip() if isinstance(text, str) else ""
     try:
-        return Version(t)
+        if _VERSION_RE.fullmatch(t):
+            return Version(t)
     except InvalidVersion:
-        raise _fail(source, f"{shown(text)} is not a version such as 13.0.88", fix) from None
-
-
-def parse_name(text: Any, source: str, *, fix: str = "") -> str:
-    """A name of :data:`NAME_RE` grammar, returned unchanged."""
-    return _match(NAME_RE, text, source, f"{shown(text)} is not a name (letters, digits, '_', '.', '+', "
-                                         f"'-'; at most 200; not starting with '.' or '-')", fix)
-
-
-def parse_relpath(text: Any, source: str, *, fix: str = "", max_parts: int = 16) -> tuple[str, ...]:
-    """A relative path ``a/b/c`` whose every part is a :data:`FILE_NAME_RE` (so no absolute path,
-    empty part, ``.`` or ``..``)."""
-    if not isinstance(text, str) or not text:
-        raise _fail(source, f"{shown(text)} is not a relative path", fix)
-    parts = tuple(text.split("/"))
-    if len(parts) > max_parts:
-        raise _fail(source, f"{shown(text)} has more than {max_parts} parts", fix)
-    for part in parts:
-        if not FILE_NAME_RE.fullmatch(part):
-            raise _fail(source, f"{shown(text)} is not a relative path of names (part {shown(part, 40)})",
-                        fix)
-    return parts
-
-
-_LEADING_VERSION_RE = re.compile(r"([0-9]{1,6}(?:\.[0-9]{1,9}){0,3})(?:$|[.+-][A-Za-z])")
+        pass
+    raise _fail(source, f"{shown(text)} is not a version such as 13.0.88", fix)
 
 
 def parse_leading_version(text: Any, source: str, *, fix: str = "") -> Version:
-    """The release at the start of a program's ``--version`` line: its first word's dotted numeric
-    part (``1.13.2.git.kitware.jobserver-pipe-1``, as the ``ninja`` wheel prints, is 1.13.2)."""
-    if not isinstance(text, str):
-        raise _fail(source, f"output {shown(text, 40)} is {_type_name(text)}, not text", fix)
-    words = text[:4096].split(None, 1)
+    """The release a ``--version`` line starts with (the ``ninja`` wheel's ``1.13.2.git.kitware...`` is 1.13.2)."""
+    words = text[:4096].split(None, 1) if isinstance(text, str) else []
     m = _LEADING_VERSION_RE.match(words[0]) if words else None
     if not m:
         raise _fail(source, f"{shown(text)} does not start with a version such as 1.13.2", fix)
     return Version(m.group(1))
 
 
-#: A file path as a manifest carries it (``@FLASHINFER@/data/csrc/norm.cu``): no whitespace, ``$``,
-#: ``:`` or quotes (FlashInfer's ``build.ninja`` lines and ``/bin/sh`` carry it unquoted).
-PATH_TEXT_RE = re.compile(r"[A-Za-z0-9_./+@%=,~-]{1,4096}")
-
-#: A word of a command FlashInfer writes into ``build.ninja`` from the environment (``cxx = $CXX``,
-#: then ``/bin/sh -c``): no character ninja or the shell reads as syntax (a leading ``~`` included),
-#: so the words we check are the words that run.
-COMMAND_WORD_RE = re.compile(r"[A-Za-z0-9_./+@%=,:-][A-Za-z0-9_./+@%=,:~-]{0,4095}")
-
-#: A target as manifests and ``--arch`` carry it: ``12.0``, ``12.0f``, ``9.0a``.
-TARGET_RE = re.compile(r"[0-9]{1,2}\.[0-9][af]?")
-_SHA256_RE = re.compile(r"[0-9a-f]{64}")
-
-
-def parse_target(text: Any, source: str, *, fix: str = "") -> str:
-    """One target of the ``major.minor[a|f]`` grammar (``12.0f``; not ``12.0`` as a number, ``sm_120``)."""
-    return _match(TARGET_RE, text, source, f"target {shown(text, 40)} is not of the form major.minor[a|f], "
-                                           f"e.g. '12.0' or '12.0f'", fix)
+def parse_relpath(text: Any, source: str, *, fix: str = "", max_parts: int = 16) -> tuple[str, ...]:
+    """A relative path ``a/b/c`` of at most ``max_parts`` ``file`` names (no ``/x``, empty part, ``.``, ``..``)."""
+    parts = tuple(text.split("/")) if isinstance(text, str) and text else ()
+    if not parts or len(parts) > max_parts or not all(GRAMMAR["file"][0].fullmatch(p) for p in parts):
+        raise _fail(source, f"{shown(text)} is not a relative path of at most {max_parts} names", fix)
+    return parts
 
 
 def parse_command_words(text: Any, source: str, *, fix: str = "", max_words: int = 64) -> tuple[str, ...]:
-    """A command of 1 to ``max_words`` blank-separated :data:`COMMAND_WORD_RE` words (``ccache g++ -O2``)."""
+    """A command of 1 to ``max_words`` blank-separated ``word`` values (``ccache g++ -O2``)."""
     if not isinstance(text, str):
         raise _fail(source, f"{shown(text, 40)} is {_type_name(text)}, not a command", fix)
     if any(ord(c) < 32 and c != "\t" for c in text[:1 << 16]):
@@ -110,21 +90,116 @@ def parse_command_words(text: Any, source: str, *, fix: str = "", max_words: int
     words = text.split()
     if len(text) > 1 << 16 or not words or len(words) > max_words:
         raise _fail(source, f"{shown(text, 60)} is not a command of 1 to {max_words} words", fix)
+    regex, what = GRAMMAR["word"]
     for w in words:
-        if not COMMAND_WORD_RE.fullmatch(w):
-            raise _fail(source, f"word {shown(w, 40)} of {shown(text, 60)} holds characters that ninja or the "
-                                f"shell read as syntax (only letters, digits and '_./+@%=,:~-' are plain)", fix)
+        if not regex.fullmatch(w):
+            raise _fail(source, f"word {shown(w, 40)} of {shown(text, 60)} is not {what}", fix)
     return tuple(words)
 
 
-def parse_path_text(text: Any, source: str, *, fix: str = "") -> str:
-    """A path of the :data:`PATH_TEXT_RE` grammar, returned unchanged (not resolved)."""
-    if not isinstance(text, str) or not PATH_TEXT_RE.fullmatch(text) or "/../" in f"/{text}/":
-        raise _fail(source, f"path {shown(text, 60)} is not a plain path (letters, digits, '_./+@%=,~-'; "
-                            f"no whitespace, '$', ':', '..')", fix)
-    return text
+#: The ASCII characters besides letters and digits a path may hold unquoted in FlashInfer's
+#: ``build.ninja`` and the ``/bin/sh -c`` lines ninja runs: syntax to neither.
+PATH_ASCII_EXTRA = "_./+@%=,~-"
+
+#: The path rule in words (messages, docs/safety.md).  Non-ASCII is accepted: FlashInfer 0.7.4 builds
+#: and loads a module under such a path with nvcc 13.0 (tests/unit/safety/fs/test_state_dir.py).
+PATH_RULE = (f"letters (of any alphabet), digits, '{PATH_ASCII_EXTRA}' and other printable non-ASCII "
+             f"characters; no blank, no control character, none of $ : ; & | < > ( ) ' \" \\ ` * ? [ ] "
+             f"# {{ }} ! (ninja or /bin/sh syntax)")
 
 
-def parse_sha256(text: Any, source: str, *, fix: str = "") -> str:
-    """A SHA-256 digest as 64 lower-case hex digits."""
-    return _match(_SHA256_RE, text, source, f"{shown(text, 40)} is not a SHA-256 digest (64 hex digits)", fix)
+def _plain_char(c: str) -> bool:
+    if c.isascii():
+        return c.isalnum() or c in PATH_ASCII_EXTRA
+    return c.isprintable() and not c.isspace()  # not U+00A0, U+2028, nor a surrogate (undecodable byte)
+
+
+def path_chars_problem(path: str) -> list[str] | None:
+    """The characters of ``path`` that break :data:`PATH_RULE`, sorted, or ``None``.  P8"""
+    bad = sorted({c for c in path if not _plain_char(c)})
+    return bad or None
+
+
+def path_problem(path: str, what: str, fix: str = f"set it to an absolute path of {PATH_RULE}") -> str | None:
+    """Why ``path`` (named ``what``) cannot be written unquoted into ``build.ninja`` and its shell lines, or ``None``."""
+    if not os.path.isabs(path):
+        return (f"{what}={shown(path)} is a relative path: builds and child processes run in other "
+                f"directories. Fix: {fix}")
+    bad = path_chars_problem(path)
+    if bad:
+        return (f"{what}={shown(path)} contains {some(bad, 8)}, which FlashInfer writes unquoted into its "
+                f"build.ninja and the shell lines ninja runs, where a blank or ':' breaks the line and '$x' is a "
+                f"variable (the build would fail, or land in another directory). Fix: {fix}")
+    return None
+
+
+def jit_dir_problem(jit_dir: str) -> str | None:
+    """Why the JIT directory cannot be used: FlashInfer 0.7.x writes it unquoted into every ``build.ninja``."""
+    return path_problem(jit_dir, "FlashInfer's JIT directory", "set FLASHINFER_WORKSPACE_BASE (or SGLANG_CACHE_DIR, "
+                        f"which SGLang copies into it) to an absolute directory whose path has only {PATH_RULE}")
+
+
+def safe_join(root: str | os.PathLike, rel: str | Iterable[str], source: str, *, fix: str = "") -> Path:
+    """``root/rel``, refused unless it stays under ``root``: names only, no existing link, directories on the way."""
+    parts = parse_relpath(rel if isinstance(rel, str) else "/".join(rel), source, fix=fix)
+    cur = Path(root)
+    for i, part in enumerate(parts):
+        cur = cur / part
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            break
+        except OSError as exc:
+            raise _fail(source, f"cannot check {cur} ({exc.strerror or exc})", fix) from None
+        if stat.S_ISLNK(st.st_mode):
+            raise _fail(source, f"{cur} is a symlink; nothing is written through links", fix)
+        if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
+            raise _fail(source, f"{cur} is not a directory", fix)
+    return Path(root).joinpath(*parts)
+
+
+def deepest_existing(path: str) -> str:
+    """The deepest level of ``path`` (made absolute) that exists; ``/`` at worst."""
+    p = os.path.abspath(path)
+    while not os.path.lexists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    return p
+
+
+def make_private_dirs(path: str | os.PathLike, *, mode: int = 0o700) -> None:
+    """Create ``path`` and its missing parents with exactly ``mode`` whatever the umask.  Raises ``OSError``."""
+    path = os.path.abspath(os.fspath(path))
+    top = deepest_existing(path)
+    missing = []
+    while path != top:
+        missing.append(path)
+        path = os.path.dirname(path)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, mode)
+        except FileExistsError:
+            continue
+        os.chmod(d, mode)
+
+
+@dataclass(frozen=True)
+class ForeignTree:
+    """Creating ``path`` would put ``uid``'s directory inside ``top``, which ``owner`` owns (``sudo -E``)."""
+
+    path: str
+    top: str
+    owner: int
+    uid: int
+
+
+def foreign_tree(path: str) -> ForeignTree | None:
+    """A :class:`ForeignTree` when the absent ``path`` would be made in another uid's tree; creates nothing (P4)."""
+    if os.path.lexists(path):
+        return None
+    top = os.path.realpath(deepest_existing(path))
+    try:
+        owner = os.stat(top).st_uid
+    except OSError:
+        return None  # the caller's own checks name what cannot be read
+    uid = os.geteuid()
+    return None if owner in (0, uid) else ForeignTree(os.path.abspath(path), top, owner, uid)

@@ -1,16 +1,19 @@
-"""A FlashInfer generator and its parameters, as a manifest names them (docs/safety.md section 4):
-data, never code (P2); the local FlashInfer's ``gen_*_module`` makes what is compiled.
-"""
+"""Parameters from outside, by grammar: a FlashInfer generator and its arguments as a manifest names them (data,
+never code: P2, docs/safety.md section 4), compiler flags as the option forms FlashInfer uses, and command-line
+numbers (P6, P8).  Only commands import this module."""
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 from typing import Any
 
 from flashinfer_sm120.safety.formats.base import _fail, shown
+from flashinfer_sm120.safety.formats.grammar import parse
 
-__all__ = ["PARAM_MAX_DEPTH", "PARAM_MAX_ITEMS", "PARAM_MAX_TEXT", "parse_generator", "parse_params"]
+__all__ = ["PARAM_MAX_DEPTH", "PARAM_MAX_ITEMS", "PARAM_MAX_TEXT", "parse_generator", "parse_params", "OPTION_FORMS",
+           "PATH_OPTIONS", "parse_compile_flag", "cli_int", "cli_float", "cli_size"]
 
 #: Deepest nesting of lists/tuples in one parameter.
 PARAM_MAX_DEPTH = 4
@@ -29,9 +32,7 @@ _DTYPE_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 
 def parse_generator(text: Any, source: str, *, fix: str = "") -> tuple[str, str]:
-    """``(module, name)`` of a generator written ``flashinfer.jit.sampling:gen_sampling_module``.
-
-    :raises FormatError: naming ``source`` and the value (cut short)."""
+    """``(module, name)`` of a generator written ``flashinfer.jit.sampling:gen_sampling_module`` (P2)."""
     # threat-model: P2 (a generator is named from a fixed family, never by an arbitrary dotted path)
     if not isinstance(text, str) or text.count(":") != 1:
         raise _fail(source, f"generator {shown(text)} is not 'flashinfer.<module>:gen_<name>_module'", fix)
@@ -45,9 +46,7 @@ def parse_generator(text: Any, source: str, *, fix: str = "") -> tuple[str, str]
 
 
 def parse_params(obj: Any, source: str, *, fix: str = "") -> dict:
-    """``{"args": [...], "kwargs": {...}}`` checked value by value (see the module docstring).
-
-    :raises FormatError: naming ``source``, where in the parameters, and the value (cut short)."""
+    """``{"args": [...], "kwargs": {...}}`` checked value by value: plain values, never text or paths (P2)."""
     # threat-model: P2 (parameters are plain values: no text that could be C++ or a path)
     if not isinstance(obj, dict) or set(obj) - {"args", "kwargs"}:
         raise _fail(source, f"params {shown(obj)} is not an object of 'args' and 'kwargs'", fix)
@@ -99,3 +98,122 @@ def _value(v: Any, where: str, fix: str, depth: int, budget: list[int]) -> Any:
         return {"tuple": [_value(x, where, fix, depth + 1, budget) for x in v["tuple"]]}
     raise _fail(where, f"{shown(v)} is not a parameter value (null, true/false, a number, a name, "
                        "{\"dtype\": ...}, {\"tuple\": [...]} or a list)", fix)
+
+
+# threat-model: P2 (compiler options as listed forms: ``-ccbin=/x/cc``, ``-Xcompiler=-fplugin=/x.so``, ``-B``,
+# ``-specs=``, ``-MF`` run, load or write something; the forms are those FlashInfer 0.7.4 uses, ``flashinfer/jit/*.py``)
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_ARCH = r"[0-9]{2,3}[af]?"
+_BOOL = r"(?:true|false)"
+
+#: Every accepted word of a flag, as one regular expression each (matched whole).
+OPTION_FORMS: tuple[str, ...] = (
+    rf"-D{_NAME}(?:=[A-Za-z0-9_.,+/@%{{}}~-]*)?",     # a define; its value: no '=' or ':' tricks
+    rf"-U{_NAME}",
+    r"-O[0-3s]?", r"-g", r"-G", r"-lineinfo", r"-v", r"-shared", r"-default-device",
+    r"--?std=(?:c|gnu)\+\+[0-9a-z]{2}",
+    r"--?use_fast_math", rf"--?(?:fmad|ftz|prec-sqrt|prec-div|rdc|relocatable-device-code)={_BOOL}",
+    rf"-rdc={_BOOL}", r"--expt-relaxed-constexpr", r"--expt-extended-lambda", r"--extended-lambda",
+    rf"-static-global-template-stub={_BOOL}", rf"--device-entity-has-hidden-visibility={_BOOL}",
+    r"--?threads=[0-9]{1,4}", r"--?maxrregcount=[0-9]{1,4}", r"--?compress-mode=[a-z]{1,16}",
+    r"-Xfatbin=-compress-all", r"-Xptxas=(?:-v|--register-usage-level=[0-9]{1,2}|-O[0-3])",
+    rf"-gencode=arch=compute_{_ARCH},code=(?:sm|compute)_{_ARCH}",
+    rf"--?(?:gpu-architecture|arch)=(?:sm|compute)_{_ARCH}",
+    r"-Wno-deprecated-gpu-targets",
+    r"-W(?:no-)?[a-z][a-z0-9+-]+(?:=[a-z0-9-]+)?",   # warnings; never -Wl -Wa -Wp (one letter) nor a comma
+    r"-f(?:no-)?[A-Za-z][A-Za-z0-9-]*",              # features; no '=' so never -fplugin=, -fprofile-*=
+    r"-m[a-z0-9][a-z0-9-]*(?:=[a-z0-9-]+)?",         # -march=native, -mavx2
+    r"-l[A-Za-z0-9_+.-]+",                           # a library by name, found on trusted -L dirs
+)
+_FORMS = tuple(re.compile(p) for p in OPTION_FORMS)
+
+#: Options whose value is a directory (attached, ``-I/x``, or the next word, ``-isystem /x``).
+PATH_OPTIONS: tuple[str, ...] = ("-isystem", "-I", "-L")
+#: Options that hand the host compiler a comma-separated list (attached with ``=`` or the next word);
+#: each item must itself be an accepted word.
+_HOST = ("-Xcompiler", "--compiler-options")
+_PATH_RE = re.compile(r"(?:/|@(?:FLASHINFER|GEN|JIT)@/)[A-Za-z0-9_./+@%=,~-]{0,4095}")
+
+
+def _word_ok(word: str) -> bool:
+    return any(f.fullmatch(word) for f in _FORMS)
+
+
+def parse_compile_flag(text: Any, source: str, *, fix: str = "") -> tuple[str, list[str]]:
+    """``(flag, [directories it names])`` when every word is an :data:`OPTION_FORMS` word, a ``-I`` of a path, or ``-Xcompiler``."""
+    parse("flag", text, source, fix=fix)
+    words, dirs, i = text.split(), [], 0
+    if not words:
+        raise _fail(source, f"flag {shown(text, 60)} is blank", fix)
+    while i < len(words):
+        w, nxt = words[i], words[i + 1] if i + 1 < len(words) else None
+        opt = next((o for o in PATH_OPTIONS if w.startswith(o)), None)
+        host = next((h for h in _HOST if w == h or w.startswith(h + "=")), None)
+        if opt is not None and not _word_ok(w):  # -I, -isystem, -L: a directory, attached or next
+            value, i = (w[len(opt):], i + 1) if w != opt else (nxt, i + 2)
+            if value is None or not _PATH_RE.fullmatch(value) or "/../" in value + "/":
+                raise _fail(source, f"{opt} in flag {shown(text, 60)} names {shown(value, 60)}, not an "
+                                    f"absolute directory without '..'", fix)
+            dirs.append(value)
+            continue
+        if host is not None:
+            inner, i = (w[len(host) + 1:], i + 1) if w != host else (nxt, i + 2)
+            bad = [x for x in (inner or "").split(",") if not _word_ok(x)]
+            if inner is None or bad:
+                raise _fail(source, f"flag {shown(text, 60)} hands the host compiler {shown(bad[0] if bad else inner, 40)}, "
+                                    f"which is not an option FlashInfer uses", fix)
+            continue
+        if not _word_ok(w):
+            raise _fail(source, f"flag {shown(text, 60)}: {shown(w, 40)} is not an option FlashInfer uses "
+                                f"(options that name programs, plugins or output files are never taken "
+                                f"from a manifest or a compiler variable)", fix)
+        i += 1
+    return text, dirs
+
+
+# threat-model: P6, P8 (command-line values parsed once, bounded, named with their fix)
+def _number(flag: str, text: str, convert, lo, hi, what: str):
+    try:
+        value = convert(text)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"{flag} {shown(text, 40)} is not {what}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{flag} {shown(text, 40)} is not a finite number")
+    if not lo <= value <= hi:
+        raise argparse.ArgumentTypeError(f"{flag} {shown(text, 40)} is out of range: give {what} "
+                                         f"from {lo:g} to {hi:g}")
+    return value
+
+
+def cli_int(flag: str, lo: int = 1, hi: int = 1024):
+    """An argparse ``type=`` for an integer in ``[lo, hi]``, naming ``flag`` when refused."""
+    def convert(text: str) -> int:
+        return _number(flag, text, int, lo, hi, "a whole number")
+    convert.__name__ = flag  # argparse names the type in some messages
+    return convert
+
+
+def cli_float(flag: str, lo: float, hi: float):
+    """An argparse ``type=`` for a finite number in ``[lo, hi]``, naming ``flag``."""
+    def convert(text: str) -> float:
+        return _number(flag, text, float, lo, hi, "a number")
+    convert.__name__ = flag
+    return convert
+
+
+_SIZE_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?", re.I)
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def cli_size(flag: str, lo: int = 1, hi: int = 1 << 50):
+    """An argparse ``type=`` for a byte size (``512M``, ``4GiB``, ``1000``), naming ``flag``."""
+    def convert(text: str) -> int:
+        m = _SIZE_RE.fullmatch(text.strip()) if isinstance(text, str) and len(text) < 40 else None
+        if not m:
+            raise argparse.ArgumentTypeError(f"{flag} {shown(text, 40)} is not a size such as 512M or 4G")
+        value = int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "")[:1].upper()])
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{flag} {shown(text, 40)} is out of range ({lo} to {hi} bytes)")
+        return value
+    convert.__name__ = flag
+    return convert

@@ -1,4 +1,4 @@
-"""Bounded reads of files and values: size caps enforced while reading, streamed lines,
+"""The one bounded reader of files and values: size caps enforced while reading, streamed lines,
 depth-bounded JSON, typed fields of parsed objects, checked text of variables."""
 # threat-model: P6 (every read of outside input bounded in bytes, depth and kind of file)
 
@@ -10,7 +10,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 
@@ -28,8 +28,7 @@ _DEPTH_TOKEN_RE = re.compile(r'"(?:[^"\\]+|\\.)*(?:"|\\?\Z)|[\[\]{}]', re.S)
 
 def _open_regular(path: str, fix: str, follow: bool = True,
                   owners: tuple[int, ...] | None = None) -> tuple[int, os.stat_result]:
-    """A blocking descriptor on the regular file ``path``, opened without blocking on a FIFO or device
-    (threat-model: P6); ``follow=False`` refuses a symlink; ``owners``: the uids allowed to own it."""
+    """A blocking fd on the regular file ``path``, opened without waiting on a FIFO (P6), owned by ``owners``."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
@@ -44,51 +43,36 @@ def _open_regular(path: str, fix: str, follow: bool = True,
         if owners is not None and st.st_uid not in owners:
             raise _fail(path, f"is owned by uid {st.st_uid}, not {' or '.join(map(str, owners))}", fix)
         os.set_blocking(fd, True)
-    except OSError as exc:
+    except BaseException as exc:
         os.close(fd)
-        raise _fail(path, f"cannot be read ({exc.strerror or exc})", fix) from None
-    except BaseException:
-        os.close(fd)
+        if isinstance(exc, OSError):
+            raise _fail(path, f"cannot be read ({exc.strerror or exc})", fix) from None
         raise
     return fd, st
 
 
-def _read_upto(fd: int, path: str, limit: int, fix: str) -> bytes:
-    """At most ``limit`` bytes from ``fd``, which is closed afterwards."""
+def read_bytes(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
+               owners: tuple[int, ...] | None = None, prefix: bool = False) -> bytes:
+    """The whole of a regular file, refused past ``max_bytes`` while reading (``prefix``: its first bytes only)."""
+    path = os.fspath(path)
+    fd, st = _open_regular(path, fix, follow, owners)
+    chunks, left = [], max_bytes + (0 if prefix else 1)
     try:
-        chunks, left = [], limit
+        if st.st_size > max_bytes and not prefix:
+            raise _fail(path, f"is {st.st_size} bytes, more than the {max_bytes}-byte cap", fix)
         while left > 0:
             b = os.read(fd, min(left, 1 << 16))
             if not b:
                 break
             chunks.append(b)
             left -= len(b)
-        return b"".join(chunks)
     except OSError as exc:
         raise _fail(path, f"cannot be read ({exc.strerror or exc})", fix) from None
     finally:
         os.close(fd)
-
-
-def read_bytes(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
-               owners: tuple[int, ...] | None = None) -> bytes:
-    """The whole of a regular file (a FIFO is never waited on), refused past ``max_bytes`` while
-    reading, as a symlink when ``follow=False``, or when not owned by one of ``owners``."""
-    path = os.fspath(path)
-    fd, st = _open_regular(path, fix, follow, owners)
-    if st.st_size > max_bytes:
-        os.close(fd)
-        raise _fail(path, f"is {st.st_size} bytes, more than the {max_bytes}-byte cap", fix)
-    raw = _read_upto(fd, path, max_bytes + 1, fix)
-    if len(raw) > max_bytes:
+    if left == 0 and not prefix:
         raise _fail(path, f"is more than the {max_bytes}-byte cap", fix)
-    return raw
-
-
-def read_prefix(path: str | os.PathLike, limit: int, *, fix: str = "") -> bytes:
-    """The first ``limit`` bytes of a regular file (a header's ``#define``, a script's ``#!`` line)."""
-    path = os.fspath(path)
-    return _read_upto(_open_regular(path, fix)[0], path, limit, fix)
+    return b"".join(chunks)
 
 
 def read_text(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
@@ -103,9 +87,7 @@ def read_text(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow:
 
 def iter_lines(path: str | os.PathLike, *, max_line: int, max_lines: int, fix: str = "",
                skip_long: bool = False) -> Iterator[tuple[int, bytes | None]]:
-    """``(line number, line without its newline)`` of a regular file, streamed: a line over
-    ``max_line`` bytes (``/dev/zero``) or a line past ``max_lines`` is refused when reached, never read
-    whole; with ``skip_long`` such a line is read past in chunks and yielded as ``(n, None)``."""
+    """``(number, line)`` of a regular file, streamed; a line over ``max_line`` is refused (``skip_long``: ``None``)."""
     path = os.fspath(path)
     fd, _ = _open_regular(path, fix)
     try:
@@ -137,8 +119,7 @@ def _refuse_constant(name: str) -> Any:
 
 
 def json_depth(text: str) -> int:
-    """Deepest ``[``/``{`` nesting of JSON text, strings skipped (an unterminated one runs to
-    the end); no recursion, one linear pass whatever the text."""
+    """Deepest ``[``/``{`` nesting of JSON text, strings skipped, in one linear pass without recursion."""
     depth = deepest = 0
     for m in _DEPTH_TOKEN_RE.finditer(text):
         tok = m.group()
@@ -177,9 +158,7 @@ def read_json_file(path: str | os.PathLike, max_bytes: int, *, fix: str = "", fo
 
 def field(obj: Any, key: str, kind: type | tuple[type, ...], source: str, *, fix: str = "",
           default: Any = ..., max_len: int | None = None) -> Any:
-    """``obj[key]`` of the parsed JSON object ``obj``, checked to be of ``kind`` (``bool`` is not an
-    ``int`` here, a number is finite) and at most ``max_len`` long; ``default`` when absent (omitted:
-    required).  A :class:`FormatError` names ``source``, the key and what it held."""
+    """``obj[key]`` of ``kind`` (``bool`` is no ``int``, numbers finite), at most ``max_len``; ``default`` when absent."""
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if not isinstance(obj, dict):
         raise _fail(source, f"holds {_type_name(obj)} where an object was expected", fix)
@@ -214,8 +193,7 @@ def string_list(value: Any, source: str, *, max_items: int = 4096, max_len: int 
 
 
 def check_text(value: Any, name: str, *, max_len: int = 4096, fix: str = "") -> str:
-    """``value`` if it is a string of at most ``max_len`` characters without control characters but
-    tab, else a :class:`FormatError` naming ``name`` and showing the value cut."""
+    """``value`` if it is a string of at most ``max_len`` characters, no control character but tab."""
     fix = fix or "set it to a short plain value or unset it"
     if not isinstance(value, str):
         raise _fail(name, f"is {_type_name(value)}, not text", fix)
@@ -234,3 +212,14 @@ def env_text(name: str, env: dict[str, str] | None = None, *, max_len: int = 409
     if value is None:
         return None
     return check_text(value, name, max_len=max_len)
+
+
+#: Values of a boolean environment variable that mean "off" (case-insensitive, stripped; the ``.pth`` hook
+#: keeps its own copy, which tests/integration/test_autoload.py checks agrees).
+FALSE_VALUES = ("", "0", "false", "no", "off")
+
+
+def env_flag(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether boolean variable ``name`` is on in ``env`` (default ``os.environ``)."""
+    env = os.environ if env is None else env
+    return env.get(name, "").strip().lower() not in FALSE_VALUES

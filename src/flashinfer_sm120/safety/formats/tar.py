@@ -1,8 +1,6 @@
-"""Reading a tar, or a gzip-compressed tar, as untrusted input (:class:`TarReader`): its kind told by
-its first bytes, never its name; headers read one at a time, the shapes ``tarfile`` mishandles refused
-before they are read; every byte out of the decompressor, and into it, counted against a cap and a
-deadline.  Only commands import this module (``cache import``).  threat-model: P6
-"""
+"""A tar or gzip-compressed tar as untrusted input (threat-model: P6): its kind told by its first bytes, headers
+read one at a time, the shapes ``tarfile`` mishandles refused before they are read, every byte out of the
+decompressor, and into it, counted against a cap and a deadline.  Only commands import it."""
 
 from __future__ import annotations
 
@@ -36,8 +34,7 @@ READ = ("tar", "gzip")
 
 
 def compression(head: bytes) -> str:
-    """What the first 512 bytes of a file say it is: ``tar`` (a POSIX/GNU header's ``ustar``
-    magic), ``gzip``, ``bzip2``, ``xz``, ``zstd``, ``lzma``, ``zip`` or ``unknown``."""
+    """What the first 512 bytes say a file is: ``tar``, ``gzip``, ``bzip2``, ``xz``, ``zstd``, ``lzma``, ``zip``, ``unknown``."""
     for magic, name in _MAGIC:
         if head.startswith(magic):
             return name
@@ -45,16 +42,11 @@ def compression(head: bytes) -> str:
 
 
 class _Refused(Exception):
-    """A header :class:`_BoundedTarInfo` refuses.  Not a ``tarfile.HeaderError``: ``TarFile.next``
-    reads an invalid header after the first as the end of the archive, and this must stop it."""
+    """A refused header (not a ``HeaderError``: ``TarFile.next`` reads one after the first as the end)."""
 
 
 class _BoundedTarInfo(tarfile.TarInfo):
-    """``tarfile``'s header reader with the shapes an export never has refused before they are read:
-    an extended header over :data:`MAX_EXTENDED_HEADER`, and sparse members in each of GNU's forms
-    (old-style ``S``, pax 0.0/0.1/1.0), whose maps ``tarfile`` parses with bare ``int()`` and
-    unbounded lists.  (The ``_proc_*`` hooks are the subclassing points ``TarInfo._proc_member``
-    documents; ``tests/unit/safety/test_tar.py`` checks they still exist.)"""
+    """``tarfile``'s header reader refusing extended headers over the cap and sparse members (unbounded maps)."""
 
     def _proc_member(self, tarfile_):
         if self.type in _EXTENDED and self.size > MAX_EXTENDED_HEADER:
@@ -77,8 +69,7 @@ _READ_ERRORS = (OSError, tarfile.TarError, EOFError, zlib.error)
 
 
 class _Capped:
-    """A reader of ``raw`` refused past ``cap`` bytes read or past ``deadline``: headers cannot declare
-    their way past the cap, and a small bomb is refused when it has produced the cap, not after."""
+    """A reader of ``raw`` refused past ``cap`` bytes or the deadline, so a bomb stops when it made the cap."""
 
     def __init__(self, raw, cap: int, reader: TarReader, what: str) -> None:
         self.raw, self.cap, self.left, self.reader, self.what = raw, cap, cap, reader, what
@@ -98,16 +89,7 @@ class _Capped:
 
 
 class TarReader:
-    """The tar (or gzip-compressed tar) at ``path``, streamed: members one header at a time, nothing
-    held, the whole pass within ``max_bytes`` out of the decompressor (``cap`` says in words what that
-    cap is made of, and how to change it) and ``max_seconds``.  Every refusal is a :class:`FormatError`
-    whose ``source`` is ``path`` and ``fix`` is ``fix``; an ``OSError`` while writing an extracted
-    member is left to the caller, who knows where it was going.
-
-    gzip: the compressed bytes are capped too, at what a gzip of ``max_bytes`` can be (deflate's
-    stored blocks add 5 bytes per 64 KiB, a member header 10 and a trailer 8): a gzip file may be
-    thousands of members that decompress to nothing, which one read of the decompressor walks before
-    it returns a byte (40 MB of them took 8 s a pass)."""
+    """The archive at ``path``, streamed within ``max_bytes`` decompressed and ``max_seconds``; refusals are ``FormatError``."""
 
     def __init__(self, path: str, *, max_bytes: int, max_seconds: float, cap: str, fix: str) -> None:
         self.path, self.fix, self.max_seconds = path, fix, max_seconds
@@ -123,7 +105,8 @@ class TarReader:
                 raise FormatError(f"{shown(path, 200)} {problem}; {fixed}", source=path, problem=problem,
                                   fix=fixed)
             raw = self.file
-            if kind == "gzip":
+            if kind == "gzip":  # its input capped too, at what a gzip of max_bytes can be (stored blocks add 5
+                # bytes per 64 KiB): thousands of members that decompress to nothing took 8 s a read
                 raw = gzip.GzipFile(fileobj=_Capped(self.file, max_bytes + max_bytes // 1000 + (1 << 20), self,
                                                     "its compressed data is more than {cap} bytes, more than a "
                                                     "gzip of what it may unpack to"), mode="rb")
@@ -162,9 +145,7 @@ class TarReader:
         return self._reading(lambda: self.tar.extractfile(m).read(m.size))  # type: ignore[union-attr]
 
     def extract(self, m: tarfile.TarInfo, into: Path) -> None:
-        """``m`` written under ``into`` by tarfile's ``data`` filter (PEP 706).
-
-        :raises OSError: writing it failed (the caller words it)."""
+        """``m`` written under ``into`` by tarfile's ``data`` filter (PEP 706); ``OSError`` of writing left to the caller."""
         try:
             self.tar.extract(m, into, filter="data")
         except FormatError:

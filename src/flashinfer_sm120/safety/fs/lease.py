@@ -1,20 +1,21 @@
-"""Leases (threat-model: P3, docs/safety.md section 10): a process that uses a ``CUDA_HOME`` view or a
-JIT workspace ``D`` holds a shared ``flock`` on ``.<name of D>.lease`` beside it until it exits;
-``cache prune`` takes it exclusively without waiting and keeps what it cannot take.  A lock, not a
-look at ``/proc``: a flock is a fact about the file, seen from every PID namespace sharing the volume.
-The descriptor is ``O_CLOEXEC``: a forked child shares the lease, a program the process runs does not.
-"""
+"""Leases (threat-model: P3, docs/safety.md section 10): a shared ``flock`` on ``.<name>.lease`` beside a view
+or JIT workspace, held for the process's lifetime (``O_CLOEXEC``: a forked child shares it, a program run does
+not); prune takes it exclusively without waiting.  And who holds a lock, from ``/proc/locks`` (P6, naming only)."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import os
 import threading
 import time
 
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.formats.reads import read_bytes
+
 __all__ = ["WAIT_S", "lease_path", "target_of", "hold", "held", "release", "leased", "lease_state", "take_exclusive",
-           "end_exclusive", "place_problem"]
+           "end_exclusive", "place_problem", "Holder", "parse_proc_locks", "holders", "PROC_LOCKS_MAX"]
 
 #: Seconds :func:`hold` waits while a prune holds the lease exclusively (it removes one directory).
 WAIT_S = 90.0
@@ -48,8 +49,7 @@ def target_of(path: str) -> str | None:
 
 
 def place_problem(target: str) -> str | None:
-    """Why no lease on ``target`` may be made (its directory fails the trust rule: P4), so ``cache
-    prune`` keeps it (P3); ``None`` when one may.  Creates nothing."""
+    """Why no lease on ``target`` may be made (its directory is not ours: P4), so prune keeps it (P3); creates nothing."""
     from flashinfer_sm120.safety.ownership import check_place
 
     problem = check_place(os.path.dirname(lease_path(target)), "the directory of its lease")
@@ -71,8 +71,7 @@ def _would_block(exc: OSError) -> bool:
 
 
 def _try_lock(path: str, how: int) -> tuple[int | None, bool]:
-    """``(descriptor, False)`` of ``path`` opened (created) and locked ``how`` without waiting, still named
-    by ``path``; else ``(None, busy)``: ``busy`` when another holds it or replaced it meanwhile."""
+    """``(fd, False)`` of ``path`` created and locked ``how`` without waiting, else ``(None, busy)``."""
     try:
         fd = os.open(path, _FLAGS, 0o600)
     except OSError:
@@ -90,8 +89,7 @@ def _try_lock(path: str, how: int) -> tuple[int | None, bool]:
 
 # threat-model: P3
 def hold(target: str, wait_s: float = WAIT_S) -> bool:
-    """Take a shared lease on ``target`` for the rest of this process (the caller checks ``target``
-    exists *after*: check, then use); ``False`` when it cannot be had within ``wait_s``."""
+    """Take a shared lease on ``target`` for this process's lifetime; ``False`` when not had within ``wait_s``."""
     path = lease_path(target)
     with _lock:
         fd = _held.get(path)
@@ -118,8 +116,7 @@ def held(target: str) -> bool:
 
 
 def release(target: str) -> None:
-    """Give this process's lease on ``target`` back; closed, not unlocked (``LOCK_UN`` would drop a
-    forked child's too)."""
+    """Give this process's lease on ``target`` back: closed, not unlocked (``LOCK_UN`` drops a forked child's too)."""
     with _lock:
         fd = _held.pop(lease_path(target), None)
     if fd is not None:
@@ -132,8 +129,7 @@ def leased(target: str) -> bool:
 
 
 def lease_state(target: str) -> str | None:
-    """``None`` when no process holds a lease on ``target``, else why it is treated as held (a symlink
-    or unreadable lease file keeps it too).  Creates nothing.  P3, P8"""
+    """``None`` when nobody holds a lease on ``target``, else why it counts as held (P3, P8); creates nothing."""
     path = lease_path(target)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -156,14 +152,12 @@ def lease_state(target: str) -> str | None:
 
 # threat-model: P3
 def take_exclusive(target: str) -> int | None:
-    """The lease on ``target`` taken exclusively without waiting, to remove it: the descriptor, or
-    ``None`` (keep ``target``).  A process starting meanwhile waits for the removal."""
+    """The lease on ``target`` taken exclusively without waiting, to remove it: the descriptor, or ``None``."""
     return _try_lock(lease_path(target), fcntl.LOCK_EX)[0]
 
 
 def end_exclusive(target: str, fd: int, removed: bool) -> None:
-    """Let go of :func:`take_exclusive`'s lock; when ``target`` was removed, unlink its lease file first
-    (a process waiting on it then finds the path gone and starts anew)."""
+    """Let go of :func:`take_exclusive`'s lock, first unlinking the lease file of a removed ``target``."""
     try:
         if removed and _same_file(fd, lease_path(target)):
             try:
@@ -172,3 +166,47 @@ def end_exclusive(target: str, fd: int, removed: bool) -> None:
                 pass
     finally:
         os.close(fd)
+
+
+#: Bytes of ``/proc/locks`` read: a few thousand locks (a holder past them is not named).
+PROC_LOCKS_MAX = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """A lock's holder: ``pid`` in this PID namespace, ``uid`` (``None``: gone or not visible)."""
+
+    pid: int
+    uid: int | None
+
+
+def parse_proc_locks(text: str, dev: int, ino: int) -> list[int]:
+    """The pids holding a lock on ``(dev, ino)`` in ``/proc/locks`` (Linux fs/locks.c ``lock_get_status``)."""
+    want = f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}"
+    out = []
+    for line in text.splitlines():
+        words = line.split()
+        if "->" in words[1:2]:  # a waiter ("1: -> FLOCK ..."), not a holder
+            continue
+        for i, w in enumerate(words[:-1]):
+            if words[i + 1] == want and w.isascii() and w.isdigit() and 0 < int(w) < 1 << 32:
+                out.append(int(w))
+                break
+    return out
+
+
+def holders(path: str | os.PathLike) -> list[Holder]:
+    """The processes holding a lock on ``path`` (anyone who can read a file may ``flock`` it: P6); never raises."""
+    try:
+        st = os.stat(path)
+        text = read_bytes("/proc/locks", PROC_LOCKS_MAX, prefix=True).decode("ascii", "replace")
+    except (OSError, FormatError):
+        return []
+    out = []
+    for pid in parse_proc_locks(text, st.st_dev, st.st_ino):
+        try:
+            uid: int | None = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            uid = None
+        out.append(Holder(pid, uid))
+    return out

@@ -1,6 +1,5 @@
-"""The per-uid cache root (views, the nvcc memo), chosen and created by threat-model P2 and P4 as
-docs/safety.md section 9 says; a candidate that breaks a rule is refused, named with its fix, and the
-next one is used."""
+"""The per-uid cache root (views, the nvcc memo), chosen and created by threat-model P2 and P4 (docs/safety.md
+section 9): a candidate that breaks a rule is refused, named with its fix, and the next one is used."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ import tempfile
 from flashinfer_sm120.errors import StateFileError
 from flashinfer_sm120.safety import oserrors
 from flashinfer_sm120.safety.formats.base import bounded
-from flashinfer_sm120.safety.formats.paths import deepest_existing, foreign_tree, make_private_dirs
-from flashinfer_sm120.safety.formats.paths import path_problem
+from flashinfer_sm120.safety.formats.grammar import deepest_existing, foreign_tree, make_private_dirs, path_problem
 from flashinfer_sm120.safety.ownership import mine_problem, trust_reason
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -39,8 +37,7 @@ def forget_cache_root(*, notes: bool = False) -> None:
 
 
 def _dir_problem(path: str, what: str, explicit: bool = True) -> str | None:
-    """Why the cache directory ``path`` may not be used, creating it (0700) when absent and every check
-    passed; one the user did not name (``explicit=False``) must be writable, else the next is tried."""
+    """Why the cache directory ``path`` may not be used, creating it ``0700`` once every check passed (P4)."""
     uid = os.geteuid()
     try:
         st = os.lstat(path)
@@ -96,8 +93,7 @@ ROOM_BYTES = 512
 
 
 def _room_problem(path: str, what: str) -> str | None:
-    """Why ``path`` is too long to hold our files (it and :data:`ROOM_BYTES` within ``PATH_MAX``, each
-    level within ``NAME_MAX``), so it falls through to the next candidate (P8)."""
+    """Why ``path`` is too long to hold our files (:data:`ROOM_BYTES` more within ``PATH_MAX``) (P8)."""
     top = deepest_existing(path)
     try:
         path_max, name_max = os.pathconf(top, "PC_PATH_MAX"), os.pathconf(top, "PC_NAME_MAX")
@@ -112,7 +108,7 @@ def _room_problem(path: str, what: str) -> str | None:
 
 
 def foreign_tree_message(what: str, ft, variable: str = "FLASHINFER_SM120_CACHE_DIR") -> str:
-    """The sentence for a :class:`~flashinfer_sm120.safety.formats.paths.ForeignTree`, with the fix."""
+    """The sentence for a :class:`~flashinfer_sm120.safety.formats.grammar.ForeignTree`, with the fix."""
     return (f"{what}={ft.path!r} does not exist, and it would be created inside {ft.top}, owned by uid "
             f"{ft.owner}, as uid {ft.uid}: that user's own tools could not write it (pip, FlashInfer "
             f"and others use ~/.cache). Run as uid {ft.owner} (sudo -u), keep your own home "
@@ -120,8 +116,7 @@ def foreign_tree_message(what: str, ft, variable: str = "FLASHINFER_SM120_CACHE_
 
 
 def _creation_problem(path: str, what: str) -> str | None:
-    """Why the absent ``path`` must not be created: its deepest existing level is no directory, lies in
-    a tree another uid owns (``sudo -E``), or fails the trust rule.  threat-model: P4"""
+    """Why the absent ``path`` must not be created: no directory above, another uid's tree, or untrusted (P4)."""
     top = os.path.realpath(deepest_existing(path))
     try:
         st = os.stat(top)
@@ -137,8 +132,7 @@ def _creation_problem(path: str, what: str) -> str | None:
 
 
 def home_dir() -> str | None:
-    """``$HOME``, else the passwd entry's home, else ``None``: never ``expanduser``'s ``"~"`` (a
-    ``~/.cache`` in the working directory) nor an empty ``HOME``'s ``/``."""
+    """``$HOME``, else the passwd home, else ``None``: never ``expanduser``'s ``"~"`` nor an empty ``HOME``'s ``/``."""
     home = os.environ.get("HOME")
     if home:
         return home
@@ -160,8 +154,7 @@ _HOME = "~/.cache/flashinfer-sm120"
 
 
 def _missing_home(what: str, path: str) -> str | None:
-    """A home that does not exist is never created for a cache (``HOME=/nonexistent``: Debian's service
-    accounts have none).  P4"""
+    """A home that does not exist (``HOME=/nonexistent``) is never created for a cache (P4)."""
     home = home_dir()
     if what == _HOME and home is not None and not os.path.isdir(home):
         return (f"{what}={path!r} lies in the home directory {home!r}, which does not exist; a home is not "
@@ -186,9 +179,7 @@ def _candidates() -> list[tuple[str, str]]:
 
 
 def cache_root() -> str:
-    """The per-uid state directory (absolute, links resolved, created ``0700`` if absent): the first
-    usable candidate; each refused one is logged with its fix (:func:`cache_root_notes`).  Raises
-    :class:`StateFileError` listing every reason when none is usable."""
+    """The first usable per-uid state directory, links resolved; :class:`StateFileError` naming every reason."""
     key = tuple(os.environ.get(k) for k in ("FLASHINFER_SM120_CACHE_DIR", "XDG_CACHE_HOME", "HOME",
                                              "TMPDIR")) + (os.geteuid(),)
     hit = _root_cache.get(key)

@@ -129,20 +129,20 @@ class _Spec:
 
 
 def test_build_records_the_values_and_a_later_build_names_what_changed(tmp_path, cache_dir, monkeypatch):
-    from flashinfer_sm120.warmup import session
+    from flashinfer_sm120.warmup import plan
 
     for v in buildline.BUILD_VARS:
         monkeypatch.delenv(v.name, raising=False)
     jit = tmp_path / "jit"
     spec = _Spec(jit, "m")
-    first = session.build_specs([("m", spec)], 1, io.StringIO())[0]
+    first = plan.build_specs([("m", spec)], 1, io.StringIO())[0]
     assert first["status"] == "built" and first["build_vars_before"] == []
     assert buildline.recorded(spec.build_dir) == first["build_vars"] == buildline.snapshot({})
     monkeypatch.setenv("FLASHINFER_JIT_VERBOSE", "1")
     now = buildline.snapshot(dict(os.environ))
     assert {k: [c.__dict__ for c in v] for k, v in buildline.stale(jit, now).items()} == {
         "m": [{"name": "FLASHINFER_JIT_VERBOSE", "built": None, "now": "1"}]}
-    second = session.build_specs([("m", spec)], 1, io.StringIO())[0]
+    second = plan.build_specs([("m", spec)], 1, io.StringIO())[0]
     assert second["build_vars_before"] == [{"name": "FLASHINFER_JIT_VERBOSE", "built": None, "now": "1"}]
     assert buildline.recorded(spec.build_dir)["FLASHINFER_JIT_VERBOSE"] == "1" and buildline.stale(jit, now) == {}
     # the section doctor prints from it
@@ -177,22 +177,24 @@ def test_doctor_warns_for_jit_verbose(monkeypatch):
 
 
 def test_a_cache_export_carries_the_values_and_an_import_with_other_values_says_so():
-    from flashinfer_sm120.warmup import cache_format, cache_import
+    from flashinfer_sm120.warmup import cache, cache_import
     from flashinfer_sm120.warmup.session import BuildError
 
     fp = {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/c", "jit_dir": "/j"}
     there = dict(fp, build_vars=buildline.snapshot({"FLASHINFER_JIT_VERBOSE": "1"}))
-    meta = cache_format.parse_meta({"format": 1, "fingerprint": there, "modules": [], "manifest": []}, "meta.json")
+    meta = cache.parse_meta({"format": 1, "fingerprint": there, "modules": [], "manifest": []}, "meta.json")
     assert meta.fingerprint["build_vars"]["FLASHINFER_JIT_VERBOSE"] == "1"
     here = dict(fp, build_vars=buildline.snapshot({}))
-    msg, fix = cache_import._mismatch(meta.fingerprint, here)
-    assert fix and msg.startswith("the archive was built with other FlashInfer build-line variables "
-                          "(FLASHINFER_JIT_VERBOSE=1 there, (unset) here)")
-    assert cache_import._mismatch(meta.fingerprint, dict(fp, build_vars=there["build_vars"])) is None
-    older = cache_format.parse_meta({"format": 1, "fingerprint": fp, "modules": [], "manifest": []}, "meta.json")
-    assert cache_import._mismatch(older.fingerprint, here) is None  # an export from before: nothing to compare
+    with pytest.raises(cache.CacheError) as info:
+        cache_import._mismatch("x.tar", meta.fingerprint, here)
+    assert info.value.fix and info.value.kind == "mismatch" and str(info.value).startswith(
+        "refusing x.tar: the archive was built with other FlashInfer build-line variables "
+        "(FLASHINFER_JIT_VERBOSE=1 there, (unset) here)")
+    cache_import._mismatch("x.tar", meta.fingerprint, dict(fp, build_vars=there["build_vars"]))  # the same: no refusal
+    older = cache.parse_meta({"format": 1, "fingerprint": fp, "modules": [], "manifest": []}, "meta.json")
+    cache_import._mismatch("x.tar", older.fingerprint, here)  # an export from before: nothing to compare
     with pytest.raises(BuildError, match="'build_vars' is not a set of FlashInfer's build-line variables"):
-        cache_format.parse_meta({"format": 1, "fingerprint": dict(fp, build_vars={"LD_PRELOAD": "x"}), "modules": [],
+        cache.parse_meta({"format": 1, "fingerprint": dict(fp, build_vars={"LD_PRELOAD": "x"}), "modules": [],
                               "manifest": []}, "meta.json")
 
 
@@ -219,13 +221,13 @@ def test_any_record_reads_as_a_snapshot_or_none(tmp_path, raw):
 
 @given(_json_value)
 def test_any_exported_build_vars_parse_or_refuse_with_our_error(value):
-    from flashinfer_sm120.warmup import cache_format
+    from flashinfer_sm120.warmup import cache
     from flashinfer_sm120.warmup.session import BuildError
 
     fp = {"flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/c", "jit_dir": "/j",
           "build_vars": value}
     try:
-        meta = cache_format.parse_meta({"format": 1, "fingerprint": fp, "modules": [], "manifest": []}, "meta.json")
+        meta = cache.parse_meta({"format": 1, "fingerprint": fp, "modules": [], "manifest": []}, "meta.json")
     except BuildError as exc:
         assert len(str(exc)) < 1000 and "build_vars" in str(exc)
     else:

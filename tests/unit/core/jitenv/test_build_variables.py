@@ -107,11 +107,11 @@ def test_compiler_values_property(places, value):
 def test_build_and_the_pool_read_max_jobs_one_way(raw, want):
     """The pool read MAX_JOBS with a grammar of its own; now ``build`` and the pool share
     :func:`plan.default_jobs`: the user's value as FlashInfer reads it, else the CPUs."""
-    from flashinfer_sm120.core.jitenv import jobs
+    from flashinfer_sm120.core.jitenv import memory
     from flashinfer_sm120.warmup import plan
 
     n, why = plan.default_jobs({} if raw is None else {"MAX_JOBS": raw})
-    assert n == (want or jobs.cpus()) and ("yours" in why) == (want is not None)
+    assert n == (want or memory.cpus()) and ("yours" in why) == (want is not None)
 
 
 def _flashinfer_reads_max_jobs(raw):
@@ -126,11 +126,11 @@ def test_a_max_jobs_flashinfer_cannot_use_is_replaced_not_kept(raw):
     """FlashInfer crashes on ``MAX_JOBS=²`` (``'²'.isdigit()`` is true, ``int('²')`` fails: every JIT
     build raises ValueError), ignores `` 4`` (ninja's default, CPUs + 2, whatever the memory), and
     ninja 1.11 stops on ``-j 2147483648``; these were "set by you: kept"."""
-    from flashinfer_sm120.core.jitenv import jobs
+    from flashinfer_sm120.core.jitenv import memory
     from flashinfer_sm120.core.jitenv.memory import GIB, MemoryView, Bound
 
     view = MemoryView(8 * GIB, (Bound("MemAvailable", 8 * GIB, "test"),))
-    value, why = jobs.server_max_jobs(1, {"MAX_JOBS": raw}, view=view)
+    value, why = memory.server_max_jobs(1, {"MAX_JOBS": raw}, view=view)
     try:
         fi = _flashinfer_reads_max_jobs(raw)
     except ValueError:
@@ -156,11 +156,11 @@ def test_configure_pops_a_max_jobs_flashinfer_would_crash_on(tmp_path, monkeypat
 def test_nvcc_threads_are_read_as_flashinfer_reads_them(raw, fi):
     """``get_nvcc_parallelism_flags``: ``int(value)``, else 1; below 1: 1.  The memory estimate
     multiplies by it, so reading ``1_0`` as 1 under-counted memory tenfold."""
-    from flashinfer_sm120.core.jitenv import jobs
+    from flashinfer_sm120.core.jitenv import memory
     from flashinfer_sm120.warmup.plan import plan
 
-    assert jobs.user_threads({"FLASHINFER_NVCC_THREADS": raw})[1] == fi
-    p = plan(jobs.Estimate(100, "x", "test"), targets=16, jobs=1, mem_limit=1 << 30,
+    assert memory.user_threads({"FLASHINFER_NVCC_THREADS": raw})[1] == fi
+    p = plan(memory.Estimate(100, "x", "test"), targets=16, jobs=1, mem_limit=1 << 30,
                   env={"FLASHINFER_NVCC_THREADS": raw})
     assert p.threads == fi and p.per_compile == 100 * fi
     assert ("yours" in p.threads_from) == (fi > 1 or raw.strip() == "1")

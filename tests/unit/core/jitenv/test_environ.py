@@ -14,7 +14,8 @@ import pytest
 from helpers.child import run_py
 from helpers.host import needs_flashinfer
 from helpers.toolkits import make_toolkit, script
-from flashinfer_sm120.core.jitenv import environ
+from flashinfer_sm120.core.jitenv import environ, toolchain
+from flashinfer_sm120.cli.doctor_sections import exported_lines
 
 
 def tool(path, release):
@@ -69,7 +70,7 @@ def test_export_sets_home_and_path_and_undo_restores_them(env, tmp_path):
         assert info["cuda_home"] == str(home) and info["which_nvcc"] == nvcc and info["targets"] == ["sm_120f"]
         assert environ.export(str(home), nvcc, [(12, "0f")]) is undo  # idempotent
         assert os.environ["PATH"].count(f"{home}/bin") == 1
-        assert any("which nvcc" in line for line in environ.describe())
+        assert any("which nvcc" in line for line in exported_lines(environ.exported()))
     finally:
         undo()
     assert dict(os.environ) == before
@@ -77,25 +78,34 @@ def test_export_sets_home_and_path_and_undo_restores_them(env, tmp_path):
     assert dict(os.environ) == before
 
 
-def test_max_jobs_waits_for_the_first_build_and_undo_removes_it(env, tmp_path, monkeypatch):
+def test_max_jobs_waits_for_the_first_build_is_refreshed_and_undo_removes_it(env, tmp_path, monkeypatch):
     """MAX_JOBS (read by FlashInfer only in run_ninja) is set by prepare_builds, which the build gate
-    calls, not by the export at import; a second call changes nothing, and the undo removes it."""
+    calls, not by the export at import; a second call changes nothing; refresh_max_jobs (the gate, before
+    each build) takes the memory left now while it is ours; the undo removes it, a user's is never touched."""
+    from flashinfer_sm120.core.jitenv import memory
+
     monkeypatch.delenv("MAX_JOBS", raising=False)
     home = toolkit(tmp_path / "cuda-13.0")
     before = dict(os.environ)
     undo = environ.export(str(home), str(home / "bin" / "nvcc"), [(12, "0f")])
     try:
         assert "MAX_JOBS" not in os.environ
-        environ.prepare_builds()
+        toolchain.prepare_builds()
         jobs = os.environ["MAX_JOBS"]
         assert jobs.isdigit() and "MAX_JOBS=" in environ.exported()["builds"]["max_jobs"]
-        environ.prepare_builds()
+        toolchain.prepare_builds()
         assert os.environ["MAX_JOBS"] == jobs
+        monkeypatch.setattr(memory, "server_max_jobs", lambda targets, env: (int(jobs) + 1, "the model loaded"))
+        toolchain.refresh_max_jobs()
+        assert os.environ["MAX_JOBS"] == str(int(jobs) + 1)
     finally:
         undo()
     assert dict(os.environ) == before
-    environ.prepare_builds()  # after the undo: nothing left to prepare
+    toolchain.prepare_builds()  # after the undo: nothing left to prepare
     assert "MAX_JOBS" not in os.environ
+    monkeypatch.setenv("MAX_JOBS", str(int(jobs) + 1))  # the user's now, though equal to ours before: never touched
+    toolchain.refresh_max_jobs()
+    assert os.environ["MAX_JOBS"] == str(int(jobs) + 1)
 
 
 def test_a_view_home_puts_its_own_bin_on_path(env, tmp_path):

@@ -32,17 +32,17 @@ def _plant(path: str, data: bytes) -> None:
 
 @given(data=raw)
 def test_estimates_file_property(cache_dir, data):
-    from flashinfer_sm120.core.jitenv import jobs
+    from flashinfer_sm120.core.jitenv import memory
     from flashinfer_sm120.warmup import plan
 
-    path = jobs.estimates_path()
+    path = memory.estimates_path()
     _plant(path, data)
-    got = jobs.recorded()
+    got = memory.recorded()
     assert all(isinstance(k, str) and v and all(type(p) is int and p > 0 for p in v) for k, v in got.items())
     est = plan.estimate("sampling")
     assert type(est.bytes) is int and est.bytes > 0
     plan.record_peak("sampling", 1 << 30)
-    assert (1 << 30) in jobs.recorded()["sampling"]
+    assert (1 << 30) in memory.recorded()["sampling"]
 
 
 @given(data=raw)
@@ -63,9 +63,9 @@ def test_launcher_memo_property(cache_dir, data):
                                                         "9" * 5000, "\x00", "4\n"])))
 def test_max_jobs_and_threads_property(text):
     """Our reading is FlashInfer's, and MAX_JOBS is either used as FlashInfer uses it or refused."""
-    from flashinfer_sm120.core.jitenv import jobs
+    from flashinfer_sm120.core.jitenv import memory
 
-    value, problem = jobs.flashinfer_max_jobs(text)
+    _raw, value, problem = memory.max_jobs({"MAX_JOBS": text})
     try:
         fi = int(text) if text.isdigit() else None  # FlashInfer 0.7.4 _get_num_workers
     except ValueError:
@@ -74,7 +74,7 @@ def test_max_jobs_and_threads_property(text):
         assert value == fi and value <= 2**31 - 1
     else:
         assert value is None and "MAX_JOBS" in problem and len(problem) < 1000
-    _raw, threads = jobs.user_threads({"FLASHINFER_NVCC_THREADS": text})
+    _raw, threads = memory.user_threads({"FLASHINFER_NVCC_THREADS": text})
     try:  # FlashInfer 0.7.4 get_nvcc_parallelism_flags
         want = int(text)
     except ValueError:

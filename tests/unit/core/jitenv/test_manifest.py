@@ -99,7 +99,7 @@ def test_an_honest_manifest_is_built_from_its_parameters(clean_env, tmp_path, re
 
 CHECK = """
 import json, sys, helpers.fakegpu, flashinfer_sm120, flashinfer
-from flashinfer_sm120.warmup import cache_format, replay
+from flashinfer_sm120.warmup import cache, replay
 from flashinfer_sm120.errors import FormatError
 entries = json.loads(sys.argv[1])
 out = {}
@@ -232,7 +232,7 @@ def test_cache_import_refuses_an_export_whose_manifest_carries_other_source(warm
 def test_an_export_module_without_a_manifest_entry_is_refused(tmp_path):
     """Without its entry nothing says which generator makes the module: refused, not installed as stale."""
     from flashinfer_sm120.warmup import cache_import
-    from flashinfer_sm120.warmup.cache_format import Module
+    from flashinfer_sm120.warmup.cache import Module
 
     why = cache_import._refusal(None, Module("m", {"generated/m/x.cu": "0" * 64}), None, tmp_path)
     assert why and "no manifest entry" in why

@@ -20,9 +20,9 @@ from helpers.child import cli
 from helpers.host import needs_flashinfer
 from helpers.toolkits import script
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.formats.flags import parse_compile_flag
+from flashinfer_sm120.safety.formats.params import parse_compile_flag
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.core.jitenv import manifest
+from flashinfer_sm120.core.jitenv import record
 
 HOSTILE = ["-ccbin=/tmp/x/cc", "-ccbin /tmp/x/cc", "--compiler-bindir=/tmp/x", "-Xcompiler=-fplugin=/x.so",
            "-Xcompiler -fplugin=/x.so", "-Wl,--plugin=/x.so", "-Xlinker=-plugin", "--linker-options=-o,/x",
@@ -57,13 +57,13 @@ def _entry(flags=(), sources=("@FLASHINFER@/data/csrc/sampling.cu",), inc=None) 
 @pytest.mark.parametrize("flag", HOSTILE)
 def test_a_flag_that_runs_loads_or_writes_is_refused(flag):
     with pytest.raises(FormatError) as info:
-        manifest.parse_entry(_entry([flag]), "m.jsonl:1")
+        record.parse_entry(_entry([flag]), "m.jsonl:1")
     assert "m.jsonl:1" in str(info.value) and len(str(info.value)) < 600
 
 
 @pytest.mark.parametrize("flag", FLASHINFER_FLAGS)
 def test_the_flags_flashinfer_writes_are_kept(flag):
-    assert manifest.parse_entry(_entry([flag]), "m")["spec"]["extra_cuda_cflags"] == [flag]
+    assert record.parse_entry(_entry([flag]), "m")["spec"]["extra_cuda_cflags"] == [flag]
 
 
 _WORDS = st.sampled_from(["-O3", "-DX=1", "-fPIC", "-Wall", "-lcuda", "-I/usr/include", "-ccbin", "/tmp/x", "-B/x",

@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 
 from flashinfer_sm120.safety.formats.params import parse_generator, parse_params
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.core.jitenv import generators
+from flashinfer_sm120.core.jitenv import record
 from flashinfer_sm120.warmup import replay
 
 _TOKEN = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63})?")
@@ -91,8 +91,8 @@ _PLAIN = st.recursive(
 def test_recorded_arguments_come_back_as_the_same_values(args):
     """What recording writes for a generator's arguments parses and decodes to equal values and types."""
     try:
-        encoded = [generators.encode_value(a) for a in args]
-    except generators.NotData:  # nested deeper than the grammar allows
+        encoded = [record.encode_value(a) for a in args]
+    except FormatError:  # nested deeper than the grammar allows
         return
     try:
         parsed = parse_params(json.loads(json.dumps({"args": encoded})), "m")
@@ -109,8 +109,8 @@ def test_enums_and_callables_are_not_data():
         NONE = 0
 
     for value in (Mode.NONE, print, object()):
-        with pytest.raises(generators.NotData):
-            generators.encode_value(value)
+        with pytest.raises(FormatError):
+            record.encode_value(value)
 
 
 _BASE = {"format": 1, "name": "sampling", "flashinfer": "0.7.4", "targets": ["12.0f"], "toolchain": "nvcc",
@@ -123,12 +123,12 @@ _BASE = {"format": 1, "name": "sampling", "flashinfer": "0.7.4", "targets": ["12
 def test_manifest_entry_generator_property(generator, params):
     """A whole entry: only FormatError with a bounded message naming the line; what passes names a
     FlashInfer gen_*_module and plain parameters, and parses again to itself."""
-    from flashinfer_sm120.core.jitenv import manifest
+    from flashinfer_sm120.core.jitenv import record
 
     try:
-        got = manifest.parse_entry(dict(_BASE, generator=generator, params=params), "m.jsonl:7")
+        got = record.parse_entry(dict(_BASE, generator=generator, params=params), "m.jsonl:7")
     except FormatError as exc:
         assert str(exc).startswith("m.jsonl:7") and len(str(exc)) < 600
         return
     assert got["generator"].startswith("flashinfer") and got["generator"].endswith("_module")
-    assert manifest.parse_entry(got, "again") == got
+    assert record.parse_entry(got, "again") == got

@@ -9,8 +9,8 @@ import types
 
 import pytest
 
-from flashinfer_sm120.core.jitenv import jobs, memory
-from flashinfer_sm120.warmup import ninjacmd, plan, pool
+from flashinfer_sm120.core.jitenv import memory
+from flashinfer_sm120.warmup import plan, pool
 
 MIB, GIB = 1 << 20, 1 << 30
 
@@ -56,7 +56,7 @@ def test_v2_limit_minus_working_set_lowest_level_wins(tmp_path):
         "/kubepods": {"memory.max": f"{64 * GIB}\n", "memory.current": f"{2 * GIB}\n"},
     })
     view = memory.read_memory(proc_root=proc, gpu=False)
-    low = view.lowest()
+    low = view.lowest
     assert low.source.startswith("cgroup v2") and low.source.endswith("kubepods/pod1")
     assert view.available == 1 * GIB - (600 - 200) * MIB  # reclaimable cache is not counted as used
     assert {b.source for b in view.bounds} == {low.source, "MemAvailable"}
@@ -113,7 +113,7 @@ def test_gb10_subtracts_what_the_gpu_side_holds_discrete_gpus_do_not(tmp_path):
     gb10 = _fake_nvml([("NVIDIA GB10", (12, 1), None, [70 * GIB, 10 * GIB])])
     view = memory.read_memory(proc_root=proc, nvml=gb10)
     assert view.source == "unified-memory GPU" and view.available == 40 * GIB
-    assert "2 GPU process" in view.lowest().detail
+    assert "2 GPU process" in view.lowest.detail
     rtx = _fake_nvml([("NVIDIA GeForce RTX 5090", (12, 0), 20 * GIB, [])])
     assert memory.read_memory(proc_root=proc, nvml=rtx).source == "MemAvailable"
     unknown = _fake_nvml([("NVIDIA GB10", (12, 1), None, [None])])
@@ -128,7 +128,7 @@ def test_gb10_subtracts_what_the_gpu_side_holds_discrete_gpus_do_not(tmp_path):
 
 def test_plan_jobs_threads_and_who_wins(tmp_path):
     view = memory.MemoryView(int(GIB / 0.85) + 10, (memory.Bound("test", int(GIB / 0.85) + 10, "x"),))
-    est = jobs.Estimate(400 * MIB, "light", "test")
+    est = memory.Estimate(400 * MIB, "light", "test")
     p = plan.plan(est, env={}, view=view, jobs=8)
     assert (p.jobs, p.fits, p.at_once, p.threads) == (8, 2, 2, 1)
     assert "at most 2 of these at once by memory" in " ".join(p.lines())
@@ -137,7 +137,7 @@ def test_plan_jobs_threads_and_who_wins(tmp_path):
     assert p.at_once == 1  # never below one, even when one compile does not fit
     p = plan.plan(est, env={"FLASHINFER_NVCC_THREADS": "x", "MAX_JOBS": "lots"}, view=view)
     assert p.threads == 1 and "not >= 1" in p.threads_from and "not a positive number" in p.jobs_from
-    value, why = jobs.server_max_jobs(env={"MAX_JOBS": "3"}, view=view)
+    value, why = memory.server_max_jobs(env={"MAX_JOBS": "3"}, view=view)
     assert value is None and "set by you" in why
 
 
@@ -153,7 +153,7 @@ def test_recorded_peaks_refine_the_family_estimate(tmp_path, monkeypatch):
     assert e.family == "sampling" and e.bytes == int(900 * MIB * 1.15) and e.source.startswith("recorded")
     assert plan.estimate("batch_decode_with_kv_cache_dtype_q_bf16").family == "attention"
     assert plan.estimate("fp4_gemm_cutlass_sm120").bytes == 8192 * MIB
-    path = jobs.estimates_path()
+    path = memory.estimates_path()
     with open(path, "w") as fh:
         fh.write('{"schema": 1, "families": {"sampling": {"peaks": [-5, "x", true]}}}')
     assert plan.estimate("sampling").source.startswith("default")  # malformed: dropped
@@ -216,7 +216,7 @@ def _ninjas():
 def test_multi_step_modules_grow_into_freed_slots(tmp_path, monkeypatch, ninja):
     """Whatever the ninja release: never more compiles than slots, all built, and FlashInfer's
     own ninja run finds nothing left to do."""
-    monkeypatch.setattr(ninjacmd, "ninja_binary", lambda: ninja)
+    monkeypatch.setattr(pool, "ninja_binary", lambda: ninja)
     log = tmp_path / "steps.log"
     mods = []
     for i in range(3):
@@ -236,22 +236,6 @@ def test_multi_step_modules_grow_into_freed_slots(tmp_path, monkeypatch, ninja):
     for d in mods:  # FlashInfer's own ninja run finds nothing to do
         again = subprocess.run([ninja, "-C", str(d.build_dir), "-f", str(d.ninja_path)], capture_output=True, text=True)
         assert "no work to do" in again.stdout
-
-
-def test_server_max_jobs_is_refreshed_before_a_build_and_removed_on_undo(monkeypatch):
-    from flashinfer_sm120.core.jitenv import toolchain
-
-    monkeypatch.setenv("MAX_JOBS", "5")
-    toolchain.own_max_jobs("5")
-    monkeypatch.setattr(jobs, "server_max_jobs", lambda targets, env: (1, "MAX_JOBS=1 exported: the model loaded"))
-    toolchain.refresh_max_jobs()  # right before FlashInfer's run_ninja (patch/steps.py _nvcc_gate)
-    assert os.environ["MAX_JOBS"] == "1"
-    toolchain.release_max_jobs()
-    assert "MAX_JOBS" not in os.environ
-    monkeypatch.setenv("MAX_JOBS", "7")  # the user's: never touched
-    toolchain.refresh_max_jobs()
-    toolchain.release_max_jobs()
-    assert os.environ["MAX_JOBS"] == "7"
 
 
 from hypothesis import given, strategies as st  # noqa: E402
@@ -281,16 +265,16 @@ def test_read_memory_never_raises_on_any_file_contents(tmp_path_factory, cgroup,
 def test_plan_takes_any_environment(max_jobs, threads, jobs_flag):
     view = memory.MemoryView(GIB, (memory.Bound("t", GIB, "t"),))
     env = {"MAX_JOBS": max_jobs, "FLASHINFER_NVCC_THREADS": threads}
-    p = plan.plan(jobs.Estimate(100 * MIB, "light", "t"), env=env, view=view, jobs=jobs_flag)
+    p = plan.plan(memory.Estimate(100 * MIB, "light", "t"), env=env, view=view, jobs=jobs_flag)
     assert p.jobs >= 1 and p.threads >= 1 and p.at_once >= 1
     assert all(len(line) < 1200 for line in p.lines())
 
 
 def test_the_estimate_reads_without_nested_brackets():
     """The build plan's memory line read ``1.2 GiB each (default for sampling (measured 1039 MiB))``."""
-    for fam in jobs.FAMILIES:
+    for fam in memory.FAMILIES:
         for rec in ({}, {fam.name: [700 << 20, 900 << 20]}):
-            src = jobs.family_estimate(fam, rec).source
+            src = memory.family_estimate(fam, rec).source
             depth = max_depth = 0
             for ch in f"({src})":
                 depth += {"(": 1, ")": -1}.get(ch, 0)

@@ -26,6 +26,7 @@ from helpers.toolkits import make_toolkit
 from helpers.servers import fake_ninja, wheel_ninja
 
 from flashinfer_sm120.core.jitenv import environ
+from flashinfer_sm120.cli.doctor_sections import exported_lines
 from flashinfer_sm120.core.toolkit import ninja
 
 
@@ -121,7 +122,7 @@ def test_export_puts_the_chosen_ninja_first_without_putting_the_venv_python_firs
         assert os.environ["PATH"].startswith(f"{home}/bin:{link_dir}:")  # nvcc's entry stays first
         info = environ.exported()
         assert "a link to" in info["ninja"] and "also holds a Python interpreter" in info["ninja"]
-        assert info["which_ninja"] == which and any(line.startswith("which ninja:") for line in environ.describe())
+        assert info["which_ninja"] == which and any(line.startswith("which ninja:") for line in exported_lines(environ.exported()))
         # the same export again (another worker): the same directory, nothing rebuilt
         assert ninja.link_dir(ninja.choose()) == link_dir
     finally:
@@ -165,10 +166,10 @@ def test_what_a_killed_link_maker_left_is_swept(fakes):
 
 
 def test_build_runs_exactly_the_chosen_ninja(fakes):
-    from flashinfer_sm120.warmup import ninjacmd
+    from flashinfer_sm120.warmup import pool
 
     assert shutil.which("ninja") == fakes["debian"]
-    assert ninjacmd.ninja_binary() == fakes["wheel"]
+    assert pool.ninja_binary() == fakes["wheel"]
 
 
 def test_real_debian_and_wheel_ninjas_rebuild_each_others_work(tmp_path, capsys, monkeypatch):

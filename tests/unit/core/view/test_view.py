@@ -124,7 +124,7 @@ def test_curand_taken_from_pip_when_toolkit_lacks_it(tmp_path, cache, monkeypatc
     inc.mkdir(parents=True)
     (inc / "curand.h").write_text("/* pip curand */\n")
     (inc / "curand_kernel.h").write_text("/* pip curand */\n")
-    monkeypatch.setattr(view_build, "_site_dirs", lambda: [str(site_dir)])
+    monkeypatch.setattr(view_build, "site_dirs", lambda: [str(site_dir)])
     home = linkable_home(inspect(str(root)))
     assert home.is_view and home.curand_include == str(inc) and "include/curand.h" in home.added
     assert os.path.realpath(os.path.join(home.path, "include", "curand_kernel.h")) == str(inc / "curand_kernel.h")
@@ -439,14 +439,14 @@ def test_kill_9_during_a_build_leaves_nothing_behind(tmp_path, cache):
 
 def test_leftovers_are_cleaned_by_a_process_that_only_adopts(tmp_path, cache):
     """Only what no live builder holds goes (threat-model: P3, P5): no guess from a pid."""
-    from flashinfer_sm120.safety.fs import tmpdirs
+    from flashinfer_sm120.safety.fs import atomic
 
     tk = inspect(str(pip_like(tmp_path)))
     home = linkable_home(tk)
     parent = cache / "cuda-home"
     dead = parent / ".tmp-dead"  # its builder was killed long ago
     dead.mkdir()
-    live = tmpdirs.make_private(".tmp-", str(parent))  # a live builder's, however old: kept
+    live = atomic.make_private(".tmp-", str(parent))  # a live builder's, however old: kept
     fresh = parent / ".tmp-fresh"  # not held yet, but younger than the grace: kept
     fresh.mkdir()
     abandoned(dead, live.path)

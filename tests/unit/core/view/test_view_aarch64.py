@@ -77,7 +77,7 @@ def test_a_view_of_the_aarch64_wheels_is_complete_and_its_stub_is_aarch64(tmp_pa
 
     def answer_as_the_spark_would(nvcc, timeout=None):  # `nvcc --version` on the aarch64 machine itself
         asked.append(nvcc)
-        return "13.0.88", None, False
+        return "13.0.88", None
 
     monkeypatch.setattr(probe, "nvcc_version", answer_as_the_spark_would)  # P1: the binary's word, simulated
     monkeypatch.setattr(proc, "run", must_not_run)  # nothing else of the wheels runs either

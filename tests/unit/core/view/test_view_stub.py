@@ -49,7 +49,7 @@ def test_toolkit_own_stub_is_linked_not_built(tmp_path, cache, monkeypatch):
     site_dir = tmp_path / "site" / "nvidia" / "cu13" / "include"
     site_dir.mkdir(parents=True)
     (site_dir / "curand.h").write_text("")
-    monkeypatch.setattr(view_build, "_site_dirs", lambda: [str(tmp_path / "site")])
+    monkeypatch.setattr(view_build, "site_dirs", lambda: [str(tmp_path / "site")])
     monkeypatch.setattr(linkstub, "write_stub", lambda *a: pytest.fail("stub built although the toolkit has one"))
     home = linkable_home(inspect(str(root)))
     assert os.path.realpath(os.path.join(home.path, "lib64/stubs/libcuda.so")) == str(root / "lib64/stubs/libcuda.so")

@@ -17,7 +17,7 @@ import pytest
 
 from helpers import abandoned
 from helpers.toolkits import make_toolkit
-from flashinfer_sm120.safety.fs import statedir, statefiles
+from flashinfer_sm120.safety.fs import atomic, statedir
 from flashinfer_sm120.core.toolkit.probe import inspect
 from flashinfer_sm120.core.toolkit import memo
 from helpers.probing import OTHER_UID, PY, as_uid, need_root
@@ -40,7 +40,7 @@ def test_cache_path_ninja_cannot_carry_is_refused_and_named(tmp_path, monkeypatc
     root = statedir.cache_root()
     assert char not in root and root == str(tmp_path / "home" / ".cache" / "flashinfer-sm120")
     (note,) = statedir.cache_root_notes()
-    from flashinfer_sm120.safety.formats.paths import PATH_RULE
+    from flashinfer_sm120.safety.formats.grammar import PATH_RULE
 
     assert "FLASHINFER_SM120_CACHE_DIR" in note and repr(char) in note and PATH_RULE in note
     assert not (tmp_path / name).exists()
@@ -175,7 +175,7 @@ def test_huge_memo_is_not_read(tmp_path, memo_dir, caplog, monkeypatch):
     huge = memo_dir / "nvcc-version.json"
     with open(huge, "wb") as fh:
         fh.truncate(130 << 20)  # 130 MB (sparse)
-    data, why = statefiles.read_json(str(huge), max_bytes=memo.MAX_MEMO_BYTES)
+    data, why = atomic.read_json(str(huge), max_bytes=memo.MAX_MEMO_BYTES)
     assert data is None and "more than the" in why
     read, real_read, st = [], os.read, huge.stat()
 

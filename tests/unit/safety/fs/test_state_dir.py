@@ -189,7 +189,7 @@ def test_a_home_with_non_ascii_letters_is_used(tmp_path, monkeypatch, name):
     """A HOME with non-ASCII letters is used: it must not be refused for a reason (blank, ':', '$') that does
     not apply; FlashInfer builds under such a path (the slow test below compiles one) (P8)."""
     from flashinfer_sm120.safety.fs import statedir
-    from flashinfer_sm120.safety.formats import paths
+    from flashinfer_sm120.safety.formats import grammar
 
     home = tmp_path / name
     home.mkdir()
@@ -201,21 +201,21 @@ def test_a_home_with_non_ascii_letters_is_used(tmp_path, monkeypatch, name):
         assert statedir.cache_root() == str(home / ".cache" / "flashinfer-sm120")
     finally:
         statedir.forget_cache_root()
-    assert paths.jit_dir_problem(str(home / ".cache" / "flashinfer")) is None
+    assert grammar.jit_dir_problem(str(home / ".cache" / "flashinfer")) is None
 
 
 @pytest.mark.parametrize("char", [" ", "\t", "\n", ":", "$", ";", "'", '"', "`", "\\", "*", "?", "[", "#", "{",
                                   "!", "&", "|", "<", "(", "\u00a0", "\u2028", "\udcff"])
 def test_the_path_rule_refuses_what_ninja_or_the_shell_reads_and_says_the_rule(char):
-    from flashinfer_sm120.safety.formats import paths
-    from flashinfer_sm120.safety.formats.paths import PATH_RULE
+    from flashinfer_sm120.safety.formats import grammar
+    from flashinfer_sm120.safety.formats.grammar import PATH_RULE
 
-    for problem in (paths.path_problem(f"/tmp/a{char}b", "HOME"), paths.jit_dir_problem(f"/tmp/a{char}b")):
+    for problem in (grammar.path_problem(f"/tmp/a{char}b", "HOME"), grammar.jit_dir_problem(f"/tmp/a{char}b")):
         assert problem and repr(char) in problem and PATH_RULE in problem
 
 
 def test_docs_state_the_rule_the_code_applies():
-    from flashinfer_sm120.safety.formats.paths import PATH_RULE
+    from flashinfer_sm120.safety.formats.grammar import PATH_RULE
 
     safety = (Path(__file__).resolve().parents[4] / "docs" / "safety.md").read_text()
     assert PATH_RULE in " ".join(safety.split()), "docs/safety.md must quote formats.PATH_RULE word for word"
@@ -260,12 +260,12 @@ from hypothesis import given, strategies as st  # noqa: E402
 def test_path_rule_property(text):
     """Any text: the checks never raise, accept exactly what the rule accepts, and a refusal names a
     refused character and states the rule, bounded."""
-    from flashinfer_sm120.safety.formats import paths
-    from flashinfer_sm120.safety.formats.paths import PATH_RULE, path_chars_problem
+    from flashinfer_sm120.safety.formats import grammar
+    from flashinfer_sm120.safety.formats.grammar import PATH_RULE, path_chars_problem
 
     path = "/" + text
     bad = path_chars_problem(path)
-    for problem in (paths.path_problem(path, "HOME"), paths.jit_dir_problem(path)):
+    for problem in (grammar.path_problem(path, "HOME"), grammar.jit_dir_problem(path)):
         assert (problem is None) == (bad is None)
         if problem:
             assert PATH_RULE in problem and len(problem) < 2000
@@ -282,7 +282,7 @@ def test_path_rule_property(text):
 ])
 def test_a_failed_state_write_says_what_its_errno_means(tmp_path, monkeypatch, err, meaning, fix):
     """A failed state write says what its errno means, with its fix; 'free space' only for ENOSPC (P8)."""
-    from flashinfer_sm120.safety.fs import atomic, statefiles
+    from flashinfer_sm120.safety.fs import atomic
     from flashinfer_sm120.errors import StateFileError
 
     def fail(path, data, **kw):
@@ -290,7 +290,7 @@ def test_a_failed_state_write_says_what_its_errno_means(tmp_path, monkeypatch, e
 
     monkeypatch.setattr(atomic, "write_atomic", fail)
     with pytest.raises(StateFileError) as info:
-        statefiles.write_json_atomic(str(tmp_path / "memo.json"), {})
+        atomic.write_json_atomic(str(tmp_path / "memo.json"), {})
     msg = str(info.value)
     assert meaning in msg and fix in msg and str(tmp_path) in msg
     assert ("free space" in msg) == (err == errno.ENOSPC)

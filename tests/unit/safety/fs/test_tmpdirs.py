@@ -18,12 +18,12 @@ import pytest
 from helpers import abandoned
 from helpers.untrusted import give_away, make_unsafe
 from flashinfer_sm120.errors import PlaceError
-from flashinfer_sm120.safety.fs import atomic, tmpdirs
+from flashinfer_sm120.safety.fs import atomic
 
 KILLED = """
 import os, signal, sys
-from flashinfer_sm120.safety.fs import tmpdirs
-print(tmpdirs.make_private("flashinfer-sm120-killed-").path, flush=True)
+from flashinfer_sm120.safety.fs import atomic
+print(atomic.make_private("flashinfer-sm120-killed-").path, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -42,13 +42,13 @@ def test_what_a_killed_build_left_is_swept_by_the_next(tmpdir_env):
     left = proc.stdout.strip()
     assert os.path.isdir(left) and left.startswith(str(tmpdir_env))
     abandoned(left)  # older than the grace a maker has to lock its directory
-    tmpdirs.make_private("flashinfer-sm120-killed-").close()
+    atomic.make_private("flashinfer-sm120-killed-").close()
     assert not os.path.exists(left)
     assert not os.listdir(tmpdir_env)
 
 
 def test_a_live_makers_directory_and_a_fresh_one_are_kept(tmpdir_env):
-    live = tmpdirs.make_private("x-")
+    live = atomic.make_private("x-")
     abandoned(live.path)
     fresh = tempfile.mkdtemp(prefix="x-")  # not locked yet, but younger than the grace
     other = tmpdir_env / "x-link"
@@ -100,6 +100,6 @@ def test_nothing_is_made_in_a_temporary_directory_another_uid_may_change(tmpdir_
     os.environ["TMPDIR"] = str(theirs)
     make_unsafe(theirs, how)
     with pytest.raises(PlaceError) as err:
-        tmpdirs.make_private("x-")
+        atomic.make_private("x-")
     assert str(theirs) in str(err.value) and "Fix: set TMPDIR" in str(err.value)
     assert os.listdir(theirs) == []

@@ -1,6 +1,5 @@
-"""Whether a record :mod:`.laststatus` kept still holds for this process (``status`` and ``version``
-read it; the import path only writes it), and, when none does, what changed in words (P8).
-"""
+"""Whether a record :mod:`~flashinfer_sm120.core.patch.laststatus` kept still holds for this process (for
+``status`` and ``version``), and when none does, what changed, in words (P8)."""
 
 from __future__ import annotations
 
@@ -8,55 +7,42 @@ import os
 from dataclasses import dataclass
 
 from flashinfer_sm120.core.patch import laststatus
-from flashinfer_sm120.core.patch.laststatus import LastStatus
 
 __all__ = ["Loaded", "load"]
 
 
 @dataclass(frozen=True)
 class Loaded:
-    """The result of :func:`load`: the record, or ``None`` and why it cannot be used."""
+    """The record, or ``None`` and why it cannot be used."""
 
-    status: LastStatus | None
+    status: dict | None  # laststatus.from_status
     why_not: str | None = None
 
 
 def load(env: dict[str, str] | None = None) -> Loaded:
     """The recorded status when it still holds for this process's inputs, else why not."""
-    try:
-        from flashinfer_sm120.safety.fs.statefiles import read_json
-        from flashinfer_sm120.core.toolkit.memo import fingerprint
-
-        data, problem = read_json(laststatus.path())
-    except Exception as exc:
-        return Loaded(None, f"the record cannot be read ({exc})")
-    if problem or data is None:
-        return Loaded(None, problem or "nothing recorded yet (FlashInfer was not imported with "
-                            "flashinfer-sm120 under these settings)")
-    records = laststatus.records(data)
-    if not records:
-        return Loaded(None, "the record is of another format")
+    records, problem = laststatus.load()
+    if problem:
+        return Loaded(None, problem)
     now = laststatus.inputs(env)
     match = next((r for r in records if r["inputs"] == now), None)
     if match is None:
         closest = min(records, key=lambda r: len(_changes(r["inputs"], now, env)))
-        return Loaded(None, "what the record was made from changed: "
-                      + "; ".join(_changes(closest["inputs"], now, env)))
-    st = match["status"]
-    tk = st.get("toolkit")
+        return Loaded(None, "what the record was made from changed: " + "; ".join(_changes(closest["inputs"], now, env)))
+    tk = match["status"].get("toolkit")
+    from flashinfer_sm120.core.toolkit.memo import fingerprint
+
     if tk and fingerprint(tk.get("nvcc", "")) != tk.get("stat"):
         return Loaded(None, f"{tk.get('nvcc')} changed since it was recorded")
-    return Loaded(st)  # type: ignore[arg-type]
+    return Loaded(match["status"])  # type: ignore[arg-type]
 
 
 def _changes(old: dict, new: dict, env: dict[str, str] | None) -> list[str]:
     """What differs between two :func:`~.laststatus.inputs`, each in words a user can act on (P8)."""
-    import functools
+    from flashinfer_sm120.safety.formats.base import MAX_WORD, shown as _shown
 
-    from flashinfer_sm120.safety.formats.base import MAX_WORD
-    from flashinfer_sm120.safety.formats.base import shown as _shown
-
-    shown = functools.partial(_shown, limit=MAX_WORD)  # paths whole, as people copy them; still bounded
+    def shown(value) -> str:  # paths whole, as people copy them; still bounded
+        return _shown(value, limit=MAX_WORD)
 
     env = dict(os.environ if env is None else env)
     out: list[str] = []

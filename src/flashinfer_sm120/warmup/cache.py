@@ -1,0 +1,445 @@
+"""What a cache export is, read as untrusted input and written by ``cache export`` (threat-model: P6, P7):
+``flashinfer-sm120-cache/`` with ``meta.json`` (fingerprint, modules, sha256 of every file), ``jit/NAME/``
+(FlashInfer's module dir) and ``generated/``; a new directory or a ``.tar``/``.tar.gz``/``.tgz``."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import hashlib
+import io
+import json
+import os
+import resource
+import shutil
+import stat
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from flashinfer_sm120.core.facts import buildline
+from flashinfer_sm120.core.facts.arch import nvcc_spelling
+from flashinfer_sm120.core.jitenv import record
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.formats.base import shown
+from flashinfer_sm120.safety.formats.grammar import parse, parse_relpath
+from flashinfer_sm120.safety.formats.grammar import deepest_existing, make_private_dirs, safe_join
+from flashinfer_sm120.safety.formats.reads import field, read_text
+from flashinfer_sm120.safety.fs.atomic import write_atomic
+from flashinfer_sm120.warmup import modules as _modules
+from flashinfer_sm120.warmup.pool import Job, dry_run
+from flashinfer_sm120.warmup.replay import make_spec, specs
+from flashinfer_sm120.warmup.session import BuildError, Session, prepare
+
+TOP = "flashinfer-sm120-cache"
+FORMAT = 1
+_MAX_PARTS = 16  # parts of a path meta.json lists (``generated/a/b/...``); a member adds the top folder
+MAX_META_BYTES = 64 << 20  # meta.json carries manifest entries with their generated sources
+FIX = "give the path `flashinfer-sm120 cache export` wrote"
+_FINGERPRINT = {"flashinfer": str, "targets": list, "cuda_version": str, "cuda_home": str, "jit_dir": str}
+#: Archive names `cache export` writes; any other archive-looking name is refused, never made a directory.
+ARCHIVES = (".tar", ".tar.gz", ".tgz")
+_NOT_WRITTEN = (".zip", ".gz", ".xz", ".txz", ".bz2", ".tbz", ".tbz2", ".zst", ".tzst", ".lz4", ".lzma", ".7z", ".rar",
+                ".z")
+
+
+class CacheError(BuildError):
+    """A refused export or import: ``kind`` (``archive``: not what `cache export` writes; ``mismatch``: made
+    for another machine; ``limit``: a cap; else :data:`~flashinfer_sm120.safety.oserrors.BY_ERRNO`'s).  P8"""
+
+    def __init__(self, message: str, kind: str = "archive", fix: str = FIX) -> None:
+        super().__init__(message)
+        self.kind, self.fix = kind, fix
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.kind, self.fix))
+
+
+@contextlib.contextmanager
+def format_errors():
+    """A :class:`FormatError` of the bounded readers raised as the refusal of the export."""
+    try:
+        yield
+    except FormatError as exc:
+        raise CacheError(str(exc), "archive", exc.fix or FIX) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Caps of an export and an import, the same for an archive and a directory (P6, P7)."""
+
+    max_total: int = 32 << 30
+    max_file: int = 8 << 30
+    max_members: int = 100_000
+    max_seconds: float = 600.0
+
+    def max_stream(self) -> int:
+        """Most bytes one pass may read out of an archive's decompressor (P6)."""
+        return self.max_total + MAX_META_BYTES + (self.max_members + 2) * 3 * 512
+
+
+@dataclasses.dataclass(frozen=True)
+class Module:
+    """One module of an export: FlashInfer's name, ``{path under jit/<name>/ or generated/: sha256}``."""
+
+    name: str
+    files: dict[str, str]
+
+    @property
+    def label(self) -> str:
+        return _modules.user_name(self.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Meta:
+    format: int
+    fingerprint: dict[str, Any]
+    modules: tuple[Module, ...]
+    manifest: tuple[dict, ...]
+
+
+def refused(src: str, what: str) -> CacheError:
+    return CacheError(f"{src}: {what}; refusing the whole archive; {FIX}")
+
+
+def parse_meta(obj: Any, source: str) -> Meta:
+    """Check a decoded ``meta.json`` field by field; :raises CacheError: the first field off its grammar."""
+    f = field
+    with format_errors():
+        fmt = f(obj, "format", int, source, fix=FIX)
+        if fmt != FORMAT:
+            raise CacheError(f"{source} is export format {fmt}; this version reads {FORMAT}", "archive",
+                             f"export it again with this flashinfer-sm120 (format {FORMAT})")
+        fp_obj = f(obj, "fingerprint", dict, source, fix=FIX)
+        # threat-model: P6, P8 -- as many targets as a manifest entry may carry: more would be printed
+        # whole ("using the archive's targets ...") and refused as a too-long "--arch" never given
+        fp = {k: f(fp_obj, k, kind, f"{source} 'fingerprint'", fix=FIX,
+                   max_len=record.MAX_TARGETS if k == "targets" else 4096)
+              for k, kind in _FINGERPRINT.items()}
+        fp["targets"] = [parse("target", t, f"{source} 'fingerprint'", fix=FIX) for t in fp["targets"]]
+        if "build_vars" in fp_obj:  # since flashinfer-sm120 0.2.x; older exports lack it
+            fp["build_vars"] = buildline.checked(fp_obj["build_vars"])
+            if fp["build_vars"] is None:
+                raise CacheError(f"{source}: 'fingerprint' 'build_vars' is not a set of FlashInfer's build-line "
+                                 f"variables; {FIX}")
+        mods, seen, names = [], {}, set()
+        for m in f(obj, "modules", list, source, fix=FIX, max_len=10_000):
+            name = parse("name", f(m, "name", str, f"{source} module", fix=FIX), f"{source} module", fix=FIX)
+            if name in names:
+                raise CacheError(f"{source}: module {name} is listed twice; {FIX}")
+            names.add(name)
+            files = {}
+            for rel, sha in f(m, "files", dict, f"{source} module {name}", fix=FIX, max_len=100_000).items():
+                parts = parse_relpath(rel, f"{source} module {name}", fix=FIX, max_parts=_MAX_PARTS)
+                if not ((parts[0] == "jit" and len(parts) > 2 and parts[1] == name)
+                        or (parts[0] == "generated" and len(parts) > 1)):
+                    raise CacheError(f"{source}: module {name} names {shown(rel)}, outside jit/{name}/ "
+                                     f"and generated/; {FIX}")
+                files[rel] = parse("sha256", sha, f"{source} module {name} {rel}", fix=FIX)
+                for i in range(1, len(parts) + 1):  # a path cannot be a file and a directory at once
+                    prefix = "/".join(parts[:i])
+                    kind = "file" if i == len(parts) else "dir"
+                    if seen.setdefault(prefix, kind) != kind:
+                        raise CacheError(f"{source}: {shown(prefix)} is both a file and a directory; {FIX}")
+            mods.append(Module(name, files))
+        entries = [record.parse_entry(e, f"{source} manifest entry {i + 1}")
+                   for i, e in enumerate(f(obj, "manifest", list, source, default=[], fix=FIX, max_len=10_000))]
+    return Meta(fmt, fp, tuple(mods), tuple(entries))
+
+
+def member_rel(name: str, src: str) -> str:
+    """Archive member ``name`` relative to the top folder; every part a name (nothing can land outside)."""
+    try:  # one more part than meta.json's paths may have: the top folder
+        parts = parse_relpath(name, f"{src}: archive member", max_parts=_MAX_PARTS + 1)
+    except FormatError as exc:
+        raise refused(src, f"member {shown(name)} is not a plain relative path ({exc})") from None
+    if parts[0] != TOP:
+        raise refused(src, f"member {shown(name)} is outside {TOP}/")
+    return "/".join(parts[1:])
+
+
+def over_cap(src: str, what: str, limits: Limits, *, per_file: bool) -> CacheError:
+    """The refusal of ``src`` for ``what`` over the per-file cap or ``--max-bytes``.  P6, P8"""
+    if per_file:
+        return CacheError(f"{src}: {what}, over the per-file cap of {limits.max_file} bytes (which no "
+                          f"option changes); refusing the whole export; {FIX}")
+    fix = "pass a larger --max-bytes if you trust this export, or export fewer modules"
+    return CacheError(f"{src}: {what} than the {limits.max_total}-byte cap of --max-bytes (default 32G); "
+                      f"refusing the whole export; {fix}", "limit", fix)
+
+
+class Budget:
+    """Bytes an export or import may still copy (``--max-bytes``), counted on what is read (P6)."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits, self.left = limits, limits.max_total
+
+    def take(self, n: int, src: object) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise over_cap(shown(str(src), 300), "the export's files add up to more", self.limits, per_file=False)
+
+
+def too_large(src: str, what: str, size: int) -> CacheError | None:
+    """The refusal of writing ``what`` (``size`` bytes) past this process's ``ulimit -f``, or None.  P6, P8"""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY or size <= limit:
+        return None
+    fix = f"raise the limit (`ulimit -f unlimited`, or above {size} bytes) in the shell that runs the command"
+    return CacheError(f"{src}: {what} is {size} bytes, more than this process's file-size limit of {limit} bytes "
+                      f"(ulimit -f, RLIMIT_FSIZE); {fix}", "limit", fix)
+
+
+def check_sizes(src: str, files: list[tuple[str, int]], limits: Limits, elsewhere: str,
+                archive: str | None = None) -> None:
+    """Refuse, before anything is written, ``(destination, lstat size)`` pairs over the caps, ``ulimit -f``
+    or the free space of their disks (a sparse file is copied whole); one rule for export and import.  P6, P7"""
+    if len(files) > limits.max_members:
+        raise CacheError(f"{src}: it has {len(files)} files, more than {limits.max_members}; refusing the whole "
+                         f"export; {FIX}")
+    total, need = 0, {}
+    for dest, size in files:
+        if size > limits.max_file:
+            raise over_cap(src, f"{dest} is {size} bytes", limits, per_file=True)
+        total += size
+        if total > limits.max_total:
+            raise over_cap(src, "its files add up to more", limits, per_file=False)
+        problem = None if archive else too_large(src, str(dest), size)
+        if problem:
+            raise problem
+        root = deepest_existing(str(archive or dest))
+        need[root] = need.get(root, 0) + size
+    problem = too_large(src, "the archive", total) if archive else None
+    if problem:
+        raise problem
+    for root, n in need.items():
+        free = shutil.disk_usage(root).free
+        if n > free:
+            fix = f"free space on the disk of {root}, or {elsewhere}"
+            raise CacheError(f"{src} needs {n} bytes in {root} and that disk has {free} free; {fix}", "space", fix)
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def copy_file(src: Path, dest: Path, budget: Budget, sha: str | None = None) -> None:
+    """Copy the regular file ``src`` (no link followed) to ``dest`` by the one atomic writer, counted on
+    ``budget``; with ``sha``, put in place only if its digest is that.  P5, P6"""
+    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def copy(fo) -> None:
+        h, size = hashlib.sha256(), 0
+        for block in iter(lambda: os.read(fd, 1 << 20), b""):
+            size += len(block)
+            if size > budget.limits.max_file:
+                raise over_cap(str(src), "it grew while read", budget.limits, per_file=True)
+            budget.take(len(block), src)
+            h.update(block)
+            fo.write(block)
+        if sha is not None and h.hexdigest() != sha:
+            raise CacheError(f"{src}: its checksum does not match meta.json; {FIX}")
+
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CacheError(f"{src} is not a regular file; {FIX}")
+        os.set_blocking(fd, True)
+        write_atomic(str(dest), copy, mode=0o644 & ~umask(), replace=sha is not None)  # as open() would make it
+    finally:
+        os.close(fd)
+
+
+def umask() -> int:
+    """This process's umask, read without changing it (``/proc/self/status``); ``077`` if unknown."""
+    try:
+        for line in read_text("/proc/self/status", 1 << 16).splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8) & 0o777
+    except (FormatError, ValueError, IndexError):
+        pass
+    return 0o077
+
+
+def nvcc_targets(targets: list[str]) -> str:
+    """``['12.0f', '12.1f']`` -> ``sm_120f sm_121f``."""
+    return " ".join(nvcc_spelling(t) for t in targets)
+
+
+@contextlib.contextmanager
+def _capturing():
+    """While active, every ``JitSpecNvcc`` made notes its generator and parameters, as the recorder does."""
+    from flashinfer.jit import core
+
+    from flashinfer_sm120.core.jitenv.record import capture
+
+    cls = core.JitSpecNvcc
+    original = cls.__dict__["__init__"]
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        capture(self)
+
+    cls.__init__ = init
+    try:
+        yield
+    finally:
+        cls.__init__ = original
+
+
+def built_entries(names: list[str], everything: bool, arch: str | None, *, head_dims=None, dtypes=None,
+                  kv_dtypes=None, acts=None):
+    """``(entries, skipped, session)``: a manifest entry per variant of ``names`` built here (``everything``:
+    every name ``build`` knows), so an export needs no recorded manifest; ``(name, why)`` for the rest."""
+    variants = _modules.expand(["all"] if everything else names, head_dims=head_dims, dtypes=dtypes,
+                               kv_dtypes=kv_dtypes, acts=acts)
+    sess = prepare(arch)  # the caller pointed the workspace at the server's (apply_server_cache)
+    entries, exported = [], set()
+    with _capturing():
+        made, skipped = specs(variants, [], sess.flashinfer)
+    for label, spec in made:
+        if everything and not spec.jit_library_path.exists():
+            continue  # --all: only what is built here
+        entry = record.encode(spec, sess.flashinfer, sess.targets)
+        if not entry.get("regenerable"):
+            skipped.append((label, entry.get("why", "")))
+            continue
+        entries.append(entry)
+        exported.add(spec.name)
+    if everything:
+        for d in sorted(sess.jit_dir.iterdir()) if sess.jit_dir.is_dir() else ():
+            if d.is_dir() and d.name not in exported and (d / f"{d.name}.so").exists():
+                skipped.append((d.name, "built with parameters `build` does not name; record a manifest "
+                                        "(FLASHINFER_SM120_RECORD) and export with --from"))
+        if not entries:
+            raise BuildError(f"nothing `build` can name is built in {sess.jit_dir} for "
+                             f"{nvcc_targets(sess.targets)}; build it first (`flashinfer-sm120 build "
+                             f"--arch ... MODULE`) or give the same --head-dim/--dtype as the build")
+    return entries, skipped, sess
+
+
+def built_targets() -> dict[str, int]:
+    """``{target set ("sm_120f sm_121f"): modules built}`` in FlashInfer's ``<workspace>/<release>/<targets>/``,
+    read without importing anything (an export without ``--arch`` and without a GPU)."""
+    from flashinfer_sm120.core.facts.workspace import workspace_path
+    from flashinfer_sm120.core.patch.resolve import flashinfer_version
+
+    root = Path(workspace_path()[0]) / (flashinfer_version() or "none")
+    out = {}
+    for key in sorted(os.listdir(root)) if root.is_dir() else ():
+        built = {so.parent.name for pattern in ("*/cached_ops/*/*.so", "cached_ops/*/*.so")
+                 for so in (root / key).glob(pattern) if so.stem == so.parent.name}
+        if built:
+            out[" ".join("sm_" + k for k in key.split("_"))] = len(built)
+    return out
+
+
+def check_out(out: str) -> None:
+    """Refuse ``out`` unless it is absent or an empty directory (P5), named as a directory or one of
+    :data:`ARCHIVES` (``usage`` for another archive name)."""
+    name = out.lower()
+    if not name.endswith(ARCHIVES) and name.endswith(_NOT_WRITTEN):
+        fix = f"name the archive {', '.join(ARCHIVES[:-1])} or {ARCHIVES[-1]}, or give a directory"
+        raise CacheError(f"{out} names an archive `cache export` cannot write; {fix}", "usage", fix)
+    if os.path.lexists(out) and not (os.path.isdir(out) and not os.listdir(out)):
+        fix = "choose a new path (an export never overwrites)"
+        raise CacheError(f"{out} already exists; {fix}", "exists", fix)
+
+
+def export(entries: list[dict], sess: Session, out: str, *, limits: Limits = Limits()) -> list[tuple[str, str]]:
+    """Write the JIT cache entries of ``entries`` (built here) to ``out``, a directory or an archive, with
+    the same checks and caps for both (P4-P7); ``(build's name, FlashInfer's)`` of each module written."""
+    from flashinfer.jit import env as jit_env
+
+    from flashinfer_sm120.safety.ownership import check_place
+
+    check_out(out)
+    files: list[tuple[str, Path]] = []
+    mods = []
+    gen_root = Path(jit_env.FLASHINFER_GEN_SRC_DIR)
+    for entry in entries:
+        spec = make_spec(entry, sess.flashinfer)
+        if not spec.jit_library_path.exists() or dry_run(Job(spec.name, spec.build_dir, spec.ninja_path)):
+            raise BuildError(f"{_modules.user_name(spec.name)} is not built (or not up to date) for "
+                             f"{nvcc_targets(sess.targets)} with nvcc {sess.cuda_version} in {sess.jit_dir}; "
+                             "build it first (`flashinfer-sm120 build` with the same module names, or --from "
+                             "MANIFEST), with the same CUDA_HOME/PATH as that build if it was made with another nvcc")
+        mine = [(f"jit/{spec.name}/{f.name}", f) for f in sorted(spec.build_dir.iterdir())
+                if f.is_file() and not f.is_symlink() and not f.name.endswith((".lock", ".ninja_lock"))]
+        mine += [("generated/" + p[len("@GEN@/"):], gen_root / p[len("@GEN@/"):]) for p in entry.get("generated") or {}]
+        files += mine
+        mods.append({"name": spec.name, "files": {rel: file_sha256(f) for rel, f in mine}})
+    blob = json.dumps({"format": FORMAT, "fingerprint": sess.fingerprint(), "modules": mods, "manifest": entries,
+                       "created": time.time()}, indent=1).encode()
+    # threat-model: P7 (what export writes, import accepts: checked by the import's own grammar first)
+    parse_meta(json.loads(blob), "the export's meta.json")
+    for rel, _ in files:
+        member_rel(f"{TOP}/{rel}", out)
+    archive = out.lower().endswith(ARCHIVES)
+    check_sizes(out, [(os.path.join(out, TOP, rel), os.lstat(f).st_size) for rel, f in files]
+                + [(os.path.join(out, TOP, "meta.json"), len(blob))], limits, "export to another disk",
+                archive=out if archive else None)
+    # threat-model: P4, P7: both forms go where another user can neither write nor replace what we put
+    # (an archive there could be swapped for one carrying their .so; a planted link could redirect writes)
+    problem = check_place(os.path.dirname(os.path.abspath(out)) if archive else out,
+                          "the export's directory" if archive else "the export directory",
+                          "export to a new path in a directory of your own", doing="export into")
+    if problem:
+        raise CacheError(str(problem), "place", problem.fix)
+    if archive:
+        _write_archive(out, blob, files)
+    else:
+        _write_directory(out, blob, files, Budget(limits))
+    return [(_modules.user_name(m["name"]), m["name"]) for m in mods]
+
+
+def _appeared(out: str) -> BuildError:
+    return BuildError(f"{out} appeared while the export was written; choose a new path (an export never overwrites)")
+
+
+def _write_directory(out: str, blob: bytes, files: list[tuple[str, Path]], budget: Budget) -> None:
+    """Write into a new private directory beside ``out``, renamed onto it when whole (onto nothing or an
+    empty directory): a failed export leaves nothing behind.  P4, P5"""
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.", suffix=".partial",
+                           dir=os.path.dirname(os.path.abspath(out)))
+    try:
+        root = Path(tmp) / TOP
+        make_private_dirs(root)
+        for rel, f in files:
+            dest = safe_join(root, rel, out)
+            make_private_dirs(dest.parent)
+            copy_file(f, dest, budget)  # nothing there is followed or replaced
+            shutil.copystat(f, dest)
+        write_atomic(str(root / "meta.json"), blob, mode=0o644 & ~umask(), replace=False)
+        os.chmod(tmp, 0o777 & ~umask())  # as a plain mkdir would have made it
+        try:
+            os.rename(tmp, out)  # replaces only an empty directory; never a file or a full directory
+        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                raise _appeared(out) from None
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write_archive(out: str, blob: bytes, files: list[tuple[str, Path]]) -> None:
+    """The archive, by the one atomic writer (nothing that appeared at ``out`` meanwhile is replaced).  P5"""
+    def write(fh) -> None:
+        with tarfile.open(fileobj=fh, mode="w:gz" if out.lower().endswith("gz") else "w") as tar:
+            info = tarfile.TarInfo(f"{TOP}/meta.json")
+            info.size, info.mtime, info.mode = len(blob), int(time.time()), 0o644
+            tar.addfile(info, io.BytesIO(blob))
+            for rel, f in files:
+                tar.add(str(f), arcname=f"{TOP}/{rel}", recursive=False)
+
+    try:
+        write_atomic(os.path.abspath(out), write, mode=0o666 & ~umask(), replace=False)  # as open() would make it
+    except FileExistsError:
+        raise _appeared(out) from None
