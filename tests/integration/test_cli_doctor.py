@@ -155,9 +155,8 @@ def test_a_raising_check_is_a_note_and_the_rest_still_run(monkeypatch):
 ])
 def test_flashinfer_alone_says_would_work_or_would_fail_because(over, works, why, tmp_path):
     r = doctor_report(**over)
-    if "cuda_home" in r["before"]:  # a real nvcc file where FlashInfer alone looks
-        (tmp_path / "bin").mkdir()
-        (tmp_path / "bin" / "nvcc").write_text("")
+    if "cuda_home" in r["before"]:  # a complete toolkit where FlashInfer alone looks
+        _complete_home(tmp_path)
         r["before"]["cuda_home"] = str(tmp_path)
         why = why.replace("/opt/cu13", str(tmp_path))
     a = diagnosis.alone(r)
@@ -165,6 +164,28 @@ def test_flashinfer_alone_says_would_work_or_would_fail_because(over, works, why
     said = {True: f"FlashInfer alone: would work, {a.why}", False: f"FlashInfer alone: would fail because "
             f"{a.why}", None: f"FlashInfer alone: {a.why}"}[works]
     assert " ".join(said.split()) in " ".join(" ".join(doctor.render(r)).split())  # whole, maybe wrapped
+
+
+def _complete_home(root):
+    """What FlashInfer's build lines need from CUDA_HOME (core.view.meta.REQUIRED and curand.h), as empty files."""
+    from flashinfer_sm120.core.view.meta import REQUIRED
+
+    for rel in (*REQUIRED, "include/curand.h"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("")
+
+
+@pytest.mark.parametrize("drop", ["lib64/libcudart.so", "lib64/stubs/libcuda.so", "include/curand.h"])
+def test_flashinfer_alone_with_a_home_it_cannot_link_with_would_fail_naming_what_is_missing(tmp_path, drop):
+    """A wrapper at /usr/local/bin/nvcc makes FlashInfer alone use CUDA_HOME=/usr/local, where neither
+    lib64/libcudart.so nor the stub is: its link fails (-L$cuda_home/lib64 -lcudart -lcuda), so doctor
+    must not say it would work (it did, while the import kept that nvcc in a view)."""
+    _complete_home(tmp_path)
+    (tmp_path / drop).unlink()
+    r = doctor_report(before={"cuda_home": str(tmp_path), "cuda_version": "13.0", "target_cuda_archs": ["sm_120f"]})
+    a = diagnosis.alone(r)
+    assert a.works is False and f"which lacks {drop} " in a.why, a
+    assert f"FlashInfer alone: would fail because it would use {tmp_path}" in " ".join(" ".join(doctor.render(r)).split())
 
 
 def test_flashinfer_alone_with_a_refused_toolkit_would_fail_with_the_reason(tmp_path):

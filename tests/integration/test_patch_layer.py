@@ -248,18 +248,24 @@ def test_no_targets_at_import_names_the_fix(clean_env, real_nvcc13):
 
 
 @needs_flashinfer
-@pytest.mark.parametrize("own_version, kept", [("13.0.88", True), ("12.8.93", False)])
+@pytest.mark.parametrize("own_version, drop, kept, said", [("13.0.88", None, True, False),
+                                                         ("13.0.88", "lib64/stubs/libcuda.so", True, True),
+                                                         ("12.8.93", None, False, True)])
 def test_flashinfer_own_toolkit_kept_quietly_or_replaced_with_a_warning(clean_env, tmp_path, real_nvcc13,
-                                                                          own_version, kept):
+                                                                          own_version, drop, kept, said):
     """A CPU torch and FlashInfer's own nvcc on PATH: a CUDA 13 one builds sm_120f, so it is kept and
-    nothing is printed (docs/using.md); a 12.x one is replaced and the change is said (P1)."""
+    nothing is printed (docs/using.md); kept in a view because FlashInfer could not link with its own
+    CUDA_HOME (no lib64/stubs/libcuda.so: -lcuda fails without a driver's libcuda.so), the change is said;
+    a 12.x one is replaced and said (P1)."""
     tk = make_toolkit(tmp_path / f"cuda-{own_version}", own_version, curand=True)
+    if drop:
+        (tk / drop).unlink()
     env = dict(clean_env, FAKE_GPU_CAPS="12.0", PATH=f"{tk}/bin:{os.environ['PATH']}")
     env.pop("FAKE_TORCH_CUDA", None)
     out, proc = run_py("import helpers.fakegpu\n" + STATE + "import flashinfer\nreport()\n", env)
     assert out["mode"] in ("patched", "noop"), proc.stderr
     assert (f"from {tk} [PATH" in out["summary"]) is kept, out["summary"]
-    assert ("flashinfer-sm120:" in proc.stderr) is not kept, proc.stderr
+    assert ("flashinfer-sm120:" in proc.stderr) is said, proc.stderr
 
 
 @needs_flashinfer

@@ -20,6 +20,7 @@ from flashinfer_sm120.core.patch import laststatus
 from flashinfer_sm120.core.patch.state import STATE, Mode, StatusDict, StepResult, render, summary, targets_origin
 from flashinfer_sm120.core.patch import steps
 from flashinfer_sm120.core.patch.steps import HOOKED_MODULES, STEPS, refresh_derived
+from flashinfer_sm120.core.view.meta import lacks
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -205,8 +206,10 @@ def _announce(mode: Mode, res: Resolution) -> None:
         STATE.error = res.error
         logger.error("flashinfer-sm120: %s", STATE.summary)
         return
-    # Changing the toolkit FlashInfer would have used, or reading a malformed CUDA_HOME, is worth one visible line.
-    changed = bool(res.cleaned) or (mode is Mode.PATCHED and res.naive_root != res.home.path and not res.own)
+    # Changing the toolkit FlashInfer would have used, or a CUDA_HOME it could not link with (its own nvcc kept in
+    # a view), or reading a malformed CUDA_HOME, is worth one visible line.
+    changed = bool(res.cleaned) or (mode is Mode.PATCHED and res.naive_root != res.home.path
+                                    and (not res.own or not res.naive_root or bool(lacks(res.naive_root))))
     level = logging.WARNING if changed and not env_flag("FLASHINFER_SM120_QUIET") else logging.INFO
     logger.log(level, "flashinfer-sm120: %s", STATE.summary)
 

@@ -8,6 +8,8 @@ import enum
 import os
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
+
+from flashinfer_sm120.core.view.meta import lacks
 from flashinfer_sm120.safety.formats.base import plural, shown
 
 __all__ = ["Level", "Finding", "Alone", "Diagnosis", "CHECKS", "diagnose", "alone"]
@@ -229,6 +231,11 @@ def alone(report: dict) -> Alone:
     if report.get("guard"):
         return Alone(False, f"it would use {home} (nvcc {version}), which cannot build for these targets", home,
                      version, targets)
+    missing = lacks(home)
+    if missing:
+        return Alone(False, f"it would use {home} (nvcc {version}), which lacks {', '.join(missing)} (FlashInfer "
+                     f"links -lcudart -lcuda from its lib64 and lib64/stubs; its sampling module includes curand.h)",
+                     home, version, targets)
     ours = tuple(_choice(report).get("targets") or ())
     if ours and set(targets) != set(ours):
         return Alone(True, f"with {home} (nvcc {version}), for {', '.join(targets)} (flashinfer-sm120: "
