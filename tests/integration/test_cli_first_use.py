@@ -188,8 +188,10 @@ def test_status_line_for_each_mode():
     tk = {"nvcc_full": "13.0.88", "root": "/opt/cu13"}
     st = {"mode": "patched", "toolkit": tk, "targets": ["sm_120f"]}
     assert status_line(st) == "patched: nvcc 13.0.88 at /opt/cu13; targets sm_120f"
-    assert status_line(dict(st, targets=[])).endswith("nothing can be built (no GPU visible and no "
-                                                      "FLASHINFER_CUDA_ARCH_LIST; fix: flashinfer-sm120 status --arch 12.0)")
+    assert status_line(dict(st, targets=[])).endswith(
+        "nothing can be built (no GPU visible and no FLASHINFER_CUDA_ARCH_LIST; fix: FLASHINFER_CUDA_ARCH_LIST=12.0 "
+        "for a server, build --arch 12.0 for an image (12.1 on DGX Spark); check with flashinfer-sm120 status "
+        "--arch 12.0)")
     assert status_line({"mode": "guard"}).startswith("guard: no CUDA toolkit fits")
     assert status_line({"mode": "disabled"}).startswith("disabled: FLASHINFER_SM120_DISABLE")
     assert status_line({"mode": "failed", "error": "boom"}) == "failed: boom"

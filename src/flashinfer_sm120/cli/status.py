@@ -48,7 +48,8 @@ def status_line(st: dict) -> str:
 def _no_targets(st: dict) -> str:
     """Why there are no targets: a bad arch list, or no GPU and no list (with the fix)."""
     return st.get("arch_list_error") or ("no GPU visible and no FLASHINFER_CUDA_ARCH_LIST; fix: "
-                                         "flashinfer-sm120 status --arch 12.0")
+                                         "FLASHINFER_CUDA_ARCH_LIST=12.0 for a server, build --arch 12.0 for an "
+                                         "image (12.1 on DGX Spark); check with flashinfer-sm120 status --arch 12.0")
 
 
 def run_status(args: argparse.Namespace) -> int:

@@ -8,6 +8,10 @@ import argparse
 from flashinfer_sm120.cli import status
 
 
+#: What a user without a GPU sets: the variable for a server, --arch for an image; status only checks it.
+FIX = ("FLASHINFER_CUDA_ARCH_LIST=12.0 for a server, build --arch 12.0 for an image (12.1 on DGX Spark); "
+       "check with flashinfer-sm120 status --arch 12.0")
+
 def test_a_record_with_escape_sequences_is_shown_not_acted_on(capsys):
     """A tampered last-status.json put terminal escape sequences on the screen raw."""
     st = {"mode": "\x1b]0;PWNED\x07", "toolkit": None, "targets": [], "error": "\x1b[31mEVIL"}
@@ -26,8 +30,7 @@ def test_json_from_a_record_has_no_unlabeled_fingerprint_and_says_why_nothing_bu
     doc = json.loads(capsys.readouterr().out)
     assert doc["toolkit"] == {"nvcc_full": "13.0.88", "root": "/tk", "nvcc": "/tk/bin/nvcc"}
     assert doc["error"] == ("no targets, so nothing can be built: no GPU visible and no FLASHINFER_CUDA_ARCH_LIST; "
-                            "fix: flashinfer-sm120 status --arch 12.0"), doc
+                            f"fix: {FIX}"), doc
     status._say(argparse.Namespace(json=False), st, "record")
     assert capsys.readouterr().out == ("patched: nvcc 13.0.88 at /tk; targets none, nothing can be built (no GPU "
-                                       "visible and no FLASHINFER_CUDA_ARCH_LIST; fix: flashinfer-sm120 status "
-                                       "--arch 12.0)\n")
+                                       f"visible and no FLASHINFER_CUDA_ARCH_LIST; fix: {FIX})\n")
