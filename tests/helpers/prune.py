@@ -48,15 +48,6 @@ def listing(c, *args) -> dict:
     return {e["path"]: e for e in json.loads(proc.stdout)["entries"]}
 
 
-def hold_lease(target: str):
-    """A child process holding the lease on ``target``, as a server using it does (threat-model: P3)."""
-    code = ("import sys, time\nfrom flashinfer_sm120.safety.fs import lease\nassert lease.hold(sys.argv[1])\n"
-            "print('held', flush=True)\ntime.sleep(120)\n")
-    p = subprocess.Popen([sys.executable, "-c", code, target], stdout=subprocess.PIPE, text=True)
-    assert p.stdout.readline().strip() == "held"
-    return p
-
-
 def hold(path: str):
     """A child process holding ``path`` with filelock, as FlashInfer and the view builder do."""
     code = ("import filelock, sys, time\nl = filelock.FileLock(sys.argv[1]); l.acquire()\n"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.prune import hold, hold_lease, listing, prune, workspace
+from helpers.prune import hold, listing, prune, workspace
 
 UID = os.geteuid()
 
@@ -96,39 +96,37 @@ def test_a_held_lock_keeps_the_directory(caches):
     assert not stale.exists() and not os.path.exists(c["gone_view"])
 
 
-def test_a_process_holding_the_lease_keeps_the_directory(caches):
-    """threat-model: P3 -- the lease is the one rule for "in use" (``/proc`` is not consulted)."""
+def test_a_process_working_in_a_directory_keeps_it(caches):
     c = caches
     stale = c["ws"]["release gone"]
-    p = hold_lease(str(stale))
+    p = subprocess.Popen([sys.executable, "-c", "import time; print('ok', flush=True); time.sleep(120)"],
+                         cwd=stale / "cached_ops" / "sampling", stdout=subprocess.PIPE, text=True)
     try:
+        assert p.stdout.readline().strip() == "ok"
         got = listing(c, "--yes")
-        assert got[str(stale)]["kept"].startswith("in use: a running process holds its lease")
+        assert got[str(stale)]["kept"] == f"in use: process {p.pid} uses {stale / 'cached_ops' / 'sampling'}"
         assert stale.is_dir()
     finally:
         p.kill()
         p.wait()
 
 
-def test_a_lock_that_cannot_be_opened_is_not_free(tmp_path, monkeypatch):
-    """``lock_free`` answered "free" for any ``open`` error: with no descriptor left (``EMFILE``)
-    prune saw every builder's lock as free."""
-    import errno
-
-    from flashinfer_sm120.diagnose import prune as pr
-
-    lock = tmp_path / "m.lock"
-    lock.write_text("")
-    assert pr.lock_free(str(lock)) and pr.lock_free(str(tmp_path / "absent.lock"))
-    real = os.open
-
-    def no_fds(path, *a, **k):
-        if str(path) == str(lock):
-            raise OSError(errno.EMFILE, "Too many open files")
-        return real(path, *a, **k)
-
-    monkeypatch.setattr(os, "open", no_fds)
-    assert not pr.lock_free(str(lock))
+def test_a_process_started_with_a_view_as_cuda_home_keeps_it_without_a_lease(caches):
+    """A child that inherited CUDA_HOME=<view> but runs without flashinfer-sm120 (FLASHINFER_SM120_DISABLE=1,
+    or no autoload) holds no lease; its builds still use the view, so prune keeps it (P3's second opinion)."""
+    c = caches
+    view = c["gone_view"]
+    env = dict(os.environ, CUDA_HOME=view, FLASHINFER_SM120_DISABLE="1")
+    p = subprocess.Popen([sys.executable, "-c", "import time; print('ok', flush=True); time.sleep(120)"],
+                         env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ok"
+        got = listing(c, "--yes")
+        assert got[str(view)]["kept"].startswith(f"in use: process {p.pid} "), got[str(view)]
+        assert os.path.isdir(view)
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_nothing_outside_the_roots_is_touched_even_through_symlinks(caches):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.prune import hold, hold_lease
+from helpers.prune import hold
 
 OLD_DAYS = 100
 
@@ -60,11 +60,19 @@ def test_a_build_that_takes_its_lock_after_the_scan_keeps_its_workspace(caches):
     assert ws.is_dir() and (ws / "cached_ops" / "sampling" / "sampling.so").is_file()
 
 
-def test_a_process_that_takes_the_lease_after_the_scan_keeps_it(caches):
+def test_a_process_that_starts_working_in_it_after_the_scan_keeps_it(caches):
     c = caches
     ws = _current_aged(c)
-    stale = _scan_then(c, lambda: hold_lease(str(ws)))
-    assert str(ws) in stale and (ws / "cached_ops" / "sampling").is_dir()
+    d = ws / "cached_ops" / "sampling"
+
+    def start():
+        p = subprocess.Popen([sys.executable, "-c", "import time; print('ok', flush=True); time.sleep(120)"],
+                             cwd=d, stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "ok"
+        return p
+
+    stale = _scan_then(c, start)
+    assert str(ws) in stale and d.is_dir()
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")

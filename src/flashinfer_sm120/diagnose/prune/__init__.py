@@ -1,6 +1,15 @@
-"""``cache prune``: removing the stale views and JIT workspaces :mod:`.find` lists.  threat-model: P3 -- in use
-is what a process's lease says, taken exclusively without waiting (a builder's lock held keeps too); P2/P4 --
-another uid's entry, a symlink, anything not under its root by its real path is kept."""
+"""``flashinfer-sm120 cache prune``: which views and JIT workspaces are stale, and removing them.
+
+Roots: ours (``cache_root()/cuda-home``), FlashInfer's (``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer``,
+``flashinfer/jit/env.py`` 0.7.4) and SGLang's (it sets ``FLASHINFER_WORKSPACE_BASE`` to ``$SGLANG_CACHE_DIR``,
+``sglang/srt/environ.py`` 0.5.23).  Why an entry may go: :mod:`.find`.
+
+threat-model: P3 -- in use is what a process's lease says (:mod:`flashinfer_sm120.safety.fs.lease`): removal
+takes it exclusively without waiting and keeps what it cannot take; a builder's lock held and ``/proc``
+(a second opinion) can only keep.  P2/P4 -- another uid's entry, a symlink, anything not under its root by
+its real path is kept.  Removal renames the directory aside, checks again, then deletes it without
+following links (:mod:`flashinfer_sm120.diagnose.tree`).  Who holds what, and removing safely, are below.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +20,14 @@ import stat
 import time
 import uuid
 
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.formats.reads import read_bytes, read_text
+from flashinfer_sm120.safety.formats.binary import proc_maps_paths
 from flashinfer_sm120.safety.fs import lease
 from flashinfer_sm120.diagnose.prune.find import DAY, Entry, fi_roots, scan_jit, scan_views, size_of, views_dir
 from flashinfer_sm120.diagnose.tree import remove_tree, walk_tree
 
-__all__ = ["Entry", "fi_roots", "scan", "remove", "lock_free", "doctor_section", "size_of"]
+__all__ = ["Entry", "fi_roots", "scan", "remove", "held_paths", "holder", "lock_free", "doctor_section", "size_of"]
 
 
 def scan(older_than_days: float | None = None, *, now: float | None = None) -> dict:
@@ -37,6 +49,7 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
                     continue  # a kept JIT workspace builds with it
                 e.reason = f"not used for {(now - e.last_used) / DAY:.0f} days (--older-than {older_than_days:g})"
     entries += view_entries
+    held = held_paths() if any(e.reason for e in entries) else {}
     view_lock = os.path.join(views, ".lock") if views else None
     uid = os.geteuid()
     for e in entries:
@@ -55,8 +68,10 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
             e.kept = "gone since it was listed (another prune removing it?)"
         elif not all(under(e.root, p) for p in e.remove):
             e.kept = "not under the cache root by its real path (a symlink on the way): never removed"
-        elif (leased := lease.lease_state(e.path)):  # threat-model: P3 -- the lease is the answer
+        elif (leased := lease.lease_state(e.path)):  # threat-model: P3 -- the lease is the answer; /proc only adds
             e.kept = leased
+        elif (held_by := holder(e.remove, held)):
+            e.kept = held_by if held is None else f"in use: {held_by}"
         else:
             busy = [lk for lk in (e.locks if e.kind == "jit" else [view_lock]) if lk and not lock_free(lk)]
             if busy:
@@ -131,6 +146,56 @@ def under(root: str, path: str) -> bool:
     return os.path.realpath(path) == os.path.join(os.path.realpath(root), rel)
 
 
+#: Why nothing may be removed when ``/proc`` cannot show who uses what.
+BLIND = ("cannot tell which processes use it: /proc does not show this process (no /proc mounted, or "
+         "another PID namespace, such as a sidecar container); run cache prune where the servers run")
+
+
+def held_paths() -> dict[str, int] | None:
+    """The second opinion, which can keep an entry, never remove one (threat-model: P3; the lease
+    decides): ``{path: pid}`` of files mapped, working directories and ``CUDA_HOME``/``CUDA_PATH`` at
+    exec of this user's other processes (every process's as root); ``None`` when ``/proc`` does not
+    list this very process (another PID namespace): then nothing may be called unused."""
+    out: dict[str, int] = {}
+    me, uid = os.getpid(), os.geteuid()
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    if me not in pids:
+        return None
+    for pid in pids:
+        if pid == me:
+            continue
+        base = f"/proc/{pid}"
+        try:
+            if uid != 0 and os.stat(base).st_uid != uid:
+                continue
+            for p in proc_maps_paths(read_text(f"{base}/maps", 64 << 20), f"{base}/maps"):
+                out.setdefault(p, pid)
+            out.setdefault(os.readlink(f"{base}/cwd"), pid)
+            env = read_bytes(f"{base}/environ", 1 << 20).split(b"\0")
+        except (OSError, FormatError):
+            continue
+        for item in env:
+            k, _, v = item.partition(b"=")
+            if k in (b"CUDA_HOME", b"CUDA_PATH") and v.startswith(b"/"):
+                out.setdefault(os.path.realpath(v.decode("utf-8", "replace")), pid)
+    return out
+
+
+def holder(paths: list[str], held: dict[str, int] | None) -> str | None:
+    """Which process of ``held`` (:func:`held_paths`) uses something under one of ``paths``."""
+    if held is None:
+        return BLIND
+    for target in paths:
+        real = os.path.realpath(target)
+        for p, pid in held.items():
+            if p == real or p.startswith(real + "/"):
+                return f"process {pid} uses {p}"
+    return None
+
+
 def lock_free(path: str) -> bool:
     """Whether nobody holds ``path``'s flock (a read-only probe: creates nothing)."""
     try:
@@ -180,18 +245,20 @@ def current_locks(e: Entry) -> list[str]:
 
 
 def _busy(moved: str, own: frozenset[str]) -> str | None:
-    """Why ``moved`` (just renamed away) must go back: a module lock under it taken since the scan (not in ``own``)."""
+    """Why ``moved`` (just renamed away) must go back: a module lock under it another holds (``own``:
+    those this process holds), or a process using it (``/proc`` paths follow a rename)."""
     for dirpath, dirs, files in walk_tree(moved):
         if os.path.basename(dirpath) == "tmp":
             for n in files:
                 if n.endswith(".lock") and n not in own and not lock_free(os.path.join(dirpath, n)):
                     return f"a running process holds {n} (building or loading that module)"
             dirs[:] = []
-    return None
+    return holder([moved], held_paths())
 
 
 def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
-    """Remove ``e``: each directory renamed aside, checked again, put back when in use, else deleted."""
+    """Remove ``e``: each directory is renamed aside, checked again (a build may have started since
+    the scan), put back when in use, else deleted.  ``own``: names of the module locks held here."""
     gone = 0
     for target in e.remove:
         if not os.path.lexists(target):  # another prune (or the user) removed it since the scan
@@ -227,7 +294,8 @@ def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
 
 
 def sweep_leases(directory: str) -> None:
-    """Remove the lease files in ``directory`` whose target is gone and that nobody holds."""
+    """Remove the lease files in ``directory`` whose directory is gone and that nobody holds (left by
+    a process that found its view removed while it waited)."""
     try:
         names = os.listdir(directory)
     except OSError:

@@ -26,7 +26,8 @@ DAY = 86400.0
 
 @dataclasses.dataclass
 class Entry:
-    """One view or JIT workspace: ``reason`` why it may go (``None``: current), ``kept`` why it stays anyway."""
+    """One view or JIT workspace: ``reason`` says why it may go (``None``: current),
+    ``kept`` why it stays although it may go."""
 
     kind: str
     path: str
@@ -59,7 +60,9 @@ def size_of(path: str) -> int:
 
 
 def fi_roots() -> list[str]:
-    """FlashInfer's and SGLang's cache roots that exist and pass the trust rule, real paths (threat-model: P2, A2)."""
+    """FlashInfer's cache roots that exist, real paths, without repeats; a root reached through a level
+    another uid owns or may change (a link planted in a shared workspace base) is not one: prune would
+    remove wherever it points (threat-model: P2, A2)."""
     from flashinfer_sm120.core.facts.workspace import workspace_base
     from flashinfer_sm120.safety.ownership import trust_reason
 
@@ -161,7 +164,8 @@ def workspaces(root: str, depth: int = 5) -> list[str]:
 
 
 def _flashinfer_at(site: str | None):
-    """``(text, parsed)`` of flashinfer-python's version in ``site`` (``None``: this interpreter's), each maybe ``None``."""
+    """The release of flashinfer-python installed in ``site`` (``None``: this interpreter's), parsed;
+    ``(text, version)``, each ``None`` when absent or unreadable."""
     import importlib.metadata as md
 
     dists = md.distributions(path=[site]) if site else md.distributions()
