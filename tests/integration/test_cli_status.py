@@ -245,3 +245,26 @@ def test_status_says_refused_when_every_build_would_be(clean_env, tmp_path, case
     assert proc.returncode == 1 and doc["mode"] == "refused" and not doc["ok"], doc
     assert doc["error"].startswith("FlashInfer was not imported: ") and named in doc["error"], doc["error"]
     assert loaded == "[]"  # decided before FlashInfer's import, which creates its cache
+
+
+@pytest.mark.parametrize("tamper", [{"toolkit": 5}, {"targets": "sm_120f"}, {"mode": ["x"]}, {"mode": "odd"},
+                                    {"targets": [7]}, {"error": {"a": 1}}])
+def test_a_recorded_status_of_another_shape_is_no_record(tmp_path, monkeypatch, tamper):
+    """The record is S2 input: a status body of another shape (a toolkit that is a number, targets that
+    are a string) made status fail with a traceback and no JSON, or print 'targets s, m, _, ...'."""
+    from flashinfer_sm120.safety.fs import statedir
+
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "c"))
+    statedir.forget_cache_root()
+    good = {"mode": "patched", "error": None, "toolkit": None, "targets": ["sm_120f"], "arch_list_error": None,
+            "flashinfer": "0.7.4"}
+    where = laststatus.path()
+    os.makedirs(os.path.dirname(where), mode=0o700, exist_ok=True)
+    for status_, usable in ((good, True), (dict(good, **tamper), False)):
+        with open(where, "w") as f:
+            json.dump({"schema": laststatus.SCHEMA, "records": [{"inputs": laststatus.inputs(), "status": status_}]}, f)
+        os.chmod(where, 0o600)
+        got = lastcheck.load()
+        assert (got.status == status_) is usable, got
+        assert usable or got.why_not, got
+    statedir.forget_cache_root()

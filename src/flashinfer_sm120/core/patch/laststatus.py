@@ -147,8 +147,30 @@ def load() -> tuple[list[dict], str | None]:
         return [], f"the record cannot be read ({exc})"
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("records"), list):
         return [], "the record is of another format"
-    return [r for r in data["records"] if isinstance(r, dict) and isinstance(r.get("inputs"), dict)
-            and isinstance(r.get("status"), dict)], None
+    records = [r for r in data["records"] if isinstance(r, dict) and isinstance(r.get("inputs"), dict)
+               and _well_formed(r.get("status"))]
+    return (records, None) if records else ([], f"{where} holds no record of this release's shape")
+
+
+def _well_formed(st: Any) -> bool:
+    """Whether a recorded :func:`from_status` has its shape: a record of another shape is none (the file is S2 input)."""
+    import re
+
+    from flashinfer_sm120.core.patch.state import Mode
+
+    target = re.compile(r"sm_[0-9]{2,3}[af]?")  # as nvcc spells targets (state.targets_from_text)
+
+    def text(v: Any) -> bool:
+        return v is None or isinstance(v, str)
+
+    if not isinstance(st, dict) or not isinstance(st.get("mode"), str) or st["mode"] not in {m.value for m in Mode}:
+        return False
+    tk, targets = st.get("toolkit"), st.get("targets")
+    if tk is not None and not (isinstance(tk, dict) and all(text(tk.get(k)) for k in ("nvcc_full", "root", "nvcc"))
+                               and isinstance(tk.get("nvcc"), str) and isinstance(tk.get("stat"), list)):
+        return False
+    return (isinstance(targets, list) and all(isinstance(t, str) and target.fullmatch(t) for t in targets)
+            and all(text(st.get(k)) for k in ("error", "arch_list_error", "flashinfer")))
 
 
 def replay(now: dict[str, Any]):
