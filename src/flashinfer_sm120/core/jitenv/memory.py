@@ -306,6 +306,9 @@ def max_jobs(env=None) -> tuple[str | None, int | None, str | None]:
     if value is None:
         return raw, None, (f"MAX_JOBS={shown(raw, 20)} makes every FlashInfer JIT build raise ValueError "
                            f"(FlashInfer's isdigit() accepts it, int() does not). {fix}")
+    if value == 0:  # '0', '00', fullwidth '０': ninja -j 0
+        return raw, None, (f"MAX_JOBS={shown(raw, 20)} is read by FlashInfer as 0, which ninja takes for no limit "
+                           f"(-j 0): every step of a JIT build at once, whatever the memory. {fix}")
     if value > _NINJA_J_MAX:
         return raw, None, (f"MAX_JOBS={shown(raw, 20)} is above {_NINJA_J_MAX}: ninja 1.11 stops with "
                            f"'invalid -j parameter'. {fix}")

@@ -121,11 +121,12 @@ def _flashinfer_reads_max_jobs(raw):
     return None
 
 
-@pytest.mark.parametrize("raw", ["²", "4²", "٣", " 4", "4 ", "+4", "-1", "4.0", "", "0x10", "2147483648"])
+@pytest.mark.parametrize("raw", ["²", "4²", "٣", " 4", "4 ", "+4", "-1", "4.0", "", "0x10", "2147483648", "0", "00", "０"])
 def test_a_max_jobs_flashinfer_cannot_use_is_replaced_not_kept(raw):
     """FlashInfer crashes on ``MAX_JOBS=²`` (``'²'.isdigit()`` is true, ``int('²')`` fails: every JIT
     build raises ValueError), ignores `` 4`` (ninja's default, CPUs + 2, whatever the memory), and
-    ninja 1.11 stops on ``-j 2147483648``; these were "set by you: kept"."""
+    ninja 1.11 stops on ``-j 2147483648``, and reads ``0`` (also ``00`` and a fullwidth ``０``, which
+    ``isdigit()`` accepts) as no limit; these were "set by you: kept"."""
     from flashinfer_sm120.core.jitenv import memory
     from flashinfer_sm120.core.jitenv.memory import GIB, MemoryView, Bound
 
@@ -135,7 +136,7 @@ def test_a_max_jobs_flashinfer_cannot_use_is_replaced_not_kept(raw):
         fi = _flashinfer_reads_max_jobs(raw)
     except ValueError:
         fi = "crash"
-    if fi is not None and fi != "crash" and fi <= 2147483647:
+    if fi is not None and fi != "crash" and 1 <= fi <= 2147483647:
         assert value is None and "kept" in why  # FlashInfer uses it as set: the user's
     else:
         assert value is not None and value >= 1, why
