@@ -62,13 +62,12 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
         if prog is None or len(user.split()) != 1:
             out.cache["verdict"] = {"ok": None, "why": "a launcher of more than one word is not probed"}
             return
-        hung = hung_why(prog)
-        v = probe_once(prog, fi_nvcc, home, target, nvcc_full) if hung is None else None
-        out.cache["verdict"] = dataclasses.asdict(v) if v else {"ok": False, "why": hung}
-        if v is None or not v.ok:
+        v = probe_once(prog, fi_nvcc, home, target, nvcc_full)
+        out.cache["verdict"] = dataclasses.asdict(v)
+        if not v.ok:
             out.pop.append("FLASHINFER_NVCC_LAUNCHER")
-            out.cache["refused"] = hung or v.why
-            out.warnings.append(f"FLASHINFER_NVCC_LAUNCHER={user} is refused: {out.cache['refused']}")
+            out.cache["refused"] = v.why
+            out.warnings.append(f"FLASHINFER_NVCC_LAUNCHER={user} is refused: {v.why}")
         return
     port = env.get("SCCACHE_SERVER_PORT")
     path, why = None, (f"SCCACHE_SERVER_PORT={shown(port, 20)} is not a port from 1 to 65535 (sccache would start a "
@@ -77,9 +76,12 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
         path, notes = find_sccache(env)
         out.notes += notes
         why = "; ".join(notes)
-    if path is not None:
+    if path is not None:  # a remembered refusal, or a hung sccache, is not asked to start a server (P6)
         out.cache["launcher"] = path
-        why = hung_why(path)
+        known = remembered(path, fi_nvcc, target)
+        why = (known.why if known and not known.ok else None) if known else hung_why(path)
+        if why and not known:
+            remember(path, fi_nvcc, target, Verdict(False, path, None, fi_nvcc, nvcc_full, why))
     if path is not None and why is None:
         server_env = dict(env)
         dirs = [] if env.get("SCCACHE_BASEDIRS") else basedirs(env)
@@ -238,6 +240,9 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
     from flashinfer_sm120.safety.fs.atomic import build_env
     from flashinfer_sm120.safety.fs.atomic import make_private
 
+    hung = hung_why(launcher)
+    if hung:
+        return Verdict(False, launcher, None, nvcc, nvcc_version, hung, VERSION_TIMEOUT_S)
     lver = tool_version(launcher)
     name = os.path.basename(launcher)
     gencode = f"-gencode=arch=compute_{target},code=sm_{target}"
@@ -306,6 +311,26 @@ def _store(key: str, v: Verdict, path: str) -> None:
     write_json_atomic(path, {"schema": 1, "entries": {k: entries[k] for k in keep}})
 
 
+def _key(launcher: str, nvcc: str, target: str) -> str:
+    return hashlib.sha256("\0".join([os.path.realpath(launcher), str(fingerprint(launcher)), os.path.realpath(nvcc),
+                                     str(fingerprint(nvcc)), target]).encode()).hexdigest()[:32]
+
+
+def remembered(launcher: str, nvcc: str, target: str) -> Verdict | None:
+    """The verdict :func:`probe_once` remembers for these, without probing; ``None`` when none."""
+    try:
+        return _lookup(_key(launcher, nvcc, target), _memo_path())
+    except StateFileError:
+        return None
+
+
+def remember(launcher: str, nvcc: str, target: str, v: Verdict) -> None:
+    try:
+        _store(_key(launcher, nvcc, target), v, _memo_path())
+    except StateFileError as exc:
+        logger.info("flashinfer-sm120: launcher verdict not remembered: %s", exc)
+
+
 def probe_once(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *,
                lock_timeout: float = PROBE_TIMEOUT_S + 30) -> Verdict:
     """The remembered verdict per (launcher, nvcc, target) fingerprint, else :func:`probe`, one process at a time."""
@@ -314,8 +339,7 @@ def probe_once(launcher: str, nvcc: str, home: str, target: str, nvcc_version: s
             path = _memo_path()
         except StateFileError:
             return probe(launcher, nvcc, home, target, nvcc_version)
-        key = hashlib.sha256("\0".join([os.path.realpath(launcher), str(fingerprint(launcher)), os.path.realpath(nvcc),
-                                        str(fingerprint(nvcc)), target]).encode()).hexdigest()[:32]
+        key = _key(launcher, nvcc, target)
 
         def compute() -> Verdict:
             v = probe(launcher, nvcc, home, target, nvcc_version)
