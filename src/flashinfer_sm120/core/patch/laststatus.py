@@ -6,6 +6,7 @@ anything), so that ``status`` answers and a later process resolves without probi
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Any, Callable
 
@@ -152,13 +153,12 @@ def load() -> tuple[list[dict], str | None]:
     return (records, None) if records else ([], f"{where} holds no record of this release's shape")
 
 
+#: A recorded target as nvcc spells it (``state.targets_from_text``).
+_TARGET_RE = re.compile(r"sm_[0-9]{2,3}[af]?")
+
 def _well_formed(st: Any) -> bool:
     """Whether a recorded :func:`from_status` has its shape: a record of another shape is none (the file is S2 input)."""
-    import re
-
     from flashinfer_sm120.core.patch.state import Mode
-
-    target = re.compile(r"sm_[0-9]{2,3}[af]?")  # as nvcc spells targets (state.targets_from_text)
 
     def text(v: Any) -> bool:
         return v is None or isinstance(v, str)
@@ -169,7 +169,7 @@ def _well_formed(st: Any) -> bool:
     if tk is not None and not (isinstance(tk, dict) and all(text(tk.get(k)) for k in ("nvcc_full", "root", "nvcc"))
                                and isinstance(tk.get("nvcc"), str) and isinstance(tk.get("stat"), list)):
         return False
-    return (isinstance(targets, list) and all(isinstance(t, str) and target.fullmatch(t) for t in targets)
+    return (isinstance(targets, list) and all(isinstance(t, str) and _TARGET_RE.fullmatch(t) for t in targets)
             and all(text(st.get(k)) for k in ("error", "arch_list_error", "flashinfer")))
 
 
