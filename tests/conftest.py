@@ -75,11 +75,11 @@ def clean_env(tmp_path):
 
 @pytest.fixture(autouse=True)
 def _no_arch_option(monkeypatch):
-    """An in-process command's ``--arch`` is remembered for its messages (``arch.named``): never
+    """An in-process command's ``--arch`` is remembered for its messages (``archopt.named``): never
     into the next test, which may set the same FLASHINFER_CUDA_ARCH_LIST itself."""
-    from flashinfer_sm120.core.facts import arch
+    from flashinfer_sm120.core.facts import archopt
 
-    monkeypatch.setattr(arch, "_option", None)
+    monkeypatch.setattr(archopt, "_option", None)
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ import os as _os
 
 __version__ = "0.3.0"
 
-__all__ = ["install", "revert", "status", "resolve", "__version__"]
+__all__ = ["install", "revert", "status", "resolve", "worker_setup", "__version__"]
 
 
 class _BoundedRecords(logging.Filter):
@@ -34,32 +34,31 @@ if not any(type(f).__name__ == "_BoundedRecords" for f in _LOGGER.filters):  # o
     _LOGGER.addFilter(_BoundedRecords())
 
 try:
-    from flashinfer_sm120.core.patch import install, resolve, revert, status
+    from flashinfer_sm120.core.patch import install, revert, status
 except Exception as _exc:  # a missing or broken dependency: log once, do nothing else
-    from flashinfer_sm120.core.facts.reinstall import fix_for as _fix_for
+    from flashinfer_sm120.core.facts.reinstall import unloadable
 
-    _missing = getattr(_exc, "name", None) or type(_exc).__name__
-    _LOAD_ERROR = (f"flashinfer-sm120 cannot load ({_missing!s}: {_exc}); FlashInfer is left alone. "
-                   f"Fix: {_fix_for(_exc)}")
-    _LOGGER.error("%s", _LOAD_ERROR)
-
-    def status() -> dict:  # type: ignore[misc]
-        """Where patching stands: ``failed``, with the load error."""
-        return {"mode": "failed", "error": _LOAD_ERROR, "summary": _LOAD_ERROR, "patched_modules": [],
-                "steps": {}, "resolution": None, "target_cuda_archs": None, "exported": {}}
-
-    install = revert = status  # type: ignore[assignment]
-
-    def resolve(*args, **kwargs):  # type: ignore[misc]
-        """Raises :class:`~flashinfer_sm120.errors.Sm120Error` with the load error."""
-        from flashinfer_sm120.errors import Sm120Error
-
-        raise Sm120Error(_LOAD_ERROR)
+    install, revert, status, resolve = unloadable(_exc, _LOGGER)
 else:
     try:
         install()
     except Exception as _exc:  # pragma: no cover - install() guards itself; importing must never raise
         _LOGGER.error("flashinfer-sm120: install failed: %r", _exc)
+
+
+def __getattr__(name: str):
+    """``resolve`` (:func:`.core.patch.decide.resolve`) and ``worker_setup`` (:func:`.core.early.worker_setup`),
+    loaded when used: a later process replays and needs neither."""
+    if name == "resolve":
+        from flashinfer_sm120.core.patch.decide import resolve
+
+        return resolve
+    if name == "worker_setup":
+        from flashinfer_sm120.core.early import worker_setup
+
+        return worker_setup
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # record JIT modules when FLASHINFER_SM120_RECORD is set; a process that does not record never loads the recorder
 if _os.environ.get("FLASHINFER_SM120_RECORD", "").strip():

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-
 __all__ = ["Sm120Error", "UsageError", "ToolkitError", "ViewError", "PlaceError", "StateFileError", "FormatError"]
 
 
@@ -30,7 +29,6 @@ class ToolkitError(Sm120Error):
 
 class ViewError(Sm120Error):
     """The ``CUDA_HOME`` view could not be assembled; the message names the path and the fix."""
-
 
 
 class PlaceError(Sm120Error):

@@ -249,11 +249,12 @@ def test_doctor_names_a_pth_left_without_its_module(tmp_path):
     assert autoload.current(str(d))
     (d / HOOK_FILE).unlink()
     assert not autoload.current(str(d))
-    from flashinfer_sm120.cli.doctor_sections import autoload_lines
+    from flashinfer_sm120.diagnose.verify.diagnosis import diagnose
+    from helpers.reports import doctor_report
 
-    lines = autoload_lines({"pth": [str(d / PTH_NAME)], "outdated": [str(d / PTH_NAME)],
-                                   "triggers": ["flashinfer"]}, "python")
-    assert len(lines) == 2 and "enable' again" in lines[1] and HOOK_FILE in lines[1]
+    report = doctor_report(autoload={"pth": [str(d / PTH_NAME)], "outdated": [str(d / PTH_NAME)], "triggers": ["flashinfer"]})
+    (found,) = [f for f in diagnose(report).findings if f.code == "autoload-outdated"]
+    assert str(d / PTH_NAME) in found.text and HOOK_FILE in found.text and "enable' again" in found.fix
 
 
 def test_the_hook_reads_disable_as_the_package_does():

@@ -45,3 +45,16 @@ def test_every_log_record_of_the_package_is_bounded(caplog):
     long, short = [r.getMessage() for r in caplog.records]
     assert len(long) < 400 and "characters" in long and long.endswith(" x"), long[:500]
     assert short == "short message"
+
+
+@pytest.mark.parametrize("name", ["FLASHINFER_NVCC", "CUDA_PATH"])
+def test_doctor_verbose_cuts_a_long_value_wherever_it_quotes_it(clean_env, name):
+    """``doctor --verbose`` prints the report as lines: each value quoted is cut at 4,096 characters (it printed a
+    120 KB value nine times whole, on lines of 120,000 characters)."""
+    env = dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0", **{name: "/x" + "A/" * 60_000})
+    proc = cli(["doctor", "--verbose"], env, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out, out[-3000:]
+    assert max(map(len, out.splitlines())) < 4_200, max(map(len, out.splitlines()))
+    assert len(out) < 200_000, len(out)
+    assert "characters)" in proc.stdout  # the cut says so

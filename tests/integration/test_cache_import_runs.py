@@ -180,7 +180,7 @@ def test_import_waits_for_flashinfers_module_lock(clean_env, tmp_path):
         env=clean_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == str(jit / "tmp")
     importer = _run(clean_env, src, 1 << 30)
-    told = ""  # the importer got as far as the lock, and no further: it says so (pool.take), then waits
+    told = ""  # the importer got as far as the lock, and no further: it says so (moddir.take), then waits
     while "m: waiting for another process building it" not in told:
         line = importer.stderr.readline()
         assert line, f"the importer never waited for the lock: {told[-2000:]}"
@@ -208,12 +208,12 @@ def test_a_refused_module_creates_nothing_in_the_jit_dir(tmp_path, form):
     meta_path.write_text(json.dumps(meta))
     if form == "archive":
         src = as_archive(src, tmp_path / "exp.tar.gz")
-    jit, gen = tmp_path / "ws" / "cached_ops", tmp_path / "ws" / "generated"
+    jit = tmp_path / "ws" / "cached_ops"
     sess = session.Session("0.7.4", "/usr/local/cuda", "13.0", ["12.0f"], jit, "")
     parsed = cache_import.check(str(src))
     with make_private("fi-sm120-test-") as tmp:
         root = cache_import.unpack(str(src), Path(tmp), parsed, cache.Limits())
-        report = cache_import._install_from(root, parsed, {"jit": jit, "generated": gen}, sess, False,
+        report = cache_import._install_from(root, parsed, jit, sess, False,
                                             cache.Limits(), str(src))
     assert [r["status"] for r in report] == ["refused", "refused"], report
     assert not (tmp_path / "ws").exists(), sorted(str(p) for p in (tmp_path / "ws").rglob("*"))

@@ -3,6 +3,7 @@ default (everything under --verbose and --json), typed findings, --arch, --smoke
 
 import json
 import logging
+import re
 
 import pytest
 
@@ -11,7 +12,7 @@ from helpers.host import needs_flashinfer
 from helpers.reports import doctor_report
 from helpers.probing import NOBODY, created, home_env, needs_root, user_home
 from flashinfer_sm120.cli import doctor, main
-from flashinfer_sm120.cli.doctor_sections import WIDTH
+from flashinfer_sm120.cli.doctor import WIDTH
 from flashinfer_sm120.diagnose.verify import diagnosis
 from flashinfer_sm120.diagnose.verify.diagnosis import CHECKS, Finding, Level, diagnose
 
@@ -24,7 +25,8 @@ def _screen(text: str) -> list[str]:
     lines = text.splitlines()
     assert len(lines) <= doctor.SHORT_LINES, f"{len(lines)} lines:\n{text}"
     assert not [ln for ln in lines[1:] if len(ln) > WIDTH and len(ln.split()) > 1], text
-    assert "..." not in text.replace("... more finding", ""), text  # nothing cut
+    pointer = re.compile(r"^\.\.\. \d+ more findings?: --verbose$")  # findings that did not fit: named, not cut
+    assert "..." not in "\n".join(ln for ln in lines if not pointer.match(ln)), text  # nothing cut
     assert not [w for w in INTERNAL if w in text], text
     return lines
 
@@ -63,10 +65,10 @@ def test_doctor_without_targets_says_problem_and_the_fix_and_exits_1(clean_env, 
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
     lines = _screen(proc.stdout)
     assert lines[0].startswith("PROBLEM: no targets: no GPU visible and no FLASHINFER_CUDA_ARCH_LIST")
-    assert "Fix: flashinfer-sm120 doctor --arch 12.0" in " ".join(lines[:3])
+    assert f"Fix: {diagnosis.NO_TARGETS_FIX}" in " ".join(" ".join(lines[:3]).split())
     verbose = cli(["doctor", "--verbose", "--timeout", "60"], clean_env)
     assert verbose.returncode == 1 and verbose.stdout.splitlines()[0] == lines[0]
-    assert len(verbose.stdout.splitlines()) > len(lines) and "CUDA toolkits found (preference order):" in verbose.stdout
+    assert len(verbose.stdout.splitlines()) > len(lines) and "\n  candidates:\n" in verbose.stdout
 
 
 def test_a_bad_arch_is_refused_naming_the_value(capsys):
@@ -344,20 +346,31 @@ def test_root_with_a_users_home_whose_cache_exists_imports_nothing_there(shared_
     assert [p for p in created(home) if os.lstat(p).st_uid != NOBODY] == []
 
 
-def test_the_servers_section_says_which_jit_directory_the_report_used():
+def test_the_report_says_which_servers_jit_directory_it_used():
     """The servers' JIT directories differ (``apply_server_cache`` chose none): read from the data, not its wording."""
-    from flashinfer_sm120.cli.doctor_sections import servers_lines
-
-    server = {"label": "vLLM 0.33.0", "check": "has_flashinfer()", "nvcc_lookup": "CUDA_HOME", "nvcc_without": "/none",
-              "nvcc_with": None, "jit_dir": "/j", "workspace_base": None}
     differ = {"server": None, "why": "vLLM and SGLang are installed here and use different directories", "base": None,
               "how": "", "before": None, "changed": False}
-    lines = servers_lines({"servers": [server], "applied": differ, "autoload": True})
-    assert lines[1] == ("  JIT directory of this report: FlashInfer's own (vLLM and SGLang are installed here and use "
-                        "different directories; 'flashinfer-sm120 build --for vllm|sglang' picks one)")
-    assert not any("this report" in ln for ln in servers_lines({"servers": [server], "applied": {}, "autoload": True}))
+    (note,) = [f for f in diagnose(doctor_report(server_cache=differ)).findings if f.code == "server-cache"]
+    assert note.level is Level.NOTE and differ["why"] in note.text and "build --for vllm|sglang" in note.fix
+    assert not [f for f in diagnose(doctor_report(server_cache={})).findings if f.code == "server-cache"]
     moved = dict(differ, server="sglang", why="sglang is installed here", base="/s", how="SGLANG_CACHE_DIR", changed=True)
-    assert "sglang's FLASHINFER_WORKSPACE_BASE=/s" in servers_lines({"servers": [server], "applied": moved})[1]
+    (note,) = [f for f in diagnose(doctor_report(server_cache=moved)).findings if f.code == "server-cache"]
+    assert "sglang's FLASHINFER_WORKSPACE_BASE=/s" in note.text
+
+
+def test_verbose_prints_the_whole_report_as_json_holds_it():
+    """--verbose renders the --json data (one renderer): nested parts indented, plain lists on one line,
+    a multi-line message whole."""
+    r = doctor_report(servers={"servers": [{"label": "vLLM 0.33.0", "without": [False, "no ninja"]}]},
+                      resolution_error="no toolkit fits:\n  /opt/cuda: nvcc 12.8 is too old")
+    lines = doctor.render(r, verbose=True)
+    at = lines.index("The whole report (doctor --json prints it as JSON):")
+    assert lines[0] == doctor.render(r)[0] and any(ln.startswith("FlashInfer alone: ") for ln in lines[:at])
+    body = lines[at + 1:]
+    assert "  servers:" in body and "    servers:" in body and "      - label: vLLM 0.33.0" in body
+    assert "        without: false, no ninja" in body and "      targets: sm_120f" in body
+    assert "  resolution_error: no toolkit fits:" in body and "      /opt/cuda: nvcc 12.8 is too old" in body
+    assert "  disabled: false" in body and "  autoload: none" in body
 
 
 @pytest.mark.parametrize("autoload", [False, True])
@@ -366,7 +379,7 @@ def test_a_second_ninja_gets_advice_that_fits_whether_the_autoload_is_enabled(au
     after 'Autoload: enabled'."""
     conflict = {"path": "/usr/bin/ninja", "version": "1.11.1", "log_format": 5}
     ninja = {"chosen": {"path": "/venv/bin/ninja", "version": "1.13.2", "log_format": 7},
-             "conflicts": [conflict], "autoload": autoload}
+             "conflicts": [conflict]}
     auto = {"pth": ["/venv/site/flashinfer_sm120_autoload.pth"]} if autoload else {}
     text = " ".join("\n".join(_screen("\n".join(doctor.render(doctor_report(ninja=ninja, autoload=auto))))).split())
     assert "WARNING: /usr/bin/ninja (ninja 1.11.1, .ninja_log v5) is reachable too" in text

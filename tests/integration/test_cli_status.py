@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from helpers.host import needs_flashinfer
 from helpers.toolkits import script
 from flashinfer_sm120.cli import main, status
-from flashinfer_sm120.cli import lastcheck
 from flashinfer_sm120.core.patch import laststatus
 
 #: ``status`` in a new interpreter (not the fork server, which has torch loaded already), reporting
@@ -79,7 +78,7 @@ def test_no_targets_exits_1_from_both_paths(clean_env, real_nvcc13):
     for source in ("import", "record"):
         proc, line, loaded = _status(clean_env)
         assert proc.returncode == 1, (source, proc.stderr[-2000:])
-        assert "targets none, nothing can be built" in line and "status --arch 12.0" in line
+        assert "targets none, nothing can be built" in line and "doctor --arch 12.0" in line
         assert (loaded == "[]") == (source == "record")
     proc, out, _ = _status(clean_env, "--json")  # the document says it too, not only the exit status
     doc = json.loads(out)
@@ -109,22 +108,22 @@ def test_a_record_from_other_inputs_is_not_used(tmp_path, monkeypatch):
     rec = dict(mode="patched", error=None, toolkit=None, targets=["sm_120f"], arch_list_error=None,
                                 flashinfer="0.7.4")
     laststatus.save(rec, laststatus.inputs())
-    assert lastcheck.load().status == dict(rec)
+    assert status.recorded()[0] == dict(rec)
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.1")
-    got = lastcheck.load()
-    assert got.status is None and "FLASHINFER_CUDA_ARCH_LIST changed from '12.0' to '12.1'" in got.why_not
+    got, why = status.recorded()
+    assert got is None and "FLASHINFER_CUDA_ARCH_LIST changed from '12.0' to '12.1'" in why
     other = dict(rec, targets=["sm_121a"])
     laststatus.save(other, laststatus.inputs())  # a second target set: both records are kept
-    assert lastcheck.load().status == dict(other)
+    assert status.recorded()[0] == dict(other)
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.0")
-    assert lastcheck.load().status == dict(rec)
+    assert status.recorded()[0] == dict(rec)
     monkeypatch.delenv("FLASHINFER_CUDA_ARCH_LIST")
-    got = lastcheck.load()
-    assert got.status is None and "FLASHINFER_CUDA_ARCH_LIST is now unset (was '12.1')" in got.why_not  # the newest
+    got, why = status.recorded()
+    assert got is None and "FLASHINFER_CUDA_ARCH_LIST changed from '12.1' to unset" in why  # the newest
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.0")
     monkeypatch.setenv("SOME_OTHER_SETTING", "1")  # any variable: hashed, never written out
-    got = lastcheck.load()
-    assert got.status is None and "an environment variable not named above changed" in got.why_not
+    got, why = status.recorded()
+    assert got is None and "an environment variable not named above changed" in why
     assert "SOME_OTHER_SETTING" not in (tmp_path / "c" / laststatus.FILE).read_text()
 
 
@@ -141,15 +140,15 @@ def test_a_record_does_not_hold_once_cuda_homes_nvcc_is_replaced_or_removed(tmp_
     rec = dict(mode="patched", error=None, toolkit=None, targets=["sm_120f"], arch_list_error=None,
                                 flashinfer="0.7.4")
     laststatus.save(rec, laststatus.inputs())
-    assert lastcheck.load().status == dict(rec)
+    assert status.recorded()[0] == dict(rec)
     nvcc.unlink()
     (tmp_path / "old-nvcc").write_text("#!/bin/sh\n")
     nvcc.symlink_to(tmp_path / "old-nvcc")
-    got = lastcheck.load()
-    assert got.status is None and f"the nvcc found through CUDA_HOME ('{nvcc}') was replaced" in got.why_not, got
+    got, why = status.recorded()
+    assert got is None and f"the nvcc found through CUDA_HOME ('{nvcc}') was replaced" in why, got
     nvcc.unlink()
-    got = lastcheck.load()
-    assert got.status is None and "the nvcc found through CUDA_HOME" in got.why_not, got
+    got, why = status.recorded()
+    assert got is None and "the nvcc found through CUDA_HOME" in why, got
 
 
 @given(st.text(max_size=300))
@@ -264,7 +263,7 @@ def test_a_recorded_status_of_another_shape_is_no_record(tmp_path, monkeypatch, 
         with open(where, "w") as f:
             json.dump({"schema": laststatus.SCHEMA, "records": [{"inputs": laststatus.inputs(), "status": status_}]}, f)
         os.chmod(where, 0o600)
-        got = lastcheck.load()
-        assert (got.status == status_) is usable, got
-        assert usable or got.why_not, got
+        got, why = status.recorded()
+        assert (got == status_) is usable, got
+        assert usable or why, got
     statedir.forget_cache_root()

@@ -43,7 +43,7 @@ def test_flashinfer_jit_build_is_refused_before_nvcc_runs(planted):
     out, _ = run_py(code, env)
     assert out["mode"] == "noop", out  # the CUDA_HOME fits: FlashInfer builds with it, the gate still stands
     assert out["build"].startswith("ToolkitError: flashinfer-sm120 stopped this FlashInfer JIT build"), out
-    assert f"nvcc's host compiler {gcc}" in out["build"] and "NVCC_CCBIN" in out["build"]
+    assert "nvcc's host compiler" in out["build"] and str(gcc) in out["build"] and "NVCC_CCBIN" in out["build"]
     assert not mark.exists()
 
 
@@ -53,13 +53,14 @@ def test_build_and_doctor_refuse_it(planted):
     proc = cli(["build", "--arch", "12.0", "--json", "sampling"], env)
     assert proc.returncode != 0
     doc = json.loads(proc.stdout)
-    assert f"nvcc's host compiler {gcc}" in json.dumps(doc), doc
+    assert "nvcc's host compiler" in doc["error"] and str(gcc) in doc["error"], doc
     proc = cli(["doctor", "--json", "--arch", "12.0"], env)
     found = {f["code"]: f for f in json.loads(proc.stdout)["diagnosis"]["findings"]}
     assert proc.returncode == 1 and "untrusted-host-program" in found, found
     assert str(gcc) in found["untrusted-host-program"]["text"] and "NVCC_CCBIN" in found["untrusted-host-program"]["fix"]
     proc = cli(["doctor", "--smoke", "--arch", "12.0"], env)
-    assert proc.returncode == 1 and f"nvcc's host compiler {gcc}" in proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "nvcc's host compiler" in proc.stdout + proc.stderr
+    assert str(gcc) in proc.stdout + proc.stderr
     assert not mark.exists()
     # naming a trusted host compiler instead is the fix doctor gives: the finding goes
     proc = cli(["doctor", "--json", "--arch", "12.0"], dict(env, NVCC_CCBIN="/usr/bin/g++"))
@@ -77,7 +78,7 @@ def test_build_refuses_a_temporary_directory_another_uid_may_change(clean_env, t
     proc = cli(["build", "--arch", "12.0", "--json", "sampling"], env)
     assert proc.returncode != 0
     text = json.dumps(json.loads(proc.stdout))
-    assert f"the temporary directory {theirs} (TMPDIR" in text and "Fix: set TMPDIR" in text, text
+    assert "the temporary directory (TMPDIR" in text and str(theirs) in text and "Fix: set TMPDIR" in text, text
     assert os.listdir(theirs) == []
 
 

@@ -77,24 +77,20 @@ def test_doctor_section_says_what_is_installed_matched_shipped_and_jit_built(tmp
         (jit / m).mkdir(parents=True)
     section = precompiled.doctor_section({"resolution": {"choice": {"targets": ["sm_120f"]}},
                                           "after": {"jit_dir": str(jit)}})
-    text = "\n".join(precompiled.doctor_lines(section))
     if section["flashinfer"] != "0.7.4":
         pytest.skip(f"flashinfer-python {section['flashinfer']} here")
-    assert "flashinfer-jit-cache 0.7.4: matches" in text
-    assert "flashinfer-jit-cache-sm120f 0.7.4: matches; declares sm120f, 1 modules, 1 for the targets" in text
-    assert "shipped for the targets (FlashInfer loads these, no JIT build): sampling_mod (flashinfer-jit-cache-sm120f)" in text
-    assert "JIT-built (no usable provider ships them for the targets): decode_mod" in text
+    packages = {p["name"]: p for p in section["packages"]}
+    assert packages["flashinfer-jit-cache"]["version"] == "0.7.4" and packages["flashinfer-jit-cache"]["mismatch"] is None
+    provider = packages["flashinfer-jit-cache-sm120f"]
+    assert provider["mismatch"] is None and provider["declares"] == ["sm120f"]
+    assert (provider["modules"], provider["for_targets"]) == (1, 1)
+    assert section["shipped"] == {"sampling_mod": "flashinfer-jit-cache-sm120f"} and section["jit_build"] == ["decode_mod"]
     install_provider(site, ["sampling_mod"], version="0.7.3", shim="0.7.3")
     _read(site, monkeypatch)
-    text = "\n".join(precompiled.doctor_lines(precompiled.doctor_section(
-        {"resolution": {"choice": {"targets": ["12.0f"]}}, "after": {"jit_dir": str(jit)}})))
-    assert "flashinfer-jit-cache 0.7.3: IGNORED by FlashInfer: flashinfer-jit-cache 0.7.3 does not match" in text
-    assert "JIT-built (no usable provider ships them for the targets): decode_mod, sampling_mod" in text
-
-
-def test_doctor_without_precompiled_packages_says_every_module_is_jit_built():
-    text = "\n".join(precompiled.doctor_lines({"flashinfer": "0.7.4", "targets": ["sm120f"], "packages": []}))
-    assert "none installed: every module is JIT-built (python -m flashinfer download-kernels" in text
+    section = precompiled.doctor_section({"resolution": {"choice": {"targets": ["12.0f"]}}, "after": {"jit_dir": str(jit)}})
+    packages = {p["name"]: p for p in section["packages"]}
+    assert "flashinfer-jit-cache 0.7.3 does not match" in packages["flashinfer-jit-cache"]["mismatch"]
+    assert section["shipped"] == {} and section["jit_build"] == ["decode_mod", "sampling_mod"]
 
 
 @needs_flashinfer

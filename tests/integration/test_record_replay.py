@@ -81,8 +81,8 @@ def test_record_then_replay_gives_identical_ninja_files(clean_env, tmp_path, rea
     assert set(skipped) == {"old_release_norm", "cute_kernel"}
     assert "0.6.9" in skipped["old_release_norm"]
     assert "cannot regenerate old_release_norm" in proc.stderr and "is not valid JSON" in proc.stderr
-    # the escaping entry is refused where it is read (issue 11: one grammar per field), named by line
-    assert "'generated'" in proc.stderr and "is not a relative path" in proc.stderr
+    # the escaping entry carries source text (a 0.2.0 entry): refused where it is read, named by line, with the fix
+    assert "'spec' or 'generated'" in proc.stderr and "flashinfer-sm120 0.2" in proc.stderr
     assert not (tmp_path / "escaped.cu").exists()
 
 

@@ -85,7 +85,7 @@ def test_the_rule_is_run_from_the_installed_source(tmp_path, monkeypatch):
     # a later release that picks "f": the installed source decides, not our row
     common.write_text(common.read_text().replace("{'a' if capability[0] >= 9 else ''}",
                                                  "{'f' if capability[0] >= 9 else ''}"))
-    serverprobe.cache_clear()
+    serverprobe._run_rule.cache_clear()
     assert serverprobe.server_arch("sglang", [(12, 0)], env).value == "12.0f"
     assert serverprobe.server_arch("vllm", [(12, 0)], env) is None  # vLLM leaves the arch list alone
 

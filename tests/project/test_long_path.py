@@ -7,7 +7,7 @@ import pytest
 
 from helpers.reports import doctor_report
 from flashinfer_sm120.cli import doctor
-from flashinfer_sm120.cli.doctor_sections import WIDTH
+from flashinfer_sm120.cli.doctor import WIDTH
 from flashinfer_sm120.cli.status import status_line
 
 DEPTHS = [1, 8, 40]  # path components of 9 characters: a short, a usual and a very deep checkout

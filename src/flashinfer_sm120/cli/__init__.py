@@ -108,13 +108,12 @@ def _torch_cuda() -> str:
 def _nvcc() -> str:
     """The nvcc flashinfer-sm120 chooses: from the last recorded status when it still holds, else resolved."""
     try:
-        from flashinfer_sm120.cli.lastcheck import load
+        from flashinfer_sm120.cli.status import recorded
 
-        got = load()
-        tk = (got.status or {}).get("toolkit") if got.status else None
+        tk = (recorded()[0] or {}).get("toolkit")
         if tk:
             return f"nvcc {tk['nvcc_full']} at {tk['root']} (chosen)"
-        from flashinfer_sm120.core.patch import resolve
+        from flashinfer_sm120.core.patch.decide import resolve
 
         res = resolve(guard=True)
         if res.choice is None:
@@ -278,19 +277,20 @@ def _main(argv: list[str] | None) -> int:
     if json_wanted:  # threat-model: P8: a refused command line is the one JSON document too
         for p in _parsers(parser):
             p.json_errors = True
-    from flashinfer_sm120.errors import UsageError
+    from flashinfer_sm120.errors import Sm120Error, UsageError
 
     try:
         if len(argv) > MAX_ARGS:  # refused before argparse walks them; with --json, as its one document too
             raise UsageError(f"{len(argv)} command-line arguments, more than the {MAX_ARGS} taken",
                              "give long lists of modules as a manifest (build --from MANIFEST)")
         return _parsed(parser, argv)
-    except UsageError as exc:
+    except Sm120Error as exc:  # the one exit-code rule: 2 for the command line, 1 for a refusal (P8)
         if json_wanted:
             document = _selected(parser, argv).get_default("json_failure")
-            _print_failure_json(document, str(exc), exc.kind, exc.fix)
+            _print_failure_json(document, str(exc), getattr(exc, "kind", "refused"), exc.fix)
         sep = " Fix: " if str(exc).endswith((".", "?")) else "; "  # a message of sentences gets a sentence
-        return err(f"{exc}{sep}{exc.fix}" if exc.fix else str(exc))
+        err(f"{exc}{sep}{exc.fix}" if exc.fix else str(exc))
+        return 2 if isinstance(exc, UsageError) else 1
 
 
 def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:

@@ -44,7 +44,7 @@ def run_build(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> dict:
     """Set up, build, and return the ``build --json`` document; :raises Sm120Error: it cannot start."""
     from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
-    from flashinfer_sm120.warmup import plan, pool, replay, session
+    from flashinfer_sm120.warmup import moddir, plan, replay, session
     from flashinfer_sm120.warmup.session import BuildError
 
     if not args.modules and not args.manifest:
@@ -83,7 +83,7 @@ def _build(args: argparse.Namespace) -> dict:
     if refused:
         raise BuildError(refused)
     if not args.ninja_only:  # before anything is generated: the same refusal for every module
-        pool.ninja_binary()
+        moddir.ninja_binary()
     before = plan.sccache_stats()
     for p in problems:
         print(f"flashinfer-sm120: manifest: {p}", file=sys.stderr)
@@ -153,29 +153,22 @@ def _not_shipped(labelled: list, sess) -> tuple[list, list[dict]]:
 
 
 def arch_notes(value: str | None) -> list[str]:
-    """How ``--arch`` entries not written as ``major.minor[a|f]`` were read (``'120' read as 12.0``)."""
-    if not value:
-        return []
-    from flashinfer_sm120.core.facts.arch import ArchListError, parse_arch_list
+    """How an ``--arch`` not written as FlashInfer's ``major.minor[a|f]`` list was read (``'120' read as 12.0``)."""
+    from flashinfer_sm120.core.facts.arch import parse_arch_list_lenient
 
-    notes = []
-    for entry in (e for e in re.split(r"[\s,;]+", value.strip()) if e):
-        try:
-            (spec,) = parse_arch_list(entry, source="--arch")
-        except (ArchListError, ValueError):
-            continue
-        canon = f"{spec.major}.{spec.minor}{spec.suffix or ''}"
-        if entry != canon:
-            dropped = " (+PTX dropped: FlashInfer builds machine code only)" if entry.upper().endswith("+PTX") else ""
-            notes.append(f"--arch {entry!r} read as {canon} (compute capability {spec.major}.{spec.minor}){dropped}")
-    return notes
+    specs, _errors = parse_arch_list_lenient(value or "", source="--arch")  # errors: said by set_arch
+    listed = " ".join(f"{s.major}.{s.minor}{s.suffix or ''}" for s in specs)
+    if not specs or listed == " ".join(re.split(r"[\s,;]+", value.strip())):
+        return []
+    dropped = " (+PTX dropped: FlashInfer builds machine code only)" if "+PTX" in value.upper() else ""
+    return [f"--arch {value!r} read as {listed}{dropped}"]
 
 
 def _print_human(summary: dict) -> None:
     origin = f" ({summary['targets_from']})" if summary.get("targets_from") else ""
     print(f"nvcc: {summary['cuda_home']}/bin/nvcc (CUDA {summary['cuda_version']}); "
           f"targets {', '.join(summary['target_cuda_archs'])}{origin}")
-    from flashinfer_sm120.cli.doctor_sections import human
+    from flashinfer_sm120.core.jitenv.memory import fmt_bytes
 
     libs = [r["library"] for r in summary["modules"] if r.get("library")]
     where = os.path.dirname(os.path.dirname(libs[0])) if libs else None
@@ -188,7 +181,7 @@ def _print_human(summary: dict) -> None:
             print(f"FAILED {r['module']}:\n    " + (r["error"] or "").replace("\n", "\n    "))
         else:  # the directory once, below: each path holds FlashInfer's long module name twice
             at = "" if os.path.dirname(os.path.dirname(r["library"])) == where else f" at {r['library']}"
-            print(f"{r['status']} {r['module']} ({human(r['bytes'])}, {r['seconds']} s; {', '.join(r['binary'])}){at}")
+            print(f"{r['status']} {r['module']} ({fmt_bytes(r['bytes'])}, {r['seconds']} s; {', '.join(r['binary'])}){at}")
     if where:
         print(f"libraries in {where} (one directory per FlashInfer module; --json gives each path)")
     for r in summary["modules"]:

@@ -59,7 +59,7 @@ def _failed(args, doc: dict, kind: str, exc: BaseException) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from flashinfer_sm120.warmup import cache, session
+    from flashinfer_sm120.warmup import cache, replay, session
 
     doc = _doc(out=args.out)
     if args.manifest and (args.modules or args.all):
@@ -74,7 +74,7 @@ def run_export(args: argparse.Namespace) -> int:
         cache.check_out(args.out)  # threat-model: P4 (before FlashInfer is set up)
         stage = "manifest" if args.manifest else "module"
         if args.manifest:
-            entries, skipped, sess = _manifest_entries(args)
+            labelled, skipped, sess = _manifest_entries(args)
         else:
             stage = "setup"
             session.apply_server_cache()  # the JIT dir the server installed here uses (SGLang's)
@@ -82,12 +82,12 @@ def run_export(args: argparse.Namespace) -> int:
             arch = args.arch or _built_arch()
             session.set_arch(arch)
             stage = "module"
-            entries, skipped, sess = cache.built_entries(
+            labelled, skipped, sess = replay.built_entries(
                 args.modules, args.all, arch, head_dims=args.head_dim, dtypes=args.dtype,
                 kv_dtypes=args.kv_dtype, acts=args.act)
         doc["fingerprint"] = sess.fingerprint()
         stage = "export"
-        names = cache.export(entries, sess, args.out, limits=_limits(args))
+        names = cache.export(labelled, sess, args.out, limits=_limits(args))
     except (Sm120Error, OSError) as exc:  # BuildError, ModuleError, FormatError...: one document each
         return _failed(args, doc, stage, exc)
     doc["modules"] = ([{"module": label, "name": n, "status": "exported"} for label, n in names]
@@ -110,8 +110,9 @@ def _built_arch() -> str | None:
     several); None with a GPU (FlashInfer's targets come from it)."""
     from flashinfer_sm120.errors import UsageError
     from flashinfer_sm120.warmup.cache import built_targets
+    from flashinfer_sm120.warmup.session import no_gpu_no_arch
 
-    if _gpu_visible():
+    if not no_gpu_no_arch():
         return None
     built = built_targets()
     if not built:
@@ -125,15 +126,6 @@ def _built_arch() -> str | None:
     (targets,) = built
     print(f"flashinfer-sm120: no GPU visible; exporting what is built here for {targets}", file=sys.stderr)
     return targets
-
-
-def _gpu_visible() -> bool:
-    try:
-        from flashinfer_sm120.core.facts import gpus
-
-        return bool(gpus.visible_gpus())
-    except Exception:  # no NVML, no driver: treat as no GPU
-        return False
 
 
 def _limits(args):
@@ -151,7 +143,7 @@ def _manifest_entries(args):
     regenerable = [e for e in entries if e.get("regenerable") and e.get("flashinfer") == sess.flashinfer]
     skipped = [(str(e.get("name")), e.get("why") or f"recorded with FlashInfer {e.get('flashinfer')}")
                for e in entries if e not in regenerable]
-    return regenerable, skipped, sess
+    return [(e["name"], e) for e in regenerable], skipped, sess
 
 
 def run_import(args: argparse.Namespace) -> int:
@@ -202,9 +194,10 @@ def run_import(args: argparse.Namespace) -> int:
 def _archive_targets(meta) -> str | None:
     """The archive's targets when no GPU is visible, else None (the GPUs', checked to match)."""
     from flashinfer_sm120.warmup.cache import nvcc_targets
+    from flashinfer_sm120.warmup.session import no_gpu_no_arch
 
     targets = meta.fingerprint["targets"]  # checked by cache.parse_meta: major.minor[a|f] each
-    if targets and not _gpu_visible():
+    if targets and no_gpu_no_arch():
         print(bounded(f"flashinfer-sm120: no GPU visible; using the archive's targets {nvcc_targets(targets)}"),
               file=sys.stderr)
         return " ".join(targets)
@@ -228,13 +221,13 @@ def run_prune(args: argparse.Namespace) -> int:
 
 def _print_prune(report: dict, yes: bool) -> None:
     from flashinfer_sm120.safety.formats.base import printable
-    from flashinfer_sm120.cli.doctor_sections import human
+    from flashinfer_sm120.core.jitenv.memory import fmt_bytes
 
     # threat-model: P8 -- paths are names found on disk (in a shared workspace base others name
     # directories) and reasons quote them: a terminal shows them, never acts on them
     for r in report["roots"]:
         if r["path"]:
-            print(printable(f"{r['what']} cache: {r['path']} ({human(r['bytes'])})"))
+            print(printable(f"{r['what']} cache: {r['path']} ({fmt_bytes(r['bytes'])})"))
     for e in report["entries"]:
         if e.removed:
             word = "removed"
@@ -246,15 +239,15 @@ def _print_prune(report: dict, yes: bool) -> None:
             word = "keep"
         why = e.error or (f"{e.reason}; kept: {e.kept}" if e.reason and e.kept else e.kept or e.reason
                           or "still usable: its toolkit (and FlashInfer release) are installed")
-        print(printable(f"  {word:<7} {human(e.bytes):>10}  {e.kind:<4} {e.path}\n          {why}"))
+        print(printable(f"  {word:<7} {fmt_bytes(e.bytes):>10}  {e.kind:<4} {e.path}\n          {why}"))
     if not report["entries"]:
         print("  nothing cached")
     stale = [e for e in report["entries"] if e.reason and not e.kept and not e.removed]
     freed = sum(e.bytes for e in report["entries"] if e.removed)
     if yes:
-        print(f"freed {human(freed)}")
+        print(f"freed {fmt_bytes(freed)}")
     elif stale:
-        print(f"would free {human(sum(e.bytes for e in stale))} ({plural(len(stale), 'entry')}): run with --yes to remove them")
+        print(f"would free {fmt_bytes(sum(e.bytes for e in stale))} ({plural(len(stale), 'entry')}): run with --yes to remove them")
     else:
         print("nothing to remove")
 

@@ -1,6 +1,6 @@
 """``flashinfer-sm120 doctor``: the verdict, whole, on the first line, then one screen of facts wrapped at
-spaces; ``--verbose`` for everything.  Collected by :mod:`flashinfer_sm120.diagnose.verify.report`, judged by
-:mod:`~flashinfer_sm120.diagnose.verify.diagnosis`; turned into sentences only here and in :mod:`.doctor_sections`."""
+spaces; ``--verbose`` adds the whole report, the data ``--json`` prints, as indented lines (one report, P7).
+Collected by :mod:`flashinfer_sm120.diagnose.verify.report`, judged by :mod:`~flashinfer_sm120.diagnose.verify.diagnosis`."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ import logging
 import os
 import re
 import sys
+import textwrap
 
-from flashinfer_sm120.safety.formats.base import plural, printable, shown
+from flashinfer_sm120.core.jitenv.memory import fmt_bytes
+from flashinfer_sm120.safety.formats.base import MAX_MESSAGE, bounded, plural, printable, shown
 from flashinfer_sm120.safety.formats.params import cli_float
 from flashinfer_sm120.diagnose.verify.report import ALONE_TIMEOUT_S, collect
 from flashinfer_sm120.diagnose.verify.smoke import SMOKE_TIMEOUT_S
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
-from flashinfer_sm120.cli import doctor_sections as sections
-from flashinfer_sm120.cli.doctor_sections import wrap
 
-__all__ = ["EXIT_CODES", "SHORT_LINES", "run_doctor", "render", "smoke_lines", "add_parser"]
+__all__ = ["EXIT_CODES", "SHORT_LINES", "WIDTH", "run_doctor", "render", "dump", "smoke_lines", "add_parser"]
 
 #: Exit status -> meaning (``doctor --help`` and docs/cli.md).
 EXIT_CODES = {0: "OK: FlashInfer will build (warnings may follow)",
@@ -28,6 +28,9 @@ EXIT_CODES = {0: "OK: FlashInfer will build (warnings may follow)",
               2: "bad usage (an unknown option, a bad --arch)"}
 #: Lines of the default report at most (findings give way first).
 SHORT_LINES = 25
+#: Characters per line of the default report.  Text wraps at spaces only: a path, command or fix is
+#: never cut; one longer than this gets a line of its own (copied whole).
+WIDTH = 120
 
 
 def run_doctor(args: argparse.Namespace) -> int:
@@ -53,8 +56,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     level = log.level
     log.setLevel(logging.CRITICAL)  # the report says what its log lines would (the guard's message is line 1)
     try:
-        report = collect(args.timeout or ALONE_TIMEOUT_S, sections=[(key, collect_) for key, collect_, _ in _sections()],
-                         say=say, server_cache=server_cache, arch=args.arch)
+        report = collect(args.timeout or ALONE_TIMEOUT_S, sections=_sections(), say=say, server_cache=server_cache, arch=args.arch)
     finally:
         log.setLevel(level)
     if tty:
@@ -70,19 +72,16 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 
 def _sections() -> tuple:
-    """The report's further sections, in order: ``(key, collector, --verbose renderer)``."""
+    """The report's further sections, in order: ``(key, collector)``."""
     from flashinfer_sm120.core.facts import precompiled
     from flashinfer_sm120.diagnose import prune
     from flashinfer_sm120.diagnose.verify import inventory, report
     from flashinfer_sm120.warmup import plan
 
-    return (("ninja", report.ninja_section, sections.ninja_lines),
-            ("servers", report.servers_section, sections.servers_lines),
-            ("build_line", report.build_line_section, sections.build_line_lines),
-            ("inventory", inventory.doctor_section, sections.inventory_lines),
-            ("caches", prune.doctor_section, sections.caches_lines),
-            ("builds", plan.doctor_section, plan.doctor_lines),
-            ("precompiled", precompiled.doctor_section, precompiled.doctor_lines))
+    return (("ninja", report.ninja_section), ("servers", report.servers_section),
+            ("build_line", report.build_line_section), ("inventory", inventory.doctor_section),
+            ("caches", prune.doctor_section), ("builds", plan.doctor_section),
+            ("precompiled", precompiled.doctor_section))
 
 
 def render(report: dict, *, verbose: bool = False, diagnosis=None) -> list[str]:
@@ -121,6 +120,46 @@ def smoke_lines(result: dict) -> list[str]:
 
 
 # --------------------------------------------------------------------------- rendering
+
+
+def wrap(text: str, indent: str = "  ") -> list[str]:
+    """``text`` wrapped at :data:`WIDTH` at spaces only, later lines indented."""
+    return textwrap.wrap(text, WIDTH, subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False) or [text]
+
+
+#: Lines of one value ``--verbose`` prints (a multi-line note is a few; P6).
+MAX_VALUE_LINES = 100
+
+
+def dump(value: dict | list | tuple, indent: str = "") -> list[str]:
+    """``value`` (the ``--json`` report or a part) as ``key: value`` lines, nested parts indented as in YAML;
+    a list of plain values on one line; a multi-line string keeps its lines."""
+    lines: list[str] = []
+    for key, v in value.items() if isinstance(value, dict) else (("-", v) for v in value):
+        head = f"{indent}{key}:" if isinstance(value, dict) else f"{indent}-"
+        if (isinstance(v, dict) and v) or (isinstance(v, (list, tuple)) and not _plain(v)):
+            sub = dump(v, indent + "  ")
+            lines += [f"{head} {sub[0].lstrip()}"] + sub[1:] if head.endswith("-") else [head] + sub
+        else:
+            text = _scalar(v)
+            lines += [f"{head} {text[0]}"] + [f"{indent}  {ln}" for ln in text[1:]]
+    return lines
+
+
+def _plain(items: list | tuple) -> bool:
+    return not any(isinstance(v, (dict, list, tuple)) for v in items)
+
+
+def _scalar(v) -> list[str]:
+    """``v`` as lines, each cut at :data:`MAX_MESSAGE` characters and at most :data:`MAX_VALUE_LINES` of them (P6:
+    the report quotes environment values of any size; a real path, at most ``PATH_MAX``, stays whole)."""
+    if isinstance(v, (list, tuple, dict)):
+        return [bounded(", ".join(_scalar(x)[0] for x in v) or "none", max_word=MAX_MESSAGE)]
+    lines = (v if isinstance(v, str) else json.dumps(v, default=str)).splitlines() or [""]
+    if len(lines) > MAX_VALUE_LINES:
+        lines = lines[:MAX_VALUE_LINES] + [f"... ({len(lines) - MAX_VALUE_LINES} more lines)"]
+    return [bounded(ln, max_word=MAX_MESSAGE) for ln in lines]
 
 
 def _finding(f) -> str:
@@ -210,18 +249,22 @@ def _deploy(r: dict) -> list[str]:
         lines.append(f"Ninja: {ninja['path']} (ninja {ninja['version']})")
     roots = [c for c in (r.get("caches") or {}).get("roots") or () if c.get("path")]
     if roots:
-        lines.append("Caches: " + ", ".join(f"{c['what']} {sections.human(c['bytes'])}" for c in roots))
+        lines.append("Caches: " + ", ".join(f"{c['what']} {fmt_bytes(c['bytes'])}" for c in roots))
     servers = (r.get("servers") or {}).get("servers")
     if servers is not None:
         lines.append("Servers: " + (", ".join(s["label"] for s in servers) or "neither vLLM nor SGLang installed"))
     return lines
 
 
+def _facts(r: dict, d) -> list[str]:
+    """The facts of the default screen, each one sentence."""
+    facts = [_versions(r), _gpus(r)] + ([f"Targets: {', '.join(d.targets)} ({_targets_from(r)})"] if d.targets else [])
+    return facts + _toolkit(r) + [_alone(d), _with(r, d)] + _deploy(r)
+
+
 def _short(r: dict, d) -> list[str]:
     """The verdict, then one screen (:data:`SHORT_LINES`): findings whole, as many as fit, then a pointer."""
-    facts = [_versions(r), _gpus(r)] + ([f"Targets: {', '.join(d.targets)} ({_targets_from(r)})"] if d.targets else [])
-    facts += _toolkit(r) + [_alone(d), _with(r, d)] + _deploy(r)
-    lines = [_verdict(d)] + [ln for text in facts for ln in wrap(text)]
+    lines = [_verdict(d)] + [ln for text in _facts(r, d) for ln in wrap(text)]
     tail = wrap("More: flashinfer-sm120 doctor --verbose (every toolkit, the patch, exports, servers, modules), or --json")
     blocks = [wrap(_finding(f)) for f in d.findings[1 if d.problems else 0:]]
     room = SHORT_LINES - len(lines) - len(tail)
@@ -232,78 +275,11 @@ def _short(r: dict, d) -> list[str]:
 
 
 def _verbose(r: dict, d) -> list[str]:
-    """Everything: the verdict and findings, then each part in full."""
-
+    """Everything: the verdict, every finding, the facts of the default screen, then the whole report."""
     out = [_verdict(d)] + [ln for f in d.findings[1 if d.problems else 0:] for ln in wrap(_finding(f))]
-    p = out.append
-    p(_versions(r) + f"; Python {r['python']}")
-    rel = r["release"]
-    if rel["supported"]:
-        p(f"FlashInfer release rules: {rel['arch_rules']}"
-          + (f"; needs nvcc >= {rel['min_nvcc']} ({rel['min_nvcc_why']})" if rel["min_nvcc"] else ""))
-    else:
-        p(f"FlashInfer release: {rel['reason']}")
-    p(f"\nGPUs (from {r['gpu_source']}; CUDA_VISIBLE_DEVICES applied):")
-    out += [f"  [{g['index']}] {g['name']}  compute capability {g['capability']}" for g in r["gpus"]] or ["  none"]
-    if r["FLASHINFER_CUDA_ARCH_LIST"] is not None:
-        p(f"FLASHINFER_CUDA_ARCH_LIST={shown(r['FLASHINFER_CUDA_ARCH_LIST'], 200)}")
-    p("\nCUDA toolkits found (preference order):")
-    label = {"chosen": "CHOSEN: ", "usable": "not chosen: ", "rejected": "rejected: ", "not examined": "", "": ""}
-    for c in r["candidates"]:
-        p(f"  {c['root']}  (found via {', '.join(c['sources'])})")
-        if c.get("nvcc_full") or c.get("header_version"):
-            p(f"      nvcc {c['nvcc_full'] or '?'} (from {c['version_from'] or '-'}), headers {c['header_version'] or '?'}")
-        if c.get("state"):
-            p(f"      {label[c['state']]}{c['why']}")
-    if "resolution" in r:
-        res = r["resolution"]
-        p(f"\nCUDA_HOME for FlashInfer: {res['cuda_home']['path']}"
-          + (f"  (view; adds {', '.join(res['cuda_home']['added'])})" if res["cuda_home"]["is_view"] else ""))
-        p(f"  curand.h from: {res['cuda_home']['curand_include'] or 'nowhere'}")
-        p(f"  targets: {', '.join(res['choice']['targets']) or 'none'}")
-    elif r.get("guard"):
-        p(f"\nFlashInfer is GUARDED (it imports; its first JIT build raises this message):\n{r.get('resolution_error')}")
-        from flashinfer_sm120.core.facts.serverprobe import fallback_text  # after the real fix: the installed server's ways around
-
-        if fallback_text():
-            p(fallback_text())
-    b = r["before"]
-    p("\n" + _alone(d))
-    if "error" not in b:
-        p(f"  CUDA_HOME={b.get('cuda_home')}  {_alone_cuda(b, d.alone, r.get('torch_cuda'))}  "
-          f"TARGET_CUDA_ARCHS={b.get('target_cuda_archs')}")
-    a = r["after"]
-    st = a["status"]
-    p(_with(r, d))
-    if st["mode"] not in ("guard",) and "error" not in a:
-        p(f"  CUDA_HOME={a.get('cuda_home')}  CUDA {a.get('cuda_version')}  TARGET_CUDA_ARCHS={st.get('target_cuda_archs')}")
-    elif "error" in a:
-        p(f"  error: {a['error']}")
-    for name, how in (st.get("steps") or {}).items():
-        if how != "applied":
-            p(f"  step {name}: {how}")
-    if st.get("error") and st["mode"] != "guard":
-        p(f"  patch error: {st['error']}")
-    out += sections.autoload_lines(r.get("autoload"), r["python"])  # deploy: the autoload and what the process exports
-    p("Exported to this process and its children:")
-    out += [f"  {line}" for line in sections.exported_lines(a.get("exported", {}))]
-    for key, _, lines in _sections():
-        section = r.get(key)
-        if section is None:  # not collected (a report written by hand)
-            continue
-        if "error" in section and key != "ninja":
-            p(f"{key}: could not be checked ({section['error']})")
-            continue
-        out += lines(section)
-    return out
-
-
-def _alone_cuda(b: dict, alone, torch_cuda) -> str:
-    """FlashInfer alone's CUDA version, torch's when it finds no nvcc (``get_cuda_version``, cpp_ext.py 0.7.x)."""
-    if not alone.has_nvcc:
-        return (f"no nvcc (CUDA version would come from torch: {b.get('cuda_version') or torch_cuda})"
-                if b.get("cuda_version") else f"no nvcc ({b.get('cuda_version_error')})")
-    return f"CUDA {b.get('cuda_version', b.get('cuda_version_error'))}"
+    out += [ln for text in _facts(r, d) for ln in wrap(text)]
+    return out + ["", "The whole report (doctor --json prints it as JSON):"] + dump(
+        {k: v for k, v in r.items() if k != "diagnosis"}, "  ")
 
 
 def add_parser(sub) -> None:

@@ -1,7 +1,6 @@
 """``enable|disable``: the ``.pth`` autoload (:mod:`flashinfer_sm120.diagnose.autoload`); a file not ours, or ours
 edited, is never overwritten or removed without ``--force`` (P5).  ``disable`` works with the rest of the package
-broken: this module imports only ``core.autoload_hook``, ``diagnose.autoload``, ``safety.fs.atomic``,
-``safety.formats.reads`` and ``.common``."""
+broken: this module imports only ``core.autoload_hook``, ``diagnose.autoload``, ``errors`` and ``safety.fs.atomic``."""
 
 from __future__ import annotations
 
@@ -17,13 +16,11 @@ import sys
 import sysconfig
 
 from flashinfer_sm120.core.autoload_hook import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS
-from flashinfer_sm120.diagnose.autoload import hook_source, pth_files
-from flashinfer_sm120.cli.common import err as _err
-from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats import reads
+from flashinfer_sm120.diagnose.autoload import OURS_MAX, hook_source, other_lines, pth_files, read_text, site_dirs
+from flashinfer_sm120.errors import PlaceError, UsageError
 from flashinfer_sm120.safety.fs.atomic import sweep, temp_prefix, write_atomic
 
-__all__ = ["add_parsers", "user_site_problem", "holds", "OURS_MAX"]
+__all__ = ["add_parsers", "user_site_problem", "holds"]
 
 
 def user_site_problem() -> str | None:
@@ -38,15 +35,6 @@ def user_site_problem() -> str | None:
     return None
 
 
-def site_dirs() -> list[str]:
-    """This interpreter's site directories (``site.getsitepackages()`` and the user site)."""
-    dirs = []
-    for get in (lambda: site.getsitepackages(), lambda: [site.getusersitepackages()]):
-        with contextlib.suppress(Exception):  # some embedded/virtualenv builds lack them
-            dirs += get()
-    return [d for d in dirs if isinstance(d, str) and d]
-
-
 def is_site_dir(path: str) -> bool:
     """Whether Python would read a ``.pth`` in ``path``: a ``site-packages``, ``dist-packages`` or :func:`site_dirs`."""
     real = os.path.realpath(path)
@@ -54,8 +42,6 @@ def is_site_dir(path: str) -> bool:
             or any(os.path.realpath(d) == real for d in site_dirs()))
 
 
-#: Bytes of a ``.pth`` or hook file read to tell whether it is ours; a larger one is not.
-OURS_MAX = 256 << 10
 #: sha256 of every hook module an earlier ``enable`` wrote (each version of ``core/autoload_hook.py`` and
 #: ``autoload_hook.py`` in git history): ours, like this release's text; an edited one is not (P5).
 EARLIER_HOOKS = frozenset({
@@ -69,29 +55,11 @@ EARLIER_HOOKS = frozenset({
 })
 
 
-def read_text(path: str) -> str | None:
-    """The UTF-8 text of the regular file ``path`` (no link followed, at most :data:`OURS_MAX` bytes), else ``None``."""
-    try:
-        return reads.read_text(path, OURS_MAX, follow=False)
-    except FormatError:
-        return None
-
-
 def is_our_hook(path: str) -> bool:
     """Whether ``path`` is a hook module ``enable`` wrote, unedited (this release's or an earlier one's)."""
     text = read_text(path)
     return text is not None and (text == hook_source()
                                  or hashlib.sha256(text.encode("utf-8")).hexdigest() in EARLIER_HOOKS)
-
-
-def other_lines(pth: str) -> tuple[list[str], bool]:
-    """``(lines of the .pth not ours, whether one of ours is there)``; ours name ``flashinfer_sm120``."""
-    text = read_text(pth)
-    if text is None:
-        return [], False
-    lines = [ln if ln.endswith("\n") else ln + "\n" for ln in text.splitlines(keepends=True)]
-    ours = [ln for ln in lines if "flashinfer_sm120" in ln]  # this release's line, or an older release's
-    return [ln for ln in lines if ln.strip() and ln not in ours], bool(ours)
 
 
 def holds(path: str, text: str) -> bool:
@@ -140,36 +108,33 @@ def _site_lock(site_dir: str):
         os.close(fd)  # releases the lock
 
 
-def _empty_site_dir(args: argparse.Namespace) -> int | None:
+def _check_site_dir(args: argparse.Namespace) -> None:
     """``--site-dir ""`` (an unset shell variable) must not widen to every site directory."""
     if args.site_dir is not None and not args.site_dir.strip():
-        return _err(f"--site-dir is empty (an unset variable?): give the directory to "
-                    f"{args.cmd} the autoload in, or leave --site-dir out for {_purelib()}")
-    return None
+        raise UsageError(f"--site-dir is empty (an unset variable?): give the directory to "
+                         f"{args.cmd} the autoload in, or leave --site-dir out for {_purelib()}")
 
 
 def _enable(args: argparse.Namespace) -> int:
     py = f"{sys.executable} (Python {sys.version_info.major}.{sys.version_info.minor})"
-    empty = _empty_site_dir(args)
-    if empty is not None:
-        return empty
+    _check_site_dir(args)
     if args.site_dir:
         target_dir = os.path.abspath(args.site_dir)
         if not os.path.isdir(target_dir):  # a typo must not create a directory nobody reads
-            return _err(f"--site-dir {args.site_dir!r} is not an existing directory; give a site "
-                        f"directory that exists, or leave --site-dir out for {_purelib()}")
+            raise UsageError(f"--site-dir {args.site_dir!r} is not an existing directory; give a site "
+                             f"directory that exists, or leave --site-dir out for {_purelib()}")
         if not is_site_dir(target_dir):  # a .pth anywhere else is never read: /etc took one silently
-            return _err(f"--site-dir {args.site_dir!r} is not a site directory: Python reads .pth files only "
-                        f"in directories named site-packages or dist-packages and in this interpreter's own "
-                        f"({', '.join(site_dirs()) or 'none'}); give one of those, or leave --site-dir out "
-                        f"for {_purelib()}")
+            raise UsageError(f"--site-dir {args.site_dir!r} is not a site directory: Python reads .pth files "
+                             f"only in directories named site-packages or dist-packages and in this interpreter's "
+                             f"own ({', '.join(site_dirs()) or 'none'}); give one of those, or leave --site-dir "
+                             f"out for {_purelib()}")
         who = f"processes of {py} (or another Python) that read {target_dir} as a site directory"
     elif args.user:
         problem = user_site_problem()
         if problem:
-            return _err(f"not enabling for the user site: {problem}, so the .pth would never run there "
-                        f"(and the base interpreters, which do read it, would not have this package). "
-                        f"Run 'flashinfer-sm120 enable' without --user to write into {_purelib()}")
+            raise UsageError(f"not enabling for the user site: {problem}, so the .pth would never run there "
+                             f"(and the base interpreters, which do read it, would not have this package). "
+                             f"Run 'flashinfer-sm120 enable' without --user to write into {_purelib()}")
         target_dir = site.getusersitepackages()
         who = (f"every Python {sys.version_info.major}.{sys.version_info.minor} run by this user "
                f"outside a virtual environment (like {sys.executable})")
@@ -178,19 +143,19 @@ def _enable(args: argparse.Namespace) -> int:
         who = f"every process of {py} and of any virtual environment created from it with --system-site-packages"
         if sys.prefix != sys.base_prefix:
             who = f"every process of {py} (virtual environment {sys.prefix})"
-    from flashinfer_sm120.safety.formats.grammar import foreign_tree
+    from flashinfer_sm120.safety.fs.places import foreign_tree
     from flashinfer_sm120.safety.ownership import trust_reason
 
     foreign = foreign_tree(target_dir)  # threat-model: P4 -- no missing level made inside a tree another uid owns
     if foreign is not None:
-        from flashinfer_sm120.safety.fs.statedir import foreign_tree_message
+        from flashinfer_sm120.safety.fs.places import foreign_tree_message
 
-        return _err(foreign_tree_message("the site directory", foreign, "--site-dir"))
+        raise PlaceError(foreign_tree_message("the site directory", foreign, "--site-dir"))
     why = trust_reason(target_dir)  # threat-model: P4 -- written only into a tree of root's or yours
     if why:
-        return _err(f"the site directory {target_dir} is not safe to write into: {why}. Fix: enable in a site "
-                    f"directory that is root's or yours and that others cannot write (leave --site-dir out "
-                    f"for this interpreter's)")
+        raise PlaceError(f"the site directory {target_dir} is not safe to write into: {why}.", "enable in a site "
+                         "directory that is root's or yours and that others cannot write (leave --site-dir out "
+                         "for this interpreter's)")
     for name in (HOOK_FILE, PTH_NAME):  # threat-model: P5 -- a file of that name that is not ours stays
         path = os.path.join(target_dir, name)
         if not os.path.lexists(path):
@@ -201,10 +166,9 @@ def _enable(args: argparse.Namespace) -> int:
         editable = name == HOOK_FILE and is_text  # a module you edited: --force replaces it
         if args.force and editable:
             continue  # yours to replace: asked for by name
-        return _err(f"{path} exists and is not what 'flashinfer-sm120 enable' wrote (another module, one "
-                    f"edited since, or not a UTF-8 text file of at most {OURS_MAX >> 10} KiB); nothing "
-                    f"written. Fix: move it away"
-                    + (", or pass --force to replace a module you edited" if editable else ""))
+        raise PlaceError(f"{path} exists and is not what 'flashinfer-sm120 enable' wrote (another module, one "
+                         f"edited since, or not a UTF-8 text file of at most {OURS_MAX >> 10} KiB); nothing written.",
+                         "move it away" + (", or pass --force to replace a module you edited" if editable else ""))
     target = os.path.join(target_dir, PTH_NAME)
     writing = target_dir
     changed = False
@@ -224,7 +188,7 @@ def _enable(args: argparse.Namespace) -> int:
                     _precompile(writing)
     except OSError as exc:
         hint = "use a virtual environment you own" if args.user else "try --user, or a virtual environment you own"
-        return _err(f"cannot write {writing}: {exc.strerror or exc}; {hint}")
+        raise PlaceError(f"cannot write {writing}: {exc.strerror or exc}", hint) from None
     undo = "flashinfer-sm120 disable" + (f" --site-dir {shlex.quote(target_dir)}" if args.site_dir else "")
     done = (f"wrote {target} and {HOOK_FILE} next to it (readable, standard library only)" if changed
             else f"already enabled: {target} and {HOOK_FILE} next to it are up to date (nothing written)")
@@ -235,9 +199,7 @@ def _enable(args: argparse.Namespace) -> int:
 
 
 def _disable(args: argparse.Namespace) -> int:
-    empty = _empty_site_dir(args)
-    if empty is not None:
-        return empty
+    _check_site_dir(args)
     removed, failed, left = [], [], []
     for d in _targets_for_disable(args.site_dir):
         with _site_lock(d):
@@ -274,7 +236,7 @@ def _disable(args: argparse.Namespace) -> int:
         print("kept " + ", ".join(left) + ": not written by 'flashinfer-sm120 enable' for you; remove it "
               "yourself if you want it gone")
     if failed:
-        return _err("could not remove " + "; ".join(failed) + " (run as the user who owns it)")
+        raise PlaceError("could not remove " + "; ".join(failed), "run as the user who owns it")
     if not removed and not left:
         print("nothing to remove (no " + PTH_NAME + " in " + ", ".join(_targets_for_disable(args.site_dir)) + ")")
     return 0
@@ -299,6 +261,10 @@ def _pycs(site_dir: str) -> list[str]:
             if n.startswith(MODULE_NAME + ".") and n.endswith(".pyc")]
 
 
+_CODES = ("Exit status 0: done, or nothing to do; 1: refused (the message names the file or directory and the "
+          "fix); 2: bad usage (an empty --site-dir, or one that is not a site directory).")
+
+
 def add_parsers(sub) -> None:
     """Register the ``enable`` and ``disable`` subcommands."""
     e = sub.add_parser("enable", help="load flashinfer_sm120 in every process that imports "
@@ -306,7 +272,7 @@ def add_parsers(sub) -> None:
                        description="Write a .pth file and its small module into this environment's site "
                        "directory, so that every Python process that first imports " + ", ".join(TRIGGERS)
                        + " loads flashinfer_sm120 (vLLM and SGLang workers included); other processes pay "
-                       "nothing. Running it again changes nothing. Undo: 'flashinfer-sm120 disable'.")
+                       "nothing. Running it again changes nothing. Undo: 'flashinfer-sm120 disable'. " + _CODES)
     e.add_argument("--user", action="store_true",
                    help="user site-packages instead of this environment (refused inside a virtualenv)")
     e.add_argument("--site-dir", help="write into this directory instead (must be a site directory)")
@@ -315,6 +281,7 @@ def add_parsers(sub) -> None:
     e.set_defaults(func=_enable)
     dis = sub.add_parser("disable", help="remove the files written by 'enable' (works with the package broken)",
                          description="Remove the .pth file and module written by 'enable' (lines you added to "
-                         "the .pth are kept). Works with a dependency or another module of the package missing or broken.")
+                         "the .pth are kept). Works with a dependency or another module of the package missing or broken. "
+                         + _CODES)
     dis.add_argument("--site-dir", help="remove it from this directory only")
     dis.set_defaults(func=_disable)

@@ -1,6 +1,6 @@
 """``flashinfer-sm120 status``: one line, the mode, the toolkit FlashInfer builds with, and the targets; read
 from the last record (:mod:`flashinfer_sm120.core.patch.laststatus`: no torch, no FlashInfer import) when it
-still holds, else by importing FlashInfer with the patch (seconds), which records it for the next call."""
+still holds (:func:`recorded`; else what changed, P8), else by importing FlashInfer with the patch (seconds)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
 from flashinfer_sm120.safety.formats.base import printable
 
-__all__ = ["add_parser", "run_status", "status_line", "exit_code", "EXIT_CODES"]
+__all__ = ["add_parser", "run_status", "status_line", "exit_code", "recorded", "EXIT_CODES"]
 
 #: Exit status -> meaning (printed in ``status --help`` and docs/cli.md).
 EXIT_CODES = {
@@ -47,9 +47,9 @@ def status_line(st: dict) -> str:
 
 def _no_targets(st: dict) -> str:
     """Why there are no targets: a bad arch list, or no GPU and no list (with the fix)."""
-    return st.get("arch_list_error") or ("no GPU visible and no FLASHINFER_CUDA_ARCH_LIST; fix: "
-                                         "FLASHINFER_CUDA_ARCH_LIST=12.0 for a server, build --arch 12.0 for an "
-                                         "image (12.1 on DGX Spark); check with flashinfer-sm120 status --arch 12.0")
+    from flashinfer_sm120.diagnose.verify.diagnosis import NO_TARGETS, NO_TARGETS_FIX
+
+    return st.get("arch_list_error") or f"{NO_TARGETS}; fix: {NO_TARGETS_FIX}"
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -60,7 +60,7 @@ def run_status(args: argparse.Namespace) -> int:
     refusal = import_refused()  # threat-model: P4: FlashInfer's import would write where it must not
     if refusal is not None:
         return _say(args, {"mode": "refused", "toolkit": None, "targets": [], "error": str(refusal)}, "check")
-    from flashinfer_sm120.core.facts.workspace import builds_refused
+    from flashinfer_sm120.core.facts.refusals import builds_refused
     from flashinfer_sm120.core.facts.workspace import workspace_path
 
     refused = builds_refused(workspace_path()[0])  # what build and every JIT build would refuse by
@@ -68,13 +68,11 @@ def run_status(args: argparse.Namespace) -> int:
         return _say(args, {"mode": "refused", "toolkit": None, "targets": [], "error": "FlashInfer was not "
                            f"imported: every JIT build here would be refused: {refused}"}, "check")
     if not args.fresh:
-        from flashinfer_sm120.cli.lastcheck import load
-
-        got = load()
-        if got.status is not None:
-            return _say(args, dict(got.status), "record")
+        got, why_not = recorded()
+        if got is not None:
+            return _say(args, dict(got), "record")
         print(f"flashinfer-sm120: importing FlashInfer to answer (a few seconds): no usable record "
-              f"({got.why_not})", file=sys.stderr)
+              f"({why_not})", file=sys.stderr)
     return _full(args)
 
 
@@ -142,3 +140,58 @@ def _usage_failure(message: str, kind: str, fix: str) -> dict:
     """``status --json`` for a refused command line: the fields of its other refusals (mode ``failed``)."""
     return {"mode": "failed", "toolkit": None, "targets": [], "error": f"{message}; Fix: {fix}" if fix else message,
             "source": kind, "ok": False}
+
+
+def recorded(env: dict[str, str] | None = None) -> tuple[dict | None, str | None]:
+    """``(status, None)`` from the last record when it still holds for this process's inputs, else ``(None, why not)``."""
+    from flashinfer_sm120.core.patch import laststatus
+
+    records, problem = laststatus.load()
+    if problem:
+        return None, problem
+    now = laststatus.inputs(env)
+    match = next((r for r in records if r["inputs"] == now), None)
+    if match is None:
+        closest = min(records, key=lambda r: len(_changes(r["inputs"], now, env)))
+        return None, "what the record was made from changed: " + "; ".join(_changes(closest["inputs"], now, env))
+    tk = match["status"].get("toolkit")
+    from flashinfer_sm120.safety.ownership import fingerprint
+
+    if tk and fingerprint(tk.get("nvcc", "")) != tk.get("stat"):
+        return None, f"{tk.get('nvcc')} changed since it was recorded"
+    return match["status"], None  # type: ignore[return-value]
+
+
+def _changes(old: dict, new: dict, env: dict[str, str] | None) -> list[str]:
+    """What differs between two :func:`~.laststatus.inputs`, each in words a user can act on (P8)."""
+    from flashinfer_sm120.core.patch import laststatus
+    from flashinfer_sm120.safety.formats.base import MAX_WORD, shown as _shown
+
+    def shown(value) -> str:  # paths whole, as people copy them; still bounded
+        return "unset" if value is None else _shown(value, limit=MAX_WORD)
+
+    env = dict(os.environ if env is None else env)
+    out: list[str] = []
+    for var in sorted(set(old.get("env") or {}) | set(new["env"])):
+        was, now = (old.get("env") or {}).get(var), new["env"].get(var)
+        if was != now:
+            out.append(f"{var} changed from {shown(was)} to {shown(now)}")
+    for place in sorted(set(old.get("nvcc") or {}) | set(new["nvcc"])):
+        if (old.get("nvcc") or {}).get(place) != new["nvcc"].get(place):
+            where = (laststatus.which_nvcc(env) if place == "PATH" else env.get(place, ""))
+            if place in ("CUDA_HOME", "CUDA_PATH") and where:
+                where = os.path.join(where, "bin", "nvcc")
+            out.append(f"the nvcc found through {place} ({shown(where or 'none now')}) was replaced, added or removed")
+    dirs = sorted(d for d in set(old.get("mtimes") or {}) | set(new["mtimes"])
+                  if (old.get("mtimes") or {}).get(d) != new["mtimes"].get(d))
+    if dirs:
+        out.append(f"{shown(dirs[0])} changed (a package installed or removed)"
+                   + (f", and {len(dirs) - 1} more directories" if len(dirs) > 1 else ""))
+    words = {"python": lambda: f"another Python ({shown(new['python'][0])})",
+             "version": lambda: f"flashinfer-sm120 is now {new['version']} (was {shown(old.get('version'))})",
+             "other_env": lambda: "an environment variable not named above changed (values are not recorded)",
+             "usr_local_cuda": lambda: f"/usr/local/cuda now points to {shown(new['usr_local_cuda'])} "
+                                       f"(was {shown(old.get('usr_local_cuda'))})",
+             "gpus": lambda: "the GPUs the driver lists changed"}
+    out += [say() for key, say in words.items() if old.get(key) != new.get(key)]
+    return out

@@ -1,20 +1,9 @@
-"""What the ``.pth`` autoload (:mod:`.autoload_hook`) does once it loaded the package, and ``worker_setup``.
-
-``vllm`` and ``sglang`` look for nvcc and ninja before they import FlashInfer (vLLM 0.33 ``has_flashinfer()``;
-SGLang 0.5.23 ``cuda_home()``): after their import the chosen toolkit is exported without importing FlashInfer.
-"""
+"""What the ``.pth`` autoload (:mod:`.autoload_hook`) does once it loaded the package: it records the trigger for
+``doctor`` and, for ``vllm`` and ``sglang``, exports the chosen toolkit after their import (:mod:`.early`)."""
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
-
-from flashinfer_sm120.safety.formats.reads import env_flag
-
-__all__ = ["EXPORT_EARLY", "triggered", "worker_setup", "state"]
-
-logger = logging.getLogger("flashinfer_sm120")
+__all__ = ["EXPORT_EARLY", "triggered", "state"]
 
 #: Triggers after whose import the chosen toolkit is exported at once.
 EXPORT_EARLY = ("vllm", "sglang")
@@ -45,40 +34,6 @@ def triggered(name: str, pth: str | None = None) -> None:
 
 
 def _export_early(module) -> None:
-    _export_now(f"after importing {getattr(module, '__name__', module)}")
+    from flashinfer_sm120.core.early import export_now  # only vLLM's and SGLang's processes load it
 
-
-def _export_now(why: str) -> None:
-    try:
-        from flashinfer_sm120.core.jitenv import environ
-        from flashinfer_sm120 import resolve
-
-        if env_flag("FLASHINFER_SM120_DISABLE"):
-            state.early_export = "not done: FLASHINFER_SM120_DISABLE is set"
-            return
-        res = resolve()
-        home = res.home.path
-        environ.export(home, os.path.join(home, "bin", "nvcc"), res.choice.targets)
-        state.early_export = f"exported {home} {why}"
-    except Exception as exc:  # FlashInfer's import reports the same problem with its fix
-        state.early_export = f"not done: {exc}"
-        logger.debug("flashinfer-sm120: early export (%s) skipped: %r", why, exc)
-
-
-def worker_setup() -> None:
-    """Per-worker set-up hook for process managers (Ray ``worker_process_setup_hook``).
-
-    Does in a worker what the ``.pth`` does for ``import vllm``: the FlashInfer patch hooks are installed and
-    the chosen toolkit is exported now (``CUDA_HOME``, ``PATH``...), without importing FlashInfer.  Never
-    raises; ``doctor``/``status()`` report problems.  Use as ``runtime_env={"worker_process_setup_hook":
-    "flashinfer_sm120.core.autoload.worker_setup"}`` (see ``examples/ray_workers.py``).
-    """
-    from flashinfer_sm120 import install
-
-    state.triggered_by = state.triggered_by or "worker_setup"
-    try:
-        install()
-    except Exception as exc:  # pragma: no cover - install() guards itself; a worker must start regardless
-        logger.error("flashinfer-sm120: install failed: %r", exc)
-    if "flashinfer" not in sys.modules:  # once patched, the patch layer has exported already
-        _export_now("by worker_setup")
+    export_now(f"after importing {getattr(module, '__name__', module)}")

@@ -3,13 +3,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 from flashinfer_sm120.core import autoload_hook
 from flashinfer_sm120.core.autoload_hook import HOOK_FILE, PTH_LINE, PTH_NAME, TRIGGERS
+from flashinfer_sm120.errors import FormatError
+from flashinfer_sm120.safety.formats import reads
 
-__all__ = ["hook_source", "pth_files", "enabled_in", "doctor_report"]
+__all__ = ["OURS_MAX", "hook_source", "pth_files", "site_dirs", "read_text", "other_lines", "enabled_in",
+           "doctor_report", "current"]
+
+#: Bytes of a ``.pth`` or hook file read to tell whether it is ours; a larger one is not.
+OURS_MAX = 256 << 10
 
 
 def hook_source() -> str:
@@ -23,28 +30,44 @@ def pth_files() -> dict[str, str]:
     return {HOOK_FILE: hook_source(), PTH_NAME: PTH_LINE}
 
 
-def enabled_in() -> list[str]:
-    """The ``.pth`` files of ours in this interpreter's site directories (``site.getsitepackages()``, and the
-    user site when enabled), read up to 64 KiB (``disable`` leaves lines you added)."""
+def site_dirs() -> list[str]:
+    """This interpreter's site directories (``site.getsitepackages()`` and the user site)."""
     import site
 
-    dirs = list(getattr(site, "getsitepackages", lambda: [])())
-    if site.ENABLE_USER_SITE:
-        dirs.append(site.getusersitepackages())
-    seen, out = set(), []
-    for d in dirs:
-        path = os.path.join(d, PTH_NAME)
-        if os.path.realpath(path) in seen or not os.path.isfile(path):
-            continue
-        try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                ours = "flashinfer_sm120" in fh.read(64 << 10)  # ours, or an older release's line
-        except OSError:
-            ours = False
-        if ours:
-            seen.add(os.path.realpath(path))
-            out.append(path)
-    return out
+    dirs = []
+    for get in (site.getsitepackages, lambda: [site.getusersitepackages()]):
+        with contextlib.suppress(Exception):  # some embedded/virtualenv builds lack them
+            dirs += get()
+    return [d for d in dirs if isinstance(d, str) and d]
+
+
+def read_text(path: str) -> str | None:
+    """The UTF-8 text of the regular file ``path`` (no link followed, at most :data:`OURS_MAX` bytes), else ``None``."""
+    try:
+        return reads.read_text(path, OURS_MAX, follow=False)
+    except FormatError:
+        return None
+
+
+def other_lines(pth: str) -> tuple[list[str], bool]:
+    """``(lines of the .pth not ours, whether one of ours is there)``; ours name ``flashinfer_sm120``."""
+    text = read_text(pth)
+    if text is None:
+        return [], False
+    lines = [ln if ln.endswith("\n") else ln + "\n" for ln in text.splitlines(keepends=True)]
+    ours = [ln for ln in lines if "flashinfer_sm120" in ln]  # this release's line, or an older release's
+    return [ln for ln in lines if ln.strip() and ln not in ours], bool(ours)
+
+
+def enabled_in() -> list[str]:
+    """The ``.pth`` files of ours (this release's line or an older one's) in the site directories Python reads here."""
+    import site
+
+    paths: dict[str, str] = {}
+    for d in site_dirs():
+        if site.ENABLE_USER_SITE or d != site.getusersitepackages():
+            paths.setdefault(os.path.realpath(os.path.join(d, PTH_NAME)), os.path.join(d, PTH_NAME))
+    return [p for p in paths.values() if other_lines(p)[1]]
 
 
 def doctor_report() -> dict:
@@ -62,12 +85,8 @@ def doctor_report() -> dict:
 
 def current(site_dir: str) -> bool:
     """Whether ``site_dir`` holds exactly what this release's ``enable`` writes (lines you added follow ours)."""
-    try:
-        for name, text in pth_files().items():
-            with open(os.path.join(site_dir, name), encoding="utf-8") as fh:
-                got = fh.read(len(text) + 1)
-                if got != text and not (name == PTH_NAME and got.startswith(text)):
-                    return False
-    except OSError:
-        return False
+    for name, text in pth_files().items():
+        got = read_text(os.path.join(site_dir, name))
+        if got is None or not (got == text or (name == PTH_NAME and got.startswith(text))):
+            return False
     return True

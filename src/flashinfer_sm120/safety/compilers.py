@@ -9,12 +9,12 @@ import os
 import re
 
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats import base, grammar, reads
+from flashinfer_sm120.safety.formats import base, fields, grammar
 from flashinfer_sm120.safety.fs.atomic import TEMP_VARIABLES
-from flashinfer_sm120.safety.ownership import named_path_problem, trust_reason
-from flashinfer_sm120.safety.trust import SHELL_OPTIONS, hands_on, named_paths, trace, which
+from flashinfer_sm120.safety.ownership import PathProblem, trust_reason
+from flashinfer_sm120.safety.trust import SHELL_OPTIONS, hands_on, named_path_problem, named_paths, trace, which
 
-__all__ = ["DIR_VARIABLES", "FLAG_VARIABLES", "VARIABLES", "BY_NAME", "Verdict", "PathProblem",
+__all__ = ["DIR_VARIABLES", "FLAG_VARIABLES", "VARIABLES", "BY_NAME", "Verdict",
            "check", "program_of", "trust_problem", "ccbin_values", "path_problem", "temp_problem"]
 
 #: Variables whose words are options for nvcc or the host compiler: nvcc reads the first two itself,
@@ -69,20 +69,6 @@ class Verdict:
     value: str
     keep: bool
     note: str
-
-
-@dataclasses.dataclass(frozen=True)
-class PathProblem:
-    """A program or directory a build would use that fails the trust rule."""
-
-    program: str
-    role: str
-    why: str
-    fix: str
-    found: str = "found on PATH"
-
-    def __str__(self) -> str:
-        return f"{self.role} {self.program} ({self.found}) fails the trust rule: {self.why}. Fix: {self.fix}"
 
 
 def _program(word: str, path: str | None) -> tuple[str | None, str | None]:
@@ -211,7 +197,7 @@ def check(env, chosen_nvcc: str, home: str) -> list[Verdict]:
     path = env.get("PATH")
     for var, kind in VARIABLES.items():
         try:
-            value = reads.env_text(var, env, max_len=4096)
+            value = fields.env_text(var, env, max_len=4096)
         except FormatError as exc:
             out.append(Verdict(var, "(unreadable)", False, f"{exc}; not used"))
             continue
@@ -266,9 +252,9 @@ def temp_problem(env) -> PathProblem | None:
             continue  # unset or relative: nvcc and gcc then use /tmp
         why = trust_reason(os.path.join(value, "flashinfer-sm120"))  # what a compile makes in it
         if why:
-            return PathProblem(value, "the temporary directory", why,
-                               f"set {var} to a directory of your own (mkdir -m 700 ~/tmp; {var}=~/tmp) or unset it",
-                               f"{var}, where nvcc and the host compiler write intermediate files")
+            return PathProblem(f"the temporary directory ({var}, where nvcc and the host compiler write intermediate "
+                               f"files)", value, why,
+                               f"set {var} to a directory of your own (mkdir -m 700 ~/tmp; {var}=~/tmp) or unset it")
     return None
 
 
@@ -283,5 +269,5 @@ def path_problem(env) -> PathProblem | None:
         found, _ = which(name, path)
         problem = trace(found).problem if found else None
         if problem:
-            return PathProblem(found, role, problem, f"take {os.path.dirname(found)} off PATH{fix}")
+            return PathProblem(f"{role}, found on PATH:", found, problem, f"take {os.path.dirname(found)} off PATH{fix}")
     return temp_problem(env)

@@ -13,18 +13,14 @@ import stat
 from flashinfer_sm120.safety.formats.base import shown
 
 __all__ = ["MAX_LINKS", "writable_by_others", "Untrusted", "current_uid", "resolve", "file_ok",
-           "trust_reason", "named_path_problem", "mine_problem", "check_place", "PlaceProblem", "own_place_fix"]
+           "trust_reason", "mine_problem", "check_place", "PathProblem", "own_place_fix", "fingerprint"]
 
 MAX_LINKS = 40  # as Linux MAXSYMLINKS
 
 
-def _private_gid() -> int | None:
-    """The user's private group (Debian ``useradd``: the user's name, no other member), or ``None``; never root's."""
-    return _private_gid_of(os.geteuid())
-
-
 @functools.lru_cache(maxsize=4)
-def _private_gid_of(uid: int) -> int | None:
+def _private_gid(uid: int) -> int | None:
+    """The user's private group (Debian ``useradd``: the user's name, no other member), or ``None``; never root's."""
     if uid == 0:
         return None
     try:
@@ -43,7 +39,7 @@ def writable_by_others(st: os.stat_result) -> bool:
     """Whether another than the owner can write ``st`` (a group but the user's private group counts: umask ``002``)."""
     if st.st_mode & stat.S_IWOTH:
         return True
-    return bool(st.st_mode & stat.S_IWGRP) and st.st_gid != _private_gid()
+    return bool(st.st_mode & stat.S_IWGRP) and st.st_gid != _private_gid(os.geteuid())
 
 
 class Untrusted(Exception):
@@ -114,6 +110,16 @@ def file_ok(path: str, uid: int, entry: str | None = None) -> os.stat_result:
     raise Untrusted(f"{path} is writable by other users (mode {stat.filemode(st.st_mode)}); {_open_fix(path, st)}")
 
 
+def fingerprint(path: str) -> list[int] | None:
+    """``[dev, ino, size, mtime_ns, ctime_ns]`` of ``path`` (links followed), or ``None``: the one rule for
+    "the same binary" (the memo, views, launchers, the replayed record); a change of mode or owner changes ``ctime``."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
 def mine_problem(path: str, st: os.stat_result) -> str | None:
     """Why an entry we keep (the cache root, a view) is not ours alone, group included, or ``None`` (P2)."""
     uid = current_uid()
@@ -143,26 +149,18 @@ def trust_reason(path: str, *, absent_ok: bool = True, sticky_ok: bool = True) -
     return None
 
 
-def named_path_problem(path: str) -> str | None:
-    """Why a path a value or script names may not reach a build: untrusted, or absent where others may create it."""
-    why = trust_reason(path, sticky_ok=False)
-    if why is None or os.path.lexists(path):
-        return why
-    return f"names {shown(path, 200)}, which does not exist yet where another user may create it ({why})"
-
-
 @dataclasses.dataclass(frozen=True)
-class PlaceProblem:
-    """Why the directory ``what`` at ``path`` is not a place to write into: ``why``, ``fix``, ``doing``."""
+class PathProblem:
+    """A program or directory a build would run, adopt or write in that fails the trust rule: ``what`` it is,
+    ``path``, ``why`` and the ``fix`` (doctor's ``host_program``)."""
 
     what: str
     path: str
     why: str
     fix: str
-    doing: str = "build in"
 
     def __str__(self) -> str:
-        return f"{self.what} {shown(self.path, 200)} is not safe to {self.doing}: {self.why}. Fix: {self.fix}"
+        return f"{self.what} {shown(self.path, 200)} fails the trust rule: {self.why}. Fix: {self.fix}"
 
 
 def own_place_fix() -> str:
@@ -178,9 +176,9 @@ def own_place_fix() -> str:
     return f"set FLASHINFER_WORKSPACE_BASE to a directory of your own{example}{sudo}"
 
 
-def check_place(path: str, what: str, fix: str | None = None, *, doing: str = "build in") -> PlaceProblem | None:
-    """A :class:`PlaceProblem` when a directory we build in fails :func:`trust_reason`."""
+def check_place(path: str, what: str, fix: str | None = None) -> PathProblem | None:
+    """A :class:`PathProblem` when a directory we build or write in fails :func:`trust_reason`."""
     why = trust_reason(path)
     if why is None:
         return None
-    return PlaceProblem(what, path, why, fix or own_place_fix(), doing)
+    return PathProblem(what, path, why, fix or own_place_fix())

@@ -16,9 +16,6 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["MARKER_VAR", "DEFAULT_MAX_OUTPUT", "LOCAL_ERRNOS", "Result", "run", "signals_as_exit",
-           "die_with_parent", "exited", "kill_all", "signal_group"]
-
 #: Set, with a per-call unique value, in every program :func:`run` starts: finds its escaped descendants.
 MARKER_VAR = "FLASHINFER_SM120_RUN_ID"
 
@@ -125,12 +122,10 @@ def _drain(fd: int, chunks: list[bytes], size: int, cap: int) -> tuple[int, bool
     """Read what is available; returns (size, eof, over_cap)."""
     while True:
         try:
-            b = os.read(fd, 1 << 16)
+            b = os.read(fd, 1 << 16)  # EINTR is retried by Python (PEP 475)
         except BlockingIOError:
             return size, False, False
-        except OSError as exc:
-            if exc.errno == errno.EINTR:
-                continue
+        except OSError:
             return size, True, False
         if not b:
             return size, True, False
@@ -217,20 +212,15 @@ def signals_as_exit():
             signal.signal(sig, action)
 
 
-def _libc_prctl():
-    try:
-        import ctypes
+try:  # loaded here: a preexec_fn runs between fork and exec
+    import ctypes
 
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError, ImportError):  # not Linux/glibc: no parent-death signal
-        return None
-
-
-_PRCTL = _libc_prctl()
-_PR_SET_PDEATHSIG = 1
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError, ImportError):  # not Linux/glibc: no parent-death signal
+    _PRCTL = None
 
 
 def die_with_parent() -> None:
     """``preexec_fn`` for ``ninja``: SIGTERM when this process dies, ``kill -9`` included (P6)."""
     if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats import base, reads
-from flashinfer_sm120.safety.ownership import Untrusted, current_uid, file_ok, named_path_problem, resolve, trust_reason
+from flashinfer_sm120.safety.ownership import Untrusted, current_uid, file_ok, resolve, trust_reason
 
-__all__ = ["MAX_WRAPPER_DEPTH", "MAX_SCRIPT_BYTES", "SHELLS", "SHELL_OPTIONS", "LAUNCHERS", "OPAQUE",
-           "Trace", "trace", "check_executable", "follow_wrappers", "hands_on", "named_paths", "which"]
+__all__ = ["MAX_WRAPPER_DEPTH", "MAX_SCRIPT_BYTES", "SHELLS", "SHELL_OPTIONS", "LAUNCHERS", "OPAQUE", "Trace", "trace",
+           "check_executable", "follow_wrappers", "hands_on", "named_paths", "named_path_problem", "which"]
 
 MAX_WRAPPER_DEPTH = 8
 #: A script is read whole (a line past what was read could run anything); a larger one is refused.
@@ -48,6 +48,14 @@ _FIX = ("set CUDA_HOME=<the real toolkit prefix> (the directory above the real b
         "this wrapper, or replace the wrapper with a symlink")
 _RULE = ("a wrapper script is used only when it computes no path, assigns no variable, and every "
          "program it names by absolute path or finds on PATH passes the trust rule")
+
+
+def named_path_problem(path: str) -> str | None:
+    """Why a path a value or script names may not reach a build: untrusted, or absent where others may create it."""
+    why = trust_reason(path, sticky_ok=False)
+    if why is None or os.path.lexists(path):
+        return why
+    return f"names {base.shown(path, 200)}, which does not exist yet where another user may create it ({why})"
 
 
 def _base(path: str) -> str:

@@ -1,6 +1,6 @@
 """What a cache export is, read as untrusted input and written by ``cache export`` (threat-model: P6, P7):
-``flashinfer-sm120-cache/`` with ``meta.json`` (fingerprint, modules, sha256 of every file), ``jit/NAME/``
-(FlashInfer's module dir) and ``generated/``; a new directory or a ``.tar``/``.tar.gz``/``.tgz``."""
+``flashinfer-sm120-cache/`` with ``meta.json`` (fingerprint, modules, sha256 of every file) and ``jit/NAME/FILE``
+(FlashInfer's module dir); a new directory or a ``.tar``/``.tar.gz``/``.tgz``."""
 
 from __future__ import annotations
 
@@ -26,18 +26,18 @@ from flashinfer_sm120.core.jitenv import record
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.grammar import parse, parse_relpath
-from flashinfer_sm120.safety.formats.grammar import deepest_existing, make_private_dirs, safe_join
-from flashinfer_sm120.safety.formats.reads import field, read_text
+from flashinfer_sm120.safety.formats.grammar import safe_join
+from flashinfer_sm120.safety.fs.places import deepest_existing, make_private_dirs
+from flashinfer_sm120.safety.formats.fields import field
 from flashinfer_sm120.safety.fs.atomic import write_atomic
-from flashinfer_sm120.warmup import modules as _modules
-from flashinfer_sm120.warmup.pool import Job, dry_run
-from flashinfer_sm120.warmup.replay import make_spec, specs
-from flashinfer_sm120.warmup.session import BuildError, Session, prepare
+from flashinfer_sm120.warmup.moddir import dry_run
+from flashinfer_sm120.warmup.pool import Job
+from flashinfer_sm120.warmup.replay import make_spec
+from flashinfer_sm120.warmup.session import BuildError, Session
 
 TOP = "flashinfer-sm120-cache"
 FORMAT = 1
-_MAX_PARTS = 16  # parts of a path meta.json lists (``generated/a/b/...``); a member adds the top folder
-MAX_META_BYTES = 64 << 20  # meta.json carries manifest entries with their generated sources
+MAX_META_BYTES = 64 << 20  # meta.json carries a manifest entry per module
 FIX = "give the path `flashinfer-sm120 cache export` wrote"
 _FINGERPRINT = {"flashinfer": str, "targets": list, "cuda_version": str, "cuda_home": str, "jit_dir": str}
 #: Archive names `cache export` writes; any other archive-looking name is refused, never made a directory.
@@ -83,14 +83,11 @@ class Limits:
 
 @dataclasses.dataclass(frozen=True)
 class Module:
-    """One module of an export: FlashInfer's name, ``{path under jit/<name>/ or generated/: sha256}``."""
+    """One module of an export: FlashInfer's name, ``{jit/<name>/<file>: sha256}``, the name ``build`` gave it."""
 
     name: str
     files: dict[str, str]
-
-    @property
-    def label(self) -> str:
-        return _modules.user_name(self.name)
+    label: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +122,7 @@ def parse_meta(obj: Any, source: str) -> Meta:
             if fp["build_vars"] is None:
                 raise CacheError(f"{source}: 'fingerprint' 'build_vars' is not a set of FlashInfer's build-line "
                                  f"variables; {FIX}")
-        mods, seen, names = [], {}, set()
+        mods, names = [], set()
         for m in f(obj, "modules", list, source, fix=FIX, max_len=10_000):
             name = parse("name", f(m, "name", str, f"{source} module", fix=FIX), f"{source} module", fix=FIX)
             if name in names:
@@ -133,18 +130,12 @@ def parse_meta(obj: Any, source: str) -> Meta:
             names.add(name)
             files = {}
             for rel, sha in f(m, "files", dict, f"{source} module {name}", fix=FIX, max_len=100_000).items():
-                parts = parse_relpath(rel, f"{source} module {name}", fix=FIX, max_parts=_MAX_PARTS)
-                if not ((parts[0] == "jit" and len(parts) > 2 and parts[1] == name)
-                        or (parts[0] == "generated" and len(parts) > 1)):
-                    raise CacheError(f"{source}: module {name} names {shown(rel)}, outside jit/{name}/ "
-                                     f"and generated/; {FIX}")
+                parts = parse_relpath(rel, f"{source} module {name}", fix=FIX, max_parts=3)
+                if parts[:2] != ("jit", name) or len(parts) != 3:  # 0.2.0's exports also carried generated/
+                    raise CacheError(f"{source}: module {name} names {shown(rel)}, not a file in jit/{name}/; {FIX}")
                 files[rel] = parse("sha256", sha, f"{source} module {name} {rel}", fix=FIX)
-                for i in range(1, len(parts) + 1):  # a path cannot be a file and a directory at once
-                    prefix = "/".join(parts[:i])
-                    kind = "file" if i == len(parts) else "dir"
-                    if seen.setdefault(prefix, kind) != kind:
-                        raise CacheError(f"{source}: {shown(prefix)} is both a file and a directory; {FIX}")
-            mods.append(Module(name, files))
+            label = f(m, "label", str, f"{source} module {name}", default=name, fix=FIX)
+            mods.append(Module(name, files, parse("name", label, f"{source} module {name} 'label'", fix=FIX)))
         entries = [record.parse_entry(e, f"{source} manifest entry {i + 1}")
                    for i, e in enumerate(f(obj, "manifest", list, source, default=[], fix=FIX, max_len=10_000))]
     return Meta(fmt, fp, tuple(mods), tuple(entries))
@@ -152,8 +143,8 @@ def parse_meta(obj: Any, source: str) -> Meta:
 
 def member_rel(name: str, src: str) -> str:
     """Archive member ``name`` relative to the top folder; every part a name (nothing can land outside)."""
-    try:  # one more part than meta.json's paths may have: the top folder
-        parts = parse_relpath(name, f"{src}: archive member", max_parts=_MAX_PARTS + 1)
+    try:  # the top folder and meta.json's jit/NAME/FILE
+        parts = parse_relpath(name, f"{src}: archive member", max_parts=4)
     except FormatError as exc:
         raise refused(src, f"member {shown(name)} is not a plain relative path ({exc})") from None
     if parts[0] != TOP:
@@ -171,25 +162,13 @@ def over_cap(src: str, what: str, limits: Limits, *, per_file: bool) -> CacheErr
                       f"refusing the whole export; {fix}", "limit", fix)
 
 
-class Budget:
-    """Bytes an export or import may still copy (``--max-bytes``), counted on what is read (P6)."""
-
-    def __init__(self, limits: Limits) -> None:
-        self.limits, self.left = limits, limits.max_total
-
-    def take(self, n: int, src: object) -> None:
-        self.left -= n
-        if self.left < 0:
-            raise over_cap(shown(str(src), 300), "the export's files add up to more", self.limits, per_file=False)
-
-
-def too_large(src: str, what: str, size: int) -> CacheError | None:
-    """The refusal of writing ``what`` (``size`` bytes) past this process's ``ulimit -f``, or None.  P6, P8"""
+def check_fsize(src: str, what: str, size: int) -> None:
+    """:raises CacheError: writing ``what`` (``size`` bytes) would pass this process's ``ulimit -f``.  P6, P8"""
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     if limit == resource.RLIM_INFINITY or size <= limit:
-        return None
+        return
     fix = f"raise the limit (`ulimit -f unlimited`, or above {size} bytes) in the shell that runs the command"
-    return CacheError(f"{src}: {what} is {size} bytes, more than this process's file-size limit of {limit} bytes "
+    raise CacheError(f"{src}: {what} is {size} bytes, more than this process's file-size limit of {limit} bytes "
                       f"(ulimit -f, RLIMIT_FSIZE); {fix}", "limit", fix)
 
 
@@ -207,14 +186,12 @@ def check_sizes(src: str, files: list[tuple[str, int]], limits: Limits, elsewher
         total += size
         if total > limits.max_total:
             raise over_cap(src, "its files add up to more", limits, per_file=False)
-        problem = None if archive else too_large(src, str(dest), size)
-        if problem:
-            raise problem
+        if not archive:
+            check_fsize(src, str(dest), size)
         root = deepest_existing(str(archive or dest))
         need[root] = need.get(root, 0) + size
-    problem = too_large(src, "the archive", total) if archive else None
-    if problem:
-        raise problem
+    if archive:
+        check_fsize(src, "the archive", total)
     for root, n in need.items():
         free = shutil.disk_usage(root).free
         if n > free:
@@ -230,18 +207,17 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def copy_file(src: Path, dest: Path, budget: Budget, sha: str | None = None) -> None:
-    """Copy the regular file ``src`` (no link followed) to ``dest`` by the one atomic writer, counted on
-    ``budget``; with ``sha``, put in place only if its digest is that.  P5, P6"""
+def copy_file(src: Path, dest: Path, size: int, sha: str | None = None) -> None:
+    """Copy the regular file ``src`` (no link followed) to ``dest`` by the one atomic writer, refused past
+    ``size``, the bytes the caps were checked on; with ``sha``, put in place only if its digest is that.  P5, P6"""
     fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
 
     def copy(fo) -> None:
-        h, size = hashlib.sha256(), 0
+        h, n = hashlib.sha256(), 0
         for block in iter(lambda: os.read(fd, 1 << 20), b""):
-            size += len(block)
-            if size > budget.limits.max_file:
-                raise over_cap(str(src), "it grew while read", budget.limits, per_file=True)
-            budget.take(len(block), src)
+            n += len(block)
+            if n > size:
+                raise CacheError(f"{src} grew past the {size} bytes its caps were checked on; {FIX}")
             h.update(block)
             fo.write(block)
         if sha is not None and h.hexdigest() != sha:
@@ -257,71 +233,15 @@ def copy_file(src: Path, dest: Path, budget: Budget, sha: str | None = None) -> 
 
 
 def umask() -> int:
-    """This process's umask, read without changing it (``/proc/self/status``); ``077`` if unknown."""
-    try:
-        for line in read_text("/proc/self/status", 1 << 16).splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8) & 0o777
-    except (FormatError, ValueError, IndexError):
-        pass
-    return 0o077
+    """This process's umask; 077 while it is read (never less private for a file made meanwhile)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def nvcc_targets(targets: list[str]) -> str:
     """``['12.0f', '12.1f']`` -> ``sm_120f sm_121f``."""
     return " ".join(nvcc_spelling(t) for t in targets)
-
-
-@contextlib.contextmanager
-def _capturing():
-    """While active, every ``JitSpecNvcc`` made notes its generator and parameters, as the recorder does."""
-    from flashinfer.jit import core
-
-    from flashinfer_sm120.core.jitenv.record import capture
-
-    cls = core.JitSpecNvcc
-    original = cls.__dict__["__init__"]
-
-    def init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        capture(self)
-
-    cls.__init__ = init
-    try:
-        yield
-    finally:
-        cls.__init__ = original
-
-
-def built_entries(names: list[str], everything: bool, arch: str | None, *, head_dims=None, dtypes=None,
-                  kv_dtypes=None, acts=None):
-    """``(entries, skipped, session)``: a manifest entry per variant of ``names`` built here (``everything``:
-    every name ``build`` knows), so an export needs no recorded manifest; ``(name, why)`` for the rest."""
-    variants = _modules.expand(["all"] if everything else names, head_dims=head_dims, dtypes=dtypes,
-                               kv_dtypes=kv_dtypes, acts=acts)
-    sess = prepare(arch)  # the caller pointed the workspace at the server's (apply_server_cache)
-    entries, exported = [], set()
-    with _capturing():
-        made, skipped = specs(variants, [], sess.flashinfer)
-    for label, spec in made:
-        if everything and not spec.jit_library_path.exists():
-            continue  # --all: only what is built here
-        entry = record.encode(spec, sess.flashinfer, sess.targets)
-        if not entry.get("regenerable"):
-            skipped.append((label, entry.get("why", "")))
-            continue
-        entries.append(entry)
-        exported.add(spec.name)
-    if everything:
-        for d in sorted(sess.jit_dir.iterdir()) if sess.jit_dir.is_dir() else ():
-            if d.is_dir() and d.name not in exported and (d / f"{d.name}.so").exists():
-                skipped.append((d.name, "built with parameters `build` does not name; record a manifest "
-                                        "(FLASHINFER_SM120_RECORD) and export with --from"))
-        if not entries:
-            raise BuildError(f"nothing `build` can name is built in {sess.jit_dir} for "
-                             f"{nvcc_targets(sess.targets)}; build it first (`flashinfer-sm120 build "
-                             f"--arch ... MODULE`) or give the same --head-dim/--dtype as the build")
-    return entries, skipped, sess
 
 
 def built_targets() -> dict[str, int]:
@@ -352,58 +272,56 @@ def check_out(out: str) -> None:
         raise CacheError(f"{out} already exists; {fix}", "exists", fix)
 
 
-def export(entries: list[dict], sess: Session, out: str, *, limits: Limits = Limits()) -> list[tuple[str, str]]:
-    """Write the JIT cache entries of ``entries`` (built here) to ``out``, a directory or an archive, with
-    the same checks and caps for both (P4-P7); ``(build's name, FlashInfer's)`` of each module written."""
-    from flashinfer.jit import env as jit_env
-
+def export(labelled: list[tuple[str, dict]], sess: Session, out: str, *,
+           limits: Limits = Limits()) -> list[tuple[str, str]]:
+    """Write the modules of ``(build's name, manifest entry)`` pairs (built here) to ``out``, a directory or an
+    archive, with the same checks and caps for both (P4-P7); ``(build's name, FlashInfer's)`` of each written."""
     from flashinfer_sm120.safety.ownership import check_place
 
     check_out(out)
-    files: list[tuple[str, Path]] = []
+    files: list[tuple[str, Path, int]] = []  # (path in the export, file here, its size)
     mods = []
-    gen_root = Path(jit_env.FLASHINFER_GEN_SRC_DIR)
-    for entry in entries:
+    for label, entry in labelled:
         spec = make_spec(entry, sess.flashinfer)
         if not spec.jit_library_path.exists() or dry_run(Job(spec.name, spec.build_dir, spec.ninja_path)):
-            raise BuildError(f"{_modules.user_name(spec.name)} is not built (or not up to date) for "
+            raise BuildError(f"{label} is not built (or not up to date) for "
                              f"{nvcc_targets(sess.targets)} with nvcc {sess.cuda_version} in {sess.jit_dir}; "
                              "build it first (`flashinfer-sm120 build` with the same module names, or --from "
                              "MANIFEST), with the same CUDA_HOME/PATH as that build if it was made with another nvcc")
-        mine = [(f"jit/{spec.name}/{f.name}", f) for f in sorted(spec.build_dir.iterdir())
+        mine = [(f"jit/{spec.name}/{f.name}", f, os.lstat(f).st_size) for f in sorted(spec.build_dir.iterdir())
                 if f.is_file() and not f.is_symlink() and not f.name.endswith((".lock", ".ninja_lock"))]
-        mine += [("generated/" + p[len("@GEN@/"):], gen_root / p[len("@GEN@/"):]) for p in entry.get("generated") or {}]
         files += mine
-        mods.append({"name": spec.name, "files": {rel: file_sha256(f) for rel, f in mine}})
-    blob = json.dumps({"format": FORMAT, "fingerprint": sess.fingerprint(), "modules": mods, "manifest": entries,
+        mods.append({"name": spec.name, "label": label, "files": {rel: file_sha256(f) for rel, f, _ in mine}})
+    blob = json.dumps({"format": FORMAT, "fingerprint": sess.fingerprint(), "modules": mods,
+                       "manifest": [entry for _, entry in labelled],
                        "created": time.time()}, indent=1).encode()
     # threat-model: P7 (what export writes, import accepts: checked by the import's own grammar first)
     parse_meta(json.loads(blob), "the export's meta.json")
-    for rel, _ in files:
+    for rel, _, _ in files:
         member_rel(f"{TOP}/{rel}", out)
     archive = out.lower().endswith(ARCHIVES)
-    check_sizes(out, [(os.path.join(out, TOP, rel), os.lstat(f).st_size) for rel, f in files]
+    check_sizes(out, [(os.path.join(out, TOP, rel), size) for rel, _, size in files]
                 + [(os.path.join(out, TOP, "meta.json"), len(blob))], limits, "export to another disk",
                 archive=out if archive else None)
     # threat-model: P4, P7: both forms go where another user can neither write nor replace what we put
     # (an archive there could be swapped for one carrying their .so; a planted link could redirect writes)
     problem = check_place(os.path.dirname(os.path.abspath(out)) if archive else out,
                           "the export's directory" if archive else "the export directory",
-                          "export to a new path in a directory of your own", doing="export into")
+                          "export to a new path in a directory of your own")
     if problem:
         raise CacheError(str(problem), "place", problem.fix)
     if archive:
         _write_archive(out, blob, files)
     else:
-        _write_directory(out, blob, files, Budget(limits))
-    return [(_modules.user_name(m["name"]), m["name"]) for m in mods]
+        _write_directory(out, blob, files)
+    return [(m["label"], m["name"]) for m in mods]
 
 
 def _appeared(out: str) -> BuildError:
     return BuildError(f"{out} appeared while the export was written; choose a new path (an export never overwrites)")
 
 
-def _write_directory(out: str, blob: bytes, files: list[tuple[str, Path]], budget: Budget) -> None:
+def _write_directory(out: str, blob: bytes, files: list[tuple[str, Path, int]]) -> None:
     """Write into a new private directory beside ``out``, renamed onto it when whole (onto nothing or an
     empty directory): a failed export leaves nothing behind.  P4, P5"""
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.", suffix=".partial",
@@ -411,10 +329,10 @@ def _write_directory(out: str, blob: bytes, files: list[tuple[str, Path]], budge
     try:
         root = Path(tmp) / TOP
         make_private_dirs(root)
-        for rel, f in files:
+        for rel, f, size in files:
             dest = safe_join(root, rel, out)
             make_private_dirs(dest.parent)
-            copy_file(f, dest, budget)  # nothing there is followed or replaced
+            copy_file(f, dest, size)  # nothing there is followed or replaced
             shutil.copystat(f, dest)
         write_atomic(str(root / "meta.json"), blob, mode=0o644 & ~umask(), replace=False)
         os.chmod(tmp, 0o777 & ~umask())  # as a plain mkdir would have made it
@@ -429,14 +347,14 @@ def _write_directory(out: str, blob: bytes, files: list[tuple[str, Path]], budge
         raise
 
 
-def _write_archive(out: str, blob: bytes, files: list[tuple[str, Path]]) -> None:
+def _write_archive(out: str, blob: bytes, files: list[tuple[str, Path, int]]) -> None:
     """The archive, by the one atomic writer (nothing that appeared at ``out`` meanwhile is replaced).  P5"""
     def write(fh) -> None:
         with tarfile.open(fileobj=fh, mode="w:gz" if out.lower().endswith("gz") else "w") as tar:
             info = tarfile.TarInfo(f"{TOP}/meta.json")
             info.size, info.mtime, info.mode = len(blob), int(time.time()), 0o644
             tar.addfile(info, io.BytesIO(blob))
-            for rel, f in files:
+            for rel, f, _ in files:
                 tar.add(str(f), arcname=f"{TOP}/{rel}", recursive=False)
 
     try:

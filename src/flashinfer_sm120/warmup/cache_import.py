@@ -7,26 +7,23 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
-import shutil
-import struct
 import sys
 import tarfile
 import time
 from pathlib import Path
 
 from flashinfer_sm120.core.facts import buildline
-from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety import oserrors
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.formats.grammar import make_private_dirs, safe_join
+from flashinfer_sm120.safety.formats.grammar import safe_join
+from flashinfer_sm120.safety.fs.places import make_private_dirs
 from flashinfer_sm120.safety.formats.reads import loads_json, read_bytes
 from flashinfer_sm120.safety.formats.tar import TarReader
-from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.safety.fs.atomic import make_private
-from flashinfer_sm120.warmup import pool
-from flashinfer_sm120.warmup.cache import (FIX, MAX_META_BYTES, TOP, Budget, CacheError, Limits, Meta, Module,
-                                           check_sizes, copy_file, file_sha256, format_errors, member_rel,
-                                           nvcc_targets, over_cap, parse_meta, refused, too_large)
+from flashinfer_sm120.warmup import moddir, pool
+from flashinfer_sm120.warmup.cache import (FIX, MAX_META_BYTES, TOP, CacheError, Limits, Meta, Module,
+                                           check_fsize, check_sizes, copy_file, file_sha256, format_errors,
+                                           member_rel, nvcc_targets, over_cap, parse_meta, refused)
 from flashinfer_sm120.warmup.replay import CannotRegenerate, make_spec
 from flashinfer_sm120.warmup.session import Session
 
@@ -51,14 +48,12 @@ def _walk(src: str, limits: Limits, meta: Meta | None = None, into: Path | None 
             if m.isfile() and m.size > limits.max_file:
                 raise over_cap(src, f"member {shown(m.name)} is {m.size} bytes", limits, per_file=True)
             if count == 1:  # meta.json: within MAX_META_BYTES, not the files' total
-                if not m.isfile():
-                    raise CacheError(f"{src} has no {TOP}/meta.json; {FIX}")
                 if m.size > MAX_META_BYTES:
                     raise CacheError(f"{src}: {TOP}/meta.json is {m.size} bytes, more than {MAX_META_BYTES}; {FIX}")
                 name = f"{src}: {TOP}/meta.json"
                 meta = meta or parse_meta(loads_json(tar.read(m), name, fix=FIX), name)
                 files = {rel for mod in meta.modules for rel in mod.files}
-                dirs = {"/".join(r.split("/")[:i]) for r in files for i in range(1, r.count("/") + 1)}
+                dirs = {"jit", *(f"jit/{mod.name}" for mod in meta.modules)}
                 continue
             total += m.size if m.isfile() else 0
             if total > limits.max_total:
@@ -76,13 +71,7 @@ def _walk(src: str, limits: Limits, meta: Meta | None = None, into: Path | None 
 
 
 def _extract(src: str, tar: TarReader, m: tarfile.TarInfo, into: Path) -> None:
-    problem = too_large(src, shown(m.name), m.size)
-    if problem:
-        raise problem
-    free = shutil.disk_usage(into).free
-    if m.size > free:  # threat-model: P6
-        fix = "free space there or set TMPDIR to a larger disk"
-        raise CacheError(f"{src}: {m.name} needs {m.size} bytes and {into} has {free} free; {fix}", "space", fix)
+    check_fsize(src, shown(m.name), m.size)
     try:
         tar.extract(m, into)  # threat-model: P6 (PEP 706 data filter)
     except OSError as exc:
@@ -181,25 +170,24 @@ def install(src: str, meta: Meta, sess: Session, *, force: bool = False, limits:
     from flashinfer.jit import env as jit_env
 
     _mismatch(src, meta.fingerprint, sess.fingerprint())
-    targets = {"jit": Path(jit_env.FLASHINFER_JIT_DIR), "generated": Path(jit_env.FLASHINFER_GEN_SRC_DIR)}
+    jit_dir = Path(jit_env.FLASHINFER_JIT_DIR)
     with make_private("fi-sm120-import-") as tmp:  # swept by the next import if this one is killed
         root = unpack(src, Path(tmp), meta, limits)
         try:
-            return _install_from(root, meta, targets, sess, force, limits, src)
+            return _install_from(root, meta, jit_dir, sess, force, limits, src)
         except OSError as exc:  # threat-model: P8 (the words come from the errno)
-            raise _os_error(exc, exc.filename or targets["jit"]) from None
+            raise _os_error(exc, exc.filename or jit_dir) from None
 
 
-def _plan(meta: Meta, root: Path, targets: dict[str, Path], src: str) -> list[tuple[Module, dict[str, tuple[Path, Path]]]]:
+def _plan(meta: Meta, root: Path, jit_dir: Path, src: str) -> list[tuple[Module, dict[str, tuple[Path, Path]]]]:
     """For each module, ``{rel: (file in the export, destination)}``, both by ``safe_join`` (no link followed)."""
     out = []
     for mod in meta.modules:
         paths = {}
         for rel in mod.files:
-            kind, rest = rel.split("/", 1)
             with format_errors():
                 paths[rel] = (safe_join(root, rel, src, fix=FIX),
-                              safe_join(targets[kind], rest, f"{src}: meta.json", fix=FIX))
+                              safe_join(jit_dir, rel.removeprefix("jit/"), f"{src}: meta.json", fix=FIX))
             if not paths[rel][0].is_file() or paths[rel][0].is_symlink():
                 raise CacheError(f"{src}: {rel} is missing or not a regular file; {FIX}")
         out.append((mod, paths))
@@ -217,38 +205,38 @@ def _os_error(exc: OSError, path: object) -> CacheError:
     return CacheError(f"{p.message}; {p.fix}", p.kind, p.fix)
 
 
-def _install_from(root: Path, meta: Meta, targets: dict[str, Path], sess: Session, force: bool,
+def _install_from(root: Path, meta: Meta, jit_dir: Path, sess: Session, force: bool,
                   limits: Limits, src: str) -> list[dict]:
     """The one install step for an archive (unpacked to ``root``) and a directory (``root`` in it).  P5-P7"""
     entries = {e["name"]: e for e in meta.manifest}
-    plan = _plan(meta, root, targets, src)
-    check_sizes(src, [(str(d), os.lstat(s_path).st_size) for _, paths in plan for s_path, d in paths.values()],
+    plan = _plan(meta, root, jit_dir, src)
+    sizes = {s_path: os.lstat(s_path).st_size for _, paths in plan for s_path, _ in paths.values()}
+    check_sizes(src, [(str(d), sizes[s_path]) for _, paths in plan for s_path, d in paths.values()],
                 limits, _ELSEWHERE)
-    budget = Budget(limits)
     report = []
     for mod, paths in plan:
         # threat-model: P4 -- decided before the lock is taken, which creates cached_ops/tmp/<name>.lock:
         # a refused module (a name of the export's choosing) leaves nothing in the JIT dir
-        why = _place_problem(paths) or _refusal(entries.get(mod.name), mod, sess, targets["generated"])
+        why = _place_problem(paths) or _refusal(entries.get(mod.name), mod, sess)
         if why:  # before any file of it is installed
             report.append({"module": mod.label, "name": mod.name, "status": "refused", "why": why})
             continue
         made: list[Path] = []  # what this import wrote of the module that was not there before
         try:
-            lock = pool.lock_path(targets["jit"], mod.name)
+            lock = moddir.lock_path(jit_dir, mod.name)
             make_private_dirs(lock.parent)  # 0700 if absent
             # threat-model: P5 -- FlashInfer's own per-module lock: a server building it and we take turns
-            with pool.held(lock, mod.name, lambda line: print(f"flashinfer-sm120: {line}", file=sys.stderr,
+            with moddir.held(lock, mod.name, lambda line: print(f"flashinfer-sm120: {line}", file=sys.stderr,
                                                                  flush=True)):
                 try:
-                    r = _install_module(mod, paths, force, budget, src, made)
+                    r = _install_module(mod, paths, force, sizes, made)
                     if r["status"] in ("installed", "already present"):
                         r.update(_settle(entries.get(mod.name), sess))
                 except BaseException:
                     _undo(made)  # a failed module is left as it was, never half installed
                     raise
         except OSError as exc:  # a full disk, a permission: said for this module; the ones before stay installed
-            err = _os_error(exc, exc.filename or targets["jit"])
+            err = _os_error(exc, exc.filename or jit_dir)
             report.append({"module": mod.label, "name": mod.name, "status": "failed", "why": str(err), "kind": err.kind,
                            "fix": err.fix})
             break
@@ -269,7 +257,7 @@ def _undo(made: list[Path]) -> None:
 _NINJA_OWN = ("/build.ninja", "/.ninja_log", "/.ninja_deps")
 
 
-def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: bool, budget: Budget, src: str,
+def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: bool, sizes: dict[Path, int],
                     made: list[Path]) -> dict:
     # build.ninja and ninja's logs are rewritten here by design (see _settle)
     content = {rel: d for rel, (_, d) in paths.items() if not rel.endswith(_NINJA_OWN)}
@@ -281,14 +269,11 @@ def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: boo
                 "why": f"a different {differing[0]} is already here; pass --force to replace it"}
     if not present:
         for rel, (s_path, d) in paths.items():
-            missing = [p for p in (d.parent, *d.parent.parents) if not os.path.lexists(p)]
-            make_private_dirs(d.parent)
-            made.extend(reversed(missing))  # outermost first: undone deepest first
-            if d.is_dir() and not d.is_symlink():
-                raise CacheError(f"{src}: {rel} would replace the directory {d}; remove it first", "exists",
-                                 f"remove {d} first")
+            if not os.path.lexists(d.parent):  # jit/NAME/: the JIT dir exists (it holds the module's lock)
+                make_private_dirs(d.parent)
+                made.append(d.parent)
             new = not os.path.lexists(d)
-            copy_file(s_path, d, budget, mod.files[rel])
+            copy_file(s_path, d, sizes[s_path], mod.files[rel])
             if new:
                 made.append(d)
     return {"module": mod.label, "name": mod.name, "status": "already present" if present else "installed",
@@ -302,16 +287,14 @@ def _place_problem(paths: dict[str, tuple[Path, Path]]) -> str | None:
 
     for d in sorted({str(dest.parent) for _, dest in paths.values()}):
         problem = check_place(d, "the module's directory", "remove it if another user made it, or set "
-                              "FLASHINFER_WORKSPACE_BASE to a directory of your own", doing="install into")
+                              "FLASHINFER_WORKSPACE_BASE to a directory of your own")
         if problem:
             return str(problem)
     return None
 
 
-def _refusal(entry: dict | None, mod: Module, sess: Session, gen_root: Path) -> str | None:
-    """Why the module cannot be imported, or None: this FlashInfer's generator must make its entry, and
-    every generated source the export carries must be exactly what that wrote."""
-    # threat-model: P2 (an export's source text is compared with the local generation, never compiled)
+def _refusal(entry: dict | None, mod: Module, sess: Session) -> str | None:
+    """Why the module cannot be imported, or None: this FlashInfer's generator must make its entry (P2)."""
     if entry is None:
         return ("meta.json has no manifest entry for it, so this FlashInfer cannot make its sources; export "
                 "it again with `flashinfer-sm120 cache export`")
@@ -325,21 +308,12 @@ def _refusal(entry: dict | None, mod: Module, sess: Session, gen_root: Path) -> 
         make_spec(entry, sess.flashinfer)
     except CannotRegenerate as exc:
         return str(exc)
-    for rel, sha in mod.files.items():
-        if rel.startswith("generated/"):
-            local = gen_root / rel[len("generated/"):]
-            if not local.is_file() or local.is_symlink() or file_sha256(local) != sha:
-                return (f"{shown(rel)} differs from what FlashInfer {sess.flashinfer} generates for "
-                        "the module, so the export carries source of its own; export it again with "
-                        "`flashinfer-sm120 cache export`")
     return None
 
 
-def _settle(entry: dict | None, sess: Session) -> dict:
+def _settle(entry: dict, sess: Session) -> dict:
     """Under the module's lock: write its build.ninja with this FlashInfer, make the outputs newer than
     this machine's inputs, tell ninja's logs, and ask ninja whether it would rebuild."""
-    if entry is None:
-        return {"status": "stale", "why": "meta.json has no manifest entry for it"}
     spec = make_spec(entry, sess.flashinfer)
     spec.write_ninja()  # FlashInfer's own; the caller holds the module's lock (spec.lock_path)
     # this machine's pip install may be later than the export: objects first, the library last
@@ -353,11 +327,11 @@ def _settle(entry: dict | None, sess: Session) -> dict:
         os.utime(p, ns=(ns, ns))
         stamps[str(p.resolve())] = os.stat(p).st_mtime_ns
     job = pool.Job(spec.name, spec.build_dir, spec.ninja_path)
-    restamp(str(spec.build_dir / ".ninja_deps"), stamps)
+    moddir.restamp(str(spec.build_dir / ".ninja_deps"), stamps)
     from flashinfer_sm120.safety import proc
 
-    proc.run(pool.command(job, "-t", "restat"), timeout=120, max_output=1 << 20)
-    left = pool.dry_run(job)
+    proc.run(moddir.command(job, "-t", "restat"), timeout=120, max_output=1 << 20)
+    left = moddir.dry_run(job)
     if left:
         return {"status": "stale", "why": f"ninja would run its steps again here{_absent_here(left[0])}: "
                                           f"{shown(left[0], 600)}"}
@@ -370,46 +344,3 @@ def _absent_here(command: str) -> str:
         if path.startswith("/") and not os.path.exists(path):
             return f" (it names {shown(path, 200)}, absent here: the export was made with other paths)"
     return ""
-
-
-#: Largest deps log rewritten (bytes); a module's is a few hundred KiB.
-MAX_DEPS_BYTES = 256 << 20
-
-
-def restamp(path: str, mtimes_ns: dict[str, int]) -> int:
-    """Set the mtime ninja's deps log (``.ninja_deps`` v4) records for each output in ``mtimes_ns`` (absolute
-    path -> ns), which ninja compares (src/graph.cc ``LoadDeps``); how many records changed (0: a log not
-    read: missing, another version, a link, over :data:`MAX_DEPS_BYTES`).  Records (src/deps_log.cc): uint32
-    size (high bit: deps), then a NUL-padded path and checksum, or output id, mtime (low, high), input ids."""
-    if not os.path.lexists(path):
-        return 0
-    try:  # bounded, never through a link, never a FIFO (read_bytes)
-        data = bytearray(read_bytes(path, MAX_DEPS_BYTES, follow=False))
-    except FormatError:
-        return 0
-    if not data.startswith(b"# ninjadeps\n") or len(data) < 16 or struct.unpack_from("<i", data, 12)[0] != 4:
-        return 0
-    ids: list[str] = []
-    pos, changed = 16, 0
-    while pos + 4 <= len(data):
-        (size,) = struct.unpack_from("<I", data, pos)
-        is_deps, size = bool(size & 0x80000000), size & 0x7FFFFFFF
-        body = pos + 4
-        if body + size > len(data):
-            break  # a truncated last record: ninja ignores it too
-        if size % 4 or size < (12 if is_deps else 8):
-            # threat-model: P6 -- not a record ninja writes (whole 4-byte words, room for an id and an
-            # mtime or a path and a checksum): the log comes from an export, so it is left untouched
-            return 0
-        if is_deps:
-            (out_id,) = struct.unpack_from("<i", data, body)
-            if 0 <= out_id < len(ids) and ids[out_id] in mtimes_ns:
-                ns = mtimes_ns[ids[out_id]]
-                struct.pack_into("<II", data, body + 4, ns & 0xFFFFFFFF, (ns >> 32) & 0xFFFFFFFF)
-                changed += 1
-        else:
-            ids.append(bytes(data[body:body + size - 4]).rstrip(b"\0").decode(errors="surrogateescape"))
-        pos = body + size
-    if changed:
-        write_atomic(path, data, mode=0o644)
-    return changed

@@ -9,7 +9,6 @@ import difflib
 import importlib
 import inspect
 import itertools
-import re
 import sys
 import threading
 from typing import Any, Callable
@@ -289,33 +288,6 @@ def label(kind: str, dtype: str | None = None, kv_dtype: str | None = None, head
     if head_dim is None:
         return kind
     return f"{kind}-{dtype}" + (f"-kv{kv_dtype}" if kv_dtype != dtype else "") + f"-hd{head_dim}"
-
-
-#: FlashInfer's spelling of the ``--dtype`` values in module names (``filename_safe_dtype_map``,
-#: flashinfer/jit/utils.py, 0.4.0 - 0.7.4).
-_URI_DTYPES = {"f16": "fp16", "bf16": "bf16", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2"}
-#: ``get_batch_decode_uri``/``get_batch_prefill_uri`` (flashinfer/jit/attention/modules.py 0.4.0 - 0.7.4)
-#: with what ``build`` passes: int32 indices, equal head dims, no RoPE, window or cap; prefill adds
-#: ``f16qk_False`` and, from 0.7.4, ``_kv_stride_equal``.
-_ATTENTION_URI = re.compile(r"batch_(decode|prefill)_with_kv_cache_dtype_q_([a-z0-9]+)_dtype_kv_([a-z0-9]+)_"
-                            r"dtype_o_([a-z0-9]+)_dtype_idx_i32_head_dim_qk_([0-9]{1,4})_head_dim_vo_\5_posenc_0_"
-                            r"use_swa_False_use_logits_cap_False(_f16qk_False(?:_kv_stride_equal)?)?")
-
-
-def user_name(flashinfer_name: str) -> str:
-    """:func:`label` of the FlashInfer module ``flashinfer_name`` when ``build`` makes it, else the name itself."""
-    m = _ATTENTION_URI.fullmatch(flashinfer_name)
-    if m:
-        kind, q, kv, o, hd, prefill_tail = m.groups()
-        dt, kvd = _URI_DTYPES.get(q), _URI_DTYPES.get(kv)
-        o_built = "bf16" if dt and dt.startswith("fp8") else q  # as _attention's make_args
-        if dt and kvd and o == o_built and (prefill_tail is not None) == (kind == "prefill"):
-            return label(kind, dt, kvd, int(hd))
-        return flashinfer_name
-    act = flashinfer_name.removesuffix("_and_mul")
-    if act != flashinfer_name:
-        return label(f"activation-{act}") if act in ACTIVATIONS else flashinfer_name
-    return flashinfer_name  # sampling, norm, rope, page: FlashInfer's names are build's
 
 
 def missing_headers(variants: list[Variant], include_dirs: list[str], cuda_release: str,

@@ -18,7 +18,7 @@ from flashinfer_sm120.core.jitenv.memory import (FAMILIES, RECORDED_KEEP, Estima
                                                  server_max_jobs, user_threads)
 from flashinfer_sm120.errors import StateFileError
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.warmup import pool
+from flashinfer_sm120.warmup import moddir, pool
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -107,6 +107,14 @@ def plan(est: Estimate, *, targets: int = 1, jobs: int | None = None, mem_limit:
     return Plan(n_jobs, jobs_from, threads, threads_from, b.per, b.per_from, b.budget, b.budget_from, b.fits)
 
 
+def gencode_summary(ninja_text: str) -> list[str]:
+    """``SASS sm_120f`` per ``-gencode ...code=sm_*``, ``PTX compute_120f`` per ``code=compute_*`` (nvcc's --generate-code)."""
+    out = set()
+    for _arch, codes in re.findall(r"-gencode=arch=(compute_\w+),code=\[?([\w,]+)\]?", ninja_text):
+        out.update(f"{'SASS' if code.startswith('sm_') else 'PTX'} {code}" for code in codes.split(","))
+    return sorted(out)
+
+
 def write_ninjas(specs: list, stream=None) -> None:
     """FlashInfer's own ``write_ninja`` for each spec, under its per-module lock (as ``build_jit_specs``)."""
     stream = stream or sys.stderr
@@ -116,7 +124,7 @@ def write_ninjas(specs: list, stream=None) -> None:
         stream.flush()
 
     for spec in specs:
-        with pool.held(spec.lock_path, spec.name, say):
+        with moddir.held(spec.lock_path, spec.name, say):
             spec.write_ninja()
 
 
@@ -159,7 +167,7 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
             "bytes": so.stat().st_size if so.exists() and res.status != "failed" else None,
             "seconds": res.seconds, "error": res.error, "peak_rss": res.peak_rss,
             "gencode": sorted({f"{a},{c}" for a, c in re.findall(r"-gencode=arch=(compute_\w+),code=(\w+)", text)}),
-            "binary": pool.gencode_summary(text),
+            "binary": gencode_summary(text),
             "build_vars": now_vars, "build_vars_before": [c.__dict__ for c in before.get(label) or ()],
             "build_vars_unrecorded": unrecorded,
         })
@@ -199,49 +207,3 @@ def sccache_stats() -> dict | None:
     if not path or not os.path.basename(path[0]).startswith("sccache"):
         return None
     return launcher.stats(path[0]) or {}
-
-
-def doctor_lines(section: dict) -> list[str]:
-    mem = section.get("memory") or {}
-    lines = ["\nBuilds (memory policy, compilers, compiler cache):"]
-    bounds = mem.get("bounds") or []
-    low = min(bounds, key=lambda b: b["available"]) if bounds else None
-    lines.append(f"  memory this process may use: {fmt_bytes(mem.get('available'))}"
-                 + (f" (lowest: {low['source']})" if low else ""))
-    for b in bounds:
-        lines.append(f"    {b['source']}: {fmt_bytes(b['available'])} ({b['detail']})")
-    for n in mem.get("notes") or []:
-        lines.append(f"    note: {n}")
-    for fam, est in (section.get("estimates") or {}).items():
-        lines.append(f"  per compile, {fam}: {fmt_bytes(est['bytes'])} ({est['source']})")
-    plan = section.get("plan") or {}
-    if plan:
-        lines.append(f"  build (heaviest family): -j {plan['jobs']} ({plan['jobs_from']}), at most "
-                     f"{plan['at_once']} at once by memory; nvcc --threads {plan['threads']} ({plan['threads_from']})")
-    lines.append(f"  server JIT: {section.get('max_jobs')}")
-    for n in section.get("compilers") or []:
-        lines.append(f"  {n}")
-    cache = section.get("cache") or {}
-    if cache.get("requested") or cache.get("launcher"):
-        v = cache.get("verdict") or {}
-        verdict = ("works" if v.get("ok") else "REFUSED" if v.get("ok") is False else "not probed")
-        lines.append(f"  compiler cache: {cache.get('launcher') or cache.get('requested')}: {verdict}"
-                     + (f" ({_launcher_name(v)} with nvcc {v.get('nvcc_version')}, "
-                        f"{'remembered' if v.get('remembered') else 'probed now'})" if v.get("ok") else ""))
-        if cache.get("refused"):
-            lines.append(f"    {cache['refused']}")
-        if cache.get("basedirs"):
-            lines.append(f"    SCCACHE_BASEDIRS={cache['basedirs']}")
-        st = cache.get("stats")
-        if st:
-            lines.append(f"    sccache --show-stats: {st['hits']} hits, {st['misses']} misses; "
-                         f"{st.get('location')}; server basedirs {st.get('basedirs')}")
-    else:
-        lines.append(f"  compiler cache: off (set {toolchain.CACHE_ENV}=sccache to share compiles between nodes)")
-    return lines
-
-
-def _launcher_name(verdict: dict) -> str:
-    """``sccache 0.16.0`` when the launcher said its release, else ``a launcher`` (e.g. ``env``)."""
-    version = verdict.get("launcher_version")
-    return f"sccache {version}" if version else "a launcher of unknown release"

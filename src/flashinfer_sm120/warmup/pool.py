@@ -5,26 +5,23 @@ watched and every ninja stopped with what it started (threat-model: P5, P6)."""
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from filelock import FileLock, Timeout  # a dependency (and FlashInfer's)
+from filelock import FileLock  # a dependency (and FlashInfer's)
 
 from flashinfer_sm120.errors import PlaceError
 from flashinfer_sm120.safety import proc as _proc
 from flashinfer_sm120.safety.formats.base import plural
-from flashinfer_sm120.safety.fs.lease import holders
+from flashinfer_sm120.warmup.moddir import STATUS_RE, command, dry_run, ninja_env, step_name, steps, try_take
 
 _LINE_MAX = 1 << 16  # characters of one line of ninja's output kept (the rest of it dropped)
 _FAILED_MAX = 2000  # lines of a failure's output kept
@@ -33,141 +30,6 @@ _STOP_S = 10  # seconds a stopped step or ninja gets after SIGTERM before SIGKIL
 #: compile (sampling.cu: minutes, more on two loaded cores).
 STEP_TIMEOUT_S = 3600
 BEAT_S = 30  # seconds between progress lines
-SAY_EVERY_S = 60.0  # seconds between two "still waiting" lines for a module's lock
-#: A ninja status line under ``NINJA_STATUS="[%f/%t] "``: finished, total, the step.  At most 9 ASCII
-#: digits: ninja passes the compilers' output through, and ``int()`` refuses over 4300 digits.
-STATUS_RE = re.compile(r"^\[([0-9]{1,9})/([0-9]{1,9})\] (.*)$")
-_DRY_RUN_MAX = 16 << 20  # ninja -n of a FlashInfer module: a few KB per step
-
-
-def lock_path(jit_dir: str | os.PathLike, name: str) -> Path:
-    """FlashInfer 0.4 - 0.7.x's per-module lock (flashinfer/jit/core.py): servers, build and import take turns (P5)."""
-    return Path(jit_dir) / "tmp" / f"{name}.lock"
-
-
-def try_take(path: str | os.PathLike, label: str = "") -> FileLock | None:
-    """The lock at ``path`` if free now, else None; :raises PlaceError: another uid holds it (it could hold
-    it for ever, so it is not waited for, P6)."""
-    lock = FileLock(str(path), thread_local=False)
-    try:
-        lock.acquire(timeout=0)
-        return lock
-    except Timeout:
-        pass
-    me = os.geteuid()
-    h = next((h for h in holders(path) if h.uid is not None and h.uid != me), None)
-    if h is not None:
-        raise PlaceError(f"{label}: FlashInfer's lock {path} is held by pid {h.pid} of uid {h.uid}, not you; it "
-                         f"can hold your build off for as long as it likes, so it is not waited for. Fix: build in "
-                         f"a JIT directory others cannot enter (mkdir -m 700 ~/fi-jit; "
-                         f"FLASHINFER_WORKSPACE_BASE=~/fi-jit), or ask uid {h.uid} to end pid {h.pid}")
-    return None
-
-
-def take(path: str | os.PathLike, label: str, say: Callable[[str], None], *,
-         every: float = SAY_EVERY_S, poll: float = 0.5) -> FileLock:
-    """The lock at ``path``, waited for while this user's processes hold it (told to ``say`` every ``every``
-    s); :raises PlaceError: another uid holds it."""
-    t0, said = time.monotonic(), None
-    while (lock := try_take(path, label)) is None:
-        now = time.monotonic()
-        if said is None or now - said >= every:
-            said = now
-            pids = ", ".join(str(x.pid) for x in holders(path)) or "not visible here"
-            say(f"{label}: waiting for another process building it (FlashInfer's lock {path}, held by "
-                f"pid {pids}){f'; {round(now - t0)} s so far' if now > t0 + 1 else ''}")
-        time.sleep(poll)
-    return lock
-
-
-@contextlib.contextmanager
-def held(path: str | os.PathLike, label: str, say: Callable[[str], None]) -> Iterator[None]:
-    lock = take(path, label, say)
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-def ninja_binary() -> str:
-    """The ninja the server will run (another release's ``.ninja_log`` would make it rebuild); :raises NinjaError."""
-    from flashinfer_sm120.core.toolkit import ninja
-
-    return ninja.choose().path
-
-
-def command(job, *extra: str) -> list[str]:
-    return [ninja_binary(), "-C", str(job.build_dir.resolve()), "-f", str(job.ninja_path.resolve()), *extra]
-
-
-def ninja_env() -> dict:
-    """The environment with ninja's status format and a private temporary directory (P5)."""
-    from flashinfer_sm120.safety.fs.atomic import build_env
-
-    return build_env(dict(os.environ, NINJA_STATUS="[%f/%t] "))
-
-
-def dry_run(job) -> list[str]:
-    """Commands ``ninja -n`` says it would run for ``job`` (empty: up to date); :raises NinjaError."""
-    from flashinfer_sm120.core.toolkit.ninja import NinjaError
-
-    res = _proc.run(command(job, "-n"), timeout=120, max_output=_DRY_RUN_MAX, env=ninja_env())
-    if not res.ok:
-        why = ("timed out" if res.timed_out else f"printed more than {_DRY_RUN_MAX} bytes" if res.truncated
-               else res.error or f"exit {res.returncode}")
-        raise NinjaError(f"ninja -n failed for {job.label} ({why}): {res.text()[-2000:]}")
-    return [m.group(3) for m in map(STATUS_RE.match, res.text().splitlines()) if m]
-
-
-def gencode_summary(ninja_text: str) -> list[str]:
-    """``SASS sm_120f`` per ``-gencode ...code=sm_*``, ``PTX compute_120f`` per ``code=compute_*`` (nvcc's --generate-code)."""
-    out = set()
-    for _arch, codes in re.findall(r"-gencode=arch=(compute_\w+),code=\[?([\w,]+)\]?", ninja_text):
-        out.update(f"{'SASS' if code.startswith('sm_') else 'PTX'} {code}" for code in codes.split(","))
-    return sorted(out)
-
-
-@dataclasses.dataclass(frozen=True)
-class Step:
-    """A step's process; ``exited``: a zombie (ninja reaps only at EOF, which a leftover child can hold off)."""
-
-    pid: int
-    command: str
-    exited: bool
-
-
-def steps(pid: int) -> list[Step]:
-    """Children of ``pid`` running ``/bin/sh -c COMMAND`` (or exited), from Linux ``/proc``."""
-    out = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in filter(str.isdigit, names):
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().decode(errors="replace").rsplit(")", 1)[1].split()
-            if int(fields[1]) != pid:
-                continue
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                argv = f.read().decode(errors="replace").split("\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        exited = fields[0] in ("Z", "X")
-        if len(argv) > 2 and argv[1] == "-c":
-            out.append(Step(int(name), argv[2], exited))
-        elif exited:  # else forked by ninja, not yet /bin/sh -c: its argv is still ninja's own
-            out.append(Step(int(name), "", exited))
-    return out
-
-
-def step_name(command: str) -> str:
-    """``sampling.cu`` for a compile step, ``link x.so`` for a link, else the command's start."""
-    m = re.search(r" -c (\S+)", command)
-    if m:
-        return os.path.basename(m.group(1))
-    so = re.search(r"-o (\S+\.so)\b", command)
-    return f"link {os.path.basename(so.group(1))}" if so else command[:60]
 
 
 @dataclasses.dataclass
@@ -193,8 +55,9 @@ class Result:
 
 
 class _Running:
-    def __init__(self, job: Job, steps: int, slots: int, events: queue.Queue) -> None:
+    def __init__(self, job: Job, steps: int, slots: int, lock: FileLock, events: queue.Queue) -> None:
         self.job, self.steps, self.slots = job, steps, slots
+        self.lock = lock  # FlashInfer's lock on the module, released when it ends
         self.finished = 0  # ninja's own count of finished steps (%f), failed ones included
         self.pending_since = 0.0
         self.t0 = time.monotonic()
@@ -207,7 +70,6 @@ class _Running:
         self.running: list = []  # steps running at the last watch()
         self.timed_out: list[str] = []  # what was stopped at its deadline, for the error
         self.marker = uuid.uuid4().hex  # finds what ninja started, wherever it went (P6)
-        self.lock = _Nothing()  # FlashInfer's lock on the module, released when it ends
         self.proc = subprocess.Popen(command(job, "-j", str(slots)), stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, errors="replace",
                                      env=dict(ninja_env(), **{_proc.MARKER_VAR: self.marker}),
@@ -268,54 +130,12 @@ class _Running:
         return min(self.slots, len(self.running) - linking + left)
 
 
-class _Display:
-    """A line per finished or failed step; every ``beat_s`` the steps that run and what is left."""
-
-    def __init__(self, stream, total: int, beat_s: float) -> None:
-        self.stream, self.total, self.done, self.beat_s = stream, total, 0, beat_s
-        self.t0 = self.last_beat = time.monotonic()
-
-    def step(self, text: str) -> None:
-        """A step finished (or failed): counted, then said."""
-        self.done += 1
-        self.event(text)
-
-    def event(self, text: str) -> None:
-        self.stream.write(f"[{self.done}/{self.total}] {text}  ({time.monotonic() - self.t0:.0f} s)\n")
-        self.stream.flush()
-
-    def beat(self, running: list[tuple[str, float]]) -> None:
-        now = time.monotonic()
-        if now - self.last_beat < self.beat_s:
-            return
-        self.last_beat = now
-        left = self.total - self.done
-        pace = (f", about {_duration(left * (now - self.t0) / self.done)} at the pace so far" if self.done
-                else ", no step finished yet")
-        shown = ", ".join(f"{name} ({_duration(s)})" for name, s in running) or "none (waiting)"
-        self.event(f"running: {shown}; left: {plural(left, 'step')}{pace}")
-
-
-def _duration(seconds: float) -> str:
-    m, s = divmod(int(seconds), 60)
-    return f"{m} min {s} s" if m else f"{s} s"
-
-
-class _Nothing:
-    def release(self) -> None:
-        pass
-
-
 def run_pool(jobs: list[Job], max_jobs: int, stream=None, mem_budget: int | None = None,
              *, intro: tuple[str, ...] = (), step_timeout: float = STEP_TIMEOUT_S,
              beat_s: float = BEAT_S) -> list[Result]:
     """Build ``jobs`` sharing ``max_jobs`` compile slots and ``mem_budget`` bytes (``None``: not counted), each
     under FlashInfer's per-module lock, progress on ``stream``; one :class:`Result` per job, in order."""
-    with _proc.signals_as_exit():  # SIGTERM/SIGHUP run the clean-up, as Ctrl-C does
-        return _run_pool(jobs, max_jobs, stream or sys.stderr, mem_budget, intro, step_timeout, beat_s)
-
-
-def _run_pool(jobs, max_jobs, stream, mem_budget, intro, step_timeout, beat_s) -> list[Result]:
+    stream = stream or sys.stderr
     results: dict[str, Result] = {}
     pending: list[tuple[Job, int]] = []
     for job in jobs:
@@ -337,22 +157,32 @@ def _run_pool(jobs, max_jobs, stream, mem_budget, intro, step_timeout, beat_s) -
         stream.write(f"to build: {plural(len(pending), 'module')}, {plural(total, 'compile/link step')}, "
                      f"-j {max_jobs}: " + ", ".join(f"{j.label} ({n})" for j, n in pending) + "\n")
     stream.flush()
-    pool = _Pool(pending, results, _Display(stream, total, beat_s))
-    try:
-        pool.run(max_jobs, mem_budget, step_timeout)
-    finally:
-        pool.stop()
+    pool = _Pool(pending, results, stream, total, beat_s)
+    with _proc.signals_as_exit():  # SIGTERM/SIGHUP run the clean-up, as Ctrl-C does
+        try:
+            pool.run(max_jobs, mem_budget, step_timeout)
+        finally:
+            pool.stop()
     return [results[j.label] for j in jobs]
 
 
 class _Pool:
-    """Starts modules while compile slots and memory are free, reads their ninja's output, ends each."""
+    """Starts modules while compile slots and memory are free, reads their ninja's output, ends each; says a
+    line per finished or failed step, and every ``beat_s`` the steps that run and what is left."""
 
-    def __init__(self, pending: list[tuple[Job, int]], results: dict[str, Result], display: _Display) -> None:
-        self.pending, self.results, self.display = pending, results, display
+    def __init__(self, pending: list[tuple[Job, int]], results: dict[str, Result], stream, total: int,
+                 beat_s: float) -> None:
+        self.pending, self.results, self.stream, self.total, self.beat_s = pending, results, stream, total, beat_s
+        self.done = 0
+        self.t0 = self.last_beat = time.monotonic()
         self.events: queue.Queue = queue.Queue()
         self.running: dict[str, _Running] = {}
         self.waiting_said: set[str] = set()
+
+    def say(self, text: str, step: bool = False) -> None:
+        self.done += step
+        self.stream.write(f"[{self.done}/{self.total}] {text}  ({time.monotonic() - self.t0:.0f} s)\n")
+        self.stream.flush()
 
     def run(self, max_jobs: int, mem_budget: int | None, step_timeout: float) -> None:
         while self.pending or self.running:
@@ -378,26 +208,31 @@ class _Pool:
                 if r.pending is not None and now - r.pending_since > 0.3:
                     self.confirm(r)  # ninja prints FAILED right after the status line
                 r.watch(now, step_timeout)
-            self.display.beat([(f"{lbl}/{name}", s) for lbl, r in self.running.items() for name, s in r.running])
+            if now - self.last_beat >= self.beat_s:
+                self.last_beat = now
+                shown = ", ".join(f"{lbl}/{name} ({s:.0f} s)" for lbl, r in self.running.items()
+                                  for name, s in r.running) or "none (waiting)"
+                self.say(f"running: {shown}; left: {plural(self.total - self.done, 'step')}")
 
     def skip(self, item: tuple[Job, int], result: Result, said: str) -> None:
         self.pending.remove(item)
-        self.display.total -= item[1]
+        self.total -= item[1]
         self.results[result.label] = result
-        self.display.event(said)
+        self.say(said)
 
     def start(self, item: tuple[Job, int], slots: int) -> bool:
         """Start ``item``'s ninja under FlashInfer's per-module lock; whether it started."""
         job, n = item
         try:
-            lock = _Nothing() if job.lock_path is None else try_take(job.lock_path, job.label)
+            # no lock path: a FileLock never taken, whose release() does nothing
+            lock = FileLock(os.devnull) if job.lock_path is None else try_take(job.lock_path, job.label)
         except PlaceError as exc:
             self.skip(item, Result(job.label, "failed", error=str(exc)), f"FAILED {job.label}: {exc}")
             return False
         if lock is None:
             if job.label not in self.waiting_said:
                 self.waiting_said.add(job.label)
-                self.display.event(f"{job.label}: waiting for another process building it (lock {job.lock_path})")
+                self.say(f"{job.label}: waiting for another process building it (lock {job.lock_path})")
             return False
         if job.label in self.waiting_said and not dry_run(job):  # the other process built it meanwhile
             lock.release()
@@ -405,11 +240,10 @@ class _Pool:
                       f"up to date: {job.label} (built by another process meanwhile)")
             return False
         try:
-            r = _Running(job, n, slots, self.events)
+            r = _Running(job, n, slots, lock, self.events)
         except BaseException:  # ninja could not start: the lock is not left held
             lock.release()
             raise
-        r.lock = lock
         self.pending.remove(item)
         self.running[job.label] = r
         return True
@@ -459,7 +293,7 @@ class _Pool:
                 r.pending = None
                 r.in_failure = True
                 r.failed.append(f"{what}:")
-                self.display.step(f"FAILED {r.job.label}: {what}")
+                self.say(f"FAILED {r.job.label}: {what}", step=True)
             elif r.in_failure and len(r.failed) < _FAILED_MAX:
                 r.failed.append(line)
 
@@ -468,7 +302,7 @@ class _Pool:
         if r.pending is not None:
             what = step_name(r.pending)
             verb = "linked" if what.startswith("link ") else "compiled"
-            self.display.step(f"{r.job.label}: {verb} {what.removeprefix('link ')}")
+            self.say(f"{r.job.label}: {verb} {what.removeprefix('link ')}", step=True)
             r.pending = None
 
     def finish(self, r: _Running) -> None:
@@ -478,13 +312,13 @@ class _Pool:
         if rc == 0:
             self.confirm(r)
             self.results[label] = Result(label, "built", round(time.monotonic() - r.t0, 1), peak_rss=r.peak_rss)
-            self.display.event(f"done: {label}")
+            self.say(f"done: {label}")
         else:
             err_lines = [x for x in r.failed if x.strip()] or list(r.lines)
             errors = [x for x in err_lines if "error" in x.lower()]
             text = "\n".join(r.timed_out + (errors or err_lines)[:30])
             self.results[label] = Result(label, "failed", round(time.monotonic() - r.t0, 1), text, r.peak_rss)
-            self.display.event(f"failed: {label} (ninja exit {rc}):\n    " + text.replace("\n", "\n    "))
+            self.say(f"failed: {label} (ninja exit {rc}):\n    " + text.replace("\n", "\n    "))
         del self.running[label]
         r.lock.release()
 

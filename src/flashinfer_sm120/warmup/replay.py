@@ -1,6 +1,6 @@
-"""``build --from MANIFEST``: each recorded entry's spec remade by the generator it names in the local
-FlashInfer, which writes its own sources; text an entry carries must equal what that generates (P2).
-The entry's grammar and its recorder are in :mod:`flashinfer_sm120.core.jitenv` (they run in the server)."""
+"""One path from names and manifests to specs: ``build``'s variants, ``build --from MANIFEST`` (each entry remade
+by the generator it names in the local FlashInfer, which writes its own sources; 0.2.0's entries carrying source
+text are refused, P2) and ``cache export``'s entries; the entry's grammar and recorder are in ``core.jitenv``."""
 
 from __future__ import annotations
 
@@ -8,17 +8,20 @@ import importlib
 import importlib.util
 import inspect
 import os
-import re
 from pathlib import Path
 from typing import Any
 
-from flashinfer_sm120.core.jitenv.record import parse_entry
+import wrapt  # a dependency
+
+from flashinfer_sm120.core.facts.arch import nvcc_spelling
+from flashinfer_sm120.core.jitenv.record import capture, encode, parse_entry
 from flashinfer_sm120.errors import FormatError, Sm120Error
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.params import parse_generator
-from flashinfer_sm120.safety.formats.grammar import safe_join
-from flashinfer_sm120.safety.formats.reads import iter_lines, loads_json
-from flashinfer_sm120.warmup.session import BuildError
+from flashinfer_sm120.safety.formats.reads import loads_json
+from flashinfer_sm120.safety.formats.fields import iter_lines
+from flashinfer_sm120.warmup.modules import expand
+from flashinfer_sm120.warmup.session import BuildError, prepare
 
 #: Largest manifest line accepted (bytes); generated sources are bounded well below.
 MAX_LINE_BYTES = 8 << 20
@@ -90,20 +93,56 @@ def specs(variants: list, entries: list[dict], flashinfer_version: str) -> tuple
             made.append((v.label, v.spec()))
         except Exception as exc:  # FlashInfer refuses this combination: said, the rest is built
             not_made.append((v.label, f"FlashInfer's {v.generator} raised {exc!r}"))
-    for entry in entries:
-        name = str(entry.get("name"))
+    for entry in entries:  # each checked by load() and again by make_spec
         try:
-            made.append((name, make_spec(entry, flashinfer_version)))
+            made.append((entry["name"], make_spec(entry, flashinfer_version)))
         except CannotRegenerate as exc:
-            not_made.append((name, str(exc)))
-        except Exception as exc:  # a malformed entry is reported, not fatal
-            not_made.append((name, f"malformed entry ({exc!r})"))
+            not_made.append((entry["name"], str(exc)))
     return made, not_made
+
+
+def _captured(init, spec, args, kwargs) -> None:
+    """``JitSpecNvcc.__init__`` that notes the spec's generator and parameters, as the recorder does."""
+    init(*args, **kwargs)
+    capture(spec)
+
+
+def built_entries(names: list[str], everything: bool, arch: str | None, *, head_dims=None, dtypes=None,
+                  kv_dtypes=None, acts=None):
+    """``(labelled, skipped, session)`` for ``cache export``: ``(build's name, manifest entry)`` per variant of
+    ``names`` built here (``everything``: every name ``build`` knows); ``(name, why)`` for the rest."""
+    variants = expand(["all"] if everything else names, head_dims=head_dims, dtypes=dtypes, kv_dtypes=kv_dtypes,
+                      acts=acts)
+    sess = prepare(arch)  # the caller pointed the workspace at the server's (apply_server_cache)
+    from flashinfer.jit import core
+
+    wrapt.wrap_function_wrapper(core.JitSpecNvcc, "__init__", _captured)  # for this process: it only exports
+    made, skipped = specs(variants, [], sess.flashinfer)
+    entries, exported = [], set()
+    for label, spec in made:
+        if everything and not spec.jit_library_path.exists():
+            continue  # --all: only what is built here
+        entry = encode(spec, sess.flashinfer, sess.targets)
+        if not entry.get("regenerable"):
+            skipped.append((label, entry.get("why", "")))
+            continue
+        entries.append((label, entry))
+        exported.add(spec.name)
+    if everything:
+        for d in sorted(sess.jit_dir.iterdir()) if sess.jit_dir.is_dir() else ():
+            if d.is_dir() and d.name not in exported and (d / f"{d.name}.so").exists():
+                skipped.append((d.name, "built with parameters `build` does not name; record a manifest "
+                                        "(FLASHINFER_SM120_RECORD) and export with --from"))
+        if not entries:
+            raise BuildError(f"nothing `build` can name is built in {sess.jit_dir} for "
+                             f"{' '.join(map(nvcc_spelling, sess.targets))}; build it first (`flashinfer-sm120 "
+                             "build --arch ... MODULE`) or give the same --head-dim/--dtype as the build")
+    return entries, skipped, sess
 
 
 def make_spec(entry: dict, flashinfer_version: str):
     """The ``JitSpecNvcc`` the local FlashInfer's generator makes for ``entry`` (it writes its own sources);
-    :raises CannotRegenerate: naming why (release, generator, parameters, name, carried text)."""
+    :raises CannotRegenerate: naming why (release, generator, parameters, name, 0.2.0's format)."""
     try:
         entry = parse_entry(entry, "manifest entry")
     except FormatError as exc:
@@ -114,11 +153,7 @@ def make_spec(entry: dict, flashinfer_version: str):
     if entry.get("flashinfer") != flashinfer_version:
         raise CannotRegenerate(f"recorded with FlashInfer {entry.get('flashinfer')}, this is "
                                f"{flashinfer_version}; record again with {flashinfer_version}")
-    generator = entry.get("generator") or _legacy_generator(name)
-    if generator is None:
-        raise CannotRegenerate("recorded without the FlashInfer generator and parameters that make it (an older "
-                               "flashinfer-sm120), so its sources cannot be made here; record the manifest again "
-                               "with FLASHINFER_SM120_RECORD, or build it by name (flashinfer-sm120 build --list)")
+    generator = entry["generator"]  # parse_entry refused 0.2.0's entries (source text, no generator)
     try:
         spec = call(generator, entry.get("params") or {})
     except FormatError as exc:
@@ -132,59 +167,7 @@ def make_spec(entry: dict, flashinfer_version: str):
         raise CannotRegenerate(f"FlashInfer {flashinfer_version}'s {generator} makes "
                                f"{shown(getattr(spec, 'name', spec))} from the recorded parameters, "
                                f"not the nvcc module {name}; record the manifest again")
-    _check_carried(entry, spec, flashinfer_version)
     return spec
-
-
-def _roots() -> list[tuple[str, str]]:
-    """``(token, path)`` of FlashInfer's directories as an old entry spelled them, longest path first."""
-    from flashinfer.jit import env as jit_env
-
-    pkg = Path(jit_env.__file__).resolve().parents[1]
-    pairs = [("@GEN@", jit_env.FLASHINFER_GEN_SRC_DIR), ("@JIT@", jit_env.FLASHINFER_JIT_DIR), ("@FLASHINFER@", pkg)]
-    out = [(token, form) for token, path in pairs for form in {str(path), str(Path(path).resolve())}]
-    return sorted(out, key=lambda x: -len(x[1]))
-
-
-def _to_portable(value: str, roots) -> str:
-    for token, root in roots:
-        if value == root or value.startswith(root + os.sep):
-            return token + value[len(root):]
-        if root + os.sep in value:  # a flag such as -I/path
-            return value.replace(root, token)
-    return value
-
-
-def _check_carried(entry: dict, spec, flashinfer_version: str) -> None:
-    """:raises CannotRegenerate: a text or source the entry carries is not what FlashInfer just generated."""
-    # threat-model: P2 (carried source text is compared, never written or compiled)
-    gen_root = dict(_roots()[::-1])["@GEN@"]  # the unresolved form wins (FlashInfer's own)
-    again = "record the manifest again with FLASHINFER_SM120_RECORD"
-    for portable, text in (entry.get("generated") or {}).items():
-        if not portable.startswith("@GEN@/"):
-            raise CannotRegenerate(f"generated file {shown(portable)} is outside FlashInfer's generated dir")
-        try:
-            path = safe_join(gen_root, portable[len("@GEN@/"):], "manifest 'generated'")
-        except FormatError as exc:
-            raise CannotRegenerate(str(exc)) from None
-        want = text.encode()
-        try:
-            with open(path, "rb", opener=lambda p, fl: os.open(p, fl | os.O_NOFOLLOW | os.O_NONBLOCK)) as f:
-                have = f.read(len(want) + 1)
-        except OSError:
-            raise CannotRegenerate(f"generated file {shown(portable)} is not one FlashInfer {flashinfer_version} "
-                                   f"generates for the recorded parameters; {again}") from None
-        if have != want:
-            raise CannotRegenerate(f"generated file {shown(portable)} differs from what FlashInfer "
-                                   f"{flashinfer_version} generates for the recorded parameters, so the manifest "
-                                   f"carries source of its own; {again}")
-    if "spec" in entry:
-        roots = _roots()
-        local = {_to_portable(str(p), roots) for p in spec.sources}
-        other = [p for p in entry["spec"]["sources"] if p not in local]
-        if other:
-            raise CannotRegenerate(f"source {shown(other[0])} is not one FlashInfer {flashinfer_version} "
-                                   f"generates for {entry['name']}; {again}")
 
 
 def _decode(value: Any) -> Any:
@@ -231,17 +214,3 @@ def call(generator: str, params: dict):
     args = [_decode(v) for v in params.get("args", [])]
     kwargs = {k: _decode(v) for k, v in params.get("kwargs", {}).items()}
     return fn(*args, **kwargs)
-
-
-def _legacy_generator(name: str) -> str | None:
-    """``flashinfer.jit.<name>:gen_<name>_module`` when the installed FlashInfer has it and it takes no
-    required argument (``sampling``, ``norm``, ``rope``, ``page`` on 0.7.4); else ``None``."""
-    if not re.fullmatch(r"[a-z][a-z0-9_]{0,60}", name):
-        return None
-    generator = f"flashinfer.jit.{name}:gen_{name}_module"
-    try:
-        required = [p for p in inspect.signature(lookup(generator)).parameters.values()
-                    if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    except (FormatError, ImportError, ValueError, TypeError):
-        return None
-    return None if required else generator

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flashinfer_sm120.core.facts.arch import ArchListError, export_arch_list
+from flashinfer_sm120.core.facts.arch import ArchListError
+from flashinfer_sm120.core.facts.archopt import export_arch_list
 from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.errors import Sm120Error
 
@@ -36,7 +37,7 @@ class Session:
     jit_dir: Path
     summary: str
     targets_from: str | None = None
-    toolkit: Toolkit | None = None  # the one the patch chose (patch.chosen_toolkit); None: FlashInfer's own
+    toolkit: Toolkit | None = None  # the one the patch chose (session._patched); None: FlashInfer's own
 
     def fingerprint(self) -> dict:
         """What a JIT cache entry depends on besides its sources (all written into build.ninja)."""
@@ -76,8 +77,7 @@ def _server_for(for_server: str | None, entries, strict: bool) -> tuple[str | No
 
     if for_server is not None:
         return for_server, f"--for {for_server}"
-    recorded = sorted({e["server"] for e in entries or () if isinstance(e.get("server"), str)
-                       and e["server"] in SERVER_CHOICES})
+    recorded = sorted({e["server"] for e in entries or () if e.get("server") in SERVER_CHOICES})
     if len(recorded) == 1:
         return recorded[0], "the manifest was recorded under it"
     if len(recorded) > 1 and strict:
@@ -125,8 +125,6 @@ def apply_server_cache(for_server: str | None = None, entries=None, *, strict: b
             raise BuildError(problem)
         out["how"] = problem
         return out
-    if "flashinfer.jit.env" in sys.modules:  # FlashInfer fixed its workspace at import
-        raise BuildError(f"internal: FlashInfer was imported before {_WSB} could be set for {key}")
     os.environ[_WSB] = base
     out.update(base=base, changed=True)
     return out
@@ -194,13 +192,24 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     from flashinfer.jit import core
 
     targets = sorted(f"{a}.{b}" for a, b in core.current_compilation_context.TARGET_CUDA_ARCHS)
-    from flashinfer_sm120.core.facts.workspace import builds_refused
+    from flashinfer_sm120.core.facts.refusals import builds_refused
 
     problem = builds_refused(str(jit_env.FLASHINFER_JIT_DIR))
     if problem:
         raise BuildError(problem)
-    from flashinfer_sm120.core.patch import chosen_toolkit, summary, targets_origin
-
     return Session(str(fi_version), cx.get_cuda_path(), str(cx.get_cuda_version()), targets,
-                   Path(jit_env.FLASHINFER_JIT_DIR), summary(targets_from), targets_origin(targets_from),
-                   chosen_toolkit())
+                   Path(jit_env.FLASHINFER_JIT_DIR), *_patched(targets_from))
+
+
+def _patched(targets_from: str | None) -> tuple:
+    """The patch's one-line summary, where the targets came from (``targets_from``: set by ``build --arch``)
+    and the toolkit it chose (``None``: FlashInfer's own)."""
+    from flashinfer_sm120.core.patch.state import STATE, Mode, render, targets_from_text
+
+    with STATE.lock:
+        res = STATE.resolution
+        line = render(STATE.mode, res, targets_from) if targets_from and res is not None and STATE.mode in (
+            Mode.PATCHED, Mode.NOOP, Mode.GUARD) else STATE.summary
+        chosen = res is not None and res.choice is not None
+        return (line, targets_from or (targets_from_text(res) if chosen else None),
+                res.choice.toolkit if chosen else None)

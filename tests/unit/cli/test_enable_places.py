@@ -19,8 +19,9 @@ def test_enable_refuses_a_site_directory_another_user_controls(tmp_path, how, ca
     site = tmp_path / "site-packages"
     site.mkdir()
     make_unsafe(site, how)
-    assert main(["enable", "--site-dir", str(site)]) != 0
-    assert "not safe to write into" in capsys.readouterr().err
+    assert main(["enable", "--site-dir", str(site)]) == 1  # a refusal, not bad usage
+    err = capsys.readouterr().err
+    assert f"the site directory {site} is not safe to write into" in err and "Fix: enable in a site directory" in err
     assert list(site.iterdir()) == []
 
 

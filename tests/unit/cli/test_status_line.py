@@ -8,9 +8,9 @@ import argparse
 from flashinfer_sm120.cli import status
 
 
-#: What a user without a GPU sets: the variable for a server, --arch for an image; status only checks it.
+#: What a user without a GPU sets: the variable for a server, --arch for an image; doctor --arch checks it.
 FIX = ("FLASHINFER_CUDA_ARCH_LIST=12.0 for a server, build --arch 12.0 for an image (12.1 on DGX Spark); "
-       "check with flashinfer-sm120 status --arch 12.0")
+       "check with flashinfer-sm120 doctor --arch 12.0")
 
 def test_a_record_with_escape_sequences_is_shown_not_acted_on(capsys):
     """A tampered last-status.json put terminal escape sequences on the screen raw."""

@@ -13,7 +13,7 @@ import pytest
 
 from helpers.child import cli
 from helpers.host import needs_flashinfer
-from flashinfer_sm120.cli.doctor_sections import inventory_lines
+from flashinfer_sm120.cli.doctor import dump
 from flashinfer_sm120.diagnose.verify import inventory, rules
 
 pytestmark = [pytest.mark.slow, pytest.mark.nvcc]
@@ -77,8 +77,8 @@ def test_targets_read_from_each_module_and_a_module_for_another_gpu_flagged(buil
     bad = mods["for_100a_only"]
     assert bad["sass"] == ["sm_100a"] and "sm_100a" in bad["problem"] and "flashinfer-sm120 build --arch 12.0" in bad["problem"]
     assert [m for m in mods.values() if m["problem"]] == [bad] and section["problems"] == 1
-    text = "\n".join(inventory_lines(dict(section, against="the visible GPUs")))
-    assert "PROBLEM for_100a_only: sm_100a" in text and "for_120f: sm_120f" in text
+    text = "\n".join(dump(section))  # what doctor --verbose prints
+    assert "  - name: for_100a_only\n" in text and "problem: no code GPU 0 (12.0) can run (it holds sm_100a)" in text
 
 
 def test_sm120a_code_is_flagged_on_a_12_1_gpu_and_family_code_carries_a_caution(built):
@@ -147,8 +147,8 @@ def test_doctor_lists_the_prebuilt_packages_flashinfer_would_load_first(built, c
     assert jc["for_120f"]["problem"] is None
     (cubin,) = [p for p in inv["places"] if p["kind"] == "flashinfer-cubin"]
     assert cubin["path"] == built["cubins"] and cubin["by_sm"] == {"sm_100": 1}
-    human = "\n".join(inventory_lines(inv))  # what doctor prints for the section
-    assert "What FlashInfer will load" in human and "PROBLEM for_100a_only: sm_100a" in human
-    assert "declares sm100a, sm120a" in human and "1 cubin: sm_100 x1" in human, human
+    human = "\n".join(dump(inv))  # what doctor --verbose prints for the section
+    assert "problem: no code sm_120f (no GPU visible) can run (it holds sm_100a)" in human
+    assert "declared: sm100a, sm120a" in human and "cubins: 1\n" in human and "sm_100: 1" in human, human
     assert report["caches"]["roots"][1]["path"] == os.path.join(clean_env["FLASHINFER_WORKSPACE_BASE"], ".cache",
                                                                  "flashinfer")

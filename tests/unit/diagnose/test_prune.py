@@ -195,10 +195,10 @@ def test_doctor_section_shows_the_size_of_both_caches(caches):
     paths = {r["what"]: r["path"] for r in section["roots"]}
     assert paths == {"flashinfer-sm120": str(caches["ours"]), "FlashInfer": str(caches["fi_root"])}
     assert section["stale"] == 5 and section["stale_bytes"] > 0
-    from flashinfer_sm120.cli.doctor_sections import caches_lines
+    from flashinfer_sm120.diagnose.verify.diagnosis import diagnose
 
-    text = "\n".join(caches_lines(section))
-    assert "5 stale entries" in text and "cache prune" in text
+    (note,) = [f for f in diagnose({"caches": section}).findings if f.code == "stale-caches"]
+    assert note.text.startswith("5 stale cache entries hold ") and "cache prune" in note.fix
 
 
 def test_a_lease_file_that_cannot_be_told_keeps_the_entry_and_says_so(caches):

@@ -132,12 +132,13 @@ elif kind == "start":
     from flashinfer_sm120.core.jitenv import launcher
     out = launcher.start_server(prog, timeout=4)
 elif kind == "running":  # a module's ninja, streamed line by line while it builds
-    import queue, time
+    import os, queue, time
     from pathlib import Path
-    from flashinfer_sm120.warmup import pool
-    pool.ninja_binary = lambda: prog
+    from filelock import FileLock
+    from flashinfer_sm120.warmup import moddir, pool
+    moddir.ninja_binary = lambda: prog
     events = queue.Queue()
-    r = pool._Running(pool.Job("m", Path(sys.argv[3]), Path(sys.argv[3]) / "build.ninja"), 1, 1, events)
+    r = pool._Running(pool.Job("m", Path(sys.argv[3]), Path(sys.argv[3]) / "build.ninja"), 1, 1, FileLock(os.devnull), events)
     longest, t0 = 0, time.monotonic()
     while time.monotonic() - t0 < 4:
         try:
@@ -151,10 +152,10 @@ elif kind == "running":  # a module's ninja, streamed line by line while it buil
     out = longest
 else:
     from pathlib import Path
-    from flashinfer_sm120.warmup import pool
-    pool.ninja_binary = lambda: prog
+    from flashinfer_sm120.warmup import moddir, pool
+    moddir.ninja_binary = lambda: prog
     try:
-        out = pool.dry_run(pool.Job("m", Path(sys.argv[3]), Path(sys.argv[3]) / "build.ninja"))
+        out = moddir.dry_run(pool.Job("m", Path(sys.argv[3]), Path(sys.argv[3]) / "build.ninja"))
     except RuntimeError as exc:
         out = "refused: " + str(exc)[:200]
 print("@@" + json.dumps(out))

@@ -148,7 +148,7 @@ def test_programs_run_by_name_are_checked_where_path_finds_them(tmp_path):
     script(opened / "gcc")
     env = {"PATH": f"{opened}:/usr/bin:/bin"}
     problem = compilers.path_problem(env)
-    assert problem.program == f"{opened}/gcc" and problem.role == "nvcc's host compiler"
+    assert problem.path == f"{opened}/gcc" and problem.what.startswith("nvcc's host compiler")
     assert "NVCC_CCBIN" in problem.fix and str(opened) in problem.fix and "writable by other users" in problem.why
     assert str(problem).endswith(f"Fix: {problem.fix}")
     # a variable that names the host compiler instead makes PATH's gcc not run
@@ -156,11 +156,11 @@ def test_programs_run_by_name_are_checked_where_path_finds_them(tmp_path):
         assert compilers.path_problem(dict(env, **{name: value})) is None, name
     script(opened / "c++")
     problem = compilers.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++"))
-    assert problem.program == f"{opened}/c++" and "CXX" in problem.fix
+    assert problem.path == f"{opened}/c++" and "CXX" in problem.fix
     assert compilers.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++", CXX="/usr/bin/c++")) is None
     script(opened / "rm")  # nvcc cleans up with rm from PATH: no variable replaces it
     problem = compilers.path_problem(dict(env, NVCC_CCBIN="/usr/bin/g++", CXX="/usr/bin/c++"))
-    assert problem.program == f"{opened}/rm"
+    assert problem.path == f"{opened}/rm"
     assert compilers.path_problem({"PATH": "/usr/bin:/bin"}) is None
     # a relative or empty PATH entry names the module's build directory, which FlashInfer's own JIT
     # directory check covers: a trailing ':' must not stop every build
@@ -175,8 +175,8 @@ def test_a_temporary_directory_another_uid_may_change_stops_builds(tmp_path, var
     theirs.mkdir()
     make_unsafe(theirs, how)
     problem = compilers.path_problem({"PATH": "/usr/bin:/bin", var: str(theirs)})
-    assert problem is not None and problem.program == str(theirs), problem
-    assert var in problem.found and var in problem.fix and str(theirs) in str(problem)
+    assert problem is not None and problem.path == str(theirs), problem
+    assert var in problem.what and var in problem.fix and str(theirs) in str(problem)
     assert ("writable by other users" if how == "world-writable" else "owned by uid 4321") in problem.why
 
 
@@ -249,4 +249,4 @@ def test_the_assembler_and_linker_gcc_runs_by_name_are_checked(tmp_path, name):
     script(opened / name)
     problem = compilers.path_problem({"PATH": f"{opened}:/usr/bin:/bin", "NVCC_CCBIN": "/usr/bin/g++",
                                       "CXX": "/usr/bin/c++"})
-    assert problem is not None and problem.program == f"{opened}/{name}", problem
+    assert problem is not None and problem.path == f"{opened}/{name}", problem

@@ -119,13 +119,14 @@ def test_cuda_home_value_property(value):
 def test_memo_property(tmp_path, monkeypatch, value):
     from flashinfer_sm120.safety.fs import statedir
     from flashinfer_sm120.core.toolkit import memo
+    from flashinfer_sm120.safety import ownership
 
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "c"))
     statedir.forget_cache_root()
     path = memo.memo_path()
     raw = value if isinstance(value, bytes) else (value if isinstance(value, str) and value.startswith("[")
                                                    else json.dumps({"schema": memo.SCHEMA, "entries": {
-                                                       "/bin/sh": {"stat": memo.fingerprint("/bin/sh"),
+                                                       "/bin/sh": {"stat": ownership.fingerprint("/bin/sh"),
                                                                    "full": value, "problem": None, "at": 1}}}))
     Path(path).write_bytes(raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogateescape"))
     hit = _bounded(memo.lookup, "/bin/sh")
@@ -225,7 +226,7 @@ def test_cache_import_archive_property(tmp_path, members, meta_obj):
     def run():
         meta_ = cache_import.check(str(src))
         root = cache_import.unpack(str(src), into, meta_, cache.Limits())
-        return cache_import._plan(meta_, root, {"jit": box / "jit", "generated": box / "gen"}, str(src))
+        return cache_import._plan(meta_, root, box / "jit", str(src))
 
     got = _bounded(run)
     assert set(os.listdir(tmp_path)) == before
@@ -236,7 +237,7 @@ def test_cache_import_archive_property(tmp_path, members, meta_obj):
     else:
         for _, paths in got:
             for _, dest in paths.values():
-                assert str(dest).startswith(str(box / "jit") + "/") or str(dest).startswith(str(box / "gen") + "/")
+                assert str(dest).startswith(str(box / "jit") + "/")
     import shutil
 
     shutil.rmtree(box)
@@ -276,11 +277,11 @@ def test_ninja_deps_restamp_property(tmp_path, data, header):
     """Any .ninja_deps (it travels in exports): no exception, nothing written but the log itself."""
     import struct
 
-    from flashinfer_sm120.warmup import cache_import
+    from flashinfer_sm120.warmup import moddir
 
     d = tmp_path / "deps"
     d.mkdir(exist_ok=True)
     p = d / ".ninja_deps"
     p.write_bytes((b"# ninjadeps\n" + struct.pack("<i", 4) if header else b"") + data)
-    n = _bounded(cache_import.restamp, str(p), {"/x.o": 1})
+    n = _bounded(moddir.restamp, str(p), {"/x.o": 1})
     assert isinstance(n, int) and os.listdir(d) == [".ninja_deps"]

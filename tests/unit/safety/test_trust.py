@@ -222,9 +222,9 @@ def test_group_writable_only_by_the_users_private_group_is_trusted(tmp_path, mon
     root = make_toolkit(tmp_path / "venv" / "cuda", "13.0.88")
     os.chmod(root / "bin", 0o775)
     os.chown(root / "bin", 0, OTHER_UID)
-    monkeypatch.setattr(ownership, "_private_gid", lambda: OTHER_UID)
+    monkeypatch.setattr(ownership, "_private_gid", lambda uid: OTHER_UID)
     assert trace(str(root / "bin" / "nvcc")).problem is None
-    monkeypatch.setattr(ownership, "_private_gid", lambda: OTHER_UID + 1)  # a shared group
+    monkeypatch.setattr(ownership, "_private_gid", lambda uid: OTHER_UID + 1)  # a shared group
     tr = trace(str(root / "bin" / "nvcc"))
     assert tr.problem and str(root / "bin") in tr.problem and "writable by other users" in tr.problem
 
@@ -242,10 +242,10 @@ def test_private_group_needs_a_named_single_user_group(monkeypatch):
              (SimpleNamespace(gr_name="ann", gr_mem=["bob"]), None)]
     for group, want in cases:
         monkeypatch.setattr(grp, "getgrgid", lambda gid, g=group: g)
-        ownership._private_gid_of.cache_clear()
-        assert ownership._private_gid_of(1000) == want
-    assert ownership._private_gid_of(0) is None  # never for root
-    ownership._private_gid_of.cache_clear()
+        ownership._private_gid.cache_clear()
+        assert ownership._private_gid(1000) == want
+    assert ownership._private_gid(0) is None  # never for root
+    ownership._private_gid.cache_clear()
 
 
 def test_a_shared_sticky_directory_is_never_told_to_chmod(tmp_path):

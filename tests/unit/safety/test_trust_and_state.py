@@ -103,9 +103,10 @@ def test_deeply_nested_state_file_is_ignored_not_raised(cache_dir):
 def test_a_failure_dated_nan_or_huge_expires(cache_dir, at):
     """A failure entry with a non-finite time must not be remembered forever (nor raise)."""
     from flashinfer_sm120.core.toolkit import memo
+    from flashinfer_sm120.safety import ownership
 
     path = memo.memo_path()
-    entry = {"stat": memo.fingerprint("/bin/sh"), "full": None, "problem": "hung", "at": 0}
+    entry = {"stat": ownership.fingerprint("/bin/sh"), "full": None, "problem": "hung", "at": 0}
     text = json.dumps({"schema": memo.SCHEMA, "entries": {"/bin/sh": entry}}).replace('"at": 0', f'"at": {at}')
     with open(path, "w") as fh:
         fh.write(text)

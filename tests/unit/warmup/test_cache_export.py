@@ -33,8 +33,9 @@ def test_a_module_name_as_long_as_flashinfers_is_a_member_and_a_meta_json_name()
     assert cache.member_rel(f"{cache.TOP}/{rel}", "x.tar") == rel
     meta = cache.parse_meta({"format": cache.FORMAT, "manifest": [], "fingerprint": {
         "flashinfer": "0.7.4", "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/c", "jit_dir": "/j"},
-                                 "modules": [{"name": PREFILL, "files": {rel: "0" * 64}}]}, "meta.json")
-    assert meta.modules[0].name == PREFILL
+                                 "modules": [{"name": PREFILL, "files": {rel: "0" * 64}},
+                                             {"name": "m", "label": "prefill-bf16-hd128", "files": {}}]}, "meta.json")
+    assert [(m.name, m.label) for m in meta.modules] == [(PREFILL, PREFILL), ("m", "prefill-bf16-hd128")]
 
 
 def test_a_name_longer_than_linux_takes_is_refused():
@@ -49,9 +50,9 @@ def test_a_directory_export_that_fails_leaves_nothing_behind(tmp_path):
     good = tmp_path / "good.so"
     good.write_bytes(b"x" * 100)
     out = tmp_path / "export"
-    files = [("jit/m/good.so", good), ("jit/m/gone.so", tmp_path / "gone.so")]  # the second cannot be read
+    files = [("jit/m/good.so", good, 100), ("jit/m/gone.so", tmp_path / "gone.so", 1)]  # the second cannot be read
     with pytest.raises(FileNotFoundError):
-        cache._write_directory(str(out), b"{}", files, cache.Budget(cache.Limits()))
+        cache._write_directory(str(out), b"{}", files)
     assert sorted(os.listdir(tmp_path)) == ["good.so"]
 
 
@@ -61,11 +62,19 @@ def test_a_directory_export_is_put_in_place_whole(tmp_path):
     out = tmp_path / "export"
     out.mkdir()  # an empty directory of yours is taken
     blob = json.dumps({"format": 1}).encode()
-    cache._write_directory(str(out), blob, [("jit/m/good.so", good)],
-                                  cache.Budget(cache.Limits()))
+    cache._write_directory(str(out), blob, [("jit/m/good.so", good, 100)])
     top = out / cache.TOP
     assert (top / "jit" / "m" / "good.so").read_bytes() == b"x" * 100 and (top / "meta.json").read_bytes() == blob
     assert sorted(os.listdir(tmp_path)) == ["export", "good.so"]
+
+
+def test_a_file_that_grew_past_its_checked_size_is_refused_and_nothing_is_left(tmp_path):
+    """The caps are checked on each file's size before the copy; a file that grew since is not copied on (P6)."""
+    grown = tmp_path / "grown.so"
+    grown.write_bytes(b"x" * 200)
+    with pytest.raises(cache.CacheError, match=f"{grown} grew past the 100 bytes"):
+        cache._write_directory(str(tmp_path / "export"), b"{}", [("jit/m/grown.so", grown, 100)])
+    assert sorted(os.listdir(tmp_path)) == ["grown.so"]
 
 
 def _session():
@@ -82,7 +91,7 @@ def test_both_export_forms_refuse_a_directory_another_user_controls(tmp_path, na
     theirs.mkdir()
     make_unsafe(theirs, how)
     out = theirs / name
-    with pytest.raises(BuildError, match="not safe to export into") as err:
+    with pytest.raises(BuildError, match="the export") as err:
         cache.export([], _session(), str(out))
     assert err.value.fix == "export to a new path in a directory of your own"  # P8: the JSON fix is never empty
     assert str(err.value).count("Fix:") == 1

@@ -71,8 +71,8 @@ def test_gzip_and_plain_tar_are_read_whatever_the_name(tmp_path):
 
 def test_meta_json_must_be_the_first_member(tmp_path):
     src = tmp_path / "x.tar"
-    src.write_bytes(tar_bytes([tar_member(f"{TOP}/generated/a.cu"), tar_member(f"{TOP}/meta.json", _meta())]))
-    with pytest.raises(cache.CacheError, match="first member is .*generated/a.cu'?, not .*meta.json"):
+    src.write_bytes(tar_bytes([tar_member(f"{TOP}/jit/m/a.o"), tar_member(f"{TOP}/meta.json", _meta())]))
+    with pytest.raises(cache.CacheError, match="first member is .*jit/m/a.o'?, not .*meta.json"):
         cache_import.check(str(src))
 
 
@@ -82,10 +82,10 @@ def test_decompressed_bytes_are_counted_not_declared(tmp_path, monkeypatch):
     monkeypatch.setattr(cache, "MAX_META_BYTES", 4096)
     limits = cache.Limits(max_total=1, max_members=10)
     pax = {"comment": "z" * 15_000}
-    listed = [{"name": "m", "files": {f"generated/d{i}/a.cu": "0" * 64 for i in range(8)}}]
+    listed = [{"name": "m", "files": {f"jit/m/a{i}.o": "0" * 64 for i in range(8)}}]
     members = [tar_member(f"{TOP}/meta.json", _meta(listed))]
-    for i in range(8):  # folders meta.json lists: only the bytes read refuse them
-        members.append(tar_member(f"{TOP}/generated/d{i}", kind=tarfile.DIRTYPE, pax=pax))
+    for i in range(8):  # a folder meta.json lists: only the bytes read refuse it
+        members.append(tar_member(f"{TOP}/jit/m", kind=tarfile.DIRTYPE, pax=pax))
     src = tmp_path / "x.tar.gz"
     src.write_bytes(tar_bytes(members, gz=True))
     with pytest.raises(cache.CacheError, match="unpacks to more than"):
@@ -156,15 +156,19 @@ def test_gzip_members_that_unpack_to_nothing_are_capped_on_the_compressed_bytes(
 
 
 def test_a_file_at_the_deepest_path_meta_json_lists_is_a_member_too(tmp_path):
-    """A file at the deepest path meta.json may list (16 parts under the top folder) is a member, not "not a
-    plain relative path" (P6)."""
-    rel = "generated/" + "/".join(["d"] * 14) + "/f.cu"
-    assert len(rel.split("/")) == 16
+    """A file at the deepest path meta.json may list (jit/NAME/FILE) is a member, not "not a plain relative
+    path" (P6); anything else, 0.2.0's generated/ included, refuses the export naming it and the fix."""
+    rel = "jit/m/f.o"
     src = tmp_path / "x.tar"
     src.write_bytes(tar_bytes([tar_member(f"{TOP}/meta.json", _meta([{"name": "m", "files": {rel: "0" * 64}}])),
                                 tar_member(f"{TOP}/{rel}", b"x")]))
     meta = cache_import.check(str(src))
     assert [m.name for m in meta.modules] == ["m"]
+    for other in ("generated/m/x.cu", "jit/other/f.o", "jit/m/d/f.o"):
+        src.write_bytes(tar_bytes([tar_member(f"{TOP}/meta.json", _meta([{"name": "m", "files": {other: "0" * 64}}]))]))
+        with pytest.raises(cache.CacheError) as err:
+            cache_import.check(str(src))
+        assert other in str(err.value) and "cache export" in err.value.fix, str(err.value)
 
 
 def test_a_fingerprint_with_more_targets_than_a_manifest_entry_is_refused_naming_the_archive(tmp_path):
@@ -210,7 +214,8 @@ def test_an_import_never_writes_into_a_module_directory_another_user_left(tmp_pa
     theirs.mkdir(parents=True)
     give_away(theirs)
     paths = {"jit/sampling/sampling.so": (tmp_path / "src.so", theirs / "sampling.so")}
-    assert "not safe to install into" in cache_import._place_problem(paths)
+    problem = cache_import._place_problem(paths)
+    assert str(theirs) in problem and "Fix: remove it if another user made it" in problem
     mine = {"jit/other/other.so": (tmp_path / "src.so", cached / "other" / "other.so")}
     assert cache_import._place_problem(mine) is None
 
@@ -223,7 +228,7 @@ def test_a_module_that_carries_no_library_is_refused_before_flashinfer_generates
 
     monkeypatch.setattr(cache_import, "make_spec", must_not_generate)
     mod = cache.Module("sampling", {"jit/sampling/sampling_kernel.cuda.o": "0" * 64})
-    why = cache_import._refusal({"name": "sampling"}, mod, _session(), tmp_path)
+    why = cache_import._refusal({"name": "sampling"}, mod, _session())
     assert why and "carries no library" in why
 
 

@@ -7,12 +7,12 @@ import pytest
 from filelock import FileLock
 
 from flashinfer_sm120.errors import PlaceError
-from flashinfer_sm120.warmup import pool
+from flashinfer_sm120.warmup import moddir
 from helpers.probing import lock_held_as, reachable_dir
 
 
 def test_a_wait_for_our_own_holder_is_told_and_ends_when_it_lets_go(tmp_path):
-    path = pool.lock_path(tmp_path, "sampling")
+    path = moddir.lock_path(tmp_path, "sampling")
     path.parent.mkdir()
     theirs = FileLock(str(path), thread_local=False)  # what a server building it holds
     theirs.acquire()
@@ -23,13 +23,13 @@ def test_a_wait_for_our_own_holder_is_told_and_ends_when_it_lets_go(tmp_path):
         if len(said) == 2:  # told at once, and again after `every`
             theirs.release()
 
-    lock = pool.take(path, "sampling", say, every=0.0, poll=0.01)
+    lock = moddir.take(path, "sampling", say, every=0.0, poll=0.01)
     try:
         assert len(said) == 2 and str(path) in said[0] and "waiting for another process" in said[0]
-        assert pool.try_take(path) is None  # ours now
+        assert moddir.try_take(path) is None  # ours now
     finally:
         lock.release()
-    assert (again := pool.try_take(path)) is not None
+    assert (again := moddir.try_take(path)) is not None
     again.release()
 
 
@@ -38,12 +38,12 @@ def test_a_lock_held_by_another_uid_is_refused_at_once():
     end (P8)."""
     said: list[str] = []
     with reachable_dir() as d:
-        path = pool.lock_path(d, "sampling")
+        path = moddir.lock_path(d, "sampling")
         path.parent.mkdir(mode=0o755)
         path.write_text("")
         path.chmod(0o644)
         with lock_held_as(4321, path) as proc, pytest.raises(PlaceError) as err:
-            pool.take(path, "sampling", said.append, poll=0.01)
+            moddir.take(path, "sampling", said.append, poll=0.01)
     text = str(err.value)
     assert f"pid {proc.pid}" in text and "uid 4321" in text and "FLASHINFER_WORKSPACE_BASE" in text, text
     assert said == []

@@ -11,7 +11,7 @@ import io
 
 from hypothesis import given, strategies as st
 
-from flashinfer_sm120.warmup import pool
+from flashinfer_sm120.warmup import moddir, pool
 from helpers.warm import fake_job
 
 NOISE = (b"[" + b"9" * 5000 + b"/1] fake\n"   # a status line's shape, a number int() refuses
@@ -34,6 +34,6 @@ def test_compiler_output_shaped_like_status_lines_does_not_stop_the_build(tmp_pa
 @given(st.text(alphabet=st.sampled_from("[]/ 0123456789\u0663\U0001d7d7x"), max_size=40)
        | st.from_regex(r"\[[0-9]{1,6000}/[0-9]{1,20}\] .*", fullmatch=True))
 def test_a_status_line_is_ascii_numbers_int_can_read(line):
-    m = pool.STATUS_RE.match(line)
+    m = moddir.STATUS_RE.match(line)
     if m:
         assert 0 <= int(m.group(1)) < 10**9 and 0 <= int(m.group(2)) < 10**9

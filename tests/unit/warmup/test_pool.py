@@ -8,7 +8,7 @@ import subprocess
 import threading
 import time
 
-from flashinfer_sm120.warmup import pool
+from flashinfer_sm120.warmup import plan, pool
 from helpers.warm import fake_job, most_at_once
 
 
@@ -60,7 +60,7 @@ def test_never_more_steps_than_slots(tmp_path):
 def test_gencode_summary_says_sass_or_ptx():
     text = ("-gencode=arch=compute_120f,code=sm_120f -gencode=arch=compute_90a,code=sm_90a "
             "-gencode=arch=compute_121a,code=compute_121a")
-    assert pool.gencode_summary(text) == ["PTX compute_121a", "SASS sm_120f", "SASS sm_90a"]
+    assert plan.gencode_summary(text) == ["PTX compute_121a", "SASS sm_120f", "SASS sm_90a"]
 
 
 def test_spare_slot_goes_to_the_next_module(tmp_path):
@@ -94,7 +94,7 @@ def test_the_module_with_the_most_steps_starts_first(tmp_path):
 KILLED_POOL = """
 import sys
 from pathlib import Path
-from flashinfer_sm120.warmup import pool
+from flashinfer_sm120.warmup import plan, pool
 d = Path(sys.argv[1])
 pool.run_pool([pool.Job(d.name, d, d / "build.ninja", d.parent / "m.lock")], 2, sys.stdout)
 """
@@ -231,7 +231,7 @@ faulthandler.dump_traceback_later(200, exit=True)  # a hang shows where it waits
 signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, "tests")
 from pathlib import Path
-from flashinfer_sm120.warmup import pool
+from flashinfer_sm120.warmup import plan, pool
 pool._STOP_S = 1
 d = Path(sys.argv[1])
 try:
@@ -284,7 +284,7 @@ def test_only_children_running_a_step_are_steps():
     """ninja forks, then execs ``/bin/sh -c COMMAND``: a child seen before the exec still carries
     ninja's own argv and once showed as ``module//path/ninja -C …`` in the running line.  Only
     ``sh -c`` children are steps, named by their command."""
-    from flashinfer_sm120.warmup.pool import steps
+    from flashinfer_sm120.warmup.moddir import steps
 
     plain = subprocess.Popen(["sleep", "297.31"])
     step = subprocess.Popen(["/bin/sh", "-c", "sleep 297.32; nvcc -c /x/sampling.cu -o /x/sampling.cuda.o"],

@@ -24,8 +24,7 @@ class Read(enum.Enum):
 
 @dataclass(frozen=True)
 class BuildVar:
-    """One variable: how FlashInfer reads it, what it ``enters`` in ``build.ninja`` and ``where``; ``default``
-    leaves the line as without it; ``overridden_by`` decides instead when set."""
+    """One variable: how FlashInfer reads it, what it ``enters`` in ``build.ninja``, ``where``, and its ``default``."""
 
     name: str
     read: Read
@@ -155,7 +154,8 @@ def record(build_dir: Path, values: dict[str, str | None]) -> str | None:
 
 def recorded(build_dir: Path) -> dict | None:
     from flashinfer_sm120.errors import FormatError
-    from flashinfer_sm120.safety.formats.reads import field, read_json_file
+    from flashinfer_sm120.safety.formats.reads import read_json_file
+    from flashinfer_sm120.safety.formats.fields import field
 
     try:
         # threat-model: P6 (S2: a record may come from a cache import; bounded, then checked field by field)

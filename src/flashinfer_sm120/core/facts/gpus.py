@@ -5,17 +5,8 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class GPU:
-    """One GPU: NVML ``index`` (PCI bus order), ``name``, ``uuid`` (``GPU-...``), ``capability`` ``(12, 0)``."""
-
-    index: int
-    name: str
-    uuid: str
-    capability: tuple[int, int]
+from flashinfer_sm120.core.toolkit.model import GPU, GPUQuery
 
 
 def select_visible(gpus: list[GPU], cuda_visible_devices: str | None) -> list[GPU]:
@@ -41,19 +32,6 @@ def select_visible(gpus: list[GPU], cuda_visible_devices: str | None) -> list[GP
             break  # CUDA ignores this entry and every one after it
         chosen += [g for g in hits if g not in chosen]
     return chosen
-
-
-@dataclass(frozen=True)
-class GPUQuery:
-    """The visible GPUs; ``source`` ``"nvml"``, ``"torch.cuda"`` or ``"none"``; ``note``: why not NVML."""
-
-    gpus: tuple[GPU, ...]
-    source: str
-    note: str | None = None
-
-    def describe(self) -> str:
-        """``"torch.cuda (NVML: nvmlInit failed: ...)"``."""
-        return self.source + (f" (NVML: {self.note})" if self.note else "")
 
 
 def _nvml_devices() -> list[GPU]:
@@ -100,7 +78,3 @@ def query(*, torch_fallback: bool = True) -> GPUQuery:
                               for i in range(int(cuda.device_count()))), "torch.cuda", note)
     except Exception as exc:
         return GPUQuery((), "none", f"{note}; torch.cuda failed too: {exc!r}")
-
-
-def visible_gpus() -> list[GPU]:
-    return list(query().gpus)

@@ -43,7 +43,7 @@ class Provider:
     error: str | None = None
 
     def ships(self, module: str, targets: list[str]) -> bool:
-            return (module in self.modules and bool(targets)
+        return (module in self.modules and bool(targets)
                 and all(any(runs_on(a, t) for a in self.cuda_architectures) for t in targets)
                 and os.path.isfile(os.path.join(self.jit_cache_dir, module, f"{module}.so")))
 
@@ -78,8 +78,7 @@ class Precompiled:
     checks_off: bool = False  # FLASHINFER_DISABLE_VERSION_CHECK
 
     def mismatch(self, what: str, version: str | None) -> str | None:
-        """Why FlashInfer ignores package ``what`` at ``version`` (``None``: it uses it; ``FLASHINFER_DISABLE_VERSION_CHECK``
-        turns the checks off)."""
+        """Why FlashInfer ignores package ``what`` at ``version``; ``None``: it uses it."""
         if version is None or self.checks_off or self.flashinfer is None:
             return None
         if what == "flashinfer-cubin":
@@ -113,8 +112,7 @@ def read() -> Precompiled:
 
 
 def doctor_section(report: dict) -> dict:
-    """``doctor``'s precompiled section: packages, their match, and the JIT directory's modules split into
-    shipped by a provider for the targets and still JIT-built."""
+    """``doctor``'s precompiled section: packages, their match, the JIT directory's modules shipped or JIT-built."""
     pc = read()
     targets = [tag(t) for t in ((report.get("resolution") or {}).get("choice") or {}).get("targets") or []]
     jit_dir = (report.get("after") or {}).get("jit_dir")
@@ -132,23 +130,3 @@ def doctor_section(report: dict) -> dict:
     shipped = {m: p.distribution for m in used if (p := pc.shipped_by(m, targets))}
     return {"flashinfer": pc.flashinfer, "targets": targets, "packages": packages, "shipped": shipped,
             "jit_build": [m for m in used if m not in shipped]}
-
-
-def doctor_lines(section: dict) -> list[str]:
-    lines = [f"\nPrecompiled kernels (flashinfer-python {section.get('flashinfer')}; targets "
-             f"{', '.join(section.get('targets') or []) or '-'}):"]
-    if not section.get("packages"):
-        lines.append("  none installed: every module is JIT-built (python -m flashinfer download-kernels installs "
-                     "flashinfer-jit-cache and flashinfer-cubin for this release)")
-    for p in section.get("packages") or []:
-        state = f"IGNORED by FlashInfer: {p['mismatch']}" if p.get("mismatch") else "matches"
-        extra = (f"; declares {', '.join(p['declares']) or '-'}, {p['modules']} modules, {p['for_targets']} "
-                 "for the targets" if "declares" in p else "")
-        lines.append(f"  {p['name']} {p['version']}: {state}{extra}")
-    shipped, jit = section.get("shipped") or {}, section.get("jit_build") or []
-    if shipped:
-        lines.append(f"  shipped for the targets (FlashInfer loads these, no JIT build): "
-                     f"{', '.join(f'{m} ({d})' for m, d in shipped.items())}")
-    if jit:
-        lines.append(f"  JIT-built (no usable provider ships them for the targets): {', '.join(jit)}")
-    return lines

@@ -9,8 +9,8 @@ import pathlib
 import stat
 import sys
 
-from flashinfer_sm120.core.facts.workspace import WSB, workspace_path
-from flashinfer_sm120.safety.formats.grammar import foreign_tree
+from flashinfer_sm120.core.facts.workspace import WSB, jit_dir_refused, workspace_path
+from flashinfer_sm120.safety.fs.places import deepest_existing, foreign_tree
 from flashinfer_sm120.safety.formats.base import shown
 
 
@@ -36,8 +36,7 @@ def _others_may_write(path: str) -> bool:
 
 
 def import_refused(env=None) -> ImportRefusal | None:
-    """Why our commands must not import FlashInfer here (P4): it would create the home directory, its cache
-    in another uid's tree (``sudo -E``) or a place not ours, or write into a temporary directory not ours."""
+    """Why our commands must not import FlashInfer here (P4): it would create files where they are not ours."""
     from flashinfer_sm120.safety.compilers import temp_problem
     from flashinfer_sm120.safety.ownership import own_place_fix, trust_reason
 
@@ -66,8 +65,8 @@ def import_refused(env=None) -> ImportRefusal | None:
                              own_place_fix())
     temp = temp_problem(os.environ if env is None else env)
     if temp is not None:
-        return ImportRefusal("temp-not-ours", f"it and its dependencies write into {temp.role} {temp.program} "
-                             f"({temp.found}), which fails the trust rule: {temp.why}", temp.fix)
+        return ImportRefusal("temp-not-ours", f"it and its dependencies write into {temp.what} {temp.path}, "
+                             f"which fails the trust rule: {temp.why}", temp.fix)
     return None
 
 
@@ -83,24 +82,15 @@ def workspace_problem(failed: OSError | None = None) -> str | None:
                 f"flashinfer-sm120. Fix: HOME=<a directory you can write> (and FLASHINFER_WORKSPACE_BASE "
                 f"to keep the JIT cache elsewhere)")
     path, how = workspace_path()
-    here, why = path, None
-    while True:
-        try:
-            st = os.stat(here)
-        except FileNotFoundError:
-            parent = os.path.dirname(here.rstrip("/")) or "."
-            if parent == here:
-                break
-            here = parent
-            continue
-        except OSError as exc:
-            why = exc.strerror
-            break
+    here, why = deepest_existing(path), None
+    try:
+        st = os.stat(here)
         if not stat.S_ISDIR(st.st_mode):
             why = f"{shown(here, 200)} is not a directory"
         elif not os.access(here, os.W_OK | os.X_OK):
             why = f"{shown(here, 200)} is not writable"
-        break
+    except OSError as exc:
+        why = exc.strerror
     name = getattr(failed, "filename", None)
     if why is None and isinstance(name, str) and (path == name or path.startswith(name.rstrip("/") + "/")):
         why = f"{shown(name, 200)}: {failed.strerror or failed}"
@@ -129,3 +119,11 @@ def import_failure(exc: BaseException, st: dict) -> str:
     problem = workspace_problem(exc if isinstance(exc, OSError) else None) \
         if isinstance(exc, (OSError, RuntimeError, KeyError)) else None
     return f"{msg}. {problem}" if problem else msg
+
+
+def builds_refused(jit_dir: str, env=None) -> str | None:
+    """Why every JIT build in ``jit_dir`` would be refused before nvcc runs (``build``, ``status``; P2, P8)."""
+    from flashinfer_sm120.safety.compilers import path_problem
+
+    problem = jit_dir_refused(jit_dir) or path_problem(os.environ if env is None else env)
+    return str(problem) if problem else None

@@ -63,3 +63,24 @@ def fix_for(exc: BaseException) -> str:
         if dist:
             return f"pip install {dist} (a dependency of flashinfer-sm120)"
     return f"pip install --force-reinstall {source()} (flashinfer-sm120 is installed from its checkout)"
+
+
+def unloadable(exc: BaseException, logger) -> tuple:
+    """``install``, ``revert``, ``status`` and ``resolve`` of a package that cannot load (``exc``): logged once; the
+    first three leave FlashInfer alone and report ``failed``, ``resolve`` raises, each naming the fix (P8)."""
+    missing = getattr(exc, "name", None) or type(exc).__name__
+    error = f"flashinfer-sm120 cannot load ({missing!s}: {exc}); FlashInfer is left alone. Fix: {fix_for(exc)}"
+    logger.error("%s", error)
+
+    def status() -> dict:
+        """Where patching stands: ``failed``, with the load error."""
+        return {"mode": "failed", "error": error, "summary": error, "patched_modules": [],
+                "steps": {}, "resolution": None, "target_cuda_archs": None, "exported": {}}
+
+    def resolve(*args, **kwargs):
+        """Raises :class:`~flashinfer_sm120.errors.Sm120Error` with the load error."""
+        from flashinfer_sm120.errors import Sm120Error
+
+        raise Sm120Error(error)
+
+    return status, status, status, resolve

@@ -108,10 +108,6 @@ def _run_rule(probe: str, path: str, function: str, env_items: tuple, *args: str
         return None, str(exc)
 
 
-def cache_clear() -> None:
-    _run_rule.cache_clear()
-
-
 def workspace_base(key: str, env: dict[str, str]) -> tuple[str | None, str]:
     """``(base, how)``: the ``FLASHINFER_WORKSPACE_BASE`` server ``key`` sets with ``env`` (``None``: FlashInfer's
     default), by its installed source, else by its row."""
@@ -120,7 +116,7 @@ def workspace_base(key: str, env: dict[str, str]) -> tuple[str | None, str]:
         return None, f"{servers.newest(key).name} leaves FlashInfer's workspace as it is"
     if rule.variable in env:
         return env[rule.variable], f"{rule.variable} is set, which {key}'s setdefault keeps"
-    from flashinfer_sm120.safety.formats.reads import field
+    from flashinfer_sm120.safety.formats.fields import field
 
     pkg = _package_dir(key)
     why = f"{key} is not installed"
@@ -132,15 +128,11 @@ def workspace_base(key: str, env: dict[str, str]) -> tuple[str | None, str]:
                 return field(got, rule.variable, str, f"{path} {rule.function}()", max_len=4096), why
             except FormatError as exc:
                 why = str(exc)
-    value = env.get(rule.from_variable)
-    expanded = expanduser(value if value is not None else rule.default, env)
-    return expanded, f"{rule.variable}={rule.from_variable} (default {rule.default}) as in {rule.source} ({why})"
-
-
-def expanduser(text: str, env: dict[str, str]) -> str:
-    if (text == "~" or text.startswith("~/")) and env.get("HOME"):
-        return (env["HOME"].rstrip("/") or "/") + text[1:] if text != "~" else env["HOME"]
-    return os.path.expanduser(text)
+    value = env.get(rule.from_variable, rule.default)
+    if (value == "~" or value.startswith("~/")) and env.get("HOME"):  # the server's HOME, not ours
+        value = env["HOME"].rstrip("/") + value[1:] if value != "~" else env["HOME"]
+    return os.path.expanduser(value), (f"{rule.variable}={rule.from_variable} (default {rule.default}) as in "
+                                       f"{rule.source} ({why})")
 
 
 def jit_dir_for(base: str | None, jit_dir: str | None, this_base: str) -> str | None:
@@ -155,19 +147,10 @@ def jit_dir_for(base: str | None, jit_dir: str | None, this_base: str) -> str | 
     return os.path.join(base, ".cache", "flashinfer") + jit_dir[len(prefix):]
 
 
-def running() -> str | None:
-    for key in ("sglang", "vllm"):  # SGLang may import vLLM's kernels, not the reverse
-        if key in sys.modules:
-            return key
-    return None
-
-
 def recorded() -> dict:
     """What a manifest entry records about the server process it came from (``build --from``)."""
-    key = running()
-    if key is None:
-        return {}
-    return {"server": key, "workspace_base": os.environ.get("FLASHINFER_WORKSPACE_BASE")}
+    key = next((k for k in ("sglang", "vllm") if k in sys.modules), None)  # SGLang may import vLLM, not the reverse
+    return {} if key is None else {"server": key, "workspace_base": os.environ.get("FLASHINFER_WORKSPACE_BASE")}
 
 
 @functools.lru_cache(maxsize=8)
@@ -207,8 +190,7 @@ def fallback_text(found: list[servers.Installed] | None = None) -> str:
 
 @dataclass(frozen=True)
 class ArchChoice:
-    """What a server's model process sets ``variable`` to (``None``: nothing), its ``targets`` in nvcc's
-    names, and ``how`` that was found."""
+    """What a server's model process sets ``variable`` to (``None``: nothing), its ``targets``, and ``how`` found."""
 
     server: str
     name: str

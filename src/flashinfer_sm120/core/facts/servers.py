@@ -35,10 +35,8 @@ class CacheRule:
 
 @dataclass(frozen=True)
 class ArchRule:
-    """A server's ``function`` of ``file`` setting ``variable`` for the GPU; when its source cannot be run,
-    ``<major>.<minor><suffix>`` for a GPU of major ``min_major`` or newer.  SGLang 0.5.23 calls ``set_cuda_arch()``
-    in ``ModelRunner.load_model()`` after FlashInfer was imported: its JIT directory keeps the import-time targets
-    (``120f``) and only each later build's ``-gencode`` follows ``12.0a``."""
+    """A server's ``function`` of ``file`` setting ``variable`` per GPU (else ``<major>.<minor><suffix>`` from
+    ``min_major``); SGLang 0.5.23 calls it in ``ModelRunner.load_model()``, after FlashInfer's import."""
 
     variable: str
     file: str
@@ -163,17 +161,12 @@ class Installed:
 
 
 def newest(key: str) -> ServerRelease:
-    rows = [r for r in SERVERS if r.key == key]
-    if not rows:
-        raise KeyError(key)
-    return max(rows, key=lambda r: r.read_from)
+    return max((r for r in SERVERS if r.key == key), key=lambda r: r.read_from)
 
 
 def _row(key: str, version: Version) -> tuple[ServerRelease, bool]:
-    for r in SERVERS:
-        if r.key == key and r.versions.contains(version, prereleases=True):
-            return r, False
-    return newest(key), True
+    row = next((r for r in SERVERS if r.key == key and r.versions.contains(version, prereleases=True)), None)
+    return (row, False) if row else (newest(key), True)
 
 
 def installed() -> list[Installed]:

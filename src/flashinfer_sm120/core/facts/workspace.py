@@ -1,6 +1,5 @@
-"""Where FlashInfer keeps its JIT workspace (0.7.4 ``jit/env.py``: ``$FLASHINFER_WORKSPACE_BASE``, else
-``Path.home()``, evaluated either way, ``/.cache/flashinfer``, created at import), each toolkit's directory in it,
-and why a build there would be refused.  Nothing here creates anything."""
+"""Where FlashInfer keeps its JIT workspace (0.7.4 ``jit/env.py``: ``$FLASHINFER_WORKSPACE_BASE``, else ``Path.home()``,
+then ``/.cache/flashinfer``), each toolkit's directory in it, and why a build there is refused; creates nothing."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from typing import TYPE_CHECKING
 from flashinfer_sm120.safety.formats.base import shown
 
 if TYPE_CHECKING:
-    from flashinfer_sm120.safety.ownership import PlaceProblem
+    from flashinfer_sm120.safety.ownership import PathProblem
 
 WSB = "FLASHINFER_WORKSPACE_BASE"
 
@@ -55,18 +54,11 @@ def tag_for(tk) -> str:
     return f"nvcc{tk.nvcc_full or tk.nvcc_version}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
-def builds_refused(jit_dir: str, env=None) -> str | None:
-    """Why every JIT build in ``jit_dir`` would be refused before nvcc runs: what ``build`` refuses by and
-    ``status`` reports (P2, P8)."""
-    from flashinfer_sm120.safety.compilers import path_problem
-
-    problem = jit_dir_refused(jit_dir) or path_problem(os.environ if env is None else env)
-    return str(problem) if problem else None
 
 
-def jit_dir_refused(jit_dir: str) -> str | PlaceProblem | None:
+def jit_dir_refused(jit_dir: str) -> str | PathProblem | None:
     """Why ``jit_dir`` is no place to build in (path rule, or ownership of a level, ``tmp`` included; P2, P4)."""
-    from flashinfer_sm120.safety.formats.grammar import jit_dir_problem
+    from flashinfer_sm120.safety.fs.statedir import jit_dir_problem
     from flashinfer_sm120.safety.ownership import check_place
 
     return jit_dir_problem(jit_dir) or check_place(os.path.join(jit_dir, "tmp"), "FlashInfer's JIT directory")

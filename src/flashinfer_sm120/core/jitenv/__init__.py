@@ -1,3 +1,1 @@
-"""What the process exports to FlashInfer's JIT and its children (:mod:`.environ`), what its builds get at the first
-one (:mod:`.toolchain`: ``MAX_JOBS`` from :mod:`.memory`, the compiler cache of :mod:`.launcher`), and the manifest
-recorder (:mod:`.record`, :mod:`.generators`)."""
+"""What the process exports to FlashInfer's JIT and its children, what its builds get at the first one, the recorder."""

@@ -1,40 +1,29 @@
 """One toolkit for every JIT in the process: what is exported once FlashInfer is patched, each step with its undo
-(the patch layer's undo log, run by ``revert()``).  What only FlashInfer's builds need waits for the first one
-(:func:`.toolchain.prepare_builds`).
-"""
+(run by ``revert()``); what only FlashInfer's builds need waits for the first one (``toolchain.prepare_builds``)."""
 
 from __future__ import annotations
 
 import glob
 import logging
 import os
-import re
 import shutil
 import sys
 import threading
 from typing import Callable, Iterable
 
-from packaging.version import Version
-
 from flashinfer_sm120.core.facts import arch as _arch
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["export", "export_builds", "exported", "reset", "take_pending", "tool_release", "SHARED_BIN_DIRS",
-           "TRITON_PTXAS"]
+__all__ = ["export", "export_builds", "exported", "decisions", "reset", "take_pending", "SHARED_BIN_DIRS"]
 
 #: Never put first on ``PATH``: the system's programs there would shadow the user's.
 SHARED_BIN_DIRS = ("/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin")
-#: Which bundled ptxas Triton runs for an SM, first match wins (``get_ptxas``, triton/backends/nvidia/compiler.py):
-#: ``ptxas-thor`` for sm_110 (release/3.7.x, triton PR #10462), ``ptxas-blackwell`` from SM 100 (3.6.0+), else
-#: ``ptxas``; a binary absent from the wheel falls through.
-TRITON_PTXAS = (("ptxas-thor", lambda sm: sm == 110), ("ptxas-blackwell", lambda sm: sm >= 100),
-                ("ptxas", lambda sm: True))
 
 _lock = threading.RLock()
 _current: dict | None = None  # {"key", "undo", "info"}
 _pending: list = []  # what the first JIT build finishes: [(steps, verdicts, (home, nvcc, targets))]
-_release_memo: dict[tuple, Version | None] = {}
+_builds: dict = {}  # export_builds' decisions (noop)
 
 
 class _Steps:
@@ -44,6 +33,7 @@ class _Steps:
         self.env_undo: list[Callable[[], None]] = []
         self.late_undo: list[Callable[[], None]] = []
         self.info: dict = {}
+        self.replay: dict = {}  # what a later process with the same inputs applies as it is (laststatus)
 
     def set_env(self, name: str, value: str | None) -> None:
         """``name=value`` (``None``: removed); undone unless changed since (then it is someone else's)."""
@@ -101,18 +91,24 @@ def _export_path(steps: _Steps, bin_dir: str) -> None:
     steps.info["PATH"] = f"{bin_dir} first (was: 'which nvcc' -> {found})"
 
 
-def _export_ninja(steps: _Steps) -> None:
-    """The ninja FlashInfer's ``run_ninja`` runs from ``PATH`` (and vLLM's ``has_flashinfer`` looks for)."""
-    from flashinfer_sm120.core.toolkit import ninja
+def _export_ninja(steps: _Steps, recorded: dict | None) -> None:
+    """The ninja FlashInfer's ``run_ninja`` runs from ``PATH`` (vLLM's ``has_flashinfer`` looks there too)."""
+    if recorded is None:
+        from flashinfer_sm120.core.toolkit import ninja
+        from flashinfer_sm120.safety.ownership import fingerprint
 
-    try:
-        d, steps.info["ninja"] = ninja.export_dir(ninja.choose(), os.environ.get("PATH"), _shared_dir)
-    except ninja.NinjaError as exc:
-        steps.info["ninja"] = f"not exported: {exc}"
-        logger.warning("flashinfer-sm120: %s", exc)
-        return
-    if d is not None:
-        steps.prepend_path(d)
+        try:
+            chosen = ninja.choose()
+            d, note = ninja.export_dir(chosen, os.environ.get("PATH"), _shared_dir)
+        except ninja.NinjaError as exc:
+            steps.info["ninja"] = f"not exported: {exc}"
+            logger.warning("flashinfer-sm120: %s", exc)
+            return
+        recorded = {"dir": d, "note": note, "real": chosen.real, "stat": fingerprint(chosen.real)}
+    steps.replay["ninja"] = recorded
+    steps.info["ninja"] = recorded["note"]
+    if recorded["dir"] is not None:
+        steps.prepend_path(recorded["dir"])
 
 
 def _export_cpp_extension(steps: _Steps, home: str) -> None:
@@ -141,83 +137,34 @@ def _export_cpp_extension(steps: _Steps, home: str) -> None:
         steps.info[key] = f"{home} (was {old})"
 
 
-def tool_release(path: str, pattern: bytes = rb"release (\d+\.\d+)", *, body: bool = True) -> Version | None:
-    """What ``<path> --version`` prints (``pattern``'s group), or ``None``: trusted (P2; ``body=False``: a script's
-    body checked by the caller), bounded (P6), remembered per path, size and mtime."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, pattern, body)
-    if key not in _release_memo:
-        _release_memo[key] = None
-        try:
-            from flashinfer_sm120.safety.proc import run
-            from flashinfer_sm120.safety.trust import trace
+def _export_triton(steps: _Steps, bin_dir: str, sms: list[int], recorded: dict | None) -> None:
+    """The chosen ptxas as ``TRITON_PTXAS*_PATH`` where Triton's own cannot build a target (``.triton.plan``)."""
+    if recorded is None:
+        from flashinfer_sm120.core.jitenv.triton import plan
 
-            if trace(path, body=body).problem is None and os.access(path, os.X_OK):
-                m = re.search(pattern, run([path, "--version"], timeout=20, max_output=64 << 10).output)
-                _release_memo[key] = Version(m.group(1).decode()) if m else None
-        except Exception as exc:
-            logger.debug("flashinfer-sm120: %s --version failed: %r", path, exc)
-    return _release_memo[key]
+        recorded = plan(bin_dir, sms)
+    steps.replay["triton"] = recorded
+    steps.info["triton"] = recorded["note"]
+    for var, value in recorded["env"].items():
+        steps.set_env(var, value)
+        logger.info("flashinfer-sm120: Triton's bundled ptxas cannot build a target; set %s=%s", var, value)
 
 
-def _export_triton(steps: _Steps, bin_dir: str, sms: list[int]) -> None:
-    """The chosen ptxas as ``TRITON_PTXAS*_PATH`` (``triton/knobs.py``) where the wheel's cannot build a target
-    (Triton 3.5.0's ptxas 12.8 rejects ``sm_121a``: triton-lang/triton#8539) and the user set none."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("triton")  # a top-level package: found, not imported
-    except (ImportError, ValueError):
-        spec = None
-    roots = list(spec.submodule_search_locations or ()) if spec else []
-    dirs = [os.path.join(roots[0], *sub) for sub in (("backends", "nvidia", "bin"), ("third_party", "cuda", "bin"))
-            if roots]  # Triton 3.x, 2.x
-    triton_bin = next((d for d in dirs if os.path.isdir(d)), None)
-    user = sorted(v for v in os.environ if v.startswith("TRITON_PTXAS") and v.endswith("_PATH"))
-    if triton_bin is None or user:
-        steps.info["triton"] = f"unchanged: {', '.join(user)} set by you" if triton_bin else "not installed"
-        return
-    notes = []
-    for sm in sorted(set(sms)):
-        binary = next(name for name, applies in TRITON_PTXAS
-                      if applies(sm) and os.path.exists(os.path.join(triton_bin, name)))
-        target = (sm // 10, f"{sm % 10}a" if sm >= 90 else str(sm % 10))  # sm_arch_from_capability, Triton 3.x
-        need = _arch.min_nvcc_for(target)
-        var = f"TRITON_{binary.upper().replace('-', '_')}_PATH"  # env_nvidia_tool in triton/knobs.py
-        bundled = tool_release(os.path.join(triton_bin, binary))
-        label = f"{_arch.format_target(target)}: Triton's {binary} {bundled or '?'}"
-        ours = os.path.join(bin_dir, "ptxas")
-        if need is None or bundled is None:
-            notes.append(f"{label}: unchanged (cannot tell what it needs)")
-        elif bundled >= need:
-            notes.append(f"{label} builds it")
-        elif var in os.environ:
-            notes.append(f"{label} cannot build it (needs {need}); {var} already set for another GPU")
-        elif (tool_release(ours) or Version("0")) < need:
-            notes.append(f"{label} cannot build it (needs {need}); neither can {ours} ({tool_release(ours)})")
-        else:
-            steps.set_env(var, ours)
-            notes.append(f"{label} cannot build it (needs {need}): {var}={ours} ({tool_release(ours)})")
-            logger.info("flashinfer-sm120: Triton's bundled %s %s cannot build %s; set %s=%s",
-                        binary, bundled, _arch.format_target(target), var, ours)
-    steps.info["triton"] = "; ".join(notes) or "no GPU target"
-
-
-def _check_compilers(steps: _Steps, home: str, nvcc: str, targets) -> None:
+def _check_compilers(steps: _Steps, home: str, nvcc: str, targets, recorded: dict | None = None) -> None:
     """Refused compiler variables removed now (P2: 0.7.4 runs ``CC`` making a spec: ``host_compiler_is_gcc()``)."""
-    from flashinfer_sm120.safety import compilers
+    verdicts: list | Exception = []
+    if recorded is None or recorded["set"]:
+        from flashinfer_sm120.safety import compilers
 
-    try:
-        verdicts = compilers.check(os.environ, nvcc, home)
-    except Exception as exc:  # said in the notes (toolchain.configure)
-        verdicts = exc
+        try:
+            verdicts = compilers.check(os.environ, nvcc, home)
+        except Exception as exc:  # said in the notes (toolchain.configure)
+            verdicts = exc
     for v in [] if isinstance(verdicts, Exception) else verdicts:
         if not v.keep:
             steps.set_env(v.var, None)
             logger.warning("flashinfer-sm120: %s", v.note)
+    steps.replay["compilers"] = {"set": verdicts != []}
     steps.info["builds"] = "compiler variables checked; MAX_JOBS and the compiler cache at the first JIT build"
     with _lock:
         _pending[:] = [(steps, verdicts, (home, nvcc, targets))]
@@ -229,11 +176,14 @@ def take_pending() -> tuple | None:
         return _pending.pop() if _pending else None
 
 
-def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable[[], None]:
-    """Export the chosen toolkit to the process and its children; returns the idempotent undo.  The same arguments
-    again change nothing; others undo the previous export first; a step that fails is logged, never raised."""
+def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]],
+           recorded: dict | None = None) -> Callable[[], None]:
+    """Export the chosen toolkit to the process and its children (``recorded``: the :func:`decisions` a later process
+    replays); returns the idempotent undo.  The same arguments again change nothing, others undo the previous export
+    first; a step that fails is logged, never raised."""
     targets = tuple(sorted({(int(a), str(b)) for a, b in targets}))
     key = (home, nvcc, targets)
+    recorded = recorded or {}
     global _current
     with _lock:
         if _current is not None and _current["key"] == key:
@@ -249,16 +199,18 @@ def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable
         in_home = os.path.join(home, "bin", "nvcc")  # a view's bin when its nvcc is the chosen one
         same = os.path.realpath(in_home) == os.path.realpath(nvcc) and os.path.exists(in_home)
         bin_dir = os.path.dirname(in_home if same else nvcc)
-        for name, step, args in (("ninja", _export_ninja, ()), ("path", _export_path, (bin_dir,)),
+        sms = [a * 10 + int(b[0]) for a, b in targets]
+        for name, step, args in (("ninja", _export_ninja, (recorded.get("ninja"),)),
+                                 ("path", _export_path, (bin_dir,)),
                                  ("cpp_extension", _export_cpp_extension, (home,)),
-                                 ("triton", _export_triton, (bin_dir, [a * 10 + int(b[0]) for a, b in targets])),
-                                 ("builds", _check_compilers, (home, nvcc, targets))):
+                                 ("triton", _export_triton, (bin_dir, sms, recorded.get("triton"))),
+                                 ("builds", _check_compilers, (home, nvcc, targets, recorded.get("compilers")))):
             try:
                 step(steps, *args)
             except Exception as exc:
                 steps.info[name] = f"failed: {exc!r}"
                 logger.warning("flashinfer-sm120: exporting the toolkit: %s failed: %r", name, exc)
-        record: dict = {"key": key, "info": steps.info}
+        record: dict = {"key": key, "info": steps.info, "replay": steps.replay}
 
         def undo() -> None:
             global _current
@@ -272,14 +224,23 @@ def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable
         return undo
 
 
-def export_builds(home: str, nvcc: str, targets: Iterable[tuple[int, str]]) -> Callable[[], None]:
+def export_builds(home: str, nvcc: str, targets: Iterable[tuple[int, str]], recorded: dict | None = None
+                  ) -> Callable[[], None]:
     """Only what FlashInfer's JIT builds get, for a FlashInfer that needs no patching (``noop``).  Returns the undo."""
+    global _builds
     steps = _Steps()
     try:
-        _check_compilers(steps, home, nvcc, tuple(targets))
+        _check_compilers(steps, home, nvcc, tuple(targets), (recorded or {}).get("compilers"))
     except Exception as exc:
         logger.warning("flashinfer-sm120: setting up JIT builds failed: %r", exc)
+    _builds = steps.replay
     return steps.undo
+
+
+def decisions() -> dict:
+    """What the current export decided that a later process with the same inputs replays (``laststatus``)."""
+    with _lock:
+        return dict(_current["replay"]) if _current else dict(_builds)
 
 
 def reset() -> None:

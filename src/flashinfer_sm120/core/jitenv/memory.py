@@ -14,11 +14,8 @@ from typing import Any
 
 from flashinfer_sm120.errors import FormatError, StateFileError
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.formats.reads import iter_lines, read_json_file, read_text
-
-__all__ = ["MIB", "GIB", "MARGIN", "RECORDED_KEEP", "RECORDED_MARGIN", "FAMILIES", "Bound", "MemoryView", "Family",
-           "Estimate", "Budget", "fmt_bytes", "read_memory", "estimates_path", "recorded", "family_estimate",
-           "heaviest_estimate", "cpus", "max_jobs", "user_threads", "budget", "server_max_jobs"]
+from flashinfer_sm120.safety.formats.reads import read_json_file, read_text
+from flashinfer_sm120.safety.formats.fields import iter_lines
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -38,10 +35,13 @@ _FILES = {"2": ("memory.max", "memory.current", ("inactive_file",)),
 
 
 def fmt_bytes(n: int | None) -> str:
-    """``1.5 GiB``, ``300 MiB``; ``?`` for ``None``."""
+    """``1.5 GiB``, ``300.0 MiB``, ``2.0 KiB``, ``512 B``; ``?`` for ``None``."""
     if n is None:
         return "?"
-    return f"{n / GIB:.1f} GiB" if abs(n) >= GIB else f"{n / MIB:.0f} MiB"
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,9 +148,8 @@ def _cgroup_bounds(proc_root: str, notes: list[str]) -> list[Bound]:
 
 
 def _gpu_held(nvml: Any) -> tuple[int | None, str] | None:
-    """What the GPU side of a unified-memory GPU (GB10, 12.1) holds per NVML: ``(bytes, how)``, ``(None, why)``, or
-    ``None`` without NVML or such a GPU.  GB10 drivers answer "Not Supported" to ``nvmlDeviceGetMemoryInfo``: then
-    the GPU processes' ``usedGpuMemory``."""
+    """``(bytes, how)`` a unified-memory GPU (GB10, 12.1) holds per NVML, ``(None, why)``, or ``None``; GB10 drivers
+    answer "Not Supported" to ``nvmlDeviceGetMemoryInfo``: then the GPU processes' ``usedGpuMemory``."""
     try:
         if nvml is None:
             import pynvml as nvml  # nvidia-ml-py, a dependency
@@ -190,8 +189,7 @@ def _gpu_held(nvml: Any) -> tuple[int | None, str] | None:
 
 
 def read_memory(*, proc_root: str = "/proc", gpu: bool = True, nvml: Any = None) -> MemoryView:
-    """Memory this process may still use: the lowest bound.  Never raises.  ``proc_root`` and ``nvml`` (instead
-    of ``pynvml``) are for tests; ``gpu=False`` skips unified-memory GPUs (MemTotal less what the GPU holds)."""
+    """Memory this process may still use: the lowest bound; never raises (``proc_root``, ``nvml``: for tests)."""
     notes: list[str] = []
     bounds: list[Bound] = []
     try:
@@ -288,31 +286,22 @@ def cpus() -> int:
 
 
 def max_jobs(env=None) -> tuple[str | None, int | None, str | None]:
-    """``(raw MAX_JOBS, -j FlashInfer passes to ninja, problem)``, read as FlashInfer 0.7.x does
-    (``jit/cpp_ext.py`` ``_get_num_workers``: ``isdigit()``, then ``int()``; 0 is "no limit").  ``problem``: it
-    ignores the value (not all digits), crashes on it (``'²'.isdigit()``), or ninja 1.11 stops on it."""
+    """``(raw MAX_JOBS, -j FlashInfer passes to ninja, problem)``, read as FlashInfer 0.7.x does (``jit/cpp_ext.py``
+    ``_get_num_workers``: ``isdigit()``, then ``int()``); ``problem``: it ignores the value, raises on it
+    (``'²'.isdigit()``), passes 0 (ninja: no limit), or a value ninja 1.11 stops on."""
     raw = (os.environ if env is None else env).get("MAX_JOBS")
     if raw is None:
         return None, None, None
-    fix = ("Fix: set MAX_JOBS to a whole number such as 4 (ASCII digits only), or unset it to let "
-           "flashinfer-sm120 choose from the memory")
-    if not raw.isdigit():
-        return raw, None, (f"MAX_JOBS={shown(raw, 20)} is ignored by FlashInfer (not all digits), so its JIT "
-                           f"builds would run ninja's default of CPUs + 2 jobs whatever the memory. {fix}")
     try:
-        value = int(raw) if len(raw) <= _MAX_DIGITS else None
-    except ValueError:
+        value = int(raw) if raw.isdigit() and len(raw) <= _MAX_DIGITS else None
+    except ValueError:  # '²'.isdigit(), int('²') fails
         value = None
-    if value is None:
-        return raw, None, (f"MAX_JOBS={shown(raw, 20)} makes every FlashInfer JIT build raise ValueError "
-                           f"(FlashInfer's isdigit() accepts it, int() does not). {fix}")
-    if value == 0:  # '0', '00', fullwidth '０': ninja -j 0
-        return raw, None, (f"MAX_JOBS={shown(raw, 20)} is read by FlashInfer as 0, which ninja takes for no limit "
-                           f"(-j 0): every step of a JIT build at once, whatever the memory. {fix}")
-    if value > _NINJA_J_MAX:
-        return raw, None, (f"MAX_JOBS={shown(raw, 20)} is above {_NINJA_J_MAX}: ninja 1.11 stops with "
-                           f"'invalid -j parameter'. {fix}")
-    return raw, value, None
+    if value is not None and 1 <= value <= _NINJA_J_MAX:
+        return raw, value, None
+    return raw, None, (f"MAX_JOBS={shown(raw, 20)} is not a whole number from 1 to {_NINJA_J_MAX} in digits: "
+                       f"FlashInfer ignores it (ninja's default of CPUs + 2 jobs, whatever the memory), raises "
+                       f"ValueError on it, or runs ninja with no limit or one it refuses. Fix: set MAX_JOBS to a whole "
+                       f"number such as 4, or unset it to let flashinfer-sm120 choose from the memory")
 
 
 def user_threads(env=None) -> tuple[str | None, int | None]:
@@ -344,8 +333,7 @@ class Budget:
 
 def budget(est: Estimate, targets: int = 1, env=None, view: MemoryView | None = None,
            mem_limit: int | None = None) -> Budget:
-    """The one budget computation, of ``build``'s plan and the server's ``MAX_JOBS``: ``mem_limit`` or the memory less
-    :data:`MARGIN`; per compile ``est`` times the targets nvcc compiles at once, ``min(threads, targets)``."""
+    """The one budget of ``build``'s plan and the server's ``MAX_JOBS``: per compile ``est`` x ``min(threads, targets)``."""
     factor = max(1, min(user_threads(env)[1] or 1, targets))
     per_from = est.source + (f", x{factor} targets compiled at once" if factor > 1 else "")
     if mem_limit is not None:
@@ -359,9 +347,8 @@ def budget(est: Estimate, targets: int = 1, env=None, view: MemoryView | None = 
 
 
 def server_max_jobs(targets: int = 1, env=None, view: MemoryView | None = None) -> tuple[int | None, str]:
-    """``(MAX_JOBS to export, why)`` for the server's run-time JIT: compiles of the heaviest family that fit, at
-    most the CPUs; ``(None, why)`` when the user's ``MAX_JOBS`` works in FlashInfer (theirs wins) or memory is
-    unknown.  ``FLASHINFER_NVCC_THREADS`` is never chosen: ``--threads=N`` is on the line ninja records."""
+    """``(MAX_JOBS to export, why)``: compiles of the heaviest family that fit, at most the CPUs; ``None`` when the
+    user's works in FlashInfer or memory is unknown (``--threads`` is never chosen: it is on ninja's line)."""
     raw, _value, problem = max_jobs(env)
     if raw is not None and problem is None:
         return None, f"MAX_JOBS={shown(raw, 20)} set by you: kept"

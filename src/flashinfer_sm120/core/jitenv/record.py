@@ -19,17 +19,11 @@ from typing import Any
 
 from flashinfer_sm120.errors import FormatError, PlaceError
 from flashinfer_sm120.safety.formats.reads import env_flag
-from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.formats.reads import field, string_list
-
-__all__ = ["ENV", "FORMAT", "MAX_TARGETS", "ORIGIN", "install_if_enabled", "capture", "encode_value", "append", "encode",
-           "parse_entry"]
+from flashinfer_sm120.safety.formats.fields import field
 
 ENV = "FLASHINFER_SM120_RECORD"
 FORMAT = 1
 MAX_TARGETS = 32
-_MAX_GENERATED_BYTES = 4 << 20
-_FLAG_LISTS = ("extra_cflags", "extra_cuda_cflags", "extra_ldflags")
 _LOCK_TIMEOUT_S = 10.0
 _FIX = "record the manifest again with FLASHINFER_SM120_RECORD"
 #: Attribute of a ``JitSpecNvcc`` that holds ``{"generator", "params"}`` or why there is none.
@@ -132,8 +126,7 @@ def _origin(frame) -> dict | str:
 
 
 def encode_value(value: Any, depth: int = 0) -> Any:
-    """A generator argument as plain JSON (:mod:`flashinfer_sm120.safety.formats.params`); :raises FormatError: another
-    type (enums too: their text form is not their value)."""
+    """A generator argument as plain JSON (:mod:`.params`); :raises FormatError: another type (enums too)."""
     from flashinfer_sm120.safety.formats.params import PARAM_MAX_DEPTH
 
     if depth > PARAM_MAX_DEPTH:
@@ -191,9 +184,7 @@ def _why(exc: BaseException) -> str:
 
 
 def append(path: str, entry: dict) -> None:
-    """Append ``entry`` as one JSON line to ``path``, one ``write()`` under ``path + '.lock'`` (workers never tear).
-
-    :raises PlaceError, OSError, filelock.Timeout: its directory is another uid's to change; not writable; locked."""
+    """Append ``entry`` as one JSON line under ``path + '.lock'``; :raises PlaceError, OSError, filelock.Timeout."""
     from filelock import FileLock
 
     from flashinfer_sm120.safety.ownership import check_place
@@ -202,7 +193,7 @@ def append(path: str, entry: dict) -> None:
     # P2, P5: where another user can replace the manifest or a directory on the way, an append would
     # write outside it; the file must be yours and is never reached through a symlink
     problem = check_place(os.path.dirname(os.path.abspath(path)), f"the directory of {ENV}",
-                          f"set {ENV} to a file in a directory of your own, or unset it", doing="write in")
+                          f"set {ENV} to a file in a directory of your own, or unset it")
     if problem:
         raise PlaceError(str(problem))
     # a lock file that cannot be made (/proc/self/fd, a read-only place) fails now, not after 10 s of retries
@@ -242,8 +233,7 @@ def encode(spec, flashinfer_version: str, targets: list[str]) -> dict:
 
 
 def parse_entry(obj: Any, source: str) -> dict:
-    """One entry checked field by field against :mod:`flashinfer_sm120.safety.formats`, as a new dict (one recorded
-    before 0.3.0 carries ``spec`` and ``generated`` text, only ever compared).  :raises FormatError: names the key."""
+    """One entry checked field by field, as a new dict; :raises FormatError: names the key and the fix."""
     from functools import partial
 
     from flashinfer_sm120.safety.formats.grammar import parse, parse_version
@@ -270,63 +260,12 @@ def parse_entry(obj: Any, source: str) -> dict:
             out[key] = check(value, f"{source} {key!r}", fix=fix) if check else value
     if not out["regenerable"]:
         return out
-    generator = f(obj, "generator", (str, type(None)), source, default=None, fix=fix)
-    if generator is not None:  # threat-model: P2 (a generator and plain parameters, never code)
-        out["generator"] = ":".join(parse_generator(generator, f"{source} 'generator'", fix=fix))
-        params = f(obj, "params", (dict, type(None)), source, default=None, fix=fix) or {}
-        out["params"] = parse_params(params, f"{source} 'params'", fix=fix)
-    spec = f(obj, "spec", (dict, type(None)), source, default=None, fix=fix)
-    if spec is None and generator is None:
-        raise FormatError(f"{source}: a regenerable entry names no 'generator'; {fix}")
-    if spec is not None:
-        out["spec"] = _parse_legacy_spec(spec, f"{source} 'spec'")
-    _parse_generated(obj, source, out)
+    if "spec" in obj or "generated" in obj:  # 0.2.0 recorded source text, which replay no longer reads
+        raise FormatError(f"{source}: written by flashinfer-sm120 0.2 (it carries 'spec' or 'generated' source "
+                          f"text), which this release does not read; {fix}, or export the cache again, with this "
+                          f"release")
+    generator = f(obj, "generator", str, source, fix=fix)  # threat-model: P2 (a generator and plain parameters)
+    out["generator"] = ":".join(parse_generator(generator, f"{source} 'generator'", fix=fix))
+    params = f(obj, "params", (dict, type(None)), source, default=None, fix=fix) or {}
+    out["params"] = parse_params(params, f"{source} 'params'", fix=fix)
     return out
-
-
-def _parse_legacy_spec(spec: dict, src: str) -> dict:
-    """The ``spec`` of an entry recorded before 0.3.0: checked, compared by replay, never built from."""
-    from flashinfer_sm120.safety.formats.grammar import parse
-    from flashinfer_sm120.safety.formats.params import parse_compile_flag
-
-    f, fix = field, _FIX
-
-    def flags(values: list, key: str) -> list:
-        return [parse_compile_flag(x, f"{src} {key!r}", fix=fix)[0] for x in values]
-
-    def paths(values: list, key: str) -> list:
-        return [parse("path", p, f"{src} {key!r}", fix=fix) for p in values]
-
-    sources = string_list(f(spec, "sources", list, src, fix=fix), f"{src} 'sources'", fix=fix)
-    clean: dict[str, Any] = {"sources": paths(sources, "sources")}
-    for k in (*_FLAG_LISTS, "extra_include_dirs"):
-        v = f(spec, k, (list, type(None)), src, default=None, fix=fix)
-        clean[k] = None if v is None else paths(v, k) if k == "extra_include_dirs" else flags(v, k)
-    clean["needs_device_linking"] = f(spec, "needs_device_linking", bool, src, default=False, fix=fix)
-    key = "extra_cuda_cflags_by_source"
-    clean[key] = []
-    for pair in f(spec, key, (list, type(None)), src, default=[], fix=fix) or []:
-        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], list)):
-            raise FormatError(f"{src}: {key!r} item {shown(pair, 60)} is not [source, [flags]]; {fix}")
-        clean[key].append([paths([pair[0]], key)[0], flags(pair[1], key)])
-    return clean
-
-
-def _parse_generated(obj: dict, source: str, out: dict) -> None:
-    """``generated``: the text an entry recorded before 0.3.0 carries per generated file, only to be compared."""
-    from flashinfer_sm120.safety.formats.grammar import parse_relpath
-
-    generated = field(obj, "generated", (dict, type(None)), source, default={}, fix=_FIX) or {}
-    size = 0
-    out["generated"] = {}
-    for portable, text in generated.items():
-        if not (isinstance(portable, str) and portable.startswith("@GEN@/")):
-            raise FormatError(f"{source}: generated file {shown(portable, 60)} is not under @GEN@/; {_FIX}")
-        parse_relpath(portable[len("@GEN@/"):], f"{source} 'generated'", fix=_FIX)
-        if not isinstance(text, str):
-            raise FormatError(f"{source}: generated file {shown(portable, 60)} holds "
-                              f"{type(text).__name__}, not text; {_FIX}")
-        size += len(text)
-        if size > _MAX_GENERATED_BYTES:
-            raise FormatError(f"{source}: generated sources exceed {_MAX_GENERATED_BYTES >> 20} MiB; {_FIX}")
-        out["generated"][portable] = text

@@ -12,12 +12,9 @@ import threading
 
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.formats.reads import env_text
+from flashinfer_sm120.safety.formats.fields import env_text
 
 logger = logging.getLogger("flashinfer_sm120")
-
-__all__ = ["CACHE_ENV", "Setup", "configure", "prepare_builds", "last", "refresh_max_jobs", "requested",
-           "request_from_flag", "asked_by"]
 
 #: The compiler cache's opt-in variable; its one value besides off is ``sccache``.
 CACHE_ENV = "FLASHINFER_SM120_COMPILER_CACHE"
@@ -67,8 +64,7 @@ def requested(env=None) -> tuple[str | None, str | None]:
 
 
 def configure(home: str, nvcc: str, targets, env=None, verdicts=None) -> Setup:
-    """Decide for ``home``, ``nvcc`` and FlashInfer's ``targets`` from ``env``, changing nothing; ``verdicts``: those
-    of :func:`flashinfer_sm120.safety.compilers.check` (or what it raised) when already checked.  Never raises."""
+    """Decide from ``env``, changing nothing (``verdicts``: :func:`.compilers.check`'s, when known); never raises."""
     env = os.environ if env is None else env
     if verdicts is None:
         from flashinfer_sm120.safety import compilers
@@ -118,8 +114,7 @@ def configure(home: str, nvcc: str, targets, env=None, verdicts=None) -> Setup:
 
 
 def prepare_builds() -> None:
-    """At FlashInfer's first JIT build (the patch's build gate): :func:`configure` with the export's verdicts, applied
-    through its undo log.  Later calls do nothing; never raises."""
+    """At FlashInfer's first JIT build: :func:`configure`, applied through the export's undo log; never raises."""
     from flashinfer_sm120.core.jitenv import environ
 
     with _lock:  # held while deciding: a second builder waits for MAX_JOBS
@@ -148,8 +143,7 @@ def prepare_builds() -> None:
 
 
 def refresh_max_jobs() -> None:
-    """Before each ninja run: our ``MAX_JOBS`` again from the memory left now (a server loads its model after
-    importing FlashInfer).  Never raises."""
+    """Before each ninja run: our ``MAX_JOBS`` from the memory left now (a model loads after import); never raises."""
     try:
         with _lock:
             mine = _state["jobs"]

@@ -15,16 +15,15 @@ import wrapt
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.core.jitenv import environ
 from flashinfer_sm120.safety.formats.reads import env_flag
-from flashinfer_sm120.core.patch.resolve import Resolution, resolve
+from flashinfer_sm120.core.patch.resolve import Resolution
 from flashinfer_sm120.core.patch import laststatus
-from flashinfer_sm120.core.patch.state import STATE, Mode, StatusDict, StepResult, render, summary, targets_origin
+from flashinfer_sm120.core.patch.state import STATE, Mode, StatusDict, StepResult, render
 from flashinfer_sm120.core.patch import steps
 from flashinfer_sm120.core.patch.steps import HOOKED_MODULES, STEPS, refresh_derived
-from flashinfer_sm120.core.view.meta import lacks
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["install", "revert", "status", "summary", "targets_origin", "resolve", "record_status", "chosen_toolkit"]
+__all__ = ["install", "revert", "status", "record_status"]
 
 
 def _ensure_resolution() -> None:
@@ -38,8 +37,15 @@ def _ensure_resolution() -> None:
         inputs = None
     with STATE.lock:
         first, STATE.resolved = not STATE.resolved, True
-    try:  # a later process's first resolution with the same inputs replays the recorded decision
-        res: Resolution | str = (first and inputs is not None and laststatus.replay(inputs)) or resolve(guard=True)
+    replayed = first and inputs is not None and laststatus.replay(inputs)  # a later process with the same inputs
+    res: Resolution | str
+    try:
+        if replayed:
+            res = replayed[0]
+        else:
+            from flashinfer_sm120.core.patch.decide import resolve  # a first process
+
+            res = resolve(guard=True)
     except Exception as exc:  # a view that cannot be built, a broken NVML ...
         res = str(exc) or repr(exc)
         if isinstance(exc, ImportError) and (exc.name or "").partition(".")[0] not in ("flashinfer", "torch"):
@@ -50,6 +56,7 @@ def _ensure_resolution() -> None:
         if STATE.mode is not Mode.IDLE or STATE.resolution is not None:
             return
         STATE.inputs = inputs
+        STATE.recorded_export = replayed[1] if replayed else None
         if isinstance(res, str):
             STATE.mode = Mode.FAILED
             STATE.error = res
@@ -177,7 +184,7 @@ def _apply_locked(just_imported: str | None = None) -> None:
             # noop: FlashInfer's toolkit is right, but its builds still get the memory policy and the checks
             export = environ.export if mode is Mode.PATCHED else environ.export_builds
             STATE.undo.add(f"environ.{export.__name__}", export(res.home.path, res.choice.toolkit.nvcc,
-                                                                res.choice.targets))
+                                                                res.choice.targets, STATE.recorded_export))
             STATE.exported = True
             _warn_jit_dir()
     except Exception as exc:
@@ -209,7 +216,7 @@ def _announce(mode: Mode, res: Resolution) -> None:
     # Changing the toolkit FlashInfer would have used, or a CUDA_HOME it could not link with (its own nvcc kept in
     # a view), or reading a malformed CUDA_HOME, is worth one visible line.
     changed = bool(res.cleaned) or (mode is Mode.PATCHED and res.naive_root != res.home.path
-                                    and (not res.own or not res.naive_root or bool(lacks(res.naive_root))))
+                                    and (not res.own or not res.naive_root or bool(res.naive_lacks)))
     level = logging.WARNING if changed and not env_flag("FLASHINFER_SM120_QUIET") else logging.INFO
     logger.log(level, "flashinfer-sm120: %s", STATE.summary)
 
@@ -220,7 +227,7 @@ def record_status(st: StatusDict | None = None) -> None:
         with STATE.lock:
             inputs, res = STATE.inputs, STATE.resolution
         if inputs is not None:
-            laststatus.save(laststatus.from_status(st or status()), inputs, res)
+            laststatus.save(laststatus.from_status(st or status()), inputs, res, environ.decisions())
     except Exception as exc:  # pragma: no cover - save never raises
         logger.debug("flashinfer-sm120: status not recorded: %r", exc)
 
@@ -294,11 +301,6 @@ def revert() -> dict:
         return status()
 
 
-def chosen_toolkit():
-    """The :class:`~flashinfer_sm120.core.toolkit.model.Toolkit` FlashInfer builds with, or ``None``."""
-    with STATE.lock:
-        res = STATE.resolution
-        return res.choice.toolkit if res is not None and res.choice is not None else None
 
 
 def status() -> StatusDict:

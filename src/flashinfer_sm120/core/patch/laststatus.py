@@ -1,7 +1,6 @@
 """The last statuses this user's processes reached, in ``<cache_root>/last-status.json`` (up to :data:`KEEP`
-records, newest first, one per set of :func:`inputs`: everything the resolution reads, without running
-anything), so that ``status`` answers and a later process resolves without probing again (:func:`replay`).
-"""
+records, newest first, one per set of :func:`inputs`: everything the resolution reads, without running anything),
+so that ``status`` answers and a later process replays the decision instead of probing again (:func:`replay`)."""
 
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ def _entry(path: str) -> list | None:
 
 
 def _nvcc_entries(env: dict[str, str]) -> dict[str, list | None]:
-    """The nvcc each place FlashInfer and we look at names (a ``$CUDA_HOME/bin/nvcc`` replaced by
-    another release changes the answer, though the chosen nvcc did not change)."""
+    """The nvcc each place FlashInfer and we look at names (another ``$CUDA_HOME/bin/nvcc`` changes the answer)."""
     out = {var: _entry(os.path.join(env[var], "bin", "nvcc")) for var in ("CUDA_HOME", "CUDA_PATH") if env.get(var)}
     if env.get("FLASHINFER_NVCC"):
         out["FLASHINFER_NVCC"] = _entry(env["FLASHINFER_NVCC"])
@@ -96,8 +94,7 @@ def path() -> str:
 
 
 def from_status(st: dict) -> dict:
-    """What ``status`` prints of :func:`flashinfer_sm120.status`: ``mode``, ``error``, ``toolkit`` (``None``
-    when none fits), ``targets``, ``arch_list_error``, ``flashinfer``."""
+    """What ``status`` prints of :func:`flashinfer_sm120.status` (``toolkit`` is ``None`` when none fits)."""
     res = st.get("resolution") or {}
     choice = res.get("choice") or {}
     tk = choice.get("toolkit") or None
@@ -110,32 +107,32 @@ def from_status(st: dict) -> dict:
                 flashinfer=(res.get("release") or {}).get("version"))
 
 
-def save(status: dict, recorded_inputs: dict[str, Any], res=None) -> None:
-    """Record ``status`` for ``recorded_inputs`` (taken before FlashInfer changed the environment), with
-    the resolution ``res`` of a patched or noop process for :func:`replay`."""
+def save(status: dict, recorded_inputs: dict[str, Any], res=None, export: dict | None = None) -> None:
+    """Record ``status`` for ``recorded_inputs``, with a patched or noop process's ``res`` and ``export`` to replay."""
     try:
-        from flashinfer_sm120.safety.fs.atomic import write_json_atomic
-        from flashinfer_sm120.core.toolkit.memo import fingerprint
+        from flashinfer_sm120.safety.ownership import fingerprint
 
         st = dict(status)
         if st.get("toolkit"):
             st["toolkit"] = dict(st["toolkit"], stat=fingerprint(st["toolkit"]["nvcc"]))
         record = {"inputs": recorded_inputs, "status": st}
         if res is not None and res.choice is not None and status["mode"] in ("patched", "noop"):
-            record["resolution"] = dict(res.to_dict(), own=res.own, nvcc_stat=fingerprint(res.choice.toolkit.nvcc))
+            record["resolution"] = dict(res.to_dict(), own=res.own, nvcc_stat=fingerprint(res.choice.toolkit.nvcc),
+                                        view_stat=fingerprint(res.home.path) if res.home.is_view else None,
+                                        export=export or {})
         old = load()[0]
         kept = [r for r in old if r["inputs"] != recorded_inputs][:KEEP - 1]
         if old != [record] + kept:
+            from flashinfer_sm120.safety.fs.atomic import write_json_atomic
+
             write_json_atomic(path(), {"schema": SCHEMA, "records": [record] + kept})
     except Exception:  # a read-only HOME, a full disk: status takes the slow path
         pass
 
 
 def load() -> tuple[list[dict], str | None]:
-    """The file's well-formed records, or ``[]`` and why none: read only when this uid owns it and no one else
-    can write it (P2), through the bounded reader (P6)."""
-    from flashinfer_sm120.safety.formats.reads import read_json_file
-    from flashinfer_sm120.safety.fs.atomic import MAX_STATE_BYTES
+    """The well-formed records, or ``[]`` and why none: only from a file this uid alone can write (P2), bounded (P6)."""
+    from flashinfer_sm120.safety.formats.reads import MAX_STATE_BYTES, read_json_file
 
     try:
         where, uid = path(), os.geteuid()
@@ -173,16 +170,44 @@ def _well_formed(st: Any) -> bool:
             and all(text(st.get(k)) for k in ("error", "arch_list_error", "flashinfer")))
 
 
-def replay(now: dict[str, Any]):
-    """The :class:`~.resolve.Resolution` recorded for inputs equal to ``now``, else ``None`` (the caller
-    resolves afresh: P1).  Its nvcc must be unchanged, and it and the toolkit's directories pass the trust
-    rule again (P2); its view is leased (P3) and checked as adoption checks it."""
+def _unchanged(program: str, stat: list | None) -> bool:
+    """``program`` is the recorded binary (P1) and still passes the trust rule (P2); a script is traced again."""
+    from flashinfer_sm120.safety.ownership import fingerprint, trust_reason
+
+    if stat is None or fingerprint(program) != stat or trust_reason(program, absent_ok=False):
+        return False
+    with open(program, "rb") as fh:
+        if fh.read(2) != b"#!":
+            return True
+    from flashinfer_sm120.safety.trust import check_executable
+
+    return check_executable(program) is None
+
+
+def _export_unchanged(export: dict) -> bool:
+    """The recorded ninja is still the one ``PATH`` finds and every ptxas asked is unchanged (``environ.export``)."""
+    import shutil
+
+    from flashinfer_sm120.safety.ownership import fingerprint
+
+    ninja, triton = export.get("ninja"), export.get("triton")
+    if ninja is not None:
+        found = shutil.which("ninja", path=ninja["dir"] or os.environ.get("PATH") or os.defpath)
+        if not found or os.path.realpath(found) != ninja["real"] or not _unchanged(found, ninja["stat"]):
+            return False
+    return triton is None or (all(fingerprint(p) == fp for p, fp in triton["stat"].items())
+                              and all(_unchanged(v, triton["stat"].get(v)) for v in triton["env"].values()))
+
+
+def replay(now: dict[str, Any]) -> tuple[Any, dict] | None:
+    """``(Resolution, export decisions)`` recorded for inputs equal to ``now``, else ``None`` (the caller resolves
+    afresh: P1).  Its nvcc and ninja are the recorded binaries and pass the trust rule again, as do the toolkit's
+    directories (P2); its view is leased (P3) and is the directory the first process checked (P2)."""
     try:
         from flashinfer_sm120.core.facts.releases import release_info
         from flashinfer_sm120.core.patch.resolve import Resolution, flashinfer_version
-        from flashinfer_sm120.core.toolkit.memo import fingerprint
-        from flashinfer_sm120.safety.ownership import trust_reason
-        from flashinfer_sm120.safety.trust import check_executable
+        from flashinfer_sm120.safety.fs import lease
+        from flashinfer_sm120.safety.ownership import fingerprint, trust_reason
 
         rec = next((r for r in load()[0] if r["inputs"] == now and r.get("resolution")), None)
         if rec is None:
@@ -191,19 +216,16 @@ def replay(now: dict[str, Any]):
         res = Resolution.from_dict(d, release_info(flashinfer_version()), d["own"] is True)
         tk = res.choice.toolkit
         dirs = [tk.root, *tk.include_dirs, tk.lib_dir, res.home.curand_include]
-        if fingerprint(tk.nvcc) != d["nvcc_stat"] or check_executable(tk.nvcc) is not None \
-                or any(trust_reason(p, absent_ok=False) for p in dirs if p):
+        if not _unchanged(tk.nvcc, d["nvcc_stat"]) or any(trust_reason(p, absent_ok=False) for p in dirs if p) \
+                or not _export_unchanged(d["export"]):
             return None
         if res.home.is_view:
-            from flashinfer_sm120.core.view.meta import check_view
-            from flashinfer_sm120.safety.fs import lease
-
             if not lease.hold(res.home.path):
                 return None
-            if check_view(res.home.path, tk, res.home.curand_include)[0] is None:
+            if fingerprint(res.home.path) != d["view_stat"]:  # pruned and made again since
                 lease.release(res.home.path)
                 return None
-        return res
+        return res, d["export"]
     except Exception:  # another shape, a read refused: resolve afresh
         return None
 

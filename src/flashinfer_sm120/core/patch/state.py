@@ -1,6 +1,5 @@
-"""The patch state of the process (:data:`STATE`: mode, resolution, undo log) and its one summary line.
-Modes: idle -> patched | guard | noop | failed when FlashInfer is imported; revert() -> reverted;
-FLASHINFER_SM120_DISABLE -> disabled; install() after reverted/failed/disabled/guard resolves again."""
+"""The patch state of the process (:data:`STATE`: mode, resolution, undo log) and its one summary line.  Modes: idle ->
+patched | guard | noop | failed at FlashInfer's import; reverted; disabled; install() after any but patched resolves again."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from flashinfer_sm120.core.toolkit.model import RejectKind
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["Mode", "StepResult", "UndoLog", "State", "STATE", "StatusDict", "render", "summary", "targets_origin",
+__all__ = ["Mode", "StepResult", "UndoLog", "State", "STATE", "StatusDict", "render",
            "describe", "targets_from_text", "NO_TARGETS_FIX"]
 
 
@@ -114,6 +113,7 @@ class State:
     summary: str = ""
     inputs: dict | None = None  # what the resolution read (laststatus.inputs), taken before it
     resolved: bool = False  # a resolution was made in this process: install() after revert() resolves afresh
+    recorded_export: dict | None = None  # the export decisions replayed with the resolution (laststatus.replay)
 
     def log_once(self, level: int, msg: str) -> None:
         if msg not in self.logged:
@@ -122,7 +122,7 @@ class State:
 
     def reset(self, mode: Mode) -> None:
         """Forget the resolution and the steps; switch to ``mode`` (the undo log must be empty)."""
-        self.mode, self.resolution, self.error, self.inputs = mode, None, None, None
+        self.mode, self.resolution, self.error, self.inputs, self.recorded_export = mode, None, None, None, None
         self.steps, self.patched_modules, self.exported = {}, {}, False
 
 
@@ -133,8 +133,7 @@ NO_TARGETS_FIX = "set e.g. FLASHINFER_CUDA_ARCH_LIST=12.0 (RTX 5090 / RTX PRO 60
 
 
 def describe(res: Resolution, targets_from: str | None = None) -> str:
-    """The summary's body: toolkit, view, targets and where they came from (``targets_from`` when the
-    caller set them, e.g. ``from --arch 12.0``), what FlashInfer alone would use."""
+    """The summary's body: toolkit, view, targets and where from (``targets_from``), what FlashInfer alone would use."""
     notes = "".join(f"; {n}" for n in res.cleaned)
     if res.choice is None:
         return f"FlashInfer {res.release.version}; GPUs from {res.gpu_query.describe()}{notes}; {res.error}"
@@ -163,7 +162,7 @@ def targets_from_text(res: Resolution) -> str:
 
 
 def render(mode: Mode, res: Resolution, targets_from: str | None = None) -> str:
-    """The one line for ``mode``: logged once when FlashInfer is patched, and :func:`summary`."""
+    """The one line for ``mode``: logged once when FlashInfer is patched, and ``build``'s summary."""
     if mode is Mode.GUARD:
         return f"guarding FlashInfer: no CUDA toolkit fits, so its first JIT build will raise this message: " \
                f"{describe(res, targets_from)}"
@@ -173,21 +172,3 @@ def render(mode: Mode, res: Resolution, targets_from: str | None = None) -> str:
         return (f"FlashInfer already resolves correctly ({describe(res, targets_from)}); not patching "
                 f"its toolkit or targets, only its JIT workspace and the checks before nvcc{skipped}")
     return f"patched FlashInfer: {describe(res, targets_from)}{skipped}"
-
-
-def summary(targets_from: str | None = None) -> str:
-    """Where patching stands in one line; ``targets_from`` names where the targets came from when a caller
-    set them (``build --arch`` exports them as ``FLASHINFER_CUDA_ARCH_LIST``)."""
-    with STATE.lock:
-        if targets_from and STATE.resolution is not None and STATE.mode in (Mode.PATCHED, Mode.NOOP, Mode.GUARD):
-            return render(STATE.mode, STATE.resolution, targets_from)
-        return STATE.summary
-
-
-def targets_origin(given: str | None = None) -> str | None:
-    """``given``, else where the chosen targets came from in words, else ``None`` (no toolkit chosen)."""
-    if given:
-        return given
-    with STATE.lock:
-        res = STATE.resolution
-        return targets_from_text(res) if res is not None and res.choice is not None else None

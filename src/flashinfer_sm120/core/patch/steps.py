@@ -14,10 +14,8 @@ import wrapt
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
-from flashinfer_sm120.errors import Sm120Error, ToolkitError
-from flashinfer_sm120.core.facts.workspace import builds_refused
 from flashinfer_sm120.core.facts.workspace import tag_for
-from flashinfer_sm120.core.patch.state import NO_TARGETS_FIX, STATE, Mode
+from flashinfer_sm120.core.patch.state import STATE, Mode
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -54,8 +52,7 @@ def _version() -> Version:
 
 
 def current_targets() -> set[tuple[int, str]]:
-    """Targets for a new ``CompilationContext``: ``FLASHINFER_CUDA_ARCH_LIST`` re-read at each call as FlashInfer
-    does (bad entries logged once and dropped; the nvcc gate refuses what nvcc cannot build), else the GPUs."""
+    """Targets for a new ``CompilationContext``: the arch list re-read as FlashInfer does, else the GPUs."""
     from flashinfer_sm120.core.patch.resolve import arch_specs
 
     res = STATE.resolution
@@ -78,18 +75,6 @@ def current_targets() -> set[tuple[int, str]]:
     return out
 
 
-def guard_message() -> str:
-    """The one message a guarded JIT build raises."""
-    res = STATE.resolution
-    text = ("flashinfer-sm120 stopped this FlashInfer JIT build before nvcc ran, because no CUDA "
-            f"toolkit fits: {res.error if res is not None else STATE.error}")
-    try:  # after the real fix: the installed server's own ways around (serverprobe.py)
-        from flashinfer_sm120.core.facts.serverprobe import fallback_text
-
-        more = fallback_text()
-    except Exception:  # pragma: no cover - never let the message itself fail
-        more = ""
-    return f"{text}\n{more}" if more else text
 
 
 def _normalize_wrapper(wrapped, instance, args, kwargs):
@@ -135,55 +120,24 @@ def _workspace_wrapper(wrapped, instance, args, kwargs):
     return path
 
 
+
+
+
+
 def _nvcc_gate(wrapped, instance, args, kwargs):
-    if STATE.mode is Mode.GUARD:
-        raise ToolkitError(guard_message())
-    if STATE.mode in (Mode.PATCHED, Mode.NOOP):
-        from flashinfer_sm120.core.jitenv.toolchain import prepare_builds, refresh_max_jobs
+    from flashinfer_sm120.core.patch.gate import nvcc_gate  # loaded by the first JIT build, not at import
 
-        prepare_builds()  # the first build: MAX_JOBS and the compiler cache, before FlashInfer reads them
-        refresh_max_jobs()  # the memory left now, not at import: the model may have loaded since
-        from flashinfer.jit import env as jit_env
-
-
-        # the one list build and status refuse by: a JIT directory another uid can change (whose .so
-        # FlashInfer would load after this "build" found it up to date), a program run by name, TMPDIR
-        problem = builds_refused(str(jit_env.FLASHINFER_JIT_DIR))
-        from flashinfer_sm120.core.toolkit.fixes import unbuildable
-
-        bad = None if problem else unbuildable(current_targets(), _version())
-        if bad:
-            tk = STATE.resolution.choice.toolkit
-            problem = (f"FLASHINFER_CUDA_ARCH_LIST={os.environ.get('FLASHINFER_CUDA_ARCH_LIST')!r} asks for targets "
-                       f"the chosen nvcc {tk.nvcc_full} at {tk.root} cannot build: " + " ".join(bad))
-        if problem:
-            raise ToolkitError(f"flashinfer-sm120 stopped this FlashInfer JIT build before nvcc ran: {problem}")
-        from flashinfer_sm120.safety.fs.atomic import exported_build_tmp
-
-        with exported_build_tmp():  # run_ninja passes no env: its nvcc's predictable temp names in a dir of ours
-            return wrapped(*args, **kwargs)
-    return wrapped(*args, **kwargs)
+    return nvcc_gate(wrapped, args, kwargs, current_targets)
 
 
 def _arch_check(wrapped, instance, args, kwargs):
-    if not STATE.mode.active:
-        return wrapped(*args, **kwargs)
-    try:
-        return wrapped(*args, **kwargs)
-    except RuntimeError as exc:
-        if STATE.mode is Mode.GUARD:
-            raise ToolkitError(guard_message()) from exc
-        res = STATE.resolution
-        raise Sm120Error(
-            "flashinfer-sm120: no target architecture to build for: "
-            + (f"no GPU visible ({res.gpu_query.describe() if res and res.gpu_query else 'unknown'})"
-               if res is not None and not res.gpus else "no usable target")
-            + f" and FLASHINFER_CUDA_ARCH_LIST names none. Fix: {NO_TARGETS_FIX}") from exc
+    from flashinfer_sm120.core.patch.gate import arch_check
+
+    return arch_check(wrapped, args, kwargs)
 
 
 def _rebind(original, replacement) -> None:
-    """Point every loaded ``flashinfer`` module's name for ``original`` at ``replacement``
-    (modules that did ``from .cpp_ext import get_cuda_version``)."""
+    """Point every ``flashinfer`` module's name for ``original`` (``from .cpp_ext import ...``) at ``replacement``."""
     for mod_name, mod in list(sys.modules.items()):
         if mod is not None and (mod_name == "flashinfer" or mod_name.startswith("flashinfer.")):
             for attr, val in list(vars(mod).items()):
@@ -269,8 +223,7 @@ STEPS: dict[str, list[Step]] = {
 
 
 def refresh_derived() -> None:
-    """Recompute what FlashInfer derived at import (caches, ``current_compilation_context.TARGET_CUDA_ARCHS``
-    in place, the JIT workspace dirs) from the now current class and toolkit: after patching and reverting."""
+    """Recompute what FlashInfer derived at import (caches, ``TARGET_CUDA_ARCHS``, the JIT workspace dirs)."""
     for mod_name, names in _CACHES.items():
         for name in names:
             clear = getattr(getattr(sys.modules.get(mod_name), name, None), "cache_clear", None)
@@ -301,8 +254,7 @@ def refresh_derived() -> None:
 
 
 def _lease_workspace(ws: str) -> None:
-    """Lease the JIT workspace for this process (P3), then create it (a ``cache prune`` may have removed it
-    while the lease was awaited); nothing in a tree another uid owns (P4; _warn_jit_dir says why)."""
+    """Lease the JIT workspace (P3), then create it (a prune may have removed it); never in another's tree (P4)."""
     from flashinfer_sm120.safety.fs import lease
 
     if lease.place_problem(ws):

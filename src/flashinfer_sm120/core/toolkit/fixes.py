@@ -10,7 +10,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
-from flashinfer_sm120.core.facts.arch import assigned, named
+from flashinfer_sm120.core.facts.archopt import assigned, named
 from flashinfer_sm120.core.toolkit.model import Toolkit
 
 #: The pip distribution that installs one consistent CUDA 13 set into ``site-packages/nvidia/cu13``.
@@ -59,17 +59,7 @@ def target_reason(t: tuple[int, str], v: Version) -> str:
 
 def torch_major_why(torch_cuda: str) -> str:
     tmm = _arch.major_minor(torch_cuda)
-    major = tmm.major if tmm else torch_cuda
-    return f"the JIT module links the nvcc's libcudart major, and torch loads libcudart.so.{major}"
-
-
-def major_mismatch_reason(nvcc_version: Version, torch_cuda: str) -> str:
-    return (f"CUDA {nvcc_version.major}, but torch is built for CUDA {torch_cuda} "
-            f"(another libcudart major; {ALLOW_OTHER_MAJOR_ENV}=1 accepts it anyway)")
-
-
-def min_nvcc_reason(nvcc_version: Version, min_nvcc: Version, why: str | None) -> str:
-    return f"nvcc {nvcc_version} is older than {min_nvcc}, needed because {why or 'of this FlashInfer release'}"
+    return f"the JIT module links the nvcc's libcudart major, and torch loads libcudart.so.{tmm.major if tmm else torch_cuda}"
 
 
 def consistent_set_fix(nvcc_version: Version, pip: bool) -> str:

@@ -8,14 +8,18 @@ import errno
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Callable
+
+from packaging.version import Version
 
 from flashinfer_sm120.errors import FormatError, StateFileError
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.grammar import parse_version
 from flashinfer_sm120.safety.fs.statedir import cache_root, lists_only
 from flashinfer_sm120.safety.fs.atomic import compute_once, read_json, write_json_atomic
+from flashinfer_sm120.safety.ownership import fingerprint
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -35,16 +39,6 @@ _LATER = f"(not retried for {FAILURE_MEMORY_S / 60:g} min)"
 
 def memo_path() -> str:
     return os.path.join(cache_root(), "nvcc-version.json")
-
-
-def fingerprint(path: str) -> list[int] | None:
-    """``[dev, ino, size, mtime_ns, ctime_ns]`` of ``path`` (links followed), or ``None``: the one rule for
-    "the same binary" (the memo, views, launchers, workspaces)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _valid(e: object) -> bool:
@@ -163,3 +157,18 @@ def _run_version(path: str, parse: Callable[[str], str], name: str, fix: str, ti
         what = "no 'release X.Y, VX.Y.Z' line" if name == "nvcc" else f"no version ({exc})"
         return None, (f"{path} --version printed {what} (exit {res.returncode}, {first}); it is not a "
                       f"working {name}: fix it {fix}"), True
+
+
+def tool_release(path: str, pattern: bytes = rb"release (\d+\.\d+)", *, body: bool = True) -> Version | None:
+    """The version ``path --version`` prints (``pattern``'s group) by :func:`version_of`, or ``None``; run only
+    when it passes the trust rule (P2; ``body=False``: a script's body checked by the caller)."""
+    from flashinfer_sm120.safety.trust import trace
+
+    if trace(path, body=body).problem is not None or not os.access(path, os.X_OK):
+        return None
+
+    def parse(out: str) -> str:
+        return str(parse_version(re.search(pattern.decode(), out, re.M).group(1), f"{path} --version"))
+
+    full, _ = version_of(path, parse, name=os.path.basename(path), fix="", timeout=20.0)
+    return Version(full) if full else None

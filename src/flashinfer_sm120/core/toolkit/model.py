@@ -1,4 +1,4 @@
-"""What a CUDA toolkit candidate is, and what a choice among them is (data only)."""
+"""What a CUDA toolkit candidate is, what a choice among them is, the home FlashInfer gets, and the GPUs (data only)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from dataclasses import asdict, dataclass
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
-from flashinfer_sm120.safety.formats.grammar import parse_version
 
 
 @dataclass(frozen=True)
@@ -41,10 +40,6 @@ class Toolkit:
     problem: str | None = None
     given_as: str | None = None
     disagreement: VersionDisagreement | None = None
-
-    def __post_init__(self) -> None:
-        if self.nvcc_full is not None:  # parsed once, only formatted from the Version after that
-            object.__setattr__(self, "nvcc_full", str(parse_version(self.nvcc_full, f"nvcc at {self.root}")))
 
     @property
     def label(self) -> str:
@@ -92,8 +87,7 @@ class Rejection:
 
 @dataclass(frozen=True)
 class Choice:
-    """The outcome of :func:`~.policy.choose`: the toolkit, its targets and their capabilities, every other
-    candidate's rejection, why it won, and ``torch.version.cuda``."""
+    """The outcome of :func:`~.policy.choose`: the toolkit, targets, capabilities, rejections, why, torch's CUDA."""
 
     toolkit: Toolkit
     targets: tuple[tuple[int, str], ...]
@@ -117,3 +111,41 @@ class Choice:
             "reason": self.reason,
             "torch_cuda": self.torch_cuda,
         }
+
+
+@dataclass(frozen=True)
+class CudaHome:
+    """``CUDA_HOME`` for FlashInfer, the toolkit behind it, what a view adds, and where ``curand.h`` comes
+    from (``None``: FlashInfer's sampling module will not compile)."""
+
+    path: str
+    toolkit_root: str
+    is_view: bool
+    added: tuple[str, ...]
+    curand_include: str | None
+
+    def to_dict(self) -> dict:
+        return dict(asdict(self), added=list(self.added))
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU: NVML ``index`` (PCI bus order), ``name``, ``uuid`` (``GPU-...``), ``capability`` ``(12, 0)``."""
+
+    index: int
+    name: str
+    uuid: str
+    capability: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class GPUQuery:
+    """The visible GPUs; ``source`` ``"nvml"``, ``"torch.cuda"`` or ``"none"``; ``note``: why not NVML."""
+
+    gpus: tuple[GPU, ...]
+    source: str
+    note: str | None = None
+
+    def describe(self) -> str:
+        """``"torch.cuda (NVML: nvmlInit failed: ...)"``."""
+        return self.source + (f" (NVML: {self.note})" if self.note else "")

@@ -17,7 +17,8 @@ from packaging.version import Version
 
 from flashinfer_sm120.core.toolkit.memo import version_of
 from flashinfer_sm120.errors import PlaceError, Sm120Error
-from flashinfer_sm120.safety.formats.grammar import make_private_dirs, parse_leading_version
+from flashinfer_sm120.safety.formats.grammar import parse_leading_version
+from flashinfer_sm120.safety.fs.places import make_private_dirs
 from flashinfer_sm120.safety.fs.statedir import cache_root
 from flashinfer_sm120.safety.fs.atomic import make_private
 from flashinfer_sm120.safety.ownership import mine_problem

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
+from flashinfer_sm120.core.facts import archopt
 from flashinfer_sm120.core.toolkit import fixes as _fixes
 from flashinfer_sm120.core.toolkit.fixes import ALLOW_OTHER_MAJOR_ENV
 from flashinfer_sm120.core.toolkit.model import Choice, RejectKind, Rejection, Toolkit
@@ -43,8 +44,7 @@ def choose(toolkits: Sequence[Toolkit], arch_specs: list[_arch.ArchSpec] | None,
            capabilities: list[tuple[int, int]], torch_cuda: str | None, *, min_nvcc: Version | None = None,
            min_nvcc_why: str | None = None, allow_other_major: bool | None = None,
            own: str | None = None) -> Choice:
-    """The toolkit that builds the best targets for ``arch_specs`` (else the GPUs' ``capabilities``) with
-    ``torch_cuda``, ``toolkits`` read lazily up to the pick; ``own``: the real nvcc FlashInfer alone would run."""
+    """The toolkit building the best targets of ``arch_specs`` (else the GPUs'); ``own``: FlashInfer's own nvcc."""
     if allow_other_major is None:
         allow_other_major = other_major_allowed()
     if arch_specs is not None:
@@ -112,9 +112,10 @@ def _why_not(tk: Toolkit, targets, explicit, torch_cuda, major, min_nvcc, min_nv
         return "version unknown"
     why: list[str] = []
     if major is not None and v.major != major:
-        why.append(_fixes.major_mismatch_reason(v, torch_cuda))
+        why.append(f"CUDA {v.major}, but torch is built for CUDA {torch_cuda} (another libcudart major; "
+                   f"{ALLOW_OTHER_MAJOR_ENV}=1 accepts it anyway)")
     if min_nvcc is not None and v < min_nvcc:
-        why.append(_fixes.min_nvcc_reason(v, min_nvcc, min_nvcc_why))
+        why.append(f"nvcc {v} is older than {min_nvcc}, needed because {min_nvcc_why or 'of this FlashInfer release'}")
     missing = [t for t in targets if not _arch.target_supported(t, v, explicit=t in explicit)]
     if missing:
         why.append(f"nvcc {v} cannot build " + ", ".join(_fixes.target_reason(t, v) for t in missing))
@@ -155,7 +156,7 @@ def _choice(toolkits, pick, verdict, why, caps, fixed, wanted, preferred, torch_
                    f"{ALLOW_OTHER_MAJOR_ENV} is set: {_fixes.torch_major_why(torch_cuda)}")
     unknown = [t for t in targets if _arch.min_nvcc_for(t) is None]
     if unknown:
-        reason += f"; {_names(unknown)} not in flashinfer-sm120's table, used as given in {_arch.named()}"
+        reason += f"; {_names(unknown)} not in flashinfer-sm120's table, used as given in {archopt.named()}"
     return Choice(tk, targets, tuple(caps), rejected, reason, torch_cuda)
 
 
@@ -165,7 +166,7 @@ def _refusal(toolkits, reasons, arch_specs, capabilities, target_sets, explicit,
     gpus = ", ".join(f"{a}.{b}" for a, b in dict.fromkeys(capabilities))
     if arch_specs is not None:
         listed = " ".join(f"{s.major}.{s.minor}{s.suffix or ''}" for s in arch_specs)
-        where = f" ({_arch.named(listed)}" + (f"; GPUs: compute capability {gpus})" if gpus else ")")
+        where = f" ({archopt.named(listed)}" + (f"; GPUs: compute capability {gpus})" if gpus else ")")
     else:
         where = f" for the GPUs (compute capability {gpus})" if gpus else ""
     torch_txt = f"torch built for CUDA {torch_cuda}" if torch_cuda else "a CPU-only torch"

@@ -4,6 +4,7 @@ library directories pass the trust rule (P2)."""
 from __future__ import annotations
 
 import importlib.metadata
+import glob
 import logging
 import os
 import pathlib
@@ -17,7 +18,8 @@ from flashinfer_sm120.core.toolkit.memo import version_of
 from flashinfer_sm120.core.toolkit.model import Toolkit, VersionDisagreement
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.grammar import parse_version
-from flashinfer_sm120.safety.formats.reads import field, read_bytes, read_json_file
+from flashinfer_sm120.safety.formats.reads import read_bytes, read_json_file
+from flashinfer_sm120.safety.formats.fields import field
 from flashinfer_sm120.safety.ownership import trust_reason
 from flashinfer_sm120.safety.trust import trace
 
@@ -121,13 +123,8 @@ def _header_version(include_dirs: tuple[str, ...]) -> Version | None:
 
 
 def _lib_dir(root: str) -> str | None:
-    for rel in _LIBS:
-        try:
-            if any(n.startswith("libcudart.so") for n in os.listdir(os.path.join(root, rel))):
-                return os.path.join(root, rel)
-        except OSError:
-            continue
-    return None
+    return next((os.path.join(root, rel) for rel in _LIBS
+                 if glob.glob(os.path.join(glob.escape(root), rel, "libcudart.so*"))), None)
 
 
 def _untrusted(kind: str, why: str) -> str:

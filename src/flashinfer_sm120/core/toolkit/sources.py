@@ -3,6 +3,7 @@ cuda-pathfinder arranges its own search), run by :func:`discover`."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
@@ -20,7 +21,8 @@ from flashinfer_sm120.core.toolkit.model import Toolkit
 from flashinfer_sm120.core.toolkit.probe import NVCC_TIMEOUT_S, inspect
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.formats.reads import check_text, field, read_json_file
+from flashinfer_sm120.safety.formats.reads import read_json_file
+from flashinfer_sm120.safety.formats.fields import check_text, field
 from flashinfer_sm120.safety.trust import follow_wrappers
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -44,19 +46,11 @@ def clean_home(value: str) -> str:
 
 def site_dirs() -> list[str]:
     """Every site-packages directory, the user site only when Python reads it (not under ``python -s``)."""
-    dirs: list[str] = []
+    dirs = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
     user = None
-    try:  # site may be disabled (python -S)
-        dirs += site.getsitepackages()
-    except Exception:
-        pass
-    try:
+    with contextlib.suppress(Exception):  # site may be disabled (python -S)
         user = site.getusersitepackages()
-    except Exception:
-        pass
-    if site.ENABLE_USER_SITE and user:
-        dirs.append(user)
-    dirs += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+        dirs = site.getsitepackages() + [user] + dirs
     return list(dict.fromkeys(d for d in dirs if d and (site.ENABLE_USER_SITE or d != user)))
 
 
@@ -76,7 +70,7 @@ def _view_toolkit(path: str) -> str | None:
 def pathfinder_binary(name: str) -> str | None:
     """cuda-pathfinder's path of the wheel tool ``name``, or ``None``; asked only when a wheel holds it,
     so its last resort (a subprocess loading libcudart) never runs.  Not checked for trust."""
-    try:
+    try:  # cuda-pathfinder searches these, not sys.path
         dirs = list(site.getsitepackages()) + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
     except Exception:
         return None
@@ -141,8 +135,7 @@ def _bin_parent(path: str) -> str | None:
 
 
 def from_path(env: Mapping[str, str]) -> list[Toolkit]:
-    """``nvcc`` on ``PATH``, wrappers followed (read, not run): the prefix above the real nvcc's ``bin/``,
-    or ``/usr`` for Debian's ``/usr/bin/nvcc`` wrapper (headers in ``/usr/include``)."""
+    """``nvcc`` on ``PATH``, wrappers read (not run): the prefix above the real nvcc's ``bin/`` (Debian: ``/usr``)."""
     which = shutil.which("nvcc", path=env.get("PATH", os.defpath))
     if not which:
         return []
@@ -160,8 +153,7 @@ def from_path(env: Mapping[str, str]) -> list[Toolkit]:
 
 
 def from_flashinfer_nvcc(env: Mapping[str, str]) -> list[Toolkit]:
-    """``$FLASHINFER_NVCC`` (FlashInfer 0.7 ``jit/cpp_ext.py`` compiles with it): its toolkit first, chosen
-    only if it passes, never mixed with another's headers."""
+    """``$FLASHINFER_NVCC`` (FlashInfer 0.7 ``jit/cpp_ext.py`` compiles with it): its toolkit, never another's headers."""
     val = env.get("FLASHINFER_NVCC")
     if val is None:
         return []
@@ -249,10 +241,8 @@ def discover(env: Mapping[str, str] | None = None, *, timeout: float = NVCC_TIME
 
 
 def flashinfer_naive_root(env: Mapping[str, str] | None = None, *, server: bool = False) -> str | None:
-    """The prefix FlashInfer's ``get_cuda_path()`` returns (0.6.7 - 0.7.4 ``jit/cpp_ext.py``: ``CUDA_HOME``
-    or ``CUDA_PATH`` verbatim, else above ``which nvcc``, links unresolved, else an existing
-    ``/usr/local/cuda``); with ``server``, vLLM 0.33's and SGLang 0.5.23's: empty is unset, and
-    ``/usr/local/cuda`` whether it exists or not."""
+    """FlashInfer 0.6.7-0.7.4 ``get_cuda_path()``: ``CUDA_HOME``/``CUDA_PATH`` as set, else above ``which nvcc``, else
+    an existing ``/usr/local/cuda``; ``server``: vLLM 0.33's and SGLang 0.5.23's (empty is unset, any /usr/local/cuda)."""
     env = dict(os.environ if env is None else env)
     home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
     if home if server else home is not None:

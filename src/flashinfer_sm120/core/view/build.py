@@ -3,7 +3,7 @@ free name (P5), at ``<cache root>/cuda-home/cuda-<nvcc version>-<key>[.N]``."""
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import glob
 import hashlib
 import json
@@ -13,19 +13,18 @@ import stat
 
 import filelock
 
-from flashinfer_sm120.safety.formats.grammar import path_problem, safe_join
-from flashinfer_sm120.safety.fs.statedir import cache_root
-from flashinfer_sm120.safety.fs.atomic import make_private
-from flashinfer_sm120.safety.ownership import mine_problem
+from flashinfer_sm120.safety import oserrors
+from flashinfer_sm120.safety.fs.statedir import path_problem
 from flashinfer_sm120.safety.fs import lease
+from flashinfer_sm120.safety.fs.atomic import make_private, sweep, write_atomic
+from flashinfer_sm120.safety.fs.statedir import cache_root
+from flashinfer_sm120.safety.ownership import mine_problem
 from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
-from flashinfer_sm120.core.toolkit.memo import fingerprint
-from flashinfer_sm120.core.toolkit.model import Toolkit
+from flashinfer_sm120.safety.ownership import fingerprint
+from flashinfer_sm120.core.toolkit.model import CudaHome, Toolkit
 from flashinfer_sm120.core.toolkit.sources import site_dirs
-from flashinfer_sm120.core.view.meta import (ADDED_ITEMS, DIRS, META_NAME, STUB, VIEW_LAYOUT, CudaHome, ViewMeta,
-                                             check_view)
-from flashinfer_sm120.errors import FormatError, PlaceError, ViewError
-from flashinfer_sm120.safety.fs.atomic import sweep, write_atomic
+from flashinfer_sm120.core.view.meta import DIRS, META_NAME, STUB, VIEW_LAYOUT, ViewMeta, check_view, lacks
+from flashinfer_sm120.errors import PlaceError, ViewError
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -44,32 +43,17 @@ def find_curand_include(toolkit: Toolkit) -> str | None:
     for sd in site_dirs():
         dirs += [os.path.join(sd, "nvidia", f"cu{major}", "include"),
                  os.path.join(sd, "nvidia", "curand", "include")]
-    dirs.append("/usr/include")
-    for d in dirs:
-        if os.path.isfile(os.path.join(d, "curand.h")):
-            return d
-    return None
-
-
-def _view_path(tmp: str, rel: str) -> str | None:
-    """``tmp/rel``, or ``None`` for a name ``safe_join`` refuses (left out: the view needs only nvcc's)."""
-    try:
-        return str(safe_join(tmp, rel, "CUDA_HOME view"))
-    except FormatError as exc:
-        logger.debug("flashinfer-sm120: not linking %s into the view: %s", rel, exc)
-        return None
+    return next((d for d in dirs + ["/usr/include"] if os.path.isfile(os.path.join(d, "curand.h"))), None)
 
 
 def _link_entries(src_dir: str, dst_dir: str, names: list[str] | None = None) -> None:
-    for name in sorted(os.listdir(src_dir) if names is None else names):
-        dst = _view_path(dst_dir, name)
-        if dst is not None and not os.path.lexists(dst):
-            os.symlink(os.path.join(src_dir, name), dst)
+    for name in sorted(os.listdir(src_dir) if names is None else names):  # names of a directory: never '..'
+        if not os.path.lexists(os.path.join(dst_dir, name)):
+            os.symlink(os.path.join(src_dir, name), os.path.join(dst_dir, name))
 
 
 def _assemble(tmp: str, toolkit: Toolkit, curand_inc: str | None) -> ViewMeta:
-    """Fill the new directory ``tmp`` with the view of ``toolkit`` (real :data:`DIRS`, links into the toolkit
-    and what it lacks), its metadata last."""
+    """Fill ``tmp`` with the view: real :data:`DIRS`, links into the toolkit, what it lacks, its metadata last."""
     root = toolkit.root
     added: list[str] = []
     inc, lib64 = os.path.join(tmp, "include"), os.path.join(tmp, "lib64")
@@ -116,27 +100,19 @@ def _assemble(tmp: str, toolkit: Toolkit, curand_inc: str | None) -> ViewMeta:
 
 
 def _io_error(exc: OSError, directory: str, doing: str) -> ViewError:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        fix = (f"(the disk or your quota is full): free space in {directory} or set "
-               f"FLASHINFER_SM120_CACHE_DIR to a directory with free space")
-    else:
-        fix = ": set FLASHINFER_SM120_CACHE_DIR to a writable directory"
-    return ViewError(f"cannot {doing} in {directory}: {exc.strerror or exc} {fix}".replace(" :", ":"))
+    problem = oserrors.describe(exc, directory, "set FLASHINFER_SM120_CACHE_DIR to a directory of your own")
+    return ViewError(f"cannot {doing} in {directory}: {problem}")
 
 
 def views_dir() -> str:
     """``<cache root>/cuda-home``, created ``0700``, yours and not writable by others, else :class:`ViewError`."""
     parent = os.path.join(cache_root(), "cuda-home")
     try:
-        os.mkdir(parent, 0o700)
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise _io_error(exc, os.path.dirname(parent), "create the CUDA_HOME view directory") from exc
-    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(parent, 0o700)
         st = os.lstat(parent)
     except OSError as exc:
-        raise _io_error(exc, parent, "read the CUDA_HOME view directory") from exc
+        raise _io_error(exc, parent, "create the CUDA_HOME view directory") from exc
     bad = (f"{parent} is not a directory" if not stat.S_ISDIR(st.st_mode)
            else mine_problem(parent, st))
     if bad:
@@ -159,8 +135,7 @@ def _adopt_existing(parent: str, base: str, toolkit: Toolkit,
 
 
 def _link_new_headers(parent: str, path: str, toolkit: Toolkit) -> None:
-    """Link headers the toolkit gained since (``cuda-toolkit[cublas]``): a new view would make ninja rebuild
-    every module.  Only adds links into the toolkit, which adoption accepts."""
+    """Link headers the toolkit gained since (``cuda-toolkit[cublas]``): a new view would rebuild every module."""
     inc = os.path.join(path, "include")
     try:
         have = set(os.listdir(inc))
@@ -183,13 +158,11 @@ def _lock(parent: str) -> filelock.BaseFileLock:
 
 
 def linkable_home(toolkit: Toolkit) -> CudaHome:
-    """A ``CUDA_HOME`` FlashInfer can compile and link with: the toolkit's root when complete (regular files:
-    ld blocks on a FIFO) and safe unquoted in ``build.ninja``, else an adoptable view, else a new one; a view
-    is leased before it is returned (P3).  Raises :class:`ViewError` naming the path and the fix."""
+    """The toolkit's root when complete and safe unquoted in ``build.ninja``, else a view, leased (P3); :class:`ViewError`
+    names the path and the fix."""
     curand_inc = find_curand_include(toolkit)
     unsafe = path_problem(toolkit.root, "the toolkit path")
-    missing = [rel for rel in ADDED_ITEMS if (curand_inc or rel != "include/curand.h")
-               and not os.path.isfile(os.path.join(toolkit.root, rel))]
+    missing = [rel for rel in lacks(toolkit.root) if curand_inc or rel != "include/curand.h"]
     if not missing and unsafe is None:
         return CudaHome(toolkit.root, toolkit.root, False, (), curand_inc)
     if unsafe:  # FlashInfer writes cuda_home unquoted into build.ninja: hand it a view instead
@@ -233,14 +206,9 @@ def _leased(home: CudaHome, toolkit: Toolkit, curand_inc: str | None) -> bool:
 
 def _lease_problem(path: str) -> str:
     lp = lease.lease_path(path)
-    if os.path.islink(lp):  # opened with O_NOFOLLOW: a link there is refused, whatever it names (P2)
-        return (f"cannot take the lease {lp} on the CUDA_HOME view {path}: it is a symbolic link, which is never "
-                f"followed; without the lease a prune could remove the view while this process uses it. Fix: "
-                f"remove the link {lp}")
-    return (f"cannot take the lease {lp} on the CUDA_HOME view {path} (a 'cache prune' "
-            f"held it for {lease.WAIT_S:.0f} s, or the file cannot be created there): without it a prune "
-            f"could remove the view while this process uses it. Fix: let the prune finish, or set "
-            f"FLASHINFER_SM120_CACHE_DIR to a directory of your own")
+    return (f"cannot take the lease {lp} on the CUDA_HOME view {path}: without it a prune could remove the view "
+            f"while this process uses it. Fix: let a running 'cache prune' finish; if {lp} is a symbolic link "
+            f"(never followed, P2), remove the link {lp}; or set FLASHINFER_SM120_CACHE_DIR to a directory of your own")
 
 
 def _build_locked(parent: str, base: str, toolkit: Toolkit, curand_inc: str | None) -> CudaHome:

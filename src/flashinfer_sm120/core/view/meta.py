@@ -9,12 +9,12 @@ import re
 import stat
 from dataclasses import asdict, dataclass
 
-from flashinfer_sm120.core.toolkit.memo import fingerprint
-from flashinfer_sm120.core.toolkit.model import Toolkit
+from flashinfer_sm120.safety.ownership import fingerprint
+from flashinfer_sm120.core.toolkit.model import CudaHome, Toolkit
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import shown, some
 from flashinfer_sm120.safety.formats.grammar import parse_version
-from flashinfer_sm120.safety.formats.reads import field
+from flashinfer_sm120.safety.formats.fields import field
 from flashinfer_sm120.safety.fs.atomic import read_json
 from flashinfer_sm120.safety.ownership import mine_problem
 
@@ -38,21 +38,6 @@ def lacks(home: str) -> list[str]:
     ``-L$cuda_home/lib64 -L$cuda_home/lib64/stubs -lcudart -lcuda``, 0.6 and 0.7 ``jit/cpp_ext.py``) and the
     ``include/curand.h`` its sampling module includes."""
     return [rel for rel in (*REQUIRED, "include/curand.h") if not os.path.isfile(os.path.join(home, rel))]
-
-
-@dataclass(frozen=True)
-class CudaHome:
-    """``CUDA_HOME`` for FlashInfer, the toolkit behind it, what a view adds, and where ``curand.h`` comes
-    from (``None``: FlashInfer's sampling module will not compile)."""
-
-    path: str
-    toolkit_root: str
-    is_view: bool
-    added: tuple[str, ...]
-    curand_include: str | None
-
-    def to_dict(self) -> dict:
-        return dict(asdict(self), added=list(self.added))
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ object with ``SONAME libcuda.so.1`` and the driver API of ``cuda.h`` (System V A
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import re
@@ -76,8 +77,7 @@ def driver_symbols(cuda_h: str | None) -> list[str]:
 
 def stub_bytes(order: str, machine: int, flags: int = 0, soname: str = SONAME,
                symbols: list[str] | tuple[str, ...] = ()) -> bytes:
-    """An ELF64 link stub: ``DT_SONAME`` ``soname``, ``symbols`` as global functions at one address (only
-    the linker reads it).  Deterministic, so a view can check its stub byte for byte (P2)."""
+    """An ELF64 link stub: ``soname``, ``symbols`` as functions at one address; deterministic, checked byte for byte (P2)."""
     names = [s.encode() for s in symbols]
     dynstr = b"\0" + soname.encode() + b"\0"
     name_off = []
@@ -136,20 +136,10 @@ def stub_bytes(order: str, machine: int, flags: int = 0, soname: str = SONAME,
     return bytes(body)
 
 
-def _reference_elfs(lib_dirs: list[str]) -> list[str]:
-    out = []
-    for d in lib_dirs:
-        try:
-            out += sorted(os.path.join(d, n) for n in os.listdir(d) if n.startswith("libcudart.so"))
-        except OSError:
-            continue
-    return out + [os.path.realpath(sys.executable), "/proc/self/exe"]
-
-
 def write_stub(dest: str, lib_dirs: list[str], cuda_h: str | None = None) -> str:
-    """Create the stub at ``dest`` (a new file) for the class, byte order, machine and flags of ``lib_dirs``'
-    ``libcudart.so*`` (else this Python; no ``$CC`` is run); returns its SHA-256.  Raises ``OSError``, ``ViewError``."""
-    ident = elf_ident(_reference_elfs(lib_dirs))
+    """Create the stub ``dest`` for the ELF kind of ``lib_dirs``' ``libcudart.so*`` (else this Python); its SHA-256."""
+    ident = elf_ident([p for d in lib_dirs for p in sorted(glob.glob(os.path.join(glob.escape(d), "libcudart.so*")))]
+                      + [os.path.realpath(sys.executable), "/proc/self/exe"])
     if ident is None:
         raise ViewError("cannot write the libcuda.so link stub for FlashInfer's -lcuda: neither the toolkit's "
                         "libcudart.so* nor this Python is a 64-bit ELF file. Fix: install the CUDA toolkit's "

@@ -1,15 +1,6 @@
-"""``flashinfer-sm120 cache prune``: which views and JIT workspaces are stale, and removing them.
-
-Roots: ours (``cache_root()/cuda-home``), FlashInfer's (``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer``,
-``flashinfer/jit/env.py`` 0.7.4) and SGLang's (it sets ``FLASHINFER_WORKSPACE_BASE`` to ``$SGLANG_CACHE_DIR``,
-``sglang/srt/environ.py`` 0.5.23).  Why an entry may go: :mod:`.find`.
-
-threat-model: P3 -- in use is what a process's lease says (:mod:`flashinfer_sm120.safety.fs.lease`): removal
-takes it exclusively without waiting and keeps what it cannot take; a builder's lock held and ``/proc``
-(a second opinion) can only keep.  P2/P4 -- another uid's entry, a symlink, anything not under its root by
-its real path is kept.  Removal renames the directory aside, checks again, then deletes it without
-following links (:mod:`flashinfer_sm120.diagnose.tree`).  Who holds what, and removing safely, are below.
-"""
+"""``cache prune``: the stale views and JIT workspaces (:mod:`.find`), and removing them.  threat-model: P3 --
+the lease decides (taken exclusively without waiting, kept when it cannot be taken); a module lock held or
+``/proc`` can only keep.  P2/P4 -- another uid's entry, a link, anything not under its root by real path stays."""
 
 from __future__ import annotations
 
@@ -18,14 +9,13 @@ import fcntl
 import os
 import stat
 import time
-import uuid
 
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.reads import read_bytes, read_text
 from flashinfer_sm120.safety.formats.binary import proc_maps_paths
-from flashinfer_sm120.safety.fs import lease
+from flashinfer_sm120.safety.fs import inuse, lease
 from flashinfer_sm120.diagnose.prune.find import DAY, Entry, fi_roots, scan_jit, scan_views, size_of, views_dir
-from flashinfer_sm120.diagnose.tree import remove_tree, walk_tree
+from flashinfer_sm120.diagnose.tree import remove_tree
 
 __all__ = ["Entry", "fi_roots", "scan", "remove", "held_paths", "holder", "lock_free", "doctor_section", "size_of"]
 
@@ -68,7 +58,7 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
             e.kept = "gone since it was listed (another prune removing it?)"
         elif not all(under(e.root, p) for p in e.remove):
             e.kept = "not under the cache root by its real path (a symlink on the way): never removed"
-        elif (leased := lease.lease_state(e.path)):  # threat-model: P3 -- the lease is the answer; /proc only adds
+        elif (leased := inuse.lease_state(e.path)):  # threat-model: P3 -- the lease is the answer; /proc only adds
             e.kept = leased
         elif (held_by := holder(e.remove, held)):
             e.kept = held_by if held is None else f"in use: {held_by}"
@@ -100,7 +90,7 @@ def remove(report: dict) -> dict:
             # threat-model: P3 -- the lease taken exclusively, without waiting, and held while the
             # entry goes: a process starting now waits, then finds it gone and builds anew
             # (a parent gone: another prune removed it, and remove_entry says so)
-            fd = lease.take_exclusive(e.path) if os.path.isdir(os.path.dirname(e.path)) else -1
+            fd = inuse.take_exclusive(e.path) if os.path.isdir(os.path.dirname(e.path)) else -1
             if fd is None:
                 e.kept = f"in use: a running process holds its lease ({lease.lease_path(e.path)})"
                 continue
@@ -110,13 +100,13 @@ def remove(report: dict) -> dict:
                     e.kept = "a running process took a module lock meanwhile"
                     continue
                 try:
-                    remove_entry(e, frozenset(os.path.basename(p) for p in paths))
+                    remove_entry(e)
                 finally:
                     for lk in locks:
                         lk.release()
             finally:
                 if fd >= 0:
-                    lease.end_exclusive(e.path, fd, e.removed)
+                    inuse.end_exclusive(e.path, fd, e.removed)
             if e.removed:
                 remove_empty_parents(e)
         if view_locks is not None and (vdir := views_dir()):
@@ -152,10 +142,8 @@ BLIND = ("cannot tell which processes use it: /proc does not show this process (
 
 
 def held_paths() -> dict[str, int] | None:
-    """The second opinion, which can keep an entry, never remove one (threat-model: P3; the lease
-    decides): ``{path: pid}`` of files mapped, working directories and ``CUDA_HOME``/``CUDA_PATH`` at
-    exec of this user's other processes (every process's as root); ``None`` when ``/proc`` does not
-    list this very process (another PID namespace): then nothing may be called unused."""
+    """``{path: pid}`` mapped, cwd, or ``CUDA_HOME``/``CUDA_PATH`` at exec of this user's other processes (all as
+    root): can only keep (P3); ``None`` when ``/proc`` does not list this process (another PID namespace)."""
     out: dict[str, int] = {}
     me, uid = os.getpid(), os.geteuid()
     try:
@@ -244,21 +232,9 @@ def current_locks(e: Entry) -> list[str]:
     return sorted(set(e.locks) | {os.path.join(tmp, n) for n in names if n.endswith(".lock")})
 
 
-def _busy(moved: str, own: frozenset[str]) -> str | None:
-    """Why ``moved`` (just renamed away) must go back: a module lock under it another holds (``own``:
-    those this process holds), or a process using it (``/proc`` paths follow a rename)."""
-    for dirpath, dirs, files in walk_tree(moved):
-        if os.path.basename(dirpath) == "tmp":
-            for n in files:
-                if n.endswith(".lock") and n not in own and not lock_free(os.path.join(dirpath, n)):
-                    return f"a running process holds {n} (building or loading that module)"
-            dirs[:] = []
-    return holder([moved], held_paths())
-
-
-def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
-    """Remove ``e``: each directory is renamed aside, checked again (a build may have started since
-    the scan), put back when in use, else deleted.  ``own``: names of the module locks held here."""
+def remove_entry(e: Entry) -> None:
+    """Remove each directory of ``e``, checked again first (it may have moved, or a process without a lease
+    started in it since the scan: ``/proc`` keeps it, P3); the caller holds its lease and module locks."""
     gone = 0
     for target in e.remove:
         if not os.path.lexists(target):  # another prune (or the user) removed it since the scan
@@ -267,25 +243,14 @@ def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
         if not under(e.root, target) or not stat.S_ISDIR(os.lstat(target).st_mode):
             e.error = f"{target} changed since the scan; left alone"
             return
-        hidden = os.path.join(os.path.dirname(target), f".flashinfer-sm120-prune-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        busy = holder([target], held_paths())
+        if busy:
+            e.kept = f"in use: {busy}"
+            return
         try:
-            os.rename(target, hidden)
+            remove_tree(target)
         except OSError as exc:
             e.error = f"{target}: {exc.strerror or exc}"
-            return
-        busy = _busy(hidden, own)
-        if busy:
-            try:
-                os.rename(hidden, target)
-                e.kept = f"in use: {busy}"
-            except OSError as exc:
-                e.error = (f"{target} came into use ({busy}) and could not be put back from {hidden} "
-                           f"({exc.strerror or exc}); left there")
-            return
-        try:
-            remove_tree(hidden)
-        except OSError as exc:
-            e.error = f"{hidden}: {exc.strerror or exc}"
             return
     if gone == len(e.remove):
         e.bytes = 0  # freed by whoever removed it
@@ -294,19 +259,18 @@ def remove_entry(e: Entry, own: frozenset[str] = frozenset()) -> None:
 
 
 def sweep_leases(directory: str) -> None:
-    """Remove the lease files in ``directory`` whose directory is gone and that nobody holds (left by
-    a process that found its view removed while it waited)."""
+    """Remove the lease files in ``directory`` whose directory is gone and that nobody holds."""
     try:
         names = os.listdir(directory)
     except OSError:
         return
     for n in names:
-        target = lease.target_of(os.path.join(directory, n))
+        target = inuse.target_of(os.path.join(directory, n))
         if target is None or os.path.lexists(target):
             continue
-        fd = lease.take_exclusive(target)  # threat-model: P3 -- a holder keeps it
+        fd = inuse.take_exclusive(target)  # threat-model: P3 -- a holder keeps it
         if fd is not None:
-            lease.end_exclusive(target, fd, removed=not os.path.lexists(target))
+            inuse.end_exclusive(target, fd, removed=not os.path.lexists(target))
 
 
 def remove_empty_parents(e: Entry) -> None:
@@ -318,9 +282,6 @@ def remove_empty_parents(e: Entry) -> None:
         except OSError:
             break
         parent = os.path.dirname(parent)
-
-
-# ----------------------------------------------------------------------------- doctor
 
 
 def doctor_section(report: dict) -> dict:

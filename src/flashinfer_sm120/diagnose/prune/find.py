@@ -1,6 +1,5 @@
-"""Finding the views and JIT workspaces in the cache roots, and why each may go: a view no process
-adopts again (:func:`flashinfer_sm120.core.view.meta.check_view`), a workspace whose toolkit or FlashInfer
-release is gone or changed, or with ``--older-than`` anything unused that long.  Writes nothing."""
+"""The views and JIT workspaces in the cache roots, and why each may go: a view no process adopts again, a
+workspace whose toolkit or FlashInfer is gone or changed, or anything unused for ``--older-than``.  Writes nothing."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ DAY = 86400.0
 
 @dataclasses.dataclass
 class Entry:
-    """One view or JIT workspace: ``reason`` says why it may go (``None``: current),
-    ``kept`` why it stays although it may go."""
+    """One view or JIT workspace: ``reason`` why it may go (``None``: current), ``kept`` why it stays anyway."""
 
     kind: str
     path: str
@@ -60,9 +58,7 @@ def size_of(path: str) -> int:
 
 
 def fi_roots() -> list[str]:
-    """FlashInfer's cache roots that exist, real paths, without repeats; a root reached through a level
-    another uid owns or may change (a link planted in a shared workspace base) is not one: prune would
-    remove wherever it points (threat-model: P2, A2)."""
+    """FlashInfer's and SGLang's cache roots that exist, real paths, each trusted (P2: a planted link is not one)."""
     from flashinfer_sm120.core.facts.workspace import workspace_base
     from flashinfer_sm120.safety.ownership import trust_reason
 
@@ -121,7 +117,7 @@ def scan_views(views: str) -> list[Entry]:
 
 
 def _scan_view(ent: Entry) -> None:
-    from flashinfer_sm120.core.toolkit.memo import fingerprint
+    from flashinfer_sm120.safety.ownership import fingerprint
     from flashinfer_sm120.core.view.meta import META_NAME, STUB, VIEW_LAYOUT, VIEW_NAME_RE, ViewMeta
 
     if not stat.S_ISDIR(os.lstat(ent.path).st_mode):
@@ -164,8 +160,7 @@ def workspaces(root: str, depth: int = 5) -> list[str]:
 
 
 def _flashinfer_at(site: str | None):
-    """The release of flashinfer-python installed in ``site`` (``None``: this interpreter's), parsed;
-    ``(text, version)``, each ``None`` when absent or unreadable."""
+    """``(text, parsed)`` of the flashinfer-python installed in ``site`` (``None``: here); ``None`` each when absent."""
     import importlib.metadata as md
 
     dists = md.distributions(path=[site]) if site else md.distributions()

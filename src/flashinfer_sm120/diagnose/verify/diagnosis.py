@@ -9,10 +9,17 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
 
+from flashinfer_sm120.core.autoload_hook import HOOK_FILE
+from flashinfer_sm120.core.jitenv.memory import fmt_bytes
 from flashinfer_sm120.core.view.meta import lacks
 from flashinfer_sm120.safety.formats.base import plural, shown
 
-__all__ = ["Level", "Finding", "Alone", "Diagnosis", "CHECKS", "diagnose", "alone"]
+__all__ = ["NO_TARGETS", "NO_TARGETS_FIX", "Level", "Finding", "Alone", "Diagnosis", "CHECKS", "diagnose", "alone"]
+
+#: Why nothing can be built with neither a GPU nor an arch list, and its fix (doctor, status and smoke say it).
+NO_TARGETS = "no GPU visible and no FLASHINFER_CUDA_ARCH_LIST"
+NO_TARGETS_FIX = ("FLASHINFER_CUDA_ARCH_LIST=12.0 for a server, build --arch 12.0 for an image (12.1 on DGX Spark); "
+                  "check with flashinfer-sm120 doctor --arch 12.0")
 
 
 class Level(str, enum.Enum):
@@ -39,10 +46,6 @@ class Alone:
 
     works: bool | None
     why: str
-    cuda_home: str | None = None
-    cuda_version: str | None = None
-    targets: tuple[str, ...] = ()
-    has_nvcc: bool = True  # an nvcc in its CUDA_HOME (else its CUDA version is torch's)
 
 
 @dataclass(frozen=True)
@@ -94,14 +97,8 @@ def _check_choice(report: dict) -> Iterable[Finding]:
     elif "resolution" not in report and report.get("resolution_error"):
         yield Finding(Level.PROBLEM, "resolution-failed", str(report["resolution_error"]))
     elif "resolution" in report and not _choice(report).get("targets"):
-        res = report["resolution"]
-        if res.get("arch_list_error"):
-            yield Finding(Level.PROBLEM, "no-targets", f"no targets: {res['arch_list_error']}",
-                          "give compute capabilities, e.g. flashinfer-sm120 doctor --arch 12.0")
-        else:
-            yield Finding(Level.PROBLEM, "no-targets", "no targets: no GPU visible and no FLASHINFER_CUDA_ARCH_LIST, "
-                          "so nothing can be built", "flashinfer-sm120 doctor --arch 12.0 (build --arch for the image; "
-                          "FLASHINFER_CUDA_ARCH_LIST=12.0 for a server)")
+        why = report["resolution"].get("arch_list_error") or NO_TARGETS
+        yield Finding(Level.PROBLEM, "no-targets", f"no targets: {why}, so nothing can be built", NO_TARGETS_FIX)
     if "resolution" in report:
         res = report["resolution"]
         if res.get("arch_list_error") and _choice(report).get("targets"):
@@ -131,7 +128,7 @@ def _check_after(report: dict) -> Iterable[Finding]:
 def _check_sections(report: dict) -> Iterable[Finding]:
     host = (report.get("after") or {}).get("host_program")
     if host:
-        yield Finding(Level.PROBLEM, "untrusted-host-program", f"{host['role']} {host['program']} (found on PATH) "
+        yield Finding(Level.PROBLEM, "untrusted-host-program", f"{host['what']} {host['path']} "
                       f"fails the trust rule: {host['why']}; every JIT build is refused", host["fix"])
     elif refused := (report.get("after") or {}).get("builds_refused"):  # the JIT directory, TMPDIR
         yield Finding(Level.PROBLEM, "builds-refused", f"every JIT build is refused before nvcc runs: {refused}")
@@ -139,11 +136,36 @@ def _check_sections(report: dict) -> Iterable[Finding]:
     if "error" in ninja and "candidates" in ninja:
         yield Finding(Level.PROBLEM, "no-ninja", str(ninja["error"]))
     for n in ninja.get("conflicts") or ():
-        yield _ninja_conflict(n, (ninja.get("chosen") or {}).get("path") or "?", bool(ninja.get("autoload")))
+        yield _ninja_conflict(n, (ninja.get("chosen") or {}).get("path") or "?", bool((report.get("autoload") or {}).get("pth")))
+    chosen = ninja.get("chosen") or {}
+    stale = {k: v for k, v in (ninja.get("cache_log_formats") or {}).items() if str(k) != str(chosen.get("log_format"))}
+    if stale and chosen.get("log_format"):
+        yield Finding(Level.WARNING, "ninja-log-format", f"{plural(sum(stale.values()), 'module')} in "
+                      f"{ninja.get('jit_dir')} were built by a ninja with .ninja_log v{', v'.join(sorted(stale))}: "
+                      f"{chosen['path']} will rebuild them", f"'flashinfer-sm120 build' them again (it runs {chosen['path']})")
     inv = report.get("inventory") or {}
     if inv.get("problems"):
         yield Finding(Level.WARNING, "unrunnable-modules", f"{plural(inv['problems'], 'built module holds', 'built modules hold')} no code a GPU "
                       f"here can run", "rebuild them for these GPUs (flashinfer-sm120 build)")
+    for place in inv.get("places") or ():
+        if place.get("other_targets"):
+            built = ", ".join(f"{d} ({n})" for d, n in place["other_targets"].items())
+            yield Finding(Level.NOTE, "other-targets", f"no module in {place['path']}, but modules built with this "
+                          f"toolkit for other targets: {built}", "set FLASHINFER_CUDA_ARCH_LIST (e.g. 12.0) to inspect them")
+    caches = report.get("caches") or {}
+    if caches.get("stale"):
+        yield Finding(Level.NOTE, "stale-caches", f"{plural(caches['stale'], 'stale cache entry', 'stale cache entries')} "
+                      f"hold {fmt_bytes(caches['stale_bytes'])}", "'flashinfer-sm120 cache prune' lists them, '... --yes' removes them")
+    applied = report.get("server_cache") or {}
+    if applied.get("changed"):
+        yield Finding(Level.NOTE, "server-cache", f"this report uses {applied['server']}'s FLASHINFER_WORKSPACE_BASE="
+                      f"{applied['base']}, as importing it would ({applied['how']}); 'flashinfer-sm120 build' does the same")
+    elif applied.get("error") or ("why" in applied and applied.get("server") is None):  # servers here differ
+        yield Finding(Level.NOTE, "server-cache", f"this report uses FlashInfer's own JIT directory "
+                      f"({applied.get('error') or applied['why']})", "'flashinfer-sm120 build --for vllm|sglang' picks one")
+    for pth in (report.get("autoload") or {}).get("outdated") or ():
+        yield Finding(Level.WARNING, "autoload-outdated", f"{pth} was not written by this release, or its module "
+                      f"{HOOK_FILE} is missing", "run 'flashinfer-sm120 enable' again")
     for key in ("ninja", "servers", "inventory", "caches", "builds"):
         if "error" in (report.get(key) or {}) and not (key == "ninja" and "candidates" in report[key]):
             yield Finding(Level.NOTE, "section-error", f"{key} could not be checked ({report[key]['error']})")
@@ -219,28 +241,26 @@ def alone(report: dict) -> Alone:
             return Alone(None, f"not checked: {b['skipped']}")
         return Alone(False, f"its own import or toolkit lookup failed ({b['error']})")
     if not home or not os.path.lexists(os.path.join(home, "bin", "nvcc")):
-        return Alone(False, f"it finds no nvcc (its CUDA_HOME is {home or 'unset'})", home, version, targets,
-                     has_nvcc=not home)
+        # get_cuda_version() then asks torch (cpp_ext.py 0.7.x)
+        cuda = (f"; its CUDA version would come from torch: {version}" if version
+                else f"; {b['cuda_version_error']}" if b.get("cuda_version_error") else "")
+        return Alone(False, f"it finds no nvcc (its CUDA_HOME is {home or 'unset'}{cuda})")
     if not targets:
-        return Alone(False, "it targets nothing (no GPU visible and no FLASHINFER_CUDA_ARCH_LIST)", home, version,
-                     targets)
+        return Alone(False, f"it targets nothing ({NO_TARGETS})")
+    uses = f"it would use {home} (nvcc {version})"
     real = os.path.realpath(home)
     for c in report.get("candidates") or ():
         if os.path.realpath(c.get("root") or "") == real and c.get("state") == "rejected":
-            return Alone(False, f"it would use {home} (nvcc {version}): {c.get('why')}", home, version, targets)
+            return Alone(False, f"{uses}: {c.get('why')}")
     if report.get("guard"):
-        return Alone(False, f"it would use {home} (nvcc {version}), which cannot build for these targets", home,
-                     version, targets)
+        return Alone(False, f"{uses}, which cannot build for these targets")
     missing = lacks(home)
     if missing:
-        return Alone(False, f"it would use {home} (nvcc {version}), which lacks {', '.join(missing)} (FlashInfer "
-                     f"links -lcudart -lcuda from its lib64 and lib64/stubs; its sampling module includes curand.h)",
-                     home, version, targets)
+        return Alone(False, f"{uses}, which lacks {', '.join(missing)} (FlashInfer links -lcudart -lcuda from its "
+                     f"lib64 and lib64/stubs; its sampling module includes curand.h)")
     ours = tuple(_choice(report).get("targets") or ())
-    if ours and set(targets) != set(ours):
-        return Alone(True, f"with {home} (nvcc {version}), for {', '.join(targets)} (flashinfer-sm120: "
-                     f"{', '.join(ours)})", home, version, targets)
-    return Alone(True, f"with {home} (nvcc {version}), for {', '.join(targets)}", home, version, targets)
+    theirs = f" (flashinfer-sm120: {', '.join(ours)})" if ours and set(targets) != set(ours) else ""
+    return Alone(True, f"with {home} (nvcc {version}), for {', '.join(targets)}{theirs}")
 
 
 def diagnose(report: dict) -> Diagnosis:

@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 
 from flashinfer_sm120 import __version__
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats.reads import iter_lines, loads_json
+from flashinfer_sm120.safety.formats.reads import loads_json
+from flashinfer_sm120.safety.formats.fields import iter_lines
 from flashinfer_sm120.safety.formats.binary import parse_ninja_log_header
 from flashinfer_sm120.safety.formats.base import shown
 
@@ -132,8 +133,7 @@ def ninja_section(report: dict) -> dict:
         fmt = log_format_of_dir(os.path.join(jit_dir, name))
         if fmt is not None:
             seen[str(fmt)] = seen.get(str(fmt), 0) + 1
-    out.update(jit_dir=jit_dir, cache_log_formats=seen,
-               autoload=bool((report.get("autoload") or {}).get("pth")))
+    out.update(jit_dir=jit_dir, cache_log_formats=seen)
     return out
 
 
@@ -168,8 +168,10 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
     from flashinfer_sm120.core.toolkit.policy import torch_cuda_version
     from flashinfer_sm120.core.toolkit.sources import discover
     from flashinfer_sm120.core.facts.gpus import query
-    from flashinfer_sm120.core.patch.resolve import cleaned_homes, flashinfer_version
+    from flashinfer_sm120.core.patch.decide import cleaned_homes, resolve
+    from flashinfer_sm120.core.patch.resolve import flashinfer_version
     from flashinfer_sm120.core.facts.releases import release_info
+    from flashinfer_sm120.core.facts.serverprobe import fallback_text
     from flashinfer_sm120.core.toolkit.model import RejectKind
     from flashinfer_sm120.safety.formats.reads import env_flag
 
@@ -198,11 +200,12 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
     report["candidates"] = [tk.to_dict() for tk in candidates]
     states: dict[str, tuple[str, str]] = {}  # root -> (chosen | usable | rejected, why)
     try:
-        res = patch.resolve(toolkits=candidates, release=release, guard=True)
+        res = resolve(toolkits=candidates, release=release, guard=True)
         if res.guard:
             report["resolution_error"] = res.error
             report["guard"] = True
             report["fix"] = res.fix
+            report["fallbacks"] = fallback_text()  # after the fix: the installed servers' ways around
         else:
             report["resolution"] = res.to_dict()
             states[res.choice.toolkit.root] = ("chosen", res.choice.reason)
@@ -231,7 +234,7 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
 def _with_shim() -> dict:
     """What FlashInfer computes once imported here, with flashinfer-sm120's hooks, and what every build would refuse."""
     from flashinfer_sm120.core import patch
-    from flashinfer_sm120.core.facts.workspace import builds_refused
+    from flashinfer_sm120.core.facts.refusals import builds_refused
     from flashinfer_sm120.core.jitenv import environ
     from flashinfer_sm120.safety.compilers import path_problem
 
@@ -304,8 +307,7 @@ def servers_section(report: dict) -> dict:
         eff = base if base is not None else workspace_base(original)[0]
         item["jit_dir"] = serverprobe.jit_dir_for(eff, after.get("jit_dir"), this_base)
         out.append(item)
-    return {"servers": out, "autoload": bool((report.get("autoload") or {}).get("pth")), "exported": exported,
-            "applied": report.get("server_cache") or {}}
+    return {"servers": out}
 
 
 def build_line_section(report: dict) -> dict:

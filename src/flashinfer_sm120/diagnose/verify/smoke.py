@@ -9,7 +9,8 @@ import os
 import sys
 import time
 
-from flashinfer_sm120.safety.formats.reads import field, loads_json
+from flashinfer_sm120.safety.formats.reads import loads_json
+from flashinfer_sm120.safety.formats.fields import field
 
 __all__ = ["SMOKE_TIMEOUT_S", "STEPS", "Step", "SmokeResult", "run_smoke"]
 
@@ -133,9 +134,9 @@ def _choose() -> tuple[str, list[str], str]:
                       f"{st.get('error') or st.get('summary')}")
     targets = st["target_cuda_archs"] or []
     if not targets:
-        raise _Failed("no targets: no GPU is visible and FLASHINFER_CUDA_ARCH_LIST is not set; set it to the "
-                      "GPUs this machine will run, e.g. FLASHINFER_CUDA_ARCH_LIST=12.0 (RTX 5090 / RTX PRO 6000) "
-                      "or 12.1 (DGX Spark)")
+        from flashinfer_sm120.diagnose.verify.diagnosis import NO_TARGETS, NO_TARGETS_FIX
+
+        raise _Failed(f"no targets: {NO_TARGETS}; fix: {NO_TARGETS_FIX}")
     from flashinfer_sm120.safety.compilers import path_problem
 
     problem = path_problem(os.environ)
@@ -202,7 +203,11 @@ def _link_check(so: str, home: str, targets: list[str]) -> str:
     from flashinfer_sm120.diagnose.verify.inventory import find_cuobjdump, module_targets
     from flashinfer_sm120.diagnose.verify.rules import static_problems
 
-    facts, problems = static_problems(so, view=home if _is_view(home) else None, cuda_major=_torch_major())
+    from flashinfer_sm120.core.toolkit.policy import torch_cuda_version
+
+    torch_cuda = torch_cuda_version()
+    major = int(torch_cuda.split(".")[0]) if torch_cuda and torch_cuda.split(".")[0].isdigit() else None
+    facts, problems = static_problems(so, view=_view(home), cuda_major=major)
     if problems:
         raise _Failed("; ".join(problems))
     found = module_targets(so, find_cuobjdump(home))
@@ -218,20 +223,11 @@ def _link_check(so: str, home: str, targets: list[str]) -> str:
     return f"NEEDED {', '.join(cuda) or 'no CUDA library'}; {code}"
 
 
-def _is_view(home: str) -> bool:
+def _view(home: str) -> str | None:
+    """``home`` when it is a view of ours (its stubs must never be loaded at run time), else ``None``."""
     from flashinfer_sm120.core.view.meta import META_NAME
 
-    return os.path.isfile(os.path.join(home, META_NAME))
-
-
-def _torch_major() -> int | None:
-    try:
-        from flashinfer_sm120.core.toolkit.policy import torch_cuda_version
-
-        v = torch_cuda_version()
-        return int(v.split(".")[0]) if v else None
-    except Exception:
-        return None
+    return home if os.path.isfile(os.path.join(home, META_NAME)) else None
 
 
 def _load(so: str, home: str, left, state: dict) -> str:
@@ -248,7 +244,7 @@ def _load(so: str, home: str, left, state: dict) -> str:
     if not field(out, "loaded", bool, "the smoke child's result", default=False):
         raise _Failed(f"loading the .so failed: {out.get('error')}")
     maps = [proc_maps_paths(str(out.get(k, "")), "/proc/self/maps") for k in ("before", "after")]
-    facts, problems = runtime_problems(*maps, view=home if _is_view(home) else None)
+    facts, problems = runtime_problems(*maps, view=_view(home))
     if problems:
         raise _Failed("; ".join(problems))
     state["child"] = out

@@ -1,6 +1,6 @@
-"""The grammar of every value read from outside, as data (:data:`GRAMMAR`, one :func:`parse`), versions, relative
-paths, and the one rule for a path FlashInfer's ``build.ninja`` and ``/bin/sh`` carry unquoted; paths we write."""
-# threat-model: P2, P6 (one grammar per field of outside input), P4 (paths we create)
+"""The grammar of every value read from outside, as data (:data:`GRAMMAR`, one :func:`parse`), versions and
+relative paths."""
+# threat-model: P2, P6 (one grammar per field of outside input)
 
 from __future__ import annotations
 
@@ -8,13 +8,12 @@ import os
 import re
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from flashinfer_sm120.safety.formats.base import _fail, _type_name, shown, some
+from flashinfer_sm120.safety.formats.base import _fail, _type_name, shown
 
 #: kind -> (the pattern a value must match whole, what such a value is, in a refusal).
 GRAMMAR: dict[str, tuple[re.Pattern, str]] = {
@@ -97,48 +96,6 @@ def parse_command_words(text: Any, source: str, *, fix: str = "", max_words: int
     return tuple(words)
 
 
-#: The ASCII characters besides letters and digits a path may hold unquoted in FlashInfer's
-#: ``build.ninja`` and the ``/bin/sh -c`` lines ninja runs: syntax to neither.
-PATH_ASCII_EXTRA = "_./+@%=,~-"
-
-#: The path rule in words (messages, docs/safety.md).  Non-ASCII is accepted: FlashInfer 0.7.4 builds
-#: and loads a module under such a path with nvcc 13.0 (tests/unit/safety/fs/test_state_dir.py).
-PATH_RULE = (f"letters (of any alphabet), digits, '{PATH_ASCII_EXTRA}' and other printable non-ASCII "
-             f"characters; no blank, no control character, none of $ : ; & | < > ( ) ' \" \\ ` * ? [ ] "
-             f"# {{ }} ! (ninja or /bin/sh syntax)")
-
-
-def _plain_char(c: str) -> bool:
-    if c.isascii():
-        return c.isalnum() or c in PATH_ASCII_EXTRA
-    return c.isprintable() and not c.isspace()  # not U+00A0, U+2028, nor a surrogate (undecodable byte)
-
-
-def path_chars_problem(path: str) -> list[str] | None:
-    """The characters of ``path`` that break :data:`PATH_RULE`, sorted, or ``None``.  P8"""
-    bad = sorted({c for c in path if not _plain_char(c)})
-    return bad or None
-
-
-def path_problem(path: str, what: str, fix: str = f"set it to an absolute path of {PATH_RULE}") -> str | None:
-    """Why ``path`` (named ``what``) cannot be written unquoted into ``build.ninja`` and its shell lines, or ``None``."""
-    if not os.path.isabs(path):
-        return (f"{what}={shown(path)} is a relative path: builds and child processes run in other "
-                f"directories. Fix: {fix}")
-    bad = path_chars_problem(path)
-    if bad:
-        return (f"{what}={shown(path)} contains {some(bad, 8)}, which FlashInfer writes unquoted into its "
-                f"build.ninja and the shell lines ninja runs, where a blank or ':' breaks the line and '$x' is a "
-                f"variable (the build would fail, or land in another directory). Fix: {fix}")
-    return None
-
-
-def jit_dir_problem(jit_dir: str) -> str | None:
-    """Why the JIT directory cannot be used: FlashInfer 0.7.x writes it unquoted into every ``build.ninja``."""
-    return path_problem(jit_dir, "FlashInfer's JIT directory", "set FLASHINFER_WORKSPACE_BASE (or SGLANG_CACHE_DIR, "
-                        f"which SGLang copies into it) to an absolute directory whose path has only {PATH_RULE}")
-
-
 def safe_join(root: str | os.PathLike, rel: str | Iterable[str], source: str, *, fix: str = "") -> Path:
     """``root/rel``, refused unless it stays under ``root``: names only, no existing link, directories on the way."""
     parts = parse_relpath(rel if isinstance(rel, str) else "/".join(rel), source, fix=fix)
@@ -156,50 +113,3 @@ def safe_join(root: str | os.PathLike, rel: str | Iterable[str], source: str, *,
         if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
             raise _fail(source, f"{cur} is not a directory", fix)
     return Path(root).joinpath(*parts)
-
-
-def deepest_existing(path: str) -> str:
-    """The deepest level of ``path`` (made absolute) that exists; ``/`` at worst."""
-    p = os.path.abspath(path)
-    while not os.path.lexists(p) and os.path.dirname(p) != p:
-        p = os.path.dirname(p)
-    return p
-
-
-def make_private_dirs(path: str | os.PathLike, *, mode: int = 0o700) -> None:
-    """Create ``path`` and its missing parents with exactly ``mode`` whatever the umask.  Raises ``OSError``."""
-    path = os.path.abspath(os.fspath(path))
-    top = deepest_existing(path)
-    missing = []
-    while path != top:
-        missing.append(path)
-        path = os.path.dirname(path)
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, mode)
-        except FileExistsError:
-            continue
-        os.chmod(d, mode)
-
-
-@dataclass(frozen=True)
-class ForeignTree:
-    """Creating ``path`` would put ``uid``'s directory inside ``top``, which ``owner`` owns (``sudo -E``)."""
-
-    path: str
-    top: str
-    owner: int
-    uid: int
-
-
-def foreign_tree(path: str) -> ForeignTree | None:
-    """A :class:`ForeignTree` when the absent ``path`` would be made in another uid's tree; creates nothing (P4)."""
-    if os.path.lexists(path):
-        return None
-    top = os.path.realpath(deepest_existing(path))
-    try:
-        owner = os.stat(top).st_uid
-    except OSError:
-        return None  # the caller's own checks name what cannot be read
-    uid = os.geteuid()
-    return None if owner in (0, uid) else ForeignTree(os.path.abspath(path), top, owner, uid)

@@ -12,9 +12,6 @@ from typing import Any
 from flashinfer_sm120.safety.formats.base import _fail, shown
 from flashinfer_sm120.safety.formats.grammar import parse
 
-__all__ = ["PARAM_MAX_DEPTH", "PARAM_MAX_ITEMS", "PARAM_MAX_TEXT", "parse_generator", "parse_params", "OPTION_FORMS",
-           "PATH_OPTIONS", "parse_compile_flag", "cli_int", "cli_float", "cli_size"]
-
 #: Deepest nesting of lists/tuples in one parameter.
 PARAM_MAX_DEPTH = 4
 #: Most values (leaves and containers) in one entry's parameters.
@@ -172,48 +169,39 @@ def parse_compile_flag(text: Any, source: str, *, fix: str = "") -> tuple[str, l
 
 
 # threat-model: P6, P8 (command-line values parsed once, bounded, named with their fix)
-def _number(flag: str, text: str, convert, lo, hi, what: str):
-    try:
-        value = convert(text)
-    except (ValueError, OverflowError):
-        raise argparse.ArgumentTypeError(f"{flag} {shown(text, 40)} is not {what}") from None
-    if isinstance(value, float) and not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{flag} {shown(text, 40)} is not a finite number")
-    if not lo <= value <= hi:
-        raise argparse.ArgumentTypeError(f"{flag} {shown(text, 40)} is out of range: give {what} "
-                                         f"from {lo:g} to {hi:g}")
-    return value
-
-
-def cli_int(flag: str, lo: int = 1, hi: int = 1024):
-    """An argparse ``type=`` for an integer in ``[lo, hi]``, naming ``flag`` when refused."""
-    def convert(text: str) -> int:
-        return _number(flag, text, int, lo, hi, "a whole number")
-    convert.__name__ = flag  # argparse names the type in some messages
-    return convert
-
-
-def cli_float(flag: str, lo: float, hi: float):
-    """An argparse ``type=`` for a finite number in ``[lo, hi]``, naming ``flag``."""
-    def convert(text: str) -> float:
-        return _number(flag, text, float, lo, hi, "a number")
-    convert.__name__ = flag
-    return convert
-
-
 _SIZE_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?", re.I)
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-def cli_size(flag: str, lo: int = 1, hi: int = 1 << 50):
-    """An argparse ``type=`` for a byte size (``512M``, ``4GiB``, ``1000``), naming ``flag``."""
-    def convert(text: str) -> int:
-        m = _SIZE_RE.fullmatch(text.strip()) if isinstance(text, str) and len(text) < 40 else None
-        if not m:
-            raise argparse.ArgumentTypeError(f"{flag} {shown(text, 40)} is not a size such as 512M or 4G")
-        value = int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "")[:1].upper()])
+def _size(text: str) -> int:
+    m = _SIZE_RE.fullmatch(text.strip()) if len(text) < 40 else None
+    if not m:
+        raise ValueError(text)
+    return int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "")[:1].upper()])
+
+
+def _cli(flag: str, convert, lo, hi, what: str):
+    """An argparse ``type=``: ``convert(text)`` within ``[lo, hi]`` (NaN and infinities are not), naming ``flag``."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"{flag} {shown(text, 40)} is not {what}") from None
         if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{flag} {shown(text, 40)} is out of range ({lo} to {hi} bytes)")
+            raise argparse.ArgumentTypeError(f"{flag} {shown(text, 40)} is out of range: give {what} "
+                                             f"from {lo:g} to {hi:g}")
         return value
-    convert.__name__ = flag
-    return convert
+    parse.__name__ = flag  # argparse names the type in some messages
+    return parse
+
+
+def cli_int(flag: str, lo: int = 1, hi: int = 1024):
+    return _cli(flag, int, lo, hi, "a whole number")
+
+
+def cli_float(flag: str, lo: float, hi: float):
+    return _cli(flag, float, lo, hi, "a number")
+
+
+def cli_size(flag: str, lo: int = 1, hi: int = 1 << 50):
+    return _cli(flag, _size, lo, hi, "a size such as 512M or 4G")

@@ -1,25 +1,23 @@
-"""The one bounded reader of files and values: size caps enforced while reading, streamed lines,
-depth-bounded JSON, typed fields of parsed objects, checked text of variables."""
+"""The one bounded reader of files: size caps enforced while reading, depth-bounded JSON; boolean variables.
+Streamed lines, typed fields and checked text are in :mod:`.fields` (not loaded by a server's replay)."""
 # threat-model: P6 (every read of outside input bounded in bytes, depth and kind of file)
 
 from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import re
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-
-from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats.base import _TYPE_NAMES, _fail, _type_name, shown, some
-
+from flashinfer_sm120.safety.formats.base import _fail, shown
 
 #: Deepest JSON nesting accepted; everything we write is at most 4 deep.
 MAX_JSON_DEPTH = 32
+#: Largest state file of ours read (bytes): anything larger is not ours and is rewritten.
+MAX_STATE_BYTES = 1 << 20
 
 #: One token of the depth scan: a string (its closing quote optional: an unterminated one ends the
 #: scan rather than being retried from every later quote) or a bracket; one pass, no backtracking.
@@ -85,33 +83,6 @@ def read_text(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow:
         raise _fail(os.fspath(path), f"is not UTF-8 text (byte {exc.start})", fix) from None
 
 
-def iter_lines(path: str | os.PathLike, *, max_line: int, max_lines: int, fix: str = "",
-               skip_long: bool = False) -> Iterator[tuple[int, bytes | None]]:
-    """``(number, line)`` of a regular file, streamed; a line over ``max_line`` is refused (``skip_long``: ``None``)."""
-    path = os.fspath(path)
-    fd, _ = _open_regular(path, fix)
-    try:
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            n = 0
-            while True:
-                line = fh.readline(max_line + 1)
-                if not line:
-                    return
-                n += 1
-                if n > max_lines:
-                    raise _fail(path, f"has more than {max_lines} lines", fix)
-                if len(line) > max_line and not line.endswith(b"\n"):
-                    if not skip_long:
-                        raise _fail(path, f"line {n} is longer than {max_line} bytes", fix)
-                    while line and not line.endswith(b"\n"):  # drain it, a chunk at a time
-                        line = fh.readline(max_line + 1)
-                    yield n, None
-                    continue
-                yield n, line.rstrip(b"\r\n")
-    except OSError as exc:
-        raise _fail(path, f"cannot be read ({exc.strerror or exc})", fix) from None
-    finally:
-        os.close(fd)
 
 
 def _refuse_constant(name: str) -> Any:
@@ -156,62 +127,12 @@ def read_json_file(path: str | os.PathLike, max_bytes: int, *, fix: str = "", fo
     return loads_json(raw, os.fspath(path), max_depth=max_depth, fix=fix)
 
 
-def field(obj: Any, key: str, kind: type | tuple[type, ...], source: str, *, fix: str = "",
-          default: Any = ..., max_len: int | None = None) -> Any:
-    """``obj[key]`` of ``kind`` (``bool`` is no ``int``, numbers finite), at most ``max_len``; ``default`` when absent."""
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if not isinstance(obj, dict):
-        raise _fail(source, f"holds {_type_name(obj)} where an object was expected", fix)
-    if key not in obj:
-        if default is ...:
-            raise _fail(source, f"has no {key!r}", fix)
-        return default
-    value = obj[key]
-    ok = any(isinstance(value, k) and not (isinstance(value, bool) and k is not bool) for k in kinds)
-    if isinstance(value, float) and not math.isfinite(value):
-        ok = False
-    if not ok:
-        want = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
-        raise _fail(source, f"{key!r} is {shown(value, 40)} ({_type_name(value)}), not {want}", fix)
-    if max_len is not None and isinstance(value, (str, list, dict)) and len(value) > max_len:
-        raise _fail(source, f"{key!r} is longer than {max_len}", fix)
-    return value
 
 
-def string_list(value: Any, source: str, *, max_items: int = 4096, max_len: int = 1 << 16,
-                fix: str = "") -> list[str]:
-    """A JSON list of at most ``max_items`` strings, each at most ``max_len`` characters, no NUL."""
-    if not isinstance(value, list):
-        raise _fail(source, f"is {_type_name(value)}, not a list of strings", fix)
-    if len(value) > max_items:
-        raise _fail(source, f"has {len(value)} items, more than {max_items}", fix)
-    for item in value:
-        if not isinstance(item, str) or len(item) > max_len or "\0" in item:
-            raise _fail(source, f"item {shown(item, 40)} is not a string without NUL of at most "
-                                f"{max_len} characters", fix)
-    return value
 
 
-def check_text(value: Any, name: str, *, max_len: int = 4096, fix: str = "") -> str:
-    """``value`` if it is a string of at most ``max_len`` characters, no control character but tab."""
-    fix = fix or "set it to a short plain value or unset it"
-    if not isinstance(value, str):
-        raise _fail(name, f"is {_type_name(value)}, not text", fix)
-    if len(value) > max_len:
-        raise FormatError(f"{name} is {len(value)} characters long, more than {max_len} "
-                          f"(starts {shown(value, 40)}); {fix}")
-    bad = [c for c in value if ord(c) < 32 and c != "\t"]
-    if bad:
-        raise FormatError(f"{name}={shown(value)} holds control characters ({some(bad)}); {fix}")
-    return value
 
 
-def env_text(name: str, env: dict[str, str] | None = None, *, max_len: int = 4096) -> str | None:
-    """``env[name]`` (default ``os.environ``) by :func:`check_text`, or ``None`` when unset."""
-    value = (os.environ if env is None else env).get(name)
-    if value is None:
-        return None
-    return check_text(value, name, max_len=max_len)
 
 
 #: Values of a boolean environment variable that mean "off" (case-insensitive, stripped; the ``.pth`` hook

@@ -16,8 +16,6 @@ from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import _fail, shown
 from flashinfer_sm120.safety.formats.reads import _open_regular
 
-__all__ = ["MAX_EXTENDED_HEADER", "READ", "compression", "TarReader"]
-
 #: Largest pax or GNU long-name header accepted, bytes.  ``tarfile`` reads such a header's declared
 #: size into one bytes object (a 4 GiB header is 4 MiB gzipped) and, before CPython 3.11.10/3.12.6
 #: (CVE-2024-6232), scans it quadratically; ours hold a path of at most a few hundred characters.

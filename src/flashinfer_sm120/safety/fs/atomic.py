@@ -23,21 +23,19 @@ from typing import Any, BinaryIO, TypeVar
 from flashinfer_sm120.errors import FormatError, PlaceError, StateFileError
 from flashinfer_sm120.safety import oserrors
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.formats.reads import read_json_file
+from flashinfer_sm120.safety.formats.reads import MAX_STATE_BYTES, read_json_file
 from flashinfer_sm120.safety.ownership import trust_reason
 
 logger = logging.getLogger("flashinfer_sm120")
 T = TypeVar("T")
 
-__all__ = ["GRACE_S", "MAX_STATE_BYTES", "Private", "compute_once", "hold", "make_private", "read_json", "sweep",
+__all__ = ["GRACE_S", "Private", "compute_once", "hold", "make_private", "read_json", "sweep",
            "temp_prefix", "write_atomic", "write_json_atomic", "BUILD_TMP_PREFIX", "TEMP_VARIABLES", "build_tmp",
            "build_env", "exported_build_tmp"]
 
 #: An entry younger than this (seconds) is never swept: its maker may not have locked it yet
 #: (``mkdtemp``/``mkstemp`` and ``flock`` are two steps).
 GRACE_S = 60.0
-#: Largest state file read (bytes): anything larger is not ours and is rewritten.
-MAX_STATE_BYTES = 1 << 20
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO never blocks a sweep
 

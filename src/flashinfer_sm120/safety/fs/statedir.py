@@ -1,5 +1,6 @@
 """The per-uid cache root (views, the nvcc memo), chosen and created by threat-model P2 and P4 (docs/safety.md
-section 9): a candidate that breaks a rule is refused, named with its fix, and the next one is used."""
+section 9): a candidate that breaks a rule is refused, named with its fix, and the next one is used.  Also the one
+rule for a path FlashInfer's ``build.ninja`` and ``/bin/sh`` carry unquoted."""
 
 from __future__ import annotations
 
@@ -10,15 +11,13 @@ import stat
 import tempfile
 
 from flashinfer_sm120.errors import StateFileError
-from flashinfer_sm120.safety import oserrors
-from flashinfer_sm120.safety.formats.base import bounded
-from flashinfer_sm120.safety.formats.grammar import deepest_existing, foreign_tree, make_private_dirs, path_problem
+from flashinfer_sm120.safety.formats.base import bounded, shown, some
 from flashinfer_sm120.safety.ownership import mine_problem, trust_reason
 
 logger = logging.getLogger("flashinfer_sm120")
 
 __all__ = ["cache_root", "cache_root_notes", "forget_cache_root", "home_dir", "listing_only", "lists_only",
-           "foreign_tree_message"]
+           "PATH_RULE", "path_chars_problem", "path_problem", "jit_dir_problem"]
 
 _notes: list[str] = []
 #: Set by :func:`listing_only`: this process creates no directory or file of ours.
@@ -38,7 +37,6 @@ def forget_cache_root(*, notes: bool = False) -> None:
 
 def _dir_problem(path: str, what: str, explicit: bool = True) -> str | None:
     """Why the cache directory ``path`` may not be used, creating it ``0700`` once every check passed (P4)."""
-    uid = os.geteuid()
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -49,17 +47,15 @@ def _dir_problem(path: str, what: str, explicit: bool = True) -> str | None:
             raise StateFileError(f"{what}={path!r} does not exist yet, and this command only lists: it "
                                  f"creates nothing (any command that builds creates it)")
         try:  # every level 0700 whatever the umask: umask 000 must not leave a world-writable ~/.cache
+            from flashinfer_sm120.safety.fs.places import make_private_dirs
+
             make_private_dirs(path)
             st = os.lstat(path)
         except OSError as exc:
             return _os_problem(what, path, "cannot be created", exc)
     except OSError as exc:
         return _os_problem(what, path, "cannot be read", exc)
-    if stat.S_ISLNK(st.st_mode):
-        if st.st_uid not in (0, uid):  # threat-model: P2 -- whoever owns the link chose where it points
-            return (f"{what}={path!r} is a symlink owned by uid {st.st_uid}, not you (uid {uid}) or root: that "
-                    f"user chose where it points; remove it, or set FLASHINFER_SM120_CACHE_DIR to a "
-                    f"directory of your own")
+    if stat.S_ISLNK(st.st_mode):  # P2: whose link it is, is the trust rule's (_place_problem)
         real = os.path.realpath(path)
         if real == path:
             return f"{what}={path!r} is a symlink loop"
@@ -84,6 +80,8 @@ def _dir_problem(path: str, what: str, explicit: bool = True) -> str | None:
 
 def _os_problem(what: str, path: str, action: str, exc: OSError) -> str:
     """``<what>=<path> <action>: <why>; <fix>`` chosen by errno (threat-model: P8)."""
+    from flashinfer_sm120.safety import oserrors
+
     why = oserrors.describe(exc, path, "set FLASHINFER_SM120_CACHE_DIR to a directory of your own")
     return f"{what}={path!r} {action}: {why}"
 
@@ -94,7 +92,11 @@ ROOM_BYTES = 512
 
 def _room_problem(path: str, what: str) -> str | None:
     """Why ``path`` is too long to hold our files (:data:`ROOM_BYTES` more within ``PATH_MAX``) (P8)."""
-    top = deepest_existing(path)
+    top = path
+    if not os.path.lexists(path):
+        from flashinfer_sm120.safety.fs.places import deepest_existing
+
+        top = deepest_existing(path)
     try:
         path_max, name_max = os.pathconf(top, "PC_PATH_MAX"), os.pathconf(top, "PC_NAME_MAX")
     except (OSError, ValueError):
@@ -107,16 +109,10 @@ def _room_problem(path: str, what: str) -> str | None:
                        f"{ROOM_BYTES} more needed, {path_max} allowed)", exc)
 
 
-def foreign_tree_message(what: str, ft, variable: str = "FLASHINFER_SM120_CACHE_DIR") -> str:
-    """The sentence for a :class:`~flashinfer_sm120.safety.formats.grammar.ForeignTree`, with the fix."""
-    return (f"{what}={ft.path!r} does not exist, and it would be created inside {ft.top}, owned by uid "
-            f"{ft.owner}, as uid {ft.uid}: that user's own tools could not write it (pip, FlashInfer "
-            f"and others use ~/.cache). Run as uid {ft.owner} (sudo -u), keep your own home "
-            f"(sudo -H instead of sudo -E), or set {variable} to a directory of your own")
-
-
 def _creation_problem(path: str, what: str) -> str | None:
     """Why the absent ``path`` must not be created: no directory above, another uid's tree, or untrusted (P4)."""
+    from flashinfer_sm120.safety.fs.places import deepest_existing, foreign_tree, foreign_tree_message
+
     top = os.path.realpath(deepest_existing(path))
     try:
         st = os.stat(top)
@@ -219,3 +215,45 @@ def lists_only() -> bool:
 def cache_root_notes() -> list[str]:
     """Messages about cache-root candidates refused in this process (for ``doctor``)."""
     return list(_notes)
+
+
+#: The ASCII characters besides letters and digits a path may hold unquoted in FlashInfer's
+#: ``build.ninja`` and the ``/bin/sh -c`` lines ninja runs: syntax to neither.
+PATH_ASCII_EXTRA = "_./+@%=,~-"
+
+#: The path rule in words (messages, docs/safety.md).  Non-ASCII is accepted: FlashInfer 0.7.4 builds
+#: and loads a module under such a path with nvcc 13.0 (tests/unit/safety/fs/test_state_dir.py).
+PATH_RULE = (f"letters (of any alphabet), digits, '{PATH_ASCII_EXTRA}' and other printable non-ASCII "
+             f"characters; no blank, no control character, none of $ : ; & | < > ( ) ' \" \\ ` * ? [ ] "
+             f"# {{ }} ! (ninja or /bin/sh syntax)")
+
+
+def _plain_char(c: str) -> bool:
+    if c.isascii():
+        return c.isalnum() or c in PATH_ASCII_EXTRA
+    return c.isprintable() and not c.isspace()  # not U+00A0, U+2028, nor a surrogate (undecodable byte)
+
+
+def path_chars_problem(path: str) -> list[str] | None:
+    """The characters of ``path`` that break :data:`PATH_RULE`, sorted, or ``None``.  P8"""
+    bad = sorted({c for c in path if not _plain_char(c)})
+    return bad or None
+
+
+def path_problem(path: str, what: str, fix: str = f"set it to an absolute path of {PATH_RULE}") -> str | None:
+    """Why ``path`` (named ``what``) cannot be written unquoted into ``build.ninja`` and its shell lines, or ``None``."""
+    if not os.path.isabs(path):
+        return (f"{what}={shown(path)} is a relative path: builds and child processes run in other "
+                f"directories. Fix: {fix}")
+    bad = path_chars_problem(path)
+    if bad:
+        return (f"{what}={shown(path)} contains {some(bad, 8)}, which FlashInfer writes unquoted into its "
+                f"build.ninja and the shell lines ninja runs, where a blank or ':' breaks the line and '$x' is a "
+                f"variable (the build would fail, or land in another directory). Fix: {fix}")
+    return None
+
+
+def jit_dir_problem(jit_dir: str) -> str | None:
+    """Why the JIT directory cannot be used: FlashInfer 0.7.x writes it unquoted into every ``build.ninja``."""
+    return path_problem(jit_dir, "FlashInfer's JIT directory", "set FLASHINFER_WORKSPACE_BASE (or SGLANG_CACHE_DIR, "
+                        f"which SGLang copies into it) to an absolute directory whose path has only {PATH_RULE}")

@@ -18,7 +18,6 @@ from helpers.child import run_py
 from helpers.host import needs_flashinfer
 
 from flashinfer_sm120.core.facts import buildline
-from flashinfer_sm120.cli.doctor_sections import build_line_lines
 from flashinfer_sm120.diagnose.verify.report import build_line_section
 
 #: Variables FlashInfer reads on the build path that flashinfer-sm120 decides itself (toolkit,
@@ -148,9 +147,12 @@ def test_build_records_the_values_and_a_later_build_names_what_changed(tmp_path,
     # the section doctor prints from it
     monkeypatch.setattr("flashinfer_sm120.core.facts.servers.installed", lambda: [])
     monkeypatch.setenv("FLASHINFER_JIT_VERBOSE", "0")
-    lines = build_line_lines(build_line_section({"after": {"jit_dir": str(jit)}}))
-    assert f"  {jit / 'm'} was built with other values (FLASHINFER_JIT_VERBOSE 1 then, (unset) now): " \
-           "it will be rebuilt" in lines
+    from flashinfer_sm120.diagnose.verify.diagnosis import diagnose
+
+    section = build_line_section({"after": {"jit_dir": str(jit)}})
+    assert section["stale"] == {str(jit / "m"): [{"name": "FLASHINFER_JIT_VERBOSE", "built": "1", "now": None}]}
+    (stale,) = [f for f in diagnose({"build_line": section}).findings if f.code == "build-line-stale"]
+    assert stale.text.startswith("1 built module was built with other values of FLASHINFER_JIT_VERBOSE")
 
 
 def test_a_record_that_is_not_ours_is_ignored(tmp_path):
@@ -172,8 +174,7 @@ def test_doctor_warns_for_jit_verbose(monkeypatch):
     monkeypatch.setenv("FLASHINFER_JIT_VERBOSE", "0")
     for v in buildline.BUILD_VARS:
         monkeypatch.delenv(v.name, raising=False)
-    lines = build_line_lines(build_line_section({}))
-    assert "  no FlashInfer variable that changes the build line is set" in lines
+    assert build_line_section({})["set"] == []
 
 
 def test_a_cache_export_carries_the_values_and_an_import_with_other_values_says_so():

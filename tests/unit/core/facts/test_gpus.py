@@ -1,7 +1,7 @@
 import pytest
 
 from flashinfer_sm120.core.facts import gpus
-from flashinfer_sm120.core.facts.gpus import GPU
+from flashinfer_sm120.core.toolkit.model import GPU
 
 ALL = [GPU(0, "A", "GPU-aaaa-1111", (12, 0)), GPU(1, "B", "GPU-bbbb-2222", (9, 0)),
        GPU(2, "C", "GPU-cccc-3333", (12, 1))]
@@ -35,7 +35,7 @@ def test_no_driver_means_no_gpus(monkeypatch):
         raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
 
     monkeypatch.setattr(pynvml, "nvmlInit", fail)
-    assert gpus.visible_gpus() == []
+    assert list(gpus.query().gpus) == []
 
 
 def test_nvml_devices_read_without_cuda(monkeypatch):
@@ -50,5 +50,5 @@ def test_nvml_devices_read_without_cuda(monkeypatch):
     monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda h: b"NVIDIA GeForce RTX 5090")
     monkeypatch.setattr(pynvml, "nvmlDeviceGetUUID", lambda h: f"GPU-{h}")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    (g,) = gpus.visible_gpus()
+    (g,) = list(gpus.query().gpus)
     assert g.capability == (12, 1) and g.name == "NVIDIA GeForce RTX 5090" and g.index == 1

@@ -15,7 +15,7 @@ from helpers.child import run_py
 from helpers.host import needs_flashinfer
 from helpers.toolkits import make_toolkit, script
 from flashinfer_sm120.core.jitenv import environ, toolchain
-from flashinfer_sm120.cli.doctor_sections import exported_lines
+from flashinfer_sm120.cli.doctor import dump
 
 
 def tool(path, release):
@@ -70,7 +70,7 @@ def test_export_sets_home_and_path_and_undo_restores_them(env, tmp_path):
         assert info["cuda_home"] == str(home) and info["which_nvcc"] == nvcc and info["targets"] == ["sm_120f"]
         assert environ.export(str(home), nvcc, [(12, "0f")]) is undo  # idempotent
         assert os.environ["PATH"].count(f"{home}/bin") == 1
-        assert any("which nvcc" in line for line in exported_lines(environ.exported()))
+        assert f"which_nvcc: {nvcc}" in dump(environ.exported())
     finally:
         undo()
     assert dict(os.environ) == before

@@ -77,10 +77,10 @@ def test_source_text_in_a_manifest_is_never_written_or_compiled(clean_env, tmp_p
     ws = Path(clean_env["FLASHINFER_WORKSPACE_BASE"])
     assert "system(" not in _everything_under(ws), proc.stderr[-3000:]
     assert "evil" not in _everything_under(ws), proc.stderr[-3000:]
-    skipped = {s["name"]: s["why"] for s in report.get("cannot_regenerate", [])}
-    assert decode["name"] in skipped and "differs from what FlashInfer" in skipped[decode["name"]], proc.stderr[-3000:]
-    assert "sampling" in skipped and "evil" in skipped["sampling"], proc.stderr[-3000:]
-    assert not [m for m in report.get("modules", []) if m["name"] in (decode["name"], "sampling")]
+    # entries carrying source text are those of 0.2.0: refused, naming the manifest line and the fix
+    assert proc.returncode != 0 and report["ok"] is False, proc.stderr[-3000:]
+    assert "m.jsonl:1" in report["error"] and "flashinfer-sm120 0.2" in report["error"], report
+    assert "FLASHINFER_SM120_RECORD" in report["error"] and not report.get("modules")
 
 
 @needs_flashinfer
@@ -139,28 +139,21 @@ def _legacy_sampling(**extra) -> dict:
                           "extra_cuda_cflags_by_source": []}}, **extra)
 
 
-@needs_flashinfer
-def test_an_old_honest_entry_is_accepted_and_an_old_forged_one_refused(clean_env, tmp_path, real_nvcc13):
-    """Entries of 0.2.0 (spec and generated text, no generator) still build where they are honest."""
-    entries = _record(clean_env, tmp_path)
-    decode = next(e for e in entries if e["name"].startswith("batch_decode"))
-    gen = next(Path(clean_env["FLASHINFER_WORKSPACE_BASE"]).parent.joinpath("rec-ws").rglob("batch_decode_config.inc"))
-    portable = "@GEN@/" + decode["name"] + "/batch_decode_config.inc"
-    honest_text = dict(decode, generated={portable: gen.read_text()})
-    forged_text = dict(decode, generated={portable: gen.read_text() + EVIL})
-    old_decode = {k: v for k, v in honest_text.items() if k not in ("generator", "params")}
-    old_decode["spec"] = _legacy_sampling()["spec"]
-    got = _check(clean_env, {
-        "old sampling": _legacy_sampling(),
-        "old sampling, other source": _legacy_sampling(spec=dict(_legacy_sampling()["spec"],
-                                                                 sources=["@FLASHINFER@/data/csrc/norm.cu"])),
-        "honest text": honest_text, "forged text": forged_text, "old decode": old_decode,
-    })
-    assert got["old sampling"] == "ok sampling"
-    assert got["old sampling, other source"].startswith("refused source '@FLASHINFER@/data/csrc/norm.cu' is not one")
-    assert got["honest text"] == "ok " + decode["name"]
-    assert got["forged text"].startswith("refused generated file") and "differs from what FlashInfer" in got["forged text"]
-    assert got["old decode"].startswith("refused recorded without the FlashInfer generator")
+@pytest.mark.parametrize("extra", [{}, {"generator": "flashinfer.jit.sampling:gen_sampling_module",
+                                        "generated": {"@GEN@/sampling/x.inc": "x"}}])
+def test_a_manifest_of_0_2_is_refused_naming_the_file_and_the_fix(tmp_path, extra):
+    """Entries of 0.2.0 (``spec`` and ``generated`` source text) are no longer read: refused with the file's line and
+    the fix (record again with this release)."""
+    from flashinfer_sm120.warmup import replay
+    from flashinfer_sm120.warmup.session import BuildError
+
+    m = tmp_path / "m.jsonl"
+    m.write_text(json.dumps(_legacy_sampling(**extra)) + "\n")
+    with pytest.raises(BuildError) as info:
+        replay.load(str(m))
+    msg = str(info.value)
+    assert f"{m}:1" in msg and "flashinfer-sm120 0.2" in msg and "'spec' or 'generated'" in msg, msg
+    assert "record the manifest again with FLASHINFER_SM120_RECORD" in msg
 
 
 @needs_flashinfer
@@ -200,9 +193,8 @@ def test_generators_come_only_from_flashinfer(clean_env, real_nvcc13):
 @needs_flashinfer
 @pytest.mark.slow  # seconds: a whole (fake-compiler) build, an export and an import in child processes
 def test_cache_import_refuses_an_export_whose_manifest_carries_other_source(warmed):
-    """cache import settles each module with make_spec on the export's manifest entry: an entry
-    whose generated text is not what the local FlashInfer generates is refused there too, and
-    its text is never written."""
+    """An export of 0.2.0's kind is refused whole, naming what it carries and the fix: a manifest entry with
+    source text (naming meta.json), or a generated source beside a module; no such text is ever written."""
     env, manifest, log, tmp = warmed
     out = tmp / "export"
     proc = cli(["cache", "export", "--from", str(manifest), str(out)], env, fakegpu=True)
@@ -211,22 +203,26 @@ def test_cache_import_refuses_an_export_whose_manifest_carries_other_source(warm
     meta = json.loads(meta_path.read_text())
     decode = next(e for e in meta["manifest"] if e["name"].startswith("batch_decode"))
     decode["generated"] = {"@GEN@/" + decode["name"] + "/batch_decode_config.inc": EVIL}
-    # and a generated source of its own beside the other module (exports of 0.2.0 carried them)
+    meta_path.write_text(json.dumps(meta))
+    shutil.rmtree(env["FLASHINFER_WORKSPACE_BASE"])  # a fresh machine
+    proc = cli(["cache", "import", str(out), "--json"], env, fakegpu=True)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode != 0 and doc["ok"] is False and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "meta.json" in doc["error"]["message"] and "flashinfer-sm120 0.2" in doc["error"]["message"], doc
+    assert "system(" not in _everything_under(Path(env["FLASHINFER_WORKSPACE_BASE"]))
+    # a generated source of its own beside a module (exports of 0.2.0 carried them): the whole export is refused
+    del decode["generated"]
     act = next(m for m in meta["modules"] if "silu" in m["name"])
     (out / "flashinfer-sm120-cache" / "generated").mkdir(exist_ok=True)
     (out / "flashinfer-sm120-cache" / "generated" / "silu_and_mul.cu").write_text(EVIL)
     act["files"]["generated/silu_and_mul.cu"] = hashlib.sha256(EVIL.encode()).hexdigest()
     meta_path.write_text(json.dumps(meta))
-    shutil.rmtree(env["FLASHINFER_WORKSPACE_BASE"])  # a fresh machine
+    shutil.rmtree(env["FLASHINFER_WORKSPACE_BASE"], ignore_errors=True)
     proc = cli(["cache", "import", str(out), "--json"], env, fakegpu=True)
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    report = {m["name"]: m for m in json.loads(proc.stdout)["modules"]}  # "module" is build's name
-    assert report[decode["name"]]["status"] == "refused", report
-    assert "differs from what FlashInfer" in report[decode["name"]]["why"]
-    assert report[act["name"]]["status"] == "refused", report
-    assert "'generated/silu_and_mul.cu' differs from what FlashInfer" in report[act["name"]]["why"]
-    assert proc.returncode == 1
-    assert "system(" not in _everything_under(Path(env["FLASHINFER_WORKSPACE_BASE"]))
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1 and doc["error"]["kind"] == "archive", doc
+    assert "generated/silu_and_mul.cu" in doc["error"]["message"] and "cache export" in doc["error"]["fix"], doc
+    assert not Path(env["FLASHINFER_WORKSPACE_BASE"]).exists()
 
 
 def test_an_export_module_without_a_manifest_entry_is_refused(tmp_path):
@@ -234,7 +230,7 @@ def test_an_export_module_without_a_manifest_entry_is_refused(tmp_path):
     from flashinfer_sm120.warmup import cache_import
     from flashinfer_sm120.warmup.cache import Module
 
-    why = cache_import._refusal(None, Module("m", {"generated/m/x.cu": "0" * 64}), None, tmp_path)
+    why = cache_import._refusal(None, Module("m", {"jit/m/m.so": "0" * 64}), None)
     assert why and "no manifest entry" in why
 
 

@@ -10,7 +10,7 @@ import types
 import pytest
 
 from flashinfer_sm120.core.jitenv import memory
-from flashinfer_sm120.warmup import plan, pool
+from flashinfer_sm120.warmup import moddir, plan, pool
 
 MIB, GIB = 1 << 20, 1 << 30
 
@@ -216,7 +216,7 @@ def _ninjas():
 def test_multi_step_modules_grow_into_freed_slots(tmp_path, monkeypatch, ninja):
     """Whatever the ninja release: never more compiles than slots, all built, and FlashInfer's
     own ninja run finds nothing left to do."""
-    monkeypatch.setattr(pool, "ninja_binary", lambda: ninja)
+    monkeypatch.setattr(moddir, "ninja_binary", lambda: ninja)
     log = tmp_path / "steps.log"
     mods = []
     for i in range(3):

@@ -4,11 +4,9 @@ and a malformed record raises, so the caller resolves afresh (P1)."""
 import pytest
 from packaging.version import Version
 
-from flashinfer_sm120.core.facts.gpus import GPU, GPUQuery
 from flashinfer_sm120.core.facts.releases import release_info
 from flashinfer_sm120.core.patch.resolve import Resolution, TargetsFrom
-from flashinfer_sm120.core.toolkit.model import Choice, RejectKind, Rejection, Toolkit, VersionDisagreement
-from flashinfer_sm120.core.view.meta import CudaHome
+from flashinfer_sm120.core.toolkit.model import GPU, Choice, CudaHome, GPUQuery, RejectKind, Rejection, Toolkit, VersionDisagreement
 
 
 def tk(root, version="13.0.88", **kw):

@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from flashinfer_sm120.cli.doctor_sections import ninja_lines
+from flashinfer_sm120.cli.doctor import dump
 from flashinfer_sm120.diagnose.verify.diagnosis import diagnose
 from flashinfer_sm120.diagnose.verify.report import log_format_of_dir, ninja_section
 from packaging.version import Version
@@ -26,7 +26,6 @@ from helpers.toolkits import make_toolkit
 from helpers.servers import fake_ninja, wheel_ninja
 
 from flashinfer_sm120.core.jitenv import environ
-from flashinfer_sm120.cli.doctor_sections import exported_lines
 from flashinfer_sm120.core.toolkit import ninja
 
 
@@ -64,16 +63,19 @@ def test_doctor_warns_about_a_second_ninja_with_another_log_format_and_says_the_
     section = ninja_section({"after": {}})
     assert section["chosen"]["path"] == fakes["wheel"]
     assert fakes["debian"] in [c["path"] for c in section["conflicts"]]
-    text = "\n".join(ninja_lines(section))
-    assert f"{fakes['wheel']} (ninja 1.13.2, .ninja_log v7" in text
-    assert f"which ninja in this shell: {fakes['debian']}" in text
+    text = "\n".join(dump(section))  # what doctor --verbose prints
+    assert f"  path: {fakes['wheel']}\n" in text and "  version: 1.13.2\n" in text and "  log_format: 7\n" in text
+    assert f"which_ninja: {fakes['debian']}" in text
+    autoload: dict = {}
+
     def warning():
-        (one,) = [f for f in diagnose({"ninja": section}).findings if f.text.startswith(fakes["debian"])]
+        (one,) = [f for f in diagnose({"ninja": section, "autoload": autoload}).findings
+                  if f.text.startswith(fakes["debian"])]
         return one
 
     assert warning().text.startswith(f"{fakes['debian']} (ninja 1.11.1, .ninja_log v5) is reachable too")
     assert "'flashinfer-sm120 enable'" in warning().fix and "apt-get remove ninja-build" in warning().fix
-    section["autoload"] = True
+    autoload["pth"] = ["/venv/site/flashinfer_sm120_autoload.pth"]
     assert "the autoload puts it first on PATH" in warning().text and "enable" not in warning().fix
 
 
@@ -84,7 +86,8 @@ def test_doctor_counts_modules_a_ninja_of_another_log_format_built(fakes, tmp_pa
         (jit / name / ".ninja_log").write_text(header + "0\t1\t0\tx.o\tabc\n")
     section = ninja_section({"after": {"jit_dir": str(jit)}})
     assert section["cache_log_formats"] == {"5": 1, "7": 1}
-    assert any("1 module in" in line and ".ninja_log v5" in line for line in ninja_lines(section))
+    (found,) = [f for f in diagnose({"ninja": section}).findings if f.code == "ninja-log-format"]
+    assert found.text.startswith(f"1 module in {jit} were built by a ninja with .ninja_log v5") and "build" in found.fix
 
 
 def test_an_untrusted_ninja_is_never_run_and_the_next_is_chosen(fakes, tmp_path):
@@ -122,7 +125,7 @@ def test_export_puts_the_chosen_ninja_first_without_putting_the_venv_python_firs
         assert os.environ["PATH"].startswith(f"{home}/bin:{link_dir}:")  # nvcc's entry stays first
         info = environ.exported()
         assert "a link to" in info["ninja"] and "also holds a Python interpreter" in info["ninja"]
-        assert info["which_ninja"] == which and any(line.startswith("which ninja:") for line in exported_lines(environ.exported()))
+        assert info["which_ninja"] == which and f"which_ninja: {which}" in dump(environ.exported())
         # the same export again (another worker): the same directory, nothing rebuilt
         assert ninja.link_dir(ninja.choose()) == link_dir
     finally:
@@ -166,10 +169,10 @@ def test_what_a_killed_link_maker_left_is_swept(fakes):
 
 
 def test_build_runs_exactly_the_chosen_ninja(fakes):
-    from flashinfer_sm120.warmup import pool
+    from flashinfer_sm120.warmup import moddir
 
     assert shutil.which("ninja") == fakes["debian"]
-    assert pool.ninja_binary() == fakes["wheel"]
+    assert moddir.ninja_binary() == fakes["wheel"]
 
 
 def test_real_debian_and_wheel_ninjas_rebuild_each_others_work(tmp_path, capsys, monkeypatch):
@@ -214,10 +217,10 @@ def test_a_malformed_deps_record_in_an_imported_ninja_deps_is_left_alone(tmp_pat
     (a traceback out of `cache import`) nor write the mtime over the next record (P6)."""
     import struct
 
-    from flashinfer_sm120.warmup import cache_import
+    from flashinfer_sm120.warmup import moddir
 
     p = tmp_path / ".ninja_deps"
     data = b"# ninjadeps\n" + struct.pack("<i", 4) + record
     p.write_bytes(data)
-    assert cache_import.restamp(str(p), {"/x.o": 1 << 40}) == 0
+    assert moddir.restamp(str(p), {"/x.o": 1 << 40}) == 0
     assert p.read_bytes() == data

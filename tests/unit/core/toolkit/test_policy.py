@@ -6,7 +6,7 @@ import pytest
 from packaging.version import Version
 
 from helpers.toolkits import make_toolkit
-from flashinfer_sm120.core.facts import arch
+from flashinfer_sm120.core.facts import arch, archopt
 from flashinfer_sm120.errors import ToolkitError
 from flashinfer_sm120.core.toolkit.policy import choose
 from flashinfer_sm120.core.toolkit.sources import discover
@@ -185,7 +185,7 @@ def test_a_target_given_by_arch_is_named_as_typed_with_the_flag_in_the_error_and
         monkeypatch, typed, read, fix):
     """doctor --arch 5.0 and --arch 99 blamed FLASHINFER_CUDA_ARCH_LIST, which the user never set."""
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "")  # restored after the test
-    arch.export_arch_list(typed)
+    archopt.export_arch_list(typed)
     with pytest.raises(ToolkitError) as exc:
         choose([fake("13.0.88", "pip")], arch.parse_arch_list(read), [], "13.0")
     assert fix in exc.value.fix and "FLASHINFER_CUDA_ARCH_LIST" not in str(exc.value), str(exc.value)

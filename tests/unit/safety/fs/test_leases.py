@@ -25,6 +25,7 @@ from helpers import TESTS
 from helpers.child import cli
 from helpers.host import needs_flashinfer
 from helpers.views import pip_like
+from flashinfer_sm120.safety.fs import inuse
 
 pytestmark = needs_flashinfer
 
@@ -140,8 +141,6 @@ def test_a_prune_in_another_pid_namespace_keeps_a_leased_view(world):
 
 
 def test_a_forked_child_holds_the_lease_after_its_parent_exits(world):
-    from flashinfer_sm120.safety.fs import lease
-
     extra = ("r, w = os.pipe()\nif os.fork() == 0:\n    os.close(r); os.write(w, b'x'); os.close(w)\n"
              "    sys.stdin.read(); os._exit(0)\n"
              "os.close(w); os.read(r, 1); out['child'] = os.waitpid(-1, os.WNOHANG)[0] == 0\n"
@@ -151,12 +150,12 @@ def test_a_forked_child_holds_the_lease_after_its_parent_exits(world):
     try:
         out = json.loads(p.stdout.readline()[2:])
         assert p.wait(timeout=60) == 0 and out["child"]  # the parent is gone, its fork lives on
-        assert lease.leased(out["home"])
+        assert inuse.lease_state(out["home"]) is not None
         assert "lease" in (prune(world["env"])[out["home"]]["kept"] or "") and os.path.isdir(out["home"])
     finally:
         p.stdin.close()  # the fork reads the same stdin: it exits now
     deadline = time.monotonic() + 60
-    while lease.leased(out["home"]) and time.monotonic() < deadline:
+    while inuse.lease_state(out["home"]) is not None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert prune(world["env"])[out["home"]]["removed"]
 
@@ -164,7 +163,6 @@ def test_a_forked_child_holds_the_lease_after_its_parent_exits(world):
 def test_a_program_the_process_runs_never_holds_the_lease(world):
     """The lease descriptor is close-on-exec: a daemon started by a patched process (a compiler
     cache server, a detached nvcc) does not keep the view leased after the process exits."""
-    from flashinfer_sm120.safety.fs import lease
 
     extra = ("import subprocess\nd = subprocess.Popen(['sleep', '300'], close_fds=False, "
              "start_new_session=True)\nout['daemon'] = d.pid\n"
@@ -174,7 +172,7 @@ def test_a_program_the_process_runs_never_holds_the_lease(world):
         stop(p)
         assert os.path.exists(f"/proc/{out['daemon']}")
         assert not [f for f in out["fds"] if f.endswith(".lease")], out["fds"]
-        assert not lease.leased(out["home"])
+        assert inuse.lease_state(out["home"]) is None
     finally:
         os.kill(out["daemon"], 9)
 
@@ -183,7 +181,6 @@ def test_a_program_the_process_runs_never_holds_the_lease(world):
 def test_a_spawned_worker_takes_its_own_lease(world):
     """A ``multiprocessing`` spawn worker is a new Python: it inherits ``CUDA_HOME`` (the view), not
     the descriptor, and takes its own lease when it imports FlashInfer."""
-    from flashinfer_sm120.safety.fs import lease
 
     worker = ("import helpers.fakegpu, os, sys, json, flashinfer_sm120, flashinfer\nfrom flashinfer_sm120.safety.fs import lease\n"
               "h = os.environ['CUDA_HOME']\nos.write(1, ('@@' + json.dumps(dict(pid=os.getpid(), "
@@ -199,7 +196,7 @@ def test_a_spawned_worker_takes_its_own_lease(world):
     try:
         stop(p)  # the parent exits; the spawned worker lives on
         assert w["own"] and os.path.exists(f"/proc/{w['pid']}")
-        assert lease.leased(out["home"])
+        assert inuse.lease_state(out["home"]) is not None
         assert "lease" in (prune(world["env"])[out["home"]]["kept"] or "") and os.path.isdir(out["home"])
     finally:
         os.kill(w["pid"], 9)
@@ -259,7 +256,7 @@ def test_a_chooser_that_finds_the_view_being_removed_waits_then_builds_it_anew(w
     p, out = start(world["env"])
     stop(p)  # the view exists and nobody leases it
     view = out["home"]
-    fd = lease.take_exclusive(view)  # the prune's part: the lease, exclusively
+    fd = inuse.take_exclusive(view)  # the prune's part: the lease, exclusively
     assert fd is not None
     waiting, waits, real_sleep = threading.Event(), [], time.sleep
 
@@ -275,12 +272,12 @@ def test_a_chooser_that_finds_the_view_being_removed_waits_then_builds_it_anew(w
     try:
         assert waiting.wait(60)  # the chooser adopted the view and waits for its lease
         remove_tree(view)
-        lease.end_exclusive(view, fd, removed=True)
+        inuse.end_exclusive(view, fd, removed=True)
     finally:
         t.join(120)
     try:
         assert got and got[0].path == view and got[0].is_view, got
-        assert os.access(os.path.join(view, "bin", "nvcc"), os.X_OK) and lease.held(view) and lease.leased(view)
+        assert os.access(os.path.join(view, "bin", "nvcc"), os.X_OK) and lease.held(view) and inuse.lease_state(view) is not None
         assert len(waits) >= 1
     finally:
         lease.release(view)
@@ -319,16 +316,16 @@ def test_a_lease_file_lies_beside_its_directory_and_names_it_back(name):
     target = os.path.join("/c/cuda-home", name)
     path = lease.lease_path(target)
     assert os.path.dirname(path) == "/c/cuda-home" and os.path.basename(path).startswith(".")
-    assert lease.target_of(path) == target
-    assert lease.target_of(target) is None or name.startswith(".") and name.endswith(".lease")
+    assert inuse.target_of(path) == target
+    assert inuse.target_of(target) is None or name.startswith(".") and name.endswith(".lease")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another uid")
 def test_no_lease_or_workspace_is_created_in_a_tree_another_uid_owns(tmp_path, monkeypatch):
     """With ``FLASHINFER_WORKSPACE_BASE`` in a shared place where another uid made the
     ``.cache/flashinfer/<version>/<arch>`` levels (mode 777), importing FlashInfer creates no lease file and
-    no workspace directory in that uid's tree, besides warning that the JIT directory "is not safe to build
-    in"; a lease file they planted and hold exclusively must not make every import wait 90 s (P4)."""
+    no workspace directory in that uid's tree, besides warning that the JIT directory "fails the trust
+    rule"; a lease file they planted and hold exclusively must not make every import wait 90 s (P4)."""
     from flashinfer_sm120.core.patch import steps
     from flashinfer_sm120.safety.fs import lease
 

@@ -40,7 +40,7 @@ def test_cache_path_ninja_cannot_carry_is_refused_and_named(tmp_path, monkeypatc
     root = statedir.cache_root()
     assert char not in root and root == str(tmp_path / "home" / ".cache" / "flashinfer-sm120")
     (note,) = statedir.cache_root_notes()
-    from flashinfer_sm120.safety.formats.grammar import PATH_RULE
+    from flashinfer_sm120.safety.fs.statedir import PATH_RULE
 
     assert "FLASHINFER_SM120_CACHE_DIR" in note and repr(char) in note and PATH_RULE in note
     assert not (tmp_path / name).exists()
@@ -98,7 +98,7 @@ def test_cache_dir_writable_by_the_users_private_group_is_refused(tmp_path, monk
     d = tmp_path / "mine"
     d.mkdir()
     os.chmod(d, 0o770)
-    monkeypatch.setattr(ownership, "_private_gid", lambda: d.stat().st_gid)
+    monkeypatch.setattr(ownership, "_private_gid", lambda uid: d.stat().st_gid)
     assert ownership.trust_reason(str(d)) is None  # the trust rule takes it
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(d))
     assert statedir.cache_root() != str(d)

@@ -1,0 +1,97 @@
+"""Decide afresh, before touching FlashInfer (nothing is patched here; run outside the patch lock): the GPUs,
+the arch list, the toolkit and its linkable home.  A first process and ``doctor`` only: later ones replay."""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from flashinfer_sm120.core.facts.releases import ReleaseInfo, release_info
+from flashinfer_sm120.core.patch.resolve import Resolution, TargetsFrom, arch_specs, flashinfer_version
+from flashinfer_sm120.core.toolkit.model import Toolkit
+from flashinfer_sm120.errors import ToolkitError
+
+__all__ = ["resolve", "cleaned_homes", "own_nvcc"]
+
+
+#: Characters of ``FLASHINFER_CUDA_ARCH_LIST`` kept in :attr:`Resolution.arch_list` (messages; the parse sees all).
+ARCH_LIST_SHOWN = 200
+
+
+def _for_messages(value: str | None) -> str | None:
+    if value is None or len(value) <= ARCH_LIST_SHOWN:
+        return value
+    return f"{value[:ARCH_LIST_SHOWN]}... ({len(value)} characters)"
+
+
+def cleaned_homes(env: dict[str, str]) -> tuple[str, ...]:
+    """A note naming the fix for each ``CUDA_HOME``/``CUDA_PATH`` that ``sources.clean_home`` had to change
+    (``:/usr/local/cuda-13.0``, ``/usr/local/cuda-13.0/bin``)."""
+    from flashinfer_sm120.core.toolkit.sources import clean_home
+
+    notes = []
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        val = env.get(var)
+        cleaned = clean_home(val) if val else None
+        if cleaned is not None and cleaned.rstrip("/") != val.rstrip("/"):
+            notes.append(f"{var}={val!r} is malformed; read it as {cleaned!r}. "
+                         f"Fix: export {var}={cleaned}")
+    return tuple(notes)
+
+
+def own_nvcc(naive_root: str | None) -> str | None:
+    """The real path of the nvcc FlashInfer alone runs (``$naive_root/bin/nvcc``, wrappers and links followed,
+    read, not run), else ``None``."""
+    if not naive_root:
+        return None
+    from flashinfer_sm120.safety.trust import follow_wrappers
+
+    nvcc = os.path.join(naive_root, "bin", "nvcc")
+    return os.path.realpath(follow_wrappers(nvcc) or nvcc) if os.path.isfile(nvcc) else None
+
+
+def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | None = None,
+            release: ReleaseInfo | None = None, guard: bool = False) -> Resolution:
+    """Find the GPUs, parse the arch list, choose a toolkit and a linkable home; nothing is patched.
+
+    Args:
+        env: environment to read (default ``os.environ``).
+        toolkits: candidates (``doctor`` passes every one); default ``sources.discover``, read lazily.
+        release: the FlashInfer release (default: the one loaded or installed).
+        guard: return a Resolution with ``choice=None`` and ``error`` set instead of raising when no toolkit fits.
+
+    Raises:
+        flashinfer_sm120.errors.ToolkitError: no toolkit fits (unless ``guard``).
+        flashinfer_sm120.errors.ViewError: the view could not be built.
+    """
+    from flashinfer_sm120.core.facts.gpus import query
+    from flashinfer_sm120.core.toolkit.policy import choose, other_major_allowed, torch_cuda_version
+    from flashinfer_sm120.core.toolkit.sources import discover, flashinfer_naive_root
+    from flashinfer_sm120.core.view.build import linkable_home
+    from flashinfer_sm120.core.view.meta import lacks
+
+    env = dict(os.environ if env is None else env)
+    if release is None:
+        release = release_info(flashinfer_version())
+    arch_list = env.get("FLASHINFER_CUDA_ARCH_LIST")
+    specs, arch_err = arch_specs(arch_list)
+    gq = query()
+    gpus = tuple(gq.gpus)
+    explicit = env.get("CUDA_HOME") or env.get("CUDA_PATH") or None
+    naive = flashinfer_naive_root(env)
+    common = dict(gpus=gpus, arch_list=_for_messages(arch_list), arch_list_error=arch_err, naive_root=naive,
+                  naive_lacks=tuple(lacks(naive)) if naive else (), explicit_home=explicit, release=release,
+                  gpu_query=gq, cleaned=cleaned_homes(env),
+                  targets_from=TargetsFrom.GPUS if specs is None else TargetsFrom.ARCH_LIST)
+    candidates = discover(env) if toolkits is None else toolkits
+    try:
+        choice = choose(candidates, specs, [g.capability for g in gpus], torch_cuda_version(),
+                        min_nvcc=release.min_nvcc, min_nvcc_why=release.min_nvcc_why,
+                        allow_other_major=other_major_allowed(env),
+                        own=(own := None if "FLASHINFER_NVCC" in env else own_nvcc(naive)))
+    except ToolkitError as exc:
+        if not guard:
+            raise
+        return Resolution(None, None, error=str(exc), fix=getattr(exc, "fix", None), **common)
+    home = linkable_home(choice.toolkit)
+    return Resolution(choice, home, own=own == os.path.realpath(choice.toolkit.nvcc), **common)

@@ -1,0 +1,190 @@
+"""A FlashInfer module directory as warm-up builds use it: FlashInfer's per-module lock, the ninja the server runs,
+its dry run and status lines, the steps it runs (Linux ``/proc``), and its deps log (threat-model: P5, P6)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import struct
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from filelock import FileLock, Timeout  # a dependency (and FlashInfer's)
+
+from flashinfer_sm120.errors import FormatError, PlaceError
+from flashinfer_sm120.safety import proc as _proc
+from flashinfer_sm120.safety.formats.reads import read_bytes
+from flashinfer_sm120.safety.fs.atomic import write_atomic
+from flashinfer_sm120.safety.fs.inuse import holders
+
+SAY_EVERY_S = 60.0  # seconds between two "still waiting" lines for a module's lock
+#: A ninja status line under ``NINJA_STATUS="[%f/%t] "``: finished, total, the step.  At most 9 ASCII
+#: digits: ninja passes the compilers' output through, and ``int()`` refuses over 4300 digits.
+STATUS_RE = re.compile(r"^\[([0-9]{1,9})/([0-9]{1,9})\] (.*)$")
+_DRY_RUN_MAX = 16 << 20  # ninja -n of a FlashInfer module: a few KB per step
+#: Largest deps log rewritten (bytes); a module's is a few hundred KiB.
+MAX_DEPS_BYTES = 256 << 20
+
+
+def lock_path(jit_dir: str | os.PathLike, name: str) -> Path:
+    """FlashInfer 0.4 - 0.7.x's per-module lock (flashinfer/jit/core.py): servers, build and import take turns (P5)."""
+    return Path(jit_dir) / "tmp" / f"{name}.lock"
+
+
+def try_take(path: str | os.PathLike, label: str = "") -> FileLock | None:
+    """The lock at ``path`` if free now, else None; :raises PlaceError: another uid holds it (it could hold
+    it for ever, so it is not waited for, P6)."""
+    lock = FileLock(str(path), thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+        return lock
+    except Timeout:
+        pass
+    me = os.geteuid()
+    h = next((h for h in holders(path) if h.uid is not None and h.uid != me), None)
+    if h is not None:
+        raise PlaceError(f"{label}: FlashInfer's lock {path} is held by pid {h.pid} of uid {h.uid}, not you; it "
+                         f"can hold your build off for as long as it likes, so it is not waited for. Fix: build in "
+                         f"a JIT directory others cannot enter (mkdir -m 700 ~/fi-jit; "
+                         f"FLASHINFER_WORKSPACE_BASE=~/fi-jit), or ask uid {h.uid} to end pid {h.pid}")
+    return None
+
+
+def take(path: str | os.PathLike, label: str, say: Callable[[str], None], *,
+         every: float = SAY_EVERY_S, poll: float = 0.5) -> FileLock:
+    """The lock at ``path``, waited for while this user's processes hold it (told to ``say`` every ``every``
+    s); :raises PlaceError: another uid holds it."""
+    t0, said = time.monotonic(), None
+    while (lock := try_take(path, label)) is None:
+        now = time.monotonic()
+        if said is None or now - said >= every:
+            said = now
+            pids = ", ".join(str(x.pid) for x in holders(path)) or "not visible here"
+            say(f"{label}: waiting for another process building it (FlashInfer's lock {path}, held by "
+                f"pid {pids}){f'; {round(now - t0)} s so far' if now > t0 + 1 else ''}")
+        time.sleep(poll)
+    return lock
+
+
+@contextlib.contextmanager
+def held(path: str | os.PathLike, label: str, say: Callable[[str], None]) -> Iterator[None]:
+    lock = take(path, label, say)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def ninja_binary() -> str:
+    """The ninja the server will run (another release's ``.ninja_log`` would make it rebuild); :raises NinjaError."""
+    from flashinfer_sm120.core.toolkit import ninja
+
+    return ninja.choose().path
+
+
+def command(job, *extra: str) -> list[str]:
+    return [ninja_binary(), "-C", str(job.build_dir.resolve()), "-f", str(job.ninja_path.resolve()), *extra]
+
+
+def ninja_env() -> dict:
+    """The environment with ninja's status format and a private temporary directory (P5)."""
+    from flashinfer_sm120.safety.fs.atomic import build_env
+
+    return build_env(dict(os.environ, NINJA_STATUS="[%f/%t] "))
+
+
+def dry_run(job) -> list[str]:
+    """Commands ``ninja -n`` says it would run for ``job`` (empty: up to date); :raises NinjaError."""
+    from flashinfer_sm120.core.toolkit.ninja import NinjaError
+
+    res = _proc.run(command(job, "-n"), timeout=120, max_output=_DRY_RUN_MAX, env=ninja_env())
+    if not res.ok:
+        why = ("timed out" if res.timed_out else f"printed more than {_DRY_RUN_MAX} bytes" if res.truncated
+               else res.error or f"exit {res.returncode}")
+        raise NinjaError(f"ninja -n failed for {job.label} ({why}): {res.text()[-2000:]}")
+    return [m.group(3) for m in map(STATUS_RE.match, res.text().splitlines()) if m]
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """A step's process; ``exited``: a zombie (ninja reaps only at EOF, which a leftover child can hold off)."""
+
+    pid: int
+    command: str
+    exited: bool
+
+
+def steps(pid: int) -> list[Step]:
+    """Children of ``pid`` running ``/bin/sh -c COMMAND`` (or exited), from Linux ``/proc``."""
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in filter(str.isdigit, names):
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().decode(errors="replace").rsplit(")", 1)[1].split()
+            if int(fields[1]) != pid:
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        exited = fields[0] in ("Z", "X")
+        if len(argv) > 2 and argv[1] == "-c":
+            out.append(Step(int(name), argv[2], exited))
+        elif exited:  # else forked by ninja, not yet /bin/sh -c: its argv is still ninja's own
+            out.append(Step(int(name), "", exited))
+    return out
+
+
+def step_name(command: str) -> str:
+    """``sampling.cu`` for a compile step, ``link x.so`` for a link, else the command's start."""
+    m = re.search(r" -c (\S+)", command)
+    if m:
+        return os.path.basename(m.group(1))
+    so = re.search(r"-o (\S+\.so)\b", command)
+    return f"link {os.path.basename(so.group(1))}" if so else command[:60]
+
+
+def restamp(path: str, mtimes_ns: dict[str, int]) -> int:
+    """Set the mtime ninja's deps log (``.ninja_deps`` v4) records for each output in ``mtimes_ns`` (absolute
+    path -> ns), which ninja compares (src/graph.cc ``LoadDeps``); how many records changed (0: a log not
+    read: missing, another version, a link, over :data:`MAX_DEPS_BYTES`).  Records (src/deps_log.cc): uint32
+    size (high bit: deps), then a NUL-padded path and checksum, or output id, mtime (low, high), input ids."""
+    if not os.path.lexists(path):
+        return 0
+    try:  # bounded, never through a link, never a FIFO (read_bytes)
+        data = bytearray(read_bytes(path, MAX_DEPS_BYTES, follow=False))
+    except FormatError:
+        return 0
+    if not data.startswith(b"# ninjadeps\n") or len(data) < 16 or struct.unpack_from("<i", data, 12)[0] != 4:
+        return 0
+    ids: list[str] = []
+    pos, changed = 16, 0
+    while pos + 4 <= len(data):
+        (size,) = struct.unpack_from("<I", data, pos)
+        is_deps, size = bool(size & 0x80000000), size & 0x7FFFFFFF
+        body = pos + 4
+        if body + size > len(data):
+            break  # a truncated last record: ninja ignores it too
+        if size % 4 or size < (12 if is_deps else 8):
+            # threat-model: P6 -- not a record ninja writes (whole 4-byte words, room for an id and an
+            # mtime or a path and a checksum): the log comes from an export, so it is left untouched
+            return 0
+        if is_deps:
+            (out_id,) = struct.unpack_from("<i", data, body)
+            if 0 <= out_id < len(ids) and ids[out_id] in mtimes_ns:
+                ns = mtimes_ns[ids[out_id]]
+                struct.pack_into("<II", data, body + 4, ns & 0xFFFFFFFF, (ns >> 32) & 0xFFFFFFFF)
+                changed += 1
+        else:
+            ids.append(bytes(data[body:body + size - 4]).rstrip(b"\0").decode(errors="surrogateescape"))
+        pos = body + size
+    if changed:
+        write_atomic(path, data, mode=0o644)
+    return changed
