@@ -166,7 +166,7 @@ def targets() -> str:
 #: ``(import path, object path)`` of the documented public API.
 API = (("flashinfer_sm120", "install"), ("flashinfer_sm120", "revert"), ("flashinfer_sm120", "status"),
        ("flashinfer_sm120", "resolve"), ("flashinfer_sm120.core.jitenv.environ", "exported"),
-       ("flashinfer_sm120.core.autoload", "worker_setup"))
+       ("flashinfer_sm120", "worker_setup"))
 
 
 def _docstring(obj) -> str:

@@ -22,7 +22,7 @@ import json
 import os
 
 #: The hook Ray imports and calls in every worker process ("module.function").
-SETUP_HOOK = "flashinfer_sm120.core.autoload.worker_setup"
+SETUP_HOOK = "flashinfer_sm120.worker_setup"
 
 
 def runtime_env(cache_root: str = "/var/cache") -> dict:
