@@ -209,7 +209,7 @@ def test_workers_starting_while_prune_runs_all_end_with_an_existing_cuda_home(wo
     env = world["env"]
     p, first = start(env)
     stop(p)  # a view exists, leased by nobody: every prune below may remove it
-    for _ in range(3):
+    for _ in range(2):
         # one process pruning back to back (a new interpreter per prune spent most of this test's CPU
         # on start-up, not on racing the workers)
         pruning = subprocess.Popen(
