@@ -2,6 +2,7 @@
 in both, everything a packager needs in the sdist (it builds a wheel by itself), nothing local."""
 
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -26,16 +27,21 @@ def _build(kind: str, src: Path, out: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def sdist(tmp_path_factory):
-    local = [ROOT / "src" / "flashinfer_sm120" / "__pycache__" / "local.pyc", ROOT / "notes-local.txt"]
-    made = [p for p in local if not p.exists()]
-    for p in made:  # things a working tree has and a release must not carry
-        p.parent.mkdir(parents=True, exist_ok=True)
+    """Built from a copy of the working tree with local files added, never from the checkout itself: another
+    worker's checkout guard (tests/conftest.py) would see them."""
+    tree = tmp_path_factory.mktemp("tree") / "flashinfer-sm120"
+    tree.mkdir()
+    for name in ("src", "tests", "docs", "examples", "benchmarks", ".ci", "mkdocs.yml", "README.md", "CHANGELOG.md",
+                 "LICENSE", "pyproject.toml", ".gitignore"):
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, tree / name, ignore=shutil.ignore_patterns(".venv", ".hypothesis", ".pytest_cache"))
+        elif src.exists():
+            shutil.copy2(src, tree / name)
+    for p in (tree / "src" / "flashinfer_sm120" / "__pycache__" / "local.pyc", tree / "notes-local.txt"):
+        p.parent.mkdir(parents=True, exist_ok=True)  # things a working tree has and a release must not carry
         p.write_text("local\n")
-    try:
-        return _build("sdist", ROOT, tmp_path_factory.mktemp("sdist"))
-    finally:
-        for p in made:
-            p.unlink()
+    return _build("sdist", tree, tmp_path_factory.mktemp("sdist"))
 
 
 def test_sdist_carries_what_a_packager_needs_and_nothing_local(sdist):
