@@ -8,7 +8,7 @@ import subprocess
 import threading
 import time
 
-from flashinfer_sm120.warmup import plan, pool
+from flashinfer_sm120.warmup import moddir, plan, pool
 from helpers.warm import fake_job, most_at_once
 
 
@@ -22,9 +22,9 @@ def test_builds_reports_and_second_run_is_up_to_date_once(tmp_path):
     assert text.startswith("flashinfer-sm120: jobs: 2\n")
     assert "to build: 2 modules, 7 compile/link steps, -j 2" in text
     assert "a: compiled s0.cu" in text and "b: linked b.so" in text and "[7/7]" in text
-    # FlashInfer's own run (ninja in the module dir) finds nothing to do
+    # FlashInfer's own run (ninja in the module dir, the one the patch puts first on PATH) finds nothing to do
     for j in jobs:
-        proc = subprocess.run(["ninja", "-C", str(j.build_dir), "-f", str(j.ninja_path)],
+        proc = subprocess.run([moddir.ninja_binary(), "-C", str(j.build_dir), "-f", str(j.ninja_path)],
                               capture_output=True, text=True)
         assert "no work to do" in proc.stdout
     out = io.StringIO()
@@ -94,7 +94,7 @@ def test_the_module_with_the_most_steps_starts_first(tmp_path):
 KILLED_POOL = """
 import sys
 from pathlib import Path
-from flashinfer_sm120.warmup import plan, pool
+from flashinfer_sm120.warmup import moddir, plan, pool
 d = Path(sys.argv[1])
 pool.run_pool([pool.Job(d.name, d, d / "build.ninja", d.parent / "m.lock")], 2, sys.stdout)
 """
@@ -231,7 +231,7 @@ faulthandler.dump_traceback_later(200, exit=True)  # a hang shows where it waits
 signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, "tests")
 from pathlib import Path
-from flashinfer_sm120.warmup import plan, pool
+from flashinfer_sm120.warmup import moddir, plan, pool
 pool._STOP_S = 1
 d = Path(sys.argv[1])
 try:
