@@ -85,10 +85,23 @@ def _sections() -> tuple:
 
 
 def render(report: dict, *, verbose: bool = False, diagnosis=None) -> list[str]:
-    """The report as printed: one screen, or everything with ``verbose``."""
+    """The verdict, then one screen (:data:`SHORT_LINES`: findings whole, as many as fit, then a pointer); with
+    ``verbose`` every finding, the same facts, then the whole report."""
     from flashinfer_sm120.diagnose.verify.diagnosis import diagnose
 
-    return (_verbose if verbose else _short)(report, diagnosis or diagnose(report))
+    d = diagnosis or diagnose(report)
+    facts = [ln for text in _facts(report, d) for ln in wrap(text)]
+    blocks = [wrap(_finding(f)) for f in d.findings[1 if d.problems else 0:]]
+    if verbose:
+        return [_verdict(d)] + [ln for block in blocks for ln in block] + facts + [
+            "", "The whole report (doctor --json prints it as JSON):"] + dump(
+            {k: v for k, v in report.items() if k != "diagnosis"}, "  ")
+    tail = wrap("More: flashinfer-sm120 doctor --verbose (every toolkit, the patch, exports, servers, modules), or --json")
+    room = SHORT_LINES - 1 - len(facts) - len(tail)
+    if sum(map(len, blocks)) > room:  # as many whole findings as fit, then one line saying how many more
+        fit = sum(1 for total in itertools.accumulate(map(len, blocks)) if total <= room - 1)
+        blocks = blocks[:fit] + [[f"... {plural(len(blocks) - fit, 'more finding')}: --verbose"]]
+    return [_verdict(d)] + facts + [ln for block in blocks for ln in block] + tail
 
 
 def _smoke_only(args: argparse.Namespace) -> int:
@@ -260,26 +273,6 @@ def _facts(r: dict, d) -> list[str]:
     """The facts of the default screen, each one sentence."""
     facts = [_versions(r), _gpus(r)] + ([f"Targets: {', '.join(d.targets)} ({_targets_from(r)})"] if d.targets else [])
     return facts + _toolkit(r) + [_alone(d), _with(r, d)] + _deploy(r)
-
-
-def _short(r: dict, d) -> list[str]:
-    """The verdict, then one screen (:data:`SHORT_LINES`): findings whole, as many as fit, then a pointer."""
-    lines = [_verdict(d)] + [ln for text in _facts(r, d) for ln in wrap(text)]
-    tail = wrap("More: flashinfer-sm120 doctor --verbose (every toolkit, the patch, exports, servers, modules), or --json")
-    blocks = [wrap(_finding(f)) for f in d.findings[1 if d.problems else 0:]]
-    room = SHORT_LINES - len(lines) - len(tail)
-    if sum(map(len, blocks)) > room:  # as many whole findings as fit, then one line saying how many more
-        fit = sum(1 for total in itertools.accumulate(map(len, blocks)) if total <= room - 1)
-        blocks = blocks[:fit] + [[f"... {plural(len(blocks) - fit, 'more finding')}: --verbose"]]
-    return lines + [ln for block in blocks for ln in block] + tail
-
-
-def _verbose(r: dict, d) -> list[str]:
-    """Everything: the verdict, every finding, the facts of the default screen, then the whole report."""
-    out = [_verdict(d)] + [ln for f in d.findings[1 if d.problems else 0:] for ln in wrap(_finding(f))]
-    out += [ln for text in _facts(r, d) for ln in wrap(text)]
-    return out + ["", "The whole report (doctor --json prints it as JSON):"] + dump(
-        {k: v for k, v in r.items() if k != "diagnosis"}, "  ")
 
 
 def add_parser(sub) -> None:

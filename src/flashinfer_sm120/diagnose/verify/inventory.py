@@ -4,7 +4,9 @@ run it: targets from a trusted ``cuobjdump``, else only whether there is device 
 
 from __future__ import annotations
 
+import collections
 import glob
+import itertools
 import os
 import shutil
 import stat
@@ -161,33 +163,24 @@ def _prebuilt_fix(place: dict, caps: str) -> str:
 
 def cubin_summary(cubin_dir: str, gpus: list[tuple[str, tuple[int, int]]]) -> dict:
     """Counts of cubins per SM under ``cubin_dir`` and whether any runs on each GPU."""
-    counts: dict[str, int] = {}
-    n = unreadable = 0
-    for root, dirs, files in walk_tree(cubin_dir):  # any depth (threat-model: P6), no link entered
-        for f in files:
-            if not f.endswith(".cubin"):
-                continue
-            n += 1
-            if n > CUBIN_CAP:
-                break
-            try:
-                sm = cuda_elf_sm(read_elf(os.path.join(root, f)))
-            except FormatError:
-                sm = None
-            if sm is None:
-                unreadable += 1
-            else:
-                counts[f"sm_{sm}"] = counts.get(f"sm_{sm}", 0) + 1
-        if n > CUBIN_CAP:
-            break
+    cubins = (os.path.join(root, f) for root, _dirs, files in walk_tree(cubin_dir) for f in files
+              if f.endswith(".cubin"))  # any depth (threat-model: P6), no link entered
+    found = list(itertools.islice(cubins, CUBIN_CAP + 1))
+    sms = []
+    for path in found[:CUBIN_CAP]:
+        try:
+            sms.append(cuda_elf_sm(read_elf(path)))
+        except FormatError:
+            sms.append(None)
+    counts = collections.Counter(f"sm_{sm}" for sm in sms if sm is not None)
     runs = {label: any(rules.runs(t, cap) for t in counts) for label, cap in gpus}
     note = None
     if counts and not any(runs.values()):
         note = ("none of these cubins runs on the visible GPUs; FlashInfer uses them only for kernels of "
                 "those GPUs. If a kernel fails with 'no kernel image', set FLASHINFER_CUBIN_DIR to a "
                 "directory of cubins for this GPU (FlashInfer then reads it instead of the package)")
-    return {"cubins": min(n, CUBIN_CAP), "more": n > CUBIN_CAP, "by_sm": dict(sorted(counts.items())),
-            "unreadable": unreadable, "runs": runs, "note": note,
+    return {"cubins": len(sms), "more": len(found) > CUBIN_CAP, "by_sm": dict(sorted(counts.items())),
+            "unreadable": sms.count(None), "runs": runs, "note": note,
             "suffix": "the a/f suffix is not in a cubin's ELF header, so 'sm_100' may be sm_100a"}
 
 

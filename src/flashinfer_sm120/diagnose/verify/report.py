@@ -4,6 +4,7 @@ the patch, then the further sections.  Nothing here prints: :mod:`.diagnosis` ju
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import re
@@ -93,14 +94,10 @@ def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
         nvcc = os.path.join(naive, "bin", "nvcc") if naive else None
         look = (f"run '{nvcc} --version' and 'python -c \"import flashinfer\"' by hand to see which"
                 if nvcc else "run 'python -c \"import flashinfer\"' by hand to see why")
-        if res.truncated:
-            what = (f"the child was killed after printing more than {_ALONE_MAX_OUTPUT >> 20} MiB (FlashInfer's "
-                    f"import or the nvcc it runs floods its output); {look}, and fix or remove that toolkit")
-        elif res.timed_out:
-            what = f"the child was killed after {timeout + 60:g} s; {look}"
-        else:
-            what = f"the child exited with status {res.returncode}{f' ({res.error})' if res.error else ''}; {look}"
-        return {"error": what + last}
+        what = (f"was killed after printing more than {_ALONE_MAX_OUTPUT >> 20} MiB (FlashInfer's import or the nvcc "
+                f"it runs floods its output)" if res.truncated else f"was killed after {timeout + 60:g} s"
+                if res.timed_out else f"exited with status {res.returncode}{f' ({res.error})' if res.error else ''}")
+        return {"error": f"the child {what}; {look}{', and fix or remove that toolkit' if res.truncated else ''}{last}"}
     try:  # the child's report, read like any other outside input
         return loads_json(m.group(1), "the FlashInfer-alone child's report")
     except FormatError as exc:
@@ -124,16 +121,12 @@ def ninja_section(report: dict) -> dict:
     out["chosen"] = chosen.to_dict()
     out["conflicts"] = [n.to_dict() for n in found if n.problem is None and not ninja.same_log(n, chosen)]
     jit_dir = (report.get("after") or {}).get("jit_dir")
-    seen: dict[str, int] = {}
     try:
         names = sorted(os.listdir(jit_dir))[:512] if jit_dir else []
     except OSError:
         names = []
-    for name in names:
-        fmt = log_format_of_dir(os.path.join(jit_dir, name))
-        if fmt is not None:
-            seen[str(fmt)] = seen.get(str(fmt), 0) + 1
-    out.update(jit_dir=jit_dir, cache_log_formats=seen)
+    formats = (log_format_of_dir(os.path.join(jit_dir, name)) for name in names)
+    out.update(jit_dir=jit_dir, cache_log_formats=dict(collections.Counter(str(f) for f in formats if f is not None)))
     return out
 
 
@@ -287,10 +280,9 @@ def servers_section(report: dict) -> dict:
 
     after = report.get("after") or {}
     exported = bool(after.get("exported"))
-    original = dict(os.environ)
-    for k in ("CUDA_HOME", "CUDA_PATH", "PATH", "FLASHINFER_WORKSPACE_BASE"):
-        original.pop(k, None)
-    original.update((report.get("original_env") or {}))
+    original = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "PATH",
+                                                                   "FLASHINFER_WORKSPACE_BASE")}
+    original.update(report.get("original_env") or {})
     this_base = workspace_base()[0]
     out = []
     for inst in servers.installed():
