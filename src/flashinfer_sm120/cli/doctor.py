@@ -5,6 +5,7 @@ Collected by :mod:`flashinfer_sm120.diagnose.verify.report`, judged by :mod:`~fl
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import json
 import logging
@@ -202,9 +203,7 @@ def _versions(r: dict) -> str:
 def _gpus(r: dict) -> str:
     if not r["gpus"]:
         return f"GPUs: none visible (read from {r['gpu_source']})"
-    groups: dict[tuple[str, str], int] = {}
-    for g in r["gpus"]:
-        groups[(g["name"], g["capability"])] = groups.get((g["name"], g["capability"]), 0) + 1
+    groups = collections.Counter((g["name"], g["capability"]) for g in r["gpus"])
     return "GPUs: " + ", ".join(f"{n} x {name} ({cap})" for (name, cap), n in groups.items())
 
 
@@ -219,9 +218,9 @@ def _targets_from(r: dict) -> str:
 
 def _toolkit(r: dict) -> list[str]:
     res = r.get("resolution")
-    states = [c.get("state") for c in r["candidates"]]
-    others = ", ".join(x for x in (f"{states.count('usable')} more usable" if states.count("usable") else "",
-                                   f"{states.count('rejected')} refused" if states.count("rejected") else "") if x)
+    states = collections.Counter(c.get("state") for c in r["candidates"])
+    others = ", ".join(f"{states[k]} {word}" for k, word in (("usable", "more usable"), ("rejected", "refused"))
+                       if states[k])
     if not res:
         return [f"Toolkits: {plural(len(r['candidates']), 'candidate')} found, none fits" if r["candidates"]
                 else "Toolkits: none found"]

@@ -39,9 +39,7 @@ def find_cuobjdump(cuda_home: str | None = None) -> str | None:
         cands += sorted(glob.glob(os.path.join(glob.escape(sd), "nvidia", "cu1[0-9]", "bin", "cuobjdump")),
                         reverse=True)
         cands.append(os.path.join(sd, "nvidia", "cuda_cuobjdump", "bin", "cuobjdump"))
-    which = shutil.which("cuobjdump")
-    if which:
-        cands.append(which)
+    cands.append(shutil.which("cuobjdump") or "")
     for c in dict.fromkeys(c for c in cands if c):
         if os.path.isfile(c) and os.access(c, os.X_OK) and check_executable(c) is None:
             return c

@@ -168,12 +168,10 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
     from flashinfer_sm120.core.toolkit.model import RejectKind
     from flashinfer_sm120.safety.formats.reads import env_flag
 
-    report: dict = {"flashinfer_sm120": __version__, "python": sys.executable,
-                    "torch_version": dist_version("torch")}
-    report["original_env"] = dict(_ORIGINAL_ENV, **{k: os.environ[k] for k in ("PATH", "FLASHINFER_WORKSPACE_BASE")
-                                                    if k in os.environ})
-    report["server_cache"] = server_cache
-    report["torch_from"] = _installed("torch")  # "not installed" is not a CPU build
+    original = dict(_ORIGINAL_ENV, **{k: os.environ[k] for k in ("PATH", "FLASHINFER_WORKSPACE_BASE") if k in os.environ})
+    report: dict = {"flashinfer_sm120": __version__, "python": sys.executable, "torch_version": dist_version("torch"),
+                    "original_env": original, "server_cache": server_cache,
+                    "torch_from": _installed("torch")}  # "not installed" is not a CPU build
     report["flashinfer_installed"] = _installed("flashinfer") is not None
     report["flashinfer"] = flashinfer_version() if report["flashinfer_installed"] else None
     release = release_info(report["flashinfer"])
@@ -181,10 +179,7 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
     report["torch_cuda"] = torch_cuda_version()  # imports torch: the GPU fallback may use it
     gq = query()
     report["gpu_source"] = gq.describe()
-    report["gpus"] = [
-        {"index": g.index, "name": g.name, "capability": f"{g.capability[0]}.{g.capability[1]}"}
-        for g in gq.gpus
-    ]
+    report["gpus"] = [{"index": g.index, "name": g.name, "capability": "%d.%d" % g.capability} for g in gq.gpus]
     arch_list = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")  # as read; cut when it is too long to be one
     report["FLASHINFER_CUDA_ARCH_LIST"] = arch_list if arch_list is None or len(arch_list) <= 4096 else (
         arch_list[:200] + f"... ({len(arch_list)} characters)")

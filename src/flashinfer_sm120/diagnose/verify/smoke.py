@@ -116,7 +116,8 @@ def _tail(text: str, keep: int = OUTPUT_KEPT) -> str:
     return text if len(text) <= keep else f"... ({len(text) - keep} characters cut)\n" + text[-keep:]
 
 
-def _choose() -> tuple[str, list[str], str]:
+def _choose(state: dict) -> str:
+    """The toolkit and targets FlashInfer builds with here, patched (``state`` gets ``home`` and ``targets``)."""
     from flashinfer_sm120.core.facts.refusals import import_refused
 
     refusal = import_refused()  # threat-model: P4: FlashInfer and its dependencies write where it must not
@@ -142,9 +143,10 @@ def _choose() -> tuple[str, list[str], str]:
     problem = path_problem(os.environ)
     if problem:
         raise _Failed(str(problem))
-    home = cx.get_cuda_path()
+    home = state["home"] = cx.get_cuda_path()
+    state["targets"] = targets
     nvcc = os.path.realpath(os.path.join(home, "bin", "nvcc"))
-    return home, targets, f"nvcc {cx.get_cuda_version()} ({nvcc}) via CUDA_HOME={home}; targets {' '.join(targets)}"
+    return f"nvcc {cx.get_cuda_version()} ({nvcc}) via CUDA_HOME={home}; targets {' '.join(targets)}"
 
 
 def _generate(state: dict, work: str) -> str:
@@ -285,11 +287,7 @@ def run_smoke(timeout: float = SMOKE_TIMEOUT_S) -> SmokeResult:
             raise _Failed(f"the smoke check's {timeout:g} s were used up before this step")
         return start + timeout - time.monotonic()
 
-    def choose() -> str:
-        st["home"], st["targets"], detail = _choose()
-        return detail
-
-    table = [("toolkit", choose),
+    table = [("toolkit", lambda: _choose(st)),
              ("generate", lambda: _generate(st, work)),
              ("compile", lambda: _ninja(["-C", work, "-f", st["ninja"], st["obj"]], left, "compile")),
              ("link", lambda: _ninja(["-C", work, "-f", st["ninja"]], left, "link")),
