@@ -144,17 +144,6 @@ def log_format_of_dir(build_dir: str) -> int | None:
 def collect(timeout: float = ALONE_TIMEOUT_S, *, sections: Sequence[Section] = (),
             say: Callable[[str], None] | None = None, server_cache: dict | None = None, arch: str | None = None) -> dict:
     """Everything ``doctor`` reports: the core part, then ``sections`` in order (each reads those before it)."""
-    report = _collect(timeout, say, server_cache)
-    report["arch_option"] = arch
-    for key, collector in sections:
-        try:
-            report[key] = collector(report)
-        except Exception as exc:  # one broken section never hides the rest
-            report[key] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-    return report
-
-
-def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: dict | None) -> dict:
     from flashinfer_sm120.core import patch
     from flashinfer_sm120.diagnose import autoload
     from flashinfer_sm120.core.facts.refusals import import_refused
@@ -216,6 +205,12 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
         report["before"] = _flashinfer_alone(timeout)
         report["after"] = _with_shim()
     report["autoload"] = autoload.doctor_report()  # deploy: is the .pth installed for this interpreter?
+    report["arch_option"] = arch
+    for key, collector in sections:
+        try:
+            report[key] = collector(report)
+        except Exception as exc:  # one broken section never hides the rest
+            report[key] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     return report
 
 
