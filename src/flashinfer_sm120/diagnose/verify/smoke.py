@@ -9,6 +9,7 @@ import os
 import sys
 import time
 
+from flashinfer_sm120.errors import Sm120Error
 from flashinfer_sm120.safety.formats.reads import loads_json
 from flashinfer_sm120.safety.formats.fields import field
 
@@ -182,18 +183,10 @@ def _ninja(args: list[str], left, what: str) -> str:
     """Run the ninja FlashInfer's ``run_ninja`` will run (:func:`flashinfer_sm120.core.toolkit.ninja.choose`)."""
     from flashinfer_sm120.safety import proc
     from flashinfer_sm120.core.toolkit import ninja as _ninjas
-
-    try:
-        ninja = _ninjas.choose().path
-    except _ninjas.NinjaError as exc:
-        raise _Failed(str(exc)) from None
-    from flashinfer_sm120.errors import PlaceError
     from flashinfer_sm120.safety.fs.atomic import build_env
 
-    try:
-        env = build_env(os.environ)  # nvcc's temporary names are predictable: a directory of ours
-    except PlaceError as exc:
-        raise _Failed(str(exc)) from None
+    ninja = _ninjas.choose().path  # a NinjaError, or a PlaceError just below: the step's detail, as any refusal
+    env = build_env(os.environ)  # nvcc's temporary names are predictable: a directory of ours
     res = proc.run([ninja, *args], timeout=left(), max_output=1 << 20, env=env)
     if not res.ok:
         why = ("timed out" if res.timed_out else res.error or f"exit {res.returncode}")
@@ -305,8 +298,9 @@ def run_smoke(timeout: float = SMOKE_TIMEOUT_S) -> SmokeResult:
             t0 = time.monotonic()
             try:
                 steps.append(Step(name, "passed", 0.0, fn() or ""))
-            except Exception as exc:  # anything FlashInfer or the OS raises: the step failed
-                failed = exc if isinstance(exc, _Failed) else _Failed(f"{type(exc).__name__}: {exc}"[:2000])
+            except Exception as exc:  # anything FlashInfer or the OS raises: the step failed; a refusal says its text
+                failed = exc if isinstance(exc, _Failed) else _Failed(
+                    (str(exc) if isinstance(exc, Sm120Error) else f"{type(exc).__name__}: {exc}")[:2000])
                 steps.append(Step(name, "failed", 0.0, failed.detail, _tail(failed.output)))
                 break
             finally:
