@@ -262,11 +262,9 @@ def _main(argv: list[str] | None) -> int:
     _safe_streams()
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    json_wanted = "--json" in argv
+    # threat-model: P8: with --json, a refused command line is the one JSON document too
+    json_wanted = _Parser.json_errors = "--json" in argv
     _Parser.argv = list(argv)
-    if json_wanted:  # threat-model: P8: a refused command line is the one JSON document too
-        for p in _parsers(parser):
-            p.json_errors = True
     from flashinfer_sm120.errors import Sm120Error, UsageError
 
     try:
