@@ -5,6 +5,7 @@ run it: targets from a trusted ``cuobjdump``, else only whether there is device 
 from __future__ import annotations
 
 import collections
+import contextlib
 import glob
 import itertools
 import os
@@ -115,11 +116,9 @@ def jit_modules(jit_dir: str) -> list[tuple[str, str]]:
         if e.name == "tmp" or not e.is_dir(follow_symlinks=False):
             continue
         so = os.path.join(e.path, f"{e.name}.so")
-        try:
+        with contextlib.suppress(OSError):
             if stat.S_ISREG(os.lstat(so).st_mode):
                 out.append((e.name, so))
-        except OSError:
-            continue
     return out
 
 

@@ -5,6 +5,7 @@ the patch, then the further sections.  Nothing here prints: :mod:`.diagnosis` ju
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import re
@@ -133,11 +134,9 @@ def ninja_section(report: dict) -> dict:
 def log_format_of_dir(build_dir: str) -> int | None:
     """The ``.ninja_log`` format in ``build_dir`` (its first line), or ``None``."""
     log = os.path.join(build_dir, ".ninja_log")
-    try:
+    with contextlib.suppress(FormatError):
         for _n, line in iter_lines(log, max_line=64, max_lines=1):
             return parse_ninja_log_header(line, log)
-    except FormatError:
-        pass
     return None
 
 
