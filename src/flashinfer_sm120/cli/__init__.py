@@ -8,6 +8,7 @@ that uses FlashInfer). Run without a command, this help is printed and the exit 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import errno
 import importlib
@@ -46,14 +47,12 @@ def _broken_parser(sub, name: str, exc: BaseException) -> None:
     p.set_defaults(func=fail)
 
 
-def failure_document(message: str, kind: str, fix: str) -> dict:
-    """The ``--json`` failure of a command that set no ``json_failure`` of its own (``doctor``)."""
-    return {"ok": False, "error": {"kind": kind, "message": message, "fix": fix}}
-
-
 def _print_failure_json(document, message: str, kind: str, fix: str) -> None:
     """One JSON document whatever went wrong (threat-model: P8): the command's ``json_failure``, else the generic one."""
-    print(json.dumps((document or failure_document)(bounded(message), kind, bounded(fix or "")), indent=2))
+    message, fix = bounded(message), bounded(fix or "")
+    doc = document(message, kind, fix) if document else {"ok": False, "error": {"kind": kind, "message": message,
+                                                                                  "fix": fix}}
+    print(json.dumps(doc, indent=2))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -205,30 +204,23 @@ MAX_ARGS = 4096
 def _safe_streams() -> None:
     """Never fail on printing a path that is not UTF-8 (lone surrogates): ``\\udcff``, as Python's stderr does."""
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(AttributeError, ValueError, OSError):  # not a TextIOWrapper, or closed
             stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
-        except (AttributeError, ValueError, OSError):  # not a TextIOWrapper, or closed
-            pass
 
 
 def _open_std_fds() -> None:
     """Open descriptors 0-2 closed at start on ``/dev/null``, so that no file the command opens takes 1 or 2."""
-    for fd, mode, name in ((0, os.O_RDONLY, "stdin"), (1, os.O_WRONLY, "stdout"), (2, os.O_WRONLY, "stderr")):
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
         try:
             os.fstat(fd)
         except OSError:
             try:
-                null = os.open(os.devnull, mode)  # the lowest free descriptor: this one
-                if null != fd:
-                    os.dup2(null, fd)
-                    os.close(null)
+                os.dup2(os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY), fd)  # the lowest free: fd itself
             except OSError:
                 continue
         if getattr(sys, name) is None:
-            try:
+            with contextlib.suppress(OSError):
                 setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
-            except OSError:
-                pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,21 +254,17 @@ def _from_printing(exc: OSError) -> bool:
 
 def _quiet_stdout() -> None:
     """Point stdout at /dev/null, so that the flush at exit does not fail again (``signal`` docs, SIGPIPE)."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
 
 
 def _main(argv: list[str] | None) -> int:
     _safe_streams()
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    json_wanted = "--json" in argv
+    # threat-model: P8: with --json, a refused command line is the one JSON document too
+    json_wanted = _Parser.json_errors = "--json" in argv
     _Parser.argv = list(argv)
-    if json_wanted:  # threat-model: P8: a refused command line is the one JSON document too
-        for p in _parsers(parser):
-            p.json_errors = True
     from flashinfer_sm120.errors import Sm120Error, UsageError
 
     try:

@@ -229,13 +229,9 @@ def _cache_refused(sess) -> str | None:
     """The refusal of a compiler cache that was asked for (flag or variable), else ``None``."""
     from flashinfer_sm120.core.jitenv import toolchain
 
-    setup = _setup_of(sess)
+    refused = _setup_of(sess).cache.get("refused")
     kind, problem = toolchain.requested()
-    if problem:
-        return problem
-    if setup is not None and setup.cache.get("refused") and (kind or os.environ.get("FLASHINFER_NVCC_LAUNCHER") is None):
-        return setup.cache["refused"]
-    return None
+    return problem or (refused if kind or os.environ.get("FLASHINFER_NVCC_LAUNCHER") is None else None)
 
 
 def _cache_report(before: dict | None, flag_only: bool) -> dict | None:

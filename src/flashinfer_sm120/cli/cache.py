@@ -10,9 +10,8 @@ import json
 import sys
 
 from flashinfer_sm120.errors import Sm120Error
-from flashinfer_sm120.safety.formats.base import plural
+from flashinfer_sm120.safety.formats.base import bounded, plural
 from flashinfer_sm120.safety.formats.params import cli_float, cli_size
-from flashinfer_sm120.safety.formats.base import bounded
 from flashinfer_sm120.cli.common import err as _err
 
 
@@ -229,14 +228,8 @@ def _print_prune(report: dict, yes: bool) -> None:
         if r["path"]:
             print(printable(f"{r['what']} cache: {r['path']} ({fmt_bytes(r['bytes'])})"))
     for e in report["entries"]:
-        if e.removed:
-            word = "removed"
-        elif e.error:
-            word = "FAILED"
-        elif e.reason and not e.kept:
-            word = "remove" if not yes else "left"
-        else:
-            word = "keep"
+        word = ("removed" if e.removed else "FAILED" if e.error else ("left" if yes else "remove")
+                if e.reason and not e.kept else "keep")
         why = e.error or (f"{e.reason}; kept: {e.kept}" if e.reason and e.kept else e.kept or e.reason
                           or "still usable: its toolkit (and FlashInfer release) are installed")
         print(printable(f"  {word:<7} {fmt_bytes(e.bytes):>10}  {e.kind:<4} {e.path}\n          {why}"))

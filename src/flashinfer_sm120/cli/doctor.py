@@ -5,6 +5,7 @@ Collected by :mod:`flashinfer_sm120.diagnose.verify.report`, judged by :mod:`~fl
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import json
 import logging
@@ -85,10 +86,23 @@ def _sections() -> tuple:
 
 
 def render(report: dict, *, verbose: bool = False, diagnosis=None) -> list[str]:
-    """The report as printed: one screen, or everything with ``verbose``."""
+    """The verdict, then one screen (:data:`SHORT_LINES`: findings whole, as many as fit, then a pointer); with
+    ``verbose`` every finding, the same facts, then the whole report."""
     from flashinfer_sm120.diagnose.verify.diagnosis import diagnose
 
-    return (_verbose if verbose else _short)(report, diagnosis or diagnose(report))
+    d = diagnosis or diagnose(report)
+    facts = [ln for text in _facts(report, d) for ln in wrap(text)]
+    blocks = [wrap(_finding(f)) for f in d.findings[1 if d.problems else 0:]]
+    if verbose:
+        return [_verdict(d)] + [ln for block in blocks for ln in block] + facts + [
+            "", "The whole report (doctor --json prints it as JSON):"] + dump(
+            {k: v for k, v in report.items() if k != "diagnosis"}, "  ")
+    tail = wrap("More: flashinfer-sm120 doctor --verbose (every toolkit, the patch, exports, servers, modules), or --json")
+    room = SHORT_LINES - 1 - len(facts) - len(tail)
+    if sum(map(len, blocks)) > room:  # as many whole findings as fit, then one line saying how many more
+        fit = sum(1 for total in itertools.accumulate(map(len, blocks)) if total <= room - 1)
+        blocks = blocks[:fit] + [[f"... {plural(len(blocks) - fit, 'more finding')}: --verbose"]]
+    return [_verdict(d)] + facts + [ln for block in blocks for ln in block] + tail
 
 
 def _smoke_only(args: argparse.Namespace) -> int:
@@ -189,9 +203,7 @@ def _versions(r: dict) -> str:
 def _gpus(r: dict) -> str:
     if not r["gpus"]:
         return f"GPUs: none visible (read from {r['gpu_source']})"
-    groups: dict[tuple[str, str], int] = {}
-    for g in r["gpus"]:
-        groups[(g["name"], g["capability"])] = groups.get((g["name"], g["capability"]), 0) + 1
+    groups = collections.Counter((g["name"], g["capability"]) for g in r["gpus"])
     return "GPUs: " + ", ".join(f"{n} x {name} ({cap})" for (name, cap), n in groups.items())
 
 
@@ -206,9 +218,9 @@ def _targets_from(r: dict) -> str:
 
 def _toolkit(r: dict) -> list[str]:
     res = r.get("resolution")
-    states = [c.get("state") for c in r["candidates"]]
-    others = ", ".join(x for x in (f"{states.count('usable')} more usable" if states.count("usable") else "",
-                                   f"{states.count('rejected')} refused" if states.count("rejected") else "") if x)
+    states = collections.Counter(c.get("state") for c in r["candidates"])
+    others = ", ".join(f"{states[k]} {word}" for k, word in (("usable", "more usable"), ("rejected", "refused"))
+                       if states[k])
     if not res:
         return [f"Toolkits: {plural(len(r['candidates']), 'candidate')} found, none fits" if r["candidates"]
                 else "Toolkits: none found"]
@@ -260,26 +272,6 @@ def _facts(r: dict, d) -> list[str]:
     """The facts of the default screen, each one sentence."""
     facts = [_versions(r), _gpus(r)] + ([f"Targets: {', '.join(d.targets)} ({_targets_from(r)})"] if d.targets else [])
     return facts + _toolkit(r) + [_alone(d), _with(r, d)] + _deploy(r)
-
-
-def _short(r: dict, d) -> list[str]:
-    """The verdict, then one screen (:data:`SHORT_LINES`): findings whole, as many as fit, then a pointer."""
-    lines = [_verdict(d)] + [ln for text in _facts(r, d) for ln in wrap(text)]
-    tail = wrap("More: flashinfer-sm120 doctor --verbose (every toolkit, the patch, exports, servers, modules), or --json")
-    blocks = [wrap(_finding(f)) for f in d.findings[1 if d.problems else 0:]]
-    room = SHORT_LINES - len(lines) - len(tail)
-    if sum(map(len, blocks)) > room:  # as many whole findings as fit, then one line saying how many more
-        fit = sum(1 for total in itertools.accumulate(map(len, blocks)) if total <= room - 1)
-        blocks = blocks[:fit] + [[f"... {plural(len(blocks) - fit, 'more finding')}: --verbose"]]
-    return lines + [ln for block in blocks for ln in block] + tail
-
-
-def _verbose(r: dict, d) -> list[str]:
-    """Everything: the verdict, every finding, the facts of the default screen, then the whole report."""
-    out = [_verdict(d)] + [ln for f in d.findings[1 if d.problems else 0:] for ln in wrap(_finding(f))]
-    out += [ln for text in _facts(r, d) for ln in wrap(text)]
-    return out + ["", "The whole report (doctor --json prints it as JSON):"] + dump(
-        {k: v for k, v in r.items() if k != "diagnosis"}, "  ")
 
 
 def add_parser(sub) -> None:

@@ -55,18 +55,14 @@ def _no_targets(st: dict) -> str:
 def run_status(args: argparse.Namespace) -> int:
     apply_arch(args.arch)  # a bad value: UsageError, printed by cli.main (as JSON too with --json)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the line below says it
-    from flashinfer_sm120.core.facts.refusals import import_refused
-
-    refusal = import_refused()  # threat-model: P4: FlashInfer's import would write where it must not
-    if refusal is not None:
-        return _say(args, {"mode": "refused", "toolkit": None, "targets": [], "error": str(refusal)}, "check")
-    from flashinfer_sm120.core.facts.refusals import builds_refused
+    from flashinfer_sm120.core.facts.refusals import builds_refused, import_refused
     from flashinfer_sm120.core.facts.workspace import workspace_path
 
-    refused = builds_refused(workspace_path()[0])  # what build and every JIT build would refuse by
-    if refused is not None:
-        return _say(args, {"mode": "refused", "toolkit": None, "targets": [], "error": "FlashInfer was not "
-                           f"imported: every JIT build here would be refused: {refused}"}, "check")
+    # threat-model: P4: FlashInfer's import would write where it must not, or every JIT build would be refused
+    refused = import_refused() or ((why := builds_refused(workspace_path()[0])) and "FlashInfer was not imported: "
+                                   f"every JIT build here would be refused: {why}")
+    if refused:
+        return _say(args, {"mode": "refused", "toolkit": None, "targets": [], "error": str(refused)}, "check")
     if not args.fresh:
         got, why_not = recorded()
         if got is not None:

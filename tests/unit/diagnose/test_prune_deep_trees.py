@@ -92,7 +92,6 @@ def test_an_entry_another_prune_removed_first_is_not_a_failure(caches):
 
     from flashinfer_sm120.diagnose import prune as prune_mod
 
-    c = caches
     report = prune_mod.scan()
     stale = [e for e in report["entries"] if e.reason and not e.kept]
     assert stale

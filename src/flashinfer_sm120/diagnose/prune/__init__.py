@@ -4,6 +4,7 @@ the lease decides (taken exclusively without waiting, kept when it cannot be tak
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -23,12 +24,10 @@ __all__ = ["Entry", "fi_roots", "scan", "remove", "held_paths", "holder", "lock_
 def scan(older_than_days: float | None = None, *, now: float | None = None) -> dict:
     """Every view and JIT workspace under the roots, each with why it may go or must stay."""
     now = time.time() if now is None else now
-    views = views_dir()
+    views, fi = views_dir(), fi_roots()
     roots = [{"what": "flashinfer-sm120", "path": os.path.dirname(views) if views else None}]
-    roots += [{"what": "FlashInfer", "path": r} for r in fi_roots()]
-    entries = []
-    for r in fi_roots():
-        entries += scan_jit(r)
+    roots += [{"what": "FlashInfer", "path": r} for r in fi]
+    entries = [e for r in fi for e in scan_jit(r)]
     used_homes = {os.path.realpath(e.cuda_home) for e in entries if e.cuda_home and not e.reason}
     view_entries = scan_views(views) if views else []
     if older_than_days is not None:
@@ -76,11 +75,10 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
 def remove(report: dict) -> dict:
     """Remove every stale entry of a :func:`scan` report not kept, under the builders' locks."""
     views = [e for e in report["entries"] if e.kind == "view" and e.reason and not e.kept]
-    view_locks = take_locks([os.path.join(os.path.dirname(views[0].path), ".lock")]) if views else []
-    if views and view_locks is None:
-        for e in views:
+    with contextlib.ExitStack() as view_locks:
+        views_free = not views or take_locks(view_locks, [os.path.join(os.path.dirname(views[0].path), ".lock")])
+        for e in () if views_free else views:
             e.kept = "a running process holds the CUDA_HOME view lock (building a view)"
-    try:
         for e in report["entries"]:
             if not e.reason or e.kept:
                 continue
@@ -95,25 +93,18 @@ def remove(report: dict) -> dict:
                 e.kept = f"in use: a running process holds its lease ({lease.lease_path(e.path)})"
                 continue
             try:
-                locks = take_locks(paths) if e.kind == "jit" else []
-                if locks is None:
-                    e.kept = "a running process took a module lock meanwhile"
-                    continue
-                try:
+                with contextlib.ExitStack() as locks:
+                    if e.kind == "jit" and not take_locks(locks, paths):
+                        e.kept = "a running process took a module lock meanwhile"
+                        continue
                     remove_entry(e)
-                finally:
-                    for lk in locks:
-                        lk.release()
             finally:
                 if fd >= 0:
                     inuse.end_exclusive(e.path, fd, e.removed)
             if e.removed:
                 remove_empty_parents(e)
-        if view_locks is not None and (vdir := views_dir()):
+        if views_free and (vdir := views_dir()):
             sweep_leases(vdir)
-    finally:
-        for lk in view_locks or []:
-            lk.release()
     return report
 
 
@@ -204,20 +195,17 @@ def lock_free(path: str) -> bool:
         os.close(fd)
 
 
-def take_locks(paths: list[str]):
+def take_locks(stack: contextlib.ExitStack, paths: list[str]) -> bool:
+    """Every one of ``paths``' flocks taken without waiting, held by ``stack``; ``False`` (none held) when one is busy."""
     import filelock
 
-    held = []
     try:
         for p in paths:
-            lk = filelock.FileLock(p, timeout=0, mode=0o600)
-            lk.acquire()
-            held.append(lk)
+            stack.enter_context(filelock.FileLock(p, timeout=0, mode=0o600))
     except (filelock.Timeout, OSError):
-        for lk in held:
-            lk.release()
-        return None
-    return held
+        stack.close()
+        return False
+    return True
 
 
 def current_locks(e: Entry) -> list[str]:

@@ -3,7 +3,9 @@ workspace whose toolkit or FlashInfer is gone or changed, or anything unused for
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import os
 import re
 import stat
@@ -44,16 +46,10 @@ class Entry:
 def size_of(path: str) -> int:
     """Bytes on disk under ``path`` (blocks, links not followed)."""
     total = 0
-    for root, dirs, files in walk_tree(path):
-        for n in dirs + files:
-            try:
-                total += os.lstat(os.path.join(root, n)).st_blocks * 512
-            except OSError:
-                pass
-    try:
-        total += os.lstat(path).st_blocks * 512
-    except OSError:
-        pass
+    for p in itertools.chain([path], (os.path.join(root, n) for root, dirs, files in walk_tree(path)
+                                      for n in dirs + files)):
+        with contextlib.suppress(OSError):
+            total += os.lstat(p).st_blocks * 512
     return total
 
 
@@ -84,11 +80,9 @@ def times(paths) -> float | None:
     """The latest access or change of any of ``paths`` (``None``: none exists)."""
     found = []
     for p in paths:
-        try:
+        with contextlib.suppress(OSError):
             st = os.lstat(p)
-        except OSError:
-            continue
-        found.append(max(st.st_atime, st.st_mtime))
+            found.append(max(st.st_atime, st.st_mtime))
     return max(found, default=None)
 
 
@@ -177,17 +171,13 @@ def workspace_reason(ws: str, ops: str, rel: list[str], ent: Entry) -> str | Non
     for e in sorted(os.scandir(ops), key=lambda e: e.name):
         f = os.path.join(e.path, "build.ninja")
         if e.name != "tmp" and e.is_dir(follow_symlinks=False) and os.path.isfile(f):
-            try:
+            with contextlib.suppress(FormatError):
                 ninja_vars = ninja_variables(read_text(f, 4 << 20, follow=False), f)
                 break
-            except FormatError:
-                continue
     version = None
     if "." in rel[0]:  # a release (0.7.4); arch directories (90a, 120f) of older layouts have no dot
-        try:
+        with contextlib.suppress(FormatError):
             version = parse_version(rel[0], ws)
-        except FormatError:
-            pass
     if ninja_vars is None:
         here, parsed = _flashinfer_at(None)
         if version and parsed != version:

@@ -4,7 +4,10 @@ run it: targets from a trusted ``cuobjdump``, else only whether there is device 
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import glob
+import itertools
 import os
 import shutil
 import stat
@@ -37,9 +40,7 @@ def find_cuobjdump(cuda_home: str | None = None) -> str | None:
         cands += sorted(glob.glob(os.path.join(glob.escape(sd), "nvidia", "cu1[0-9]", "bin", "cuobjdump")),
                         reverse=True)
         cands.append(os.path.join(sd, "nvidia", "cuda_cuobjdump", "bin", "cuobjdump"))
-    which = shutil.which("cuobjdump")
-    if which:
-        cands.append(which)
+    cands.append(shutil.which("cuobjdump") or "")
     for c in dict.fromkeys(c for c in cands if c):
         if os.path.isfile(c) and os.access(c, os.X_OK) and check_executable(c) is None:
             return c
@@ -115,11 +116,9 @@ def jit_modules(jit_dir: str) -> list[tuple[str, str]]:
         if e.name == "tmp" or not e.is_dir(follow_symlinks=False):
             continue
         so = os.path.join(e.path, f"{e.name}.so")
-        try:
+        with contextlib.suppress(OSError):
             if stat.S_ISREG(os.lstat(so).st_mode):
                 out.append((e.name, so))
-        except OSError:
-            continue
     return out
 
 
@@ -161,33 +160,24 @@ def _prebuilt_fix(place: dict, caps: str) -> str:
 
 def cubin_summary(cubin_dir: str, gpus: list[tuple[str, tuple[int, int]]]) -> dict:
     """Counts of cubins per SM under ``cubin_dir`` and whether any runs on each GPU."""
-    counts: dict[str, int] = {}
-    n = unreadable = 0
-    for root, dirs, files in walk_tree(cubin_dir):  # any depth (threat-model: P6), no link entered
-        for f in files:
-            if not f.endswith(".cubin"):
-                continue
-            n += 1
-            if n > CUBIN_CAP:
-                break
-            try:
-                sm = cuda_elf_sm(read_elf(os.path.join(root, f)))
-            except FormatError:
-                sm = None
-            if sm is None:
-                unreadable += 1
-            else:
-                counts[f"sm_{sm}"] = counts.get(f"sm_{sm}", 0) + 1
-        if n > CUBIN_CAP:
-            break
+    cubins = (os.path.join(root, f) for root, _dirs, files in walk_tree(cubin_dir) for f in files
+              if f.endswith(".cubin"))  # any depth (threat-model: P6), no link entered
+    found = list(itertools.islice(cubins, CUBIN_CAP + 1))
+    sms = []
+    for path in found[:CUBIN_CAP]:
+        try:
+            sms.append(cuda_elf_sm(read_elf(path)))
+        except FormatError:
+            sms.append(None)
+    counts = collections.Counter(f"sm_{sm}" for sm in sms if sm is not None)
     runs = {label: any(rules.runs(t, cap) for t in counts) for label, cap in gpus}
     note = None
     if counts and not any(runs.values()):
         note = ("none of these cubins runs on the visible GPUs; FlashInfer uses them only for kernels of "
                 "those GPUs. If a kernel fails with 'no kernel image', set FLASHINFER_CUBIN_DIR to a "
                 "directory of cubins for this GPU (FlashInfer then reads it instead of the package)")
-    return {"cubins": min(n, CUBIN_CAP), "more": n > CUBIN_CAP, "by_sm": dict(sorted(counts.items())),
-            "unreadable": unreadable, "runs": runs, "note": note,
+    return {"cubins": len(sms), "more": len(found) > CUBIN_CAP, "by_sm": dict(sorted(counts.items())),
+            "unreadable": sms.count(None), "runs": runs, "note": note,
             "suffix": "the a/f suffix is not in a cubin's ELF header, so 'sm_100' may be sm_100a"}
 
 

@@ -4,6 +4,8 @@ the patch, then the further sections.  Nothing here prints: :mod:`.diagnosis` ju
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import os
 import re
@@ -93,14 +95,10 @@ def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
         nvcc = os.path.join(naive, "bin", "nvcc") if naive else None
         look = (f"run '{nvcc} --version' and 'python -c \"import flashinfer\"' by hand to see which"
                 if nvcc else "run 'python -c \"import flashinfer\"' by hand to see why")
-        if res.truncated:
-            what = (f"the child was killed after printing more than {_ALONE_MAX_OUTPUT >> 20} MiB (FlashInfer's "
-                    f"import or the nvcc it runs floods its output); {look}, and fix or remove that toolkit")
-        elif res.timed_out:
-            what = f"the child was killed after {timeout + 60:g} s; {look}"
-        else:
-            what = f"the child exited with status {res.returncode}{f' ({res.error})' if res.error else ''}; {look}"
-        return {"error": what + last}
+        what = (f"was killed after printing more than {_ALONE_MAX_OUTPUT >> 20} MiB (FlashInfer's import or the nvcc "
+                f"it runs floods its output)" if res.truncated else f"was killed after {timeout + 60:g} s"
+                if res.timed_out else f"exited with status {res.returncode}{f' ({res.error})' if res.error else ''}")
+        return {"error": f"the child {what}; {look}{', and fix or remove that toolkit' if res.truncated else ''}{last}"}
     try:  # the child's report, read like any other outside input
         return loads_json(m.group(1), "the FlashInfer-alone child's report")
     except FormatError as exc:
@@ -124,44 +122,27 @@ def ninja_section(report: dict) -> dict:
     out["chosen"] = chosen.to_dict()
     out["conflicts"] = [n.to_dict() for n in found if n.problem is None and not ninja.same_log(n, chosen)]
     jit_dir = (report.get("after") or {}).get("jit_dir")
-    seen: dict[str, int] = {}
     try:
         names = sorted(os.listdir(jit_dir))[:512] if jit_dir else []
     except OSError:
         names = []
-    for name in names:
-        fmt = log_format_of_dir(os.path.join(jit_dir, name))
-        if fmt is not None:
-            seen[str(fmt)] = seen.get(str(fmt), 0) + 1
-    out.update(jit_dir=jit_dir, cache_log_formats=seen)
+    formats = (log_format_of_dir(os.path.join(jit_dir, name)) for name in names)
+    out.update(jit_dir=jit_dir, cache_log_formats=dict(collections.Counter(str(f) for f in formats if f is not None)))
     return out
 
 
 def log_format_of_dir(build_dir: str) -> int | None:
     """The ``.ninja_log`` format in ``build_dir`` (its first line), or ``None``."""
     log = os.path.join(build_dir, ".ninja_log")
-    try:
+    with contextlib.suppress(FormatError):
         for _n, line in iter_lines(log, max_line=64, max_lines=1):
             return parse_ninja_log_header(line, log)
-    except FormatError:
-        pass
     return None
 
 
 def collect(timeout: float = ALONE_TIMEOUT_S, *, sections: Sequence[Section] = (),
             say: Callable[[str], None] | None = None, server_cache: dict | None = None, arch: str | None = None) -> dict:
     """Everything ``doctor`` reports: the core part, then ``sections`` in order (each reads those before it)."""
-    report = _collect(timeout, say, server_cache)
-    report["arch_option"] = arch
-    for key, collector in sections:
-        try:
-            report[key] = collector(report)
-        except Exception as exc:  # one broken section never hides the rest
-            report[key] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-    return report
-
-
-def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: dict | None) -> dict:
     from flashinfer_sm120.core import patch
     from flashinfer_sm120.diagnose import autoload
     from flashinfer_sm120.core.facts.refusals import import_refused
@@ -175,12 +156,10 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
     from flashinfer_sm120.core.toolkit.model import RejectKind
     from flashinfer_sm120.safety.formats.reads import env_flag
 
-    report: dict = {"flashinfer_sm120": __version__, "python": sys.executable,
-                    "torch_version": dist_version("torch")}
-    report["original_env"] = dict(_ORIGINAL_ENV, **{k: os.environ[k] for k in ("PATH", "FLASHINFER_WORKSPACE_BASE")
-                                                    if k in os.environ})
-    report["server_cache"] = server_cache
-    report["torch_from"] = _installed("torch")  # "not installed" is not a CPU build
+    original = dict(_ORIGINAL_ENV, **{k: os.environ[k] for k in ("PATH", "FLASHINFER_WORKSPACE_BASE") if k in os.environ})
+    report: dict = {"flashinfer_sm120": __version__, "python": sys.executable, "torch_version": dist_version("torch"),
+                    "original_env": original, "server_cache": server_cache,
+                    "torch_from": _installed("torch")}  # "not installed" is not a CPU build
     report["flashinfer_installed"] = _installed("flashinfer") is not None
     report["flashinfer"] = flashinfer_version() if report["flashinfer_installed"] else None
     release = release_info(report["flashinfer"])
@@ -188,10 +167,7 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
     report["torch_cuda"] = torch_cuda_version()  # imports torch: the GPU fallback may use it
     gq = query()
     report["gpu_source"] = gq.describe()
-    report["gpus"] = [
-        {"index": g.index, "name": g.name, "capability": f"{g.capability[0]}.{g.capability[1]}"}
-        for g in gq.gpus
-    ]
+    report["gpus"] = [{"index": g.index, "name": g.name, "capability": "%d.%d" % g.capability} for g in gq.gpus]
     arch_list = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")  # as read; cut when it is too long to be one
     report["FLASHINFER_CUDA_ARCH_LIST"] = arch_list if arch_list is None or len(arch_list) <= 4096 else (
         arch_list[:200] + f"... ({len(arch_list)} characters)")
@@ -228,6 +204,12 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
         report["before"] = _flashinfer_alone(timeout)
         report["after"] = _with_shim()
     report["autoload"] = autoload.doctor_report()  # deploy: is the .pth installed for this interpreter?
+    report["arch_option"] = arch
+    for key, collector in sections:
+        try:
+            report[key] = collector(report)
+        except Exception as exc:  # one broken section never hides the rest
+            report[key] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     return report
 
 
@@ -287,10 +269,9 @@ def servers_section(report: dict) -> dict:
 
     after = report.get("after") or {}
     exported = bool(after.get("exported"))
-    original = dict(os.environ)
-    for k in ("CUDA_HOME", "CUDA_PATH", "PATH", "FLASHINFER_WORKSPACE_BASE"):
-        original.pop(k, None)
-    original.update((report.get("original_env") or {}))
+    original = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "PATH",
+                                                                   "FLASHINFER_WORKSPACE_BASE")}
+    original.update(report.get("original_env") or {})
     this_base = workspace_base()[0]
     out = []
     for inst in servers.installed():

@@ -106,17 +106,16 @@ def cuda_libraries(mapped: set[str]) -> dict[str, list[str]]:
     return {k: sorted(set(v)) for k, v in out.items()}
 
 
-def runtime_problems(before: set[str], after: set[str], *, view: str | None = None,
-                     stub_dirs: tuple[str, ...] = ()) -> tuple[dict, list[str]]:
+def runtime_problems(before: set[str], after: set[str], *, view: str | None = None) -> tuple[dict, list[str]]:
     """Compare what was mapped before and after loading modules (``/proc/self/maps`` paths)."""
     b, a = cuda_libraries(before), cuda_libraries(after)
     facts = {"libcuda": a["libcuda"], "libcudart": a["libcudart"], "libcudart_before": b["libcudart"]}
     problems = []
     if not a["libcuda"]:
         problems.append("libcuda.so.1 is not loaded: no NVIDIA driver library was found at run time")
-    bad_roots = [os.path.realpath(d) for d in ((view,) if view else ()) + tuple(stub_dirs)]
+    bad = os.path.realpath(view) if view else None
     for lib in a["libcuda"]:
-        if "/stubs/" in lib or any(lib == r or lib.startswith(r + "/") for r in bad_roots):
+        if "/stubs/" in lib or (bad and (lib == bad or lib.startswith(bad + "/"))):
             problems.append(f"{lib} was loaded as libcuda: that is a link stub, not the driver; the module "
                             f"was linked with an RPATH into it or LD_LIBRARY_PATH names it: remove that")
     if len(a["libcudart"]) > 1:

@@ -9,6 +9,7 @@ import os
 import sys
 import time
 
+from flashinfer_sm120.errors import Sm120Error
 from flashinfer_sm120.safety.formats.reads import loads_json
 from flashinfer_sm120.safety.formats.fields import field
 
@@ -116,7 +117,8 @@ def _tail(text: str, keep: int = OUTPUT_KEPT) -> str:
     return text if len(text) <= keep else f"... ({len(text) - keep} characters cut)\n" + text[-keep:]
 
 
-def _choose() -> tuple[str, list[str], str]:
+def _choose(state: dict) -> str:
+    """The toolkit and targets FlashInfer builds with here, patched (``state`` gets ``home`` and ``targets``)."""
     from flashinfer_sm120.core.facts.refusals import import_refused
 
     refusal = import_refused()  # threat-model: P4: FlashInfer and its dependencies write where it must not
@@ -142,9 +144,10 @@ def _choose() -> tuple[str, list[str], str]:
     problem = path_problem(os.environ)
     if problem:
         raise _Failed(str(problem))
-    home = cx.get_cuda_path()
+    home = state["home"] = cx.get_cuda_path()
+    state["targets"] = targets
     nvcc = os.path.realpath(os.path.join(home, "bin", "nvcc"))
-    return home, targets, f"nvcc {cx.get_cuda_version()} ({nvcc}) via CUDA_HOME={home}; targets {' '.join(targets)}"
+    return f"nvcc {cx.get_cuda_version()} ({nvcc}) via CUDA_HOME={home}; targets {' '.join(targets)}"
 
 
 def _generate(state: dict, work: str) -> str:
@@ -180,18 +183,10 @@ def _ninja(args: list[str], left, what: str) -> str:
     """Run the ninja FlashInfer's ``run_ninja`` will run (:func:`flashinfer_sm120.core.toolkit.ninja.choose`)."""
     from flashinfer_sm120.safety import proc
     from flashinfer_sm120.core.toolkit import ninja as _ninjas
-
-    try:
-        ninja = _ninjas.choose().path
-    except _ninjas.NinjaError as exc:
-        raise _Failed(str(exc)) from None
-    from flashinfer_sm120.errors import PlaceError
     from flashinfer_sm120.safety.fs.atomic import build_env
 
-    try:
-        env = build_env(os.environ)  # nvcc's temporary names are predictable: a directory of ours
-    except PlaceError as exc:
-        raise _Failed(str(exc)) from None
+    ninja = _ninjas.choose().path  # a NinjaError, or a PlaceError just below: the step's detail, as any refusal
+    env = build_env(os.environ)  # nvcc's temporary names are predictable: a directory of ours
     res = proc.run([ninja, *args], timeout=left(), max_output=1 << 20, env=env)
     if not res.ok:
         why = ("timed out" if res.timed_out else res.error or f"exit {res.returncode}")
@@ -285,11 +280,7 @@ def run_smoke(timeout: float = SMOKE_TIMEOUT_S) -> SmokeResult:
             raise _Failed(f"the smoke check's {timeout:g} s were used up before this step")
         return start + timeout - time.monotonic()
 
-    def choose() -> str:
-        st["home"], st["targets"], detail = _choose()
-        return detail
-
-    table = [("toolkit", choose),
+    table = [("toolkit", lambda: _choose(st)),
              ("generate", lambda: _generate(st, work)),
              ("compile", lambda: _ninja(["-C", work, "-f", st["ninja"], st["obj"]], left, "compile")),
              ("link", lambda: _ninja(["-C", work, "-f", st["ninja"]], left, "link")),
@@ -307,8 +298,9 @@ def run_smoke(timeout: float = SMOKE_TIMEOUT_S) -> SmokeResult:
             t0 = time.monotonic()
             try:
                 steps.append(Step(name, "passed", 0.0, fn() or ""))
-            except Exception as exc:  # anything FlashInfer or the OS raises: the step failed
-                failed = exc if isinstance(exc, _Failed) else _Failed(f"{type(exc).__name__}: {exc}"[:2000])
+            except Exception as exc:  # anything FlashInfer or the OS raises: the step failed; a refusal says its text
+                failed = exc if isinstance(exc, _Failed) else _Failed(
+                    (str(exc) if isinstance(exc, Sm120Error) else f"{type(exc).__name__}: {exc}")[:2000])
                 steps.append(Step(name, "failed", 0.0, failed.detail, _tail(failed.output)))
                 break
             finally:
