@@ -230,8 +230,7 @@ def _print_prune(report: dict, yes: bool) -> None:
     for e in report["entries"]:
         word = ("removed" if e.removed else "FAILED" if e.error else ("left" if yes else "remove")
                 if e.reason and not e.kept else "keep")
-        why = e.error or (f"{e.reason}; kept: {e.kept}" if e.reason and e.kept else e.kept or e.reason
-                          or "still usable: its toolkit (and FlashInfer release) are installed")
+        why = e.error or (f"{e.reason}; kept: {e.kept}" if e.reason and e.kept else e.kept or e.reason)
         print(printable(f"  {word:<7} {fmt_bytes(e.bytes):>10}  {e.kind:<4} {e.path}\n          {why}"))
     if not report["entries"]:
         print("  nothing cached")

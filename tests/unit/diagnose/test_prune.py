@@ -173,6 +173,18 @@ def test_older_than_also_lists_what_was_not_used_for_that_long(caches):
     assert not (ws / "cached_ops").exists() and c["ws"]["current"].exists()  # the tagged one beside it stays
 
 
+def test_json_says_why_a_current_entry_stays_and_a_view_ages_with_its_workspaces(caches):
+    """P8: --json gives every kept entry its reason, as the text does; a view whose every workspace is older
+    than --older-than goes with them (it stayed while a workspace that stays builds with it)."""
+    c = caches
+    now = listing(c)
+    assert now[str(c["ws"]["unpatched current"])]["kept"].startswith("still usable")
+    assert now[c["keep_view"]]["reason"] is None and now[c["keep_view"]]["kept"].startswith("still usable")
+    got = listing(c, "--older-than", "0")
+    assert all(e["reason"] and e["reason"].startswith("not used for 0 days") for p, e in got.items()
+               if p in (c["keep_view"], str(c["ws"]["unpatched current"]))), got
+
+
 def test_bad_older_than_is_refused_naming_the_flag(caches):
     proc = prune(caches, "--older-than", "-3")
     assert proc.returncode == 2 and "--older-than" in proc.stderr

@@ -28,15 +28,17 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
     roots = [{"what": "flashinfer-sm120", "path": os.path.dirname(views) if views else None}]
     roots += [{"what": "FlashInfer", "path": r} for r in fi]
     entries = [e for r in fi for e in scan_jit(r)]
-    used_homes = {os.path.realpath(e.cuda_home) for e in entries if e.cuda_home and not e.reason}
     view_entries = scan_views(views) if views else []
-    if older_than_days is not None:
-        cut = now - older_than_days * DAY
-        for e in entries + view_entries:
-            if e.reason is None and e.kept is None and e.last_used is not None and e.last_used < cut:
-                if e.kind == "view" and os.path.realpath(e.path) in used_homes:
-                    continue  # a kept JIT workspace builds with it
-                e.reason = f"not used for {(now - e.last_used) / DAY:.0f} days (--older-than {older_than_days:g})"
+
+    def age(group: list[Entry]) -> None:
+        for e in group:
+            if e.reason is None and e.kept is None and e.last_used is not None and e.last_used < now - older * DAY:
+                e.reason = f"not used for {(now - e.last_used) / DAY:.0f} days (--older-than {older:g})"
+
+    if (older := older_than_days) is not None:
+        age(entries)  # the workspaces first: a view stays while one that stays builds with it
+        used_homes = {os.path.realpath(e.cuda_home) for e in entries if e.cuda_home and not e.reason}
+        age([v for v in view_entries if os.path.realpath(v.path) not in used_homes])
     entries += view_entries
     held = held_paths() if any(e.reason for e in entries) else {}
     view_lock = os.path.join(views, ".lock") if views else None
@@ -65,6 +67,9 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
             busy = [lk for lk in (e.locks if e.kind == "jit" else [view_lock]) if lk and not lock_free(lk)]
             if busy:
                 e.kept = f"a running process holds {busy[0]} (building or loading it)"
+    for e in entries:  # P8: --json says why every entry stays, as the text does
+        if e.reason is None and e.kept is None:
+            e.kept = "still usable: its toolkit (and FlashInfer release) are installed"
     for r in roots:
         r["bytes"] = size_of(r["path"]) if r["path"] else 0
     stale = [e for e in entries if e.reason and not e.kept]
