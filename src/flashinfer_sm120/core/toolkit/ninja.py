@@ -1,6 +1,5 @@
-"""The process's ninja: the one FlashInfer's ``run_ninja`` runs from ``PATH`` (0.7.x ``jit/cpp_ext.py``) and
-vLLM 0.33's ``has_flashinfer`` needs there, found like nvcc (steps as data, version by :func:`.memo.version_of`):
-the wheel first (off ``PATH`` for an unactivated venv), then ``PATH``, and exported first on ``PATH``."""
+"""The ninja FlashInfer's ``run_ninja`` (0.7.x) and vLLM 0.33's ``has_flashinfer`` run from ``PATH``: found like
+nvcc (steps as data, :func:`.memo.version_of`), the wheel first, then ``PATH``; exported first on ``PATH``."""
 
 from __future__ import annotations
 
@@ -42,10 +41,6 @@ class NinjaError(Sm120Error):
     """No usable ninja, or its ``PATH`` entry cannot be made."""
 
 
-def log_format(version: Version | None) -> int | None:
-    return next((fmt for spec, fmt in LOG_FORMATS if version and spec.contains(version, prereleases=True)), None)
-
-
 @dataclass(frozen=True)
 class Ninja:
     """One ninja: where found (run as given), its real path, sources (best first), version, why unusable."""
@@ -58,7 +53,8 @@ class Ninja:
 
     @property
     def log_format(self) -> int | None:
-        return log_format(self.version)
+        v = self.version
+        return next((fmt for spec, fmt in LOG_FORMATS if v and spec.contains(v, prereleases=True)), None)
 
     def describe(self) -> str:
         """``/opt/venv/bin/ninja (ninja 1.13.2, .ninja_log v7; the ninja wheel 1.13.2)``."""
