@@ -107,13 +107,12 @@ FIND_STEPS: tuple[tuple[str, Callable[[str | None], list[tuple[str, str]]]], ...
 
 
 def _inspect(path: str) -> tuple[Version | None, str | None]:
-    problem = check_executable(path)
+    full, problem = None, check_executable(path)
     if problem is None:
         full, problem = version_of(path, lambda out: str(parse_leading_version(out, f"'{path} --version'")),
                                    name="ninja", fix="or pip install --force-reinstall ninja",
                                    timeout=NINJA_TIMEOUT_S, max_output=4096)
-        return (Version(full) if full else None), problem
-    return None, problem
+    return (Version(full) if full else None), problem
 
 
 def candidates(env_path: str | None = None) -> list[Ninja]:
