@@ -1,6 +1,5 @@
-"""Targets: which one FlashInfer wants for a compute capability, which nvcc builds it, how an arch list
-(``FLASHINFER_CUDA_ARCH_LIST``, ``--arch``) is read.  A target is a ``TARGET_CUDA_ARCHS`` pair such as
-``(12, "0f")``, built as ``-gencode=arch=compute_120f,code=sm_120f``."""
+"""Targets (``TARGET_CUDA_ARCHS`` pairs such as ``(12, "0f")``): which one FlashInfer wants for a compute
+capability, which nvcc builds it, and how an arch list (``FLASHINFER_CUDA_ARCH_LIST``, ``--arch``) is read."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""FlashInfer's environment variables that enter a module's ``build.ninja`` lines (data read from its code): ninja
-rebuilds a module whose line changed, so a warm cache serves a process only when these read the same as in the
-build that warmed it.  What flashinfer-sm120 decides itself (``CUDA_HOME``, the arch list, the workspace) is not listed."""
+"""FlashInfer's variables that enter a module's ``build.ninja`` lines (read from its code): ninja rebuilds a module
+whose line changed, so a warm cache serves only when they read as in its build (``CUDA_HOME`` and ours: not listed)."""
 
 from __future__ import annotations
 
@@ -103,18 +102,10 @@ def snapshot(env: dict[str, str], version: str | None = None) -> dict[str, str |
             if version is None or v.releases.contains(version, prereleases=True)}
 
 
-@dataclass(frozen=True)
-class Setting:
-    """A variable set here that changes the build line (against unset)."""
-
-    var: BuildVar
-    value: str
-
-
-def settings(env: dict[str, str], version: str | None = None) -> list[Setting]:
-    """The variables of :data:`BUILD_VARS` that change the build line in ``env``."""
+def settings(env: dict[str, str], version: str | None = None) -> list[tuple[BuildVar, str]]:
+    """``(variable, value)`` for each of :data:`BUILD_VARS` that changes the build line in ``env`` (against unset)."""
     by_name = {v.name: v for v in BUILD_VARS}
-    return [Setting(by_name[k], v) for k, v in snapshot(env, version).items() if v is not None]
+    return [(by_name[k], v) for k, v in snapshot(env, version).items() if v is not None]
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -55,10 +56,8 @@ def _nvml_devices() -> list[GPU]:
     except pynvml.NVMLError as exc:
         raise RuntimeError(f"NVML failed while listing GPUs: {exc}") from exc
     finally:
-        try:
+        with contextlib.suppress(Exception):  # shutdown errors are not actionable
             pynvml.nvmlShutdown()
-        except Exception:  # pragma: no cover - shutdown errors are not actionable
-            pass
 
 
 def query(*, torch_fallback: bool = True) -> GPUQuery:

@@ -1,6 +1,5 @@
-"""FlashInfer's precompiled kernels installed here, from package metadata (``doctor`` and ``build`` only).  FlashInfer
-0.7.4 (``jit/env.py`` ``_get_aot_providers``) loads a module from a provider of :data:`GROUP` (through
-``flashinfer_jit_cache`` at its version, ``+cuXYZ`` allowed), ``flashinfer-cubin`` only at its exact version."""
+"""FlashInfer's precompiled kernels installed here, from package metadata: 0.7.4 ``jit/env.py`` loads from a provider
+of :data:`GROUP` via ``flashinfer_jit_cache`` at its version (``+cuXYZ`` too), ``flashinfer-cubin`` at its exact one."""
 
 from __future__ import annotations
 

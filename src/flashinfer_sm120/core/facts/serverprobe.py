@@ -1,6 +1,5 @@
-"""What an installed server (:data:`.servers.SERVERS`) does in a given environment, found without importing it:
-vLLM's ``has_flashinfer()``, the workspace and targets SGLang sets (its own functions run from its source in a
-bounded child, else its row), and which fallbacks its source defines."""
+"""What an installed server (:data:`.servers.SERVERS`) does in an environment, without importing it: vLLM's
+``has_flashinfer()``, SGLang's workspace and targets (its functions in a bounded child, else its row), its fallbacks."""
 
 from __future__ import annotations
 

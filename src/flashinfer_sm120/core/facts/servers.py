@@ -1,6 +1,5 @@
-"""What vLLM and SGLang check and redirect at start-up, per release (data read from vllm 0.33.0 and 0.34.0,
-sglang 0.5.23; a newer release is treated as its newest row, and said so).  Nothing here imports a server.
-"""
+"""What vLLM and SGLang check and redirect at start-up, per release (read from vllm 0.33.0, 0.34.0, sglang 0.5.23;
+a newer release is treated as its newest row, and said so).  Nothing here imports a server."""
 
 from __future__ import annotations
 
@@ -164,11 +163,6 @@ def newest(key: str) -> ServerRelease:
     return max((r for r in SERVERS if r.key == key), key=lambda r: r.read_from)
 
 
-def _row(key: str, version: Version) -> tuple[ServerRelease, bool]:
-    row = next((r for r in SERVERS if r.key == key and r.versions.contains(version, prereleases=True)), None)
-    return (row, False) if row else (newest(key), True)
-
-
 def installed() -> list[Installed]:
     from flashinfer_sm120.errors import FormatError
     from flashinfer_sm120.safety.formats.grammar import parse_version
@@ -180,6 +174,6 @@ def installed() -> list[Installed]:
             version = parse_version(text, f"{key}'s package metadata")
         except (importlib.metadata.PackageNotFoundError, FormatError):
             continue
-        row, assumed = _row(key, version)
-        out.append(Installed(row, version, assumed))
+        row = next((r for r in SERVERS if r.key == key and r.versions.contains(version, prereleases=True)), None)
+        out.append(Installed(row or newest(key), version, row is None))
     return out

@@ -54,8 +54,6 @@ def tag_for(tk) -> str:
     return f"nvcc{tk.nvcc_full or tk.nvcc_version}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
-
-
 def jit_dir_refused(jit_dir: str) -> str | PathProblem | None:
     """Why ``jit_dir`` is no place to build in (path rule, or ownership of a level, ``tmp`` included; P2, P4)."""
     from flashinfer_sm120.safety.fs.statedir import jit_dir_problem

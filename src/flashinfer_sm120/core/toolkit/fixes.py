@@ -1,6 +1,5 @@
-"""Every fix line and refusal reason about toolkits and targets (docs/toolkit.md "When nothing fits"): the fix
-follows torch's CUDA major (a JIT module links the nvcc's ``libcudart``); no pip wheel before CUDA 13.0 ships
-nvcc, and a pip fix already installed is never printed."""
+"""Every fix and refusal reason about toolkits and targets (docs/toolkit.md "When nothing fits"): the fix follows
+torch's CUDA major; no pip wheel before CUDA 13.0 ships nvcc, and a pip fix already installed is never printed."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The memo of ``--version`` answers (nvcc, ninja): one bounded run per binary (P6), remembered in
-``<cache root>/nvcc-version.json`` while the binary's :func:`fingerprint` is unchanged (a failure for
-:data:`FAILURE_MEMORY_S`); a listing command writes nothing (P4)."""
+"""The memo of ``--version`` answers (nvcc, ninja) in ``<cache root>/nvcc-version.json``: one bounded run per binary
+(P6), kept while its :func:`fingerprint` holds (a failure: :data:`FAILURE_MEMORY_S`); listing writes none (P4)."""
 
 from __future__ import annotations
 

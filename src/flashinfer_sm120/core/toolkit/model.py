@@ -19,9 +19,6 @@ class VersionDisagreement:
     nvcc: str
     nvcc_version: str
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass(frozen=True, kw_only=True)
 class Toolkit:
@@ -49,7 +46,7 @@ class Toolkit:
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out.update(sources=list(self.sources), include_dirs=list(self.include_dirs),
-                   disagreement=self.disagreement.to_dict() if self.disagreement else None)
+                   disagreement=asdict(self.disagreement) if self.disagreement else None)
         for k in ("nvcc_version", "header_version"):
             out[k] = str(out[k]) if out[k] else None
         return out

@@ -1,6 +1,5 @@
-"""The process's ninja: the one FlashInfer's ``run_ninja`` runs from ``PATH`` (0.7.x ``jit/cpp_ext.py``) and
-vLLM 0.33's ``has_flashinfer`` needs there, found like nvcc (steps as data, version by :func:`.memo.version_of`):
-the wheel first (off ``PATH`` for an unactivated venv), then ``PATH``, and exported first on ``PATH``."""
+"""The ninja FlashInfer's ``run_ninja`` (0.7.x) and vLLM 0.33's ``has_flashinfer`` run from ``PATH``: found like
+nvcc (steps as data, :func:`.memo.version_of`), the wheel first, then ``PATH``; exported first on ``PATH``."""
 
 from __future__ import annotations
 
@@ -42,10 +41,6 @@ class NinjaError(Sm120Error):
     """No usable ninja, or its ``PATH`` entry cannot be made."""
 
 
-def log_format(version: Version | None) -> int | None:
-    return next((fmt for spec, fmt in LOG_FORMATS if version and spec.contains(version, prereleases=True)), None)
-
-
 @dataclass(frozen=True)
 class Ninja:
     """One ninja: where found (run as given), its real path, sources (best first), version, why unusable."""
@@ -58,7 +53,8 @@ class Ninja:
 
     @property
     def log_format(self) -> int | None:
-        return log_format(self.version)
+        v = self.version
+        return next((fmt for spec, fmt in LOG_FORMATS if v and spec.contains(v, prereleases=True)), None)
 
     def describe(self) -> str:
         """``/opt/venv/bin/ninja (ninja 1.13.2, .ninja_log v7; the ninja wheel 1.13.2)``."""
@@ -111,13 +107,12 @@ FIND_STEPS: tuple[tuple[str, Callable[[str | None], list[tuple[str, str]]]], ...
 
 
 def _inspect(path: str) -> tuple[Version | None, str | None]:
-    problem = check_executable(path)
+    full, problem = None, check_executable(path)
     if problem is None:
         full, problem = version_of(path, lambda out: str(parse_leading_version(out, f"'{path} --version'")),
                                    name="ninja", fix="or pip install --force-reinstall ninja",
                                    timeout=NINJA_TIMEOUT_S, max_output=4096)
-        return (Version(full) if full else None), problem
-    return None, problem
+    return (Version(full) if full else None), problem
 
 
 def candidates(env_path: str | None = None) -> list[Ninja]:

@@ -1,6 +1,5 @@
-"""Choose one toolkit and say why the others lost (docs/toolkit.md "The choice"): acceptable (P1) is no
-``problem``, nvcc at least the release's minimum, every target buildable, torch's CUDA major; FlashInfer's own
-is kept when acceptable, else the first acceptable in order wins, else one :class:`ToolkitError` with one fix."""
+"""Choose one toolkit and say why the others lost (docs/toolkit.md "The choice"): FlashInfer's own when acceptable
+(P1), else the first acceptable in order, else one :class:`ToolkitError` with one fix."""
 
 from __future__ import annotations
 

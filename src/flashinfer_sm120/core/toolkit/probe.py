@@ -58,13 +58,6 @@ def nvcc_version(nvcc: str, timeout: float = NVCC_TIMEOUT_S) -> tuple[str | None
     return version_of(nvcc, _nvcc_release, name="nvcc", fix=_WORKING, timeout=timeout)
 
 
-def _head(path: str, limit: int) -> str | None:
-    try:
-        return read_bytes(path, limit, prefix=True).decode("utf-8", "replace")
-    except FormatError:
-        return None
-
-
 def _version_json(path: str) -> Version | None:
     """``cuda_nvcc.version`` (else ``cuda.version``) of ``version.json``; ``None`` when absent or unusable."""
     if not os.path.lexists(path):
@@ -114,17 +107,15 @@ def _wheel_owns(dist_info: str, root: str) -> bool:
 
 def _header_version(include_dirs: tuple[str, ...]) -> Version | None:
     for inc in include_dirs:
-        # CUDART_VERSION sits near the top (line ~140 of a 600 KB header): 64 KiB is enough
-        m = _CUDART_RE.search(_head(os.path.join(inc, "cuda_runtime_api.h"), 64 << 10) or "")
+        try:  # CUDART_VERSION sits near the top (line ~140 of a 600 KB header): 64 KiB is enough
+            m = _CUDART_RE.search(read_bytes(os.path.join(inc, "cuda_runtime_api.h"), 64 << 10, prefix=True).decode(
+                "utf-8", "replace"))
+        except FormatError:
+            continue
         if m:
             n = int(m.group(1))  # 12080 -> 12.8, 13000 -> 13.0
             return Version(f"{n // 1000}.{(n % 1000) // 10}")
     return None
-
-
-def _lib_dir(root: str) -> str | None:
-    return next((os.path.join(root, rel) for rel in _LIBS
-                 if glob.glob(os.path.join(glob.escape(root), rel, "libcudart.so*"))), None)
 
 
 def _untrusted(kind: str, why: str) -> str:
@@ -145,7 +136,8 @@ def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | No
     real_root = os.path.realpath(root)
     incs = tuple(os.path.join(real_root, r) for r in _INCLUDES
                  if os.path.isfile(os.path.join(real_root, r, "cuda_runtime_api.h")))
-    lib = _lib_dir(real_root)
+    lib = next((os.path.join(real_root, rel) for rel in _LIBS
+                if glob.glob(os.path.join(glob.escape(real_root), rel, "libcudart.so*"))), None)
     hv = _header_version(incs)
     base.update(root=real_root, header_version=hv, include_dirs=incs, lib_dir=lib)
     link = os.path.join(root, "bin", "nvcc")

@@ -172,15 +172,11 @@ def from_flashinfer_nvcc(env: Mapping[str, str]) -> list[Toolkit]:
     return [_found("FLASHINFER_NVCC", _view_toolkit(root) or root, given)]
 
 
-def _usr_local(label: str, pattern: str) -> Callable[[Mapping[str, str]], list[Toolkit]]:
-    """The step for ``/usr/local/<pattern>`` directories, newest version first."""
-
-    def step(env: Mapping[str, str]) -> list[Toolkit]:
-        found = glob.glob(os.path.join("/usr/local", pattern))
-        found.sort(key=lambda p: major_minor(p.rsplit("-", 1)[-1]) or Version("0"), reverse=True)
-        return [_found(label, p, p) for p in found]
-
-    return step
+def from_usr_local(env: Mapping[str, str]) -> list[Toolkit]:
+    """``/usr/local/cuda-X.Y`` directories, newest version first."""
+    found = sorted(glob.glob("/usr/local/cuda-[0-9]*"), reverse=True,
+                   key=lambda p: major_minor(p.rsplit("-", 1)[-1]) or Version("0"))
+    return [_found("versioned", p, p) for p in found]
 
 
 #: The search, in preference order: ``(label, step)``.
@@ -191,7 +187,7 @@ FIND_STEPS: tuple[tuple[str, Callable[[Mapping[str, str]], list[Toolkit]]], ...]
     ("pip", from_pip),
     ("PATH", from_path),
     ("/usr/local/cuda", lambda env: [_found("/usr/local/cuda", "/usr/local/cuda", "/usr/local/cuda")]),
-    ("versioned", _usr_local("versioned", "cuda-[0-9]*")),
+    ("versioned", from_usr_local),
     ("conda", _env_prefix("CONDA_PREFIX", "conda")),
 )
 

@@ -14,13 +14,11 @@ import stat
 import filelock
 
 from flashinfer_sm120.safety import oserrors
-from flashinfer_sm120.safety.fs.statedir import path_problem
 from flashinfer_sm120.safety.fs import lease
 from flashinfer_sm120.safety.fs.atomic import make_private, sweep, write_atomic
-from flashinfer_sm120.safety.fs.statedir import cache_root
-from flashinfer_sm120.safety.ownership import mine_problem
+from flashinfer_sm120.safety.fs.statedir import cache_root, path_problem
+from flashinfer_sm120.safety.ownership import fingerprint, mine_problem
 from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
-from flashinfer_sm120.safety.ownership import fingerprint
 from flashinfer_sm120.core.toolkit.model import CudaHome, Toolkit
 from flashinfer_sm120.core.toolkit.sources import site_dirs
 from flashinfer_sm120.core.view.meta import DIRS, META_NAME, STUB, VIEW_LAYOUT, ViewMeta, check_view, lacks
@@ -183,7 +181,11 @@ def linkable_home(toolkit: Toolkit) -> CudaHome:
             # threat-model: P3 -- leased before the builder lock goes: cache prune removes views
             # only while it holds that lock, so the view cannot go between its check and the lease
             if not lease.hold(home.path):
-                raise ViewError(_lease_problem(home.path))
+                lp = lease.lease_path(home.path)
+                raise ViewError(f"cannot take the lease {lp} on the CUDA_HOME view {home.path}: without it a prune "
+                                f"could remove the view while this process uses it. Fix: let a running 'cache prune' "
+                                f"finish; if {lp} is a symbolic link (never followed, P2), remove the link {lp}; or "
+                                f"set FLASHINFER_SM120_CACHE_DIR to a directory of your own")
             return home
     except filelock.Timeout as exc:
         raise ViewError(f"waited {LOCK_TIMEOUT_S:.0f} s for another process building a CUDA_HOME view "
@@ -202,13 +204,6 @@ def _leased(home: CudaHome, toolkit: Toolkit, curand_inc: str | None) -> bool:
         lease.release(home.path)
         return False
     return True
-
-
-def _lease_problem(path: str) -> str:
-    lp = lease.lease_path(path)
-    return (f"cannot take the lease {lp} on the CUDA_HOME view {path}: without it a prune could remove the view "
-            f"while this process uses it. Fix: let a running 'cache prune' finish; if {lp} is a symbolic link "
-            f"(never followed, P2), remove the link {lp}; or set FLASHINFER_SM120_CACHE_DIR to a directory of your own")
 
 
 def _build_locked(parent: str, base: str, toolkit: Toolkit, curand_inc: str | None) -> CudaHome:

@@ -9,14 +9,13 @@ import re
 import stat
 from dataclasses import asdict, dataclass
 
-from flashinfer_sm120.safety.ownership import fingerprint
 from flashinfer_sm120.core.toolkit.model import CudaHome, Toolkit
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import shown, some
 from flashinfer_sm120.safety.formats.grammar import parse_version
 from flashinfer_sm120.safety.formats.fields import field
 from flashinfer_sm120.safety.fs.atomic import read_json
-from flashinfer_sm120.safety.ownership import mine_problem
+from flashinfer_sm120.safety.ownership import fingerprint, mine_problem
 
 #: Bumped whenever the view layout or metadata changes, so old views are not reused.
 VIEW_LAYOUT = 3

@@ -1,6 +1,5 @@
-"""The ``libcuda.so`` link stub of a view, written without a C compiler: FlashInfer (0.6.7 - 0.7.4 ``jit/cpp_ext.py``)
-links with ``-L$cuda_home/lib64/stubs -lcuda`` and the CUDA 13 wheels ship no stub.  The smallest ELF64 shared
-object with ``SONAME libcuda.so.1`` and the driver API of ``cuda.h`` (System V ABI, ELF-64 1.5)."""
+"""The ``libcuda.so`` link stub for FlashInfer's ``-lcuda`` (0.6.7 - 0.7.4), absent from the CUDA 13 wheels, written
+without a C compiler: the smallest ELF64 shared object with ``SONAME libcuda.so.1`` and ``cuda.h``'s driver API."""
 
 from __future__ import annotations
 

@@ -298,8 +298,8 @@ def build_line_section(report: dict) -> dict:
     env = dict(os.environ)
     version = report.get("flashinfer") if isinstance(report.get("flashinfer"), str) else None
     now = buildline.snapshot(env, version)
-    out: dict = {"set": [{"name": s.var.name, "value": s.value, "read": s.var.read.name, "enters": s.var.enters,
-                          "where": s.var.where} for s in buildline.settings(env, version)]}
+    out: dict = {"set": [{"name": var.name, "value": value, "read": var.read.name, "enters": var.enters,
+                          "where": var.where} for var, value in buildline.settings(env, version)]}
     dirs = [(report.get("after") or {}).get("jit_dir")]
     dirs += [s.get("jit_dir") for s in ((report.get("servers") or {}).get("servers") or ())]
     stale = {}

@@ -47,7 +47,7 @@ def fakes(tmp_path, monkeypatch):
 @pytest.mark.parametrize("version,fmt", [("1.5.0", 5), ("1.10.2", 5), ("1.11.1", 5), ("1.12.0", 6), ("1.12.1", 6),
                                          ("1.13.0", 7), ("1.13.2", 7), ("1.14.0", None), ("1.4.0", None)])
 def test_log_format_per_release_from_ninja_build_log_cc(version, fmt):
-    assert ninja.log_format(Version(version)) == fmt
+    assert ninja.Ninja("ninja", "ninja", (), Version(version)).log_format == fmt
 
 
 def test_the_wheel_next_to_flashinfer_is_chosen_over_the_first_on_path(fakes):
