@@ -14,7 +14,7 @@ from flashinfer_sm120.safety.formats import base, reads
 from flashinfer_sm120.safety.ownership import Untrusted, current_uid, file_ok, resolve, trust_reason
 
 __all__ = ["MAX_WRAPPER_DEPTH", "MAX_SCRIPT_BYTES", "SHELLS", "SHELL_OPTIONS", "LAUNCHERS", "OPAQUE", "Trace", "trace",
-           "check_executable", "follow_wrappers", "hands_on", "named_paths", "named_path_problem", "which"]
+           "follow_wrappers", "hands_on", "named_paths", "named_path_problem", "which"]
 
 MAX_WRAPPER_DEPTH = 8
 #: A script is read whole (a line past what was read could run anything); a larger one is refused.
@@ -291,11 +291,6 @@ def trace(path: str, *, body: bool = True) -> Trace:
     except OSError as exc:
         return Trace(path, None, tuple(check.files), f"cannot check {exc.filename or path}: {exc.strerror or exc}")
     return Trace(path, target, tuple(dict.fromkeys(check.files)), None)
-
-
-def check_executable(path: str) -> str | None:
-    """``None`` when ``path`` may be run (see :func:`trace`), else the reason."""
-    return trace(path).problem
 
 
 def follow_wrappers(path: str) -> str | None:
