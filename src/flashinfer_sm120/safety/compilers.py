@@ -184,13 +184,6 @@ def _flags_problem(value: str, path: str | None) -> str | None:
     return next(filter(None, (named_path_problem(p) for w in words for p in named_paths(w)[0])), None)
 
 
-def _same_program(a: str, b: str) -> bool:
-    ta, tb = trace(a), trace(b)
-    real_a = ta.target or os.path.realpath(a)
-    real_b = tb.target or os.path.realpath(b)
-    return os.path.realpath(real_a) == os.path.realpath(real_b)
-
-
 def check(env, chosen_nvcc: str, home: str) -> list[Verdict]:
     """A verdict for each of :data:`VARIABLES` set in ``env``; ``home``: FlashInfer's ``CUDA_HOME``."""
     out = []
@@ -235,7 +228,7 @@ def _check_nvcc(value: str, shown: str, chosen_nvcc: str, home: str, path: str |
     if problem:
         return Verdict(var, shown, False, f"{var}={shown} is refused: {problem}. Fix: unset {var} (the "
                                           f"chosen toolkit's nvcc is {chosen_nvcc})")
-    if _same_program(words[0], chosen_nvcc):
+    if len({os.path.realpath(trace(p).target or p) for p in (words[0], chosen_nvcc)}) == 1:
         return Verdict(var, shown, True, f"{var}={shown}: the chosen toolkit's nvcc, used as set")
     return Verdict(var, shown, False,
                    f"{var}={shown} is refused: it is not the chosen toolkit's nvcc ({chosen_nvcc}), so FlashInfer "

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats import base, reads
-from flashinfer_sm120.safety.ownership import Untrusted, current_uid, file_ok, resolve, trust_reason
+from flashinfer_sm120.safety.ownership import Untrusted, file_ok, resolve, trust_reason
 
 __all__ = ["MAX_WRAPPER_DEPTH", "MAX_SCRIPT_BYTES", "SHELLS", "SHELL_OPTIONS", "LAUNCHERS", "OPAQUE", "Trace", "trace",
            "follow_wrappers", "hands_on", "named_paths", "named_path_problem", "which"]
@@ -156,8 +156,7 @@ def which(name: str, path: str | None) -> tuple[str | None, str | None]:
 class _Check:
     """One :func:`trace`: what was checked so far, so each program is read once."""
 
-    def __init__(self, uid: int) -> None:
-        self.uid = uid
+    def __init__(self) -> None:
         self.files: list[str] = []
         self.checked: dict[str, str] = {}  # real path -> the program it finally runs
         self.found: dict[str, str | None] = {}  # word -> where PATH finds it
@@ -166,8 +165,8 @@ class _Check:
 
     def follow(self, path: str, chain: list[str], body: bool = True) -> str:
         """Check ``path`` and whatever it runs; the final target's real path."""
-        real = resolve(path, self.uid)
-        st = file_ok(real, self.uid)
+        real = resolve(path)
+        st = file_ok(real)
         if not stat.S_ISREG(st.st_mode):
             raise Untrusted(f"{real} is not a regular file")
         if real in chain:
@@ -258,9 +257,9 @@ class _Check:
                 if why:
                     raise _refuse(script, f"line {line} {why}")
             elif os.path.isdir(p):
-                file_ok(resolve(p, self.uid), self.uid)
+                file_ok(resolve(p))
             elif not os.path.isfile(p):  # /dev/null: the directories on the way
-                resolve(p, self.uid)
+                resolve(p)
             elif _base(os.path.realpath(p)) in _READS_CODE:
                 raise _refuse(script, f"line {line} runs {base.shown(p, 60)}, which runs code the script "
                                       f"does not hold")
@@ -283,7 +282,7 @@ class _Check:
 
 def trace(path: str, *, body: bool = True) -> Trace:
     """Follow ``path`` through links and wrapper scripts by the trust rule, running nothing (``body=False``: no body)."""
-    check = _Check(current_uid())
+    check = _Check()
     try:
         target = check.follow(path, [], body=body)
     except Untrusted as exc:
