@@ -71,15 +71,6 @@ class Verdict:
     note: str
 
 
-def _program(word: str, path: str | None) -> tuple[str | None, str | None]:
-    if os.path.isabs(word):
-        return word, None
-    if "/" in word:
-        return None, (f"names {base.shown(word, 60)}, a relative path: ninja runs it from each module's "
-                      f"build directory, not from here")
-    return which(word, path)
-
-
 def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str | None]:
     """``(program, other files it runs or names, problem)`` of a command value as ninja runs it (``/bin/sh -c``)."""
     try:
@@ -91,7 +82,7 @@ def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str
     programs: list[str] = []
     i = 0
     while True:
-        found, problem = _program(words[i], path)
+        found, problem = which(words[i], path)
         if problem:
             return None, [], problem
         programs.append(found)
@@ -148,7 +139,7 @@ def _ccbin_problem(value: str, path: str | None) -> str | None:
     """Why nvcc may not run the host compiler ``-ccbin value`` (a directory means its ``gcc``), or ``None``."""
     if os.path.isabs(value) and os.path.isdir(value):
         return trace(os.path.join(value, "gcc")).problem
-    prog, problem = _program(value, path)
+    prog, problem = which(value, path)
     return problem or trace(prog).problem
 
 

@@ -137,7 +137,12 @@ def _via_proc(path: str, hops: int = 40) -> bool:
 
 
 def which(name: str, path: str | None) -> tuple[str | None, str | None]:
-    """``(program, problem)``: ``name`` as ``/bin/sh`` finds it on ``path`` from a module's build directory."""
+    """``(program, problem)``: ``name`` as ``/bin/sh`` runs it on ``path`` from a module's build directory."""
+    if os.path.isabs(name):
+        return name, None
+    if "/" in name:
+        return None, (f"names {base.shown(name, 60)}, a relative path: ninja runs it from each module's "
+                      f"build directory, not from here")
     relative = None
     for d in (path if path is not None else os.defpath).split(os.pathsep):
         if not d or not os.path.isabs(d):

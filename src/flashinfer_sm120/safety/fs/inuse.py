@@ -3,7 +3,7 @@ exclusively without waiting; and who holds a lock, from ``/proc/locks`` (P6, nam
 
 from __future__ import annotations
 
-import dataclasses
+import collections
 import errno
 import fcntl
 import os
@@ -68,12 +68,8 @@ def end_exclusive(target: str, fd: int, removed: bool) -> None:
 PROC_LOCKS_MAX = 1 << 20
 
 
-@dataclasses.dataclass(frozen=True)
-class Holder:
-    """A lock's holder: ``pid`` in this PID namespace, ``uid`` (``None``: gone or not visible)."""
-
-    pid: int
-    uid: int | None
+#: A lock's holder: ``pid`` in this PID namespace, ``uid`` (``None``: gone or not visible).
+Holder = collections.namedtuple("Holder", "pid uid")
 
 
 def parse_proc_locks(text: str, dev: int, ino: int) -> list[int]:
