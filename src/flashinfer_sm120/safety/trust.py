@@ -14,7 +14,7 @@ from flashinfer_sm120.safety.formats import base, reads
 from flashinfer_sm120.safety.ownership import Untrusted, file_ok, resolve, trust_reason
 
 __all__ = ["MAX_WRAPPER_DEPTH", "MAX_SCRIPT_BYTES", "SHELLS", "SHELL_OPTIONS", "LAUNCHERS", "OPAQUE", "Trace", "trace",
-           "follow_wrappers", "hands_on", "named_paths", "named_path_problem", "which"]
+           "hands_on", "named_paths", "named_path_problem", "which"]
 
 MAX_WRAPPER_DEPTH = 8
 #: A script is read whole (a line past what was read could run anything); a larger one is refused.
@@ -295,27 +295,3 @@ def trace(path: str, *, body: bool = True) -> Trace:
     except OSError as exc:
         return Trace(path, None, tuple(check.files), f"cannot check {exc.filename or path}: {exc.strerror or exc}")
     return Trace(path, target, tuple(dict.fromkeys(check.files)), None)
-
-
-def follow_wrappers(path: str) -> str | None:
-    """Real path of what ``path`` finally runs (each wrapper's first ``.../nvcc``), with no verdict."""
-    seen: list[str] = []
-    cur = path
-    for _ in range(MAX_WRAPPER_DEPTH + 1):
-        real = os.path.realpath(cur)
-        if not os.path.isfile(real):
-            return None if not seen else seen[-1]
-        if real in seen:
-            return real
-        seen.append(real)
-        try:
-            text = _read_script(real)
-            words = _words(text.partition("\n")[2], real) if text is not None else []
-        except Untrusted:
-            return real
-        nxt = next((p for _, w in words for p in named_paths(w)[0] if os.path.basename(p) == "nvcc"
-                    and os.path.realpath(p) != real and os.path.isfile(p)), None)
-        if nxt is None:
-            return real
-        cur = nxt
-    return os.path.realpath(cur)
