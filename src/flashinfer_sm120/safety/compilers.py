@@ -156,12 +156,9 @@ def ccbin_values(words: list[str]) -> list[str]:
 
 def _dirs_problem(value: str, var: str) -> str | None:
     """Why gcc's variable ``var`` (:data:`DIR_VARIABLES`) may not reach a build, or ``None``."""
-    if var == "GCC_EXEC_PREFIX":
-        entries = [os.path.dirname(value)]
-    elif var in ("DEPENDENCIES_OUTPUT", "SUNPRO_DEPENDENCIES"):  # "FILE [TARGET]": where gcc writes
-        entries = [os.path.dirname(value.split()[0])] if value.split() else []
-    else:  # LD_PRELOAD takes spaces too
-        entries = re.split(r"[:\s]" if var == "LD_PRELOAD" else re.escape(os.pathsep), value)
+    # LD_PRELOAD takes spaces too, *_DEPENDENCIES are "FILE [TARGET]"; a prefix or absent file: the level above
+    blank = var in ("LD_PRELOAD", "DEPENDENCIES_OUTPUT", "SUNPRO_DEPENDENCIES")
+    entries = re.split(r"[:\s]" if blank else re.escape(os.pathsep), value)
     return next(filter(None, (named_path_problem(d) for d in entries if os.path.isabs(d))), None)
 
 
