@@ -146,13 +146,9 @@ class TarReader:
         """``m`` written under ``into`` by tarfile's ``data`` filter (PEP 706); ``OSError`` of writing left to the caller."""
         try:
             self.tar.extract(m, into, filter="data")
-        except FormatError:
-            raise
-        except OSError as exc:
-            if exc.errno is not None:  # writing failed (EFBIG, ENOSPC...), not the archive
+        except _READ_ERRORS as exc:
+            if isinstance(exc, OSError) and exc.errno is not None:  # writing failed (EFBIG, ENOSPC...)
                 raise
-            raise self.refused(f"cannot unpack {shown(m.name)} ({shown(str(exc), 200)})") from None
-        except (tarfile.TarError, EOFError, zlib.error) as exc:
             raise self.refused(f"cannot unpack {shown(m.name)} ({shown(str(exc), 200)})") from None
 
     def __enter__(self) -> TarReader:
