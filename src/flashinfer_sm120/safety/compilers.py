@@ -1,6 +1,5 @@
-"""What a JIT build runs, held to the trust rule (threat-model: P2): one table of the variables that choose it
-(FlashInfer 0.7.4 ``jit/cpp_ext.py`` writes ``FLASHINFER_NVCC``, its launchers and ``CXX`` into ``build.ninja``; nvcc
-13.0 runs ``-ccbin $CC``, else ``NVCC_CCBIN``, else ``gcc``), and the programs it runs by bare name."""
+"""What a JIT build runs, held to the trust rule (threat-model: P2): the variables that choose it (FlashInfer 0.7.4
+``jit/cpp_ext.py``; nvcc 13.0 runs ``-ccbin $CC``, else ``NVCC_CCBIN``, else ``gcc``) and what it runs by bare name."""
 
 from __future__ import annotations
 

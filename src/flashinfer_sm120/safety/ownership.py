@@ -1,6 +1,5 @@
 """The trust rule (threat-model: P2, P4; OpenSSH ``StrictModes`` for every level of a path, docs/safety.md section 1):
-:func:`trust_reason` is the one check of a path a build runs, adopts, reads or creates in; :func:`mine_problem` the
-rule for what we keep as our own."""
+:func:`trust_reason` for what a build runs, adopts, reads or creates in; :func:`mine_problem` for what we keep."""
 
 from __future__ import annotations
 

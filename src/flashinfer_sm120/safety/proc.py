@@ -1,7 +1,5 @@
-"""The one bounded way to run a program (threat-model: P6, docs/safety.md section 8): one deadline, output
-polled and capped, and at the end every process of its group, its session or carrying :data:`MARKER_VAR` killed
-(a detached child holding the pipe would hang ``communicate()``)."""
-# threat-model: P6 (deadline, output cap, process-group kill)
+"""The one bounded way to run a program (threat-model: P6, docs/safety.md section 8): one deadline, output capped,
+and at the end every process of its group, its session or carrying :data:`MARKER_VAR` killed."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The trust rule applied to what runs (threat-model: P2): a program, every link and directory of its path,
-and for a ``#!`` script (read, never run) its shell and every program and path its words name (docs/safety.md
-section 2).  What nvcc runs itself is :mod:`.compilers`'s."""
+"""The trust rule applied to what runs (threat-model: P2, docs/safety.md section 2): a program, every level of its
+path, and for a ``#!`` script (read, never run) its shell and every program and path its words name."""
 
 from __future__ import annotations
 

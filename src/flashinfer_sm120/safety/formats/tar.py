@@ -1,6 +1,5 @@
-"""A tar or gzip-compressed tar as untrusted input (threat-model: P6): its kind told by its first bytes, headers
-read one at a time, the shapes ``tarfile`` mishandles refused before they are read, every byte out of the
-decompressor, and into it, counted against a cap and a deadline.  Only commands import it."""
+"""A tar or gzip-compressed tar as untrusted input (threat-model: P6): kind told by its first bytes, hostile headers
+refused before ``tarfile`` reads them, every byte in and out of the decompressor capped, and a deadline."""
 
 from __future__ import annotations
 

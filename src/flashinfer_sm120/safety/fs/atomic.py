@@ -1,6 +1,5 @@
-"""The one atomic writer, the one rule for temporary entries and what a killed process left, and the
-JSON state files (the nvcc memo, launcher probes, view metadata).  ``finally`` never runs under
-``kill -9``: a temporary entry is ``flock``-ed while its maker lives and :func:`sweep` removes the rest."""
+"""The one atomic writer, the one rule for temporary entries (``flock``-ed while their maker lives, else swept:
+``finally`` never runs under ``kill -9``), and the JSON state files."""
 # threat-model: P5 (random names; removed only by their creator, or the next process once the
 # creator's lock is gone; final files put in place atomically), P3 (never on a guess from a pid), P4, P6
 

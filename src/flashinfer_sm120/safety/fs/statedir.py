@@ -1,6 +1,5 @@
-"""The per-uid cache root (views, the nvcc memo), chosen and created by threat-model P2 and P4 (docs/safety.md
-section 9): a candidate that breaks a rule is refused, named with its fix, and the next one is used.  Also the one
-rule for a path FlashInfer's ``build.ninja`` and ``/bin/sh`` carry unquoted."""
+"""The per-uid cache root, chosen and created by threat-model P2 and P4 (docs/safety.md section 9): a refused
+candidate is named with its fix and the next is used; and the rule for a path ``build.ninja`` carries unquoted."""
 
 from __future__ import annotations
 
