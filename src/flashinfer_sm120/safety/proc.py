@@ -97,10 +97,8 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
         os.close(r)
         if not (leave_running and not timed_out and not truncated and exited(proc)):
             kill_all(proc.pid, marker)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # unkillable (D state): leave it, do not hang
             proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:  # unkillable (D state): leave it, do not hang
-            pass
     return Result(proc.returncode, bytes(buf[:max_output]), timed_out, truncated, time.monotonic() - start)
 
 
@@ -132,10 +130,8 @@ def _drain(fd: int, buf: bytearray, cap: int) -> tuple[bool, bool]:
 
 def signal_group(pgid: int, sig: int) -> None:
     """``killpg``, where a group already gone is no error."""
-    try:
+    with contextlib.suppress(OSError):
         os.killpg(pgid, sig)
-    except OSError:
-        pass
 
 
 def kill_all(pid: int | None, marker: str, *, spare_session: int | None = None) -> None:
@@ -147,10 +143,8 @@ def kill_all(pid: int | None, marker: str, *, spare_session: int | None = None) 
         if not pids:
             return
         for p in pids:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
         time.sleep(0.01)
 
 
@@ -194,11 +188,9 @@ def signals_as_exit():
 
     old = {}
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        try:
+        with contextlib.suppress(ValueError, OSError):  # not the main thread: signals stay as they are
             if signal.getsignal(sig) is signal.SIG_DFL:
                 old[sig] = signal.signal(sig, stop)
-        except (ValueError, OSError):  # not the main thread: signals stay as they are
-            pass
     try:
         yield
     finally:

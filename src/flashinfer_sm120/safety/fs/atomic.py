@@ -41,10 +41,8 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FI
 
 def hold(fd: int) -> None:
     """Mark the temporary entry open on ``fd`` in use while it stays open (else only :data:`GRACE_S` keeps it)."""
-    try:
+    with contextlib.suppress(OSError):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        pass
 
 
 def sweep(prefix: str, parent: str | None = None) -> None:
@@ -103,10 +101,8 @@ def write_atomic(path: str, data: bytes | Callable[[BinaryIO], None], *, mode: i
             os.link(tmp, path)
             os.unlink(tmp)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     finally:
         os.close(fd)
