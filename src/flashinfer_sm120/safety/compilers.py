@@ -1,6 +1,5 @@
-"""What a JIT build runs, held to the trust rule (threat-model: P2): one table of the variables that choose it
-(FlashInfer 0.7.4 ``jit/cpp_ext.py`` writes ``FLASHINFER_NVCC``, its launchers and ``CXX`` into ``build.ninja``; nvcc
-13.0 runs ``-ccbin $CC``, else ``NVCC_CCBIN``, else ``gcc``), and the programs it runs by bare name."""
+"""What a JIT build runs, held to the trust rule (threat-model: P2): the variables that choose it (FlashInfer 0.7.4
+``jit/cpp_ext.py``; nvcc 13.0 runs ``-ccbin $CC``, else ``NVCC_CCBIN``, else ``gcc``) and what it runs by bare name."""
 
 from __future__ import annotations
 
@@ -32,7 +31,7 @@ _PROGRAM_FIX = "point {var} at a program owned by root or you and not writable b
 #: kind -> (what a variable of that kind chooses, the fix when it is refused).
 _KINDS = {
     "launcher": ("a compiler launcher FlashInfer would run", _PROGRAM_FIX),
-    "cxx": ("the host compiler and linker FlashInfer would run", _PROGRAM_FIX),
+    "cxx": ("the host compiler and linker FlashInfer would run", _PROGRAM_FIX + " (FlashInfer then runs c++)"),
     "cc": ("nvcc's host compiler, -ccbin $CC", _PROGRAM_FIX),
     "ccbin": ("nvcc's host compiler", _PROGRAM_FIX),
     "flags": ("options", "drop the option naming it from {var}, or point it at files owned by root or you and "
@@ -71,15 +70,6 @@ class Verdict:
     note: str
 
 
-def _program(word: str, path: str | None) -> tuple[str | None, str | None]:
-    if os.path.isabs(word):
-        return word, None
-    if "/" in word:
-        return None, (f"names {base.shown(word, 60)}, a relative path: ninja runs it from each module's "
-                      f"build directory, not from here")
-    return which(word, path)
-
-
 def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str | None]:
     """``(program, other files it runs or names, problem)`` of a command value as ninja runs it (``/bin/sh -c``)."""
     try:
@@ -91,7 +81,7 @@ def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str
     programs: list[str] = []
     i = 0
     while True:
-        found, problem = _program(words[i], path)
+        found, problem = which(words[i], path)
         if problem:
             return None, [], problem
         programs.append(found)
@@ -148,7 +138,7 @@ def _ccbin_problem(value: str, path: str | None) -> str | None:
     """Why nvcc may not run the host compiler ``-ccbin value`` (a directory means its ``gcc``), or ``None``."""
     if os.path.isabs(value) and os.path.isdir(value):
         return trace(os.path.join(value, "gcc")).problem
-    prog, problem = _program(value, path)
+    prog, problem = which(value, path)
     return problem or trace(prog).problem
 
 
@@ -165,12 +155,9 @@ def ccbin_values(words: list[str]) -> list[str]:
 
 def _dirs_problem(value: str, var: str) -> str | None:
     """Why gcc's variable ``var`` (:data:`DIR_VARIABLES`) may not reach a build, or ``None``."""
-    if var == "GCC_EXEC_PREFIX":
-        entries = [os.path.dirname(value)]
-    elif var in ("DEPENDENCIES_OUTPUT", "SUNPRO_DEPENDENCIES"):  # "FILE [TARGET]": where gcc writes
-        entries = [os.path.dirname(value.split()[0])] if value.split() else []
-    else:  # LD_PRELOAD takes spaces too
-        entries = re.split(r"[:\s]" if var == "LD_PRELOAD" else re.escape(os.pathsep), value)
+    # LD_PRELOAD takes spaces too, *_DEPENDENCIES are "FILE [TARGET]"; a prefix or absent file: the level above
+    blank = var in ("LD_PRELOAD", "DEPENDENCIES_OUTPUT", "SUNPRO_DEPENDENCIES")
+    entries = re.split(r"[:\s]" if blank else re.escape(os.pathsep), value)
     return next(filter(None, (named_path_problem(d) for d in entries if os.path.isabs(d))), None)
 
 
@@ -184,13 +171,6 @@ def _flags_problem(value: str, path: str | None) -> str | None:
     return next(filter(None, (named_path_problem(p) for w in words for p in named_paths(w)[0])), None)
 
 
-def _same_program(a: str, b: str) -> bool:
-    ta, tb = trace(a), trace(b)
-    real_a = ta.target or os.path.realpath(a)
-    real_b = tb.target or os.path.realpath(b)
-    return os.path.realpath(real_a) == os.path.realpath(real_b)
-
-
 def check(env, chosen_nvcc: str, home: str) -> list[Verdict]:
     """A verdict for each of :data:`VARIABLES` set in ``env``; ``home``: FlashInfer's ``CUDA_HOME``."""
     out = []
@@ -202,12 +182,7 @@ def check(env, chosen_nvcc: str, home: str) -> list[Verdict]:
             out.append(Verdict(var, "(unreadable)", False, f"{exc}; not used"))
             continue
         if value is None or (value == "" and kind not in ("nvcc", "cxx")):
-            continue  # an empty launcher is FlashInfer's own default
-        if value == "" and kind == "cxx":  # FlashInfer: os.environ.get("CXX", "c++"), so "" is no compiler
-            out.append(Verdict(var, "''", False, "CXX='' (set but empty) is refused: FlashInfer uses it as the "
-                               "compiler, so its link rule '$cxx $in ...' would run the first object file. "
-                               "Fix: unset CXX (FlashInfer then uses c++) or set it to a compiler"))
-            continue
+            continue  # an empty launcher is FlashInfer's own default; CXX='' is no command (its link rule ran $in)
         shown = base.shown(value, 120)
         if kind == "nvcc":
             out.append(_check_nvcc(value, shown, chosen_nvcc, home, path))
@@ -235,7 +210,7 @@ def _check_nvcc(value: str, shown: str, chosen_nvcc: str, home: str, path: str |
     if problem:
         return Verdict(var, shown, False, f"{var}={shown} is refused: {problem}. Fix: unset {var} (the "
                                           f"chosen toolkit's nvcc is {chosen_nvcc})")
-    if _same_program(words[0], chosen_nvcc):
+    if len({os.path.realpath(trace(p).target or p) for p in (words[0], chosen_nvcc)}) == 1:
         return Verdict(var, shown, True, f"{var}={shown}: the chosen toolkit's nvcc, used as set")
     return Verdict(var, shown, False,
                    f"{var}={shown} is refused: it is not the chosen toolkit's nvcc ({chosen_nvcc}), so FlashInfer "

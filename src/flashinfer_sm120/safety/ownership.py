@@ -1,6 +1,5 @@
 """The trust rule (threat-model: P2, P4; OpenSSH ``StrictModes`` for every level of a path, docs/safety.md section 1):
-:func:`trust_reason` is the one check of a path a build runs, adopts, reads or creates in; :func:`mine_problem` the
-rule for what we keep as our own."""
+:func:`trust_reason` for what a build runs, adopts, reads or creates in; :func:`mine_problem` for what we keep."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import stat
 
 from flashinfer_sm120.safety.formats.base import shown
 
-__all__ = ["MAX_LINKS", "writable_by_others", "Untrusted", "current_uid", "resolve", "file_ok",
+__all__ = ["MAX_LINKS", "writable_by_others", "Untrusted", "resolve", "file_ok", "deepest_existing",
            "trust_reason", "mine_problem", "check_place", "PathProblem", "own_place_fix", "fingerprint"]
 
 MAX_LINKS = 40  # as Linux MAXSYMLINKS
@@ -46,10 +45,6 @@ class Untrusted(Exception):
     """A path breaks the ownership rule; the message names it and the fix."""
 
 
-def current_uid() -> int:
-    return os.geteuid() if hasattr(os, "geteuid") else 0
-
-
 def _open_fix(path: str, st: os.stat_result) -> str:
     """The fix for a path others may write: never ``chmod`` a shared sticky one (``/tmp``) or a device."""
     if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):  # /dev/full, a FIFO: never chmod those
@@ -59,14 +54,13 @@ def _open_fix(path: str, st: os.stat_result) -> str:
     return f"run 'chmod go-w {path}' or use a path outside it"
 
 
-def resolve(path: str, uid: int) -> str:
+def resolve(path: str) -> str:
     """:func:`os.path.realpath` of ``path``, checking every directory a component is looked up in."""
-    if not os.path.isabs(path):
-        path = os.path.abspath(path)
+    path = os.path.abspath(path)
     todo = [c for c in path.split("/") if c]
     cur = "/"
     links = 0
-    file_ok("/", uid)
+    file_ok("/")
     while todo:
         c = todo.pop(0)
         if c == ".":
@@ -75,7 +69,7 @@ def resolve(path: str, uid: int) -> str:
             cur = os.path.dirname(cur)
             continue
         nxt = os.path.join(cur, c)
-        file_ok(cur, uid, nxt)
+        file_ok(cur, nxt)
         st = os.lstat(nxt)
         if stat.S_ISLNK(st.st_mode):
             links += 1
@@ -90,8 +84,9 @@ def resolve(path: str, uid: int) -> str:
     return cur
 
 
-def file_ok(path: str, uid: int, entry: str | None = None) -> os.stat_result:
-    """``path``'s stat when root or ``uid`` owns it, not writable by others (P2), else :class:`Untrusted`."""
+def file_ok(path: str, entry: str | None = None) -> os.stat_result:
+    """``path``'s stat when root or this uid owns it, not writable by others (P2), else :class:`Untrusted`."""
+    uid = os.geteuid()
     st = os.stat(path)
     if st.st_uid not in (0, uid):
         raise Untrusted(f"{path} is owned by uid {st.st_uid}, not root or you (uid {uid})")
@@ -122,7 +117,7 @@ def fingerprint(path: str) -> list[int] | None:
 
 def mine_problem(path: str, st: os.stat_result) -> str | None:
     """Why an entry we keep (the cache root, a view) is not ours alone, group included, or ``None`` (P2)."""
-    uid = current_uid()
+    uid = os.geteuid()
     if st.st_uid != uid:
         return f"{path} is owned by uid {st.st_uid}, not you (uid {uid})"
     if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
@@ -130,18 +125,23 @@ def mine_problem(path: str, st: os.stat_result) -> str | None:
     return None
 
 
+def deepest_existing(path: str) -> str:
+    """The deepest level of ``path`` (made absolute) that exists; ``/`` at worst."""
+    p = os.path.abspath(path)
+    while not os.path.lexists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    return p
+
+
 def trust_reason(path: str, *, absent_ok: bool = True, sticky_ok: bool = True) -> str | None:
     """Why ``path`` breaks the trust rule, or ``None`` (P2, P4); ``sticky_ok``: ``/tmp`` may hold an absent rest."""
-    uid = current_uid()
-    here = os.path.abspath(path)
-    while absent_ok and not os.path.lexists(here) and os.path.dirname(here) != here:
-        here = os.path.dirname(here)
+    here = deepest_existing(path) if absent_ok else os.path.abspath(path)
     try:
-        real = resolve(here, uid)
+        real = resolve(here)
         st = os.stat(real)
         sticky_root = stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and st.st_mode & stat.S_ISVTX
         if not (sticky_ok and sticky_root and here != os.path.abspath(path)):
-            file_ok(real, uid)
+            file_ok(real)
     except Untrusted as exc:
         return str(exc)
     except OSError as exc:

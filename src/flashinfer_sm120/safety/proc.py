@@ -1,7 +1,5 @@
-"""The one bounded way to run a program (threat-model: P6, docs/safety.md section 8): one deadline, output
-polled and capped, and at the end every process of its group, its session or carrying :data:`MARKER_VAR` killed
-(a detached child holding the pipe would hang ``communicate()``)."""
-# threat-model: P6 (deadline, output cap, process-group kill)
+"""The one bounded way to run a program (threat-model: P6, docs/safety.md section 8): one deadline, output capped,
+and at the end every process of its group, its session or carrying :data:`MARKER_VAR` killed."""
 
 from __future__ import annotations
 
@@ -74,8 +72,7 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
             os.close(r)
         return Result(None, b"", False, False, time.monotonic() - start,
                       error=f"{argv[0]} could not be run: {exc.strerror or exc}", errno=exc.errno)
-    chunks: list[bytes] = []
-    size = 0
+    buf = bytearray()
     timed_out = truncated = False
     try:
         os.set_blocking(r, False)
@@ -90,22 +87,19 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
             if eof:  # output closed: wait for the exit, without reaping it (see exited)
                 time.sleep(min(left, 0.005))
             elif poller.poll(min(left, 0.05) * 1000):
-                size, eof, truncated = _drain(r, chunks, size, max_output)
+                eof, truncated = _drain(r, buf, max_output)
                 if truncated:
                     break
         else:
             if not eof:  # gone; a descendant may hold the pipe open: take what is there, wait for no EOF
-                size, eof, truncated = _drain(r, chunks, size, max_output)
+                truncated = _drain(r, buf, max_output)[1]
     finally:
         os.close(r)
         if not (leave_running and not timed_out and not truncated and exited(proc)):
             kill_all(proc.pid, marker)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # unkillable (D state): leave it, do not hang
             proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:  # unkillable (D state): leave it, do not hang
-            pass
-    out = b"".join(chunks)[:max_output]
-    return Result(proc.returncode, out, timed_out, truncated, time.monotonic() - start)
+    return Result(proc.returncode, bytes(buf[:max_output]), timed_out, truncated, time.monotonic() - start)
 
 
 def exited(proc: subprocess.Popen) -> bool:
@@ -118,30 +112,26 @@ def exited(proc: subprocess.Popen) -> bool:
         return proc.poll() is not None
 
 
-def _drain(fd: int, chunks: list[bytes], size: int, cap: int) -> tuple[int, bool, bool]:
-    """Read what is available; returns (size, eof, over_cap)."""
+def _drain(fd: int, buf: bytearray, cap: int) -> tuple[bool, bool]:
+    """Read what is available into ``buf`` (kept to ``cap + 1`` bytes); returns (eof, over_cap)."""
     while True:
         try:
             b = os.read(fd, 1 << 16)  # EINTR is retried by Python (PEP 475)
         except BlockingIOError:
-            return size, False, False
+            return False, False
         except OSError:
-            return size, True, False
+            return True, False
         if not b:
-            return size, True, False
-        if size < cap:
-            chunks.append(b[: cap - size])
-        size += len(b)
-        if size > cap:
-            return size, False, True
+            return True, False
+        buf += b[: cap + 1 - len(buf)]
+        if len(buf) > cap:
+            return False, True
 
 
 def signal_group(pgid: int, sig: int) -> None:
     """``killpg``, where a group already gone is no error."""
-    try:
+    with contextlib.suppress(OSError):
         os.killpg(pgid, sig)
-    except OSError:
-        pass
 
 
 def kill_all(pid: int | None, marker: str, *, spare_session: int | None = None) -> None:
@@ -153,10 +143,8 @@ def kill_all(pid: int | None, marker: str, *, spare_session: int | None = None) 
         if not pids:
             return
         for p in pids:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
         time.sleep(0.01)
 
 
@@ -200,11 +188,9 @@ def signals_as_exit():
 
     old = {}
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        try:
+        with contextlib.suppress(ValueError, OSError):  # not the main thread: signals stay as they are
             if signal.getsignal(sig) is signal.SIG_DFL:
                 old[sig] = signal.signal(sig, stop)
-        except (ValueError, OSError):  # not the main thread: signals stay as they are
-            pass
     try:
         yield
     finally:

@@ -1,6 +1,5 @@
-"""The trust rule applied to what runs (threat-model: P2): a program, every link and directory of its path,
-and for a ``#!`` script (read, never run) its shell and every program and path its words name (docs/safety.md
-section 2).  What nvcc runs itself is :mod:`.compilers`'s."""
+"""The trust rule applied to what runs (threat-model: P2, docs/safety.md section 2): a program, every level of its
+path, and for a ``#!`` script (read, never run) its shell and every program and path its words name."""
 
 from __future__ import annotations
 
@@ -11,10 +10,10 @@ from dataclasses import dataclass
 
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats import base, reads
-from flashinfer_sm120.safety.ownership import Untrusted, current_uid, file_ok, resolve, trust_reason
+from flashinfer_sm120.safety.ownership import Untrusted, file_ok, resolve, trust_reason
 
 __all__ = ["MAX_WRAPPER_DEPTH", "MAX_SCRIPT_BYTES", "SHELLS", "SHELL_OPTIONS", "LAUNCHERS", "OPAQUE", "Trace", "trace",
-           "check_executable", "follow_wrappers", "hands_on", "named_paths", "named_path_problem", "which"]
+           "hands_on", "named_paths", "named_path_problem", "which"]
 
 MAX_WRAPPER_DEPTH = 8
 #: A script is read whole (a line past what was read could run anything); a larger one is refused.
@@ -137,7 +136,12 @@ def _via_proc(path: str, hops: int = 40) -> bool:
 
 
 def which(name: str, path: str | None) -> tuple[str | None, str | None]:
-    """``(program, problem)``: ``name`` as ``/bin/sh`` finds it on ``path`` from a module's build directory."""
+    """``(program, problem)``: ``name`` as ``/bin/sh`` runs it on ``path`` from a module's build directory."""
+    if os.path.isabs(name):
+        return name, None
+    if "/" in name:
+        return None, (f"names {base.shown(name, 60)}, a relative path: ninja runs it from each module's "
+                      f"build directory, not from here")
     relative = None
     for d in (path if path is not None else os.defpath).split(os.pathsep):
         if not d or not os.path.isabs(d):
@@ -156,8 +160,7 @@ def which(name: str, path: str | None) -> tuple[str | None, str | None]:
 class _Check:
     """One :func:`trace`: what was checked so far, so each program is read once."""
 
-    def __init__(self, uid: int) -> None:
-        self.uid = uid
+    def __init__(self) -> None:
         self.files: list[str] = []
         self.checked: dict[str, str] = {}  # real path -> the program it finally runs
         self.found: dict[str, str | None] = {}  # word -> where PATH finds it
@@ -166,8 +169,8 @@ class _Check:
 
     def follow(self, path: str, chain: list[str], body: bool = True) -> str:
         """Check ``path`` and whatever it runs; the final target's real path."""
-        real = resolve(path, self.uid)
-        st = file_ok(real, self.uid)
+        real = resolve(path)
+        st = file_ok(real)
         if not stat.S_ISREG(st.st_mode):
             raise Untrusted(f"{real} is not a regular file")
         if real in chain:
@@ -258,9 +261,9 @@ class _Check:
                 if why:
                     raise _refuse(script, f"line {line} {why}")
             elif os.path.isdir(p):
-                file_ok(resolve(p, self.uid), self.uid)
+                file_ok(resolve(p))
             elif not os.path.isfile(p):  # /dev/null: the directories on the way
-                resolve(p, self.uid)
+                resolve(p)
             elif _base(os.path.realpath(p)) in _READS_CODE:
                 raise _refuse(script, f"line {line} runs {base.shown(p, 60)}, which runs code the script "
                                       f"does not hold")
@@ -283,7 +286,7 @@ class _Check:
 
 def trace(path: str, *, body: bool = True) -> Trace:
     """Follow ``path`` through links and wrapper scripts by the trust rule, running nothing (``body=False``: no body)."""
-    check = _Check(current_uid())
+    check = _Check()
     try:
         target = check.follow(path, [], body=body)
     except Untrusted as exc:
@@ -291,32 +294,3 @@ def trace(path: str, *, body: bool = True) -> Trace:
     except OSError as exc:
         return Trace(path, None, tuple(check.files), f"cannot check {exc.filename or path}: {exc.strerror or exc}")
     return Trace(path, target, tuple(dict.fromkeys(check.files)), None)
-
-
-def check_executable(path: str) -> str | None:
-    """``None`` when ``path`` may be run (see :func:`trace`), else the reason."""
-    return trace(path).problem
-
-
-def follow_wrappers(path: str) -> str | None:
-    """Real path of what ``path`` finally runs (each wrapper's first ``.../nvcc``), with no verdict."""
-    seen: list[str] = []
-    cur = path
-    for _ in range(MAX_WRAPPER_DEPTH + 1):
-        real = os.path.realpath(cur)
-        if not os.path.isfile(real):
-            return None if not seen else seen[-1]
-        if real in seen:
-            return real
-        seen.append(real)
-        try:
-            text = _read_script(real)
-            words = _words(text.partition("\n")[2], real) if text is not None else []
-        except Untrusted:
-            return real
-        nxt = next((p for _, w in words for p in named_paths(w)[0] if os.path.basename(p) == "nvcc"
-                    and os.path.realpath(p) != real and os.path.isfile(p)), None)
-        if nxt is None:
-            return real
-        cur = nxt
-    return os.path.realpath(cur)

@@ -27,7 +27,8 @@ from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.grammar import parse, parse_relpath
 from flashinfer_sm120.safety.formats.grammar import safe_join
-from flashinfer_sm120.safety.fs.places import deepest_existing, make_private_dirs
+from flashinfer_sm120.safety.fs.places import make_private_dirs
+from flashinfer_sm120.safety.ownership import deepest_existing
 from flashinfer_sm120.safety.formats.fields import field
 from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.warmup.moddir import dry_run

@@ -10,7 +10,8 @@ import stat
 import sys
 
 from flashinfer_sm120.core.facts.workspace import WSB, jit_dir_refused, workspace_path
-from flashinfer_sm120.safety.fs.places import deepest_existing, foreign_tree
+from flashinfer_sm120.safety.fs.places import foreign_tree
+from flashinfer_sm120.safety.ownership import deepest_existing
 from flashinfer_sm120.safety.formats.base import shown
 
 

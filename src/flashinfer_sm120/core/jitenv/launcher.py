@@ -20,7 +20,7 @@ from flashinfer_sm120.safety.formats.reads import loads_json
 from flashinfer_sm120.safety.formats.fields import field
 from flashinfer_sm120.safety.fs.atomic import compute_once, read_json, write_json_atomic
 from flashinfer_sm120.safety.proc import run
-from flashinfer_sm120.safety.trust import check_executable
+from flashinfer_sm120.safety.trust import trace
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -133,7 +133,7 @@ def find_sccache(env=None) -> tuple[str | None, list[str]]:
         if not path or os.path.realpath(path) in seen:
             continue
         seen.add(os.path.realpath(path))
-        problem = check_executable(path)
+        problem = trace(path).problem
         if problem is None:
             return path, notes
         notes.append(f"{path} (from {where}) refused: {problem}")

@@ -44,10 +44,10 @@ def own_nvcc(naive_root: str | None) -> str | None:
     read, not run), else ``None``."""
     if not naive_root:
         return None
-    from flashinfer_sm120.safety.trust import follow_wrappers
+    from flashinfer_sm120.safety.trust import trace
 
     nvcc = os.path.join(naive_root, "bin", "nvcc")
-    return os.path.realpath(follow_wrappers(nvcc) or nvcc) if os.path.isfile(nvcc) else None
+    return os.path.realpath(trace(nvcc).target or nvcc) if os.path.isfile(nvcc) else None
 
 
 def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | None = None,

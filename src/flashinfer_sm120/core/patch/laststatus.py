@@ -179,9 +179,9 @@ def _unchanged(program: str, stat: list | None) -> bool:
     with open(program, "rb") as fh:
         if fh.read(2) != b"#!":
             return True
-    from flashinfer_sm120.safety.trust import check_executable
+    from flashinfer_sm120.safety.trust import trace
 
-    return check_executable(program) is None
+    return trace(program).problem is None
 
 
 def _export_unchanged(export: dict) -> bool:

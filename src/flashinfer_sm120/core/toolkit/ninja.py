@@ -21,7 +21,7 @@ from flashinfer_sm120.safety.fs.places import make_private_dirs
 from flashinfer_sm120.safety.fs.statedir import cache_root
 from flashinfer_sm120.safety.fs.atomic import make_private
 from flashinfer_sm120.safety.ownership import mine_problem
-from flashinfer_sm120.safety.trust import check_executable
+from flashinfer_sm120.safety.trust import trace
 
 #: Seconds ``ninja --version`` may take (it prints one line at once).
 NINJA_TIMEOUT_S = 10.0
@@ -107,7 +107,7 @@ FIND_STEPS: tuple[tuple[str, Callable[[str | None], list[tuple[str, str]]]], ...
 
 
 def _inspect(path: str) -> tuple[Version | None, str | None]:
-    full, problem = None, check_executable(path)
+    full, problem = None, trace(path).problem
     if problem is None:
         full, problem = version_of(path, lambda out: str(parse_leading_version(out, f"'{path} --version'")),
                                    name="ninja", fix="or pip install --force-reinstall ninja",

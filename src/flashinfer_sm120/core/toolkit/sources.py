@@ -23,7 +23,7 @@ from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.reads import read_json_file
 from flashinfer_sm120.safety.formats.fields import check_text, field
-from flashinfer_sm120.safety.trust import follow_wrappers
+from flashinfer_sm120.safety.trust import trace
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -140,7 +140,7 @@ def from_path(env: Mapping[str, str]) -> list[Toolkit]:
     if not which:
         return []
     which = os.path.abspath(which)
-    real = follow_wrappers(which) or os.path.realpath(which)
+    real = os.path.realpath(trace(which).target or which)
     lexical, real_root = _bin_parent(which), _bin_parent(real)
     if real_root and (_has_headers(real_root) or not _has_headers(lexical)):
         return [_found("PATH", real_root, which)]
@@ -163,7 +163,7 @@ def from_flashinfer_nvcc(env: Mapping[str, str]) -> list[Toolkit]:
         return [_found("FLASHINFER_NVCC", val[:200] or "(empty)", given, (
             "FLASHINFER_NVCC must be the absolute path of one nvcc; put a launcher in "
             "FLASHINFER_NVCC_LAUNCHER instead"))]
-    real = follow_wrappers(words[0]) or os.path.realpath(words[0])
+    real = os.path.realpath(trace(words[0]).target or words[0])
     root = _bin_parent(real)
     if root is None:
         return [_found("FLASHINFER_NVCC", os.path.dirname(real), given, (

@@ -32,7 +32,7 @@ _TOOL_OUTPUT = 4 << 20
 def find_cuobjdump(cuda_home: str | None = None) -> str | None:
     """A trusted ``cuobjdump``: the toolkit's, cuda-pathfinder's, the NVIDIA wheels' on ``sys.path``, then ``PATH``."""
     from flashinfer_sm120.core.toolkit.sources import pathfinder_binary, site_dirs
-    from flashinfer_sm120.safety.trust import check_executable
+    from flashinfer_sm120.safety.trust import trace
 
     cands = [os.path.join(cuda_home, "bin", "cuobjdump")] if cuda_home else []
     cands.append(pathfinder_binary("cuobjdump") or "")
@@ -42,7 +42,7 @@ def find_cuobjdump(cuda_home: str | None = None) -> str | None:
         cands.append(os.path.join(sd, "nvidia", "cuda_cuobjdump", "bin", "cuobjdump"))
     cands.append(shutil.which("cuobjdump") or "")
     for c in dict.fromkeys(c for c in cands if c):
-        if os.path.isfile(c) and os.access(c, os.X_OK) and check_executable(c) is None:
+        if os.path.isfile(c) and os.access(c, os.X_OK) and trace(c).problem is None:
             return c
     return None
 

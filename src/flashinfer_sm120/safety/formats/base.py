@@ -15,24 +15,14 @@ MAX_SHOWN = 80
 
 def shown(value: Any, limit: int = MAX_SHOWN) -> str:
     """``repr(value)`` cut to ``limit`` characters (``...`` and the full length added), so a message stays small."""
-    if isinstance(value, (bytes, bytearray)):
-        text = repr(bytes(value[: limit + 1]))
-        size = len(value)
-    elif isinstance(value, str):
-        text = repr(value[: limit + 1])
-        size = len(value)
-    else:
-        try:
-            text = repr(value)
-        except Exception:  # a hostile __repr__
-            text = f"<{type(value).__name__}>"
-        size = len(text)
-        if len(text) > limit:
-            return text[:limit] + f"... ({type(value).__name__})"
-        return text
-    if size > limit:
-        return text[: limit + 1] + f"... ({size} characters)"
-    return text
+    if isinstance(value, (str, bytes, bytearray)):
+        text = repr(value[: limit + 1] if isinstance(value, str) else bytes(value[: limit + 1]))
+        return text if len(value) <= limit else f"{text[: limit + 1]}... ({len(value)} characters)"
+    try:
+        text = repr(value)
+    except Exception:  # a hostile __repr__
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else f"{text[:limit]}... ({type(value).__name__})"
 
 
 def some(items: Iterable[Any], limit: int = 3) -> str:
@@ -65,15 +55,8 @@ MAX_MESSAGE = 4096
 
 def bounded(message: str, *, max_word: int = MAX_WORD, max_len: int = MAX_MESSAGE) -> str:
     """``message`` :func:`printable`, each run over ``max_word`` and the whole over ``max_len`` cut (argparse's text)."""
-    message = printable(message)  # threat-model: P8
-    if len(message) <= max_word and len(message) <= max_len:
-        return message
-
-    def cut(m: "re.Match[str]") -> str:
-        w = m.group()
-        return w if len(w) <= max_word else f"{w[:MAX_SHOWN]}... ({len(w)} characters)"
-
-    out = re.sub(r"\S{%d,}" % (max_word + 1), cut, message)
+    out = re.sub(r"\S{%d,}" % (max_word + 1), lambda m: f"{m.group()[:MAX_SHOWN]}... ({len(m.group())} characters)",
+                 printable(message))  # threat-model: P8
     return out if len(out) <= max_len else f"{out[:max_len]}... ({len(out)} characters in all)"
 
 

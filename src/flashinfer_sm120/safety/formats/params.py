@@ -1,6 +1,5 @@
-"""Parameters from outside, by grammar: a FlashInfer generator and its arguments as a manifest names them (data,
-never code: P2, docs/safety.md section 4), compiler flags as the option forms FlashInfer uses, and command-line
-numbers (P6, P8).  Only commands import this module."""
+"""Parameters from outside, by grammar: a manifest's generators and arguments (data, never code: P2, docs/safety.md
+section 4), compiler flags as FlashInfer's option forms, and command-line numbers (P6, P8).  Commands only."""
 
 from __future__ import annotations
 

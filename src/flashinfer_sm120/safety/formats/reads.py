@@ -83,8 +83,6 @@ def read_text(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow:
         raise _fail(os.fspath(path), f"is not UTF-8 text (byte {exc.start})", fix) from None
 
 
-
-
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
@@ -125,14 +123,6 @@ def read_json_file(path: str | os.PathLike, max_bytes: int, *, fix: str = "", fo
     """:func:`read_bytes` then :func:`loads_json`, one message style for both."""
     raw = read_bytes(path, max_bytes, fix=fix, follow=follow, owners=owners)
     return loads_json(raw, os.fspath(path), max_depth=max_depth, fix=fix)
-
-
-
-
-
-
-
-
 
 
 #: Values of a boolean environment variable that mean "off" (case-insensitive, stripped; the ``.pth`` hook

@@ -1,6 +1,5 @@
-"""A tar or gzip-compressed tar as untrusted input (threat-model: P6): its kind told by its first bytes, headers
-read one at a time, the shapes ``tarfile`` mishandles refused before they are read, every byte out of the
-decompressor, and into it, counted against a cap and a deadline.  Only commands import it."""
+"""A tar or gzip-compressed tar as untrusted input (threat-model: P6): kind told by its first bytes, hostile headers
+refused before ``tarfile`` reads them, every byte in and out of the decompressor capped, and a deadline."""
 
 from __future__ import annotations
 
@@ -146,13 +145,9 @@ class TarReader:
         """``m`` written under ``into`` by tarfile's ``data`` filter (PEP 706); ``OSError`` of writing left to the caller."""
         try:
             self.tar.extract(m, into, filter="data")
-        except FormatError:
-            raise
-        except OSError as exc:
-            if exc.errno is not None:  # writing failed (EFBIG, ENOSPC...), not the archive
+        except _READ_ERRORS as exc:
+            if isinstance(exc, OSError) and exc.errno is not None:  # writing failed (EFBIG, ENOSPC...)
                 raise
-            raise self.refused(f"cannot unpack {shown(m.name)} ({shown(str(exc), 200)})") from None
-        except (tarfile.TarError, EOFError, zlib.error) as exc:
             raise self.refused(f"cannot unpack {shown(m.name)} ({shown(str(exc), 200)})") from None
 
     def __enter__(self) -> TarReader:

@@ -1,6 +1,5 @@
-"""The one atomic writer, the one rule for temporary entries and what a killed process left, and the
-JSON state files (the nvcc memo, launcher probes, view metadata).  ``finally`` never runs under
-``kill -9``: a temporary entry is ``flock``-ed while its maker lives and :func:`sweep` removes the rest."""
+"""The one atomic writer, the one rule for temporary entries (``flock``-ed while their maker lives, else swept:
+``finally`` never runs under ``kill -9``), and the JSON state files."""
 # threat-model: P5 (random names; removed only by their creator, or the next process once the
 # creator's lock is gone; final files put in place atomically), P3 (never on a guess from a pid), P4, P6
 
@@ -42,10 +41,8 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FI
 
 def hold(fd: int) -> None:
     """Mark the temporary entry open on ``fd`` in use while it stays open (else only :data:`GRACE_S` keeps it)."""
-    try:
+    with contextlib.suppress(OSError):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        pass
 
 
 def sweep(prefix: str, parent: str | None = None) -> None:
@@ -104,10 +101,8 @@ def write_atomic(path: str, data: bytes | Callable[[BinaryIO], None], *, mode: i
             os.link(tmp, path)
             os.unlink(tmp)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     finally:
         os.close(fd)

@@ -3,7 +3,8 @@ exclusively without waiting; and who holds a lock, from ``/proc/locks`` (P6, nam
 
 from __future__ import annotations
 
-import dataclasses
+import collections
+import contextlib
 import errno
 import fcntl
 import os
@@ -56,10 +57,8 @@ def end_exclusive(target: str, fd: int, removed: bool) -> None:
     """Let go of :func:`take_exclusive`'s lock, first unlinking the lease file of a removed ``target``."""
     try:
         if removed and same_file(fd, lease_path(target)):
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(lease_path(target))
-            except OSError:
-                pass
     finally:
         os.close(fd)
 
@@ -68,12 +67,8 @@ def end_exclusive(target: str, fd: int, removed: bool) -> None:
 PROC_LOCKS_MAX = 1 << 20
 
 
-@dataclasses.dataclass(frozen=True)
-class Holder:
-    """A lock's holder: ``pid`` in this PID namespace, ``uid`` (``None``: gone or not visible)."""
-
-    pid: int
-    uid: int | None
+#: A lock's holder: ``pid`` in this PID namespace, ``uid`` (``None``: gone or not visible).
+Holder = collections.namedtuple("Holder", "pid uid")
 
 
 def parse_proc_locks(text: str, dev: int, ino: int) -> list[int]:

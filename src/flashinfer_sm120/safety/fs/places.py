@@ -4,17 +4,11 @@ it would be made in (``sudo -E``), and every new level ``0700`` whatever the uma
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections import namedtuple
 
-__all__ = ["deepest_existing", "make_private_dirs", "ForeignTree", "foreign_tree", "foreign_tree_message"]
+from flashinfer_sm120.safety.ownership import deepest_existing
 
-
-def deepest_existing(path: str) -> str:
-    """The deepest level of ``path`` (made absolute) that exists; ``/`` at worst."""
-    p = os.path.abspath(path)
-    while not os.path.lexists(p) and os.path.dirname(p) != p:
-        p = os.path.dirname(p)
-    return p
+__all__ = ["make_private_dirs", "ForeignTree", "foreign_tree", "foreign_tree_message"]
 
 
 def make_private_dirs(path: str | os.PathLike, *, mode: int = 0o700) -> None:
@@ -33,14 +27,8 @@ def make_private_dirs(path: str | os.PathLike, *, mode: int = 0o700) -> None:
         os.chmod(d, mode)
 
 
-@dataclass(frozen=True)
-class ForeignTree:
-    """Creating ``path`` would put ``uid``'s directory inside ``top``, which ``owner`` owns (``sudo -E``)."""
-
-    path: str
-    top: str
-    owner: int
-    uid: int
+#: Creating ``path`` would put ``uid``'s directory inside ``top``, which ``owner`` owns (``sudo -E``).
+ForeignTree = namedtuple("ForeignTree", "path top owner uid")
 
 
 def foreign_tree(path: str) -> ForeignTree | None:

@@ -1,6 +1,5 @@
-"""The per-uid cache root (views, the nvcc memo), chosen and created by threat-model P2 and P4 (docs/safety.md
-section 9): a candidate that breaks a rule is refused, named with its fix, and the next one is used.  Also the one
-rule for a path FlashInfer's ``build.ninja`` and ``/bin/sh`` carry unquoted."""
+"""The per-uid cache root, chosen and created by threat-model P2 and P4 (docs/safety.md section 9): a refused
+candidate is named with its fix and the next is used; and the rule for a path ``build.ninja`` carries unquoted."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import tempfile
 
 from flashinfer_sm120.errors import StateFileError
 from flashinfer_sm120.safety.formats.base import bounded, shown, some
-from flashinfer_sm120.safety.ownership import mine_problem, trust_reason
+from flashinfer_sm120.safety.ownership import deepest_existing, mine_problem, trust_reason
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -92,11 +91,7 @@ ROOM_BYTES = 512
 
 def _room_problem(path: str, what: str) -> str | None:
     """Why ``path`` is too long to hold our files (:data:`ROOM_BYTES` more within ``PATH_MAX``) (P8)."""
-    top = path
-    if not os.path.lexists(path):
-        from flashinfer_sm120.safety.fs.places import deepest_existing
-
-        top = deepest_existing(path)
+    top = deepest_existing(path)
     try:
         path_max, name_max = os.pathconf(top, "PC_PATH_MAX"), os.pathconf(top, "PC_NAME_MAX")
     except (OSError, ValueError):
@@ -111,7 +106,7 @@ def _room_problem(path: str, what: str) -> str | None:
 
 def _creation_problem(path: str, what: str) -> str | None:
     """Why the absent ``path`` must not be created: no directory above, another uid's tree, or untrusted (P4)."""
-    from flashinfer_sm120.safety.fs.places import deepest_existing, foreign_tree, foreign_tree_message
+    from flashinfer_sm120.safety.fs.places import foreign_tree, foreign_tree_message
 
     top = os.path.realpath(deepest_existing(path))
     try:
@@ -228,15 +223,10 @@ PATH_RULE = (f"letters (of any alphabet), digits, '{PATH_ASCII_EXTRA}' and other
              f"# {{ }} ! (ninja or /bin/sh syntax)")
 
 
-def _plain_char(c: str) -> bool:
-    if c.isascii():
-        return c.isalnum() or c in PATH_ASCII_EXTRA
-    return c.isprintable() and not c.isspace()  # not U+00A0, U+2028, nor a surrogate (undecodable byte)
-
-
 def path_chars_problem(path: str) -> list[str] | None:
     """The characters of ``path`` that break :data:`PATH_RULE`, sorted, or ``None``.  P8"""
-    bad = sorted({c for c in path if not _plain_char(c)})
+    bad = sorted({c for c in path if not (c.isalnum() or c in PATH_ASCII_EXTRA if c.isascii()
+                                          else c.isprintable() and not c.isspace())})  # not U+00A0, U+2028
     return bad or None
 
 
