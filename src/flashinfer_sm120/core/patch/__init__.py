@@ -17,7 +17,7 @@ from flashinfer_sm120.core.jitenv import environ
 from flashinfer_sm120.safety.formats.reads import env_flag
 from flashinfer_sm120.core.patch.resolve import Resolution
 from flashinfer_sm120.core.patch import laststatus
-from flashinfer_sm120.core.patch.state import STATE, Mode, StatusDict, StepResult, render
+from flashinfer_sm120.core.patch.state import STATE, Mode, StepResult, render
 from flashinfer_sm120.core.patch import steps
 from flashinfer_sm120.core.patch.steps import HOOKED_MODULES, STEPS, refresh_derived
 
@@ -221,7 +221,7 @@ def _announce(mode: Mode, res: Resolution) -> None:
     logger.log(level, "flashinfer-sm120: %s", STATE.summary)
 
 
-def record_status(st: StatusDict | None = None) -> None:
+def record_status(st: dict | None = None) -> None:
     """Keep ``st`` (default :func:`status`) for ``flashinfer-sm120 status`` (:mod:`.laststatus`); never raises."""
     try:
         with STATE.lock:
@@ -301,16 +301,9 @@ def revert() -> dict:
         return status()
 
 
-
-
-def status() -> StatusDict:
-    """Where patching stands.
-
-    Returns:
-        a :class:`~flashinfer_sm120.core.patch.state.StatusDict`, where mode is one of ``idle`` (FlashInfer not
-        imported yet), ``patched``, ``guard`` (no toolkit fits: JIT builds raise our message), ``noop``
-        (FlashInfer already right), ``failed``, ``reverted``, ``disabled``.
-    """
+def status() -> dict:
+    """Where patching stands: ``mode`` (docs/reference/status.md), ``error``, the ``summary`` line, the ``steps``,
+    ``patched_modules``, the ``resolution``, FlashInfer's ``target_cuda_archs`` and what is ``exported``."""
     with STATE.lock:
         _check_import_health()
         core = sys.modules.get("flashinfer.jit.core")

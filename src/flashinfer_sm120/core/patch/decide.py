@@ -7,7 +7,7 @@ import os
 from typing import Sequence
 
 from flashinfer_sm120.core.facts.releases import ReleaseInfo, release_info
-from flashinfer_sm120.core.patch.resolve import Resolution, TargetsFrom, arch_specs, flashinfer_version
+from flashinfer_sm120.core.patch.resolve import Resolution, arch_specs, flashinfer_version
 from flashinfer_sm120.core.toolkit.model import Toolkit
 from flashinfer_sm120.errors import ToolkitError
 
@@ -82,7 +82,7 @@ def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | 
     common = dict(gpus=gpus, arch_list=_for_messages(arch_list), arch_list_error=arch_err, naive_root=naive,
                   naive_lacks=tuple(lacks(naive)) if naive else (), explicit_home=explicit, release=release,
                   gpu_query=gq, cleaned=cleaned_homes(env),
-                  targets_from=TargetsFrom.GPUS if specs is None else TargetsFrom.ARCH_LIST)
+                  targets_from="gpus" if specs is None else "arch_list")
     candidates = discover(env) if toolkits is None else toolkits
     try:
         choice = choose(candidates, specs, [g.capability for g in gpus], torch_cuda_version(),

@@ -5,7 +5,6 @@ so that ``status`` answers and a later process replays the decision instead of p
 from __future__ import annotations
 
 import os
-import re
 import sys
 from typing import Any, Callable
 
@@ -131,7 +130,8 @@ def save(status: dict, recorded_inputs: dict[str, Any], res=None, export: dict |
 
 
 def load() -> tuple[list[dict], str | None]:
-    """The well-formed records, or ``[]`` and why none: only from a file this uid alone can write (P2), bounded (P6)."""
+    """The records (their status shape is checked where one is shown: ``cli.status``), or ``[]`` and why none: only
+    from a file this uid alone can write (P2), bounded (P6)."""
     from flashinfer_sm120.safety.formats.reads import MAX_STATE_BYTES, read_json_file
 
     try:
@@ -145,29 +145,8 @@ def load() -> tuple[list[dict], str | None]:
         return [], f"the record cannot be read ({exc})"
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("records"), list):
         return [], "the record is of another format"
-    records = [r for r in data["records"] if isinstance(r, dict) and isinstance(r.get("inputs"), dict)
-               and _well_formed(r.get("status"))]
-    return (records, None) if records else ([], f"{where} holds no record of this release's shape")
-
-
-#: A recorded target as nvcc spells it (``state.targets_from_text``).
-_TARGET_RE = re.compile(r"sm_[0-9]{2,3}[af]?")
-
-def _well_formed(st: Any) -> bool:
-    """Whether a recorded :func:`from_status` has its shape: a record of another shape is none (the file is S2 input)."""
-    from flashinfer_sm120.core.patch.state import Mode
-
-    def text(v: Any) -> bool:
-        return v is None or isinstance(v, str)
-
-    if not isinstance(st, dict) or not isinstance(st.get("mode"), str) or st["mode"] not in {m.value for m in Mode}:
-        return False
-    tk, targets = st.get("toolkit"), st.get("targets")
-    if tk is not None and not (isinstance(tk, dict) and all(text(tk.get(k)) for k in ("nvcc_full", "root", "nvcc"))
-                               and isinstance(tk.get("nvcc"), str) and isinstance(tk.get("stat"), list)):
-        return False
-    return (isinstance(targets, list) and all(isinstance(t, str) and _TARGET_RE.fullmatch(t) for t in targets)
-            and all(text(st.get(k)) for k in ("error", "arch_list_error", "flashinfer")))
+    records = [r for r in data["records"] if isinstance(r, dict) and isinstance(r.get("inputs"), dict)]
+    return (records, None) if records else ([], f"{where} holds no record")
 
 
 def _unchanged(program: str, stat: list | None) -> bool:

@@ -3,7 +3,6 @@ toolkit and its linkable home), made by :mod:`.decide` or replayed from the reco
 
 from __future__ import annotations
 
-import enum
 import importlib.metadata
 import sys
 from dataclasses import dataclass
@@ -13,14 +12,7 @@ from flashinfer_sm120.core.facts.arch import ArchSpec, parse_arch_list_lenient
 from flashinfer_sm120.core.facts.releases import ReleaseInfo
 from flashinfer_sm120.core.toolkit.model import GPU, Choice, CudaHome, GPUQuery, Rejection, RejectKind, Toolkit
 
-__all__ = ["Resolution", "TargetsFrom", "arch_specs", "flashinfer_version"]
-
-
-class TargetsFrom(str, enum.Enum):
-    """Where the targets come from: ``FLASHINFER_CUDA_ARCH_LIST`` (it had a usable entry) or the GPUs."""
-
-    ARCH_LIST = "arch_list"
-    GPUS = "gpus"
+__all__ = ["Resolution", "arch_specs", "flashinfer_version"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +31,7 @@ class Resolution:
     cleaned: tuple[str, ...] = ()  # a note per malformed CUDA_HOME/CUDA_PATH that was cleaned
     error: str | None = None  # the ToolkitError message when no toolkit fits
     fix: str | None = None  # its fix line alone
-    targets_from: TargetsFrom = TargetsFrom.GPUS
+    targets_from: str = "gpus"  # "arch_list": FLASHINFER_CUDA_ARCH_LIST had a usable entry
     own: bool = False  # the chosen nvcc is the one FlashInfer alone runs: nothing to announce
     naive_lacks: tuple[str, ...] = ()  # what FlashInfer's builds need that naive_root lacks (view.meta.lacks)
 
@@ -59,7 +51,7 @@ class Resolution:
             "gpu_source": self.gpu_query.describe() if self.gpu_query else None,
             "arch_list": self.arch_list,
             "arch_list_error": self.arch_list_error,
-            "targets_from": self.targets_from.value,
+            "targets_from": self.targets_from,
             "flashinfer_naive_cuda_home": self.naive_root,
             "explicit_cuda_home": self.explicit_home,
             "release": self.release.to_dict() if self.release else None,
@@ -89,7 +81,7 @@ class Resolution:
                    d["arch_list"], d["arch_list_error"], d["flashinfer_naive_cuda_home"],
                    explicit_home=d["explicit_cuda_home"], release=release,
                    gpu_query=GPUQuery(gpus, source, note[:-1] or None), cleaned=tuple(d["cleaned"]),
-                   targets_from=TargetsFrom(d["targets_from"]), own=own,
+                   targets_from={"arch_list": "arch_list", "gpus": "gpus"}[d["targets_from"]], own=own,
                    naive_lacks=tuple(d["flashinfer_naive_lacks"]))
 
 

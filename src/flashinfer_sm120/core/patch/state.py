@@ -7,30 +7,17 @@ import enum
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypedDict
+from typing import Any, Callable
 
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.core.facts.workspace import tag_for
-from flashinfer_sm120.core.patch.resolve import Resolution, TargetsFrom
+from flashinfer_sm120.core.patch.resolve import Resolution
 from flashinfer_sm120.core.toolkit.model import RejectKind
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["Mode", "StepResult", "UndoLog", "State", "STATE", "StatusDict", "render",
+__all__ = ["Mode", "StepResult", "UndoLog", "State", "STATE", "render",
            "describe", "targets_from_text", "NO_TARGETS_FIX"]
-
-
-class StatusDict(TypedDict):
-    """What :func:`flashinfer_sm120.status` returns."""
-
-    mode: str  # a Mode value
-    error: str | None  # why failed or guard
-    summary: str  # the one line logged when FlashInfer was patched
-    patched_modules: list[str]
-    steps: dict[str, str]  # StepResult.to_json() per step
-    resolution: dict | None  # Resolution.to_dict()
-    target_cuda_archs: list[str] | None  # FlashInfer's TARGET_CUDA_ARCHS ("sm_120f"), None before it loads
-    exported: dict[str, str]  # the variables exported to this process and its children
 
 
 class Mode(str, enum.Enum):
@@ -156,7 +143,7 @@ def describe(res: Resolution, targets_from: str | None = None) -> str:
 
 def targets_from_text(res: Resolution) -> str:
     """Where the targets came from, in words: the arch list when it had usable entries, else the GPUs."""
-    if res.targets_from is TargetsFrom.ARCH_LIST:
+    if res.targets_from == "arch_list":
         return f"from FLASHINFER_CUDA_ARCH_LIST={res.arch_list!r}"
     return f"GPUs from {res.gpu_query.describe()}"
 
