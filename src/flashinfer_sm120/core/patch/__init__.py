@@ -15,9 +15,8 @@ import wrapt
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.core.jitenv import environ
 from flashinfer_sm120.safety.formats.reads import env_flag
-from flashinfer_sm120.core.patch.resolve import Resolution
 from flashinfer_sm120.core.patch import laststatus
-from flashinfer_sm120.core.patch.state import STATE, Mode, StepResult, render
+from flashinfer_sm120.core.patch.state import STATE, Mode, Resolution, render
 from flashinfer_sm120.core.patch import steps
 from flashinfer_sm120.core.patch.steps import HOOKED_MODULES, STEPS, refresh_derived
 
@@ -57,18 +56,12 @@ def _ensure_resolution() -> None:
             return
         STATE.inputs = inputs
         STATE.recorded_export = replayed[1] if replayed else None
-        if isinstance(res, str):
-            STATE.mode = Mode.FAILED
-            STATE.error = res
-            logger.warning("flashinfer-sm120: not patching FlashInfer: %s", res)
+        STATE.resolution = None if isinstance(res, str) else res
+        error = res if isinstance(res, str) else None if res.release.supported else res.release.reason
+        if error:
+            STATE.mode, STATE.error = Mode.FAILED, error
+            logger.warning("flashinfer-sm120: not patching FlashInfer: %s", error)
             return
-        if not res.release.supported:
-            STATE.mode = Mode.FAILED
-            STATE.error = res.release.reason
-            STATE.resolution = res
-            logger.warning("flashinfer-sm120: %s", res.release.reason)
-            return
-        STATE.resolution = res
         if res.arch_list_error:
             STATE.log_once(logging.ERROR, f"flashinfer-sm120: {res.arch_list_error}")
         # a malformed CUDA_HOME/CUDA_PATH is said once, in the summary (describe())
@@ -111,24 +104,12 @@ def _fail(error: str, *, report: bool = True) -> None:
 
 
 def _check_import_health() -> None:
-    if not (STATE.mode.active and STATE.patched_modules):
-        return
-    broken = _import_failed()
-    if broken is None:
-        return
-    from flashinfer_sm120.core.facts.refusals import workspace_problem  # a failed import only
+    broken = _import_failed() if STATE.mode.active and STATE.patched_modules else None
+    if broken is not None:
+        from flashinfer_sm120.core.patch.gate import import_failed  # a failed import only
 
-    if STATE.mode is Mode.GUARD:  # FlashInfer kept its own toolkit: it fails alone too
-        fix = getattr(STATE.resolution, "fix", "") or ""
-        _fail(f"importing FlashInfer failed ({broken} raised during its own import). No CUDA toolkit "
-              "fits, so FlashInfer kept its own toolkit lookup, which fails the same way without "
-              "flashinfer-sm120 (with a CPU build of torch FlashInfer needs an nvcc at import)"
-              + (f". Fix: {fix}" if fix else ""), report=False)
-    elif problem := workspace_problem():
-        _fail(f"importing FlashInfer failed ({broken} raised during its own import): {problem}", report=False)
-    else:
-        _fail(f"importing FlashInfer failed after flashinfer-sm120 patched it ({broken} is no "
-              "longer loaded: FlashInfer raised during its own import)")
+        error, report = import_failed(broken)
+        _fail(error, report=report)
 
 
 def _run_steps(pending: list[str], mode: Mode) -> None:
@@ -142,9 +123,9 @@ def _run_steps(pending: list[str], mode: Mode) -> None:
             except Exception as exc:
                 if step.required:
                     raise RuntimeError(f"step {step.name} on {name}: {exc!r}") from exc
-                STATE.steps[step.name] = StepResult("skipped", repr(exc))
+                STATE.steps[step.name] = f"skipped: {exc!r}"
                 continue
-            STATE.steps[step.name] = StepResult("not needed", not_needed) if not_needed else StepResult("applied")
+            STATE.steps[step.name] = f"not needed: {not_needed}" if not_needed else "applied"
         STATE.patched_modules[name] = mod
 
 
@@ -243,16 +224,8 @@ def _on_import(module: types.ModuleType) -> None:
 
 
 def install() -> dict:
-    """Register the post-import hooks and patch whatever FlashInfer is loaded.
-
-    Idempotent and thread-safe.  After a failure, a revert or a guard, an explicit call resolves again, so
-    installing a toolkit and calling ``install()`` is enough (import hooks never retry on their own).  Never
-    raises: failures are logged and reported by :func:`status`.
-    ``FLASHINFER_SM120_DISABLE=1`` makes it do nothing.
-
-    Returns:
-        :func:`status` after the call.
-    """
+    """Register the post-import hooks and patch whatever FlashInfer is loaded; returns :func:`status`.  Idempotent,
+    never raises; after a failure, revert or guard it resolves again (a toolkit installed since is used)."""
     with STATE.lock:
         _check_import_health()
         if env_flag("FLASHINFER_SM120_DISABLE"):
@@ -283,12 +256,8 @@ def install() -> dict:
 
 
 def revert() -> dict:
-    """Undo every patch, restore ``CUDA_HOME``, and recompute FlashInfer's derived state with its own logic.
-    Later imports stay unpatched until :func:`install`.
-
-    Returns:
-        :func:`status` after the call.
-    """
+    """Undo every patch and export and recompute FlashInfer's derived state its own way; returns :func:`status`.
+    Later imports stay unpatched until :func:`install`."""
     with STATE.lock:
         STATE.undo.rollback()
         environ.reset()  # an export made before patching (autoload of vllm/sglang, worker_setup) goes too
@@ -314,7 +283,7 @@ def status() -> dict:
             "error": STATE.error,
             "summary": STATE.summary,
             "patched_modules": list(STATE.patched_modules),
-            "steps": {name: r.to_json() for name, r in STATE.steps.items()},
+            "steps": dict(STATE.steps),
             "resolution": STATE.resolution.to_dict() if STATE.resolution else None,
             "target_cuda_archs": [_arch.format_target(t) for t in sorted(archs)] if archs is not None else None,
             "exported": environ.exported(),

@@ -7,7 +7,7 @@ import os
 from typing import Sequence
 
 from flashinfer_sm120.core.facts.releases import ReleaseInfo, release_info
-from flashinfer_sm120.core.patch.resolve import Resolution, arch_specs, flashinfer_version
+from flashinfer_sm120.core.patch.state import Resolution, arch_specs, flashinfer_version
 from flashinfer_sm120.core.toolkit.model import Toolkit
 from flashinfer_sm120.errors import ToolkitError
 

@@ -184,7 +184,7 @@ def replay(now: dict[str, Any]) -> tuple[Any, dict] | None:
     directories (P2); its view is leased (P3) and is the directory the first process checked (P2)."""
     try:
         from flashinfer_sm120.core.facts.releases import release_info
-        from flashinfer_sm120.core.patch.resolve import Resolution, flashinfer_version
+        from flashinfer_sm120.core.patch.state import Resolution, flashinfer_version
         from flashinfer_sm120.safety.fs import lease
         from flashinfer_sm120.safety.ownership import fingerprint, trust_reason
 

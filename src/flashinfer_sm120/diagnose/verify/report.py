@@ -169,7 +169,7 @@ def _collect(timeout: float, say: Callable[[str], None] | None, server_cache: di
     from flashinfer_sm120.core.toolkit.sources import discover
     from flashinfer_sm120.core.facts.gpus import query
     from flashinfer_sm120.core.patch.decide import cleaned_homes, resolve
-    from flashinfer_sm120.core.patch.resolve import flashinfer_version
+    from flashinfer_sm120.core.patch.state import flashinfer_version
     from flashinfer_sm120.core.facts.releases import release_info
     from flashinfer_sm120.core.facts.serverprobe import fallback_text
     from flashinfer_sm120.core.toolkit.model import RejectKind

@@ -5,7 +5,7 @@ import pytest
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts.releases import release_info
-from flashinfer_sm120.core.patch.resolve import Resolution
+from flashinfer_sm120.core.patch.state import Resolution
 from flashinfer_sm120.core.toolkit.model import GPU, Choice, CudaHome, GPUQuery, RejectKind, Rejection, Toolkit, VersionDisagreement
 
 
