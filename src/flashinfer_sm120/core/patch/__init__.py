@@ -13,6 +13,7 @@ import types
 import wrapt
 
 from flashinfer_sm120.core.facts import arch as _arch
+from flashinfer_sm120.core.facts.workspace import jit_dir_refused, normalize_base
 from flashinfer_sm120.core.jitenv import environ
 from flashinfer_sm120.safety.formats.reads import env_flag
 from flashinfer_sm120.core.patch import laststatus
@@ -82,23 +83,29 @@ def _already_correct(res: Resolution) -> bool:
 def _import_failed() -> str | None:
     """A patched module Python dropped since (FlashInfer raised later in its own import), else ``None``."""
     for name, mod in STATE.patched_modules.items():
-        parts = name.split(".")
-        for i in range(1, len(parts) + 1):
-            if sys.modules.get(".".join(parts[:i])) is None:
-                return ".".join(parts[:i])
-        if sys.modules.get(name) is not mod:
-            return name
+        prefixes = [name.rsplit(".", n)[0] for n in range(name.count("."), -1, -1)]
+        dropped = next((p for p in prefixes if sys.modules.get(p) is None), None)
+        if dropped or sys.modules.get(name) is not mod:
+            return dropped or name
     return None
 
 
-def _fail(error: str, *, report: bool = True) -> None:
+def _unpatch(mode: Mode, error: str | None = None) -> None:
+    """Undo every change (reverting: an early export too), then let FlashInfer recompute what it derived."""
     STATE.undo.rollback()
-    STATE.mode, STATE.error = Mode.FAILED, error
+    if mode is Mode.REVERTED:
+        environ.reset()  # an export made before patching (autoload of vllm/sglang, worker_setup) goes too
+        STATE.reset(mode)
+    STATE.mode, STATE.error = mode, error
     STATE.steps, STATE.patched_modules, STATE.exported = {}, {}, False
     try:
         refresh_derived()
     except Exception as exc:  # pragma: no cover
         logger.error("flashinfer-sm120: refreshing FlashInfer after the rollback failed: %r", exc)
+
+
+def _fail(error: str, *, report: bool = True) -> None:
+    _unpatch(Mode.FAILED, error)
     logger.error("flashinfer-sm120: %s; every change was undone and FlashInfer is unpatched.%s", error,
                  " Please report this with 'flashinfer-sm120 doctor --json'." if report else "")
 
@@ -132,11 +139,8 @@ def _run_steps(pending: list[str], mode: Mode) -> None:
 def _loaded(name: str, just_imported: str | None) -> bool:
     """Module ``name`` finished importing (``flashinfer.jit.core`` importing ``jit.env`` has not)."""
     mod = sys.modules.get(name)
-    if mod is None:
-        return False
-    if name == just_imported:
-        return True
-    return not getattr(getattr(mod, "__spec__", None), "_initializing", False)
+    return mod is not None and (name == just_imported
+                                or not getattr(getattr(mod, "__spec__", None), "_initializing", False))
 
 
 def _apply_locked(just_imported: str | None = None) -> None:
@@ -145,10 +149,8 @@ def _apply_locked(just_imported: str | None = None) -> None:
         # unpatched, but FlashInfer's own nvcc --version (at its import) still gets a deadline (threat-model: P6)
         with contextlib.suppress(Exception):
             steps.bound_cuda_version(sys.modules["flashinfer.jit.cpp_ext"])
-    if STATE.mode not in (Mode.IDLE, Mode.PATCHED, Mode.GUARD, Mode.NOOP):
-        return
     res = STATE.resolution
-    if res is None:
+    if not (STATE.mode is Mode.IDLE or STATE.mode.active) or res is None:
         return
     pending = [m for m in HOOKED_MODULES if m not in STATE.patched_modules and _loaded(m, just_imported)]
     if not pending:
@@ -177,13 +179,8 @@ def _apply_locked(just_imported: str | None = None) -> None:
 
 def _warn_jit_dir() -> None:
     """Say at once when FlashInfer's JIT directory cannot stand unquoted in its build.ninja files."""
-    env = sys.modules.get("flashinfer.jit.env")
-    jit_dir = getattr(env, "FLASHINFER_JIT_DIR", None)
-    if jit_dir is None:
-        return
-    from flashinfer_sm120.core.facts.workspace import jit_dir_refused
-
-    problem = jit_dir_refused(str(jit_dir))
+    jit_dir = getattr(sys.modules.get("flashinfer.jit.env"), "FLASHINFER_JIT_DIR", None)
+    problem = jit_dir is not None and jit_dir_refused(str(jit_dir))
     if problem:
         logger.warning("flashinfer-sm120: %s", problem)
 
@@ -236,8 +233,6 @@ def install() -> dict:
             STATE.undo.rollback()  # the guard's wrappers; empty in the other modes
             STATE.reset(Mode.IDLE)
         if not STATE.hooks_registered:
-            from flashinfer_sm120.core.facts.workspace import normalize_base
-
             relative = normalize_base()  # before FlashInfer's jit/env.py reads it
             if relative:
                 logger.warning("flashinfer-sm120: %s", relative)
@@ -259,13 +254,7 @@ def revert() -> dict:
     """Undo every patch and export and recompute FlashInfer's derived state its own way; returns :func:`status`.
     Later imports stay unpatched until :func:`install`."""
     with STATE.lock:
-        STATE.undo.rollback()
-        environ.reset()  # an export made before patching (autoload of vllm/sglang, worker_setup) goes too
-        STATE.reset(Mode.REVERTED)
-        try:
-            refresh_derived()
-        except Exception as exc:  # pragma: no cover
-            logger.error("flashinfer-sm120: refreshing FlashInfer after revert failed: %r", exc)
+        _unpatch(Mode.REVERTED)
         STATE.summary = "reverted: FlashInfer runs with its own toolkit and arch logic"
         return status()
 

@@ -52,18 +52,8 @@ def own_nvcc(naive_root: str | None) -> str | None:
 
 def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | None = None,
             release: ReleaseInfo | None = None, guard: bool = False) -> Resolution:
-    """Find the GPUs, parse the arch list, choose a toolkit and a linkable home; nothing is patched.
-
-    Args:
-        env: environment to read (default ``os.environ``).
-        toolkits: candidates (``doctor`` passes every one); default ``sources.discover``, read lazily.
-        release: the FlashInfer release (default: the one loaded or installed).
-        guard: return a Resolution with ``choice=None`` and ``error`` set instead of raising when no toolkit fits.
-
-    Raises:
-        flashinfer_sm120.errors.ToolkitError: no toolkit fits (unless ``guard``).
-        flashinfer_sm120.errors.ViewError: the view could not be built.
-    """
+    """Find the GPUs, parse the arch list, choose a toolkit among ``toolkits`` (default: discovered) and a linkable
+    home in ``env``; nothing is patched.  Raises ``ToolkitError`` when none fits (``guard``: returned instead)."""
     from flashinfer_sm120.core.facts.gpus import query
     from flashinfer_sm120.core.toolkit.policy import choose, other_major_allowed, torch_cuda_version
     from flashinfer_sm120.core.toolkit.sources import discover, flashinfer_naive_root
