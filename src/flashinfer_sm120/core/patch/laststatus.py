@@ -4,11 +4,18 @@ so that ``status`` answers and a later process replays the decision instead of p
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import sys
 from typing import Any, Callable
 
+from flashinfer_sm120.core.facts.releases import release_info
+from flashinfer_sm120.core.patch.state import Resolution, flashinfer_version
 from flashinfer_sm120.errors import Sm120Error
+from flashinfer_sm120.safety.formats.reads import MAX_STATE_BYTES, read_json_file
+from flashinfer_sm120.safety.fs import lease
+from flashinfer_sm120.safety.ownership import fingerprint, trust_reason
 
 __all__ = ["SCHEMA", "FILE", "KEEP", "from_status", "inputs", "load", "replay", "save", "path", "which_nvcc"]
 
@@ -58,8 +65,6 @@ def _nvcc_entries(env: dict[str, str]) -> dict[str, list | None]:
 def inputs(env: dict[str, str] | None = None) -> dict[str, Any]:
     """What the resolution reads: this Python, our version, the variables, the mtimes of the ``sys.path``
     directories, ``/usr/local`` and ``$CONDA_PREFIX``, every nvcc in sight, the GPUs the driver lists."""
-    import hashlib
-
     from flashinfer_sm120 import __version__
 
     env = dict(os.environ if env is None else env)
@@ -109,8 +114,6 @@ def from_status(st: dict) -> dict:
 def save(status: dict, recorded_inputs: dict[str, Any], res=None, export: dict | None = None) -> None:
     """Record ``status`` for ``recorded_inputs``, with a patched or noop process's ``res`` and ``export`` to replay."""
     try:
-        from flashinfer_sm120.safety.ownership import fingerprint
-
         st = dict(status)
         if st.get("toolkit"):
             st["toolkit"] = dict(st["toolkit"], stat=fingerprint(st["toolkit"]["nvcc"]))
@@ -132,8 +135,6 @@ def save(status: dict, recorded_inputs: dict[str, Any], res=None, export: dict |
 def load() -> tuple[list[dict], str | None]:
     """The records (their status shape is checked where one is shown: ``cli.status``), or ``[]`` and why none: only
     from a file this uid alone can write (P2), bounded (P6)."""
-    from flashinfer_sm120.safety.formats.reads import MAX_STATE_BYTES, read_json_file
-
     try:
         where, uid = path(), os.geteuid()
         if not os.path.lexists(where):
@@ -151,8 +152,6 @@ def load() -> tuple[list[dict], str | None]:
 
 def _unchanged(program: str, stat: list | None) -> bool:
     """``program`` is the recorded binary (P1) and still passes the trust rule (P2); a script is traced again."""
-    from flashinfer_sm120.safety.ownership import fingerprint, trust_reason
-
     if stat is None or fingerprint(program) != stat or trust_reason(program, absent_ok=False):
         return False
     with open(program, "rb") as fh:
@@ -165,10 +164,6 @@ def _unchanged(program: str, stat: list | None) -> bool:
 
 def _export_unchanged(export: dict) -> bool:
     """The recorded ninja is still the one ``PATH`` finds and every ptxas asked is unchanged (``environ.export``)."""
-    import shutil
-
-    from flashinfer_sm120.safety.ownership import fingerprint
-
     ninja, triton = export.get("ninja"), export.get("triton")
     if ninja is not None:
         found = shutil.which("ninja", path=ninja["dir"] or os.environ.get("PATH") or os.defpath)
@@ -183,11 +178,6 @@ def replay(now: dict[str, Any]) -> tuple[Any, dict] | None:
     afresh: P1).  Its nvcc and ninja are the recorded binaries and pass the trust rule again, as do the toolkit's
     directories (P2); its view is leased (P3) and is the directory the first process checked (P2)."""
     try:
-        from flashinfer_sm120.core.facts.releases import release_info
-        from flashinfer_sm120.core.patch.state import Resolution, flashinfer_version
-        from flashinfer_sm120.safety.fs import lease
-        from flashinfer_sm120.safety.ownership import fingerprint, trust_reason
-
         rec = next((r for r in load()[0] if r["inputs"] == now and r.get("resolution")), None)
         if rec is None:
             return None
@@ -211,6 +201,4 @@ def replay(now: dict[str, Any]) -> tuple[Any, dict] | None:
 
 def which_nvcc(env: dict[str, str]) -> str | None:
     """The nvcc on ``env``'s ``PATH``."""
-    import shutil
-
     return shutil.which("nvcc", path=env.get("PATH") or os.defpath)

@@ -56,14 +56,8 @@ class UndoLog:
         """``setattr(obj, name, value)``, recording how to restore the exact previous binding."""
         had, old = name in vars(obj), vars(obj).get(name)
         setattr(obj, name, value)
-
-        def undo() -> None:
-            if had:
-                setattr(obj, name, old)
-            elif name in vars(obj):
-                delattr(obj, name)
-
-        self.add(f"{getattr(obj, '__name__', obj)}.{name}", undo)
+        self.add(f"{getattr(obj, '__name__', obj)}.{name}",
+                 lambda: setattr(obj, name, old) if had else delattr(obj, name) if name in vars(obj) else None)
 
     def rollback(self) -> None:
         """Undo everything, newest first (a failed undo is logged)."""

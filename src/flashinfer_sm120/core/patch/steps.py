@@ -15,6 +15,7 @@ from packaging.version import Version
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.core.facts.workspace import tag_for
 from flashinfer_sm120.core.patch.state import STATE, Mode, arch_specs
+from flashinfer_sm120.safety.fs import lease
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -240,8 +241,6 @@ def refresh_derived() -> None:
 
 def _lease_workspace(ws: str) -> None:
     """Lease the JIT workspace (P3), then create it (a prune may have removed it); never in another's tree (P4)."""
-    from flashinfer_sm120.safety.fs import lease
-
     if lease.place_problem(ws):
         return
     try:
