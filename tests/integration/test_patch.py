@@ -200,7 +200,7 @@ def test_one_bad_arch_entry_keeps_the_good_ones(seed_env):
 
 
 def test_an_optional_step_that_raises_is_reported_skipped(seed_env):
-    """Step results are typed (StepResult); status() and the summary render them."""
+    """An optional step that raises is skipped, with why, in status() and in the summary."""
     code = (
         "import helpers.fakegpu\nimport flashinfer_sm120.core.patch.steps as s\n"
         "def boom(mod): raise RuntimeError('injected')\n"

@@ -314,7 +314,7 @@ def test_import_with_a_huge_arch_list_under_1gb_returns_with_a_short_message(cle
 
 def test_a_bad_arch_list_entry_does_not_repeat_the_whole_value():
     """Issue 11, item 4."""
-    from flashinfer_sm120.core.patch.resolve import arch_specs
+    from flashinfer_sm120.core.patch.state import arch_specs
 
     for value in ["x " * 2000, "x " * 60000 + "12.0", ("99.9 " * 800) + "12.0"]:
         specs, message = arch_specs(value)

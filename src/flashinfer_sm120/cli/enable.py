@@ -45,13 +45,14 @@ def is_site_dir(path: str) -> bool:
 #: sha256 of every hook module an earlier ``enable`` wrote (each version of ``core/autoload_hook.py`` and
 #: ``autoload_hook.py`` in git history): ours, like this release's text; an edited one is not (P5).
 EARLIER_HOOKS = frozenset({
+    "11f9686c27a962acc246501ca9c397d4e6a916aa10560cf453d6c4bf565c6ac4",
     "35d742125b1af207aad488705b3c11f2eb5bb094bab3d729497ec8444b671f98",
     "45e281f5fd4316591bc3f53af06f56e5ba715f82384bab847932349e0508dc50",
     "4c537de241a3fda926506e0b24e98719a271ea04a4fde04423e47173b603de85",
     "56c8aa5b873a20433f71ca9fe111a35bacb3c02da2586b6f96545c1371be5ddc",
     "99d47cdaf2e379a97e179a27d84b89228c52745e775b932c0fc330b8ce3f8b69",
-    "a65f03fe63a9ba83467a7aef2adeaa432e4b7771be55514efa59f471738fd8bc",
     "a254c261a295ca56899d29d448023b9b8eaeb7c7be2d202612fbaa091de31d4e",
+    "a65f03fe63a9ba83467a7aef2adeaa432e4b7771be55514efa59f471738fd8bc",
 })
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
@@ -143,8 +144,9 @@ def recorded(env: dict[str, str] | None = None) -> tuple[dict | None, str | None
     from flashinfer_sm120.core.patch import laststatus
 
     records, problem = laststatus.load()
-    if problem:
-        return None, problem
+    records = [r for r in records if _well_formed(r.get("status"))]
+    if problem or not records:
+        return None, problem or f"{laststatus.path()} holds no record of this release's shape"
     now = laststatus.inputs(env)
     match = next((r for r in records if r["inputs"] == now), None)
     if match is None:
@@ -156,6 +158,28 @@ def recorded(env: dict[str, str] | None = None) -> tuple[dict | None, str | None
     if tk and fingerprint(tk.get("nvcc", "")) != tk.get("stat"):
         return None, f"{tk.get('nvcc')} changed since it was recorded"
     return match["status"], None  # type: ignore[return-value]
+
+
+#: A recorded target as nvcc spells it (``state.targets_from_text``).
+_TARGET_RE = re.compile(r"sm_[0-9]{2,3}[af]?")
+
+
+def _well_formed(st) -> bool:
+    """Whether a recorded :func:`~.laststatus.from_status` has its shape: a record of another shape is none (the file
+    is S2 input)."""
+    from flashinfer_sm120.core.patch.state import Mode
+
+    def text(v) -> bool:
+        return v is None or isinstance(v, str)
+
+    if not isinstance(st, dict) or not isinstance(st.get("mode"), str) or st["mode"] not in {m.value for m in Mode}:
+        return False
+    tk, targets = st.get("toolkit"), st.get("targets")
+    if tk is not None and not (isinstance(tk, dict) and all(text(tk.get(k)) for k in ("nvcc_full", "root", "nvcc"))
+                               and isinstance(tk.get("nvcc"), str) and isinstance(tk.get("stat"), list)):
+        return False
+    return (isinstance(targets, list) and all(isinstance(t, str) and _TARGET_RE.fullmatch(t) for t in targets)
+            and all(text(st.get(k)) for k in ("error", "arch_list_error", "flashinfer")))
 
 
 def _changes(old: dict, new: dict, env: dict[str, str] | None) -> list[str]:

@@ -3,19 +3,16 @@
 
 from __future__ import annotations
 
+import types
+
 __all__ = ["EXPORT_EARLY", "triggered", "state"]
 
 #: Triggers after whose import the chosen toolkit is exported at once.
 EXPORT_EARLY = ("vllm", "sglang")
 
 
-class _State:
-    triggered_by: str | None = None
-    pth: str | None = None
-    early_export: str | None = None  # what happened to the early export, for doctor
-
-
-state = _State()
+#: What ``doctor`` shows: the import that fired the hook, its ``.pth``, what happened to the early export.
+state = types.SimpleNamespace(triggered_by=None, pth=None, early_export=None)
 
 
 def triggered(name: str, pth: str | None = None) -> None:

@@ -59,17 +59,10 @@ class FlashInferSm120Autoload:
 
     def say(self, exc):
         """One line naming the fix (P1: an unpatched server must not fail later unexplained)."""
-        missing = isinstance(exc, ModuleNotFoundError) and exc.name in ("flashinfer_sm120",
-                                                                        "flashinfer_sm120.core.autoload")
         try:
-            if missing:
-                sys.stderr.write("flashinfer-sm120: autoload could not load the package (flashinfer_sm120 is not "
-                                 "importable); FlashInfer is not patched. Fix: pip install flashinfer-sm120, or "
-                                 "remove %s (FLASHINFER_SM120_DISABLE=1 silences this)\n" % self.pth)
-            else:
-                sys.stderr.write("flashinfer-sm120: autoload failed (%r); FlashInfer is not patched. Fix: "
-                                 "reinstall flashinfer-sm120 from its checkout (pip install --force-reinstall "
-                                 "/path/to/flashinfer-sm120), or remove %s\n" % (exc, self.pth))
+            sys.stderr.write("flashinfer-sm120: autoload failed (%r); FlashInfer is not patched. Fix: reinstall it "
+                             "(pip install flashinfer-sm120, or pip install --force-reinstall /path/to/its/checkout), "
+                             "or remove %s (FLASHINFER_SM120_DISABLE=1 silences this)\n" % (exc, self.pth))
         except BaseException:
             pass
 

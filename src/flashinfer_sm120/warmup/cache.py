@@ -249,7 +249,7 @@ def built_targets() -> dict[str, int]:
     """``{target set ("sm_120f sm_121f"): modules built}`` in FlashInfer's ``<workspace>/<release>/<targets>/``,
     read without importing anything (an export without ``--arch`` and without a GPU)."""
     from flashinfer_sm120.core.facts.workspace import workspace_path
-    from flashinfer_sm120.core.patch.resolve import flashinfer_version
+    from flashinfer_sm120.core.patch.state import flashinfer_version
 
     root = Path(workspace_path()[0]) / (flashinfer_version() or "none")
     out = {}

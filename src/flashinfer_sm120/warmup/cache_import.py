@@ -149,7 +149,7 @@ def precheck(src: str, meta: Meta) -> None:
     from packaging.version import InvalidVersion, Version
 
     from flashinfer_sm120.core.facts.workspace import workspace_path
-    from flashinfer_sm120.core.patch.resolve import flashinfer_version
+    from flashinfer_sm120.core.patch.state import flashinfer_version
 
     ours, theirs = {}, meta.fingerprint
     try:

@@ -135,7 +135,7 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     """Write ninja files and build ``(label, spec)`` pairs in one pool, each admitted by its family's
     memory estimate; the ``modules`` of ``build --json``.  ``env``: the user's, before we exported
     ``MAX_JOBS``.  A peak RSS is recorded only without a launcher (it compiles out of ninja's sight)."""
-    from flashinfer_sm120.core.patch.resolve import flashinfer_version
+    from flashinfer_sm120.core.patch.state import flashinfer_version
 
     stream = stream or sys.stderr
     write_ninjas([s for _, s in labelled], stream)

@@ -95,7 +95,7 @@ def test_version_json_property(tmp_path, value):
 
 @given(st.one_of(hostile_text, st.integers(0, 200_000).map(lambda n: "x " * n)))
 def test_arch_list_property(value):
-    from flashinfer_sm120.core.patch.resolve import arch_specs
+    from flashinfer_sm120.core.patch.state import arch_specs
 
     specs, message = _bounded(arch_specs, value)
     assert message is None or len(message) < MSG_MAX

@@ -260,7 +260,7 @@ def test_a_member_over_the_per_file_cap_names_that_cap_not_max_bytes(tmp_path):
 def test_the_checks_before_flashinfer_is_set_up_refuse_another_release_or_workspace_only(tmp_path, monkeypatch):
     """What `cache import` can tell before FlashInfer's set-up creates files (P4): another FlashInfer
     release or a JIT dir outside this workspace is refused; a local build of the same release is not."""
-    from flashinfer_sm120.core.patch.resolve import flashinfer_version
+    from flashinfer_sm120.core.patch.state import flashinfer_version
 
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path))
     here = f"{tmp_path}/.cache/flashinfer/0.7.4/120f/nvcc13.0-x/cached_ops"

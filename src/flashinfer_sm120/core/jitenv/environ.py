@@ -26,32 +26,27 @@ _pending: list = []  # what the first JIT build finishes: [(steps, verdicts, (ho
 _builds: dict = {}  # export_builds' decisions (noop)
 
 
+def _put(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
 class _Steps:
-    """Applied changes and how to undo each, env first (module globals read the env)."""
+    """Changes with their undos (newest undone first), what each decided, and what a later process replays."""
 
     def __init__(self) -> None:
-        self.env_undo: list[Callable[[], None]] = []
-        self.late_undo: list[Callable[[], None]] = []
+        self.undos: list[Callable[[], None]] = []
         self.info: dict = {}
         self.replay: dict = {}  # what a later process with the same inputs applies as it is (laststatus)
 
     def set_env(self, name: str, value: str | None) -> None:
         """``name=value`` (``None``: removed); undone unless changed since (then it is someone else's)."""
         old = os.environ.get(name)
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-
-        def undo() -> None:
-            if os.environ.get(name) == value:
-                if old is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = old
-
+        _put(name, value)
         if old != value:
-            self.env_undo.append(undo)
+            self.undos.append(lambda: _put(name, old) if os.environ.get(name) == value else None)
 
     def prepend_path(self, d: str) -> None:
         self.set_env("PATH", d + os.pathsep + os.environ.get("PATH", os.defpath))
@@ -60,9 +55,9 @@ class _Steps:
         with _lock:
             if _pending and _pending[0][0] is self:  # undone before its first build: nothing left to prepare
                 _pending.clear()
-        for fn in reversed(self.late_undo + self.env_undo):
+        while self.undos:
             try:
-                fn()
+                self.undos.pop()()
             except Exception as exc:  # pragma: no cover - restoring a value
                 logger.error("flashinfer-sm120: undoing an export step failed: %r", exc)
 
@@ -73,6 +68,14 @@ def _shared_dir(bin_dir: str) -> str | None:
     if glob.glob(os.path.join(glob.escape(bin_dir), "python*")):  # a conda or venv bin
         return f"{bin_dir} also holds a Python interpreter"
     return None
+
+
+def _export_home(steps: _Steps, home: str) -> None:
+    """``CUDA_HOME`` for children and torch's cpp_extension at its import, and ``CUDA_PATH`` when set."""
+    steps.set_env("CUDA_HOME", home)
+    if os.environ.get("CUDA_PATH") not in (None, home):
+        steps.set_env("CUDA_PATH", home)
+        steps.info["CUDA_PATH"] = home
 
 
 def _export_path(steps: _Steps, bin_dir: str) -> None:
@@ -124,7 +127,7 @@ def _export_cpp_extension(steps: _Steps, home: str) -> None:
                 cuda = getattr(getattr(t, "version", None), "cuda", None)
                 m.CUDA_HOME = m._find_cuda_home() if cuda and hasattr(m, "_find_cuda_home") else None
 
-        steps.late_undo.append(undo_later_import)
+        steps.undos.append(undo_later_import)
         return
     old = getattr(mod, "CUDA_HOME", None)
     if not getattr(getattr(torch, "version", None), "cuda", None):
@@ -133,7 +136,7 @@ def _export_cpp_extension(steps: _Steps, home: str) -> None:
         steps.info[key] = "unchanged: already the chosen home"
     else:
         mod.CUDA_HOME = home
-        steps.late_undo.append(lambda: setattr(mod, "CUDA_HOME", old) if mod.CUDA_HOME == home else None)
+        steps.undos.append(lambda: setattr(mod, "CUDA_HOME", old) if mod.CUDA_HOME == home else None)
         steps.info[key] = f"{home} (was {old})"
 
 
@@ -192,17 +195,15 @@ def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]],
             _current["undo"]()
         steps = _Steps()
         steps.info.update(cuda_home=home, nvcc=nvcc, targets=[_arch.format_target(t) for t in targets])
-        steps.set_env("CUDA_HOME", home)  # children, and torch's cpp_extension at its import
-        if os.environ.get("CUDA_PATH") not in (None, home):
-            steps.set_env("CUDA_PATH", home)
-            steps.info["CUDA_PATH"] = home
         in_home = os.path.join(home, "bin", "nvcc")  # a view's bin when its nvcc is the chosen one
         same = os.path.realpath(in_home) == os.path.realpath(nvcc) and os.path.exists(in_home)
         bin_dir = os.path.dirname(in_home if same else nvcc)
         sms = [a * 10 + int(b[0]) for a, b in targets]
-        for name, step, args in (("ninja", _export_ninja, (recorded.get("ninja"),)),
+        # in the order undone last to first: torch's cpp_extension asks the restored environment again
+        for name, step, args in (("cpp_extension", _export_cpp_extension, (home,)),
+                                 ("CUDA_HOME", _export_home, (home,)),
+                                 ("ninja", _export_ninja, (recorded.get("ninja"),)),
                                  ("path", _export_path, (bin_dir,)),
-                                 ("cpp_extension", _export_cpp_extension, (home,)),
                                  ("triton", _export_triton, (bin_dir, sms, recorded.get("triton"))),
                                  ("builds", _check_compilers, (home, nvcc, targets, recorded.get("compilers")))):
             try:

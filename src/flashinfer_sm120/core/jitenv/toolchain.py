@@ -132,7 +132,7 @@ def prepare_builds() -> None:
             if setup.max_jobs_value is not None:  # ours to refresh before each build (refresh_max_jobs)
                 steps.set_env("MAX_JOBS", setup.max_jobs_value)
                 _state.update(jobs=setup.max_jobs_value, steps=steps)
-                steps.env_undo.append(lambda: _state.update(jobs=None))
+                steps.undos.append(lambda: _state.update(jobs=None))
             for line in setup.warnings:
                 if line not in said:
                     logger.warning("flashinfer-sm120: %s", line)

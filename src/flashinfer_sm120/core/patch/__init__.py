@@ -13,11 +13,11 @@ import types
 import wrapt
 
 from flashinfer_sm120.core.facts import arch as _arch
+from flashinfer_sm120.core.facts.workspace import jit_dir_refused, normalize_base
 from flashinfer_sm120.core.jitenv import environ
 from flashinfer_sm120.safety.formats.reads import env_flag
-from flashinfer_sm120.core.patch.resolve import Resolution
 from flashinfer_sm120.core.patch import laststatus
-from flashinfer_sm120.core.patch.state import STATE, Mode, StatusDict, StepResult, render
+from flashinfer_sm120.core.patch.state import STATE, Mode, Resolution, render
 from flashinfer_sm120.core.patch import steps
 from flashinfer_sm120.core.patch.steps import HOOKED_MODULES, STEPS, refresh_derived
 
@@ -57,18 +57,12 @@ def _ensure_resolution() -> None:
             return
         STATE.inputs = inputs
         STATE.recorded_export = replayed[1] if replayed else None
-        if isinstance(res, str):
-            STATE.mode = Mode.FAILED
-            STATE.error = res
-            logger.warning("flashinfer-sm120: not patching FlashInfer: %s", res)
+        STATE.resolution = None if isinstance(res, str) else res
+        error = res if isinstance(res, str) else None if res.release.supported else res.release.reason
+        if error:
+            STATE.mode, STATE.error = Mode.FAILED, error
+            logger.warning("flashinfer-sm120: not patching FlashInfer: %s", error)
             return
-        if not res.release.supported:
-            STATE.mode = Mode.FAILED
-            STATE.error = res.release.reason
-            STATE.resolution = res
-            logger.warning("flashinfer-sm120: %s", res.release.reason)
-            return
-        STATE.resolution = res
         if res.arch_list_error:
             STATE.log_once(logging.ERROR, f"flashinfer-sm120: {res.arch_list_error}")
         # a malformed CUDA_HOME/CUDA_PATH is said once, in the summary (describe())
@@ -89,46 +83,40 @@ def _already_correct(res: Resolution) -> bool:
 def _import_failed() -> str | None:
     """A patched module Python dropped since (FlashInfer raised later in its own import), else ``None``."""
     for name, mod in STATE.patched_modules.items():
-        parts = name.split(".")
-        for i in range(1, len(parts) + 1):
-            if sys.modules.get(".".join(parts[:i])) is None:
-                return ".".join(parts[:i])
-        if sys.modules.get(name) is not mod:
-            return name
+        prefixes = [name.rsplit(".", n)[0] for n in range(name.count("."), -1, -1)]
+        dropped = next((p for p in prefixes if sys.modules.get(p) is None), None)
+        if dropped or sys.modules.get(name) is not mod:
+            return dropped or name
     return None
 
 
-def _fail(error: str, *, report: bool = True) -> None:
+def _unpatch(mode: Mode, error: str | None = None) -> None:
+    """Undo every change (reverting: an early export too), then let FlashInfer recompute what it derived."""
     STATE.undo.rollback()
-    STATE.mode, STATE.error = Mode.FAILED, error
+    if mode is Mode.REVERTED:
+        environ.reset()  # an export made before patching (autoload of vllm/sglang, worker_setup) goes too
+        STATE.reset(mode)
+    STATE.mode, STATE.error = mode, error
     STATE.steps, STATE.patched_modules, STATE.exported = {}, {}, False
     try:
         refresh_derived()
     except Exception as exc:  # pragma: no cover
         logger.error("flashinfer-sm120: refreshing FlashInfer after the rollback failed: %r", exc)
+
+
+def _fail(error: str, *, report: bool = True) -> None:
+    _unpatch(Mode.FAILED, error)
     logger.error("flashinfer-sm120: %s; every change was undone and FlashInfer is unpatched.%s", error,
                  " Please report this with 'flashinfer-sm120 doctor --json'." if report else "")
 
 
 def _check_import_health() -> None:
-    if not (STATE.mode.active and STATE.patched_modules):
-        return
-    broken = _import_failed()
-    if broken is None:
-        return
-    from flashinfer_sm120.core.facts.refusals import workspace_problem  # a failed import only
+    broken = _import_failed() if STATE.mode.active and STATE.patched_modules else None
+    if broken is not None:
+        from flashinfer_sm120.core.patch.gate import import_failed  # a failed import only
 
-    if STATE.mode is Mode.GUARD:  # FlashInfer kept its own toolkit: it fails alone too
-        fix = getattr(STATE.resolution, "fix", "") or ""
-        _fail(f"importing FlashInfer failed ({broken} raised during its own import). No CUDA toolkit "
-              "fits, so FlashInfer kept its own toolkit lookup, which fails the same way without "
-              "flashinfer-sm120 (with a CPU build of torch FlashInfer needs an nvcc at import)"
-              + (f". Fix: {fix}" if fix else ""), report=False)
-    elif problem := workspace_problem():
-        _fail(f"importing FlashInfer failed ({broken} raised during its own import): {problem}", report=False)
-    else:
-        _fail(f"importing FlashInfer failed after flashinfer-sm120 patched it ({broken} is no "
-              "longer loaded: FlashInfer raised during its own import)")
+        error, report = import_failed(broken)
+        _fail(error, report=report)
 
 
 def _run_steps(pending: list[str], mode: Mode) -> None:
@@ -142,20 +130,17 @@ def _run_steps(pending: list[str], mode: Mode) -> None:
             except Exception as exc:
                 if step.required:
                     raise RuntimeError(f"step {step.name} on {name}: {exc!r}") from exc
-                STATE.steps[step.name] = StepResult("skipped", repr(exc))
+                STATE.steps[step.name] = f"skipped: {exc!r}"
                 continue
-            STATE.steps[step.name] = StepResult("not needed", not_needed) if not_needed else StepResult("applied")
+            STATE.steps[step.name] = f"not needed: {not_needed}" if not_needed else "applied"
         STATE.patched_modules[name] = mod
 
 
 def _loaded(name: str, just_imported: str | None) -> bool:
     """Module ``name`` finished importing (``flashinfer.jit.core`` importing ``jit.env`` has not)."""
     mod = sys.modules.get(name)
-    if mod is None:
-        return False
-    if name == just_imported:
-        return True
-    return not getattr(getattr(mod, "__spec__", None), "_initializing", False)
+    return mod is not None and (name == just_imported
+                                or not getattr(getattr(mod, "__spec__", None), "_initializing", False))
 
 
 def _apply_locked(just_imported: str | None = None) -> None:
@@ -164,10 +149,8 @@ def _apply_locked(just_imported: str | None = None) -> None:
         # unpatched, but FlashInfer's own nvcc --version (at its import) still gets a deadline (threat-model: P6)
         with contextlib.suppress(Exception):
             steps.bound_cuda_version(sys.modules["flashinfer.jit.cpp_ext"])
-    if STATE.mode not in (Mode.IDLE, Mode.PATCHED, Mode.GUARD, Mode.NOOP):
-        return
     res = STATE.resolution
-    if res is None:
+    if not (STATE.mode is Mode.IDLE or STATE.mode.active) or res is None:
         return
     pending = [m for m in HOOKED_MODULES if m not in STATE.patched_modules and _loaded(m, just_imported)]
     if not pending:
@@ -196,13 +179,8 @@ def _apply_locked(just_imported: str | None = None) -> None:
 
 def _warn_jit_dir() -> None:
     """Say at once when FlashInfer's JIT directory cannot stand unquoted in its build.ninja files."""
-    env = sys.modules.get("flashinfer.jit.env")
-    jit_dir = getattr(env, "FLASHINFER_JIT_DIR", None)
-    if jit_dir is None:
-        return
-    from flashinfer_sm120.core.facts.workspace import jit_dir_refused
-
-    problem = jit_dir_refused(str(jit_dir))
+    jit_dir = getattr(sys.modules.get("flashinfer.jit.env"), "FLASHINFER_JIT_DIR", None)
+    problem = jit_dir is not None and jit_dir_refused(str(jit_dir))
     if problem:
         logger.warning("flashinfer-sm120: %s", problem)
 
@@ -221,7 +199,7 @@ def _announce(mode: Mode, res: Resolution) -> None:
     logger.log(level, "flashinfer-sm120: %s", STATE.summary)
 
 
-def record_status(st: StatusDict | None = None) -> None:
+def record_status(st: dict | None = None) -> None:
     """Keep ``st`` (default :func:`status`) for ``flashinfer-sm120 status`` (:mod:`.laststatus`); never raises."""
     try:
         with STATE.lock:
@@ -243,16 +221,8 @@ def _on_import(module: types.ModuleType) -> None:
 
 
 def install() -> dict:
-    """Register the post-import hooks and patch whatever FlashInfer is loaded.
-
-    Idempotent and thread-safe.  After a failure, a revert or a guard, an explicit call resolves again, so
-    installing a toolkit and calling ``install()`` is enough (import hooks never retry on their own).  Never
-    raises: failures are logged and reported by :func:`status`.
-    ``FLASHINFER_SM120_DISABLE=1`` makes it do nothing.
-
-    Returns:
-        :func:`status` after the call.
-    """
+    """Register the post-import hooks and patch whatever FlashInfer is loaded; returns :func:`status`.  Idempotent,
+    never raises; after a failure, revert or guard it resolves again (a toolkit installed since is used)."""
     with STATE.lock:
         _check_import_health()
         if env_flag("FLASHINFER_SM120_DISABLE"):
@@ -263,8 +233,6 @@ def install() -> dict:
             STATE.undo.rollback()  # the guard's wrappers; empty in the other modes
             STATE.reset(Mode.IDLE)
         if not STATE.hooks_registered:
-            from flashinfer_sm120.core.facts.workspace import normalize_base
-
             relative = normalize_base()  # before FlashInfer's jit/env.py reads it
             if relative:
                 logger.warning("flashinfer-sm120: %s", relative)
@@ -283,34 +251,17 @@ def install() -> dict:
 
 
 def revert() -> dict:
-    """Undo every patch, restore ``CUDA_HOME``, and recompute FlashInfer's derived state with its own logic.
-    Later imports stay unpatched until :func:`install`.
-
-    Returns:
-        :func:`status` after the call.
-    """
+    """Undo every patch and export and recompute FlashInfer's derived state its own way; returns :func:`status`.
+    Later imports stay unpatched until :func:`install`."""
     with STATE.lock:
-        STATE.undo.rollback()
-        environ.reset()  # an export made before patching (autoload of vllm/sglang, worker_setup) goes too
-        STATE.reset(Mode.REVERTED)
-        try:
-            refresh_derived()
-        except Exception as exc:  # pragma: no cover
-            logger.error("flashinfer-sm120: refreshing FlashInfer after revert failed: %r", exc)
+        _unpatch(Mode.REVERTED)
         STATE.summary = "reverted: FlashInfer runs with its own toolkit and arch logic"
         return status()
 
 
-
-
-def status() -> StatusDict:
-    """Where patching stands.
-
-    Returns:
-        a :class:`~flashinfer_sm120.core.patch.state.StatusDict`, where mode is one of ``idle`` (FlashInfer not
-        imported yet), ``patched``, ``guard`` (no toolkit fits: JIT builds raise our message), ``noop``
-        (FlashInfer already right), ``failed``, ``reverted``, ``disabled``.
-    """
+def status() -> dict:
+    """Where patching stands: ``mode`` (docs/reference/status.md), ``error``, the ``summary`` line, the ``steps``,
+    ``patched_modules``, the ``resolution``, FlashInfer's ``target_cuda_archs`` and what is ``exported``."""
     with STATE.lock:
         _check_import_health()
         core = sys.modules.get("flashinfer.jit.core")
@@ -321,7 +272,7 @@ def status() -> StatusDict:
             "error": STATE.error,
             "summary": STATE.summary,
             "patched_modules": list(STATE.patched_modules),
-            "steps": {name: r.to_json() for name, r in STATE.steps.items()},
+            "steps": dict(STATE.steps),
             "resolution": STATE.resolution.to_dict() if STATE.resolution else None,
             "target_cuda_archs": [_arch.format_target(t) for t in sorted(archs)] if archs is not None else None,
             "exported": environ.exported(),

@@ -72,17 +72,15 @@ def _unwrap(obj):
     return func if isinstance(func, types.FunctionType) else None
 
 
-def flashinfer_would_target(cls: type, version: Version, home: str | None,
-                            originals: dict | None = None) -> set | None:
+def flashinfer_would_target(cls: type, version: Version, home: str | None) -> set | None:
     """``TARGET_CUDA_ARCHS`` FlashInfer's ``cls`` computes itself under nvcc ``version`` and ``home``, or ``None``
-    when its code raised; ``originals``: its own ``__init__``/``_normalize_cuda_arch`` (default ``vars(cls)``)."""
-    originals = originals or {}
+    when its code raised."""
     stub = _stub(version, home)
-    init = _unwrap(originals.get("__init__") or vars(cls).get("__init__"))
+    init = _unwrap(vars(cls).get("__init__"))
     if init is None:
         return None
     attrs = {"__init__": _copy(init, stub)}
-    norm = _unwrap(originals.get("_normalize_cuda_arch") or vars(cls).get("_normalize_cuda_arch"))
+    norm = _unwrap(vars(cls).get("_normalize_cuda_arch"))
     if norm is not None:
         attrs["_normalize_cuda_arch"] = staticmethod(_copy(norm, stub))
     try:

@@ -7,7 +7,7 @@ import os
 from typing import Sequence
 
 from flashinfer_sm120.core.facts.releases import ReleaseInfo, release_info
-from flashinfer_sm120.core.patch.resolve import Resolution, TargetsFrom, arch_specs, flashinfer_version
+from flashinfer_sm120.core.patch.state import Resolution, arch_specs, flashinfer_version
 from flashinfer_sm120.core.toolkit.model import Toolkit
 from flashinfer_sm120.errors import ToolkitError
 
@@ -52,18 +52,8 @@ def own_nvcc(naive_root: str | None) -> str | None:
 
 def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | None = None,
             release: ReleaseInfo | None = None, guard: bool = False) -> Resolution:
-    """Find the GPUs, parse the arch list, choose a toolkit and a linkable home; nothing is patched.
-
-    Args:
-        env: environment to read (default ``os.environ``).
-        toolkits: candidates (``doctor`` passes every one); default ``sources.discover``, read lazily.
-        release: the FlashInfer release (default: the one loaded or installed).
-        guard: return a Resolution with ``choice=None`` and ``error`` set instead of raising when no toolkit fits.
-
-    Raises:
-        flashinfer_sm120.errors.ToolkitError: no toolkit fits (unless ``guard``).
-        flashinfer_sm120.errors.ViewError: the view could not be built.
-    """
+    """Find the GPUs, parse the arch list, choose a toolkit among ``toolkits`` (default: discovered) and a linkable
+    home in ``env``; nothing is patched.  Raises ``ToolkitError`` when none fits (``guard``: returned instead)."""
     from flashinfer_sm120.core.facts.gpus import query
     from flashinfer_sm120.core.toolkit.policy import choose, other_major_allowed, torch_cuda_version
     from flashinfer_sm120.core.toolkit.sources import discover, flashinfer_naive_root
@@ -82,7 +72,7 @@ def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | 
     common = dict(gpus=gpus, arch_list=_for_messages(arch_list), arch_list_error=arch_err, naive_root=naive,
                   naive_lacks=tuple(lacks(naive)) if naive else (), explicit_home=explicit, release=release,
                   gpu_query=gq, cleaned=cleaned_homes(env),
-                  targets_from=TargetsFrom.GPUS if specs is None else TargetsFrom.ARCH_LIST)
+                  targets_from="gpus" if specs is None else "arch_list")
     candidates = discover(env) if toolkits is None else toolkits
     try:
         choice = choose(candidates, specs, [g.capability for g in gpus], torch_cuda_version(),

@@ -1,11 +1,11 @@
-"""The checks FlashInfer's first JIT build runs through (loaded then, not at import): the gate before nvcc
-and the arch check's message."""
+"""What runs only when FlashInfer builds or fails (loaded then, not at import): the gate before nvcc, the arch
+check's message, and why FlashInfer's own import failed."""
 
 from __future__ import annotations
 
 import os
 
-from flashinfer_sm120.core.facts.refusals import builds_refused
+from flashinfer_sm120.core.facts.refusals import builds_refused, workspace_problem
 from flashinfer_sm120.core.patch.state import NO_TARGETS_FIX, STATE, Mode
 from flashinfer_sm120.errors import Sm120Error, ToolkitError
 
@@ -70,3 +70,18 @@ def arch_check(wrapped, args, kwargs):
             + (f"no GPU visible ({res.gpu_query.describe() if res and res.gpu_query else 'unknown'})"
                if res is not None and not res.gpus else "no usable target")
             + f" and FLASHINFER_CUDA_ARCH_LIST names none. Fix: {NO_TARGETS_FIX}") from exc
+
+
+def import_failed(broken: str) -> tuple[str, bool]:
+    """``(error, worth reporting)`` when FlashInfer's import raised after it was patched (``broken``: the module
+    Python dropped)."""
+    if STATE.mode is Mode.GUARD:  # FlashInfer kept its own toolkit: it fails alone too
+        fix = getattr(STATE.resolution, "fix", "") or ""
+        return (f"importing FlashInfer failed ({broken} raised during its own import). No CUDA toolkit "
+                "fits, so FlashInfer kept its own toolkit lookup, which fails the same way without "
+                "flashinfer-sm120 (with a CPU build of torch FlashInfer needs an nvcc at import)"
+                + (f". Fix: {fix}" if fix else "")), False
+    if problem := workspace_problem():
+        return f"importing FlashInfer failed ({broken} raised during its own import): {problem}", False
+    return (f"importing FlashInfer failed after flashinfer-sm120 patched it ({broken} is no "
+            "longer loaded: FlashInfer raised during its own import)"), True

@@ -4,12 +4,18 @@ so that ``status`` answers and a later process replays the decision instead of p
 
 from __future__ import annotations
 
+import hashlib
 import os
-import re
+import shutil
 import sys
 from typing import Any, Callable
 
+from flashinfer_sm120.core.facts.releases import release_info
+from flashinfer_sm120.core.patch.state import Resolution, flashinfer_version
 from flashinfer_sm120.errors import Sm120Error
+from flashinfer_sm120.safety.formats.reads import MAX_STATE_BYTES, read_json_file
+from flashinfer_sm120.safety.fs import lease
+from flashinfer_sm120.safety.ownership import fingerprint, trust_reason
 
 __all__ = ["SCHEMA", "FILE", "KEEP", "from_status", "inputs", "load", "replay", "save", "path", "which_nvcc"]
 
@@ -59,8 +65,6 @@ def _nvcc_entries(env: dict[str, str]) -> dict[str, list | None]:
 def inputs(env: dict[str, str] | None = None) -> dict[str, Any]:
     """What the resolution reads: this Python, our version, the variables, the mtimes of the ``sys.path``
     directories, ``/usr/local`` and ``$CONDA_PREFIX``, every nvcc in sight, the GPUs the driver lists."""
-    import hashlib
-
     from flashinfer_sm120 import __version__
 
     env = dict(os.environ if env is None else env)
@@ -110,8 +114,6 @@ def from_status(st: dict) -> dict:
 def save(status: dict, recorded_inputs: dict[str, Any], res=None, export: dict | None = None) -> None:
     """Record ``status`` for ``recorded_inputs``, with a patched or noop process's ``res`` and ``export`` to replay."""
     try:
-        from flashinfer_sm120.safety.ownership import fingerprint
-
         st = dict(status)
         if st.get("toolkit"):
             st["toolkit"] = dict(st["toolkit"], stat=fingerprint(st["toolkit"]["nvcc"]))
@@ -131,9 +133,8 @@ def save(status: dict, recorded_inputs: dict[str, Any], res=None, export: dict |
 
 
 def load() -> tuple[list[dict], str | None]:
-    """The well-formed records, or ``[]`` and why none: only from a file this uid alone can write (P2), bounded (P6)."""
-    from flashinfer_sm120.safety.formats.reads import MAX_STATE_BYTES, read_json_file
-
+    """The records (their status shape is checked where one is shown: ``cli.status``), or ``[]`` and why none: only
+    from a file this uid alone can write (P2), bounded (P6)."""
     try:
         where, uid = path(), os.geteuid()
         if not os.path.lexists(where):
@@ -145,35 +146,12 @@ def load() -> tuple[list[dict], str | None]:
         return [], f"the record cannot be read ({exc})"
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("records"), list):
         return [], "the record is of another format"
-    records = [r for r in data["records"] if isinstance(r, dict) and isinstance(r.get("inputs"), dict)
-               and _well_formed(r.get("status"))]
-    return (records, None) if records else ([], f"{where} holds no record of this release's shape")
-
-
-#: A recorded target as nvcc spells it (``state.targets_from_text``).
-_TARGET_RE = re.compile(r"sm_[0-9]{2,3}[af]?")
-
-def _well_formed(st: Any) -> bool:
-    """Whether a recorded :func:`from_status` has its shape: a record of another shape is none (the file is S2 input)."""
-    from flashinfer_sm120.core.patch.state import Mode
-
-    def text(v: Any) -> bool:
-        return v is None or isinstance(v, str)
-
-    if not isinstance(st, dict) or not isinstance(st.get("mode"), str) or st["mode"] not in {m.value for m in Mode}:
-        return False
-    tk, targets = st.get("toolkit"), st.get("targets")
-    if tk is not None and not (isinstance(tk, dict) and all(text(tk.get(k)) for k in ("nvcc_full", "root", "nvcc"))
-                               and isinstance(tk.get("nvcc"), str) and isinstance(tk.get("stat"), list)):
-        return False
-    return (isinstance(targets, list) and all(isinstance(t, str) and _TARGET_RE.fullmatch(t) for t in targets)
-            and all(text(st.get(k)) for k in ("error", "arch_list_error", "flashinfer")))
+    records = [r for r in data["records"] if isinstance(r, dict) and isinstance(r.get("inputs"), dict)]
+    return (records, None) if records else ([], f"{where} holds no record")
 
 
 def _unchanged(program: str, stat: list | None) -> bool:
     """``program`` is the recorded binary (P1) and still passes the trust rule (P2); a script is traced again."""
-    from flashinfer_sm120.safety.ownership import fingerprint, trust_reason
-
     if stat is None or fingerprint(program) != stat or trust_reason(program, absent_ok=False):
         return False
     with open(program, "rb") as fh:
@@ -186,10 +164,6 @@ def _unchanged(program: str, stat: list | None) -> bool:
 
 def _export_unchanged(export: dict) -> bool:
     """The recorded ninja is still the one ``PATH`` finds and every ptxas asked is unchanged (``environ.export``)."""
-    import shutil
-
-    from flashinfer_sm120.safety.ownership import fingerprint
-
     ninja, triton = export.get("ninja"), export.get("triton")
     if ninja is not None:
         found = shutil.which("ninja", path=ninja["dir"] or os.environ.get("PATH") or os.defpath)
@@ -204,11 +178,6 @@ def replay(now: dict[str, Any]) -> tuple[Any, dict] | None:
     afresh: P1).  Its nvcc and ninja are the recorded binaries and pass the trust rule again, as do the toolkit's
     directories (P2); its view is leased (P3) and is the directory the first process checked (P2)."""
     try:
-        from flashinfer_sm120.core.facts.releases import release_info
-        from flashinfer_sm120.core.patch.resolve import Resolution, flashinfer_version
-        from flashinfer_sm120.safety.fs import lease
-        from flashinfer_sm120.safety.ownership import fingerprint, trust_reason
-
         rec = next((r for r in load()[0] if r["inputs"] == now and r.get("resolution")), None)
         if rec is None:
             return None
@@ -232,6 +201,4 @@ def replay(now: dict[str, Any]) -> tuple[Any, dict] | None:
 
 def which_nvcc(env: dict[str, str]) -> str | None:
     """The nvcc on ``env``'s ``PATH``."""
-    import shutil
-
     return shutil.which("nvcc", path=env.get("PATH") or os.defpath)

@@ -3,19 +3,19 @@ required step that cannot be applied (a renamed attribute) fails the whole patch
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import sys
 import types
-from dataclasses import dataclass
-from typing import Callable
 
 import wrapt
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.core.facts.workspace import tag_for
-from flashinfer_sm120.core.patch.state import STATE, Mode
+from flashinfer_sm120.core.patch.state import STATE, Mode, arch_specs
+from flashinfer_sm120.safety.fs import lease
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -37,14 +37,8 @@ _CACHES = {
 }
 
 
-@dataclass(frozen=True)
-class Step:
-    """``apply(module)`` returns ``None`` when applied, or why this release needs nothing; raises on failure."""
-
-    name: str
-    apply: Callable[[types.ModuleType], str | None]
-    modes: frozenset
-    required: bool = True
+#: ``apply(module)`` returns ``None`` when applied, or why this release needs nothing; raises on failure.
+Step = collections.namedtuple("Step", "name apply modes required", defaults=(True,))
 
 
 def _version() -> Version:
@@ -53,8 +47,6 @@ def _version() -> Version:
 
 def current_targets() -> set[tuple[int, str]]:
     """Targets for a new ``CompilationContext``: the arch list re-read as FlashInfer does, else the GPUs."""
-    from flashinfer_sm120.core.patch.resolve import arch_specs
-
     res = STATE.resolution
     if res is None or res.choice is None:
         return set()
@@ -73,8 +65,6 @@ def current_targets() -> set[tuple[int, str]]:
         except _arch.ArchNotSupported as exc:
             STATE.log_once(logging.ERROR, f"flashinfer-sm120: {exc}")
     return out
-
-
 
 
 def _normalize_wrapper(wrapped, instance, args, kwargs):
@@ -118,10 +108,6 @@ def _workspace_wrapper(wrapped, instance, args, kwargs):
             and STATE.resolution.choice is not None:
         return path / tag_for(STATE.resolution.choice.toolkit)  # two toolkits never share a JIT dir
     return path
-
-
-
-
 
 
 def _nvcc_gate(wrapped, instance, args, kwargs):
@@ -255,8 +241,6 @@ def refresh_derived() -> None:
 
 def _lease_workspace(ws: str) -> None:
     """Lease the JIT workspace (P3), then create it (a prune may have removed it); never in another's tree (P4)."""
-    from flashinfer_sm120.safety.fs import lease
-
     if lease.place_problem(ws):
         return
     try:

@@ -150,7 +150,7 @@ def collect(timeout: float = ALONE_TIMEOUT_S, *, sections: Sequence[Section] = (
     from flashinfer_sm120.core.toolkit.sources import discover
     from flashinfer_sm120.core.facts.gpus import query
     from flashinfer_sm120.core.patch.decide import cleaned_homes, resolve
-    from flashinfer_sm120.core.patch.resolve import flashinfer_version
+    from flashinfer_sm120.core.patch.state import flashinfer_version
     from flashinfer_sm120.core.facts.releases import release_info
     from flashinfer_sm120.core.facts.serverprobe import fallback_text
     from flashinfer_sm120.core.toolkit.model import RejectKind

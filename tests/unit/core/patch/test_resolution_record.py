@@ -5,7 +5,7 @@ import pytest
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts.releases import release_info
-from flashinfer_sm120.core.patch.resolve import Resolution, TargetsFrom
+from flashinfer_sm120.core.patch.state import Resolution
 from flashinfer_sm120.core.toolkit.model import GPU, Choice, CudaHome, GPUQuery, RejectKind, Rejection, Toolkit, VersionDisagreement
 
 
@@ -27,7 +27,7 @@ def resolution():
     return Resolution(choice, home, gpus, "12.0 12.1 garbled", "garbled is not a target", "/usr/local/cuda",
                       explicit_home="/opt/cuda-12.8/", release=release_info("0.7.4"),
                       gpu_query=GPUQuery(gpus, "torch.cuda", "nvmlInit failed: (x)"), cleaned=("CUDA_HOME ...",),
-                      targets_from=TargetsFrom.ARCH_LIST, own=True)
+                      targets_from="arch_list", own=True)
 
 
 def test_a_recorded_resolution_comes_back_as_it_was():
