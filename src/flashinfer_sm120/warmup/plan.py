@@ -7,7 +7,6 @@ import dataclasses
 import logging
 import os
 import re
-import sys
 import time
 
 from flashinfer_sm120.core.facts import buildline
@@ -115,16 +114,10 @@ def gencode_summary(ninja_text: str) -> list[str]:
     return sorted(out)
 
 
-def write_ninjas(specs: list, stream=None) -> None:
+def write_ninjas(specs: list) -> None:
     """FlashInfer's own ``write_ninja`` for each spec, under its per-module lock (as ``build_jit_specs``)."""
-    stream = stream or sys.stderr
-
-    def say(line: str) -> None:
-        stream.write(f"flashinfer-sm120: {line}\n")
-        stream.flush()
-
     for spec in specs:
-        with moddir.held(spec.lock_path, spec.name, say):
+        with moddir.held(spec.lock_path, spec.name):
             spec.write_ninja()
 
 
@@ -137,8 +130,7 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     ``MAX_JOBS``.  A peak RSS is recorded only without a launcher (it compiles out of ninja's sight)."""
     from flashinfer_sm120.core.patch.resolve import flashinfer_version
 
-    stream = stream or sys.stderr
-    write_ninjas([s for _, s in labelled], stream)
+    write_ninjas([s for _, s in labelled])
     now_vars = buildline.snapshot(dict(os.environ), flashinfer_version())
     before = {label: buildline.changes(rec, now_vars) for label, spec in labelled
               if (rec := buildline.recorded(spec.build_dir)) is not None}
@@ -166,7 +158,6 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
             "module": label, "name": spec.name, "status": res.status, "library": str(so),
             "bytes": so.stat().st_size if so.exists() and res.status != "failed" else None,
             "seconds": res.seconds, "error": res.error, "peak_rss": res.peak_rss,
-            "gencode": sorted({f"{a},{c}" for a, c in re.findall(r"-gencode=arch=(compute_\w+),code=(\w+)", text)}),
             "binary": gencode_summary(text),
             "build_vars": now_vars, "build_vars_before": [c.__dict__ for c in before.get(label) or ()],
             "build_vars_unrecorded": unrecorded,

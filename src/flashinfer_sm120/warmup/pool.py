@@ -214,30 +214,23 @@ class _Pool:
                                   for name, s in r.running) or "none (waiting)"
                 self.say(f"running: {shown}; left: {plural(self.total - self.done, 'step')}")
 
-    def skip(self, item: tuple[Job, int], result: Result, said: str) -> None:
-        self.pending.remove(item)
-        self.total -= item[1]
-        self.results[result.label] = result
-        self.say(said)
-
     def start(self, item: tuple[Job, int], slots: int) -> bool:
-        """Start ``item``'s ninja under FlashInfer's per-module lock; whether it started."""
+        """Start ``item``'s ninja under FlashInfer's per-module lock; whether it started (a module another
+        process holds waits; one built meanwhile is found up to date by its ninja)."""
         job, n = item
         try:
             # no lock path: a FileLock never taken, whose release() does nothing
             lock = FileLock(os.devnull) if job.lock_path is None else try_take(job.lock_path, job.label)
         except PlaceError as exc:
-            self.skip(item, Result(job.label, "failed", error=str(exc)), f"FAILED {job.label}: {exc}")
+            self.pending.remove(item)
+            self.total -= n
+            self.results[job.label] = Result(job.label, "failed", error=str(exc))
+            self.say(f"FAILED {job.label}: {exc}")
             return False
         if lock is None:
             if job.label not in self.waiting_said:
                 self.waiting_said.add(job.label)
                 self.say(f"{job.label}: waiting for another process building it (lock {job.lock_path})")
-            return False
-        if job.label in self.waiting_said and not dry_run(job):  # the other process built it meanwhile
-            lock.release()
-            self.skip(item, Result(job.label, "up to date"),
-                      f"up to date: {job.label} (built by another process meanwhile)")
             return False
         try:
             r = _Running(job, n, slots, lock, self.events)
@@ -309,7 +302,11 @@ class _Pool:
         rc = r.proc.wait()
         _proc.kill_all(None, r.marker)  # nothing ninja started outlives it (P6)
         label = r.job.label
-        if rc == 0:
+        if rc == 0 and not r.finished:  # built by another process while we waited for its lock
+            self.total -= r.steps
+            self.results[label] = Result(label, "up to date")
+            self.say(f"up to date: {label}")
+        elif rc == 0:
             self.confirm(r)
             self.results[label] = Result(label, "built", round(time.monotonic() - r.t0, 1), peak_rss=r.peak_rss)
             self.say(f"done: {label}")

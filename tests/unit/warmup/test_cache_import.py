@@ -24,6 +24,7 @@ from helpers.child import cli
 from helpers.exports import TOP, tar_bytes, tar_file, tar_header, tar_member
 from helpers.untrusted import give_away
 from flashinfer_sm120.warmup import cache, cache_import
+from flashinfer_sm120.warmup.cache import Module
 from flashinfer_sm120.warmup.session import BuildError
 
 BOMB = Path(__file__).resolve().parents[2] / "data" / "bzip2-bomb-450MB.tar"
@@ -213,11 +214,9 @@ def test_an_import_never_writes_into_a_module_directory_another_user_left(tmp_pa
     theirs = cached / "sampling"
     theirs.mkdir(parents=True)
     give_away(theirs)
-    paths = {"jit/sampling/sampling.so": (tmp_path / "src.so", theirs / "sampling.so")}
-    problem = cache_import._place_problem(paths)
-    assert str(theirs) in problem and "Fix: remove it if another user made it" in problem
-    mine = {"jit/other/other.so": (tmp_path / "src.so", cached / "other" / "other.so")}
-    assert cache_import._place_problem(mine) is None
+    problem = cache_import._refusal(None, Module("sampling", {}), None, cached)
+    assert str(theirs) in problem and "remove it if another user made it" in problem
+    assert "no manifest entry" in cache_import._refusal(None, Module("other", {}), None, cached)  # its place is fine
 
 
 def test_a_module_that_carries_no_library_is_refused_before_flashinfer_generates_anything(monkeypatch, tmp_path):
@@ -228,7 +227,7 @@ def test_a_module_that_carries_no_library_is_refused_before_flashinfer_generates
 
     monkeypatch.setattr(cache_import, "make_spec", must_not_generate)
     mod = cache.Module("sampling", {"jit/sampling/sampling_kernel.cuda.o": "0" * 64})
-    why = cache_import._refusal({"name": "sampling"}, mod, _session())
+    why = cache_import._refusal({"name": "sampling"}, mod, _session(), tmp_path)
     assert why and "carries no library" in why
 
 

@@ -5,7 +5,6 @@ import io
 import os
 import signal
 import subprocess
-import threading
 import time
 
 from flashinfer_sm120.warmup import plan, pool
