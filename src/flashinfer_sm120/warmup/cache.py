@@ -54,9 +54,6 @@ class CacheError(BuildError):
         super().__init__(message)
         self.kind, self.fix = kind, fix
 
-    def __reduce__(self):
-        return (type(self), (str(self), self.kind, self.fix))
-
 
 @contextlib.contextmanager
 def format_errors():

@@ -27,42 +27,35 @@ from flashinfer_sm120.warmup.replay import CannotRegenerate, make_spec
 from flashinfer_sm120.warmup.session import Session
 
 def _walk(src: str, limits: Limits, meta: Meta | None = None, into: Path | None = None) -> Meta:
-    """The one bounded pass over the archive ``src``: each member checked on its header against the caps
-    and meta.json (its first member, unless given) before its data is read; with ``into``, each listed
-    file is extracted there.  P6, P7"""
-    count = total = 0
-    files: set[str] = set()
-    dirs: set[str] = set()
+    """The one bounded pass over the archive ``src``: each member checked on its header against the caps and
+    meta.json (its first member, unless given) before its data is read; with ``into``, extracted there.  P6, P7"""
+    total = 0
     with format_errors(), TarReader(src, max_bytes=limits.max_stream(), max_seconds=limits.max_seconds, fix=FIX,
                                     cap="the files' cap of cache import --max-bytes, plus meta.json and headers") as tar:
-        for m in tar:
-            count += 1
+        for count, m in enumerate(tar, 1):
+            rel = member_rel(m.name, src)
             if count > limits.max_members:
                 raise refused(src, f"it has more than {limits.max_members} members")
-            rel = member_rel(m.name, src)
-            if count == 1 and rel != "meta.json":
-                raise refused(src, f"its first member is {shown(m.name)}, not {TOP}/meta.json")
             if not (m.isfile() or m.isdir()):
                 raise refused(src, f"member {shown(m.name)} is a link or device")
-            if m.isfile() and m.size > limits.max_file:
-                raise over_cap(src, f"member {shown(m.name)} is {m.size} bytes", limits, per_file=True)
-            if count == 1:  # meta.json: within MAX_META_BYTES, not the files' total
-                if m.size > MAX_META_BYTES:
-                    raise CacheError(f"{src}: {TOP}/meta.json is {m.size} bytes, more than {MAX_META_BYTES}; {FIX}")
+            if count == 1:  # meta.json: within MAX_META_BYTES, not the files' caps
+                if rel != "meta.json" or m.size > MAX_META_BYTES:
+                    raise refused(src, f"its first member is {shown(m.name)} ({m.size} bytes), not {TOP}/meta.json "
+                                       f"of at most {MAX_META_BYTES} bytes")
                 name = f"{src}: {TOP}/meta.json"
                 meta = meta or parse_meta(loads_json(tar.read(m), name, fix=FIX), name)
                 files = {rel for mod in meta.modules for rel in mod.files}
-                dirs = {"jit", *(f"jit/{mod.name}" for mod in meta.modules)}
+                dirs = {"", "jit", *(f"jit/{mod.name}" for mod in meta.modules)}
                 continue
-            total += m.size if m.isfile() else 0
+            size = m.size if m.isfile() else 0
+            if size > limits.max_file:
+                raise over_cap(src, f"member {shown(m.name)} is {size} bytes", limits, per_file=True)
+            total += size
             if total > limits.max_total:
                 raise over_cap(src, "its files add up to more", limits, per_file=False)
-            if m.isdir():
-                if rel and rel not in dirs:
-                    raise refused(src, f"directory {shown(m.name)} is not part of any module in meta.json")
-            elif rel not in files:
+            if rel not in (files if m.isfile() else dirs):
                 raise refused(src, f"member {shown(m.name)} is not listed in meta.json")
-            elif into is not None:
+            if into is not None and m.isfile():
                 _extract(src, tar, m, into)
     if meta is None:
         raise refused(src, f"it has no members (no {TOP}/meta.json)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import os
 import queue
 import signal
@@ -188,20 +189,19 @@ class _Pool:
         while self.pending or self.running:
             committed = {lbl: r.committed() for lbl, r in self.running.items()}
             free = max_jobs - sum(committed.values())
-            mem_left = None if mem_budget is None else mem_budget - sum(
+            mem_left = (math.inf if mem_budget is None else mem_budget) - sum(
                 committed[lbl] * r.job.mem for lbl, r in self.running.items())
             for item in list(self.pending):
                 if free < 1:
                     break
                 job, n = item
-                fit = _fits(job, mem_left, nothing_runs=not self.running)
-                if fit < 1:
-                    continue  # a lighter module further on may fit
-                give = max(1, min(free, max(1, n - 1), fit))  # n - 1: the link runs last
+                fit = mem_left // job.mem if job.mem > 0 else free
+                if fit < 1 and self.running:
+                    continue  # a lighter module further on may fit; with nothing running, one step always runs
+                give = max(1, min(free, n - 1, fit))  # n - 1: the link runs last
                 if self.start(item, give):
                     free -= give
-                    if mem_left is not None:
-                        mem_left -= give * job.mem
+                    mem_left -= give * job.mem
             self.drain(timeout=0.5)
             now = time.monotonic()
             for r in self.running.values():
@@ -319,9 +319,3 @@ class _Pool:
         del self.running[label]
         r.lock.release()
 
-
-def _fits(job: Job, mem_left: int | None, nothing_runs: bool) -> int:
-    """Compile steps of ``job`` that fit in ``mem_left``; at least one when nothing runs."""
-    if mem_left is None or job.mem <= 0:
-        return 1 << 30
-    return max(1 if nothing_runs else 0, mem_left // job.mem)
