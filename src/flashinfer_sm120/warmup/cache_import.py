@@ -192,7 +192,7 @@ def _install_from(root: Path, meta: Meta, jit_dir: Path, sess: Session, force: b
                 try:
                     r = _install_module(mod, files, force, made)
                     if r["status"] in ("installed", "already present"):
-                        r.update(_settle(entries[mod.name], sess))
+                        r.update(_settle(entries.get(mod.name), sess))
                 except BaseException:
                     _undo(made)  # a failed module is left as it was, never half installed
                     raise
