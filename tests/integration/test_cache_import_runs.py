@@ -226,7 +226,6 @@ EMPTY_MODULES = r"""
 import json, os, sys
 from pathlib import Path
 from flashinfer_sm120.warmup import cache, cache_import, replay, session
-session.set_arch("12.0")
 sess = session.prepare("12.0")
 from flashinfer.jit import env as jit_env
 bf, i32 = {"dtype": "bfloat16"}, {"dtype": "int32"}

@@ -11,7 +11,7 @@ import time
 
 from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.core.jitenv import launcher, toolchain
-from flashinfer_sm120.core.jitenv.memory import (FAMILIES, RECORDED_KEEP, Estimate, Family, MemoryView, budget,
+from flashinfer_sm120.core.jitenv.memory import (FAMILIES, RECORDED_KEEP, Estimate, MemoryView, budget,
                                                  cpus, estimates_path, family_estimate, fmt_bytes,
                                                  heaviest_estimate, max_jobs, read_memory, recorded,
                                                  server_max_jobs, user_threads)
@@ -33,25 +33,22 @@ def default_jobs(env=None) -> tuple[int, str]:
     return cpus(), why
 
 
-def family_of(module: str) -> Family:
-    return next((fam for fam in FAMILIES if re.search(fam.pattern, module)), FAMILIES[-1])
-
-
 def estimate(module: str, known: dict[str, list[int]] | None = None) -> Estimate:
     """Peak memory of one compile of ``module`` (``--threads 1``): its family's estimate."""
-    return family_estimate(family_of(module), recorded() if known is None else known)
+    family = next((fam for fam in FAMILIES if re.search(fam.pattern, module)), FAMILIES[-1])
+    return family_estimate(family, recorded() if known is None else known)
 
 
 def record_peak(module: str, peak_bytes: int, threads_factor: int = 1) -> None:
     """Remember one compile's peak (``peak_bytes`` / ``threads_factor``); a write that fails is logged only."""
     if peak_bytes <= 0:
         return
-    fam = family_of(module).name
     per = int(peak_bytes / max(1, threads_factor))
     try:
         from flashinfer_sm120.safety.fs.atomic import write_json_atomic
 
         data = recorded()
+        fam = estimate(module, data).family
         data[fam] = (data.get(fam, []) + [per])[-RECORDED_KEEP:]
         write_json_atomic(estimates_path(), {"schema": 1, "at": time.time(),
                                              "families": {k: {"peaks": v} for k, v in sorted(data.items())}})
@@ -135,7 +132,7 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     before = {label: buildline.changes(rec, now_vars) for label, spec in labelled
               if (rec := buildline.recorded(spec.build_dir)) is not None}
     known = recorded()
-    ests = {label: (Estimate(mem_per_compile, family_of(spec.name).name, "--mem-per-compile")
+    ests = {label: (Estimate(mem_per_compile, estimate(spec.name, known).family, "--mem-per-compile")
                     if mem_per_compile else estimate(spec.name, known)) for label, spec in labelled}
     heaviest = max(ests.values(), key=lambda e: e.bytes) if ests else estimate("other", known)
     the_plan = plan(heaviest, targets=targets, jobs=jobs, mem_limit=mem_limit, env=env)
