@@ -22,17 +22,6 @@ from flashinfer_sm120.warmup import moddir, pool
 logger = logging.getLogger("flashinfer_sm120")
 
 
-def default_jobs(env=None) -> tuple[int, str]:
-    """``(compiles at once, why)`` without ``-j``: the user's ``MAX_JOBS`` as FlashInfer reads it, else the CPUs."""
-    raw_jobs, value, _problem = max_jobs(env)
-    if value:
-        return value, f"MAX_JOBS={raw_jobs}, yours"
-    why = "the CPUs this process may use"
-    if raw_jobs is not None:
-        why += f"; MAX_JOBS={shown(raw_jobs, 20)} is not a positive number"
-    return cpus(), why
-
-
 def estimate(module: str, known: dict[str, list[int]] | None = None) -> Estimate:
     """Peak memory of one compile of ``module`` (``--threads 1``): its family's estimate."""
     family = next((fam for fam in FAMILIES if re.search(fam.pattern, module)), FAMILIES[-1])
@@ -89,8 +78,16 @@ class Plan:
 
 def plan(est: Estimate, *, targets: int = 1, jobs: int | None = None, mem_limit: int | None = None,
          env=None, view: MemoryView | None = None) -> Plan:
-    """The plan for compiles of estimate ``est`` (``targets`` per compile; ``env``: default ``os.environ``)."""
-    n_jobs, jobs_from = (jobs, "-j") if jobs is not None and jobs > 0 else default_jobs(env)
+    """The plan for compiles of estimate ``est`` (``targets`` per compile; ``env``: default ``os.environ``); without
+    ``-j``, the user's ``MAX_JOBS`` as FlashInfer reads it, else the CPUs."""
+    raw_jobs, user_jobs, _problem = max_jobs(env)
+    if jobs is not None and jobs > 0:
+        n_jobs, jobs_from = jobs, "-j"
+    elif user_jobs:
+        n_jobs, jobs_from = user_jobs, f"MAX_JOBS={raw_jobs}, yours"
+    else:
+        n_jobs, jobs_from = cpus(), "the CPUs this process may use" + (
+            f"; MAX_JOBS={shown(raw_jobs, 20)} is not a positive number" if raw_jobs is not None else "")
     raw_threads, threads = user_threads(env)
     if raw_threads is None:
         threads, threads_from = 1, ("FlashInfer's default; not changed here: --threads is part of the "

@@ -264,12 +264,12 @@ def test_the_checks_before_flashinfer_is_set_up_refuse_another_release_or_worksp
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path))
     here = f"{tmp_path}/.cache/flashinfer/0.7.4/120f/nvcc13.0-x/cached_ops"
     fp = {"flashinfer": flashinfer_version(), "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/c"}
-    cache_import.precheck("x.tar", cache.Meta(1, dict(fp, jit_dir=here), (), ()))
-    cache_import.precheck("x.tar", cache.Meta(1, dict(fp, flashinfer=f"{fp['flashinfer']}+local",
+    cache_import.precheck("x.tar", cache.Meta(dict(fp, jit_dir=here), (), ()))
+    cache_import.precheck("x.tar", cache.Meta(dict(fp, flashinfer=f"{fp['flashinfer']}+local",
                                                              jit_dir=here), (), ()))
     for other, says in ((dict(fp, flashinfer="0.6.0", jit_dir=here), "flashinfer"),
                         (dict(fp, jit_dir="/elsewhere/.cache/flashinfer/0.7.4/120f/x/cached_ops"), "jit_dir")):
         with pytest.raises(cache.CacheError, match=f"archive has {says} ") as err:
-            cache_import.precheck("x.tar", cache.Meta(1, other, (), ()))
+            cache_import.precheck("x.tar", cache.Meta(other, (), ()))
         assert err.value.kind == "mismatch" and err.value.fix
     assert list(tmp_path.iterdir()) == []
