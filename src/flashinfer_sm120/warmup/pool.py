@@ -302,7 +302,7 @@ class _Pool:
         rc = r.proc.wait()
         _proc.kill_all(None, r.marker)  # nothing ninja started outlives it (P6)
         label = r.job.label
-        if rc == 0 and not r.finished:  # built by another process while we waited for its lock
+        if rc == 0 and "ninja: no work to do." in r.lines:  # built by another process while we waited for its lock
             self.total -= r.steps
             self.results[label] = Result(label, "up to date")
             self.say(f"up to date: {label}")
