@@ -180,7 +180,7 @@ def test_import_waits_for_flashinfers_module_lock(clean_env, tmp_path):
         env=clean_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == str(jit / "tmp")
     importer = _run(clean_env, src, 1 << 30)
-    told = ""  # the importer got as far as the lock, and no further: it says so (moddir.take), then waits
+    told = ""  # the importer got as far as the lock, and no further: it says so (moddir.held), then waits
     while "m: waiting for another process building it" not in told:
         line = importer.stderr.readline()
         assert line, f"the importer never waited for the lock: {told[-2000:]}"
