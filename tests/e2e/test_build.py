@@ -146,7 +146,7 @@ def test_shim_builds_real_sampling_kernels_for_sm120f(sampling_build):
     assert report["cuda_version"].startswith("13.") and report["target_cuda_archs"] == ["sm_120f"]
     (mod,) = report["modules"]
     assert mod["module"] == "sampling" and mod["status"] == "built"
-    assert mod["gencode"] == ["compute_120f,sm_120f"] and mod["binary"] == ["SASS sm_120f"]  # no PTX
+    assert mod["binary"] == ["SASS sm_120f"]  # no PTX
     so = mod["library"]
     assert so.startswith(env["FLASHINFER_WORKSPACE_BASE"])
     assert re.search(r"/120f/nvcc13\.[0-9.]+-[0-9a-f]{8}/cached_ops/sampling/", so), so  # one JIT dir per toolkit

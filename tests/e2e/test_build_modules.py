@@ -154,7 +154,7 @@ def test_a_name_gives_each_module_its_api_loads_once():
     assert labels("decode", "prefill", head_dims="64,128") == [
         "decode-bf16-hd64", "decode-bf16-hd128", "prefill-bf16-hd64", "prefill-bf16-hd128"]
     assert labels("prefill", kv_dtypes="fp8_e4m3") == ["prefill-bf16-kvfp8_e4m3-hd128"]
-    gens = {v.label: (v.getter.module, v.generator) for v in expand(["all"])}
+    gens = {v.label: (v.getter.module, v.getter.name) for v in expand(["all"])}
     assert gens["prefill-bf16-hd128"] == ("flashinfer.prefill", "get_batch_prefill_module")
     assert gens["decode-bf16-hd128"] == ("flashinfer.decode", "get_batch_decode_module")
 

@@ -180,7 +180,7 @@ def test_import_waits_for_flashinfers_module_lock(clean_env, tmp_path):
         env=clean_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == str(jit / "tmp")
     importer = _run(clean_env, src, 1 << 30)
-    told = ""  # the importer got as far as the lock, and no further: it says so (moddir.take), then waits
+    told = ""  # the importer got as far as the lock, and no further: it says so (moddir.held), then waits
     while "m: waiting for another process building it" not in told:
         line = importer.stderr.readline()
         assert line, f"the importer never waited for the lock: {told[-2000:]}"
@@ -226,7 +226,6 @@ EMPTY_MODULES = r"""
 import json, os, sys
 from pathlib import Path
 from flashinfer_sm120.warmup import cache, cache_import, replay, session
-session.set_arch("12.0")
 sess = session.prepare("12.0")
 from flashinfer.jit import env as jit_env
 bf, i32 = {"dtype": "bfloat16"}, {"dtype": "int32"}

@@ -43,6 +43,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> dict:
     """Set up, build, and return the ``build --json`` document; :raises Sm120Error: it cannot start."""
+    from flashinfer_sm120.core.facts.archopt import export_arch_list
     from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
     from flashinfer_sm120.warmup import moddir, plan, replay, session
     from flashinfer_sm120.warmup.session import BuildError
@@ -59,7 +60,7 @@ def _build(args: argparse.Namespace) -> dict:
         raise BuildError(session.NO_TARGETS)
     for note in arch_notes(args.arch):
         print(f"flashinfer-sm120: {note}", file=sys.stderr)
-    session.set_arch(arch)
+    export_arch_list(arch)
     served = session.apply_server_cache(args.for_server, entries)
     # --arch reaches FlashInfer as FLASHINFER_CUDA_ARCH_LIST: the summary names what the user typed
     sess = session.prepare(arch, f"from --arch {args.arch}" if args.arch else "from the manifest" if arch else None)
@@ -156,7 +157,7 @@ def arch_notes(value: str | None) -> list[str]:
     """How an ``--arch`` not written as FlashInfer's ``major.minor[a|f]`` list was read (``'120' read as 12.0``)."""
     from flashinfer_sm120.core.facts.arch import parse_arch_list_lenient
 
-    specs, _errors = parse_arch_list_lenient(value or "", source="--arch")  # errors: said by set_arch
+    specs, _errors = parse_arch_list_lenient(value or "", source="--arch")  # errors: said by export_arch_list
     listed = " ".join(f"{s.major}.{s.minor}{s.suffix or ''}" for s in specs)
     if not specs or listed == " ".join(re.split(r"[\s,;]+", value.strip())):
         return []

@@ -13,6 +13,7 @@ from flashinfer_sm120.errors import Sm120Error
 from flashinfer_sm120.safety.formats.base import bounded, plural
 from flashinfer_sm120.safety.formats.params import cli_float, cli_size
 from flashinfer_sm120.cli.common import err as _err
+from flashinfer_sm120.core.facts.archopt import export_arch_list
 
 
 def _doc(**fields) -> dict:
@@ -79,7 +80,7 @@ def run_export(args: argparse.Namespace) -> int:
             session.apply_server_cache()  # the JIT dir the server installed here uses (SGLang's)
             stage = "arch"
             arch = args.arch or _built_arch()
-            session.set_arch(arch)
+            export_arch_list(arch)
             stage = "module"
             labelled, skipped, sess = replay.built_entries(
                 args.modules, args.all, arch, head_dims=args.head_dim, dtypes=args.dtype,
@@ -157,7 +158,7 @@ def run_import(args: argparse.Namespace) -> int:
         if arch is None:
             arch = _archive_targets(meta)
         stage = "arch"
-        session.set_arch(arch)
+        export_arch_list(arch)
         stage = "setup"
         session.apply_server_cache()  # install where the server installed here will look (SGLang's dir)
         cache_import.precheck(args.src, meta)  # threat-model: P4 (before FlashInfer's set-up creates files)

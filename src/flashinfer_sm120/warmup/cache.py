@@ -55,9 +55,6 @@ class CacheError(BuildError):
         super().__init__(message)
         self.kind, self.fix = kind, fix
 
-    def __reduce__(self):
-        return (type(self), (str(self), self.kind, self.fix))
-
 
 @contextlib.contextmanager
 def format_errors():
@@ -93,7 +90,6 @@ class Module:
 
 @dataclasses.dataclass(frozen=True)
 class Meta:
-    format: int
     fingerprint: dict[str, Any]
     modules: tuple[Module, ...]
     manifest: tuple[dict, ...]
@@ -139,7 +135,7 @@ def parse_meta(obj: Any, source: str) -> Meta:
             mods.append(Module(name, files, parse("name", label, f"{source} module {name} 'label'", fix=FIX)))
         entries = [record.parse_entry(e, f"{source} manifest entry {i + 1}")
                    for i, e in enumerate(f(obj, "manifest", list, source, default=[], fix=FIX, max_len=10_000))]
-    return Meta(fmt, fp, tuple(mods), tuple(entries))
+    return Meta(fp, tuple(mods), tuple(entries))
 
 
 def member_rel(name: str, src: str) -> str:
@@ -296,10 +292,9 @@ def export(labelled: list[tuple[str, dict]], sess: Session, out: str, *,
     blob = json.dumps({"format": FORMAT, "fingerprint": sess.fingerprint(), "modules": mods,
                        "manifest": [entry for _, entry in labelled],
                        "created": time.time()}, indent=1).encode()
-    # threat-model: P7 (what export writes, import accepts: checked by the import's own grammar first)
+    # threat-model: P7 (what export writes, import accepts: checked by the import's own grammar first,
+    # which also makes each file's member name one the import's walk accepts)
     parse_meta(json.loads(blob), "the export's meta.json")
-    for rel, _, _ in files:
-        member_rel(f"{TOP}/{rel}", out)
     archive = out.lower().endswith(ARCHIVES)
     check_sizes(out, [(os.path.join(out, TOP, rel), size) for rel, _, size in files]
                 + [(os.path.join(out, TOP, "meta.json"), len(blob))], limits, "export to another disk",

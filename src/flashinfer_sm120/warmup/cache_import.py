@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
-import sys
 import tarfile
 import time
 from pathlib import Path
@@ -28,42 +27,35 @@ from flashinfer_sm120.warmup.replay import CannotRegenerate, make_spec
 from flashinfer_sm120.warmup.session import Session
 
 def _walk(src: str, limits: Limits, meta: Meta | None = None, into: Path | None = None) -> Meta:
-    """The one bounded pass over the archive ``src``: each member checked on its header against the caps
-    and meta.json (its first member, unless given) before its data is read; with ``into``, each listed
-    file is extracted there.  P6, P7"""
-    count = total = 0
-    files: set[str] = set()
-    dirs: set[str] = set()
+    """The one bounded pass over the archive ``src``: each member checked on its header against the caps and
+    meta.json (its first member, unless given) before its data is read; with ``into``, extracted there.  P6, P7"""
+    total = 0
     with format_errors(), TarReader(src, max_bytes=limits.max_stream(), max_seconds=limits.max_seconds, fix=FIX,
                                     cap="the files' cap of cache import --max-bytes, plus meta.json and headers") as tar:
-        for m in tar:
-            count += 1
+        for count, m in enumerate(tar, 1):
+            rel = member_rel(m.name, src)
             if count > limits.max_members:
                 raise refused(src, f"it has more than {limits.max_members} members")
-            rel = member_rel(m.name, src)
-            if count == 1 and rel != "meta.json":
-                raise refused(src, f"its first member is {shown(m.name)}, not {TOP}/meta.json")
             if not (m.isfile() or m.isdir()):
                 raise refused(src, f"member {shown(m.name)} is a link or device")
-            if m.isfile() and m.size > limits.max_file:
-                raise over_cap(src, f"member {shown(m.name)} is {m.size} bytes", limits, per_file=True)
-            if count == 1:  # meta.json: within MAX_META_BYTES, not the files' total
-                if m.size > MAX_META_BYTES:
-                    raise CacheError(f"{src}: {TOP}/meta.json is {m.size} bytes, more than {MAX_META_BYTES}; {FIX}")
+            if count == 1:  # meta.json: within MAX_META_BYTES, not the files' caps
+                if rel != "meta.json" or m.size > MAX_META_BYTES:
+                    raise refused(src, f"its first member is {shown(m.name)} ({m.size} bytes), not {TOP}/meta.json "
+                                       f"of at most {MAX_META_BYTES} bytes")
                 name = f"{src}: {TOP}/meta.json"
                 meta = meta or parse_meta(loads_json(tar.read(m), name, fix=FIX), name)
                 files = {rel for mod in meta.modules for rel in mod.files}
-                dirs = {"jit", *(f"jit/{mod.name}" for mod in meta.modules)}
+                dirs = {"", "jit", *(f"jit/{mod.name}" for mod in meta.modules)}
                 continue
-            total += m.size if m.isfile() else 0
+            size = m.size if m.isfile() else 0
+            if size > limits.max_file:
+                raise over_cap(src, f"member {shown(m.name)} is {size} bytes", limits, per_file=True)
+            total += size
             if total > limits.max_total:
                 raise over_cap(src, "its files add up to more", limits, per_file=False)
-            if m.isdir():
-                if rel and rel not in dirs:
-                    raise refused(src, f"directory {shown(m.name)} is not part of any module in meta.json")
-            elif rel not in files:
+            if rel not in (files if m.isfile() else dirs):
                 raise refused(src, f"member {shown(m.name)} is not listed in meta.json")
-            elif into is not None:
+            if into is not None and m.isfile():
                 _extract(src, tar, m, into)
     if meta is None:
         raise refused(src, f"it has no members (no {TOP}/meta.json)")
@@ -164,33 +156,68 @@ def precheck(src: str, meta: Meta) -> None:
 
 
 def install(src: str, meta: Meta, sess: Session, *, force: bool = False, limits: Limits = Limits()) -> list[dict]:
-    """Install the export ``src`` (``meta`` from :func:`check`) into FlashInfer's JIT cache here; one
-    report per module, ``status`` ``installed``, ``already present``, ``kept existing``, ``refused``,
-    ``failed`` or ``stale`` (ninja would rebuild it here)."""
+    """Install the export ``src`` (``meta`` from :func:`check`), an archive or a directory by one step (P5-P7); a
+    report per module: ``installed``, ``already present``, ``kept existing``, ``refused``, ``failed``, ``stale``."""
     from flashinfer.jit import env as jit_env
 
     _mismatch(src, meta.fingerprint, sess.fingerprint())
-    jit_dir = Path(jit_env.FLASHINFER_JIT_DIR)
     with make_private("fi-sm120-import-") as tmp:  # swept by the next import if this one is killed
-        root = unpack(src, Path(tmp), meta, limits)
+        return _install_from(unpack(src, Path(tmp), meta, limits), meta, Path(jit_env.FLASHINFER_JIT_DIR), sess,
+                             force, limits, src)
+
+
+def _install_from(root: Path, meta: Meta, jit_dir: Path, sess: Session, force: bool, limits: Limits,
+                  src: str) -> list[dict]:
+    """The one install step for an archive (unpacked to ``root``) and a directory (``root`` in it)."""
+    try:
+        plan = _plan(meta, root, jit_dir, src)
+        check_sizes(src, [(str(d), n) for _, files in plan for _, d, n in files.values()], limits, _ELSEWHERE)
+    except OSError as exc:  # threat-model: P8 (the words come from the errno)
+        raise _os_error(exc, exc.filename or jit_dir) from None
+    entries = {e["name"]: e for e in meta.manifest}
+    report = []
+    for mod, files in plan:
+        # threat-model: P4 -- decided before the lock is taken, which creates cached_ops/tmp/<name>.lock:
+        # a refused module (a name of the export's choosing) leaves nothing in the JIT dir
+        why = _refusal(entries.get(mod.name), mod, sess, jit_dir)
+        if why:  # before any file of it is installed
+            report.append({"module": mod.label, "name": mod.name, "status": "refused", "why": why})
+            continue
+        made: list[Path] = []  # what this import wrote of the module that was not there before
         try:
-            return _install_from(root, meta, jit_dir, sess, force, limits, src)
-        except OSError as exc:  # threat-model: P8 (the words come from the errno)
-            raise _os_error(exc, exc.filename or jit_dir) from None
+            lock = moddir.lock_path(jit_dir, mod.name)
+            make_private_dirs(lock.parent)  # 0700 if absent
+            # threat-model: P5 -- FlashInfer's own per-module lock: a server building it and we take turns
+            with moddir.held(lock, mod.name):
+                try:
+                    r = _install_module(mod, files, force, made)
+                    if r["status"] in ("installed", "already present"):
+                        r.update(_settle(entries.get(mod.name), sess))
+                except BaseException:
+                    _undo(made)  # a failed module is left as it was, never half installed
+                    raise
+        except OSError as exc:  # a full disk, a permission: said for this module; those before stay installed
+            err = _os_error(exc, exc.filename or jit_dir)
+            report.append({"module": mod.label, "name": mod.name, "status": "failed", "why": str(err),
+                           "kind": err.kind, "fix": err.fix})
+            break
+        report.append(r)
+    return report
 
 
-def _plan(meta: Meta, root: Path, jit_dir: Path, src: str) -> list[tuple[Module, dict[str, tuple[Path, Path]]]]:
-    """For each module, ``{rel: (file in the export, destination)}``, both by ``safe_join`` (no link followed)."""
+def _plan(meta: Meta, root: Path, jit_dir: Path, src: str) -> list[tuple[Module, dict[str, tuple[Path, Path, int]]]]:
+    """For each module, ``{rel: (file in the export, destination, size)}``, both by ``safe_join`` (no link followed)."""
     out = []
     for mod in meta.modules:
-        paths = {}
+        files = {}
         for rel in mod.files:
             with format_errors():
-                paths[rel] = (safe_join(root, rel, src, fix=FIX),
-                              safe_join(jit_dir, rel.removeprefix("jit/"), f"{src}: meta.json", fix=FIX))
-            if not paths[rel][0].is_file() or paths[rel][0].is_symlink():
+                s_path = safe_join(root, rel, src, fix=FIX)
+                dest = safe_join(jit_dir, rel.removeprefix("jit/"), f"{src}: meta.json", fix=FIX)
+            if not s_path.is_file() or s_path.is_symlink():
                 raise CacheError(f"{src}: {rel} is missing or not a regular file; {FIX}")
-        out.append((mod, paths))
+            files[rel] = (s_path, dest, os.lstat(s_path).st_size)
+        out.append((mod, files))
     return out
 
 
@@ -203,45 +230,6 @@ def _os_error(exc: OSError, path: object) -> CacheError:
     """``exc`` as a :class:`CacheError` whose words come from its errno.  P8"""
     p = oserrors.describe(exc, path, _ELSEWHERE)
     return CacheError(f"{p.message}; {p.fix}", p.kind, p.fix)
-
-
-def _install_from(root: Path, meta: Meta, jit_dir: Path, sess: Session, force: bool,
-                  limits: Limits, src: str) -> list[dict]:
-    """The one install step for an archive (unpacked to ``root``) and a directory (``root`` in it).  P5-P7"""
-    entries = {e["name"]: e for e in meta.manifest}
-    plan = _plan(meta, root, jit_dir, src)
-    sizes = {s_path: os.lstat(s_path).st_size for _, paths in plan for s_path, _ in paths.values()}
-    check_sizes(src, [(str(d), sizes[s_path]) for _, paths in plan for s_path, d in paths.values()],
-                limits, _ELSEWHERE)
-    report = []
-    for mod, paths in plan:
-        # threat-model: P4 -- decided before the lock is taken, which creates cached_ops/tmp/<name>.lock:
-        # a refused module (a name of the export's choosing) leaves nothing in the JIT dir
-        why = _place_problem(paths) or _refusal(entries.get(mod.name), mod, sess)
-        if why:  # before any file of it is installed
-            report.append({"module": mod.label, "name": mod.name, "status": "refused", "why": why})
-            continue
-        made: list[Path] = []  # what this import wrote of the module that was not there before
-        try:
-            lock = moddir.lock_path(jit_dir, mod.name)
-            make_private_dirs(lock.parent)  # 0700 if absent
-            # threat-model: P5 -- FlashInfer's own per-module lock: a server building it and we take turns
-            with moddir.held(lock, mod.name, lambda line: print(f"flashinfer-sm120: {line}", file=sys.stderr,
-                                                                 flush=True)):
-                try:
-                    r = _install_module(mod, paths, force, sizes, made)
-                    if r["status"] in ("installed", "already present"):
-                        r.update(_settle(entries.get(mod.name), sess))
-                except BaseException:
-                    _undo(made)  # a failed module is left as it was, never half installed
-                    raise
-        except OSError as exc:  # a full disk, a permission: said for this module; the ones before stay installed
-            err = _os_error(exc, exc.filename or jit_dir)
-            report.append({"module": mod.label, "name": mod.name, "status": "failed", "why": str(err), "kind": err.kind,
-                           "fix": err.fix})
-            break
-        report.append(r)
-    return report
 
 
 def _undo(made: list[Path]) -> None:
@@ -257,10 +245,9 @@ def _undo(made: list[Path]) -> None:
 _NINJA_OWN = ("/build.ninja", "/.ninja_log", "/.ninja_deps")
 
 
-def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: bool, sizes: dict[Path, int],
-                    made: list[Path]) -> dict:
+def _install_module(mod: Module, files: dict[str, tuple[Path, Path, int]], force: bool, made: list[Path]) -> dict:
     # build.ninja and ninja's logs are rewritten here by design (see _settle)
-    content = {rel: d for rel, (_, d) in paths.items() if not rel.endswith(_NINJA_OWN)}
+    content = {rel: d for rel, (_, d, _) in files.items() if not rel.endswith(_NINJA_OWN)}
     here = {rel: file_sha256(d) for rel, d in content.items() if d.is_file()}  # each file hashed once
     differing = [str(content[rel]) for rel, h in here.items() if h != mod.files[rel]]
     present = len(here) == len(content) and not differing
@@ -268,33 +255,27 @@ def _install_module(mod: Module, paths: dict[str, tuple[Path, Path]], force: boo
         return {"module": mod.label, "name": mod.name, "status": "kept existing",
                 "why": f"a different {differing[0]} is already here; pass --force to replace it"}
     if not present:
-        for rel, (s_path, d) in paths.items():
+        for rel, (s_path, d, size) in files.items():
             if not os.path.lexists(d.parent):  # jit/NAME/: the JIT dir exists (it holds the module's lock)
                 make_private_dirs(d.parent)
                 made.append(d.parent)
             new = not os.path.lexists(d)
-            copy_file(s_path, d, sizes[s_path], mod.files[rel])
+            copy_file(s_path, d, size, mod.files[rel])
             if new:
                 made.append(d)
     return {"module": mod.label, "name": mod.name, "status": "already present" if present else "installed",
             "replaced": differing}
 
 
-def _place_problem(paths: dict[str, tuple[Path, Path]]) -> str | None:
-    """Why a module's files cannot go where they go (a directory another user controls could swap the .so
-    a server loads), or None.  P2, P4"""
+def _refusal(entry: dict | None, mod: Module, sess: Session, jit_dir: Path) -> str | None:
+    """Why the module cannot be imported, or None: its directory is another user's (they could swap the .so a
+    server loads, P2, P4), or this FlashInfer's generator cannot make its entry (P2)."""
     from flashinfer_sm120.safety.ownership import check_place
 
-    for d in sorted({str(dest.parent) for _, dest in paths.values()}):
-        problem = check_place(d, "the module's directory", "remove it if another user made it, or set "
-                              "FLASHINFER_WORKSPACE_BASE to a directory of your own")
-        if problem:
-            return str(problem)
-    return None
-
-
-def _refusal(entry: dict | None, mod: Module, sess: Session) -> str | None:
-    """Why the module cannot be imported, or None: this FlashInfer's generator must make its entry (P2)."""
+    problem = check_place(str(jit_dir / mod.name), "the module's directory", "remove it if another user made it, "
+                          "or set FLASHINFER_WORKSPACE_BASE to a directory of your own")
+    if problem:
+        return str(problem)
     if entry is None:
         return ("meta.json has no manifest entry for it, so this FlashInfer cannot make its sources; export "
                 "it again with `flashinfer-sm120 cache export`")

@@ -8,6 +8,7 @@ import dataclasses
 import os
 import re
 import struct
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -53,10 +54,12 @@ def try_take(path: str | os.PathLike, label: str = "") -> FileLock | None:
     return None
 
 
-def take(path: str | os.PathLike, label: str, say: Callable[[str], None], *,
-         every: float = SAY_EVERY_S, poll: float = 0.5) -> FileLock:
-    """The lock at ``path``, waited for while this user's processes hold it (told to ``say`` every ``every``
-    s); :raises PlaceError: another uid holds it."""
+@contextlib.contextmanager
+def held(path: str | os.PathLike, label: str, say: Callable[[str], None] | None = None, *,
+         every: float = SAY_EVERY_S, poll: float = 0.5) -> Iterator[None]:
+    """Hold the lock at ``path``, waited for while this user's processes hold it (told to ``say``, default
+    stderr, every ``every`` s); :raises PlaceError: another uid holds it."""
+    say = say or (lambda line: print(f"flashinfer-sm120: {line}", file=sys.stderr, flush=True))
     t0, said = time.monotonic(), None
     while (lock := try_take(path, label)) is None:
         now = time.monotonic()
@@ -66,12 +69,6 @@ def take(path: str | os.PathLike, label: str, say: Callable[[str], None], *,
             say(f"{label}: waiting for another process building it (FlashInfer's lock {path}, held by "
                 f"pid {pids}){f'; {round(now - t0)} s so far' if now > t0 + 1 else ''}")
         time.sleep(poll)
-    return lock
-
-
-@contextlib.contextmanager
-def held(path: str | os.PathLike, label: str, say: Callable[[str], None]) -> Iterator[None]:
-    lock = take(path, label, say)
     try:
         yield
     finally:

@@ -47,18 +47,13 @@ ACTIVATION = Getter("flashinfer.activation", "get_act_and_mul_module", "activati
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """One JIT module: its :func:`label`, what it is, the getter and ``make_args(torch)`` (the URI function's
-    parameters by name when ``getter.uri`` is set, else the getter's arguments)."""
+    """One JIT module: its :func:`label`, the getter and ``make_args(torch)`` (the URI function's parameters by
+    name when ``getter.uri`` is set, else the getter's arguments)."""
 
     label: str
-    what: str
     getter: Getter
     make_args: Callable[[Any], Any]
     headers: tuple[str, ...] = ()
-
-    @property
-    def generator(self) -> str:
-        return self.getter.name
 
     def spec(self):
         """The ``JitSpec`` the getter builds first (FlashInfer patched); :raises ModuleError: none here."""
@@ -149,7 +144,7 @@ def _first_load(getter: Callable, args: tuple, variant: Variant):
         finally:
             for cls, original in seen.items():
                 setattr(cls, "build_and_load", original)
-    raise ModuleError(f"{_release()}'s {variant.generator} loaded no JIT module for {variant.label} "
+    raise ModuleError(f"{_release()}'s {variant.getter.name} loaded no JIT module for {variant.label} "
                       "(a prebuilt or non-JIT kernel): nothing to build")
 
 
@@ -257,18 +252,14 @@ def expand(names: list[str], *, head_dims: str | None = None, dtypes: str | None
                 out += [_attention(g, dt, kv or dt, hd, n.headers) for dt, kv, hd in itertools.product(dts, kvs, hds)]
             elif g is ACTIVATION:
                 for a in act_list:
-                    out.append(Variant(label(f"activation-{a}"), f"{a}_and_mul", g, lambda torch, a=a: (a,),
-                                       n.headers))
+                    out.append(Variant(label(f"activation-{a}"), g, lambda torch, a=a: (a,), n.headers))
             else:
-                out.append(Variant(label(g.label), n.what.split(" (")[0], g, lambda torch: (), n.headers))
+                out.append(Variant(label(g.label), g, lambda torch: (), n.headers))
     seen: set[str] = set()
     return [v for v in out if not (v.label in seen or seen.add(v.label))]
 
 
 def _attention(g: Getter, dt: str, kv: str, hd: int, headers: tuple[str, ...] = ()) -> Variant:
-    what = (f"{g.name}: q/o {dt}, kv {kv}, int32 indices, head_dim {hd}, no RoPE in kernel, "
-            "no sliding window, no logits soft cap" + (", FA2 backend" if g is PREFILL else ""))
-
     def make_args(torch, dt=dt, kv=kv, hd=hd):
         q, k = getattr(torch, DTYPES[dt]), getattr(torch, DTYPES[kv])
         # FA2 writes no fp8 output: an fp8 query needs o_data_type, and bf16 is what servers pass
@@ -279,7 +270,7 @@ def _attention(g: Getter, dt: str, kv: str, hd: int, headers: tuple[str, ...] = 
                 "head_dim_qk": hd, "head_dim_vo": hd, "pos_encoding_mode": 0, "use_sliding_window": False,
                 "use_logits_soft_cap": False, "use_fp16_qk_reduction": False}
 
-    return Variant(label(g.label, dt, kv, hd), what, g, make_args, headers)
+    return Variant(label(g.label, dt, kv, hd), g, make_args, headers)
 
 
 def label(kind: str, dtype: str | None = None, kv_dtype: str | None = None, head_dim: int | None = None) -> str:

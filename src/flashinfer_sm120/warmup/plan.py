@@ -7,12 +7,11 @@ import dataclasses
 import logging
 import os
 import re
-import sys
 import time
 
 from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.core.jitenv import launcher, toolchain
-from flashinfer_sm120.core.jitenv.memory import (FAMILIES, RECORDED_KEEP, Estimate, Family, MemoryView, budget,
+from flashinfer_sm120.core.jitenv.memory import (FAMILIES, RECORDED_KEEP, Estimate, MemoryView, budget,
                                                  cpus, estimates_path, family_estimate, fmt_bytes,
                                                  heaviest_estimate, max_jobs, read_memory, recorded,
                                                  server_max_jobs, user_threads)
@@ -23,36 +22,22 @@ from flashinfer_sm120.warmup import moddir, pool
 logger = logging.getLogger("flashinfer_sm120")
 
 
-def default_jobs(env=None) -> tuple[int, str]:
-    """``(compiles at once, why)`` without ``-j``: the user's ``MAX_JOBS`` as FlashInfer reads it, else the CPUs."""
-    raw_jobs, value, _problem = max_jobs(env)
-    if value:
-        return value, f"MAX_JOBS={raw_jobs}, yours"
-    why = "the CPUs this process may use"
-    if raw_jobs is not None:
-        why += f"; MAX_JOBS={shown(raw_jobs, 20)} is not a positive number"
-    return cpus(), why
-
-
-def family_of(module: str) -> Family:
-    return next((fam for fam in FAMILIES if re.search(fam.pattern, module)), FAMILIES[-1])
-
-
 def estimate(module: str, known: dict[str, list[int]] | None = None) -> Estimate:
     """Peak memory of one compile of ``module`` (``--threads 1``): its family's estimate."""
-    return family_estimate(family_of(module), recorded() if known is None else known)
+    family = next((fam for fam in FAMILIES if re.search(fam.pattern, module)), FAMILIES[-1])
+    return family_estimate(family, recorded() if known is None else known)
 
 
 def record_peak(module: str, peak_bytes: int, threads_factor: int = 1) -> None:
     """Remember one compile's peak (``peak_bytes`` / ``threads_factor``); a write that fails is logged only."""
     if peak_bytes <= 0:
         return
-    fam = family_of(module).name
     per = int(peak_bytes / max(1, threads_factor))
     try:
         from flashinfer_sm120.safety.fs.atomic import write_json_atomic
 
         data = recorded()
+        fam = estimate(module, data).family
         data[fam] = (data.get(fam, []) + [per])[-RECORDED_KEEP:]
         write_json_atomic(estimates_path(), {"schema": 1, "at": time.time(),
                                              "families": {k: {"peaks": v} for k, v in sorted(data.items())}})
@@ -93,8 +78,16 @@ class Plan:
 
 def plan(est: Estimate, *, targets: int = 1, jobs: int | None = None, mem_limit: int | None = None,
          env=None, view: MemoryView | None = None) -> Plan:
-    """The plan for compiles of estimate ``est`` (``targets`` per compile; ``env``: default ``os.environ``)."""
-    n_jobs, jobs_from = (jobs, "-j") if jobs is not None and jobs > 0 else default_jobs(env)
+    """The plan for compiles of estimate ``est`` (``targets`` per compile; ``env``: default ``os.environ``); without
+    ``-j``, the user's ``MAX_JOBS`` as FlashInfer reads it, else the CPUs."""
+    raw_jobs, user_jobs, _problem = max_jobs(env)
+    if jobs is not None and jobs > 0:
+        n_jobs, jobs_from = jobs, "-j"
+    elif user_jobs:
+        n_jobs, jobs_from = user_jobs, f"MAX_JOBS={raw_jobs}, yours"
+    else:
+        n_jobs, jobs_from = cpus(), "the CPUs this process may use" + (
+            f"; MAX_JOBS={shown(raw_jobs, 20)} is not a positive number" if raw_jobs is not None else "")
     raw_threads, threads = user_threads(env)
     if raw_threads is None:
         threads, threads_from = 1, ("FlashInfer's default; not changed here: --threads is part of the "
@@ -115,16 +108,10 @@ def gencode_summary(ninja_text: str) -> list[str]:
     return sorted(out)
 
 
-def write_ninjas(specs: list, stream=None) -> None:
+def write_ninjas(specs: list) -> None:
     """FlashInfer's own ``write_ninja`` for each spec, under its per-module lock (as ``build_jit_specs``)."""
-    stream = stream or sys.stderr
-
-    def say(line: str) -> None:
-        stream.write(f"flashinfer-sm120: {line}\n")
-        stream.flush()
-
     for spec in specs:
-        with moddir.held(spec.lock_path, spec.name, say):
+        with moddir.held(spec.lock_path, spec.name):
             spec.write_ninja()
 
 
@@ -137,13 +124,12 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     ``MAX_JOBS``.  A peak RSS is recorded only without a launcher (it compiles out of ninja's sight)."""
     from flashinfer_sm120.core.patch.state import flashinfer_version
 
-    stream = stream or sys.stderr
-    write_ninjas([s for _, s in labelled], stream)
+    write_ninjas([s for _, s in labelled])
     now_vars = buildline.snapshot(dict(os.environ), flashinfer_version())
     before = {label: buildline.changes(rec, now_vars) for label, spec in labelled
               if (rec := buildline.recorded(spec.build_dir)) is not None}
     known = recorded()
-    ests = {label: (Estimate(mem_per_compile, family_of(spec.name).name, "--mem-per-compile")
+    ests = {label: (Estimate(mem_per_compile, estimate(spec.name, known).family, "--mem-per-compile")
                     if mem_per_compile else estimate(spec.name, known)) for label, spec in labelled}
     heaviest = max(ests.values(), key=lambda e: e.bytes) if ests else estimate("other", known)
     the_plan = plan(heaviest, targets=targets, jobs=jobs, mem_limit=mem_limit, env=env)
@@ -166,7 +152,6 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
             "module": label, "name": spec.name, "status": res.status, "library": str(so),
             "bytes": so.stat().st_size if so.exists() and res.status != "failed" else None,
             "seconds": res.seconds, "error": res.error, "peak_rss": res.peak_rss,
-            "gencode": sorted({f"{a},{c}" for a, c in re.findall(r"-gencode=arch=(compute_\w+),code=(\w+)", text)}),
             "binary": gencode_summary(text),
             "build_vars": now_vars, "build_vars_before": [c.__dict__ for c in before.get(label) or ()],
             "build_vars_unrecorded": unrecorded,

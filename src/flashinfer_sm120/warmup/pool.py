@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import os
 import queue
 import signal
@@ -188,20 +189,19 @@ class _Pool:
         while self.pending or self.running:
             committed = {lbl: r.committed() for lbl, r in self.running.items()}
             free = max_jobs - sum(committed.values())
-            mem_left = None if mem_budget is None else mem_budget - sum(
+            mem_left = (math.inf if mem_budget is None else mem_budget) - sum(
                 committed[lbl] * r.job.mem for lbl, r in self.running.items())
             for item in list(self.pending):
                 if free < 1:
                     break
                 job, n = item
-                fit = _fits(job, mem_left, nothing_runs=not self.running)
-                if fit < 1:
-                    continue  # a lighter module further on may fit
-                give = max(1, min(free, max(1, n - 1), fit))  # n - 1: the link runs last
+                fit = mem_left // job.mem if job.mem > 0 else free
+                if fit < 1 and self.running:
+                    continue  # a lighter module further on may fit; with nothing running, one step always runs
+                give = max(1, min(free, n - 1, fit))  # n - 1: the link runs last
                 if self.start(item, give):
                     free -= give
-                    if mem_left is not None:
-                        mem_left -= give * job.mem
+                    mem_left -= give * job.mem
             self.drain(timeout=0.5)
             now = time.monotonic()
             for r in self.running.values():
@@ -214,30 +214,23 @@ class _Pool:
                                   for name, s in r.running) or "none (waiting)"
                 self.say(f"running: {shown}; left: {plural(self.total - self.done, 'step')}")
 
-    def skip(self, item: tuple[Job, int], result: Result, said: str) -> None:
-        self.pending.remove(item)
-        self.total -= item[1]
-        self.results[result.label] = result
-        self.say(said)
-
     def start(self, item: tuple[Job, int], slots: int) -> bool:
-        """Start ``item``'s ninja under FlashInfer's per-module lock; whether it started."""
+        """Start ``item``'s ninja under FlashInfer's per-module lock; whether it started (a module another
+        process holds waits; one built meanwhile is found up to date by its ninja)."""
         job, n = item
         try:
             # no lock path: a FileLock never taken, whose release() does nothing
             lock = FileLock(os.devnull) if job.lock_path is None else try_take(job.lock_path, job.label)
         except PlaceError as exc:
-            self.skip(item, Result(job.label, "failed", error=str(exc)), f"FAILED {job.label}: {exc}")
+            self.pending.remove(item)
+            self.total -= n
+            self.results[job.label] = Result(job.label, "failed", error=str(exc))
+            self.say(f"FAILED {job.label}: {exc}")
             return False
         if lock is None:
             if job.label not in self.waiting_said:
                 self.waiting_said.add(job.label)
                 self.say(f"{job.label}: waiting for another process building it (lock {job.lock_path})")
-            return False
-        if job.label in self.waiting_said and not dry_run(job):  # the other process built it meanwhile
-            lock.release()
-            self.skip(item, Result(job.label, "up to date"),
-                      f"up to date: {job.label} (built by another process meanwhile)")
             return False
         try:
             r = _Running(job, n, slots, lock, self.events)
@@ -309,7 +302,11 @@ class _Pool:
         rc = r.proc.wait()
         _proc.kill_all(None, r.marker)  # nothing ninja started outlives it (P6)
         label = r.job.label
-        if rc == 0:
+        if rc == 0 and "ninja: no work to do." in r.lines:  # built by another process while we waited for its lock
+            self.total -= r.steps
+            self.results[label] = Result(label, "up to date")
+            self.say(f"up to date: {label}")
+        elif rc == 0:
             self.confirm(r)
             self.results[label] = Result(label, "built", round(time.monotonic() - r.t0, 1), peak_rss=r.peak_rss)
             self.say(f"done: {label}")
@@ -322,9 +319,3 @@ class _Pool:
         del self.running[label]
         r.lock.release()
 
-
-def _fits(job: Job, mem_left: int | None, nothing_runs: bool) -> int:
-    """Compile steps of ``job`` that fit in ``mem_left``; at least one when nothing runs."""
-    if mem_left is None or job.mem <= 0:
-        return 1 << 30
-    return max(1 if nothing_runs else 0, mem_left // job.mem)

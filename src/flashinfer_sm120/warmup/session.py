@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flashinfer_sm120.core.facts.arch import ArchListError
 from flashinfer_sm120.core.facts.archopt import export_arch_list
 from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.errors import Sm120Error
@@ -61,14 +60,6 @@ def no_gpu_no_arch() -> bool:
         return False
     found = gpus.query(torch_fallback=False)
     return not found.gpus and (found.source == "nvml" or not glob.glob("/dev/nvidia[0-9]*"))
-
-
-def set_arch(value: str | None) -> None:
-    """Export ``--arch`` as FlashInfer's arch list; :raises BuildError: it is not one."""
-    try:
-        export_arch_list(value)
-    except ArchListError as exc:
-        raise BuildError(str(exc)) from None
 
 
 def _server_for(for_server: str | None, entries, strict: bool) -> tuple[str | None, str]:
@@ -153,7 +144,7 @@ def apply_server_arch(server: str | None, sess: Session):
 def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     """Patch and import FlashInfer for ``arch`` (default: the GPUs present); ``targets_from``
     (``from --arch 12.0``) goes into the summary.  :raises BuildError: naming the fix."""
-    set_arch(arch)
+    export_arch_list(arch)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the summary is printed by the caller
     from flashinfer_sm120.core.facts.refusals import import_refused
 

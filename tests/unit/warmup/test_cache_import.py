@@ -24,6 +24,7 @@ from helpers.child import cli
 from helpers.exports import TOP, tar_bytes, tar_file, tar_header, tar_member
 from helpers.untrusted import give_away
 from flashinfer_sm120.warmup import cache, cache_import
+from flashinfer_sm120.warmup.cache import Module
 from flashinfer_sm120.warmup.session import BuildError
 
 BOMB = Path(__file__).resolve().parents[2] / "data" / "bzip2-bomb-450MB.tar"
@@ -72,7 +73,7 @@ def test_gzip_and_plain_tar_are_read_whatever_the_name(tmp_path):
 def test_meta_json_must_be_the_first_member(tmp_path):
     src = tmp_path / "x.tar"
     src.write_bytes(tar_bytes([tar_member(f"{TOP}/jit/m/a.o"), tar_member(f"{TOP}/meta.json", _meta())]))
-    with pytest.raises(cache.CacheError, match="first member is .*jit/m/a.o'?, not .*meta.json"):
+    with pytest.raises(cache.CacheError, match="first member is .*jit/m/a.o'? .*, not .*meta.json"):
         cache_import.check(str(src))
 
 
@@ -213,11 +214,9 @@ def test_an_import_never_writes_into_a_module_directory_another_user_left(tmp_pa
     theirs = cached / "sampling"
     theirs.mkdir(parents=True)
     give_away(theirs)
-    paths = {"jit/sampling/sampling.so": (tmp_path / "src.so", theirs / "sampling.so")}
-    problem = cache_import._place_problem(paths)
-    assert str(theirs) in problem and "Fix: remove it if another user made it" in problem
-    mine = {"jit/other/other.so": (tmp_path / "src.so", cached / "other" / "other.so")}
-    assert cache_import._place_problem(mine) is None
+    problem = cache_import._refusal(None, Module("sampling", {}), None, cached)
+    assert str(theirs) in problem and "remove it if another user made it" in problem
+    assert "no manifest entry" in cache_import._refusal(None, Module("other", {}), None, cached)  # its place is fine
 
 
 def test_a_module_that_carries_no_library_is_refused_before_flashinfer_generates_anything(monkeypatch, tmp_path):
@@ -228,7 +227,7 @@ def test_a_module_that_carries_no_library_is_refused_before_flashinfer_generates
 
     monkeypatch.setattr(cache_import, "make_spec", must_not_generate)
     mod = cache.Module("sampling", {"jit/sampling/sampling_kernel.cuda.o": "0" * 64})
-    why = cache_import._refusal({"name": "sampling"}, mod, _session())
+    why = cache_import._refusal({"name": "sampling"}, mod, _session(), tmp_path)
     assert why and "carries no library" in why
 
 
@@ -265,12 +264,12 @@ def test_the_checks_before_flashinfer_is_set_up_refuse_another_release_or_worksp
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path))
     here = f"{tmp_path}/.cache/flashinfer/0.7.4/120f/nvcc13.0-x/cached_ops"
     fp = {"flashinfer": flashinfer_version(), "targets": ["12.0f"], "cuda_version": "13.0", "cuda_home": "/c"}
-    cache_import.precheck("x.tar", cache.Meta(1, dict(fp, jit_dir=here), (), ()))
-    cache_import.precheck("x.tar", cache.Meta(1, dict(fp, flashinfer=f"{fp['flashinfer']}+local",
+    cache_import.precheck("x.tar", cache.Meta(dict(fp, jit_dir=here), (), ()))
+    cache_import.precheck("x.tar", cache.Meta(dict(fp, flashinfer=f"{fp['flashinfer']}+local",
                                                              jit_dir=here), (), ()))
     for other, says in ((dict(fp, flashinfer="0.6.0", jit_dir=here), "flashinfer"),
                         (dict(fp, jit_dir="/elsewhere/.cache/flashinfer/0.7.4/120f/x/cached_ops"), "jit_dir")):
         with pytest.raises(cache.CacheError, match=f"archive has {says} ") as err:
-            cache_import.precheck("x.tar", cache.Meta(1, other, (), ()))
+            cache_import.precheck("x.tar", cache.Meta(other, (), ()))
         assert err.value.kind == "mismatch" and err.value.fix
     assert list(tmp_path.iterdir()) == []

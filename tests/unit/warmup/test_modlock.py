@@ -23,12 +23,9 @@ def test_a_wait_for_our_own_holder_is_told_and_ends_when_it_lets_go(tmp_path):
         if len(said) == 2:  # told at once, and again after `every`
             theirs.release()
 
-    lock = moddir.take(path, "sampling", say, every=0.0, poll=0.01)
-    try:
+    with moddir.held(path, "sampling", say, every=0.0, poll=0.01):
         assert len(said) == 2 and str(path) in said[0] and "waiting for another process" in said[0]
         assert moddir.try_take(path) is None  # ours now
-    finally:
-        lock.release()
     assert (again := moddir.try_take(path)) is not None
     again.release()
 
@@ -43,7 +40,8 @@ def test_a_lock_held_by_another_uid_is_refused_at_once():
         path.write_text("")
         path.chmod(0o644)
         with lock_held_as(4321, path) as proc, pytest.raises(PlaceError) as err:
-            moddir.take(path, "sampling", said.append, poll=0.01)
+            with moddir.held(path, "sampling", said.append, poll=0.01):
+                pass
     text = str(err.value)
     assert f"pid {proc.pid}" in text and "uid 4321" in text and "FLASHINFER_WORKSPACE_BASE" in text, text
     assert said == []

@@ -32,6 +32,30 @@ def test_builds_reports_and_second_run_is_up_to_date_once(tmp_path):
     assert out.getvalue() == ""  # nothing to build: the caller's report says "up to date" once
 
 
+def test_a_module_built_by_another_process_while_its_lock_was_held_is_up_to_date(tmp_path):
+    """The pool waits for FlashInfer's lock a server holds; what that server built meanwhile is found up to date
+    by the module's own ninja, not reported as built here (P5)."""
+    from filelock import FileLock
+
+    job = fake_job(tmp_path, "m", 1, sleep=0)
+    theirs = FileLock(str(job.lock_path), thread_local=False)
+    theirs.acquire()
+    out = io.StringIO()
+    res: list = []
+    worker = threading.Thread(target=lambda: res.extend(pool.run_pool([job], 1, out, beat_s=0.2)))
+    try:
+        worker.start()
+        deadline = time.monotonic() + 30
+        while "waiting for another process" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        subprocess.run(["ninja", "-C", str(job.build_dir), "-f", str(job.ninja_path)], capture_output=True, check=True)
+    finally:
+        theirs.release()
+    worker.join(60)
+    assert [r.status for r in res] == ["up to date"], out.getvalue()
+    assert "up to date: m" in out.getvalue() and "done: m" not in out.getvalue()
+
+
 def test_failure_is_never_reported_as_compiled(tmp_path):
     jobs = [fake_job(tmp_path, "good", 1), fake_job(tmp_path, "bad", 2, fail="s1.cu")]
     out = io.StringIO()

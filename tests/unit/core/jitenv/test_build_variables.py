@@ -106,12 +106,12 @@ def test_compiler_values_property(places, value):
 @pytest.mark.parametrize("raw,want", [("5", 5), ("²", None), ("0", None), ("lots", None), (None, None)])
 def test_build_and_the_pool_read_max_jobs_one_way(raw, want):
     """The pool read MAX_JOBS with a grammar of its own; now ``build`` and the pool share
-    :func:`plan.default_jobs`: the user's value as FlashInfer reads it, else the CPUs."""
+    :func:`plan.plan`'s: the user's value as FlashInfer reads it, else the CPUs."""
     from flashinfer_sm120.core.jitenv import memory
     from flashinfer_sm120.warmup import plan
 
-    n, why = plan.default_jobs({} if raw is None else {"MAX_JOBS": raw})
-    assert n == (want or memory.cpus()) and ("yours" in why) == (want is not None)
+    p = plan.plan(plan.estimate("sampling", {}), env={} if raw is None else {"MAX_JOBS": raw})
+    assert p.jobs == (want or memory.cpus()) and ("yours" in p.jobs_from) == (want is not None)
 
 
 def _flashinfer_reads_max_jobs(raw):

@@ -230,7 +230,7 @@ def test_an_export_module_without_a_manifest_entry_is_refused(tmp_path):
     from flashinfer_sm120.warmup import cache_import
     from flashinfer_sm120.warmup.cache import Module
 
-    why = cache_import._refusal(None, Module("m", {"jit/m/m.so": "0" * 64}), None)
+    why = cache_import._refusal(None, Module("m", {"jit/m/m.so": "0" * 64}), None, tmp_path / "jit")
     assert why and "no manifest entry" in why
 
 
