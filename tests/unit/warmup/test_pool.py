@@ -5,6 +5,7 @@ import io
 import os
 import signal
 import subprocess
+import threading
 import time
 
 from flashinfer_sm120.warmup import moddir, plan, pool
