@@ -94,6 +94,10 @@ def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str
         while j < len(words) and words[j].startswith("-") and words[j] != "-":
             if kind == "shell" and not set(words[j][1:]) <= SHELL_OPTIONS:
                 return None, [], f"runs the shell {found} with {words[j]!r}, which runs code from elsewhere"
+            if kind == "launcher":  # P2, P5: `env -S/x`, `time -o/x`, `env -u TMPDIR` run, write or unset unchecked
+                return None, [], (f"runs {found} with the option {base.shown(words[j], 60)}: a program that runs "
+                                  f"another is used without options (they can name what it runs or writes, or "
+                                  f"change the environment a compile relies on)")
             j += 1
         if j >= len(words):
             if kind == "shell":

@@ -41,6 +41,16 @@ def test_json_depth_check_is_linear_on_unterminated_strings(text):
     assert "probe.json" in str(exc.value) and len(str(exc.value)) < 400
 
 
+@pytest.mark.parametrize("digits", [65, 5000, 100_000])
+def test_a_json_number_of_too_many_digits_is_refused_naming_the_count_and_the_fix(digits):
+    """P8: our refusal with the caller's fix, not Python's hint to raise an interpreter limit."""
+    with pytest.raises(FormatError) as exc:
+        loads_json('{"created": ' + "9" * digits + "}", "meta.json", fix="export it again")
+    text = str(exc.value)
+    assert f"{digits} digits" in text and "export it again" in text and "set_int_max_str_digits" not in text
+    assert loads_json('{"n": -' + "9" * 64 + "}", "meta.json")["n"] == -int("9" * 64)
+
+
 def test_cache_import_of_an_escaped_quote_meta_json_is_refused_at_once(tmp_path):
     payload = _escaped_quotes(1 << 20).encode()
     tar = tmp_path / "x.tar.gz"

@@ -87,6 +87,13 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _bounded_int(text: str) -> int:
+    """An integer of at most 64 digits (P6, P8: Python's own refusal past 4,300 names an interpreter setting)."""
+    if len(text.lstrip("-")) > 64:
+        raise ValueError(f"a number of {len(text.lstrip('-'))} digits, more than the 64 accepted")
+    return int(text)
+
+
 def json_depth(text: str) -> int:
     """Deepest ``[``/``{`` nesting of JSON text, strings skipped, in one linear pass without recursion."""
     depth = deepest = 0
@@ -113,7 +120,7 @@ def loads_json(data: str | bytes, source: str, *, max_depth: int = MAX_JSON_DEPT
     if depth > max_depth:
         raise _fail(source, f"is JSON nested {depth} deep, more than the {max_depth} accepted", fix)
     try:
-        return json.loads(data, parse_constant=_refuse_constant)
+        return json.loads(data, parse_constant=_refuse_constant, parse_int=_bounded_int)
     except (ValueError, RecursionError) as exc:
         raise _fail(source, f"is not valid JSON ({shown(str(exc), 120)})", fix) from None
 

@@ -36,6 +36,11 @@ def _verdict(places, var, value):
 # a program a launcher hands on to, found on PATH, is run as surely as the first word.
 HANDED_ON = ["/usr/bin/env evilcc", "env evilcc", "nice evilcc", "nice -5 evilcc", "/usr/bin/nohup evilcc",
              "launch_then env evilcc"]
+# A launcher's options can run, write or unset what no check sees (P2, P5): `env -S` runs the string it
+# splits, `time -o` writes its report over a file, `env -u TMPDIR` sends nvcc's temporaries to /tmp.
+LAUNCHER_OPTIONS = ["env -S/tmp/evil c++", "env --split-string=/tmp/evil c++", "/usr/bin/time -o/tmp/x c++",
+                    "/usr/bin/time --output=/tmp/x c++", "env -uTMPDIR c++", "env -u TMPDIR c++", "env -i c++",
+                    "env -C /tmp c++", "nice -5 c++"]
 # Shell and ninja syntax: what runs is not what the words say.
 SYNTAX = ["/usr/bin/c++ `evilcc`", "c++ $(evilcc)", "/usr/bin/c++ $in", "c++;evilcc", "c++ && evilcc",
           "c++ | evilcc", "c++ > /tmp/x", "c++ 'a b'", "c++ *", "c++ ${X}"]
@@ -43,7 +48,7 @@ SYNTAX = ["/usr/bin/c++ `evilcc`", "c++ $(evilcc)", "/usr/bin/c++ $in", "c++;evi
 OTHER = ["python3 x.py", "/usr/bin/perl -e 1", "./cc", "bin/cc", "sh -c evilcc", "sh evilcc"]
 
 
-@pytest.mark.parametrize("value", HANDED_ON + SYNTAX + OTHER)
+@pytest.mark.parametrize("value", HANDED_ON + SYNTAX + OTHER + LAUNCHER_OPTIONS)
 @pytest.mark.parametrize("var", ["FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_CXX_LAUNCHER", "CXX"])
 def test_a_compiler_variable_cannot_run_what_was_not_checked(places, var, value):
     value = value.replace("launch_then ", "")
@@ -52,7 +57,7 @@ def test_a_compiler_variable_cannot_run_what_was_not_checked(places, var, value)
     assert var in v.note and "Fix:" in v.note and len(v.note) < 2000
 
 
-@pytest.mark.parametrize("value", ["launch", "env", "/usr/bin/env /usr/bin/c++", "c++", "nice -5 c++",
+@pytest.mark.parametrize("value", ["launch", "env", "/usr/bin/env /usr/bin/c++", "c++", "nice c++",
                                    "/usr/bin/c++ -fno-plt -O2", "ccache_missing_ok"])
 def test_ordinary_compiler_values_are_kept(places, value):
     if value == "ccache_missing_ok":
