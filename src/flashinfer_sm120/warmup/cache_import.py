@@ -79,14 +79,25 @@ def _top(src: str) -> Path:
 
 
 def check(src: str, limits: Limits = Limits()) -> Meta:
-    """The meta.json of an export, checked without writing: an archive whole, a directory's meta.json (its
-    files are checked one by one when installed)."""
+    """The meta.json of an export, checked without writing: an archive whole; a directory's meta.json and its
+    entries' names, as an archive's members are (P7; its files are checked one by one when installed)."""
     if not os.path.isdir(src):
         return _walk(src, limits)
     name = f"{src}/{TOP}/meta.json"
     with format_errors():
         raw = read_bytes(safe_join(_top(src), "meta.json", src, fix=FIX), MAX_META_BYTES, follow=False, fix=FIX)
-        return parse_meta(loads_json(raw, name, fix=FIX), name)
+        meta = parse_meta(loads_json(raw, name, fix=FIX), name)
+    listed: dict[str, set[str]] = {"": {"meta.json", "jit"}, "jit": {mod.name for mod in meta.modules}}
+    for rel in (r for mod in meta.modules for r in mod.files):  # jit/NAME/FILE, by meta.json's grammar
+        folder, _, base = rel.rpartition("/")
+        listed.setdefault(folder, set()).add(base)
+    for folder, names in listed.items():  # stops at the first entry not listed: bounded whatever the tree (P6)
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(_top(src) / folder) as it:
+            for entry in it:
+                if entry.name not in names:
+                    raise refused(src, f"member {shown(f'{TOP}/{folder}/{entry.name}'.replace('//', '/'))} is not "
+                                       f"listed in meta.json")
+    return meta
 
 
 def unpack(src: str, into: Path, meta: Meta, limits: Limits) -> Path:

@@ -12,6 +12,7 @@ import gzip
 import json
 import lzma
 import os
+import shutil
 import tarfile
 import types
 from pathlib import Path
@@ -170,6 +171,24 @@ def test_a_file_at_the_deepest_path_meta_json_lists_is_a_member_too(tmp_path):
         with pytest.raises(cache.CacheError) as err:
             cache_import.check(str(src))
         assert other in str(err.value) and "cache export" in err.value.fix, str(err.value)
+
+
+def test_a_directory_export_holds_what_meta_json_lists_and_nothing_else_as_an_archive_does(tmp_path):
+    """P7: one rule for both forms; an entry meta.json does not list refuses the export naming it, at the first
+    one found (a tree of any depth or size behind it is never walked)."""
+    top = tmp_path / "x" / TOP
+    (top / "jit" / "m").mkdir(parents=True)
+    (top / "meta.json").write_bytes(_meta([{"name": "m", "files": {"jit/m/f.o": "0" * 64}}]))
+    (top / "jit" / "m" / "f.o").write_bytes(b"x")
+    assert [m.name for m in cache_import.check(str(tmp_path / "x")).modules] == ["m"]
+    for extra, named in (("jit/m/evil.so", "jit/m/evil.so"), ("jit/other", "jit/other"), ("deep/a/b", "deep"),
+                         ("notes.txt", "notes.txt")):
+        (top / extra).parent.mkdir(parents=True, exist_ok=True)
+        (top / extra).write_bytes(b"y")
+        with pytest.raises(cache.CacheError) as err:
+            cache_import.check(str(tmp_path / "x"))
+        assert f"'{TOP}/{named}' is not listed" in str(err.value) and "cache export" in err.value.fix, str(err.value)
+        shutil.rmtree(top / named) if (top / named).is_dir() else (top / named).unlink()
 
 
 def test_a_fingerprint_with_more_targets_than_a_manifest_entry_is_refused_naming_the_archive(tmp_path):
