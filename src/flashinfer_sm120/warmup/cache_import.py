@@ -91,12 +91,13 @@ def check(src: str, limits: Limits = Limits()) -> Meta:
     for rel in (r for mod in meta.modules for r in mod.files):  # jit/NAME/FILE, by meta.json's grammar
         folder, _, base = rel.rpartition("/")
         listed.setdefault(folder, set()).add(base)
+    top = _top(src)
     for folder, names in listed.items():  # stops at the first entry not listed: bounded whatever the tree (P6)
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(_top(src) / folder) as it:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(top / folder) as it:
             for entry in it:
                 if entry.name not in names:
-                    raise refused(src, f"member {shown(f'{TOP}/{folder}/{entry.name}'.replace('//', '/'))} is not "
-                                       f"listed in meta.json")
+                    member = "/".join(filter(None, (TOP, folder, entry.name)))
+                    raise refused(src, f"member {shown(member)} is not listed in meta.json")
     return meta
 
 

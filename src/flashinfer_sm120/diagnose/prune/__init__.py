@@ -30,12 +30,13 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
     entries = [e for r in fi for e in scan_jit(r)]
     view_entries = scan_views(views) if views else []
 
-    def age(group: list[Entry]) -> None:
-        for e in group:
-            if e.reason is None and e.kept is None and e.last_used is not None and e.last_used < now - older * DAY:
-                e.reason = f"not used for {(now - e.last_used) / DAY:.0f} days (--older-than {older:g})"
+    if older_than_days is not None:
+        def age(group: list[Entry]) -> None:
+            for e in group:
+                if e.reason is None and e.kept is None and e.last_used is not None and e.last_used < cut:
+                    e.reason = f"not used for {(now - e.last_used) / DAY:.0f} days (--older-than {older_than_days:g})"
 
-    if (older := older_than_days) is not None:
+        cut = now - older_than_days * DAY
         age(entries)  # the workspaces first: a view stays while one that stays builds with it
         used_homes = {os.path.realpath(e.cuda_home) for e in entries if e.cuda_home and not e.reason}
         age([v for v in view_entries if os.path.realpath(v.path) not in used_homes])
