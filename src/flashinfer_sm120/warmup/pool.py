@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 import os
 import queue
 import signal
@@ -189,13 +188,13 @@ class _Pool:
         while self.pending or self.running:
             committed = {lbl: r.committed() for lbl, r in self.running.items()}
             free = max_jobs - sum(committed.values())
-            mem_left = (math.inf if mem_budget is None else mem_budget) - sum(
+            mem_left = (mem_budget or 0) - sum(  # not counted without a budget
                 committed[lbl] * r.job.mem for lbl, r in self.running.items())
             for item in list(self.pending):
                 if free < 1:
                     break
                 job, n = item
-                fit = mem_left // job.mem if job.mem > 0 else free
+                fit = free if mem_budget is None or job.mem <= 0 else int(mem_left // job.mem)
                 if fit < 1 and self.running:
                     continue  # a lighter module further on may fit; with nothing running, one step always runs
                 give = max(1, min(free, n - 1, fit))  # n - 1: the link runs last
