@@ -1,5 +1,8 @@
-"""The seed, end to end, compiling FlashInfer's real sampling kernels for sm_120f (inside a memory
-cgroup its naive -j exceeds, where root can make one: issue 14's real-compile check).
+"""The seed, end to end: FlashInfer fails on SM 12.x with an old nvcc first (its sampling module, the
+crash users see), and the shim builds real FlashInfer kernels for sm_120f with a CUDA 13 nvcc, inside
+a memory cgroup its naive -j exceeds where root can make one (issue 14's real-compile check). The
+real build is of the smallest modules (``activation`` for three functions: one compile each);
+the README's main job builds sampling itself.
 
 Needs a real CUDA 13 nvcc (skipped with the reason otherwise) and a few minutes:
 no GPU is needed to compile, the GPU's capability is simulated.
@@ -79,12 +82,16 @@ def test_sm121_ninja_targets_121a(seed):
     assert _gencodes(out["ninja"]) == [("compute_121a", "sm_121a")]
 
 
+BUILD = ["build", "activation", "--act", "silu,gelu,gelu_tanh", "--json", "-j", "2"]
+MODULES = ["activation-silu", "activation-gelu", "activation-gelu_tanh"]
+
+
 @pytest.fixture(scope="module")
-def sampling_build(tmp_path_factory):
-    """The seed's crash, built for real once for this module: a fake nvcc 12.8 first on PATH and
-    as CUDA_HOME, a simulated SM 12.0 GPU, ``build sampling``.  Where root can create a memory
+def real_build(tmp_path_factory):
+    """Built for real once for this module: a fake nvcc 12.8 first on PATH and as CUDA_HOME, a
+    simulated SM 12.0 GPU, three modules of one compile each.  Where root can create a memory
     cgroup (v2 or v1), the build runs inside one whose limit its naive ``-j 2`` exceeds: the
-    build process's footprint plus 1.5x the peak of sampling's largest compile, measured first
+    build process's footprint plus 1.5x the peak of the first module's compile, measured first
     in the same cgroup (that compile's object is then reused by the build)."""
     from helpers import cgroups as cgroup_util
 
@@ -108,13 +115,13 @@ def sampling_build(tmp_path_factory):
     out = {"env": env, "fake": fake, "cgroup": None, "cgroup_skip": why}
     try:
         if cg is not None:
-            proc = cli(["build", "sampling", "--json", "-j", "2", "--ninja-only"], env, 600, fakegpu=True,
+            proc = cli([*BUILD, "--ninja-only"], env, 600, fakegpu=True,
                        python=sys.executable, prefix=run([]))
             assert proc.returncode == 0, proc.stderr[-3000:]
             base = cg.peak()  # Python with torch and FlashInfer, writing the ninja file
             ninja_file = json.loads(proc.stdout)["modules"][0]["ninja"]
             first = next(line.split()[1].rstrip(":") for line in open(ninja_file)
-                         if line.startswith("build ") and "csrc_sampling.cuda.o" in line)
+                         if line.startswith("build ") and line.split()[1].endswith(".cuda.o:"))
             cg.reset_peak()
             ninja = os.path.join(os.path.dirname(sys.executable), "ninja")
             proc = subprocess.run(run([ninja, "-C", os.path.dirname(ninja_file), "-f", ninja_file, first]),
@@ -126,7 +133,7 @@ def sampling_build(tmp_path_factory):
             cg.reset_peak()
             out["cgroup"] = {"base": base, "one": one, "limit": limit}
         t0 = time.monotonic()
-        proc = cli(["build", "sampling", "--json", "-j", "2"], env, 1800, fakegpu=True, python=sys.executable,
+        proc = cli(BUILD, env, 1800, fakegpu=True, python=sys.executable,
                    prefix=run([]))
         out.update(proc=proc, wall=time.monotonic() - t0)
         if cg is not None:
@@ -137,20 +144,22 @@ def sampling_build(tmp_path_factory):
             cg.close()
 
 
-def test_shim_builds_real_sampling_kernels_for_sm120f(sampling_build):
-    """The sampling kernels (the seed's crash) built with a CUDA 13 nvcc for sm_120f only,
-    into a JIT directory of that toolkit, that FlashInfer's own ninja run finds up to date."""
-    env, fake, proc = sampling_build["env"], sampling_build["fake"], sampling_build["proc"]
+def test_shim_builds_real_kernels_for_sm120f(real_build):
+    """Real FlashInfer kernels built with a CUDA 13 nvcc for sm_120f only, into a JIT directory of
+    that toolkit, that FlashInfer's own ninja run finds up to date."""
+    env, fake, proc = real_build["env"], real_build["fake"], real_build["proc"]
     assert proc.returncode == 0, proc.stderr[-6000:]
     report = json.loads(proc.stdout)
     assert report["cuda_version"].startswith("13.") and report["target_cuda_archs"] == ["sm_120f"]
-    (mod,) = report["modules"]
-    assert mod["module"] == "sampling" and mod["status"] == "built"
-    assert mod["binary"] == ["SASS sm_120f"]  # no PTX
-    so = mod["library"]
-    assert so.startswith(env["FLASHINFER_WORKSPACE_BASE"])
-    assert re.search(r"/120f/nvcc13\.[0-9.]+-[0-9a-f]{8}/cached_ops/sampling/", so), so  # one JIT dir per toolkit
-    assert os.path.getsize(so) > 100_000
+    assert [m["module"] for m in report["modules"]] == MODULES
+    assert {m["status"] for m in report["modules"]} == {"built"}
+    for mod in report["modules"]:
+        assert mod["binary"] == ["SASS sm_120f"]  # no PTX
+        so = mod["library"]
+        assert so.startswith(env["FLASHINFER_WORKSPACE_BASE"])
+        assert re.search(rf"/120f/nvcc13\.[0-9.]+-[0-9a-f]{{8}}/cached_ops/{mod['name']}/", so), so  # a JIT dir per toolkit
+        assert os.path.getsize(so) > 50_000
+    so = report["modules"][0]["library"]
     ninja = open(os.path.join(os.path.dirname(so), "build.ninja")).read()
     home = re.search(r"^cuda_home = (.*)$", ninja, re.M).group(1)
     assert home != str(fake)
@@ -158,16 +167,17 @@ def test_shim_builds_real_sampling_kernels_for_sm120f(sampling_build):
     ver = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
     assert "release 13." in ver
     # one progress display: steps named when they finish, never before
-    assert "to build: 1 module," in proc.stderr and "sampling: compiled" in proc.stderr
+    assert "to build: 3 modules," in proc.stderr
+    assert ": compiled " in proc.stderr and all(f"done: {m}" in proc.stderr for m in MODULES), proc.stderr[-3000:]
     assert re.search(r"\[(\d+)/\1\] ", proc.stderr) and "FAILED" not in proc.stderr
     # FlashInfer's own run (ninja in the module dir, flashinfer/jit/core.py) has nothing to do
     d = os.path.dirname(so)
     dry = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ninja"), "-n", "-C", d, "-f",
                           os.path.join(d, "build.ninja")], capture_output=True, text=True)
     assert "no work to do" in dry.stdout, dry.stdout[-2000:]
-    again = cli(["build", "sampling", "--json", "-j", "2"], env, 600, fakegpu=True, python=sys.executable)
+    again = cli(BUILD, env, 600, fakegpu=True, python=sys.executable)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert [m["status"] for m in json.loads(again.stdout)["modules"]] == ["up to date"]
+    assert [m["status"] for m in json.loads(again.stdout)["modules"]] == ["up to date"] * 3
     assert "up to date" not in again.stderr and "to build" not in again.stderr  # said once, in the report
     cuobjdump = shutil.which("cuobjdump", path=os.path.join(home, "bin") + os.pathsep + os.environ["PATH"])
     if cuobjdump:
@@ -177,20 +187,20 @@ def test_shim_builds_real_sampling_kernels_for_sm120f(sampling_build):
         assert "compute_120" not in ptx  # the summary said SASS only
 
 
-def test_real_sampling_build_fits_a_limit_its_naive_j_exceeds(sampling_build):
-    """Issue 14: a real compile of sampling inside a memory cgroup whose limit ninja's naive
+def test_real_build_fits_a_limit_its_naive_j_exceeds(real_build):
+    """Issue 14: a real build of three compiles inside a memory cgroup whose limit ninja's naive
     ``-j 2`` exceeds: the memory policy runs one compile at a time, and nothing is OOM-killed."""
-    cg = sampling_build["cgroup"]
+    cg = real_build["cgroup"]
     if cg is None:
-        pytest.skip(f"no writable memory cgroup: {sampling_build['cgroup_skip']}")
-    proc = sampling_build["proc"]
+        pytest.skip(f"no writable memory cgroup: {real_build['cgroup_skip']}")
+    proc = real_build["proc"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert cg["base"] + 2 * cg["one"] > cg["limit"]  # the two compiles left, at once, do not fit
     rep = json.loads(proc.stdout)
-    assert rep["modules"][0]["status"] == "built" and cg["oom_kills"] == 0
+    assert {m["status"] for m in rep["modules"]} == {"built"} and cg["oom_kills"] == 0
     assert rep["plan"]["at_once"] == 1, rep["plan"]
     assert cg["peak"] <= cg["limit"]
-    print(f"\nsampling: build process {cg['base'] >> 20} MiB, one compile {cg['one'] >> 20} MiB; limit "
+    print(f"\nactivation: build process {cg['base'] >> 20} MiB, one compile {cg['one'] >> 20} MiB; limit "
           f"{cg['limit'] >> 20} MiB (naive -j 2 needs {(cg['base'] + 2 * cg['one']) >> 20}); built with "
-          f"{rep['plan']['at_once']} at once, peak {cg['peak'] >> 20} MiB, {sampling_build['wall']:.0f} s; "
+          f"{rep['plan']['at_once']} at once, peak {cg['peak'] >> 20} MiB, {real_build['wall']:.0f} s; "
           f"recorded peak RSS {rep['modules'][0]['peak_rss'] >> 20} MiB")

@@ -6,7 +6,7 @@ reason otherwise): a fake nvcc that allocates and touches 400 MB, a 1 GB limit.
   where the same build without the memory policy (``--mem-limit 64G``) is OOM-killed;
 * FlashInfer's own ``run_ninja`` under the ``MAX_JOBS`` this package exports, where
   FlashInfer alone (ninja's default -j) is OOM-killed;
-* a real compile of ``sampling`` inside a limit that its naive -j exceeds: with the end-to-end
+* a real build of three ``activation`` modules inside a limit that its naive -j exceeds: with the end-to-end
   build in tests/e2e/test_build.py (one real compile serves both).
 """
 

@@ -117,7 +117,7 @@ def test_a_file_over_the_file_size_limit_is_refused_naming_the_export_and_the_li
     assert not (Path(res["jit_dir"]) / "m").exists()
 
 
-def _race(env, src, tmp_path, rounds=3):
+def _race(env, src, tmp_path, rounds=2):
     for r in range(rounds):
         go = tmp_path / f"go{r}"
         procs = [_run(env, src, 1 << 30, go, i, prefix=("unshare", "-pf", "--mount-proc")) for i in (0, 1)]
