@@ -14,8 +14,10 @@ from flashinfer_sm120.core.jitenv.memory import (FAMILIES, RECORDED_KEEP, Estima
                                                  cpus, estimates_path, family_estimate, fmt_bytes,
                                                  heaviest_estimate, max_jobs, read_memory, recorded,
                                                  server_max_jobs, user_threads)
+from flashinfer_sm120.core.patch.state import flashinfer_version
 from flashinfer_sm120.errors import StateFileError
 from flashinfer_sm120.safety.formats.base import shown
+from flashinfer_sm120.safety.fs.atomic import write_json_atomic
 from flashinfer_sm120.warmup import moddir, pool
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -33,8 +35,6 @@ def record_peak(module: str, peak_bytes: int, threads_factor: int = 1) -> None:
         return
     per = int(peak_bytes / max(1, threads_factor))
     try:
-        from flashinfer_sm120.safety.fs.atomic import write_json_atomic
-
         data = recorded()
         fam = estimate(module, data).family
         data[fam] = (data.get(fam, []) + [per])[-RECORDED_KEEP:]
@@ -103,8 +103,6 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     """Write ninja files and build ``(label, spec)`` pairs in one pool, each admitted by its family's
     memory estimate; the ``modules`` of ``build --json``.  ``env``: the user's, before we exported
     ``MAX_JOBS``.  A peak RSS is recorded only without a launcher (it compiles out of ninja's sight)."""
-    from flashinfer_sm120.core.patch.state import flashinfer_version
-
     write_ninjas([s for _, s in labelled])
     now_vars = buildline.snapshot(dict(os.environ), flashinfer_version())
     before = {label: buildline.changes(rec, now_vars) for label, spec in labelled

@@ -263,8 +263,7 @@ class _Pool:
         freed = False
         while True:
             try:
-                wait = 0.0 if freed else max(0.0, deadline - time.monotonic())
-                r, line = self.events.get(timeout=wait) if wait > 0 else self.events.get_nowait()
+                r, line = self.events.get(timeout=0 if freed else max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 return
             if line is None:
