@@ -9,6 +9,7 @@ import difflib
 import importlib
 import inspect
 import itertools
+import os
 import sys
 import threading
 from typing import Any, Callable
@@ -47,8 +48,8 @@ ACTIVATION = Getter("flashinfer.activation", "get_act_and_mul_module", "activati
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """One JIT module: its label (``sampling``, ``activation-silu``, ``decode-bf16-hd128``), the getter and ``make_args(torch)`` (the URI function's parameters by
-    name when ``getter.uri`` is set, else the getter's arguments)."""
+    """One JIT module: its label (``sampling``, ``decode-bf16-hd128``), the getter and ``make_args(torch)`` (the
+    URI function's parameters by name when ``getter.uri`` is set, else the getter's arguments)."""
 
     label: str
     getter: Getter
@@ -258,8 +259,6 @@ def missing_headers(variants: list[Variant], include_dirs: list[str], cuda_relea
                     pip_toolkit: bool, toolkit_root: str) -> list[str]:
     """One message per header some variants need that none of ``include_dirs`` holds, with the fix for the
     toolkit at ``toolkit_root`` (a pip install when ``pip_toolkit``)."""
-    import os
-
     out: dict[str, list[str]] = {}
     for v in variants:
         for h in v.headers:

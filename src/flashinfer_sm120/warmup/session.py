@@ -104,21 +104,18 @@ def apply_server_cache(for_server: str | None = None, entries=None, *, strict: b
     if key is None:
         out["how"] = "FlashInfer's own default" if before is None else f"{_WSB} is set"
         return out
-    base, how = serverprobe.workspace_base(key, dict(os.environ))
-    out["how"] = how
+    base, out["how"] = serverprobe.workspace_base(key, dict(os.environ))
     if base is None or base == before:
         return out
     if not os.path.isabs(base):
-        problem = (f"{servers.newest(key).name}'s rule gives {_WSB}={base!r} ({how}), a relative path: "
-                   f"FlashInfer would build in the server's current directory. Fix: set SGLANG_CACHE_DIR "
-                   f"(or {_WSB}) to an absolute directory")
+        out["how"] = (f"{servers.newest(key).name}'s rule gives {_WSB}={base!r} ({out['how']}), a relative path: "
+                      f"FlashInfer would build in the server's current directory. Fix: set SGLANG_CACHE_DIR "
+                      f"(or {_WSB}) to an absolute directory")
         if strict:
-            raise BuildError(problem)
-        out["how"] = problem
+            raise BuildError(out["how"])
         return out
     os.environ[_WSB] = base
-    out.update(base=base, changed=True)
-    return out
+    return dict(out, base=base, changed=True)
 
 
 def apply_server_arch(server: str | None, sess: Session):
