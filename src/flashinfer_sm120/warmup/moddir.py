@@ -4,7 +4,6 @@ its dry run and status lines, the steps it runs (Linux ``/proc``), and its deps 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import re
 import struct
@@ -12,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from filelock import FileLock, Timeout  # a dependency (and FlashInfer's)
 
@@ -105,8 +105,7 @@ def dry_run(job) -> list[str]:
     return [m.group(3) for m in map(STATUS_RE.match, res.text().splitlines()) if m]
 
 
-@dataclasses.dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):
     """A step's process; ``exited``: a zombie (ninja reaps only at EOF, which a leftover child can hold off)."""
 
     pid: int
@@ -117,11 +116,7 @@ class Step:
 def steps(pid: int) -> list[Step]:
     """Children of ``pid`` running ``/bin/sh -c COMMAND`` (or exited), from Linux ``/proc``."""
     out = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in filter(str.isdigit, names):
+    for name in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{name}/stat", "rb") as f:
                 fields = f.read().decode(errors="replace").rsplit(")", 1)[1].split()
@@ -132,10 +127,9 @@ def steps(pid: int) -> list[Step]:
         except (OSError, ValueError, IndexError):
             continue
         exited = fields[0] in ("Z", "X")
-        if len(argv) > 2 and argv[1] == "-c":
-            out.append(Step(int(name), argv[2], exited))
-        elif exited:  # else forked by ninja, not yet /bin/sh -c: its argv is still ninja's own
-            out.append(Step(int(name), "", exited))
+        cmd = argv[2] if len(argv) > 2 and argv[1] == "-c" else ""
+        if cmd or exited:  # else forked by ninja, not yet /bin/sh -c: its argv is still ninja's own
+            out.append(Step(int(name), cmd, exited))
     return out
 
 

@@ -9,6 +9,7 @@ import difflib
 import importlib
 import inspect
 import itertools
+import os
 import sys
 import threading
 from typing import Any, Callable
@@ -47,8 +48,8 @@ ACTIVATION = Getter("flashinfer.activation", "get_act_and_mul_module", "activati
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """One JIT module: its :func:`label`, the getter and ``make_args(torch)`` (the URI function's parameters by
-    name when ``getter.uri`` is set, else the getter's arguments)."""
+    """One JIT module: its label (``sampling``, ``decode-bf16-hd128``), the getter and ``make_args(torch)`` (the
+    URI function's parameters by name when ``getter.uri`` is set, else the getter's arguments)."""
 
     label: str
     getter: Getter
@@ -193,32 +194,21 @@ NAMES: dict[str, _Named] = {
                       "one lazily, not built); --head-dim, --dtype, --kv-dtype", (PREFILL,)),
 }
 
-#: Head dims of the common model families: 64 (GPT-2-size, some Phi), 128 (Llama 2/3,
-#: Mistral, Qwen2/3, DeepSeek-V2-Lite dense layers), 256 (Gemma 2/3).
-COMMON_HEAD_DIMS = (64, 128, 256)
+#: Head dims FlashInfer instantiates: 64 (GPT-2-size, some Phi), 128 (Llama 2/3, Mistral, Qwen2/3,
+#: DeepSeek-V2-Lite dense layers), 256 (Gemma 2/3), and 80, 96, 192.
+HEAD_DIMS = (64, 128, 256, 80, 96, 192)
 
 
-def _csv(value: str | None, default: tuple, flag: str, parse=str) -> list:
+def _csv(value: str | None, default: tuple, flag: str, allowed, parse=str) -> list:
+    """``value``'s comma- or space-separated items (``default`` when unset); :raises ModuleError: one not allowed."""
     if value is None:
         return list(default)
-    out = []
-    for part in str(value).replace(" ", ",").split(","):
-        if not part:
-            continue
-        try:
-            out.append(parse(part))
-        except ValueError:
-            raise ModuleError(f"{flag}={value!r}: {part!r} is not valid; e.g. {flag} "
-                              f"{','.join(map(str, default))}") from None
-    if not out:
-        raise ModuleError(f"{flag}={value!r} is empty; e.g. {flag} {','.join(map(str, default))}")
-    return out
-
-
-def _dtype(value: str, flag: str) -> str:
-    if value not in DTYPES:
-        raise ModuleError(f"{flag}={value!r} is not a dtype build knows; choose from {', '.join(DTYPES)}")
-    return value
+    parts = [p for p in str(value).replace(" ", ",").split(",") if p]
+    choices = [str(a) for a in allowed]
+    bad = next((p for p in parts if p not in choices), None) if parts else value
+    if bad is not None:
+        raise ModuleError(f"{flag} {bad!r} is not one build knows; choose from {', '.join(choices)}")
+    return [parse(p) for p in parts]
 
 
 def expand(names: list[str], *, head_dims: str | None = None, dtypes: str | None = None,
@@ -233,17 +223,10 @@ def expand(names: list[str], *, head_dims: str | None = None, dtypes: str | None
         hint = f"; did you mean {close[0]!r}?" if close else "."
         raise ModuleError(f"unknown module(s) {some(unknown)}{hint} Choose from {', '.join(NAMES)} "
                           "(or all); `flashinfer-sm120 build --list` describes each")
-    hds = _csv(head_dims, (128,), "--head-dim", int)
-    bad = [h for h in hds if h not in COMMON_HEAD_DIMS and h not in (192, 96, 80)]
-    if bad:
-        raise ModuleError(f"--head-dim {bad[0]} is not one FlashInfer instantiates here; "
-                          f"use {', '.join(map(str, COMMON_HEAD_DIMS))} (or 80, 96, 192)")
-    dts = [_dtype(d, "--dtype") for d in _csv(dtypes, ("bf16",), "--dtype")]
-    kvs = [_dtype(d, "--kv-dtype") for d in _csv(kv_dtypes, ("",), "--kv-dtype")] if kv_dtypes else [None]
-    act_list = _csv(acts, ("silu",), "--act")
-    for a in act_list:
-        if a not in ACTIVATIONS:
-            raise ModuleError(f"--act={a!r}; choose from {', '.join(ACTIVATIONS)}")
+    hds = _csv(head_dims, (128,), "--head-dim", HEAD_DIMS, int)
+    dts = _csv(dtypes, ("bf16",), "--dtype", DTYPES)
+    kvs = _csv(kv_dtypes, (), "--kv-dtype", DTYPES) if kv_dtypes else [None]
+    act_list = _csv(acts, ("silu",), "--act", ACTIVATIONS)
     out: list[Variant] = []
     for name in names:
         n = NAMES[name]
@@ -251,12 +234,10 @@ def expand(names: list[str], *, head_dims: str | None = None, dtypes: str | None
             if g.uri:  # attention: one variant per dtype, KV dtype and head dim
                 out += [_attention(g, dt, kv or dt, hd, n.headers) for dt, kv, hd in itertools.product(dts, kvs, hds)]
             elif g is ACTIVATION:
-                for a in act_list:
-                    out.append(Variant(label(f"activation-{a}"), g, lambda torch, a=a: (a,), n.headers))
+                out += [Variant(f"activation-{a}", g, lambda torch, a=a: (a,), n.headers) for a in act_list]
             else:
-                out.append(Variant(label(g.label), g, lambda torch: (), n.headers))
-    seen: set[str] = set()
-    return [v for v in out if not (v.label in seen or seen.add(v.label))]
+                out.append(Variant(g.label, g, lambda torch: (), n.headers))
+    return list({v.label: v for v in out}.values())
 
 
 def _attention(g: Getter, dt: str, kv: str, hd: int, headers: tuple[str, ...] = ()) -> Variant:
@@ -270,23 +251,14 @@ def _attention(g: Getter, dt: str, kv: str, hd: int, headers: tuple[str, ...] = 
                 "head_dim_qk": hd, "head_dim_vo": hd, "pos_encoding_mode": 0, "use_sliding_window": False,
                 "use_logits_soft_cap": False, "use_fp16_qk_reduction": False}
 
-    return Variant(label(g.label, dt, kv, hd), g, make_args, headers)
-
-
-def label(kind: str, dtype: str | None = None, kv_dtype: str | None = None, head_dim: int | None = None) -> str:
-    """The name ``build`` gives a module: ``sampling``, ``activation-silu``, ``decode-bf16-hd128``,
-    ``prefill-bf16-kvfp8_e4m3-hd128``."""
-    if head_dim is None:
-        return kind
-    return f"{kind}-{dtype}" + (f"-kv{kv_dtype}" if kv_dtype != dtype else "") + f"-hd{head_dim}"
+    # build's name for it: decode-bf16-hd128, prefill-bf16-kvfp8_e4m3-hd128
+    return Variant(f"{g.label}-{dt}" + (f"-kv{kv}" if kv != dt else "") + f"-hd{hd}", g, make_args, headers)
 
 
 def missing_headers(variants: list[Variant], include_dirs: list[str], cuda_release: str,
                     pip_toolkit: bool, toolkit_root: str) -> list[str]:
     """One message per header some variants need that none of ``include_dirs`` holds, with the fix for the
     toolkit at ``toolkit_root`` (a pip install when ``pip_toolkit``)."""
-    import os
-
     out: dict[str, list[str]] = {}
     for v in variants:
         for h in v.headers:

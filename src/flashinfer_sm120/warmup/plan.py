@@ -3,7 +3,6 @@ named or replayed specs through it in one pool, and doctor's "Builds" section of
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import re
@@ -15,8 +14,10 @@ from flashinfer_sm120.core.jitenv.memory import (FAMILIES, RECORDED_KEEP, Estima
                                                  cpus, estimates_path, family_estimate, fmt_bytes,
                                                  heaviest_estimate, max_jobs, read_memory, recorded,
                                                  server_max_jobs, user_threads)
+from flashinfer_sm120.core.patch.state import flashinfer_version
 from flashinfer_sm120.errors import StateFileError
 from flashinfer_sm120.safety.formats.base import shown
+from flashinfer_sm120.safety.fs.atomic import write_json_atomic
 from flashinfer_sm120.warmup import moddir, pool
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -34,8 +35,6 @@ def record_peak(module: str, peak_bytes: int, threads_factor: int = 1) -> None:
         return
     per = int(peak_bytes / max(1, threads_factor))
     try:
-        from flashinfer_sm120.safety.fs.atomic import write_json_atomic
-
         data = recorded()
         fam = estimate(module, data).family
         data[fam] = (data.get(fam, []) + [per])[-RECORDED_KEEP:]
@@ -45,41 +44,10 @@ def record_peak(module: str, peak_bytes: int, threads_factor: int = 1) -> None:
         logger.info("flashinfer-sm120: compile memory not recorded: %s", exc)
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """The plan with where each number came from; ``budget`` and ``fits`` are ``None`` when memory is unknown."""
-
-    jobs: int
-    jobs_from: str
-    threads: int
-    threads_from: str
-    per_compile: int
-    estimate_from: str
-    budget: int | None
-    budget_from: str
-    fits: int | None
-
-    @property
-    def at_once(self) -> int:
-        return self.jobs if self.fits is None else max(1, min(self.jobs, self.fits))
-
-    def lines(self) -> list[str]:
-        mem = (f"{fmt_bytes(self.budget)} for compiles ({self.budget_from}), "
-               f"{fmt_bytes(self.per_compile)} each ({self.estimate_from})") if self.budget is not None \
-            else f"unknown ({self.budget_from})"
-        return [f"memory: {mem}",
-                f"jobs: {self.jobs} ({self.jobs_from})"
-                + (f"; at most {self.at_once} of these at once by memory" if self.at_once < self.jobs else ""),
-                f"nvcc threads: {self.threads} ({self.threads_from})"]
-
-    def to_dict(self) -> dict:
-        return dict(dataclasses.asdict(self), at_once=self.at_once)
-
-
 def plan(est: Estimate, *, targets: int = 1, jobs: int | None = None, mem_limit: int | None = None,
-         env=None, view: MemoryView | None = None) -> Plan:
-    """The plan for compiles of estimate ``est`` (``targets`` per compile; ``env``: default ``os.environ``); without
-    ``-j``, the user's ``MAX_JOBS`` as FlashInfer reads it, else the CPUs."""
+         env=None, view: MemoryView | None = None) -> dict:
+    """The plan (``plan`` of ``build --json``) for compiles of estimate ``est`` (``targets`` per compile; ``env``:
+    default ``os.environ``), where each number came from; without ``-j``, ``MAX_JOBS`` as FlashInfer reads it."""
     raw_jobs, user_jobs, _problem = max_jobs(env)
     if jobs is not None and jobs > 0:
         n_jobs, jobs_from = jobs, "-j"
@@ -96,8 +64,21 @@ def plan(est: Estimate, *, targets: int = 1, jobs: int | None = None, mem_limit:
         threads_from = f"FLASHINFER_NVCC_THREADS={shown(raw_threads, 20)}, yours (FlashInfer reads {threads})"
     else:
         threads_from = f"FLASHINFER_NVCC_THREADS={shown(raw_threads, 20)} is not >= 1: FlashInfer uses 1"
-    b = budget(est, targets, env, view, mem_limit)
-    return Plan(n_jobs, jobs_from, threads, threads_from, b.per, b.per_from, b.budget, b.budget_from, b.fits)
+    b = budget(est, targets, env, view, mem_limit)  # budget and fits None: memory unknown
+    return {"jobs": n_jobs, "jobs_from": jobs_from, "threads": threads, "threads_from": threads_from,
+            "per_compile": b.per, "estimate_from": b.per_from, "budget": b.budget, "budget_from": b.budget_from,
+            "fits": b.fits, "at_once": n_jobs if b.fits is None else max(1, min(n_jobs, b.fits))}
+
+
+def plan_lines(p: dict) -> list[str]:
+    """The plan as ``build`` says it before it starts."""
+    mem = (f"{fmt_bytes(p['budget'])} for compiles ({p['budget_from']}), "
+           f"{fmt_bytes(p['per_compile'])} each ({p['estimate_from']})") if p["budget"] is not None \
+        else f"unknown ({p['budget_from']})"
+    return [f"memory: {mem}",
+            f"jobs: {p['jobs']} ({p['jobs_from']})"
+            + (f"; at most {p['at_once']} of these at once by memory" if p["at_once"] < p["jobs"] else ""),
+            f"nvcc threads: {p['threads']} ({p['threads_from']})"]
 
 
 def gencode_summary(ninja_text: str) -> list[str]:
@@ -122,8 +103,6 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     """Write ninja files and build ``(label, spec)`` pairs in one pool, each admitted by its family's
     memory estimate; the ``modules`` of ``build --json``.  ``env``: the user's, before we exported
     ``MAX_JOBS``.  A peak RSS is recorded only without a launcher (it compiles out of ninja's sight)."""
-    from flashinfer_sm120.core.patch.state import flashinfer_version
-
     write_ninjas([s for _, s in labelled])
     now_vars = buildline.snapshot(dict(os.environ), flashinfer_version())
     before = {label: buildline.changes(rec, now_vars) for label, spec in labelled
@@ -133,13 +112,13 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
                     if mem_per_compile else estimate(spec.name, known)) for label, spec in labelled}
     heaviest = max(ests.values(), key=lambda e: e.bytes) if ests else estimate("other", known)
     the_plan = plan(heaviest, targets=targets, jobs=jobs, mem_limit=mem_limit, env=env)
-    factor = max(1, min(the_plan.threads, targets))
+    factor = max(1, min(the_plan["threads"], targets))
     job_list = [pool.Job(label, spec.build_dir, spec.ninja_path, spec.lock_path, ests[label].bytes * factor)
                 for label, spec in labelled]
     if stats is not None:
-        stats["plan"] = the_plan.to_dict()
-    results = pool.run_pool(job_list, the_plan.jobs, stream, mem_budget=the_plan.budget, intro=tuple(the_plan.lines()),
-                            step_timeout=step_timeout)
+        stats["plan"] = the_plan
+    results = pool.run_pool(job_list, the_plan["jobs"], stream, mem_budget=the_plan["budget"],
+                            intro=tuple(plan_lines(the_plan)), step_timeout=step_timeout)
     via_launcher = os.environ.get("FLASHINFER_NVCC_LAUNCHER")
     out = []
     for (label, spec), res in zip(labelled, results):
@@ -172,7 +151,7 @@ def doctor_section(report: dict) -> dict:
     out = {
         "memory": view.to_dict(),
         "estimates": {f.name: family_estimate(f, known)._asdict() for f in FAMILIES[:-1]},
-        "plan": the_plan.to_dict(),
+        "plan": the_plan,
         "max_jobs": setup.max_jobs if setup else server_max_jobs(targets, view=view)[1],
         "compilers": list(setup.notes) if setup else [],
         "cache": dict(setup.cache) if setup else {},

@@ -92,8 +92,8 @@ class _Running:
             _, status, usage = os.wait4(self.proc.pid, 0)
             self.proc.returncode = os.waitstatus_to_exitcode(status)
             self.peak_rss = usage.ru_maxrss * 1024  # kilobytes on Linux
-        except (ChildProcessError, AttributeError, OSError):
-            pass  # reaped already (interrupted) or not Linux: Popen.wait() has the status
+        except ChildProcessError:
+            pass  # reaped already (interrupted): Popen.wait() has the status
         events.put((self, None))
 
     def watch(self, now: float, step_timeout: float) -> None:
@@ -231,13 +231,8 @@ class _Pool:
                 self.waiting_said.add(job.label)
                 self.say(f"{job.label}: waiting for another process building it (lock {job.lock_path})")
             return False
-        try:
-            r = _Running(job, n, slots, lock, self.events)
-        except BaseException:  # ninja could not start: the lock is not left held
-            lock.release()
-            raise
         self.pending.remove(item)
-        self.running[job.label] = r
+        self.running[job.label] = _Running(job, n, slots, lock, self.events)
         return True
 
     def stop(self) -> None:
@@ -263,8 +258,7 @@ class _Pool:
         freed = False
         while True:
             try:
-                wait = 0.0 if freed else max(0.0, deadline - time.monotonic())
-                r, line = self.events.get(timeout=wait) if wait > 0 else self.events.get_nowait()
+                r, line = self.events.get(timeout=0 if freed else max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 return
             if line is None:

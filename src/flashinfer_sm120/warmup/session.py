@@ -36,7 +36,7 @@ class Session:
     jit_dir: Path
     summary: str
     targets_from: str | None = None
-    toolkit: Toolkit | None = None  # the one the patch chose (session._patched); None: FlashInfer's own
+    toolkit: Toolkit | None = None  # the one the patch chose; None: FlashInfer's own
 
     def fingerprint(self) -> dict:
         """What a JIT cache entry depends on besides its sources (all written into build.ninja)."""
@@ -104,21 +104,18 @@ def apply_server_cache(for_server: str | None = None, entries=None, *, strict: b
     if key is None:
         out["how"] = "FlashInfer's own default" if before is None else f"{_WSB} is set"
         return out
-    base, how = serverprobe.workspace_base(key, dict(os.environ))
-    out["how"] = how
+    base, out["how"] = serverprobe.workspace_base(key, dict(os.environ))
     if base is None or base == before:
         return out
     if not os.path.isabs(base):
-        problem = (f"{servers.newest(key).name}'s rule gives {_WSB}={base!r} ({how}), a relative path: "
-                   f"FlashInfer would build in the server's current directory. Fix: set SGLANG_CACHE_DIR "
-                   f"(or {_WSB}) to an absolute directory")
+        out["how"] = (f"{servers.newest(key).name}'s rule gives {_WSB}={base!r} ({out['how']}), a relative path: "
+                      f"FlashInfer would build in the server's current directory. Fix: set SGLANG_CACHE_DIR "
+                      f"(or {_WSB}) to an absolute directory")
         if strict:
-            raise BuildError(problem)
-        out["how"] = problem
+            raise BuildError(out["how"])
         return out
     os.environ[_WSB] = base
-    out.update(base=base, changed=True)
-    return out
+    return dict(out, base=base, changed=True)
 
 
 def apply_server_arch(server: str | None, sess: Session):
@@ -146,18 +143,16 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     (``from --arch 12.0``) goes into the summary.  :raises BuildError: naming the fix."""
     export_arch_list(arch)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the summary is printed by the caller
-    from flashinfer_sm120.core.facts.refusals import import_refused
+    from flashinfer_sm120.core.facts.refusals import builds_refused, import_failure, import_refused
 
     refusal = import_refused()  # threat-model: P4: FlashInfer's import would write where it must not
     if refusal is not None:
         raise BuildError(str(refusal))
     import flashinfer_sm120 as shim
 
-    from flashinfer_sm120.core.facts.refusals import import_failure
-
     shim.install()
     try:
-        import flashinfer.jit.core  # noqa: F401
+        import flashinfer.jit.core as core
         import flashinfer.jit.cpp_ext as cx
         from flashinfer import __version__ as fi_version
         from flashinfer.jit import env as jit_env
@@ -180,27 +175,18 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
         raise BuildError(f"FlashInfer could not be set up ({st['mode']}): {st['error']}")
     if not st["target_cuda_archs"]:
         raise BuildError(NO_TARGETS)
-    from flashinfer.jit import core
-
     targets = sorted(f"{a}.{b}" for a, b in core.current_compilation_context.TARGET_CUDA_ARCHS)
-    from flashinfer_sm120.core.facts.refusals import builds_refused
-
     problem = builds_refused(str(jit_env.FLASHINFER_JIT_DIR))
     if problem:
         raise BuildError(problem)
-    return Session(str(fi_version), cx.get_cuda_path(), str(cx.get_cuda_version()), targets,
-                   Path(jit_env.FLASHINFER_JIT_DIR), *_patched(targets_from))
-
-
-def _patched(targets_from: str | None) -> tuple:
-    """The patch's one-line summary, where the targets came from (``targets_from``: set by ``build --arch``)
-    and the toolkit it chose (``None``: FlashInfer's own)."""
     from flashinfer_sm120.core.patch.state import STATE, Mode, render, targets_from_text
 
-    with STATE.lock:
+    with STATE.lock:  # the patch's summary line, where the targets came from, the toolkit it chose
         res = STATE.resolution
-        line = render(STATE.mode, res, targets_from) if targets_from and res is not None and STATE.mode in (
-            Mode.PATCHED, Mode.NOOP, Mode.GUARD) else STATE.summary
         chosen = res is not None and res.choice is not None
-        return (line, targets_from or (targets_from_text(res) if chosen else None),
-                res.choice.toolkit if chosen else None)
+        summary = render(STATE.mode, res, targets_from) if targets_from and res is not None and STATE.mode in (
+            Mode.PATCHED, Mode.NOOP, Mode.GUARD) else STATE.summary
+        return Session(str(fi_version), cx.get_cuda_path(), str(cx.get_cuda_version()), targets,
+                       Path(jit_env.FLASHINFER_JIT_DIR), summary,
+                       targets_from or (targets_from_text(res) if chosen else None),
+                       res.choice.toolkit if chosen else None)
