@@ -75,14 +75,10 @@ def _choice(report: dict) -> dict:
     return ((report.get("resolution") or {}).get("choice")) or {}
 
 
-def _check_workspace(report: dict) -> Iterable[Finding]:
-    """FlashInfer was not imported on purpose (``sudo -E``, a temporary directory not ours).  threat-model: P4"""
-    refused = report.get("import_refused")
-    if refused:
-        yield Finding(Level.PROBLEM, refused["code"], f"FlashInfer was not imported: {refused['text']}", refused["fix"])
-
-
 def _check_installed(report: dict) -> Iterable[Finding]:
+    """FlashInfer not imported on purpose (``sudo -E``, a temporary directory not ours; P4), not installed, too old."""
+    if refused := report.get("import_refused"):  # threat-model: P4
+        yield Finding(Level.PROBLEM, refused["code"], f"FlashInfer was not imported: {refused['text']}", refused["fix"])
     if not report.get("flashinfer_installed"):
         yield Finding(Level.PROBLEM, "flashinfer-missing", f"FlashInfer is not installed for {report.get('python')}",
                       "pip install flashinfer-python")
@@ -117,7 +113,7 @@ def _check_after(report: dict) -> Iterable[Finding]:
         yield Finding(Level.WARNING, "disabled", "FLASHINFER_SM120_DISABLE is set: nothing is patched; this report "
                       "says what flashinfer-sm120 would do", "unset FLASHINFER_SM120_DISABLE")
     elif report.get("import_refused"):
-        return  # not imported on purpose (_check_workspace)
+        return  # not imported on purpose (_check_installed)
     elif report.get("flashinfer_installed") and "error" in after and st.get("mode") != "guard":
         yield Finding(Level.PROBLEM, "import-failed", f"importing FlashInfer with flashinfer-sm120 failed: "
                       f"{after['error']}")
@@ -221,7 +217,6 @@ def _check_build_line(report: dict) -> Iterable[Finding]:
 
 #: Every check, in order; each reads the report and yields findings.  Add one line to add a check.
 CHECKS: list[Callable[[dict], Iterable[Finding]]] = [
-    _check_workspace,
     _check_installed,
     _check_choice,
     _check_after,
