@@ -54,11 +54,8 @@ def runs(target: str, capability: tuple[int, int]) -> str | None:
 
 def best(targets: list[str] | tuple[str, ...], capability: tuple[int, int]) -> tuple[str | None, str | None]:
     """``(verdict, target)`` of the best code among ``targets`` for ``capability``."""
-    found = [(RANK.index(v), t) for t in targets if (v := runs(t, capability)) is not None]
-    if not found:
-        return None, None
-    rank, target = min(found)
-    return RANK[rank], target
+    rank, target = min(((RANK.index(v), t) for t in targets if (v := runs(t, capability))), default=(None, None))
+    return (None if rank is None else RANK[rank]), target
 
 
 def caution(verdict: str | None, target: str | None, capability: tuple[int, int]) -> str | None:
