@@ -87,21 +87,21 @@ def _check_installed(report: dict) -> Iterable[Finding]:
 
 
 def _check_choice(report: dict) -> Iterable[Finding]:
+    """No toolkit fits (the guard), the choice failed, no targets or a bad arch list, no curand.h."""
+    res = report.get("resolution")  # absent when the guard is on or the choice raised
     if report.get("guard"):
         yield Finding(Level.PROBLEM, "guard", "no CUDA toolkit found here can build for these targets; FlashInfer's "
                       "JIT builds will raise the full message (doctor --verbose shows it)", report.get("fix"))
-    elif "resolution" not in report and report.get("resolution_error"):
+    elif res is None and report.get("resolution_error"):
         yield Finding(Level.PROBLEM, "resolution-failed", str(report["resolution_error"]))
-    elif "resolution" in report and not _choice(report).get("targets"):
-        why = report["resolution"].get("arch_list_error") or NO_TARGETS
+    elif res is not None and not _choice(report).get("targets"):
+        why = res.get("arch_list_error") or NO_TARGETS
         yield Finding(Level.PROBLEM, "no-targets", f"no targets: {why}, so nothing can be built", NO_TARGETS_FIX)
-    if "resolution" in report:
-        res = report["resolution"]
-        if res.get("arch_list_error") and _choice(report).get("targets"):
-            yield Finding(Level.WARNING, "arch-list", res["arch_list_error"])
-        if not (res.get("cuda_home") or {}).get("curand_include"):
-            yield Finding(Level.WARNING, "no-curand", "no curand.h in the chosen toolkit: sampling kernels will not "
-                          "compile", "pip install 'nvidia-curand' matching the toolkit, or a full CUDA toolkit")
+    elif res is not None and res.get("arch_list_error"):
+        yield Finding(Level.WARNING, "arch-list", res["arch_list_error"])
+    if res is not None and not (res.get("cuda_home") or {}).get("curand_include"):
+        yield Finding(Level.WARNING, "no-curand", "no curand.h in the chosen toolkit: sampling kernels will not "
+                      "compile", "pip install 'nvidia-curand' matching the toolkit, or a full CUDA toolkit")
     for note in report.get("cleaned") or ():
         yield Finding(Level.WARNING, "cuda-home-cleaned", note)
 
