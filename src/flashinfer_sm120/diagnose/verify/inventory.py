@@ -123,10 +123,11 @@ def prebuilt_places() -> list[dict]:
     """The prebuilt directories FlashInfer would load from first, as its ``jit.env`` computed them."""
     try:
         import flashinfer.jit.env as env
+        from flashinfer import __version__ as fi_version
     except Exception:
         return []
     places: list[dict] = [{"kind": "flashinfer-jit-cache", "label": f"{p.distribution} {p.version}",
-                           "path": str(p.jit_cache_dir), "modules": sorted(p.modules),
+                           "path": str(p.jit_cache_dir), "modules": sorted(p.modules), "flashinfer": fi_version,
                            "declared": sorted(p.cuda_architectures), "distribution": p.distribution}
                           for p in getattr(env, "FLASHINFER_AOT_PROVIDERS", ()) or ()]
     aot = getattr(env, "FLASHINFER_AOT_DIR", None)
@@ -135,7 +136,7 @@ def prebuilt_places() -> list[dict]:
         places.append({"kind": "flashinfer-aot" if own else "flashinfer-jit-cache",
                        "label": "flashinfer-python data/aot" if own else "flashinfer-jit-cache", "path": str(aot),
                        "modules": None, "declared": None, "distribution": "flashinfer-python" if own else
-                       "flashinfer-jit-cache"})
+                       "flashinfer-jit-cache", "flashinfer": fi_version})
     cubin = getattr(env, "FLASHINFER_CUBIN_DIR", None)
     if cubin is not None and os.path.isdir(cubin):
         places.append({"kind": "flashinfer-cubin", "label": "flashinfer-cubin", "path": str(cubin)})
@@ -151,9 +152,9 @@ def _fix(place: dict, caps: str) -> str:
     if place["kind"] == "flashinfer-aot":
         return (f"FlashInfer loads {place['path']} before building its own: reinstall flashinfer-python "
                 f"from PyPI (its wheel has no data/aot), then {warm}")
-    return (f"FlashInfer loads {place['distribution']}'s module before JIT-building its own and has no variable "
-            f"to skip that package: pip uninstall {place['distribution']} (or install one built for {caps}); then "
-            f"warm the JIT build with {warm}")
+    return (f"FlashInfer {place['flashinfer']} loads {place['distribution']}'s module before JIT-building its own "
+            f"and has no variable to skip that package: pip uninstall {place['distribution']} (or install one built "
+            f"for {caps}); then warm the JIT build with {warm}")
 
 
 def cubin_summary(cubin_dir: str, gpus: list[tuple[str, tuple[int, int]]]) -> dict:
