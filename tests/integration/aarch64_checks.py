@@ -139,7 +139,7 @@ def smoke(seconds: str) -> None:
     from flashinfer_sm120.cli.doctor import smoke_lines
     from flashinfer_sm120.diagnose.verify.smoke import run_smoke
 
-    result = run_smoke(float(seconds)).to_dict()
+    result = run_smoke(float(seconds))
     print("\n".join(smoke_lines(result)))
     if not result["ok"]:
         fail(f"the smoke check failed at step {result['failed']!r}")

@@ -83,6 +83,9 @@ def test_smoke_runs_the_smoke_steps_without_the_report(monkeypatch, capsys):
 
     calls = {"collect": 0, "smoke": 0}
 
+    def step(name, status, detail, output=""):
+        return {"name": name, "status": status, "seconds": 0.2, "detail": detail, "output": output}
+
     def collect(*a, **k):
         calls["collect"] += 1
         raise AssertionError("the full report was collected")
@@ -90,8 +93,8 @@ def test_smoke_runs_the_smoke_steps_without_the_report(monkeypatch, capsys):
     def run_smoke(timeout, *a, **k):
         calls["smoke"] += 1
         calls["timeout"] = timeout
-        return smoke.SmokeResult(True, [smoke.Step("toolkit", "passed", 0.0, "nvcc 13.0")], None, 1.5,
-                                 "/opt/cuda", ["sm_120f"])
+        return {"ok": True, "steps": [step("toolkit", "passed", "nvcc 13.0")], "failed": None, "seconds": 1.5,
+                "cuda_home": "/opt/cuda", "targets": ["sm_120f"]}
 
     monkeypatch.setenv("FLASHINFER_SM120_QUIET", "")  # doctor sets these two for its own process:
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "")  # restored after this in-process run
@@ -104,8 +107,9 @@ def test_smoke_runs_the_smoke_steps_without_the_report(monkeypatch, capsys):
     assert main(["doctor", "--smoke", "--arch", "12.0", "--timeout", "90"]) == 0 and calls["timeout"] == 90.0
     capsys.readouterr()
     assert out.startswith("OK: a tiny kernel built for sm_120f") and "toolkit" in out
-    monkeypatch.setattr(smoke, "run_smoke", lambda *a, **k: smoke.SmokeResult(
-        False, [smoke.Step("compile", "failed", 0.2, "compile failed (exit 1)", "nvcc fatal")], "compile", 0.3))
+    monkeypatch.setattr(smoke, "run_smoke", lambda *a, **k: {
+        "ok": False, "steps": [step("compile", "failed", "compile failed (exit 1)", "nvcc fatal")], "failed": "compile",
+        "seconds": 0.3, "cuda_home": None, "targets": []})
     assert main(["doctor", "--smoke", "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["smoke"]["failed"] == "compile"
 

@@ -76,7 +76,7 @@ def test_no_usable_ninja_fails_the_compile_step_with_the_fix(clean_env, tmp_path
         from flashinfer_sm120.core.toolkit import ninja
         from flashinfer_sm120.diagnose.verify import smoke
         ninja.FIND_STEPS = ()  # neither the wheel next to FlashInfer nor one on PATH
-        print("@@" + json.dumps(smoke.run_smoke().to_dict()))
+        print("@@" + json.dumps(smoke.run_smoke()))
     """, dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0", PATH=str(empty)))
     assert out["failed"] == "compile"
     (step,) = [s for s in out["steps"] if s["name"] == "compile"]
@@ -89,7 +89,7 @@ def test_smoke_runs_the_wheels_ninja_with_the_venv_bin_off_path(clean_env, tmp_p
         import json
         from flashinfer_sm120.core.toolkit import ninja
         from flashinfer_sm120.diagnose.verify import smoke
-        print("@@" + json.dumps([smoke.run_smoke().to_dict(), ninja.choose().path]))
+        print("@@" + json.dumps([smoke.run_smoke(), ninja.choose().path]))
     """, dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0", PATH="/usr/bin:/bin"))  # systemd's default
     result, chosen = out
     (step,) = [s for s in result["steps"] if s["name"] == "compile"]
@@ -100,7 +100,7 @@ def test_no_targets_fail_the_toolkit_step_saying_what_to_set(clean_env, real_nvc
     out, _ = run_py("""
         import helpers.fakegpu, json
         from flashinfer_sm120.diagnose.verify import smoke
-        print("@@" + json.dumps(smoke.run_smoke().to_dict()))
+        print("@@" + json.dumps(smoke.run_smoke()))
     """, dict(clean_env, FAKE_GPU_CAPS=""))
     assert out["failed"] == "toolkit" and "FLASHINFER_CUDA_ARCH_LIST=12.0" in out["steps"][0]["detail"]
 

@@ -109,7 +109,7 @@ def _smoke_only(args: argparse.Namespace) -> int:
     """``doctor --smoke``: the smoke steps alone (the full report is ``doctor`` without it)."""
     from flashinfer_sm120.diagnose.verify import smoke
 
-    result = smoke.run_smoke(args.timeout or smoke.SMOKE_TIMEOUT_S).to_dict()
+    result = smoke.run_smoke(args.timeout or smoke.SMOKE_TIMEOUT_S)
     if args.json:
         print(json.dumps({"smoke": result, "ok": result["ok"]}, indent=2, default=str))
     else:
@@ -119,7 +119,7 @@ def _smoke_only(args: argparse.Namespace) -> int:
 
 
 def smoke_lines(result: dict) -> list[str]:
-    """A smoke result (``SmokeResult.to_dict``) as printed: the verdict, then each step with its output."""
+    """A smoke result (:func:`~flashinfer_sm120.diagnose.verify.smoke.run_smoke`) as printed: the verdict, then each step with its output."""
     if result["ok"]:
         lines = [f"OK: a tiny kernel built for {' '.join(result['targets']) or 'no targets'} with FlashInfer's own "
                  f"build line and the chosen toolkit ({result['cuda_home']}) in {result['seconds']:g} s"]

@@ -75,14 +75,10 @@ def _choice(report: dict) -> dict:
     return ((report.get("resolution") or {}).get("choice")) or {}
 
 
-def _check_workspace(report: dict) -> Iterable[Finding]:
-    """FlashInfer was not imported on purpose (``sudo -E``, a temporary directory not ours).  threat-model: P4"""
-    refused = report.get("import_refused")
-    if refused:
-        yield Finding(Level.PROBLEM, refused["code"], f"FlashInfer was not imported: {refused['text']}", refused["fix"])
-
-
 def _check_installed(report: dict) -> Iterable[Finding]:
+    """FlashInfer not imported on purpose (``sudo -E``, a temporary directory not ours; P4), not installed, too old."""
+    if refused := report.get("import_refused"):  # threat-model: P4
+        yield Finding(Level.PROBLEM, refused["code"], f"FlashInfer was not imported: {refused['text']}", refused["fix"])
     if not report.get("flashinfer_installed"):
         yield Finding(Level.PROBLEM, "flashinfer-missing", f"FlashInfer is not installed for {report.get('python')}",
                       "pip install flashinfer-python")
@@ -91,21 +87,21 @@ def _check_installed(report: dict) -> Iterable[Finding]:
 
 
 def _check_choice(report: dict) -> Iterable[Finding]:
+    """No toolkit fits (the guard), the choice failed, no targets or a bad arch list, no curand.h."""
+    res = report.get("resolution")  # absent when the guard is on or the choice raised
     if report.get("guard"):
         yield Finding(Level.PROBLEM, "guard", "no CUDA toolkit found here can build for these targets; FlashInfer's "
                       "JIT builds will raise the full message (doctor --verbose shows it)", report.get("fix"))
-    elif "resolution" not in report and report.get("resolution_error"):
+    elif res is None and report.get("resolution_error"):
         yield Finding(Level.PROBLEM, "resolution-failed", str(report["resolution_error"]))
-    elif "resolution" in report and not _choice(report).get("targets"):
-        why = report["resolution"].get("arch_list_error") or NO_TARGETS
+    elif res is not None and not _choice(report).get("targets"):
+        why = res.get("arch_list_error") or NO_TARGETS
         yield Finding(Level.PROBLEM, "no-targets", f"no targets: {why}, so nothing can be built", NO_TARGETS_FIX)
-    if "resolution" in report:
-        res = report["resolution"]
-        if res.get("arch_list_error") and _choice(report).get("targets"):
-            yield Finding(Level.WARNING, "arch-list", res["arch_list_error"])
-        if not (res.get("cuda_home") or {}).get("curand_include"):
-            yield Finding(Level.WARNING, "no-curand", "no curand.h in the chosen toolkit: sampling kernels will not "
-                          "compile", "pip install 'nvidia-curand' matching the toolkit, or a full CUDA toolkit")
+    elif res is not None and res.get("arch_list_error"):
+        yield Finding(Level.WARNING, "arch-list", res["arch_list_error"])
+    if res is not None and not (res.get("cuda_home") or {}).get("curand_include"):
+        yield Finding(Level.WARNING, "no-curand", "no curand.h in the chosen toolkit: sampling kernels will not "
+                      "compile", "pip install 'nvidia-curand' matching the toolkit, or a full CUDA toolkit")
     for note in report.get("cleaned") or ():
         yield Finding(Level.WARNING, "cuda-home-cleaned", note)
 
@@ -117,7 +113,7 @@ def _check_after(report: dict) -> Iterable[Finding]:
         yield Finding(Level.WARNING, "disabled", "FLASHINFER_SM120_DISABLE is set: nothing is patched; this report "
                       "says what flashinfer-sm120 would do", "unset FLASHINFER_SM120_DISABLE")
     elif report.get("import_refused"):
-        return  # not imported on purpose (_check_workspace)
+        return  # not imported on purpose (_check_installed)
     elif report.get("flashinfer_installed") and "error" in after and st.get("mode") != "guard":
         yield Finding(Level.PROBLEM, "import-failed", f"importing FlashInfer with flashinfer-sm120 failed: "
                       f"{after['error']}")
@@ -221,7 +217,6 @@ def _check_build_line(report: dict) -> Iterable[Finding]:
 
 #: Every check, in order; each reads the report and yields findings.  Add one line to add a check.
 CHECKS: list[Callable[[dict], Iterable[Finding]]] = [
-    _check_workspace,
     _check_installed,
     _check_choice,
     _check_after,

@@ -51,34 +51,31 @@ def module_targets(path: str, cuobjdump: str | None) -> dict:
     """``{"sass": [...], "ptx": [...], "known": bool, "note": str | None}`` for one ``.so``."""
     from flashinfer_sm120.safety import proc
 
-    note = None
+    why = "no cuobjdump found (pip install nvidia-cuda-cuobjdump)"
     if cuobjdump:
         listed = proc.run([cuobjdump, "--list-elf", "--list-ptx", path], timeout=_TOOL_TIMEOUT_S,
                           max_output=_TOOL_OUTPUT)
         heads = proc.run([cuobjdump, path], timeout=_TOOL_TIMEOUT_S, max_output=_TOOL_OUTPUT)
-        try:
-            entries = parse_cuobjdump_list(listed.output, f"{cuobjdump} --list-elf {path}")
+        try:  # the list names every entry; the headers add the a/f suffix when they name as many
+            use = entries = parse_cuobjdump_list(listed.output, f"{cuobjdump} --list-elf {path}")
             exact = parse_cuobjdump_headers(heads.output, f"{cuobjdump} {path}") if heads.ok else []
-        except FormatError as exc:
-            entries, exact, note = [], [], str(exc)
-        if listed.ok or entries:
             use = exact if exact and len(exact) == len(entries) else entries
-            sass = sorted({t for k, t in use if k == "SASS"})
-            ptx = sorted({t for k, t in use if k == "PTX"})
+        except FormatError as exc:
+            use, why = [], str(exc)
+        else:
+            why = f"cuobjdump failed (exit {listed.returncode}): " + shown(
+                listed.error or listed.text().strip()[-300:], 300)
+        if listed.ok or use:
+            sass, ptx = (sorted({t for k, t in use if k == kind}) for kind in ("SASS", "PTX"))
             return {"sass": sass, "ptx": ptx, "known": True,
                     "note": None if sass or ptx else "no device code (cuobjdump lists no ELF or PTX)"}
-        note = note or (f"cuobjdump failed (exit {listed.returncode}): "
-                        + shown(listed.error or listed.text().strip()[-300:], 300))
     try:
-        info = read_elf(path)
+        fatbin = read_elf(path).sections.get(".nv_fatbin")
     except FormatError as exc:
         return {"sass": [], "ptx": [], "known": False, "note": str(exc)}
-    fatbin = info.sections.get(".nv_fatbin")
-    why = note or "no cuobjdump found (pip install nvidia-cuda-cuobjdump)"
     if fatbin is None:
         return {"sass": [], "ptx": [], "known": True, "note": "no device code (no .nv_fatbin section)"}
-    return {"sass": [], "ptx": [], "known": False,
-            "note": f"targets unknown: {why}; .nv_fatbin of {fatbin[2]} bytes"}
+    return {"sass": [], "ptx": [], "known": False, "note": f"targets unknown: {why}; .nv_fatbin of {fatbin[2]} bytes"}
 
 
 def check_module(name: str, path: str, gpus: list[tuple[str, tuple[int, int]]], cuobjdump: str | None,
@@ -129,33 +126,35 @@ def prebuilt_places() -> list[dict]:
         from flashinfer import __version__ as fi_version
     except Exception:
         return []
-    places: list[dict] = []
-    for p in getattr(env, "FLASHINFER_AOT_PROVIDERS", ()) or ():
-        places.append({"kind": "flashinfer-jit-cache", "label": f"{p.distribution} {p.version}",
-                       "path": str(p.jit_cache_dir), "modules": sorted(p.modules),
-                       "declared": sorted(p.cuda_architectures), "distribution": p.distribution})
+    places: list[dict] = [{"kind": "flashinfer-jit-cache", "label": f"{p.distribution} {p.version}",
+                           "path": str(p.jit_cache_dir), "modules": sorted(p.modules), "flashinfer": fi_version,
+                           "declared": sorted(p.cuda_architectures), "distribution": p.distribution}
+                          for p in getattr(env, "FLASHINFER_AOT_PROVIDERS", ()) or ()]
     aot = getattr(env, "FLASHINFER_AOT_DIR", None)
     if aot is not None and os.path.isdir(aot) and str(aot) not in {p["path"] for p in places}:
         own = os.path.join("flashinfer", "data", "aot") in str(aot)
         places.append({"kind": "flashinfer-aot" if own else "flashinfer-jit-cache",
-                       "label": "flashinfer-python data/aot" if own else "flashinfer-jit-cache",
-                       "path": str(aot), "modules": None, "declared": None,
-                       "distribution": "flashinfer-python" if own else "flashinfer-jit-cache"})
+                       "label": "flashinfer-python data/aot" if own else "flashinfer-jit-cache", "path": str(aot),
+                       "modules": None, "declared": None, "distribution": "flashinfer-python" if own else
+                       "flashinfer-jit-cache", "flashinfer": fi_version})
     cubin = getattr(env, "FLASHINFER_CUBIN_DIR", None)
     if cubin is not None and os.path.isdir(cubin):
         places.append({"kind": "flashinfer-cubin", "label": "flashinfer-cubin", "path": str(cubin)})
-    for p in places:
-        p["flashinfer"] = fi_version
     return places
 
 
-def _prebuilt_fix(place: dict, caps: str) -> str:
+def _fix(place: dict, caps: str) -> str:
+    """How to be rid of a module no GPU here runs, by where FlashInfer finds it."""
+    warm = f"flashinfer-sm120 build --arch {caps}"
+    if place["kind"] == "jit":
+        return (f"delete that module's directory (FlashInfer rebuilds it for the GPUs present on first use), "
+                f"or warm it now with {warm}")
     if place["kind"] == "flashinfer-aot":
         return (f"FlashInfer loads {place['path']} before building its own: reinstall flashinfer-python "
-                f"from PyPI (its wheel has no data/aot), then flashinfer-sm120 build --arch {caps}")
-    return (f"FlashInfer {place['flashinfer']} loads {place['distribution']}'s module before JIT-building "
-            f"its own and has no variable to skip that package: pip uninstall {place['distribution']} (or "
-            f"install one built for {caps}); then warm the JIT build with flashinfer-sm120 build --arch {caps}")
+                f"from PyPI (its wheel has no data/aot), then {warm}")
+    return (f"FlashInfer {place['flashinfer']} loads {place['distribution']}'s module before JIT-building its own "
+            f"and has no variable to skip that package: pip uninstall {place['distribution']} (or install one built "
+            f"for {caps}); then warm the JIT build with {warm}")
 
 
 def cubin_summary(cubin_dir: str, gpus: list[tuple[str, tuple[int, int]]]) -> dict:
@@ -219,28 +218,20 @@ def inventory(jit_dir: str | None, gpus: list[tuple[str, tuple[int, int]]], cuda
     """Every place FlashInfer loads modules from, each module checked against ``gpus``."""
     cuobjdump = find_cuobjdump(cuda_home)
     caps = " ".join(dict.fromkeys(f"{c[0]}.{c[1]}" for _, c in gpus)) or "<major.minor>"
-    places = []
-    for place in prebuilt_places() if prebuilt else []:
+    places = prebuilt_places() if prebuilt else []
+    if jit_dir:
+        places.append({"kind": "jit", "label": "JIT directory", "path": jit_dir, "modules": None})
+    for place in places:
         if place["kind"] == "flashinfer-cubin":
             place.update(cubin_summary(place["path"], gpus))
-            places.append(place)
             continue
-        names = place.pop("modules") or [n for n, _ in jit_modules(place["path"])]
-        mods = [(n, os.path.join(place["path"], n, f"{n}.so")) for n in names]
-        mods = [(n, p) for n, p in mods if os.path.isfile(p)]
-        place["modules"] = [check_module(n, p, gpus, cuobjdump, _prebuilt_fix(place, caps))
-                            for n, p in mods[:MODULE_CAP]]
+        names = place["modules"] or [n for n, _ in jit_modules(place["path"])]
+        mods = [(n, p) for n in names if os.path.isfile(p := os.path.join(place["path"], n, f"{n}.so"))]
+        place["modules"] = [check_module(n, p, gpus, cuobjdump, _fix(place, caps)) for n, p in mods[:MODULE_CAP]]
         place["not_inspected"] = max(0, len(mods) - MODULE_CAP)
-        places.append(place)
-    if jit_dir:
-        mods = jit_modules(jit_dir)
-        fix = (f"delete that module's directory (FlashInfer rebuilds it for the GPUs present on first use), "
-               f"or warm it now with flashinfer-sm120 build --arch {caps}")
-        places.append({"kind": "jit", "label": "JIT directory", "path": jit_dir,
-                       "modules": [check_module(n, p, gpus, cuobjdump, fix) for n, p in mods[:MODULE_CAP]],
-                       "not_inspected": max(0, len(mods) - MODULE_CAP),
-                       "other_targets": {} if mods else other_targets(jit_dir)})
-    problems = sum(1 for p in places for m in p.get("modules") or () if isinstance(m, dict) and m["problem"])
+        if place["kind"] == "jit":
+            place["other_targets"] = {} if mods else other_targets(jit_dir)
+    problems = sum(bool(m["problem"]) for p in places for m in p.get("modules") or ())
     return {"cuobjdump": cuobjdump, "checked_against": [label for label, _ in gpus], "places": places,
             "problems": problems}
 

@@ -309,11 +309,6 @@ def build_line_section(report: dict) -> dict:
     out["stale"] = stale
     caps = [tuple(int(x) for x in c.split(".")) for c in
             (((report.get("resolution") or {}).get("choice") or {}).get("capabilities") or ())]
-    out["server_arch"] = []
-    for inst in servers.installed():
-        choice = serverprobe.server_arch(inst.release.key, caps, env) if caps else None
-        if choice is not None:
-            out["server_arch"].append({"name": choice.name, "variable": choice.variable, "value": choice.value,
-                                       "targets": list(choice.targets), "function": choice.function,
-                                       "how": choice.how})
+    choices = (serverprobe.server_arch(inst.release.key, caps, env) for inst in servers.installed() if caps)
+    out["server_arch"] = [dataclasses.asdict(c) for c in choices if c is not None]
     return out

@@ -38,27 +38,20 @@ def runs(target: str, capability: tuple[int, int]) -> str | None:
     if p is None:
         return None
     kind, major, minor, suffix = p
-    gmaj, gmin = capability
-    if kind == "SASS":
-        if suffix == "a":
-            return "exact" if (major, minor) == (gmaj, gmin) else None
-        if major != gmaj or minor > gmin:
-            return None
-        return "exact" if minor == gmin else "compatible"
-    if suffix == "a":
-        return "jit" if (major, minor) == (gmaj, gmin) else None
-    if suffix == "f":
-        return "jit" if major == gmaj and minor <= gmin else None
-    return "jit" if (major, minor) <= (gmaj, gmin) else None
+    same = (major, minor) == capability
+    if suffix == "a":  # that GPU only
+        fits = same
+    elif kind == "SASS" or suffix == "f":  # later minors of the major
+        fits = major == capability[0] and minor <= capability[1]
+    else:  # plain PTX: the driver compiles it for any later GPU
+        fits = (major, minor) <= capability
+    return None if not fits else "jit" if kind == "PTX" else "exact" if same else "compatible"
 
 
 def best(targets: list[str] | tuple[str, ...], capability: tuple[int, int]) -> tuple[str | None, str | None]:
     """``(verdict, target)`` of the best code among ``targets`` for ``capability``."""
-    found = [(RANK.index(v), t) for t in targets if (v := runs(t, capability)) is not None]
-    if not found:
-        return None, None
-    rank, target = min(found)
-    return RANK[rank], target
+    rank, target = min(((RANK.index(v), t) for t in targets if (v := runs(t, capability))), default=(None, None))
+    return (None if rank is None else RANK[rank]), target
 
 
 def caution(verdict: str | None, target: str | None, capability: tuple[int, int]) -> str | None:
@@ -97,13 +90,8 @@ def static_problems(path: str, *, view: str | None = None, cuda_major: int | Non
 
 def cuda_libraries(mapped: set[str]) -> dict[str, list[str]]:
     """The ``libcuda`` and ``libcudart`` files among mapped paths, real paths, sorted."""
-    out: dict[str, list[str]] = {"libcuda": [], "libcudart": []}
-    for p in mapped:
-        base = os.path.basename(p)
-        key = "libcudart" if base.startswith("libcudart.so") else "libcuda" if base.startswith("libcuda.so") else None
-        if key:
-            out[key].append(os.path.realpath(p))
-    return {k: sorted(set(v)) for k, v in out.items()}
+    return {k: sorted({os.path.realpath(p) for p in mapped if os.path.basename(p).startswith(k + ".so")})
+            for k in ("libcuda", "libcudart")}
 
 
 def runtime_problems(before: set[str], after: set[str], *, view: str | None = None) -> tuple[dict, list[str]]:

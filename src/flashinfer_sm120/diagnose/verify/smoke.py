@@ -1,24 +1,20 @@
 """``doctor --smoke``: a tiny kernel built with FlashInfer's own ``gen_jit_spec`` and ``generate_ninja_build_for_op``
 (0.7.4) in a private scratch directory, checked, and run when a GPU is visible; the result names the failing
-step (:data:`STEPS`, one deadline)."""
+step (:data:`STEPS`, one deadline), as ``doctor --json`` shows it under ``smoke``."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
 
 from flashinfer_sm120.errors import Sm120Error
 from flashinfer_sm120.safety.formats.reads import loads_json
-from flashinfer_sm120.safety.formats.fields import field
 
-__all__ = ["SMOKE_TIMEOUT_S", "STEPS", "Step", "SmokeResult", "run_smoke"]
+__all__ = ["SMOKE_TIMEOUT_S", "STEPS", "run_smoke"]
 
 #: Seconds the whole smoke check may take by default.
 SMOKE_TIMEOUT_S = 30.0
-#: The steps, in order.
-STEPS = ("toolkit", "generate", "compile", "link", "link check", "load", "run")
 #: Characters of a failing step's output kept (its end: compilers print the error last).
 OUTPUT_KEPT = 2000
 _NAME = "flashinfer_sm120_smoke"
@@ -79,48 +75,30 @@ sys.stdout.write("\n@@" + json.dumps(out) + "\n")
 """
 
 
-@dataclasses.dataclass
-class Step:
-    """One step: ``status`` is ``passed``, ``failed`` or ``skipped``."""
+class _Failed(Sm120Error):
+    """A step failed: the message says why, ``output`` is the end of what its tool printed."""
 
-    name: str
-    status: str
-    seconds: float = 0.0
-    detail: str = ""
-    output: str = ""
-
-
-@dataclasses.dataclass
-class SmokeResult:
-    """The outcome: ``ok`` when no step failed; ``failed`` names the first failing step."""
-
-    ok: bool
-    steps: list[Step]
-    failed: str | None
-    seconds: float
-    cuda_home: str | None = None
-    targets: list[str] = dataclasses.field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        """JSON-ready form."""
-        return dataclasses.asdict(self)
-
-
-class _Failed(Exception):
     def __init__(self, detail: str, output: str = "") -> None:
         super().__init__(detail)
-        self.detail, self.output = detail, output
+        self.output = output
 
 
-def _tail(text: str, keep: int = OUTPUT_KEPT) -> str:
-    text = text.strip()
-    return text if len(text) <= keep else f"... ({len(text) - keep} characters cut)\n" + text[-keep:]
+def _left(st: dict) -> float:
+    """Seconds left of the one deadline; none left fails the step before it starts its tool."""
+    left = st["deadline"] - time.monotonic()
+    if left <= 0:
+        raise _Failed(f"the smoke check's {st['timeout']:g} s were used up before this step")
+    return left
 
 
-def _choose(state: dict) -> str:
-    """The toolkit and targets FlashInfer builds with here, patched (``state`` gets ``home`` and ``targets``)."""
+def _toolkit(st: dict) -> str:
+    """A private scratch directory, then the toolkit and targets FlashInfer builds with here, patched."""
     from flashinfer_sm120.core.facts.refusals import import_refused
+    from flashinfer_sm120.safety.compilers import path_problem
+    from flashinfer_sm120.safety.fs.atomic import make_private
+    from flashinfer_sm120.safety.fs.statedir import cache_root
 
+    st["scratch"] = make_private("smoke-", cache_root())  # locked while it runs: a killed one is swept by the next
     refusal = import_refused()  # threat-model: P4: FlashInfer and its dependencies write where it must not
     if refusal is not None:
         raise _Failed(str(refusal))
@@ -130,28 +108,24 @@ def _choose(state: dict) -> str:
     import flashinfer.jit.core as core  # noqa: F401  (applies the patch)
     import flashinfer.jit.cpp_ext as cx
 
-    st = flashinfer_sm120.status()
-    if st["mode"] not in ("patched", "noop"):
-        raise _Failed(f"FlashInfer is {st['mode']}, so its JIT builds would not use a fitting toolkit: "
-                      f"{st.get('error') or st.get('summary')}")
-    targets = st["target_cuda_archs"] or []
-    if not targets:
+    status = flashinfer_sm120.status()
+    if status["mode"] not in ("patched", "noop"):
+        raise _Failed(f"FlashInfer is {status['mode']}, so its JIT builds would not use a fitting toolkit: "
+                      f"{status.get('error') or status.get('summary')}")
+    if not status["target_cuda_archs"]:
         from flashinfer_sm120.diagnose.verify.diagnosis import NO_TARGETS, NO_TARGETS_FIX
 
         raise _Failed(f"no targets: {NO_TARGETS}; fix: {NO_TARGETS_FIX}")
-    from flashinfer_sm120.safety.compilers import path_problem
-
-    problem = path_problem(os.environ)
-    if problem:
+    if problem := path_problem(os.environ):
         raise _Failed(str(problem))
-    home = state["home"] = cx.get_cuda_path()
-    state["targets"] = targets
+    home = st["home"] = cx.get_cuda_path()
+    st["targets"] = status["target_cuda_archs"]
     nvcc = os.path.realpath(os.path.join(home, "bin", "nvcc"))
-    return f"nvcc {cx.get_cuda_version()} ({nvcc}) via CUDA_HOME={home}; targets {' '.join(targets)}"
+    return f"nvcc {cx.get_cuda_version()} ({nvcc}) via CUDA_HOME={home}; targets {' '.join(st['targets'])}"
 
 
-def _generate(state: dict, work: str) -> str:
-    """Write the source and FlashInfer's build.ninja into ``work``; ``state`` gets the ninja, object and ``.so`` paths."""
+def _generate(st: dict) -> str:
+    """The source and FlashInfer's build.ninja for it, pointed at the scratch directory."""
     import re
     from pathlib import Path
 
@@ -159,7 +133,8 @@ def _generate(state: dict, work: str) -> str:
     from flashinfer.jit import env as jit_env
     from flashinfer.jit.core import gen_jit_spec
 
-    src = Path(work) / "smoke.cu"
+    work = Path(st["scratch"].path).resolve()
+    src = work / "smoke.cu"
     src.write_text(SOURCE)
     spec = gen_jit_spec(_NAME, [src])
     text = cx.generate_ninja_build_for_op(
@@ -169,53 +144,27 @@ def _generate(state: dict, work: str) -> str:
     if theirs not in text:
         raise _Failed(f"FlashInfer's build.ninja does not name its output directory {theirs} where expected; "
                       "this FlashInfer release writes its ninja files differently", text[-1500:])
-    text = text.replace(theirs, str(Path(work).resolve()))
-    state["ninja"] = os.path.join(work, "build.ninja")
-    with open(state["ninja"], "w") as fh:
-        fh.write(text)
-    state["obj"] = os.path.join(os.path.realpath(work), f"{src.parent.name}_{src.stem}.cuda.o")
-    state["so"] = os.path.join(os.path.realpath(work), f"{_NAME}.so")
+    st["ninja"] = work / "build.ninja"
+    st["ninja"].write_text(text.replace(theirs, str(work)))
+    st["obj"], st["so"] = str(work / f"{src.parent.name}_{src.stem}.cuda.o"), str(work / f"{_NAME}.so")
     gencode = sorted(set(re.findall(r"-gencode=arch=\S+", text)))
     return f"FlashInfer's build.ninja: {' '.join(gencode) or 'no -gencode'}; links -lcudart -lcuda"
 
 
-def _ninja(args: list[str], left, what: str) -> str:
+def _ninja(st: dict, what: str, *targets: str) -> str:
     """Run the ninja FlashInfer's ``run_ninja`` will run (:func:`flashinfer_sm120.core.toolkit.ninja.choose`)."""
+    from flashinfer_sm120.core.toolkit import ninja as ninjas
     from flashinfer_sm120.safety import proc
-    from flashinfer_sm120.core.toolkit import ninja as _ninjas
     from flashinfer_sm120.safety.fs.atomic import build_env
 
-    ninja = _ninjas.choose().path  # a NinjaError, or a PlaceError just below: the step's detail, as any refusal
+    ninja = ninjas.choose().path  # a NinjaError, or a PlaceError just below: the step's detail, as any refusal
     env = build_env(os.environ)  # nvcc's temporary names are predictable: a directory of ours
-    res = proc.run([ninja, *args], timeout=left(), max_output=1 << 20, env=env)
+    res = proc.run([ninja, "-C", st["scratch"].path, "-f", str(st["ninja"]), *targets], timeout=_left(st),
+                   max_output=1 << 20, env=env)
     if not res.ok:
-        why = ("timed out" if res.timed_out else res.error or f"exit {res.returncode}")
-        raise _Failed(f"{what} failed ({why})", res.text())
+        raise _Failed(f"{what} failed ({'timed out' if res.timed_out else res.error or f'exit {res.returncode}'})",
+                      res.text())
     return f"{what} with {ninja}"
-
-
-def _link_check(so: str, home: str, targets: list[str]) -> str:
-    from flashinfer_sm120.diagnose.verify.inventory import find_cuobjdump, module_targets
-    from flashinfer_sm120.diagnose.verify.rules import static_problems
-
-    from flashinfer_sm120.core.toolkit.policy import torch_cuda_version
-
-    torch_cuda = torch_cuda_version()
-    major = int(torch_cuda.split(".")[0]) if torch_cuda and torch_cuda.split(".")[0].isdigit() else None
-    facts, problems = static_problems(so, view=_view(home), cuda_major=major)
-    if problems:
-        raise _Failed("; ".join(problems))
-    found = module_targets(so, find_cuobjdump(home))
-    if found["known"]:
-        missing = [t for t in targets if t not in found["sass"]]
-        if missing:
-            raise _Failed(f"the .so holds no SASS for {', '.join(missing)} (it holds "
-                          f"{', '.join(found['sass'] + found['ptx']) or 'no device code'})")
-        code = "SASS " + ", ".join(found["sass"])
-    else:
-        code = found["note"]
-    cuda = [n for n in facts["needed"] if n.startswith(("libcuda", "libcudart"))]
-    return f"NEEDED {', '.join(cuda) or 'no CUDA library'}; {code}"
 
 
 def _view(home: str) -> str | None:
@@ -225,39 +174,63 @@ def _view(home: str) -> str | None:
     return home if os.path.isfile(os.path.join(home, META_NAME)) else None
 
 
-def _load(so: str, home: str, left, state: dict) -> str:
-    from flashinfer_sm120.safety import proc
+def _link_check(st: dict) -> str:
+    """What the ``.so`` needs at run time, and SASS for every target (from a trusted cuobjdump)."""
+    from flashinfer_sm120.core.toolkit.policy import torch_cuda_version
+    from flashinfer_sm120.diagnose.verify.inventory import find_cuobjdump, module_targets
+    from flashinfer_sm120.diagnose.verify.rules import static_problems
+
+    major = (torch_cuda_version() or "").split(".")[0]
+    major = int(major) if major.isdigit() else None
+    facts, problems = static_problems(st["so"], view=_view(st["home"]), cuda_major=major)
+    if problems:
+        raise _Failed("; ".join(problems))
+    found = module_targets(st["so"], find_cuobjdump(st["home"]))
+    missing = [t for t in st["targets"] if t not in found["sass"]]
+    if found["known"] and missing:
+        raise _Failed(f"the .so holds no SASS for {', '.join(missing)} (it holds "
+                      f"{', '.join(found['sass'] + found['ptx']) or 'no device code'})")
+    cuda = [n for n in facts["needed"] if n.startswith(("libcuda", "libcudart"))]
+    code = "SASS " + ", ".join(found["sass"]) if found["known"] else found["note"]
+    return f"NEEDED {', '.join(cuda) or 'no CUDA library'}; {code}"
+
+
+def _load(st: dict) -> str:
+    """Load the ``.so`` in a child that initialised CUDA through torch; the libraries it then maps."""
     from flashinfer_sm120.diagnose.verify.rules import runtime_problems
+    from flashinfer_sm120.safety import proc
     from flashinfer_sm120.safety.formats.binary import proc_maps_paths
 
-    res = proc.run([sys.executable, "-c", _CHILD, so], timeout=left(), max_output=16 << 20)
+    res = proc.run([sys.executable, "-c", _CHILD, st["so"]], timeout=_left(st), max_output=16 << 20)
     line = next((ln for ln in reversed(res.text().splitlines()) if ln.startswith("@@")), None)
     if line is None:
         raise _Failed(f"the child process printed no result ({'timed out' if res.timed_out else res.returncode})",
                       res.text())
-    out = loads_json(line[2:], "the smoke child's result")
-    if not field(out, "loaded", bool, "the smoke child's result", default=False):
+    out = st["child"] = loads_json(line[2:], "the smoke child's result")
+    if out.get("loaded") is not True:
         raise _Failed(f"loading the .so failed: {out.get('error')}")
     maps = [proc_maps_paths(str(out.get(k, "")), "/proc/self/maps") for k in ("before", "after")]
-    facts, problems = runtime_problems(*maps, view=_view(home))
+    facts, problems = runtime_problems(*maps, view=_view(st["home"]))
     if problems:
         raise _Failed("; ".join(problems))
-    state["child"] = out
     return f"libcuda from {', '.join(facts['libcuda'])}; libcudart from {', '.join(facts['libcudart'])}"
 
 
-def _ran(state: dict) -> str:
-    out = state["child"]
-    src = "the smoke child's result"
-    rc = field(out, "rc", int, src, default=None)
-    if out.get("error") or rc is None:
+def _run(st: dict) -> str:
+    """The kernel's answer, as the child reported it."""
+    out = st["child"]
+    if out.get("error") or not isinstance(out.get("rc"), int):
         raise _Failed(f"calling the kernel failed: {out.get('error')}")
-    wrong = field(out, "wrong", int, src, default=-1)
-    if rc != 0 or wrong != 0:
-        raise _Failed(f"the kernel ran with cudaError {rc} and {wrong} wrong results of 4096 "
+    if out["rc"] != 0 or out.get("wrong") != 0:
+        raise _Failed(f"the kernel ran with cudaError {out['rc']} and {out.get('wrong')} wrong results of 4096 "
                       f"(cudaError 209 is cudaErrorNoKernelImageForDevice: no code for this GPU)")
-    driver = field(out, "driver", int, src, default=0)
+    driver = int(out.get("driver") or 0)
     return f"4096 results right; driver API version {driver // 1000}.{driver % 1000 // 10}"
+
+
+#: The steps, in order; the last two run only where a GPU is visible.
+STEPS = {"toolkit": _toolkit, "generate": _generate, "compile": lambda st: _ninja(st, "compile", st["obj"]),
+         "link": lambda st: _ninja(st, "link"), "link check": _link_check, "load": _load, "run": _run}
 
 
 def _gpu_visible() -> bool:
@@ -269,51 +242,32 @@ def _gpu_visible() -> bool:
         return False
 
 
-def run_smoke(timeout: float = SMOKE_TIMEOUT_S) -> SmokeResult:
-    """The smoke check within ``timeout`` seconds; never raises: a failure is a failed step."""
+def run_smoke(timeout: float = SMOKE_TIMEOUT_S) -> dict:
+    """The smoke check within ``timeout`` seconds; never raises: a failure is a failed step, the rest skipped."""
     start = time.monotonic()
-    steps: list[Step] = []
-    st: dict = {"home": None, "targets": []}
-
-    def left() -> float:
-        if time.monotonic() >= start + timeout:
-            raise _Failed(f"the smoke check's {timeout:g} s were used up before this step")
-        return start + timeout - time.monotonic()
-
-    table = [("toolkit", lambda: _choose(st)),
-             ("generate", lambda: _generate(st, work)),
-             ("compile", lambda: _ninja(["-C", work, "-f", st["ninja"], st["obj"]], left, "compile")),
-             ("link", lambda: _ninja(["-C", work, "-f", st["ninja"]], left, "link")),
-             ("link check", lambda: _link_check(st["so"], st["home"], st["targets"])),
-             ("load", lambda: _load(st["so"], st["home"], left, st)),
-             ("run", lambda: _ran(st))]
-    scratch = None
+    st: dict = {"home": None, "targets": [], "deadline": start + timeout, "timeout": timeout}
+    steps, failed = [], None
+    skip = {} if _gpu_visible() else dict.fromkeys(("load", "run"), "no GPU visible (compile and link checked only)")
     try:
-        from flashinfer_sm120.safety.fs.statedir import cache_root
-        from flashinfer_sm120.safety.fs.atomic import make_private
-
-        scratch = make_private("smoke-", cache_root())  # locked while it runs: a killed one is swept by the next
-        work = scratch.path
-        for name, fn in table[:5] + (table[5:] if _gpu_visible() else []):
+        for name, fn in STEPS.items():
+            why = f"not run: {failed} failed" if failed else skip.get(name)
+            step = {"name": name, "status": "skipped", "seconds": 0.0, "detail": why, "output": ""}
+            steps.append(step)
+            if why is not None:
+                continue
             t0 = time.monotonic()
             try:
-                steps.append(Step(name, "passed", 0.0, fn() or ""))
-            except Exception as exc:  # anything FlashInfer or the OS raises: the step failed; a refusal says its text
-                failed = exc if isinstance(exc, _Failed) else _Failed(
-                    (str(exc) if isinstance(exc, Sm120Error) else f"{type(exc).__name__}: {exc}")[:2000])
-                steps.append(Step(name, "failed", 0.0, failed.detail, _tail(failed.output)))
-                break
-            finally:
-                steps[-1].seconds = round(time.monotonic() - t0, 2)
-    except Exception as exc:  # the scratch directory itself (no cache root): name it as a step
-        steps.append(Step("toolkit", "failed", 0.0, f"{type(exc).__name__}: {exc}"[:2000]))
+                step.update(status="passed", detail=fn(st))
+            except Exception as exc:  # anything FlashInfer or the OS raises fails the step; a refusal says its text
+                failed = name
+                detail = str(exc) if isinstance(exc, Sm120Error) else f"{type(exc).__name__}: {exc}"
+                output = exc.output.strip() if isinstance(exc, _Failed) else ""
+                if len(output) > OUTPUT_KEPT:
+                    output = f"... ({len(output) - OUTPUT_KEPT} characters cut)\n" + output[-OUTPUT_KEPT:]
+                step.update(status="failed", detail=detail[:2000], output=output)
+            step["seconds"] = round(time.monotonic() - t0, 2)
     finally:
-        if scratch is not None:
-            scratch.close()
-    done = {s.name for s in steps}
-    failed = next((s.name for s in steps if s.status == "failed"), None)
-    for name in STEPS:
-        if name not in done:
-            why = (f"not run: {failed} failed" if failed else "no GPU visible (compile and link checked only)")
-            steps.append(Step(name, "skipped", 0.0, why))
-    return SmokeResult(failed is None, steps, failed, round(time.monotonic() - start, 2), st["home"], st["targets"])
+        if "scratch" in st:
+            st["scratch"].close()
+    return {"ok": failed is None, "steps": steps, "failed": failed, "seconds": round(time.monotonic() - start, 2),
+            "cuda_home": st["home"], "targets": st["targets"]}
