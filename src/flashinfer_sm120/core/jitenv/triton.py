@@ -50,8 +50,6 @@ def plan(bin_dir: str, sms: list[int]) -> dict:
             notes.append(f"{label}: unchanged (cannot tell what it needs)")
         elif bundled >= need:
             notes.append(f"{label} builds it")
-        elif var in env:
-            notes.append(f"{label} cannot build it (needs {need}); {var} already set for another GPU")
         elif (memo.tool_release(ours) or Version("0")) < need:
             notes.append(f"{label} cannot build it (needs {need}); neither can {ours} ({memo.tool_release(ours)})")
         else:
