@@ -100,13 +100,8 @@ def _torch_cuda() -> str:
 
 
 def _nvcc() -> str:
-    """The nvcc flashinfer-sm120 chooses: from the last recorded status when it still holds, else resolved."""
+    """The nvcc flashinfer-sm120 chooses here."""
     try:
-        from flashinfer_sm120.cli.status import recorded
-
-        tk = (recorded()[0] or {}).get("toolkit")
-        if tk:
-            return f"nvcc {tk['nvcc_full']} at {tk['root']} (chosen)"
         from flashinfer_sm120.core.patch.decide import resolve
 
         res = resolve(guard=True)

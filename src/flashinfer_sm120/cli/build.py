@@ -44,7 +44,7 @@ def run_build(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> dict:
     """Set up, build, and return the ``build --json`` document; :raises Sm120Error: it cannot start."""
     from flashinfer_sm120.core.facts.archopt import export_arch_list
-    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
+    from flashinfer_sm120.core.jitenv import toolchain
     from flashinfer_sm120.warmup import moddir, plan, replay, session
     from flashinfer_sm120.warmup.session import BuildError
 
@@ -80,7 +80,10 @@ def _build(args: argparse.Namespace) -> dict:
         tk.root if tk else sess.cuda_home)
     if missing:  # before anything compiles: nvcc would stop on the #include minutes later
         raise BuildError("; ".join(missing))
-    refused = _cache_refused(sess)
+    setup = _setup_of(sess)
+    kind, problem = toolchain.requested()  # a compiler cache asked for (flag or variable) and refused
+    refused = problem or (setup.cache.get("refused") if kind or os.environ.get("FLASHINFER_NVCC_LAUNCHER") is None
+                          else None)
     if refused:
         raise BuildError(refused)
     if not args.ninja_only:  # before anything is generated: the same refusal for every module
@@ -108,7 +111,7 @@ def _build(args: argparse.Namespace) -> dict:
                                       env=user_env, step_timeout=args.step_timeout * 60)
         stats["wall_s"] = round(time.monotonic() - t0, 2)
     results = shipped + results  # each said on stderr as not built, and why
-    flag_only = args.compiler_cache == "sccache" and not user_env.get(CACHE_ENV)
+    flag_only = args.compiler_cache == "sccache" and not user_env.get(toolchain.CACHE_ENV)
     cache = None if args.ninja_only else _cache_report(before, flag_only)
     if cache:
         print(cache["line"], file=sys.stderr)
@@ -129,7 +132,7 @@ def _build(args: argparse.Namespace) -> dict:
         targets_from=sess.targets_from, pool_wall_s=stats.get("wall_s"),
         modules=results, plan=stats.get("plan"), compiler_cache=cache,
         cannot_regenerate=[{"name": n, "why": w} for n, w in not_made],
-        refused_settings=list(_setup_of(sess).refused))  # built without these (P2, P8)
+        refused_settings=list(setup.refused))  # built without these (P2, P8)
 
 
 def _not_shipped(labelled: list, sess) -> tuple[list, list[dict]]:
@@ -224,15 +227,6 @@ def _setup_of(sess):
         os.environ.pop(name, None)
     os.environ.update(setup.set)
     return setup
-
-
-def _cache_refused(sess) -> str | None:
-    """The refusal of a compiler cache that was asked for (flag or variable), else ``None``."""
-    from flashinfer_sm120.core.jitenv import toolchain
-
-    refused = _setup_of(sess).cache.get("refused")
-    kind, problem = toolchain.requested()
-    return problem or (refused if kind or os.environ.get("FLASHINFER_NVCC_LAUNCHER") is None else None)
 
 
 def _cache_report(before: dict | None, flag_only: bool) -> dict | None:

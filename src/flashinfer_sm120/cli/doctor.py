@@ -152,17 +152,14 @@ def dump(value: dict | list | tuple, indent: str = "") -> list[str]:
     lines: list[str] = []
     for key, v in value.items() if isinstance(value, dict) else (("-", v) for v in value):
         head = f"{indent}{key}:" if isinstance(value, dict) else f"{indent}-"
-        if (isinstance(v, dict) and v) or (isinstance(v, (list, tuple)) and not _plain(v)):
+        if (isinstance(v, dict) and v) or (isinstance(v, (list, tuple))
+                                           and any(isinstance(x, (dict, list, tuple)) for x in v)):
             sub = dump(v, indent + "  ")
             lines += [f"{head} {sub[0].lstrip()}"] + sub[1:] if head.endswith("-") else [head] + sub
         else:
             text = _scalar(v)
             lines += [f"{head} {text[0]}"] + [f"{indent}  {ln}" for ln in text[1:]]
     return lines
-
-
-def _plain(items: list | tuple) -> bool:
-    return not any(isinstance(v, (dict, list, tuple)) for v in items)
 
 
 def _scalar(v) -> list[str]:
