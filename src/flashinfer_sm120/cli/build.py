@@ -12,11 +12,10 @@ import sys
 import time
 
 from flashinfer_sm120.core.facts.arch import nvcc_spelling
-from flashinfer_sm120.errors import Sm120Error
+from flashinfer_sm120.errors import Sm120Error, UsageError
 from flashinfer_sm120.safety.formats.params import cli_int, cli_size
 from flashinfer_sm120.warmup import modules as _modules
 from flashinfer_sm120.cli import buildjson
-from flashinfer_sm120.cli.common import err as _err
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -30,10 +29,8 @@ def run_build(args: argparse.Namespace) -> int:
         return 0
     try:
         doc = _build(args)
-    except Sm120Error as exc:  # bad module, manifest or --arch, no ninja, a refused cache ...
-        if args.json:
-            print(json.dumps(buildjson.document(str(exc)), indent=2))
-        return _err(str(exc))
+    except Sm120Error as exc:  # a build that cannot start (a bad module, manifest or --arch, no ninja, a refused
+        raise UsageError(str(exc), exc.fix) from exc  # cache ...) exits 2, printed by cli.main as its document (P8)
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
