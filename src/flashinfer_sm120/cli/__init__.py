@@ -83,11 +83,11 @@ class _Parser(argparse.ArgumentParser):
 def version_lines() -> list[str]:
     """``--version``: this package, Python, FlashInfer, torch and its CUDA, and the nvcc that would be chosen; each
     part read on its own, so a missing or broken one is named and the rest still prints."""
-    from flashinfer_sm120.core.toolkit.policy import torch_cuda_version
     from flashinfer_sm120.diagnose.verify.report import dist_version
 
-    fi, torch = dist_version("flashinfer-python"), dist_version("torch")
-    cuda = torch and torch_cuda_version()
+    fi, torch, cuda = dist_version("flashinfer-python"), dist_version("torch"), None
+    with contextlib.suppress(Exception):  # seconds, but the resolution below imports torch too
+        cuda = torch and importlib.import_module("torch").version.cuda
     lines = [f"flashinfer-sm120 {__version__} ({os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})",
              f"Python {sys.version.split()[0]} ({sys.executable})",
              f"FlashInfer {fi}" if fi else "FlashInfer: not installed (pip install flashinfer-python)",
