@@ -48,7 +48,11 @@ def _build(args: argparse.Namespace) -> dict:
     if not args.modules and not args.manifest:
         raise BuildError("name the modules to build (see `flashinfer-sm120 build --list`) or give "
                          "--from MANIFEST (recorded with FLASHINFER_SM120_RECORD)")
-    user_env = _apply_cache_flag(args.compiler_cache)  # the user's env before anything is exported
+    user_env = dict(os.environ)  # the user's, before anything is exported (the plan reads their MAX_JOBS)
+    if args.compiler_cache:  # acted on before FlashInfer is set up
+        os.environ[toolchain.CACHE_ENV] = "off" if args.compiler_cache == "none" else args.compiler_cache
+        if args.compiler_cache == "sccache":
+            toolchain.request_from_flag("--compiler-cache sccache")
     variants = _modules.expand(args.modules, head_dims=args.head_dim, dtypes=args.dtype,
                                kv_dtypes=args.kv_dtype, acts=args.act) if args.modules else []
     entries, problems = replay.load(args.manifest) if args.manifest else ([], [])
@@ -193,21 +197,6 @@ def _print_human(summary: dict) -> None:
             print(f"note: {r['module']}: its build-line variables were not recorded: {r['build_vars_unrecorded']}")
     for s in summary["cannot_regenerate"]:
         print(f"cannot regenerate {s['name']}: {s['why']}")
-
-
-def _apply_cache_flag(compiler_cache: str | None) -> dict:
-    """Act on ``--compiler-cache`` before FlashInfer is set up; the user's environment as it was (the
-    plan reads their ``MAX_JOBS``)."""
-    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
-
-    user_env = dict(os.environ)
-    if compiler_cache:
-        os.environ[CACHE_ENV] = "off" if compiler_cache == "none" else compiler_cache
-        if compiler_cache == "sccache":
-            from flashinfer_sm120.core.jitenv import toolchain
-
-            toolchain.request_from_flag("--compiler-cache sccache")
-    return user_env
 
 
 def _setup_of(sess):
