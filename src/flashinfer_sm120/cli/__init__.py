@@ -24,27 +24,26 @@ from flashinfer_sm120.cli import enable
 from flashinfer_sm120.safety.formats.base import bounded, shown
 from flashinfer_sm120.cli.common import err
 
-try:
-    from flashinfer_sm120.warmup.modules import NAMES as _MODULES
-except Exception:  # a broken install: 'disable' must still work
-    _MODULES = {}
-
 __all__ = ["main"]
 
 
 def _broken_parser(sub, name: str, exc: BaseException) -> None:
-    def fail(args) -> int:
-        msg = f"'{name}' is unavailable: this install is broken ({exc!r})"
-        if "--json" in args.rest:  # build's document imports nothing: it prints even now
-            document = None
-            if name == "build":
-                from flashinfer_sm120.cli.buildjson import failure as document
-            _print_failure_json(document, msg, "broken-install", fix_for(exc))
-        return err(f"{msg}; Fix: {fix_for(exc)}")
+    """``name`` registered as a command that says why it is unavailable (build's document imports nothing: it
+    prints even now)."""
+    from flashinfer_sm120.cli.buildjson import failure
 
     p = sub.add_parser(name, help=f"unavailable: {exc!r}", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=fail)
+    p.set_defaults(func=lambda args: _broken(f"'{name}' is unavailable: this install", exc, "--json" in args.rest,
+                                             failure if name == "build" else None))
+
+
+def _broken(what: str, exc: BaseException, json_wanted: bool, document) -> int:
+    """A module or dependency of this package missing or broken: the message and its fix, no traceback."""
+    msg, fix = f"{what} is broken ({exc!r})", fix_for(exc)
+    if json_wanted:
+        _print_failure_json(document, msg, "broken-install", fix)
+    return err(f"{msg}; Fix: {fix}")
 
 
 def _print_failure_json(document, message: str, kind: str, fix: str) -> None:
@@ -63,20 +62,16 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         e = re.match(r"argument ([^:]+): expected one argument$", message)
-        for opt in (e.group(1).split("/") if e else ()):  # `--mem-limit -5G`: argparse reads -5G as an option
-            at = self.argv.index(opt) if opt in self.argv else -1
-            if 0 <= at < len(self.argv) - 1 and self.argv[at + 1].startswith("-"):
-                value = self.argv[at + 1]
-                message += (f"; the value {shown(value, 80)} starts with '-' and was read as an option: "
-                            f"join it, as {opt}={shown(value, 80)[1:-1]}")
-                break
+        dashed = [(o, v) for o, v in zip(self.argv, self.argv[1:]) if e and o in e.group(1).split("/") and v[:1] == "-"]
+        for opt, value in dashed[:1]:  # `--mem-limit -5G`: argparse reads -5G as an option
+            message += (f"; the value {shown(value, 80)} starts with '-' and was read as an option: "
+                        f"join it, as {opt}={shown(value, 80)[1:-1]}")
         m = re.match(r"argument [^:]+: invalid choice: '([^']*)' \(choose from (.*)\)$", message)
         if m:  # argparse quotes the bad choice whole: shown cut, as every value we name
             message = message.replace(f"'{m.group(1)}'", shown(m.group(1), 80), 1)
-        if m and "maybe you meant" not in message:
             choices = [c.strip().strip("'") for c in m.group(2).split(",")]
             close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
-            if close:
+            if close and "maybe you meant" not in message:  # Python 3.15 suggests on its own
                 message += f"; did you mean {close[0]!r}?"
         if self.json_errors:
             from flashinfer_sm120.errors import UsageError
@@ -85,54 +80,27 @@ class _Parser(argparse.ArgumentParser):
         super().error(bounded(message))  # argparse quotes a bad choice or argument whole
 
 
-# ----------------------------------------------------------------------------- --version: this package, Python,
-# FlashInfer, torch and its CUDA, and the nvcc that would be chosen; each part read on its own, so a missing or
-# broken one is named and the rest still prints
+def version_lines() -> list[str]:
+    """``--version``: this package, Python, FlashInfer, torch and its CUDA, and the nvcc that would be chosen; each
+    part read on its own, so a missing or broken one is named and the rest still prints."""
+    from flashinfer_sm120.diagnose.verify.report import dist_version
 
-
-def _torch_cuda() -> str:
-    """torch's CUDA, read from ``torch/version.py`` (importing torch takes seconds)."""
-    import importlib.util
-
+    fi, torch, cuda = dist_version("flashinfer-python"), dist_version("torch"), None
+    with contextlib.suppress(Exception):  # seconds, but the resolution below imports torch too
+        cuda = torch and importlib.import_module("torch").version.cuda
+    lines = [f"flashinfer-sm120 {__version__} ({os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})",
+             f"Python {sys.version.split()[0]} ({sys.executable})",
+             f"FlashInfer {fi}" if fi else "FlashInfer: not installed (pip install flashinfer-python)",
+             f"torch {torch} ({f'CUDA {cuda}' if cuda else 'CPU build'})" if torch else "torch: not installed"]
     try:
-        spec = importlib.util.find_spec("torch")
-        where = list(spec.submodule_search_locations or ()) if spec else []
-        text = open(os.path.join(where[0], "version.py"), encoding="utf-8").read() if where else ""
-    except (OSError, ImportError, ValueError, IndexError):
-        return "CUDA unknown"
-    m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
-    return f"CUDA {m.group(1)}" if m else "CPU build"
-
-
-def _nvcc() -> str:
-    """The nvcc flashinfer-sm120 chooses: from the last recorded status when it still holds, else resolved."""
-    try:
-        from flashinfer_sm120.cli.status import recorded
-
-        tk = (recorded()[0] or {}).get("toolkit")
-        if tk:
-            return f"nvcc {tk['nvcc_full']} at {tk['root']} (chosen)"
         from flashinfer_sm120.core.patch.decide import resolve
 
         res = resolve(guard=True)
-        if res.choice is None:
-            return f"nvcc: none fits ({res.fix or 'flashinfer-sm120 doctor'})"
-        return f"nvcc {res.choice.toolkit.nvcc_full} at {res.choice.toolkit.root} (chosen)"
+        tk = res.choice and res.choice.toolkit
+        lines.append(f"nvcc {tk.nvcc_full} at {tk.root} (chosen)" if tk
+                     else f"nvcc: none fits ({res.fix or 'flashinfer-sm120 doctor'})")
     except Exception as exc:
-        return f"nvcc: unknown ({type(exc).__name__}: {exc})"[:300]
-
-
-def version_lines() -> list[str]:
-    """One line per component; never raises."""
-    from flashinfer_sm120.diagnose.verify.report import dist_version
-
-    lines = [f"flashinfer-sm120 {__version__} ({os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})",
-             f"Python {sys.version.split()[0]} ({sys.executable})"]
-    fi = dist_version("flashinfer-python")
-    lines.append(f"FlashInfer {fi}" if fi else "FlashInfer: not installed (pip install flashinfer-python)")
-    torch = dist_version("torch")
-    lines.append(f"torch {torch} ({_torch_cuda()})" if torch else "torch: not installed")
-    lines.append(_nvcc())
+        lines.append(f"nvcc: unknown ({type(exc).__name__}: {exc})"[:300])
     return lines
 
 
@@ -152,9 +120,6 @@ def build_parser() -> argparse.ArgumentParser:
             _broken_parser(sub, name, exc)
     enable.add_parsers(sub)
     for p in _parsers(parser):
-        # Python 3.14+: "maybe you meant" for mistyped subcommands and choices; an attribute,
-        # not the keyword, so older releases ignore it (argparse docs, suggest_on_error).
-        p.suggest_on_error = True
         for action in _subparsers(p):  # every --help opens with a description: its one-line help by default
             for choice in action._choices_actions:
                 sp = action.choices[choice.dest]
@@ -211,15 +176,12 @@ def _safe_streams() -> None:
 def _open_std_fds() -> None:
     """Open descriptors 0-2 closed at start on ``/dev/null``, so that no file the command opens takes 1 or 2."""
     for fd, name in enumerate(("stdin", "stdout", "stderr")):
-        try:
-            os.fstat(fd)
-        except OSError:
+        with contextlib.suppress(OSError):
             try:
-                os.dup2(os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY), fd)  # the lowest free: fd itself
-            except OSError:
-                continue
-        if getattr(sys, name) is None:
-            with contextlib.suppress(OSError):
+                os.fstat(fd)
+            except OSError:  # the lowest free descriptor, 0-2 being checked in order: fd itself
+                os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+            if getattr(sys, name) is None:
                 setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
 
 
@@ -276,8 +238,8 @@ def _main(argv: list[str] | None) -> int:
         if json_wanted:
             document = _selected(parser, argv).get_default("json_failure")
             _print_failure_json(document, str(exc), getattr(exc, "kind", "refused"), exc.fix)
-        sep = " Fix: " if str(exc).endswith((".", "?")) else "; "  # a message of sentences gets a sentence
-        err(f"{exc}{sep}{exc.fix}" if exc.fix else str(exc))
+        sep = " " if str(exc).endswith((".", "?")) else "; "  # a message of sentences gets a sentence
+        err(f"{exc}{sep}Fix: {exc.fix}" if exc.fix else str(exc))
         return 2 if isinstance(exc, UsageError) else 1
 
 
@@ -291,15 +253,10 @@ def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         parser.print_help()
         return 2
     if extras and isinstance(getattr(args, "modules", None), list):
-        # argparse leaves a positional after an option to the caller ('build sampling --act
-        # gelu activation'): module names go with the others, anything else is refused below
-        names = [x for x in extras if not x.startswith("-")]
-        if len(names) == len(extras):
-            args.modules += names
-            extras = []
-        else:  # a mistyped option among them: only the option is unrecognized, not a module name
-            args.modules += [x for x in names if x in _MODULES or x == "all"]
-            extras = [x for x in extras if x not in args.modules]
+        # argparse leaves a positional after an option to the caller ('build sampling --act gelu activation'):
+        # words go with the module names (build names an unknown one), options are refused below
+        args.modules += [x for x in extras if not x.startswith("-")]
+        extras = [x for x in extras if x.startswith("-")]
     if extras:  # the subcommand's own usage, and the option that was probably meant
         chosen = _selected(parser, argv)
         chosen.error(_unknown(chosen, extras))
@@ -324,7 +281,4 @@ def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     except ImportError as exc:  # a dependency missing or broken: one line with the fix, no traceback
         if (getattr(exc, "name", None) or "").partition(".")[0] in ("flashinfer", "torch"):
             raise
-        msg = f"this install is broken ({exc!r})"
-        if getattr(args, "json", False):
-            _print_failure_json(getattr(args, "json_failure", None), msg, "broken-install", fix_for(exc))
-        return err(f"{msg}; Fix: {fix_for(exc)}")
+        return _broken("this install", exc, getattr(args, "json", False), getattr(args, "json_failure", None))

@@ -12,11 +12,10 @@ import sys
 import time
 
 from flashinfer_sm120.core.facts.arch import nvcc_spelling
-from flashinfer_sm120.errors import Sm120Error
+from flashinfer_sm120.errors import Sm120Error, UsageError
 from flashinfer_sm120.safety.formats.params import cli_int, cli_size
 from flashinfer_sm120.warmup import modules as _modules
 from flashinfer_sm120.cli import buildjson
-from flashinfer_sm120.cli.common import err as _err
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -30,10 +29,8 @@ def run_build(args: argparse.Namespace) -> int:
         return 0
     try:
         doc = _build(args)
-    except Sm120Error as exc:  # bad module, manifest or --arch, no ninja, a refused cache ...
-        if args.json:
-            print(json.dumps(buildjson.document(str(exc)), indent=2))
-        return _err(str(exc))
+    except Sm120Error as exc:  # a build that cannot start (a bad module, manifest or --arch, no ninja, a refused
+        raise UsageError(str(exc), exc.fix) from exc  # cache ...) exits 2, printed by cli.main as its document (P8)
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
@@ -44,14 +41,18 @@ def run_build(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> dict:
     """Set up, build, and return the ``build --json`` document; :raises Sm120Error: it cannot start."""
     from flashinfer_sm120.core.facts.archopt import export_arch_list
-    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
+    from flashinfer_sm120.core.jitenv import toolchain
     from flashinfer_sm120.warmup import moddir, plan, replay, session
     from flashinfer_sm120.warmup.session import BuildError
 
     if not args.modules and not args.manifest:
         raise BuildError("name the modules to build (see `flashinfer-sm120 build --list`) or give "
                          "--from MANIFEST (recorded with FLASHINFER_SM120_RECORD)")
-    user_env = _apply_cache_flag(args.compiler_cache)  # the user's env before anything is exported
+    user_env = dict(os.environ)  # the user's, before anything is exported (the plan reads their MAX_JOBS)
+    if args.compiler_cache:  # acted on before FlashInfer is set up
+        os.environ[toolchain.CACHE_ENV] = "off" if args.compiler_cache == "none" else args.compiler_cache
+        if args.compiler_cache == "sccache":
+            toolchain.request_from_flag("--compiler-cache sccache")
     variants = _modules.expand(args.modules, head_dims=args.head_dim, dtypes=args.dtype,
                                kv_dtypes=args.kv_dtype, acts=args.act) if args.modules else []
     entries, problems = replay.load(args.manifest) if args.manifest else ([], [])
@@ -80,7 +81,10 @@ def _build(args: argparse.Namespace) -> dict:
         tk.root if tk else sess.cuda_home)
     if missing:  # before anything compiles: nvcc would stop on the #include minutes later
         raise BuildError("; ".join(missing))
-    refused = _cache_refused(sess)
+    setup = _setup_of(sess)
+    kind, problem = toolchain.requested()  # a compiler cache asked for (flag or variable) and refused
+    refused = problem or (setup.cache.get("refused") if kind or os.environ.get("FLASHINFER_NVCC_LAUNCHER") is None
+                          else None)
     if refused:
         raise BuildError(refused)
     if not args.ninja_only:  # before anything is generated: the same refusal for every module
@@ -108,7 +112,7 @@ def _build(args: argparse.Namespace) -> dict:
                                       env=user_env, step_timeout=args.step_timeout * 60)
         stats["wall_s"] = round(time.monotonic() - t0, 2)
     results = shipped + results  # each said on stderr as not built, and why
-    flag_only = args.compiler_cache == "sccache" and not user_env.get(CACHE_ENV)
+    flag_only = args.compiler_cache == "sccache" and not user_env.get(toolchain.CACHE_ENV)
     cache = None if args.ninja_only else _cache_report(before, flag_only)
     if cache:
         print(cache["line"], file=sys.stderr)
@@ -129,7 +133,7 @@ def _build(args: argparse.Namespace) -> dict:
         targets_from=sess.targets_from, pool_wall_s=stats.get("wall_s"),
         modules=results, plan=stats.get("plan"), compiler_cache=cache,
         cannot_regenerate=[{"name": n, "why": w} for n, w in not_made],
-        refused_settings=list(_setup_of(sess).refused))  # built without these (P2, P8)
+        refused_settings=list(setup.refused))  # built without these (P2, P8)
 
 
 def _not_shipped(labelled: list, sess) -> tuple[list, list[dict]]:
@@ -195,21 +199,6 @@ def _print_human(summary: dict) -> None:
         print(f"cannot regenerate {s['name']}: {s['why']}")
 
 
-def _apply_cache_flag(compiler_cache: str | None) -> dict:
-    """Act on ``--compiler-cache`` before FlashInfer is set up; the user's environment as it was (the
-    plan reads their ``MAX_JOBS``)."""
-    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
-
-    user_env = dict(os.environ)
-    if compiler_cache:
-        os.environ[CACHE_ENV] = "off" if compiler_cache == "none" else compiler_cache
-        if compiler_cache == "sccache":
-            from flashinfer_sm120.core.jitenv import toolchain
-
-            toolchain.request_from_flag("--compiler-cache sccache")
-    return user_env
-
-
 def _setup_of(sess):
     """This process's toolchain ``Setup``, made here when FlashInfer's hooks made none (not patched)."""
     from flashinfer_sm120.core.jitenv import toolchain
@@ -224,15 +213,6 @@ def _setup_of(sess):
         os.environ.pop(name, None)
     os.environ.update(setup.set)
     return setup
-
-
-def _cache_refused(sess) -> str | None:
-    """The refusal of a compiler cache that was asked for (flag or variable), else ``None``."""
-    from flashinfer_sm120.core.jitenv import toolchain
-
-    refused = _setup_of(sess).cache.get("refused")
-    kind, problem = toolchain.requested()
-    return problem or (refused if kind or os.environ.get("FLASHINFER_NVCC_LAUNCHER") is None else None)
 
 
 def _cache_report(before: dict | None, flag_only: bool) -> dict | None:

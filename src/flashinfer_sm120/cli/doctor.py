@@ -53,11 +53,19 @@ def run_doctor(args: argparse.Namespace) -> int:
         server_cache = apply_server_cache(strict=False)
     except Exception as exc:
         server_cache = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    from flashinfer_sm120.core.facts import precompiled
+    from flashinfer_sm120.diagnose import prune
+    from flashinfer_sm120.diagnose.verify import inventory, report as part
+    from flashinfer_sm120.warmup import plan
+
     log = logging.getLogger("flashinfer_sm120")
     level = log.level
     log.setLevel(logging.CRITICAL)  # the report says what its log lines would (the guard's message is line 1)
     try:
-        report = collect(args.timeout or ALONE_TIMEOUT_S, sections=_sections(), say=say, server_cache=server_cache, arch=args.arch)
+        report = collect(args.timeout or ALONE_TIMEOUT_S, say=say, server_cache=server_cache, arch=args.arch, sections=(
+            ("ninja", part.ninja_section), ("servers", part.servers_section), ("build_line", part.build_line_section),
+            ("inventory", inventory.doctor_section), ("caches", prune.doctor_section), ("builds", plan.doctor_section),
+            ("precompiled", precompiled.doctor_section)))
     finally:
         log.setLevel(level)
     if tty:
@@ -70,19 +78,6 @@ def run_doctor(args: argparse.Namespace) -> int:
         for line in render(report, verbose=args.verbose, diagnosis=diagnosis):
             print(printable(line))  # threat-model: P8: names found on disk are shown, never acted on
     return 0 if diagnosis.ok else 1
-
-
-def _sections() -> tuple:
-    """The report's further sections, in order: ``(key, collector)``."""
-    from flashinfer_sm120.core.facts import precompiled
-    from flashinfer_sm120.diagnose import prune
-    from flashinfer_sm120.diagnose.verify import inventory, report
-    from flashinfer_sm120.warmup import plan
-
-    return (("ninja", report.ninja_section), ("servers", report.servers_section),
-            ("build_line", report.build_line_section), ("inventory", inventory.doctor_section),
-            ("caches", prune.doctor_section), ("builds", plan.doctor_section),
-            ("precompiled", precompiled.doctor_section))
 
 
 def render(report: dict, *, verbose: bool = False, diagnosis=None) -> list[str]:
@@ -152,17 +147,14 @@ def dump(value: dict | list | tuple, indent: str = "") -> list[str]:
     lines: list[str] = []
     for key, v in value.items() if isinstance(value, dict) else (("-", v) for v in value):
         head = f"{indent}{key}:" if isinstance(value, dict) else f"{indent}-"
-        if (isinstance(v, dict) and v) or (isinstance(v, (list, tuple)) and not _plain(v)):
+        if (isinstance(v, dict) and v) or (isinstance(v, (list, tuple))
+                                           and any(isinstance(x, (dict, list, tuple)) for x in v)):
             sub = dump(v, indent + "  ")
             lines += [f"{head} {sub[0].lstrip()}"] + sub[1:] if head.endswith("-") else [head] + sub
         else:
             text = _scalar(v)
             lines += [f"{head} {text[0]}"] + [f"{indent}  {ln}" for ln in text[1:]]
     return lines
-
-
-def _plain(items: list | tuple) -> bool:
-    return not any(isinstance(v, (dict, list, tuple)) for v in items)
 
 
 def _scalar(v) -> list[str]:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import glob
 import hashlib
 import os
+import py_compile
 import shlex
 import site
 import stat
@@ -25,14 +27,11 @@ __all__ = ["add_parsers", "user_site_problem", "holds"]
 
 def user_site_problem() -> str | None:
     """Why this interpreter does not read the user site-packages (a venv, PEP 405; ``python -s``), or ``None``."""
-    if sys.prefix != sys.base_prefix and not site.ENABLE_USER_SITE:
-        return (f"{sys.executable} runs in a virtual environment ({sys.prefix}), which does not "
-                f"read the user site-packages (site.ENABLE_USER_SITE is False)")
-    if not site.ENABLE_USER_SITE:
-        why = ("PYTHONNOUSERSITE is set" if os.environ.get("PYTHONNOUSERSITE")
-               else "python -s, or a uid/euid mismatch")
-        return f"{sys.executable} does not read the user site-packages ({why}; site.ENABLE_USER_SITE is False)"
-    return None
+    if site.ENABLE_USER_SITE:
+        return None
+    why = (f"it runs in a virtual environment, {sys.prefix}" if sys.prefix != sys.base_prefix
+           else "PYTHONNOUSERSITE is set" if os.environ.get("PYTHONNOUSERSITE") else "python -s, or a uid/euid mismatch")
+    return f"{sys.executable} does not read the user site-packages ({why}; site.ENABLE_USER_SITE is False)"
 
 
 def is_site_dir(path: str) -> bool:
@@ -96,17 +95,15 @@ def _sweep_tmp(site_dir: str) -> None:
 @contextlib.contextmanager
 def _site_lock(site_dir: str):
     """Serialise ``enable``/``disable`` on one site directory (``flock`` on it), so no ``.pth`` lacks its module."""
-    try:
+    fd = -1
+    with contextlib.suppress(OSError):
         fd = os.open(site_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
-    except OSError:
-        yield
-        return
+        fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)  # releases the lock
+        if fd >= 0:
+            os.close(fd)  # releases the lock
 
 
 def _check_site_dir(args: argparse.Namespace) -> None:
@@ -121,13 +118,10 @@ def _enable(args: argparse.Namespace) -> int:
     _check_site_dir(args)
     if args.site_dir:
         target_dir = os.path.abspath(args.site_dir)
-        if not os.path.isdir(target_dir):  # a typo must not create a directory nobody reads
-            raise UsageError(f"--site-dir {args.site_dir!r} is not an existing directory; give a site "
-                             f"directory that exists, or leave --site-dir out for {_purelib()}")
-        if not is_site_dir(target_dir):  # a .pth anywhere else is never read: /etc took one silently
-            raise UsageError(f"--site-dir {args.site_dir!r} is not a site directory: Python reads .pth files "
+        if not (os.path.isdir(target_dir) and is_site_dir(target_dir)):  # a typo or /etc: never read, so refused
+            raise UsageError(f"--site-dir {args.site_dir!r} is not an existing site directory: Python reads .pth files "
                              f"only in directories named site-packages or dist-packages and in this interpreter's "
-                             f"own ({', '.join(site_dirs()) or 'none'}); give one of those, or leave --site-dir "
+                             f"own ({', '.join(site_dirs()) or 'none'})", f"give one of those, or leave --site-dir "
                              f"out for {_purelib()}")
         who = f"processes of {py} (or another Python) that read {target_dir} as a site directory"
     elif args.user:
@@ -144,13 +138,11 @@ def _enable(args: argparse.Namespace) -> int:
         who = f"every process of {py} and of any virtual environment created from it with --system-site-packages"
         if sys.prefix != sys.base_prefix:
             who = f"every process of {py} (virtual environment {sys.prefix})"
-    from flashinfer_sm120.safety.fs.places import foreign_tree
+    from flashinfer_sm120.safety.fs.places import foreign_tree, foreign_tree_message
     from flashinfer_sm120.safety.ownership import trust_reason
 
     foreign = foreign_tree(target_dir)  # threat-model: P4 -- no missing level made inside a tree another uid owns
     if foreign is not None:
-        from flashinfer_sm120.safety.fs.places import foreign_tree_message
-
         raise PlaceError(foreign_tree_message("the site directory", foreign, "--site-dir"))
     why = trust_reason(target_dir)  # threat-model: P4 -- written only into a tree of root's or yours
     if why:
@@ -159,17 +151,13 @@ def _enable(args: argparse.Namespace) -> int:
                          "for this interpreter's)")
     for name in (HOOK_FILE, PTH_NAME):  # threat-model: P5 -- a file of that name that is not ours stays
         path = os.path.join(target_dir, name)
-        if not os.path.lexists(path):
-            continue
-        is_text = read_text(path) is not None  # read once: up to OURS_MAX bytes
-        if is_our_hook(path) if name == HOOK_FILE else is_text:
-            continue
-        editable = name == HOOK_FILE and is_text  # a module you edited: --force replaces it
-        if args.force and editable:
-            continue  # yours to replace: asked for by name
-        raise PlaceError(f"{path} exists and is not what 'flashinfer-sm120 enable' wrote (another module, one "
-                         f"edited since, or not a UTF-8 text file of at most {OURS_MAX >> 10} KiB); nothing written.",
-                         "move it away" + (", or pass --force to replace a module you edited" if editable else ""))
+        is_text = os.path.lexists(path) and read_text(path) is not None  # up to OURS_MAX bytes read
+        editable = name == HOOK_FILE and is_text and not is_our_hook(path)  # a module you edited: --force replaces it
+        if os.path.lexists(path) and not (is_text and (args.force or not editable)):
+            raise PlaceError(f"{path} exists and is not what 'flashinfer-sm120 enable' wrote (another module, one "
+                             f"edited since, or not a UTF-8 text file of at most {OURS_MAX >> 10} KiB); nothing "
+                             "written.", "move it away"
+                             + (", or pass --force to replace a module you edited" if editable else ""))
     target = os.path.join(target_dir, PTH_NAME)
     writing = target_dir
     changed = False
@@ -185,8 +173,9 @@ def _enable(args: argparse.Namespace) -> int:
                     continue
                 write_atomic(writing, text.encode("utf-8"), mode=0o644)  # readable by every user of it
                 changed = True
-                if name == HOOK_FILE:
-                    _precompile(writing)
+                if name == HOOK_FILE:  # its bytecode now, as pip does: an interpreter that may not write here
+                    with contextlib.suppress(OSError, py_compile.PyCompileError):  # compiles it at each start
+                        py_compile.compile(writing, doraise=True)
     except OSError as exc:
         hint = "use a virtual environment you own" if args.user else "try --user, or a virtual environment you own"
         raise PlaceError(f"cannot write {writing}: {exc.strerror or exc}", hint) from None
@@ -202,7 +191,8 @@ def _enable(args: argparse.Namespace) -> int:
 def _disable(args: argparse.Namespace) -> int:
     _check_site_dir(args)
     removed, failed, left = [], [], []
-    for d in _targets_for_disable(args.site_dir):
+    dirs = _targets_for_disable(args.site_dir)
+    for d in dirs:
         with _site_lock(d):
             _sweep_tmp(d)
             # the .pth first: an interpreter starting meanwhile must not import a missing module
@@ -239,27 +229,13 @@ def _disable(args: argparse.Namespace) -> int:
     if failed:
         raise PlaceError("could not remove " + "; ".join(failed), "run as the user who owns it")
     if not removed and not left:
-        print("nothing to remove (no " + PTH_NAME + " in " + ", ".join(_targets_for_disable(args.site_dir)) + ")")
+        print("nothing to remove (no " + PTH_NAME + " in " + ", ".join(dirs) + ")")
     return 0
-
-
-def _precompile(path: str) -> None:
-    """Cache the module's bytecode now, as pip does (interpreters that may not write here compile it each start)."""
-    import py_compile
-
-    with contextlib.suppress(OSError, py_compile.PyCompileError):
-        py_compile.compile(path, doraise=True)
 
 
 def _pycs(site_dir: str) -> list[str]:
     """The hook module's bytecode that interpreters cached under ``__pycache__``."""
-    cache = os.path.join(site_dir, "__pycache__")
-    try:
-        names = os.listdir(cache)
-    except OSError:
-        return []
-    return [os.path.join(cache, n) for n in sorted(names)
-            if n.startswith(MODULE_NAME + ".") and n.endswith(".pyc")]
+    return sorted(glob.glob(os.path.join(glob.escape(site_dir), "__pycache__", glob.escape(MODULE_NAME) + ".*.pyc")))
 
 
 _CODES = ("Exit status 0: done, or nothing to do; 1: refused (the message names the file or directory and the "

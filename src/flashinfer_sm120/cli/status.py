@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
@@ -160,26 +159,21 @@ def recorded(env: dict[str, str] | None = None) -> tuple[dict | None, str | None
     return match["status"], None  # type: ignore[return-value]
 
 
-#: A recorded target as nvcc spells it (``state.targets_from_text``).
-_TARGET_RE = re.compile(r"sm_[0-9]{2,3}[af]?")
-
-
 def _well_formed(st) -> bool:
     """Whether a recorded :func:`~.laststatus.from_status` has its shape: a record of another shape is none (the file
     is S2 input)."""
     from flashinfer_sm120.core.patch.state import Mode
 
-    def text(v) -> bool:
-        return v is None or isinstance(v, str)
-
-    if not isinstance(st, dict) or not isinstance(st.get("mode"), str) or st["mode"] not in {m.value for m in Mode}:
+    if not isinstance(st, dict) or st.get("mode") not in [m.value for m in Mode]:
         return False
     tk, targets = st.get("toolkit"), st.get("targets")
-    if tk is not None and not (isinstance(tk, dict) and all(text(tk.get(k)) for k in ("nvcc_full", "root", "nvcc"))
-                               and isinstance(tk.get("nvcc"), str) and isinstance(tk.get("stat"), list)):
+    if tk is not None and not (isinstance(tk, dict) and isinstance(tk.get("nvcc"), str)
+                               and isinstance(tk.get("stat"), list)):
         return False
-    return (isinstance(targets, list) and all(isinstance(t, str) and _TARGET_RE.fullmatch(t) for t in targets)
-            and all(text(st.get(k)) for k in ("error", "arch_list_error", "flashinfer")))
+    texts = [st.get(k) for k in ("error", "arch_list_error", "flashinfer")] + [(tk or {}).get(k) for k in
+                                                                              ("nvcc_full", "root")]
+    return isinstance(targets, list) and all(isinstance(v, str) for v in targets) and all(
+        v is None or isinstance(v, str) for v in texts)
 
 
 def _changes(old: dict, new: dict, env: dict[str, str] | None) -> list[str]:
@@ -190,20 +184,19 @@ def _changes(old: dict, new: dict, env: dict[str, str] | None) -> list[str]:
     def shown(value) -> str:  # paths whole, as people copy them; still bounded
         return "unset" if value is None else _shown(value, limit=MAX_WORD)
 
+    def differ(key: str) -> list[str]:
+        was = old.get(key) or {}
+        return sorted(k for k in set(was) | set(new[key]) if was.get(k) != new[key].get(k))
+
     env = dict(os.environ if env is None else env)
-    out: list[str] = []
-    for var in sorted(set(old.get("env") or {}) | set(new["env"])):
-        was, now = (old.get("env") or {}).get(var), new["env"].get(var)
-        if was != now:
-            out.append(f"{var} changed from {shown(was)} to {shown(now)}")
-    for place in sorted(set(old.get("nvcc") or {}) | set(new["nvcc"])):
-        if (old.get("nvcc") or {}).get(place) != new["nvcc"].get(place):
-            where = (laststatus.which_nvcc(env) if place == "PATH" else env.get(place, ""))
-            if place in ("CUDA_HOME", "CUDA_PATH") and where:
-                where = os.path.join(where, "bin", "nvcc")
-            out.append(f"the nvcc found through {place} ({shown(where or 'none now')}) was replaced, added or removed")
-    dirs = sorted(d for d in set(old.get("mtimes") or {}) | set(new["mtimes"])
-                  if (old.get("mtimes") or {}).get(d) != new["mtimes"].get(d))
+    out = [f"{var} changed from {shown((old.get('env') or {}).get(var))} to {shown(new['env'].get(var))}"
+           for var in differ("env")]
+    for place in differ("nvcc"):
+        where = laststatus.which_nvcc(env) if place == "PATH" else env.get(place, "")
+        if place in ("CUDA_HOME", "CUDA_PATH") and where:
+            where = os.path.join(where, "bin", "nvcc")
+        out.append(f"the nvcc found through {place} ({shown(where or 'none now')}) was replaced, added or removed")
+    dirs = differ("mtimes")
     if dirs:
         out.append(f"{shown(dirs[0])} changed (a package installed or removed)"
                    + (f", and {len(dirs) - 1} more directories" if len(dirs) > 1 else ""))
@@ -213,5 +206,4 @@ def _changes(old: dict, new: dict, env: dict[str, str] | None) -> list[str]:
              "usr_local_cuda": lambda: f"/usr/local/cuda now points to {shown(new['usr_local_cuda'])} "
                                        f"(was {shown(old.get('usr_local_cuda'))})",
              "gpus": lambda: "the GPUs the driver lists changed"}
-    out += [say() for key, say in words.items() if old.get(key) != new.get(key)]
-    return out
+    return out + [say() for key, say in words.items() if old.get(key) != new.get(key)]
