@@ -80,27 +80,54 @@ class _Parser(argparse.ArgumentParser):
         super().error(bounded(message))  # argparse quotes a bad choice or argument whole
 
 
-def version_lines() -> list[str]:
-    """``--version``: this package, Python, FlashInfer, torch and its CUDA, and the nvcc that would be chosen; each
-    part read on its own, so a missing or broken one is named and the rest still prints."""
-    from flashinfer_sm120.diagnose.verify.report import dist_version
+# ----------------------------------------------------------------------------- --version: this package, Python,
+# FlashInfer, torch and its CUDA, and the nvcc that would be chosen; each part read on its own, so a missing or
+# broken one is named and the rest still prints
 
-    fi, torch, cuda = dist_version("flashinfer-python"), dist_version("torch"), None
-    with contextlib.suppress(Exception):  # seconds, but the resolution below imports torch too
-        cuda = torch and importlib.import_module("torch").version.cuda
-    lines = [f"flashinfer-sm120 {__version__} ({os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})",
-             f"Python {sys.version.split()[0]} ({sys.executable})",
-             f"FlashInfer {fi}" if fi else "FlashInfer: not installed (pip install flashinfer-python)",
-             f"torch {torch} ({f'CUDA {cuda}' if cuda else 'CPU build'})" if torch else "torch: not installed"]
+
+def _torch_cuda() -> str:
+    """torch's CUDA, read from ``torch/version.py`` (importing torch takes seconds)."""
+    import importlib.util
+
     try:
+        spec = importlib.util.find_spec("torch")
+        where = list(spec.submodule_search_locations or ()) if spec else []
+        text = open(os.path.join(where[0], "version.py"), encoding="utf-8").read() if where else ""
+    except (OSError, ImportError, ValueError, IndexError):
+        return "CUDA unknown"
+    m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    return f"CUDA {m.group(1)}" if m else "CPU build"
+
+
+def _nvcc() -> str:
+    """The nvcc flashinfer-sm120 chooses: from the last recorded status when it still holds, else resolved."""
+    try:
+        from flashinfer_sm120.cli.status import recorded
+
+        tk = (recorded()[0] or {}).get("toolkit")
+        if tk:
+            return f"nvcc {tk['nvcc_full']} at {tk['root']} (chosen)"
         from flashinfer_sm120.core.patch.decide import resolve
 
         res = resolve(guard=True)
-        tk = res.choice and res.choice.toolkit
-        lines.append(f"nvcc {tk.nvcc_full} at {tk.root} (chosen)" if tk
-                     else f"nvcc: none fits ({res.fix or 'flashinfer-sm120 doctor'})")
+        if res.choice is None:
+            return f"nvcc: none fits ({res.fix or 'flashinfer-sm120 doctor'})"
+        return f"nvcc {res.choice.toolkit.nvcc_full} at {res.choice.toolkit.root} (chosen)"
     except Exception as exc:
-        lines.append(f"nvcc: unknown ({type(exc).__name__}: {exc})"[:300])
+        return f"nvcc: unknown ({type(exc).__name__}: {exc})"[:300]
+
+
+def version_lines() -> list[str]:
+    """One line per component; never raises."""
+    from flashinfer_sm120.diagnose.verify.report import dist_version
+
+    lines = [f"flashinfer-sm120 {__version__} ({os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})",
+             f"Python {sys.version.split()[0]} ({sys.executable})"]
+    fi = dist_version("flashinfer-python")
+    lines.append(f"FlashInfer {fi}" if fi else "FlashInfer: not installed (pip install flashinfer-python)")
+    torch = dist_version("torch")
+    lines.append(f"torch {torch} ({_torch_cuda()})" if torch else "torch: not installed")
+    lines.append(_nvcc())
     return lines
 
 
