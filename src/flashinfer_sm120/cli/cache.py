@@ -9,7 +9,7 @@ import dataclasses
 import json
 import sys
 
-from flashinfer_sm120.errors import Sm120Error
+from flashinfer_sm120.errors import Sm120Error, UsageError
 from flashinfer_sm120.safety.formats.base import bounded, plural
 from flashinfer_sm120.safety.formats.params import cli_float, cli_size
 from flashinfer_sm120.cli.common import err as _err
@@ -62,13 +62,10 @@ def run_export(args: argparse.Namespace) -> int:
     from flashinfer_sm120.warmup import cache, replay, session
 
     doc = _doc(out=args.out)
-    if args.manifest and (args.modules or args.all):
-        return _failed(args, doc, "usage", session.BuildError(
-            "give either --from MANIFEST or module names/--all, not both"))
-    if not args.manifest and not args.modules and not args.all:
-        return _failed(args, doc, "usage", session.BuildError(
-            "name the modules to export (as for `flashinfer-sm120 build`), --all (every module built "
-            "here that `build` can name), or --from MANIFEST"))
+    if bool(args.manifest) == bool(args.modules or args.all):
+        return _failed(args, doc, "usage", UsageError(
+            "give one of module names, --all or --from MANIFEST", "name the modules to export (as for "
+            "`flashinfer-sm120 build`), --all (every module built here that `build` can name), or --from MANIFEST"))
     stage = "exists"
     try:
         cache.check_out(args.out)  # threat-model: P4 (before FlashInfer is set up)
@@ -108,7 +105,6 @@ def run_export(args: argparse.Namespace) -> int:
 def _built_arch() -> str | None:
     """Without --arch and a GPU: the one target set modules are built for here (``UsageError`` if none or
     several); None with a GPU (FlashInfer's targets come from it)."""
-    from flashinfer_sm120.errors import UsageError
     from flashinfer_sm120.warmup.cache import built_targets
     from flashinfer_sm120.warmup.session import no_gpu_no_arch
 
@@ -154,9 +150,7 @@ def run_import(args: argparse.Namespace) -> int:
     stage = "archive"
     try:
         meta = cache_import.check(args.src, limits)  # before anything is imported or unpacked
-        arch = args.arch
-        if arch is None:
-            arch = _archive_targets(meta)
+        arch = args.arch if args.arch is not None else _archive_targets(meta)
         stage = "arch"
         export_arch_list(arch)
         stage = "setup"

@@ -52,8 +52,8 @@ class CacheError(BuildError):
     for another machine; ``limit``: a cap; else :data:`~flashinfer_sm120.safety.oserrors.BY_ERRNO`'s).  P8"""
 
     def __init__(self, message: str, kind: str = "archive", fix: str = FIX) -> None:
-        super().__init__(message)
-        self.kind, self.fix = kind, fix
+        super().__init__(message, fix)
+        self.kind = kind
 
 
 @contextlib.contextmanager
@@ -119,12 +119,9 @@ def parse_meta(obj: Any, source: str) -> Meta:
             if fp["build_vars"] is None:
                 raise CacheError(f"{source}: 'fingerprint' 'build_vars' is not a set of FlashInfer's build-line "
                                  f"variables; {FIX}")
-        mods, names = [], set()
+        mods = []
         for m in f(obj, "modules", list, source, fix=FIX, max_len=10_000):
             name = parse("name", f(m, "name", str, f"{source} module", fix=FIX), f"{source} module", fix=FIX)
-            if name in names:
-                raise CacheError(f"{source}: module {name} is listed twice; {FIX}")
-            names.add(name)
             files = {}
             for rel, sha in f(m, "files", dict, f"{source} module {name}", fix=FIX, max_len=100_000).items():
                 parts = parse_relpath(rel, f"{source} module {name}", fix=FIX, max_parts=3)

@@ -83,15 +83,14 @@ def check(src: str, limits: Limits = Limits()) -> Meta:
     entries' names, as an archive's members are (P7; its files are checked one by one when installed)."""
     if not os.path.isdir(src):
         return _walk(src, limits)
-    name = f"{src}/{TOP}/meta.json"
+    name, top = f"{src}/{TOP}/meta.json", _top(src)
     with format_errors():
-        raw = read_bytes(safe_join(_top(src), "meta.json", src, fix=FIX), MAX_META_BYTES, follow=False, fix=FIX)
+        raw = read_bytes(safe_join(top, "meta.json", src, fix=FIX), MAX_META_BYTES, follow=False, fix=FIX)
         meta = parse_meta(loads_json(raw, name, fix=FIX), name)
     listed: dict[str, set[str]] = {"": {"meta.json", "jit"}, "jit": {mod.name for mod in meta.modules}}
     for rel in (r for mod in meta.modules for r in mod.files):  # jit/NAME/FILE, by meta.json's grammar
         folder, _, base = rel.rpartition("/")
         listed.setdefault(folder, set()).add(base)
-    top = _top(src)
     for folder, names in listed.items():  # stops at the first entry not listed: bounded whatever the tree (P6)
         with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(top / folder) as it:
             for entry in it:

@@ -13,7 +13,7 @@ from typing import Any
 import wrapt  # a dependency
 
 from flashinfer_sm120.core.facts.arch import nvcc_spelling
-from flashinfer_sm120.core.jitenv.record import capture, encode, parse_entry
+from flashinfer_sm120.core.jitenv.record import _init_wrapper, encode, parse_entry
 from flashinfer_sm120.errors import FormatError, Sm120Error
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.params import parse_generator
@@ -95,12 +95,6 @@ def specs(variants: list, entries: list[dict], flashinfer_version: str) -> tuple
     return made, not_made
 
 
-def _captured(init, spec, args, kwargs) -> None:
-    """``JitSpecNvcc.__init__`` that notes the spec's generator and parameters, as the recorder does."""
-    init(*args, **kwargs)
-    capture(spec)
-
-
 def built_entries(names: list[str], everything: bool, arch: str | None, *, head_dims=None, dtypes=None,
                   kv_dtypes=None, acts=None):
     """``(labelled, skipped, session)`` for ``cache export``: ``(build's name, manifest entry)`` per variant of
@@ -110,7 +104,7 @@ def built_entries(names: list[str], everything: bool, arch: str | None, *, head_
     sess = prepare(arch)  # the caller pointed the workspace at the server's (apply_server_cache)
     from flashinfer.jit import core
 
-    wrapt.wrap_function_wrapper(core.JitSpecNvcc, "__init__", _captured)  # for this process: it only exports
+    wrapt.wrap_function_wrapper(core.JitSpecNvcc, "__init__", _init_wrapper)  # for this process: it only exports
     made, skipped = specs(variants, [], sess.flashinfer)
     entries, exported = [], set()
     for label, spec in made:

@@ -32,10 +32,8 @@ READ = ("tar", "gzip")
 
 def compression(head: bytes) -> str:
     """What the first 512 bytes say a file is: ``tar``, ``gzip``, ``bzip2``, ``xz``, ``zstd``, ``lzma``, ``zip``, ``unknown``."""
-    for magic, name in _MAGIC:
-        if head.startswith(magic):
-            return name
-    return "tar" if head[257:262] == b"ustar" else "unknown"
+    ustar = "tar" if head[257:262] == b"ustar" else "unknown"
+    return next((name for magic, name in _MAGIC if head.startswith(magic)), ustar)
 
 
 class _Refused(Exception):
