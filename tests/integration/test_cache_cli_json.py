@@ -33,7 +33,7 @@ def _failure(proc, where: str, kind: str, code: int = 1) -> dict:
     assert proc.returncode == code and doc["ok"] is False and doc["modules"] == [], (proc.returncode, doc)
     assert set(doc["error"]) == {"kind", "message", "fix"} and doc["error"]["kind"] == kind, doc
     assert doc["error"]["message"] and len(doc["error"]["message"]) < 5000
-    assert doc["error"]["message"] in proc.stderr  # and said to a person on stderr
+    assert doc["error"]["message"] in proc.stderr and doc["error"]["fix"] in proc.stderr  # said to a person too
     assert doc["error"]["fix"], doc  # P8: a module or usage error names its fix too, never "fix": ""
     return doc
 
@@ -67,6 +67,8 @@ def test_export_failures_are_one_document_each(env, tmp_path):
     assert "sm_999x" in doc["error"]["message"]
     doc = _failure(cli(["cache", "export", out, "--json"], env), "out", "usage", 2)
     assert "--all" in doc["error"]["message"]
+    doc = _failure(cli(["cache", "export", "sampling", out, "--json"], env), "out", "usage", 2)  # OUT comes first
+    assert "'sampling'" in doc["error"]["message"] and f"cache export '{out}' sampling" in doc["error"]["fix"], doc
     doc = _failure(cli(["cache", "export", out, "sampling", "--json"], env), "out", "usage", 2)  # no GPU, no build
     assert "nothing is built here" in doc["error"]["message"] and "--arch" in doc["error"]["fix"], doc
     doc = _failure(cli(["cache", "export", out, "sampling", "--arch", "12.0", "--json"], env), "out", "export")

@@ -10,10 +10,11 @@ import json
 import sys
 
 from flashinfer_sm120.errors import Sm120Error, UsageError
-from flashinfer_sm120.safety.formats.base import bounded, plural
+from flashinfer_sm120.safety.formats.base import bounded, plural, shown
 from flashinfer_sm120.safety.formats.params import cli_float, cli_size
 from flashinfer_sm120.cli.common import err as _err
 from flashinfer_sm120.core.facts.archopt import export_arch_list
+from flashinfer_sm120.warmup.modules import NAMES
 
 
 def _doc(**fields) -> dict:
@@ -54,7 +55,7 @@ def _failed(args, doc: dict, kind: str, exc: BaseException) -> int:
     doc.update(ok=False, error={"kind": kind, "message": bounded(message), "fix": bounded(fix)})
     if args.json:
         print(json.dumps(doc, indent=2))
-    _err(message)
+    _err(message if fix in message else f"{message}; Fix: {fix}")  # the person reads the fix too (P8)
     return 2 if kind in _USAGE else 1
 
 
@@ -66,6 +67,13 @@ def run_export(args: argparse.Namespace) -> int:
         return _failed(args, doc, "usage", UsageError(
             "give one of module names, --all or --from MANIFEST", "name the modules to export (as for "
             "`flashinfer-sm120 build`), --all (every module built here that `build` can name), or --from MANIFEST"))
+    if args.out in (*NAMES, "all"):  # `cache export sampling out.tar.gz`: the output path is the first word
+        words = [args.out, *args.modules]
+        paths = [w for w in words if w not in (*NAMES, "all")]
+        return _failed(args, doc, "usage", UsageError(
+            f"{shown(args.out)} is a module name where the output path comes first",
+            f"flashinfer-sm120 cache export {shown(paths[0], 1000) if paths else 'OUT'} "
+            f"{' '.join(w for w in words if w not in paths)} (to write a directory of that name: ./{args.out})"))
     stage = "exists"
     try:
         cache.check_out(args.out)  # threat-model: P4 (before FlashInfer is set up)
