@@ -21,7 +21,7 @@ from helpers.host import needs_flashinfer
 from helpers.views import tmp_dirs
 
 #: Processes per round and rounds of the cheap (resolve-only) race.
-WORKERS = 16
+WORKERS = 8
 ROUNDS = 3
 #: Processes in the round that imports FlashInfer (torch costs ~4 s of CPU each).
 FLASHINFER_WORKERS = 4
