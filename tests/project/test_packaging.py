@@ -101,3 +101,29 @@ def test_a_wheel_from_python_m_build_installs_without_a_clone_and_reports_its_ve
     assert lines[0].startswith("flashinfer-sm120 0.") and str(venv) in lines[0]  # the wheel's, not the checkout's
     assert "FlashInfer: not installed (pip install flashinfer-python)" in lines
     assert "torch: not installed" in lines and lines[-1].startswith("nvcc")
+
+
+def test_every_hook_in_history_is_recognised_by_enable():
+    """``enable`` over a hook an earlier version wrote replaces it as ours; one it does not recognise is kept as
+    someone else's (P5), so an upgrade would refuse its own old hook. Every version of the hook file in git
+    history is this release's text or listed in ``EARLIER_HOOKS``."""
+    import hashlib
+    import shutil
+
+    from flashinfer_sm120.cli.enable import EARLIER_HOOKS
+
+    git = shutil.which("git")
+    paths = ["src/flashinfer_sm120/core/autoload_hook.py", "src/flashinfer_sm120/autoload_hook.py"]
+    log = subprocess.run([git, "-C", str(ROOT), "log", "--format=%H", "--", *paths], capture_output=True,
+                         text=True) if git else None
+    if log is None or log.returncode != 0 or not log.stdout.strip():
+        pytest.skip("no git history of the hook here (not a git checkout, or a shallow clone)")
+    current = hashlib.sha256((ROOT / paths[0]).read_bytes()).hexdigest()
+    unknown = []
+    for commit in log.stdout.split():
+        for path in paths:
+            blob = subprocess.run([git, "-C", str(ROOT), "show", f"{commit}:{path}"], capture_output=True)
+            digest = hashlib.sha256(blob.stdout).hexdigest()
+            if blob.returncode == 0 and digest != current and digest not in EARLIER_HOOKS:
+                unknown.append((commit[:9], path, digest))
+    assert not unknown, unknown

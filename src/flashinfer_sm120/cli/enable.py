@@ -45,6 +45,7 @@ def is_site_dir(path: str) -> bool:
 #: ``autoload_hook.py`` in git history): ours, like this release's text; an edited one is not (P5).
 EARLIER_HOOKS = frozenset({
     "11f9686c27a962acc246501ca9c397d4e6a916aa10560cf453d6c4bf565c6ac4",
+    "237f3e173952e146ab898d22d4f189ba87822801e1a60d6aca9ef07915f47207",
     "35d742125b1af207aad488705b3c11f2eb5bb094bab3d729497ec8444b671f98",
     "45e281f5fd4316591bc3f53af06f56e5ba715f82384bab847932349e0508dc50",
     "4c537de241a3fda926506e0b24e98719a271ea04a4fde04423e47173b603de85",

@@ -61,8 +61,8 @@ class FlashInferSm120Autoload:
         """One line naming the fix (P1: an unpatched server must not fail later unexplained)."""
         try:
             sys.stderr.write("flashinfer-sm120: autoload failed (%r); FlashInfer is not patched. Fix: reinstall it "
-                             "(pip install flashinfer-sm120, or pip install --force-reinstall /path/to/its/checkout), "
-                             "or remove %s (FLASHINFER_SM120_DISABLE=1 silences this)\n" % (exc, self.pth))
+                             "from its checkout (pip install --force-reinstall /path/to/its/checkout; it is not on "
+                             "PyPI), or remove %s (FLASHINFER_SM120_DISABLE=1 silences this)\n" % (exc, self.pth))
         except BaseException:
             pass
 
