@@ -57,6 +57,10 @@ def test_a_warm_up_for_sglang_is_what_its_model_process_builds(server_env, real_
     assert server["arch"] == "12.0a", sproc.stderr[-2000:]
     assert server["ninja"] == path  # the same JIT directory (targets of import: 120f) ...
     assert "compute_120a" in server["text"] and server["text"] == text  # ... and the same build line
+    shown = cli(["build", "--for", "sglang", "--arch", "12.0", "--ninja-only", "activation"], env, timeout=600,
+                python=sys.executable)
+    (head,) = [line for line in shown.stdout.splitlines() if line.startswith("nvcc: ")]
+    assert "targets sm_120a" in head and "directory of sm_120f" in head, head  # what is built, where
 
 
 @pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes

@@ -171,8 +171,12 @@ def arch_notes(value: str | None) -> list[str]:
 
 def _print_human(summary: dict) -> None:
     origin = f" ({summary['targets_from']})" if summary.get("targets_from") else ""
-    print(f"nvcc: {summary['cuda_home']}/bin/nvcc (CUDA {summary['cuda_version']}); "
-          f"targets {', '.join(summary['target_cuda_archs'])}{origin}")
+    targets = f"targets {', '.join(summary['target_cuda_archs'])}{origin}"
+    own = summary.get("server_arch")  # what the server's model process requests, built in that JIT directory
+    if own:
+        targets = f"targets {', '.join(own['targets'])} ({own['variable']}={own['value']}, as the server sets it) " \
+                  f"in the JIT directory of {', '.join(summary['target_cuda_archs'])}{origin}"
+    print(f"nvcc: {summary['cuda_home']}/bin/nvcc (CUDA {summary['cuda_version']}); {targets}")
     from flashinfer_sm120.core.jitenv.memory import fmt_bytes
 
     libs = [r["library"] for r in summary["modules"] if r.get("library")]
