@@ -19,7 +19,7 @@ import sysconfig
 
 from flashinfer_sm120.core.autoload_hook import HOOK_FILE, MODULE_NAME, PTH_NAME, TRIGGERS
 from flashinfer_sm120.diagnose.autoload import OURS_MAX, hook_source, other_lines, pth_files, read_text, site_dirs
-from flashinfer_sm120.errors import PlaceError, UsageError
+from flashinfer_sm120.errors import PlaceError, Sm120Error, UsageError
 from flashinfer_sm120.safety.fs.atomic import sweep, temp_prefix, write_atomic
 
 __all__ = ["add_parsers", "user_site_problem", "holds"]
@@ -128,9 +128,9 @@ def _enable(args: argparse.Namespace) -> int:
     elif args.user:
         problem = user_site_problem()
         if problem:
-            raise UsageError(f"not enabling for the user site: {problem}, so the .pth would never run there "
-                             f"(and the base interpreters, which do read it, would not have this package). "
-                             f"Run 'flashinfer-sm120 enable' without --user to write into {_purelib()}")
+            raise Sm120Error(f"not enabling for the user site: {problem}, so the .pth would never run there "
+                             f"(and the base interpreters, which do read it, would not have this package)",
+                             f"run 'flashinfer-sm120 enable' without --user to write into {_purelib()}")  # refused: 1
         target_dir = site.getusersitepackages()
         who = (f"every Python {sys.version_info.major}.{sys.version_info.minor} run by this user "
                f"outside a virtual environment (like {sys.executable})")
