@@ -103,6 +103,7 @@ def test_no_targets_fail_the_toolkit_step_saying_what_to_set(clean_env, real_nvc
         print("@@" + json.dumps(smoke.run_smoke()))
     """, dict(clean_env, FAKE_GPU_CAPS=""))
     assert out["failed"] == "toolkit" and "FLASHINFER_CUDA_ARCH_LIST=12.0" in out["steps"][0]["detail"]
+    assert "check with flashinfer-sm120 doctor --smoke --arch 12.0" in out["steps"][0]["detail"]  # this check again
 
 
 def test_the_examples_run_the_smoke_check_before_start():

@@ -49,7 +49,7 @@ def _no_targets(st: dict) -> str:
     """Why there are no targets: a bad arch list, or no GPU and no list (with the fix)."""
     from flashinfer_sm120.diagnose.verify.diagnosis import NO_TARGETS, NO_TARGETS_FIX
 
-    return st.get("arch_list_error") or f"{NO_TARGETS}; fix: {NO_TARGETS_FIX}"
+    return st.get("arch_list_error") or f"{NO_TARGETS}; fix: {NO_TARGETS_FIX}; check with flashinfer-sm120 doctor --arch 12.0"
 
 
 def run_status(args: argparse.Namespace) -> int:

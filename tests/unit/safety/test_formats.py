@@ -176,6 +176,16 @@ def test_cli_size_units():
     assert cli_size("--m")("4GiB") == 4 << 30
 
 
+def test_a_size_out_of_range_names_the_range_as_sizes_and_a_bare_number_its_unit():
+    """``--mem-limit 8`` said ``from 6.71089e+07 to 1.1259e+15`` (the bytes in scientific notation)."""
+    with pytest.raises(argparse.ArgumentTypeError) as exc:
+        cli_size("--mem-limit", 64 << 20)("8")
+    assert "from 64M to 1024T" in str(exc.value) and "did you mean 8G?" in str(exc.value), exc.value
+    with pytest.raises(argparse.ArgumentTypeError) as exc:
+        cli_size("--mem-limit", 64 << 20)("1M")
+    assert "from 64M to 1024T" in str(exc.value) and "did you mean" not in str(exc.value), exc.value
+
+
 # ----------------------------------------------------------------------------- ELF files and tool output
 
 

@@ -18,8 +18,7 @@ __all__ = ["NO_TARGETS", "NO_TARGETS_FIX", "Level", "Finding", "Alone", "Diagnos
 
 #: Why nothing can be built with neither a GPU nor an arch list, and its fix (doctor, status and smoke say it).
 NO_TARGETS = "no GPU visible and no FLASHINFER_CUDA_ARCH_LIST"
-NO_TARGETS_FIX = ("FLASHINFER_CUDA_ARCH_LIST=12.0 for a server, build --arch 12.0 for an image (12.1 on DGX Spark); "
-                  "check with flashinfer-sm120 doctor --arch 12.0")
+NO_TARGETS_FIX = "FLASHINFER_CUDA_ARCH_LIST=12.0 for a server, build --arch 12.0 for an image (12.1 on DGX Spark)"
 
 
 class Level(str, enum.Enum):
@@ -96,7 +95,8 @@ def _check_choice(report: dict) -> Iterable[Finding]:
         yield Finding(Level.PROBLEM, "resolution-failed", str(report["resolution_error"]))
     elif res is not None and not _choice(report).get("targets"):
         why = res.get("arch_list_error") or NO_TARGETS
-        yield Finding(Level.PROBLEM, "no-targets", f"no targets: {why}, so nothing can be built", NO_TARGETS_FIX)
+        yield Finding(Level.PROBLEM, "no-targets", f"no targets: {why}, so nothing can be built",
+                      f"{NO_TARGETS_FIX}; check with flashinfer-sm120 doctor --arch 12.0")
     elif res is not None and res.get("arch_list_error"):
         yield Finding(Level.WARNING, "arch-list", res["arch_list_error"])
     if res is not None and not (res.get("cuda_home") or {}).get("curand_include"):

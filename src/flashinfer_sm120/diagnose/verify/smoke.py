@@ -115,7 +115,8 @@ def _toolkit(st: dict) -> str:
     if not status["target_cuda_archs"]:
         from flashinfer_sm120.diagnose.verify.diagnosis import NO_TARGETS, NO_TARGETS_FIX
 
-        raise _Failed(f"no targets: {NO_TARGETS}; fix: {NO_TARGETS_FIX}")
+        raise _Failed(f"no targets: {NO_TARGETS}; fix: {NO_TARGETS_FIX}; check with flashinfer-sm120 doctor --smoke "
+                      "--arch 12.0")
     if problem := path_problem(os.environ):
         raise _Failed(str(problem))
     home = st["home"] = cx.get_cuda_path()

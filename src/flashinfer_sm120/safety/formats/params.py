@@ -179,8 +179,9 @@ def _size(text: str) -> int:
     return int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "")[:1].upper()])
 
 
-def _cli(flag: str, convert, lo, hi, what: str):
-    """An argparse ``type=``: ``convert(text)`` within ``[lo, hi]`` (NaN and infinities are not), naming ``flag``."""
+def _cli(flag: str, convert, lo, hi, what: str, bound=lambda v: f"{v:g}", hint=lambda text: ""):
+    """An argparse ``type=``: ``convert(text)`` within ``[lo, hi]`` (NaN and infinities are not), naming ``flag``;
+    the range as ``bound`` writes a value, and ``hint(text)`` added."""
     def parse(text: str):
         try:
             value = convert(text)
@@ -188,7 +189,7 @@ def _cli(flag: str, convert, lo, hi, what: str):
             raise argparse.ArgumentTypeError(f"{flag} {shown(text, 40)} is not {what}") from None
         if not lo <= value <= hi:
             raise argparse.ArgumentTypeError(f"{flag} {shown(text, 40)} is out of range: give {what} "
-                                             f"from {lo:g} to {hi:g}")
+                                             f"from {bound(lo)} to {bound(hi)}{hint(text)}")
         return value
     parse.__name__ = flag  # argparse names the type in some messages
     return parse
@@ -202,5 +203,13 @@ def cli_float(flag: str, lo: float, hi: float):
     return _cli(flag, float, lo, hi, "a number")
 
 
+def _size_text(n: int) -> str:
+    """``n`` bytes in the largest unit that divides it (``64M``, ``1024T``), as a size option takes it."""
+    unit = next(u for u in "TGMK" if n % _SIZE_UNITS[u] == 0) if n % 1024 == 0 else ""
+    return f"{n // _SIZE_UNITS[unit]}{unit}"
+
+
 def cli_size(flag: str, lo: int = 1, hi: int = 1 << 50):
-    return _cli(flag, _size, lo, hi, "a size such as 512M or 4G")
+    return _cli(flag, _size, lo, hi, "a size such as 512M or 4G", _size_text,
+                lambda text: f" (a number alone is bytes: did you mean {text.strip()}G?)" if text.strip().isdigit()
+                else "")
