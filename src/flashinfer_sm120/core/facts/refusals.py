@@ -64,11 +64,37 @@ def import_refused(env=None) -> ImportRefusal | None:
     if why:
         return ImportRefusal("workspace-not-ours", f"its JIT cache {shown(path, 200)} is not a place of yours: {why}",
                              own_place_fix())
-    temp = temp_problem(os.environ if env is None else env)
+    env = os.environ if env is None else env
+    temp = temp_problem(env)
     if temp is not None:
         return ImportRefusal("temp-not-ours", f"it and its dependencies write into {temp.what} {temp.path}, "
                              f"which fails the trust rule: {temp.why}", temp.fix)
+    dsl = dsl_cache(env)
+    why = dsl and trust_reason(dsl)
+    if why:
+        return ImportRefusal("temp-not-ours", f"its CuTe DSL dependency creates {shown(dsl, 200)} at import, which "
+                             f"fails the trust rule: {why}", "set TMPDIR to a directory of your own (mkdir -m 700 "
+                             "~/tmp; TMPDIR=~/tmp), or CUTE_DSL_CACHE_DIR to one")
     return None
+
+
+def dsl_cache(env) -> str | None:
+    """The directory CuTe DSL (FlashInfer's dependency) makes at import, ``mkdir -p``, following links: none when
+    ``CUTE_DSL_CACHE_DIR`` is set (nvidia-cutlass-dsl 4.x ``base_dsl/cache_helpers.py``,
+    ``get_default_generated_ir_path``)."""
+    if env.get("CUTE_DSL_CACHE_DIR"):
+        return None
+    import tempfile
+
+    user = env.get("USER") or env.get("USERNAME")
+    if not user:
+        import pwd
+
+        try:
+            user = pwd.getpwuid(os.getuid()).pw_name
+        except KeyError:
+            return None  # CuTe DSL then falls back to TMPDIR itself, which temp_problem checks
+    return os.path.join(env.get("TMPDIR") or tempfile.gettempdir(), user, "cutlass_python_cache")
 
 
 def workspace_problem(failed: OSError | None = None) -> str | None:

@@ -390,3 +390,32 @@ def test_an_empty_home_is_read_as_flashinfer_reads_it_and_refused(tmp_path, monk
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "HOME is set but empty" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     assert os.path.exists("/.cache") == existed
+
+
+@needs_root
+def test_a_link_another_user_planted_where_cute_dsl_makes_its_cache_refuses_the_import(tmp_path, monkeypatch):
+    """FlashInfer's CuTe DSL runs ``mkdir -p $TMPDIR/$USER/cutlass_python_cache`` at import: in a sticky
+    directory another user may plant ``$USER`` as a link to a place of their choosing, and root created the
+    cache there (P4). The command refuses to import FlashInfer, naming the directory and the fix."""
+    from flashinfer_sm120.core.facts.refusals import import_refused
+
+    sticky, victim = tmp_path / "sticky", tmp_path / "victim"
+    sticky.mkdir()
+    victim.mkdir()
+    os.chmod(sticky, 0o1777)
+    os.chmod(tmp_path, 0o755)
+    (sticky / "someone").symlink_to(victim)
+    os.lchown(sticky / "someone", NOBODY, NOBODY)
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "ws"))
+    monkeypatch.setenv("TMPDIR", str(sticky))
+    monkeypatch.setenv("USER", "someone")
+    monkeypatch.delenv("CUTE_DSL_CACHE_DIR", raising=False)
+    refusal = import_refused()
+    assert refusal is not None and refusal.code == "temp-not-ours", refusal
+    assert str(sticky / "someone" / "cutlass_python_cache") in refusal.text and "TMPDIR" in refusal.fix
+    assert list(victim.iterdir()) == []
+    monkeypatch.setenv("CUTE_DSL_CACHE_DIR", str(tmp_path / "dsl"))  # CuTe DSL then makes nothing itself
+    assert import_refused() is None
+    monkeypatch.delenv("CUTE_DSL_CACHE_DIR")
+    monkeypatch.setenv("USER", "nobody-planted-this")
+    assert import_refused() is None  # an absent name in a sticky directory is made by us, for us
