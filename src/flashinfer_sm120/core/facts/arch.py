@@ -172,6 +172,7 @@ def parse_arch_list_lenient(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_L
     out: list[ArchSpec] = []
     bad: list[str] = []
     unknown: list[str] = []
+    unsuffixed: list[str] = []  # nvcc's arch-specific 'a' targets begin at 9.0, family 'f' targets at 10.0
     for entry in entries:
         # PyTorch's '8.6+PTX': FlashInfer builds cubins only, so the PTX request is dropped
         core = entry[:-4] if entry.upper().endswith("+PTX") else entry
@@ -180,13 +181,18 @@ def parse_arch_list_lenient(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_L
             bad.append(entry)
         elif not (3 <= int(m.group(1)) <= 20 and int(m.group(2)) <= 9):
             unknown.append(entry)
+        elif int(m.group(1)) < {"a": 9, "f": 10}.get(m.group(3).lower(), 0):
+            unsuffixed.append(entry)
         elif (spec := ArchSpec(int(m.group(1)), int(m.group(2)), m.group(3).lower() or None)) not in out:
             out.append(spec)
     typed = f"{source}={shown(value)}" + (f" (read as {len(entries)} entries, {some(entries)})"
                                           if len(entries) > 1 else "")
     errors = []
     for found, what in ((bad, f"not a compute capability. {_EXAMPLE}."),
-                        (unknown, "not a known compute capability (major 3..20, minor 0..9), e.g. '12.0'.")):
+                        (unknown, "not a known compute capability (major 3..20, minor 0..9), e.g. '12.0'."),
+                        (unsuffixed, "a target no nvcc has: 'a' targets begin at 9.0 and 'f' targets at 10.0; "
+                                     f"give the capability without the suffix, e.g. "
+                                     f"{shown(unsuffixed[0][:-1] if unsuffixed else '', 40)}.")):
         if found:
             errors.append(f"{typed}: {'entry' if len(found) == 1 else 'entries'} {some(found)} "
                           f"{'is' if len(found) == 1 else 'are'} {what}{_hint(value, found)}")

@@ -82,6 +82,16 @@ def test_parse_arch_list_garbled_names_value_and_fix(value, bad):
     assert "12.0" in msg  # shows the accepted form
 
 
+@pytest.mark.parametrize("value, plain", [("8.6a", "8.6"), ("8.9f", "8.9"), ("9.0f", "9.0"), ("sm_86a", "sm_86")])
+def test_a_suffix_no_nvcc_has_for_that_capability_is_refused_naming_the_plain_one(value, plain):
+    """``status --arch 8.6a`` said patched (exit 0): no nvcc has compute_86a ('a' targets begin at 9.0, 'f' at 10.0),
+    so every build would fail (P1)."""
+    with pytest.raises(arch.ArchListError) as exc:
+        arch.parse_arch_list(value)
+    assert repr(value) in str(exc.value) and f"e.g. {plain!r}" in str(exc.value), exc.value
+    assert [(s.major, s.minor, s.suffix) for s in arch.parse_arch_list("9.0a 10.0f")] == [(9, 0, "a"), (10, 0, "f")]
+
+
 def test_explicit_suffix_kept_as_given():
     (spec,) = arch.parse_arch_list("12.0a")
     assert spec.target(Version("13.0")) == (12, "0a")
