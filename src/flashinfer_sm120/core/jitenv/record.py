@@ -180,6 +180,14 @@ def _why(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def _refuse_target(st: os.stat_result, path: str) -> None:
+    """:raises OSError: ``path`` (``st``) is not a regular file of yours to append a manifest to."""
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(f"{path} is not a regular file (a manifest is appended to a plain file)")
+    if st.st_uid != os.geteuid():
+        raise OSError(f"{path} is owned by uid {st.st_uid}, not you: record into a file of your own")
+
+
 def append(path: str, entry: dict) -> None:
     """Append ``entry`` as one JSON line under ``path + '.lock'``; :raises PlaceError, OSError, filelock.Timeout."""
     from filelock import FileLock
@@ -193,6 +201,12 @@ def append(path: str, entry: dict) -> None:
                           f"set {ENV} to a file in a directory of your own, or unset it")
     if problem:
         raise PlaceError(str(problem))
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise OSError(f"{os.path.dirname(os.path.abspath(path))} (the directory of {ENV}={path}) does not exist")
+    try:  # P4: what the lock would be made for is checked before the lock is made, and again under it
+        _refuse_target(os.lstat(path), path)
+    except FileNotFoundError:
+        pass
     # a lock file that cannot be made (/proc/self/fd, a read-only place) fails now, not after 10 s of retries
     os.close(os.open(path + ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644))
     with FileLock(path + ".lock", timeout=_LOCK_TIMEOUT_S, thread_local=False):
@@ -200,11 +214,7 @@ def append(path: str, entry: dict) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW,
                      0o644)
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise OSError(f"{path} is not a regular file (a manifest is appended to a plain file)")
-            if st.st_uid != os.geteuid():
-                raise OSError(f"{path} is owned by uid {st.st_uid}, not you: record into a file of your own")
+            _refuse_target(os.fstat(fd), path)
             os.set_blocking(fd, True)
             view = memoryview(line)
             while view:  # a short write (disk full, signal) continues, still under the lock
