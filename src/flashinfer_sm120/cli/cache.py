@@ -14,7 +14,6 @@ from flashinfer_sm120.safety.formats.base import bounded, plural, shown
 from flashinfer_sm120.safety.formats.params import cli_float, cli_size
 from flashinfer_sm120.cli.common import err as _err
 from flashinfer_sm120.core.facts.archopt import export_arch_list
-from flashinfer_sm120.warmup.modules import NAMES
 
 
 def _doc(**fields) -> dict:
@@ -61,6 +60,7 @@ def _failed(args, doc: dict, kind: str, exc: BaseException) -> int:
 
 def run_export(args: argparse.Namespace) -> int:
     from flashinfer_sm120.warmup import cache, replay, session
+    from flashinfer_sm120.warmup.modules import NAMES
 
     doc = _doc(out=args.out)
     if bool(args.manifest) == bool(args.modules or args.all):

@@ -117,17 +117,19 @@ def save(status: dict, recorded_inputs: dict[str, Any], res=None, export: dict |
         st = dict(status)
         if st.get("toolkit"):
             st["toolkit"] = dict(st["toolkit"], stat=fingerprint(st["toolkit"]["nvcc"]))
-        record = {"inputs": recorded_inputs, "status": st}
-        if res is not None and res.choice is not None and status["mode"] in ("patched", "noop"):
-            record["resolution"] = dict(res.to_dict(), own=res.own, nvcc_stat=fingerprint(res.choice.toolkit.nvcc),
-                                        view_stat=fingerprint(res.home.path) if res.home.is_view else None,
-                                        export=export or {})
+        # an import that raised (EMFILE, a broken package) is said, not replayed: its inputs get no record
+        record = [] if st.get("mode") == "failed" else [{"inputs": recorded_inputs, "status": st}]
+        if record and res is not None and res.choice is not None and status["mode"] in ("patched", "noop"):
+            record[0]["resolution"] = dict(res.to_dict(), own=res.own,
+                                           nvcc_stat=fingerprint(res.choice.toolkit.nvcc),
+                                           view_stat=fingerprint(res.home.path) if res.home.is_view else None,
+                                           export=export or {})
         old = load()[0]
         kept = [r for r in old if r["inputs"] != recorded_inputs][:KEEP - 1]
-        if old != [record] + kept:
+        if old != record + kept:
             from flashinfer_sm120.safety.fs.atomic import write_json_atomic
 
-            write_json_atomic(path(), {"schema": SCHEMA, "records": [record] + kept})
+            write_json_atomic(path(), {"schema": SCHEMA, "records": record + kept})
     except Exception:  # a read-only HOME, a full disk: status takes the slow path
         pass
 

@@ -42,3 +42,16 @@ def test_a_malformed_record_raises():
     d["choice"]["targets"] = ["sm_x"]
     with pytest.raises(Exception):
         Resolution.from_dict(d, None, False)
+
+
+def test_a_failed_import_is_not_recorded_for_later_status_calls(cache_dir):
+    """A run under ``ulimit -n 8`` failed with EMFILE and its record made every later ``status`` (normal limits)
+    answer "failed: Too many open files" until ``--fresh``: a failure is said, not replayed (P8)."""
+    from flashinfer_sm120.core.patch import laststatus
+
+    inputs = {"env": "the same"}
+    laststatus.save({"mode": "patched", "toolkit": None, "targets": ["sm_120f"], "error": None}, inputs)
+    laststatus.save({"mode": "failed", "toolkit": None, "targets": [], "error": "OSError(24, 'Too many open files')"},
+                    inputs)
+    records, _ = laststatus.load()
+    assert [r["status"]["mode"] for r in records if r["inputs"] == inputs] == []  # status resolves afresh
