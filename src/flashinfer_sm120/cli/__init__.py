@@ -260,6 +260,11 @@ def _main(argv: list[str] | None) -> int:
         if len(argv) > MAX_ARGS:  # refused before argparse walks them; with --json, as its one document too
             raise UsageError(f"{len(argv)} command-line arguments, more than the {MAX_ARGS} taken",
                              "give long lists of modules as a manifest (build --from MANIFEST)")
+        try:  # relative paths (ours, FlashInfer's, torch's) cannot be resolved in a removed directory
+            os.getcwd()
+        except OSError as exc:
+            raise Sm120Error(f"the working directory cannot be read ({exc.strerror}): it was removed, or is not "
+                             "yours to enter", "cd to an existing directory and run the command again") from None
         return _parsed(parser, argv)
     except Sm120Error as exc:  # the one exit-code rule: 2 for the command line, 1 for a refusal (P8)
         if json_wanted:

@@ -174,3 +174,23 @@ def test_a_value_starting_with_a_dash_is_named_with_how_to_give_it(option, capsy
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "'-5G'" in err and f"{option}=-5G" in err, err
+
+
+@pytest.mark.parametrize("argv", [["status", "--fresh", "--arch", "12.0", "--json"], ["build", "--arch", "12.0",
+                                                                                      "sampling", "--json"]])
+def test_a_removed_working_directory_is_one_document_naming_the_fix(tmp_path, argv):
+    """A relative FLASHINFER_WORKSPACE_BASE in a removed working directory ended in a traceback from
+    os.path.abspath and no JSON (P8)."""
+    import json
+    import subprocess
+    import sys
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    env = dict(os.environ, FLASHINFER_WORKSPACE_BASE="rel")
+    proc = subprocess.run(["sh", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "sh", str(gone),
+                           sys.executable, "-m", "flashinfer_sm120", *argv], env=env, capture_output=True, text=True,
+                          timeout=120)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1 and doc["ok"] is False and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "working directory" in json.dumps(doc) and "cd to an existing directory" in proc.stderr
