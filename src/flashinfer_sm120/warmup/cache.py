@@ -185,7 +185,7 @@ def check_sizes(src: str, files: list[tuple[str, int]], limits: Limits, elsewher
         root = deepest_existing(str(archive or dest))
         need[root] = need.get(root, 0) + size
     if archive:
-        check_fsize(src, "the archive", total)
+        check_fsize(src, "the archive (its files before compression)", total)  # a .tar.gz is known only after
     for root, n in need.items():
         free = shutil.disk_usage(root).free
         if n > free:

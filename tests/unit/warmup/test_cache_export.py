@@ -120,3 +120,21 @@ def test_the_output_name_check_property(tmp_path, stem, suffix):
     else:
         assert out.lower().endswith(cache.ARCHIVES) or suffix not in (".tar.xz", ".zip", ".gz", ".7z")
     assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_an_archive_over_ulimit_f_is_named_by_its_files_before_compression(tmp_path):
+    """Under ``ulimit -f`` a .tar.gz export said "the archive is N bytes" with N its files' size: the archive is not
+    written yet and may compress well below it (P8: a statement must be true)."""
+    import resource
+
+    from flashinfer_sm120.warmup import cache as cache_mod
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1000, hard))
+    try:
+        with pytest.raises(cache_mod.CacheError) as exc:
+            cache_mod.check_sizes("export", [(str(tmp_path / "m" / "m.so"), 2000)], cache_mod.Limits(),
+                                  "elsewhere", archive=str(tmp_path / "out.tar.gz"))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert "the archive (its files before compression) is 2000 bytes" in str(exc.value) and "ulimit -f" in str(exc.value)
