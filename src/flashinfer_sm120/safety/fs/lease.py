@@ -61,8 +61,13 @@ def try_lock(path: str, how: int) -> tuple[int | None, bool]:
     """``(fd, False)`` of ``path`` created and locked ``how`` without waiting, else ``(None, busy)``."""
     try:
         fd = os.open(path, _FLAGS, 0o600)
-    except OSError:
-        return None, False
+    except OSError as exc:
+        if exc.errno != errno.EROFS or how != fcntl.LOCK_SH:
+            return None, False
+        try:  # a read-only image's cache: flock needs no write access, and the file is there or not
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None, False
     try:
         fcntl.flock(fd, how | fcntl.LOCK_NB)
     except OSError as exc:

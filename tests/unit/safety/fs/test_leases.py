@@ -384,3 +384,30 @@ def test_no_lease_through_a_planted_link_level(tmp_path):
     steps._lease_workspace(ws)
     assert os.listdir(elsewhere) == []
     assert lease.place_problem(str(elsewhere / "nvcc13.0.88-0123abcd")) is None  # its own place is fine
+
+
+def test_a_view_on_a_read_only_file_system_is_leased_by_reading_its_lease_file(tmp_path, monkeypatch):
+    """A read-only image's FLASHINFER_SM120_CACHE_DIR holding its views left FlashInfer unpatched ("cannot take
+    the CUDA_HOME view lock ... read-only file system"): flock needs no write access (P3 holds: nothing on a
+    read-only file system can be removed)."""
+    import errno
+    import fcntl
+
+    from flashinfer_sm120.safety.fs import lease
+
+    view = tmp_path / "view"
+    view.mkdir()
+    path = lease.lease_path(str(view))
+    open(path, "w").close()
+    real_open = os.open
+
+    def read_only(p, flags, *mode):
+        if flags & (os.O_RDWR | os.O_WRONLY | os.O_CREAT):
+            raise OSError(errno.EROFS, "Read-only file system", p)
+        return real_open(p, flags, *mode)
+
+    monkeypatch.setattr(lease.os, "open", read_only)
+    fd, busy = lease.try_lock(path, fcntl.LOCK_SH)
+    assert fd is not None and not busy
+    os.close(fd)
+    assert lease.try_lock(path, fcntl.LOCK_EX) == (None, False)  # a removal never works read-only
