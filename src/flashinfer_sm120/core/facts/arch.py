@@ -35,8 +35,10 @@ RENAMED: dict[str, tuple[int, str]] = {"101a": (11, "0a"), "101f": (11, "0f")}
 #: An explicit arch-list target missing from :data:`MIN_NVCC` is taken as given only by an nvcc this new.
 NEWEST_KNOWN_NVCC: Version = max(MIN_NVCC.values())
 
-#: Longest arch list read (characters); ten GPU families fit in 64 (P6).
-MAX_ARCH_LIST_CHARS = 4096
+#: Longest arch list read (characters) and most entries; ten GPU families fit in 64 (P6). FlashInfer names its JIT
+#: directory by the targets joined: 180 entries made a name no file system takes (ENAMETOOLONG).
+MAX_ARCH_LIST_CHARS = 256
+MAX_ARCH_ENTRIES = 16
 
 
 class ArchNotSupported(Sm120Error):
@@ -166,6 +168,9 @@ def parse_arch_list_lenient(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_L
         return [], [f"{source} is {size} characters long, more than {MAX_ARCH_LIST_CHARS} "
                     f"(starts {shown(value, 40)}); {_EXAMPLE}, or unset it to target the GPUs present."]
     entries = [e for e in re.split(r"[\s,;]+", value.strip()) if e]
+    if len(entries) > MAX_ARCH_ENTRIES:
+        return [], [f"{source} has {len(entries)} entries, more than {MAX_ARCH_ENTRIES} (starts {shown(value, 40)}); "
+                    f"give the GPUs you build for, e.g. '12.0 12.1', or unset it to target the GPUs present."]
     if not entries:
         return [], [f"{source}={shown(value)} names no architecture. {_EXAMPLE}, or unset it to target the "
                     f"GPUs present."]

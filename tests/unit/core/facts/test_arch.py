@@ -122,3 +122,12 @@ def test_a_non_ascii_digit_entry_is_refused_with_a_message_not_an_exception():
 
     specs, errors = arch_mod.parse_arch_list_lenient("² 12.0")
     assert [s for s in specs] and errors and "²" in errors[0]
+
+
+def test_an_arch_list_of_more_entries_than_gpu_families_is_refused_whole():
+    """A 929-character list of 180 valid entries was taken, and FlashInfer's JIT directory, named by the targets
+    joined, could not be made (ENAMETOOLONG) with 16 KB of messages and no fix (P6, P8)."""
+    value = " ".join(f"{m}.{n}" for m in range(9, 13) for n in range(10))
+    specs, errors = arch.parse_arch_list_lenient(value)
+    assert specs == [] and len(errors) == 1 and "40 entries, more than 16" in errors[0] and len(errors[0]) < 300
+    assert len(arch.parse_arch_list_lenient(" ".join(["12.0"] * 16))[0]) == 1
