@@ -114,7 +114,8 @@ def _smoke_only(args: argparse.Namespace) -> int:
 
 
 def smoke_lines(result: dict) -> list[str]:
-    """A smoke result (:func:`~flashinfer_sm120.diagnose.verify.smoke.run_smoke`) as printed: the verdict, then each step with its output."""
+    """A smoke result (:func:`~flashinfer_sm120.diagnose.verify.smoke.run_smoke`) as printed: the verdict, then each
+    step with its output."""
     if result["ok"]:
         lines = [f"OK: a tiny kernel built for {' '.join(result['targets']) or 'no targets'} with FlashInfer's own "
                  f"build line and the chosen toolkit ({result['cuda_home']}) in {result['seconds']:g} s"]

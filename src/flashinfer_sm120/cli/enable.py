@@ -30,7 +30,8 @@ def user_site_problem() -> str | None:
     if site.ENABLE_USER_SITE:
         return None
     why = (f"it runs in a virtual environment, {sys.prefix}" if sys.prefix != sys.base_prefix
-           else "PYTHONNOUSERSITE is set" if os.environ.get("PYTHONNOUSERSITE") else "python -s, or a uid/euid mismatch")
+           else "PYTHONNOUSERSITE is set" if os.environ.get("PYTHONNOUSERSITE")
+           else "python -s, or a uid/euid mismatch")
     return f"{sys.executable} does not read the user site-packages ({why}; site.ENABLE_USER_SITE is False)"
 
 

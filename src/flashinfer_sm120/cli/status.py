@@ -47,9 +47,9 @@ def status_line(st: dict) -> str:
 
 def _no_targets(st: dict) -> str:
     """Why there are no targets: a bad arch list, or no GPU and no list (with the fix)."""
-    from flashinfer_sm120.diagnose.verify.diagnosis import NO_TARGETS, NO_TARGETS_FIX
+    from flashinfer_sm120.diagnose.verify.diagnosis import NO_TARGETS, no_targets_fix
 
-    return st.get("arch_list_error") or f"{NO_TARGETS}; fix: {NO_TARGETS_FIX}; check with flashinfer-sm120 doctor --arch 12.0"
+    return st.get("arch_list_error") or f"{NO_TARGETS}; fix: {no_targets_fix()}"
 
 
 def run_status(args: argparse.Namespace) -> int:

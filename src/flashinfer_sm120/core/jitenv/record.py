@@ -197,12 +197,13 @@ def append(path: str, entry: dict) -> None:
     line = (json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n").encode()
     # P2, P5: where another user can replace the manifest or a directory on the way, an append would
     # write outside it; the file must be yours and is never reached through a symlink
-    problem = check_place(os.path.dirname(os.path.abspath(path)), f"the directory of {ENV}",
+    where = os.path.dirname(os.path.abspath(path))
+    problem = check_place(where, f"the directory of {ENV}",
                           f"set {ENV} to a file in a directory of your own, or unset it")
     if problem:
         raise PlaceError(str(problem))
-    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise OSError(f"{os.path.dirname(os.path.abspath(path))} (the directory of {ENV}={path}) does not exist")
+    if not os.path.isdir(where):
+        raise OSError(f"{where} (the directory of {ENV}={path}) does not exist")
     try:  # P4: what the lock would be made for is checked before the lock is made, and again under it
         _refuse_target(os.lstat(path), path)
     except FileNotFoundError:

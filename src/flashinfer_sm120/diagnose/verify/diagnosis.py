@@ -14,11 +14,17 @@ from flashinfer_sm120.core.jitenv.memory import fmt_bytes
 from flashinfer_sm120.core.view.meta import lacks
 from flashinfer_sm120.safety.formats.base import plural, shown
 
-__all__ = ["NO_TARGETS", "NO_TARGETS_FIX", "Level", "Finding", "Alone", "Diagnosis", "CHECKS", "diagnose", "alone"]
+__all__ = ["NO_TARGETS", "NO_TARGETS_FIX", "no_targets_fix",
+           "Level", "Finding", "Alone", "Diagnosis", "CHECKS", "diagnose", "alone"]
 
 #: Why nothing can be built with neither a GPU nor an arch list, and its fix (doctor, status and smoke say it).
 NO_TARGETS = "no GPU visible and no FLASHINFER_CUDA_ARCH_LIST"
 NO_TARGETS_FIX = "FLASHINFER_CUDA_ARCH_LIST=12.0 for a server, build --arch 12.0 for an image (12.1 on DGX Spark)"
+
+
+def no_targets_fix(check: str = "doctor") -> str:
+    """:data:`NO_TARGETS_FIX` and the command that checks it again (``doctor --smoke`` for the smoke check)."""
+    return f"{NO_TARGETS_FIX}; check with flashinfer-sm120 {check} --arch 12.0"
 
 
 class Level(str, enum.Enum):
@@ -96,7 +102,7 @@ def _check_choice(report: dict) -> Iterable[Finding]:
     elif res is not None and not _choice(report).get("targets"):
         why = res.get("arch_list_error") or NO_TARGETS
         yield Finding(Level.PROBLEM, "no-targets", f"no targets: {why}, so nothing can be built",
-                      f"{NO_TARGETS_FIX}; check with flashinfer-sm120 doctor --arch 12.0")
+                      no_targets_fix())
     elif res is not None and res.get("arch_list_error"):
         yield Finding(Level.WARNING, "arch-list", res["arch_list_error"])
     if res is not None and not (res.get("cuda_home") or {}).get("curand_include"):

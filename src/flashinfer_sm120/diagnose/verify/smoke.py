@@ -113,10 +113,9 @@ def _toolkit(st: dict) -> str:
         raise _Failed(f"FlashInfer is {status['mode']}, so its JIT builds would not use a fitting toolkit: "
                       f"{status.get('error') or status.get('summary')}")
     if not status["target_cuda_archs"]:
-        from flashinfer_sm120.diagnose.verify.diagnosis import NO_TARGETS, NO_TARGETS_FIX
+        from flashinfer_sm120.diagnose.verify.diagnosis import NO_TARGETS, no_targets_fix
 
-        raise _Failed(f"no targets: {NO_TARGETS}; fix: {NO_TARGETS_FIX}; check with flashinfer-sm120 doctor --smoke "
-                      "--arch 12.0")
+        raise _Failed(f"no targets: {NO_TARGETS}; fix: {no_targets_fix('doctor --smoke')}")
     if problem := path_problem(os.environ):
         raise _Failed(str(problem))
     home = st["home"] = cx.get_cuda_path()
