@@ -190,14 +190,14 @@ def parse_arch_list_lenient(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_L
             unsuffixed.append(entry)
         elif (spec := ArchSpec(int(m.group(1)), int(m.group(2)), m.group(3).lower() or None)) not in out:
             out.append(spec)
+    plain = re.sub(r"[af](?=(\+PTX)?$)", "", unsuffixed[0], flags=re.I) if unsuffixed else ""
     typed = f"{source}={shown(value)}" + (f" (read as {len(entries)} entries, {some(entries)})"
                                           if len(entries) > 1 else "")
     errors = []
     for found, what in ((bad, f"not a compute capability. {_EXAMPLE}."),
                         (unknown, "not a known compute capability (major 3..20, minor 0..9), e.g. '12.0'."),
                         (unsuffixed, "a target no nvcc has: 'a' targets begin at 9.0 and 'f' targets at 10.0; "
-                                     f"give the capability without the suffix, e.g. "
-                                     f"{shown(unsuffixed[0][:-1] if unsuffixed else '', 40)}.")):
+                                     f"give the capability without the suffix, e.g. {shown(plain, 40)}.")):
         if found:
             errors.append(f"{typed}: {'entry' if len(found) == 1 else 'entries'} {some(found)} "
                           f"{'is' if len(found) == 1 else 'are'} {what}{_hint(value, found)}")

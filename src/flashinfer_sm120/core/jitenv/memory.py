@@ -156,8 +156,11 @@ def _gpu_held() -> tuple[int | None, str] | None:
             h = nvml.nvmlDeviceGetHandleByIndex(i)
             if tuple(nvml.nvmlDeviceGetCudaComputeCapability(h)) != (12, 1):
                 continue
-            used = [p.usedGpuMemory for p in [*nvml.nvmlDeviceGetComputeRunningProcesses(h),
-                                              *nvml.nvmlDeviceGetGraphicsRunningProcesses(h)]]
+            procs = []
+            for getter in (nvml.nvmlDeviceGetComputeRunningProcesses, nvml.nvmlDeviceGetGraphicsRunningProcesses):
+                with contextlib.suppress(Exception):  # a driver without graphics processes: the compute ones count
+                    procs += list(getter(h))
+            used = [getattr(p, "usedGpuMemory", None) for p in procs]
             if not all(isinstance(u, int) and u >= 0 for u in used):
                 return None, f"GPU {i}: NVML reports no memory use for some GPU processes"
             held += sum(used)
@@ -322,8 +325,8 @@ def budget(est: Estimate, targets: int = 1, env=None, view: MemoryView | None = 
         return Budget(mem_limit, "--mem-limit", est.bytes * factor, per_from)
     view = view or read_memory()
     if view.available is None:
-        return Budget(None, "unknown (" + ("; ".join(view.notes) or "nothing readable") + ")", est.bytes * factor,
-                      per_from)
+        unknown = "unknown (" + ("; ".join(view.notes) or "nothing readable") + ")"
+        return Budget(None, unknown, est.bytes * factor, per_from)
     return Budget(int(view.available * (1 - MARGIN)),
                   f"{fmt_bytes(view.available)} available less {MARGIN:.0%}: {view.source}",
                   est.bytes * factor, per_from)

@@ -82,7 +82,8 @@ def test_parse_arch_list_garbled_names_value_and_fix(value, bad):
     assert "12.0" in msg  # shows the accepted form
 
 
-@pytest.mark.parametrize("value, plain", [("8.6a", "8.6"), ("8.9f", "8.9"), ("9.0f", "9.0"), ("sm_86a", "sm_86")])
+@pytest.mark.parametrize("value, plain", [("8.6a", "8.6"), ("8.9f", "8.9"), ("9.0f", "9.0"), ("sm_86a", "sm_86"),
+                                         ("8.6a+PTX", "8.6+PTX")])
 def test_a_suffix_no_nvcc_has_for_that_capability_is_refused_naming_the_plain_one(value, plain):
     """``status --arch 8.6a`` said patched (exit 0): no nvcc has compute_86a ('a' targets begin at 9.0, 'f' at 10.0),
     so every build would fail (P1)."""
