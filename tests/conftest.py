@@ -32,11 +32,32 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 def pytest_addoption(parser):
     parser.addoption("--no-forkserver", action="store_true",
                      help="run every child Python as a new interpreter (see tests/helpers/forkserver.py)")
+    parser.addoption("--cpu-profile", metavar="FILE",
+                     help="append each test's CPU seconds (its own, its children's, the fork server's children's) "
+                          "to FILE as JSON lines; benchmarks/suite_cpu.py sums them")
 
 
 def pytest_configure(config):
     if config.getoption("--no-forkserver"):
         child.forkserver_off()
+
+
+def _cpu_now() -> float:
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    server = child._SERVER[0].cpu_s if child._SERVER and child._SERVER[0] is not None else 0.0
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime + server
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    out = item.config.getoption("--cpu-profile")
+    before = _cpu_now() if out else 0.0
+    yield
+    if out:
+        with open(out, "a", encoding="utf-8") as fh:  # one short line per write: xdist workers may share it
+            fh.write(json.dumps({"test": item.nodeid, "cpu_s": round(_cpu_now() - before, 3)}) + "\n")
 
 
 def pytest_sessionfinish(session):

@@ -68,6 +68,7 @@ class Client:
         self.lock = threading.Lock()
         self._buf = b""  # what was read from the server past the last whole line
         self._next_id = 0
+        self.cpu_s = 0.0  # CPU seconds of the children this server ran for us (``--cpu-profile``)
         ready = self._read(600)
         if ready.get("ready") is not True:
             raise RuntimeError(f"fork server did not start: {ready}")
@@ -113,7 +114,9 @@ class Client:
             self.proc.stdin.flush()
             pid = self._answer("pid", rid, 600)["pid"]  # bounds against a hang, not speed goals
             try:
-                rc = self._answer("rc", rid, timeout)["rc"]
+                done = self._answer("rc", rid, timeout)
+                rc = done["rc"]
+                self.cpu_s += done.get("cpu", 0.0)
             except subprocess.TimeoutExpired:
                 try:
                     os.kill(pid, signal.SIGKILL)  # as subprocess.run does on a timeout: the child only
@@ -237,9 +240,10 @@ def serve() -> None:
             finally:
                 os._exit(rc)
         print(json.dumps({"pid": pid, "id": req.get("id")}), flush=True)
-        _, status = os.waitpid(pid, 0)
+        _, status, usage = os.wait4(pid, 0)
         rc = os.waitstatus_to_exitcode(status)
-        print(json.dumps({"rc": rc, "id": req.get("id")}), flush=True)
+        cpu = usage.ru_utime + usage.ru_stime  # the child's and its waited-for children's
+        print(json.dumps({"rc": rc, "id": req.get("id"), "cpu": cpu}), flush=True)
 
 
 if __name__ == "__main__":
