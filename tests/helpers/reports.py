@@ -8,7 +8,7 @@ def doctor_report(**over) -> dict:
          "torch_cuda": "13.0", "flashinfer_installed": True, "flashinfer": "0.7.4",
          "release": {"supported": True, "arch_rules": "r", "min_nvcc": None}, "gpu_source": "nvml",
          "gpus": [{"index": 0, "name": "NVIDIA GeForce RTX 5090", "capability": "12.0"}],
-         "FLASHINFER_CUDA_ARCH_LIST": None, "cleaned": [],
+         "FLASHINFER_CUDA_ARCH_LIST": None, "settings": [],
          "candidates": [dict(tk, state="chosen", why="first", header_version="13.0", version_from="nvcc")],
          "resolution": {"choice": {"toolkit": tk, "targets": ["sm_120f"], "usable": []},
                         "cuda_home": {"path": "/opt/cu13", "is_view": False, "added": [], "curand_include": "/i"},

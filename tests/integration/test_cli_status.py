@@ -85,6 +85,23 @@ def test_no_targets_exits_1_from_both_paths(clean_env, real_nvcc13):
     assert proc.returncode == 1 and doc["ok"] is False and "nothing can be built" in doc["error"], out
 
 
+@pytest.mark.slow  # two FlashInfer imports
+@needs_flashinfer
+@pytest.mark.parametrize("var, value", [("CUDA_HOME", "/opt/nope"), ("FLASHINFER_NVCC", "/opt/nope/bin/nvcc")])
+def test_a_setting_naming_no_toolkit_changes_no_choice_and_is_told(clean_env, var, value):
+    """CUDA_HOME=/opt/nope moved the choice from the system CUDA 13.0 (FlashInfer's own, via PATH) to pip's 13.5
+    (another JIT directory, every module rebuilt), and status said nothing of it (P1, P8)."""
+    docs = []
+    for env in (clean_env, dict(clean_env, **{var: value})):
+        proc, out, _ = _status(env, "--arch", "12.0", "--json", "--fresh")
+        docs.append(json.loads(out))
+    assert docs[1]["toolkit"] == docs[0]["toolkit"], docs
+    (note,) = docs[1]["resolution"]["settings"]
+    assert f"{var}='{value}' was not used" in note and f"Fix: unset {var} or " in note, note
+    proc, line, _ = _status(dict(clean_env, **{var: value}), "--arch", "12.0")
+    assert note in line and proc.returncode == (0 if docs[0]["ok"] else 1), line  # the exit status as without it
+
+
 def test_exit_codes_follow_what_can_be_built():
     tk = {"nvcc_full": "13.0.88", "root": "/tk", "nvcc": "/tk/bin/nvcc"}
     assert status.exit_code({"mode": "patched", "toolkit": tk, "targets": ["sm_120f"]}) == 0
@@ -105,8 +122,8 @@ def test_help_documents_the_exit_codes(capsys):
 def test_a_record_from_other_inputs_is_not_used(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "c"))
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.0")
-    rec = dict(mode="patched", error=None, toolkit=None, targets=["sm_120f"], arch_list_error=None,
-                                flashinfer="0.7.4")
+    rec = dict(mode="patched", error=None, toolkit=None, targets=["sm_120f"], arch_list_error=None, settings=[],
+               flashinfer="0.7.4")
     laststatus.save(rec, laststatus.inputs())
     assert status.recorded()[0] == dict(rec)
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.1")
@@ -137,8 +154,8 @@ def test_a_record_does_not_hold_once_cuda_homes_nvcc_is_replaced_or_removed(tmp_
     nvcc.symlink_to(real)
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "c"))
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "tk"))
-    rec = dict(mode="patched", error=None, toolkit=None, targets=["sm_120f"], arch_list_error=None,
-                                flashinfer="0.7.4")
+    rec = dict(mode="patched", error=None, toolkit=None, targets=["sm_120f"], arch_list_error=None, settings=[],
+               flashinfer="0.7.4")
     laststatus.save(rec, laststatus.inputs())
     assert status.recorded()[0] == dict(rec)
     nvcc.unlink()
@@ -256,7 +273,7 @@ def test_a_recorded_status_of_another_shape_is_no_record(tmp_path, monkeypatch, 
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "c"))
     statedir.forget_cache_root()
     good = {"mode": "patched", "error": None, "toolkit": None, "targets": ["sm_120f"], "arch_list_error": None,
-            "flashinfer": "0.7.4"}
+            "settings": [], "flashinfer": "0.7.4"}
     where = laststatus.path()
     os.makedirs(os.path.dirname(where), mode=0o700, exist_ok=True)
     for status_, usable in ((good, True), (dict(good, **tamper), False)):

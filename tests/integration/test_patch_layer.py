@@ -181,7 +181,7 @@ def test_doctor_shows_gpu_source_guard_cleaned_home_and_release(clean_env, tmp_p
     assert r["gpu_source"].startswith("torch.cuda (NVML: nvmlInit failed") and r["gpus"][0]["capability"] == "12.1"
     assert r["guard"] is True and "sm_121a" in r["resolution_error"]
     assert r["after"]["status"]["mode"] == "guard"
-    assert any(f"CUDA_HOME=':{fake}' is malformed" in n for n in r["cleaned"])
+    assert any(f"CUDA_HOME=':{fake}' is malformed" in n for n in r["settings"])
     assert r["release"]["era"] == "sm120a-12.8" and r["release"]["min_nvcc"] == "12.8"
     # the human report is printed from the same report (one doctor run, and its child, fewer)
     from flashinfer_sm120.cli import doctor

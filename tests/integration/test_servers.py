@@ -274,7 +274,7 @@ def _report(**over) -> dict:
     r = {"flashinfer_sm120": "x", "flashinfer": "0.7.4", "torch_cuda": "13.0", "python": "/venv/bin/python",
          "release": {"supported": True, "era": "sm120a-12.8", "arch_rules": "...", "min_nvcc": "12.8",
                      "min_nvcc_why": "..."},
-         "gpu_source": "nvml", "gpus": [], "FLASHINFER_CUDA_ARCH_LIST": None, "cleaned": [],
+         "gpu_source": "nvml", "gpus": [], "FLASHINFER_CUDA_ARCH_LIST": None, "settings": [],
          "candidates": [{"root": "/opt/cuda-evil", "nvcc_full": None, "version_from": None, "header_version": None,
                          "sources": ["CUDA_HOME"], "problem": "/opt/cuda-evil is writable by other users",
                          "state": "rejected", "why": "/opt/cuda-evil is writable by other users"}],

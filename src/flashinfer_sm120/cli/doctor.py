@@ -17,6 +17,7 @@ import textwrap
 from flashinfer_sm120.core.jitenv.memory import fmt_bytes
 from flashinfer_sm120.safety.formats.base import MAX_MESSAGE, bounded, plural, printable, shown
 from flashinfer_sm120.safety.formats.params import cli_float
+from flashinfer_sm120.diagnose.verify.diagnosis import SETTING
 from flashinfer_sm120.diagnose.verify.report import ALONE_TIMEOUT_S, collect
 from flashinfer_sm120.diagnose.verify.smoke import SMOKE_TIMEOUT_S
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
@@ -87,17 +88,23 @@ def render(report: dict, *, verbose: bool = False, diagnosis=None) -> list[str]:
 
     d = diagnosis or diagnose(report)
     facts = [ln for text in _facts(report, d) for ln in wrap(text)]
-    blocks = [wrap(_finding(f)) for f in d.findings[1 if d.problems else 0:]]
+    head = [_verdict(d)] + [_finding(f) for f in _settings(d) if d.problems]  # whole, as the verdict line
+    blocks = [wrap(_finding(f)) for f in d.findings if f.code != SETTING and f is not (d.problems or (None,))[0]]
     if verbose:
-        return [_verdict(d)] + [ln for block in blocks for ln in block] + facts + [
+        return head + [ln for block in blocks for ln in block] + facts + [
             "", "The whole report (doctor --json prints it as JSON):"] + dump(
             {k: v for k, v in report.items() if k != "diagnosis"}, "  ")
     tail = wrap("More: flashinfer-sm120 doctor --verbose (every toolkit, the patch, exports, servers, modules), or --json")
-    room = SHORT_LINES - 1 - len(facts) - len(tail)
+    room = SHORT_LINES - len(head) - len(facts) - len(tail)
     if sum(map(len, blocks)) > room:  # as many whole findings as fit, then one line saying how many more
         fit = sum(1 for total in itertools.accumulate(map(len, blocks)) if total <= room - 1)
         blocks = blocks[:fit] + [[f"... {plural(len(blocks) - fit, 'more finding')}: --verbose"]]
-    return [_verdict(d)] + facts + [ln for block in blocks for ln in block] + tail
+    return head + facts + [ln for block in blocks for ln in block] + tail
+
+
+def _settings(d) -> list:
+    """The findings on toolkit settings not used as given: named on the verdict line, or right after a PROBLEM."""
+    return [f for f in d.findings if f.code == SETTING]
 
 
 def _smoke_only(args: argparse.Namespace) -> int:
@@ -182,7 +189,8 @@ def _verdict(d) -> str:
     """The first line, whole: a reader of one line gets the verdict and the fix."""
     if d.problems:
         return _one_line(_finding(d.problems[0]))
-    return f"OK: FlashInfer will build {', '.join(d.targets)} with nvcc {d.nvcc} at {d.root}"
+    return f"OK: FlashInfer will build {', '.join(d.targets)} with nvcc {d.nvcc} at {d.root}" + "".join(
+        f"; but {f.text}" for f in _settings(d))
 
 
 def _versions(r: dict) -> str:

@@ -32,7 +32,12 @@ def exit_code(st: dict) -> int:
 
 
 def status_line(st: dict) -> str:
-    """``<mode>: nvcc <release> at <toolkit>; targets <sm_...>``, or why there is no toolkit."""
+    """``<mode>: nvcc <release> at <toolkit>; targets <sm_...>``, or why there is no toolkit; then each toolkit
+    setting not used as given, with its fix (P8)."""
+    return "; ".join([_line(st), *st.get("settings", ())])
+
+
+def _line(st: dict) -> str:
     mode, tk = st.get("mode"), st.get("toolkit")
     if mode in _OK and tk:
         targets = ", ".join(st.get("targets") or []) or f"none, nothing can be built ({_no_targets(st)})"
@@ -172,7 +177,8 @@ def _well_formed(st) -> bool:
         return False
     texts = [st.get(k) for k in ("error", "arch_list_error", "flashinfer")] + [(tk or {}).get(k) for k in
                                                                               ("nvcc_full", "root")]
-    return isinstance(targets, list) and all(isinstance(v, str) for v in targets) and all(
+    lists = (targets, st.get("settings"))
+    return all(isinstance(x, list) and all(isinstance(v, str) for v in x) for x in lists) and all(
         v is None or isinstance(v, str) for v in texts)
 
 

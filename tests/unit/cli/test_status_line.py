@@ -34,3 +34,13 @@ def test_json_from_a_record_has_no_unlabeled_fingerprint_and_says_why_nothing_bu
     status._say(argparse.Namespace(json=False), st, "record")
     assert capsys.readouterr().out == ("patched: nvcc 13.0.88 at /tk; targets none, nothing can be built (no GPU "
                                        f"visible and no FLASHINFER_CUDA_ARCH_LIST; fix: {FIX})\n")
+
+
+def test_a_refused_toolkit_setting_is_on_the_status_line(capsys):
+    """CUDA_HOME=/opt/nope: status named another toolkit and not why (P8): the line names it and the fix."""
+    note = "CUDA_HOME='/opt/nope' was not used: directory does not exist. Fix: unset CUDA_HOME"
+    tk = {"nvcc_full": "13.0.88", "root": "/tk", "nvcc": "/tk/bin/nvcc", "stat": [1]}
+    st = {"mode": "patched", "error": None, "toolkit": tk, "targets": ["sm_120f"], "settings": [note]}
+    assert status._say(argparse.Namespace(json=False), st, "record") == 0
+    assert capsys.readouterr().out == f"patched: nvcc 13.0.88 at /tk; targets sm_120f; {note}\n"
+    assert status._well_formed(st) and not status._well_formed(dict(st, settings=None))

@@ -192,8 +192,8 @@ def _announce(mode: Mode, res: Resolution) -> None:
         logger.error("flashinfer-sm120: %s", STATE.summary)
         return
     # Changing the toolkit FlashInfer would have used, or a CUDA_HOME it could not link with (its own nvcc kept in
-    # a view), or reading a malformed CUDA_HOME, is worth one visible line.
-    changed = bool(res.cleaned) or (mode is Mode.PATCHED and res.naive_root != res.home.path
+    # a view), or a toolkit setting not used as given, is worth one visible line.
+    changed = bool(res.settings) or (mode is Mode.PATCHED and res.naive_root != res.home.path
                                     and (not res.own or not res.naive_root or bool(res.naive_lacks)))
     level = logging.WARNING if changed and not env_flag("FLASHINFER_SM120_QUIET") else logging.INFO
     logger.log(level, "flashinfer-sm120: %s", STATE.summary)

@@ -8,11 +8,14 @@ from typing import Sequence
 
 from flashinfer_sm120.core.facts.releases import ReleaseInfo, release_info
 from flashinfer_sm120.core.patch.state import Resolution, arch_specs, flashinfer_version
-from flashinfer_sm120.core.toolkit.model import Toolkit
+from flashinfer_sm120.core.toolkit.model import Choice, RejectKind, Toolkit
 from flashinfer_sm120.errors import ToolkitError
+from flashinfer_sm120.safety.formats.base import shown
 
-__all__ = ["resolve", "cleaned_homes", "own_nvcc"]
+__all__ = ["resolve", "setting_notes", "own_nvcc"]
 
+
+_REFUSED = (RejectKind.UNUSABLE, RejectKind.NOT_CHOSEN)
 
 #: Characters of ``FLASHINFER_CUDA_ARCH_LIST`` kept in :attr:`Resolution.arch_list` (messages; the parse sees all).
 ARCH_LIST_SHOWN = 200
@@ -24,9 +27,11 @@ def _for_messages(value: str | None) -> str | None:
     return f"{value[:ARCH_LIST_SHOWN]}... ({len(value)} characters)"
 
 
-def cleaned_homes(env: dict[str, str]) -> tuple[str, ...]:
-    """A note naming the fix for each ``CUDA_HOME``/``CUDA_PATH`` that ``sources.clean_home`` had to change
-    (``:/usr/local/cuda-13.0``, ``/usr/local/cuda-13.0/bin``)."""
+def setting_notes(env: dict[str, str], choice: Choice | None = None) -> tuple[str, ...]:
+    """A note naming the fix for each setting of a toolkit not used as given (P1, P8): a ``CUDA_HOME``/``CUDA_PATH``
+    that ``sources.clean_home`` had to change (``:/usr/local/cuda-13.0``, ``.../bin``), or one ``choice`` refused."""
+    from flashinfer_sm120.core.toolkit.policy import EXPLICIT_SOURCES
+    from flashinfer_sm120.core.toolkit.probe import NO_NVCC_FIX
     from flashinfer_sm120.core.toolkit.sources import clean_home
 
     notes = []
@@ -36,6 +41,12 @@ def cleaned_homes(env: dict[str, str]) -> tuple[str, ...]:
         if cleaned is not None and cleaned.rstrip("/") != val.rstrip("/"):
             notes.append(f"{var}={val!r} is malformed; read it as {cleaned!r}. "
                          f"Fix: export {var}={cleaned}")
+    for r in choice.rejected if choice else ():
+        for var in (v for v in EXPLICIT_SOURCES if v in r.toolkit.sources and r.kind in _REFUSED):
+            fix = NO_NVCC_FIX[var]
+            why = r.why.removeprefix(f"{r.toolkit.given_as}: ").removesuffix(f"; {fix}")
+            notes.append(f"{var}={shown(env.get(var, ''))} was not used: {why}; the toolkit was chosen as if it were "
+                         f"unset. Fix: {fix}")
     return tuple(notes)
 
 
@@ -55,7 +66,7 @@ def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | 
     """Find the GPUs, parse the arch list, choose a toolkit among ``toolkits`` (default: discovered) and a linkable
     home in ``env``; nothing is patched.  Raises ``ToolkitError`` when none fits (``guard``: returned instead)."""
     from flashinfer_sm120.core.facts.gpus import query
-    from flashinfer_sm120.core.toolkit.policy import choose, other_major_allowed, torch_cuda_version
+    from flashinfer_sm120.core.toolkit.policy import EXPLICIT_SOURCES, choose, other_major_allowed, torch_cuda_version
     from flashinfer_sm120.core.toolkit.sources import discover, flashinfer_naive_root
     from flashinfer_sm120.core.view.build import linkable_home
     from flashinfer_sm120.core.view.meta import lacks
@@ -69,19 +80,22 @@ def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | 
     gpus = tuple(gq.gpus)
     explicit = env.get("CUDA_HOME") or env.get("CUDA_PATH") or None
     naive = flashinfer_naive_root(env)
+    unset = {k: v for k, v in env.items() if k not in EXPLICIT_SOURCES}
     common = dict(gpus=gpus, arch_list=_for_messages(arch_list), arch_list_error=arch_err, naive_root=naive,
                   naive_lacks=tuple(lacks(naive)) if naive else (), explicit_home=explicit, release=release,
-                  gpu_query=gq, cleaned=cleaned_homes(env),
-                  targets_from="gpus" if specs is None else "arch_list")
+                  gpu_query=gq, targets_from="gpus" if specs is None else "arch_list")
     candidates = discover(env) if toolkits is None else toolkits
     try:
         choice = choose(candidates, specs, [g.capability for g in gpus], torch_cuda_version(),
                         min_nvcc=release.min_nvcc, min_nvcc_why=release.min_nvcc_why,
                         allow_other_major=other_major_allowed(env),
-                        own=(own := None if "FLASHINFER_NVCC" in env else own_nvcc(naive)))
+                        own=(own := None if "FLASHINFER_NVCC" in env else own_nvcc(naive)),
+                        own_unset=own_nvcc(flashinfer_naive_root(unset)) if unset != env else None)
     except ToolkitError as exc:
         if not guard:
             raise
-        return Resolution(None, None, error=str(exc), fix=getattr(exc, "fix", None), **common)
+        return Resolution(None, None, error=str(exc), fix=getattr(exc, "fix", None), settings=setting_notes(env),
+                          **common)
     home = linkable_home(choice.toolkit)
-    return Resolution(choice, home, own=own == os.path.realpath(choice.toolkit.nvcc), **common)
+    return Resolution(choice, home, own=own == os.path.realpath(choice.toolkit.nvcc),
+                      settings=setting_notes(env, choice), **common)

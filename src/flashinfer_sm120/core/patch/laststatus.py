@@ -108,6 +108,7 @@ def from_status(st: dict) -> dict:
     return dict(mode=str(st.get("mode")), error=st.get("error"),
                 toolkit={"nvcc_full": tk.get("nvcc_full"), "root": tk.get("root"), "nvcc": tk.get("nvcc")} if tk else None,
                 targets=list(targets), arch_list_error=res.get("arch_list_error"),
+                settings=list(res.get("settings") or ()),
                 flashinfer=(res.get("release") or {}).get("version"))
 
 

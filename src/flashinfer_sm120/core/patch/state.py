@@ -115,7 +115,7 @@ class Resolution:
     explicit_home: str | None = None  # CUDA_HOME (else CUDA_PATH) as the user set it
     release: ReleaseInfo | None = None
     gpu_query: GPUQuery | None = None
-    cleaned: tuple[str, ...] = ()  # a note per malformed CUDA_HOME/CUDA_PATH that was cleaned
+    settings: tuple[str, ...] = ()  # a note per toolkit setting not used as given (decide.setting_notes)
     error: str | None = None  # the ToolkitError message when no toolkit fits
     fix: str | None = None  # its fix line alone
     targets_from: str = "gpus"  # "arch_list": FLASHINFER_CUDA_ARCH_LIST had a usable entry
@@ -142,7 +142,7 @@ class Resolution:
             "flashinfer_naive_cuda_home": self.naive_root,
             "explicit_cuda_home": self.explicit_home,
             "release": self.release.to_dict() if self.release else None,
-            "cleaned": list(self.cleaned),
+            "settings": list(self.settings),
             "error": self.error,
             "fix": self.fix,
             "flashinfer_naive_lacks": list(self.naive_lacks),
@@ -167,7 +167,7 @@ class Resolution:
         return cls(choice, CudaHome(**dict(d["cuda_home"], added=tuple(d["cuda_home"]["added"]))), gpus,
                    d["arch_list"], d["arch_list_error"], d["flashinfer_naive_cuda_home"],
                    explicit_home=d["explicit_cuda_home"], release=release,
-                   gpu_query=GPUQuery(gpus, source, note[:-1] or None), cleaned=tuple(d["cleaned"]),
+                   gpu_query=GPUQuery(gpus, source, note[:-1] or None), settings=tuple(d["settings"]),
                    targets_from={"arch_list": "arch_list", "gpus": "gpus"}[d["targets_from"]], own=own,
                    naive_lacks=tuple(d["flashinfer_naive_lacks"]))
 
@@ -214,7 +214,7 @@ NO_TARGETS_FIX = "set e.g. FLASHINFER_CUDA_ARCH_LIST=12.0 (RTX 5090 / RTX PRO 60
 
 def describe(res: Resolution, targets_from: str | None = None) -> str:
     """The summary's body: toolkit, view, targets and where from (``targets_from``), what FlashInfer alone would use."""
-    notes = "".join(f"; {n}" for n in res.cleaned)
+    notes = "".join(f"; {n}" for n in res.settings)
     if res.choice is None:
         return f"FlashInfer {res.release.version}; GPUs from {res.gpu_query.describe()}{notes}; {res.error}"
     tk = res.choice.toolkit
@@ -223,15 +223,10 @@ def describe(res: Resolution, targets_from: str | None = None) -> str:
          else f"none (FLASHINFER_CUDA_ARCH_LIST={res.arch_list!r} has no usable entry, no GPU visible")
         + f"; Fix: {NO_TARGETS_FIX})")
     view = f" via view {res.home.path} (adds {', '.join(res.home.added)})" if res.home.is_view else ""
-    text = (f"nvcc {tk.nvcc_full} from {tk.root} [{', '.join(tk.sources)}]{view}; "
+    return (f"nvcc {tk.nvcc_full} from {tk.root} [{', '.join(tk.sources)}]{view}; "
             f"targets {targets} ({targets_from or targets_from_text(res)}); FlashInfer "
             f"{res.release.version}; JIT workspace .../{tag_for(tk)}; "
             f"FlashInfer alone would use CUDA_HOME={res.naive_root}{notes}")
-    for r in res.choice.rejected:  # say why the user's own setting lost
-        if {"CUDA_HOME", "CUDA_PATH"} & set(r.toolkit.sources) and r.kind is not RejectKind.USABLE:
-            given = r.toolkit.given_as or r.toolkit.root
-            text += f"; not {given}: {r.reason.removeprefix(given + ': ')}"
-    return text
 
 
 def targets_from_text(res: Resolution) -> str:

@@ -17,7 +17,8 @@ from flashinfer_sm120.core.toolkit.sources import Candidates
 from flashinfer_sm120.errors import ToolkitError
 from flashinfer_sm120.safety.formats.reads import env_flag
 
-_EXPLICIT_SOURCES = ("FLASHINFER_NVCC", "CUDA_HOME", "CUDA_PATH")
+#: The variables that name a toolkit: one that is refused leaves the choice as if it were unset (P1, P8).
+EXPLICIT_SOURCES = ("FLASHINFER_NVCC", "CUDA_HOME", "CUDA_PATH")
 _PREFERRED_MAJOR_FOR_CPU_TORCH = 13
 _SEARCHED = ("CUDA_HOME, CUDA_PATH, pip (site-packages/nvidia/cu13), PATH, /usr/local/cuda, /usr/local/cuda-*, "
              "$CONDA_PREFIX")
@@ -42,8 +43,9 @@ def _names(targets) -> str:
 def choose(toolkits: Sequence[Toolkit], arch_specs: list[_arch.ArchSpec] | None,
            capabilities: list[tuple[int, int]], torch_cuda: str | None, *, min_nvcc: Version | None = None,
            min_nvcc_why: str | None = None, allow_other_major: bool | None = None,
-           own: str | None = None) -> Choice:
-    """The toolkit building the best targets of ``arch_specs`` (else the GPUs'); ``own``: FlashInfer's own nvcc."""
+           own: str | None = None, own_unset: str | None = None) -> Choice:
+    """The toolkit building the best targets of ``arch_specs`` (else the GPUs'); ``own``: FlashInfer's own nvcc;
+    ``own_unset``: the one it runs without :data:`EXPLICIT_SOURCES`, kept when each candidate they name is refused."""
     if allow_other_major is None:
         allow_other_major = other_major_allowed()
     if arch_specs is not None:
@@ -59,13 +61,28 @@ def choose(toolkits: Sequence[Toolkit], arch_specs: list[_arch.ArchSpec] | None,
             target_sets.append(wanted)
     tmm = _arch.major_minor(torch_cuda)
     majors = [None] if tmm is None else [tmm.major] + ([None] if allow_other_major else [])
-    kept = _own(toolkits, own)
-    if kept is not None:
-        tk = toolkits[kept]
-        if (_why_not(tk, target_sets[0], explicit, torch_cuda, majors[0], min_nvcc, min_nvcc_why) is None
-                and (tmm is not None or tk.nvcc_version.major >= _PREFERRED_MAJOR_FOR_CPU_TORCH)):
-            return _choice(toolkits, kept, {kept: None}, None, caps, fixed, target_sets[0], target_sets[0],
-                           torch_cuda, own=True)
+
+    def why_first(tk: Toolkit) -> str | None:
+        return _why_not(tk, target_sets[0], explicit, torch_cuda, majors[0], min_nvcc, min_nvcc_why)
+
+    refused: dict[int, str | None] = {}
+    for attempt, nvcc in enumerate((own, own_unset)):
+        if nvcc is None:
+            continue
+        if attempt:  # only when every setting naming a toolkit is refused: the choice made without them
+            for i in (i for i in range(len(toolkits)) if _source(toolkits, i) in EXPLICIT_SOURCES):
+                refused[i] = why_first(toolkits[i])
+                if refused[i] is None:
+                    break
+            if not refused or not all(refused.values()):
+                break
+        kept = _own(toolkits, nvcc)
+        tk = toolkits[kept] if kept is not None else None
+        if tk and why_first(tk) is None and (tmm is not None
+                                             or tk.nvcc_version.major >= _PREFERRED_MAJOR_FOR_CPU_TORCH):
+            unset = ", ".join(sorted({toolkits[i].sources[0] for i in refused}))
+            return _choice(toolkits, kept, {**refused, kept: None}, None, caps, fixed, target_sets[0],
+                           target_sets[0], torch_cuda, own=f" without {unset}" if unset else "")
     first_reasons: dict[int, str] = {}
     for major in majors:
         for wanted in target_sets:
@@ -80,7 +97,7 @@ def choose(toolkits: Sequence[Toolkit], arch_specs: list[_arch.ArchSpec] | None,
                 if verdict[i] is not None:
                     continue
                 if (tmm is None and tk.nvcc_version.major < _PREFERRED_MAJOR_FOR_CPU_TORCH
-                        and tk.sources[0] not in _EXPLICIT_SOURCES):
+                        and tk.sources[0] not in EXPLICIT_SOURCES):
                     held = i if held is None else held  # CPU torch: look on for a CUDA 13+ toolkit
                     continue
                 pick = i
@@ -91,6 +108,11 @@ def choose(toolkits: Sequence[Toolkit], arch_specs: list[_arch.ArchSpec] | None,
             first_reasons = first_reasons or {i: r for i, r in verdict.items() if r}
     raise _refusal(toolkits, first_reasons, arch_specs, capabilities, target_sets, explicit, torch_cuda,
                    min_nvcc, min_nvcc_why, allow_other_major)
+
+
+def _source(toolkits: Sequence[Toolkit], i: int) -> str:
+    """Where candidate ``i`` was found first, read without inspecting it."""
+    return ((toolkits.unread(i) if isinstance(toolkits, Candidates) else None) or toolkits[i]).sources[0]
 
 
 def _own(toolkits: Sequence[Toolkit], own: str | None) -> int | None:
@@ -139,13 +161,13 @@ def _rejection(toolkits, j, pick, verdict, why) -> Rejection:
     return Rejection(toolkits[j], RejectKind.USABLE, f"usable, but {chosen} comes first")
 
 
-def _choice(toolkits, pick, verdict, why, caps, fixed, wanted, preferred, torch_cuda, own=False) -> Choice:
+def _choice(toolkits, pick, verdict, why, caps, fixed, wanted, preferred, torch_cuda, own=None) -> Choice:
     tk = toolkits[pick]
     v = tk.nvcc_version
     targets = tuple(sorted({fixed[c] if c in fixed else _arch.normalize(*c, v) for c in caps}))
     rejected = tuple(_rejection(toolkits, j, pick, verdict, why) for j in range(len(toolkits)) if j != pick)
-    reason = (f"FlashInfer's own toolkit ({tk.sources[0]}), kept: it builds {_names(targets) or 'no GPU targets'}"
-              if own else
+    reason = (f"FlashInfer's own toolkit{own} ({tk.sources[0]}), kept: it builds {_names(targets) or 'no GPU targets'}"
+              if own is not None else
               f"first acceptable toolkit in order ({tk.sources[0]}) for {_names(targets) or 'no GPU targets'}")
     if wanted != preferred:
         reason += f"; no toolkit could build the preferred targets {_names(preferred)}"

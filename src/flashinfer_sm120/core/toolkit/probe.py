@@ -39,7 +39,8 @@ _LIBS = ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib",
 
 _WORKING = "or set CUDA_HOME to a working toolkit"
 #: The fix for a candidate without a usable nvcc, by the source it came from.
-_NO_NVCC_FIX = {
+NO_NVCC_FIX = {
+    "FLASHINFER_NVCC": "unset FLASHINFER_NVCC or set it to the bin/nvcc of a toolkit",
     "CUDA_HOME": "unset CUDA_HOME or point it at a toolkit prefix (the directory above bin/nvcc)",
     "CUDA_PATH": "unset CUDA_PATH or point it at a toolkit prefix (the directory above bin/nvcc)",
     "conda": "install nvcc into the conda environment (conda install cuda-nvcc) or deactivate it",
@@ -130,7 +131,7 @@ def inspect(root: str, sources: tuple[str, ...] = ("given",), given_as: str | No
     nothing runs when anything on the way, or an include/lib directory, fails the trust rule (P2)."""
     given = given_as or root
     base = dict(sources=tuple(sources), given_as=given_as)
-    fix = _NO_NVCC_FIX.get(sources[0] if sources else "given", _OTHER_FIX).format(given=given)
+    fix = NO_NVCC_FIX.get(sources[0] if sources else "given", _OTHER_FIX).format(given=given)
     if not os.path.isdir(root):
         return Toolkit(root=root, **base, problem=f"{given}: directory does not exist; {fix}")
     real_root = os.path.realpath(root)

@@ -194,7 +194,7 @@ FIND_STEPS: tuple[tuple[str, Callable[[Mapping[str, str]], list[Toolkit]]], ...]
 #: Source labels, in the order a candidate is preferred when several pass.
 SOURCES = tuple(label for label, _ in FIND_STEPS)
 
-_NAMED = ("CUDA_HOME", "CUDA_PATH", "conda")  # a missing directory is reported, not skipped
+_NAMED = ("FLASHINFER_NVCC", "CUDA_HOME", "CUDA_PATH", "conda")  # a missing directory is reported, not skipped
 
 
 class Candidates(Sequence):

@@ -14,8 +14,11 @@ from flashinfer_sm120.core.jitenv.memory import fmt_bytes
 from flashinfer_sm120.core.view.meta import lacks
 from flashinfer_sm120.safety.formats.base import plural, shown
 
-__all__ = ["NO_TARGETS", "NO_TARGETS_FIX", "no_targets_fix",
+__all__ = ["SETTING", "NO_TARGETS", "NO_TARGETS_FIX", "no_targets_fix",
            "Level", "Finding", "Alone", "Diagnosis", "CHECKS", "diagnose", "alone"]
+
+#: The code of a toolkit setting not used as given (a malformed or refused CUDA_HOME, CUDA_PATH, FLASHINFER_NVCC).
+SETTING = "toolkit-setting"
 
 #: Why nothing can be built with neither a GPU nor an arch list, and its fix (doctor, status and smoke say it).
 NO_TARGETS = "no GPU visible and no FLASHINFER_CUDA_ARCH_LIST"
@@ -108,8 +111,8 @@ def _check_choice(report: dict) -> Iterable[Finding]:
     if res is not None and not (res.get("cuda_home") or {}).get("curand_include"):
         yield Finding(Level.WARNING, "no-curand", "no curand.h in the chosen toolkit: sampling kernels will not "
                       "compile", "pip install 'nvidia-curand' matching the toolkit, or a full CUDA toolkit")
-    for note in report.get("cleaned") or ():
-        yield Finding(Level.WARNING, "cuda-home-cleaned", note)
+    for note in report.get("settings") or ():  # not used as given, worked around: the OK line names it too
+        yield Finding(Level.WARNING, SETTING, note)
 
 
 def _check_after(report: dict) -> Iterable[Finding]:

@@ -149,7 +149,7 @@ def collect(timeout: float = ALONE_TIMEOUT_S, *, sections: Sequence[Section] = (
     from flashinfer_sm120.core.toolkit.policy import torch_cuda_version
     from flashinfer_sm120.core.toolkit.sources import discover
     from flashinfer_sm120.core.facts.gpus import query
-    from flashinfer_sm120.core.patch.decide import cleaned_homes, resolve
+    from flashinfer_sm120.core.patch.decide import resolve
     from flashinfer_sm120.core.patch.state import flashinfer_version
     from flashinfer_sm120.core.facts.releases import release_info
     from flashinfer_sm120.core.facts.serverprobe import fallback_text
@@ -171,12 +171,12 @@ def collect(timeout: float = ALONE_TIMEOUT_S, *, sections: Sequence[Section] = (
     arch_list = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")  # as read; cut when it is too long to be one
     report["FLASHINFER_CUDA_ARCH_LIST"] = arch_list if arch_list is None or len(arch_list) <= 4096 else (
         arch_list[:200] + f"... ({len(arch_list)} characters)")
-    report["cleaned"] = list(cleaned_homes(dict(os.environ, **_ORIGINAL_ENV)))
     candidates = list(discover())  # every one read, once
     report["candidates"] = [tk.to_dict() for tk in candidates]
     states: dict[str, tuple[str, str]] = {}  # root -> (chosen | usable | rejected, why)
     try:
         res = resolve(toolkits=candidates, release=release, guard=True)
+        report["settings"] = list(res.settings)
         if res.guard:
             report["resolution_error"] = res.error
             report["guard"] = True

@@ -26,7 +26,7 @@ def resolution():
     home = CudaHome("/cache/cuda-home/cuda-13.0.88-abc", "/venv/nvidia/cu13", True, ("include/curand.h",), "/inc")
     return Resolution(choice, home, gpus, "12.0 12.1 garbled", "garbled is not a target", "/usr/local/cuda",
                       explicit_home="/opt/cuda-12.8/", release=release_info("0.7.4"),
-                      gpu_query=GPUQuery(gpus, "torch.cuda", "nvmlInit failed: (x)"), cleaned=("CUDA_HOME ...",),
+                      gpu_query=GPUQuery(gpus, "torch.cuda", "nvmlInit failed: (x)"), settings=("CUDA_HOME ...",),
                       targets_from="arch_list", own=True)
 
 

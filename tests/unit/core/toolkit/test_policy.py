@@ -296,6 +296,29 @@ def test_flashinfer_own_toolkit_is_kept_when_it_builds_every_target_and_fits_tor
         assert ch.toolkit.sources == ("pip",)
 
 
+@pytest.mark.parametrize("source, refused", [
+    ("CUDA_HOME", fake("12.8.93", "CUDA_HOME", "/opt/nope", problem="$CUDA_HOME=/opt/nope: directory does not exist")),
+    ("CUDA_PATH", fake("12.8.93", "CUDA_HOME", "/opt/cuda-12.8")),  # a real toolkit that cannot build sm_121a
+    ("FLASHINFER_NVCC", fake("12.8.93", "CUDA_HOME", "/opt/nope", problem="no executable bin/nvcc")),
+])
+@pytest.mark.parametrize("torch_cuda", [None, "13.0"])
+def test_a_refused_toolkit_setting_leaves_the_choice_as_without_it(source, refused, torch_cuda):
+    """CUDA_HOME=/opt/nope moved the choice from the system CUDA 13.0 (FlashInfer's own, through PATH) to pip's
+    13.5: FlashInfer's own toolkit was looked for only with the refused setting (P1, P8)."""
+    refused = Toolkit(**dict(vars(refused), sources=(source,)))
+    own = fake("13.0.88", "PATH")
+    without = choose([fake("13.5.1", "pip"), own], None, [(12, 1)], torch_cuda, own=own.nvcc)
+    ch = choose([refused, fake("13.5.1", "pip"), own], None, [(12, 1)], torch_cuda, own=None, own_unset=own.nvcc)
+    assert ch.toolkit is own is without.toolkit, ch.reason
+    assert ch.reason.startswith(f"FlashInfer's own toolkit without {source} (PATH), kept"), ch.reason
+    (lost,) = [r for r in ch.rejected if r.toolkit is refused]
+    assert lost.kind is RejectKind.UNUSABLE and lost.why, lost
+    usable = fake("13.0.88", "CUDA_HOME", "/opt/cuda-13.0")  # a setting that is used keeps its toolkit
+    usable = Toolkit(**dict(vars(usable), sources=(source,)))
+    assert choose([usable, fake("13.5.1", "pip"), own], None, [(12, 1)], torch_cuda,
+                  own_unset=own.nvcc).toolkit is usable
+
+
 @pytest.mark.parametrize("own_version, caps, torch_cuda", [
     ("12.8.93", [(12, 0)], None),     # CPU torch: a 12.x is not kept over CUDA 13 (no sm_120f)
     ("12.8.93", [(12, 1)], "12.8"),   # cannot build sm_121 at all
