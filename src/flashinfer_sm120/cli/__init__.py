@@ -294,12 +294,16 @@ def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         chosen.error(_unknown(chosen, extras))
     from flashinfer_sm120.safety.proc import signals_as_exit
 
-    # threat-model: P4: a command that only lists (cache prune without --yes) creates nothing; status and
-    # doctor import FlashInfer as a server does and create what that import creates, under the same checks
+    # threat-model: P4: a command that only lists creates nothing: cache prune without --yes nothing at all;
+    # status and doctor (not --smoke) import FlashInfer with its workspace in a private directory, after the checks
     if args.cmd == "cache" and getattr(args, "cache_cmd", None) == "prune" and not getattr(args, "yes", False):
         from flashinfer_sm120.safety.fs.statedir import listing_only
 
         listing_only()
+    if args.cmd == "status" or (args.cmd == "doctor" and not args.smoke):
+        from flashinfer_sm120.diagnose.verify.report import only_list
+
+        only_list()
     try:
         with signals_as_exit():  # 'kill' or a closed terminal stops what the command started, as Ctrl-C does
             return args.func(args)

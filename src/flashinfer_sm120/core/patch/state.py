@@ -87,11 +87,24 @@ class State:
     inputs: dict | None = None  # what the resolution read (laststatus.inputs), taken before it
     resolved: bool = False  # a resolution was made in this process: install() after revert() resolves afresh
     recorded_export: dict | None = None  # the export decisions replayed with the resolution (laststatus.replay)
+    listing: bool = False  # this command only lists: FlashInfer's workspace in listing_dir(), none leased (P4)
+    _listing_dir: str | None = None
 
     def log_once(self, level: int, msg: str) -> None:
         if msg not in self.logged:
             self.logged.add(msg)
             logger.log(level, msg)
+
+    def listing_dir(self) -> str:
+        """The private directory a listing's FlashInfer makes its workspace in: made at first use, removed at exit."""
+        if self._listing_dir is None:
+            import atexit
+            import shutil
+            import tempfile
+
+            self._listing_dir = tempfile.mkdtemp(prefix="flashinfer-sm120-list-")
+            atexit.register(shutil.rmtree, self._listing_dir, True)
+        return self._listing_dir
 
     def reset(self, mode: Mode) -> None:
         """Forget the resolution and the steps; switch to ``mode`` (the undo log must be empty)."""

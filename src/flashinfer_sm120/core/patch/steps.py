@@ -231,11 +231,13 @@ def refresh_derived() -> None:
         ctx.TARGET_CUDA_ARCHS.update(fresh)
     if env is not None and hasattr(env, "_get_workspace_dir_name"):
         ws = env._get_workspace_dir_name()
-        if ws != getattr(env, "FLASHINFER_WORKSPACE_DIR", None):
-            env.FLASHINFER_WORKSPACE_DIR = ws
+        made = type(ws)(STATE.listing_dir()) if STATE.listing else ws  # threat-model: P4: a listing's is private
+        if (made, ws / "cached_ops") != (getattr(env, "FLASHINFER_WORKSPACE_DIR", None),
+                                         getattr(env, "FLASHINFER_JIT_DIR", None)):
+            env.FLASHINFER_WORKSPACE_DIR = made
             env.FLASHINFER_JIT_DIR = ws / "cached_ops"
             env.FLASHINFER_GEN_SRC_DIR = ws / "generated"
-        if core is not None:  # flashinfer/jit/core.py creates it at import
+        if core is not None and not STATE.listing:  # flashinfer/jit/core.py creates it at import
             _lease_workspace(str(ws))
 
 

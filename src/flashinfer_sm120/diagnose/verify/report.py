@@ -21,7 +21,8 @@ from flashinfer_sm120.safety.formats.fields import iter_lines
 from flashinfer_sm120.safety.formats.binary import parse_ninja_log_header
 from flashinfer_sm120.safety.formats.base import shown
 
-__all__ = ["ALONE_TIMEOUT_S", "dist_version", "Section", "collect", "ninja_section", "log_format_of_dir", "servers_section", "build_line_section"]
+__all__ = ["ALONE_TIMEOUT_S", "dist_version", "Section", "collect", "only_list", "ninja_section", "log_format_of_dir",
+           "servers_section", "build_line_section"]
 
 #: A further section of the report: its key and ``collector(report) -> dict`` (JSON-able).
 Section = tuple[str, Callable[[dict], dict]]
@@ -63,11 +64,14 @@ os._exit(0)
 
 def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
     """What unpatched FlashInfer computes, from a child with the shim off; none starts when it would run a refused program (P2)."""
+    from flashinfer_sm120.core.patch.state import STATE
     from flashinfer_sm120.safety import proc
     from flashinfer_sm120.core.toolkit.sources import flashinfer_naive_root
     from flashinfer_sm120.safety.trust import trace
 
-    env = dict(os.environ, FLASHINFER_SM120_DISABLE="1")
+    base = os.environ.get("FLASHINFER_WORKSPACE_BASE") or os.path.expanduser("~")
+    scratch = os.path.join(STATE.listing_dir(), "alone") if STATE.listing else None  # P4: its import makes one
+    env = dict(os.environ, FLASHINFER_SM120_DISABLE="1", **({"FLASHINFER_WORKSPACE_BASE": scratch} if scratch else {}))
     env.pop("CUDA_HOME", None)  # what the user set, not what this process exported
     env.update({k: v for k, v in _ORIGINAL_ENV.items() if k == "CUDA_HOME"})
     naive = flashinfer_naive_root(env)
@@ -100,9 +104,12 @@ def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
                 if res.timed_out else f"exited with status {res.returncode}{f' ({res.error})' if res.error else ''}")
         return {"error": f"the child {what}; {look}{', and fix or remove that toolkit' if res.truncated else ''}{last}"}
     try:  # the child's report, read like any other outside input
-        return loads_json(m.group(1), "the FlashInfer-alone child's report")
+        out = loads_json(m.group(1), "the FlashInfer-alone child's report")
     except FormatError as exc:
         return {"error": str(exc)}
+    if scratch and isinstance(out.get("jit_dir"), str) and out["jit_dir"].startswith(scratch + os.sep):
+        out["jit_dir"] = base + out["jit_dir"][len(scratch):]  # where FlashInfer alone would have it
+    return out
 
 
 _ORIGINAL_ENV = {k: v for k, v in os.environ.items() if k in ("CUDA_HOME", "CUDA_PATH")}
@@ -211,6 +218,20 @@ def collect(timeout: float = ALONE_TIMEOUT_S, *, sections: Sequence[Section] = (
         except Exception as exc:  # one broken section never hides the rest
             report[key] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     return report
+
+
+def only_list() -> None:
+    """This process only lists (``status``, ``doctor``): FlashInfer imported here, and FlashInfer alone, make their
+    workspace (the directory its import makes, its log) in a private directory, and none is leased (P4)."""
+    import wrapt
+
+    from flashinfer_sm120.core.patch.state import STATE
+
+    if not STATE.listing:
+        STATE.listing = True
+        # runs after the patch's own hook (registered at import), and in every mode (guard, disabled)
+        wrapt.register_post_import_hook(
+            lambda env: setattr(env, "FLASHINFER_WORKSPACE_DIR", Path(STATE.listing_dir())), "flashinfer.jit.env")
 
 
 def _with_shim() -> dict:
