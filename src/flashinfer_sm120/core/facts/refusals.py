@@ -8,6 +8,7 @@ import os
 import pathlib
 import stat
 import sys
+import tempfile
 
 from flashinfer_sm120.core.facts.workspace import WSB, jit_dir_refused, workspace_path
 from flashinfer_sm120.safety.fs.places import foreign_tree
@@ -75,6 +76,15 @@ def import_refused(env=None) -> ImportRefusal | None:
         return ImportRefusal("temp-not-ours", f"its CuTe DSL dependency creates {shown(dsl, 200)} at import, which "
                              f"fails the trust rule: {why}", "set TMPDIR to a directory of your own (mkdir -m 700 "
                              "~/tmp; TMPDIR=~/tmp), or CUTE_DSL_CACHE_DIR to one")
+    here = deepest_existing(path)
+    if here != path:  # status and doctor keep FlashInfer's import out of it (P4): will its own import make it?
+        missing = os.path.join(here, os.path.relpath(path, here).split(os.sep)[0])
+        try:  # access() cannot tell (root "may write" /proc); a random name, removed: nothing stays
+            os.rmdir(tempfile.mkdtemp(dir=here))
+        except OSError as exc:
+            return ImportRefusal("workspace-cannot-be-made", f"its JIT cache {shown(path, 200)} (from {how}) cannot "
+                                 f"be created ({shown(missing, 200)}: {exc.strerror}); FlashInfer fails the same way "
+                                 f"without flashinfer-sm120", f"{WSB}=<a directory you can write>")
     return None
 
 
