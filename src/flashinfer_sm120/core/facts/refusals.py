@@ -132,6 +132,10 @@ def import_failure(exc: BaseException, st: dict) -> str:
     """``importing FlashInfer failed: <exc>``, with the fix where known: no toolkit, a missing module, the workspace."""
     shown_exc = f"{type(exc).__name__}: {exc}" if isinstance(exc, OSError) and exc.filename else repr(exc)
     msg = f"importing FlashInfer failed: {shown_exc[:2000]}"  # an OSError's repr drops its path (str: repr of it)
+    from flashinfer_sm120.safety import oserrors
+
+    if isinstance(exc, OSError) and (why := oserrors.describe(exc)).kind == "limit":  # not FlashInfer's fault (P8)
+        return f"{msg}. {why}"
     fix = ((st.get("resolution") or {}).get("fix")) if isinstance(st.get("resolution"), dict) else None
     if st.get("mode") == "guard" or (st.get("mode") == "failed" and fix):
         return (f"{msg}. No CUDA toolkit fits, so FlashInfer kept its own toolkit lookup, which raised "
