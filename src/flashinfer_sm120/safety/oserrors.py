@@ -40,6 +40,9 @@ BY_ERRNO: dict[int, tuple[str, str, str]] = {
     errno.EIO: ("io", "an I/O error on {path}", "check the disk (dmesg), or {elsewhere}"),
 }
 _OTHER = ("io", "{path}: {strerror}", "{elsewhere}")
+#: ENOSPC on a file system with free blocks but no free inodes (``statvfs`` ``f_favail`` 0): not "full".
+_NO_INODES = ("space", "the file system holding {path} is out of inodes (it has free space, but no file can be "
+              "created)", "delete files there (the many small ones first), or {elsewhere}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,9 +63,25 @@ def describe(exc: OSError, path: object = None, elsewhere: str = "choose another
 
     where = shown(str(path if path is not None else (exc.filename or "the file")), 300)
     kind, what, fix = BY_ERRNO.get(exc.errno or 0, _OTHER)
+    if exc.errno == errno.ENOSPC and _out_of_inodes(str(path if path is not None else exc.filename or ".")):
+        kind, what, fix = _NO_INODES
     strerror = shown(exc.strerror or str(exc), 200)
     return OsProblem(kind, what.format(path=where, strerror=strerror, **(_limits() if kind == "limit" else {})),
                      fix.format(path=where, elsewhere=elsewhere))
+
+
+def _out_of_inodes(path: str) -> bool:
+    """Whether the file system of ``path`` (or its deepest existing parent) has blocks but no inodes left."""
+    import os
+
+    while True:
+        try:
+            st = os.statvfs(path)
+            return st.f_files > 0 and st.f_favail == 0 and st.f_bavail > 0
+        except OSError:
+            if os.path.dirname(path) == path:
+                return False
+            path = os.path.dirname(path) or "."
 
 
 def _limits() -> dict[str, str]:

@@ -4,6 +4,7 @@ fix (P4, P8); creates nothing."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import pathlib
 import stat
@@ -116,6 +117,10 @@ def workspace_problem(failed: OSError | None = None) -> str | None:
             why = f"{shown(here, 200)} is not a directory"
         elif not os.access(here, os.W_OK | os.X_OK):
             why = f"{shown(here, 200)} is not writable"
+        elif (vfs := os.statvfs(here)).f_bavail == 0 or (vfs.f_files > 0 and vfs.f_favail == 0):
+            from flashinfer_sm120.safety import oserrors
+
+            why = oserrors.describe(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), here).message
     except OSError as exc:
         why = exc.strerror
     name = getattr(failed, "filename", None)
@@ -134,8 +139,10 @@ def import_failure(exc: BaseException, st: dict) -> str:
     msg = f"importing FlashInfer failed: {shown_exc[:2000]}"  # an OSError's repr drops its path (str: repr of it)
     from flashinfer_sm120.safety import oserrors
 
-    if isinstance(exc, OSError) and (why := oserrors.describe(exc)).kind == "limit":  # not FlashInfer's fault (P8)
-        return f"{msg}. {why}"
+    if isinstance(exc, OSError):  # a limit or a full disk is not FlashInfer's fault (P8)
+        why = oserrors.describe(exc, elsewhere=f"set {WSB} to another directory (FlashInfer's JIT cache)")
+        if why.kind in ("limit", "space"):
+            return f"{msg}. {why}"
     fix = ((st.get("resolution") or {}).get("fix")) if isinstance(st.get("resolution"), dict) else None
     if st.get("mode") == "guard" or (st.get("mode") == "failed" and fix):
         return (f"{msg}. No CUDA toolkit fits, so FlashInfer kept its own toolkit lookup, which raised "
