@@ -117,6 +117,22 @@ def test_export_obeys_max_bytes_in_both_forms(built, form):
     assert not out.exists()
 
 
+@slow
+def test_a_module_library_replaced_by_a_link_is_named_in_the_workspace_not_dropped(built):
+    """A built module's .so replaced by a link was left out of the export (exit 0, an export without its
+    library); the refusal names the workspace path and the fix here (P5, P8)."""
+    env, _log, name, tmp = built
+    so = next(Path(env["FLASHINFER_WORKSPACE_BASE"]).rglob(f"{name}/{name}.so"))
+    shutil.copy(so, tmp / "elsewhere.so")
+    so.unlink()
+    os.symlink(tmp / "elsewhere.so", so)
+    out = tmp / "e.tar.gz"
+    proc = cli(["cache", "export", str(out), "activation", "--arch", "12.0", "--json"], env, fakegpu=True)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1 and doc["error"]["kind"] == "path" and str(so) in doc["error"]["message"], doc
+    assert "build" in doc["error"]["fix"] and not out.exists(), doc
+
+
 @pytest.mark.parametrize("how", ["world-writable", "another user's"])
 def test_an_export_directory_another_user_controls_is_refused(warmed, how):
     env, manifest, _log, tmp = warmed

@@ -5,6 +5,7 @@ reported as unset, no hint for ``--arch 12`` or a mistyped module, a launcher ca
 None", two different fixes for one mixed pip toolkit, a broken ninja reported per module, a
 malformed ``CUDA_HOME`` said twice, or ``doctor`` silent about modules built for other targets."""
 
+import errno
 import json
 import os
 
@@ -169,6 +170,10 @@ def test_an_import_failure_under_the_guard_ends_with_the_fix():
                                  {"mode": "guard", "resolution": {"fix": "pip install 'cuda-toolkit[nvcc]'"}})
     assert msg.endswith("Fix: pip install 'cuda-toolkit[nvcc]'")
     assert refusals.import_failure(ValueError("x"), {"mode": "patched"}) == "importing FlashInfer failed: ValueError('x')"
+    # P8: FlashInfer's import hitting this process's open-file limit names the limit, not a toolkit to install
+    emfile = refusals.import_failure(OSError(errno.EMFILE, "Too many open files"),
+                                     {"mode": "failed", "resolution": {"fix": "pip install 'cuda-toolkit[nvcc]'"}})
+    assert "ulimit -n" in emfile and "pip install" not in emfile, emfile
 
 
 # --------------------------------------------------------------------------- doctor: other targets

@@ -46,6 +46,17 @@ def test_the_workspace_is_checked_not_made(monkeypatch, tmp_path):
     assert _tree(tmp_path) == ["file"]
 
 
+def test_a_workspace_on_a_file_system_out_of_inodes_says_so(monkeypatch, tmp_path):
+    """FlashInfer's import failing with ENOSPC on a disk with blocks but no inodes: the autoload said "please
+    report"; it names the place and "out of inodes" (P8)."""
+    real = os.statvfs(tmp_path)
+    fake = os.statvfs_result((*real[:5], 1000, 0, 0, *real[8:]))  # f_files 1000, f_ffree and f_favail 0
+    monkeypatch.setattr(os, "statvfs", lambda p: fake)
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "ws"))
+    msg = refusals.workspace_problem()
+    assert msg and "inodes" in msg and str(tmp_path) in msg and "FLASHINFER_WORKSPACE_BASE=" in msg, msg
+
+
 @needs_flashinfer
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as a uid without a passwd entry")
 def test_import_as_a_uid_without_home_makes_no_tilde_directory(request):

@@ -271,7 +271,7 @@ def _main(argv: list[str] | None) -> int:
             document = _selected(parser, argv).get_default("json_failure")
             _print_failure_json(document, str(exc), getattr(exc, "kind", "refused"), exc.fix)
         sep = " " if str(exc).endswith((".", "?")) else "; "  # a message of sentences gets a sentence
-        err(f"{exc}{sep}Fix: {exc.fix}" if exc.fix else str(exc))
+        err(f"{exc}{sep}Fix: {exc.fix}" if exc.fix and exc.fix not in str(exc) else str(exc))
         return 2 if isinstance(exc, UsageError) else 1
 
 

@@ -27,11 +27,22 @@ BY_ERRNO: dict[int, tuple[str, str, str]] = {
     errno.EISDIR: ("path", "{path} is a directory", "remove or rename it, or {elsewhere}"),
     errno.ENOENT: ("missing", "{path} does not exist", "check the path"),
     errno.EEXIST: ("exists", "{path} already exists", "remove it or choose a new path"),
-    errno.EMFILE: ("limit", "too many open files (at {path})", "raise `ulimit -n`"),
+    errno.EMFILE: ("limit", "this process has used up its open-file limit (ulimit -n: {nofile})",
+                   "raise the open-file limit (`ulimit -n 4096`), then retry"),
+    errno.ENFILE: ("limit", "the system has too many open files",
+                   "close other programs or raise fs.file-max (sysctl), then retry"),
+    errno.EAGAIN: ("limit", "no new process could be started for {path} (ulimit -u: {nproc})",
+                   "raise `ulimit -u`, or wait for other processes to end, then retry"),
+    errno.ENOMEM: ("limit", "out of memory (ulimit -v: {as_kib})", "free memory, or raise `ulimit -v`, then retry"),
+    errno.E2BIG: ("limit", "this process's environment is too large to start {path}",
+                  "shorten or unset the longest variable, then retry"),
     errno.EFBIG: ("space", "{path} would exceed the file-size limit", "raise `ulimit -f`, or {elsewhere}"),
     errno.EIO: ("io", "an I/O error on {path}", "check the disk (dmesg), or {elsewhere}"),
 }
 _OTHER = ("io", "{path}: {strerror}", "{elsewhere}")
+#: ENOSPC on a file system with free blocks but no free inodes (``statvfs`` ``f_favail`` 0): not "full".
+_NO_INODES = ("space", "the file system holding {path} is out of inodes (it has free space, but no file can be "
+              "created)", "delete files there (the many small ones first), or {elsewhere}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +63,34 @@ def describe(exc: OSError, path: object = None, elsewhere: str = "choose another
 
     where = shown(str(path if path is not None else (exc.filename or "the file")), 300)
     kind, what, fix = BY_ERRNO.get(exc.errno or 0, _OTHER)
+    if exc.errno == errno.ENOSPC and _out_of_inodes(str(path if path is not None else exc.filename or ".")):
+        kind, what, fix = _NO_INODES
     strerror = shown(exc.strerror or str(exc), 200)
-    return OsProblem(kind, what.format(path=where, strerror=strerror),
+    return OsProblem(kind, what.format(path=where, strerror=strerror, **(_limits() if kind == "limit" else {})),
                      fix.format(path=where, elsewhere=elsewhere))
+
+
+def _out_of_inodes(path: str) -> bool:
+    """Whether the file system of ``path`` (or its deepest existing parent) has blocks but no inodes left."""
+    import os
+
+    while True:
+        try:
+            st = os.statvfs(path)
+            return st.f_files > 0 and st.f_favail == 0 and st.f_bavail > 0
+        except OSError:
+            if os.path.dirname(path) == path:
+                return False
+            path = os.path.dirname(path) or "."
+
+
+def _limits() -> dict[str, str]:
+    """This process's soft limits by name, as ``ulimit`` prints them (the value a ``limit`` message names)."""
+    import resource
+
+    def soft(which: int, scale: int = 1) -> str:
+        cur = resource.getrlimit(which)[0]
+        return "unlimited" if cur == resource.RLIM_INFINITY else str(cur // scale)
+
+    return {"nofile": soft(resource.RLIMIT_NOFILE), "nproc": soft(resource.RLIMIT_NPROC),
+            "as_kib": soft(resource.RLIMIT_AS, 1024)}

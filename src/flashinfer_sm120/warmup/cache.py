@@ -278,12 +278,11 @@ def export(labelled: list[tuple[str, dict]], sess: Session, out: str, *,
     for label, entry in labelled:
         spec = make_spec(entry, sess.flashinfer)
         if not spec.jit_library_path.exists() or dry_run(Job(spec.name, spec.build_dir, spec.ninja_path)):
-            raise BuildError(f"{label} is not built (or not up to date) for "
-                             f"{nvcc_targets(sess.targets)} with nvcc {sess.cuda_version} in {sess.jit_dir}; "
-                             "build it first (`flashinfer-sm120 build` with the same module names, or --from "
-                             "MANIFEST), with the same CUDA_HOME/PATH as that build if it was made with another nvcc")
-        mine = [(f"jit/{spec.name}/{f.name}", f, os.lstat(f).st_size) for f in sorted(spec.build_dir.iterdir())
-                if f.is_file() and not f.is_symlink() and not f.name.endswith((".lock", ".ninja_lock"))]
+            fix = ("build it first (`flashinfer-sm120 build` with the same module names, or --from MANIFEST), "
+                   "with the same CUDA_HOME/PATH as that build if it was made with another nvcc")
+            raise BuildError(f"{label} is not built (or not up to date) for {nvcc_targets(sess.targets)} with nvcc "
+                             f"{sess.cuda_version} in {sess.jit_dir}; {fix}", fix)
+        mine = _module_files(spec.build_dir, spec.name, label)
         files += mine
         mods.append({"name": spec.name, "label": label, "files": {rel: file_sha256(f) for rel, f, _ in mine}})
     blob = json.dumps({"format": FORMAT, "fingerprint": sess.fingerprint(), "modules": mods,
@@ -308,6 +307,24 @@ def export(labelled: list[tuple[str, dict]], sess: Session, out: str, *,
     else:
         _write_directory(out, blob, files)
     return [(m["label"], m["name"]) for m in mods]
+
+
+def _module_files(build_dir: Path, name: str, label: str) -> list[tuple[str, Path, int]]:
+    """``(path in the export, file, size)`` of a module's files here; a link or a special file in this workspace
+    (the module's directory included) is refused naming it, never dropped from the export or followed (P5, P8)."""
+    mine = []
+    for f in [build_dir, *sorted(build_dir.iterdir())]:
+        st = os.lstat(f)
+        if f.name.endswith((".lock", ".ninja_lock")) or (f != build_dir and stat.S_ISDIR(st.st_mode)):
+            continue
+        if not (stat.S_ISDIR if f == build_dir else stat.S_ISREG)(st.st_mode):
+            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            fix = f"remove {shown(str(f), 1000)} and build {label} again here (`flashinfer-sm120 build`), then export"
+            raise CacheError(f"{shown(str(f), 1000)} in this machine's FlashInfer JIT workspace is {what}, not what "
+                             f"FlashInfer's build wrote; {fix}", "path", fix)
+        if f != build_dir:
+            mine.append((f"jit/{name}/{f.name}", f, st.st_size))
+    return mine
 
 
 def _appeared(out: str) -> BuildError:

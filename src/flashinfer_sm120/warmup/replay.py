@@ -55,7 +55,7 @@ def load(path: str) -> tuple[list[dict], list[str]]:
                 seen.add(key)
                 entries.append(entry)
     except FormatError as exc:  # missing, not a regular file (/dev/zero, a FIFO), too many lines
-        raise BuildError(str(exc)) from None
+        raise BuildError(str(exc), exc.fix) from None
     if not entries:
         raise BuildError(f"manifest {path} holds no module entries"
                          + (f" ({problems[0]}" + (f"; and {len(problems) - 1} more" if len(problems) > 1 else "")

@@ -65,3 +65,23 @@ def test_a_plain_trigger_runs_once_and_loads_the_package(tmp_path):
     (pkg / "__init__.py").write_text("VALUE = 42\n")
     got, proc = _run(tmp_path, "my_server", extra_path=[tmp_path / "lib"])
     assert got["loaded"] and got["twice"] == {} and got["same"], got
+
+
+@pytest.mark.parametrize("trigger", ["torch", "numpy"])
+def test_a_trigger_flashinfer_imports_names_the_circle_and_the_fix(tmp_path, trigger):
+    """A trigger FlashInfer imports during its own import (torch) loaded flashinfer_sm120 with flashinfer.jit.core
+    half made: 'patching failed ... Please report this'; it says what happened and the fix, no traceback (P8)."""
+    pytest.importorskip("flashinfer")
+    hook_dir = tmp_path / "hook"
+    hook_dir.mkdir()
+    hook = (SRC / "flashinfer_sm120" / "core" / "autoload_hook.py").read_text()
+    (hook_dir / "flashinfer_sm120_autoload.py").write_text(hook)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_SM120_")}
+    env.update(FLASHINFER_SM120_AUTOLOAD_TRIGGERS=trigger, FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"),
+               FLASHINFER_CUDA_ARCH_LIST="12.0", PYTHONPATH=os.pathsep.join([str(hook_dir), str(SRC)]))
+    code = ("import flashinfer_sm120_autoload as a; a.install(); import flashinfer.jit.core, flashinfer_sm120; "
+            "print('@@' + flashinfer_sm120.status()['mode'])")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "@@failed" in proc.stdout, proc.stderr[-3000:]
+    assert "partially initialised" in proc.stderr and "FLASHINFER_SM120_AUTOLOAD_TRIGGERS" in proc.stderr
+    assert "Please report" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

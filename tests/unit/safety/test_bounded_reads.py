@@ -291,3 +291,21 @@ def test_a_record_manifest_that_is_a_fifo_never_blocks_a_build(tmp_path):
     regular = tmp_path / "r.jsonl"
     record.append(str(regular), {"module": "norm"})
     assert regular.read_text() == '{"module":"norm"}\n'
+
+
+@pytest.mark.parametrize("cmd", [["build"], ["cache", "export", "OUT"]])
+def test_a_manifest_that_is_a_fifo_is_named_with_a_fix_for_the_path(tmp_path, cmd):
+    """`build --from <a FIFO>` never blocks, and its fix was 'record the manifest again' (which a FIFO cannot
+    take); it says what the path is and to give the file itself (P6, P8)."""
+    import json
+
+    fifo = tmp_path / "m.json"
+    os.mkfifo(fifo)
+    argv = [a.replace("OUT", str(tmp_path / "out")) for a in cmd] + ["--from", str(fifo), "--json"]
+    env = dict(os.environ, FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"))
+    proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", *argv], capture_output=True, text=True,
+                          timeout=60, env=env, stdin=subprocess.DEVNULL)
+    err = json.loads(proc.stdout)["error"]
+    message, fix = (err["message"], err["fix"]) if isinstance(err, dict) else (err, proc.stderr)
+    assert proc.returncode in (1, 2) and str(fifo) in message and "FIFO" in message, proc
+    assert "path of the file" in fix and "RECORD" not in fix, proc

@@ -25,6 +25,9 @@ try:
             while True:
                 f.write(bytes(1 << 20))
                 f.flush()
+    elif what == "inodes":
+        for i in range(1000):
+            open(os.path.join(where, str(i)), "wb").close()
     elif what == "denied":
         open(os.path.join(where, "x"), "wb")
     elif what == "long":
@@ -51,6 +54,17 @@ def test_a_full_disk_is_free_space(tmp_path):
     res = _provoke("full", d, prefix=("unshare", "-m", "sh", "-c", code, "sh"))
     assert res["errno"] == errno.ENOSPC and res["kind"] == "space"
     assert "full" in res["message"] and "FLASHINFER_WORKSPACE_BASE" in res["fix"]
+
+
+def test_a_file_system_out_of_inodes_is_not_called_full(tmp_path):
+    """ENOSPC with free blocks and no free inodes says "out of inodes" and that files must go (P8)."""
+    d = tmp_path / "few-inodes"
+    d.mkdir()
+    code = f'mount -t tmpfs -o size=10m,nr_inodes=8 tmpfs {d} && exec "$@"'
+    res = _provoke("inodes", d, prefix=("unshare", "-m", "sh", "-c", code, "sh"))
+    assert res["errno"] == errno.ENOSPC and res["kind"] == "space", res
+    assert "inodes" in res["message"] and "full" not in res["message"], res
+    assert "delete files" in res["fix"] and "FLASHINFER_WORKSPACE_BASE" in res["fix"], res
 
 
 def test_another_users_directory_is_permissions_naming_the_path(tmp_path):

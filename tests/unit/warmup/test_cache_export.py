@@ -138,3 +138,30 @@ def test_an_archive_over_ulimit_f_is_named_by_its_files_before_compression(tmp_p
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert "the archive (its files before compression) is 2000 bytes" in str(exc.value) and "ulimit -f" in str(exc.value)
+
+
+@pytest.mark.parametrize("what", ["file-link", "dir-link", "fifo"])
+def test_a_link_or_special_file_in_the_workspace_is_named_as_local_not_dropped(tmp_path, what):
+    """A module's .so replaced by a link was left out of the export (exit 0, no library); the refusal names the
+    path in this machine's JIT workspace and the fix there, not the archive's (P5, P8)."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "m.so").write_bytes(b"x")
+    mod = tmp_path / "cached_ops" / "m"
+    mod.mkdir(parents=True)
+    (mod / "build.ninja").write_text("")
+    bad = mod
+    if what == "dir-link":
+        (mod / "build.ninja").unlink()
+        mod.rmdir()
+        os.symlink(real, mod)
+    elif what == "file-link":
+        bad = mod / "m.so"
+        os.symlink(real / "m.so", bad)
+    else:
+        bad = mod / "m.so"
+        os.mkfifo(bad)
+    with pytest.raises(cache.CacheError) as exc:
+        cache._module_files(mod, "m", "sampling")
+    e = exc.value
+    assert str(bad) in str(e) and e.kind == "path" and "build sampling" in e.fix and cache.FIX not in str(e), e

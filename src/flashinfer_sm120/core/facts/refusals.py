@@ -4,6 +4,7 @@ fix (P4, P8); creates nothing."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import pathlib
 import stat
@@ -126,6 +127,10 @@ def workspace_problem(failed: OSError | None = None) -> str | None:
             why = f"{shown(here, 200)} is not a directory"
         elif not os.access(here, os.W_OK | os.X_OK):
             why = f"{shown(here, 200)} is not writable"
+        elif (vfs := os.statvfs(here)).f_bavail == 0 or (vfs.f_files > 0 and vfs.f_favail == 0):
+            from flashinfer_sm120.safety import oserrors
+
+            why = oserrors.describe(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), here).message
     except OSError as exc:
         why = exc.strerror
     name = getattr(failed, "filename", None)
@@ -142,6 +147,12 @@ def import_failure(exc: BaseException, st: dict) -> str:
     """``importing FlashInfer failed: <exc>``, with the fix where known: no toolkit, a missing module, the workspace."""
     shown_exc = f"{type(exc).__name__}: {exc}" if isinstance(exc, OSError) and exc.filename else repr(exc)
     msg = f"importing FlashInfer failed: {shown_exc[:2000]}"  # an OSError's repr drops its path (str: repr of it)
+    from flashinfer_sm120.safety import oserrors
+
+    if isinstance(exc, OSError):  # a limit or a full disk is not FlashInfer's fault (P8)
+        why = oserrors.describe(exc, elsewhere=f"set {WSB} to another directory (FlashInfer's JIT cache)")
+        if why.kind in ("limit", "space"):
+            return f"{msg}. {why}"
     fix = ((st.get("resolution") or {}).get("fix")) if isinstance(st.get("resolution"), dict) else None
     if st.get("mode") == "guard" or (st.get("mode") == "failed" and fix):
         return (f"{msg}. No CUDA toolkit fits, so FlashInfer kept its own toolkit lookup, which raised "

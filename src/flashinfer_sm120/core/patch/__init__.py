@@ -232,6 +232,13 @@ def install() -> dict:
         if STATE.mode in (Mode.GUARD, Mode.REVERTED, Mode.DISABLED, Mode.FAILED):  # a toolkit may be installed now
             STATE.undo.rollback()  # the guard's wrappers; empty in the other modes
             STATE.reset(Mode.IDLE)
+        partial = [m for m in HOOKED_MODULES if m in sys.modules and not _loaded(m, None)]
+        if partial and not STATE.hooks_registered:  # wrapt would hand us the half-made module as imported
+            from flashinfer_sm120.core.patch.gate import imported_midway
+
+            STATE.mode, STATE.error = Mode.FAILED, imported_midway(partial[0])
+            logger.error("flashinfer-sm120: %s", STATE.error)
+            return status()
         if not STATE.hooks_registered:
             relative = normalize_base()  # before FlashInfer's jit/env.py reads it
             if relative:

@@ -85,3 +85,13 @@ def import_failed(broken: str) -> tuple[str, bool]:
         return f"importing FlashInfer failed ({broken} raised during its own import): {problem}", False
     return (f"importing FlashInfer failed after flashinfer-sm120 patched it ({broken} is no "
             "longer loaded: FlashInfer raised during its own import)"), True
+
+
+def imported_midway(module: str) -> str:
+    """Why nothing is patched when flashinfer_sm120 is installed while FlashInfer's own import is under way
+    (``module`` partially initialised: an autoload trigger FlashInfer itself imports, such as torch), and the fix."""
+    return (f"not patching FlashInfer: flashinfer_sm120 was loaded while FlashInfer was still importing ({module} "
+            "partially initialised: a module FlashInfer imports, e.g. torch named in "
+            "FLASHINFER_SM120_AUTOLOAD_TRIGGERS, loaded it); FlashInfer is unpatched in this process. Fix: leave "
+            "FLASHINFER_SM120_AUTOLOAD_TRIGGERS unset (or include flashinfer in it), or import flashinfer_sm120 "
+            "before flashinfer")

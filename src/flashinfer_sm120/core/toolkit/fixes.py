@@ -10,6 +10,7 @@ from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.core.facts.archopt import assigned, named
+from flashinfer_sm120.core.toolkit.memo import local_fix
 from flashinfer_sm120.core.toolkit.model import Toolkit
 
 #: The pip distribution that installs one consistent CUDA 13 set into ``site-packages/nvidia/cu13``.
@@ -109,7 +110,10 @@ def toolkit_fix(need: Version | None, torch_cuda: str | None, found: Sequence[To
 
 def choose_fix(wanted: Sequence[tuple[int, str]], torch_cuda: str | None, found: Sequence[Toolkit],
                *, min_nvcc: Version | None = None, explicit: Iterable[tuple[int, str]] = ()) -> str:
-    """The fix when nothing fits: upgrade for unknown targets, else change dropped ones, else install a toolkit."""
+    """The fix when nothing fits: raise a limit this process hit while probing (P8), else upgrade for unknown
+    targets, else change dropped ones, else install a toolkit."""
+    if limit := local_fix(tk.problem for tk in found):
+        return limit
     explicit = set(explicit)
     unknown = [t for t in wanted if _arch.min_nvcc_for(t) is None and (t not in explicit or not any(
         tk.nvcc_version and _arch.target_supported(t, tk.nvcc_version, explicit=True) for tk in found))]

@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from packaging.version import Version
 
@@ -34,6 +33,21 @@ MAX_MEMO_BYTES = 256 << 10
 MAX_OUTPUT = 16 << 10
 _FUTURE_SLACK_S = 60.0  # clock skew tolerated before an entry counts as "from the future"
 _LATER = f"(not retried for {FAILURE_MEMORY_S / 60:g} min)"
+
+
+class LocalProblem(str):
+    """A probe that failed for this process's own resources (``proc.LOCAL_ERRNOS``), not the program's: its
+    ``fix`` (raise the limit) is the fix of any choice among the candidates (threat-model: P8)."""
+
+    def __new__(cls, text: str, fix: str) -> LocalProblem:
+        self = super().__new__(cls, f"{text}; {fix}")
+        self.fix = fix
+        return self
+
+
+def local_fix(problems: Iterable[str | None]) -> str | None:
+    """The fix of the first :class:`LocalProblem` among ``problems``, else ``None``."""
+    return next((p.fix for p in problems if isinstance(p, LocalProblem)), None)
 
 
 def memo_path() -> str:
@@ -129,16 +143,12 @@ def version_of(path: str, parse: Callable[[str], str], *, name: str, fix: str, t
 def _run_version(path: str, parse: Callable[[str], str], name: str, fix: str, timeout: float,
                  max_output: int) -> tuple[str | None, str | None, bool]:
     """``(full, problem, remember)`` of one bounded run (a memo miss only: safety.proc loads only then)."""
-    from flashinfer_sm120.safety import proc
+    from flashinfer_sm120.safety import oserrors, proc
 
     res = proc.run([path, "--version"], timeout=timeout, max_output=max_output)
-    if res.errno == errno.E2BIG:
-        return None, (f"{res.error}: this process's environment is too large for any program to start, "
-                      f"not a fault of {path}; shorten or unset the longest variable, then retry (not remembered)"), False
     if res.local:
-        return None, (f"{res.error}: this process ran out of a resource of its own (processes, open "
-                      f"files or memory), not a fault of {path}; raise the limit (ulimit -u / -n) or "
-                      f"free memory, then retry (not remembered)"), False
+        why = oserrors.describe(OSError(res.errno, res.error), path, "retry")
+        return None, LocalProblem(f"{res.error}: {why.message}, not a fault of {path} (not remembered)", why.fix), False
     if res.error:
         return None, f"{res.error}; fix it {fix}", True
     if res.timed_out:

@@ -14,7 +14,7 @@ from typing import Callable
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from flashinfer_sm120.core.toolkit.memo import version_of
+from flashinfer_sm120.core.toolkit.memo import local_fix, version_of
 from flashinfer_sm120.errors import PlaceError, Sm120Error
 from flashinfer_sm120.safety.formats.grammar import parse_leading_version
 from flashinfer_sm120.safety.fs.places import make_private_dirs
@@ -133,7 +133,8 @@ def choose(env_path: str | None = None, found: list[Ninja] | None = None) -> Nin
         if n.problem is None:
             return n
     seen = "; ".join(f"{n.path}: {n.problem}" for n in found) or "no ninja in this environment or on PATH"
-    fix = "pip install --force-reinstall ninja" if found else "pip install ninja"
+    fix = local_fix(n.problem for n in found) or (
+        "pip install --force-reinstall ninja" if found else "pip install ninja")
     raise NinjaError(f"no usable ninja ({seen}). Fix: {fix} (FlashInfer builds its JIT "
                      f"kernels with it, and vLLM's has_flashinfer() is False without one)")
 

@@ -124,8 +124,7 @@ def _check_after(report: dict) -> Iterable[Finding]:
     elif report.get("import_refused"):
         return  # not imported on purpose (_check_installed)
     elif report.get("flashinfer_installed") and "error" in after and st.get("mode") != "guard":
-        yield Finding(Level.PROBLEM, "import-failed", f"importing FlashInfer with flashinfer-sm120 failed: "
-                      f"{after['error']}")
+        yield Finding(Level.PROBLEM, "import-failed", f"with flashinfer-sm120, {after['error']}")
     elif st.get("mode") == "failed" and st.get("error") and not report.get("guard"):
         yield Finding(Level.PROBLEM, "patch-failed", str(st["error"]))
 

@@ -255,7 +255,10 @@ def _with_shim() -> dict:
         after["builds_refused"] = builds_refused(after["jit_dir"])  # the gate's list
         return after
     except Exception as exc:
-        return {"status": patch.status(), "error": repr(exc)}
+        from flashinfer_sm120.core.facts.refusals import import_failure
+
+        st = patch.status()
+        return {"status": st, "error": import_failure(exc, st)}
 
 
 def _installed(name: str) -> str | None:

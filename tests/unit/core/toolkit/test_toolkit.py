@@ -48,7 +48,33 @@ def test_the_version_is_what_nvcc_says_never_a_file_beside_it(tmp_path, monkeypa
                                                                   "fork failed", errno.EAGAIN))
     tk = inspect(str(liar))
     assert tk.nvcc_full is None and tk.version_from is None, tk
-    assert "ran out of a resource of its own" in tk.problem and "retry" in tk.problem
+    assert "ulimit -u" in tk.problem and "retry" in tk.problem
+
+
+@pytest.mark.parametrize("err, fix", [("EMFILE", "ulimit -n"), ("ENOMEM", "free memory"), ("EAGAIN", "ulimit -u")])
+def test_a_limit_hit_while_probing_is_the_fix_not_a_toolkit_or_ninja(tmp_path, monkeypatch, err, fix):
+    """threat-model P8: nvcc and ninja that cannot be run because this process hit a limit (EMFILE under
+    `ulimit -n 8`) get the limit and its fix, never 'pip install cuda-toolkit' or 'reinstall ninja'."""
+    import errno
+
+    from flashinfer_sm120.core.toolkit import fixes, ninja
+    from flashinfer_sm120.safety import proc
+
+    root = make_toolkit(tmp_path / "cuda-x", "13.0.88", curand=True)
+    monkeypatch.setattr(proc, "run", lambda *a, **k: proc.Result(None, b"", False, False, 0.0,
+                                                                  "nvcc could not be run", getattr(errno, err)))
+    tk = inspect(str(root))
+    assert fix in tk.problem and str(root) in tk.problem, tk.problem
+    chosen = fixes.choose_fix([(12, "0f")], None, [tk])
+    assert fix in chosen and "pip install" not in chosen, chosen
+    if err == "EMFILE":
+        import resource
+
+        assert f"ulimit -n: {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}" in tk.problem  # the value
+    n = ninja.Ninja("/x/ninja", "/x/ninja", ("PATH",), None, tk.problem)
+    with pytest.raises(ninja.NinjaError) as e:
+        ninja.choose(found=[n])
+    assert f"Fix: {chosen}" in str(e.value) and "pip install" not in str(e.value)
 
 
 def test_version_from_pip_dist_info(tmp_path):
