@@ -25,7 +25,7 @@ def test_a_filesystem_mounted_inside_a_stale_directory_is_never_touched(caches, 
     src.mkdir()
     mount = "mount -t tmpfs none \"$0\"" if kind == "tmpfs" else "mount --bind \"$1\" \"$0\""
     # the mount lives only in this private namespace: the precious file is written and looked at there
-    script = (f'{mount} && echo precious > "$0/precious.txt" && "$2" -m flashinfer_sm120 cache prune --yes --json; '
+    script = (f'{mount} && echo precious > "$0/precious.txt" && head -c 4000000 /dev/urandom > "$0/big" && "$2" -m flashinfer_sm120 cache prune --yes --json; '
               'rc=$?; ls "$0"; exit $rc')
     proc = cli([], c["env"], 300, python=sys.executable,
                prefix=["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(point), str(src),
@@ -35,6 +35,7 @@ def test_a_filesystem_mounted_inside_a_stale_directory_is_never_touched(caches, 
     assert "precious.txt" in proc.stdout[proc.stdout.rindex("}"):]  # still on the mounted filesystem
     got = {e["path"]: e for e in doc["entries"]}[str(stale)]
     assert got["reason"] and str(point) in got["kept"] and not got["removed"] and not got["error"]
+    assert got["bytes"] < 1 << 20  # the mounted filesystem's 4 MB are not this entry's
     assert not c["ws"]["toolkit gone"].exists()  # the other stale entries still go
 
 

@@ -81,7 +81,7 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
                       "no module in it names its toolkit (no readable build.ninja with a cuda_home), so it cannot "
                       "be shown unused")
     for r in roots:
-        r["bytes"] = tree_of(r["path"])[0] if r["path"] else 0
+        r["bytes"] = tree_of(r["path"], mounts=mounts)[0] if r["path"] else 0
     stale = [e for e in entries if e.reason and not e.kept]
     return {"roots": roots, "entries": entries, "stale": len(stale), "stale_bytes": sum(e.bytes for e in stale),
             "older_than_days": older_than_days, "interrupted": None}

@@ -62,9 +62,9 @@ def tree_of(path: str, uid: int | None = None, mounts: list[str] | tuple = ()) -
         top = os.lstat(path)
     except OSError:
         return 0, None
-    point = mount_in(path, mounts)
+    point, points, real = mount_in(path, mounts), set(mounts), os.path.realpath(path)
     # threat-model: P3/P4 -- nothing outside the roots (another filesystem) and nothing of another user is removed
-    why = f"{point} in it is a mount point (another filesystem): never touched" if point else None
+    why = f"{point} in it is a mount point (another filesystem)" if point else None
     if uid is not None and top.st_uid != uid:
         why = why or f"owned by uid {top.st_uid}, not you"
     total = top.st_blocks * 512
@@ -76,8 +76,8 @@ def tree_of(path: str, uid: int | None = None, mounts: list[str] | tuple = ()) -
                 st = os.lstat(p)
             except OSError:
                 continue
-            if st.st_dev != top.st_dev:  # neither counted nor entered
-                why = why or f"{p} in it is a mount point (another filesystem): never touched"
+            if st.st_dev != top.st_dev or (is_dir and real + p[len(path):] in points):  # neither counted nor entered
+                why = why or f"{p} in it is a mount point (another filesystem)"
                 continue
             total += st.st_blocks * 512
             if uid is not None and st.st_uid != uid:
