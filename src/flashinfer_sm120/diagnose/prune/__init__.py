@@ -115,7 +115,7 @@ def remove(report: dict) -> dict:
                     remove_entry(e)
             finally:
                 if fd >= 0:
-                    inuse.end_exclusive(e.path, fd, e.removed)
+                    inuse.end_exclusive(e.path, fd, not os.path.lexists(e.path))  # its name is gone: the lease too
             if e.removed:
                 remove_empty_parents(e)
         if views_free and (vdir := views_dir()):
