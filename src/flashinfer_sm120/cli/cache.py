@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import sys
 
 from flashinfer_sm120.errors import Sm120Error, UsageError
@@ -210,15 +211,24 @@ def run_prune(args: argparse.Namespace) -> int:
     from flashinfer_sm120.diagnose import prune
 
     report = prune.scan(args.older_than)
+    stopped = 0
     if args.yes:
-        prune.remove(report)
+        try:
+            prune.remove(report)
+        except (KeyboardInterrupt, SystemExit) as exc:  # threat-model: P8 -- what went and what is left, told
+            stopped = 130 if isinstance(exc, KeyboardInterrupt) else exc.code if isinstance(exc.code, int) else 1
+            report["interrupted"] = signal.Signals(stopped - 128).name if 128 < stopped < 128 + 65 else "stopped"
     entries = report["entries"]
     if args.json:
         out = dict(report, entries=[dataclasses.asdict(e) for e in entries])
         print(json.dumps(out, indent=2))
     else:
         _print_prune(report, args.yes)
-    return 1 if any(e.error for e in entries) else 0
+    if stopped:
+        left = [e for e in entries if e.reason and not e.kept and not e.removed]
+        _err(f"interrupted by {report['interrupted']}: {plural(sum(e.removed for e in entries), 'entry')} removed, "
+             f"{len(left)} left; Fix: run 'flashinfer-sm120 cache prune --yes' again to remove the rest")
+    return stopped or (1 if any(e.error for e in entries) else 0)
 
 
 def _print_prune(report: dict, yes: bool) -> None:

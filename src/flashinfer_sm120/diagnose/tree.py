@@ -3,6 +3,7 @@ Python 3.12) and ``shutil.rmtree`` (before 3.13) recurse per level, a ``Recursio
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Iterator
@@ -37,7 +38,7 @@ def remove_tree(path: str) -> None:
     fd = None
     try:
         fd = os.open(os.path.basename(path), _DIR_FLAGS, dir_fd=parent)
-        depth = 0
+        depth, dev = 0, os.fstat(fd).st_dev
         while True:
             child = None
             with os.scandir(fd) as it:
@@ -48,6 +49,9 @@ def remove_tree(path: str) -> None:
                     os.unlink(e.name, dir_fd=fd)
             if child is not None:
                 new = os.open(child, _DIR_FLAGS, dir_fd=fd)
+                if os.fstat(new).st_dev != dev:  # threat-model: P3 -- another filesystem is never entered
+                    os.close(new)
+                    raise OSError(errno.EXDEV, f"{child} under it is a mount point (another filesystem): left")
                 os.close(fd)
                 fd, depth = new, depth + 1
                 continue
@@ -60,7 +64,7 @@ def remove_tree(path: str) -> None:
             with os.scandir(fd) as it:
                 name = next((e.name for e in it if e.inode() == ino and e.is_dir(follow_symlinks=False)), None)
             if name is None:
-                raise OSError(f"{path}: a directory under it moved while it was being removed")
+                raise OSError(f"{path}: a directory under it is not found again by its inode (moved, or a mount point)")
             os.rmdir(name, dir_fd=fd)
         st = os.fstat(fd)
         os.close(fd)

@@ -8,6 +8,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import secrets
 import stat
 import time
 
@@ -15,10 +16,12 @@ from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.reads import read_bytes, read_text
 from flashinfer_sm120.safety.formats.binary import proc_maps_paths
 from flashinfer_sm120.safety.fs import inuse, lease
-from flashinfer_sm120.diagnose.prune.find import DAY, Entry, fi_roots, scan_jit, scan_views, size_of, views_dir
+from flashinfer_sm120.core.jitenv.memory import mountinfo
+from flashinfer_sm120.diagnose.prune.find import (DAY, HIDDEN_RE, Entry, fi_roots, mount_in, scan_jit, scan_views,
+                                                tree_of, views_dir)
 from flashinfer_sm120.diagnose.tree import remove_tree
 
-__all__ = ["Entry", "fi_roots", "scan", "remove", "held_paths", "holder", "lock_free", "doctor_section", "size_of"]
+__all__ = ["Entry", "fi_roots", "scan", "remove", "held_paths", "holder", "lock_free", "doctor_section", "tree_of"]
 
 
 def scan(older_than_days: float | None = None, *, now: float | None = None) -> dict:
@@ -43,9 +46,10 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
     entries += view_entries
     held = held_paths() if any(e.reason for e in entries) else {}
     view_lock = os.path.join(views, ".lock") if views else None
-    uid = os.geteuid()
+    uid, mounts = os.geteuid(), [point for _root, point, _fs, _opts in mountinfo()]
     for e in entries:
-        e.bytes = sum(size_of(p) for p in e.remove) if e.kept is None else 0
+        trees = [tree_of(p, uid, mounts) for p in e.remove] if e.kept is None else []
+        e.bytes = sum(n for n, _why in trees)
         if e.reason is None or e.kept:
             continue
         try:
@@ -54,6 +58,8 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
             owner = uid
         if owner != uid:
             e.kept = f"owned by uid {owner}, not you"
+        elif (inside := next((why for _n, why in trees if why), None)):  # a mount point, another uid's file
+            e.kept = f"{inside}: never removed"
         elif (why := lease.place_problem(e.path)) is not None:  # threat-model: P3 -- no process leases it there
             e.kept = f"no process takes a lease on it where it lies ({why}): never removed"
         elif not all(os.path.lexists(p) for p in e.remove):
@@ -68,14 +74,17 @@ def scan(older_than_days: float | None = None, *, now: float | None = None) -> d
             busy = [lk for lk in (e.locks if e.kind == "jit" else [view_lock]) if lk and not lock_free(lk)]
             if busy:
                 e.kept = f"a running process holds {busy[0]} (building or loading it)"
-    for e in entries:  # P8: --json says why every entry stays, as the text does
+    for e in entries:  # P8: --json says why every entry stays, as the text does, and only what was checked
         if e.reason is None and e.kept is None:
-            e.kept = "still usable: its toolkit (and FlashInfer release) are installed"
+            e.kept = ("still usable: its toolkit is installed" if e.kind == "view" else
+                      "still usable: its toolkit (and FlashInfer release) are installed" if e.cuda_home else
+                      "no module in it names its toolkit (no readable build.ninja with a cuda_home), so it cannot "
+                      "be shown unused")
     for r in roots:
-        r["bytes"] = size_of(r["path"]) if r["path"] else 0
+        r["bytes"] = tree_of(r["path"], mounts=mounts)[0] if r["path"] else 0
     stale = [e for e in entries if e.reason and not e.kept]
     return {"roots": roots, "entries": entries, "stale": len(stale), "stale_bytes": sum(e.bytes for e in stale),
-            "older_than_days": older_than_days}
+            "older_than_days": older_than_days, "interrupted": None}
 
 
 def remove(report: dict) -> dict:
@@ -106,7 +115,7 @@ def remove(report: dict) -> dict:
                     remove_entry(e)
             finally:
                 if fd >= 0:
-                    inuse.end_exclusive(e.path, fd, e.removed)
+                    inuse.end_exclusive(e.path, fd, not os.path.lexists(e.path))  # its name is gone: the lease too
             if e.removed:
                 remove_empty_parents(e)
         if views_free and (vdir := views_dir()):
@@ -227,8 +236,8 @@ def current_locks(e: Entry) -> list[str]:
 
 
 def remove_entry(e: Entry) -> None:
-    """Remove each directory of ``e``, checked again first (it may have moved, or a process without a lease
-    started in it since the scan: ``/proc`` keeps it, P3); the caller holds its lease and module locks."""
+    """Remove each directory of ``e``, checked again first (it may have moved, a mount or a process without a lease
+    may have come since the scan: ``/proc`` keeps it, P3); the caller holds its lease and module locks."""
     gone = 0
     for target in e.remove:
         if not os.path.lexists(target):  # another prune (or the user) removed it since the scan
@@ -238,14 +247,25 @@ def remove_entry(e: Entry) -> None:
             e.error = f"{target} changed since the scan; left alone"
             return
         busy = holder([target], held_paths())
-        if busy:
-            e.kept = f"in use: {busy}"
+        point = mount_in(target, [point for _root, point, _fs, _opts in mountinfo()])
+        if busy or point:
+            e.kept = f"in use: {busy}" if busy else f"{point} in it is a mount point: never removed"
             return
+        name = os.path.basename(target)
+        hidden = target if HIDDEN_RE.match(name) else os.path.join(
+            os.path.dirname(target), f".{name[:200]}.pruning-{secrets.token_hex(4)}")
         try:
-            remove_tree(target)
+            # threat-model: P5 -- its name goes at once: a half-removed directory is never taken for a usable one
+            os.rename(target, hidden)
+            remove_tree(hidden)
         except OSError as exc:
             e.error = f"{target}: {exc.strerror or exc}"
             return
+        except BaseException:  # a signal (P8): what is left lies hidden, and the next prune removes it
+            if os.path.lexists(hidden):
+                e.error = f"stopped while removing it: the rest is left as {hidden}, which the next prune removes"
+            e.removed = not any(os.path.lexists(p) for p in (hidden, *e.remove))
+            raise
     if gone == len(e.remove):
         e.bytes = 0  # freed by whoever removed it
         e.reason = f"{e.reason}; another process removed it first"

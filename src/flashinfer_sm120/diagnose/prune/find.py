@@ -18,11 +18,16 @@ from flashinfer_sm120.safety.fs.statedir import cache_root, home_dir
 from flashinfer_sm120.core.facts.workspace import tag_for
 from flashinfer_sm120.diagnose.tree import walk_tree
 
-__all__ = ["Entry", "DAY", "size_of", "fi_roots", "views_dir", "times", "scan_views", "workspaces", "scan_jit"]
+__all__ = ["Entry", "DAY", "HIDDEN_RE", "mount_in", "tree_of", "fi_roots", "views_dir", "times", "scan_views",
+           "workspaces", "scan_jit"]
 
 _TAG_RE = re.compile(r"^nvcc[0-9][0-9.]*-[0-9a-f]{8}$")
 _FI_INCLUDE_RE = re.compile(r"-isystem (\S+/flashinfer)/data/include(?:\s|$)")
 DAY = 86400.0
+#: The name a directory takes beside itself just before its files go (threat-model: P5 -- never half there under
+#: its own name); one left by a stopped prune is removed by the next.
+HIDDEN_RE = re.compile(r"^\..+\.pruning-[0-9a-f]{8}$")
+LEFTOVER = "left hidden by a prune that was stopped while removing it: nothing uses it"
 
 
 @dataclasses.dataclass
@@ -43,14 +48,44 @@ class Entry:
     error: str | None = None
 
 
-def size_of(path: str) -> int:
-    """Bytes on disk under ``path`` (blocks, links not followed)."""
-    total = 0
-    for p in itertools.chain([path], (os.path.join(root, n) for root, dirs, files in walk_tree(path)
-                                      for n in dirs + files)):
-        with contextlib.suppress(OSError):
-            total += os.lstat(p).st_blocks * 512
-    return total
+def mount_in(path: str, mounts: list[str] | tuple) -> str | None:
+    """The first of ``mounts`` (mount points, :func:`~flashinfer_sm120.core.jitenv.memory.mountinfo`) at or under
+    ``path``."""
+    real = os.path.realpath(path)
+    return next((m for m in mounts if m == real or m.startswith(real + "/")), None)
+
+
+def tree_of(path: str, uid: int | None = None, mounts: list[str] | tuple = ()) -> tuple[int, str | None]:
+    """Bytes on disk under ``path`` on its own filesystem (links not followed), and why it must stay: a mount point
+    in it (one of ``mounts``, or another ``st_dev``) or, with ``uid``, a path another uid owns; ``None``: neither."""
+    try:
+        top = os.lstat(path)
+    except OSError:
+        return 0, None
+    point, points, real = mount_in(path, mounts), set(mounts), os.path.realpath(path)
+    # threat-model: P3/P4 -- nothing outside the roots (another filesystem) and nothing of another user is removed
+    why = f"{point} in it is a mount point (another filesystem)" if point else None
+    if uid is not None and top.st_uid != uid:
+        why = why or f"owned by uid {top.st_uid}, not you"
+    total = top.st_blocks * 512
+    for root, dirs, files in walk_tree(path) if stat.S_ISDIR(top.st_mode) else ():
+        same = []
+        for n, is_dir in itertools.chain(((d, True) for d in dirs), ((f, False) for f in files)):
+            p = os.path.join(root, n)
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if st.st_dev != top.st_dev or (is_dir and real + p[len(path):] in points):  # neither counted nor entered
+                why = why or f"{p} in it is a mount point (another filesystem)"
+                continue
+            total += st.st_blocks * 512
+            if uid is not None and st.st_uid != uid:
+                why = why or f"{p} in it is owned by uid {st.st_uid}, not you"
+            if is_dir:
+                same.append(n)
+        dirs[:] = same
+    return total, why
 
 
 def fi_roots() -> list[str]:
@@ -104,7 +139,8 @@ def _entries(kind: str, root: str, paths: list[str], fill) -> list[Entry]:
 
 def scan_views(views: str) -> list[Entry]:
     try:
-        names = sorted(n for n in os.listdir(views) if not n.startswith("."))  # not the lock, nor builders' .tmp-*
+        # not the lock, nor builders' .tmp-*: only views and what a stopped prune left
+        names = sorted(n for n in os.listdir(views) if not n.startswith(".") or HIDDEN_RE.match(n))
     except OSError:
         return []
     return _entries("view", views, [os.path.join(views, n) for n in names], _scan_view)
@@ -116,6 +152,9 @@ def _scan_view(ent: Entry) -> None:
 
     if not stat.S_ISDIR(os.lstat(ent.path).st_mode):
         ent.kept = "not a directory of ours (a symlink or a file): never followed or removed"
+        return
+    if HIDDEN_RE.match(os.path.basename(ent.path)):
+        ent.reason = LEFTOVER
         return
     if not VIEW_NAME_RE.fullmatch(os.path.basename(ent.path)):
         ent.kept = "not named as a view of ours: never removed"
@@ -143,13 +182,15 @@ def _scan_view(ent: Entry) -> None:
 
 
 def workspaces(root: str, depth: int = 5) -> list[str]:
-    """Directories under ``root`` that hold ``cached_ops`` (links not followed)."""
+    """Directories under ``root`` that hold ``cached_ops``, and those a stopped prune left hidden (no link followed)."""
     found, base = [], root.rstrip(os.sep).count(os.sep)
     for d, dirs, _files in walk_tree(root):
+        found += [os.path.join(d, n) for n in dirs if HIDDEN_RE.match(n)]
         if "cached_ops" in dirs and d != root:
             found.append(d)
         level = d.rstrip(os.sep).count(os.sep) - base
-        dirs[:] = [n for n in dirs if n not in ("cached_ops", "generated", "tmp")] if level < depth else []
+        skip = ("cached_ops", "generated", "tmp")
+        dirs[:] = [n for n in dirs if n not in skip and not HIDDEN_RE.match(n)] if level < depth else []
     return sorted(found)
 
 
@@ -212,6 +253,9 @@ def scan_jit(root: str) -> list[Entry]:
 
 def _scan_workspace(ent: Entry) -> None:
     ws = ent.path
+    if HIDDEN_RE.match(os.path.basename(ws)):
+        ent.reason = LEFTOVER
+        return
     ops = os.path.join(ws, "cached_ops")
     names = set(os.listdir(ws))
     if not names <= {"cached_ops", "generated"}:
