@@ -284,3 +284,14 @@ def test_a_recorded_status_of_another_shape_is_no_record(tmp_path, monkeypatch, 
         assert (got == status_) is usable, got
         assert usable or why, got
     statedir.forget_cache_root()
+
+
+def test_arch_with_ptx_says_ptx_is_not_built(capsys, monkeypatch):
+    """``status --arch 12.0a+PTX`` printed ``targets sm_120a`` only: FlashInfer passes each target as
+    ``-gencode=arch=compute_X,code=sm_X``, so no PTX is built, and status, doctor and build say so (P8)."""
+    from flashinfer_sm120.cli.common import apply_arch
+
+    monkeypatch.delenv("FLASHINFER_CUDA_ARCH_LIST", raising=False)  # restored after the test
+    apply_arch("12.0a+PTX")
+    err = capsys.readouterr().err
+    assert "'12.0a+PTX' read as 12.0a" in err and "+PTX dropped" in err and "no PTX" in err, err

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 
@@ -16,6 +15,7 @@ from flashinfer_sm120.errors import Sm120Error, UsageError
 from flashinfer_sm120.safety.formats.params import cli_int, cli_size
 from flashinfer_sm120.warmup import modules as _modules
 from flashinfer_sm120.cli import buildjson
+from flashinfer_sm120.cli.common import say_arch_notes
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -59,8 +59,7 @@ def _build(args: argparse.Namespace) -> dict:
     arch = replay.arch_for(entries, args.arch) if args.manifest else args.arch
     if arch is None and session.no_gpu_no_arch():  # before FlashInfer's import: it takes seconds
         raise BuildError(session.NO_TARGETS)
-    for note in arch_notes(args.arch):
-        print(f"flashinfer-sm120: {note}", file=sys.stderr)
+    say_arch_notes(args.arch)
     export_arch_list(arch)
     served = session.apply_server_cache(args.for_server, entries)
     # --arch reaches FlashInfer as FLASHINFER_CUDA_ARCH_LIST: the summary names what the user typed
@@ -155,18 +154,6 @@ def _not_shipped(labelled: list, sess) -> tuple[list, list[dict]]:
         shipped.append({"module": label, "name": spec.name, "status": "shipped",
                         "provider": f"{p.distribution} {p.version}"})
     return keep, shipped
-
-
-def arch_notes(value: str | None) -> list[str]:
-    """How an ``--arch`` not written as FlashInfer's ``major.minor[a|f]`` list was read (``'120' read as 12.0``)."""
-    from flashinfer_sm120.core.facts.arch import parse_arch_list_lenient
-
-    specs, _errors = parse_arch_list_lenient(value or "", source="--arch")  # errors: said by export_arch_list
-    listed = " ".join(f"{s.major}.{s.minor}{s.suffix or ''}" for s in specs)
-    if not specs or listed == " ".join(re.split(r"[\s,;]+", value.strip())):
-        return []
-    dropped = " (+PTX dropped: FlashInfer builds machine code only)" if "+PTX" in value.upper() else ""
-    return [f"--arch {value!r} read as {listed}{dropped}"]
 
 
 def _print_human(summary: dict) -> None:

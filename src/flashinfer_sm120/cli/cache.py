@@ -47,7 +47,7 @@ def _failed(args, doc: dict, kind: str, exc: BaseException) -> int:
     if isinstance(exc, OSError):
         from flashinfer_sm120.safety.oserrors import describe
 
-        p = describe(exc)
+        p = describe(exc, exc.filename or doc.get("out") or doc.get("src"))  # a failed write names no file
         kind, message, fix = p.kind, str(p), p.fix
     else:
         kind, message, fix = getattr(exc, "kind", None) or kind, str(exc), getattr(exc, "fix", "") or ""

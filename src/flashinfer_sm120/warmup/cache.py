@@ -182,15 +182,43 @@ def check_sizes(src: str, files: list[tuple[str, int]], limits: Limits, elsewher
             raise over_cap(src, "its files add up to more", limits, per_file=False)
         if not archive:
             check_fsize(src, str(dest), size)
-        root = deepest_existing(str(archive or dest))
-        need[root] = need.get(root, 0) + size
+            root = deepest_existing(str(dest))
+            made = need.setdefault(root, ([], set()))
+            made[0].append(size)
+            parent = os.path.dirname(os.path.abspath(dest))
+            while parent != root and parent not in made[1]:  # each new directory: a block of its own
+                made[1].add(parent)
+                parent = os.path.dirname(parent)
     if archive:
         check_fsize(src, "the archive (its files before compression)", total)  # a .tar.gz is known only after
-    for root, n in need.items():
-        free = shutil.disk_usage(root).free
+        need[deepest_existing(archive)] = ([_tar_bound(files, archive)], set())
+    for root, (sizes, dirs) in need.items():
+        n, free = _on_disk(root, sizes, len(dirs)), shutil.disk_usage(root).free
         if n > free:
             fix = f"free space on the disk of {root}, or {elsewhere}"
-            raise CacheError(f"{src} needs {n} bytes in {root} and that disk has {free} free; {fix}", "space", fix)
+            raise CacheError(f"{src} needs up to {n} bytes in {root} and that disk has {free} free; {fix}",
+                             "space", fix)
+
+
+def _tar_bound(files: list[tuple[str, int]], archive: str) -> int:
+    """An upper bound of the bytes ``tarfile`` writes for ``files`` (each a header, a pax header with its records,
+    the data padded to 512; the end blocks, the 10240-byte record), gzip's worst case added for a .tar.gz."""
+    n = sum(1024 + _up(len(os.fsencode(dest)) + 512, 512) + _up(size, 512) for dest, size in files)
+    n = _up(n + 1024, tarfile.RECORDSIZE)
+    return n if archive.lower().endswith(".tar") else n + n // 1024 + 1024  # zlib's deflateBound, the gzip header
+
+
+def _on_disk(root: str, sizes: list[int], dirs: int) -> int:
+    """An upper bound of the space files of ``sizes`` and ``dirs`` new directories take on ``root``'s file
+    system: each rounded up to its block, plus one block in 256 for indirect/extent blocks."""
+    st = os.statvfs(root)
+    block = max(st.f_frsize, st.f_bsize, 512)
+    blocks = sum(_up(size, block) // block for size in sizes) + dirs
+    return (blocks + _up(blocks, 256) // 256) * block
+
+
+def _up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
 
 
 def file_sha256(path: Path) -> str:

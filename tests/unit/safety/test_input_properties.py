@@ -285,3 +285,41 @@ def test_ninja_deps_restamp_property(tmp_path, data, header):
     p.write_bytes((b"# ninjadeps\n" + struct.pack("<i", 4) if header else b"") + data)
     n = _bounded(moddir.restamp, str(p), {"/x.o": 1})
     assert isinstance(n, int) and os.listdir(d) == [".ninja_deps"]
+
+
+# --------------------------------------------------------------------------- ASCII digits only
+
+other_digit = st.characters(whitelist_categories=("Nd",)).filter(lambda c: not c.isascii())
+
+
+@given(st.sampled_from([("--arch", "12.0"), ("--arch", "12.0 12.1"), ("--arch", "sm_121a"), ("-j", "4"),
+                        ("--timeout", "1.5"), ("--max-bytes", "64M"), ("--older-than", "30")]),
+       other_digit, st.data())
+def test_numbers_take_ascii_digits_only_property(case, digit, data):
+    """``int()``, ``float()`` and ``\\d`` take any script's digits: ``--arch '１２.０'`` and ``'١٢.٠'`` were read
+    as 12.0 silently.  A value with one digit in another script is refused (exit 2) naming the value and its
+    ASCII form, by one rule for arch lists and every numeric option (P6, P8)."""
+    import contextlib
+    import io
+    import unicodedata
+
+    from flashinfer_sm120 import cli
+    from flashinfer_sm120.core.facts.arch import parse_arch_list_lenient
+
+    flag, plain = case
+    at = data.draw(st.sampled_from([i for i, c in enumerate(plain) if c.isdigit()]))
+    zero = ord(digit) - unicodedata.decimal(digit)  # each script's 0-9 run in order (Unicode's rule for Nd)
+    value = plain[:at] + chr(zero + int(plain[at])) + plain[at + 1:]
+    if flag == "--arch":
+        specs, errors = parse_arch_list_lenient(value, source="--arch")
+        assert specs == [] and repr(value) in errors[0] and repr(plain) in errors[0], errors
+    argv = {"--arch": ["status", "--arch", value], "-j": ["build", "norm", "-j", value],
+            "--timeout": ["doctor", "--timeout", value], "--max-bytes": ["cache", "import", "x", "--max-bytes", value],
+            "--older-than": ["cache", "prune", "--older-than", value]}[flag]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    assert code == 2 and repr(value) in err.getvalue() and repr(plain) in err.getvalue(), err.getvalue()

@@ -165,3 +165,70 @@ def test_a_link_or_special_file_in_the_workspace_is_named_as_local_not_dropped(t
         cache._module_files(mod, "m", "sampling")
     e = exc.value
     assert str(bad) in str(e) and e.kind == "path" and "build sampling" in e.fix and cache.FIX not in str(e), e
+
+
+@pytest.mark.parametrize("name", ["out", "out.tar", "out.tar.gz"])
+def test_a_write_that_fails_for_space_names_the_export_in_json(tmp_path, monkeypatch, capsys, name):
+    """ENOSPC while the export was written said "the disk holding 'the file' is full": a failed write carries
+    no file name, so the message names the output (P8)."""
+    import argparse
+    import errno
+
+    from flashinfer_sm120.cli import cache as cli_cache
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache, "write_atomic", full)
+    out = str(tmp_path / name)
+    doc = cli_cache._doc(out=out)
+    with pytest.raises(OSError) as exc:
+        cache.export([], _session(), out)
+    assert cli_cache._failed(argparse.Namespace(json=True), doc, "export", exc.value) == 1
+    err = json.loads(capsys.readouterr().out)["error"]
+    assert err["kind"] == "space" and repr(out) in err["message"] and "the file" not in err["message"], err
+    assert err["fix"] and not os.path.exists(out)
+
+
+@pytest.mark.parametrize("name", ["out", "out.tar", "out.tar.gz"])
+def test_the_free_space_check_counts_headers_padding_and_blocks(tmp_path, monkeypatch, name):
+    """The check compared the files' bytes with what is free: with exactly that much free it passed and the
+    write then ran out of space part way (tar headers, padding and end record, each file rounded up to the
+    file system's block, the directories).  The estimate is an upper bound: refused before anything is
+    written (P4), by the one check of both forms (P7)."""
+    import shutil
+
+    sizes = [1, 511, 513, 4097, 10000]
+    files = [(os.path.join(str(tmp_path / name), cache.TOP, "jit", "m", f"f{i}"), n) for i, n in enumerate(sizes)]
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage._replace(free=sum(sizes)))
+    with pytest.raises(cache.CacheError) as exc:
+        cache.check_sizes(str(tmp_path / name), files, cache.Limits(), "elsewhere",
+                          archive=str(tmp_path / name) if "." in name else None)
+    assert exc.value.kind == "space" and str(sum(sizes)) in str(exc.value) and str(tmp_path) in str(exc.value)
+    assert os.listdir(tmp_path) == []
+
+
+@given(st.lists(st.integers(0, 70000), min_size=1, max_size=6), st.sampled_from(["x", "x.tar", "x.tar.gz"]),
+       st.integers(1, 150))
+def test_the_space_estimate_is_an_upper_bound_of_what_is_written_property(tmp_path_factory, sizes, name, namelen):
+    """Any files, any form: with one byte less free than the export took (in file-system blocks), the check
+    refuses it (P4: refused before anything is written, never part way)."""
+    import shutil
+    from unittest import mock
+
+    tmp = tmp_path_factory.mktemp("space")
+    src = []
+    for i, n in enumerate(sizes):
+        (tmp / f"s{i}").write_bytes(os.urandom(n))
+        src.append((f"jit/{'m' * namelen}/f{i}", tmp / f"s{i}", n))
+    out, blob = tmp / "out" / name, b"{}"
+    out.parent.mkdir()
+    (cache._write_archive if "." in name else cache._write_directory)(str(out), blob, src)
+    used = sum(os.lstat(os.path.join(d, f)).st_blocks * 512 for d, dirs, fs in os.walk(out.parent) for f in fs + dirs)
+    shutil.rmtree(out) if out.is_dir() else out.unlink()
+    wanted = [(str(out / cache.TOP / rel), n) for rel, _, n in src] + [(str(out / cache.TOP / "meta.json"), len(blob))]
+    usage = shutil.disk_usage(tmp)
+    with mock.patch.object(shutil, "disk_usage", lambda _p: usage._replace(free=used - 1)):
+        with pytest.raises(cache.CacheError, match="free"):
+            cache.check_sizes(str(out), wanted, cache.Limits(), "elsewhere", archive=str(out) if "." in name else None)

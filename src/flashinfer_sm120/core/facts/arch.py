@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion, Version
 
 from flashinfer_sm120.errors import Sm120Error
-from flashinfer_sm120.safety.formats.base import shown, some
+from flashinfer_sm120.safety.formats.base import non_ascii_digits, shown, some
 
 # The first nvcc release that accepts each target, verified against the CUDA release notes and the CUDA
 # Features Archive: 12.8 adds SM 10.0, 10.1, 12.0; 12.9 adds sm_103, sm_121 and the ``f`` targets; 13.0
@@ -145,15 +145,15 @@ def parse_arch_list(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_LIST") ->
     return specs
 
 
-_ARCH_RE = re.compile(r"^(?:sm_?|compute_?)?(\d+)\.?(\d)([af]?)$", re.IGNORECASE)
-_DOTTED_RE = re.compile(r"^(\d+)\.(\d+)([af]?)$", re.IGNORECASE)
+_ARCH_RE = re.compile(r"^(?:sm_?|compute_?)?([0-9]+)\.?([0-9])([af]?)$", re.IGNORECASE)
+_DOTTED_RE = re.compile(r"^([0-9]+)\.([0-9]+)([af]?)$", re.IGNORECASE)
 _EXAMPLE = ("Accepted forms, e.g. '12.0' (RTX 5090 / RTX PRO 6000), '12.1' (DGX Spark), a list such as "
             "'12.0,12.1' or '12.0 12.1', and '12.0f', '9.0a' or 'sm_120'")
 
 
 def _hint(value: str, entries: list[str]) -> str:
     """`` Did you mean '12.0'?`` for '12,0' or a bare major ('12' reads as 1.2); '²'.isdigit() but int() fails."""
-    if re.fullmatch(r"\s*\d+,\d\s*", value):
+    if re.fullmatch(r"\s*[0-9]+,[0-9]\s*", value):
         return f" Did you mean '{value.strip().replace(',', '.')}'?"
     major = next((int(e) for e in entries if e.isascii() and e.isdigit() and 3 <= int(e) <= 20), None)
     return f" Did you mean '{major}.0'?" if major else ""
@@ -167,6 +167,9 @@ def parse_arch_list_lenient(value: str, *, source: str = "FLASHINFER_CUDA_ARCH_L
         size = len(value) if isinstance(value, str) else 0
         return [], [f"{source} is {size} characters long, more than {MAX_ARCH_LIST_CHARS} "
                     f"(starts {shown(value, 40)}); {_EXAMPLE}, or unset it to target the GPUs present."]
+    odd = non_ascii_digits(value, source)
+    if odd:
+        return [], [f"{odd}. {_EXAMPLE}."]
     entries = [e for e in re.split(r"[\s,;]+", value.strip()) if e]
     if len(entries) > MAX_ARCH_ENTRIES:
         return [], [f"{source} has {len(entries)} entries, more than {MAX_ARCH_ENTRIES} (starts {shown(value, 40)}); "

@@ -164,10 +164,10 @@ def _record(spec) -> None:
             fix = "" if isinstance(exc, PlaceError) else \
                 f". Fix: set {ENV} to a file in a directory of your own, or unset it"  # a PlaceError names its own
             logger.warning("flashinfer-sm120: could not record JIT module %s in %s: %s%s", getattr(spec, "name", "?"),
-                           os.environ.get(ENV), _why(exc), fix)
+                           os.environ.get(ENV), _why(exc, os.environ.get(ENV)), fix)
 
 
-def _why(exc: BaseException) -> str:
+def _why(exc: BaseException, path: str | None) -> str:
     """What went wrong, in words (P8: by errno and kind, never an exception's repr)."""
     from filelock import Timeout
 
@@ -176,7 +176,7 @@ def _why(exc: BaseException) -> str:
     if isinstance(exc, Timeout):
         return f"its lock {exc.lock_file} stayed taken for {_LOCK_TIMEOUT_S:g} s"
     if isinstance(exc, OSError) and exc.errno:
-        return oserrors.describe(exc, exc.filename or "it").message
+        return oserrors.describe(exc, exc.filename or path).message
     return str(exc) or type(exc).__name__
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,6 +24,18 @@ def shown(value: Any, limit: int = MAX_SHOWN) -> str:
     except Exception:  # a hostile __repr__
         text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else f"{text[:limit]}... ({type(value).__name__})"
+
+
+def non_ascii_digits(text: str, what: str) -> str | None:
+    """Why ``text`` (given as ``what``) is refused when it writes a digit other than ASCII 0-9, which ``int()``,
+    ``float()`` and ``\\d`` take (``'١٢.٠'`` as 12.0) though a person reading it may not; None if none.  P6, P8"""
+    odd = [c for c in text if c.isdigit() and not c.isascii()]
+    if not odd:
+        return None
+    typed = "".join(str(unicodedata.decimal(c)) if c.isdecimal() else c
+                    for c in unicodedata.normalize("NFKC", text))
+    return (f"{what} {shown(text, 40)} has digits other than ASCII 0-9 ({some(dict.fromkeys(odd))}); type it with "
+            f"0-9" + (f": {shown(typed.strip(), 40)}" if typed.isascii() and all(map(str.isdecimal, odd)) else ""))
 
 
 def some(items: Iterable[Any], limit: int = 3) -> str:

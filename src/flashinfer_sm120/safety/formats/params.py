@@ -8,7 +8,7 @@ import math
 import re
 from typing import Any
 
-from flashinfer_sm120.safety.formats.base import _fail, shown
+from flashinfer_sm120.safety.formats.base import _fail, non_ascii_digits, shown
 from flashinfer_sm120.safety.formats.grammar import parse
 
 #: Deepest nesting of lists/tuples in one parameter.
@@ -183,6 +183,9 @@ def _cli(flag: str, convert, lo, hi, what: str, bound=lambda v: f"{v:g}", hint=l
     """An argparse ``type=``: ``convert(text)`` within ``[lo, hi]`` (NaN and infinities are not), naming ``flag``;
     the range as ``bound`` writes a value, and ``hint(text)`` added."""
     def parse(text: str):
+        odd = non_ascii_digits(text, flag)
+        if odd:
+            raise argparse.ArgumentTypeError(odd)
         try:
             value = convert(text)
         except (ValueError, OverflowError):

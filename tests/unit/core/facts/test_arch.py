@@ -118,11 +118,12 @@ def test_unknown_capability_message_says_upgrade():
 
 
 def test_a_non_ascii_digit_entry_is_refused_with_a_message_not_an_exception():
-    """Hypothesis found that '²' (str.isdigit() true, int() fails) crashed the 'did you mean' hint."""
+    """Hypothesis found that '²' (str.isdigit() true, int() fails) crashed the 'did you mean' hint; a list with a
+    digit other than 0-9 is refused whole (the ASCII-digits rule), in words."""
     from flashinfer_sm120.core.facts import arch as arch_mod
 
     specs, errors = arch_mod.parse_arch_list_lenient("² 12.0")
-    assert [s for s in specs] and errors and "²" in errors[0]
+    assert specs == [] and len(errors) == 1 and "'² 12.0'" in errors[0] and "0-9" in errors[0]
 
 
 def test_an_arch_list_of_more_entries_than_gpu_families_is_refused_whole():

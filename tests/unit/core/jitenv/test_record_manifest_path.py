@@ -7,6 +7,7 @@ it pointed at, say ``~/.bashrc``; a directory on the way that another user could
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -63,7 +64,7 @@ def test_a_record_path_whose_lock_cannot_be_made_fails_at_once_in_words(tmp_path
     with pytest.raises(OSError) as err:
         record.append("/proc/self/fd/1", {"x": 1})
     assert "Timeout" not in repr(err.value)
-    why = record._why(err.value)
+    why = record._why(err.value, "/proc/self/fd/1")
     assert "/proc/self/fd/1 is not a regular file" in why and "OSError" not in why, why
 
 
@@ -83,3 +84,9 @@ def test_a_record_path_in_a_missing_directory_names_the_directory(tmp_path):
     with pytest.raises(OSError) as err:
         record.append(str(tmp_path / "no" / "m.jsonl"), ENTRY)
     assert f"{tmp_path / 'no'} (the directory of FLASHINFER_SM120_RECORD" in str(err.value), err.value
+
+
+def test_a_failed_write_names_the_manifest_not_it():
+    """A write that failed with no file in the error (ENOSPC) said "the disk holding 'it' is full" (P8)."""
+    why = record._why(OSError(errno.ENOSPC, "No space left on device"), "/data/m.jsonl")
+    assert "/data/m.jsonl" in why and "'it'" not in why, why
