@@ -36,8 +36,10 @@ PRELOAD = ("torch", "numpy", "cutlass", "cuda.bindings.runtime", "requests", "ji
 #: Never imported by the server: each child imports these itself, so that a test can also make
 #: them missing (``sys.modules["packaging"] = None``) as in a new interpreter.
 NEVER = ("flashinfer", "flashinfer_sm120", "fakegpu", "wrapt", "packaging", "filelock")
-#: Start-up variables (besides PYTHON*) that must match for a forked child to be faithful.
-STARTUP_VARS = ("HOME", "LD_LIBRARY_PATH", "LD_PRELOAD")
+#: Start-up variables (besides PYTHON*) that must match for a forked child to be faithful.  HOME only where
+#: it puts a user site directory on ``sys.path`` (never in a venv); else the child recomputes ``site``'s
+#: two HOME paths, the only values derived from HOME that the preloaded modules hold (checked by a scan of them).
+STARTUP_VARS = ("LD_LIBRARY_PATH", "LD_PRELOAD", *(("HOME",) if __import__("site").ENABLE_USER_SITE else ()))
 #: PYTHON* variables a forked child can honour itself.
 HONOURED = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED")
 
@@ -163,6 +165,9 @@ def _child(req: dict) -> int:
     os.chdir(req["cwd"])
     sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
     _tempfile.tempdir = None  # TMPDIR is read again
+    import site
+
+    site.USER_BASE = site.USER_SITE = None  # read from HOME again when asked (STARTUP_VARS)
     # sys.path of `python -c`: '' first, then PYTHONPATH, then the interpreter's own entries
     # Python puts PYTHONPATH (made absolute) before the standard library; .pth files may have
     # inserted entries before those; and `-c` puts '' first.

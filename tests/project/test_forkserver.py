@@ -4,6 +4,7 @@ status, streams and exit handlers, and nothing of FlashInfer or flashinfer_sm120
 
 import json
 import os
+import site
 import subprocess
 import sys
 import types
@@ -18,7 +19,7 @@ atexit.register(lambda: print("atexit ran"))
 print(json.dumps({
     "argv": sys.argv, "path": [p for p in sys.path if "forkserver" not in p], "cwd": os.getcwd(),
     "env": {k: os.environ.get(k) for k in ("PROBE_VAR", "PYTHONPATH", "FLASHINFER_SM120_CACHE_DIR")},
-    "tmp": tempfile.gettempdir(), "name": __name__, "dont_write_bytecode": sys.dont_write_bytecode,
+    "tmp": tempfile.gettempdir(), "user_site": __import__("site").getusersitepackages(), "name": __name__, "dont_write_bytecode": sys.dont_write_bytecode,
     "ours": sorted(m for m in sys.modules if m.split(".")[0] in ("flashinfer", "flashinfer_sm120", "fakegpu")),
 }))
 print("to stderr", file=sys.stderr)
@@ -39,6 +40,8 @@ def test_a_forked_child_sees_what_a_new_interpreter_sees(server, tmp_path):
     env = dict(os.environ, PROBE_VAR="x", PYTHONPATH=os.pathsep.join([str(tmp_path), "relative/dir"]),
                TMPDIR=str(tmp_path / "tmp"), FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "c"))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    if not site.ENABLE_USER_SITE:  # a venv: HOME changes no start-up, only site's HOME paths
+        env["HOME"] = str(tmp_path / "home")
     assert server.usable_for(env)
     forked = server.run(PROBE, env, 120, cwd=str(tmp_path), args=["3"])
     real = subprocess.run([sys.executable, "-c", PROBE, "3"], env=env, cwd=tmp_path, capture_output=True,
@@ -50,6 +53,7 @@ def test_a_forked_child_sees_what_a_new_interpreter_sees(server, tmp_path):
     f, r = json.loads(f_lines[0]), json.loads(r_lines[0])
     assert f == r, (f, r)
     assert f["ours"] == [] and f["tmp"] == str(tmp_path / "tmp") and f["argv"] == ["-c", "3"]
+    assert f["user_site"].startswith(env["HOME"])
 
 
 @pytest.mark.parametrize("code, rc, err", [("raise ValueError('boom')", 1, "ValueError: boom"),
@@ -88,7 +92,8 @@ def test_answers_that_arrive_together_are_each_read_and_a_stale_one_skipped():
         client.proc.stdout.close()
 
 
-@pytest.mark.parametrize("change", ["PYTHONNOUSERSITE", "HOME", "LD_PRELOAD", "sitecustomize"])
+@pytest.mark.parametrize("change", ["PYTHONNOUSERSITE", "LD_PRELOAD", "sitecustomize",
+                                    *(("HOME",) if site.ENABLE_USER_SITE else ())])
 def test_start_up_differences_get_a_new_interpreter(server, tmp_path, change):
     env = dict(os.environ)
     if change == "sitecustomize":
