@@ -54,9 +54,35 @@ def tag_for(tk) -> str:
     return f"nvcc{tk.nvcc_full or tk.nvcc_version}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
-def jit_dir_refused(jit_dir: str) -> str | PathProblem | None:
-    """Why ``jit_dir`` is no place to build in (path rule, or ownership of a level, ``tmp`` included; P2, P4)."""
-    from flashinfer_sm120.safety.fs.statedir import jit_dir_problem
-    from flashinfer_sm120.safety.ownership import check_place
+#: The variables naming a directory FlashInfer 0.7.4 reads code from besides its JIT directory, and the default
+#: under its cache when unset: ``FLASHINFER_CUBIN_DIR`` (``jit/env.py``; CuTe-DSL FMHA loads the ``.so`` files its
+#: ``checksums.txt`` lists, trtllm-gen compile lines ``-I`` it), ``FLASHINFER_DSL_FMHA_LOCAL_DIR`` (``.so`` loaded).
+CODE_DIRS = {"FLASHINFER_CUBIN_DIR": "cubins", "FLASHINFER_DSL_FMHA_LOCAL_DIR": None}
 
-    return jit_dir_problem(jit_dir) or check_place(os.path.join(jit_dir, "tmp"), "FlashInfer's JIT directory")
+
+def code_dirs(jit_dir: str, env=None) -> list[tuple[str, str, str]]:
+    """``(variable, its value, directory)`` for each directory FlashInfer reads code from, ``jit_dir`` first."""
+    env = os.environ if env is None else env
+    base, how = workspace_base(env)
+    from_base = (WSB if how == WSB else "HOME", base)
+    out = [(*from_base, jit_dir)]
+    for var, default in CODE_DIRS.items():
+        if env.get(var):
+            out.append((var, env[var], env[var]))
+        elif default:
+            out.append((*from_base, os.path.join(base, ".cache", "flashinfer", default)))
+    return out
+
+
+def code_dirs_refused(jit_dir: str, env=None) -> str | PathProblem | None:
+    """Why FlashInfer may not build or load code here (P2, P4): ``jit_dir`` breaks the path rule, or a level of a
+    directory it reads code from (the JIT directory's ``tmp`` included) fails the trust rule, with its variable."""
+    from flashinfer_sm120.safety.fs.statedir import jit_dir_problem
+    from flashinfer_sm120.safety.ownership import check_place, own_place_fix
+
+    problem = jit_dir_problem(jit_dir)
+    for var, value, path in code_dirs(jit_dir, env):
+        what = f"{var}={shown(value, 200)} names a directory FlashInfer reads code from:"
+        fix = own_place_fix() if var in (WSB, "HOME") else f"set {var} to a directory of your own, or unset it"
+        problem = problem or check_place(os.path.join(path, "tmp") if path == jit_dir else path, what, fix)
+    return problem
