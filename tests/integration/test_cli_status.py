@@ -225,10 +225,13 @@ def test_python_and_python3_and_python_m_share_the_record(clean_env, tmp_path):
     assert os.path.realpath(sys.executable) == seen[0]["python"][0]
 
 
-@pytest.mark.parametrize("case", ["planted gcc on PATH", "workspace link of another uid", "space in the home"])
+@pytest.mark.parametrize("case", ["planted gcc on PATH", "workspace link of another uid", "space in the home",
+                                  "FLASHINFER_CUBIN_DIR", "FLASHINFER_DSL_FMHA_LOCAL_DIR",
+                                  "FLASHINFER_WORKSPACE_BASE's cubins"])
 def test_status_says_refused_when_every_build_would_be(clean_env, tmp_path, case):
     """``status --fresh`` says refused, not ``patched`` with exit 0, when ``build`` and every JIT build
-    would refuse (a planted gcc on PATH, a workspace base that is another uid's link, a HOME with a space) (P8)."""
+    would refuse (a planted gcc on PATH, a workspace base that is another uid's link, a HOME with a space, a
+    directory FlashInfer loads ``.so`` files or headers from that others may write, named with its variable) (P8)."""
     from helpers.probing import need_root, reachable_dir
 
     env = dict(clean_env)
@@ -251,15 +254,24 @@ def test_status_says_refused_when_every_build_would_be(clean_env, tmp_path, case
             need_root()
             os.lchown(link, 4321, 4321)  # the link, not its target
             env["FLASHINFER_WORKSPACE_BASE"] = named = str(link)
-        else:
+        elif case == "space in the home":
             home = tmp_path / "my home"
             home.mkdir()
             env["HOME"] = named = str(home)
             env.pop("FLASHINFER_WORKSPACE_BASE", None)
+        else:  # P2: FlashInfer loads the .so files checksums.txt lists there, and compiles with -I to it
+            var = case.partition("'")[0]
+            code = tmp_path / "ws" / ".cache" / "flashinfer" / "cubins" if "cubins" in case else tmp_path / "code"
+            code.mkdir(parents=True)
+            code.chmod(0o777)
+            env[var] = named = str(tmp_path / "ws" if "cubins" in case else code)
         proc, out, loaded = _status(env, "--arch", "12.0", "--fresh", "--json")
     doc = json.loads(out)
     assert proc.returncode == 1 and doc["mode"] == "refused" and not doc["ok"], doc
     assert doc["error"].startswith("FlashInfer was not imported: ") and named in doc["error"], doc["error"]
+    if case.startswith("FLASHINFER_"):  # the variable, its value, and the fix names the directory's own variable
+        fix = doc["error"].rpartition("Fix: ")[2]
+        assert f"{var}={named!r}" in doc["error"] and ("FLASHINFER_CUBIN_DIR" if "cubins" in case else var) in fix
     assert loaded == "[]"  # decided before FlashInfer's import, which creates its cache
 
 

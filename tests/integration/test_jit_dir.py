@@ -112,14 +112,14 @@ def test_import_warns_when_flashinfer_jit_directory_breaks_its_ninja_files(clean
 @pytest.mark.parametrize("how", ["world-writable", "another user's"])
 def test_the_patch_warning_and_build_check_the_jit_directory_one_way(tmp_path, how):
     """The patch's warning checked FlashInfer's JIT directory itself, ``build`` also its lock level
-    ``tmp``; both now ask :func:`jit_dir_refused`, which checks both (the stricter)."""
+    ``tmp``; both now ask :func:`code_dirs_refused`, which checks both (the stricter)."""
     from flashinfer_sm120.core.facts.refusals import builds_refused
-    from flashinfer_sm120.core.facts.workspace import jit_dir_refused
+    from flashinfer_sm120.core.facts.workspace import code_dirs_refused
 
     jit = tmp_path / "jit"
     (jit / "tmp").mkdir(parents=True)
-    assert jit_dir_refused(str(jit)) is None
+    assert code_dirs_refused(str(jit)) is None
     make_unsafe(jit / "tmp", how)
-    problem = jit_dir_refused(str(jit))
+    problem = code_dirs_refused(str(jit))
     assert problem is not None and str(jit / "tmp") in str(problem) and "Fix" in str(problem)
     assert str(problem) in (builds_refused(str(jit)) or "")

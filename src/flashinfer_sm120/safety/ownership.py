@@ -46,12 +46,15 @@ class Untrusted(Exception):
 
 
 def _open_fix(path: str, st: os.stat_result) -> str:
-    """The fix for a path others may write: never ``chmod`` a shared sticky one (``/tmp``) or a device."""
+    """The one fix for a path not ours alone (P8): ``chmod`` only one of root's or ours that is no shared sticky
+    directory (``/tmp``) and no device; else a directory of your own, never running as its owner."""
     if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):  # /dev/full, a FIFO: never chmod those
         return "it is a device or special file, not a place to write: use a path of your own"
     if st.st_mode & stat.S_ISVTX:
         return "it is a shared directory where anyone may create entries: use a directory of your own instead"
-    return f"run 'chmod go-w {path}' or use a path outside it"
+    if st.st_uid not in (0, os.geteuid()):
+        return "use a directory of your own"
+    return f"run 'chmod go-w {path}', or use a directory of your own"
 
 
 def resolve(path: str) -> str:
@@ -89,7 +92,7 @@ def file_ok(path: str, entry: str | None = None) -> os.stat_result:
     uid = os.geteuid()
     st = os.stat(path)
     if st.st_uid not in (0, uid):
-        raise Untrusted(f"{path} is owned by uid {st.st_uid}, not root or you (uid {uid})")
+        raise Untrusted(f"{path} is owned by uid {st.st_uid}, not root or you (uid {uid}); {_open_fix(path, st)}")
     if not writable_by_others(st):
         return st
     if st.st_mode & stat.S_ISVTX and st.st_uid == 0 and entry is not None:  # /tmp: others cannot replace ours
@@ -119,9 +122,9 @@ def mine_problem(path: str, st: os.stat_result) -> str | None:
     """Why an entry we keep (the cache root, a view) is not ours alone, group included, or ``None`` (P2)."""
     uid = os.geteuid()
     if st.st_uid != uid:
-        return f"{path} is owned by uid {st.st_uid}, not you (uid {uid})"
+        return f"{path} is owned by uid {st.st_uid}, not you (uid {uid}); use a directory of your own"
     if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"{path} is writable by other users (mode {stat.filemode(st.st_mode)}); run 'chmod go-w {path}'"
+        return f"{path} is writable by other users (mode {stat.filemode(st.st_mode)}); {_open_fix(path, st)}"
     return None
 
 

@@ -129,6 +129,7 @@ def test_enable_user_as_root_with_a_users_home_creates_nothing_there(tmp_path, m
     home = tmp_path / "home"
     home.mkdir()
     os.chown(home, 4321, 4321)
+    monkeypatch.setenv("HOME", str(home))  # sudo -E: run as the user whose home it is (sudo -u) is a fix
     user_site = home / ".local" / "lib" / "python3" / "site-packages"
     monkeypatch.setattr(site, "getusersitepackages", lambda: str(user_site))
     monkeypatch.setattr(site, "ENABLE_USER_SITE", True)

@@ -249,9 +249,9 @@ def test_private_group_needs_a_named_single_user_group(monkeypatch):
 
 
 def test_a_shared_sticky_directory_is_never_told_to_chmod(tmp_path):
-    """A record file in /tmp (shared, sticky) is refused with "a directory of your own", never with
-    "run 'chmod go-w /tmp'" (P8)."""
-    from flashinfer_sm120.safety.ownership import check_place, trust_reason
+    """A record file or the cache root in /tmp (shared, sticky) is refused with "a directory of your own", never
+    with "run 'chmod go-w /tmp'": one fix rule for every trust message (P8)."""
+    from flashinfer_sm120.safety.ownership import check_place, mine_problem, trust_reason
 
     sticky = tmp_path / "tmp"
     sticky.mkdir()
@@ -259,7 +259,8 @@ def test_a_shared_sticky_directory_is_never_told_to_chmod(tmp_path):
     opened = tmp_path / "open"
     opened.mkdir()
     opened.chmod(0o777)
-    for problem in (str(check_place(str(sticky), "the record file's directory")), trust_reason(str(sticky))):
+    for problem in (str(check_place(str(sticky), "the record file's directory")), trust_reason(str(sticky)),
+                    mine_problem(str(sticky), sticky.stat())):
         assert problem and "chmod" not in problem and "a directory of your own" in problem, problem
     problem = trust_reason(str(opened))
     assert problem and f"chmod go-w {opened}" in problem, problem

@@ -11,8 +11,8 @@ import stat
 import sys
 import tempfile
 
-from flashinfer_sm120.core.facts.workspace import WSB, jit_dir_refused, workspace_path
-from flashinfer_sm120.safety.fs.places import foreign_tree
+from flashinfer_sm120.core.facts.workspace import WSB, code_dirs_refused, workspace_path
+from flashinfer_sm120.safety.fs.places import foreign_tree, foreign_tree_parts
 from flashinfer_sm120.safety.ownership import deepest_existing
 from flashinfer_sm120.safety.formats.base import shown
 
@@ -58,11 +58,9 @@ def import_refused(env=None) -> ImportRefusal | None:
     # root about to make its cache in a user's tree no one else may write (sudo -E); otherwise
     # (another uid's directory anyone may write, a non-root user) the place rule's own reason
     if ft is not None and (why is None or (os.geteuid() == 0 and not _others_may_write(ft.top))):
-        return ImportRefusal("workspace-foreign-tree",
-                             f"its JIT cache {shown(path, 200)} would be created inside {ft.top}, owned by uid "
-                             f"{ft.owner}, as uid {ft.uid}, and that user's own tools could not write it",
-                             f"run as uid {ft.owner} (sudo -u), keep your own home (sudo -H instead of sudo -E), "
-                             f"or set {WSB} to a directory of your own")
+        why, fix = foreign_tree_parts(ft, WSB)
+        return ImportRefusal("workspace-foreign-tree", f"its JIT cache {shown(path, 200)} does not exist, and {why}",
+                             fix)
     if why:
         return ImportRefusal("workspace-not-ours", f"its JIT cache {shown(path, 200)} is not a place of yours: {why}",
                              own_place_fix())
@@ -173,5 +171,5 @@ def builds_refused(jit_dir: str, env=None) -> str | None:
     """Why every JIT build in ``jit_dir`` would be refused before nvcc runs (``build``, ``status``; P2, P8)."""
     from flashinfer_sm120.safety.compilers import path_problem
 
-    problem = jit_dir_refused(jit_dir) or path_problem(os.environ if env is None else env)
+    problem = code_dirs_refused(jit_dir, env) or path_problem(os.environ if env is None else env)
     return str(problem) if problem else None

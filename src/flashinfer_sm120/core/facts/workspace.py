@@ -54,9 +54,45 @@ def tag_for(tk) -> str:
     return f"nvcc{tk.nvcc_full or tk.nvcc_version}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
-def jit_dir_refused(jit_dir: str) -> str | PathProblem | None:
-    """Why ``jit_dir`` is no place to build in (path rule, or ownership of a level, ``tmp`` included; P2, P4)."""
+#: Each variable naming a directory FlashInfer 0.7.4 reads code from besides its JIT directory, then where that
+#: is when unset (the first of these variables set, and the path under it; ``HOME`` is always):
+#: ``FLASHINFER_CUBIN_DIR`` (``jit/env.py``; CuTe-DSL FMHA loads the ``.so`` files its ``checksums.txt`` lists,
+#: trtllm-gen compile lines ``-I`` it), ``FLASHINFER_DSL_FMHA_LOCAL_DIR`` (``.so`` loaded), b12x's compile cache
+#: (``.o`` loaded), CuTe DSL's cache (IR compiled and run; unset, ``refusals.dsl_cache``, checked before import).
+CODE_DIRS = {
+    "FLASHINFER_CUBIN_DIR": ((WSB, ".cache/flashinfer/cubins"), ("HOME", ".cache/flashinfer/cubins")),
+    "FLASHINFER_DSL_FMHA_LOCAL_DIR": (),
+    "B12X_COMPILE_CACHE_DIR": (("XDG_CACHE_HOME", "b12x/compile"), ("HOME", ".cache/b12x/compile")),
+    "CUTE_DSL_CACHE_DIR": (),
+}
+
+
+def code_dirs(jit_dir: str, env=None) -> list[tuple[str, str, str, str]]:
+    """``(variable, its value, directory, fix)`` for each directory FlashInfer reads code from, ``jit_dir`` first."""
+    from flashinfer_sm120.safety.ownership import own_place_fix
+
+    env = os.environ if env is None else env
+    base, how = workspace_base(env)
+    home = workspace_base({k: v for k, v in env.items() if k != WSB})[0]
+    given = {k: v for k, v in env.items() if v.strip()} | {"HOME": home}
+    out = [(WSB if how == WSB else "HOME", base, jit_dir, own_place_fix())]
+    for var, defaults in CODE_DIRS.items():
+        if var in given:
+            out.append((var, given[var], given[var], f"set {var} to a directory of your own, or unset it"))
+            continue
+        out += [(v, given[v], os.path.join(given[v], rel), f"set {var} to a directory of your own")
+                for v, rel in defaults if v in given][:1]
+    return out
+
+
+def code_dirs_refused(jit_dir: str, env=None) -> str | PathProblem | None:
+    """Why FlashInfer may not build or load code here (P2, P4): ``jit_dir`` breaks the path rule, or a level of a
+    directory it reads code from (the JIT directory's ``tmp`` included) fails the trust rule, with its variable."""
     from flashinfer_sm120.safety.fs.statedir import jit_dir_problem
     from flashinfer_sm120.safety.ownership import check_place
 
-    return jit_dir_problem(jit_dir) or check_place(os.path.join(jit_dir, "tmp"), "FlashInfer's JIT directory")
+    problem = jit_dir_problem(jit_dir)
+    for var, value, path, fix in code_dirs(jit_dir, env):
+        what = f"{var}={shown(value, 200)} names a directory FlashInfer reads code from:"
+        problem = problem or check_place(os.path.join(path, "tmp") if path == jit_dir else path, what, fix)
+    return problem

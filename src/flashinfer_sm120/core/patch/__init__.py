@@ -13,7 +13,7 @@ import types
 import wrapt
 
 from flashinfer_sm120.core.facts import arch as _arch
-from flashinfer_sm120.core.facts.workspace import jit_dir_refused, normalize_base
+from flashinfer_sm120.core.facts.workspace import code_dirs_refused, normalize_base
 from flashinfer_sm120.core.jitenv import environ
 from flashinfer_sm120.safety.formats.reads import env_flag
 from flashinfer_sm120.core.patch import laststatus
@@ -178,9 +178,10 @@ def _apply_locked(just_imported: str | None = None) -> None:
 
 
 def _warn_jit_dir() -> None:
-    """Say at once when FlashInfer's JIT directory cannot stand unquoted in its build.ninja files."""
+    """Say at once when FlashInfer's JIT directory cannot stand unquoted in its build.ninja files, or a directory it
+    reads code from fails the trust rule."""
     jit_dir = getattr(sys.modules.get("flashinfer.jit.env"), "FLASHINFER_JIT_DIR", None)
-    problem = jit_dir is not None and jit_dir_refused(str(jit_dir))
+    problem = jit_dir is not None and code_dirs_refused(str(jit_dir))
     if problem:
         logger.warning("flashinfer-sm120: %s", problem)
 

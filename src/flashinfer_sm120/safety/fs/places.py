@@ -8,7 +8,7 @@ from collections import namedtuple
 
 from flashinfer_sm120.safety.ownership import deepest_existing
 
-__all__ = ["make_private_dirs", "ForeignTree", "foreign_tree", "foreign_tree_message"]
+__all__ = ["make_private_dirs", "ForeignTree", "foreign_tree", "foreign_tree_parts", "foreign_tree_message"]
 
 
 def make_private_dirs(path: str | os.PathLike, *, mode: int = 0o700) -> None:
@@ -44,9 +44,23 @@ def foreign_tree(path: str) -> ForeignTree | None:
     return None if owner in (0, uid) else ForeignTree(os.path.abspath(path), top, owner, uid)
 
 
-def foreign_tree_message(what: str, ft, variable: str = "FLASHINFER_SM120_CACHE_DIR") -> str:
-    """The sentence for a :class:`ForeignTree`, with the fix."""
-    return (f"{what}={ft.path!r} does not exist, and it would be created inside {ft.top}, owned by uid "
-            f"{ft.owner}, as uid {ft.uid}: that user's own tools could not write it (pip, FlashInfer "
-            f"and others use ~/.cache). Run as uid {ft.owner} (sudo -u), keep your own home "
-            f"(sudo -H instead of sudo -E), or set {variable} to a directory of your own")
+def foreign_tree_parts(ft: ForeignTree, variable: str) -> tuple[str, str]:
+    """``(why, fix)`` for a :class:`ForeignTree` (P8): "run as its owner" only in the home this process was
+    given (``sudo -E``), never for another uid's directory named on purpose."""
+    where = f"it would be created inside {ft.top}, owned by uid {ft.owner}, as uid {ft.uid}"
+    home = os.path.realpath(os.environ.get("HOME") or "/")
+    try:
+        theirs = home != "/" and os.stat(home).st_uid == ft.owner and os.path.commonpath([home, ft.top]) == home
+    except OSError:
+        theirs = False
+    if theirs:
+        return (f"{where}: that user's own tools could not write it (pip, FlashInfer and others use ~/.cache)",
+                f"keep your own home (sudo -H instead of sudo -E), run as uid {ft.owner} (sudo -u), or set "
+                f"{variable} to a directory of your own")
+    return f"{where}, who could replace it", f"set {variable} to a directory of your own"
+
+
+def foreign_tree_message(what: str, ft: ForeignTree, variable: str = "FLASHINFER_SM120_CACHE_DIR") -> str:
+    """The sentence for a :class:`ForeignTree`: ``what``, its value, why and the fix."""
+    why, fix = foreign_tree_parts(ft, variable)
+    return f"{what}={ft.path!r} does not exist, and {why}. Fix: {fix}"

@@ -70,7 +70,7 @@ def _dir_problem(path: str, what: str, explicit: bool = True) -> str | None:
     bad = mine_problem(path, st)  # threat-model: P2 -- we keep it 0700, so ours alone
     if bad:
         return (f"{what}={path!r} is not yours alone, so another user could change what you build with: "
-                f"{bad}, or use a directory of your own")
+                f"{bad}")
     if not explicit and not os.access(path, os.W_OK | os.X_OK):  # a read-only image's ~/.cache: next one
         return (f"{what}={path!r} is not writable (a read-only file system or mode "
                 f"{stat.filemode(st.st_mode)}); set FLASHINFER_SM120_CACHE_DIR to a writable directory")
@@ -136,7 +136,12 @@ def home_dir() -> str | None:
 
 
 def _place_problem(path: str, what: str) -> str | None:
-    """:func:`trust_reason`: else another user could put their own root in its place.  P2, P4"""
+    """:func:`trust_reason`: else another user could put their own root in its place; never in ``/proc``, where
+    ``/proc/self`` is another directory in each process and nothing can be created.  P2, P4, P8"""
+    real = os.path.realpath(path)
+    if os.path.commonpath([real, "/proc"]) == "/proc":
+        return (f"{what}={path!r} leads to {real}, in /proc, the kernel's view of each process, where no file can "
+                f"be created; set FLASHINFER_SM120_CACHE_DIR to a directory of your own")
     why = trust_reason(path)
     return None if why is None else f"{what}={path!r} lies where another user could replace it: {why}"
 

@@ -419,3 +419,42 @@ def test_a_link_another_user_planted_where_cute_dsl_makes_its_cache_refuses_the_
     monkeypatch.delenv("CUTE_DSL_CACHE_DIR")
     monkeypatch.setenv("USER", "nobody-planted-this")
     assert import_refused() is None  # an absent name in a sticky directory is made by us, for us
+
+
+@pytest.mark.parametrize("case", ["shared sticky", "another uid's", "in another uid's directory", "/proc/self"])
+def test_a_refused_cache_dir_names_the_variable_its_value_and_the_fix_for_its_case(tmp_path, monkeypatch, case):
+    """``FLASHINFER_SM120_CACHE_DIR`` refused is named with its value, why and a fix that fits: never ``chmod`` a
+    shared sticky directory or another's, never "run as" the owner of a directory named on purpose, and
+    ``/proc/self`` (another directory in each process) is refused, not a failure that names no variable (P8)."""
+    import re
+
+    from helpers.untrusted import give_away
+    from flashinfer_sm120.core.facts.refusals import import_refused
+    from flashinfer_sm120.safety.fs import statedir
+
+    value = tmp_path / "dir"
+    if case == "/proc/self":
+        value = Path("/proc/self")
+    elif case == "shared sticky":
+        value.mkdir()
+        value.chmod(0o1777)
+    else:
+        value.mkdir()
+        give_away(value)
+        value.chmod(0o755)
+        value = value / "cache" if case == "in another uid's directory" else value
+        monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(value))
+        refusal = import_refused()
+        assert refusal is not None and "FLASHINFER_WORKSPACE_BASE" in refusal.fix and "sudo -u" not in refusal.fix
+    monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(value))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    statedir.forget_cache_root(notes=True)
+    try:
+        root = statedir.cache_root()
+    finally:
+        statedir.forget_cache_root()
+    assert root == str(tmp_path / "xdg" / "flashinfer-sm120")
+    note = " ".join(n for n in statedir.cache_root_notes() if str(value) in n)
+    assert f"FLASHINFER_SM120_CACHE_DIR='{value}'" in note, note
+    assert "chmod" not in note and "sudo -u" not in note, note
+    assert re.search(r"([;:]|Fix:) (use|set FLASHINFER_SM120_CACHE_DIR to) a directory of your own", note), note
