@@ -1,8 +1,5 @@
-"""Run as ``python -I -S reaper.py PARENT GRACE KEEP STATUS_FD PROGRAM ARGS...`` by :func:`.proc.start`: runs
-PROGRAM as a child subreaper, so every descendant that loses its parent becomes its child whatever session,
-group or environment it took, and is killed; so is all that is left when PROGRAM ends (threat-model: P6).
-
-Only the standard library: a server process never imports this file, and it starts in a few milliseconds."""
+"""``python -I -S reaper.py PARENT GRACE KEEP STATUS_FD PROGRAM ARGS...`` (:func:`.proc.start`): PROGRAM under a child
+subreaper, which kills every descendant re-parented to it, whatever session, group or environment it took (P6)."""
 
 import os
 import signal
@@ -29,7 +26,7 @@ def children(me: int) -> list[int]:
 
 
 def main(parent: str, grace: str, keep: str, status_fd: str, *argv: str) -> int:
-    import ctypes  # here: :mod:`.proc` imports this file for its path and KILL_S only
+    import ctypes  # here: :mod:`.proc` imports this file for its path and KILL_S only (only the standard library)
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)

@@ -86,7 +86,10 @@ def test_the_runner_is_signalled_before_it_is_reaped(monkeypatch):
         kill_all_with(tok)
 
 
-@pytest.mark.parametrize("escape", ["setsid env -i sleep {tok} &",  # new session, no environment
+_EXECED = " until grep -qs '^sleep' /proc/$!/cmdline; do sleep 0.01; done"  # sleep runs, not env before its exec
+
+
+@pytest.mark.parametrize("escape", ["setsid env -i sleep {tok} &" + _EXECED,  # new session, no environment
                                     "setsid env -i sleep {tok} >/dev/null 2>&1 </dev/null &",  # no pipe held
                                     "(setsid env -i sh -c 'sleep {tok} & wait' &)"])  # grandchild of an orphan
 def test_a_descendant_that_leaves_session_group_and_environment_is_killed(escape):
