@@ -10,7 +10,7 @@ __all__ = ["EnvVar", "VARIABLES", "by_name"]
 
 @dataclass(frozen=True)
 class EnvVar:
-    """One variable; ``audience``: ``user``, ``internal`` (set by us for children) or ``tests``."""
+    """One variable; ``audience``: ``user`` or ``tests``."""
 
     name: str
     default: str

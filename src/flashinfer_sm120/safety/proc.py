@@ -51,10 +51,12 @@ class Result:
 def start(argv: Sequence[str], *, stdout, env: Mapping[str, str] | None = None, cwd: str | None = None,
           grace: float = 0.0, keep: bool = False, status_fd: int = -1, **popen) -> subprocess.Popen:
     """Start ``argv`` under its own :mod:`.reaper` (new session, stdin ``/dev/null``): SIGTERM to it stops ``argv``
-    (after ``grace`` s) and kills all it started; it ends once they are gone (``keep``: once ``argv`` ended well)."""
+    (after ``grace`` s) and kills all it started; it ends once they are gone (``keep``: once ``argv`` ended)."""
     # The child subreaper is this helper, never the calling process: a server that imported the package keeps
     # its own rule for who reaps its orphans, and each run's leftovers are told apart from another run's (P6).
-    return subprocess.Popen([sys.executable, "-I", "-S", reaper.__file__, str(os.getpid()), f"{grace:g}",
+    # the running interpreter, also where its path crosses a directory this uid cannot search (after setpriv)
+    python = sys.executable if os.access(sys.executable, os.X_OK) else "/proc/self/exe"
+    return subprocess.Popen([python, "-I", "-S", reaper.__file__, str(os.getpid()), f"{grace:g}",
                              "keep" if keep else "kill", str(status_fd), *argv],
                             stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.STDOUT,
                             env=dict(os.environ if env is None else env), cwd=cwd, close_fds=True,
@@ -70,17 +72,15 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
     try:
         fds += os.pipe()  # EMFILE/ENFILE: no descriptor left in this process
         fds += os.pipe()  # the reaper's status: "rc N", or "errno N" when the program could not start
-        try:
-            proc = start(argv, stdout=fds[1], env=env, cwd=cwd, keep=leave_running, status_fd=fds[3])
-        finally:
-            for fd in fds[1::2]:
-                os.close(fd)
+        proc = start(argv, stdout=fds[1], env=env, cwd=cwd, keep=leave_running, status_fd=fds[3])
     except OSError as exc:
-        for fd in fds[::2]:
+        for fd in fds:
             os.close(fd)
         return Result(None, b"", False, False, time.monotonic() - t0,
                       error=f"{argv[0]} could not be run: {exc.strerror or exc}", errno=exc.errno)
-    r, status = fds[0], fds[2]
+    r, w, status, status_w = fds
+    os.close(w)
+    os.close(status_w)
     buf = bytearray()
     timed_out = truncated = False
     try:

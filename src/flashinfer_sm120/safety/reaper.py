@@ -48,7 +48,7 @@ def main(parent: str, grace: str, keep: str, status_fd: str, *argv: str) -> int:
         else:
             os.write(2, f"{argv[0]} could not be run: {exc.strerror or exc}\n".encode())
         return 127
-    me, rc, stop_at, grace_s, wait_s = os.getpid(), None, None, float(grace), 0.01
+    me, rc, stop_at, ending_at, grace_s, wait_s = os.getpid(), None, None, None, float(grace), 0.01
     while True:
         try:
             while (reaped := os.waitpid(-1, os.WNOHANG))[0]:
@@ -57,12 +57,13 @@ def main(parent: str, grace: str, keep: str, status_fd: str, *argv: str) -> int:
         except ChildProcessError:
             pass
         if rc is not None and keep == "keep" and stop_at is None:
-            break  # the program ended well: what it started (a server) lives on
+            break  # the program ended: what it started (a server) lives on
         now = time.monotonic()
-        if stop_at is not None and now - stop_at > grace_s + KILL_S:
+        if ending_at is None and (rc is not None or (stop_at is not None and now - stop_at >= grace_s)):
+            ending_at = now
+        if ending_at is not None and now - ending_at > KILL_S:
             break
-        ending = rc is not None or (stop_at is not None and now - stop_at >= grace_s)
-        kids = [k for k in children(me) if ending or (k != prog and keep != "keep")]
+        kids = [k for k in children(me) if ending_at is not None or (k != prog and keep != "keep")]
         if rc is not None and not kids:
             break
         for kid in kids:  # only children: their pids stay ours until reaped here, so none is reused meanwhile

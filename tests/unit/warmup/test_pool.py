@@ -201,7 +201,8 @@ def _stubborn(tmp_path, name: str) -> str:
     which keeps the step's output pipe open; returns the path."""
     script = tmp_path / f"{name}.sh"
     script.write_text(f"(trap '' TERM INT HUP; cut -d' ' -f5 /proc/self/stat > {tmp_path}/{name}.pgid; "
-                      "exec sleep 297.27) &\n")
+                      "exec sleep 297.27) &\n"  # the step waits for that file: its reaper kills the child once it ends
+                      f"until [ -s {tmp_path}/{name}.pgid ]; do sleep 0.05; done\n")
     return str(script)
 
 
