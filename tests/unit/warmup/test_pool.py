@@ -225,7 +225,8 @@ def test_a_leftover_that_left_ninjas_session_is_killed_too(tmp_path, monkeypatch
     which it was re-parented, kills it (P6)."""
     monkeypatch.setattr(pool, "_STOP_S", 1)
     escape = tmp_path / "escape.sh"
-    escape.write_text(f"setsid env -i sh -c 'trap \"\" TERM INT HUP; echo $$ > {tmp_path}/escaped.pid; exec sleep 297.29' &\n"
+    escape.write_text("setsid env -i sh -c "
+                      f"'trap \"\" TERM INT HUP; echo $$ > {tmp_path}/escaped.pid; exec sleep 297.29' &\n"
                       f"while [ ! -s {tmp_path}/escaped.pid ]; do sleep 0.05; done\n")
     job = fake_job(tmp_path, "m", 1, sleep=0, after=f" && sh {escape}")
     t0 = time.monotonic()
