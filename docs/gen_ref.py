@@ -50,8 +50,7 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
 # --------------------------------------------------------------------------- environment
 
 
-_AUDIENCE = {"user": "Set by you", "internal": "Set by flashinfer-sm120 (do not set)",
-             "tests": "Read by the test suite only"}
+_AUDIENCE = {"user": "Set by you", "tests": "Read by the test suite only"}
 
 
 def envvars() -> str:

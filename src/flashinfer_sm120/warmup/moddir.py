@@ -106,30 +106,31 @@ def dry_run(job) -> list[str]:
 
 
 class Step(NamedTuple):
-    """A step's process; ``exited``: a zombie (ninja reaps only at EOF, which a leftover child can hold off)."""
+    """A step's process, running."""
 
     pid: int
     command: str
-    exited: bool
 
 
-def steps(pid: int) -> list[Step]:
-    """Children of ``pid`` running ``/bin/sh -c COMMAND`` (or exited), from Linux ``/proc``."""
-    out = []
+def steps(reaper: int) -> list[Step]:
+    """Children of the processes under ``reaper`` (ninja) running ``/bin/sh -c COMMAND``, from Linux ``/proc``."""
+    parents: dict[int, int] = {}
     for name in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().decode(errors="replace").rsplit(")", 1)[1].split()
-            if int(fields[1]) != pid:
-                continue
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                argv = f.read().decode(errors="replace").split("\0")
+            with open(f"/proc/{name}/stat", "rb") as f:  # "pid (comm) S ppid ...": after the last ')'
+                parents[int(name)] = int(f.read().rsplit(b")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        exited = fields[0] in ("Z", "X")
-        cmd = argv[2] if len(argv) > 2 and argv[1] == "-c" else ""
-        if cmd or exited:  # else forked by ninja, not yet /bin/sh -c: its argv is still ninja's own
-            out.append(Step(int(name), cmd, exited))
+    ninjas = {pid for pid, parent in parents.items() if parent == reaper}
+    out = []
+    for pid in (pid for pid, parent in parents.items() if parent in ninjas):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if len(argv) > 2 and argv[1] == "-c":  # else not yet /bin/sh -c (still ninja's argv), or exited (none)
+            out.append(Step(pid, argv[2]))
     return out
 
 

@@ -13,13 +13,13 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 from filelock import FileLock  # a dependency (and FlashInfer's)
 
 from flashinfer_sm120.errors import PlaceError
 from flashinfer_sm120.safety import proc as _proc
+from flashinfer_sm120.safety import reaper
 from flashinfer_sm120.safety.formats.base import plural
 from flashinfer_sm120.warmup.moddir import STATUS_RE, command, dry_run, ninja_env, step_name, steps, try_take
 
@@ -66,15 +66,13 @@ class _Running:
         self.failed: list[str] = []
         self.in_failure = False
         self.peak_rss: int | None = None
-        self.seen: dict[int, list] = {}  # step pid -> [its file, first seen, SIGTERM sent at, seen exited at]
+        self.seen: dict[int, list] = {}  # step pid -> [its file, first seen, SIGTERM sent at]
         self.running: list = []  # steps running at the last watch()
         self.timed_out: list[str] = []  # what was stopped at its deadline, for the error
-        self.marker = uuid.uuid4().hex  # finds what ninja started, wherever it went (P6)
-        self.proc = subprocess.Popen(command(job, "-j", str(slots)), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, errors="replace",
-                                     env=dict(ninja_env(), **{_proc.MARKER_VAR: self.marker}),
-                                     start_new_session=True,  # its own session: killed whole on exit (P6)
-                                     preexec_fn=_proc.die_with_parent)  # no orphan ninja after a kill -9
+        # under its own reaper: nothing a step leaves holds ninja's output or outlives the build (P6); SIGTERM
+        # to it stops ninja, which stops its compilers, and after _STOP_S kills all; so does this process's death
+        self.proc = _proc.start(command(job, "-j", str(slots)), stdout=subprocess.PIPE, env=ninja_env(),
+                                grace=_STOP_S, text=True, errors="replace")
         self.thread = threading.Thread(target=self._read, args=(events,), daemon=True)
         self.thread.start()
 
@@ -97,25 +95,16 @@ class _Running:
         events.put((self, None))
 
     def watch(self, now: float, step_timeout: float) -> None:
-        """Find the steps ninja runs; kill what an exited step left behind, stop one past ``step_timeout`` (P6)."""
+        """Find the steps ninja runs; stop one past ``step_timeout`` (P6)."""
         self.running = []
-        if self.proc.returncode is None and _proc.exited(self.proc):  # but something holds its output
-            _proc.kill_all(self.proc.pid, self.marker)
-        found = steps(self.proc.pid)
+        found = steps(self.proc.pid)  # what an exited step left, its reaper kills
         for st in found:
-            seen = self.seen.setdefault(st.pid, [step_name(st.command), now, None, None])
-            if st.exited:  # done: what still holds its output open is a leftover
-                _proc.signal_group(st.pid, signal.SIGKILL)  # ninja puts each step in its own group
-                if seen[3] is None:
-                    seen[3] = now
-                elif now - seen[3] > _STOP_S:  # still held: by a process that left ninja's session (P6)
-                    _proc.kill_all(None, self.marker, spare_session=self.proc.pid)
-                continue
+            seen = self.seen.setdefault(st.pid, [step_name(st.command), now, None])
             if now - seen[1] > step_timeout and seen[2] is None:
                 seen[2] = now
                 self.timed_out.append(f"{seen[0]}: stopped after {step_timeout:g} s, the deadline of one step "
                                       "(build --step-timeout MINUTES)")
-                _proc.signal_group(st.pid, signal.SIGTERM)
+                _proc.signal_group(st.pid, signal.SIGTERM)  # ninja puts each step in its own group
             elif seen[2] is not None and now - seen[2] > _STOP_S:
                 _proc.signal_group(st.pid, signal.SIGKILL)
             self.running.append((seen[0], now - seen[1]))
@@ -236,16 +225,19 @@ class _Pool:
         return True
 
     def stop(self) -> None:
-        """SIGTERM every ninja, after ``_STOP_S`` kill all each started (P6), release the locks; signals wait."""
+        """Stop every ninja through its reaper (it kills all ninja started after ``_STOP_S``, P6), release the
+        locks; signals wait."""
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
         try:
             for r in self.running.values():
-                _proc.signal_group(r.proc.pid, signal.SIGTERM)
-            deadline = time.monotonic() + _STOP_S
+                if not _proc.exited(r.proc):  # not reaped yet: the pid is still the reaper's
+                    os.kill(r.proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + _STOP_S + 2 * reaper.KILL_S
             for r in self.running.values():
                 while not _proc.exited(r.proc) and time.monotonic() < deadline:
                     time.sleep(0.05)
-                _proc.kill_all(r.proc.pid if r.proc.returncode is None else None, r.marker)  # reaped: its pid is free
+                if not _proc.exited(r.proc):  # a reaper that does not end: its group
+                    _proc.signal_group(r.proc.pid, signal.SIGKILL)
                 r.proc.wait()
             for r in self.running.values():
                 r.lock.release()
@@ -292,8 +284,7 @@ class _Pool:
             r.pending = None
 
     def finish(self, r: _Running) -> None:
-        rc = r.proc.wait()
-        _proc.kill_all(None, r.marker)  # nothing ninja started outlives it (P6)
+        rc = r.proc.wait()  # its reaper ends once nothing ninja started is left (P6)
         label = r.job.label
         if rc == 0 and "ninja: no work to do." in r.lines:  # built by another process while we waited for its lock
             self.total -= r.steps

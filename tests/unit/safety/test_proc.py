@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from flashinfer_sm120.safety import proc
 from helpers.guards import hang_guard, until
 from helpers.probing import alive_with, kill_all_with
@@ -62,22 +64,57 @@ def test_endless_output_is_capped_and_stopped():
     assert r.truncated and len(r.output) == 4096 and not r.timed_out  # stopped at the cap, not the deadline
 
 
-def test_group_is_killed_before_the_program_is_reaped(monkeypatch):
-    """The program's pid must still be held (an unreaped zombie) when its process
-    group is signalled, so the number cannot have been reused by an unrelated
-    process in between (P6)."""
+def test_the_runner_is_signalled_before_it_is_reaped(monkeypatch):
+    """The pid signalled at the deadline must still be held (running or an unreaped zombie), so the number
+    cannot have been reused by an unrelated process in between (P6)."""
     import os as _os
 
-    from flashinfer_sm120.safety import proc as _proc
-
+    tok = _token()
     seen = []
-    real_killpg = _os.killpg
+    real_kill = _os.kill
 
-    def spy(pgid, sig):
-        seen.append(_os.path.exists(f"/proc/{pgid}"))
-        return real_killpg(pgid, sig)
+    def spy(pid, sig):
+        seen.append(_os.path.exists(f"/proc/{pid}"))
+        return real_kill(pid, sig)
 
-    monkeypatch.setattr(_proc.os, "killpg", spy)
-    res = _proc.run(["/bin/sh", "-c", "echo hi"], timeout=10)
-    assert res.returncode == 0 and res.output.strip() == b"hi"
-    assert seen and all(seen), "the program was reaped before its group was killed"
+    monkeypatch.setattr(proc.os, "kill", spy)
+    try:
+        r = proc.run(["sh", "-c", f"sleep {tok}"], timeout=1)
+        assert r.timed_out and alive_with(f"sleep {tok}") == []
+        assert seen and all(seen), "a pid was signalled after it was reaped"
+    finally:
+        kill_all_with(tok)
+
+
+_EXECED = " until grep -qs '^sleep' /proc/$!/cmdline; do sleep 0.01; done"  # sleep runs, not env before its exec
+
+
+@pytest.mark.parametrize("escape", ["setsid env -i sleep {tok} &" + _EXECED,  # new session, no environment
+                                    "setsid env -i sleep {tok} >/dev/null 2>&1 </dev/null &",  # no pipe held
+                                    "(setsid env -i sh -c 'sleep {tok} & wait' &)"])  # grandchild of an orphan
+def test_a_descendant_that_leaves_session_group_and_environment_is_killed(escape):
+    """Nothing a program leaves, whatever session, group or environment it took, outlives the run (P6)."""
+    tok = _token()
+    try:
+        with hang_guard(120):
+            r = proc.run(["sh", "-c", escape.format(tok=tok) + "\necho done"], timeout=60)
+        assert not r.timed_out and r.returncode == 0 and r.output == b"done\n"
+        assert alive_with(f"sleep {tok}") == []  # gone when the run returns: the reaper waited for it
+    finally:
+        kill_all_with(tok)
+
+
+def test_exit_status_signal_and_a_program_that_cannot_start_are_told_apart(tmp_path):
+    assert proc.run(["sh", "-c", "kill -TERM $$"], timeout=10).returncode == -15
+    (tmp_path / "noexec").write_text("#!/bin/sh\n")
+    r = proc.run([str(tmp_path / "noexec")], timeout=10)
+    assert r.returncode is None and r.errno == 13 and "noexec" in r.error  # EACCES: not executable
+
+
+def test_leave_running_keeps_what_a_program_started_once_it_ended_well():
+    tok = _token()
+    try:
+        r = proc.run(["sh", "-c", f"setsid sleep {tok} >/dev/null 2>&1 &"], timeout=10, leave_running=True)
+        assert r.ok and alive_with(f"sleep {tok}")  # a server (sccache) lives on
+    finally:
+        kill_all_with(tok)

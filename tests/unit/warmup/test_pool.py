@@ -155,7 +155,7 @@ def test_a_killed_build_leaves_no_ninja_or_compiler_running(tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    for _ in range(1200):  # ninja gets SIGTERM as its parent dies, and stops its compilers (60 s under load)
+    for _ in range(1200):  # ninja's reaper gets SIGTERM as its parent dies, and stops all (60 s under load)
         left = [p for p in _with_sleep(mark) if not _zombie(p)]
         if not left:
             break
@@ -201,7 +201,8 @@ def _stubborn(tmp_path, name: str) -> str:
     which keeps the step's output pipe open; returns the path."""
     script = tmp_path / f"{name}.sh"
     script.write_text(f"(trap '' TERM INT HUP; cut -d' ' -f5 /proc/self/stat > {tmp_path}/{name}.pgid; "
-                      "exec sleep 297.27) &\n")
+                      "exec sleep 297.27) &\n"  # the step waits for that file: its reaper kills the child once it ends
+                      f"until [ -s {tmp_path}/{name}.pgid ]; do sleep 0.05; done\n")
     return str(script)
 
 
@@ -219,12 +220,13 @@ def test_a_step_that_exited_is_done_and_its_leftovers_are_killed(tmp_path):
 
 
 def test_a_leftover_that_left_ninjas_session_is_killed_too(tmp_path, monkeypatch):
-    """An nvcc whose child calls setsid() and keeps the step's output open: killing the step's group
-    misses it and ninja waits on the pipe for ever; once the step has exited for the grace period every
-    process carrying the build's marker outside ninja's session is killed (P6)."""
+    """An nvcc whose child calls setsid(), drops its environment and keeps the step's output open: killing the
+    step's group misses it and ninja waits on the pipe for ever; once the step has exited, ninja's reaper, to
+    which it was re-parented, kills it (P6)."""
     monkeypatch.setattr(pool, "_STOP_S", 1)
     escape = tmp_path / "escape.sh"
-    escape.write_text(f"setsid sh -c 'trap \"\" TERM INT HUP; echo $$ > {tmp_path}/escaped.pid; exec sleep 297.29' &\n"
+    escape.write_text("setsid env -i sh -c "
+                      f"'trap \"\" TERM INT HUP; echo $$ > {tmp_path}/escaped.pid; exec sleep 297.29' &\n"
                       f"while [ ! -s {tmp_path}/escaped.pid ]; do sleep 0.05; done\n")
     job = fake_job(tmp_path, "m", 1, sleep=0, after=f" && sh {escape}")
     t0 = time.monotonic()
@@ -316,7 +318,7 @@ def test_only_children_running_a_step_are_steps():
                             start_new_session=True)  # its group is killed at the end: no sleep left behind
     try:
         for _ in range(600):  # until the shell has exec'd
-            found = {st.pid: st for st in steps(os.getpid())}
+            found = {st.pid: st for st in steps(os.getppid())}  # under ninja's parent
             if step.pid in found and found[step.pid].command:
                 break
             time.sleep(0.05)

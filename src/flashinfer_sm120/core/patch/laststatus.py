@@ -29,7 +29,7 @@ _ENV = ("CUDA_HOME", "CUDA_PATH", "PATH", "CONDA_PREFIX", "CUDA_VISIBLE_DEVICES"
         "HOME", "XDG_CACHE_HOME", "SGLANG_CACHE_DIR")
 #: Variables that do not change the answer (``status`` sets QUIET for itself) or change from one
 #: shell to the next; every other one is part of the inputs (hashed: the file holds no values of them).
-_IGNORED = frozenset(("FLASHINFER_SM120_QUIET", "FLASHINFER_SM120_RUN_ID", "FLASHINFER_JIT_VERBOSE", "PWD", "OLDPWD",
+_IGNORED = frozenset(("FLASHINFER_SM120_QUIET", "FLASHINFER_JIT_VERBOSE", "PWD", "OLDPWD",
                       "SHLVL", "_", "COLUMNS", "LINES", "PS1", "PS2", "PROMPT_COMMAND", "TERM", "COLORTERM",
                       "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", "DISPLAY", "TMUX_PANE",
                       "WINDOWID", "HISTFILE", "LS_COLORS", "LESSOPEN", "MAIL", "LOGNAME", "XDG_SESSION_ID"))

@@ -150,3 +150,25 @@ def test_status_is_bounded_when_flashinfer_is_left_unpatched_and_its_nvcc_detach
         assert json.loads(proc.stdout)["mode"] in ("failed", "guard", "patched", "noop"), proc.stderr[-2000:]
     finally:
         kill_all_with(token)
+
+
+@needs_flashinfer
+def test_doctor_neither_waits_for_nor_leaves_a_child_that_left_session_and_environment(tmp_path, clean_env,
+                                                                                         real_nvcc13):
+    """A wrapper nvcc that detaches ``setsid env -i sleep`` holding its output: FlashInfer alone (doctor's child)
+    waited for that pipe until its deadline and said 'hung', and the sleep outlived doctor; the child's reaper
+    kills it as soon as the wrapper has exited (P6)."""
+    token = f"374.{uuid.uuid4().int % 10**6}"
+    (tmp_path / "bin").mkdir()
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.write_text(f'#!/bin/sh\nsetsid env -i sleep {token} &\nexec {real_nvcc13}/bin/nvcc "$@"\n')
+    nvcc.chmod(0o755)
+    env = dict(clean_env, CUDA_HOME=str(tmp_path))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", "doctor", "--arch", "12.0", "--json"],
+                              env=env, capture_output=True, text=True, timeout=GUARD_S)
+        before = json.loads(proc.stdout)["before"]
+        assert str(before.get("cuda_version")).startswith("13.") and "error" not in before, before  # not "hung"
+        assert alive_with(token) == [], "the detached sleep outlived doctor"
+    finally:
+        kill_all_with(token)
