@@ -266,10 +266,11 @@ def check_out(out: str) -> None:
         raise CacheError(f"{out} already exists; {fix}", "exists", fix)
 
 
-def export(labelled: list[tuple[str, dict]], sess: Session, out: str, *,
-           limits: Limits = Limits()) -> list[tuple[str, str]]:
-    """Write the modules of ``(build's name, manifest entry)`` pairs (built here) to ``out``, a directory or an
-    archive, with the same checks and caps for both (P4-P7); ``(build's name, FlashInfer's)`` of each written."""
+def export(labelled: list[tuple[str, dict]], sess: Session, out: str, *, limits: Limits = Limits(),
+           rebuild: str = "flashinfer-sm120 build") -> list[tuple[str, str]]:
+    """Write the modules of ``(build's name, manifest entry)`` pairs (built here, else ``rebuild`` is the fix) to
+    ``out``, a directory or an archive, with the same checks and caps for both (P4-P7); ``(build's name,
+    FlashInfer's)`` of each written."""
     from flashinfer_sm120.safety.ownership import check_place
 
     check_out(out)
@@ -278,8 +279,7 @@ def export(labelled: list[tuple[str, dict]], sess: Session, out: str, *,
     for label, entry in labelled:
         spec = make_spec(entry, sess.flashinfer)
         if not spec.jit_library_path.exists() or dry_run(Job(spec.name, spec.build_dir, spec.ninja_path)):
-            fix = ("build it first (`flashinfer-sm120 build` with the same module names, or --from MANIFEST), "
-                   "with the same CUDA_HOME/PATH as that build if it was made with another nvcc")
+            fix = f"run '{rebuild}' first (with the same CUDA_HOME/PATH as that build if it used another nvcc)"
             raise BuildError(f"{label} is not built (or not up to date) for {nvcc_targets(sess.targets)} with nvcc "
                              f"{sess.cuda_version} in {sess.jit_dir}; {fix}", fix)
         mine = _module_files(spec.build_dir, spec.name, label)
