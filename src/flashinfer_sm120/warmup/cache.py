@@ -33,10 +33,10 @@ from flashinfer_sm120.safety.formats.fields import field
 from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.warmup.moddir import dry_run
 from flashinfer_sm120.warmup.pool import Job
+from flashinfer_sm120.warmup.kinds import TOP
 from flashinfer_sm120.warmup.replay import make_spec
 from flashinfer_sm120.warmup.session import BuildError, Session
 
-TOP = "flashinfer-sm120-cache"
 FORMAT = 1
 MAX_META_BYTES = 64 << 20  # meta.json carries a manifest entry per module
 FIX = "give the path `flashinfer-sm120 cache export` wrote"

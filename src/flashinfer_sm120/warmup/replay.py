@@ -19,6 +19,7 @@ from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.params import parse_generator
 from flashinfer_sm120.safety.formats.reads import loads_json
 from flashinfer_sm120.safety.formats.fields import iter_lines
+from flashinfer_sm120.warmup.kinds import instead
 from flashinfer_sm120.warmup.modules import expand
 from flashinfer_sm120.warmup.session import BuildError, prepare
 
@@ -55,12 +56,12 @@ def load(path: str) -> tuple[list[dict], list[str]]:
                 seen.add(key)
                 entries.append(entry)
     except FormatError as exc:  # missing, not a regular file (/dev/zero, a FIFO), too many lines
-        raise BuildError(str(exc), exc.fix) from None
-    if not entries:
-        raise BuildError(f"manifest {path} holds no module entries"
-                         + (f" ({problems[0]}" + (f"; and {len(problems) - 1} more" if len(problems) > 1 else "")
-                            + ")" if problems else "")
-                         + f"; record one with FLASHINFER_SM120_RECORD={path}")
+        raise BuildError(*(instead(path, "manifest") or (str(exc), exc.fix))) from None
+    if not entries:  # an export given for a manifest says so, not its 20,000 binary lines
+        raise BuildError(*(instead(path, "manifest") or (
+            f"manifest {path} holds no module entries"
+            + (f" ({problems[0]}" + (f"; and {len(problems) - 1} more" if len(problems) > 1 else "")
+               + ")" if problems else "") + f"; record one with FLASHINFER_SM120_RECORD={path}",)))
     return entries, problems
 
 

@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers.child import cli
-from helpers.exports import TOP, tar_bytes, tar_file, tar_header, tar_member
+from helpers.exports import TOP, as_archive, make_export, tar_bytes, tar_file, tar_header, tar_member
 from helpers.untrusted import give_away
 from flashinfer_sm120.warmup import cache, cache_import
 from flashinfer_sm120.warmup.cache import Module
@@ -292,3 +292,22 @@ def test_the_checks_before_flashinfer_is_set_up_refuse_another_release_or_worksp
             cache_import.precheck("x.tar", cache.Meta(other, (), ()))
         assert err.value.kind == "mismatch" and err.value.fix
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_manifest_and_an_export_mixed_up_name_the_right_command(tmp_path, capsys):
+    """`cache import m.jsonl` said "recompress it with gzip", `build --from x.tar.gz` "holds no module entries
+    (...; and 21761 more)", `cache import DIR/flashinfer-sm120-cache` "has no flashinfer-sm120-cache/ folder"."""
+    from flashinfer_sm120.cli import main
+
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"format": 1, "name": "sampling", "flashinfer": "0.7.4", "targets": []}) + "\n")
+    export = make_export(tmp_path / "exp", {"jit/m/m.so": b"so"})
+    archive = as_archive(export, tmp_path / "x.tar.gz")
+    for args, code, fix in (
+            (["cache", "import", str(manifest)], 1, f"flashinfer-sm120 build --from {manifest}"),
+            (["build", "--arch", "12.0", "--from", str(archive)], 2, f"flashinfer-sm120 cache import {archive}"),
+            (["build", "--arch", "12.0", "--from", str(export)], 2, f"flashinfer-sm120 cache import {export}"),
+            (["cache", "import", str(export / TOP)], 1, f"flashinfer-sm120 cache import {export}'")):
+        assert main(args) == code, args
+        err = capsys.readouterr().err
+        assert fix in err.split("Fix:")[-1], (args, err)
