@@ -146,13 +146,14 @@ def member_rel(name: str, src: str) -> str:
     return "/".join(parts[1:])
 
 
-def over_cap(src: str, what: str, limits: Limits, *, per_file: bool) -> CacheError:
-    """The refusal of ``src`` for ``what`` over the per-file cap or ``--max-bytes``.  P6, P8"""
+def over_cap(src: str, what: str, limits: Limits, *, per_file: bool, total: int = 0) -> CacheError:
+    """The refusal of ``src`` for ``what`` over the per-file cap or ``--max-bytes`` (the files' ``total``, which it
+    names with the cap).  P6, P8"""
     if per_file:
         return CacheError(f"{src}: {what}, over the per-file cap of {limits.max_file} bytes (which no "
                           f"option changes); refusing the whole export; {FIX}")
-    fix = "pass a larger --max-bytes if you trust this export, or export fewer modules"
-    return CacheError(f"{src}: {what} than the {limits.max_total}-byte cap of --max-bytes (default 32G); "
+    fix = f"pass --max-bytes {total} or more if you trust this export, or export fewer modules"
+    return CacheError(f"{src}: {what}, over the {limits.max_total}-byte cap of --max-bytes (default 32G); "
                       f"refusing the whole export; {fix}", "limit", fix)
 
 
@@ -179,7 +180,8 @@ def check_sizes(src: str, files: list[tuple[str, int]], limits: Limits, elsewher
             raise over_cap(src, f"{dest} is {size} bytes", limits, per_file=True)
         total += size
         if total > limits.max_total:
-            raise over_cap(src, "its files add up to more", limits, per_file=False)
+            total = sum(size for _, size in files)
+            raise over_cap(src, f"its files add up to {total} bytes", limits, per_file=False, total=total)
         if not archive:
             check_fsize(src, str(dest), size)
         root = deepest_existing(str(archive or dest))

@@ -53,7 +53,8 @@ def _walk(src: str, limits: Limits, meta: Meta | None = None, into: Path | None 
                 raise over_cap(src, f"member {shown(m.name)} is {size} bytes", limits, per_file=True)
             total += size
             if total > limits.max_total:
-                raise over_cap(src, "its files add up to more", limits, per_file=False)
+                raise over_cap(src, f"its files add up to at least {total} bytes (counted up to this member)", limits,
+                               per_file=False, total=total)
             if rel not in (files if m.isfile() else dirs):
                 raise refused(src, f"member {shown(m.name)} is not listed in meta.json")
             if into is not None and m.isfile():

@@ -165,3 +165,12 @@ def test_a_link_or_special_file_in_the_workspace_is_named_as_local_not_dropped(t
         cache._module_files(mod, "m", "sampling")
     e = exc.value
     assert str(bad) in str(e) and e.kind == "path" and "build sampling" in e.fix and cache.FIX not in str(e), e
+
+
+def test_the_max_bytes_refusal_names_the_total_and_the_cap(tmp_path):
+    """The --max-bytes refusal named the cap but not what the files add up to, nor the value that would pass."""
+    files = [(str(tmp_path / "m" / name), 600) for name in ("a.o", "m.so")]
+    with pytest.raises(cache.CacheError) as exc:
+        cache.check_sizes("export", files, cache.Limits(max_total=1000), "export elsewhere")
+    assert exc.value.kind == "limit" and "1200 bytes" in str(exc.value) and "1000" in str(exc.value)
+    assert "--max-bytes 1200" in exc.value.fix
