@@ -271,8 +271,11 @@ def test_a_member_over_the_per_file_cap_names_that_cap_not_max_bytes(tmp_path):
         cache_import.check(str(src))
     msg = str(err.value)
     assert "per-file cap of 8589934592 bytes" in msg and "--max-bytes" not in msg, msg
-    with pytest.raises(BuildError, match=r"more than the 1048576-byte cap of --max-bytes"):
+    with pytest.raises(BuildError) as err:
         cache_import.check(str(src), cache.Limits(max_total=1 << 20, max_file=1 << 40))
+    msg = str(err.value)  # the total so far and the cap that refused it, and a --max-bytes that passes it
+    assert f"{30_000 << 20} bytes" in msg and "1048576-byte cap of --max-bytes" in msg, msg
+    assert f"--max-bytes {30_000 << 20}" in err.value.fix
 
 
 def test_the_checks_before_flashinfer_is_set_up_refuse_another_release_or_workspace_only(tmp_path, monkeypatch):
