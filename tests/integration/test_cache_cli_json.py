@@ -61,8 +61,8 @@ def test_export_failures_are_one_document_each(env, tmp_path):
     doc = _failure(cli(["cache", "export", out, "--from", str(tmp_path / "none.jsonl"), "--json"], env),
                    "out", "manifest")
     assert "none.jsonl" in doc["error"]["message"]
-    doc = _failure(cli(["cache", "export", out, "no_such_module", "--arch", "12.0", "--json"], env), "out", "module")
-    assert "no_such_module" in doc["error"]["message"]
+    doc = _failure(cli(["cache", "export", out, "samplng", "--arch", "12.0", "--json"], env), "out", "usage", 2)
+    assert "samplng" in doc["error"]["message"] and "sampling" in doc["error"]["fix"]  # bad usage, as for build
     doc = _failure(cli(["cache", "export", out, "sampling", "--arch", "sm_999x", "--json"], env), "out", "arch", 2)
     assert "sm_999x" in doc["error"]["message"]
     doc = _failure(cli(["cache", "export", out, "--json"], env), "out", "usage", 2)
@@ -74,6 +74,10 @@ def test_export_failures_are_one_document_each(env, tmp_path):
     doc = _failure(cli(["cache", "export", out, "sampling", "--arch", "12.0", "--json"], env), "out", "export")
     msg = doc["error"]["message"]  # not built for this toolkit: which targets, nvcc and workspace were looked in
     assert "sampling is not built" in msg and "sm_120f with nvcc 13." in msg and "/cached_ops" in msg, msg
+    assert "'flashinfer-sm120 build --arch 12.0 sampling'" in doc["error"]["fix"]  # not 'run doctor'
+    doc = _failure(cli(["cache", "export", out, "decode", "--dtype", "fp16", "--arch", "12.0", "--json"], env),
+                   "out", "export")
+    assert "'flashinfer-sm120 build --arch 12.0 decode --dtype fp16'" in doc["error"]["fix"], doc
     (tmp_path / "taken").write_text("")
     doc = _failure(cli(["cache", "export", str(tmp_path / "taken"), "--all", "--json"], env), "out", "exists")
     assert "already exists" in doc["error"]["message"]

@@ -79,6 +79,7 @@ def run_export(args: argparse.Namespace) -> int:
     try:
         cache.check_out(args.out)  # threat-model: P4 (before FlashInfer is set up)
         stage = "manifest" if args.manifest else "module"
+        arch = args.arch
         if args.manifest:
             labelled, skipped, sess = _manifest_entries(args)
         else:
@@ -93,7 +94,7 @@ def run_export(args: argparse.Namespace) -> int:
                 kv_dtypes=args.kv_dtype, acts=args.act)
         doc["fingerprint"] = sess.fingerprint()
         stage = "export"
-        names = cache.export(labelled, sess, args.out, limits=_limits(args))
+        names = cache.export(labelled, sess, args.out, limits=_limits(args), rebuild=_rebuild(args, arch))
     except (Sm120Error, OSError) as exc:  # BuildError, ModuleError, FormatError...: one document each
         return _failed(args, doc, stage, exc)
     doc["modules"] = ([{"module": label, "name": n, "status": "exported"} for label, n in names]
@@ -109,6 +110,18 @@ def run_export(args: argparse.Namespace) -> int:
     for label, _ in names:
         print(f"  {label}")
     return 0
+
+
+def _rebuild(args: argparse.Namespace, arch: str | None) -> str:
+    """The ``build`` command that makes what this export names, for the targets it exports (``arch``)."""
+    import shlex
+
+    words = ["flashinfer-sm120", "build", *(["--arch", arch] if arch else [])]
+    if args.manifest:
+        return shlex.join([*words, "--from", args.manifest])
+    flags = [(f, v) for f, v in (("--head-dim", args.head_dim), ("--dtype", args.dtype),
+                                 ("--kv-dtype", args.kv_dtype), ("--act", args.act)) if v]
+    return shlex.join([*words, *args.modules, *(w for fv in flags for w in fv)])
 
 
 def _built_arch() -> str | None:

@@ -129,7 +129,8 @@ def smoke_lines(result: dict) -> list[str]:
     else:
         step = next((s for s in result["steps"] if s["name"] == result["failed"]), {})
         lines = [_one_line(f"PROBLEM: the smoke check failed at step '{result['failed']}': {step.get('detail', '')}"),
-                 "  Fix: see the step's output below; 'flashinfer-sm120 doctor' gives the full report"]
+                 "  Fix: " + (result.get("fix") or "see the step's output below; 'flashinfer-sm120 doctor' gives "
+                              "the full report")]
     for s in result["steps"]:
         lines.append(f"  {s['name']:<10}  {s['status']:<7}  {s['seconds']:>5.1f} s  {s['detail']}")
         lines += ["      " + ln for ln in s["output"].splitlines()]

@@ -108,23 +108,28 @@ def _site_lock(site_dir: str):
             os.close(fd)  # releases the lock
 
 
-def _check_site_dir(args: argparse.Namespace) -> None:
-    """``--site-dir ""`` (an unset shell variable) must not widen to every site directory."""
-    if args.site_dir is not None and not args.site_dir.strip():
+def _check_site_dir(args: argparse.Namespace) -> str | None:
+    """``--site-dir`` for both commands: an empty one (an unset shell variable) must not widen to every site
+    directory, and one Python never reads (a typo, /etc) is bad usage, not 'nothing to remove'."""
+    if args.site_dir is None:
+        return None
+    if not args.site_dir.strip():
         raise UsageError(f"--site-dir is empty (an unset variable?): give the directory to "
                          f"{args.cmd} the autoload in, or leave --site-dir out for {_purelib()}")
+    target_dir = os.path.abspath(args.site_dir)
+    if not (os.path.isdir(target_dir) and is_site_dir(target_dir)):
+        raise UsageError(f"--site-dir {args.site_dir!r} is not an existing site directory: Python reads .pth files "
+                         f"only in directories named site-packages or dist-packages and in this interpreter's "
+                         f"own ({', '.join(site_dirs()) or 'none'})", f"give one of those, or leave --site-dir "
+                         f"out for {_purelib()}")
+    return target_dir
 
 
 def _enable(args: argparse.Namespace) -> int:
     py = f"{sys.executable} (Python {sys.version_info.major}.{sys.version_info.minor})"
-    _check_site_dir(args)
-    if args.site_dir:
-        target_dir = os.path.abspath(args.site_dir)
-        if not (os.path.isdir(target_dir) and is_site_dir(target_dir)):  # a typo or /etc: never read, so refused
-            raise UsageError(f"--site-dir {args.site_dir!r} is not an existing site directory: Python reads .pth files "
-                             f"only in directories named site-packages or dist-packages and in this interpreter's "
-                             f"own ({', '.join(site_dirs()) or 'none'})", f"give one of those, or leave --site-dir "
-                             f"out for {_purelib()}")
+    site_dir = _check_site_dir(args)
+    if site_dir:
+        target_dir = site_dir
         who = f"processes of {py} (or another Python) that read {target_dir} as a site directory"
     elif args.user:
         problem = user_site_problem()
@@ -191,9 +196,8 @@ def _enable(args: argparse.Namespace) -> int:
 
 
 def _disable(args: argparse.Namespace) -> int:
-    _check_site_dir(args)
     removed, failed, left = [], [], []
-    dirs = _targets_for_disable(args.site_dir)
+    dirs = _targets_for_disable(_check_site_dir(args))
     for d in dirs:
         with _site_lock(d):
             _sweep_tmp(d)

@@ -33,10 +33,10 @@ from flashinfer_sm120.safety.formats.fields import field
 from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.warmup.moddir import dry_run
 from flashinfer_sm120.warmup.pool import Job
+from flashinfer_sm120.warmup.kinds import TOP
 from flashinfer_sm120.warmup.replay import make_spec
 from flashinfer_sm120.warmup.session import BuildError, Session
 
-TOP = "flashinfer-sm120-cache"
 FORMAT = 1
 MAX_META_BYTES = 64 << 20  # meta.json carries a manifest entry per module
 FIX = "give the path `flashinfer-sm120 cache export` wrote"
@@ -146,13 +146,14 @@ def member_rel(name: str, src: str) -> str:
     return "/".join(parts[1:])
 
 
-def over_cap(src: str, what: str, limits: Limits, *, per_file: bool) -> CacheError:
-    """The refusal of ``src`` for ``what`` over the per-file cap or ``--max-bytes``.  P6, P8"""
+def over_cap(src: str, what: str, limits: Limits, *, per_file: bool, total: int = 0) -> CacheError:
+    """The refusal of ``src`` for ``what`` over the per-file cap or ``--max-bytes`` (the files' ``total``, which it
+    names with the cap).  P6, P8"""
     if per_file:
         return CacheError(f"{src}: {what}, over the per-file cap of {limits.max_file} bytes (which no "
                           f"option changes); refusing the whole export; {FIX}")
-    fix = "pass a larger --max-bytes if you trust this export, or export fewer modules"
-    return CacheError(f"{src}: {what} than the {limits.max_total}-byte cap of --max-bytes (default 32G); "
+    fix = f"pass --max-bytes {total} or more if you trust this export, or export fewer modules"
+    return CacheError(f"{src}: {what}, over the {limits.max_total}-byte cap of --max-bytes (default 32G); "
                       f"refusing the whole export; {fix}", "limit", fix)
 
 
@@ -179,7 +180,8 @@ def check_sizes(src: str, files: list[tuple[str, int]], limits: Limits, elsewher
             raise over_cap(src, f"{dest} is {size} bytes", limits, per_file=True)
         total += size
         if total > limits.max_total:
-            raise over_cap(src, "its files add up to more", limits, per_file=False)
+            total = sum(size for _, size in files)
+            raise over_cap(src, f"its files add up to {total} bytes", limits, per_file=False, total=total)
         if not archive:
             check_fsize(src, str(dest), size)
             root = deepest_existing(str(dest))
@@ -294,10 +296,11 @@ def check_out(out: str) -> None:
         raise CacheError(f"{out} already exists; {fix}", "exists", fix)
 
 
-def export(labelled: list[tuple[str, dict]], sess: Session, out: str, *,
-           limits: Limits = Limits()) -> list[tuple[str, str]]:
-    """Write the modules of ``(build's name, manifest entry)`` pairs (built here) to ``out``, a directory or an
-    archive, with the same checks and caps for both (P4-P7); ``(build's name, FlashInfer's)`` of each written."""
+def export(labelled: list[tuple[str, dict]], sess: Session, out: str, *, limits: Limits = Limits(),
+           rebuild: str = "flashinfer-sm120 build") -> list[tuple[str, str]]:
+    """Write the modules of ``(build's name, manifest entry)`` pairs (built here, else ``rebuild`` is the fix) to
+    ``out``, a directory or an archive, with the same checks and caps for both (P4-P7); ``(build's name,
+    FlashInfer's)`` of each written."""
     from flashinfer_sm120.safety.ownership import check_place
 
     check_out(out)
@@ -306,8 +309,7 @@ def export(labelled: list[tuple[str, dict]], sess: Session, out: str, *,
     for label, entry in labelled:
         spec = make_spec(entry, sess.flashinfer)
         if not spec.jit_library_path.exists() or dry_run(Job(spec.name, spec.build_dir, spec.ninja_path)):
-            fix = ("build it first (`flashinfer-sm120 build` with the same module names, or --from MANIFEST), "
-                   "with the same CUDA_HOME/PATH as that build if it was made with another nvcc")
+            fix = f"run '{rebuild}' first (with the same CUDA_HOME/PATH as that build if it used another nvcc)"
             raise BuildError(f"{label} is not built (or not up to date) for {nvcc_targets(sess.targets)} with nvcc "
                              f"{sess.cuda_version} in {sess.jit_dir}; {fix}", fix)
         mine = _module_files(spec.build_dir, spec.name, label)

@@ -20,9 +20,10 @@ from flashinfer_sm120.safety.formats.reads import loads_json, read_bytes
 from flashinfer_sm120.safety.formats.tar import TarReader
 from flashinfer_sm120.safety.fs.atomic import make_private
 from flashinfer_sm120.warmup import moddir, pool
-from flashinfer_sm120.warmup.cache import (FIX, MAX_META_BYTES, TOP, CacheError, Limits, Meta, Module,
+from flashinfer_sm120.warmup.cache import (FIX, MAX_META_BYTES, CacheError, Limits, Meta, Module,
                                            check_fsize, check_sizes, copy_file, file_sha256, format_errors,
                                            member_rel, nvcc_targets, over_cap, parse_meta, refused)
+from flashinfer_sm120.warmup.kinds import TOP, instead
 from flashinfer_sm120.warmup.replay import CannotRegenerate, make_spec
 from flashinfer_sm120.warmup.session import Session
 
@@ -52,7 +53,8 @@ def _walk(src: str, limits: Limits, meta: Meta | None = None, into: Path | None 
                 raise over_cap(src, f"member {shown(m.name)} is {size} bytes", limits, per_file=True)
             total += size
             if total > limits.max_total:
-                raise over_cap(src, "its files add up to more", limits, per_file=False)
+                raise over_cap(src, f"its files add up to at least {total} bytes (counted up to this member)", limits,
+                               per_file=False, total=total)
             if rel not in (files if m.isfile() else dirs):
                 raise refused(src, f"member {shown(m.name)} is not listed in meta.json")
             if into is not None and m.isfile():
@@ -80,7 +82,18 @@ def _top(src: str) -> Path:
 
 def check(src: str, limits: Limits = Limits()) -> Meta:
     """The meta.json of an export, checked without writing: an archive whole; a directory's meta.json and its
-    entries' names, as an archive's members are (P7; its files are checked one by one when installed)."""
+    entries' names, as an archive's members are (P7; its files are checked one by one when installed); a
+    manifest or the folder inside an export is refused naming what to give instead."""
+    try:
+        return _check(src, limits)
+    except CacheError:
+        other = instead(src, "export")
+        if other is None:
+            raise
+        raise CacheError(other[0], "archive", other[1]) from None
+
+
+def _check(src: str, limits: Limits) -> Meta:
     if not os.path.isdir(src):
         return _walk(src, limits)
     name, top = f"{src}/{TOP}/meta.json", _top(src)

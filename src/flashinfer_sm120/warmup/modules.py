@@ -19,7 +19,9 @@ from flashinfer_sm120.safety.formats.base import some
 
 
 class ModuleError(Sm120Error, ValueError):
-    """A module name or variant flag ``build`` does not know; the message names the fix."""
+    """A module name or variant flag ``build`` does not know: bad usage (exit 2) wherever it is given."""
+
+    kind = "usage"
 
 
 #: ``--dtype`` spellings -> torch dtype attribute names (q, o; kv unless ``--kv-dtype``).
@@ -207,7 +209,7 @@ def _csv(value: str | None, default: tuple, flag: str, allowed, parse=str) -> li
     choices = [str(a) for a in allowed]
     bad = next((p for p in parts if p not in choices), None) if parts else value
     if bad is not None:
-        raise ModuleError(f"{flag} {bad!r} is not one build knows; choose from {', '.join(choices)}")
+        raise ModuleError(f"{flag} {bad!r} is not one build knows", f"choose from {', '.join(choices)}")
     return [parse(p) for p in parts]
 
 
@@ -220,9 +222,9 @@ def expand(names: list[str], *, head_dims: str | None = None, dtypes: str | None
     unknown = [n for n in names if n not in NAMES]
     if unknown:
         close = difflib.get_close_matches(unknown[0].lower(), [*NAMES, "all"], n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]!r}?" if close else "."
-        raise ModuleError(f"unknown module(s) {some(unknown)}{hint} Choose from {', '.join(NAMES)} "
-                          "(or all); `flashinfer-sm120 build --list` describes each")
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ModuleError(f"unknown module(s) {some(unknown)}{hint}", f"choose from {', '.join(NAMES)} (or all); "
+                          "`flashinfer-sm120 build --list` describes each")
     hds = _csv(head_dims, (128,), "--head-dim", HEAD_DIMS, int)
     dts = _csv(dtypes, ("bf16",), "--dtype", DTYPES)
     kvs = _csv(kv_dtypes, (), "--kv-dtype", DTYPES) if kv_dtypes else [None]

@@ -19,6 +19,7 @@ from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.params import parse_generator
 from flashinfer_sm120.safety.formats.reads import loads_json
 from flashinfer_sm120.safety.formats.fields import iter_lines
+from flashinfer_sm120.warmup.kinds import instead
 from flashinfer_sm120.warmup.modules import expand
 from flashinfer_sm120.warmup.session import BuildError, prepare
 
@@ -55,12 +56,12 @@ def load(path: str) -> tuple[list[dict], list[str]]:
                 seen.add(key)
                 entries.append(entry)
     except FormatError as exc:  # missing, not a regular file (/dev/zero, a FIFO), too many lines
-        raise BuildError(str(exc), exc.fix) from None
-    if not entries:
-        raise BuildError(f"manifest {path} holds no module entries"
-                         + (f" ({problems[0]}" + (f"; and {len(problems) - 1} more" if len(problems) > 1 else "")
-                            + ")" if problems else "")
-                         + f"; record one with FLASHINFER_SM120_RECORD={path}")
+        raise BuildError(*(instead(path, "manifest") or (str(exc), exc.fix))) from None
+    if not entries:  # an export given for a manifest says so, not its 20,000 binary lines
+        raise BuildError(*(instead(path, "manifest") or (
+            f"manifest {path} holds no module entries"
+            + (f" ({problems[0]}" + (f"; and {len(problems) - 1} more" if len(problems) > 1 else "")
+               + ")" if problems else "") + f"; record one with FLASHINFER_SM120_RECORD={path}",)))
     return entries, problems
 
 
@@ -79,20 +80,27 @@ def arch_for(entries: list[dict], arch: str | None) -> str | None:
 
 
 def specs(variants: list, entries: list[dict], flashinfer_version: str) -> tuple[list[tuple[str, object]], list[tuple[str, str]]]:
-    """``(label, spec)`` for named variants and recorded entries alike (one path into the plan), and
-    ``(name, why)`` for each that this FlashInfer cannot make."""
-    made, not_made = [], []
+    """``(label, spec)`` for named variants and recorded entries alike (one path into the plan), each FlashInfer
+    module once (its build directory) under build's name where it has one, and ``(name, why)`` for each not made."""
+    made: dict[str, tuple[str, object]] = {}
+    not_made = []
     for v in variants:
         try:
-            made.append((v.label, v.spec()))
+            spec = v.spec()
         except Exception as exc:  # FlashInfer refuses this combination: said, the rest is built
             not_made.append((v.label, f"FlashInfer's {v.getter.name} raised {exc!r}"))
+            continue
+        made.setdefault(spec.name, (v.label, spec))
     for entry in entries:  # each checked by load() and again by make_spec
+        if entry["name"] in made:  # named too (or recorded for other targets): built and reported once
+            continue
         try:
-            made.append((entry["name"], make_spec(entry, flashinfer_version)))
+            spec = make_spec(entry, flashinfer_version)
         except CannotRegenerate as exc:
             not_made.append((entry["name"], str(exc)))
-    return made, not_made
+            continue
+        made.setdefault(spec.name, (entry["name"], spec))
+    return list(made.values()), not_made
 
 
 def built_entries(names: list[str], everything: bool, arch: str | None, *, head_dims=None, dtypes=None,

@@ -140,3 +140,20 @@ def test_build_as_root_with_a_users_home_refuses_before_importing_flashinfer(sha
     doc = json.loads(proc.stdout)
     assert doc["ok"] is False and doc["error"].startswith("FlashInfer was not imported: ")
     assert str(home) in doc["error"] and "sudo -H" in doc["error"] and "FLASHINFER_WORKSPACE_BASE" in doc["error"]
+
+
+def test_a_module_named_and_recorded_is_built_and_reported_once_under_builds_name(monkeypatch):
+    """``build --from MANIFEST sampling`` reported ``up to date sampling`` twice, and with ``decode`` both
+    ``decode-bf16-hd128`` and FlashInfer's ``batch_decode_with_kv_cache_...``: one module under two names."""
+    from types import SimpleNamespace as NS
+
+    from flashinfer_sm120.warmup import replay
+
+    monkeypatch.setattr(replay, "make_spec", lambda entry, _release: NS(name=entry["name"]))
+    named = (("sampling", "sampling"), ("decode-bf16-hd128", "batch_decode_long"), ("decode-again", "batch_decode_long"))
+    variants = [NS(label=label, spec=lambda n=name: NS(name=n)) for label, name in named]
+    entries = [{"name": n} for n in ("sampling", "batch_decode_long", "rope", "rope")]  # rope: two target sets
+    made, not_made = replay.specs(variants, entries, "0.7.4")
+    assert [(label, spec.name) for label, spec in made] == [
+        ("sampling", "sampling"), ("decode-bf16-hd128", "batch_decode_long"), ("rope", "rope")]
+    assert not_made == []

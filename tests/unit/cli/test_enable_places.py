@@ -48,3 +48,14 @@ def test_enables_undo_is_one_command_that_removes_both_files(site_packages, caps
     assert f"Undo: '{undo}' removes both files;" in out and "delete that file" not in out
     assert main(shlex.split(undo)[1:]) == 0
     assert not [p for p in site_packages.iterdir() if p.name != "__pycache__"]
+
+
+@pytest.mark.parametrize("cmd", ["enable", "disable"])
+@pytest.mark.parametrize("where", ["typo", "elsewhere"])
+def test_site_dir_that_python_never_reads_is_bad_usage_for_both_commands(site_packages, tmp_path, cmd, where, capsys):
+    """``disable --site-dir .venv/lib/python3.11/site-package`` (a typo) said 'nothing to remove', exit 0, while
+    ``enable`` refused the same path with exit 2: one check of ``--site-dir`` for both."""
+    bad = str(site_packages)[:-1] if where == "typo" else str(tmp_path)
+    assert main([cmd, "--site-dir", bad]) == 2
+    err = capsys.readouterr().err
+    assert repr(bad) in err and "Fix: give one of those, or leave --site-dir out" in err

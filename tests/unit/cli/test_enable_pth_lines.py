@@ -147,7 +147,7 @@ def test_disable_as_root_keeps_another_uids_copies_of_our_files(tmp_path, capsys
         import pytest
 
         pytest.skip("needs root to own files as another uid")
-    shared = tmp_path / "shared"
+    shared = tmp_path / "site-packages"
     shared.mkdir()
     shared.chmod(0o1777)
     for name, text in pth_files().items():  # exact copies of what enable writes, theirs

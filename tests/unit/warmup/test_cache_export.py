@@ -232,3 +232,12 @@ def test_the_space_estimate_is_an_upper_bound_of_what_is_written_property(tmp_pa
     with mock.patch.object(shutil, "disk_usage", lambda _p: usage._replace(free=used - 1)):
         with pytest.raises(cache.CacheError, match="free"):
             cache.check_sizes(str(out), wanted, cache.Limits(), "elsewhere", archive=str(out) if "." in name else None)
+
+
+def test_the_max_bytes_refusal_names_the_total_and_the_cap(tmp_path):
+    """The --max-bytes refusal named the cap but not what the files add up to, nor the value that would pass."""
+    files = [(str(tmp_path / "m" / name), 600) for name in ("a.o", "m.so")]
+    with pytest.raises(cache.CacheError) as exc:
+        cache.check_sizes("export", files, cache.Limits(max_total=1000), "export elsewhere")
+    assert exc.value.kind == "limit" and "1200 bytes" in str(exc.value) and "1000" in str(exc.value)
+    assert "--max-bytes 1200" in exc.value.fix

@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers.child import cli
-from helpers.exports import TOP, tar_bytes, tar_file, tar_header, tar_member
+from helpers.exports import TOP, as_archive, make_export, tar_bytes, tar_file, tar_header, tar_member
 from helpers.untrusted import give_away
 from flashinfer_sm120.warmup import cache, cache_import
 from flashinfer_sm120.warmup.cache import Module
@@ -271,8 +271,11 @@ def test_a_member_over_the_per_file_cap_names_that_cap_not_max_bytes(tmp_path):
         cache_import.check(str(src))
     msg = str(err.value)
     assert "per-file cap of 8589934592 bytes" in msg and "--max-bytes" not in msg, msg
-    with pytest.raises(BuildError, match=r"more than the 1048576-byte cap of --max-bytes"):
+    with pytest.raises(BuildError) as err:
         cache_import.check(str(src), cache.Limits(max_total=1 << 20, max_file=1 << 40))
+    msg = str(err.value)  # the total so far and the cap that refused it, and a --max-bytes that passes it
+    assert f"{30_000 << 20} bytes" in msg and "1048576-byte cap of --max-bytes" in msg, msg
+    assert f"--max-bytes {30_000 << 20}" in err.value.fix
 
 
 def test_the_checks_before_flashinfer_is_set_up_refuse_another_release_or_workspace_only(tmp_path, monkeypatch):
@@ -292,3 +295,22 @@ def test_the_checks_before_flashinfer_is_set_up_refuse_another_release_or_worksp
             cache_import.precheck("x.tar", cache.Meta(other, (), ()))
         assert err.value.kind == "mismatch" and err.value.fix
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_manifest_and_an_export_mixed_up_name_the_right_command(tmp_path, capsys):
+    """`cache import m.jsonl` said "recompress it with gzip", `build --from x.tar.gz` "holds no module entries
+    (...; and 21761 more)", `cache import DIR/flashinfer-sm120-cache` "has no flashinfer-sm120-cache/ folder"."""
+    from flashinfer_sm120.cli import main
+
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"format": 1, "name": "sampling", "flashinfer": "0.7.4", "targets": []}) + "\n")
+    export = make_export(tmp_path / "exp", {"jit/m/m.so": b"so"})
+    archive = as_archive(export, tmp_path / "x.tar.gz")
+    for args, code, fix in (
+            (["cache", "import", str(manifest)], 1, f"flashinfer-sm120 build --from {manifest}"),
+            (["build", "--arch", "12.0", "--from", str(archive)], 2, f"flashinfer-sm120 cache import {archive}"),
+            (["build", "--arch", "12.0", "--from", str(export)], 2, f"flashinfer-sm120 cache import {export}"),
+            (["cache", "import", str(export / TOP)], 1, f"flashinfer-sm120 cache import {export}'")):
+        assert main(args) == code, args
+        err = capsys.readouterr().err
+        assert fix in err.split("Fix:")[-1], (args, err)

@@ -36,10 +36,15 @@ _mutex = threading.Lock()
 
 
 def install_if_enabled() -> None:
-    """Register the recorder if ``FLASHINFER_SM120_RECORD`` names a file; never raises."""
+    """Register the recorder if ``FLASHINFER_SM120_RECORD`` names a file by an absolute path; never raises."""
     try:
         path = os.environ.get(ENV, "").strip()
         if not path or env_flag("FLASHINFER_SM120_DISABLE") or _state["installed"]:
+            return
+        if not os.path.isabs(path):  # workers start in other directories: each would write its own file
+            logger.warning("flashinfer-sm120: %s=%r is a relative path, so nothing is recorded: worker processes "
+                           "that start elsewhere would each write their own manifest. Fix: give an absolute path "
+                           "(export %s=%s)", ENV, path, ENV, os.path.join(os.getcwd(), path))
             return
         import wrapt
 
@@ -142,7 +147,7 @@ def encode_value(value: Any, depth: int = 0) -> Any:
 def _record(spec) -> None:
     try:
         path = os.environ.get(ENV, "").strip()
-        if not path or spec is None:
+        if not os.path.isabs(path) or spec is None:  # unset, or relative (refused by install_if_enabled)
             return
         from flashinfer import __version__ as fi_version
         from flashinfer.jit import core
@@ -169,12 +174,8 @@ def _record(spec) -> None:
 
 def _why(exc: BaseException, path: str | None) -> str:
     """What went wrong, in words (P8: by errno and kind, never an exception's repr)."""
-    from filelock import Timeout
-
     from flashinfer_sm120.safety import oserrors
 
-    if isinstance(exc, Timeout):
-        return f"its lock {exc.lock_file} stayed taken for {_LOCK_TIMEOUT_S:g} s"
     if isinstance(exc, OSError) and exc.errno:
         return oserrors.describe(exc, exc.filename or path).message
     return str(exc) or type(exc).__name__
@@ -189,8 +190,9 @@ def _refuse_target(st: os.stat_result, path: str) -> None:
 
 
 def append(path: str, entry: dict) -> None:
-    """Append ``entry`` as one JSON line under ``path + '.lock'``; :raises PlaceError, OSError, filelock.Timeout."""
-    from filelock import FileLock
+    """Append ``entry`` as one JSON line under a ``flock`` of the manifest itself; :raises PlaceError, OSError."""
+    import fcntl
+    import time
 
     from flashinfer_sm120.safety.ownership import check_place
 
@@ -204,24 +206,30 @@ def append(path: str, entry: dict) -> None:
         raise PlaceError(str(problem))
     if not os.path.isdir(where):
         raise OSError(f"{where} (the directory of {ENV}={path}) does not exist")
-    try:  # P4: what the lock would be made for is checked before the lock is made, and again under it
+    try:  # P4: what would be created is checked before it is, and again once open
         _refuse_target(os.lstat(path), path)
     except FileNotFoundError:
         pass
-    # a lock file that cannot be made (/proc/self/fd, a read-only place) fails now, not after 10 s of retries
-    os.close(os.open(path + ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644))
-    with FileLock(path + ".lock", timeout=_LOCK_TIMEOUT_S, thread_local=False):
-        # non-blocking open: a FIFO without a reader must not hang FlashInfer's build_and_load
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW,
-                     0o644)
-        try:
-            _refuse_target(os.fstat(fd), path)
-            os.set_blocking(fd, True)
-            view = memoryview(line)
-            while view:  # a short write (disk full, signal) continues, still under the lock
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
+    # non-blocking open: a FIFO without a reader must not hang FlashInfer's build_and_load
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    try:
+        _refuse_target(os.fstat(fd), path)
+        deadline = time.monotonic() + _LOCK_TIMEOUT_S
+        while True:  # threat-model: P4, P5: workers serialise on the manifest itself, no lock file beside it
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{path} stayed locked by another recording process for "
+                                       f"{_LOCK_TIMEOUT_S:g} s") from None
+                time.sleep(0.02)
+        os.set_blocking(fd, True)
+        view = memoryview(line)
+        while view:  # a short write (disk full, signal) continues, still under the lock
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def encode(spec, flashinfer_version: str, targets: list[str]) -> dict:

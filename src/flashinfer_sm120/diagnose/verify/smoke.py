@@ -78,16 +78,21 @@ sys.stdout.write("\n@@" + json.dumps(out) + "\n")
 class _Failed(Sm120Error):
     """A step failed: the message says why, ``output`` is the end of what its tool printed."""
 
-    def __init__(self, detail: str, output: str = "") -> None:
-        super().__init__(detail)
+    def __init__(self, detail: str, output: str = "", fix: str = "") -> None:
+        super().__init__(detail, fix)
         self.output = output
+
+
+def _more_time(st: dict) -> str:
+    """The fix of a step stopped by the one deadline."""
+    return f"give the smoke check more than {st['timeout']:g} s: --timeout SECONDS (default {SMOKE_TIMEOUT_S:g})"
 
 
 def _left(st: dict) -> float:
     """Seconds left of the one deadline; none left fails the step before it starts its tool."""
     left = st["deadline"] - time.monotonic()
     if left <= 0:
-        raise _Failed(f"the smoke check's {st['timeout']:g} s were used up before this step")
+        raise _Failed(f"the smoke check's {st['timeout']:g} s were used up before this step", fix=_more_time(st))
     return left
 
 
@@ -163,7 +168,7 @@ def _ninja(st: dict, what: str, *targets: str) -> str:
                    max_output=1 << 20, env=env)
     if not res.ok:
         raise _Failed(f"{what} failed ({'timed out' if res.timed_out else res.error or f'exit {res.returncode}'})",
-                      res.text())
+                      res.text(), _more_time(st) if res.timed_out else "")
     return f"{what} with {ninja}"
 
 
@@ -205,7 +210,7 @@ def _load(st: dict) -> str:
     line = next((ln for ln in reversed(res.text().splitlines()) if ln.startswith("@@")), None)
     if line is None:
         raise _Failed(f"the child process printed no result ({'timed out' if res.timed_out else res.returncode})",
-                      res.text())
+                      res.text(), _more_time(st) if res.timed_out else "")
     out = st["child"] = loads_json(line[2:], "the smoke child's result")
     if out.get("loaded") is not True:
         raise _Failed(f"loading the .so failed: {out.get('error')}")
@@ -243,10 +248,11 @@ def _gpu_visible() -> bool:
 
 
 def run_smoke(timeout: float = SMOKE_TIMEOUT_S) -> dict:
-    """The smoke check within ``timeout`` seconds; never raises: a failure is a failed step, the rest skipped."""
+    """The smoke check within ``timeout`` seconds; never raises: a failure is a failed step (``fix``: its own, if it
+    names one), the rest skipped."""
     start = time.monotonic()
     st: dict = {"home": None, "targets": [], "deadline": start + timeout, "timeout": timeout}
-    steps, failed = [], None
+    steps, failed, fix = [], None, None
     skip = {} if _gpu_visible() else dict.fromkeys(("load", "run"), "no GPU visible (compile and link checked only)")
     try:
         for name, fn in STEPS.items():
@@ -259,7 +265,7 @@ def run_smoke(timeout: float = SMOKE_TIMEOUT_S) -> dict:
             try:
                 step.update(status="passed", detail=fn(st))
             except Exception as exc:  # anything FlashInfer or the OS raises fails the step; a refusal says its text
-                failed = name
+                failed, fix = name, getattr(exc, "fix", "") or None
                 detail = str(exc) if isinstance(exc, Sm120Error) else f"{type(exc).__name__}: {exc}"
                 output = exc.output.strip() if isinstance(exc, _Failed) else ""
                 if len(output) > OUTPUT_KEPT:
@@ -269,5 +275,5 @@ def run_smoke(timeout: float = SMOKE_TIMEOUT_S) -> dict:
     finally:
         if "scratch" in st:
             st["scratch"].close()
-    return {"ok": failed is None, "steps": steps, "failed": failed, "seconds": round(time.monotonic() - start, 2),
+    return {"ok": failed is None, "steps": steps, "failed": failed, "fix": fix, "seconds": round(time.monotonic() - start, 2),
             "cuda_home": st["home"], "targets": st["targets"]}

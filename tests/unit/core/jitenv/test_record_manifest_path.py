@@ -51,14 +51,31 @@ def test_a_manifest_another_user_owns_is_refused(tmp_path):
     assert m.read_text() == ""
 
 
-def test_a_manifest_of_your_own_is_appended(tmp_path):
+def test_a_manifest_of_your_own_is_appended_and_nothing_is_left_beside_it(tmp_path):
+    """Workers serialised on ``m.jsonl.lock``, left beside the manifest (P4, P5): they lock the manifest itself."""
     m = tmp_path / "m.jsonl"
     record.append(str(m), ENTRY)
     record.append(str(m), ENTRY)
     assert len(m.read_text().splitlines()) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["m.jsonl"]
 
 
-def test_a_record_path_whose_lock_cannot_be_made_fails_at_once_in_words(tmp_path):
+def test_a_relative_record_path_records_nothing_and_names_the_absolute_one(tmp_path, monkeypatch, caplog):
+    """``FLASHINFER_SM120_RECORD=rel.jsonl`` was written under each process's working directory, while a relative
+    FLASHINFER_WORKSPACE_BASE is refused for that reason: the same rule, with the absolute path as the fix."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(record.ENV, "rel.jsonl")
+    monkeypatch.delenv("FLASHINFER_SM120_DISABLE", raising=False)
+    monkeypatch.setitem(record._state, "installed", False)
+    with caplog.at_level("WARNING", logger="flashinfer_sm120"):
+        record.install_if_enabled()
+    assert record._state["installed"] is False
+    assert "'rel.jsonl'" in caplog.text and f"{record.ENV}={tmp_path / 'rel.jsonl'}" in caplog.text, caplog.text
+    record._record(type("Spec", (), {"name": "norm"})())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_record_path_that_is_a_link_fails_at_once_in_words(tmp_path):
     """FLASHINFER_SM120_RECORD=/proc/self/fd/1 is refused at once in words (P6, P8), not after a 10 s stall
     per build with ``Timeout('...1.lock')`` or an ``OSError(6, ...)``."""
     with pytest.raises(OSError) as err:
