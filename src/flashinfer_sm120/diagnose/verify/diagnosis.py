@@ -158,8 +158,10 @@ def _check_sections(report: dict) -> Iterable[Finding]:
     for place in inv.get("places") or ():
         if place.get("other_targets"):
             built = ", ".join(f"{d} ({n})" for d, n in place["other_targets"].items())
-            yield Finding(Level.NOTE, "other-targets", f"no module in {place['path']}, but modules built with this "
-                          f"toolkit for other targets: {built}", "set FLASHINFER_CUDA_ARCH_LIST (e.g. 12.0) to inspect them")
+            # without targets there is no JIT dir (its path lacks the targets part): only what was built elsewhere
+            where = f"no module in {place['path']}, but" if _choice(report).get("targets") else "no targets, but"
+            yield Finding(Level.NOTE, "other-targets", f"{where} modules built with this toolkit for other targets: "
+                          f"{built}", "set FLASHINFER_CUDA_ARCH_LIST (e.g. 12.0), or doctor --arch 12.0, to inspect them")
     caches = report.get("caches") or {}
     if caches.get("stale"):
         yield Finding(Level.NOTE, "stale-caches", f"{plural(caches['stale'], 'stale cache entry', 'stale cache entries')} "
