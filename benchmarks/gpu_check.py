@@ -41,6 +41,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 
 _T0 = time.perf_counter()  # a child's clock for "time to first kernel call" starts here
@@ -373,7 +374,10 @@ def _build(rep: Report, args, env: dict) -> dict | None:
     except Exception:
         built = None
     if rc != 0 or not isinstance(built, dict):
-        rep.check("build", "fail", f"exit {rc}: {err.strip()[-1500:]}", secs)
+        tail = err.strip()
+        if len(tail) > 1500:  # the last whole lines: the error, never a line cut at its start
+            tail = tail[-1500:].partition("\n")[2] or tail[-1500:]
+        rep.check("build", "fail", f"exit {rc}: {tail}", secs)
         return built if isinstance(built, dict) else None
     mods = built["modules"]
     rep.check("build", "pass", ", ".join(f"{m['module']} {m['status']} {m['seconds']} s" for m in mods), secs,
@@ -499,11 +503,26 @@ def _overhead(rep: Report, env: dict, home: str, jit_dir: str, shim: dict) -> No
 
 
 def _table(rep: dict) -> str:
-    rows = [("check", "status", "s", "detail")]
+    """One row per check, its detail's first line shortened at a word; each shortened detail whole below."""
+    rows, whole = [("check", "status", "s", "detail")], []
     for name, c in rep["checks"].items():
-        rows.append((name, c["status"], "" if c["seconds"] is None else f"{c['seconds']:g}", c["detail"][:110]))
+        short = " ".join(c["detail"].split())
+        if len(short) > 110:
+            short = textwrap.shorten(short, 110, placeholder=" [whole below]")
+            whole.append(f"{name}: {c['detail']}")
+        rows.append((name, c["status"], "" if c["seconds"] is None else f"{c['seconds']:g}", short))
     w = [max(len(r[i]) for r in rows) for i in range(3)]
-    return "\n".join(f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:>{w[2]}}  {r[3]}" for r in rows)
+    table = "\n".join(f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:>{w[2]}}  {r[3]}" for r in rows)
+    return "\n\n".join([table, *whole])
+
+
+def _targets(rep: dict, args) -> str:
+    """The targets built, else what was asked (``--arch``, or the GPUs seen), so a failed build still names them."""
+    if rep.get("targets"):
+        return " ".join(rep["targets"])
+    if args.arch:
+        return f"--arch {args.arch} (not built)"
+    return " ".join(f"capability {g['capability']}" for g in rep.get("gpus", [])) + " (not built)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -521,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         child_main(args.child)
         return 0
     args.modules = [m for m in args.modules.replace(" ", ",").split(",") if m]
+    args.out = os.path.abspath(args.out)  # builds and children run elsewhere and refuse relative cache paths
     os.makedirs(args.out, exist_ok=True)
     rep = Report(args)
     rep.data.update(_gpu_facts())
@@ -563,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(rep.data, fh, indent=2)
     print(_table(rep.data))
     print(f"\n{rep.data.get('gpu_name') or ', '.join(g['name'] for g in rep.data.get('gpus', [])) or 'no GPU'}; "
-          f"targets {' '.join(rep.data.get('targets') or [])}; {rep.data['wall_s']} s; JSON: {path}")
+          f"targets {_targets(rep.data, args)}; {rep.data['wall_s']} s; JSON: {path}")
     return 1 if any(c["status"] == "fail" for c in rep.data["checks"].values()) else 0
 
 

@@ -15,6 +15,6 @@ def doctor_report(**over) -> dict:
                         "arch_list_error": None},
          "before": {"cuda_home": "/opt/cu13", "cuda_version": "13.0", "target_cuda_archs": ["sm_120f"]},
          "after": {"status": {"mode": "patched", "steps": {}}, "jit_dir": "/j", "exported": {}},
-         "autoload": {}, "disabled": False}
+         "autoload": {"pth": ["/venv/site/flashinfer_sm120_autoload.pth"]}, "disabled": False}
     r.update(over)
     return r

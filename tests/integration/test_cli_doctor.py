@@ -381,7 +381,7 @@ def test_the_report_says_which_servers_jit_directory_it_used():
 def test_verbose_prints_the_whole_report_as_json_holds_it():
     """--verbose renders the --json data (one renderer): nested parts indented, plain lists on one line,
     a multi-line message whole."""
-    r = doctor_report(servers={"servers": [{"label": "vLLM 0.33.0", "without": [False, "no ninja"]}]},
+    r = doctor_report(autoload={}, servers={"servers": [{"label": "vLLM 0.33.0", "without": [False, "no ninja"]}]},
                       resolution_error="no toolkit fits:\n  /opt/cuda: nvcc 12.8 is too old")
     lines = doctor.render(r, verbose=True)
     at = lines.index("The whole report (doctor --json prints it as JSON):")
@@ -460,3 +460,30 @@ def test_flashinfer_alone_killed_for_flooding_says_so_and_the_fix(monkeypatch, t
     why = diagnosis.alone(doctor_report(before=before)).why
     assert "killed after printing more than 1 MiB" in why and f"run '{root}/bin/nvcc --version'" in why, why
     assert "fix or remove that toolkit" in why and "exit -9" not in why
+
+
+def test_without_the_autoload_where_flashinfer_alone_fails_the_ok_line_warns_with_the_fix(tmp_path):
+    """After 'disable', doctor said OK with no warning while its details said 'FlashInfer alone: would fail'
+    and 'Autoload: not enabled': a server that does not import flashinfer_sm120 itself would fail."""
+    off = doctor_report(autoload={})  # FlashInfer alone finds no nvcc at /opt/cu13
+    assert diagnosis.alone(off).works is False
+    d = diagnose(off)
+    lines = doctor.render(off)
+    assert d.ok and lines[0].startswith("OK: FlashInfer will build sm_120f") and "flashinfer-sm120 enable" in lines[0]
+    assert "autoload-off" in [f.code for f in d.findings]
+    assert "flashinfer-sm120 enable" not in doctor.render(doctor_report())[0]  # enabled: nothing to say
+    _complete_home(tmp_path)
+    works = doctor_report(autoload={}, before={"cuda_home": str(tmp_path), "cuda_version": "13.0",
+                                               "target_cuda_archs": ["sm_120f"]})
+    assert "autoload-off" not in [f.code for f in diagnose(works).findings]  # FlashInfer alone works: no warning
+
+
+def test_a_report_on_another_environment_than_the_activated_one_says_so_with_the_fix():
+    """venvA's flashinfer-sm120 run with venvB activated reported venvA without a word."""
+    other = doctor_report(prefix="/venvA", virtual_env="/venvB")
+    d = diagnose(other)
+    (f,) = [f for f in d.findings if f.code == "other-env"]
+    assert d.ok and "/venvA" in f.text and "/venvB" in f.text and "/venvB/bin/flashinfer-sm120" in f.fix
+    assert "/venvB/bin/flashinfer-sm120" in doctor.render(other)[0]
+    assert "other-env" not in [f.code for f in diagnose(doctor_report(prefix="/venvA", virtual_env="/venvA")).findings]
+    assert "other-env" not in [f.code for f in diagnose(doctor_report(prefix="/venvA", virtual_env=None)).findings]

@@ -151,13 +151,31 @@ def test_missing_header_message_names_the_wheel_of_the_nvcc_release(tmp_path):
     inc = tmp_path / "cu13" / "include"
     inc.mkdir(parents=True)
     variants = modules.expand(["sampling", "norm"])
-    (msg,) = modules.missing_headers(variants, [str(inc)], "13.0", True, str(tmp_path / "cu13"))
-    assert msg.startswith("norm includes cublasLt.h (cuBLAS)") and str(tmp_path / "cu13") in msg
-    assert "Fix: pip install 'cuda-toolkit[cublas]==13.0.*'" in msg
-    (system,) = modules.missing_headers(variants, [str(inc)], "13.0", False, "/usr/local/cuda-13.0")
+    ((labels, why, fix),) = modules.missing_headers(variants, [str(inc)], "13.0", True, str(tmp_path / "cu13"))
+    assert labels == ["norm"] and "cublasLt.h" in why and str(tmp_path / "cu13") in why
+    assert fix.startswith("pip install 'cuda-toolkit[cublas]==13.0.*'")
+    ((_, _, system),) = modules.missing_headers(variants, [str(inc)], "13.0", False, "/usr/local/cuda-13.0")
     assert "pip install" not in system and "cuBLAS for CUDA 13.0" in system
     (inc / "cublasLt.h").write_text("")
     assert modules.missing_headers(variants, [str(inc)], "13.0", True, str(tmp_path)) == []
+
+
+@pytest.mark.parametrize("asked, left", [(["all"], ["norm"]), (["all", "norm"], []), (["sampling"], [])])
+def test_all_leaves_out_a_module_the_toolkit_lacks_headers_for_with_the_fix(asked, left, tmp_path, capsys):
+    """'build all' with a CPU torch was refused over norm's cuBLAS, with a fix ('leave norm out') that 'all'
+    cannot take: all is every module this toolkit can build; norm named besides it is still refused."""
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(modules=asked, head_dim=None, dtype=None, kv_dtype=None, act=None, arch="12.0")
+    variants = modules.expand(asked)
+    missing = modules.missing_headers(variants, [str(tmp_path)], "13.0", False, "/usr/local/cuda-13.0")
+    kept, out = build_cli._leave_out(args, variants, missing)
+    assert [r["module"] for r in out] == left and [v.label for v in kept] == [v.label for v in variants
+                                                                              if v.label not in left]
+    err = capsys.readouterr().err
+    for r in out:  # why, and how to get it: the toolkit's own fix, then the command
+        assert "cuBLAS for CUDA 13.0" in r["why"] and "flashinfer-sm120 build --arch 12.0 norm" in r["why"]
+        assert r["why"] in err
 
 
 @needs_flashinfer

@@ -191,6 +191,10 @@ def test_doctor_points_at_modules_built_for_other_targets(tmp_path):
     (note,) = [f for f in diagnose(doctor_report(inventory=section)).findings if f.code == "other-targets"]
     assert str(here) in note.text and "120f (1)" in note.text and "FLASHINFER_CUDA_ARCH_LIST" in note.fix
     assert inventory.other_targets(str(built.parent)) == {}  # the built directory itself
+    report = doctor_report(inventory=section)
+    report["resolution"]["choice"]["targets"] = []  # no targets: no JIT dir, so its targets-less path is not named
+    (note,) = [f for f in diagnose(report).findings if f.code == "other-targets"]
+    assert str(here) not in note.text and "120f (1)" in note.text and "FLASHINFER_CUDA_ARCH_LIST" in note.fix
 
 
 def test_a_mistyped_option_does_not_call_a_module_unrecognized(capsys):

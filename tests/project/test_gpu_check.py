@@ -170,6 +170,29 @@ def test_without_a_gpu_or_arch_the_script_says_what_to_pass(clean_env, tmp_path)
     assert proc.returncode == 2 and "--arch" in proc.stderr
 
 
+def test_a_relative_out_is_made_absolute_and_a_failed_build_still_names_its_reason_whole_and_targets(
+        tmp_path, monkeypatch, capsys):
+    reason = "flashinfer-sm120: " + " ".join(f"word{i}" for i in range(60)) + " Fix: the-fix-named-last"
+    calls = []
+
+    def run(argv, env, timeout):
+        calls.append(dict(env))
+        return 2, "", "noise\n" + reason + "\n"
+
+    monkeypatch.setattr(gc, "_run", run)
+    monkeypatch.chdir(tmp_path)
+    rc = gc.main(["--out", "results/", "--arch", "12.0", "--modules", "activation", "--cpu-only"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert all(os.path.isabs(calls[0][k]) for k in ("FLASHINFER_WORKSPACE_BASE", "FLASHINFER_SM120_CACHE_DIR"))
+    assert (tmp_path / "results" / "gpu_check.json").is_file()
+    assert reason in out  # the reason whole, its fix included
+    build_row = next(ln for ln in out.splitlines() if ln.startswith("build "))
+    shown = build_row.split("exit 2: ", 1)[1].split()
+    assert all(w in ["noise", *reason.split()] or w.startswith("[") or w.endswith("]") for w in shown), build_row
+    assert "12.0" in out.strip().splitlines()[-1].split("targets ", 1)[1]
+
+
 # --------------------------------------------------------------------------- the GPU part's bookkeeping
 
 

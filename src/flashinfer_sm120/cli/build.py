@@ -78,8 +78,10 @@ def _build(args: argparse.Namespace) -> dict:
         variants, [os.path.join(sess.cuda_home, "include"), *(tk.include_dirs if tk else ()), "/usr/include"],
         ".".join(str(sess.cuda_version).split(".")[:2]), tk is not None and "pip" in tk.sources,
         tk.root if tk else sess.cuda_home)
+    variants, left_out = _leave_out(args, variants, missing)
+    missing = [m for m in missing if set(m[0]) - {r["module"] for r in left_out}]
     if missing:  # before anything compiles: nvcc would stop on the #include minutes later
-        raise BuildError("; ".join(missing))
+        raise BuildError("; ".join(f"{why}. Fix: {fix}, or leave {', '.join(labels)} out" for labels, why, fix in missing))
     setup = _setup_of(sess)
     kind, problem = toolchain.requested()  # a compiler cache asked for (flag or variable) and refused
     refused = problem or (setup.cache.get("refused") if kind or os.environ.get("FLASHINFER_NVCC_LAUNCHER") is None
@@ -110,7 +112,7 @@ def _build(args: argparse.Namespace) -> dict:
                                       mem_limit=args.mem_limit, mem_per_compile=args.mem_per_compile,
                                       env=user_env, step_timeout=args.step_timeout * 60)
         stats["wall_s"] = round(time.monotonic() - t0, 2)
-    results = shipped + results  # each said on stderr as not built, and why
+    results = left_out + shipped + results  # each said on stderr as not built, and why
     flag_only = args.compiler_cache == "sccache" and not user_env.get(toolchain.CACHE_ENV)
     cache = None if args.ninja_only else _cache_report(before, flag_only)
     if cache:
@@ -133,6 +135,23 @@ def _build(args: argparse.Namespace) -> dict:
         modules=results, plan=stats.get("plan"), compiler_cache=cache,
         cannot_regenerate=[{"name": n, "why": w} for n, w in not_made],
         refused_settings=list(setup.refused))  # built without these (P2, P8)
+
+
+def _leave_out(args: argparse.Namespace, variants: list, missing: list) -> tuple[list, list[dict]]:
+    """``all`` is every module this toolkit can build: one that lacks a header and was not named besides ``all``
+    is left out with a note (why, and how to get it); a named one is refused with the fix."""
+    if "all" not in args.modules:
+        return variants, []
+    named = {v.label for v in _modules.expand([n for n in args.modules if n != "all"], head_dims=args.head_dim,
+                                              dtypes=args.dtype, kv_dtypes=args.kv_dtype, acts=args.act)}
+    out, arch = [], f"--arch {args.arch} " if args.arch else ""
+    for labels, why, fix in missing:
+        for label in labels:
+            if label not in named:
+                note = f"{why}; to build it: {fix}, then flashinfer-sm120 build {arch}{label}"
+                print(f"flashinfer-sm120: all: left out {label}: {note}", file=sys.stderr)
+                out.append({"module": label, "status": "left out", "why": note})
+    return [v for v in variants if v.label not in {r["module"] for r in out}], out
 
 
 def _not_shipped(labelled: list, sess) -> tuple[list, list[dict]]:
@@ -171,6 +190,8 @@ def _print_human(summary: dict) -> None:
     for r in summary["modules"]:
         if r["status"] == "ninja written":
             print(f"ninja written {r['module']}: {r['ninja']}")
+        elif r["status"] == "left out":
+            print(f"left out {r['module']}: {r['why']}")
         elif r["status"] == "shipped":
             print(f"shipped {r['module']}: not built, {r['provider']} has it for these targets")
         elif r["status"] == "failed":

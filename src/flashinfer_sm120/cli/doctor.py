@@ -17,7 +17,7 @@ import textwrap
 from flashinfer_sm120.core.jitenv.memory import fmt_bytes
 from flashinfer_sm120.safety.formats.base import MAX_MESSAGE, bounded, plural, printable, shown
 from flashinfer_sm120.safety.formats.params import cli_float
-from flashinfer_sm120.diagnose.verify.diagnosis import SETTING
+from flashinfer_sm120.diagnose.verify.diagnosis import SETTING, VERDICT_NOTES
 from flashinfer_sm120.diagnose.verify.report import ALONE_TIMEOUT_S, collect
 from flashinfer_sm120.diagnose.verify.smoke import SMOKE_TIMEOUT_S
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
@@ -88,8 +88,9 @@ def render(report: dict, *, verbose: bool = False, diagnosis=None) -> list[str]:
 
     d = diagnosis or diagnose(report)
     facts = [ln for text in _facts(report, d) for ln in wrap(text)]
-    head = [_verdict(d)] + [_finding(f) for f in _settings(d) if d.problems]  # whole, as the verdict line
-    blocks = [wrap(_finding(f)) for f in d.findings if f.code != SETTING and f is not (d.problems or (None,))[0]]
+    notes = [f for f in _settings(d) if not d.problems or f.code == SETTING]  # a PROBLEM: settings right after it
+    head = [_verdict(d)] + [_finding(f) for f in notes if d.problems]  # whole, as the verdict line
+    blocks = [wrap(_finding(f)) for f in d.findings if f not in notes and f is not (d.problems or (None,))[0]]
     if verbose:
         return head + [ln for block in blocks for ln in block] + facts + [
             "", "The whole report (doctor --json prints it as JSON):"] + dump(
@@ -103,8 +104,8 @@ def render(report: dict, *, verbose: bool = False, diagnosis=None) -> list[str]:
 
 
 def _settings(d) -> list:
-    """The findings on toolkit settings not used as given: named on the verdict line, or right after a PROBLEM."""
-    return [f for f in d.findings if f.code == SETTING]
+    """The findings that qualify the verdict (:data:`VERDICT_NOTES`): on the OK line, or right after a PROBLEM."""
+    return [f for f in d.findings if f.code in VERDICT_NOTES]
 
 
 def _smoke_only(args: argparse.Namespace) -> int:
@@ -191,7 +192,7 @@ def _verdict(d) -> str:
     if d.problems:
         return _one_line(_finding(d.problems[0]))
     return f"OK: FlashInfer will build {', '.join(d.targets)} with nvcc {d.nvcc} at {d.root}" + "".join(
-        f"; but {f.text}" for f in _settings(d))
+        f"; but {f.text}" + (f" (fix: {f.fix})" if f.fix else "") for f in _settings(d))
 
 
 def _versions(r: dict) -> str:

@@ -258,8 +258,8 @@ def _attention(g: Getter, dt: str, kv: str, hd: int, headers: tuple[str, ...] = 
 
 
 def missing_headers(variants: list[Variant], include_dirs: list[str], cuda_release: str,
-                    pip_toolkit: bool, toolkit_root: str) -> list[str]:
-    """One message per header some variants need that none of ``include_dirs`` holds, with the fix for the
+                    pip_toolkit: bool, toolkit_root: str) -> list[tuple[list[str], str, str]]:
+    """``(labels, why, fix)`` per header some variants need that none of ``include_dirs`` holds, the fix for the
     toolkit at ``toolkit_root`` (a pip install when ``pip_toolkit``)."""
     out: dict[str, list[str]] = {}
     for v in variants:
@@ -273,14 +273,15 @@ def missing_headers(variants: list[Variant], include_dirs: list[str], cuda_relea
         fix = (f"pip install 'cuda-toolkit[{extra}]=={cuda_release}.*' (the {wheel} wheel of your nvcc's release)"
                if pip_toolkit else f"install {what} for CUDA {cuda_release} into that toolkit (NVIDIA's "
                f"installer, or your distribution's {what} development package)")
-        msgs.append(f"{names} include{'s' if len(labels) == 1 else ''} {h} ({what}), which the toolkit at "
-                    f"{toolkit_root} does not have (a CPU build of torch does not bring "
-                    f"it; a CUDA build installs {wheel}). Fix: {fix}, or leave {names} out")
+        msgs.append((labels, f"{names} include{'s' if len(labels) == 1 else ''} {h} ({what}), which the toolkit at "
+                     f"{toolkit_root} does not have (a CPU build of torch does not bring it; a CUDA build installs "
+                     f"{wheel})", fix))
     return msgs
 
 
 def describe_all() -> str:
-    lines = ["Modules (flashinfer-sm120 build NAME ...; 'all' builds every one). Each builds the JIT "
+    lines = ["Modules (flashinfer-sm120 build NAME ...; 'all' builds every one the toolkit has the headers for, "
+             "naming any left out). Each builds the JIT "
              "module(s) the named FlashInfer API loads on its first call, for the installed release:"]
     width = max(map(len, NAMES))
     for name, n in NAMES.items():

@@ -14,11 +14,15 @@ from flashinfer_sm120.core.jitenv.memory import fmt_bytes
 from flashinfer_sm120.core.view.meta import lacks
 from flashinfer_sm120.safety.formats.base import plural, shown
 
-__all__ = ["SETTING", "NO_TARGETS", "NO_TARGETS_FIX", "no_targets_fix",
+__all__ = ["VERDICT_NOTES", "SETTING", "NO_TARGETS", "NO_TARGETS_FIX", "no_targets_fix",
            "Level", "Finding", "Alone", "Diagnosis", "CHECKS", "diagnose", "alone"]
 
 #: The code of a toolkit setting not used as given (a malformed or refused CUDA_HOME, CUDA_PATH, FLASHINFER_NVCC).
 SETTING = "toolkit-setting"
+
+#: The codes of the findings an OK verdict line names after "; but": a toolkit setting not used as given, servers
+#: of this environment left to FlashInfer's failing choice, and a report on another environment than the activated one.
+VERDICT_NOTES = (SETTING, "autoload-off", "other-env")
 
 #: Why nothing can be built with neither a GPU nor an arch list, and its fix (doctor, status and smoke say it).
 NO_TARGETS = "no GPU visible and no FLASHINFER_CUDA_ARCH_LIST"
@@ -154,8 +158,10 @@ def _check_sections(report: dict) -> Iterable[Finding]:
     for place in inv.get("places") or ():
         if place.get("other_targets"):
             built = ", ".join(f"{d} ({n})" for d, n in place["other_targets"].items())
-            yield Finding(Level.NOTE, "other-targets", f"no module in {place['path']}, but modules built with this "
-                          f"toolkit for other targets: {built}", "set FLASHINFER_CUDA_ARCH_LIST (e.g. 12.0) to inspect them")
+            # without targets there is no JIT dir (its path lacks the targets part): only what was built elsewhere
+            where = f"no module in {place['path']}, but" if _choice(report).get("targets") else "no targets, but"
+            yield Finding(Level.NOTE, "other-targets", f"{where} modules built with this toolkit for other targets: "
+                          f"{built}", "set FLASHINFER_CUDA_ARCH_LIST (e.g. 12.0), or doctor --arch 12.0, to inspect them")
     caches = report.get("caches") or {}
     if caches.get("stale"):
         yield Finding(Level.NOTE, "stale-caches", f"{plural(caches['stale'], 'stale cache entry', 'stale cache entries')} "
@@ -170,9 +176,25 @@ def _check_sections(report: dict) -> Iterable[Finding]:
     for pth in (report.get("autoload") or {}).get("outdated") or ():
         yield Finding(Level.WARNING, "autoload-outdated", f"{pth} was not written by this release, or its module "
                       f"{HOOK_FILE} is missing", "run 'flashinfer-sm120 enable' again")
+    yield from _check_environment(report)
     for key in ("ninja", "servers", "inventory", "caches", "builds"):
         if "error" in (report.get(key) or {}) and not (key == "ninja" and "candidates" in report[key]):
             yield Finding(Level.NOTE, "section-error", f"{key} could not be checked ({report[key]['error']})")
+
+
+def _check_environment(report: dict) -> Iterable[Finding]:
+    """FlashInfer alone fails and this environment has no autoload; the activated venv is not the one checked."""
+    venv, prefix = report.get("virtual_env"), report.get("prefix")
+    if venv and prefix and os.path.realpath(venv) != os.path.realpath(prefix):
+        bin_dir = os.path.join(venv, "bin")
+        yield Finding(Level.WARNING, "other-env", f"this report is on the environment {prefix}, not on the activated "
+                      f"VIRTUAL_ENV={venv}", f"run {os.path.join(bin_dir, 'flashinfer-sm120')} doctor, or "
+                      f"{os.path.join(bin_dir, 'python')} -m flashinfer_sm120 doctor")
+    off = not (report.get("autoload") or {}).get("pth") and not report.get("disabled") and not report.get("guard")
+    if off and _choice(report).get("targets") and alone(report).works is False:
+        yield Finding(Level.WARNING, "autoload-off", "the autoload is not enabled here, so a server that does not "
+                      "import flashinfer_sm120 itself gets FlashInfer's own choice, which fails (FlashInfer alone, "
+                      "below)", "flashinfer-sm120 enable")
 
 
 def _ninja_conflict(n: dict, chosen: str, autoload: bool) -> Finding:

@@ -166,7 +166,8 @@ def collect(timeout: float = ALONE_TIMEOUT_S, *, sections: Sequence[Section] = (
     original = dict(_ORIGINAL_ENV, **{k: os.environ[k] for k in ("PATH", "FLASHINFER_WORKSPACE_BASE") if k in os.environ})
     report: dict = {"flashinfer_sm120": __version__, "python": sys.executable, "torch_version": dist_version("torch"),
                     "original_env": original, "server_cache": server_cache,
-                    "torch_from": _installed("torch")}  # "not installed" is not a CPU build
+                    "torch_from": _installed("torch"),  # "not installed" is not a CPU build
+                    "prefix": sys.prefix, "virtual_env": os.environ.get("VIRTUAL_ENV")}
     report["flashinfer_installed"] = _installed("flashinfer") is not None
     report["flashinfer"] = flashinfer_version() if report["flashinfer_installed"] else None
     release = release_info(report["flashinfer"])
