@@ -14,6 +14,7 @@ from helpers.child import cli
 from helpers.host import needs_flashinfer
 from helpers.toolkits import make_toolkit
 from flashinfer_sm120.cli import main
+from flashinfer_sm120.cli import build as build_cli
 from flashinfer_sm120.cli.common import arch_notes
 from flashinfer_sm120.cli.status import status_line
 from flashinfer_sm120.warmup import modules
