@@ -149,8 +149,12 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     if refusal is not None:
         raise BuildError(str(refusal))
     import flashinfer_sm120 as shim
+    from flashinfer_sm120.core.patch.state import STATE
+    from flashinfer_sm120.core.patch.steps import only_list
 
     shim.install()
+    listing = STATE.listing
+    only_list()  # threat-model: P4: FlashInfer's import makes its workspace privately until the checks below pass
     try:
         import flashinfer.jit.core as core
         import flashinfer.jit.cpp_ext as cx
@@ -179,7 +183,8 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     problem = builds_refused(str(jit_env.FLASHINFER_JIT_DIR))
     if problem:
         raise BuildError(problem)
-    from flashinfer_sm120.core.patch.state import STATE, Mode, render, targets_from_text
+    only_list(listing)
+    from flashinfer_sm120.core.patch.state import Mode, render, targets_from_text
 
     with STATE.lock:  # the patch's summary line, where the targets came from, the toolkit it chose
         res = STATE.resolution
