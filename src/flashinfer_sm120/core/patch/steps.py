@@ -19,7 +19,7 @@ from flashinfer_sm120.safety.fs import lease
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["Step", "STEPS", "HOOKED_MODULES", "current_targets", "refresh_derived", "only_list", "bound_cuda_version"]
+__all__ = ["Step", "STEPS", "HOOKED_MODULES", "current_targets", "refresh_derived", "bound_cuda_version"]
 
 #: FlashInfer modules whose import triggers patching, in FlashInfer's import order.
 HOOKED_MODULES = (
@@ -239,20 +239,6 @@ def refresh_derived() -> None:
             env.FLASHINFER_GEN_SRC_DIR = ws / "generated"
         if core is not None and not STATE.listing:  # flashinfer/jit/core.py creates it at import
             _lease_workspace(str(ws))
-
-
-def only_list(on: bool = True) -> None:
-    """FlashInfer imported here makes its workspace (the directory, its log) in a private directory, none leased:
-    a command that only lists, or one until its checks pass (P4); ``on=False`` then hands back the real one."""
-    if on and not STATE.listing:
-        # runs after the patch's own hook (registered at import), and in every mode (guard, disabled)
-        wrapt.register_post_import_hook(lambda env: STATE.listing and setattr(
-            env, "FLASHINFER_WORKSPACE_DIR", type(env.FLASHINFER_WORKSPACE_DIR)(STATE.listing_dir())),
-            "flashinfer.jit.env")
-    elif not on and STATE.listing:
-        STATE.listing = False
-        refresh_derived()  # the real workspace, leased, then made
-    STATE.listing = on
 
 
 def _lease_workspace(ws: str) -> None:
