@@ -22,7 +22,7 @@ def fake_flashinfer(site: Path, version: str) -> Path:
 
 def workspace(root: Path, rel: str, cuda_home: str, fi_pkg: Path, modules=("sampling",)) -> Path:
     """A JIT workspace as FlashInfer writes it: cached_ops/<module>/{build.ninja,<module>.so},
-    cached_ops/tmp/<module>.lock, generated/."""
+    cached_ops/tmp/<module>.lock, generated/, and the flashinfer_jit.log its import makes."""
     ws = root / rel
     for m in modules:
         d = ws / "cached_ops" / m
@@ -35,6 +35,7 @@ def workspace(root: Path, rel: str, cuda_home: str, fi_pkg: Path, modules=("samp
         (ws / "cached_ops" / "tmp").mkdir(exist_ok=True)
         (ws / "cached_ops" / "tmp" / f"{m}.lock").touch()
     (ws / "generated").mkdir(exist_ok=True)
+    (ws / "flashinfer_jit.log").touch()
     return ws
 
 

@@ -35,3 +35,20 @@ def test_a_listing_command_creates_nothing_in_flashinfer_s_cache(clean_env, tmp_
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     assert created(ws) == before, proc.stdout[-2000:]
     assert not [p for p in os.listdir(tmp) if p.startswith("flashinfer-sm120-list-")]  # its own, removed at exit
+
+
+@needs_flashinfer
+@pytest.mark.parametrize("arch", ["12.2", "7.0"])
+def test_a_refused_build_creates_nothing_in_flashinfer_s_cache(clean_env, tmp_path, arch):
+    """``build --arch 12.2 sampling`` (no toolkit of this release builds sm_122a: FlashInfer guarded) made
+    ``0.7.4/122a/flashinfer_jit.log`` before refusing: FlashInfer's import gets a private workspace until the checks
+    pass (P4: check, then create)."""
+    ws, tmp = tmp_path / "ws", tmp_path / "tmp"
+    ws.mkdir()
+    tmp.mkdir(mode=0o700)
+    before = created(ws)
+    proc = cli(["build", "--arch", arch, "sampling"], dict(clean_env, TMPDIR=str(tmp), FLASHINFER_WORKSPACE_BASE=str(ws)),
+               600)
+    assert proc.returncode in (1, 2) and "sm_" in proc.stderr, proc.stderr[-3000:]
+    assert created(ws) == before, proc.stderr[-2000:]
+    assert not [p for p in os.listdir(tmp) if p.startswith("flashinfer-sm120-list-")]

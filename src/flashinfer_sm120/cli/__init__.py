@@ -301,7 +301,7 @@ def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
 
         listing_only()
     if args.cmd == "status" or (args.cmd == "doctor" and not args.smoke):
-        from flashinfer_sm120.diagnose.verify.report import only_list
+        from flashinfer_sm120.warmup.session import only_list
 
         only_list()
     try:

@@ -138,6 +138,25 @@ def apply_server_arch(server: str | None, sess: Session):
     return choice
 
 
+def only_list(on: bool = True) -> None:
+    """FlashInfer imported here makes its workspace (the directory, its log) in a private directory, none leased:
+    a command that only lists, or one until its checks pass (P4); ``on=False`` then hands back the real one."""
+    import wrapt
+
+    from flashinfer_sm120.core.patch.state import STATE
+    from flashinfer_sm120.core.patch.steps import refresh_derived
+
+    if on and not STATE.listing:
+        # runs after the patch's own hook (registered at import), and in every mode (guard, disabled)
+        wrapt.register_post_import_hook(lambda env: STATE.listing and setattr(
+            env, "FLASHINFER_WORKSPACE_DIR", type(env.FLASHINFER_WORKSPACE_DIR)(STATE.listing_dir())),
+            "flashinfer.jit.env")
+    elif not on and STATE.listing:
+        STATE.listing = False
+        refresh_derived()  # the real workspace, leased, then made
+    STATE.listing = on
+
+
 def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     """Patch and import FlashInfer for ``arch`` (default: the GPUs present); ``targets_from``
     (``from --arch 12.0``) goes into the summary.  :raises BuildError: naming the fix."""
@@ -149,8 +168,11 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     if refusal is not None:
         raise BuildError(str(refusal))
     import flashinfer_sm120 as shim
+    from flashinfer_sm120.core.patch.state import STATE
 
     shim.install()
+    listing = STATE.listing
+    only_list()  # threat-model: P4: FlashInfer's import makes its workspace privately until the checks below pass
     try:
         import flashinfer.jit.core as core
         import flashinfer.jit.cpp_ext as cx
@@ -179,7 +201,8 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     problem = builds_refused(str(jit_env.FLASHINFER_JIT_DIR))
     if problem:
         raise BuildError(problem)
-    from flashinfer_sm120.core.patch.state import STATE, Mode, render, targets_from_text
+    only_list(listing)
+    from flashinfer_sm120.core.patch.state import Mode, render, targets_from_text
 
     with STATE.lock:  # the patch's summary line, where the targets came from, the toolkit it chose
         res = STATE.resolution

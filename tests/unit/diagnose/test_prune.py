@@ -295,3 +295,33 @@ def test_only_directories_named_as_views_are_removed_from_the_views_directory(ca
     assert "not named as a view" in got[str(mine)]["kept"], got[str(mine)]
     assert "damaged" in got[str(damaged)]["reason"]
     assert (mine / "x").read_text() == "mine" and not damaged.exists()
+
+
+def test_what_prune_says_it_removed_is_gone_and_every_other_directory_is_listed(caches):
+    """FlashInfer's import writes ``flashinfer_jit.log`` in its workspace: prune said it removed such a workspace,
+    yet left it holding the log; and directories with no ``cached_ops`` (a refused build's ``0.7.4/122a``, an
+    invalid arch list's ``12O``, a target-less ``0.7.4/nvcc...``) were never listed (P8)."""
+    c, root = caches, caches["fi_root"]
+    only_log = [root / "0.7.4" / n for n in ("122a", "12O", "nvcc13.0.88-a48c6f5a")]
+    for d in only_log:
+        d.mkdir(parents=True)
+        (d / "flashinfer_jit.log").touch()
+    (root / "0.7.4" / "121f").mkdir()  # empty
+    theirs = root / "0.7.4" / "120a_120f"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    got = listing(c)
+    for d in [*only_log, root / "0.7.4" / "121f"]:
+        assert got[str(d)]["reason"] and not got[str(d)]["kept"], d
+    assert got[str(theirs)]["kept"] and got[str(theirs)]["reason"] is None
+    before = snapshot(c["tmp"])
+    proc = prune(c, "--yes")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    after = snapshot(c["tmp"])
+    removed = [p for p, e in listing(c).items() if e.get("removed")]
+    assert not removed  # nothing left to remove: what the first prune listed as removed is gone
+    said = [line.split()[-1] for line in proc.stdout.splitlines() if line.strip().startswith("removed")]
+    assert said and all(not os.path.lexists(p) for p in said), said
+    assert not [p for p in set(after) - set(before)]  # prune's own process made nothing
+    assert (theirs / "notes.txt").read_text() == "mine"
+    assert not any(os.path.lexists(d) for d in only_log)

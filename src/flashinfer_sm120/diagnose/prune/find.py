@@ -19,7 +19,7 @@ from flashinfer_sm120.core.facts.workspace import tag_for
 from flashinfer_sm120.diagnose.tree import walk_tree
 
 __all__ = ["Entry", "DAY", "HIDDEN_RE", "mount_in", "tree_of", "fi_roots", "views_dir", "times", "scan_views",
-           "workspaces", "scan_jit"]
+           "workspaces", "scan_jit", "unaccounted"]
 
 _TAG_RE = re.compile(r"^nvcc[0-9][0-9.]*-[0-9a-f]{8}$")
 _FI_INCLUDE_RE = re.compile(r"-isystem (\S+/flashinfer)/data/include(?:\s|$)")
@@ -28,6 +28,9 @@ DAY = 86400.0
 #: its own name); one left by a stopped prune is removed by the next.
 HIDDEN_RE = re.compile(r"^\..+\.pruning-[0-9a-f]{8}$")
 LEFTOVER = "left hidden by a prune that was stopped while removing it: nothing uses it"
+#: What FlashInfer 0.7.4 itself writes in a JIT workspace (``flashinfer/jit/core.py``: the log its import makes).
+FI_NAMES = {"cached_ops", "generated", "flashinfer_jit.log"}
+FI_LOG = "flashinfer_jit.log"
 
 
 @dataclasses.dataclass
@@ -248,7 +251,37 @@ def workspace_reason(ws: str, ops: str, rel: list[str], ent: Entry) -> str | Non
 
 
 def scan_jit(root: str) -> list[Entry]:
-    return _entries("jit", root, workspaces(root), _scan_workspace)
+    found = workspaces(root)
+    return (_entries("jit", root, found, _scan_workspace)
+            + _entries("jit", root, unaccounted(root, found), _scan_unaccounted))
+
+
+def unaccounted(root: str, found: list[str]) -> list[str]:
+    """The topmost directories under ``root`` neither a workspace of ``found``, in one, nor above one (P8: every
+    directory is listed; a refused or target-less import leaves such as ``0.7.4/122a``)."""
+    out, inside = [], tuple(f + os.sep for f in found)
+    for d, dirs, _files in walk_tree(root):
+        above = []
+        for n in dirs:
+            p = os.path.join(d, n)
+            if p in found or p.startswith(inside):
+                continue
+            if any(f.startswith(p + os.sep) for f in found):
+                above.append(n)
+            else:
+                out.append(p)
+        dirs[:] = above
+    return sorted(out)
+
+
+def _scan_unaccounted(ent: Entry) -> None:
+    """Gone when it holds only FlashInfer's empty log (an import that built nothing), else kept as unknown."""
+    for d, _dirs, files in walk_tree(ent.path):
+        if any(n != FI_LOG or os.lstat(os.path.join(d, n)).st_size for n in files):
+            ent.kept = "no cached_ops in it and files other than FlashInfer's empty log: unknown, never removed"
+            return
+    ent.last_used = times([ent.path])
+    ent.reason = "no module in it: empty, or only FlashInfer's empty log (an import that built nothing)"
 
 
 def _scan_workspace(ent: Entry) -> None:
@@ -258,7 +291,7 @@ def _scan_workspace(ent: Entry) -> None:
         return
     ops = os.path.join(ws, "cached_ops")
     names = set(os.listdir(ws))
-    if not names <= {"cached_ops", "generated"}:
+    if not names <= FI_NAMES:  # a workspace holding more (another's below it): only FlashInfer's own go
         ent.remove = [os.path.join(ws, n) for n in ("cached_ops", "generated") if n in names]
     sos, locks = [], []
     for e in os.scandir(ops):

@@ -21,7 +21,7 @@ from flashinfer_sm120.safety.formats.fields import iter_lines
 from flashinfer_sm120.safety.formats.binary import parse_ninja_log_header
 from flashinfer_sm120.safety.formats.base import shown
 
-__all__ = ["ALONE_TIMEOUT_S", "dist_version", "Section", "collect", "only_list", "ninja_section", "log_format_of_dir",
+__all__ = ["ALONE_TIMEOUT_S", "dist_version", "Section", "collect", "ninja_section", "log_format_of_dir",
            "servers_section", "build_line_section"]
 
 #: A further section of the report: its key and ``collector(report) -> dict`` (JSON-able).
@@ -219,20 +219,6 @@ def collect(timeout: float = ALONE_TIMEOUT_S, *, sections: Sequence[Section] = (
         except Exception as exc:  # one broken section never hides the rest
             report[key] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     return report
-
-
-def only_list() -> None:
-    """This process only lists (``status``, ``doctor``): FlashInfer imported here, and FlashInfer alone, make their
-    workspace (the directory its import makes, its log) in a private directory, and none is leased (P4)."""
-    import wrapt
-
-    from flashinfer_sm120.core.patch.state import STATE
-
-    if not STATE.listing:
-        STATE.listing = True
-        # runs after the patch's own hook (registered at import), and in every mode (guard, disabled)
-        wrapt.register_post_import_hook(
-            lambda env: setattr(env, "FLASHINFER_WORKSPACE_DIR", Path(STATE.listing_dir())), "flashinfer.jit.env")
 
 
 def _with_shim() -> dict:
