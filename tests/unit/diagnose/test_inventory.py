@@ -134,6 +134,8 @@ def test_doctor_lists_the_prebuilt_packages_flashinfer_would_load_first(built, c
         (pkgs / name / "__init__.py").write_text(textwrap.dedent(body))
     env = dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0", FLASHINFER_DISABLE_VERSION_CHECK="1")
     env["PYTHONPATH"] = os.pathsep.join([str(pkgs), env["PYTHONPATH"]])
+    fi_root = os.path.join(clean_env["FLASHINFER_WORKSPACE_BASE"], ".cache", "flashinfer")
+    os.makedirs(fi_root, exist_ok=True)  # as an earlier build made it: doctor, a listing, creates nothing (P4)
     proc = cli(["doctor", "--json"], env, 600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
@@ -150,5 +152,4 @@ def test_doctor_lists_the_prebuilt_packages_flashinfer_would_load_first(built, c
     human = "\n".join(dump(inv))  # what doctor --verbose prints for the section
     assert "problem: no code sm_120f (no GPU visible) can run (it holds sm_100a)" in human
     assert "declared: sm100a, sm120a" in human and "cubins: 1\n" in human and "sm_100: 1" in human, human
-    assert report["caches"]["roots"][1]["path"] == os.path.join(clean_env["FLASHINFER_WORKSPACE_BASE"], ".cache",
-                                                                 "flashinfer")
+    assert report["caches"]["roots"][1]["path"] == os.path.realpath(fi_root)
