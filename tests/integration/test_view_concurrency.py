@@ -57,7 +57,7 @@ _IMPORT = textwrap.dedent("""
                        "mode": s["mode"], "error": s["error"], "is_view": True}
             except BaseException as exc:
                 out = {"error": repr(exc)}
-            print("@@" + json.dumps(out), flush=True)
+            os.write(1, ("@@" + json.dumps(out) + "\\n").encode())  # one write: the workers share this pipe
             os._exit(0)
     while True:
         try:

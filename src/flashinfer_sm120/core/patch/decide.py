@@ -10,7 +10,7 @@ from flashinfer_sm120.core.facts.releases import ReleaseInfo, release_info
 from flashinfer_sm120.core.patch.state import Resolution, arch_specs, flashinfer_version
 from flashinfer_sm120.core.toolkit.model import Choice, RejectKind, Toolkit
 from flashinfer_sm120.errors import ToolkitError
-from flashinfer_sm120.safety.formats.base import MAX_WORD, shown
+from flashinfer_sm120.safety.formats.base import MAX_WORD, bounded, shown
 
 __all__ = ["resolve", "setting_notes", "own_nvcc"]
 
@@ -44,7 +44,7 @@ def setting_notes(env: dict[str, str], choice: Choice | None = None) -> tuple[st
     for r in choice.rejected if choice else ():
         for var in (v for v in EXPLICIT_SOURCES if v in r.toolkit.sources and r.kind in _REFUSED):
             fix = NO_NVCC_FIX[var]
-            why = r.why.removeprefix(f"{r.toolkit.given_as}: ").removesuffix(f"; {fix}")
+            why = bounded(r.why.removeprefix(f"{r.toolkit.given_as}: ").removesuffix(f"; {fix}"))  # P8
             notes.append(f"{var}={shown(env.get(var, ''), MAX_WORD)} was not used: {why}; the toolkit was chosen "
                          f"as if it were unset. Fix: {fix}")
     return tuple(notes)

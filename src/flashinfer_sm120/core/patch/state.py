@@ -236,10 +236,11 @@ def describe(res: Resolution, targets_from: str | None = None) -> str:
          else f"none (FLASHINFER_CUDA_ARCH_LIST={res.arch_list!r} has no usable entry, no GPU visible")
         + f"; Fix: {NO_TARGETS_FIX})")
     view = f" via view {res.home.path} (adds {', '.join(res.home.added)})" if res.home.is_view else ""
+    named = any(str(res.naive_root) in n for n in res.settings)  # a refused setting's note names it: once (P8)
+    alone = "" if named else f"; FlashInfer alone would use CUDA_HOME={res.naive_root}"
     return (f"nvcc {tk.nvcc_full} from {tk.root} [{', '.join(tk.sources)}]{view}; "
             f"targets {targets} ({targets_from or targets_from_text(res)}); FlashInfer "
-            f"{res.release.version}; JIT workspace .../{tag_for(tk)}; "
-            f"FlashInfer alone would use CUDA_HOME={res.naive_root}{notes}")
+            f"{res.release.version}; JIT workspace .../{tag_for(tk)}{alone}{notes}")
 
 
 def targets_from_text(res: Resolution) -> str:

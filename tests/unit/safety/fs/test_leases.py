@@ -49,15 +49,33 @@ sys.stdin.read()
 """
 
 
-#: ``python -c FORK_WORKERS CODE N``: import torch once, then run CODE in N forked children.
+#: ``python -c FORK_WORKERS CODE N``: import torch once, then run CODE in N forked children, each line they print
+#: written whole by one ``write`` (they share one pipe, and PYTHONUNBUFFERED splits a print in two writes).
 FORK_WORKERS = """
 import atexit, os, sys
 import helpers.fakegpu
 import torch
+
+
+class Lines:
+    def __init__(self):
+        self.part = ""
+
+    def write(self, text):
+        *whole, self.part = (self.part + text).split("\\n")
+        for line in whole:
+            os.write(1, (line + "\\n").encode())
+        return len(text)
+
+    def flush(self):
+        pass
+
+
 kids = []
 for _ in range(int(sys.argv[2])):
     pid = os.fork()
     if pid == 0:
+        sys.stdout = Lines()
         exec(compile(sys.argv[1], "<worker>", "exec"), {"__name__": "__main__"})
         atexit._run_exitfuncs()
         os._exit(0)
