@@ -10,19 +10,22 @@ _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36  # <linux/prctl.h>; the subre
 KILL_S = 5.0  # how long the end keeps killing; a process in uninterruptible sleep (D state) is then left
 
 
-def children(me: int) -> list[int]:
-    """This process's children, from ``/proc/*/stat`` (``/proc/PID/task/TID/children`` is not in every kernel)."""
-    out = []
+def parents() -> dict[int, int]:
+    """Every process's parent pid, from ``/proc/*/stat`` (``/proc/PID/task/TID/children`` is not in every kernel)."""
+    out = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
                 with open(f"/proc/{name}/stat", "rb") as fh:  # "pid (comm) S ppid ...": after the last ')'
-                    ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+                    out[int(name)] = int(fh.read().rsplit(b")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 continue
-            if ppid == me:
-                out.append(int(name))
     return out
+
+
+def children(me: int) -> list[int]:
+    """This process's children."""
+    return [pid for pid, ppid in parents().items() if ppid == me]
 
 
 def main(parent: str, grace: str, keep: str, status_fd: str, *argv: str) -> int:

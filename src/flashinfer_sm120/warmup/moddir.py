@@ -114,13 +114,9 @@ class Step(NamedTuple):
 
 def steps(reaper: int) -> list[Step]:
     """Children of the processes under ``reaper`` (ninja) running ``/bin/sh -c COMMAND``, from Linux ``/proc``."""
-    parents: dict[int, int] = {}
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:  # "pid (comm) S ppid ...": after the last ')'
-                parents[int(name)] = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
+    from flashinfer_sm120.safety.reaper import parents as all_parents
+
+    parents = all_parents()
     ninjas = {pid for pid, parent in parents.items() if parent == reaper}
     out = []
     for pid in (pid for pid, parent in parents.items() if parent in ninjas):

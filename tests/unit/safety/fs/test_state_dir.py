@@ -118,6 +118,17 @@ def test_a_user_creates_the_root_in_their_own_home_private(shared_tmp):
         assert st.st_uid == NOBODY and stat.S_IMODE(st.st_mode) == 0o700
 
 
+
+def _chosen_root() -> tuple[str, list[str]]:
+    """The cache root chosen afresh from the environment, and the notes said while choosing it."""
+    from flashinfer_sm120.safety.fs import statedir
+
+    statedir.forget_cache_root(notes=True)
+    try:
+        return statedir.cache_root(), list(statedir.cache_root_notes())
+    finally:
+        statedir.forget_cache_root()
+
 def test_a_name_too_long_falls_back_to_the_next_candidate(tmp_path, monkeypatch):
     """A cache directory whose name is too long (ENAMETOOLONG) falls back to the next candidate, with a note
     naming the variable and the fix (a shorter path), not 'set a writable directory' (P8)."""
@@ -312,13 +323,9 @@ def test_a_link_another_uid_planted_as_the_root_is_not_followed(shared_tmp, monk
     os.lchown(link, NOBODY, NOBODY)
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(link))
     monkeypatch.setenv("XDG_CACHE_HOME", str(shared_tmp / "xdg"))
-    statedir.forget_cache_root(notes=True)
-    try:
-        root = statedir.cache_root()
-    finally:
-        statedir.forget_cache_root()
+    root, notes = _chosen_root()
     assert root == str(shared_tmp / "xdg" / "flashinfer-sm120")
-    note = [n for n in statedir.cache_root_notes() if str(link) in n][-1]
+    note = [n for n in notes if str(link) in n][-1]
     assert f"owned by uid {NOBODY}" in note and "use a path outside" in note, note
     assert os.listdir(mine) == ["last-status.json"] and (mine / "last-status.json").read_text() == "my notes"
     # the same link made by you (or root) is followed, as before
@@ -430,7 +437,6 @@ def test_a_refused_cache_dir_names_the_variable_its_value_and_the_fix_for_its_ca
 
     from helpers.untrusted import give_away
     from flashinfer_sm120.core.facts.refusals import import_refused
-    from flashinfer_sm120.safety.fs import statedir
 
     value = tmp_path / "dir"
     if case == "/proc/self":
@@ -448,13 +454,9 @@ def test_a_refused_cache_dir_names_the_variable_its_value_and_the_fix_for_its_ca
         assert refusal is not None and "FLASHINFER_WORKSPACE_BASE" in refusal.fix and "sudo -u" not in refusal.fix
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(value))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    statedir.forget_cache_root(notes=True)
-    try:
-        root = statedir.cache_root()
-    finally:
-        statedir.forget_cache_root()
+    root, notes = _chosen_root()
     assert root == str(tmp_path / "xdg" / "flashinfer-sm120")
-    note = " ".join(n for n in statedir.cache_root_notes() if str(value) in n)
+    note = " ".join(n for n in notes if str(value) in n)
     assert f"FLASHINFER_SM120_CACHE_DIR='{value}'" in note, note
     assert "chmod" not in note and "sudo -u" not in note, note
     assert re.search(r"([;:]|Fix:) (use|set FLASHINFER_SM120_CACHE_DIR to) a directory of your own", note), note
