@@ -14,7 +14,7 @@ import textwrap
 import pytest
 from hypothesis import HealthCheck, settings
 
-from helpers import ROOT, TESTS, child, probing, prune, servers, views, warm
+from helpers import ROOT, TESTS, child, probing, servers, warm
 from helpers.checkout import checkout_entries
 from helpers.host import REAL_NVCC13
 
@@ -199,43 +199,3 @@ def server_env(clean_env, tmp_path):
     env["PYTHONPATH"] += os.pathsep + str(servers.STANDINS)
     (tmp_path / "home").mkdir()
     return env, site_dir
-
-
-@pytest.fixture
-def caches(tmp_path, monkeypatch):
-    """Our cache with a current and a stale view, FlashInfer's cache with current and stale workspaces."""
-    from flashinfer_sm120.safety.fs import lease
-    from flashinfer_sm120.core.facts.workspace import tag_for
-    from flashinfer_sm120.core.toolkit.probe import inspect
-    from flashinfer_sm120.core.view.build import linkable_home
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASHINFER", "CUDA_", "SGLANG"))}
-    env.update(HOME=str(tmp_path / "home"), FLASHINFER_SM120_CACHE_DIR=str(tmp_path / "ours"),
-               FLASHINFER_WORKSPACE_BASE=str(tmp_path / "base"), SGLANG_CACHE_DIR=str(tmp_path / "sglang"))
-    for k in ("FLASHINFER_SM120_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "SGLANG_CACHE_DIR", "HOME"):
-        monkeypatch.setenv(k, env[k])
-    (tmp_path / "ours").mkdir(mode=0o700)
-    keep_tk = views.pip_like(tmp_path / "keep", "13.0.88")
-    gone_tk = views.pip_like(tmp_path / "gone", "13.0.48")
-    keep_view = linkable_home(inspect(str(keep_tk))).path
-    gone_view = linkable_home(inspect(str(gone_tk))).path
-    for v in (keep_view, gone_view):  # chosen here, used by no process of the test (the lease says "in use")
-        lease.release(v)
-    current_tag = tag_for(inspect(str(keep_tk)))
-    fi_root = tmp_path / "base" / ".cache" / "flashinfer"
-    fi_new = prune.fake_flashinfer(tmp_path / "site-new", "0.7.4")
-    fi_moved = prune.fake_flashinfer(tmp_path / "site-moved", "0.7.4")  # upgraded below: holds 0.7.5 now
-    ws = {
-        "current": prune.workspace(fi_root, f"0.7.4/120f/{current_tag}", keep_view, fi_new, ("sampling", "decode")),
-        "toolkit gone": prune.workspace(fi_root, "0.7.4/120f/nvcc13.0.48-0123abcd", gone_view, fi_new),
-        "toolkit changed": prune.workspace(fi_root, "0.7.4/120f/nvcc13.0.88-deadbeef", keep_view, fi_new),
-        "release gone": prune.workspace(fi_root, "0.6.18/120f/" + current_tag, keep_view, tmp_path / "site-old" / "flashinfer"),
-        "release replaced": prune.workspace(fi_root, "0.7.4/121a/" + current_tag, keep_view, fi_moved),
-        "unpatched current": prune.workspace(fi_root, "0.7.4/120f", keep_view, fi_new),
-    }
-    (fi_moved.parent / "flashinfer_python-0.7.4.dist-info").rename(fi_moved.parent / "flashinfer_python-0.7.5.dist-info")
-    (fi_moved.parent / "flashinfer_python-0.7.5.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: flashinfer-python\nVersion: 0.7.5\n")
-    os.unlink(os.path.join(gone_tk, "bin", "nvcc"))  # that toolkit is uninstalled
-    return {"env": env, "tmp": tmp_path, "ws": ws, "keep_view": keep_view, "gone_view": gone_view,
-            "fi_root": fi_root, "ours": tmp_path / "ours", "keep_tk": keep_tk, "gone_tk": gone_tk}

@@ -123,7 +123,7 @@ def lock_held_as(uid: int, path: Path) -> Iterator[subprocess.Popen]:
     """``flock -x path`` held by a process of ``uid`` (the file opened read-only, as any reader can)
     until the block ends; yields once ``/proc/locks`` shows it."""
     need_root()
-    from flashinfer_sm120.safety.fs.inuse import holders
+    from flashinfer_sm120.safety.fs.proclocks import holders
 
     proc = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                              "flock", "-x", "--close", str(path), "sleep", "300"], start_new_session=True)

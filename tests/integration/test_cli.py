@@ -133,7 +133,7 @@ def test_enable_twice_says_already_enabled_and_writes_nothing(tmp_path, capsys):
 
 
 def test_every_subcommand_has_a_description():
-    """``doctor``, ``enable``, ``disable``, ``prune`` --help opened with no description."""
+    """``doctor``, ``enable``, ``disable`` --help opened with no description."""
     from flashinfer_sm120.cli import _parsers, build_parser
 
     parsers = _parsers(build_parser())
@@ -166,7 +166,7 @@ def test_plural():
 
 
 @pytest.mark.parametrize("argv", [
-    ["cache", "prune", "--older-than", "nan", "--json"],
+    ["doctor", "--json", "--timeout", "nan"],
     ["cache", "import", "x.tar", "--json", "--max-bytes", "zz"],
     ["cache", "export", "x.tar", "sampling", "--json", "--max-bytes", "1"],
     ["build", "sampling", "--json", "-j", "abc"],
@@ -174,7 +174,7 @@ def test_plural():
     ["doctor", "--json", "--bogus"],
 ])
 def test_a_usage_error_with_json_still_prints_one_json_document(argv, capsys):
-    """A value argparse refuses (``--older-than nan``, ``--max-bytes zz``, an unknown option) still ends a
+    """A value argparse refuses (``--timeout nan``, ``--max-bytes zz``, an unknown option) still ends a
     ``--json`` command with exactly one JSON document on stdout and the usage on stderr: a script parsing
     stdout must never be left with no document (P8)."""
     from flashinfer_sm120.cli import main

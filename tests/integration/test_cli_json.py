@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from flashinfer_sm120.cli import build_parser, main
 
-_COMMANDS = (["doctor"], ["status"], ["build"], ["cache", "export"], ["cache", "import"], ["cache", "prune"])
+_COMMANDS = (["doctor"], ["status"], ["build"], ["cache", "export"], ["cache", "import"])
 
 
 def _options(words: list[str]) -> list[str]:
@@ -37,7 +37,7 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
 
 
 @pytest.fixture
-def stubbed(monkeypatch, request):
+def stubbed(monkeypatch):
     """The commands' work replaced by one JSON line (what they print is covered by their own tests);
     --arch is still read by the one arch reading, as the real commands do first."""
     from flashinfer_sm120.cli import build, cache, common, doctor, status
@@ -48,14 +48,10 @@ def stubbed(monkeypatch, request):
         return 0
 
     for mod, name in ((doctor, "run_doctor"), (status, "run_status"), (cache, "run_export"),
-                      (cache, "run_import"), (cache, "run_prune")):
+                      (cache, "run_import")):
         monkeypatch.setattr(mod, name, ran)
     monkeypatch.setattr(build, "_build", lambda args: (common.apply_arch(args.arch), build.buildjson.document())[1])
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.0")
-    from flashinfer_sm120.safety.fs import statedir
-
-    # `cache prune` without --yes declares this process listing-only: undone after the test
-    request.addfinalizer(statedir.forget_cache_root)
 
 
 @given(data=st.data())

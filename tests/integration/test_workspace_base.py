@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from helpers.child import run_code
 from helpers.host import needs_flashinfer
 
@@ -62,7 +64,7 @@ def test_workspace_path_reads_an_empty_base_as_the_home_directory(monkeypatch, t
 def test_every_reader_of_the_workspace_base_reads_it_one_way(monkeypatch, tmp_path):
     """One reader of FLASHINFER_WORKSPACE_BASE: a blank value is unset, the home is the given
     environment's, and the sccache base directories follow it (doctor's servers section took an empty
-    value as the base itself, and prune fell back to the home its own way)."""
+    value as the base itself)."""
     from flashinfer_sm120.core.facts.workspace import workspace_base
     from flashinfer_sm120.core.jitenv.launcher import basedirs
 
@@ -75,3 +77,56 @@ def test_every_reader_of_the_workspace_base_reads_it_one_way(monkeypatch, tmp_pa
     monkeypatch.delenv("HOME")
     monkeypatch.setattr("flashinfer_sm120.safety.fs.statedir.home_dir", lambda: None)
     assert workspace_base({})[0] == "/"  # never a relative '~'
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another uid")
+def test_no_workspace_is_created_in_a_tree_another_uid_owns(tmp_path):
+    """With ``FLASHINFER_WORKSPACE_BASE`` in a shared place where another uid made the
+    ``.cache/flashinfer/<version>/<arch>`` levels (mode 777), the patch creates no workspace directory in that
+    uid's tree (P4); the JIT-directory warning says why and the fix."""
+    from flashinfer_sm120.core.patch import steps
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(tmp_path, 0o755)
+    theirs = shared / ".cache" / "flashinfer" / "0.7.4" / "120f"
+    theirs.mkdir(parents=True)
+    for p in (shared, *theirs.relative_to(shared).parents, theirs.relative_to(shared)):
+        os.chown(shared / p, 65534, 65534)
+        os.chmod(shared / p, 0o777)
+    steps._make_workspace(str(theirs / "nvcc13.0.88-0123abcd"))
+    assert os.listdir(theirs) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another uid")
+def test_no_workspace_below_levels_flashinfer_made_inside_another_uids_tree(tmp_path):
+    """FlashInfer's import makes the missing workspace levels first (owned by this user) inside the other
+    uid's FLASHINFER_WORKSPACE_BASE, so the check looks at every level, not only the deepest (P4)."""
+    from flashinfer_sm120.core.patch import steps
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chown(shared, 65534, 65534)
+    os.chmod(shared, 0o755)
+    ours = shared / ".cache" / "flashinfer" / "0.7.4" / "120f"
+    ours.mkdir(parents=True)  # as FlashInfer's import would, as this user, inside their tree
+    steps._make_workspace(str(ours / "nvcc13.0.88-0123abcd"))
+    assert os.listdir(ours) == []
+
+
+def test_no_workspace_through_a_planted_link_level(tmp_path):
+    """A level of the workspace path that another user could plant as a link (in a directory everyone may
+    write) is not followed: no workspace is created where it points (P2, P4); in a place of its own it is."""
+    from flashinfer_sm120.core.patch import steps
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    opened = tmp_path / "open"
+    opened.mkdir()
+    opened.chmod(0o777)
+    (opened / "120f").symlink_to(elsewhere)
+    steps._make_workspace(str(opened / "120f" / "nvcc13.0.88-0123abcd"))
+    assert os.listdir(elsewhere) == []
+    steps._make_workspace(str(elsewhere / "nvcc13.0.88-0123abcd"))
+    assert os.listdir(elsewhere) == ["nvcc13.0.88-0123abcd"]

@@ -1,8 +1,8 @@
 """flashinfer-sm120: make FlashInfer JIT-build for the right GPUs with the right nvcc.
 
 Start with 'flashinfer-sm120 doctor' (a verdict, and the fix when something is wrong). Commands:
-doctor (check everything), status (one line, for scripts), build (JIT-build kernels now), cache (export,
-import or prune FlashInfer's JIT cache), enable/disable (load flashinfer_sm120 in every Python process
+doctor (check everything), status (one line, for scripts), build (JIT-build kernels now), cache (export
+or import FlashInfer's JIT cache), enable/disable (load flashinfer_sm120 in every Python process
 that uses FlashInfer). Run without a command, this help is printed and the exit status is 2."""
 
 from __future__ import annotations
@@ -294,12 +294,8 @@ def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         chosen.error(_unknown(chosen, extras))
     from flashinfer_sm120.safety.proc import signals_as_exit
 
-    # threat-model: P4: a command that only lists creates nothing: cache prune without --yes nothing at all;
-    # status and doctor (not --smoke) import FlashInfer with its workspace in a private directory, after the checks
-    if args.cmd == "cache" and getattr(args, "cache_cmd", None) == "prune" and not getattr(args, "yes", False):
-        from flashinfer_sm120.safety.fs.statedir import listing_only
-
-        listing_only()
+    # threat-model: P4: a command that only lists creates nothing in FlashInfer's cache: status and doctor
+    # (not --smoke) import FlashInfer with its workspace in a private directory, after the checks
     if args.cmd == "status" or (args.cmd == "doctor" and not args.smoke):
         from flashinfer_sm120.warmup.session import only_list
 

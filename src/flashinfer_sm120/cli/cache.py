@@ -1,18 +1,15 @@
 """``flashinfer-sm120 cache export`` / ``cache import``: move a warmed FlashInfer JIT cache
-between machines (e.g. from a Docker build stage with nvcc to a runtime image without);
-``cache prune``: list and remove what is no longer used."""
+between machines (e.g. from a Docker build stage with nvcc to a runtime image without)."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import signal
 import sys
 
 from flashinfer_sm120.errors import Sm120Error, UsageError
 from flashinfer_sm120.safety.formats.base import bounded, plural, shown
-from flashinfer_sm120.safety.formats.params import cli_float, cli_size
+from flashinfer_sm120.safety.formats.params import cli_size
 from flashinfer_sm120.cli.common import err as _err
 from flashinfer_sm120.core.facts.archopt import export_arch_list
 
@@ -220,61 +217,11 @@ def _archive_targets(meta) -> str | None:
     return None
 
 
-def run_prune(args: argparse.Namespace) -> int:
-    from flashinfer_sm120.diagnose import prune
-
-    report = prune.scan(args.older_than)
-    stopped = 0
-    if args.yes:
-        try:
-            prune.remove(report)
-        except (KeyboardInterrupt, SystemExit) as exc:  # threat-model: P8 -- what went and what is left, told
-            stopped = 130 if isinstance(exc, KeyboardInterrupt) else exc.code if isinstance(exc.code, int) else 1
-            report["interrupted"] = signal.Signals(stopped - 128).name if 128 < stopped < 128 + 65 else "stopped"
-    entries = report["entries"]
-    if args.json:
-        out = dict(report, entries=[dataclasses.asdict(e) for e in entries])
-        print(json.dumps(out, indent=2))
-    else:
-        _print_prune(report, args.yes)
-    if stopped:
-        left = [e for e in entries if e.reason and not e.kept and not e.removed]
-        _err(f"interrupted by {report['interrupted']}: {plural(sum(e.removed for e in entries), 'entry')} removed, "
-             f"{len(left)} left; Fix: run 'flashinfer-sm120 cache prune --yes' again to remove the rest")
-    return stopped or (1 if any(e.error for e in entries) else 0)
-
-
-def _print_prune(report: dict, yes: bool) -> None:
-    from flashinfer_sm120.safety.formats.base import printable
-    from flashinfer_sm120.core.jitenv.memory import fmt_bytes
-
-    # threat-model: P8 -- paths are names found on disk (in a shared workspace base others name
-    # directories) and reasons quote them: a terminal shows them, never acts on them
-    for r in report["roots"]:
-        if r["path"]:
-            print(printable(f"{r['what']} cache: {r['path']} ({fmt_bytes(r['bytes'])})"))
-    for e in report["entries"]:
-        word = ("removed" if e.removed else "FAILED" if e.error else ("left" if yes else "remove")
-                if e.reason and not e.kept else "keep")
-        why = e.error or (f"{e.reason}; kept: {e.kept}" if e.reason and e.kept else e.kept or e.reason)
-        print(printable(f"  {word:<7} {fmt_bytes(e.bytes):>10}  {e.kind:<4} {e.path}\n          {why}"))
-    if not report["entries"]:
-        print("  nothing cached")
-    stale = [e for e in report["entries"] if e.reason and not e.kept and not e.removed]
-    freed = sum(e.bytes for e in report["entries"] if e.removed)
-    if yes:
-        print(f"freed {fmt_bytes(freed)}")
-    elif stale:
-        print(f"would free {fmt_bytes(sum(e.bytes for e in stale))} ({plural(len(stale), 'entry')}): run with --yes to remove them")
-    else:
-        print("nothing to remove")
-
-
 def add_parsers(sub) -> None:
-    """Register ``cache`` with its subcommands ``export``, ``import`` and ``prune``."""
-    c = sub.add_parser("cache", help="move a warmed JIT cache between machines; prune old entries",
-                       description="export/import a warmed FlashInfer JIT cache; prune what is no longer used")
-    cs = c.add_subparsers(dest="cache_cmd", required=True, metavar="{export,import,prune}")
+    """Register ``cache`` with its subcommands ``export`` and ``import``."""
+    c = sub.add_parser("cache", help="move a warmed JIT cache between machines",
+                       description="export/import a warmed FlashInfer JIT cache")
+    cs = c.add_subparsers(dest="cache_cmd", required=True, metavar="{export,import}")
     e = cs.add_parser("export", help="write modules built here (by name, --all, or a manifest's) to a "
                       "directory or archive", description="Write FlashInfer JIT modules built in this "
                       "workspace to a new directory or archive that `cache import` installs on a machine "
@@ -309,9 +256,3 @@ def add_parsers(sub) -> None:
     i.add_argument("--max-bytes", type=cli_size("--max-bytes", 1 << 20), metavar="SIZE",
                    help="refuse an export whose files add up to more than SIZE (e.g. 8G; default 32G)")
     i.set_defaults(func=run_import, json_failure=_failure)
-    pr = cs.add_parser("prune", help="list (and with --yes remove) views and JIT directories no longer used")
-    pr.add_argument("--yes", action="store_true", help="remove what is listed as 'remove' (default: list only)")
-    pr.add_argument("--older-than", type=cli_float("--older-than", 0.0, 36500.0), metavar="DAYS",
-                    help="also remove views and JIT directories not used for DAYS days")
-    pr.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    pr.set_defaults(func=run_prune)

@@ -14,7 +14,6 @@ import re
 import sys
 import textwrap
 
-from flashinfer_sm120.core.jitenv.memory import fmt_bytes
 from flashinfer_sm120.safety.formats.base import MAX_MESSAGE, bounded, plural, printable, shown
 from flashinfer_sm120.safety.formats.params import cli_float
 from flashinfer_sm120.diagnose.verify.diagnosis import SETTING, VERDICT_NOTES
@@ -55,7 +54,6 @@ def run_doctor(args: argparse.Namespace) -> int:
     except Exception as exc:
         server_cache = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     from flashinfer_sm120.core.facts import precompiled
-    from flashinfer_sm120.diagnose import prune
     from flashinfer_sm120.diagnose.verify import inventory, report as part
     from flashinfer_sm120.warmup import plan
 
@@ -65,7 +63,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     try:
         report = collect(args.timeout or ALONE_TIMEOUT_S, say=say, server_cache=server_cache, arch=args.arch, sections=(
             ("ninja", part.ninja_section), ("servers", part.servers_section), ("build_line", part.build_line_section),
-            ("inventory", inventory.doctor_section), ("caches", prune.doctor_section), ("builds", plan.doctor_section),
+            ("inventory", inventory.doctor_section), ("builds", plan.doctor_section),
             ("precompiled", precompiled.doctor_section)))
     finally:
         log.setLevel(level)
@@ -262,9 +260,6 @@ def _deploy(r: dict) -> list[str]:
     ninja = (r.get("ninja") or {}).get("chosen")
     if ninja:
         lines.append(f"Ninja: {ninja['path']} (ninja {ninja['version']})")
-    roots = [c for c in (r.get("caches") or {}).get("roots") or () if c.get("path")]
-    if roots:
-        lines.append("Caches: " + ", ".join(f"{c['what']} {fmt_bytes(c['bytes'])}" for c in roots))
     servers = (r.get("servers") or {}).get("servers")
     if servers is not None:
         lines.append("Servers: " + (", ".join(s["label"] for s in servers) or "neither vLLM nor SGLang installed"))
@@ -283,7 +278,7 @@ def add_parser(sub) -> None:
     d = sub.add_parser("doctor", help="a verdict (OK or PROBLEM with the fix), then what was found and chosen",
                        description="Check that FlashInfer's JIT builds will work here: the first line is OK or "
                        "PROBLEM with the fix, then one screen on the GPUs, targets, toolkit, FlashInfer with "
-                       f"and without flashinfer-sm120, the autoload, ninja and caches. Exit status {codes}.")
+                       f"and without flashinfer-sm120, the autoload and ninja. Exit status {codes}.")
     d.add_argument("--json", action="store_true", help="print the whole report as JSON on stdout")
     d.add_argument("--verbose", "-v", action="store_true",
                    help="print every toolkit, patch step, exported variable, server and built module")

@@ -1,1 +1,1 @@
-"""What ``doctor``, ``cache prune`` and ``verify`` look at, as data; ``cli`` renders it."""
+"""What ``doctor`` and ``verify`` look at, as data; ``cli`` renders it."""

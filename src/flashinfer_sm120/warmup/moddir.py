@@ -19,7 +19,7 @@ from flashinfer_sm120.errors import FormatError, PlaceError
 from flashinfer_sm120.safety import proc as _proc
 from flashinfer_sm120.safety.formats.reads import read_bytes
 from flashinfer_sm120.safety.fs.atomic import write_atomic
-from flashinfer_sm120.safety.fs.inuse import holders
+from flashinfer_sm120.safety.fs.proclocks import holders
 
 SAY_EVERY_S = 60.0  # seconds between two "still waiting" lines for a module's lock
 #: A ninja status line under ``NINJA_STATUS="[%f/%t] "``: finished, total, the step.  At most 9 ASCII

@@ -139,7 +139,7 @@ def apply_server_arch(server: str | None, sess: Session):
 
 
 def only_list(on: bool = True) -> None:
-    """FlashInfer imported here makes its workspace (the directory, its log) in a private directory, none leased:
+    """FlashInfer imported here makes its workspace (the directory, its log) in a private directory:
     a command that only lists, or one until its checks pass (P4); ``on=False`` then hands back the real one."""
     import wrapt
 
@@ -153,7 +153,7 @@ def only_list(on: bool = True) -> None:
             "flashinfer.jit.env")
     elif not on and STATE.listing:
         STATE.listing = False
-        refresh_derived()  # the real workspace, leased, then made
+        refresh_derived()  # the real workspace, made
     STATE.listing = on
 
 

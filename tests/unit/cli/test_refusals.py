@@ -70,8 +70,8 @@ def test_paths_that_are_not_utf8_never_stop_a_report(clean_env, tmp_path):
     assert b"\\udcff" in proc.stdout or b"\\udcff" in proc.stderr  # named, escaped as Python's stderr does
 
 
-@given(st.lists(st.sampled_from(["status", "doctor", "build", "cache", "import", "prune", "export", "enable",
-                                 "disable", "--json", "--arch", "-j", "--timeout", "--from", "--older-than",
+@given(st.lists(st.sampled_from(["status", "doctor", "build", "cache", "import", "export", "enable",
+                                 "disable", "--json", "--arch", "-j", "--timeout", "--from",
                                  "--max-bytes", "--site-dir"]) | st.text(max_size=30), max_size=6),
        st.integers(0, 5), st.integers(1_000, 60_000), st.sampled_from(["x", "-", " ", "\udcff", "é", "'"]))
 @example(words=["--json"], pos=0, size=3900, char=" ")  # a bad choice just under the cut: printed whole twice
@@ -85,7 +85,7 @@ def test_cli_refusals_property(capsys, words, pos, size, char):
     saved = {}
     stub = lambda args: ran.append(args) or 0  # noqa: E731
     for mod, names in ((build, ["run_build"]), (doctor, ["run_doctor"]), (status, ["run_status"]),
-                       (cache, ["run_export", "run_import", "run_prune"]), (enable, ["_enable", "_disable"])):
+                       (cache, ["run_export", "run_import"]), (enable, ["_enable", "_disable"])):
         for n in names:
             if hasattr(mod, n):
                 saved[(mod, n)] = getattr(mod, n)

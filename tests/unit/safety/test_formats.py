@@ -335,22 +335,13 @@ def test_read_prefix_and_skipping_long_lines(tmp_path):
 
 @given(hostile_text)
 def test_tool_output_parsers_property(text):
-    for parse in (binary.parse_cuobjdump_list, binary.parse_cuobjdump_headers, binary.proc_maps_paths,
-                  binary.ninja_variables):
+    for parse in (binary.parse_cuobjdump_list, binary.parse_cuobjdump_headers, binary.proc_maps_paths):
         try:
             out = parse(text, "tool")
         except FormatError as exc:
             assert len(str(exc)) < MSG_MAX
         else:
             assert isinstance(out, (list, set, dict))
-
-
-def test_ninja_variables_join_continuations_and_skip_rules():
-    text = ("ninja_required_version = 1.3\ncuda_home = /opt/cuda\ncommon_cflags = -DX $\n    -isystem /a/flashinfer/data/include $\n"
-            "    -isystem $cuda_home/include\n\nrule compile\n  command = $cxx -c $in\n")
-    v = binary.ninja_variables(text, "build.ninja")
-    assert v["cuda_home"] == "/opt/cuda" and "command" not in v
-    assert v["common_cflags"] == "-DX -isystem /a/flashinfer/data/include -isystem $cuda_home/include"
 
 
 def test_proc_maps_paths():

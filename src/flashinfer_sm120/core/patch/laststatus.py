@@ -14,7 +14,6 @@ from flashinfer_sm120.core.facts.releases import release_info
 from flashinfer_sm120.core.patch.state import Resolution, flashinfer_version
 from flashinfer_sm120.errors import Sm120Error
 from flashinfer_sm120.safety.formats.reads import MAX_STATE_BYTES, read_json_file
-from flashinfer_sm120.safety.fs import lease
 from flashinfer_sm120.safety.ownership import fingerprint, trust_reason
 
 __all__ = ["SCHEMA", "FILE", "KEEP", "from_status", "inputs", "load", "replay", "save", "path", "which_nvcc"]
@@ -179,7 +178,7 @@ def _export_unchanged(export: dict) -> bool:
 def replay(now: dict[str, Any]) -> tuple[Any, dict] | None:
     """``(Resolution, export decisions)`` recorded for inputs equal to ``now``, else ``None`` (the caller resolves
     afresh: P1).  Its nvcc and ninja are the recorded binaries and pass the trust rule again, as do the toolkit's
-    directories (P2); its view is leased (P3) and is the directory the first process checked (P2)."""
+    directories (P2); its view is the directory the first process checked (P2)."""
     try:
         rec = next((r for r in load()[0] if r["inputs"] == now and r.get("resolution")), None)
         if rec is None:
@@ -191,12 +190,8 @@ def replay(now: dict[str, Any]) -> tuple[Any, dict] | None:
         if not _unchanged(tk.nvcc, d["nvcc_stat"]) or any(trust_reason(p, absent_ok=False) for p in dirs if p) \
                 or not _export_unchanged(d["export"]):
             return None
-        if res.home.is_view:
-            if not lease.hold(res.home.path):
-                return None
-            if fingerprint(res.home.path) != d["view_stat"]:  # pruned and made again since
-                lease.release(res.home.path)
-                return None
+        if res.home.is_view and fingerprint(res.home.path) != d["view_stat"]:  # another directory there since
+            return None
         return res, d["export"]
     except Exception:  # another shape, a read refused: resolve afresh
         return None

@@ -87,7 +87,7 @@ class State:
     inputs: dict | None = None  # what the resolution read (laststatus.inputs), taken before it
     resolved: bool = False  # a resolution was made in this process: install() after revert() resolves afresh
     recorded_export: dict | None = None  # the export decisions replayed with the resolution (laststatus.replay)
-    listing: bool = False  # this command only lists: FlashInfer's workspace in listing_dir(), none leased (P4)
+    listing: bool = False  # this command only lists: FlashInfer's workspace in listing_dir() (P4)
     _listing_dir: str | None = None
 
     def log_once(self, level: int, msg: str) -> None:

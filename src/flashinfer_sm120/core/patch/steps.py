@@ -15,7 +15,6 @@ from packaging.version import Version
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.core.facts.workspace import tag_for
 from flashinfer_sm120.core.patch.state import STATE, Mode, arch_specs
-from flashinfer_sm120.safety.fs import lease
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -238,21 +237,15 @@ def refresh_derived() -> None:
             env.FLASHINFER_JIT_DIR = ws / "cached_ops"
             env.FLASHINFER_GEN_SRC_DIR = ws / "generated"
         if core is not None and not STATE.listing:  # flashinfer/jit/core.py creates it at import
-            _lease_workspace(str(ws))
+            _make_workspace(str(ws))
 
 
-def _lease_workspace(ws: str) -> None:
-    """Lease the JIT workspace (P3), then create it (a prune may have removed it); never in another's tree (P4)."""
-    if lease.place_problem(ws):
-        return
-    try:
-        os.makedirs(os.path.dirname(ws), exist_ok=True)
-    except OSError:
-        return
-    if not lease.hold(ws):  # threat-model: P3
-        logger.warning("flashinfer-sm120: could not take the lease %s on the JIT workspace %s: a "
-                       "'cache prune' may remove it while this process uses it", lease.lease_path(ws), ws)
-    try:
-        os.makedirs(ws, exist_ok=True)  # check, then use, under the lease
-    except OSError:
-        pass
+def _make_workspace(ws: str) -> None:
+    """Create the JIT workspace (FlashInfer's import made the one it had then), never in another uid's tree (P4)."""
+    from flashinfer_sm120.safety.ownership import check_place
+
+    if check_place(os.path.dirname(ws), "the directory of the JIT workspace") is None:
+        try:
+            os.makedirs(ws, exist_ok=True)
+        except OSError:
+            pass

@@ -15,7 +15,7 @@ from packaging.version import Version
 from flashinfer_sm120.errors import FormatError, StateFileError
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.grammar import parse_version
-from flashinfer_sm120.safety.fs.statedir import cache_root, lists_only
+from flashinfer_sm120.safety.fs.statedir import cache_root
 from flashinfer_sm120.safety.fs.atomic import compute_once, read_json, write_json_atomic
 from flashinfer_sm120.safety.ownership import fingerprint
 
@@ -126,13 +126,10 @@ def version_of(path: str, parse: Callable[[str], str], *, name: str, fix: str, t
 
     def compute() -> tuple[str | None, str | None, bool]:
         full, problem, remember = _run_version(path, parse, name, fix, timeout, max_output)
-        if remember and not lists_only():  # P4: a command that only lists writes no memo and no lock file
+        if remember:
             store(path, full, problem)
         return full, problem, remember
 
-    if lists_only():
-        full, problem, _ = remembered() or compute()
-        return full, problem
     try:
         lock_path = memo_path() + ".lock"
     except StateFileError:

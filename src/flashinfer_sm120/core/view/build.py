@@ -14,7 +14,6 @@ import stat
 import filelock
 
 from flashinfer_sm120.safety import oserrors
-from flashinfer_sm120.safety.fs import lease
 from flashinfer_sm120.safety.fs.atomic import make_private, sweep, write_atomic
 from flashinfer_sm120.safety.fs.statedir import cache_root, path_problem
 from flashinfer_sm120.safety.ownership import fingerprint, mine_problem
@@ -156,8 +155,8 @@ def _lock(parent: str) -> filelock.BaseFileLock:
 
 
 def linkable_home(toolkit: Toolkit) -> CudaHome:
-    """The toolkit's root when complete and safe unquoted in ``build.ninja``, else a view, leased (P3); :class:`ViewError`
-    names the path and the fix."""
+    """The toolkit's root when complete and safe unquoted in ``build.ninja``, else a view; :class:`ViewError` names
+    the path and the fix."""
     curand_inc = find_curand_include(toolkit)
     unsafe = path_problem(toolkit.root, "the toolkit path")
     missing = [rel for rel in lacks(toolkit.root) if curand_inc or rel != "include/curand.h"]
@@ -171,39 +170,18 @@ def linkable_home(toolkit: Toolkit) -> CudaHome:
     base = f"cuda-{version}-{key}"
     parent = views_dir()
     home, _ = _adopt_existing(parent, base, toolkit, curand_inc)  # fast path: views never change
-    if home is not None and _leased(home, toolkit, curand_inc):
+    if home is not None:
         sweep(_TMP_PREFIX, parent)  # what builders killed mid-build left
         _link_new_headers(parent, home.path, toolkit)
         return home
     try:
         with _lock(parent):
-            home = _build_locked(parent, base, toolkit, curand_inc)
-            # threat-model: P3 -- leased before the builder lock goes: cache prune removes views
-            # only while it holds that lock, so the view cannot go between its check and the lease
-            if not lease.hold(home.path):
-                lp = lease.lease_path(home.path)
-                raise ViewError(f"cannot take the lease {lp} on the CUDA_HOME view {home.path}: without it a prune "
-                                f"could remove the view while this process uses it. Fix: let a running 'cache prune' "
-                                f"finish; if {lp} is a symbolic link (never followed, P2), remove the link {lp}; or "
-                                f"set FLASHINFER_SM120_CACHE_DIR to a directory of your own")
-            return home
+            return _build_locked(parent, base, toolkit, curand_inc)
     except filelock.Timeout as exc:
         raise ViewError(f"waited {LOCK_TIMEOUT_S:.0f} s for another process building a CUDA_HOME view "
                         f"(lock {exc.lock_file}); if none is running, remove that file") from exc
     except OSError as exc:  # the lock file itself (disk full, read-only)
         raise _io_error(exc, parent, "take the CUDA_HOME view lock") from exc
-
-
-def _leased(home: CudaHome, toolkit: Toolkit, curand_inc: str | None) -> bool:
-    """Lease ``home``, then check it again (a prune may have removed it); ``False``: build under the lock (P3)."""
-    if not lease.hold(home.path):
-        return False
-    again, why = check_view(home.path, toolkit, curand_inc)
-    if again is None:
-        logger.info("flashinfer-sm120: CUDA_HOME view %s went while it was chosen (%s)", home.path, why)
-        lease.release(home.path)
-        return False
-    return True
 
 
 def _build_locked(parent: str, base: str, toolkit: Toolkit, curand_inc: str | None) -> CudaHome:

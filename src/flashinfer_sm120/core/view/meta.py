@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import stat
 from dataclasses import asdict, dataclass
 
@@ -20,8 +19,6 @@ from flashinfer_sm120.safety.ownership import fingerprint, mine_problem
 #: Bumped whenever the view layout or metadata changes, so old views are not reused.
 VIEW_LAYOUT = 3
 META_NAME = "flashinfer_sm120_view.json"
-#: The names views get (``cuda-<nvcc version>-<key>[.N]``): ``cache prune`` removes nothing else.
-VIEW_NAME_RE = re.compile(r"cuda-[0-9A-Za-z.+]+-[0-9a-f]{8,64}(\.[0-9]{1,3})?")
 #: The ``libcuda.so`` link stub (FlashInfer's ``-L$cuda_home/lib64/stubs -lcuda``).
 STUB = "lib64/stubs/libcuda.so"
 #: What a view may add to its toolkit.

@@ -10,7 +10,6 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
 
 from flashinfer_sm120.core.autoload_hook import HOOK_FILE
-from flashinfer_sm120.core.jitenv.memory import fmt_bytes
 from flashinfer_sm120.core.view.meta import lacks
 from flashinfer_sm120.safety.formats.base import plural, shown
 
@@ -162,10 +161,6 @@ def _check_sections(report: dict) -> Iterable[Finding]:
             where = f"no module in {place['path']}, but" if _choice(report).get("targets") else "no targets, but"
             yield Finding(Level.NOTE, "other-targets", f"{where} modules built with this toolkit for other targets: "
                           f"{built}", "set FLASHINFER_CUDA_ARCH_LIST (e.g. 12.0), or doctor --arch 12.0, to inspect them")
-    caches = report.get("caches") or {}
-    if caches.get("stale"):
-        yield Finding(Level.NOTE, "stale-caches", f"{plural(caches['stale'], 'stale cache entry', 'stale cache entries')} "
-                      f"hold {fmt_bytes(caches['stale_bytes'])}", "'flashinfer-sm120 cache prune' lists them, '... --yes' removes them")
     applied = report.get("server_cache") or {}
     if applied.get("changed"):
         yield Finding(Level.NOTE, "server-cache", f"this report uses {applied['server']}'s FLASHINFER_WORKSPACE_BASE="
@@ -177,7 +172,7 @@ def _check_sections(report: dict) -> Iterable[Finding]:
         yield Finding(Level.WARNING, "autoload-outdated", f"{pth} was not written by this release, or its module "
                       f"{HOOK_FILE} is missing", "run 'flashinfer-sm120 enable' again")
     yield from _check_environment(report)
-    for key in ("ninja", "servers", "inventory", "caches", "builds"):
+    for key in ("ninja", "servers", "inventory", "builds"):
         if "error" in (report.get(key) or {}) and not (key == "ninja" and "candidates" in report[key]):
             yield Finding(Level.NOTE, "section-error", f"{key} could not be checked ({report[key]['error']})")
 

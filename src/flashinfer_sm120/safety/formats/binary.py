@@ -1,5 +1,5 @@
-"""What the checks of a build (diagnose.verify) and ``cache prune`` read, with bounds (threat-model: P6): a module's
-ELF headers, cuobjdump's listings, FlashInfer's build.ninja variables, a ninja log's header, /proc maps."""
+"""What the checks of a build (diagnose.verify) read, with bounds (threat-model: P6): a module's ELF headers,
+cuobjdump's listings, a ninja log's header, /proc maps."""
 
 from __future__ import annotations
 
@@ -148,18 +148,6 @@ def parse_cuobjdump_headers(text: Any, source: str) -> list[tuple[str, str]]:
         if m and kind:
             out.append((kind, m.group(1) if kind == "SASS" else "compute_" + m.group(1)[3:]))
             kind = None
-    return out
-
-
-def ninja_variables(text: Any, source: str, *, max_bytes: int = 4 << 20) -> dict[str, str]:
-    """Top-level ``name = value`` lines of a ``build.ninja`` (FlashInfer's ``cuda_home``), ``$`` continuations joined."""
-    if not isinstance(text, str) or len(text) > max_bytes:
-        raise _fail(source, "is not build.ninja text of a sane size", "")
-    out: dict[str, str] = {}
-    for line in re.sub(r"\$\n[ \t]*", "", text).splitlines():  # ninja: "$" newline, indent dropped
-        m = re.match(r"^([A-Za-z_][A-Za-z0-9_.-]*)\s*=\s?(.*)$", line)
-        if m:
-            out[m.group(1)] = m.group(2).strip()
     return out
 
 

@@ -15,21 +15,17 @@ from flashinfer_sm120.safety.ownership import deepest_existing, mine_problem, tr
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["cache_root", "cache_root_notes", "forget_cache_root", "home_dir", "listing_only", "lists_only",
-           "PATH_RULE", "path_chars_problem", "path_problem", "jit_dir_problem"]
+__all__ = ["cache_root", "cache_root_notes", "forget_cache_root", "home_dir", "PATH_RULE",
+           "path_chars_problem", "path_problem", "jit_dir_problem"]
 
 _notes: list[str] = []
-#: Set by :func:`listing_only`: this process creates no directory or file of ours.
-_listing = False
 _EXPLICIT = "$FLASHINFER_SM120_CACHE_DIR"
 _root_cache: dict[tuple, str] = {}
 
 
 def forget_cache_root(*, notes: bool = False) -> None:
-    """Forget the cache root chosen and :func:`listing_only` (the environment changed); ``notes`` too."""
-    global _listing
+    """Forget the cache root chosen (the environment changed); ``notes`` too."""
     _root_cache.clear()
-    _listing = False
     if notes:
         _notes.clear()
 
@@ -42,9 +38,6 @@ def _dir_problem(path: str, what: str, explicit: bool = True) -> str | None:
         problem = _creation_problem(path, what)  # threat-model: P4 (check, then create)
         if problem is not None:
             return problem
-        if _listing:  # threat-model: P4 (a command that only lists creates nothing)
-            raise StateFileError(f"{what}={path!r} does not exist yet, and this command only lists: it "
-                                 f"creates nothing (any command that builds creates it)")
         try:  # every level 0700 whatever the umask: umask 000 must not leave a world-writable ~/.cache
             from flashinfer_sm120.safety.fs.places import make_private_dirs
 
@@ -199,17 +192,6 @@ def cache_root() -> str:
         reasons.append(bounded(problem))  # it quotes the variable's value: shown in doctor, status
     raise StateFileError("no usable cache directory for flashinfer-sm120: " + "; ".join(reasons)
                          + ". Set FLASHINFER_SM120_CACHE_DIR to an absolute directory you own.")
-
-
-def listing_only() -> None:
-    """Declare that this process only lists: :func:`cache_root` then creates nothing.  P4"""
-    global _listing
-    _listing = True
-
-
-def lists_only() -> bool:
-    """Whether :func:`listing_only` was declared in this process (then nothing of ours is written)."""
-    return _listing
 
 
 def cache_root_notes() -> list[str]:

@@ -87,16 +87,3 @@ def test_a_process_that_cannot_start_programs_refuses_the_toolkit_for_now_unreme
     monkeypatch.delenv("JUNK")
     again = inspect(str(root))
     assert again.nvcc_full == "13.0.88" and again.problem is None and runs.exists()
-
-
-def test_a_listing_process_asks_nvcc_but_writes_no_memo_and_no_lock(tmp_path, cache_dir):
-    """`cache prune` without --yes inspects toolkits (is a workspace's toolkit still the same?):
-    it reads the memo, and writes nothing (threat-model P4)."""
-    from flashinfer_sm120.safety.fs import statedir
-    from flashinfer_sm120.core.toolkit.probe import inspect
-
-    cache_dir.mkdir(mode=0o700)
-    statedir.listing_only()  # undone by cache_dir's statedir.forget_cache_root()
-    root = lying_toolkit(tmp_path / "cuda", says="13.0.88", file_says="13.0.88")
-    assert inspect(str(root)).nvcc_full == "13.0.88"
-    assert list(cache_dir.iterdir()) == []

@@ -1,6 +1,6 @@
 """Where flashinfer-sm120 keeps its state (:func:`flashinfer_sm120.safety.fs.statedir.cache_root`): check, then
-create.  Nothing is created before the checks that would refuse it have passed, nothing inside a
-tree another uid owns, and a command that only lists creates nothing at all (threat-model: P4).
+create.  Nothing is created before the checks that would refuse it have passed, and nothing inside a
+tree another uid owns (threat-model: P4).
 Real uids: root with another user's ``HOME`` (``sudo -E``) and ``setpriv --reuid`` children."""
 
 import errno
@@ -43,17 +43,14 @@ def test_root_with_a_users_home_creates_nothing_there(shared_tmp, monkeypatch):
 
 @pytest.mark.slow  # over 4 s in the quick run (--durations, 2026-12-02)
 @needs_root
-@pytest.mark.parametrize("args", [["cache", "prune"], ["status"], ["doctor"]])
+@pytest.mark.parametrize("args", [["status"], ["doctor"]])
 def test_a_command_as_root_with_a_users_home_creates_nothing_there(shared_tmp, args):
-    """A command as root with HOME of another uid creates nothing there; `cache prune`, a listing, creates
-    neither ~/.cache nor the fallback directory (P4)."""
+    """A command as root with HOME of another uid creates nothing there (P4)."""
     home = user_home(shared_tmp)
     env = home_env(home, shared_tmp / "tmp", FLASHINFER_WORKSPACE_BASE=str(shared_tmp / "ws"))
     proc = cli(args, env, timeout=300)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     assert created(home) == [], proc.stderr[-2000:]
-    if args[0] == "cache":  # a listing: not the fallback either
-        assert not (shared_tmp / "tmp" / "flashinfer-sm120-0").exists()
 
 
 @needs_root
@@ -84,21 +81,6 @@ def test_the_workspace_check_names_the_foreign_tree_and_creates_nothing(shared_t
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(shared_tmp / "ws"))
     assert import_refused() is None
     assert created(home) == []
-
-
-def _as_nobody(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return cli(args, env, 300, python=sys.executable,
-               prefix=["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"])
-
-
-@needs_root
-@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
-def test_a_listing_command_of_a_user_creates_nothing(shared_tmp):
-    home = user_home(shared_tmp)
-    env = home_env(home, shared_tmp / "tmp", PYTHONPATH=str(Path(__file__).resolve().parents[4] / "src"))
-    proc = _as_nobody(env, "cache", "prune")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert created(home, shared_tmp / "tmp") == [], proc.stderr[-2000:]
 
 
 @needs_root
