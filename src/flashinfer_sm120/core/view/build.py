@@ -201,7 +201,7 @@ def _build_locked(parent: str, base: str, toolkit: Toolkit, curand_inc: str | No
     try:
         os.chmod(tmp, 0o755)
         meta = _assemble(tmp, toolkit, curand_inc)
-        os.rename(tmp, free)  # free does not exist, and only lock holders create views of this layout
+        os.rename(tmp, free)  # threat-model: P3: onto a free name (only lock holders create views here)
     except OSError as exc:
         raise _io_error(exc, parent, "build the CUDA_HOME view") from exc
     finally:
