@@ -52,7 +52,8 @@ def _python() -> str:
     """A Python for the helper: this interpreter, the installation's where a program that embeds Python (uwsgi) left
     ``sys.executable`` naming itself, else ``/proc/self/exe`` (a path crossing a directory this uid cannot search)."""
     name = "python%d.%d" % sys.version_info[:2]
-    for path in (sys.executable, *(os.path.join(prefix, "bin", name) for prefix in (sys.exec_prefix, sys.base_exec_prefix))):
+    prefixes = (sys.exec_prefix, sys.base_exec_prefix)
+    for path in (sys.executable, *(os.path.join(prefix, "bin", name) for prefix in prefixes)):
         if os.path.basename(path).startswith("python") and os.access(path, os.X_OK):
             return path
     return "/proc/self/exe"
