@@ -295,12 +295,12 @@ def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     from flashinfer_sm120.safety.proc import signals_as_exit
 
     # threat-model: P4: a command that only lists creates nothing: cache prune without --yes nothing at all;
-    # status and doctor (not --smoke) import FlashInfer with its workspace in a private directory, after the checks
+    # status and doctor import FlashInfer with its workspace in a private directory, after the checks
     if args.cmd == "cache" and getattr(args, "cache_cmd", None) == "prune" and not getattr(args, "yes", False):
         from flashinfer_sm120.safety.fs.statedir import listing_only
 
         listing_only()
-    if args.cmd == "status" or (args.cmd == "doctor" and not args.smoke):
+    if args.cmd in ("status", "doctor"):
         from flashinfer_sm120.warmup.session import only_list
 
         only_list()

@@ -102,13 +102,3 @@ def test_an_entry_another_prune_removed_first_is_not_a_failure(caches):
     assert not [e.error for e in stale if e.error], [e.error for e in stale]
     for e in stale:
         assert e.removed and "another process" in e.reason, (e.kind, e.removed, e.kept, e.remove)
-
-
-def test_doctor_counts_cubins_beside_a_tree_deeper_than_the_recursion_limit(tmp_path, deep):
-    """``cubin_summary`` walked ``FLASHINFER_CUBIN_DIR`` with ``os.walk``: a RecursionError on Python < 3.12."""
-    from flashinfer_sm120.diagnose.verify import inventory
-
-    (tmp_path / "x.cubin").write_bytes(b"not an ELF file")
-    deep(tmp_path)
-    summary = inventory.cubin_summary(str(tmp_path), [("GPU 0 (12.0)", (12, 0))])
-    assert summary["cubins"] == 1 and summary["unreadable"] == 1
