@@ -9,9 +9,9 @@ Checks (one JSON, ``DIR/gpu_check.json``, and a table on stdout):
 ``build``        ``flashinfer-sm120 build`` of the modules a server uses first (sampling, bf16
                  decode and FA2 prefill at head dim 128) in a new FLASHINFER_WORKSPACE_BASE.
 ``sass``         every built ``.so`` holds SASS for each target (and, on a GPU, exact code for
-                 that GPU), read by cuobjdump (:mod:`flashinfer_sm120.diagnose.verify.inventory`).
-``link``         ``NEEDED``/``RPATH`` of every ``.so``: the driver's ``libcuda.so.1`` by SONAME,
-                 never the link stub; torch's ``libcudart`` major.
+                 that GPU), from the fatbin headers ``cuobjdump FILE`` prints.
+``link``         ``NEEDED``/``RPATH`` of every ``.so`` (binutils' ``readelf -d``): the driver's
+                 ``libcuda.so.1`` by SONAME, never the link stub; torch's ``libcudart`` major.
 GPU only (skipped with the reason where ``torch.cuda.is_available()`` is false):
 ``sampling``     ``top_k_top_p_sampling_from_probs``: the same seed gives the same samples, no
                  sample outside the top-k/top-p set, and 100 000 samples fit the reference
@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import json
 import math
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -387,19 +389,81 @@ def _build(rep: Report, args, env: dict) -> dict | None:
     return built
 
 
-def _sass_and_link(rep: Report, libs: list[str], home: str, targets: list[str], caps: list[tuple[int, int]]) -> None:
-    from flashinfer_sm120.diagnose.verify import inventory, rules
+def _cuobjdump(home: str) -> str | None:
+    """The toolkit's ``cuobjdump``, else an NVIDIA wheel's on ``sys.path``, else ``PATH``'s."""
+    cands = [os.path.join(home, "bin", "cuobjdump")]
+    for d in filter(None, sys.path):
+        cands += sorted(glob.glob(os.path.join(glob.escape(d), "nvidia", "cu1[0-9]", "bin", "cuobjdump")), reverse=True)
+        cands.append(os.path.join(d, "nvidia", "cuda_cuobjdump", "bin", "cuobjdump"))
+    for c in cands + [shutil.which("cuobjdump") or ""]:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
 
-    cuobjdump = inventory.find_cuobjdump(home)
+
+def module_targets(lib: str, cuobjdump: str) -> dict:
+    """``{"sass": [...], "ptx": [...]}`` of a ``.so`` from its fatbin headers (``arch = sm_120f``, suffix kept)."""
+    out, kind = {"sass": set(), "ptx": set()}, None
+    text = subprocess.run([cuobjdump, lib], capture_output=True, text=True, errors="replace", timeout=120).stdout
+    for line in map(str.strip, text.splitlines()):
+        if line.startswith("Fatbin ") and line.endswith(" code:"):
+            kind = {"elf": "sass", "ptx": "ptx"}.get(line.split()[1])
+        elif (m := re.fullmatch(r"arch = sm_([0-9]{2,3}[af]?)", line)) and kind:
+            out[kind].add(("sm_" if kind == "sass" else "compute_") + m.group(1))
+            kind = None
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def link_problems(lib: str, view: str | None, cuda_major: int) -> tuple[list[str], list[str]]:
+    """``(NEEDED, problems)`` of a ``.so``: FlashInfer links ``-L$cuda_home/lib64/stubs -lcudart -lcuda``, so
+    the driver's ``libcuda.so.1`` by SONAME, no RPATH into a stub, and torch's ``libcudart`` major must hold."""
+    text = subprocess.run(["readelf", "-d", "-W", lib], capture_output=True, text=True, timeout=60).stdout
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.*)\]", text)
+    rpath = [p for v in re.findall(r"\((?:RPATH|RUNPATH)\)\s+Library r(?:un)?path: \[(.*)\]", text)
+             for p in v.split(":") if p]
+    problems = []
+    if "libcuda.so" in needed:
+        problems.append(f"{lib} records NEEDED libcuda.so (no version): no driver installs that name")
+    for entry in rpath:
+        real = os.path.realpath(entry)
+        if "/stubs" in entry or (view and (real + "/").startswith(os.path.realpath(view) + "/")):
+            problems.append(f"{lib} has RPATH/RUNPATH {entry}: the link stub there would load instead of the driver")
+    problems += [f"{lib} needs {n}, torch loads libcudart.so.{cuda_major}" for n in needed
+                 if n.startswith("libcudart.so") and n != f"libcudart.so.{cuda_major}"]
+    return needed, problems
+
+
+def runtime_problems(before: set[str], after: set[str], view: str) -> tuple[dict, list[str]]:
+    """What loading the modules mapped (``/proc/self/maps`` paths): the driver's libcuda, torch's one libcudart."""
+    libs = {when: {k: sorted({os.path.realpath(p) for p in paths if os.path.basename(p).startswith(k + ".so")})
+                   for k in ("libcuda", "libcudart")} for when, paths in (("before", before), ("after", after))}
+    a, bad = libs["after"], os.path.realpath(view)
+    problems = [] if a["libcuda"] else ["libcuda.so.1 is not loaded: no NVIDIA driver library was found at run time"]
+    problems += [f"{lib} was loaded as libcuda: a link stub, not the driver" for lib in a["libcuda"]
+                 if "/stubs/" in lib or (lib + "/").startswith(bad + "/")]
+    if len(a["libcudart"]) > 1:
+        problems.append(f"two CUDA runtimes are loaded ({', '.join(a['libcudart'])}): a module brought its own")
+    elif libs["before"]["libcudart"] and a["libcudart"] != libs["before"]["libcudart"]:
+        problems.append(f"the modules loaded {a['libcudart']} while torch had {libs['before']['libcudart']}")
+    return a, problems
+
+
+def _mapped(text: str) -> set[str]:
+    """The file paths of a ``/proc/<pid>/maps`` text (`` (deleted)`` dropped)."""
+    return {parts[5].removesuffix(" (deleted)") for line in text.splitlines()
+            if len(parts := line.split(None, 5)) == 6 and parts[5].startswith("/")}
+
+
+def _sass_and_link(rep: Report, libs: list[str], home: str, targets: list[str], caps: list[tuple[int, int]]) -> None:
+    cuobjdump = _cuobjdump(home)
     t = time.monotonic()
     per, bad = {}, []
-    for lib in libs:
-        found = inventory.module_targets(lib, cuobjdump)
-        per[os.path.basename(lib)] = found["sass"] + found["ptx"] if found["known"] else found["note"]
-        if not found["known"]:
-            continue
+    for lib in libs if cuobjdump else ():
+        found = module_targets(lib, cuobjdump)
+        per[os.path.basename(lib)] = found["sass"] + found["ptx"]
         miss = [x for x in targets if x not in found["sass"]]
-        miss += [f"{c[0]}.{c[1]}" for c in caps if rules.best(found["sass"], c)[0] != "exact"]
+        exact = {x.rstrip("af") for x in found["sass"]}
+        miss += [f"{c[0]}.{c[1]}" for c in caps if f"sm_{c[0]}{c[1]}" not in exact]
         if miss:
             bad.append(f"{os.path.basename(lib)} lacks SASS for {', '.join(miss)}")
     if cuobjdump is None:
@@ -412,17 +476,13 @@ def _sass_and_link(rep: Report, libs: list[str], home: str, targets: list[str], 
     view = home if os.path.isfile(os.path.join(home, "flashinfer_sm120_view.json")) else None
     needed, problems = {}, []
     for lib in libs:
-        facts, p = rules.static_problems(lib, view=view, cuda_major=major)
-        needed[os.path.basename(lib)] = facts["needed"]
+        needed[os.path.basename(lib)], p = link_problems(lib, view, major)
         problems += p
     rep.check("link", "fail" if problems else "pass", "; ".join(problems) or
               f"no unversioned libcuda.so, no RPATH into a stub, libcudart.so.{major}", None, needed=needed)
 
 
 def _gpu_runs(rep: Report, env: dict, home: str, jit_dir: str) -> None:
-    from flashinfer_sm120.diagnose.verify import rules
-    from flashinfer_sm120.safety.formats.binary import proc_maps_paths
-
     me = [sys.executable, os.path.abspath(__file__), "--child"]
     before = _snapshot(jit_dir)
     t = time.monotonic()
@@ -443,8 +503,8 @@ def _gpu_runs(rep: Report, env: dict, home: str, jit_dir: str) -> None:
                                                                                           "expected"))
         rep.check(name, "pass" if c.get("pass") else "fail", detail, c.get("seconds"),
                   **{k: v for k, v in c.items() if k in ("counts", "expected", "max_abs_err")})
-    before, after = (proc_maps_paths(cold.get(k, ""), "/proc/self/maps") for k in ("maps_before", "maps_after"))
-    facts, problems = rules.runtime_problems(before, after, view=home)
+    before, after = (_mapped(cold.get(k, "")) for k in ("maps_before", "maps_after"))
+    facts, problems = runtime_problems(before, after, home)
     loaded = sorted(p for p in after if p.startswith(os.path.realpath(jit_dir)))
     rep.check("runtime link", "fail" if problems else "pass", "; ".join(problems) or
               f"libcuda {', '.join(facts['libcuda'])}; libcudart {', '.join(facts['libcudart'])}", None,
@@ -563,9 +623,7 @@ def main(argv: list[str] | None = None) -> int:
             if gpu:
                 jit_dir = os.path.dirname(os.path.dirname(libs[0]))
                 _gpu_runs(rep, env, built["cuda_home"], jit_dir)
-                from flashinfer_sm120.diagnose.verify import inventory
-
-                every = [p for _, p in inventory.jit_modules(jit_dir)]
+                every = [so for e in os.scandir(jit_dir) if os.path.isfile(so := os.path.join(e.path, f"{e.name}.so"))]
                 if set(every) - set(libs):  # modules JIT-built at first call: check those too
                     _sass_and_link(rep, every, built["cuda_home"], built["target_cuda_archs"], caps)
     finally:

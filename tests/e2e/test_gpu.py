@@ -5,8 +5,8 @@ On a GPU machine (an H200: sm_90a; an RTX 5090 / RTX PRO 6000: sm_120f; a DGX Sp
 
     python -m pytest -q -m gpu tests/e2e/test_gpu.py
 
-runs ``benchmarks/gpu_check.py`` once (at most 8 minutes) and checks each of its results, and
-``doctor --smoke`` with the kernel run.  ``GPU_CHECK_OUT`` keeps the JSON in that directory.
+runs ``benchmarks/gpu_check.py`` once (at most 8 minutes) and checks each of its results.
+``GPU_CHECK_OUT`` keeps the JSON in that directory.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import sys
 import pytest
 
 from helpers import ROOT
-from helpers.child import cli
 from helpers.host import needs_flashinfer
 
 torch = pytest.importorskip("torch")
@@ -83,13 +82,3 @@ def test_the_shim_adds_nothing_at_run_time(report):
 def test_json_names_the_gpu_driver_toolkit_and_targets(report):
     assert report["gpus"] and report["gpus"][0]["capability"]
     assert report["toolkit"]["cuda_version"] and report["targets"]
-
-
-def test_doctor_smoke_runs_the_kernel(clean_env):
-    env = {k: v for k, v in clean_env.items() if k != "FLASHINFER_CUDA_ARCH_LIST"}
-    proc = cli(["doctor", "--smoke", "--json"], env, 600, python=sys.executable)
-    smoke = json.loads(proc.stdout)["smoke"]
-    steps = {s["name"]: s for s in smoke["steps"]}
-    assert smoke["ok"], smoke
-    assert steps["load"]["status"] == steps["run"]["status"] == "passed"
-    assert "4096 results right" in steps["run"]["detail"]

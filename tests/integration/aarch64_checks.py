@@ -1,9 +1,8 @@
 """The checks of tests/integration/aarch64_emulated.sh, run inside its arm64 root (not a pytest module).
 
     python3 aarch64_checks.py doctor DOCTOR_JSON          # pip nvcc, AArch64, sm_121a, the view's libcudart
-    python3 aarch64_checks.py build DOCTOR_JSON MODULE    # the module in the inventory with sm_121a, AArch64
+    python3 aarch64_checks.py build BUILD_JSON            # each module built holds sm_121a, AArch64
     python3 aarch64_checks.py autoload                    # a 'spawn' worker imports flashinfer: status()
-    python3 aarch64_checks.py smoke SECONDS               # doctor --smoke's steps with a longer deadline
     python3 aarch64_checks.py seed AARCH64_JSON HOST_JSON # the fake 12.8 toolkit passed over, as on x86_64
 
 Each prints what it found and exits 1 with the reason on the first check that fails.
@@ -11,6 +10,7 @@ Each prints what it found and exits 1 with the reason on the first check that fa
 
 from __future__ import annotations
 
+import glob
 import json
 import multiprocessing
 import os
@@ -54,35 +54,23 @@ def doctor(report_path: str) -> None:
     aarch64(lib, "the view's libcudart.so.13")
 
 
-def build(report_path: str, module: str) -> None:
-    """Every module in the JIT directory (a new HOME: what ``build MODULE`` made) holds SASS sm_121a,
+def build(build_path: str) -> None:
+    """Every module ``build --json`` made holds SASS sm_121a (its fatbin headers, by the venv's cuobjdump),
     is an AArch64 ELF and records libcudart.so.13."""
-    report = json.load(open(report_path))
-    inventory = report.get("inventory") or {}
-    found = [m for place in inventory.get("places", []) if place.get("kind") == "jit" for m in _modules(place)]
-    print(json.dumps(found, indent=1)[:3000])
+    found = [m["library"] for m in json.load(open(build_path))["modules"]]
     if not found:
-        fail(f"nothing built by 'build {module}' in doctor's inventory")
-    for m in found:
-        if "sm_121a" not in m.get("sass", []):
-            fail(f"{m.get('name')}: SASS {m.get('sass')}, expected sm_121a ({m.get('note')})")
-        aarch64(m["path"], f"module {m.get('name')} (SASS {', '.join(m['sass'])})")
-        needed = subprocess.run(["readelf", "-d", m["path"]], capture_output=True, text=True).stdout
+        fail("'build' made no module")
+    cuobjdump = next(iter(glob.glob(os.path.join(sys.prefix, "lib", "python3*", "site-packages", "nvidia", "cu13",
+                                                  "bin", "cuobjdump"))), "cuobjdump")
+    for path in found:
+        heads = subprocess.run([cuobjdump, path], capture_output=True, text=True).stdout
+        if "arch = sm_121a" not in heads:
+            fail(f"{path}: no SASS sm_121a in its fatbin headers:\n{heads[-2000:]}")
+        aarch64(path, "module (SASS sm_121a)")
+        needed = subprocess.run(["readelf", "-d", path], capture_output=True, text=True).stdout
         print("  " + "\n  ".join(line.strip() for line in needed.splitlines() if "NEEDED" in line or "PATH" in line))
         if "libcudart.so.13" not in needed:
-            fail(f"{m['path']} does not record libcudart.so.13")
-
-
-def _modules(node):
-    """Every dict with a ``path`` ending ``.so`` under ``node`` (the inventory's modules)."""
-    if isinstance(node, dict):
-        if str(node.get("path", "")).endswith(".so"):
-            yield node
-        for v in node.values():
-            yield from _modules(v)
-    elif isinstance(node, list):
-        for v in node:
-            yield from _modules(v)
+            fail(f"{path} does not record libcudart.so.13")
 
 
 def _worker(q) -> None:
@@ -134,17 +122,6 @@ def seed(aarch64_json: str, host_json: str) -> None:
 FAKE = "/opt/fake-cuda-12.8"
 
 
-def smoke(seconds: str) -> None:
-    """The steps of ``doctor --smoke`` with ``seconds`` for all of them: emulated, its 30 s do not suffice."""
-    from flashinfer_sm120.cli.doctor import smoke_lines
-    from flashinfer_sm120.diagnose.verify.smoke import run_smoke
-
-    result = run_smoke(float(seconds))
-    print("\n".join(smoke_lines(result)))
-    if not result["ok"]:
-        fail(f"the smoke check failed at step {result['failed']!r}")
-
-
 if __name__ == "__main__":
     what, *rest = sys.argv[1:]
-    {"doctor": doctor, "build": build, "autoload": autoload, "seed": seed, "smoke": smoke}[what](*rest)
+    {"doctor": doctor, "build": build, "autoload": autoload, "seed": seed}[what](*rest)

@@ -79,7 +79,7 @@ def test_build_gives_nvcc_a_private_temporary_directory(logged):
 
 
 def test_planted_links_under_nvccs_temporary_names_leave_the_victim_alone(clean_env, tmp_path, real_nvcc13):
-    """A real nvcc compile (``doctor --smoke``) with a link planted under one of nvcc's temporary names
+    """A real nvcc compile (``build activation``) with a link planted under one of nvcc's temporary names
     (``-1``: nvcc 13.0 probes only the bare name before it opens the others) for each of the next
     30000 pids, all pointing at one file of the user's."""
     shared = tmp_path / "shared-tmp"
@@ -92,9 +92,9 @@ def test_planted_links_under_nvccs_temporary_names_leave_the_victim_alone(clean_
         pid_max = int(f.read())
     for n in range(1, 30001):
         os.symlink(victim, shared / f"tmpxft_{(last + n) % pid_max:08x}_00000000-1")
-    env = dict(clean_env, CUDA_HOME=real_nvcc13, TMPDIR=str(shared), FLASHINFER_CUDA_ARCH_LIST="12.0")
-    proc = cli(["doctor", "--smoke", "--json"], env)
-    steps = {s["name"]: s["status"] for s in json.loads(proc.stdout)["smoke"]["steps"]}
-    assert steps["compile"] == steps["link"] == "passed", proc.stdout[-3000:]
+    env = dict(clean_env, CUDA_HOME=real_nvcc13, TMPDIR=str(shared))
+    proc = cli(["build", "--arch", "12.0", "--json", "activation"], env, timeout=900)
+    (mod,) = json.loads(proc.stdout)["modules"]
+    assert proc.returncode == 0 and mod["status"] == "built", proc.stdout[-3000:] + proc.stderr[-3000:]
     assert victim.read_text() == "precious\n"
     assert all(stat.S_ISLNK(os.lstat(shared / n).st_mode) for n in os.listdir(shared) if n.startswith("tmpxft_"))

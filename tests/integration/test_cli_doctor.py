@@ -1,5 +1,5 @@
 """``flashinfer-sm120 doctor``: a verdict on the first line and an exit status to match, one screen by
-default (everything under --verbose and --json), typed findings, --arch, --smoke on its own."""
+default (everything under --verbose and --json), typed findings, --arch."""
 
 import json
 import logging
@@ -75,43 +75,6 @@ def test_a_bad_arch_is_refused_naming_the_value(capsys):
     assert main(["doctor", "--arch", "12.x"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("flashinfer-sm120: error: ") and "12.x" in err
-
-
-def test_smoke_runs_the_smoke_steps_without_the_report(monkeypatch, capsys):
-    """``doctor --smoke`` spent 26-30 s on the full report before its 3 s of smoke steps."""
-    from flashinfer_sm120.diagnose.verify import report, smoke
-
-    calls = {"collect": 0, "smoke": 0}
-
-    def step(name, status, detail, output=""):
-        return {"name": name, "status": status, "seconds": 0.2, "detail": detail, "output": output}
-
-    def collect(*a, **k):
-        calls["collect"] += 1
-        raise AssertionError("the full report was collected")
-
-    def run_smoke(timeout, *a, **k):
-        calls["smoke"] += 1
-        calls["timeout"] = timeout
-        return {"ok": True, "steps": [step("toolkit", "passed", "nvcc 13.0")], "failed": None, "seconds": 1.5,
-                "cuda_home": "/opt/cuda", "targets": ["sm_120f"]}
-
-    monkeypatch.setenv("FLASHINFER_SM120_QUIET", "")  # doctor sets these two for its own process:
-    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "")  # restored after this in-process run
-    monkeypatch.setattr(report, "collect", collect)
-    monkeypatch.setattr(doctor, "collect", collect)
-    monkeypatch.setattr(smoke, "run_smoke", run_smoke)
-    assert main(["doctor", "--smoke", "--arch", "12.0"]) == 0
-    out = capsys.readouterr().out
-    assert calls == {"collect": 0, "smoke": 1, "timeout": 30.0}
-    assert main(["doctor", "--smoke", "--arch", "12.0", "--timeout", "90"]) == 0 and calls["timeout"] == 90.0
-    capsys.readouterr()
-    assert out.startswith("OK: a tiny kernel built for sm_120f") and "toolkit" in out
-    monkeypatch.setattr(smoke, "run_smoke", lambda *a, **k: {
-        "ok": False, "steps": [step("compile", "failed", "compile failed (exit 1)", "nvcc fatal")], "failed": "compile",
-        "seconds": 0.3, "cuda_home": None, "targets": []})
-    assert main(["doctor", "--smoke", "--json"]) == 1
-    assert json.loads(capsys.readouterr().out)["smoke"]["failed"] == "compile"
 
 
 def test_a_new_check_is_one_line_and_its_warning_is_printed(monkeypatch):

@@ -22,9 +22,6 @@ from flashinfer_sm120.core.patch.laststatus import from_status
 from flashinfer_sm120.core.facts.arch import ArchListError
 from flashinfer_sm120.core.toolkit import fixes, ninja
 from flashinfer_sm120.core.toolkit.model import Toolkit
-from flashinfer_sm120.diagnose.verify import inventory
-from flashinfer_sm120.diagnose.verify.diagnosis import diagnose
-from helpers.reports import doctor_report
 from flashinfer_sm120.warmup import modules
 
 
@@ -171,27 +168,6 @@ def test_an_import_failure_under_the_guard_ends_with_the_fix():
     emfile = refusals.import_failure(OSError(errno.EMFILE, "Too many open files"),
                                      {"mode": "failed", "resolution": {"fix": "pip install 'cuda-toolkit[nvcc]'"}})
     assert "ulimit -n" in emfile and "pip install" not in emfile, emfile
-
-
-# --------------------------------------------------------------------------- doctor: other targets
-
-
-def test_doctor_points_at_modules_built_for_other_targets(tmp_path):
-    tag = "nvcc13.0.88-aaaa"
-    built = tmp_path / "0.7.4" / "120f" / tag / "cached_ops" / "sampling"
-    built.mkdir(parents=True)
-    (built / "sampling.so").write_bytes(b"\x7fELF")
-    here = tmp_path / "0.7.4" / tag / "cached_ops"  # no GPU, no arch list: no targets part
-    here.mkdir(parents=True)
-    assert inventory.other_targets(str(here)) == {"120f": 1}
-    section = inventory.inventory(str(here), [], prebuilt=False)
-    (note,) = [f for f in diagnose(doctor_report(inventory=section)).findings if f.code == "other-targets"]
-    assert str(here) in note.text and "120f (1)" in note.text and "FLASHINFER_CUDA_ARCH_LIST" in note.fix
-    assert inventory.other_targets(str(built.parent)) == {}  # the built directory itself
-    report = doctor_report(inventory=section)
-    report["resolution"]["choice"]["targets"] = []  # no targets: no JIT dir, so its targets-less path is not named
-    (note,) = [f for f in diagnose(report).findings if f.code == "other-targets"]
-    assert str(here) not in note.text and "120f (1)" in note.text and "FLASHINFER_CUDA_ARCH_LIST" in note.fix
 
 
 def test_a_mistyped_option_does_not_call_a_module_unrecognized(capsys):

@@ -1,6 +1,6 @@
 """What every JIT build runs by name (nvcc's host compiler ``gcc``, FlashInfer's ``c++``, nvcc's ``rm``)
 is held to the trust rule where PATH finds it: FlashInfer's own JIT build, ``build`` and
-``doctor``/``doctor --smoke`` refuse before anything runs it (threat model P2)."""
+``doctor`` refuse before anything runs it (threat model P2)."""
 
 import json
 import os
@@ -58,9 +58,6 @@ def test_build_and_doctor_refuse_it(planted):
     found = {f["code"]: f for f in json.loads(proc.stdout)["diagnosis"]["findings"]}
     assert proc.returncode == 1 and "untrusted-host-program" in found, found
     assert str(gcc) in found["untrusted-host-program"]["text"] and "NVCC_CCBIN" in found["untrusted-host-program"]["fix"]
-    proc = cli(["doctor", "--smoke", "--arch", "12.0"], env)
-    assert proc.returncode == 1 and "nvcc's host compiler" in proc.stdout + proc.stderr
-    assert str(gcc) in proc.stdout + proc.stderr
     assert not mark.exists()
     # naming a trusted host compiler instead is the fix doctor gives: the finding goes
     proc = cli(["doctor", "--json", "--arch", "12.0"], dict(env, NVCC_CCBIN="/usr/bin/g++"))

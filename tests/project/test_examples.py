@@ -136,7 +136,7 @@ def test_systemd_unit_runs_without_a_writable_home(built, tmp_path):
     pre = unit["ExecStartPre"][0].replace("/opt/venv", str(venv)).split()
     proc = subprocess.run(pre, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.startswith("OK: "), proc.stdout + proc.stderr
-    # the smoke check runs alone; the full report (autoload, exports, vLLM's view) is doctor --verbose
+    # the full report (autoload, exports, vLLM's view): doctor --verbose
     proc = subprocess.run([pre[0], "doctor", "--verbose"], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "state: chosen" in proc.stdout, proc.stdout + proc.stderr
     pth = purelib(venv / 'bin' / 'python') / PTH_NAME

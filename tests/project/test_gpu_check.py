@@ -1,5 +1,5 @@
 """benchmarks/gpu_check.py without a GPU: its CPU part (build through the shim in a fresh JIT
-workspace, SASS inventory, link check) as CI runs it, and its GPU checks' references and index
+workspace, SASS check, link check) as CI runs it, and its GPU checks' references and index
 arithmetic on the CPU, against stand-ins written from FlashInfer 0.7.4's API."""
 
 from __future__ import annotations

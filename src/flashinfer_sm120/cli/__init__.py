@@ -295,8 +295,8 @@ def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     from flashinfer_sm120.safety.proc import signals_as_exit
 
     # threat-model: P4: a command that only lists creates nothing in FlashInfer's cache: status and doctor
-    # (not --smoke) import FlashInfer with its workspace in a private directory, after the checks
-    if args.cmd == "status" or (args.cmd == "doctor" and not args.smoke):
+    # import FlashInfer with its workspace in a private directory, after the checks
+    if args.cmd in ("status", "doctor"):
         from flashinfer_sm120.warmup.session import only_list
 
         only_list()

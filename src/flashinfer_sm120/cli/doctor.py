@@ -18,10 +18,9 @@ from flashinfer_sm120.safety.formats.base import MAX_MESSAGE, bounded, plural, p
 from flashinfer_sm120.safety.formats.params import cli_float
 from flashinfer_sm120.diagnose.verify.diagnosis import SETTING, VERDICT_NOTES
 from flashinfer_sm120.diagnose.verify.report import ALONE_TIMEOUT_S, collect
-from flashinfer_sm120.diagnose.verify.smoke import SMOKE_TIMEOUT_S
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
 
-__all__ = ["EXIT_CODES", "SHORT_LINES", "WIDTH", "run_doctor", "render", "dump", "smoke_lines", "add_parser"]
+__all__ = ["EXIT_CODES", "SHORT_LINES", "WIDTH", "run_doctor", "render", "dump", "add_parser"]
 
 #: Exit status -> meaning (``doctor --help`` and docs/cli.md).
 EXIT_CODES = {0: "OK: FlashInfer will build (warnings may follow)",
@@ -40,8 +39,6 @@ def run_doctor(args: argparse.Namespace) -> int:
     require_dependencies()  # a missing one: cli.main prints it with its fix (as JSON too with --json)
     apply_arch(args.arch)  # a bad value: UsageError, printed by cli.main (as JSON too with --json)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the report says what the log line would
-    if args.smoke:
-        return _smoke_only(args)
     from flashinfer_sm120.diagnose.verify.diagnosis import diagnose
 
     # the verdict is the first line anyone reads: a progress note only on a terminal, erased before it
@@ -54,7 +51,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     except Exception as exc:
         server_cache = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     from flashinfer_sm120.core.facts import precompiled
-    from flashinfer_sm120.diagnose.verify import inventory, report as part
+    from flashinfer_sm120.diagnose.verify import report as part
     from flashinfer_sm120.warmup import plan
 
     log = logging.getLogger("flashinfer_sm120")
@@ -63,8 +60,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     try:
         report = collect(args.timeout or ALONE_TIMEOUT_S, say=say, server_cache=server_cache, arch=args.arch, sections=(
             ("ninja", part.ninja_section), ("servers", part.servers_section), ("build_line", part.build_line_section),
-            ("inventory", inventory.doctor_section), ("builds", plan.doctor_section),
-            ("precompiled", precompiled.doctor_section)))
+            ("builds", plan.doctor_section), ("precompiled", precompiled.doctor_section)))
     finally:
         log.setLevel(level)
     if tty:
@@ -93,7 +89,7 @@ def render(report: dict, *, verbose: bool = False, diagnosis=None) -> list[str]:
         return head + [ln for block in blocks for ln in block] + facts + [
             "", "The whole report (doctor --json prints it as JSON):"] + dump(
             {k: v for k, v in report.items() if k != "diagnosis"}, "  ")
-    tail = wrap("More: flashinfer-sm120 doctor --verbose (every toolkit, the patch, exports, servers, modules), or --json")
+    tail = wrap("More: flashinfer-sm120 doctor --verbose (every toolkit, the patch, exports, servers), or --json")
     room = SHORT_LINES - len(head) - len(facts) - len(tail)
     if sum(map(len, blocks)) > room:  # as many whole findings as fit, then one line saying how many more
         fit = sum(1 for total in itertools.accumulate(map(len, blocks)) if total <= room - 1)
@@ -104,36 +100,6 @@ def render(report: dict, *, verbose: bool = False, diagnosis=None) -> list[str]:
 def _settings(d) -> list:
     """The findings that qualify the verdict (:data:`VERDICT_NOTES`): on the OK line, or right after a PROBLEM."""
     return [f for f in d.findings if f.code in VERDICT_NOTES]
-
-
-def _smoke_only(args: argparse.Namespace) -> int:
-    """``doctor --smoke``: the smoke steps alone (the full report is ``doctor`` without it)."""
-    from flashinfer_sm120.diagnose.verify import smoke
-
-    result = smoke.run_smoke(args.timeout or smoke.SMOKE_TIMEOUT_S)
-    if args.json:
-        print(json.dumps({"smoke": result, "ok": result["ok"]}, indent=2, default=str))
-    else:
-        for line in smoke_lines(result):
-            print(printable(line))
-    return 0 if result["ok"] else 1
-
-
-def smoke_lines(result: dict) -> list[str]:
-    """A smoke result (:func:`~flashinfer_sm120.diagnose.verify.smoke.run_smoke`) as printed: the verdict, then each
-    step with its output."""
-    if result["ok"]:
-        lines = [f"OK: a tiny kernel built for {' '.join(result['targets']) or 'no targets'} with FlashInfer's own "
-                 f"build line and the chosen toolkit ({result['cuda_home']}) in {result['seconds']:g} s"]
-    else:
-        step = next((s for s in result["steps"] if s["name"] == result["failed"]), {})
-        lines = [_one_line(f"PROBLEM: the smoke check failed at step '{result['failed']}': {step.get('detail', '')}"),
-                 "  Fix: " + (result.get("fix") or "see the step's output below; 'flashinfer-sm120 doctor' gives "
-                              "the full report")]
-    for s in result["steps"]:
-        lines.append(f"  {s['name']:<10}  {s['status']:<7}  {s['seconds']:>5.1f} s  {s['detail']}")
-        lines += ["      " + ln for ln in s["output"].splitlines()]
-    return lines
 
 
 # --------------------------------------------------------------------------- rendering
@@ -281,14 +247,9 @@ def add_parser(sub) -> None:
                        f"and without flashinfer-sm120, the autoload and ninja. Exit status {codes}.")
     d.add_argument("--json", action="store_true", help="print the whole report as JSON on stdout")
     d.add_argument("--verbose", "-v", action="store_true",
-                   help="print every toolkit, patch step, exported variable, server and built module")
+                   help="print every toolkit, patch step, exported variable and server")
     d.add_argument("--arch", help=ARCH_HELP)
     d.add_argument("--timeout", type=cli_float("--timeout", 0.1, 3600.0), metavar="SECONDS",
                    help="how long unpatched FlashInfer may take in its child process (it runs nvcc without a "
-                        f"timeout; default {ALONE_TIMEOUT_S:g}); with --smoke, the whole smoke check "
-                        f"(default {SMOKE_TIMEOUT_S:g})")
-    d.add_argument("--smoke", action="store_true",
-                   help="instead of the report, compile and link a tiny kernel with the chosen toolkit and "
-                        "FlashInfer's own flags, and run it when a GPU is visible (within --timeout; exit 1 "
-                        "naming the failing step)")
+                        f"timeout; default {ALONE_TIMEOUT_S:g})")
     d.set_defaults(func=run_doctor)

@@ -48,15 +48,24 @@ class Result:
         return self.output.decode("utf-8", "replace")
 
 
+def _python() -> str:
+    """A Python for the helper: this interpreter, the installation's where a program that embeds Python (uwsgi) left
+    ``sys.executable`` naming itself, else ``/proc/self/exe`` (a path crossing a directory this uid cannot search)."""
+    name = "python%d.%d" % sys.version_info[:2]
+    prefixes = (sys.exec_prefix, sys.base_exec_prefix)
+    for path in (sys.executable, *(os.path.join(prefix, "bin", name) for prefix in prefixes)):
+        if os.path.basename(path).startswith("python") and os.access(path, os.X_OK):
+            return path
+    return "/proc/self/exe"
+
+
 def start(argv: Sequence[str], *, stdout, env: Mapping[str, str] | None = None, cwd: str | None = None,
           grace: float = 0.0, keep: bool = False, status_fd: int = -1, **popen) -> subprocess.Popen:
     """Start ``argv`` under its own :mod:`.reaper` (new session, stdin ``/dev/null``): SIGTERM to it stops ``argv``
     (after ``grace`` s) and kills all it started; it ends once they are gone (``keep``: once ``argv`` ended)."""
     # The child subreaper is this helper, never the calling process: a server that imported the package keeps
     # its own rule for who reaps its orphans, and each run's leftovers are told apart from another run's (P6).
-    # the running interpreter, also where its path crosses a directory this uid cannot search (after setpriv)
-    python = sys.executable if os.access(sys.executable, os.X_OK) else "/proc/self/exe"
-    return subprocess.Popen([python, "-I", "-S", reaper.__file__, str(os.getpid()), f"{grace:g}",
+    return subprocess.Popen([_python(), "-I", "-S", reaper.__file__, str(os.getpid()), f"{grace:g}",
                              "keep" if keep else "kill", str(status_fd), *argv],
                             stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.STDOUT,
                             env=dict(os.environ if env is None else env), cwd=cwd, close_fds=True,

@@ -118,3 +118,13 @@ def test_leave_running_keeps_what_a_program_started_once_it_ended_well():
         assert r.ok and alive_with(f"sleep {tok}")  # a server (sccache) lives on
     finally:
         kill_all_with(tok)
+
+
+@pytest.mark.parametrize("host", ["/bin/true", "/bin/sleep", ""])
+def test_an_embedding_program_as_sys_executable_still_runs_the_program(monkeypatch, host):
+    # uwsgi and other programs that embed Python leave sys.executable naming themselves (or empty): the helper
+    # that runs the program must still be a Python, and a run must not be blamed on the program (P6, P8)
+    monkeypatch.setattr("sys.executable", host)
+    with hang_guard(60):
+        r = proc.run(["sh", "-c", "echo ran; exit 4"], timeout=30)
+    assert r.returncode == 4 and r.output == b"ran\n", r

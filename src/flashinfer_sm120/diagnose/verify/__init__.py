@@ -1,2 +1,1 @@
-"""Checks of what was built: targets per GPU, what FlashInfer will load, link facts, the smoke check.
-Nothing here patches anything."""
+"""``doctor``'s report and its verdict. Nothing here patches anything."""

@@ -23,14 +23,14 @@ SETTING = "toolkit-setting"
 #: of this environment left to FlashInfer's failing choice, and a report on another environment than the activated one.
 VERDICT_NOTES = (SETTING, "autoload-off", "other-env")
 
-#: Why nothing can be built with neither a GPU nor an arch list, and its fix (doctor, status and smoke say it).
+#: Why nothing can be built with neither a GPU nor an arch list, and its fix (doctor and status say it).
 NO_TARGETS = "no GPU visible and no FLASHINFER_CUDA_ARCH_LIST"
 NO_TARGETS_FIX = "FLASHINFER_CUDA_ARCH_LIST=12.0 for a server, build --arch 12.0 for an image (12.1 on DGX Spark)"
 
 
-def no_targets_fix(check: str = "doctor") -> str:
-    """:data:`NO_TARGETS_FIX` and the command that checks it again (``doctor --smoke`` for the smoke check)."""
-    return f"{NO_TARGETS_FIX}; check with flashinfer-sm120 {check} --arch 12.0"
+def no_targets_fix() -> str:
+    """:data:`NO_TARGETS_FIX` and the command that checks it again."""
+    return f"{NO_TARGETS_FIX}; check with flashinfer-sm120 doctor --arch 12.0"
 
 
 class Level(str, enum.Enum):
@@ -150,17 +150,6 @@ def _check_sections(report: dict) -> Iterable[Finding]:
         yield Finding(Level.WARNING, "ninja-log-format", f"{plural(sum(stale.values()), 'module')} in "
                       f"{ninja.get('jit_dir')} were built by a ninja with .ninja_log v{', v'.join(sorted(stale))}: "
                       f"{chosen['path']} will rebuild them", f"'flashinfer-sm120 build' them again (it runs {chosen['path']})")
-    inv = report.get("inventory") or {}
-    if inv.get("problems"):
-        yield Finding(Level.WARNING, "unrunnable-modules", f"{plural(inv['problems'], 'built module holds', 'built modules hold')} no code a GPU "
-                      f"here can run", "rebuild them for these GPUs (flashinfer-sm120 build)")
-    for place in inv.get("places") or ():
-        if place.get("other_targets"):
-            built = ", ".join(f"{d} ({n})" for d, n in place["other_targets"].items())
-            # without targets there is no JIT dir (its path lacks the targets part): only what was built elsewhere
-            where = f"no module in {place['path']}, but" if _choice(report).get("targets") else "no targets, but"
-            yield Finding(Level.NOTE, "other-targets", f"{where} modules built with this toolkit for other targets: "
-                          f"{built}", "set FLASHINFER_CUDA_ARCH_LIST (e.g. 12.0), or doctor --arch 12.0, to inspect them")
     applied = report.get("server_cache") or {}
     if applied.get("changed"):
         yield Finding(Level.NOTE, "server-cache", f"this report uses {applied['server']}'s FLASHINFER_WORKSPACE_BASE="
@@ -172,7 +161,7 @@ def _check_sections(report: dict) -> Iterable[Finding]:
         yield Finding(Level.WARNING, "autoload-outdated", f"{pth} was not written by this release, or its module "
                       f"{HOOK_FILE} is missing", "run 'flashinfer-sm120 enable' again")
     yield from _check_environment(report)
-    for key in ("ninja", "servers", "inventory", "builds"):
+    for key in ("ninja", "servers", "builds"):
         if "error" in (report.get(key) or {}) and not (key == "ninja" and "candidates" in report[key]):
             yield Finding(Level.NOTE, "section-error", f"{key} could not be checked ({report[key]['error']})")
 
