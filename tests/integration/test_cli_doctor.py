@@ -105,8 +105,8 @@ def test_a_new_check_is_one_line_and_its_warning_is_printed(monkeypatch):
                                            "Fix: pip install nvidia-cuda-nvcc")
 
 
-NOPE = ("CUDA_HOME='/opt/nope' was not used: directory does not exist; the toolkit was chosen as if it were unset. "
-        "Fix: unset CUDA_HOME or point it at a toolkit prefix (the directory above bin/nvcc)")
+NOPE = {"variable": "CUDA_HOME", "value": "/opt/nope", "why": "directory does not exist; the toolkit was chosen as if it "
+        "were unset", "fix": "unset CUDA_HOME or point it at a toolkit prefix (the directory above bin/nvcc)"}
 
 
 def test_a_refused_toolkit_setting_is_on_the_verdict_line(monkeypatch):
@@ -114,11 +114,13 @@ def test_a_refused_toolkit_setting_is_on_the_verdict_line(monkeypatch):
     cleaned CUDA_HOME), but the first line names the variable, its value, why and the fix (P8)."""
     for verbose in (False, True):
         lines = doctor.render(doctor_report(settings=[NOPE]), verbose=verbose)
-        assert lines[0].startswith("OK: FlashInfer will build sm_120f") and NOPE in lines[0], lines
-        assert sum(NOPE in ln for ln in lines) == 1 + verbose, lines  # said once (--verbose: and in the report)
+        assert lines[0].startswith("OK: FlashInfer will build sm_120f") and "CUDA_HOME='/opt/nope'" in lines[0], lines
+        assert NOPE["why"] in lines[0] and f"Fix: {NOPE['fix']}" in lines[0], lines
+        assert sum("'/opt/nope'" in ln for ln in lines) == 1, lines  # said once (--verbose: the report has its fields)
     assert diagnose(doctor_report(settings=[NOPE])).ok
     lines = doctor.render(doctor_report(settings=[NOPE], before={}, resolution=None, resolution_error="boom"))
-    assert lines[0] == "PROBLEM: boom" and lines[1] == f"WARNING: {NOPE}", lines  # a PROBLEM first, then it
+    assert lines[0] == "PROBLEM: boom" and lines[1].startswith("WARNING: CUDA_HOME='/opt/nope'"), lines  # then it
+    assert lines[1].endswith(f"Fix: {NOPE['fix']}"), lines
 
 
 def test_a_raising_check_is_a_note_and_the_rest_still_run(monkeypatch):

@@ -97,9 +97,12 @@ def test_a_setting_naming_no_toolkit_changes_no_choice_and_is_told(clean_env, va
         docs.append(json.loads(out))
     assert docs[1]["toolkit"] == docs[0]["toolkit"], docs
     (note,) = docs[1]["resolution"]["settings"]
-    assert f"{var}='{value}' was not used" in note and f"Fix: unset {var} or " in note, note
+    assert (note["variable"], note["value"]) == (var, value) and note["fix"].startswith(f"unset {var} or "), note
     proc, line, _ = _status(dict(clean_env, **{var: value}), "--arch", "12.0")
-    assert note in line and proc.returncode == (0 if docs[0]["ok"] else 1), line  # the exit status as without it
+    assert f"{var}='{value}' " in line and f"Fix: {note['fix']}" in line, line
+    assert proc.returncode == (0 if docs[0]["ok"] else 1), line  # the exit status as without it
+    proc, out, _ = _status(dict(clean_env, **{var: value}), "--arch", "12.0", "--json")  # the record says the same
+    assert json.loads(out)["source"] == "record" and json.loads(out)["settings"] == [note], out
 
 
 def test_exit_codes_follow_what_can_be_built():

@@ -8,8 +8,10 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import fields
 
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
+from flashinfer_sm120.core.toolkit.model import Setting
 from flashinfer_sm120.safety.formats.base import printable
 
 __all__ = ["add_parser", "run_status", "status_line", "exit_code", "recorded", "EXIT_CODES"]
@@ -34,7 +36,7 @@ def exit_code(st: dict) -> int:
 def status_line(st: dict) -> str:
     """``<mode>: nvcc <release> at <toolkit>; targets <sm_...>``, or why there is no toolkit; then each toolkit
     setting not used as given, with its fix (P8)."""
-    return "; ".join([_line(st), *st.get("settings", ())])
+    return "; ".join([_line(st), *(str(Setting(**s)) for s in st.get("settings", ()))])
 
 
 def _line(st: dict) -> str:
@@ -171,14 +173,15 @@ def _well_formed(st) -> bool:
 
     if not isinstance(st, dict) or st.get("mode") not in [m.value for m in Mode]:
         return False
-    tk, targets = st.get("toolkit"), st.get("targets")
+    tk, targets, settings = st.get("toolkit"), st.get("targets"), st.get("settings")
     if tk is not None and not (isinstance(tk, dict) and isinstance(tk.get("nvcc"), str)
                                and isinstance(tk.get("stat"), list)):
         return False
     texts = [st.get(k) for k in ("error", "arch_list_error", "flashinfer")] + [(tk or {}).get(k) for k in
                                                                               ("nvcc_full", "root")]
-    lists = (targets, st.get("settings"))
-    return all(isinstance(x, list) and all(isinstance(v, str) for v in x) for x in lists) and all(
+    rows = [list(s.values()) if isinstance(s, dict) and list(s) == [f.name for f in fields(Setting)] else None
+            for s in settings] if isinstance(settings, list) else [None]  # each Setting's fields, in order
+    return all(isinstance(x, list) and all(isinstance(v, str) for v in x) for x in (targets, *rows)) and all(
         v is None or isinstance(v, str) for v in texts)
 
 

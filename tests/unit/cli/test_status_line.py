@@ -38,9 +38,13 @@ def test_json_from_a_record_has_no_unlabeled_fingerprint_and_says_why_nothing_bu
 
 def test_a_refused_toolkit_setting_is_on_the_status_line(capsys):
     """CUDA_HOME=/opt/nope: status named another toolkit and not why (P8): the line names it and the fix."""
-    note = "CUDA_HOME='/opt/nope' was not used: directory does not exist. Fix: unset CUDA_HOME"
+    note = {"variable": "CUDA_HOME", "value": "/opt/nope", "why": "directory does not exist", "fix": "unset CUDA_HOME"}
     tk = {"nvcc_full": "13.0.88", "root": "/tk", "nvcc": "/tk/bin/nvcc", "stat": [1]}
     st = {"mode": "patched", "error": None, "toolkit": tk, "targets": ["sm_120f"], "settings": [note]}
     assert status._say(argparse.Namespace(json=False), st, "record") == 0
-    assert capsys.readouterr().out == f"patched: nvcc 13.0.88 at /tk; targets sm_120f; {note}\n"
-    assert status._well_formed(st) and not status._well_formed(dict(st, settings=None))
+    line = capsys.readouterr().out
+    assert line.startswith("patched: nvcc 13.0.88 at /tk; targets sm_120f; CUDA_HOME='/opt/nope'"), line
+    assert "directory does not exist" in line and line.endswith("Fix: unset CUDA_HOME\n"), line
+    assert status._well_formed(st)
+    for bad in (None, ["CUDA_HOME='/opt/nope' ..."], [dict(note, fix=None)], [{"variable": "CUDA_HOME"}]):
+        assert not status._well_formed(dict(st, settings=bad)), bad  # a record of another shape is none

@@ -8,11 +8,11 @@ from typing import Sequence
 
 from flashinfer_sm120.core.facts.releases import ReleaseInfo, release_info
 from flashinfer_sm120.core.patch.state import Resolution, arch_specs, flashinfer_version
-from flashinfer_sm120.core.toolkit.model import Choice, RejectKind, Toolkit
+from flashinfer_sm120.core.toolkit.model import Choice, RejectKind, Setting, Toolkit
 from flashinfer_sm120.errors import ToolkitError
-from flashinfer_sm120.safety.formats.base import MAX_WORD, bounded, shown
+from flashinfer_sm120.safety.formats.base import bounded
 
-__all__ = ["resolve", "setting_notes", "own_nvcc"]
+__all__ = ["resolve", "refused_settings", "own_nvcc"]
 
 
 _REFUSED = (RejectKind.UNUSABLE, RejectKind.NOT_CHOSEN)
@@ -27,27 +27,24 @@ def _for_messages(value: str | None) -> str | None:
     return f"{value[:ARCH_LIST_SHOWN]}... ({len(value)} characters)"
 
 
-def setting_notes(env: dict[str, str], choice: Choice | None = None) -> tuple[str, ...]:
-    """A note naming the fix for each setting of a toolkit not used as given (P1, P8): a ``CUDA_HOME``/``CUDA_PATH``
-    that ``sources.clean_home`` had to change (``:/usr/local/cuda-13.0``, ``.../bin``), or one ``choice`` refused."""
+def refused_settings(env: dict[str, str], choice: Choice | None = None) -> tuple[Setting, ...]:
+    """Each setting of a toolkit not used as given (P1, P8): a ``CUDA_HOME``/``CUDA_PATH`` that
+    ``sources.clean_home`` had to change (``:/usr/local/cuda-13.0``, ``.../bin``), or one ``choice`` refused."""
     from flashinfer_sm120.core.toolkit.policy import EXPLICIT_SOURCES
     from flashinfer_sm120.core.toolkit.probe import NO_NVCC_FIX
     from flashinfer_sm120.core.toolkit.sources import clean_home
 
-    notes = []
+    out = []
     for var in ("CUDA_HOME", "CUDA_PATH"):
-        val = env.get(var)
-        cleaned = clean_home(val) if val else None
-        if cleaned is not None and cleaned.rstrip("/") != val.rstrip("/"):
-            notes.append(f"{var}={val!r} is malformed; read it as {cleaned!r}. "
-                         f"Fix: export {var}={cleaned}")
+        val = env.get(var) or ""
+        if (cleaned := clean_home(val)).rstrip("/") != val.rstrip("/"):
+            out.append(Setting(var, val, f"malformed, read as {cleaned!r}", f"export {var}={cleaned}"))
     for r in choice.rejected if choice else ():
         for var in (v for v in EXPLICIT_SOURCES if v in r.toolkit.sources and r.kind in _REFUSED):
             fix = NO_NVCC_FIX[var]
             why = bounded(r.why.removeprefix(f"{r.toolkit.given_as}: ").removesuffix(f"; {fix}"))  # P8
-            notes.append(f"{var}={shown(env.get(var, ''), MAX_WORD)} was not used: {why}; the toolkit was chosen "
-                         f"as if it were unset. Fix: {fix}")
-    return tuple(notes)
+            out.append(Setting(var, env.get(var, ""), f"{why}; the toolkit was chosen as if it were unset", fix))
+    return tuple(out)
 
 
 def own_nvcc(naive_root: str | None) -> str | None:
@@ -78,12 +75,11 @@ def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | 
     specs, arch_err = arch_specs(arch_list)
     gq = query()
     gpus = tuple(gq.gpus)
-    explicit = env.get("CUDA_HOME") or env.get("CUDA_PATH") or None
     naive = flashinfer_naive_root(env)
     unset = {k: v for k, v in env.items() if k not in EXPLICIT_SOURCES}
     common = dict(gpus=gpus, arch_list=_for_messages(arch_list), arch_list_error=arch_err, naive_root=naive,
-                  naive_lacks=tuple(lacks(naive)) if naive else (), explicit_home=explicit, release=release,
-                  gpu_query=gq, targets_from="gpus" if specs is None else "arch_list")
+                  naive_lacks=tuple(lacks(naive)) if naive else (), release=release, gpu_query=gq,
+                  targets_from="gpus" if specs is None else "arch_list")
     candidates = discover(env) if toolkits is None else toolkits
     try:
         choice = choose(candidates, specs, [g.capability for g in gpus], torch_cuda_version(),
@@ -94,8 +90,8 @@ def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | 
     except ToolkitError as exc:
         if not guard:
             raise
-        return Resolution(None, None, error=str(exc), fix=getattr(exc, "fix", None), settings=setting_notes(env),
+        return Resolution(None, None, error=str(exc), fix=getattr(exc, "fix", None), settings=refused_settings(env),
                           **common)
     home = linkable_home(choice.toolkit)
     return Resolution(choice, home, own=own == os.path.realpath(choice.toolkit.nvcc),
-                      settings=setting_notes(env, choice), **common)
+                      settings=refused_settings(env, choice), **common)

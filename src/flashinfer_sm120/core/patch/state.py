@@ -8,14 +8,14 @@ import importlib.metadata
 import logging
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.core.facts.arch import ArchSpec, parse_arch_list_lenient
 from flashinfer_sm120.core.facts.releases import ReleaseInfo
 from flashinfer_sm120.core.facts.workspace import tag_for
-from flashinfer_sm120.core.toolkit.model import GPU, Choice, CudaHome, GPUQuery, Rejection, RejectKind, Toolkit
+from flashinfer_sm120.core.toolkit.model import GPU, Choice, CudaHome, GPUQuery, Rejection, RejectKind, Setting, Toolkit
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -125,10 +125,9 @@ class Resolution:
     arch_list: str | None  # FLASHINFER_CUDA_ARCH_LIST, cut to ARCH_LIST_SHOWN characters
     arch_list_error: str | None  # why (part of) it was ignored
     naive_root: str | None  # what FlashInfer's own get_cuda_path() would return
-    explicit_home: str | None = None  # CUDA_HOME (else CUDA_PATH) as the user set it
     release: ReleaseInfo | None = None
     gpu_query: GPUQuery | None = None
-    settings: tuple[str, ...] = ()  # a note per toolkit setting not used as given (decide.setting_notes)
+    settings: tuple[Setting, ...] = ()  # the toolkit settings not used as given (decide.refused_settings)
     error: str | None = None  # the ToolkitError message when no toolkit fits
     fix: str | None = None  # its fix line alone
     targets_from: str = "gpus"  # "arch_list": FLASHINFER_CUDA_ARCH_LIST had a usable entry
@@ -153,9 +152,8 @@ class Resolution:
             "arch_list_error": self.arch_list_error,
             "targets_from": self.targets_from,
             "flashinfer_naive_cuda_home": self.naive_root,
-            "explicit_cuda_home": self.explicit_home,
             "release": self.release.to_dict() if self.release else None,
-            "settings": list(self.settings),
+            "settings": [asdict(s) for s in self.settings],
             "error": self.error,
             "fix": self.fix,
             "flashinfer_naive_lacks": list(self.naive_lacks),
@@ -178,11 +176,10 @@ class Resolution:
                      for g in d["gpus"])
         source, _, note = d["gpu_source"].partition(" (NVML: ")
         return cls(choice, CudaHome(**dict(d["cuda_home"], added=tuple(d["cuda_home"]["added"]))), gpus,
-                   d["arch_list"], d["arch_list_error"], d["flashinfer_naive_cuda_home"],
-                   explicit_home=d["explicit_cuda_home"], release=release,
-                   gpu_query=GPUQuery(gpus, source, note[:-1] or None), settings=tuple(d["settings"]),
+                   d["arch_list"], d["arch_list_error"], d["flashinfer_naive_cuda_home"], release=release,
+                   gpu_query=GPUQuery(gpus, source, note[:-1] or None),
                    targets_from={"arch_list": "arch_list", "gpus": "gpus"}[d["targets_from"]], own=own,
-                   naive_lacks=tuple(d["flashinfer_naive_lacks"]))
+                   settings=tuple(Setting(**s) for s in d["settings"]), naive_lacks=tuple(d["flashinfer_naive_lacks"]))
 
 
 def _arch_target(text: str) -> tuple[int, str]:
@@ -236,7 +233,8 @@ def describe(res: Resolution, targets_from: str | None = None) -> str:
          else f"none (FLASHINFER_CUDA_ARCH_LIST={res.arch_list!r} has no usable entry, no GPU visible")
         + f"; Fix: {NO_TARGETS_FIX})")
     view = f" via view {res.home.path} (adds {', '.join(res.home.added)})" if res.home.is_view else ""
-    named = any(str(res.naive_root) in n for n in res.settings)  # a refused setting's note names it: once (P8)
+    # FlashInfer alone reads CUDA_HOME or CUDA_PATH as set: a refused one names that value already (P8)
+    named = any(s.value == res.naive_root for s in res.settings if s.variable in ("CUDA_HOME", "CUDA_PATH"))
     alone = "" if named else f"; FlashInfer alone would use CUDA_HOME={res.naive_root}"
     return (f"nvcc {tk.nvcc_full} from {tk.root} [{', '.join(tk.sources)}]{view}; "
             f"targets {targets} ({targets_from or targets_from_text(res)}); FlashInfer "

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
+from flashinfer_sm120.safety.formats.base import MAX_WORD, shown
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,20 @@ class Choice:
             "reason": self.reason,
             "torch_cuda": self.torch_cuda,
         }
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A toolkit setting (``CUDA_HOME``, ``CUDA_PATH``, ``FLASHINFER_NVCC``) not used as given: its value as set, why,
+    and the fix; ``str()`` is the one sentence every report prints of it (P8)."""
+
+    variable: str
+    value: str
+    why: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.variable}={shown(self.value, MAX_WORD)} was not used as given: {self.why}. Fix: {self.fix}"
 
 
 @dataclass(frozen=True)

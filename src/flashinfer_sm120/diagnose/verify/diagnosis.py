@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
 
 from flashinfer_sm120.core.autoload_hook import HOOK_FILE
+from flashinfer_sm120.core.toolkit.model import Setting
 from flashinfer_sm120.core.view.meta import lacks
 from flashinfer_sm120.safety.formats.base import plural, shown
 
@@ -114,8 +115,8 @@ def _check_choice(report: dict) -> Iterable[Finding]:
     if res is not None and not (res.get("cuda_home") or {}).get("curand_include"):
         yield Finding(Level.WARNING, "no-curand", "no curand.h in the chosen toolkit: sampling kernels will not "
                       "compile", "pip install 'nvidia-curand' matching the toolkit, or a full CUDA toolkit")
-    for note in report.get("settings") or ():  # not used as given, worked around: the OK line names it too
-        yield Finding(Level.WARNING, SETTING, note)
+    for s in report.get("settings") or ():  # not used as given, worked around: the OK line names it too
+        yield Finding(Level.WARNING, SETTING, str(Setting(**s)))
 
 
 def _check_after(report: dict) -> Iterable[Finding]:

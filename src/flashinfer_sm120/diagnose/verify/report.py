@@ -184,7 +184,7 @@ def collect(timeout: float = ALONE_TIMEOUT_S, *, sections: Sequence[Section] = (
     states: dict[str, tuple[str, str]] = {}  # root -> (chosen | usable | rejected, why)
     try:
         res = resolve(toolkits=candidates, release=release, guard=True)
-        report["settings"] = list(res.settings)
+        report["settings"] = [dataclasses.asdict(s) for s in res.settings]
         if res.guard:
             report["resolution_error"] = res.error
             report["guard"] = True

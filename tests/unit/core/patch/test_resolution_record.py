@@ -1,12 +1,18 @@
 """A recorded resolution comes back as it was (Resolution.from_dict, the replay of core/patch/laststatus),
-and a malformed record raises, so the caller resolves afresh (P1)."""
+and a malformed record raises, so the caller resolves afresh (P1); its summary line says each fact once (P8)."""
+
+from dataclasses import replace
 
 import pytest
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts.releases import release_info
-from flashinfer_sm120.core.patch.state import Resolution
-from flashinfer_sm120.core.toolkit.model import GPU, Choice, CudaHome, GPUQuery, RejectKind, Rejection, Toolkit, VersionDisagreement
+from flashinfer_sm120.core.patch.state import Resolution, describe
+from flashinfer_sm120.core.toolkit.model import (GPU, Choice, CudaHome, GPUQuery, RejectKind, Rejection, Setting, Toolkit,
+                                                 VersionDisagreement)
+
+
+NOPE = Setting("CUDA_HOME", "/opt/nope", "directory does not exist", "unset CUDA_HOME")
 
 
 def tk(root, version="13.0.88", **kw):
@@ -25,8 +31,8 @@ def resolution():
                     "pip first", "13.0")
     home = CudaHome("/cache/cuda-home/cuda-13.0.88-abc", "/venv/nvidia/cu13", True, ("include/curand.h",), "/inc")
     return Resolution(choice, home, gpus, "12.0 12.1 garbled", "garbled is not a target", "/usr/local/cuda",
-                      explicit_home="/opt/cuda-12.8/", release=release_info("0.7.4"),
-                      gpu_query=GPUQuery(gpus, "torch.cuda", "nvmlInit failed: (x)"), settings=("CUDA_HOME ...",),
+                      release=release_info("0.7.4"),
+                      gpu_query=GPUQuery(gpus, "torch.cuda", "nvmlInit failed: (x)"), settings=(NOPE,),
                       targets_from="arch_list", own=True)
 
 
@@ -35,6 +41,21 @@ def test_a_recorded_resolution_comes_back_as_it_was():
     back = Resolution.from_dict(res.to_dict(), res.release, res.own)
     assert back == res
     assert back.to_dict() == res.to_dict()
+
+
+def test_what_flashinfer_alone_would_use_is_said_once():
+    """FlashInfer alone would use /usr/local/cuda: said, unless a refused CUDA_HOME or CUDA_PATH of that very value
+    already says it; a reason or another path that merely contains it is no such setting (the data decides, P8)."""
+    res = resolution()
+    alone = "; FlashInfer alone would use CUDA_HOME=/usr/local/cuda;"
+    nvcc = Setting("FLASHINFER_NVCC", "/usr/local/cuda-12.8/bin/nvcc", "nvcc 12.8 at /usr/local/cuda is too old", "x")
+    others = (nvcc, Setting("CUDA_PATH", "/usr/local/cuda-12.8", "nvcc 12.8 is too old", "y"),
+              Setting("FLASHINFER_NVCC", "/usr/local/cuda", "a directory, not a program", "z"))
+    for settings in [(s,) for s in others] + [others]:
+        assert alone in describe(replace(res, settings=settings)), settings
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        text = describe(replace(res, settings=(nvcc, Setting(var, "/usr/local/cuda", "nvcc 12.8 is too old", "w"))))
+        assert "alone would use" not in text and f"{var}='/usr/local/cuda' " in text and "Fix: w" in text, text
 
 
 def test_a_malformed_record_raises():
