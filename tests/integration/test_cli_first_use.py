@@ -89,9 +89,9 @@ def test_mistyped_option_shows_the_subcommands_usage_and_the_close_match(capsys)
 
 def test_mistyped_nested_option_names_its_own_subcommand(capsys):
     with pytest.raises(SystemExit):
-        main(["cache", "import", "x.tgz", "--forse"])
+        main(["cache", "prune", "--yse"])
     err = capsys.readouterr().err
-    assert err.startswith("usage: flashinfer-sm120 cache import ") and "did you mean --force?" in err
+    assert err.startswith("usage: flashinfer-sm120 cache prune ") and "did you mean --yes?" in err
 
 
 def test_mistyped_subcommand_gets_a_suggestion(capsys):

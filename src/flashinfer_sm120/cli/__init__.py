@@ -1,8 +1,8 @@
 """flashinfer-sm120: make FlashInfer JIT-build for the right GPUs with the right nvcc.
 
 Start with 'flashinfer-sm120 doctor' (a verdict, and the fix when something is wrong). Commands:
-doctor (check everything), status (one line, for scripts), build (JIT-build kernels now), cache (export,
-import or prune FlashInfer's JIT cache), enable/disable (load flashinfer_sm120 in every Python process
+doctor (check everything), status (one line, for scripts), build (JIT-build kernels now), cache (prune
+FlashInfer's JIT cache), enable/disable (load flashinfer_sm120 in every Python process
 that uses FlashInfer). Run without a command, this help is printed and the exit status is 2."""
 
 from __future__ import annotations

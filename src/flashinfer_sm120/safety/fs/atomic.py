@@ -84,8 +84,7 @@ def temp_prefix(path: str) -> str:
     return ".tmp-" + os.path.basename(path)[:200] + "."  # with mkstemp's 8 characters, a name Linux takes
 
 
-def write_atomic(path: str, data: bytes | Callable[[BinaryIO], None], *, mode: int = 0o600,
-                 replace: bool = True) -> None:
+def write_atomic(path: str, data: bytes | Callable[[BinaryIO], None], *, mode: int = 0o600) -> None:
     """Write ``data`` (bytes, or a writer of the open file) to ``path`` by a held ``mkstemp`` file renamed over it (P5)."""
     directory = os.path.dirname(path) or "."
     sweep(temp_prefix(path), directory)
@@ -95,11 +94,7 @@ def write_atomic(path: str, data: bytes | Callable[[BinaryIO], None], *, mode: i
         with os.fdopen(os.dup(fd), "wb") as fh:
             data(fh) if callable(data) else fh.write(data)
         os.fchmod(fd, mode)
-        if replace:
-            os.replace(tmp, path)
-        else:  # FileExistsError rather than replace
-            os.link(tmp, path)
-            os.unlink(tmp)
+        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
