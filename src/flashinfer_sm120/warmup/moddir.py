@@ -1,5 +1,5 @@
 """A FlashInfer module directory as warm-up builds use it: FlashInfer's per-module lock, the ninja the server runs,
-its dry run and status lines, and the steps it runs (Linux ``/proc``) (threat-model: P5, P6)."""
+its dry run and status lines, and the steps it runs, read from Linux ``/proc`` (threat-model: P5, P6)."""
 
 from __future__ import annotations
 

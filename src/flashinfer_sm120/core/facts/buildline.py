@@ -140,8 +140,7 @@ def recorded(build_dir: Path) -> dict | None:
     from flashinfer_sm120.safety.formats.fields import field
 
     try:
-        # threat-model: P6 (S2: a module directory may be copied from another machine; bounded, then checked
-        # field by field: a snapshot() of BUILD_VARS, never trusted)
+        # threat-model: P6 (S2: a module directory may be copied from elsewhere; bounded, then checked field by field)
         data = read_json_file(str(Path(build_dir) / RECORD_NAME), 1 << 16)
         values = field(data, "build_vars", dict, RECORD_NAME)
     except (FormatError, OSError):
