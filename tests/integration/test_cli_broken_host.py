@@ -49,7 +49,7 @@ def _closed(redirs: str, args: list[str], env: dict, code: str | None = None) ->
                           text=True, env=env, timeout=300)
 
 
-@pytest.mark.parametrize("args,rc", [(["build", "--list"], 0), (["cache", "import", "/nonexistent"], 1),
+@pytest.mark.parametrize("args,rc", [(["build", "--list"], 0), (["build", "--from", "/nonexistent"], 2),
                                      (["nosuchcommand"], 2)])
 def test_closed_stdout_is_not_a_traceback(clean_env, args, rc):
     proc = _closed(">&-", args, clean_env)

@@ -87,13 +87,6 @@ def test_mistyped_option_shows_the_subcommands_usage_and_the_close_match(capsys)
     assert "unrecognized arguments: --headdim; did you mean --head-dim?" in err
 
 
-def test_mistyped_nested_option_names_its_own_subcommand(capsys):
-    with pytest.raises(SystemExit):
-        main(["cache", "import", "x.tgz", "--forse"])
-    err = capsys.readouterr().err
-    assert err.startswith("usage: flashinfer-sm120 cache import ") and "did you mean --force?" in err
-
-
 def test_mistyped_subcommand_gets_a_suggestion(capsys):
     with pytest.raises(SystemExit):
         main(["buidl"])

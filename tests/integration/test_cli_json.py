@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from flashinfer_sm120.cli import build_parser, main
 
-_COMMANDS = (["doctor"], ["status"], ["build"], ["cache", "export"], ["cache", "import"])
+_COMMANDS = (["doctor"], ["status"], ["build"])
 
 
 def _options(words: list[str]) -> list[str]:
@@ -40,15 +40,14 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
 def stubbed(monkeypatch):
     """The commands' work replaced by one JSON line (what they print is covered by their own tests);
     --arch is still read by the one arch reading, as the real commands do first."""
-    from flashinfer_sm120.cli import build, cache, common, doctor, status
+    from flashinfer_sm120.cli import build, common, doctor, status
 
     def ran(args):
         common.apply_arch(getattr(args, "arch", None))
         print(json.dumps({"ok": True}))
         return 0
 
-    for mod, name in ((doctor, "run_doctor"), (status, "run_status"), (cache, "run_export"),
-                      (cache, "run_import")):
+    for mod, name in ((doctor, "run_doctor"), (status, "run_status")):
         monkeypatch.setattr(mod, name, ran)
     monkeypatch.setattr(build, "_build", lambda args: (common.apply_arch(args.arch), build.buildjson.document())[1])
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.0")
@@ -76,7 +75,7 @@ def test_every_command_line_with_json_prints_exactly_one_json_document(stubbed, 
 
 @pytest.mark.parametrize("argv, field", [
     (["build", "--jobs", "0", "--json"], "error"),
-    (["cache", "import", "x", "--max-bytes", "foo", "--json"], "error"),
+    (["build", "--mem-limit", "foo", "--json"], "error"),
     (["doctor", "--timeout", "nan", "--json"], "error"),
     (["status", "--arch", "twelve", "--json"], "error"),
     (["doctor", "--json", "--arch", "sm_x"], "error"),
@@ -101,9 +100,10 @@ def test_build_list_json_is_a_document_of_the_modules():
     assert rc == 0 and [m["name"] for m in doc["modules"]] == list(NAMES)
 
 
-def test_cache_import_usage_failure_has_the_fields_of_its_other_failures(stubbed):
-    rc, out, _ = _run(["cache", "import", "x", "--max-bytes", "foo", "--json"])
+def test_a_usage_failure_has_the_fields_of_the_commands_other_failures(stubbed):
+    from flashinfer_sm120.cli import buildjson
+
+    rc, out, _ = _run(["build", "--mem-limit", "foo", "--json"])
     doc = json.loads(out)
-    assert doc["ok"] is False and set(doc["error"]) == {"kind", "message", "fix"}
-    assert doc["error"]["kind"] == "usage" and "'foo'" in doc["error"]["message"]
-    assert "cache import --help" in doc["error"]["fix"]
+    assert rc == 2 and doc["ok"] is False and set(doc) == set(buildjson.document()), doc
+    assert "'foo'" in doc["error"] and "Fix:" in doc["error"]

@@ -20,8 +20,8 @@ from helpers.host import needs_flashinfer
 SCRIPT = ROOT / "benchmarks" / "loaded_lines.py"
 
 #: Modules (or packages: every module under them) that import-time work does not run: tool
-#: output parsers, manifest grammars and compiler-option forms, argparse number types, the command layers (cache export/import,
-#: build, doctor), and what runs only when asked for: the recorder (FLASHINFER_SM120_RECORD)
+#: output parsers, manifest grammars and compiler-option forms, argparse number types, the command layers (build,
+#: doctor), and what runs only when asked for: the recorder (FLASHINFER_SM120_RECORD)
 #: and the compiler cache (FLASHINFER_SM120_COMPILER_CACHE or FLASHINFER_NVCC_LAUNCHER); the memory policy
 #: behind MAX_JOBS runs at the first JIT build (jitenv.toolchain.prepare_builds).
 COMMAND_ONLY = (

@@ -1,6 +1,6 @@
 """Where FlashInfer builds: a JIT directory another user can change is refused (P2, P4).
 
-``build`` (and ``cache import``) write no ``build.ninja`` file and run no ninja in a JIT directory
+``build`` writes no ``build.ninja`` file and runs no ninja in a JIT directory
 under a directory another user owns or everyone may write (``sudo`` keeping another user's ``HOME``;
 a shared ``FLASHINFER_WORKSPACE_BASE``), where that user could replace a level and swap the
 ``build.ninja`` ninja runs or the ``.so`` the server loads.

@@ -1,9 +1,8 @@
 """flashinfer-sm120: make FlashInfer JIT-build for the right GPUs with the right nvcc.
 
 Start with 'flashinfer-sm120 doctor' (a verdict, and the fix when something is wrong). Commands:
-doctor (check everything), status (one line, for scripts), build (JIT-build kernels now), cache (export
-or import FlashInfer's JIT cache), enable/disable (load flashinfer_sm120 in every Python process
-that uses FlashInfer). Run without a command, this help is printed and the exit status is 2."""
+doctor (check everything), status (one line, for scripts), build (JIT-build kernels now), enable/disable (load
+flashinfer_sm120 in every Python process that uses FlashInfer). Run without a command, this help is printed and the exit status is 2."""
 
 from __future__ import annotations
 
@@ -139,10 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"print the versions of flashinfer-sm120 ({__version__}), Python, FlashInfer, torch "
                              f"and its CUDA, and the nvcc that would be chosen, then exit")
     sub = parser.add_subparsers(dest="cmd", required=False, metavar="command")
-    for name, register in (("doctor", "add_parser"), ("status", "add_parser"), ("build", "add_parser"),
-                           ("cache", "add_parsers")):
+    for name in ("doctor", "status", "build"):
         try:  # each from its own module, so that one broken module leaves the other commands working
-            getattr(importlib.import_module(f".{name}", __name__), register)(sub)
+            importlib.import_module(f".{name}", __name__).add_parser(sub)
         except Exception as exc:
             _broken_parser(sub, name, exc)
     enable.add_parsers(sub)

@@ -1,24 +1,20 @@
 """A FlashInfer module directory as warm-up builds use it: FlashInfer's per-module lock, the ninja the server runs,
-its dry run and status lines, the steps it runs (Linux ``/proc``), and its deps log (threat-model: P5, P6)."""
+its dry run and status lines, and the steps it runs, read from Linux ``/proc`` (threat-model: P5, P6)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import re
-import struct
 import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import NamedTuple
 
 from filelock import FileLock, Timeout  # a dependency (and FlashInfer's)
 
-from flashinfer_sm120.errors import FormatError, PlaceError
+from flashinfer_sm120.errors import PlaceError
 from flashinfer_sm120.safety import proc as _proc
-from flashinfer_sm120.safety.formats.reads import read_bytes
-from flashinfer_sm120.safety.fs.atomic import write_atomic
 from flashinfer_sm120.safety.fs.proclocks import holders
 
 SAY_EVERY_S = 60.0  # seconds between two "still waiting" lines for a module's lock
@@ -26,13 +22,6 @@ SAY_EVERY_S = 60.0  # seconds between two "still waiting" lines for a module's l
 #: digits: ninja passes the compilers' output through, and ``int()`` refuses over 4300 digits.
 STATUS_RE = re.compile(r"^\[([0-9]{1,9})/([0-9]{1,9})\] (.*)$")
 _DRY_RUN_MAX = 16 << 20  # ninja -n of a FlashInfer module: a few KB per step
-#: Largest deps log rewritten (bytes); a module's is a few hundred KiB.
-MAX_DEPS_BYTES = 256 << 20
-
-
-def lock_path(jit_dir: str | os.PathLike, name: str) -> Path:
-    """FlashInfer 0.4 - 0.7.x's per-module lock (flashinfer/jit/core.py): servers, build and import take turns (P5)."""
-    return Path(jit_dir) / "tmp" / f"{name}.lock"
 
 
 def try_take(path: str | os.PathLike, label: str = "") -> FileLock | None:
@@ -137,42 +126,3 @@ def step_name(command: str) -> str:
         return os.path.basename(m.group(1))
     so = re.search(r"-o (\S+\.so)\b", command)
     return f"link {os.path.basename(so.group(1))}" if so else command[:60]
-
-
-def restamp(path: str, mtimes_ns: dict[str, int]) -> int:
-    """Set the mtime ninja's deps log (``.ninja_deps`` v4) records for each output in ``mtimes_ns`` (absolute
-    path -> ns), which ninja compares (src/graph.cc ``LoadDeps``); how many records changed (0: a log not
-    read: missing, another version, a link, over :data:`MAX_DEPS_BYTES`).  Records (src/deps_log.cc): uint32
-    size (high bit: deps), then a NUL-padded path and checksum, or output id, mtime (low, high), input ids."""
-    if not os.path.lexists(path):
-        return 0
-    try:  # bounded, never through a link, never a FIFO (read_bytes)
-        data = bytearray(read_bytes(path, MAX_DEPS_BYTES, follow=False))
-    except FormatError:
-        return 0
-    if not data.startswith(b"# ninjadeps\n") or len(data) < 16 or struct.unpack_from("<i", data, 12)[0] != 4:
-        return 0
-    ids: list[str] = []
-    pos, changed = 16, 0
-    while pos + 4 <= len(data):
-        (size,) = struct.unpack_from("<I", data, pos)
-        is_deps, size = bool(size & 0x80000000), size & 0x7FFFFFFF
-        body = pos + 4
-        if body + size > len(data):
-            break  # a truncated last record: ninja ignores it too
-        if size % 4 or size < (12 if is_deps else 8):
-            # threat-model: P6 -- not a record ninja writes (whole 4-byte words, room for an id and an
-            # mtime or a path and a checksum): the log comes from an export, so it is left untouched
-            return 0
-        if is_deps:
-            (out_id,) = struct.unpack_from("<i", data, body)
-            if 0 <= out_id < len(ids) and ids[out_id] in mtimes_ns:
-                ns = mtimes_ns[ids[out_id]]
-                struct.pack_into("<II", data, body + 4, ns & 0xFFFFFFFF, (ns >> 32) & 0xFFFFFFFF)
-                changed += 1
-        else:
-            ids.append(bytes(data[body:body + size - 4]).rstrip(b"\0").decode(errors="surrogateescape"))
-        pos = body + size
-    if changed:
-        write_atomic(path, data, mode=0o644)
-    return changed

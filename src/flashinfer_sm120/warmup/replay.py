@@ -1,6 +1,6 @@
-"""One path from names and manifests to specs: ``build``'s variants, ``build --from MANIFEST`` (each entry remade
+"""One path from names and manifests to specs: ``build``'s variants and ``build --from MANIFEST`` (each entry remade
 by the generator it names in the local FlashInfer, which writes its own sources; 0.2.0's entries carrying source
-text are refused, P2) and ``cache export``'s entries; the entry's grammar and recorder are in ``core.jitenv``."""
+text are refused, P2); the entry's grammar and recorder are in ``core.jitenv``."""
 
 from __future__ import annotations
 
@@ -10,18 +10,13 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-import wrapt  # a dependency
-
-from flashinfer_sm120.core.facts.arch import nvcc_spelling
-from flashinfer_sm120.core.jitenv.record import _init_wrapper, encode, parse_entry
+from flashinfer_sm120.core.jitenv.record import parse_entry
 from flashinfer_sm120.errors import FormatError, Sm120Error
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.params import parse_generator
 from flashinfer_sm120.safety.formats.reads import loads_json
 from flashinfer_sm120.safety.formats.fields import iter_lines
-from flashinfer_sm120.warmup.kinds import instead
-from flashinfer_sm120.warmup.modules import expand
-from flashinfer_sm120.warmup.session import BuildError, prepare
+from flashinfer_sm120.warmup.session import BuildError
 
 #: Largest manifest line accepted (bytes); generated sources are bounded well below.
 MAX_LINE_BYTES = 8 << 20
@@ -56,12 +51,11 @@ def load(path: str) -> tuple[list[dict], list[str]]:
                 seen.add(key)
                 entries.append(entry)
     except FormatError as exc:  # missing, not a regular file (/dev/zero, a FIFO), too many lines
-        raise BuildError(*(instead(path, "manifest") or (str(exc), exc.fix))) from None
-    if not entries:  # an export given for a manifest says so, not its 20,000 binary lines
-        raise BuildError(*(instead(path, "manifest") or (
-            f"manifest {path} holds no module entries"
-            + (f" ({problems[0]}" + (f"; and {len(problems) - 1} more" if len(problems) > 1 else "")
-               + ")" if problems else "") + f"; record one with FLASHINFER_SM120_RECORD={path}",)))
+        raise BuildError(str(exc), exc.fix) from None
+    if not entries:
+        raise BuildError(f"manifest {path} holds no module entries"
+                         + (f" ({problems[0]}" + (f"; and {len(problems) - 1} more" if len(problems) > 1 else "")
+                            + ")" if problems else "") + f"; record one with FLASHINFER_SM120_RECORD={path}")
     return entries, problems
 
 
@@ -101,39 +95,6 @@ def specs(variants: list, entries: list[dict], flashinfer_version: str) -> tuple
             continue
         made.setdefault(spec.name, (entry["name"], spec))
     return list(made.values()), not_made
-
-
-def built_entries(names: list[str], everything: bool, arch: str | None, *, head_dims=None, dtypes=None,
-                  kv_dtypes=None, acts=None):
-    """``(labelled, skipped, session)`` for ``cache export``: ``(build's name, manifest entry)`` per variant of
-    ``names`` built here (``everything``: every name ``build`` knows); ``(name, why)`` for the rest."""
-    variants = expand(["all"] if everything else names, head_dims=head_dims, dtypes=dtypes, kv_dtypes=kv_dtypes,
-                      acts=acts)
-    sess = prepare(arch)  # the caller pointed the workspace at the server's (apply_server_cache)
-    from flashinfer.jit import core
-
-    wrapt.wrap_function_wrapper(core.JitSpecNvcc, "__init__", _init_wrapper)  # for this process: it only exports
-    made, skipped = specs(variants, [], sess.flashinfer)
-    entries, exported = [], set()
-    for label, spec in made:
-        if everything and not spec.jit_library_path.exists():
-            continue  # --all: only what is built here
-        entry = encode(spec, sess.flashinfer, sess.targets)
-        if not entry.get("regenerable"):
-            skipped.append((label, entry.get("why", "")))
-            continue
-        entries.append((label, entry))
-        exported.add(spec.name)
-    if everything:
-        for d in sorted(sess.jit_dir.iterdir()) if sess.jit_dir.is_dir() else ():
-            if d.is_dir() and d.name not in exported and (d / f"{d.name}.so").exists():
-                skipped.append((d.name, "built with parameters `build` does not name; record a manifest "
-                                        "(FLASHINFER_SM120_RECORD) and export with --from"))
-        if not entries:
-            raise BuildError(f"nothing `build` can name is built in {sess.jit_dir} for "
-                             f"{' '.join(map(nvcc_spelling, sess.targets))}; build it first (`flashinfer-sm120 "
-                             "build --arch ... MODULE`) or give the same --head-dim/--dtype as the build")
-    return entries, skipped, sess
 
 
 def make_spec(entry: dict, flashinfer_version: str):

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flashinfer_sm120.core.facts.archopt import export_arch_list
-from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.errors import Sm120Error
 
 if TYPE_CHECKING:
@@ -37,12 +36,6 @@ class Session:
     summary: str
     targets_from: str | None = None
     toolkit: Toolkit | None = None  # the one the patch chose; None: FlashInfer's own
-
-    def fingerprint(self) -> dict:
-        """What a JIT cache entry depends on besides its sources (all written into build.ninja)."""
-        return {"flashinfer": self.flashinfer, "targets": self.targets,
-                "cuda_version": self.cuda_version, "cuda_home": self.cuda_home, "jit_dir": str(self.jit_dir),
-                "build_vars": buildline.snapshot(dict(os.environ), self.flashinfer)}
 
 
 NO_TARGETS = ("no target architectures: no GPU is visible and no --arch was given; "

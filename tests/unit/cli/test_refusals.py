@@ -21,7 +21,6 @@ MAX_OUT = 8192
 
 ARGVS = [
     [BIG],                                   # argument cmd: invalid choice
-    ["cache", BIG],                          # cache's own invalid choice
     ["status", "--" + BIG],                  # unrecognized arguments
     ["build", "--" + BIG],                   # unrecognized option (close-match lookup too)
     ["status"] + ["--y"] * 4000,             # many short ones
@@ -70,14 +69,14 @@ def test_paths_that_are_not_utf8_never_stop_a_report(clean_env, tmp_path):
     assert b"\\udcff" in proc.stdout or b"\\udcff" in proc.stderr  # named, escaped as Python's stderr does
 
 
-@given(st.lists(st.sampled_from(["status", "doctor", "build", "cache", "import", "export", "enable",
-                                 "disable", "--json", "--arch", "-j", "--timeout", "--from",
-                                 "--max-bytes", "--site-dir"]) | st.text(max_size=30), max_size=6),
+@given(st.lists(st.sampled_from(["status", "doctor", "build", "enable", "disable", "--json",
+                                 "--arch", "-j", "--timeout", "--from", "--mem-limit",
+                                 "--site-dir"]) | st.text(max_size=30), max_size=6),
        st.integers(0, 5), st.integers(1_000, 60_000), st.sampled_from(["x", "-", " ", "\udcff", "é", "'"]))
 @example(words=["--json"], pos=0, size=3900, char=" ")  # a bad choice just under the cut: printed whole twice
 def test_cli_refusals_property(capsys, words, pos, size, char):
     """Any argv with one long token anywhere: exit 2 with a bounded message, or a run (stubbed out)."""
-    from flashinfer_sm120.cli import build, cache, doctor, enable, status
+    from flashinfer_sm120.cli import build, doctor, enable, status
 
     argv = list(words)
     argv.insert(min(pos, len(argv)), char * size)
@@ -85,7 +84,7 @@ def test_cli_refusals_property(capsys, words, pos, size, char):
     saved = {}
     stub = lambda args: ran.append(args) or 0  # noqa: E731
     for mod, names in ((build, ["run_build"]), (doctor, ["run_doctor"]), (status, ["run_status"]),
-                       (cache, ["run_export", "run_import"]), (enable, ["_enable", "_disable"])):
+                       (enable, ["_enable", "_disable"])):
         for n in names:
             if hasattr(mod, n):
                 saved[(mod, n)] = getattr(mod, n)
@@ -164,11 +163,10 @@ def test_too_many_arguments_with_json_is_one_document(capsys):
     assert doc["ok"] is False and f"more than the {MAX_ARGS} taken" in json.dumps(doc) and "--from" in err, doc
 
 
-@pytest.mark.parametrize("option", ["--mem-limit", "--max-bytes"])
+@pytest.mark.parametrize("option", ["--mem-limit", "--step-timeout"])
 def test_a_value_starting_with_a_dash_is_named_with_how_to_give_it(option, capsys):
     """``--mem-limit -5G`` names the value and how to give it, not only "expected one argument" (P8)."""
-    argv = (["build", "--arch", "12.0", option, "-5G", "sampling"] if option == "--mem-limit"
-            else ["cache", "import", option, "-5G", "/nonexistent"])
+    argv = ["build", "--arch", "12.0", option, "-5G", "sampling"]
     with pytest.raises(SystemExit) as exited:  # argparse's own exit, as for every refused command line
         cli.main(argv)
     assert exited.value.code == 2

@@ -1,6 +1,6 @@
 """Messages for OSErrors are chosen by errno from one table (flashinfer_sm120.safety.oserrors.BY_ERRNO), on
 real errors: a full file system, another uid's directory, a too-long name, an existing file.
-threat-model: P8.  Regression: any OSError during `cache import` was reported as free space."""
+threat-model: P8.  Regression: any OSError was reported as free space."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from helpers.probing import lock_held_as, reachable_dir
 
 
 def test_a_wait_for_our_own_holder_is_told_and_ends_when_it_lets_go(tmp_path):
-    path = moddir.lock_path(tmp_path, "sampling")
+    path = tmp_path / "tmp" / "sampling.lock"  # FlashInfer's JitSpec.lock_path in its JIT dir
     path.parent.mkdir()
     theirs = FileLock(str(path), thread_local=False)  # what a server building it holds
     theirs.acquire()
@@ -35,7 +35,7 @@ def test_a_lock_held_by_another_uid_is_refused_at_once():
     end (P8)."""
     said: list[str] = []
     with reachable_dir() as d:
-        path = moddir.lock_path(d, "sampling")
+        path = d / "tmp" / "sampling.lock"
         path.parent.mkdir(mode=0o755)
         path.write_text("")
         path.chmod(0o644)

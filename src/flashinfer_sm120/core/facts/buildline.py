@@ -121,15 +121,6 @@ def changes(built: dict, now: dict) -> list[Change]:
     return [Change(k, built.get(k), now.get(k)) for k in sorted(set(built) | set(now)) if built.get(k) != now.get(k)]
 
 
-def checked(values: object) -> dict | None:
-    """``values`` if it is a :func:`snapshot` (read from files, never trusted), else ``None``."""
-    names = {v.name for v in BUILD_VARS}
-    if not isinstance(values, dict) or not all(
-            k in names and (v is None or (isinstance(v, str) and len(v) <= 4096)) for k, v in values.items()):
-        return None
-    return values
-
-
 def record(build_dir: Path, values: dict[str, str | None]) -> str | None:
     """Leave ``values`` (a :func:`snapshot`) in a module directory just built; returns why it could not."""
     from flashinfer_sm120.safety.fs.atomic import write_json_atomic
@@ -149,12 +140,15 @@ def recorded(build_dir: Path) -> dict | None:
     from flashinfer_sm120.safety.formats.fields import field
 
     try:
-        # threat-model: P6 (S2: a record may come from a cache import; bounded, then checked field by field)
+        # threat-model: P6 (S2: a module directory may be copied from elsewhere; bounded, then checked field by field)
         data = read_json_file(str(Path(build_dir) / RECORD_NAME), 1 << 16)
         values = field(data, "build_vars", dict, RECORD_NAME)
     except (FormatError, OSError):
         return None
-    return checked(values)
+    names = {v.name for v in BUILD_VARS}
+    if not all(k in names and (v is None or (isinstance(v, str) and len(v) <= 4096)) for k, v in values.items()):
+        return None
+    return values
 
 
 def stale(jit_dir: Path, now: dict) -> dict[str, list[Change]]:

@@ -1,14 +1,10 @@
 """The grammar of every value read from outside, as data (:data:`GRAMMAR`, one :func:`parse`), versions and
-relative paths."""
+command words."""
 # threat-model: P2, P6 (one grammar per field of outside input)
 
 from __future__ import annotations
 
-import os
 import re
-import stat
-from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
@@ -20,11 +16,8 @@ GRAMMAR: dict[str, tuple[re.Pattern, str]] = {
     # no whitespace, '$', ':' (ninja syntax), '/' or NUL; at most Linux's NAME_MAX (attention modules pass 200)
     "name": (re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}"),
              "a name (letters, digits, '_', '.', '+', '-'; at most 255; not starting with '.' or '-')"),
-    # a part of a relative path: may start with '.' (.ninja_log), never '.' or '..'
-    "file": (re.compile(r"(?!\.\.?$)[A-Za-z0-9_.][A-Za-z0-9_.+-]{0,254}"), "a file name"),
     # as manifests and --arch carry it (not 12.0 as a number, not sm_120)
     "target": (re.compile(r"[0-9]{1,2}\.[0-9][af]?"), "a target of the form major.minor[a|f], e.g. '12.0' or '12.0f'"),
-    "sha256": (re.compile(r"[0-9a-f]{64}"), "a SHA-256 digest (64 hex digits)"),
     # a file path as a manifest carries it (@FLASHINFER@/data/csrc/norm.cu): build.ninja and /bin/sh carry it unquoted
     "path": (re.compile(r"[A-Za-z0-9_./+@%=,~-]{1,4096}"),
              "a plain path (letters, digits, '_./+@%=,~-'; no whitespace, '$', ':', '..')"),
@@ -71,14 +64,6 @@ def parse_leading_version(text: Any, source: str, *, fix: str = "") -> Version:
     return Version(m.group(1))
 
 
-def parse_relpath(text: Any, source: str, *, fix: str = "", max_parts: int = 16) -> tuple[str, ...]:
-    """A relative path ``a/b/c`` of at most ``max_parts`` ``file`` names (no ``/x``, empty part, ``.``, ``..``)."""
-    parts = tuple(text.split("/")) if isinstance(text, str) and text else ()
-    if not parts or len(parts) > max_parts or not all(GRAMMAR["file"][0].fullmatch(p) for p in parts):
-        raise _fail(source, f"{shown(text)} is not a relative path of at most {max_parts} names", fix)
-    return parts
-
-
 def parse_command_words(text: Any, source: str, *, fix: str = "", max_words: int = 64) -> tuple[str, ...]:
     """A command of 1 to ``max_words`` blank-separated ``word`` values (``ccache g++ -O2``)."""
     if not isinstance(text, str):
@@ -94,22 +79,3 @@ def parse_command_words(text: Any, source: str, *, fix: str = "", max_words: int
         if not regex.fullmatch(w):
             raise _fail(source, f"word {shown(w, 40)} of {shown(text, 60)} is not {what}", fix)
     return tuple(words)
-
-
-def safe_join(root: str | os.PathLike, rel: str | Iterable[str], source: str, *, fix: str = "") -> Path:
-    """``root/rel``, refused unless it stays under ``root``: names only, no existing link, directories on the way."""
-    parts = parse_relpath(rel if isinstance(rel, str) else "/".join(rel), source, fix=fix)
-    cur = Path(root)
-    for i, part in enumerate(parts):
-        cur = cur / part
-        try:
-            st = os.lstat(cur)
-        except FileNotFoundError:
-            break
-        except OSError as exc:
-            raise _fail(source, f"cannot check {cur} ({exc.strerror or exc})", fix) from None
-        if stat.S_ISLNK(st.st_mode):
-            raise _fail(source, f"{cur} is a symlink; nothing is written through links", fix)
-        if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
-            raise _fail(source, f"{cur} is not a directory", fix)
-    return Path(root).joinpath(*parts)

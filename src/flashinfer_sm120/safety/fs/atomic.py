@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, TypeVar
 
 from flashinfer_sm120.errors import FormatError, PlaceError, StateFileError
 from flashinfer_sm120.safety import oserrors
@@ -84,22 +84,17 @@ def temp_prefix(path: str) -> str:
     return ".tmp-" + os.path.basename(path)[:200] + "."  # with mkstemp's 8 characters, a name Linux takes
 
 
-def write_atomic(path: str, data: bytes | Callable[[BinaryIO], None], *, mode: int = 0o600,
-                 replace: bool = True) -> None:
-    """Write ``data`` (bytes, or a writer of the open file) to ``path`` by a held ``mkstemp`` file renamed over it (P5)."""
+def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` by a held ``mkstemp`` file renamed over it (P5)."""
     directory = os.path.dirname(path) or "."
     sweep(temp_prefix(path), directory)
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), dir=directory)
     try:
         hold(fd)
         with os.fdopen(os.dup(fd), "wb") as fh:
-            data(fh) if callable(data) else fh.write(data)
+            fh.write(data)
         os.fchmod(fd, mode)
-        if replace:
-            os.replace(tmp, path)
-        else:  # FileExistsError rather than replace
-            os.link(tmp, path)
-            os.unlink(tmp)
+        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

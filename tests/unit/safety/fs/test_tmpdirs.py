@@ -1,8 +1,7 @@
 """``kill -9``: temporary directories of a killed process are swept by the next one (P5, P6).
 
-``cache import`` unpacks into a temporary directory and a build makes its scratch directory in one;
-``kill -9`` or the OOM killer skip the clean-up, so without the sweep each killed run would leave its
-directory in ``$TMPDIR`` for good (an import: up to its 32 GiB cap of unpacked files).
+A build makes its scratch directory in one; ``kill -9`` or the OOM killer skip the clean-up, so without
+the sweep each killed run would leave its directory in ``$TMPDIR`` for good.
 """
 
 from __future__ import annotations
