@@ -93,8 +93,6 @@ def dsl_cache(env) -> str | None:
     ``get_default_generated_ir_path``)."""
     if env.get("CUTE_DSL_CACHE_DIR"):
         return None
-    import tempfile
-
     user = env.get("USER") or env.get("USERNAME")
     if not user:
         import pwd

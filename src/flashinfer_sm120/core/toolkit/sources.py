@@ -191,9 +191,6 @@ FIND_STEPS: tuple[tuple[str, Callable[[Mapping[str, str]], list[Toolkit]]], ...]
     ("conda", _env_prefix("CONDA_PREFIX", "conda")),
 )
 
-#: Source labels, in the order a candidate is preferred when several pass.
-SOURCES = tuple(label for label, _ in FIND_STEPS)
-
 _NAMED = ("FLASHINFER_NVCC", "CUDA_HOME", "CUDA_PATH", "conda")  # a missing directory is reported, not skipped
 
 
