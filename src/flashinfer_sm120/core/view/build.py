@@ -135,16 +135,11 @@ def _link_new_headers(parent: str, path: str, toolkit: Toolkit) -> None:
     inc = os.path.join(path, "include")
     try:
         have = set(os.listdir(inc))
-        new = [(d, n) for d in toolkit.include_dirs for n in sorted(os.listdir(d)) if n not in have]
-    except OSError:
-        return
-    if not new:
-        return
-    try:
+        if all(n in have for d in toolkit.include_dirs for n in os.listdir(d)):
+            return
         with _lock(parent):
-            for d, name in new:
-                if not os.path.lexists(os.path.join(inc, name)):
-                    os.symlink(os.path.join(d, name), os.path.join(inc, name))
+            for d in toolkit.include_dirs:
+                _link_entries(d, inc)
     except (OSError, filelock.Timeout) as exc:
         logger.debug("flashinfer-sm120: could not add new headers to %s: %r", path, exc)
 
