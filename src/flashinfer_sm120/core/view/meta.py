@@ -27,9 +27,8 @@ REQUIRED = ("bin/nvcc", "include/cuda_runtime_api.h", "lib64/libcudart.so", STUB
 
 
 def lacks(home: str) -> list[str]:
-    """What FlashInfer's build lines need from ``home`` that is not a regular file there: :data:`REQUIRED` (it links
-    ``-L$cuda_home/lib64 -L$cuda_home/lib64/stubs -lcudart -lcuda``, 0.6 and 0.7 ``jit/cpp_ext.py``) and the
-    ``include/curand.h`` its sampling module includes."""
+    """What of :data:`REQUIRED` (``-lcudart -lcuda`` from ``$cuda_home/lib64[/stubs]``, 0.6-0.7 ``jit/cpp_ext.py``)
+    and the sampling module's ``include/curand.h`` is not a regular file in ``home``."""
     return [rel for rel in (*REQUIRED, "include/curand.h") if not os.path.isfile(os.path.join(home, rel))]
 
 
