@@ -19,6 +19,7 @@ from packaging.version import Version
 from flashinfer_sm120.core.facts.arch import major_minor
 from flashinfer_sm120.core.toolkit.model import Toolkit
 from flashinfer_sm120.core.toolkit.probe import inspect
+from flashinfer_sm120.core.view.meta import META_NAME
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.reads import read_json_file
@@ -56,7 +57,7 @@ def site_dirs() -> list[str]:
 
 def _view_toolkit(path: str) -> str | None:
     """The real toolkit behind a flashinfer-sm120 view, else ``None`` (then the path is inspected as given)."""
-    meta = os.path.join(path, "flashinfer_sm120_view.json")
+    meta = os.path.join(path, META_NAME)
     if not os.path.lexists(meta):
         return None
     try:
