@@ -24,6 +24,7 @@ from helpers.toolkits import make_toolkit
 from helpers import ROOT, SRC
 from helpers.child import cli
 from helpers.servers import STANDINS, install_standins, wheel_ninja
+from server_probe import uncovered
 
 from flashinfer_sm120.core.facts import serverprobe, servers
 from flashinfer_sm120.warmup import session
@@ -323,11 +324,11 @@ def test_the_fallbacks_are_every_flashinfer_default_of_the_stand_ins(tmp_path, m
     assert on == ["VLLM_ALLREDUCE_USE_FLASHINFER", "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER",
                   "VLLM_FLASHINFER_CUTEDSL_MOE_LOCALIZE_MEMSET_OVERLAP", "VLLM_USE_FLASHINFER_SAMPLER"]
     vllm = servers.newest("vllm")
-    assert vllm.uncovered(on) == []
+    assert uncovered(vllm, on) == []
     # 0.34.0's MEMSET_OVERLAP is covered as tuning only, not by a "=0" fallback (turning it off serves
     # with FlashInfer all the same); a new on-by-default variable is neither
     assert "VLLM_FLASHINFER_CUTEDSL_MOE_LOCALIZE_MEMSET_OVERLAP=0" not in [fb.text for fb in vllm.fallbacks]
-    assert vllm.uncovered(on + ["VLLM_USE_FLASHINFER_SOMETHING_NEW"]) == ["VLLM_USE_FLASHINFER_SOMETHING_NEW"]
+    assert uncovered(vllm, on + ["VLLM_USE_FLASHINFER_SOMETHING_NEW"]) == ["VLLM_USE_FLASHINFER_SOMETHING_NEW"]
     sg = servers.newest("sglang").fallbacks
     assert all(fb.default and "sglang/srt/" in fb.default for fb in sg)  # each names the file that decides it
 

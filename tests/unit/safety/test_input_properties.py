@@ -129,13 +129,18 @@ def test_memo_property(tmp_path, monkeypatch, value):
     statedir.forget_cache_root()
 
 
-@given(json_value)
-def test_view_meta_property(value):
-    from flashinfer_sm120.core.view.meta import ViewMeta
+_META_KEYS = ("layout", "toolkit", "nvcc", "nvcc_fingerprint", "curand_include", "owner_uid", "added", "stub_sha256")
 
-    meta, problem = _bounded(ViewMeta.from_json, value)
-    assert (meta is None) != (problem is None)
-    assert problem is None or len(problem) < MSG_MAX
+
+@given(st.one_of(json_value, st.fixed_dictionaries({k: json_value for k in _META_KEYS})))
+def test_view_meta_property(tmp_path_factory, value):
+    from flashinfer_sm120.core.toolkit.model import Toolkit
+    from flashinfer_sm120.core.view.meta import META_NAME, check_view
+
+    view = tmp_path_factory.mktemp("view")
+    (view / META_NAME).write_text(json.dumps(value))
+    home, problem = _bounded(check_view, str(view), Toolkit(root="/nonexistent-toolkit", nvcc="/bin/sh"), None)
+    assert home is None and problem is not None and len(problem) < MSG_MAX
 
 
 # --------------------------------------------------------------------------- manifests

@@ -88,13 +88,10 @@ def import_refused(env=None) -> ImportRefusal | None:
 
 
 def dsl_cache(env) -> str | None:
-    """The directory CuTe DSL (FlashInfer's dependency) makes at import, ``mkdir -p``, following links: none when
-    ``CUTE_DSL_CACHE_DIR`` is set (nvidia-cutlass-dsl 4.x ``base_dsl/cache_helpers.py``,
-    ``get_default_generated_ir_path``)."""
+    """The directory CuTe DSL makes at import (``mkdir -p``, following links), none when ``CUTE_DSL_CACHE_DIR`` is
+    set (nvidia-cutlass-dsl 4.x ``base_dsl/cache_helpers.py`` ``get_default_generated_ir_path``)."""
     if env.get("CUTE_DSL_CACHE_DIR"):
         return None
-    import tempfile
-
     user = env.get("USER") or env.get("USERNAME")
     if not user:
         import pwd

@@ -58,14 +58,6 @@ class ServerRelease:
     cache_rule: CacheRule | None
     arch_rule: ArchRule | None
     fallbacks: tuple[Fallback, ...]
-    #: ``(variable, why)``: on-by-default variables that only tune a path another option switches on
-    tuning_only: tuple[tuple[str, str], ...] = ()
-
-    def uncovered(self, on_by_default: list[str]) -> list[str]:
-        """The on-by-default FLASHINFER variables with neither a ``<name>=0`` fallback nor a ``tuning_only`` entry."""
-        covered = {fb.text for fb in self.fallbacks}
-        tuning = {name for name, _ in self.tuning_only}
-        return [k for k in on_by_default if f"{k}=0" not in covered and k not in tuning]
 
 
 SERVERS: tuple[ServerRelease, ...] = (
@@ -96,11 +88,6 @@ SERVERS: tuple[ServerRelease, ...] = (
             Fallback("--moe-backend triton", "--moe-backend auto can pick flashinfer_cutlass/flashinfer_trtllm "
                      "(vllm/model_executor/layers/fused_moe/oracle/, vllm/config/kernel.py MoEBackend)",
                      (("engine/arg_utils.py", '"--moe-backend"'), ("config/kernel.py", '"triton",'))),
-        ),
-        tuning_only=(
-            ("VLLM_FLASHINFER_CUTEDSL_MOE_LOCALIZE_MEMSET_OVERLAP",
-             "0.34.0 vllm/envs.py: acts only with VLLM_USE_LOCALITY_DOMAINS=1 (default 0) on FlashInfer's "
-             "CuteDSL NVFP4 MoE, which --moe-backend chooses"),
         ),
     ),
     ServerRelease(

@@ -87,7 +87,7 @@ def _load(path: str) -> dict[str, dict]:
     return good
 
 
-def lookup(path: str, *, now: float | None = None) -> tuple[str | None, str | None] | None:
+def lookup(path: str) -> tuple[str | None, str | None] | None:
     """The remembered ``(full, problem)`` for ``path``, unless absent, changed, unusable or expired."""
     try:
         entry = _load(memo_path()).get(path)
@@ -95,7 +95,7 @@ def lookup(path: str, *, now: float | None = None) -> tuple[str | None, str | No
         return None
     if entry is None or entry["stat"] != fingerprint(path):
         return None
-    age = (time.time() if now is None else now) - entry["at"]
+    age = time.time() - entry["at"]
     if entry["problem"] is not None and not -_FUTURE_SLACK_S <= age <= FAILURE_MEMORY_S:
         return None
     return entry["full"], entry["problem"]
@@ -115,8 +115,8 @@ def store(path: str, full: str | None, problem: str | None) -> None:
         logger.info("flashinfer-sm120: nvcc memo not saved: %s", exc)
 
 
-def version_of(path: str, parse: Callable[[str], str], *, name: str, fix: str, timeout: float,
-               max_output: int = MAX_OUTPUT) -> tuple[str | None, str | None]:
+def version_of(path: str, parse: Callable[[str], str], *, name: str, fix: str,
+               timeout: float) -> tuple[str | None, str | None]:
     """``(full, problem)`` of ``path --version`` (``parse(output)`` gives the version), run by one process
     at a time while others wait on the memo; a failure for this process's own reasons is not remembered."""
 
@@ -125,7 +125,7 @@ def version_of(path: str, parse: Callable[[str], str], *, name: str, fix: str, t
         return None if hit is None else (*hit, True)
 
     def compute() -> tuple[str | None, str | None, bool]:
-        full, problem, remember = _run_version(path, parse, name, fix, timeout, max_output)
+        full, problem, remember = _run_version(path, parse, name, fix, timeout)
         if remember:
             store(path, full, problem)
         return full, problem, remember
@@ -137,12 +137,12 @@ def version_of(path: str, parse: Callable[[str], str], *, name: str, fix: str, t
     return compute_once(lock_path, remembered, compute, timeout=timeout + 5.0, what=f"probing {path}")[:2]
 
 
-def _run_version(path: str, parse: Callable[[str], str], name: str, fix: str, timeout: float,
-                 max_output: int) -> tuple[str | None, str | None, bool]:
+def _run_version(path: str, parse: Callable[[str], str], name: str, fix: str,
+                 timeout: float) -> tuple[str | None, str | None, bool]:
     """``(full, problem, remember)`` of one bounded run (a memo miss only: safety.proc loads only then)."""
     from flashinfer_sm120.safety import oserrors, proc
 
-    res = proc.run([path, "--version"], timeout=timeout, max_output=max_output)
+    res = proc.run([path, "--version"], timeout=timeout, max_output=MAX_OUTPUT)
     if res.local:
         why = oserrors.describe(OSError(res.errno, res.error), path, "retry")
         return None, LocalProblem(f"{res.error}: {why.message}, not a fault of {path} (not remembered)", why.fix), False
@@ -152,7 +152,7 @@ def _run_version(path: str, parse: Callable[[str], str], name: str, fix: str, ti
         return None, (f"{path} did not answer '{name} --version' within {timeout:g} s; it is hung or broken: "
                       f"fix or remove it, {fix} {_LATER}"), True
     if res.truncated:
-        return None, (f"{path} --version printed more than {max_output} bytes and was stopped; it is not a "
+        return None, (f"{path} --version printed more than {MAX_OUTPUT} bytes and was stopped; it is not a "
                       f"working {name}: fix or remove it, {fix} {_LATER}"), True
     out = res.text()
     try:
@@ -165,16 +165,16 @@ def _run_version(path: str, parse: Callable[[str], str], name: str, fix: str, ti
                       f"working {name}: fix it {fix}"), True
 
 
-def tool_release(path: str, pattern: bytes = rb"release (\d+\.\d+)", *, body: bool = True) -> Version | None:
-    """The version ``path --version`` prints (``pattern``'s group) by :func:`version_of`, or ``None``; run only
-    when it passes the trust rule (P2; ``body=False``: a script's body checked by the caller)."""
+def tool_release(path: str) -> Version | None:
+    """The ``release X.Y`` that ``path --version`` prints (:func:`version_of`), or ``None``; run only when it passes
+    the trust rule (P2)."""
     from flashinfer_sm120.safety.trust import trace
 
-    if trace(path, body=body).problem is not None or not os.access(path, os.X_OK):
+    if trace(path).problem is not None or not os.access(path, os.X_OK):
         return None
 
     def parse(out: str) -> str:
-        return str(parse_version(re.search(pattern.decode(), out, re.M).group(1), f"{path} --version"))
+        return str(parse_version(re.search(r"release (\d+\.\d+)", out, re.M).group(1), f"{path} --version"))
 
     full, _ = version_of(path, parse, name=os.path.basename(path), fix="", timeout=20.0)
     return Version(full) if full else None

@@ -111,7 +111,7 @@ def _inspect(path: str) -> tuple[Version | None, str | None]:
     if problem is None:
         full, problem = version_of(path, lambda out: str(parse_leading_version(out, f"'{path} --version'")),
                                    name="ninja", fix="or pip install --force-reinstall ninja",
-                                   timeout=NINJA_TIMEOUT_S, max_output=4096)
+                                   timeout=NINJA_TIMEOUT_S)
     return (Version(full) if full else None), problem
 
 

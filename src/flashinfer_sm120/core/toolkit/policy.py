@@ -115,9 +115,7 @@ def _source(toolkits: Sequence[Toolkit], i: int) -> str:
     return ((toolkits.unread(i) if isinstance(toolkits, Candidates) else None) or toolkits[i]).sources[0]
 
 
-def _own(toolkits: Sequence[Toolkit], own: str | None) -> int | None:
-    if not own:
-        return None
+def _own(toolkits: Sequence[Toolkit], own: str) -> int | None:
     for i in range(len(toolkits)):
         tk = (toolkits.unread(i) if isinstance(toolkits, Candidates) else None) or toolkits[i]
         if not tk.problem and os.path.realpath(os.path.join(tk.root, "bin", "nvcc")) == own:

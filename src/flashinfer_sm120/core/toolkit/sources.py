@@ -18,7 +18,8 @@ from packaging.version import Version
 
 from flashinfer_sm120.core.facts.arch import major_minor
 from flashinfer_sm120.core.toolkit.model import Toolkit
-from flashinfer_sm120.core.toolkit.probe import NVCC_TIMEOUT_S, inspect
+from flashinfer_sm120.core.toolkit.probe import inspect
+from flashinfer_sm120.core.view.meta import META_NAME
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.reads import read_json_file
@@ -56,7 +57,7 @@ def site_dirs() -> list[str]:
 
 def _view_toolkit(path: str) -> str | None:
     """The real toolkit behind a flashinfer-sm120 view, else ``None`` (then the path is inspected as given)."""
-    meta = os.path.join(path, "flashinfer_sm120_view.json")
+    meta = os.path.join(path, META_NAME)
     if not os.path.lexists(meta):
         return None
     try:
@@ -191,17 +192,14 @@ FIND_STEPS: tuple[tuple[str, Callable[[Mapping[str, str]], list[Toolkit]]], ...]
     ("conda", _env_prefix("CONDA_PREFIX", "conda")),
 )
 
-#: Source labels, in the order a candidate is preferred when several pass.
-SOURCES = tuple(label for label, _ in FIND_STEPS)
-
 _NAMED = ("FLASHINFER_NVCC", "CUDA_HOME", "CUDA_PATH", "conda")  # a missing directory is reported, not skipped
 
 
 class Candidates(Sequence):
     """Candidates, each inspected when first looked at: start-up reads one or two toolkits, not all."""
 
-    def __init__(self, found: list[Toolkit], timeout: float) -> None:
-        self._found, self._timeout, self._done = found, timeout, {}
+    def __init__(self, found: list[Toolkit]) -> None:
+        self._found, self._done = found, {}
 
     def __len__(self) -> int:
         return len(self._found)
@@ -210,7 +208,7 @@ class Candidates(Sequence):
         i = range(len(self))[i]
         if i not in self._done:
             f = self._found[i]
-            self._done[i] = f if f.problem else inspect(f.root, f.sources, f.given_as, timeout=self._timeout)
+            self._done[i] = f if f.problem else inspect(f.root, f.sources, f.given_as)
         return self._done[i]
 
     def unread(self, i: int) -> Toolkit | None:
@@ -218,7 +216,7 @@ class Candidates(Sequence):
         return None if i in self._done else self._found[i]
 
 
-def discover(env: Mapping[str, str] | None = None, *, timeout: float = NVCC_TIMEOUT_S) -> Candidates:
+def discover(env: Mapping[str, str] | None = None) -> Candidates:
     """Every candidate of :data:`FIND_STEPS` for ``env``, one per real nvcc (sources merged), unusable ones first."""
     env = dict(os.environ if env is None else env)
     bad: list[Toolkit] = []
@@ -233,7 +231,7 @@ def discover(env: Mapping[str, str] | None = None, *, timeout: float = NVCC_TIME
             have = merged.setdefault(key, tk)
             if tk.sources[0] not in have.sources:
                 merged[key] = replace(have, sources=have.sources + tk.sources)
-    return Candidates(bad + list(merged.values()), timeout)
+    return Candidates(bad + list(merged.values()))
 
 
 def flashinfer_naive_root(env: Mapping[str, str] | None = None, *, server: bool = False) -> str | None:

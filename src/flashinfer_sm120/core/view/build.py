@@ -20,7 +20,7 @@ from flashinfer_sm120.safety.ownership import fingerprint, mine_problem
 from flashinfer_sm120.core.toolkit.fixes import consistent_set_fix
 from flashinfer_sm120.core.toolkit.model import CudaHome, Toolkit
 from flashinfer_sm120.core.toolkit.sources import site_dirs
-from flashinfer_sm120.core.view.meta import DIRS, META_NAME, STUB, VIEW_LAYOUT, ViewMeta, check_view, lacks
+from flashinfer_sm120.core.view.meta import DIRS, META_NAME, STUB, VIEW_LAYOUT, check_view, lacks, want_meta
 from flashinfer_sm120.errors import PlaceError, ViewError
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -49,7 +49,7 @@ def _link_entries(src_dir: str, dst_dir: str, names: list[str] | None = None) ->
             os.symlink(os.path.join(src_dir, name), os.path.join(dst_dir, name))
 
 
-def _assemble(tmp: str, toolkit: Toolkit, curand_inc: str | None) -> ViewMeta:
+def _assemble(tmp: str, toolkit: Toolkit, curand_inc: str | None) -> tuple[str, ...]:
     """Fill ``tmp`` with the view: real :data:`DIRS`, links into the toolkit, what it lacks, its metadata last."""
     root = toolkit.root
     added: list[str] = []
@@ -90,10 +90,9 @@ def _assemble(tmp: str, toolkit: Toolkit, curand_inc: str | None) -> ViewMeta:
         sha = write_stub(stub, [toolkit.lib_dir] if toolkit.lib_dir else [], cuda_h)
         os.chmod(stub, 0o644)  # a compiler (the fallback) writes it with the umask's mode
         added.append(STUB)
-    meta = ViewMeta(VIEW_LAYOUT, root, toolkit.nvcc, toolkit.nvcc_full, fingerprint(toolkit.nvcc) or [],
-                    curand_inc, tuple(added), sha, os.geteuid())
-    write_atomic(os.path.join(tmp, META_NAME), json.dumps(meta.to_json(), indent=1).encode(), mode=0o644)
-    return meta
+    meta = dict(want_meta(toolkit, curand_inc), added=added, stub_sha256=sha)
+    write_atomic(os.path.join(tmp, META_NAME), json.dumps(meta, indent=1).encode(), mode=0o644)
+    return tuple(added)
 
 
 def _io_error(exc: OSError, directory: str, doing: str) -> ViewError:
@@ -136,16 +135,11 @@ def _link_new_headers(parent: str, path: str, toolkit: Toolkit) -> None:
     inc = os.path.join(path, "include")
     try:
         have = set(os.listdir(inc))
-        new = [(d, n) for d in toolkit.include_dirs for n in sorted(os.listdir(d)) if n not in have]
-    except OSError:
-        return
-    if not new:
-        return
-    try:
+        if all(n in have for d in toolkit.include_dirs for n in os.listdir(d)):
+            return
         with _lock(parent):
-            for d, name in new:
-                if not os.path.lexists(os.path.join(inc, name)):
-                    os.symlink(os.path.join(d, name), os.path.join(inc, name))
+            for d in toolkit.include_dirs:
+                _link_entries(d, inc)
     except (OSError, filelock.Timeout) as exc:
         logger.debug("flashinfer-sm120: could not add new headers to %s: %r", path, exc)
 
@@ -200,12 +194,12 @@ def _build_locked(parent: str, base: str, toolkit: Toolkit, curand_inc: str | No
     tmp = made.path
     try:
         os.chmod(tmp, 0o755)
-        meta = _assemble(tmp, toolkit, curand_inc)
+        added = _assemble(tmp, toolkit, curand_inc)
         os.rename(tmp, free)  # threat-model: P3: onto a free name (only lock holders create views here)
     except OSError as exc:
         raise _io_error(exc, parent, "build the CUDA_HOME view") from exc
     finally:
         made.close()  # removes it unless renamed into place
     logger.info("flashinfer-sm120: assembled CUDA_HOME view %s for %s (added: %s)", free, toolkit.root,
-                ", ".join(meta.added) or "nothing")
-    return CudaHome(free, toolkit.root, True, meta.added, curand_inc)
+                ", ".join(added) or "nothing")
+    return CudaHome(free, toolkit.root, True, added, curand_inc)

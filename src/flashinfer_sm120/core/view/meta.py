@@ -1,23 +1,20 @@
-"""What a view holds (:class:`ViewMeta`, the layout constants) and the check before one is adopted
+"""What a view holds (:func:`want_meta`, the layout constants) and the check before one is adopted
 (:func:`check_view`, P2); nothing here writes."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
-from dataclasses import asdict, dataclass
 
 from flashinfer_sm120.core.toolkit.model import CudaHome, Toolkit
-from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats.base import shown, some
-from flashinfer_sm120.safety.formats.grammar import parse_version
-from flashinfer_sm120.safety.formats.fields import field
+from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.fs.atomic import read_json
 from flashinfer_sm120.safety.ownership import fingerprint, mine_problem
 
 #: Bumped whenever the view layout or metadata changes, so old views are not reused.
-VIEW_LAYOUT = 3
+VIEW_LAYOUT = 4
 META_NAME = "flashinfer_sm120_view.json"
 #: The ``libcuda.so`` link stub (FlashInfer's ``-L$cuda_home/lib64/stubs -lcuda``).
 STUB = "lib64/stubs/libcuda.so"
@@ -30,58 +27,22 @@ REQUIRED = ("bin/nvcc", "include/cuda_runtime_api.h", "lib64/libcudart.so", STUB
 
 
 def lacks(home: str) -> list[str]:
-    """What FlashInfer's build lines need from ``home`` that is not a regular file there: :data:`REQUIRED` (it links
-    ``-L$cuda_home/lib64 -L$cuda_home/lib64/stubs -lcudart -lcuda``, 0.6 and 0.7 ``jit/cpp_ext.py``) and the
-    ``include/curand.h`` its sampling module includes."""
+    """What of :data:`REQUIRED` (``-lcudart -lcuda`` from ``$cuda_home/lib64[/stubs]``, 0.6-0.7 ``jit/cpp_ext.py``)
+    and the sampling module's ``include/curand.h`` is not a regular file in ``home``."""
     return [rel for rel in (*REQUIRED, "include/curand.h") if not os.path.isfile(os.path.join(home, rel))]
 
 
-@dataclass(frozen=True)
-class ViewMeta:
-    """A view's metadata: what it was built for, what it adds, our stub's SHA-256 (``None``: a link to the
-    toolkit's own) and the builder's uid."""
-
-    layout: int
-    toolkit: str
-    nvcc: str
-    nvcc_full: str | None
-    nvcc_fingerprint: list[int]
-    curand_include: str | None
-    added: tuple[str, ...]
-    stub_sha256: str | None
-    owner_uid: int
-
-    def to_json(self) -> dict:
-        return dict(asdict(self), added=list(self.added))
-
-    @classmethod
-    def from_json(cls, data: object, source: str = META_NAME) -> tuple[ViewMeta | None, str | None]:
-        """``(meta, None)`` or ``(None, what is wrong)`` for decoded metadata (S2: typed, bounded fields)."""
-        optional = (str, type(None))
-        types = {"layout": int, "toolkit": str, "nvcc": str, "nvcc_full": optional, "nvcc_fingerprint": list,
-                 "curand_include": optional, "added": list, "stub_sha256": optional, "owner_uid": int}
-        if not isinstance(data, dict):
-            return None, f"is a JSON {type(data).__name__}, not an object"
-        if set(data) != set(types):
-            return None, f"has keys {some(sorted(map(str, data)), 12)}, expected {sorted(types)}"
-        try:
-            got = {k: field(data, k, kind, source, max_len=4096) for k, kind in types.items()}
-            if got["nvcc_full"] is not None:
-                got["nvcc_full"] = str(parse_version(got["nvcc_full"], source))
-        except FormatError as exc:
-            return None, exc.problem
-        fp, added = got["nvcc_fingerprint"], got["added"]
-        if len(fp) != 5 or not all(type(x) is int for x in fp):
-            return None, f"has nvcc_fingerprint={shown(fp, 60)}, expected 5 integers"
-        if not all(isinstance(a, str) and a in ADDED_ITEMS for a in added):
-            return None, f"has added={shown(added, 80)}, expected items of {list(ADDED_ITEMS)}"
-        return cls(**dict(got, added=tuple(added))), None
+def want_meta(toolkit: Toolkit, curand_inc: str | None) -> dict:
+    """What a view's metadata must hold for ``toolkit`` and ``curand_inc``; its view adds ``added`` and
+    ``stub_sha256`` (our stub's SHA-256, ``None``: a link to the toolkit's own)."""
+    return {"layout": VIEW_LAYOUT, "toolkit": toolkit.root, "nvcc": toolkit.nvcc,
+            "nvcc_fingerprint": fingerprint(toolkit.nvcc), "curand_include": curand_inc, "owner_uid": os.geteuid()}
 
 
-def _walk_problem(path: str, meta: ViewMeta, roots: list[str]) -> str | None:
+def _walk_problem(path: str, toolkit: str, stub_sha256: str | None, roots: list[str]) -> str | None:
     """What in the view is not ours, not a real directory of :data:`DIRS`, not our stub or metadata, or a
     link that leads outside ``roots`` (P2)."""
-    files = {META_NAME} | ({STUB} if meta.stub_sha256 else set())
+    files = {META_NAME} | ({STUB} if stub_sha256 else set())
     inside = tuple(r.rstrip("/") + "/" for r in roots if r)
     for rel_dir in DIRS:
         d = os.path.join(path, rel_dir) if rel_dir else path
@@ -102,7 +63,7 @@ def _walk_problem(path: str, meta: ViewMeta, roots: list[str]) -> str | None:
                     return f"{entry} is not a symlink into the toolkit (unexpected {stat.filemode(est.st_mode)})"
                 target = os.path.normpath(os.path.join(d, os.readlink(entry)))
                 if not (target + "/").startswith(inside):
-                    return f"{entry} points to {target}, outside the toolkit {meta.toolkit}"
+                    return f"{entry} points to {target}, outside the toolkit {toolkit}"
         except OSError as exc:
             return f"{exc.filename} cannot be read ({exc.strerror})"
     return None
@@ -120,26 +81,27 @@ def check_view(path: str, toolkit: Toolkit, curand_inc: str | None) -> tuple[Cud
     data, problem = read_json(meta_path, max_bytes=64 << 10)
     if data is None:
         return None, problem or f"{meta_path} is missing"
-    meta, problem = ViewMeta.from_json(data, meta_path)
-    if meta is None:
-        return None, f"{meta_path} {problem}"
-    want = {"layout": VIEW_LAYOUT, "toolkit": toolkit.root, "nvcc": toolkit.nvcc,
-            "nvcc_fingerprint": fingerprint(toolkit.nvcc), "curand_include": curand_inc, "owner_uid": os.geteuid()}
-    for key, value in want.items():
-        if getattr(meta, key) != value:
-            return None, f"{meta_path} has {key}={shown(getattr(meta, key))}, this toolkit needs {shown(value)}"
+    want = want_meta(toolkit, curand_inc)
+    if not isinstance(data, dict) or set(data) != {*want, "added", "stub_sha256"}:
+        return None, f"{meta_path} is not an object with the keys {sorted([*want, 'added', 'stub_sha256'])}"
+    for key, value in want.items():  # compared as JSON: true is not 1, "3" is not 3 (S2)
+        if json.dumps(data[key]) != json.dumps(value):
+            return None, f"{meta_path} has {key}={shown(data[key])}, this toolkit needs {shown(value)}"
+    added, sha = data["added"], data["stub_sha256"]
+    if not isinstance(added, list) or not all(a in ADDED_ITEMS for a in added):
+        return None, f"{meta_path} has added={shown(added, 80)}, expected items of {list(ADDED_ITEMS)}"
     roots = [toolkit.root, *toolkit.include_dirs, toolkit.lib_dir or "", curand_inc or "", path]
-    problem = _walk_problem(path, meta, roots) or next(
+    problem = _walk_problem(path, toolkit.root, sha, roots) or next(
         (f"{os.path.join(path, rel)} is missing" for rel in REQUIRED if not os.path.exists(os.path.join(path, rel))),
         None)
     if problem:
         return None, problem
-    if meta.stub_sha256:
+    if sha:
         try:
             with open(os.path.join(path, STUB), "rb") as fh:
                 digest = hashlib.sha256(fh.read(8 << 20)).hexdigest()
         except OSError as exc:
             return None, f"{os.path.join(path, STUB)} cannot be read ({exc.strerror})"
-        if digest != meta.stub_sha256:
+        if digest != sha:
             return None, f"{os.path.join(path, STUB)} was changed after the view was built"
-    return CudaHome(path, toolkit.root, True, meta.added, curand_inc), None
+    return CudaHome(path, toolkit.root, True, tuple(added), curand_inc), None

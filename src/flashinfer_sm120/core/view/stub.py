@@ -74,11 +74,11 @@ def driver_symbols(cuda_h: str | None) -> list[str]:
     return sorted(names)
 
 
-def stub_bytes(order: str, machine: int, flags: int = 0, soname: str = SONAME,
-               symbols: list[str] | tuple[str, ...] = ()) -> bytes:
-    """An ELF64 link stub: ``soname``, ``symbols`` as functions at one address; deterministic, checked byte for byte (P2)."""
+def stub_bytes(order: str, machine: int, flags: int, symbols: list[str]) -> bytes:
+    """An ELF64 link stub: :data:`SONAME`, ``symbols`` as functions at one address; deterministic, checked byte for
+    byte (P2)."""
     names = [s.encode() for s in symbols]
-    dynstr = b"\0" + soname.encode() + b"\0"
+    dynstr = b"\0" + SONAME.encode() + b"\0"
     name_off = []
     for n in names:
         name_off.append(len(dynstr))
@@ -143,7 +143,7 @@ def write_stub(dest: str, lib_dirs: list[str], cuda_h: str | None = None) -> str
         raise ViewError("cannot write the libcuda.so link stub for FlashInfer's -lcuda: neither the toolkit's "
                         "libcudart.so* nor this Python is a 64-bit ELF file. Fix: install the CUDA toolkit's "
                         "own lib64/stubs/libcuda.so")
-    data = stub_bytes(*ident, symbols=driver_symbols(cuda_h))
+    data = stub_bytes(*ident, driver_symbols(cuda_h))
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
