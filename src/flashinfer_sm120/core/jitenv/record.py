@@ -278,8 +278,7 @@ def parse_entry(obj: Any, source: str) -> dict:
         return out
     if "spec" in obj or "generated" in obj:  # 0.2.0 recorded source text, which replay no longer reads
         raise FormatError(f"{source}: written by flashinfer-sm120 0.2 (it carries 'spec' or 'generated' source "
-                          f"text), which this release does not read; {fix}, or export the cache again, with this "
-                          f"release")
+                          f"text), which this release does not read; {fix} with this release")
     generator = f(obj, "generator", str, source, fix=fix)  # threat-model: P2 (a generator and plain parameters)
     out["generator"] = ":".join(parse_generator(generator, f"{source} 'generator'", fix=fix))
     params = f(obj, "params", (dict, type(None)), source, default=None, fix=fix) or {}
