@@ -249,9 +249,7 @@ def encode(spec, flashinfer_version: str, targets: list[str]) -> dict:
 
 
 def parse_entry(obj: Any, source: str) -> dict:
-    """One entry checked field by field, as a new dict; :raises FormatError: names the key and the fix."""
-    from functools import partial
-
+    """The fields replay reads of one entry, checked, as a new dict; :raises FormatError: names the key and the fix."""
     from flashinfer_sm120.safety.formats.grammar import parse, parse_version
     from flashinfer_sm120.safety.formats.params import parse_generator, parse_params
 
@@ -266,14 +264,11 @@ def parse_entry(obj: Any, source: str) -> dict:
     out["flashinfer"] = str(parse_version(f(obj, "flashinfer", str, source, fix=fix), f"{source} 'flashinfer'", fix=fix))
     targets = f(obj, "targets", list, source, fix=fix, max_len=MAX_TARGETS)
     out["targets"] = [parse("target", t, f"{source} 'targets'", fix=fix) for t in targets]
-    out["toolchain"] = parse("name", f(obj, "toolchain", str, source, default="unknown", fix=fix),
-                                  f"{source} 'toolchain'", fix=fix)
     out["regenerable"] = f(obj, "regenerable", bool, source, default=False, fix=fix)
-    for key, kind, check in (("why", str, None), ("pid", int, None), ("server", str, partial(parse, "name")),
-                             ("workspace_base", (str, type(None)), partial(parse, "path"))):
-        value = f(obj, key, kind, source, default=None, fix=fix, max_len=1000 if key == "why" else None)
-        if value is not None:
-            out[key] = check(value, f"{source} {key!r}", fix=fix) if check else value
+    if (why := f(obj, "why", str, source, default=None, fix=fix, max_len=1000)) is not None:
+        out["why"] = why
+    if (server := f(obj, "server", str, source, default=None, fix=fix)) is not None:
+        out["server"] = parse("name", server, f"{source} 'server'", fix=fix)
     if not out["regenerable"]:
         return out
     if "spec" in obj or "generated" in obj:  # 0.2.0 recorded source text, which replay no longer reads
