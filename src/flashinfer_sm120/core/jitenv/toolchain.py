@@ -130,7 +130,7 @@ def prepare_builds() -> None:
             if setup.max_jobs_value is not None:  # ours to refresh before each build (refresh_max_jobs)
                 steps.set_env("MAX_JOBS", setup.max_jobs_value)
                 _state.update(jobs=setup.max_jobs_value, steps=steps)
-                steps.undos.append(lambda: _state.update(jobs=None))
+                steps.add("MAX_JOBS", lambda: _state.update(jobs=None))
             for line in setup.warnings:
                 logger.warning("flashinfer-sm120: %s", line)
             steps.info["builds"] = dataclasses.asdict(setup)
