@@ -203,9 +203,8 @@ def take_pending() -> tuple | None:
 
 def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]],
            recorded: dict | None = None) -> Callable[[], None]:
-    """Export the chosen toolkit to the process and its children (``recorded``: the :func:`decisions` a later process
-    replays); returns the idempotent undo.  The same arguments again change nothing, others undo the previous export
-    first; a step that fails is logged, never raised."""
+    """Export the chosen toolkit to the process and its children (``recorded``: :func:`decisions` replayed); returns
+    the idempotent undo.  Other arguments undo the previous export first; a failed step is logged, never raised."""
     targets = tuple(sorted({(int(a), str(b)) for a, b in targets}))
     key = (home, nvcc, targets)
     recorded = recorded or {}

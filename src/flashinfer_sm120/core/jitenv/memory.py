@@ -266,9 +266,8 @@ def cpus() -> int:
 
 
 def max_jobs(env=None) -> tuple[str | None, int | None, str | None]:
-    """``(raw MAX_JOBS, -j FlashInfer passes to ninja, problem)``, read as FlashInfer 0.7.x does (``jit/cpp_ext.py``
-    ``_get_num_workers``: ``isdigit()``, then ``int()``); ``problem``: it ignores the value, raises on it
-    (``'²'.isdigit()``), passes 0 (ninja: no limit), or a value ninja 1.11 stops on."""
+    """``(raw MAX_JOBS, -j FlashInfer passes to ninja, problem)`` as 0.7.x ``_get_num_workers`` reads it (``isdigit()``,
+    ``int()``); ``problem``: it ignores, raises on (``'²'``), passes 0 (no limit) or a -j ninja 1.11 stops on."""
     raw = (os.environ if env is None else env).get("MAX_JOBS")
     if raw is None:
         return None, None, None

@@ -176,9 +176,8 @@ def _export_unchanged(export: dict) -> bool:
 
 
 def replay(now: dict[str, Any]) -> tuple[Any, dict] | None:
-    """``(Resolution, export decisions)`` recorded for inputs equal to ``now``, else ``None`` (the caller resolves
-    afresh: P1).  Its nvcc and ninja are the recorded binaries and pass the trust rule again, as do the toolkit's
-    directories (P2); its view is the directory the first process checked (P2)."""
+    """``(Resolution, export decisions)`` recorded for inputs equal to ``now``, else ``None`` (resolve afresh: P1); its
+    nvcc, ninja and toolkit directories pass the trust rule again and its view is the one checked then (P2)."""
     try:
         rec = next((r for r in load()[0] if r["inputs"] == now and r.get("resolution")), None)
         if rec is None:

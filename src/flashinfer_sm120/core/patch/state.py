@@ -35,9 +35,6 @@ class Mode(str, enum.Enum):
     REVERTED = "reverted"
     DISABLED = "disabled"
 
-    def __str__(self) -> str:
-        return self.value
-
     @property
     def active(self) -> bool:
         """Whether our wrappers act (else they call FlashInfer's originals)."""
