@@ -15,8 +15,6 @@ from flashinfer_sm120.core.facts import arch as _arch
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["export", "export_builds", "exported", "decisions", "reset", "take_pending", "SHARED_BIN_DIRS"]
-
 #: Never put first on ``PATH``: the system's programs there would shadow the user's.
 SHARED_BIN_DIRS = ("/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin")
 

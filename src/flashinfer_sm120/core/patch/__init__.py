@@ -23,8 +23,6 @@ from flashinfer_sm120.core.patch.steps import HOOKED_MODULES, STEPS, refresh_der
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["install", "revert", "status", "record_status"]
-
 
 def _ensure_resolution() -> None:
     """Compute the resolution outside the lock; the first one stored wins."""

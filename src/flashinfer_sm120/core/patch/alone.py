@@ -12,8 +12,6 @@ import types
 
 from packaging.version import Version
 
-__all__ = ["flashinfer_would_target"]
-
 _CPP_EXT = "flashinfer.jit.cpp_ext"
 _NAMES = ("is_cuda_version_at_least", "get_cuda_version", "get_cuda_path")
 

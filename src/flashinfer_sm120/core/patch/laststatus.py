@@ -16,8 +16,6 @@ from flashinfer_sm120.errors import Sm120Error
 from flashinfer_sm120.safety.formats.reads import MAX_STATE_BYTES, read_json_file
 from flashinfer_sm120.safety.ownership import fingerprint, trust_reason
 
-__all__ = ["SCHEMA", "FILE", "KEEP", "from_status", "inputs", "load", "replay", "save", "path", "which_nvcc"]
-
 SCHEMA = 2
 FILE = "last-status.json"
 #: Records kept (one per set of inputs: targets, environments).

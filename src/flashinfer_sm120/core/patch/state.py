@@ -20,9 +20,6 @@ from flashinfer_sm120.core.toolkit.model import GPU, Choice, CudaHome, GPUQuery,
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["Mode", "State", "STATE", "render", "describe", "targets_from_text",
-           "NO_TARGETS_FIX", "Resolution", "arch_specs", "flashinfer_version"]
-
 
 class Mode(str, enum.Enum):
     """Where patching stands (the value is what :func:`status` reports)."""
