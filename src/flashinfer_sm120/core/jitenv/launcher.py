@@ -1,7 +1,6 @@
 """The shared compile cache: sccache as FlashInfer's ``FLASHINFER_NVCC_LAUNCHER``/``FLASHINFER_CXX_LAUNCHER``
 (0.7.x), opt-in, trusted (P2) and probed: a tiny ``.cu`` compiled through it with FlashInfer's flags must produce
-an object (sccache 0.16.0 caches nvcc 13.0.88; with 13.5.37 it exits 254: its ``--dryrun`` parsing, sccache PR 2722).
-"""
+an object (sccache 0.16.0 caches nvcc 13.0.88; 13.5.37 exits 254 in its ``--dryrun`` parsing: sccache PR 2722)."""
 
 from __future__ import annotations
 

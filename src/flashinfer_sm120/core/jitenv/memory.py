@@ -1,7 +1,6 @@
 """The memory budget of JIT compiles: what this process may use (cgroup v1/v2 at every level, ``MemAvailable``,
-unified-memory GPUs), what one compile of each module family takes, and ``MAX_JOBS`` and
-``FLASHINFER_NVCC_THREADS`` read exactly as FlashInfer reads them; :func:`budget` is the one computation.
-"""
+unified-memory GPUs), what one compile of each module family takes, ``MAX_JOBS`` and ``FLASHINFER_NVCC_THREADS``
+read exactly as FlashInfer reads them; :func:`budget` is the one computation."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The manifest: ``FLASHINFER_SM120_RECORD=/path/manifest.jsonl`` records every JIT module this process builds or
 loads as data: the FlashInfer ``gen_*_module`` that made it and its arguments, never source text (P2), so replay
-(``build --from``) calls it again; :func:`parse_entry` is the one grammar of an entry, for replay.
-"""
+(``build --from``) calls it again; :func:`parse_entry` is the one grammar of an entry, for replay."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """What this FlashInfer release would compute by itself with the chosen toolkit (for ``noop``): its own
 ``CompilationContext.__init__`` runs on a throw-away subclass, in copies whose globals and imports answer every
-way 0.5.0 - 0.7.4 reach ``flashinfer.jit.cpp_ext`` with a stand-in bound to the chosen nvcc.  Nothing global changes.
-"""
+way 0.5.0 - 0.7.4 reach ``flashinfer.jit.cpp_ext`` with a stand-in for the chosen nvcc.  Nothing global changes."""
 
 from __future__ import annotations
 
