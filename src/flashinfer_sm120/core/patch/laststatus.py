@@ -41,12 +41,8 @@ def _or_none(read: Callable[[], Any]) -> Any:
 
 def _entry(path: str) -> list | None:
     """``path`` itself, a link not followed: its target, inode, size and mtime."""
-    try:
-        st = os.lstat(path)
-        target = os.readlink(path) if os.path.islink(path) else None
-    except OSError:
-        return None
-    return [target, st.st_ino, st.st_size, st.st_mtime_ns]
+    st = _or_none(lambda: os.lstat(path))
+    return st and [_or_none(lambda: os.readlink(path)), st.st_ino, st.st_size, st.st_mtime_ns]
 
 
 def _nvcc_entries(env: dict[str, str]) -> dict[str, list | None]:
