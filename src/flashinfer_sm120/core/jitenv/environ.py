@@ -266,9 +266,8 @@ def decisions() -> dict:
 def reset() -> None:
     """Undo the current export, whoever made it (``revert()``: an early one by the autoload goes too)."""
     with _lock:
-        current = _current
-    if current is not None:
-        current["undo"]()
+        if _current is not None:
+            _current["undo"]()
 
 
 def exported() -> dict:
