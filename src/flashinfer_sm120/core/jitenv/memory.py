@@ -1,7 +1,6 @@
 """The memory budget of JIT compiles: what this process may use (cgroup v1/v2 at every level, ``MemAvailable``,
-unified-memory GPUs), what one compile of each module family takes, and ``MAX_JOBS`` and
-``FLASHINFER_NVCC_THREADS`` read exactly as FlashInfer reads them; :func:`budget` is the one computation.
-"""
+unified-memory GPUs), what one compile of each module family takes, ``MAX_JOBS`` and ``FLASHINFER_NVCC_THREADS``
+read exactly as FlashInfer reads them; :func:`budget` is the one computation."""
 
 from __future__ import annotations
 
@@ -61,12 +60,9 @@ class MemoryView:
     notes: tuple[str, ...] = ()
 
     @property
-    def lowest(self) -> Bound | None:
-        return min(self.bounds, key=lambda b: b.available, default=None)
-
-    @property
     def source(self) -> str:
-        return self.lowest.source if self.lowest else "unknown"
+        """The lowest bound's source."""
+        return min(self.bounds, key=lambda b: b.available).source if self.bounds else "unknown"
 
     def to_dict(self) -> dict:
         return dict(dataclasses.asdict(self), source=self.source)
@@ -91,26 +87,18 @@ def _lines(path: str, max_line: int, max_lines: int) -> list[str]:
         return []
 
 
-def mountinfo(proc_root: str = "/proc") -> list[tuple[str, str, str, str]]:
-    """``(root, mount point, fstype, super options)`` of each mount this process sees (``[]``: no ``/proc``)."""
-    out = []
-    for line in _lines(os.path.join(proc_root, "self", "mountinfo"), 8192, 20000):
-        fields = line.split(" ")
-        sep = fields.index("-") if "-" in fields else -1
-        if sep < 5 or len(fields) < sep + 3:
-            continue
-        # proc(5): id parent dev root point opts ... - fstype src super; space, tab, newline, backslash escaped \040
-        root, point = (re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), f) for f in fields[3:5])
-        out.append((root, point, fields[sep + 1], fields[sep + 3] if len(fields) > sep + 3 else ""))
-    return out
-
-
 def _cgroup_bounds(proc_root: str, notes: list[str]) -> list[Bound]:
     """Per hierarchy accounting our memory, the lowest ``limit - (usage - inactive file cache)`` from our cgroup up to
     the mount point (a parent's limit binds its children; the cache as the kubelet counts it)."""
-    mounts = [("2" if fstype == "cgroup2" else "1", root, point)
-              for root, point, fstype, super_opts in mountinfo(proc_root)
-              if fstype == "cgroup2" or (fstype == "cgroup" and "memory" in super_opts.split(","))]
+    mounts = []  # (cgroup version, root, mount point)
+    for line in _lines(os.path.join(proc_root, "self", "mountinfo"), 8192, 20000):
+        fields = line.split(" ")
+        sep = fields.index("-") if "-" in fields else -1
+        # proc(5): id parent dev root point opts ... - fstype src super; space, tab, newline, backslash escaped \040
+        fstype, opts = (fields[sep + 1], fields[sep + 3].split(",")) if 5 <= sep < len(fields) - 3 else ("", [])
+        if fstype == "cgroup2" or (fstype == "cgroup" and "memory" in opts):
+            root, point = (re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), f) for f in fields[3:5])
+            mounts.append(("2" if fstype == "cgroup2" else "1", root, point))
     bounds = []
     for line in _lines(os.path.join(proc_root, "self", "cgroup"), 4096, 256):
         parts = line.split(":", 2)
@@ -277,9 +265,8 @@ def cpus() -> int:
 
 
 def max_jobs(env=None) -> tuple[str | None, int | None, str | None]:
-    """``(raw MAX_JOBS, -j FlashInfer passes to ninja, problem)``, read as FlashInfer 0.7.x does (``jit/cpp_ext.py``
-    ``_get_num_workers``: ``isdigit()``, then ``int()``); ``problem``: it ignores the value, raises on it
-    (``'²'.isdigit()``), passes 0 (ninja: no limit), or a value ninja 1.11 stops on."""
+    """``(raw MAX_JOBS, -j FlashInfer passes to ninja, problem)`` as 0.7.x ``_get_num_workers`` reads it (``isdigit()``,
+    ``int()``); ``problem``: it ignores, raises on (``'²'``), passes 0 (no limit) or a -j ninja 1.11 stops on."""
     raw = (os.environ if env is None else env).get("MAX_JOBS")
     if raw is None:
         return None, None, None

@@ -1,7 +1,6 @@
 """The manifest: ``FLASHINFER_SM120_RECORD=/path/manifest.jsonl`` records every JIT module this process builds or
 loads as data: the FlashInfer ``gen_*_module`` that made it and its arguments, never source text (P2), so replay
-(``build --from``) calls it again; :func:`parse_entry` is the one grammar of an entry, for replay.
-"""
+(``build --from``) calls it again; :func:`parse_entry` is the one grammar of an entry, for replay."""
 
 from __future__ import annotations
 
@@ -249,9 +248,7 @@ def encode(spec, flashinfer_version: str, targets: list[str]) -> dict:
 
 
 def parse_entry(obj: Any, source: str) -> dict:
-    """One entry checked field by field, as a new dict; :raises FormatError: names the key and the fix."""
-    from functools import partial
-
+    """The fields replay reads of one entry, checked, as a new dict; :raises FormatError: names the key and the fix."""
     from flashinfer_sm120.safety.formats.grammar import parse, parse_version
     from flashinfer_sm120.safety.formats.params import parse_generator, parse_params
 
@@ -266,20 +263,16 @@ def parse_entry(obj: Any, source: str) -> dict:
     out["flashinfer"] = str(parse_version(f(obj, "flashinfer", str, source, fix=fix), f"{source} 'flashinfer'", fix=fix))
     targets = f(obj, "targets", list, source, fix=fix, max_len=MAX_TARGETS)
     out["targets"] = [parse("target", t, f"{source} 'targets'", fix=fix) for t in targets]
-    out["toolchain"] = parse("name", f(obj, "toolchain", str, source, default="unknown", fix=fix),
-                                  f"{source} 'toolchain'", fix=fix)
     out["regenerable"] = f(obj, "regenerable", bool, source, default=False, fix=fix)
-    for key, kind, check in (("why", str, None), ("pid", int, None), ("server", str, partial(parse, "name")),
-                             ("workspace_base", (str, type(None)), partial(parse, "path"))):
-        value = f(obj, key, kind, source, default=None, fix=fix, max_len=1000 if key == "why" else None)
-        if value is not None:
-            out[key] = check(value, f"{source} {key!r}", fix=fix) if check else value
+    if (why := f(obj, "why", str, source, default=None, fix=fix, max_len=1000)) is not None:
+        out["why"] = why
+    if (server := f(obj, "server", str, source, default=None, fix=fix)) is not None:
+        out["server"] = parse("name", server, f"{source} 'server'", fix=fix)
     if not out["regenerable"]:
         return out
     if "spec" in obj or "generated" in obj:  # 0.2.0 recorded source text, which replay no longer reads
         raise FormatError(f"{source}: written by flashinfer-sm120 0.2 (it carries 'spec' or 'generated' source "
-                          f"text), which this release does not read; {fix}, or export the cache again, with this "
-                          f"release")
+                          f"text), which this release does not read; {fix} with this release")
     generator = f(obj, "generator", str, source, fix=fix)  # threat-model: P2 (a generator and plain parameters)
     out["generator"] = ":".join(parse_generator(generator, f"{source} 'generator'", fix=fix))
     params = f(obj, "params", (dict, type(None)), source, default=None, fix=fix) or {}

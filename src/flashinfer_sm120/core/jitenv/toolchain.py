@@ -1,7 +1,6 @@
 """What FlashInfer's JIT builds get besides the toolkit, decided at the first JIT build: the compiler variables
 (checked at import by :mod:`flashinfer_sm120.safety.compilers`), ``MAX_JOBS`` from the memory budget
-(:mod:`.memory`) and the compiler cache when asked for (:mod:`.launcher`), applied through the export's undo log.
-"""
+(:mod:`.memory`) and the compiler cache when asked for (:mod:`.launcher`), applied through the export's undo log."""
 
 from __future__ import annotations
 
@@ -130,7 +129,7 @@ def prepare_builds() -> None:
             if setup.max_jobs_value is not None:  # ours to refresh before each build (refresh_max_jobs)
                 steps.set_env("MAX_JOBS", setup.max_jobs_value)
                 _state.update(jobs=setup.max_jobs_value, steps=steps)
-                steps.undos.append(lambda: _state.update(jobs=None))
+                steps.add("MAX_JOBS", lambda: _state.update(jobs=None))
             for line in setup.warnings:
                 logger.warning("flashinfer-sm120: %s", line)
             steps.info["builds"] = dataclasses.asdict(setup)

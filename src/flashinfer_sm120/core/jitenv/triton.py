@@ -12,8 +12,6 @@ from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.core.toolkit import memo
 from flashinfer_sm120.safety.ownership import fingerprint
 
-__all__ = ["TRITON_PTXAS", "plan"]
-
 #: Which bundled ptxas Triton runs for an SM, first match wins (``get_ptxas``, triton/backends/nvidia/compiler.py):
 #: ``ptxas-thor`` for sm_110 (release/3.7.x, triton PR #10462), ``ptxas-blackwell`` from SM 100 (3.6.0+), else
 #: ``ptxas``; a binary absent from the wheel falls through.

@@ -23,21 +23,16 @@ from flashinfer_sm120.core.patch.steps import HOOKED_MODULES, STEPS, refresh_der
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["install", "revert", "status", "record_status"]
-
 
 def _ensure_resolution() -> None:
     """Compute the resolution outside the lock; the first one stored wins."""
     with STATE.lock:
         if STATE.mode is not Mode.IDLE or STATE.resolution is not None:
             return
-    try:
-        inputs = laststatus.inputs()  # before FlashInfer or our export changes the environment
-    except Exception:  # pragma: no cover - stat calls only
-        inputs = None
+    inputs = laststatus.inputs()  # before FlashInfer or our export changes the environment (stat calls only)
     with STATE.lock:
         first, STATE.resolved = not STATE.resolved, True
-    replayed = first and inputs is not None and laststatus.replay(inputs)  # a later process with the same inputs
+    replayed = first and laststatus.replay(inputs)  # a later process with the same inputs
     res: Resolution | str
     try:
         if replayed:

@@ -1,26 +1,18 @@
 """What this FlashInfer release would compute by itself with the chosen toolkit (for ``noop``): its own
 ``CompilationContext.__init__`` runs on a throw-away subclass, in copies whose globals and imports answer every
-way 0.5.0 - 0.7.4 reach ``flashinfer.jit.cpp_ext`` with a stand-in bound to the chosen nvcc.  Nothing global changes.
-"""
+way 0.5.0 - 0.7.4 reach ``flashinfer.jit.cpp_ext`` with a stand-in for the chosen nvcc.  Nothing global changes."""
 
 from __future__ import annotations
 
 import builtins
 import importlib.util
+import logging
 import types
-from typing import Callable
 
 from packaging.version import Version
 
-__all__ = ["flashinfer_would_target"]
-
 _CPP_EXT = "flashinfer.jit.cpp_ext"
 _NAMES = ("is_cuda_version_at_least", "get_cuda_version", "get_cuda_path")
-
-
-class _QuietLogger:
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return lambda *a, **k: None
 
 
 def _stub(version: Version, home: str | None) -> types.ModuleType:
@@ -57,7 +49,7 @@ def _copy(func: types.FunctionType, stub: types.ModuleType) -> types.FunctionTyp
     fake_builtins["__import__"] = fake_import
     glb = dict(func.__globals__)
     glb["__builtins__"] = fake_builtins
-    glb["logger"] = _QuietLogger()
+    glb["logger"] = logging.Logger(_CPP_EXT, logging.CRITICAL + 1)  # says nothing
     for name in _NAMES:
         if name in glb:
             glb[name] = getattr(stub, name)

@@ -12,8 +12,6 @@ from flashinfer_sm120.core.toolkit.model import Choice, RejectKind, Setting, Too
 from flashinfer_sm120.errors import ToolkitError
 from flashinfer_sm120.safety.formats.base import bounded
 
-__all__ = ["resolve", "refused_settings", "own_nvcc"]
-
 
 _REFUSED = (RejectKind.UNUSABLE, RejectKind.NOT_CHOSEN)
 

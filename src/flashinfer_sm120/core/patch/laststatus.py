@@ -16,8 +16,6 @@ from flashinfer_sm120.errors import Sm120Error
 from flashinfer_sm120.safety.formats.reads import MAX_STATE_BYTES, read_json_file
 from flashinfer_sm120.safety.ownership import fingerprint, trust_reason
 
-__all__ = ["SCHEMA", "FILE", "KEEP", "from_status", "inputs", "load", "replay", "save", "path", "which_nvcc"]
-
 SCHEMA = 2
 FILE = "last-status.json"
 #: Records kept (one per set of inputs: targets, environments).
@@ -43,12 +41,8 @@ def _or_none(read: Callable[[], Any]) -> Any:
 
 def _entry(path: str) -> list | None:
     """``path`` itself, a link not followed: its target, inode, size and mtime."""
-    try:
-        st = os.lstat(path)
-        target = os.readlink(path) if os.path.islink(path) else None
-    except OSError:
-        return None
-    return [target, st.st_ino, st.st_size, st.st_mtime_ns]
+    st = _or_none(lambda: os.lstat(path))
+    return st and [_or_none(lambda: os.readlink(path)), st.st_ino, st.st_size, st.st_mtime_ns]
 
 
 def _nvcc_entries(env: dict[str, str]) -> dict[str, list | None]:
@@ -176,9 +170,8 @@ def _export_unchanged(export: dict) -> bool:
 
 
 def replay(now: dict[str, Any]) -> tuple[Any, dict] | None:
-    """``(Resolution, export decisions)`` recorded for inputs equal to ``now``, else ``None`` (the caller resolves
-    afresh: P1).  Its nvcc and ninja are the recorded binaries and pass the trust rule again, as do the toolkit's
-    directories (P2); its view is the directory the first process checked (P2)."""
+    """``(Resolution, export decisions)`` recorded for inputs equal to ``now``, else ``None`` (resolve afresh: P1); its
+    nvcc, ninja and toolkit directories pass the trust rule again and its view is the one checked then (P2)."""
     try:
         rec = next((r for r in load()[0] if r["inputs"] == now and r.get("resolution")), None)
         if rec is None:

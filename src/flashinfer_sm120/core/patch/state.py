@@ -9,18 +9,16 @@ import logging
 import sys
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from flashinfer_sm120.core.facts import arch as _arch
 from flashinfer_sm120.core.facts.arch import ArchSpec, parse_arch_list_lenient
 from flashinfer_sm120.core.facts.releases import ReleaseInfo
 from flashinfer_sm120.core.facts.workspace import tag_for
+from flashinfer_sm120.core.jitenv.environ import UndoLog
 from flashinfer_sm120.core.toolkit.model import GPU, Choice, CudaHome, GPUQuery, Rejection, RejectKind, Setting, Toolkit
 
 logger = logging.getLogger("flashinfer_sm120")
-
-__all__ = ["Mode", "UndoLog", "State", "STATE", "render", "describe", "targets_from_text",
-           "NO_TARGETS_FIX", "Resolution", "arch_specs", "flashinfer_version"]
 
 
 class Mode(str, enum.Enum):
@@ -34,39 +32,10 @@ class Mode(str, enum.Enum):
     REVERTED = "reverted"
     DISABLED = "disabled"
 
-    def __str__(self) -> str:
-        return self.value
-
     @property
     def active(self) -> bool:
         """Whether our wrappers act (else they call FlashInfer's originals)."""
         return self in (Mode.PATCHED, Mode.GUARD, Mode.NOOP)
-
-
-class UndoLog:
-    """Changes in the order made, each with the callable (no arguments, never raising) that undoes it."""
-
-    def __init__(self) -> None:
-        self._undo: list[tuple[str, Callable[[], None]]] = []
-
-    def add(self, what: str, undo: Callable[[], None]) -> None:
-        self._undo.append((what, undo))
-
-    def set_attr(self, obj: Any, name: str, value: Any) -> None:
-        """``setattr(obj, name, value)``, recording how to restore the exact previous binding."""
-        had, old = name in vars(obj), vars(obj).get(name)
-        setattr(obj, name, value)
-        self.add(f"{getattr(obj, '__name__', obj)}.{name}",
-                 lambda: setattr(obj, name, old) if had else delattr(obj, name) if name in vars(obj) else None)
-
-    def rollback(self) -> None:
-        """Undo everything, newest first (a failed undo is logged)."""
-        while self._undo:
-            what, undo = self._undo.pop()
-            try:
-                undo()
-            except Exception as exc:  # pragma: no cover - undo of a setattr
-                logger.error("flashinfer-sm120: undoing %s failed: %r", what, exc)
 
 
 @dataclass

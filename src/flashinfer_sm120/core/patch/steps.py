@@ -18,8 +18,6 @@ from flashinfer_sm120.core.patch.state import STATE, Mode, arch_specs
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["Step", "STEPS", "HOOKED_MODULES", "current_targets", "refresh_derived", "bound_cuda_version"]
-
 #: FlashInfer modules whose import triggers patching, in FlashInfer's import order.
 HOOKED_MODULES = (
     "flashinfer.compilation_context",

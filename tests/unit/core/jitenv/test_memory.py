@@ -57,7 +57,7 @@ def test_v2_limit_minus_working_set_lowest_level_wins(tmp_path):
         "/kubepods": {"memory.max": f"{64 * GIB}\n", "memory.current": f"{2 * GIB}\n"},
     })
     view = memory.read_memory(proc_root=proc, gpu=False)
-    low = view.lowest
+    low = min(view.bounds, key=lambda b: b.available)
     assert low.source.startswith("cgroup v2") and low.source.endswith("kubepods/pod1")
     assert view.available == 1 * GIB - (600 - 200) * MIB  # reclaimable cache is not counted as used
     assert {b.source for b in view.bounds} == {low.source, "MemAvailable"}
@@ -119,7 +119,7 @@ def test_gb10_subtracts_what_the_gpu_side_holds_discrete_gpus_do_not(tmp_path, m
     gb10 = _fake_nvml([("NVIDIA GB10", (12, 1), None, [70 * GIB, 10 * GIB])])
     view = read_memory(proc, gb10)
     assert view.source == "unified-memory GPU" and view.available == 40 * GIB
-    assert "2 GPU process" in view.lowest.detail
+    assert "2 GPU process" in min(view.bounds, key=lambda b: b.available).detail
     rtx = _fake_nvml([("NVIDIA GeForce RTX 5090", (12, 0), 20 * GIB, [])])
     assert read_memory(proc, rtx).source == "MemAvailable"
     unknown = _fake_nvml([("NVIDIA GB10", (12, 1), None, [None])])
