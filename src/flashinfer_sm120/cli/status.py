@@ -54,9 +54,9 @@ def _line(st: dict) -> str:
 
 def _no_targets(st: dict) -> str:
     """Why there are no targets: a bad arch list, or no GPU and no list (with the fix)."""
-    from flashinfer_sm120.diagnose.verify.diagnosis import NO_TARGETS, no_targets_fix
+    from flashinfer_sm120.diagnose.verify.diagnosis import NO_TARGETS, NO_TARGETS_FIX
 
-    return st.get("arch_list_error") or f"{NO_TARGETS}; fix: {no_targets_fix()}"
+    return st.get("arch_list_error") or f"{NO_TARGETS}; fix: {NO_TARGETS_FIX}"
 
 
 def run_status(args: argparse.Namespace) -> int:
