@@ -14,14 +14,12 @@ import sys
 import threading
 from typing import Any, Callable
 
-from flashinfer_sm120.errors import Sm120Error
+from flashinfer_sm120.errors import UsageError
 from flashinfer_sm120.safety.formats.base import some
 
 
-class ModuleError(Sm120Error, ValueError):
+class ModuleError(UsageError):
     """A module name or variant flag ``build`` does not know: bad usage (exit 2) wherever it is given."""
-
-    kind = "usage"
 
 
 #: ``--dtype`` spellings -> torch dtype attribute names (q, o; kv unless ``--kv-dtype``).
