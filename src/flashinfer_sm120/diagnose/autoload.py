@@ -71,9 +71,8 @@ def enabled_in() -> list[str]:
 
 
 def doctor_report() -> dict:
-    """The autoload part of ``doctor --json``: ``pth`` (files found), ``outdated`` (not written by this
-    release's ``enable``, or missing their module), ``triggers``, ``disabled``, and this process's
-    ``triggered_by`` and ``early_export``."""
+    """The autoload part of ``doctor --json``: ``pth`` found, those ``outdated`` (not this release's or missing their
+    module), ``triggers``, ``disabled``, and this process's ``triggered_by`` and ``early_export``."""
     from flashinfer_sm120.core.autoload import state
     from flashinfer_sm120.safety.formats.reads import env_flag
 

@@ -31,8 +31,7 @@ ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 @dataclasses.dataclass(frozen=True)
 class Getter:
     """A getter a public API calls on first use; ``uri``: the URI function naming its attention arguments;
-    ``fallback``: ``(module, generator)`` where a release lacks it (0.6.7: ``get_norm_module`` only with
-    ``FLASHINFER_USE_CUDA_NORM=1`` or without CuTe DSL)."""
+    ``fallback``: ``(module, generator)`` where a release lacks it (0.6.7's ``get_norm_module``, with CuTe DSL)."""
 
     module: str
     name: str
