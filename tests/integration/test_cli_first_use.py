@@ -15,7 +15,7 @@ from helpers.host import needs_flashinfer
 from helpers.toolkits import make_toolkit
 from flashinfer_sm120.cli import main
 from flashinfer_sm120.cli import build as build_cli
-from flashinfer_sm120.cli.common import arch_notes
+from flashinfer_sm120.cli.common import say_arch_notes
 from flashinfer_sm120.cli.status import status_line
 from flashinfer_sm120.warmup import modules
 
@@ -110,14 +110,16 @@ def test_an_unrelated_word_gets_no_made_up_suggestion(capsys):
     ("sm_121a", "--arch 'sm_121a' read as 12.1a"),
     ("12.0+PTX", "--arch '12.0+PTX' read as 12.0"),
 ])
-def test_arch_spellings_say_how_they_were_read(value, note):
-    notes = arch_notes(value)
-    assert len(notes) == 1 and notes[0].startswith(note)
+def test_arch_spellings_say_how_they_were_read(value, note, capsys):
+    say_arch_notes(value)
+    notes = capsys.readouterr().err.splitlines()
+    assert len(notes) == 1 and notes[0].startswith(f"flashinfer-sm120: {note}")
 
 
 @pytest.mark.parametrize("value", ["12.0", "12.0 12.1", "9.0a,12.0f", None, ""])
-def test_canonical_arch_needs_no_note(value):
-    assert arch_notes(value) == []
+def test_canonical_arch_needs_no_note(value, capsys):
+    say_arch_notes(value)
+    assert capsys.readouterr().err == ""
 
 
 @needs_flashinfer

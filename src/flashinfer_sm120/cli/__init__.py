@@ -144,35 +144,17 @@ def build_parser() -> argparse.ArgumentParser:
         except Exception as exc:
             _broken_parser(sub, name, exc)
     enable.add_parsers(sub)
-    for p in _parsers(parser):
-        for action in _subparsers(p):  # every --help opens with a description: its one-line help by default
-            for choice in action._choices_actions:
-                sp = action.choices[choice.dest]
-                if not sp.description and choice.help:
-                    sp.description = choice.help[0].upper() + choice.help[1:] + "."
+    for choice in sub._choices_actions:  # every --help opens with a description: its one-line help by default
+        sp = sub.choices[choice.dest]
+        if not sp.description and choice.help:
+            sp.description = choice.help[0].upper() + choice.help[1:] + "."
     return parser
-
-
-def _subparsers(parser: argparse.ArgumentParser) -> list[argparse._SubParsersAction]:
-    return [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-
-
-def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
-    """``parser`` and every subparser under it."""
-    out = [parser]
-    for action in _subparsers(parser):
-        for p in dict.fromkeys(action.choices.values()):
-            out += _parsers(p)
-    return out
 
 
 def _selected(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
-    """The innermost subparser ``argv`` names, read from the words (argparse may have refused it)."""
-    for action in _subparsers(parser):
-        for i, word in enumerate(argv):
-            if word in action.choices:
-                return _selected(action.choices[word], argv[i + 1:])
-    return parser
+    """The subcommand's parser ``argv`` names, read from the words (argparse may have refused it)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return next((sub.choices[word] for word in argv if word in sub.choices), parser)
 
 
 def _unknown(parser: argparse.ArgumentParser, extras: list[str]) -> str:

@@ -7,7 +7,7 @@ import sys
 
 from flashinfer_sm120.safety.formats.base import bounded
 
-__all__ = ["err", "apply_arch", "arch_notes", "say_arch_notes", "ARCH_HELP"]
+__all__ = ["err", "apply_arch", "say_arch_notes", "ARCH_HELP"]
 
 
 def err(msg: str) -> int:
@@ -33,21 +33,16 @@ def apply_arch(value: str | None) -> None:
     say_arch_notes(value)
 
 
-def arch_notes(value: str | None) -> list[str]:
-    """How an ``--arch`` not written as FlashInfer's ``major.minor[a|f]`` list was read (``'120' read as 12.0``)."""
+def say_arch_notes(value: str | None) -> None:
+    """Say on stderr how an ``--arch`` not written as FlashInfer's ``major.minor[a|f]`` list was read (``'120' read
+    as 12.0``): the person sees what their value became (P8)."""
     from flashinfer_sm120.core.facts.arch import parse_arch_list_lenient
 
     specs, _errors = parse_arch_list_lenient(value or "", source="--arch")  # errors: said by export_arch_list
     listed = " ".join(f"{s.major}.{s.minor}{s.suffix or ''}" for s in specs)
     if not specs or listed == " ".join(re.split(r"[\s,;]+", value.strip())):
-        return []
+        return
     # FlashInfer 0.7.4 passes each target as -gencode=arch=compute_X,code=sm_X (compilation_context.py): no PTX
     dropped = (" (+PTX dropped: FlashInfer builds machine code only, code=sm_*, and embeds no PTX)"
                if "+PTX" in value.upper() else "")
-    return [f"--arch {value!r} read as {listed}{dropped}"]
-
-
-def say_arch_notes(value: str | None) -> None:
-    """Print :func:`arch_notes` on stderr (the person sees how their ``--arch`` was read; P8)."""
-    for note in arch_notes(value):
-        print(f"flashinfer-sm120: {note}", file=sys.stderr)
+    print(f"flashinfer-sm120: --arch {value!r} read as {listed}{dropped}", file=sys.stderr)

@@ -146,15 +146,10 @@ def _finding(f) -> str:
     return f"{f.level.value.upper()}: {f.text}" + (f". Fix: {f.fix}" if f.fix else "")
 
 
-def _one_line(text: str) -> str:
-    """A multi-line message (a resolution error) joined, so the verdict line holds all of it."""
-    return re.sub(r"[ \t]*[\r\n]+[ \t]*", " ", text)
-
-
 def _verdict(d) -> str:
     """The first line, whole: a reader of one line gets the verdict and the fix."""
-    if d.problems:
-        return _one_line(_finding(d.problems[0]))
+    if d.problems:  # a multi-line message (a resolution error) joined: the verdict line holds all of it
+        return re.sub(r"[ \t]*[\r\n]+[ \t]*", " ", _finding(d.problems[0]))
     return f"OK: FlashInfer will build {', '.join(d.targets)} with nvcc {d.nvcc} at {d.root}" + "".join(
         f"; but {f.text}" + (f" (fix: {f.fix})" if f.fix else "") for f in _settings(d))
 

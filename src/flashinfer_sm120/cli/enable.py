@@ -35,13 +35,6 @@ def user_site_problem() -> str | None:
     return f"{sys.executable} does not read the user site-packages ({why}; site.ENABLE_USER_SITE is False)"
 
 
-def is_site_dir(path: str) -> bool:
-    """Whether Python would read a ``.pth`` in ``path``: a ``site-packages``, ``dist-packages`` or :func:`site_dirs`."""
-    real = os.path.realpath(path)
-    return (os.path.basename(real) in ("site-packages", "dist-packages")
-            or any(os.path.realpath(d) == real for d in site_dirs()))
-
-
 #: sha256 of every hook module an earlier ``enable`` wrote (each version of ``core/autoload_hook.py`` and
 #: ``autoload_hook.py`` in git history): ours, like this release's text; an edited one is not (P5).
 EARLIER_HOOKS = frozenset({
@@ -116,8 +109,9 @@ def _check_site_dir(args: argparse.Namespace) -> str | None:
     if not args.site_dir.strip():
         raise UsageError(f"--site-dir is empty (an unset variable?): give the directory to "
                          f"{args.cmd} the autoload in, or leave --site-dir out for {_purelib()}")
-    target_dir = os.path.abspath(args.site_dir)
-    if not (os.path.isdir(target_dir) and is_site_dir(target_dir)):
+    target_dir, real = os.path.abspath(args.site_dir), os.path.realpath(args.site_dir)
+    if not (os.path.isdir(target_dir) and (os.path.basename(real) in ("site-packages", "dist-packages")
+                                           or any(os.path.realpath(d) == real for d in site_dirs()))):
         raise UsageError(f"--site-dir {args.site_dir!r} is not an existing site directory: Python reads .pth files "
                          f"only in directories named site-packages or dist-packages and in this interpreter's "
                          f"own ({', '.join(site_dirs()) or 'none'})", f"give one of those, or leave --site-dir "

@@ -54,9 +54,9 @@ def _line(st: dict) -> str:
 
 def _no_targets(st: dict) -> str:
     """Why there are no targets: a bad arch list, or no GPU and no list (with the fix)."""
-    from flashinfer_sm120.diagnose.verify.diagnosis import NO_TARGETS, no_targets_fix
+    from flashinfer_sm120.diagnose.verify.diagnosis import NO_TARGETS, NO_TARGETS_FIX
 
-    return st.get("arch_list_error") or f"{NO_TARGETS}; fix: {no_targets_fix()}"
+    return st.get("arch_list_error") or f"{NO_TARGETS}; fix: {NO_TARGETS_FIX}"
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -145,7 +145,7 @@ def _usage_failure(message: str, kind: str, fix: str) -> dict:
             "source": kind, "ok": False}
 
 
-def recorded(env: dict[str, str] | None = None) -> tuple[dict | None, str | None]:
+def recorded() -> tuple[dict | None, str | None]:
     """``(status, None)`` from the last record when it still holds for this process's inputs, else ``(None, why not)``."""
     from flashinfer_sm120.core.patch import laststatus
 
@@ -153,11 +153,11 @@ def recorded(env: dict[str, str] | None = None) -> tuple[dict | None, str | None
     records = [r for r in records if _well_formed(r.get("status"))]
     if problem or not records:
         return None, problem or f"{laststatus.path()} holds no record of this release's shape"
-    now = laststatus.inputs(env)
+    now = laststatus.inputs()
     match = next((r for r in records if r["inputs"] == now), None)
     if match is None:
-        closest = min(records, key=lambda r: len(_changes(r["inputs"], now, env)))
-        return None, "what the record was made from changed: " + "; ".join(_changes(closest["inputs"], now, env))
+        closest = min(records, key=lambda r: len(_changes(r["inputs"], now)))
+        return None, "what the record was made from changed: " + "; ".join(_changes(closest["inputs"], now))
     tk = match["status"].get("toolkit")
     from flashinfer_sm120.safety.ownership import fingerprint
 
@@ -185,7 +185,7 @@ def _well_formed(st) -> bool:
         v is None or isinstance(v, str) for v in texts)
 
 
-def _changes(old: dict, new: dict, env: dict[str, str] | None) -> list[str]:
+def _changes(old: dict, new: dict) -> list[str]:
     """What differs between two :func:`~.laststatus.inputs`, each in words a user can act on (P8)."""
     from flashinfer_sm120.core.patch import laststatus
     from flashinfer_sm120.safety.formats.base import MAX_WORD, shown as _shown
@@ -197,7 +197,7 @@ def _changes(old: dict, new: dict, env: dict[str, str] | None) -> list[str]:
         was = old.get(key) or {}
         return sorted(k for k in set(was) | set(new[key]) if was.get(k) != new[key].get(k))
 
-    env = dict(os.environ if env is None else env)
+    env = dict(os.environ)
     out = [f"{var} changed from {shown((old.get('env') or {}).get(var))} to {shown(new['env'].get(var))}"
            for var in differ("env")]
     for place in differ("nvcc"):

@@ -12,8 +12,7 @@ from flashinfer_sm120.core.autoload_hook import HOOK_FILE, PTH_LINE, PTH_NAME, T
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats import reads
 
-__all__ = ["OURS_MAX", "hook_source", "pth_files", "site_dirs", "read_text", "other_lines", "enabled_in",
-           "doctor_report", "current"]
+__all__ = ["OURS_MAX", "hook_source", "pth_files", "site_dirs", "read_text", "other_lines", "doctor_report", "current"]
 
 #: Bytes of a ``.pth`` or hook file read to tell whether it is ours; a larger one is not.
 OURS_MAX = 256 << 10
@@ -59,25 +58,19 @@ def other_lines(pth: str) -> tuple[list[str], bool]:
     return [ln for ln in lines if ln.strip() and ln not in ours], bool(ours)
 
 
-def enabled_in() -> list[str]:
-    """The ``.pth`` files of ours (this release's line or an older one's) in the site directories Python reads here."""
+def doctor_report() -> dict:
+    """The autoload part of ``doctor --json``: ``pth`` found, those ``outdated`` (not this release's or missing their
+    module), ``triggers``, ``disabled``, and this process's ``triggered_by`` and ``early_export``."""
     import site
 
-    paths: dict[str, str] = {}
-    for d in site_dirs():
-        if site.ENABLE_USER_SITE or d != site.getusersitepackages():
-            paths.setdefault(os.path.realpath(os.path.join(d, PTH_NAME)), os.path.join(d, PTH_NAME))
-    return [p for p in paths.values() if other_lines(p)[1]]
-
-
-def doctor_report() -> dict:
-    """The autoload part of ``doctor --json``: ``pth`` (files found), ``outdated`` (not written by this
-    release's ``enable``, or missing their module), ``triggers``, ``disabled``, and this process's
-    ``triggered_by`` and ``early_export``."""
     from flashinfer_sm120.core.autoload import state
     from flashinfer_sm120.safety.formats.reads import env_flag
 
-    found = enabled_in()
+    paths: dict[str, str] = {}  # the site directories Python reads here
+    for d in site_dirs():
+        if site.ENABLE_USER_SITE or d != site.getusersitepackages():
+            paths.setdefault(os.path.realpath(os.path.join(d, PTH_NAME)), os.path.join(d, PTH_NAME))
+    found = [p for p in paths.values() if other_lines(p)[1]]  # ours: this release's line or an older one's
     return {"pth": found, "outdated": [p for p in found if not current(os.path.dirname(p))],
             "triggers": list(TRIGGERS), "disabled": env_flag("FLASHINFER_SM120_DISABLE"),
             "triggered_by": state.triggered_by, "early_export": state.early_export}

@@ -9,7 +9,6 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
 
 from filelock import FileLock, Timeout  # a dependency (and FlashInfer's)
 
@@ -94,20 +93,14 @@ def dry_run(job) -> list[str]:
     return [m.group(3) for m in map(STATUS_RE.match, res.text().splitlines()) if m]
 
 
-class Step(NamedTuple):
-    """A step's process, running."""
-
-    pid: int
-    command: str
-
-
-def steps(reaper: int) -> list[Step]:
-    """Children of the processes under ``reaper`` (ninja) running ``/bin/sh -c COMMAND``, from Linux ``/proc``."""
+def steps(reaper: int) -> dict[int, str]:
+    """``{pid: COMMAND}`` of the children of the processes under ``reaper`` (ninja) running ``/bin/sh -c COMMAND``,
+    from Linux ``/proc``."""
     from flashinfer_sm120.safety.reaper import parents as all_parents
 
     parents = all_parents()
     ninjas = {pid for pid, parent in parents.items() if parent == reaper}
-    out = []
+    out = {}
     for pid in (pid for pid, parent in parents.items() if parent in ninjas):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -115,7 +108,7 @@ def steps(reaper: int) -> list[Step]:
         except OSError:
             continue
         if len(argv) > 2 and argv[1] == "-c":  # else not yet /bin/sh -c (still ninja's argv), or exited (none)
-            out.append(Step(pid, argv[2]))
+            out[pid] = argv[2]
     return out
 
 

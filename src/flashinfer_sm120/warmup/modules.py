@@ -14,14 +14,12 @@ import sys
 import threading
 from typing import Any, Callable
 
-from flashinfer_sm120.errors import Sm120Error
+from flashinfer_sm120.errors import UsageError
 from flashinfer_sm120.safety.formats.base import some
 
 
-class ModuleError(Sm120Error, ValueError):
+class ModuleError(UsageError):
     """A module name or variant flag ``build`` does not know: bad usage (exit 2) wherever it is given."""
-
-    kind = "usage"
 
 
 #: ``--dtype`` spellings -> torch dtype attribute names (q, o; kv unless ``--kv-dtype``).
@@ -33,8 +31,7 @@ ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 @dataclasses.dataclass(frozen=True)
 class Getter:
     """A getter a public API calls on first use; ``uri``: the URI function naming its attention arguments;
-    ``fallback``: ``(module, generator)`` where a release lacks it (0.6.7: ``get_norm_module`` only with
-    ``FLASHINFER_USE_CUDA_NORM=1`` or without CuTe DSL)."""
+    ``fallback``: ``(module, generator)`` where a release lacks it (0.6.7's ``get_norm_module``, with CuTe DSL)."""
 
     module: str
     name: str

@@ -100,9 +100,8 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
                 stats: dict | None = None, *, targets: int = 1, mem_limit: int | None = None,
                 mem_per_compile: int | None = None, env=None,
                 step_timeout: float = pool.STEP_TIMEOUT_S) -> list[dict]:
-    """Write ninja files and build ``(label, spec)`` pairs in one pool, each admitted by its family's
-    memory estimate; the ``modules`` of ``build --json``.  ``env``: the user's, before we exported
-    ``MAX_JOBS``.  A peak RSS is recorded only without a launcher (it compiles out of ninja's sight)."""
+    """Write ninja files and build ``(label, spec)`` pairs in one pool, each admitted by its family's memory
+    estimate; the ``modules`` of ``build --json``.  ``env``: the user's, before we exported ``MAX_JOBS``."""
     write_ninjas([s for _, s in labelled])
     now_vars = buildline.snapshot(dict(os.environ), flashinfer_version())
     before = {label: buildline.changes(rec, now_vars) for label, spec in labelled
@@ -123,7 +122,7 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     out = []
     for (label, spec), res in zip(labelled, results):
         unrecorded = buildline.record(spec.build_dir, now_vars) if res.status != "failed" else None
-        if res.status == "built" and res.peak_rss and not via_launcher:
+        if res.status == "built" and res.peak_rss and not via_launcher:  # a launcher compiles out of ninja's sight
             record_peak(spec.name, res.peak_rss, factor)
         text = spec.ninja_path.read_text()
         so = spec.jit_library_path

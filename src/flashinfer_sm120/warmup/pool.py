@@ -98,17 +98,17 @@ class _Running:
         """Find the steps ninja runs; stop one past ``step_timeout`` (P6)."""
         self.running = []
         found = steps(self.proc.pid)  # what an exited step left, its reaper kills
-        for st in found:
-            seen = self.seen.setdefault(st.pid, [step_name(st.command), now, None])
+        for pid, cmd in found.items():
+            seen = self.seen.setdefault(pid, [step_name(cmd), now, None])
             if now - seen[1] > step_timeout and seen[2] is None:
                 seen[2] = now
                 self.timed_out.append(f"{seen[0]}: stopped after {step_timeout:g} s, the deadline of one step "
                                       "(build --step-timeout MINUTES)")
-                _proc.signal_group(st.pid, signal.SIGTERM)  # ninja puts each step in its own group
+                _proc.signal_group(pid, signal.SIGTERM)  # ninja puts each step in its own group
             elif seen[2] is not None and now - seen[2] > _STOP_S:
-                _proc.signal_group(st.pid, signal.SIGKILL)
+                _proc.signal_group(pid, signal.SIGKILL)
             self.running.append((seen[0], now - seen[1]))
-        self.seen = {st.pid: self.seen[st.pid] for st in found}
+        self.seen = {pid: self.seen[pid] for pid in found}
 
     def committed(self) -> int:
         """Compile slots this module can still use; the link runs last and holds none (short and light)."""

@@ -85,7 +85,7 @@ def specs(variants: list, entries: list[dict], flashinfer_version: str) -> tuple
             not_made.append((v.label, f"FlashInfer's {v.getter.name} raised {exc!r}"))
             continue
         made.setdefault(spec.name, (v.label, spec))
-    for entry in entries:  # each checked by load() and again by make_spec
+    for entry in entries:  # each checked by load()
         if entry["name"] in made:  # named too (or recorded for other targets): built and reported once
             continue
         try:
@@ -99,18 +99,14 @@ def specs(variants: list, entries: list[dict], flashinfer_version: str) -> tuple
 
 def make_spec(entry: dict, flashinfer_version: str):
     """The ``JitSpecNvcc`` the local FlashInfer's generator makes for ``entry`` (it writes its own sources);
-    :raises CannotRegenerate: naming why (release, generator, parameters, name, 0.2.0's format)."""
-    try:
-        entry = parse_entry(entry, "manifest entry")
-    except FormatError as exc:
-        raise CannotRegenerate(str(exc)) from None
+    :raises CannotRegenerate: naming why (release, generator, parameters, name); ``entry`` is one :func:`load` read."""
     name = entry["name"]
     if not entry.get("regenerable"):
         raise CannotRegenerate(entry.get("why") or "recorded as not regenerable")
     if entry.get("flashinfer") != flashinfer_version:
         raise CannotRegenerate(f"recorded with FlashInfer {entry.get('flashinfer')}, this is "
                                f"{flashinfer_version}; record again with {flashinfer_version}")
-    generator = entry["generator"]  # parse_entry refused 0.2.0's entries (source text, no generator)
+    generator = entry["generator"]  # load() refused 0.2.0's entries (source text, no generator)
     try:
         spec = call(generator, entry.get("params") or {})
     except FormatError as exc:

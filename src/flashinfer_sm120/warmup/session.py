@@ -85,10 +85,8 @@ def _server_for(for_server: str | None, entries, strict: bool) -> tuple[str | No
 
 
 def apply_server_cache(for_server: str | None = None, entries=None, *, strict: bool = True) -> dict:
-    """Point FlashInfer's workspace where the server will look, before FlashInfer is imported (SGLang sets
-    ``FLASHINFER_WORKSPACE_BASE`` from ``SGLANG_CACHE_DIR``): the server is ``for_server``, else the
-    manifest's, else the one installed here; ``strict`` (``build``, not ``doctor``) raises when that
-    cannot be decided.  Returns ``{"server", "why", "base", "how", "before", "changed"}``."""
+    """Point FlashInfer's workspace where the server (:func:`_server_for`) will look, before FlashInfer's import
+    (SGLang's ``SGLANG_CACHE_DIR``); ``strict`` (``build``, not ``doctor``) raises when it cannot be decided."""
     from flashinfer_sm120.core.facts import serverprobe, servers
 
     before = os.environ.get(_WSB)
@@ -112,9 +110,8 @@ def apply_server_cache(for_server: str | None = None, entries=None, *, strict: b
 
 
 def apply_server_arch(server: str | None, sess: Session):
-    """Set the arch list as ``server``'s model processes do after FlashInfer's import (SGLang's
-    ``set_cuda_arch()`` in ``ModelRunner.load_model()``), so what is built here is what the server
-    finds; the ``ArchChoice`` applied, or ``None``."""
+    """Set the arch list as ``server``'s model processes do after FlashInfer's import (SGLang's ``set_cuda_arch()``
+    in ``ModelRunner.load_model()``), so what is built here is what it finds; the ``ArchChoice`` applied, or None."""
     from flashinfer_sm120.core.facts import serverprobe
 
     if server is None:

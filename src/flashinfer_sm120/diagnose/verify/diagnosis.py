@@ -14,7 +14,7 @@ from flashinfer_sm120.core.toolkit.model import Setting
 from flashinfer_sm120.core.view.meta import lacks
 from flashinfer_sm120.safety.formats.base import plural, shown
 
-__all__ = ["VERDICT_NOTES", "SETTING", "NO_TARGETS", "NO_TARGETS_FIX", "no_targets_fix",
+__all__ = ["VERDICT_NOTES", "SETTING", "NO_TARGETS", "NO_TARGETS_FIX",
            "Level", "Finding", "Alone", "Diagnosis", "CHECKS", "diagnose", "alone"]
 
 #: The code of a toolkit setting not used as given (a malformed or refused CUDA_HOME, CUDA_PATH, FLASHINFER_NVCC).
@@ -26,12 +26,8 @@ VERDICT_NOTES = (SETTING, "autoload-off", "other-env")
 
 #: Why nothing can be built with neither a GPU nor an arch list, and its fix (doctor and status say it).
 NO_TARGETS = "no GPU visible and no FLASHINFER_CUDA_ARCH_LIST"
-NO_TARGETS_FIX = "FLASHINFER_CUDA_ARCH_LIST=12.0 for a server, build --arch 12.0 for an image (12.1 on DGX Spark)"
-
-
-def no_targets_fix() -> str:
-    """:data:`NO_TARGETS_FIX` and the command that checks it again."""
-    return f"{NO_TARGETS_FIX}; check with flashinfer-sm120 doctor --arch 12.0"
+NO_TARGETS_FIX = ("FLASHINFER_CUDA_ARCH_LIST=12.0 for a server, build --arch 12.0 for an image (12.1 on DGX Spark); "
+                  "check with flashinfer-sm120 doctor --arch 12.0")
 
 
 class Level(str, enum.Enum):
@@ -109,7 +105,7 @@ def _check_choice(report: dict) -> Iterable[Finding]:
     elif res is not None and not _choice(report).get("targets"):
         why = res.get("arch_list_error") or NO_TARGETS
         yield Finding(Level.PROBLEM, "no-targets", f"no targets: {why}, so nothing can be built",
-                      no_targets_fix())
+                      NO_TARGETS_FIX)
     elif res is not None and res.get("arch_list_error"):
         yield Finding(Level.WARNING, "arch-list", res["arch_list_error"])
     if res is not None and not (res.get("cuda_home") or {}).get("curand_include"):

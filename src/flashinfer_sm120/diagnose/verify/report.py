@@ -21,11 +21,8 @@ from flashinfer_sm120.safety.formats.fields import iter_lines
 from flashinfer_sm120.safety.formats.binary import parse_ninja_log_header
 from flashinfer_sm120.safety.formats.base import shown
 
-__all__ = ["ALONE_TIMEOUT_S", "dist_version", "Section", "collect", "ninja_section", "log_format_of_dir",
+__all__ = ["ALONE_TIMEOUT_S", "dist_version", "collect", "ninja_section", "log_format_of_dir",
            "servers_section", "build_line_section"]
-
-#: A further section of the report: its key and ``collector(report) -> dict`` (JSON-able).
-Section = tuple[str, Callable[[dict], dict]]
 
 #: Seconds ``doctor`` lets unpatched FlashInfer run in its child process.  FlashInfer
 #: runs ``nvcc --version`` without a timeout, so a hung nvcc would hang it forever.
@@ -147,9 +144,10 @@ def log_format_of_dir(build_dir: str) -> int | None:
     return None
 
 
-def collect(timeout: float = ALONE_TIMEOUT_S, *, sections: Sequence[Section] = (),
+def collect(timeout: float = ALONE_TIMEOUT_S, *, sections: Sequence[tuple[str, Callable[[dict], dict]]] = (),
             say: Callable[[str], None] | None = None, server_cache: dict | None = None, arch: str | None = None) -> dict:
-    """Everything ``doctor`` reports: the core part, then ``sections`` in order (each reads those before it)."""
+    """Everything ``doctor`` reports: the core part, then ``sections``, ``(key, collector(report) -> dict)`` in
+    order (each reads those before it)."""
     from flashinfer_sm120.core import patch
     from flashinfer_sm120.diagnose import autoload
     from flashinfer_sm120.core.facts.refusals import import_refused
