@@ -112,16 +112,16 @@ def json_depth(text: str) -> int:
     return deepest
 
 
-def loads_json(data: str | bytes, source: str, *, max_depth: int = MAX_JSON_DEPTH, fix: str = "") -> Any:
-    """JSON from an untrusted ``source``: UTF-8, no ``NaN``/``Infinity``, at most ``max_depth`` deep."""
+def loads_json(data: str | bytes, source: str, *, fix: str = "") -> Any:
+    """JSON from an untrusted ``source``: UTF-8, no ``NaN``/``Infinity``, at most :data:`MAX_JSON_DEPTH` deep."""
     if isinstance(data, (bytes, bytearray)):
         try:
             data = bytes(data).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise _fail(source, f"is not UTF-8 (byte {exc.start})", fix) from None
     depth = json_depth(data)
-    if depth > max_depth:
-        raise _fail(source, f"is JSON nested {depth} deep, more than the {max_depth} accepted", fix)
+    if depth > MAX_JSON_DEPTH:
+        raise _fail(source, f"is JSON nested {depth} deep, more than the {MAX_JSON_DEPTH} accepted", fix)
     try:
         return json.loads(data, parse_constant=_refuse_constant, parse_int=_bounded_int)
     except (ValueError, RecursionError) as exc:
@@ -129,10 +129,10 @@ def loads_json(data: str | bytes, source: str, *, max_depth: int = MAX_JSON_DEPT
 
 
 def read_json_file(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
-                   owners: tuple[int, ...] | None = None, max_depth: int = MAX_JSON_DEPTH) -> Any:
+                   owners: tuple[int, ...] | None = None) -> Any:
     """:func:`read_bytes` then :func:`loads_json`, one message style for both."""
     raw = read_bytes(path, max_bytes, fix=fix, follow=follow, owners=owners)
-    return loads_json(raw, os.fspath(path), max_depth=max_depth, fix=fix)
+    return loads_json(raw, os.fspath(path), fix=fix)
 
 
 #: Values of a boolean environment variable that mean "off" (case-insensitive, stripped; the ``.pth`` hook
