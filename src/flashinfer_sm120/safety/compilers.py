@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
+from collections import namedtuple
 
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats import base, fields, grammar
@@ -60,14 +60,8 @@ BY_NAME: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
 _CCBIN = ("-ccbin", "--compiler-bindir")
 
 
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """Whether to ``keep`` the variable ``var`` (``value`` cut for display), and ``note``: why, and the fix."""
-
-    var: str
-    value: str
-    keep: bool
-    note: str
+#: Whether to ``keep`` the variable ``var`` (``value`` cut for display), and ``note``: why, and the fix.
+Verdict = namedtuple("Verdict", "var value keep note")
 
 
 def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str | None]:
