@@ -166,11 +166,8 @@ class _Check:
         st = file_ok(real)
         if not stat.S_ISREG(st.st_mode):
             raise Untrusted(f"{real} is not a regular file")
-        if real in chain:
-            raise Untrusted("wrapper loop: " + " -> ".join(chain + [real]) + "; it would never finish; "
-                            "set CUDA_HOME to the real toolkit prefix instead")
-        if len(chain) >= MAX_WRAPPER_DEPTH:
-            raise Untrusted(f"wrappers nested more than {MAX_WRAPPER_DEPTH} deep at {real}; "
+        if len(chain) >= MAX_WRAPPER_DEPTH:  # a loop of wrappers too
+            raise Untrusted(f"wrappers nested more than {MAX_WRAPPER_DEPTH} deep (or in a loop) at {real}; "
                             "set CUDA_HOME to the real toolkit prefix instead")
         if real in self.checked and body:
             return self.checked[real]
