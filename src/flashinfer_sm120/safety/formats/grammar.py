@@ -25,9 +25,6 @@ GRAMMAR: dict[str, tuple[re.Pattern, str]] = {
     # nothing ninja or the shell reads as syntax, a leading '~' included, so the words checked are the words run
     "word": (re.compile(r"[A-Za-z0-9_./+@%=,:-][A-Za-z0-9_./+@%=,:~-]{0,4095}"),
              "a plain word (only letters, digits and '_./+@%=,:~-': others are ninja or shell syntax)"),
-    # a compiler flag: no control character (a new build.ninja line), no shell syntax (joined into /bin/sh -c)
-    "flag": (re.compile(r"[A-Za-z0-9_.,:=+/@%{}~ -]{1,4096}"),
-             "a plain compiler flag (letters, digits, '_.,:=+/@%{}~-' and spaces; no newline, quote, '$', ';', '|', '&')"),
 }
 
 #: A version as nvcc, ninja, FlashInfer or pip print it: ``13.0.88``, ``0.7.2.post1``, ``2.14.0+cu130``.

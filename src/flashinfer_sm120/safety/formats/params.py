@@ -10,7 +10,6 @@ import re
 from typing import Any
 
 from flashinfer_sm120.safety.formats.base import _fail, non_ascii_digits, shown
-from flashinfer_sm120.safety.formats.grammar import parse
 
 #: Deepest nesting of lists/tuples in one parameter.
 PARAM_MAX_DEPTH = 4
@@ -136,12 +135,10 @@ def _word_ok(word: str) -> bool:
     return any(f.fullmatch(word) for f in _FORMS)
 
 
-def parse_compile_flag(text: Any, source: str, *, fix: str = "") -> tuple[str, list[str]]:
-    """``(flag, [directories it names])`` when every word is an :data:`OPTION_FORMS` word, a ``-I`` of a path, or ``-Xcompiler``."""
-    parse("flag", text, source, fix=fix)
+def parse_compile_flag(text: str, source: str, *, fix: str = "") -> tuple[str, list[str]]:
+    """``(flag, [directories it names])`` of words of the ``word`` grammar (:func:`.grammar.parse_command_words`) when
+    each is an :data:`OPTION_FORMS` word, a ``-I`` of a path, or ``-Xcompiler``."""
     words, dirs, i = text.split(), [], 0
-    if not words:
-        raise _fail(source, f"flag {shown(text, 60)} is blank", fix)
     while i < len(words):
         w, nxt = words[i], words[i + 1] if i + 1 < len(words) else None
         opt = next((o for o in PATH_OPTIONS if w.startswith(o)), None)
