@@ -37,10 +37,8 @@ def _open_regular(path: str, fix: str, follow: bool = True,
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):  # the caller's fix is for content: this one is for the path (P8)
-            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
-                "a socket" if stat.S_ISSOCK(st.st_mode) else "a device"
-            raise _fail(path, f"is {kind}, not a regular file (only regular files are read)",
-                        "give the path of the file itself")
+            raise _fail(path, f"is not a regular file (mode {stat.filemode(st.st_mode)}; only regular files are "
+                              f"read)", "give the path of the file itself")
         if owners is not None and st.st_uid not in owners:
             raise _fail(path, f"is owned by uid {st.st_uid}, not {' or '.join(map(str, owners))}", fix)
         os.set_blocking(fd, True)
