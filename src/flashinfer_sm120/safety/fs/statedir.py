@@ -11,7 +11,7 @@ import tempfile
 
 from flashinfer_sm120.errors import StateFileError
 from flashinfer_sm120.safety.formats.base import bounded, shown, some
-from flashinfer_sm120.safety.ownership import deepest_existing, mine_problem, trust_reason
+from flashinfer_sm120.safety.ownership import deepest_existing, mine_problem, passwd_home, trust_reason
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -117,15 +117,7 @@ def _creation_problem(path: str, what: str) -> str | None:
 
 def home_dir() -> str | None:
     """``$HOME``, else the passwd home, else ``None``: never ``expanduser``'s ``"~"`` nor an empty ``HOME``'s ``/``."""
-    home = os.environ.get("HOME")
-    if home:
-        return home
-    try:
-        import pwd
-
-        return pwd.getpwuid(os.geteuid()).pw_dir or None
-    except (ImportError, KeyError, OSError):
-        return None
+    return os.environ.get("HOME") or passwd_home()
 
 
 def _place_problem(path: str, what: str) -> str | None:
