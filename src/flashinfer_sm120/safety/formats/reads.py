@@ -74,14 +74,13 @@ def read_bytes(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow
     return b"".join(chunks)
 
 
-def read_text(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
-              owners: tuple[int, ...] | None = None) -> str:
+def read_text(path: str | os.PathLike, max_bytes: int, *, follow: bool = True) -> str:
     """:func:`read_bytes` decoded as UTF-8 (refused, not replaced, when it is not)."""
-    raw = read_bytes(path, max_bytes, fix=fix, follow=follow, owners=owners)
+    raw = read_bytes(path, max_bytes, follow=follow)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _fail(os.fspath(path), f"is not UTF-8 text (byte {exc.start})", fix) from None
+        raise _fail(os.fspath(path), f"is not UTF-8 text (byte {exc.start})", "") from None
 
 
 def _refuse_constant(name: str) -> Any:
