@@ -98,17 +98,15 @@ def _room_problem(path: str, what: str) -> str | None:
 
 
 def _creation_problem(path: str, what: str) -> str | None:
-    """Why the absent ``path`` must not be created: no directory above, another uid's tree, or untrusted (P4)."""
+    """Why the absent ``path`` must not be created: a dangling link above it, another uid's tree, or untrusted (P4);
+    a file above it never gets here (``lstat`` says ``ENOTDIR``, which :data:`.oserrors.BY_ERRNO` words)."""
     from flashinfer_sm120.safety.fs.places import foreign_tree, foreign_tree_message
 
     top = os.path.realpath(deepest_existing(path))
     try:
-        st = os.stat(top)
+        os.stat(top)
     except OSError as exc:
         return _os_problem(what, path, f"cannot be created ({top} cannot be checked)", exc)
-    if not stat.S_ISDIR(st.st_mode):
-        return (f"{what}={path!r} cannot be created: {top} is not a directory; remove it or point the "
-                f"variable elsewhere")
     foreign = foreign_tree(path)
     if foreign is not None:
         return foreign_tree_message(what, foreign)
