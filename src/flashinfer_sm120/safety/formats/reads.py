@@ -109,16 +109,16 @@ def json_depth(text: str) -> int:
     return deepest
 
 
-def loads_json(data: str | bytes, source: str, *, fix: str = "") -> Any:
-    """JSON from an untrusted ``source``: UTF-8, no ``NaN``/``Infinity``, at most :data:`MAX_JSON_DEPTH` deep."""
+def loads_json(data: str | bytes, source: str, *, max_depth: int = MAX_JSON_DEPTH, fix: str = "") -> Any:
+    """JSON from an untrusted ``source``: UTF-8, no ``NaN``/``Infinity``, at most ``max_depth`` deep."""
     if isinstance(data, (bytes, bytearray)):
         try:
             data = bytes(data).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise _fail(source, f"is not UTF-8 (byte {exc.start})", fix) from None
     depth = json_depth(data)
-    if depth > MAX_JSON_DEPTH:
-        raise _fail(source, f"is JSON nested {depth} deep, more than the {MAX_JSON_DEPTH} accepted", fix)
+    if depth > max_depth:
+        raise _fail(source, f"is JSON nested {depth} deep, more than the {max_depth} accepted", fix)
     try:
         return json.loads(data, parse_constant=_refuse_constant, parse_int=_bounded_int)
     except (ValueError, RecursionError) as exc:
