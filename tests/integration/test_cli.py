@@ -162,9 +162,9 @@ def test_version_names_flashinfer_torch_and_the_chosen_nvcc(capsys, monkeypatch,
 def test_plural():
     from flashinfer_sm120.safety.formats.base import plural
 
-    assert [plural(1, "entry"), plural(2, "entry"), plural(0, "module"), plural(2, "day"),
+    assert [plural(1, "module"), plural(2, "step"), plural(0, "module"), plural(2, "day"),
             plural(1, "stale entry", "stale entries"), plural(3, "stale entry", "stale entries")] == [
-        "1 entry", "2 entries", "0 modules", "2 days", "1 stale entry", "3 stale entries"]
+        "1 module", "2 steps", "0 modules", "2 days", "1 stale entry", "3 stale entries"]
 
 
 @pytest.mark.parametrize("argv", [

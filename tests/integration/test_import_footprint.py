@@ -26,7 +26,7 @@ SCRIPT = ROOT / "benchmarks" / "loaded_lines.py"
 #: behind MAX_JOBS runs at the first JIT build (jitenv.toolchain.prepare_builds).
 COMMAND_ONLY = (
     "flashinfer_sm120.core.jitenv.memory",
-    "flashinfer_sm120.safety.formats.binary", "flashinfer_sm120.safety.formats.params",
+    "flashinfer_sm120.safety.formats.params",
     "flashinfer_sm120.core.jitenv.record",
     "flashinfer_sm120.core.jitenv.launcher",
     "flashinfer_sm120.warmup", "flashinfer_sm120.diagnose", "flashinfer_sm120.cli",

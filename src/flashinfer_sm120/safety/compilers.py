@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
+from collections import namedtuple
 
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats import base, fields, grammar
@@ -57,17 +57,11 @@ BY_NAME: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
 )
 
 #: nvcc's option that names the host compiler (a program, or a directory holding ``gcc``).
-_CCBIN = ("-ccbin", "--compiler-bindir")
+_CCBIN_RE = re.compile(r"(?<!\S)(?:-ccbin|--compiler-bindir)(?:=(\S*)|\s+(\S+))")
 
 
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """Whether to ``keep`` the variable ``var`` (``value`` cut for display), and ``note``: why, and the fix."""
-
-    var: str
-    value: str
-    keep: bool
-    note: str
+#: Whether to ``keep`` the variable ``var`` (``value`` cut for display), and ``note``: why, and the fix.
+Verdict = namedtuple("Verdict", "var value keep note")
 
 
 def program_of(value: str, path: str | None) -> tuple[str | None, list[str], str | None]:
@@ -147,14 +141,8 @@ def _ccbin_problem(value: str, path: str | None) -> str | None:
 
 
 def ccbin_values(words: list[str]) -> list[str]:
-    out = []
-    for i, w in enumerate(words):
-        for opt in _CCBIN:
-            if w == opt and i + 1 < len(words):
-                out.append(words[i + 1])
-            elif w.startswith(opt + "="):
-                out.append(w[len(opt) + 1:])
-    return out
+    """What each ``-ccbin X``, ``-ccbin=X`` (or ``--compiler-bindir``) of the option ``words`` names."""
+    return [attached or apart for attached, apart in _CCBIN_RE.findall(" ".join(words))]
 
 
 def _dirs_problem(value: str, var: str) -> str | None:

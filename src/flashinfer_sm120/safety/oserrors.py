@@ -3,8 +3,8 @@ one table, :data:`BY_ERRNO`, for every command and state file (threat-model: P8)
 
 from __future__ import annotations
 
-import dataclasses
 import errno
+from collections import namedtuple
 
 __all__ = ["BY_ERRNO", "OsProblem", "describe"]
 
@@ -45,13 +45,8 @@ _NO_INODES = ("space", "the file system holding {path} is out of inodes (it has 
               "created)", "delete files there (the many small ones first), or {elsewhere}")
 
 
-@dataclasses.dataclass(frozen=True)
-class OsProblem:
-    """An ``OSError`` in words: ``kind`` (``space``, ``permission``, ``path``, ``missing``, ``exists``...)."""
-
-    kind: str
-    message: str
-    fix: str
+class OsProblem(namedtuple("OsProblem", "kind message fix")):
+    """An ``OSError`` in words: ``kind`` (``space``, ``permission``, ``path``, ``missing``, ``limit``...)."""
 
     def __str__(self) -> str:
         return f"{self.message}; {self.fix}"

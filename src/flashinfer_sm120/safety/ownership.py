@@ -12,7 +12,7 @@ import stat
 from flashinfer_sm120.safety.formats.base import shown
 
 __all__ = ["MAX_LINKS", "writable_by_others", "Untrusted", "resolve", "file_ok", "deepest_existing",
-           "trust_reason", "mine_problem", "check_place", "PathProblem", "own_place_fix", "fingerprint"]
+           "trust_reason", "mine_problem", "check_place", "PathProblem", "passwd_home", "own_place_fix", "fingerprint"]
 
 MAX_LINKS = 40  # as Linux MAXSYMLINKS
 
@@ -166,12 +166,17 @@ class PathProblem:
         return f"{self.what} {shown(self.path, 200)} fails the trust rule: {self.why}. Fix: {self.fix}"
 
 
-def own_place_fix() -> str:
-    """The fix for a workspace not ours: this uid's passwd home (not ``$HOME``, under ``sudo -E``), ``sudo -H``."""
+def passwd_home() -> str | None:
+    """This uid's home in the passwd database (not ``$HOME``, which ``sudo -E`` keeps), or ``None``."""
     try:
-        home = pwd.getpwuid(os.geteuid()).pw_dir
+        return pwd.getpwuid(os.geteuid()).pw_dir or None
     except (KeyError, OSError):
-        home = ""
+        return None
+
+
+def own_place_fix() -> str:
+    """The fix for a workspace not ours: this uid's :func:`passwd_home` as an example, and ``sudo -H``."""
+    home = passwd_home() or ""
     example = f" (for example {home})" if home and os.path.isdir(home) and trust_reason(home) is None else ""
     env_home = os.environ.get("HOME") or ""
     sudo = ("; under sudo, keep your own home (sudo -H instead of sudo -E)"

@@ -23,11 +23,6 @@ def parents() -> dict[int, int]:
     return out
 
 
-def children(me: int) -> list[int]:
-    """This process's children."""
-    return [pid for pid, ppid in parents().items() if ppid == me]
-
-
 def main(parent: str, grace: str, keep: str, status_fd: str, *argv: str) -> int:
     import ctypes  # here: :mod:`.proc` imports this file for its path and KILL_S only (only the standard library)
 
@@ -66,7 +61,8 @@ def main(parent: str, grace: str, keep: str, status_fd: str, *argv: str) -> int:
             ending_at = now
         if ending_at is not None and now - ending_at > KILL_S:
             break
-        kids = [k for k in children(me) if ending_at is not None or (k != prog and keep != "keep")]
+        kids = [k for k, ppid in parents().items()
+                if ppid == me and (ending_at is not None or (k != prog and keep != "keep"))]
         if rc is not None and not kids:
             break
         for kid in kids:  # only children: their pids stay ours until reaped here, so none is reused meanwhile

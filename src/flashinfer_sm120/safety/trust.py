@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass
+from collections import namedtuple
 
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats import base, reads
@@ -70,14 +70,8 @@ def hands_on(path: str) -> str | None:
             else None)
 
 
-@dataclass(frozen=True)
-class Trace:
-    """What running ``path`` would run: ``target`` (real path; ``None``: untold), ``files`` checked, ``problem``."""
-
-    path: str
-    target: str | None
-    files: tuple[str, ...]
-    problem: str | None
+#: What running a path would run: ``target`` (real path; ``None``: untold) and ``problem`` (``None``: none).
+Trace = namedtuple("Trace", "target problem")
 
 
 def _read_script(real: str) -> str | None:
@@ -161,7 +155,6 @@ class _Check:
     """One :func:`trace`: what was checked so far, so each program is read once."""
 
     def __init__(self) -> None:
-        self.files: list[str] = []
         self.checked: dict[str, str] = {}  # real path -> the program it finally runs
         self.found: dict[str, str | None] = {}  # word -> where PATH finds it
         self.path_ok = False
@@ -173,16 +166,12 @@ class _Check:
         st = file_ok(real)
         if not stat.S_ISREG(st.st_mode):
             raise Untrusted(f"{real} is not a regular file")
-        if real in chain:
-            raise Untrusted("wrapper loop: " + " -> ".join(chain + [real]) + "; it would never finish; "
-                            "set CUDA_HOME to the real toolkit prefix instead")
-        if len(chain) >= MAX_WRAPPER_DEPTH:
-            raise Untrusted(f"wrappers nested more than {MAX_WRAPPER_DEPTH} deep at {real}; "
+        if len(chain) >= MAX_WRAPPER_DEPTH:  # a loop of wrappers too
+            raise Untrusted(f"wrappers nested more than {MAX_WRAPPER_DEPTH} deep (or in a loop) at {real}; "
                             "set CUDA_HOME to the real toolkit prefix instead")
         if real in self.checked and body:
             return self.checked[real]
         chain = chain + [real]
-        self.files.append(real)
         text = _read_script(real)
         if text is None:
             self.checked[real] = real
@@ -290,7 +279,7 @@ def trace(path: str, *, body: bool = True) -> Trace:
     try:
         target = check.follow(path, [], body=body)
     except Untrusted as exc:
-        return Trace(path, None, tuple(check.files), str(exc))
+        return Trace(None, str(exc))
     except OSError as exc:
-        return Trace(path, None, tuple(check.files), f"cannot check {exc.filename or path}: {exc.strerror or exc}")
-    return Trace(path, target, tuple(dict.fromkeys(check.files)), None)
+        return Trace(None, f"cannot check {exc.filename or path}: {exc.strerror or exc}")
+    return Trace(target, None)

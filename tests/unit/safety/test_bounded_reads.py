@@ -279,7 +279,7 @@ def test_a_record_manifest_that_is_a_fifo_never_blocks_a_build(tmp_path):
 
 def test_a_manifest_that_is_a_fifo_is_named_with_a_fix_for_the_path(tmp_path):
     """`build --from <a FIFO>` never blocks, and its fix was 'record the manifest again' (which a FIFO cannot
-    take); it says what the path is and to give the file itself (P6, P8)."""
+    take); it says the path is no regular file (its mode: ``p`` a FIFO) and to give the file itself (P6, P8)."""
     import json
 
     fifo = tmp_path / "m.json"
@@ -290,5 +290,5 @@ def test_a_manifest_that_is_a_fifo_is_named_with_a_fix_for_the_path(tmp_path):
                           timeout=60, env=env, stdin=subprocess.DEVNULL)
     err = json.loads(proc.stdout)["error"]
     message, fix = (err["message"], err["fix"]) if isinstance(err, dict) else (err, proc.stderr)
-    assert proc.returncode in (1, 2) and str(fifo) in message and "FIFO" in message, proc
+    assert proc.returncode in (1, 2) and str(fifo) in message and "mode prw" in message, proc
     assert "path of the file" in fix and "RECORD" not in fix, proc

@@ -34,9 +34,9 @@ def test_wrapper_loops_terminate_and_are_refused(tmp_path):
     for path in (me, a):
         with hang_guard(60):  # a loop followed forever
             tr = trace(str(path))
-        assert tr.problem and "wrapper loop" in tr.problem and "CUDA_HOME" in tr.problem
+        assert tr.problem and str(path) in tr.problem and "CUDA_HOME" in tr.problem  # the value and the fix
         tk = inspect(str(path.parent.parent))
-        assert tk.problem.startswith("not run:") and "wrapper loop" in tk.problem
+        assert tk.problem.startswith("not run:") and str(path) in tk.problem
 
 
 def test_wrapper_with_computed_target_is_not_run(tmp_path):
@@ -173,8 +173,8 @@ def test_any_absolute_command_a_wrapper_runs_is_checked(tmp_path):
     root = make_toolkit(tmp_path / "cuda", "12.8.93")
     nvcc = root / "bin" / "nvcc"
     nvcc.write_text(f"#!/bin/sh\n{helper} --prepare\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n")
-    assert trace(str(nvcc)).problem is None and str(helper) in trace(str(nvcc)).files
-    os.chmod(ww, 0o777)
+    assert trace(str(nvcc)).problem is None
+    os.chmod(ww, 0o777)  # the helper is checked: its directory open to others refuses the wrapper
     tr = trace(str(nvcc))
     assert tr.problem and str(ww) in tr.problem
 

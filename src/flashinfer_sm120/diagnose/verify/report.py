@@ -18,7 +18,7 @@ from flashinfer_sm120 import __version__
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.reads import loads_json
 from flashinfer_sm120.safety.formats.fields import iter_lines
-from flashinfer_sm120.safety.formats.binary import parse_ninja_log_header
+from flashinfer_sm120.safety.formats.params import parse_ninja_log_header
 from flashinfer_sm120.safety.formats.base import shown
 
 __all__ = ["ALONE_TIMEOUT_S", "dist_version", "collect", "ninja_section", "log_format_of_dir",

@@ -87,9 +87,5 @@ def _type_name(value: Any) -> str:
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:
-    """``1 entry``, ``2 entries``: ``many`` defaults to ``word + 's'``, and to ``-ies`` after a consonant + y."""
-    if n == 1:
-        return f"{n} {word}"
-    if many is None:
-        many = word[:-1] + "ies" if word.endswith("y") and word[-2:-1] not in "aeiou" else word + "s"
-    return f"{n} {many}"
+    """``1 module``, ``2 modules``: ``many`` defaults to ``word + 's'``."""
+    return f"{n} {word if n == 1 else many or word + 's'}"

@@ -25,9 +25,6 @@ GRAMMAR: dict[str, tuple[re.Pattern, str]] = {
     # nothing ninja or the shell reads as syntax, a leading '~' included, so the words checked are the words run
     "word": (re.compile(r"[A-Za-z0-9_./+@%=,:-][A-Za-z0-9_./+@%=,:~-]{0,4095}"),
              "a plain word (only letters, digits and '_./+@%=,:~-': others are ninja or shell syntax)"),
-    # a compiler flag: no control character (a new build.ninja line), no shell syntax (joined into /bin/sh -c)
-    "flag": (re.compile(r"[A-Za-z0-9_.,:=+/@%{}~ -]{1,4096}"),
-             "a plain compiler flag (letters, digits, '_.,:=+/@%{}~-' and spaces; no newline, quote, '$', ';', '|', '&')"),
 }
 
 #: A version as nvcc, ninja, FlashInfer or pip print it: ``13.0.88``, ``0.7.2.post1``, ``2.14.0+cu130``.
@@ -64,16 +61,16 @@ def parse_leading_version(text: Any, source: str, *, fix: str = "") -> Version:
     return Version(m.group(1))
 
 
-def parse_command_words(text: Any, source: str, *, fix: str = "", max_words: int = 64) -> tuple[str, ...]:
-    """A command of 1 to ``max_words`` blank-separated ``word`` values (``ccache g++ -O2``)."""
+def parse_command_words(text: Any, source: str, *, fix: str = "") -> tuple[str, ...]:
+    """A command of 1 to 64 blank-separated ``word`` values (``ccache g++ -O2``)."""
     if not isinstance(text, str):
         raise _fail(source, f"{shown(text, 40)} is {_type_name(text)}, not a command", fix)
     if any(ord(c) < 32 and c != "\t" for c in text[:1 << 16]):
         raise _fail(source, f"{shown(text, 60)} holds a control character (a newline would start a new line "
                             f"of build.ninja)", fix)
     words = text.split()
-    if len(text) > 1 << 16 or not words or len(words) > max_words:
-        raise _fail(source, f"{shown(text, 60)} is not a command of 1 to {max_words} words", fix)
+    if len(text) > 1 << 16 or not words or len(words) > 64:
+        raise _fail(source, f"{shown(text, 60)} is not a command of 1 to 64 words", fix)
     regex, what = GRAMMAR["word"]
     for w in words:
         if not regex.fullmatch(w):

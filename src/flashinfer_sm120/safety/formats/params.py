@@ -1,5 +1,6 @@
 """Parameters from outside, by grammar: a manifest's generators and arguments (data, never code: P2, docs/safety.md
-section 4), compiler flags as FlashInfer's option forms, and command-line numbers (P6, P8).  Commands only."""
+section 4), compiler flags as FlashInfer's option forms, command-line numbers and a ninja log's header (P6, P8).
+Commands only."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import re
 from typing import Any
 
 from flashinfer_sm120.safety.formats.base import _fail, non_ascii_digits, shown
-from flashinfer_sm120.safety.formats.grammar import parse
 
 #: Deepest nesting of lists/tuples in one parameter.
 PARAM_MAX_DEPTH = 4
@@ -135,12 +135,10 @@ def _word_ok(word: str) -> bool:
     return any(f.fullmatch(word) for f in _FORMS)
 
 
-def parse_compile_flag(text: Any, source: str, *, fix: str = "") -> tuple[str, list[str]]:
-    """``(flag, [directories it names])`` when every word is an :data:`OPTION_FORMS` word, a ``-I`` of a path, or ``-Xcompiler``."""
-    parse("flag", text, source, fix=fix)
+def parse_compile_flag(text: str, source: str, *, fix: str = "") -> tuple[str, list[str]]:
+    """``(flag, [directories it names])`` of words of the ``word`` grammar (:func:`.grammar.parse_command_words`) when
+    each is an :data:`OPTION_FORMS` word, a ``-I`` of a path, or ``-Xcompiler``."""
     words, dirs, i = text.split(), [], 0
-    if not words:
-        raise _fail(source, f"flag {shown(text, 60)} is blank", fix)
     while i < len(words):
         w, nxt = words[i], words[i + 1] if i + 1 < len(words) else None
         opt = next((o for o in PATH_OPTIONS if w.startswith(o)), None)
@@ -216,3 +214,14 @@ def cli_size(flag: str, lo: int = 1, hi: int = 1 << 50):
     return _cli(flag, _size, lo, hi, "a size such as 512M or 4G", _size_text,
                 lambda text: f" (a number alone is bytes: did you mean {text.strip()}G?)" if text.strip().isdigit()
                 else "")
+
+
+_NINJA_LOG_RE = re.compile(rb"# ninja log v([0-9]{1,4})")
+
+
+def parse_ninja_log_header(line: Any, source: str) -> int:
+    """The format of a ``.ninja_log`` from its first line, ``# ninja log v7`` (ninja ``src/build_log.cc``)."""
+    m = _NINJA_LOG_RE.fullmatch(line.rstrip(b"\r\n")) if isinstance(line, bytes) else None
+    if not m:
+        raise _fail(source, f"first line {shown(line, 40)} is not a ninja log header such as '# ninja log v7'", "")
+    return int(m.group(1))

@@ -37,10 +37,8 @@ def _open_regular(path: str, fix: str, follow: bool = True,
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):  # the caller's fix is for content: this one is for the path (P8)
-            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
-                "a socket" if stat.S_ISSOCK(st.st_mode) else "a device"
-            raise _fail(path, f"is {kind}, not a regular file (only regular files are read)",
-                        "give the path of the file itself")
+            raise _fail(path, f"is not a regular file (mode {stat.filemode(st.st_mode)}; only regular files are "
+                              f"read)", "give the path of the file itself")
         if owners is not None and st.st_uid not in owners:
             raise _fail(path, f"is owned by uid {st.st_uid}, not {' or '.join(map(str, owners))}", fix)
         os.set_blocking(fd, True)
@@ -76,14 +74,13 @@ def read_bytes(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow
     return b"".join(chunks)
 
 
-def read_text(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
-              owners: tuple[int, ...] | None = None) -> str:
+def read_text(path: str | os.PathLike, max_bytes: int, *, follow: bool = True) -> str:
     """:func:`read_bytes` decoded as UTF-8 (refused, not replaced, when it is not)."""
-    raw = read_bytes(path, max_bytes, fix=fix, follow=follow, owners=owners)
+    raw = read_bytes(path, max_bytes, follow=follow)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _fail(os.fspath(path), f"is not UTF-8 text (byte {exc.start})", fix) from None
+        raise _fail(os.fspath(path), f"is not UTF-8 text (byte {exc.start})", "") from None
 
 
 def _refuse_constant(name: str) -> Any:
@@ -129,10 +126,10 @@ def loads_json(data: str | bytes, source: str, *, max_depth: int = MAX_JSON_DEPT
 
 
 def read_json_file(path: str | os.PathLike, max_bytes: int, *, fix: str = "", follow: bool = True,
-                   owners: tuple[int, ...] | None = None, max_depth: int = MAX_JSON_DEPTH) -> Any:
+                   owners: tuple[int, ...] | None = None) -> Any:
     """:func:`read_bytes` then :func:`loads_json`, one message style for both."""
     raw = read_bytes(path, max_bytes, fix=fix, follow=follow, owners=owners)
-    return loads_json(raw, os.fspath(path), max_depth=max_depth, fix=fix)
+    return loads_json(raw, os.fspath(path), fix=fix)
 
 
 #: Values of a boolean environment variable that mean "off" (case-insensitive, stripped; the ``.pth`` hook

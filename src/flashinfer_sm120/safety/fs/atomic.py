@@ -104,16 +104,10 @@ def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
 
 
 class Private:
-    """A locked temporary directory ``path``; :meth:`close` (or leaving ``with``) removes it."""
+    """A locked temporary directory ``path``; :meth:`close` removes it."""
 
     def __init__(self, path: str, fd: int) -> None:
         self.path, self._fd = path, fd
-
-    def __enter__(self) -> str:
-        return self.path
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def close(self) -> None:
         if self._fd is None:

@@ -11,7 +11,7 @@ import tempfile
 
 from flashinfer_sm120.errors import StateFileError
 from flashinfer_sm120.safety.formats.base import bounded, shown, some
-from flashinfer_sm120.safety.ownership import deepest_existing, mine_problem, trust_reason
+from flashinfer_sm120.safety.ownership import deepest_existing, mine_problem, passwd_home, trust_reason
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -98,17 +98,15 @@ def _room_problem(path: str, what: str) -> str | None:
 
 
 def _creation_problem(path: str, what: str) -> str | None:
-    """Why the absent ``path`` must not be created: no directory above, another uid's tree, or untrusted (P4)."""
+    """Why the absent ``path`` must not be created: a dangling link above it, another uid's tree, or untrusted (P4);
+    a file above it never gets here (``lstat`` says ``ENOTDIR``, which :data:`.oserrors.BY_ERRNO` words)."""
     from flashinfer_sm120.safety.fs.places import foreign_tree, foreign_tree_message
 
     top = os.path.realpath(deepest_existing(path))
     try:
-        st = os.stat(top)
+        os.stat(top)
     except OSError as exc:
         return _os_problem(what, path, f"cannot be created ({top} cannot be checked)", exc)
-    if not stat.S_ISDIR(st.st_mode):
-        return (f"{what}={path!r} cannot be created: {top} is not a directory; remove it or point the "
-                f"variable elsewhere")
     foreign = foreign_tree(path)
     if foreign is not None:
         return foreign_tree_message(what, foreign)
@@ -117,15 +115,7 @@ def _creation_problem(path: str, what: str) -> str | None:
 
 def home_dir() -> str | None:
     """``$HOME``, else the passwd home, else ``None``: never ``expanduser``'s ``"~"`` nor an empty ``HOME``'s ``/``."""
-    home = os.environ.get("HOME")
-    if home:
-        return home
-    try:
-        import pwd
-
-        return pwd.getpwuid(os.geteuid()).pw_dir or None
-    except (ImportError, KeyError, OSError):
-        return None
+    return os.environ.get("HOME") or passwd_home()
 
 
 def _place_problem(path: str, what: str) -> str | None:
