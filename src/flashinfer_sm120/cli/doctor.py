@@ -1,5 +1,5 @@
 """``flashinfer-sm120 doctor``: the verdict, whole, on the first line, then one screen of facts wrapped at
-spaces; ``--verbose`` adds the whole report, the data ``--json`` prints, as indented lines (one report, P7).
+spaces; ``--verbose`` adds the whole report as ``--json`` prints it (one report, P7).
 Collected by :mod:`flashinfer_sm120.diagnose.verify.report`, judged by :mod:`~flashinfer_sm120.diagnose.verify.diagnosis`."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from flashinfer_sm120.diagnose.verify.diagnosis import SETTING, VERDICT_NOTES
 from flashinfer_sm120.diagnose.verify.report import ALONE_TIMEOUT_S, collect
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
 
-__all__ = ["EXIT_CODES", "SHORT_LINES", "WIDTH", "run_doctor", "render", "dump", "add_parser"]
+__all__ = ["EXIT_CODES", "SHORT_LINES", "WIDTH", "run_doctor", "render", "add_parser"]
 
 #: Exit status -> meaning (``doctor --help`` and docs/cli.md).
 EXIT_CODES = {0: "OK: FlashInfer will build (warnings may follow)",
@@ -86,9 +86,10 @@ def render(report: dict, *, verbose: bool = False, diagnosis=None) -> list[str]:
     head = [_verdict(d)] + [_finding(f) for f in notes if d.problems]  # whole, as the verdict line
     blocks = [wrap(_finding(f)) for f in d.findings if f not in notes and f is not (d.problems or (None,))[0]]
     if verbose:
+        whole = json.dumps({k: v for k, v in report.items() if k != "diagnosis"}, indent=2, default=str)
         return head + [ln for block in blocks for ln in block] + facts + [
-            "", "The whole report (doctor --json prints it as JSON):"] + dump(
-            {k: v for k, v in report.items() if k != "diagnosis"}, "  ")
+            "", "The whole report, as doctor --json prints it:"] + [  # P6: each line bounded
+            bounded(ln, max_word=MAX_MESSAGE) for ln in whole.splitlines()]
     tail = wrap("More: flashinfer-sm120 doctor --verbose (every toolkit, the patch, exports, servers), or --json")
     room = SHORT_LINES - len(head) - len(facts) - len(tail)
     if sum(map(len, blocks)) > room:  # as many whole findings as fit, then one line saying how many more
@@ -109,37 +110,6 @@ def wrap(text: str, indent: str = "  ") -> list[str]:
     """``text`` wrapped at :data:`WIDTH` at spaces only, later lines indented."""
     return textwrap.wrap(text, WIDTH, subsequent_indent=indent, break_long_words=False,
                          break_on_hyphens=False) or [text]
-
-
-#: Lines of one value ``--verbose`` prints (a multi-line note is a few; P6).
-MAX_VALUE_LINES = 100
-
-
-def dump(value: dict | list | tuple, indent: str = "") -> list[str]:
-    """``value`` (the ``--json`` report or a part) as ``key: value`` lines, nested parts indented as in YAML;
-    a list of plain values on one line; a multi-line string keeps its lines."""
-    lines: list[str] = []
-    for key, v in value.items() if isinstance(value, dict) else (("-", v) for v in value):
-        head = f"{indent}{key}:" if isinstance(value, dict) else f"{indent}-"
-        if (isinstance(v, dict) and v) or (isinstance(v, (list, tuple))
-                                           and any(isinstance(x, (dict, list, tuple)) for x in v)):
-            sub = dump(v, indent + "  ")
-            lines += [f"{head} {sub[0].lstrip()}"] + sub[1:] if head.endswith("-") else [head] + sub
-        else:
-            text = _scalar(v)
-            lines += [f"{head} {text[0]}"] + [f"{indent}  {ln}" for ln in text[1:]]
-    return lines
-
-
-def _scalar(v) -> list[str]:
-    """``v`` as lines, each cut at :data:`MAX_MESSAGE` characters and at most :data:`MAX_VALUE_LINES` of them (P6:
-    the report quotes environment values of any size; a real path, at most ``PATH_MAX``, stays whole)."""
-    if isinstance(v, (list, tuple, dict)):
-        return [bounded(", ".join(_scalar(x)[0] for x in v) or "none", max_word=MAX_MESSAGE)]
-    lines = (v if isinstance(v, str) else json.dumps(v, default=str)).splitlines() or [""]
-    if len(lines) > MAX_VALUE_LINES:
-        lines = lines[:MAX_VALUE_LINES] + [f"... ({len(lines) - MAX_VALUE_LINES} more lines)"]
-    return [bounded(ln, max_word=MAX_MESSAGE) for ln in lines]
 
 
 def _finding(f) -> str:
