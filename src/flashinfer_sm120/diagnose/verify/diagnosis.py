@@ -139,9 +139,18 @@ def _check_sections(report: dict) -> Iterable[Finding]:
     ninja = report.get("ninja") or {}
     if "error" in ninja and "candidates" in ninja:
         yield Finding(Level.PROBLEM, "no-ninja", str(ninja["error"]))
-    for n in ninja.get("conflicts") or ():
-        yield _ninja_conflict(n, (ninja.get("chosen") or {}).get("path") or "?", bool((report.get("autoload") or {}).get("pth")))
     chosen = ninja.get("chosen") or {}
+    auto = bool((report.get("autoload") or {}).get("pth"))  # the fix depends on it
+    for n in ninja.get("conflicts") or ():  # two .ninja_log formats rebuild each other's modules
+        log = f".ninja_log v{n['log_format']}" if n.get("log_format") else "another .ninja_log format"
+        runs = (f"servers of this environment run {chosen['path']} (the autoload puts it first on PATH), a process "
+                "without the autoload whichever is first on its PATH" if auto else
+                "a server started from this environment runs whichever is first on its PATH")
+        remove = "remove the other ninja (e.g. apt-get remove ninja-build)"
+        yield Finding(Level.WARNING, "ninja-conflict", f"{n['path']} (ninja {n['version']}, {log}) is reachable too "
+                      f"and rebuilds every module {chosen['path']} built, and the other way round; {runs}",
+                      f"if one does, {remove} or put {os.path.dirname(chosen['path'])} first on its PATH" if auto
+                      else f"'flashinfer-sm120 enable' (every server process then runs {chosen['path']}), or {remove}")
     stale = {k: v for k, v in (ninja.get("cache_log_formats") or {}).items() if str(k) != str(chosen.get("log_format"))}
     if stale and chosen.get("log_format"):
         yield Finding(Level.WARNING, "ninja-log-format", f"{plural(sum(stale.values()), 'module')} in "
@@ -176,21 +185,6 @@ def _check_environment(report: dict) -> Iterable[Finding]:
         yield Finding(Level.WARNING, "autoload-off", "the autoload is not enabled here, so a server that does not "
                       "import flashinfer_sm120 itself gets FlashInfer's own choice, which fails (FlashInfer alone, "
                       "below)", "flashinfer-sm120 enable")
-
-
-def _ninja_conflict(n: dict, chosen: str, autoload: bool) -> Finding:
-    """Two ninjas of different ``.ninja_log`` formats rebuild each other's modules; the fix depends on the autoload."""
-    log = f".ninja_log v{n['log_format']}" if n.get("log_format") else "another .ninja_log format"
-    head = f"{n['path']} (ninja {n['version']}, {log}) is reachable too and rebuilds every module {chosen} built, "
-    remove = "remove the other ninja (e.g. apt-get remove ninja-build)"
-    if autoload:
-        return Finding(Level.WARNING, "ninja-conflict", head + f"and the other way round; servers of this "
-                       f"environment run {chosen} (the autoload puts it first on PATH), a process without the "
-                       f"autoload (another environment's server, a shell) whichever is first on its PATH",
-                       f"if one does, {remove} or put {os.path.dirname(chosen)} first on its PATH")
-    return Finding(Level.WARNING, "ninja-conflict", head + "and the other way round; a server started from this "
-                   "environment runs whichever is first on its PATH", f"'flashinfer-sm120 enable' (every server "
-                   f"process then runs {chosen}, which 'flashinfer-sm120 build' runs), or {remove}")
 
 
 def _check_toolkits(report: dict) -> Iterable[Finding]:
