@@ -82,7 +82,8 @@ def render(report: dict, *, verbose: bool = False, diagnosis=None) -> list[str]:
 
     d = diagnosis or diagnose(report)
     facts = [ln for text in _facts(report, d) for ln in wrap(text)]
-    notes = [f for f in _settings(d) if not d.problems or f.code == SETTING]  # a PROBLEM: settings right after it
+    # the findings that qualify the verdict: on the OK line, or (toolkit settings) right after a PROBLEM
+    notes = [f for f in d.findings if f.code in VERDICT_NOTES and (not d.problems or f.code == SETTING)]
     head = [_verdict(d)] + [_finding(f) for f in notes if d.problems]  # whole, as the verdict line
     blocks = [wrap(_finding(f)) for f in d.findings if f not in notes and f is not (d.problems or (None,))[0]]
     if verbose:
@@ -96,11 +97,6 @@ def render(report: dict, *, verbose: bool = False, diagnosis=None) -> list[str]:
         fit = sum(1 for total in itertools.accumulate(map(len, blocks)) if total <= room - 1)
         blocks = blocks[:fit] + [[f"... {plural(len(blocks) - fit, 'more finding')}: --verbose"]]
     return head + facts + [ln for block in blocks for ln in block] + tail
-
-
-def _settings(d) -> list:
-    """The findings that qualify the verdict (:data:`VERDICT_NOTES`): on the OK line, or right after a PROBLEM."""
-    return [f for f in d.findings if f.code in VERDICT_NOTES]
 
 
 # --------------------------------------------------------------------------- rendering
@@ -121,7 +117,7 @@ def _verdict(d) -> str:
     if d.problems:  # a multi-line message (a resolution error) joined: the verdict line holds all of it
         return re.sub(r"[ \t]*[\r\n]+[ \t]*", " ", _finding(d.problems[0]))
     return f"OK: FlashInfer will build {', '.join(d.targets)} with nvcc {d.nvcc} at {d.root}" + "".join(
-        f"; but {f.text}" + (f" (fix: {f.fix})" if f.fix else "") for f in _settings(d))
+        f"; but {f.text}" + (f" (fix: {f.fix})" if f.fix else "") for f in d.findings if f.code in VERDICT_NOTES)
 
 
 def _versions(r: dict) -> str:
@@ -164,12 +160,6 @@ def _toolkit(r: dict) -> list[str]:
     return lines
 
 
-def _alone(d) -> str:
-    a = d.alone
-    return ("FlashInfer alone: " + a.why if a.works is None else
-            f"FlashInfer alone: would work, {a.why}" if a.works else f"FlashInfer alone: would fail because {a.why}")
-
-
 def _with(r: dict, d) -> str:
     a = r.get("after") or {}
     st = a.get("status") or {}
@@ -184,23 +174,21 @@ def _with(r: dict, d) -> str:
     return f"With flashinfer-sm120: {st.get('mode')}; JIT dir {a.get('jit_dir')}"
 
 
-def _deploy(r: dict) -> list[str]:
-    auto = r.get("autoload") or {}
-    lines = [f"Autoload: enabled ({', '.join(auto['pth'])})" if auto.get("pth")
-             else "Autoload: not enabled ('flashinfer-sm120 enable' patches every vLLM/SGLang process)"]
-    ninja = (r.get("ninja") or {}).get("chosen")
-    if ninja:
-        lines.append(f"Ninja: {ninja['path']} (ninja {ninja['version']})")
-    servers = (r.get("servers") or {}).get("servers")
-    if servers is not None:
-        lines.append("Servers: " + (", ".join(s["label"] for s in servers) or "neither vLLM nor SGLang installed"))
-    return lines
-
-
 def _facts(r: dict, d) -> list[str]:
     """The facts of the default screen, each one sentence."""
     facts = [_versions(r), _gpus(r)] + ([f"Targets: {', '.join(d.targets)} ({_targets_from(r)})"] if d.targets else [])
-    return facts + _toolkit(r) + [_alone(d), _with(r, d)] + _deploy(r)
+    alone = {None: "", True: "would work, ", False: "would fail because "}[d.alone.works] + d.alone.why
+    auto = (r.get("autoload") or {}).get("pth")
+    facts += _toolkit(r) + [f"FlashInfer alone: {alone}", _with(r, d)]
+    facts.append(f"Autoload: enabled ({', '.join(auto)})" if auto
+                 else "Autoload: not enabled ('flashinfer-sm120 enable' patches every vLLM/SGLang process)")
+    ninja = (r.get("ninja") or {}).get("chosen")
+    if ninja:
+        facts.append(f"Ninja: {ninja['path']} (ninja {ninja['version']})")
+    servers = (r.get("servers") or {}).get("servers")
+    if servers is not None:
+        facts.append("Servers: " + (", ".join(s["label"] for s in servers) or "neither vLLM nor SGLang installed"))
+    return facts
 
 
 def add_parser(sub) -> None:
