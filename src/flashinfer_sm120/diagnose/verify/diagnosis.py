@@ -95,7 +95,7 @@ def _check_installed(report: dict) -> Iterable[Finding]:
 
 
 def _check_choice(report: dict) -> Iterable[Finding]:
-    """No toolkit fits (the guard), the choice failed, no targets or a bad arch list, no curand.h."""
+    """No toolkit fits (the guard), the choice failed, no targets or a bad arch list, no curand.h, a mixed install."""
     res = report.get("resolution")  # absent when the guard is on or the choice raised
     if report.get("guard"):
         yield Finding(Level.PROBLEM, "guard", "no CUDA toolkit found here can build for these targets; FlashInfer's "
@@ -113,6 +113,13 @@ def _check_choice(report: dict) -> Iterable[Finding]:
                       "compile", "pip install 'nvidia-curand' matching the toolkit, or a full CUDA toolkit")
     for s in report.get("settings") or ():  # not used as given, worked around: the OK line names it too
         yield Finding(Level.WARNING, SETTING, str(Setting(**s)))
+    for c in report.get("candidates") or ():  # a version file that disagrees with nvcc: nvcc's answer is used (P1)
+        d = c.get("disagreement")
+        if d:
+            yield Finding(Level.WARNING, "version-disagreement", f"{c.get('root')}: {d['file']} says CUDA "
+                          f"{d['file_version']}, but {d['nvcc']} --version says {d['nvcc_version']} (the nvcc's "
+                          f"version is the one used)", "reinstall that toolkit as one set (its files come from "
+                          "different releases), or remove the stale version file")
 
 
 def _check_after(report: dict) -> Iterable[Finding]:
@@ -166,36 +173,20 @@ def _check_sections(report: dict) -> Iterable[Finding]:
     for pth in (report.get("autoload") or {}).get("outdated") or ():
         yield Finding(Level.WARNING, "autoload-outdated", f"{pth} was not written by this release, or its module "
                       f"{HOOK_FILE} is missing", "run 'flashinfer-sm120 enable' again")
-    yield from _check_environment(report)
-    for key in ("ninja", "servers", "builds"):
-        if "error" in (report.get(key) or {}) and not (key == "ninja" and "candidates" in report[key]):
-            yield Finding(Level.NOTE, "section-error", f"{key} could not be checked ({report[key]['error']})")
-
-
-def _check_environment(report: dict) -> Iterable[Finding]:
-    """FlashInfer alone fails and this environment has no autoload; the activated venv is not the one checked."""
-    venv, prefix = report.get("virtual_env"), report.get("prefix")
+    venv, prefix = report.get("virtual_env"), report.get("prefix")  # the activated venv is not the one checked
     if venv and prefix and os.path.realpath(venv) != os.path.realpath(prefix):
         bin_dir = os.path.join(venv, "bin")
         yield Finding(Level.WARNING, "other-env", f"this report is on the environment {prefix}, not on the activated "
                       f"VIRTUAL_ENV={venv}", f"run {os.path.join(bin_dir, 'flashinfer-sm120')} doctor, or "
                       f"{os.path.join(bin_dir, 'python')} -m flashinfer_sm120 doctor")
-    off = not (report.get("autoload") or {}).get("pth") and not report.get("disabled") and not report.get("guard")
+    off = not auto and not report.get("disabled") and not report.get("guard")
     if off and _choice(report).get("targets") and alone(report).works is False:
         yield Finding(Level.WARNING, "autoload-off", "the autoload is not enabled here, so a server that does not "
                       "import flashinfer_sm120 itself gets FlashInfer's own choice, which fails (FlashInfer alone, "
                       "below)", "flashinfer-sm120 enable")
-
-
-def _check_toolkits(report: dict) -> Iterable[Finding]:
-    """A toolkit whose version file disagrees with its nvcc: the binary's answer is used (P1), the install is mixed."""
-    for c in report.get("candidates") or ():
-        d = c.get("disagreement")
-        if d:
-            yield Finding(Level.WARNING, "version-disagreement", f"{c.get('root')}: {d['file']} says CUDA "
-                          f"{d['file_version']}, but {d['nvcc']} --version says {d['nvcc_version']} (the nvcc's "
-                          f"version is the one used)", "reinstall that toolkit as one set (its files come from "
-                          "different releases), or remove the stale version file")
+    for key in ("ninja", "servers", "builds"):
+        if "error" in (report.get(key) or {}) and not (key == "ninja" and "candidates" in report[key]):
+            yield Finding(Level.NOTE, "section-error", f"{key} could not be checked ({report[key]['error']})")
 
 
 def _check_build_line(report: dict) -> Iterable[Finding]:
@@ -226,7 +217,6 @@ CHECKS: list[Callable[[dict], Iterable[Finding]]] = [
     _check_choice,
     _check_after,
     _check_sections,
-    _check_toolkits,
     _check_build_line,
 ]
 
