@@ -128,13 +128,6 @@ def _versions(r: dict) -> str:
     return f"Versions: flashinfer-sm120 {r['flashinfer_sm120']}, {fi}, {torch}"
 
 
-def _gpus(r: dict) -> str:
-    if not r["gpus"]:
-        return f"GPUs: none visible (read from {r['gpu_source']})"
-    groups = collections.Counter((g["name"], g["capability"]) for g in r["gpus"])
-    return "GPUs: " + ", ".join(f"{n} x {name} ({cap})" for (name, cap), n in groups.items())
-
-
 def _targets_from(r: dict) -> str:
     res = r.get("resolution") or {}
     if r.get("arch_option"):  # accepted by the arch grammar: short and printable
@@ -176,7 +169,10 @@ def _with(r: dict, d) -> str:
 
 def _facts(r: dict, d) -> list[str]:
     """The facts of the default screen, each one sentence."""
-    facts = [_versions(r), _gpus(r)] + ([f"Targets: {', '.join(d.targets)} ({_targets_from(r)})"] if d.targets else [])
+    groups = collections.Counter((g["name"], g["capability"]) for g in r["gpus"])
+    facts = [_versions(r), "GPUs: " + ", ".join(f"{n} x {name} ({cap})" for (name, cap), n in groups.items())
+             if groups else f"GPUs: none visible (read from {r['gpu_source']})"]
+    facts += [f"Targets: {', '.join(d.targets)} ({_targets_from(r)})"] if d.targets else []
     alone = {None: "", True: "would work, ", False: "would fail because "}[d.alone.works] + d.alone.why
     auto = (r.get("autoload") or {}).get("pth")
     facts += _toolkit(r) + [f"FlashInfer alone: {alone}", _with(r, d)]
