@@ -47,7 +47,7 @@ def test_every_log_record_of_the_package_is_bounded(caplog):
 
 @pytest.mark.parametrize("name", ["FLASHINFER_NVCC", "CUDA_PATH"])
 def test_doctor_verbose_cuts_a_long_value_wherever_it_quotes_it(clean_env, name):
-    """``doctor --verbose`` prints the report as lines: each value quoted is cut at 4,096 characters (it printed a
+    """``doctor --verbose`` prints the report as JSON lines: each value quoted is cut at 4,096 characters (it printed a
     120 KB value nine times whole, on lines of 120,000 characters)."""
     env = dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0", **{name: "/x" + "A/" * 60_000})
     proc = cli(["doctor", "--verbose"], env, timeout=300)

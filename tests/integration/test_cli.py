@@ -58,7 +58,9 @@ def test_doctor_human_output(clean_env, real_nvcc13):
     proc = cli(["doctor", "--verbose"], dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.1"))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("OK: FlashInfer will build sm_121a with nvcc 13.")
-    assert "state: chosen" in proc.stdout and "targets: sm_121a" in proc.stdout
+    whole = json.loads(proc.stdout.split("as doctor --json prints it:\n", 1)[1])
+    assert "chosen" in [c["state"] for c in whole["candidates"]]
+    assert whole["resolution"]["choice"]["targets"] == ["sm_121a"]
     assert "FlashInfer alone:" in proc.stdout and "With flashinfer-sm120: patched" in proc.stdout
 
 

@@ -188,8 +188,8 @@ def test_doctor_shows_gpu_source_guard_cleaned_home_and_release(clean_env, tmp_p
     from flashinfer_sm120.cli import doctor
 
     human = "\n".join(doctor.render(r, verbose=True))
-    assert "gpu_source: torch.cuda (NVML" in human and "guard: true" in human and "resolution_error: " in human
-    assert f"WARNING: CUDA_HOME=':{fake}' was not used as given" in human and "arch_rules: " in human
+    assert '"gpu_source": "torch.cuda (NVML' in human and '"guard": true' in human and '"resolution_error": ' in human
+    assert f"WARNING: CUDA_HOME=':{fake}' was not used as given" in human and '"arch_rules": ' in human
     assert human.startswith("PROBLEM: no CUDA toolkit found here can build for these targets")
     short = doctor.render(r)
     assert short[0].startswith("PROBLEM: ") and "era sm120a" not in "\n".join(short)

@@ -257,16 +257,15 @@ def test_doctor_names_the_ninja_each_servers_check_and_jit_dir(server_env, tmp_p
     env, site_dir = server_env
     env["PYTHONPATH"] += os.pathsep + str(site_dir)  # doctor reads the .pth from its own site dirs
     proc = cli(["doctor", "--verbose", "--timeout", "60"], dict(env, FLASHINFER_CUDA_ARCH_LIST="12.0"), timeout=600, python=sys.executable)
-    text = proc.stdout  # the whole report, as --json holds it
-    assert f"path: {wheel_ninja()}" in text, proc.stderr[-3000:]
-    assert "label: vLLM 0.34.0" in text and "check: has_flashinfer()" in text
-    assert "label: SGLang 0.5.23" in text and "check: is_flashinfer_available()" in text
-    assert "without: false, no nvcc at /usr/local/cuda/bin/nvcc and no ninja" in text \
-        or "without: false, no ninja on PATH" in text
-    assert "with: true, " in text
-    home = tmp_path / "home"
-    assert re.search(rf"jit_dir: {re.escape(str(home))}/\.cache/sglang/\.cache/flashinfer/\S+/cached_ops", text)
-    assert re.search(rf"jit_dir: {re.escape(str(home))}/\.cache/flashinfer/\S+/cached_ops", text)
+    text = proc.stdout
+    whole = json.loads(text.split("as doctor --json prints it:\n", 1)[1])  # the whole report
+    assert whole["ninja"]["chosen"]["path"] == wheel_ninja(), proc.stderr[-3000:]
+    vllm, sglang = ({s["label"]: s for s in whole["servers"]["servers"]}[k] for k in ("vLLM 0.34.0", "SGLang 0.5.23"))
+    assert vllm["check"].startswith("has_flashinfer()") and sglang["check"].startswith("is_flashinfer_available()")
+    assert vllm["without"][0] is False and "no ninja" in vllm["without"][1] and vllm["with"][0] is True
+    home = re.escape(str(tmp_path / "home"))
+    assert re.fullmatch(rf"{home}/\.cache/sglang/\.cache/flashinfer/\S+/cached_ops", sglang["jit_dir"])
+    assert re.fullmatch(rf"{home}/\.cache/flashinfer/\S+/cached_ops", vllm["jit_dir"])
     assert "'flashinfer-sm120 build --for vllm|sglang' picks one" in " ".join(text.split())  # both installed, different dirs
 
 
@@ -297,12 +296,12 @@ def test_doctor_without_a_toolkit_says_the_cuda_version_is_torchs_and_refused_en
     out = "\n".join(doctor.render(report, verbose=True))
     assert (f"FlashInfer alone: would fail because it finds no nvcc (its CUDA_HOME is {tmp_path / 'no-cuda'}; its "
             "CUDA version would come from torch: 13.0)") in " ".join(out.split())
-    assert "root: /opt/cuda-evil" in out and "why: /opt/cuda-evil is writable by other users" in out
+    assert '"root": "/opt/cuda-evil"' in out and '"why": "/opt/cuda-evil is writable by other users' in out
     # with an nvcc there, its CUDA is said as before
     nvcc_home = make_toolkit(tmp_path / "cuda-13.0", "13.0.88")
     report["before"]["cuda_home"] = str(nvcc_home)
     out = " ".join("\n".join(doctor.render(report, verbose=True)).split())
-    assert "FlashInfer alone: would fail because it targets nothing" in out and "cuda_version: 13.0" in out
+    assert "FlashInfer alone: would fail because it targets nothing" in out and '"cuda_version": "13.0"' in out
 
 
 def test_the_fallbacks_are_every_flashinfer_default_of_the_stand_ins(tmp_path, monkeypatch):

@@ -138,11 +138,13 @@ def test_systemd_unit_runs_without_a_writable_home(built, tmp_path):
     assert proc.returncode == 0 and proc.stdout.startswith("OK: "), proc.stdout + proc.stderr
     # the full report (autoload, exports, vLLM's view): doctor --verbose
     proc = subprocess.run([pre[0], "doctor", "--verbose"], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "state: chosen" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and '"state": "chosen"' in proc.stdout, proc.stdout + proc.stderr
     pth = purelib(venv / 'bin' / 'python') / PTH_NAME
-    assert "Autoload: enabled" in proc.stdout and f"pth: {pth}" in proc.stdout  # doctor sees the .pth
-    assert "  exported:\n" in proc.stdout and "cuda_home: " in proc.stdout
-    assert "without: false, no ninja on PATH" in proc.stdout and "with: true, nvcc " in proc.stdout, proc.stdout
+    whole = json.loads(proc.stdout.split("as doctor --json prints it:\n", 1)[1])
+    assert "Autoload: enabled" in proc.stdout and str(pth) in whole["autoload"]["pth"]  # doctor sees the .pth
+    assert whole["after"]["exported"]["cuda_home"]
+    assert any(s["without"][0] is False and "no ninja on PATH" in s["without"][1] and s["with"][0] is True
+               and s["with"][1].startswith("nvcc ") for s in whole["servers"]["servers"]), proc.stdout
     # ExecStart (vllm serve): the venv's bin is off PATH, yet vLLM finds nvcc and the venv's ninja
     out = _check_server(venv / "bin" / "python", env)
     assert out["has"] is True and out["ninja"] == os.path.realpath(wheel_ninja()), out

@@ -1,5 +1,5 @@
 """``flashinfer-sm120 doctor``: the verdict, whole, on the first line, then one screen of facts wrapped at
-spaces; ``--verbose`` adds the whole report, the data ``--json`` prints, as indented lines (one report, P7).
+spaces; ``--verbose`` adds the whole report as ``--json`` prints it (one report, P7).
 Collected by :mod:`flashinfer_sm120.diagnose.verify.report`, judged by :mod:`~flashinfer_sm120.diagnose.verify.diagnosis`."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from flashinfer_sm120.diagnose.verify.diagnosis import SETTING, VERDICT_NOTES
 from flashinfer_sm120.diagnose.verify.report import ALONE_TIMEOUT_S, collect
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
 
-__all__ = ["EXIT_CODES", "SHORT_LINES", "WIDTH", "run_doctor", "render", "dump", "add_parser"]
+__all__ = ["EXIT_CODES", "SHORT_LINES", "WIDTH", "run_doctor", "render", "add_parser"]
 
 #: Exit status -> meaning (``doctor --help`` and docs/cli.md).
 EXIT_CODES = {0: "OK: FlashInfer will build (warnings may follow)",
@@ -82,24 +82,21 @@ def render(report: dict, *, verbose: bool = False, diagnosis=None) -> list[str]:
 
     d = diagnosis or diagnose(report)
     facts = [ln for text in _facts(report, d) for ln in wrap(text)]
-    notes = [f for f in _settings(d) if not d.problems or f.code == SETTING]  # a PROBLEM: settings right after it
+    # the findings that qualify the verdict: on the OK line, or (toolkit settings) right after a PROBLEM
+    notes = [f for f in d.findings if f.code in VERDICT_NOTES and (not d.problems or f.code == SETTING)]
     head = [_verdict(d)] + [_finding(f) for f in notes if d.problems]  # whole, as the verdict line
     blocks = [wrap(_finding(f)) for f in d.findings if f not in notes and f is not (d.problems or (None,))[0]]
     if verbose:
+        whole = json.dumps({k: v for k, v in report.items() if k != "diagnosis"}, indent=2, default=str)
         return head + [ln for block in blocks for ln in block] + facts + [
-            "", "The whole report (doctor --json prints it as JSON):"] + dump(
-            {k: v for k, v in report.items() if k != "diagnosis"}, "  ")
+            "", "The whole report, as doctor --json prints it:"] + [  # P6: each line bounded
+            bounded(ln, max_word=MAX_MESSAGE) for ln in whole.splitlines()]
     tail = wrap("More: flashinfer-sm120 doctor --verbose (every toolkit, the patch, exports, servers), or --json")
     room = SHORT_LINES - len(head) - len(facts) - len(tail)
     if sum(map(len, blocks)) > room:  # as many whole findings as fit, then one line saying how many more
         fit = sum(1 for total in itertools.accumulate(map(len, blocks)) if total <= room - 1)
         blocks = blocks[:fit] + [[f"... {plural(len(blocks) - fit, 'more finding')}: --verbose"]]
     return head + facts + [ln for block in blocks for ln in block] + tail
-
-
-def _settings(d) -> list:
-    """The findings that qualify the verdict (:data:`VERDICT_NOTES`): on the OK line, or right after a PROBLEM."""
-    return [f for f in d.findings if f.code in VERDICT_NOTES]
 
 
 # --------------------------------------------------------------------------- rendering
@@ -111,37 +108,6 @@ def wrap(text: str, indent: str = "  ") -> list[str]:
                          break_on_hyphens=False) or [text]
 
 
-#: Lines of one value ``--verbose`` prints (a multi-line note is a few; P6).
-MAX_VALUE_LINES = 100
-
-
-def dump(value: dict | list | tuple, indent: str = "") -> list[str]:
-    """``value`` (the ``--json`` report or a part) as ``key: value`` lines, nested parts indented as in YAML;
-    a list of plain values on one line; a multi-line string keeps its lines."""
-    lines: list[str] = []
-    for key, v in value.items() if isinstance(value, dict) else (("-", v) for v in value):
-        head = f"{indent}{key}:" if isinstance(value, dict) else f"{indent}-"
-        if (isinstance(v, dict) and v) or (isinstance(v, (list, tuple))
-                                           and any(isinstance(x, (dict, list, tuple)) for x in v)):
-            sub = dump(v, indent + "  ")
-            lines += [f"{head} {sub[0].lstrip()}"] + sub[1:] if head.endswith("-") else [head] + sub
-        else:
-            text = _scalar(v)
-            lines += [f"{head} {text[0]}"] + [f"{indent}  {ln}" for ln in text[1:]]
-    return lines
-
-
-def _scalar(v) -> list[str]:
-    """``v`` as lines, each cut at :data:`MAX_MESSAGE` characters and at most :data:`MAX_VALUE_LINES` of them (P6:
-    the report quotes environment values of any size; a real path, at most ``PATH_MAX``, stays whole)."""
-    if isinstance(v, (list, tuple, dict)):
-        return [bounded(", ".join(_scalar(x)[0] for x in v) or "none", max_word=MAX_MESSAGE)]
-    lines = (v if isinstance(v, str) else json.dumps(v, default=str)).splitlines() or [""]
-    if len(lines) > MAX_VALUE_LINES:
-        lines = lines[:MAX_VALUE_LINES] + [f"... ({len(lines) - MAX_VALUE_LINES} more lines)"]
-    return [bounded(ln, max_word=MAX_MESSAGE) for ln in lines]
-
-
 def _finding(f) -> str:
     return f"{f.level.value.upper()}: {f.text}" + (f". Fix: {f.fix}" if f.fix else "")
 
@@ -151,7 +117,7 @@ def _verdict(d) -> str:
     if d.problems:  # a multi-line message (a resolution error) joined: the verdict line holds all of it
         return re.sub(r"[ \t]*[\r\n]+[ \t]*", " ", _finding(d.problems[0]))
     return f"OK: FlashInfer will build {', '.join(d.targets)} with nvcc {d.nvcc} at {d.root}" + "".join(
-        f"; but {f.text}" + (f" (fix: {f.fix})" if f.fix else "") for f in _settings(d))
+        f"; but {f.text}" + (f" (fix: {f.fix})" if f.fix else "") for f in d.findings if f.code in VERDICT_NOTES)
 
 
 def _versions(r: dict) -> str:
@@ -160,13 +126,6 @@ def _versions(r: dict) -> str:
              else f"torch {r.get('torch_version') or '?'} (CPU build)")
     fi = f"FlashInfer {r['flashinfer']}" if r.get("flashinfer_installed") else "FlashInfer not installed"
     return f"Versions: flashinfer-sm120 {r['flashinfer_sm120']}, {fi}, {torch}"
-
-
-def _gpus(r: dict) -> str:
-    if not r["gpus"]:
-        return f"GPUs: none visible (read from {r['gpu_source']})"
-    groups = collections.Counter((g["name"], g["capability"]) for g in r["gpus"])
-    return "GPUs: " + ", ".join(f"{n} x {name} ({cap})" for (name, cap), n in groups.items())
 
 
 def _targets_from(r: dict) -> str:
@@ -194,12 +153,6 @@ def _toolkit(r: dict) -> list[str]:
     return lines
 
 
-def _alone(d) -> str:
-    a = d.alone
-    return ("FlashInfer alone: " + a.why if a.works is None else
-            f"FlashInfer alone: would work, {a.why}" if a.works else f"FlashInfer alone: would fail because {a.why}")
-
-
 def _with(r: dict, d) -> str:
     a = r.get("after") or {}
     st = a.get("status") or {}
@@ -214,23 +167,24 @@ def _with(r: dict, d) -> str:
     return f"With flashinfer-sm120: {st.get('mode')}; JIT dir {a.get('jit_dir')}"
 
 
-def _deploy(r: dict) -> list[str]:
-    auto = r.get("autoload") or {}
-    lines = [f"Autoload: enabled ({', '.join(auto['pth'])})" if auto.get("pth")
-             else "Autoload: not enabled ('flashinfer-sm120 enable' patches every vLLM/SGLang process)"]
-    ninja = (r.get("ninja") or {}).get("chosen")
-    if ninja:
-        lines.append(f"Ninja: {ninja['path']} (ninja {ninja['version']})")
-    servers = (r.get("servers") or {}).get("servers")
-    if servers is not None:
-        lines.append("Servers: " + (", ".join(s["label"] for s in servers) or "neither vLLM nor SGLang installed"))
-    return lines
-
-
 def _facts(r: dict, d) -> list[str]:
     """The facts of the default screen, each one sentence."""
-    facts = [_versions(r), _gpus(r)] + ([f"Targets: {', '.join(d.targets)} ({_targets_from(r)})"] if d.targets else [])
-    return facts + _toolkit(r) + [_alone(d), _with(r, d)] + _deploy(r)
+    groups = collections.Counter((g["name"], g["capability"]) for g in r["gpus"])
+    facts = [_versions(r), "GPUs: " + ", ".join(f"{n} x {name} ({cap})" for (name, cap), n in groups.items())
+             if groups else f"GPUs: none visible (read from {r['gpu_source']})"]
+    facts += [f"Targets: {', '.join(d.targets)} ({_targets_from(r)})"] if d.targets else []
+    alone = {None: "", True: "would work, ", False: "would fail because "}[d.alone.works] + d.alone.why
+    auto = (r.get("autoload") or {}).get("pth")
+    facts += _toolkit(r) + [f"FlashInfer alone: {alone}", _with(r, d)]
+    facts.append(f"Autoload: enabled ({', '.join(auto)})" if auto
+                 else "Autoload: not enabled ('flashinfer-sm120 enable' patches every vLLM/SGLang process)")
+    ninja = (r.get("ninja") or {}).get("chosen")
+    if ninja:
+        facts.append(f"Ninja: {ninja['path']} (ninja {ninja['version']})")
+    servers = (r.get("servers") or {}).get("servers")
+    if servers is not None:
+        facts.append("Servers: " + (", ".join(s["label"] for s in servers) or "neither vLLM nor SGLang installed"))
+    return facts
 
 
 def add_parser(sub) -> None:

@@ -95,7 +95,7 @@ def _check_installed(report: dict) -> Iterable[Finding]:
 
 
 def _check_choice(report: dict) -> Iterable[Finding]:
-    """No toolkit fits (the guard), the choice failed, no targets or a bad arch list, no curand.h."""
+    """No toolkit fits (the guard), the choice failed, no targets or a bad arch list, no curand.h, a mixed install."""
     res = report.get("resolution")  # absent when the guard is on or the choice raised
     if report.get("guard"):
         yield Finding(Level.PROBLEM, "guard", "no CUDA toolkit found here can build for these targets; FlashInfer's "
@@ -113,6 +113,13 @@ def _check_choice(report: dict) -> Iterable[Finding]:
                       "compile", "pip install 'nvidia-curand' matching the toolkit, or a full CUDA toolkit")
     for s in report.get("settings") or ():  # not used as given, worked around: the OK line names it too
         yield Finding(Level.WARNING, SETTING, str(Setting(**s)))
+    for c in report.get("candidates") or ():  # a version file that disagrees with nvcc: nvcc's answer is used (P1)
+        d = c.get("disagreement")
+        if d:
+            yield Finding(Level.WARNING, "version-disagreement", f"{c.get('root')}: {d['file']} says CUDA "
+                          f"{d['file_version']}, but {d['nvcc']} --version says {d['nvcc_version']} (the nvcc's "
+                          f"version is the one used)", "reinstall that toolkit as one set (its files come from "
+                          "different releases), or remove the stale version file")
 
 
 def _check_after(report: dict) -> Iterable[Finding]:
@@ -139,9 +146,18 @@ def _check_sections(report: dict) -> Iterable[Finding]:
     ninja = report.get("ninja") or {}
     if "error" in ninja and "candidates" in ninja:
         yield Finding(Level.PROBLEM, "no-ninja", str(ninja["error"]))
-    for n in ninja.get("conflicts") or ():
-        yield _ninja_conflict(n, (ninja.get("chosen") or {}).get("path") or "?", bool((report.get("autoload") or {}).get("pth")))
     chosen = ninja.get("chosen") or {}
+    auto = bool((report.get("autoload") or {}).get("pth"))  # the fix depends on it
+    for n in ninja.get("conflicts") or ():  # two .ninja_log formats rebuild each other's modules
+        log = f".ninja_log v{n['log_format']}" if n.get("log_format") else "another .ninja_log format"
+        runs = (f"servers of this environment run {chosen['path']} (the autoload puts it first on PATH), a process "
+                "without the autoload whichever is first on its PATH" if auto else
+                "a server started from this environment runs whichever is first on its PATH")
+        remove = "remove the other ninja (e.g. apt-get remove ninja-build)"
+        yield Finding(Level.WARNING, "ninja-conflict", f"{n['path']} (ninja {n['version']}, {log}) is reachable too "
+                      f"and rebuilds every module {chosen['path']} built, and the other way round; {runs}",
+                      f"if one does, {remove} or put {os.path.dirname(chosen['path'])} first on its PATH" if auto
+                      else f"'flashinfer-sm120 enable' (every server process then runs {chosen['path']}), or {remove}")
     stale = {k: v for k, v in (ninja.get("cache_log_formats") or {}).items() if str(k) != str(chosen.get("log_format"))}
     if stale and chosen.get("log_format"):
         yield Finding(Level.WARNING, "ninja-log-format", f"{plural(sum(stale.values()), 'module')} in "
@@ -157,51 +173,20 @@ def _check_sections(report: dict) -> Iterable[Finding]:
     for pth in (report.get("autoload") or {}).get("outdated") or ():
         yield Finding(Level.WARNING, "autoload-outdated", f"{pth} was not written by this release, or its module "
                       f"{HOOK_FILE} is missing", "run 'flashinfer-sm120 enable' again")
-    yield from _check_environment(report)
-    for key in ("ninja", "servers", "builds"):
-        if "error" in (report.get(key) or {}) and not (key == "ninja" and "candidates" in report[key]):
-            yield Finding(Level.NOTE, "section-error", f"{key} could not be checked ({report[key]['error']})")
-
-
-def _check_environment(report: dict) -> Iterable[Finding]:
-    """FlashInfer alone fails and this environment has no autoload; the activated venv is not the one checked."""
-    venv, prefix = report.get("virtual_env"), report.get("prefix")
+    venv, prefix = report.get("virtual_env"), report.get("prefix")  # the activated venv is not the one checked
     if venv and prefix and os.path.realpath(venv) != os.path.realpath(prefix):
         bin_dir = os.path.join(venv, "bin")
         yield Finding(Level.WARNING, "other-env", f"this report is on the environment {prefix}, not on the activated "
                       f"VIRTUAL_ENV={venv}", f"run {os.path.join(bin_dir, 'flashinfer-sm120')} doctor, or "
                       f"{os.path.join(bin_dir, 'python')} -m flashinfer_sm120 doctor")
-    off = not (report.get("autoload") or {}).get("pth") and not report.get("disabled") and not report.get("guard")
+    off = not auto and not report.get("disabled") and not report.get("guard")
     if off and _choice(report).get("targets") and alone(report).works is False:
         yield Finding(Level.WARNING, "autoload-off", "the autoload is not enabled here, so a server that does not "
                       "import flashinfer_sm120 itself gets FlashInfer's own choice, which fails (FlashInfer alone, "
                       "below)", "flashinfer-sm120 enable")
-
-
-def _ninja_conflict(n: dict, chosen: str, autoload: bool) -> Finding:
-    """Two ninjas of different ``.ninja_log`` formats rebuild each other's modules; the fix depends on the autoload."""
-    log = f".ninja_log v{n['log_format']}" if n.get("log_format") else "another .ninja_log format"
-    head = f"{n['path']} (ninja {n['version']}, {log}) is reachable too and rebuilds every module {chosen} built, "
-    remove = "remove the other ninja (e.g. apt-get remove ninja-build)"
-    if autoload:
-        return Finding(Level.WARNING, "ninja-conflict", head + f"and the other way round; servers of this "
-                       f"environment run {chosen} (the autoload puts it first on PATH), a process without the "
-                       f"autoload (another environment's server, a shell) whichever is first on its PATH",
-                       f"if one does, {remove} or put {os.path.dirname(chosen)} first on its PATH")
-    return Finding(Level.WARNING, "ninja-conflict", head + "and the other way round; a server started from this "
-                   "environment runs whichever is first on its PATH", f"'flashinfer-sm120 enable' (every server "
-                   f"process then runs {chosen}, which 'flashinfer-sm120 build' runs), or {remove}")
-
-
-def _check_toolkits(report: dict) -> Iterable[Finding]:
-    """A toolkit whose version file disagrees with its nvcc: the binary's answer is used (P1), the install is mixed."""
-    for c in report.get("candidates") or ():
-        d = c.get("disagreement")
-        if d:
-            yield Finding(Level.WARNING, "version-disagreement", f"{c.get('root')}: {d['file']} says CUDA "
-                          f"{d['file_version']}, but {d['nvcc']} --version says {d['nvcc_version']} (the nvcc's "
-                          f"version is the one used)", "reinstall that toolkit as one set (its files come from "
-                          "different releases), or remove the stale version file")
+    for key in ("ninja", "servers", "builds"):
+        if "error" in (report.get(key) or {}) and not (key == "ninja" and "candidates" in report[key]):
+            yield Finding(Level.NOTE, "section-error", f"{key} could not be checked ({report[key]['error']})")
 
 
 def _check_build_line(report: dict) -> Iterable[Finding]:
@@ -232,7 +217,6 @@ CHECKS: list[Callable[[dict], Iterable[Finding]]] = [
     _check_choice,
     _check_after,
     _check_sections,
-    _check_toolkits,
     _check_build_line,
 ]
 

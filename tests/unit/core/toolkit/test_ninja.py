@@ -17,7 +17,6 @@ import subprocess
 
 import pytest
 
-from flashinfer_sm120.cli.doctor import dump
 from flashinfer_sm120.diagnose.verify.diagnosis import diagnose
 from flashinfer_sm120.diagnose.verify.report import log_format_of_dir, ninja_section
 from packaging.version import Version
@@ -63,9 +62,7 @@ def test_doctor_warns_about_a_second_ninja_with_another_log_format_and_says_the_
     section = ninja_section({"after": {}})
     assert section["chosen"]["path"] == fakes["wheel"]
     assert fakes["debian"] in [c["path"] for c in section["conflicts"]]
-    text = "\n".join(dump(section))  # what doctor --verbose prints
-    assert f"  path: {fakes['wheel']}\n" in text and "  version: 1.13.2\n" in text and "  log_format: 7\n" in text
-    assert f"which_ninja: {fakes['debian']}" in text
+    assert section["which_ninja"] == fakes["debian"]
     autoload: dict = {}
 
     def warning():
@@ -125,7 +122,7 @@ def test_export_puts_the_chosen_ninja_first_without_putting_the_venv_python_firs
         assert os.environ["PATH"].startswith(f"{home}/bin:{link_dir}:")  # nvcc's entry stays first
         info = environ.exported()
         assert "a link to" in info["ninja"] and "also holds a Python interpreter" in info["ninja"]
-        assert info["which_ninja"] == which and f"which_ninja: {which}" in dump(environ.exported())
+        assert info["which_ninja"] == which
         # the same export again (another worker): the same directory, nothing rebuilt
         assert ninja.link_dir(ninja.choose()) == link_dir
     finally:
