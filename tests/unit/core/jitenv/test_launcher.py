@@ -134,7 +134,7 @@ def test_real_sccache_is_refused_with_nvcc_13_5(tmp_path, clean_env):
         assert "FLASHINFER_SM120_COMPILER_CACHE=sccache: not used" in again.stderr
         assert "unset FLASHINFER_SM120_COMPILER_CACHE" in again.stderr
         memo = json.loads((tmp_path / "sm120cache" / "launcher-probe.json").read_text())
-        assert [e["ok"] for e in memo["entries"].values()] == [False]  # probed once, remembered
+        assert [e["problem"] is None for e in memo["entries"].values()] == [False]  # probed once, remembered
     finally:
         subprocess.run([sccache, "--stop-server"], env=env, capture_output=True, timeout=60)
 
