@@ -118,7 +118,7 @@ def _nvcc() -> str:
 
 def version_lines() -> list[str]:
     """One line per component; never raises."""
-    from flashinfer_sm120.diagnose.verify.report import dist_version
+    from flashinfer_sm120.core.facts.precompiled import dist_version
 
     lines = [f"flashinfer-sm120 {__version__} ({os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})",
              f"Python {sys.version.split()[0]} ({sys.executable})"]
