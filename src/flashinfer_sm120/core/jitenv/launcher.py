@@ -261,7 +261,7 @@ def probe_once(launcher: str, nvcc: str, home: str, target: str, nvcc_version: s
                                   what=f"probing {launcher}")
     except PlaceError as exc:  # nothing compiled, nothing remembered: the next process asks again
         return Verdict(False, None, f"the probe compile was not run: {exc}")
-    if remembered and e["problem"] is None:
+    if remembered and e.get("problem") is None:
         prepare()
-    return Verdict(e["problem"] is None, e["launcher_version"], e["problem"], 0.0 if remembered else e["seconds"],
-                   remembered)
+    return Verdict(e.get("problem") is None, e.get("launcher_version"), e.get("problem"),
+                   0.0 if remembered else e["seconds"], remembered)

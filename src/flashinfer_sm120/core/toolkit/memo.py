@@ -1,4 +1,4 @@
-"""Keyed JSON memos in the cache root (``--version`` answers, launcher probes): bounded, rewritten atomically, an
+"""Keyed JSON memos in the cache root (``--version`` answers, launcher probes, compile peaks): bounded, rewritten atomically, an
 entry kept while its ``stat`` holds (a failure: :data:`FAILURE_MEMORY_S`); one process computes, others wait (P6)."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class Memo:
     def _ok(self, e: object) -> bool:
         try:
             return (isinstance(e, dict) and type(e.get("at")) in (int, float) and math.isfinite(e["at"])
-                    and "problem" in e and short_text(e["problem"]) and self.valid(e))
+                    and short_text(e.get("problem")) and self.valid(e))
         except (FormatError, OverflowError):
             return False
 
@@ -85,15 +85,19 @@ class Memo:
                         len(entries) - len(good), path)
         return good
 
+    def entries(self) -> dict[str, dict]:
+        """Every usable entry (none without a cache root)."""
+        try:
+            return self._load(self.path())
+        except StateFileError:
+            return {}
+
     def lookup(self, key: str, stat: object) -> dict | None:
         """The entry remembered for ``key``, unless absent, of another ``stat``, unusable or an expired failure."""
-        try:
-            entry = self._load(self.path()).get(key)
-        except StateFileError:
-            return None
+        entry = self.entries().get(key)
         if entry is None or entry.get("stat") != stat:
             return None
-        if entry["problem"] is not None and not -_FUTURE_SLACK_S <= time.time() - entry["at"] <= FAILURE_MEMORY_S:
+        if entry.get("problem") is not None and not -_FUTURE_SLACK_S <= time.time() - entry["at"] <= FAILURE_MEMORY_S:
             return None
         return entry
 

@@ -18,7 +18,7 @@ value = st.recursive(leaf, lambda c: st.one_of(st.lists(c, max_size=5), st.dicti
                                                      "launcher_version", "problem", "stat", "light", "sampling"])), c,
     max_size=5)), max_leaves=25)
 raw = st.one_of(value.map(lambda v: json.dumps(v).encode()),
-                value.map(lambda v: json.dumps({"schema": 1, "families": v}).encode()),
+                value.map(lambda v: json.dumps({"schema": 2, "entries": v}).encode()),
                 value.map(lambda v: json.dumps({"schema": 2, "entries": {"k": v}}).encode()),
                 st.binary(max_size=200), st.just(b'"' + b'\\"' * 5000), st.just(b"[" * 5000))
 
@@ -35,7 +35,7 @@ def test_estimates_file_property(cache_dir, data):
     from flashinfer_sm120.core.jitenv import memory
     from flashinfer_sm120.warmup import plan
 
-    path = memory.estimates_path()
+    path = memory.ESTIMATES.path()
     _plant(path, data)
     got = memory.recorded()
     assert all(isinstance(k, str) and v and all(type(p) is int and p > 0 for p in v) for k, v in got.items())
