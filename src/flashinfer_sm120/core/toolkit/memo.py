@@ -70,8 +70,13 @@ class Memo:
         except (FormatError, OverflowError):
             return False
 
-    def _load(self, path: str) -> dict[str, dict]:
-        data, why = read_json(path, max_bytes=MAX_MEMO_BYTES)
+    def entries(self) -> dict[str, dict]:
+        """Every usable entry (none without a cache root); a malformed one, or file, is logged and dropped."""
+        try:
+            path = self.path()
+            data, why = read_json(path, max_bytes=MAX_MEMO_BYTES)
+        except StateFileError:
+            return {}
         if data is None and why is None:
             return {}
         entries = data.get("entries") if isinstance(data, dict) and data.get("schema") == self.SCHEMA else None
@@ -85,13 +90,6 @@ class Memo:
                         len(entries) - len(good), path)
         return good
 
-    def entries(self) -> dict[str, dict]:
-        """Every usable entry (none without a cache root)."""
-        try:
-            return self._load(self.path())
-        except StateFileError:
-            return {}
-
     def lookup(self, key: str, stat: object) -> dict | None:
         """The entry remembered for ``key``, unless absent, of another ``stat``, unusable or an expired failure."""
         entry = self.entries().get(key)
@@ -104,11 +102,10 @@ class Memo:
     def store(self, key: str, stat: object, entry: dict) -> None:
         """Remember ``entry`` (atomic rewrite, the newest :attr:`cap`); failing only costs time later."""
         try:
-            path = self.path()
-            entries = self._load(path)
+            entries = self.entries()
             entries[key] = dict(entry, stat=stat, at=time.time())
             keep = sorted(entries, key=lambda k: entries[k]["at"], reverse=True)[:self.cap]
-            write_json_atomic(path, {"schema": self.SCHEMA, "entries": {k: entries[k] for k in keep}})
+            write_json_atomic(self.path(), {"schema": self.SCHEMA, "entries": {k: entries[k] for k in keep}})
         except StateFileError as exc:
             logger.info("flashinfer-sm120: %s not saved: %s", self.name, exc)
 
