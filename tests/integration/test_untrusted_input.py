@@ -295,12 +295,14 @@ def test_emfile_under_rlimit_nofile_is_reported_not_remembered(tmp_path):
 def test_an_nvcc_failure_of_its_own_is_still_remembered(tmp_path, cache_dir):
     """Issue 11, item 5."""
     from flashinfer_sm120.core.toolkit import memo
+    from flashinfer_sm120.safety.ownership import fingerprint
     from flashinfer_sm120.core.toolkit.probe import inspect
 
     root = toolkit_with_nvcc(tmp_path / "cuda", "#!/bin/sh\necho garbage\nexit 3\n")
     assert "printed no 'release" in inspect(str(root)).problem
-    hit = memo.lookup(str(root / "bin" / "nvcc"))
-    assert hit is not None and hit[0] is None and "exit 3" in hit[1]
+    nvcc = str(root / "bin" / "nvcc")
+    hit = memo.VERSIONS.lookup(nvcc, fingerprint(nvcc))
+    assert hit is not None and hit["full"] is None and "exit 3" in hit["problem"]
 
 
 # ------------------------------------------------------------------ item 6: deep JSON is refused, not a RecursionError
@@ -356,14 +358,15 @@ def test_a_padded_version_is_parsed_and_formatted(tmp_path, cache_dir):
 def test_a_padded_version_in_the_memo_is_dropped(tmp_path, cache_dir):
     """Issue 11, item 7."""
     from flashinfer_sm120.core.toolkit import memo
+    from flashinfer_sm120.safety.ownership import fingerprint
 
     nvcc = "/bin/sh"
-    memo.store(nvcc, "13.0.88", None)
-    path = memo.memo_path()
+    memo.VERSIONS.store(nvcc, fingerprint(nvcc), {"full": "13.0.88", "problem": None})
+    path = memo.VERSIONS.path()
     data = json.loads(open(path).read())
     data["entries"][nvcc]["full"] = " 13.0.88\n"
     open(path, "w").write(json.dumps(data))
-    assert memo.lookup(nvcc) is None
+    assert memo.VERSIONS.lookup(nvcc, fingerprint(nvcc)) is None
 
 
 _JIT_CHILD = r"""

@@ -86,13 +86,12 @@ class _Parser(argparse.ArgumentParser):
 
 def _torch_cuda() -> str:
     """torch's CUDA, read from ``torch/version.py`` (importing torch takes seconds)."""
-    import importlib.util
+    from flashinfer_sm120.core.facts.precompiled import package_dir
 
+    where = package_dir("torch")
     try:
-        spec = importlib.util.find_spec("torch")
-        where = list(spec.submodule_search_locations or ()) if spec else []
-        text = open(os.path.join(where[0], "version.py"), encoding="utf-8").read() if where else ""
-    except (OSError, ImportError, ValueError, IndexError):
+        text = open(os.path.join(where, "version.py"), encoding="utf-8").read() if where else ""
+    except (OSError, ValueError):  # unreadable, or not UTF-8
         return "CUDA unknown"
     m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
     return f"CUDA {m.group(1)}" if m else "CPU build"
@@ -118,7 +117,7 @@ def _nvcc() -> str:
 
 def version_lines() -> list[str]:
     """One line per component; never raises."""
-    from flashinfer_sm120.diagnose.verify.report import dist_version
+    from flashinfer_sm120.core.facts.precompiled import dist_version
 
     lines = [f"flashinfer-sm120 {__version__} ({os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})",
              f"Python {sys.version.split()[0]} ({sys.executable})"]

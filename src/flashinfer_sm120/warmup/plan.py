@@ -3,24 +3,17 @@ named or replayed specs through it in one pool, and doctor's "Builds" section of
 
 from __future__ import annotations
 
-import logging
 import os
 import re
-import time
 
 from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.core.jitenv import launcher, toolchain
-from flashinfer_sm120.core.jitenv.memory import (FAMILIES, RECORDED_KEEP, Estimate, MemoryView, budget,
-                                                 cpus, estimates_path, family_estimate, fmt_bytes,
-                                                 heaviest_estimate, max_jobs, read_memory, recorded,
-                                                 server_max_jobs, user_threads)
+from flashinfer_sm120.core.jitenv.memory import (ESTIMATES, FAMILIES, RECORDED_KEEP, Estimate, MemoryView, budget,
+                                                 cpus, family_estimate, fmt_bytes, heaviest_estimate, max_jobs,
+                                                 read_memory, recorded, server_max_jobs, user_threads)
 from flashinfer_sm120.core.patch.state import flashinfer_version
-from flashinfer_sm120.errors import StateFileError
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.fs.atomic import write_json_atomic
 from flashinfer_sm120.warmup import moddir, pool
-
-logger = logging.getLogger("flashinfer_sm120")
 
 
 def estimate(module: str, known: dict[str, list[int]] | None = None) -> Estimate:
@@ -33,15 +26,10 @@ def record_peak(module: str, peak_bytes: int, threads_factor: int = 1) -> None:
     """Remember one compile's peak (``peak_bytes`` / ``threads_factor``); a write that fails is logged only."""
     if peak_bytes <= 0:
         return
-    per = int(peak_bytes / max(1, threads_factor))
-    try:
-        data = recorded()
-        fam = estimate(module, data).family
-        data[fam] = (data.get(fam, []) + [per])[-RECORDED_KEEP:]
-        write_json_atomic(estimates_path(), {"schema": 1, "at": time.time(),
-                                             "families": {k: {"peaks": v} for k, v in sorted(data.items())}})
-    except StateFileError as exc:
-        logger.info("flashinfer-sm120: compile memory not recorded: %s", exc)
+    data = recorded()
+    fam = estimate(module, data).family
+    peaks = data.get(fam, []) + [int(peak_bytes / max(1, threads_factor))]
+    ESTIMATES.store(fam, None, {"peaks": peaks[-RECORDED_KEEP:]})
 
 
 def plan(est: Estimate, *, targets: int = 1, jobs: int | None = None, mem_limit: int | None = None,

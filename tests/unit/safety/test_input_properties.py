@@ -118,14 +118,14 @@ def test_memo_property(tmp_path, monkeypatch, value):
 
     monkeypatch.setenv("FLASHINFER_SM120_CACHE_DIR", str(tmp_path / "c"))
     statedir.forget_cache_root()
-    path = memo.memo_path()
+    path = memo.VERSIONS.path()
     raw = value if isinstance(value, bytes) else (value if isinstance(value, str) and value.startswith("[")
-                                                   else json.dumps({"schema": memo.SCHEMA, "entries": {
+                                                   else json.dumps({"schema": memo.Memo.SCHEMA, "entries": {
                                                        "/bin/sh": {"stat": ownership.fingerprint("/bin/sh"),
                                                                    "full": value, "problem": None, "at": 1}}}))
     Path(path).write_bytes(raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogateescape"))
-    hit = _bounded(memo.lookup, "/bin/sh")
-    assert hit is None or (isinstance(hit[0], str) and hit[0] == hit[0].strip())
+    hit = _bounded(memo.VERSIONS.lookup, "/bin/sh", ownership.fingerprint("/bin/sh"))
+    assert hit is None or (isinstance(hit["full"], str) and hit["full"] == hit["full"].strip())
     statedir.forget_cache_root()
 
 

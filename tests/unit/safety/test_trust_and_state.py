@@ -88,15 +88,16 @@ def test_deeply_nested_state_file_is_ignored_not_raised(cache_dir):
     """A corrupt memo ('[[[[...') must be ignored and rewritten, not raise RecursionError."""
     from flashinfer_sm120.safety.fs import atomic
     from flashinfer_sm120.core.toolkit import memo
+    from flashinfer_sm120.safety.ownership import fingerprint
 
-    path = memo.memo_path()
+    path = memo.VERSIONS.path()
     with open(path, "w") as fh:
         fh.write("[" * 100_000 + "]" * 100_000)
     data, why = atomic.read_json(path)
     assert data is None and "nested" in why
-    assert memo.lookup("/bin/sh") is None
-    memo.store("/bin/sh", "13.0.88", None)
-    assert memo.lookup("/bin/sh") == ("13.0.88", None)
+    assert memo.VERSIONS.lookup("/bin/sh", fingerprint("/bin/sh")) is None
+    memo.VERSIONS.store("/bin/sh", fingerprint("/bin/sh"), {"full": "13.0.88", "problem": None})
+    assert memo.VERSIONS.lookup("/bin/sh", fingerprint("/bin/sh")) ["full"] == "13.0.88"
 
 
 @pytest.mark.parametrize("at", ["NaN", "Infinity", "1" + "0" * 400])
@@ -105,12 +106,12 @@ def test_a_failure_dated_nan_or_huge_expires(cache_dir, at):
     from flashinfer_sm120.core.toolkit import memo
     from flashinfer_sm120.safety import ownership
 
-    path = memo.memo_path()
+    path = memo.VERSIONS.path()
     entry = {"stat": ownership.fingerprint("/bin/sh"), "full": None, "problem": "hung", "at": 0}
-    text = json.dumps({"schema": memo.SCHEMA, "entries": {"/bin/sh": entry}}).replace('"at": 0', f'"at": {at}')
+    text = json.dumps({"schema": memo.Memo.SCHEMA, "entries": {"/bin/sh": entry}}).replace('"at": 0', f'"at": {at}')
     with open(path, "w") as fh:
         fh.write(text)
-    assert memo.lookup("/bin/sh") is None
+    assert memo.VERSIONS.lookup("/bin/sh", ownership.fingerprint("/bin/sh")) is None
 
 
 def test_a_dangling_cache_dir_symlink_is_refused(tmp_path, monkeypatch):

@@ -59,11 +59,21 @@ def _provider(ep) -> Provider:
         return Provider(ep.name, error=f"{type(exc).__name__}: {exc}"[:300])
 
 
-def _version(dist: str) -> str | None:
+def dist_version(dist: str) -> str | None:
+    """The installed distribution's version, read from its metadata (nothing imported), else ``None``."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def package_dir(key: str) -> str | None:
+    """The directory of the top-level package ``key`` (found, not imported), or ``None``."""
+    try:
+        spec = importlib.util.find_spec(key)
+    except (ImportError, ValueError):
+        return None
+    return next(iter(spec.submodule_search_locations or ()), None) if spec else None
 
 
 @dataclass(frozen=True)
@@ -104,8 +114,8 @@ def read() -> Precompiled:
     """What is installed here (entry points and metadata; FlashInfer not imported)."""
     eps = importlib.metadata.entry_points(group=GROUP)
     # FlashInfer asks the providers only through an importable flashinfer_jit_cache (has_flashinfer_jit_cache)
-    shim = _version("flashinfer-jit-cache") if importlib.util.find_spec("flashinfer_jit_cache") else None
-    return Precompiled(_version("flashinfer-python"), shim, _version("flashinfer-cubin"),
+    shim = dist_version("flashinfer-jit-cache") if importlib.util.find_spec("flashinfer_jit_cache") else None
+    return Precompiled(dist_version("flashinfer-python"), shim, dist_version("flashinfer-cubin"),
                        tuple(_provider(ep) for ep in sorted(eps, key=lambda e: e.name)),
                        bool(os.environ.get("FLASHINFER_DISABLE_VERSION_CHECK")))
 

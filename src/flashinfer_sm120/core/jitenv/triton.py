@@ -3,12 +3,12 @@ one sets what was recorded: ``environ._export_triton``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
+from flashinfer_sm120.core.facts.precompiled import package_dir
 from flashinfer_sm120.core.toolkit import memo
 from flashinfer_sm120.safety.ownership import fingerprint
 
@@ -22,12 +22,8 @@ TRITON_PTXAS = (("ptxas-thor", lambda sm: sm == 110), ("ptxas-blackwell", lambda
 def plan(bin_dir: str, sms: list[int]) -> dict:
     """``{"env": TRITON_PTXAS*_PATH to set (``triton/knobs.py``), "note": in words, "stat": each ptxas's fingerprint}``:
     ours where Triton's cannot build a target (3.5.0's ptxas 12.8 rejects ``sm_121a``: triton-lang/triton#8539)."""
-    try:
-        spec = importlib.util.find_spec("triton")  # a top-level package: found, not imported
-    except (ImportError, ValueError):
-        spec = None
-    roots = list(spec.submodule_search_locations or ()) if spec else []
-    triton_bin = os.path.join(roots[0], "backends", "nvidia", "bin") if roots else None  # Triton 3.x
+    pkg = package_dir("triton")
+    triton_bin = os.path.join(pkg, "backends", "nvidia", "bin") if pkg else None  # Triton 3.x
     triton_bin = triton_bin if triton_bin and os.path.isdir(triton_bin) else None
     user = sorted(v for v in os.environ if v.startswith("TRITON_PTXAS") and v.endswith("_PATH"))
     if triton_bin is None or user:

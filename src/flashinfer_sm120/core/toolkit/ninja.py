@@ -76,16 +76,20 @@ def same_log(a: Ninja, b: Ninja) -> bool:
     return a.version.release[:2] == b.version.release[:2]
 
 
-def _wheel(env_path: str | None) -> list[tuple[str, str]]:
-    """The ``ninja`` wheel's binary from its ``RECORD``: ``bin/ninja`` (1.13), else ``ninja/data/bin/ninja``
-    (older wheels, whose ``bin/ninja`` is a Python wrapper)."""
+def wheel_binary(name: str) -> str | None:
+    """The ``name`` wheel's ``bin/<name>`` from its ``RECORD`` (older ninja wheels' is a Python wrapper: their
+    ``ninja/data/bin/ninja`` first), or ``None``."""
     try:
-        dist = importlib.metadata.distribution("ninja")
+        dist = importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:
-        return []
-    found = [os.path.normpath(str(dist.locate_file(f))) for f in dist.files or () if f.parts[-2:] == ("bin", "ninja")]
-    found = sorted((p for p in found if os.path.isfile(p)), key=lambda p: "data" not in p.split(os.sep))
-    return [(p, f"the ninja wheel {dist.version}") for p in found[:1]]
+        return None
+    found = [os.path.normpath(str(dist.locate_file(f))) for f in dist.files or () if f.parts[-2:] == ("bin", name)]
+    return min((p for p in found if os.path.isfile(p)), key=lambda p: "data" not in p.split(os.sep), default=None)
+
+
+def _wheel(env_path: str | None) -> list[tuple[str, str]]:
+    found = wheel_binary("ninja")
+    return [(found, f"the ninja wheel {importlib.metadata.version('ninja')}")] if found else []
 
 
 def _absolute_entries(env_path: str | None) -> list[str]:
@@ -94,9 +98,14 @@ def _absolute_entries(env_path: str | None) -> list[str]:
     return [d for d in path.split(os.pathsep) if d and os.path.isabs(d)]
 
 
+def programs(name: str, env_path: str | None) -> list[str]:
+    """The executable ``name`` files in ``PATH``'s absolute directories, in order."""
+    cands = (os.path.join(d, name) for d in _absolute_entries(env_path))
+    return [c for c in cands if os.path.isfile(c) and os.access(c, os.X_OK)]
+
+
 def _on_path(env_path: str | None) -> list[tuple[str, str]]:
-    cands = (os.path.join(d, "ninja") for d in _absolute_entries(env_path))
-    return [(c, "PATH") for c in cands if os.path.isfile(c) and os.access(c, os.X_OK)]
+    return [(c, "PATH") for c in programs("ninja", env_path)]
 
 
 #: Where ninjas are looked for, in preference order: ``(name, finder(env_path))``.

