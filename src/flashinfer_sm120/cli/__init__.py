@@ -86,7 +86,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _torch_cuda() -> str:
     """torch's CUDA, read from ``torch/version.py`` (importing torch takes seconds)."""
-    from flashinfer_sm120.core.facts.precompiled import package_dir
+    from flashinfer_sm120.core.toolkit.ninja import package_dir
 
     where = package_dir("torch")
     try:

@@ -67,15 +67,6 @@ def dist_version(dist: str) -> str | None:
         return None
 
 
-def package_dir(key: str) -> str | None:
-    """The directory of the top-level package ``key`` (found, not imported), or ``None``."""
-    try:
-        spec = importlib.util.find_spec(key)
-    except (ImportError, ValueError):
-        return None
-    return next(iter(spec.submodule_search_locations or ()), None) if spec else None
-
-
 @dataclass(frozen=True)
 class Precompiled:
     """The precompiled packages installed, and which FlashInfer would use."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from flashinfer_sm120.core.facts import servers
 from flashinfer_sm120.core.facts.arch import nvcc_spelling
-from flashinfer_sm120.core.facts.precompiled import package_dir
+from flashinfer_sm120.core.toolkit.ninja import package_dir
 from flashinfer_sm120.core.toolkit.sources import flashinfer_naive_root
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.base import shown

@@ -8,7 +8,7 @@ import os
 from packaging.version import Version
 
 from flashinfer_sm120.core.facts import arch as _arch
-from flashinfer_sm120.core.facts.precompiled import package_dir
+from flashinfer_sm120.core.toolkit.ninja import package_dir
 from flashinfer_sm120.core.toolkit import memo
 from flashinfer_sm120.safety.ownership import fingerprint
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import importlib.util
 import os
 import shutil
 import stat
@@ -74,6 +75,15 @@ def same_log(a: Ninja, b: Ninja) -> bool:
     if a.version is None or b.version is None:
         return a.real == b.real
     return a.version.release[:2] == b.version.release[:2]
+
+
+def package_dir(key: str) -> str | None:
+    """The directory of the top-level package ``key`` (found, not imported), or ``None``."""
+    try:
+        spec = importlib.util.find_spec(key)
+    except (ImportError, ValueError):
+        return None
+    return next(iter(spec.submodule_search_locations or ()), None) if spec else None
 
 
 def wheel_binary(name: str) -> str | None:
