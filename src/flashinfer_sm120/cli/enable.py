@@ -72,29 +72,17 @@ def _purelib() -> str:
     return sysconfig.get_paths()["purelib"]
 
 
-def _targets_for_disable(site_dir: str | None) -> list[str]:
-    if site_dir:
-        return [site_dir]
-    out: dict[str, str] = {}
-    for d in [_purelib(), *site_dirs()]:
-        out.setdefault(os.path.realpath(d), d)
-    return list(out.values())
-
-
-def _sweep_tmp(site_dir: str) -> None:
-    """What an ``enable``/``disable`` killed between writing and renaming left (the one sweep, P5)."""
-    for name in (HOOK_FILE, PTH_NAME):
-        sweep(temp_prefix(os.path.join(site_dir, name)), site_dir)
-
-
 @contextlib.contextmanager
 def _site_lock(site_dir: str):
-    """Serialise ``enable``/``disable`` on one site directory (``flock`` on it), so no ``.pth`` lacks its module."""
+    """Serialise ``enable``/``disable`` on one site directory (``flock`` on it), so no ``.pth`` lacks its module;
+    under it, sweep what one killed between writing and renaming left (the one sweep, P5)."""
     fd = -1
     with contextlib.suppress(OSError):
         fd = os.open(site_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
         fcntl.flock(fd, fcntl.LOCK_EX)
     try:
+        for name in (HOOK_FILE, PTH_NAME):
+            sweep(temp_prefix(os.path.join(site_dir, name)), site_dir)
         yield
     finally:
         if fd >= 0:
@@ -165,7 +153,6 @@ def _enable(args: argparse.Namespace) -> int:
     try:
         os.makedirs(target_dir, exist_ok=True)
         with _site_lock(target_dir):
-            _sweep_tmp(target_dir)
             for name, text in pth_files().items():  # the module first, then the .pth that imports it
                 writing = os.path.join(target_dir, name)
                 if name == PTH_NAME:  # lines you added to it are kept
@@ -191,10 +178,10 @@ def _enable(args: argparse.Namespace) -> int:
 
 def _disable(args: argparse.Namespace) -> int:
     removed, failed, left = [], [], []
-    dirs = _targets_for_disable(_check_site_dir(args))
+    site_dir = _check_site_dir(args)  # else each site directory once (by real path)
+    dirs = [site_dir] if site_dir else list({os.path.realpath(d): d for d in [_purelib(), *site_dirs()]}.values())
     for d in dirs:
         with _site_lock(d):
-            _sweep_tmp(d)
             # the .pth first: an interpreter starting meanwhile must not import a missing module
             hook = os.path.join(d, HOOK_FILE)
             hook_ours = not os.path.lexists(hook) or is_our_hook(hook)
