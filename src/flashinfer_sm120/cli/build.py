@@ -240,13 +240,10 @@ def _cache_report(before: dict | None, flag_only: bool) -> dict | None:
     after = plan.sccache_stats() or {}
     b, a = launcher.hits_misses(before) or (0, 0), launcher.hits_misses(after)
     location = after.get("cache_location") or "?"
-    if a is None:
-        return {"hits": None, "misses": None, "location": location,
-                "line": "compiler cache: sccache did not report its stats"}
-    hits, misses = a[0] - b[0], a[1] - b[1]
-    line = (f"compiler cache: {hits} hits, {misses} misses in this build (sccache {after.get('version', '?')}, "
-            f"{shown(location, 120)})")
-    if flag_only:  # --compiler-cache sccache while the variable is not set for the servers
+    hits, misses = (None, None) if a is None else (a[0] - b[0], a[1] - b[1])
+    line = ("compiler cache: sccache did not report its stats" if a is None else f"compiler cache: {hits} hits, "
+            f"{misses} misses in this build (sccache {after.get('version', '?')}, {shown(location, 120)})")
+    if flag_only and a is not None:  # --compiler-cache sccache while the variable is not set for the servers
         line += (f"\nnote: set {CACHE_ENV}=sccache for the servers that load these modules too: the launcher is part "
                  "of the compile line ninja records, so a server without it compiles them again")
     return {"hits": hits, "misses": misses, "location": location, "line": line}

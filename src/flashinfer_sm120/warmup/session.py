@@ -168,12 +168,10 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
         import flashinfer.jit.cpp_ext as cx
         from flashinfer import __version__ as fi_version
         from flashinfer.jit import env as jit_env
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").partition(".")[0] != "flashinfer":
-            raise BuildError(import_failure(exc, shim.status())) from None
-        raise BuildError(f"FlashInfer is not installed for {sys.executable}: pip install flashinfer-python "
-                         f"(into the environment of that interpreter)") from None
     except Exception as exc:
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").partition(".")[0] == "flashinfer":
+            raise BuildError(f"FlashInfer is not installed for {sys.executable}: pip install flashinfer-python "
+                             f"(into the environment of that interpreter)") from None
         raise BuildError(import_failure(exc, shim.status())) from None
     st = shim.status()
     if st["mode"] == "disabled":
