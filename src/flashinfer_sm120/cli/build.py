@@ -15,7 +15,7 @@ from flashinfer_sm120.errors import Sm120Error, UsageError
 from flashinfer_sm120.safety.formats.params import cli_int, cli_size
 from flashinfer_sm120.warmup import modules as _modules
 from flashinfer_sm120.cli import buildjson
-from flashinfer_sm120.cli.common import say_arch_notes
+from flashinfer_sm120.cli.common import apply_arch
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -40,7 +40,6 @@ def run_build(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> dict:
     """Set up, build, and return the ``build --json`` document; :raises Sm120Error: it cannot start."""
-    from flashinfer_sm120.core.facts.archopt import export_arch_list
     from flashinfer_sm120.core.jitenv import toolchain
     from flashinfer_sm120.warmup import moddir, plan, replay, session
     from flashinfer_sm120.warmup.session import BuildError
@@ -59,11 +58,10 @@ def _build(args: argparse.Namespace) -> dict:
     arch = replay.arch_for(entries, args.arch) if args.manifest else args.arch
     if arch is None and session.no_gpu_no_arch():  # before FlashInfer's import: it takes seconds
         raise BuildError(session.NO_TARGETS)
-    say_arch_notes(args.arch)
-    export_arch_list(arch)
+    apply_arch(arch)
     served = session.apply_server_cache(args.for_server, entries)
     # --arch reaches FlashInfer as FLASHINFER_CUDA_ARCH_LIST: the summary names what the user typed
-    sess = session.prepare(arch, f"from --arch {args.arch}" if args.arch else "from the manifest" if arch else None)
+    sess = session.prepare(f"from --arch {args.arch}" if args.arch else "from the manifest" if arch else None)
     own = session.apply_server_arch(served["server"], sess)  # the server's model processes' own targets
     print(f"flashinfer-sm120: {sess.summary}", file=sys.stderr)
     if served["server"]:

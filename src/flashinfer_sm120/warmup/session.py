@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flashinfer_sm120.core.facts.archopt import export_arch_list
 from flashinfer_sm120.errors import Sm120Error
 
 if TYPE_CHECKING:
@@ -147,10 +146,9 @@ def only_list(on: bool = True) -> None:
     STATE.listing = on
 
 
-def prepare(arch: str | None, targets_from: str | None = None) -> Session:
-    """Patch and import FlashInfer for ``arch`` (default: the GPUs present); ``targets_from``
+def prepare(targets_from: str | None = None) -> Session:
+    """Patch and import FlashInfer for the arch list exported (default: the GPUs present); ``targets_from``
     (``from --arch 12.0``) goes into the summary.  :raises BuildError: naming the fix."""
-    export_arch_list(arch)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the summary is printed by the caller
     from flashinfer_sm120.core.facts.refusals import builds_refused, import_failure, import_refused
 
