@@ -90,15 +90,12 @@ def _site_lock(site_dir: str):
 
 
 def _check_site_dir(args: argparse.Namespace) -> str | None:
-    """``--site-dir`` for both commands: an empty one (an unset shell variable) must not widen to every site
-    directory, and one Python never reads (a typo, /etc) is bad usage, not 'nothing to remove'."""
+    """``--site-dir`` for both commands: one Python never reads (a typo, /etc, an empty one from an unset shell
+    variable, not the current directory) is bad usage, not 'nothing to remove'."""
     if args.site_dir is None:
         return None
-    if not args.site_dir.strip():
-        raise UsageError(f"--site-dir is empty (an unset variable?): give the directory to "
-                         f"{args.cmd} the autoload in, or leave --site-dir out for {_purelib()}")
     target_dir, real = os.path.abspath(args.site_dir), os.path.realpath(args.site_dir)
-    if not (os.path.isdir(target_dir) and (os.path.basename(real) in ("site-packages", "dist-packages")
+    if not (args.site_dir.strip() and os.path.isdir(target_dir) and (os.path.basename(real) in ("site-packages", "dist-packages")
                                            or any(os.path.realpath(d) == real for d in site_dirs()))):
         raise UsageError(f"--site-dir {args.site_dir!r} is not an existing site directory: Python reads .pth files "
                          f"only in directories named site-packages or dist-packages and in this interpreter's "
