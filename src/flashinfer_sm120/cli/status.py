@@ -91,9 +91,8 @@ def _full(args: argparse.Namespace) -> int:
 
         top = (getattr(exc, "name", None) or "").partition(".")[0] if isinstance(exc, ModuleNotFoundError) else ""
         if top == "flashinfer":
-            st = {"mode": "not installed", "error": f"FlashInfer is not installed for {sys.executable}: "
-                  f"pip install flashinfer-python"}
-            return _say(args, st, "import", st)
+            return _say(args, {"mode": "not installed", "error": f"FlashInfer is not installed for {sys.executable}: "
+                               f"pip install flashinfer-python"}, "import")
         if top in DEPENDENCIES:  # ours: the CLI names the fix; one of FlashInfer's (torch, numpy) is a status
             raise
         full = dict(shim.status())

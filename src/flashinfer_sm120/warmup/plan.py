@@ -124,13 +124,12 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
         unrecorded = buildline.record(spec.build_dir, now_vars) if res.status != "failed" else None
         if res.status == "built" and res.peak_rss and not via_launcher:  # a launcher compiles out of ninja's sight
             record_peak(spec.name, res.peak_rss, factor)
-        text = spec.ninja_path.read_text()
         so = spec.jit_library_path
         out.append({
             "module": label, "name": spec.name, "status": res.status, "library": str(so),
             "bytes": so.stat().st_size if so.exists() and res.status != "failed" else None,
             "seconds": res.seconds, "error": res.error, "peak_rss": res.peak_rss,
-            "binary": gencode_summary(text),
+            "binary": gencode_summary(spec.ninja_path.read_text()),
             "build_vars": now_vars, "build_vars_before": [c.__dict__ for c in before.get(label) or ()],
             "build_vars_unrecorded": unrecorded,
         })
