@@ -95,8 +95,9 @@ def _check_site_dir(args: argparse.Namespace) -> str | None:
     if args.site_dir is None:
         return None
     target_dir, real = os.path.abspath(args.site_dir), os.path.realpath(args.site_dir)
-    if not (args.site_dir.strip() and os.path.isdir(target_dir) and (os.path.basename(real) in ("site-packages", "dist-packages")
-                                           or any(os.path.realpath(d) == real for d in site_dirs()))):
+    if not (args.site_dir.strip() and os.path.isdir(target_dir)
+            and (os.path.basename(real) in ("site-packages", "dist-packages")
+                 or any(os.path.realpath(d) == real for d in site_dirs()))):
         raise UsageError(f"--site-dir {args.site_dir!r} is not an existing site directory: Python reads .pth files "
                          f"only in directories named site-packages or dist-packages and in this interpreter's "
                          f"own ({', '.join(site_dirs()) or 'none'})", f"give one of those, or leave --site-dir "

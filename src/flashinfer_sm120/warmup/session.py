@@ -188,13 +188,12 @@ def prepare(targets_from: str | None = None) -> Session:
     if problem:
         raise BuildError(problem)
     only_list(listing)
-    from flashinfer_sm120.core.patch.state import Mode, render, targets_from_text
+    from flashinfer_sm120.core.patch.state import render, targets_from_text
 
-    with STATE.lock:  # the patch's summary line, where the targets came from, the toolkit it chose
+    with STATE.lock:  # the patch's summary line (the mode is patched or noop), where the targets came from, its toolkit
         res = STATE.resolution
         chosen = res is not None and res.choice is not None
-        summary = render(STATE.mode, res, targets_from) if targets_from and res is not None and STATE.mode in (
-            Mode.PATCHED, Mode.NOOP, Mode.GUARD) else STATE.summary
+        summary = render(STATE.mode, res, targets_from) if targets_from and res is not None else STATE.summary
         return Session(str(fi_version), cx.get_cuda_path(), str(cx.get_cuda_version()), targets,
                        Path(jit_env.FLASHINFER_JIT_DIR), summary,
                        targets_from or (targets_from_text(res) if chosen else None),
