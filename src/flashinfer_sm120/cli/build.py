@@ -8,7 +8,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 from flashinfer_sm120.core.facts.arch import nvcc_spelling
 from flashinfer_sm120.errors import Sm120Error, UsageError
@@ -105,11 +104,9 @@ def _build(args: argparse.Namespace) -> dict:
         results = [{"module": label, "name": s.name, "status": "ninja written", "ninja": str(s.ninja_path)}
                    for label, s in labelled]
     else:
-        t0 = time.monotonic()
         results = plan.build_specs(labelled, args.jobs, sys.stderr, stats, targets=len(sess.targets),
                                       mem_limit=args.mem_limit, mem_per_compile=args.mem_per_compile,
                                       env=user_env, step_timeout=args.step_timeout * 60)
-        stats["wall_s"] = round(time.monotonic() - t0, 2)
     results = left_out + shipped + results  # each said on stderr as not built, and why
     flag_only = args.compiler_cache == "sccache" and not user_env.get(toolchain.CACHE_ENV)
     cache = None if args.ninja_only else _cache_report(before, flag_only)
@@ -127,8 +124,7 @@ def _build(args: argparse.Namespace) -> dict:
     return buildjson.document(
         error, cuda_home=sess.cuda_home, cuda_version=sess.cuda_version, flashinfer=sess.flashinfer,
         target_cuda_archs=[nvcc_spelling(t) for t in sess.targets], jit_dir=str(sess.jit_dir), server=served,
-        server_arch=own and {"variable": own.variable, "value": own.value, "targets": list(own.targets),
-                             "function": own.function, "how": own.how},
+        server_arch=own and {k: getattr(own, k) for k in ("variable", "value", "targets", "function", "how")},
         targets_from=sess.targets_from, pool_wall_s=stats.get("wall_s"),
         modules=results, plan=stats.get("plan"), compiler_cache=cache,
         cannot_regenerate=[{"name": n, "why": w} for n, w in not_made],
@@ -157,8 +153,6 @@ def _not_shipped(labelled: list, sess) -> tuple[list, list[dict]]:
     from flashinfer_sm120.core.facts import precompiled
 
     pc = precompiled.read()
-    if not pc.providers:
-        return labelled, []
     targets = [precompiled.tag(t) for t in sess.targets]
     keep, shipped = [], []
     for label, spec in labelled:

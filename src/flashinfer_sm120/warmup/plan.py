@@ -114,10 +114,11 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     factor = max(1, min(the_plan["threads"], targets))
     job_list = [pool.Job(label, spec.build_dir, spec.ninja_path, spec.lock_path, ests[label].bytes * factor)
                 for label, spec in labelled]
-    if stats is not None:
-        stats["plan"] = the_plan
+    t0 = time.monotonic()
     results = pool.run_pool(job_list, the_plan["jobs"], stream, mem_budget=the_plan["budget"],
                             intro=tuple(plan_lines(the_plan)), step_timeout=step_timeout)
+    if stats is not None:  # build --json's plan and pool_wall_s
+        stats.update(plan=the_plan, wall_s=round(time.monotonic() - t0, 2))
     via_launcher = os.environ.get("FLASHINFER_NVCC_LAUNCHER")
     out = []
     for (label, spec), res in zip(labelled, results):
