@@ -182,8 +182,9 @@ def _disable(args: argparse.Namespace) -> int:
         with _site_lock(d):
             # the .pth first: an interpreter starting meanwhile must not import a missing module
             hook = os.path.join(d, HOOK_FILE)
-            hook_ours = not os.path.lexists(hook) or is_our_hook(hook)
-            for target in [os.path.join(d, PTH_NAME), hook] + (_pycs(d) if hook_ours else []):
+            hook_ours = not os.path.lexists(hook) or is_our_hook(hook)  # then its bytecode interpreters cached, too
+            pycs = glob.glob(os.path.join(glob.escape(d), "__pycache__", glob.escape(MODULE_NAME) + ".*.pyc"))
+            for target in [os.path.join(d, PTH_NAME), hook] + (sorted(pycs) if hook_ours else []):
                 if not os.path.lexists(target):
                     continue
                 owner = os.lstat(target).st_uid
@@ -216,11 +217,6 @@ def _disable(args: argparse.Namespace) -> int:
     if not removed and not left:
         print("nothing to remove (no " + PTH_NAME + " in " + ", ".join(dirs) + ")")
     return 0
-
-
-def _pycs(site_dir: str) -> list[str]:
-    """The hook module's bytecode that interpreters cached under ``__pycache__``."""
-    return sorted(glob.glob(os.path.join(glob.escape(site_dir), "__pycache__", glob.escape(MODULE_NAME) + ".*.pyc")))
 
 
 _CODES = ("Exit status 0: done, or nothing to do; 1: refused (the message names the file or directory and the "

@@ -109,8 +109,7 @@ def _full(args: argparse.Namespace) -> int:
 def _say(args: argparse.Namespace, st: dict, source: str, full: dict | None = None) -> int:
     """Print ``st`` as one line, or as JSON with ``--json``; the exit status (:data:`EXIT_CODES`)."""
     if args.json:
-        out = dict(full or st, source=source)
-        out.setdefault("targets", st.get("targets"))
+        out = {"targets": st.get("targets"), **(full or st), "source": source}
         tk = out.get("toolkit", st.get("toolkit"))  # without the record's fingerprint of nvcc ("stat")
         out["toolkit"] = {k: v for k, v in tk.items() if k != "stat"} if isinstance(tk, dict) else tk
         out["ok"] = exit_code(st) == 0  # threat-model: P8: the document says what the exit status says
