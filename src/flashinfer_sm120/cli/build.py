@@ -8,14 +8,13 @@ import argparse
 import json
 import os
 import sys
-import time
 
 from flashinfer_sm120.core.facts.arch import nvcc_spelling
 from flashinfer_sm120.errors import Sm120Error, UsageError
 from flashinfer_sm120.safety.formats.params import cli_int, cli_size
 from flashinfer_sm120.warmup import modules as _modules
 from flashinfer_sm120.cli import buildjson
-from flashinfer_sm120.cli.common import say_arch_notes
+from flashinfer_sm120.cli.common import apply_arch
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -40,7 +39,6 @@ def run_build(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> dict:
     """Set up, build, and return the ``build --json`` document; :raises Sm120Error: it cannot start."""
-    from flashinfer_sm120.core.facts.archopt import export_arch_list
     from flashinfer_sm120.core.jitenv import toolchain
     from flashinfer_sm120.warmup import moddir, plan, replay, session
     from flashinfer_sm120.warmup.session import BuildError
@@ -59,11 +57,10 @@ def _build(args: argparse.Namespace) -> dict:
     arch = replay.arch_for(entries, args.arch) if args.manifest else args.arch
     if arch is None and session.no_gpu_no_arch():  # before FlashInfer's import: it takes seconds
         raise BuildError(session.NO_TARGETS)
-    say_arch_notes(args.arch)
-    export_arch_list(arch)
+    apply_arch(arch)
     served = session.apply_server_cache(args.for_server, entries)
     # --arch reaches FlashInfer as FLASHINFER_CUDA_ARCH_LIST: the summary names what the user typed
-    sess = session.prepare(arch, f"from --arch {args.arch}" if args.arch else "from the manifest" if arch else None)
+    sess = session.prepare(f"from --arch {args.arch}" if args.arch else "from the manifest" if arch else None)
     own = session.apply_server_arch(served["server"], sess)  # the server's model processes' own targets
     print(f"flashinfer-sm120: {sess.summary}", file=sys.stderr)
     if served["server"]:
@@ -107,11 +104,9 @@ def _build(args: argparse.Namespace) -> dict:
         results = [{"module": label, "name": s.name, "status": "ninja written", "ninja": str(s.ninja_path)}
                    for label, s in labelled]
     else:
-        t0 = time.monotonic()
         results = plan.build_specs(labelled, args.jobs, sys.stderr, stats, targets=len(sess.targets),
                                       mem_limit=args.mem_limit, mem_per_compile=args.mem_per_compile,
                                       env=user_env, step_timeout=args.step_timeout * 60)
-        stats["wall_s"] = round(time.monotonic() - t0, 2)
     results = left_out + shipped + results  # each said on stderr as not built, and why
     flag_only = args.compiler_cache == "sccache" and not user_env.get(toolchain.CACHE_ENV)
     cache = None if args.ninja_only else _cache_report(before, flag_only)
@@ -129,8 +124,7 @@ def _build(args: argparse.Namespace) -> dict:
     return buildjson.document(
         error, cuda_home=sess.cuda_home, cuda_version=sess.cuda_version, flashinfer=sess.flashinfer,
         target_cuda_archs=[nvcc_spelling(t) for t in sess.targets], jit_dir=str(sess.jit_dir), server=served,
-        server_arch=own and {"variable": own.variable, "value": own.value, "targets": list(own.targets),
-                             "function": own.function, "how": own.how},
+        server_arch=own and {k: getattr(own, k) for k in ("variable", "value", "targets", "function", "how")},
         targets_from=sess.targets_from, pool_wall_s=stats.get("wall_s"),
         modules=results, plan=stats.get("plan"), compiler_cache=cache,
         cannot_regenerate=[{"name": n, "why": w} for n, w in not_made],
@@ -159,8 +153,6 @@ def _not_shipped(labelled: list, sess) -> tuple[list, list[dict]]:
     from flashinfer_sm120.core.facts import precompiled
 
     pc = precompiled.read()
-    if not pc.providers:
-        return labelled, []
     targets = [precompiled.tag(t) for t in sess.targets]
     keep, shipped = [], []
     for label, spec in labelled:
@@ -240,13 +232,10 @@ def _cache_report(before: dict | None, flag_only: bool) -> dict | None:
     after = plan.sccache_stats() or {}
     b, a = launcher.hits_misses(before) or (0, 0), launcher.hits_misses(after)
     location = after.get("cache_location") or "?"
-    if a is None:
-        return {"hits": None, "misses": None, "location": location,
-                "line": "compiler cache: sccache did not report its stats"}
-    hits, misses = a[0] - b[0], a[1] - b[1]
-    line = (f"compiler cache: {hits} hits, {misses} misses in this build (sccache {after.get('version', '?')}, "
-            f"{shown(location, 120)})")
-    if flag_only:  # --compiler-cache sccache while the variable is not set for the servers
+    hits, misses = (None, None) if a is None else (a[0] - b[0], a[1] - b[1])
+    line = ("compiler cache: sccache did not report its stats" if a is None else f"compiler cache: {hits} hits, "
+            f"{misses} misses in this build (sccache {after.get('version', '?')}, {shown(location, 120)})")
+    if flag_only and a is not None:  # --compiler-cache sccache while the variable is not set for the servers
         line += (f"\nnote: set {CACHE_ENV}=sccache for the servers that load these modules too: the launcher is part "
                  "of the compile line ninja records, so a server without it compiles them again")
     return {"hits": hits, "misses": misses, "location": location, "line": line}

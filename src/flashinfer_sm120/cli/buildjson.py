@@ -13,11 +13,8 @@ FIELDS = ("ok", "error", "cuda_home", "cuda_version", "flashinfer", "target_cuda
 def document(error: str | None = None, **values) -> dict:
     """The document with ``values`` filled in and every other field empty (``null``, or ``[]``
     for the lists); ``error`` is why the build stopped or which modules failed."""
-    doc: dict = dict.fromkeys(FIELDS)
-    doc.update(modules=[], cannot_regenerate=[], refused_settings=[])
-    doc.update(values)
-    doc.update(ok=error is None, error=error)
-    return doc
+    return {**dict.fromkeys(FIELDS), "modules": [], "cannot_regenerate": [], "refused_settings": [], **values,
+            "ok": error is None, "error": error}
 
 
 def failure(message: str, kind: str, fix: str) -> dict:

@@ -21,7 +21,7 @@ ARCH_HELP = ("compute capabilities to check for, e.g. '12.0' or '12.0 12.1' (the
 
 
 def apply_arch(value: str | None) -> None:
-    """``--arch`` of ``doctor`` and ``status``, exported before anything resolves; ``UsageError`` when it is bad."""
+    """``--arch`` of every command, exported before anything resolves; ``UsageError`` when it is bad."""
     from flashinfer_sm120.core.facts.arch import ArchListError
     from flashinfer_sm120.core.facts.archopt import export_arch_list
     from flashinfer_sm120.errors import UsageError

@@ -72,29 +72,17 @@ def _purelib() -> str:
     return sysconfig.get_paths()["purelib"]
 
 
-def _targets_for_disable(site_dir: str | None) -> list[str]:
-    if site_dir:
-        return [site_dir]
-    out: dict[str, str] = {}
-    for d in [_purelib(), *site_dirs()]:
-        out.setdefault(os.path.realpath(d), d)
-    return list(out.values())
-
-
-def _sweep_tmp(site_dir: str) -> None:
-    """What an ``enable``/``disable`` killed between writing and renaming left (the one sweep, P5)."""
-    for name in (HOOK_FILE, PTH_NAME):
-        sweep(temp_prefix(os.path.join(site_dir, name)), site_dir)
-
-
 @contextlib.contextmanager
 def _site_lock(site_dir: str):
-    """Serialise ``enable``/``disable`` on one site directory (``flock`` on it), so no ``.pth`` lacks its module."""
+    """Serialise ``enable``/``disable`` on one site directory (``flock`` on it), so no ``.pth`` lacks its module;
+    under it, sweep what one killed between writing and renaming left (the one sweep, P5)."""
     fd = -1
     with contextlib.suppress(OSError):
         fd = os.open(site_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
         fcntl.flock(fd, fcntl.LOCK_EX)
     try:
+        for name in (HOOK_FILE, PTH_NAME):
+            sweep(temp_prefix(os.path.join(site_dir, name)), site_dir)
         yield
     finally:
         if fd >= 0:
@@ -102,16 +90,14 @@ def _site_lock(site_dir: str):
 
 
 def _check_site_dir(args: argparse.Namespace) -> str | None:
-    """``--site-dir`` for both commands: an empty one (an unset shell variable) must not widen to every site
-    directory, and one Python never reads (a typo, /etc) is bad usage, not 'nothing to remove'."""
+    """``--site-dir`` for both commands: one Python never reads (a typo, /etc, an empty one from an unset shell
+    variable, not the current directory) is bad usage, not 'nothing to remove'."""
     if args.site_dir is None:
         return None
-    if not args.site_dir.strip():
-        raise UsageError(f"--site-dir is empty (an unset variable?): give the directory to "
-                         f"{args.cmd} the autoload in, or leave --site-dir out for {_purelib()}")
     target_dir, real = os.path.abspath(args.site_dir), os.path.realpath(args.site_dir)
-    if not (os.path.isdir(target_dir) and (os.path.basename(real) in ("site-packages", "dist-packages")
-                                           or any(os.path.realpath(d) == real for d in site_dirs()))):
+    if not (args.site_dir.strip() and os.path.isdir(target_dir)
+            and (os.path.basename(real) in ("site-packages", "dist-packages")
+                 or any(os.path.realpath(d) == real for d in site_dirs()))):
         raise UsageError(f"--site-dir {args.site_dir!r} is not an existing site directory: Python reads .pth files "
                          f"only in directories named site-packages or dist-packages and in this interpreter's "
                          f"own ({', '.join(site_dirs()) or 'none'})", f"give one of those, or leave --site-dir "
@@ -165,7 +151,6 @@ def _enable(args: argparse.Namespace) -> int:
     try:
         os.makedirs(target_dir, exist_ok=True)
         with _site_lock(target_dir):
-            _sweep_tmp(target_dir)
             for name, text in pth_files().items():  # the module first, then the .pth that imports it
                 writing = os.path.join(target_dir, name)
                 if name == PTH_NAME:  # lines you added to it are kept
@@ -191,14 +176,15 @@ def _enable(args: argparse.Namespace) -> int:
 
 def _disable(args: argparse.Namespace) -> int:
     removed, failed, left = [], [], []
-    dirs = _targets_for_disable(_check_site_dir(args))
+    site_dir = _check_site_dir(args)  # else each site directory once (by real path)
+    dirs = [site_dir] if site_dir else list({os.path.realpath(d): d for d in [_purelib(), *site_dirs()]}.values())
     for d in dirs:
         with _site_lock(d):
-            _sweep_tmp(d)
             # the .pth first: an interpreter starting meanwhile must not import a missing module
             hook = os.path.join(d, HOOK_FILE)
-            hook_ours = not os.path.lexists(hook) or is_our_hook(hook)
-            for target in [os.path.join(d, PTH_NAME), hook] + (_pycs(d) if hook_ours else []):
+            hook_ours = not os.path.lexists(hook) or is_our_hook(hook)  # then its bytecode interpreters cached, too
+            pycs = glob.glob(os.path.join(glob.escape(d), "__pycache__", glob.escape(MODULE_NAME) + ".*.pyc"))
+            for target in [os.path.join(d, PTH_NAME), hook] + (sorted(pycs) if hook_ours else []):
                 if not os.path.lexists(target):
                     continue
                 owner = os.lstat(target).st_uid
@@ -231,11 +217,6 @@ def _disable(args: argparse.Namespace) -> int:
     if not removed and not left:
         print("nothing to remove (no " + PTH_NAME + " in " + ", ".join(dirs) + ")")
     return 0
-
-
-def _pycs(site_dir: str) -> list[str]:
-    """The hook module's bytecode that interpreters cached under ``__pycache__``."""
-    return sorted(glob.glob(os.path.join(glob.escape(site_dir), "__pycache__", glob.escape(MODULE_NAME) + ".*.pyc")))
 
 
 _CODES = ("Exit status 0: done, or nothing to do; 1: refused (the message names the file or directory and the "

@@ -91,9 +91,8 @@ def _full(args: argparse.Namespace) -> int:
 
         top = (getattr(exc, "name", None) or "").partition(".")[0] if isinstance(exc, ModuleNotFoundError) else ""
         if top == "flashinfer":
-            st = {"mode": "not installed", "error": f"FlashInfer is not installed for {sys.executable}: "
-                  f"pip install flashinfer-python"}
-            return _say(args, st, "import", st)
+            return _say(args, {"mode": "not installed", "error": f"FlashInfer is not installed for {sys.executable}: "
+                               f"pip install flashinfer-python"}, "import")
         if top in DEPENDENCIES:  # ours: the CLI names the fix; one of FlashInfer's (torch, numpy) is a status
             raise
         full = dict(shim.status())
@@ -110,8 +109,7 @@ def _full(args: argparse.Namespace) -> int:
 def _say(args: argparse.Namespace, st: dict, source: str, full: dict | None = None) -> int:
     """Print ``st`` as one line, or as JSON with ``--json``; the exit status (:data:`EXIT_CODES`)."""
     if args.json:
-        out = dict(full or st, source=source)
-        out.setdefault("targets", st.get("targets"))
+        out = {"targets": st.get("targets"), **(full or st), "source": source}
         tk = out.get("toolkit", st.get("toolkit"))  # without the record's fingerprint of nvcc ("stat")
         out["toolkit"] = {k: v for k, v in tk.items() if k != "stat"} if isinstance(tk, dict) else tk
         out["ok"] = exit_code(st) == 0  # threat-model: P8: the document says what the exit status says

@@ -102,23 +102,23 @@ def build_specs(labelled: list[tuple[str, object]], jobs: int | None, stream=Non
     factor = max(1, min(the_plan["threads"], targets))
     job_list = [pool.Job(label, spec.build_dir, spec.ninja_path, spec.lock_path, ests[label].bytes * factor)
                 for label, spec in labelled]
-    if stats is not None:
-        stats["plan"] = the_plan
+    t0 = time.monotonic()
     results = pool.run_pool(job_list, the_plan["jobs"], stream, mem_budget=the_plan["budget"],
                             intro=tuple(plan_lines(the_plan)), step_timeout=step_timeout)
+    if stats is not None:  # build --json's plan and pool_wall_s
+        stats.update(plan=the_plan, wall_s=round(time.monotonic() - t0, 2))
     via_launcher = os.environ.get("FLASHINFER_NVCC_LAUNCHER")
     out = []
     for (label, spec), res in zip(labelled, results):
         unrecorded = buildline.record(spec.build_dir, now_vars) if res.status != "failed" else None
         if res.status == "built" and res.peak_rss and not via_launcher:  # a launcher compiles out of ninja's sight
             record_peak(spec.name, res.peak_rss, factor)
-        text = spec.ninja_path.read_text()
         so = spec.jit_library_path
         out.append({
             "module": label, "name": spec.name, "status": res.status, "library": str(so),
             "bytes": so.stat().st_size if so.exists() and res.status != "failed" else None,
             "seconds": res.seconds, "error": res.error, "peak_rss": res.peak_rss,
-            "binary": gencode_summary(text),
+            "binary": gencode_summary(spec.ninja_path.read_text()),
             "build_vars": now_vars, "build_vars_before": [c.__dict__ for c in before.get(label) or ()],
             "build_vars_unrecorded": unrecorded,
         })

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flashinfer_sm120.core.facts.archopt import export_arch_list
 from flashinfer_sm120.errors import Sm120Error
 
 if TYPE_CHECKING:
@@ -147,10 +146,9 @@ def only_list(on: bool = True) -> None:
     STATE.listing = on
 
 
-def prepare(arch: str | None, targets_from: str | None = None) -> Session:
-    """Patch and import FlashInfer for ``arch`` (default: the GPUs present); ``targets_from``
+def prepare(targets_from: str | None = None) -> Session:
+    """Patch and import FlashInfer for the arch list exported (default: the GPUs present); ``targets_from``
     (``from --arch 12.0``) goes into the summary.  :raises BuildError: naming the fix."""
-    export_arch_list(arch)
     os.environ.setdefault("FLASHINFER_SM120_QUIET", "1")  # the summary is printed by the caller
     from flashinfer_sm120.core.facts.refusals import builds_refused, import_failure, import_refused
 
@@ -168,12 +166,10 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
         import flashinfer.jit.cpp_ext as cx
         from flashinfer import __version__ as fi_version
         from flashinfer.jit import env as jit_env
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").partition(".")[0] != "flashinfer":
-            raise BuildError(import_failure(exc, shim.status())) from None
-        raise BuildError(f"FlashInfer is not installed for {sys.executable}: pip install flashinfer-python "
-                         f"(into the environment of that interpreter)") from None
     except Exception as exc:
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").partition(".")[0] == "flashinfer":
+            raise BuildError(f"FlashInfer is not installed for {sys.executable}: pip install flashinfer-python "
+                             f"(into the environment of that interpreter)") from None
         raise BuildError(import_failure(exc, shim.status())) from None
     st = shim.status()
     if st["mode"] == "disabled":
@@ -192,13 +188,12 @@ def prepare(arch: str | None, targets_from: str | None = None) -> Session:
     if problem:
         raise BuildError(problem)
     only_list(listing)
-    from flashinfer_sm120.core.patch.state import Mode, render, targets_from_text
+    from flashinfer_sm120.core.patch.state import render, targets_from_text
 
-    with STATE.lock:  # the patch's summary line, where the targets came from, the toolkit it chose
+    with STATE.lock:  # the patch's summary line (the mode is patched or noop), where the targets came from, its toolkit
         res = STATE.resolution
         chosen = res is not None and res.choice is not None
-        summary = render(STATE.mode, res, targets_from) if targets_from and res is not None and STATE.mode in (
-            Mode.PATCHED, Mode.NOOP, Mode.GUARD) else STATE.summary
+        summary = render(STATE.mode, res, targets_from) if targets_from and res is not None else STATE.summary
         return Session(str(fi_version), cx.get_cuda_path(), str(cx.get_cuda_version()), targets,
                        Path(jit_env.FLASHINFER_JIT_DIR), summary,
                        targets_from or (targets_from_text(res) if chosen else None),

@@ -51,11 +51,14 @@ def test_enables_undo_is_one_command_that_removes_both_files(site_packages, caps
 
 
 @pytest.mark.parametrize("cmd", ["enable", "disable"])
-@pytest.mark.parametrize("where", ["typo", "elsewhere"])
-def test_site_dir_that_python_never_reads_is_bad_usage_for_both_commands(site_packages, tmp_path, cmd, where, capsys):
+@pytest.mark.parametrize("where", ["typo", "elsewhere", "empty"])
+def test_site_dir_that_python_never_reads_is_bad_usage_for_both_commands(site_packages, tmp_path, cmd, where, capsys,
+                                                                         monkeypatch):
     """``disable --site-dir .venv/lib/python3.11/site-package`` (a typo) said 'nothing to remove', exit 0, while
-    ``enable`` refused the same path with exit 2: one check of ``--site-dir`` for both."""
-    bad = str(site_packages)[:-1] if where == "typo" else str(tmp_path)
+    ``enable`` refused the same path with exit 2: one check of ``--site-dir`` for both.  An empty one (an unset
+    variable) is not the current directory, even a site directory."""
+    monkeypatch.chdir(site_packages)
+    bad = {"typo": str(site_packages)[:-1], "elsewhere": str(tmp_path), "empty": ""}[where]
     assert main([cmd, "--site-dir", bad]) == 2
     err = capsys.readouterr().err
     assert repr(bad) in err and "Fix: give one of those, or leave --site-dir out" in err

@@ -154,7 +154,8 @@ def test_an_empty_site_dir_is_refused_not_widened(tmp_path, monkeypatch, capsys,
     monkeypatch.setattr(enable.site, "getsitepackages", lambda: [str(env_site)])
     monkeypatch.setattr(enable.site, "getusersitepackages", lambda: str(env_site))
     rc = cli.main([cmd, "--site-dir", value])
-    assert rc == 2 and "--site-dir is empty" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--site-dir {value!r}" in err and "Fix: give one of those, or leave --site-dir out" in err
     assert (env_site / PTH_NAME).exists() == (cmd == "disable")
 
 
