@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 from flashinfer_sm120.core.facts import buildline
 from flashinfer_sm120.core.jitenv import launcher, toolchain
