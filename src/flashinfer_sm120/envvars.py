@@ -32,8 +32,8 @@ VARIABLES: tuple[EnvVar, ...] = (
            "Accept an nvcc of another CUDA major than torch's when none of torch's major fits "
            "(the JIT module would link a different libcudart major than torch loads)."),
     EnvVar("FLASHINFER_SM120_AUTOLOAD_TRIGGERS", "`flashinfer vllm sglang`",
-           "Top-level modules whose first import loads the package (comma or space separated), "
-           "read at interpreter start-up."),
+           "Top-level modules whose first import loads the package (comma or space separated; blank means the "
+           "default), read at interpreter start-up; `doctor` warns when it leaves out `flashinfer`."),
     EnvVar("FLASHINFER_SM120_RECORD", "unset (off)",
            "Append every FlashInfer JIT module built or loaded in this process to that manifest "
            "(JSON lines; an absolute path: a relative one records nothing and warns), for `build --from`. "

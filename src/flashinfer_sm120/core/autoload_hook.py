@@ -97,6 +97,13 @@ def _already_loaded(name, module):
     return spec
 
 
+def triggers(env):
+    """FLASHINFER_SM120_AUTOLOAD_TRIGGERS's modules (comma or space separated; a submodule stands for its top-level
+    module, as imports are matched), else :data:`TRIGGERS`: also when it is set but blank."""
+    names = env.get("FLASHINFER_SM120_AUTOLOAD_TRIGGERS", "").replace(",", " ").split()
+    return tuple(dict.fromkeys(n.partition(".")[0] for n in names if n.partition(".")[0])) or TRIGGERS
+
+
 def install():
     """Put the finder in place, once per process; never raises (but KeyboardInterrupt)."""
     try:
@@ -107,10 +114,8 @@ def install():
         # or finds copies in several site directories.
         if any(type(f).__name__ == "FlashInferSm120Autoload" for f in sys.meta_path):
             return
-        names = env.get("FLASHINFER_SM120_AUTOLOAD_TRIGGERS")
-        triggers = names.replace(",", " ").split() if names is not None else TRIGGERS
         pth = os.path.join(os.path.dirname(os.path.abspath(__file__)), PTH_NAME)
-        sys.meta_path.insert(0, FlashInferSm120Autoload(triggers, pth))
+        sys.meta_path.insert(0, FlashInferSm120Autoload(triggers(env), pth))
     except KeyboardInterrupt:
         raise
     except BaseException:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from flashinfer_sm120.core import autoload_hook
-from flashinfer_sm120.core.autoload_hook import HOOK_FILE, PTH_LINE, PTH_NAME, TRIGGERS
+from flashinfer_sm120.core.autoload_hook import HOOK_FILE, PTH_LINE, PTH_NAME, triggers
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats import reads
 
@@ -72,7 +72,7 @@ def doctor_report() -> dict:
             paths.setdefault(os.path.realpath(os.path.join(d, PTH_NAME)), os.path.join(d, PTH_NAME))
     found = [p for p in paths.values() if other_lines(p)[1]]  # ours: this release's line or an older one's
     return {"pth": found, "outdated": [p for p in found if not current(os.path.dirname(p))],
-            "triggers": list(TRIGGERS), "disabled": env_flag("FLASHINFER_SM120_DISABLE"),
+            "triggers": list(triggers(os.environ)), "disabled": env_flag("FLASHINFER_SM120_DISABLE"),
             "triggered_by": state.triggered_by, "early_export": state.early_export}
 
 

@@ -85,3 +85,31 @@ def test_a_trigger_flashinfer_imports_names_the_circle_and_the_fix(tmp_path, tri
     assert proc.returncode == 0 and "@@failed" in proc.stdout, proc.stderr[-3000:]
     assert "partially initialised" in proc.stderr and "FLASHINFER_SM120_AUTOLOAD_TRIGGERS" in proc.stderr
     assert "Please report" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("value, expected", [
+    (None, ("flashinfer", "vllm", "sglang")), ("", ("flashinfer", "vllm", "sglang")),
+    (" , ", ("flashinfer", "vllm", "sglang")), ("flashinfer.jit", ("flashinfer",)),
+    ("vllm, my_server vllm", ("vllm", "my_server")), ("FlashInfer", ("FlashInfer",))])
+def test_triggers_read_as_imports_are_matched(value, expected):
+    """A set but blank value, or a submodule, never silently turns the autoload off (P8): blank is the default,
+    a submodule stands for its top-level module, which is what an import is matched against."""
+    from flashinfer_sm120.core.autoload_hook import triggers
+
+    assert triggers({} if value is None else {"FLASHINFER_SM120_AUTOLOAD_TRIGGERS": value}) == expected
+
+
+@pytest.mark.parametrize("value", ["FlashInfer", "vllm"])
+def test_doctor_warns_on_the_verdict_line_when_the_triggers_leave_flashinfer_out(value):
+    """``FlashInfer`` never fires (imports are case-sensitive) and ``vllm`` alone leaves SGLang's process unpatched:
+    doctor's OK line names the variable and the fix (P8)."""
+    from flashinfer_sm120.core.autoload_hook import triggers
+    from flashinfer_sm120.diagnose.verify import diagnosis
+
+    report = {"autoload": {"pth": ["/site/flashinfer_sm120_autoload.pth"],
+                           "triggers": list(triggers({"FLASHINFER_SM120_AUTOLOAD_TRIGGERS": value}))}}
+    found = [f for f in diagnosis._check_sections(report) if f.code == "autoload-triggers"]
+    assert len(found) == 1 and value in found[0].text and "unset it" in found[0].fix, found
+    assert "autoload-triggers" in diagnosis.VERDICT_NOTES
+    report["autoload"]["triggers"] = list(triggers({}))
+    assert not [f for f in diagnosis._check_sections(report) if f.code == "autoload-triggers"]

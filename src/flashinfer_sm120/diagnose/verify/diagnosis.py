@@ -22,7 +22,7 @@ SETTING = "toolkit-setting"
 
 #: The codes of the findings an OK verdict line names after "; but": a toolkit setting not used as given, servers
 #: of this environment left to FlashInfer's failing choice, and a report on another environment than the activated one.
-VERDICT_NOTES = (SETTING, "autoload-off", "other-env")
+VERDICT_NOTES = (SETTING, "autoload-off", "autoload-triggers", "other-env")
 
 #: Why nothing can be built with neither a GPU nor an arch list, and its fix (doctor and status say it).
 NO_TARGETS = "no GPU visible and no FLASHINFER_CUDA_ARCH_LIST"
@@ -173,6 +173,11 @@ def _check_sections(report: dict) -> Iterable[Finding]:
     for pth in (report.get("autoload") or {}).get("outdated") or ():
         yield Finding(Level.WARNING, "autoload-outdated", f"{pth} was not written by this release, or its module "
                       f"{HOOK_FILE} is missing", "run 'flashinfer-sm120 enable' again")
+    names = (report.get("autoload") or {}).get("triggers") or ["flashinfer"]
+    if auto and "flashinfer" not in names:  # a process that imports FlashInfer alone is left unpatched
+        yield Finding(Level.WARNING, "autoload-triggers", f"FLASHINFER_SM120_AUTOLOAD_TRIGGERS names "
+                      f"{', '.join(names)}, not flashinfer, so a process that imports FlashInfer without them is "
+                      "not patched", "add flashinfer to FLASHINFER_SM120_AUTOLOAD_TRIGGERS, or unset it")
     venv, prefix = report.get("virtual_env"), report.get("prefix")  # the activated venv is not the one checked
     if venv and prefix and os.path.realpath(venv) != os.path.realpath(prefix):
         bin_dir = os.path.join(venv, "bin")
