@@ -95,6 +95,7 @@ def test_every_command_cleans_up_on_sigterm(tmp_path):
             "status.run_status = run\nsys.exit(cli.main(['status']))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "CLEANED UP" in proc.stdout and proc.returncode == 128 + signal.SIGTERM, (proc.returncode, proc.stderr[-2000:])
+    assert "stopped by SIGTERM" in proc.stderr, proc.stderr  # said, not a silent exit 143 (P8)
 
 
 def test_ctrl_c_cleans_up_and_prints_no_traceback():

@@ -194,6 +194,8 @@ def _open_std_fds() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``flashinfer-sm120``: the exit status (141 when the reader stops early, as for SIGPIPE)."""
     _open_std_fds()
+    mask = os.umask(0o022)
+    os.umask(mask | 0o022)  # what a command makes (FlashInfer's JIT tree too) is never others' to write (P4)
     try:
         rc = _main(argv)
         sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe prints a traceback
@@ -210,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_stdout()
         return err(f"cannot write the output ({exc.strerror}): free space where stdout goes, or send it "
                    f"elsewhere")
+    finally:
+        os.umask(mask)
 
 
 def _from_printing(exc: OSError) -> bool:

@@ -171,6 +171,7 @@ def signals_as_exit():
     """Within it, SIGTERM and SIGHUP end the program like Ctrl-C, so ``finally`` clauses stop child processes (P5)."""
 
     def stop(signum, _frame):
+        os.write(2, f"flashinfer-sm120: stopped by {signal.Signals(signum).name}\n".encode())  # told (P8)
         raise SystemExit(128 + signum)
 
     old = {}

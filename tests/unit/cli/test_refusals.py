@@ -192,3 +192,17 @@ def test_a_removed_working_directory_is_one_document_naming_the_fix(tmp_path, ar
     doc = json.loads(proc.stdout)
     assert proc.returncode == 1 and doc["ok"] is False and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "working directory" in json.dumps(doc) and "cd to an existing directory" in proc.stderr
+
+
+def test_a_command_makes_nothing_others_may_write_whatever_the_umask(tmp_path, monkeypatch):
+    """Under ``umask 000`` FlashInfer made its JIT tree 0777 for ``build``, which then refused it as writable by
+    others; a command now makes everything at most 0755, and the caller's umask is back afterwards (P4)."""
+    made = tmp_path / "made"
+    monkeypatch.setattr(cli, "_main", lambda argv: (os.makedirs(made / "a" / "b"), (made / "f").write_text(""), 0)[2])
+    old = os.umask(0)
+    try:
+        assert cli.main([]) == 0
+        assert os.umask(0) == 0
+    finally:
+        os.umask(old)
+    assert [p for p in (made, made / "a", made / "a" / "b", made / "f") if p.stat().st_mode & 0o022] == []
