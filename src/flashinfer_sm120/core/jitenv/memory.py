@@ -185,8 +185,8 @@ def read_memory(*, proc_root: str = "/proc", gpu: bool = True) -> MemoryView:
     if "MemAvailable" in info:
         bounds.append(Bound("MemAvailable", info["MemAvailable"],
                             f"/proc/meminfo MemAvailable of MemTotal {fmt_bytes(info.get('MemTotal'))}"))
-    else:
-        notes.append("no MemAvailable in /proc/meminfo")
+    else:  # absent, or not a number of at most 20 digits (a bind-mounted meminfo)
+        notes.append("no readable MemAvailable in /proc/meminfo")
     gpu_side = _gpu_held() if gpu and "MemTotal" in info else None
     if gpu_side is not None and gpu_side[0] is None:
         notes.append(f"unified-memory GPU: cannot tell what the GPU side holds ({gpu_side[1]})")

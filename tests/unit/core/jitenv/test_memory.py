@@ -81,6 +81,7 @@ def test_hostile_files_are_ignored_not_fatal(tmp_path):
     (tmp_path / "proc" / "meminfo").write_text("MemAvailable: lots kB\n" + "x" * 300 + "\n")
     view = memory.read_memory(proc_root=proc, gpu=False)
     assert view.available is None and view.source == "unknown"
+    assert "no readable MemAvailable" in " ".join(view.notes)  # there is one: it is not a number (P8)
 
 
 class _NVMLError(Exception):
