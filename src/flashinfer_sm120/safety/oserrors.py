@@ -23,7 +23,7 @@ BY_ERRNO: dict[int, tuple[str, str, str]] = {
                          "component, 4096 a path)", "use a shorter path, or {elsewhere}"),
     errno.ELOOP: ("path", "{path} is (or passes through) a symbolic link", "replace the link by a real "
                   "directory, or {elsewhere}"),
-    errno.ENOTDIR: ("path", "a part of {path} is not a directory", "remove or rename that file, or {elsewhere}"),
+    errno.ENOTDIR: ("path", "{path} is a file where a directory is needed", "remove or rename it, or {elsewhere}"),
     errno.EISDIR: ("path", "{path} is a directory", "remove or rename it, or {elsewhere}"),
     errno.ENOENT: ("missing", "{path} does not exist", "check the path"),
     errno.EEXIST: ("exists", "{path} already exists", "remove it or choose a new path"),
@@ -36,7 +36,8 @@ BY_ERRNO: dict[int, tuple[str, str, str]] = {
     errno.ENOMEM: ("limit", "out of memory (ulimit -v: {as_kib})", "free memory, or raise `ulimit -v`, then retry"),
     errno.E2BIG: ("limit", "this process's environment is too large to start {path}",
                   "shorten or unset the longest variable, then retry"),
-    errno.EFBIG: ("space", "{path} would exceed the file-size limit", "raise `ulimit -f`, or {elsewhere}"),
+    errno.EFBIG: ("limit", "{path} would exceed this process's file-size limit (ulimit -f: {fsize_kib})",
+                  "raise the limit (`ulimit -f unlimited`), or {elsewhere}"),
     errno.EIO: ("io", "an I/O error on {path}", "check the disk (dmesg), or {elsewhere}"),
 }
 _OTHER = ("io", "{path}: {strerror}", "{elsewhere}")
@@ -56,7 +57,8 @@ def describe(exc: OSError, path: object = None, elsewhere: str = "choose another
     """``exc`` as an :class:`OsProblem` from :data:`BY_ERRNO`; ``path`` defaults to the exception's filename."""
     from flashinfer_sm120.safety.formats.base import shown
 
-    where = shown(str(path if path is not None else (exc.filename or "the file")), 300)
+    where = str(path if path is not None else (exc.filename or "the file"))
+    where = shown(_existing(where) if exc.errno == errno.ENOTDIR else where, 300)
     kind, what, fix = BY_ERRNO.get(exc.errno or 0, _OTHER)
     if exc.errno == errno.ENOSPC and _out_of_inodes(str(path if path is not None else exc.filename or ".")):
         kind, what, fix = _NO_INODES
@@ -69,14 +71,20 @@ def _out_of_inodes(path: str) -> bool:
     """Whether the file system of ``path`` (or its deepest existing parent) has blocks but no inodes left."""
     import os
 
-    while True:
-        try:
-            st = os.statvfs(path)
-            return st.f_files > 0 and st.f_favail == 0 and st.f_bavail > 0
-        except OSError:
-            if os.path.dirname(path) == path:
-                return False
-            path = os.path.dirname(path) or "."
+    try:
+        st = os.statvfs(_existing(path) or ".")
+    except OSError:
+        return False
+    return st.f_files > 0 and st.f_favail == 0 and st.f_bavail > 0
+
+
+def _existing(path: str) -> str:
+    """The deepest level of ``path`` that is there: for ``ENOTDIR``, the file in the way."""
+    import os
+
+    while os.path.dirname(path) != path and not os.path.lexists(path):
+        path = os.path.dirname(path)
+    return path
 
 
 def _limits() -> dict[str, str]:
@@ -88,4 +96,4 @@ def _limits() -> dict[str, str]:
         return "unlimited" if cur == resource.RLIM_INFINITY else str(cur // scale)
 
     return {"nofile": soft(resource.RLIMIT_NOFILE), "nproc": soft(resource.RLIMIT_NPROC),
-            "as_kib": soft(resource.RLIMIT_AS, 1024)}
+            "as_kib": soft(resource.RLIMIT_AS, 1024), "fsize_kib": soft(resource.RLIMIT_FSIZE, 1024)}

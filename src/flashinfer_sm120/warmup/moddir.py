@@ -14,7 +14,7 @@ from filelock import FileLock, Timeout  # a dependency (and FlashInfer's)
 
 from flashinfer_sm120.errors import PlaceError
 from flashinfer_sm120.safety import proc as _proc
-from flashinfer_sm120.safety.fs.proclocks import holders
+from flashinfer_sm120.safety.fs.proclocks import foreign, holders
 
 SAY_EVERY_S = 60.0  # seconds between two "still waiting" lines for a module's lock
 #: A ninja status line under ``NINJA_STATUS="[%f/%t] "``: finished, total, the step.  At most 9 ASCII
@@ -32,9 +32,7 @@ def try_take(path: str | os.PathLike, label: str = "") -> FileLock | None:
         return lock
     except Timeout:
         pass
-    me = os.geteuid()
-    h = next((h for h in holders(path) if h.uid is not None and h.uid != me), None)
-    if h is not None:
+    if (h := foreign(path)) is not None:
         raise PlaceError(f"{label}: FlashInfer's lock {path} is held by pid {h.pid} of uid {h.uid}, not you; it "
                          f"can hold your build off for as long as it likes, so it is not waited for. Fix: build in "
                          f"a JIT directory others cannot enter (mkdir -m 700 ~/fi-jit; "

@@ -10,7 +10,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from flashinfer_sm120.core.jitenv.record import parse_entry
+from flashinfer_sm120.core.jitenv.record import parse_entry, setting
 from flashinfer_sm120.errors import FormatError, Sm120Error
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.params import parse_generator
@@ -31,7 +31,7 @@ class CannotRegenerate(Sm120Error):
 def load(path: str) -> tuple[list[dict], list[str]]:
     """The first entry of each (FlashInfer, name, targets) in ``path`` (many workers record one module) and a
     problem per line skipped, streamed and bounded (P6); :raises BuildError: unreadable or no entry."""
-    fix = f"record the manifest again with FLASHINFER_SM120_RECORD={path}"
+    fix = f"record the manifest again with {setting(path)}"
     entries, problems, seen = [], [], set()
     try:
         for no, raw in iter_lines(path, max_line=MAX_LINE_BYTES, max_lines=MAX_LINES, fix=fix, skip_long=True):
@@ -55,7 +55,7 @@ def load(path: str) -> tuple[list[dict], list[str]]:
     if not entries:
         raise BuildError(f"manifest {path} holds no module entries"
                          + (f" ({problems[0]}" + (f"; and {len(problems) - 1} more" if len(problems) > 1 else "")
-                            + ")" if problems else "") + f"; record one with FLASHINFER_SM120_RECORD={path}")
+                            + ")" if problems else "") + f"; {fix}")
     return entries, problems
 
 

@@ -25,6 +25,7 @@ FORMAT = 1
 MAX_TARGETS = 32
 _LOCK_TIMEOUT_S = 10.0
 _FIX = "record the manifest again with FLASHINFER_SM120_RECORD"
+_OWN = f"set {ENV} to a file in a directory of your own, or unset it"
 #: Attribute of a ``JitSpecNvcc`` that holds ``{"generator", "params"}`` or why there is none.
 ORIGIN = "_flashinfer_sm120_origin"
 _GEN_RE = re.compile(r"_?gen_[a-z0-9_]+_module")
@@ -165,19 +166,18 @@ def _record(spec) -> None:
     except Exception as exc:  # recording must never break a build
         if not _state["warned"]:
             _state["warned"] = True
-            fix = "" if isinstance(exc, PlaceError) else \
-                f". Fix: set {ENV} to a file in a directory of your own, or unset it"  # a PlaceError names its own
-            logger.warning("flashinfer-sm120: could not record JIT module %s in %s: %s%s", getattr(spec, "name", "?"),
-                           os.environ.get(ENV), _why(exc, os.environ.get(ENV)), fix)
+            logger.warning("flashinfer-sm120: could not record JIT module %s in %s: %s (said once: a later module "
+                           "this process cannot record is not reported)", getattr(spec, "name", "?"),
+                           os.environ.get(ENV), _why(exc, os.environ.get(ENV)))
 
 
 def _why(exc: BaseException, path: str | None) -> str:
-    """What went wrong, in words (P8: by errno and kind, never an exception's repr)."""
+    """What went wrong and the fix, in words (P8: by errno and kind, never an exception's repr)."""
     from flashinfer_sm120.safety import oserrors
 
     if isinstance(exc, OSError) and exc.errno:
-        return oserrors.describe(exc, exc.filename or path).message
-    return str(exc) or type(exc).__name__
+        return str(oserrors.describe(exc, exc.filename or path, _OWN))
+    return str(exc) if isinstance(exc, PlaceError) else f"{str(exc) or type(exc).__name__}. Fix: {_OWN}"
 
 
 def _refuse_target(st: os.stat_result, path: str) -> None:
@@ -188,45 +188,78 @@ def _refuse_target(st: os.stat_result, path: str) -> None:
         raise OSError(f"{path} is owned by uid {st.st_uid}, not you: record into a file of your own")
 
 
-def append(path: str, entry: dict) -> None:
-    """Append ``entry`` as one JSON line under a ``flock`` of the manifest itself; :raises PlaceError, OSError."""
-    import fcntl
-    import time
-
+def _open(path: str, flags: int) -> int:
+    """``path`` opened to append (and ``flags``) if a regular file of yours in a place of your own (P2, P5: else an
+    append could write elsewhere); :raises PlaceError, OSError."""
     from flashinfer_sm120.safety.ownership import check_place
 
-    line = (json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n").encode()
-    # P2, P5: where another user can replace the manifest or a directory on the way, an append would
-    # write outside it; the file must be yours and is never reached through a symlink
     where = os.path.dirname(os.path.abspath(path))
-    problem = check_place(where, f"the directory of {ENV}",
-                          f"set {ENV} to a file in a directory of your own, or unset it")
+    problem = check_place(where, f"the directory of {ENV}", _OWN)
     if problem:
         raise PlaceError(str(problem))
-    if not os.path.isdir(where):
-        raise OSError(f"{where} (the directory of {ENV}={path}) does not exist")
+    os.stat(where)  # a missing directory is named (ENOENT); a file in the way, by lstat's ENOTDIR below
     try:  # P4: what would be created is checked before it is, and again once open
         _refuse_target(os.lstat(path), path)
     except FileNotFoundError:
         pass
-    # non-blocking open: a FIFO without a reader must not hang FlashInfer's build_and_load
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    # non-blocking: a FIFO without a reader must not hang FlashInfer's build_and_load; 0600: P6, nobody else can
+    # open (and so lock) a manifest this makes
+    fd = os.open(path, flags | os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         _refuse_target(os.fstat(fd), path)
+        os.write(fd, b"")  # a file that opens but takes no write (/proc/self/environ) fails here
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def setting(path: str) -> str:
+    """``ENV=`` the absolute ``path`` where the recorder would append to it, else the rule for a file of your own
+    (P8: a fix never names a file the recorder refuses)."""
+    path = os.path.abspath(path)
+    try:
+        os.close(_open(path, 0))  # without O_CREAT: nothing is made
+    except FileNotFoundError:
+        pass
+    except (OSError, PlaceError):
+        return f"{ENV} set to the absolute path of a file in a directory of your own"
+    return f"{ENV}={path}"
+
+
+def append(path: str, entry: dict) -> None:
+    """Append ``entry`` as one JSON line, whole or not at all, under a ``flock`` of the manifest itself;
+    :raises PlaceError, OSError."""
+    import fcntl
+    import time
+
+    from flashinfer_sm120.safety.fs.proclocks import foreign
+
+    line = (json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n").encode()
+    fd = _open(path, os.O_CREAT)
+    try:
         deadline = time.monotonic() + _LOCK_TIMEOUT_S
         while True:  # threat-model: P4, P5: workers serialise on the manifest itself, no lock file beside it
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if (h := foreign(path)) is not None:
+                    raise PlaceError(f"{path} is locked by pid {h.pid} of uid {h.uid}, not you, so not waited for. "
+                                     f"Fix: set {ENV} to a new file (made 0600: nobody else can open it), or ask "
+                                     f"uid {h.uid} to end pid {h.pid} and chmod 600 {path}") from None
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{path} stayed locked by another recording process for "
+                    raise TimeoutError(f"{path} stayed locked by another of your processes for "
                                        f"{_LOCK_TIMEOUT_S:g} s") from None
                 time.sleep(0.02)
         os.set_blocking(fd, True)
-        view = memoryview(line)
-        while view:  # a short write (disk full, signal) continues, still under the lock
-            view = view[os.write(fd, view):]
+        start, view = os.fstat(fd).st_size, memoryview(line)
+        try:
+            while view:  # a short write (a signal) continues, still under the lock
+                view = view[os.write(fd, view):]
+        except OSError:  # P5: a half line (file-size limit, full disk) would swallow the next process's entry
+            os.ftruncate(fd, start)
+            raise
     finally:
         os.close(fd)  # releases the lock
 

@@ -9,7 +9,7 @@ import os
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.reads import read_bytes
 
-__all__ = ["Holder", "parse_proc_locks", "holders", "PROC_LOCKS_MAX"]
+__all__ = ["Holder", "parse_proc_locks", "holders", "foreign", "PROC_LOCKS_MAX"]
 
 
 #: Bytes of ``/proc/locks`` read: a few thousand locks (a holder past them is not named).
@@ -50,3 +50,9 @@ def holders(path: str | os.PathLike) -> list[Holder]:
             uid = None
         out.append(Holder(pid, uid))
     return out
+
+
+def foreign(path: str | os.PathLike) -> Holder | None:
+    """A holder of the lock on ``path`` of another uid than ours: it can hold it for ever, so it is named, never
+    waited for (P6)."""
+    return next((h for h in holders(path) if h.uid is not None and h.uid != os.geteuid()), None)
