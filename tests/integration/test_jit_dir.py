@@ -9,6 +9,7 @@ a shared ``FLASHINFER_WORKSPACE_BASE``), where that user could replace a level a
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +124,56 @@ def test_the_patch_warning_and_build_check_the_jit_directory_one_way(tmp_path, h
     problem = code_dirs_refused(str(jit))
     assert problem is not None and str(jit / "tmp") in str(problem) and "Fix" in str(problem)
     assert str(problem) in (builds_refused(str(jit)) or "")
+
+
+# --------------------------------------------------------------------------- CuTe DSL's cache, as a server imports
+
+SERVER = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("flashinfer_sm120_autoload", sys.argv[1])
+hook = importlib.util.module_from_spec(spec)
+sys.modules["flashinfer_sm120_autoload"] = hook
+spec.loader.exec_module(hook)
+hook.install()  # as the .pth does
+import flashinfer, flashinfer_sm120
+print("@@" + json.dumps(flashinfer_sm120.status()))
+"""
+
+
+@pytest.mark.parametrize("planted", ["$USER directory", "$USER file"])
+def test_a_cute_dsl_cache_another_user_planted_is_refused_by_a_server_import_as_by_status(clean_env, planted):
+    """CuTe DSL compiles and runs what it finds in ``$TMPDIR/$USER/cutlass_python_cache``, or, where that cannot be
+    made (another uid planted a file ``$USER``), in ``$TMPDIR/cutlass_python_cache``. Another uid's there: the
+    server import said ``patched`` without a word while ``status`` refused, naming the wrong directory for a file."""
+    import json
+    import subprocess
+
+    from helpers import SRC
+    from helpers.probing import as_uid, need_root, reachable_dir
+
+    need_root()
+    with reachable_dir() as top:
+        tmp = top / "tmp"
+        tmp.mkdir(mode=0o1777)
+        tmp.chmod(0o1777)
+        plant = f"mkdir -m 777 {tmp}/root" if planted == "$USER directory" else \
+            f"touch {tmp}/root && mkdir -m 777 {tmp}/cutlass_python_cache"
+        assert as_uid(4321, ["sh", "-c", plant], clean_env).returncode == 0
+        cute = tmp / "root" / "cutlass_python_cache" if planted == "$USER directory" else tmp / "cutlass_python_cache"
+        env = dict(clean_env, TMPDIR=str(tmp), USER="root", FLASHINFER_CUDA_ARCH_LIST="12.0")
+        env.pop("CUTE_DSL_CACHE_DIR", None)
+        for _ in ("first process", "later process"):  # the later one replays the record
+            proc = subprocess.run([sys.executable, "-c", SERVER, str(SRC / "flashinfer_sm120/core/autoload_hook.py")],
+                                  env=env, capture_output=True, text=True, timeout=300)
+            line = next((x for x in proc.stdout.splitlines() if x.startswith("@@")), None)
+            assert line, proc.stdout[-2000:] + proc.stderr[-3000:]
+            st = json.loads(line[2:])
+            error = st["error"]
+            assert st["mode"] == "patched" and error and str(cute) in error and "uid 4321" in error, error
+            assert "CUTE_DSL_CACHE_DIR" in error.rpartition("Fix:")[2], error
+            warned = [x for x in proc.stderr.splitlines() if str(cute) in x and "uid 4321" in x]
+            assert len(warned) == 1, proc.stderr[-3000:]
+        record = (Path(env["FLASHINFER_SM120_CACHE_DIR"]) / "last-status.json").read_text()
+        assert str(cute) in record
+        proc = cli(["status"], env, python=sys.executable)
+        assert proc.returncode == 1 and str(cute) in proc.stdout and "uid 4321" in proc.stdout, proc.stdout

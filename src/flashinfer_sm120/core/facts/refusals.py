@@ -11,7 +11,7 @@ import stat
 import sys
 import tempfile
 
-from flashinfer_sm120.core.facts.workspace import WSB, code_dirs_refused, workspace_path
+from flashinfer_sm120.core.facts.workspace import CUTE_FIX, WSB, code_dirs_refused, cute_cache, workspace_path
 from flashinfer_sm120.safety.fs.places import foreign_tree, foreign_tree_parts
 from flashinfer_sm120.safety.ownership import deepest_existing
 from flashinfer_sm120.safety.formats.base import shown
@@ -69,12 +69,11 @@ def import_refused(env=None) -> ImportRefusal | None:
     if temp is not None:
         return ImportRefusal("temp-not-ours", f"it and its dependencies write into {temp.what} {temp.path}, "
                              f"which fails the trust rule: {temp.why}", temp.fix)
-    dsl = dsl_cache(env)
-    why = dsl and trust_reason(dsl)
+    dsl = cute_cache(env)
+    why = dsl and trust_reason(dsl[1])
     if why:
-        return ImportRefusal("temp-not-ours", f"its CuTe DSL dependency creates {shown(dsl, 200)} at import, which "
-                             f"fails the trust rule: {why}", "set TMPDIR to a directory of your own (mkdir -m 700 "
-                             "~/tmp; TMPDIR=~/tmp), or CUTE_DSL_CACHE_DIR to one")
+        return ImportRefusal("temp-not-ours", f"its CuTe DSL dependency keeps the code it compiles in "
+                             f"{shown(dsl[1], 200)}, which fails the trust rule: {why}", CUTE_FIX)
     here = deepest_existing(path)
     if here != path:  # status and doctor keep FlashInfer's import out of it (P4): will its own import make it?
         missing = os.path.join(here, os.path.relpath(path, here).split(os.sep)[0])
@@ -85,22 +84,6 @@ def import_refused(env=None) -> ImportRefusal | None:
                                  f"be created ({shown(missing, 200)}: {exc.strerror}); FlashInfer fails the same way "
                                  f"without flashinfer-sm120", f"{WSB}=<a directory you can write>")
     return None
-
-
-def dsl_cache(env) -> str | None:
-    """The directory CuTe DSL makes at import (``mkdir -p``, following links), none when ``CUTE_DSL_CACHE_DIR`` is
-    set (nvidia-cutlass-dsl 4.x ``base_dsl/cache_helpers.py`` ``get_default_generated_ir_path``)."""
-    if env.get("CUTE_DSL_CACHE_DIR"):
-        return None
-    user = env.get("USER") or env.get("USERNAME")
-    if not user:
-        import pwd
-
-        try:
-            user = pwd.getpwuid(os.getuid()).pw_name
-        except KeyError:
-            return None  # CuTe DSL then falls back to TMPDIR itself, which temp_problem checks
-    return os.path.join(env.get("TMPDIR") or tempfile.gettempdir(), user, "cutlass_python_cache")
 
 
 def workspace_problem(failed: OSError | None = None) -> str | None:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import TYPE_CHECKING
+import pwd
+import tempfile
 
 from flashinfer_sm120.safety.formats.base import shown
-
-if TYPE_CHECKING:
-    from flashinfer_sm120.safety.ownership import PathProblem
+from flashinfer_sm120.safety.ownership import PathProblem, check_place, deepest_existing, own_place_fix
 
 WSB = "FLASHINFER_WORKSPACE_BASE"
 
@@ -58,19 +57,36 @@ def tag_for(tk) -> str:
 #: is when unset (the first of these variables set, and the path under it; ``HOME`` is always):
 #: ``FLASHINFER_CUBIN_DIR`` (``jit/env.py``; CuTe-DSL FMHA loads the ``.so`` files its ``checksums.txt`` lists,
 #: trtllm-gen compile lines ``-I`` it), ``FLASHINFER_DSL_FMHA_LOCAL_DIR`` (``.so`` loaded), b12x's compile cache
-#: (``.o`` loaded), CuTe DSL's cache (IR compiled and run; unset, ``refusals.dsl_cache``, checked before import).
+#: (``.o`` loaded), CuTe DSL's cache (IR compiled and run; unset, :func:`cute_cache`).
 CODE_DIRS = {
     "FLASHINFER_CUBIN_DIR": ((WSB, ".cache/flashinfer/cubins"), ("HOME", ".cache/flashinfer/cubins")),
     "FLASHINFER_DSL_FMHA_LOCAL_DIR": (),
     "B12X_COMPILE_CACHE_DIR": (("XDG_CACHE_HOME", "b12x/compile"), ("HOME", ".cache/b12x/compile")),
     "CUTE_DSL_CACHE_DIR": (),
 }
+CUTE_FIX = "set CUTE_DSL_CACHE_DIR to a directory of your own, or TMPDIR (mkdir -m 700 ~/tmp; TMPDIR=~/tmp)"
+
+
+def cute_cache(env) -> tuple[str, str] | None:
+    """``(TMPDIR, CuTe DSL's cache)`` when ``CUTE_DSL_CACHE_DIR`` is unset: ``$TMPDIR/$USER/cutlass_python_cache``
+    (``mkdir -p``, links followed), else where that fails ``$TMPDIR/cutlass_python_cache``; creates nothing."""
+    if env.get("CUTE_DSL_CACHE_DIR"):
+        return None
+    tmp = env["TMPDIR"] if "TMPDIR" in env else tempfile.gettempdir()  # an empty one is the working directory
+    user = env.get("USER") or env.get("USERNAME")
+    try:
+        user = user or pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # no passwd entry: CuTe DSL's fallback (nvidia-cutlass-dsl 4.x base_dsl/cache_helpers.py)
+        pass
+    path = os.path.abspath(os.path.join(tmp, user or "", "cutlass_python_cache"))
+    here = deepest_existing(path)
+    if not os.path.isdir(here) or (here != path and not os.access(here, os.W_OK | os.X_OK)):
+        path = os.path.abspath(os.path.join(tmp, "cutlass_python_cache"))
+    return tmp, path
 
 
 def code_dirs(jit_dir: str, env=None) -> list[tuple[str, str, str, str]]:
     """``(variable, its value, directory, fix)`` for each directory FlashInfer reads code from, ``jit_dir`` first."""
-    from flashinfer_sm120.safety.ownership import own_place_fix
-
     env = os.environ if env is None else env
     base, how = workspace_base(env)
     home = workspace_base({k: v for k, v in env.items() if k != WSB})[0]
@@ -82,14 +98,14 @@ def code_dirs(jit_dir: str, env=None) -> list[tuple[str, str, str, str]]:
             continue
         out += [(v, given[v], os.path.join(given[v], rel), f"set {var} to a directory of your own")
                 for v, rel in defaults if v in given][:1]
-    return out
+    cute = cute_cache(env)
+    return out + ([("TMPDIR", cute[0], cute[1], CUTE_FIX)] if cute else [])
 
 
 def code_dirs_refused(jit_dir: str, env=None) -> str | PathProblem | None:
     """Why FlashInfer may not build or load code here (P2, P4): ``jit_dir`` breaks the path rule, or a level of a
     directory it reads code from (the JIT directory's ``tmp`` included) fails the trust rule, with its variable."""
     from flashinfer_sm120.safety.fs.statedir import jit_dir_problem
-    from flashinfer_sm120.safety.ownership import check_place
 
     problem = jit_dir_problem(jit_dir)
     for var, value, path, fix in code_dirs(jit_dir, env):

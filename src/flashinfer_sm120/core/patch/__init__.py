@@ -173,12 +173,13 @@ def _apply_locked(just_imported: str | None = None) -> None:
 
 
 def _warn_jit_dir() -> None:
-    """Say at once when FlashInfer's JIT directory cannot stand unquoted in its build.ninja files, or a directory it
-    reads code from fails the trust rule."""
+    """Say once, and in :func:`status`'s ``error``, when FlashInfer's JIT directory cannot stand unquoted in its
+    build.ninja files, or a directory it reads code from fails the trust rule (CuTe DSL's as it takes it at import)."""
     jit_dir = getattr(sys.modules.get("flashinfer.jit.env"), "FLASHINFER_JIT_DIR", None)
     problem = jit_dir is not None and code_dirs_refused(str(jit_dir))
     if problem:
-        logger.warning("flashinfer-sm120: %s", problem)
+        STATE.error = str(problem)
+        STATE.log_once(logging.WARNING, f"flashinfer-sm120: {problem}")
 
 
 def _announce(mode: Mode, res: Resolution) -> None:

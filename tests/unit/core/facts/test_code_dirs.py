@@ -29,3 +29,30 @@ def test_every_directory_flashinfer_reads_code_from_is_refused_when_others_may_w
     problem = str(code_dirs_refused(str(jit), env))
     assert f"{named_by}='{value}'" in problem and str(code) in problem, problem
     assert var in problem.rpartition("Fix: ")[2], problem
+
+
+@pytest.mark.parametrize("user_entry", ["absent", "a directory", "a file", "a link to a directory", "a dangling link",
+                                        "absent, TMPDIR empty"])
+def test_cute_dsl_cache_is_the_directory_cute_dsl_takes(tmp_path, monkeypatch, user_entry):
+    """CuTe DSL takes ``$TMPDIR/$USER/cutlass_python_cache`` where ``mkdir -p`` succeeds, else
+    ``$TMPDIR/cutlass_python_cache``: the check names the directory CuTe DSL itself computes."""
+    import os
+
+    from flashinfer_sm120.core.facts.workspace import cute_cache
+
+    helpers = pytest.importorskip("cutlass.base_dsl.cache_helpers")
+    tmp = tmp_path / "t"
+    tmp.mkdir()
+    entry = tmp / "u"
+    if user_entry == "a directory":
+        entry.mkdir()
+    elif user_entry == "a file":
+        entry.write_text("")
+    elif "link" in user_entry:
+        entry.symlink_to(tmp_path if user_entry == "a link to a directory" else tmp_path / "none")
+    monkeypatch.chdir(tmp)
+    monkeypatch.setenv("TMPDIR", "" if user_entry.endswith("TMPDIR empty") else str(tmp))
+    monkeypatch.setenv("USER", "u")
+    monkeypatch.delenv("CUTE_DSL_CACHE_DIR", raising=False)
+    ours = cute_cache(dict(os.environ))[1]
+    assert ours == os.path.abspath(helpers.get_default_generated_ir_path()), user_entry
