@@ -23,8 +23,10 @@ from helpers import TESTS
 SLEEP = "97.531"  # a unique argument: the fake compiler's sleep is found by it in /proc
 
 CHILD = f"""
-import sys
+import signal, sys
 from pathlib import Path
+for sig in (signal.SIGTERM, signal.SIGHUP):  # as under a terminal or systemd: `nohup pytest` hands SIGHUP ignored
+    signal.signal(sig, signal.SIG_DFL)
 sys.path.insert(0, {str(TESTS)!r})
 from helpers.warm import fake_job
 from flashinfer_sm120.warmup import pool
