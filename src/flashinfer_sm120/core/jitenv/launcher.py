@@ -142,8 +142,10 @@ def private_server(out, launcher: str, env, listing: bool = False) -> dict:
     if listing:  # P4: a listing command creates nothing
         return env
     sock = os.path.join(build_tmp(), "sccache.sock")
-    if out.set.get("SCCACHE_SERVER_UDS") != sock:
-        atexit.register(run, [launcher, "--stop-server"], timeout=30.0, env=dict(os.environ, SCCACHE_SERVER_UDS=sock))
+    if out.set.get("SCCACHE_SERVER_UDS") != sock:  # a forked child's exit leaves its parent's server
+        stop = [launcher, "--stop-server"]
+        atexit.register(lambda pid=os.getpid(): os.getpid() == pid and run(stop, timeout=30.0, env=dict(
+            os.environ, SCCACHE_SERVER_UDS=sock)))
     out.set["SCCACHE_SERVER_UDS"] = sock
     return dict(env, **out.set)
 
