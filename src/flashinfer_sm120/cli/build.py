@@ -40,6 +40,7 @@ def run_build(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> dict:
     """Set up, build, and return the ``build --json`` document; :raises Sm120Error: it cannot start."""
     from flashinfer_sm120.core.jitenv import toolchain
+    from flashinfer_sm120.safety import compilers
     from flashinfer_sm120.warmup import moddir, plan, replay, session
     from flashinfer_sm120.warmup.session import BuildError
 
@@ -48,7 +49,7 @@ def _build(args: argparse.Namespace) -> dict:
                          "--from MANIFEST (recorded with FLASHINFER_SM120_RECORD)")
     user_env = dict(os.environ)  # the user's, before anything is exported (the plan reads their MAX_JOBS)
     if args.compiler_cache:  # acted on before FlashInfer is set up
-        os.environ[toolchain.CACHE_ENV] = "off" if args.compiler_cache == "none" else args.compiler_cache
+        os.environ[compilers.CACHE_ENV] = "off" if args.compiler_cache == "none" else args.compiler_cache
         if args.compiler_cache == "sccache":
             toolchain.request_from_flag("--compiler-cache sccache")
     variants = _modules.expand(args.modules, head_dims=args.head_dim, dtypes=args.dtype,
@@ -80,7 +81,7 @@ def _build(args: argparse.Namespace) -> dict:
     if missing:  # before anything compiles: nvcc would stop on the #include minutes later
         raise BuildError("; ".join(f"{why}. Fix: {fix}, or leave {', '.join(labels)} out" for labels, why, fix in missing))
     setup = _setup_of(sess)
-    kind, problem = toolchain.requested()  # a compiler cache asked for (flag or variable) and refused
+    kind, problem = compilers.requested()  # a compiler cache asked for (flag or variable) and refused
     refused = problem or (setup.cache.get("refused") if kind or os.environ.get("FLASHINFER_NVCC_LAUNCHER") is None
                           else None)
     if refused:
@@ -108,7 +109,7 @@ def _build(args: argparse.Namespace) -> dict:
                                       mem_limit=args.mem_limit, mem_per_compile=args.mem_per_compile,
                                       env=user_env, step_timeout=args.step_timeout * 60)
     results = left_out + shipped + results  # each said on stderr as not built, and why
-    flag_only = args.compiler_cache == "sccache" and not user_env.get(toolchain.CACHE_ENV)
+    flag_only = args.compiler_cache == "sccache" and not user_env.get(compilers.CACHE_ENV)
     cache = None if args.ninja_only else _cache_report(before, flag_only)
     if cache:
         print(cache["line"], file=sys.stderr)
@@ -223,7 +224,7 @@ def _cache_report(before: dict | None, flag_only: bool) -> dict | None:
     """``build --json``'s ``compiler_cache``: the sccache server's hits and misses since ``before`` (other builds
     sharing it count too), where it keeps its cache, and the ``line`` said; ``None`` without a launcher."""
     from flashinfer_sm120.core.jitenv import launcher
-    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
+    from flashinfer_sm120.safety.compilers import CACHE_ENV
     from flashinfer_sm120.safety.formats.base import shown
     from flashinfer_sm120.warmup import plan
 
@@ -246,7 +247,7 @@ def add_parser(sub) -> None:
     # what may fail to import comes before sub.add_parser: a broken install fails here, not half-registered
     from flashinfer_sm120.warmup.pool import STEP_TIMEOUT_S
     from flashinfer_sm120.warmup.session import SERVER_CHOICES as servers
-    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV as ENV
+    from flashinfer_sm120.safety.compilers import CACHE_ENV as ENV
     b = sub.add_parser("build", help="JIT-build FlashInfer modules into FlashInfer's JIT cache",
                        description="Build named modules (see --list) or a recorded manifest (--from) "
                        "in one job pool.")

@@ -27,6 +27,38 @@ DIR_VARIABLES = ("GCC_EXEC_PREFIX", "COMPILER_PATH", "LIBRARY_PATH", "CPATH", "C
                  "CPLUS_INCLUDE_PATH", "LD_RUN_PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "DEPENDENCIES_OUTPUT",
                  "SUNPRO_DEPENDENCIES")
 
+#: The compiler cache's opt-in variable; its one value besides off is ``sccache``.
+CACHE_ENV = "FLASHINFER_SM120_COMPILER_CACHE"
+#: sccache 0.16's variables that choose a remote cache instead of its local disk (its docs/Configuration.md).
+REMOTE_CACHE_VARIABLES = ("SCCACHE_BUCKET", "SCCACHE_REDIS", "SCCACHE_REDIS_ENDPOINT",
+                          "SCCACHE_REDIS_CLUSTER_ENDPOINTS", "SCCACHE_MEMCACHED", "SCCACHE_MEMCACHED_ENDPOINT",
+                          "SCCACHE_GCS_BUCKET", "SCCACHE_GHA_ENABLED", "SCCACHE_AZURE_CONNECTION_STRING",
+                          "SCCACHE_WEBDAV_ENDPOINT", "SCCACHE_OSS_BUCKET", "SCCACHE_COS_BUCKET")
+
+
+def requested(env=None) -> tuple[str | None, str | None]:
+    """``(kind, problem)``: ``("sccache", None)``, ``(None, None)`` when not asked for, ``(None, why and the fix)``."""
+    try:
+        raw = fields.env_text(CACHE_ENV, env, max_len=64)
+    except FormatError as exc:
+        return None, str(exc)
+    value = (raw or "").strip().lower()
+    if value in ("", "0", "off", "no", "none", "false"):
+        return None, None
+    if value == "sccache":
+        return value, None
+    return None, (f"{CACHE_ENV}={base.shown(raw, 40)} is not a compiler cache flashinfer-sm120 knows; set it to "
+                  "sccache, or unset it")
+
+
+def sccache_disk(env) -> bool:
+    """Whether FlashInfer compiles through sccache (asked for, or a launcher of yours) on its local disk cache."""
+    words = [os.path.basename(w) for v in ("FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_CXX_LAUNCHER")
+             for w in (env.get(v) or "").split()]
+    on = requested(env)[0] == "sccache" or any(w.startswith("sccache") for w in words)
+    return on and not any(env.get(v) for v in REMOTE_CACHE_VARIABLES)
+
+
 _PROGRAM_FIX = "point {var} at a program owned by root or you and not writable by others, or unset it"
 #: kind -> (what a variable of that kind chooses, the fix when it is refused).
 _KINDS = {

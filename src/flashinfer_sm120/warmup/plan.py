@@ -130,7 +130,7 @@ def doctor_section(report: dict) -> dict:
     """JSON-able facts (``report`` is the rest of doctor's report, for the targets)."""
     view = read_memory()
     targets = len(((report.get("resolution") or {}).get("choice") or {}).get("targets") or []) or 1
-    toolchain.prepare_builds()  # what the patch leaves to the first JIT build: shown as a build gets it
+    toolchain.prepare_builds(listing=True)  # what the patch leaves to the first JIT build, short of running it
     setup = toolchain.last()
     known = recorded()
     the_plan = plan(heaviest_estimate(), targets=targets, view=view,
@@ -144,12 +144,6 @@ def doctor_section(report: dict) -> dict:
         "compilers": list(setup.notes) if setup else [],
         "cache": dict(setup.cache) if setup else {},
     }
-    data = sccache_stats()
-    if data is not None:
-        hm = launcher.hits_misses(data)
-        out["cache"]["stats"] = None if hm is None else {
-            "hits": hm[0], "misses": hm[1], "location": data.get("cache_location"),
-            "basedirs": data.get("basedirs"), "version": data.get("version")}
     return out
 
 

@@ -57,12 +57,14 @@ def tag_for(tk) -> str:
 #: is when unset (the first of these variables set, and the path under it; ``HOME`` is always):
 #: ``FLASHINFER_CUBIN_DIR`` (``jit/env.py``; CuTe-DSL FMHA loads the ``.so`` files its ``checksums.txt`` lists,
 #: trtllm-gen compile lines ``-I`` it), ``FLASHINFER_DSL_FMHA_LOCAL_DIR`` (``.so`` loaded), b12x's compile cache
-#: (``.o`` loaded), CuTe DSL's cache (IR compiled and run; unset, :func:`cute_cache`).
+#: (``.o`` loaded), CuTe DSL's cache (IR compiled and run; unset, :func:`cute_cache`),
+#: sccache's local disk cache (objects linked; only while FlashInfer compiles through it: ``compilers.sccache_disk``).
 CODE_DIRS = {
     "FLASHINFER_CUBIN_DIR": ((WSB, ".cache/flashinfer/cubins"), ("HOME", ".cache/flashinfer/cubins")),
     "FLASHINFER_DSL_FMHA_LOCAL_DIR": (),
     "B12X_COMPILE_CACHE_DIR": (("XDG_CACHE_HOME", "b12x/compile"), ("HOME", ".cache/b12x/compile")),
     "CUTE_DSL_CACHE_DIR": (),
+    "SCCACHE_DIR": (("XDG_CACHE_HOME", "sccache"), ("HOME", ".cache/sccache")),
 }
 CUTE_FIX = "set CUTE_DSL_CACHE_DIR to a directory of your own, or TMPDIR (mkdir -m 700 ~/tmp; TMPDIR=~/tmp)"
 
@@ -87,12 +89,16 @@ def cute_cache(env) -> tuple[str, str] | None:
 
 def code_dirs(jit_dir: str, env=None) -> list[tuple[str, str, str, str]]:
     """``(variable, its value, directory, fix)`` for each directory FlashInfer reads code from, ``jit_dir`` first."""
+    from flashinfer_sm120.safety.compilers import sccache_disk
+
     env = os.environ if env is None else env
     base, how = workspace_base(env)
     home = workspace_base({k: v for k, v in env.items() if k != WSB})[0]
     given = {k: v for k, v in env.items() if v.strip()} | {"HOME": home}
     out = [(WSB if how == WSB else "HOME", base, jit_dir, own_place_fix())]
     for var, defaults in CODE_DIRS.items():
+        if var == "SCCACHE_DIR" and not sccache_disk(env):
+            continue
         if var in given:
             out.append((var, given[var], given[var], f"set {var} to a directory of your own, or unset it"))
             continue

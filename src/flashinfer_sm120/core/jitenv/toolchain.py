@@ -9,14 +9,10 @@ import logging
 import os
 import threading
 
-from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.formats.fields import env_text
+from flashinfer_sm120.safety.compilers import CACHE_ENV, requested
 
 logger = logging.getLogger("flashinfer_sm120")
 
-#: The compiler cache's opt-in variable; its one value besides off is ``sccache``.
-CACHE_ENV = "FLASHINFER_SM120_COMPILER_CACHE"
 _lock = threading.RLock()
 _state: dict = {"last": None, "flag": None, "jobs": None, "targets": 1, "steps": None}  # jobs: our MAX_JOBS
 
@@ -48,22 +44,9 @@ def asked_by() -> tuple[str, str, bool]:
     return f"{CACHE_ENV}=sccache", f"unset {CACHE_ENV} / FLASHINFER_NVCC_LAUNCHER", False
 
 
-def requested(env=None) -> tuple[str | None, str | None]:
-    """``(kind, problem)``: ``("sccache", None)``, ``(None, None)`` when not asked for, ``(None, why and the fix)``."""
-    try:
-        raw = env_text(CACHE_ENV, env, max_len=64)
-    except FormatError as exc:
-        return None, str(exc)
-    value = (raw or "").strip().lower()
-    if value in ("", "0", "off", "no", "none", "false"):
-        return None, None
-    if value == "sccache":
-        return value, None
-    return None, f"{CACHE_ENV}={shown(raw, 40)} is not a compiler cache flashinfer-sm120 knows; set it to sccache, or unset it"
-
-
-def configure(home: str, nvcc: str, targets, env=None, verdicts=None) -> Setup:
-    """Decide from ``env``, changing nothing (``verdicts``: :func:`.compilers.check`'s, when known); never raises."""
+def configure(home: str, nvcc: str, targets, env=None, verdicts=None, listing: bool = False) -> Setup:
+    """Decide from ``env``, changing nothing (``verdicts``: :func:`.compilers.check`'s, when known; ``listing``: run no
+    compiler cache, P4); never raises."""
     env = os.environ if env is None else env
     if verdicts is None:
         from flashinfer_sm120.safety import compilers
@@ -102,7 +85,7 @@ def configure(home: str, nvcc: str, targets, env=None, verdicts=None) -> Setup:
         if kind or (env.get("FLASHINFER_NVCC_LAUNCHER") and "FLASHINFER_NVCC_LAUNCHER" not in out.pop):
             from flashinfer_sm120.core.jitenv import launcher  # only when a launcher is in play
 
-            launcher.configure(out, home, nvcc, targets, env)
+            launcher.configure(out, home, nvcc, targets, env, listing)
     except Exception as exc:
         out.cache["refused"] = f"compiler cache not set up: {exc!r}"[:300]
         out.warnings.append(out.cache["refused"])
@@ -111,7 +94,7 @@ def configure(home: str, nvcc: str, targets, env=None, verdicts=None) -> Setup:
     return out
 
 
-def prepare_builds() -> None:
+def prepare_builds(listing: bool = False) -> None:
     """At FlashInfer's first JIT build: :func:`configure`, applied through the export's undo log; never raises."""
     from flashinfer_sm120.core.jitenv import environ
 
@@ -121,7 +104,7 @@ def prepare_builds() -> None:
             return
         steps, verdicts, (home, nvcc, targets) = pending
         try:
-            setup = configure(home, nvcc, targets, verdicts=verdicts)
+            setup = configure(home, nvcc, targets, verdicts=verdicts, listing=listing)
             for name in setup.pop:  # those refused at import are gone already: nothing to undo twice
                 steps.set_env(name, None)
             for name, value in setup.set.items():

@@ -10,7 +10,10 @@ from flashinfer_sm120.core.facts.workspace import CODE_DIRS, code_dirs_refused
 CASES = [(var, var, "") for var in CODE_DIRS] + [
     ("FLASHINFER_CUBIN_DIR", "FLASHINFER_WORKSPACE_BASE", ".cache/flashinfer/cubins"),
     ("B12X_COMPILE_CACHE_DIR", "XDG_CACHE_HOME", "b12x/compile"),
-    ("B12X_COMPILE_CACHE_DIR", "HOME", ".cache/b12x/compile")]
+    ("B12X_COMPILE_CACHE_DIR", "HOME", ".cache/b12x/compile"),
+    ("SCCACHE_DIR", "XDG_CACHE_HOME", "sccache"), ("SCCACHE_DIR", "HOME", ".cache/sccache")]
+#: The compiler cache on: sccache's local disk cache is a directory code comes from too.
+SCCACHE_ON = {"FLASHINFER_SM120_COMPILER_CACHE": "sccache"}
 
 
 @pytest.mark.parametrize("var,named_by,under", CASES)
@@ -23,7 +26,7 @@ def test_every_directory_flashinfer_reads_code_from_is_refused_when_others_may_w
     value = tmp_path / "v"
     code = value / under if under else value
     code.mkdir(parents=True)
-    env = {"HOME": str(tmp_path), named_by: str(value)}
+    env = {"HOME": str(tmp_path), named_by: str(value), **SCCACHE_ON}
     assert code_dirs_refused(str(jit), env) is None
     code.chmod(0o777)
     problem = str(code_dirs_refused(str(jit), env))
@@ -56,3 +59,20 @@ def test_cute_dsl_cache_is_the_directory_cute_dsl_takes(tmp_path, monkeypatch, u
     monkeypatch.delenv("CUTE_DSL_CACHE_DIR", raising=False)
     ours = cute_cache(dict(os.environ))[1]
     assert ours == os.path.abspath(helpers.get_default_generated_ir_path()), user_entry
+
+
+@pytest.mark.parametrize("on", [SCCACHE_ON, {"FLASHINFER_NVCC_LAUNCHER": "/usr/bin/sccache"}, {}])
+@pytest.mark.parametrize("remote", [{}, {"SCCACHE_REDIS_ENDPOINT": "redis://cache:6379"}])
+def test_sccache_disk_cache_others_may_write_is_refused_only_while_flashinfer_compiles_through_it(tmp_path, on,
+                                                                                                  remote):
+    """Another user replaced an object in an ``SCCACHE_DIR`` they could write, and the next build linked it into a
+    module a server loaded (P2). Refused while the compiler cache is on with sccache's local disk backend; a user
+    not compiling through sccache, or with a remote backend, is never refused for it."""
+    jit = tmp_path / "jit"
+    (jit / "tmp").mkdir(parents=True)
+    (tmp_path / "open" / "sc").mkdir(parents=True)
+    (tmp_path / "open").chmod(0o777)
+    env = {"HOME": str(tmp_path), "SCCACHE_DIR": str(tmp_path / "open" / "sc"), **on, **remote}
+    problem = code_dirs_refused(str(jit), env)
+    assert (problem is not None) == bool(on and not remote), problem
+    assert problem is None or "SCCACHE_DIR" in str(problem).rpartition("Fix: ")[2]

@@ -203,18 +203,22 @@ def test_an_empty_cxx_is_refused_not_skipped(places):
     assert not verdicts["CXX"].keep and "c++" in verdicts["CXX"].note and "Fix:" in verdicts["CXX"].note
 
 
-@pytest.mark.parametrize("port", ["0", "abc", "99999", " 4226", "-1"])
-def test_an_sccache_port_no_client_can_reach_is_refused_before_a_server_starts(tmp_path, monkeypatch, port):
-    """``SCCACHE_SERVER_PORT=0``: every import started an sccache server on a random port that no
-    client could reach, each left running until its idle timeout."""
+@pytest.mark.parametrize("var,value", [("SCCACHE_SERVER_PORT", "0"), ("SCCACHE_SERVER_PORT", "abc"),
+                                       ("SCCACHE_SERVER_PORT", "4226"), ("SCCACHE_SERVER_UDS", "/tmp/shared.sock")])
+def test_the_users_sccache_server_address_is_overridden_by_a_private_socket(tmp_path, monkeypatch, var, value):
+    """``SCCACHE_SERVER_PORT=0`` started a server no client could reach, and any port or shared socket lets
+    another local user use ours or serve us theirs (threat-model P2): every sccache we run or export talks to
+    its server on a socket in this process's private directory; the warning names the variable and the fix."""
     from flashinfer_sm120.core.jitenv import launcher, toolchain
+    from flashinfer_sm120.safety.fs.atomic import build_tmp
 
-    started = []
-    monkeypatch.setattr(launcher, "start_server", lambda *a, **k: started.append(a) or {})
-    monkeypatch.setattr(launcher, "find_sccache", lambda env: ("/usr/bin/true", []))
+    envs = []
+    monkeypatch.setattr(launcher, "probe_once", lambda *a, env, **k: envs.append(env) or launcher.Verdict(True, "0.16"))
+    monkeypatch.setattr(launcher, "find_sccache", lambda env: ("/usr/bin/sccache", []))
     tk = make_toolkit(tmp_path / "tk", "13.0.88")
     out = toolchain.configure(str(tk), str(tk / "bin" / "nvcc"), [(12, "0f")],
-                              env={"PATH": "/usr/bin:/bin", "FLASHINFER_SM120_COMPILER_CACHE": "sccache",
-                                   "SCCACHE_SERVER_PORT": port})
-    assert not started
-    assert "SCCACHE_SERVER_PORT" in out.cache.get("refused", "") and "FLASHINFER_NVCC_LAUNCHER" not in out.set
+                              env={"PATH": "/usr/bin:/bin", "FLASHINFER_SM120_COMPILER_CACHE": "sccache", var: value})
+    sock = os.path.join(build_tmp(), "sccache.sock")
+    assert out.set["SCCACHE_SERVER_UDS"] == sock == envs[0]["SCCACHE_SERVER_UDS"]
+    assert (os.stat(os.path.dirname(sock)).st_mode & 0o777) == 0o700 and out.set["FLASHINFER_NVCC_LAUNCHER"]
+    assert [w for w in out.warnings if f"{var}=" in w and value in w and f"unset {var}" in w]

