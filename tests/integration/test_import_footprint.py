@@ -36,7 +36,8 @@ COMMAND_ONLY = (
 #: something failed: a later process with the same settings replays the recorded decision (laststatus.replay).
 FIRST_ONLY = ("flashinfer_sm120.safety.proc", "flashinfer_sm120.core.view.stub", "flashinfer_sm120.core.facts.refusals",
               "flashinfer_sm120.core.view.build", "flashinfer_sm120.core.toolkit.sources",
-              "flashinfer_sm120.core.toolkit.policy", "flashinfer_sm120.core.toolkit.probe")
+              "flashinfer_sm120.core.toolkit.policy", "flashinfer_sm120.core.toolkit.probe",
+              "flashinfer_sm120.safety.compilers")  # the build-variable and compiler-cache checks: again only when set
 
 
 def load_script():

@@ -87,17 +87,26 @@ def cute_cache(env) -> tuple[str, str] | None:
     return tmp, path
 
 
-def code_dirs(jit_dir: str, env=None) -> list[tuple[str, str, str, str]]:
-    """``(variable, its value, directory, fix)`` for each directory FlashInfer reads code from, ``jit_dir`` first."""
+def _sccache_disk(env) -> bool:
+    """:func:`.compilers.sccache_disk`, imported only where a variable that turns a compiler cache on is set: a
+    server process without one never loads the compiler checks (the autoload's weight)."""
+    if not any(env.get(v) for v in ("FLASHINFER_SM120_COMPILER_CACHE", "FLASHINFER_NVCC_LAUNCHER",
+                                    "FLASHINFER_CXX_LAUNCHER")):
+        return False
     from flashinfer_sm120.safety.compilers import sccache_disk
 
+    return sccache_disk(env)
+
+
+def code_dirs(jit_dir: str, env=None) -> list[tuple[str, str, str, str]]:
+    """``(variable, its value, directory, fix)`` for each directory FlashInfer reads code from, ``jit_dir`` first."""
     env = os.environ if env is None else env
     base, how = workspace_base(env)
     home = workspace_base({k: v for k, v in env.items() if k != WSB})[0]
     given = {k: v for k, v in env.items() if v.strip()} | {"HOME": home}
     out = [(WSB if how == WSB else "HOME", base, jit_dir, own_place_fix())]
     for var, defaults in CODE_DIRS.items():
-        if var == "SCCACHE_DIR" and not sccache_disk(env):
+        if var == "SCCACHE_DIR" and not _sccache_disk(env):
             continue
         if var in given:
             out.append((var, given[var], given[var], f"set {var} to a directory of your own, or unset it"))
