@@ -2,7 +2,8 @@
 
 Start with 'flashinfer-sm120 doctor' (a verdict, and the fix when something is wrong). Commands:
 doctor (check everything), status (one line, for scripts), build (JIT-build kernels now), enable/disable (load
-flashinfer_sm120 in every Python process that uses FlashInfer). Run without a command, this help is printed and the exit status is 2."""
+flashinfer_sm120 in every Python process that uses FlashInfer). Run without a command, this help is printed and
+the exit status is 2."""
 
 from __future__ import annotations
 
