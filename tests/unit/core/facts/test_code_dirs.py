@@ -57,7 +57,7 @@ def test_cute_dsl_cache_is_the_directory_cute_dsl_takes(tmp_path, monkeypatch, u
     monkeypatch.setenv("TMPDIR", "" if user_entry.endswith("TMPDIR empty") else str(tmp))
     monkeypatch.setenv("USER", "u")
     monkeypatch.delenv("CUTE_DSL_CACHE_DIR", raising=False)
-    ours = cute_cache(dict(os.environ))[1]
+    ours = cute_cache(dict(os.environ))[2]
     assert ours == os.path.abspath(helpers.get_default_generated_ir_path()), user_entry
 
 
@@ -76,3 +76,14 @@ def test_sccache_disk_cache_others_may_write_is_refused_only_while_flashinfer_co
     problem = code_dirs_refused(str(jit), env)
     assert (problem is not None) == bool(on and not remote), problem
     assert problem is None or "SCCACHE_DIR" in str(problem).rpartition("Fix: ")[2]
+
+
+@pytest.mark.parametrize("var", ["TMPDIR", "TEMP", "TMP"])
+def test_the_cute_dsl_cache_is_named_by_the_variable_that_chose_it(tmp_path, var):
+    """Without ``TMPDIR``, tempfile (so CuTe DSL) takes ``TEMP`` or ``TMP``: the refusal names that variable, not
+    a ``TMPDIR=`` the user never set (P8)."""
+    from flashinfer_sm120.core.facts.workspace import code_dirs
+
+    (tmp_path / "t").mkdir()
+    row = code_dirs(str(tmp_path / "jit"), {"HOME": str(tmp_path), var: str(tmp_path / "t"), "USER": "u"})[-1]
+    assert row[:3] == (var, str(tmp_path / "t"), str(tmp_path / "t" / "u" / "cutlass_python_cache")), row
