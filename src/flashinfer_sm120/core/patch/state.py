@@ -3,6 +3,7 @@ Modes: idle -> patched | guard | noop | failed at FlashInfer's import; reverted;
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import importlib.metadata
 import logging
@@ -74,6 +75,28 @@ class State:
             self._listing_dir = tempfile.mkdtemp(prefix="flashinfer-sm120-list-")
             atexit.register(shutil.rmtree, self._listing_dir, True)
         return self._listing_dir
+
+    @contextlib.contextmanager
+    def listing_import(self):
+        """Around a listing's ``import flashinfer``: what FlashInfer's dependencies make at import in the temporary
+        directory (cuda-tile's ``mkdtemp``, CuTe DSL's caches) goes into :meth:`listing_dir` too (P4)."""
+        if not self.listing:
+            yield
+            return
+        import os
+        import tempfile
+
+        saved, tmp = os.environ.get("TMPDIR"), os.path.join(self.listing_dir(), "tmp")
+        os.makedirs(tmp, exist_ok=True)
+        os.environ["TMPDIR"], tempfile.tempdir = tmp, None
+        try:
+            yield
+        finally:
+            if saved is None:
+                del os.environ["TMPDIR"]
+            else:
+                os.environ["TMPDIR"] = saved
+            tempfile.tempdir = None
 
     def reset(self, mode: Mode) -> None:
         """Forget the resolution and the steps; switch to ``mode`` (the undo log must be empty)."""
