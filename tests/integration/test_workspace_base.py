@@ -71,6 +71,25 @@ def test_umask_000_leaves_no_level_of_flashinfers_workspace_open_to_others(tmp_p
         assert level.stat().st_mode & 0o077 == 0, (level, oct(level.stat().st_mode))
 
 
+@needs_flashinfer
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another uid")
+def test_a_server_import_with_another_users_home_creates_nothing_in_it(tmp_path, clean_env):
+    """``sudo -E``: root's server with a user's HOME; FlashInfer's import made a root-owned ``~/.cache/flashinfer``
+    (and its log) in that user's home, which their own tools then cannot write: it goes to a private directory, and
+    the import still says why and the fix (P4, P8)."""
+    cwd, theirs = tmp_path / "cwd", tmp_path / "theirs"
+    cwd.mkdir()
+    theirs.mkdir(mode=0o755)
+    os.chmod(tmp_path, 0o755)
+    os.chown(theirs, 65534, 65534)
+    env = dict(clean_env, HOME=str(theirs), FLASHINFER_CUDA_ARCH_LIST="12.0f")
+    del env["FLASHINFER_WORKSPACE_BASE"]
+    proc = run_code(_IMPORT, env, args=(str(cwd),))
+    assert not _result(proc)["ws"].startswith(str(theirs))
+    assert list(theirs.iterdir()) == [], proc.stderr[-2000:]
+    assert "sudo -H" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_workspace_path_reads_an_empty_base_as_the_home_directory(monkeypatch, tmp_path):
     from flashinfer_sm120.core.facts.workspace import workspace_path
 

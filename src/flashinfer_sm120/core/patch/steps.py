@@ -184,13 +184,6 @@ def _step_current_context(mod):
         raise AttributeError("current_compilation_context has no TARGET_CUDA_ARCHS")
 
 
-def _step_own_workspace(mod):
-    """FlashInfer's import-time workspace made by us before ``jit/core.py``'s ``os.makedirs`` would (umask 000: 0777)."""
-    ws = getattr(mod, "FLASHINFER_WORKSPACE_DIR", None)
-    if ws is not None and not STATE.listing:
-        _make_workspace(str(ws))
-
-
 _P = frozenset({Mode.PATCHED})
 _PN = frozenset({Mode.PATCHED, Mode.NOOP})
 _ALL = frozenset({Mode.PATCHED, Mode.GUARD, Mode.NOOP})
@@ -201,8 +194,7 @@ STEPS: dict[str, list[Step]] = {
         Step("normalize", _step_normalize, _P),  # _normalize_cuda_arch: our table (releases 0.5.0+)
         Step("init", _step_init, _P)],  # __init__ sets TARGET_CUDA_ARCHS from our targets
     "flashinfer.jit.env": [  # a per-toolkit last component of the JIT workspace
-        Step("workspace", _wraps(("_get_workspace_dir_name", _workspace_wrapper)), _PN, required=False),
-        Step("own_workspace", _step_own_workspace, _ALL, required=False)],
+        Step("workspace", _wraps(("_get_workspace_dir_name", _workspace_wrapper)), _PN, required=False)],
     "flashinfer.jit.cpp_ext": [
         Step("toolkit", _wraps(("get_cuda_path", _cuda_path_wrapper), ("get_cuda_version", _cuda_version_wrapper)),
              _ALL),
@@ -236,24 +228,27 @@ def refresh_derived() -> None:
         ctx.TARGET_CUDA_ARCHS.update(fresh)
     if env is not None and hasattr(env, "_get_workspace_dir_name"):
         ws = env._get_workspace_dir_name()
-        made = type(ws)(STATE.listing_dir()) if STATE.listing else ws  # threat-model: P4: a listing's is private
+        # P2, P4: made 0700 before jit/core.py's os.makedirs (umask 000: 0777); a listing's, or one we may not make
+        # (another uid's tree: sudo -E), private: FlashInfer's import makes it and its log
+        private = STATE.listing or not _make_workspace(str(ws))
+        made = type(ws)(STATE.listing_dir()) if private else ws
         if (made, ws / "cached_ops") != (getattr(env, "FLASHINFER_WORKSPACE_DIR", None),
                                          getattr(env, "FLASHINFER_JIT_DIR", None)):
             env.FLASHINFER_WORKSPACE_DIR = made
             env.FLASHINFER_JIT_DIR = ws / "cached_ops"
             env.FLASHINFER_GEN_SRC_DIR = ws / "generated"
-        if core is not None and not STATE.listing:  # flashinfer/jit/core.py creates it at import
-            _make_workspace(str(ws))
 
 
-def _make_workspace(ws: str) -> None:
-    """Create a JIT workspace every level ``0700`` whatever the umask, never in another uid's tree or below a level
-    that fails the trust rule (P2, P4)."""
+def _make_workspace(ws: str) -> bool:
+    """Create a JIT workspace every level ``0700`` whatever the umask; ``False``: not, as it would be in another uid's
+    tree or below a level that fails the trust rule (P2, P4)."""
     from flashinfer_sm120.safety.fs.places import foreign_tree, make_private_dirs
     from flashinfer_sm120.safety.ownership import trust_reason
 
-    if foreign_tree(ws) is None and trust_reason(ws) is None:
-        try:
-            make_private_dirs(ws)
-        except OSError:
-            pass
+    if foreign_tree(ws) is not None or trust_reason(ws) is not None:
+        return False
+    try:
+        make_private_dirs(ws)
+    except OSError:  # FlashInfer's own makedirs fails the same way, and its import says why
+        pass
+    return True
