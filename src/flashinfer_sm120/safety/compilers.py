@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections import namedtuple
@@ -51,12 +52,44 @@ def requested(env=None) -> tuple[str | None, str | None]:
                   "sccache, or unset it")
 
 
-def sccache_disk(env) -> bool:
-    """Whether FlashInfer compiles through sccache (asked for, or a launcher of yours) on its local disk cache."""
+def sccache_disk(env) -> tuple[str, str | None] | None:
+    """``(the config file sccache reads, its [cache.disk] dir unless a variable replaces it)`` while FlashInfer
+    compiles through sccache (asked for, or a launcher of yours) on its local disk cache, else ``None``."""
     words = [os.path.basename(w) for v in ("FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_CXX_LAUNCHER")
              for w in (env.get(v) or "").split()]
     on = requested(env)[0] == "sccache" or any(w.startswith("sccache") for w in words)
-    return on and not any(env.get(v) for v in REMOTE_CACHE_VARIABLES)
+    if not on or any(env.get(v) for v in REMOTE_CACHE_VARIABLES):
+        return None
+    conf, disk, _ = sccache_config(env)  # sccache 0.16: any of these replaces the file's whole [cache.disk]
+    replaced = any(env.get(v) is not None for v in ("SCCACHE_DIR", "SCCACHE_CACHE_SIZE", "SCCACHE_DIRECT",
+                                                     "SCCACHE_LOCAL_RW_MODE"))
+    return conf, None if replaced else disk
+
+
+def sccache_config(env) -> tuple[str, str | None, str | None]:
+    """``(the config file sccache 0.16 reads, its [cache.disk] dir, problem)``: ``SCCACHE_CONF``, else
+    ``$XDG_CONFIG_HOME/sccache/config`` (its src/config.rs); ``problem``: unreadable or bad TOML, and the fix."""
+    from flashinfer_sm120.safety.fs.statedir import home_dir
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the tomli dependency
+        import tomli as tomllib
+    xdg = env.get("XDG_CONFIG_HOME") or ""
+    path = env.get("SCCACHE_CONF", os.path.join(xdg if os.path.isabs(xdg) else os.path.join(
+        env.get("HOME") or home_dir() or "/", ".config"), "sccache", "config"))
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(1 << 20).decode()
+        conf = json.loads(data) if path.endswith(".json") else tomllib.loads(data)
+        disk = conf.get("cache", {}).get("disk", {}).get("dir")
+        return path, disk if isinstance(disk, str) and disk else None, None
+    except FileNotFoundError:
+        return path, None, None
+    except (OSError, ValueError, AttributeError) as exc:  # sccache does not start with a file it cannot parse
+        why = base.shown(str(exc), 200)
+        return path, None, (f"sccache's config file {base.shown(path, 200)} cannot be read as TOML ({why}). "
+                            f"Fix: correct or remove it, or set SCCACHE_CONF to a file of your own")
 
 
 _PROGRAM_FIX = "point {var} at a program owned by root or you and not writable by others, or unset it"
