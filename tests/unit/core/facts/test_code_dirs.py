@@ -6,8 +6,8 @@ import pytest
 
 from flashinfer_sm120.core.facts.workspace import CODE_DIRS, code_dirs_refused
 
-#: How to name each directory of :data:`CODE_DIRS`: the variable set, and the path under it when unset.
-CASES = [(var, var, "") for var in CODE_DIRS] + [
+#: How to name each directory of :data:`CODE_DIRS` and sccache's: the variable set, and the path under it when unset.
+CASES = [(var, var, "") for var in [*CODE_DIRS, "SCCACHE_DIR"]] + [
     ("FLASHINFER_CUBIN_DIR", "FLASHINFER_WORKSPACE_BASE", ".cache/flashinfer/cubins"),
     ("B12X_COMPILE_CACHE_DIR", "XDG_CACHE_HOME", "b12x/compile"),
     ("B12X_COMPILE_CACHE_DIR", "HOME", ".cache/b12x/compile"),
