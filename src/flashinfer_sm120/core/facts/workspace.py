@@ -86,17 +86,6 @@ def cute_cache(env) -> tuple[str, str] | None:
     return tmp, path
 
 
-def _sccache_rows(env, given: dict) -> list[tuple[str, str, str, str]]:
-    """:func:`.compilers.sccache_rows`, imported only where a variable that turns a compiler cache on is set: a
-    server process without one never loads the compiler checks (the autoload's weight)."""
-    if not any(env.get(v) for v in ("FLASHINFER_SM120_COMPILER_CACHE", "FLASHINFER_NVCC_LAUNCHER",
-                                    "FLASHINFER_CXX_LAUNCHER")):
-        return []
-    from flashinfer_sm120.safety.compilers import sccache_rows
-
-    return sccache_rows(env, given)
-
-
 def code_dirs(jit_dir: str, env=None) -> list[tuple[str, str, str, str]]:
     """``(variable, its value, directory, fix)`` for each directory FlashInfer reads code from, ``jit_dir`` first."""
     env = os.environ if env is None else env
@@ -110,8 +99,13 @@ def code_dirs(jit_dir: str, env=None) -> list[tuple[str, str, str, str]]:
             continue
         out += [(v, given[v], os.path.join(given[v], rel), f"set {var} to a directory of your own")
                 for v, rel in defaults if v in given][:1]
+    if any(env.get(v) for v in ("FLASHINFER_SM120_COMPILER_CACHE", "FLASHINFER_NVCC_LAUNCHER",
+                                "FLASHINFER_CXX_LAUNCHER")):  # else never loaded (the autoload's weight)
+        from flashinfer_sm120.safety.compilers import sccache_rows
+
+        out += sccache_rows(env, given)
     cute = cute_cache(env)
-    return out + ([("TMPDIR", cute[0], cute[1], CUTE_FIX)] if cute else []) + _sccache_rows(env, given)
+    return out + ([("TMPDIR", cute[0], cute[1], CUTE_FIX)] if cute else [])
 
 
 def code_dirs_refused(jit_dir: str, env=None) -> str | PathProblem | None:
