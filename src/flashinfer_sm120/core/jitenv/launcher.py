@@ -73,7 +73,7 @@ def configure(out, home: str, nvcc: str, targets, env, listing: bool = False) ->
     if path is not None:
         out.cache["launcher"] = path
         dirs = [] if env.get("SCCACHE_BASEDIRS") else basedirs(env)
-        if dirs:  # sccache 0.14+ reads it when its server starts: the probe's client starts ours
+        if dirs:  # sccache 0.14+ reads it when its server starts: private_server starts ours below
             out.set["SCCACHE_BASEDIRS"] = os.pathsep.join(dirs)
         out.cache["basedirs"] = out.set.get("SCCACHE_BASEDIRS", env.get("SCCACHE_BASEDIRS"))
         penv, failed = private_server(out, path, env, listing)
@@ -190,7 +190,7 @@ def start_server(launcher: str, env) -> str | None:
         return None
     stop()
     said = shown(log.read_text(errors="replace").strip(), 300)
-    return f"exit status {server.returncode}: {said}" if server.returncode is not None else "no socket within 60 s"
+    return f"exit status {server.wait()}: {said}" if exited(server) else "no socket within 60 s"
 
 
 def stats(timeout: float = 60.0) -> dict | None:
