@@ -53,6 +53,24 @@ def test_a_relative_workspace_base_is_warned_about(tmp_path, clean_env):
     assert "absolute path" in proc.stderr
 
 
+@needs_flashinfer
+def test_umask_000_leaves_no_level_of_flashinfers_workspace_open_to_others(tmp_path, clean_env):
+    """Under ``umask 000`` a server's own ``import flashinfer`` made ``.cache/flashinfer/<version>/<arch>`` 0777
+    (``jit/core.py``'s ``os.makedirs``), a tree others could write code into: every level is made 0700 first (P2, P4)."""
+    cwd, home = tmp_path / "cwd", tmp_path / "home"
+    cwd.mkdir()
+    home.mkdir(mode=0o700)
+    env = dict(clean_env, HOME=str(home), FLASHINFER_CUDA_ARCH_LIST="12.0f")
+    del env["FLASHINFER_WORKSPACE_BASE"]
+    proc = run_code("import os; os.umask(0)\n" + _IMPORT, env, args=(str(cwd),))
+    ws = _result(proc)["ws"]
+    assert ws.startswith(str(home / ".cache" / "flashinfer")), ws
+    levels = [p for p in (home / ".cache" / "flashinfer").rglob("*") if p.is_dir()]
+    assert str(ws) in map(str, levels), levels
+    for level in [home / ".cache", home / ".cache" / "flashinfer", *levels]:
+        assert level.stat().st_mode & 0o077 == 0, (level, oct(level.stat().st_mode))
+
+
 def test_workspace_path_reads_an_empty_base_as_the_home_directory(monkeypatch, tmp_path):
     from flashinfer_sm120.core.facts.workspace import workspace_path
 

@@ -99,7 +99,7 @@ def test_triggers_read_as_imports_are_matched(value, expected):
     assert triggers({} if value is None else {"FLASHINFER_SM120_AUTOLOAD_TRIGGERS": value}) == expected
 
 
-@pytest.mark.parametrize("value", ["FlashInfer", "vllm"])
+@pytest.mark.parametrize("value", ["FlashInfer", "vllm", "flashinfer;vllm"])
 def test_doctor_warns_on_the_verdict_line_when_the_triggers_leave_flashinfer_out(value):
     """``FlashInfer`` never fires (imports are case-sensitive) and ``vllm`` alone leaves SGLang's process unpatched:
     doctor's OK line names the variable and the fix (P8)."""
@@ -110,6 +110,7 @@ def test_doctor_warns_on_the_verdict_line_when_the_triggers_leave_flashinfer_out
                            "triggers": list(triggers({"FLASHINFER_SM120_AUTOLOAD_TRIGGERS": value}))}}
     found = [f for f in diagnosis._check_sections(report) if f.code == "autoload-triggers"]
     assert len(found) == 1 and value in found[0].text and "unset it" in found[0].fix, found
+    assert "separated by commas or spaces" in found[0].fix  # `;` is no separator
     assert "autoload-triggers" in diagnosis.VERDICT_NOTES
     report["autoload"]["triggers"] = list(triggers({}))
     assert not [f for f in diagnosis._check_sections(report) if f.code == "autoload-triggers"]

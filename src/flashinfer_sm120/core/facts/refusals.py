@@ -70,10 +70,10 @@ def import_refused(env=None) -> ImportRefusal | None:
         return ImportRefusal("temp-not-ours", f"it and its dependencies write into {temp.what} {temp.path}, "
                              f"which fails the trust rule: {temp.why}", temp.fix)
     dsl = cute_cache(env)
-    why = dsl and trust_reason(dsl[1])
+    why = dsl and trust_reason(dsl[2])
     if why:
         return ImportRefusal("temp-not-ours", f"its CuTe DSL dependency keeps the code it compiles in "
-                             f"{shown(dsl[1], 200)}, which fails the trust rule: {why}", CUTE_FIX)
+                             f"{shown(dsl[2], 200)}, which fails the trust rule: {why}", CUTE_FIX)
     here = deepest_existing(path)
     if here != path:  # status and doctor keep FlashInfer's import out of it (P4): will its own import make it?
         missing = os.path.join(here, os.path.relpath(path, here).split(os.sep)[0])

@@ -68,12 +68,14 @@ CODE_DIRS = {
 CUTE_FIX = "set CUTE_DSL_CACHE_DIR to a directory of your own, or TMPDIR (mkdir -m 700 ~/tmp; TMPDIR=~/tmp)"
 
 
-def cute_cache(env) -> tuple[str, str] | None:
-    """``(TMPDIR, CuTe DSL's cache)`` when ``CUTE_DSL_CACHE_DIR`` is unset: ``$TMPDIR/$USER/cutlass_python_cache``
-    (``mkdir -p``, links followed), else where that fails ``$TMPDIR/cutlass_python_cache``; creates nothing."""
+def cute_cache(env) -> tuple[str, str, str] | None:
+    """``(variable, its value, CuTe DSL's cache)`` when ``CUTE_DSL_CACHE_DIR`` is unset:
+    ``$TMPDIR/$USER/cutlass_python_cache`` (``mkdir -p``, links followed), else where that fails
+    ``$TMPDIR/cutlass_python_cache``; creates nothing."""
     if env.get("CUTE_DSL_CACHE_DIR"):
         return None
-    tmp = env["TMPDIR"] if "TMPDIR" in env else tempfile.gettempdir()  # an empty one is the working directory
+    var = "TMPDIR" if "TMPDIR" in env else next((v for v in ("TEMP", "TMP") if env.get(v)), "TMPDIR")
+    tmp = env[var] if var in env else tempfile.gettempdir()  # tempfile's order; an empty TMPDIR: the working dir
     user = env.get("USER") or env.get("USERNAME")
     try:
         user = user or pwd.getpwuid(os.getuid()).pw_name
@@ -83,7 +85,7 @@ def cute_cache(env) -> tuple[str, str] | None:
     here = deepest_existing(path)
     if not os.path.isdir(here) or (here != path and not os.access(here, os.W_OK | os.X_OK)):
         path = os.path.abspath(os.path.join(tmp, "cutlass_python_cache"))
-    return tmp, path
+    return var, tmp, path
 
 
 def code_dirs(jit_dir: str, env=None) -> list[tuple[str, str, str, str]]:
@@ -105,7 +107,7 @@ def code_dirs(jit_dir: str, env=None) -> list[tuple[str, str, str, str]]:
 
         out += sccache_rows(env, given)
     cute = cute_cache(env)
-    return out + ([("TMPDIR", cute[0], cute[1], CUTE_FIX)] if cute else [])
+    return out + ([(*cute, CUTE_FIX)] if cute else [])
 
 
 def code_dirs_refused(jit_dir: str, env=None) -> str | PathProblem | None:

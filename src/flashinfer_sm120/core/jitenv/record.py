@@ -182,6 +182,8 @@ def _why(exc: BaseException, path: str | None) -> str:
 
 def _refuse_target(st: os.stat_result, path: str) -> None:
     """:raises OSError: ``path`` (``st``) is not a regular file of yours to append a manifest to."""
+    if stat.S_ISLNK(st.st_mode):  # P2, P5: never followed
+        raise OSError(f"{path} is a symbolic link (to {os.readlink(path)}); name the file itself")
     if not stat.S_ISREG(st.st_mode):
         raise OSError(f"{path} is not a regular file (a manifest is appended to a plain file)")
     if st.st_uid != os.geteuid():

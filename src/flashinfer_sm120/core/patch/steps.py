@@ -184,6 +184,13 @@ def _step_current_context(mod):
         raise AttributeError("current_compilation_context has no TARGET_CUDA_ARCHS")
 
 
+def _step_own_workspace(mod):
+    """FlashInfer's import-time workspace made by us before ``jit/core.py``'s ``os.makedirs`` would (umask 000: 0777)."""
+    ws = getattr(mod, "FLASHINFER_WORKSPACE_DIR", None)
+    if ws is not None and not STATE.listing:
+        _make_workspace(str(ws))
+
+
 _P = frozenset({Mode.PATCHED})
 _PN = frozenset({Mode.PATCHED, Mode.NOOP})
 _ALL = frozenset({Mode.PATCHED, Mode.GUARD, Mode.NOOP})
@@ -194,7 +201,8 @@ STEPS: dict[str, list[Step]] = {
         Step("normalize", _step_normalize, _P),  # _normalize_cuda_arch: our table (releases 0.5.0+)
         Step("init", _step_init, _P)],  # __init__ sets TARGET_CUDA_ARCHS from our targets
     "flashinfer.jit.env": [  # a per-toolkit last component of the JIT workspace
-        Step("workspace", _wraps(("_get_workspace_dir_name", _workspace_wrapper)), _PN, required=False)],
+        Step("workspace", _wraps(("_get_workspace_dir_name", _workspace_wrapper)), _PN, required=False),
+        Step("own_workspace", _step_own_workspace, _ALL, required=False)],
     "flashinfer.jit.cpp_ext": [
         Step("toolkit", _wraps(("get_cuda_path", _cuda_path_wrapper), ("get_cuda_version", _cuda_version_wrapper)),
              _ALL),
@@ -239,11 +247,13 @@ def refresh_derived() -> None:
 
 
 def _make_workspace(ws: str) -> None:
-    """Create the JIT workspace (FlashInfer's import made the one it had then), never in another uid's tree (P4)."""
-    from flashinfer_sm120.safety.ownership import check_place
+    """Create a JIT workspace every level ``0700`` whatever the umask, never in another uid's tree or below a level
+    that fails the trust rule (P2, P4)."""
+    from flashinfer_sm120.safety.fs.places import foreign_tree, make_private_dirs
+    from flashinfer_sm120.safety.ownership import trust_reason
 
-    if check_place(os.path.dirname(ws), "the directory of the JIT workspace") is None:
+    if foreign_tree(ws) is None and trust_reason(ws) is None:
         try:
-            os.makedirs(ws, exist_ok=True)
+            make_private_dirs(ws)
         except OSError:
             pass

@@ -177,7 +177,8 @@ def _check_sections(report: dict) -> Iterable[Finding]:
     if auto and "flashinfer" not in names:  # a process that imports FlashInfer alone is left unpatched
         yield Finding(Level.WARNING, "autoload-triggers", f"FLASHINFER_SM120_AUTOLOAD_TRIGGERS names "
                       f"{', '.join(names)}, not flashinfer, so a process that imports FlashInfer without them is "
-                      "not patched", "add flashinfer to FLASHINFER_SM120_AUTOLOAD_TRIGGERS, or unset it")
+                      "not patched", "add flashinfer to FLASHINFER_SM120_AUTOLOAD_TRIGGERS (module names "
+                      "separated by commas or spaces), or unset it")
     venv, prefix = report.get("virtual_env"), report.get("prefix")  # the activated venv is not the one checked
     if venv and prefix and os.path.realpath(venv) != os.path.realpath(prefix):
         bin_dir = os.path.join(venv, "bin")

@@ -57,7 +57,7 @@ def test_cute_dsl_cache_is_the_directory_cute_dsl_takes(tmp_path, monkeypatch, u
     monkeypatch.setenv("TMPDIR", "" if user_entry.endswith("TMPDIR empty") else str(tmp))
     monkeypatch.setenv("USER", "u")
     monkeypatch.delenv("CUTE_DSL_CACHE_DIR", raising=False)
-    ours = cute_cache(dict(os.environ))[1]
+    ours = cute_cache(dict(os.environ))[2]
     assert ours == os.path.abspath(helpers.get_default_generated_ir_path()), user_entry
 
 
@@ -120,3 +120,14 @@ def test_an_sccache_config_file_sccache_cannot_read_refuses_the_compiler_cache(t
     env, failed = launcher.private_server(out, "/usr/bin/sccache", {"HOME": str(tmp_path), "SCCACHE_CONF": str(conf)})
     assert failed.ok is False and str(conf) in failed.why and "SCCACHE_CONF" in failed.why.rpartition("Fix: ")[2]
     assert "SCCACHE_SERVER_UDS" not in out.set  # no server started
+
+
+@pytest.mark.parametrize("var", ["TMPDIR", "TEMP", "TMP"])
+def test_the_cute_dsl_cache_is_named_by_the_variable_that_chose_it(tmp_path, var):
+    """Without ``TMPDIR``, tempfile (so CuTe DSL) takes ``TEMP`` or ``TMP``: the refusal names that variable, not
+    a ``TMPDIR=`` the user never set (P8)."""
+    from flashinfer_sm120.core.facts.workspace import code_dirs
+
+    (tmp_path / "t").mkdir()
+    row = code_dirs(str(tmp_path / "jit"), {"HOME": str(tmp_path), var: str(tmp_path / "t"), "USER": "u"})[-1]
+    assert row[:3] == (var, str(tmp_path / "t"), str(tmp_path / "t" / "u" / "cutlass_python_cache")), row

@@ -88,7 +88,7 @@ def test_a_record_path_that_is_a_link_fails_at_once_in_words(tmp_path):
         record.append("/proc/self/fd/1", {"x": 1})
     assert "Timeout" not in repr(err.value)
     why = record._why(err.value, "/proc/self/fd/1")
-    assert "/proc/self/fd/1 is not a regular file" in why and "OSError" not in why, why
+    assert "/proc/self/fd/1 is a symbolic link" in why and "OSError" not in why, why
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "symlink"])
@@ -99,7 +99,8 @@ def test_a_record_path_that_is_not_a_file_is_refused_before_its_lock_is_made(tmp
      "symlink": lambda: path.symlink_to(tmp_path / "elsewhere")}[kind]()
     with pytest.raises(OSError) as err:
         record.append(str(path), ENTRY)
-    assert f"{path} is not a regular file" in str(err.value)
+    said = f"is a symbolic link (to {tmp_path / 'elsewhere'})" if kind == "symlink" else "is not a regular file"
+    assert f"{path} {said}" in str(err.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.jsonl"]
 
 
