@@ -90,6 +90,15 @@ def test_a_server_import_with_another_users_home_creates_nothing_in_it(tmp_path,
     assert "sudo -H" in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.parametrize("value, fix", [("rel-ws", "$PWD/'rel-ws'"), ("~/ws", "$HOME/'ws'")])
+def test_a_relative_workspace_base_gets_an_absolute_path_as_the_fix(monkeypatch, value, fix):
+    """``~/ws`` (a tilde no shell expanded: systemd, .env files) got ``$PWD/'~/ws'``, a literal ``~`` directory."""
+    from flashinfer_sm120.core.facts.workspace import normalize_base
+
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", value)
+    assert f"export FLASHINFER_WORKSPACE_BASE={fix})" in normalize_base()
+
+
 def test_workspace_path_reads_an_empty_base_as_the_home_directory(monkeypatch, tmp_path):
     from flashinfer_sm120.core.facts.workspace import workspace_path
 

@@ -87,6 +87,14 @@ def test_json_is_one_document_when_build_refuses(clean_env, args, words):
     assert doc["modules"] == [] and doc["target_cuda_archs"] is None
 
 
+@needs_flashinfer
+def test_json_of_a_guarded_build_names_the_fix(clean_env):
+    """``build --arch 5.0 --json`` said "see the message above", which a JSON reader never sees (P8)."""
+    proc = cli(["build", "--json", "sampling", "--arch", "5.0"], clean_env, fakegpu=True)
+    doc = _one_document(proc)
+    assert proc.returncode == 2 and "Fix: remove '5.0' from --arch" in doc["error"], doc
+
+
 def test_json_is_one_document_when_a_dependency_is_missing(hiding):
     proc = cli(["build", "page", "--arch", "12.0", "--json"], hiding("filelock"), fakegpu=True)
     doc = _one_document(proc)

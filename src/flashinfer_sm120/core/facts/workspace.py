@@ -22,9 +22,11 @@ def normalize_base() -> str | None:
         del os.environ[WSB]
         return None
     if value is not None and not os.path.isabs(value):
+        tilde = value.startswith("~/")  # a `~` no shell expanded (systemd, .env files)
+        absolute = f"$HOME/{shown(value[2:], 200)}" if tilde else f"$PWD/{shown(value, 200)}"
         return (f"{WSB}={shown(value, 200)} is a relative path: FlashInfer keeps its JIT cache under the "
                 f"working directory, a different one wherever a process starts. Fix: give an absolute path "
-                f"(export {WSB}=$PWD/{shown(value, 200)}), or unset it for ~/.cache/flashinfer")
+                f"(export {WSB}={absolute}), or unset it for ~/.cache/flashinfer")
     return None
 
 

@@ -323,7 +323,7 @@ def server_max_jobs(targets: int = 1, env=None, view: MemoryView | None = None) 
     raw, _value, problem = max_jobs(env)
     if raw is not None and problem is None:
         return None, f"MAX_JOBS={shown(raw, 20)} set by you: kept"
-    refused = f"{problem} Instead: " if problem else ""
+    refused = f"{problem}. Instead: " if problem else ""
     b = budget(heaviest_estimate(), targets, env, view)
     if b.budget is None:
         return None, refused + f"MAX_JOBS not exported: memory unknown ({b.budget_from}), ninja's default applies"

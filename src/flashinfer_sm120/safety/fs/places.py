@@ -55,8 +55,8 @@ def foreign_tree_parts(ft: ForeignTree, variable: str) -> tuple[str, str]:
         theirs = False
     if theirs:
         return (f"{where}: that user's own tools could not write it (pip, FlashInfer and others use ~/.cache)",
-                f"keep your own home (sudo -H instead of sudo -E), run as uid {ft.owner} (sudo -u), or set "
-                f"{variable} to a directory of your own")
+                f"keep your own home (sudo -H instead of sudo -E), run as uid {ft.owner} (sudo -u), or set HOME "
+                f"to a directory of your own (setting only {variable} leaves other caches under HOME)")
     return f"{where}, who could replace it", f"set {variable} to a directory of your own"
 
 

@@ -146,6 +146,7 @@ def test_a_max_jobs_flashinfer_cannot_use_is_replaced_not_kept(raw):
     else:
         assert value is not None and value >= 1, why
         assert "MAX_JOBS" in why and repr(raw)[1:-1][:10] in why and "Fix" in why
+        assert "memory. Instead: MAX_JOBS=" in why, why  # two sentences, not one run on
 
 
 def test_configure_pops_a_max_jobs_flashinfer_would_crash_on(tmp_path, monkeypatch):
