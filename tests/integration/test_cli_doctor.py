@@ -447,3 +447,13 @@ def test_a_report_on_another_environment_than_the_activated_one_says_so_with_the
     assert "/venvB/bin/flashinfer-sm120" in doctor.render(other)[0]
     assert "other-env" not in [f.code for f in diagnose(doctor_report(prefix="/venvA", virtual_env="/venvA")).findings]
     assert "other-env" not in [f.code for f in diagnose(doctor_report(prefix="/venvA", virtual_env=None)).findings]
+
+
+def test_doctor_names_each_refused_toolkit_and_why():
+    """"1 more usable, 1 refused" named neither: an old nvcc first on PATH moved the choice with no word of it (P8)."""
+    old = {"root": "/opt/cuda-12.4", "nvcc": "/opt/cuda-12.4/bin/nvcc", "sources": ["PATH"], "nvcc_full": "12.4.131",
+           "state": "rejected", "why": "nvcc 12.4 cannot build sm_120f (needs 12.9)"}
+    r = doctor_report()
+    r["candidates"].append(old)
+    lines = "\n".join(doctor.render(r))
+    assert "refused: nvcc 12.4.131 at /opt/cuda-12.4 (PATH): nvcc 12.4 cannot build sm_120f" in lines, lines
