@@ -9,7 +9,7 @@ import re
 from collections import namedtuple
 
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats import base, fields, grammar
+from flashinfer_sm120.safety.formats import base, fields, grammar, reads
 from flashinfer_sm120.safety.fs.atomic import TEMP_VARIABLES
 from flashinfer_sm120.safety.ownership import PathProblem, trust_reason
 from flashinfer_sm120.safety.trust import SHELL_OPTIONS, hands_on, named_path_problem, named_paths, trace, which
@@ -85,15 +85,14 @@ def sccache_config(env) -> tuple[str, str | None, str | None]:
     xdg = env.get("XDG_CONFIG_HOME") or ""
     path = env.get("SCCACHE_CONF", os.path.join(xdg if os.path.isabs(xdg) else os.path.join(
         env.get("HOME") or home_dir() or "/", ".config"), "sccache", "config"))
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(1 << 20).decode()
+    if not os.path.lexists(path):
+        return path, None, None
+    try:  # P6: bounded, and a FIFO never blocks
+        data = reads.read_bytes(path, 1 << 20).decode()
         conf = json.loads(data) if path.endswith(".json") else tomllib.loads(data)
         disk = conf.get("cache", {}).get("disk", {}).get("dir")
         return path, disk if isinstance(disk, str) and disk else None, None
-    except FileNotFoundError:
-        return path, None, None
-    except (OSError, ValueError, AttributeError) as exc:  # sccache does not start with a file it cannot parse
+    except (FormatError, ValueError, AttributeError) as exc:  # sccache does not start with a file it cannot parse
         why = base.shown(str(exc), 200)
         return path, None, (f"sccache's config file {base.shown(path, 200)} cannot be read as TOML ({why}). "
                             f"Fix: correct or remove it, or set SCCACHE_CONF to a file of your own")

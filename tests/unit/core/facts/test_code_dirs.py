@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from flashinfer_sm120.core.facts.workspace import CODE_DIRS, code_dirs_refused
@@ -108,14 +110,14 @@ def test_sccache_config_file_and_its_disk_dir_are_held_to_the_trust_rule(tmp_pat
     assert str(conf) in problem and "SCCACHE_CONF" in problem.rpartition("Fix: ")[2], problem
 
 
-@pytest.mark.parametrize("bad", ["x = [", "[cache]\ndisk = 3", "a directory"])
+@pytest.mark.parametrize("bad", ["x = [", "[cache]\ndisk = 3", "a directory", "a FIFO"])
 def test_an_sccache_config_file_sccache_cannot_read_refuses_the_compiler_cache(tmp_path, bad):
     """sccache refuses to start on a config file it cannot parse: the compiler cache is refused before it runs,
-    naming the file and the fix (P8)."""
+    naming the file and the fix (P8); a FIFO never blocks the read (P6)."""
     from flashinfer_sm120.core.jitenv import launcher, toolchain
 
     conf = tmp_path / "conf"
-    conf.mkdir() if bad == "a directory" else conf.write_text(bad)
+    {"a directory": conf.mkdir, "a FIFO": lambda: os.mkfifo(conf)}.get(bad, lambda: conf.write_text(bad))()
     out = toolchain.Setup()
     env, failed = launcher.private_server(out, "/usr/bin/sccache", {"HOME": str(tmp_path), "SCCACHE_CONF": str(conf)})
     assert failed.ok is False and str(conf) in failed.why and "SCCACHE_CONF" in failed.why.rpartition("Fix: ")[2]
