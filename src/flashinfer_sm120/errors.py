@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-__all__ = ["Sm120Error", "UsageError", "ToolkitError", "ViewError", "PlaceError", "StateFileError", "FormatError"]
-
 
 class Sm120Error(RuntimeError):
     """Base class of every error raised by flashinfer-sm120; ``fix`` is the fix line alone, or ``""``."""

@@ -24,8 +24,6 @@ from flashinfer_sm120.cli import enable
 from flashinfer_sm120.safety.formats.base import bounded, shown
 from flashinfer_sm120.cli.common import err
 
-__all__ = ["main"]
-
 
 def _broken_parser(sub, name: str, exc: BaseException) -> None:
     """``name`` registered as a command that says why it is unavailable (build's document imports nothing: it

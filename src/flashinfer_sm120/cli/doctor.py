@@ -20,8 +20,6 @@ from flashinfer_sm120.diagnose.verify.diagnosis import SETTING, VERDICT_NOTES
 from flashinfer_sm120.diagnose.verify.report import ALONE_TIMEOUT_S, collect
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
 
-__all__ = ["EXIT_CODES", "SHORT_LINES", "WIDTH", "run_doctor", "render", "add_parser"]
-
 #: Exit status -> meaning (``doctor --help`` and docs/cli.md).
 EXIT_CODES = {0: "OK: FlashInfer will build (warnings may follow)",
               1: "PROBLEM: FlashInfer's JIT builds will fail here (the first line says why and the fix)",

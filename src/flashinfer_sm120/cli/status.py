@@ -14,8 +14,6 @@ from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
 from flashinfer_sm120.core.toolkit.model import Setting
 from flashinfer_sm120.safety.formats.base import printable
 
-__all__ = ["add_parser", "run_status", "status_line", "exit_code", "recorded", "EXIT_CODES"]
-
 #: Exit status -> meaning (printed in ``status --help`` and docs/cli.md).
 EXIT_CODES = {
     0: "FlashInfer builds with a toolkit that fits, for at least one target (patched or noop)",

@@ -14,9 +14,6 @@ from flashinfer_sm120.core.toolkit.model import Setting
 from flashinfer_sm120.core.view.meta import lacks
 from flashinfer_sm120.safety.formats.base import plural, shown
 
-__all__ = ["VERDICT_NOTES", "SETTING", "NO_TARGETS", "NO_TARGETS_FIX",
-           "Level", "Finding", "Alone", "Diagnosis", "CHECKS", "diagnose", "alone"]
-
 #: The code of a toolkit setting not used as given (a malformed or refused CUDA_HOME, CUDA_PATH, FLASHINFER_NVCC).
 SETTING = "toolkit-setting"
 

@@ -21,9 +21,6 @@ from flashinfer_sm120.safety.formats.fields import iter_lines
 from flashinfer_sm120.safety.formats.params import parse_ninja_log_header
 from flashinfer_sm120.safety.formats.base import shown
 
-__all__ = ["ALONE_TIMEOUT_S", "collect", "ninja_section", "log_format_of_dir",
-           "servers_section", "build_line_section"]
-
 #: Seconds ``doctor`` lets unpatched FlashInfer run in its child process.  FlashInfer
 #: runs ``nvcc --version`` without a timeout, so a hung nvcc would hang it forever.
 ALONE_TIMEOUT_S = 60.0
