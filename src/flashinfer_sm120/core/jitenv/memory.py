@@ -249,11 +249,8 @@ def heaviest_estimate() -> Estimate:
 
 
 def cpus() -> int:
-    """CPUs this process may run on (``sched_getaffinity``)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    """CPUs this process may run on (``sched_getaffinity``: the package is Linux-only)."""
+    return len(os.sched_getaffinity(0))
 
 
 def max_jobs(env=None) -> tuple[str | None, int | None, str | None]:
