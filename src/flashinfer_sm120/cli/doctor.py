@@ -1,6 +1,5 @@
-"""``flashinfer-sm120 doctor``: the verdict, whole, on the first line, then one screen of facts wrapped at
-spaces; ``--verbose`` adds the whole report as ``--json`` prints it (one report, P7).
-Collected by :mod:`flashinfer_sm120.diagnose.verify.report`, judged by :mod:`~flashinfer_sm120.diagnose.verify.diagnosis`."""
+"""``flashinfer-sm120 doctor``: the verdict, whole, on the first line, then one screen of facts; ``--verbose`` adds
+the report as ``--json`` prints it (one report, P7), collected and judged in :mod:`flashinfer_sm120.diagnose.verify`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The one scheduler of warm-up builds: ``jobs`` compile slots (and, with a ``mem_budget``, memory) shared by
-many modules, each built by its own ninja in its own directory under FlashInfer's per-module lock, every step
-watched and every ninja stopped with what it started (threat-model: P5, P6)."""
+"""The one scheduler of warm-up builds: ``jobs`` compile slots (and memory) shared by modules, each built by its own
+ninja under FlashInfer's per-module lock, every step watched, every ninja stopped with what it started (P5, P6)."""
 
 from __future__ import annotations
 

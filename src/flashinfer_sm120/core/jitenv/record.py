@@ -1,6 +1,5 @@
-"""The manifest: ``FLASHINFER_SM120_RECORD=/path/manifest.jsonl`` records every JIT module this process builds or
-loads as data: the FlashInfer ``gen_*_module`` that made it and its arguments, never source text (P2), so replay
-(``build --from``) calls it again; :func:`parse_entry` is the one grammar of an entry, for replay."""
+"""The manifest: ``FLASHINFER_SM120_RECORD=/abs/manifest.jsonl`` records each JIT module built or loaded as its
+``gen_*_module`` and arguments, never source text (P2), for ``build --from``; :func:`parse_entry` is its grammar."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The last statuses this user's processes reached, in ``<cache_root>/last-status.json`` (up to :data:`KEEP`
-records, newest first, one per set of :func:`inputs`: everything the resolution reads, without running anything),
+"""The last statuses this user's processes reached (``<cache_root>/last-status.json``, one per set of :func:`inputs`),
 so that ``status`` answers and a later process replays the decision instead of probing again (:func:`replay`)."""
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""``doctor``'s conclusions as data, judged from :func:`~flashinfer_sm120.diagnose.verify.report.collect`'s report:
-a verdict, what FlashInfer alone would do, and findings (branch on :class:`Level` and ``code``, never on text).
-A check is one entry of :data:`CHECKS`; a PROBLEM makes the verdict PROBLEM."""
+"""``doctor``'s conclusions as data, judged from :func:`.report.collect`'s report: a verdict, what FlashInfer alone
+would do, findings (branch on :class:`Level` and ``code``, never text); each check is one entry of :data:`CHECKS`."""
 
 from __future__ import annotations
 

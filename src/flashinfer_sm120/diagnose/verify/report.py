@@ -1,6 +1,5 @@
-"""What ``doctor`` reports, as JSON-able data: the GPUs, every toolkit, the choice, FlashInfer with and without
-the patch, then the further sections.  Nothing here prints: :mod:`.diagnosis` judges it and
-:mod:`flashinfer_sm120.cli.doctor` renders both."""
+"""What ``doctor`` reports, as JSON-able data (GPUs, toolkits, the choice, FlashInfer with and without the patch,
+further sections); nothing here prints: :mod:`.diagnosis` judges it, :mod:`flashinfer_sm120.cli.doctor` renders."""
 
 from __future__ import annotations
 
