@@ -4,6 +4,7 @@ importing never raises (problems go to the ``flashinfer_sm120`` logger and ``doc
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os as _os
 
@@ -17,15 +18,13 @@ class _BoundedRecords(logging.Filter):
     quote environment values and paths of any size); never raises, never drops a record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        try:
+        with contextlib.suppress(Exception):
             from flashinfer_sm120.safety.formats.base import bounded
 
             msg = record.getMessage()
             cut = bounded(msg, max_len=16384)
             if cut != msg:
                 record.msg, record.args = cut, None
-        except Exception:
-            pass
         return True
 
 

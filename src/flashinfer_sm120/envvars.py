@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EnvVar", "VARIABLES", "by_name"]
-
 
 @dataclass(frozen=True)
 class EnvVar:

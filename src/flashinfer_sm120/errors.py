@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-__all__ = ["Sm120Error", "UsageError", "ToolkitError", "ViewError", "PlaceError", "StateFileError", "FormatError"]
-
 
 class Sm120Error(RuntimeError):
     """Base class of every error raised by flashinfer-sm120; ``fix`` is the fix line alone, or ``""``."""
@@ -13,8 +11,8 @@ class Sm120Error(RuntimeError):
         super().__init__(message)
         self.fix = fix
 
-    def __reduce__(self):  # keep ``fix`` across pickling (multiprocessing workers)
-        return (type(self), (str(self), self.fix))
+    def __reduce__(self):  # keep ``fix`` and a subclass's fields across pickling (multiprocessing workers)
+        return (type(self), (str(self),), self.__dict__)
 
 
 class UsageError(Sm120Error):
@@ -46,10 +44,3 @@ class FormatError(Sm120Error, ValueError):
     def __init__(self, message: str = "", *, source: str = "", problem: str = "", fix: str = "") -> None:
         super().__init__(message, fix)
         self.source, self.problem = source, problem or message
-
-    def __reduce__(self):
-        return (_format_error, (str(self), self.source, self.problem, self.fix))
-
-
-def _format_error(message: str, source: str, problem: str, fix: str) -> FormatError:
-    return FormatError(message, source=source, problem=problem, fix=fix)

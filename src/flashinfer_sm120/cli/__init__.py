@@ -24,8 +24,6 @@ from flashinfer_sm120.cli import enable
 from flashinfer_sm120.safety.formats.base import bounded, shown
 from flashinfer_sm120.cli.common import err
 
-__all__ = ["main"]
-
 
 def _broken_parser(sub, name: str, exc: BaseException) -> None:
     """``name`` registered as a command that says why it is unavailable (build's document imports nothing: it
@@ -173,13 +171,6 @@ def _unknown(parser: argparse.ArgumentParser, extras: list[str]) -> str:
 MAX_ARGS = 4096
 
 
-def _safe_streams() -> None:
-    """Never fail on printing a path that is not UTF-8 (lone surrogates): ``\\udcff``, as Python's stderr does."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(AttributeError, ValueError, OSError):  # not a TextIOWrapper, or closed
-            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
-
-
 def _open_std_fds() -> None:
     """Open descriptors 0-2 closed at start on ``/dev/null``, so that no file the command opens takes 1 or 2."""
     for fd, name in enumerate(("stdin", "stdout", "stderr")):
@@ -232,7 +223,9 @@ def _quiet_stdout() -> None:
 
 
 def _main(argv: list[str] | None) -> int:
-    _safe_streams()
+    for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8 prints as \udcff, as Python's stderr does
+        with contextlib.suppress(AttributeError, ValueError, OSError):  # not a TextIOWrapper, or closed
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     # threat-model: P8: with --json, a refused command line is the one JSON document too

@@ -7,8 +7,6 @@ import sys
 
 from flashinfer_sm120.safety.formats.base import bounded
 
-__all__ = ["err", "apply_arch", "say_arch_notes", "ARCH_HELP"]
-
 
 def err(msg: str) -> int:
     """Print ``flashinfer-sm120: error: <msg>`` on stderr (long runs of input cut); returns exit status 2."""

@@ -1,6 +1,5 @@
-"""``flashinfer-sm120 doctor``: the verdict, whole, on the first line, then one screen of facts wrapped at
-spaces; ``--verbose`` adds the whole report as ``--json`` prints it (one report, P7).
-Collected by :mod:`flashinfer_sm120.diagnose.verify.report`, judged by :mod:`~flashinfer_sm120.diagnose.verify.diagnosis`."""
+"""``flashinfer-sm120 doctor``: the verdict, whole, on the first line, then one screen of facts; ``--verbose`` adds
+the report as ``--json`` prints it (one report, P7), collected and judged in :mod:`flashinfer_sm120.diagnose.verify`."""
 
 from __future__ import annotations
 
@@ -19,8 +18,6 @@ from flashinfer_sm120.safety.formats.params import cli_float
 from flashinfer_sm120.diagnose.verify.diagnosis import SETTING, VERDICT_NOTES
 from flashinfer_sm120.diagnose.verify.report import ALONE_TIMEOUT_S, collect
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
-
-__all__ = ["EXIT_CODES", "SHORT_LINES", "WIDTH", "run_doctor", "render", "add_parser"]
 
 #: Exit status -> meaning (``doctor --help`` and docs/cli.md).
 EXIT_CODES = {0: "OK: FlashInfer will build (warnings may follow)",

@@ -22,8 +22,6 @@ from flashinfer_sm120.diagnose.autoload import OURS_MAX, hook_source, other_line
 from flashinfer_sm120.errors import PlaceError, Sm120Error, UsageError
 from flashinfer_sm120.safety.fs.atomic import sweep, temp_prefix, write_atomic
 
-__all__ = ["add_parsers", "user_site_problem", "holds"]
-
 
 def user_site_problem() -> str | None:
     """Why this interpreter does not read the user site-packages (a venv, PEP 405; ``python -s``), or ``None``."""

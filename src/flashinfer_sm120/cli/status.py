@@ -1,6 +1,5 @@
-"""``flashinfer-sm120 status``: one line, the mode, the toolkit FlashInfer builds with, and the targets; read
-from the last record (:mod:`flashinfer_sm120.core.patch.laststatus`: no torch, no FlashInfer import) when it
-still holds (:func:`recorded`; else what changed, P8), else by importing FlashInfer with the patch (seconds)."""
+"""``flashinfer-sm120 status``: one line, the mode, the toolkit and the targets; from the last record (no torch or
+FlashInfer import) while it holds (:func:`recorded`, else what changed, P8), else by importing FlashInfer (seconds)."""
 
 from __future__ import annotations
 
@@ -13,8 +12,6 @@ from dataclasses import fields
 from flashinfer_sm120.cli.common import ARCH_HELP, apply_arch
 from flashinfer_sm120.core.toolkit.model import Setting
 from flashinfer_sm120.safety.formats.base import printable
-
-__all__ = ["add_parser", "run_status", "status_line", "exit_code", "recorded", "EXIT_CODES"]
 
 #: Exit status -> meaning (printed in ``status --help`` and docs/cli.md).
 EXIT_CODES = {

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import types
 
-__all__ = ["EXPORT_EARLY", "triggered", "state"]
-
 #: Triggers after whose import the chosen toolkit is exported at once.
 EXPORT_EARLY = ("vllm", "sglang")
 

@@ -1,6 +1,5 @@
-"""The chosen toolkit exported before FlashInfer is imported: after ``import vllm``/``sglang`` (they look for nvcc
-and ninja first: vLLM 0.33 ``has_flashinfer()``, SGLang 0.5.23 ``cuda_home()``), and in a worker by
-:func:`worker_setup`."""
+"""The chosen toolkit exported before FlashInfer's import: after ``import vllm``/``sglang`` (they look for nvcc and
+ninja first: vLLM 0.33 ``has_flashinfer()``, SGLang 0.5.23 ``cuda_home()``), and by :func:`worker_setup`."""
 
 from __future__ import annotations
 

@@ -12,8 +12,6 @@ from flashinfer_sm120.core.autoload_hook import HOOK_FILE, PTH_LINE, PTH_NAME, t
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats import reads
 
-__all__ = ["OURS_MAX", "hook_source", "pth_files", "site_dirs", "read_text", "other_lines", "doctor_report", "current"]
-
 #: Bytes of a ``.pth`` or hook file read to tell whether it is ours; a larger one is not.
 OURS_MAX = 256 << 10
 

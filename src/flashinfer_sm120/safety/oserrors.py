@@ -6,8 +6,6 @@ from __future__ import annotations
 import errno
 from collections import namedtuple
 
-__all__ = ["BY_ERRNO", "OsProblem", "describe"]
-
 
 #: errno -> (kind, what happened to ``{path}``, the fix).  ``{path}`` is the file or directory the
 #: operation was on; ``{elsewhere}`` the caller's way to choose another place (a variable or flag).

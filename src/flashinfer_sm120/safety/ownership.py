@@ -11,9 +11,6 @@ import stat
 
 from flashinfer_sm120.safety.formats.base import shown
 
-__all__ = ["MAX_LINKS", "writable_by_others", "Untrusted", "resolve", "file_ok", "deepest_existing",
-           "trust_reason", "mine_problem", "check_place", "PathProblem", "passwd_home", "own_place_fix", "fingerprint"]
-
 MAX_LINKS = 40  # as Linux MAXSYMLINKS
 
 

@@ -52,11 +52,9 @@ def _python() -> str:
     """A Python for the helper: this interpreter, the installation's where a program that embeds Python (uwsgi) left
     ``sys.executable`` naming itself, else ``/proc/self/exe`` (a path crossing a directory this uid cannot search)."""
     name = "python%d.%d" % sys.version_info[:2]
-    prefixes = (sys.exec_prefix, sys.base_exec_prefix)
-    for path in (sys.executable, *(os.path.join(prefix, "bin", name) for prefix in prefixes)):
-        if os.path.basename(path).startswith("python") and os.access(path, os.X_OK):
-            return path
-    return "/proc/self/exe"
+    paths = (sys.executable, *(os.path.join(prefix, "bin", name) for prefix in (sys.exec_prefix, sys.base_exec_prefix)))
+    usable = (p for p in paths if os.path.basename(p).startswith("python") and os.access(p, os.X_OK))
+    return next(usable, "/proc/self/exe")
 
 
 def start(argv: Sequence[str], *, stdout, env: Mapping[str, str] | None = None, grace: float = 0.0,

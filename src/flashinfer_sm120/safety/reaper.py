@@ -1,6 +1,7 @@
 """``python -I -S reaper.py PARENT GRACE STATUS_FD PROGRAM ARGS...`` (:func:`.proc.start`): PROGRAM under a child
 subreaper, which kills every descendant re-parented to it, whatever session, group or environment it took (P6)."""
 
+import contextlib
 import os
 import signal
 import sys
@@ -48,12 +49,10 @@ def main(parent: str, grace: str, status_fd: str, *argv: str) -> int:
         return 127
     me, rc, stop_at, ending_at, grace_s, wait_s = os.getpid(), None, None, None, float(grace), 0.01
     while True:
-        try:
+        with contextlib.suppress(ChildProcessError):
             while (reaped := os.waitpid(-1, os.WNOHANG))[0]:
                 if reaped[0] == prog:
                     rc = os.waitstatus_to_exitcode(reaped[1])
-        except ChildProcessError:
-            pass
         now = time.monotonic()
         if ending_at is None and (rc is not None or (stop_at is not None and now - stop_at >= grace_s)):
             ending_at = now
@@ -64,10 +63,8 @@ def main(parent: str, grace: str, status_fd: str, *argv: str) -> int:
         if rc is not None and not kids:
             break
         for kid in kids:  # only children: their pids stay ours until reaped here, so none is reused meanwhile
-            try:
+            with contextlib.suppress(OSError):  # another uid's (a set-uid program): left, as the kernel leaves it to us
                 os.kill(kid, signal.SIGKILL)
-            except OSError:  # another uid's (a set-uid program): left, as the kernel leaves it to us
-                pass
         if kids:
             wait_s = 0.01
         info = signal.sigtimedwait(watched, wait_s)

@@ -12,9 +12,6 @@ from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats import base, reads
 from flashinfer_sm120.safety.ownership import Untrusted, file_ok, resolve, trust_reason
 
-__all__ = ["MAX_WRAPPER_DEPTH", "MAX_SCRIPT_BYTES", "SHELLS", "SHELL_OPTIONS", "LAUNCHERS", "OPAQUE", "Trace", "trace",
-           "hands_on", "named_paths", "named_path_problem", "which"]
-
 MAX_WRAPPER_DEPTH = 8
 #: A script is read whole (a line past what was read could run anything); a larger one is refused.
 MAX_SCRIPT_BYTES = 256 << 10

@@ -27,11 +27,9 @@ def try_take(path: str | os.PathLike, label: str = "") -> FileLock | None:
     """The lock at ``path`` if free now, else None; :raises PlaceError: another uid holds it (it could hold
     it for ever, so it is not waited for, P6)."""
     lock = FileLock(str(path), thread_local=False)
-    try:
+    with contextlib.suppress(Timeout):
         lock.acquire(timeout=0)
         return lock
-    except Timeout:
-        pass
     if (h := foreign(path)) is not None:
         raise PlaceError(f"{label}: FlashInfer's lock {path} is held by pid {h.pid} of uid {h.uid}, not you; it "
                          f"can hold your build off for as long as it likes, so it is not waited for. Fix: build in "

@@ -1,6 +1,5 @@
-"""The module names ``flashinfer-sm120 build`` knows, as data: each :class:`Variant` calls the getter its
-FlashInfer API calls on first use (arguments matched by name against its URI function, 0.4.0 - 0.7.4) and
-takes the spec it reaches ``build_and_load`` with, so the URI and ``build.ninja`` are FlashInfer's own."""
+"""The modules ``build`` knows, as data: each :class:`Variant` calls the getter its FlashInfer API calls on first
+use and takes the spec it reaches ``build_and_load`` with, so the URI and ``build.ninja`` are FlashInfer's own."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""The one scheduler of warm-up builds: ``jobs`` compile slots (and, with a ``mem_budget``, memory) shared by
-many modules, each built by its own ninja in its own directory under FlashInfer's per-module lock, every step
-watched and every ninja stopped with what it started (threat-model: P5, P6)."""
+"""The one scheduler of warm-up builds: ``jobs`` compile slots (and memory) shared by modules, each built by its own
+ninja under FlashInfer's per-module lock, every step watched, every ninja stopped with what it started (P5, P6)."""
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import queue
@@ -86,12 +86,10 @@ class _Running:
             if not cut:
                 events.put((self, line.rstrip("\n")))
             cut = not line.endswith("\n")
-        try:  # reap ninja here, for the peak RSS of everything it ran (ru_maxrss of its reaped tree)
+        with contextlib.suppress(ChildProcessError):  # reaped here for its tree's peak RSS, or by Popen.wait() (Ctrl-C)
             _, status, usage = os.wait4(self.proc.pid, 0)
             self.proc.returncode = os.waitstatus_to_exitcode(status)
             self.peak_rss = usage.ru_maxrss * 1024  # kilobytes on Linux
-        except ChildProcessError:
-            pass  # reaped already (interrupted): Popen.wait() has the status
         events.put((self, None))
 
     def watch(self, now: float, step_timeout: float) -> None:

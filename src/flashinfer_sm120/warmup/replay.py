@@ -1,6 +1,5 @@
-"""One path from names and manifests to specs: ``build``'s variants and ``build --from MANIFEST`` (each entry remade
-by the generator it names in the local FlashInfer, which writes its own sources; 0.2.0's entries carrying source
-text are refused, P2); the entry's grammar and recorder are in ``core.jitenv``."""
+"""One path from names and manifests to specs: ``build``'s variants and ``build --from`` entries, each remade by the
+generator it names in the local FlashInfer (0.2.0's entries with source text refused, P2); grammar: ``core.jitenv``."""
 
 from __future__ import annotations
 

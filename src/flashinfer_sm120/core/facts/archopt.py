@@ -8,8 +8,6 @@ import os
 from flashinfer_sm120.core.facts.arch import parse_arch_list
 from flashinfer_sm120.safety.formats.base import shown
 
-__all__ = ["export_arch_list", "named", "assigned"]
-
 #: ``(as typed, as exported)`` by :func:`export_arch_list`, so messages name the ``--arch`` the user typed.
 _option: tuple[str, str] | None = None
 

@@ -3,6 +3,7 @@ pip recorded (``direct_url.json``, PEP 610).  Standard library only, never raise
 
 from __future__ import annotations
 
+import contextlib
 import json
 import urllib.parse
 import urllib.request
@@ -29,7 +30,7 @@ def require_dependencies() -> None:
 def source() -> str:
     """The checkout pip recorded (shell-quoted), else a placeholder; only a small regular ``direct_url.json``
     naming a ``file:`` URL of this host counts (P6)."""
-    try:
+    with contextlib.suppress(Exception):
         import os
         import shlex
         import stat
@@ -50,8 +51,6 @@ def source() -> str:
                 if (parts.netloc in ("", "localhost") and path.startswith("/") and path.isprintable()
                         and len(path) < 512):
                     return shlex.quote(path)
-    except Exception:
-        pass
     return "/path/to/flashinfer-sm120"
 
 

@@ -87,8 +87,5 @@ def release_info(version: str | None) -> ReleaseInfo:
         return ReleaseInfo(ver, False, f"FlashInfer {ver} is not supported (flashinfer-sm120 "
                            f"supports FlashInfer {SUPPORTED}), not patching. Fix: pip install "
                            "'flashinfer-python>=0.4.0', or uninstall flashinfer-sm120", "unsupported")
-    for spec, row in RELEASES:
-        if base in spec:
-            return ReleaseInfo(ver, True, None, guard_points=_GUARD, **row)
-    return ReleaseInfo(ver, False, f"FlashInfer {ver} matches no row of the release table, "
-                       "not patching. Fix: upgrade flashinfer-sm120", "unknown")  # pragma: no cover
+    row = next(row for spec, row in RELEASES if base in spec)  # the rows cover SUPPORTED
+    return ReleaseInfo(ver, True, None, guard_points=_GUARD, **row)

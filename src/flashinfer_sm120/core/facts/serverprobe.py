@@ -191,11 +191,6 @@ class ArchChoice:
     how: str
 
 
-def _env_per_gpu(got: object, caps: tuple) -> bool:
-    return isinstance(got, list) and len(got) == len(caps) and all(
-        isinstance(e, dict) and all(isinstance(v, str) and len(v) <= 4096 for v in e.values()) for e in got)
-
-
 def server_arch(key: str, capabilities: list[tuple[int, int]], env: dict[str, str]) -> ArchChoice | None:
     """What server ``key``'s model process sets FlashInfer's arch list to on ``capabilities`` (``None``: no such
     rule); ``value`` is the first GPU's, ``targets`` every one's."""
@@ -211,7 +206,8 @@ def server_arch(key: str, capabilities: list[tuple[int, int]], env: dict[str, st
         path = os.path.join(pkg, *rule.file.split("/"))
         got, how = _run_rule(_ARCH_PROBE, path, rule.function, tuple(sorted(env.items())),
                              json.dumps([list(c) for c in caps]))
-        if got is not None and not _env_per_gpu(got, caps):
+        if got is not None and not (isinstance(got, list) and len(got) == len(caps) and all(
+                isinstance(e, dict) and all(isinstance(v, str) and len(v) <= 4096 for v in e.values()) for e in got)):
             got, how = None, (f"{path} {rule.function}() gave {shown(str(got), 200)}, not one "
                               f"environment per GPU")
         if got is not None:

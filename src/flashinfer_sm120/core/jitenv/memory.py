@@ -1,6 +1,5 @@
-"""The memory budget of JIT compiles: what this process may use (cgroup v1/v2 at every level, ``MemAvailable``,
-unified-memory GPUs), what one compile of each module family takes, ``MAX_JOBS`` and ``FLASHINFER_NVCC_THREADS``
-read exactly as FlashInfer reads them; :func:`budget` is the one computation."""
+"""The memory budget of JIT compiles: what this process may use (cgroups, ``MemAvailable``, unified-memory GPUs),
+what one compile takes per module family, ``MAX_JOBS`` and ``FLASHINFER_NVCC_THREADS`` as FlashInfer reads them."""
 
 from __future__ import annotations
 
@@ -249,11 +248,8 @@ def heaviest_estimate() -> Estimate:
 
 
 def cpus() -> int:
-    """CPUs this process may run on (``sched_getaffinity``)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    """CPUs this process may run on (``sched_getaffinity``: the package is Linux-only)."""
+    return len(os.sched_getaffinity(0))
 
 
 def max_jobs(env=None) -> tuple[str | None, int | None, str | None]:

@@ -1,6 +1,5 @@
-"""The manifest: ``FLASHINFER_SM120_RECORD=/path/manifest.jsonl`` records every JIT module this process builds or
-loads as data: the FlashInfer ``gen_*_module`` that made it and its arguments, never source text (P2), so replay
-(``build --from``) calls it again; :func:`parse_entry` is the one grammar of an entry, for replay."""
+"""The manifest: ``FLASHINFER_SM120_RECORD=/abs/manifest.jsonl`` records each JIT module built or loaded as its
+``gen_*_module`` and arguments, never source text (P2), for ``build --from``; :func:`parse_entry` is its grammar."""
 
 from __future__ import annotations
 
@@ -200,10 +199,8 @@ def _open(path: str, flags: int) -> int:
     if problem:
         raise PlaceError(str(problem))
     os.stat(where)  # a missing directory is named (ENOENT); a file in the way, by lstat's ENOTDIR below
-    try:  # P4: what would be created is checked before it is, and again once open
+    with contextlib.suppress(FileNotFoundError):  # P4: what would be made is checked before it is, and once open
         _refuse_target(os.lstat(path), path)
-    except FileNotFoundError:
-        pass
     # non-blocking: a FIFO without a reader must not hang FlashInfer's build_and_load; 0600: P6, nobody else can
     # open (and so lock) a manifest this makes
     fd = os.open(path, flags | os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)

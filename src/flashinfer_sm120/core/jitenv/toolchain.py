@@ -1,6 +1,5 @@
-"""What FlashInfer's JIT builds get besides the toolkit, decided at the first JIT build: the compiler variables
-(checked at import by :mod:`flashinfer_sm120.safety.compilers`), ``MAX_JOBS`` from the memory budget
-(:mod:`.memory`) and the compiler cache when asked for (:mod:`.launcher`), applied through the export's undo log."""
+"""What FlashInfer's JIT builds get besides the toolkit, decided at the first one: the compiler variables checked,
+``MAX_JOBS`` from the memory budget and the compiler cache when asked for, applied through the export's undo log."""
 
 from __future__ import annotations
 

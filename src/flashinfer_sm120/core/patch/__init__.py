@@ -1,6 +1,5 @@
-"""Patch FlashInfer, through wrapt post-import hooks (FlashInfer may be imported before or after), so that its
-JIT builds use the chosen toolkit and targets.  Every change goes into the undo log and is undone as a whole if
-a required step fails; when no toolkit fits FlashInfer is guarded: its first JIT build raises the one message."""
+"""Patch FlashInfer through wrapt post-import hooks so its JIT builds use the chosen toolkit and targets, undone as
+a whole if a required step fails; with no toolkit that fits (guard), its first JIT build raises the one message."""
 
 from __future__ import annotations
 

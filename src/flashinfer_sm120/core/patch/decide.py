@@ -19,7 +19,7 @@ _REFUSED = (RejectKind.UNUSABLE, RejectKind.NOT_CHOSEN)
 ARCH_LIST_SHOWN = 200
 
 
-def _for_messages(value: str | None) -> str | None:
+def for_messages(value: str | None) -> str | None:
     if value is None or len(value) <= ARCH_LIST_SHOWN:
         return value
     return f"{value[:ARCH_LIST_SHOWN]}... ({len(value)} characters)"
@@ -75,7 +75,7 @@ def resolve(env: dict[str, str] | None = None, *, toolkits: Sequence[Toolkit] | 
     gpus = tuple(gq.gpus)
     naive = flashinfer_naive_root(env)
     unset = {k: v for k, v in env.items() if k not in EXPLICIT_SOURCES}
-    common = dict(gpus=gpus, arch_list=_for_messages(arch_list), arch_list_error=arch_err, naive_root=naive,
+    common = dict(gpus=gpus, arch_list=for_messages(arch_list), arch_list_error=arch_err, naive_root=naive,
                   naive_lacks=tuple(lacks(naive)) if naive else (), release=release, gpu_query=gq,
                   targets_from="gpus" if specs is None else "arch_list")
     candidates = discover(env) if toolkits is None else toolkits

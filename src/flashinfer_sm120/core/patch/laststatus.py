@@ -1,9 +1,9 @@
-"""The last statuses this user's processes reached, in ``<cache_root>/last-status.json`` (up to :data:`KEEP`
-records, newest first, one per set of :func:`inputs`: everything the resolution reads, without running anything),
+"""The last statuses this user's processes reached (``<cache_root>/last-status.json``, one per set of :func:`inputs`),
 so that ``status`` answers and a later process replays the decision instead of probing again (:func:`replay`)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -107,7 +107,7 @@ def from_status(st: dict) -> dict:
 
 def save(status: dict, recorded_inputs: dict[str, Any], res=None, export: dict | None = None) -> None:
     """Record ``status`` for ``recorded_inputs``, with a patched or noop process's ``res`` and ``export`` to replay."""
-    try:
+    with contextlib.suppress(Exception):  # a read-only HOME, a full disk: status takes the slow path
         st = dict(status)
         if st.get("toolkit"):
             st["toolkit"] = dict(st["toolkit"], stat=fingerprint(st["toolkit"]["nvcc"]))
@@ -124,8 +124,6 @@ def save(status: dict, recorded_inputs: dict[str, Any], res=None, export: dict |
             from flashinfer_sm120.safety.fs.atomic import write_json_atomic
 
             write_json_atomic(path(), {"schema": SCHEMA, "records": record + kept})
-    except Exception:  # a read-only HOME, a full disk: status takes the slow path
-        pass
 
 
 def load() -> tuple[list[dict], str | None]:

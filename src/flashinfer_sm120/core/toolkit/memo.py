@@ -1,6 +1,5 @@
 """Keyed JSON memos in the cache root (``--version`` answers, launcher probes, compile peaks): bounded, rewritten
-atomically, an entry kept while its ``stat`` holds (a failure: :data:`FAILURE_MEMORY_S`); one process computes, others
-wait (P6)."""
+atomically, kept while the ``stat`` holds (a failure: :data:`FAILURE_MEMORY_S`); one process computes (P6)."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ nvcc (steps as data, :func:`.memo.version_of`), the wheel first, then ``PATH``; 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -193,10 +194,8 @@ def link_dir(chosen: Ninja) -> str:
         made = make_private(".tmp-", parent)  # held while we live; a killed maker's is swept
         try:
             os.symlink(chosen.real, os.path.join(made.path, "ninja"))
-            try:
+            with contextlib.suppress(OSError):  # made meanwhile by another process (or something else is there)
                 os.rename(made.path, final)
-            except OSError:  # made meanwhile by another process (or something else is there)
-                pass
         finally:
             made.close()  # removes it unless renamed into place
     except (OSError, PlaceError) as exc:

@@ -50,13 +50,10 @@ NO_NVCC_FIX = {
 _OTHER_FIX = "reinstall the toolkit, or set CUDA_HOME to a complete one"
 
 
-def _nvcc_release(out: str) -> str:
-    return str(parse_version(_RELEASE_RE.search(out).group(3), "nvcc --version"))
-
-
 def nvcc_version(nvcc: str, timeout: float = NVCC_TIMEOUT_S) -> tuple[str | None, str | None]:
     """``(full, problem)`` of ``nvcc --version`` (:func:`version_of`); trust is checked by the caller."""
-    return version_of(nvcc, _nvcc_release, name="nvcc", fix=_WORKING, timeout=timeout)
+    return version_of(nvcc, lambda out: str(parse_version(_RELEASE_RE.search(out).group(3), "nvcc --version")),
+                      name="nvcc", fix=_WORKING, timeout=timeout)
 
 
 def _version_json(path: str) -> Version | None:

@@ -1,6 +1,5 @@
-"""``doctor``'s conclusions as data, judged from :func:`~flashinfer_sm120.diagnose.verify.report.collect`'s report:
-a verdict, what FlashInfer alone would do, and findings (branch on :class:`Level` and ``code``, never on text).
-A check is one entry of :data:`CHECKS`; a PROBLEM makes the verdict PROBLEM."""
+"""``doctor``'s conclusions as data, judged from :func:`.report.collect`'s report: a verdict, what FlashInfer alone
+would do, findings (branch on :class:`Level` and ``code``, never text); each check is one entry of :data:`CHECKS`."""
 
 from __future__ import annotations
 
@@ -13,9 +12,6 @@ from flashinfer_sm120.core.autoload_hook import HOOK_FILE
 from flashinfer_sm120.core.toolkit.model import Setting
 from flashinfer_sm120.core.view.meta import lacks
 from flashinfer_sm120.safety.formats.base import plural, shown
-
-__all__ = ["VERDICT_NOTES", "SETTING", "NO_TARGETS", "NO_TARGETS_FIX",
-           "Level", "Finding", "Alone", "Diagnosis", "CHECKS", "diagnose", "alone"]
 
 #: The code of a toolkit setting not used as given (a malformed or refused CUDA_HOME, CUDA_PATH, FLASHINFER_NVCC).
 SETTING = "toolkit-setting"

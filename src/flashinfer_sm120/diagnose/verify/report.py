@@ -1,6 +1,5 @@
-"""What ``doctor`` reports, as JSON-able data: the GPUs, every toolkit, the choice, FlashInfer with and without
-the patch, then the further sections.  Nothing here prints: :mod:`.diagnosis` judges it and
-:mod:`flashinfer_sm120.cli.doctor` renders both."""
+"""What ``doctor`` reports, as JSON-able data (GPUs, toolkits, the choice, FlashInfer with and without the patch,
+further sections); nothing here prints: :mod:`.diagnosis` judges it, :mod:`flashinfer_sm120.cli.doctor` renders."""
 
 from __future__ import annotations
 
@@ -20,9 +19,6 @@ from flashinfer_sm120.safety.formats.reads import loads_json
 from flashinfer_sm120.safety.formats.fields import iter_lines
 from flashinfer_sm120.safety.formats.params import parse_ninja_log_header
 from flashinfer_sm120.safety.formats.base import shown
-
-__all__ = ["ALONE_TIMEOUT_S", "collect", "ninja_section", "log_format_of_dir",
-           "servers_section", "build_line_section"]
 
 #: Seconds ``doctor`` lets unpatched FlashInfer run in its child process.  FlashInfer
 #: runs ``nvcc --version`` without a timeout, so a hung nvcc would hang it forever.
@@ -158,7 +154,7 @@ def collect(timeout: float = ALONE_TIMEOUT_S, *, sections: Sequence[tuple[str, C
     from flashinfer_sm120.core.toolkit.sources import discover
     from flashinfer_sm120.core.facts.gpus import query
     from flashinfer_sm120.core.facts.precompiled import dist_version
-    from flashinfer_sm120.core.patch.decide import resolve
+    from flashinfer_sm120.core.patch.decide import for_messages, resolve
     from flashinfer_sm120.core.patch.state import flashinfer_version
     from flashinfer_sm120.core.facts.releases import release_info
     from flashinfer_sm120.core.facts.serverprobe import fallback_text
@@ -178,9 +174,7 @@ def collect(timeout: float = ALONE_TIMEOUT_S, *, sections: Sequence[tuple[str, C
     gq = query()
     report["gpu_source"] = gq.describe()
     report["gpus"] = [{"index": g.index, "name": g.name, "capability": "%d.%d" % g.capability} for g in gq.gpus]
-    arch_list = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")  # as read; cut when it is too long to be one
-    report["FLASHINFER_CUDA_ARCH_LIST"] = arch_list if arch_list is None or len(arch_list) <= 4096 else (
-        arch_list[:200] + f"... ({len(arch_list)} characters)")
+    report["FLASHINFER_CUDA_ARCH_LIST"] = for_messages(os.environ.get("FLASHINFER_CUDA_ARCH_LIST"))  # as read, cut
     candidates = list(discover())  # every one read, once
     report["candidates"] = [tk.to_dict() for tk in candidates]
     states: dict[str, tuple[str, str]] = {}  # root -> (chosen | usable | rejected, why)

@@ -4,6 +4,7 @@ command words."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any
 
@@ -44,11 +45,9 @@ def parse(kind: str, text: Any, source: str, *, fix: str = "") -> str:
 def parse_version(text: Any, source: str, *, fix: str = "") -> Version:
     """One version of :data:`_VERSION_RE`, e.g. ``13.0.88`` (surrounding whitespace dropped)."""
     t = text.strip() if isinstance(text, str) else ""
-    try:
+    with contextlib.suppress(InvalidVersion):
         if _VERSION_RE.fullmatch(t):
             return Version(t)
-    except InvalidVersion:
-        pass
     raise _fail(source, f"{shown(text)} is not a version such as 13.0.88", fix)
 
 

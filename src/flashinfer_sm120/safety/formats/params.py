@@ -1,6 +1,5 @@
-"""Parameters from outside, by grammar: a manifest's generators and arguments (data, never code: P2, docs/safety.md
-section 4), compiler flags as FlashInfer's option forms, command-line numbers and a ninja log's header (P6, P8).
-Commands only."""
+"""Parameters from outside, by grammar (commands only): a manifest's generators and arguments (data, never code: P2),
+compiler flags as FlashInfer's option forms, command-line numbers and a ninja log's header (P6, P8)."""
 
 from __future__ import annotations
 

@@ -28,10 +28,6 @@ from flashinfer_sm120.safety.ownership import trust_reason
 logger = logging.getLogger("flashinfer_sm120")
 T = TypeVar("T")
 
-__all__ = ["GRACE_S", "Private", "compute_once", "hold", "make_private", "read_json", "sweep",
-           "temp_prefix", "write_atomic", "write_json_atomic", "BUILD_TMP_PREFIX", "TEMP_VARIABLES", "build_tmp",
-           "build_env", "exported_build_tmp"]
-
 #: An entry younger than this (seconds) is never swept: its maker may not have locked it yet
 #: (``mkdtemp``/``mkstemp`` and ``flock`` are two steps).
 GRACE_S = 60.0

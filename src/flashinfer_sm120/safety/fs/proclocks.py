@@ -9,8 +9,6 @@ import os
 from flashinfer_sm120.errors import FormatError
 from flashinfer_sm120.safety.formats.reads import read_bytes
 
-__all__ = ["Holder", "parse_proc_locks", "holders", "foreign", "PROC_LOCKS_MAX"]
-
 
 #: Bytes of ``/proc/locks`` read: a few thousand locks (a holder past them is not named).
 PROC_LOCKS_MAX = 1 << 20

@@ -15,9 +15,6 @@ from flashinfer_sm120.safety.ownership import deepest_existing, mine_problem, pa
 
 logger = logging.getLogger("flashinfer_sm120")
 
-__all__ = ["cache_root", "cache_root_notes", "forget_cache_root", "home_dir", "PATH_RULE",
-           "path_chars_problem", "path_problem", "jit_dir_problem"]
-
 _notes: list[str] = []
 _EXPLICIT = "$FLASHINFER_SM120_CACHE_DIR"
 _root_cache: dict[tuple, str] = {}

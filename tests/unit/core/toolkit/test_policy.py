@@ -7,7 +7,7 @@ from packaging.version import Version
 
 from helpers.toolkits import make_toolkit
 from flashinfer_sm120.core.facts import arch, archopt
-from flashinfer_sm120.errors import ToolkitError
+from flashinfer_sm120.errors import FormatError, ToolkitError
 from flashinfer_sm120.core.toolkit.policy import choose
 from flashinfer_sm120.core.toolkit.sources import discover
 from flashinfer_sm120.core.toolkit.probe import inspect
@@ -237,6 +237,9 @@ def test_toolkit_error_carries_fix_and_survives_pickling():
     again = pickle.loads(pickle.dumps(exc.value))
     assert again.fix == exc.value.fix and str(again) == str(exc.value)
     assert "none: searched CUDA_HOME" in str(exc.value)
+    fmt = FormatError("m.json: bad; Fix: redo", source="m.json", problem="bad", fix="redo")
+    back = pickle.loads(pickle.dumps(fmt))
+    assert (str(back), back.source, back.problem, back.fix) == (str(fmt), "m.json", "bad", "redo")
 
 
 def test_arch_list_is_named_in_the_refusal():
