@@ -108,6 +108,16 @@ def test_release_table_names_each_era():
     assert not old.supported and "FlashInfer 0.3.1 is not supported" in old.reason and "not patching" in old.reason
 
 
+def test_the_release_rows_cover_every_supported_version_once():
+    """``release_info`` takes the first row that holds a version: a gap or an overlap between rows is a bug."""
+    from flashinfer_sm120.core.facts.releases import RELEASES, SUPPORTED
+
+    bounds = [[s.version for s in sorted(spec, key=lambda s: s.operator != ">=")] for spec, _ in RELEASES]
+    assert {s.version for s in SUPPORTED} == {bounds[0][0]} and len(bounds[-1]) == 1
+    assert all(high == nxt[0] for (_, high), nxt in zip(bounds[:-1], bounds[1:])), bounds
+    assert all({s.operator for s in spec} <= {">=", "<"} for spec, _ in RELEASES)
+
+
 def test_unsupported_release_is_left_alone(clean_env, tmp_path):
     # a stand-in FlashInfer 0.3.1: the gate refuses it before any step runs
     pkg = tmp_path / "old" / "flashinfer"
