@@ -79,11 +79,9 @@ def run_status(args: argparse.Namespace) -> int:
 def _full(args: argparse.Namespace) -> int:
     """Import FlashInfer with the patch and ask :func:`flashinfer_sm120.status` (recorded for the next call)."""
     import flashinfer_sm120 as shim
-    from flashinfer_sm120.core.patch.state import STATE
 
     try:
-        with STATE.listing_import():
-            import flashinfer.jit.core  # noqa: F401  (patching happens on this import)
+        import flashinfer.jit.core  # noqa: F401  (patching happens on this import)
     except Exception as exc:  # FlashInfer's own import failed: say why, and what we did before it
         from flashinfer_sm120.core.facts.refusals import import_failure
         from flashinfer_sm120.core.facts.reinstall import DEPENDENCIES

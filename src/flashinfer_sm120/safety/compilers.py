@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections import namedtuple
 
 from flashinfer_sm120.errors import FormatError
-from flashinfer_sm120.safety.formats import base, fields, grammar, reads
+from flashinfer_sm120.safety.formats import base, fields, grammar
 from flashinfer_sm120.safety.fs.atomic import TEMP_VARIABLES
 from flashinfer_sm120.safety.ownership import PathProblem, trust_reason
 from flashinfer_sm120.safety.trust import SHELL_OPTIONS, hands_on, named_path_problem, named_paths, trace, which
@@ -30,13 +29,6 @@ DIR_VARIABLES = ("GCC_EXEC_PREFIX", "COMPILER_PATH", "LIBRARY_PATH", "CPATH", "C
 
 #: The compiler cache's opt-in variable; its one value besides off is ``sccache``.
 CACHE_ENV = "FLASHINFER_SM120_COMPILER_CACHE"
-#: sccache 0.16's variables that choose a remote cache instead of its local disk (its docs/Configuration.md).
-REMOTE_CACHE_VARIABLES = ("SCCACHE_BUCKET", "SCCACHE_REDIS", "SCCACHE_REDIS_ENDPOINT",
-                          "SCCACHE_REDIS_CLUSTER_ENDPOINTS", "SCCACHE_MEMCACHED", "SCCACHE_MEMCACHED_ENDPOINT",
-                          "SCCACHE_GCS_BUCKET", "SCCACHE_GHA_ENABLED", "SCCACHE_AZURE_CONNECTION_STRING",
-                          "SCCACHE_WEBDAV_ENDPOINT", "SCCACHE_OSS_BUCKET", "SCCACHE_COS_BUCKET")
-
-
 def requested(env=None) -> tuple[str | None, str | None]:
     """``(kind, problem)``: ``("sccache", None)``, ``(None, None)`` when not asked for, ``(None, why and the fix)``."""
     try:
@@ -50,52 +42,6 @@ def requested(env=None) -> tuple[str | None, str | None]:
         return value, None
     return None, (f"{CACHE_ENV}={base.shown(raw, 40)} is not a compiler cache flashinfer-sm120 knows; set it to "
                   "sccache, or unset it")
-
-
-def sccache_rows(env, given: dict) -> list[tuple[str, str, str, str]]:
-    """``workspace.code_dirs`` rows while FlashInfer compiles through sccache's local disk cache (asked for, or a
-    launcher of yours): the config file sccache reads, and its cache directory as sccache 0.16 chooses it."""
-    words = [os.path.basename(w) for v in ("FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_CXX_LAUNCHER")
-             for w in (env.get(v) or "").split()]
-    on = requested(env)[0] == "sccache" or any(w.startswith("sccache") for w in words)
-    if not on or any(env.get(v) for v in REMOTE_CACHE_VARIABLES):
-        return []
-    conf, disk, _ = sccache_config(env)  # a file sccache cannot parse refuses the cache: launcher.private_server
-    fix = "set SCCACHE_DIR to a directory of your own"
-    rows = [("SCCACHE_CONF", conf, conf, f"set SCCACHE_CONF to a file of your own (it chooses where compiled objects "
-                                         f"come from), or remove {conf}")]
-    if "SCCACHE_DIR" in given:
-        return rows + [("SCCACHE_DIR", given["SCCACHE_DIR"], given["SCCACHE_DIR"], fix + ", or unset it")]
-    if disk and not any(env.get(v) is not None for v in ("SCCACHE_CACHE_SIZE", "SCCACHE_DIRECT",
-                                                         "SCCACHE_LOCAL_RW_MODE")):  # each replaces [cache.disk]
-        return rows + [(f"{conf}: [cache.disk] dir", disk, disk, fix)]
-    var = "XDG_CACHE_HOME" if "XDG_CACHE_HOME" in given else "HOME"
-    return rows + [(var, given[var], os.path.join(given[var], "sccache" if var != "HOME" else ".cache/sccache"), fix)]
-
-
-def sccache_config(env) -> tuple[str, str | None, str | None]:
-    """``(the config file sccache 0.16 reads, its [cache.disk] dir, problem)``: ``SCCACHE_CONF``, else
-    ``$XDG_CONFIG_HOME/sccache/config`` (its src/config.rs); ``problem``: unreadable or bad TOML, and the fix."""
-    from flashinfer_sm120.safety.fs.statedir import home_dir
-
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10: the tomli dependency
-        import tomli as tomllib
-    xdg = env.get("XDG_CONFIG_HOME") or ""
-    path = env.get("SCCACHE_CONF", os.path.join(xdg if os.path.isabs(xdg) else os.path.join(
-        env.get("HOME") or home_dir() or "/", ".config"), "sccache", "config"))
-    if not os.path.lexists(path):
-        return path, None, None
-    try:  # P6: bounded, and a FIFO never blocks
-        data = reads.read_bytes(path, 1 << 20).decode()
-        conf = json.loads(data) if path.endswith(".json") else tomllib.loads(data)
-        disk = conf.get("cache", {}).get("disk", {}).get("dir")
-        return path, disk if isinstance(disk, str) and disk else None, None
-    except (FormatError, ValueError, AttributeError) as exc:  # sccache does not start with a file it cannot parse
-        why = base.shown(str(exc), 200)
-        return path, None, (f"sccache's config file {base.shown(path, 200)} cannot be read as TOML ({why}). "
-                            f"Fix: correct or remove it, or set SCCACHE_CONF to a file of your own")
 
 
 _PROGRAM_FIX = "point {var} at a program owned by root or you and not writable by others, or unset it"

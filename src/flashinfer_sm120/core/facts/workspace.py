@@ -60,7 +60,7 @@ def tag_for(tk) -> str:
 #: ``FLASHINFER_CUBIN_DIR`` (``jit/env.py``; CuTe-DSL FMHA loads the ``.so`` files its ``checksums.txt`` lists,
 #: trtllm-gen compile lines ``-I`` it), ``FLASHINFER_DSL_FMHA_LOCAL_DIR`` (``.so`` loaded), b12x's compile cache
 #: (``.o`` loaded), CuTe DSL's cache (IR compiled and run; unset, :func:`cute_cache`); sccache's config file and
-#: disk cache (objects linked; only while FlashInfer compiles through it): :func:`.compilers.sccache_rows`.
+#: disk cache refuse the compiler cache instead: :func:`.launcher.private_server`.
 CODE_DIRS = {
     "FLASHINFER_CUBIN_DIR": ((WSB, ".cache/flashinfer/cubins"), ("HOME", ".cache/flashinfer/cubins")),
     "FLASHINFER_DSL_FMHA_LOCAL_DIR": (),
@@ -103,11 +103,6 @@ def code_dirs(jit_dir: str, env=None) -> list[tuple[str, str, str, str]]:
             continue
         out += [(v, given[v], os.path.join(given[v], rel), f"set {var} to a directory of your own")
                 for v, rel in defaults if v in given][:1]
-    if any(env.get(v) for v in ("FLASHINFER_SM120_COMPILER_CACHE", "FLASHINFER_NVCC_LAUNCHER",
-                                "FLASHINFER_CXX_LAUNCHER")):  # else never loaded (the autoload's weight)
-        from flashinfer_sm120.safety.compilers import sccache_rows
-
-        out += sccache_rows(env, given)
     cute = cute_cache(env)
     return out + ([(*cute, CUTE_FIX)] if cute else [])
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import pathlib
@@ -130,8 +131,8 @@ def basedirs(env=None) -> list[str]:
 
 def private_server(out, launcher: str, env, listing: bool = False) -> tuple[dict, Verdict | None]:
     """``(env for launcher, its refusal)``: an sccache gets our own server, on a socket in this process's private
-    directory (P2: any local user reaches a TCP port or a shared socket), started once here (:func:`start_server`)."""
-    from flashinfer_sm120.safety.compilers import sccache_config
+    directory (P2: any local user reaches a TCP port or a shared socket), started once here (:func:`start_server`),
+    and is refused where its config file or the disk cache it reports fails the trust rule (P2)."""
     from flashinfer_sm120.safety.fs.atomic import BUILD_TMP_PREFIX, build_tmp
 
     if not os.path.basename(launcher).startswith("sccache"):
@@ -142,15 +143,63 @@ def private_server(out, launcher: str, env, listing: bool = False) -> tuple[dict
                                 f"server on a socket in its private temporary directory; on a port or a shared "
                                 f"socket another local user could run programs as you, or serve your builds from "
                                 f"their cache. Fix: unset {var}")
-    bad = sccache_config(env)[2]  # its [cache.disk] dir and the file's owner: workspace.code_dirs (P2)
+    bad = config_problem(env)
     if listing or bad:  # P4: a listing command creates nothing
         return env, bad and Verdict(False, None, bad)
+    hung = launcher_version(launcher)[1]
+    if hung:
+        return env, hung
     out.set["SCCACHE_SERVER_UDS"] = sock = os.path.join(build_tmp(), "sccache.sock")
     env = dict(env, **out.set)
     failed = start_server(launcher, env)
-    return env, failed and Verdict(False, None, f"{launcher} did not listen on SCCACHE_SERVER_UDS={sock} "
-                                                f"({failed}). Fix: pip install sccache (0.16 reads it); a path too "
-                                                f"long for a socket: a shorter TMPDIR")
+    if failed:
+        return env, Verdict(False, None, f"{launcher} did not listen on SCCACHE_SERVER_UDS={sock} ({failed}). Fix: "
+                                         f"pip install sccache (0.16 reads it); a path too long for a socket: a "
+                                         f"shorter TMPDIR")
+    bad = disk_problem(launcher, env)
+    if bad:  # stopped now, and never taken for a running one of ours
+        run([launcher, "--stop-server"], timeout=5.0, env=env)
+        with contextlib.suppress(OSError):
+            os.unlink(sock)
+    return env, bad and Verdict(False, None, bad)
+
+
+def config_problem(env) -> str | None:
+    """Why the config file sccache 0.16 reads (``SCCACHE_CONF``, else ``$XDG_CONFIG_HOME/sccache/config``, a relative
+    one ignored: its src/config.rs) may not choose where compiled objects come from (P2), or ``None``."""
+    from flashinfer_sm120.safety.fs.statedir import home_dir
+    from flashinfer_sm120.safety.ownership import trust_reason
+
+    xdg = env.get("XDG_CONFIG_HOME") or ""
+    path = env.get("SCCACHE_CONF", os.path.join(xdg if os.path.isabs(xdg) else os.path.join(
+        env.get("HOME") or home_dir() or "/", ".config"), "sccache", "config"))
+    if not os.path.lexists(path):
+        return None
+    why = trust_reason(path, absent_ok=False) or (None if os.path.isfile(path) else "it is not a regular file")
+    named = "SCCACHE_CONF" if "SCCACHE_CONF" in env else "its default place"
+    return why and (f"sccache's config file {shown(path, 200)} ({named}) chooses where compiled objects come from, "
+                    f"and fails the trust rule: {why}. Fix: set SCCACHE_CONF to a file of your own, or remove that file")
+
+
+def disk_problem(launcher: str, env) -> str | None:
+    """Why our server's cache may not be used (P2): the local disk cache sccache itself reports (its choice among
+    ``SCCACHE_DIR``, the config file, ``XDG_CACHE_HOME`` and the rest) fails the trust rule; a remote one is chosen
+    by your variables or your config file, already checked."""
+    from flashinfer_sm120.safety.ownership import trust_reason
+
+    where = show_stats(launcher, env).get("cache_location")
+    if not isinstance(where, str):
+        return f"{launcher} --show-stats did not say where its cache is. Fix: pip install sccache"
+    if not where.startswith("Local disk: "):
+        return None
+    try:  # "" or relative: the server's working directory, this process's
+        path = os.path.join(os.getcwd(), json.loads(where.removeprefix("Local disk: ")))
+    except (ValueError, TypeError):
+        path = where
+    why = trust_reason(path) if os.path.isabs(path) else f"not a path sccache names plainly ({shown(where, 200)})"
+    return why and (f"sccache's disk cache {shown(path, 200)} (SCCACHE_DIR, else the config file's [cache.disk] dir, "
+                    f"else ~/.cache/sccache) fails the trust rule: {why}. Fix: set SCCACHE_DIR to a directory of "
+                    f"your own")
 
 
 def start_server(launcher: str, env) -> str | None:
@@ -194,16 +243,20 @@ def start_server(launcher: str, env) -> str | None:
 
 
 def stats(timeout: float = 60.0) -> dict | None:
-    """sccache's JSON stats (bounded, P6; ``{}``: it gave none) when FlashInfer's nvcc launcher is an sccache, else
-    ``None``."""
+    """sccache's JSON stats (``{}``: it gave none) when FlashInfer's nvcc launcher is an sccache, else ``None``."""
     path = os.environ.get("FLASHINFER_NVCC_LAUNCHER", "").split()
     if not path or not os.path.basename(path[0]).startswith("sccache"):
         return None
-    res = run([path[0], "--show-stats", "--stats-format=json"], timeout=timeout, max_output=1 << 20)
+    return show_stats(path[0], os.environ, timeout)
+
+
+def show_stats(launcher: str, env, timeout: float = 60.0) -> dict:
+    """``launcher --show-stats --stats-format=json`` parsed (bounded, P6), ``{}`` when it gave none."""
+    res = run([launcher, "--show-stats", "--stats-format=json"], timeout=timeout, max_output=1 << 20, env=dict(env))
     # stdout and stderr come interleaved: the stats are sccache's one line of JSON
     line = next((ln for ln in reversed(res.output.splitlines()) if ln.startswith(b"{")), None)
     try:
-        data = loads_json(line, f"{path[0]} --show-stats") if res.ok and line else {}
+        data = loads_json(line, f"{launcher} --show-stats") if res.ok and line else {}
     except FormatError:
         return {}
     return data if isinstance(data, dict) else {}
@@ -233,21 +286,31 @@ class Verdict:
     remembered: bool = False
 
 
+def launcher_version(launcher: str) -> tuple[str | None, Verdict | None]:
+    """``(version, None)`` from ``launcher --version``, or ``(None, refusal)`` when it does not answer in time: a hung
+    one is refused before its server, stats and probe compile would each wait out their own deadline (P6)."""
+    from flashinfer_sm120.safety.compilers import CACHE_ENV
+
+    res = run([launcher, "--version"], timeout=VERSION_TIMEOUT_S, max_output=64 << 10)  # trusted when chosen: P2, P6
+    if res.timed_out:
+        return None, Verdict(False, None, f"{launcher} --version did not answer within {VERSION_TIMEOUT_S:g} s, so it "
+                             f"is taken for hung (every compile through it would wait). Fix: use a launcher that "
+                             f"answers, e.g. pip install sccache, or unset FLASHINFER_NVCC_LAUNCHER and {CACHE_ENV}",
+                             VERSION_TIMEOUT_S)
+    m = re.match(rb"\S+ v?(\d+(?:\.\d+)*)", res.output)
+    return (m.group(1).decode() if m else None), None
+
+
 def probe(launcher: str, nvcc: str, home: str, target: str, nvcc_version: str | None, *,
           timeout: float = PROBE_TIMEOUT_S, env=None) -> Verdict:
     """Compile :data:`PROBE_SOURCE` through ``launcher`` with FlashInfer's flags; a hung one is refused first (P6).
     :raises PlaceError: the temporary directory is another uid's (nothing compiled)."""
     from flashinfer_sm120.core.facts.arch import major_minor
-    from flashinfer_sm120.safety.compilers import CACHE_ENV
     from flashinfer_sm120.safety.fs.atomic import build_env, make_private
 
-    res = run([launcher, "--version"], timeout=VERSION_TIMEOUT_S, max_output=64 << 10)  # trusted when chosen: P2, P6
-    if res.timed_out:
-        return Verdict(False, None, f"{launcher} --version did not answer within {VERSION_TIMEOUT_S:g} s, so it is "
-                       f"taken for hung (every compile through it would wait). Fix: use a launcher that answers, e.g. "
-                       f"pip install sccache, or unset FLASHINFER_NVCC_LAUNCHER and {CACHE_ENV}", VERSION_TIMEOUT_S)
-    m = re.match(rb"\S+ v?(\d+(?:\.\d+)*)", res.output)
-    lver = m.group(1).decode() if m else None
+    lver, hung = launcher_version(launcher)
+    if hung:
+        return hung
     name = os.path.basename(launcher)
     gencode = f"-gencode=arch=compute_{target},code=sm_{target}"
     t0 = time.monotonic()

@@ -3,7 +3,6 @@ Modes: idle -> patched | guard | noop | failed at FlashInfer's import; reverted;
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import importlib.metadata
 import logging
@@ -67,36 +66,15 @@ class State:
 
     def listing_dir(self) -> str:
         """The private directory a listing's FlashInfer makes its workspace in: made at first use, removed at exit."""
-        if self._listing_dir is None:
+        if self._listing_dir is None:  # held while in use; a killed process's is swept by the next (P3)
             import atexit
-            import shutil
-            import tempfile
 
-            self._listing_dir = tempfile.mkdtemp(prefix="flashinfer-sm120-list-")
-            atexit.register(shutil.rmtree, self._listing_dir, True)
+            from flashinfer_sm120.safety.fs.atomic import make_private
+
+            private = make_private("flashinfer-sm120-list-")
+            atexit.register(private.close)
+            self._listing_dir = private.path
         return self._listing_dir
-
-    @contextlib.contextmanager
-    def listing_import(self):
-        """Around a listing's ``import flashinfer``: what FlashInfer's dependencies make at import in the temporary
-        directory (cuda-tile's ``mkdtemp``, CuTe DSL's caches) goes into :meth:`listing_dir` too (P4)."""
-        if not self.listing:
-            yield
-            return
-        import os
-        import tempfile
-
-        saved, tmp = os.environ.get("TMPDIR"), os.path.join(self.listing_dir(), "tmp")
-        os.makedirs(tmp, exist_ok=True)
-        os.environ["TMPDIR"], tempfile.tempdir = tmp, None
-        try:
-            yield
-        finally:
-            if saved is None:
-                del os.environ["TMPDIR"]
-            else:
-                os.environ["TMPDIR"] = saved
-            tempfile.tempdir = None
 
     def reset(self, mode: Mode) -> None:
         """Forget the resolution and the steps; switch to ``mode`` (the undo log must be empty)."""

@@ -64,7 +64,7 @@ def _flashinfer_alone(timeout: float = ALONE_TIMEOUT_S) -> dict:
 
     base = os.environ.get("FLASHINFER_WORKSPACE_BASE") or os.path.expanduser("~")
     scratch = os.path.join(STATE.listing_dir(), "alone") if STATE.listing else None  # P4: its import makes one
-    if scratch:  # and its dependencies' temporary files (cuda-tile, CuTe DSL's caches)
+    if scratch:  # and its dependencies' temporary files (cuda-tile's, which its atexit never removes: os._exit)
         os.makedirs(scratch, exist_ok=True)
     env = dict(os.environ, FLASHINFER_SM120_DISABLE="1",
                **({"FLASHINFER_WORKSPACE_BASE": scratch, "TMPDIR": scratch} if scratch else {}))
@@ -224,11 +224,8 @@ def _with_shim() -> dict:
     from flashinfer_sm120.core.jitenv import environ
     from flashinfer_sm120.safety.compilers import path_problem
 
-    from flashinfer_sm120.core.patch.state import STATE
-
     try:
-        with STATE.listing_import():
-            import flashinfer.jit.core  # noqa: F401  (triggers the hooks)
+        import flashinfer.jit.core  # noqa: F401  (triggers the hooks)
         import flashinfer.jit.env as jit_env
         import flashinfer.jit.cpp_ext as cx
 

@@ -217,6 +217,8 @@ def test_the_users_sccache_server_address_is_overridden_by_a_private_socket(tmp_
     monkeypatch.setattr(launcher, "probe_once", lambda *a, env, **k: envs.append(env) or launcher.Verdict(True, "0.16"))
     monkeypatch.setattr(launcher, "find_sccache", lambda env: ("/usr/bin/sccache", []))
     monkeypatch.setattr(launcher, "start_server", lambda launcher, env: None)  # it listens
+    monkeypatch.setattr(launcher, "launcher_version", lambda launcher: ("0.16.0", None))
+    monkeypatch.setattr(launcher, "disk_problem", lambda launcher, env: None)  # on a disk cache of yours
     tk = make_toolkit(tmp_path / "tk", "13.0.88")
     out = toolchain.configure(str(tk), str(tk / "bin" / "nvcc"), [(12, "0f")],
                               env={"PATH": "/usr/bin:/bin", "FLASHINFER_SM120_COMPILER_CACHE": "sccache", var: value})

