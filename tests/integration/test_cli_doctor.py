@@ -456,4 +456,4 @@ def test_doctor_names_each_refused_toolkit_and_why():
     r = doctor_report()
     r["candidates"].append(old)
     lines = "\n".join(doctor.render(r))
-    assert "refused: nvcc 12.4.131 at /opt/cuda-12.4 (PATH): nvcc 12.4 cannot build sm_120f" in lines, lines
+    assert "refused: nvcc 12.4.131 at '/opt/cuda-12.4' (PATH): nvcc 12.4 cannot build sm_120f" in lines, lines

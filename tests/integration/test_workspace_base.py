@@ -56,7 +56,8 @@ def test_a_relative_workspace_base_is_warned_about(tmp_path, clean_env):
 @needs_flashinfer
 def test_umask_000_leaves_no_level_of_flashinfers_workspace_open_to_others(tmp_path, clean_env):
     """Under ``umask 000`` a server's own ``import flashinfer`` made ``.cache/flashinfer/<version>/<arch>`` 0777
-    (``jit/core.py``'s ``os.makedirs``), a tree others could write code into: every level is made 0700 first (P2, P4)."""
+    (``jit/core.py``'s ``os.makedirs``), a tree others could write code into: every level is made 0755 first (P2, P4).
+    Not 0700: a cache that root builds is read by other users' servers (and FlashInfer's lock files with it)."""
     cwd, home = tmp_path / "cwd", tmp_path / "home"
     cwd.mkdir()
     home.mkdir(mode=0o700)
@@ -67,8 +68,8 @@ def test_umask_000_leaves_no_level_of_flashinfers_workspace_open_to_others(tmp_p
     assert ws.startswith(str(home / ".cache" / "flashinfer")), ws
     levels = [p for p in (home / ".cache" / "flashinfer").rglob("*") if p.is_dir()]
     assert str(ws) in map(str, levels), levels
-    for level in [home / ".cache", home / ".cache" / "flashinfer", *levels]:
-        assert level.stat().st_mode & 0o077 == 0, (level, oct(level.stat().st_mode))
+    for level in [home / ".cache", home / ".cache" / "flashinfer", *levels]:  # readable, as FlashInfer makes them
+        assert level.stat().st_mode & 0o777 == 0o755, (level, oct(level.stat().st_mode))
 
 
 @needs_flashinfer

@@ -147,8 +147,9 @@ def _toolkit(r: dict) -> list[str]:
              + (f"; {others}" if others else "")]
     if res["cuda_home"]["is_view"]:
         lines.append(f"  CUDA_HOME for FlashInfer: a view of it adding {', '.join(res['cuda_home']['added'])}")
-    return lines + [f"  refused: nvcc {c.get('nvcc_full') or '?'} at {c['root']} ({', '.join(c['sources'])}): "
-                    f"{(c.get('why') or '?')[:200]}" for c in r["candidates"] if c.get("state") == "rejected"]
+    return lines + [f"  refused: nvcc {c.get('nvcc_full') or '?'} at {shown(c['root'], 200)} "
+                    f"({', '.join(c['sources'])}): {(c.get('why') or '?')[:200]}"
+                    for c in r["candidates"] if c.get("state") == "rejected"]
 
 
 def _with(r: dict, d) -> str:

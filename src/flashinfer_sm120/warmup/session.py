@@ -175,11 +175,8 @@ def prepare(targets_from: str | None = None) -> Session:
     if st["mode"] == "disabled":
         raise BuildError("FLASHINFER_SM120_DISABLE is set, so FlashInfer would build with its own "
                          "toolkit choice; unset it (or set it to 0) to build with flashinfer-sm120")
-    if st["mode"] == "guard":  # what was found was just logged: the fix alone, which --json has nowhere else
-        fix = STATE.resolution.fix if STATE.resolution is not None else None
-        raise BuildError(f"no toolkit can build the requested targets (FlashInfer is guarded; what was found is in "
-                         f"the message above). Fix: {fix or 'see that message'} (--arch sets "
-                         f"FLASHINFER_CUDA_ARCH_LIST, so the fix applies to --arch as well)")
+    if st["mode"] == "guard":  # what was found and the fix, once: on stderr, and in --json's error
+        raise BuildError(st["error"])
     if st["mode"] not in ("patched", "noop"):
         raise BuildError(f"FlashInfer could not be set up ({st['mode']}): {st['error']}")
     if not st["target_cuda_archs"]:

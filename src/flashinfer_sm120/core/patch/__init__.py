@@ -183,9 +183,9 @@ def _warn_jit_dir() -> None:
 
 def _announce(mode: Mode, res: Resolution) -> None:
     STATE.summary = render(mode, res)
-    if mode is Mode.GUARD:
+    if mode is Mode.GUARD:  # a listing command (status, doctor, build until its checks pass) says it once itself
         STATE.error = res.error
-        logger.error("flashinfer-sm120: %s", STATE.summary)
+        logger.log(logging.INFO if STATE.listing else logging.ERROR, "flashinfer-sm120: %s", STATE.summary)
         return
     # Changing the toolkit FlashInfer would have used, or a CUDA_HOME it could not link with (its own nvcc kept in
     # a view), or a toolkit setting not used as given, is worth one visible line.

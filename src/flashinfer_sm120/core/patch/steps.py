@@ -228,7 +228,7 @@ def refresh_derived() -> None:
         ctx.TARGET_CUDA_ARCHS.update(fresh)
     if env is not None and hasattr(env, "_get_workspace_dir_name"):
         ws = env._get_workspace_dir_name()
-        # P2, P4: made 0700 before jit/core.py's os.makedirs (umask 000: 0777); a listing's, or one we may not make
+        # P2, P4: made before jit/core.py's os.makedirs would (umask 000: 0777); a listing's, or one we may not make
         # (another uid's tree: sudo -E), private: FlashInfer's import makes it and its log
         private = STATE.listing or not _make_workspace(str(ws))
         made = type(ws)(STATE.listing_dir()) if private else ws
@@ -240,15 +240,15 @@ def refresh_derived() -> None:
 
 
 def _make_workspace(ws: str) -> bool:
-    """Create a JIT workspace every level ``0700`` whatever the umask; ``False``: not, as it would be in another uid's
-    tree or below a level that fails the trust rule (P2, P4)."""
+    """Create a JIT workspace, no level writable by others whatever the umask; ``False``: not, as it would be in
+    another uid's tree or below a level that fails the trust rule (P2, P4)."""
     from flashinfer_sm120.safety.fs.places import foreign_tree, make_private_dirs
     from flashinfer_sm120.safety.ownership import trust_reason
 
     if foreign_tree(ws) is not None or trust_reason(ws) is not None:
         return False
     try:
-        make_private_dirs(ws)
+        make_private_dirs(ws, 0o755)
     except OSError:  # FlashInfer's own makedirs fails the same way, and its import says why
         pass
     return True

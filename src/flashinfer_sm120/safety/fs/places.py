@@ -11,8 +11,9 @@ from flashinfer_sm120.safety.ownership import deepest_existing
 __all__ = ["make_private_dirs", "ForeignTree", "foreign_tree", "foreign_tree_parts", "foreign_tree_message"]
 
 
-def make_private_dirs(path: str | os.PathLike) -> None:
-    """Create ``path`` and its missing parents ``0700`` whatever the umask.  Raises ``OSError``."""
+def make_private_dirs(path: str | os.PathLike, mode: int = 0o700) -> None:
+    """Create ``path`` and its missing parents ``0700`` whatever the umask, or ``mode`` less the umask (``0o755``:
+    FlashInfer's workspace, which a root-built cache's readers need, never writable by others).  Raises ``OSError``."""
     path = os.path.abspath(os.fspath(path))
     top = deepest_existing(path)
     missing = []
@@ -21,10 +22,11 @@ def make_private_dirs(path: str | os.PathLike) -> None:
         path = os.path.dirname(path)
     for d in reversed(missing):
         try:
-            os.mkdir(d, 0o700)
+            os.mkdir(d, mode)
         except FileExistsError:
             continue
-        os.chmod(d, 0o700)
+        if mode == 0o700:
+            os.chmod(d, 0o700)
 
 
 #: Creating ``path`` would put ``uid``'s directory inside ``top``, which ``owner`` owns (``sudo -E``).
