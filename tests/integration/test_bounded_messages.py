@@ -7,6 +7,7 @@ Every record of the ``flashinfer_sm120`` logger is bounded, and so are the cache
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -56,3 +57,18 @@ def test_doctor_verbose_cuts_a_long_value_wherever_it_quotes_it(clean_env, name)
     assert max(map(len, out.splitlines())) < 4_200, max(map(len, out.splitlines()))
     assert len(out) < 200_000, len(out)
     assert "characters)" in proc.stdout  # the cut says so
+
+
+@pytest.mark.parametrize("args", [["status", "--json"], ["doctor", "--json"], ["build", "--json", "activation"]])
+def test_json_commands_under_ulimit_f_0_print_one_document_without_a_traceback(clean_env, tmp_path, args):
+    """``ulimit -f 0``: tempfile finds "no usable temporary directory" (its probe file cannot be written), which
+    escaped as a traceback with nothing on stdout; every outcome is one JSON document (P8)."""
+    import resource
+    import subprocess
+    import sys
+
+    env = dict(clean_env, FLASHINFER_CUDA_ARCH_LIST="12.0")
+    proc = subprocess.run([sys.executable, "-m", "flashinfer_sm120", *args], env=env, capture_output=True, text=True,
+                          timeout=600, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0)))
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert isinstance(json.loads(proc.stdout), dict) and proc.returncode in (1, 2), proc.stdout[-2000:]

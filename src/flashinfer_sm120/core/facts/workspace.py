@@ -6,9 +6,9 @@ from __future__ import annotations
 import hashlib
 import os
 import pwd
-import tempfile
 
 from flashinfer_sm120.safety.formats.base import shown
+from flashinfer_sm120.safety.fs.statedir import temp_dir
 from flashinfer_sm120.safety.ownership import PathProblem, check_place, deepest_existing, own_place_fix
 
 WSB = "FLASHINFER_WORKSPACE_BASE"
@@ -77,7 +77,7 @@ def cute_cache(env) -> tuple[str, str, str] | None:
     if env.get("CUTE_DSL_CACHE_DIR"):
         return None
     var = "TMPDIR" if "TMPDIR" in env else next((v for v in ("TEMP", "TMP") if env.get(v)), "TMPDIR")
-    tmp = env[var] if var in env else tempfile.gettempdir()  # tempfile's order; an empty TMPDIR: the working dir
+    tmp = env[var] if var in env else temp_dir()  # tempfile's order; an empty TMPDIR: the working directory
     user = env.get("USER") or env.get("USERNAME")
     try:
         user = user or pwd.getpwuid(os.getuid()).pw_name

@@ -23,6 +23,7 @@ from flashinfer_sm120.errors import FormatError, PlaceError, StateFileError
 from flashinfer_sm120.safety import oserrors
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.reads import MAX_STATE_BYTES, read_json_file
+from flashinfer_sm120.safety.fs.statedir import temp_dir
 from flashinfer_sm120.safety.ownership import trust_reason
 
 logger = logging.getLogger("flashinfer_sm120")
@@ -43,7 +44,7 @@ def hold(fd: int) -> None:
 
 def sweep(prefix: str, parent: str | None = None) -> None:
     """Remove ``parent/prefix*`` entries of yours older than :data:`GRACE_S` nobody holds (no link); never raises."""
-    parent = parent or tempfile.gettempdir()
+    parent = parent or temp_dir()
     try:
         names = [n for n in os.listdir(parent) if n.startswith(prefix)]
     except OSError:
@@ -115,7 +116,7 @@ class Private:
 
 def make_private(prefix: str, parent: str | None = None) -> Private:
     """A new locked ``mkdtemp`` directory ``parent/prefix*`` (:class:`PlaceError` unless ``parent`` is ours: P4)."""
-    parent = parent or tempfile.gettempdir()
+    parent = parent or temp_dir()
     why = trust_reason(os.path.join(parent, prefix))
     if why:
         raise PlaceError(f"will not make a temporary directory in {shown(parent, 200)}: {why}. Fix: set "
@@ -208,7 +209,7 @@ def build_env(env) -> dict:
 def exported_build_tmp(environ=None) -> Iterator[str]:
     """Point :data:`TEMP_VARIABLES` at :func:`build_tmp` in the block (FlashInfer's ``run_ninja`` passes no ``env``)."""
     environ = os.environ if environ is None else environ
-    tempfile.gettempdir()  # chosen (and cached) from the user's setting, never from ours
+    temp_dir()  # chosen (and cached) from the user's setting, never from ours
     path = build_tmp()
     with _LOCK:
         if _EXPORTED["depth"] == 0:

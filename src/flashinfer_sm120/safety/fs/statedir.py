@@ -138,6 +138,15 @@ def _missing_home(what: str, path: str) -> str | None:
     return None
 
 
+def temp_dir() -> str:
+    """:func:`tempfile.gettempdir`, or where it looks first when no directory takes its probe file (``ulimit -f 0``):
+    the write that then fails is named by its errno with the fix (P8), not "no usable temporary directory"."""
+    try:
+        return tempfile.gettempdir()
+    except OSError:
+        return next((os.environ[v] for v in ("TMPDIR", "TEMP", "TMP") if os.environ.get(v)), "/tmp")
+
+
 def _candidates() -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     explicit = os.environ.get("FLASHINFER_SM120_CACHE_DIR")
@@ -150,7 +159,7 @@ def _candidates() -> list[tuple[str, str]]:
     if home is not None:
         out.append((_HOME, os.path.join(home, ".cache", "flashinfer-sm120")))
     out.append(("the per-uid fallback",
-                os.path.join(tempfile.gettempdir(), f"flashinfer-sm120-{os.geteuid()}")))
+                os.path.join(temp_dir(), f"flashinfer-sm120-{os.geteuid()}")))
     return out
 
 
