@@ -8,6 +8,7 @@ import functools
 import os
 import pwd
 import stat
+import tempfile
 
 from flashinfer_sm120.safety.formats.base import shown
 
@@ -123,6 +124,15 @@ def mine_problem(path: str, st: os.stat_result) -> str | None:
     if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return f"{path} is writable by other users (mode {stat.filemode(st.st_mode)}); {_open_fix(path, st)}"
     return None
+
+
+def temp_dir() -> str:
+    """:func:`tempfile.gettempdir`, or where it looks first when no directory takes its probe file (``ulimit -f 0``):
+    the write that then fails is named by its errno with the fix (P8), not "no usable temporary directory"."""
+    try:
+        return tempfile.gettempdir()
+    except OSError:
+        return next((os.environ[v] for v in ("TMPDIR", "TEMP", "TMP") if os.environ.get(v)), "/tmp")
 
 
 def deepest_existing(path: str) -> str:

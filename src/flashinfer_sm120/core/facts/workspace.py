@@ -8,8 +8,7 @@ import os
 import pwd
 
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.fs.statedir import temp_dir
-from flashinfer_sm120.safety.ownership import PathProblem, check_place, deepest_existing, own_place_fix
+from flashinfer_sm120.safety.ownership import PathProblem, check_place, deepest_existing, own_place_fix, temp_dir
 
 WSB = "FLASHINFER_WORKSPACE_BASE"
 

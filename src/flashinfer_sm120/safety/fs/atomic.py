@@ -23,8 +23,7 @@ from flashinfer_sm120.errors import FormatError, PlaceError, StateFileError
 from flashinfer_sm120.safety import oserrors
 from flashinfer_sm120.safety.formats.base import shown
 from flashinfer_sm120.safety.formats.reads import MAX_STATE_BYTES, read_json_file
-from flashinfer_sm120.safety.fs.statedir import temp_dir
-from flashinfer_sm120.safety.ownership import trust_reason
+from flashinfer_sm120.safety.ownership import temp_dir, trust_reason
 
 logger = logging.getLogger("flashinfer_sm120")
 T = TypeVar("T")

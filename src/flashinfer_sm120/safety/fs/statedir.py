@@ -7,11 +7,10 @@ import errno
 import logging
 import os
 import stat
-import tempfile
 
 from flashinfer_sm120.errors import StateFileError
 from flashinfer_sm120.safety.formats.base import bounded, shown, some
-from flashinfer_sm120.safety.ownership import deepest_existing, mine_problem, passwd_home, trust_reason
+from flashinfer_sm120.safety.ownership import deepest_existing, mine_problem, passwd_home, temp_dir, trust_reason
 
 logger = logging.getLogger("flashinfer_sm120")
 
@@ -136,15 +135,6 @@ def _missing_home(what: str, path: str) -> str | None:
         return (f"{what}={path!r} lies in the home directory {home!r}, which does not exist; a home is not "
                 f"created for a cache (set HOME to an existing directory, or FLASHINFER_SM120_CACHE_DIR)")
     return None
-
-
-def temp_dir() -> str:
-    """:func:`tempfile.gettempdir`, or where it looks first when no directory takes its probe file (``ulimit -f 0``):
-    the write that then fails is named by its errno with the fix (P8), not "no usable temporary directory"."""
-    try:
-        return tempfile.gettempdir()
-    except OSError:
-        return next((os.environ[v] for v in ("TMPDIR", "TEMP", "TMP") if os.environ.get(v)), "/tmp")
 
 
 def _candidates() -> list[tuple[str, str]]:
