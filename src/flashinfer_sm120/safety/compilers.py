@@ -29,6 +29,8 @@ DIR_VARIABLES = ("GCC_EXEC_PREFIX", "COMPILER_PATH", "LIBRARY_PATH", "CPATH", "C
 
 #: The compiler cache's opt-in variable; its one value besides off is ``sccache``.
 CACHE_ENV = "FLASHINFER_SM120_COMPILER_CACHE"
+
+
 def requested(env=None) -> tuple[str | None, str | None]:
     """``(kind, problem)``: ``("sccache", None)``, ``(None, None)`` when not asked for, ``(None, why and the fix)``."""
     try:

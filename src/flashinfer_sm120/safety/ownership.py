@@ -126,13 +126,17 @@ def mine_problem(path: str, st: os.stat_result) -> str | None:
     return None
 
 
+#: The variables :mod:`tempfile` takes the temporary directory from, in its order.
+TEMPFILE_VARIABLES = ("TMPDIR", "TEMP", "TMP")
+
+
 def temp_dir() -> str:
     """:func:`tempfile.gettempdir`, or where it looks first when no directory takes its probe file (``ulimit -f 0``):
     the write that then fails is named by its errno with the fix (P8), not "no usable temporary directory"."""
     try:
         return tempfile.gettempdir()
     except OSError:
-        return next((os.environ[v] for v in ("TMPDIR", "TEMP", "TMP") if os.environ.get(v)), "/tmp")
+        return next((os.environ[v] for v in TEMPFILE_VARIABLES if os.environ.get(v)), "/tmp")
 
 
 def deepest_existing(path: str) -> str:

@@ -8,7 +8,8 @@ import os
 import pwd
 
 from flashinfer_sm120.safety.formats.base import shown
-from flashinfer_sm120.safety.ownership import PathProblem, check_place, deepest_existing, own_place_fix, temp_dir
+from flashinfer_sm120.safety.ownership import (TEMPFILE_VARIABLES, PathProblem, check_place, deepest_existing,
+                                              own_place_fix, temp_dir)
 
 WSB = "FLASHINFER_WORKSPACE_BASE"
 
@@ -75,7 +76,7 @@ def cute_cache(env) -> tuple[str, str, str] | None:
     ``$TMPDIR/cutlass_python_cache``; creates nothing."""
     if env.get("CUTE_DSL_CACHE_DIR"):
         return None
-    var = "TMPDIR" if "TMPDIR" in env else next((v for v in ("TEMP", "TMP") if env.get(v)), "TMPDIR")
+    var = "TMPDIR" if "TMPDIR" in env else next((v for v in TEMPFILE_VARIABLES if env.get(v)), "TMPDIR")
     tmp = env[var] if var in env else temp_dir()  # tempfile's order; an empty TMPDIR: the working directory
     user = env.get("USER") or env.get("USERNAME")
     try:

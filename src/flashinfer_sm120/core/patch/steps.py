@@ -242,10 +242,10 @@ def refresh_derived() -> None:
 def _make_workspace(ws: str) -> bool:
     """Create a JIT workspace, no level writable by others whatever the umask; ``False``: not, as it would be in
     another uid's tree or below a level that fails the trust rule (P2, P4)."""
-    from flashinfer_sm120.safety.fs.places import foreign_tree, make_private_dirs
+    from flashinfer_sm120.safety.fs.places import make_private_dirs
     from flashinfer_sm120.safety.ownership import trust_reason
 
-    if foreign_tree(ws) is not None or trust_reason(ws) is not None:
+    if trust_reason(ws) is not None:  # its deepest existing level another uid's (sudo -E) fails it too
         return False
     try:
         make_private_dirs(ws, 0o755)
