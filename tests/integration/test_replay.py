@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from helpers.child import run_py
+from helpers.child import cli, run_py
 from helpers.host import needs_flashinfer
 from helpers.probing import OTHER_UID, needs_root
 
@@ -107,3 +107,42 @@ def test_a_toolkit_others_can_now_write_is_not_replayed(env, real_nvcc13, tmp_pa
     later, proc = run_py(CHILD, env)
     assert later["discovered"], "a toolkit others can write was replayed (P2)"
     assert later["resolution"]["choice"]["toolkit"]["root"] != env["CUDA_HOME"], proc.stderr
+
+
+@needs_flashinfer
+@pytest.mark.parametrize("fault", ["incomplete", "writable"])
+def test_a_toolkit_refused_for_its_files_is_looked_at_again_once_fixed(env, real_nvcc13, tmp_path, fault):
+    """``CUDA_HOME`` refused for a missing ``include`` (or a directory others can write), then fixed as the message
+    said: the next process, ``status`` and ``build`` still replayed the refusal, whose reason was no longer true,
+    since the fix changes no input (P1, P8); a record keeps choices, never refusals."""
+    tk = linked_toolkit(real_nvcc13, tmp_path / "tk")
+    env = dict(env, CUDA_HOME=tk)
+    include = os.path.join(tk, "include")
+    if fault == "incomplete":
+        os.replace(include, include + ".away")
+    else:
+        os.chmod(tk, 0o777)
+    first, proc = run_py(CHILD, env)
+    assert first["resolution"]["choice"]["toolkit"]["root"] != tk and first["resolution"]["settings"], proc.stderr
+    if fault == "incomplete":
+        os.replace(include + ".away", include)
+    else:
+        os.chmod(tk, 0o755)
+    later, proc = run_py(CHILD, env)
+    assert later["discovered"], "a refusal was replayed after its fix (P1)"
+    assert later["resolution"]["choice"]["toolkit"]["root"] == tk and not later["resolution"]["settings"], \
+        later["summary"]
+    proc = cli(["status", "--json"], env)
+    assert json.loads(proc.stdout)["toolkit"]["root"] == tk, proc.stdout[-3000:]
+
+
+@needs_flashinfer
+def test_status_fresh_resolves_again_instead_of_replaying(env):
+    """``status --fresh`` "ignores the record": its own import replayed the recorded decision."""
+    first, proc = run_py(CHILD, env)
+    assert first["mode"] == "patched", proc.stderr
+    fresh_status, proc = run_py("import contextlib, io, json, sys\nfrom flashinfer_sm120.cli import main\n"
+                                "with contextlib.redirect_stdout(io.StringIO()):\n    main(['status', '--fresh'])\n"
+                                "print('@@' + json.dumps('flashinfer_sm120.core.toolkit.sources' in sys.modules))",
+                                env)
+    assert fresh_status is True, proc.stderr

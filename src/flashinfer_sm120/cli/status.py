@@ -67,7 +67,11 @@ def run_status(args: argparse.Namespace) -> int:
                                    f"every JIT build here would be refused: {why}")
     if refused:
         return _say(args, {"mode": "refused", "toolkit": None, "targets": [], "error": str(refused)}, "check")
-    if not args.fresh:
+    if args.fresh:  # the import below resolves again instead of replaying the record (laststatus.replay)
+        from flashinfer_sm120.core.patch.state import STATE
+
+        STATE.resolved = True
+    else:
         got, why_not = recorded()
         if got is not None:
             return _say(args, dict(got), "record")
@@ -153,6 +157,8 @@ def recorded() -> tuple[dict | None, str | None]:
     if match is None:
         closest = min(records, key=lambda r: len(_changes(r["inputs"], now)))
         return None, "what the record was made from changed: " + "; ".join(_changes(closest["inputs"], now))
+    if isinstance(match.get("recheck"), str):
+        return None, match["recheck"]
     tk = match["status"].get("toolkit")
     from flashinfer_sm120.safety.ownership import fingerprint
 

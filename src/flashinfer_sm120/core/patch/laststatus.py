@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from flashinfer_sm120.core.facts.releases import release_info
 from flashinfer_sm120.core.patch.state import Resolution, flashinfer_version
+from flashinfer_sm120.core.toolkit.model import RejectKind
 from flashinfer_sm120.errors import Sm120Error
 from flashinfer_sm120.safety.formats.reads import MAX_STATE_BYTES, read_json_file
 from flashinfer_sm120.safety.ownership import fingerprint, trust_reason
@@ -105,6 +106,16 @@ def from_status(st: dict) -> dict:
                 flashinfer=(res.get("release") or {}).get("version"))
 
 
+def recheck(res) -> str | None:
+    """Why a record of ``res`` is looked at again, not reused (P1, P8): it refused a toolkit whose nvcc is there for
+    the files beside it (the trust rule, a missing header), which :func:`inputs` do not fingerprint, so their fix
+    would change no input; a record keeps choices, not such refusals."""
+    refused = [r.toolkit for r in (res.choice.rejected if res is not None and res.choice is not None else ())
+               if r.toolkit.problem and r.kind in (RejectKind.UNUSABLE, RejectKind.NOT_CHOSEN)
+               and os.path.exists(os.path.join(r.toolkit.root, "bin", "nvcc"))]
+    return f"{refused[0].label} was refused for its files, which may have been fixed since" if refused else None
+
+
 def save(status: dict, recorded_inputs: dict[str, Any], res=None, export: dict | None = None) -> None:
     """Record ``status`` for ``recorded_inputs``, with a patched or noop process's ``res`` and ``export`` to replay."""
     with contextlib.suppress(Exception):  # a read-only HOME, a full disk: status takes the slow path
@@ -113,7 +124,9 @@ def save(status: dict, recorded_inputs: dict[str, Any], res=None, export: dict |
             st["toolkit"] = dict(st["toolkit"], stat=fingerprint(st["toolkit"]["nvcc"]))
         # an import that raised (EMFILE, a broken package) is said, not replayed: its inputs get no record
         record = [] if st.get("mode") == "failed" else [{"inputs": recorded_inputs, "status": st}]
-        if record and res is not None and res.choice is not None and status["mode"] in ("patched", "noop"):
+        if record and (why := recheck(res)):
+            record[0]["recheck"] = why
+        elif record and res is not None and res.choice is not None and status["mode"] in ("patched", "noop"):
             record[0]["resolution"] = dict(res.to_dict(), own=res.own,
                                            nvcc_stat=fingerprint(res.choice.toolkit.nvcc),
                                            view_stat=fingerprint(res.home.path) if res.home.is_view else None,
