@@ -8,12 +8,9 @@ from typing import Sequence
 
 from flashinfer_sm120.core.facts.releases import ReleaseInfo, release_info
 from flashinfer_sm120.core.patch.state import Resolution, arch_specs, flashinfer_version
-from flashinfer_sm120.core.toolkit.model import Choice, RejectKind, Setting, Toolkit
+from flashinfer_sm120.core.toolkit.model import Choice, Setting, Toolkit
 from flashinfer_sm120.errors import ToolkitError
 from flashinfer_sm120.safety.formats.base import bounded
-
-
-_REFUSED = (RejectKind.UNUSABLE, RejectKind.NOT_CHOSEN)
 
 #: Characters of ``FLASHINFER_CUDA_ARCH_LIST`` kept in :attr:`Resolution.arch_list` (messages; the parse sees all).
 ARCH_LIST_SHOWN = 200
@@ -38,7 +35,7 @@ def refused_settings(env: dict[str, str], choice: Choice | None = None) -> tuple
         if (cleaned := clean_home(val)).rstrip("/") != val.rstrip("/"):
             out.append(Setting(var, val, f"malformed, read as {cleaned!r}", f"export {var}={cleaned}"))
     for r in choice.rejected if choice else ():
-        for var in (v for v in EXPLICIT_SOURCES if v in r.toolkit.sources and r.kind in _REFUSED):
+        for var in (v for v in EXPLICIT_SOURCES if v in r.toolkit.sources and r.refused):
             fix = NO_NVCC_FIX[var]
             why = bounded(r.why.removeprefix(f"{r.toolkit.given_as}: ").removesuffix(f"; {fix}"))  # P8
             out.append(Setting(var, env.get(var, ""), f"{why}; the toolkit was chosen as if it were unset", fix))

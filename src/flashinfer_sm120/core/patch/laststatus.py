@@ -12,7 +12,6 @@ from typing import Any, Callable
 
 from flashinfer_sm120.core.facts.releases import release_info
 from flashinfer_sm120.core.patch.state import Resolution, flashinfer_version
-from flashinfer_sm120.core.toolkit.model import RejectKind
 from flashinfer_sm120.errors import Sm120Error
 from flashinfer_sm120.safety.formats.reads import MAX_STATE_BYTES, read_json_file
 from flashinfer_sm120.safety.ownership import fingerprint, trust_reason
@@ -111,7 +110,7 @@ def recheck(res) -> str | None:
     the files beside it (the trust rule, a missing header), which :func:`inputs` do not fingerprint, so their fix
     would change no input; a record keeps choices, not such refusals."""
     refused = [r.toolkit for r in (res.choice.rejected if res is not None and res.choice is not None else ())
-               if r.toolkit.problem and r.kind in (RejectKind.UNUSABLE, RejectKind.NOT_CHOSEN)
+               if r.refused and r.toolkit.problem
                and os.path.exists(os.path.join(r.toolkit.root, "bin", "nvcc"))]
     return f"{refused[0].label} was refused for its files, which may have been fixed since" if refused else None
 

@@ -82,6 +82,11 @@ class Rejection:
     def reason(self) -> str:
         return f"not chosen ({self.why})" if self.kind is RejectKind.NOT_CHOSEN else self.why
 
+    @property
+    def refused(self) -> bool:
+        """Found unusable (before the pick or after it), not merely passed over."""
+        return self.kind in (RejectKind.UNUSABLE, RejectKind.NOT_CHOSEN)
+
 
 @dataclass(frozen=True)
 class Choice:
